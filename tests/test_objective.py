@@ -1,0 +1,101 @@
+"""The replaced-token-detection objective: masking, sampling, labels, losses, gradient flow."""
+
+import torch
+
+from training.model import ElectraConfig
+from training.objective import (
+    ElectraObjective,
+    MaskedInputs,
+    draw_noise,
+    mask_tokens,
+    replace_with_samples,
+    sample_from_logits,
+)
+
+MASK, V = 4, 300
+
+
+def batch(B=64, T=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, V, (B, T), generator=g)
+    special = torch.zeros_like(ids)
+    special[:, 0] = special[:, -1] = 1
+    return ids, special
+
+
+def test_mask_rate_and_actions_match_configuration():
+    ids, special = batch()
+    noise = draw_noise(ids.shape, seed=0, step=0, rows=slice(None), device="cpu")
+    m = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V,
+                    mask_replace_prob=0.8, random_replace_prob=0.1)  # fmt: skip
+    eligible = ~special.bool()
+    rate = m.is_masked[eligible].float().mean().item()
+    assert abs(rate - 0.15) < 0.01  # 8,000 positions: 3 sigma is about 0.012
+    assert not m.is_masked[special.bool()].any(), "special tokens are never masked"
+    chosen = m.is_masked
+    as_mask = (m.input_ids == MASK)[chosen].float().mean().item()
+    unchanged = (m.input_ids == ids)[chosen].float().mean().item()
+    assert abs(as_mask - 0.8) < 0.03
+    assert 0.08 < unchanged < 0.13  # 10% kept, plus the rare random draw of the same token
+    assert torch.equal(m.input_ids[~chosen], ids[~chosen])
+
+
+def test_electra_default_keeps_15_percent_of_masked_positions():
+    ids, special = batch(seed=1)
+    noise = draw_noise(ids.shape, seed=1, step=0, rows=slice(None), device="cpu")
+    m = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V)
+    as_mask = (m.input_ids == MASK)[m.is_masked].float().mean().item()
+    assert abs(as_mask - 0.85) < 0.03
+    assert torch.equal(
+        m.input_ids[m.is_masked & (m.input_ids != MASK)], ids[m.is_masked & (m.input_ids != MASK)]
+    )
+
+
+def test_correct_guess_is_labelled_original():
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    masked = MaskedInputs(ids.clone(), torch.tensor([[False, True, True, True, False]]), ids)
+    faked = replace_with_samples(masked, torch.tensor([10, 99, 12]))  # two right guesses, one wrong
+    assert faked.input_ids.tolist() == [[2, 10, 99, 12, 3]]
+    assert faked.is_replaced.tolist() == [[False, False, True, False, False]]
+
+
+def test_sampling_follows_softmax_with_temperature():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]])).repeat(20000, 1)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(sample_from_logits(logits, u, 1.0), minlength=3).float() / 20000
+    assert torch.allclose(freq, torch.tensor([0.1, 0.6, 0.3]), atol=0.015)
+    sharp = torch.bincount(sample_from_logits(logits, u, 0.25), minlength=3).float() / 20000
+    assert sharp[1] > 0.9  # low temperature concentrates on the mode
+    assert sample_from_logits(logits[:3], torch.tensor([0.0, 0.999999, 0.5]), 1.0).max() < 3
+
+
+def test_noise_rows_match_global_batch():
+    full = draw_noise((8, 16), seed=3, step=5, rows=slice(None), device="cpu")
+    half = draw_noise((8, 16), seed=3, step=5, rows=slice(4, 8), device="cpu")
+    for a, b in zip(full, half, strict=True):
+        assert torch.equal(a[4:], b)
+
+
+def test_no_gradient_reaches_generator_through_sampling():
+    cfg = ElectraConfig(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    obj = ElectraObjective(cfg, cfg.scaled(0.5), gen_weight=0.0, disc_weight=1.0)
+    ids, special = batch(B=4, T=32)
+    am = torch.ones_like(ids)
+    data = {"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids)}
+    noise = draw_noise(ids.shape, 0, 0, slice(None), "cpu")
+    masked = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V)
+    out = obj(data, masked, noise, n_masked=masked.is_masked.sum(), n_tokens=am.sum())
+    out.loss.backward()
+    gen_only = [p for n, p in obj.generator.named_parameters() if not n.startswith("electra.embeddings")]
+    gen_only = [p for p in gen_only if p is not obj.generator.generator_lm_head.weight]
+    assert all(p.grad is None or p.grad.abs().max() == 0 for p in gen_only)
+    # The shared embeddings do get gradient from the discriminator.
+    assert obj.discriminator.electra.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert obj.generator.electra.embeddings is obj.discriminator.electra.embeddings
+
+
+def test_generator_quarter_size():
+    cfg = ElectraConfig()  # ELECTRA-Small shape
+    g = cfg.scaled(0.25)
+    assert (g.hidden_size, g.num_attention_heads, g.intermediate_size, g.embedding_size) == (64, 1, 256, 128)

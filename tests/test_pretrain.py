@@ -1,0 +1,124 @@
+"""Pretraining end to end on the tiny config: learning, exact resume after a kill, DDP equivalence."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpoint import resolve_checkpoint, write_atomically
+from training.pretrain import main as pretrain
+from training.report import read_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny_args(out, corpus, tokenizer, *extra):
+    return ["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(out), "--corpus", str(corpus),
+            "--tokenizer", str(tokenizer), "--threads", "1", *map(str, extra)]  # fmt: skip
+
+
+def train_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"}
+
+
+def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_tokenizer):
+    run = tmp_path / "run"
+    pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 80, "--eval-every", 40))
+    losses = list(train_losses(run).values())
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:2]) / 2, losses
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "eval"]
+    assert evals[-1]["disc_auc"] > 0.6  # the discriminator already tells replaced from original
+    ckpt = resolve_checkpoint(run)
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
+              "generator/config.json", "generator/model.safetensors"):  # fmt: skip
+        assert (ckpt / f).is_file(), f
+    assert (run / "curves.png").stat().st_size > 10_000
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 80
+
+
+def test_resume_after_kill_retraces_the_uninterrupted_run(tmp_path, small_corpus, small_tokenizer):
+    args = ("--max-steps", 60, "--save-every", 10, "--log-every", 1, "--eval-every", 1000)
+    whole = tmp_path / "whole"
+    pretrain(tiny_args(whole, small_corpus, small_tokenizer, *args))
+
+    killed = tmp_path / "killed"
+    cmd = [
+        sys.executable,
+        "-m",
+        "training.pretrain",
+        *tiny_args(killed, small_corpus, small_tokenizer, *args),
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text().strip() >= "step-00000020":
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = int(latest.read_text().strip().split("-")[1])
+    assert killed_at < 60, "the run finished before it could be killed; nothing was tested"
+
+    pretrain(["--out", str(killed), "--resume"])
+    a, b = train_losses(whole), train_losses(killed)
+    assert sorted(a) == sorted(b) == list(range(1, 61))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-6, abs=1e-6), step
+    wa = load_file(resolve_checkpoint(whole) / "model.safetensors")
+    wb = load_file(resolve_checkpoint(killed) / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_corpus, small_tokenizer):
+    common = ("--max-steps", 8, "--log-every", 1, "--eval-every", 1000, "--dropout", 0.0)
+    single = tmp_path / "single"
+    pretrain(tiny_args(single, small_corpus, small_tokenizer, *common, "--batch-size", 8))
+    ddp = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "training.pretrain", *tiny_args(ddp, small_corpus, small_tokenizer, *common, "--batch-size", 4)]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    a, b = train_losses(single), train_losses(ddp)
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4), step
+    wa = load_file(resolve_checkpoint(single) / "model.safetensors")
+    wb = load_file(resolve_checkpoint(ddp) / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-5)
+
+
+def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
+    target = tmp_path / "ckpt"
+    write_atomically(target, lambda d: (d / "model.safetensors").write_text("good"))
+
+    def half_written(d: Path):
+        (d / "model.safetensors").write_text("partial")
+        raise KeyboardInterrupt  # the process is interrupted in the middle of a save
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(target, half_written)
+    assert (target / "model.safetensors").read_text() == "good"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_bad_options_fail_naming_the_option(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--mask-prob"):
+        pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])
+    with pytest.raises(SystemExit, match="--num-layers: expected int"):
+        pretrain(["--out", str(tmp_path / "x"), "--num-layers", "two"])
+    with pytest.raises(SystemExit):
+        pretrain(["--out", str(tmp_path / "x"), "--no-such-flag", "1"])
+    assert "--no-such-flag" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("hiden_size = 3\n")
+    with pytest.raises(SystemExit, match="hiden_size"):
+        pretrain(["--config", str(bad), "--out", str(tmp_path / "y")])

@@ -1,0 +1,240 @@
+"""Checkpoints in the Hugging Face ELECTRA layout (see docs/formats.md), written atomically.
+
+Weights are safetensors, never pickle. Training state (optimizer moments, RNG states) is flattened into
+tensors in `optimizer.safetensors` with its structure in `trainer_state.json`, so resuming never
+unpickles anything either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from training.model import (
+    ElectraConfig,
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraForSequenceClassification,
+)
+
+ARCHITECTURES = {
+    "ElectraForPreTraining": ElectraForPreTraining,
+    "ElectraForMaskedLM": ElectraForMaskedLM,
+    "ElectraForSequenceClassification": ElectraForSequenceClassification,
+}
+LATEST = "latest"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be used; the message says what is wrong and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory from a checkpoint, a run directory (through checkpoints/latest) or an HF dir."""
+    p = Path(path)
+    if (p / "config.json").is_file() and _has_weights(p):
+        return p
+    latest = p / "checkpoints" / LATEST
+    if latest.is_file():
+        target = p / "checkpoints" / latest.read_text().strip()
+        if (target / "config.json").is_file():
+            return target
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such directory")
+    raise CheckpointError(
+        f"{p} holds no checkpoint: expected config.json with model.safetensors (or pytorch_model.bin), "
+        f"or a run directory with checkpoints/{LATEST}"
+    )
+
+
+def _has_weights(p: Path) -> bool:
+    return (p / "model.safetensors").is_file() or (p / "pytorch_model.bin").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def hf_config_dict(cfg: ElectraConfig, architecture: str) -> dict:
+    """config.json as transformers writes it for ELECTRA, so `from_pretrained` reads ours unchanged."""
+    d = cfg.to_dict()
+    d["id2label"] = {str(k): v for k, v in cfg.id2label.items()}
+    d["label2id"] = {v: k for k, v in cfg.id2label.items()}
+    if d["classifier_dropout"] is None:
+        del d["classifier_dropout"]
+    if d["problem_type"] is None:
+        del d["problem_type"]
+    return {"architectures": [architecture], "model_type": "electra", "tie_word_embeddings": True, **d}
+
+
+def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
+    raw = json.loads((ckpt / "config.json").read_text())
+    if raw.get("model_type", "electra") != "electra":
+        raise CheckpointError(f"{ckpt}/config.json: model_type is {raw['model_type']!r}, expected 'electra'")
+    arch = (raw.get("architectures") or ["ElectraForPreTraining"])[0]
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{ckpt}/config.json: architecture {arch!r} is not supported; expected one of {sorted(ARCHITECTURES)}"
+        )
+    if "embedding_size" not in raw:  # old HF configs leave it out and mean "same as hidden"
+        raw["embedding_size"] = raw.get("hidden_size", 256)
+    return ElectraConfig.from_dict(raw), arch
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def state_dict_for_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors, each stored once: a weight tied to another (the generator's output layer to its
+    word embeddings) is left out, as transformers does, and re-tied by the module on load."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in model.state_dict(keep_vars=False).items():
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().contiguous().cpu()
+    return out
+
+
+def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    if (ckpt / "model.safetensors").is_file():
+        return load_file(ckpt / "model.safetensors")
+    # Older HF checkpoints ship only a pickle; weights_only refuses anything but tensors.
+    return torch.load(ckpt / "pytorch_model.bin", map_location="cpu", weights_only=True)
+
+
+def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> None:
+    """Load, tolerating only what is known to differ between HF versions; anything else is an error."""
+    sd = {k: v for k, v in sd.items() if not k.endswith(("position_ids", "token_type_ids"))}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if k != "generator_lm_head.weight"]  # tied to the word embeddings
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{origin}: weights do not match the config; missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+def load_model(
+    path: str | os.PathLike, architecture: str | None = None, num_labels: int | None = None
+) -> tuple[torch.nn.Module, ElectraConfig, Path]:
+    """Load a checkpoint as `architecture` (default: what config.json says).
+
+    Asking for ElectraForSequenceClassification from a pretraining checkpoint takes its encoder and starts
+    a fresh head: that is how fine-tuning begins.
+    """
+    ckpt = resolve_checkpoint(path)
+    cfg, arch = read_config(ckpt)
+    arch = architecture or arch
+    sd = read_weights(ckpt)
+    if arch == "ElectraForSequenceClassification" and not any(k.startswith("classifier.") for k in sd):
+        from training.model import init_weights
+
+        if num_labels:
+            cfg.id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
+        model = ElectraForSequenceClassification(cfg)
+        init_weights(model, cfg.initializer_range)
+        sd = {k: v for k, v in sd.items() if k.startswith("electra.")}
+        missing, _ = model.load_state_dict(sd, strict=False)
+        if any(not k.startswith("classifier.") for k in missing):
+            raise CheckpointError(f"{ckpt}: encoder weights incomplete: {missing[:5]}")
+        return model, cfg, ckpt
+    model = ARCHITECTURES[arch](cfg)
+    load_weights_into(model, sd, str(ckpt))
+    return model, cfg, ckpt
+
+
+def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> None:
+    """config.json + model.safetensors into `directory` (which must exist)."""
+    cfg: ElectraConfig = model.config
+    (directory / "config.json").write_text(json.dumps(hf_config_dict(cfg, architecture), indent=2))
+    save_file(state_dict_for_save(model), directory / "model.safetensors", metadata={"format": "pt"})
+
+
+# ------------------------------------------------------------------------------------ atomic directories
+
+
+def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
+    """Create `target` by filling a temporary sibling directory and renaming it into place.
+
+    A rename within one filesystem is atomic, so readers see either the old checkpoint or the complete
+    new one, never half of it, even if the process is killed mid-save.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], keep: int = 2) -> Path:
+    """Write checkpoints/step-XXXXXXXX atomically, point `latest` at it, keep the newest `keep`."""
+    ckpt_dir = run_dir / "checkpoints"
+    target = write_atomically(ckpt_dir / f"step-{step:08d}", fill)
+    write_text_atomically(ckpt_dir / LATEST, target.name)
+    steps = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir())
+    for old in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+# ---------------------------------------------------------------------------- optimizer and RNG state
+
+
+def flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Optimizer state as flat tensors (for safetensors) + a JSON-able description of the rest."""
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict] = {}
+    for pid, state in sd["state"].items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{pid}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def unflatten_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        if not name.startswith("state."):
+            continue
+        _, pid, key = name.split(".", 2)
+        state.setdefault(int(pid), {})[key] = value
+    for pid, values in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(values)
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})

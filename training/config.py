@@ -1,0 +1,192 @@
+"""One config dataclass per entry point, filled from defaults < a TOML file < command-line flags.
+
+Every field becomes a `--flag`; an unknown flag or TOML key, or a value of the wrong type, fails at once
+and names the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _base_type(tp) -> type:
+    """str | None -> str; bool stays bool."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0]
+    return tp
+
+
+def _coerce(name: str, value, tp):
+    base = _base_type(tp)
+    if value is None:
+        return None
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(value).lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"--{name.replace('_', '-')}: expected true/false, got {value!r}")
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base in (int, float, str):
+        if isinstance(value, str) and base is not str:
+            try:
+                return base(value)
+            except ValueError:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: expected {base.__name__}, got {value!r}"
+                ) from None
+        if not isinstance(value, base) or isinstance(value, bool):
+            raise ConfigError(f"{name}: expected {base.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def parse_config(cls, argv: list[str] | None = None, description: str = "", base: dict | None = None):
+    """Build `cls` from `base` values < `--config FILE.toml` (optional) < `--field value` flags."""
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    parser.add_argument("--config", help="TOML file of options; flags given here override it")
+    for f in fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = (f.metadata or {}).get("help", "")
+        if _base_type(hints[f.name]) is bool:
+            parser.add_argument(
+                flag, nargs="?", const="true", default=None, help=f"{help_text} (default {default})"
+            )
+        else:
+            parser.add_argument(flag, default=None, help=f"{help_text} (default {default})")
+    args = parser.parse_args(argv)
+    values: dict = dict(base or {})
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise ConfigError(f"--config: {path} does not exist")
+        raw = tomllib.loads(path.read_text())
+        known = {f.name for f in fields(cls)}
+        for key, value in raw.items():
+            if key not in known:
+                raise ConfigError(
+                    f"{path}: unknown option {key!r}; known options: {', '.join(sorted(known))}"
+                )
+            values[key] = _coerce(key, value, hints[key])
+    for f in fields(cls):
+        given = getattr(args, f.name)
+        if given is not None:
+            values[f.name] = _coerce(f.name, given, hints[f.name])
+    return cls(**values)
+
+
+def describe(cfg) -> str:
+    """The resolved config, one option a line, for printing at start."""
+    width = max(len(f.name) for f in fields(cfg))
+    return "\n".join(f"  {f.name:<{width}} = {getattr(cfg, f.name)!r}" for f in fields(cfg))
+
+
+def save_config(cfg, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+
+
+def choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(
+            f"--{name.replace('_', '-')}: must be one of {', '.join(map(str, allowed))}, got {value!r}"
+        )
+
+
+def positive(cfg, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(cfg, name)!r}")
+
+
+@dataclass
+class PretrainConfig:
+    out: str = "runs/small"  # run directory: checkpoints, metrics.jsonl, curves.png, config.json
+    objective: str = "electra"  # electra (replaced token detection) | mlm (BERT-style baseline, same size)
+    corpus: str = "wikitext2"  # registry name, or a path: .txt file, directory of .txt, .jsonl (field "text")
+    data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
+    tokenizer: str = "train"  # "train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path
+    vocab_size: int = 30522  # when training the tokenizer
+    lowercase: bool = True
+    seq_len: int = 128
+    # Discriminator shape (ELECTRA-Small by default). The generator shares the embeddings.
+    embedding_size: int = 128
+    hidden_size: int = 256
+    num_layers: int = 12
+    num_heads: int = 4
+    intermediate_size: int = 1024
+    dropout: float = 0.1
+    generator_fraction: float = (
+        0.25  # generator hidden/heads/FFN as a share of the discriminator's (paper: 1/4)
+    )
+    # Objective (google-research/electra defaults).
+    mask_prob: float = 0.15
+    mask_replace_prob: float = 0.85  # of masked positions: [MASK]; ELECTRA keeps the other 15% unchanged
+    random_replace_prob: float = 0.0  # BERT uses 0.1 (with 0.8 [MASK])
+    temperature: float = 1.0  # generator sampling temperature
+    gen_weight: float = 1.0
+    disc_weight: float = 50.0
+    # Optimization.
+    batch_size: int = 32  # sequences per process per micro-step
+    grad_accum: int = 1
+    max_steps: int = 10000
+    max_minutes: float | None = None  # also stop (and save) after this much wall time
+    lr: float = 5e-4  # ELECTRA-Small's peak learning rate
+    warmup_steps: int = 1000
+    weight_decay: float = 0.01
+    adam_eps: float = 1e-6
+    grad_clip: float = 1.0
+    seed: int = 1337
+    # Bookkeeping.
+    log_every: int = 10
+    eval_every: int = 500
+    eval_batches: int = 20
+    save_every: int = 500
+    keep_checkpoints: int = 2
+    resume: bool = False  # continue from <out>/checkpoints/latest
+    # Hardware.
+    device: str = "auto"  # auto | cpu | cuda
+    bf16: bool = True  # autocast to bf16 on CUDA (ignored on CPU)
+    compile: bool = False  # torch.compile the models (CUDA)
+    threads: int | None = None  # torch intra-op threads on CPU (default: all cores)
+
+    def __post_init__(self) -> None:
+        choice("objective", self.objective, ("electra", "mlm"))
+        choice("device", self.device, ("auto", "cpu", "cuda"))
+        positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
+                 "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
+                 "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
+        for name in ("mask_prob", "mask_replace_prob", "random_replace_prob", "dropout"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
+                )
+        if self.mask_replace_prob + self.random_replace_prob > 1.0:
+            raise ConfigError("--mask-replace-prob plus --random-replace-prob must not exceed 1")
+        if not 0.0 < self.generator_fraction <= 1.0:
+            raise ConfigError(f"--generator-fraction: must lie in (0, 1], got {self.generator_fraction}")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"--hidden-size ({self.hidden_size}) must be divisible by --num-heads ({self.num_heads})"
+            )
+        if self.seq_len < 8:
+            raise ConfigError(f"--seq-len: must be at least 8, got {self.seq_len}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")

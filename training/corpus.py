@@ -1,0 +1,265 @@
+"""Turn corpora into documents: iterables of ``str``, one per document.
+
+Two kinds of source:
+
+* registry corpora (``wikitext2``), already split into train/valid/test by their publishers;
+* the user's own text: a ``.txt`` file, a ``.jsonl`` file, either gzipped, or a directory of them. These
+  have no published split, so a deterministic held-out ``valid`` split is carved out by hashing each
+  document's text (see :func:`read_corpus`).
+
+Documents matter for pretraining because the packer (``training.data``) puts ``[SEP]`` between them and
+never lets a row pretend two unrelated texts are one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from training.datasets import fetch
+
+__all__ = [
+    "CorpusError",
+    "detokenize_wikitext",
+    "iter_text_documents",
+    "iter_wikitext_articles",
+    "read_corpus",
+]
+
+REGISTRY_CORPORA = {"wikitext2": ("train", "valid", "test")}
+USER_SPLITS = ("train", "valid")
+TEXT_SUFFIXES = (".txt", ".txt.gz")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
+class CorpusError(ValueError):
+    """A corpus source that cannot be read as asked; the message says what to change."""
+
+
+# --- WikiText ---------------------------------------------------------------------------------------
+
+# An article title is ` = Title = ` on a line of its own between blank lines. The blank-line condition
+# matters: WikiText-2 train has 29 lines such as ` = Goals ; A = ` inside statistics tables that look
+# like titles but sit between text lines; with it we get the published 600 / 60 / 60 articles.
+_TITLE = re.compile(r"^ = (?!=)(.*) = $")
+_HEADING = re.compile(r"^ (?:= ){2,}(.*?)(?: =){2,} $")
+
+_DETOK_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(p), r)
+    for p, r in [
+        (r" @([-,.])@ ", r"\1"),  # 1 @,@ 000 -> 1,000 ; role @-@ playing -> role-playing
+        (r"(?<=\d) ([:/–]) (?=\d)", r"\1"),  # 4 : 24, 2 / 9, 2013 – 14: Wikipedia writes these unspaced
+        (r" — ", "—"),  # so are em dashes (MOS:EMDASH); spaced en dashes between words stay spaced
+        (r" (n't|'s|'re|'ve|'ll|'d|'m)\b", r"\1"),  # game 's -> game's ; do n't -> don't
+        (r"(?<=s) ' (?=\w)", "' "),  # players ' goals -> players' goals (plural possessive)
+        (r" ([,.;:!?%)\]}])", r"\1"),  # no space before closing punctuation
+        (r"([(\[{$£€]) ", r"\1"),  # none after opening brackets and currency signs
+    ]
+]
+
+
+def detokenize_wikitext(line: str) -> str:
+    """Undo WikiText's tokenization of one line so the text looks like what users will send us.
+
+    Pretraining on ``role @-@ playing`` would teach the model a spelling no user types, and the
+    discriminator would learn that spaces before commas are normal.
+    """
+    # Quotes first: they are decided token by token, before punctuation rules glue tokens together.
+    text = _fix_double_quotes(line.strip())
+    for pattern, repl in _DETOK_RULES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _fix_double_quotes(text: str) -> str:
+    # WikiText writes `said " hello " .`: quotes alternate open/close within a paragraph, so odd ones
+    # hug the following word and even ones the preceding word. An unmatched last quote stays opening.
+    if '"' not in text:
+        return text
+    out: list[str] = []
+    opening, glue_next = True, False
+    for tok in text.split(" "):
+        if tok == '"' and opening:
+            out.append('"')
+            glue_next, opening = True, False
+        elif tok == '"' and out:
+            out[-1] += '"'
+            opening = True
+        elif glue_next:
+            out[-1] += tok
+            glue_next = False
+        else:
+            out.append(tok)
+    return " ".join(out)
+
+
+def iter_wikitext_articles(path: str | os.PathLike[str], *, headings: bool = False) -> Iterator[str]:
+    """Yield one detokenized document per WikiText article: its title line, then its paragraphs.
+
+    Section headers (`` = = History = = ``) are dropped by default, as BERT did for Wikipedia ("we extract
+    only the text passages and ignore lists, tables, and headers"): a heading is a fragment, not a
+    sentence, and ELECTRA's released checkpoints never saw them. ``headings=True`` keeps them as lines.
+    """
+    with _open_text(Path(path)) as f:
+        lines = [line.rstrip("\n") for line in f]
+    article: list[str] = []
+    for i, line in enumerate(lines):
+        is_title = (
+            _TITLE.match(line) is not None
+            and (i == 0 or not lines[i - 1].strip())
+            and (i + 1 == len(lines) or not lines[i + 1].strip())
+        )
+        if is_title:
+            if article:
+                yield "\n".join(article)
+            article = [detokenize_wikitext(_TITLE.match(line).group(1))]  # type: ignore[union-attr]
+        elif not line.strip():
+            continue
+        elif _HEADING.match(line):
+            if headings and article:
+                article.append(detokenize_wikitext(_HEADING.match(line).group(1)))  # type: ignore[union-attr]
+        elif article:  # text before the first title (none in WikiText) has no article to belong to
+            article.append(detokenize_wikitext(line))
+    if article:
+        yield "\n".join(article)
+
+
+# --- the user's own text ----------------------------------------------------------------------------
+
+
+def _open_text(path: Path):
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline=None)
+    return open(path, encoding="utf-8")
+
+
+def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
+    doc: list[str] = []
+    for line in lines:
+        line = line.rstrip("\r\n")
+        if line.strip():
+            doc.append(line.strip())
+        elif doc:
+            yield "\n".join(doc)
+            doc = []
+    if doc:
+        yield "\n".join(doc)
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                text = record[text_field]
+            except json.JSONDecodeError as e:
+                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            except (KeyError, TypeError):
+                raise CorpusError(
+                    f"{path}:{lineno}: no {text_field!r} field; choose the field with --text-field"
+                ) from None
+            if not isinstance(text, str):
+                raise CorpusError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not text")
+            if text.strip():
+                yield text.strip()
+
+
+def _corpus_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        # Sorted so that document order (and so the shards) is the same on every machine.
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
+        )
+        if not files:
+            raise CorpusError(f"{path} holds no {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files")
+        return files
+    if not path.exists():
+        raise CorpusError(
+            f"corpus {str(path)!r} is neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a path that exists"
+        )
+    if not path.name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES):
+        raise CorpusError(
+            f"cannot read {path}: give a {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} file or a directory of them"
+        )
+    return [path]
+
+
+def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text") -> Iterator[str]:
+    """All documents under a user path, in a fixed order.
+
+    In ``.txt`` files documents are separated by blank lines, in directories too: each file is read the
+    same way. Splitting one file's paragraphs into several documents costs only a ``[SEP]`` between
+    neighbours (they stay adjacent in the packed rows), while gluing a file of many documents into one
+    would teach the model that unrelated texts continue each other.
+    """
+    for file in _corpus_files(Path(path).expanduser()):
+        if file.name.endswith(JSONL_SUFFIXES):
+            yield from _jsonl_documents(file, text_field)
+        else:
+            with _open_text(file) as f:
+                yield from _blank_line_documents(f)
+
+
+def _unit_hash(text: str) -> float:
+    # A hash of the text, not a position: the split is the same on every machine and in any file order,
+    # and duplicate documents never straddle train and valid.
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def read_corpus(
+    source: str,
+    split: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    text_field: str = "text",
+    valid_fraction: float = 0.01,
+) -> Iterator[str]:
+    """Documents of ``split`` from a registry corpus name (``wikitext2``) or a user path.
+
+    For user paths, ``valid`` is the ~``valid_fraction`` of documents whose text hashes lowest, and never
+    empty: if no document falls under the threshold (tiny corpora), the lowest-hashing one is held out.
+    A corpus needs at least 2 documents. Costs one extra hashing pass over the files.
+    """
+    if source in REGISTRY_CORPORA:
+        splits = REGISTRY_CORPORA[source]
+        if split not in splits:
+            raise CorpusError(f"{source} has splits {', '.join(splits)}, not {split!r}")
+        return iter_wikitext_articles(fetch(f"{source}-{split}", data_dir=data_dir))
+    if split not in USER_SPLITS:
+        raise CorpusError(
+            f"a corpus read from a path has splits {', '.join(USER_SPLITS)} (a held-out slice by hash), "
+            f"not {split!r}"
+        )
+    if not 0.0 < valid_fraction < 1.0:
+        raise CorpusError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+    _corpus_files(Path(source).expanduser())  # fail now, not at first iteration, on a bad path
+    return _user_split(source, split, text_field, valid_fraction)
+
+
+def _user_split(source: str, split: str, text_field: str, valid_fraction: float) -> Iterator[str]:
+    # First pass: only counts, so memory stays flat however large the corpus.
+    count, below, lowest = 0, 0, 1.0
+    for text in iter_text_documents(source, text_field=text_field):
+        h = _unit_hash(text)
+        count, below, lowest = count + 1, below + (h < valid_fraction), min(lowest, h)
+    if count < 2:
+        raise CorpusError(
+            f"{source} holds {count} document(s); at least 2 are needed to hold one out for "
+            f"validation (separate documents with a blank line)"
+        )
+    # Tiny corpora (no document, or every one, under the threshold): hold out the lowest-hashing
+    # document so neither split is empty. Still deterministic: it depends only on the texts.
+    cut = valid_fraction if 0 < below < count else math.nextafter(lowest, 2.0)
+    want_valid = split == "valid"
+    for text in iter_text_documents(source, text_field=text_field):
+        if (_unit_hash(text) < cut) == want_valid:
+            yield text

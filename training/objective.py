@@ -1,0 +1,188 @@
+"""Replaced token detection, as pure functions (after google-research/electra's pretrain_helpers).
+
+Randomness comes in as explicit uniform noise of the *global* batch's shape, drawn by the caller from
+a step-seeded generator; each data-parallel rank takes its own rows. So a run on 2 processes with
+batch B draws exactly what a run on 1 process with batch 2B draws, and the two can be compared.
+Losses are sums divided by a caller-given normalizer (the global count of masked/real tokens), which
+keeps them exact under DDP's gradient averaging too.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class Noise(NamedTuple):
+    """Uniform [0, 1) draws, one per position: (B, T) each."""
+
+    select: torch.Tensor  # which positions are masked
+    action: torch.Tensor  # [MASK], random token, or keep
+    sample: torch.Tensor  # inverse-CDF sampling of the generator's replacement
+    random_token: torch.Tensor  # which random token, for BERT's 10% random replacement
+
+
+def draw_noise(global_shape: tuple[int, int], seed: int, step: int, rows: slice, device) -> Noise:
+    g = torch.Generator().manual_seed(hash((seed, step)) & 0x7FFF_FFFF_FFFF)
+    draws = torch.rand((4, *global_shape), generator=g)[:, rows]
+    return Noise(*draws.to(device).unbind(0))
+
+
+class MaskedInputs(NamedTuple):
+    input_ids: torch.Tensor  # (B, T) with masked positions replaced
+    is_masked: torch.Tensor  # (B, T) bool: positions the generator must predict
+    original_ids: torch.Tensor  # (B, T)
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    special_tokens_mask: torch.Tensor,
+    noise: Noise,
+    *,
+    mask_prob: float,
+    mask_token_id: int,
+    vocab_size: int,
+    mask_replace_prob: float = 0.85,
+    random_replace_prob: float = 0.0,
+) -> MaskedInputs:
+    """Choose `mask_prob` of the non-special positions; of those, put [MASK] at `mask_replace_prob`,
+    a random token at `random_replace_prob`, and leave the rest as they are.
+
+    ELECTRA's defaults are 0.85 / 0 / 0.15 (its `mask()` keeps 15% of chosen positions unchanged);
+    BERT's are 0.8 / 0.1 / 0.1.
+    """
+    is_masked = (noise.select < mask_prob) & ~special_tokens_mask.bool()
+    use_mask = is_masked & (noise.action < mask_replace_prob)
+    use_random = (
+        is_masked
+        & (noise.action >= mask_replace_prob)
+        & (noise.action < mask_replace_prob + random_replace_prob)
+    )
+    random_ids = (noise.random_token * vocab_size).long().clamp_(max=vocab_size - 1)
+    masked = torch.where(use_mask, torch.full_like(input_ids, mask_token_id), input_ids)
+    masked = torch.where(use_random, random_ids, masked)
+    return MaskedInputs(masked, is_masked, input_ids)
+
+
+def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature: float) -> torch.Tensor:
+    """One token per row of `logits` (M, V), by inverse-CDF sampling with the given uniforms (M,).
+
+    Exactly a multinomial draw from softmax(logits / temperature), but with one caller-given uniform per
+    position instead of a private RNG: that is what keeps data-parallel runs comparable.
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    cdf = probs.cumsum(-1)
+    # Scale by the last cdf value so rounding can never push u past the end.
+    u = (uniform.float() * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=logits.size(-1) - 1)
+
+
+class FakedData(NamedTuple):
+    input_ids: torch.Tensor  # (B, T) the discriminator's input
+    is_replaced: torch.Tensor  # (B, T) bool: labels, masked AND changed
+    sampled_ids: torch.Tensor  # (M,) the generator's samples at masked positions
+
+
+def replace_with_samples(masked: MaskedInputs, sampled_ids: torch.Tensor) -> FakedData:
+    """Put the generator's samples at masked positions. A sample equal to the original token counts as
+    original: the discriminator cannot and should not tell it apart."""
+    fake = masked.original_ids.clone()
+    fake[masked.is_masked] = sampled_ids
+    return FakedData(fake, fake != masked.original_ids, sampled_ids)
+
+
+class ElectraLosses(NamedTuple):
+    loss: torch.Tensor  # gen_weight * mlm + disc_weight * disc, what backward() runs on
+    mlm: torch.Tensor
+    disc: torch.Tensor
+    mlm_logits: torch.Tensor  # (M, V) generator logits at masked positions
+    disc_logits: torch.Tensor  # (B, T)
+    faked: FakedData
+    masked: MaskedInputs
+
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor, normalizer: float | torch.Tensor) -> torch.Tensor:
+    """Cross entropy summed over masked positions, divided by the global number of them."""
+    return F.cross_entropy(logits.float(), targets, reduction="sum") / normalizer
+
+
+def disc_loss(
+    logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor, normalizer
+) -> torch.Tensor:
+    """Binary cross entropy over every real (non-padding) token, divided by the global count of them."""
+    per_token = F.binary_cross_entropy_with_logits(logits.float(), is_replaced.float(), reduction="none")
+    return (per_token * attention_mask).sum() / normalizer
+
+
+def electra_loss(
+    generator,
+    discriminator,
+    batch: dict[str, torch.Tensor],
+    masked: MaskedInputs,
+    noise: Noise,
+    *,
+    temperature: float,
+    gen_weight: float,
+    disc_weight: float,
+    n_masked: float | torch.Tensor,
+    n_tokens: float | torch.Tensor,
+) -> ElectraLosses:
+    am, tt = batch["attention_mask"], batch["token_type_ids"]
+    mlm_logits = generator(masked.input_ids, am, tt, positions=masked.is_masked)  # (M, V)
+    targets = masked.original_ids[masked.is_masked]
+    gen = mlm_loss(mlm_logits, targets, n_masked)
+    # No gradient flows from the discriminator into the generator through the sampled tokens.
+    with torch.no_grad():
+        sampled = sample_from_logits(mlm_logits.detach(), noise.sample[masked.is_masked], temperature)
+    faked = replace_with_samples(masked, sampled)
+    disc_logits = discriminator(faked.input_ids, am, tt)  # (B, T)
+    disc = disc_loss(disc_logits, faked.is_replaced, am, n_tokens)
+    return ElectraLosses(
+        gen_weight * gen + disc_weight * disc, gen, disc, mlm_logits, disc_logits, faked, masked
+    )
+
+
+def masked_lm_loss(model, batch, masked: MaskedInputs, *, n_masked) -> tuple[torch.Tensor, torch.Tensor]:
+    """The BERT-style baseline: the same encoder trained on MLM alone. Returns (loss, logits at masks)."""
+    logits = model(
+        masked.input_ids, batch["attention_mask"], batch["token_type_ids"], positions=masked.is_masked
+    )
+    return mlm_loss(logits, masked.original_ids[masked.is_masked], n_masked), logits
+
+
+class ElectraObjective(torch.nn.Module):
+    """Generator and discriminator as one module, so one DDP wrapper and one optimizer cover both.
+
+    The generator is built on the discriminator's embedding module: token, position and token-type
+    embeddings are shared, as in the paper.
+    """
+
+    def __init__(self, disc_cfg, gen_cfg, *, temperature=1.0, gen_weight=1.0, disc_weight=50.0):
+        super().__init__()
+        from training.model import ElectraForMaskedLM, ElectraForPreTraining, init_weights
+
+        self.discriminator = ElectraForPreTraining(disc_cfg)
+        self.generator = ElectraForMaskedLM(gen_cfg, embeddings=self.discriminator.electra.embeddings)
+        init_weights(self, disc_cfg.initializer_range)
+        self.hparams = {"temperature": temperature, "gen_weight": gen_weight, "disc_weight": disc_weight}
+
+    def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
+        return electra_loss(self.generator, self.discriminator, batch, masked, noise, n_masked=n_masked,
+                            n_tokens=n_tokens, **self.hparams)  # fmt: skip
+
+
+class MLMObjective(torch.nn.Module):
+    """The baseline: an encoder of the discriminator's size trained on masked language modeling alone."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from training.model import ElectraForMaskedLM, init_weights
+
+        self.generator = ElectraForMaskedLM(cfg)
+        init_weights(self, cfg.initializer_range)
+
+    def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
+        loss, logits = masked_lm_loss(self.generator, batch, masked, n_masked=n_masked)
+        return ElectraLosses(loss, loss, torch.zeros_like(loss), logits, None, None, masked)

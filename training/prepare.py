@@ -1,0 +1,49 @@
+"""Tokenizer and token shards for a pretraining run, made once by rank 0 and read by every rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from training.corpus import read_corpus
+from training.data import Batches, PackedDataset, build_shards
+from training.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
+
+
+class Specials(NamedTuple):
+    pad: int
+    cls: int
+    sep: int
+    mask: int
+    vocab_size: int
+
+
+def prepare_data(cfg, run: Path, env) -> tuple[Path, Specials, Batches, Callable[[], Batches]]:
+    """Returns the tokenizer directory, special ids, this rank's training batches, and a factory of
+    held-out batches (a fresh iterator each call, always in the same order, so evaluations compare)."""
+    tok_dir = run / "tokenizer"
+    if env.main:
+        if (tok_dir / "tokenizer.json").is_file():
+            tok = load_tokenizer(tok_dir / "tokenizer.json")
+        elif cfg.tokenizer == "train":
+            print(f"training a {cfg.vocab_size}-token WordPiece vocabulary on {cfg.corpus} ...", flush=True)
+            docs = read_corpus(cfg.corpus, "train", data_dir=cfg.data_dir)
+            tok = train_wordpiece(docs, vocab_size=cfg.vocab_size, lowercase=cfg.lowercase)
+        else:
+            tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
+        save_tokenizer(tok, tok_dir)
+        for split in ("train", "valid"):
+            docs = read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
+            build_shards(docs, tok, cfg.seq_len, run / "data" / split, desc=f"tokenizing {split}")
+    env.barrier()
+    tok = load_tokenizer(tok_dir / "tokenizer.json")
+    ids = special_ids(tok)
+    specials = Specials(ids.pad, ids.cls, ids.sep, ids.mask, tok.get_vocab_size())
+    train = Batches(PackedDataset(run / "data" / "train"), cfg.batch_size, cfg.seed, env.rank, env.world)
+    valid = PackedDataset(run / "data" / "valid")
+
+    def valid_batches() -> Batches:
+        return Batches(valid, min(cfg.batch_size, len(valid)), cfg.seed, 0, 1)
+
+    return tok_dir, specials, train, valid_batches

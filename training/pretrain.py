@@ -1,0 +1,248 @@
+"""Pretrain an ELECTRA generator-discriminator pair (or the MLM baseline): `python -m training.pretrain`.
+
+One process, or many through torchrun (DDP: gloo on CPU, NCCL on CUDA). Resumable exactly: the data
+order, the masking noise and the dropout RNG are all functions of (seed, step), and the RNG is reseeded
+at every checkpoint, so a resumed run retraces the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from training import checkpoint as ckpt
+from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
+from training.evaluate import evaluate
+from training.model import ElectraConfig, count_parameters, flops_per_token
+from training.objective import ElectraObjective, MLMObjective, draw_noise, mask_tokens
+from training.prepare import prepare_data
+from training.report import MetricsLog, plot_curves
+
+
+class Dist:
+    """Rank, world size and device, from torchrun's environment (or a single process)."""
+
+    def __init__(self, device_pref: str):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
+        if cuda and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+        self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+        if self.world > 1:
+            dist.init_process_group(backend="nccl" if cuda else "gloo")
+        self.main = self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t
+
+
+def build_objective(cfg: PretrainConfig, vocab_size: int):
+    disc_cfg = ElectraConfig(
+        vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size, hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout, max_position_embeddings=max(512, cfg.seq_len),
+    )  # fmt: skip
+    if cfg.objective == "mlm":
+        return MLMObjective(disc_cfg)
+    return ElectraObjective(disc_cfg, disc_cfg.scaled(cfg.generator_fraction), temperature=cfg.temperature,
+                            gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases and LayerNorm weights (as BERT and ELECTRA)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_at(step: int, cfg: PretrainConfig) -> float:
+    """Linear warmup to `lr`, then linear decay to zero at `max_steps`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    return cfg.lr * max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - cfg.warmup_steps))
+
+
+def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
+    torch.manual_seed(hash((cfg.seed, rank, step)) & 0x7FFF_FFFF)
+
+
+def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals) -> None:
+    def fill(d: Path) -> None:
+        if cfg.objective == "electra":
+            ckpt.save_model(objective.discriminator, d, "ElectraForPreTraining")
+            (d / "generator").mkdir()
+            ckpt.save_model(objective.generator, d / "generator", "ElectraForMaskedLM")
+            for f in ("tokenizer.json", "vocab.txt"):
+                (d / "generator" / f).write_bytes((tokenizer_dir / f).read_bytes())
+        else:
+            ckpt.save_model(objective.generator, d, "ElectraForMaskedLM")
+        for f in ("tokenizer.json", "vocab.txt"):
+            (d / f).write_bytes((tokenizer_dir / f).read_bytes())
+        tensors, opt_meta = ckpt.flatten_optimizer(opt)
+        save_file(tensors, d / "optimizer.safetensors")
+        state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
+                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective}  # fmt: skip
+        (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+    ckpt.commit_checkpoint(run, step, fill, keep=cfg.keep_checkpoints)
+
+
+def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
+    d = ckpt.resolve_checkpoint(run)
+    state = json.loads((d / "trainer_state.json").read_text())
+    if state.get("objective", "electra") == "electra":
+        ckpt.load_weights_into(objective.generator, ckpt.read_weights(d / "generator"), str(d / "generator"))
+        ckpt.load_weights_into(objective.discriminator, ckpt.read_weights(d), str(d))
+    else:
+        ckpt.load_weights_into(objective.generator, ckpt.read_weights(d), str(d))
+    ckpt.unflatten_optimizer(opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
+    batches.load_state_dict(state["batches"])
+    return state["step"], state["tokens"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cfg = parse_config(PretrainConfig, argv, description=__doc__)
+        saved = Path(cfg.out) / "config.json"
+        if cfg.resume and saved.is_file():
+            # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win.
+            cfg = parse_config(PretrainConfig, argv, description=__doc__, base=json.loads(saved.read_text()))
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    env = Dist(cfg.device)
+    run = Path(cfg.out)
+    has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
+    if cfg.resume and not has_ckpt:
+        sys.exit(f"error: --resume: {run} has no checkpoint yet; drop --resume to start a new run")
+    if not cfg.resume and has_ckpt:
+        sys.exit(f"error: {run} already holds a run; pass --resume to continue it or choose another --out")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if env.main:
+        print(
+            f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
+        )
+        save_config(cfg, run / "config.json")
+
+    tokenizer_dir, specials, train_batches, valid_batches = prepare_data(cfg, run, env)
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process
+    objective = build_objective(cfg, specials.vocab_size).to(env.device)
+    opt = torch.optim.AdamW(param_groups(objective, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
+                            fused=env.device.type == "cuda")  # fmt: skip
+    step, tokens = restore(run, objective, opt, train_batches) if cfg.resume else (0, 0)
+    reseed(cfg, env.rank, step)
+
+    model = objective
+    if cfg.compile:
+        model = torch.compile(model)
+    if env.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[env.device.index] if env.device.type == "cuda" else None
+        )
+    use_bf16 = cfg.bf16 and env.device.type == "cuda"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+
+    B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
+    gen_cfg = objective.generator.config
+    flops_tok = flops_per_token(gen_cfg, T, cfg.mask_prob)
+    if cfg.objective == "electra":
+        flops_tok += flops_per_token(objective.discriminator.config, T)
+    log = MetricsLog(run / "metrics.jsonl", enabled=env.main, truncate_after=step)
+    if env.main:
+        print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops_tok / 1e6:.1f} MFLOP per "
+              f"training token; tokens per step {B * T * A * W}", flush=True)  # fmt: skip
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
+    started, window_t, window_tokens, evals = time.time(), time.time(), 0, {}
+    while step < cfg.max_steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        sums = torch.zeros(3, device=env.device)  # loss, mlm, disc (for logging)
+        for micro in range(A):
+            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(train_batches).items()}
+            noise = draw_noise((B * W, T), cfg.seed, step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
+                               env.device)  # fmt: skip
+            masked = mask_tokens(
+                batch["input_ids"], batch["special_tokens_mask"], noise, mask_prob=cfg.mask_prob,
+                mask_token_id=specials.mask, vocab_size=specials.vocab_size,
+                mask_replace_prob=cfg.mask_replace_prob, random_replace_prob=cfg.random_replace_prob,
+            )  # fmt: skip
+            # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
+            counts = env.all_sum(torch.stack([masked.is_masked.sum(), batch["attention_mask"].sum()]).float())
+            n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
+            sync = contextlib.nullcontext() if W == 1 or micro == A - 1 else model.no_sync()
+            with sync:
+                with autocast():
+                    out = model(batch, masked, noise, n_masked=n_masked * A, n_tokens=n_tokens * A)
+                out.loss.backward()
+            sums += torch.stack([out.loss, out.mlm, out.disc]).detach()
+        norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        tokens += B * T * A * W
+        window_tokens += B * T * A * W
+        bar.update(1)
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            sums = env.all_sum(sums) / W
+            dt = time.time() - window_t
+            tps = window_tokens / max(dt, 1e-9)
+            row = {"loss": float(sums[0]), "mlm_loss": float(sums[1]), "disc_loss": float(sums[2]),
+                   "lr": lr_at(step - 1, cfg), "grad_norm": float(norm), "tokens_per_s": tps,
+                   "tflops": tps * flops_tok / 1e12}  # fmt: skip
+            bar.set_postfix(loss=f"{row['loss']:.3f}", mlm=f"{row['mlm_loss']:.3f}",
+                            disc=f"{row['disc_loss']:.4f}", lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")  # fmt: skip
+            log.write(step, tokens, "train", row)
+            window_t, window_tokens = time.time(), 0
+        out_of_time = cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60
+        done = step == cfg.max_steps or out_of_time
+        if (step % cfg.eval_every == 0 or done) and env.main:
+            evals = evaluate(
+                objective, valid_batches(), cfg.eval_batches, cfg, specials, env.device, autocast
+            )
+            log.write(step, tokens, "eval", evals)
+            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evals.items()))
+        if step % cfg.save_every == 0 or done:
+            if env.main:
+                save(run, step, tokens, objective, opt, train_batches, cfg, tokenizer_dir, evals)
+            env.barrier()
+            reseed(cfg, env.rank, step)
+        if out_of_time:
+            tqdm.write(f"stopping at step {step}: --max-minutes {cfg.max_minutes} reached")
+            break
+    bar.close()
+    if env.main:
+        plot_curves(run / "metrics.jsonl", run / "curves.png")
+        summary = {"step": step, "tokens": tokens, "minutes": (time.time() - started) / 60, **evals}
+        print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
+                                      for k, v in summary.items()}), flush=True)  # fmt: skip
+        print(f"checkpoint: {ckpt.resolve_checkpoint(run)}", flush=True)
+    if env.world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

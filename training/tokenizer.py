@@ -1,0 +1,186 @@
+"""BERT-style WordPiece tokenizers with the `tokenizers` library: train one, or load a vocab.txt / JSON.
+
+The tokenizer.json written here is what the server loads (docs/formats.md), so two properties are
+contracts, not details:
+
+* the post-processor adds ``[CLS] ... [SEP]`` (pairs: ``[CLS] A [SEP] B [SEP]`` with type ids 0/1), so
+  the server and training add special tokens the same way;
+* offsets index the *original* string (the normalizer's lowercasing and accent stripping are tracked by
+  `tokenizers` alignments), which is how the server maps per-token probabilities back to characters.
+
+Padding and truncation are deliberately not stored in the file: they are decisions of whoever batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "SpecialIds",
+    "TokenizerError",
+    "load_tokenizer",
+    "save_tokenizer",
+    "special_ids",
+    "tokenizer_sha256",
+    "train_wordpiece",
+]
+
+# The order gives a trained vocab [PAD]=0 .. [MASK]=4. [PAD]=0 matches BERT (and pad_token_id=0 in
+# ElectraConfig); the others sit at 100..103 in Google's vocab, which is fine: we always look them up.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be used as a BERT-style WordPiece tokenizer."""
+
+
+class SpecialIds(NamedTuple):
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+
+def _configure(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+    # strip_accents=None follows `lowercase`, as in BERT: uncased vocabularies were built on
+    # accent-stripped text, cased ones were not.
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _add_post_processor(tok: Tokenizer) -> Tokenizer:
+    ids = special_ids(tok)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids.cls), ("[SEP]", ids.sep)],
+    )
+    return tok
+
+
+def train_wordpiece(
+    texts: Iterable[str],
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    *,
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
+    show_progress: bool = False,
+) -> Tokenizer:
+    """Train a WordPiece vocabulary on ``texts`` (documents or lines; any iterable of str).
+
+    ``vocab_size`` defaults to BERT's 30,522. ``limit_alphabet`` keeps the 1,000 most frequent
+    characters as in BERT's tokenizer trainer, so a stray rare glyph becomes [UNK] rather than taking a
+    vocabulary slot.
+
+    `tokenizers` breaks ties between equally frequent merges in hash order, so two trainings on the
+    same text may number the vocabulary differently (and now and then differ in a token at the cutoff):
+    train once and save; shards and checkpoints record :func:`tokenizer_sha256` to catch a mix-up.
+    """
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise TokenizerError(
+            f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
+        )
+    tok = _configure(
+        Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase
+    )
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        limit_alphabet=limit_alphabet,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return _add_post_processor(tok)
+
+
+def _from_vocab(path: Path, lowercase: bool) -> Tokenizer:
+    vocab: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            token = line.rstrip("\r\n")
+            # The first occurrence wins, as in BERT's load_vocab (Google's vocab has no duplicates).
+            vocab.setdefault(token, len(vocab))
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise TokenizerError(
+            f"{path} lacks the special token(s) {', '.join(missing)}; is it a BERT vocab.txt?"
+        )
+    model = models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##")
+    tok = _configure(Tokenizer(model), lowercase)
+    # Registering them as special (ids unchanged, they are in the vocab) makes "[MASK]" in text one
+    # token and lets decode() skip them, as the trainer does for a vocabulary it builds.
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return _add_post_processor(tok)
+
+
+def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> Tokenizer:
+    """Load a tokenizer.json, a vocab.txt, or a directory holding either (tokenizer.json preferred).
+
+    ``lowercase`` only applies to a vocab.txt (a tokenizer.json carries its own normalizer): leave it True
+    for uncased vocabularies such as bert-base-uncased, set it False for cased ones.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (p / name).is_file():
+                return load_tokenizer(p / name, lowercase=lowercase)
+        raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
+    if not p.is_file():
+        raise TokenizerError(
+            f"no tokenizer at {p}: give a tokenizer.json, a vocab.txt or a directory with one"
+        )
+    if p.suffix == ".json":
+        try:
+            tok = Tokenizer.from_file(str(p))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise TokenizerError(f"{p} is not a `tokenizers` tokenizer.json ({e})") from e
+        special_ids(tok)  # fail at load time, naming the file, rather than deep inside training
+        return tok
+    return _from_vocab(p, lowercase)
+
+
+def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str]) -> Path:
+    """Write ``tokenizer.json`` and ``vocab.txt`` into ``directory`` (created if needed); return it."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    # vocab.txt encodes ids as line numbers, so the ids must be exactly 0..n-1.
+    assert [i for _, i in by_id] == list(range(len(by_id))), "vocabulary ids are not contiguous"
+    for name, text in (
+        ("tokenizer.json", tok.to_str(pretty=True)),
+        ("vocab.txt", "".join(f"{t}\n" for t, _ in by_id)),
+    ):
+        tmp = d / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, d / name)  # a reader never sees half a tokenizer
+    return d
+
+
+def special_ids(tok: Tokenizer) -> SpecialIds:
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    missing = [t for t, i in ids.items() if i is None]
+    if missing:
+        raise TokenizerError(f"tokenizer lacks the special token(s) {', '.join(missing)}")
+    return SpecialIds(*(ids[t] for t in SPECIAL_TOKENS))
+
+
+def tokenizer_sha256(tok: Tokenizer) -> str:
+    """A fingerprint of everything that decides ids (vocab, normalizer, ...): shards and checkpoints
+    record it so data tokenized with one tokenizer is never fed to a model trained with another."""
+    return hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
