@@ -130,7 +130,7 @@ def main(argv=None) -> None:
         "ours": ours_step(cfg, args.generator_fraction),
         "transformers": transformers_step(cfg, args.generator_fraction),
     }
-    for name, step in sides.items():
+    for step in sides.values():
         time_steps(step, batch, noise, masked, args.warmup, 0)
     samples = {name: [] for name in sides}
     for _ in range(args.steps):
