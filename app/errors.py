@@ -1,0 +1,153 @@
+"""One error enum, one status table, one exception handler: every failure leaves as
+`{"error": {"type": ..., "message": ..., "field": ...}}`."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+log = logging.getLogger("app")
+
+
+class ErrorType(enum.Enum):
+    INVALID_JSON = "invalid_json"
+    INVALID_UTF8 = "invalid_utf8"
+    VALIDATION = "validation_error"
+    EMPTY_TEXT = "empty_text"
+    BATCH_TOO_LARGE = "batch_too_large"
+    BODY_TOO_LARGE = "body_too_large"
+    UNKNOWN_MODEL = "unknown_model"
+    WRONG_MODEL_KIND = "wrong_model_kind"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    CLIENT_GONE = "client_gone"
+    INTERNAL = "internal_error"
+
+
+STATUS: dict[ErrorType, int] = {
+    ErrorType.INVALID_JSON: 400,
+    ErrorType.INVALID_UTF8: 400,
+    ErrorType.VALIDATION: 422,
+    ErrorType.EMPTY_TEXT: 422,
+    ErrorType.BATCH_TOO_LARGE: 422,
+    ErrorType.BODY_TOO_LARGE: 413,
+    ErrorType.UNKNOWN_MODEL: 404,
+    ErrorType.WRONG_MODEL_KIND: 400,
+    ErrorType.UNAUTHORIZED: 401,
+    ErrorType.NOT_FOUND: 404,
+    ErrorType.METHOD_NOT_ALLOWED: 405,
+    ErrorType.OVERLOADED: 429,
+    ErrorType.UNAVAILABLE: 503,
+    ErrorType.CLIENT_GONE: 499,  # nginx's "client closed request": nobody reads it, metrics do
+    ErrorType.INTERNAL: 500,
+}
+
+
+class AppError(Exception):
+    def __init__(
+        self,
+        type: ErrorType,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.type = type
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+
+def error_response(err: AppError) -> Response[dict[str, Any]]:
+    body = {"error": {"type": err.type.value, "message": err.message, "field": err.field}}
+    return Response(body, status_code=STATUS[err.type], headers=err.headers, media_type="application/json")
+
+
+def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+    settings = getattr(request.app.state, "settings", None)
+    err = to_app_error(exc, getattr(settings, "max_body_bytes", None))
+    if err.type is ErrorType.INTERNAL:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.rejected.labels(reason=err.type.value).inc()
+    return error_response(err)
+
+
+# msgspec says where a value failed as `$.data.texts[1]`; Litestar prefixes the body with `data`.
+_AT = re.compile(r" - at `\$(?:\.data)?\.?([^`]*)`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+
+
+def to_app_error(exc: Exception, max_body: int | None = None) -> AppError:
+    if isinstance(exc, AppError):
+        return exc
+    if isinstance(exc, ValidationException):
+        return _from_validation(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        # Litestar decodes the body before msgspec sees it; bad bytes surface here.
+        msg = f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        return AppError(ErrorType.INVALID_UTF8, msg, field="body")
+    if isinstance(exc, HTTPException):
+        return _from_http(exc, max_body)
+    return AppError(ErrorType.INTERNAL, "internal server error")
+
+
+def _from_validation(exc: ValidationException) -> AppError:
+    cause = str(exc.__cause__ or "")
+    if _decode_error(exc):
+        return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {cause}", field="body")
+    if "missing required field `data`" in cause:
+        return AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")
+    extra = exc.extra[0] if isinstance(exc.extra, list) and exc.extra else {}
+    match = _AT.search(cause)
+    field = match.group(1) if match else (extra.get("key") if isinstance(extra, dict) else None)
+    unknown = _UNKNOWN.search(cause)
+    if unknown:  # name the offending field rather than the object holding it
+        field = f"{field}.{unknown.group(1)}" if field else unknown.group(1)
+    message = extra.get("message") if isinstance(extra, dict) else None
+    if not message or message == f"'{field}'":
+        message = _AT.sub("", cause) or str(exc.detail)
+    return AppError(ErrorType.VALIDATION, message, field=field or "body")
+
+
+def _from_http(exc: HTTPException, max_body: int | None) -> AppError:
+    detail = str(exc.detail)
+    if exc.status_code == 400 and _decode_error(exc):
+        return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {detail}", field="body")
+    if exc.status_code == 413:
+        limit = f" of {max_body} bytes" if max_body else ""
+        return AppError(
+            ErrorType.BODY_TOO_LARGE, f"request body is larger than the limit{limit}", field="body"
+        )
+    if exc.status_code == 404:
+        return AppError(ErrorType.NOT_FOUND, detail or "no such route")
+    if exc.status_code == 405:
+        return AppError(
+            ErrorType.METHOD_NOT_ALLOWED, detail or "method not allowed", headers=exc.headers or None
+        )
+    if exc.status_code == 401:
+        return AppError(ErrorType.UNAUTHORIZED, detail)
+    if 400 <= exc.status_code < 500:
+        return AppError(ErrorType.VALIDATION, detail)
+    return AppError(ErrorType.INTERNAL, "internal server error")
+
+
+def _decode_error(exc: BaseException) -> bool:
+    """Whether msgspec failed to parse the bytes (Litestar wraps that in one or two exceptions)."""
+    e: BaseException | None = exc
+    while e is not None:
+        # msgspec.ValidationError subclasses DecodeError: only a true decode failure is bad JSON.
+        if isinstance(e, msgspec.DecodeError) and not isinstance(e, msgspec.ValidationError):
+            return True
+        e = e.__cause__
+    return False

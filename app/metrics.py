@@ -1,0 +1,83 @@
+"""Every Prometheus metric the server exposes: one prefix, explicit buckets, one registry per app
+(so two apps in one process, as in tests, do not collide in the global registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "electra_"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds. Request latency spans a cached 1 ms /health to multi-second long-text batches.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Stages are shorter: tokenization of one request, a wait in the queue, one session.run.
+STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_TOKENS_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        # `*_created` timestamp series double the exposition for nothing a dashboard uses.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        by_request = ("endpoint", "model", "status")
+        self.requests = Counter(PREFIX + "requests", "HTTP requests answered", by_request, registry=r)
+        self.request_latency = Histogram(
+            PREFIX + "request_duration_seconds", "Time from request to response", by_request,
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokenization = Histogram(
+            PREFIX + "tokenization_seconds", "Tokenization time per request", ("model",),
+            buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            PREFIX + "queue_seconds", "Time a request waited before its first batch ran", ("model",),
+            buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inference = Histogram(
+            PREFIX + "inference_seconds", "session.run time per batch", ("model",),
+            buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_size = Histogram(
+            PREFIX + "batch_size", "Rows (texts or windows) per inference batch", ("model",),
+            buckets=BATCH_ROWS_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_tokens = Histogram(
+            PREFIX + "batch_tokens", "Tokens per inference batch, padding included (rows * longest)", ("model",),
+            buckets=BATCH_TOKENS_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge(
+            PREFIX + "queue_depth", "Requests admitted and not yet answered", ("model",), registry=r
+        )
+        self.rejected = Counter(
+            PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

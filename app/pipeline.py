@@ -1,0 +1,105 @@
+"""One scoring request end to end: admit -> tokenize (thread) -> batch -> post-process (thread).
+Controllers call these and only map the result to an HTTP response."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from app.errors import AppError, ErrorType
+from app.metrics import Metrics
+from app.postprocess import classify_result, detect_result
+from app.registry import Model
+from app.schemas import ClassifyResponse, DetectResponse
+
+T = TypeVar("T")
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class Timings:
+    start: float = field(default_factory=time.perf_counter)
+    tokenization_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+
+    @classmethod
+    def of(cls, request) -> Timings:
+        """Timed from when the metrics middleware saw the request, so body reading counts too."""
+        return cls(start=request.scope["state"].get("t0") or time.perf_counter())
+
+    def headers(self) -> dict[str, str]:
+        total = time.perf_counter() - self.start
+        ms = {"tokenization": self.tokenization_s, "queue": self.queue_s, "inference": self.inference_s}
+        out = {f"x-{k}-time": f"{v * 1000:.3f}" for k, v in ms.items()}
+        out["x-total-time"] = f"{total * 1000:.3f}"
+        return out
+
+
+async def detect(
+    model: Model, texts: list[str], threshold: float, ret: str, receive: Receive, metrics: Metrics, t: Timings
+) -> DetectResponse:
+    with model.batcher.admit():
+        t0 = time.perf_counter()
+        encodings = await asyncio.to_thread(model.tokenizer.encode_detect, texts)
+        t.tokenization_s = time.perf_counter() - t0
+        metrics.tokenization.labels(model.name).observe(t.tokenization_s)
+        rows = [row for enc in encodings for row in enc.rows]
+        result = await until_done_or_gone(model.batcher.submit(rows), receive)
+    t.queue_s, t.inference_s = result.queue_s, result.inference_s
+    outputs = iter(result.outputs)
+    per_text = [[next(outputs) for _ in enc.rows] for enc in encodings]
+
+    def build() -> DetectResponse:
+        results = [
+            detect_result(text, enc, outs, threshold, ret)
+            for text, enc, outs in zip(texts, encodings, per_text, strict=True)
+        ]
+        return DetectResponse(model=model.name, threshold=threshold, results=results)
+
+    return await asyncio.to_thread(build)
+
+
+async def classify(
+    model: Model, items: list, top_k: int | None, receive: Receive, metrics: Metrics, t: Timings
+) -> ClassifyResponse:
+    with model.batcher.admit():
+        t0 = time.perf_counter()
+        encoded = await asyncio.to_thread(model.tokenizer.encode_classify, items)
+        t.tokenization_s = time.perf_counter() - t0
+        metrics.tokenization.labels(model.name).observe(t.tokenization_s)
+        result = await until_done_or_gone(model.batcher.submit([row for row, _ in encoded]), receive)
+    t.queue_s, t.inference_s = result.queue_s, result.inference_s
+    m = model.bundle.manifest
+    results = [
+        classify_result(out, m.labels, m.problem_type, truncated, top_k)
+        for out, (_, truncated) in zip(result.outputs, encoded, strict=True)
+    ]
+    return ClassifyResponse(model=model.name, results=results)
+
+
+async def until_done_or_gone(work: Awaitable[T], receive: Receive) -> T:
+    """Await `work`, unless the client disconnects first: then cancel it (so the batcher drops its rows
+    before inference) and fail with CLIENT_GONE. The server never cancels a handler by itself."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise AppError(ErrorType.CLIENT_GONE, "client disconnected before the result was ready")
+
+
+async def _disconnected(receive: Receive) -> None:
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a receive that fails tells nothing about the client: keep waiting for the work
+        await asyncio.Event().wait()

@@ -1,0 +1,149 @@
+"""The served models: bundles read (and hash-checked) at start, sessions loaded and warmed in the
+background so that /health answers at once and /ready says when scoring can start."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from app.batcher import Batcher
+from app.bundle import Bundle
+from app.engine import Engine
+from app.errors import AppError, ErrorType
+from app.metrics import Metrics
+from app.schemas import ModelInfo
+from app.settings import Settings, SettingsError
+from app.tokenization import TextTokenizer
+
+log = logging.getLogger("app")
+
+
+@dataclass(frozen=True)
+class Model:
+    bundle: Bundle
+    tokenizer: TextTokenizer
+    engine: Engine
+    batcher: Batcher
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+
+class Registry:
+    def __init__(self, bundles: list[Bundle], settings: Settings, metrics: Metrics) -> None:
+        self.bundles = {b.name: b for b in bundles}
+        self.settings = settings
+        self.metrics = metrics
+        self.models: dict[str, Model] = {}
+        self.state = "loading"  # loading -> ready -> draining; or failed
+        self.detail: str | None = None
+        for b in bundles:
+            if b.manifest.max_length > settings.batch_token_budget:
+                raise SettingsError(
+                    f"--batch-token-budget {settings.batch_token_budget} is smaller than one row of "
+                    f"{b.name!r} (max_length {b.manifest.max_length})"
+                )
+
+    def default(self, kind: str) -> str | None:
+        names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
+        return names[0] if names else None
+
+    def resolve(self, name: str | None, kind: str) -> Model:
+        """The model a request names (or the default of its kind), or the 4xx/503 saying why not."""
+        if name is None:
+            name = self.default(kind)
+            if name is None:
+                raise AppError(
+                    ErrorType.UNKNOWN_MODEL, f"no {kind} is served; see GET /models", field="model"
+                )
+        bundle = self.bundles.get(name)
+        if bundle is None:
+            served = ", ".join(sorted(self.bundles))
+            raise AppError(
+                ErrorType.UNKNOWN_MODEL, f"unknown model {name!r}; served: {served}", field="model"
+            )
+        if bundle.manifest.kind != kind:
+            endpoint = "/detect" if bundle.manifest.kind == "detector" else "/classify"
+            msg = f"model {name!r} is a {bundle.manifest.kind}, not a {kind}; use {endpoint}"
+            raise AppError(ErrorType.WRONG_MODEL_KIND, msg, field="model")
+        if self.state == "draining":
+            raise AppError(ErrorType.UNAVAILABLE, "server is shutting down", headers={"retry-after": "5"})
+        model = self.models.get(name)
+        if model is None:
+            raise AppError(
+                ErrorType.UNAVAILABLE, f"model {name!r} is {self.state}", headers={"retry-after": "1"}
+            )
+        return model
+
+    def describe(self) -> list[ModelInfo]:
+        defaults = {self.default("detector"), self.default("classifier")}
+        out = []
+        for name, b in sorted(self.bundles.items()):
+            m = b.manifest
+            provenance = {
+                "source": m.source,
+                "created_at": m.created_at,
+                "versions": m.versions,
+                "parity": m.parity,
+                "optimizations": m.optimizations,
+                "opset": m.opset,
+            }
+            out.append(
+                ModelInfo(
+                    name=name,
+                    kind=m.kind,
+                    labels=list(m.labels),
+                    problem_type=m.problem_type,
+                    precision=m.precision,
+                    max_length=m.max_length,
+                    sha256=m.model_sha256,
+                    inputs=list(m.inputs),
+                    provenance=provenance,
+                    default=name in defaults,
+                )
+            )
+        return out
+
+    async def load(self) -> None:
+        try:
+            for bundle in self.bundles.values():
+                tokenizer, engine = await asyncio.to_thread(self._load_and_warm, bundle)
+                batcher = Batcher(
+                    bundle.name,
+                    engine,
+                    tokenizer.pad_id,
+                    token_budget=self.settings.batch_token_budget,
+                    max_wait_ms=self.settings.max_wait_ms,
+                    queue_size=self.settings.queue_size,
+                    metrics=self.metrics,
+                )
+                batcher.start()
+                self.models[bundle.name] = Model(bundle, tokenizer, engine, batcher)
+                log.info("%s: loaded and warmed up (%s)", bundle.name, bundle.manifest.kind)
+        except Exception as e:  # /ready reports it; the process stays up so the reason can be read
+            self.state, self.detail = "failed", f"{type(e).__name__}: {e}"
+            log.exception("loading models failed")
+            return
+        if self.state == "loading":
+            self.state = "ready"
+
+    def _load_and_warm(self, bundle: Bundle) -> tuple[TextTokenizer, Engine]:
+        m = bundle.manifest
+        tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, self.settings.window_stride)
+        engine = Engine(bundle, self.settings.intra_op_threads)
+        # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
+        for length in (8, m.max_length):
+            engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))
+        return tokenizer, engine
+
+    def begin_drain(self) -> None:
+        """SIGTERM: refuse new work with 503; what is admitted keeps going."""
+        self.state = "draining"
+        for model in self.models.values():
+            model.batcher.closing = True
+
+    async def close(self) -> None:
+        for model in self.models.values():
+            await model.batcher.close()

@@ -1,0 +1,125 @@
+"""Thin controllers: validate -> pick the model -> pipeline -> response with timing headers."""
+
+from __future__ import annotations
+
+from litestar import Request, Response, get, post
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Example
+
+from app import pipeline
+from app.errors import STATUS, ErrorType
+from app.metrics import CONTENT_TYPE
+from app.registry import Registry
+from app.schemas import (
+    ClassifyRequest,
+    ClassifyResponse,
+    DetectRequest,
+    DetectResponse,
+    ErrorBody,
+    ModelsResponse,
+    Status,
+    check_inputs,
+)
+
+
+def _errors(*types: ErrorType) -> dict[int, ResponseSpec]:
+    by_status: dict[int, list[str]] = {}
+    for t in types:
+        by_status.setdefault(STATUS[t], []).append(t.value)
+    return {
+        code: ResponseSpec(ErrorBody, description="error types: " + ", ".join(names))
+        for code, names in sorted(by_status.items())
+    }
+
+
+_INPUT_ERRORS = (
+    ErrorType.INVALID_JSON,
+    ErrorType.INVALID_UTF8,
+    ErrorType.VALIDATION,
+    ErrorType.EMPTY_TEXT,
+    ErrorType.BATCH_TOO_LARGE,
+    ErrorType.BODY_TOO_LARGE,
+    ErrorType.UNKNOWN_MODEL,
+    ErrorType.WRONG_MODEL_KIND,
+    ErrorType.UNAUTHORIZED,
+    ErrorType.OVERLOADED,
+    ErrorType.UNAVAILABLE,
+)
+_TIMING = "x-tokenization-time, x-queue-time, x-inference-time, x-total-time headers give each stage in ms."
+
+
+def _registry(request: Request) -> Registry:
+    return request.app.state.registry
+
+
+def _label(request: Request, model: str) -> None:
+    # Read back by the metrics middleware; only names of served models get here (bounded label values).
+    request.scope["state"]["model"] = model
+
+
+@post(
+    "/detect",
+    status_code=200,
+    responses=_errors(*_INPUT_ERRORS),
+    summary="Per-token replaced-token probabilities",
+    description="One text (`text`) or a batch (`texts`). " + _TIMING,
+    request_body_examples=[Example(value={"text": "the chef cooked the meal", "threshold": 0.5})],
+)
+async def detect(data: DetectRequest, request: Request) -> Response[DetectResponse]:
+    timings = pipeline.Timings.of(request)
+    settings = request.app.state.settings
+    _, texts = check_inputs(settings.max_batch_size, data.text, data.texts)
+    model = _registry(request).resolve(data.model, "detector")
+    _label(request, model.name)
+    body = await pipeline.detect(
+        model, texts, data.threshold, data.return_, request.receive, request.app.state.metrics, timings
+    )
+    return Response(body, headers=timings.headers())
+
+
+@post(
+    "/classify",
+    status_code=200,
+    responses=_errors(*_INPUT_ERRORS),
+    summary="Sequence classification",
+    description="One text, a batch (`texts`) or text pairs (`pairs`). " + _TIMING,
+)
+async def classify(data: ClassifyRequest, request: Request) -> Response[ClassifyResponse]:
+    timings = pipeline.Timings.of(request)
+    settings = request.app.state.settings
+    _, items = check_inputs(settings.max_batch_size, data.text, data.texts, data.pairs, pairs_ok=True)
+    model = _registry(request).resolve(data.model, "classifier")
+    _label(request, model.name)
+    body = await pipeline.classify(
+        model, items, data.top_k, request.receive, request.app.state.metrics, timings
+    )
+    return Response(body, headers=timings.headers())
+
+
+@get("/models", responses=_errors(ErrorType.UNAUTHORIZED), summary="Served models")
+async def models(request: Request) -> ModelsResponse:
+    return ModelsResponse(models=_registry(request).describe())
+
+
+@get("/health", opt={"public": True}, summary="Alive (never needs the API key)")
+async def health() -> Status:
+    return Status(status="ok")
+
+
+@get(
+    "/ready",
+    responses={503: ResponseSpec(Status, description="loading, failed or draining")},
+    summary="All models loaded and warmed up",
+)
+async def ready(request: Request) -> Response[Status]:
+    registry = _registry(request)
+    code = 200 if registry.state == "ready" else 503
+    return Response(Status(status=registry.state, detail=registry.detail), status_code=code)
+
+
+@get("/metrics", media_type=CONTENT_TYPE, summary="Prometheus metrics")
+async def metrics(request: Request) -> Response[bytes]:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+HANDLERS = [detect, classify, models, health, ready, metrics]

@@ -1,0 +1,179 @@
+"""Request and response bodies. msgspec validates types and ranges on decode; rules that need the
+settings (batch limit) or more than one field live in `check_*` below, raising AppError with the field."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from app.errors import AppError, ErrorType
+
+Threshold = Annotated[float, msgspec.Meta(ge=0.0, le=1.0, description="flag words with prob >= threshold")]
+TopK = Annotated[int, msgspec.Meta(ge=1, description="return the k most probable labels")]
+Pair = Annotated[list[str], msgspec.Meta(min_length=2, max_length=2, description="[text, text_pair]")]
+# The per-request maximum is a setting (max_batch_size), checked in check_inputs, not in the schema.
+Texts = Annotated[list[str], msgspec.Meta(min_length=1, description="a batch of texts")]
+Pairs = Annotated[list[Pair], msgspec.Meta(min_length=1, description="a batch of text pairs")]
+
+
+def _doc(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
+class DetectRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Exactly one of `text` and `texts`."""
+
+    text: Annotated[str, _doc("one text")] | None = None
+    texts: Texts | None = None
+    model: Annotated[str, _doc("a detector from GET /models; default: the first detector by name")] | None = (
+        None
+    )
+    threshold: Threshold = 0.5
+    return_: Annotated[Literal["tokens", "words", "both"], _doc("which lists to return")] = msgspec.field(
+        default="both", name="return"
+    )
+
+
+class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Exactly one of `text`, `texts` and `pairs`."""
+
+    text: Annotated[str, _doc("one text")] | None = None
+    texts: Texts | None = None
+    pairs: Pairs | None = None
+    model: Annotated[str, _doc("a classifier from GET /models; default: the first by name")] | None = None
+    top_k: TopK | None = None
+
+
+Start = Annotated[
+    int, _doc("character offset (Python str index: code points) into the input; input[start:end]")
+]
+End = Annotated[int, _doc("end offset, exclusive")]
+Prob = Annotated[float, _doc("probability that it was replaced")]
+
+
+class Token(msgspec.Struct):
+    text: Annotated[str, _doc("input[start:end]: the surface form, case and accents as sent")]
+    token: Annotated[str, _doc('the vocabulary piece ("##ing", "[UNK]")')]
+    start: Start
+    end: End
+    prob: Prob
+    word: Annotated[int, _doc("index into `words`")]
+
+
+class Word(msgspec.Struct):
+    text: str
+    start: Start
+    end: End
+    prob: Annotated[float, _doc("max over the word's tokens")]
+    tokens: Annotated[list[int], _doc("indices into `tokens`")]
+
+
+class Span(msgspec.Struct):
+    text: str
+    start: Start
+    end: End
+    prob: float
+
+
+class Summary(msgspec.Struct):
+    max_prob: Annotated[float, _doc("max token probability (0 when the text has no tokens)")]
+    mean_prob: Annotated[float, _doc("mean token probability")]
+    replaced_fraction: Annotated[float, _doc("words with prob >= threshold, divided by the number of words")]
+    spans: Annotated[list[Span], _doc("the words with prob >= threshold, in order")]
+    num_tokens: int
+    num_words: int
+    windows: Annotated[int, _doc("model windows scored (> 1 when the text is longer than max_length)")]
+
+
+class DetectResult(msgspec.Struct, omit_defaults=True):
+    summary: Summary
+    tokens: list[Token] | None = None  # special tokens never appear
+    words: list[Word] | None = None
+
+
+class DetectResponse(msgspec.Struct):
+    model: str
+    threshold: float
+    results: Annotated[list[DetectResult], _doc("one per input text, in order")]
+
+
+class LabelScore(msgspec.Struct):
+    label: str
+    score: float
+
+
+class ClassifyResult(msgspec.Struct, omit_defaults=True):
+    label: Annotated[str, _doc("the most probable label")]
+    score: float
+    probs: Annotated[dict[str, float], _doc("every label of the manifest (the raw value for regression)")]
+    truncated: Annotated[bool, _doc("the input was longer than max_length and was cut to fit")]
+    top_k: Annotated[list[LabelScore], _doc("the top_k labels, most probable first")] | None = None
+
+
+class ClassifyResponse(msgspec.Struct):
+    model: str
+    results: list[ClassifyResult]
+
+
+class ModelInfo(msgspec.Struct):
+    name: str
+    kind: str
+    labels: list[str]
+    problem_type: str | None
+    precision: str
+    max_length: int
+    sha256: str
+    inputs: list[str]
+    provenance: dict[str, object]  # source, created_at, versions, parity, optimizations from the manifest
+    default: bool  # picked when a request names no model
+
+
+class ModelsResponse(msgspec.Struct):
+    models: list[ModelInfo]
+
+
+class Status(msgspec.Struct):
+    status: str
+    detail: str | None = None
+
+
+class ErrorDetail(msgspec.Struct):
+    type: str
+    message: str
+    field: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+def check_inputs(max_batch: int, text: str | None, texts: list[str] | None, pairs=None, *, pairs_ok=False):
+    """Exactly one of text/texts(/pairs), within the batch limit, no empty or blank text.
+
+    Returns (field name, items): items are strings, or [a, b] lists for pairs."""
+    fields = ("text", "texts", "pairs") if pairs_ok else ("text", "texts")
+    values = {"text": text, "texts": texts, "pairs": pairs}
+    given = [n for n in fields if values[n] is not None]
+    if len(given) != 1:
+        what = "none given" if not given else f"got {' and '.join(given)}"
+        names = " or ".join(f"`{n}`" for n in fields)
+        raise AppError(
+            ErrorType.VALIDATION, f"send exactly one of {names}: {what}", field=given[-1] if given else "text"
+        )
+    field = given[0]
+    items = [text] if field == "text" else values[field]
+    if not items:
+        raise AppError(
+            ErrorType.VALIDATION, f"`{field}` is an empty list: send at least one item", field=field
+        )
+    if len(items) > max_batch:
+        msg = f"`{field}` has {len(items)} items; the limit is {max_batch} per request"
+        raise AppError(ErrorType.BATCH_TOO_LARGE, msg, field=field)
+    for i, item in enumerate(items):
+        parts = item if field == "pairs" else [item]
+        for j, s in enumerate(parts):
+            if not s.strip():
+                where = {"text": "text", "texts": f"texts[{i}]", "pairs": f"pairs[{i}][{j}]"}[field]
+                raise AppError(ErrorType.EMPTY_TEXT, "text is empty or whitespace only", field=where)
+    return field, items

@@ -1,0 +1,109 @@
+"""create_app(settings): the Litestar app. The lifespan starts loading models in the background
+(/health answers at once, /ready when warm) and closes the batchers in `finally`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import __version__
+from app.bundle import discover
+from app.errors import AppError, ErrorType, handle_exception
+from app.metrics import Metrics
+from app.registry import Registry
+from app.routes import HANDLERS
+from app.settings import Settings
+
+log = logging.getLogger("app")
+
+
+def create_app(settings: Settings) -> Litestar:
+    """Reads and hash-checks every bundle now (a bad bundle fails here, before the port opens)."""
+    metrics = Metrics()
+    registry = Registry(discover(settings.models_dir), settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        loading = asyncio.create_task(registry.load(), name="load-models")
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await registry.close()
+
+    return Litestar(
+        route_handlers=HANDLERS,
+        lifespan=[lifespan],
+        exception_handlers={Exception: handle_exception},
+        middleware=[_observe(metrics)],
+        guards=[_require_api_key] if settings.api_key else [],
+        request_max_body_size=settings.max_body_bytes,
+        cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
+        openapi_config=OpenAPIConfig(
+            title="electra-serve",
+            version=__version__,
+            description="Per-token replaced-token detection and classification with ELECTRA bundles.",
+        ),
+        state=State({"settings": settings, "registry": registry, "metrics": metrics}),
+        logging_config=None,  # uvicorn's logging is configured in __main__
+        debug=False,
+    )
+
+
+def _require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    if handler.opt.get("public"):
+        return
+    key: str = connection.app.state.settings.api_key
+    auth = connection.headers.get("authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else connection.headers.get("x-api-key", "")
+    # compare_digest: the time taken must not tell how much of a guess was right.
+    if not given or not hmac.compare_digest(given.encode(), key.encode()):
+        raise AppError(
+            ErrorType.UNAUTHORIZED,
+            "missing or wrong API key: send `authorization: Bearer KEY` or `x-api-key: KEY`",
+            field="authorization",
+            headers={"www-authenticate": "Bearer"},
+        )
+
+
+def _observe(metrics: Metrics):
+    """Count and time every routed request by endpoint (route template), model and status."""
+
+    def middleware(app: ASGIApp) -> ASGIApp:
+        async def observed(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            start = scope["state"]["t0"] = time.perf_counter()  # x-total-time starts here too
+            status = 500
+
+            async def send_status(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            try:
+                await app(scope, receive, send_status)
+            finally:
+                labels = (scope.get("path_template") or "other", scope["state"].get("model", ""), str(status))
+                metrics.requests.labels(*labels).inc()
+                metrics.request_latency.labels(*labels).observe(time.perf_counter() - start)
+
+        return observed
+
+    return middleware

@@ -1,0 +1,126 @@
+"""tokenizer.json -> model rows (ids, type ids), character offsets, word ids and windows.
+
+Offsets from `tokenizers` are character (code point) offsets into the *original* string even when the
+normalizer lowercases, strips accents or drops control characters, so `text[start:end]` is the surface form.
+Detection encodes without special tokens and adds them per window itself: one encoding then serves every
+window of a long text. Classification lets the tokenizer's own template and truncation do the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model input row, special tokens included; `offset` is where the text's tokens start in it."""
+
+    ids: np.ndarray  # int64 [seq]
+    type_ids: np.ndarray  # int64 [seq]
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class DetectEncoding:
+    tokens: list[str]  # vocabulary pieces, no special tokens
+    offsets: list[tuple[int, int]]  # character offsets into the input text
+    words: list[int]  # word index of each token, 0..num_words-1 in order of appearance
+    windows: list[tuple[int, int]]  # token ranges [start, end) scored as one row each
+    rows: list[Row]
+
+
+def windows(n: int, size: int, stride: int) -> list[tuple[int, int]]:
+    """Cover n tokens with windows of `size` that share at least `stride` tokens; the last one ends at n."""
+    if n == 0:
+        return []
+    if n <= size:
+        return [(0, n)]
+    step = size - stride
+    starts = list(range(0, n - size, step)) + [n - size]
+    return [(s, s + size) for s in starts]
+
+
+class TextTokenizer:
+    def __init__(self, path: Path, max_length: int, stride: int) -> None:
+        self.max_length = max_length
+        self._plain = Tokenizer.from_file(str(path))
+        # A tokenizer.json may carry its own truncation/padding from training; we do both ourselves here.
+        self._plain.no_truncation()
+        self._plain.no_padding()
+        self._truncating = Tokenizer.from_file(str(path))
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(max_length, strategy="longest_first")
+        # "[SEP]" or "[MASK]" typed by a client is text, not a control token: without this the tokenizer
+        # would turn it into the special id, which changes the model's input and leaks into the output.
+        self._plain.encode_special_tokens = True
+        self._truncating.encode_special_tokens = True
+        pad = self._plain.token_to_id("[PAD]")
+        self.pad_id = 0 if pad is None else pad
+
+        # Learn the single-sequence template ([CLS] $A [SEP] for ELECTRA) from a probe encoding, so that
+        # windows get exactly the special tokens the post-processor would add.
+        probe = self._plain.encode("a", add_special_tokens=True)
+        content = [i for i, m in enumerate(probe.special_tokens_mask) if m == 0]
+        first, last = (content[0], content[-1]) if content else (len(probe.ids), len(probe.ids) - 1)
+        self._prefix = (probe.ids[:first], probe.type_ids[:first])
+        self._suffix = (probe.ids[last + 1 :], probe.type_ids[last + 1 :])
+        self._content_type = probe.type_ids[first] if content else 0
+        self.window_size = max_length - len(self._prefix[0]) - len(self._suffix[0])
+        assert self.window_size > 0, "max_length leaves no room for text"
+        # More overlap than half a window would score most tokens twice for nothing.
+        self.stride = min(stride, self.window_size // 2)
+
+    def encode_detect(self, texts: list[str]) -> list[DetectEncoding]:
+        # encode_batch releases the GIL and runs on the tokenizer's own thread pool.
+        return [self._detect_one(e) for e in self._plain.encode_batch(texts, add_special_tokens=False)]
+
+    def _detect_one(self, enc) -> DetectEncoding:
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        spans = windows(len(ids), self.window_size, self.stride)
+        rows = [self._row(ids[s:e]) for s, e in spans]
+        return DetectEncoding(
+            tokens=list(enc.tokens),
+            offsets=[tuple(o) for o in enc.offsets],
+            words=_compact_words(enc.word_ids),
+            windows=spans,
+            rows=rows,
+        )
+
+    def _row(self, ids: np.ndarray) -> Row:
+        (pre_ids, pre_types), (suf_ids, suf_types) = self._prefix, self._suffix
+        full = np.concatenate([np.asarray(pre_ids, np.int64), ids, np.asarray(suf_ids, np.int64)])
+        types = np.concatenate(
+            [
+                np.asarray(pre_types, np.int64),
+                np.full(len(ids), self._content_type, np.int64),
+                np.asarray(suf_types, np.int64),
+            ]
+        )
+        return Row(full, types, offset=len(pre_ids))
+
+    def encode_classify(self, items: list) -> list[tuple[Row, bool]]:
+        """Rows for strings or [a, b] pairs, cut to max_length; the flag says whether anything was cut."""
+        inputs = [tuple(x) if isinstance(x, list) else x for x in items]
+        out = []
+        for enc in self._truncating.encode_batch(inputs, add_special_tokens=True):
+            row = Row(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
+            out.append((row, len(enc.overflowing) > 0))
+        return out
+
+    def warmup_row(self, length: int) -> Row:
+        return self._row(np.full(max(1, min(length, self.window_size)), self.pad_id + 1, np.int64))
+
+
+def _compact_words(word_ids: list[int | None]) -> list[int]:
+    """Renumber word ids 0.. in order; a token without a word (no pre-tokenizer) is its own word."""
+    out, seen, last = [], -1, object()
+    for w in word_ids:
+        if w is None or w != last:
+            seen += 1
+            last = w
+        out.append(seen)
+    return out

@@ -1,0 +1,273 @@
+"""The scoring server as a client sees it: a real `python -m app` process on a free port.
+
+Offsets must slice the input exactly, probabilities must equal a direct ONNX Runtime run, and batching
+(in one request or across concurrent requests) must not change any number."""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+try:
+    from app_fixtures import MAX_LENGTH, bundles_dir, run_server  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import MAX_LENGTH, bundles_dir, run_server  # noqa: F401
+
+ATOL = 1e-5
+STRIDE = 32  # the server's default window_stride
+
+HARD_TEXTS = [
+    "Café  naïve   résumé\tover\nthe lazy dog.",
+    "thumbs 👍🏽 family 👨‍👩‍👧 flag 🇯🇵 and 😀😀😀 end",
+    "日本語のテキストと中文 mixed with English, 한국어 too",
+    "tabs\t\tand\n\nnewlines\r\n  and   repeated   spaces  ",
+    "İstanbul straße ﬁne Ǆ ㎒ zero\u200bwidth e\u0301 combining",
+    "x" * 300 + " " + "supercalifragilistic" * 12 + " tail",
+    "   leading and trailing whitespace   ",
+    "typed specials [CLS] [SEP] [MASK] [PAD] [UNK] stay text",
+]
+
+
+def long_text(n_words: int = 900, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    vocab = [
+        "the",
+        "game",
+        "was",
+        "released",
+        "in",
+        "japan",
+        "café",
+        "日本",
+        "series",
+        "👍",
+        "battle",
+        "naïve",
+        "story,",
+        "character",
+        ".",
+        "(",
+        ")",
+        "@-@",
+    ]
+    return " ".join(rng.choice(vocab) for _ in range(n_words)) + "\nend"
+
+
+@pytest.fixture(scope="module")
+def server(bundles_dir: Path, tmp_path_factory):
+    with run_server(bundles_dir, log_dir=tmp_path_factory.mktemp("logs")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def direct(bundles_dir: Path):
+    """The detector bundle run without the server: tokenizer + ONNX Runtime session."""
+    tok = Tokenizer.from_file(str(bundles_dir / "detector" / "tokenizer.json"))
+    tok.no_truncation()
+    tok.encode_special_tokens = True  # as the server does: typed "[SEP]" is text
+    sess = ort.InferenceSession(
+        str(bundles_dir / "detector" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    names = {i.name for i in sess.get_inputs()}
+
+    def run(ids: list[int]) -> np.ndarray:
+        """Probabilities of a content-token slice, scored alone as [CLS] ids [SEP]."""
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        row = np.array([[cls, *ids, sep]], dtype=np.int64)
+        feeds = {"input_ids": row, "attention_mask": np.ones_like(row), "token_type_ids": np.zeros_like(row)}
+        return sess.run(None, {k: v for k, v in feeds.items() if k in names})[0][0, 1:-1]
+
+    return tok, run
+
+
+def detect(client, **body) -> dict:
+    r = client.post("/detect", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def expected_probs(ids: list[int], run) -> np.ndarray:
+    """The spec, written independently of the server: windows of MAX_LENGTH-2 tokens sharing STRIDE,
+    the last one ending at the text's end; each token from the window where it is most central."""
+    size, n = MAX_LENGTH - 2, len(ids)
+    if n <= size:
+        return run(ids)
+    starts = list(range(0, n - size, size - STRIDE)) + [n - size]
+    best, out = np.full(n, -1), np.zeros(n)
+    for s in starts:
+        probs = run(ids[s : s + size])
+        for i in range(s, s + size):
+            c = min(i - s, s + size - 1 - i)
+            if c > best[i]:
+                best[i], out[i] = c, probs[i - s]
+    return out
+
+
+@pytest.mark.parametrize(
+    "text", HARD_TEXTS + [long_text()], ids=[f"hard{i}" for i in range(len(HARD_TEXTS))] + ["long"]
+)
+def test_offsets_slice_the_input_and_probabilities_match_onnx(client, direct, text):
+    tok, run = direct
+    result = detect(client, text=text)["results"][0]
+    enc = tok.encode(text, add_special_tokens=False)
+    tokens = result["tokens"]
+    # Nothing truncated, nothing special, same pieces and offsets as the tokenizer itself.
+    assert [t["token"] for t in tokens] == enc.tokens
+    assert [(t["start"], t["end"]) for t in tokens] == [tuple(o) for o in enc.offsets]
+    for t in tokens:
+        assert text[t["start"] : t["end"]] == t["text"] and t["text"].strip()
+        assert t["token"] not in ("[CLS]", "[SEP]", "[PAD]", "[MASK]")
+    for w in result["words"]:
+        assert text[w["start"] : w["end"]] == w["text"]
+        assert w["prob"] == max(tokens[i]["prob"] for i in w["tokens"])
+    got = np.array([t["prob"] for t in tokens])
+    np.testing.assert_allclose(got, expected_probs(enc.ids, run), atol=ATOL, rtol=0)
+    size = MAX_LENGTH - 2
+    n = len(enc.ids)
+    want_windows = 1 if n <= size else len(range(0, n - size, size - STRIDE)) + 1
+    assert result["summary"]["windows"] == want_windows
+    assert result["summary"]["num_tokens"] == n
+
+
+def test_long_text_is_windowed_not_truncated(client):
+    text = long_text(1500, seed=1)
+    summary = detect(client, text=text, **{"return": "words"})["results"][0]
+    assert summary["summary"]["windows"] > 5
+    assert summary["words"][-1]["text"] == "end"
+    assert "tokens" not in summary
+
+
+def test_summary_definitions(client):
+    result = detect(client, text="the game was released in japan", threshold=0.5)["results"][0]
+    probs = [t["prob"] for t in result["tokens"]]
+    words = result["words"]
+    s = result["summary"]
+    assert s["max_prob"] == max(probs)
+    assert s["mean_prob"] == pytest.approx(sum(probs) / len(probs))
+    flagged = [w for w in words if w["prob"] >= 0.5]
+    assert [sp["text"] for sp in s["spans"]] == [w["text"] for w in flagged]
+    assert s["replaced_fraction"] == pytest.approx(len(flagged) / len(words))
+    # Threshold 0 flags every word, threshold 1 (nearly) none: the spans follow the threshold.
+    assert (
+        len(detect(client, text="the game was released", threshold=0.0)["results"][0]["summary"]["spans"])
+        == 4
+    )
+    assert detect(client, text="the game was released", threshold=1.0)["results"][0]["summary"]["spans"] == []
+
+
+def test_batching_does_not_change_results(client):
+    rng = random.Random(3)
+    texts = [long_text(rng.choice([1, 3, 10, 40, 120, 400]), seed=i) for i in range(32)]
+    batch = detect(client, texts=texts)["results"]
+    assert len(batch) == 32
+    with ThreadPoolExecutor(8) as pool:  # concurrent single requests get micro-batched together
+        alone = list(pool.map(lambda t: detect(client, text=t)["results"][0], texts))
+    for a, b in zip(alone, batch, strict=True):
+        assert [t["token"] for t in a["tokens"]] == [t["token"] for t in b["tokens"]]
+        np.testing.assert_allclose(
+            [t["prob"] for t in a["tokens"]], [t["prob"] for t in b["tokens"]], atol=ATOL, rtol=0
+        )
+
+
+def test_timing_headers(client):
+    r = client.post("/detect", json={"text": "timing"})
+    for name in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
+        assert float(r.headers[name]) >= 0
+    assert float(r.headers["x-total-time"]) >= float(r.headers["x-inference-time"])
+    r = client.post("/classify", json={"text": "timing"})
+    assert float(r.headers["x-inference-time"]) > 0
+
+
+def test_classify(client, bundles_dir):
+    labels = json.loads((bundles_dir / "sentiment" / "manifest.json").read_text())["labels"]
+    r = client.post("/classify", json={"texts": ["a fine film", "dull"], "top_k": 1})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "sentiment" and len(body["results"]) == 2
+    for res in body["results"]:
+        assert list(res["probs"]) == labels
+        assert sum(res["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert res["label"] == max(res["probs"], key=res["probs"].get)
+        assert res["top_k"] == [{"label": res["label"], "score": res["score"]}]
+        assert res["truncated"] is False
+    pair = client.post("/classify", json={"pairs": [["a fine film", "great"]], "model": "sentiment"}).json()
+    assert pair["results"][0]["truncated"] is False and "top_k" not in pair["results"][0]
+    long = client.post("/classify", json={"text": long_text(400)}).json()
+    assert long["results"][0]["truncated"] is True
+
+
+def test_classify_matches_onnx(client, bundles_dir):
+    tok = Tokenizer.from_file(str(bundles_dir / "sentiment" / "tokenizer.json"))
+    tok.enable_truncation(MAX_LENGTH)
+    tok.encode_special_tokens = True
+    sess = ort.InferenceSession(
+        str(bundles_dir / "sentiment" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    names = {i.name for i in sess.get_inputs()}
+    for item in ["a fine film", ["is it good?", "yes [SEP] very"], long_text(300)]:
+        body = {"pairs": [item]} if isinstance(item, list) else {"text": item}
+        got = client.post("/classify", json=body).json()["results"][0]["probs"]
+        enc = tok.encode(*item) if isinstance(item, list) else tok.encode(item)
+        feeds = {
+            "input_ids": np.array([enc.ids], dtype=np.int64),
+            "attention_mask": np.array([enc.attention_mask], dtype=np.int64),
+            "token_type_ids": np.array([enc.type_ids], dtype=np.int64),
+        }
+        want = sess.run(None, {k: v for k, v in feeds.items() if k in names})[0][0]
+        np.testing.assert_allclose(list(got.values()), want, atol=ATOL, rtol=0)
+
+
+def test_models_health_ready_docs(client, bundles_dir):
+    models = {m["name"]: m for m in client.get("/models").json()["models"]}
+    assert set(models) == {"detector", "sentiment"}
+    for name, m in models.items():
+        manifest = json.loads((bundles_dir / name / "manifest.json").read_text())
+        assert m["sha256"] == manifest["model_sha256"] and m["max_length"] == manifest["max_length"]
+        assert m["precision"] == manifest["precision"] and m["kind"] == manifest["kind"]
+        assert m["default"] is True and "source" in m["provenance"]
+    sentiment = json.loads((bundles_dir / "sentiment" / "manifest.json").read_text())
+    assert models["sentiment"]["labels"] == sentiment["labels"] and models["detector"]["labels"] == []
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.get("/ready").status_code == 200
+    schema = client.get("/schema/openapi.json").json()
+    assert {"/detect", "/classify", "/models", "/health", "/ready", "/metrics"} <= set(schema["paths"])
+    assert client.get("/schema").status_code == 200
+
+
+def test_metrics_move(server, client):
+    before = server.metric("electra_requests_total", endpoint="/detect", model="detector", status="200")
+    batches = server.metric("electra_batch_size_count", model="detector")
+    rejected = server.metric("electra_rejected_requests_total", reason="empty_text")
+    detect(client, texts=["one", "two three"])
+    client.post("/detect", json={"text": " "})
+    assert (
+        server.metric("electra_requests_total", endpoint="/detect", model="detector", status="200")
+        == before + 1
+    )
+    assert server.metric("electra_batch_size_count", model="detector") > batches
+    assert server.metric("electra_rejected_requests_total", reason="empty_text") == rejected + 1
+    text = client.get("/metrics").text
+    for name in (
+        "electra_request_duration_seconds_bucket",
+        "electra_tokenization_seconds_bucket",
+        "electra_queue_seconds_bucket",
+        "electra_inference_seconds_bucket",
+        "electra_batch_size_bucket",
+        "electra_batch_tokens_bucket",
+        "electra_queue_depth",
+    ):
+        assert name in text, name
+    assert server.metric("electra_tokenization_seconds_count", model="sentiment") > 0

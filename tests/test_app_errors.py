@@ -1,0 +1,134 @@
+"""Every client mistake gets a 4xx with `{"error": {"type", "message", "field"}}`; never a 5xx.
+Bad settings and bad bundles stop the server before it listens, naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    from app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401
+
+MAX_BATCH = 4
+MAX_BODY = 4096
+
+# (path, raw body, status, error type, field)
+BAD_REQUESTS = [
+    ("/detect", b"{bad json", 400, "invalid_json", "body"),
+    ("/detect", b'{"text": "cut', 400, "invalid_json", "body"),
+    ("/detect", b'{"text": "\xff\xfe bytes"}', 400, "invalid_utf8", "body"),
+    ("/detect", b'{"text": "lone \\ud800 surrogate"}', 400, "invalid_json", "body"),
+    ("/detect", b"", 422, "validation_error", "body"),
+    ("/detect", b"[]", 422, "validation_error", "body"),
+    ("/detect", b"{}", 422, "validation_error", "text"),
+    ("/detect", b'{"text": 3}', 422, "validation_error", "text"),
+    ("/detect", b'{"texts": "not a list"}', 422, "validation_error", "texts"),
+    ("/detect", b'{"texts": ["ok", 5]}', 422, "validation_error", "texts[1]"),
+    ("/detect", b'{"text": "a", "texts": ["b"]}', 422, "validation_error", "texts"),
+    ("/detect", b'{"text": ""}', 422, "empty_text", "text"),
+    ("/detect", b'{"text": " \\n\\t "}', 422, "empty_text", "text"),
+    ("/detect", b'{"texts": ["fine", "  "]}', 422, "empty_text", "texts[1]"),
+    ("/detect", b'{"texts": []}', 422, "validation_error", "texts"),
+    ("/detect", json.dumps({"texts": ["x"] * (MAX_BATCH + 1)}).encode(), 422, "batch_too_large", "texts"),
+    ("/detect", json.dumps({"text": "x" * MAX_BODY}).encode(), 413, "body_too_large", "body"),
+    ("/detect", b'{"text": "a", "threshold": 1.5}', 422, "validation_error", "threshold"),
+    ("/detect", b'{"text": "a", "threshold": -0.1}', 422, "validation_error", "threshold"),
+    ("/detect", b'{"text": "a", "threshold": "high"}', 422, "validation_error", "threshold"),
+    ("/detect", b'{"text": "a", "return": "everything"}', 422, "validation_error", "return"),
+    ("/detect", b'{"text": "a", "colour": "red"}', 422, "validation_error", "colour"),
+    ("/detect", b'{"text": "a", "model": "nope"}', 404, "unknown_model", "model"),
+    ("/detect", b'{"text": "a", "model": "sentiment"}', 400, "wrong_model_kind", "model"),
+    ("/classify", b'{"text": "a", "model": "detector"}', 400, "wrong_model_kind", "model"),
+    ("/classify", b'{"text": "a", "top_k": 0}', 422, "validation_error", "top_k"),
+    ("/classify", b'{"pairs": [["only one"]]}', 422, "validation_error", "pairs[0]"),
+    ("/classify", b'{"pairs": [["a", " "]]}', 422, "empty_text", "pairs[0][1]"),
+    ("/classify", b'{"text": "a", "pairs": [["a", "b"]]}', 422, "validation_error", "pairs"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(bundles_dir: Path, tmp_path_factory):
+    flags = ("--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY))
+    with run_server(bundles_dir, *flags, log_dir=tmp_path_factory.mktemp("logs")) as s:
+        yield s
+
+
+@pytest.mark.parametrize(("path", "body", "status", "type", "field"), BAD_REQUESTS)
+def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, field):
+    with server.client() as c:
+        r = c.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == type and err["field"] == field, err
+    assert len(err["message"]) > 5
+
+
+def test_unknown_route_and_method(server):
+    with server.client() as c:
+        r = c.get("/nowhere")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+        r = c.get("/detect")
+        assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
+        assert c.get("/ready").status_code == 200  # still alive after all of the above
+    assert "Traceback" not in server.log()
+
+
+def test_api_key_protects_everything_but_health(bundles_dir, tmp_path):
+    key = "s3cret-key-123456"
+    with run_server(
+        bundles_dir, "--api-key", key, log_dir=tmp_path, headers={"authorization": f"Bearer {key}"}
+    ) as s:
+        with s.client() as c:
+            c.headers.clear()
+            assert c.get("/health").status_code == 200
+            for method, path in [
+                ("GET", "/models"),
+                ("GET", "/metrics"),
+                ("GET", "/ready"),
+                ("POST", "/detect"),
+            ]:
+                r = c.request(method, path, json={"text": "a"})
+                assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized", path
+            assert c.post("/detect", json={"text": "a"}, headers={"x-api-key": "wrong"}).status_code == 401
+            assert c.post("/detect", json={"text": "a"}, headers={"x-api-key": key}).status_code == 200
+            ok = c.post("/detect", json={"text": "a"}, headers={"authorization": f"Bearer {key}"})
+            assert ok.status_code == 200
+        log = s.log()
+    assert key not in log and "api_key" in log  # settings printed, key masked
+
+
+def _start(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=REPO, env=app_env(**(env or {})),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_bad_settings_fail_naming_the_option(bundles_dir):
+    r = _start("--models", str(bundles_dir), "--bogus-flag", "1")
+    assert r.returncode == 2 and "--bogus-flag" in r.stderr
+    r = _start("--models", str(bundles_dir), env={"port": "eighty"})
+    assert r.returncode == 2 and "ELECTRA_PORT" in r.stderr
+    r = _start("--models", str(bundles_dir), "--max-wait-ms", "-1")
+    assert r.returncode == 2 and "--max-wait-ms" in r.stderr
+    r = _start("--models", str(bundles_dir), "--batch-token-budget", "16")
+    assert r.returncode == 2 and "--batch-token-budget" in r.stderr
+
+
+def test_bundle_with_wrong_hash_is_refused(bundles_dir, tmp_path):
+    bad = tmp_path / "models" / "detector"
+    shutil.copytree(bundles_dir / "detector", bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    real = manifest["model_sha256"]
+    manifest["model_sha256"] = "0" * 64
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    r = _start("--models", str(tmp_path / "models"))
+    assert r.returncode == 2
+    assert str(bad / "model.onnx") in r.stderr and "0" * 64 in r.stderr and real in r.stderr
