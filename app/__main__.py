@@ -1,4 +1,4 @@
-"""python -m app --models models/ [--port 8080 ...]: serve every bundle under the models directory."""
+"""python -m app --models models/ [--port 8000 ...]: serve every bundle under the models directory."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ def _opt(default, help: str, secret: bool = False):
 class Settings:
     # The help text is what `python -m app --help` shows next to each flag.
     host: str = _opt("127.0.0.1", "bind address (loopback by default: the API key is optional)")
-    port: int = _opt(8080, "TCP port")
+    port: int = _opt(8000, "TCP port")
     models_dir: Path = _opt(Path("models"), "every sub-directory with a manifest.json is served by its name")
     batch_token_budget: int = _opt(16384, "rows * longest row (padding counted) per inference batch")
     max_wait_ms: float = _opt(5.0, "how long the oldest queued request may wait for a batch to fill")

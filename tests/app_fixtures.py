@@ -226,15 +226,21 @@ def app_env(**settings: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def run_server(
-    models: Path, *flags: str, log_dir: Path, headers: dict | None = None, timeout: float = 60
+    models: Path,
+    *flags: str,
+    log_dir: Path,
+    headers: dict | None = None,
+    timeout: float = 60,
+    python: str = sys.executable,
+    cwd: Path = REPO,
 ) -> Iterator[Server]:
     """Start `python -m app` on a free port and wait for /ready; terminate it afterwards."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "--models", str(models), "--port", str(port), *flags],
-            cwd=REPO,
+            [python, "-m", "app", "--models", str(models), "--port", str(port), *flags],
+            cwd=cwd,
             env=app_env(),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -190,3 +190,92 @@ class PretrainConfig:
             raise ConfigError(f"--seq-len: must be at least 8, got {self.seq_len}")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")
+
+
+PROBLEM_TYPES = ("auto", "classification", "regression")
+SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
+
+
+@dataclass
+class FinetuneConfig:
+    init: str | None = None  # our run dir or checkpoint dir, or a Hugging Face ELECTRA directory (required)
+    out: str | None = None  # output directory: the best model (HF layout), evals, metrics.jsonl (required)
+    overwrite: bool = False  # replace the model and outputs already in --out
+    # Data: a registry task, or the user's own files (CSV, TSV or JSONL).
+    task: str | None = None  # rotten_tomatoes | sms_spam | trec (fixed, seeded, de-duplicated splits)
+    data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
+    train: str | None = None  # user data: training file
+    dev: str | None = None  # user data: dev file (default: a seeded --dev-fraction split of --train)
+    test: str | None = None  # user data: test file (optional)
+    text_column: str = "text"
+    text_pair_column: str | None = None  # second text of a pair (sentence-pair tasks)
+    label_column: str = "label"
+    labels: str | None = None  # comma-separated label names in id order (default: sorted unique values)
+    problem_type: str = "auto"  # auto (non-integer numeric labels: regression) | classification | regression
+    dev_fraction: float = 0.1  # share of --train held out as dev when no --dev is given
+    max_train_examples: int | None = None  # a seeded sample of train (smoke runs)
+    max_eval_examples: int | None = None  # a seeded sample of dev and of test
+    max_seq_len: int = 128  # tokens per sequence, [CLS]/[SEP] included; longer inputs are truncated
+    # Optimization (ELECTRA-Small's GLUE recipe: lr 3e-4, decay 0.8, 10% warmup; Base uses lr 1e-4).
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    lr: float = 3e-4  # peak learning rate of the classifier head; lower layers get less (layerwise_lr_decay)
+    layerwise_lr_decay: float = 0.8  # 1.0 turns it off; see training/finetune.py for the rule
+    warmup_fraction: float = 0.1  # of all training steps, then linear decay to zero
+    weight_decay: float = 0.01  # AdamW; never on biases or LayerNorm
+    adam_eps: float = 1e-6
+    grad_clip: float = 1.0
+    sort_by_length: bool = False  # batch similar lengths together (less padding; order still shuffled)
+    seed: int = 1337
+    # Evaluation and model selection.
+    eval_every: int = 0  # steps between dev evaluations; 0: at the end of every epoch
+    patience: int = 3  # stop after this many evaluations without a dev improvement; 0: never stop early
+    metric: str = "auto"  # dev figure that picks the best checkpoint; see training/finetune_metrics.py
+    positive_label: str | None = None  # binary tasks: the class whose F1 is reported as "f1" (default id 1)
+    log_every: int = 10
+    # Hardware.
+    device: str = "auto"  # auto | cpu | cuda
+    bf16: bool = True  # autocast to bf16 on CUDA (ignored on CPU)
+    threads: int | None = None  # torch intra-op threads on CPU (default: all cores)
+
+    def __post_init__(self) -> None:
+        if not self.init:
+            raise ConfigError("--init: required; a pretraining run/checkpoint or a Hugging Face ELECTRA dir")
+        if not self.out:
+            raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
+        if self.task and self.train:
+            raise ConfigError("--task and --train: give one, a registry task or your own training file")
+        if not self.task and not self.train:
+            raise ConfigError("--task or --train: give a registry task or your own training file")
+        if self.task:
+            from training.labelled import LABELLED_SETS
+
+            choice("task", self.task, tuple(LABELLED_SETS))
+            for name in ("dev", "test", "labels", "text_pair_column"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"--{name.replace('_', '-')}: only for --train data, not with --task")
+        elif self.dev is None and not 0.0 < self.dev_fraction < 1.0:
+            raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
+        choice("problem_type", self.problem_type, PROBLEM_TYPES)
+        choice("metric", self.metric, SELECTION_METRICS)
+        choice("device", self.device, ("auto", "cpu", "cuda"))
+        positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")
+        for name in ("max_train_examples", "max_eval_examples", "threads"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
+        if not 0.0 < self.layerwise_lr_decay <= 1.0:
+            raise ConfigError(f"--layerwise-lr-decay: must lie in (0, 1], got {self.layerwise_lr_decay}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ConfigError(f"--warmup-fraction: must lie in [0, 1), got {self.warmup_fraction}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
+        if self.max_seq_len < 4:
+            raise ConfigError(f"--max-seq-len: must be at least 4, got {self.max_seq_len}")
+        for name in ("eval_every", "patience"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}")  # fmt: skip
+        if self.problem_type == "regression" and self.metric in ("accuracy", "macro_f1", "mcc", "f1"):
+            raise ConfigError(f"--metric {self.metric}: a classification figure; use pearson or spearman")
+        if self.problem_type == "classification" and self.metric in ("pearson", "spearman"):
+            raise ConfigError(f"--metric {self.metric}: a regression figure; use accuracy, macro_f1, mcc, f1")

@@ -1,0 +1,63 @@
+# syntax=docker/dockerfile:1
+# Two targets, both the serving install only (no torch, no training code):
+#   docker build --target cpu -t electra-serve:cpu .     slim CPU image, default models baked in
+#   docker build --target gpu -t electra-serve:gpu .     CUDA base with onnxruntime-gpu
+# Run:  docker run -p 8000:8000 electra-serve:cpu      (mount your own bundles at /srv/models to replace them)
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+
+# ---------------------------------------------------------------------------- build: wheels, CPU
+FROM ${PYTHON_IMAGE} AS build-cpu
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+# Only app/ is copied, so the wheel holds the server alone.
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
+    && /opt/venv/bin/pip install --no-cache-dir ".[cpu]"
+
+# ---------------------------------------------------------------------------- cpu: the default image
+FROM ${PYTHON_IMAGE} AS cpu
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    ELECTRA_HOST=0.0.0.0 \
+    ELECTRA_PORT=8000 \
+    ELECTRA_MODELS_DIR=/srv/models
+RUN useradd --system --uid 10001 --no-create-home electra
+COPY --from=build-cpu /opt/venv /opt/venv
+COPY models /srv/models
+USER 10001
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2).status != 200)"]
+CMD ["python", "-m", "app"]
+
+# ---------------------------------------------------------------------------- gpu: CUDA + onnxruntime-gpu
+FROM ${CUDA_IMAGE} AS gpu
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
+    && /opt/venv/bin/pip install --no-cache-dir ".[gpu]" \
+    && rm -rf /src
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    ELECTRA_HOST=0.0.0.0 \
+    ELECTRA_PORT=8000 \
+    ELECTRA_MODELS_DIR=/srv/models
+RUN useradd --system --uid 10001 --no-create-home electra
+COPY models /srv/models
+USER 10001
+WORKDIR /srv
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2).status != 200)"]
+CMD ["python", "-m", "app"]

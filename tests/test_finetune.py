@@ -1,0 +1,267 @@
+"""Fine-tuning: layer-wise learning rates, learning a real task, the output in transformers, user data, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoint import commit_checkpoint, load_model, save_model
+from training.finetune import init_classifier, layerwise_param_groups, lr_multiplier
+from training.finetune import main as finetune
+from training.finetune_data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.model import (
+    ElectraConfig,
+    ElectraForPreTraining,
+    ElectraForSequenceClassification,
+    init_weights,
+)
+from training.tokenizer import load_tokenizer
+
+TINY = dict(embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=128, max_position_embeddings=128)  # fmt: skip
+WORDS = {"good": "a great fun warm film", "bad": "a dull awful boring mess", "meh": "an ordinary film, fine"}
+
+
+@pytest.fixture(scope="module")
+def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
+    """An ElectraForPreTraining checkpoint (random weights) with a real WordPiece tokenizer, as pretraining
+    writes it: fine-tuning must take its encoder and start a fresh head."""
+    d = tmp_path_factory.mktemp("tiny_init")
+    torch.manual_seed(0)
+    tok = load_tokenizer(small_tokenizer)
+    model = ElectraForPreTraining(ElectraConfig(vocab_size=tok.get_vocab_size(), **TINY))
+    init_weights(model)
+    save_model(model, d, "ElectraForPreTraining")
+    for f in ("tokenizer.json", "vocab.txt"):
+        shutil.copyfile(small_tokenizer.parent / f, d / f)
+    return d
+
+
+def run(*args) -> dict:
+    return finetune(["--threads", "1", "--seed", "7", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def spam_run(tiny_init, shared_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("spam") / "out"
+    evals = run("--init", tiny_init, "--task", "sms_spam", "--data-dir", shared_data, "--out", out,
+                "--max-train-examples", 600, "--max-eval-examples", 200, "--max-seq-len", 64, "--epochs", 5,
+                "--batch-size", 32, "--lr", 5e-3, "--layerwise-lr-decay", 0.9)  # fmt: skip
+    return out, evals
+
+
+def write_csv(path: Path, n: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "review", "title", "verdict"])
+        for i in range(n):
+            label = ("good", "bad", "meh")[i % 3]
+            w.writerow([i, f"{WORDS[label]} {rng.randint(0, 99)}", f"title {i}", label])
+    return path
+
+
+# ---------------------------------------------------------------------------------------- learning rates
+
+
+def test_layerwise_decay_gives_head_full_lr_top_layer_one_power_embeddings_l_plus_one():
+    cfg = ElectraConfig(vocab_size=50, **{**TINY, "num_hidden_layers": 3}, id2label={0: "a", 1: "b"})
+    model = ElectraForSequenceClassification(cfg)
+    groups = layerwise_param_groups(model, lr=1e-3, decay=0.5, weight_decay=0.01)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    wd_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    names = dict(model.named_parameters())
+    assert len(lr_of) == len(names) == sum(len(g["params"]) for g in groups)  # each parameter exactly once
+    expected = {"classifier.": 1e-3, "electra.encoder.layer.2.": 5e-4, "electra.encoder.layer.1.": 2.5e-4,
+                "electra.encoder.layer.0.": 1.25e-4, "electra.embeddings.": 6.25e-5,
+                "electra.embeddings_project.": 6.25e-5}  # fmt: skip
+    for name, p in names.items():
+        prefix = next(k for k in expected if name.startswith(k))
+        assert lr_of[id(p)] == expected[prefix], name
+        assert wd_of[id(p)] == (0.0 if p.ndim < 2 or "LayerNorm" in name else 0.01), name
+    # ELECTRA's Small/Base rate: the top layer 0.8, the embeddings 0.8^4 of the peak.
+    groups = layerwise_param_groups(model, lr=1.0, decay=0.8, weight_decay=0.0)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert lr_of[id(names["electra.encoder.layer.2.output.dense.weight"])] == pytest.approx(0.8)
+    assert lr_of[id(names["electra.embeddings.word_embeddings.weight"])] == pytest.approx(0.8**4)
+
+
+def test_warmup_then_linear_decay():
+    assert [lr_multiplier(s, total=10, warmup=2) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+
+
+# ------------------------------------------------------------------------------------------ a real task
+
+
+def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
+    out, evals = spam_run
+    for split in ("dev", "test"):
+        m = evals[split]
+        assert m["n"] == 200 and m["positive_label"] == "spam"
+        assert m["accuracy"] > m["majority_baseline_accuracy"] + 0.05, m  # majority (ham) is ~0.88
+        assert m["f1"] > 0.7 and m["mcc"] > 0.6, m  # the spam class is really found, not just ham
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
+              "eval_dev.json", "eval_test.json", "finetune_config.json", "metrics.jsonl"):  # fmt: skip
+        assert (out / f).is_file(), f
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["task"] == "sms_spam" and state["best_metric"] == "macro_f1"
+    saved = json.loads((out / "eval_dev.json").read_text())
+    assert saved["labels"] == ["ham", "spam"] and sum(map(sum, saved["confusion_matrix"])) == 200
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["split"] == "dev" for r in rows) == 5  # one evaluation per epoch
+    assert json.loads((out / "finetune_config.json").read_text())["metric"] == "macro_f1"
+
+
+def test_output_loads_in_transformers_with_the_same_logits(spam_run, shared_data):
+    transformers = pytest.importorskip("transformers")
+    from training.labelled import load_labelled
+
+    out, _ = spam_run
+    hf = transformers.ElectraForSequenceClassification.from_pretrained(out).eval()
+    assert (
+        hf.config.id2label == {0: "ham", 1: "spam"}
+        and hf.config.problem_type == "single_label_classification"
+    )
+    ours, _, _ = load_model(out)
+    ours.eval()
+    texts = [t for t, _ in load_labelled("sms_spam", shared_data)["test"][:16]]
+    pairs = [Example(t, "and a second text" if i % 3 == 0 else None, 0) for i, t in enumerate(texts)]
+    items = encode(load_tokenizer(out), pairs, 64)
+    b = collate(items, pad_id=0)
+    assert b["attention_mask"].min() == 0  # padded: the comparison covers masking
+    with torch.no_grad():
+        a = ours(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        h = hf(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"]
+        )
+    assert (a - h.logits).abs().max().item() <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------- user data
+
+
+@pytest.mark.parametrize("given", [None, "meh,good,bad"])
+def test_user_csv_with_custom_columns_keeps_label_names(tiny_init, tmp_path, given):
+    train = write_csv(tmp_path / "reviews.csv", 60)
+    # Through a run directory, as pretraining leaves it: resolved via checkpoints/latest.
+    run_dir = tmp_path / "pretrain-run"
+    commit_checkpoint(run_dir, 10, lambda d: shutil.copytree(tiny_init, d, dirs_exist_ok=True))
+    out = tmp_path / "out"
+    args = ["--init", run_dir, "--train", train, "--text-column", "review", "--text-pair-column", "title",
+            "--label-column", "verdict", "--out", out, "--epochs", 1, "--batch-size", 8]  # fmt: skip
+    evals = run(*args, *(["--labels", given] if given else []))
+    names = given.split(",") if given else ["bad", "good", "meh"]  # as given, else sorted
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {str(i): n for i, n in enumerate(names)}
+    assert config["label2id"] == {n: i for i, n in enumerate(names)}
+    assert config["architectures"] == ["ElectraForSequenceClassification"]
+    assert evals["dev"]["labels"] == names and evals["dev"]["n"] == 6  # a stratified 10% of 60
+    assert "test" not in evals and not (out / "eval_test.json").exists()
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["task"] is None and state["data"]["train"] == str(train)
+
+
+def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    rng = random.Random(0)
+    rows = [{"sentence": f"{WORDS['good']} {i}", "score": round(rng.uniform(0, 5), 2)} for i in range(40)]
+    (tmp_path / "sts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    evals = run("--init", tiny_init, "--train", tmp_path / "sts.jsonl", "--text-column", "sentence",
+                "--label-column", "score", "--out", out, "--epochs", 1, "--batch-size", 8)  # fmt: skip
+    assert {"pearson", "spearman", "mse"} <= set(evals["dev"])
+    hf = transformers.ElectraForSequenceClassification.from_pretrained(out)
+    assert hf.config.problem_type == "regression" and hf.config.num_labels == 1
+    assert json.loads((out / "finetune_config.json").read_text())["metric"] == "spearman"
+
+
+def save_hf_classifier(tmp_path: Path, tiny_init: Path, labels: tuple[str, ...]) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(3)
+    vocab = len((tiny_init / "vocab.txt").read_text().splitlines())
+    cfg = transformers.ElectraConfig(vocab_size=vocab, **TINY, id2label=dict(enumerate(labels)),
+                                     label2id={n: i for i, n in enumerate(labels)})  # fmt: skip
+    d = tmp_path / "hf_classifier"
+    transformers.ElectraForSequenceClassification(cfg).save_pretrained(d)
+    shutil.copyfile(tiny_init / "vocab.txt", d / "vocab.txt")  # an HF dir may hold only vocab.txt
+    return d
+
+
+def test_hf_classifier_with_another_label_count_starts_a_fresh_head(tiny_init, tmp_path, capsys):
+    hf_dir = save_hf_classifier(tmp_path, tiny_init, ("negative", "positive"))
+    run("--init", hf_dir, "--train", write_csv(tmp_path / "r.csv", 30), "--text-column", "review",
+        "--label-column", "verdict", "--out", tmp_path / "out", "--epochs", 1)  # fmt: skip
+    assert "starting a fresh head" in capsys.readouterr().out
+    assert (tmp_path / "out" / "tokenizer.json").is_file()  # built from the HF dir's vocab.txt
+
+
+def test_hf_classifier_with_the_same_labels_in_another_order_keeps_its_head(tiny_init, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf_dir = save_hf_classifier(tmp_path, tiny_init, ("negative", "positive"))
+    data = TaskData(None, CLASSIFICATION, ("positive", "negative"), {})
+    model, _, notes = init_classifier(str(hf_dir), data)
+    ids = torch.randint(5, 200, (3, 9))
+    with torch.no_grad():
+        ours = model.eval()(ids)
+        theirs = transformers.ElectraForSequenceClassification.from_pretrained(hf_dir).eval()(ids).logits
+    torch.testing.assert_close(ours, theirs[:, [1, 0]], rtol=1e-5, atol=1e-5)
+    assert "reordered" in notes[0]
+
+
+# ------------------------------------------------------------------------------- control and failures
+
+
+def test_same_seed_same_model_and_early_stopping(tiny_init, tmp_path):
+    train = write_csv(tmp_path / "r.csv", 40)
+    outs = []
+    for name in ("a", "b"):
+        outs.append(tmp_path / name)
+        run("--init", tiny_init, "--train", train, "--text-column", "review", "--label-column", "verdict",
+            "--out", outs[-1], "--epochs", 4, "--batch-size", 4, "--lr", 1e-12, "--eval-every", 3,
+            "--patience", 2)  # fmt: skip
+    assert (outs[0] / "model.safetensors").read_bytes() == (outs[1] / "model.safetensors").read_bytes()
+    state = json.loads((outs[0] / "trainer_state.json").read_text())
+    # A learning rate of ~0 never improves on the first evaluation: stop two evaluations later.
+    assert state["stopped_early"] and state["step"] == 3 and state["global_step"] == 9
+
+
+def test_bad_options_fail_naming_the_option(tiny_init, tmp_path, capsys):
+    train = write_csv(tmp_path / "r.csv", 30)
+    (tmp_path / "data.xlsx").write_text("x")
+    base = ["--init", tiny_init, "--out", tmp_path / "out"]
+    user = [*base, "--train", train, "--text-column", "review", "--label-column", "verdict"]
+    cases = [
+        (["--out", tmp_path / "o", "--task", "trec"], "--init"),
+        (base, "--task or --train"),
+        ([*base, "--task", "imdb"], "--task"),
+        ([*base, "--task", "trec", "--train", train], "--task and --train"),
+        ([*base, "--train", tmp_path / "nope.csv"], "--train"),
+        ([*base, "--train", tmp_path / "data.xlsx"], "--train"),
+        ([*base, "--train", train, "--label-column", "verdict"], "--text-column"),
+        ([*base, "--train", train, "--text-column", "review"], "--label-column"),
+        ([*user, "--labels", "good,bad"], "--labels"),
+        ([*user, "--problem-type", "regression"], "--problem-type"),
+        ([*user, "--metric", "pearson"], "--metric"),
+        ([*user, "--positive-label", "great"], "--positive-label"),
+        ([*user, "--layerwise-lr-decay", 1.5], "--layerwise-lr-decay"),
+        ([*user, "--epochs", "two"], "--epochs"),
+        ([*user, "--max-seq-len", 1000], "--max-seq-len"),
+        ([*user, "--init", tmp_path / "missing"], "--init"),
+    ]
+    for args, option in cases:
+        with pytest.raises(SystemExit) as e:
+            run(*args)
+        assert option in str(e.value.code), (args, e.value.code)
+    assert not (tmp_path / "out").exists()  # nothing was written by a failed start
+    with pytest.raises(SystemExit):
+        run(*user, "--epoch", 3)  # argparse: unknown flags are refused, not guessed
+    assert "unrecognized arguments: --epoch" in capsys.readouterr().err
+    run(*user, "--epochs", 1)
+    with pytest.raises(SystemExit, match="--overwrite"):
+        run(*user, "--epochs", 1)

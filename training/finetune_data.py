@@ -1,0 +1,294 @@
+"""Fine-tuning data: registry tasks or the user's CSV/TSV/JSONL -> labelled examples -> padded batches.
+
+Label names are part of the model (config.json's id2label), so they are decided here once: as given by
+`--labels`, else the sorted unique values of the training labels (numerically when they are all integers,
+so "10" comes after "9"). A label column of numbers with any non-integer value is a regression target.
+
+Splits that the user does not give are made with a fixed seed, independent of `--seed`: runs that differ
+only in their training seed are scored on the same dev examples.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tokenizers import Tokenizer
+
+from training.config import ConfigError
+
+__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "load_task_data"]
+
+SPLIT_SEED = 20240607  # the dev split of user data and the --max-*-examples samples; keep it fixed
+CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
+
+
+class DataError(ConfigError):
+    """Data that cannot be used as given; the message names the file and the option to change."""
+
+
+class Example(NamedTuple):
+    text: str
+    pair: str | None  # the second text of a sentence pair
+    label: int | float  # class index into TaskData.labels, or a regression target
+
+
+class Encoded(NamedTuple):
+    ids: list[int]  # [CLS] A [SEP] (B [SEP]), truncated to max_seq_len
+    type_ids: list[int]
+    label: int | float
+
+
+@dataclass
+class TaskData:
+    task: str | None  # registry name, None for user files
+    problem_type: str  # CLASSIFICATION or REGRESSION
+    labels: tuple[str, ...]  # class names in id order; regression: (label column,)
+    splits: dict[str, list[Example]]  # "train", "dev" and, when there is one, "test"
+    source: dict[str, str] = field(default_factory=dict)  # where each split came from
+
+    def label_counts(self, split: str = "train") -> list[int]:
+        counts = [0] * len(self.labels)
+        for ex in self.splits[split]:
+            counts[int(ex.label)] += 1
+        return counts
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def load_task_data(cfg) -> TaskData:
+    """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples."""
+    data = _registry(cfg) if cfg.task else _user_files(cfg)
+    for split in list(data.splits):
+        limit = cfg.max_train_examples if split == "train" else cfg.max_eval_examples
+        data.splits[split] = _sample(data.splits[split], limit)
+        if not data.splits[split]:
+            raise DataError(f"the {split} split is empty ({data.source.get(split, split)})")
+    if data.problem_type == CLASSIFICATION:
+        present = sum(c > 0 for c in data.label_counts())
+        if present < 2:
+            raise DataError(
+                f"--train: the training data holds {present} class; classification needs two or more"
+            )
+    return data
+
+
+def _registry(cfg) -> TaskData:
+    from training.labelled import load_labelled
+
+    ls = load_labelled(cfg.task, cfg.data_dir)
+    splits = {k: [Example(text, None, label) for text, label in ls[k]] for k in ("train", "dev", "test")}
+    if cfg.problem_type == "regression":
+        raise DataError(f"--problem-type regression: task {cfg.task!r} is a classification task")
+    source = {k: f"registry task {cfg.task!r}, {k} split" for k in splits}
+    return TaskData(cfg.task, CLASSIFICATION, ls.labels, splits, source)
+
+
+def read_rows(path: str, flag: str) -> list[dict]:
+    """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{flag}: {p} does not exist")
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{flag}: {p} line {n} is not JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{flag}: {p} line {n} is not a JSON object")
+                rows.append(row)
+        return rows
+    if suffix not in (".csv", ".tsv"):
+        raise DataError(f"{flag}: {p} has an unsupported type {suffix!r}; use .csv, .tsv or .jsonl")
+    with open(p, newline="", encoding="utf-8-sig") as f:
+        # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
+        kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {}
+        return list(csv.DictReader(f, **kwargs))
+
+
+def _columns(cfg) -> dict[str, str]:
+    cols = {"--text-column": cfg.text_column, "--label-column": cfg.label_column}
+    if cfg.text_pair_column:
+        cols["--text-pair-column"] = cfg.text_pair_column
+    return cols
+
+
+def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, object]]:
+    rows = read_rows(path, flag)
+    if not rows:
+        raise DataError(f"{flag}: {path} holds no rows")
+    for opt, col in _columns(cfg).items():
+        if col not in rows[0]:
+            raise DataError(f"{opt}: no column {col!r} in {path} (columns: {', '.join(map(str, rows[0]))})")
+    out = []
+    for n, row in enumerate(rows, 1):
+        label = row.get(cfg.label_column)
+        if label is None or (isinstance(label, str) and not label.strip()):
+            raise DataError(f"{flag}: {path} row {n} has no value in the label column {cfg.label_column!r}")
+        pair = row.get(cfg.text_pair_column) if cfg.text_pair_column else None
+        out.append((str(row.get(cfg.text_column) or ""), None if pair is None else str(pair), label))
+    return out
+
+
+def _as_float(value) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _label_name(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # 1.0 in JSON and "1" in a CSV are the same class
+    return str(value).strip()
+
+
+def _sort_key(name: str):
+    try:
+        return (0, int(name), "")
+    except ValueError:
+        return (1, 0, name)
+
+
+def _user_files(cfg) -> TaskData:
+    raw = {"train": _raw_examples(cfg.train, "--train", cfg)}
+    for split, path in (("dev", cfg.dev), ("test", cfg.test)):
+        if path:
+            raw[split] = _raw_examples(path, f"--{split}", cfg)
+    values = [lab for _, _, lab in raw["train"]]
+    numbers = [_as_float(v) for v in values]
+    problem = cfg.problem_type
+    if problem == "auto":
+        fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
+        problem = "regression" if fractional else "classification"
+    if problem == "regression":
+        if cfg.labels:
+            raise DataError("--labels: only for classification, not with a regression target")
+        splits = {}
+        for split, rows in raw.items():
+            bad = next((lab for _, _, lab in rows if _as_float(lab) is None), None)
+            if bad is not None:
+                raise DataError(f"--problem-type regression: label {bad!r} in --{split} is not a number")
+            splits[split] = [Example(t, p, float(lab)) for t, p, lab in rows]
+        labels: tuple[str, ...] = (cfg.label_column,)
+        ptype = REGRESSION
+    else:
+        seen = {_label_name(v) for v in values}
+        if cfg.labels:
+            labels = tuple(s.strip() for s in cfg.labels.split(","))
+            if len(set(labels)) != len(labels) or not all(labels):
+                raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}")
+        else:
+            labels = tuple(sorted(seen, key=_sort_key))
+        index = {name: i for i, name in enumerate(labels)}
+        splits = {}
+        for split, rows in raw.items():
+            unknown = sorted({_label_name(lab) for _, _, lab in rows} - set(index))
+            if unknown and cfg.labels:
+                raise DataError(f"--labels: --{split} holds labels {unknown[:5]} that --labels does not list")
+            if unknown:
+                raise DataError(f"--{split}: labels {unknown[:5]} do not occur in the training data; "
+                                "pass --labels to list every class")  # fmt: skip
+            splits[split] = [Example(t, p, index[_label_name(lab)]) for t, p, lab in rows]
+        ptype = CLASSIFICATION
+    source = {
+        split: str(Path(p)) for split, p in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)) if p
+    }
+    if "dev" not in splits:
+        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION)
+        source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
+    return TaskData(None, ptype, labels, splits, source)
+
+
+def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[list[Example], list[Example]]:
+    """(train, dev): `fraction` of each class held out (of all rows for regression), file order kept."""
+    rng = random.Random(SPLIT_SEED)
+    groups: dict[object, list[int]] = defaultdict(list)
+    for i, ex in enumerate(rows):
+        groups[ex.label if stratify else 0].append(i)
+    dev: set[int] = set()
+    for key in sorted(groups, key=str):
+        idx = groups[key]
+        rng.shuffle(idx)
+        dev.update(idx[: round(fraction * len(idx))])
+    if not dev or len(dev) == len(rows):
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no dev or no training data; "
+                        "give more rows or a --dev file")  # fmt: skip
+    return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
+
+
+def _sample(rows: list[Example], limit: int | None) -> list[Example]:
+    if limit is None or limit >= len(rows):
+        return rows
+    keep = sorted(random.Random(SPLIT_SEED).sample(range(len(rows)), limit))
+    return [rows[i] for i in keep]
+
+
+# ---------------------------------------------------------------------------------- tokens and batches
+
+
+def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[Encoded]:
+    """Token ids with [CLS]/[SEP] (the tokenizer's post-processor), pairs truncated longest-first."""
+    t = Tokenizer.from_str(tok.to_str())  # a copy: truncation must not leak into the saved tokenizer.json
+    t.no_padding()
+    t.enable_truncation(max_length=max_seq_len)
+    inputs = [ex.text if ex.pair is None else (ex.text, ex.pair) for ex in examples]
+    return [
+        Encoded(e.ids, e.type_ids, ex.label) for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
+    ]
+
+
+def collate(items: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad to the longest sequence in the batch, not to max_seq_len: short texts cost little."""
+    T = max(len(it.ids) for it in items)
+    ids = torch.full((len(items), T), pad_id, dtype=torch.long)
+    types = torch.zeros((len(items), T), dtype=torch.long)
+    mask = torch.zeros((len(items), T), dtype=torch.long)
+    for i, it in enumerate(items):
+        n = len(it.ids)
+        ids[i, :n] = torch.tensor(it.ids)
+        types[i, :n] = torch.tensor(it.type_ids)
+        mask[i, :n] = 1
+    dtype = torch.float32 if isinstance(items[0].label, float) else torch.long
+    labels = torch.tensor([it.label for it in items], dtype=dtype)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels}
+
+
+def batches(
+    items: list[Encoded],
+    batch_size: int,
+    pad_id: int,
+    rng: random.Random | None = None,
+    sort_by_length: bool = False,
+) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+    """(indices into `items`, batch) pairs. With `rng`, a shuffled epoch; `sort_by_length` then sorts
+    within windows of 50 batches and shuffles the batches, so lengths match within a batch but the order
+    stays random. Without `rng` (evaluation), `sort_by_length` sorts everything."""
+    order = list(range(len(items)))
+    if rng is not None:
+        rng.shuffle(order)
+    if sort_by_length:
+        window = len(order) if rng is None else 50 * batch_size
+        order = [i for s in range(0, len(order), window)
+                 for i in sorted(order[s : s + window], key=lambda i: len(items[i].ids))]  # fmt: skip
+    chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    if rng is not None and sort_by_length:
+        rng.shuffle(chunks)
+    for chunk in chunks:
+        yield chunk, collate([items[i] for i in chunk], pad_id)

@@ -1,0 +1,125 @@
+"""Fine-tuning figures: classification (accuracy, macro-F1, MCC, per-class and binary F1, confusion matrix)
+and regression (Pearson, Spearman, MSE), as JSON-able dicts and as a printed table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["classification_metrics", "format_report", "regression_metrics", "resolve_metric", "scalars"]
+
+HIGHER_IS_BETTER = ("accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
+
+
+def classification_metrics(
+    y_true: np.ndarray, y_pred: np.ndarray, labels: tuple[str, ...], positive: int = 1
+) -> dict:
+    """`positive`: for binary tasks, the class whose F1 is reported as `f1` (spam, not ham)."""
+    from sklearn.metrics import confusion_matrix, matthews_corrcoef, precision_recall_fscore_support
+
+    ids = list(range(len(labels)))
+    p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=ids, zero_division=0)
+    counts = np.bincount(y_true, minlength=len(labels))
+    out = {
+        "n": len(y_true),
+        "accuracy": float((y_true == y_pred).mean()),
+        "macro_f1": float(f1.mean()),
+        "mcc": float(matthews_corrcoef(y_true, y_pred)),
+        "majority_baseline_accuracy": float(counts.max() / max(1, counts.sum())),
+        "per_class": {
+            name: {
+                "precision": float(p[i]),
+                "recall": float(r[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
+            for i, name in enumerate(labels)
+        },
+        "labels": list(labels),
+        "confusion_matrix": confusion_matrix(
+            y_true, y_pred, labels=ids
+        ).tolist(),  # rows true, cols predicted
+    }
+    if len(labels) == 2:
+        out["f1"] = float(f1[positive])
+        out["positive_label"] = labels[positive]
+    return out
+
+
+def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
+    from scipy.stats import pearsonr, spearmanr
+
+    # Correlation is undefined for a constant series (an untrained model may predict one value).
+    constant = np.ptp(y_pred) == 0 or np.ptp(y_true) == 0
+    return {
+        "n": len(y_true),
+        "pearson": float("nan") if constant else float(pearsonr(y_true, y_pred).statistic),
+        "spearman": float("nan") if constant else float(spearmanr(y_true, y_pred).statistic),
+        "mse": float(np.mean((y_true - y_pred) ** 2)),
+        "mae": float(np.mean(np.abs(y_true - y_pred))),
+    }
+
+
+def resolve_metric(metric: str, problem_type: str, train_counts: list[int] | None) -> str:
+    """`auto`: Spearman for regression (as ELECTRA reports STS); for classification accuracy, unless a
+    class has less than half its even share of the training data (sms_spam, trec), where accuracy would
+    mostly reward the majority class: then macro-F1."""
+    if metric != "auto":
+        return metric
+    if problem_type == "regression":
+        return "spearman"
+    assert train_counts
+    K, n = len(train_counts), sum(train_counts)
+    return "macro_f1" if min(train_counts) < 0.5 * n / K else "accuracy"
+
+
+def selection_score(metrics: dict, name: str) -> float:
+    """The figure to maximise; NaN (undefined correlation) counts as the worst."""
+    v = metrics[name]
+    return -math.inf if v is None or math.isnan(v) else v
+
+
+def scalars(metrics: dict) -> dict[str, float]:
+    """The flat numeric figures (for metrics.jsonl and trainer_state.json)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def json_safe(obj):
+    """NaN and infinities become null: strict JSON has no NaN."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def format_report(m: dict, title: str) -> str:
+    """Headline figures, then per-class precision/recall/F1 and the confusion matrix (classification)."""
+
+    def fmt(v) -> str:
+        return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
+
+    names = ["accuracy", "macro_f1", "mcc", "f1", "majority_baseline_accuracy", "pearson", "spearman", "mse",
+             "mae", "loss"]  # fmt: skip
+    head = [f"{name} {fmt(m[name])}" + (f" ({m['positive_label']})" if name == "f1" else "")
+            for name in names if name in m]  # fmt: skip
+    lines = [f"{title} (n={m['n']}): " + ", ".join(head)]
+    if "per_class" in m:
+        labels = m["labels"]
+        w = max(8, *(len(s) for s in labels))
+        lines.append(f"  {'class':<{w}}  precision  recall      f1  support")
+        for name, c in m["per_class"].items():
+            lines.append(
+                f"  {name:<{w}}  {c['precision']:9.4f}  {c['recall']:6.4f}  {c['f1']:6.4f}  {c['support']:7d}"
+            )
+        cw = max(6, *(len(s) for s in labels))
+        lines.append(
+            f"  confusion (rows true, columns predicted):\n  {'':<{w}}  "
+            + " ".join(f"{s:>{cw}}" for s in labels)
+        )
+        for name, row in zip(labels, m["confusion_matrix"], strict=True):
+            lines.append(f"  {name:<{w}}  " + " ".join(f"{v:>{cw}d}" for v in row))
+    return "\n".join(lines)
