@@ -1,0 +1,89 @@
+"""Baseline (b): the same bundle served one request at a time, without micro-batching.
+
+    python -m benchmarks.baselines.unbatched --bundle BUNDLE_DIR [--port 8001]
+
+One ONNX Runtime session with the session options of app/engine.py (copied: benchmarks do not import
+app internals), one worker thread: each request is tokenized, run as its own batch (its texts padded
+together) and answered, while the event loop keeps accepting the next ones. Nothing is shared between
+requests, so under load they queue for the worker; that queueing is what micro-batching removes.
+The answer is per-token probabilities (special tokens left out), the least a client needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from litestar import Litestar, post
+from tokenizers import Tokenizer
+
+from benchmarks.baselines.common import DetectRequest, parser, ready, serve
+
+
+class Scorer:
+    def __init__(self, bundle: Path, threads: int = 0) -> None:
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.enable_mem_pattern = False
+        self.session = ort.InferenceSession(
+            str(bundle / "model.onnx"), so, providers=["CPUExecutionProvider"]
+        )
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.output = manifest["output"]
+        self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(manifest["max_length"])
+        pad = self.tokenizer.token_to_id("[PAD]")
+        self.pad_id = 0 if pad is None else pad
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
+        self.score(["warm up the session with a short text"])
+
+    def score(self, texts: list[str]) -> list[dict]:
+        encs = self.tokenizer.encode_batch(texts)
+        width = max(len(e.ids) for e in encs)
+        feeds = {
+            name: np.zeros((len(encs), width), np.int64)
+            for name in ("input_ids", "attention_mask", "token_type_ids")
+        }
+        feeds["input_ids"][:] = self.pad_id
+        for i, e in enumerate(encs):
+            n = len(e.ids)
+            feeds["input_ids"][i, :n] = e.ids
+            feeds["attention_mask"][i, :n] = 1
+            feeds["token_type_ids"][i, :n] = e.type_ids
+        probs = self.session.run([self.output], {k: feeds[k] for k in self.inputs})[0]
+        out = []
+        for e, p in zip(encs, probs, strict=True):
+            keep = [j for j, special in enumerate(e.special_tokens_mask) if not special]
+            out.append({"tokens": [e.tokens[j] for j in keep], "probs": p[keep].tolist()})
+        return out
+
+
+def create_app(bundle: Path) -> Litestar:
+    scorer = Scorer(bundle)
+
+    @post("/detect", status_code=200)
+    async def detect(data: DetectRequest) -> dict:
+        texts = data.items()
+        results = await asyncio.get_running_loop().run_in_executor(scorer.worker, scorer.score, texts)
+        return {"results": results}
+
+    return Litestar([detect, ready], debug=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser("python -m benchmarks.baselines.unbatched", __doc__.split("\n\n")[0])
+    p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
+    args = p.parse_args(argv)
+    serve(create_app(args.bundle), args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The standard load profile against our server: realistic traffic at a few concurrency steps.
+
+    python -m benchmarks.load_profile [--model CKPT | --bundle DIR | --url URL] [--users 1,16,64]
+        [--run-time 60] [--mix detect:6,detect_batch:2,classify:1,classify_batch:1]
+
+Starts `python -m app` on a free localhost port with the int8 bundles (default: a random-weight
+ELECTRA-Small with the bert-base-uncased vocabulary, built and exported once into .cache/bench/), then runs
+benchmarks/locustfile.py headless once per step, users sending back to back (closed loop), and prints and
+writes a markdown table: throughput, p50/p95/p99 latency, error rate, and who used the CPU. `--url`
+drives a server that is already running instead (no CPU figures for it then).
+Writes benchmarks/results/<--name>.json and .md; locust's CSV and HTML reports stay in .cache/bench/runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import loadkit as lk
+from benchmarks.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
+
+STANDARD_MIX = "detect:6,detect_batch:2,classify:1,classify_batch:1"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    model: str | None = None  # checkpoint, run or HF dir to export; default: random ELECTRA-Small
+    bundle: str | None = None  # serve this bundle directory (or models directory) as it is
+    url: str | None = None  # drive a running server instead of starting one
+    precision: str = "int8"  # of the exported bundles
+    users: tuple[int, ...] = (1, 16, 64)  # concurrency steps, each its own locust run
+    run_time: float = 60.0  # seconds of measured load per step
+    mix: str = STANDARD_MIX  # locustfile --mix
+    batch_texts: int = 8  # texts per batched request
+    data_dir: str | None = None  # WikiText-2 files (default $ELECTRA_DATA_DIR)
+    server_args: str = ""  # extra flags for `python -m app`, e.g. "--max-wait-ms 2"
+    name: str = "load_profile"  # results file name
+    work: str = str(WORK)
+    results: str = str(RESULTS)
+
+    def __post_init__(self) -> None:
+        if not self.users or min(self.users) < 1:
+            raise ValueError(f"--users must be positive integers, got {self.users}")
+        if self.run_time < 1:
+            raise ValueError(f"--run-time must be >= 1 s, got {self.run_time}")
+        if self.batch_texts < 1:
+            raise ValueError(f"--batch-texts must be >= 1, got {self.batch_texts}")
+        if sum(x is not None for x in (self.model, self.bundle, self.url)) > 1:
+            raise ValueError("give at most one of --model, --bundle and --url")
+        lk.check_mix(self.mix)
+
+
+def parse_users(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint, run or HF ElectraForPreTraining dir")
+    p.add_argument("--bundle", default=None, help="an exported bundle (or models dir) to serve as is")
+    p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
+    p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
+    p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
+    p.add_argument("--results", default=str(RESULTS), help="where the JSON and markdown go")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.load_profile", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    add_common(p)
+    p.add_argument("--url", default=None, help="drive this running server instead of starting one")
+    p.add_argument("--users", type=parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64")
+    p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per step")
+    p.add_argument("--mix", default=STANDARD_MIX, help="request kinds and weights (see locustfile)")
+    p.add_argument("--batch-texts", type=int, default=8)
+    p.add_argument("--server-args", default="", help="extra flags for python -m app")
+    p.add_argument("--name", default="load_profile", help="results file name")
+    args = p.parse_args(argv)
+    try:
+        cfg = ProfileConfig(**vars(args))
+    except ValueError as e:
+        p.error(str(e))
+    print(json.dumps({"load_profile": vars(args)}, default=str), flush=True)
+    return run(cfg)
+
+
+def run(cfg: ProfileConfig) -> int:
+    work = Path(cfg.work)
+    run_dir = work / "runs" / f"{lk.stamp()}-{cfg.name}"
+    machine = lk.machine()
+    classify = "classify" in cfg.mix
+    models = None
+    if cfg.url is None:
+        models = prepare(
+            cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work
+        )
+        require_classifier(models, cfg.mix)
+    tokenizer = models.bundle / "tokenizer.json" if models else None
+    sentences = write_sentences(work / "sentences.txt", cfg.data_dir, tokenizer)
+    load = lk.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time)
+    steps = []
+    with _server(cfg, models, run_dir) as (url, pid):
+        for users in cfg.users:
+            r = lk.run_locust(
+                url, users, load, run_dir / f"ours-u{users}", watch={"server": pid} if pid else {}
+            )
+            steps.append(r)
+            print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
+                  f"{r['failures']} failed", flush=True)  # fmt: skip
+    data = {
+        "config": {**cfg.__dict__, "users": list(cfg.users)},
+        "model": models.description if models else cfg.url,
+        "sentences": sentences,
+        "machine": machine,
+        "steps": steps,
+        "reports": str(run_dir),
+    }
+    md = markdown(data)
+    js, mdp = lk.write_report(cfg.name, data, md, Path(cfg.results))
+    print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
+    return 0
+
+
+@contextlib.contextmanager
+def _server(cfg: ProfileConfig, models, run_dir: Path) -> Iterator[tuple[str, int | None]]:
+    """(url, pid): our server started on a free port, or the --url given (pid None)."""
+    if cfg.url:
+        yield cfg.url.rstrip("/"), None
+        return
+    extra = cfg.server_args.split()
+
+    def argv(port: int) -> list[str]:
+        return lk.command(
+            "ours",
+            port,
+            models_dir=models.models_dir,
+            bundle=models.bundle,
+            hf_dir=models.hf_dir,
+            extra=extra,
+        )
+
+    with lk.serve("ours", argv, run_dir) as server:
+        yield server.url, server.proc.pid
+
+
+def markdown(data: dict) -> str:
+    cfg, s = data["config"], data["sentences"]
+    lines = [
+        "## Load profile: electra-serve",
+        "",
+        f"- model: {data['model']}",
+        f"- traffic: mix `{cfg['mix']}` ({cfg['batch_texts']} texts per batched request); {s['count']} "
+        f"{s['source']}, mean {s['mean_words']} words"
+        + (f", {s['mean_scored_tokens']} scored tokens" if "mean_scored_tokens" in s else ""),
+        f"- each step: {cfg['run_time']:.0f} s of closed-loop load after all users are spawned; "
+        f"machine: {data['machine']['cores']} cores, load average at start {data['machine']['load_avg_at_start']}",
+        "",
+        lk.table(["users", *lk.LOAD_HEADERS], [[r["users"], *lk.load_row(r)] for r in data["steps"]]),
+        "",
+        lk.CPU_NOTE,
+        *lk.failure_notes([(f"{r['users']} users", r) for r in data["steps"]]),
+    ]
+    last = data["steps"][-1]
+    if len(last["per_name"]) > 1:
+        lines += ["", f"Per request kind at {last['users']} users:", ""]
+        rows = [
+            [name, f["rps"], f["p50_ms"], f["p95_ms"], f["p99_ms"], f"{f['failures']}/{f['requests']}"]
+            for name, f in sorted(last["per_name"].items())
+        ]
+        lines.append(lk.table(["request", "req/s", "p50 ms", "p95 ms", "p99 ms", "failed"], rows))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,391 @@
+"""Machinery of the HTTP benchmarks: start a server on a free localhost port and wait for it, drive it
+with benchmarks/locustfile.py headless, sample CPU and memory meanwhile, and turn locust's CSV into rows
+and markdown tables. Every wait here has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from benchmarks.loadmodels import REPO, RESULTS
+
+LOCUSTFILE = REPO / "benchmarks" / "locustfile.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env() -> dict[str, str]:
+    # The server reads ELECTRA_* settings; the benchmark's own environment must not configure it.
+    return {k: v for k, v in os.environ.items() if not k.startswith("ELECTRA_")}
+
+
+# ---------------------------------------------------------------------------------------------- servers
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+
+SERVERS = {
+    "ours": "electra-serve (python -m app): micro-batching",
+    "unbatched": "same bundle, one request per session.run (benchmarks/baselines/unbatched.py)",
+    "transformers": "transformers ElectraForPreTraining behind Litestar (benchmarks/baselines/transformers_server.py)",
+}
+
+
+def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Path, extra=()) -> list[str]:
+    """The server's command line. Ours logs at warning: no access log, as for the baselines."""
+    argv = {
+        "ours": ["app", "--models", str(models_dir), "--log-level", "warning", *extra],
+        "unbatched": ["benchmarks.baselines.unbatched", "--bundle", str(bundle)],
+        "transformers": ["benchmarks.baselines.transformers_server", "--model", str(hf_dir)],
+    }
+    if kind not in argv:
+        raise ValueError(f"unknown server {kind!r}; known: {', '.join(SERVERS)}")
+    return [sys.executable, "-m", *argv[kind], "--port", str(port)]
+
+
+@contextlib.contextmanager
+def serve(
+    name: str, argv_for_port: Callable[[int], list[str]], log_dir: Path, timeout: float = 180
+) -> Iterator[Server]:
+    """Start the server, wait until GET /ready answers 200, then warm it with a few requests."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}-server.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            argv_for_port(port), cwd=REPO, env=server_env(), stdout=f, stderr=subprocess.STDOUT
+        )
+    server = Server(name, f"http://127.0.0.1:{port}", proc, log)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _ready(server.url):
+            if proc.poll() is not None:
+                raise SystemExit(f"{name} server exited with {proc.returncode}:\n{server.tail()}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name} server not ready after {timeout:.0f}s:\n{server.tail()}")
+            time.sleep(0.2)
+        for i in range(8):  # first requests allocate and pick kernels; no client should pay for that
+            post_json(server.url + "/detect", {"text": f"warm up request number {i} for the server"})
+        yield server
+    finally:
+        stop(proc)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def post_json(url: str, body: dict, timeout: float = 30) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def stop(proc: subprocess.Popen, grace: float = 20) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class Sampler:
+    """Every `every` seconds: CPU seconds and resident memory of each watched process (with its
+    children), and the whole machine's busy CPU seconds, so a report can say who used the cores."""
+
+    pids: dict[str, int]
+    every: float = 1.0
+    samples: list[dict] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Sampler:
+        self._procs = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(psutil.Error):
+                self._procs[name] = psutil.Process(pid)
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def _sample(self) -> None:
+        cpu = psutil.cpu_times()
+        row: dict = {
+            "t": time.monotonic(),
+            "busy": sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0),
+            "cpu": {},
+            "rss": {},
+        }
+        for name, p in self._procs.items():
+            with contextlib.suppress(psutil.Error):
+                tree = [p, *p.children(recursive=True)]
+                row["cpu"][name] = sum(sum(q.cpu_times()[:2]) for q in tree)
+                row["rss"][name] = sum(q.memory_info().rss for q in tree)
+        self.samples.append(row)
+
+    def cpu_share(self, skip_head: float = 0.0, skip_tail: float = 0.0) -> dict:
+        """Percent of the whole machine (100 = every core busy) per process, and the machine's total,
+        between skip_head seconds after the first sample and skip_tail before the last."""
+        if len(self.samples) < 2:
+            return {}
+        t0, t1 = self.samples[0]["t"] + skip_head, self.samples[-1]["t"] - skip_tail
+        window = [s for s in self.samples if t0 <= s["t"] <= t1]
+        if len(window) < 2:
+            window = [self.samples[0], self.samples[-1]]
+        a, b = window[0], window[-1]
+        capacity = (b["t"] - a["t"]) * (os.cpu_count() or 1)
+        out = {n: 100 * (b["cpu"][n] - a["cpu"][n]) / capacity for n in b["cpu"] if n in a["cpu"]}
+        out["machine"] = 100 * (b["busy"] - a["busy"]) / capacity
+        out["others"] = max(0.0, out["machine"] - sum(v for k, v in out.items() if k != "machine"))
+        return {k: round(v, 1) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------- locust
+
+
+MIX_KINDS = ("detect", "detect_batch", "classify", "classify_batch")  # as in locustfile.KINDS
+
+
+def check_mix(spec: str) -> None:
+    """Fail on a bad --mix before any server starts (importing the locustfile would patch with gevent)."""
+    for part in spec.split(","):
+        name, _, weight = part.strip().partition(":")
+        if name not in MIX_KINDS:
+            raise ValueError(f"--mix: unknown request kind {name!r}; known: {', '.join(MIX_KINDS)}")
+        try:
+            float(weight or 1)
+        except ValueError:
+            raise ValueError(f"--mix: weight of {name} is not a number: {weight!r}") from None
+
+
+@dataclass(frozen=True)
+class Load:
+    sentences: Path
+    mix: str = "detect:1"
+    batch_texts: int = 8
+    run_time_s: float = 30
+    detect_return: str = "both"  # our /detect "return"; the baselines ignore it
+
+
+def run_locust(
+    url: str,
+    users: int,
+    load: Load,
+    prefix: Path,
+    *,
+    user_rate: float = 0.0,
+    watch: dict[str, int] | None = None,
+    full_history: bool = False,
+    sample_every: float = 1.0,
+) -> dict:
+    """One headless locust run and its final figures (stats reset once every user is spawned), with
+    the CPU share of the watched processes meanwhile."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    run_time = max(1, round(load.run_time_s))
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+        "-u", str(users), "-r", str(users), "--run-time", f"{run_time}s", "--host", url,
+        "--csv", str(prefix), "--html", f"{prefix}.html", "--reset-stats", "--only-summary",
+        "--loglevel", "WARNING", "--stop-timeout", "10", "--exit-code-on-error", "0",
+        "--sentences", str(load.sentences), "--mix", load.mix, "--batch-texts", str(load.batch_texts),
+        "--user-rate", str(user_rate), "--detect-return", load.detect_return,
+        "--summary-json", f"{prefix}_summary.json",
+    ]  # fmt: skip
+    if full_history:
+        cmd.append("--csv-full-history")
+    with open(f"{prefix}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        with Sampler({**(watch or {}), "locust": proc.pid}, every=sample_every) as sampler:
+            try:
+                proc.wait(timeout=run_time + 90)
+            except subprocess.TimeoutExpired:
+                stop(proc, grace=10)
+                raise SystemExit(f"locust did not finish in {run_time + 90}s; see {prefix}.log") from None
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"locust exited with {proc.returncode}:\n{Path(f'{prefix}.log').read_text()[-3000:]}"
+        )
+    result = parse_summary(Path(f"{prefix}_summary.json"))
+    result.update(
+        users=users,
+        user_rate=user_rate or None,
+        offered_rps=round(users * user_rate, 2) if user_rate else None,
+        run_time_s=run_time,
+        cpu_pct=sampler.cpu_share(skip_head=3, skip_tail=1),  # locust start-up and spawning left out
+        csv=f"{prefix}_stats.csv",
+        html=f"{prefix}.html",
+    )
+    server_pct = result["cpu_pct"].get("server")
+    # Server CPU time per answered text: what batching should lower, and less sensitive than req/s to
+    # whatever else runs on the machine.
+    result["server_cpu_ms_per_text"] = (
+        round(server_pct / 100 * (os.cpu_count() or 1) * 1000 / result["texts_per_s"], 2)
+        if server_pct is not None and result["texts_per_s"]
+        else None
+    )
+    result["samples"] = sampler.samples if full_history else None
+    return result
+
+
+def parse_summary(path: Path) -> dict:
+    """The locustfile's --summary-json, as the rows of our tables."""
+    if not path.is_file():
+        raise SystemExit(
+            f"locust wrote no {path}; see {path.with_name(path.name.replace('_summary.json', '.log'))}"
+        )
+    raw = json.loads(path.read_text())
+    texts_per_s = 0.0
+    for name, f in raw["per_name"].items():
+        k = int(name.rsplit(" x", 1)[1]) if " x" in name else 1
+        texts_per_s += (f["rps"] * (1 - f["failures"] / f["requests"])) * k  # answered texts only
+    return {
+        **_figures(raw["total"]),
+        "texts_per_s": round(texts_per_s, 1),
+        "per_name": {name: _figures(f) for name, f in raw["per_name"].items()},
+        "failure_messages": raw["errors"],
+    }
+
+
+def _figures(f: dict) -> dict:
+    requests, failures, p50 = f["requests"], f["failures"], f["p50_ms"]
+    return {
+        "requests": requests,
+        "failures": failures,
+        "error_rate": failures / requests if requests else 0.0,
+        "rps": round(f["rps"], 1),
+        "p50_ms": p50,
+        "p95_ms": f["p95_ms"],
+        "p99_ms": f["p99_ms"],
+        "p99_over_p50": round(f["p99_ms"] / p50, 2) if p50 else None,
+        "mean_ms": round(f["mean_ms"], 1),
+        "max_ms": f["max_ms"],
+    }
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def load_row(r: dict) -> list:
+    """The columns every load table shares (see LOAD_HEADERS)."""
+    cpu = r.get("cpu_pct") or {}
+    return [
+        r["rps"],
+        r["texts_per_s"],
+        r["p50_ms"],
+        r["p95_ms"],
+        r["p99_ms"],
+        r["p99_over_p50"],
+        f"{r['failures']}/{r['requests']} ({100 * r['error_rate']:.2f}%)",
+        cpu.get("server"),
+        r.get("server_cpu_ms_per_text"),
+        cpu.get("locust"),
+        cpu.get("others"),
+    ]
+
+
+LOAD_HEADERS = [
+    "req/s",
+    "texts/s",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "p99/p50",
+    "failed",
+    "server CPU%",
+    "server CPU ms/text",
+    "locust CPU%",
+    "other CPU%",
+]
+CPU_NOTE = (
+    "CPU% is of the whole machine (100 = all cores busy); 'other' is everything else running meanwhile."
+)
+
+
+def failure_notes(runs: list[tuple[str, dict]]) -> list[str]:
+    """Markdown lines quoting locust's error messages of the runs that had failures."""
+    out = []
+    for label, r in runs:
+        if r["failures"]:
+            out += [f"- {label}: {msg}" for msg in r["failure_messages"]]
+    return ["", "Failures:", "", *out] if out else []
+
+
+def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js, md = out_dir / f"{name}.json", out_dir / f"{name}.md"
+    js.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md.write_text(markdown + "\n")
+    return js, md
+
+
+def machine() -> dict:
+    import platform
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": sys.version.split()[0],
+    }
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,168 @@
+"""Realistic scoring traffic for electra-serve (and for the comparison servers in benchmarks/baselines/).
+
+    locust -f benchmarks/locustfile.py --headless -u 64 -r 64 --run-time 60s --host http://127.0.0.1:8000 \
+        --sentences .cache/bench/sentences.txt --mix detect:6,detect_batch:2,classify:1,classify_batch:1 \
+        --csv out/run --html out/run.html
+
+Each request carries sentences drawn at random from `--sentences` (one a line, written by
+`python -m benchmarks.load_profile`: WikiText-2 test sentences of 8-40 words), so the workers need
+neither torch nor the corpus. Request kinds and their weights come from `--mix`:
+
+    detect          POST /detect   {"text": s}
+    detect_batch    POST /detect   {"texts": [s1..sk]}       k = --batch-texts
+    classify        POST /classify {"text": s}
+    classify_batch  POST /classify {"texts": [s1..sk]}
+
+Requests are named "<endpoint> x<k>" so a driver can turn req/s into texts/s. Any non-2xx answer (or a
+connection error, or an empty body) fails the request. `--user-rate R` paces each user at R requests/s
+(locust's constant_throughput: the offered load is users x R while the server keeps up); 0, the default,
+sends the next request as soon as the last one is answered (closed loop: the server's saturation).
+Only stdlib and locust are imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import gevent
+from locust import FastHttpUser, constant, constant_throughput, events, task
+
+KINDS = {
+    "detect": ("/detect", False),
+    "detect_batch": ("/detect", True),
+    "classify": ("/classify", False),
+    "classify_batch": ("/classify", True),
+}
+_SENTENCES: list[str] = []
+_MIX: list[tuple[str, float]] = []
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser) -> None:
+    group = parser.add_argument_group("electra-serve traffic")
+    group.add_argument("--sentences", default="", help="text file, one sentence a line (required)")
+    group.add_argument(
+        "--mix", default="detect:1", help="request kinds and weights, e.g. detect:6,detect_batch:2,classify:1"
+    )
+    group.add_argument("--batch-texts", type=int, default=8, help="texts per *_batch request")
+    group.add_argument("--user-rate", type=float, default=0.0, help="requests/s per user; 0: no pause")
+    group.add_argument("--detect-return", default="both", help='/detect "return": tokens, words or both')
+    group.add_argument("--seed", type=int, default=0, help="per-user sentence choice is seeded from this")
+    group.add_argument(
+        "--summary-json", default="", help="write the final figures here (the --csv files lag up to 1 s)"
+    )
+
+
+def parse_mix(spec: str) -> list[tuple[str, float]]:
+    out = []
+    for part in spec.split(","):
+        name, _, weight = part.strip().partition(":")
+        if name not in KINDS:
+            raise ValueError(f"--mix: unknown request kind {name!r}; known: {', '.join(KINDS)}")
+        w = float(weight or 1)
+        if w < 0:
+            raise ValueError(f"--mix: weight of {name} must be >= 0, got {w}")
+        if w > 0:
+            out.append((name, w))
+    if not out:
+        raise ValueError("--mix: no request kind has a positive weight")
+    return out
+
+
+@events.init.add_listener
+def _load(environment, **_kw) -> None:
+    opts = environment.parsed_options
+    if opts is None:  # locust used as a library without our arguments
+        return
+    if not opts.sentences:
+        raise SystemExit("--sentences FILE is required (python -m benchmarks.load_profile writes one)")
+    lines = Path(opts.sentences).read_text(encoding="utf-8").splitlines()
+    _SENTENCES[:] = [s for s in lines if s.strip()]
+    if not _SENTENCES:
+        raise SystemExit(f"--sentences {opts.sentences}: no sentences in it")
+    if opts.batch_texts < 1:
+        raise SystemExit(f"--batch-texts must be >= 1, got {opts.batch_texts}")
+    try:
+        _MIX[:] = parse_mix(opts.mix)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+@events.quitting.add_listener
+def _summary(environment, **_kw) -> None:
+    """The run's final figures, computed by locust itself, for drivers to read: requests, failures,
+    req/s (since the stats reset), percentiles (locust's buckets: 10 ms steps above 100 ms), errors."""
+    opts = environment.parsed_options
+    if opts is None or not opts.summary_json:
+        return
+
+    def figures(e) -> dict:
+        return {
+            "requests": e.num_requests,
+            "failures": e.num_failures,
+            "rps": e.total_rps,
+            "mean_ms": e.avg_response_time,
+            "max_ms": e.max_response_time,
+            **{f"p{round(q * 100)}_ms": e.get_response_time_percentile(q) for q in (0.5, 0.95, 0.99)},
+        }
+
+    stats = environment.stats
+    errors = sorted(stats.errors.values(), key=lambda x: -x.occurrences)
+    summary = {
+        "total": figures(stats.total),
+        "per_name": {e.name: figures(e) for e in stats.entries.values() if e.num_requests},
+        "errors": [f"{x.occurrences}x {x.name}: {str(x.error)[:160]}" for x in errors[:5]],
+    }
+    Path(opts.summary_json).write_text(json.dumps(summary, indent=2))
+
+
+class ScoringUser(FastHttpUser):
+    # Connection reuse as a real client library would; a fresh TCP connection per request would
+    # measure the kernel, not the server.
+    network_timeout = 60.0
+    connection_timeout = 10.0
+    _ids = 0
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        ScoringUser._ids += 1
+        self.rng = random.Random(opts.seed * 100_003 + ScoringUser._ids)
+        self.k = opts.batch_texts
+        self.ret = opts.detect_return
+        self.names = [n for n, _ in _MIX]
+        self.weights = [w for _, w in _MIX]
+        rate = opts.user_rate
+        self.pace = constant_throughput(rate) if rate > 0 else constant(0)
+        if rate > 0:  # spread the users' first requests over one period: no synchronized bursts
+            gevent.sleep(self.rng.uniform(0, 1 / rate))
+
+    def wait_time(self) -> float:
+        return self.pace(self)
+
+    @task
+    def score(self) -> None:
+        kind = self.rng.choices(self.names, self.weights)[0]
+        path, batched = KINDS[kind]
+        body: dict = (
+            {"texts": [self.rng.choice(_SENTENCES) for _ in range(self.k)]}
+            if batched
+            else {"text": self.rng.choice(_SENTENCES)}
+        )
+        if path == "/detect" and self.ret != "both":
+            body["return"] = self.ret
+        name = f"{path[1:]} x{self.k if batched else 1}"
+        with self.client.post(
+            path,
+            data=json.dumps(body),
+            headers={"content-type": "application/json"},
+            name=name,
+            catch_response=True,
+        ) as r:
+            if not 200 <= (r.status_code or 0) < 300:
+                r.failure(f"HTTP {r.status_code}: {(r.text or '')[:200]}")
+            elif not r.content:
+                r.failure("empty body")
+            else:
+                r.success()

@@ -1,0 +1,262 @@
+"""Our server against what it replaces, under the same locust load, in one run.
+
+    python -m benchmarks.serve_compare [--model CKPT | --bundle DIR [--hf DIR]] [--users 1,16,64]
+        [--run-time 60] [--offered-rps auto] [--servers ours,unbatched,transformers]
+
+(a) ours: `python -m app` (micro-batching); (b) unbatched: the same bundle, one request per session.run
+(benchmarks/baselines/unbatched.py; our server cannot be made to do that: its token budget must hold a
+max_length row, so short rows always share batches); (c) transformers: ElectraForPreTraining in PyTorch
+behind a minimal Litestar endpoint (benchmarks/baselines/transformers_server.py). All three serve the
+same weights: (c) loads the HF directory the bundle was exported from.
+
+Phase 1, saturation: each server in turn, each users step, closed loop. Phase 2, equal offered load:
+each server at the same request rate (default: 70% of the slowest server's throughput at the top step,
+so every server is below saturation), paced by the locustfile's --user-rate. Prints and writes the
+tables, the throughput ratios and the issue's targets to benchmarks/results/<--name>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks import loadkit as lk
+from benchmarks.load_profile import add_common, parse_users
+from benchmarks.loadmodels import prepare, write_sentences
+
+SERVERS = ("ours", "unbatched", "transformers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.serve_compare", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    add_common(p)
+    p.add_argument("--hf", default=None, help="HF directory for (c) when --bundle's source is elsewhere")
+    p.add_argument("--servers", default=",".join(SERVERS), help="which of ours,unbatched,transformers")
+    p.add_argument("--users", type=parse_users, default=(1, 16, 64), help="concurrency steps")
+    p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per run")
+    p.add_argument(
+        "--offered-rps",
+        default="auto",
+        help="phase 2 rates, comma-separated: numbers and/or 'auto'; 'none' skips phase 2",
+    )
+    p.add_argument("--fraction", type=float, default=0.7, help="'auto': this share of the slowest throughput")
+    p.add_argument("--mix", default="detect:1", help="locustfile --mix; the baselines serve /detect only")
+    p.add_argument("--batch-texts", type=int, default=8)
+    p.add_argument(
+        "--detect-return",
+        default="both",
+        choices=("both", "tokens", "words"),
+        help='our /detect "return" (the baselines always answer tokens and probabilities)',
+    )
+    p.add_argument("--server-args", default="", help="extra flags for python -m app")
+    p.add_argument("--name", default="serve_compare", help="results file name")
+    args = p.parse_args(argv)
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    bad = [s for s in servers if s not in SERVERS]
+    if bad or not servers:
+        p.error(f"--servers: unknown {bad}; choose from {', '.join(SERVERS)}")
+    if "classify" in args.mix and servers != ["ours"]:
+        p.error("--mix: the baselines serve /detect only; use detect and detect_batch")
+    args.offered_rps = [] if args.offered_rps == "none" else [x.strip() for x in args.offered_rps.split(",")]
+    for x in args.offered_rps:
+        try:
+            if x != "auto" and float(x) <= 0:
+                raise ValueError
+        except ValueError:
+            p.error(f"--offered-rps: {x!r} is neither a positive number nor 'auto'")
+    if not 0 < args.fraction < 1:
+        p.error(f"--fraction must be in (0, 1), got {args.fraction}")
+    if min(args.users) < 1 or args.run_time < 1:
+        p.error("--users must be positive and --run-time at least 1 s")
+    try:
+        lk.check_mix(args.mix)
+    except ValueError as e:
+        p.error(str(e))
+    args.servers = servers
+    print(json.dumps({"serve_compare": vars(args)}, default=str), flush=True)
+    return run(args)
+
+
+def run(args) -> int:
+    work = Path(args.work)
+    run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
+    machine = lk.machine()
+    models = prepare(args.model, args.bundle, args.precision, args.data_dir, with_classifier=False, work=work)
+    hf = Path(args.hf) if args.hf else models.hf_dir
+    if "transformers" in args.servers and not (hf / "config.json").is_file():
+        raise SystemExit(f"(c) needs the HF directory of the bundle's weights; {hf} has none: pass --hf DIR")
+    sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
+    load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
+    extra = args.server_args.split()
+
+    def argv_for(kind: str):
+        return lambda port: lk.command(
+            kind, port, models_dir=models.bundle, bundle=models.bundle, hf_dir=hf, extra=extra
+        )
+
+    saturation: dict[str, list[dict]] = {}
+    for kind in args.servers:
+        print(f"{kind}: {lk.SERVERS[kind]}", flush=True)
+        with lk.serve(kind, argv_for(kind), run_dir) as server:
+            saturation[kind] = []
+            for users in args.users:
+                r = lk.run_locust(
+                    server.url, users, load, run_dir / f"{kind}-u{users}", watch={"server": server.proc.pid}
+                )
+                saturation[kind].append(r)
+                print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, "
+                      f"p99 {r['p99_ms']:.0f} ms, {r['failures']} failed", flush=True)  # fmt: skip
+
+    top = max(args.users)
+    slowest = min(_at(saturation[k], top)["rps"] for k in args.servers)
+    levels = sorted(
+        {round(args.fraction * slowest if x == "auto" else float(x), 1) for x in args.offered_rps}
+    )
+    equal: dict[str, list[dict]] = {}
+    if levels:
+        print(f"equal offered load: {levels} req/s from {top} users", flush=True)
+    for kind in args.servers if levels else []:
+        with lk.serve(kind, argv_for(kind), run_dir) as server:
+            equal[kind] = []
+            for rate in levels:
+                r = lk.run_locust(
+                    server.url, top, load, run_dir / f"{kind}-rate{rate:g}", user_rate=rate / top,
+                    watch={"server": server.proc.pid},
+                )  # fmt: skip
+                r["offered_rps"] = rate  # users x per-user rate, without float noise
+                equal[kind].append(r)
+                print(f"  {kind} at {rate:g}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, "
+                      f"p99 {r['p99_ms']:.0f} ms", flush=True)  # fmt: skip
+
+    data = {
+        "config": {**vars(args), "users": list(args.users)},
+        "model": models.description,
+        "hf_dir": str(hf),
+        "servers": {k: lk.SERVERS[k] for k in args.servers},
+        "sentences": sentences,
+        "machine": machine,
+        "saturation": saturation,
+        "offered_rps": levels,
+        "slowest_rps_at_top": slowest,
+        "equal_load": equal,
+        "ratios": ratios(saturation, args.users),
+        "targets": targets(saturation, equal, top),
+        "reports": str(run_dir),
+    }
+    md = markdown(data)
+    js, mdp = lk.write_report(args.name, data, md, Path(args.results))
+    print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
+    return 0
+
+
+def _at(rows: list[dict], users: int) -> dict:
+    return next(r for r in rows if r["users"] == users)
+
+
+def ratios(sat: dict[str, list[dict]], steps) -> list[dict]:
+    if "ours" not in sat:
+        return []
+    out = []
+    for users in steps:
+        row = {"users": users}
+        for kind in sat:
+            if kind != "ours":
+                base = _at(sat[kind], users)["rps"]
+                row[f"ours/{kind}"] = round(_at(sat["ours"], users)["rps"] / base, 2) if base else None
+        out.append(row)
+    return out
+
+
+def targets(sat: dict, equal: dict, top: int) -> list[dict]:
+    """The issue's targets, at the top users step (the issue states them at 64 users)."""
+    if "ours" not in sat:
+        return []
+    ours = _at(sat["ours"], top)
+    out = []
+    for kind, factor in (("transformers", 3.0), ("unbatched", 1.5)):
+        if kind in sat:
+            base = _at(sat[kind], top)["rps"]
+            ratio = ours["rps"] / base if base else float("inf")
+            out.append(
+                {
+                    "target": f"ours >= {factor}x {kind} throughput at {top} users",
+                    "value": f"{ratio:.2f}x",
+                    "met": ratio >= factor,
+                }
+            )
+    if ours["p99_over_p50"] is not None:
+        out.append(
+            {
+                "target": f"ours p99 < 4x p50 at {top} users",
+                "value": f"{ours['p99_over_p50']:.2f}x",
+                "met": ours["p99_over_p50"] < 4,
+            }
+        )
+    # Equal-load runs count when the offered rate is below ours' saturation (a run above it is saturated).
+    below = [r for r in sat["ours"] if r["users"] < top]
+    below += [r for r in equal.get("ours", []) if r["offered_rps"] < 0.95 * ours["rps"]]
+    failed = sum(r["failures"] for r in below)
+    out.append(
+        {
+            "target": "ours: no failed request below saturation (lower steps, equal-load run)",
+            "value": failed,
+            "met": failed == 0,
+        }
+    )
+    return out
+
+
+def markdown(data: dict) -> str:
+    cfg, s, m = data["config"], data["sentences"], data["machine"]
+    lines = [
+        "## Serving comparison",
+        "",
+        f"- model: {data['model']}",
+        f"- traffic: mix `{cfg['mix']}`; {s['source']}, mean {s['mean_words']} words, "
+        f"{s.get('mean_scored_tokens', '?')} scored tokens; {cfg['run_time']:.0f} s of load per run",
+        f"- machine: {m['cores']} cores, load average at start {m['load_avg_at_start']}",
+        *[f"- {k}: {v}" for k, v in data["servers"].items()],
+        "",
+        "### Saturation (closed loop)",
+        "",
+    ]
+    rows = [[kind, r["users"], *lk.load_row(r)] for kind, rs in data["saturation"].items() for r in rs]
+    lines.append(lk.table(["server", "users", *lk.LOAD_HEADERS], rows))
+    if data["ratios"]:
+        keys = [k for k in data["ratios"][0] if k != "users"]
+        lines += [
+            "",
+            "Throughput ratios:",
+            "",
+            lk.table(["users", *keys], [[r["users"], *(r[k] for k in keys)] for r in data["ratios"]]),
+        ]
+    if data["equal_load"]:
+        levels = ", ".join(f"{x:g}" for x in data["offered_rps"])
+        lines += ["", f"### Equal offered load: {levels} req/s", ""]
+        rows = [
+            [kind, r["offered_rps"], *lk.load_row(r)]
+            for rate in data["offered_rps"]
+            for kind, rs in data["equal_load"].items()
+            for r in rs
+            if r["offered_rps"] == rate
+        ]
+        lines.append(lk.table(["server", "offered", *lk.LOAD_HEADERS], rows))
+    if data["targets"]:
+        lines += ["", "### Targets", ""]
+        lines.append(
+            lk.table(
+                ["target", "measured", "met"],
+                [[t["target"], t["value"], "yes" if t["met"] else "NO"] for t in data["targets"]],
+            )
+        )
+    runs = [(f"{k} at {r['users']} users", r) for k, rs in data["saturation"].items() for r in rs]
+    runs += [(f"{k} at {r['offered_rps']} req/s", r) for k, rs in data["equal_load"].items() for r in rs]
+    lines += ["", lk.CPU_NOTE, *lk.failure_notes(runs)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

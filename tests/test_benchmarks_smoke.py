@@ -1,0 +1,78 @@
+"""The HTTP benchmarks work end to end on tiny bundles: a few seconds of load, not a measurement.
+
+1. The three servers of serve_compare answer the same text with the same per-token probabilities (fp32
+   bundle vs the transformers model it came from): the comparison is between equals.
+2. load_profile drives our server with the realistic mix through locust and writes a table with no
+   failed request.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    from app_fixtures import bundles_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = "The chef cooked the meal, and the guests ate it slowly in the garden."
+
+
+@pytest.fixture(scope="module")
+def bench(shared_data):
+    # find_spec, not importorskip: importing locust would monkey-patch this process with gevent.
+    for name in ("locust", "transformers", "psutil"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed (pip install -e .[bench])")
+    return shared_data
+
+
+def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Path, tmp_path: Path):
+    from benchmarks import loadkit as lk
+    from benchmarks.loadmodels import prepare
+
+    models = prepare(None, str(bundles_dir), "fp32", str(bench), with_classifier=False, work=tmp_path)
+    assert (models.hf_dir / "config.json").is_file(), "the bundle's manifest should name its HF source"
+    answers = {}
+    for kind in lk.SERVERS:
+
+        def argv(port: int, kind=kind) -> list[str]:
+            return lk.command(
+                kind, port, models_dir=models.bundle, bundle=models.bundle, hf_dir=models.hf_dir
+            )
+
+        with lk.serve(kind, argv, tmp_path, timeout=90) as server:
+            answers[kind] = lk.post_json(server.url + "/detect", {"texts": [TEXT, "short one"]})["results"]
+
+    ours = [([t["token"] for t in r["tokens"]], [t["prob"] for t in r["tokens"]]) for r in answers["ours"]]
+    for kind in ("unbatched", "transformers"):
+        theirs = [(r["tokens"], r["probs"]) for r in answers[kind]]
+        for (tok_a, p_a), (tok_b, p_b) in zip(ours, theirs, strict=True):
+            assert tok_a == tok_b, kind
+            assert max(abs(a - b) for a, b in zip(p_a, p_b, strict=True)) < 1e-4, kind
+
+
+def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k != "ELECTRA_DATA_DIR"}
+    cmd = [
+        sys.executable, "-m", "benchmarks.load_profile", "--bundle", str(bundles_dir), "--users", "2",
+        "--run-time", "3", "--mix", "detect:3,detect_batch:1,classify:1", "--batch-texts", "4",
+        "--data-dir", str(bench), "--work", str(tmp_path / "work"), "--results", str(tmp_path), "--name", "smoke",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "| users | req/s |" in proc.stdout
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    (step,) = data["steps"]
+    assert step["requests"] > 0 and step["failures"] == 0, step["failure_messages"]
+    assert set(step["per_name"]) == {"detect x1", "detect x4", "classify x1"}
+    assert step["p50_ms"] <= step["p99_ms"]
+    assert (tmp_path / "smoke.md").read_text().startswith("## Load profile")
