@@ -60,7 +60,7 @@ def ours_step(cfg: ElectraConfig, gen_fraction: float):
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(out.loss)
+        return out.loss.item()
 
     return step
 
@@ -90,9 +90,19 @@ def transformers_step(cfg: ElectraConfig, gen_fraction: float):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.item()
 
     return step
+
+
+def with_bf16(step):
+    """The same step under bf16 autocast (CPU with AMX, or CUDA): matmuls in bf16, losses in fp32."""
+
+    def run(*args):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return step(*args)
+
+    return run
 
 
 def time_steps(step, batch, noise, masked, warmup: int, steps: int) -> list[float]:
@@ -115,6 +125,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--bf16", action="store_true", help="also time both sides under bf16 autocast")
     p.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = p.parse_args(argv)
     print(f"config: {vars(args)}", flush=True)
@@ -130,6 +141,9 @@ def main(argv=None) -> None:
         "ours": ours_step(cfg, args.generator_fraction),
         "transformers": transformers_step(cfg, args.generator_fraction),
     }
+    if args.bf16:
+        sides["ours bf16"] = with_bf16(ours_step(cfg, args.generator_fraction))
+        sides["transformers bf16"] = with_bf16(transformers_step(cfg, args.generator_fraction))
     for step in sides.values():
         time_steps(step, batch, noise, masked, args.warmup, 0)
     samples = {name: [] for name in sides}
@@ -141,11 +155,15 @@ def main(argv=None) -> None:
         rows[name] = {"median_s": med, "tokens_per_s": B * T / med, "gflops_per_s": flops / med / 1e9,
                       "all_s": times}  # fmt: skip
     speedup = rows["ours"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
+    if args.bf16:
+        rows["ours bf16"]["vs_transformers_bf16"] = (
+            rows["ours bf16"]["tokens_per_s"] / rows["transformers bf16"]["tokens_per_s"]
+        )
     print(f"\njoint ELECTRA training step, batch {B}x{T}, {args.layers} layers, generator "
           f"{args.generator_fraction:g} of the discriminator, {args.threads} threads, {platform.processor() or platform.machine()}")  # fmt: skip
-    print(f"{'':<14}{'step (median)':>15}{'tokens/s':>12}{'GFLOP/s':>10}")
+    print(f"{'':<20}{'step (median)':>15}{'tokens/s':>12}{'GFLOP/s':>10}")
     for name, r in rows.items():
-        print(f"{name:<14}{r['median_s']:>13.2f} s{r['tokens_per_s']:>12,.0f}{r['gflops_per_s']:>10.1f}")
+        print(f"{name:<20}{r['median_s']:>13.2f} s{r['tokens_per_s']:>12,.0f}{r['gflops_per_s']:>10.1f}")
     print(
         f"ours / transformers: {speedup:.2f}x  (useful FLOPs: {flops / 1e9:.1f} GFLOP per step, "
         f"counting the generator's output layer at masked positions only)"

@@ -163,7 +163,7 @@ class PretrainConfig:
     resume: bool = False  # continue from <out>/checkpoints/latest
     # Hardware.
     device: str = "auto"  # auto | cpu | cuda
-    bf16: bool = True  # autocast to bf16 on CUDA (ignored on CPU)
+    bf16: bool = True  # autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout
     compile: bool = False  # torch.compile the models (CUDA)
     threads: int | None = None  # torch intra-op threads on CPU (default: all cores)
 
@@ -236,7 +236,7 @@ class FinetuneConfig:
     log_every: int = 10
     # Hardware.
     device: str = "auto"  # auto | cpu | cuda
-    bf16: bool = True  # autocast to bf16 on CUDA (ignored on CPU)
+    bf16: bool = True  # autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout
     threads: int | None = None  # torch intra-op threads on CPU (default: all cores)
 
     def __post_init__(self) -> None:

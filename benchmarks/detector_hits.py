@@ -1,0 +1,152 @@
+"""Does the detector find the one word that was replaced? Top-1 hit rate on held-out sentences.
+
+For each of N held-out WikiText-2 test sentences, one whole word (a single vocabulary piece, so the
+swap is clean) is masked and the pretraining run's generator samples a replacement from its
+distribution, excluding the original word: a plausible but wrong word. The corrupted sentence goes
+through the exported bundle exactly as the server would run it (ONNX Runtime, the bundle's
+tokenizer), and a hit means the replaced word has the highest word probability (max over its pieces)
+in the sentence. Prints a table and writes JSON.
+
+    python -m benchmarks.detector_hits --bundle models/detector --generator runs/mini-30min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+
+
+def word_probs(session, tokenizer, text: str) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """Character spans of the words and each word's replaced probability (max over its pieces)."""
+    enc = tokenizer.encode(text)
+    feeds = {
+        "input_ids": np.array([enc.ids], dtype=np.int64),
+        "attention_mask": np.ones((1, len(enc.ids)), dtype=np.int64),
+        "token_type_ids": np.zeros((1, len(enc.ids)), dtype=np.int64),
+    }
+    names = {i.name for i in session.get_inputs()}
+    probs = session.run(None, {k: v for k, v in feeds.items() if k in names})[0][0]
+    spans: dict[int, list] = {}
+    for i, w in enumerate(enc.word_ids):
+        if w is None:
+            continue  # [CLS] / [SEP]
+        start, end = enc.offsets[i]
+        span = spans.setdefault(w, [start, end, 0.0])
+        span[1] = end
+        span[2] = max(span[2], float(probs[i]))
+    ordered = [spans[w] for w in sorted(spans)]
+    return [(s, e) for s, e, _ in ordered], np.array([p for _, _, p in ordered])
+
+
+def whole_word_mask(tokenizer, torch):
+    """True for vocabulary entries a replacement may be: whole alphabetic words, no "##" pieces or specials."""
+    pieces = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+    return torch.tensor([p.isalpha() and p.isascii() for p in pieces])
+
+
+def corrupt(sentence: str, tokenizer, generator, allowed, rng: random.Random, torch):
+    """Replace one single-piece alphabetic word with a generator sample; None if the sentence has none."""
+    enc = tokenizer.encode(sentence)
+    pieces_per_word: dict[int, list[int]] = {}
+    for i, w in enumerate(enc.word_ids):
+        if w is not None:
+            pieces_per_word.setdefault(w, []).append(i)
+    candidates = [
+        ps[0] for ps in pieces_per_word.values()
+        if len(ps) == 1 and enc.tokens[ps[0]].isalpha() and len(enc.tokens[ps[0]]) > 2
+    ]  # fmt: skip
+    if not candidates:
+        return None
+    pos = rng.choice(candidates)
+    ids = torch.tensor([enc.ids])
+    ids[0, pos] = tokenizer.token_to_id("[MASK]")
+    with torch.no_grad():
+        logits = generator(ids, torch.ones_like(ids), torch.zeros_like(ids))[0, pos].float()
+    banned = ~allowed
+    banned[enc.ids[pos]] = True  # never the original word
+    probs = torch.softmax(logits.masked_fill(banned, float("-inf")), -1)
+    new_id = int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))))
+    start, end = enc.offsets[pos]
+    new_word = tokenizer.id_to_token(new_id)
+    return (
+        sentence[:start] + new_word + sentence[end:],
+        (start, start + len(new_word)),
+        sentence[start:end],
+        new_word,
+    )
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", required=True, help="detector bundle directory (model.onnx, tokenizer.json)")
+    p.add_argument("--generator", required=True, help="pretraining run or checkpoint with a generator/")
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results/detector_hits.json")
+    args = p.parse_args(argv)
+    print(f"config: {vars(args)}", flush=True)
+
+    import onnxruntime as ort
+    import torch
+    from tokenizers import Tokenizer
+
+    from benchmarks.loadmodels import wikitext_sentences
+    from training.checkpoint import load_model, resolve_checkpoint
+
+    bundle = Path(args.bundle)
+    tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    generator, _, gen_dir = load_model(resolve_checkpoint(args.generator) / "generator")
+    generator.eval()
+    allowed = whole_word_mask(tokenizer, torch)
+    rng = random.Random(args.seed)
+    sentences = wikitext_sentences(args.data_dir)
+    rng.shuffle(sentences)
+
+    rows, ranks = [], []
+    for sentence in sentences:
+        if len(rows) == args.sentences:
+            break
+        made = corrupt(sentence, tokenizer, generator, allowed, rng, torch)
+        if made is None:
+            continue
+        text, (start, end), old, new = made
+        spans, probs = word_probs(session, tokenizer, text)
+        target = next(i for i, (s, e) in enumerate(spans) if s == start and e == end)
+        rank = int((probs > probs[target]).sum()) + 1
+        ranks.append(rank)
+        rows.append({"text": text, "original": old, "replacement": new, "rank": rank, "words": len(spans),
+                     "prob": float(probs[target]), "max_other": float(np.delete(probs, target).max())})  # fmt: skip
+    ranks_arr = np.array(ranks)
+    words = np.array([r["words"] for r in rows])
+    summary = {
+        "sentences": len(rows),
+        "top1_hit_rate": float((ranks_arr == 1).mean()),
+        "top3_hit_rate": float((ranks_arr <= 3).mean()),
+        "mean_rank": float(ranks_arr.mean()),
+        "mean_words_per_sentence": float(words.mean()),
+        "chance_top1": float((1 / words).mean()),
+        "median_prob_replaced": float(np.median([r["prob"] for r in rows])),
+    }
+    print(
+        f"\ndetector {bundle} on {len(rows)} held-out WikiText-2 test sentences, one word replaced by the generator"
+    )
+    for k, v in summary.items():
+        print(f"  {k:<26}{v:.3f}" if isinstance(v, float) else f"  {k:<26}{v}")
+    for r in rows[:5]:
+        print(
+            f"  e.g. {r['original']!r} -> {r['replacement']!r} (rank {r['rank']}/{r['words']}): {r['text'][:90]}"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": vars(args), "summary": summary, "examples": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
