@@ -53,7 +53,9 @@ def test_cpu_image_steps_install_a_torch_free_server_that_serves(tmp_path, bundl
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     subprocess.run([py, "-m", "pip", "install", "-q", f"{src}[cpu]"], check=True, timeout=600)
-    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
+    listed = subprocess.run(
+        [py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
+    ).stdout
     names = {line.split("==")[0].lower() for line in listed.splitlines()}
     assert "torch" not in names and "transformers" not in names, "the serving install must stay torch-free"
     assert "onnxruntime" in names

@@ -1,0 +1,279 @@
+"""Engine sweep: PyTorch eager (transformers) vs our ONNX fp32 vs our int8, on the ELECTRA-Small shape.
+
+    python -m benchmarks.engine [--threads 2] [--explore] [--out benchmarks/results/engine.json]
+
+Latency (median ms) and throughput (tokens/s) per batch x length, ratios to transformers, and the share of
+this machine's matrix-multiply peak each engine reaches. The peak is measured in the same run with ONNX
+Runtime itself (a MatMul graph for fp32, a MatMulInteger graph, uint8 x int8, for int8), so the shares
+say how far each engine is from what this CPU's GEMM kernels can do. Random weights: speed does not
+depend on them. `--explore` adds the variants the export choices were decided on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
+
+
+def interleaved(
+    fns: dict, min_reps: int = 10, min_seconds: float = 1.5, block_s: float = 0.25, stat=statistics.median
+) -> dict:
+    """Seconds per call of each function (median by default), timed in alternating blocks.
+
+    Blocks take turns, so a burst of load from another process slows every engine alike and the ratios
+    stay honest even when absolute figures are noisy. Turns are blocks, not single calls, and the first
+    call of each block is not counted: ORT's and OpenMP's worker threads spin for a while after a call,
+    and would steal the cores from whichever engine ran next.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    while min(map(len, times.values())) < min_reps or time.perf_counter() - start < min_seconds * len(fns):
+        for name, fn in fns.items():
+            time.sleep(0.02)  # let the previous engine's threads go to sleep
+            fn()  # warm this engine's threads and caches
+            block_start = time.perf_counter()
+            while time.perf_counter() - block_start < block_s:  # at least one timed call
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+    return {name: stat(ts) for name, ts in times.items()}
+
+
+def ort_session(path, threads: int, spinning: bool = True):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if not spinning:  # as app/engine.py configures its sessions
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+# ------------------------------------------------------------------------------------------- GEMM peak
+
+
+def gemm_peak(threads: int, work: Path) -> dict:
+    """Best GFLOP/s (fp32) and GOP/s (int8) over a few large GEMMs, through ORT's own kernels."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    out = {}
+    for kind in ("fp32", "int8"):
+        best = 0.0
+        for M, K, N in [(512, 256, 1024), (1024, 1024, 1024), (2048, 1024, 1024)]:
+            rng = np.random.default_rng(0)
+            if kind == "fp32":
+                a = rng.standard_normal((M, K), np.float32)
+                b = rng.standard_normal((K, N), np.float32)
+                node = helper.make_node("MatMul", ["A", "B"], ["Y"])
+                ytype, feeds = TensorProto.FLOAT, {}
+                atype = TensorProto.FLOAT
+            else:  # what quantize_dynamic produces: uint8 activations, int8 weights, int32 accumulators
+                a = rng.integers(0, 255, (M, K), dtype=np.uint8)
+                b = rng.integers(-127, 127, (K, N), dtype=np.int8)
+                node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
+                ytype, atype = TensorProto.INT32, TensorProto.UINT8
+            graph = helper.make_graph(
+                [node],
+                "gemm",
+                [helper.make_tensor_value_info("A", atype, [M, K])],
+                [helper.make_tensor_value_info("Y", ytype, [M, N])],
+                initializer=[onnx.numpy_helper.from_array(b, "B")],
+            )
+            path = work / f"gemm_{kind}.onnx"
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            model.ir_version = 9  # what the installed onnxruntime reads; onnx may default newer
+            onnx.save(model, path)
+            sess = ort_session(path, threads)
+            feeds = {"A": a}
+            # The fastest call, not the median: a peak is what the kernels can do when nothing competes.
+            s = interleaved({"gemm": lambda sess=sess, feeds=feeds: sess.run(None, feeds)}, stat=min)["gemm"]
+            best = max(best, 2 * M * K * N / s / 1e9)
+        out[kind] = best
+    return out
+
+
+# -------------------------------------------------------------------------------------------- models
+
+
+def build_models(work: Path, explore: bool) -> tuple[dict, object, object]:
+    """(ONNX variants {name: path}, transformers model, our config) from one random-weight model."""
+    import torch
+    import transformers
+
+    from export.onnx import export_onnx, graph_for
+    from export.optimize import fuse, quantize_int8
+    from training.checkpoint import hf_config_dict
+    from training.model import ElectraConfig, ElectraForPreTraining, init_weights
+
+    torch.manual_seed(0)
+    cfg = ElectraConfig()  # ELECTRA-Small: V 30522, E 128, H 256, 12 layers, 4 heads, FFN 1024
+    ours = ElectraForPreTraining(cfg)
+    init_weights(ours)
+    ours.eval()
+    hf = transformers.ElectraForPreTraining(
+        transformers.ElectraConfig(**hf_config_dict(cfg, "ElectraForPreTraining"))
+    )
+    hf.load_state_dict(ours.state_dict())  # same names: the same weights in both engines
+    hf.eval()
+
+    graph, _, output = graph_for(ours)
+    export_onnx(graph, output, work / "raw.onnx")
+    H, nh = cfg.hidden_size, cfg.num_attention_heads
+    fuse(work / "raw.onnx", work / "fused.onnx", nh, H)  # what `python -m export` ships
+    quantize_int8(work / "fused.onnx", work / "int8.onnx")
+    variants = {"onnx fp32": work / "fused.onnx", "onnx int8": work / "int8.onnx"}
+    if not explore:
+        return variants, hf, cfg
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from export.optimize import residual_adds_as_sum
+
+    # The graph ORT's tools make by default: SkipLayerNormalization fused (by the optimizer or the session).
+    fuse(work / "raw.onnx", work / "skipln.onnx", nh, H, for_gpu=True)
+    quantize_int8(work / "skipln.onnx", work / "skipln_int8.onnx")
+    # No Python fusions at all: only the session's own (which include SkipLayerNormalization).
+    quantize_int8(work / "raw.onnx", work / "raw_int8.onnx")
+    # No Attention fusion, but the residual Sum: attention as separate int8 MatMuls.
+    raw = onnx.load(work / "raw.onnx")
+    residual_adds_as_sum(raw)
+    onnx.save(raw, work / "raw_sum.onnx")
+    quantize_int8(work / "raw_sum.onnx", work / "raw_sum_int8.onnx")
+    variants |= {
+        "fp32 SkipLayerNorm": work / "skipln.onnx",
+        "fp32 unfused": work / "raw.onnx",
+        "int8 SkipLayerNorm": work / "skipln_int8.onnx",
+        "int8 unfused": work / "raw_int8.onnx",
+        "int8 no Attention": work / "raw_sum_int8.onnx",
+    }
+    for name, settings in {
+        "int8 per-channel": {"per_channel": True},
+        "int8 QUInt8 weights": {"weight_type": "QUInt8"},
+        "int8 reduce_range": {"reduce_range": True},
+    }.items():
+        quantize_int8(work / "fused.onnx", work / f"{name}.onnx", settings)
+        variants[name] = work / f"{name}.onnx"
+    quantize_dynamic(
+        str(work / "fused.onnx"),
+        str(work / "mm_only.onnx"),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],  # Attention and embeddings stay fp32
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    variants["int8 MatMul only"] = work / "mm_only.onnx"
+    return variants, hf, cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.engine", allow_abbrev=False)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
+    p.add_argument("--out", default="benchmarks/results/engine.json")
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from training.model import flops_per_token
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        peak = gemm_peak(args.threads, work)
+        print(
+            f"GEMM peak ({args.threads} threads, ORT): fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s"
+        )
+        variants, hf, cfg = build_models(work, args.explore)
+        sessions = {name: ort_session(path, args.threads) for name, path in variants.items()}
+        if args.explore:
+            sessions["int8, no spinning"] = ort_session(variants["onnx int8"], args.threads, spinning=False)
+        rows = []
+        for B, T in SHAPES:
+            rng = np.random.default_rng(0)
+            feed = {
+                "input_ids": rng.integers(5, cfg.vocab_size, (B, T)).astype(np.int64),
+                "attention_mask": np.ones((B, T), np.int64),
+                "token_type_ids": np.zeros((B, T), np.int64),
+            }
+            tfeed = {k: torch.from_numpy(v) for k, v in feed.items()}
+            gflop = flops_per_token(cfg, T) / 3 * B * T / 1e9  # forward only: a third of training's
+
+            def eager(tfeed=tfeed):
+                with torch.inference_mode():
+                    hf(**tfeed)
+
+            fns = {"transformers eager": eager}
+            fns |= {
+                name: (lambda sess=sess, feed=feed: sess.run(None, feed)) for name, sess in sessions.items()
+            }
+            results = interleaved(fns)
+            base = results["transformers eager"]
+            for name, s in results.items():
+                int8 = "int8" in name
+                rows.append(
+                    {
+                        "batch": B,
+                        "length": T,
+                        "engine": name,
+                        "ms": s * 1e3,
+                        "tokens_per_s": B * T / s,
+                        "speedup_vs_transformers": base / s,
+                        "peak_share": gflop / s / peak["int8" if int8 else "fp32"],
+                        "peak_kind": "int8" if int8 else "fp32",
+                    }
+                )
+            print(f"  {B}x{T} done", flush=True)
+
+    print(f"\n{'shape':>7} {'engine':<22} {'ms':>8} {'tokens/s':>9} {'x eager':>8} {'% peak':>7}")
+    for r in rows:
+        print(
+            f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<22} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
+            f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})"
+        )
+    import onnxruntime
+    import transformers
+
+    result = {
+        "model": "ELECTRA-Small shape, random weights",
+        "config": cfg.to_dict(),
+        "forward_flop_per_token_at_128": flops_per_token(cfg, 128) / 3,
+        "threads": args.threads,
+        "gemm_peak": {
+            "fp32_gflops": peak["fp32"],
+            "int8_gops": peak["int8"],
+            "how": "ORT MatMul / MatMulInteger",
+        },
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "load_average_after": os.getloadavg(),  # > threads means another process competed
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "transformers": transformers.__version__,
+        },
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nload average after the run: {os.getloadavg()[0]:.1f} (above {args.threads}: others competed)")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

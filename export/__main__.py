@@ -1,0 +1,82 @@
+"""python -m export CHECKPOINT --out BUNDLE [--precision int8|fp32|fp16] [--opset 17] ...
+
+CHECKPOINT is a run directory (resolved through checkpoints/latest), a checkpoint directory, or a Hugging
+Face ELECTRA directory (ElectraForPreTraining -> detector bundle, ElectraForSequenceClassification ->
+classifier bundle). Exits 1 with the reason when parity fails; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, fields
+
+from export.pipeline import PRECISIONS, ExportConfig
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m export", description=__doc__.split("\n\n")[1], allow_abbrev=False
+    )  # a mistyped flag must fail, not match a prefix
+    p.add_argument("checkpoint", help="run dir, checkpoint dir or Hugging Face ELECTRA dir")
+    p.add_argument("--out", required=True, help="bundle directory to write (replaced if present)")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="int8",
+        help="int8: CPU serving (default); fp32; fp16: GPU serving",
+    )
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="longest input incl. special tokens (default: max_position_embeddings)",
+    )
+    p.add_argument(
+        "--eval-text", default=None, help="held-out text file for the int8 check (one text a line)"
+    )
+    p.add_argument("--eval-data", default=None, help="classifier dev data: CSV/TSV/JSONL with text,label")
+    p.add_argument("--data-dir", default=None, help="corpus directory (default $ELECTRA_DATA_DIR)")
+    p.add_argument("--eval-sequences", type=int, default=256, help="held-out sequences for the int8 check")
+    p.add_argument(
+        "--triton",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="REPO",
+        help="also write a Triton model repository (default REPO: <out>-triton)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.triton == "":
+        args.triton = args.out.rstrip("/") + "-triton"
+    try:
+        cfg = ExportConfig(**{f.name: getattr(args, f.name) for f in fields(ExportConfig)})
+    except ValueError as e:
+        parser().error(str(e))
+    print(json.dumps({"export_config": asdict(cfg)}, indent=2), flush=True)
+
+    from export.evaldata import EvalDataError
+    from export.parity import ParityError
+    from export.pipeline import run_export
+    from training.checkpoint import CheckpointError
+
+    try:
+        manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))
+    except (ParityError, EvalDataError, CheckpointError, ValueError) as e:
+        print(f"export failed: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Held-out data for the int8 accuracy check: text, its corruption, labelled dev sets.
+
+Corruption follows ELECTRA (google-research/electra, `FakedData`): 15% of the real tokens are masked, the
+generator samples a replacement for each, and a token counts as replaced only if the sample differs from
+the original. Without a generator, replacements come from the unigram distribution of the text itself,
+which is easier to detect than a generator's samples; the manifest says which one was used.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export.parity import MASK_RATE, Batch
+
+
+class EvalDataError(ValueError):
+    """Held-out or labelled data that cannot be found or read; the message says which flag to use."""
+
+
+def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[str], str]:
+    """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation."""
+    if eval_text is not None:
+        lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8").splitlines()]
+        return [ln for ln in lines if ln], str(eval_text)
+    from training.corpus import read_corpus
+
+    try:
+        docs = list(read_corpus("wikitext2", "valid", data_dir=data_dir))
+    except Exception as e:  # missing files, no network, bad checksum: all end the same way for the user
+        raise EvalDataError(
+            f"the int8 accuracy check needs held-out text and WikiText-2 validation could not be read ({e}); "
+            "pass --eval-text FILE, or --data-dir DIR (or ELECTRA_DATA_DIR) holding wikitext2-valid.raw.gz"
+        ) from e
+    # An article is its title line then its paragraphs; each paragraph is one text (titles are too short
+    # to pass `encode`'s minimum length).
+    return [p for d in docs for p in d.split("\n") if p.strip()], "wikitext2 valid"
+
+
+def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: int = 8):
+    """Tokenize (special tokens by the tokenizer's own post-processor), pad; (Batch, special mask)."""
+    tokenizer.enable_truncation(max_len)
+    tokenizer.no_padding()
+    encs = [e for e in tokenizer.encode_batch(texts[: limit * 2]) if len(e.ids) >= min_tokens][:limit]
+    if not encs:
+        raise EvalDataError("no held-out text long enough to evaluate on")
+    T = max(len(e.ids) for e in encs)
+    ids, mask, types, special = (np.zeros((len(encs), T), np.int64) for _ in range(4))
+    for i, e in enumerate(encs):
+        n = len(e.ids)
+        ids[i, :n], mask[i, :n], types[i, :n], special[i, :n] = e.ids, 1, e.type_ids, e.special_tokens_mask
+    return Batch(ids, mask, types), (special == 1) | (mask == 0)
+
+
+def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: int = 0):
+    """(corrupted Batch, labels (B, T) bool, how) with training.objective's masking and sampling."""
+    from training.objective import draw_noise, mask_tokens, replace_with_samples, sample_from_logits
+
+    ids = torch.from_numpy(batch.input_ids)
+    noise = draw_noise(tuple(ids.shape), seed, 0, slice(None), "cpu")
+    vocab = int(generator.config.vocab_size) if generator is not None else int(ids.max()) + 1
+    masked = mask_tokens(
+        ids, torch.from_numpy(special), noise, mask_prob=MASK_RATE, mask_token_id=mask_id, vocab_size=vocab
+    )
+    u = noise.sample[masked.is_masked]
+    if generator is not None:
+        with torch.no_grad():
+            logits = generator(
+                masked.input_ids,
+                torch.from_numpy(batch.attention_mask),
+                torch.from_numpy(batch.token_type_ids),
+                positions=masked.is_masked,
+            )
+        sampled = sample_from_logits(logits, u, temperature=1.0)
+        how = (
+            "generator: 15% of tokens masked (ELECTRA's 85% [MASK] / 15% kept), replaced by generator samples"
+        )
+    else:
+        counts = torch.bincount(ids[torch.from_numpy(~special)], minlength=vocab).double()
+        cdf = counts.cumsum(0) / counts.sum()
+        sampled = torch.searchsorted(cdf, u.double()).clamp_(max=vocab - 1)
+        how = (
+            "unigram: no generator/ in the checkpoint; 15% of tokens replaced by samples from the "
+            "held-out text's own unigram distribution (easier to detect than generator samples)"
+        )
+    fake = replace_with_samples(masked, sampled)
+    out = Batch(fake.input_ids.numpy(), batch.attention_mask, batch.token_type_ids)
+    return out, fake.is_replaced.numpy(), how
+
+
+def read_labelled(path: Path) -> list[tuple[str, str]]:
+    """(text, label) rows from CSV, TSV or JSONL with `text` and `label` columns."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        rows = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    else:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    if not rows or "text" not in rows[0] or "label" not in rows[0]:
+        raise EvalDataError(f"{path}: expected columns 'text' and 'label' (CSV, TSV or JSONL)")
+    return [(str(r["text"]), str(r["label"])) for r in rows]
+
+
+def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str) -> np.ndarray:
+    """Label column -> class index (by name, else by number) or float for regression."""
+    if ptype == "regression":
+        return np.array([float(lab) for _, lab in rows])
+    by_name = {v: k for k, v in id2label.items()}
+    out = []
+    for _, lab in rows:
+        if lab in by_name:
+            out.append(by_name[lab])
+        elif lab.lstrip("-").isdigit() and int(lab) in id2label:
+            out.append(int(lab))
+        else:
+            raise EvalDataError(f"label {lab!r} is not one of the model's labels {sorted(by_name)}")
+    return np.array(out)
+
+
+def registry_dev_rows(ckpt: Path, data_dir: Path | None) -> tuple[list[tuple[str, str]], str] | None:
+    """The dev split of the registry task named in trainer_state.json (`task`, or `config.task`)."""
+    state_file = ckpt / "trainer_state.json"
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    task = state.get("task") or (state.get("config") or {}).get("task")
+    if not task:
+        return None
+    from training.labelled import LABELLED_SETS, load_labelled
+
+    if task not in LABELLED_SETS:
+        return None
+    data = load_labelled(task, data_dir=data_dir)
+    return [(text, data.labels[i]) for text, i in data["dev"]], f"registry task {task!r} dev split"

@@ -1,0 +1,148 @@
+"""torch -> ONNX: probabilities inside the graph, dynamic batch and sequence axes.
+
+The training modules compute attention with `F.scaled_dot_product_attention` and a boolean mask. Both
+exporters turn that into a graph ONNX Runtime's BERT optimizer cannot recognise, so `EncoderForExport`
+re-runs the same submodules (same parameters, no copies) with attention written out as the classic BERT
+pattern: MatMul, scale, additive mask, Softmax, MatMul. That is what `optimize_model(model_type="bert")`
+fuses into Attention / EmbedLayerNormalization, and what `quantize_dynamic` turns into QAttention.
+training/model.py keeps its numerics; the two paths agree to float rounding (checked by export parity).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from training.model import (
+    ElectraForPreTraining,
+    ElectraForSequenceClassification,
+    ElectraModel,
+    ElectraSelfAttention,
+)
+
+INPUT_NAMES = ["input_ids", "attention_mask", "token_type_ids"]
+DETECTOR_OUTPUT = "replaced_prob"
+CLASSIFIER_OUTPUT = "probs"
+
+
+def _attention(sa: ElectraSelfAttention, x: torch.Tensor, additive_mask: torch.Tensor) -> torch.Tensor:
+    B, T, H = x.shape
+    hs = H // sa.n_head
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(B, T, sa.n_head, hs).permute(0, 2, 1, 3)  # (B, nh, T, hs)
+
+    q, k, v = heads(sa.query(x)), heads(sa.key(x)), heads(sa.value(x))
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hs)  # (B, nh, T, T)
+    probs = torch.softmax(scores + additive_mask, dim=-1)
+    y = torch.matmul(probs, v)  # (B, nh, T, hs)
+    return y.permute(0, 2, 1, 3).reshape(B, T, H)
+
+
+class EncoderForExport(nn.Module):
+    """`ElectraModel.forward` with explicit attention; wraps (does not copy) the trained modules."""
+
+    def __init__(self, electra: ElectraModel):
+        super().__init__()
+        self.electra = electra
+
+    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        m = self.electra
+        emb = m.embeddings
+        T = input_ids.size(1)
+        # Position ids as a slice of a constant table (as transformers does): the optimizer's
+        # EmbedLayerNormalization fusion matches Gather(position table) fed by a Slice, not by a Range.
+        pos_ids = torch.arange(emb.position_embeddings.num_embeddings, device=input_ids.device)[None, :T]
+        x = emb.word_embeddings(input_ids) + emb.token_type_embeddings(token_type_ids)
+        x = emb.LayerNorm(x + emb.position_embeddings(pos_ids))  # (B, T, E)
+        if hasattr(m, "embeddings_project"):
+            x = m.embeddings_project(x)  # (B, T, H)
+        # (B, 1, 1, T): 0 where a key may be attended, the most negative float where it is padding. A
+        # finite value (not -inf) keeps softmax finite and matches the mask pattern ORT's fusion expects.
+        additive = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        for layer in m.encoder.layer:
+            x = layer.attention.output(_attention(layer.attention.self, x, additive), x)
+            x = layer.output(layer.intermediate(x), x)
+        return x  # (B, T, H)
+
+
+class DetectorGraph(nn.Module):
+    """input ids -> per-token probability that the token was replaced, (B, T)."""
+
+    def __init__(self, model: ElectraForPreTraining):
+        super().__init__()
+        self.encoder = EncoderForExport(model.electra)
+        self.head = model.discriminator_predictions
+
+    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        return torch.sigmoid(self.head(self.encoder(input_ids, attention_mask, token_type_ids)))
+
+
+class ClassifierGraph(nn.Module):
+    """input ids -> (B, num_labels): softmax, sigmoid for multi-label, the raw value for regression."""
+
+    def __init__(self, model: ElectraForSequenceClassification):
+        super().__init__()
+        self.encoder = EncoderForExport(model.electra)
+        self.head = model.classifier
+        self.problem_type = problem_type(model.config)
+
+    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids))
+        if self.problem_type == "multi_label_classification":
+            return torch.sigmoid(logits)
+        if self.problem_type == "regression":
+            return logits
+        return torch.softmax(logits, dim=-1)
+
+
+def problem_type(cfg) -> str:
+    # transformers' rule when config.json leaves it unset: one label means regression.
+    if cfg.problem_type:
+        return cfg.problem_type
+    return "regression" if cfg.num_labels == 1 else "single_label_classification"
+
+
+def graph_for(model: nn.Module) -> tuple[nn.Module, str, str]:
+    """(probability graph, bundle kind, output name) for a loaded checkpoint model."""
+    if isinstance(model, ElectraForPreTraining):
+        return DetectorGraph(model).eval(), "detector", DETECTOR_OUTPUT
+    if isinstance(model, ElectraForSequenceClassification):
+        return ClassifierGraph(model).eval(), "classifier", CLASSIFIER_OUTPUT
+    raise ValueError(
+        f"cannot export {type(model).__name__}: expected ElectraForPreTraining (a discriminator) "
+        "or ElectraForSequenceClassification (a fine-tuned classifier)"
+    )
+
+
+def export_onnx(graph: nn.Module, output_name: str, path: Path, opset: int = 17) -> None:
+    """Write `graph` as ONNX with dynamic batch and sequence axes.
+
+    The TorchScript exporter (dynamo=False), not the dynamo one: only its graphs got the Attention and
+    EmbedLayerNormalization fusions from ORT's optimizer when we measured (torch 2.13, ORT 1.31).
+    """
+    B, T = 2, 8
+    ids = torch.randint(5, 100, (B, T))
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, T // 2 :] = 0  # trace with padding present so nothing specialises on a full mask
+    types = torch.zeros(B, T, dtype=torch.long)
+    out_axes = {0: "batch", 1: "sequence"} if output_name == DETECTOR_OUTPUT else {0: "batch"}
+    axes = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES} | {output_name: out_axes}
+    import warnings
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice, once per export
+        torch.onnx.export(
+            graph,
+            (ids, mask, types),
+            str(path),
+            input_names=INPUT_NAMES,
+            output_names=[output_name],
+            dynamic_axes=axes,
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )

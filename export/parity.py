@@ -1,0 +1,169 @@
+"""Proof that the exported graph computes what the checkpoint computes.
+
+- fp32 / fp16: PyTorch (the training modules, SDPA attention) vs ONNX Runtime on random-length batches
+  with padding; max abs diff of probabilities, over real (non-padded) positions for a detector.
+- int8: the figure a user cares about. Detector: drop in replaced-token ROC-AUC on held-out corrupted
+  text. Classifier: drop in accuracy on labelled dev data, or, without labels, int8 vs fp32 argmax
+  disagreement on held-out text (an upper bound on any accuracy drop on that text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}  # max abs diff of probabilities vs PyTorch
+MAX_AUC_DROP = 0.01
+MAX_ACCURACY_DROP = 0.005  # 0.5 points, as a fraction
+MASK_RATE = 0.15
+
+
+class ParityError(RuntimeError):
+    """The exported graph disagrees with the checkpoint beyond tolerance; nothing is written."""
+
+
+@dataclass
+class Batch:
+    input_ids: np.ndarray  # (B, T) int64
+    attention_mask: np.ndarray  # (B, T) int64, 1 = real token
+    token_type_ids: np.ndarray  # (B, T) int64
+
+    def feed(self, names: list[str]) -> dict[str, np.ndarray]:
+        return {n: getattr(self, n) for n in names}
+
+
+def torch_probs(model: torch.nn.Module, kind: str, ptype: str | None, b: Batch) -> np.ndarray:
+    """What the bundle promises, computed by the training modules themselves (not the export wrapper)."""
+    with torch.no_grad():
+        logits = model(*(torch.from_numpy(a) for a in (b.input_ids, b.attention_mask, b.token_type_ids)))
+    if kind == "detector" or ptype == "multi_label_classification":
+        return torch.sigmoid(logits).numpy()
+    return logits.numpy() if ptype == "regression" else torch.softmax(logits, -1).numpy()
+
+
+def random_batches(vocab_size: int, max_len: int, n: int = 6, seed: int = 0) -> list[Batch]:
+    """Batches of 1..8 rows, each row its own length, padded to the longest (pad id 0, mask 0)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        B = [1, 2, 3, 8][i % 4]
+        T = int(rng.integers(2, max_len + 1)) if i else max_len  # the first batch reaches max_len
+        lengths = rng.integers(1, T + 1, B)
+        lengths[0] = T
+        ids = rng.integers(1, vocab_size, (B, T))
+        mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
+        types = np.zeros((B, T), np.int64)
+        types[:, T // 2 :] = rng.integers(0, 2)  # sometimes a second segment
+        out.append(Batch(np.where(mask == 1, ids, 0), mask, types * mask))
+    return out
+
+
+def max_abs_diff(model, sess, kind, ptype, batches: list[Batch], inputs: list[str]) -> float:
+    worst = 0.0
+    for b in batches:
+        ref = torch_probs(model, kind, ptype, b)
+        got = sess.run(None, b.feed(inputs))[0].astype(np.float32)
+        diff = np.abs(ref - got)
+        if kind == "detector":
+            diff = diff[b.attention_mask == 1]  # padded positions are never read
+        worst = max(worst, float(diff.max()))
+    return worst
+
+
+def check_close(diff: float, precision: str) -> dict:
+    tol = TOLERANCE[precision]
+    if not diff <= tol:  # also catches NaN
+        raise ParityError(
+            f"{precision} ONNX graph differs from PyTorch by {diff:.3g} in probability (tolerance {tol:g}) "
+            "on random-length padded batches; the export is wrong, nothing was written"
+        )
+    return {"max_abs_diff": diff, "tolerance": tol}
+
+
+# ------------------------------------------------------------------------------------- int8 accuracy
+
+
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann-Whitney AUC with tied scores counted half (what sklearn's roc_auc_score gives)."""
+    pos = labels.astype(bool)
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if not n_pos or not n_neg:
+        raise ParityError("held-out text produced no replaced (or no original) tokens; use more text")
+    order = np.argsort(scores, kind="stable")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)  # 1-based, ties share their mean rank
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def run_batched(sess, inputs: list[str], b: Batch, rows: int = 16) -> np.ndarray:
+    parts = []
+    for i in range(0, len(b.input_ids), rows):
+        sub = Batch(b.input_ids[i : i + rows], b.attention_mask[i : i + rows], b.token_type_ids[i : i + rows])
+        parts.append(sess.run(None, sub.feed(inputs))[0])
+    return np.concatenate(parts)
+
+
+def detector_auc_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarray, scored) -> dict:
+    """AUC of fp32 and int8 on the same corrupted tokens; `scored` marks positions that count."""
+    auc = {}
+    for name, sess in (("fp32", fp32), ("int8", int8)):
+        probs = run_batched(sess, inputs, data)
+        auc[name] = roc_auc(probs[scored], labels[scored])
+    drop = auc["fp32"] - auc["int8"]
+    if not drop <= MAX_AUC_DROP:
+        raise ParityError(
+            f"int8 loses {drop:.4f} replaced-token ROC-AUC ({auc['fp32']:.4f} -> {auc['int8']:.4f}); "
+            f"the limit is {MAX_AUC_DROP}. Export fp32 instead (--precision fp32)"
+        )
+    return {
+        "metric": "replaced_token_roc_auc",
+        "fp32": auc["fp32"],
+        "int8": auc["int8"],
+        "drop": drop,
+        "max_drop": MAX_AUC_DROP,
+        "tokens": int(scored.sum()),
+        "replaced": int(labels[scored].sum()),
+    }
+
+
+def classifier_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarray | None, ptype) -> dict:
+    """Accuracy drop with labels; argmax disagreement without (regression: mean abs diff, not gated)."""
+    p32, p8 = run_batched(fp32, inputs, data), run_batched(int8, inputs, data)
+    if ptype == "regression":
+        return {"metric": "mean_abs_diff_vs_fp32", "value": float(np.abs(p32 - p8).mean()), "rows": len(p32)}
+    if ptype == "multi_label_classification":
+        pred32, pred8 = p32 > 0.5, p8 > 0.5
+    else:
+        pred32, pred8 = p32.argmax(-1), p8.argmax(-1)
+    if labels is None:
+        disagree = float((pred32 != pred8).mean())
+        if not disagree <= MAX_ACCURACY_DROP:
+            raise ParityError(
+                f"int8 and fp32 disagree on {100 * disagree:.2f}% of held-out texts (limit "
+                f"{100 * MAX_ACCURACY_DROP:.1f}%, which bounds any accuracy drop). With labelled dev data "
+                "(--eval-data) the check measures the accuracy drop itself; or export --precision fp32"
+            )
+        return {
+            "metric": "argmax_disagreement_vs_fp32",
+            "note": "no labelled dev data: disagreement bounds the accuracy drop on this text",
+            "value": disagree,
+            "max": MAX_ACCURACY_DROP,
+            "rows": len(p32),
+        }
+    acc32, acc8 = float((pred32 == labels).mean()), float((pred8 == labels).mean())
+    if not acc32 - acc8 <= MAX_ACCURACY_DROP:
+        raise ParityError(
+            f"int8 loses {100 * (acc32 - acc8):.2f} accuracy points ({100 * acc32:.2f}% -> {100 * acc8:.2f}%); "
+            f"the limit is {100 * MAX_ACCURACY_DROP:.1f}. Export fp32 instead (--precision fp32)"
+        )
+    return {
+        "metric": "dev_accuracy",
+        "fp32": acc32,
+        "int8": acc8,
+        "drop": acc32 - acc8,
+        "max_drop": MAX_ACCURACY_DROP,
+        "rows": len(labels),
+    }

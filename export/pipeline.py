@@ -1,0 +1,212 @@
+"""checkpoint -> bundle: export, fuse, parity (gate), quantize, accuracy check (gate), manifest.
+
+The bundle directory is filled under a temporary name and renamed into place, so a failed parity check
+leaves no bundle behind (and an earlier bundle at the same path untouched).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from export import bundle, evaldata, optimize, parity
+from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
+
+PRECISIONS = ("int8", "fp32", "fp16")
+
+
+@dataclass
+class ExportConfig:
+    checkpoint: str  # run dir, checkpoint dir or Hugging Face ELECTRA dir
+    out: str  # bundle directory to create (replaced if it exists)
+    precision: str = "int8"  # int8 (CPU serving), fp32, fp16 (GPU serving)
+    opset: int = 17  # 17: LayerNormalization is a single op
+    max_length: int | None = None  # longest input, special tokens included; default the model's limit
+    eval_text: str | None = None  # held-out text for the int8 check; default WikiText-2 valid
+    eval_data: str | None = None  # classifiers: labelled dev data (CSV/TSV/JSONL, text,label)
+    data_dir: str | None = None  # where the corpus files lie (else $ELECTRA_DATA_DIR)
+    eval_sequences: int = 256  # held-out sequences (or texts) for the int8 check
+    triton: str | None = None  # also write a Triton model repository here
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not 13 <= self.opset <= 20:
+            raise ValueError(f"--opset must be between 13 and 20 (the exporter's range), got {self.opset}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"--max-length must be at least 2, got {self.max_length}")
+        if self.eval_sequences < 8:
+            raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
+        for flag in ("eval_text", "eval_data", "data_dir"):
+            value = getattr(self, flag)
+            if value is not None and not Path(value).exists():
+                raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
+
+
+def run_export(cfg: ExportConfig, log=print) -> dict:
+    import torch
+
+    from training.checkpoint import load_model, write_atomically
+
+    model, mcfg, ckpt = load_model(cfg.checkpoint)
+    model.eval()
+    graph, kind, output = graph_for(model)
+    ptype = problem_type(mcfg) if kind == "classifier" else None
+    max_length = cfg.max_length or mcfg.max_position_embeddings
+    if max_length > mcfg.max_position_embeddings:
+        raise ValueError(
+            f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
+        )
+    result: dict = {}
+
+    def fill(tmp: Path) -> None:
+        with tempfile.TemporaryDirectory() as work_dir:
+            work = Path(work_dir)
+            export_onnx(graph, output, work / "raw.onnx", cfg.opset)
+            fusions = optimize.fuse(
+                work / "raw.onnx", work / "fp32.onnx", mcfg.num_attention_heads, mcfg.hidden_size
+            )
+            log(f"fusions: {fusions}")
+            sess32 = optimize.session(work / "fp32.onnx")
+            inputs = [n for n in INPUT_NAMES if n in {i.name for i in sess32.get_inputs()}]
+            batches = parity.random_batches(mcfg.vocab_size, min(max_length, 128), seed=cfg.seed)
+            report = {
+                "fp32_vs_torch": parity.check_close(
+                    parity.max_abs_diff(model, sess32, kind, ptype, batches, inputs), "fp32"
+                )
+            }
+            report["fp32_vs_torch"]["batches"] = "6 batches of 1-8 rows, random lengths, padded"
+            log(f"fp32 parity: {report['fp32_vs_torch']['max_abs_diff']:.2e}")
+            optimizations: dict = {"fusions": fusions, "opt_level": 0, "model_type": "bert"}
+            tokenizer_note = bundle.write_tokenizer(ckpt, tmp / bundle.TOKENIZER)
+
+            if cfg.precision == "fp32":
+                shutil.copyfile(work / "fp32.onnx", tmp / bundle.MODEL)
+            elif cfg.precision == "fp16":  # for CUDA, whose SkipLayerNormalization kernel is the fast one
+                optimizations["fusions"] = optimize.fuse(
+                    work / "raw.onnx",
+                    work / "gpu.onnx",
+                    mcfg.num_attention_heads,
+                    mcfg.hidden_size,
+                    for_gpu=True,
+                )
+                optimizations["fp16"] = optimize.to_fp16(work / "gpu.onnx", tmp / bundle.MODEL)
+                report["fp16_vs_torch"] = _fp16_parity(
+                    tmp / bundle.MODEL, model, kind, ptype, batches, inputs, log
+                )
+            else:
+                optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
+                sess8 = optimize.session(tmp / bundle.MODEL)
+                report["int8_vs_torch"] = {
+                    "max_abs_diff": parity.max_abs_diff(model, sess8, kind, ptype, batches, inputs),
+                    "note": "informative; the gate is the accuracy figure",
+                }
+                report["int8_accuracy"] = _int8_accuracy(
+                    cfg, ckpt, mcfg, kind, ptype, sess32, sess8, inputs, tmp, max_length
+                )
+                log(f"int8 accuracy: {json.dumps(report['int8_accuracy'])}")
+
+        result.update(
+            bundle.write_manifest(
+                tmp,
+                {
+                    "kind": kind,
+                    **(
+                        {"problem_type": ptype, "labels": [mcfg.id2label[i] for i in range(mcfg.num_labels)]}
+                        if kind == "classifier"
+                        else {}
+                    ),
+                    "max_length": max_length,
+                    "inputs": inputs,
+                    "output": output,
+                    "precision": cfg.precision,
+                    "opset": cfg.opset,
+                    "source": _source(ckpt, mcfg, type(model).__name__, tokenizer_note),
+                    "parity": report,
+                    "optimizations": optimizations,
+                    "versions": _versions(torch),
+                    "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                },
+            )
+        )
+        (tmp / "export_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+
+    out = write_atomically(Path(cfg.out), fill)
+    if cfg.triton:
+        model_dir = bundle.write_triton(Path(cfg.triton), out.name, out, result)
+        log(f"triton model repository: {model_dir}")
+    return result
+
+
+def _fp16_parity(path, model, kind, ptype, batches, inputs, log) -> dict:
+    """fp16 is for GPUs; measured on CUDA when present, else on the CPU provider if it can run it."""
+    import onnxruntime as ort
+
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    try:
+        sess = optimize.session(path, providers=["CUDAExecutionProvider"] if cuda else None)
+    except Exception as e:  # no fp16 kernels for some op on this provider
+        log(f"warning: fp16 parity not measured: {e}")
+        return {"not_measured": f"no provider here runs the fp16 graph: {str(e)[:200]}"}
+    figure = parity.check_close(parity.max_abs_diff(model, sess, kind, ptype, batches, inputs), "fp16")
+    return {**figure, "provider": sess.get_providers()[0]}
+
+
+def _int8_accuracy(cfg, ckpt, mcfg, kind, ptype, sess32, sess8, inputs, tmp, max_length) -> dict:
+    from tokenizers import Tokenizer
+
+    from training.checkpoint import load_model
+
+    tok = Tokenizer.from_file(str(tmp / bundle.TOKENIZER))
+    seq_len = min(max_length, 128)
+    if kind == "classifier":
+        rows, where = None, None
+        if cfg.eval_data:
+            rows, where = evaldata.read_labelled(Path(cfg.eval_data)), cfg.eval_data
+        elif found := evaldata.registry_dev_rows(ckpt, _path(cfg.data_dir)):
+            rows, where = found
+        if rows is not None and ptype != "multi_label_classification":
+            data, _ = evaldata.encode(tok, [t for t, _ in rows], seq_len, len(rows), min_tokens=1)
+            labels = evaldata.label_ids(rows, mcfg.id2label, ptype)
+            return {**parity.classifier_drop(sess32, sess8, inputs, data, labels, ptype), "data": where}
+        lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
+        data, _ = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
+        return {**parity.classifier_drop(sess32, sess8, inputs, data, None, ptype), "data": where}
+
+    lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
+    data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
+    generator = None
+    if (ckpt / "generator").is_dir():
+        generator, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
+        generator.eval()
+    fake, labels, how = evaldata.corrupt(data, special, generator, tok.token_to_id("[MASK]") or 0, cfg.seed)
+    figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special)
+    return {**figures, "corruption": how, "data": where}
+
+
+def _path(p: str | None) -> Path | None:
+    return Path(p) if p else None
+
+
+def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:
+    state = ckpt / "trainer_state.json"
+    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    return {
+        "checkpoint": str(ckpt.resolve()),
+        "architecture": arch,
+        "step": step,
+        "config": mcfg.to_dict(),
+        "tokenizer": tokenizer_note,
+    }
+
+
+def _versions(torch) -> dict:
+    import onnx
+    import onnxruntime
+
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}

@@ -1,0 +1,126 @@
+"""Tiny Hugging Face ELECTRA checkpoints for tests (export, server): random weights, a real tokenizer.
+
+The tokenizer is a WordPiece trained with `tokenizers` on a slice of WikiText-2, so bundles built from
+these models tokenize real text the way production bundles do. Everything is seeded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+
+DATA_DIR = Path(os.environ.get("ELECTRA_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+TRAIN_FILE = "wikitext2-train.raw.gz"
+
+TINY = dict(
+    embedding_size=32,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=128,
+    # Larger than BERT's 0.02 so random weights give probabilities that vary from token to token, which makes a
+    # parity check at 1e-4 mean something.
+    initializer_range=0.1,
+)
+
+
+def data_dir_or_skip() -> Path:
+    if not (DATA_DIR / TRAIN_FILE).is_file():
+        pytest.skip(f"{DATA_DIR / TRAIN_FILE} not found (set ELECTRA_DATA_DIR to the shared data directory)")
+    return DATA_DIR
+
+
+def text_lines(n: int = 2000, split: str = "train") -> list[str]:
+    """The first `n` non-empty, non-heading lines of a WikiText-2 split, lightly detokenized."""
+    out = []
+    with gzip.open(data_dir_or_skip() / f"wikitext2-{split}.raw.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            s = line.strip()
+            if s and not s.startswith("="):
+                out.append(s.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", "."))
+                if len(out) == n:
+                    break
+    return out
+
+
+def train_tokenizer(out_dir: Path, vocab_size: int = 1000) -> Path:
+    """tokenizer.json + vocab.txt (lower-cased BERT WordPiece) in `out_dir`."""
+    from tokenizers import BertWordPieceTokenizer
+
+    trained = BertWordPieceTokenizer(lowercase=True)
+    trained.train_from_iterator(text_lines(), vocab_size=vocab_size, min_frequency=2, show_progress=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trained.save_model(str(out_dir))
+    # Reloaded from its vocab.txt, the tokenizer gets the [CLS] ... [SEP] post-processor that a freshly
+    # trained one lacks; bundles promise it.
+    BertWordPieceTokenizer(str(out_dir / "vocab.txt"), lowercase=True).save(str(out_dir / "tokenizer.json"))
+    return out_dir
+
+
+def _hf_config(vocab_size: int, **overrides):
+    from transformers import ElectraConfig
+
+    return ElectraConfig(vocab_size=vocab_size, **{**TINY, **overrides})
+
+
+def _save(model, tokenizer_dir: Path, out_dir: Path) -> Path:
+    import shutil
+
+    model.eval()
+    model.save_pretrained(out_dir)
+    for name in ("tokenizer.json", "vocab.txt"):
+        shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    return out_dir
+
+
+def vocab_size(tokenizer_dir: Path) -> int:
+    return len((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines())
+
+
+def save_detector(out_dir: Path, tokenizer_dir: Path, seed: int = 0, with_generator: bool = False) -> Path:
+    """A Hugging Face ElectraForPreTraining directory; optionally with a generator/ (ElectraForMaskedLM)."""
+    import torch
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    torch.manual_seed(seed)
+    V = vocab_size(tokenizer_dir)
+    _save(ElectraForPreTraining(_hf_config(V)), tokenizer_dir, out_dir)
+    if with_generator:
+        gen_cfg = _hf_config(V, hidden_size=32, num_attention_heads=1, intermediate_size=64)
+        _save(ElectraForMaskedLM(gen_cfg), tokenizer_dir, out_dir / "generator")
+    return out_dir
+
+
+def save_classifier(
+    out_dir: Path,
+    tokenizer_dir: Path,
+    labels: tuple[str, ...] = ("negative", "positive"),
+    problem_type: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """A Hugging Face ElectraForSequenceClassification directory with named labels."""
+    import torch
+    from transformers import ElectraForSequenceClassification
+
+    torch.manual_seed(seed)
+    cfg = _hf_config(
+        vocab_size(tokenizer_dir),
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+        problem_type=problem_type,
+    )
+    return _save(ElectraForSequenceClassification(cfg), tokenizer_dir, out_dir)
+
+
+def hf_model(directory: Path):
+    """Load a saved tiny model back with transformers (the reference side of a parity test)."""
+    import json
+
+    import transformers
+
+    arch = json.loads((directory / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, arch).from_pretrained(directory).eval()

@@ -1,0 +1,200 @@
+"""Export: a Hugging Face ELECTRA directory in, a bundle out that ONNX Runtime runs to the same
+probabilities as transformers; a tampered bundle is caught; int8 records its accuracy; bad parity fails."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from tests import helpers_models as hm
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    hm.data_dir_or_skip()
+    return hm.train_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def detector_dir(tmp_path_factory, tokenizer_dir):
+    return hm.save_detector(tmp_path_factory.mktemp("det"), tokenizer_dir, with_generator=True)
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, tokenizer_dir):
+    return hm.save_classifier(tmp_path_factory.mktemp("cls"), tokenizer_dir, labels=("neg", "neutral", "pos"))
+
+
+@pytest.fixture(scope="module")
+def eval_text(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eval") / "heldout.txt"
+    path.write_text("\n".join(hm.text_lines(300, split="valid")))
+    return path
+
+
+def export(src, out, **kw):
+    from export.pipeline import ExportConfig, run_export
+
+    return run_export(ExportConfig(checkpoint=str(src), out=str(out), **kw), log=lambda _: None)
+
+
+def padded_texts(tokenizer_path, texts):
+    """Real text through the bundle's tokenizer, padded: rows of different lengths in one batch."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.enable_truncation(128)
+    tok.enable_padding()
+    encs = tok.encode_batch(texts)
+    feed = {
+        "input_ids": np.array([e.ids for e in encs], np.int64),
+        "attention_mask": np.array([e.attention_mask for e in encs], np.int64),
+        "token_type_ids": np.array([e.type_ids for e in encs], np.int64),
+    }
+    assert feed["attention_mask"].min() == 0, "the batch should contain padding"
+    return feed
+
+
+def run_both(bundle_dir, src_dir, texts):
+    import onnxruntime as ort
+    import torch
+
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    feed = padded_texts(bundle_dir / "tokenizer.json", texts)
+    sess = ort.InferenceSession(str(bundle_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run([manifest["output"]], {n: feed[n] for n in manifest["inputs"]})[0]
+    with torch.no_grad():
+        logits = hm.hf_model(src_dir)(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits
+    return manifest, feed, got, logits
+
+
+TEXTS = [
+    "The lobster was caught off the coast.",
+    "a much longer sentence about the history of the european lobster and how it is caught in pots",
+    "short",
+    "In life, the lobsters are blue, only becoming lobster red on cooking.",
+]
+
+
+def test_detector_bundle_matches_transformers(tmp_path, detector_dir):
+    import torch
+
+    export(detector_dir, tmp_path / "b", precision="fp32")
+    manifest, feed, got, logits = run_both(tmp_path / "b", detector_dir, TEXTS)
+    want = torch.sigmoid(logits).numpy()
+    real = feed["attention_mask"] == 1
+    assert got.shape == want.shape
+    assert np.abs(got - want)[real].max() <= 1e-4
+    assert want[real].std() > 0.02, "probabilities should vary by token, or the check means little"
+    assert manifest["kind"] == "detector" and manifest["output"] == "replaced_prob"
+    assert manifest["parity"]["fp32_vs_torch"]["max_abs_diff"] <= 1e-4
+    assert manifest["optimizations"]["fusions"].get("Attention") == 2  # one per layer: the fusion applied
+
+
+def test_classifier_bundle_matches_transformers(tmp_path, classifier_dir):
+    import torch
+
+    export(classifier_dir, tmp_path / "b", precision="fp32")
+    manifest, _, got, logits = run_both(tmp_path / "b", classifier_dir, TEXTS)
+    assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-4
+    assert np.allclose(got.sum(-1), 1.0, atol=1e-5)
+    assert manifest["kind"] == "classifier" and manifest["output"] == "probs"
+    assert manifest["labels"] == ["neg", "neutral", "pos"]
+    assert manifest["problem_type"] == "single_label_classification"
+
+
+def test_fp16_bundle_keeps_float32_io(tmp_path, classifier_dir):
+    import torch
+
+    manifest = export(classifier_dir, tmp_path / "b", precision="fp16")
+    _, _, got, logits = run_both(tmp_path / "b", classifier_dir, TEXTS)
+    assert got.dtype == np.float32  # the server reads every precision the same way
+    assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-2
+    assert manifest["precision"] == "fp16" and "max_abs_diff" in manifest["parity"]["fp16_vs_torch"]
+
+
+def test_tampered_model_is_detected(tmp_path, detector_dir):
+    from export import BundleError, verify_bundle
+
+    export(detector_dir, tmp_path / "b", precision="fp32")
+    assert verify_bundle(tmp_path / "b")["kind"] == "detector"
+    data = bytearray((tmp_path / "b" / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the weights
+    (tmp_path / "b" / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="does not match its manifest"):
+        verify_bundle(tmp_path / "b")
+
+
+def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text):
+    manifest = export(
+        detector_dir, tmp_path / "b", precision="int8", eval_text=str(eval_text), eval_sequences=64
+    )
+    acc = manifest["parity"]["int8_accuracy"]
+    assert acc["metric"] == "replaced_token_roc_auc"
+    assert acc["corruption"].startswith("generator")  # the checkpoint ships generator/
+    assert acc["drop"] <= 0.01 and acc["replaced"] > 50
+    assert manifest["precision"] == "int8" and manifest["optimizations"]["int8"]["weight_type"] == "QInt8"
+    assert (tmp_path / "b" / "model.onnx").stat().st_size < 0.5 * (
+        detector_dir / "model.safetensors"
+    ).stat().st_size
+
+
+def test_int8_classifier_records_accuracy_drop(tmp_path, classifier_dir, eval_text):
+    rows = hm.text_lines(200, split="valid")
+    with open(tmp_path / "dev.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows((t, ["neg", "neutral", "pos"][i % 3]) for i, t in enumerate(rows))
+    manifest = export(classifier_dir, tmp_path / "b", precision="int8", eval_data=str(tmp_path / "dev.csv"))
+    acc = manifest["parity"]["int8_accuracy"]
+    assert acc["metric"] == "dev_accuracy" and acc["rows"] == 200
+    assert acc["drop"] <= 0.005
+
+
+def test_parity_failure_raises_and_writes_nothing(tmp_path, detector_dir, monkeypatch):
+    from export import parity
+
+    monkeypatch.setitem(parity.TOLERANCE, "fp32", 0.0)
+    with pytest.raises(parity.ParityError, match="differs from PyTorch"):
+        export(detector_dir, tmp_path / "b", precision="fp32")
+    assert not (tmp_path / "b").exists()
+
+
+def test_vocab_only_dir_gets_a_tokenizer_and_triton_repo(tmp_path, detector_dir, tokenizer_dir, eval_text):
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    src = tmp_path / "hf"  # no tokenizer.json and no generator/, as many Hugging Face directories
+    shutil.copytree(detector_dir, src, ignore=shutil.ignore_patterns("generator", "tokenizer.json"))
+    manifest = export(
+        src, tmp_path / "b", precision="int8", eval_text=str(eval_text), triton=str(tmp_path / "repo")
+    )
+    assert manifest["parity"]["int8_accuracy"]["corruption"].startswith("unigram")
+    text = "The European lobster, Homarus gammarus!"
+    ours = Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).encode(text)
+    original = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).encode(text)
+    assert ours.ids == original.ids and ours.tokens[0] == "[CLS]"
+    config = (tmp_path / "repo" / "b" / "config.pbtxt").read_text()
+    assert (
+        'name: "replaced_prob"' in config
+        and 'name: "attention_mask"' in config
+        and "dynamic_batching" in config
+    )
+    assert (tmp_path / "repo" / "b" / "1" / "model.onnx").is_file()
+
+
+def test_cli_rejects_unknown_flag(capsys):
+    from export.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["some/dir", "--out", "x", "--precison", "int8"])
+    assert e.value.code == 2
+    assert "--precison" in capsys.readouterr().err
