@@ -1,16 +1,18 @@
 """ONNX Runtime's own tools on the exported graph: BERT fusions, dynamic int8, fp16.
 
-Choices measured with `python -m benchmarks.engine` on ELECTRA-Small (2 threads, a Xeon with AVX-512
-VNNI and AMX; see the PR note for the figures):
-- int8 weights as signed int8 (QInt8): about 2x faster than QUInt8 here. ORT's u8s8 GEMM kernels use
-  VNNI/AMX; u8u8 falls back to a slower path.
-- reduce_range off: it exists for CPUs without VNNI (saturation in vpmaddubsw); on this CPU it bought no
-  speed and costs a bit of precision.
-- per-tensor weight scales: per-channel was no faster and its accuracy gain was below what the export's
-  AUC check can see.
-- quantize the fused graph (Attention -> QAttention, EmbedLayerNormalization, MatMul): best at small
-  batches, where latency matters; the unfused graph is on a par at 8x64.
-- no SkipLayerNormalization on CPU (see `residual_adds_as_sum`); fp16 graphs, meant for CUDA, keep it.
+Choices measured with `python -m benchmarks.engine --explore` (ELECTRA-Small, random weights, 2 threads,
+a Xeon with AVX-512 VNNI and AMX, ORT 1.31; medians in ms at 1x16 / 8x64 / 32x128):
+- int8 at all: 1.35 / 21.1 / 240 against fp32 2.54 / 45.9 / 429 and transformers 9.7 / 55.4 / 512.
+- weights as signed int8 (QInt8): QUInt8 was 2.24 / 50.7 / 411, hardly better than fp32; ORT's GEMM
+  for uint8 activations x int8 weights is the one with the VNNI/AMX kernels on this CPU.
+- fused Attention -> QAttention: vs attention left as separate int8 MatMuls, 1.38 vs 1.80 at 1x16,
+  3.69 vs 4.44 at 1x64, even at 8x64 and 16x128, 230 vs 199 at 32x128 (13% slower). Kept for latency.
+- no SkipLayerNormalization on CPU (see `residual_adds_as_sum`): 1.80 / 27.8 / 262 with it.
+- per-tensor weight scales, reduce_range off: per-channel (1.71 / 21.5 / 210) and reduce_range
+  (1.56 / 22.5 / 212) are within noise of each other in speed and changed no accuracy figure (spam dev
+  accuracy 98.25% either way, drop 0); reduce_range only exists for CPUs without VNNI.
+- Attention quantized too: leaving it fp32 ("MatMul only") was 1.81 / 28.3 / 262.
+fp16 is for CUDA and was not measured here (no GPU); its graph keeps SkipLayerNormalization.
 """
 
 from __future__ import annotations
