@@ -23,9 +23,6 @@ def session_options(intra_op_threads: int) -> ort.SessionOptions:
     # Every batch has a new [batch, seq] shape; the memory-pattern planner would re-plan (and keep
     # growing its arena) for each one (microsoft/onnxruntime#11118).
     so.enable_mem_pattern = False
-    # ORT's pool threads spin after each parallel section waiting for more work. With one batch at a
-    # time that spinning only burns the cores the event loop needs to tokenize and answer.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
