@@ -135,19 +135,7 @@ def _server(cfg: ProfileConfig, models, run_dir: Path) -> Iterator[tuple[str, in
     if cfg.url:
         yield cfg.url.rstrip("/"), None
         return
-    extra = cfg.server_args.split()
-
-    def argv(port: int) -> list[str]:
-        return lk.command(
-            "ours",
-            port,
-            models_dir=models.models_dir,
-            bundle=models.bundle,
-            hf_dir=models.hf_dir,
-            extra=extra,
-        )
-
-    with lk.serve("ours", argv, run_dir) as server:
+    with lk.serve("ours", lk.ours(models, cfg.server_args), run_dir) as server:
         yield server.url, server.proc.pid
 
 

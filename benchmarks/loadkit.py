@@ -70,6 +70,14 @@ def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Pat
     return [sys.executable, "-m", *argv[kind], "--port", str(port)]
 
 
+def ours(models, server_args: str = "") -> Callable[[int], list[str]]:
+    """Port -> command line of our server on `models` (a loadmodels.Models), extra flags appended."""
+    extra = server_args.split()
+    return lambda port: command(
+        "ours", port, models_dir=models.models_dir, bundle=models.bundle, hf_dir=models.hf_dir, extra=extra
+    )
+
+
 @contextlib.contextmanager
 def serve(
     name: str, argv_for_port: Callable[[int], list[str]], log_dir: Path, timeout: float = 180

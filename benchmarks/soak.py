@@ -74,19 +74,8 @@ def run(args) -> int:
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.probe_time)
 
-    def argv(port: int) -> list[str]:
-        extra = args.server_args.split()
-        return lk.command(
-            "ours",
-            port,
-            models_dir=models.models_dir,
-            bundle=models.bundle,
-            hf_dir=models.hf_dir,
-            extra=extra,
-        )
-
     probe = None
-    with lk.serve("ours", argv, run_dir) as server:
+    with lk.serve("ours", lk.ours(models, args.server_args), run_dir) as server:
         watch = {"server": server.proc.pid}
         if args.rps is None:
             probe = lk.run_locust(server.url, args.users, load, run_dir / "probe", watch=watch)

@@ -22,6 +22,7 @@ from training.model import (
     ElectraForMaskedLM,
     ElectraForPreTraining,
     ElectraForSequenceClassification,
+    init_weights,
 )
 
 ARCHITECTURES = {
@@ -138,8 +139,6 @@ def load_model(
     arch = architecture or arch
     sd = read_weights(ckpt)
     if arch == "ElectraForSequenceClassification" and not any(k.startswith("classifier.") for k in sd):
-        from training.model import init_weights
-
         if num_labels:
             cfg.id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
         model = ElectraForSequenceClassification(cfg)
