@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper() if settings.log_level != "trace" else 5,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The tokenizers library would tokenize a batch of texts on a thread pool of its own, one thread
+    # per core; on a serving machine the cores belong to inference, and a request holds at most
+    # --max-batch-size short texts. A user who wants it back sets TOKENIZERS_PARALLELISM=true.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from app.server import create_app  # after the settings check: a typo should not wait for onnxruntime
 
     try:
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        access_log=settings.access_log,
         timeout_graceful_shutdown=settings.graceful_timeout_s or None,
         lifespan="on",
     )

@@ -51,7 +51,10 @@ class Engine:
                 f"{bundle.model_path}: output {bundle.manifest.output!r} not in graph outputs {outputs}"
             )
         self.output_name = bundle.manifest.output
-        log.info("%s: providers %s, inputs %s", bundle.name, self.session.get_providers(), self.input_names)
+        log.info(
+            "%s: providers %s, inputs %s, %d intra-op thread(s) per run",
+            bundle.name, self.session.get_providers(), self.input_names, intra_op_threads,
+        )  # fmt: skip
 
     def pad(self, rows: Sequence[Row], pad_id: int) -> dict[str, np.ndarray]:
         """Right-pad rows to the longest one; attention_mask marks the real tokens."""

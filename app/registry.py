@@ -118,6 +118,7 @@ class Registry:
                     max_wait_ms=self.settings.max_wait_ms,
                     queue_size=self.settings.queue_size,
                     metrics=self.metrics,
+                    runners=self.settings.runners,
                 )
                 batcher.start()
                 self.models[bundle.name] = Model(bundle, tokenizer, engine, batcher)
@@ -132,7 +133,7 @@ class Registry:
     def _load_and_warm(self, bundle: Bundle) -> tuple[TextTokenizer, Engine]:
         m = bundle.manifest
         tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, self.settings.window_stride)
-        engine = Engine(bundle, self.settings.intra_op_threads)
+        engine = Engine(bundle, self.settings.threads_per_runner())
         # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
         for length in (8, m.max_length):
             engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))

@@ -120,6 +120,17 @@ def test_bad_settings_fail_naming_the_option(bundles_dir):
     assert r.returncode == 2 and "--max-wait-ms" in r.stderr
     r = _start("--models", str(bundles_dir), "--batch-token-budget", "16")
     assert r.returncode == 2 and "--batch-token-budget" in r.stderr
+    r = _start("--models", str(bundles_dir), "--access-log", "maybe")
+    assert r.returncode == 2 and "--access-log" in r.stderr and "true or false" in r.stderr
+
+
+def test_boolean_settings_parse_from_flags_and_environment():
+    from app.settings import Settings
+
+    assert Settings.from_sources([], env={})[0].access_log is False
+    assert Settings.from_sources(["--access-log", "true"], env={})[0].access_log is True
+    assert Settings.from_sources([], env={"ELECTRA_ACCESS_LOG": "off"})[0].access_log is False
+    assert Settings.from_sources([], env={"ELECTRA_ACCESS_LOG": "1"})[0].access_log is True
 
 
 def test_bundle_with_wrong_hash_is_refused(bundles_dir, tmp_path):
