@@ -42,6 +42,19 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
     assert (run / "curves.png").stat().st_size > 10_000
     assert json.loads((run / "config.json").read_text())["max_steps"] == 80
 
+    # The context probe reads the same run: figures of the right shape, and the same verdict as the
+    # run's own evaluation (the young generator's samples are easy to flag).
+    from benchmarks.disc_probe import main as probe
+
+    probe([str(run), "--rows", "16", "--out", str(tmp_path / "probe.json")])
+    (result,) = json.loads((tmp_path / "probe.json").read_text())["results"][-1:]
+    layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+    assert len(result["attention_entropy_discriminator"]) == layers
+    assert all(
+        0 < e <= result["uniform_attention_entropy"] + 1e-4 for e in result["attention_entropy_generator"]
+    )
+    assert result["auc_generator_replacements"] > 0.6
+
 
 def test_resume_after_kill_retraces_the_uninterrupted_run(tmp_path, small_corpus, small_tokenizer):
     args = ("--max-steps", 60, "--save-every", 10, "--log-every", 1, "--eval-every", 1000)
