@@ -202,7 +202,33 @@ def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:
         "step": step,
         "config": mcfg.to_dict(),
         "tokenizer": tokenizer_note,
+        **({"training": training} if (training := _recipe(ckpt)) else {}),
     }
+
+
+# Resume bookkeeping, not recipe: left out of the manifest.
+_STATE_NOISE = ("batches", "optimizer")
+
+
+def _recipe(ckpt: Path) -> dict | None:
+    """How the checkpoint was made, from its trainer_state.json: the training configuration and the
+    held-out figures (pretraining: MLM accuracy and replaced-token AUC/F1; fine-tuning: dev and test
+    scores), and for a fine-tuned model the recipe of the pretraining run it started from."""
+    from training.checkpoint import CheckpointError, resolve_checkpoint
+
+    path = ckpt / "trainer_state.json"
+    if not path.is_file():
+        return None  # e.g. a Hugging Face directory: nothing recorded
+    state = {k: v for k, v in json.loads(path.read_text()).items() if k not in _STATE_NOISE}
+    init = state.get("init")
+    if init:
+        try:
+            parent = _recipe(resolve_checkpoint(init))
+        except (CheckpointError, OSError):
+            parent = None  # moved or deleted since: the path alone is still recorded
+        if parent:
+            state["pretraining"] = parent
+    return state
 
 
 def _versions(torch) -> dict:

@@ -198,3 +198,30 @@ def test_cli_rejects_unknown_flag(capsys):
         main(["some/dir", "--out", "x", "--precison", "int8"])
     assert e.value.code == 2
     assert "--precison" in capsys.readouterr().err
+
+
+def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir, classifier_dir):
+    """A fine-tuned model's manifest carries its own recipe and scores and those of its pretraining."""
+    import shutil
+
+    from export.pipeline import _recipe
+
+    assert _recipe(detector_dir) is None  # a Hugging Face directory: nothing recorded, nothing invented
+    pre, fine = tmp_path / "pre", tmp_path / "fine"
+    shutil.copytree(detector_dir, pre)
+    shutil.copytree(classifier_dir, fine)
+    (pre / "trainer_state.json").write_text(json.dumps({
+        "step": 4000, "batches": {"epoch": 3}, "optimizer": {"x": 1},
+        "config": {"lr": 3e-4, "num_layers": 4}, "eval": {"disc_auc": 0.61},
+    }))  # fmt: skip
+    (fine / "trainer_state.json").write_text(json.dumps({
+        "task": "rotten_tomatoes", "init": str(pre), "config": {"lr": 3e-4},
+        "eval": {"test": {"accuracy": 0.62}},
+    }))  # fmt: skip
+    recipe = _recipe(fine)
+    assert recipe["eval"]["test"]["accuracy"] == 0.62
+    assert recipe["pretraining"]["eval"]["disc_auc"] == 0.61
+    assert recipe["pretraining"]["config"]["num_layers"] == 4
+    assert "optimizer" not in recipe["pretraining"] and "batches" not in recipe["pretraining"]
+    shutil.rmtree(pre)  # the pretraining run moved away: its path stays, nothing else is claimed
+    assert "pretraining" not in _recipe(fine) and _recipe(fine)["init"] == str(pre)
