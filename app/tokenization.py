@@ -75,7 +75,8 @@ class TextTokenizer:
         self.stride = min(stride, self.window_size // 2)
 
     def encode_detect(self, texts: list[str]) -> list[DetectEncoding]:
-        return [self._detect_one(e) for e in _encode_all(self._plain, texts, add_special_tokens=False)]
+        # Serial in the server (TOKENIZERS_PARALLELISM=false, see app/__main__.py): the cores are inference's.
+        return [self._detect_one(e) for e in self._plain.encode_batch(texts, add_special_tokens=False)]
 
     def _detect_one(self, enc) -> DetectEncoding:
         ids = np.asarray(enc.ids, dtype=np.int64)
@@ -105,23 +106,13 @@ class TextTokenizer:
         """Rows for strings or [a, b] pairs, cut to max_length; the flag says whether anything was cut."""
         inputs = [tuple(x) if isinstance(x, list) else x for x in items]
         out = []
-        for enc in _encode_all(self._truncating, inputs, add_special_tokens=True):
+        for enc in self._truncating.encode_batch(inputs, add_special_tokens=True):
             row = Row(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
             out.append((row, len(enc.overflowing) > 0))
         return out
 
     def warmup_row(self, length: int) -> Row:
         return self._row(np.full(max(1, min(length, self.window_size)), self.pad_id + 1, np.int64))
-
-
-def _encode_all(tokenizer: Tokenizer, inputs: list, add_special_tokens: bool) -> list:
-    """One text: encode() directly; encode_batch() would hand a single text to its thread pool, whose
-    threads then compete with inference for the cores (see app/__main__.py on TOKENIZERS_PARALLELISM)."""
-    if len(inputs) == 1:
-        x = inputs[0]
-        pair = (x[0], x[1]) if isinstance(x, tuple) else (x, None)
-        return [tokenizer.encode(*pair, add_special_tokens=add_special_tokens)]
-    return tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
 
 
 def _compact_words(word_ids: list[int | None]) -> list[int]:

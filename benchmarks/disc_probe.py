@@ -44,15 +44,7 @@ def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
     return out
 
 
-def hidden_in(model, ids, torch):
-    """The encoder's input (embeddings, projected) and the boolean key mask, as ElectraModel builds them."""
-    emb = model.embeddings(ids, torch.zeros_like(ids))
-    if hasattr(model, "embeddings_project"):
-        emb = model.embeddings_project(emb)
-    return emb, torch.ones_like(ids, dtype=torch.bool)[:, None, None, :]
-
-
-def probe(ckpt: Path, rows: np.ndarray, unigram_cdf, specials: tuple[int, int, int], seed: int) -> dict:
+def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict:
     import torch
     from sklearn.metrics import roc_auc_score
 
@@ -63,13 +55,16 @@ def probe(ckpt: Path, rows: np.ndarray, unigram_cdf, specials: tuple[int, int, i
     gen, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
     disc.eval()
     gen.eval()
-    cls, sep, mask_id = specials
-    ids = torch.from_numpy(rows.astype(np.int64))
-    special = (ids == cls) | (ids == sep) | (ids == 0)
-    am, tt = (~(ids == 0)).long(), torch.zeros_like(ids)
+    ids, am, tt = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    special = batch["special_tokens_mask"].bool()
     noise = draw_noise(tuple(ids.shape), seed, 0, slice(0, ids.size(0)), "cpu")
     masked = mask_tokens(
-        ids, special.long(), noise, mask_prob=0.15, mask_token_id=mask_id, vocab_size=cfg.vocab_size
+        ids,
+        batch["special_tokens_mask"],
+        noise,
+        mask_prob=0.15,
+        mask_token_id=mask_id,
+        vocab_size=cfg.vocab_size,
     )
     real = ~special
     result = {"checkpoint": str(ckpt)}
@@ -89,12 +84,17 @@ def probe(ckpt: Path, rows: np.ndarray, unigram_cdf, specials: tuple[int, int, i
                 mid = ids.size(1) // 2
                 keep[:, mid - 2 : mid + 2] = True
                 scrambled = torch.where(
-                    keep | special, faked.input_ids, torch.randint(5, cfg.vocab_size, ids.shape)
+                    keep | special,
+                    faked.input_ids,
+                    torch.randint(
+                        5, cfg.vocab_size, ids.shape, generator=torch.Generator().manual_seed(seed)
+                    ),
                 )
                 moved = (disc(scrambled, am, tt) - logits)[:, mid - 1 : mid + 1].abs().mean()
                 result["logit_shift_when_context_scrambled"] = float(moved)
         for name, model in (("discriminator", disc.electra), ("generator", gen.electra)):
-            x, attn_mask = hidden_in(model, faked.input_ids, torch)
+            x = model.embed(faked.input_ids, tt)
+            attn_mask = am.bool()[:, None, None, :]  # as ElectraModel builds it
             result[f"attention_entropy_{name}"] = attention_entropy(model.encoder, x, attn_mask, torch)
     result["uniform_attention_entropy"] = math.log(ids.size(1))
     return result
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from training.data import PackedDataset
+    from training.data import PackedDataset, batch_tensors
 
     cks = checkpoints(Path(args.path))
     run = cks[0].parents[1] if cks[0].parent.name == "checkpoints" else None
@@ -132,19 +132,19 @@ def main(argv: list[str] | None = None) -> None:
             "the probe reads the run's own shards: pass a run directory or a checkpoint inside one"
         )
     valid, train = PackedDataset(run / "data" / "valid"), PackedDataset(run / "data" / "train")
-    rows = np.asarray(valid[: min(args.rows, len(valid))])
+    batch = batch_tensors(np.asarray(valid[: min(args.rows, len(valid))]), valid.info)
     counts = np.bincount(np.asarray(train.tokens).reshape(-1), minlength=train.info.vocab_size).astype(
         np.float64
     )
     tok = Tokenizer.from_file(str(cks[0] / "tokenizer.json"))
-    specials = (valid.info.cls, valid.info.sep, tok.token_to_id("[MASK]"))
     for s in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"):
         if (i := tok.token_to_id(s)) is not None:
             counts[i] = 0  # a replacement is never a special token
     cdf = torch.from_numpy(np.cumsum(counts / counts.sum())).float()
 
-    results = [probe(ck, rows, cdf, specials, args.seed) for ck in cks]
-    print(f"\n{len(rows)} held-out rows of {rows.shape[1]} tokens; uniform attention entropy "
+    results = [probe(ck, batch, cdf, tok.token_to_id("[MASK]"), args.seed) for ck in cks]
+    n_rows, seq_len = batch["input_ids"].shape
+    print(f"\n{n_rows} held-out rows of {seq_len} tokens; uniform attention entropy "
           f"{results[0]['uniform_attention_entropy']:.2f} nats\n")  # fmt: skip
     print("| checkpoint | AUC, generator's samples | AUC, unigram samples | logit std | shift when context "
           "scrambled | disc attention entropy (layers) | gen attention entropy |")  # fmt: skip

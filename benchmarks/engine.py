@@ -53,7 +53,7 @@ def ort_session(path, threads: int, spinning: bool = True):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    if not spinning:  # as app/engine.py configures its sessions
+    if not spinning:  # the variant measured against spinning (the server keeps ORT's default: on)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1

@@ -194,15 +194,14 @@ def _path(p: str | None) -> Path | None:
 
 
 def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:
-    state = ckpt / "trainer_state.json"
-    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    training = _recipe(ckpt)
     return {
         "checkpoint": str(ckpt.resolve()),
         "architecture": arch,
-        "step": step,
+        "step": training.get("step") if training else None,
         "config": mcfg.to_dict(),
         "tokenizer": tokenizer_note,
-        **({"training": training} if (training := _recipe(ckpt)) else {}),
+        **({"training": training} if training else {}),
     }
 
 

@@ -227,6 +227,20 @@ class PackedDataset:
         return self.tokens[index]
 
 
+def batch_tensors(rows: np.ndarray, info: ShardInfo) -> dict[str, Any]:
+    """Model inputs for packed rows: ids, attention and special-token masks ([CLS], [SEP], padding)."""
+    import torch
+
+    input_ids = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    is_pad = input_ids == info.pad
+    return {
+        "input_ids": input_ids,
+        "attention_mask": (~is_pad).long(),
+        "token_type_ids": torch.zeros_like(input_ids),
+        "special_tokens_mask": (is_pad | (input_ids == info.cls) | (input_ids == info.sep)).long(),
+    }
+
+
 class Batches:
     """Infinite, deterministic iterator of training batches, shardable across ranks and resumable.
 
@@ -284,17 +298,7 @@ class Batches:
         return self._tensors(rows)
 
     def _tensors(self, rows: np.ndarray) -> dict[str, Any]:
-        import torch
-
-        info = self.dataset.info
-        input_ids = torch.from_numpy(rows)
-        is_pad = input_ids == info.pad
-        return {
-            "input_ids": input_ids,
-            "attention_mask": (~is_pad).long(),
-            "token_type_ids": torch.zeros_like(input_ids),
-            "special_tokens_mask": (is_pad | (input_ids == info.cls) | (input_ids == info.sep)).long(),
-        }
+        return batch_tensors(rows, self.dataset.info)
 
     def state_dict(self) -> dict[str, int]:
         # `position` counts rows, not steps, so a run may resume with another world_size or batch size

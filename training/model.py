@@ -192,6 +192,11 @@ class ElectraModel(nn.Module):
             self.embeddings_project = nn.Linear(cfg.embedding_size, cfg.hidden_size)
         self.encoder = ElectraEncoder(cfg)
 
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """The encoder's input: embeddings, projected to the hidden size when E != H. (B, T, H)"""
+        x = self.embeddings(input_ids, token_type_ids)
+        return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -200,9 +205,7 @@ class ElectraModel(nn.Module):
     ) -> torch.Tensor:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids)
-        if hasattr(self, "embeddings_project"):
-            x = self.embeddings_project(x)  # (B, T, H)
+        x = self.embed(input_ids, token_type_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         # Boolean key mask, broadcast over heads and queries: (B, 1, 1, T); True = may attend.
