@@ -76,3 +76,21 @@ def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, t
     assert set(step["per_name"]) == {"detect x1", "detect x4", "classify x1"}
     assert step["p50_ms"] <= step["p99_ms"]
     assert (tmp_path / "smoke.md").read_text().startswith("## Load profile")
+
+
+def test_paced_users_keep_their_own_phase_and_never_burst(bench):
+    # In a subprocess: importing locust monkey-patches the process with gevent.
+    code = """
+import time, types
+from benchmarks.locustfile import ScoringUser
+user = types.SimpleNamespace(period=0.5, next_at=time.perf_counter() + 0.2)
+wait = ScoringUser.wait_time(user)
+assert 0.6 < wait <= 0.7, wait  # the next slot of this user's own schedule, not 0.5 s from now
+user.next_at = time.perf_counter() - 2.0  # the last answer came four periods late
+assert ScoringUser.wait_time(user) == 0.0  # go now, once:
+assert 0.45 < ScoringUser.wait_time(user) <= 0.5  # the missed slots are not fired in a burst
+user.period = 0.0
+assert ScoringUser.wait_time(user) == 0.0  # closed loop
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
