@@ -146,16 +146,38 @@ def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text):
     ).stat().st_size
 
 
-def test_int8_classifier_records_accuracy_drop(tmp_path, classifier_dir, eval_text):
+def _dev_csv(path):
     rows = hm.text_lines(200, split="valid")
-    with open(tmp_path / "dev.csv", "w", newline="") as f:
+    with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["text", "label"])
         w.writerows((t, ["neg", "neutral", "pos"][i % 3]) for i, t in enumerate(rows))
-    manifest = export(classifier_dir, tmp_path / "b", precision="int8", eval_data=str(tmp_path / "dev.csv"))
+    return str(path)
+
+
+def test_int8_classifier_records_accuracy_drop(tmp_path, classifier_dir, monkeypatch):
+    from export import parity
+
+    # The fixture is an untrained 3-class model: its logits are near ties, so whether int8 flips two
+    # of 200 predictions (past the real 0.5-point gate) depends on the tokenizer the run trained. This
+    # test is about what the manifest records; the gate has its own test below.
+    monkeypatch.setattr(parity, "MAX_ACCURACY_DROP", 1.0)
+    manifest = export(
+        classifier_dir, tmp_path / "b", precision="int8", eval_data=_dev_csv(tmp_path / "dev.csv")
+    )
     acc = manifest["parity"]["int8_accuracy"]
     assert acc["metric"] == "dev_accuracy" and acc["rows"] == 200
-    assert acc["drop"] <= 0.005
+    assert 0 <= acc["int8"] <= 1 and 0 <= acc["fp32"] <= 1
+    assert acc["drop"] == pytest.approx(acc["fp32"] - acc["int8"])
+
+
+def test_int8_accuracy_gate_refuses_and_writes_nothing(tmp_path, classifier_dir, monkeypatch):
+    from export import parity
+
+    monkeypatch.setattr(parity, "MAX_ACCURACY_DROP", -1.0)  # any result fails the gate
+    with pytest.raises(parity.ParityError, match="accuracy points.*--precision fp32"):
+        export(classifier_dir, tmp_path / "b", precision="int8", eval_data=_dev_csv(tmp_path / "dev.csv"))
+    assert not (tmp_path / "b").exists()
 
 
 def test_parity_failure_raises_and_writes_nothing(tmp_path, detector_dir, monkeypatch):
