@@ -7,6 +7,10 @@ through the exported bundle exactly as the server would run it (ONNX Runtime, th
 tokenizer), and a hit means the replaced word has the highest word probability (max over its pieces)
 in the sentence. Prints a table and writes JSON.
 
+As a yardstick the same sentences are also scored by a word-bigram count model of the training split
+(no neural network): each word's suspicion is minus its smoothed pointwise mutual information with
+its left and right neighbours. It shows how much of the task plain local co-occurrence already solves.
+
     python -m benchmarks.detector_hits --bundle models/detector --generator runs/mini-30min
 """
 
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +46,55 @@ def word_probs(session, tokenizer, text: str) -> tuple[list[tuple[int, int]], np
         span[2] = max(span[2], float(probs[i]))
     ordered = [spans[w] for w in sorted(spans)]
     return [(s, e) for s, e, _ in ordered], np.array([p for _, _, p in ordered])
+
+
+def words_of(tokenizer, text: str) -> list[str]:
+    """The text's words as the tokenizer splits them (its normalizer, then its pre-tokenizer): the
+    same words, in the same order, that an encoding's word ids number."""
+    normalized = tokenizer.normalizer.normalize_str(text) if tokenizer.normalizer else text
+    return [w for w, _ in tokenizer.pre_tokenizer.pre_tokenize_str(normalized)]
+
+
+class BigramReference:
+    """Word bigram counts of the training split; scores words by how badly they fit their neighbours.
+
+    P(b|a) is smoothed towards the unigram P(b) with `strength` pseudo-counts (Dirichlet smoothing), and
+    a word's suspicion is -(PMI(left, word) + PMI(word, right)), with sentence-boundary markers at the
+    ends. PMI rather than probability: the replacement is drawn to be a plausible word on its own, so
+    its frequency says nothing; its fit with the neighbours does.
+    """
+
+    BOUNDARY = "<s>"
+
+    def __init__(self, documents, tokenizer, strength: float = 5.0) -> None:
+        self.unigrams: Counter = Counter()
+        self.bigrams: Counter = Counter()
+        for doc in documents:
+            for line in doc.split("\n"):
+                if line.strip():
+                    words = [self.BOUNDARY, *words_of(tokenizer, line), self.BOUNDARY]
+                    self.unigrams.update(words)
+                    self.bigrams.update(zip(words, words[1:], strict=False))
+        self.total = sum(self.unigrams.values())
+        self.strength = strength
+
+    def _p(self, word: str) -> float:
+        return (self.unigrams[word] + 1) / (self.total + len(self.unigrams) + 1)
+
+    def pmi(self, a: str, b: str) -> float:
+        pb = self._p(b)
+        return math.log(
+            (self.bigrams[a, b] + self.strength * pb) / (self.unigrams[a] + self.strength)
+        ) - math.log(pb)
+
+    def suspicion(self, words: list[str]) -> np.ndarray:
+        padded = [self.BOUNDARY, *words, self.BOUNDARY]
+        return np.array(
+            [
+                -(self.pmi(padded[i - 1], padded[i]) + self.pmi(padded[i], padded[i + 1]))
+                for i in range(1, len(padded) - 1)
+            ]
+        )
 
 
 def whole_word_mask(tokenizer, torch):
@@ -97,6 +152,7 @@ def main(argv=None) -> None:
 
     from benchmarks.loadmodels import wikitext_sentences
     from training.checkpoint import load_model, resolve_checkpoint
+    from training.corpus import read_corpus
 
     bundle = Path(args.bundle)
     tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
@@ -107,8 +163,10 @@ def main(argv=None) -> None:
     rng = random.Random(args.seed)
     sentences = wikitext_sentences(args.data_dir)
     rng.shuffle(sentences)
+    print("counting word bigrams of WikiText-2 train for the reference ...", flush=True)
+    reference = BigramReference(read_corpus("wikitext2", "train", data_dir=args.data_dir), tokenizer)
 
-    rows, ranks = [], []
+    rows, ranks, reference_ranks = [], [], []
     for sentence in sentences:
         if len(rows) == args.sentences:
             break
@@ -120,7 +178,10 @@ def main(argv=None) -> None:
         target = next(i for i, (s, e) in enumerate(spans) if s == start and e == end)
         rank = int((probs > probs[target]).sum()) + 1
         ranks.append(rank)
-        rows.append({"text": text, "original": old, "replacement": new, "rank": rank, "words": len(spans),
+        suspicion = reference.suspicion(words_of(tokenizer, text))
+        assert len(suspicion) == len(spans)
+        reference_ranks.append(int((suspicion > suspicion[target]).sum()) + 1)
+        rows.append({"text": text, "original": old, "replacement": new, "rank": rank, "bigram_rank": reference_ranks[-1], "words": len(spans),
                      "prob": float(probs[target]), "max_other": float(np.delete(probs, target).max())})  # fmt: skip
     ranks_arr = np.array(ranks)
     words = np.array([r["words"] for r in rows])
@@ -132,12 +193,14 @@ def main(argv=None) -> None:
         "mean_words_per_sentence": float(words.mean()),
         "chance_top1": float((1 / words).mean()),
         "median_prob_replaced": float(np.median([r["prob"] for r in rows])),
+        "bigram_reference_top1_hit_rate": float((np.array(reference_ranks) == 1).mean()),
+        "bigram_reference_top3_hit_rate": float((np.array(reference_ranks) <= 3).mean()),
     }
     print(
         f"\ndetector {bundle} on {len(rows)} held-out WikiText-2 test sentences, one word replaced by the generator"
     )
     for k, v in summary.items():
-        print(f"  {k:<26}{v:.3f}" if isinstance(v, float) else f"  {k:<26}{v}")
+        print(f"  {k:<32}{v:.3f}" if isinstance(v, float) else f"  {k:<32}{v}")
     for r in rows[:5]:
         print(
             f"  e.g. {r['original']!r} -> {r['replacement']!r} (rank {r['rank']}/{r['words']}): {r['text'][:90]}"
