@@ -142,8 +142,9 @@ class ScoringUser(FastHttpUser):
         # a period (64 requests at once every 2.3 s at 28 req/s), and latencies measured queueing
         # behind that burst (p50 80-190 ms for a server answering a lone request in 7 ms).
         self.period = 1 / opts.user_rate if opts.user_rate > 0 else 0.0
-        self.next_at = time.perf_counter() + self.rng.uniform(0, self.period)
-        gevent.sleep(max(0.0, self.next_at - time.perf_counter()))
+        if self.period:
+            self.next_at = time.perf_counter() + self.rng.uniform(0, self.period)
+            gevent.sleep(max(0.0, self.next_at - time.perf_counter()))
 
     def wait_time(self) -> float:
         if not self.period:

@@ -78,7 +78,9 @@ def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, t
     assert (tmp_path / "smoke.md").read_text().startswith("## Load profile")
 
 
-def test_paced_users_keep_their_own_phase_and_never_burst(bench):
+def test_paced_users_keep_their_own_phase_and_never_burst():
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("locust is not installed (pip install -e .[bench])")
     # In a subprocess: importing locust monkey-patches the process with gevent.
     code = """
 import time, types
