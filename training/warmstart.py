@@ -1,0 +1,199 @@
+"""Warm starts: pretraining that begins from existing weights instead of random ones (`--init`).
+
+Two CPU cores give about 1/1000 of ELECTRA-Small's pretraining compute, so a useful detector here starts
+from an encoder someone else pretrained. Accepted sources, each a directory (or the name of a registry
+model, such as all-minilm-l6-v2):
+
+- a Hugging Face ELECTRA checkpoint: ElectraForPreTraining or ElectraModel for the discriminator,
+  ElectraForMaskedLM for the generator (`--init-generator`);
+- a BERT-family encoder: BertModel, BertForMaskedLM, BertForPreTraining or the sentence-transformers
+  layout, with names under `bert.` or bare (`embeddings.`, `encoder.`), mapped onto our `electra.` names;
+  BERT's embedding size is its hidden size, so no `embeddings_project` is needed;
+- one of our own runs or checkpoints (its generator comes along unless `--init-generator` says otherwise).
+
+The tokenizer always comes with the weights, never retrained. Every tensor of the source is accounted
+for: loaded, ignored (a pooler, an MLM head the target does not have) or refused (a shape that does not fit,
+named with the config field that decides it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from training import checkpoint as ckpt
+from training.model import ElectraConfig
+
+# config.json fields that decide each tensor's shape, to name in an error.
+_SHAPE_FIELDS = "vocab_size, embedding_size, hidden_size, intermediate_size, max_position_embeddings"
+_BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
+_ELECTRA_ARCHITECTURES = ("ElectraForPreTraining", "ElectraModel", "ElectraForMaskedLM")
+
+
+@dataclass
+class InitSource:
+    directory: Path  # the directory holding config.json and the weights
+    config: ElectraConfig  # the source's shape, in our field names
+    architecture: str  # as config.json names it
+    tokenizer: Path  # tokenizer.json, else vocab.txt, that came with the weights
+    generator: Path | None = None  # our own runs keep their generator in generator/
+
+
+@dataclass
+class InitReport:
+    """What a warm start did with every tensor, for the run's log and init.json."""
+
+    source: str
+    loaded: list[str] = field(default_factory=list)
+    new: list[str] = field(default_factory=list)  # initialised fresh: no tensor in the source
+    ignored: list[str] = field(default_factory=list)  # in the source, not used by the target
+
+    def summary(self) -> str:
+        return (
+            f"{self.source}: loaded {len(self.loaded)} tensors; new {len(self.new)} "
+            f"{_short(self.new)}; ignored {len(self.ignored)} {_short(self.ignored)}"
+        )
+
+
+def _short(names: list[str], n: int = 6) -> str:
+    return "[" + ", ".join(names[:n]) + (", ..." if len(names) > n else "") + "]"
+
+
+def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
+    """A directory, a run directory, or a registry model name -> an InitSource (fails naming the file)."""
+    from training.datasets import REGISTRY, fetch_model
+
+    path = Path(spec).expanduser()
+    if not path.exists() and any(name.startswith(f"{spec}/") for name in REGISTRY):
+        path = fetch_model(spec, data_dir)
+    directory = ckpt.resolve_checkpoint(path)
+    config_path = directory / "config.json"
+    raw = json.loads(config_path.read_text())
+    model_type = raw.get("model_type")
+    arch = (raw.get("architectures") or [None])[0]
+    if model_type == "bert" or (model_type is None and arch in _BERT_ARCHITECTURES):
+        raw = {**raw, "embedding_size": raw["hidden_size"]}  # BERT embeds at the hidden size
+    elif model_type == "electra":
+        raw.setdefault("embedding_size", raw.get("hidden_size"))
+    else:
+        raise ckpt.CheckpointError(
+            f"{config_path}: model_type {model_type!r} is not supported for --init; expected 'electra' "
+            f"({', '.join(_ELECTRA_ARCHITECTURES)}) or 'bert' ({', '.join(_BERT_ARCHITECTURES)})"
+        )
+    if arch is not None and arch not in _BERT_ARCHITECTURES + _ELECTRA_ARCHITECTURES:
+        raise ckpt.CheckpointError(
+            f"{config_path}: architectures {arch!r} is not supported for --init; expected one of "
+            f"{', '.join(_BERT_ARCHITECTURES + _ELECTRA_ARCHITECTURES)}"
+        )
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise ckpt.CheckpointError(
+            f"{config_path}: position_embedding_type {raw['position_embedding_type']!r} is not supported; "
+            f"only 'absolute' position embeddings"
+        )
+    config = ElectraConfig.from_dict(raw)
+    tokenizer = _tokenizer_file(directory)
+    _check_vocab(tokenizer, config, config_path)
+    generator = directory / "generator"
+    return InitSource(
+        directory,
+        config,
+        arch or model_type,
+        tokenizer,
+        generator if (generator / "config.json").is_file() else None,
+    )
+
+
+def _tokenizer_file(directory: Path) -> Path:
+    for name in ("tokenizer.json", "vocab.txt"):
+        if (directory / name).is_file():
+            return directory / name
+    raise ckpt.CheckpointError(
+        f"{directory} holds no tokenizer.json or vocab.txt: the tokenizer must come with the weights "
+        f"(the embedding rows are indexed by its ids)"
+    )
+
+
+def _check_vocab(tokenizer: Path, config: ElectraConfig, config_path: Path) -> None:
+    from training.tokenizer import load_tokenizer
+
+    size = load_tokenizer(tokenizer).get_vocab_size()
+    if size != config.vocab_size:
+        raise ckpt.CheckpointError(
+            f"{tokenizer} has {size} tokens but {config_path} says vocab_size {config.vocab_size}: "
+            f"the tokenizer does not belong to these weights"
+        )
+
+
+def _our_name(name: str) -> str | None:
+    """A source tensor's name in our layout, or None when no module of ours has it."""
+    name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+    if name.endswith(("position_ids", "token_type_ids")):
+        return None  # buffers some transformers versions save; ours are computed
+    for prefix in ("bert.", "electra.", ""):
+        rest = name[len(prefix) :] if name.startswith(prefix) else ""
+        if rest.startswith(("embeddings.", "embeddings_project.", "encoder.")):
+            return "electra." + rest
+    if name.startswith(("discriminator_predictions.", "generator_predictions.", "generator_lm_head.")):
+        return name
+    # BERT's MLM head has our generator head's shape when E = H: transform dense + LayerNorm, tied decoder.
+    bert_head = {
+        "cls.predictions.transform.dense.weight": "generator_predictions.dense.weight",
+        "cls.predictions.transform.dense.bias": "generator_predictions.dense.bias",
+        "cls.predictions.transform.LayerNorm.weight": "generator_predictions.LayerNorm.weight",
+        "cls.predictions.transform.LayerNorm.bias": "generator_predictions.LayerNorm.bias",
+        "cls.predictions.bias": "generator_lm_head.bias",
+    }
+    return bert_head.get(name)
+
+
+def load_into(
+    module: torch.nn.Module, source: Path, *, skip_prefixes: tuple[str, ...] = (), label: str = "--init"
+) -> InitReport:
+    """Copy every tensor of `source` that `module` has (under our names) into it; report the rest.
+
+    `skip_prefixes` names target tensors that are owned elsewhere (the generator's embeddings belong to
+    the discriminator): they are reported as ignored, not loaded twice.
+    """
+    weights = ckpt.read_weights(source)
+    own = module.state_dict()
+    report = InitReport(f"{label} {source}")
+    chosen: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        ours = _our_name(name)
+        if ours is None or ours not in own or ours.startswith(skip_prefixes):
+            report.ignored.append(name)
+            continue
+        if tuple(tensor.shape) != tuple(own[ours].shape):
+            raise ckpt.CheckpointError(
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)} but the model built from "
+                f"{source / 'config.json'} expects {tuple(own[ours].shape)}; check {_SHAPE_FIELDS} there"
+            )
+        chosen[ours] = tensor
+    module.load_state_dict(chosen, strict=False)
+    report.loaded = sorted(chosen)
+    tied = {"generator_lm_head.weight"}  # the word embeddings, under another name
+    report.new = sorted(
+        k for k in own if k not in chosen and k not in tied and not k.startswith(skip_prefixes)
+    )
+    return report
+
+
+def check_generator_fits(gen: InitSource, disc: ElectraConfig) -> None:
+    """The generator shares the discriminator's token and position embeddings: their tables must agree."""
+    for name in ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size"):
+        if getattr(gen.config, name) != getattr(disc, name):
+            raise ckpt.CheckpointError(
+                f"{gen.directory / 'config.json'}: {name} is {getattr(gen.config, name)} but the "
+                f"discriminator's is {getattr(disc, name)}; the generator shares its embeddings, so they must match"
+            )
+
+
+def warm_parameter_names(objective: torch.nn.Module, reports: list[tuple[str, InitReport]]) -> set[str]:
+    """Names (as `objective.named_parameters()` gives them) of the parameters a warm start loaded."""
+    loaded = {f"{prefix}{name}" for prefix, report in reports for name in report.loaded}
+    by_tensor = {id(p): n for n, p in objective.named_parameters()}
+    # A shared parameter appears once in named_parameters(), under its first name.
+    return {by_tensor[id(p)] for n, p in objective.named_parameters(remove_duplicate=False) if n in loaded}
