@@ -1,8 +1,10 @@
 """Does the detector find the one word that was replaced? Top-1 hit rate on held-out sentences.
 
 For each of N held-out WikiText-2 test sentences, one whole word (a single vocabulary piece, so the
-swap is clean) is masked and the pretraining run's generator samples a replacement from its
-distribution, excluding the original word: a plausible but wrong word. The corrupted sentence goes
+swap is clean) is replaced. `--replacement generator` (the default) masks it and lets the pretraining
+run's generator sample a replacement, excluding the original word: a plausible but wrong word, the
+task the detector was trained on. `--replacement frequency` swaps in a random word of similar corpus
+frequency, chosen without looking at the context (a careless edit, an OCR or ASR error). The corrupted sentence goes
 through the exported bundle exactly as the server would run it (ONNX Runtime, the bundle's
 tokenizer), and a hit means the replaced word has the highest word probability (max over its pieces)
 in the sentence. Prints a table and writes JSON.
@@ -11,7 +13,8 @@ As a yardstick the same sentences are also scored by a word-bigram count model o
 (no neural network): each word's suspicion is minus its smoothed pointwise mutual information with
 its left and right neighbours. It shows how much of the task plain local co-occurrence already solves.
 
-    python -m benchmarks.detector_hits --bundle models/detector --generator runs/mini-30min
+    python -m benchmarks.detector_hits --bundle models/detector --generator runs/detector
+    python -m benchmarks.detector_hits --bundle models/detector --replacement frequency --out ...
 """
 
 from __future__ import annotations
@@ -103,8 +106,45 @@ def whole_word_mask(tokenizer, torch):
     return torch.tensor([p.isalpha() and p.isascii() for p in pieces])
 
 
-def corrupt(sentence: str, tokenizer, generator, allowed, rng: random.Random, torch):
-    """Replace one single-piece alphabetic word with a generator sample; None if the sentence has none."""
+def generator_pick(tokenizer, generator, allowed, torch):
+    """A replacement sampled from the generator at the masked position: plausible in context, never the
+    original word."""
+
+    def pick(ids: list[int], pos: int, rng: random.Random) -> int:
+        masked = torch.tensor([ids])
+        masked[0, pos] = tokenizer.token_to_id("[MASK]")
+        with torch.no_grad():
+            logits = generator(masked, torch.ones_like(masked), torch.zeros_like(masked))[0, pos].float()
+        banned = ~allowed
+        banned[ids[pos]] = True
+        probs = torch.softmax(logits.masked_fill(banned, float("-inf")), -1)
+        return int(
+            torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+        )
+
+    return pick
+
+
+def frequency_pick(tokenizer, allowed, unigrams: Counter, neighbours: int = 10):
+    """A random word of similar corpus frequency (one of the `neighbours` on either side in the frequency
+    ranking of the allowed words): right on its own, chosen without looking at the context."""
+    ranked = sorted(
+        (i for i in range(len(allowed)) if allowed[i]), key=lambda i: -unigrams[tokenizer.id_to_token(i)]
+    )
+    rank_of = {token_id: r for r, token_id in enumerate(ranked)}
+
+    def pick(ids: list[int], pos: int, rng: random.Random) -> int:
+        r = rank_of.get(ids[pos], len(ranked) - 1)
+        window = [
+            ranked[j] for j in range(max(0, r - neighbours), min(len(ranked), r + neighbours + 1)) if j != r
+        ]
+        return rng.choice(window)
+
+    return pick
+
+
+def corrupt(sentence: str, tokenizer, pick, rng: random.Random):
+    """Replace one single-piece alphabetic word with `pick`'s choice; None if the sentence has none."""
     enc = tokenizer.encode(sentence)
     pieces_per_word: dict[int, list[int]] = {}
     for i, w in enumerate(enc.word_ids):
@@ -117,14 +157,7 @@ def corrupt(sentence: str, tokenizer, generator, allowed, rng: random.Random, to
     if not candidates:
         return None
     pos = rng.choice(candidates)
-    ids = torch.tensor([enc.ids])
-    ids[0, pos] = tokenizer.token_to_id("[MASK]")
-    with torch.no_grad():
-        logits = generator(ids, torch.ones_like(ids), torch.zeros_like(ids))[0, pos].float()
-    banned = ~allowed
-    banned[enc.ids[pos]] = True  # never the original word
-    probs = torch.softmax(logits.masked_fill(banned, float("-inf")), -1)
-    new_id = int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))))
+    new_id = pick(list(enc.ids), pos, rng)
     start, end = enc.offsets[pos]
     new_word = tokenizer.id_to_token(new_id)
     return (
@@ -138,12 +171,23 @@ def corrupt(sentence: str, tokenizer, generator, allowed, rng: random.Random, to
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, help="detector bundle directory (model.onnx, tokenizer.json)")
-    p.add_argument("--generator", required=True, help="pretraining run or checkpoint with a generator/")
+    p.add_argument(
+        "--generator", help="pretraining run or checkpoint with a generator/ (--replacement generator)"
+    )
+    p.add_argument(
+        "--replacement",
+        choices=("generator", "frequency"),
+        default="generator",
+        help="generator: a sample of the run's generator (plausible in context); frequency: a random word "
+        "of similar corpus frequency (context-blind)",
+    )
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/detector_hits.json")
     args = p.parse_args(argv)
+    if args.replacement == "generator" and not args.generator:
+        p.error("--replacement generator needs --generator RUN (a pretraining run with a generator/)")
     print(f"config: {vars(args)}", flush=True)
 
     import onnxruntime as ort
@@ -157,20 +201,23 @@ def main(argv=None) -> None:
     bundle = Path(args.bundle)
     tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
     session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
-    generator, _, gen_dir = load_model(resolve_checkpoint(args.generator) / "generator")
-    generator.eval()
     allowed = whole_word_mask(tokenizer, torch)
     rng = random.Random(args.seed)
     sentences = wikitext_sentences(args.data_dir)
     rng.shuffle(sentences)
     print("counting word bigrams of WikiText-2 train for the reference ...", flush=True)
     reference = BigramReference(read_corpus("wikitext2", "train", data_dir=args.data_dir), tokenizer)
+    if args.replacement == "generator":
+        generator, _, _ = load_model(resolve_checkpoint(args.generator) / "generator")
+        pick = generator_pick(tokenizer, generator.eval(), allowed, torch)
+    else:
+        pick = frequency_pick(tokenizer, allowed, reference.unigrams)
 
     rows, ranks, reference_ranks = [], [], []
     for sentence in sentences:
         if len(rows) == args.sentences:
             break
-        made = corrupt(sentence, tokenizer, generator, allowed, rng, torch)
+        made = corrupt(sentence, tokenizer, pick, rng)
         if made is None:
             continue
         text, (start, end), old, new = made
@@ -186,6 +233,7 @@ def main(argv=None) -> None:
     ranks_arr = np.array(ranks)
     words = np.array([r["words"] for r in rows])
     summary = {
+        "replacement": args.replacement,
         "sentences": len(rows),
         "top1_hit_rate": float((ranks_arr == 1).mean()),
         "top3_hit_rate": float((ranks_arr <= 3).mean()),
@@ -197,7 +245,8 @@ def main(argv=None) -> None:
         "bigram_reference_top3_hit_rate": float((np.array(reference_ranks) <= 3).mean()),
     }
     print(
-        f"\ndetector {bundle} on {len(rows)} held-out WikiText-2 test sentences, one word replaced by the generator"
+        f"\ndetector {bundle} on {len(rows)} held-out WikiText-2 test sentences, one word replaced "
+        f"({args.replacement})"
     )
     for k, v in summary.items():
         print(f"  {k:<32}{v:.3f}" if isinstance(v, float) else f"  {k:<32}{v}")

@@ -24,7 +24,7 @@ def test_bigram_reference_flags_the_word_that_breaks_its_neighbours(small_tokeni
 
 @pytest.mark.timeout(300)
 def test_hit_benchmark_runs_on_a_pretraining_runs_bundle(
-    tmp_path, small_corpus, small_tokenizer, shared_data
+    tmp_path, small_corpus, small_tokenizer, registry_data
 ):
     from benchmarks.detector_hits import main as hits
     from export.pipeline import ExportConfig, run_export
@@ -38,11 +38,11 @@ def test_hit_benchmark_runs_on_a_pretraining_runs_bundle(
     run = tmp_path / "run"
     pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 20, "--eval-every", 1000))
     bundle = tmp_path / "bundle"
-    run_export(ExportConfig(checkpoint=str(run), out=str(bundle), precision="fp32", data_dir=str(shared_data)),
+    run_export(ExportConfig(checkpoint=str(run), out=str(bundle), precision="fp32", data_dir=str(registry_data)),
                log=lambda _: None)  # fmt: skip
     out = tmp_path / "hits.json"
     hits(["--bundle", str(bundle), "--generator", str(run), "--sentences", "20",
-          "--data-dir", str(shared_data), "--out", str(out)])  # fmt: skip
+          "--data-dir", str(registry_data), "--out", str(out)])  # fmt: skip
     data = json.loads(out.read_text())
     summary = data["summary"]
     assert summary["sentences"] == 20 == len(data["examples"])
@@ -53,3 +53,10 @@ def test_hit_benchmark_runs_on_a_pretraining_runs_bundle(
         assert row["original"].lower() != row["replacement"].lower()
         assert row["replacement"] in row["text"]
         assert 1 <= row["rank"] <= row["words"] and 1 <= row["bigram_rank"] <= row["words"]
+
+    # The context-blind replacement needs no generator: a random word of similar corpus frequency.
+    freq = tmp_path / "freq.json"
+    hits(["--bundle", str(bundle), "--replacement", "frequency", "--sentences", "20",
+          "--data-dir", str(registry_data), "--out", str(freq)])  # fmt: skip
+    rows = json.loads(freq.read_text())["examples"]
+    assert len(rows) == 20 and all(r["original"].lower() != r["replacement"].lower() for r in rows)
