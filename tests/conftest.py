@@ -1,32 +1,29 @@
-"""Shared fixtures: the real data of ../shared/data (or ELECTRA_DATA_DIR), and small corpora cut from it."""
+"""Shared fixtures: the registry's real data (a local copy, else fetched once into the cache: see
+realdata.py), and small corpora cut from it."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("ELECTRA_DATA_DIR", REPO.parent / "shared" / "data"))
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    d = data_dir()
-    if not (d / "wikitext2-valid.raw.gz").is_file():
-        pytest.skip(f"real data not found in {d}; set ELECTRA_DATA_DIR to a directory holding it")
-    return d
+try:
+    from realdata import real_data_dir
+except ImportError:  # tests/ made a package
+    from tests.realdata import real_data_dir
 
 
 @pytest.fixture(scope="session")
-def small_corpus(shared_data, tmp_path_factory) -> Path:
+def registry_data() -> Path:
+    """A directory holding every registry data set (--data-dir for the entry points)."""
+    return real_data_dir()
+
+
+@pytest.fixture(scope="session")
+def small_corpus(registry_data, tmp_path_factory) -> Path:
     """WikiText-2's validation articles as a plain-text corpus (blank line between documents)."""
     from training.corpus import read_corpus
 
     path = tmp_path_factory.mktemp("corpus") / "wiki-valid.txt"
-    docs = [d.replace("\n\n", "\n") for d in read_corpus("wikitext2", "valid", data_dir=shared_data)]
+    docs = [d.replace("\n\n", "\n") for d in read_corpus("wikitext2", "valid", data_dir=registry_data)]
     path.write_text("\n\n".join(docs) + "\n")
     return path
 

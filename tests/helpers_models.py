@@ -7,13 +7,12 @@ these models tokenize real text the way production bundles do. Everything is see
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
-import pytest
-
-DATA_DIR = Path(os.environ.get("ELECTRA_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
-TRAIN_FILE = "wikitext2-train.raw.gz"
+try:
+    from realdata import real_data_dir
+except ImportError:  # imported as tests.helpers_models
+    from tests.realdata import real_data_dir
 
 TINY = dict(
     embedding_size=32,
@@ -28,16 +27,10 @@ TINY = dict(
 )
 
 
-def data_dir_or_skip() -> Path:
-    if not (DATA_DIR / TRAIN_FILE).is_file():
-        pytest.skip(f"{DATA_DIR / TRAIN_FILE} not found (set ELECTRA_DATA_DIR to the shared data directory)")
-    return DATA_DIR
-
-
 def text_lines(n: int = 2000, split: str = "train") -> list[str]:
     """The first `n` non-empty, non-heading lines of a WikiText-2 split, lightly detokenized."""
     out = []
-    with gzip.open(data_dir_or_skip() / f"wikitext2-{split}.raw.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(real_data_dir() / f"wikitext2-{split}.raw.gz", "rt", encoding="utf-8") as f:
         for line in f:
             s = line.strip()
             if s and not s.startswith("="):

@@ -27,12 +27,12 @@ TEXT = "The chef cooked the meal, and the guests ate it slowly in the garden."
 
 
 @pytest.fixture(scope="module")
-def bench(shared_data):
+def bench(registry_data):
     # find_spec, not importorskip: importing locust would monkey-patch this process with gevent.
     for name in ("locust", "transformers", "psutil"):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (pip install -e .[bench])")
-    return shared_data
+    return registry_data
 
 
 def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Path, tmp_path: Path):

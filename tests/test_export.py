@@ -18,7 +18,6 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    hm.data_dir_or_skip()
     return hm.train_tokenizer(tmp_path_factory.mktemp("tok"))
 
 

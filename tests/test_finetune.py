@@ -48,9 +48,9 @@ def run(*args) -> dict:
 
 
 @pytest.fixture(scope="module")
-def spam_run(tiny_init, shared_data, tmp_path_factory):
+def spam_run(tiny_init, registry_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("spam") / "out"
-    evals = run("--init", tiny_init, "--task", "sms_spam", "--data-dir", shared_data, "--out", out,
+    evals = run("--init", tiny_init, "--task", "sms_spam", "--data-dir", registry_data, "--out", out,
                 "--max-train-examples", 600, "--max-eval-examples", 200, "--max-seq-len", 64, "--epochs", 5,
                 "--batch-size", 32, "--lr", 5e-3, "--layerwise-lr-decay", 0.9)  # fmt: skip
     return out, evals
@@ -118,7 +118,7 @@ def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
     assert json.loads((out / "finetune_config.json").read_text())["metric"] == "macro_f1"
 
 
-def test_output_loads_in_transformers_with_the_same_logits(spam_run, shared_data):
+def test_output_loads_in_transformers_with_the_same_logits(spam_run, registry_data):
     transformers = pytest.importorskip("transformers")
     from training.labelled import load_labelled
 
@@ -130,7 +130,7 @@ def test_output_loads_in_transformers_with_the_same_logits(spam_run, shared_data
     )
     ours, _, _ = load_model(out)
     ours.eval()
-    texts = [t for t, _ in load_labelled("sms_spam", shared_data)["test"][:16]]
+    texts = [t for t, _ in load_labelled("sms_spam", registry_data)["test"][:16]]
     pairs = [Example(t, "and a second text" if i % 3 == 0 else None, 0) for i, t in enumerate(texts)]
     items = encode(load_tokenizer(out), pairs, 64)
     b = collate(items, pad_id=0)
