@@ -133,9 +133,14 @@ def build_models(work: Path, explore: bool) -> tuple[dict, object, object]:
     graph, _, output = graph_for(ours)
     export_onnx(graph, output, work / "raw.onnx")
     H, nh = cfg.hidden_size, cfg.num_attention_heads
-    fuse(work / "raw.onnx", work / "fused.onnx", nh, H)  # what `python -m export` ships
-    quantize_int8(work / "fused.onnx", work / "int8.onnx")
-    variants = {"onnx fp32": work / "fused.onnx", "onnx int8": work / "int8.onnx"}
+    fuse(work / "raw.onnx", work / "fused.onnx", nh, H)  # what `python -m export --precision fp32` ships
+    quantize_int8(work / "fused.onnx", work / "int8.onnx")  # --int8 dynamic
+    static_int8(work, cfg.vocab_size)  # --int8 static, the default
+    variants = {
+        "onnx fp32": work / "fused.onnx",
+        "onnx int8": work / "int8.onnx",
+        "onnx int8 static": work / "int8_static.onnx",
+    }
     if not explore:
         return variants, hf, cfg
     import onnx
@@ -176,6 +181,28 @@ def build_models(work: Path, explore: bool) -> tuple[dict, object, object]:
     )
     variants["int8 MatMul only"] = work / "mm_only.onnx"
     return variants, hf, cfg
+
+
+def static_int8(work: Path, vocab_size: int) -> None:
+    """What `python -m export` does by default: static QDQ of the unfused graph with residual Sum,
+    calibrated here on random ids (speed does not depend on the scales)."""
+    import onnx
+
+    from export.optimize import quantize_int8_static, residual_adds_as_sum
+
+    raw = onnx.load(work / "raw.onnx")
+    residual_adds_as_sum(raw)
+    onnx.save(raw, work / "raw_sum_static.onnx")
+    rng = np.random.default_rng(1)
+    calibration = [
+        {
+            "input_ids": rng.integers(5, vocab_size, (8, 64)).astype(np.int64),
+            "attention_mask": np.ones((8, 64), np.int64),
+            "token_type_ids": np.zeros((8, 64), np.int64),
+        }
+        for _ in range(4)
+    ]
+    quantize_int8_static(work / "raw_sum_static.onnx", work / "int8_static.onnx", calibration)
 
 
 def main(argv: list[str] | None = None) -> int:

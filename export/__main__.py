@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import asdict, fields
 
-from export.pipeline import PRECISIONS, ExportConfig
+from export.pipeline import INT8_METHODS, PRECISIONS, ExportConfig
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,6 +26,13 @@ def parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         default="int8",
         help="int8: CPU serving (default); fp32; fp16: GPU serving",
+    )
+    p.add_argument(
+        "--int8",
+        choices=INT8_METHODS,
+        default="static",
+        help="static: calibrated activation scales, scores independent of batch-mates (default); "
+        "dynamic: per-batch scales, faster, scores move with the batch",
     )
     p.add_argument("--opset", type=int, default=17)
     p.add_argument(

