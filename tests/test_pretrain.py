@@ -110,6 +110,32 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_co
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-5)
 
 
+def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
+    # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
+    # wait in the save barrier while the other enters the next all_reduce: a hang.
+    script = tmp_path / "agree.py"
+    script.write_text("from training.pretrain import Dist\nenv = Dist('cpu')\n"
+                      "print(f'rank {env.rank}: {env.agree(env.rank == 1)}', flush=True)\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29519",
+           str(script)]  # fmt: skip
+    out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=120).stdout
+    assert "rank 0: True" in out and "rank 1: True" in out, out
+
+
+def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, small_tokenizer):
+    # Rank 0 alone evaluates every step, so the ranks reach the cap at different moments.
+    run = tmp_path / "ddp"
+    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--max-minutes", 0.05,
+                     "--eval-every", 1, "--eval-batches", 2, "--save-every", 100000, "--batch-size", 4)  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29521",
+           "-m", "training.pretrain", *args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--max-minutes 0.05 reached" in proc.stdout + proc.stderr
+    assert (run / "checkpoints" / "latest").is_file()
+
+
 def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     target = tmp_path / "ckpt"
     write_atomically(target, lambda d: (d / "model.safetensors").write_text("good"))

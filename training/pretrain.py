@@ -62,6 +62,15 @@ class Dist:
         if self.world > 1:
             dist.barrier()
 
+    def agree(self, flag: bool) -> bool:
+        """True on every rank when it is true on any. A decision that changes which collective calls
+        follow (stop and save, or train on) must be the same everywhere, or one rank waits forever."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world > 1:
             dist.all_reduce(t)
@@ -316,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
                             disc=f"{row['disc_loss']:.4f}", lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")  # fmt: skip
             log.write(step, tokens, "train", row)
             window_t, window_tokens = time.time(), 0
-        out_of_time = cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60
+        # Each rank reads its own clock; the stop is decided together (see Dist.agree).
+        out_of_time = cfg.max_minutes is not None and env.agree(time.time() - started > cfg.max_minutes * 60)
         done = step == cfg.max_steps or out_of_time
         if (step % cfg.eval_every == 0 or done) and env.main:
             evals = evaluate(
