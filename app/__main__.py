@@ -26,8 +26,8 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def _exit_cleanly(sig, frame) -> None:
-    raise SystemExit(0)
+# uvicorn cancels handlers this long after our own drain deadline has answered them with a JSON 503.
+DEADLINE_MARGIN_S = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,17 +60,27 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
-        timeout_graceful_shutdown=settings.graceful_timeout_s or None,
+        timeout_graceful_shutdown=(
+            settings.graceful_timeout_s + DEADLINE_MARGIN_S if settings.graceful_timeout_s else None
+        ),
         lifespan="on",
     )
-    server = _DrainingServer(config, on_exit=app.state.registry.begin_drain)
+    registry = app.state.registry
+    server = _DrainingServer(config, on_exit=registry.begin_drain)
+
+    def exit_code() -> int:  # 1 when the drain deadline answered requests unscored
+        return 1 if registry.drain_timed_out else 0
+
+    def exit_after_drain(sig, frame) -> None:
+        raise SystemExit(exit_code())
+
     # uvicorn re-raises the signal it caught once it has drained, with the handlers it found installed;
-    # make that handler a clean exit so a graceful stop ends with status 0, not "killed by SIGTERM".
+    # make that handler an exit with our status (0 after a complete drain), not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
+        signal.signal(sig, exit_after_drain)
     server.run()
     # uvicorn returns normally after a graceful shutdown; a failed startup leaves `started` False.
-    return 0 if server.started else 1
+    return exit_code() if server.started else 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,13 @@ Measured on 2 cores (ELECTRA-Small int8, WikiText sentences, 64 users, req/s): o
 threads, each take run as one batch padded to its longest row, 204 (32 rows a batch, 155 ms); the
 same split by length, 266-300 (10 rows, 32 ms); two runners of one thread each, 349-374. The
 unbatched baseline did 242.
+
+Work, not request count, decides who waits (issue 12): a request of more than `interactive_tokens`
+model-input tokens is *bulk*. Interactive batches are formed first; bulk batches never take the last
+free runner (with 2 runners one is always there for a one-sentence request, which then waits for at
+most one small batch, not for a long text's windows); and bulk requests are admitted only while the
+model's bulk tokens in flight stay within `max_bulk_tokens` (beyond: 429). When no interactive
+traffic comes, a bulk request therefore runs on runners - 1 runners: the price of the guarantee.
 """
 
 from __future__ import annotations
@@ -91,6 +98,7 @@ class _Job:
     rows: list[Row]
     future: asyncio.Future
     enqueued: float
+    bulk: bool
     outputs: list = field(default_factory=list)
     taken: int = 0  # rows handed to batches so far
     done: int = 0
@@ -102,6 +110,7 @@ class _Job:
 class _Batch:
     items: list[tuple[_Job, int]]  # (job, row index)
     feeds: dict[str, np.ndarray]
+    bulk: bool
 
 
 class Batcher:
@@ -116,6 +125,8 @@ class Batcher:
         queue_size: int,
         metrics: Metrics,
         runners: int = 1,
+        interactive_tokens: int = 2048,
+        max_bulk_tokens: int = 65536,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -125,13 +136,20 @@ class Batcher:
         self.queue_size = queue_size
         self.metrics = metrics
         self.closing = False
+        self.aborted: str | None = None  # the drain deadline's message, once it has passed
+        self.interactive_tokens = interactive_tokens
+        self.max_bulk_tokens = max_bulk_tokens
         self._admitted = 0
-        self._queue: deque[_Job] = deque()
-        self._queued_tokens = 0
+        self._bulk_tokens = 0  # admitted bulk tokens not yet answered
+        self._bulk_running = 0  # runners busy with a bulk batch
+        # Indexed by `bulk` (False: interactive, True: bulk): jobs FIFO, their untaken tokens, and
+        # batches split off a take but not yet claimed by a runner.
+        self._queue: dict[bool, deque[_Job]] = {False: deque(), True: deque()}
+        self._queued_tokens = {False: 0, True: 0}
+        self._formed: dict[bool, deque[_Batch]] = {False: deque(), True: deque()}
         self._pending: set[_Job] = set()
         self._wake = asyncio.Event()
         self.runners = runners
-        self._formed: deque[_Batch] = deque()  # split off a take, not yet claimed by a runner
         self._executor = ThreadPoolExecutor(max_workers=runners, thread_name_prefix=f"ort-{name}")
         self._tasks: list[asyncio.Task] = []
 
@@ -159,42 +177,72 @@ class Batcher:
     async def submit(self, rows: list[Row]) -> JobResult:
         if not rows:
             return JobResult([], 0.0, 0.0)
-        job = _Job(rows, asyncio.get_running_loop().create_future(), time.perf_counter(), [None] * len(rows))
-        self._queue.append(job)
+        if self.aborted:
+            raise AppError(ErrorType.UNAVAILABLE, self.aborted)
+        tokens = sum(len(r.ids) for r in rows)
+        bulk = tokens > self.interactive_tokens
+        if bulk and self._bulk_tokens + tokens > self.max_bulk_tokens:
+            msg = (
+                f"model {self.name!r} is busy with {self._bulk_tokens} tokens of large requests; this one's "
+                f"{tokens} would pass the limit of {self.max_bulk_tokens} (--max-bulk-tokens); retry later"
+            )
+            raise AppError(ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"})
+        loop = asyncio.get_running_loop()
+        job = _Job(rows, loop.create_future(), time.perf_counter(), bulk, [None] * len(rows))
+        self._queue[bulk].append(job)
         self._pending.add(job)
-        self._queued_tokens += sum(len(r.ids) for r in rows)
+        self._queued_tokens[bulk] += tokens
+        self._bulk_tokens += tokens if bulk else 0
+        self.metrics.bulk_tokens.labels(self.name).set(self._bulk_tokens)
         self._wake.set()
         try:
             # Cancelling the caller cancels this future: the assembler and runner then skip its rows.
             return await job.future
         finally:
             self._pending.discard(job)
+            if bulk:
+                self._bulk_tokens -= tokens
+                self.metrics.bulk_tokens.labels(self.name).set(self._bulk_tokens)
+
+    def _may_run_bulk(self) -> bool:
+        return self.runners == 1 or self._bulk_running < self.runners - 1
 
     async def _next_batch(self) -> _Batch:
         """A batch already split off, or: wait for work, fill up to the budget or the oldest request's
-        deadline, and take it. With several runners each claims its own batch; they never share one."""
+        deadline, and take it. Interactive work first; bulk only while another runner stays free.
+        With several runners each claims its own batch; they never share one."""
         while True:
-            if self._formed:
-                return self._formed.popleft()
-            if not self._queue:
+            if self._formed[False]:
+                return self._formed[False].popleft()
+            if self._formed[True] and self._may_run_bulk():
+                self._bulk_running += 1  # released in _run_batch
+                return self._formed[True].popleft()
+            if self._queue[False]:
+                await self._fill()
+                self._formed[False].extend(self._take(False))
+            elif self._queue[True] and self._may_run_bulk():
+                self._formed[True].extend(self._take(True))
+            else:
                 self._wake.clear()
                 await self._wake.wait()
-                continue
-            deadline = self._queue[0].enqueued + self.max_wait_s
-            while self._queued_tokens < self.budget and (left := deadline - time.perf_counter()) > 0:
-                self._wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
-            self._formed.extend(self._take())
 
-    def _take(self) -> list[_Batch]:
+    async def _fill(self) -> None:
+        """Let interactive work gather up to the budget, at most until the oldest has waited max_wait."""
+        deadline = self._queue[False][0].enqueued + self.max_wait_s
+        while self._queued_tokens[False] < self.budget and (left := deadline - time.perf_counter()) > 0:
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
+
+    def _take(self, bulk: bool) -> list[_Batch]:
+        queue = self._queue[bulk]
         pool: list[tuple[_Job, int]] = []
         tokens = 0
-        while self._queue:
-            job = self._queue[0]
+        while queue:
+            job = queue[0]
             if job.future.done():  # client gone
-                self._queued_tokens -= sum(len(r.ids) for r in job.rows[job.taken :])
-                self._queue.popleft()
+                self._queued_tokens[bulk] -= sum(len(r.ids) for r in job.rows[job.taken :])
+                queue.popleft()
                 continue
             while job.taken < len(job.rows):
                 n = len(job.rows[job.taken].ids)
@@ -203,13 +251,13 @@ class Batcher:
                 pool.append((job, job.taken))
                 job.taken += 1
                 tokens += n
-                self._queued_tokens -= n
+                self._queued_tokens[bulk] -= n
             if job.taken < len(job.rows):
                 break  # budget reached inside this job; the rest waits for the next batch
-            self._queue.popleft()
+            queue.popleft()
         pool.sort(key=lambda item: len(item[0].rows[item[1]].ids))
         cuts = split_by_length([len(job.rows[i].ids) for job, i in pool], self.budget)
-        return [_Batch(pool[a:b], self._feeds(pool[a:b])) for a, b in zip(cuts, cuts[1:], strict=False)]
+        return [_Batch(pool[a:b], self._feeds(pool[a:b]), bulk) for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def _feeds(self, items: list[tuple[_Job, int]]) -> dict[str, np.ndarray]:
         return self.engine.pad([job.rows[i] for job, i in items], self.pad_id)
@@ -219,6 +267,14 @@ class Batcher:
             await self._run_batch(await self._next_batch())
 
     async def _run_batch(self, batch: _Batch) -> None:
+        try:
+            await self._run_live_rows(batch)
+        finally:
+            if batch.bulk:
+                self._bulk_running -= 1
+                self._wake.set()  # a runner waiting for bulk work may take it now
+
+    async def _run_live_rows(self, batch: _Batch) -> None:
         live = [(job, i) for job, i in batch.items if not job.future.done()]
         if not live:
             return
@@ -247,6 +303,15 @@ class Batcher:
             job.done += 1
             if job.done == len(job.rows) and not job.future.done():
                 job.future.set_result(JobResult(job.outputs, job.started - job.enqueued, job.inference_s))
+
+    def abort(self, message: str) -> int:
+        """Answer every admitted, unanswered request with 503 now (the drain deadline); returns how many.
+        Later submissions are refused the same way."""
+        self.aborted = message
+        waiting = [job for job in self._pending if not job.future.done()]
+        for job in waiting:
+            job.future.set_exception(AppError(ErrorType.UNAVAILABLE, message))
+        return len(waiting)
 
     async def close(self) -> None:
         """Stop the tasks; anything still waiting (only after the drain timed out) gets 503."""

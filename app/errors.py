@@ -22,6 +22,7 @@ class ErrorType(enum.Enum):
     EMPTY_TEXT = "empty_text"
     BATCH_TOO_LARGE = "batch_too_large"
     BODY_TOO_LARGE = "body_too_large"
+    TOO_MANY_TOKENS = "too_many_tokens"
     UNKNOWN_MODEL = "unknown_model"
     WRONG_MODEL_KIND = "wrong_model_kind"
     UNAUTHORIZED = "unauthorized"
@@ -40,6 +41,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.EMPTY_TEXT: 422,
     ErrorType.BATCH_TOO_LARGE: 422,
     ErrorType.BODY_TOO_LARGE: 413,
+    ErrorType.TOO_MANY_TOKENS: 413,  # the work a request would cause, not its bytes, is too large
     ErrorType.UNKNOWN_MODEL: 404,
     ErrorType.WRONG_MODEL_KIND: 400,
     ErrorType.UNAUTHORIZED: 401,
@@ -91,6 +93,9 @@ _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 def to_app_error(exc: Exception, max_body: int | None = None) -> AppError:
     if isinstance(exc, AppError):
         return exc
+    if _caused_by(exc, RecursionError):  # msgspec recurses per nesting level, also to skip unknown fields
+        msg = "request body is not valid JSON for this API: it nests too deeply (a few levels are enough)"
+        return AppError(ErrorType.INVALID_JSON, msg, field="body")
     if isinstance(exc, ValidationException):
         return _from_validation(exc)
     if isinstance(exc, UnicodeDecodeError):
@@ -140,6 +145,15 @@ def _from_http(exc: HTTPException, max_body: int | None) -> AppError:
     if 400 <= exc.status_code < 500:
         return AppError(ErrorType.VALIDATION, detail)
     return AppError(ErrorType.INTERNAL, "internal server error")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    e: BaseException | None = exc
+    while e is not None:
+        if isinstance(e, kind):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _decode_error(exc: BaseException) -> bool:

@@ -75,6 +75,10 @@ class Metrics:
         self.queue_depth = Gauge(
             PREFIX + "queue_depth", "Requests admitted and not yet answered", ("model",), registry=r
         )
+        self.bulk_tokens = Gauge(
+            PREFIX + "bulk_tokens", "Model-input tokens of admitted, unanswered bulk requests", ("model",),
+            registry=r,
+        )  # fmt: skip
         self.rejected = Counter(
             PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
         )

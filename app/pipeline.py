@@ -14,6 +14,7 @@ from app.metrics import Metrics
 from app.postprocess import classify_result, detect_result
 from app.registry import Model
 from app.schemas import ClassifyResponse, DetectResponse
+from app.tokenization import Row
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -48,8 +49,42 @@ class Timings:
         return out
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The work one request may cause, counted after tokenization and before inference."""
+
+    text_tokens: int  # --max-text-tokens
+    request_tokens: int  # --max-request-tokens
+
+    def check(self, rows: list[Row], field: str, text_tokens: list[int] | None = None) -> None:
+        for i, n in enumerate(text_tokens or []):
+            if n > self.text_tokens:
+                where = field if field == "text" else f"{field}[{i}]"
+                msg = (
+                    f"{where} has {n} tokens; the limit is {self.text_tokens} per text "
+                    "(--max-text-tokens, ELECTRA_MAX_TEXT_TOKENS): split it or raise the limit"
+                )
+                raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=where)
+        total = sum(len(r.ids) for r in rows)
+        if total > self.request_tokens:
+            msg = (
+                f"this request needs {total} model-input tokens (windows and special tokens counted); the "
+                f"limit is {self.request_tokens} per request (--max-request-tokens, "
+                "ELECTRA_MAX_REQUEST_TOKENS): send fewer or shorter texts per request"
+            )
+            raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=field)
+
+
 async def detect(
-    model: Model, texts: list[str], threshold: float, ret: str, receive: Receive, metrics: Metrics, t: Timings
+    model: Model,
+    texts: list[str],
+    field: str,
+    threshold: float,
+    ret: str,
+    limits: Limits,
+    receive: Receive,
+    metrics: Metrics,
+    t: Timings,
 ) -> DetectResponse:
     with model.batcher.admit():
         t0 = time.perf_counter()
@@ -58,6 +93,7 @@ async def detect(
         t.tokenization_s = time.perf_counter() - t0
         metrics.tokenization.labels(model.name).observe(t.tokenization_s)
         rows = [row for enc in encodings for row in enc.rows]
+        limits.check(rows, field, [len(enc.tokens) for enc in encodings])
         result = await until_done_or_gone(model.batcher.submit(rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s
     outputs = iter(result.outputs)
@@ -74,7 +110,14 @@ async def detect(
 
 
 async def classify(
-    model: Model, items: list, top_k: int | None, receive: Receive, metrics: Metrics, t: Timings
+    model: Model,
+    items: list,
+    field: str,
+    top_k: int | None,
+    limits: Limits,
+    receive: Receive,
+    metrics: Metrics,
+    t: Timings,
 ) -> ClassifyResponse:
     with model.batcher.admit():
         t0 = time.perf_counter()
@@ -82,7 +125,9 @@ async def classify(
         encoded = await offload(lambda: model.tokenizer.encode_classify(items), chars)
         t.tokenization_s = time.perf_counter() - t0
         metrics.tokenization.labels(model.name).observe(t.tokenization_s)
-        result = await until_done_or_gone(model.batcher.submit([row for row, _ in encoded]), receive)
+        rows = [row for row, _ in encoded]
+        limits.check(rows, field)  # each text is cut to max_length: only the total can be too large
+        result = await until_done_or_gone(model.batcher.submit(rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s
     m = model.bundle.manifest
     results = [

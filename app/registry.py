@@ -39,6 +39,8 @@ class Registry:
         self.models: dict[str, Model] = {}
         self.state = "loading"  # loading -> ready -> draining; or failed
         self.detail: str | None = None
+        self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
+        self._loop: asyncio.AbstractEventLoop | None = None
         for b in bundles:
             if b.manifest.max_length > settings.batch_token_budget:
                 raise SettingsError(
@@ -107,6 +109,7 @@ class Registry:
         return out
 
     async def load(self) -> None:
+        self._loop = asyncio.get_running_loop()
         try:
             for bundle in self.bundles.values():
                 tokenizer, engine = await asyncio.to_thread(self._load_and_warm, bundle)
@@ -119,6 +122,8 @@ class Registry:
                     queue_size=self.settings.queue_size,
                     metrics=self.metrics,
                     runners=self.settings.runners,
+                    interactive_tokens=self.settings.interactive_tokens,
+                    max_bulk_tokens=self.settings.max_bulk_tokens,
                 )
                 batcher.start()
                 self.models[bundle.name] = Model(bundle, tokenizer, engine, batcher)
@@ -144,6 +149,20 @@ class Registry:
         self.state = "draining"
         for model in self.models.values():
             model.batcher.closing = True
+        # Called from a signal handler: hand over to the loop. The deadline answers what is still
+        # waiting with a JSON 503 *before* uvicorn's own timeout (a little later, see __main__) would
+        # cancel those handlers and send a plain-text 500.
+        if self._loop is not None and self.settings.graceful_timeout_s > 0:
+            self._loop.call_soon_threadsafe(
+                self._loop.call_later, self.settings.graceful_timeout_s, self._drain_deadline
+            )
+
+    def _drain_deadline(self) -> None:
+        msg = f"server shut down: --graceful-timeout-s {self.settings.graceful_timeout_s} passed first"
+        unanswered = sum(model.batcher.abort(msg) for model in self.models.values())
+        if unanswered:
+            self.drain_timed_out = True
+            log.warning("graceful timeout: %d request(s) answered 503 unscored", unanswered)
 
     async def close(self) -> None:
         for model in self.models.values():

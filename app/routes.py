@@ -39,6 +39,7 @@ _INPUT_ERRORS = (
     ErrorType.EMPTY_TEXT,
     ErrorType.BATCH_TOO_LARGE,
     ErrorType.BODY_TOO_LARGE,
+    ErrorType.TOO_MANY_TOKENS,
     ErrorType.UNKNOWN_MODEL,
     ErrorType.WRONG_MODEL_KIND,
     ErrorType.UNAUTHORIZED,
@@ -50,6 +51,10 @@ _TIMING = "x-tokenization-time, x-queue-time, x-inference-time, x-total-time hea
 
 def _registry(request: Request) -> Registry:
     return request.app.state.registry
+
+
+def _limits(settings) -> pipeline.Limits:
+    return pipeline.Limits(settings.max_text_tokens, settings.max_request_tokens)
 
 
 def _label(request: Request, model: str) -> None:
@@ -68,12 +73,13 @@ def _label(request: Request, model: str) -> None:
 async def detect(data: DetectRequest, request: Request) -> Response[DetectResponse]:
     timings = pipeline.Timings.of(request)
     settings = request.app.state.settings
-    _, texts = check_inputs(settings.max_batch_size, data.text, data.texts)
+    field, texts = check_inputs(settings.max_batch_size, data.text, data.texts)
     model = _registry(request).resolve(data.model, "detector")
     _label(request, model.name)
     body = await pipeline.detect(
-        model, texts, data.threshold, data.return_, request.receive, request.app.state.metrics, timings
-    )
+        model, texts, field, data.threshold, data.return_, _limits(settings), request.receive,
+        request.app.state.metrics, timings,
+    )  # fmt: skip
     return Response(body, headers=timings.headers())
 
 
@@ -87,12 +93,13 @@ async def detect(data: DetectRequest, request: Request) -> Response[DetectRespon
 async def classify(data: ClassifyRequest, request: Request) -> Response[ClassifyResponse]:
     timings = pipeline.Timings.of(request)
     settings = request.app.state.settings
-    _, items = check_inputs(settings.max_batch_size, data.text, data.texts, data.pairs, pairs_ok=True)
+    field, items = check_inputs(settings.max_batch_size, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier")
     _label(request, model.name)
     body = await pipeline.classify(
-        model, items, data.top_k, request.receive, request.app.state.metrics, timings
-    )
+        model, items, field, data.top_k, _limits(settings), request.receive, request.app.state.metrics,
+        timings,
+    )  # fmt: skip
     return Response(body, headers=timings.headers())
 
 

@@ -32,6 +32,18 @@ class Settings:
     # 6 ms at 0; 64 users: 357 vs 354 req/s).
     max_wait_ms: float = _opt(0.0, "how long an idle runner lets the oldest request wait for company")
     queue_size: int = _opt(256, "admitted, unanswered requests per model; beyond it 429")
+    # Work bounds (issue 12): a request's cost is its tokens, not its bytes; 100 KB of "!" is 100k tokens.
+    # 8,192 tokens are ~17 windows of 512: under a second of one core for the default detector.
+    max_text_tokens: int = _opt(8192, "tokens one text may have (/detect); more: 413 too_many_tokens")
+    max_request_tokens: int = _opt(
+        16384, "model-input tokens one request may cause (windows and special tokens counted); more: 413"
+    )
+    # Requests above --interactive-tokens are "bulk": they wait behind interactive ones, never hold the
+    # last free runner, and are admitted only while the model's bulk tokens in flight stay under this.
+    max_bulk_tokens: int = _opt(
+        65536, "tokens of bulk requests admitted and unanswered per model; beyond it 429"
+    )
+    interactive_tokens: int = _opt(2048, "requests up to this many model-input tokens go first")
     max_batch_size: int = _opt(32, "texts (or pairs) in one request")
     max_body_bytes: int = _opt(1 << 20, "larger request bodies get 413")
     intra_op_threads: int = _opt(0, "ONNX Runtime threads per batch; 0: the available cores / --runners")
@@ -51,13 +63,21 @@ class Settings:
     access_log: bool = _opt(False, "log one line per request (true/false)")
 
     def __post_init__(self) -> None:
-        positive = ("port", "batch_token_budget", "queue_size", "max_batch_size", "max_body_bytes", "runners")
+        positive = (
+            "port", "batch_token_budget", "queue_size", "max_batch_size", "max_body_bytes", "runners",
+            "max_text_tokens", "max_request_tokens", "max_bulk_tokens", "interactive_tokens",
+        )  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
         for name in ("max_wait_ms", "intra_op_threads", "window_stride", "graceful_timeout_s"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.max_request_tokens > self.max_bulk_tokens:
+            raise SettingsError(
+                f"--max-request-tokens {self.max_request_tokens} exceeds --max-bulk-tokens "
+                f"{self.max_bulk_tokens}: such a request could never be admitted"
+            )
         if self.port > 65535:
             raise SettingsError(f"{_flag('port')} must be <= 65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():

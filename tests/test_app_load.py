@@ -65,25 +65,64 @@ def test_request_of_a_client_that_left_is_dropped_before_inference(slow_server):
         assert c.post("/detect", json={"text": "still here"}).status_code == 200
 
 
+def wait_for(condition, timeout: float = 30, what: str = "condition") -> None:
+    """Poll until `condition()` is true: a loaded machine stretches every step, so no fixed sleeps."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.02)
+
+
+def refusing_new_work(url: str) -> bool:
+    try:
+        return httpx.get(url + "/ready", timeout=2).status_code == 503
+    except httpx.TransportError:  # the port is already closed
+        return True
+
+
 def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path):
-    flags = ("--queue-size", "64", "--max-wait-ms", "800")
+    # A long max wait keeps the six admitted requests queued until SIGTERM has certainly arrived.
+    flags = ("--queue-size", "64", "--max-wait-ms", "3000")
     with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
 
         def post(i: int) -> int:
-            with httpx.Client(base_url=s.url, timeout=30) as c:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
                 return c.post("/detect", json={"text": f"in flight {i}"}).status_code
 
         with ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(post, i) for i in range(6)]
-            time.sleep(0.3)  # all six are admitted and waiting for their batch
+            depth = lambda: s.metric("electra_queue_depth", model="detector")  # noqa: E731
+            wait_for(lambda: depth() == 6, what="six admitted requests")
+            assert not any(f.done() for f in futures)  # still waiting for their batch
             s.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.1)
+            wait_for(lambda: refusing_new_work(s.url), what="/ready to say draining")
             try:  # new work is refused: the port is closed, or 503 if the request got in
-                with httpx.Client(base_url=s.url, timeout=5) as c:
+                with httpx.Client(base_url=s.url, timeout=10) as c:
                     late = c.post("/detect", json={"text": "too late"}).status_code
             except httpx.TransportError:
                 late = None
             assert late in (None, 503)
             assert [f.result() for f in futures] == [200] * 6
-        assert s.proc.wait(timeout=30) == 0, s.log()
+        assert s.proc.wait(timeout=60) == 0, s.log()
+    assert "Traceback" not in s.log()
+
+
+def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_dir, tmp_path):
+    # The requests wait 20 s for company: longer than the 1 s the drain may take.
+    flags = ("--queue-size", "64", "--max-wait-ms", "20000", "--graceful-timeout-s", "1")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
+
+        def post(i: int) -> httpx.Response:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                return c.post("/detect", json={"text": f"in flight {i}"})
+
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(post, i) for i in range(3)]
+            wait_for(lambda: s.metric("electra_queue_depth", model="detector") == 3, what="3 admitted")
+            s.proc.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in futures]
+        for r in answers:
+            assert r.status_code == 503 and r.headers["content-type"].startswith("application/json")
+            assert "--graceful-timeout-s" in r.json()["error"]["message"]
+        assert s.proc.wait(timeout=60) == 1, s.log()  # not a clean drain: say so
     assert "Traceback" not in s.log()
