@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -13,9 +14,9 @@ import httpx
 import pytest
 
 try:
-    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import app_env, bundles_dir, run_server  # noqa: F401 (fixture)
 except ImportError:
-    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import app_env, bundles_dir, run_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -39,28 +40,54 @@ def test_hadolint_passes():
 
 def test_cpu_image_steps_install_a_torch_free_server_that_serves(tmp_path, bundles_dir):
     build = stage("build-cpu")
-    copied = re.findall(r"^COPY (\S+) ", build, flags=re.M)
-    extras = re.findall(r'pip install --no-cache-dir "\.\[(\w+)\]"', build)
-    assert extras == ["cpu"], extras
+    copied = [line.split()[:-1] for line in re.findall(r"^COPY (.+)$", build, flags=re.M)]
+    installs = re.findall(r'pip install --no-cache-dir "\.\[(\w+)\]" -c (\S+)', build)
+    assert installs == [("cpu", "requirements/serve.txt")], installs
     # Lay out /src as the image does: only what the stage copies.
     src = tmp_path / "src"
-    src.mkdir()
-    for item in copied:
-        for part in item.split():
-            path = REPO / part
-            (shutil.copytree if path.is_dir() else shutil.copy2)(path, src / part)
+    for parts in copied:
+        for part in parts:
+            path, target = REPO / part, src / part
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, target)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([py, "-m", "pip", "install", "-q", f"{src}[cpu]"], check=True, timeout=600)
+    constraints = src / installs[0][1]
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", f"{src}[cpu]", "-c", constraints], check=True, timeout=600
+    )
     listed = subprocess.run(
         [py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
     ).stdout
     names = {line.split("==")[0].lower() for line in listed.splitlines()}
     assert "torch" not in names and "transformers" not in names, "the serving install must stay torch-free"
     assert "onnxruntime" in names
+    # What the constraints pin is what was installed: the image built next month is the one tested today.
+    pins = dict(line.split("==") for line in constraints.read_text().splitlines() if "==" in line)
+    installed = dict(line.split("==") for line in listed.splitlines() if "==" in line)
+    for name in ("litestar", "onnxruntime", "tokenizers", "numpy", "uvicorn", "msgspec"):
+        assert installed[name] == pins[name], name
     # Start it from outside the source tree, so only the installed package can be imported.
     with run_server(bundles_dir, log_dir=tmp_path, python=str(py), cwd=tmp_path) as server:
         r = httpx.post(server.url + "/detect", json={"text": "the cat sat on the mat"}, timeout=30)
         assert r.status_code == 200
         assert r.json()["results"][0]["tokens"]
+
+
+def test_healthcheck_uses_the_servers_port_and_api_key(tmp_path, bundles_dir):
+    """The image's HEALTHCHECK (`python -m app.healthcheck`) finds /ready on the port the server was given
+    and sends the API key it was given; a wrong key is unhealthy."""
+    assert 'CMD ["python", "-m", "app.healthcheck"]' in stage("cpu")
+    with run_server(
+        bundles_dir, "--api-key", "s3cret", log_dir=tmp_path, headers={"x-api-key": "s3cret"}
+    ) as server:
+        port = server.url.rsplit(":", 1)[1]
+
+        def check(**settings: str) -> int:
+            cmd = [sys.executable, "-m", "app.healthcheck"]
+            return subprocess.run(cmd, env=app_env(**settings), capture_output=True, timeout=30).returncode
+
+        assert check(port=port, api_key="s3cret") == 0
+        assert check(port=port, api_key="wrong") == 1
+        assert check(port=port) == 1
