@@ -1,4 +1,5 @@
-"""Engine sweep: PyTorch eager (transformers) vs our ONNX fp32 vs our int8, on the ELECTRA-Small shape.
+"""Engine sweep: PyTorch eager (transformers) vs our ONNX fp32 vs our int8, on the ELECTRA-Small shape
+(or a run's shape with --shape-from).
 
     python -m benchmarks.engine [--threads 2] [--explore] [--out benchmarks/results/engine.json]
 
@@ -109,7 +110,19 @@ def gemm_peak(threads: int, work: Path) -> dict:
 # -------------------------------------------------------------------------------------------- models
 
 
-def build_models(work: Path, explore: bool) -> tuple[dict, object, object]:
+def model_shape(shape_from: str | None):
+    """ELECTRA-Small's shape, or the shape of a checkpoint (a run directory or a model directory): the
+    speed of a shape does not depend on its weights, so the benchmark draws them at random either way."""
+    from training.checkpoint import read_config, resolve_checkpoint
+    from training.model import ElectraConfig
+
+    if shape_from is None:
+        return ElectraConfig()  # ELECTRA-Small: V 30522, E 128, H 256, 12 layers, 4 heads, FFN 1024
+    cfg, _ = read_config(resolve_checkpoint(shape_from))
+    return cfg
+
+
+def build_models(work: Path, explore: bool, cfg) -> tuple[dict, object, object]:
     """(ONNX variants {name: path}, transformers model, our config) from one random-weight model."""
     import torch
     import transformers
@@ -117,10 +130,9 @@ def build_models(work: Path, explore: bool) -> tuple[dict, object, object]:
     from export.onnx import export_onnx, graph_for
     from export.optimize import fuse, quantize_int8
     from training.checkpoint import hf_config_dict
-    from training.model import ElectraConfig, ElectraForPreTraining, init_weights
+    from training.model import ElectraForPreTraining, init_weights
 
     torch.manual_seed(0)
-    cfg = ElectraConfig()  # ELECTRA-Small: V 30522, E 128, H 256, 12 layers, 4 heads, FFN 1024
     ours = ElectraForPreTraining(cfg)
     init_weights(ours)
     ours.eval()
@@ -210,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
     p.add_argument("--out", default="benchmarks/results/engine.json")
+    p.add_argument(
+        "--shape-from",
+        default=None,
+        help="time the shape of this run or checkpoint (e.g. runs/detector) instead of ELECTRA-Small's",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
@@ -223,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"GEMM peak ({args.threads} threads, ORT): fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s"
         )
-        variants, hf, cfg = build_models(work, args.explore)
+        variants, hf, cfg = build_models(work, args.explore, model_shape(args.shape_from))
         sessions = {name: ort_session(path, args.threads) for name, path in variants.items()}
         if args.explore:
             sessions["int8, no spinning"] = ort_session(variants["onnx int8"], args.threads, spinning=False)
@@ -274,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     result = {
-        "model": "ELECTRA-Small shape, random weights",
+        "model": f"{args.shape_from or 'ELECTRA-Small'} shape, random weights",
         "config": cfg.to_dict(),
         "forward_flop_per_token_at_128": flops_per_token(cfg, 128) / 3,
         "threads": args.threads,
