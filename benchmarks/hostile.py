@@ -1,0 +1,221 @@
+"""Hostile load: normal traffic beside maximum-size requests, oversized ones and slow clients.
+
+    python -m benchmarks.hostile [--seconds 120] [--rps 20] [--big-clients 2] [--slow-clients 20]
+
+Starts `python -m app` on --models (default: the shipped bundles) and, for --seconds, runs at once:
+- normal traffic: one-sentence /detect requests paced at --rps (the figures that matter: p50, p99,
+  failures);
+- --big-clients closed-loop clients, each sending the largest request the server admits (found by
+  asking: the 413 names the limit), with 100k-character texts and ~1 MiB batches mixed in;
+- --slow-clients connections that send headers and half a body, then one byte every few seconds.
+The server's resident memory is sampled every second. Prints a table, writes
+benchmarks/results/<--name>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks import loadkit as lk
+
+SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
+PARAGRAPH = (
+    "The river flows past the old mill, where the village once ground its grain. In spring the water "
+    "rises and the meadows flood; children watch the herons from the bridge. "
+)
+MB = 1 << 20
+
+
+async def largest_request(client: httpx.AsyncClient) -> list[str]:
+    """Long texts, one more at a time, until the server refuses: the largest admitted request."""
+    long_text = PARAGRAPH * 40  # ~1.3k tokens
+    texts = [long_text]
+    while len(texts) < 32:
+        r = await client.post("/detect", json={"texts": texts + [long_text], "return": "words"}, timeout=120)
+        if r.status_code != 200:
+            break
+        texts.append(long_text)
+    return texts
+
+
+async def normal(client: httpx.AsyncClient, rps: float, until: float, out: list) -> None:
+    """Open-loop: each request starts on its own schedule, whether or not the previous one returned."""
+    tasks = []
+
+    async def one(i: int) -> None:
+        t = time.perf_counter()
+        try:
+            r = await client.post("/detect", json={"text": SENTENCE.format(i)}, timeout=30)
+            out.append((time.perf_counter() - t, r.status_code))
+        except httpx.HTTPError as e:
+            out.append((time.perf_counter() - t, type(e).__name__))
+
+    i, start = 0, time.perf_counter()
+    while time.perf_counter() < until:
+        tasks.append(asyncio.create_task(one(i)))
+        i += 1
+        await asyncio.sleep(max(0.0, start + i / rps - time.perf_counter()))
+    await asyncio.gather(*tasks)
+
+
+async def heavy(client: httpx.AsyncClient, big: list[str], until: float, out: list) -> None:
+    """Closed loop of maximum-size requests; every fourth an oversized text, every eighth ~1 MiB."""
+    i = 0
+    while time.perf_counter() < until:
+        i += 1
+        if i % 8 == 0:
+            body, kind = {"texts": [PARAGRAPH * 200] * 32}, "1 MiB batch"
+        elif i % 4 == 0:
+            body, kind = {"text": "!" * 100_000}, "100k-char text"
+        else:
+            body, kind = {"texts": big, "return": "words"}, "largest admitted"
+        t = time.perf_counter()
+        try:
+            r = await client.post("/detect", json=body, timeout=120)
+            out.append((kind, time.perf_counter() - t, r.status_code))
+        except httpx.HTTPError as e:
+            out.append((kind, time.perf_counter() - t, type(e).__name__))
+
+
+async def slow_client(port: int, until: float, out: list) -> None:
+    """Headers and half the body, then a byte every 3 s; records how long the server kept it open."""
+    body = b'{"text": "' + b"slow " * 200 + b'"}'
+    t = time.perf_counter()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = f"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body[: len(body) // 2])
+        await writer.drain()
+        for b in body[len(body) // 2 :]:
+            if time.perf_counter() > until:
+                break
+            await asyncio.sleep(3)
+            writer.write(bytes([b]))
+            await writer.drain()
+            if reader.at_eof():
+                break
+        status = (await asyncio.wait_for(reader.read(200), 1)).split(b" ")[1:2]
+        out.append((time.perf_counter() - t, (status or [b"closed"])[0].decode()))
+        writer.close()
+    except (TimeoutError, OSError, IndexError) as e:
+        out.append((time.perf_counter() - t, type(e).__name__))
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+async def drive(url: str, port: int, args) -> dict:
+    limits = httpx.Limits(max_connections=1000)
+    async with httpx.AsyncClient(base_url=url, limits=limits) as client:
+        big = await largest_request(client)
+        until = time.perf_counter() + args.seconds
+        normal_out: list = []
+        heavy_out: list = []
+        slow_out: list = []
+        jobs = [normal(client, args.rps, until, normal_out)]
+        jobs += [heavy(client, big, until, heavy_out) for _ in range(args.big_clients)]
+        jobs += [slow_client(port, until, slow_out) for _ in range(args.slow_clients)]
+        await asyncio.gather(*jobs)
+    return {"largest_admitted_texts": len(big), "normal": normal_out, "heavy": heavy_out, "slow": slow_out}
+
+
+def summarize(raw: dict, samples: list[dict], t0: float) -> dict:
+    ok = [t for t, code in raw["normal"] if code == 200]
+    heavy: dict[str, dict] = {}
+    for kind, t, code in raw["heavy"]:
+        h = heavy.setdefault(kind, {"statuses": {}, "seconds": []})
+        h["statuses"][str(code)] = h["statuses"].get(str(code), 0) + 1
+        h["seconds"].append(t)
+    rss = [(round(s["t"] - t0, 1), s["rss"].get("server", 0) / MB) for s in samples]
+    return {
+        "normal": {
+            "requests": len(raw["normal"]),
+            "failures": len(raw["normal"]) - len(ok),
+            "p50_ms": 1000 * pct(ok, 0.5),
+            "p99_ms": 1000 * pct(ok, 0.99),
+            "max_ms": 1000 * max(ok, default=float("nan")),
+        },
+        "heavy": {
+            k: {"statuses": v["statuses"], "p50_s": pct(v["seconds"], 0.5), "max_s": max(v["seconds"])}
+            for k, v in heavy.items()
+        },
+        "slow_clients": {
+            "count": len(raw["slow"]),
+            "held_s_max": max((t for t, _ in raw["slow"]), default=0.0),
+            "outcomes": sorted({str(o) for _, o in raw["slow"]}),
+        },
+        "rss_mb": {
+            "start": rss[0][1] if rss else None,
+            "max": max(v for _, v in rss) if rss else None,
+            "end": rss[-1][1] if rss else None,
+            "series": rss,
+        },
+        "largest_admitted_texts": raw["largest_admitted_texts"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", type=Path, default=Path("models"))
+    p.add_argument("--seconds", type=float, default=120)
+    p.add_argument("--rps", type=float, default=20, help="normal one-sentence requests per second")
+    p.add_argument("--big-clients", type=int, default=2)
+    p.add_argument("--slow-clients", type=int, default=20)
+    p.add_argument("--server-args", default="", help="extra flags for python -m app")
+    p.add_argument("--name", default="hostile")
+    args = p.parse_args(argv)
+    extra = args.server_args.split()
+
+    def argv_for(port: int) -> list[str]:
+        return lk.command(
+            "ours", port, models_dir=args.models, bundle=args.models, hf_dir=args.models, extra=extra
+        )
+
+    log_dir = Path("runs/bench-logs")
+    with lk.serve("hostile", argv_for, log_dir) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with lk.Sampler({"server": server.proc.pid}) as sampler:
+            t0 = sampler.samples[0]["t"]
+            raw = asyncio.run(drive(server.url, port, args))
+        with contextlib.suppress(Exception):
+            raw["metrics_tail"] = httpx.get(server.url + "/metrics", timeout=5).text[-4000:]
+    result = summarize(raw, sampler.samples, t0)
+    result |= {"seconds": args.seconds, "rps": args.rps, "big_clients": args.big_clients,
+               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": lk.machine()}  # fmt: skip
+    n, r = result["normal"], result["rss_mb"]
+    rows = [["normal /detect", n["requests"], n["failures"], f"{n['p50_ms']:.0f}", f"{n['p99_ms']:.0f}"]]
+    for kind, h in result["heavy"].items():
+        codes = " ".join(f"{c}x{k}" for k, c in sorted(h["statuses"].items()))
+        rows.append(
+            [
+                kind,
+                sum(h["statuses"].values()),
+                codes,
+                f"{1000 * h['p50_s']:.0f}",
+                f"{1000 * h['max_s']:.0f} (max)",
+            ]
+        )
+    md = lk.table(["traffic", "requests", "failures / statuses", "p50 ms", "p99 ms"], rows)
+    md += (
+        f"\n\nRSS: {r['start']:.0f} MB at start, {r['max']:.0f} MB max, {r['end']:.0f} MB at the end. "
+        f"Slow clients: {result['slow_clients']['count']}, held at most {result['slow_clients']['held_s_max']:.0f} s, "
+        f"outcomes {result['slow_clients']['outcomes']}. Largest admitted request: "
+        f"{result['largest_admitted_texts']} texts of ~1.3k tokens. {args.seconds:.0f} s, {lk.machine()['cores']} cores, "
+        f"load average at start {result['machine']['load_avg_at_start']}."
+    )
+    print(md)
+    js, mdp = lk.write_report(args.name, result, md)
+    print(f"wrote {js} and {mdp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
