@@ -49,7 +49,7 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
     from sklearn.metrics import roc_auc_score
 
     from training.checkpoint import load_model
-    from training.objective import draw_noise, mask_tokens, replace_with_samples, sample_from_logits
+    from training.objective import Corruption, draw_noise, generator_fill, replace_with_samples
 
     disc, cfg, _ = load_model(ckpt, "ElectraForPreTraining")
     gen, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
@@ -58,22 +58,14 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
     ids, am, tt = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
     special = batch["special_tokens_mask"].bool()
     noise = draw_noise(tuple(ids.shape), seed, 0, slice(0, ids.size(0)), "cpu")
-    masked = mask_tokens(
-        ids,
-        batch["special_tokens_mask"],
-        noise,
-        mask_prob=0.15,
-        mask_token_id=mask_id,
-        vocab_size=cfg.vocab_size,
-    )
+    masked = Corruption(mask_id, cfg.vocab_size).mask(ids, batch["special_tokens_mask"], noise)
     real = ~special
     result = {"checkpoint": str(ckpt)}
     with torch.no_grad():
-        sampled = sample_from_logits(gen(masked.input_ids, am, tt, positions=masked.is_masked),
-                                     noise.sample[masked.is_masked], 1.0)  # fmt: skip
+        _, from_generator = generator_fill(gen, masked, am, tt, noise)
         unigram = torch.searchsorted(unigram_cdf, noise.random_token[masked.is_masked] * unigram_cdf[-1])
-        for name, samples in (("generator", sampled), ("unigram", unigram.clamp(max=cfg.vocab_size - 1))):
-            faked = replace_with_samples(masked, samples)
+        from_unigram = replace_with_samples(masked, unigram.clamp(max=cfg.vocab_size - 1))
+        for name, faked in (("generator", from_generator), ("unigram", from_unigram)):
             logits = disc(faked.input_ids, am, tt)
             labels = faked.is_replaced[real].numpy()
             result[f"auc_{name}_replacements"] = float(roc_auc_score(labels, logits[real].numpy()))

@@ -181,7 +181,7 @@ def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None, s
     import torch
 
     from training.model import flops_per_token
-    from training.objective import draw_noise, mask_tokens
+    from training.objective import Corruption, draw_noise
     from training.pretrain import build_objective
 
     if threads:
@@ -197,8 +197,7 @@ def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None, s
     for step in range(steps + 1):  # the first step warms up allocators and kernels
         t = time.perf_counter()
         noise = draw_noise((B, T), 0, step, slice(None), "cpu")
-        masked = mask_tokens(ids, batch["special_tokens_mask"], noise, mask_prob=base.mask_prob,
-                             mask_token_id=4, vocab_size=vocab_size)  # fmt: skip
+        masked = Corruption.of(base, 4, vocab_size).mask(ids, batch["special_tokens_mask"], noise)
         out = obj(batch, masked, noise, n_masked=masked.is_masked.sum().clamp(min=1), n_tokens=B * T)
         out.loss.backward()
         opt.step()

@@ -58,36 +58,28 @@ def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: in
 
 def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: int = 0):
     """(corrupted Batch, labels (B, T) bool, how) with training.objective's masking and sampling."""
-    from training.objective import draw_noise, mask_tokens, replace_with_samples, sample_from_logits
+    from training.objective import Corruption, draw_noise, generator_fill, replace_with_samples
 
     ids = torch.from_numpy(batch.input_ids)
     noise = draw_noise(tuple(ids.shape), seed, 0, slice(None), "cpu")
     vocab = int(generator.config.vocab_size) if generator is not None else int(ids.max()) + 1
-    masked = mask_tokens(
-        ids, torch.from_numpy(special), noise, mask_prob=MASK_RATE, mask_token_id=mask_id, vocab_size=vocab
-    )
-    u = noise.sample[masked.is_masked]
+    masked = Corruption(mask_id, vocab, mask_prob=MASK_RATE).mask(ids, torch.from_numpy(special), noise)
     if generator is not None:
         with torch.no_grad():
-            logits = generator(
-                masked.input_ids,
-                torch.from_numpy(batch.attention_mask),
-                torch.from_numpy(batch.token_type_ids),
-                positions=masked.is_masked,
-            )
-        sampled = sample_from_logits(logits, u, temperature=1.0)
+            _, fake = generator_fill(generator, masked, torch.from_numpy(batch.attention_mask),
+                                     torch.from_numpy(batch.token_type_ids), noise)  # fmt: skip
         how = (
             "generator: 15% of tokens masked (ELECTRA's 85% [MASK] / 15% kept), replaced by generator samples"
         )
     else:
         counts = torch.bincount(ids[torch.from_numpy(~special)], minlength=vocab).double()
         cdf = counts.cumsum(0) / counts.sum()
-        sampled = torch.searchsorted(cdf, u.double()).clamp_(max=vocab - 1)
+        u = noise.sample[masked.is_masked]
+        fake = replace_with_samples(masked, torch.searchsorted(cdf, u.double()).clamp_(max=vocab - 1))
         how = (
             "unigram: no generator/ in the checkpoint; 15% of tokens replaced by samples from the "
             "held-out text's own unigram distribution (easier to detect than generator samples)"
         )
-    fake = replace_with_samples(masked, sampled)
     out = Batch(fake.input_ids.numpy(), batch.attention_mask, batch.token_type_ids)
     return out, fake.is_replaced.numpy(), how
 

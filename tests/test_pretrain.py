@@ -110,6 +110,16 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_co
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-5)
 
 
+def test_evaluation_corrupts_with_the_tokenizers_vocabulary(tmp_path, small_corpus, small_tokenizer):
+    # tiny.toml says vocab_size 2000, the tokenizer has 1000 tokens: BERT-style random replacements must
+    # be drawn from the tokenizer's ids in evaluation as in training, or they index past the embeddings.
+    run = tmp_path / "run"
+    pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 4, "--eval-every", 2,
+                       "--mask-replace-prob", 0.8, "--random-replace-prob", 0.2))  # fmt: skip
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+
+
 def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
     # wait in the save barrier while the other enters the next all_reduce: a hang.

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from sklearn.metrics import precision_recall_fscore_support, roc_auc_score
 
-from training.objective import draw_noise, mask_tokens
+from training.objective import draw_noise
 
 
 def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
@@ -25,19 +25,15 @@ def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: flo
 
 
 @torch.no_grad()
-def evaluate(objective, batches, n_batches: int, cfg, specials, device, autocast) -> dict[str, float]:
+def evaluate(objective, batches, n_batches: int, seed: int, corruption, device, autocast) -> dict[str, float]:
     """Run `n_batches` held-out batches with fixed noise, so every evaluation sees the same corruption."""
     objective.eval()
     probs, labels, mlm_correct, mlm_total, losses = [], [], 0, 0, []
     for i in range(n_batches):
         batch = {k: v.to(device) for k, v in next(batches).items()}
         B, T = batch["input_ids"].shape
-        noise = draw_noise((B, T), seed=cfg.seed + 1_000_003, step=i, rows=slice(0, B), device=device)
-        masked = mask_tokens(
-            batch["input_ids"], batch["special_tokens_mask"], noise,
-            mask_prob=cfg.mask_prob, mask_token_id=specials.mask, vocab_size=cfg.vocab_size,
-            mask_replace_prob=cfg.mask_replace_prob, random_replace_prob=cfg.random_replace_prob,
-        )  # fmt: skip
+        noise = draw_noise((B, T), seed=seed + 1_000_003, step=i, rows=slice(0, B), device=device)
+        masked = corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
         n_masked = masked.is_masked.sum().clamp(min=1)
         n_tokens = batch["attention_mask"].sum()
         with autocast():

@@ -9,6 +9,7 @@ keeps them exact under DDP's gradient averaging too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -66,6 +67,35 @@ def mask_tokens(
     return MaskedInputs(masked, is_masked, input_ids)
 
 
+@dataclass(frozen=True)
+class Corruption:
+    """How a batch is masked before the generator fills it in.
+
+    Training, held-out evaluation, the export's int8 check and the probes each build one from the run's
+    settings and the *tokenizer's* vocabulary, and mask through it, so they cannot drift apart (they once
+    did: evaluation drew BERT-style random ids below the configured vocab size, past a smaller tokenizer's
+    embedding table).
+    """
+
+    mask_token_id: int
+    vocab_size: int  # the tokenizer's: random replacements are drawn below it
+    mask_prob: float = 0.15
+    mask_replace_prob: float = 0.85
+    random_replace_prob: float = 0.0
+
+    @classmethod
+    def of(cls, cfg, mask_token_id: int, vocab_size: int) -> Corruption:
+        """From a PretrainConfig (or anything with its mask_* fields)."""
+        return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob)
+
+    def mask(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, noise: Noise) -> MaskedInputs:
+        return mask_tokens(
+            input_ids, special_tokens_mask, noise, mask_prob=self.mask_prob, mask_token_id=self.mask_token_id,
+            vocab_size=self.vocab_size, mask_replace_prob=self.mask_replace_prob,
+            random_replace_prob=self.random_replace_prob,
+        )  # fmt: skip
+
+
 def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature: float) -> torch.Tensor:
     """One token per row of `logits` (M, V), by inverse-CDF sampling with the given uniforms (M,).
 
@@ -91,6 +121,20 @@ def replace_with_samples(masked: MaskedInputs, sampled_ids: torch.Tensor) -> Fak
     fake = masked.original_ids.clone()
     fake[masked.is_masked] = sampled_ids
     return FakedData(fake, fake != masked.original_ids, sampled_ids)
+
+
+def generator_fill(
+    generator, masked: MaskedInputs, attention_mask, token_type_ids, noise: Noise, temperature: float = 1.0
+) -> tuple[torch.Tensor, FakedData]:
+    """The generator's logits at the masked positions (M, V), and the input with its samples put in.
+
+    No gradient flows from the samples back into the generator: the discriminator's loss trains only
+    the discriminator (the paper's choice; sampling is not differentiable anyway).
+    """
+    logits = generator(masked.input_ids, attention_mask, token_type_ids, positions=masked.is_masked)
+    with torch.no_grad():
+        sampled = sample_from_logits(logits.detach(), noise.sample[masked.is_masked], temperature)
+    return logits, replace_with_samples(masked, sampled)
 
 
 class ElectraLosses(NamedTuple):
@@ -130,13 +174,8 @@ def electra_loss(
     n_tokens: float | torch.Tensor,
 ) -> ElectraLosses:
     am, tt = batch["attention_mask"], batch["token_type_ids"]
-    mlm_logits = generator(masked.input_ids, am, tt, positions=masked.is_masked)  # (M, V)
-    targets = masked.original_ids[masked.is_masked]
-    gen = mlm_loss(mlm_logits, targets, n_masked)
-    # No gradient flows from the discriminator into the generator through the sampled tokens.
-    with torch.no_grad():
-        sampled = sample_from_logits(mlm_logits.detach(), noise.sample[masked.is_masked], temperature)
-    faked = replace_with_samples(masked, sampled)
+    mlm_logits, faked = generator_fill(generator, masked, am, tt, noise, temperature)  # (M, V)
+    gen = mlm_loss(mlm_logits, masked.original_ids[masked.is_masked], n_masked)
     disc_logits = discriminator(faked.input_ids, am, tt)  # (B, T)
     disc = disc_loss(disc_logits, faked.is_replaced, am, n_tokens)
     return ElectraLosses(

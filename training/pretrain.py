@@ -28,7 +28,7 @@ from training.config import ConfigError, PretrainConfig, describe, parse_config,
 from training.datasets import DatasetError
 from training.evaluate import evaluate
 from training.model import ElectraConfig, count_parameters, flops_per_token
-from training.objective import ElectraObjective, MLMObjective, draw_noise, mask_tokens
+from training.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
 from training.prepare import prepare_data
 from training.report import MetricsLog, plot_curves
 from training.tokenizer import TokenizerError
@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             return contextlib.nullcontext()
         return torch.autocast(env.device.type, dtype=torch.bfloat16)
 
+    corruption = Corruption.of(cfg, specials.mask, specials.vocab_size)
     B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
     gen_cfg = objective.generator.config
     flops_tok = flops_per_token(gen_cfg, T, cfg.mask_prob)
@@ -293,11 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             batch = {k: v.to(env.device, non_blocking=True) for k, v in next(train_batches).items()}
             noise = draw_noise((B * W, T), cfg.seed, step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
                                env.device)  # fmt: skip
-            masked = mask_tokens(
-                batch["input_ids"], batch["special_tokens_mask"], noise, mask_prob=cfg.mask_prob,
-                mask_token_id=specials.mask, vocab_size=specials.vocab_size,
-                mask_replace_prob=cfg.mask_replace_prob, random_replace_prob=cfg.random_replace_prob,
-            )  # fmt: skip
+            masked = corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
             # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
             counts = env.all_sum(torch.stack([masked.is_masked.sum(), batch["attention_mask"].sum()]).float())
             n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
@@ -330,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         done = step == cfg.max_steps or out_of_time
         if (step % cfg.eval_every == 0 or done) and env.main:
             evals = evaluate(
-                objective, valid_batches(), cfg.eval_batches, cfg, specials, env.device, autocast
+                objective, valid_batches(), cfg.eval_batches, cfg.seed, corruption, env.device, autocast
             )
             log.write(step, tokens, "eval", evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evals.items()))
