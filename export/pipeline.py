@@ -233,13 +233,30 @@ def _path(p: str | None) -> Path | None:
 def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:
     training = _recipe(ckpt)
     return {
-        "checkpoint": str(ckpt.resolve()),
+        "checkpoint": _portable(str(ckpt.resolve())),
         "architecture": arch,
         "step": training.get("step") if training else None,
         "config": mcfg.to_dict(),
         "tokenizer": tokenizer_note,
         **({"training": training} if training else {}),
     }
+
+
+def _portable(value):
+    """A manifest travels with its bundle: an absolute path of the exporting machine means nothing there.
+    Paths under the working directory are kept relative to it (runs/detector/...), others by their
+    last three parts; everything else passes through."""
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        path = Path(value)
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return str(Path(*path.parts[-3:]))
+    return value
 
 
 # Resume bookkeeping, not recipe: left out of the manifest.
@@ -267,7 +284,7 @@ def _recipe(ckpt: Path) -> dict | None:
             parent = None  # moved or deleted since: the path alone is still recorded
         if parent:
             state["pretraining"] = parent
-    return state
+    return _portable(state)
 
 
 def _warm_start(spec: str) -> dict:

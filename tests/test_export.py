@@ -233,7 +233,8 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
     shutil.copytree(classifier_dir, fine)
     (pre / "trainer_state.json").write_text(json.dumps({
         "step": 4000, "batches": {"epoch": 3}, "optimizer": {"x": 1},
-        "config": {"lr": 3e-4, "num_layers": 4}, "eval": {"disc_auc": 0.61},
+        "config": {"lr": 3e-4, "num_layers": 4, "data_dir": "/somewhere/on/the/exporting/machine"},
+        "eval": {"disc_auc": 0.61},
     }))  # fmt: skip
     (fine / "trainer_state.json").write_text(json.dumps({
         "task": "rotten_tomatoes", "init": str(pre), "config": {"lr": 3e-4},
@@ -244,8 +245,13 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
     assert recipe["pretraining"]["eval"]["disc_auc"] == 0.61
     assert recipe["pretraining"]["config"]["num_layers"] == 4
     assert "optimizer" not in recipe["pretraining"] and "batches" not in recipe["pretraining"]
+    # No absolute path of the exporting machine travels with the bundle.
+    assert recipe["pretraining"]["config"]["data_dir"] == "the/exporting/machine"
+    assert not any(
+        str(v).startswith("/") for v in (recipe["init"], *recipe["pretraining"]["config"].values())
+    )
     shutil.rmtree(pre)  # the pretraining run moved away: its path stays, nothing else is claimed
-    assert "pretraining" not in _recipe(fine) and _recipe(fine)["init"] == str(pre)
+    assert "pretraining" not in _recipe(fine) and _recipe(fine)["init"] == "/".join(pre.parts[-3:])
 
 
 def test_static_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, detector_dir, eval_text):
