@@ -1,19 +1,27 @@
 """Read a model bundle (model.onnx + tokenizer.json + manifest.json, see docs/formats.md) and check it
-before anything is loaded: a bundle whose model.onnx does not match its manifest is refused."""
+before anything is loaded: a bundle whose files do not match the sha256 sums of its manifest is refused.
+
+The one bundle reader: export/ writes what this checks (export.bundle.write_manifest calls file_hashes)
+and verifies its output with read_bundle."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
 FILES = ("model.onnx", "tokenizer.json", "manifest.json")
+# Every file the manifest vouches for (it cannot hash itself); manifest["files"] maps each to its sha256.
+HASHED = ("model.onnx", "tokenizer.json")
+
+log = logging.getLogger("app")
 
 
-class BundleError(Exception):
+class BundleError(ValueError):
     """A bundle that cannot be served; the message names the file."""
 
 
@@ -24,6 +32,9 @@ class Manifest(msgspec.Struct):
     max_length: int
     output: str
     model_sha256: str
+    # sha256 of every file in HASHED. Bundles exported before it existed have only model_sha256: they are
+    # served with a warning (their tokenizer.json is unchecked) until re-exported; see read_bundle.
+    files: dict[str, str] | None = None
     precision: str = "fp32"
     inputs: list[str] = msgspec.field(default_factory=list)
     problem_type: str | None = None
@@ -41,6 +52,13 @@ class Bundle:
     name: str
     path: Path
     manifest: Manifest
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def verified(self) -> dict[str, str]:
+        """The files whose sha256 was checked at load, with that sha256."""
+        m = self.manifest
+        return dict(m.files) if m.files is not None else {"model.onnx": m.model_sha256.lower()}
 
     @property
     def model_path(self) -> Path:
@@ -57,6 +75,20 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_hashes(path: Path) -> dict[str, str]:
+    """What a manifest's `files` records for the bundle in `path` (export/ writes exactly this)."""
+    return {fname: sha256_file(path / fname) for fname in HASHED}
+
+
+def _check_hash(path: Path, fname: str, expected: str) -> None:
+    actual = sha256_file(path / fname)
+    if actual != expected.lower():
+        raise BundleError(
+            f"{path / fname} does not match its manifest (sha256 mismatch: manifest says {expected}, file is "
+            f"{actual}): the file was modified or replaced; export the bundle again"
+        )
 
 
 def read_bundle(path: Path, name: str | None = None) -> Bundle:
@@ -76,21 +108,45 @@ def read_bundle(path: Path, name: str | None = None) -> Bundle:
         raise BundleError(f"{manifest_path}: a classifier needs `labels`")
     if manifest.max_length < 4:
         raise BundleError(f"{manifest_path}: max_length {manifest.max_length} is too small")
-    actual = sha256_file(path / "model.onnx")
-    if actual != manifest.model_sha256.lower():
-        raise BundleError(
-            f"{path / 'model.onnx'}: sha256 mismatch: manifest says {manifest.model_sha256}, file is {actual}"
+    warnings: tuple[str, ...] = ()
+    if manifest.files is None:
+        # Accepted, not refused: bundles exported before per-file hashes would otherwise stop serving on
+        # upgrade. Only model.onnx is checked; /models and the log say so until the bundle is re-exported.
+        _check_hash(path, "model.onnx", manifest.model_sha256)
+        warnings = (
+            "old bundle: its manifest has no `files` sha256 list, so tokenizer.json is not checked; "
+            "export it again (python -m export) to have every file hash-checked",
         )
-    return Bundle(name=name or path.resolve().name, path=path, manifest=manifest)
+        log.warning("%s: %s", path, warnings[0])
+    else:
+        missing = [f for f in HASHED if f not in manifest.files]
+        if missing:
+            raise BundleError(f"{manifest_path}: `files` lists no sha256 for {', '.join(missing)}")
+        if manifest.files["model.onnx"].lower() != manifest.model_sha256.lower():
+            raise BundleError(f"{manifest_path}: `model_sha256` and `files` disagree about model.onnx")
+        for fname in HASHED:
+            _check_hash(path, fname, manifest.files[fname])
+    return Bundle(name=name or path.resolve().name, path=path, manifest=manifest, warnings=warnings)
 
 
-def discover(models_dir: Path) -> list[Bundle]:
-    """Every bundle under models_dir, named by its directory; models_dir may itself be one bundle."""
+def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
+    """Every bundle under models_dir, named by its directory (models_dir may itself be one bundle), and
+    the broken ones by name with the reason. One broken bundle fails alone; when none can be served,
+    BundleError names every reason (the server then refuses to start)."""
     if not models_dir.is_dir():
         raise BundleError(f"{models_dir}: models directory does not exist")
     if (models_dir / "manifest.json").is_file():
-        return [read_bundle(models_dir)]
+        return [read_bundle(models_dir)], {}
     dirs = sorted(p for p in models_dir.iterdir() if (p / "manifest.json").is_file())
     if not dirs:
         raise BundleError(f"{models_dir}: no bundle found (no sub-directory holds a manifest.json)")
-    return [read_bundle(p) for p in dirs]
+    bundles, broken = [], {}
+    for p in dirs:
+        try:
+            bundles.append(read_bundle(p))
+        except BundleError as e:
+            broken[p.name] = str(e)
+            log.error("bundle %s is broken and will not be served: %s", p.name, e)
+    if not bundles:
+        raise BundleError("no bundle can be served:\n" + "\n".join(broken.values()))
+    return bundles, broken

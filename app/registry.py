@@ -32,8 +32,17 @@ class Model:
 
 
 class Registry:
-    def __init__(self, bundles: list[Bundle], settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        bundles: list[Bundle],
+        settings: Settings,
+        metrics: Metrics,
+        broken: dict[str, str] | None = None,
+    ) -> None:
         self.bundles = {b.name: b for b in bundles}
+        # A bundle that failed its checks or would not load, by name, with the reason: it fails alone
+        # (503 naming the reason); /ready and /models say which and why.
+        self.broken: dict[str, str] = dict(broken or {})
         self.settings = settings
         self.metrics = metrics
         self.models: dict[str, Model] = {}
@@ -61,6 +70,10 @@ class Registry:
                     ErrorType.UNKNOWN_MODEL, f"no {kind} is served; see GET /models", field="model"
                 )
         bundle = self.bundles.get(name)
+        if bundle is None and name in self.broken:
+            raise AppError(
+                ErrorType.UNAVAILABLE, f"model {name!r} is broken: {self.broken[name]}", field="model"
+            )
         if bundle is None:
             served = ", ".join(sorted(self.bundles))
             raise AppError(
@@ -78,6 +91,13 @@ class Registry:
                 ErrorType.UNAVAILABLE, f"model {name!r} is {self.state}", headers={"retry-after": "1"}
             )
         return model
+
+    def readiness(self) -> tuple[str, str | None]:
+        """(status, detail): "degraded" when some models serve and others are broken."""
+        if self.state == "ready" and self.broken:
+            names = ", ".join(sorted(self.broken))
+            return "degraded", f"broken bundle(s), not served: {names}; see GET /models for why"
+        return self.state, self.detail
 
     def describe(self) -> list[ModelInfo]:
         defaults = {self.default("detector"), self.default("classifier")}
@@ -101,6 +121,8 @@ class Registry:
                     precision=m.precision,
                     max_length=m.max_length,
                     sha256=m.model_sha256,
+                    files_sha256=b.verified,
+                    warnings=list(b.warnings),
                     inputs=list(m.inputs),
                     provenance=provenance,
                     default=name in defaults,
@@ -110,9 +132,15 @@ class Registry:
 
     async def load(self) -> None:
         self._loop = asyncio.get_running_loop()
-        try:
-            for bundle in self.bundles.values():
+        for bundle in list(self.bundles.values()):
+            try:
                 tokenizer, engine = await asyncio.to_thread(self._load_and_warm, bundle)
+            except Exception as e:  # this bundle fails alone; the reason stays readable on /models
+                self.broken[bundle.name] = f"loading failed: {type(e).__name__}: {e}"
+                del self.bundles[bundle.name]
+                log.exception("%s: loading failed; the other models are served", bundle.name)
+                continue
+            try:
                 batcher = Batcher(
                     bundle.name,
                     engine,
@@ -126,13 +154,15 @@ class Registry:
                     max_bulk_tokens=self.settings.max_bulk_tokens,
                 )
                 batcher.start()
-                self.models[bundle.name] = Model(bundle, tokenizer, engine, batcher)
-                log.info("%s: loaded and warmed up (%s)", bundle.name, bundle.manifest.kind)
-        except Exception as e:  # /ready reports it; the process stays up so the reason can be read
-            self.state, self.detail = "failed", f"{type(e).__name__}: {e}"
-            log.exception("loading models failed")
-            return
-        if self.state == "loading":
+            except Exception as e:  # a bug of ours, not the bundle's: /ready reports it, the process stays up
+                self.state, self.detail = "failed", f"{type(e).__name__}: {e}"
+                log.exception("starting the batchers failed")
+                return
+            self.models[bundle.name] = Model(bundle, tokenizer, engine, batcher)
+            log.info("%s: loaded and warmed up (%s)", bundle.name, bundle.manifest.kind)
+        if not self.models:
+            self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
+        elif self.state == "loading":
             self.state = "ready"
 
     def _load_and_warm(self, bundle: Bundle) -> tuple[TextTokenizer, Engine]:

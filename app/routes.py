@@ -105,7 +105,8 @@ async def classify(data: ClassifyRequest, request: Request) -> Response[Classify
 
 @get("/models", responses=_errors(ErrorType.UNAUTHORIZED), summary="Served models")
 async def models(request: Request) -> ModelsResponse:
-    return ModelsResponse(models=_registry(request).describe())
+    registry = _registry(request)
+    return ModelsResponse(models=registry.describe(), broken=dict(registry.broken))
 
 
 @get("/health", opt={"public": True}, summary="Alive (never needs the API key)")
@@ -116,12 +117,15 @@ async def health() -> Status:
 @get(
     "/ready",
     responses={503: ResponseSpec(Status, description="loading, failed or draining")},
-    summary="All models loaded and warmed up",
+    summary="Models loaded and warmed up (200 `degraded`: some bundles are broken, the others serve)",
 )
 async def ready(request: Request) -> Response[Status]:
     registry = _registry(request)
-    code = 200 if registry.state == "ready" else 503
-    return Response(Status(status=registry.state, detail=registry.detail), status_code=code)
+    status, detail = registry.readiness()
+    code = 200 if status in ("ready", "degraded") else 503
+    return Response(
+        Status(status=status, detail=detail, broken=dict(registry.broken) or None), status_code=code
+    )
 
 
 @get("/metrics", media_type=CONTENT_TYPE, summary="Prometheus metrics")

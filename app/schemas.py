@@ -124,6 +124,8 @@ class ModelInfo(msgspec.Struct):
     precision: str
     max_length: int
     sha256: str
+    files_sha256: Annotated[dict[str, str], _doc("every bundle file whose sha256 was checked at load")]
+    warnings: Annotated[list[str], _doc("e.g. an old bundle whose tokenizer.json is not hash-checked")]
     inputs: list[str]
     provenance: dict[str, object]  # source, created_at, versions, parity, optimizations from the manifest
     default: bool  # picked when a request names no model
@@ -131,11 +133,15 @@ class ModelInfo(msgspec.Struct):
 
 class ModelsResponse(msgspec.Struct):
     models: list[ModelInfo]
+    broken: Annotated[dict[str, str], _doc("bundles not served, by name, with the reason")] = msgspec.field(
+        default_factory=dict
+    )
 
 
 class Status(msgspec.Struct):
     status: str
     detail: str | None = None
+    broken: Annotated[dict[str, str] | None, _doc("bundles not served, by name, with the reason")] = None
 
 
 class ErrorDetail(msgspec.Struct):

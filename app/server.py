@@ -18,7 +18,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import __version__
+from app import __version__, ui
 from app.bundle import discover
 from app.errors import AppError, ErrorType, handle_exception
 from app.metrics import Metrics
@@ -30,9 +30,11 @@ log = logging.getLogger("app")
 
 
 def create_app(settings: Settings) -> Litestar:
-    """Reads and hash-checks every bundle now (a bad bundle fails here, before the port opens)."""
+    """Reads and hash-checks every bundle now: a broken one is left out (and reported), and when none
+    can be served this fails before the port opens."""
     metrics = Metrics()
-    registry = Registry(discover(settings.models_dir), settings, metrics)
+    bundles, broken = discover(settings.models_dir)
+    registry = Registry(bundles, settings, metrics, broken)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -46,7 +48,7 @@ def create_app(settings: Settings) -> Litestar:
             await registry.close()
 
     return Litestar(
-        route_handlers=HANDLERS,
+        route_handlers=HANDLERS + (ui.HANDLERS if settings.ui else []),
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
         middleware=[_observe(metrics)],

@@ -2,43 +2,26 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
+# One bundle reader: app.bundle (the server's) defines what a bundle is and checks it; export writes
+# what it checks. app.bundle imports neither torch nor anything of export or training.
+from app.bundle import FILES, BundleError, file_hashes, read_bundle
+
 FORMAT_VERSION = 1
-MODEL, TOKENIZER, MANIFEST = "model.onnx", "tokenizer.json", "manifest.json"
+MODEL, TOKENIZER, MANIFEST = FILES
 
-
-class BundleError(ValueError):
-    """A bundle that is incomplete or whose model file does not match its manifest."""
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+__all__ = ["BundleError", "verify_bundle", "write_manifest", "write_tokenizer", "write_triton"]
 
 
 def verify_bundle(directory: str | Path) -> dict:
-    """The manifest, after checking that every file is there and model.onnx is the file that was exported."""
+    """The manifest, after the server's own checks (app.bundle.read_bundle): every file there, the
+    manifest valid, every file's sha256 as recorded."""
     d = Path(directory)
-    for name in (MODEL, TOKENIZER, MANIFEST):
-        if not (d / name).is_file():
-            raise BundleError(f"{d}: missing {name}; a bundle holds {MODEL}, {TOKENIZER} and {MANIFEST}")
-    manifest = json.loads((d / MANIFEST).read_text())
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise BundleError(f"{d}/{MANIFEST}: format_version {manifest.get('format_version')!r}, expected 1")
-    actual = sha256(d / MODEL)
-    if actual != manifest.get("model_sha256"):
-        raise BundleError(
-            f"{d}/{MODEL} does not match its manifest (sha256 {actual[:12]}..., manifest says "
-            f"{str(manifest.get('model_sha256'))[:12]}...): the file was modified or replaced; export again"
-        )
-    return manifest
+    read_bundle(d)
+    return json.loads((d / MANIFEST).read_text())
 
 
 def write_tokenizer(ckpt: Path, dst: Path) -> str:
@@ -57,8 +40,12 @@ def write_tokenizer(ckpt: Path, dst: Path) -> str:
 
 
 def write_manifest(directory: Path, fields: dict) -> dict:
-    manifest = {"format_version": FORMAT_VERSION, **fields, "model_sha256": sha256(directory / MODEL)}
+    """manifest.json with the sha256 of every other bundle file (`files`; `model_sha256` repeats the
+    model's for servers older than `files`), then checked by the server's reader."""
+    files = file_hashes(directory)
+    manifest = {"format_version": FORMAT_VERSION, **fields, "model_sha256": files[MODEL], "files": files}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    verify_bundle(directory)
     return manifest
 
 

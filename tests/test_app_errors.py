@@ -138,7 +138,7 @@ def test_bundle_with_wrong_hash_is_refused(bundles_dir, tmp_path):
     shutil.copytree(bundles_dir / "detector", bad)
     manifest = json.loads((bad / "manifest.json").read_text())
     real = manifest["model_sha256"]
-    manifest["model_sha256"] = "0" * 64
+    manifest["model_sha256"] = manifest["files"]["model.onnx"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(manifest))
     r = _start("--models", str(tmp_path / "models"))
     assert r.returncode == 2
