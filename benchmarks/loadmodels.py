@@ -114,6 +114,7 @@ def _random_checkpoint(out: Path, architecture: str, data_dir: str | None, like:
 def export_bundle(checkpoint: Path, out: Path, precision: str, data_dir: str | None) -> Path:
     """`python -m export` as a user runs it (a subprocess: its torch threads and memory go with it)."""
     cmd = [sys.executable, "-m", "export", str(checkpoint), "--out", str(out), "--precision", precision]
+    cmd.append("--force")  # `out` is this benchmark's own cache, rebuilt at will
     if data_dir:
         cmd += ["--data-dir", data_dir]
     print(f"exporting {checkpoint} -> {out} ({precision}) ...", flush=True)

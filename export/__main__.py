@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, fields
+from pathlib import Path
 
 from export.pipeline import INT8_METHODS, PRECISIONS, ExportConfig
 
@@ -20,7 +21,12 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m export", description=__doc__.split("\n\n")[1], allow_abbrev=False
     )  # a mistyped flag must fail, not match a prefix
     p.add_argument("checkpoint", help="run dir, checkpoint dir or Hugging Face ELECTRA dir")
-    p.add_argument("--out", required=True, help="bundle directory to write (replaced if present)")
+    p.add_argument(
+        "--out", required=True, help="bundle directory to write; must be new or empty unless --force"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace --out even if it holds files (an older bundle)"
+    )
     p.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -61,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
+    out = Path(args.out)
+    if not args.force and out.is_dir() and any(out.iterdir()):
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        parser().error(f"--out {out} is not empty (it holds {held}); pass --force to replace it")
     if args.triton == "":
         args.triton = args.out.rstrip("/") + "-triton"
     try:

@@ -273,3 +273,16 @@ def test_static_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, de
     batch = sess.run(None, feed)[0][0, :17]
     alone = sess.run(None, {k: v[:1, :17] for k, v in feed.items()})[0][0]
     np.testing.assert_allclose(alone, batch, rtol=0, atol=1e-5)
+
+
+def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
+    from export.__main__ import main
+
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "no-such-run"), "--out", str(out)])
+    assert e.value.code == 2
+    assert "is not empty (it holds manifest.json); pass --force" in capsys.readouterr().err
+    assert (out / "manifest.json").read_text() == "{}"  # untouched

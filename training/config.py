@@ -7,8 +7,13 @@ and names the option.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
+import io
 import json
+import tokenize
 import tomllib
 import types
 import typing
@@ -56,15 +61,35 @@ def _coerce(name: str, value, tp):
     return value
 
 
+@functools.cache
+def field_comments(cls) -> dict[str, str]:
+    """Each field's inline comment in the class source: the one description, shown by --help."""
+    source = inspect.getsource(cls)
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            text = " ".join(comments[n] for n in lines if n in comments and "fmt:" not in comments[n])
+            out[node.target.id] = text
+    return out
+
+
 def parse_config(cls, argv: list[str] | None = None, description: str = "", base: dict | None = None):
     """Build `cls` from `base` values < `--config FILE.toml` (optional) < `--field value` flags."""
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        description=description, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", help="TOML file of options; flags given here override it")
     for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = (f.metadata or {}).get("help", "")
+        help_text = (f.metadata or {}).get("help") or field_comments(cls).get(f.name, "")
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
         if _base_type(hints[f.name]) is bool:
             parser.add_argument(
                 flag, nargs="?", const="true", default=None, help=f"{help_text} (default {default})"
@@ -120,7 +145,9 @@ def positive(cfg, *names: str) -> None:
 class PretrainConfig:
     out: str = "runs/small"  # run directory: checkpoints, metrics.jsonl, curves.png, config.json
     objective: str = "electra"  # electra (replaced token detection) | mlm (BERT-style baseline, same size)
-    corpus: str = "wikitext2"  # registry name, or a path: .txt file, directory of .txt, .jsonl (field "text")
+    corpus: str = (
+        "wikitext2"  # wikitext2 (registry), or a path: a .txt file, a directory of .txt, .jsonl ("text")
+    )
     data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
     tokenizer: str = "train"  # "train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path
     # Warm start. With --init the discriminator's shape and the tokenizer come from the source, and the
@@ -129,42 +156,42 @@ class PretrainConfig:
     init_generator: str | None = None  # ElectraForMaskedLM/BertForMaskedLM dir (default: fresh, or our run's)
     init_lr: float | None = None  # peak lr of the tensors --init loaded (default --lr); fresh ones use --lr
     vocab_size: int = 30522  # when training the tokenizer
-    lowercase: bool = True
-    seq_len: int = 128
+    lowercase: bool = True  # lowercase text before WordPiece (the trained vocab and bert-base-uncased)
+    seq_len: int = 128  # tokens per packed training sequence, [CLS]/[SEP] included
     # Discriminator shape (ELECTRA-Small by default). The generator shares the embeddings.
-    embedding_size: int = 128
-    hidden_size: int = 256
-    num_layers: int = 12
-    num_heads: int = 4
-    intermediate_size: int = 1024
-    dropout: float = 0.1
+    embedding_size: int = 128  # token embedding width (projected to hidden_size when smaller)
+    hidden_size: int = 256  # discriminator hidden width
+    num_layers: int = 12  # discriminator transformer layers
+    num_heads: int = 4  # attention heads per layer
+    intermediate_size: int = 1024  # feed-forward width
+    dropout: float = 0.1  # dropout on hidden states and attention probabilities
     generator_fraction: float = (
         0.25  # generator hidden/heads/FFN as a share of the discriminator's (paper: 1/4)
     )
     # Objective (google-research/electra defaults).
-    mask_prob: float = 0.15
+    mask_prob: float = 0.15  # share of tokens the generator is asked to fill
     mask_replace_prob: float = 0.85  # of masked positions: [MASK]; ELECTRA keeps the other 15% unchanged
     random_replace_prob: float = 0.0  # BERT uses 0.1 (with 0.8 [MASK])
     temperature: float = 1.0  # generator sampling temperature
-    gen_weight: float = 1.0
-    disc_weight: float = 50.0
+    gen_weight: float = 1.0  # weight of the generator's MLM loss
+    disc_weight: float = 50.0  # weight of the discriminator's replaced-token loss (paper: 50)
     # Optimization.
     batch_size: int = 32  # sequences per process per micro-step
-    grad_accum: int = 1
-    max_steps: int = 10000
+    grad_accum: int = 1  # micro-steps per optimizer step
+    max_steps: int = 10000  # optimizer steps; the learning-rate schedule ends here
     max_minutes: float | None = None  # also stop (and save) after this much wall time
     lr: float = 5e-4  # ELECTRA-Small's peak learning rate
-    warmup_steps: int = 1000
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-6
-    grad_clip: float = 1.0
-    seed: int = 1337
+    warmup_steps: int = 1000  # linear warm-up steps, then linear decay to zero at max_steps
+    weight_decay: float = 0.01  # AdamW; never on biases or LayerNorm
+    adam_eps: float = 1e-6  # AdamW epsilon
+    grad_clip: float = 1.0  # clip the global gradient norm to this
+    seed: int = 1337  # seeds weights, data order and masking (a resumed run retraces the same)
     # Bookkeeping.
-    log_every: int = 10
-    eval_every: int = 500
-    eval_batches: int = 20
-    save_every: int = 500
-    keep_checkpoints: int = 2
+    log_every: int = 10  # steps between metrics.jsonl rows
+    eval_every: int = 500  # steps between held-out evaluations
+    eval_batches: int = 20  # held-out batches per evaluation
+    save_every: int = 500  # steps between checkpoints
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
     resume: bool = False  # continue from <out>/checkpoints/latest
     # Hardware.
     device: str = "auto"  # auto | cpu | cuda
@@ -175,6 +202,13 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         choice("objective", self.objective, ("electra", "mlm"))
         choice("device", self.device, ("auto", "cpu", "cuda"))
+        from training.corpus import REGISTRY_CORPORA
+
+        if self.corpus not in REGISTRY_CORPORA and not Path(self.corpus).exists():
+            raise ConfigError(
+                f"--corpus {self.corpus!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
+                f"file or directory that exists"
+            )
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
                  "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
@@ -220,9 +254,9 @@ class FinetuneConfig:
     train: str | None = None  # user data: training file
     dev: str | None = None  # user data: dev file (default: a seeded --dev-fraction split of --train)
     test: str | None = None  # user data: test file (optional)
-    text_column: str = "text"
+    text_column: str = "text"  # user data: the text column or JSONL field
     text_pair_column: str | None = None  # second text of a pair (sentence-pair tasks)
-    label_column: str = "label"
+    label_column: str = "label"  # user data: the label column or JSONL field
     labels: str | None = None  # comma-separated label names in id order (default: sorted unique values)
     problem_type: str = "auto"  # auto (non-integer numeric labels: regression) | classification | regression
     dev_fraction: float = 0.1  # share of --train held out as dev when no --dev is given
@@ -230,23 +264,23 @@ class FinetuneConfig:
     max_eval_examples: int | None = None  # a seeded sample of dev and of test
     max_seq_len: int = 128  # tokens per sequence, [CLS]/[SEP] included; longer inputs are truncated
     # Optimization (ELECTRA-Small's GLUE recipe: lr 3e-4, decay 0.8, 10% warmup; Base uses lr 1e-4).
-    epochs: int = 3
-    batch_size: int = 32
-    eval_batch_size: int = 128
+    epochs: int = 3  # passes over the training set
+    batch_size: int = 32  # sequences per optimizer step
+    eval_batch_size: int = 128  # sequences per evaluation batch
     lr: float = 3e-4  # peak learning rate of the classifier head; lower layers get less (layerwise_lr_decay)
     layerwise_lr_decay: float = 0.8  # 1.0 turns it off; see training/finetune.py for the rule
     warmup_fraction: float = 0.1  # of all training steps, then linear decay to zero
     weight_decay: float = 0.01  # AdamW; never on biases or LayerNorm
-    adam_eps: float = 1e-6
-    grad_clip: float = 1.0
+    adam_eps: float = 1e-6  # AdamW epsilon  # AdamW epsilon
+    grad_clip: float = 1.0  # clip the global gradient norm to this  # clip the global gradient norm to this
     sort_by_length: bool = False  # batch similar lengths together (less padding; order still shuffled)
-    seed: int = 1337
+    seed: int = 1337  # seeds weights, data order and masking (a resumed run retraces the same)  # seeds the head, data order and dropout
     # Evaluation and model selection.
     eval_every: int = 0  # steps between dev evaluations; 0: at the end of every epoch
     patience: int = 3  # stop after this many evaluations without a dev improvement; 0: never stop early
     metric: str = "auto"  # dev figure that picks the best checkpoint; see training/finetune_metrics.py
     positive_label: str | None = None  # binary tasks: the class whose F1 is reported as "f1" (default id 1)
-    log_every: int = 10
+    log_every: int = 10  # steps between metrics.jsonl rows  # steps between metrics.jsonl rows
     # Hardware.
     device: str = "auto"  # auto | cpu | cuda
     bf16: bool = True  # autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout

@@ -30,7 +30,7 @@ from training.evaluate import evaluate
 from training.model import ElectraConfig, count_parameters, flops_per_token
 from training.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
 from training.prepare import prepare_data
-from training.report import MetricsLog, plot_curves
+from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 from training.tokenizer import TokenizerError
 from training.warmstart import (
     InitSource,
@@ -281,11 +281,12 @@ def main(argv: list[str] | None = None) -> None:
         flops_tok += flops_per_token(objective.discriminator.config, T)
     log = MetricsLog(run / "metrics.jsonl", enabled=env.main, truncate_after=step)
     if env.main:
-        print(f"precision: {'bf16 autocast' if use_bf16 else 'fp32'}", flush=True)
+        print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}", flush=True)
         print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops_tok / 1e6:.1f} MFLOP per "
               f"training token; tokens per step {B * T * A * W}", flush=True)  # fmt: skip
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_tokens, evals = time.time(), time.time(), 0, {}
+    first_step = step
     while step < cfg.max_steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg) * g.get("lr_scale", 1.0)
@@ -311,6 +312,10 @@ def main(argv: list[str] | None = None) -> None:
         tokens += B * T * A * W
         window_tokens += B * T * A * W
         bar.update(1)
+        if env.main and step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
+            warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, step)
+            if warning:
+                tqdm.write(warning)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             sums = env.all_sum(sums) / W
             dt = time.time() - window_t

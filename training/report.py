@@ -60,3 +60,35 @@ def plot_curves(metrics_path: Path, out_png: Path) -> None:
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
+
+
+def precision_reason(requested_bf16: bool, device_type: str, used_bf16: bool) -> str:
+    """The precision a run trains in and why, for the start-up log."""
+    if used_bf16:
+        return (
+            "bf16 autocast (" + ("CUDA" if device_type == "cuda" else "this CPU has native bf16: AMX") + ")"
+        )
+    if not requested_bf16:
+        return "fp32 (--bf16 false)"
+    return (
+        "fp32: this CPU has no native bf16 (AMX), where bf16 autocast is slower than fp32; configs timed on "
+        "AMX machines (configs/mini.toml's 30 minutes) take about 1.6x as long per step here"
+    )
+
+
+def time_cap_warning(
+    max_minutes: float | None, max_steps: int, steps_done: int, seconds: float, step: int
+) -> str | None:
+    """A warning when --max-minutes, at the speed measured so far, will stop the run before --max-steps."""
+    if max_minutes is None or steps_done <= 0 or seconds <= 0:
+        return None
+    per_step = seconds / steps_done
+    reachable = step + int(max(0.0, max_minutes * 60 - seconds) / per_step)
+    if reachable >= max_steps:
+        return None
+    return (
+        f"warning: at the measured {per_step:.2f} s/step, --max-minutes {max_minutes:g} stops this run near "
+        f"step {reachable:,} of --max-steps {max_steps:,} ({reachable / max_steps:.0%} of the schedule, before "
+        f"evaluations and checkpoints): the learning rate will not have decayed. Lower --max-steps to fit, "
+        f"or raise --max-minutes."
+    )
