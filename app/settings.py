@@ -179,5 +179,7 @@ def _parser() -> argparse.ArgumentParser:
             flags.append("--models")
         env = ENV_PREFIX + f.name.upper()
         help = f"{f.metadata['help']} (env {env}; default {f.default})"
-        p.add_argument(*flags, dest=f.name, default=None, metavar="VALUE", help=help)
+        # A boolean is a switch: `--access-log` alone means true; `--access-log false` still works.
+        switch = {"nargs": "?", "const": "true"} if str(f.type) == "bool" else {}
+        p.add_argument(*flags, dest=f.name, default=None, metavar="VALUE", help=help, **switch)
     return p

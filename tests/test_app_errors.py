@@ -129,6 +129,7 @@ def test_boolean_settings_parse_from_flags_and_environment():
 
     assert Settings.from_sources([], env={})[0].access_log is False
     assert Settings.from_sources(["--access-log", "true"], env={})[0].access_log is True
+    assert Settings.from_sources(["--access-log"], env={})[0].access_log is True  # a switch, as documented
     assert Settings.from_sources([], env={"ELECTRA_ACCESS_LOG": "off"})[0].access_log is False
     assert Settings.from_sources([], env={"ELECTRA_ACCESS_LOG": "1"})[0].access_log is True
 
