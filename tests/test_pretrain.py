@@ -120,6 +120,25 @@ def test_evaluation_corrupts_with_the_tokenizers_vocabulary(tmp_path, small_corp
     assert [r["step"] for r in evals] == [2, 4]
 
 
+def test_mlm_baseline_checkpoints_its_own_layout_and_resumes(tmp_path, small_corpus, small_tokenizer):
+    import shutil
+
+    args = ("--objective", "mlm", "--max-steps", 6, "--save-every", 3, "--log-every", 1, "--eval-every", 3)
+    whole = tmp_path / "whole"
+    pretrain(tiny_args(whole, small_corpus, small_tokenizer, *args))
+    ckpt = resolve_checkpoint(whole)
+    assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["ElectraForMaskedLM"]
+    assert not (ckpt / "generator").exists()
+    rows = read_metrics(whole / "metrics.jsonl")
+    assert all("disc_loss" not in r and "disc_auc" not in r for r in rows)  # nothing invented
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-00000006")
+    (resumed / "checkpoints" / "latest").write_text("step-00000003")
+    pretrain(tiny_args(resumed, small_corpus, small_tokenizer, *args, "--resume"))
+    assert train_losses(resumed) == train_losses(whole)
+
+
 def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
     # wait in the save barrier while the other enters the next all_reduce: a hang.

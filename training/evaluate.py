@@ -42,10 +42,12 @@ def evaluate(objective, batches, n_batches: int, seed: int, corruption, device, 
         mlm_correct += int((mlm_logits.argmax(-1) == masked.original_ids[masked.is_masked]).sum())
         mlm_total += int(masked.is_masked.sum())
         losses.append(float(out.loss))
-        if out.disc_logits is not None:
+        scored = out.replaced_token_scores()  # None for an objective without a discriminator
+        if scored is not None:
+            logits, is_replaced = scored
             real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"].bool()
-            probs.append(torch.sigmoid(out.disc_logits.float())[real].cpu().numpy())
-            labels.append(out.faked.is_replaced[real].cpu().numpy())
+            probs.append(torch.sigmoid(logits.float())[real].cpu().numpy())
+            labels.append(is_replaced[real].cpu().numpy())
     objective.train()
     result = {"loss": float(np.mean(losses)), "mlm_accuracy": mlm_correct / max(mlm_total, 1)}
     if probs:

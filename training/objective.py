@@ -146,6 +146,26 @@ class ElectraLosses(NamedTuple):
     faked: FakedData
     masked: MaskedInputs
 
+    def logged(self) -> dict[str, torch.Tensor]:
+        """The scalars the training log records, by name."""
+        return {"loss": self.loss, "mlm_loss": self.mlm, "disc_loss": self.disc}
+
+    def replaced_token_scores(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, labels), each (B, T): what held-out evaluation turns into AUC, P/R/F1."""
+        return self.disc_logits, self.faked.is_replaced
+
+
+class MLMLosses(NamedTuple):
+    loss: torch.Tensor
+    mlm_logits: torch.Tensor  # (M, V) at masked positions
+    masked: MaskedInputs
+
+    def logged(self) -> dict[str, torch.Tensor]:
+        return {"loss": self.loss, "mlm_loss": self.loss}
+
+    def replaced_token_scores(self) -> None:
+        return None  # no discriminator: nothing to score
+
 
 def mlm_loss(logits: torch.Tensor, targets: torch.Tensor, normalizer: float | torch.Tensor) -> torch.Tensor:
     """Cross entropy summed over masked positions, divided by the global number of them."""
@@ -207,6 +227,26 @@ class ElectraObjective(torch.nn.Module):
         init_weights(self, disc_cfg.initializer_range)
         self.hparams = {"temperature": temperature, "gen_weight": gen_weight, "disc_weight": disc_weight}
 
+    @property
+    def encoder(self) -> torch.nn.Module:
+        """The model that fine-tuning and export take: the discriminator (the generator is dropped)."""
+        return self.discriminator
+
+    def checkpoint_parts(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        """{sub-directory of a checkpoint ("" for its top): (model, architecture)}: the checkpoint's top is
+        the discriminator in the Hugging Face layout, so `export` and `transformers` read it as is."""
+        return {
+            "": (self.discriminator, "ElectraForPreTraining"),
+            "generator": (self.generator, "ElectraForMaskedLM"),
+        }
+
+    def flops_per_token(self, seq_len: int, mask_prob: float) -> float:
+        from training.model import flops_per_token
+
+        return flops_per_token(self.generator.config, seq_len, mask_prob) + flops_per_token(
+            self.discriminator.config, seq_len
+        )
+
     def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
         return electra_loss(self.generator, self.discriminator, batch, masked, noise, n_masked=n_masked,
                             n_tokens=n_tokens, **self.hparams)  # fmt: skip
@@ -222,6 +262,18 @@ class MLMObjective(torch.nn.Module):
         self.generator = ElectraForMaskedLM(cfg)
         init_weights(self, cfg.initializer_range)
 
-    def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
+    @property
+    def encoder(self) -> torch.nn.Module:
+        return self.generator
+
+    def checkpoint_parts(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        return {"": (self.generator, "ElectraForMaskedLM")}
+
+    def flops_per_token(self, seq_len: int, mask_prob: float) -> float:
+        from training.model import flops_per_token
+
+        return flops_per_token(self.generator.config, seq_len, mask_prob)
+
+    def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> MLMLosses:
         loss, logits = masked_lm_loss(self.generator, batch, masked, n_masked=n_masked)
-        return ElectraLosses(loss, loss, torch.zeros_like(loss), logits, None, None, masked)
+        return MLMLosses(loss, logits, masked)

@@ -27,7 +27,7 @@ from training.checkpoint import CheckpointError
 from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
 from training.datasets import DatasetError
 from training.evaluate import evaluate
-from training.model import ElectraConfig, count_parameters, flops_per_token
+from training.model import ElectraConfig, count_parameters
 from training.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
 from training.prepare import prepare_data
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
@@ -133,15 +133,14 @@ def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None
 
 def load_warm_start(objective, warm: WarmStart) -> set[str]:
     """Copy the sources' tensors in; print and return what was loaded (names in `objective`)."""
-    electra = hasattr(objective, "discriminator")
-    target = objective.discriminator if electra else objective.generator
-    reports = [("discriminator." if electra else "generator.", load_into(target, warm.disc.directory))]
+    prefix = next(name for name, m in objective.named_children() if m is objective.encoder) + "."
+    reports = [(prefix, load_into(objective.encoder, warm.disc.directory))]
     if warm.gen is not None:
         # The generator's embeddings are the discriminator's (shared): the source's copy is not used.
         gen_report = load_into(objective.generator, warm.gen.directory, skip_prefixes=("electra.embeddings.",),
                                label="--init-generator")  # fmt: skip
         reports.append(("generator.", gen_report))
-    elif electra:
+    elif "generator" in objective.checkpoint_parts():
         tqdm.write("generator: fresh, at --generator-fraction of the discriminator, sharing its embeddings")
     for _, report in reports:
         tqdm.write(report.summary())
@@ -186,16 +185,11 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 
 def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals) -> None:
     def fill(d: Path) -> None:
-        if cfg.objective == "electra":
-            ckpt.save_model(objective.discriminator, d, "ElectraForPreTraining")
-            (d / "generator").mkdir()
-            ckpt.save_model(objective.generator, d / "generator", "ElectraForMaskedLM")
-            for f in ("tokenizer.json", "vocab.txt"):
-                (d / "generator" / f).write_bytes((tokenizer_dir / f).read_bytes())
-        else:
-            ckpt.save_model(objective.generator, d, "ElectraForMaskedLM")
-        for f in ("tokenizer.json", "vocab.txt"):
-            (d / f).write_bytes((tokenizer_dir / f).read_bytes())
+        for sub, (model, architecture) in objective.checkpoint_parts().items():
+            (d / sub).mkdir(exist_ok=True)
+            ckpt.save_model(model, d / sub, architecture)
+            for f in ("tokenizer.json", "vocab.txt"):  # each part loads on its own, tokenizer included
+                (d / sub / f).write_bytes((tokenizer_dir / f).read_bytes())
         tensors, opt_meta = ckpt.flatten_optimizer(opt)
         save_file(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
@@ -208,11 +202,8 @@ def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokeni
 def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
     d = ckpt.resolve_checkpoint(run)
     state = json.loads((d / "trainer_state.json").read_text())
-    if state.get("objective", "electra") == "electra":
-        ckpt.load_weights_into(objective.generator, ckpt.read_weights(d / "generator"), str(d / "generator"))
-        ckpt.load_weights_into(objective.discriminator, ckpt.read_weights(d), str(d))
-    else:
-        ckpt.load_weights_into(objective.generator, ckpt.read_weights(d), str(d))
+    for sub, (model, _) in objective.checkpoint_parts().items():
+        ckpt.load_weights_into(model, ckpt.read_weights(d / sub), str(d / sub))
     ckpt.unflatten_optimizer(opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
     batches.load_state_dict(state["batches"])
     return state["step"], state["tokens"]
@@ -275,10 +266,7 @@ def main(argv: list[str] | None = None) -> None:
 
     corruption = Corruption.of(cfg, specials.mask, specials.vocab_size)
     B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
-    gen_cfg = objective.generator.config
-    flops_tok = flops_per_token(gen_cfg, T, cfg.mask_prob)
-    if cfg.objective == "electra":
-        flops_tok += flops_per_token(objective.discriminator.config, T)
+    flops_tok = objective.flops_per_token(T, cfg.mask_prob)
     log = MetricsLog(run / "metrics.jsonl", enabled=env.main, truncate_after=step)
     if env.main:
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}", flush=True)
@@ -290,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     while step < cfg.max_steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg) * g.get("lr_scale", 1.0)
-        sums = torch.zeros(3, device=env.device)  # loss, mlm, disc (for logging)
+        sums: dict[str, torch.Tensor] = {}  # the objective's logged losses, summed over micro-steps
         for micro in range(A):
             batch = {k: v.to(env.device, non_blocking=True) for k, v in next(train_batches).items()}
             noise = draw_noise((B * W, T), cfg.seed, step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
@@ -304,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
                 with autocast():
                     out = model(batch, masked, noise, n_masked=n_masked * A, n_tokens=n_tokens * A)
                 out.loss.backward()
-            sums += torch.stack([out.loss, out.mlm, out.disc]).detach()
+            for name, value in out.logged().items():
+                sums[name] = sums.get(name, 0) + value.detach()
         norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -317,14 +306,14 @@ def main(argv: list[str] | None = None) -> None:
             if warning:
                 tqdm.write(warning)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
-            sums = env.all_sum(sums) / W
+            names = list(sums)
+            losses = (env.all_sum(torch.stack([sums[n] for n in names])) / W).tolist()
             dt = time.time() - window_t
             tps = window_tokens / max(dt, 1e-9)
-            row = {"loss": float(sums[0]), "mlm_loss": float(sums[1]), "disc_loss": float(sums[2]),
-                   "lr": lr_at(step - 1, cfg), "grad_norm": float(norm), "tokens_per_s": tps,
-                   "tflops": tps * flops_tok / 1e12}  # fmt: skip
-            bar.set_postfix(loss=f"{row['loss']:.3f}", mlm=f"{row['mlm_loss']:.3f}",
-                            disc=f"{row['disc_loss']:.4f}", lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")  # fmt: skip
+            row = {**dict(zip(names, losses, strict=True)), "lr": lr_at(step - 1, cfg), "grad_norm": float(norm),
+                   "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12}  # fmt: skip
+            shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names}
+            bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
             log.write(step, tokens, "train", row)
             window_t, window_tokens = time.time(), 0
         # Each rank reads its own clock; the stop is decided together (see Dist.agree).
