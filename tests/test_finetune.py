@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from training.checkpoint import commit_checkpoint, load_model, save_model
-from training.finetune import init_classifier, layerwise_param_groups, lr_multiplier
+from training.finetune import init_classifier, layerwise_param_groups
 from training.finetune import main as finetune
 from training.finetune_data import CLASSIFICATION, Example, TaskData, collate, encode
 from training.model import (
@@ -21,6 +21,7 @@ from training.model import (
     ElectraForSequenceClassification,
     init_weights,
 )
+from training.optim import linear_schedule
 from training.tokenizer import load_tokenizer
 
 TINY = dict(embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -93,7 +94,7 @@ def test_layerwise_decay_gives_head_full_lr_top_layer_one_power_embeddings_l_plu
 
 
 def test_warmup_then_linear_decay():
-    assert [lr_multiplier(s, total=10, warmup=2) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    assert [linear_schedule(s, total=10, warmup=2) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
 
 
 # ------------------------------------------------------------------------------------------ a real task

@@ -1,6 +1,7 @@
 """Checkpoints in the Hugging Face ELECTRA layout (see docs/formats.md), written atomically.
 
-Weights are safetensors, never pickle. Training state (optimizer moments, RNG states) is flattened into
+Weights are safetensors, never pickle. Training state (optimizer moments; no RNG state: pretraining
+reseeds from (seed, rank, step) at every checkpoint instead) is flattened into
 tensors in `optimizer.safetensors` with its structure in `trainer_state.json`, so resuming never
 unpickles anything either.
 """
@@ -210,7 +211,7 @@ def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], ke
     return target
 
 
-# ---------------------------------------------------------------------------- optimizer and RNG state
+# -------------------------------------------------------------------------------------- optimizer state
 
 
 def flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

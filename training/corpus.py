@@ -164,7 +164,7 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             except (KeyError, TypeError):
                 raise CorpusError(
-                    f"{path}:{lineno}: no {text_field!r} field; choose the field with --text-field"
+                    f"{path}:{lineno}: no {text_field!r} field; every line must be an object with a {text_field!r} string"
                 ) from None
             if not isinstance(text, str):
                 raise CorpusError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not text")

@@ -14,7 +14,6 @@ finetune_config.json and metrics.jsonl.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -44,6 +43,7 @@ from training.finetune_metrics import (
     selection_score,
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
+from training.optim import autocast_for, decays, linear_schedule
 from training.report import MetricsLog
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
 
@@ -96,20 +96,13 @@ def layerwise_param_groups(
         if not p.requires_grad:
             continue
         depth = lr_depth(name, L)
-        decays = not (p.ndim < 2 or "LayerNorm" in name)
-        g = groups.setdefault((depth, decays), {"params": [], "weight_decay": weight_decay if decays else 0.0,
+        decayed = decays(name, p)
+        g = groups.setdefault((depth, decayed), {"params": [], "weight_decay": weight_decay if decayed else 0.0,
                                                 "base_lr": lr * decay**depth, "depth": depth})  # fmt: skip
         g["params"].append(p)
     for g in groups.values():
         g["lr"] = g["base_lr"]
     return [groups[k] for k in sorted(groups)]
-
-
-def lr_multiplier(step: int, total: int, warmup: int) -> float:
-    """Linear warmup over `warmup` steps, then linear decay to zero at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
 
 
 # ------------------------------------------------------------------------------------ initialisation
@@ -289,10 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    use_bf16 = cfg.bf16 and cuda
-
-    def autocast():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+    # bf16 on CUDA and on CPUs that compute it natively (AMX), as pretraining does.
+    use_bf16, autocast = autocast_for(device, cfg.bf16)
 
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
     save_config(cfg, out / "finetune_config.json")
@@ -351,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
     window_loss, window_n, window_t = 0.0, 0, time.time()
     for _ in range(cfg.epochs):
         for _, b in batches(encoded["train"], cfg.batch_size, pad_id, rng, cfg.sort_by_length):
-            mult = lr_multiplier(step, total, warmup)
+            mult = linear_schedule(step, total, warmup)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * mult
             b = {k: v.to(device, non_blocking=True) for k, v in b.items()}

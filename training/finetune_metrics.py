@@ -9,8 +9,6 @@ import numpy as np
 
 __all__ = ["classification_metrics", "format_report", "regression_metrics", "resolve_metric", "scalars"]
 
-HIGHER_IS_BETTER = ("accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
-
 
 def classification_metrics(
     y_true: np.ndarray, y_pred: np.ndarray, labels: tuple[str, ...], positive: int = 1

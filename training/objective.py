@@ -144,7 +144,6 @@ class ElectraLosses(NamedTuple):
     mlm_logits: torch.Tensor  # (M, V) generator logits at masked positions
     disc_logits: torch.Tensor  # (B, T)
     faked: FakedData
-    masked: MaskedInputs
 
     def logged(self) -> dict[str, torch.Tensor]:
         """The scalars the training log records, by name."""
@@ -158,7 +157,6 @@ class ElectraLosses(NamedTuple):
 class MLMLosses(NamedTuple):
     loss: torch.Tensor
     mlm_logits: torch.Tensor  # (M, V) at masked positions
-    masked: MaskedInputs
 
     def logged(self) -> dict[str, torch.Tensor]:
         return {"loss": self.loss, "mlm_loss": self.loss}
@@ -198,9 +196,7 @@ def electra_loss(
     gen = mlm_loss(mlm_logits, masked.original_ids[masked.is_masked], n_masked)
     disc_logits = discriminator(faked.input_ids, am, tt)  # (B, T)
     disc = disc_loss(disc_logits, faked.is_replaced, am, n_tokens)
-    return ElectraLosses(
-        gen_weight * gen + disc_weight * disc, gen, disc, mlm_logits, disc_logits, faked, masked
-    )
+    return ElectraLosses(gen_weight * gen + disc_weight * disc, gen, disc, mlm_logits, disc_logits, faked)
 
 
 def masked_lm_loss(model, batch, masked: MaskedInputs, *, n_masked) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,4 +272,4 @@ class MLMObjective(torch.nn.Module):
 
     def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> MLMLosses:
         loss, logits = masked_lm_loss(self.generator, batch, masked, n_masked=n_masked)
-        return MLMLosses(loss, logits, masked)
+        return MLMLosses(loss, logits)

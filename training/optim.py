@@ -1,0 +1,43 @@
+"""What pretraining and fine-tuning share about optimisation: the learning-rate schedule, which tensors
+get weight decay, and the precision a device trains in."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+
+def linear_schedule(step: int, total: int, warmup: int) -> float:
+    """Multiplier of the peak learning rate: linear warmup over `warmup` steps, then linear decay to
+    zero at `total` (BERT's and ELECTRA's schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def decays(name: str, p: torch.Tensor) -> bool:
+    """Weight decay on matrices only: never on biases or LayerNorm (BERT, ELECTRA)."""
+    return not (p.ndim < 2 or "LayerNorm" in name)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs whose matrix units take bf16 (AMX): there bf16 autocast trains the mini config about
+    1.6x faster than fp32 (measured on a 2-core Xeon with AMX); elsewhere it is slower than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and torch.cpu._is_amx_tile_supported()
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def autocast_for(
+    device: torch.device, want_bf16: bool
+) -> tuple[bool, Callable[[], contextlib.AbstractContextManager]]:
+    """(bf16 used?, a factory of the autocast context): bf16 where the device computes it natively."""
+    use = want_bf16 and (device.type == "cuda" or cpu_has_native_bf16())
+
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast(device.type, dtype=torch.bfloat16) if use else contextlib.nullcontext()
+
+    return use, autocast
