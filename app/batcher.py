@@ -90,7 +90,7 @@ def split_by_length(lengths: list[int], budget: int, overhead: int = RUN_OVERHEA
 class JobResult:
     outputs: list[np.ndarray]  # per row: [seq] probabilities (detector) or [num_labels] (classifier)
     queue_s: float  # submit -> first batch with this job's rows starts
-    inference_s: float  # session.run time of the batches that carried its rows
+    inference_s: float  # wall time while a batch with its rows ran (overlapping runners counted once)
 
 
 @dataclass(eq=False)
@@ -103,7 +103,16 @@ class _Job:
     taken: int = 0  # rows handed to batches so far
     done: int = 0
     started: float | None = None
-    inference_s: float = 0.0
+    runs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of its batches
+
+    def inference_s(self) -> float:
+        """Wall time during which at least one of its batches ran: two runners working on its rows at
+        once count once, not twice."""
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted(self.runs):
+            total += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        return total
 
 
 @dataclass(frozen=True)
@@ -292,17 +301,18 @@ class Batcher:
                 if not job.future.done():
                     job.future.set_exception(e)
             return
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
+        elapsed = end - start
         self.metrics.inference.labels(self.name).observe(elapsed)
         self.metrics.batch_size.labels(self.name).observe(len(live))
         self.metrics.batch_tokens.labels(self.name).observe(next(iter(feeds.values())).size)
         for job in jobs:
-            job.inference_s += elapsed
+            job.runs.append((start, end))
         for k, (job, i) in enumerate(live):
             job.outputs[i] = out[k]
             job.done += 1
             if job.done == len(job.rows) and not job.future.done():
-                job.future.set_result(JobResult(job.outputs, job.started - job.enqueued, job.inference_s))
+                job.future.set_result(JobResult(job.outputs, job.started - job.enqueued, job.inference_s()))
 
     def abort(self, message: str) -> int:
         """Answer every admitted, unanswered request with 503 now (the drain deadline); returns how many.

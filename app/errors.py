@@ -22,6 +22,7 @@ class ErrorType(enum.Enum):
     EMPTY_TEXT = "empty_text"
     BATCH_TOO_LARGE = "batch_too_large"
     BODY_TOO_LARGE = "body_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     TOO_MANY_TOKENS = "too_many_tokens"
     UNKNOWN_MODEL = "unknown_model"
     WRONG_MODEL_KIND = "wrong_model_kind"
@@ -41,6 +42,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.EMPTY_TEXT: 422,
     ErrorType.BATCH_TOO_LARGE: 422,
     ErrorType.BODY_TOO_LARGE: 413,
+    ErrorType.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorType.TOO_MANY_TOKENS: 413,  # the work a request would cause, not its bytes, is too large
     ErrorType.UNKNOWN_MODEL: 404,
     ErrorType.WRONG_MODEL_KIND: 400,
@@ -82,7 +84,18 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
         metrics.rejected.labels(reason=err.type.value).inc()
+        # No route matched (404) or none for the method (405): Litestar never ran the route's middleware
+        # that counts requests (it sets t0), so count them here, under endpoint "other".
+        if err.type in (ErrorType.NOT_FOUND, ErrorType.METHOD_NOT_ALLOWED) and "t0" not in request.scope.get(
+            "state", {}
+        ):
+            metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
     return error_response(err)
+
+
+def clip(text: str, limit: int = 64) -> str:
+    """What an error message may echo of a client's input: a 900 KB field name is not sent back."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 # msgspec says where a value failed as `$.data.texts[1]`; Litestar prefixes the body with `data`.
@@ -122,7 +135,26 @@ def _from_validation(exc: ValidationException) -> AppError:
     message = extra.get("message") if isinstance(extra, dict) else None
     if not message or message == f"'{field}'":
         message = _AT.sub("", cause) or str(exc.detail)
-    return AppError(ErrorType.VALIDATION, message, field=field or "body")
+    if unknown:
+        message = f"Object contains unknown field `{clip(unknown.group(1))}`"
+    return AppError(ErrorType.VALIDATION, clip(message, 500), field=clip(field) if field else "body")
+
+
+def from_msgspec(exc: msgspec.DecodeError) -> AppError:
+    """A strict decode of the body failed: bad JSON (400) or a value of the wrong type or range (422)."""
+    cause = str(exc)
+    if not isinstance(exc, msgspec.ValidationError):
+        return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {cause}", field="body")
+    match = _AT.search(cause)
+    field = match.group(1) if match else ""
+    message = _AT.sub("", cause)
+    unknown = _UNKNOWN.search(cause)
+    if unknown:  # name the offending field rather than the object holding it
+        field = f"{field}.{unknown.group(1)}" if field else unknown.group(1)
+        message = f"Object contains unknown field `{clip(unknown.group(1))}`"
+    if message.startswith("Expected `object`") and not field:
+        message = f"request body must be a JSON object: {message}"
+    return AppError(ErrorType.VALIDATION, clip(message, 500), field=clip(field) if field else "body")
 
 
 def _from_http(exc: HTTPException, max_body: int | None) -> AppError:

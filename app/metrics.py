@@ -14,7 +14,8 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PREFIX = "electra_"
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Without its charset: Litestar appends "; charset=utf-8" to every text/* media type by itself.
+CONTENT_TYPE = CONTENT_TYPE_LATEST.replace("; charset=utf-8", "")
 
 # Seconds. Request latency spans a cached 1 ms /health to multi-second long-text batches.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 
 from app.schemas import ClassifyResult, DetectResult, LabelScore, Span, Summary, Token, Word
@@ -28,9 +30,10 @@ def detect_result(
     text: str, enc: DetectEncoding, outputs: list[np.ndarray], threshold: float, ret: str
 ) -> DetectResult:
     probs = stitch(enc, outputs)
+    offsets = _with_combining_marks(text, enc.offsets)
     tokens = [
         Token(text=text[a:b], token=piece, start=a, end=b, prob=float(p), word=w)
-        for piece, (a, b), p, w in zip(enc.tokens, enc.offsets, probs, enc.words, strict=True)
+        for piece, (a, b), p, w in zip(enc.tokens, offsets, probs, enc.words, strict=True)
     ]
     words: list[Word] = []
     for i, tok in enumerate(tokens):
@@ -58,6 +61,19 @@ def detect_result(
         tokens=tokens if ret in ("tokens", "both") else None,
         words=words if ret in ("words", "both") else None,
     )
+
+
+def _with_combining_marks(text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Extend each token over the combining marks that follow it: a normalizer that strips accents
+    drops "\u0301" from "Cafe\u0301", so the last token's offsets would stop before it and the word
+    would read "Cafe". A mark belongs to the character before it, hence to that character's token."""
+    out = []
+    for k, (a, b) in enumerate(offsets):
+        limit = offsets[k + 1][0] if k + 1 < len(offsets) else len(text)
+        while b < limit and unicodedata.category(text[b])[0] == "M":
+            b += 1
+        out.append((a, b))
+    return out
 
 
 def classify_result(

@@ -7,6 +7,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 
 from app import pipeline
+from app.body import strict_json
 from app.errors import STATUS, ErrorType
 from app.metrics import CONTENT_TYPE
 from app.registry import Registry
@@ -39,6 +40,7 @@ _INPUT_ERRORS = (
     ErrorType.EMPTY_TEXT,
     ErrorType.BATCH_TOO_LARGE,
     ErrorType.BODY_TOO_LARGE,
+    ErrorType.UNSUPPORTED_MEDIA_TYPE,
     ErrorType.TOO_MANY_TOKENS,
     ErrorType.UNKNOWN_MODEL,
     ErrorType.WRONG_MODEL_KIND,
@@ -69,6 +71,7 @@ def _label(request: Request, model: str) -> None:
     summary="Per-token replaced-token probabilities",
     description="One text (`text`) or a batch (`texts`). " + _TIMING,
     request_body_examples=[Example(value={"text": "the chef cooked the meal", "threshold": 0.5})],
+    before_request=strict_json(DetectRequest),
 )
 async def detect(data: DetectRequest, request: Request) -> Response[DetectResponse]:
     timings = pipeline.Timings.of(request)
@@ -89,6 +92,7 @@ async def detect(data: DetectRequest, request: Request) -> Response[DetectRespon
     responses=_errors(*_INPUT_ERRORS),
     summary="Sequence classification",
     description="One text, a batch (`texts`) or text pairs (`pairs`). " + _TIMING,
+    before_request=strict_json(ClassifyRequest),
 )
 async def classify(data: ClassifyRequest, request: Request) -> Response[ClassifyResponse]:
     timings = pipeline.Timings.of(request)

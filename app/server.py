@@ -19,6 +19,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__, ui
+from app.apidocs import OfflineDocs
 from app.bundle import discover
 from app.errors import AppError, ErrorType, handle_exception
 from app.metrics import Metrics
@@ -59,6 +60,8 @@ def create_app(settings: Settings) -> Litestar:
             title="electra-serve",
             version=__version__,
             description="Per-token replaced-token detection and classification with ELECTRA bundles.",
+            path="/schema",
+            render_plugins=[OfflineDocs()],  # /schema: HTML without a CDN; /schema/openapi.json: the document
         ),
         state=State({"settings": settings, "registry": registry, "metrics": metrics}),
         logging_config=None,  # uvicorn's logging is configured in __main__

@@ -50,6 +50,13 @@ BAD_REQUESTS = [
     ("/classify", b'{"pairs": [["only one"]]}', 422, "validation_error", "pairs[0]"),
     ("/classify", b'{"pairs": [["a", " "]]}', 422, "empty_text", "pairs[0][1]"),
     ("/classify", b'{"text": "a", "pairs": [["a", "b"]]}', 422, "validation_error", "pairs"),
+    # No silent coercion (msgspec strict): a number sent as a string is a wrong type.
+    ("/detect", b'{"text": "a", "threshold": "0.5"}', 422, "validation_error", "threshold"),
+    ("/classify", b'{"text": "a", "top_k": "3"}', 422, "validation_error", "top_k"),
+    ("/detect", b'{"text": "a", "threshold": true}', 422, "validation_error", "threshold"),
+    ("/detect", b'{"text": "a", "text": "b"}', 400, "invalid_json", "text"),
+    ("/classify", b'{"text": "a", "top_k": 1, "top_k": 2}', 400, "invalid_json", "top_k"),
+    ("/detect", b'{"text": "a", "te\\u0078t": "b"}', 400, "invalid_json", "text"),  # escaped key
 ]
 
 
@@ -70,12 +77,48 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     assert len(err["message"]) > 5
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b'{"text": "lone \\ud800 surrogate"}', b'{"text": "\\ud800"}', b'{"text": "a\\udc00"}'],
+)
+def test_a_lone_surrogate_is_named_as_such(server, body):
+    with server.client() as c:
+        r = c.post("/detect", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "lone UTF-16 surrogate" in r.json()["error"]["message"] and "truncated" not in r.text
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded", "text/json"])
+def test_content_type_must_be_json(server, ctype):
+    headers = {"content-type": ctype} if ctype else {}
+    with server.client() as c:
+        r = c.post("/detect", content=b'{"text": "a"}', headers=headers)
+        assert r.status_code == 415, r.text
+        err = r.json()["error"]
+        assert err["type"] == "unsupported_media_type" and "application/json" in err["message"]
+        ok = c.post(
+            "/detect", content=b'{"text": "a"}', headers={"content-type": "application/json; charset=utf-8"}
+        )
+        assert ok.status_code == 200
+
+
+def test_huge_field_names_are_not_echoed(server):
+    name = "k" * 3000
+    with server.client() as c:
+        for body in ({name: 1, "text": "a"}, {"text": "a", "texts": ["b"], name: 2}):
+            r = c.post("/detect", json=body)
+            assert r.status_code == 422, r.text
+            assert len(r.content) < 600 and "3000 characters" in r.text
+
+
 def test_unknown_route_and_method(server):
     with server.client() as c:
         r = c.get("/nowhere")
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
         r = c.get("/detect")
         assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
+        for status in ("404", "405"):  # counted like every other request
+            assert server.metric("electra_requests_total", endpoint="other", status=status) >= 1
         assert c.get("/ready").status_code == 200  # still alive after all of the above
     assert "Traceback" not in server.log()
 

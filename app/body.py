@@ -1,0 +1,76 @@
+"""Request bodies decoded strictly, before Litestar's own (lenient) conversion sees them: a `route`'s
+before_request hook. What the README promises and Litestar alone does not give:
+
+- Content-Type must be application/json (415 otherwise): a browser may POST text/plain cross-origin
+  without a preflight, so a lenient server is open to form-post CSRF.
+- No silent coercion: `"threshold": "0.5"` is a string, not a number (msgspec strict mode; 422).
+- Duplicate keys are refused (400): `{"text": "a", "text": "b"}` means different things to different
+  parsers (a proxy that checks one and a server that scores the other).
+- A lone UTF-16 surrogate escape is named as such (msgspec reports some as "truncated").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+from litestar import Request
+from litestar.utils.scope.state import ScopeState
+
+from app.errors import AppError, ErrorType, clip, from_msgspec
+
+# A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def strict_json(kind: type[msgspec.Struct]):
+    """before_request hook: decode the body into `kind` strictly; Litestar then takes it as `data`."""
+    decoder = msgspec.json.Decoder(kind, strict=True)
+
+    async def hook(request: Request) -> None:
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";", 1)[0].strip().lower() != "application/json":
+            got = f"got {clip(ctype)!r}" if ctype else "none was sent"
+            msg = f"Content-Type must be application/json ({got}); the body is a JSON object"
+            raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type")
+        body = await request.body()
+        if not body.strip():
+            raise AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")
+        body.decode("utf-8")  # UnicodeDecodeError -> 400 invalid_utf8, naming the byte
+        try:
+            value = decoder.decode(body)
+        except msgspec.ValidationError as e:
+            raise from_msgspec(e) from None
+        except msgspec.DecodeError as e:
+            lone = _LONE_SURROGATE.search(body)
+            if lone:
+                msg = (
+                    f"request body is not valid JSON: lone UTF-16 surrogate escape {lone.group().decode()} "
+                    f"at byte {lone.start()} (a surrogate must come in a high-low pair)"
+                )
+                raise AppError(ErrorType.INVALID_JSON, msg, field="body") from None
+            raise from_msgspec(e) from None
+        _refuse_duplicate_keys(body)
+        ScopeState.from_scope(request.scope).json = value  # Request.json() returns this: no second parse
+
+    return hook
+
+
+def _refuse_duplicate_keys(body: bytes) -> None:
+    # Only reached by bodies that decoded into the request struct: its values hold no objects, so the
+    # hook runs for the top-level object alone (~3 ms for a 1 MiB body).
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                msg = f"request body has the key `{clip(key)}` twice; send each field once"
+                raise AppError(ErrorType.INVALID_JSON, msg, field=clip(key))
+            seen.add(key)
+        return {}
+
+    json.loads(body, object_pairs_hook=pairs)
