@@ -54,8 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from app.protocol import bounded_protocol
+
     config = uvicorn.Config(
         app,
+        http=bounded_protocol(settings.read_timeout_s, app.state.metrics),
+        limit_concurrency=settings.limit_concurrency,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 log = logging.getLogger("app")
 
@@ -115,6 +115,11 @@ def to_app_error(exc: Exception, max_body: int | None = None) -> AppError:
         # Litestar decodes the body before msgspec sees it; bad bytes surface here.
         msg = f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}"
         return AppError(ErrorType.INVALID_UTF8, msg, field="body")
+    if isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely":
+        # Litestar's words for a client that left mid-body: an abort, not a server error.
+        return AppError(
+            ErrorType.CLIENT_GONE, "client disconnected before sending the whole body", field="body"
+        )
     if isinstance(exc, HTTPException):
         return _from_http(exc, max_body)
     return AppError(ErrorType.INTERNAL, "internal server error")

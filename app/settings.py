@@ -57,6 +57,10 @@ class Settings:
         None, "require `authorization: Bearer KEY` or `x-api-key` (not on /health)", True
     )
     graceful_timeout_s: float = _opt(30.0, "after SIGTERM, how long in-flight requests may take")
+    # A client has this long from its first byte to the last byte of its body (uvicorn has no read
+    # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
+    read_timeout_s: float = _opt(30.0, "seconds to receive a whole request (headers and body); 0: no limit")
+    limit_concurrency: int = _opt(1024, "open connections beyond which uvicorn answers 503 at once")
     log_level: str = _opt("info", "critical, error, warning, info, debug or trace")
     # Off by default: a log line per request costs the event loop more than routing it does, and
     # /metrics already counts and times every request by endpoint, model and status.
@@ -70,7 +74,10 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
-        for name in ("max_wait_ms", "intra_op_threads", "window_stride", "graceful_timeout_s"):
+        if self.limit_concurrency <= 0:
+            raise SettingsError(f"{_flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
+        timeouts = ("graceful_timeout_s", "read_timeout_s")
+        for name in ("max_wait_ms", "intra_op_threads", "window_stride", *timeouts):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.max_request_tokens > self.max_bulk_tokens:

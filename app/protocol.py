@@ -1,0 +1,70 @@
+"""uvicorn's HTTP protocol with a read deadline: a client gets --read-timeout-s from its first byte to
+the last byte of its request. uvicorn has none (its keep-alive timer stops at the first byte of a new
+request), so a client trickling one header byte every few seconds held its connection forever.
+
+Headers not complete by then: a JSON 408 and the connection is closed (counted here: endpoint "other",
+status 408, rejected reason "read_timeout"). Headers complete but the body not: the connection is closed
+and the handler waiting for the body sees a disconnect, answered and counted as 499 client_gone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.metrics import Metrics
+
+
+def bounded_protocol(read_timeout_s: float, metrics: Metrics) -> type[HttpToolsProtocol]:
+    return type(
+        "BoundedHttpToolsProtocol", (_BoundedRead,), {"read_timeout_s": read_timeout_s, "metrics": metrics}
+    )
+
+
+class _BoundedRead(HttpToolsProtocol):
+    read_timeout_s: float
+    metrics: Metrics
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()  # a connection that never sends a byte is cut off too
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()  # the request is in: inference may take as long as it takes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is None and self.read_timeout_s > 0:
+            self._deadline = self.loop.call_later(self.read_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        handler_running = self.cycle is not None and not self.cycle.response_complete
+        if not handler_running:
+            msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
+            body = json.dumps({"error": {"type": "read_timeout", "message": msg, "field": None}}).encode()
+            head = (
+                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                f"content-length: {len(body)}\r\n\r\n"
+            )
+            self.transport.write(head.encode() + body)
+            self.metrics.requests.labels("other", "", "408").inc()
+            self.metrics.rejected.labels(reason="read_timeout").inc()
+        self.transport.close()

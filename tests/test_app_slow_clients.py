@@ -1,0 +1,108 @@
+"""Slow and vanishing clients (issue 12, item 5): a slowloris is cut off after --read-timeout-s, a
+client that drops mid-body is counted as an abort (499 client_gone) without an ERROR or a traceback,
+and connections beyond --limit-concurrency are refused at once."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+try:
+    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+
+READ_TIMEOUT = 2.0
+LIMIT = 12
+
+
+@pytest.fixture(scope="module")
+def server(bundles_dir: Path, tmp_path_factory):
+    flags = ("--read-timeout-s", str(READ_TIMEOUT), "--limit-concurrency", str(LIMIT))
+    with run_server(bundles_dir, *flags, log_dir=tmp_path_factory.mktemp("logs")) as s:
+        yield s
+
+
+def _connect(server) -> socket.socket:
+    url = urlparse(server.url)
+    return socket.create_connection((url.hostname, url.port), timeout=10)
+
+
+def _drip(sock: socket.socket, data: bytes, every: float, limit: float) -> tuple[float, bytes]:
+    """Send one byte every `every` s until the server closes; (seconds until closed, what it answered)."""
+    t0 = time.monotonic()
+    sock.settimeout(every)
+    got = b""
+    for byte in data:
+        try:
+            sock.sendall(bytes([byte]))
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        except TimeoutError:
+            pass
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        assert time.monotonic() - t0 < limit, "still connected"
+    return time.monotonic() - t0, got
+
+
+def test_a_slowloris_on_headers_is_cut_off_with_408(server):
+    before = server.metric("electra_requests_total", endpoint="other", status="408")
+    headers = b"POST /detect HTTP/1.1\r\nhost: x\r\n" + b"x-slow: " + b"a" * 200
+    with _connect(server) as s:
+        elapsed, answer = _drip(s, headers, every=0.25, limit=READ_TIMEOUT + 5)
+    assert READ_TIMEOUT - 0.5 <= elapsed <= READ_TIMEOUT + 2, elapsed
+    assert answer.startswith(b"HTTP/1.1 408") and b"--read-timeout-s" in answer, answer
+    assert server.metric("electra_requests_total", endpoint="other", status="408") == before + 1
+
+
+def test_a_slow_body_is_cut_off_and_counted_as_an_abort(server):
+    before = server.metric("electra_requests_total", endpoint="/detect", status="499")
+    head = (
+        b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n"
+    )
+    with _connect(server) as s:
+        s.sendall(head)
+        elapsed, _ = _drip(s, b'{"text": "' + b"a" * 300, every=0.25, limit=READ_TIMEOUT + 5)
+    assert elapsed <= READ_TIMEOUT + 2, elapsed
+    time.sleep(0.5)
+    assert server.metric("electra_requests_total", endpoint="/detect", status="499") == before + 1
+
+
+def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
+    before = server.metric("electra_requests_total", endpoint="/detect", status="499")
+    gone = server.metric("electra_rejected_requests_total", reason="client_gone")
+    head = (
+        b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n"
+    )
+    for _ in range(5):
+        with _connect(server) as s:
+            s.sendall(head + b'{"text": "' + b"a" * 1000)
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert server.metric("electra_requests_total", endpoint="/detect", status="499") == before + 5
+    assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone + 5
+    assert server.metric("electra_requests_total", status="500") == 0
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log
+
+
+def test_connections_beyond_the_limit_are_refused_at_once(server):
+    idle = [_connect(server) for _ in range(LIMIT)]
+    try:
+        time.sleep(0.2)
+        with _connect(server) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 503")
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    with server.client() as c:
+        assert c.get("/health").status_code == 200
