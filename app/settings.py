@@ -65,6 +65,7 @@ class Settings:
     # Off by default: a log line per request costs the event loop more than routing it does, and
     # /metrics already counts and times every request by endpoint, model and status.
     access_log: bool = _opt(False, "log one line per request (true/false)")
+    ui: bool = _opt(True, "serve the web page at / (--no-ui: the API only)")
 
     def __post_init__(self) -> None:
         positive = (
@@ -189,4 +190,5 @@ def _parser() -> argparse.ArgumentParser:
         # A boolean is a switch: `--access-log` alone means true; `--access-log false` still works.
         switch = {"nargs": "?", "const": "true"} if str(f.type) == "bool" else {}
         p.add_argument(*flags, dest=f.name, default=None, metavar="VALUE", help=help, **switch)
+    p.add_argument("--no-ui", dest="ui", action="store_const", const="false", help="same as --ui false")
     return p

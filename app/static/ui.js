@@ -1,0 +1,388 @@
+// The page at `/`: calls the server's own /models, /detect and /classify (relative URLs, same origin).
+// No framework, no build step. User text is only ever inserted with textContent.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  apiKey: null, // in this tab's memory only: never written to storage
+  models: [],
+  detect: null, // {text, result, cps}: the last /detect answer and the text it was for
+  spans: [], // rendered span elements of the text view, in text order
+};
+
+// ------------------------------------------------------------------ HTTP
+class ApiError extends Error {
+  constructor(status, type, message, field, retryAfter) {
+    super(message);
+    Object.assign(this, { status, type, field, retryAfter });
+  }
+}
+
+async function api(path, body) {
+  const headers = { accept: "application/json" };
+  if (body !== undefined) headers["content-type"] = "application/json";
+  if (state.apiKey) headers.authorization = "Bearer " + state.apiKey;
+  let res;
+  try {
+    res = await fetch(path, { method: body === undefined ? "GET" : "POST", headers,
+      body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    throw new ApiError(0, "network", "Could not reach the server (" + e.message + ").", null);
+  }
+  let data = null;
+  try { data = await res.json(); } catch (e) { /* not JSON: reported below */ }
+  if (!res.ok) {
+    const err = data && data.error;
+    throw new ApiError(res.status, err ? err.type : "http_" + res.status,
+      err ? err.message : "The server answered " + res.status + " " + res.statusText + ".",
+      err ? err.field : null, res.headers.get("retry-after"));
+  }
+  if (data === null) throw new ApiError(res.status, "bad_response", "The server's answer was not JSON.", null);
+  return { data, ms: res.headers.get("x-total-time") };
+}
+
+function showError(err) {
+  const box = $("error");
+  box.replaceChildren();
+  const head = document.createElement("strong");
+  head.textContent = err.status ? "Error " + err.status + " (" + err.type + ")" : "Error";
+  const msg = document.createElement("span");
+  msg.className = "message";
+  let text = err.message;
+  if (err.retryAfter) text += " Try again in " + err.retryAfter + " s.";
+  msg.textContent = text;
+  box.append(head, msg);
+  box.hidden = false;
+  $("detect").hidden = true;
+  $("classify").hidden = true;
+  if (err.status === 401) askForKey();
+}
+
+function clearError() { $("error").hidden = true; }
+
+// ------------------------------------------------------------------ models and the key
+function askForKey() {
+  $("key-form").hidden = false;
+  $("key").focus();
+}
+
+async function loadModels() {
+  const select = $("model");
+  try {
+    const { data } = await api("models");
+    state.models = data.models;
+  } catch (err) {
+    showError(err);
+    return false;
+  }
+  clearError();
+  select.replaceChildren();
+  const groups = { detector: "Replaced-word detectors", classifier: "Classifiers" };
+  for (const [kind, title] of Object.entries(groups)) {
+    const ms = state.models.filter((m) => m.kind === kind);
+    if (!ms.length) continue;
+    const group = document.createElement("optgroup");
+    group.label = title;
+    for (const m of ms) {
+      const opt = document.createElement("option");
+      opt.value = m.name;
+      opt.textContent = m.name + " (" + m.kind + ", " + m.precision + ")";
+      group.append(opt);
+    }
+    select.append(group);
+  }
+  if (!state.models.length) {
+    showError(new ApiError(0, "no_models", "This server serves no models.", null));
+    return false;
+  }
+  const first = state.models.find((m) => m.kind === "detector" && m.default) || state.models[0];
+  select.value = first.name;
+  select.disabled = false;
+  return true;
+}
+
+function selectedModel() { return state.models.find((m) => m.name === $("model").value); }
+
+// ------------------------------------------------------------------ scoring
+async function run() {
+  const model = selectedModel();
+  const button = $("run");
+  if (!model || button.disabled) return;
+  const text = $("text").value;
+  button.disabled = true;
+  $("status").textContent = "Scoring…";
+  try {
+    if (model.kind === "classifier") {
+      const { data, ms } = await api("classify", { model: model.name, text });
+      clearError();
+      renderClassify(model, data.results[0]);
+      $("status").textContent = done(ms);
+    } else {
+      const threshold = Number($("threshold").value);
+      const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" });
+      clearError();
+      state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
+      renderDetect();
+      $("status").textContent = done(ms);
+    }
+  } catch (err) {
+    $("status").textContent = "";
+    showError(err);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function done(ms) { return ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored."; }
+
+// The API's offsets count code points (Python str indices); JS strings index UTF-16 units.
+function codePointIndex(text) {
+  const idx = [0];
+  let u = 0;
+  for (const ch of text) { u += ch.length; idx.push(u); }
+  return idx;
+}
+
+const pct = (p) => (100 * p).toFixed(1) + "%";
+// sqrt: a weak detector's 5-15% stays visible while the order of the shades is the order of the probabilities.
+const shade = (p) => "rgba(var(--hot), " + (0.85 * Math.sqrt(Math.min(1, Math.max(0, p)))).toFixed(4) + ")";
+
+function unit() { return document.querySelector("input[name=unit]:checked").value; }
+function items() {
+  const r = state.detect.result;
+  return unit() === "words" ? r.words : r.tokens;
+}
+
+function renderDetect() {
+  const { text, cps } = state.detect;
+  const marked = $("marked");
+  const list = items();
+  const frag = document.createDocumentFragment();
+  state.spans = [];
+  let at = 0; // UTF-16 index written so far
+  list.forEach((it, i) => {
+    const start = cps[it.start], end = cps[it.end];
+    if (start < at) return; // never overlap (offsets are sorted; defensive)
+    if (start > at) frag.append(text.slice(at, start));
+    const span = document.createElement("span");
+    span.className = "w";
+    span.textContent = text.slice(start, end);
+    span.dataset.i = i;
+    span.dataset.prob = it.prob;
+    span.tabIndex = -1;
+    span.style.backgroundColor = shade(it.prob);
+    frag.append(span);
+    state.spans.push(span);
+    at = end;
+  });
+  if (at < text.length) frag.append(text.slice(at));
+  marked.replaceChildren(frag);
+  if (state.spans.length) state.spans[0].tabIndex = 0;
+  $("unit-h").textContent = unit() === "words" ? "Word" : "Token";
+  renderTable();
+  remark();
+  $("detect").hidden = false;
+  $("classify").hidden = true;
+}
+
+function renderTable() {
+  const r = state.detect.result;
+  const list = items();
+  const order = list.map((it, i) => i).sort((a, b) => list[b].prob - list[a].prob || a - b);
+  const body = document.createDocumentFragment();
+  order.forEach((i, rank) => {
+    const it = list[i];
+    const tr = document.createElement("tr");
+    tr.dataset.i = i;
+    tr.dataset.prob = it.prob;
+    const cells = [String(rank + 1), it.text, pct(it.prob), "", pieces(it, r), it.start + "–" + it.end];
+    const classes = ["", "item", "p", "flag", "pieces", "chars"];
+    cells.forEach((c, k) => {
+      const td = document.createElement(k === 1 ? "th" : "td");
+      if (k === 1) td.scope = "row";
+      td.className = classes[k];
+      td.textContent = c;
+      tr.append(td);
+    });
+    body.append(tr);
+  });
+  $("table").tBodies[0].replaceChildren(body);
+}
+
+// A word's pieces, or for a token the word it belongs to.
+function pieces(it, r) {
+  if (it.tokens) return it.tokens.map((t) => r.tokens[t].token + " " + pct(r.tokens[t].prob)).join(", ");
+  const w = r.words[it.word];
+  return "in “" + w.text + "” " + pct(w.prob);
+}
+
+// Threshold moved: re-mark spans, table and summary from the answer we have; no request.
+function remark() {
+  if (!state.detect) return;
+  const t = Number($("threshold").value);
+  $("threshold-out").textContent = t.toFixed(2);
+  for (const span of state.spans) span.classList.toggle("over", Number(span.dataset.prob) >= t);
+  for (const tr of $("table").tBodies[0].rows) {
+    const over = Number(tr.dataset.prob) >= t;
+    tr.classList.toggle("over", over);
+    tr.cells[3].textContent = over ? "yes" : "no";
+  }
+  const r = state.detect.result, s = r.summary;
+  const overWords = r.words.filter((w) => w.prob >= t).length;
+  const rows = [
+    ["Highest", pct(s.max_prob)],
+    ["Mean", pct(s.mean_prob)],
+    ["Replaced at " + t.toFixed(2), overWords + " of " + s.num_words + " words (" +
+      pct(s.num_words ? overWords / s.num_words : 0) + ")"],
+    ["Tokens", String(s.num_tokens)],
+    ["Windows", String(s.windows)],
+  ];
+  const dl = $("summary");
+  dl.replaceChildren(...rows.map(([k, v]) => {
+    const div = document.createElement("div");
+    const dt = document.createElement("dt"), dd = document.createElement("dd");
+    dt.textContent = k;
+    dd.textContent = v;
+    div.append(dt, dd);
+    return div;
+  }));
+  if (!$("tip").hidden && document.activeElement && document.activeElement.classList.contains("w")) {
+    showTip(document.activeElement);
+  }
+}
+
+// ------------------------------------------------------------------ tooltip and keyboard
+function showTip(span) {
+  const r = state.detect.result;
+  const it = items()[Number(span.dataset.i)];
+  const t = Number($("threshold").value);
+  const tip = $("tip");
+  const head = document.createElement("div");
+  const b = document.createElement("b");
+  b.textContent = pct(it.prob);
+  head.append("“" + it.text + "”: ", b, " replaced" + (it.prob >= t ? " (at or above the threshold)" : ""));
+  const more = document.createElement("div");
+  more.textContent = (it.tokens ? "pieces: " : "token " + it.token + ", ") + pieces(it, r);
+  tip.replaceChildren(head, more);
+  tip.hidden = false;
+  const box = span.getBoundingClientRect();
+  const w = tip.offsetWidth, h = tip.offsetHeight;
+  const left = Math.max(4, Math.min(box.left, window.innerWidth - w - 4));
+  const top = box.bottom + 6 + h < window.innerHeight ? box.bottom + 6 : Math.max(4, box.top - h - 6);
+  tip.style.left = left + "px";
+  tip.style.top = top + "px";
+}
+
+function hideTip() { $("tip").hidden = true; }
+
+function moveFocus(from, to) {
+  const spans = state.spans;
+  if (!spans.length) return;
+  to = Math.max(0, Math.min(spans.length - 1, to));
+  if (from >= 0) spans[from].tabIndex = -1;
+  spans[to].tabIndex = 0;
+  spans[to].focus();
+}
+
+function onMarkedKey(e) {
+  const span = e.target.closest(".w");
+  if (!span) return;
+  const i = state.spans.indexOf(span);
+  const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[e.key];
+  if (step) moveFocus(i, i + step);
+  else if (e.key === "Home") moveFocus(i, 0);
+  else if (e.key === "End") moveFocus(i, state.spans.length - 1);
+  else if (e.key === "Escape") hideTip();
+  else return;
+  e.preventDefault();
+}
+
+// ------------------------------------------------------------------ classifier
+// Percentages rounded to 0.1 that still add up to 100.0 (largest remainder).
+function roundedPercents(values) {
+  const tenths = values.map((v) => v * 1000);
+  const floors = tenths.map(Math.floor);
+  let left = 1000 - floors.reduce((a, b) => a + b, 0);
+  const byRemainder = tenths.map((v, i) => i).sort((a, b) => (tenths[b] - floors[b]) - (tenths[a] - floors[a]));
+  for (const i of byRemainder) { if (left <= 0) break; floors[i] += 1; left -= 1; }
+  return floors.map((f) => f / 10);
+}
+
+function renderClassify(model, result) {
+  const entries = Object.entries(result.probs).sort((a, b) => b[1] - a[1]);
+  const list = $("bars");
+  const note = $("classify-note");
+  list.replaceChildren();
+  const regression = model.problem_type === "regression";
+  const multi = model.problem_type === "multi_label_classification";
+  note.textContent = regression ? "A regression model: the raw predicted value." :
+    multi ? "Each label is scored on its own: the bars need not add up to 100%." :
+    "Probabilities of the labels (they add up to 100%)" + (result.truncated ? "; the text was cut to the model's maximum length." : ".");
+  const shown = regression || multi ? entries.map(([, v]) => Math.round(v * 1000) / 10) :
+    roundedPercents(entries.map(([, v]) => v));
+  entries.forEach(([label, v], k) => {
+    const li = document.createElement("li");
+    if (label === result.label) li.className = "top";
+    const name = document.createElement("span");
+    name.className = "label";
+    name.textContent = label;
+    const track = document.createElement("span");
+    track.className = "track";
+    track.setAttribute("aria-hidden", "true");
+    const fill = document.createElement("span");
+    fill.className = "fill";
+    fill.style.display = "block";
+    fill.style.width = regression ? "0" : Math.max(0, Math.min(100, 100 * v)) + "%";
+    track.append(fill);
+    const value = document.createElement("span");
+    value.className = "pct";
+    value.textContent = regression ? v.toPrecision(4) : shown[k].toFixed(1) + "%";
+    li.append(name, track, value);
+    list.append(li);
+  });
+  $("classify").hidden = false;
+  $("detect").hidden = true;
+}
+
+// ------------------------------------------------------------------ wiring
+function syncControls() {
+  const model = selectedModel();
+  $("threshold").disabled = !!model && model.kind !== "detector";
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  $("text").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+  });
+  $("key-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    state.apiKey = $("key").value.trim() || null;
+    if (await loadModels()) {
+      $("key-form").hidden = true;
+      $("status").textContent = "Key accepted.";
+      $("text").focus();
+    }
+  });
+  $("model").addEventListener("change", syncControls);
+  $("threshold").addEventListener("input", remark);
+  for (const radio of document.querySelectorAll("input[name=unit]")) {
+    radio.addEventListener("change", () => { if (state.detect) renderDetect(); hideTip(); });
+  }
+  for (const radio of document.querySelectorAll("input[name=view]")) {
+    radio.addEventListener("change", () => {
+      const table = document.querySelector("input[name=view]:checked").value === "table";
+      $("table-view").hidden = !table;
+      $("text-view").hidden = table;
+      hideTip();
+    });
+  }
+  const marked = $("marked");
+  marked.addEventListener("mouseover", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
+  marked.addEventListener("mouseleave", hideTip);
+  marked.addEventListener("focusin", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
+  marked.addEventListener("focusout", hideTip);
+  marked.addEventListener("keydown", onMarkedKey);
+  marked.addEventListener("scroll", hideTip);
+  loadModels().then(syncControls);
+});
