@@ -1,0 +1,341 @@
+"""The page at `/` (issue 14) in a real browser: Debian's chromium and chromedriver, driven by Selenium,
+against a real `python -m app` serving the shipped models/.
+
+Every expectation is relative to the API's own answer for the same text (the shipped models will be
+replaced), never a fixed probability. Skipped, saying why, only when chromium or chromedriver is missing
+(`.ci/browser-deps` installs them). UI_SCREENSHOTS=DIR also writes the README's screenshots there."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from app.server import create_app
+from app.settings import Settings
+
+try:
+    from app_fixtures import REPO, Server, run_server
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import REPO, Server, run_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+MODELS = REPO / "models"
+SENTENCE = "The chef cooked the airport in the kitchen before the guests arrived."
+KEY = "s3cret-key-for-the-page"
+WAIT_S = 30
+
+
+# ------------------------------------------------------------------------------ no browser needed
+def test_page_is_served_and_no_ui_turns_it_off():
+    assert Settings.from_sources(["--no-ui"], env={})[0].ui is False
+    assert Settings.from_sources([], env={"ELECTRA_UI": "false"})[0].ui is False
+    with_ui = {r.path for r in create_app(Settings(models_dir=MODELS)).routes}
+    without = {r.path for r in create_app(Settings(models_dir=MODELS, ui=False)).routes}
+    assert "/" in with_ui and any(p.startswith("/ui") for p in with_ui)
+    assert "/" not in without and not any(p.startswith("/ui") for p in without)
+    static = REPO / "app" / "static"
+    html = (static / "index.html").read_text()
+    # Offline: nothing the page loads comes from another host.
+    for name in ("index.html", "ui.css", "ui.js"):
+        assert not re.search(r"(src|href)=[\"']?(https?:)?//", (static / name).read_text()), name
+    for ref in re.findall(r'(?:src|href)="ui/([^"]+)"', html):
+        assert (static / ref).is_file(), ref
+
+
+# ------------------------------------------------------------------------------ browser fixtures
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Server:
+    with run_server(MODELS, log_dir=tmp_path_factory.mktemp("ui-server")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory) -> Server:
+    with run_server(
+        MODELS, "--api-key", KEY, log_dir=tmp_path_factory.mktemp("ui-keyed"), headers={"x-api-key": KEY}
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.skip(f"browser test needs Debian's chromium and chromium-driver: {', '.join(missing)} missing "
+                    "(run .ci/browser-deps)")  # fmt: skip
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", "--window-size=1280,900",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):  # fmt: skip
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=opts)
+    driver.set_script_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def open_page(driver, server: Server):
+    driver.set_window_size(1280, 900)
+    driver.get(server.url + "/")
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: (
+            d.find_element("id", "model").is_enabled() or d.find_element("id", "key-form").is_displayed()
+        )
+    )
+
+
+def wait_visible(driver, element_id: str):
+    return WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element("id", element_id).is_displayed())
+
+
+def submit(driver, text: str, model: str | None = None, *, keyboard: bool = False) -> None:
+    if model:
+        Select(driver.find_element("id", "model")).select_by_value(model)
+    # A marker that the answer to *this* submission is on screen: the status line changes.
+    driver.execute_script("document.getElementById('status').textContent = 'waiting';")
+    box = driver.find_element("id", "text")
+    box.clear()
+    box.send_keys(text)
+    if keyboard:
+        box.send_keys(Keys.CONTROL, Keys.ENTER)
+    else:
+        driver.find_element("id", "run").click()
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: (
+            d.find_element("id", "status").text not in ("waiting", "Scoring…")
+            and not d.find_element("id", "run").get_attribute("disabled")
+        )
+    )
+
+
+def api_detect(server: Server, text: str, threshold: float) -> dict:
+    with server.client() as c:
+        r = c.post("/detect", json={"text": text, "threshold": threshold, "return": "both"})
+    assert r.status_code == 200, r.text
+    return r.json()["results"][0]
+
+
+def shading(driver) -> list[tuple[str, float, bool]]:
+    """(text, background alpha, marked at threshold) of every shaded span, in text order."""
+    return [
+        (s, float(a), over)
+        for s, a, over in driver.execute_script(
+            """return [...document.querySelectorAll('#marked .w')].map(e => {
+                 const m = getComputedStyle(e).backgroundColor.match(/rgba?\\(([^)]*)\\)/)[1].split(',');
+                 return [e.textContent, m.length > 3 ? m[3] : '1', e.classList.contains('over')]; });"""
+        )
+    ]
+
+
+def pct(p: float) -> str:
+    return f"{100 * p:.1f}%"
+
+
+# ------------------------------------------------------------------------------ browser tests
+def test_top_word_shaded_most_and_first_in_table(browser, server):
+    open_page(browser, server)
+    submit(browser, SENTENCE, keyboard=True)  # Ctrl+Enter
+    wait_visible(browser, "detect")
+    answer = api_detect(
+        server, SENTENCE, float(browser.find_element("id", "threshold").get_attribute("value"))
+    )
+    words = answer["words"]
+    spans = shading(browser)
+    assert [s[0] for s in spans] == [w["text"] for w in words]
+    top = max(w["prob"] for w in words)
+    # The most strongly shaded span is the API's most probable word, and shades follow probabilities.
+    strongest = max(a for _, a, _ in spans)
+    assert {i for i, (_, a, _) in enumerate(spans) if a == strongest} == {
+        i for i, w in enumerate(words) if w["prob"] == top
+    }
+    by_prob = sorted(range(len(words)), key=lambda i: words[i]["prob"])
+    alphas = [spans[i][1] for i in by_prob]
+    assert alphas == sorted(alphas)
+
+    # The table view (switched by keyboard-reachable radio), highest first, probability in text.
+    browser.find_element("css selector", "input[name=view][value=table]").click()
+    wait_visible(browser, "table-view")
+    assert not browser.find_element("id", "text-view").is_displayed()
+    rows = browser.find_elements("css selector", "#table tbody tr")
+    assert len(rows) == len(words)
+    first = rows[0].find_elements("css selector", "th, td")
+    assert first[1].text in {w["text"] for w in words if w["prob"] == top}
+    assert first[2].text == pct(top)
+    shown = [float(r.find_elements("css selector", "td")[1].text.rstrip("%")) for r in rows]
+    assert shown == sorted(shown, reverse=True)
+
+    # Keyboard only: Tab to the shaded text, arrows move, the focused word's probability shows as text.
+    browser.find_element("css selector", "input[name=view][value=text]").click()
+    browser.find_element("id", "text").click()
+    for _ in range(12):
+        browser.switch_to.active_element.send_keys(Keys.TAB)
+        if "w" in (browser.switch_to.active_element.get_attribute("class") or "").split():
+            break
+    focused = browser.switch_to.active_element
+    assert focused.text == words[0]["text"]
+    focused.send_keys(Keys.ARROW_RIGHT)
+    focused = browser.switch_to.active_element
+    assert focused.text == words[1]["text"]
+    tip = browser.find_element("id", "tip")
+    assert tip.is_displayed() and pct(words[1]["prob"]) in tip.text and words[1]["text"] in tip.text
+
+    # Tokens instead of words: one span per token, the word's pieces.
+    browser.find_element("css selector", "input[name=unit][value=tokens]").click()
+    assert [s[0] for s in shading(browser)] == [t["text"] for t in answer["tokens"]]
+
+
+def test_threshold_remarks_spans_without_a_request(browser, server):
+    open_page(browser, server)
+    submit(browser, SENTENCE)
+    wait_visible(browser, "detect")
+    words = api_detect(server, SENTENCE, 0.5)["words"]
+    browser.execute_script(
+        "window.__fetches = 0; const f = window.fetch;"
+        "window.fetch = (...a) => { window.__fetches++; return f(...a); };"
+    )
+    before = server.metric("electra_requests_total", endpoint="/detect")
+    slider = browser.find_element("id", "threshold")
+
+    def marked() -> list[bool]:
+        return [over for _, _, over in shading(browser)]
+
+    slider.send_keys(Keys.HOME)  # threshold 0: every word is at or above it
+    assert marked() == [True] * len(words)
+    slider.send_keys(Keys.END)  # threshold 1
+    assert marked() == [w["prob"] >= 1.0 for w in words]
+    # Between two of the API's word probabilities: exactly the words above it are marked.
+    probs = sorted({round(w["prob"], 2) for w in words})
+    mid = probs[len(probs) // 2]
+    browser.execute_script(
+        "const s = arguments[0]; s.value = arguments[1]; s.dispatchEvent(new Event('input'));", slider, mid
+    )
+    expected = [w["prob"] >= mid for w in words]
+    assert marked() == expected and any(expected)
+    assert browser.find_element("id", "threshold-out").text == f"{mid:.2f}"
+    summary = browser.find_element("id", "summary").text
+    assert f"{sum(expected)} of {len(words)} words" in summary
+    assert browser.execute_script("return window.__fetches") == 0
+    assert server.metric("electra_requests_total", endpoint="/detect") == before
+
+
+def test_long_text_is_one_shaded_text(browser, server):
+    text = " ".join([SENTENCE] * 60)  # several model windows; the user sees one text
+    open_page(browser, server)
+    submit(browser, text)
+    wait_visible(browser, "detect")
+    answer = api_detect(server, text, 0.5)
+    assert answer["summary"]["windows"] > 1
+    assert [s[0] for s in shading(browser)] == [w["text"] for w in answer["words"]]
+    assert browser.find_element("id", "marked").text == text
+    assert f"Windows\n{answer['summary']['windows']}" in browser.find_element("id", "summary").text
+
+
+def test_empty_text_shows_the_apis_error(browser, server):
+    open_page(browser, server)
+    submit(browser, SENTENCE)
+    wait_visible(browser, "detect")
+    submit(browser, "   ")
+    wait_visible(browser, "error")
+    with server.client() as c:
+        err = c.post("/detect", json={"text": "   "}).json()["error"]
+    shown = browser.find_element("id", "error").text
+    assert err["message"] in shown and err["type"] in shown
+    assert not browser.find_element("id", "detect").is_displayed()  # no stale result beside the error
+
+
+def test_classifier_bars_sum_to_100(browser, server):
+    with server.client() as c:
+        models = c.get("/models").json()["models"]
+    classifier = next(m for m in models if m["kind"] == "classifier")
+    text = "a gorgeous, witty, seductive movie"
+    open_page(browser, server)
+    submit(browser, text, model=classifier["name"])
+    wait_visible(browser, "classify")
+    with server.client() as c:
+        result = c.post("/classify", json={"model": classifier["name"], "text": text}).json()["results"][0]
+    rows = browser.execute_script(
+        """return [...document.querySelectorAll('#bars li')].map(li => [
+             li.querySelector('.label').textContent, li.querySelector('.pct').textContent,
+             li.querySelector('.fill').getBoundingClientRect().width,
+             li.querySelector('.track').clientWidth]);"""
+    )
+    assert [r[0] for r in rows][0] == result["label"]
+    assert sorted(r[0] for r in rows) == sorted(result["probs"])
+    assert abs(sum(float(r[1].rstrip("%")) for r in rows) - 100.0) < 0.05
+    assert abs(sum(r[2] / r[3] for r in rows) - 1.0) < 0.02
+    for label, shown, _, _ in rows:
+        assert abs(float(shown.rstrip("%")) - 100 * result["probs"][label]) <= 0.1
+
+
+def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
+    assert httpx.get(keyed_server.url + "/").status_code == 200  # the page itself is public
+    open_page(browser, keyed_server)
+    wait_visible(browser, "key-form")
+    assert browser.switch_to.active_element.get_attribute("id") == "key"
+    key = browser.find_element("id", "key")
+    key.send_keys("wrong")
+    browser.find_element("id", "key-use").click()
+    wait_visible(browser, "error")
+    assert "API key" in browser.find_element("id", "error").text
+    key.clear()
+    key.send_keys(KEY)
+    browser.find_element("id", "key-use").click()
+    WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_element("id", "key-form").is_displayed())
+    submit(browser, SENTENCE)
+    wait_visible(browser, "detect")
+    stored = browser.execute_script(
+        "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie"
+    )
+    assert KEY not in stored
+
+
+def test_phone_width_and_screenshots(browser, server, tmp_path):
+    out = Path(os.environ.get("UI_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    text = (
+        "The chef cooked the airport in the kitchen before the guests arrived. After dinner everyone "
+        "walked down to the river, where the moon was singing over the water."
+    )
+    for name, width, height in (("ui-desktop.png", 1280, 900), ("ui-phone.png", 390, 844)):
+        open_page(browser, server)
+        browser.set_window_size(width, height)
+        submit(browser, text)
+        wait_visible(browser, "detect")
+        words = api_detect(server, text, 0.5)["words"]
+        third = sorted((w["prob"] for w in words), reverse=True)[min(2, len(words) - 1)]
+        slider = browser.find_element("id", "threshold")
+        browser.execute_script(
+            "const s = arguments[0]; s.value = arguments[1]; s.dispatchEvent(new Event('input'));",
+            slider,
+            f"{int(third * 100) / 100:.2f}",
+        )
+        # Nothing wider than the window: no sideways scrolling on a phone.
+        inner, scroll = browser.execute_script(
+            "return [window.innerWidth, document.documentElement.scrollWidth]"
+        )
+        assert scroll <= inner, f"{name}: page is {scroll}px wide in a {inner}px window"
+        full = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(width, full + (height - browser.execute_script("return window.innerHeight")))
+        # Desktop: the most probable word focused, its tooltip open; phone: nothing focused.
+        browser.execute_script(
+            """document.activeElement.blur();
+               if (arguments[0]) [...document.querySelectorAll('#marked .w')]
+                 .sort((a, b) => b.dataset.prob - a.dataset.prob)[0].focus({focusVisible: true});""",
+            width > 600,
+        )
+        assert browser.save_screenshot(str(out / name))
