@@ -143,7 +143,7 @@ def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
     # wait in the save barrier while the other enters the next all_reduce: a hang.
     script = tmp_path / "agree.py"
-    script.write_text("from training.pretrain import Dist\nenv = Dist('cpu')\n"
+    script.write_text("from training.distributed import Dist\nenv = Dist('cpu')\n"
                       "print(f'rank {env.rank}: {env.agree(env.rank == 1)}', flush=True)\n")  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29519",
            str(script)]  # fmt: skip

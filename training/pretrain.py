@@ -11,11 +11,10 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,9 @@ from tqdm import tqdm
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
+from training.data import Batches
 from training.datasets import DatasetError
+from training.distributed import Dist
 from training.evaluate import evaluate
 from training.model import ElectraConfig, count_parameters
 from training.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
@@ -33,83 +34,7 @@ from training.optim import autocast_for, decays, linear_schedule
 from training.prepare import prepare_data
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 from training.tokenizer import TokenizerError
-from training.warmstart import (
-    InitSource,
-    check_generator_fits,
-    load_into,
-    resolve_source,
-    warm_parameter_names,
-)
-
-
-class Dist:
-    """Rank, world size and device, from torchrun's environment (or a single process)."""
-
-    def __init__(self, device_pref: str):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
-        if cuda and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-        self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
-        if cuda:
-            torch.cuda.set_device(self.device)
-        if self.world > 1:
-            dist.init_process_group(backend="nccl" if cuda else "gloo")
-        self.main = self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def agree(self, flag: bool) -> bool:
-        """True on every rank when it is true on any. A decision that changes which collective calls
-        follow (stop and save, or train on) must be the same everywhere, or one rank waits forever."""
-        if self.world == 1:
-            return flag
-        t = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
-    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(t)
-        return t
-
-
-class WarmStart(NamedTuple):
-    disc: InitSource
-    gen: InitSource | None
-
-
-def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart | None]:
-    """With --init: the sources, and the config with the shape and tokenizer they impose filled in."""
-    if not cfg.init:
-        return cfg, None
-    disc = resolve_source(cfg.init, cfg.data_dir)
-    gen_spec = cfg.init_generator or (
-        str(disc.generator) if disc.generator and cfg.objective == "electra" else None
-    )
-    gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
-    if gen is not None:
-        check_generator_fits(gen, disc.config)
-    if cfg.tokenizer not in ("train", str(disc.tokenizer)):
-        raise ConfigError(
-            f"--tokenizer: the tokenizer comes with --init ({disc.tokenizer}); drop --tokenizer"
-        )
-    if cfg.seq_len > disc.config.max_position_embeddings:
-        raise ConfigError(
-            f"--seq-len {cfg.seq_len}: {disc.directory / 'config.json'} has max_position_embeddings "
-            f"{disc.config.max_position_embeddings}"
-        )
-    c = disc.config
-    cfg = dataclasses.replace(
-        cfg, tokenizer=str(disc.tokenizer), vocab_size=c.vocab_size, embedding_size=c.embedding_size,
-        hidden_size=c.hidden_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
-        intermediate_size=c.intermediate_size,
-    )  # fmt: skip
-    return cfg, WarmStart(disc, gen)
+from training.warmstart import WarmStart, load_warm_start, resolve_warm_start
 
 
 def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None = None):
@@ -130,22 +55,6 @@ def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None
         gen_cfg = disc_cfg.scaled(cfg.generator_fraction)
     return ElectraObjective(disc_cfg, gen_cfg, temperature=cfg.temperature,
                             gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
-
-
-def load_warm_start(objective, warm: WarmStart) -> set[str]:
-    """Copy the sources' tensors in; print and return what was loaded (names in `objective`)."""
-    prefix = next(name for name, m in objective.named_children() if m is objective.encoder) + "."
-    reports = [(prefix, load_into(objective.encoder, warm.disc.directory))]
-    if warm.gen is not None:
-        # The generator's embeddings are the discriminator's (shared): the source's copy is not used.
-        gen_report = load_into(objective.generator, warm.gen.directory, skip_prefixes=("electra.embeddings.",),
-                               label="--init-generator")  # fmt: skip
-        reports.append(("generator.", gen_report))
-    elif "generator" in objective.checkpoint_parts():
-        tqdm.write("generator: fresh, at --generator-fraction of the discriminator, sharing its embeddings")
-    for _, report in reports:
-        tqdm.write(report.summary())
-    return warm_parameter_names(objective, reports)
 
 
 def param_groups(
@@ -197,16 +106,89 @@ def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
     return state["step"], state["tokens"]
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclasses.dataclass
+class Trainer:
+    """Everything a pretraining step, evaluation and checkpoint need, built once by `setup`."""
+
+    cfg: PretrainConfig
+    env: Dist
+    run: Path
+    tokenizer_dir: Path
+    objective: torch.nn.Module
+    model: torch.nn.Module  # the objective, compiled and/or wrapped in DDP
+    opt: torch.optim.Optimizer
+    train_batches: Batches
+    valid_batches: Callable[[], Batches]
+    corruption: Corruption
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    step: int
+    tokens: int
+    evals: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum * self.env.world
+
+    def train_step(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One optimizer step over grad_accum micro-batches: (summed logged losses, gradient norm)."""
+        cfg, env = self.cfg, self.env
+        B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, cfg) * g.get("lr_scale", 1.0)
+        sums: dict[str, torch.Tensor] = {}
+        for micro in range(A):
+            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(self.train_batches).items()}
+            noise = draw_noise((B * W, T), cfg.seed, self.step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
+                               env.device)  # fmt: skip
+            masked = self.corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
+            # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
+            counts = env.all_sum(torch.stack([masked.is_masked.sum(), batch["attention_mask"].sum()]).float())
+            n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
+            sync = contextlib.nullcontext() if W == 1 or micro == A - 1 else self.model.no_sync()
+            with sync:
+                with self.autocast():
+                    out = self.model(batch, masked, noise, n_masked=n_masked * A, n_tokens=n_tokens * A)
+                out.loss.backward()
+            for name, value in out.logged().items():
+                sums[name] = sums.get(name, 0) + value.detach()
+        norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        return sums, norm
+
+    def evaluate_and_save(self, log: MetricsLog, done: bool) -> None:
+        cfg, env, step = self.cfg, self.env, self.step
+        if (step % cfg.eval_every == 0 or done) and env.main:
+            self.evals = evaluate(self.objective, self.valid_batches(), cfg.eval_batches, cfg.seed,
+                                  self.corruption, env.device, self.autocast)  # fmt: skip
+            log.write(step, self.tokens, "eval", self.evals)
+            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
+        if step % cfg.save_every == 0 or done:
+            if env.main:
+                save(self.run, step, self.tokens, self.objective, self.opt, self.train_batches, cfg,
+                     self.tokenizer_dir, self.evals)  # fmt: skip
+            env.barrier()
+            reseed(cfg, env.rank, step)
+
+
+def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
     try:
         cfg = parse_config(PretrainConfig, argv, description=__doc__)
         saved = Path(cfg.out) / "config.json"
         if cfg.resume and saved.is_file():
             # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win.
             cfg = parse_config(PretrainConfig, argv, description=__doc__, base=json.loads(saved.read_text()))
-        cfg, warm = resolve_warm_start(cfg)
+        return resolve_warm_start(cfg)
     except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:
         sys.exit(f"error: {e}")
+
+
+def setup(argv: list[str] | None) -> Trainer:
+    """Config, processes, data, models (fresh, warm-started or restored) and optimizer; prints the
+    resolved configuration and saves it beside the run."""
+    cfg, warm = resolve_config(argv)
     env = Dist(cfg.device)
     run = Path(cfg.out)
     has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
@@ -229,99 +211,65 @@ def main(argv: list[str] | None = None) -> None:
     objective.to(env.device)
     warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
-    opt = torch.optim.AdamW(
-        param_groups(objective, cfg.weight_decay, warm_names, warm_scale),
-        lr=cfg.lr,
-        eps=cfg.adam_eps,
-        fused=True,
-    )
+    groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
     step, tokens = restore(run, objective, opt, train_batches) if cfg.resume else (0, 0)
     reseed(cfg, env.rank, step)
 
-    model = objective
-    if cfg.compile:
-        model = torch.compile(model)
+    model = torch.compile(objective) if cfg.compile else objective
     if env.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None
         )
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
-    corruption = Corruption.of(cfg, specials.mask, specials.vocab_size)
-    B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
-    flops_tok = objective.flops_per_token(T, cfg.mask_prob)
-    log = MetricsLog(run / "metrics.jsonl", enabled=env.main, truncate_after=step)
+    trainer = Trainer(cfg, env, run, tokenizer_dir, objective, model, opt, train_batches, valid_batches,
+                      Corruption.of(cfg, specials.mask, specials.vocab_size), autocast, step, tokens)  # fmt: skip
     if env.main:
+        flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}", flush=True)
-        print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops_tok / 1e6:.1f} MFLOP per "
-              f"training token; tokens per step {B * T * A * W}", flush=True)  # fmt: skip
-    bar = tqdm(total=cfg.max_steps, initial=step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
-    started, window_t, window_tokens, evals = time.time(), time.time(), 0, {}
-    first_step = step
-    while step < cfg.max_steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg) * g.get("lr_scale", 1.0)
-        sums: dict[str, torch.Tensor] = {}  # the objective's logged losses, summed over micro-steps
-        for micro in range(A):
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(train_batches).items()}
-            noise = draw_noise((B * W, T), cfg.seed, step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
-                               env.device)  # fmt: skip
-            masked = corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
-            # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
-            counts = env.all_sum(torch.stack([masked.is_masked.sum(), batch["attention_mask"].sum()]).float())
-            n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
-            sync = contextlib.nullcontext() if W == 1 or micro == A - 1 else model.no_sync()
-            with sync:
-                with autocast():
-                    out = model(batch, masked, noise, n_masked=n_masked * A, n_tokens=n_tokens * A)
-                out.loss.backward()
-            for name, value in out.logged().items():
-                sums[name] = sums.get(name, 0) + value.detach()
-        norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens += B * T * A * W
-        window_tokens += B * T * A * W
+        print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops / 1e6:.1f} MFLOP per "
+              f"training token; tokens per step {trainer.tokens_per_step}", flush=True)  # fmt: skip
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> None:
+    t = setup(argv)
+    cfg, env = t.cfg, t.env
+    flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
+    log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
+    bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
+    started, window_t, window_tokens, first_step = time.time(), time.time(), 0, t.step
+    while t.step < cfg.max_steps:
+        sums, norm = t.train_step()
+        window_tokens += t.tokens_per_step
         bar.update(1)
-        if env.main and step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
-            warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, step)
+        if env.main and t.step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
+            warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, t.step)
             if warning:
                 tqdm.write(warning)
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
+        if t.step % cfg.log_every == 0 or t.step == cfg.max_steps:
             names = list(sums)
-            losses = (env.all_sum(torch.stack([sums[n] for n in names])) / W).tolist()
-            dt = time.time() - window_t
-            tps = window_tokens / max(dt, 1e-9)
-            row = {**dict(zip(names, losses, strict=True)), "lr": lr_at(step - 1, cfg), "grad_norm": float(norm),
+            losses = (env.all_sum(torch.stack([sums[n] for n in names])) / env.world).tolist()
+            tps = window_tokens / max(time.time() - window_t, 1e-9)
+            row = {**dict(zip(names, losses, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
                    "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12}  # fmt: skip
             shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names}
             bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
-            log.write(step, tokens, "train", row)
+            log.write(t.step, t.tokens, "train", row)
             window_t, window_tokens = time.time(), 0
         # Each rank reads its own clock; the stop is decided together (see Dist.agree).
         out_of_time = cfg.max_minutes is not None and env.agree(time.time() - started > cfg.max_minutes * 60)
-        done = step == cfg.max_steps or out_of_time
-        if (step % cfg.eval_every == 0 or done) and env.main:
-            evals = evaluate(
-                objective, valid_batches(), cfg.eval_batches, cfg.seed, corruption, env.device, autocast
-            )
-            log.write(step, tokens, "eval", evals)
-            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evals.items()))
-        if step % cfg.save_every == 0 or done:
-            if env.main:
-                save(run, step, tokens, objective, opt, train_batches, cfg, tokenizer_dir, evals)
-            env.barrier()
-            reseed(cfg, env.rank, step)
+        t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time)
         if out_of_time:
-            tqdm.write(f"stopping at step {step}: --max-minutes {cfg.max_minutes} reached")
+            tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
             break
     bar.close()
     if env.main:
-        plot_curves(run / "metrics.jsonl", run / "curves.png")
-        summary = {"step": step, "tokens": tokens, "minutes": (time.time() - started) / 60, **evals}
+        plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
+        summary = {"step": t.step, "tokens": t.tokens, "minutes": (time.time() - started) / 60, **t.evals}
         print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
-        print(f"checkpoint: {ckpt.resolve_checkpoint(run)}", flush=True)
+        print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
     if env.world > 1:
         dist.destroy_process_group()
 

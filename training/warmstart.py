@@ -18,13 +18,17 @@ named with the config field that decides it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from tqdm import tqdm
 
 from training import checkpoint as ckpt
+from training.config import ConfigError, PretrainConfig
 from training.model import ElectraConfig
 
 # config.json fields that decide each tensor's shape, to name in an error.
@@ -197,3 +201,53 @@ def warm_parameter_names(objective: torch.nn.Module, reports: list[tuple[str, In
     by_tensor = {id(p): n for n, p in objective.named_parameters()}
     # A shared parameter appears once in named_parameters(), under its first name.
     return {by_tensor[id(p)] for n, p in objective.named_parameters(remove_duplicate=False) if n in loaded}
+
+
+class WarmStart(NamedTuple):
+    disc: InitSource
+    gen: InitSource | None
+
+
+def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart | None]:
+    """With --init: the sources, and the config with the shape and tokenizer they impose filled in."""
+    if not cfg.init:
+        return cfg, None
+    disc = resolve_source(cfg.init, cfg.data_dir)
+    gen_spec = cfg.init_generator or (
+        str(disc.generator) if disc.generator and cfg.objective == "electra" else None
+    )
+    gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
+    if gen is not None:
+        check_generator_fits(gen, disc.config)
+    if cfg.tokenizer not in ("train", str(disc.tokenizer)):
+        raise ConfigError(
+            f"--tokenizer: the tokenizer comes with --init ({disc.tokenizer}); drop --tokenizer"
+        )
+    if cfg.seq_len > disc.config.max_position_embeddings:
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len}: {disc.directory / 'config.json'} has max_position_embeddings "
+            f"{disc.config.max_position_embeddings}"
+        )
+    c = disc.config
+    cfg = dataclasses.replace(
+        cfg, tokenizer=str(disc.tokenizer), vocab_size=c.vocab_size, embedding_size=c.embedding_size,
+        hidden_size=c.hidden_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+    )  # fmt: skip
+    return cfg, WarmStart(disc, gen)
+
+
+def load_warm_start(objective, warm: WarmStart) -> set[str]:
+    """Copy the sources' tensors in; print and return what was loaded (names in `objective`)."""
+    prefix = next(name for name, m in objective.named_children() if m is objective.encoder) + "."
+    reports = [(prefix, load_into(objective.encoder, warm.disc.directory))]
+    if warm.gen is not None:
+        # The generator's embeddings are the discriminator's (shared): the source's copy is not used.
+        gen_report = load_into(objective.generator, warm.gen.directory, skip_prefixes=("electra.embeddings.",),
+                               label="--init-generator")  # fmt: skip
+        reports.append(("generator.", gen_report))
+    elif "generator" in objective.checkpoint_parts():
+        tqdm.write("generator: fresh, at --generator-fraction of the discriminator, sharing its embeddings")
+    for _, report in reports:
+        tqdm.write(report.summary())
+    return warm_parameter_names(objective, reports)
