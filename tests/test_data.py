@@ -218,7 +218,9 @@ def test_user_corpora(tmp_path):
     (tmp_path / "notes.md").write_text("ignored")
     docs = list(iter_text_documents(tmp_path, text_field="body"))
     assert docs == ["first doc\nstill first", "second doc", "third doc", "fourth doc", "fifth doc"]
-    with pytest.raises(CorpusError, match="no 'text' field; choose the field with --text-field"):
+    with pytest.raises(
+        CorpusError, match="no 'text' field; every line must be an object with a 'text' string"
+    ):
         list(iter_text_documents(tmp_path / "c.jsonl"))
     with pytest.raises(CorpusError, match="neither a registry corpus"):
         read_corpus(str(tmp_path / "missing.txt"), "train")
