@@ -1,6 +1,6 @@
 """ONNX Runtime's own tools on the exported graph: BERT fusions, dynamic int8, fp16.
 
-Choices measured with `python -m benchmarks.engine --explore` (ELECTRA-Small, random weights, 2 threads,
+Choices measured with `python -m benchmarks.speed.engine --explore` (ELECTRA-Small, random weights, 2 threads,
 a Xeon with AVX-512 VNNI and AMX, ORT 1.31; medians in ms at 1x16 / 8x64 / 32x128):
 - int8 at all: 1.35 / 21.1 / 240 against fp32 2.54 / 45.9 / 429 and transformers 9.7 / 55.4 / 512.
 - weights as signed int8 (QInt8): QUInt8 was 2.24 / 50.7 / 411, hardly better than fp32; ORT's GEMM
@@ -23,7 +23,7 @@ scale at export from calibration text, which makes a row's result independent of
 - static, MatMuls only, unfused graph with residual Sum: 1.77 / 6.1 / 67 against dynamic 1.26 / 4.9 / 62
   and fp32 2.25 / 7.3 / 86. Adding Gather (int8 embedding tables, as dynamic int8 has: a file a third
   the size) was 1.94 / - / 46 against dynamic 1.46 / - / 41 in another run: the one we ship,
-  batch-independent, ~10-30% slower than dynamic. `python -m benchmarks.engine` times both.
+  batch-independent, ~10-30% slower than dynamic. `python -m benchmarks.speed.engine` times both.
 - static on the fused graph (Attention stays fp32): 2.25 / 8.7 / 96, no faster than fp32.
 - static on every op of the unfused graph (Gather, LayerNormalization, ...): 2.21 / 9.1 / 64, and *not*
   batch-independent (2e-3): some quantized op on the mask path. MatMul and Gather only it is.
@@ -73,7 +73,7 @@ def residual_adds_as_sum(model: onnx.ModelProto) -> int:
     (333 us vs 72 us at (8, 64, 256), 2 threads), and ORT's session-level SkipLayerNormFusion fuses any
     Add -> LayerNormalization it finds, whatever the server asks for. It does not match Sum, so the fast
     pair survives on every server. Measured on ELECTRA-Small int8: 1x16 1.54 -> 1.29 ms, 8x64 25.3 ->
-    19.2 ms. Re-check with `python -m benchmarks.engine --explore` when ORT changes.
+    19.2 ms. Re-check with `python -m benchmarks.speed.engine --explore` when ORT changes.
     """
     graph = model.graph
     constants = {i.name for i in graph.initializer}

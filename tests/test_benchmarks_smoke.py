@@ -36,8 +36,8 @@ def bench(registry_data):
 
 
 def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Path, tmp_path: Path):
-    from benchmarks import loadkit as lk
-    from benchmarks.loadmodels import prepare
+    from benchmarks.load import loadkit as lk
+    from benchmarks.load.loadmodels import prepare
 
     models = prepare(None, str(bundles_dir), "fp32", str(bench), with_classifier=False, work=tmp_path)
     assert (models.hf_dir / "config.json").is_file(), "the bundle's manifest should name its HF source"
@@ -63,7 +63,7 @@ def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Pa
 def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k != "ELECTRA_DATA_DIR"}
     cmd = [
-        sys.executable, "-m", "benchmarks.load_profile", "--bundle", str(bundles_dir), "--users", "2",
+        sys.executable, "-m", "benchmarks.load.load_profile", "--bundle", str(bundles_dir), "--users", "2",
         "--run-time", "3", "--mix", "detect:3,detect_batch:1,classify:1", "--batch-texts", "4",
         "--data-dir", str(bench), "--work", str(tmp_path / "work"), "--results", str(tmp_path), "--name", "smoke",
     ]  # fmt: skip
@@ -84,7 +84,7 @@ def test_paced_users_keep_their_own_phase_and_never_burst():
     # In a subprocess: importing locust monkey-patches the process with gevent.
     code = """
 import time, types
-from benchmarks.locustfile import ScoringUser
+from benchmarks.load.locustfile import ScoringUser
 user = types.SimpleNamespace(period=0.5, next_at=time.perf_counter() + 0.2)
 wait = ScoringUser.wait_time(user)
 assert 0.6 < wait <= 0.7, wait  # the next slot of this user's own schedule, not 0.5 s from now

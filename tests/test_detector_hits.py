@@ -1,10 +1,10 @@
-"""benchmarks.detector_hits: the bigram yardstick's scoring, and the whole benchmark on a tiny run."""
+"""benchmarks.quality.detector_hits: the bigram yardstick's scoring, and the whole benchmark on a tiny run."""
 
 import json
 
 import pytest
 
-from benchmarks.detector_hits import BigramReference, words_of
+from benchmarks.quality.detector_hits import BigramReference, words_of
 
 
 def test_bigram_reference_flags_the_word_that_breaks_its_neighbours(small_tokenizer):
@@ -26,7 +26,7 @@ def test_bigram_reference_flags_the_word_that_breaks_its_neighbours(small_tokeni
 def test_hit_benchmark_runs_on_a_pretraining_runs_bundle(
     tmp_path, small_corpus, small_tokenizer, registry_data
 ):
-    from benchmarks.detector_hits import main as hits
+    from benchmarks.quality.detector_hits import main as hits
     from export.pipeline import ExportConfig, run_export
     from training.pretrain import main as pretrain
 

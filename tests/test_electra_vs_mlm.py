@@ -1,8 +1,8 @@
-"""benchmarks/electra_vs_mlm.py: the equal-compute plan, the resolved run config and the summary (no training)."""
+"""benchmarks/quality/electra_vs_mlm.py: the equal-compute plan, the resolved run config and the summary (no training)."""
 
 import pytest
 
-from benchmarks import electra_vs_mlm as bench
+from benchmarks.quality import electra_vs_mlm as bench
 from training.config import PretrainConfig, parse_config
 
 

@@ -44,7 +44,7 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
 
     # The context probe reads the same run: figures of the right shape, and the same verdict as the
     # run's own evaluation (the young generator's samples are easy to flag).
-    from benchmarks.disc_probe import main as probe
+    from benchmarks.quality.disc_probe import main as probe
 
     probe([str(run), "--rows", "16", "--out", str(tmp_path / "probe.json")])
     (result,) = json.loads((tmp_path / "probe.json").read_text())["results"][-1:]

@@ -1,6 +1,6 @@
 """Baseline (b): the same bundle served one request at a time, without micro-batching.
 
-    python -m benchmarks.baselines.unbatched --bundle BUNDLE_DIR [--port 8001]
+    python -m benchmarks.load.baselines.unbatched --bundle BUNDLE_DIR [--port 8001]
 
 One ONNX Runtime session with the session options of app/engine.py (copied: benchmarks do not import
 app internals), one worker thread: each request is tokenized, run as its own batch (its texts padded
@@ -21,7 +21,7 @@ import onnxruntime as ort
 from litestar import Litestar, post
 from tokenizers import Tokenizer
 
-from benchmarks.baselines.common import DetectRequest, parser, ready, serve
+from benchmarks.load.baselines.common import DetectRequest, parser, ready, serve
 
 
 class Scorer:
@@ -79,7 +79,7 @@ def create_app(bundle: Path) -> Litestar:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser("python -m benchmarks.baselines.unbatched", __doc__.split("\n\n")[0])
+    p = parser("python -m benchmarks.load.baselines.unbatched", __doc__.split("\n\n")[0])
     p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
     args = p.parse_args(argv)
     serve(create_app(args.bundle), args.host, args.port)

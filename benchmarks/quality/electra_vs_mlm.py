@@ -17,10 +17,10 @@ program reproduces the direction of that claim at our scale:
 5. `<out>/results.json` (everything), `<out>/table.md` (mean ± std over seeds, and the difference),
    `<out>/plot.png`, and the table printed at the end.
 
-    python -m benchmarks.electra_vs_mlm --data-dir ../shared/data                  # 0.016 PFLOP each
-    python -m benchmarks.electra_vs_mlm --data-dir ../shared/data --minutes 20     # budget from speed
-    python -m benchmarks.electra_vs_mlm --plan-only                                # FLOPs and steps only
-    python -m benchmarks.electra_vs_mlm --pretrain-args="--num-layers 4" --finetune-args="--batch-size 16"
+    python -m benchmarks.quality.electra_vs_mlm --data-dir ../shared/data                  # 0.016 PFLOP each
+    python -m benchmarks.quality.electra_vs_mlm --data-dir ../shared/data --minutes 20     # budget from speed
+    python -m benchmarks.quality.electra_vs_mlm --plan-only                                # FLOPs and steps only
+    python -m benchmarks.quality.electra_vs_mlm --pretrain-args="--num-layers 4" --finetune-args="--batch-size 16"
 
 Default budget: 0.016 PFLOP (1.6e13 FLOPs) per encoder, about 11 minutes of pretraining each on the
 2-core development machine at the ~25 GFLOP/s that configs/mini.toml trains at there. With the

@@ -1,8 +1,8 @@
 """Soak: our server at a steady fraction of its saturation for minutes; memory growth and failures.
 
-    python -m benchmarks.soak [--minutes 10] [--fraction 0.7 | --rps R] [--users 64] [--warmup-s 120]
+    python -m benchmarks.load.soak [--minutes 10] [--fraction 0.7 | --rps R] [--users 64] [--warmup-s 120]
 
-Starts `python -m app` (same bundles as benchmarks.load_profile), measures saturation with a closed-loop
+Starts `python -m app` (same bundles as benchmarks.load.load_profile), measures saturation with a closed-loop
 probe (`--probe-time` s at `--users`) unless `--rps` is given, then offers `--fraction` of it with the
 realistic mix (batched requests included, so ONNX Runtime sees many shapes: it has leaked with dynamic
 shapes before) while sampling the server's resident memory every `--sample-s` seconds. Reports RSS
@@ -18,18 +18,17 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import loadkit as lk
-from benchmarks.load_profile import STANDARD_MIX, add_common
-from benchmarks.loadmodels import prepare, require_classifier, write_sentences
+from benchmarks.load import loadkit as lk
+from benchmarks.load.loadmodels import prepare, require_classifier, write_sentences
 
 MB = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m benchmarks.load.soak", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
-    add_common(p)
+    lk.add_common(p)
     p.add_argument("--minutes", type=float, default=10.0, help="length of the steady load")
     p.add_argument("--fraction", type=float, default=0.7, help="share of the probed saturation to offer")
     p.add_argument("--rps", type=float, default=None, help="offer this rate; no probe")
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=None, help="default: min(120 s, a quarter of the soak)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--max-growth", type=float, default=5.0, help="pass if RSS grows less (percent)")
-    p.add_argument("--mix", default=STANDARD_MIX)
+    p.add_argument("--mix", default=lk.STANDARD_MIX)
     p.add_argument("--batch-texts", type=int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     p.add_argument("--name", default="soak")

@@ -1,6 +1,6 @@
 """Hostile load: normal traffic beside maximum-size requests, oversized ones and slow clients.
 
-    python -m benchmarks.hostile [--seconds 120] [--rps 20] [--big-clients 2] [--slow-clients 20]
+    python -m benchmarks.load.hostile [--seconds 120] [--rps 20] [--big-clients 2] [--slow-clients 20]
 
 Starts `python -m app` on --models (default: the shipped bundles) and, for --seconds, runs at once:
 - normal traffic: one-sentence /detect requests paced at --rps (the figures that matter: p50, p99,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import loadkit as lk
+from benchmarks.load import loadkit as lk
 
 SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
 PARAGRAPH = (
@@ -163,7 +163,9 @@ def summarize(raw: dict, samples: list[dict], t0: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.load.hostile", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--models", type=Path, default=Path("models"))
     p.add_argument("--seconds", type=float, default=120)
     p.add_argument("--rps", type=float, default=20, help="normal one-sentence requests per second")

@@ -1,11 +1,11 @@
-"""Realistic scoring traffic for electra-serve (and for the comparison servers in benchmarks/baselines/).
+"""Realistic scoring traffic for electra-serve (and for the comparison servers in benchmarks/load/baselines/).
 
-    locust -f benchmarks/locustfile.py --headless -u 64 -r 64 --run-time 60s --host http://127.0.0.1:8000 \
+    locust -f benchmarks/load/locustfile.py --headless -u 64 -r 64 --run-time 60s --host http://127.0.0.1:8000 \
         --sentences .cache/bench/sentences.txt --mix detect:6,detect_batch:2,classify:1,classify_batch:1 \
         --csv out/run --html out/run.html
 
 Each request carries sentences drawn at random from `--sentences` (one a line, written by
-`python -m benchmarks.load_profile`: WikiText-2 test sentences of 8-40 words), so the workers need
+`python -m benchmarks.load.load_profile`: WikiText-2 test sentences of 8-40 words), so the workers need
 neither torch nor the corpus. Request kinds and their weights come from `--mix`:
 
     detect          POST /detect   {"text": s}
@@ -79,7 +79,7 @@ def _load(environment, **_kw) -> None:
     if opts is None:  # locust used as a library without our arguments
         return
     if not opts.sentences:
-        raise SystemExit("--sentences FILE is required (python -m benchmarks.load_profile writes one)")
+        raise SystemExit("--sentences FILE is required (python -m benchmarks.load.load_profile writes one)")
     lines = Path(opts.sentences).read_text(encoding="utf-8").splitlines()
     _SENTENCES[:] = [s for s in lines if s.strip()]
     if not _SENTENCES:

@@ -1,7 +1,7 @@
 """Baseline (c): what a user would otherwise write: transformers' ElectraForPreTraining in PyTorch
 behind a minimal Litestar endpoint.
 
-    python -m benchmarks.baselines.transformers_server --model HF_DIR [--port 8002]
+    python -m benchmarks.load.baselines.transformers_server --model HF_DIR [--port 8002]
 
 The handler is a plain function with `sync_to_thread=True`, the Litestar way to run blocking work: each
 request tokenizes with the fast tokenizer, runs the model under torch.no_grad() in a worker thread of
@@ -17,7 +17,7 @@ import torch
 from litestar import Litestar, post
 from transformers import AutoTokenizer, ElectraForPreTraining
 
-from benchmarks.baselines.common import DetectRequest, parser, ready, serve
+from benchmarks.load.baselines.common import DetectRequest, parser, ready, serve
 
 
 def create_app(model_dir: Path) -> Litestar:
@@ -44,7 +44,7 @@ def create_app(model_dir: Path) -> Litestar:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser("python -m benchmarks.baselines.transformers_server", __doc__.split("\n\n")[0])
+    p = parser("python -m benchmarks.load.baselines.transformers_server", __doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, type=Path, help="Hugging Face ElectraForPreTraining directory")
     args = p.parse_args(argv)
     serve(create_app(args.model), args.host, args.port)

@@ -13,8 +13,8 @@ As a yardstick the same sentences are also scored by a word-bigram count model o
 (no neural network): each word's suspicion is minus its smoothed pointwise mutual information with
 its left and right neighbours. It shows how much of the task plain local co-occurrence already solves.
 
-    python -m benchmarks.detector_hits --bundle models/detector --generator runs/detector
-    python -m benchmarks.detector_hits --bundle models/detector --replacement frequency --out ...
+    python -m benchmarks.quality.detector_hits --bundle models/detector --generator runs/detector
+    python -m benchmarks.quality.detector_hits --bundle models/detector --replacement frequency --out ...
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def main(argv=None) -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from benchmarks.loadmodels import wikitext_sentences
+    from benchmarks.load.loadmodels import wikitext_sentences
     from training.checkpoint import load_model, resolve_checkpoint
     from training.corpus import read_corpus
 

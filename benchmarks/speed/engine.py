@@ -1,7 +1,7 @@
 """Engine sweep: PyTorch eager (transformers) vs our ONNX fp32 vs our int8, on the ELECTRA-Small shape
 (or a run's shape with --shape-from).
 
-    python -m benchmarks.engine [--threads 2] [--explore] [--out benchmarks/results/engine.json]
+    python -m benchmarks.speed.engine [--threads 2] [--explore] [--out benchmarks/results/engine.json]
 
 Latency (median ms) and throughput (tokens/s) per batch x length, ratios to transformers, and the share of
 this machine's matrix-multiply peak each engine reaches. The peak is measured in the same run with ONNX
@@ -218,7 +218,7 @@ def static_int8(work: Path, vocab_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.speed.engine", allow_abbrev=False)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
     p.add_argument("--out", default="benchmarks/results/engine.json")

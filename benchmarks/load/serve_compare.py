@@ -1,12 +1,12 @@
 """Our server against what it replaces, under the same locust load, in one run.
 
-    python -m benchmarks.serve_compare [--model CKPT | --bundle DIR [--hf DIR]] [--users 1,16,64]
+    python -m benchmarks.load.serve_compare [--model CKPT | --bundle DIR [--hf DIR]] [--users 1,16,64]
         [--run-time 60] [--offered-rps auto] [--servers ours,unbatched,transformers]
 
 (a) ours: `python -m app` (micro-batching); (b) unbatched: the same bundle, one request per session.run
-(benchmarks/baselines/unbatched.py; our server cannot be made to do that: its token budget must hold a
+(benchmarks/load/baselines/unbatched.py; our server cannot be made to do that: its token budget must hold a
 max_length row, so short rows always share batches); (c) transformers: ElectraForPreTraining in PyTorch
-behind a minimal Litestar endpoint (benchmarks/baselines/transformers_server.py). All three serve the
+behind a minimal Litestar endpoint (benchmarks/load/baselines/transformers_server.py). All three serve the
 same weights: (c) loads the HF directory the bundle was exported from.
 
 Phase 1, saturation: each server in turn, each users step, closed loop. Phase 2, equal offered load:
@@ -21,21 +21,22 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import loadkit as lk
-from benchmarks.load_profile import add_common, parse_users
-from benchmarks.loadmodels import prepare, write_sentences
+from benchmarks.load import loadkit as lk
+from benchmarks.load.loadmodels import prepare, write_sentences
 
 SERVERS = ("ours", "unbatched", "transformers")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.serve_compare", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m benchmarks.load.serve_compare",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
-    add_common(p)
+    lk.add_common(p)
     p.add_argument("--hf", default=None, help="HF directory for (c) when --bundle's source is elsewhere")
     p.add_argument("--servers", default=",".join(SERVERS), help="which of ours,unbatched,transformers")
-    p.add_argument("--users", type=parse_users, default=(1, 16, 64), help="concurrency steps")
+    p.add_argument("--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps")
     p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per run")
     p.add_argument(
         "--offered-rps",

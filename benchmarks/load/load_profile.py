@@ -1,11 +1,11 @@
 """The standard load profile against our server: realistic traffic at a few concurrency steps.
 
-    python -m benchmarks.load_profile [--model CKPT | --bundle DIR | --url URL] [--users 1,16,64]
+    python -m benchmarks.load.load_profile [--model CKPT | --bundle DIR | --url URL] [--users 1,16,64]
         [--run-time 60] [--mix detect:6,detect_batch:2,classify:1,classify_batch:1]
 
 Starts `python -m app` on a free localhost port with the int8 bundles (default: a random-weight
 ELECTRA-Small with the bert-base-uncased vocabulary, built and exported once into .cache/bench/), then runs
-benchmarks/locustfile.py headless once per step, users sending back to back (closed loop), and prints and
+benchmarks/load/locustfile.py headless once per step, users sending back to back (closed loop), and prints and
 writes a markdown table: throughput, p50/p95/p99 latency, error rate, and who used the CPU. `--url`
 drives a server that is already running instead (no CPU figures for it then).
 Writes benchmarks/results/<--name>.json and .md; locust's CSV and HTML reports stay in .cache/bench/runs/.
@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import loadkit as lk
-from benchmarks.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
-
-STANDARD_MIX = "detect:6,detect_batch:2,classify:1,classify_batch:1"
+from benchmarks.load import loadkit as lk
+from benchmarks.load.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
 
 
 @dataclass(frozen=True)
@@ -35,7 +32,7 @@ class ProfileConfig:
     precision: str = "int8"  # of the exported bundles
     users: tuple[int, ...] = (1, 16, 64)  # concurrency steps, each its own locust run
     run_time: float = 60.0  # seconds of measured load per step
-    mix: str = STANDARD_MIX  # locustfile --mix
+    mix: str = lk.STANDARD_MIX  # locustfile --mix
     batch_texts: int = 8  # texts per batched request
     data_dir: str | None = None  # WikiText-2 files (default $ELECTRA_DATA_DIR)
     server_args: str = ""  # extra flags for `python -m app`, e.g. "--max-wait-ms 2"
@@ -55,31 +52,19 @@ class ProfileConfig:
         lk.check_mix(self.mix)
 
 
-def parse_users(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint, run or HF ElectraForPreTraining dir")
-    p.add_argument("--bundle", default=None, help="an exported bundle (or models dir) to serve as is")
-    p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
-    p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
-    p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
-    p.add_argument("--results", default=str(RESULTS), help="where the JSON and markdown go")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.load_profile", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m benchmarks.load.load_profile",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
-    add_common(p)
+    lk.add_common(p)
     p.add_argument("--url", default=None, help="drive this running server instead of starting one")
-    p.add_argument("--users", type=parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64")
+    p.add_argument(
+        "--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
+    )
     p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per step")
-    p.add_argument("--mix", default=STANDARD_MIX, help="request kinds and weights (see locustfile)")
+    p.add_argument("--mix", default=lk.STANDARD_MIX, help="request kinds and weights (see locustfile)")
     p.add_argument("--batch-texts", type=int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     p.add_argument("--name", default="load_profile", help="results file name")

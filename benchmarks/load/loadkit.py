@@ -1,10 +1,11 @@
 """Machinery of the HTTP benchmarks: start a server on a free localhost port and wait for it, drive it
-with benchmarks/locustfile.py headless, sample CPU and memory meanwhile, and turn locust's CSV into rows
+with benchmarks/load/locustfile.py headless, sample CPU and memory meanwhile, and turn locust's CSV into rows
 and markdown tables. Every wait here has a deadline.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.loadmodels import REPO, RESULTS
+from benchmarks.load.loadmodels import REPO, RESULTS, WORK
 
-LOCUSTFILE = REPO / "benchmarks" / "locustfile.py"
+LOCUSTFILE = REPO / "benchmarks" / "load" / "locustfile.py"
 
 
 def free_port() -> int:
@@ -53,8 +54,8 @@ class Server:
 
 SERVERS = {
     "ours": "electra-serve (python -m app): micro-batching",
-    "unbatched": "same bundle, one request per session.run (benchmarks/baselines/unbatched.py)",
-    "transformers": "transformers ElectraForPreTraining behind Litestar (benchmarks/baselines/transformers_server.py)",
+    "unbatched": "same bundle, one request per session.run (benchmarks/load/baselines/unbatched.py)",
+    "transformers": "transformers ElectraForPreTraining behind Litestar (benchmarks/load/baselines/transformers_server.py)",
 }
 
 
@@ -62,8 +63,8 @@ def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Pat
     """The server's command line. Ours logs at warning: no access log, as for the baselines."""
     argv = {
         "ours": ["app", "--models", str(models_dir), "--log-level", "warning", *extra],
-        "unbatched": ["benchmarks.baselines.unbatched", "--bundle", str(bundle)],
-        "transformers": ["benchmarks.baselines.transformers_server", "--model", str(hf_dir)],
+        "unbatched": ["benchmarks.load.baselines.unbatched", "--bundle", str(bundle)],
+        "transformers": ["benchmarks.load.baselines.transformers_server", "--model", str(hf_dir)],
     }
     if kind not in argv:
         raise ValueError(f"unknown server {kind!r}; known: {', '.join(SERVERS)}")
@@ -198,6 +199,7 @@ class Sampler:
 # ---------------------------------------------------------------------------------------------- locust
 
 
+STANDARD_MIX = "detect:6,detect_batch:2,classify:1,classify_batch:1"
 MIX_KINDS = ("detect", "detect_batch", "classify", "classify_batch")  # as in locustfile.KINDS
 
 
@@ -220,6 +222,23 @@ class Load:
     batch_texts: int = 8
     run_time_s: float = 30
     detect_return: str = "both"  # our /detect "return"; the baselines ignore it
+
+
+# Options and parsing the load programs share (load_profile, serve_compare, soak).
+def parse_users(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint, run or HF ElectraForPreTraining dir")
+    p.add_argument("--bundle", default=None, help="an exported bundle (or models dir) to serve as is")
+    p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
+    p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
+    p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
+    p.add_argument("--results", default=str(RESULTS), help="where the JSON and markdown go")
 
 
 def run_locust(

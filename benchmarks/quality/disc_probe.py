@@ -13,8 +13,8 @@ WikiText-2 rows, for a checkpoint (or every checkpoint of a run):
 - attention entropy per layer, for discriminator and generator, against log(T) for uniform attention;
 - the spread of the discriminator's logits, and how far they move when all context is scrambled.
 
-    python -m benchmarks.disc_probe runs/default/pretrain            # every checkpoint kept in the run
-    python -m benchmarks.disc_probe runs/default/pretrain/checkpoints/step-00004000
+    python -m benchmarks.quality.disc_probe runs/default/pretrain            # every checkpoint kept in the run
+    python -m benchmarks.quality.disc_probe runs/default/pretrain/checkpoints/step-00004000
 
 Prints a table and writes JSON (default benchmarks/results/disc_probe.json).
 """

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
 RESULTS = REPO / "benchmarks" / "results"
 LABELS = ("negative", "positive")

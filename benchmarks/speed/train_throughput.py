@@ -4,7 +4,7 @@ Both sides get the same config, the same batch, the same masking and sampling, t
 transformers side is what a user would write: ElectraForMaskedLM (generator, logits at every position)
 and ElectraForPreTraining (discriminator) with shared embeddings. Prints a table and writes JSON.
 
-    python -m benchmarks.train_throughput --batch-size 32 --seq-len 128 --steps 5
+    python -m benchmarks.speed.train_throughput --batch-size 32 --seq-len 128 --steps 5
 """
 
 from __future__ import annotations
