@@ -130,10 +130,18 @@ def test_resident_memory_comes_back_after_maximum_size_requests(server):
 
 
 @pytest.mark.parametrize("depth", [1_000, 10_000])
-def test_deeply_nested_json_gets_400(server, depth):
-    body = b'{"text": "hi", "x": ' + b"[" * depth + b"]" * depth + b"}"
+@pytest.mark.parametrize("where", ["unknown field", "known field", "whole body"])
+def test_deeply_nested_json_gets_a_4xx_naming_the_problem(server, depth, where):
+    # The strict decoder stops at the first value that cannot be the request's type (an unknown field,
+    # an array where a string belongs, an array for the object), so nesting never reaches recursion:
+    # 422 naming the field, or 400 if some path still recursed; never a 500.
+    nested = b"[" * depth + b"]" * depth
+    body = {"unknown field": b'{"text": "hi", "x": ' + nested + b"}",
+            "known field": b'{"text": ' + nested + b"}", "whole body": nested}[where]  # fmt: skip
     with server.client() as c:
         r = c.post("/detect", content=body, headers={"content-type": "application/json"})
-        assert r.status_code == 400, r.text
-        assert r.json()["error"]["type"] == "invalid_json"
+        assert r.status_code in (400, 422), r.text
+        assert (
+            r.json()["error"]["type"] in ("invalid_json", "validation_error") and r.json()["error"]["message"]
+        )
         assert c.post("/detect", json={"text": SENTENCE}).status_code == 200  # and the server is fine
