@@ -6,11 +6,13 @@ import ctypes
 import ctypes.util
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from app.bundle import Bundle
+from app.settings import SettingsError
 from app.tokenization import Row
 
 log = logging.getLogger("app")
@@ -37,7 +39,18 @@ def _glibc():
 _LIBC = _glibc()
 
 
-def session_options(intra_op_threads: int, arena: str = "shrink") -> ort.SessionOptions:
+PROVIDERS = ("auto", "cpu", "cuda")  # --providers: auto is CUDA when onnxruntime offers it, else CPU
+
+
+class ProviderError(SettingsError):
+    """--providers asks for what this onnxruntime cannot give; the message names the setting."""
+
+
+def session_options(
+    intra_op_threads: int, arena: str = "shrink", *, spinning: bool = True, quiet: bool = False
+) -> ort.SessionOptions:
+    """The server's options; the engine benchmark and the export checks take the same ones, so what
+    they measure is what the server runs. `spinning=False` is a variant the benchmark times."""
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = arena != "off"
     so.intra_op_num_threads = intra_op_threads  # 0: ORT picks (physical cores)
@@ -47,24 +60,53 @@ def session_options(intra_op_threads: int, arena: str = "shrink") -> ort.Session
     # Every batch has a new [batch, seq] shape; the memory-pattern planner would re-plan (and keep
     # growing its arena) for each one (microsoft/onnxruntime#11118).
     so.enable_mem_pattern = False
+    if not spinning:  # ORT's default (on) is what the server keeps
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if quiet:
+        so.log_severity_level = 3  # a fused graph's shape-inference notes are not the user's concern
     return so
 
 
-def providers() -> list[str]:
+def providers(setting: str = "auto") -> list[str]:
+    """ONNX Runtime's provider list for --providers; "cuda" without CUDA is an error, not a fallback."""
+    if setting not in PROVIDERS:
+        raise ProviderError(f"--providers must be one of {', '.join(PROVIDERS)}, not {setting!r}")
     available = ort.get_available_providers()
-    return (["CUDAExecutionProvider"] if "CUDAExecutionProvider" in available else []) + [
-        "CPUExecutionProvider"
-    ]
+    cuda = "CUDAExecutionProvider" in available
+    if setting == "cuda" and not cuda:
+        raise ProviderError(
+            f"--providers cuda: this onnxruntime offers no CUDAExecutionProvider (it has "
+            f"{', '.join(available)}); install onnxruntime-gpu on a machine with CUDA, or use "
+            "--providers auto or cpu"
+        )
+    return (["CUDAExecutionProvider"] if cuda and setting != "cpu" else []) + ["CPUExecutionProvider"]
+
+
+def session(
+    path: str | Path,
+    intra_op_threads: int = 0,
+    *,
+    providers_setting: str = "auto",
+    arena: str = "shrink",
+    spinning: bool = True,
+    quiet: bool = False,
+) -> ort.InferenceSession:
+    """The one way this project opens an ONNX Runtime session (server, benchmarks, export checks)."""
+    return ort.InferenceSession(
+        str(path),
+        sess_options=session_options(intra_op_threads, arena, spinning=spinning, quiet=quiet),
+        providers=providers(providers_setting),
+    )
 
 
 class Engine:
-    def __init__(self, bundle: Bundle, intra_op_threads: int, arena: str = "shrink") -> None:
+    def __init__(
+        self, bundle: Bundle, intra_op_threads: int, arena: str = "shrink", providers_setting: str = "auto"
+    ) -> None:
         assert arena in ARENA_MODES, arena
         self.bundle = bundle
-        self.session = ort.InferenceSession(
-            str(bundle.model_path),
-            sess_options=session_options(intra_op_threads, arena),
-            providers=providers(),
+        self.session = session(
+            bundle.model_path, intra_op_threads, providers_setting=providers_setting, arena=arena
         )
         self._shrink: ort.RunOptions | None = None
         if arena == "shrink":

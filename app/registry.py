@@ -168,7 +168,9 @@ class Registry:
     def _load_and_warm(self, bundle: Bundle) -> tuple[TextTokenizer, Engine]:
         m = bundle.manifest
         tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, self.settings.window_stride)
-        engine = Engine(bundle, self.settings.threads_per_runner(), self.settings.memory_arena)
+        engine = Engine(
+            bundle, self.settings.threads_per_runner(), self.settings.memory_arena, self.settings.providers
+        )
         # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
         for length in (8, m.max_length):
             engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))

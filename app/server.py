@@ -21,6 +21,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from app import __version__, ui
 from app.apidocs import OfflineDocs
 from app.bundle import discover
+from app.engine import providers
 from app.errors import AppError, ErrorType, handle_exception
 from app.metrics import Metrics
 from app.registry import Registry
@@ -33,6 +34,7 @@ log = logging.getLogger("app")
 def create_app(settings: Settings) -> Litestar:
     """Reads and hash-checks every bundle now: a broken one is left out (and reported), and when none
     can be served this fails before the port opens."""
+    providers(settings.providers)  # --providers cuda without CUDA: an error now, before the port opens
     metrics = Metrics()
     bundles, broken = discover(settings.models_dir)
     registry = Registry(bundles, settings, metrics, broken)

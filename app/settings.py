@@ -48,6 +48,9 @@ class Settings:
     max_body_bytes: int = _opt(1 << 20, "larger request bodies get 413")
     intra_op_threads: int = _opt(0, "ONNX Runtime threads per batch; 0: the available cores / --runners")
     memory_arena: str = _opt("shrink", "ONNX Runtime CPU arena: shrink (after big batches), off or on")
+    providers: str = _opt(
+        "auto", "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda"
+    )
     # Two batches in flight, each on half the cores, beat one batch on all of them on small machines:
     # a single-threaded run never waits at a barrier for a thread the event loop has preempted.
     # Measured on 2 cores, ELECTRA-Small int8, 64 users: 2 x 1 thread 349-374 req/s, 1 x 2 threads 266-300.
@@ -93,6 +96,8 @@ class Settings:
             raise SettingsError(f"{_flag('api_key')} is set but empty")
         if self.memory_arena not in ("shrink", "off", "on"):
             raise SettingsError(f"{_flag('memory_arena')}: shrink, off or on, not {self.memory_arena!r}")
+        if self.providers not in ("auto", "cpu", "cuda"):  # app.engine.PROVIDERS (not imported: no ORT yet)
+            raise SettingsError(f"{_flag('providers')}: auto, cpu or cuda, not {self.providers!r}")
         levels = ("critical", "error", "warning", "info", "debug", "trace")
         if self.log_level not in levels:
             raise SettingsError(f"{_flag('log_level')} must be one of {', '.join(levels)}")

@@ -186,12 +186,9 @@ def to_fp16(src: Path, dst: Path) -> dict:
     return {"method": "OnnxModel.convert_float_to_float16", "keep_io_types": True}
 
 
-def session(path: Path, threads: int = 0, providers: list[str] | None = None):
-    """An ORT session with every graph optimization on; `threads` 0 lets ORT pick."""
-    import onnxruntime as ort
+def session(path: Path, threads: int = 0, providers: str = "cpu"):
+    """The server's session (app.engine.session, torch-free) for the export's checks; `threads` 0 lets
+    ORT pick. CPU by default: parity is measured where the int8 and fp32 bundles are served."""
+    from app.engine import session as ort_session
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3  # the fused graph's shape-inference notes are not the user's concern
-    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
+    return ort_session(path, threads, providers_setting=providers, quiet=True)

@@ -167,6 +167,17 @@ def test_bad_settings_fail_naming_the_option(bundles_dir):
     assert r.returncode == 2 and "--access-log" in r.stderr and "true or false" in r.stderr
 
 
+def test_providers_cuda_without_cuda_fails_at_start_naming_the_setting(bundles_dir):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime offers CUDA: --providers cuda is valid here")
+    r = _start("--models", str(bundles_dir), "--providers", "cuda")
+    assert r.returncode == 2 and "--providers cuda" in r.stderr and "CUDAExecutionProvider" in r.stderr
+    r = _start("--models", str(bundles_dir), "--providers", "tpu")
+    assert r.returncode == 2 and "--providers" in r.stderr and "auto, cpu or cuda" in r.stderr
+
+
 def test_boolean_settings_parse_from_flags_and_environment():
     from app.settings import Settings
 

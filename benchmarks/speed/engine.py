@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from app.engine import PROVIDERS, session
+
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
 
 
@@ -48,19 +50,6 @@ def interleaved(
                 fn()
                 times[name].append(time.perf_counter() - t)
     return {name: stat(ts) for name, ts in times.items()}
-
-
-def ort_session(path, threads: int, spinning: bool = True):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if not spinning:  # the variant measured against spinning (the server keeps ORT's default: on)
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 # ------------------------------------------------------------------------------------------- GEMM peak
@@ -98,7 +87,7 @@ def gemm_peak(threads: int, work: Path) -> dict:
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
             model.ir_version = 9  # what the installed onnxruntime reads; onnx may default newer
             onnx.save(model, path)
-            sess = ort_session(path, threads)
+            sess = session(path, threads, providers_setting="cpu", quiet=True)  # the CPU's own peak
             feeds = {"A": a}
             # The fastest call, not the median: a peak is what the kernels can do when nothing competes.
             s = interleaved({"gemm": lambda sess=sess, feeds=feeds: sess.run(None, feeds)}, stat=min)["gemm"]
@@ -220,6 +209,7 @@ def static_int8(work: Path, vocab_size: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.speed.engine", allow_abbrev=False)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
     p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
     p.add_argument("--out", default="benchmarks/results/engine.json")
     p.add_argument(
@@ -241,9 +231,13 @@ def main(argv: list[str] | None = None) -> int:
             f"GEMM peak ({args.threads} threads, ORT): fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s"
         )
         variants, hf, cfg = build_models(work, args.explore, model_shape(args.shape_from))
-        sessions = {name: ort_session(path, args.threads) for name, path in variants.items()}
+        # The server's own session options (app.engine), so the batcher's constants measured here hold there.
+        opts = {"providers_setting": args.providers, "quiet": True}
+        sessions = {name: session(path, args.threads, **opts) for name, path in variants.items()}
         if args.explore:
-            sessions["int8, no spinning"] = ort_session(variants["onnx int8"], args.threads, spinning=False)
+            sessions["int8, no spinning"] = session(
+                variants["onnx int8"], args.threads, spinning=False, **opts
+            )
         rows = []
         for B, T in SHAPES:
             rng = np.random.default_rng(0)

@@ -17,24 +17,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 from litestar import Litestar, post
 from tokenizers import Tokenizer
 
+from app.engine import PROVIDERS, session
 from benchmarks.load.baselines.common import DetectRequest, parser, ready, serve
 
 
 class Scorer:
-    def __init__(self, bundle: Path, threads: int = 0) -> None:
+    def __init__(self, bundle: Path, threads: int = 0, providers: str = "auto") -> None:
         manifest = json.loads((bundle / "manifest.json").read_text())
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.enable_mem_pattern = False
-        self.session = ort.InferenceSession(
-            str(bundle / "model.onnx"), so, providers=["CPUExecutionProvider"]
-        )
+        # The server's session options (app.engine): the comparison is about batching, nothing else.
+        self.session = session(bundle / "model.onnx", threads, providers_setting=providers)
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.output = manifest["output"]
         self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
@@ -66,8 +60,8 @@ class Scorer:
         return out
 
 
-def create_app(bundle: Path) -> Litestar:
-    scorer = Scorer(bundle)
+def create_app(bundle: Path, providers: str = "auto") -> Litestar:
+    scorer = Scorer(bundle, providers=providers)
 
     @post("/detect", status_code=200)
     async def detect(data: DetectRequest) -> dict:
@@ -81,8 +75,9 @@ def create_app(bundle: Path) -> Litestar:
 def main(argv: list[str] | None = None) -> None:
     p = parser("python -m benchmarks.load.baselines.unbatched", __doc__.split("\n\n")[0])
     p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
+    p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
     args = p.parse_args(argv)
-    serve(create_app(args.bundle), args.host, args.port)
+    serve(create_app(args.bundle, args.providers), args.host, args.port)
 
 
 if __name__ == "__main__":
