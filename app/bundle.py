@@ -71,7 +71,7 @@ class Bundle:
 
 def sha256_file(path: Path) -> str:
     """The one file hash of app/, export/ and benchmarks/ (they may import app's torch-free modules).
-    training/datasets.py keeps its own six lines: training must not import app, nor app training."""
+    training/registry.py keeps its own six lines: training must not import app, nor app training."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -122,7 +122,7 @@ def registry_dev_rows(ckpt: Path, data_dir: Path | None) -> tuple[list[tuple[str
     task = state.get("task") or (state.get("config") or {}).get("task")
     if not task:
         return None
-    from training.labelled import LABELLED_SETS, load_labelled
+    from training.finetune_sets import LABELLED_SETS, load_labelled
 
     if task not in LABELLED_SETS:
         return None

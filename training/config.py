@@ -296,7 +296,7 @@ class FinetuneConfig:
         if not self.task and not self.train:
             raise ConfigError("--task or --train: give a registry task or your own training file")
         if self.task:
-            from training.labelled import LABELLED_SETS
+            from training.finetune_sets import LABELLED_SETS
 
             choice("task", self.task, tuple(LABELLED_SETS))
             for name in ("dev", "test", "labels", "text_pair_column"):

@@ -7,7 +7,7 @@ Two kinds of source:
   have no published split, so a deterministic held-out ``valid`` split is carved out by hashing each
   document's text (see :func:`read_corpus`).
 
-Documents matter for pretraining because the packer (``training.data``) puts ``[SEP]`` between them and
+Documents matter for pretraining because the packer (``training.shards``) puts ``[SEP]`` between them and
 never lets a row pretend two unrelated texts are one.
 """
 
@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from training.datasets import fetch
+from training.registry import fetch
 
 __all__ = [
     "CorpusError",

@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from training import checkpoint as ckpt
 from training.config import ConfigError, FinetuneConfig, describe, parse_config, save_config
-from training.datasets import DatasetError
 from training.finetune_data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
 from training.finetune_metrics import (
     classification_metrics,
@@ -44,6 +43,7 @@ from training.finetune_metrics import (
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
 from training.optim import autocast_for, decays, linear_schedule
+from training.registry import DatasetError
 from training.report import MetricsLog
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
 

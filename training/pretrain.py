@@ -24,15 +24,15 @@ from tqdm import tqdm
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
-from training.data import Batches
-from training.datasets import DatasetError
 from training.distributed import Dist
 from training.evaluate import evaluate
 from training.model import ElectraConfig, count_parameters
 from training.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
 from training.optim import autocast_for, decays, linear_schedule
-from training.prepare import prepare_data
+from training.pretrain_data import prepare_data
+from training.registry import DatasetError
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
+from training.shards import Batches
 from training.tokenizer import TokenizerError
 from training.warmstart import WarmStart, load_warm_start, resolve_warm_start
 

@@ -68,7 +68,7 @@ def _short(names: list[str], n: int = 6) -> str:
 
 def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
     """A directory, a run directory, or a registry model name -> an InitSource (fails naming the file)."""
-    from training.datasets import REGISTRY, fetch_model
+    from training.registry import REGISTRY, fetch_model
 
     path = Path(spec).expanduser()
     if not path.exists() and any(name.startswith(f"{spec}/") for name in REGISTRY):

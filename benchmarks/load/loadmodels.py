@@ -80,13 +80,13 @@ def _random_checkpoint(out: Path, architecture: str, data_dir: str | None, like:
     import torch
 
     from training.checkpoint import read_config, save_model
-    from training.datasets import fetch
     from training.model import (
         ElectraConfig,
         ElectraForPreTraining,
         ElectraForSequenceClassification,
         init_weights,
     )
+    from training.registry import fetch
     from training.tokenizer import load_tokenizer, save_tokenizer
 
     if like is not None:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from training.data import PackedDataset, batch_tensors
+    from training.shards import PackedDataset, batch_tensors
 
     cks = checkpoints(Path(args.path))
     run = cks[0].parents[1] if cks[0].parent.name == "checkpoints" else None

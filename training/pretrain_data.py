@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training.corpus import read_corpus
-from training.data import Batches, PackedDataset, build_shards
+from training.shards import Batches, PackedDataset, build_shards
 from training.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
 
 
