@@ -14,6 +14,7 @@ finetune_config.json and metrics.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,11 +23,13 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from training import checkpoint as ckpt
@@ -226,7 +229,7 @@ def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) ->
 # ---------------------------------------------------------------------------------------------- main
 
 
-def setup(argv):
+def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:
     """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
     cfg = parse_config(FinetuneConfig, argv, description=__doc__)
     out = Path(cfg.out).resolve()
@@ -270,9 +273,96 @@ def setup(argv):
     return cfg, data, model, tok, notes
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclasses.dataclass
+class FineTuner:
+    """Everything a fine-tuning step, a dev evaluation and the final save need, built once by `setup`."""
+
+    cfg: FinetuneConfig
+    data: TaskData
+    model: ElectraForSequenceClassification
+    tok: Tokenizer
+    encoded: dict[str, list]  # split -> encoded examples
+    opt: torch.optim.Optimizer
+    device: torch.device
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    pad_id: int
+    positive: int  # index of the positive label (binary metrics)
+    steps_per_epoch: int
+    total: int
+    warmup: int
+    step: int = 0
+    tokens: int = 0
+    stale: int = 0  # dev evaluations since the last improvement
+    best: dict = dataclasses.field(
+        default_factory=lambda: {"score": -math.inf, "state": None, "metrics": None, "step": 0, "epoch": 0}
+    )
+
+    def train_step(self, b: dict[str, torch.Tensor]) -> tuple[float, float, float]:
+        """One optimizer step on batch `b`: (loss, gradient norm, learning-rate multiplier)."""
+        mult = linear_schedule(self.step, self.total, self.warmup)
+        for g in self.opt.param_groups:
+            g["lr"] = g["base_lr"] * mult
+        b = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
+        with self.autocast():
+            logits = self.model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        loss = loss_fn(logits.float(), b["labels"], self.data.problem_type == REGRESSION)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += int(b["attention_mask"].sum())
+        return float(loss.detach()), float(norm), mult
+
+    def evaluate(self, split: str) -> dict:
+        return evaluate(self.model, self.encoded[split], self.data, self.positive, self.cfg, self.pad_id,
+                        self.device, self.autocast)  # fmt: skip
+
+    def evaluate_dev(self, log: MetricsLog) -> bool:
+        """Evaluate on dev, keep the best weights; True when patience has run out."""
+        epoch = self.step / self.steps_per_epoch
+        m = self.evaluate("dev")
+        log.write(self.step, self.tokens, "dev", {"epoch": epoch, **scalars(m)})
+        score = selection_score(m, self.cfg.metric)
+        improved = score > self.best["score"] or self.best["state"] is None
+        if improved:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best.update(score=score, metrics=m, step=self.step, epoch=epoch, state=state)
+            self.stale = 0
+        else:
+            self.stale += 1
+        shown = ", ".join(
+            f"{k} {m[k]:.4f}"
+            for k in ("accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "loss")
+            if k in m
+        )
+        tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}" + ("  * best" if improved else ""))
+        return self.cfg.patience > 0 and self.stale >= self.cfg.patience
+
+    def save_best(self, stopped_early: bool, started: float) -> dict[str, dict]:
+        """The best dev weights back in the model, scored on test (when there is one), written to --out."""
+        cfg, data, best = self.cfg, self.data, self.best
+        self.model.load_state_dict(best["state"])
+        evals = {"dev": best["metrics"]}
+        if "test" in self.encoded:
+            evals["test"] = self.evaluate("test")
+        for split, m in evals.items():
+            where = {"task": data.task, "source": data.source.get(split)}
+            m.update(split=split, step=best["step"], metric=cfg.metric, **where)
+            print(format_report(m, f"{split} @ step {best['step']} (best dev {cfg.metric})"), flush=True)
+        state = {"task": data.task, "data": data.source, "step": best["step"], "epoch": best["epoch"],
+                 "global_step": self.step, "stopped_early": stopped_early, "best_metric": cfg.metric,
+                 "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
+                 "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
+                 "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
+        write_outputs(Path(cfg.out), self.model.cpu(), self.tok, state, evals)
+        return evals
+
+
+def setup(argv: list[str] | None) -> FineTuner:
+    """Config, data, model, device and optimizer; prints the resolved configuration and saves it in --out."""
     try:
-        cfg, data, model, tok, notes = setup(argv)
+        cfg, data, model, tok, notes = resolve(argv)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     out = Path(cfg.out)
@@ -297,10 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
 
-    pad_id = special_ids(tok).pad
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
-    positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
-    regression = data.problem_type == REGRESSION
     model.to(device).train()
     steps_per_epoch = math.ceil(len(encoded["train"]) / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
@@ -311,85 +398,43 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"parameters: {count_parameters(model) / 1e6:.2f}M; {total} steps ({cfg.epochs} epochs of "
           f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
+    positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
+    return FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
+                     steps_per_epoch, total, warmup)  # fmt: skip
 
-    log = MetricsLog(out / "metrics.jsonl")
-    rng = random.Random(cfg.seed)  # data order; dropout draws from torch's generator, seeded in setup()
-    best: dict = {"score": -math.inf, "state": None, "metrics": None, "step": 0, "epoch": 0}
-    step, tokens, stale, stopped_early, started = 0, 0, 0, False, time.time()
 
-    def dev_eval(epoch: float) -> bool:
-        """Evaluate on dev, keep the best weights; True when patience has run out."""
-        nonlocal stale
-        m = evaluate(model, encoded["dev"], data, positive, cfg, pad_id, device, autocast)
-        log.write(step, tokens, "dev", {"epoch": epoch, **scalars(m)})
-        score = selection_score(m, cfg.metric)
-        improved = score > best["score"] or best["state"] is None
-        if improved:
-            best.update(score=score, metrics=m, step=step, epoch=epoch,
-                        state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})  # fmt: skip
-            stale = 0
-        else:
-            stale += 1
-        shown = ", ".join(
-            f"{k} {m[k]:.4f}"
-            for k in ("accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "loss")
-            if k in m
-        )
-        tqdm.write(f"step {step} (epoch {epoch:.2f}) dev: {shown}" + ("  * best" if improved else ""))
-        return cfg.patience > 0 and stale >= cfg.patience
-
-    bar = tqdm(total=total, dynamic_ncols=True, desc="finetune")
+def main(argv: list[str] | None = None) -> dict:
+    t = setup(argv)
+    cfg = t.cfg
+    log = MetricsLog(Path(cfg.out) / "metrics.jsonl")
+    rng = random.Random(cfg.seed)  # data order; dropout draws from torch's generator, seeded in resolve()
+    stopped_early, started = False, time.time()
+    bar = tqdm(total=t.total, dynamic_ncols=True, desc="finetune")
     window_loss, window_n, window_t = 0.0, 0, time.time()
     for _ in range(cfg.epochs):
-        for _, b in batches(encoded["train"], cfg.batch_size, pad_id, rng, cfg.sort_by_length):
-            mult = linear_schedule(step, total, warmup)
-            for g in opt.param_groups:
-                g["lr"] = g["base_lr"] * mult
-            b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
-            with autocast():
-                logits = model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-            loss = loss_fn(logits.float(), b["labels"], regression)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            tokens += int(b["attention_mask"].sum())
-            window_loss, window_n = window_loss + float(loss.detach()), window_n + 1
+        for _, b in batches(t.encoded["train"], cfg.batch_size, t.pad_id, rng, cfg.sort_by_length):
+            loss, norm, mult = t.train_step(b)
+            window_loss, window_n = window_loss + loss, window_n + 1
             bar.update(1)
-            if step % cfg.log_every == 0 or step == total:
-                row = {"loss": window_loss / window_n, "lr": cfg.lr * mult, "grad_norm": float(norm),
+            if t.step % cfg.log_every == 0 or t.step == t.total:
+                row = {"loss": window_loss / window_n, "lr": cfg.lr * mult, "grad_norm": norm,
                        "examples_per_s": window_n * cfg.batch_size / max(1e-9, time.time() - window_t)}  # fmt: skip
                 bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
-                log.write(step, tokens, "train", {"epoch": step / steps_per_epoch, **row})
+                log.write(t.step, t.tokens, "train", {"epoch": t.step / t.steps_per_epoch, **row})
                 window_loss, window_n, window_t = 0.0, 0, time.time()
-            due = step % (cfg.eval_every or steps_per_epoch) == 0 or step == total
-            if due and dev_eval(step / steps_per_epoch):
+            due = t.step % (cfg.eval_every or t.steps_per_epoch) == 0 or t.step == t.total
+            if due and t.evaluate_dev(log):
                 stopped_early = True
                 break
         if stopped_early:
             tqdm.write(
-                f"early stop at step {step}: no dev {cfg.metric} improvement in {cfg.patience} evaluations"
+                f"early stop at step {t.step}: no dev {cfg.metric} improvement in {cfg.patience} evaluations"
             )
             break
     bar.close()
-
-    model.load_state_dict(best["state"])
-    evals = {"dev": best["metrics"]}
-    if "test" in encoded:
-        evals["test"] = evaluate(model, encoded["test"], data, positive, cfg, pad_id, device, autocast)
-    for split, m in evals.items():
-        m.update(
-            split=split, step=best["step"], metric=cfg.metric, task=data.task, source=data.source.get(split)
-        )
-        print(format_report(m, f"{split} @ step {best['step']} (best dev {cfg.metric})"), flush=True)
-    state = {"task": data.task, "data": data.source, "step": best["step"], "epoch": best["epoch"],
-             "global_step": step, "stopped_early": stopped_early, "best_metric": cfg.metric,
-             "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
-             "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
-             "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
-    write_outputs(out, model.cpu(), tok, state, evals)
-    print(f"model: {out} (step {best['step']} of {step}, {(time.time() - started) / 60:.1f} min)", flush=True)
+    evals = t.save_best(stopped_early, started)
+    print(f"model: {cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
+          flush=True)  # fmt: skip
     return evals
 
 
