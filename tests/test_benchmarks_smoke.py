@@ -39,8 +39,9 @@ def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Pa
     from benchmarks.load import loadkit as lk
     from benchmarks.load.loadmodels import prepare
 
-    models = prepare(None, str(bundles_dir), "fp32", str(bench), with_classifier=False, work=tmp_path)
-    assert (models.hf_dir / "config.json").is_file(), "the bundle's manifest should name its HF source"
+    hf = bundles_dir.parent / (bundles_dir.name + "-hf") / "detector"  # what app_fixtures exported from
+    models = prepare(str(hf), str(bundles_dir), "fp32", str(bench), with_classifier=False, work=tmp_path)
+    assert models.hf_dir == hf
     answers = {}
     for kind in lk.SERVERS:
 

@@ -174,6 +174,12 @@ def prepare(
             b = found[0]
         manifest = json.loads((b / "manifest.json").read_text())
         hf = Path(model) if model else Path(manifest.get("source", {}).get("checkpoint", ""))
+        if not (hf / "config.json").is_file():
+            # Manifests record the checkpoint relative to where the export ran (no machine paths).
+            raise SystemExit(
+                f"--bundle {b}: its source checkpoint {hf} is not here (the manifest's path is relative to "
+                f"where the export ran); pass --model with the checkpoint the bundle was exported from"
+            )
         return Models(hf, b, models_dir, f"bundle {b} ({manifest.get('precision')}), weights from {hf}")
     if model:
         from training.checkpoint import resolve_checkpoint
