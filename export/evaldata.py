@@ -113,8 +113,10 @@ def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str)
     return np.array(out)
 
 
-def registry_dev_rows(ckpt: Path, data_dir: Path | None) -> tuple[list[tuple[str, str]], str] | None:
-    """The dev split of the registry task named in trainer_state.json (`task`, or `config.task`)."""
+def registry_dev_rows(
+    ckpt: Path, data_dir: Path | None, split: str = "dev"
+) -> tuple[list[tuple[str, str]], str] | None:
+    """A split (default dev) of the registry task named in trainer_state.json (`task`, or `config.task`)."""
     state_file = ckpt / "trainer_state.json"
     if not state_file.is_file():
         return None
@@ -127,4 +129,4 @@ def registry_dev_rows(ckpt: Path, data_dir: Path | None) -> tuple[list[tuple[str
     if task not in LABELLED_SETS:
         return None
     data = load_labelled(task, data_dir=data_dir)
-    return [(text, data.labels[i]) for text, i in data["dev"]], f"registry task {task!r} dev split"
+    return [(text, data.labels[i]) for text, i in data[split]], f"registry task {task!r} {split} split"
