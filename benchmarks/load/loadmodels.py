@@ -67,7 +67,8 @@ def write_sentences(path: Path, data_dir: str | None, tokenizer_json: Path | Non
 
 @dataclass(frozen=True)
 class Models:
-    hf_dir: Path  # ElectraForPreTraining in the Hugging Face layout (the transformers baseline loads it)
+    # ElectraForPreTraining in the HF layout (the transformers baseline loads it); None when not here
+    hf_dir: Path | None
     bundle: Path  # the detector bundle exported from hf_dir
     models_dir: Path  # what `python -m app --models` gets: the detector, and a classifier if asked for
     description: str
@@ -173,13 +174,16 @@ def prepare(
                 raise SystemExit(f"--bundle {b}: neither a bundle nor a directory holding a detector bundle")
             b = found[0]
         manifest = json.loads((b / "manifest.json").read_text())
-        hf = Path(model) if model else Path(manifest.get("source", {}).get("checkpoint", ""))
+        if model:  # a checkpoint, run or HF directory: its errors say what is missing
+            from training.checkpoint import resolve_checkpoint
+
+            hf = resolve_checkpoint(model)
+        else:
+            hf = Path(manifest.get("source", {}).get("checkpoint", ""))
         if not (hf / "config.json").is_file():
-            # Manifests record the checkpoint relative to where the export ran (no machine paths).
-            raise SystemExit(
-                f"--bundle {b}: its source checkpoint {hf} is not here (the manifest's path is relative to "
-                f"where the export ran); pass --model with the checkpoint the bundle was exported from"
-            )
+            # Manifests record the checkpoint relative to where the export ran (no machine paths), so it
+            # is often not here; only the transformers baseline needs it, and it says so (serve_compare).
+            hf = None
         return Models(hf, b, models_dir, f"bundle {b} ({manifest.get('precision')}), weights from {hf}")
     if model:
         from training.checkpoint import resolve_checkpoint

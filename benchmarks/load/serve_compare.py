@@ -87,8 +87,11 @@ def run(args) -> int:
     machine = lk.machine()
     models = prepare(args.model, args.bundle, args.precision, args.data_dir, with_classifier=False, work=work)
     hf = Path(args.hf) if args.hf else models.hf_dir
-    if "transformers" in args.servers and not (hf / "config.json").is_file():
-        raise SystemExit(f"(c) needs the HF directory of the bundle's weights; {hf} has none: pass --hf DIR")
+    if "transformers" in args.servers and (hf is None or not (hf / "config.json").is_file()):
+        raise SystemExit(
+            f"(c) needs the HF directory of the bundle's weights, and {hf or 'the manifest source'} has no "
+            "config.json: pass --hf DIR (or --model), or leave it out with --servers ours,unbatched"
+        )
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
     extra = args.server_args.split()
