@@ -144,11 +144,12 @@ def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # wait in the save barrier while the other enters the next all_reduce: a hang.
     script = tmp_path / "agree.py"
     script.write_text("from training.distributed import Dist\nenv = Dist('cpu')\n"
-                      "print(f'rank {env.rank}: {env.agree(env.rank == 1)}', flush=True)\n")  # fmt: skip
+                      "print(f'rank {env.rank}: {env.agree(env.rank == 1)}', flush=True)\nenv.close()\n")  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29519",
            str(script)]  # fmt: skip
-    out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, timeout=120).stdout
-    assert "rank 0: True" in out and "rank 1: True" in out, out
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rank 0: True" in proc.stdout and "rank 1: True" in proc.stdout, proc.stdout
 
 
 def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, small_tokenizer):

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -270,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
-    if env.world > 1:
-        dist.destroy_process_group()
+    env.close()
 
 
 if __name__ == "__main__":
