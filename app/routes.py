@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
+from litestar.params import JSONBody
 
 from app import pipeline
 from app.body import strict_json
@@ -73,7 +74,7 @@ def _label(request: Request, model: str) -> None:
     request_body_examples=[Example(value={"text": "the chef cooked the meal", "threshold": 0.5})],
     before_request=strict_json(DetectRequest),
 )
-async def detect(data: DetectRequest, request: Request) -> Response[DetectResponse]:
+async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[DetectResponse]:
     timings = pipeline.Timings.of(request)
     settings = request.app.state.settings
     field, texts = check_inputs(settings.max_batch_size, data.text, data.texts)
@@ -94,7 +95,7 @@ async def detect(data: DetectRequest, request: Request) -> Response[DetectRespon
     description="One text, a batch (`texts`) or text pairs (`pairs`). " + _TIMING,
     before_request=strict_json(ClassifyRequest),
 )
-async def classify(data: ClassifyRequest, request: Request) -> Response[ClassifyResponse]:
+async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Response[ClassifyResponse]:
     timings = pipeline.Timings.of(request)
     settings = request.app.state.settings
     field, items = check_inputs(settings.max_batch_size, data.text, data.texts, data.pairs, pairs_ok=True)

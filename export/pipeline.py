@@ -55,113 +55,163 @@ class ExportConfig:
                 raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
 
 
+@dataclass(frozen=True)
+class _Source:
+    """What every step of an export reads: the settings and the loaded model with its facts."""
+
+    cfg: ExportConfig
+    model: object  # the torch module, in eval mode (parity is measured against it)
+    graph: object  # what is exported: the model with the probabilities inside (export.onnx.graph_for)
+    mcfg: object  # its ElectraConfig
+    ckpt: Path
+    kind: str  # detector | classifier
+    output: str  # the graph's output name
+    ptype: str | None  # a classifier's problem type
+    max_length: int
+    log: object
+
+
+@dataclass
+class _Fp32:
+    """The fused fp32 graph, checked against torch: what every precision starts from."""
+
+    session: object
+    inputs: list[str]
+    batches: list
+    fusions: dict
+    report: dict  # parity figures; each precision adds its own
+
+
 def run_export(cfg: ExportConfig, log=print) -> dict:
-    import torch
+    from training.checkpoint import write_atomically
 
-    from training.checkpoint import load_model, write_atomically
-
-    model, mcfg, ckpt = load_model(cfg.checkpoint)
-    model.eval()
-    graph, kind, output = graph_for(model)
-    ptype = problem_type(mcfg) if kind == "classifier" else None
-    max_length = cfg.max_length or mcfg.max_position_embeddings
-    if max_length > mcfg.max_position_embeddings:
-        raise ValueError(
-            f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
-        )
+    src = _load(cfg, log)
     result: dict = {}
 
     def fill(tmp: Path) -> None:
         with tempfile.TemporaryDirectory() as work_dir:
             work = Path(work_dir)
-            export_onnx(graph, output, work / "raw.onnx", cfg.opset)
-            fusions = optimize.fuse(
-                work / "raw.onnx", work / "fp32.onnx", mcfg.num_attention_heads, mcfg.hidden_size
-            )
-            log(f"fusions: {fusions}")
-            sess32 = optimize.session(work / "fp32.onnx")
-            inputs = [n for n in INPUT_NAMES if n in {i.name for i in sess32.get_inputs()}]
-            batches = parity.random_batches(mcfg.vocab_size, min(max_length, 128), seed=cfg.seed)
-            report = {
-                "fp32_vs_torch": parity.check_close(
-                    parity.max_abs_diff(model, sess32, kind, ptype, batches, inputs), "fp32"
-                )
-            }
-            report["fp32_vs_torch"]["batches"] = "6 batches of 1-8 rows, random lengths, padded"
-            log(f"fp32 parity: {report['fp32_vs_torch']['max_abs_diff']:.2e}")
-            optimizations: dict = {"fusions": fusions, "opt_level": 0, "model_type": "bert"}
-            tokenizer_note = bundle.write_tokenizer(ckpt, tmp / bundle.TOKENIZER)
-
-            if cfg.precision == "fp32":
-                shutil.copyfile(work / "fp32.onnx", tmp / bundle.MODEL)
-            elif cfg.precision == "fp16":  # for CUDA, whose SkipLayerNormalization kernel is the fast one
-                optimizations["fusions"] = optimize.fuse(
-                    work / "raw.onnx",
-                    work / "gpu.onnx",
-                    mcfg.num_attention_heads,
-                    mcfg.hidden_size,
-                    for_gpu=True,
-                )
-                optimizations["fp16"] = optimize.to_fp16(work / "gpu.onnx", tmp / bundle.MODEL)
-                report["fp16_vs_torch"] = _fp16_parity(
-                    tmp / bundle.MODEL, model, kind, ptype, batches, inputs, log
-                )
-            else:
-                # Static int8 first quantizes every MatMul; if that fails the accuracy gate, the MatMuls
-                # after the activation (whose inputs have outliers) stay fp32: a bigger file, a kept score.
-                for keep_fp32 in (False, True) if cfg.int8 == "static" else (False,):
-                    if cfg.int8 == "dynamic":
-                        optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
-                    else:
-                        optimizations = _static_int8(
-                            cfg, ckpt, kind, work, tmp, inputs, max_length, log, keep_fp32
-                        )
-                    sess8 = optimize.session(tmp / bundle.MODEL)
-                    try:
-                        report["int8_accuracy"] = _int8_accuracy(
-                            cfg, ckpt, mcfg, kind, ptype, sess32, sess8, inputs, tmp, max_length
-                        )
-                        break
-                    except parity.ParityError as e:
-                        if keep_fp32 or cfg.int8 != "static":
-                            raise
-                        log(f"{e}; quantizing again with the MatMuls after the activation kept fp32")
-                report["int8_vs_torch"] = {
-                    "max_abs_diff": parity.max_abs_diff(model, sess8, kind, ptype, batches, inputs),
-                    "note": "informative; the gate is the accuracy figure",
-                }
-                log(f"int8 accuracy: {json.dumps(report['int8_accuracy'])}")
-
-        result.update(
-            bundle.write_manifest(
-                tmp,
-                {
-                    "kind": kind,
-                    **(
-                        {"problem_type": ptype, "labels": [mcfg.id2label[i] for i in range(mcfg.num_labels)]}
-                        if kind == "classifier"
-                        else {}
-                    ),
-                    "max_length": max_length,
-                    "inputs": inputs,
-                    "output": output,
-                    "precision": cfg.precision,
-                    "opset": cfg.opset,
-                    "source": _source(ckpt, mcfg, type(model).__name__, tokenizer_note),
-                    "parity": report,
-                    "optimizations": optimizations,
-                    "versions": _versions(torch),
-                    "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                },
-            )
-        )
-        (tmp / "export_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+            fp32 = _fp32_graph(src, work)
+            tokenizer_note = bundle.write_tokenizer(src.ckpt, tmp / bundle.TOKENIZER)
+            optimizations = _write_model(src, fp32, work, tmp)
+        result.update(bundle.write_manifest(tmp, _manifest(src, fp32, optimizations, tokenizer_note)))
+        (tmp / "export_config.json").write_text(json.dumps(_portable(asdict(cfg)), indent=2) + "\n")
 
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:
         model_dir = bundle.write_triton(Path(cfg.triton), out.name, out, result)
         log(f"triton model repository: {model_dir}")
     return result
+
+
+def _load(cfg: ExportConfig, log) -> _Source:
+    from training.checkpoint import load_model
+
+    model, mcfg, ckpt = load_model(cfg.checkpoint)
+    model.eval()
+    graph, kind, output = graph_for(model)
+    max_length = cfg.max_length or mcfg.max_position_embeddings
+    if max_length > mcfg.max_position_embeddings:
+        raise ValueError(
+            f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
+        )
+    ptype = problem_type(mcfg) if kind == "classifier" else None
+    return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log)
+
+
+def _fp32_graph(src: _Source, work: Path) -> _Fp32:
+    """Export, fuse, and check the fused fp32 graph against torch (the parity gate)."""
+    mcfg = src.mcfg
+    export_onnx(src.graph, src.output, work / "raw.onnx", src.cfg.opset)
+    fusions = optimize.fuse(work / "raw.onnx", work / "fp32.onnx", mcfg.num_attention_heads, mcfg.hidden_size)
+    src.log(f"fusions: {fusions}")
+    sess32 = optimize.session(work / "fp32.onnx")
+    inputs = [n for n in INPUT_NAMES if n in {i.name for i in sess32.get_inputs()}]
+    batches = parity.random_batches(mcfg.vocab_size, min(src.max_length, 128), seed=src.cfg.seed)
+    diff = parity.max_abs_diff(src.model, sess32, src.kind, src.ptype, batches, inputs)
+    report = {"fp32_vs_torch": parity.check_close(diff, "fp32")}
+    report["fp32_vs_torch"]["batches"] = "6 batches of 1-8 rows, random lengths, padded"
+    src.log(f"fp32 parity: {report['fp32_vs_torch']['max_abs_diff']:.2e}")
+    return _Fp32(sess32, inputs, batches, fusions, report)
+
+
+def _write_model(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
+    """The bundle's model.onnx at the asked precision; returns the manifest's `optimizations`."""
+    cfg, mcfg = src.cfg, src.mcfg
+    if cfg.precision == "fp32":
+        shutil.copyfile(work / "fp32.onnx", tmp / bundle.MODEL)
+        return {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
+    if cfg.precision == "fp16":  # for CUDA, whose SkipLayerNormalization kernel is the fast one
+        fusions = optimize.fuse(
+            work / "raw.onnx", work / "gpu.onnx", mcfg.num_attention_heads, mcfg.hidden_size, for_gpu=True
+        )
+        optimizations = {"fusions": fusions, "opt_level": 0, "model_type": "bert"}
+        optimizations["fp16"] = optimize.to_fp16(work / "gpu.onnx", tmp / bundle.MODEL)
+        fp32.report["fp16_vs_torch"] = _fp16_parity(
+            tmp / bundle.MODEL, src.model, src.kind, src.ptype, fp32.batches, fp32.inputs, src.log
+        )
+        return optimizations
+    return _write_int8(src, fp32, work, tmp)
+
+
+def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
+    """Quantize and gate on accuracy. Static int8 first quantizes every MatMul; if that fails the gate,
+    the MatMuls after the activation (whose inputs have outliers) stay fp32: a bigger file, a kept score."""
+    cfg = src.cfg
+    optimizations: dict = {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
+    for keep_fp32 in (False, True) if cfg.int8 == "static" else (False,):
+        if cfg.int8 == "dynamic":
+            optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
+        else:
+            optimizations = _static_int8(
+                cfg, src.ckpt, src.kind, work, tmp, fp32.inputs, src.max_length, src.log, keep_fp32
+            )
+        sess8 = optimize.session(tmp / bundle.MODEL)
+        try:
+            fp32.report["int8_accuracy"] = _int8_accuracy(
+                cfg,
+                src.ckpt,
+                src.mcfg,
+                src.kind,
+                src.ptype,
+                fp32.session,
+                sess8,
+                fp32.inputs,
+                tmp,
+                src.max_length,
+            )
+            break
+        except parity.ParityError as e:
+            if keep_fp32 or cfg.int8 != "static":
+                raise
+            src.log(f"{e}; quantizing again with the MatMuls after the activation kept fp32")
+    fp32.report["int8_vs_torch"] = {
+        "max_abs_diff": parity.max_abs_diff(src.model, sess8, src.kind, src.ptype, fp32.batches, fp32.inputs),
+        "note": "informative; the gate is the accuracy figure",
+    }
+    src.log(f"int8 accuracy: {json.dumps(fp32.report['int8_accuracy'])}")
+    return optimizations
+
+
+def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: str) -> dict:
+    import torch
+
+    mcfg = src.mcfg
+    labels = [mcfg.id2label[i] for i in range(mcfg.num_labels)] if src.kind == "classifier" else None
+    return {
+        "kind": src.kind,
+        **({"problem_type": src.ptype, "labels": labels} if labels is not None else {}),
+        "max_length": src.max_length,
+        "inputs": fp32.inputs,
+        "output": src.output,
+        "precision": src.cfg.precision,
+        "opset": src.cfg.opset,
+        "source": _source(src.ckpt, mcfg, type(src.model).__name__, tokenizer_note),
+        "parity": fp32.report,
+        "optimizations": optimizations,
+        "versions": _versions(torch),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def _static_int8(

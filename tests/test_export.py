@@ -263,6 +263,9 @@ def test_static_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, de
         detector_dir, tmp_path / "b", precision="int8", eval_text=str(eval_text), eval_sequences=32
     )
     assert manifest["optimizations"]["int8"]["batch_independent"] is True
+    # The export's own settings travel in the bundle too: no absolute path of this machine in them.
+    settings = json.loads((tmp_path / "b" / "export_config.json").read_text())
+    assert not any(str(v).startswith("/") for v in settings.values()), settings
     sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 1000, (5, 40)).astype(np.int64)
@@ -273,6 +276,12 @@ def test_static_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, de
     batch = sess.run(None, feed)[0][0, :17]
     alone = sess.run(None, {k: v[:1, :17] for k, v in feed.items()})[0][0]
     np.testing.assert_allclose(alone, batch, rtol=0, atol=1e-5)
+    # Nor may the deployment's thread count (--intra-op-threads) move a score.
+    from app.engine import session
+
+    for threads in (1, 2, 4):
+        wide = session(tmp_path / "b" / "model.onnx", threads).run(None, feed)[0][0, :17]
+        np.testing.assert_allclose(wide, batch, rtol=0, atol=1e-5)
 
 
 def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):

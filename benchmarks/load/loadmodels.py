@@ -8,13 +8,14 @@ Imports torch and training/ (only the drivers do; the locust workers read the se
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from app.bundle import read_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
@@ -138,8 +139,8 @@ def require_classifier(models: Models, mix: str) -> None:
 
 
 def _kind(d: Path) -> str | None:
-    f = d / "manifest.json"
-    return json.loads(f.read_text()).get("kind") if f.is_file() else None
+    """A bundle's kind, read (and hash-checked) as the server reads it; None where there is no bundle."""
+    return read_bundle(d).manifest.kind if (d / "manifest.json").is_file() else None
 
 
 def _key(path: Path) -> str:
@@ -173,18 +174,18 @@ def prepare(
             if not found:
                 raise SystemExit(f"--bundle {b}: neither a bundle nor a directory holding a detector bundle")
             b = found[0]
-        manifest = json.loads((b / "manifest.json").read_text())
+        manifest = read_bundle(b).manifest
         if model:  # a checkpoint, run or HF directory: its errors say what is missing
             from training.checkpoint import resolve_checkpoint
 
             hf = resolve_checkpoint(model)
         else:
-            hf = Path(manifest.get("source", {}).get("checkpoint", ""))
+            hf = Path(manifest.source.get("checkpoint", ""))
         if not (hf / "config.json").is_file():
             # Manifests record the checkpoint relative to where the export ran (no machine paths), so it
             # is often not here; only the transformers baseline needs it, and it says so (serve_compare).
             hf = None
-        return Models(hf, b, models_dir, f"bundle {b} ({manifest.get('precision')}), weights from {hf}")
+        return Models(hf, b, models_dir, f"bundle {b} ({manifest.precision}), weights from {hf}")
     if model:
         from training.checkpoint import resolve_checkpoint
 

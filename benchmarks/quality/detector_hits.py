@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import random
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -190,17 +191,21 @@ def main(argv=None) -> None:
         p.error("--replacement generator needs --generator RUN (a pretraining run with a generator/)")
     print(f"config: {vars(args)}", flush=True)
 
-    import onnxruntime as ort
     import torch
     from tokenizers import Tokenizer
 
+    from app.bundle import read_bundle
+    from app.engine import session as ort_session
     from benchmarks.load.loadmodels import wikitext_sentences
     from training.checkpoint import load_model, resolve_checkpoint
     from training.corpus import read_corpus
 
     bundle = Path(args.bundle)
-    tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
-    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    checked = read_bundle(bundle)  # the server's reader: hashes checked, a detector required
+    if checked.manifest.kind != "detector":
+        sys.exit(f"error: {bundle} is a {checked.manifest.kind} bundle; detector_hits needs a detector")
+    tokenizer = Tokenizer.from_file(str(checked.tokenizer_path))
+    session = ort_session(checked.model_path, providers_setting="cpu", quiet=True)  # the server's options
     allowed = whole_word_mask(tokenizer, torch)
     rng = random.Random(args.seed)
     sentences = wikitext_sentences(args.data_dir)

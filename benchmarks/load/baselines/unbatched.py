@@ -2,8 +2,8 @@
 
     python -m benchmarks.load.baselines.unbatched --bundle BUNDLE_DIR [--port 8001]
 
-One ONNX Runtime session with the session options of app/engine.py (copied: benchmarks do not import
-app internals), one worker thread: each request is tokenized, run as its own batch (its texts padded
+The bundle read and checked by the server's own reader (app.bundle) and one ONNX Runtime session from
+the server's own factory (app.engine.session, same options), one worker thread: each request is tokenized, run as its own batch (its texts padded
 together) and answered, while the event loop keeps accepting the next ones. Nothing is shared between
 requests, so under load they queue for the worker; that queueing is what micro-batching removes.
 The answer is per-token probabilities (special tokens left out), the least a client needs.
@@ -12,7 +12,6 @@ The answer is per-token probabilities (special tokens left out), the least a cli
 from __future__ import annotations
 
 import asyncio
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,20 +19,21 @@ import numpy as np
 from litestar import Litestar, post
 from tokenizers import Tokenizer
 
+from app.bundle import read_bundle
 from app.engine import PROVIDERS, session
 from benchmarks.load.baselines.common import DetectRequest, parser, ready, serve
 
 
 class Scorer:
     def __init__(self, bundle: Path, threads: int = 0, providers: str = "auto") -> None:
-        manifest = json.loads((bundle / "manifest.json").read_text())
+        checked = read_bundle(bundle)
         # The server's session options (app.engine): the comparison is about batching, nothing else.
-        self.session = session(bundle / "model.onnx", threads, providers_setting=providers)
+        self.session = session(checked.model_path, threads, providers_setting=providers)
         self.inputs = [i.name for i in self.session.get_inputs()]
-        self.output = manifest["output"]
-        self.tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+        self.output = checked.manifest.output
+        self.tokenizer = Tokenizer.from_file(str(checked.tokenizer_path))
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(manifest["max_length"])
+        self.tokenizer.enable_truncation(checked.manifest.max_length)
         pad = self.tokenizer.token_to_id("[PAD]")
         self.pad_id = 0 if pad is None else pad
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
