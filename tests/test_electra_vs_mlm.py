@@ -3,6 +3,7 @@
 import pytest
 
 from benchmarks.quality import electra_vs_mlm as bench
+from benchmarks.quality import pretrainkit
 from training.config import PretrainConfig, parse_config
 
 
@@ -34,7 +35,7 @@ def test_resolved_config_round_trips_through_toml(tiny, tmp_path):
         None,
     )
     path = tmp_path / "run.toml"
-    path.write_text(bench.to_toml(cfg))
+    path.write_text(pretrainkit.to_toml(cfg))
     assert parse_config(PretrainConfig, ["--config", str(path)]) == cfg
 
 

@@ -45,11 +45,17 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from benchmarks.quality.pretrainkit import (
+    latest_state,
+    run_logged,
+    shared_tokenizer,
+    step_seconds,
+    to_toml,
+    tokenizer_info,
+)
 from training.config import ConfigError, FinetuneConfig, PretrainConfig, parse_config
 
 OBJECTIVES = ("electra", "mlm")
@@ -176,103 +182,19 @@ def plan(budget_flops: float, cost: dict[str, dict], base: PretrainConfig, warmu
     return out
 
 
-def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None, steps: int = 3) -> float:
+def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None) -> float:
     """Training speed of one ELECTRA micro-batch on random tokens (no data loading, eval or saving)."""
-    import torch
-
     from training.model import flops_per_token
-    from training.objective import Corruption, draw_noise
     from training.pretrain import build_objective
 
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(0)
     obj = build_objective(dataclasses.replace(base, objective="electra"), vocab_size)
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
-    B, T = base.batch_size, base.seq_len
-    ids = torch.randint(5, vocab_size, (B, T))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-             "special_tokens_mask": torch.zeros_like(ids)}  # fmt: skip
-    times = []
-    for step in range(steps + 1):  # the first step warms up allocators and kernels
-        t = time.perf_counter()
-        noise = draw_noise((B, T), 0, step, slice(None), "cpu")
-        masked = Corruption.of(base, 4, vocab_size).mask(ids, batch["special_tokens_mask"], noise)
-        out = obj(batch, masked, noise, n_masked=masked.is_masked.sum().clamp(min=1), n_tokens=B * T)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t)
-    per_step = flops_per_token(obj.generator.config, T, base.mask_prob) + flops_per_token(
-        obj.discriminator.config, T
+    per_token = flops_per_token(obj.generator.config, base.seq_len, base.mask_prob) + flops_per_token(
+        obj.discriminator.config, base.seq_len
     )
-    return per_step * B * T / statistics.median(times[1:]) / 1e9
-
-
-# ---------------------------------------------------------------------------------------- tokenizer
-
-
-def shared_tokenizer(args, base: PretrainConfig, work: Path) -> Path:
-    if args.tokenizer != "train":
-        return Path(args.tokenizer)
-    from training.corpus import read_corpus
-    from training.tokenizer import save_tokenizer, train_wordpiece
-
-    d = work / "tokenizer"
-    want = {"corpus": base.corpus, "vocab_size": base.vocab_size, "lowercase": base.lowercase}
-    if (d / "tokenizer.json").is_file():
-        made = json.loads((d / "made_from.json").read_text()) if (d / "made_from.json").is_file() else None
-        if made != want:
-            sys.exit(f"error: {d} was trained for {made}, this run needs {want}; choose another --work")
-        return d / "tokenizer.json"
-    print(
-        f"training one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for both runs",
-        flush=True,
-    )
-    docs = read_corpus(base.corpus, "train", data_dir=args.data_dir)
-    save_tokenizer(train_wordpiece(docs, vocab_size=base.vocab_size, lowercase=base.lowercase), d)
-    (d / "made_from.json").write_text(json.dumps(want) + "\n")
-    return d / "tokenizer.json"
+    return per_token * base.batch_size * base.seq_len / step_seconds(base, vocab_size, threads) / 1e9
 
 
 # -------------------------------------------------------------------------------------- subprocesses
-
-
-def run_logged(cmd: list[str], log: Path, threads: int | None) -> float:
-    """Run `cmd`, echoing its output and keeping it in `log`; exit if it fails. Returns seconds."""
-    env = {**os.environ, "TQDM_MININTERVAL": "30", "PYTHONUNBUFFERED": "1"}
-    if threads:
-        env["RAYON_NUM_THREADS"] = str(threads)  # the tokenizers library's own thread pool
-    print("$ " + shlex.join(cmd), flush=True)
-    started = time.time()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True, env=env) as proc:  # fmt: skip
-        for line in proc.stdout:
-            f.write(line)
-            print("    " + line, end="", flush=True)
-    if proc.returncode:
-        sys.exit(f"error: exit status {proc.returncode} from {shlex.join(cmd)}; see {log}")
-    return time.time() - started
-
-
-def to_toml(cfg) -> str:
-    lines = []
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if v is None or f.name == "resume":
-            continue
-        lines.append(f"{f.name} = {json.dumps(v) if isinstance(v, str | bool) else repr(v)}")
-    return "\n".join(lines) + "\n"
-
-
-def latest_state(run: Path) -> dict | None:
-    from training.checkpoint import resolve_checkpoint
-
-    if not (run / "checkpoints" / "latest").is_file():
-        return None
-    d = resolve_checkpoint(run)
-    return {**json.loads((d / "trainer_state.json").read_text()), "checkpoint": str(d)}
 
 
 def pretrain(args, objective: str, cfg: PretrainConfig, work: Path) -> None:
@@ -295,13 +217,6 @@ def pretrain(args, objective: str, cfg: PretrainConfig, work: Path) -> None:
     timing = work / "pretrain" / f"{objective}.timing.json"
     before = json.loads(timing.read_text())["wall_s"] if state and timing.is_file() else 0.0
     timing.write_text(json.dumps({"wall_s": before + wall}) + "\n")
-
-
-def tokenizer_info(path: Path, lowercase: bool = True) -> dict:
-    from training.tokenizer import load_tokenizer, tokenizer_sha256
-
-    tok = load_tokenizer(path, lowercase=lowercase)
-    return {"path": str(path), "vocab_size": tok.get_vocab_size(), "sha256": tokenizer_sha256(tok)}
 
 
 def pretrain_record(objective: str, run: Path, work: Path, budget_flops: float) -> dict:
@@ -466,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
     ):
         tok_path = None  # not trained yet: plan with the configured size, a close upper bound
     else:
-        tok_path = shared_tokenizer(args, base, work)
+        tok_path = shared_tokenizer(args.tokenizer, base, work, args.data_dir)
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
     gflops = ASSUMED_GFLOPS
     if args.minutes is not None:

@@ -1,0 +1,124 @@
+"""What the model-quality programs share: one tokenizer for every arm, a quick speed measurement,
+pretraining runs as logged subprocesses, and reading back what a run did.
+
+Each arm of a comparison must differ only in what is compared: a second `tokenizers` training may
+number the vocabulary differently, so every arm gets the same tokenizer file, trained once here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from training.config import PretrainConfig
+
+
+def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: str | None) -> Path:
+    """`choice` "train": one WordPiece vocabulary trained on the corpus under `work` (kept for later
+    runs with the same corpus and size); otherwise the tokenizer.json / vocab.txt path given."""
+    if choice != "train":
+        return Path(choice)
+    from training.corpus import read_corpus
+    from training.tokenizer import save_tokenizer, train_wordpiece
+
+    d = work / "tokenizer"
+    want = {"corpus": base.corpus, "vocab_size": base.vocab_size, "lowercase": base.lowercase}
+    if (d / "tokenizer.json").is_file():
+        made = json.loads((d / "made_from.json").read_text()) if (d / "made_from.json").is_file() else None
+        if made != want:
+            sys.exit(f"error: {d} was trained for {made}, this run needs {want}; choose another --work")
+        return d / "tokenizer.json"
+    print(
+        f"training one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for every arm",
+        flush=True,
+    )
+    docs = read_corpus(base.corpus, "train", data_dir=data_dir)
+    save_tokenizer(train_wordpiece(docs, vocab_size=base.vocab_size, lowercase=base.lowercase), d)
+    (d / "made_from.json").write_text(json.dumps(want) + "\n")
+    return d / "tokenizer.json"
+
+
+def tokenizer_info(path: Path, lowercase: bool = True) -> dict:
+    from training.tokenizer import load_tokenizer, tokenizer_sha256
+
+    tok = load_tokenizer(path, lowercase=lowercase)
+    return {"path": str(path), "vocab_size": tok.get_vocab_size(), "sha256": tokenizer_sha256(tok)}
+
+
+def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, steps: int = 3) -> float:
+    """Median wall time of one ELECTRA training step of `cfg` on random tokens (no data loading,
+    evaluation or saving), after one warm-up step."""
+    import torch
+
+    from training.objective import Corruption, draw_noise
+    from training.pretrain import build_objective
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    obj = build_objective(dataclasses.replace(cfg, objective="electra"), vocab_size)
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
+    B, T = cfg.batch_size, cfg.seq_len
+    ids = torch.randint(5, vocab_size, (B, T))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+             "special_tokens_mask": torch.zeros_like(ids)}  # fmt: skip
+    times = []
+    for step in range(steps + 1):  # the first step warms up allocators and kernels
+        t = time.perf_counter()
+        noise = draw_noise((B, T), 0, step, slice(None), "cpu")
+        masked = Corruption.of(cfg, 4, vocab_size).mask(ids, batch["special_tokens_mask"], noise)
+        out = obj(batch, masked, noise, n_masked=masked.is_masked.sum().clamp(min=1), n_tokens=B * T)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def subprocess_env(threads: int | None) -> dict[str, str]:
+    env = {**os.environ, "TQDM_MININTERVAL": "30", "PYTHONUNBUFFERED": "1"}
+    if threads:
+        env["RAYON_NUM_THREADS"] = str(threads)  # the tokenizers library's own thread pool
+    return env
+
+
+def run_logged(cmd: list[str], log: Path, threads: int | None) -> float:
+    """Run `cmd`, echoing its output and keeping it in `log`; exit if it fails. Returns seconds."""
+    print("$ " + shlex.join(cmd), flush=True)
+    started = time.time()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                               text=True, env=subprocess_env(threads)) as proc:  # fmt: skip
+        for line in proc.stdout:
+            f.write(line)
+            print("    " + line, end="", flush=True)
+    if proc.returncode:
+        sys.exit(f"error: exit status {proc.returncode} from {shlex.join(cmd)}; see {log}")
+    return time.time() - started
+
+
+def to_toml(cfg) -> str:
+    lines = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if v is None or f.name == "resume":
+            continue
+        lines.append(f"{f.name} = {json.dumps(v) if isinstance(v, str | bool) else repr(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def latest_state(run: Path) -> dict | None:
+    """The trainer state of a run's newest checkpoint (step, tokens, held-out eval), or None."""
+    from training.checkpoint import resolve_checkpoint
+
+    if not (run / "checkpoints" / "latest").is_file():
+        return None
+    d = resolve_checkpoint(run)
+    return {**json.loads((d / "trainer_state.json").read_text()), "checkpoint": str(d)}
