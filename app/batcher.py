@@ -20,6 +20,11 @@ free runner (with 2 runners one is always there for a one-sentence request, whic
 most one small batch, not for a long text's windows); and bulk requests are admitted only while the
 model's bulk tokens in flight stay within `max_bulk_tokens` (beyond: 429). When no interactive
 traffic comes, a bulk request therefore runs on runners - 1 runners: the price of the guarantee.
+
+A runner's share of the cores is right under load and wrong for a lone request, which would leave the
+other cores idle. So an interactive batch that starts while it is the only request admitted in the
+whole server (every model counted, see InFlight) runs on the engine's wider `solo` session. The count
+of admitted requests, not an idle gap, tells one client from many: under load it is rarely 1.
 """
 
 from __future__ import annotations
@@ -86,6 +91,14 @@ def split_by_length(lengths: list[int], budget: int, overhead: int = RUN_OVERHEA
     return out
 
 
+class InFlight:
+    """Requests admitted and not yet answered, over every model of the server (one per app; all its
+    batchers touch it from the event loop only)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 @dataclass(frozen=True)
 class JobResult:
     outputs: list[np.ndarray]  # per row: [seq] probabilities (detector) or [num_labels] (classifier)
@@ -130,17 +143,22 @@ class Batcher:
         pad_id: int,
         *,
         token_budget: int,
+        bulk_token_budget: int | None = None,
         max_wait_ms: float,
         queue_size: int,
         metrics: Metrics,
         runners: int = 1,
         interactive_tokens: int = 2048,
         max_bulk_tokens: int = 65536,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
         self.pad_id = pad_id
         self.budget = token_budget
+        # Bulk rows are long windows: a batch's attention scores grow with rows x length^2 (32 rows of
+        # 512 at 12 heads: 400 MB), so bulk batches get a budget of their own.
+        self.bulk_budget = min(token_budget, bulk_token_budget or token_budget)
         self.max_wait_s = max_wait_ms / 1000
         self.queue_size = queue_size
         self.metrics = metrics
@@ -149,6 +167,8 @@ class Batcher:
         self.interactive_tokens = interactive_tokens
         self.max_bulk_tokens = max_bulk_tokens
         self._admitted = 0
+        self.in_flight = in_flight or InFlight()
+        self._running = 0  # this model's batches in session.run now
         self._bulk_tokens = 0  # admitted bulk tokens not yet answered
         self._bulk_running = 0  # runners busy with a bulk batch
         # Indexed by `bulk` (False: interactive, True: bulk): jobs FIFO, their untaken tokens, and
@@ -176,11 +196,13 @@ class Batcher:
             msg = f"model {self.name!r} has {self.queue_size} requests queued (the limit); retry later"
             raise AppError(ErrorType.OVERLOADED, msg, headers={"retry-after": "1"})
         self._admitted += 1
+        self.in_flight.count += 1
         self.metrics.queue_depth.labels(self.name).set(self._admitted)
         try:
             yield
         finally:
             self._admitted -= 1
+            self.in_flight.count -= 1
             self.metrics.queue_depth.labels(self.name).set(self._admitted)
 
     async def submit(self, rows: list[Row]) -> JobResult:
@@ -245,6 +267,7 @@ class Batcher:
 
     def _take(self, bulk: bool) -> list[_Batch]:
         queue = self._queue[bulk]
+        budget = self.bulk_budget if bulk else self.budget
         pool: list[tuple[_Job, int]] = []
         tokens = 0
         while queue:
@@ -255,7 +278,7 @@ class Batcher:
                 continue
             while job.taken < len(job.rows):
                 n = len(job.rows[job.taken].ids)
-                if pool and tokens + n > self.budget:
+                if pool and tokens + n > budget:
                     break
                 pool.append((job, job.taken))
                 job.taken += 1
@@ -265,7 +288,7 @@ class Batcher:
                 break  # budget reached inside this job; the rest waits for the next batch
             queue.popleft()
         pool.sort(key=lambda item: len(item[0].rows[item[1]].ids))
-        cuts = split_by_length([len(job.rows[i].ids) for job, i in pool], self.budget)
+        cuts = split_by_length([len(job.rows[i].ids) for job, i in pool], budget)
         return [_Batch(pool[a:b], self._feeds(pool[a:b]), bulk) for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def _feeds(self, items: list[tuple[_Job, int]]) -> dict[str, np.ndarray]:
@@ -294,16 +317,23 @@ class Batcher:
             if job.started is None:
                 job.started = start
                 self.metrics.queue_time.labels(self.name).observe(start - job.enqueued)
+        solo = not batch.bulk and self._running == 0 and self.in_flight.count == 1 and len(jobs) == 1
+        self._running += 1
         try:
-            out = await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.run, feeds)
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(self._executor, self.engine.run, feeds, solo)
         except Exception as e:  # a failed run fails its requests, never the batcher
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(e)
             return
+        finally:
+            self._running -= 1
         end = time.perf_counter()
         elapsed = end - start
         self.metrics.inference.labels(self.name).observe(elapsed)
+        if solo and self.engine.solo is not None:
+            self.metrics.solo_batches.labels(self.name).inc()
         self.metrics.batch_size.labels(self.name).observe(len(live))
         self.metrics.batch_tokens.labels(self.name).observe(next(iter(feeds.values())).size)
         for job in jobs:

@@ -23,7 +23,9 @@ log = logging.getLogger("app")
 # back what a batch larger than SHRINK_TOKENS grew it by, after that run; "off": no arena, every run
 # allocates from the system; "on": ORT's default, grows to the largest batch seen and keeps it.
 ARENA_MODES = ("shrink", "off", "on")
-SHRINK_TOKENS = 4096
+# Below the default --bulk-batch-tokens (4,096), so that every bulk batch hands its memory back: at
+# 4,096 the bulk batches never shrank and the process stayed at their 700 MB working set.
+SHRINK_TOKENS = 2048
 
 
 def _glibc():
@@ -47,7 +49,12 @@ class ProviderError(SettingsError):
 
 
 def session_options(
-    intra_op_threads: int, arena: str = "shrink", *, spinning: bool = True, quiet: bool = False
+    intra_op_threads: int,
+    arena: str = "shrink",
+    *,
+    spinning: bool = True,
+    stop_spinning_after_run: bool = False,
+    quiet: bool = False,
 ) -> ort.SessionOptions:
     """The server's options; the engine benchmark and the export checks take the same ones, so what
     they measure is what the server runs. `spinning=False` is a variant the benchmark times."""
@@ -62,6 +69,10 @@ def session_options(
     so.enable_mem_pattern = False
     if not spinning:  # ORT's default (on) is what the server keeps
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if stop_spinning_after_run:
+        # Spin inside a run (the pool's threads meet at every op), not after it: a pool still spinning
+        # when the run is over holds the core the event loop needs to answer and take the next request.
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     if quiet:
         so.log_severity_level = 3  # a fused graph's shape-inference notes are not the user's concern
     return so
@@ -89,25 +100,52 @@ def session(
     providers_setting: str = "auto",
     arena: str = "shrink",
     spinning: bool = True,
+    stop_spinning_after_run: bool = False,
     quiet: bool = False,
 ) -> ort.InferenceSession:
     """The one way this project opens an ONNX Runtime session (server, benchmarks, export checks)."""
+    options = session_options(
+        intra_op_threads,
+        arena,
+        spinning=spinning,
+        stop_spinning_after_run=stop_spinning_after_run,
+        quiet=quiet,
+    )
     return ort.InferenceSession(
         str(path),
-        sess_options=session_options(intra_op_threads, arena, spinning=spinning, quiet=quiet),
+        sess_options=options,
         providers=providers(providers_setting),
     )
 
 
 class Engine:
+    """A model's sessions: the runners' one, and optionally a wider one for a batch that runs alone.
+
+    Each runner's batch gets `intra_op_threads` (the cores shared out among the runners), which is what
+    a loaded server wants. When one request is all there is, that leaves cores idle: the `solo` session
+    (`solo_threads` > intra_op_threads, on the CPU only) runs such a batch on all of them.
+    """
+
     def __init__(
-        self, bundle: Bundle, intra_op_threads: int, arena: str = "shrink", providers_setting: str = "auto"
+        self,
+        bundle: Bundle,
+        intra_op_threads: int,
+        arena: str = "shrink",
+        providers_setting: str = "auto",
+        solo_threads: int = 0,
     ) -> None:
         assert arena in ARENA_MODES, arena
         self.bundle = bundle
         self.session = session(
             bundle.model_path, intra_op_threads, providers_setting=providers_setting, arena=arena
         )
+        self.solo: ort.InferenceSession | None = None
+        on_cpu = self.session.get_providers()[0] == "CPUExecutionProvider"
+        if on_cpu and solo_threads > intra_op_threads:
+            self.solo = session(
+                bundle.model_path, solo_threads, providers_setting="cpu", arena=arena,
+                stop_spinning_after_run=True, quiet=True,
+            )  # fmt: skip
         self._shrink: ort.RunOptions | None = None
         if arena == "shrink":
             self._shrink = ort.RunOptions()
@@ -125,8 +163,9 @@ class Engine:
             )
         self.output_name = bundle.manifest.output
         log.info(
-            "%s: providers %s, inputs %s, %d intra-op thread(s) per run",
+            "%s: providers %s, inputs %s, %d intra-op thread(s) per run%s",
             bundle.name, self.session.get_providers(), self.input_names, intra_op_threads,
+            f", {solo_threads} for a batch that runs alone" if self.solo else "",
         )  # fmt: skip
 
     def pad(self, rows: Sequence[Row], pad_id: int) -> dict[str, np.ndarray]:
@@ -141,10 +180,12 @@ class Engine:
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {k: feeds[k] for k in self.input_names}
 
-    def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        """Detector: [batch, seq] replaced probabilities; classifier: [batch, num_labels]."""
+    def run(self, feeds: dict[str, np.ndarray], solo: bool = False) -> np.ndarray:
+        """Detector: [batch, seq] replaced probabilities; classifier: [batch, num_labels]. `solo`: the
+        caller knows nothing else runs; the wider session is used when there is one."""
+        sess = self.solo if solo and self.solo is not None else self.session
         big = self._shrink is not None and next(iter(feeds.values())).size > SHRINK_TOKENS
-        out = self.session.run([self.output_name], feeds, self._shrink if big else None)[0]
+        out = sess.run([self.output_name], feeds, self._shrink if big else None)[0]
         if big and _LIBC is not None:
             _LIBC.malloc_trim(0)  # after the arena shrank: give the freed pages back (~1 ms)
         return out

@@ -73,6 +73,10 @@ class Metrics:
             PREFIX + "batch_tokens", "Tokens per inference batch, padding included (rows * longest)", ("model",),
             buckets=BATCH_TOKENS_BUCKETS, registry=r,
         )  # fmt: skip
+        self.solo_batches = Counter(
+            PREFIX + "solo_batches", "Batches run on every core because no other request was in flight",
+            ("model",), registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             PREFIX + "queue_depth", "Requests admitted and not yet answered", ("model",), registry=r
         )

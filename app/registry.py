@@ -7,7 +7,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from app.batcher import Batcher
+from app.batcher import Batcher, InFlight
 from app.bundle import Bundle
 from app.engine import Engine
 from app.errors import AppError, ErrorType
@@ -45,17 +45,20 @@ class Registry:
         self.broken: dict[str, str] = dict(broken or {})
         self.settings = settings
         self.metrics = metrics
+        self.in_flight = InFlight()  # admitted requests over all models: a lone one runs on every core
         self.models: dict[str, Model] = {}
         self.state = "loading"  # loading -> ready -> draining; or failed
         self.detail: str | None = None
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
         self._loop: asyncio.AbstractEventLoop | None = None
         for b in bundles:
-            if b.manifest.max_length > settings.batch_token_budget:
-                raise SettingsError(
-                    f"--batch-token-budget {settings.batch_token_budget} is smaller than one row of "
-                    f"{b.name!r} (max_length {b.manifest.max_length})"
-                )
+            for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
+                                 ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
+                if b.manifest.max_length > budget:
+                    raise SettingsError(
+                        f"{flag} {budget} is smaller than one row of {b.name!r} (max_length "
+                        f"{b.manifest.max_length})"
+                    )
 
     def default(self, kind: str) -> str | None:
         names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
@@ -146,12 +149,14 @@ class Registry:
                     engine,
                     tokenizer.pad_id,
                     token_budget=self.settings.batch_token_budget,
+                    bulk_token_budget=self.settings.bulk_batch_tokens,
                     max_wait_ms=self.settings.max_wait_ms,
                     queue_size=self.settings.queue_size,
                     metrics=self.metrics,
                     runners=self.settings.runners,
                     interactive_tokens=self.settings.interactive_tokens,
                     max_bulk_tokens=self.settings.max_bulk_tokens,
+                    in_flight=self.in_flight,
                 )
                 batcher.start()
             except Exception as e:  # a bug of ours, not the bundle's: /ready reports it, the process stays up
@@ -169,11 +174,16 @@ class Registry:
         m = bundle.manifest
         tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, self.settings.window_stride)
         engine = Engine(
-            bundle, self.settings.threads_per_runner(), self.settings.memory_arena, self.settings.providers
+            bundle,
+            self.settings.threads_per_runner(),
+            self.settings.memory_arena,
+            self.settings.providers,
+            solo_threads=self.settings.threads_when_alone(),
         )
         # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
         for length in (8, m.max_length):
             engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))
+        engine.run(engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id), solo=True)
         return tokenizer, engine
 
     def begin_drain(self) -> None:

@@ -44,6 +44,10 @@ class Settings:
         65536, "tokens of bulk requests admitted and unanswered per model; beyond it 429"
     )
     interactive_tokens: int = _opt(2048, "requests up to this many model-input tokens go first")
+    # A bulk batch of 32 windows of 512 held the shipped detector's attention scores at 400 MB and the
+    # process at 1.31 GB; 8 windows a batch cost a quarter of that and hardly any speed (long rows are
+    # already large matrix products).
+    bulk_batch_tokens: int = _opt(4096, "rows * longest row per batch of bulk requests' rows")
     max_batch_size: int = _opt(32, "texts (or pairs) in one request")
     max_body_bytes: int = _opt(1 << 20, "larger request bodies get 413")
     intra_op_threads: int = _opt(0, "ONNX Runtime threads per batch; 0: the available cores / --runners")
@@ -55,6 +59,11 @@ class Settings:
     # a single-threaded run never waits at a barrier for a thread the event loop has preempted.
     # Measured on 2 cores, ELECTRA-Small int8, 64 users: 2 x 1 thread 349-374 req/s, 1 x 2 threads 266-300.
     runners: int = _opt(2, "batches in flight at once per model, each on its own thread")
+    # A lone request on one runner's share leaves the other cores idle (2 cores, ELECTRA-Small int8, one
+    # 32-token text: 4.9 ms on 1 thread, 3.5 ms on 2). A second session per model runs such batches.
+    solo_threads: int = _opt(
+        0, "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off"
+    )
     window_stride: int = _opt(32, "tokens shared by consecutive windows of a long text")
     cors_origins: tuple[str, ...] = _opt((), "comma-separated allowed origins; empty: no CORS")
     api_key: str | None = _opt(
@@ -75,6 +84,7 @@ class Settings:
         positive = (
             "port", "batch_token_budget", "queue_size", "max_batch_size", "max_body_bytes", "runners",
             "max_text_tokens", "max_request_tokens", "max_bulk_tokens", "interactive_tokens",
+            "bulk_batch_tokens",
         )  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
@@ -82,7 +92,7 @@ class Settings:
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{_flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
         timeouts = ("graceful_timeout_s", "read_timeout_s")
-        for name in ("max_wait_ms", "intra_op_threads", "window_stride", *timeouts):
+        for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.max_request_tokens > self.max_bulk_tokens:
@@ -130,8 +140,12 @@ class Settings:
         """--intra-op-threads, or the cores this process may use shared out among the runners."""
         if self.intra_op_threads:
             return self.intra_op_threads
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return max(1, cores // self.runners)
+        return max(1, _cores() // self.runners)
+
+    def threads_when_alone(self) -> int:
+        """--solo-threads, or every core this process may use; not more than a runner's share: off."""
+        wanted = self.solo_threads or _cores()
+        return wanted if wanted > self.threads_per_runner() else 0
 
     def describe(self) -> str:
         """One line per setting for the start-up log, with the API key masked."""
@@ -200,3 +214,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(*flags, dest=f.name, default=None, metavar="VALUE", help=help, **switch)
     p.add_argument("--no-ui", dest="ui", action="store_const", const="false", help="same as --ui false")
     return p
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,56 @@
+"""A request that is alone in the server runs on every core (the engine's solo session); under load the
+runners keep their share. Either way a text gets the same scores. Against a real server process."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from app.settings import Settings
+
+try:
+    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+
+TEXTS = [
+    "The chef cooked the meal in the old kitchen.",
+    "A river flows north through the valley.",
+    "She played the violin at the concert last night, and the hall was full.",
+    "Prices rose again.",
+]
+
+
+def probs(client, text: str) -> list[float]:
+    r = client.post("/detect", json={"text": text, "return": "tokens"})
+    assert r.status_code == 200, r.text
+    return [t["prob"] for t in r.json()["results"][0]["tokens"]]
+
+
+def test_a_lone_request_runs_on_every_core_and_scores_as_among_others(bundles_dir: Path, tmp_path):
+    # Explicit threads, so that the solo session exists whatever this machine's core count.
+    flags = ("--runners", "2", "--intra-op-threads", "1", "--solo-threads", "2")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+        solo = server.metric("electra_solo_batches_total", model="detector")
+        alone = {t: probs(client, t) for t in TEXTS}  # one after another: each is the only request
+        assert server.metric("electra_solo_batches_total", model="detector") == solo + len(TEXTS)
+
+        solo = server.metric("electra_solo_batches_total", model="detector")
+        batches = server.metric("electra_batch_size_count", model="detector")
+        crowd = TEXTS * 12
+        with ThreadPoolExecutor(16) as pool:  # 16 at once: most batches start beside other requests
+            scored = list(pool.map(lambda t: probs(client, t), crowd))
+        ran_solo = server.metric("electra_solo_batches_total", model="detector") - solo
+        ran = server.metric("electra_batch_size_count", model="detector") - batches
+        assert ran_solo < ran, (ran_solo, ran)
+        for text, got in zip(crowd, scored, strict=True):
+            np.testing.assert_allclose(got, alone[text], atol=1e-5, rtol=0)
+
+
+def test_solo_threads_setting():
+    assert Settings(runners=2, intra_op_threads=1, solo_threads=4).threads_when_alone() == 4
+    assert Settings(runners=2, intra_op_threads=1, solo_threads=1).threads_when_alone() == 0  # off
+    # A runner that already has every thread it may get needs no second session.
+    assert Settings(runners=1, intra_op_threads=2, solo_threads=2).threads_when_alone() == 0
