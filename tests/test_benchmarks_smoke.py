@@ -97,3 +97,18 @@ assert ScoringUser.wait_time(user) == 0.0  # closed loop
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
+    from benchmarks.load.serve_compare import median_round
+
+    rounds = [
+        {"rps": 150.0, "p50_ms": 7, "failures": 0, "requests": 1500},
+        {"rps": 210.0, "p50_ms": 4, "failures": 2, "requests": 2100},
+        {"rps": 170.0, "p50_ms": 6, "failures": 0, "requests": 1700},
+    ]
+    r = median_round(rounds)
+    assert (r["rps"], r["p50_ms"]) == (170.0, 6)  # one whole round's figures, not a mix of rounds
+    assert (r["failures"], r["requests"]) == (2, 5300)
+    assert r["rounds_rps"] == [150.0, 210.0, 170.0]
+    assert median_round(rounds[:2])["rps"] == 150.0  # an even count takes the lower middle

@@ -9,7 +9,11 @@ max_length row, so short rows always share batches); (c) transformers: ElectraFo
 behind a minimal Litestar endpoint (benchmarks/load/baselines/transformers_server.py). All three serve the
 same weights: (c) loads the HF directory the bundle was exported from.
 
-Phase 1, saturation: each server in turn, each users step, closed loop. Phase 2, equal offered load:
+Phase 1, saturation: closed loop, each users step. The servers run side by side (an idle one costs no
+CPU) and take turns in --rounds interleaved rounds of run-time/rounds seconds each, order reversed every
+round; each figure is the round with the median req/s. On a shared 2-core VM the same server measured
+120 and 206 req/s at one user twenty minutes apart: rounds make every server meet the same drift, where
+one long run per server after another compared each with a different machine. Phase 2, equal offered load:
 each server at the same request rate (default: 70% of the slowest server's throughput at the top step,
 so every server is below saturation), paced by the locustfile's --user-rate. Prints and writes the
 tables, the throughput ratios and the issue's targets to benchmarks/results/<--name>.json and .md.
@@ -18,13 +22,16 @@ tables, the throughput ratios and the issue's targets to benchmarks/results/<--n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 from pathlib import Path
 
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import prepare, write_sentences
 
 SERVERS = ("ours", "unbatched", "transformers")
+VARIANT = "ours-variant"  # --variant-args: our server with other flags, measured in the same rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf", default=None, help="HF directory for (c) when --bundle's source is elsewhere")
     p.add_argument("--servers", default=",".join(SERVERS), help="which of ours,unbatched,transformers")
     p.add_argument("--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps")
-    p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per run")
+    p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per server and users step")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the run time is split into")
     p.add_argument(
         "--offered-rps",
         default="auto",
@@ -53,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         help='our /detect "return" (the baselines always answer tokens and probabilities)',
     )
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
+    p.add_argument(
+        "--variant-args",
+        default=None,
+        help="also run our server with these flags, as 'ours-variant', in the same rounds (an A/B)",
+    )
     p.add_argument("--name", default="serve_compare", help="results file name")
     args = p.parse_args(argv)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -70,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--offered-rps: {x!r} is neither a positive number nor 'auto'")
     if not 0 < args.fraction < 1:
         p.error(f"--fraction must be in (0, 1), got {args.fraction}")
-    if min(args.users) < 1 or args.run_time < 1:
-        p.error("--users must be positive and --run-time at least 1 s")
+    if min(args.users) < 1 or args.run_time < 1 or args.rounds < 1:
+        p.error("--users and --rounds must be positive and --run-time at least 1 s")
     try:
         lk.check_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
+    if args.variant_args is not None:
+        servers.append(VARIANT)
     args.servers = servers
     print(json.dumps({"serve_compare": vars(args)}, default=str), flush=True)
     return run(args)
@@ -97,22 +112,17 @@ def run(args) -> int:
     extra = args.server_args.split()
 
     def argv_for(kind: str):
+        flags = (args.variant_args or "").split() if kind == VARIANT else extra
         return lambda port: lk.command(
-            kind, port, models_dir=models.bundle, bundle=models.bundle, hf_dir=hf, extra=extra
+            "ours" if kind == VARIANT else kind,
+            port,
+            models_dir=models.bundle,
+            bundle=models.bundle,
+            hf_dir=hf,
+            extra=flags,
         )
 
-    saturation: dict[str, list[dict]] = {}
-    for kind in args.servers:
-        print(f"{kind}: {lk.SERVERS[kind]}", flush=True)
-        with lk.serve(kind, argv_for(kind), run_dir) as server:
-            saturation[kind] = []
-            for users in args.users:
-                r = lk.run_locust(
-                    server.url, users, load, run_dir / f"{kind}-u{users}", watch={"server": server.proc.pid}
-                )
-                saturation[kind].append(r)
-                print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, "
-                      f"p99 {r['p99_ms']:.0f} ms, {r['failures']} failed", flush=True)  # fmt: skip
+    saturation = saturate(args, argv_for, load, run_dir)
 
     top = max(args.users)
     slowest = min(_at(saturation[k], top)["rps"] for k in args.servers)
@@ -139,7 +149,7 @@ def run(args) -> int:
         "config": {**vars(args), "users": list(args.users)},
         "model": models.description,
         "hf_dir": str(hf),
-        "servers": {k: lk.SERVERS[k] for k in args.servers},
+        "servers": {k: describe(k, args) for k in args.servers},
         "sentences": sentences,
         "machine": machine,
         "saturation": saturation,
@@ -154,6 +164,55 @@ def run(args) -> int:
     js, mdp = lk.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
     return 0
+
+
+def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> dict[str, list[dict]]:
+    """Phase 1: every server up at once, each users step measured in interleaved rounds."""
+    per_round = lk.Load(
+        load.sentences, load.mix, load.batch_texts, load.run_time_s / args.rounds, load.detect_return
+    )
+    saturation: dict[str, list[dict]] = {kind: [] for kind in args.servers}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for kind in args.servers:
+            print(f"{kind}: {describe(kind, args)}", flush=True)
+            servers[kind] = stack.enter_context(lk.serve(kind, argv_for(kind), run_dir))
+        for users in args.users:
+            rounds: dict[str, list[dict]] = {kind: [] for kind in args.servers}
+            for i in range(args.rounds):
+                for kind in args.servers if i % 2 == 0 else args.servers[::-1]:
+                    server = servers[kind]
+                    prefix = run_dir / f"{kind}-u{users}-r{i}"
+                    rounds[kind].append(lk.run_locust(server.url, users, per_round, prefix,
+                                                      watch={"server": server.proc.pid}))  # fmt: skip
+            for kind, rs in rounds.items():
+                r = median_round(rs)
+                saturation[kind].append(r)
+                print(f"  {kind} {users:>3} users: {r['rps']:.1f} req/s (rounds {r['rounds_rps']}), "
+                      f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['failures']} failed", flush=True)  # fmt: skip
+    return saturation
+
+
+def describe(kind: str, args) -> str:
+    if kind == VARIANT:
+        return f"{lk.SERVERS['ours']}, with {args.variant_args} ({args.server_args or 'no other flags'} for ours)"
+    return lk.SERVERS[kind]
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round with the median req/s (the lower middle one for an even count), with every round's
+    req/s beside it; failures are summed over the rounds, so none is hidden."""
+    ranked = sorted(rounds, key=lambda r: r["rps"])
+    middle = ranked[(len(ranked) - 1) // 2]
+    return {
+        **middle,
+        "failures": sum(r["failures"] for r in rounds),
+        "requests": sum(r["requests"] for r in rounds),
+        "rounds_rps": [round(r["rps"], 1) for r in rounds],
+        "rounds_spread": round(
+            (ranked[-1]["rps"] - ranked[0]["rps"]) / statistics.median(r["rps"] for r in rounds), 3
+        ),
+    }
 
 
 def _at(rows: list[dict], users: int) -> dict:
@@ -180,6 +239,10 @@ def targets(sat: dict, equal: dict, top: int) -> list[dict]:
         return []
     ours = _at(sat["ours"], top)
     out = []
+    if 1 in {r["users"] for r in sat["ours"]} and "unbatched" in sat:
+        one = _at(sat["ours"], 1)["rps"] / _at(sat["unbatched"], 1)["rps"]
+        out.append({"target": "ours >= 1.0x unbatched throughput at 1 user", "value": f"{one:.2f}x",
+                    "met": one >= 1.0})  # fmt: skip
     for kind, factor in (("transformers", 3.0), ("unbatched", 1.5)):
         if kind in sat:
             base = _at(sat[kind], top)["rps"]
@@ -220,7 +283,8 @@ def markdown(data: dict) -> str:
         "",
         f"- model: {data['model']}",
         f"- traffic: mix `{cfg['mix']}`; {s['source']}, mean {s['mean_words']} words, "
-        f"{s.get('mean_scored_tokens', '?')} scored tokens; {cfg['run_time']:.0f} s of load per run",
+        f"{s.get('mean_scored_tokens', '?')} scored tokens; {cfg['run_time']:.0f} s of load per server "
+        f"and step, in {cfg.get('rounds', 1)} interleaved rounds (each figure: the median round)",
         f"- machine: {m['cores']} cores, load average at start {m['load_avg_at_start']}",
         *[f"- {k}: {v}" for k, v in data["servers"].items()],
         "",
@@ -229,6 +293,10 @@ def markdown(data: dict) -> str:
     ]
     rows = [[kind, r["users"], *lk.load_row(r)] for kind, rs in data["saturation"].items() for r in rs]
     lines.append(lk.table(["server", "users", *lk.LOAD_HEADERS], rows))
+    rounds = [f"{kind} x{r['users']}: {r['rounds_rps']}" for kind, rs in data["saturation"].items()
+              for r in rs if "rounds_rps" in r]  # fmt: skip
+    if rounds:
+        lines += ["", "Each round's req/s: " + "; ".join(rounds) + "."]
     if data["ratios"]:
         keys = [k for k in data["ratios"][0] if k != "users"]
         lines += [
