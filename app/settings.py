@@ -45,8 +45,8 @@ class Settings:
     )
     interactive_tokens: int = _opt(2048, "requests up to this many model-input tokens go first")
     # A bulk batch of 32 windows of 512 held the shipped detector's attention scores at 400 MB and the
-    # process at 1.31 GB; 8 windows a batch cost a quarter of that and hardly any speed (long rows are
-    # already large matrix products).
+    # process at 1.31 GB; at 8 windows a batch the hostile benchmark peaked at 671 MB, and its largest
+    # admitted request took 9.5 s at p50 instead of 9.9 s (long rows are large matrix products already).
     bulk_batch_tokens: int = _opt(4096, "rows * longest row per batch of bulk requests' rows")
     max_batch_size: int = _opt(32, "texts (or pairs) in one request")
     max_body_bytes: int = _opt(1 << 20, "larger request bodies get 413")
@@ -59,8 +59,9 @@ class Settings:
     # a single-threaded run never waits at a barrier for a thread the event loop has preempted.
     # Measured on 2 cores, ELECTRA-Small int8, 64 users: 2 x 1 thread 349-374 req/s, 1 x 2 threads 266-300.
     runners: int = _opt(2, "batches in flight at once per model, each on its own thread")
-    # A lone request on one runner's share leaves the other cores idle (2 cores, ELECTRA-Small int8, one
-    # 32-token text: 4.9 ms on 1 thread, 3.5 ms on 2). A second session per model runs such batches.
+    # A lone request on one runner's share leaves the other cores idle. A second session per model runs
+    # such batches on all of them: 2 cores, ELECTRA-Small int8, one user, 160 vs 135 req/s in the same
+    # serve_compare rounds (benchmarks/results/serve_compare_solo_ab.md).
     solo_threads: int = _opt(
         0, "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off"
     )
@@ -143,7 +144,8 @@ class Settings:
         return max(1, _cores() // self.runners)
 
     def threads_when_alone(self) -> int:
-        """--solo-threads, or every core this process may use; not more than a runner's share: off."""
+        """--solo-threads, or every core this process may use; 0 (no solo session) when that is no
+        more than one runner already has."""
         wanted = self.solo_threads or _cores()
         return wanted if wanted > self.threads_per_runner() else 0
 
