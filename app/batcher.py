@@ -317,7 +317,8 @@ class Batcher:
             if job.started is None:
                 job.started = start
                 self.metrics.queue_time.labels(self.name).observe(start - job.enqueued)
-        solo = not batch.bulk and self._running == 0 and self.in_flight.count == 1 and len(jobs) == 1
+        alone = self._running == 0 and self.in_flight.count == 1 and len(jobs) == 1
+        solo = self.engine.solo is not None and not batch.bulk and alone
         self._running += 1
         try:
             loop = asyncio.get_running_loop()
@@ -332,7 +333,7 @@ class Batcher:
         end = time.perf_counter()
         elapsed = end - start
         self.metrics.inference.labels(self.name).observe(elapsed)
-        if solo and self.engine.solo is not None:
+        if solo:
             self.metrics.solo_batches.labels(self.name).inc()
         self.metrics.batch_size.labels(self.name).observe(len(live))
         self.metrics.batch_tokens.labels(self.name).observe(next(iter(feeds.values())).size)

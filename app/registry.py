@@ -183,7 +183,8 @@ class Registry:
         # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
         for length in (8, m.max_length):
             engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))
-        engine.run(engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id), solo=True)
+        if engine.solo is not None:
+            engine.run(engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id), solo=True)
         return tokenizer, engine
 
     def begin_drain(self) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 from pathlib import Path
 
 from benchmarks.load import loadkit as lk
@@ -209,9 +208,6 @@ def median_round(rounds: list[dict]) -> dict:
         "failures": sum(r["failures"] for r in rounds),
         "requests": sum(r["requests"] for r in rounds),
         "rounds_rps": [round(r["rps"], 1) for r in rounds],
-        "rounds_spread": round(
-            (ranked[-1]["rps"] - ranked[0]["rps"]) / statistics.median(r["rps"] for r in rounds), 3
-        ),
     }
 
 

@@ -156,7 +156,7 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
         sys.exit(f"error: {run} holds no checkpoint; drop --skip-pretrain to make one")
     bundle = work / f"{arm_name(f)}-bundle"
     data = ["--data-dir", args.data_dir] if args.data_dir else []
-    if not made_from(bundle / "manifest.json", state["checkpoint"]):
+    if not made_from(bundle, state["checkpoint"]):
         export = [
             sys.executable,
             "-m",
@@ -204,11 +204,15 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
     }
 
 
-def made_from(manifest: Path, checkpoint: str) -> bool:
-    """Whether the bundle there was exported from this checkpoint (so it need not be made again)."""
-    if not manifest.is_file():
+def made_from(bundle: Path, checkpoint: str) -> bool:
+    """Whether a sound bundle there was exported from this checkpoint (so it need not be made again);
+    read as the server reads it, so a damaged one is made again."""
+    from app.bundle import BundleError, read_bundle
+
+    try:
+        source = read_bundle(bundle).manifest.source.get("checkpoint", "")
+    except BundleError:
         return False
-    source = json.loads(manifest.read_text()).get("source", {}).get("checkpoint", "")
     return bool(source) and Path(checkpoint).resolve().as_posix().endswith(source)
 
 

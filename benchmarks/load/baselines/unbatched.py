@@ -3,9 +3,10 @@
     python -m benchmarks.load.baselines.unbatched --bundle BUNDLE_DIR [--port 8001]
 
 The bundle read and checked by the server's own reader (app.bundle) and one ONNX Runtime session from
-the server's own factory (app.engine.session, same options), one worker thread: each request is tokenized, run as its own batch (its texts padded
-together) and answered, while the event loop keeps accepting the next ones. Nothing is shared between
-requests, so under load they queue for the worker; that queueing is what micro-batching removes.
+the server's own factory (app.engine.session, same options), one worker thread: each request is
+tokenized, run as its own batch (its texts padded together) and answered, while the event loop keeps
+accepting the next ones. Nothing is shared between requests, so under load they queue for the worker;
+that queueing is what micro-batching removes.
 The answer is per-token probabilities (special tokens left out), the least a client needs.
 """
 
