@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -88,5 +90,33 @@ class Metrics:
             PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
         )
 
+    def of_model(self, name: str) -> ModelSeries:
+        """The model's own series, looked up once: `labels()` takes a lock and builds a key on each call,
+        and a request touches a dozen of them."""
+        return ModelSeries(
+            tokenization=self.tokenization.labels(name),
+            queue_time=self.queue_time.labels(name),
+            inference=self.inference.labels(name),
+            batch_size=self.batch_size.labels(name),
+            batch_tokens=self.batch_tokens.labels(name),
+            solo_batches=self.solo_batches.labels(name),
+            queue_depth=self.queue_depth.labels(name),
+            bulk_tokens=self.bulk_tokens.labels(name),
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True)
+class ModelSeries:
+    """One model's children of the per-model metrics above."""
+
+    tokenization: Histogram
+    queue_time: Histogram
+    inference: Histogram
+    batch_size: Histogram
+    batch_tokens: Histogram
+    solo_batches: Counter
+    queue_depth: Gauge
+    bulk_tokens: Gauge

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from app.errors import AppError, ErrorType
-from app.metrics import Metrics
 from app.postprocess import classify_result, detect_result
 from app.registry import Model
 from app.schemas import ClassifyResponse, DetectResponse
@@ -23,6 +22,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 # the thread hand-off would cost, and on a small machine the hop also contends with the inference
 # thread. Larger inputs go to a worker thread so they never stall the event loop.
 INLINE_CHARS = 4096
+# A lone sentence is answered in ~5 ms on 2 cores; a request still waiting after this is queued or long.
+WATCH_AFTER_S = 0.02
 
 
 async def offload(fn: Callable[[], T], chars: int) -> T:
@@ -83,7 +84,6 @@ async def detect(
     ret: str,
     limits: Limits,
     receive: Receive,
-    metrics: Metrics,
     t: Timings,
 ) -> DetectResponse:
     with model.batcher.admit():
@@ -91,7 +91,7 @@ async def detect(
         chars = sum(map(len, texts))
         encodings = await offload(lambda: model.tokenizer.encode_detect(texts), chars)
         t.tokenization_s = time.perf_counter() - t0
-        metrics.tokenization.labels(model.name).observe(t.tokenization_s)
+        model.batcher.series.tokenization.observe(t.tokenization_s)
         rows = [row for enc in encodings for row in enc.rows]
         limits.check(rows, field, [len(enc.tokens) for enc in encodings])
         result = await until_done_or_gone(model.batcher.submit(rows), receive)
@@ -116,7 +116,6 @@ async def classify(
     top_k: int | None,
     limits: Limits,
     receive: Receive,
-    metrics: Metrics,
     t: Timings,
 ) -> ClassifyResponse:
     with model.batcher.admit():
@@ -124,7 +123,7 @@ async def classify(
         chars = sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in items)
         encoded = await offload(lambda: model.tokenizer.encode_classify(items), chars)
         t.tokenization_s = time.perf_counter() - t0
-        metrics.tokenization.labels(model.name).observe(t.tokenization_s)
+        model.batcher.series.tokenization.observe(t.tokenization_s)
         rows = [row for row, _ in encoded]
         limits.check(rows, field)  # each text is cut to max_length: only the total can be too large
         result = await until_done_or_gone(model.batcher.submit(rows), receive)
@@ -137,20 +136,32 @@ async def classify(
     return ClassifyResponse(model=model.name, results=results)
 
 
-async def until_done_or_gone(work: Awaitable[T], receive: Receive) -> T:
+async def until_done_or_gone(work: asyncio.Future[T], receive: Receive) -> T:
     """Await `work`, unless the client disconnects first: then cancel it (so the batcher drops its rows
-    before inference) and fail with CLIENT_GONE. The server never cancels a handler by itself."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(receive))
+    before inference) and fail with CLIENT_GONE. The server never cancels a handler by itself.
+
+    Watching for the disconnect takes a task of its own, started only once the work has taken
+    WATCH_AFTER_S: most answers come sooner, and a client that leaves within that time costs at most
+    that much of inference."""
+    loop = asyncio.get_running_loop()
+    watcher: asyncio.Task | None = None
+
+    def watch() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(_disconnected(receive))
+        watcher.add_done_callback(lambda w: w.cancelled() or work.cancel())
+
+    timer = loop.call_later(WATCH_AFTER_S, watch)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if watcher is not None and watcher.done() and not watcher.cancelled():
+            raise AppError(ErrorType.CLIENT_GONE, "client disconnected before the result was ready") from None
+        raise  # the handler itself was cancelled (shutdown): `await` has cancelled the work too
     finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-    if task.done() and not task.cancelled():
-        return task.result()
-    raise AppError(ErrorType.CLIENT_GONE, "client disconnected before the result was ready")
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 async def _disconnected(receive: Receive) -> None:

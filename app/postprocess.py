@@ -14,6 +14,9 @@ def stitch(enc: DetectEncoding, outputs: list[np.ndarray]) -> np.ndarray:
     """Per-token probabilities over the whole text; where windows overlap, each token takes the value
     from the window in which it is most central (farthest from a window edge, where context is cut)."""
     n = len(enc.tokens)
+    if len(enc.windows) == 1:  # the common case: one window, nothing to choose between
+        offset = enc.rows[0].offset
+        return np.asarray(outputs[0][offset : offset + n], dtype=np.float64)
     probs = np.zeros(n, dtype=np.float64)
     best = np.full(n, -1, dtype=np.int64)
     for (s, e), row, out in zip(enc.windows, enc.rows, outputs, strict=True):
@@ -32,8 +35,8 @@ def detect_result(
     probs = stitch(enc, outputs)
     offsets = _with_combining_marks(text, enc.offsets)
     tokens = [
-        Token(text=text[a:b], token=piece, start=a, end=b, prob=float(p), word=w)
-        for piece, (a, b), p, w in zip(enc.tokens, offsets, probs, enc.words, strict=True)
+        Token(text=text[a:b], token=piece, start=a, end=b, prob=p, word=w)
+        for piece, (a, b), p, w in zip(enc.tokens, offsets, probs.tolist(), enc.words, strict=True)
     ]
     words: list[Word] = []
     for i, tok in enumerate(tokens):
@@ -67,6 +70,8 @@ def _with_combining_marks(text: str, offsets: list[tuple[int, int]]) -> list[tup
     """Extend each token over the combining marks that follow it: a normalizer that strips accents
     drops "\u0301" from "Cafe\u0301", so the last token's offsets would stop before it and the word
     would read "Cafe". A mark belongs to the character before it, hence to that character's token."""
+    if text.isascii():  # no combining marks to look for
+        return offsets
     out = []
     for k, (a, b) in enumerate(offsets):
         limit = offsets[k + 1][0] if k + 1 < len(offsets) else len(text)

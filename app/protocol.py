@@ -35,6 +35,12 @@ class _BoundedRead(HttpToolsProtocol):
         super().on_message_begin()
         self._arm()
 
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle.transport, _HeadWithBody):
+            cycle.transport = _HeadWithBody(cycle.transport, cycle)
+
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()  # the request is in: inference may take as long as it takes
@@ -68,3 +74,32 @@ class _BoundedRead(HttpToolsProtocol):
             self.metrics.requests.labels("other", "", "408").inc()
             self.metrics.rejected.labels(reason="read_timeout").inc()
         self.transport.close()
+
+
+class _HeadWithBody:
+    """One request's view of the connection: the response head is held back and written together with
+    the body's first bytes. uvicorn writes them separately: two sends, and on loopback two wake-ups of
+    the client for one answer. Everything else passes through."""
+
+    def __init__(self, transport: asyncio.Transport, cycle) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if self._cycle.response_started and not self._head_seen:
+            self._head_seen, self._head = True, data  # the cycle writes the head first, once
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head is not None:  # a response that started and broke off: its head still goes out
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)

@@ -81,9 +81,8 @@ async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[De
     model = _registry(request).resolve(data.model, "detector")
     _label(request, model.name)
     body = await pipeline.detect(
-        model, texts, field, data.threshold, data.return_, _limits(settings), request.receive,
-        request.app.state.metrics, timings,
-    )  # fmt: skip
+        model, texts, field, data.threshold, data.return_, _limits(settings), request.receive, timings
+    )
     return Response(body, headers=timings.headers())
 
 
@@ -102,9 +101,8 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     model = _registry(request).resolve(data.model, "classifier")
     _label(request, model.name)
     body = await pipeline.classify(
-        model, items, field, data.top_k, _limits(settings), request.receive, request.app.state.metrics,
-        timings,
-    )  # fmt: skip
+        model, items, field, data.top_k, _limits(settings), request.receive, timings
+    )
     return Response(body, headers=timings.headers())
 
 

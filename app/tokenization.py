@@ -69,6 +69,7 @@ class TextTokenizer:
         self._prefix = (probe.ids[:first], probe.type_ids[:first])
         self._suffix = (probe.ids[last + 1 :], probe.type_ids[last + 1 :])
         self._content_type = probe.type_ids[first] if content else 0
+        self._types_all_zero = self._content_type == 0 and not any(self._prefix[1] + self._suffix[1])
         self.window_size = max_length - len(self._prefix[0]) - len(self._suffix[0])
         assert self.window_size > 0, "max_length leaves no room for text"
         # More overlap than half a window would score most tokens twice for nothing.
@@ -79,27 +80,24 @@ class TextTokenizer:
         return [self._detect_one(e) for e in self._plain.encode_batch(texts, add_special_tokens=False)]
 
     def _detect_one(self, enc) -> DetectEncoding:
-        ids = np.asarray(enc.ids, dtype=np.int64)
+        ids = enc.ids
         spans = windows(len(ids), self.window_size, self.stride)
-        rows = [self._row(ids[s:e]) for s, e in spans]
         return DetectEncoding(
-            tokens=list(enc.tokens),
-            offsets=[tuple(o) for o in enc.offsets],
+            tokens=enc.tokens,  # the Encoding's getters build new lists on every call: ours to keep
+            offsets=enc.offsets,
             words=_compact_words(enc.word_ids),
             windows=spans,
-            rows=rows,
+            rows=[self._row(ids[s:e]) for s, e in spans],
         )
 
-    def _row(self, ids: np.ndarray) -> Row:
+    def _row(self, ids: list[int]) -> Row:
+        # Python lists joined, then one conversion each: cheaper than numpy concatenation for a sentence.
         (pre_ids, pre_types), (suf_ids, suf_types) = self._prefix, self._suffix
-        full = np.concatenate([np.asarray(pre_ids, np.int64), ids, np.asarray(suf_ids, np.int64)])
-        types = np.concatenate(
-            [
-                np.asarray(pre_types, np.int64),
-                np.full(len(ids), self._content_type, np.int64),
-                np.asarray(suf_types, np.int64),
-            ]
-        )
+        full = np.array(pre_ids + ids + suf_ids, np.int64)
+        if self._types_all_zero:  # ELECTRA's [CLS] text [SEP]
+            types = np.zeros(len(full), np.int64)
+        else:
+            types = np.array(pre_types + [self._content_type] * len(ids) + suf_types, np.int64)
         return Row(full, types, offset=len(pre_ids))
 
     def encode_classify(self, items: list) -> list[tuple[Row, bool]]:
@@ -112,7 +110,7 @@ class TextTokenizer:
         return out
 
     def warmup_row(self, length: int) -> Row:
-        return self._row(np.full(max(1, min(length, self.window_size)), self.pad_id + 1, np.int64))
+        return self._row([self.pad_id + 1] * max(1, min(length, self.window_size)))
 
 
 def _compact_words(word_ids: list[int | None]) -> list[int]:

@@ -1,10 +1,14 @@
 """HTTP details a client or a scraper notices (issue 12, item 8): one charset in the Prometheus
 Content-Type, x-inference-time as wall time (two runners on one request count once), an API page that
-works offline, and combining marks kept inside the word they follow."""
+works offline, and combining marks kept inside the word they follow. Also the wire itself: the server
+holds a response's head back to send it with the body (app/protocol.py), which must not hold back an
+interim `100 Continue`."""
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -66,3 +70,33 @@ def test_a_combining_mark_stays_inside_its_word(server, text, word):
     assert word in words, words
     for tok in result["tokens"]:
         assert text[tok["start"] : tok["end"]] == tok["text"]
+
+
+def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """(head, body) of one HTTP/1.1 response with a content-length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def test_100_continue_goes_out_before_the_body_and_the_answer_follows_on_one_connection(server):
+    text = "the chef cooked the meal"
+    body = json.dumps({"text": text, "return": "words"}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for _ in range(2):  # twice: the connection stays usable after a held-and-joined response
+            sock.sendall(
+                b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % len(body)
+            )
+            interim = sock.recv(65536)  # the server asks for the body; nothing was sent yet
+            assert interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), interim
+            sock.sendall(body)
+            head, answer = _read_response(sock)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert [w["text"] for w in json.loads(answer)["results"][0]["words"]] == text.split()
