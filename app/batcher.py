@@ -177,7 +177,11 @@ class Batcher:
         self._queued_tokens = {False: 0, True: 0}
         self._formed: dict[bool, deque[_Batch]] = {False: deque(), True: deque()}
         self._pending: set[_Job] = set()
-        self._wake = asyncio.Event()
+        # Runners with nothing to do, each asleep on its own event. Work wakes as many as it can keep
+        # busy: one per request, one per batch left over from a take. Waking all of them for a lone
+        # request cost the event loop a task step per runner just as that request's run began.
+        self._idle: deque[asyncio.Event] = deque()
+        self._gathering: asyncio.Event | None = None  # the runner letting a batch fill (--max-wait-ms)
         self.runners = runners
         self._executor = ThreadPoolExecutor(max_workers=runners, thread_name_prefix=f"ort-{name}")
         self._tasks: list[asyncio.Task] = []
@@ -232,7 +236,10 @@ class Batcher:
             self._bulk_tokens += tokens
             self.series.bulk_tokens.set(self._bulk_tokens)
         job.future.add_done_callback(lambda _: self._settled(job, tokens))
-        self._wake.set()
+        if self._gathering is not None:
+            self._gathering.set()  # one more request for the batch being gathered: check the budget
+        else:
+            self._wake(1)
         return job.future
 
     def _settled(self, job: _Job, tokens: int) -> None:
@@ -258,19 +265,37 @@ class Batcher:
             if self._queue[False]:
                 await self._fill()
                 self._formed[False].extend(self._take(False))
+                self._wake(len(self._formed[False]) - 1)  # this runner claims one; others the rest
             elif self._queue[True] and self._may_run_bulk():
                 self._formed[True].extend(self._take(True))
+                self._wake(len(self._formed[True]) - 1)
             else:
-                self._wake.clear()
-                await self._wake.wait()
+                await self._sleep()
+
+    def _wake(self, runners: int) -> None:
+        for _ in range(min(runners, len(self._idle))):
+            self._idle.popleft().set()
+
+    async def _sleep(self) -> None:
+        """Wait until _wake picks this runner."""
+        woken = asyncio.Event()
+        self._idle.append(woken)
+        try:
+            await woken.wait()
+        finally:
+            with contextlib.suppress(ValueError):  # cancelled while still listed
+                self._idle.remove(woken)
 
     async def _fill(self) -> None:
         """Let interactive work gather up to the budget, at most until the oldest has waited max_wait."""
         deadline = self._queue[False][0].enqueued + self.max_wait_s
         while self._queued_tokens[False] < self.budget and (left := deadline - time.perf_counter()) > 0:
-            self._wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
+            self._gathering = asyncio.Event()  # set by the next submit
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._gathering.wait(), left)
+            finally:
+                self._gathering = None
 
     def _take(self, bulk: bool) -> list[_Batch]:
         queue = self._queue[bulk]
@@ -311,7 +336,7 @@ class Batcher:
         finally:
             if batch.bulk:
                 self._bulk_running -= 1
-                self._wake.set()  # a runner waiting for bulk work may take it now
+                self._wake(1)  # a runner waiting for bulk work may take it now
 
     async def _run_live_rows(self, batch: _Batch) -> None:
         live = [(job, i) for job, i in batch.items if not job.future.done()]
