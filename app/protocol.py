@@ -4,7 +4,11 @@ request), so a client trickling one header byte every few seconds held its conne
 
 Headers not complete by then: a JSON 408 and the connection is closed (counted here: endpoint "other",
 status 408, rejected reason "read_timeout"). Headers complete but the body not: the connection is closed
-and the handler waiting for the body sees a disconnect, answered and counted as 499 client_gone."""
+and the handler waiting for the body sees a disconnect, answered and counted as 499 client_gone.
+
+It also sends each response's head and body in one write (_HeadWithBody), where uvicorn makes two.
+One client in a loop on 2 cores: 1.41 against 1.48 ms spent around inference per request, in one A/B
+whose noise is of the same order; the reason to keep it is one send (and one wake-up) instead of two."""
 
 from __future__ import annotations
 
