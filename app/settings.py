@@ -61,7 +61,8 @@ class Settings:
     runners: int = _opt(2, "batches in flight at once per model, each on its own thread")
     # A lone request on one runner's share leaves the other cores idle. A second session per model runs
     # such batches on all of them: 2 cores, ELECTRA-Small int8, one user, 160 vs 135 req/s in the same
-    # serve_compare rounds (benchmarks/results/serve_compare_solo_ab.md).
+    # serve_compare rounds (benchmarks/results/serve_compare_solo_ab.md); 162 vs 151 in nine later
+    # rounds (serve_compare_solo_ab_1user.md).
     solo_threads: int = _opt(
         0, "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off"
     )
