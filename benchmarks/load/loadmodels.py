@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.bundle import read_bundle
+from app.bundle import BundleError, discover
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
@@ -130,17 +130,12 @@ def require_classifier(models: Models, mix: str) -> None:
     """A mix with /classify needs a classifier among the served bundles; say so before any load runs."""
     if "classify" not in mix:
         return
-    served = [models.models_dir] if _kind(models.models_dir) else sorted(models.models_dir.iterdir())
-    if not any(_kind(d) == "classifier" for d in served):
+    served, _ = discover(models.models_dir)  # what the server will serve, each bundle read once
+    if not any(b.manifest.kind == "classifier" for b in served):
         raise SystemExit(
             f"--mix {mix} sends /classify but {models.models_dir} serves no classifier: "
             "drop classify from --mix, or pass --bundle with a models directory that holds one"
         )
-
-
-def _kind(d: Path) -> str | None:
-    """A bundle's kind, read (and hash-checked) as the server reads it; None where there is no bundle."""
-    return read_bundle(d).manifest.kind if (d / "manifest.json").is_file() else None
 
 
 def _key(path: Path) -> str:
@@ -165,16 +160,18 @@ def prepare(
     the checkpoint its manifest names. --model: a checkpoint, run or HF directory, exported once and cached. Neither: a random
     ELECTRA-Small with the bert-base-uncased vocabulary, built and exported once and cached."""
     if bundle:
-        b = Path(bundle)
-        if (b / "manifest.json").is_file():
-            models_dir = b
-        else:  # a models directory: serve all of it; the first detector by name is "the bundle"
-            models_dir = b
-            found = [d for d in sorted(b.iterdir()) if _kind(d) == "detector"]
-            if not found:
-                raise SystemExit(f"--bundle {b}: neither a bundle nor a directory holding a detector bundle")
-            b = found[0]
-        manifest = read_bundle(b).manifest
+        # A bundle, or a models directory: serve all of it; the first detector by name is "the bundle".
+        # app.bundle.discover reads (and hash-checks) each bundle once, as the server will.
+        models_dir = Path(bundle)
+        try:
+            served = discover(models_dir)[0]
+        except BundleError as e:  # no bundle there, or none that can be served: the reasons
+            raise SystemExit(f"--bundle {bundle}: {e}") from None
+        single = (models_dir / "manifest.json").is_file()  # a bundle given as such is served as it is
+        found = served if single else [x for x in served if x.manifest.kind == "detector"]
+        if not found:
+            raise SystemExit(f"--bundle {bundle}: neither a bundle nor a directory holding a detector bundle")
+        b, manifest = found[0].path, found[0].manifest
         if model:  # a checkpoint, run or HF directory: its errors say what is missing
             from training.checkpoint import resolve_checkpoint
 
