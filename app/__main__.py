@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = uvicorn.Config(
         app,
-        http=bounded_protocol(settings.read_timeout_s, app.state.metrics),
+        http=bounded_protocol(settings.read_timeout_s, app.state.metrics, app.state.registry.in_flight),
         limit_concurrency=settings.limit_concurrency,
         host=settings.host,
         port=settings.port,

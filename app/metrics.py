@@ -79,6 +79,11 @@ class Metrics:
             PREFIX + "solo_batches", "Batches run on every core because no other request was in flight",
             ("model",), registry=r,
         )  # fmt: skip
+        self.inline_batches = Counter(
+            PREFIX + "inline_batches",
+            "Batches run on the event loop's thread: one client on one connection, nothing else in flight",
+            ("model",), registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             PREFIX + "queue_depth", "Requests admitted and not yet answered", ("model",), registry=r
         )
@@ -100,6 +105,7 @@ class Metrics:
             batch_size=self.batch_size.labels(name),
             batch_tokens=self.batch_tokens.labels(name),
             solo_batches=self.solo_batches.labels(name),
+            inline_batches=self.inline_batches.labels(name),
             queue_depth=self.queue_depth.labels(name),
             bulk_tokens=self.bulk_tokens.labels(name),
         )
@@ -118,5 +124,6 @@ class ModelSeries:
     batch_size: Histogram
     batch_tokens: Histogram
     solo_batches: Counter
+    inline_batches: Counter
     queue_depth: Gauge
     bulk_tokens: Gauge

@@ -76,10 +76,14 @@ class Server:
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=kw.pop("timeout", 30), **kw)
 
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""
+    def metric(self, name: str, via: httpx.Client | None = None, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (0 when absent). `via`: read on that
+        client's connection instead of a new one (the server counts its connections)."""
         total = 0.0
-        text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10).text
+        if via is not None:
+            text = via.get("/metrics").text
+        else:
+            text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10).text
         for line in text.splitlines():
             named = line.startswith(name + "{") or line.startswith(name + " ")
             if named and all(f'{k}="{v}"' in line for k, v in labels.items()):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.batcher import INLINE_TOKENS
 from app.settings import Settings
 
 try:
@@ -54,3 +55,29 @@ def test_solo_threads_setting():
     assert Settings(runners=2, intra_op_threads=1, solo_threads=1).threads_when_alone() == 0  # off
     # A runner that already has every thread it may get needs no second session.
     assert Settings(runners=1, intra_op_threads=2, solo_threads=2).threads_when_alone() == 0
+
+
+def test_one_client_on_one_connection_runs_inline_until_a_second_connection_opens(
+    bundles_dir: Path, tmp_path
+):
+    flags = ("--runners", "2", "--intra-op-threads", "1", "--solo-threads", "2")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+
+        def inline() -> float:  # read on the client's own connection: no second one opens for it
+            return server.metric("electra_inline_batches_total", via=client, model="detector")
+
+        before = inline()
+        alone = {t: probs(client, t) for t in TEXTS}
+        assert inline() == before + len(TEXTS)
+        # Above INLINE_TOKENS padded tokens: the runners, even for a lone client.
+        r = client.post("/detect", json={"text": " ".join(TEXTS * 8)})
+        assert r.status_code == 200 and r.json()["results"][0]["summary"]["num_tokens"] > INLINE_TOKENS
+        assert inline() == before + len(TEXTS)
+
+        with server.client() as other:
+            assert other.get("/health").status_code == 200  # a second connection, kept open
+            before = inline()
+            again = {t: probs(client, t) for t in TEXTS}
+            assert inline() == before  # another client might send at any moment: the runners
+            for t in TEXTS:
+                np.testing.assert_allclose(again[t], alone[t], atol=1e-5, rtol=0)
