@@ -261,10 +261,13 @@ class Batcher:
     def _may_run_inline(self, job: _Job) -> bool:
         """One client on one connection, nothing else admitted or running, a small batch: no other
         request can be waiting to be batched with it, so it skips the runners (see _run_inline).
-        Not under --max-wait-ms: the operator asked requests to wait for company that may connect."""
+        Not under --max-wait-ms: the operator asked requests to wait for company that may connect. Only
+        with a solo session: INLINE_TOKENS bounds a run on every core; without one (GPU, a single core,
+        --solo-threads 1) the runners take it."""
         return (
             not job.bulk
             and self.max_wait_s == 0
+            and self.engine.solo is not None
             and self.in_flight.connections == 1
             and self.in_flight.count == 1
             and self._running == 0
@@ -285,7 +288,7 @@ class Batcher:
             job.future.set_exception(e)
             return
         self.series.inline_batches.inc()
-        self._finished(items, [job], feeds, out, start, solo=self.engine.solo is not None)
+        self._finished(items, [job], feeds, out, start, solo=True)
 
     def _settled(self, job: _Job, tokens: int) -> None:
         """The job was answered, failed or cancelled: it holds no place any more."""

@@ -33,10 +33,12 @@ class _BoundedRead(HttpToolsProtocol):
     metrics: Metrics
     in_flight: InFlight  # its connection count tells the batchers when one client is all there is
     _deadline: asyncio.TimerHandle | None = None
+    _counted = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
         self.in_flight.connections += 1
+        self._counted = True
+        super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is cut off too
 
     def on_message_begin(self) -> None:
@@ -54,9 +56,22 @@ class _BoundedRead(HttpToolsProtocol):
         self._disarm()  # the request is in: inference may take as long as it takes
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.in_flight.connections -= 1
+        self._uncount()
         self._disarm()
         super().connection_lost(exc)
+
+    def handle_websocket_upgrade(self) -> None:
+        # uvicorn hands the transport to its WebSocket protocol (when a WebSocket library is installed):
+        # this protocol never hears of the connection again, so it stops counting it and drops its read
+        # deadline now (else the count stays up for good, and a 408 would be written into the stream).
+        self._uncount()
+        self._disarm()
+        super().handle_websocket_upgrade()
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.in_flight.connections -= 1
 
     def _arm(self) -> None:
         if self._deadline is None and self.read_timeout_s > 0:

@@ -3,6 +3,8 @@ runners keep their share. Either way a text gets the same scores. Against a real
 
 from __future__ import annotations
 
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,9 +77,30 @@ def test_one_client_on_one_connection_runs_inline_until_a_second_connection_open
         assert inline() == before + len(TEXTS)
 
         with server.client() as other:
-            assert other.get("/health").status_code == 200  # a second connection, kept open
             before = inline()
-            again = {t: probs(client, t) for t in TEXTS}
+            again = {}
+            for t in TEXTS:
+                # A second connection, kept open (used before each request: no keep-alive timeout).
+                assert other.get("/health").status_code == 200
+                again[t] = probs(client, t)
             assert inline() == before  # another client might send at any moment: the runners
             for t in TEXTS:
                 np.testing.assert_allclose(again[t], alone[t], atol=1e-5, rtol=0)
+
+        # A WebSocket upgrade takes its connection out of uvicorn's HTTP protocol; it must not stay
+        # counted (nor must the closed `other`), or the path would be off for good.
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(UPGRADE)
+            s.recv(4096)
+        deadline = time.monotonic() + 10
+        before = inline()
+        while inline() == before:  # the server sees the closes asynchronously
+            assert time.monotonic() < deadline, "one client again, but no batch ran inline"
+            probs(client, TEXTS[0])
+
+
+UPGRADE = (
+    b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+)
