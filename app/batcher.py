@@ -103,12 +103,14 @@ def split_by_length(lengths: list[int], budget: int, overhead: int = RUN_OVERHEA
 
 
 class InFlight:
-    """Requests admitted and not yet answered, over every model of the server (one per app; all its
-    batchers touch it from the event loop only), and the client connections open to it (counted by
-    app.protocol; 0 when something else serves the app, which turns the inline path off)."""
+    """Requests admitted and not yet answered and batches in session.run, over every model of the
+    server (one per app; all its batchers touch it from the event loop only), and the client
+    connections open to it (counted by app.protocol; 0 when something else serves the app, which turns
+    the inline path off). A batch may still run after its requests were answered: its clients left."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.running = 0
         self.connections = 0
 
 
@@ -181,7 +183,6 @@ class Batcher:
         self.max_bulk_tokens = max_bulk_tokens
         self._admitted = 0
         self.in_flight = in_flight or InFlight()
-        self._running = 0  # this model's batches in session.run now
         self._bulk_tokens = 0  # admitted bulk tokens not yet answered
         self._bulk_running = 0  # runners busy with a bulk batch
         # Indexed by `bulk` (False: interactive, True: bulk): jobs FIFO, their untaken tokens, and
@@ -270,7 +271,7 @@ class Batcher:
             and self.engine.solo is not None
             and self.in_flight.connections == 1
             and self.in_flight.count == 1
-            and self._running == 0
+            and self.in_flight.running == 0
             and len(job.rows) * max(len(r.ids) for r in job.rows) <= INLINE_TOKENS
         )
 
@@ -393,9 +394,9 @@ class Batcher:
         feeds = batch.feeds if len(live) == len(batch.items) else self._feeds(live)
         jobs = list(dict.fromkeys(job for job, _ in live))
         start = self._starting(jobs)
-        alone = self._running == 0 and self.in_flight.count == 1 and len(jobs) == 1
+        alone = self.in_flight.running == 0 and self.in_flight.count == 1 and len(jobs) == 1
         solo = self.engine.solo is not None and not batch.bulk and alone
-        self._running += 1
+        self.in_flight.running += 1
         try:
             loop = asyncio.get_running_loop()
             out = await loop.run_in_executor(self._executor, self.engine.run, feeds, solo)
@@ -405,7 +406,7 @@ class Batcher:
                     job.future.set_exception(e)
             return
         finally:
-            self._running -= 1
+            self.in_flight.running -= 1
         self._finished(live, jobs, feeds, out, start, solo)
 
     def _starting(self, jobs: list[_Job]) -> float:
