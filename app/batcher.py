@@ -266,13 +266,21 @@ class Batcher:
         with a solo session: INLINE_TOKENS bounds a run on every core; without one (GPU, a single core,
         --solo-threads 1) the runners take it."""
         return (
-            not job.bulk
+            self._may_run_solo(job.bulk, jobs=1)
             and self.max_wait_s == 0
-            and self.engine.solo is not None
             and self.in_flight.connections == 1
+            and len(job.rows) * max(len(r.ids) for r in job.rows) <= INLINE_TOKENS
+        )
+
+    def _may_run_solo(self, bulk: bool, jobs: int) -> bool:
+        """An interactive batch of the only request admitted, nothing else running, and a solo session
+        to run it on every core."""
+        return (
+            self.engine.solo is not None
+            and not bulk
+            and jobs == 1
             and self.in_flight.count == 1
             and self.in_flight.running == 0
-            and len(job.rows) * max(len(r.ids) for r in job.rows) <= INLINE_TOKENS
         )
 
     def _run_inline(self, job: _Job) -> None:
@@ -394,8 +402,7 @@ class Batcher:
         feeds = batch.feeds if len(live) == len(batch.items) else self._feeds(live)
         jobs = list(dict.fromkeys(job for job, _ in live))
         start = self._starting(jobs)
-        alone = self.in_flight.running == 0 and self.in_flight.count == 1 and len(jobs) == 1
-        solo = self.engine.solo is not None and not batch.bulk and alone
+        solo = self._may_run_solo(batch.bulk, len(jobs))
         self.in_flight.running += 1
         try:
             loop = asyncio.get_running_loop()

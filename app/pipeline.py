@@ -143,8 +143,6 @@ async def until_done_or_gone(work: asyncio.Future[T], receive: Receive) -> T:
     Watching for the disconnect takes a task of its own, started only once the work has taken
     WATCH_AFTER_S: most answers come sooner, and a client that leaves within that time costs at most
     that much of inference."""
-    if work.done():  # run inline by the batcher: nothing to watch
-        return work.result()
     loop = asyncio.get_running_loop()
     watcher: asyncio.Task | None = None
 

@@ -69,7 +69,6 @@ class TextTokenizer:
         self._prefix = (probe.ids[:first], probe.type_ids[:first])
         self._suffix = (probe.ids[last + 1 :], probe.type_ids[last + 1 :])
         self._content_type = probe.type_ids[first] if content else 0
-        self._types_all_zero = self._content_type == 0 and not any(self._prefix[1] + self._suffix[1])
         self.window_size = max_length - len(self._prefix[0]) - len(self._suffix[0])
         assert self.window_size > 0, "max_length leaves no room for text"
         # More overlap than half a window would score most tokens twice for nothing.
@@ -94,10 +93,7 @@ class TextTokenizer:
         # Python lists joined, then one conversion each: cheaper than numpy concatenation for a sentence.
         (pre_ids, pre_types), (suf_ids, suf_types) = self._prefix, self._suffix
         full = np.array(pre_ids + ids + suf_ids, np.int64)
-        if self._types_all_zero:  # ELECTRA's [CLS] text [SEP]
-            types = np.zeros(len(full), np.int64)
-        else:
-            types = np.array(pre_types + [self._content_type] * len(ids) + suf_types, np.int64)
+        types = np.array(pre_types + [self._content_type] * len(ids) + suf_types, np.int64)
         return Row(full, types, offset=len(pre_ids))
 
     def encode_classify(self, items: list) -> list[tuple[Row, bool]]:

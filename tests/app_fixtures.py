@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -72,6 +73,11 @@ class Server:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def address(self) -> tuple[str, int]:
+        """(host, port), for a raw socket."""
+        url = urlparse(self.url)
+        return url.hostname, url.port
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=kw.pop("timeout", 30), **kw)

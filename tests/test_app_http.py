@@ -87,8 +87,7 @@ def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
 def test_100_continue_goes_out_before_the_body_and_the_answer_follows_on_one_connection(server):
     text = "the chef cooked the meal"
     body = json.dumps({"text": text, "return": "words"}).encode()
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    with socket.create_connection(server.address(), timeout=10) as sock:
         for _ in range(2):  # twice: the connection stays usable after a held-and-joined response
             sock.sendall(
                 b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

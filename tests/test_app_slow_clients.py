@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -28,8 +27,7 @@ def server(bundles_dir: Path, tmp_path_factory):
 
 
 def _connect(server) -> socket.socket:
-    url = urlparse(server.url)
-    return socket.create_connection((url.hostname, url.port), timeout=10)
+    return socket.create_connection(server.address(), timeout=10)
 
 
 def _drip(sock: socket.socket, data: bytes, every: float, limit: float) -> tuple[float, bytes]:

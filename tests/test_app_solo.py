@@ -89,8 +89,7 @@ def test_one_client_on_one_connection_runs_inline_until_a_second_connection_open
 
         # A WebSocket upgrade takes its connection out of uvicorn's HTTP protocol; it must not stay
         # counted (nor must the closed `other`), or the path would be off for good.
-        host, port = server.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as s:
+        with socket.create_connection(server.address(), timeout=10) as s:
             s.sendall(UPGRADE)
             s.recv(4096)
         deadline = time.monotonic() + 10
