@@ -45,6 +45,10 @@ class Manifest(msgspec.Struct):
     optimizations: Any = None
     versions: dict[str, Any] = msgspec.field(default_factory=dict)
     created_at: str | None = None
+    # Detectors exported since issue 21: the default /detect threshold, chosen at export on held-out
+    # sentences, and how the probabilities were calibrated. Older bundles have neither (threshold 0.5).
+    threshold: float | None = None
+    calibration: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

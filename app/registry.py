@@ -30,6 +30,34 @@ class Model:
     def name(self) -> str:
         return self.bundle.name
 
+    @property
+    def threshold(self) -> float:
+        return default_threshold(self.bundle.manifest)
+
+
+# What a detector bundle exported before calibration (issue 21) is served with, as it always was.
+UNCALIBRATED_THRESHOLD = 0.5
+
+
+def default_threshold(manifest) -> float:
+    return manifest.threshold if manifest.threshold is not None else UNCALIBRATED_THRESHOLD
+
+
+def calibration_info(manifest) -> dict:
+    """What /models says about a detector's probabilities and default threshold."""
+    if manifest.calibration is not None:
+        return {
+            "calibrated": True,
+            "threshold": default_threshold(manifest),
+            "calibration": manifest.calibration,
+        }
+    note = (
+        "not calibrated: this bundle was exported before calibration (or with --no-calibrate); its "
+        "probabilities carry the pretraining prior and the default threshold is 0.5. Re-export it with "
+        "python -m export to calibrate it and choose a threshold"
+    )
+    return {"calibrated": False, "threshold": default_threshold(manifest), "calibration": {"note": note}}
+
 
 class Registry:
     def __init__(
@@ -129,6 +157,7 @@ class Registry:
                     inputs=list(m.inputs),
                     provenance=provenance,
                     default=name in defaults,
+                    **(calibration_info(m) if m.kind == "detector" else {}),
                 )
             )
         return out

@@ -71,7 +71,7 @@ def _label(request: Request, model: str) -> None:
     responses=_errors(*_INPUT_ERRORS),
     summary="Per-token replaced-token probabilities",
     description="One text (`text`) or a batch (`texts`). " + _TIMING,
-    request_body_examples=[Example(value={"text": "the chef cooked the meal", "threshold": 0.5})],
+    request_body_examples=[Example(value={"text": "The chef ate the airport."})],
     before_request=strict_json(DetectRequest),
 )
 async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[DetectResponse]:
@@ -80,8 +80,9 @@ async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[De
     field, texts = check_inputs(settings.max_batch_size, data.text, data.texts)
     model = _registry(request).resolve(data.model, "detector")
     _label(request, model.name)
+    threshold = model.threshold if data.threshold is None else data.threshold
     body = await pipeline.detect(
-        model, texts, field, data.threshold, data.return_, _limits(settings), request.receive, timings
+        model, texts, field, threshold, data.return_, _limits(settings), request.receive, timings
     )
     return Response(body, headers=timings.headers())
 

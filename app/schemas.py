@@ -29,7 +29,7 @@ class DetectRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: Annotated[str, _doc("a detector from GET /models; default: the first detector by name")] | None = (
         None
     )
-    threshold: Threshold = 0.5
+    threshold: Annotated[Threshold, _doc("default: the model's own (GET /models)")] | None = None
     return_: Annotated[Literal["tokens", "words", "both"], _doc("which lists to return")] = msgspec.field(
         default="both", name="return"
     )
@@ -129,6 +129,14 @@ class ModelInfo(msgspec.Struct):
     inputs: list[str]
     provenance: dict[str, object]  # source, created_at, versions, parity, optimizations from the manifest
     default: bool  # picked when a request names no model
+    threshold: Annotated[float | None, _doc("detectors: the threshold a request without one gets")] = None
+    calibrated: Annotated[
+        bool | None, _doc("detectors: probabilities calibrated at export (see `calibration`)")
+    ] = None
+    calibration: Annotated[
+        dict[str, object] | None,
+        _doc("detectors: how the probabilities were calibrated and the default threshold chosen, or why not"),
+    ] = None
 
 
 class ModelsResponse(msgspec.Struct):

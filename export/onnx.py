@@ -70,15 +70,34 @@ class EncoderForExport(nn.Module):
 
 
 class DetectorGraph(nn.Module):
-    """input ids -> per-token probability that the token was replaced, (B, T)."""
+    """input ids -> per-token probability that the token was replaced, (B, T). With `calibration`
+    (scale, bias; export/calibration.py) the probability is sigmoid(scale * logit + bias): a Mul and an
+    Add in front of the graph's last Sigmoid."""
 
     def __init__(self, model: ElectraForPreTraining):
         super().__init__()
         self.encoder = EncoderForExport(model.electra)
         self.head = model.discriminator_predictions
+        self.calibration: tuple[float, float] | None = None
 
     def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        return torch.sigmoid(self.head(self.encoder(input_ids, attention_mask, token_type_ids)))
+        logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids))
+        if self.calibration is not None:
+            scale, bias = self.calibration
+            logits = logits * scale + bias
+        return torch.sigmoid(logits)
+
+
+class CalibratedLogits(nn.Module):
+    """A discriminator whose logits pass through the calibration: what parity compares a calibrated
+    graph with."""
+
+    def __init__(self, model: nn.Module, scale: float, bias: float):
+        super().__init__()
+        self.model, self.scale, self.bias = model, scale, bias
+
+    def forward(self, *inputs) -> torch.Tensor:
+        return self.model(*inputs) * self.scale + self.bias
 
 
 class ClassifierGraph(nn.Module):

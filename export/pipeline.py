@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from export import bundle, evaldata, optimize, parity
+from export import bundle, calibrate, evaldata, optimize, parity
 from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
 
 PRECISIONS = ("int8", "fp32", "fp16")
-INT8_METHODS = ("static", "dynamic")
+INT8_METHODS = ("weights", "static", "dynamic")
 CALIBRATION_ROWS = 128  # held-out rows that fix the static activation scales (MinMax over them)
 
 
@@ -26,9 +26,10 @@ class ExportConfig:
     checkpoint: str  # run dir, checkpoint dir or Hugging Face ELECTRA dir
     out: str  # bundle directory to create (replaced if it exists)
     precision: str = "int8"  # int8 (CPU serving), fp32, fp16 (GPU serving)
-    # static: activation scales fixed at export, a text scores the same whatever shares its batch;
-    # dynamic: scales per batch at run time (faster, but scores move with batch-mates). See optimize.py.
-    int8: str = "static"
+    # weights: int8 storage, fp32 compute (the size of int8, fp32's speed and scores within ~0.01);
+    # static: int8 compute, activation scales fixed at export, a text scores the same whatever shares
+    # its batch; dynamic: scales per batch at run time (scores move with batch-mates). See optimize.py.
+    int8: str = "weights"
     opset: int = 17  # 17: LayerNormalization is a single op
     max_length: int | None = None  # longest input, special tokens included; default the model's limit
     eval_text: str | None = None  # held-out text for the int8 check; default WikiText-2 valid
@@ -37,6 +38,11 @@ class ExportConfig:
     eval_sequences: int = 256  # held-out sequences (or texts) for the int8 check
     triton: str | None = None  # also write a Triton model repository here
     seed: int = 0
+    # Detectors: calibrated probabilities and a default threshold (export/calibration.py), fitted on
+    # held-out sentences: a text file or directory of the user's, or registry corpora (their valid split).
+    calibrate: bool = True
+    calibration_text: str | None = None  # default: wikitext2,news (valid splits)
+    calibration_sentences: int = 300  # sentences per kind of swap, and as many clean ones
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -49,6 +55,8 @@ class ExportConfig:
             raise ValueError(f"--max-length must be at least 2, got {self.max_length}")
         if self.eval_sequences < 8:
             raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
+        if self.calibration_sentences < 20:
+            raise ValueError(f"--calibration-sentences must be at least 20, got {self.calibration_sentences}")
         for flag in ("eval_text", "eval_data", "data_dir"):
             value = getattr(self, flag)
             if value is not None and not Path(value).exists():
@@ -80,6 +88,7 @@ class _Fp32:
     batches: list
     fusions: dict
     report: dict  # parity figures; each precision adds its own
+    calibration_texts: object = None  # a detector's calibration sentences (export.swapped_sentences.Texts)
 
 
 def run_export(cfg: ExportConfig, log=print) -> dict:
@@ -89,12 +98,21 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
     result: dict = {}
 
     def fill(tmp: Path) -> None:
+        nonlocal src
         with tempfile.TemporaryDirectory() as work_dir:
             work = Path(work_dir)
             fp32 = _fp32_graph(src, work)
             tokenizer_note = bundle.write_tokenizer(src.ckpt, tmp / bundle.TOKENIZER)
+            calibration = None
+            if src.kind == "detector" and cfg.calibrate:
+                src, calibration = calibrate.fit(src, work / "fp32.onnx", tmp / bundle.TOKENIZER)
+                fp32 = _fp32_graph(src, work)  # exported again with the map inside, parity checked again
+                fp32.calibration_texts = calibration.texts
             optimizations = _write_model(src, fp32, work, tmp)
-        result.update(bundle.write_manifest(tmp, _manifest(src, fp32, optimizations, tokenizer_note)))
+            extra = calibrate.finish(calibration, tmp, src) if calibration else {}
+        result.update(
+            bundle.write_manifest(tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra})
+        )
         (tmp / "export_config.json").write_text(json.dumps(_portable(asdict(cfg)), indent=2) + "\n")
 
     out = write_atomically(Path(cfg.out), fill)
@@ -160,12 +178,15 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
     cfg = src.cfg
     optimizations: dict = {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
     for keep_fp32 in (False, True) if cfg.int8 == "static" else (False,):
-        if cfg.int8 == "dynamic":
+        if cfg.int8 == "weights":
+            optimizations["int8"] = optimize.int8_weights(work / "fp32.onnx", tmp / bundle.MODEL)
+        elif cfg.int8 == "dynamic":
             optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
         else:
             optimizations = _static_int8(
-                cfg, src.ckpt, src.kind, work, tmp, fp32.inputs, src.max_length, src.log, keep_fp32
-            )
+                cfg, src.ckpt, src.kind, work, tmp, fp32.inputs, src.max_length, src.log, keep_fp32,
+                fp32.calibration_texts,
+            )  # fmt: skip
         sess8 = optimize.session(tmp / bundle.MODEL)
         try:
             fp32.report["int8_accuracy"] = _int8_accuracy(
@@ -180,11 +201,17 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
                 tmp,
                 src.max_length,
             )
+            if fp32.calibration_texts is not None:
+                fp32.report["int8_token_deviation"] = calibrate.token_deviation(
+                    work / "fp32.onnx", tmp / bundle.MODEL, tmp / bundle.TOKENIZER, src.max_length,
+                    fp32.calibration_texts,
+                )  # fmt: skip
             break
         except parity.ParityError as e:
             if keep_fp32 or cfg.int8 != "static":
                 raise
             src.log(f"{e}; quantizing again with the MatMuls after the activation kept fp32")
+            fp32.report.pop("int8_accuracy", None)
     fp32.report["int8_vs_torch"] = {
         "max_abs_diff": parity.max_abs_diff(src.model, sess8, src.kind, src.ptype, fp32.batches, fp32.inputs),
         "note": "informative; the gate is the accuracy figure",
@@ -224,6 +251,7 @@ def _static_int8(
     max_length: int,
     log,
     keep_fp32: bool,
+    sentences=None,
 ) -> dict:
     """Calibrate on held-out text (its tail: the accuracy check reads the head) and quantize the
     unfused graph with residual Sum; returns the manifest's `optimizations`."""
@@ -250,6 +278,17 @@ def _static_int8(
     feeds = [
         {k: v[i : i + 16] for k, v in data.feed(inputs).items()} for i in range(0, len(data.input_ids), 16)
     ]
+    if sentences is not None:
+        # A detector's activation ranges are also set on sentences shaped like requests (its calibration
+        # set, in batches of their own lengths), not only on long paragraphs.
+        short, _ = evaldata.encode(
+            tok, sentences.texts, min(max_length, 128), len(sentences.texts), min_tokens=1
+        )
+        feeds += [
+            {k: v[i : i + 16] for k, v in short.feed(inputs).items()}
+            for i in range(0, len(short.input_ids), 16)
+        ]
+        where += f" and {len(short.input_ids)} calibration sentences"
     int8 = optimize.quantize_int8_static(work / "raw_sum.onnx", tmp / bundle.MODEL, feeds, keep_fp32)
     log(f"static int8: calibrated on {len(data.input_ids)} rows of {where}")
     return {

@@ -74,7 +74,11 @@ def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, t
     data = json.loads((tmp_path / "smoke.json").read_text())
     (step,) = data["steps"]
     assert step["requests"] > 0 and step["failures"] == 0, step["failure_messages"]
-    assert set(step["per_name"]) == {"detect x1", "detect x4", "classify x1"}
+    # Locust draws each request from the mix at random: in 3 s every name is likely, not certain.
+    assert (
+        set(step["per_name"]) <= {"detect x1", "detect x4", "classify x1"} and "detect x1" in step["per_name"]
+    )
+    assert sum(v["requests"] for v in step["per_name"].values()) == step["requests"]
     assert step["p50_ms"] <= step["p99_ms"]
     assert (tmp_path / "smoke.md").read_text().startswith("## Load profile")
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.quality.detector_hits import BigramReference, words_of
+from benchmarks.quality.bigram import BigramReference, words_of
 
 
 def test_bigram_reference_flags_the_word_that_breaks_its_neighbours(small_tokenizer):

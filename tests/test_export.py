@@ -85,7 +85,7 @@ TEXTS = [
 def test_detector_bundle_matches_transformers(tmp_path, detector_dir):
     import torch
 
-    export(detector_dir, tmp_path / "b", precision="fp32")
+    export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
     manifest, feed, got, logits = run_both(tmp_path / "b", detector_dir, TEXTS)
     want = torch.sigmoid(logits).numpy()
     real = feed["attention_mask"] == 1
@@ -122,7 +122,7 @@ def test_fp16_bundle_keeps_float32_io(tmp_path, classifier_dir):
 def test_tampered_model_is_detected(tmp_path, detector_dir):
     from export import BundleError, verify_bundle
 
-    export(detector_dir, tmp_path / "b", precision="fp32")
+    export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
     assert verify_bundle(tmp_path / "b")["kind"] == "detector"
     data = bytearray((tmp_path / "b" / "model.onnx").read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the weights
@@ -131,15 +131,21 @@ def test_tampered_model_is_detected(tmp_path, detector_dir):
         verify_bundle(tmp_path / "b")
 
 
-def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text):
+@pytest.mark.parametrize("method", ["weights", "static"])
+def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text, method):
     manifest = export(
-        detector_dir, tmp_path / "b", precision="int8", eval_text=str(eval_text), eval_sequences=64
-    )
+        detector_dir, tmp_path / "b", precision="int8", int8=method, eval_text=str(eval_text),
+        eval_sequences=64, calibrate=False,
+    )  # fmt: skip
     acc = manifest["parity"]["int8_accuracy"]
     assert acc["metric"] == "replaced_token_roc_auc"
     assert acc["corruption"].startswith("generator")  # the checkpoint ships generator/
     assert acc["drop"] <= 0.01 and acc["replaced"] > 50
-    assert manifest["precision"] == "int8" and manifest["optimizations"]["int8"]["weight_type"] == "QInt8"
+    int8 = manifest["optimizations"]["int8"]
+    assert manifest["precision"] == "int8" and int8["batch_independent"] is True
+    assert (
+        int8["method"].startswith("int8 weights") if method == "weights" else int8["weight_type"] == "QInt8"
+    )
     assert (tmp_path / "b" / "model.onnx").stat().st_size < 0.5 * (
         detector_dir / "model.safetensors"
     ).stat().st_size
@@ -184,7 +190,7 @@ def test_parity_failure_raises_and_writes_nothing(tmp_path, detector_dir, monkey
 
     monkeypatch.setitem(parity.TOLERANCE, "fp32", 0.0)
     with pytest.raises(parity.ParityError, match="differs from PyTorch"):
-        export(detector_dir, tmp_path / "b", precision="fp32")
+        export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
     assert not (tmp_path / "b").exists()
 
 
@@ -196,8 +202,9 @@ def test_vocab_only_dir_gets_a_tokenizer_and_triton_repo(tmp_path, detector_dir,
     src = tmp_path / "hf"  # no tokenizer.json and no generator/, as many Hugging Face directories
     shutil.copytree(detector_dir, src, ignore=shutil.ignore_patterns("generator", "tokenizer.json"))
     manifest = export(
-        src, tmp_path / "b", precision="int8", eval_text=str(eval_text), triton=str(tmp_path / "repo")
-    )
+        src, tmp_path / "b", precision="int8", eval_text=str(eval_text), triton=str(tmp_path / "repo"),
+        calibrate=False,
+    )  # fmt: skip
     assert manifest["parity"]["int8_accuracy"]["corruption"].startswith("unigram")
     text = "The European lobster, Homarus gammarus!"
     ours = Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).encode(text)
@@ -254,14 +261,17 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
     assert "pretraining" not in _recipe(fine) and _recipe(fine)["init"] == "/".join(pre.parts[-3:])
 
 
-def test_static_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, detector_dir, eval_text):
-    """The default int8 fixes its activation scales at export: a text alone, padded, and among other
-    texts scores the same (dynamic int8 moved it by up to 6e-4)."""
+@pytest.mark.parametrize("method", ["weights", "static"])
+def test_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, detector_dir, eval_text, method):
+    """Both batch-independent int8 methods (fp32 compute on int8 weights, and int8 compute with scales
+    fixed at export): a text alone, padded, and among other texts scores the same (dynamic int8 moved it
+    by up to 6e-4)."""
     import onnxruntime as ort
 
     manifest = export(
-        detector_dir, tmp_path / "b", precision="int8", eval_text=str(eval_text), eval_sequences=32
-    )
+        detector_dir, tmp_path / "b", precision="int8", int8=method, eval_text=str(eval_text),
+        eval_sequences=32, calibrate=False,
+    )  # fmt: skip
     assert manifest["optimizations"]["int8"]["batch_independent"] is True
     # The export's own settings travel in the bundle too: no absolute path of this machine in them.
     settings = json.loads((tmp_path / "b" / "export_config.json").read_text())
@@ -295,3 +305,29 @@ def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
     assert e.value.code == 2
     assert "is not empty (it holds manifest.json); pass --force" in capsys.readouterr().err
     assert (out / "manifest.json").read_text() == "{}"  # untouched
+
+
+def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_dir, registry_data):
+    """The map is in the graph (what every consumer of model.onnx gets), fitted on held-out sentences;
+    the manifest records it, the operating point, and a default threshold chosen on the exported model."""
+    import torch
+
+    manifest = export(detector_dir, tmp_path / "b", precision="fp32", calibration_sentences=20,
+                      data_dir=str(registry_data))  # fmt: skip
+    cal = manifest["calibration"]
+    assert cal["method"] == "platt" and cal["sentences"] == {
+        "generator": 20,
+        "frequency": 20,
+        "pos": 20,
+        "clean": 60,
+    }
+    assert 0 < manifest["threshold"] < 1 and "8-30 words" in cal["operating_point"]
+    assert 0 <= cal["ece"] <= 1 and cal["ece"] <= cal["ece_uncalibrated"] + 1e-3
+    _, feed, got, logits = run_both(tmp_path / "b", detector_dir, TEXTS)
+    want = torch.sigmoid(cal["scale"] * logits + cal["bias"]).numpy()
+    real = feed["attention_mask"] == 1
+    assert np.abs(got - want)[real].max() <= 1e-4
+    assert manifest["parity"]["fp32_vs_torch"]["max_abs_diff"] <= 1e-4  # parity against the calibrated map
+
+    plain = export(detector_dir, tmp_path / "c", precision="fp32", calibrate=False)
+    assert "threshold" not in plain and "calibration" not in plain

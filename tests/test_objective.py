@@ -99,3 +99,23 @@ def test_generator_quarter_size():
     cfg = ElectraConfig()  # ELECTRA-Small shape
     g = cfg.scaled(0.25)
     assert (g.hidden_size, g.num_attention_heads, g.intermediate_size, g.embedding_size) == (64, 1, 256, 128)
+
+
+def test_word_swaps_replace_a_share_of_masked_positions_with_whole_words():
+    from training.objective import FakedData, MaskedInputs, swap_words
+
+    torch.manual_seed(0)
+    ids = torch.randint(200, 300, (64, 32))
+    noise = draw_noise(ids.shape, seed=2, step=0, rows=slice(None), device="cpu")
+    is_masked = noise.select < 0.15
+    masked = MaskedInputs(ids.masked_fill(is_masked, 4), is_masked, ids)
+    generator_samples = ids.clone()  # a generator that always guesses right: nothing replaced
+    faked = FakedData(generator_samples, torch.zeros_like(is_masked), ids[is_masked])
+    words = torch.arange(1000, 1100)
+    swapped = swap_words(faked, masked, noise, words, prob=0.3)
+    changed = swapped.input_ids != ids
+    assert torch.equal(changed, swapped.is_replaced)
+    assert not (changed & ~is_masked).any()  # only masked positions change
+    assert ((swapped.input_ids[changed] >= 1000) & (swapped.input_ids[changed] < 1100)).all()
+    assert abs(changed.sum() / is_masked.sum() - 0.3) < 0.06
+    assert swap_words(faked, masked, noise, words, prob=0.0) is faked

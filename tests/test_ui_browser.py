@@ -199,6 +199,24 @@ def test_top_word_shaded_most_and_first_in_table(browser, server):
     assert [s[0] for s in shading(browser)] == [t["text"] for t in answer["tokens"]]
 
 
+def test_slider_starts_at_the_detectors_own_threshold(browser, server):
+    """The page starts where /detect does without a threshold: the bundle's default (issue 21)."""
+    with server.client() as c:
+        detector = next(
+            m for m in c.get("/models").json()["models"] if m["kind"] == "detector" and m["default"]
+        )
+    open_page(browser, server)
+    slider = browser.find_element("id", "threshold")
+    assert float(slider.get_attribute("value")) == pytest.approx(detector["threshold"])
+    # The result card is hidden until a first answer: read the text the page set, shown or not.
+    assert (
+        browser.find_element("id", "threshold-out").get_attribute("textContent")
+        == f"{detector['threshold']:.2f}"
+    )
+    note = browser.find_element("id", "threshold-note").get_attribute("textContent")
+    assert note == ("model default" if detector["calibrated"] else "model default (not calibrated)")
+
+
 def test_threshold_remarks_spans_without_a_request(browser, server):
     open_page(browser, server)
     submit(browser, SENTENCE)
@@ -214,17 +232,20 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     def marked() -> list[bool]:
         return [over for _, _, over in shading(browser)]
 
+    def spannable(w) -> bool:  # as the API's spans: punctuation is never marked
+        return any(ch.isalnum() for ch in w["text"])
+
     slider.send_keys(Keys.HOME)  # threshold 0: every word is at or above it
-    assert marked() == [True] * len(words)
+    assert marked() == [spannable(w) for w in words] and not all(marked())
     slider.send_keys(Keys.END)  # threshold 1
-    assert marked() == [w["prob"] >= 1.0 for w in words]
+    assert marked() == [w["prob"] >= 1.0 and spannable(w) for w in words]
     # Between two of the API's word probabilities: exactly the words above it are marked.
     probs = sorted({round(w["prob"], 2) for w in words})
     mid = probs[len(probs) // 2]
     browser.execute_script(
         "const s = arguments[0]; s.value = arguments[1]; s.dispatchEvent(new Event('input'));", slider, mid
     )
-    expected = [w["prob"] >= mid for w in words]
+    expected = [w["prob"] >= mid and spannable(w) for w in words]
     assert marked() == expected and any(expected)
     assert browser.find_element("id", "threshold-out").text == f"{mid:.2f}"
     summary = browser.find_element("id", "summary").text

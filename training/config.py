@@ -145,9 +145,7 @@ def positive(cfg, *names: str) -> None:
 class PretrainConfig:
     out: str = "runs/small"  # run directory: checkpoints, metrics.jsonl, curves.png, config.json
     objective: str = "electra"  # electra (replaced token detection) | mlm (BERT-style baseline, same size)
-    corpus: str = (
-        "wikitext2"  # wikitext2 (registry), or a path: a .txt file, a directory of .txt, .jsonl ("text")
-    )
+    corpus: str = "wikitext2"  # wikitext2, news (registry; commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several
     data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
     tokenizer: str = "train"  # "train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path
     # Warm start. With --init the discriminator's shape and the tokenizer come from the source, and the
@@ -157,7 +155,12 @@ class PretrainConfig:
     init_lr: float | None = None  # peak lr of the tensors --init loaded (default --lr); fresh ones use --lr
     vocab_size: int = 30522  # when training the tokenizer
     lowercase: bool = True  # lowercase text before WordPiece (the trained vocab and bert-base-uncased)
-    seq_len: int = 128  # tokens per packed training sequence, [CLS]/[SEP] included
+    seq_len: int = 128  # tokens per training row, [CLS]/[SEP] included
+    rows: str = (
+        "packed"  # packed (documents packed into full rows, as BERT) | requests (one text a row, as served)
+    )
+    sentence_rows: float = 0.4  # rows=requests: share of rows that are a single sentence
+    few_sentence_rows: float = 0.3  # rows=requests: share of 2-4 consecutive sentences; the rest fill a row
     # Discriminator shape (ELECTRA-Small by default). The generator shares the embeddings.
     embedding_size: int = 128  # token embedding width (projected to hidden_size when smaller)
     hidden_size: int = 256  # discriminator hidden width
@@ -172,6 +175,9 @@ class PretrainConfig:
     mask_prob: float = 0.15  # share of tokens the generator is asked to fill
     mask_replace_prob: float = 0.85  # of masked positions: [MASK]; ELECTRA keeps the other 15% unchanged
     random_replace_prob: float = 0.0  # BERT uses 0.1 (with 0.8 [MASK])
+    word_swap_prob: float = (
+        0.0  # of replaced positions: a random whole word instead of the generator's sample
+    )
     temperature: float = 1.0  # generator sampling temperature
     gen_weight: float = 1.0  # weight of the generator's MLM loss
     disc_weight: float = 50.0  # weight of the discriminator's replaced-token loss (paper: 50)
@@ -201,12 +207,27 @@ class PretrainConfig:
 
     def __post_init__(self) -> None:
         choice("objective", self.objective, ("electra", "mlm"))
+        choice("rows", self.rows, ("packed", "requests"))
+        for name in ("sentence_rows", "few_sentence_rows", "word_swap_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
+                )
+        if self.sentence_rows + self.few_sentence_rows > 1.0:
+            raise ConfigError(
+                "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"
+            )
         choice("device", self.device, ("auto", "cpu", "cuda"))
         from training.corpus import REGISTRY_CORPORA
 
-        if self.corpus not in REGISTRY_CORPORA and not Path(self.corpus).exists():
+        unknown = [
+            c
+            for c in self.corpus.split(",")
+            if c.strip() not in REGISTRY_CORPORA and not Path(c.strip()).exists()
+        ]
+        if unknown:
             raise ConfigError(
-                f"--corpus {self.corpus!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
+                f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
                 f"file or directory that exists"
             )
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",

@@ -23,11 +23,15 @@ class Noise(NamedTuple):
     action: torch.Tensor  # [MASK], random token, or keep
     sample: torch.Tensor  # inverse-CDF sampling of the generator's replacement
     random_token: torch.Tensor  # which random token, for BERT's 10% random replacement
+    word_select: torch.Tensor  # whether a replaced position gets a random word (word swaps)
+    word_pick: torch.Tensor  # which word
 
 
 def draw_noise(global_shape: tuple[int, int], seed: int, step: int, rows: slice, device) -> Noise:
     g = torch.Generator().manual_seed(hash((seed, step)) & 0x7FFF_FFFF_FFFF)
-    draws = torch.rand((4, *global_shape), generator=g)[:, rows]
+    # The generator fills the tensor in order, so the first four draws are what they were before the two
+    # of word swaps were added: runs without word swaps mask exactly as they did.
+    draws = torch.rand((6, *global_shape), generator=g)[:, rows]
     return Noise(*draws.to(device).unbind(0))
 
 
@@ -137,6 +141,20 @@ def generator_fill(
     return logits, replace_with_samples(masked, sampled)
 
 
+def swap_words(
+    faked: FakedData, masked: MaskedInputs, noise: Noise, word_ids: torch.Tensor, prob: float
+) -> FakedData:
+    """At a `prob` share of the masked positions, put a random whole word in place of the generator's
+    sample: a context-blind corruption (a careless edit, an OCR or ASR slip) mixed into the generator's
+    plausible ones. The generator's own loss is untouched; only the discriminator's input changes."""
+    if prob <= 0:
+        return faked
+    chosen = masked.is_masked & (noise.word_select < prob)
+    picks = word_ids[(noise.word_pick * len(word_ids)).long().clamp_(max=len(word_ids) - 1)]
+    fake = torch.where(chosen, picks, faked.input_ids)
+    return FakedData(fake, fake != masked.original_ids, faked.sampled_ids)
+
+
 class ElectraLosses(NamedTuple):
     loss: torch.Tensor  # gen_weight * mlm + disc_weight * disc, what backward() runs on
     mlm: torch.Tensor
@@ -190,9 +208,13 @@ def electra_loss(
     disc_weight: float,
     n_masked: float | torch.Tensor,
     n_tokens: float | torch.Tensor,
+    word_ids: torch.Tensor | None = None,
+    word_swap_prob: float = 0.0,
 ) -> ElectraLosses:
     am, tt = batch["attention_mask"], batch["token_type_ids"]
     mlm_logits, faked = generator_fill(generator, masked, am, tt, noise, temperature)  # (M, V)
+    if word_ids is not None:
+        faked = swap_words(faked, masked, noise, word_ids, word_swap_prob)
     gen = mlm_loss(mlm_logits, masked.original_ids[masked.is_masked], n_masked)
     disc_logits = discriminator(faked.input_ids, am, tt)  # (B, T)
     disc = disc_loss(disc_logits, faked.is_replaced, am, n_tokens)
@@ -222,6 +244,16 @@ class ElectraObjective(torch.nn.Module):
         self.generator = ElectraForMaskedLM(gen_cfg, embeddings=self.discriminator.electra.embeddings)
         init_weights(self, disc_cfg.initializer_range)
         self.hparams = {"temperature": temperature, "gen_weight": gen_weight, "disc_weight": disc_weight}
+        self.register_buffer("word_ids", None, persistent=False)
+        self.word_swap_prob = 0.0
+
+    def mix_in_word_swaps(self, word_ids: torch.Tensor, prob: float) -> None:
+        """Give `prob` of the masked positions a random word of `word_ids` instead of the generator's
+        sample (see `swap_words`). A buffer, so it moves with the module; not saved in checkpoints."""
+        self.word_ids = word_ids.long().to(
+            self.discriminator.electra.embeddings.word_embeddings.weight.device
+        )
+        self.word_swap_prob = prob
 
     @property
     def encoder(self) -> torch.nn.Module:
@@ -245,7 +277,11 @@ class ElectraObjective(torch.nn.Module):
 
     def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
         return electra_loss(self.generator, self.discriminator, batch, masked, noise, n_masked=n_masked,
-                            n_tokens=n_tokens, **self.hparams)  # fmt: skip
+                            n_tokens=n_tokens, word_ids=self.word_ids,
+                            # Held-out evaluation scores the generator's replacements only: comparable
+                            # between runs with and without word swaps.
+                            word_swap_prob=self.word_swap_prob if self.training else 0.0,
+                            **self.hparams)  # fmt: skip
 
 
 class MLMObjective(torch.nn.Module):

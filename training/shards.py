@@ -4,14 +4,21 @@ Tokenizing is done once per (corpus, tokenizer, seq_len) and stored as a 2-D arr
 run of many epochs, a resumed run, and every DDP rank read the same rows without re-tokenizing, and the
 OS page cache shares them between processes.
 
-Packing follows BERT/ELECTRA pretraining: every row is ``[CLS] tokens... [SEP]``, full to ``seq_len``;
-documents that share a row are separated by ``[SEP]``; a document longer than a row continues in the
-next one. Only the final row is padded with ``[PAD]`` (and, rarely, a row whose document boundary falls
-one token before its end: see ``_Packer``), so almost no compute is spent on padding.
+Two layouts:
+
+* packed (BERT/ELECTRA pretraining): every row is ``[CLS] tokens... [SEP]``, full to ``seq_len``;
+  documents that share a row are separated by ``[SEP]``; a document longer than a row continues in the
+  next one. Only the final row is padded with ``[PAD]`` (and, rarely, a row whose document boundary falls
+  one token before its end: see ``_Packer``), so almost no compute is spent on padding.
+* requests (``RowMix``): every row is one text framed as the server frames a request, ``[CLS] text
+  [SEP]``, where the text is a single sentence, a few consecutive sentences, or a window of consecutive
+  sentences up to ``seq_len``, in the mix's shares. Rows are padded to ``seq_len`` on disk; ``Batches``
+  groups rows of similar length and trims each batch to its longest row, so padding costs little compute.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -49,6 +56,7 @@ class ShardInfo:
     sep: int
     desc: str = ""
     format_version: int = FORMAT_VERSION
+    layout: str = "packed"  # "packed", or RowMix.describe() for rows shaped like requests
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ShardInfo:
@@ -104,6 +112,62 @@ class _Packer:
         return out
 
 
+@dataclass(frozen=True)
+class RowMix:
+    """Shares of request-shaped rows: one sentence, 2-4 consecutive sentences, or a window of consecutive
+    sentences filled up to the row (the rest)."""
+
+    sentence: float
+    few: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sentence < 0 or self.few < 0 or self.sentence + self.few > 1:
+            raise ValueError(f"row shares must be >= 0 and sum to at most 1, got {self.sentence}, {self.few}")
+
+    def describe(self) -> str:
+        window = 1.0 - self.sentence - self.few
+        return f"requests sentence={self.sentence:g} few={self.few:g} window={window:g} seed={self.seed}"
+
+
+class _RequestPacker(_Packer):
+    """One text per row, as the server frames a request: [CLS] sentences... [SEP], then padding."""
+
+    def __init__(self, seq_len: int, cls: int, sep: int, pad: int, dtype: np.dtype, mix: RowMix):
+        super().__init__(seq_len, cls, sep, pad, dtype)
+        self.mix = mix
+
+    def add_document(self, sentences: list[list[int]], key: str) -> None:
+        # Seeded by the document's text, not its position: the same rows whatever the corpus order.
+        digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+        rng = np.random.default_rng([self.mix.seed, int.from_bytes(digest, "big")])
+        sentences = [chunk for ids in sentences if ids for chunk in self._fit(ids)]
+        i = 0
+        while i < len(sentences):
+            u = rng.random()
+            want = (
+                1
+                if u < self.mix.sentence
+                else int(rng.integers(2, 5))
+                if u < self.mix.sentence + self.mix.few
+                else None
+            )
+            take, used = 0, 0
+            while i + take < len(sentences) and (want is None or take < want):
+                if take and used + len(sentences[i + take]) > self.cap:
+                    break
+                used += len(sentences[i + take])
+                take += 1
+            self.row = [t for ids in sentences[i : i + take] for t in ids]
+            self._flush()
+            i += take
+
+    def _fit(self, ids: list[int]) -> list[list[int]]:
+        # A sentence longer than a row is cut into row-sized pieces, as the server cuts a long text into
+        # windows.
+        return [ids[k : k + self.cap] for k in range(0, len(ids), self.cap)]
+
+
 def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
     iterator = iter(it)
     while batch := list(islice(iterator, n)):
@@ -118,12 +182,13 @@ def build_shards(
     *,
     desc: str = "tokenizing",
     batch_size: int = 256,
+    mix: RowMix | None = None,
 ) -> ShardInfo:
     """Tokenize and pack ``documents`` into ``out_dir`` (``tokens.bin`` + ``meta.json``).
 
     ``out_dir`` should be specific to the corpus and split (e.g. ``data/wikitext2-train-128``): an existing
-    directory built with the same tokenizer and ``seq_len`` is reused without reading ``documents``; one
-    built with another tokenizer or ``seq_len`` is rebuilt and replaced.
+    directory built with the same tokenizer, ``seq_len`` and layout is reused without reading ``documents``;
+    one built with another is rebuilt and replaced. ``mix`` makes request-shaped rows (module docstring).
     """
     from tqdm.auto import tqdm
 
@@ -136,7 +201,13 @@ def build_shards(
     sha = tokenizer_sha256(tok)
     if (out / META_FILE).is_file():
         info = ShardInfo.load(out)
-        if info.tokenizer_sha256 == sha and info.seq_len == seq_len and info.format_version == FORMAT_VERSION:
+        layout = mix.describe() if mix else "packed"
+        if (info.tokenizer_sha256, info.seq_len, info.format_version, info.layout) == (
+            sha,
+            seq_len,
+            FORMAT_VERSION,
+            layout,
+        ):
             return info
     elif out.exists():
         raise FileExistsError(
@@ -146,7 +217,11 @@ def build_shards(
     ids = special_ids(tok)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)  # ids are < vocab_size
-    packer = _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype)
+    packer = (
+        _RequestPacker(seq_len, ids.cls, ids.sep, ids.pad, dtype, mix)
+        if mix
+        else _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype)
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built under a temporary name beside the target and renamed into place: a killed build leaves no
     # directory that a later run would mistake for complete.
@@ -157,11 +232,13 @@ def build_shards(
     try:
         with open(tmp / TOKENS_FILE, "wb") as f, tqdm(total=total, desc=desc, unit="doc") as bar:
             for batch in _batched(documents, batch_size):
-                for enc in tok.encode_batch(batch, add_special_tokens=False):
-                    if enc.ids:
-                        n_docs += 1
-                        n_tokens += len(enc.ids)
-                        packer.add(enc.ids)
+                for doc, pieces in zip(batch, _encode(tok, batch, by_sentence=mix is not None), strict=True):
+                    n_tokens += sum(map(len, pieces))
+                    n_docs += any(pieces)
+                    if mix:
+                        packer.add_document(pieces, doc)
+                    else:
+                        packer.add(pieces[0])
                 rows = packer.take_rows()
                 if rows is not None:
                     rows.tofile(f)
@@ -186,6 +263,7 @@ def build_shards(
             ids.cls,
             ids.sep,
             desc,
+            layout=mix.describe() if mix else "packed",
         )
         meta = {k: v for k, v in asdict(info).items() if k != "path"}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -194,6 +272,21 @@ def build_shards(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return info
+
+
+def _encode(tok: Tokenizer, docs: list[str], by_sentence: bool) -> list[list[list[int]]]:
+    """Per document, its token ids: one list (packed), or one list per sentence (request rows)."""
+    if not by_sentence:
+        return [[enc.ids] for enc in tok.encode_batch(docs, add_special_tokens=False)]
+    from training.sentences import iter_sentences
+
+    sentences = [list(iter_sentences(d)) for d in docs]
+    flat = tok.encode_batch([s for doc in sentences for s in doc], add_special_tokens=False)
+    out, k = [], 0
+    for doc in sentences:
+        out.append([enc.ids for enc in flat[k : k + len(doc)]])
+        k += len(doc)
+    return out
 
 
 def _replace_dir(new: Path, target: Path) -> None:
@@ -223,6 +316,13 @@ class PackedDataset:
     def __len__(self) -> int:
         return self.info.rows
 
+    def lengths(self) -> np.ndarray:
+        """Tokens of each row, [CLS] and [SEP] included, padding not (read in blocks: flat memory)."""
+        out = np.empty(len(self), dtype=np.int32)
+        for start in range(0, len(self), 65536):
+            out[start : start + 65536] = (self.tokens[start : start + 65536] != self.info.pad).sum(1)
+        return out
+
     def __getitem__(self, index: Any) -> np.ndarray:
         return self.tokens[index]
 
@@ -249,10 +349,24 @@ class Batches:
     The concatenation of all ranks' batches is therefore exactly what one rank with ``batch_size * world_size``
     would get, so changing the number of GPUs changes nothing but speed. The incomplete last global batch
     of an epoch is dropped so that all ranks always take the same number of steps.
+
+    With ``group_by_length`` (request-shaped rows of mixed lengths), each run of ``GROUP_BATCHES`` global
+    batches of that permutation is sorted by row length and cut into global batches, whose order is then
+    shuffled; every batch is trimmed to the longest row of its global batch (the same width on every
+    rank). A batch of one-sentence rows then costs a sentence's compute, not a full row's.
     """
 
+    GROUP_BATCHES = 32
+
     def __init__(
-        self, dataset: PackedDataset, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+        self,
+        dataset: PackedDataset,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        group_by_length: bool = False,
     ):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(
@@ -266,51 +380,73 @@ class Batches:
                 f"the data has {len(dataset)} rows, fewer than one global batch of {self.global_batch} "
                 f"(batch_size {batch_size} x world_size {world_size}): use a smaller batch or more text"
             )
+        self.group_by_length = group_by_length
+        self.lengths = dataset.lengths() if group_by_length else None
         self.epoch = 0
-        self.position = 0  # rows of this epoch's permutation already consumed, over all ranks
-        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+        self.position = 0  # rows of this epoch's order already consumed, over all ranks
+        self._order_epoch, self._order_rows = -1, np.empty(0, dtype=np.int64)
 
     @property
     def steps_per_epoch(self) -> int:
         return len(self.dataset) // self.global_batch
 
-    def _permutation(self) -> np.ndarray:
-        if self._perm_epoch != self.epoch:
+    def _order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
             # (seed, epoch), not seed + epoch: with a sum, epoch 1 of seed 1 would replay epoch 0 of seed 2,
             # and runs meant to differ only by seed would share their data order.
-            self._perm = np.random.default_rng((self.seed, self.epoch)).permutation(len(self.dataset))
-            self._perm_epoch = self.epoch
-        return self._perm
+            perm = np.random.default_rng((self.seed, self.epoch)).permutation(len(self.dataset))
+            self._order_rows = self._grouped(perm) if self.group_by_length else perm
+            self._order_epoch = self.epoch
+        return self._order_rows
+
+    def _grouped(self, perm: np.ndarray) -> np.ndarray:
+        gb = self.global_batch
+        perm = perm[: len(perm) // gb * gb]
+        rng = np.random.default_rng((self.seed, self.epoch, 1))
+        out = []
+        for start in range(0, len(perm), gb * self.GROUP_BATCHES):
+            chunk = perm[start : start + gb * self.GROUP_BATCHES]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")].reshape(-1, gb)
+            out.append(chunk[rng.permutation(len(chunk))].reshape(-1))
+        return np.concatenate(out)
 
     def __iter__(self) -> Batches:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        if self.position + self.global_batch > len(self.dataset):
+        if self.position + self.global_batch > len(self._order()):
             self.epoch, self.position = self.epoch + 1, 0
+        order = self._order()
         start = self.position + self.rank * self.batch_size
-        index = self._permutation()[start : start + self.batch_size]
+        index = order[start : start + self.batch_size]
+        width = self.dataset.info.seq_len
+        if self.group_by_length:
+            width = int(self.lengths[order[self.position : self.position + self.global_batch]].max())
         self.position += self.global_batch
-        # Sorted reads are kinder to the memmap; the batch keeps the permutation's order.
-        order = np.argsort(index, kind="stable")
+        # Sorted reads are kinder to the memmap; the batch keeps the order's order.
+        sort = np.argsort(index, kind="stable")
         rows = np.empty((len(index), self.dataset.info.seq_len), dtype=np.int64)
-        rows[order] = self.dataset[index[order]]
-        return self._tensors(rows)
+        rows[sort] = self.dataset[index[sort]]
+        return self._tensors(rows[:, :width])
 
     def _tensors(self, rows: np.ndarray) -> dict[str, Any]:
         return batch_tensors(rows, self.dataset.info)
 
     def state_dict(self) -> dict[str, int]:
-        # `position` counts rows, not steps, so a run may resume with another world_size or batch size
-        # and continue with exactly the next unseen rows of the same epoch.
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rows": len(self.dataset)}
+        # `position` counts rows, not steps, so a packed run may resume with another world_size or batch
+        # size and continue with exactly the next unseen rows of the same epoch. Grouped batches depend on
+        # the global batch size, so a grouped run must resume with the same one.
+        state = {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rows": len(self.dataset)}
+        return state | ({"grouped_global_batch": self.global_batch} if self.group_by_length else {})
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        for key in ("seed", "rows"):
-            mine = self.seed if key == "seed" else len(self.dataset)
-            if key in state and state[key] != mine:
+        mine = {"seed": self.seed, "rows": len(self.dataset)}
+        if self.group_by_length:
+            mine["grouped_global_batch"] = self.global_batch
+        for key, value in mine.items():
+            if key in state and state[key] != value:
                 raise ValueError(
-                    f"batch state was saved with {key}={state[key]} but this iterator has {key}={mine}: "
+                    f"batch state was saved with {key}={state[key]} but this iterator has {key}={value}: "
                     f"resuming would not continue the same data order"
                 )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

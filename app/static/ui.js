@@ -216,19 +216,24 @@ function pieces(it, r) {
   return "in “" + w.text + "” " + pct(w.prob);
 }
 
+// As the server's spans: at or above the threshold, and not punctuation (no letter or digit).
+const HAS_LETTER_OR_DIGIT = /[\p{L}\p{N}]/u;
+function over(it, t) { return it.prob >= t && HAS_LETTER_OR_DIGIT.test(it.text); }
+
 // Threshold moved: re-mark spans, table and summary from the answer we have; no request.
 function remark() {
-  if (!state.detect) return;
   const t = Number($("threshold").value);
   $("threshold-out").textContent = t.toFixed(2);
-  for (const span of state.spans) span.classList.toggle("over", Number(span.dataset.prob) >= t);
+  if (!state.detect) return;
+  const list = items();
+  for (const span of state.spans) span.classList.toggle("over", over(list[Number(span.dataset.i)], t));
   for (const tr of $("table").tBodies[0].rows) {
-    const over = Number(tr.dataset.prob) >= t;
-    tr.classList.toggle("over", over);
-    tr.cells[3].textContent = over ? "yes" : "no";
+    const o = over(list[Number(tr.dataset.i)], t);
+    tr.classList.toggle("over", o);
+    tr.cells[3].textContent = o ? "yes" : "no";
   }
   const r = state.detect.result, s = r.summary;
-  const overWords = r.words.filter((w) => w.prob >= t).length;
+  const overWords = r.words.filter((w) => over(w, t)).length;
   const rows = [
     ["Highest", pct(s.max_prob)],
     ["Mean", pct(s.mean_prob)],
@@ -260,7 +265,7 @@ function showTip(span) {
   const head = document.createElement("div");
   const b = document.createElement("b");
   b.textContent = pct(it.prob);
-  head.append("“" + it.text + "”: ", b, " replaced" + (it.prob >= t ? " (at or above the threshold)" : ""));
+  head.append("“" + it.text + "”: ", b, " replaced" + (over(it, t) ? " (at or above the threshold)" : ""));
   const more = document.createElement("div");
   more.textContent = (it.tokens ? "pieces: " : "token " + it.token + ", ") + pieces(it, r);
   tip.replaceChildren(head, more);
@@ -345,9 +350,18 @@ function renderClassify(model, result) {
 }
 
 // ------------------------------------------------------------------ wiring
+// A model was picked (or the page loaded): the slider starts at that detector's own default threshold,
+// the one /detect uses when a request names none (0.5 for a bundle exported before calibration).
 function syncControls() {
   const model = selectedModel();
-  $("threshold").disabled = !!model && model.kind !== "detector";
+  const slider = $("threshold");
+  slider.disabled = !!model && model.kind !== "detector";
+  if (model && model.kind === "detector" && typeof model.threshold === "number") {
+    slider.value = String(model.threshold);
+    $("threshold-out").textContent = model.threshold.toFixed(2);
+    $("threshold-note").textContent = model.calibrated ? "model default" : "model default (not calibrated)";
+    remark();
+  }
 }
 
 document.addEventListener("DOMContentLoaded", () => {

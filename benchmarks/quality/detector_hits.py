@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.quality.bigram import BigramReference, words_of
 
 
 def word_probs(session, tokenizer, text: str) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -52,123 +52,6 @@ def word_probs(session, tokenizer, text: str) -> tuple[list[tuple[int, int]], np
     return [(s, e) for s, e, _ in ordered], np.array([p for _, _, p in ordered])
 
 
-def words_of(tokenizer, text: str) -> list[str]:
-    """The text's words as the tokenizer splits them (its normalizer, then its pre-tokenizer): the
-    same words, in the same order, that an encoding's word ids number."""
-    normalized = tokenizer.normalizer.normalize_str(text) if tokenizer.normalizer else text
-    return [w for w, _ in tokenizer.pre_tokenizer.pre_tokenize_str(normalized)]
-
-
-class BigramReference:
-    """Word bigram counts of the training split; scores words by how badly they fit their neighbours.
-
-    P(b|a) is smoothed towards the unigram P(b) with `strength` pseudo-counts (Dirichlet smoothing), and
-    a word's suspicion is -(PMI(left, word) + PMI(word, right)), with sentence-boundary markers at the
-    ends. PMI rather than probability: the replacement is drawn to be a plausible word on its own, so
-    its frequency says nothing; its fit with the neighbours does.
-    """
-
-    BOUNDARY = "<s>"
-
-    def __init__(self, documents, tokenizer, strength: float = 5.0) -> None:
-        self.unigrams: Counter = Counter()
-        self.bigrams: Counter = Counter()
-        for doc in documents:
-            for line in doc.split("\n"):
-                if line.strip():
-                    words = [self.BOUNDARY, *words_of(tokenizer, line), self.BOUNDARY]
-                    self.unigrams.update(words)
-                    self.bigrams.update(zip(words, words[1:], strict=False))
-        self.total = sum(self.unigrams.values())
-        self.strength = strength
-
-    def _p(self, word: str) -> float:
-        return (self.unigrams[word] + 1) / (self.total + len(self.unigrams) + 1)
-
-    def pmi(self, a: str, b: str) -> float:
-        pb = self._p(b)
-        return math.log(
-            (self.bigrams[a, b] + self.strength * pb) / (self.unigrams[a] + self.strength)
-        ) - math.log(pb)
-
-    def suspicion(self, words: list[str]) -> np.ndarray:
-        padded = [self.BOUNDARY, *words, self.BOUNDARY]
-        return np.array(
-            [
-                -(self.pmi(padded[i - 1], padded[i]) + self.pmi(padded[i], padded[i + 1]))
-                for i in range(1, len(padded) - 1)
-            ]
-        )
-
-
-def whole_word_mask(tokenizer, torch):
-    """True for vocabulary entries a replacement may be: whole alphabetic words, no "##" pieces or specials."""
-    pieces = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
-    return torch.tensor([p.isalpha() and p.isascii() for p in pieces])
-
-
-def generator_pick(tokenizer, generator, allowed, torch):
-    """A replacement sampled from the generator at the masked position: plausible in context, never the
-    original word."""
-
-    def pick(ids: list[int], pos: int, rng: random.Random) -> int:
-        masked = torch.tensor([ids])
-        masked[0, pos] = tokenizer.token_to_id("[MASK]")
-        with torch.no_grad():
-            logits = generator(masked, torch.ones_like(masked), torch.zeros_like(masked))[0, pos].float()
-        banned = ~allowed
-        banned[ids[pos]] = True
-        probs = torch.softmax(logits.masked_fill(banned, float("-inf")), -1)
-        return int(
-            torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
-        )
-
-    return pick
-
-
-def frequency_pick(tokenizer, allowed, unigrams: Counter, neighbours: int = 10):
-    """A random word of similar corpus frequency (one of the `neighbours` on either side in the frequency
-    ranking of the allowed words): right on its own, chosen without looking at the context."""
-    ranked = sorted(
-        (i for i in range(len(allowed)) if allowed[i]), key=lambda i: -unigrams[tokenizer.id_to_token(i)]
-    )
-    rank_of = {token_id: r for r, token_id in enumerate(ranked)}
-
-    def pick(ids: list[int], pos: int, rng: random.Random) -> int:
-        r = rank_of.get(ids[pos], len(ranked) - 1)
-        window = [
-            ranked[j] for j in range(max(0, r - neighbours), min(len(ranked), r + neighbours + 1)) if j != r
-        ]
-        return rng.choice(window)
-
-    return pick
-
-
-def corrupt(sentence: str, tokenizer, pick, rng: random.Random):
-    """Replace one single-piece alphabetic word with `pick`'s choice; None if the sentence has none."""
-    enc = tokenizer.encode(sentence)
-    pieces_per_word: dict[int, list[int]] = {}
-    for i, w in enumerate(enc.word_ids):
-        if w is not None:
-            pieces_per_word.setdefault(w, []).append(i)
-    candidates = [
-        ps[0] for ps in pieces_per_word.values()
-        if len(ps) == 1 and enc.tokens[ps[0]].isalpha() and len(enc.tokens[ps[0]]) > 2
-    ]  # fmt: skip
-    if not candidates:
-        return None
-    pos = rng.choice(candidates)
-    new_id = pick(list(enc.ids), pos, rng)
-    start, end = enc.offsets[pos]
-    new_word = tokenizer.id_to_token(new_id)
-    return (
-        sentence[:start] + new_word + sentence[end:],
-        (start, start + len(new_word)),
-        sentence[start:end],
-        new_word,
-    )
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, help="detector bundle directory (model.onnx, tokenizer.json)")
@@ -191,7 +74,6 @@ def main(argv=None) -> None:
         p.error("--replacement generator needs --generator RUN (a pretraining run with a generator/)")
     print(f"config: {vars(args)}", flush=True)
 
-    import torch
     from tokenizers import Tokenizer
 
     from app.bundle import read_bundle
@@ -199,6 +81,7 @@ def main(argv=None) -> None:
     from benchmarks.load.loadmodels import wikitext_sentences
     from training.checkpoint import load_model, resolve_checkpoint
     from training.corpus import read_corpus
+    from training.swaps import Swapper, frequency_picker, generator_picker
 
     bundle = Path(args.bundle)
     checked = read_bundle(bundle)  # the server's reader: hashes checked, a detector required
@@ -206,7 +89,6 @@ def main(argv=None) -> None:
         sys.exit(f"error: {bundle} is a {checked.manifest.kind} bundle; detector_hits needs a detector")
     tokenizer = Tokenizer.from_file(str(checked.tokenizer_path))
     session = ort_session(checked.model_path, providers_setting="cpu", quiet=True)  # the server's options
-    allowed = whole_word_mask(tokenizer, torch)
     rng = random.Random(args.seed)
     sentences = wikitext_sentences(args.data_dir)
     rng.shuffle(sentences)
@@ -214,18 +96,19 @@ def main(argv=None) -> None:
     reference = BigramReference(read_corpus("wikitext2", "train", data_dir=args.data_dir), tokenizer)
     if args.replacement == "generator":
         generator, _, _ = load_model(resolve_checkpoint(args.generator) / "generator")
-        pick = generator_pick(tokenizer, generator.eval(), allowed, torch)
+        pick = generator_picker(tokenizer, generator.eval())
     else:
-        pick = frequency_pick(tokenizer, allowed, reference.unigrams)
+        pick = frequency_picker(tokenizer, reference.unigrams)
+    swapper = Swapper(tokenizer)
 
     rows, ranks, reference_ranks = [], [], []
     for sentence in sentences:
         if len(rows) == args.sentences:
             break
-        made = corrupt(sentence, tokenizer, pick, rng)
+        made = swapper.swap(sentence, pick, rng, args.replacement)
         if made is None:
             continue
-        text, (start, end), old, new = made
+        text, start, end, old, new = made.text, made.start, made.end, made.original, made.replacement
         spans, probs = word_probs(session, tokenizer, text)
         target = next(i for i, (s, e) in enumerate(spans) if s == start and e == end)
         rank = int((probs > probs[target]).sum()) + 1

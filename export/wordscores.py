@@ -1,0 +1,57 @@
+"""A detector graph's word probabilities for many texts, through the server's own code: its tokenizer
+(app.tokenization), its session options (app.engine.session) and its post-processing (app.postprocess).
+
+What calibration fits and what the quality benchmark measures is then exactly what `/detect` returns.
+Texts are run in batches of similar length; the int8 graph is static (scales fixed at export), so a
+text's scores do not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from app.engine import session as ort_session
+from app.postprocess import detect_result
+from app.schemas import DetectResult
+from app.tokenization import TextTokenizer
+
+__all__ = ["WordScorer"]
+
+
+class WordScorer:
+    def __init__(self, model: Path, tokenizer: Path, max_length: int, threads: int = 0) -> None:
+        self.session = ort_session(model, threads, providers_setting="cpu", quiet=True)
+        self.tokenizer = TextTokenizer(tokenizer, max_length, stride=32)
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.output = self.session.get_outputs()[0].name
+
+    def _run(self, encodings, batch_size: int = 32) -> list[list[np.ndarray]]:
+        """Per text, the graph's output for each of its windows (special tokens included)."""
+        rows = [(t, w, row) for t, enc in enumerate(encodings) for w, row in enumerate(enc.rows)]
+        rows.sort(key=lambda r: len(r[2].ids))
+        out: list[list[np.ndarray]] = [[None] * len(enc.rows) for enc in encodings]  # type: ignore[list-item]
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            width = len(chunk[-1][2].ids)
+            ids = np.full((len(chunk), width), self.tokenizer.pad_id, np.int64)
+            mask = np.zeros_like(ids)
+            types = np.zeros_like(ids)
+            for i, (_, _, row) in enumerate(chunk):
+                n = len(row.ids)
+                ids[i, :n], types[i, :n], mask[i, :n] = row.ids, row.type_ids, 1
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            probs = self.session.run([self.output], {k: feeds[k] for k in self.inputs})[0]
+            for i, (t, w, row) in enumerate(chunk):
+                out[t][w] = probs[i, : len(row.ids)]
+        return out
+
+    def results(self, texts: list[str], threshold: float = 0.5) -> list[DetectResult]:
+        """Per text, what /detect returns for it at `threshold`, with words and tokens."""
+        encodings = self.tokenizer.encode_detect(texts)
+        outputs = self._run(encodings)
+        return [
+            detect_result(text, enc, outs, threshold, "both")
+            for text, enc, outs in zip(texts, encodings, outputs, strict=True)
+        ]

@@ -1,0 +1,56 @@
+"""benchmarks.quality.user_sentences on a tiny run's calibrated bundle: every figure is there and means
+what it says (spans at the bundle's own threshold, never punctuation; sentences from text never trained
+on; the same clean sentences behind every kind of swap)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.mark.timeout(600)
+def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, small_tokenizer, registry_data):
+    from benchmarks.quality.user_sentences import main as measure
+    from export.pipeline import ExportConfig, run_export
+    from training.pretrain import main as pretrain
+
+    try:
+        from test_pretrain import tiny_args
+    except ImportError:  # tests/ made a package
+        from tests.test_pretrain import tiny_args
+
+    run = tmp_path / "run"
+    pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 20, "--eval-every", 1000))
+    bundle = tmp_path / "bundle"
+    manifest = run_export(ExportConfig(checkpoint=str(run), out=str(bundle), precision="fp32",
+                                       data_dir=str(registry_data), calibration_sentences=20), log=lambda _: None)  # fmt: skip
+    out = tmp_path / "us.json"
+    measure(["--bundle", str(bundle), "--generator", str(run), "--sentences", "15", "--reference-text",
+             str(small_corpus), "--data-dir", str(registry_data), "--out", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["threshold"] == manifest["threshold"] and report["calibrated"] is True
+    assert report["model_sha256"] == manifest["files"]["model.onnx"]
+    assert report["source"] == "commons" and report["cpu"]["int8_kernel_path"]
+    assert set(report["summary"]) == {"all", "generator", "frequency", "pos"}
+    for kind in ("generator", "frequency", "pos"):
+        s = report["summary"][kind]
+        assert s["sentences"] == 15
+        assert 0 <= s["top1"] <= s["top3"] <= 1 and 0 <= s["ece"] <= 1
+        assert 0 <= s["bigram_top1"] <= 1 and s["chance_top1"] < 0.5
+    examples = report["examples"]
+    clean = {x["text"] for x in examples if x["kind"] == "clean"}
+    assert len(clean) == 15
+    for x in examples:
+        if x["kind"] != "clean":
+            start, end = x["span"]
+            assert x["text"][start:end] == x["replacement"] != x["original"]
+            # One word swapped in a held-out sentence, the rest of it untouched.
+            assert x["text"][:start] + x["original"] + x["text"][end:] == x["clean"]
+            assert 1 <= x["rank"] <= x["words"]
+        text = x["text"]
+        assert all(any(ch.isalnum() for ch in text[a:b]) for a, b in x["spans"])  # never punctuation
+    b = report["breakdowns"]["all"]
+    assert sum(v["sentences"] for v in b["by_length"].values()) == 45
+    assert sum(v["sentences"] for v in b["by_position"].values()) == 45
+    assert out.with_suffix(".png").stat().st_size > 10_000

@@ -1,0 +1,171 @@
+"""One word of a sentence swapped for another, three ways: what a detector is calibrated and measured on.
+
+- ``generator``: the pretraining run's generator fills the masked word (never with the original): a
+  plausible word, the kind of replacement the discriminator was trained on.
+- ``frequency``: a random word of similar corpus frequency, chosen without looking at the context (a
+  careless edit, an OCR or ASR slip).
+- ``pos``: a random word of the same part of speech (from a tagger's lexicon): grammatical, but
+  implausible in context ("We waited for the bus in the pouring sandwich."), the swap users try first.
+
+Only a word that is one vocabulary piece, alphabetic and longer than two letters is swapped, for a word
+of the same kind, so the swap is clean (one word in, one word out, offsets known). The part of speech of
+a word is its most frequent tag in the lexicon, not a tag read from the context: good enough to pick a
+replacement of the same kind, and needs no tagger model.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = [
+    "KINDS",
+    "Swap",
+    "frequency_picker",
+    "generator_picker",
+    "pos_picker",
+    "read_lexicon",
+    "Swapper",
+    "word_counts",
+    "whole_words",
+]
+
+KINDS = ("generator", "frequency", "pos")
+# Open-class tags a swap may take and give: nouns, adjectives, verbs, adverbs (Penn Treebank).
+SWAPPABLE_TAGS = ("NN", "NNS", "JJ", "VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "RB")
+
+# (token ids, position, rng) -> the id of the replacement
+Picker = Callable[[list[int], int, random.Random], int]
+
+
+class Swap(NamedTuple):
+    text: str  # the sentence with one word swapped
+    start: int  # character span of the new word in `text`
+    end: int
+    original: str
+    replacement: str
+    kind: str
+
+
+def whole_words(tokenizer) -> dict[str, int]:
+    """Vocabulary entries that are whole alphabetic ASCII words of three letters or more: what may be
+    swapped out and in."""
+    return {t: i for t, i in tokenizer.get_vocab().items() if len(t) > 2 and t.isalpha() and t.isascii()}
+
+
+class Swapper:
+    """Swaps one word of a sentence with a picker's choice, through the detector's own tokenizer."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.words = whole_words(tokenizer)
+
+    def swap(self, sentence: str, pick: Picker, rng: random.Random, kind: str) -> Swap | None:
+        """Swap one eligible word, chosen at random, for `pick`'s choice; None if the sentence has none
+        or the picker has nothing for any of its words."""
+        enc = self.tokenizer.encode(sentence, add_special_tokens=False)
+        pieces: dict[int, list[int]] = {}
+        for i, w in enumerate(enc.word_ids):
+            if w is not None:
+                pieces.setdefault(w, []).append(i)
+        candidates = [ps[0] for ps in pieces.values() if len(ps) == 1 and enc.tokens[ps[0]] in self.words]
+        rng.shuffle(candidates)
+        for pos in candidates:
+            new_id = pick(list(enc.ids), pos, rng)
+            if new_id is None or new_id == enc.ids[pos]:
+                continue
+            start, end = enc.offsets[pos]
+            old = sentence[start:end]
+            new = self.tokenizer.id_to_token(new_id)
+            new = new.capitalize() if old[:1].isupper() else new
+            return Swap(sentence[:start] + new + sentence[end:], start, start + len(new), old, new, kind)
+        return None
+
+
+def frequency_picker(tokenizer, unigrams: Counter, neighbours: int = 10) -> Picker:
+    """A random word of similar corpus frequency: one of the `neighbours` on either side of the original
+    in the frequency ranking of the swappable words."""
+    words = whole_words(tokenizer)
+    ranked = sorted(words.values(), key=lambda i: (-unigrams[tokenizer.id_to_token(i)], i))
+    rank_of = {token_id: r for r, token_id in enumerate(ranked)}
+
+    def pick(ids: list[int], pos: int, rng: random.Random) -> int | None:
+        r = rank_of.get(ids[pos])
+        if r is None:
+            return None
+        window = [
+            ranked[j] for j in range(max(0, r - neighbours), min(len(ranked), r + neighbours + 1)) if j != r
+        ]
+        return rng.choice(window)
+
+    return pick
+
+
+def read_lexicon(path: str | Path) -> dict[str, str]:
+    """word -> its most frequent Penn Treebank tag, from a Brill-format lexicon (``word TAG ...``)."""
+    lexicon = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(";;;") or not line.strip():
+                continue
+            word, *tags = line.split()
+            if tags and word.islower():
+                lexicon.setdefault(word, tags[0])
+    return lexicon
+
+
+def pos_picker(tokenizer, lexicon: dict[str, str]) -> Picker:
+    """A random swappable word with the original's tag (nouns for nouns, past tenses for past tenses)."""
+    words = whole_words(tokenizer)
+    by_tag: dict[str, list[int]] = {}
+    for word, token_id in sorted(words.items()):
+        tag = lexicon.get(word)
+        if tag in SWAPPABLE_TAGS:
+            by_tag.setdefault(tag, []).append(token_id)
+
+    def pick(ids: list[int], pos: int, rng: random.Random) -> int | None:
+        tag = lexicon.get(tokenizer.id_to_token(ids[pos]))
+        options = by_tag.get(tag, []) if tag in SWAPPABLE_TAGS else []
+        return rng.choice(options) if len(options) > 1 else None
+
+    return pick
+
+
+def generator_picker(tokenizer, generator) -> Picker:
+    """A sample of the generator at the masked position, among the swappable words, never the original:
+    plausible in context. `generator` is an ElectraForMaskedLM in eval mode (torch is imported here)."""
+    import torch
+
+    allowed = torch.zeros(tokenizer.get_vocab_size(), dtype=torch.bool)
+    allowed[list(whole_words(tokenizer).values())] = True
+    mask_id = tokenizer.token_to_id("[MASK]")
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+
+    def pick(ids: list[int], pos: int, rng: random.Random) -> int:
+        row = torch.tensor([[cls_id, *ids, sep_id]])  # framed as the server frames a request
+        row[0, pos + 1] = mask_id
+        with torch.no_grad():
+            logits = generator(row, torch.ones_like(row), torch.zeros_like(row))[0, pos + 1].float()
+        banned = ~allowed
+        banned[ids[pos]] = True
+        probs = torch.softmax(logits.masked_fill(banned, float("-inf")), -1)
+        seeded = torch.Generator().manual_seed(rng.randrange(1 << 30))
+        return int(torch.multinomial(probs, 1, generator=seeded))
+
+    return pick
+
+
+def word_counts(texts: Iterable[str]) -> Counter:
+    """How often each lowercase alphabetic word occurs: the frequency ranking of swappable words (whole
+    alphabetic vocabulary entries, which is all a regex on letters needs to match)."""
+    counts: Counter = Counter()
+    for text in texts:
+        counts.update(_WORD.findall(text.lower()))
+    return counts
+
+
+_WORD = re.compile(r"[a-z]+")
