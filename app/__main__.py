@@ -14,15 +14,26 @@ from app.settings import Settings, SettingsError
 
 
 class _DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT, refuse new work (503) before uvicorn stops listening and waits for the
-    requests in flight; the batchers keep running until the lifespan ends, so those finish."""
+    """On SIGTERM/SIGINT, leave the balancer's rotation first (--drain-delay-s: /ready 503, still
+    serving), then refuse new work (503) before uvicorn stops listening and waits for the requests in
+    flight; the batchers keep running until the lifespan ends, so those finish."""
 
-    def __init__(self, config: uvicorn.Config, on_exit) -> None:
+    def __init__(self, config: uvicorn.Config, registry, drain_delay_s: float) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._registry = registry
+        self._drain_delay_s = drain_delay_s
+        self._leaving = False
 
     def handle_exit(self, sig, frame) -> None:
-        self._on_exit()
+        if self._drain_delay_s > 0 and not self._leaving and self.started:
+            self._leaving = True
+            self._registry.leave_rotation()
+            if self._registry.call_later(self._drain_delay_s, self._drain, sig, frame):
+                return
+        self._drain(sig, frame)  # no delay, or a second signal: drain now
+
+    def _drain(self, sig, frame) -> None:
+        self._registry.begin_drain()
         super().handle_exit(sig, frame)
 
 
@@ -58,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
     config = uvicorn.Config(
         app,
-        http=bounded_protocol(settings.read_timeout_s, app.state.metrics, app.state.registry.in_flight),
+        http=bounded_protocol(
+            settings.read_timeout_s,
+            app.state.metrics,
+            app.state.registry.server_load,
+            app.state.registry.lifecycle,
+        ),
         limit_concurrency=settings.limit_concurrency,
         host=settings.host,
         port=settings.port,
@@ -70,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
     )
     registry = app.state.registry
-    server = _DrainingServer(config, on_exit=registry.begin_drain)
+    server = _DrainingServer(config, registry, settings.drain_delay_s)
 
     def exit_code() -> int:  # 1 when the drain deadline answered requests unscored
         return 1 if registry.drain_timed_out else 0

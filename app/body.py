@@ -73,7 +73,7 @@ def _may_repeat_a_key(body: bytes, quoted_keys: tuple[bytes, ...]) -> bool:
 
 def _refuse_duplicate_keys(body: bytes) -> None:
     # Only reached by bodies that decoded into the request struct: its values hold no objects, so the
-    # hook runs for the top-level object alone (~3 ms for a 1 MiB body).
+    # hook runs for the top-level object alone.
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for key, _ in items:

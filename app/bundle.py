@@ -1,7 +1,7 @@
 """Read a model bundle (model.onnx + tokenizer.json + manifest.json, see docs/formats.md) and check it
 before anything is loaded: a bundle whose files do not match the sha256 sums of its manifest is refused.
 
-The one bundle reader: export/ writes what this checks (export.bundle.write_manifest calls file_hashes)
+The one bundle reader: export/ writes what this checks (export.bundle_writer.write_manifest calls file_hashes)
 and verifies its output with read_bundle."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class Bundle:
 
 def sha256_file(path: Path) -> str:
     """The one file hash of app/, export/ and benchmarks/ (they may import app's torch-free modules).
-    training/registry.py keeps its own six lines: training must not import app, nor app training."""
+    training/data/registry.py keeps its own six lines: training must not import app, nor app training."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -12,25 +12,24 @@ import numpy as np
 import onnxruntime as ort
 
 from app.bundle import Bundle
-from app.settings import SettingsError
+from app.settings import ARENA_MODES, PROVIDERS, SettingsError
 from app.tokenization import Row
 
 log = logging.getLogger("app")
 
 
-# How ONNX Runtime's CPU arena may hold memory (issue 12: one 960 KB request took the process from
-# 330 MB to 1.29 GB, and the arena kept it). "shrink": keep the arena (small batches reuse it) but hand
-# back what a batch larger than SHRINK_TOKENS grew it by, after that run; "off": no arena, every run
+# How ONNX Runtime's CPU arena may hold memory (ARENA_MODES; issue 12: one request of a megabyte grew
+# the process fourfold, and the arena kept it). "shrink": keep the arena (small batches reuse it) but
+# hand back what a batch larger than SHRINK_TOKENS grew it by, after that run; "off": no arena, every run
 # allocates from the system; "on": ORT's default, grows to the largest batch seen and keeps it.
-ARENA_MODES = ("shrink", "off", "on")
-# Below the default --bulk-batch-tokens (4,096), so that every bulk batch hands its memory back: at
-# 4,096 the bulk batches never shrank and the process stayed at their 700 MB working set.
+# SHRINK_TOKENS is below the default --bulk-batch-tokens, so that every bulk batch hands its memory back
+# (docs/benchmarks.md, "Memory").
 SHRINK_TOKENS = 2048
 
 
 def _glibc():
     """glibc, to hand freed heap back to the system (malloc_trim): without it, the buffers of one big
-    batch stay resident even with ORT's arena off (measured: 133 -> 539 MB). None elsewhere."""
+    batch stay resident even with ORT's arena off (docs/benchmarks.md, "Memory"). None elsewhere."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return libc if hasattr(libc, "malloc_trim") else None
@@ -41,7 +40,7 @@ def _glibc():
 _LIBC = _glibc()
 
 
-PROVIDERS = ("auto", "cpu", "cuda")  # --providers: auto is CUDA when onnxruntime offers it, else CPU
+# PROVIDERS (--providers): auto is CUDA when onnxruntime offers it, else CPU.
 
 
 class ProviderError(SettingsError):
@@ -168,6 +167,12 @@ class Engine:
             f", {solo_threads} for a batch that runs alone" if self.solo else "",
         )  # fmt: skip
 
+    @property
+    def has_solo(self) -> bool:
+        """Whether this engine has the wider session for a batch that runs alone (it decides: on the
+        CPU, when --solo-threads gives more threads than a runner's share)."""
+        return self.solo is not None
+
     def pad(self, rows: Sequence[Row], pad_id: int) -> dict[str, np.ndarray]:
         """Right-pad rows to the longest one; attention_mask marks the real tokens."""
         width = max(len(r.ids) for r in rows)
@@ -183,9 +188,10 @@ class Engine:
     def run(self, feeds: dict[str, np.ndarray], solo: bool = False) -> np.ndarray:
         """Detector: [batch, seq] replaced probabilities; classifier: [batch, num_labels]. `solo`: the
         caller knows nothing else runs; the wider session is used when there is one."""
-        sess = self.solo if solo and self.solo is not None else self.session
+        assert not solo or self.solo is not None, "placement chose the solo session of an engine without one"
+        sess = self.solo if solo else self.session
         big = self._shrink is not None and next(iter(feeds.values())).size > SHRINK_TOKENS
         out = sess.run([self.output_name], feeds, self._shrink if big else None)[0]
         if big and _LIBC is not None:
-            _LIBC.malloc_trim(0)  # after the arena shrank: give the freed pages back (~1 ms)
+            _LIBC.malloc_trim(0)  # after the arena shrank: give the freed pages back
         return out

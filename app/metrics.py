@@ -91,6 +91,10 @@ class Metrics:
             PREFIX + "bulk_tokens", "Model-input tokens of admitted, unanswered bulk requests", ("model",),
             registry=r,
         )  # fmt: skip
+        self.open_connections = Gauge(
+            PREFIX + "open_connections", "Client connections open (--limit-concurrency refuses beyond it)",
+            registry=r,
+        )  # fmt: skip
         self.rejected = Counter(
             PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
         )
@@ -127,3 +131,14 @@ class ModelSeries:
     inline_batches: Counter
     queue_depth: Gauge
     bulk_tokens: Gauge
+
+    def batch_ran(self, rows: int, padded_tokens: int, seconds: float, place: str) -> None:
+        """One session.run: its size, its time, and where it ran (runner, solo, or inline, which is solo
+        on the event loop's thread and counts as both)."""
+        self.inference.observe(seconds)
+        self.batch_size.observe(rows)
+        self.batch_tokens.observe(padded_tokens)
+        if place in ("solo", "inline"):
+            self.solo_batches.inc()
+        if place == "inline":
+            self.inline_batches.inc()

@@ -6,11 +6,10 @@ Headers not complete by then: a JSON 408 and the connection is closed (counted h
 status 408, rejected reason "read_timeout"). Headers complete but the body not: the connection is closed
 and the handler waiting for the body sees a disconnect, answered and counted as 499 client_gone.
 
-It counts the open connections for the batchers (InFlight.connections: with one, a lone request may
-run on the event loop itself), and sends each response's head and body in one write (_HeadWithBody),
-where uvicorn makes two. One client in a loop on 2 cores: 1.41 against 1.48 ms spent around inference
-per request, in one A/B whose noise is of the same order; the reason to keep it is one send (and one
-wake-up) instead of two."""
+It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
+event loop itself, app/placement.py), closes each connection after its response once the replica
+leaves a balancer's rotation (app/lifecycle.py), and sends each response's head and body in one write
+(_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two."""
 
 from __future__ import annotations
 
@@ -19,24 +18,28 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.batcher import InFlight
+from app.lifecycle import Lifecycle
+from app.load import ServerLoad
 from app.metrics import Metrics
 
 
-def bounded_protocol(read_timeout_s: float, metrics: Metrics, in_flight: InFlight) -> type[HttpToolsProtocol]:
-    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "in_flight": in_flight}
+def bounded_protocol(
+    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle
+) -> type[HttpToolsProtocol]:
+    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle}
     return type("BoundedHttpToolsProtocol", (_BoundedRead,), attrs)
 
 
 class _BoundedRead(HttpToolsProtocol):
     read_timeout_s: float
     metrics: Metrics
-    in_flight: InFlight  # its connection count tells the batchers when one client is all there is
+    load: ServerLoad  # its connection count tells placement when one client is all there is
+    lifecycle: Lifecycle  # out of rotation: each response closes its connection
     _deadline: asyncio.TimerHandle | None = None
     _counted = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.in_flight.connections += 1
+        self.load.connection_opened()
         self._counted = True
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is cut off too
@@ -48,6 +51,8 @@ class _BoundedRead(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         cycle = self.cycle
+        if cycle is not None and not self.lifecycle.keeps_connections:
+            cycle.keep_alive = False  # uvicorn then sends `connection: close` and closes after the response
         if cycle is not None and not isinstance(cycle.transport, _HeadWithBody):
             cycle.transport = _HeadWithBody(cycle.transport, cycle)
 
@@ -71,7 +76,7 @@ class _BoundedRead(HttpToolsProtocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.in_flight.connections -= 1
+            self.load.connection_closed()
 
     def _arm(self) -> None:
         if self._deadline is None and self.read_timeout_s > 0:

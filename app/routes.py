@@ -1,4 +1,4 @@
-"""Thin controllers: validate -> pick the model -> pipeline -> response with timing headers."""
+"""Thin controllers: validate -> pick the model -> score (app/scoring.py) -> response with timing headers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import JSONBody
 
-from app import pipeline
+from app import scoring
+from app.auth import has_api_key
 from app.body import strict_json
 from app.errors import STATUS, ErrorType
 from app.metrics import CONTENT_TYPE
-from app.registry import Registry
+from app.models import Registry
 from app.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -56,8 +57,13 @@ def _registry(request: Request) -> Registry:
     return request.app.state.registry
 
 
-def _limits(settings) -> pipeline.Limits:
-    return pipeline.Limits(settings.max_text_tokens, settings.max_request_tokens)
+async def _score(request: Request, model, kind: scoring.Kind, field: str, items: list):
+    timings = scoring.Timings.of(request)
+    settings = request.app.state.settings
+    _label(request, model.name)
+    limits = scoring.Limits(settings.max_text_tokens, settings.max_request_tokens)
+    body = await scoring.score(model, kind, items, field, limits, request.receive, timings)
+    return Response(body, headers=timings.headers())
 
 
 def _label(request: Request, model: str) -> None:
@@ -75,16 +81,10 @@ def _label(request: Request, model: str) -> None:
     before_request=strict_json(DetectRequest),
 )
 async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[DetectResponse]:
-    timings = pipeline.Timings.of(request)
-    settings = request.app.state.settings
-    field, texts = check_inputs(settings.max_batch_size, data.text, data.texts)
+    field, texts = check_inputs(request.app.state.settings.max_batch_size, data.text, data.texts)
     model = _registry(request).resolve(data.model, "detector")
-    _label(request, model.name)
     threshold = model.threshold if data.threshold is None else data.threshold
-    body = await pipeline.detect(
-        model, texts, field, threshold, data.return_, _limits(settings), request.receive, timings
-    )
-    return Response(body, headers=timings.headers())
+    return await _score(request, model, scoring.Detect(threshold, data.return_), field, texts)
 
 
 @post(
@@ -96,15 +96,10 @@ async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[De
     before_request=strict_json(ClassifyRequest),
 )
 async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Response[ClassifyResponse]:
-    timings = pipeline.Timings.of(request)
-    settings = request.app.state.settings
-    field, items = check_inputs(settings.max_batch_size, data.text, data.texts, data.pairs, pairs_ok=True)
+    max_batch = request.app.state.settings.max_batch_size
+    field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier")
-    _label(request, model.name)
-    body = await pipeline.classify(
-        model, items, field, data.top_k, _limits(settings), request.receive, timings
-    )
-    return Response(body, headers=timings.headers())
+    return await _score(request, model, scoring.Classify(data.top_k), field, items)
 
 
 @get("/models", responses=_errors(ErrorType.UNAUTHORIZED), summary="Served models")
@@ -120,13 +115,18 @@ async def health() -> Status:
 
 @get(
     "/ready",
+    opt={"public": True},
     responses={503: ResponseSpec(Status, description="loading, failed or draining")},
     summary="Models loaded and warmed up (200 `degraded`: some bundles are broken, the others serve)",
 )
 async def ready(request: Request) -> Response[Status]:
+    # Public, for load balancers and probes, which cannot carry a secret; the details (which bundles
+    # are broken and why) only with the API key.
     registry = _registry(request)
     status, detail = registry.readiness()
     code = 200 if status in ("ready", "degraded") else 503
+    if not has_api_key(request):
+        return Response(Status(status=status), status_code=code)
     return Response(
         Status(status=status, detail=detail, broken=dict(registry.broken) or None), status_code=code
     )

@@ -5,26 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
 
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
-from litestar.connection import ASGIConnection
 from litestar.datastructures import State
-from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__, ui
 from app.apidocs import OfflineDocs
+from app.auth import require_api_key
 from app.bundle import discover
 from app.engine import providers
-from app.errors import AppError, ErrorType, handle_exception
+from app.errors import handle_exception
 from app.metrics import Metrics
-from app.registry import Registry
+from app.models import Registry
 from app.routes import HANDLERS
 from app.settings import Settings
 
@@ -38,6 +36,7 @@ def create_app(settings: Settings) -> Litestar:
     metrics = Metrics()
     bundles, broken = discover(settings.models_dir)
     registry = Registry(bundles, settings, metrics, broken)
+    metrics.open_connections.set_function(lambda: registry.server_load.connections)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -55,7 +54,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
         middleware=[_observe(metrics)],
-        guards=[_require_api_key] if settings.api_key else [],
+        guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
         cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
         openapi_config=OpenAPIConfig(
@@ -69,22 +68,6 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # uvicorn's logging is configured in __main__
         debug=False,
     )
-
-
-def _require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    if handler.opt.get("public"):
-        return
-    key: str = connection.app.state.settings.api_key
-    auth = connection.headers.get("authorization", "")
-    given = auth[7:].strip() if auth[:7].lower() == "bearer " else connection.headers.get("x-api-key", "")
-    # compare_digest: the time taken must not tell how much of a guess was right.
-    if not given or not hmac.compare_digest(given.encode(), key.encode()):
-        raise AppError(
-            ErrorType.UNAUTHORIZED,
-            "missing or wrong API key: send `authorization: Bearer KEY` or `x-api-key: KEY`",
-            field="authorization",
-            headers={"www-authenticate": "Bearer"},
-        )
 
 
 def _observe(metrics: Metrics):

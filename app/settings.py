@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV_PREFIX = "ELECTRA_"
+# The choices of --memory-arena and --providers: app/engine.py says what each does. Defined here, where
+# the settings are checked before onnxruntime is imported (a typo should not wait for it).
+ARENA_MODES = ("shrink", "off", "on")
+PROVIDERS = ("auto", "cpu", "cuda")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 class SettingsError(ValueError):
@@ -28,12 +34,11 @@ class Settings:
     models_dir: Path = _opt(Path("models"), "every sub-directory with a manifest.json is served by its name")
     batch_token_budget: int = _opt(16384, "rows * longest row (padding counted) per inference batch")
     # 0: an idle runner takes what is queued at once. Under load batches fill while the runners are
-    # busy anyway; waiting only adds latency when it is quiet (1 user, 2 cores: p50 15 ms at 5 ms wait,
-    # 6 ms at 0; 64 users: 357 vs 354 req/s).
+    # busy anyway; waiting only adds latency when it is quiet (docs/benchmarks.md, "Server settings").
     max_wait_ms: float = _opt(0.0, "how long an idle runner lets the oldest request wait for company")
     queue_size: int = _opt(256, "admitted, unanswered requests per model; beyond it 429")
     # Work bounds (issue 12): a request's cost is its tokens, not its bytes; 100 KB of "!" is 100k tokens.
-    # 8,192 tokens are ~17 windows of 512: under a second of one core for the default detector.
+    # 8,192 tokens are ~17 windows of 512.
     max_text_tokens: int = _opt(8192, "tokens one text may have (/detect); more: 413 too_many_tokens")
     max_request_tokens: int = _opt(
         16384, "model-input tokens one request may cause (windows and special tokens counted); more: 413"
@@ -44,9 +49,9 @@ class Settings:
         65536, "tokens of bulk requests admitted and unanswered per model; beyond it 429"
     )
     interactive_tokens: int = _opt(2048, "requests up to this many model-input tokens go first")
-    # A bulk batch of 32 windows of 512 held the shipped detector's attention scores at 400 MB and the
-    # process at 1.31 GB; at 8 windows a batch the hostile benchmark peaked at 671 MB, and its largest
-    # admitted request took 9.5 s at p50 instead of 9.9 s (long rows are large matrix products already).
+    # Bulk rows are long windows, whose attention scores grow with rows x length^2: a smaller budget for
+    # them bounds the process's peak memory at no cost in speed (long rows are large matrix products
+    # already; docs/benchmarks.md, "Memory").
     bulk_batch_tokens: int = _opt(4096, "rows * longest row per batch of bulk requests' rows")
     max_batch_size: int = _opt(32, "texts (or pairs) in one request")
     max_body_bytes: int = _opt(1 << 20, "larger request bodies get 413")
@@ -56,22 +61,26 @@ class Settings:
         "auto", "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda"
     )
     # Two batches in flight, each on half the cores, beat one batch on all of them on small machines:
-    # a single-threaded run never waits at a barrier for a thread the event loop has preempted.
-    # Measured on 2 cores, ELECTRA-Small int8, 64 users: 2 x 1 thread 349-374 req/s, 1 x 2 threads 266-300.
+    # a single-threaded run never waits at a barrier for a thread the event loop has preempted
+    # (docs/benchmarks.md, "Server settings").
     runners: int = _opt(2, "batches in flight at once per model, each on its own thread")
     # A lone request on one runner's share leaves the other cores idle. A second session per model runs
-    # such batches on all of them: 2 cores, ELECTRA-Small int8, one user, 160 vs 135 req/s in the same
-    # serve_compare rounds (benchmarks/results/serve_compare_solo_ab.md); 162 vs 151 in nine later
-    # rounds (serve_compare_solo_ab_1user.md).
+    # such batches on all of them (app/placement.py; docs/benchmarks.md, "One user").
     solo_threads: int = _opt(
         0, "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off"
     )
     window_stride: int = _opt(32, "tokens shared by consecutive windows of a long text")
     cors_origins: tuple[str, ...] = _opt((), "comma-separated allowed origins; empty: no CORS")
     api_key: str | None = _opt(
-        None, "require `authorization: Bearer KEY` or `x-api-key` (not on /health)", True
+        None, "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)", True
     )
     graceful_timeout_s: float = _opt(30.0, "after SIGTERM, how long in-flight requests may take")
+    # Behind a load balancer, a replica must leave rotation before it stops listening, or the requests
+    # the balancer sends between SIGTERM and its next health check fail (deploy/, docs/deploy.md).
+    drain_delay_s: float = _opt(
+        0.0,
+        "after SIGTERM, keep serving this long with /ready 503 and connections closed after each response",
+    )
     # A client has this long from its first byte to the last byte of its body (uvicorn has no read
     # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
     read_timeout_s: float = _opt(30.0, "seconds to receive a whole request (headers and body); 0: no limit")
@@ -93,7 +102,7 @@ class Settings:
                 raise SettingsError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{_flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
-        timeouts = ("graceful_timeout_s", "read_timeout_s")
+        timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
         for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -106,13 +115,12 @@ class Settings:
             raise SettingsError(f"{_flag('port')} must be <= 65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise SettingsError(f"{_flag('api_key')} is set but empty")
-        if self.memory_arena not in ("shrink", "off", "on"):
-            raise SettingsError(f"{_flag('memory_arena')}: shrink, off or on, not {self.memory_arena!r}")
-        if self.providers not in ("auto", "cpu", "cuda"):  # app.engine.PROVIDERS (not imported: no ORT yet)
-            raise SettingsError(f"{_flag('providers')}: auto, cpu or cuda, not {self.providers!r}")
-        levels = ("critical", "error", "warning", "info", "debug", "trace")
-        if self.log_level not in levels:
-            raise SettingsError(f"{_flag('log_level')} must be one of {', '.join(levels)}")
+        if self.memory_arena not in ARENA_MODES:
+            raise SettingsError(f"{_flag('memory_arena')}: {_one_of(ARENA_MODES)}, not {self.memory_arena!r}")
+        if self.providers not in PROVIDERS:
+            raise SettingsError(f"{_flag('providers')}: {_one_of(PROVIDERS)}, not {self.providers!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError(f"{_flag('log_level')} must be one of {', '.join(LOG_LEVELS)}")
 
     @classmethod
     def from_sources(
@@ -220,5 +228,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cores() -> int:
-    """The cores this process may run on (a container's CPU set, not the host's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on: its CPU set, capped by a cgroup v2 CPU quota (a Kubernetes CPU
+    limit sets the quota, not the CPU set: sized by the set, threads would be throttled)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """CPUs allowed by cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD": no limit)."""
+    try:
+        quota, period = Path(path).read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1]

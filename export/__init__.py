@@ -3,6 +3,6 @@
 Importing the package is cheap (no torch): `verify_bundle` is usable wherever a bundle is read.
 """
 
-from export.bundle import BundleError, verify_bundle
+from export.bundle_writer import BundleError, verify_bundle
 
 __all__ = ["BundleError", "verify_bundle"]

@@ -62,6 +62,12 @@ def parser() -> argparse.ArgumentParser:
         help="also write a Triton model repository (default REPO: <out>-triton)",
     )
     p.add_argument("--seed", type=int, default=0)
+    _calibration_flags(p)
+    return p
+
+
+def _calibration_flags(p: argparse.ArgumentParser) -> None:
+    """Detectors only: export/calibration.py."""
     p.add_argument(
         "--no-calibrate",
         dest="calibrate",
@@ -77,7 +83,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--calibration-sentences", type=int, default=300, help="sentences per kind of swap, and as many clean"
     )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
 def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     """The default threshold and the figures, measured on the bundle's own model.onnx (the precision
     being shipped): the manifest's `threshold` and `calibration`."""
-    from export.bundle import MODEL, TOKENIZER
+    from export.bundle_writer import MODEL, TOKENIZER
 
     scorer = WordScorer(bundle_dir / MODEL, bundle_dir / TOKENIZER, src.max_length)
     sentences, probs, labels = score(scorer, c.texts)

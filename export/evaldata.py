@@ -27,7 +27,7 @@ def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[s
     if eval_text is not None:
         lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8").splitlines()]
         return [ln for ln in lines if ln], str(eval_text)
-    from training.corpus import read_corpus
+    from training.data.corpus import read_corpus
 
     try:
         docs = list(read_corpus("wikitext2", "valid", data_dir=data_dir))
@@ -57,8 +57,8 @@ def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: in
 
 
 def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: int = 0):
-    """(corrupted Batch, labels (B, T) bool, how) with training.objective's masking and sampling."""
-    from training.objective import Corruption, draw_noise, generator_fill, replace_with_samples
+    """(corrupted Batch, labels (B, T) bool, how) with training.pretraining.objective's masking and sampling."""
+    from training.pretraining.objective import Corruption, draw_noise, generator_fill, replace_with_samples
 
     ids = torch.from_numpy(batch.input_ids)
     noise = draw_noise(tuple(ids.shape), seed, 0, slice(None), "cpu")
@@ -124,7 +124,7 @@ def registry_dev_rows(
     task = state.get("task") or (state.get("config") or {}).get("task")
     if not task:
         return None
-    from training.finetune_sets import LABELLED_SETS, load_labelled
+    from training.finetuning.sets import LABELLED_SETS, load_labelled
 
     if task not in LABELLED_SETS:
         return None

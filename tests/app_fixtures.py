@@ -67,6 +67,14 @@ def build_bundles(out: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- servers
+def wait_for(condition, timeout: float = 30, what: str = "condition") -> None:
+    """Poll until `condition()` is true: a loaded machine stretches every step, so no fixed sleeps."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.02)
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen

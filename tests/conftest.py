@@ -20,7 +20,7 @@ def registry_data() -> Path:
 @pytest.fixture(scope="session")
 def small_corpus(registry_data, tmp_path_factory) -> Path:
     """WikiText-2's validation articles as a plain-text corpus (blank line between documents)."""
-    from training.corpus import read_corpus
+    from training.data.corpus import read_corpus
 
     path = tmp_path_factory.mktemp("corpus") / "wiki-valid.txt"
     docs = [d.replace("\n\n", "\n") for d in read_corpus("wikitext2", "valid", data_dir=registry_data)]
@@ -31,8 +31,8 @@ def small_corpus(registry_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def small_tokenizer(small_corpus, tmp_path_factory) -> Path:
     """A 1,000-token WordPiece vocabulary trained on the small corpus: tokenizer.json."""
-    from training.corpus import read_corpus
-    from training.tokenizer import save_tokenizer, train_wordpiece
+    from training.data.corpus import read_corpus
+    from training.data.tokenizer import save_tokenizer, train_wordpiece
 
     tok = train_wordpiece(read_corpus(str(small_corpus), "train"), vocab_size=1000)
     return save_tokenizer(tok, tmp_path_factory.mktemp("tokenizer")) / "tokenizer.json"

@@ -1,4 +1,4 @@
-"""The registry's real data sets for tests, found the way training finds them (training.registry.fetch).
+"""The registry's real data sets for tests, found the way training finds them (training.data.registry.fetch).
 
 A local copy is used when there is one ($ELECTRA_DATA_DIR, else ../shared/data beside the repository);
 otherwise the registry's cache ($ELECTRA_CACHE_DIR, default ~/.cache/electra-serve/data), which a fresh
@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from training.registry import REGISTRY, DatasetError, fetch
+from training.data.registry import REGISTRY, DatasetError, fetch
 
 REPO = Path(__file__).resolve().parent.parent
 # The data sets; entries named "model/file" belong to a registry model (fetch_model), not to a data dir.

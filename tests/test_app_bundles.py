@@ -44,7 +44,7 @@ def test_export_records_the_sha256_of_every_file(bundles_dir):
 
 
 def test_an_altered_tokenizer_is_caught_by_the_reader_export_also_uses(bundles_dir, tmp_path):
-    from export.bundle import verify_bundle  # export's check is the server's reader
+    from export.bundle_writer import verify_bundle  # export's check is the server's reader
 
     bundle = _copy(bundles_dir, tmp_path) / "detector"
     _tamper_tokenizer(bundle)

@@ -123,7 +123,7 @@ def test_unknown_route_and_method(server):
     assert "Traceback" not in server.log()
 
 
-def test_api_key_protects_everything_but_health(bundles_dir, tmp_path):
+def test_api_key_protects_everything_but_health_and_ready(bundles_dir, tmp_path):
     key = "s3cret-key-123456"
     with run_server(
         bundles_dir, "--api-key", key, log_dir=tmp_path, headers={"authorization": f"Bearer {key}"}
@@ -131,10 +131,12 @@ def test_api_key_protects_everything_but_health(bundles_dir, tmp_path):
         with s.client() as c:
             c.headers.clear()
             assert c.get("/health").status_code == 200
+            # /ready is for load balancers and probes: its status without the key, details only with it.
+            ready = c.get("/ready")
+            assert ready.status_code == 200 and ready.json()["status"] == "ready"
             for method, path in [
                 ("GET", "/models"),
                 ("GET", "/metrics"),
-                ("GET", "/ready"),
                 ("POST", "/detect"),
             ]:
                 r = c.request(method, path, json={"text": "a"})

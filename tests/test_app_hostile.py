@@ -4,7 +4,6 @@ largest admitted requests run; resident memory comes back to near its warm level
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -13,9 +12,9 @@ import httpx
 import pytest
 
 try:
-    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
 
 SENTENCE = "the chef cooked a meal for the guests"
 # ~1.3 tokens a word in the test tokenizer: 1,600 words ~ 2,000 tokens; 8 such texts stay under the
@@ -49,28 +48,26 @@ def largest_admitted(client: httpx.Client) -> list[str]:
 
 
 def test_a_100k_character_text_is_refused_at_once_naming_the_limit(server):
+    runs = server.metric("electra_inference_seconds_count")
     with server.client() as c:
-        t0 = time.perf_counter()
         r = c.post("/detect", json={"text": "!" * 100_000})
-        elapsed = time.perf_counter() - t0
     assert r.status_code == 413, r.text
     err = r.json()["error"]
     assert err["type"] == "too_many_tokens" and err["field"] == "text"
     assert "100000 tokens" in err["message"] and "--max-text-tokens" in err["message"]
-    assert elapsed < 5  # tokenized and counted, never run: the unbounded version took 19 s
+    assert server.metric("electra_inference_seconds_count") == runs  # tokenized and counted, never run
 
 
 def test_a_1mib_batch_is_refused_naming_a_limit(server):
     texts = ["lorem ipsum dolor sit amet " * 1180] * 32  # 32 x 31.9 KB: just under the 1 MiB body limit
+    runs = server.metric("electra_inference_seconds_count")
     with server.client() as c:
-        t0 = time.perf_counter()
         r = c.post("/detect", json={"texts": texts})
-        elapsed = time.perf_counter() - t0
     assert r.status_code == 413, r.text
     err = r.json()["error"]
     assert err["type"] == "too_many_tokens"
     assert "--max-text-tokens" in err["message"] or "--max-request-tokens" in err["message"]
-    assert elapsed < 10
+    assert server.metric("electra_inference_seconds_count") == runs
 
 
 def test_short_requests_stay_fast_while_the_largest_requests_run(server):
@@ -80,10 +77,14 @@ def test_short_requests_stay_fast_while_the_largest_requests_run(server):
     stop = threading.Event()
     big_codes: list[int] = []
 
+    big_times: list[float] = []
+
     def flood() -> None:
         with server.client(timeout=60) as c:
             while not stop.is_set():
+                t0 = time.perf_counter()
                 big_codes.append(c.post("/detect", json={"texts": big, "return": "words"}).status_code)
+                big_times.append(time.perf_counter() - t0)
 
     floods = [threading.Thread(target=flood) for _ in range(3)]
     for t in floods:
@@ -91,8 +92,7 @@ def test_short_requests_stay_fast_while_the_largest_requests_run(server):
     latencies = []
     try:
         with server.client() as c:
-            while len(big_codes) < 3:  # the large requests are really running
-                time.sleep(0.05)
+            wait_for(lambda: len(big_codes) >= 3, timeout=120, what="the large requests to run")
             for i in range(100):
                 t0 = time.perf_counter()
                 r = c.post("/detect", json={"text": f"{SENTENCE} {i}"})
@@ -103,26 +103,29 @@ def test_short_requests_stay_fast_while_the_largest_requests_run(server):
         for t in floods:
             t.join()
     latencies.sort()
-    p50, p99 = latencies[49], latencies[98]
+    p99, big_median = latencies[98], sorted(big_times)[len(big_times) // 2]
     assert set(big_codes) <= {200, 429}, big_codes  # bulk beyond --max-bulk-tokens waits its turn: 429
-    # The bound is 100 ms. When other processes keep every core busy (a training run beside the
-    # tests), time slices alone add tens of ms; the bound is then relaxed, and says so when it fails.
-    cores = len(os.sched_getaffinity(0))
-    busy = os.getloadavg()[0] > cores
-    bound = 0.25 if busy else 0.1
-    figures = (
-        f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms (load {os.getloadavg()[0]:.1f} on {cores} cores)"
-    )
+    # Interactive work goes before bulk, and bulk never takes the last runner: a short request waits for
+    # at most one small batch, not for a large request. A ratio measured in one run, whatever else the
+    # machine is doing (the millisecond figures are benchmarks.load.hostile's).
+    figures = f"short p99 {p99 * 1000:.0f} ms, large request median {big_median * 1000:.0f} ms"
     print(f"short requests beside the largest ones: {figures}")
-    assert p99 < bound, f"short requests while large ones ran: {figures}"
+    assert p99 < 0.25 * big_median, figures
 
 
-def test_resident_memory_comes_back_after_maximum_size_requests(server):
+@pytest.fixture()
+def fresh_server(bundles_dir: Path, tmp_path):
+    with run_server(bundles_dir, log_dir=tmp_path) as s:
+        yield s
+
+
+def test_resident_memory_comes_back_after_maximum_size_requests(fresh_server):
+    server = fresh_server  # no large request has run in it yet: the baseline is the warm server's
     with server.client(timeout=60) as c:
-        big = largest_admitted(c)
-        for _ in range(3):  # warm: every batch shape the server will see has been allocated once
-            c.post("/detect", json={"text": SENTENCE})
+        for _ in range(3):
+            assert c.post("/detect", json={"text": SENTENCE}).status_code == 200
         baseline = rss_mb(server.proc.pid)
+        big = largest_admitted(c)
         for _ in range(20):
             assert c.post("/detect", json={"texts": big, "return": "words"}).status_code == 200
     after = rss_mb(server.proc.pid)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
 
 READ_TIMEOUT = 2.0
 LIMIT = 12
@@ -69,8 +69,9 @@ def test_a_slow_body_is_cut_off_and_counted_as_an_abort(server):
         s.sendall(head)
         elapsed, _ = _drip(s, b'{"text": "' + b"a" * 300, every=0.25, limit=READ_TIMEOUT + 5)
     assert elapsed <= READ_TIMEOUT + 2, elapsed
-    time.sleep(0.5)
-    assert server.metric("electra_requests_total", endpoint="/detect", status="499") == before + 1
+    count = lambda: server.metric("electra_requests_total", endpoint="/detect", status="499")  # noqa: E731
+    wait_for(lambda: count() >= before + 1, what="the cut-off request to be counted")
+    assert count() == before + 1
 
 
 def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
@@ -82,9 +83,9 @@ def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
     for _ in range(5):
         with _connect(server) as s:
             s.sendall(head + b'{"text": "' + b"a" * 1000)
-        time.sleep(0.1)
-    time.sleep(0.5)
-    assert server.metric("electra_requests_total", endpoint="/detect", status="499") == before + 5
+    count = lambda: server.metric("electra_requests_total", endpoint="/detect", status="499")  # noqa: E731
+    wait_for(lambda: count() >= before + 5, what="five dropped uploads to be counted")
+    assert count() == before + 5
     assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone + 5
     assert server.metric("electra_requests_total", status="500") == 0
     log = server.log()
@@ -92,15 +93,21 @@ def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
 
 
 def test_connections_beyond_the_limit_are_refused_at_once(server):
-    idle = [_connect(server) for _ in range(LIMIT)]
+    idle = [_connect(server) for _ in range(LIMIT - 2)]
     try:
-        time.sleep(0.2)
+        # The server counts a connection once it has accepted it, and refuses a request once LIMIT are
+        # open, its own included: with LIMIT - 2 idle ones accepted, the metrics request is the one more
+        # it still answers. Connections after that are accepted in order, so the last two idle ones are
+        # counted before the probe arrives.
+        opened = lambda: server.metric("electra_open_connections")  # noqa: E731
+        wait_for(lambda: opened() == LIMIT - 1, what=f"{LIMIT - 2} idle connections")
+        idle += [_connect(server), _connect(server)]
         with _connect(server) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             assert s.recv(4096).startswith(b"HTTP/1.1 503")
     finally:
         for s in idle:
             s.close()
-    time.sleep(0.3)
+    wait_for(lambda: server.metric("electra_open_connections") < LIMIT, what="the idle connections to close")
     with server.client() as c:
         assert c.get("/health").status_code == 200

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.batcher import INLINE_TOKENS
+from app.placement import INLINE_TOKENS
 from app.settings import Settings
 
 try:
@@ -103,3 +103,15 @@ UPGRADE = (
     b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
 )
+
+
+def test_a_cgroup_cpu_quota_caps_the_cores_threads_are_sized_by(tmp_path):
+    # A Kubernetes CPU limit is a cgroup quota, not a CPU set: 1.5 CPUs of quota give 2 threads' worth.
+    from app.settings import _cgroup_cpu_quota
+
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert _cgroup_cpu_quota(str(cpu_max)) == 1.5
+    cpu_max.write_text("max 100000\n")
+    assert _cgroup_cpu_quota(str(cpu_max)) is None
+    assert _cgroup_cpu_quota(str(tmp_path / "absent")) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from app.batcher import split_by_length
+from app.batching import split_by_length
 
 
 def cost(lengths, cuts, overhead):

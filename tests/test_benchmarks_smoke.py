@@ -1,7 +1,8 @@
 """The HTTP benchmarks work end to end on tiny bundles: a few seconds of load, not a measurement.
 
-1. The three servers of serve_compare answer the same text with the same per-token probabilities (fp32
-   bundle vs the transformers model it came from): the comparison is between equals.
+1. Every server of serve_compare answers the same text with the same per-token probabilities (fp32
+   bundle vs the transformers model it came from; LitServe and mosec alone and batched): the comparison
+   is between equals.
 2. load_profile drives our server with the realistic mix through locust and writes a table with no
    failed request.
 """
@@ -29,7 +30,7 @@ TEXT = "The chef cooked the meal, and the guests ate it slowly in the garden."
 @pytest.fixture(scope="module")
 def bench(registry_data):
     # find_spec, not importorskip: importing locust would monkey-patch this process with gevent.
-    for name in ("locust", "transformers", "psutil"):
+    for name in ("locust", "transformers", "psutil", "litserve", "mosec"):
         if importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (pip install -e .[bench])")
     return registry_data
@@ -37,28 +38,32 @@ def bench(registry_data):
 
 def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Path, tmp_path: Path):
     from benchmarks.load import loadkit as lk
+    from benchmarks.load import peer_check
     from benchmarks.load.loadmodels import prepare
 
     hf = bundles_dir.parent / (bundles_dir.name + "-hf") / "detector"  # what app_fixtures exported from
     models = prepare(str(hf), str(bundles_dir), "fp32", str(bench), with_classifier=False, work=tmp_path)
     assert models.hf_dir == hf
-    answers = {}
-    for kind in lk.SERVERS:
 
-        def argv(port: int, kind=kind) -> list[str]:
-            return lk.command(
-                kind, port, models_dir=models.bundle, bundle=models.bundle, hf_dir=models.hf_dir
-            )
+    def argv(kind: str):
+        return lambda port: lk.command(
+            kind, port, models_dir=models.bundle, bundle=models.bundle, hf_dir=models.hf_dir
+        )
 
-        with lk.serve(kind, argv, tmp_path, timeout=90) as server:
-            answers[kind] = lk.post_json(server.url + "/detect", {"texts": [TEXT, "short one"]})["results"]
-
-    ours = [([t["token"] for t in r["tokens"]], [t["prob"] for t in r["tokens"]]) for r in answers["ours"]]
-    for kind in ("unbatched", "transformers"):
-        theirs = [(r["tokens"], r["probs"]) for r in answers[kind]]
-        for (tok_a, p_a), (tok_b, p_b) in zip(ours, theirs, strict=True):
-            assert tok_a == tok_b, kind
-            assert max(abs(a - b) for a, b in zip(p_a, p_b, strict=True)) < 1e-4, kind
+    texts = [TEXT, "short one", "A third text, of a length between the other two."]
+    with lk.serve("ours", argv("ours"), tmp_path, timeout=90) as ours_server:
+        ours = peer_check.ours_tokens(ours_server.url, texts)
+        for kind in (k for k in lk.SERVERS if k != "ours"):
+            with lk.serve(kind, argv(kind), tmp_path, timeout=90) as server:
+                if kind in lk.PEERS:  # one text a request, alone and batched across requests
+                    figures = peer_check.check(server.url, ours_server.url, texts)
+                    assert figures["max_abs_diff_batched"] < 1e-4, kind
+                    continue
+                answers = lk.post_json(server.url + "/detect", {"texts": texts})["results"]
+            theirs = [(r["tokens"], r["probs"]) for r in answers]
+            for (tok_a, p_a), (tok_b, p_b) in zip(ours, theirs, strict=True):
+                assert tok_a == tok_b, kind
+                assert max(abs(a - b) for a, b in zip(p_a, p_b, strict=True)) < 1e-4, kind
 
 
 def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, tmp_path: Path):

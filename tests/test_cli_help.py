@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from training.config import FinetuneConfig, PretrainConfig, field_comments
-from training.corpus import REGISTRY_CORPORA
-from training.finetune_sets import LABELLED_SETS
+from training.data.corpus import REGISTRY_CORPORA
+from training.finetuning.sets import LABELLED_SETS
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -18,10 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import registry
-from training.corpus import CorpusError, detokenize_wikitext, iter_text_documents, read_corpus
-from training.finetune_sets import load_labelled
-from training.registry import (
+from training.data import registry
+from training.data.corpus import CorpusError, detokenize_wikitext, iter_text_documents, read_corpus
+from training.data.registry import (
     REGISTRY,
     ChecksumError,
     DownloadError,
@@ -30,8 +29,8 @@ from training.registry import (
     fetch_model,
     sha256_file,
 )
-from training.shards import Batches, PackedDataset, build_shards
-from training.tokenizer import (
+from training.data.shards import Batches, PackedDataset, build_shards
+from training.data.tokenizer import (
     TokenizerError,
     load_tokenizer,
     save_tokenizer,
@@ -39,6 +38,7 @@ from training.tokenizer import (
     tokenizer_sha256,
     train_wordpiece,
 )
+from training.finetuning.sets import load_labelled
 
 HARD_STRINGS = [
     "Crème brûlée at the Café — naïve façade, Ångström!",

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from training.checkpoint import commit_checkpoint, load_model, save_model
+from training.data.tokenizer import load_tokenizer
 from training.finetune import init_classifier, layerwise_param_groups
 from training.finetune import main as finetune
-from training.finetune_data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
 from training.model import (
     ElectraConfig,
     ElectraForPreTraining,
@@ -22,7 +23,6 @@ from training.model import (
     init_weights,
 )
 from training.optim import linear_schedule
-from training.tokenizer import load_tokenizer
 
 TINY = dict(embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=128, max_position_embeddings=128)  # fmt: skip
@@ -121,7 +121,7 @@ def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
 
 def test_output_loads_in_transformers_with_the_same_logits(spam_run, registry_data):
     transformers = pytest.importorskip("transformers")
-    from training.finetune_sets import load_labelled
+    from training.finetuning.sets import load_labelled
 
     out, _ = spam_run
     hf = transformers.ElectraForSequenceClassification.from_pretrained(out).eval()

@@ -3,7 +3,7 @@
 import torch
 
 from training.model import ElectraConfig
-from training.objective import (
+from training.pretraining.objective import (
     ElectraObjective,
     MaskedInputs,
     draw_noise,
@@ -102,7 +102,7 @@ def test_generator_quarter_size():
 
 
 def test_word_swaps_replace_a_share_of_masked_positions_with_whole_words():
-    from training.objective import FakedData, MaskedInputs, swap_words
+    from training.pretraining.objective import FakedData, MaskedInputs, swap_words
 
     torch.manual_seed(0)
     ids = torch.randint(200, 300, (64, 32))

@@ -98,7 +98,7 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_co
     pretrain(tiny_args(single, small_corpus, small_tokenizer, *common, "--batch-size", 8))
     ddp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "training.pretrain", *tiny_args(ddp, small_corpus, small_tokenizer, *common, "--batch-size", 4)]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
     a, b = train_losses(single), train_losses(ddp)
@@ -143,9 +143,9 @@ def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
     # wait in the save barrier while the other enters the next all_reduce: a hang.
     script = tmp_path / "agree.py"
-    script.write_text("from training.distributed import Dist\nenv = Dist('cpu')\n"
+    script.write_text("from training.pretraining.distributed import Dist\nenv = Dist('cpu')\n"
                       "print(f'rank {env.rank}: {env.agree(env.rank == 1)}', flush=True)\nenv.close()\n")  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29519",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(script)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -157,7 +157,7 @@ def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, s
     run = tmp_path / "ddp"
     args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--max-minutes", 0.05,
                      "--eval-every", 1, "--eval-batches", 2, "--save-every", 100000, "--batch-size", 4)  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29521",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "training.pretrain", *args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

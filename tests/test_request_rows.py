@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from training.corpus import read_corpus
-from training.sentences import split_sentences
-from training.shards import Batches, PackedDataset, RowMix, build_shards
-from training.tokenizer import load_tokenizer
+from training.data.corpus import read_corpus
+from training.data.sentences import split_sentences
+from training.data.shards import Batches, PackedDataset, RowMix, build_shards
+from training.data.tokenizer import load_tokenizer
 
 
 def test_sentences_split_where_a_reader_would():
@@ -45,7 +45,7 @@ def test_news_and_commons_read_clean(registry_data):
 
 @pytest.fixture(scope="module")
 def trained(registry_data):
-    from training.tokenizer import train_wordpiece
+    from training.data.tokenizer import train_wordpiece
 
     return train_wordpiece(read_corpus("wikitext2", "valid", data_dir=registry_data), vocab_size=2000)
 

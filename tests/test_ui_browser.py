@@ -3,7 +3,7 @@ against a real `python -m app` serving the shipped models/.
 
 Every expectation is relative to the API's own answer for the same text (the shipped models will be
 replaced), never a fixed probability. Skipped, saying why, only when chromium or chromedriver is missing
-(`.ci/browser-deps` installs them). UI_SCREENSHOTS=DIR also writes the README's screenshots there."""
+(`.ci/machine-deps` installs them). UI_SCREENSHOTS=DIR also writes the README's screenshots there."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def browser(tmp_path_factory):
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         pytest.skip(f"browser test needs Debian's chromium and chromium-driver: {', '.join(missing)} missing "
-                    "(run .ci/browser-deps)")  # fmt: skip
+                    "(run .ci/machine-deps)")  # fmt: skip
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
     for flag in (

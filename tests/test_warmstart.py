@@ -12,8 +12,8 @@ from training.checkpoint import CheckpointError, resolve_checkpoint
 from training.config import PretrainConfig
 from training.pretrain import build_objective, param_groups
 from training.pretrain import main as pretrain
+from training.pretraining.warmstart import load_warm_start, resolve_warm_start
 from training.report import read_metrics
-from training.warmstart import load_warm_start, resolve_warm_start
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,

@@ -149,7 +149,7 @@ class PretrainConfig:
     data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
     tokenizer: str = "train"  # "train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path
     # Warm start. With --init the discriminator's shape and the tokenizer come from the source, and the
-    # shape and tokenizer options below are filled in from it (see training/warmstart.py).
+    # shape and tokenizer options below are filled in from it (see training/pretraining/warmstart.py).
     init: str | None = None  # registry encoder (all-minilm-l6-v2), HF ELECTRA/BERT directory, or our run
     init_generator: str | None = None  # ElectraForMaskedLM/BertForMaskedLM dir (default: fresh, or our run's)
     init_lr: float | None = None  # peak lr of the tensors --init loaded (default --lr); fresh ones use --lr
@@ -218,7 +218,7 @@ class PretrainConfig:
                 "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"
             )
         choice("device", self.device, ("auto", "cpu", "cuda"))
-        from training.corpus import REGISTRY_CORPORA
+        from training.data.corpus import REGISTRY_CORPORA
 
         unknown = [
             c
@@ -299,7 +299,7 @@ class FinetuneConfig:
     # Evaluation and model selection.
     eval_every: int = 0  # steps between dev evaluations; 0: at the end of every epoch
     patience: int = 3  # stop after this many evaluations without a dev improvement; 0: never stop early
-    metric: str = "auto"  # dev figure that picks the best checkpoint; see training/finetune_metrics.py
+    metric: str = "auto"  # dev figure that picks the best checkpoint; see training/finetuning/metrics.py
     positive_label: str | None = None  # binary tasks: the class whose F1 is reported as "f1" (default id 1)
     log_every: int = 10  # steps between metrics.jsonl rows  # steps between metrics.jsonl rows
     # Hardware.
@@ -317,7 +317,7 @@ class FinetuneConfig:
         if not self.task and not self.train:
             raise ConfigError("--task or --train: give a registry task or your own training file")
         if self.task:
-            from training.finetune_sets import LABELLED_SETS
+            from training.finetuning.sets import LABELLED_SETS
 
             choice("task", self.task, tuple(LABELLED_SETS))
             for name in ("dev", "test", "labels", "text_pair_column"):

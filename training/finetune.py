@@ -34,8 +34,10 @@ from tqdm import tqdm
 
 from training import checkpoint as ckpt
 from training.config import ConfigError, FinetuneConfig, describe, parse_config, save_config
-from training.finetune_data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
-from training.finetune_metrics import (
+from training.data.registry import DatasetError
+from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
+from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
+from training.finetuning.metrics import (
     classification_metrics,
     format_report,
     json_safe,
@@ -46,9 +48,7 @@ from training.finetune_metrics import (
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
 from training.optim import autocast_for, decays, linear_schedule
-from training.registry import DatasetError
 from training.report import MetricsLog
-from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
 
 ARCH = "ElectraForSequenceClassification"
 # What a run writes into --out; --overwrite removes exactly these, never anything else.

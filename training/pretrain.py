@@ -23,17 +23,17 @@ from tqdm import tqdm
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
-from training.distributed import Dist
-from training.evaluate import evaluate
+from training.data.registry import DatasetError
+from training.data.shards import Batches
+from training.data.tokenizer import TokenizerError
 from training.model import ElectraConfig, count_parameters
-from training.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
 from training.optim import autocast_for, decays, linear_schedule
-from training.pretrain_data import prepare_data
-from training.registry import DatasetError
+from training.pretraining.data import prepare_data
+from training.pretraining.distributed import Dist
+from training.pretraining.evaluate import evaluate
+from training.pretraining.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
+from training.pretraining.warmstart import WarmStart, load_warm_start, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
-from training.shards import Batches
-from training.tokenizer import TokenizerError
-from training.warmstart import WarmStart, load_warm_start, resolve_warm_start
 
 
 def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None = None):

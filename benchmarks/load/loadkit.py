@@ -56,7 +56,13 @@ SERVERS = {
     "ours": "electra-serve (python -m app): micro-batching",
     "unbatched": "same bundle, one request per session.run (benchmarks/load/baselines/unbatched.py)",
     "transformers": "transformers ElectraForPreTraining behind Litestar (benchmarks/load/baselines/transformers_server.py)",
+    "litserve": "LitServe: the same bundle in its inference worker processes, its dynamic batching, tokenized in "
+    "the worker, each batch padded to its longest row (benchmarks/load/baselines/litserve_peer.py)",
+    "mosec": "mosec: Rust HTTP front, the same bundle in Python worker processes, its dynamic batching, tokenized "
+    "in the worker, each batch padded to its longest row (benchmarks/load/baselines/mosec_peer.py)",
 }
+PEERS = ("litserve", "mosec")  # general-purpose servers a user would pick; /detect with "text" only
+READY_PATH = {"mosec": "/"}  # mosec has no route of ours for readiness; its root answers once workers run
 
 
 def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Path, extra=()) -> list[str]:
@@ -65,6 +71,8 @@ def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Pat
         "ours": ["app", "--models", str(models_dir), "--log-level", "warning", *extra],
         "unbatched": ["benchmarks.load.baselines.unbatched", "--bundle", str(bundle)],
         "transformers": ["benchmarks.load.baselines.transformers_server", "--model", str(hf_dir)],
+        "litserve": ["benchmarks.load.baselines.litserve_peer", "--bundle", str(bundle), *extra],
+        "mosec": ["benchmarks.load.baselines.mosec_peer", "--bundle", str(bundle), *extra],
     }
     if kind not in argv:
         raise ValueError(f"unknown server {kind!r}; known: {', '.join(SERVERS)}")
@@ -94,7 +102,7 @@ def serve(
     server = Server(name, f"http://127.0.0.1:{port}", proc, log)
     try:
         deadline = time.monotonic() + timeout
-        while not _ready(server.url):
+        while not is_ready(server.url, READY_PATH.get(name, "/ready")):
             if proc.poll() is not None:
                 raise SystemExit(f"{name} server exited with {proc.returncode}:\n{server.tail()}")
             if time.monotonic() > deadline:
@@ -107,9 +115,9 @@ def serve(
         stop(proc)
 
 
-def _ready(url: str) -> bool:
+def is_ready(url: str, path: str = "/ready") -> bool:
     try:
-        with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+        with urllib.request.urlopen(url + path, timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
@@ -241,6 +249,19 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", default=str(RESULTS), help="where the JSON and markdown go")
 
 
+def locust_command(url: str, users: int, load: Load, prefix: Path, *, user_rate: float = 0.0) -> list[str]:
+    """Headless locust on benchmarks/load/locustfile.py: CSV, HTML and summary JSON under `prefix`."""
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+        "-u", str(users), "-r", str(users), "--run-time", f"{max(1, round(load.run_time_s))}s", "--host", url,
+        "--csv", str(prefix), "--html", f"{prefix}.html", "--reset-stats", "--only-summary",
+        "--loglevel", "WARNING", "--stop-timeout", "10", "--exit-code-on-error", "0",
+        "--sentences", str(load.sentences), "--mix", load.mix, "--batch-texts", str(load.batch_texts),
+        "--user-rate", str(user_rate), "--detect-return", load.detect_return,
+        "--summary-json", f"{prefix}_summary.json",
+    ]  # fmt: skip
+
+
 def run_locust(
     url: str,
     users: int,
@@ -256,15 +277,7 @@ def run_locust(
     the CPU share of the watched processes meanwhile."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     run_time = max(1, round(load.run_time_s))
-    cmd = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "-u", str(users), "-r", str(users), "--run-time", f"{run_time}s", "--host", url,
-        "--csv", str(prefix), "--html", f"{prefix}.html", "--reset-stats", "--only-summary",
-        "--loglevel", "WARNING", "--stop-timeout", "10", "--exit-code-on-error", "0",
-        "--sentences", str(load.sentences), "--mix", load.mix, "--batch-texts", str(load.batch_texts),
-        "--user-rate", str(user_rate), "--detect-return", load.detect_return,
-        "--summary-json", f"{prefix}_summary.json",
-    ]  # fmt: skip
+    cmd = locust_command(url, users, load, prefix, user_rate=user_rate)
     if full_history:
         cmd.append("--csv-full-history")
     with open(f"{prefix}.log", "w") as log:
@@ -403,11 +416,10 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) 
 
 
 def machine() -> dict:
-    import platform
+    from benchmarks.machine import cpu
 
     return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
+        **cpu(),
         "physical_cores": psutil.cpu_count(logical=False),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],

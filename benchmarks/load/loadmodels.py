@@ -29,7 +29,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 def wikitext_sentences(data_dir: str | None, min_words: int = 8, max_words: int = 40) -> list[str]:
     """Sentences of min_words..max_words words from WikiText-2 test (held out from training), in order."""
-    from training.corpus import read_corpus
+    from training.data.corpus import read_corpus
 
     out = []
     for article in read_corpus("wikitext2", "test", data_dir=data_dir):
@@ -82,14 +82,14 @@ def _random_checkpoint(out: Path, architecture: str, data_dir: str | None, like:
     import torch
 
     from training.checkpoint import read_config, save_model
+    from training.data.registry import fetch
+    from training.data.tokenizer import load_tokenizer, save_tokenizer
     from training.model import (
         ElectraConfig,
         ElectraForPreTraining,
         ElectraForSequenceClassification,
         init_weights,
     )
-    from training.registry import fetch
-    from training.tokenizer import load_tokenizer, save_tokenizer
 
     if like is not None:
         tok = load_tokenizer(like)

@@ -55,6 +55,9 @@ def _arguments(parser) -> None:
     group.add_argument(
         "--summary-json", default="", help="write the final figures here (the --csv files lag up to 1 s)"
     )
+    group.add_argument(
+        "--request-log", default="", help="write one line per request: end time (unix s), ms, ok (1/0)"
+    )
 
 
 def parse_mix(spec: str) -> list[tuple[str, float]]:
@@ -90,6 +93,24 @@ def _load(environment, **_kw) -> None:
         _MIX[:] = parse_mix(opts.mix)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+
+
+_REQUESTS: list[tuple[float, float, int]] = []
+
+
+@events.request.add_listener
+def _record(response_time, exception, **_kw) -> None:
+    # Kept for --request-log: a driver splitting a run into phases (benchmarks/load/rolling.py) needs
+    # each request's time and outcome, which locust's aggregated stats do not keep.
+    _REQUESTS.append((time.time(), response_time, 0 if exception else 1))
+
+
+@events.quitting.add_listener
+def _request_log(environment, **_kw) -> None:
+    opts = environment.parsed_options
+    if opts is not None and opts.request_log:
+        lines = (f"{t:.4f} {ms:.2f} {ok}\n" for t, ms, ok in _REQUESTS)
+        Path(opts.request_log).write_text("".join(lines))
 
 
 @events.quitting.add_listener

@@ -28,9 +28,10 @@ import statistics
 from pathlib import Path
 
 from benchmarks.load import loadkit as lk
+from benchmarks.load import peer_check
 from benchmarks.load.loadmodels import prepare, write_sentences
 
-SERVERS = ("ours", "unbatched", "transformers")
+SERVERS = ("ours", "unbatched", "transformers", *lk.PEERS)
 VARIANT = "ours-variant"  # --variant-args: our server with other flags, measured in the same rounds
 
 
@@ -42,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     lk.add_common(p)
     p.add_argument("--hf", default=None, help="HF directory for (c) when --bundle's source is elsewhere")
-    p.add_argument("--servers", default=",".join(SERVERS), help="which of ours,unbatched,transformers")
+    p.add_argument("--servers", default="ours,unbatched,transformers", help=f"which of {','.join(SERVERS)}")
+    p.add_argument(
+        "--litserve-args", default="", help="flags for the LitServe peer (--workers, --threads, ...)"
+    )
+    p.add_argument(
+        "--mosec-args", default="", help="flags for the mosec peer (--workers, --max-wait-ms, ...)"
+    )
     p.add_argument("--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps")
     p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per server and users step")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the run time is split into")
@@ -74,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--servers: unknown {bad}; choose from {', '.join(SERVERS)}")
     if "classify" in args.mix and servers != ["ours"]:
         p.error("--mix: the baselines serve /detect only; use detect and detect_batch")
+    if "detect_batch" in args.mix and set(servers) & set(lk.PEERS):
+        p.error("--mix: the peers take one text a request (their batching is across requests); use detect")
+    if set(servers) & set(lk.PEERS) and "ours" not in servers:
+        p.error("--servers: the peers are checked against ours before timing; include ours")
     args.offered_rps = [] if args.offered_rps == "none" else [x.strip() for x in args.offered_rps.split(",")]
     for x in args.offered_rps:
         try:
@@ -111,8 +122,10 @@ def run(args) -> int:
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
     extra = args.server_args.split()
 
+    peer_flags = {"litserve": args.litserve_args.split(), "mosec": args.mosec_args.split()}
+
     def argv_for(kind: str):
-        flags = (args.variant_args or "").split() if kind == VARIANT else extra
+        flags = (args.variant_args or "").split() if kind == VARIANT else peer_flags.get(kind, extra)
         return lambda port: lk.command(
             "ours" if kind == VARIANT else kind,
             port,
@@ -122,7 +135,7 @@ def run(args) -> int:
             extra=flags,
         )
 
-    saturation = saturate(args, argv_for, load, run_dir)
+    saturation, correctness = saturate(args, argv_for, load, run_dir)
 
     top = max(args.users)
     slowest = min(_at(saturation[k], top)["rps"] for k in args.servers)
@@ -150,6 +163,7 @@ def run(args) -> int:
         "model": models.description,
         "hf_dir": str(hf),
         "servers": {k: describe(k, args) for k in args.servers},
+        "correctness": correctness,
         "sentences": sentences,
         "machine": machine,
         "saturation": saturation,
@@ -166,8 +180,9 @@ def run(args) -> int:
     return 0
 
 
-def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> dict[str, list[dict]]:
-    """Phase 1: every server up at once, each users step measured in interleaved rounds."""
+def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, list[dict]], dict]:
+    """Phase 1: every server up at once, each users step measured in interleaved rounds; first, each
+    peer's answers checked against ours."""
     per_round = lk.Load(
         load.sentences, load.mix, load.batch_texts, load.run_time_s / args.rounds, load.detect_return
     )
@@ -177,6 +192,11 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> dict[str, list[dic
         for kind in args.servers:
             print(f"{kind}: {describe(kind, args)}", flush=True)
             servers[kind] = stack.enter_context(lk.serve(kind, argv_for(kind), run_dir))
+        texts = [t for t in load.sentences.read_text().splitlines() if t.strip()][:24]
+        correctness = {}
+        for kind in (k for k in args.servers if k in lk.PEERS):
+            correctness[kind] = peer_check.check(servers[kind].url, servers["ours"].url, texts)
+            print(f"  {kind} answers as ours: {json.dumps(correctness[kind])}", flush=True)
         for users in args.users:
             rounds: dict[str, list[dict]] = {kind: [] for kind in args.servers}
             for i in range(args.rounds):
@@ -190,12 +210,17 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> dict[str, list[dic
                 saturation[kind].append(r)
                 print(f"  {kind} {users:>3} users: {r['rps']:.1f} req/s (rounds {r['rounds_rps']}), "
                       f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['failures']} failed", flush=True)  # fmt: skip
-    return saturation
+    return saturation, correctness
 
 
 def describe(kind: str, args) -> str:
     if kind == VARIANT:
         return f"{lk.SERVERS['ours']}, with {args.variant_args} ({args.server_args or 'no other flags'} for ours)"
+    if kind in lk.PEERS:
+        from importlib.metadata import version
+
+        flags = getattr(args, f"{kind}_args") or "its defaults here"
+        return f"{lk.SERVERS[kind]}; {kind} {version(kind)}, {flags}"
     return lk.SERVERS[kind]
 
 
@@ -294,9 +319,19 @@ def markdown(data: dict) -> str:
         f"- traffic: mix `{cfg['mix']}`; {s['source']}, mean {s['mean_words']} words, "
         f"{s.get('mean_scored_tokens', '?')} scored tokens; {cfg['run_time']:.0f} s of load per server "
         f"and step, in {cfg.get('rounds', 1)} interleaved rounds (each figure: the median round)",
-        f"- machine: {m['cores']} cores, load average at start {m['load_avg_at_start']}",
+        f"- machine: {m['cpu']}, {m['cores']} cores, int8 kernels {m['int8_kernel_path']}, load average at start {m['load_avg_at_start']}",
         *[f"- {k}: {v}" for k, v in data["servers"].items()],
         "",
+    ]
+    if data.get("correctness"):
+        lines += ["### Same answers (checked before timing)", ""]
+        lines.append(lk.table(
+            ["peer", "texts", "max |diff| alone", "max |diff| batched", "bytes, one text", "ours, one text"],
+            [[k, c["texts"], f"{c['max_abs_diff_alone']:.1e}", f"{c['max_abs_diff_batched']:.1e}",
+              c["response_bytes_one_text"], c["ours_response_bytes_one_text"]] for k, c in data["correctness"].items()],
+        ))  # fmt: skip
+        lines.append("")
+    lines += [
         "### Saturation (closed loop)",
         "",
     ]

@@ -52,7 +52,7 @@ def word_probs(session, tokenizer, text: str) -> tuple[list[tuple[int, int]], np
     return [(s, e) for s, e, _ in ordered], np.array([p for _, _, p in ordered])
 
 
-def main(argv=None) -> None:
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, help="detector bundle directory (model.onnx, tokenizer.json)")
     p.add_argument(
@@ -72,16 +72,64 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.replacement == "generator" and not args.generator:
         p.error("--replacement generator needs --generator RUN (a pretraining run with a generator/)")
-    print(f"config: {vars(args)}", flush=True)
+    return args
 
+
+def measure(args, tokenizer, session, reference, pick) -> list[dict]:
+    """One row per swapped sentence: where the detector and the bigram model rank the swapped word."""
+    from benchmarks.load.loadmodels import wikitext_sentences
+    from training.data.swaps import Swapper
+
+    rng = random.Random(args.seed)
+    sentences = wikitext_sentences(args.data_dir)
+    rng.shuffle(sentences)
+    swapper = Swapper(tokenizer)
+    rows = []
+    for sentence in sentences:
+        if len(rows) == args.sentences:
+            break
+        made = swapper.swap(sentence, pick, rng, args.replacement)
+        if made is None:
+            continue
+        spans, probs = word_probs(session, tokenizer, made.text)
+        target = next(i for i, (s, e) in enumerate(spans) if s == made.start and e == made.end)
+        suspicion = reference.suspicion(words_of(tokenizer, made.text))
+        assert len(suspicion) == len(spans)
+        rows.append({"text": made.text, "original": made.original, "replacement": made.replacement,
+                     "rank": int((probs > probs[target]).sum()) + 1,
+                     "bigram_rank": int((suspicion > suspicion[target]).sum()) + 1, "words": len(spans),
+                     "prob": float(probs[target]), "max_other": float(np.delete(probs, target).max())})  # fmt: skip
+    return rows
+
+
+def summarise(rows: list[dict], replacement: str) -> dict:
+    ranks = np.array([r["rank"] for r in rows])
+    bigram = np.array([r["bigram_rank"] for r in rows])
+    words = np.array([r["words"] for r in rows])
+    return {
+        "replacement": replacement,
+        "sentences": len(rows),
+        "top1_hit_rate": float((ranks == 1).mean()),
+        "top3_hit_rate": float((ranks <= 3).mean()),
+        "mean_rank": float(ranks.mean()),
+        "mean_words_per_sentence": float(words.mean()),
+        "chance_top1": float((1 / words).mean()),
+        "median_prob_replaced": float(np.median([r["prob"] for r in rows])),
+        "bigram_reference_top1_hit_rate": float((bigram == 1).mean()),
+        "bigram_reference_top3_hit_rate": float((bigram <= 3).mean()),
+    }
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    print(f"config: {vars(args)}", flush=True)
     from tokenizers import Tokenizer
 
     from app.bundle import read_bundle
     from app.engine import session as ort_session
-    from benchmarks.load.loadmodels import wikitext_sentences
     from training.checkpoint import load_model, resolve_checkpoint
-    from training.corpus import read_corpus
-    from training.swaps import Swapper, frequency_picker, generator_picker
+    from training.data.corpus import read_corpus
+    from training.data.swaps import frequency_picker, generator_picker
 
     bundle = Path(args.bundle)
     checked = read_bundle(bundle)  # the server's reader: hashes checked, a detector required
@@ -89,9 +137,6 @@ def main(argv=None) -> None:
         sys.exit(f"error: {bundle} is a {checked.manifest.kind} bundle; detector_hits needs a detector")
     tokenizer = Tokenizer.from_file(str(checked.tokenizer_path))
     session = ort_session(checked.model_path, providers_setting="cpu", quiet=True)  # the server's options
-    rng = random.Random(args.seed)
-    sentences = wikitext_sentences(args.data_dir)
-    rng.shuffle(sentences)
     print("counting word bigrams of WikiText-2 train for the reference ...", flush=True)
     reference = BigramReference(read_corpus("wikitext2", "train", data_dir=args.data_dir), tokenizer)
     if args.replacement == "generator":
@@ -99,42 +144,10 @@ def main(argv=None) -> None:
         pick = generator_picker(tokenizer, generator.eval())
     else:
         pick = frequency_picker(tokenizer, reference.unigrams)
-    swapper = Swapper(tokenizer)
-
-    rows, ranks, reference_ranks = [], [], []
-    for sentence in sentences:
-        if len(rows) == args.sentences:
-            break
-        made = swapper.swap(sentence, pick, rng, args.replacement)
-        if made is None:
-            continue
-        text, start, end, old, new = made.text, made.start, made.end, made.original, made.replacement
-        spans, probs = word_probs(session, tokenizer, text)
-        target = next(i for i, (s, e) in enumerate(spans) if s == start and e == end)
-        rank = int((probs > probs[target]).sum()) + 1
-        ranks.append(rank)
-        suspicion = reference.suspicion(words_of(tokenizer, text))
-        assert len(suspicion) == len(spans)
-        reference_ranks.append(int((suspicion > suspicion[target]).sum()) + 1)
-        rows.append({"text": text, "original": old, "replacement": new, "rank": rank, "bigram_rank": reference_ranks[-1], "words": len(spans),
-                     "prob": float(probs[target]), "max_other": float(np.delete(probs, target).max())})  # fmt: skip
-    ranks_arr = np.array(ranks)
-    words = np.array([r["words"] for r in rows])
-    summary = {
-        "replacement": args.replacement,
-        "sentences": len(rows),
-        "top1_hit_rate": float((ranks_arr == 1).mean()),
-        "top3_hit_rate": float((ranks_arr <= 3).mean()),
-        "mean_rank": float(ranks_arr.mean()),
-        "mean_words_per_sentence": float(words.mean()),
-        "chance_top1": float((1 / words).mean()),
-        "median_prob_replaced": float(np.median([r["prob"] for r in rows])),
-        "bigram_reference_top1_hit_rate": float((np.array(reference_ranks) == 1).mean()),
-        "bigram_reference_top3_hit_rate": float((np.array(reference_ranks) <= 3).mean()),
-    }
+    rows = measure(args, tokenizer, session, reference, pick)
+    summary = summarise(rows, args.replacement)
     print(
-        f"\ndetector {bundle} on {len(rows)} held-out WikiText-2 test sentences, one word replaced "
-        f"({args.replacement})"
+        f"\ndetector {bundle} on {len(rows)} held-out WikiText-2 test sentences, one word replaced ({args.replacement})"
     )
     for k, v in summary.items():
         print(f"  {k:<32}{v:.3f}" if isinstance(v, float) else f"  {k:<32}{v}")

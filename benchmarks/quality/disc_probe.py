@@ -49,7 +49,7 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
     from sklearn.metrics import roc_auc_score
 
     from training.checkpoint import load_model
-    from training.objective import Corruption, draw_noise, generator_fill, replace_with_samples
+    from training.pretraining.objective import Corruption, draw_noise, generator_fill, replace_with_samples
 
     disc, cfg, _ = load_model(ckpt, "ElectraForPreTraining")
     gen, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from training.shards import PackedDataset, batch_tensors
+    from training.data.shards import PackedDataset, batch_tensors
 
     cks = checkpoints(Path(args.path))
     run = cks[0].parents[1] if cks[0].parent.name == "checkpoints" else None

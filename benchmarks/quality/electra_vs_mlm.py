@@ -122,7 +122,7 @@ def parse_args(argv):
             p.error(
                 f"--{name.replace('_', '-')}: {', '.join(bad)} is set by the benchmark (or its own option)"
             )
-    from training.finetune_sets import LABELLED_SETS
+    from training.finetuning.sets import LABELLED_SETS
 
     args.tasks = [t for t in args.tasks.split(",") if t]
     for t in args.tasks:

@@ -25,8 +25,8 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
     runs with the same corpus and size); otherwise the tokenizer.json / vocab.txt path given."""
     if choice != "train":
         return Path(choice)
-    from training.corpus import read_corpus
-    from training.tokenizer import save_tokenizer, train_wordpiece
+    from training.data.corpus import read_corpus
+    from training.data.tokenizer import save_tokenizer, train_wordpiece
 
     d = work / "tokenizer"
     want = {"corpus": base.corpus, "vocab_size": base.vocab_size, "lowercase": base.lowercase}
@@ -46,7 +46,7 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
 
 
 def tokenizer_info(path: Path, lowercase: bool = True) -> dict:
-    from training.tokenizer import load_tokenizer, tokenizer_sha256
+    from training.data.tokenizer import load_tokenizer, tokenizer_sha256
 
     tok = load_tokenizer(path, lowercase=lowercase)
     return {"path": str(path), "vocab_size": tok.get_vocab_size(), "sha256": tokenizer_sha256(tok)}
@@ -57,8 +57,8 @@ def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, step
     evaluation or saving), after one warm-up step."""
     import torch
 
-    from training.objective import Corruption, draw_noise
     from training.pretrain import build_objective
+    from training.pretraining.objective import Corruption, draw_noise
 
     if threads:
         torch.set_num_threads(threads)

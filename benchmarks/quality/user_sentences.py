@@ -2,7 +2,7 @@
 
 Sentences come from a source the detector never trained on (default: UK House of Commons speeches,
 spoken and parliamentary, while the shipped detector read Wikipedia and news). One word of each is
-swapped three ways (training/swaps.py): by a pretraining run's generator (`--generator`), by a random
+swapped three ways (training/data/swaps.py): by a pretraining run's generator (`--generator`), by a random
 word of similar frequency, and by a random word of the same part of speech; the same sentences, clean,
 are sent too. Every text goes through the server's tokenizer, session options and post-processing
 (export/wordscores.py), at the bundle's own default threshold, so the figures are what /detect returns.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import sys
 from pathlib import Path
@@ -34,8 +33,8 @@ SOURCES = ("commons", "wikitext2")
 
 
 def held_out_sentences(source: str, data_dir: str | None, min_words: int, max_words: int) -> list[str]:
-    from training.corpus import read_corpus
-    from training.sentences import iter_sentences
+    from training.data.corpus import read_corpus
+    from training.data.sentences import iter_sentences
 
     split = "test"
     out = []
@@ -64,7 +63,7 @@ def position_class(words, index: int) -> str:
 
 
 def make_texts(args, tokenizer, sentences: list[str], pickers: dict) -> list[dict]:
-    from training.swaps import Swapper
+    from training.data.swaps import Swapper
 
     swapper = Swapper(tokenizer)
     items = []
@@ -196,23 +195,6 @@ def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str
     plt.close(fig)
 
 
-def cpu_features() -> dict:
-    """What decides ONNX Runtime's int8 kernels on this machine (AMX, AVX-512 VNNI, AVX2)."""
-    flags: set[str] = set()
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-            elif line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    path = ("AMX" if "amx_int8" in flags else "AVX-512 VNNI" if "avx512_vnni" in flags
-            else "AVX-VNNI" if "avx_vnni" in flags else "AVX2" if "avx2" in flags else "other")  # fmt: skip
-    return {"model": model, "int8_kernel_path": path, "cores": len(__import__("os").sched_getaffinity(0))}
-
-
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, help="detector bundle directory")
@@ -242,17 +224,32 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def make_pickers(args, tokenizer, reference) -> dict:
+    """The three ways of swapping a word (the generator's only with --generator)."""
+    from training.data.registry import fetch
+    from training.data.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon
+
+    pickers = {}
+    if args.generator:
+        from training.checkpoint import load_model, resolve_checkpoint
+
+        generator, _, _ = load_model(resolve_checkpoint(args.generator) / "generator")
+        pickers["generator"] = generator_picker(tokenizer, generator.eval())
+    pickers["frequency"] = frequency_picker(tokenizer, reference.unigrams)
+    pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=args.data_dir)))
+    return pickers
+
+
 def main(argv=None) -> None:
     args = parse(argv)
     print(f"config: {json.dumps(vars(args))}", flush=True)
     from tokenizers import Tokenizer
 
     from app.bundle import read_bundle
+    from benchmarks.machine import cpu
     from benchmarks.quality.bigram import BigramReference
     from export.wordscores import WordScorer
-    from training.corpus import read_corpus
-    from training.registry import fetch
-    from training.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon
+    from training.data.corpus import read_corpus
 
     bundle = read_bundle(Path(args.bundle))
     m = bundle.manifest
@@ -269,14 +266,7 @@ def main(argv=None) -> None:
     random.Random(args.seed).shuffle(sentences)
     print(f"{len(sentences)} sentences; counting word bigrams of {args.reference_text} train ...", flush=True)
     reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
-    pickers = {}
-    if args.generator:
-        from training.checkpoint import load_model, resolve_checkpoint
-
-        generator, _, _ = load_model(resolve_checkpoint(args.generator) / "generator")
-        pickers["generator"] = generator_picker(tokenizer, generator.eval())
-    pickers["frequency"] = frequency_picker(tokenizer, reference.unigrams)
-    pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=args.data_dir)))
+    pickers = make_pickers(args, tokenizer, reference)
     items = make_texts(args, tokenizer, sentences, pickers)
     scorer = WordScorer(bundle.model_path, bundle.tokenizer_path, m.max_length)
     score(items, scorer.results([x["text"] for x in items], threshold), threshold, reference, tokenizer)
@@ -290,7 +280,7 @@ def main(argv=None) -> None:
         "calibrated": m.calibration is not None,
         "threshold": threshold,
         "source": args.source,
-        "cpu": cpu_features(),
+        "cpu": cpu(),
         "summary": {"all": summarise(swapped, clean), **{k: summarise([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "breakdowns": {"all": breakdowns(swapped, clean), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "config": vars(args),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from app.engine import PROVIDERS, session
+from benchmarks.machine import cpu
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
 
@@ -117,7 +117,7 @@ def build_models(work: Path, explore: bool, cfg) -> tuple[dict, object, object]:
     import transformers
 
     from export.onnx import export_onnx, graph_for
-    from export.optimize import fuse, quantize_int8
+    from export.optimize import fuse, int8_weights, quantize_int8
     from training.checkpoint import hf_config_dict
     from training.model import ElectraForPreTraining, init_weights
 
@@ -135,20 +135,27 @@ def build_models(work: Path, explore: bool, cfg) -> tuple[dict, object, object]:
     export_onnx(graph, output, work / "raw.onnx")
     H, nh = cfg.hidden_size, cfg.num_attention_heads
     fuse(work / "raw.onnx", work / "fused.onnx", nh, H)  # what `python -m export --precision fp32` ships
+    int8_weights(work / "fused.onnx", work / "int8_weights.onnx")  # --int8 weights, the default
     quantize_int8(work / "fused.onnx", work / "int8.onnx")  # --int8 dynamic
-    static_int8(work, cfg.vocab_size)  # --int8 static, the default
+    static_int8(work, cfg.vocab_size)  # --int8 static
     variants = {
         "onnx fp32": work / "fused.onnx",
+        "int8 weights (default)": work / "int8_weights.onnx",
         "onnx int8": work / "int8.onnx",
         "onnx int8 static": work / "int8_static.onnx",
         "int8 static, FFN out fp32": work / "int8_static_ffn.onnx",
     }
-    if not explore:
-        return variants, hf, cfg
+    if explore:
+        variants |= explored_variants(work, nh, H)
+    return variants, hf, cfg
+
+
+def explored_variants(work: Path, nh: int, H: int) -> dict:
+    """The variants the export rejected, timed with --explore (docs/benchmarks.md says why each lost)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from export.optimize import residual_adds_as_sum
+    from export.optimize import fuse, quantize_int8, residual_adds_as_sum
 
     # The graph ORT's tools make by default: SkipLayerNormalization fused (by the optimizer or the session).
     fuse(work / "raw.onnx", work / "skipln.onnx", nh, H, for_gpu=True)
@@ -160,7 +167,7 @@ def build_models(work: Path, explore: bool, cfg) -> tuple[dict, object, object]:
     residual_adds_as_sum(raw)
     onnx.save(raw, work / "raw_sum.onnx")
     quantize_int8(work / "raw_sum.onnx", work / "raw_sum_int8.onnx")
-    variants |= {
+    variants = {
         "fp32 SkipLayerNorm": work / "skipln.onnx",
         "fp32 unfused": work / "raw.onnx",
         "int8 SkipLayerNorm": work / "skipln_int8.onnx",
@@ -182,7 +189,7 @@ def build_models(work: Path, explore: bool, cfg) -> tuple[dict, object, object]:
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     variants["int8 MatMul only"] = work / "mm_only.onnx"
-    return variants, hf, cfg
+    return variants
 
 
 def static_int8(work: Path, vocab_size: int) -> None:
@@ -209,7 +216,7 @@ def static_int8(work: Path, vocab_size: int) -> None:
     quantize_int8_static(work / "raw_sum_static.onnx", work / "int8_static_ffn.onnx", calibration, True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.speed.engine", allow_abbrev=False)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
@@ -220,13 +227,55 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="time the shape of this run or checkpoint (e.g. runs/detector) instead of ELECTRA-Small's",
     )
-    args = p.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    return p.parse_args(argv)
+
+
+def time_shapes(sessions: dict, hf, cfg, peak: dict) -> list[dict]:
+    """Every engine on every shape, interleaved; one row per (shape, engine)."""
     import torch
 
-    torch.set_num_threads(args.threads)
     from training.model import flops_per_token
 
+    rows = []
+    for B, T in SHAPES:
+        rng = np.random.default_rng(0)
+        feed = {
+            "input_ids": rng.integers(5, cfg.vocab_size, (B, T)).astype(np.int64),
+            "attention_mask": np.ones((B, T), np.int64),
+            "token_type_ids": np.zeros((B, T), np.int64),
+        }
+        tfeed = {k: torch.from_numpy(v) for k, v in feed.items()}
+        gflop = flops_per_token(cfg, T) / 3 * B * T / 1e9  # forward only: a third of training's
+
+        def eager(tfeed=tfeed):
+            with torch.inference_mode():
+                hf(**tfeed)
+
+        fns = {"transformers eager": eager}
+        fns |= {name: (lambda sess=sess, feed=feed: sess.run(None, feed)) for name, sess in sessions.items()}
+        results = interleaved(fns)
+        base = results["transformers eager"]
+        for name, s in results.items():
+            kind = (
+                "int8" if "int8" in name and "weights" not in name else "fp32"
+            )  # int8 weights compute in fp32
+            rows.append({"batch": B, "length": T, "engine": name, "ms": s * 1e3, "tokens_per_s": B * T / s,
+                         "speedup_vs_transformers": base / s, "peak_share": gflop / s / peak[kind],
+                         "peak_kind": kind})  # fmt: skip
+        print(f"  {B}x{T} done", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import onnxruntime
+    import torch
+    import transformers
+
+    from training.model import flops_per_token
+
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         peak = gemm_peak(args.threads, work)
@@ -241,52 +290,12 @@ def main(argv: list[str] | None = None) -> int:
             sessions["int8, no spinning"] = session(
                 variants["onnx int8"], args.threads, spinning=False, **opts
             )
-        rows = []
-        for B, T in SHAPES:
-            rng = np.random.default_rng(0)
-            feed = {
-                "input_ids": rng.integers(5, cfg.vocab_size, (B, T)).astype(np.int64),
-                "attention_mask": np.ones((B, T), np.int64),
-                "token_type_ids": np.zeros((B, T), np.int64),
-            }
-            tfeed = {k: torch.from_numpy(v) for k, v in feed.items()}
-            gflop = flops_per_token(cfg, T) / 3 * B * T / 1e9  # forward only: a third of training's
+        rows = time_shapes(sessions, hf, cfg, peak)
 
-            def eager(tfeed=tfeed):
-                with torch.inference_mode():
-                    hf(**tfeed)
-
-            fns = {"transformers eager": eager}
-            fns |= {
-                name: (lambda sess=sess, feed=feed: sess.run(None, feed)) for name, sess in sessions.items()
-            }
-            results = interleaved(fns)
-            base = results["transformers eager"]
-            for name, s in results.items():
-                int8 = "int8" in name
-                rows.append(
-                    {
-                        "batch": B,
-                        "length": T,
-                        "engine": name,
-                        "ms": s * 1e3,
-                        "tokens_per_s": B * T / s,
-                        "speedup_vs_transformers": base / s,
-                        "peak_share": gflop / s / peak["int8" if int8 else "fp32"],
-                        "peak_kind": "int8" if int8 else "fp32",
-                    }
-                )
-            print(f"  {B}x{T} done", flush=True)
-
-    print(f"\n{'shape':>7} {'engine':<22} {'ms':>8} {'tokens/s':>9} {'x eager':>8} {'% peak':>7}")
+    print(f"\n{'shape':>7} {'engine':<26} {'ms':>8} {'tokens/s':>9} {'x eager':>8} {'% peak':>7}")
     for r in rows:
-        print(
-            f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<22} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
-            f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})"
-        )
-    import onnxruntime
-    import transformers
-
+        print(f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<26} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
+              f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})")  # fmt: skip
     result = {
         "model": f"{args.shape_from or 'ELECTRA-Small'} shape, random weights",
         "config": cfg.to_dict(),
@@ -298,15 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             "how": "ORT MatMul / MatMulInteger",
         },
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "load_average_after": os.getloadavg(),  # > threads means another process competed
-        },
+            **cpu(),
+            "load_average_after": os.getloadavg(),
+        },  # load > threads: another process competed
         "versions": {
             "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__,
             "transformers": transformers.__version__,
-        },
+        },  # fmt: skip
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from training.model import ElectraConfig, flops_per_token
-from training.objective import (
+from training.pretraining.objective import (
     ElectraObjective,
     draw_noise,
     mask_tokens,

@@ -7,10 +7,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from app.batcher import Batcher, InFlight
+from app.admission import Admission
+from app.batcher import Batcher
 from app.bundle import Bundle
+from app.catalog import default_threshold, describe
 from app.engine import Engine
 from app.errors import AppError, ErrorType
+from app.lifecycle import Lifecycle, Phase
+from app.load import ServerLoad
 from app.metrics import Metrics
 from app.schemas import ModelInfo
 from app.settings import Settings, SettingsError
@@ -24,6 +28,7 @@ class Model:
     bundle: Bundle
     tokenizer: TextTokenizer
     engine: Engine
+    admission: Admission
     batcher: Batcher
 
     @property
@@ -33,30 +38,6 @@ class Model:
     @property
     def threshold(self) -> float:
         return default_threshold(self.bundle.manifest)
-
-
-# What a detector bundle exported before calibration (issue 21) is served with, as it always was.
-UNCALIBRATED_THRESHOLD = 0.5
-
-
-def default_threshold(manifest) -> float:
-    return manifest.threshold if manifest.threshold is not None else UNCALIBRATED_THRESHOLD
-
-
-def calibration_info(manifest) -> dict:
-    """What /models says about a detector's probabilities and default threshold."""
-    if manifest.calibration is not None:
-        return {
-            "calibrated": True,
-            "threshold": default_threshold(manifest),
-            "calibration": manifest.calibration,
-        }
-    note = (
-        "not calibrated: this bundle was exported before calibration (or with --no-calibrate); its "
-        "probabilities carry the pretraining prior and the default threshold is 0.5. Re-export it with "
-        "python -m export to calibrate it and choose a threshold"
-    )
-    return {"calibrated": False, "threshold": default_threshold(manifest), "calibration": {"note": note}}
 
 
 class Registry:
@@ -73,9 +54,12 @@ class Registry:
         self.broken: dict[str, str] = dict(broken or {})
         self.settings = settings
         self.metrics = metrics
-        self.in_flight = InFlight()  # admitted requests over all models: a lone one runs on every core
+        self.server_load = (
+            ServerLoad()
+        )  # over all models: a lone request runs on every core (app/placement.py)
+        self.lifecycle = Lifecycle()
         self.models: dict[str, Model] = {}
-        self.state = "loading"  # loading -> ready -> draining; or failed
+        self.state = "loading"  # loading -> ready, or failed; draining is the lifecycle's
         self.detail: str | None = None
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,8 +98,7 @@ class Registry:
             endpoint = "/detect" if bundle.manifest.kind == "detector" else "/classify"
             msg = f"model {name!r} is a {bundle.manifest.kind}, not a {kind}; use {endpoint}"
             raise AppError(ErrorType.WRONG_MODEL_KIND, msg, field="model")
-        if self.state == "draining":
-            raise AppError(ErrorType.UNAVAILABLE, "server is shutting down", headers={"retry-after": "5"})
+        self.lifecycle.check_admission()
         model = self.models.get(name)
         if model is None:
             raise AppError(
@@ -124,103 +107,53 @@ class Registry:
         return model
 
     def readiness(self) -> tuple[str, str | None]:
-        """(status, detail): "degraded" when some models serve and others are broken."""
+        """(status, detail): "degraded" when some models serve and others are broken; "draining" from
+        the moment SIGTERM arrives, so a load balancer takes the replica out before its work ends."""
+        if self.lifecycle.phase is Phase.LEAVING:
+            return "draining", "shutting down: out of rotation, still answering until --drain-delay-s ends"
+        if self.lifecycle.phase is not Phase.SERVING:
+            return "draining", "shutting down: finishing the requests already admitted"
         if self.state == "ready" and self.broken:
             names = ", ".join(sorted(self.broken))
             return "degraded", f"broken bundle(s), not served: {names}; see GET /models for why"
         return self.state, self.detail
 
     def describe(self) -> list[ModelInfo]:
-        defaults = {self.default("detector"), self.default("classifier")}
-        out = []
-        for name, b in sorted(self.bundles.items()):
-            m = b.manifest
-            provenance = {
-                "source": m.source,
-                "created_at": m.created_at,
-                "versions": m.versions,
-                "parity": m.parity,
-                "optimizations": m.optimizations,
-                "opset": m.opset,
-            }
-            out.append(
-                ModelInfo(
-                    name=name,
-                    kind=m.kind,
-                    labels=list(m.labels),
-                    problem_type=m.problem_type,
-                    precision=m.precision,
-                    max_length=m.max_length,
-                    sha256=m.model_sha256,
-                    files_sha256=b.verified,
-                    warnings=list(b.warnings),
-                    inputs=list(m.inputs),
-                    provenance=provenance,
-                    default=name in defaults,
-                    **(calibration_info(m) if m.kind == "detector" else {}),
-                )
-            )
-        return out
+        return describe(self.bundles, {self.default("detector"), self.default("classifier")})
 
     async def load(self) -> None:
         self._loop = asyncio.get_running_loop()
         for bundle in list(self.bundles.values()):
             try:
-                tokenizer, engine = await asyncio.to_thread(self._load_and_warm, bundle)
+                tokenizer, engine = await asyncio.to_thread(_load_and_warm, bundle, self.settings)
             except Exception as e:  # this bundle fails alone; the reason stays readable on /models
                 self.broken[bundle.name] = f"loading failed: {type(e).__name__}: {e}"
                 del self.bundles[bundle.name]
                 log.exception("%s: loading failed; the other models are served", bundle.name)
                 continue
             try:
-                batcher = Batcher(
-                    bundle.name,
-                    engine,
-                    tokenizer.pad_id,
-                    token_budget=self.settings.batch_token_budget,
-                    bulk_token_budget=self.settings.bulk_batch_tokens,
-                    max_wait_ms=self.settings.max_wait_ms,
-                    queue_size=self.settings.queue_size,
-                    metrics=self.metrics,
-                    runners=self.settings.runners,
-                    interactive_tokens=self.settings.interactive_tokens,
-                    max_bulk_tokens=self.settings.max_bulk_tokens,
-                    in_flight=self.in_flight,
-                )
-                batcher.start()
+                admission, batcher = _scheduler(self, bundle.name, tokenizer, engine)
             except Exception as e:  # a bug of ours, not the bundle's: /ready reports it, the process stays up
                 self.state, self.detail = "failed", f"{type(e).__name__}: {e}"
                 log.exception("starting the batchers failed")
                 return
-            self.models[bundle.name] = Model(bundle, tokenizer, engine, batcher)
+            self.models[bundle.name] = Model(bundle, tokenizer, engine, admission, batcher)
             log.info("%s: loaded and warmed up (%s)", bundle.name, bundle.manifest.kind)
         if not self.models:
             self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
         elif self.state == "loading":
             self.state = "ready"
 
-    def _load_and_warm(self, bundle: Bundle) -> tuple[TextTokenizer, Engine]:
-        m = bundle.manifest
-        tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, self.settings.window_stride)
-        engine = Engine(
-            bundle,
-            self.settings.threads_per_runner(),
-            self.settings.memory_arena,
-            self.settings.providers,
-            solo_threads=self.settings.threads_when_alone(),
-        )
-        # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
-        for length in (8, m.max_length):
-            engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))
-        if engine.solo is not None:
-            engine.run(engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id), solo=True)
-        return tokenizer, engine
+    def leave_rotation(self) -> None:
+        """SIGTERM with --drain-delay-s: /ready answers 503 and connections close after their response,
+        while requests are still admitted (a balancer sends some until its next health check)."""
+        self.lifecycle.leave()
 
     def begin_drain(self) -> None:
-        """SIGTERM: refuse new work with 503; what is admitted keeps going."""
-        self.state = "draining"
-        for model in self.models.values():
-            model.batcher.closing = True
+        """Refuse new work with 503 and leave /ready; what is admitted keeps going."""
+        if self.lifecycle.phase not in (Phase.SERVING, Phase.LEAVING):
+            return  # a second signal: the deadline already runs
+        self.lifecycle.drain()
         # Called from a signal handler: hand over to the loop. The deadline answers what is still
         # waiting with a JSON 503 *before* uvicorn's own timeout (a little later, see __main__) would
         # cancel those handlers and send a plain-text 500.
@@ -229,13 +162,60 @@ class Registry:
                 self._loop.call_later, self.settings.graceful_timeout_s, self._drain_deadline
             )
 
+    def call_later(self, delay_s: float, fn, *args) -> bool:
+        """Run fn on the server's loop after delay_s (safe from a signal handler); False before load."""
+        if self._loop is None:
+            return False
+        self._loop.call_soon_threadsafe(self._loop.call_later, delay_s, fn, *args)
+        return True
+
     def _drain_deadline(self) -> None:
         msg = f"server shut down: --graceful-timeout-s {self.settings.graceful_timeout_s} passed first"
+        self.lifecycle.stop(msg)
         unanswered = sum(model.batcher.abort(msg) for model in self.models.values())
         if unanswered:
             self.drain_timed_out = True
             log.warning("graceful timeout: %d request(s) answered 503 unscored", unanswered)
 
     async def close(self) -> None:
+        self.lifecycle.stop("server shut down before inference")
         for model in self.models.values():
             await model.batcher.close()
+
+
+def _scheduler(
+    registry: Registry, name: str, tokenizer: TextTokenizer, engine: Engine
+) -> tuple[Admission, Batcher]:
+    """The model's admission and batcher, its runners started."""
+    st = registry.settings
+    admission = Admission(
+        name, queue_size=st.queue_size, interactive_tokens=st.interactive_tokens,
+        max_bulk_tokens=st.max_bulk_tokens, lifecycle=registry.lifecycle, load=registry.server_load,
+        series=registry.metrics.of_model(name),
+    )  # fmt: skip
+    batcher = Batcher(
+        engine, tokenizer.pad_id, admission, registry.server_load, token_budget=st.batch_token_budget,
+        bulk_token_budget=min(st.batch_token_budget, st.bulk_batch_tokens), max_wait_ms=st.max_wait_ms,
+        runners=st.runners,
+    )  # fmt: skip
+    batcher.start()
+    return admission, batcher
+
+
+def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, Engine]:
+    """Tokenizer and sessions, warmed: a worker thread's work, off the event loop."""
+    m = bundle.manifest
+    tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, settings.window_stride)
+    engine = Engine(
+        bundle,
+        settings.threads_per_runner(),
+        settings.memory_arena,
+        settings.providers,
+        solo_threads=settings.threads_when_alone(),
+    )
+    # One short and one full-length batch: first runs allocate and pick kernels; a client should not pay.
+    for length in (8, m.max_length):
+        engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))
+    if engine.has_solo:
+        engine.run(engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id), solo=True)
+    return tokenizer, engine

@@ -27,7 +27,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 
-from training.registry import REGISTRY, fetch
+from training.data.registry import REGISTRY, fetch
 
 __all__ = ["LABELLED_SETS", "LabelledSet", "load_labelled"]
 

@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from training.tokenizer import special_ids, tokenizer_sha256
+from training.data.tokenizer import special_ids, tokenizer_sha256
 
 __all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards"]
 
@@ -190,81 +190,24 @@ def build_shards(
     directory built with the same tokenizer, ``seq_len`` and layout is reused without reading ``documents``;
     one built with another is rebuilt and replaced. ``mix`` makes request-shaped rows (module docstring).
     """
-    from tqdm.auto import tqdm
-
     out = Path(out_dir)
     # A private copy without padding/truncation: a tokenizer loaded from a file that enables either would
     # otherwise pad or cut every document silently.
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.no_padding()
     tok.no_truncation()
-    sha = tokenizer_sha256(tok)
-    if (out / META_FILE).is_file():
-        info = ShardInfo.load(out)
-        layout = mix.describe() if mix else "packed"
-        if (info.tokenizer_sha256, info.seq_len, info.format_version, info.layout) == (
-            sha,
-            seq_len,
-            FORMAT_VERSION,
-            layout,
-        ):
-            return info
-    elif out.exists():
-        raise FileExistsError(
-            f"{out} exists but holds no {META_FILE}; not overwriting it: choose another out_dir"
-        )
-
-    ids = special_ids(tok)
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)  # ids are < vocab_size
-    packer = (
-        _RequestPacker(seq_len, ids.cls, ids.sep, ids.pad, dtype, mix)
-        if mix
-        else _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype)
-    )
+    layout = mix.describe() if mix else "packed"
+    existing = _reusable(out, tokenizer_sha256(tok), seq_len, layout)
+    if existing is not None:
+        return existing
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built under a temporary name beside the target and renamed into place: a killed build leaves no
     # directory that a later run would mistake for complete.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the shards are meant to be shared by every rank and user
-    n_docs = n_tokens = n_rows = 0
-    total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
     try:
-        with open(tmp / TOKENS_FILE, "wb") as f, tqdm(total=total, desc=desc, unit="doc") as bar:
-            for batch in _batched(documents, batch_size):
-                for doc, pieces in zip(batch, _encode(tok, batch, by_sentence=mix is not None), strict=True):
-                    n_tokens += sum(map(len, pieces))
-                    n_docs += any(pieces)
-                    if mix:
-                        packer.add_document(pieces, doc)
-                    else:
-                        packer.add(pieces[0])
-                rows = packer.take_rows()
-                if rows is not None:
-                    rows.tofile(f)
-                    n_rows += len(rows)
-                bar.update(len(batch))
-            rows = packer.take_rows(final=True)
-            if rows is not None:
-                rows.tofile(f)
-                n_rows += len(rows)
-        if n_rows == 0:
-            raise ValueError(f"{desc}: no tokens in the documents given; nothing to pack")
-        info = ShardInfo(
-            str(out),
-            n_rows,
-            seq_len,
-            dtype.name,
-            vocab_size,
-            sha,
-            n_docs,
-            n_tokens,
-            ids.pad,
-            ids.cls,
-            ids.sep,
-            desc,
-            layout=mix.describe() if mix else "packed",
-        )
+        info = _write_rows(documents, tok, seq_len, tmp, desc, batch_size, mix)
+        info = replace(info, path=str(out))
         meta = {k: v for k, v in asdict(info).items() if k != "path"}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _replace_dir(tmp, out)
@@ -274,11 +217,60 @@ def build_shards(
     return info
 
 
+def _reusable(out: Path, sha: str, seq_len: int, layout: str) -> ShardInfo | None:
+    """The shards already there, if they were built the same way; None if they must be (re)built."""
+    if not (out / META_FILE).is_file():
+        if out.exists():
+            raise FileExistsError(
+                f"{out} exists but holds no {META_FILE}; not overwriting it: choose another out_dir"
+            )
+        return None
+    info = ShardInfo.load(out)
+    same = (info.tokenizer_sha256, info.seq_len, info.format_version, info.layout)
+    return info if same == (sha, seq_len, FORMAT_VERSION, layout) else None
+
+
+def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, batch_size: int,
+                mix: RowMix | None) -> ShardInfo:  # fmt: skip
+    """Tokenize the documents into rows in tmp/tokens.bin; the ShardInfo describing them."""
+    from tqdm.auto import tqdm
+
+    ids = special_ids(tok)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)  # ids are < vocab_size
+    packer = (_RequestPacker(seq_len, ids.cls, ids.sep, ids.pad, dtype, mix) if mix
+              else _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype))  # fmt: skip
+    n_docs = n_tokens = n_rows = 0
+    total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
+    with open(tmp / TOKENS_FILE, "wb") as f, tqdm(total=total, desc=desc, unit="doc") as bar:
+        for batch in _batched(documents, batch_size):
+            for doc, pieces in zip(batch, _encode(tok, batch, by_sentence=mix is not None), strict=True):
+                n_tokens += sum(map(len, pieces))
+                n_docs += any(pieces)
+                if mix:
+                    packer.add_document(pieces, doc)
+                else:
+                    packer.add(pieces[0])
+            rows = packer.take_rows()
+            if rows is not None:
+                rows.tofile(f)
+                n_rows += len(rows)
+            bar.update(len(batch))
+        rows = packer.take_rows(final=True)
+        if rows is not None:
+            rows.tofile(f)
+            n_rows += len(rows)
+    if n_rows == 0:
+        raise ValueError(f"{desc}: no tokens in the documents given; nothing to pack")
+    return ShardInfo(str(tmp), n_rows, seq_len, dtype.name, vocab_size, tokenizer_sha256(tok), n_docs, n_tokens,
+                     ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed")  # fmt: skip
+
+
 def _encode(tok: Tokenizer, docs: list[str], by_sentence: bool) -> list[list[list[int]]]:
     """Per document, its token ids: one list (packed), or one list per sentence (request rows)."""
     if not by_sentence:
         return [[enc.ids] for enc in tok.encode_batch(docs, add_special_tokens=False)]
-    from training.sentences import iter_sentences
+    from training.data.sentences import iter_sentences
 
     sentences = [list(iter_sentences(d)) for d in docs]
     flat = tok.encode_batch([s for doc in sentences for s in doc], add_special_tokens=False)

@@ -83,7 +83,7 @@ def load_task_data(cfg) -> TaskData:
 
 
 def _registry(cfg) -> TaskData:
-    from training.finetune_sets import load_labelled
+    from training.finetuning.sets import load_labelled
 
     ls = load_labelled(cfg.task, cfg.data_dir)
     splits = {k: [Example(text, None, label) for text, label in ls[k]] for k in ("train", "dev", "test")}

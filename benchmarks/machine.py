@@ -1,0 +1,33 @@
+"""The machine a figure was measured on, recorded beside it: ONNX Runtime picks its int8 kernels by
+the CPU's features (AMX, AVX-512 VNNI, AVX-VNNI, or plain AVX2), so speeds and the last digits of int8
+scores differ between machines. Compare ratios measured in one run."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def cpu() -> dict:
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: the model name from platform is all there is
+    path = next((name for flag, name in KERNEL_PATHS if flag in flags), "other")
+    return {"cpu": model, "int8_kernel_path": path, "cores": len(os.sched_getaffinity(0))}
+
+
+# The best int8 GEMM each CPU feature gives ONNX Runtime's MLAS, best first.
+KERNEL_PATHS = (
+    ("amx_int8", "AMX"),
+    ("avx512_vnni", "AVX-512 VNNI"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("avx2", "AVX2"),
+)

@@ -1,0 +1,180 @@
+"""The scheduler's decisions without a server or an event loop: batch forming (token budgets, the length
+split, requests kept in order, clients that left), which lane a free runner serves, where a batch runs,
+and admission. Futures are concurrent.futures ones: nothing here needs asyncio (after LitServe's
+tests/unit/test_batch.py, which tests its batching on plain queues)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from app.admission import Admission
+from app.batching import Job, Lane, Step, next_step
+from app.errors import AppError, ErrorType
+from app.lifecycle import Lifecycle
+from app.load import ServerLoad
+from app.metrics import Metrics
+from app.placement import INLINE_TOKENS, Place, place
+
+
+@dataclass
+class R:
+    """A row: only its length matters to the scheduler."""
+
+    ids: list[int]
+
+
+def job(*lengths: int, bulk: bool = False) -> Job:
+    return Job([R([7] * n) for n in lengths], Future(), bulk=bulk)
+
+
+def lengths(batch) -> list[int]:
+    return [len(j.rows[i].ids) for j, i in batch.items]
+
+
+def test_a_take_stays_within_the_budget_and_keeps_the_queue_order():
+    lane = Lane(budget=100, bulk=False)
+    first, second, third = job(30, 30), job(30, 30), job(10)
+    for j in (first, second, third):
+        lane.push(j)
+    assert lane.tokens == 130
+    lane.take()
+    taken = [(j, i) for b in lane.formed for j, i in b.items]
+    # FIFO: the first job whole, then the second up to the budget; the rest waits, before later jobs.
+    assert taken.count((first, 0)) == taken.count((first, 1)) == 1 and (second, 0) in taken
+    assert sum(len(j.rows[i].ids) for j, i in taken) <= 100 and (third, 0) not in taken
+    assert second.taken == 1 and list(lane.jobs) == [second, third] and lane.tokens == 40
+    lane.formed.clear()
+    lane.take()
+    assert [(j, i) for b in lane.formed for j, i in b.items] == [(third, 0), (second, 1)]  # shortest first
+
+
+def test_rows_of_different_lengths_are_not_padded_to_each_other():
+    lane = Lane(budget=4096, bulk=False)
+    for _ in range(12):
+        lane.push(job(8))
+    lane.push(job(120))
+    assert lane.take() == 2
+    assert [lengths(b) for b in lane.formed] == [[8] * 12, [120]]
+    assert all(b.padded_tokens <= 4096 for b in lane.formed)
+
+
+def test_a_row_larger_than_what_is_left_starts_the_next_batch_and_budgets_count_padding():
+    lane = Lane(budget=256, bulk=True)
+    lane.push(job(128, 128, 128))  # three windows of one long text
+    lane.take()
+    assert [lengths(b) for b in lane.formed] == [[128, 128]]  # 2 x 128 padded tokens: the budget
+    lane.formed.clear()
+    lane.take()
+    assert [lengths(b) for b in lane.formed] == [[128]]
+
+
+def test_a_client_that_left_costs_no_inference():
+    lane = Lane(budget=1000, bulk=False)
+    gone, stays = job(10, 10), job(12)
+    lane.push(gone)
+    lane.push(stays)
+    gone.future.cancel()
+    lane.take()
+    assert [(j, i) for b in lane.formed for j, i in b.items] == [(stays, 0)] and lane.tokens == 0
+    # A batch formed before the client left runs only the rows still wanted.
+    lane.push(late := job(10))
+    lane.take()
+    batch = lane.formed[-1]
+    late.future.cancel()
+    assert batch.live() == []
+
+
+def test_outputs_reach_their_rows_whatever_the_batch_order():
+    j = job(30, 5, 17)
+    lane = Lane(budget=1000, bulk=False)
+    lane.push(j)
+    lane.take()
+    (batch,) = lane.formed
+    j.started = j.enqueued
+    out = np.stack([np.full(3, len(j.rows[i].ids)) for _, i in batch.items])  # each row's own length
+    for k, (jj, i) in enumerate(batch.items):
+        jj.deliver(i, out[k])
+    result = j.future.result()
+    assert [int(o[0]) for o in result.outputs] == [30, 5, 17]
+
+
+def test_two_runners_on_one_job_count_its_inference_time_once():
+    j = job(1)
+    j.record(0.0, 1.0)
+    j.record(0.5, 1.5)  # overlapping: another runner on the same job's rows
+    j.record(2.0, 2.5)
+    assert j.inference_s() == pytest.approx(2.0)
+
+
+def test_interactive_work_goes_before_bulk_and_bulk_never_takes_the_last_runner():
+    interactive, bulk = Lane(100, bulk=False), Lane(100, bulk=True)
+    assert next_step(interactive, bulk, bulk_allowed=True) == (Step.WAIT, None)
+    bulk.push(job(50, bulk=True))
+    assert next_step(interactive, bulk, bulk_allowed=True) == (Step.FORM, bulk)
+    assert next_step(interactive, bulk, bulk_allowed=False) == (Step.WAIT, None)
+    interactive.push(job(5))
+    assert next_step(interactive, bulk, bulk_allowed=True) == (Step.FORM, interactive)
+    bulk.take()
+    # A bulk batch already formed runs before interactive work is formed, if a runner stays free.
+    assert next_step(interactive, bulk, bulk_allowed=True) == (Step.CLAIM, bulk)
+    assert next_step(interactive, bulk, bulk_allowed=False) == (Step.FORM, interactive)
+    interactive.take()
+    assert next_step(interactive, bulk, bulk_allowed=True) == (Step.CLAIM, interactive)
+    interactive.formed.clear()
+    assert next_step(interactive, bulk, bulk_allowed=True) == (Step.CLAIM, bulk)
+
+
+def _load(requests=1, running=0, connections=1) -> ServerLoad:
+    load = ServerLoad()
+    for _ in range(requests):
+        load.request_admitted()
+    for _ in range(running):
+        load.batch_started()
+    for _ in range(connections):
+        load.connection_opened()
+    return load
+
+
+def test_placement():
+    small = dict(has_solo=True, bulk=False, jobs=1, padded_tokens=32, max_wait_s=0.0)
+    assert place(_load(), **small, at_submit=True) is Place.INLINE
+    assert place(_load(), **small, at_submit=False) is Place.SOLO
+    # A second client, a second request or a batch still running: no shortcut.
+    assert place(_load(connections=2), **small, at_submit=True) is Place.RUNNER
+    assert place(_load(connections=2), **small, at_submit=False) is Place.SOLO
+    assert place(_load(requests=2), **small, at_submit=False) is Place.RUNNER
+    assert place(_load(running=1), **small, at_submit=False) is Place.RUNNER
+    # Large, bulk, several requests in the batch, --max-wait-ms, or no solo session (GPU, 1 core).
+    assert place(_load(), **{**small, "padded_tokens": INLINE_TOKENS + 1}, at_submit=True) is Place.RUNNER
+    assert place(_load(), **{**small, "bulk": True}, at_submit=False) is Place.RUNNER
+    assert place(_load(), **{**small, "jobs": 2}, at_submit=False) is Place.RUNNER
+    assert place(_load(), **{**small, "max_wait_s": 0.002}, at_submit=True) is Place.RUNNER
+    assert place(_load(), **{**small, "has_solo": False}, at_submit=False) is Place.RUNNER
+
+
+def test_admission_limits_and_lifecycle():
+    lifecycle, load = Lifecycle(), ServerLoad()
+    adm = Admission("m", queue_size=2, interactive_tokens=100, max_bulk_tokens=300, lifecycle=lifecycle,
+                    load=load, series=Metrics().of_model("m"))  # fmt: skip
+    with adm.request(), adm.request():
+        assert load.requests == 2
+        with pytest.raises(AppError) as full, adm.request():
+            pass
+        assert full.value.type is ErrorType.OVERLOADED
+    assert load.requests == 0 and adm.admitted == 0
+    assert adm.reserve(100) is False and adm.reserve(200) is True and adm.bulk_tokens == 200
+    with pytest.raises(AppError, match="--max-bulk-tokens"):
+        adm.reserve(150)
+    adm.release(200)
+    assert adm.reserve(250) is True
+    lifecycle.drain()
+    with pytest.raises(AppError, match="shutting down"), adm.request():
+        pass
+    adm.reserve(10)  # an admitted request's work still goes on while draining
+    lifecycle.stop("the graceful timeout passed")
+    with pytest.raises(AppError, match="graceful timeout"):
+        adm.reserve(10)
