@@ -6,6 +6,9 @@ and tokenizers (only `triton-check` needs those, and runs in the Triton venv); o
     promql PROM_URL JOB               a real PromQL histogram_quantile over electra_request_duration_seconds
     triton-repo MODELS OUT SITE       export's Triton repository for every bundle, served by a Python model
     triton-check URL OUT MODELS       Triton: READY, config as exported, outputs == the bundle's within 1e-6
+    kube-manifests DEPLOY OUT PORT KEY IMAGE
+                                      deploy/'s Secret and Deployment for `podman kube play`: this run's key
+                                      and image, one replica, the container port published on PORT
 """
 
 from __future__ import annotations
@@ -163,9 +166,9 @@ class TritonPythonModel:
 
 
 def triton_repo(models: str, out: str, site_packages: str) -> None:
-    """export.bundle.write_triton (what `python -m export --triton` writes) for every bundle, then the one
+    """export.bundle_writer.write_triton (what `python -m export --triton` writes) for every bundle, then the one
     line Triton cannot run here, the onnxruntime platform, swapped for the Python backend."""
-    from export.bundle import write_triton
+    from export.bundle_writer import write_triton
 
     out_dir = Path(out)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -183,96 +186,130 @@ def triton_repo(models: str, out: str, site_packages: str) -> None:
 
 
 def triton_check(url: str, repo: str, models: str) -> None:
-    import numpy as np
     import onnxruntime as ort
-    from tokenizers import Tokenizer
 
     wait_ready(url + "/v2/health/ready", None, 180)
     for model_dir in sorted(p.parent for p in Path(repo).glob("*/config.pbtxt")):
         name, bundle = model_dir.name, Path(models) / model_dir.name
         manifest = json.loads((bundle / "manifest.json").read_text())
-        status, _ = http(f"{url}/v2/models/{name}/ready")
-        if status != 200:
-            raise SystemExit(f"Triton model {name} not READY ({status})")
-        status, body = http(f"{url}/v2/models/{name}/config")
-        cfg = json.loads(body)
         session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
-        want_out = [-1] if manifest["kind"] == "detector" else [len(manifest["labels"])]
-        checks = {
-            "input names = manifest = ONNX graph": [i["name"] for i in cfg["input"]]
-            == manifest["inputs"]
-            == [i.name for i in session.get_inputs()],
-            "input dims [-1], INT64": all(
-                i["dims"] == [-1] and i["data_type"] == "TYPE_INT64" for i in cfg["input"]
-            ),
-            "output name = manifest = ONNX graph": [o["name"] for o in cfg["output"]]
-            == [manifest["output"]]
-            == [o.name for o in session.get_outputs()],
-            f"output dims {want_out}": [int(d) for d in cfg["output"][0]["dims"]] == want_out,
-            "max_batch_size 64": cfg["max_batch_size"] == 64,
-            "dynamic_batching": "dynamic_batching" in cfg,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise SystemExit(f"Triton's view of {name} fails: {bad}\n{json.dumps(cfg, indent=1)[:2000]}")
-        say(f"Triton model {name}: READY; config as exported: {', '.join(checks)}")
+        _check_triton_config(url, name, manifest, session)
+        _check_triton_outputs(url, name, bundle, manifest, session)
 
-        tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
-        enc = tok.encode_batch(TEXTS)
-        length = max(len(e.ids) for e in enc)
-        feed = {
-            "input_ids": np.array([e.ids + [0] * (length - len(e.ids)) for e in enc], np.int64),
-            "attention_mask": np.array(
-                [[1] * len(e.ids) + [0] * (length - len(e.ids)) for e in enc], np.int64
-            ),
-            "token_type_ids": np.zeros((len(enc), length), np.int64),
-        }
-        feed = {n: feed[n] for n in manifest["inputs"]}
 
-        def infer(rows: slice, feed: dict = feed, name: str = name) -> np.ndarray:
-            inputs = [
-                {
-                    "name": n,
-                    "shape": list(v[rows].shape),
-                    "datatype": "INT64",
-                    "data": v[rows].ravel().tolist(),
-                }
-                for n, v in feed.items()
-            ]
-            status, body = http(f"{url}/v2/models/{name}/infer", {"inputs": inputs}, timeout=120)
-            if status != 200:
-                raise SystemExit(f"Triton infer on {name}: {status} {body[:300]!r}")
-            out = json.loads(body)["outputs"][0]
-            return np.array(out["data"], np.float32).reshape(out["shape"])
+def _check_triton_config(url: str, name: str, manifest: dict, session) -> None:
+    """Triton's view of the model: READY, and its inputs, outputs and batching as the export wrote them."""
+    status, _ = http(f"{url}/v2/models/{name}/ready")
+    if status != 200:
+        raise SystemExit(f"Triton model {name} not READY ({status})")
+    status, body = http(f"{url}/v2/models/{name}/config")
+    cfg = json.loads(body)
+    want_out = [-1] if manifest["kind"] == "detector" else [len(manifest["labels"])]
+    checks = {
+        "input names = manifest = ONNX graph": [i["name"] for i in cfg["input"]]
+        == manifest["inputs"]
+        == [i.name for i in session.get_inputs()],
+        "input dims [-1], INT64": all(
+            i["dims"] == [-1] and i["data_type"] == "TYPE_INT64" for i in cfg["input"]
+        ),
+        "output name = manifest = ONNX graph": [o["name"] for o in cfg["output"]]
+        == [manifest["output"]]
+        == [o.name for o in session.get_outputs()],
+        f"output dims {want_out}": [int(d) for d in cfg["output"][0]["dims"]] == want_out,
+        "max_batch_size 64": cfg["max_batch_size"] == 64,
+        "dynamic_batching": "dynamic_batching" in cfg,
+    }
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise SystemExit(f"Triton's view of {name} fails: {bad}\n{json.dumps(cfg, indent=1)[:2000]}")
+    say(f"Triton model {name}: READY; config as exported: {', '.join(checks)}")
 
-        reference = session.run([manifest["output"]], feed)[0]
-        whole = infer(slice(None))
-        diff = float(np.abs(whole - reference).max())
-        # Each row alone, one request after another: the same as onnxruntime on that row alone.
-        alone = [
-            session.run([manifest["output"]], {n: v[i : i + 1] for n, v in feed.items()})[0]
-            for i in range(len(enc))
-        ]
-        diff_alone = max(float(np.abs(infer(slice(i, i + 1)) - alone[i]).max()) for i in range(len(enc)))
-        if not (diff <= 1e-6 and diff_alone <= 1e-6):
-            raise SystemExit(f"{name}: Triton vs the bundle differ by {diff:.2e} / {diff_alone:.2e} (> 1e-6)")
-        say(
-            f"Triton model {name}: outputs {list(whole.shape)} match the bundle under onnxruntime within 1e-6: "
-            f"max |diff| {diff:.1e} (one request of {len(enc)} rows), {diff_alone:.1e} (each row alone)"
-        )
-        # All rows at once as single-row requests: the dynamic batcher joins them (fewer executions than
-        # inferences). A dynamically quantized int8 model scores a row a little differently beside other
-        # rows (activation scales per batch), so this part is reported, not held to 1e-6.
-        before = stats(url, name)
-        for _ in range(3):
-            with ThreadPoolExecutor(len(enc)) as pool:
-                rows = list(pool.map(lambda i: infer(slice(i, i + 1)), range(len(enc))))
-        after = stats(url, name)
-        joined = float(np.abs(np.concatenate(rows) - np.concatenate(alone)).max())
-        say(
-            f"Triton model {name}: dynamic batching: {after[0] - before[0]} concurrent single-row inferences "
-            f"ran in {after[1] - before[1]} executions; max |diff| to each row alone {joined:.1e}"
-        )
+
+def _feed(bundle: Path, manifest: dict) -> dict:
+    """TEXTS through the bundle's tokenizer, padded to one batch."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    enc = Tokenizer.from_file(str(bundle / "tokenizer.json")).encode_batch(TEXTS)
+    length = max(len(e.ids) for e in enc)
+    feed = {
+        "input_ids": np.array([e.ids + [0] * (length - len(e.ids)) for e in enc], np.int64),
+        "attention_mask": np.array([[1] * len(e.ids) + [0] * (length - len(e.ids)) for e in enc], np.int64),
+        "token_type_ids": np.zeros((len(enc), length), np.int64),
+    }
+    return {n: feed[n] for n in manifest["inputs"]}
+
+
+def _check_triton_outputs(url: str, name: str, bundle: Path, manifest: dict, session) -> None:
+    """Triton's outputs equal the bundle's under onnxruntime: one request of all rows, each row alone,
+    and concurrent single-row requests joined by the dynamic batcher."""
+    import numpy as np
+
+    feed = _feed(bundle, manifest)
+    n_rows = len(next(iter(feed.values())))
+
+    def infer(rows: slice) -> np.ndarray:
+        inputs = [{"name": n, "shape": list(v[rows].shape), "datatype": "INT64", "data": v[rows].ravel().tolist()}
+                  for n, v in feed.items()]  # fmt: skip
+        status, body = http(f"{url}/v2/models/{name}/infer", {"inputs": inputs}, timeout=120)
+        if status != 200:
+            raise SystemExit(f"Triton infer on {name}: {status} {body[:300]!r}")
+        out = json.loads(body)["outputs"][0]
+        return np.array(out["data"], np.float32).reshape(out["shape"])
+
+    reference = session.run([manifest["output"]], feed)[0]
+    whole = infer(slice(None))
+    diff = float(np.abs(whole - reference).max())
+    # Each row alone, one request after another: the same as onnxruntime on that row alone.
+    alone = [
+        session.run([manifest["output"]], {n: v[i : i + 1] for n, v in feed.items()})[0]
+        for i in range(n_rows)
+    ]
+    diff_alone = max(float(np.abs(infer(slice(i, i + 1)) - alone[i]).max()) for i in range(n_rows))
+    if not (diff <= 1e-6 and diff_alone <= 1e-6):
+        raise SystemExit(f"{name}: Triton vs the bundle differ by {diff:.2e} / {diff_alone:.2e} (> 1e-6)")
+    say(
+        f"Triton model {name}: outputs {list(whole.shape)} match the bundle under onnxruntime within 1e-6: "
+        f"max |diff| {diff:.1e} (one request of {n_rows} rows), {diff_alone:.1e} (each row alone)"
+    )
+    # All rows at once as single-row requests: the dynamic batcher joins them (fewer executions than
+    # inferences). A dynamically quantized int8 model scores a row a little differently beside other
+    # rows (activation scales per batch), so this part is reported, not held to 1e-6.
+    before = stats(url, name)
+    for _ in range(3):
+        with ThreadPoolExecutor(n_rows) as pool:
+            rows = list(pool.map(lambda i: infer(slice(i, i + 1)), range(n_rows)))
+    after = stats(url, name)
+    joined = float(np.abs(np.concatenate(rows) - np.concatenate(alone)).max())
+    say(
+        f"Triton model {name}: dynamic batching: {after[0] - before[0]} concurrent single-row inferences "
+        f"ran in {after[1] - before[1]} executions; max |diff| to each row alone {joined:.1e}"
+    )
+
+
+# ------------------------------------------------------------------------------------------ kubernetes
+def kube_manifests(deploy: str, out: str, port: str, key: str, image: str) -> None:
+    """What `podman kube play` runs of deploy/: the Deployment as it is, but for the values a cluster
+    would supply (the registry's image, one replica) and a host port to reach the pod by (there is no
+    Service without a cluster). The Secret goes to OUT.secret.json for `podman secret create`: podman
+    4.3 resolves a secretKeyRef only from a podman secret holding JSON {key: base64 value}, which its
+    own play of a Secret manifest does not write. PyYAML: in the test venv (scripts/test)."""
+    import base64
+
+    import yaml
+
+    secret = yaml.safe_load((Path(deploy) / "secret.yaml").read_text())
+    data = {k: base64.b64encode(key.encode()).decode() for k in secret["stringData"]}
+    Path(out + ".secret.json").write_text(json.dumps(data))
+    deployment = yaml.safe_load((Path(deploy) / "deployment.yaml").read_text())
+    deployment["spec"]["replicas"] = 1
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container["image"] = image
+    container["ports"][0]["hostPort"] = int(port)
+    Path(out).write_text(yaml.safe_dump(deployment, sort_keys=False))
+    say(
+        f"wrote {out} (deploy/deployment.yaml, image {image}, host port {port}) and its secret ({secret['metadata']['name']})"
+    )
 
 
 def stats(url: str, name: str) -> tuple[int, int]:
@@ -288,4 +325,5 @@ if __name__ == "__main__":
         "promql": lambda: promql(*args),
         "triton-repo": lambda: triton_repo(*args),
         "triton-check": lambda: triton_check(*args),
+        "kube-manifests": lambda: kube_manifests(*args),
     }[cmd]()

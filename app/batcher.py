@@ -147,7 +147,7 @@ class Batcher:
             loop = asyncio.get_running_loop()
             out = await loop.run_in_executor(self._executor, self.engine.run, feeds, where is Place.SOLO)
         except Exception as e:  # a failed run fails its requests, never the batcher
-            return self._fail(jobs, e)
+            return _fail(jobs, e)
         finally:
             self.load.batch_finished()
         self._finish(live, jobs, feeds, out, start, where)
@@ -159,7 +159,7 @@ class Batcher:
         try:
             out = self.engine.run(feeds, solo=True)
         except Exception as e:  # as in a runner: the request fails, the server goes on
-            return self._fail([job], e)
+            return _fail([job], e)
         self._finish(batch.items, [job], feeds, out, start, Place.INLINE)
 
     def _starting(self, jobs: list[Job]) -> float:
@@ -179,16 +179,10 @@ class Batcher:
         for k, (job, i) in enumerate(live):
             job.deliver(i, out[k])
 
-    @staticmethod
-    def _fail(jobs: list[Job], error: Exception) -> None:
-        for job in jobs:
-            if not job.future.done():
-                job.future.set_exception(error)
-
     def abort(self, message: str) -> int:
         """Answer every submitted, unanswered request with 503 now (the drain deadline); returns how many."""
         waiting = [job for job in self.pending if not job.future.done()]
-        self._fail(waiting, AppError(ErrorType.UNAVAILABLE, message))
+        _fail(waiting, AppError(ErrorType.UNAVAILABLE, message))
         return len(waiting)
 
     async def close(self) -> None:
@@ -198,3 +192,9 @@ class Batcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.abort("server shut down before inference")
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _fail(jobs: list[Job], error: Exception) -> None:
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_exception(error)

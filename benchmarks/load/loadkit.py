@@ -89,7 +89,11 @@ def ours(models, server_args: str = "") -> Callable[[int], list[str]]:
 
 @contextlib.contextmanager
 def serve(
-    name: str, argv_for_port: Callable[[int], list[str]], log_dir: Path, timeout: float = 180
+    name: str,
+    argv_for_port: Callable[[int], list[str]],
+    log_dir: Path,
+    timeout: float = 180,
+    cwd: Path = REPO,
 ) -> Iterator[Server]:
     """Start the server, wait until GET /ready answers 200, then warm it with a few requests."""
     port = free_port()
@@ -97,7 +101,12 @@ def serve(
     log = log_dir / f"{name}-server.log"
     with log.open("w") as f:
         proc = subprocess.Popen(
-            argv_for_port(port), cwd=REPO, env=server_env(), stdout=f, stderr=subprocess.STDOUT
+            argv_for_port(port),
+            cwd=cwd,  # another checkout's `python -m app` runs that checkout's code (serve_compare)
+            env=server_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() takes any worker processes with it
         )
     server = Server(name, f"http://127.0.0.1:{port}", proc, log)
     try:
@@ -112,7 +121,22 @@ def serve(
             post_json(server.url + "/detect", {"text": f"warm up request number {i} for the server"})
         yield server
     finally:
-        stop(proc)
+        stop(proc, group=True)
+
+
+def pause(server: Server, paused: bool) -> None:
+    """SIGSTOP or SIGCONT the server's process group: a server waiting for its turn then costs no CPU,
+    even one whose idle workers poll (docs/benchmarks.md, "Servers users would pick")."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+def idle_cpu(server: Server, seconds: float = 10.0) -> float:
+    """Percent of one core the server (with its worker processes) uses while nobody sends it anything."""
+    with Sampler({"server": server.proc.pid}, every=seconds) as sampler:
+        time.sleep(seconds + 0.5)
+    a, b = sampler.samples[0], sampler.samples[-1]
+    return round(100 * (b["cpu"]["server"] - a["cpu"]["server"]) / (b["t"] - a["t"]), 1)
 
 
 def is_ready(url: str, path: str = "/ready") -> bool:
@@ -129,14 +153,26 @@ def post_json(url: str, body: dict, timeout: float = 30) -> dict:
         return json.loads(r.read())
 
 
-def stop(proc: subprocess.Popen, grace: float = 20) -> None:
+def stop(proc: subprocess.Popen, grace: float = 20, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after `grace` s. group: the process leads its own group (serve() starts
+    servers so) and the signals go to the whole group: the peers' worker processes must not outlive a
+    run, idle-polling a core."""
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        send(signal.SIGTERM)
+        if group:
+            send(signal.SIGCONT)  # a paused server (pause()) acts on the SIGTERM only once resumed
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            send(signal.SIGKILL)
             proc.wait(timeout=10)
+    if group:
+        send(signal.SIGKILL)  # workers left behind by a parent that exited
 
 
 # ---------------------------------------------------------------------------------------------- sampling

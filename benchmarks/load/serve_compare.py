@@ -73,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also run our server with these flags, as 'ours-variant', in the same rounds (an A/B)",
     )
+    p.add_argument(
+        "--variant-checkout",
+        default=None,
+        help="run 'ours-variant' from this checkout (e.g. a git worktree of an older commit): before/after",
+    )
+    p.add_argument(
+        "--no-pause",
+        action="store_true",
+        help="leave servers running while others take their turn (default: SIGSTOP them: idle polling costs CPU)",
+    )
     p.add_argument("--name", default="serve_compare", help="results file name")
     args = p.parse_args(argv)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -100,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         lk.check_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
+    if args.variant_checkout is not None and args.variant_args is None:
+        args.variant_args = ""
     if args.variant_args is not None:
         servers.append(VARIANT)
     args.servers = servers
@@ -191,17 +203,23 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, li
         servers = {}
         for kind in args.servers:
             print(f"{kind}: {describe(kind, args)}", flush=True)
-            servers[kind] = stack.enter_context(lk.serve(kind, argv_for(kind), run_dir))
+            cwd = Path(args.variant_checkout) if kind == VARIANT and args.variant_checkout else lk.REPO
+            servers[kind] = stack.enter_context(lk.serve(kind, argv_for(kind), run_dir, cwd=cwd))
         texts = [t for t in load.sentences.read_text().splitlines() if t.strip()][:24]
         correctness = {}
         for kind in (k for k in args.servers if k in lk.PEERS):
             correctness[kind] = peer_check.check(servers[kind].url, servers["ours"].url, texts)
             print(f"  {kind} answers as ours: {json.dumps(correctness[kind])}", flush=True)
+        idle = idle_cpu(servers)
+        print(f"  idle CPU, % of one core: {idle}", flush=True)
         for users in args.users:
             rounds: dict[str, list[dict]] = {kind: [] for kind in args.servers}
             for i in range(args.rounds):
                 for kind in args.servers if i % 2 == 0 else args.servers[::-1]:
                     server = servers[kind]
+                    if not args.no_pause:
+                        for other, s in servers.items():
+                            lk.pause(s, paused=other != kind)
                     prefix = run_dir / f"{kind}-u{users}-r{i}"
                     rounds[kind].append(lk.run_locust(server.url, users, per_round, prefix,
                                                       watch={"server": server.proc.pid}))  # fmt: skip
@@ -210,10 +228,29 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, li
                 saturation[kind].append(r)
                 print(f"  {kind} {users:>3} users: {r['rps']:.1f} req/s (rounds {r['rounds_rps']}), "
                       f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['failures']} failed", flush=True)  # fmt: skip
+    for kind, rows in saturation.items():
+        for r in rows:
+            r["idle_cpu_pct_of_core"] = idle[kind]
     return saturation, correctness
 
 
+def idle_cpu(servers: dict[str, lk.Server]) -> dict[str, float]:
+    """Each server's CPU while nobody sends it anything, measured alone (the others paused)."""
+    out = {}
+    for kind, server in servers.items():
+        for other, s in servers.items():
+            lk.pause(s, paused=other != kind)
+        out[kind] = lk.idle_cpu(server)
+    for s in servers.values():
+        lk.pause(s, paused=False)
+    return out
+
+
 def describe(kind: str, args) -> str:
+    if kind == VARIANT and args.variant_checkout:
+        return (
+            f"{lk.SERVERS['ours']}, the code of {args.variant_checkout} ({args.variant_args or 'same flags'})"
+        )
     if kind == VARIANT:
         return f"{lk.SERVERS['ours']}, with {args.variant_args} ({args.server_args or 'no other flags'} for ours)"
     if kind in lk.PEERS:
@@ -321,6 +358,9 @@ def markdown(data: dict) -> str:
         f"and step, in {cfg.get('rounds', 1)} interleaved rounds (each figure: the median round)",
         f"- machine: {m['cpu']}, {m['cores']} cores, int8 kernels {m['int8_kernel_path']}, load average at start {m['load_avg_at_start']}",
         *[f"- {k}: {v}" for k, v in data["servers"].items()],
+        "- idle CPU, % of one core with nobody sending (each alone): "
+        + ", ".join(f"{k} {rs[0].get('idle_cpu_pct_of_core')}" for k, rs in data["saturation"].items())
+        + ("; servers not in their turn are paused (SIGSTOP)" if not cfg.get("no_pause") else ""),
         "",
     ]
     if data.get("correctness"):

@@ -1,0 +1,148 @@
+"""HAProxy (Debian's package) in front of our replicas, as a user would run it: health checks on /ready,
+least-connections balancing, connection failures retried on another replica. Its stats page says which
+replicas are in rotation; a StatusWatch polls it and keeps every change with its time."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.load.loadkit import free_port, stop
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """How HAProxy decides a replica is out (one failed check) or back (`rise` passed checks)."""
+
+    inter_ms: int = 500
+    fall: int = 1
+    rise: int = 2
+
+
+def config(port: int, stats_port: int, replicas: dict[str, int], check: HealthCheck) -> str:
+    servers = "\n".join(f"    server {name} 127.0.0.1:{p} check" for name, p in replicas.items())
+    return f"""global
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    # A refused connection (a replica that stopped listening) is retried, on another replica.
+    retries 2
+    option redispatch
+
+frontend scoring
+    bind 127.0.0.1:{port}
+    default_backend replicas
+
+backend replicas
+    balance leastconn
+    option httpchk GET /ready
+    http-check expect status 200
+    default-server inter {check.inter_ms}ms fall {check.fall} rise {check.rise}
+{servers}
+
+listen stats
+    bind 127.0.0.1:{stats_port}
+    stats enable
+    stats uri /stats
+"""
+
+
+@dataclass
+class Balancer:
+    url: str
+    stats_url: str
+    proc: subprocess.Popen
+
+
+def haproxy_binary() -> str:
+    path = shutil.which("haproxy") or next(
+        (p for p in ("/usr/sbin/haproxy", "/sbin/haproxy") if Path(p).is_file()), None
+    )
+    if path is None:
+        raise SystemExit("haproxy is not installed: apt-get install haproxy (Debian's package)")
+    return path
+
+
+@contextlib.contextmanager
+def haproxy(replicas: dict[str, int], work: Path, check: HealthCheck) -> Iterator[Balancer]:
+    port, stats_port = free_port(), free_port()
+    cfg = work / "haproxy.cfg"
+    cfg.write_text(config(port, stats_port, replicas, check))
+    log = (work / "haproxy.log").open("w")
+    # -db: stay in the foreground; -W: master-worker, so SIGTERM stops it cleanly.
+    proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(cfg)], stdout=log, stderr=log)
+    balancer = Balancer(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{stats_port}/stats;csv", proc)
+    try:
+        deadline = time.monotonic() + 30
+        while set(server_status(balancer.stats_url).values()) != {"UP"}:
+            if proc.poll() is not None:
+                raise SystemExit(f"haproxy exited with {proc.returncode}; see {work / 'haproxy.log'}")
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"haproxy did not see every replica UP in 30 s: {server_status(balancer.stats_url)}"
+                )
+            time.sleep(0.1)
+        yield balancer
+    finally:
+        stop(proc)
+        log.close()
+
+
+def server_status(stats_url: str) -> dict[str, str]:
+    """Replica name -> HAProxy's status of it (UP, DOWN, "UP 1/2" while rising, ...); {} if unreachable."""
+    try:
+        with urllib.request.urlopen(stats_url, timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+    return {
+        row["svname"]: row["status"]
+        for row in rows
+        if row["pxname"] == "replicas" and row["svname"] not in ("FRONTEND", "BACKEND")
+    }
+
+
+@dataclass
+class StatusWatch:
+    """Polls the stats page every `every` s in a thread; `changes` holds (time, replica, status)."""
+
+    stats_url: str
+    every: float = 0.05
+    changes: list[tuple[float, str, str]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> StatusWatch:
+        self._last: dict[str, str] = {}
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            now = time.time()
+            for name, status in server_status(self.stats_url).items():
+                if self._last.get(name) != status:
+                    self._last[name] = status
+                    self.changes.append((now, name, status))
+
+    def first(self, name: str, after: float, status_is) -> float | None:
+        """Time of the first change of `name` after `after` whose status satisfies `status_is`."""
+        return next((t for t, n, s in self.changes if n == name and t >= after and status_is(s)), None)

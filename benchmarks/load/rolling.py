@@ -1,0 +1,276 @@
+"""Rolling restart under load: replicas of our server behind HAProxy, each restarted in turn while the
+realistic locust mix runs against the balancer. The goal is no failed request.
+
+    python -m benchmarks.load.rolling [--replicas 2] [--restarts 2] [--users 16 --user-rate 3]
+
+Each restart is what a Kubernetes rollout does to a pod: SIGTERM, the replica leaves rotation (/ready
+503 for --drain-delay-s while it still answers, each response closing its connection), drains, exits;
+a new process starts on the same port and HAProxy takes it back once /ready passes its checks. Reports
+failed requests, p50/p99 before, during and after the restarts, and for each restart how long the
+replica took to drain and to start, and how long it was out of HAProxy's rotation.
+Writes benchmarks/results/<--name>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.load import loadkit as lk
+from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
+from benchmarks.load.loadmodels import REPO, RESULTS, WORK, write_sentences
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.load.rolling", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    p.add_argument("--models", default=str(REPO / "models"), help="models directory every replica serves")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--restarts", type=int, default=None, help="default: each replica once")
+    p.add_argument("--users", type=int, default=16)
+    p.add_argument("--user-rate", type=float, default=3.0, help="requests/s per user (0: closed loop)")
+    p.add_argument("--mix", default=lk.STANDARD_MIX)
+    p.add_argument("--before-s", type=float, default=20.0, help="load before the first restart")
+    p.add_argument("--between-s", type=float, default=10.0, help="load between two restarts")
+    p.add_argument("--after-s", type=float, default=20.0, help="load after the last restart")
+    p.add_argument("--drain-delay-s", type=float, default=2.0, help="each replica's --drain-delay-s")
+    p.add_argument("--check-inter-ms", type=int, default=500, help="HAProxy's health-check interval")
+    p.add_argument("--server-args", default="", help="more flags for each python -m app")
+    p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
+    p.add_argument("--work", default=str(WORK))
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--name", default="rolling")
+    args = p.parse_args(argv)
+    args.restarts = args.replicas if args.restarts is None else args.restarts
+    if args.replicas < 2:
+        p.error("--replicas must be >= 2: with one, a restart leaves nothing in rotation")
+    if args.drain_delay_s * 1000 < 2 * args.check_inter_ms:
+        p.error("--drain-delay-s must cover two health checks, or the balancer still sends to a closed port")
+    try:
+        lk.check_mix(args.mix)
+    except ValueError as e:
+        p.error(str(e))
+    print(json.dumps({"rolling": vars(args)}, default=str), flush=True)
+    return run(args)
+
+
+@dataclass
+class Replica:
+    name: str
+    port: int
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("a") as f:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=REPO, env=lk.server_env(), stdout=f, stderr=subprocess.STDOUT
+            )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not lk.is_ready(f"http://127.0.0.1:{self.port}"):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode}; see {self.log}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{self.name} not ready after {timeout:.0f} s; see {self.log}")
+            time.sleep(0.05)
+
+
+def replicas(args, run_dir: Path) -> list[Replica]:
+    out = []
+    for i in range(args.replicas):
+        port = lk.free_port()
+        argv = [
+            sys.executable, "-m", "app", "--models", args.models, "--port", str(port),
+            "--log-level", "warning", "--drain-delay-s", str(args.drain_delay_s), *args.server_args.split(),
+        ]  # fmt: skip
+        out.append(Replica(f"r{i}", port, argv, run_dir / f"r{i}-server.log"))
+    return out
+
+
+def restart(replica: Replica, watch: StatusWatch) -> dict:
+    """SIGTERM, wait for the exit, start again, wait until HAProxy has it UP again."""
+    t0 = time.time()
+    replica.proc.send_signal(signal.SIGTERM)
+    code = replica.proc.wait(timeout=120)
+    exited = time.time()
+    replica.start()
+    replica.wait_ready()
+    ready = time.time()
+    deadline = time.monotonic() + 60
+    while (up := watch.first(replica.name, exited, lambda s: s == "UP")) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"HAProxy did not take {replica.name} back within 60 s of /ready")
+        time.sleep(0.05)
+    down = watch.first(replica.name, t0, lambda s: s.startswith("DOWN"))
+    return {
+        "replica": replica.name,
+        "exit_code": code,
+        "sigterm_at": t0,
+        "left_rotation_s": round(down - t0, 2) if down else None,
+        "drain_s": round(exited - t0, 2),
+        "start_s": round(ready - exited, 2),
+        "back_in_rotation_at": up,
+        "out_of_rotation_s": round(up - down, 2) if down else None,
+    }
+
+
+def run(args) -> int:
+    work = Path(args.work)
+    run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sentences = write_sentences(work / "sentences.txt", args.data_dir)
+    load = lk.Load(Path(sentences["file"]), args.mix, 8, 24 * 3600)  # stopped by SIGTERM below
+    reps = replicas(args, run_dir)
+    for r in reps:
+        r.start()
+    try:
+        for r in reps:
+            r.wait_ready()
+        with haproxy({r.name: r.port for r in reps}, run_dir, HealthCheck(args.check_inter_ms)) as lb:
+            restarts, started = drive(args, reps, lb, load, run_dir)
+    finally:
+        for r in reps:
+            if r.proc is not None:
+                lk.stop(r.proc)
+    data = report_data(args, restarts, started, run_dir, sentences)
+    md = markdown(data)
+    js, mdp = lk.write_report(args.name, data, md, Path(args.results))
+    print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
+    return 0 if data["failed"] == 0 and all(r["exit_code"] == 0 for r in restarts) else 1
+
+
+def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[list[dict], float]:
+    prefix = run_dir / "locust"
+    cmd = lk.locust_command(lb.url, args.users, load, prefix, user_rate=args.user_rate)
+    cmd += ["--request-log", str(run_dir / "requests.log")]
+    restarts = []
+    with StatusWatch(lb.stats_url) as watch, (run_dir / "locust.log").open("w") as log:
+        started = time.time()
+        locust = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            time.sleep(args.before_s)
+            for i in range(args.restarts):
+                if i:
+                    time.sleep(args.between_s)
+                restarts.append(restart(reps[i % len(reps)], watch))
+                print(f"restart {i + 1}: {json.dumps(restarts[-1])}", flush=True)
+            time.sleep(args.after_s)
+        finally:
+            lk.stop(locust, grace=30)  # locust writes its summary and the request log on SIGTERM
+    (run_dir / "haproxy-status.json").write_text(json.dumps(watch.changes))
+    return restarts, started
+
+
+def report_data(args, restarts: list[dict], started: float, run_dir: Path, sentences: dict) -> dict:
+    log = run_dir / "requests.log"
+    if not log.is_file():
+        raise SystemExit(f"locust wrote no request log; see {run_dir / 'locust.log'}")
+    rows = [tuple(map(float, line.split())) for line in log.read_text().splitlines() if line.strip()]
+    spawn_done = started + 3  # locust's start-up and spawning
+    first = restarts[0]["sigterm_at"] if restarts else float("inf")
+    last = restarts[-1]["back_in_rotation_at"] if restarts else float("inf")
+    phases = {
+        "before": [r for r in rows if spawn_done <= r[0] < first],
+        "during": [r for r in rows if first <= r[0] <= last],
+        "after": [r for r in rows if r[0] > last],
+    }
+    summary = json.loads((run_dir / "locust_summary.json").read_text())
+    return {
+        "config": vars(args),
+        "machine": lk.machine(),
+        "sentences": sentences,
+        "failed": sum(1 for r in rows if not r[2]),
+        "requests": len(rows),
+        "failure_messages": summary["errors"],
+        "phases": {name: figures(rs) for name, rs in phases.items()},
+        "restarts": restarts,
+        "logs": str(run_dir),
+    }
+
+
+def figures(rows: list[tuple]) -> dict:
+    ms = sorted(r[1] for r in rows)
+    if not ms:
+        return {"requests": 0}
+    span = (max(r[0] for r in rows) - min(r[0] for r in rows)) or 1.0
+    q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [ms[0]] * 99
+    return {
+        "requests": len(ms),
+        "failed": sum(1 for r in rows if not r[2]),
+        "rps": round(len(ms) / span, 1),
+        "p50_ms": round(q[49], 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(ms[-1], 1),
+    }
+
+
+def markdown(d: dict) -> str:
+    c = d["config"]
+    m = d["machine"]
+    lines = [
+        f"# Rolling restart: {c['replicas']} replicas behind HAProxy, {c['restarts']} restart(s) under load",
+        "",
+        f"{c['users']} users at {c['user_rate']} req/s each, mix {c['mix']}; replicas with --drain-delay-s "
+        f"{c['drain_delay_s']}, HAProxy checks /ready every {c['check_inter_ms']} ms (out after 1 failure, "
+        f"back after 2 passes). CPU: {m['cpu']}, {m['cores']} cores, int8 kernels: {m['int8_kernel_path']}.",
+        "",
+        f"**Failed requests: {d['failed']} of {d['requests']}.**",
+        "",
+        lk.table(
+            ["phase", "requests", "failed", "req/s", "p50 ms", "p99 ms", "max ms"],
+            [
+                [
+                    n,
+                    f.get("requests"),
+                    f.get("failed"),
+                    f.get("rps"),
+                    f.get("p50_ms"),
+                    f.get("p99_ms"),
+                    f.get("max_ms"),
+                ]
+                for n, f in d["phases"].items()
+            ],
+        ),  # fmt: skip
+        "",
+        lk.table(
+            [
+                "restart",
+                "replica",
+                "exit",
+                "left rotation after s",
+                "drain s",
+                "start s",
+                "out of rotation s",
+            ],
+            [
+                [
+                    i + 1,
+                    r["replica"],
+                    r["exit_code"],
+                    r["left_rotation_s"],
+                    r["drain_s"],
+                    r["start_s"],
+                    r["out_of_rotation_s"],
+                ]
+                for i, r in enumerate(d["restarts"])
+            ],
+        ),  # fmt: skip
+    ]
+    if d["failure_messages"]:
+        lines += ["", "Failures:", "", *[f"- {m}" for m in d["failure_messages"]]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
