@@ -1,7 +1,8 @@
 """`python -m app.healthcheck`: exit 0 if this machine's server answers /ready, else 1 (the image's HEALTHCHECK).
 
 It reads the server's own settings from the environment (ELECTRA_PORT, ELECTRA_HOST, ELECTRA_API_KEY), so a
-container run with another port or with an API key is still checked on the right port, with the key.
+container run with another port is still checked on the right port. /ready needs no key; the key, when set,
+is sent anyway, for servers before /ready was public.
 """
 
 from __future__ import annotations

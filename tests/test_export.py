@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
@@ -95,6 +96,10 @@ def test_detector_bundle_matches_transformers(tmp_path, detector_dir):
     assert manifest["kind"] == "detector" and manifest["output"] == "replaced_prob"
     assert manifest["parity"]["fp32_vs_torch"]["max_abs_diff"] <= 1e-4
     assert manifest["optimizations"]["fusions"].get("Attention") == 2  # one per layer: the fusion applied
+    umask = os.umask(0)
+    os.umask(umask)
+    # Readable like any directory made here (an image's unprivileged server user reads it), not mkdtemp's 0700.
+    assert (tmp_path / "b").stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_classifier_bundle_matches_transformers(tmp_path, classifier_dir):

@@ -172,6 +172,11 @@ def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    # mkdtemp makes the directory private (0700); the result should read like any directory made here
+    # (a bundle copied into an image is read by the server's own unprivileged user).
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
     try:
         fill(tmp)
         for f in tmp.rglob("*"):
