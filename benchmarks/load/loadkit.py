@@ -110,18 +110,25 @@ def serve(
         )
     server = Server(name, f"http://127.0.0.1:{port}", proc, log)
     try:
-        deadline = time.monotonic() + timeout
-        while not is_ready(server.url, READY_PATH.get(name, "/ready")):
-            if proc.poll() is not None:
-                raise SystemExit(f"{name} server exited with {proc.returncode}:\n{server.tail()}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{name} server not ready after {timeout:.0f}s:\n{server.tail()}")
-            time.sleep(0.2)
+        wait_ready(name, proc, server.url + READY_PATH.get(name, "/ready"), timeout, server.tail)
         for i in range(8):  # first requests allocate and pick kernels; no client should pay for that
             post_json(server.url + "/detect", {"text": f"warm up request number {i} for the server"})
         yield server
     finally:
         stop(proc, group=True)
+
+
+def wait_ready(
+    name: str, proc: subprocess.Popen, url: str, timeout: float, log_tail: Callable[[], str]
+) -> None:
+    """Until GET url answers 200; a process that exits or a deadline that passes ends the run, with its log."""
+    deadline = time.monotonic() + timeout
+    while not is_ready(url):
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} server exited with {proc.returncode}:\n{log_tail()}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name} server not ready after {timeout:.0f}s:\n{log_tail()}")
+        time.sleep(0.05)
 
 
 def pause(server: Server, paused: bool) -> None:
@@ -139,9 +146,9 @@ def idle_cpu(server: Server, seconds: float = 10.0) -> float:
     return round(100 * (b["cpu"]["server"] - a["cpu"]["server"]) / (b["t"] - a["t"]), 1)
 
 
-def is_ready(url: str, path: str = "/ready") -> bool:
+def is_ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + path, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200
     except OSError:
         return False

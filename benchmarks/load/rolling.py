@@ -77,13 +77,10 @@ class Replica:
             )
 
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not lk.is_ready(f"http://127.0.0.1:{self.port}"):
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited with {self.proc.returncode}; see {self.log}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{self.name} not ready after {timeout:.0f} s; see {self.log}")
-            time.sleep(0.05)
+        url = f"http://127.0.0.1:{self.port}/ready"
+        lk.wait_ready(
+            self.name, self.proc, url, timeout, lambda: self.log.read_text(errors="replace")[-3000:]
+        )
 
 
 def replicas(args, run_dir: Path) -> list[Replica]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import msgspec
 from litestar import get
@@ -31,6 +32,19 @@ def parser(prog: str, what: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=what, allow_abbrev=False)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
+    return p
+
+
+def peer_parser(prog: str, what: str, wait_flag: str, wait_default: float) -> argparse.ArgumentParser:
+    """The flags both peer servers (LitServe, mosec) take: the bundle, their workers and batching."""
+    p = parser(prog, what)
+    p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
+    p.add_argument("--workers", type=int, default=2, help="inference worker processes")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per worker")
+    p.add_argument("--max-batch-size", type=int, default=16)
+    p.add_argument(
+        wait_flag, type=type(wait_default), default=wait_default, help="longest wait for a batch to fill"
+    )
     return p
 
 

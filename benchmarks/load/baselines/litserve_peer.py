@@ -15,7 +15,7 @@ from pathlib import Path
 
 import litserve as ls
 
-from benchmarks.load.baselines.common import parser
+from benchmarks.load.baselines.common import peer_parser
 
 
 class Detector(ls.LitAPI):
@@ -56,12 +56,12 @@ def build_server(bundle: Path, workers: int, threads: int, max_batch_size: int, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser("python -m benchmarks.load.baselines.litserve_peer", __doc__.split("\n\n")[0])
-    p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
-    p.add_argument("--workers", type=int, default=2, help="inference worker processes (workers_per_device)")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per worker")
-    p.add_argument("--max-batch-size", type=int, default=16)
-    p.add_argument("--batch-timeout-ms", type=float, default=5.0)
+    p = peer_parser(
+        "python -m benchmarks.load.baselines.litserve_peer",
+        __doc__.split("\n\n")[0],
+        "--batch-timeout-ms",
+        5.0,
+    )
     args = p.parse_args(argv)
     server = build_server(args.bundle, args.workers, args.threads, args.max_batch_size, args.batch_timeout_ms)
     server.run(host=args.host, port=args.port, log_level="warning", generate_client_file=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mosec import Server, Worker
 
-from benchmarks.load.baselines.common import parser
+from benchmarks.load.baselines.common import peer_parser
 
 
 class Detector(Worker):
@@ -34,12 +34,9 @@ class Detector(Worker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser("python -m benchmarks.load.baselines.mosec_peer", __doc__.split("\n\n")[0])
-    p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
-    p.add_argument("--workers", type=int, default=2, help="inference worker processes")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per worker")
-    p.add_argument("--max-batch-size", type=int, default=16)
-    p.add_argument("--max-wait-ms", type=int, default=1)
+    p = peer_parser(
+        "python -m benchmarks.load.baselines.mosec_peer", __doc__.split("\n\n")[0], "--max-wait-ms", 1
+    )
     args = p.parse_args(argv)
     # mosec reads its own flags from sys.argv (--port, --address); ours are consumed above.
     sys.argv = [sys.argv[0], "--port", str(args.port), "--address", args.host, "--log-level", "warning"]
