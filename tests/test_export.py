@@ -336,3 +336,41 @@ def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_d
 
     plain = export(detector_dir, tmp_path / "c", precision="fp32", calibrate=False)
     assert "threshold" not in plain and "calibration" not in plain
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_recovered_checkpoint_is_the_bundles_discriminator_and_warm_starts(tmp_path, detector_dir, precision):
+    """A bundle back into a training checkpoint: the same logits as the source (fp32 exactly, int8 within
+    its rounding), and `--init` from it loads every discriminator tensor (the generator starts fresh)."""
+    import torch
+
+    from export.recover import recover
+    from training.config import PretrainConfig
+    from training.pretrain import build_objective
+    from training.pretraining.warmstart import load_warm_start, resolve_warm_start
+
+    export(detector_dir, tmp_path / "b", precision=precision, calibrate=False)
+    report = recover(tmp_path / "b", tmp_path / "ckpt")
+    assert report["check"]["max_abs_prob_diff"] <= 1e-3
+    _, feed, served, source_logits = run_both(tmp_path / "b", detector_dir, TEXTS)
+    recovered = hm.hf_model(tmp_path / "ckpt")
+    with torch.no_grad():
+        logits = recovered(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits
+    real = feed["attention_mask"] == 1
+    tolerance = 1e-4 if precision == "fp32" else 0.1  # int8: the bundle's own rounding, kept
+    assert torch.sigmoid(logits).numpy()[real] == pytest.approx(served[real], abs=1e-4)
+    assert (logits - source_logits).abs().numpy()[real].max() <= tolerance
+
+    cfg, warm = resolve_warm_start(PretrainConfig(init=str(tmp_path / "ckpt"), seq_len=64))
+    objective = build_objective(cfg, cfg.vocab_size, warm)
+    loaded = load_warm_start(objective, warm)
+    disc_tensors = {n for n, _ in objective.named_parameters() if not n.startswith("generator.")}
+    assert disc_tensors <= loaded
+
+
+def test_recover_refuses_a_classifier_bundle(tmp_path, classifier_dir):
+    from export.recover import recover
+
+    export(classifier_dir, tmp_path / "b", precision="fp32")
+    with pytest.raises(ValueError, match="only detector bundles"):
+        recover(tmp_path / "b", tmp_path / "ckpt")

@@ -1,0 +1,194 @@
+"""python -m export.recover BUNDLE --out DIR: a detector bundle back into a training checkpoint.
+
+For when the bundle is all that is left of a run (run directories do not outlive the machine that trained
+them) and training should go on from it: `python -m training.pretrain --init DIR`. DIR is in the Hugging
+Face layout (config.json, model.safetensors, tokenizer.json; ElectraForPreTraining), so transformers
+reads it too.
+
+What comes back is the discriminator exactly as the bundle computes it: int8 weights are dequantized
+with their own scales (the bundle's rounding stays), fused attention weights are split into query, key
+and value, and the calibration in the graph's last nodes is left out (the checkpoint gives raw logits;
+the next export fits its own). The generator is not in a bundle: a warm start trains a fresh one.
+Every tensor the discriminator needs is found or the recovery fails naming it, and the recovered model
+is checked against the bundle through ONNX Runtime before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Every tensor computable from initializers alone: the initializers, and int8 weights dequantized
+    as the graph does it (Cast to float, Mul by the scale), under the name the graph gives the result."""
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        elif node.op_type == "Cast" and node.input[0] in values:
+            values[node.output[0]] = values[node.input[0]].astype(np.float32)
+        elif node.op_type == "Mul" and all(i in values for i in node.input):
+            values[node.output[0]] = values[node.input[0]] * values[node.input[1]]
+    return values
+
+
+def _linear_bias(node, values, consumers) -> np.ndarray:
+    """The bias added to a MatMul's product: by the Add or BiasGelu that takes it, or folded into a
+    SkipLayerNormalization as its fifth input."""
+    for c in consumers.get(node.output[0], []):
+        if c.op_type in ("Add", "BiasGelu"):
+            const = [i for i in c.input if i in values]
+            if len(const) == 1:
+                return values[const[0]]
+        if c.op_type == "SkipLayerNormalization" and len(c.input) > 4 and c.input[4] in values:
+            return values[c.input[4]]
+    raise ValueError(f"MatMul {node.name!r}: no bias follows it; not a graph python -m export writes")
+
+
+def _steps(graph: onnx.GraphProto, values) -> list[tuple[str, tuple[np.ndarray, ...]]]:
+    """The graph's parameterised steps in order: embeddings, linears, fused attentions, layer norms.
+    Read by position, not by initializer name: the exporter stores equal tensors once under one name
+    (every zero bias of an untrained model is one initializer), so names do not say where a tensor sits."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    steps = []
+    for node in graph.node:
+        ins = node.input
+
+        def const(*names: str, node=node) -> tuple[np.ndarray, ...]:
+            missing = [n for n in names if n not in values]
+            if missing:
+                raise ValueError(f"{node.op_type} {node.name!r}: {missing} are not constants of the graph")
+            return tuple(values[n] for n in names)
+
+        if node.op_type == "EmbedLayerNormalization":
+            steps.append(("embeddings", const(*ins[2:7])))
+        elif node.op_type == "Attention":
+            steps.append(("attention", const(ins[1], ins[2])))
+        elif node.op_type == "MatMul" and ins[1] in values:
+            steps.append(("linear", (values[ins[1]], _linear_bias(node, values, consumers))))
+        elif node.op_type == "LayerNormalization":
+            steps.append(("norm", const(ins[1], ins[2])))
+        elif node.op_type == "SkipLayerNormalization":
+            steps.append(("norm", const(ins[2], ins[3])))
+    return steps
+
+
+def _expected(layers: int, projected: bool) -> list[tuple[str, str]]:
+    """What a detector bundle's graph holds, in order, and where each step goes in our names."""
+    out = [("embeddings", "electra.embeddings")]
+    if projected:
+        out.append(("linear", "electra.embeddings_project"))
+    for n in range(layers):
+        at = f"electra.encoder.layer.{n}"
+        out += [("attention", f"{at}.attention.self"), ("linear", f"{at}.attention.output.dense"),
+                ("norm", f"{at}.attention.output.LayerNorm"), ("linear", f"{at}.intermediate.dense"),
+                ("linear", f"{at}.output.dense"), ("norm", f"{at}.output.LayerNorm")]  # fmt: skip
+    return out + [("linear", "discriminator_predictions.dense"),
+                  ("linear", "discriminator_predictions.dense_prediction")]  # fmt: skip
+
+
+def recover_weights(model: onnx.ModelProto, layers: int, projected: bool) -> dict[str, np.ndarray]:
+    """The discriminator's tensors under our (Hugging Face) names, from a detector bundle's graph."""
+    steps = _steps(model.graph, _constants(model.graph))
+    expected = _expected(layers, projected)
+    kinds = [kind for kind, _ in steps]
+    if kinds != [kind for kind, _ in expected]:
+        raise ValueError(
+            f"the graph's steps {kinds[:8]}... ({len(kinds)}) are not a {layers}-layer detector's "
+            f"({len(expected)}); only graphs python -m export writes (fused attention) can be recovered"
+        )
+    out: dict[str, np.ndarray] = {}
+    for (kind, arrays), (_, at) in zip(steps, expected, strict=True):
+        if kind == "embeddings":
+            tables = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+            for name, a in zip(tables, arrays[:3], strict=True):
+                out[f"{at}.{name}.weight"] = a
+            out[f"{at}.LayerNorm.weight"], out[f"{at}.LayerNorm.bias"] = arrays[3], arrays[4]
+        elif kind == "attention":  # query, key and value side by side: [hidden, 3 x hidden]
+            weight, bias = arrays
+            width = weight.shape[1] // 3
+            for k, part in enumerate(("query", "key", "value")):
+                out[f"{at}.{part}.weight"] = weight[:, k * width : (k + 1) * width].T
+                out[f"{at}.{part}.bias"] = bias[k * width : (k + 1) * width]
+        else:  # a linear's weight is stored [in, out] for MatMul; ours is [out, in]
+            weight, bias = arrays
+            out[f"{at}.weight"], out[f"{at}.bias"] = (weight.T if kind == "linear" else weight), bias
+    return out
+
+
+def recover(bundle: Path, out: Path) -> dict:
+    """Write the checkpoint to `out`; returns what was checked."""
+    from training import checkpoint as ckpt
+    from training.model import ElectraConfig, ElectraForPreTraining
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    if manifest.get("kind") != "detector":
+        raise ValueError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
+    cfg = ElectraConfig.from_dict(manifest["source"]["config"])
+    projected = cfg.embedding_size != cfg.hidden_size
+    weights = recover_weights(onnx.load(str(bundle / "model.onnx")), cfg.num_hidden_layers, projected)
+    disc = ElectraForPreTraining(cfg)
+    own = disc.state_dict()
+    missing = sorted(set(own) - set(weights))
+    if missing:
+        raise ValueError(f"{bundle}: the graph has no tensor for {missing[:5]} ({len(missing)} in all)")
+    import torch
+
+    disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
+    check = _check_against_bundle(disc, bundle, manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt.save_model(disc, out, "ElectraForPreTraining")
+    shutil.copy(bundle / "tokenizer.json", out / "tokenizer.json")
+    report = {"bundle": str(bundle), "model_sha256": manifest.get("model_sha256"), "check": check,
+              "calibration_left_out": manifest.get("calibration"), "source": manifest["source"].get("checkpoint")}  # fmt: skip
+    (out / "recovered.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _check_against_bundle(disc, bundle: Path, manifest: dict, rows: int = 4, length: int = 48) -> dict:
+    """The recovered model, with the bundle's calibration applied, against the bundle in ONNX Runtime."""
+    import onnxruntime as ort
+    import torch
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, manifest["source"]["config"]["vocab_size"], (rows, length), dtype=np.int64)
+    mask, types = np.ones_like(ids), np.zeros_like(ids)
+    sess = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    served = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
+    with torch.no_grad():
+        logits = disc.eval()(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types)).numpy()
+    cal = manifest.get("calibration") or {"scale": 1.0, "bias": 0.0}
+    ours = 1 / (1 + np.exp(-(cal["scale"] * logits + cal["bias"])))
+    diff = float(np.abs(ours - served).max())
+    if diff > 1e-3:
+        raise ValueError(f"{bundle}: the recovered model differs from the bundle by {diff:.2g} (max prob)")
+    return {"max_abs_prob_diff": diff, "tokens": int(ids.size)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m export.recover", description=__doc__.split("\n\n")[0])
+    p.add_argument("bundle", type=Path, help="a detector bundle directory (model.onnx + manifest.json)")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    args = p.parse_args(argv)
+    print(json.dumps({"recover": {k: str(v) for k, v in vars(args).items()}}))
+    try:
+        report = recover(args.bundle, args.out)
+    except (ValueError, OSError) as e:
+        sys.exit(f"export.recover: {e}")
+    print(f"wrote {args.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
+
+
+if __name__ == "__main__":
+    main()
