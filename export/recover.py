@@ -156,25 +156,23 @@ def recover(bundle: Path, out: Path) -> dict:
     return report
 
 
-def _check_against_bundle(disc, bundle: Path, manifest: dict, rows: int = 4, length: int = 48) -> dict:
-    """The recovered model, with the bundle's calibration applied, against the bundle in ONNX Runtime."""
-    import onnxruntime as ort
-    import torch
+def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
+    """The recovered model, through the bundle's calibration, against the bundle: the export's own
+    parity check (random-length padded batches, real positions only, the server's session options)."""
+    from export import parity
+    from export.onnx import CalibratedLogits
+    from export.optimize import session
 
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, manifest["source"]["config"]["vocab_size"], (rows, length), dtype=np.int64)
-    mask, types = np.ones_like(ids), np.zeros_like(ids)
-    sess = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    served = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
-    with torch.no_grad():
-        logits = disc.eval()(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types)).numpy()
-    cal = manifest.get("calibration") or {"scale": 1.0, "bias": 0.0}
-    ours = 1 / (1 + np.exp(-(cal["scale"] * logits + cal["bias"])))
-    diff = float(np.abs(ours - served).max())
+    cal = manifest.get("calibration")
+    model = CalibratedLogits(disc, cal["scale"], cal["bias"]) if cal else disc
+    batches = parity.random_batches(
+        manifest["source"]["config"]["vocab_size"], min(manifest["max_length"], 128)
+    )
+    diff = parity.max_abs_diff(model.eval(), session(bundle / "model.onnx"), "detector", None, batches,
+                               manifest["inputs"])  # fmt: skip
     if diff > 1e-3:
         raise ValueError(f"{bundle}: the recovered model differs from the bundle by {diff:.2g} (max prob)")
-    return {"max_abs_prob_diff": diff, "tokens": int(ids.size)}
+    return {"max_abs_prob_diff": diff, "batches": len(batches)}
 
 
 def main(argv: list[str] | None = None) -> None:
