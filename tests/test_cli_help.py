@@ -52,7 +52,10 @@ def test_unknown_corpus_is_a_message(tmp_path):
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
-    assert "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, commons)" in out.stderr
+    assert (
+        "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, wordnet, chat, commons)"
+        in out.stderr
+    )
 
 
 def test_start_up_says_the_precision_and_warns_when_the_time_cap_cuts_the_schedule():

@@ -210,6 +210,27 @@ def test_wikitext_articles(data_dir):
         read_corpus("wikitext2", "dev", data_dir=data_dir)
 
 
+def test_everyday_corpora_are_sentences_a_user_would_type(data_dir):
+    from training.data.sentences import iter_sentences
+
+    wordnet = list(read_corpus("wordnet", "train", data_dir=data_dir))
+    chat = list(read_corpus("chat", "train", data_dir=data_dir))
+    assert 25_000 < len(wordnet) < 35_000 and 5_000 < len(chat) < 7_000
+    assert 2.2e5 < sum(len(d.split()) for d in wordnet) < 3.2e5  # usage examples only, no definitions
+    assert 2.0e6 < sum(len(d.split()) for d in chat) < 2.8e6
+    examples = [line for d in wordnet for line in d.split("\n")]
+    assert "The oceans are teeming with life." in examples
+    assert all(e[0].isupper() or not e[0].isalpha() for e in examples) and all(
+        e[-1] in ".?!" for e in examples
+    )
+    assert not any('"' in e or " | " in e for e in examples)
+    messages = [line for d in chat for line in d.split("\n")]
+    assert all(len(m.split()) >= 3 for m in messages)
+    assert sum(len(list(iter_sentences(d))) for d in chat[:50]) > len(chat[:50])  # conversations, not lines
+    valid = set(read_corpus("wordnet", "valid", data_dir=data_dir))
+    assert 0 < len(valid) < len(wordnet) / 20 and not valid & set(wordnet)
+
+
 def test_user_corpora(tmp_path):
     (tmp_path / "a.txt").write_text("first doc\nstill first\n\n\nsecond doc\n")
     with gzip.open(tmp_path / "b.txt.gz", "wt") as f:

@@ -60,3 +60,11 @@ def test_hit_benchmark_runs_on_a_pretraining_runs_bundle(
           "--data-dir", str(registry_data), "--out", str(freq)])  # fmt: skip
     rows = json.loads(freq.read_text())["examples"]
     assert len(rows) == 20 and all(r["original"].lower() != r["replacement"].lower() for r in rows)
+
+    # Replayed, without the generator: the same sentences, swaps and ranks.
+    replayed = tmp_path / "replayed.json"
+    hits(["--bundle", str(bundle), "--replay", str(out), "--sentences", "20",
+          "--data-dir", str(registry_data), "--out", str(replayed)])  # fmt: skip
+    again = json.loads(replayed.read_text())
+    assert [r["text"] for r in again["examples"]] == [r["text"] for r in data["examples"]]
+    assert again["summary"] == summary

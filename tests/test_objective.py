@@ -119,3 +119,60 @@ def test_word_swaps_replace_a_share_of_masked_positions_with_whole_words():
     assert ((swapped.input_ids[changed] >= 1000) & (swapped.input_ids[changed] < 1100)).all()
     assert abs(changed.sum() / is_masked.sum() - 0.3) < 0.06
     assert swap_words(faked, masked, noise, words, prob=0.0) is faked
+
+
+def test_word_swaps_from_a_table_put_in_a_word_listed_for_the_original():
+    from training.pretraining.objective import FakedData, MaskedInputs, swap_words
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (64, 32))
+    noise = draw_noise(ids.shape, seed=3, step=0, rows=slice(None), device="cpu")
+    is_masked = noise.select < 0.15
+    masked = MaskedInputs(ids.masked_fill(is_masked, 4), is_masked, ids)
+    faked = FakedData(ids.clone(), torch.zeros_like(is_masked), ids[is_masked])
+    # Row i of the table offers only 1000 + 10 * i .. 1000 + 10 * i + 5: each swap is traceable to its original.
+    table = 1000 + 10 * torch.arange(50).unsqueeze(1) + torch.arange(6)
+    swapped = swap_words(faked, masked, noise, table, prob=0.5)
+    changed = swapped.input_ids != ids
+    assert not (changed & ~is_masked).any()
+    offset = swapped.input_ids[changed] - 1000 - 10 * ids[changed]
+    assert ((offset >= 0) & (offset < 6)).all()
+    assert len(offset.unique()) == 6  # every slot is used
+    assert abs(changed.sum() / is_masked.sum() - 0.5) < 0.08
+
+
+def test_swap_table_gives_each_kind_its_share_of_slots():
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from training.data.swaps import swap_table
+
+    vocab = ["[PAD]", "##s", ".", "cat", "dog", "horse", "run", "jump", "walk", "the", "quickly"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[PAD]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    lexicon = {"cat": "NN", "dog": "NN", "horse": "NN", "run": "VB", "jump": "VB", "walk": "VB"}
+    counts = Counter({w: 100 - i for i, w in enumerate(vocab)})
+    table = swap_table(tok, ["frequency", "pos"], counts, lexicon, width=20, seed=1)
+    ids = {w: i for i, w in enumerate(vocab)}
+    cat_pos = {vocab[i] for i in table[ids["cat"], 10:]}
+    assert cat_pos == {"dog", "horse"}  # same tag, never itself
+    assert ids["cat"] not in table[ids["cat"]]
+    assert set(table[ids["."]]) <= {ids[w] for w in vocab if len(w) > 2 and w.isalpha()}  # any whole word
+    assert (table == swap_table(tok, ["frequency", "pos"], counts, lexicon, width=20, seed=1)).all()
+
+
+def test_protected_tokens_are_never_masked():
+    from training.pretraining.objective import Corruption
+
+    ids = torch.randint(5, 40, (32, 64))
+    special = torch.zeros_like(ids)
+    noise = draw_noise(ids.shape, seed=5, step=0, rows=slice(None), device="cpu")
+    protected = torch.zeros(40, dtype=torch.bool)
+    protected[5:15] = True  # say these are punctuation
+    masked = Corruption(4, 40, mask_prob=0.3, protected=protected).mask(ids, special, noise)
+    assert not masked.is_masked[ids < 15].any()
+    share = masked.is_masked[ids >= 15].float().mean()
+    assert abs(share - 0.3) < 0.03  # the other tokens are masked at the usual rate
+    unprotected = Corruption(4, 40, mask_prob=0.3).mask(ids, special, noise)
+    assert torch.equal(unprotected.is_masked & (ids >= 15), masked.is_masked)  # same noise, same choices

@@ -54,3 +54,18 @@ def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, sma
     assert sum(v["sentences"] for v in b["by_length"].values()) == 45
     assert sum(v["sentences"] for v in b["by_position"].values()) == 45
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+    # The same items scored again (--items): the same texts and the same figures, with no generator.
+    again = tmp_path / "again.json"
+    measure(["--bundle", str(bundle), "--items", str(out), "--reference-text", str(small_corpus),
+             "--data-dir", str(registry_data), "--out", str(again)])  # fmt: skip
+    second = json.loads(again.read_text())
+    assert [x["text"] for x in second["examples"]] == [x["text"] for x in examples]
+    assert second["summary"] == report["summary"]
+
+    # The dev slice, where recipes are chosen, shares no sentence with the test slice.
+    dev = tmp_path / "dev.json"
+    measure(["--bundle", str(bundle), "--slice", "dev", "--sentences", "15", "--reference-text",
+             str(small_corpus), "--data-dir", str(registry_data), "--out", str(dev)])  # fmt: skip
+    dev_clean = {x["text"] for x in json.loads(dev.read_text())["examples"] if x["kind"] == "clean"}
+    assert len(dev_clean) == 15 and not dev_clean & clean

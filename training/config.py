@@ -145,7 +145,7 @@ def positive(cfg, *names: str) -> None:
 class PretrainConfig:
     out: str = "runs/small"  # run directory: checkpoints, metrics.jsonl, curves.png, config.json
     objective: str = "electra"  # electra (replaced token detection) | mlm (BERT-style baseline, same size)
-    corpus: str = "wikitext2"  # wikitext2, news (registry; commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several
+    corpus: str = "wikitext2"  # wikitext2, news, wordnet, chat (registry; commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several
     data_dir: str | None = None  # directory already holding the registry files (else fetched and cached)
     tokenizer: str = "train"  # "train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path
     # Warm start. With --init the discriminator's shape and the tokenizer come from the source, and the
@@ -175,9 +175,13 @@ class PretrainConfig:
     mask_prob: float = 0.15  # share of tokens the generator is asked to fill
     mask_replace_prob: float = 0.85  # of masked positions: [MASK]; ELECTRA keeps the other 15% unchanged
     random_replace_prob: float = 0.0  # BERT uses 0.1 (with 0.8 [MASK])
+    corrupt_punctuation: bool = True  # false: punctuation is never masked or replaced (a detector of words)
     word_swap_prob: float = (
         0.0  # of replaced positions: a random whole word instead of the generator's sample
     )
+    # How a word swap picks its word, in equal shares: random (any whole word), frequency (a word of
+    # similar frequency in the training text), pos (a word with the original's part of speech).
+    word_swap_kinds: str = "random"  # comma list of random, frequency, pos
     temperature: float = 1.0  # generator sampling temperature
     gen_weight: float = 1.0  # weight of the generator's MLM loss
     disc_weight: float = 50.0  # weight of the discriminator's replaced-token loss (paper: 50)
@@ -217,6 +221,11 @@ class PretrainConfig:
             raise ConfigError(
                 "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"
             )
+        kinds = self.word_swap_kinds.split(",")
+        for kind in kinds:
+            choice("word_swap_kinds", kind.strip(), ("random", "frequency", "pos"))
+        if len(set(kinds)) != len(kinds):
+            raise ConfigError(f"--word-swap-kinds: each kind once, got {self.word_swap_kinds!r}")
         choice("device", self.device, ("auto", "cpu", "cuda"))
         from training.data.corpus import REGISTRY_CORPORA
 

@@ -58,11 +58,45 @@ def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None
 
 def whole_word_ids(tokenizer_json: Path) -> torch.Tensor:
     """Vocabulary entries that are whole alphabetic words (no ## pieces, no specials, no punctuation):
-    what a word swap may put in."""
+    what a random word swap may put in."""
     from tokenizers import Tokenizer
 
     vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab()
     return torch.tensor(sorted(i for t, i in vocab.items() if len(t) > 1 and t.isalpha() and t.isascii()))
+
+
+def swap_candidates(cfg: PretrainConfig, tokenizer_json: Path, train_tokens) -> torch.Tensor:
+    """What a word swap may put in: any whole word (1-D), or with frequency/pos kinds a table of
+    replacements per original token (2-D), built from the training shards' token counts and the
+    registry's part-of-speech lexicon."""
+    kinds = [k.strip() for k in cfg.word_swap_kinds.split(",")]
+    if kinds == ["random"]:  # the recipe before issue 21's kinds: runs of it retrace exactly
+        return whole_word_ids(tokenizer_json)
+    from collections import Counter
+
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from training.data.registry import fetch
+    from training.data.swaps import read_lexicon, swap_table
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    counts = np.bincount(np.asarray(train_tokens).ravel(), minlength=tok.get_vocab_size())
+    unigrams = Counter({tok.id_to_token(i): int(c) for i, c in enumerate(counts) if c})
+    lexicon = read_lexicon(fetch("pos-lexicon", data_dir=cfg.data_dir)) if "pos" in kinds else None
+    return torch.from_numpy(swap_table(tok, kinds, unigrams, lexicon, seed=cfg.seed))
+
+
+def protected_tokens(cfg: PretrainConfig, tokenizer_dir: Path) -> torch.Tensor | None:
+    """Tokens the corruption never picks: punctuation, unless --corrupt-punctuation (the default)."""
+    if cfg.corrupt_punctuation:
+        return None
+    from training.data.tokenizer import load_tokenizer, punctuation_ids
+
+    tok = load_tokenizer(tokenizer_dir / "tokenizer.json")
+    protected = torch.zeros(tok.get_vocab_size(), dtype=torch.bool)
+    protected[punctuation_ids(tok)] = True
+    return protected
 
 
 def param_groups(
@@ -224,7 +258,8 @@ def setup(argv: list[str] | None) -> Trainer:
     objective = build_objective(cfg, specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
     if cfg.word_swap_prob > 0 and cfg.objective == "electra":
-        objective.mix_in_word_swaps(whole_word_ids(tokenizer_dir / "tokenizer.json"), cfg.word_swap_prob)
+        candidates = swap_candidates(cfg, tokenizer_dir / "tokenizer.json", train_batches.dataset.tokens)
+        objective.mix_in_word_swaps(candidates, cfg.word_swap_prob)
     objective.to(env.device)
     warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
@@ -240,7 +275,8 @@ def setup(argv: list[str] | None) -> Trainer:
         )
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
     trainer = Trainer(cfg, env, run, tokenizer_dir, objective, model, opt, train_batches, valid_batches,
-                      Corruption.of(cfg, specials.mask, specials.vocab_size), autocast, step, tokens)  # fmt: skip
+                      Corruption.of(cfg, specials.mask, specials.vocab_size, protected_tokens(cfg, tokenizer_dir)),
+                      autocast, step, tokens)  # fmt: skip
     if env.main:
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}", flush=True)

@@ -65,14 +65,42 @@ def parse_args(argv):
         help="generator: a sample of the run's generator (plausible in context); frequency: a random word "
         "of similar corpus frequency (context-blind)",
     )
+    p.add_argument(
+        "--replay",
+        help="an earlier --replacement generator results file: put in the replacements it recorded, on the "
+        "same sentences and words (bundles compared on the same swaps; no generator needed)",
+    )
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/detector_hits.json")
     args = p.parse_args(argv)
-    if args.replacement == "generator" and not args.generator:
-        p.error("--replacement generator needs --generator RUN (a pretraining run with a generator/)")
+    if args.replacement == "generator" and not (args.generator or args.replay):
+        p.error(
+            "--replacement generator needs --generator RUN (a pretraining run with a generator/) or --replay"
+        )
     return args
+
+
+def replay_picker(tokenizer, path: Path):
+    """The generator replacements an earlier run recorded, in its order, drawing from the RNG as the
+    generator's picker does (one randrange per sample), so every sentence and swapped position comes
+    out as it did then: bundles compared on one generator's swaps after that generator is gone."""
+    try:
+        recorded = json.loads(path.read_text())
+        replacements = [row["replacement"].lower() for row in recorded["examples"]]
+        kind = recorded["config"]["replacement"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: --replay {path}: not a results file of this benchmark ({e})")
+    if kind != "generator":
+        sys.exit(f"error: --replay {path} holds {kind} replacements; replay is for the generator's")
+    queue = iter(replacements)
+
+    def pick(ids: list[int], pos: int, rng: random.Random) -> int:
+        rng.randrange(1 << 30)
+        return tokenizer.token_to_id(next(queue))
+
+    return pick
 
 
 def measure(args, tokenizer, session, reference, pick) -> list[dict]:
@@ -139,7 +167,9 @@ def main(argv=None) -> None:
     session = ort_session(checked.model_path, providers_setting="cpu", quiet=True)  # the server's options
     print("counting word bigrams of WikiText-2 train for the reference ...", flush=True)
     reference = BigramReference(read_corpus("wikitext2", "train", data_dir=args.data_dir), tokenizer)
-    if args.replacement == "generator":
+    if args.replay:
+        pick = replay_picker(tokenizer, Path(args.replay))
+    elif args.replacement == "generator":
         generator, _, _ = load_model(resolve_checkpoint(args.generator) / "generator")
         pick = generator_picker(tokenizer, generator.eval())
     else:

@@ -30,6 +30,10 @@ import numpy as np
 
 LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 SOURCES = ("commons", "wikitext2")
+# Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
+# first ones (test); recipe choices are made on sentences far past them (dev), so they never see the test.
+SLICE_START = {"test": 0, "dev": 4000}
+ITEM_FIELDS = ("kind", "text", "span", "original", "replacement", "clean")
 
 
 def held_out_sentences(source: str, data_dir: str | None, min_words: int, max_words: int) -> list[str]:
@@ -195,6 +199,15 @@ def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str
     plt.close(fig)
 
 
+def reused_items(path: Path) -> list[dict]:
+    """The sentences of an earlier results file, without what its bundle said of them."""
+    try:
+        examples = json.loads(path.read_text())["examples"]
+        return [{k: x[k] for k in ITEM_FIELDS if k in x} for x in examples]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: --items {path}: not a results file of this benchmark ({e})")
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, help="detector bundle directory")
@@ -208,6 +221,17 @@ def parse(argv):
         help="commons: House of Commons speeches, never trained on; wikitext2: WikiText-2 test (in domain)",
     )
     p.add_argument("--sentences", type=int, default=400, help="sentences per kind of swap (and clean)")
+    p.add_argument(
+        "--slice",
+        choices=tuple(SLICE_START),
+        default="test",
+        help="test: the sentences the published figures use; dev: others, for choosing a recipe",
+    )
+    p.add_argument(
+        "--items",
+        help="score the swapped and clean sentences of an earlier results file again (its texts and "
+        "spans, no new swaps): bundles compared on exactly the same items",
+    )
     p.add_argument("--min-words", type=int, default=5)
     p.add_argument("--max-words", type=int, default=40)
     p.add_argument(
@@ -262,24 +286,30 @@ def main(argv=None) -> None:
         args.threshold if args.threshold is not None else (m.threshold if m.threshold is not None else 0.5)
     )
     tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
-    sentences = held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words)
-    random.Random(args.seed).shuffle(sentences)
-    print(f"{len(sentences)} sentences; counting word bigrams of {args.reference_text} train ...", flush=True)
+    print(f"counting word bigrams of {args.reference_text} train ...", flush=True)
     reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
-    pickers = make_pickers(args, tokenizer, reference)
-    items = make_texts(args, tokenizer, sentences, pickers)
+    if args.items:
+        items = reused_items(Path(args.items))
+        kinds = list(dict.fromkeys(x["kind"] for x in items if x["kind"] != "clean"))
+    else:
+        sentences = held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words)
+        random.Random(args.seed).shuffle(sentences)
+        sentences = sentences[SLICE_START[args.slice] :]
+        print(f"{len(sentences)} sentences in the {args.slice} slice", flush=True)
+        pickers = make_pickers(args, tokenizer, reference)
+        items = make_texts(args, tokenizer, sentences, pickers)
+        kinds = list(pickers)
     scorer = WordScorer(bundle.model_path, bundle.tokenizer_path, m.max_length)
     score(items, scorer.results([x["text"] for x in items], threshold), threshold, reference, tokenizer)
 
     clean = [x for x in items if x["kind"] == "clean"]
     swapped = [x for x in items if x["kind"] != "clean"]
-    kinds = list(pickers)
     report = {
         "bundle": str(args.bundle),
         "model_sha256": bundle.verified.get("model.onnx"),
         "calibrated": m.calibration is not None,
         "threshold": threshold,
-        "source": args.source,
+        "source": args.items or args.source,
         "cpu": cpu(),
         "summary": {"all": summarise(swapped, clean), **{k: summarise([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "breakdowns": {"all": breakdowns(swapped, clean), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean) for k in kinds}},

@@ -35,12 +35,19 @@ __all__ = [
     "read_corpus",
 ]
 
-# Registry corpora and their splits. WikiText-2 comes split by its publishers; the news articles are split
-# by a hash of each article (as the user's own text), 2% held out. The House of Commons speeches are an
-# evaluation source only: no shipped recipe trains on them, so sentences from them are text the detector
-# has never seen, in a style (spoken, parliamentary) that neither training corpus has.
-REGISTRY_CORPORA = {"wikitext2": ("train", "valid", "test"), "news": ("train", "valid"), "commons": ("test",)}
-HASH_SPLIT_FRACTION = {"news": 0.02}
+# Registry corpora and their splits. WikiText-2 comes split by its publishers; the news articles, WordNet's
+# usage examples and the chit-chat conversations are split by a hash of each document (as the user's own
+# text), 2% held out. The House of Commons speeches are an evaluation source only: no shipped recipe
+# trains on them, so sentences from them are text the detector has never seen, in a style (spoken,
+# parliamentary) that no training corpus has.
+REGISTRY_CORPORA = {
+    "wikitext2": ("train", "valid", "test"),
+    "news": ("train", "valid"),
+    "wordnet": ("train", "valid"),
+    "chat": ("train", "valid"),
+    "commons": ("test",),
+}
+HASH_SPLIT_FRACTION = {"news": 0.02, "wordnet": 0.02, "chat": 0.02}
 USER_SPLITS = ("train", "valid")
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -173,8 +180,53 @@ def iter_commons_speeches(path: str | os.PathLike[str]) -> Iterator[str]:
             yield text
 
 
-_READERS = {"wikitext2": iter_wikitext_articles, "news": iter_news_articles, "commons": iter_commons_speeches}
-_FILES = {"wikitext2": "wikitext2-{split}", "news": "news", "commons": "commons"}
+# --- WordNet's usage examples and chit-chat conversations: everyday sentences --------------------------
+
+# A WordNet data line: offset, lexicographer file, type, word count, words..., pointers..., "| gloss".
+# The gloss is a definition followed by usage examples in double quotes: "she ate a banana".
+_QUOTED = re.compile(r'"([^"]+)"')
+
+
+def _finished(sentence: str) -> str:
+    """A sentence as a user would type it: a capital first letter and a final full stop if it has none."""
+    sentence = sentence.strip()
+    sentence = sentence[:1].upper() + sentence[1:]
+    return sentence if sentence[-1:] in ".?!" else sentence + "."
+
+
+def iter_wordnet_examples(*paths: str | os.PathLike[str]) -> Iterator[str]:
+    """One document per synset that has usage examples, one example a line: short everyday sentences
+    ("The bell was a signal for the rallying of the whole neighborhood."). The definitions are left out:
+    no user sends a dictionary gloss."""
+    for path in paths:
+        with open(path, encoding="latin-1") as f:
+            for line in f:
+                if line.startswith("  ") or " | " not in line:
+                    continue  # the licence header
+                examples = [
+                    _finished(e) for e in _QUOTED.findall(line.split(" | ", 1)[1]) if len(e.split()) >= 3
+                ]
+                if examples:
+                    yield "\n".join(examples)
+
+
+def iter_chat_conversations(path: str | os.PathLike[str]) -> Iterator[str]:
+    """One document per conversation, one message a line (a message is one or more sentences). Messages
+    of fewer than three words ("Hello", "haha yes") are left out: they carry no context to judge a word by."""
+    with open(path, encoding="utf-8") as f:
+        conversations = json.load(f)
+    for key in sorted(conversations):  # a fixed order, whatever the file's
+        lines = [" ".join(m["text"].split()) for turn in conversations[key]["messages"] for m in turn]
+        lines = [line for line in lines if len(line.split()) >= 3]
+        if lines:
+            yield "\n".join(lines)
+
+
+_READERS = {"wikitext2": iter_wikitext_articles, "news": iter_news_articles, "commons": iter_commons_speeches,
+            "wordnet": iter_wordnet_examples, "chat": iter_chat_conversations}  # fmt: skip
+_FILES = {"wikitext2": ("wikitext2-{split}",), "news": ("news",), "commons": ("commons",),
+          "wordnet": tuple(f"wordnet-{part}" for part in ("noun1", "noun2", "verb", "adj", "adv")),
+          "chat": ("chat",)}  # fmt: skip
 
 
 # --- the user's own text ----------------------------------------------------------------------------
@@ -285,8 +337,8 @@ def read_corpus(
         splits = REGISTRY_CORPORA[source]
         if split not in splits:
             raise CorpusError(f"{source} has splits {', '.join(splits)}, not {split!r}")
-        path = fetch(_FILES[source].format(split=split), data_dir=data_dir)
-        documents = _READERS[source](path)
+        paths = [fetch(name.format(split=split), data_dir=data_dir) for name in _FILES[source]]
+        documents = _READERS[source](*paths)
         if source in HASH_SPLIT_FRACTION:
             cut = HASH_SPLIT_FRACTION[source]
             return (d for d in documents if (_unit_hash(d) < cut) == (split == "valid"))

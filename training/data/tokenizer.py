@@ -184,6 +184,15 @@ def special_ids(tok: Tokenizer) -> SpecialIds:
     return SpecialIds(*(ids[t] for t in SPECIAL_TOKENS))
 
 
+def punctuation_ids(tok: Tokenizer) -> list[int]:
+    """Vocabulary entries with no letter and no digit (".", "##,", "--"), special tokens excluded: what
+    a detector that flags words, never punctuation, need not be trained to flag."""
+    specials = {tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    return sorted(
+        i for t, i in tok.get_vocab().items() if i not in specials and not any(c.isalnum() for c in t)
+    )
+
+
 def tokenizer_sha256(tok: Tokenizer) -> str:
     """A fingerprint of everything that decides ids (vocab, normalizer, ...): shards and checkpoints
     record it so data tokenized with one tokenizer is never fed to a model trained with another."""

@@ -51,14 +51,18 @@ def mask_tokens(
     vocab_size: int,
     mask_replace_prob: float = 0.85,
     random_replace_prob: float = 0.0,
+    protected: torch.Tensor | None = None,
 ) -> MaskedInputs:
     """Choose `mask_prob` of the non-special positions; of those, put [MASK] at `mask_replace_prob`,
-    a random token at `random_replace_prob`, and leave the rest as they are.
+    a random token at `random_replace_prob`, and leave the rest as they are. `protected` (a bool per
+    vocabulary id) names tokens that are never chosen, such as punctuation for a detector of words.
 
     ELECTRA's defaults are 0.85 / 0 / 0.15 (its `mask()` keeps 15% of chosen positions unchanged);
     BERT's are 0.8 / 0.1 / 0.1.
     """
     is_masked = (noise.select < mask_prob) & ~special_tokens_mask.bool()
+    if protected is not None:
+        is_masked &= ~protected.to(input_ids.device)[input_ids]
     use_mask = is_masked & (noise.action < mask_replace_prob)
     use_random = (
         is_masked
@@ -86,17 +90,21 @@ class Corruption:
     mask_prob: float = 0.15
     mask_replace_prob: float = 0.85
     random_replace_prob: float = 0.0
+    protected: torch.Tensor | None = None  # (vocab,) bool: tokens never masked (see mask_tokens)
 
     @classmethod
-    def of(cls, cfg, mask_token_id: int, vocab_size: int) -> Corruption:
+    def of(
+        cls, cfg, mask_token_id: int, vocab_size: int, protected: torch.Tensor | None = None
+    ) -> Corruption:
         """From a PretrainConfig (or anything with its mask_* fields)."""
-        return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob)
+        return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob,
+                   protected)  # fmt: skip
 
     def mask(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, noise: Noise) -> MaskedInputs:
         return mask_tokens(
             input_ids, special_tokens_mask, noise, mask_prob=self.mask_prob, mask_token_id=self.mask_token_id,
             vocab_size=self.vocab_size, mask_replace_prob=self.mask_replace_prob,
-            random_replace_prob=self.random_replace_prob,
+            random_replace_prob=self.random_replace_prob, protected=self.protected,
         )  # fmt: skip
 
 
@@ -142,15 +150,20 @@ def generator_fill(
 
 
 def swap_words(
-    faked: FakedData, masked: MaskedInputs, noise: Noise, word_ids: torch.Tensor, prob: float
+    faked: FakedData, masked: MaskedInputs, noise: Noise, candidates: torch.Tensor, prob: float
 ) -> FakedData:
-    """At a `prob` share of the masked positions, put a random whole word in place of the generator's
-    sample: a context-blind corruption (a careless edit, an OCR or ASR slip) mixed into the generator's
-    plausible ones. The generator's own loss is untouched; only the discriminator's input changes."""
+    """At a `prob` share of the masked positions, put a whole word in place of the generator's sample: a
+    corruption the generator would not make (a careless edit, an OCR or ASR slip, a word that fits the
+    grammar but not the meaning) mixed into its plausible ones. `candidates` is either the words any
+    position may take (1-D), or a table whose row i holds the words that may replace token i (2-D,
+    training/data/swaps.swap_table). The generator's own loss is untouched; only the discriminator's
+    input changes."""
     if prob <= 0:
         return faked
     chosen = masked.is_masked & (noise.word_select < prob)
-    picks = word_ids[(noise.word_pick * len(word_ids)).long().clamp_(max=len(word_ids) - 1)]
+    width = candidates.shape[-1]
+    slot = (noise.word_pick * width).long().clamp_(max=width - 1)
+    picks = candidates[slot] if candidates.ndim == 1 else candidates[masked.original_ids, slot]
     fake = torch.where(chosen, picks, faked.input_ids)
     return FakedData(fake, fake != masked.original_ids, faked.sampled_ids)
 
@@ -208,13 +221,13 @@ def electra_loss(
     disc_weight: float,
     n_masked: float | torch.Tensor,
     n_tokens: float | torch.Tensor,
-    word_ids: torch.Tensor | None = None,
+    swap_candidates: torch.Tensor | None = None,
     word_swap_prob: float = 0.0,
 ) -> ElectraLosses:
     am, tt = batch["attention_mask"], batch["token_type_ids"]
     mlm_logits, faked = generator_fill(generator, masked, am, tt, noise, temperature)  # (M, V)
-    if word_ids is not None:
-        faked = swap_words(faked, masked, noise, word_ids, word_swap_prob)
+    if swap_candidates is not None:
+        faked = swap_words(faked, masked, noise, swap_candidates, word_swap_prob)
     gen = mlm_loss(mlm_logits, masked.original_ids[masked.is_masked], n_masked)
     disc_logits = discriminator(faked.input_ids, am, tt)  # (B, T)
     disc = disc_loss(disc_logits, faked.is_replaced, am, n_tokens)
@@ -244,13 +257,13 @@ class ElectraObjective(torch.nn.Module):
         self.generator = ElectraForMaskedLM(gen_cfg, embeddings=self.discriminator.electra.embeddings)
         init_weights(self, disc_cfg.initializer_range)
         self.hparams = {"temperature": temperature, "gen_weight": gen_weight, "disc_weight": disc_weight}
-        self.register_buffer("word_ids", None, persistent=False)
+        self.register_buffer("swap_candidates", None, persistent=False)
         self.word_swap_prob = 0.0
 
-    def mix_in_word_swaps(self, word_ids: torch.Tensor, prob: float) -> None:
-        """Give `prob` of the masked positions a random word of `word_ids` instead of the generator's
-        sample (see `swap_words`). A buffer, so it moves with the module; not saved in checkpoints."""
-        self.word_ids = word_ids.long().to(
+    def mix_in_word_swaps(self, candidates: torch.Tensor, prob: float) -> None:
+        """Give `prob` of the masked positions a word of `candidates` instead of the generator's sample
+        (see `swap_words`). A buffer, so it moves with the module; not saved in checkpoints."""
+        self.swap_candidates = candidates.long().to(
             self.discriminator.electra.embeddings.word_embeddings.weight.device
         )
         self.word_swap_prob = prob
@@ -277,7 +290,7 @@ class ElectraObjective(torch.nn.Module):
 
     def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
         return electra_loss(self.generator, self.discriminator, batch, masked, noise, n_masked=n_masked,
-                            n_tokens=n_tokens, word_ids=self.word_ids,
+                            n_tokens=n_tokens, swap_candidates=self.swap_candidates,
                             # Held-out evaluation scores the generator's replacements only: comparable
                             # between runs with and without word swaps.
                             word_swap_prob=self.word_swap_prob if self.training else 0.0,
