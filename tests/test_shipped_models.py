@@ -13,11 +13,6 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from app_fixtures import run_server
-except ImportError:  # tests/ made a package
-    from tests.app_fixtures import run_server
-
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
 SENTENCES = 150  # per kind of swap, and as many clean
@@ -27,6 +22,7 @@ TOP1_PUBLISHED = 0.685
 RECALL10_PUBLISHED = 0.430  # recall with 10% of clean sentences flagged
 CLEAN_WITH_SPAN_PUBLISHED = 0.043  # clean sentences with any span at the default threshold
 SPAN_PRECISION_PUBLISHED = 0.80
+HANDWRITTEN_TOP1_PUBLISHED = 0.615  # benchmarks/results/user_sentences_handwritten.json, 52 sentences
 SENTIMENT_PUBLISHED = 0.836  # benchmarks/results/sentiment_classify_test.json, all 1,275 test texts
 
 
@@ -67,18 +63,25 @@ def test_the_default_threshold_keeps_clean_sentences_mostly_unflagged(detector_r
     assert s["ece"] <= 0.05
 
 
-def test_the_shipped_sentiment_classifier_through_classify(registry_data, tmp_path):
-    from training.finetuning.sets import load_labelled
+def test_the_shipped_detector_on_the_hand_written_sentences(tmp_path, registry_data):
+    """The 52 everyday sentences written for issue 21, each with one word swapped for one that fits the
+    grammar but not the meaning: the same items every time, so only the model can move the figure."""
+    from benchmarks.quality.user_sentences import main as measure
 
-    data = load_labelled("rotten_tomatoes", registry_data)
-    test = data["test"][:400]
-    with run_server(MODELS, log_dir=tmp_path) as s, s.client() as c:
-        right = 0
-        for i in range(0, len(test), 32):
-            chunk = test[i : i + 32]
-            r = c.post("/classify", json={"model": "sentiment", "texts": [t for t, _ in chunk]})
-            assert r.status_code == 200, r.text
-            right += sum(
-                res["label"] == data.labels[y] for res, (_, y) in zip(r.json()["results"], chunk, strict=True)
-            )
-    assert right / len(test) >= _floor(SENTIMENT_PUBLISHED, len(test))
+    out = tmp_path / "handwritten.json"
+    measure(["--bundle", str(MODELS / "detector"), "--items", str(REPO / "benchmarks/quality/data/handwritten.json"),
+             "--data-dir", str(registry_data), "--out", str(out)])  # fmt: skip
+    s = json.loads(out.read_text())["summary"]["all"]
+    assert s["sentences"] == 52
+    assert s["top1"] >= _floor(HANDWRITTEN_TOP1_PUBLISHED, s["sentences"])
+    assert s["top1"] >= s["bigram_top1"] + 0.2
+    assert s["top1"] >= 5 * s["chance_top1"]
+
+
+def test_the_shipped_sentiment_classifier_through_classify(registry_data, tmp_path):
+    from benchmarks.quality.classify_accuracy import main as measure
+
+    report = measure(["--models", str(MODELS), "--model", "sentiment", "--task", "rotten_tomatoes",
+                      "--limit", "400", "--data-dir", str(registry_data), "--out", str(tmp_path / "acc.json")])  # fmt: skip
+    assert report["n"] == 400
+    assert report["accuracy"] >= _floor(SENTIMENT_PUBLISHED, report["n"])
