@@ -18,12 +18,12 @@ MODELS = REPO / "models"
 SENTENCES = 150  # per kind of swap, and as many clean
 # Published in docs/model-card.md from benchmarks/results/user_sentences.json (400 sentences a kind):
 # frequency and part-of-speech swaps together (the test has no generator to make the third kind).
-TOP1_PUBLISHED = 0.685
-RECALL10_PUBLISHED = 0.430  # recall with 10% of clean sentences flagged
-CLEAN_WITH_SPAN_PUBLISHED = 0.043  # clean sentences with any span at the default threshold
-SPAN_PRECISION_PUBLISHED = 0.80
-HANDWRITTEN_TOP1_PUBLISHED = 0.615  # benchmarks/results/user_sentences_handwritten.json, 52 sentences
-SENTIMENT_PUBLISHED = 0.836  # benchmarks/results/sentiment_classify_test.json, all 1,275 test texts
+TOP1_PUBLISHED = 0.776
+RECALL10_PUBLISHED = 0.561  # recall with 10% of clean sentences flagged
+CLEAN_WITH_SPAN_PUBLISHED = 0.045  # clean sentences with any span at the default threshold
+SPAN_PRECISION_PUBLISHED = 0.82
+HANDWRITTEN_TOP1_PUBLISHED = 0.750  # benchmarks/results/user_sentences_handwritten.json, 52 sentences
+SENTIMENT_PUBLISHED = 0.834  # benchmarks/results/sentiment_classify_test.json, all 1,275 test texts
 
 
 def _floor(published: float, n: int) -> float:
