@@ -94,8 +94,10 @@ def serve(
     log_dir: Path,
     timeout: float = 180,
     cwd: Path = REPO,
+    warm_path: str = "/detect",
 ) -> Iterator[Server]:
-    """Start the server, wait until GET /ready answers 200, then warm it with a few requests."""
+    """Start the server, wait until GET /ready answers 200, then warm it with a few requests to
+    `warm_path` (`/classify` when only classifiers are served)."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}-server.log"
@@ -112,7 +114,7 @@ def serve(
     try:
         wait_ready(name, proc, server.url + READY_PATH.get(name, "/ready"), timeout, server.tail)
         for i in range(8):  # first requests allocate and pick kernels; no client should pay for that
-            post_json(server.url + "/detect", {"text": f"warm up request number {i} for the server"})
+            post_json(server.url + warm_path, {"text": f"warm up request number {i} for the server"})
         yield server
     finally:
         stop(proc, group=True)
@@ -152,6 +154,11 @@ def is_ready(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def get_json(url: str, timeout: float = 30) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
 
 
 def post_json(url: str, body: dict, timeout: float = 30) -> dict:

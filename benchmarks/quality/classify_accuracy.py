@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,73 +42,54 @@ def main(argv: list[str] | None = None) -> dict:
     if not (args.models / args.model / "manifest.json").is_file():
         sys.exit(f"error: no bundle {args.models / args.model}; --models is the directory holding it")
 
-    from benchmarks.load.loadkit import free_port, post_json, server_env, stop, wait_ready
+    import numpy as np
+
+    from benchmarks.load import loadkit as lk
     from benchmarks.machine import cpu
+    from training.finetuning.metrics import classification_metrics, format_report
     from training.finetuning.sets import load_labelled
 
     data = load_labelled(args.task, args.data_dir)
     items = data[args.split][: args.limit or None]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "app", "--models", str(args.models), "--port", str(port)]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            cmd, env=server_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    label_ids = {name: i for i, name in enumerate(data.labels)}
+    predicted: list[int] = []
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        lk.serve(
+            "electra-serve",
+            lambda port: [sys.executable, "-m", "app", "--models", str(args.models), "--port", str(port)],
+            Path(logs),
+            warm_path="/classify",
+        ) as server,
+    ):
+        listed = {m["name"]: m for m in lk.get_json(server.url + "/models")["models"]}
+        if args.model not in listed:
+            sys.exit(f"error: the server loaded {', '.join(listed)}, not {args.model!r}")
+        for i in tqdm(range(0, len(items), args.batch), desc="classify", unit="batch"):
+            texts = [t for t, _ in items[i : i + args.batch]]
+            answer = lk.post_json(server.url + "/classify", {"model": args.model, "texts": texts}, 120)
+            predicted += [label_ids[r["label"]] for r in answer["results"]]
 
-        def tail() -> str:
-            log.seek(0)
-            return log.read()[-3000:]
-
-        try:
-            wait_ready("electra-serve", proc, url + "/ready", 180, tail)
-            listed = {m["name"]: m for m in json.loads(_get(url + "/models"))["models"]}
-            if args.model not in listed:
-                sys.exit(f"error: the server loaded {', '.join(listed)}, not {args.model!r}")
-            right = 0
-            for i in tqdm(range(0, len(items), args.batch), desc="classify", unit="batch"):
-                chunk = items[i : i + args.batch]
-                answer = post_json(
-                    url + "/classify", {"model": args.model, "texts": [t for t, _ in chunk]}, 120
-                )
-                right += sum(
-                    r["label"] == data.labels[y] for r, (_, y) in zip(answer["results"], chunk, strict=True)
-                )
-        finally:
-            stop(proc, group=True)
-
-    counts = [sum(y == k for _, y in items) for k in range(len(data.labels))]
+    truth = np.array([y for _, y in items], dtype=np.int64)
     report = {
-        "n": len(items),
-        "accuracy": right / len(items),
-        "majority_baseline_accuracy": max(counts) / len(items),
+        **classification_metrics(truth, np.array(predicted, dtype=np.int64), data.labels),
         "task": args.task,
         "split": args.split,
         "bundle": str(args.models / args.model),
-        "model_sha256": listed[args.model].get("sha256"),
-        "precision": listed[args.model].get("precision"),
+        "model_sha256": listed[args.model]["sha256"],
+        "precision": listed[args.model]["precision"],
         "path": f"POST /classify on python -m app --models {args.models}, batches of {args.batch}",
         "machine": cpu(),
     }
     m = report["machine"]
-    print(
-        f"\n{args.model} on {args.task} {args.split} through POST /classify ({m['cpu']}, {m['int8_kernel_path']})"
-    )
-    print(
-        f"n {report['n']}  accuracy {report['accuracy']:.4f}  majority class {report['majority_baseline_accuracy']:.4f}"
-    )
+    print()
+    print(format_report(report, f"{args.model} on {args.task} {args.split} through POST /classify "
+                                f"({m['cpu']}, {m['int8_kernel_path']})"))  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
     return report
-
-
-def _get(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return r.read().decode()
 
 
 if __name__ == "__main__":
