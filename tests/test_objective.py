@@ -40,6 +40,27 @@ def test_mask_rate_and_actions_match_configuration():
     assert torch.equal(m.input_ids[~chosen], ids[~chosen])
 
 
+def test_row_spread_varies_each_rows_rate_around_the_same_mean():
+    ids, special = batch(B=256, T=128, seed=4)
+    noise = draw_noise(ids.shape, seed=4, step=0, rows=slice(None), device="cpu")
+    fixed = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V)
+    spread = mask_tokens(
+        ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V, row_spread=1.0
+    )
+    eligible = ~special.bool()
+    per_row = spread.is_masked.float().sum(1) / eligible.float().sum(1)
+    assert abs(per_row.mean().item() - 0.15) < 0.015  # 256 rows uniform in [0, 0.3]: SE about 0.0055
+    # Uniform on [0, 0.3] has a standard deviation of 0.087; a fixed 15% over 126 tokens has 0.032.
+    assert (
+        per_row.std().item() > 0.07 > (fixed.is_masked.float().sum(1) / eligible.float().sum(1)).std().item()
+    )
+    assert (per_row < 0.03).sum().item() >= 10, "some rows get few or no replacements (about 10% expected)"
+    assert not spread.is_masked[special.bool()].any()
+    # Spread 0 masks exactly as before the option existed (runs resumed or replayed stay the same).
+    assert torch.equal(mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V,
+                                   row_spread=0.0).is_masked, fixed.is_masked)  # fmt: skip
+
+
 def test_electra_default_keeps_15_percent_of_masked_positions():
     ids, special = batch(seed=1)
     noise = draw_noise(ids.shape, seed=1, step=0, rows=slice(None), device="cpu")

@@ -173,6 +173,7 @@ class PretrainConfig:
     )
     # Objective (google-research/electra defaults).
     mask_prob: float = 0.15  # share of tokens the generator is asked to fill
+    row_mask_spread: float = 0.0  # each row's mask rate is uniform in mask_prob x [1 - s, 1 + s]
     mask_replace_prob: float = 0.85  # of masked positions: [MASK]; ELECTRA keeps the other 15% unchanged
     random_replace_prob: float = 0.0  # BERT uses 0.1 (with 0.8 [MASK])
     corrupt_punctuation: bool = True  # false: punctuation is never masked or replaced (a detector of words)
@@ -242,11 +243,16 @@ class PretrainConfig:
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
                  "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
-        for name in ("mask_prob", "mask_replace_prob", "random_replace_prob", "dropout"):
+        for name in ("mask_prob", "mask_replace_prob", "random_replace_prob", "dropout", "row_mask_spread"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(
                     f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
                 )
+        if self.mask_prob * (1 + self.row_mask_spread) > 1.0:
+            raise ConfigError(
+                f"--mask-prob x (1 + --row-mask-spread) must not exceed 1, got "
+                f"{self.mask_prob * (1 + self.row_mask_spread):.3f}"
+            )
         if self.mask_replace_prob + self.random_replace_prob > 1.0:
             raise ConfigError("--mask-replace-prob plus --random-replace-prob must not exceed 1")
         if not 0.0 < self.generator_fraction <= 1.0:

@@ -25,13 +25,15 @@ class Noise(NamedTuple):
     random_token: torch.Tensor  # which random token, for BERT's 10% random replacement
     word_select: torch.Tensor  # whether a replaced position gets a random word (word swaps)
     word_pick: torch.Tensor  # which word
+    row_rate: torch.Tensor  # column 0 sets each row's own mask rate (see mask_tokens' row_spread)
 
 
 def draw_noise(global_shape: tuple[int, int], seed: int, step: int, rows: slice, device) -> Noise:
     g = torch.Generator().manual_seed(hash((seed, step)) & 0x7FFF_FFFF_FFFF)
     # The generator fills the tensor in order, so the first four draws are what they were before the two
-    # of word swaps were added: runs without word swaps mask exactly as they did.
-    draws = torch.rand((6, *global_shape), generator=g)[:, rows]
+    # of word swaps were added, and the first six what they were before the row rates: runs without word
+    # swaps or row rates mask exactly as they did.
+    draws = torch.rand((7, *global_shape), generator=g)[:, rows]
     return Noise(*draws.to(device).unbind(0))
 
 
@@ -52,6 +54,7 @@ def mask_tokens(
     mask_replace_prob: float = 0.85,
     random_replace_prob: float = 0.0,
     protected: torch.Tensor | None = None,
+    row_spread: float = 0.0,
 ) -> MaskedInputs:
     """Choose `mask_prob` of the non-special positions; of those, put [MASK] at `mask_replace_prob`,
     a random token at `random_replace_prob`, and leave the rest as they are. `protected` (a bool per
@@ -59,8 +62,17 @@ def mask_tokens(
 
     ELECTRA's defaults are 0.85 / 0 / 0.15 (its `mask()` keeps 15% of chosen positions unchanged);
     BERT's are 0.8 / 0.1 / 0.1.
+
+    `row_spread` s gives each row its own rate, uniform in mask_prob x [1 - s, 1 + s] (the mean stays
+    mask_prob). At a fixed 15% nearly every short row holds a replacement, while a request usually has
+    one wrong word or none; s = 1 puts rows with few or no replacements into training, in case the
+    detector had learned that every sentence holds a suspect. Continuing the shipped detector with it
+    measured level with continuing without it (docs/detector-stage3.md).
     """
-    is_masked = (noise.select < mask_prob) & ~special_tokens_mask.bool()
+    rate = mask_prob
+    if row_spread > 0:
+        rate = mask_prob * (1 + row_spread * (2 * noise.row_rate[:, :1] - 1))  # (B, 1)
+    is_masked = (noise.select < rate) & ~special_tokens_mask.bool()
     if protected is not None:
         is_masked &= ~protected.to(input_ids.device)[input_ids]
     use_mask = is_masked & (noise.action < mask_replace_prob)
@@ -91,6 +103,7 @@ class Corruption:
     mask_replace_prob: float = 0.85
     random_replace_prob: float = 0.0
     protected: torch.Tensor | None = None  # (vocab,) bool: tokens never masked (see mask_tokens)
+    row_spread: float = 0.0  # each row's rate varies around mask_prob by this share (see mask_tokens)
 
     @classmethod
     def of(
@@ -98,13 +111,13 @@ class Corruption:
     ) -> Corruption:
         """From a PretrainConfig (or anything with its mask_* fields)."""
         return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob,
-                   protected)  # fmt: skip
+                   protected, getattr(cfg, "row_mask_spread", 0.0))  # fmt: skip
 
     def mask(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, noise: Noise) -> MaskedInputs:
         return mask_tokens(
             input_ids, special_tokens_mask, noise, mask_prob=self.mask_prob, mask_token_id=self.mask_token_id,
             vocab_size=self.vocab_size, mask_replace_prob=self.mask_replace_prob,
-            random_replace_prob=self.random_replace_prob, protected=self.protected,
+            random_replace_prob=self.random_replace_prob, protected=self.protected, row_spread=self.row_spread,
         )  # fmt: skip
 
 
