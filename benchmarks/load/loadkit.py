@@ -65,8 +65,17 @@ PEERS = ("litserve", "mosec")  # general-purpose servers a user would pick; /det
 READY_PATH = {"mosec": "/"}  # mosec has no route of ours for readiness; its root answers once workers run
 
 
-def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Path, extra=()) -> list[str]:
-    """The server's command line. Ours logs at warning: no access log, as for the baselines."""
+def command(
+    kind: str,
+    port: int,
+    *,
+    models_dir: Path,
+    bundle: Path | None = None,
+    hf_dir: Path | None = None,
+    extra=(),
+) -> list[str]:
+    """The server's command line. Ours logs at warning: no access log, as for the baselines. Ours needs only
+    `models_dir`; the baselines serve one `bundle` (or, for transformers, `hf_dir`)."""
     argv = {
         "ours": ["app", "--models", str(models_dir), "--log-level", "warning", *extra],
         "unbatched": ["benchmarks.load.baselines.unbatched", "--bundle", str(bundle)],
@@ -76,6 +85,8 @@ def command(kind: str, port: int, *, models_dir: Path, bundle: Path, hf_dir: Pat
     }
     if kind not in argv:
         raise ValueError(f"unknown server {kind!r}; known: {', '.join(SERVERS)}")
+    if kind != "ours" and (hf_dir if kind == "transformers" else bundle) is None:
+        raise ValueError(f"server {kind!r} needs {'hf_dir' if kind == 'transformers' else 'bundle'}")
     return [sys.executable, "-m", *argv[kind], "--port", str(port)]
 
 

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
         tempfile.TemporaryDirectory() as logs,
         lk.serve(
             "electra-serve",
-            lambda port: [sys.executable, "-m", "app", "--models", str(args.models), "--port", str(port)],
+            lambda port: lk.command("ours", port, models_dir=args.models),
             Path(logs),
             warm_path="/classify",
         ) as server,

@@ -109,9 +109,9 @@ class Corruption:
     def of(
         cls, cfg, mask_token_id: int, vocab_size: int, protected: torch.Tensor | None = None
     ) -> Corruption:
-        """From a PretrainConfig (or anything with its mask_* fields)."""
+        """From a PretrainConfig."""
         return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob,
-                   protected, getattr(cfg, "row_mask_spread", 0.0))  # fmt: skip
+                   protected, cfg.row_mask_spread)  # fmt: skip
 
     def mask(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, noise: Noise) -> MaskedInputs:
         return mask_tokens(
