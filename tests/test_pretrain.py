@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.checkpoint import resolve_checkpoint, write_atomically
+from training.checkpoint import resolve_checkpoint, state_dict_for_save, write_atomically
 from training.pretrain import main as pretrain
+from training.pretrain import setup
 from training.report import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,10 +105,20 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_co
     a, b = train_losses(single), train_losses(ddp)
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-4), step
+    # Weights are compared by how far each tensor moved, not element by element: an element whose
+    # gradient nearly cancels over the batch keeps only summation-order noise, which Adam's
+    # normalisation scales up to a sizeable step. On CI's CPU 92 of 4,096 elements of one matrix
+    # differed by up to a tenth of a step (1.5e-4). Key biases are left out: softmax ignores a shift
+    # shared by all keys, so their true gradient is zero and all they carry is that noise.
+    start = state_dict_for_save(
+        setup(tiny_args(tmp_path / "init", small_corpus, small_tokenizer, *common)).objective.discriminator
+    )
     wa = load_file(resolve_checkpoint(single) / "model.safetensors")
     wb = load_file(resolve_checkpoint(ddp) / "model.safetensors")
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-5)
+    for k in (k for k in wa if not k.endswith("attention.self.key.bias")):
+        moved = torch.linalg.vector_norm(wa[k] - start[k])
+        assert moved > 0, k
+        assert torch.linalg.vector_norm(wa[k] - wb[k]) <= 0.01 * moved, k
 
 
 def test_evaluation_corrupts_with_the_tokenizers_vocabulary(tmp_path, small_corpus, small_tokenizer):
