@@ -85,17 +85,17 @@ def command(
     }
     if kind not in argv:
         raise ValueError(f"unknown server {kind!r}; known: {', '.join(SERVERS)}")
-    if kind != "ours" and (hf_dir if kind == "transformers" else bundle) is None:
-        raise ValueError(f"server {kind!r} needs {'hf_dir' if kind == 'transformers' else 'bundle'}")
+    if kind != "ours":
+        name, source = ("hf_dir", hf_dir) if kind == "transformers" else ("bundle", bundle)
+        if source is None:
+            raise ValueError(f"server {kind!r} needs {name}")
     return [sys.executable, "-m", *argv[kind], "--port", str(port)]
 
 
 def ours(models, server_args: str = "") -> Callable[[int], list[str]]:
     """Port -> command line of our server on `models` (a loadmodels.Models), extra flags appended."""
     extra = server_args.split()
-    return lambda port: command(
-        "ours", port, models_dir=models.models_dir, bundle=models.bundle, hf_dir=models.hf_dir, extra=extra
-    )
+    return lambda port: command("ours", port, models_dir=models.models_dir, extra=extra)
 
 
 @contextlib.contextmanager
