@@ -196,3 +196,36 @@ def test_protected_tokens_are_never_masked():
     assert abs(share - 0.3) < 0.03  # the other tokens are masked at the usual rate
     unprotected = Corruption(4, 40, mask_prob=0.3).mask(ids, special, noise)
     assert torch.equal(unprotected.is_masked & (ids >= 15), masked.is_masked)  # same noise, same choices
+
+
+def test_content_words_are_masked_more_often_at_the_same_overall_rate():
+    import numpy as np
+    from tokenizers import Tokenizer, models
+
+    from training.data.swaps import content_rate_scale
+    from training.pretraining.objective import Corruption
+
+    vocab = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", ".", "cat", "dog", "run", "of"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[PAD]"))
+    lexicon = {"cat": "NN", "dog": "NN", "run": "VB", "the": "DT", "of": "IN"}
+    ids = torch.randint(4, 10, (64, 128))
+    ids[:, 0] = 1  # [CLS] opens every row and is never masked: it must not dilute the scale
+    counts = np.bincount(ids.ravel().numpy(), minlength=len(vocab))
+    scale = content_rate_scale(tok, lexicon, counts, weight=3.0)
+    assert scale[6] == scale[7] == scale[8] == 3 * scale[4]  # open-class words, three times "the"
+    maskable = counts.copy()
+    maskable[1] = 0
+    assert abs((scale * maskable).sum() / maskable.sum() - 1) < 1e-9  # the text's rate is kept
+
+    special = (ids == 1).long()
+    noise = draw_noise(ids.shape, seed=3, step=0, rows=slice(None), device="cpu")
+    masked = Corruption(3, 10, mask_prob=0.1, rate_scale=torch.from_numpy(scale).float()).mask(
+        ids, special, noise
+    )
+    content = (ids >= 6) & (ids <= 8)
+    rate_content = masked.is_masked[content].float().mean()
+    rate_other = masked.is_masked[~content & (special == 0)].float().mean()
+    assert abs(rate_content / rate_other - 3) < 0.4
+    assert abs(masked.is_masked.float().sum() / (special == 0).sum() - 0.1) < 0.01
+    plain = Corruption(3, 10, mask_prob=0.1).mask(ids, special, noise)
+    assert (plain.is_masked & content).sum() < (masked.is_masked & content).sum()

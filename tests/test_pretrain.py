@@ -194,6 +194,8 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
 def test_bad_options_fail_naming_the_option(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--mask-prob"):
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])
+    with pytest.raises(SystemExit, match="--content-mask-weight: must be at least 1"):
+        pretrain(["--out", str(tmp_path / "x"), "--content-mask-weight", "0.5"])
     with pytest.raises(SystemExit, match="--num-layers: expected int"):
         pretrain(["--out", str(tmp_path / "x"), "--num-layers", "two"])
     with pytest.raises(SystemExit):

@@ -174,6 +174,9 @@ class PretrainConfig:
     # Objective (google-research/electra defaults).
     mask_prob: float = 0.15  # share of tokens the generator is asked to fill
     row_mask_spread: float = 0.0  # each row's mask rate is uniform in mask_prob x [1 - s, 1 + s]
+    # The rate over the training text stays mask_prob; open-class means a noun, verb, adjective or adverb
+    # in the part-of-speech lexicon.
+    content_mask_weight: float = 1.0  # open-class words are masked this many times as often as other tokens
     mask_replace_prob: float = 0.85  # of masked positions: [MASK]; ELECTRA keeps the other 15% unchanged
     random_replace_prob: float = 0.0  # BERT uses 0.1 (with 0.8 [MASK])
     corrupt_punctuation: bool = True  # false: punctuation is never masked or replaced (a detector of words)
@@ -253,6 +256,8 @@ class PretrainConfig:
                 f"--mask-prob x (1 + --row-mask-spread) must not exceed 1, got "
                 f"{self.mask_prob * (1 + self.row_mask_spread):.3f}"
             )
+        if self.content_mask_weight < 1.0:
+            raise ConfigError(f"--content-mask-weight: must be at least 1, got {self.content_mask_weight}")
         if self.mask_replace_prob + self.random_replace_prob > 1.0:
             raise ConfigError("--mask-replace-prob plus --random-replace-prob must not exceed 1")
         if not 0.0 < self.generator_fraction <= 1.0:

@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from training.data.tokenizer import SPECIAL_TOKENS
+
 __all__ = [
     "KINDS",
     "Swap",
@@ -35,6 +37,7 @@ __all__ = [
     "same_tag_words",
     "Swapper",
     "swap_table",
+    "content_rate_scale",
     "word_counts",
     "whole_words",
 ]
@@ -210,3 +213,17 @@ def swap_table(tokenizer, kinds: list[str], unigrams: Counter, lexicon: dict[str
             pool = np.array(options) if options else any_word
             table[token_id, k * per_kind : (k + 1) * per_kind] = rng.choice(pool, per_kind)
     return table
+
+
+def content_rate_scale(tokenizer, lexicon: dict[str, str], counts: np.ndarray, weight: float) -> np.ndarray:
+    """A mask-rate multiplier per vocabulary id: `weight` for swappable open-class words, 1 for every
+    other token, scaled so the rate over the text `counts` describes (token id -> occurrences, special
+    tokens included: they are never masked and do not count) is unchanged.
+
+    Users swap content words ("the pouring sandwich", "ate the airport"); at a flat rate most replaced
+    positions are function words, punctuation and word pieces."""
+    scale = np.ones(tokenizer.get_vocab_size())
+    scale[list(same_tag_words(tokenizer, lexicon))] = weight
+    counts = counts.astype(np.float64).copy()
+    counts[[tokenizer.token_to_id(t) for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is not None]] = 0
+    return scale * counts.sum() / (scale * counts).sum()

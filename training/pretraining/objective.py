@@ -55,6 +55,7 @@ def mask_tokens(
     random_replace_prob: float = 0.0,
     protected: torch.Tensor | None = None,
     row_spread: float = 0.0,
+    rate_scale: torch.Tensor | None = None,
 ) -> MaskedInputs:
     """Choose `mask_prob` of the non-special positions; of those, put [MASK] at `mask_replace_prob`,
     a random token at `random_replace_prob`, and leave the rest as they are. `protected` (a bool per
@@ -68,10 +69,15 @@ def mask_tokens(
     one wrong word or none; s = 1 puts rows with few or no replacements into training, in case the
     detector had learned that every sentence holds a suspect. Continuing the shipped detector with it
     measured level with continuing without it (docs/detector-stage3.md).
+
+    `rate_scale` (a float per vocabulary id) multiplies each position's rate by its token's entry: the
+    corruption aimed at some words more than others (see `content_rate_scale`).
     """
     rate = mask_prob
     if row_spread > 0:
         rate = mask_prob * (1 + row_spread * (2 * noise.row_rate[:, :1] - 1))  # (B, 1)
+    if rate_scale is not None:
+        rate = rate * rate_scale.to(input_ids.device)[input_ids]  # (B, T)
     is_masked = (noise.select < rate) & ~special_tokens_mask.bool()
     if protected is not None:
         is_masked &= ~protected.to(input_ids.device)[input_ids]
@@ -104,20 +110,23 @@ class Corruption:
     random_replace_prob: float = 0.0
     protected: torch.Tensor | None = None  # (vocab,) bool: tokens never masked (see mask_tokens)
     row_spread: float = 0.0  # each row's rate varies around mask_prob by this share (see mask_tokens)
+    rate_scale: torch.Tensor | None = None  # (vocab,) float: a token's rate multiplier (see mask_tokens)
 
     @classmethod
     def of(
-        cls, cfg, mask_token_id: int, vocab_size: int, protected: torch.Tensor | None = None
-    ) -> Corruption:
+        cls, cfg, mask_token_id: int, vocab_size: int, protected: torch.Tensor | None = None,
+        rate_scale: torch.Tensor | None = None,
+    ) -> Corruption:  # fmt: skip
         """From a PretrainConfig."""
         return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob,
-                   protected, cfg.row_mask_spread)  # fmt: skip
+                   protected, cfg.row_mask_spread, rate_scale)  # fmt: skip
 
     def mask(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, noise: Noise) -> MaskedInputs:
         return mask_tokens(
             input_ids, special_tokens_mask, noise, mask_prob=self.mask_prob, mask_token_id=self.mask_token_id,
             vocab_size=self.vocab_size, mask_replace_prob=self.mask_replace_prob,
             random_replace_prob=self.random_replace_prob, protected=self.protected, row_spread=self.row_spread,
+            rate_scale=self.rate_scale,
         )  # fmt: skip
 
 
