@@ -87,7 +87,7 @@ def swap_candidates(cfg: PretrainConfig, tokenizer_json: Path, train_tokens) -> 
     return torch.from_numpy(swap_table(tok, kinds, unigrams, lexicon, seed=cfg.seed))
 
 
-def content_rate_scale(cfg: PretrainConfig, tokenizer_dir: Path, train_tokens) -> torch.Tensor | None:
+def mask_rate_scale(cfg: PretrainConfig, tokenizer_dir: Path, train_tokens) -> torch.Tensor | None:
     """Each token's mask-rate multiplier with --content-mask-weight above 1 (training/data/swaps), else
     None: every token at mask_prob, as runs before it masked."""
     if cfg.content_mask_weight == 1.0:
@@ -96,13 +96,12 @@ def content_rate_scale(cfg: PretrainConfig, tokenizer_dir: Path, train_tokens) -
     from tokenizers import Tokenizer
 
     from training.data.registry import fetch
-    from training.data.swaps import content_rate_scale as scale_for
-    from training.data.swaps import read_lexicon
+    from training.data.swaps import content_rate_scale, read_lexicon
 
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     counts = np.bincount(np.asarray(train_tokens).ravel(), minlength=tok.get_vocab_size())
     lexicon = read_lexicon(fetch("pos-lexicon", data_dir=cfg.data_dir))
-    return torch.from_numpy(scale_for(tok, lexicon, counts, cfg.content_mask_weight)).float()
+    return torch.from_numpy(content_rate_scale(tok, lexicon, counts, cfg.content_mask_weight)).float()
 
 
 def protected_tokens(cfg: PretrainConfig, tokenizer_dir: Path) -> torch.Tensor | None:
@@ -294,7 +293,7 @@ def setup(argv: list[str] | None) -> Trainer:
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
     trainer = Trainer(cfg, env, run, tokenizer_dir, objective, model, opt, train_batches, valid_batches,
                       Corruption.of(cfg, specials.mask, specials.vocab_size, protected_tokens(cfg, tokenizer_dir),
-                                    content_rate_scale(cfg, tokenizer_dir, train_batches.dataset.tokens)),
+                                    mask_rate_scale(cfg, tokenizer_dir, train_batches.dataset.tokens)),
                       autocast, step, tokens)  # fmt: skip
     if env.main:
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
