@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -65,43 +66,60 @@ def whole_word_ids(tokenizer_json: Path) -> torch.Tensor:
     return torch.tensor(sorted(i for t, i in vocab.items() if len(t) > 1 and t.isalpha() and t.isascii()))
 
 
-def swap_candidates(cfg: PretrainConfig, tokenizer_json: Path, train_tokens) -> torch.Tensor:
+class TrainingVocabulary:
+    """The training text's tokenizer, token counts and part-of-speech lexicon, each loaded on first use
+    and then kept: word swaps and content-aimed masking both read them."""
+
+    def __init__(self, cfg: PretrainConfig, tokenizer_json: Path, train_tokens) -> None:
+        self.cfg, self.tokenizer_json, self.train_tokens = cfg, tokenizer_json, train_tokens
+
+    @cached_property
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.tokenizer_json))
+
+    @cached_property
+    def counts(self):
+        """Occurrences of each vocabulary id in the training shards."""
+        import numpy as np
+
+        return np.bincount(np.asarray(self.train_tokens).ravel(), minlength=self.tokenizer.get_vocab_size())
+
+    @cached_property
+    def lexicon(self) -> dict[str, str]:
+        from training.data.registry import fetch
+        from training.data.swaps import read_lexicon
+
+        return read_lexicon(fetch("pos-lexicon", data_dir=self.cfg.data_dir))
+
+
+def swap_candidates(cfg: PretrainConfig, vocab: TrainingVocabulary) -> torch.Tensor:
     """What a word swap may put in: any whole word (1-D), or with frequency/pos kinds a table of
     replacements per original token (2-D), built from the training shards' token counts and the
     registry's part-of-speech lexicon."""
     kinds = [k.strip() for k in cfg.word_swap_kinds.split(",")]
     if kinds == ["random"]:  # the recipe before issue 21's kinds: runs of it retrace exactly
-        return whole_word_ids(tokenizer_json)
+        return whole_word_ids(vocab.tokenizer_json)
     from collections import Counter
 
-    import numpy as np
-    from tokenizers import Tokenizer
+    from training.data.swaps import swap_table
 
-    from training.data.registry import fetch
-    from training.data.swaps import read_lexicon, swap_table
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    counts = np.bincount(np.asarray(train_tokens).ravel(), minlength=tok.get_vocab_size())
-    unigrams = Counter({tok.id_to_token(i): int(c) for i, c in enumerate(counts) if c})
-    lexicon = read_lexicon(fetch("pos-lexicon", data_dir=cfg.data_dir)) if "pos" in kinds else None
+    tok = vocab.tokenizer
+    unigrams = Counter({tok.id_to_token(i): int(c) for i, c in enumerate(vocab.counts) if c})
+    lexicon = vocab.lexicon if "pos" in kinds else None
     return torch.from_numpy(swap_table(tok, kinds, unigrams, lexicon, seed=cfg.seed))
 
 
-def mask_rate_scale(cfg: PretrainConfig, tokenizer_dir: Path, train_tokens) -> torch.Tensor | None:
+def mask_rate_scale(cfg: PretrainConfig, vocab: TrainingVocabulary) -> torch.Tensor | None:
     """Each token's mask-rate multiplier with --content-mask-weight above 1 (training/data/swaps), else
     None: every token at mask_prob, as runs before it masked."""
     if cfg.content_mask_weight == 1.0:
         return None
-    import numpy as np
-    from tokenizers import Tokenizer
+    from training.data.swaps import content_rate_scale
 
-    from training.data.registry import fetch
-    from training.data.swaps import content_rate_scale, read_lexicon
-
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    counts = np.bincount(np.asarray(train_tokens).ravel(), minlength=tok.get_vocab_size())
-    lexicon = read_lexicon(fetch("pos-lexicon", data_dir=cfg.data_dir))
-    return torch.from_numpy(content_rate_scale(tok, lexicon, counts, cfg.content_mask_weight)).float()
+    scale = content_rate_scale(vocab.tokenizer, vocab.lexicon, vocab.counts, cfg.content_mask_weight)
+    return torch.from_numpy(scale).float()
 
 
 def protected_tokens(cfg: PretrainConfig, tokenizer_dir: Path) -> torch.Tensor | None:
@@ -274,9 +292,9 @@ def setup(argv: list[str] | None) -> Trainer:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process
     objective = build_objective(cfg, specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
+    vocab = TrainingVocabulary(cfg, tokenizer_dir / "tokenizer.json", train_batches.dataset.tokens)
     if cfg.word_swap_prob > 0 and cfg.objective == "electra":
-        candidates = swap_candidates(cfg, tokenizer_dir / "tokenizer.json", train_batches.dataset.tokens)
-        objective.mix_in_word_swaps(candidates, cfg.word_swap_prob)
+        objective.mix_in_word_swaps(swap_candidates(cfg, vocab), cfg.word_swap_prob)
     objective.to(env.device)
     warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
@@ -293,7 +311,7 @@ def setup(argv: list[str] | None) -> Trainer:
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
     trainer = Trainer(cfg, env, run, tokenizer_dir, objective, model, opt, train_batches, valid_batches,
                       Corruption.of(cfg, specials.mask, specials.vocab_size, protected_tokens(cfg, tokenizer_dir),
-                                    mask_rate_scale(cfg, tokenizer_dir, train_batches.dataset.tokens)),
+                                    mask_rate_scale(cfg, vocab)),
                       autocast, step, tokens)  # fmt: skip
     if env.main:
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
