@@ -78,10 +78,14 @@ def _calibration_flags(p: argparse.ArgumentParser) -> None:
         "--calibration-text",
         default=None,
         help="detectors: held-out text to calibrate on (a file or directory; documents separated by blank "
-        "lines), or registry corpora (default: wikitext2,news, their valid splits)",
+        "lines), or sentence sources (default: wikitext2,news,chat,trec: long encyclopedic and news "
+        "sentences and short everyday ones, their held-out parts; export/sentence_sources.py)",
     )
     p.add_argument(
-        "--calibration-sentences", type=int, default=300, help="sentences per kind of swap, and as many clean"
+        "--calibration-sentences",
+        type=int,
+        default=300,
+        help="sentences per kind of swap and source, and as many clean",
     )
 
 

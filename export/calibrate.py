@@ -23,8 +23,7 @@ MAX_DEVIATION = 0.1
 
 @dataclass
 class Calibration:
-    scale: float
-    bias: float
+    cmap: cal.LengthMap
     texts: Texts
     ece_before: float
     ece_fitted: float
@@ -45,17 +44,17 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
     texts = build_texts(
         tokenizer, generator, cfg.calibration_text, data_dir, cfg.calibration_sentences, cfg.seed
     )
-    src.log(f"calibration: {len(texts.texts)} sentences from {texts.where} ({texts.counts()})")
-    _, probs, labels = score(WordScorer(fp32_onnx, tokenizer, src.max_length), texts)
-    scale, bias = cal.fit_platt(probs, labels)
-    fitted = cal.platt(probs, scale, bias)
-    result = Calibration(scale, bias, texts, cal.expected_calibration_error(probs, labels),
+    src.log(f"calibration: {len(texts.texts)} sentences from {texts.source_counts()} ({texts.counts()})")
+    _, probs, labels, lengths = score(WordScorer(fp32_onnx, tokenizer, src.max_length), texts)
+    cmap = cal.LengthMap.fit(probs, labels, lengths)
+    fitted = cmap.apply(probs, lengths)
+    result = Calibration(cmap, texts, cal.expected_calibration_error(probs, labels),
                          cal.expected_calibration_error(fitted, labels))  # fmt: skip
-    src.log(
-        f"calibration: sigmoid({scale:.4f} z + {bias:.4f}); ECE {result.ece_before:.4f} -> {result.ece_fitted:.4f}"
-    )
-    src.graph.calibration = (scale, bias)
-    return dataclasses.replace(src, model=CalibratedLogits(src.model, scale, bias)), result
+    for b in cmap.to_manifest():
+        src.log(f"calibration: rows of {b['tokens']} tokens: sigmoid({b['scale']:.4f} z + {b['bias']:.4f})")
+    src.log(f"calibration: ECE {result.ece_before:.4f} -> {result.ece_fitted:.4f}")
+    src.graph.calibration = cmap
+    return dataclasses.replace(src, model=CalibratedLogits(src.model, cmap)), result
 
 
 def finish(c: Calibration, bundle_dir: Path, src) -> dict:
@@ -64,26 +63,58 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     from export.bundle_writer import MODEL, TOKENIZER
 
     scorer = WordScorer(bundle_dir / MODEL, bundle_dir / TOKENIZER, src.max_length)
-    sentences, probs, labels = score(scorer, c.texts)
+    sentences, probs, labels, _ = score(scorer, c.texts)
     chosen = cal.choose_threshold(sentences)
+    longer = [s for s in sentences if not s.everyday]
+    if longer and "everyday" in chosen:
+        chosen["longer"] = cal.span_figures(longer, chosen["threshold"])
     src.log(f"default threshold: {chosen}")
     return {
         "threshold": chosen["threshold"],
         "calibration": {
-            "method": "platt",
-            "map": "sigmoid(scale * logit + bias), in the graph before its output Sigmoid",
-            "scale": c.scale,
-            "bias": c.bias,
+            "method": "platt by length",
+            "map": "sigmoid(scale * logit + bias), the scale and bias of the row's length bucket (its "
+            "attention mask's token count, [CLS] and [SEP] included), in the graph before its output Sigmoid",
+            "buckets": c.cmap.to_manifest(),
             "operating_point": cal.OPERATING_POINT,
+            "in_words": in_words(chosen),
             "data": c.texts.where,
             "sentences": c.texts.counts(),
+            "sources": c.texts.source_counts(),
             "ece_uncalibrated": c.ece_before,
             "ece": cal.expected_calibration_error(probs, labels),
-            "threshold_rule": f"highest recall with span precision >= {cal.TARGET_PRECISION}",
-            "at_threshold": {k: v for k, v in chosen.items() if k != "threshold"},
+            "threshold_rule": f"the highest recall whose spans keep a precision of at least {cal.TARGET_PRECISION} "
+            f"and give a span to at most {cal.EVERYDAY_CLEAN_WITH_SPAN:.0%} of clean sentences of "
+            f"{cal.EVERYDAY_MAX_WORDS} words or fewer",
+            "at_threshold": _no_nan({k: v for k, v in chosen.items() if k != "threshold"}),
             "spans": "words with a letter or digit; punctuation keeps its probability but is never a span",
         },
     }
+
+
+def _no_nan(figures):
+    """JSON has no NaN: a figure with nothing to count (precision without spans) is null."""
+    if isinstance(figures, dict):
+        return {k: _no_nan(v) for k, v in figures.items()}
+    return None if isinstance(figures, float) and figures != figures else figures
+
+
+def in_words(chosen: dict) -> str:
+    """The operating point as a user reads it, from the calibration sentences' own figures."""
+
+    def said(f: dict, what: str) -> str:
+        if not f["spans"]:
+            return f"{what}: no word reaches the threshold"
+        return (f"{what}: about {round(10 * f['recall'])} in 10 swapped words are flagged, about "
+                f"{round(10 * f['precision'])} in 10 of the words flagged are swapped, and about "
+                f"{round(100 * f['clean_with_span'])} in 100 sentences with no swap get a span")  # fmt: skip
+
+    if "everyday" not in chosen:
+        return said(chosen, "one swapped word in a sentence")
+    text = said(chosen["everyday"], "one swapped word in a short everyday sentence (6-14 words)")
+    if "longer" in chosen:
+        text += "; " + said(chosen["longer"], "in a longer one (15-30 words)")
+    return text
 
 
 def token_deviation(fp32: Path, int8: Path, tokenizer: Path, max_length: int, texts: Texts) -> dict:

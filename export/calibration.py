@@ -12,10 +12,20 @@ the map is strictly increasing, so the ranking of words (top-1, AUC) is unchange
 and it is two ONNX nodes. Isotonic is a step function: ties at the top of a sentence, and a lookup table
 in the graph.
 
-The operating point: sentences of 8-30 words, half of them with one word swapped (a third each by the
-run's generator, by a word of similar frequency and by a word of the same part of speech; without a
-generator, half each of the other two), half clean. The default threshold is the one with the highest
-recall of swapped words whose spans keep a precision of at least 0.8 at that operating point.
+The map knows the row's length. Short everyday sentences and long encyclopedic ones carry different
+base rates (one swapped word in ten against one in twenty-five) and different baselines, so one scale and
+bias fitted to both leaves the short ones low: the default threshold then underlined almost nothing in
+them (issue 36). The graph counts a row's tokens (its attention mask, [CLS] and [SEP] included) and takes
+the scale and bias of that length's bucket (LENGTH_EDGES: about 10 words or fewer, 11-20, more). A row's
+probabilities still depend on that row alone. docs/calibration.md has the measurements behind the choice
+(one map, buckets, and sentence-level features).
+
+The operating point: held-out sentences, half of them with one word swapped (the run's generator, a word
+of similar frequency, a word of the same part of speech, in equal shares), half clean; long ones of 8-30
+words from encyclopedic and news text, short everyday ones of 6-14 words (chit-chat messages, questions;
+export/sentence_sources.py). The default threshold is the lowest at which at most 5% of the clean short
+everyday sentences get a span while spans keep a precision of at least 0.8 over every calibration
+sentence; where no threshold meets both, the highest recall at that precision.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "LENGTH_EDGES",
+    "LengthMap",
     "OPERATING_POINT",
     "SentenceScores",
     "choose_threshold",
@@ -36,11 +48,66 @@ __all__ = [
 ]
 
 OPERATING_POINT = (
-    "sentences of 8-30 words, half with one word swapped (generator, similar-frequency and "
-    "same-part-of-speech swaps in equal shares), half clean"
+    "held-out sentences, half with one word swapped (generator, similar-frequency and same-part-of-speech "
+    "swaps in equal shares), half clean: short everyday ones of 6-14 words and long ones of 8-30 words"
 )
 TARGET_PRECISION = 0.8
+EVERYDAY_MAX_WORDS = 14  # a sentence of at most this many words counts as short and everyday
+EVERYDAY_CLEAN_WITH_SPAN = 0.05  # at most this share of clean short sentences may get a span
+# Upper token counts (special tokens included) of every length bucket but the last: with about 1.15
+# WordPiece pieces a word, 14 tokens is about 10 words and 26 about 20.
+LENGTH_EDGES = (14, 26)
 BINS = 15
+
+
+@dataclass(frozen=True)
+class LengthMap:
+    """Platt scaling by length: a row of n tokens takes bucket bisect_left(edges, n) (n <= edges[0] is
+    bucket 0) and its probability is sigmoid(scales[b] * logit + biases[b]). No edges: one map."""
+
+    edges: tuple[int, ...]
+    scales: tuple[float, ...]
+    biases: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        assert len(self.scales) == len(self.biases) == len(self.edges) + 1, self
+        assert list(self.edges) == sorted(self.edges), self.edges
+
+    def bucket(self, n_tokens: np.ndarray) -> np.ndarray:
+        return np.searchsorted(np.asarray(self.edges), np.asarray(n_tokens), side="left")
+
+    def apply(self, probs: np.ndarray, n_tokens: np.ndarray) -> np.ndarray:
+        b = self.bucket(n_tokens)
+        return 1.0 / (
+            1.0 + np.exp(-(np.asarray(self.scales)[b] * _logit(probs) + np.asarray(self.biases)[b]))
+        )
+
+    @classmethod
+    def fit(cls, probs: np.ndarray, labels: np.ndarray, n_tokens: np.ndarray,
+            edges: tuple[int, ...] = LENGTH_EDGES) -> LengthMap:  # fmt: skip
+        """One Platt fit per bucket; a bucket with too few replaced tokens to fit takes the fit of all."""
+        whole = fit_platt(probs, labels)
+        fits, buckets = [], np.searchsorted(np.asarray(edges), n_tokens, side="left")
+        for b in range(len(edges) + 1):
+            sel = buckets == b
+            fits.append(fit_platt(probs[sel], labels[sel]) if labels[sel].sum() >= 20 else whole)
+        return cls(tuple(edges), tuple(f[0] for f in fits), tuple(f[1] for f in fits))
+
+    def to_manifest(self) -> list[dict]:
+        lows = (1, *(e + 1 for e in self.edges))
+        highs = (*self.edges, None)
+        return [{"tokens": [lo, hi], "scale": s, "bias": b}
+                for lo, hi, s, b in zip(lows, highs, self.scales, self.biases, strict=True)]  # fmt: skip
+
+    @classmethod
+    def from_manifest(cls, calibration: dict) -> LengthMap:
+        """The map a bundle's manifest states: `buckets`, or one `scale` and `bias` (bundles before
+        issue 36)."""
+        if "buckets" not in calibration:
+            return cls((), (calibration["scale"],), (calibration["bias"],))
+        buckets = calibration["buckets"]
+        return cls(tuple(b["tokens"][1] for b in buckets[:-1]), tuple(b["scale"] for b in buckets),
+                   tuple(b["bias"] for b in buckets))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,6 +117,11 @@ class SentenceScores:
     word_probs: np.ndarray
     swapped: int | None
     spannable: np.ndarray | None = None  # words that may be a span (all when None)
+    words: int = 0  # its length in words (whitespace-separated), for the everyday rule
+
+    @property
+    def everyday(self) -> bool:
+        return 0 < self.words <= EVERYDAY_MAX_WORDS
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -120,21 +192,31 @@ def span_figures(sentences: Sequence[SentenceScores], threshold: float) -> dict[
     }
 
 
-def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TARGET_PRECISION) -> dict:
+def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TARGET_PRECISION,
+                     everyday_clean: float = EVERYDAY_CLEAN_WITH_SPAN) -> dict:  # fmt: skip
     """The threshold (two decimals, as a user would type it) with the highest recall whose spans keep at
-    least `precision`; ties go to the higher threshold. If none reaches it, the most precise one."""
+    least `precision` over all sentences and give a span to at most `everyday_clean` of the clean short
+    everyday ones (no such sentences: no such condition); ties go to the higher threshold. If none meets
+    both, the highest recall at `precision`; if none reaches that, the most precise one."""
+    everyday = [s for s in sentences if s.everyday]
     best = None
     for t in np.round(np.arange(0.01, 1.0, 0.01), 2):
         fig = span_figures(sentences, float(t))
         if fig["spans"] == 0:
             continue
         ok = fig["precision"] >= precision
-        key = (ok, fig["recall"] if ok else fig["precision"], t)
+        short = span_figures(everyday, float(t)) if everyday else None
+        quiet = short is None or not short["clean_with_span"] > everyday_clean
+        key = (ok, ok and quiet, fig["recall"] if ok else fig["precision"], t)
         if best is None or key > best[0]:
-            best = (key, {"threshold": float(t), **fig})
+            extra = {"everyday": short} if short else {}
+            best = (key, {"threshold": float(t), **fig, **extra})
     if best is None:
         return {"threshold": 0.5, "note": "no threshold gives any span on the calibration set"}
     result = best[1]
     if not best[0][0]:
         result["note"] = f"no threshold reaches precision {precision}; the most precise one was taken"
+    elif not best[0][1]:
+        result["note"] = (f"no threshold keeps clean short sentences under {everyday_clean:.0%} with "
+                          f"spans at precision {precision}; the highest recall at that precision was taken")  # fmt: skip
     return result

@@ -69,35 +69,47 @@ class EncoderForExport(nn.Module):
         return x  # (B, T, H)
 
 
+def calibrated(logits: torch.Tensor, attention_mask: torch.Tensor, cmap) -> torch.Tensor:
+    """(B, T) logits through a LengthMap (export/calibration.py): each row takes the scale and bias of
+    its length's bucket, its token count read from its own attention mask, so padding and batch-mates
+    change nothing. In the graph: ReduceSum, Greater, Add, Gather, Mul, Add."""
+    n = attention_mask.sum(dim=1, keepdim=True)  # (B, 1)
+    bucket = torch.zeros_like(n)
+    for edge in cmap.edges:
+        bucket = bucket + (n > edge).to(n.dtype)
+    scales = torch.tensor(cmap.scales, dtype=logits.dtype)[bucket]  # (B, 1)
+    biases = torch.tensor(cmap.biases, dtype=logits.dtype)[bucket]
+    return logits * scales + biases
+
+
 class DetectorGraph(nn.Module):
-    """input ids -> per-token probability that the token was replaced, (B, T). With `calibration`
-    (scale, bias; export/calibration.py) the probability is sigmoid(scale * logit + bias): a Mul and an
-    Add in front of the graph's last Sigmoid."""
+    """input ids -> per-token probability that the token was replaced, (B, T). With `calibration` (a
+    LengthMap, export/calibration.py) the probability is sigmoid(scale * logit + bias), the scale and
+    bias of the row's length bucket, in front of the graph's last Sigmoid."""
 
     def __init__(self, model: ElectraForPreTraining):
         super().__init__()
         self.encoder = EncoderForExport(model.electra)
         self.head = model.discriminator_predictions
-        self.calibration: tuple[float, float] | None = None
+        self.calibration = None
 
     def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
         logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids))
         if self.calibration is not None:
-            scale, bias = self.calibration
-            logits = logits * scale + bias
+            logits = calibrated(logits, attention_mask, self.calibration)
         return torch.sigmoid(logits)
 
 
 class CalibratedLogits(nn.Module):
-    """A discriminator whose logits pass through the calibration: what parity compares a calibrated
-    graph with."""
+    """A discriminator whose logits pass through the calibration (a LengthMap): what parity compares a
+    calibrated graph with."""
 
-    def __init__(self, model: nn.Module, scale: float, bias: float):
+    def __init__(self, model: nn.Module, cmap):
         super().__init__()
-        self.model, self.scale, self.bias = model, scale, bias
+        self.model, self.cmap = model, cmap
 
-    def forward(self, *inputs) -> torch.Tensor:
-        return self.model(*inputs) * self.scale + self.bias
+    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        return calibrated(self.model(input_ids, attention_mask, token_type_ids), attention_mask, self.cmap)
 
 
 class ClassifierGraph(nn.Module):

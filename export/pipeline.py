@@ -41,8 +41,8 @@ class ExportConfig:
     # Detectors: calibrated probabilities and a default threshold (export/calibration.py), fitted on
     # held-out sentences: a text file or directory of the user's, or registry corpora (their valid split).
     calibrate: bool = True
-    calibration_text: str | None = None  # default: wikitext2,news (valid splits)
-    calibration_sentences: int = 300  # sentences per kind of swap, and as many clean ones
+    calibration_text: str | None = None  # default: export.sentence_sources.CALIBRATION_SOURCES
+    calibration_sentences: int = 300  # sentences per kind of swap and source, and as many clean ones
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -387,6 +387,11 @@ def _recipe(ckpt: Path) -> dict | None:
     from training.checkpoint import CheckpointError, resolve_checkpoint
 
     path = ckpt / "trainer_state.json"
+    recovered = ckpt / "recovered.json"
+    if not path.is_file() and recovered.is_file():  # export.recover: the bundle's own record of its recipe
+        report = json.loads(recovered.read_text())
+        return _portable({"recovered_from": {k: report.get(k) for k in ("bundle", "model_sha256", "source")},
+                          **(report.get("training") or {})})  # fmt: skip
     if not path.is_file():
         return None  # e.g. a Hugging Face directory: nothing recorded
     state = {k: v for k, v in json.loads(path.read_text()).items() if k not in _STATE_NOISE}

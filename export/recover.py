@@ -151,7 +151,8 @@ def recover(bundle: Path, out: Path) -> dict:
     ckpt.save_model(disc, out, "ElectraForPreTraining")
     shutil.copy(bundle / "tokenizer.json", out / "tokenizer.json")
     report = {"bundle": str(bundle), "model_sha256": manifest.get("model_sha256"), "check": check,
-              "calibration_left_out": manifest.get("calibration"), "source": manifest["source"].get("checkpoint")}  # fmt: skip
+              "calibration_left_out": manifest.get("calibration"), "source": manifest["source"].get("checkpoint"),
+              "training": manifest["source"].get("training")}  # fmt: skip
     (out / "recovered.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -160,11 +161,12 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
     """The recovered model, through the bundle's calibration, against the bundle: the export's own
     parity check (random-length padded batches, real positions only, the server's session options)."""
     from export import parity
+    from export.calibration import LengthMap
     from export.onnx import CalibratedLogits
     from export.optimize import session
 
     cal = manifest.get("calibration")
-    model = CalibratedLogits(disc, cal["scale"], cal["bias"]) if cal else disc
+    model = CalibratedLogits(disc, LengthMap.from_manifest(cal)) if cal else disc
     batches = parity.random_batches(
         manifest["source"]["config"]["vocab_size"], min(manifest["max_length"], 128)
     )

@@ -13,8 +13,7 @@ import numpy as np
 
 from export.calibration import SentenceScores
 
-MIN_WORDS, MAX_WORDS = 8, 30
-DEFAULT_TEXT = "wikitext2,news"  # their held-out (valid) splits: never trained on by our recipes
+MIN_WORDS, MAX_WORDS = 6, 30  # a user's own calibration text: short everyday and long sentences alike
 
 
 class CalibrationDataError(ValueError):
@@ -29,61 +28,77 @@ class Texts:
     spans: list[tuple[int, int] | None]
     kinds: list[str]
     where: str
+    sources: list[str] | None = None  # each sentence's source, where they come from several
 
     def counts(self) -> dict[str, int]:
         return {k: self.kinds.count(k) for k in dict.fromkeys(self.kinds)}
 
+    def source_counts(self) -> dict[str, int]:
+        sources = self.sources or [self.where] * len(self.texts)
+        return {k: sources.count(k) for k in dict.fromkeys(sources)}
 
-def held_out_sentences(text: str | None, data_dir: Path | None) -> tuple[list[str], str]:
-    """Sentences of MIN_WORDS..MAX_WORDS words: from a file or directory of the user's (every document
-    is held-out text), or a registry corpus list (their valid splits)."""
-    from training.data.corpus import CorpusError, iter_text_documents, read_corpus
-    from training.data.registry import DatasetError
+
+def user_sentences(path: str) -> list[str]:
+    """Sentences of MIN_WORDS..MAX_WORDS words from a file or directory of the user's (every document is
+    held-out text)."""
+    from training.data.corpus import CorpusError, iter_text_documents
     from training.data.sentences import iter_sentences
 
-    source = text or DEFAULT_TEXT
     try:
-        if text and Path(text).exists():
-            docs, where = iter_text_documents(text), str(text)
-        else:
-            docs, where = read_corpus(source, "valid", data_dir=data_dir), f"{source} valid"
-        sentences = [
+        return [
             s
-            for d in docs
+            for d in iter_text_documents(path)
             for s in iter_sentences(d)
             if MIN_WORDS <= len(s.split()) <= MAX_WORDS and s[-1] in ".?!"
         ]
-    except (CorpusError, DatasetError, OSError) as e:
-        raise CalibrationDataError(
-            f"calibrating the detector needs held-out text, and {source} could not be read ({e}); pass "
-            "--calibration-text FILE (plain text, documents separated by blank lines), or --data-dir DIR"
-        ) from e
-    if len(sentences) < 40:
-        raise CalibrationDataError(
-            f"{where} has {len(sentences)} sentences of {MIN_WORDS}-{MAX_WORDS} words; calibration needs "
-            "at least 40: pass more text with --calibration-text"
-        )
-    return sentences, where
+    except (CorpusError, OSError) as e:
+        raise CalibrationDataError(f"--calibration-text {path} could not be read ({e})") from e
+
+
+def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[str]]:
+    """Calibration sentences by source: the calibration parts of registry sources
+    (export/sentence_sources.py; default: all of CALIBRATION_SOURCES), or a file or directory of the
+    user's, read as one source."""
+    from export.sentence_sources import CALIBRATION_SOURCES, SOURCES, SourceError, sentences
+    from training.data.corpus import CorpusError
+    from training.data.registry import DatasetError
+
+    if text and Path(text).exists():
+        found = {str(text): user_sentences(text)}
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()] if text else list(CALIBRATION_SOURCES)
+        if unknown := [n for n in names if n not in SOURCES]:
+            raise CalibrationDataError(
+                f"--calibration-text {text}: {', '.join(unknown)} is neither a file nor a sentence source; "
+                f"name a file or directory of your own text, or sources from {', '.join(CALIBRATION_SOURCES)}"
+            )
+        try:
+            found = {n: sentences(n, "calibration", data_dir) for n in names}
+        except (CorpusError, DatasetError, SourceError, OSError) as e:
+            raise CalibrationDataError(
+                f"calibrating the detector needs held-out text, and {text or 'the default sources'} could "
+                f"not be read ({e}); pass --calibration-text FILE (plain text, documents separated by blank "
+                "lines), or --data-dir DIR"
+            ) from e
+    for where, found_sentences in found.items():
+        if len(found_sentences) < 40:
+            raise CalibrationDataError(
+                f"{where} has {len(found_sentences)} whole sentences of the lengths calibration takes; it "
+                "needs at least 40: pass more text with --calibration-text"
+            )
+    return found
 
 
 def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Path | None, per_kind: int,
                 seed: int) -> Texts:  # fmt: skip
-    """`per_kind` sentences for each kind of swap the checkpoint allows, and as many clean ones, each
-    sentence used once."""
+    """From each source, `per_kind` sentences for each kind of swap the checkpoint allows, and as many
+    clean ones, each sentence used once."""
     from tokenizers import Tokenizer
 
     from training.data.registry import fetch
-    from training.data.swaps import (
-        Swapper,
-        frequency_picker,
-        generator_picker,
-        pos_picker,
-        read_lexicon,
-        word_counts,
-    )
+    from training.data.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon, word_counts
 
-    sentences, where = held_out_sentences(text, data_dir)
-    random.Random(seed).shuffle(sentences)
+    by_source = held_out_sources(text, data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     # Word frequencies of WikiText-2 train, read raw: its words are space-separated already.
     with gzip.open(fetch("wikitext2-train", data_dir=data_dir), "rt", encoding="utf-8") as f:
@@ -91,6 +106,22 @@ def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Pat
     pickers = {"generator": generator_picker(tokenizer, generator)} if generator is not None else {}
     pickers["frequency"] = frequency_picker(tokenizer, counts)
     pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=data_dir)))
+    parts = [swapped_and_clean(tokenizer, s, pickers, per_kind, seed) for s in by_source.values()]
+    return Texts(
+        [t for p in parts for t in p.texts],
+        [sp for p in parts for sp in p.spans],
+        [k for p in parts for k in p.kinds],
+        ",".join(by_source),
+        [src for src, p in zip(by_source, parts, strict=True) for _ in p.texts],
+    )
+
+
+def swapped_and_clean(tokenizer, sentences: list[str], pickers: dict, per_kind: int, seed: int) -> Texts:
+    """Up to `per_kind` sentences swapped by each picker, then as many clean ones, from a seeded shuffle."""
+    from training.data.swaps import Swapper
+
+    sentences = list(sentences)
+    random.Random(seed).shuffle(sentences)
     swapper = Swapper(tokenizer)
     rng = random.Random(seed)
     texts, spans, kinds = [], [], []
@@ -114,19 +145,23 @@ def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Pat
         texts.append(sentence)
         spans.append(None)
         kinds.append("clean")
-    return Texts(texts, spans, kinds, where)
+    return Texts(texts, spans, kinds, "")
 
 
-def score(scorer, texts: Texts) -> tuple[list[SentenceScores], np.ndarray, np.ndarray]:
-    """(sentences for threshold choice, token probabilities, token labels) from one scoring pass."""
+def score(scorer, texts: Texts) -> tuple[list[SentenceScores], np.ndarray, np.ndarray, np.ndarray]:
+    """(sentences for threshold choice, token probabilities, token labels, each token's row length in
+    tokens, special tokens included) from one scoring pass."""
     from app.postprocess import is_punctuation
 
-    sentences, probs, labels = [], [], []
-    for res, span in zip(scorer.results(texts.texts), texts.spans, strict=True):
+    sentences, probs, labels, lengths = [], [], [], []
+    for text, res, span in zip(texts.texts, scorer.results(texts.texts), texts.spans, strict=True):
         words = res.words
+        assert res.summary.windows == 1, "calibration sentences fit one window"
         target = None if span is None else next(i for i, w in enumerate(words) if (w.start, w.end) == span)
         sentences.append(SentenceScores(np.array([w.prob for w in words]), target,
-                                        np.array([not is_punctuation(w.text) for w in words])))  # fmt: skip
+                                        np.array([not is_punctuation(w.text) for w in words]),
+                                        len(text.split())))  # fmt: skip
         probs.extend(t.prob for t in res.tokens)
         labels.extend(int(target is not None and t.word == target) for t in res.tokens)
-    return sentences, np.array(probs), np.array(labels)
+        lengths.extend([len(res.tokens) + 2] * len(res.tokens))  # + [CLS] and [SEP]
+    return sentences, np.array(probs), np.array(labels), np.array(lengths)

@@ -319,17 +319,27 @@ def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_d
 
     manifest = export(detector_dir, tmp_path / "b", precision="fp32", calibration_sentences=20,
                       data_dir=str(registry_data))  # fmt: skip
+    from export.calibration import LengthMap
+
     cal = manifest["calibration"]
-    assert cal["method"] == "platt" and cal["sentences"] == {
-        "generator": 20,
-        "frequency": 20,
-        "pos": 20,
-        "clean": 60,
+    # Every default source (long encyclopedic and news sentences, short everyday ones) gives 20 per kind.
+    assert cal["method"] == "platt by length" and cal["sentences"] == {
+        "generator": 80,
+        "frequency": 80,
+        "pos": 80,
+        "clean": 240,
     }
-    assert 0 < manifest["threshold"] < 1 and "8-30 words" in cal["operating_point"]
+    assert set(cal["sources"]) == {"wikitext2", "news", "chat", "trec"}
+    assert 0 < manifest["threshold"] < 1 and "6-14 words" in cal["operating_point"]
+    assert "in 10 swapped words are flagged" in cal["in_words"]
     assert 0 <= cal["ece"] <= 1 and cal["ece"] <= cal["ece_uncalibrated"] + 1e-3
     _, feed, got, logits = run_both(tmp_path / "b", detector_dir, TEXTS)
-    want = torch.sigmoid(cal["scale"] * logits + cal["bias"]).numpy()
+    cmap = LengthMap.from_manifest(cal)
+    assert len(cmap.scales) == 3
+    # Each row takes its own length's scale and bias: computed here from the row's token count.
+    n = feed["attention_mask"].sum(axis=1, keepdims=True)
+    scale, bias = np.asarray(cmap.scales)[cmap.bucket(n)], np.asarray(cmap.biases)[cmap.bucket(n)]
+    want = torch.sigmoid(torch.from_numpy(scale) * logits + torch.from_numpy(bias)).numpy()
     real = feed["attention_mask"] == 1
     assert np.abs(got - want)[real].max() <= 1e-4
     assert manifest["parity"]["fp32_vs_torch"]["max_abs_diff"] <= 1e-4  # parity against the calibrated map

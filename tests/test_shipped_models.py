@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,3 +86,45 @@ def test_the_shipped_sentiment_classifier_through_classify(registry_data, tmp_pa
                       "--limit", "400", "--data-dir", str(registry_data), "--out", str(tmp_path / "acc.json")])  # fmt: skip
     assert report["n"] == 400
     assert report["accuracy"] >= _floor(SENTIMENT_PUBLISHED, report["n"])
+
+
+# The shipped detector's map before issue 36: one scale and bias fitted on WikiText-2 and news sentences
+# of 8-30 words, default threshold 0.58 (models/detector/manifest.json at 41e8b34).
+BEFORE_ISSUE_36 = {"scale": 0.8154986668841057, "bias": -1.9100667851333502, "threshold": 0.58}
+
+
+def test_the_length_aware_calibration_flags_more_swaps_in_short_everyday_sentences(registry_data):
+    """WordNet's usage examples, which no calibration reads, one word swapped (similar frequency, same
+    part of speech) beside as many clean ones: the shipped map and threshold find more of the swapped
+    words than the same model under its old map, and flag no more clean sentences than the manifest's
+    rule allows."""
+    from tokenizers import Tokenizer
+
+    from export.calibration import EVERYDAY_CLEAN_WITH_SPAN, LengthMap, SentenceScores, _logit, span_figures
+    from export.sentence_sources import sentences
+    from export.swapped_sentences import score, swapped_and_clean
+    from export.wordscores import WordScorer
+    from training.data.registry import fetch
+    from training.data.swaps import frequency_picker, pos_picker, read_lexicon, word_counts
+
+    bundle = MODELS / "detector"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    with __import__("gzip").open(fetch("wikitext2-train", data_dir=registry_data), "rt") as f:
+        pickers = {"frequency": frequency_picker(tok, word_counts(f)),
+                   "pos": pos_picker(tok, read_lexicon(fetch("pos-lexicon", data_dir=registry_data)))}  # fmt: skip
+    texts = swapped_and_clean(tok, sentences("wordnet", "measurement", registry_data), pickers, 150, seed=5)
+    scored, _, _, _ = score(WordScorer(bundle / "model.onnx", bundle / "tokenizer.json", 512), texts)
+    assert sum(s.swapped is not None for s in scored) >= 200 and sum(s.swapped is None for s in scored) >= 200
+
+    now = LengthMap.from_manifest(manifest["calibration"])
+    before = []
+    for text, s in zip(texts.texts, scored, strict=True):
+        b = now.bucket(len(tok.encode(text).ids))
+        raw = (_logit(s.word_probs) - now.biases[b]) / now.scales[b]  # the graph's logit before the map
+        p = 1 / (1 + np.exp(-(BEFORE_ISSUE_36["scale"] * raw + BEFORE_ISSUE_36["bias"])))
+        before.append(SentenceScores(p, s.swapped, s.spannable, s.words))
+    new = span_figures(scored, manifest["threshold"])
+    old = span_figures(before, BEFORE_ISSUE_36["threshold"])
+    assert new["recall"] >= old["recall"] + 0.05, (new, old)
+    assert new["clean_with_span"] <= EVERYDAY_CLEAN_WITH_SPAN and new["precision"] >= 0.8, new

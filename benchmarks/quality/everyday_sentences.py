@@ -1,0 +1,122 @@
+"""A detector bundle at its default threshold on the measurement part of every sentence source
+(export/sentence_sources.py): held-out sentences no calibration read, one word swapped by a word of
+similar frequency or of the same part of speech, beside as many clean ones, scored through the server's
+own code (export/wordscores.py).
+
+Per source: the swapped word ranked first (top-1), recall and precision of `spans`, the share of clean
+sentences with any span, and ECE; pooled by length (<=10, 11-20, >20 words). The sources that calibration
+never reads at all (WordNet's usage examples) are the figure for short everyday text a bundle has not
+been fitted to.
+
+    python -m benchmarks.quality.everyday_sentences --bundle models/detector
+    python -m benchmarks.quality.everyday_sentences --bundle models/detector --against runs/old-bundle
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
+
+
+def items(bundle: Path, data_dir: Path | None, per_kind: int, seed: int) -> dict:
+    """Per source, the swapped and clean sentences (export.swapped_sentences.Texts)."""
+    from tokenizers import Tokenizer
+
+    from export.sentence_sources import SOURCES, sentences
+    from export.swapped_sentences import swapped_and_clean
+    from training.data.registry import fetch
+    from training.data.swaps import frequency_picker, pos_picker, read_lexicon, word_counts
+
+    tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    with gzip.open(fetch("wikitext2-train", data_dir=data_dir), "rt", encoding="utf-8") as f:
+        counts = word_counts(f)
+    pickers = {"frequency": frequency_picker(tokenizer, counts),
+               "pos": pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=data_dir)))}  # fmt: skip
+    return {
+        name: swapped_and_clean(tokenizer, sentences(name, "measurement", data_dir), pickers, per_kind, seed)
+        for name, spec in SOURCES.items()
+        if spec.measurement is not None
+    }
+
+
+def figures(sentences, probs, labels, threshold: float) -> dict:
+    from export.calibration import expected_calibration_error, span_figures
+
+    swapped = [s for s in sentences if s.swapped is not None]
+    top1 = [int(np.argmax(np.where(s.spannable, s.word_probs, -1.0)) == s.swapped) for s in swapped]
+    return {
+        "swapped": len(swapped),
+        "clean": len(sentences) - len(swapped),
+        "top1": float(np.mean(top1)) if top1 else float("nan"),
+        **span_figures(sentences, threshold),
+        "ece": expected_calibration_error(probs, labels) if len(probs) else float("nan"),
+    }
+
+
+def measure(bundle: Path, texts_by_source: dict) -> dict:
+    from export.swapped_sentences import score
+    from export.wordscores import WordScorer
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    threshold = manifest.get("threshold", 0.5)
+    scorer = WordScorer(bundle / "model.onnx", bundle / "tokenizer.json", manifest["max_length"])
+    out, pooled = {"threshold": threshold, "sources": {}, "lengths": {}}, []
+    for name, texts in texts_by_source.items():
+        sentences, probs, labels, _ = score(scorer, texts)
+        out["sources"][name] = figures(sentences, probs, labels, threshold)
+        pooled += sentences
+    for label, lo, hi in LENGTHS:
+        sel = [s for s in pooled if lo <= s.words <= hi]
+        out["lengths"][label] = figures(sel, np.array([]), np.array([]), threshold) if sel else {}
+    return out
+
+
+def table(name: str, result: dict) -> str:
+    rows = [f"{name} at its default threshold {result['threshold']}",
+            "| sentences | swapped | clean | top-1 | recall | precision | clean with a span | ECE |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, f in [*result["sources"].items(), *((f"{k} words", v) for k, v in result["lengths"].items())]:
+        if f:
+            rows.append(f"| {key} | {f['swapped']} | {f['clean']} | {f['top1']:.3f} | {f['recall']:.3f} | "
+                        f"{f['precision']:.3f} | {f['clean_with_span']:.3f} | {f['ece']:.4f} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.quality.everyday_sentences", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--bundle", type=Path, default=Path("models/detector"))
+    p.add_argument(
+        "--against", type=Path, default=None, help="another detector bundle, on the same sentences"
+    )
+    p.add_argument("--per-kind", type=int, default=150, help="swapped sentences per kind and source")
+    p.add_argument("--seed", type=int, default=5)
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/everyday_sentences.json"))
+    args = p.parse_args(argv)
+    print(json.dumps({"everyday_sentences": {k: str(v) for k, v in vars(args).items()}}))
+    texts = items(args.bundle, args.data_dir, args.per_kind, args.seed)
+    result = {"config": {k: str(v) for k, v in vars(args).items()}, "bundle": measure(args.bundle, texts)}
+    print(table(str(args.bundle), result["bundle"]))
+    if args.against:
+        result["against"] = measure(args.against, texts)
+        print(table(str(args.against), result["against"]))
+    from benchmarks.machine import cpu
+
+    result["machine"] = cpu()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The detector's calibration by length and its threshold rule (export/calibration.py), without a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from export.calibration import LengthMap, SentenceScores, choose_threshold, span_figures
+
+
+def test_a_row_takes_the_bucket_of_its_own_token_count():
+    cmap = LengthMap((14, 26), (1.0, 2.0, 3.0), (0.1, 0.2, 0.3))
+    assert cmap.bucket(np.array([1, 14, 15, 26, 27, 512])).tolist() == [0, 0, 1, 1, 2, 2]
+    # The manifest states each bucket's token range; reading it back gives the same map.
+    stated = cmap.to_manifest()
+    assert [b["tokens"] for b in stated] == [[1, 14], [15, 26], [27, None]]
+    assert LengthMap.from_manifest({"buckets": stated}) == cmap
+
+
+def test_a_bundle_from_before_length_buckets_reads_as_one_map():
+    old = LengthMap.from_manifest({"method": "platt", "scale": 0.8, "bias": -1.9})
+    assert old.edges == () and old.bucket(np.array([3, 300])).tolist() == [0, 0]
+    p = np.array([0.2, 0.7])
+    z = np.log(p / (1 - p))
+    np.testing.assert_allclose(old.apply(p, np.array([3, 300])), 1 / (1 + np.exp(-(0.8 * z - 1.9))))
+
+
+def test_fit_gives_short_rows_their_own_bias():
+    """Short rows whose replaced tokens score the same raw logit as long rows' but are replaced more
+    often (one word in eight against one in thirty) get a higher calibrated probability."""
+    rng = np.random.default_rng(0)
+    probs, labels, lengths = [], [], []
+    for n, rate in ((10, 1 / 8), (40, 1 / 30)):
+        y = rng.random(20000) < rate
+        z = np.where(y, rng.normal(1.0, 1.5, y.size), rng.normal(-3.0, 1.5, y.size))
+        probs.append(1 / (1 + np.exp(-z)))
+        labels.append(y.astype(int))
+        lengths.append(np.full(y.size, n))
+    cmap = LengthMap.fit(np.concatenate(probs), np.concatenate(labels), np.concatenate(lengths))
+    short, long = cmap.apply(np.array([0.5, 0.5]), np.array([10, 40]))
+    assert short > long + 0.1
+
+
+def _sentences(word_probs: list[list[float]], swapped: list[int | None], words: int) -> list[SentenceScores]:
+    return [SentenceScores(np.array(p), s, None, words) for p, s in zip(word_probs, swapped, strict=True)]
+
+
+def test_threshold_rule_keeps_clean_short_sentences_quiet():
+    """At 0.40 every swapped word is a span at precision 0.91, but one clean short sentence in ten gets a
+    span; the rule gives up recall for at most 5% of them."""
+    swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 10, [0, 0, 0] * 10, words=8)
+    clean = _sentences([[0.45, 0.1]] * 3 + [[0.1, 0.1]] * 27, [None] * 30, words=8)
+    chosen = choose_threshold(swapped + clean)
+    assert chosen["threshold"] == 0.6  # the highest of the thresholds with the same recall, 0.46-0.60
+    assert chosen["everyday"]["clean_with_span"] == 0.0 and chosen["recall"] == pytest.approx(2 / 3)
+    without_rule = choose_threshold(swapped + clean, everyday_clean=1.0)
+    assert without_rule["threshold"] == 0.4 and without_rule["recall"] == 1.0
+    assert span_figures(clean, 0.4)["clean_with_span"] == pytest.approx(0.1)
+
+
+def test_threshold_rule_ignores_long_sentences_for_the_quiet_condition():
+    swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 10, [0, 0, 0] * 10, words=25)
+    clean = _sentences([[0.45, 0.1]] * 3 + [[0.1, 0.1]] * 27, [None] * 30, words=25)
+    chosen = choose_threshold(swapped + clean)
+    assert "everyday" not in chosen and chosen["threshold"] == 0.4
