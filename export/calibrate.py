@@ -65,9 +65,6 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     scorer = WordScorer(bundle_dir / MODEL, bundle_dir / TOKENIZER, src.max_length)
     sentences, probs, labels, _ = score(scorer, c.texts)
     chosen = cal.choose_threshold(sentences)
-    longer = [s for s in sentences if not s.everyday]
-    if longer and "everyday" in chosen:
-        chosen["longer"] = cal.span_figures(longer, chosen["threshold"])
     src.log(f"default threshold: {chosen}")
     return {
         "threshold": chosen["threshold"],

@@ -209,11 +209,15 @@ def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TAR
         quiet = short is None or not short["clean_with_span"] > everyday_clean
         key = (ok, ok and quiet, fig["recall"] if ok else fig["precision"], t)
         if best is None or key > best[0]:
-            extra = {"everyday": short} if short else {}
-            best = (key, {"threshold": float(t), **fig, **extra})
+            best = (key, {"threshold": float(t), **fig})
     if best is None:
         return {"threshold": 0.5, "note": "no threshold gives any span on the calibration set"}
     result = best[1]
+    if everyday:  # the figures a user reads (export.calibrate.in_words), short and longer apart
+        result["everyday"] = span_figures(everyday, result["threshold"])
+        longer = [s for s in sentences if not s.everyday]
+        if longer:
+            result["longer"] = span_figures(longer, result["threshold"])
     if not best[0][0]:
         result["note"] = f"no threshold reaches precision {precision}; the most precise one was taken"
     elif not best[0][1]:

@@ -77,10 +77,9 @@ def _untokenize(text: str) -> str:
 
 def _documents(source: str, split: str, data_dir: Path | None):
     from training.data.corpus import read_corpus
+    from training.finetuning.sets import LABELLED_SETS, load_labelled
 
-    if source in ("trec", "sms_spam", "rotten_tomatoes"):
-        from training.finetuning.sets import load_labelled
-
+    if source in LABELLED_SETS:
         texts = (text for text, _ in load_labelled(source, data_dir)[split])
         return (_untokenize(t) for t in texts) if source == "trec" else texts
     docs = read_corpus(source, split, data_dir=data_dir)

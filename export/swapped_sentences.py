@@ -95,17 +95,9 @@ def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Pat
     clean ones, each sentence used once."""
     from tokenizers import Tokenizer
 
-    from training.data.registry import fetch
-    from training.data.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon, word_counts
-
     by_source = held_out_sources(text, data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    # Word frequencies of WikiText-2 train, read raw: its words are space-separated already.
-    with gzip.open(fetch("wikitext2-train", data_dir=data_dir), "rt", encoding="utf-8") as f:
-        counts = word_counts(f)
-    pickers = {"generator": generator_picker(tokenizer, generator)} if generator is not None else {}
-    pickers["frequency"] = frequency_picker(tokenizer, counts)
-    pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=data_dir)))
+    pickers = swap_pickers(tokenizer, data_dir, generator)
     parts = [swapped_and_clean(tokenizer, s, pickers, per_kind, seed) for s in by_source.values()]
     return Texts(
         [t for p in parts for t in p.texts],
@@ -114,6 +106,21 @@ def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Pat
         ",".join(by_source),
         [src for src, p in zip(by_source, parts, strict=True) for _ in p.texts],
     )
+
+
+def swap_pickers(tokenizer, data_dir: Path | None, generator=None) -> dict:
+    """The kinds of swap, by name: the run's generator where there is one, a word of similar frequency
+    (WikiText-2 train's counts) and a word of the same part of speech (the tagger lexicon)."""
+    from training.data.registry import fetch
+    from training.data.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon, word_counts
+
+    # Word frequencies of WikiText-2 train, read raw: its words are space-separated already.
+    with gzip.open(fetch("wikitext2-train", data_dir=data_dir), "rt", encoding="utf-8") as f:
+        counts = word_counts(f)
+    pickers = {"generator": generator_picker(tokenizer, generator)} if generator is not None else {}
+    pickers["frequency"] = frequency_picker(tokenizer, counts)
+    pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=data_dir)))
+    return pickers
 
 
 def swapped_and_clean(tokenizer, sentences: list[str], pickers: dict, per_kind: int, seed: int) -> Texts:

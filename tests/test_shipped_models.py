@@ -102,17 +102,13 @@ def test_the_length_aware_calibration_flags_more_swaps_in_short_everyday_sentenc
 
     from export.calibration import EVERYDAY_CLEAN_WITH_SPAN, LengthMap, SentenceScores, _logit, span_figures
     from export.sentence_sources import sentences
-    from export.swapped_sentences import score, swapped_and_clean
+    from export.swapped_sentences import score, swap_pickers, swapped_and_clean
     from export.wordscores import WordScorer
-    from training.data.registry import fetch
-    from training.data.swaps import frequency_picker, pos_picker, read_lexicon, word_counts
 
     bundle = MODELS / "detector"
     manifest = json.loads((bundle / "manifest.json").read_text())
     tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
-    with __import__("gzip").open(fetch("wikitext2-train", data_dir=registry_data), "rt") as f:
-        pickers = {"frequency": frequency_picker(tok, word_counts(f)),
-                   "pos": pos_picker(tok, read_lexicon(fetch("pos-lexicon", data_dir=registry_data)))}  # fmt: skip
+    pickers = swap_pickers(tok, registry_data)
     texts = swapped_and_clean(tok, sentences("wordnet", "measurement", registry_data), pickers, 150, seed=5)
     scored, _, _, _ = score(WordScorer(bundle / "model.onnx", bundle / "tokenizer.json", 512), texts)
     assert sum(s.swapped is not None for s in scored) >= 200 and sum(s.swapped is None for s in scored) >= 200

@@ -15,7 +15,6 @@ been fitted to.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -30,15 +29,10 @@ def items(bundle: Path, data_dir: Path | None, per_kind: int, seed: int) -> dict
     from tokenizers import Tokenizer
 
     from export.sentence_sources import SOURCES, sentences
-    from export.swapped_sentences import swapped_and_clean
-    from training.data.registry import fetch
-    from training.data.swaps import frequency_picker, pos_picker, read_lexicon, word_counts
+    from export.swapped_sentences import swap_pickers, swapped_and_clean
 
     tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
-    with gzip.open(fetch("wikitext2-train", data_dir=data_dir), "rt", encoding="utf-8") as f:
-        counts = word_counts(f)
-    pickers = {"frequency": frequency_picker(tokenizer, counts),
-               "pos": pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=data_dir)))}  # fmt: skip
+    pickers = swap_pickers(tokenizer, data_dir)
     return {
         name: swapped_and_clean(tokenizer, sentences(name, "measurement", data_dir), pickers, per_kind, seed)
         for name, spec in SOURCES.items()
