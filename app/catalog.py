@@ -27,7 +27,9 @@ def calibration_info(manifest: Manifest) -> dict:
     return {"calibrated": False, "threshold": threshold, "calibration": {"note": note}}
 
 
-def describe(bundles: dict[str, Bundle], defaults: set[str | None]) -> list[ModelInfo]:
+def describe(
+    bundles: dict[str, Bundle], defaults: set[str | None], load_checks: dict[str, dict | None] | None = None
+) -> list[ModelInfo]:
     out = []
     for name, b in sorted(bundles.items()):
         m = b.manifest
@@ -49,6 +51,7 @@ def describe(bundles: dict[str, Bundle], defaults: set[str | None]) -> list[Mode
                 inputs=list(m.inputs),
                 provenance=provenance,
                 default=name in defaults,
+                load_check=(load_checks or {}).get(name),
                 **(calibration_info(m) if m.kind == "detector" else {}),
             )  # fmt: skip
         )

@@ -98,6 +98,20 @@ class Metrics:
         self.rejected = Counter(
             PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
         )
+        self.load_check = Gauge(
+            PREFIX + "load_check_deviation",
+            "The bundle's check inputs at load: deviation of this engine from the export's reference (p99, max)",
+            ("model", "stat"), registry=r,
+        )  # fmt: skip
+        self.load_check_within_gate = Gauge(
+            PREFIX + "load_check_within_gate", "1 when the load-time check is within the bundle's gate",
+            ("model",), registry=r,
+        )  # fmt: skip
+
+    def record_load_check(self, name: str, check: dict) -> None:
+        for stat in ("p99", "max"):
+            self.load_check.labels(name, stat).set(check[stat])
+        self.load_check_within_gate.labels(name).set(1.0 if check["within_gate"] else 0.0)
 
     def of_model(self, name: str) -> ModelSeries:
         """The model's own series, looked up once: `labels()` takes a lock and builds a key on each call,

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from app import engine_check
 from app.admission import Admission
 from app.batcher import Batcher
 from app.bundle import Bundle
@@ -15,6 +16,7 @@ from app.engine import Engine
 from app.errors import AppError, ErrorType
 from app.lifecycle import Lifecycle, Phase
 from app.load import ServerLoad
+from app.machine import cpu
 from app.metrics import Metrics
 from app.schemas import ModelInfo
 from app.settings import Settings, SettingsError
@@ -63,6 +65,7 @@ class Registry:
         self.detail: str | None = None
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.load_checks: dict[str, dict | None] = {}  # app/engine_check.py: this CPU against the reference
         for b in bundles:
             for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
                                  ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
@@ -119,13 +122,15 @@ class Registry:
         return self.state, self.detail
 
     def describe(self) -> list[ModelInfo]:
-        return describe(self.bundles, {self.default("detector"), self.default("classifier")})
+        return describe(
+            self.bundles, {self.default("detector"), self.default("classifier")}, self.load_checks
+        )
 
     async def load(self) -> None:
         self._loop = asyncio.get_running_loop()
         for bundle in list(self.bundles.values()):
             try:
-                tokenizer, engine = await asyncio.to_thread(_load_and_warm, bundle, self.settings)
+                tokenizer, engine, check = await asyncio.to_thread(_load_and_warm, bundle, self.settings)
             except Exception as e:  # this bundle fails alone; the reason stays readable on /models
                 self.broken[bundle.name] = f"loading failed: {type(e).__name__}: {e}"
                 del self.bundles[bundle.name]
@@ -138,7 +143,10 @@ class Registry:
                 log.exception("starting the batchers failed")
                 return
             self.models[bundle.name] = Model(bundle, tokenizer, engine, admission, batcher)
-            log.info("%s: loaded and warmed up (%s)", bundle.name, bundle.manifest.kind)
+            self.load_checks[bundle.name] = check
+            if check is not None:
+                self.metrics.record_load_check(bundle.name, check)
+            log.info("%s: loaded and warmed up (%s)%s", bundle.name, bundle.manifest.kind, _said(check))
         if not self.models:
             self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
         elif self.state == "loading":
@@ -202,8 +210,15 @@ def _scheduler(
     return admission, batcher
 
 
-def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, Engine]:
-    """Tokenizer and sessions, warmed: a worker thread's work, off the event loop."""
+def _said(check: dict | None) -> str:
+    if check is None:
+        return "; the bundle carries no load-time check"
+    return f"; load-time check on {check['machine']['int8_kernel_path']}: p99 {check['p99']:.4f}, max {check['max']:.4f}"
+
+
+def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, Engine, dict | None]:
+    """Tokenizer and sessions, warmed and checked against the bundle's reference outputs: a worker
+    thread's work, off the event loop. EngineCheckError when --load-check refuses the bundle."""
     m = bundle.manifest
     tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, settings.window_stride)
     engine = Engine(
@@ -218,4 +233,8 @@ def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, E
         engine.run(engine.pad([tokenizer.warmup_row(length)] * 2, tokenizer.pad_id))
     if engine.has_solo:
         engine.run(engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id), solo=True)
-    return tokenizer, engine
+    check = engine_check.run(engine, bundle, cpu())
+    warning = engine_check.verdict(check, settings.load_check, bundle.name)
+    if warning:
+        log.warning(warning)
+    return tokenizer, engine, check

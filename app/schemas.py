@@ -137,6 +137,13 @@ class ModelInfo(msgspec.Struct):
         dict[str, object] | None,
         _doc("detectors: how the probabilities were calibrated and the default threshold chosen, or why not"),
     ] = None
+    load_check: Annotated[
+        dict[str, object] | None,
+        _doc(
+            "the bundle's check inputs run at load on this machine: p99 and max deviation from the reference "
+            "the export computed, the gate, within_gate, and this CPU's int8 kernel path"
+        ),
+    ] = None
 
 
 class ModelsResponse(msgspec.Struct):

@@ -14,6 +14,7 @@ ENV_PREFIX = "ELECTRA_"
 # The choices of --memory-arena and --providers: app/engine.py says what each does. Defined here, where
 # the settings are checked before onnxruntime is imported (a typo should not wait for it).
 ARENA_MODES = ("shrink", "off", "on")
+CHECK_MODES = ("refuse", "warn", "off")  # --load-check: app/engine_check.py says why refuse is the default
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -70,6 +71,10 @@ class Settings:
         0, "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off"
     )
     window_stride: int = _opt(32, "tokens shared by consecutive windows of a long text")
+    load_check: str = _opt(
+        "refuse",
+        "a bundle whose check inputs answer beyond its gate on this CPU: refuse (not served), warn, or off",
+    )
     cors_origins: tuple[str, ...] = _opt((), "comma-separated allowed origins; empty: no CORS")
     api_key: str | None = _opt(
         None, "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)", True
@@ -117,6 +122,8 @@ class Settings:
             raise SettingsError(f"{_flag('api_key')} is set but empty")
         if self.memory_arena not in ARENA_MODES:
             raise SettingsError(f"{_flag('memory_arena')}: {_one_of(ARENA_MODES)}, not {self.memory_arena!r}")
+        if self.load_check not in CHECK_MODES:
+            raise SettingsError(f"{_flag('load_check')}: {_one_of(CHECK_MODES)}, not {self.load_check!r}")
         if self.providers not in PROVIDERS:
             raise SettingsError(f"{_flag('providers')}: {_one_of(PROVIDERS)}, not {self.providers!r}")
         if self.log_level not in LOG_LEVELS:

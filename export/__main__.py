@@ -36,9 +36,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--int8",
         choices=INT8_METHODS,
-        default="weights",
-        help="weights: int8 storage, fp32 compute, scores within ~0.01 of fp32 (default); static: int8 "
-        "compute with calibrated activation scales; dynamic: per-batch scales, scores move with the batch",
+        default="auto",
+        help="auto (default): compute for a quantization-aware checkpoint (--qat), else weights; compute: "
+        "int8 GEMMs with the model's fixed activation ranges, held to the per-token gate; weights: int8 "
+        "storage, fp32 compute; static / dynamic: onnxruntime's quantizers (dynamic: scores move with the batch)",
     )
     p.add_argument("--opset", type=int, default=17)
     p.add_argument(

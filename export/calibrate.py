@@ -7,10 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from export import calibration as cal
-from export.parity import ParityError
+from export.parity import ParityError, deviation
 from export.swapped_sentences import Texts, build_texts, score
 from export.wordscores import WordScorer
 
@@ -114,24 +112,24 @@ def in_words(chosen: dict) -> str:
     return text
 
 
-def token_deviation(fp32: Path, int8: Path, tokenizer: Path, max_length: int, texts: Texts) -> dict:
-    """p50 / p99 / max of |int8 - fp32| over every token of the calibration sentences; ParityError
-    beyond the gate."""
-    a = WordScorer(fp32, tokenizer, max_length).results(texts.texts)
+def token_deviation(reference, int8: Path, tokenizer: Path, max_length: int, texts: Texts) -> dict:
+    """p50 / p99 / max of |int8 - reference| over every token of the calibration sentences, through the
+    server's word scoring; `reference` is the fp32 graph's path or a session (parity.TorchReference).
+    ParityError beyond the gate."""
+    a = WordScorer(reference, tokenizer, max_length).results(texts.texts)
     b = WordScorer(int8, tokenizer, max_length).results(texts.texts)
-    diff = np.abs(
-        np.array([t.prob for r in a for t in r.tokens]) - np.array([t.prob for r in b for t in r.tokens])
-    )
-    figures = {
-        "p50": float(np.quantile(diff, 0.5)),
-        "p99": float(np.quantile(diff, 0.99)),
-        "max": float(diff.max()),
-        "tokens": int(diff.size),
-        "gate": {"p99": MAX_DEVIATION_P99, "max": MAX_DEVIATION},
-    }
+    figures = deviation([t.prob for r in a for t in r.tokens], [t.prob for r in b for t in r.tokens])
+    return check_deviation(figures, "the calibration sentences")
+
+
+def check_deviation(figures: dict, where: str) -> dict:
+    """Adds the gate to `figures` (parity.deviation); ParityError when p99 or max is beyond it."""
+    figures["gate"] = {"p99": MAX_DEVIATION_P99, "max": MAX_DEVIATION}
     if not (figures["p99"] <= MAX_DEVIATION_P99 and figures["max"] <= MAX_DEVIATION):
         raise ParityError(
-            f"int8 moves a token's probability from fp32 by {figures['p99']:.3f} at p99 and {figures['max']:.3f} "
-            f"at most (gate {MAX_DEVIATION_P99} / {MAX_DEVIATION}) on the calibration sentences"
+            f"int8 moves a token's probability from its reference by {figures['p99']:.3f} at p99 and "
+            f"{figures['max']:.3f} at most (gate {MAX_DEVIATION_P99} / {MAX_DEVIATION}) on {where}. "
+            "Train the model quantization-aware (--qat in training.pretrain or training.finetune), or "
+            "export --int8 weights (fp32 compute)"
         )
     return figures

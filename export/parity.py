@@ -102,12 +102,53 @@ def run_batched(sess, inputs: list[str], b: Batch, rows: int = 16) -> np.ndarray
     return np.concatenate(parts)
 
 
+def deviation(a: np.ndarray, b: np.ndarray) -> dict:
+    """p50 / p99 / max of |a - b| (per token probabilities, flattened)."""
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).ravel()
+    return {"p50": float(np.quantile(diff, 0.5)), "p99": float(np.quantile(diff, 0.99)),
+            "max": float(diff.max()), "tokens": int(diff.size)}  # fmt: skip
+
+
+def max_abs_diff_sessions(a, b, batches: list[Batch], inputs: list[str]) -> float:
+    """Largest |a - b| over real tokens (rows for a classifier) of two sessions on the same batches."""
+    worst = 0.0
+    for batch in batches:
+        pa, pb = a.run(None, batch.feed(inputs))[0], b.run(None, batch.feed(inputs))[0]
+        if pa.shape == batch.attention_mask.shape:  # a detector: padding positions do not count
+            pa, pb = pa[batch.attention_mask == 1], pb[batch.attention_mask == 1]
+        worst = max(worst, float(np.abs(pa - pb).max()))
+    return worst
+
+
+class TorchReference:
+    """The checkpoint's own forward in PyTorch, answering `run` as an ONNX Runtime session does: what a
+    bundle is held to. With `simulate`, int8 rounding on (training/quantization.py): the function a
+    quantization-aware model was trained to be; without, the same weights in fp32."""
+
+    def __init__(self, graph: torch.nn.Module, inputs: list[str], simulate: bool) -> None:
+        self.graph, self.inputs, self.simulate = graph, inputs, simulate
+        self.describe = (
+            "the checkpoint's forward in PyTorch with int8 rounding simulated, as it was trained (fake quantization)"
+            if simulate
+            else "the checkpoint's forward in PyTorch, fp32"
+        )
+
+    def run(self, _names, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        from training.quantization import simulated
+
+        args = [torch.from_numpy(feed[n]) if n in feed else torch.zeros_like(torch.from_numpy(feed["input_ids"]))
+                for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+        with torch.no_grad(), simulated(self.graph, self.simulate):
+            return [self.graph(*args).numpy()]
+
+
 def detector_auc_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarray, scored) -> dict:
-    """AUC of fp32 and int8 on the same corrupted tokens; `scored` marks positions that count."""
-    auc = {}
+    """AUC of fp32 and int8 on the same corrupted tokens; `scored` marks positions that count. Also
+    the per-token deviation between the two (informative here; compute int8 gates on it)."""
+    auc, probs = {}, {}
     for name, sess in (("fp32", fp32), ("int8", int8)):
-        probs = run_batched(sess, inputs, data)
-        auc[name] = roc_auc(probs[scored], labels[scored])
+        probs[name] = run_batched(sess, inputs, data)
+        auc[name] = roc_auc(probs[name][scored], labels[scored])
     drop = auc["fp32"] - auc["int8"]
     if not drop <= MAX_AUC_DROP:
         raise ParityError(
@@ -122,6 +163,9 @@ def detector_auc_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.nda
         "max_drop": MAX_AUC_DROP,
         "tokens": int(scored.sum()),
         "replaced": int(labels[scored].sum()),
+        "token_deviation": deviation(
+            probs["fp32"][data.attention_mask == 1], probs["int8"][data.attention_mask == 1]
+        ),
     }
 
 

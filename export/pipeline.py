@@ -17,7 +17,7 @@ from export import bundle_writer, calibrate, evaldata, optimize, parity
 from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
 
 PRECISIONS = ("int8", "fp32", "fp16")
-INT8_METHODS = ("weights", "static", "dynamic")
+INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
 CALIBRATION_ROWS = 128  # held-out rows that fix the static activation scales (MinMax over them)
 
 
@@ -26,10 +26,11 @@ class ExportConfig:
     checkpoint: str  # run dir, checkpoint dir or Hugging Face ELECTRA dir
     out: str  # bundle directory to create (replaced if it exists)
     precision: str = "int8"  # int8 (CPU serving), fp32, fp16 (GPU serving)
-    # weights: int8 storage, fp32 compute (the size of int8, fp32's speed and scores within ~0.01);
-    # static: int8 compute, activation scales fixed at export, a text scores the same whatever shares
-    # its batch; dynamic: scales per batch at run time (scores move with batch-mates). See optimize.py.
-    int8: str = "weights"
+    # auto: compute for a quantization-aware checkpoint (--qat), else weights. compute: int8 GEMMs with
+    # the model's fixed activation ranges (export/int8_compute.py; ranges calibrated here when the model
+    # has none), held to the per-token gate; weights: int8 storage, fp32 compute (fp32's speed, scores
+    # within ~0.01); static / dynamic: onnxruntime's own quantizers (see optimize.py).
+    int8: str = "auto"
     opset: int = 17  # 17: LayerNormalization is a single op
     max_length: int | None = None  # longest input, special tokens included; default the model's limit
     eval_text: str | None = None  # held-out text for the int8 check; default WikiText-2 valid
@@ -77,6 +78,8 @@ class _Source:
     ptype: str | None  # a classifier's problem type
     max_length: int
     log: object
+    int8: str = "weights"  # the resolved --int8 method
+    quantization_aware: bool = False  # trained with --qat: its reference is its int8-simulated forward
 
 
 @dataclass
@@ -103,13 +106,23 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
             work = Path(work_dir)
             fp32 = _fp32_graph(src, work)
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
+            computes_int8 = cfg.precision == "int8" and src.int8 == "compute"
+            if computes_int8 and src.mcfg.quantization is None:
+                _calibrate_ranges(src, tmp / bundle_writer.TOKENIZER)
             calibration = None
             if src.kind == "detector" and cfg.calibrate:
-                src, calibration = calibrate.fit(src, work / "fp32.onnx", tmp / bundle_writer.TOKENIZER)
+                # The map is fitted on the scores the bundle will give: the int8 graph's when it computes int8.
+                scored = work / "fp32.onnx"
+                if computes_int8:
+                    scored = work / "uncalibrated.onnx"
+                    _int8_compute(src, work, scored)
+                src, calibration = calibrate.fit(src, scored, tmp / bundle_writer.TOKENIZER)
                 fp32 = _fp32_graph(src, work)  # exported again with the map inside, parity checked again
                 fp32.calibration_texts = calibration.texts
             optimizations = _write_model(src, fp32, work, tmp)
             extra = calibrate.finish(calibration, tmp, src) if calibration else {}
+            if cfg.precision != "fp16":  # fp16 is for GPUs; its outputs differ from the CPU's by design
+                extra["load_check"] = _load_check(src, fp32, tmp)
         result.update(
             bundle_writer.write_manifest(
                 tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
@@ -136,11 +149,40 @@ def _load(cfg: ExportConfig, log) -> _Source:
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
     ptype = problem_type(mcfg) if kind == "classifier" else None
-    return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log)
+    int8 = cfg.int8
+    if int8 == "auto":
+        int8 = "compute" if mcfg.quantization is not None else "weights"
+        if cfg.precision == "int8":
+            log(
+                f"int8: {int8} ({'a quantization-aware' if int8 == 'compute' else 'not a quantization-aware'}"
+                " checkpoint; --int8 compute|weights to choose)"
+            )
+    return _Source(
+        cfg,
+        model,
+        graph,
+        mcfg,
+        ckpt,
+        kind,
+        output,
+        ptype,
+        max_length,
+        log,
+        int8,
+        mcfg.quantization is not None,
+    )
 
 
 def _fp32_graph(src: _Source, work: Path) -> _Fp32:
-    """Export, fuse, and check the fused fp32 graph against torch (the parity gate)."""
+    """Export, fuse, and check the fused fp32 graph against torch (the parity gate). A model with int8
+    projections is exported and checked with their simulation off: the fp32 graph of its weights."""
+    from training.quantization import simulated
+
+    with simulated(src.model, False):
+        return _fp32_graph_of(src, work)
+
+
+def _fp32_graph_of(src: _Source, work: Path) -> _Fp32:
     mcfg = src.mcfg
     export_onnx(src.graph, src.output, work / "raw.onnx", src.cfg.opset)
     fusions = optimize.fuse(work / "raw.onnx", work / "fp32.onnx", mcfg.num_attention_heads, mcfg.hidden_size)
@@ -179,10 +221,12 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
     the MatMuls after the activation (whose inputs have outliers) stay fp32: a bigger file, a kept score."""
     cfg = src.cfg
     optimizations: dict = {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
-    for keep_fp32 in (False, True) if cfg.int8 == "static" else (False,):
-        if cfg.int8 == "weights":
+    if src.int8 == "compute":
+        return _write_int8_compute(src, fp32, work, tmp)
+    for keep_fp32 in (False, True) if src.int8 == "static" else (False,):
+        if src.int8 == "weights":
             optimizations["int8"] = optimize.int8_weights(work / "fp32.onnx", tmp / bundle_writer.MODEL)
-        elif cfg.int8 == "dynamic":
+        elif src.int8 == "dynamic":
             optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle_writer.MODEL)
         else:
             optimizations = _static_int8(
@@ -210,7 +254,7 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
                 )  # fmt: skip
             break
         except parity.ParityError as e:
-            if keep_fp32 or cfg.int8 != "static":
+            if keep_fp32 or src.int8 != "static":
                 raise
             src.log(f"{e}; quantizing again with the MatMuls after the activation kept fp32")
             fp32.report.pop("int8_accuracy", None)
@@ -220,6 +264,128 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
     }
     src.log(f"int8 accuracy: {json.dumps(fp32.report['int8_accuracy'])}")
     return optimizations
+
+
+def _int8_compute(src: _Source, work: Path, dst: Path) -> dict:
+    """The int8-compute graph of the last fp32 export (work/raw.onnx, unfused, residual Sum) at `dst`."""
+    import onnx
+
+    from export import int8_compute
+
+    model = onnx.load(str(work / "raw.onnx"))
+    summed = optimize.residual_adds_as_sum(model)
+    done = int8_compute.rewrite(model, int8_compute.projections(src.graph.encoder.electra))
+    onnx.save(model, str(work / "int8_compute.onnx"))
+    stored = optimize.int8_weights(work / "int8_compute.onnx", dst)
+    return {
+        "graph": "unfused (torch export), residual Add as Sum",
+        "fusions": {"residual Add as Sum": summed},
+        "int8": {**done, "other_weights": stored["method"], "ranges": src.mcfg.quantization.get("origin")},
+    }
+
+
+def _write_int8_compute(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
+    """int8 compute, gated against the model it simulates: the checkpoint's own forward with int8
+    rounding on (parity.TorchReference). Per token on held-out text and on the calibration sentences:
+    p99 and max of the probability's deviation (calibrate.MAX_DEVIATION_P99 / MAX_DEVIATION)."""
+    optimizations = _int8_compute(src, work, tmp / bundle_writer.MODEL)
+    sess8 = optimize.session(tmp / bundle_writer.MODEL)
+    reference = parity.TorchReference(src.graph, fp32.inputs, src.quantization_aware)
+    report = fp32.report
+    report["int8_accuracy"] = _int8_accuracy(src.cfg, src.ckpt, src.mcfg, src.kind, src.ptype, reference, sess8,
+                                             fp32.inputs, tmp, src.max_length)  # fmt: skip
+    report["int8_accuracy"]["reference"] = reference.describe
+    held_out = report["int8_accuracy"].get("token_deviation")
+    if held_out is not None:
+        calibrate.check_deviation(held_out, "held-out text")
+    if fp32.calibration_texts is not None:
+        report["int8_token_deviation"] = calibrate.token_deviation(
+            reference, tmp / bundle_writer.MODEL, tmp / bundle_writer.TOKENIZER, src.max_length,
+            fp32.calibration_texts,
+        )  # fmt: skip
+    fp32_sess = fp32.session
+    report["int8_vs_fp32_weights"] = {
+        "max_abs_diff": parity.max_abs_diff_sessions(fp32_sess, sess8, fp32.batches, fp32.inputs),
+        "note": "informative: the same weights without int8 rounding; the gate is against the reference",
+    }
+    src.log(f"int8 compute accuracy: {json.dumps(report['int8_accuracy'])}")
+    return {**optimizations, "opt_level": 0}
+
+
+LOAD_CHECK_ROWS = 8
+
+
+def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
+    """A few inputs with the reference's outputs, for the server to run at load (app/engine_check.py):
+    held-out text cut to lengths from 6 to 62 tokens and padded as one batch (random ids without text)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    try:
+        lines, where = evaldata.held_out_text(_path(src.cfg.eval_text), _path(src.cfg.data_dir))
+        tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
+        data, _ = evaldata.encode(tok, lines, min(src.max_length, 64), LOAD_CHECK_ROWS)
+        for i in range(len(data.input_ids)):  # row i keeps 6 + 8i tokens: each row a length of its own
+            data.attention_mask[i, 6 + 8 * i :] = 0
+            data.input_ids[i, 6 + 8 * i :] = 0
+            data.token_type_ids[i, 6 + 8 * i :] = 0
+    except evaldata.EvalDataError:
+        data, where = fp32.batches[0], "random token ids"
+    feed = data.feed(fp32.inputs)
+    reference = parity.TorchReference(src.graph, fp32.inputs, src.quantization_aware)
+    expected = reference.run(None, feed)[0]
+    here = parity.deviation(
+        *_real(optimize.session(tmp / bundle_writer.MODEL).run(None, feed)[0], expected, data)
+    )
+    return {
+        "inputs": {k: v.tolist() for k, v in feed.items()},
+        "expected": np.round(expected.astype(np.float64), 7).tolist(),
+        "reference": reference.describe
+        if src.mcfg.quantization
+        else "the checkpoint's fp32 forward in PyTorch",
+        "text": where,
+        "gate": {"p99": calibrate.MAX_DEVIATION_P99, "max": calibrate.MAX_DEVIATION},
+        "at_export": here,
+    }
+
+
+def _real(a, b, data):
+    """Real tokens only for a detector's (B, T) outputs; a classifier's rows as they are."""
+    if a.shape == data.attention_mask.shape:
+        return a[data.attention_mask == 1], b[data.attention_mask == 1]
+    return a, b
+
+
+def _calibrate_ranges(src: _Source, tokenizer: Path) -> None:
+    """Post-training ranges for a model that was not trained quantization-aware: set from held-out text
+    (the classifier's own training texts when it has a registry task), recorded in its config."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from training.quantization import calibrate as calibrate_ranges
+
+    cfg = src.cfg
+    task_rows = (
+        evaldata.registry_dev_rows(src.ckpt, _path(cfg.data_dir), "train")
+        if src.kind == "classifier"
+        else None
+    )
+    if task_rows:
+        lines, where = [t for t, _ in task_rows[0]], task_rows[1]
+    else:
+        lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
+    data, _ = evaldata.encode(Tokenizer.from_file(str(tokenizer)), lines[::-1], min(src.max_length, 128),
+                              CALIBRATION_ROWS)  # fmt: skip
+    feeds = [{k: torch.from_numpy(v[i : i + 16]) for k, v in data.feed(INPUT_NAMES).items()}
+             for i in range(0, len(data.input_ids), 16)]  # fmt: skip
+    model = src.graph.encoder.electra
+    spec = calibrate_ranges(src.model, model, feeds)
+    src.mcfg.quantization = {
+        **spec,
+        "origin": f"calibrated at export on {len(data.input_ids)} rows of {where}",
+    }
+    src.log(f"int8 compute: {src.mcfg.quantization['origin']} (not quantization-aware: the gate may fail; "
+            "train with --qat)")  # fmt: skip
 
 
 def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: str) -> dict:

@@ -127,6 +127,49 @@ def recover_weights(model: onnx.ModelProto, layers: int, projected: bool) -> dic
     return out
 
 
+def recover_weights_int8_compute(model: onnx.ModelProto, layers: int) -> dict[str, np.ndarray]:
+    """The discriminator's tensors from an int8-compute graph (export/int8_compute.py, unfused): each
+    projection's int8 weight and scale are named after its module, so they are read by name; the
+    embedding tables (told apart by their number of rows: vocabulary, positions, token types, in that
+    order when equal), the LayerNorms and the head's two fp32 MatMuls by their order in the graph."""
+    graph = model.graph
+    values = _constants(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    out: dict[str, np.ndarray] = {}
+    tables, norms, head = [], [], []
+    for node in graph.node:
+        if node.op_type == "MatMulIntegerToFloat":
+            name = node.name.removesuffix("/MatMulIntegerToFloat")
+            weight = values[node.input[1]].astype(np.float32) * values[node.input[3]][None, :]
+            out[f"electra.{name}.weight"], out[f"electra.{name}.bias"] = weight.T, values[node.input[6]]
+        elif node.op_type == "Gather" and node.input[0] in values and values[node.input[0]].ndim == 2:
+            tables.append(values[node.input[0]])
+        elif node.op_type == "LayerNormalization":
+            norms.append((values[node.input[1]], values[node.input[2]]))
+        elif node.op_type == "MatMul" and node.input[1] in values:
+            head.append((values[node.input[1]], _linear_bias(node, values, consumers)))
+    if len(tables) != 3 or len(norms) != 1 + 2 * layers or len(head) != 2:
+        raise ValueError(
+            f"the graph has {len(tables)} embedding tables, {len(norms)} LayerNorms and {len(head)} fp32 "
+            f"MatMuls; a {layers}-layer int8-compute detector has 3, {1 + 2 * layers} and 2"
+        )
+    at = "electra.embeddings"
+    word, types, pos = tables
+    out[f"{at}.word_embeddings.weight"], out[f"{at}.token_type_embeddings.weight"] = word, types
+    out[f"{at}.position_embeddings.weight"] = pos
+    names = [at] + [f"electra.encoder.layer.{n}.{part}" for n in range(layers)
+                    for part in ("attention.output", "output")]  # fmt: skip
+    for name, (w, b) in zip(names, norms, strict=True):
+        out[f"{name}.LayerNorm.weight"], out[f"{name}.LayerNorm.bias"] = w, b
+    for name, (w, b) in zip(("dense", "dense_prediction"), head, strict=True):
+        out[f"discriminator_predictions.{name}.weight"] = w.T
+        out[f"discriminator_predictions.{name}.bias"] = b
+    return out
+
+
 def recover(bundle: Path, out: Path) -> dict:
     """Write the checkpoint to `out`; returns what was checked."""
     from training import checkpoint as ckpt
@@ -137,8 +180,12 @@ def recover(bundle: Path, out: Path) -> dict:
         raise ValueError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
     cfg = ElectraConfig.from_dict(manifest["source"]["config"])
     projected = cfg.embedding_size != cfg.hidden_size
-    weights = recover_weights(onnx.load(str(bundle / "model.onnx")), cfg.num_hidden_layers, projected)
-    disc = ElectraForPreTraining(cfg)
+    graph = onnx.load(str(bundle / "model.onnx"))
+    if any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node):
+        weights = recover_weights_int8_compute(graph, cfg.num_hidden_layers)
+    else:
+        weights = recover_weights(graph, cfg.num_hidden_layers, projected)
+    disc = ElectraForPreTraining(cfg)  # with cfg.quantization (int8 compute), its Int8Linear are attached
     own = disc.state_dict()
     missing = sorted(set(own) - set(weights))
     if missing:
@@ -161,6 +208,7 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
     """The recovered model, through the bundle's calibration, against the bundle: the export's own
     parity check (random-length padded batches, real positions only, the server's session options)."""
     from export import parity
+    from export.calibrate import MAX_DEVIATION
     from export.calibration import LengthMap
     from export.onnx import CalibratedLogits
     from export.optimize import session
@@ -172,9 +220,12 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
     )
     diff = parity.max_abs_diff(model.eval(), session(bundle / "model.onnx"), "detector", None, batches,
                                manifest["inputs"])  # fmt: skip
-    if diff > 1e-3:
+    # An int8-compute bundle is held to its simulated forward within the export's per-token gate (int8
+    # rounding of an input can land the other way); fp32 compute matches to float rounding.
+    limit = MAX_DEVIATION if disc.config.quantization else 1e-3
+    if diff > limit:
         raise ValueError(f"{bundle}: the recovered model differs from the bundle by {diff:.2g} (max prob)")
-    return {"max_abs_prob_diff": diff, "batches": len(batches)}
+    return {"max_abs_prob_diff": diff, "batches": len(batches), "limit": limit}
 
 
 def main(argv: list[str] | None = None) -> None:

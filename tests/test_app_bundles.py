@@ -112,3 +112,41 @@ def test_an_old_bundle_without_file_hashes_is_served_with_a_warning(bundles_dir,
         assert info["sentiment"]["warnings"] == []
         assert c.post("/detect", json={"text": "the chef cooked"}).status_code == 200
         assert "tokenizer.json is not checked" in s.log()
+
+
+def _shift_load_check(bundle: Path, by: float) -> None:
+    """The bundle's recorded reference outputs moved by `by`, as a CPU that computes them otherwise sees."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    expected = manifest["load_check"]["expected"]
+    manifest["load_check"]["expected"] = [[min(1.0, p + by) for p in row] for row in expected]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_the_load_time_check_is_reported_in_models_and_metrics(bundles_dir, tmp_path):
+    with run_server(_copy(bundles_dir, tmp_path / "models"), log_dir=tmp_path) as s, s.client() as c:
+        info = {m["name"]: m for m in c.get("/models").json()["models"]}
+        for name in ("detector", "sentiment"):
+            check = info[name]["load_check"]
+            assert check["within_gate"] and check["max"] <= check["gate"]["max"], check
+            assert check["machine"]["int8_kernel_path"] and check["values"] > 0
+            assert s.metric("electra_load_check_within_gate", model=name) == 1.0
+            assert s.metric("electra_load_check_deviation", model=name, stat="max") == pytest.approx(
+                check["max"]
+            )
+
+
+def test_a_bundle_off_its_gate_on_this_cpu_is_refused_or_served_with_a_warning(bundles_dir, tmp_path):
+    models = _copy(bundles_dir, tmp_path / "models")
+    _shift_load_check(models / "detector", 0.3)
+    with run_server(models, log_dir=tmp_path) as s, s.client() as c:  # the default: refuse
+        broken = c.get("/models").json()["broken"]["detector"]
+        assert "from the bundle's reference" in broken and "not served" in broken, broken
+        assert "--load-check warn" in broken  # says what to do
+        assert c.get("/ready").json()["status"] == "degraded"
+        assert c.post("/classify", json={"text": "great"}).status_code == 200  # the other bundle serves
+    with run_server(models, "--load-check", "warn", log_dir=tmp_path) as s, s.client() as c:
+        check = {m["name"]: m for m in c.get("/models").json()["models"]}["detector"]["load_check"]
+        assert not check["within_gate"] and check["max"] >= 0.29, check
+        assert s.metric("electra_load_check_within_gate", model="detector") == 0.0
+        assert c.post("/detect", json={"text": "the chef cooked"}).status_code == 200
+        assert "served anyway (--load-check warn)" in s.log()

@@ -266,3 +266,28 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path, capsys):
     run(*user, "--epochs", 1)
     with pytest.raises(SystemExit, match="--overwrite"):
         run(*user, "--epochs", 1)
+
+
+def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
+    tiny_init, tmp_path, registry_data
+):
+    """--qat: ranges from the training texts in config.json, stochastic rounding drawn from the seeded
+    generator (the same seed, the same model), and the export computes in int8 within its gates."""
+    from export.__main__ import main as export
+
+    train = write_csv(tmp_path / "r.csv", 64)
+    outs = []
+    for name in ("a", "b"):
+        outs.append(tmp_path / name)
+        run("--init", tiny_init, "--train", train, "--text-column", "review", "--label-column", "verdict",
+            "--out", outs[-1], "--epochs", 2, "--batch-size", 8, "--qat")  # fmt: skip
+    assert (outs[0] / "model.safetensors").read_bytes() == (outs[1] / "model.safetensors").read_bytes()
+    spec = json.loads((outs[0] / "config.json").read_text())["quantization"]
+    assert (
+        spec["scheme"] == "int8-static-u8s7" and len(spec["activations"]) == 13
+    )  # 2 layers x 6 + projection
+    export([str(outs[0]), "--out", str(tmp_path / "bundle"),
+            "--data-dir", str(registry_data)])  # fmt: skip
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["optimizations"]["int8"]["method"].startswith("int8 compute")
+    assert manifest["load_check"]["at_export"]["max"] <= manifest["load_check"]["gate"]["max"]

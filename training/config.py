@@ -189,6 +189,11 @@ class PretrainConfig:
     temperature: float = 1.0  # generator sampling temperature
     gen_weight: float = 1.0  # weight of the generator's MLM loss
     disc_weight: float = 50.0  # weight of the discriminator's replaced-token loss (paper: 50)
+    # Quantization-aware training: the discriminator's projections compute as the int8 bundle will
+    # (training/quantization.py), activation ranges set from held-out text at the start; export then
+    # ships int8 compute within the per-token gate. Usually a short continuation (--init) of an fp32 run.
+    qat: bool = False
+    qat_rounding: str = "stochastic"  # how --qat rounds activations in training: stochastic or nearest
     # Optimization.
     batch_size: int = 32  # sequences per process per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
@@ -221,6 +226,9 @@ class PretrainConfig:
                 raise ConfigError(
                     f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
                 )
+        choice("qat_rounding", self.qat_rounding, ("nearest", "stochastic"))
+        if self.qat and self.objective != "electra":
+            raise ConfigError("--qat: quantizes the discriminator; it needs --objective electra")
         if self.sentence_rows + self.few_sentence_rows > 1.0:
             raise ConfigError(
                 "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"
@@ -315,6 +323,10 @@ class FinetuneConfig:
     adam_eps: float = 1e-6  # AdamW epsilon  # AdamW epsilon
     grad_clip: float = 1.0  # clip the global gradient norm to this  # clip the global gradient norm to this
     sort_by_length: bool = False  # batch similar lengths together (less padding; order still shuffled)
+    # Quantization-aware fine-tuning (training/quantization.py): the encoder's projections compute as the
+    # int8 bundle will; ranges come from --init when it was trained so, else from the training texts.
+    qat: bool = False
+    qat_rounding: str = "stochastic"  # how --qat rounds activations in training: stochastic or nearest
     seed: int = 1337  # seeds weights, data order and masking (a resumed run retraces the same)  # seeds the head, data order and dropout
     # Evaluation and model selection.
     eval_every: int = 0  # steps between dev evaluations; 0: at the end of every epoch
@@ -346,6 +358,7 @@ class FinetuneConfig:
         elif self.dev is None and not 0.0 < self.dev_fraction < 1.0:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         choice("problem_type", self.problem_type, PROBLEM_TYPES)
+        choice("qat_rounding", self.qat_rounding, ("nearest", "stochastic"))
         choice("metric", self.metric, SELECTION_METRICS)
         choice("device", self.device, ("auto", "cpu", "cuda"))
         positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")

@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from training import checkpoint as ckpt
+from training import quantization
 from training.config import ConfigError, FinetuneConfig, describe, parse_config, save_config
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
@@ -388,6 +389,12 @@ def setup(argv: list[str] | None) -> FineTuner:
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
+    if (
+        cfg.qat
+    ):  # ranges from a shuffled sample of the training texts (their own seed: data order is untouched)
+        sample = batches(encoded["train"], cfg.batch_size, special_ids(tok).pad, random.Random(cfg.seed + 1))
+        print(f"quantization-aware: {quantization.prepare(model, (b for _, b in sample))}", flush=True)
+        quantization.set_rounding(model, cfg.qat_rounding)
     model.to(device).train()
     steps_per_epoch = math.ceil(len(encoded["train"]) / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch

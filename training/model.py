@@ -2,7 +2,8 @@
 
 Parameter names follow the Hugging Face ELECTRA layout exactly (``electra.encoder.layer.0.attention.self.query``
 and so on), so a state dict moves between these modules and ``transformers`` without renaming. This file
-holds no I/O and imports nothing else from the project.
+holds no I/O; from the project it imports only the int8 simulation (training/quantization.py), which a
+config with `quantization` set attaches to the encoder's projections.
 
 Shapes in comments: B batch, T sequence, E embedding size, H hidden size, nh heads, hs head size, V vocab.
 """
@@ -14,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from training.quantization import attach as attach_int8
 
 
 @dataclass
@@ -38,6 +41,9 @@ class ElectraConfig:
     id2label: dict[int, str] = field(default_factory=lambda: {0: "LABEL_0", 1: "LABEL_1"})
     problem_type: str | None = None  # single_label_classification | multi_label_classification | regression
     classifier_dropout: float | None = None
+    # Int8 projections with fixed activation ranges (training/quantization.py): set by quantization-aware
+    # training or calibration; None is a plain fp32 model. Not a Hugging Face field (transformers ignores it).
+    quantization: dict | None = None
 
     def __post_init__(self) -> None:
         self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
@@ -78,6 +84,7 @@ class ElectraConfig:
                 "hidden_size": hidden,
                 "num_attention_heads": heads,
                 "intermediate_size": max(1, round(self.intermediate_size * fraction)),
+                "quantization": None,  # the generator is not exported: it trains in fp32
             }
         )
 
@@ -191,6 +198,8 @@ class ElectraModel(nn.Module):
         if cfg.embedding_size != cfg.hidden_size:
             self.embeddings_project = nn.Linear(cfg.embedding_size, cfg.hidden_size)
         self.encoder = ElectraEncoder(cfg)
+        if cfg.quantization is not None:
+            attach_int8(self, cfg.quantization)
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         """The encoder's input: embeddings, projected to the hidden size when E != H. (B, T, H)"""

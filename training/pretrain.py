@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from training import checkpoint as ckpt
+from training import quantization
 from training.checkpoint import CheckpointError
 from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
 from training.data.registry import DatasetError
@@ -292,6 +293,11 @@ def setup(argv: list[str] | None) -> Trainer:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process
     objective = build_objective(cfg, specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
+    if cfg.qat:  # before the optimizer and torch.compile see the modules; a resume recalibrates identically
+        note = quantization.prepare(objective.discriminator, valid_batches())
+        quantization.set_rounding(objective.discriminator, cfg.qat_rounding)
+        if env.main:
+            print(f"quantization-aware: {note}", flush=True)
     vocab = TrainingVocabulary(cfg, tokenizer_dir / "tokenizer.json", train_batches.dataset.tokens)
     if cfg.word_swap_prob > 0 and cfg.objective == "electra":
         objective.mix_in_word_swaps(swap_candidates(cfg, vocab), cfg.word_swap_prob)

@@ -477,7 +477,7 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) 
 
 
 def machine() -> dict:
-    from benchmarks.machine import cpu
+    from app.machine import cpu
 
     return {
         **cpu(),

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import numpy as np
 
+    from app.machine import cpu
     from benchmarks.load import loadkit as lk
-    from benchmarks.machine import cpu
     from training.finetuning.metrics import classification_metrics, format_report
     from training.finetuning.sets import load_labelled
 

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         result["against"] = measure(args.against, texts)
         print(table(str(args.against), result["against"]))
-    from benchmarks.machine import cpu
+    from app.machine import cpu
 
     result["machine"] = cpu()
     args.out.parent.mkdir(parents=True, exist_ok=True)

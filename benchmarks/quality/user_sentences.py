@@ -270,7 +270,7 @@ def main(argv=None) -> None:
     from tokenizers import Tokenizer
 
     from app.bundle import read_bundle
-    from benchmarks.machine import cpu
+    from app.machine import cpu
     from benchmarks.quality.bigram import BigramReference
     from export.wordscores import WordScorer
     from training.data.corpus import read_corpus

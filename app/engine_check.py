@@ -1,0 +1,96 @@
+"""The load-time check: a bundle carries a few inputs with the outputs its reference computed for them
+(`manifest.load_check`, written by export), and the server runs them on this machine's engine before it
+serves the bundle.
+
+Why: int8 results depend on the CPU. ONNX Runtime picks its u8 x s8 kernels by CPU feature (AMX, AVX-512
+VNNI, AVX2), and AVX2's kernel saturates int16 sums that the others do not; a bundle exported and gated
+on one machine may answer differently on another. The check measures, here, how far the engine is from
+the reference, and the server refuses (by default) or only warns when that is beyond the export's gate.
+Refusing is the default because a detector whose token probabilities are off by more than the gate
+returns wrong underlines with no error anywhere; a refused bundle fails loudly at start-up, on
+/ready and /models, before any client sees it, and the other bundles are served.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.bundle import Bundle
+from app.engine import Engine
+
+
+class EngineCheckError(RuntimeError):
+    """The engine's outputs on the bundle's check inputs are beyond its gate on this machine."""
+
+
+def run(engine: Engine, bundle: Bundle, cpu: dict) -> dict | None:
+    """Deviation of this engine from the bundle's reference outputs; None when the bundle has no check
+    (exported before it existed)."""
+    check = bundle.manifest.load_check
+    if not check:
+        return None
+    feeds = {name: np.asarray(check["inputs"][name], np.int64) for name in bundle.manifest.inputs}
+    got = engine.run(feeds)
+    expected = np.asarray(check["expected"], np.float32)
+    if got.shape != expected.shape:
+        raise EngineCheckError(f"check output has shape {got.shape}, the bundle expects {expected.shape}")
+    if got.ndim == 2 and got.shape == feeds["attention_mask"].shape:  # a detector: real tokens only
+        real = feeds["attention_mask"] == 1
+        got, expected = got[real], expected[real]
+    diff = np.abs(got.astype(np.float64) - expected).ravel()
+    gate = check["gate"]
+    figures = {
+        "p99": float(np.quantile(diff, 0.99)),
+        "max": float(diff.max()),
+        "values": int(diff.size),
+        "gate": gate,
+        "reference": check.get("reference"),
+        "machine": cpu,
+    }
+    figures["within_gate"] = figures["p99"] <= gate["p99"] and figures["max"] <= gate["max"]
+    return figures
+
+
+def verdict(figures: dict | None, mode: str, name: str) -> str | None:
+    """None when the bundle may be served quietly; a warning line when it is outside the gate in
+    --load-check warn mode; EngineCheckError in refuse mode."""
+    if figures is None or figures["within_gate"] or mode == "off":
+        return None
+    line = (
+        f"{name}: on this CPU ({figures['machine']['int8_kernel_path']}) the engine is {figures['p99']:.3f} "
+        f"at p99 and {figures['max']:.3f} at most from the bundle's reference (gate {figures['gate']['p99']} / "
+        f"{figures['gate']['max']})"
+    )
+    if mode == "refuse":
+        raise EngineCheckError(
+            f"{line}: not served. Export this model with --int8 weights (fp32 compute) for this machine, or "
+            "start with --load-check warn to serve it anyway"
+        )
+    return line + ": served anyway (--load-check warn)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m app.engine_check BUNDLE...`: the load-time check of each bundle on this machine, as JSON
+    lines, without starting a server (exit 1 when any is outside its gate)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from app.bundle import read_bundle
+    from app.machine import cpu
+
+    p = argparse.ArgumentParser(prog="python -m app.engine_check", description=main.__doc__)
+    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: all cores)")
+    args = p.parse_args(argv)
+    outside = 0
+    for path in args.bundles:
+        bundle = read_bundle(path)
+        figures = run(Engine(bundle, args.threads, "shrink", "cpu"), bundle, cpu())
+        outside += bool(figures and not figures["within_gate"])
+        print(json.dumps({"bundle": str(path), "load_check": figures}))
+    return 1 if outside else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Int8 that computes in int8 (issue 32): a quantization-aware run exports to QuantizeLinear +
+MatMulIntegerToFloat, held to the per-token gate against the forward it was trained as; scores stay
+independent of batch-mates; the bundle turns back into a checkpoint that keeps its activation ranges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from app.engine import session
+from export.int8_compute import projections, rewrite
+from training import quantization as q
+from training.checkpoint import load_model
+from training.pretrain import main as pretrain
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def qat_bundle(tmp_path_factory, small_corpus, small_tokenizer, registry_data) -> tuple[Path, Path]:
+    """A tiny run trained quantization-aware, and its bundle from the real `python -m export`."""
+    from export.__main__ import main as export
+
+    work = tmp_path_factory.mktemp("qat")
+    run = work / "run"
+    pretrain(["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(run), "--corpus", str(small_corpus),
+              "--tokenizer", str(small_tokenizer), "--threads", "1", "--qat", "--max-steps", "40"])  # fmt: skip
+    export([str(run), "--out", str(work / "bundle"), "--no-calibrate", "--eval-sequences", "32",
+            "--data-dir", str(registry_data)])  # fmt: skip
+    return run, work / "bundle"
+
+
+def test_a_quantization_aware_run_exports_int8_compute_within_the_gate(qat_bundle):
+    run, bundle = qat_bundle
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["optimizations"]["int8"]["method"].startswith("int8 compute")
+    ops = [n.op_type for n in onnx.load(str(bundle / "model.onnx")).graph.node]
+    layers = manifest["source"]["config"]["num_hidden_layers"]
+    assert ops.count("MatMulIntegerToFloat") == 6 * layers + 1  # 6 per layer + the embedding projection
+    deviation = manifest["parity"]["int8_accuracy"]["token_deviation"]
+    assert deviation["p99"] <= 0.02 and deviation["max"] <= 0.1, deviation
+    assert "simulated" in manifest["parity"]["int8_accuracy"]["reference"]
+    assert manifest["load_check"]["at_export"]["max"] <= 0.1
+
+
+def test_int8_compute_scores_do_not_depend_on_batch_mates(qat_bundle):
+    _, bundle = qat_bundle
+    sess = session(bundle / "model.onnx", 1, providers_setting="cpu", quiet=True)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 900, (4, 24))
+    mask = np.ones_like(ids)
+    mask[1:, 10:] = 0  # three short rows padded beside a long one
+    feed = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    together = sess.run(None, feed)[0]
+    for i in range(4):
+        n = int(mask[i].sum())
+        alone = sess.run(None, {k: v[i : i + 1, :n] for k, v in feed.items()})[0]
+        assert np.array_equal(alone[0], together[i, :n]), i
+
+
+def test_the_graph_computes_what_the_simulation_trains(qat_bundle):
+    """The rewrite alone, on the run's own checkpoint: ORT's int8 kernels against Int8Linear's forward."""
+    from export.onnx import DetectorGraph, export_onnx
+
+    run, bundle = qat_bundle
+    model, _, _ = load_model(run)
+    graph = DetectorGraph(model.eval()).eval()
+    path = bundle.parent / "raw.onnx"
+    with q.simulated(model, False):
+        export_onnx(graph, "replaced_prob", path)
+    m = onnx.load(str(path))
+    rewrite(m, projections(model.electra))
+    onnx.save(m, str(path))
+    ids = torch.randint(5, 900, (3, 20))
+    feed = {"input_ids": ids.numpy(), "attention_mask": np.ones((3, 20), np.int64),
+            "token_type_ids": np.zeros((3, 20), np.int64)}  # fmt: skip
+    got = session(path, 1, providers_setting="cpu", quiet=True).run(None, feed)[0]
+    with torch.no_grad():
+        want = torch.sigmoid(model(ids, torch.ones_like(ids), torch.zeros_like(ids))).numpy()
+    assert np.quantile(np.abs(got - want), 0.99) < 0.01
+
+
+def test_weights_are_seven_bit_so_avx2_cannot_saturate():
+    w = torch.randn(16, 32) * 3
+    qw, scale = q.quantized_weight(w)
+    assert int(qw.abs().max()) == q.WEIGHT_MAX == 63
+    assert 2 * 255 * q.WEIGHT_MAX <= 32767  # vpmaddubsw's int16 sum of two u8 x s8 products
+    assert torch.allclose(qw.float() * scale[:, None], w, atol=float(scale.max()) / 2 + 1e-6)
+
+
+def test_a_recovered_int8_compute_bundle_keeps_its_ranges(qat_bundle, tmp_path):
+    from export.recover import recover
+
+    run, bundle = qat_bundle
+    report = recover(bundle, tmp_path / "recovered")
+    assert report["check"]["max_abs_prob_diff"] <= report["check"]["limit"]
+    recovered = json.loads((tmp_path / "recovered" / "config.json").read_text())["quantization"]
+    original = load_model(run)[1].quantization
+    assert recovered["activations"] == original["activations"]

@@ -1,0 +1,245 @@
+"""Int8 as the exported bundle computes it, simulated in the forward pass (quantization-aware training).
+
+Each projection of the encoder (query, key, value, attention output, FFN in and out, and the embedding
+projection when there is one) becomes an `Int8Linear`:
+- its input is rounded to uint8 with one fixed scale and zero point per tensor. Fixed (static) scales
+  make a row's result independent of its batch-mates and padding, as the fp32 graph is; they are set once
+  from calibration text (`calibrate`) and kept through training, so the model learns to live with them;
+- its weight is rounded per output channel, symmetric, to [-63, 63]. Seven bits, not eight: on AVX2,
+  ONNX Runtime's u8 x s8 kernel adds two 255 x w products in int16 (vpmaddubsw) and saturates beyond
+  32767; with |w| <= 63 it never does, so one bundle computes the same on AVX2, AVX-512 VNNI and AMX.
+Attention's two activation products, the LayerNorms, GELU and the heads stay fp32, as in the bundle.
+
+The export (export/int8_compute.py) writes exactly this: QuantizeLinear with the same scale and zero
+point, and MatMulIntegerToFloat over the same int8 weights, so the bundle computes the function the model
+was trained as. The scales travel in config.json (`ElectraConfig.quantization`), which leaves
+model.safetensors in the Hugging Face layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SCHEME = "int8-static-u8s7"
+WEIGHT_MAX = 63  # |w| in int8 units (module docstring: AVX2 saturation)
+ACT_MIN, ACT_MAX = 0, 255  # uint8 activations
+# Candidate clipping: the share of calibration values left outside the range at each end. Chosen per
+# tensor by the smallest squared rounding error on the calibration values (0 = min/max).
+CLIP_SHARES = (0.0, 1e-6, 1e-5, 1e-4, 3e-4, 1e-3)
+SAMPLE_PER_BATCH = 1 << 16
+CALIBRATION_BATCHES = 16
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def weight_scales(weight: torch.Tensor) -> torch.Tensor:
+    """One scale per output channel (row of an nn.Linear weight): |w| max maps to WEIGHT_MAX."""
+    return (weight.detach().abs().amax(dim=1).float() / WEIGHT_MAX).clamp(min=1e-12)
+
+
+def quantized_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, per-channel scale): what the bundle stores, exactly what the forward simulates."""
+    scale = weight_scales(weight)
+    q = torch.clamp(torch.round(weight.detach().float() / scale[:, None]), -WEIGHT_MAX, WEIGHT_MAX)
+    return q.to(torch.int8), scale
+
+
+class Int8Linear(nn.Linear):
+    """nn.Linear whose input and weight pass through int8 rounding (straight-through gradients).
+
+    Parameter names stay `weight` and `bias`; the activation scale and zero point are buffers kept out
+    of the state dict (they live in config.json)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("act_scale", torch.ones(()), persistent=False)
+        self.register_buffer("act_zero_point", torch.zeros((), dtype=torch.int32), persistent=False)
+        self.simulate = True
+        self.stochastic = False  # training only: see `set_rounding`
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.simulate:
+            return super().forward(x)
+        dtype = x.dtype
+        if self.training and self.stochastic:
+            xq = _stochastic_round(x.float(), self.act_scale, self.act_zero_point)
+        else:
+            xq = torch.fake_quantize_per_tensor_affine(
+                x.float(), self.act_scale, self.act_zero_point, ACT_MIN, ACT_MAX
+            )
+        scale = weight_scales(self.weight)
+        zeros = torch.zeros_like(scale, dtype=torch.int32)
+        wq = torch.fake_quantize_per_channel_affine(
+            self.weight.float(), scale, zeros, 0, -WEIGHT_MAX, WEIGHT_MAX
+        )
+        return F.linear(xq, wq, self.bias.float() if self.bias is not None else None).to(dtype)
+
+    def set_range(self, scale: float, zero_point: int) -> None:
+        self.act_scale.fill_(scale)
+        self.act_zero_point.fill_(zero_point)
+
+
+def _stochastic_round(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
+    """uint8 rounding up or down at random, in proportion to the distance (unbiased); straight-through
+    gradient inside the range, none outside it (as fake_quantize)."""
+    z = x / scale + zero_point
+    q = torch.clamp(torch.floor(z + torch.rand_like(z)), ACT_MIN, ACT_MAX)
+    xq = (q - zero_point) * scale
+    inside = (z >= ACT_MIN) & (z <= ACT_MAX)
+    return torch.where(inside, x + (xq - x).detach(), xq.detach())
+
+
+def set_rounding(model: nn.Module, rounding: str) -> None:
+    """How training rounds activations: "nearest", as the bundle does, or "stochastic". Why stochastic:
+    a quantized network is a step function, and where an input lands near a rounding boundary a float
+    difference of 1e-7 (ONNX Runtime's LayerNorm against PyTorch's) flips it by one step, which the
+    following layers amplify (docs/int8.md measures it). Trained under random rounding, the model learns
+    outputs that do not care which way a value rounds, so the bundle's deterministic rounding, and its
+    float differences from PyTorch, move scores little."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    for m in model.modules():
+        if isinstance(m, Int8Linear):
+            m.stochastic = rounding == "stochastic"
+
+
+def projection_names(electra: nn.Module) -> list[str]:
+    """The nn.Linear modules of an ElectraModel that int8 computes, by name relative to it."""
+    return [
+        name
+        for name, m in electra.named_modules()
+        if isinstance(m, nn.Linear) and (name.startswith("encoder.") or name == "embeddings_project")
+    ]
+
+
+def attach(electra: nn.Module, spec: dict | None = None) -> dict[str, Int8Linear]:
+    """Turn the projections of `electra` (an ElectraModel) into Int8Linear in place, keeping the same
+    Parameter objects; with `spec` (ElectraConfig.quantization) their activation ranges are set too."""
+    out = {}
+    for name in projection_names(electra):
+        parent, _, leaf = name.rpartition(".")
+        owner = electra.get_submodule(parent) if parent else electra
+        old = getattr(owner, leaf)
+        if not isinstance(old, Int8Linear):
+            new = Int8Linear(old.in_features, old.out_features, old.bias is not None)
+            new.weight, new.bias = old.weight, old.bias
+            new.to(old.weight.device)
+            setattr(owner, leaf, new)
+        out[name] = getattr(owner, leaf)
+    if spec is not None:
+        ranges = spec["activations"]
+        missing = sorted(set(out) - set(ranges))
+        if missing:
+            raise ValueError(f"quantization spec has no activation range for {missing[:3]}")
+        for name, m in out.items():
+            m.set_range(*ranges[name])
+    return out
+
+
+def spec_of(electra: nn.Module) -> dict:
+    """The ElectraConfig.quantization entry for an attached model."""
+    ranges = {
+        name: [float(m.act_scale), int(m.act_zero_point)]
+        for name, m in electra.named_modules()
+        if isinstance(m, Int8Linear)
+    }
+    return {"scheme": SCHEME, "weight_max": WEIGHT_MAX, "activations": ranges}
+
+
+@contextlib.contextmanager
+def simulated(model: nn.Module, on: bool) -> Iterator[None]:
+    """Switch int8 simulation on or off for every Int8Linear in `model` (the fp32 export reads the same
+    master weights with it off)."""
+    mods = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    before = [m.simulate for m in mods]
+    for m in mods:
+        m.simulate = on
+    try:
+        yield
+    finally:
+        for m, b in zip(mods, before, strict=True):
+            m.simulate = b
+
+
+def uint8_range(lo: float, hi: float) -> tuple[float, int]:
+    """Scale and zero point covering [lo, hi] (widened to hold 0, so zero padding stays exact)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = max(hi - lo, 1e-8) / (ACT_MAX - ACT_MIN)
+    zero_point = int(round(-lo / scale))
+    return scale, max(ACT_MIN, min(ACT_MAX, zero_point))
+
+
+def _best_range(values: torch.Tensor) -> tuple[float, int]:
+    """The clipping (CLIP_SHARES) whose uint8 rounding has the smallest squared error on `values`."""
+    values = values.float()
+    flat = values.numpy()
+    best = None
+    for share in CLIP_SHARES:
+        lo, hi = (float(v) for v in np.quantile(flat, [share, 1 - share]))
+        scale, zp = uint8_range(lo, hi)
+        q = torch.fake_quantize_per_tensor_affine(values, scale, zp, ACT_MIN, ACT_MAX)
+        err = float(((q - values) ** 2).mean())
+        if best is None or err < best[0]:
+            best = (err, scale, zp)
+    return best[1], best[2]
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, electra: nn.Module, batches: Iterable[dict], seed: int = 0) -> dict:
+    """Attach Int8Linear to `electra` (inside `model`) and set each activation range from the fp32
+    inputs it sees over `batches` (dicts of input_ids, attention_mask[, token_type_ids]); padding
+    positions are left out. Returns the spec for ElectraConfig.quantization.
+
+    Each batch contributes a random sample of its values plus its extremes; the sample is drawn by
+    (seed, batch), so projections that read one tensor (query, key, value) get one range."""
+    mods = attach(electra)
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in mods}
+    state: dict = {}
+
+    def hook(name):
+        def record(_module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1])[state["keep"]].flatten().float().cpu()
+            if x.numel() > SAMPLE_PER_BATCH:
+                gen = torch.Generator().manual_seed(seed * 100_003 + state["batch"])
+                x = torch.cat([x[torch.randperm(x.numel(), generator=gen)[:SAMPLE_PER_BATCH]],
+                               x.min()[None], x.max()[None]])  # fmt: skip
+            seen[name].append(x)
+
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in mods.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        with simulated(model, False):
+            for i, b in enumerate(batches):
+                state.update(keep=b["attention_mask"].reshape(-1).bool(), batch=i)
+                model(b["input_ids"], b["attention_mask"], b.get("token_type_ids"))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    if not state:
+        raise ValueError("calibration needs at least one batch of text")
+    for name, m in mods.items():
+        m.set_range(*_best_range(torch.cat(seen[name])))
+    return spec_of(electra)
+
+
+def prepare(model: nn.Module, batches: Iterable[dict], count: int = CALIBRATION_BATCHES) -> str:
+    """Make `model` (a discriminator or classifier: `.electra`, `.config`) quantization-aware in place;
+    a model that already is keeps its ranges. Returns a line for the log."""
+    if model.config.quantization is not None:
+        return "int8 simulation on, activation ranges kept from the initial checkpoint"
+    spec = calibrate(model, model.electra, itertools.islice(batches, count))
+    model.config.quantization = {
+        **spec,
+        "origin": f"quantization-aware training, ranges from {count} batches",
+    }
+    return f"int8 simulation on, activation ranges set from {count} batches of held-out text"
