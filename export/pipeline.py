@@ -222,7 +222,7 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
     cfg = src.cfg
     optimizations: dict = {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
     if src.int8 == "compute":
-        return _write_int8_compute(src, fp32, work, tmp)
+        return {**optimizations, **_write_int8_compute(src, fp32, work, tmp)}
     for keep_fp32 in (False, True) if src.int8 == "static" else (False,):
         if src.int8 == "weights":
             optimizations["int8"] = optimize.int8_weights(work / "fp32.onnx", tmp / bundle_writer.MODEL)
@@ -267,20 +267,17 @@ def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
 
 
 def _int8_compute(src: _Source, work: Path, dst: Path) -> dict:
-    """The int8-compute graph of the last fp32 export (work/raw.onnx, unfused, residual Sum) at `dst`."""
+    """The int8-compute graph of the last fp32 export (work/fp32.onnx: fused, residual Sum) at `dst`."""
     import onnx
 
     from export import int8_compute
 
-    model = onnx.load(str(work / "raw.onnx"))
-    summed = optimize.residual_adds_as_sum(model)
+    model = onnx.load(str(work / "fp32.onnx"))
     done = int8_compute.rewrite(model, int8_compute.projections(src.graph.encoder.electra))
     onnx.save(model, str(work / "int8_compute.onnx"))
     stored = optimize.int8_weights(work / "int8_compute.onnx", dst)
     return {
-        "graph": "unfused (torch export), residual Add as Sum",
-        "fusions": {"residual Add as Sum": summed},
-        "int8": {**done, "other_weights": stored["method"], "ranges": src.mcfg.quantization.get("origin")},
+        "int8": {**done, "other_weights": stored["method"], "ranges": src.mcfg.quantization.get("origin")}
     }
 
 
@@ -309,7 +306,7 @@ def _write_int8_compute(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dic
         "note": "informative: the same weights without int8 rounding; the gate is against the reference",
     }
     src.log(f"int8 compute accuracy: {json.dumps(report['int8_accuracy'])}")
-    return {**optimizations, "opt_level": 0}
+    return optimizations
 
 
 LOAD_CHECK_ROWS = 8

@@ -75,6 +75,13 @@ def _steps(graph: onnx.GraphProto, values) -> list[tuple[str, tuple[np.ndarray, 
             steps.append(("embeddings", const(*ins[2:7])))
         elif node.op_type == "Attention":
             steps.append(("attention", const(ins[1], ins[2])))
+        elif node.op_type == "QAttention":  # int8 compute: int8 weight x per-column scale
+            weight, bias, scale = const(ins[1], ins[2], ins[4])
+            steps.append(("attention", (weight.astype(np.float32) * scale, bias)))
+        elif node.op_type == "MatMulIntegerToFloat" and ins[1] in values:
+            weight, scale = const(ins[1], ins[3])
+            bias = values[ins[6]] if len(ins) > 6 and ins[6] else _linear_bias(node, values, consumers)
+            steps.append(("linear", (weight.astype(np.float32) * scale, bias)))
         elif node.op_type == "MatMul" and ins[1] in values:
             steps.append(("linear", (values[ins[1]], _linear_bias(node, values, consumers))))
         elif node.op_type == "LayerNormalization":
@@ -127,49 +134,6 @@ def recover_weights(model: onnx.ModelProto, layers: int, projected: bool) -> dic
     return out
 
 
-def recover_weights_int8_compute(model: onnx.ModelProto, layers: int) -> dict[str, np.ndarray]:
-    """The discriminator's tensors from an int8-compute graph (export/int8_compute.py, unfused): each
-    projection's int8 weight and scale are named after its module, so they are read by name; the
-    embedding tables (told apart by their number of rows: vocabulary, positions, token types, in that
-    order when equal), the LayerNorms and the head's two fp32 MatMuls by their order in the graph."""
-    graph = model.graph
-    values = _constants(graph)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
-    out: dict[str, np.ndarray] = {}
-    tables, norms, head = [], [], []
-    for node in graph.node:
-        if node.op_type == "MatMulIntegerToFloat":
-            name = node.name.removesuffix("/MatMulIntegerToFloat")
-            weight = values[node.input[1]].astype(np.float32) * values[node.input[3]][None, :]
-            out[f"electra.{name}.weight"], out[f"electra.{name}.bias"] = weight.T, values[node.input[6]]
-        elif node.op_type == "Gather" and node.input[0] in values and values[node.input[0]].ndim == 2:
-            tables.append(values[node.input[0]])
-        elif node.op_type == "LayerNormalization":
-            norms.append((values[node.input[1]], values[node.input[2]]))
-        elif node.op_type == "MatMul" and node.input[1] in values:
-            head.append((values[node.input[1]], _linear_bias(node, values, consumers)))
-    if len(tables) != 3 or len(norms) != 1 + 2 * layers or len(head) != 2:
-        raise ValueError(
-            f"the graph has {len(tables)} embedding tables, {len(norms)} LayerNorms and {len(head)} fp32 "
-            f"MatMuls; a {layers}-layer int8-compute detector has 3, {1 + 2 * layers} and 2"
-        )
-    at = "electra.embeddings"
-    word, types, pos = tables
-    out[f"{at}.word_embeddings.weight"], out[f"{at}.token_type_embeddings.weight"] = word, types
-    out[f"{at}.position_embeddings.weight"] = pos
-    names = [at] + [f"electra.encoder.layer.{n}.{part}" for n in range(layers)
-                    for part in ("attention.output", "output")]  # fmt: skip
-    for name, (w, b) in zip(names, norms, strict=True):
-        out[f"{name}.LayerNorm.weight"], out[f"{name}.LayerNorm.bias"] = w, b
-    for name, (w, b) in zip(("dense", "dense_prediction"), head, strict=True):
-        out[f"discriminator_predictions.{name}.weight"] = w.T
-        out[f"discriminator_predictions.{name}.bias"] = b
-    return out
-
-
 def recover(bundle: Path, out: Path) -> dict:
     """Write the checkpoint to `out`; returns what was checked."""
     from training import checkpoint as ckpt
@@ -180,11 +144,7 @@ def recover(bundle: Path, out: Path) -> dict:
         raise ValueError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
     cfg = ElectraConfig.from_dict(manifest["source"]["config"])
     projected = cfg.embedding_size != cfg.hidden_size
-    graph = onnx.load(str(bundle / "model.onnx"))
-    if any(n.op_type == "MatMulIntegerToFloat" for n in graph.graph.node):
-        weights = recover_weights_int8_compute(graph, cfg.num_hidden_layers)
-    else:
-        weights = recover_weights(graph, cfg.num_hidden_layers, projected)
+    weights = recover_weights(onnx.load(str(bundle / "model.onnx")), cfg.num_hidden_layers, projected)
     disc = ElectraForPreTraining(cfg)  # with cfg.quantization (int8 compute), its Int8Linear are attached
     own = disc.state_dict()
     missing = sorted(set(own) - set(weights))

@@ -41,7 +41,9 @@ def test_a_quantization_aware_run_exports_int8_compute_within_the_gate(qat_bundl
     assert manifest["optimizations"]["int8"]["method"].startswith("int8 compute")
     ops = [n.op_type for n in onnx.load(str(bundle / "model.onnx")).graph.node]
     layers = manifest["source"]["config"]["num_hidden_layers"]
-    assert ops.count("MatMulIntegerToFloat") == 6 * layers + 1  # 6 per layer + the embedding projection
+    assert ops.count("QAttention") == layers  # query, key and value in one int8 GEMM
+    assert ops.count("MatMulIntegerToFloat") == 3 * layers + 1  # attention out, FFN in and out + embedding projection
+    assert "MatMul" in ops and "Attention" not in ops  # the head stays fp32; no fp32 attention left
     deviation = manifest["parity"]["int8_accuracy"]["token_deviation"]
     assert deviation["p99"] <= 0.02 and deviation["max"] <= 0.1, deviation
     assert "simulated" in manifest["parity"]["int8_accuracy"]["reference"]
@@ -64,15 +66,17 @@ def test_int8_compute_scores_do_not_depend_on_batch_mates(qat_bundle):
 
 
 def test_the_graph_computes_what_the_simulation_trains(qat_bundle):
-    """The rewrite alone, on the run's own checkpoint: ORT's int8 kernels against Int8Linear's forward."""
+    """The rewrite alone, on the run's own fused graph: ORT's int8 kernels against Int8Linear's forward."""
     from export.onnx import DetectorGraph, export_onnx
+    from export.optimize import fuse
 
     run, bundle = qat_bundle
     model, _, _ = load_model(run)
     graph = DetectorGraph(model.eval()).eval()
-    path = bundle.parent / "raw.onnx"
+    raw, path = bundle.parent / "raw.onnx", bundle.parent / "fused.onnx"
     with q.simulated(model, False):
-        export_onnx(graph, "replaced_prob", path)
+        export_onnx(graph, "replaced_prob", raw)
+    fuse(raw, path, model.config.num_attention_heads, model.config.hidden_size)
     m = onnx.load(str(path))
     rewrite(m, projections(model.electra))
     onnx.save(m, str(path))

@@ -201,17 +201,16 @@ def int8_compute(model, work: Path, vocab_size: int) -> None:
     import torch
 
     from export.int8_compute import projections, rewrite
-    from export.optimize import int8_weights, residual_adds_as_sum
+    from export.optimize import int8_weights
     from training.quantization import calibrate
 
     gen = torch.Generator().manual_seed(1)
     batches = [{"input_ids": torch.randint(5, vocab_size, (8, 64), generator=gen),
                 "attention_mask": torch.ones(8, 64, dtype=torch.long)} for _ in range(2)]  # fmt: skip
     calibrate(model, model.electra, batches)
-    raw = onnx.load(work / "raw.onnx")  # exported before the Int8Linear were attached: plain MatMuls
-    residual_adds_as_sum(raw)
-    rewrite(raw, projections(model.electra))
-    onnx.save(raw, work / "int8_compute_w.onnx")
+    fused = onnx.load(work / "fused.onnx")  # exported before the Int8Linear were attached: plain MatMuls
+    rewrite(fused, projections(model.electra))
+    onnx.save(fused, work / "int8_compute_w.onnx")
     int8_weights(work / "int8_compute_w.onnx", work / "int8_compute.onnx")
 
 

@@ -96,8 +96,7 @@ def build(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> tupl
 
     references = {"fp32": None, "int8 weights (fp32 compute)": None}
     for variant, kept in KEPT_FP32.items():
-        m = onnx.load(str(work / "raw.onnx"))
-        optimize.residual_adds_as_sum(m)
+        m = onnx.load(str(work / "fp32.onnx"))
         rewrite(m, [p for p in projections(model.electra) if not kept_fp32(p.name, kept)])
         onnx.save(m, str(work / "w.onnx"))
         path = work / f"{len(paths)}.onnx"
