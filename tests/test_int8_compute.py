@@ -42,7 +42,9 @@ def test_a_quantization_aware_run_exports_int8_compute_within_the_gate(qat_bundl
     ops = [n.op_type for n in onnx.load(str(bundle / "model.onnx")).graph.node]
     layers = manifest["source"]["config"]["num_hidden_layers"]
     assert ops.count("QAttention") == layers  # query, key and value in one int8 GEMM
-    assert ops.count("MatMulIntegerToFloat") == 3 * layers + 1  # attention out, FFN in and out + embedding projection
+    assert (
+        ops.count("MatMulIntegerToFloat") == 3 * layers + 1
+    )  # attention out, FFN in and out + embedding projection
     assert "MatMul" in ops and "Attention" not in ops  # the head stays fp32; no fp32 attention left
     deviation = manifest["parity"]["int8_accuracy"]["token_deviation"]
     assert deviation["p99"] <= 0.02 and deviation["max"] <= 0.1, deviation
