@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -85,27 +86,61 @@ def train_wordpiece(
     characters as in BERT's tokenizer trainer, so a stray rare glyph becomes [UNK] rather than taking a
     vocabulary slot.
 
-    `tokenizers` breaks ties between equally frequent merges in hash order, so two trainings on the
-    same text may number the vocabulary differently (and now and then differ in a token at the cutoff):
-    train once and save; shards and checkpoints record :func:`tokenizer_sha256` to catch a mix-up.
+    The result is a function of the text and the options alone, byte for byte across processes (the
+    comments below say how); shards and checkpoints still record :func:`tokenizer_sha256`.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise TokenizerError(
             f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
         )
-    tok = _configure(
-        Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")), lowercase
-    )
+    tok = _configure(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
+    words = _count_words(tok, texts)
+    # limit_alphabet's own cut sorts equal counts in hash order: cut here (ties by code point) and
+    # hand the trainer exactly the kept characters.
+    chars: Counter[str] = Counter()
+    for word, n in words.items():
+        for c in word:
+            chars[c] += n
+    alphabet = sorted(sorted(chars, key=lambda c: (-chars[c], c))[:limit_alphabet])
+    # The trainer numbers "##c" in the order it meets c inside a word while walking a hash map, and
+    # equal-count merges are then taken in id order, so those ids decide which merges (hence which
+    # tokens) win. Listing every "##c" it would create up front, sorted, fixes their ids; listing the
+    # alphabet before them keeps its usual ids (and word-initial pairs first among ties).
+    kept = set(alphabet)
+    suffixes = sorted({"##" + c for word in words for c in word[1:] if c in kept})
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        limit_alphabet=limit_alphabet,
+        special_tokens=[*SPECIAL_TOKENS, *alphabet, *suffixes],
+        limit_alphabet=len(alphabet),
+        initial_alphabet=alphabet,
         continuing_subword_prefix="##",
         show_progress=show_progress,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    # Train on the words themselves (already normalized and split by `tok`) so that the suffixes
+    # above are computed from exactly what the trainer sees.
+    counter = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    counter.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    counter.train_from_iterator((" ".join([w] * n) for w, n in words.items()), trainer=trainer)
+    vocab = counter.get_vocab(with_added_tokens=False)
+    stray = {t for t in vocab if t.startswith("##") and len(t) == 3} - set(suffixes)
+    assert not stray, f"the trainer made suffixes not listed up front: {sorted(stray)[:5]}"
+    # Rebuild with only the real special tokens registered as such (the others were listed as
+    # "special" just to number them), as _from_vocab does for a vocab.txt.
+    tok.model = models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##")
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     return _add_post_processor(tok)
+
+
+def _count_words(tok: Tokenizer, texts: Iterable[str]) -> Counter[str]:
+    """How often each word occurs once ``tok`` has normalized and pre-tokenized ``texts``, as the
+    trainer counts them, but in Python: the trainer's own count is a hash map whose (per-process
+    random) order decides ids and ties, see :func:`train_wordpiece`."""
+    normalize, split = tok.normalizer.normalize_str, tok.pre_tokenizer.pre_tokenize_str
+    words: Counter[str] = Counter()
+    for text in texts:
+        words.update(w for w, _ in split(normalize(text)))
+    return words
 
 
 def _from_vocab(path: Path, lowercase: bool) -> Tokenizer:
