@@ -40,6 +40,33 @@ class Projection:
     act_zero_point: int
 
 
+def round_as_stored(model) -> list[str]:
+    """Round, in place, every weight that optimize.int8_weights will store as int8 (2-D, at least
+    INT8_STORAGE_MIN_SIZE values, not an int8 projection) to exactly the values the bundle will hold:
+    one symmetric scale per row (an embedding's token, a Linear's output). Returns their names.
+
+    Why: the bundle computes the projections in int8 and only stores the rest (the embedding tables, the
+    head) in int8. A quantization-aware model trained those tensors in fp32, and its int8 network
+    amplifies even their 1/254 rounding (docs/int8.md); rounded here first, the export's reference (the
+    model's own forward) holds the values the bundle holds, and the stored int8 is exact."""
+    import torch
+
+    from export.optimize import INT8_STORAGE_MIN_SIZE
+    from training.quantization import Int8Linear
+
+    projected = {id(m.weight) for m in model.modules() if isinstance(m, Int8Linear)}
+    done = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim != 2 or p.numel() < INT8_STORAGE_MIN_SIZE or id(p) in projected:
+                continue
+            scale = p.abs().amax(dim=1, keepdim=True) / 127.0
+            scale[scale == 0] = 1.0
+            p.copy_(torch.clamp(torch.round(p / scale), -127, 127) * scale)
+            done.append(name)
+    return done
+
+
 def projections(electra) -> list[Projection]:
     """The int8 projections of an ElectraModel with Int8Linear modules attached."""
     from training.quantization import Int8Linear, quantized_weight

@@ -90,7 +90,10 @@ def residual_adds_as_sum(model: onnx.ModelProto) -> int:
     return count
 
 
-def int8_weights(src: Path, dst: Path, min_size: int = 4096) -> dict:
+INT8_STORAGE_MIN_SIZE = 4096  # smaller weights stay fp32 in storage: their scales would cost as much
+
+
+def int8_weights(src: Path, dst: Path, min_size: int = INT8_STORAGE_MIN_SIZE) -> dict:
     """int8 storage, fp32 compute: every large 2-D weight is stored as int8 with one fp32 scale per
     output column (per row for embedding tables), followed by Cast and Mul. ONNX Runtime folds those
     constant nodes at session load, so the session runs the fused fp32 graph: fp32 speed and results

@@ -104,11 +104,11 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
         nonlocal src
         with tempfile.TemporaryDirectory() as work_dir:
             work = Path(work_dir)
-            fp32 = _fp32_graph(src, work)
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
             computes_int8 = cfg.precision == "int8" and src.int8 == "compute"
-            if computes_int8 and src.mcfg.quantization is None:
-                _calibrate_ranges(src, tmp / bundle_writer.TOKENIZER)
+            if computes_int8:  # before any graph is exported: they all hold the same weights
+                _prepare_int8_compute(src, tmp / bundle_writer.TOKENIZER)
+            fp32 = _fp32_graph(src, work)
             calibration = None
             if src.kind == "detector" and cfg.calibrate:
                 # The map is fitted on the scores the bundle will give: the int8 graph's when it computes int8.
@@ -294,11 +294,11 @@ def _write_int8_compute(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dic
     report["int8_accuracy"]["reference"] = reference.describe
     held_out = report["int8_accuracy"].get("token_deviation")
     if held_out is not None:
-        calibrate.check_deviation(held_out, "held-out text")
+        calibrate.check_deviation(held_out, "held-out text", src.quantization_aware)
     if fp32.calibration_texts is not None:
         report["int8_token_deviation"] = calibrate.token_deviation(
             reference, tmp / bundle_writer.MODEL, tmp / bundle_writer.TOKENIZER, src.max_length,
-            fp32.calibration_texts,
+            fp32.calibration_texts, src.quantization_aware,
         )  # fmt: skip
     fp32_sess = fp32.session
     report["int8_vs_fp32_weights"] = {
@@ -351,6 +351,16 @@ def _real(a, b, data):
     if a.shape == data.attention_mask.shape:
         return a[data.attention_mask == 1], b[data.attention_mask == 1]
     return a, b
+
+
+def _prepare_int8_compute(src: _Source, tokenizer: Path) -> None:
+    """Activation ranges for a model that has none, then the weights int8 only stores rounded as stored
+    (int8_compute.round_as_stored): the model the bundle and its reference both compute."""
+    from export.int8_compute import round_as_stored
+
+    if src.mcfg.quantization is None:
+        _calibrate_ranges(src, tokenizer)
+    src.log(f"int8 compute: {', '.join(round_as_stored(src.model))} rounded to their int8 storage first")
 
 
 def _calibrate_ranges(src: _Source, tokenizer: Path) -> None:

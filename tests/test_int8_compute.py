@@ -108,3 +108,33 @@ def test_a_recovered_int8_compute_bundle_keeps_its_ranges(qat_bundle, tmp_path):
     recovered = json.loads((tmp_path / "recovered" / "config.json").read_text())["quantization"]
     original = load_model(run)[1].quantization
     assert recovered["activations"] == original["activations"]
+
+
+def test_weights_int8_only_stores_are_rounded_to_exactly_what_it_stores(qat_bundle, tmp_path):
+    """round_as_stored: the embedding table a bundle stores as int8 reads back bit for bit, so the export's
+    reference and the bundle hold the same table (a QAT model amplifies even its 1/254 rounding)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.int8_compute import round_as_stored
+    from export.optimize import int8_weights
+
+    run, _ = qat_bundle
+    model, _, _ = load_model(run)
+    names = round_as_stored(model)
+    assert "electra.embeddings.word_embeddings.weight" in names
+    assert not [
+        n for n in names if ".encoder." in n
+    ]  # the projections compute in int8; they are not stored so
+    table = model.electra.embeddings.word_embeddings.weight.detach().numpy()
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"])], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [None, table.shape[1]])],
+        [numpy_helper.from_array(table, "table")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "t.onnx"))
+    int8_weights(tmp_path / "t.onnx", tmp_path / "t8.onnx")
+    stored = session(tmp_path / "t8.onnx", 1, providers_setting="cpu", quiet=True).run(
+        None, {"ids": np.arange(len(table))}
+    )[0]
+    assert np.array_equal(stored, table)

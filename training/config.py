@@ -192,7 +192,7 @@ class PretrainConfig:
     # Quantization-aware training: the discriminator's projections compute as the int8 bundle will
     # (training/quantization.py), activation ranges set from held-out text at the start; export then
     # ships int8 compute within the per-token gate. Usually a short continuation (--init) of an fp32 run.
-    qat: bool = False
+    qat: bool = False  # train the discriminator quantization-aware (int8 compute simulated; docs/int8.md)
     qat_rounding: str = "stochastic"  # how --qat rounds activations in training: stochastic or nearest
     # Optimization.
     batch_size: int = 32  # sequences per process per micro-step
@@ -325,7 +325,7 @@ class FinetuneConfig:
     sort_by_length: bool = False  # batch similar lengths together (less padding; order still shuffled)
     # Quantization-aware fine-tuning (training/quantization.py): the encoder's projections compute as the
     # int8 bundle will; ranges come from --init when it was trained so, else from the training texts.
-    qat: bool = False
+    qat: bool = False  # fine-tune quantization-aware (int8 compute simulated; docs/int8.md)
     qat_rounding: str = "stochastic"  # how --qat rounds activations in training: stochastic or nearest
     seed: int = 1337  # seeds weights, data order and masking (a resumed run retraces the same)  # seeds the head, data order and dropout
     # Evaluation and model selection.

@@ -55,7 +55,7 @@ def build(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> tupl
     import torch
 
     from export import optimize
-    from export.int8_compute import projections, rewrite
+    from export.int8_compute import projections, rewrite, round_as_stored
     from export.onnx import DetectorGraph, export_onnx
     from export.parity import Batch
     from training import quantization as q
@@ -71,6 +71,7 @@ def build(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> tupl
                  for i in range(0, len(data.input_ids), 16)]  # fmt: skip
         q.calibrate(model, model.electra, feeds)
         origin = "post-training, calibrated on the held-out rows"
+    round_as_stored(model)  # as the export does: the weights int8 only stores hold their stored values
     with q.simulated(model, False):
         export_onnx(graph, "replaced_prob", work / "raw.onnx")
         optimize.fuse(work / "raw.onnx", work / "fp32.onnx", mcfg.num_attention_heads, mcfg.hidden_size)
