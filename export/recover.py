@@ -61,6 +61,16 @@ def _steps(graph: onnx.GraphProto, values) -> list[tuple[str, tuple[np.ndarray, 
     for node in graph.node:
         for i in node.input:
             consumers.setdefault(i, []).append(node)
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def _smoothing(quantized: str) -> np.ndarray:
+        """(in, 1): the SmoothQuant factors an int8 input was divided by before its QuantizeLinear (the
+        int8 weight holds the weight times them), or 1."""
+        divide = producer.get(producer[quantized].input[0]) if quantized in producer else None
+        if divide is not None and divide.op_type == "Div" and divide.input[1] in values:
+            return values[divide.input[1]][:, None]
+        return np.ones((1, 1), np.float32)
+
     steps = []
     for node in graph.node:
         ins = node.input
@@ -77,11 +87,11 @@ def _steps(graph: onnx.GraphProto, values) -> list[tuple[str, tuple[np.ndarray, 
             steps.append(("attention", const(ins[1], ins[2])))
         elif node.op_type == "QAttention":  # int8 compute: int8 weight x per-column scale
             weight, bias, scale = const(ins[1], ins[2], ins[4])
-            steps.append(("attention", (weight.astype(np.float32) * scale, bias)))
+            steps.append(("attention", (weight.astype(np.float32) * scale / _smoothing(ins[0]), bias)))
         elif node.op_type == "MatMulIntegerToFloat" and ins[1] in values:
             weight, scale = const(ins[1], ins[3])
             bias = values[ins[6]] if len(ins) > 6 and ins[6] else _linear_bias(node, values, consumers)
-            steps.append(("linear", (weight.astype(np.float32) * scale, bias)))
+            steps.append(("linear", (weight.astype(np.float32) * scale / _smoothing(ins[0]), bias)))
         elif node.op_type == "MatMul" and ins[1] in values:
             steps.append(("linear", (values[ins[1]], _linear_bias(node, values, consumers))))
         elif node.op_type == "LayerNormalization":

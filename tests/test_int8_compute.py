@@ -21,18 +21,47 @@ from training.pretrain import main as pretrain
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def qat_bundle(tmp_path_factory, small_corpus, small_tokenizer, registry_data) -> tuple[Path, Path]:
+def _qat_run_and_bundle(
+    work: Path, corpus: Path, tokenizer: Path, data: Path, *flags: str
+) -> tuple[Path, Path]:
     """A tiny run trained quantization-aware, and its bundle from the real `python -m export`."""
     from export.__main__ import main as export
 
-    work = tmp_path_factory.mktemp("qat")
     run = work / "run"
-    pretrain(["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(run), "--corpus", str(small_corpus),
-              "--tokenizer", str(small_tokenizer), "--threads", "1", "--qat", "--max-steps", "40"])  # fmt: skip
+    pretrain(["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(run), "--corpus", str(corpus),
+              "--tokenizer", str(tokenizer), "--threads", "1", "--qat", "--max-steps", "40", *flags])  # fmt: skip
     export([str(run), "--out", str(work / "bundle"), "--no-calibrate", "--eval-sequences", "32",
-            "--data-dir", str(registry_data)])  # fmt: skip
+            "--data-dir", str(data)])  # fmt: skip
     return run, work / "bundle"
+
+
+@pytest.fixture(scope="module")
+def qat_bundle(tmp_path_factory, small_corpus, small_tokenizer, registry_data) -> tuple[Path, Path]:
+    return _qat_run_and_bundle(tmp_path_factory.mktemp("qat"), small_corpus, small_tokenizer, registry_data,
+                               "--qat-smoothing", "0")  # fmt: skip
+
+
+def test_smoothed_activations_export_within_the_gate_and_recover(
+    tmp_path, small_corpus, small_tokenizer, registry_data
+):
+    """--qat-smoothing: each projection's input divided per channel (a Div before its QuantizeLinear), the
+    factors folded into the int8 weights; the bundle holds the gate and turns back into the same model."""
+    from export.recover import recover
+
+    run, bundle = _qat_run_and_bundle(tmp_path, small_corpus, small_tokenizer, registry_data,
+                                      "--qat-smoothing", "0.8", "--qat-rounding", "nearest")  # fmt: skip
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    deviation = manifest["parity"]["int8_accuracy"]["token_deviation"]
+    assert deviation["p99"] <= 0.02 and deviation["max"] <= 0.1, deviation
+    ops = [n.op_type for n in onnx.load(str(bundle / "model.onnx")).graph.node]
+    layers = manifest["source"]["config"]["num_hidden_layers"]
+    assert ops.count("Div") == 4 * layers + 1  # query/key/value, attention out, FFN in, FFN out + projection
+    spec = manifest["source"]["config"]["quantization"]
+    assert len(spec["smoothing"]) == 6 * layers + 1 and "alpha 0.8" in spec["origin"]
+    report = recover(bundle, tmp_path / "recovered")
+    assert report["check"]["max_abs_prob_diff"] <= report["check"]["limit"]
+    recovered = json.loads((tmp_path / "recovered" / "config.json").read_text())["quantization"]
+    assert recovered["smoothing"] == spec["smoothing"]
 
 
 def test_a_quantization_aware_run_exports_int8_compute_within_the_gate(qat_bundle):

@@ -193,7 +193,10 @@ class PretrainConfig:
     # (training/quantization.py), activation ranges set from held-out text at the start; export then
     # ships int8 compute within the per-token gate. Usually a short continuation (--init) of an fp32 run.
     qat: bool = False  # train the discriminator quantization-aware (int8 compute simulated; docs/int8.md)
-    qat_rounding: str = "stochastic"  # how --qat rounds activations in training: stochastic or nearest
+    qat_rounding: str = (
+        "nearest"  # how --qat rounds activations in training: nearest (as the bundle) or stochastic
+    )
+    qat_smoothing: float = 0.8  # --qat: SmoothQuant alpha for the activation ranges (0: none; docs/int8.md)
     # Optimization.
     batch_size: int = 32  # sequences per process per micro-step
     grad_accum: int = 1  # micro-steps per optimizer step
@@ -227,6 +230,8 @@ class PretrainConfig:
                     f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
                 )
         choice("qat_rounding", self.qat_rounding, ("nearest", "stochastic"))
+        if not 0.0 <= self.qat_smoothing <= 1.0:
+            raise ConfigError(f"--qat-smoothing: must lie in [0, 1], got {self.qat_smoothing}")
         if self.qat and self.objective != "electra":
             raise ConfigError("--qat: quantizes the discriminator; it needs --objective electra")
         if self.sentence_rows + self.few_sentence_rows > 1.0:
@@ -326,7 +331,10 @@ class FinetuneConfig:
     # Quantization-aware fine-tuning (training/quantization.py): the encoder's projections compute as the
     # int8 bundle will; ranges come from --init when it was trained so, else from the training texts.
     qat: bool = False  # fine-tune quantization-aware (int8 compute simulated; docs/int8.md)
-    qat_rounding: str = "stochastic"  # how --qat rounds activations in training: stochastic or nearest
+    qat_rounding: str = (
+        "nearest"  # how --qat rounds activations in training: nearest (as the bundle) or stochastic
+    )
+    qat_smoothing: float = 0.8  # --qat: SmoothQuant alpha for the activation ranges (0: none; docs/int8.md)
     seed: int = 1337  # seeds weights, data order and masking (a resumed run retraces the same)  # seeds the head, data order and dropout
     # Evaluation and model selection.
     eval_every: int = 0  # steps between dev evaluations; 0: at the end of every epoch
@@ -359,6 +367,8 @@ class FinetuneConfig:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         choice("problem_type", self.problem_type, PROBLEM_TYPES)
         choice("qat_rounding", self.qat_rounding, ("nearest", "stochastic"))
+        if not 0.0 <= self.qat_smoothing <= 1.0:
+            raise ConfigError(f"--qat-smoothing: must lie in [0, 1], got {self.qat_smoothing}")
         choice("metric", self.metric, SELECTION_METRICS)
         choice("device", self.device, ("auto", "cpu", "cuda"))
         positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")

@@ -393,7 +393,10 @@ def setup(argv: list[str] | None) -> FineTuner:
         cfg.qat
     ):  # ranges from a shuffled sample of the training texts (their own seed: data order is untouched)
         sample = batches(encoded["train"], cfg.batch_size, special_ids(tok).pad, random.Random(cfg.seed + 1))
-        print(f"quantization-aware: {quantization.prepare(model, (b for _, b in sample))}", flush=True)
+        print(
+            f"quantization-aware: {quantization.prepare(model, (b for _, b in sample), cfg.qat_smoothing or None)}",
+            flush=True,
+        )
         quantization.set_rounding(model, cfg.qat_rounding)
     model.to(device).train()
     steps_per_epoch = math.ceil(len(encoded["train"]) / cfg.batch_size)

@@ -294,7 +294,7 @@ def setup(argv: list[str] | None) -> Trainer:
     objective = build_objective(cfg, specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
     if cfg.qat:  # before the optimizer and torch.compile see the modules; a resume recalibrates identically
-        note = quantization.prepare(objective.discriminator, valid_batches())
+        note = quantization.prepare(objective.discriminator, valid_batches(), cfg.qat_smoothing or None)
         quantization.set_rounding(objective.discriminator, cfg.qat_rounding)
         if env.main:
             print(f"quantization-aware: {note}", flush=True)

@@ -2,16 +2,18 @@
 
 Each projection of the encoder (query, key, value, attention output, FFN in and out, and the embedding
 projection when there is one) becomes an `Int8Linear`:
-- its input is rounded to uint8 with one fixed scale and zero point per tensor. Fixed (static) scales
-  make a row's result independent of its batch-mates and padding, as the fp32 graph is; they are set once
-  from calibration text (`calibrate`) and kept through training, so the model learns to live with them;
+- its input is divided per channel by SmoothQuant factors (when calibrated with `alpha`; the weight's
+  columns are multiplied by them, the same product) and rounded to uint8 with one fixed scale and zero
+  point per tensor. Fixed (static) scales make a row's result independent of its batch-mates and padding,
+  as the fp32 graph is; they are set once from calibration text (`calibrate`) and kept through training,
+  so the model learns to live with them;
 - its weight is rounded per output channel, symmetric, to [-63, 63]. Seven bits, not eight: on AVX2,
   ONNX Runtime's u8 x s8 kernel adds two 255 x w products in int16 (vpmaddubsw) and saturates beyond
   32767; with |w| <= 63 it never does, so one bundle computes the same on AVX2, AVX-512 VNNI and AMX.
 Attention's two activation products, the LayerNorms, GELU and the heads stay fp32, as in the bundle.
 
-The export (export/int8_compute.py) writes exactly this: QuantizeLinear with the same scale and zero
-point, and MatMulIntegerToFloat over the same int8 weights, so the bundle computes the function the model
+The export (export/int8_compute.py) writes exactly this: Div by the same factors, QuantizeLinear with the
+same scale and zero point, and QAttention / MatMulIntegerToFloat over the same int8 weights, so the bundle computes the function the model
 was trained as. The scales travel in config.json (`ElectraConfig.quantization`), which leaves
 model.safetensors in the Hugging Face layout.
 """
@@ -43,10 +45,14 @@ def weight_scales(weight: torch.Tensor) -> torch.Tensor:
     return (weight.detach().abs().amax(dim=1).float() / WEIGHT_MAX).clamp(min=1e-12)
 
 
-def quantized_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, per-channel scale): what the bundle stores, exactly what the forward simulates."""
+def quantized_weight(
+    weight: torch.Tensor, smooth: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, per-channel scale) of `weight` times the input smoothing (one factor per input
+    column, see `calibrate`): what the bundle stores, exactly what the forward simulates."""
+    weight = weight.detach().float() * (1.0 if smooth is None else smooth[None, :])
     scale = weight_scales(weight)
-    q = torch.clamp(torch.round(weight.detach().float() / scale[:, None]), -WEIGHT_MAX, WEIGHT_MAX)
+    q = torch.clamp(torch.round(weight / scale[:, None]), -WEIGHT_MAX, WEIGHT_MAX)
     return q.to(torch.int8), scale
 
 
@@ -60,6 +66,9 @@ class Int8Linear(nn.Linear):
         super().__init__(in_features, out_features, bias)
         self.register_buffer("act_scale", torch.ones(()), persistent=False)
         self.register_buffer("act_zero_point", torch.zeros((), dtype=torch.int32), persistent=False)
+        # SmoothQuant factors: the input is divided by them per channel before its per-tensor rounding
+        # and the weight multiplied by them (the same product in fp32); ones: no smoothing.
+        self.register_buffer("act_smooth", torch.ones(in_features), persistent=False)
         self.simulate = True
         self.stochastic = False  # training only: see `set_rounding`
 
@@ -67,22 +76,23 @@ class Int8Linear(nn.Linear):
         if not self.simulate:
             return super().forward(x)
         dtype = x.dtype
+        x = x.float() / self.act_smooth
         if self.training and self.stochastic:
-            xq = _stochastic_round(x.float(), self.act_scale, self.act_zero_point)
+            xq = _stochastic_round(x, self.act_scale, self.act_zero_point)
         else:
             xq = torch.fake_quantize_per_tensor_affine(
-                x.float(), self.act_scale, self.act_zero_point, ACT_MIN, ACT_MAX
+                x, self.act_scale, self.act_zero_point, ACT_MIN, ACT_MAX
             )
-        scale = weight_scales(self.weight)
+        weight = self.weight.float() * self.act_smooth[None, :]
+        scale = weight_scales(weight)
         zeros = torch.zeros_like(scale, dtype=torch.int32)
-        wq = torch.fake_quantize_per_channel_affine(
-            self.weight.float(), scale, zeros, 0, -WEIGHT_MAX, WEIGHT_MAX
-        )
+        wq = torch.fake_quantize_per_channel_affine(weight, scale, zeros, 0, -WEIGHT_MAX, WEIGHT_MAX)
         return F.linear(xq, wq, self.bias.float() if self.bias is not None else None).to(dtype)
 
-    def set_range(self, scale: float, zero_point: int) -> None:
+    def set_range(self, scale: float, zero_point: int, smooth=None) -> None:
         self.act_scale.fill_(scale)
         self.act_zero_point.fill_(zero_point)
+        self.act_smooth.copy_(torch.ones_like(self.act_smooth) if smooth is None else torch.as_tensor(smooth))
 
 
 def _stochastic_round(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
@@ -96,12 +106,10 @@ def _stochastic_round(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Te
 
 
 def set_rounding(model: nn.Module, rounding: str) -> None:
-    """How training rounds activations: "nearest", as the bundle does, or "stochastic". Why stochastic:
-    a quantized network is a step function, and where an input lands near a rounding boundary a float
-    difference of 1e-7 (ONNX Runtime's LayerNorm against PyTorch's) flips it by one step, which the
-    following layers amplify (docs/int8.md measures it). Trained under random rounding, the model learns
-    outputs that do not care which way a value rounds, so the bundle's deterministic rounding, and its
-    float differences from PyTorch, move scores little."""
+    """How training rounds activations: "nearest", as the bundle does (the default), or "stochastic":
+    up or down at random in proportion to the distance. Stochastic rounding was meant to teach outputs
+    that do not care which way a value near a boundary rounds; measured on the shipped detector it did the
+    opposite (the bundle followed its simulation less closely after 600 steps than before: docs/int8.md)."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     for m in model.modules():
@@ -137,19 +145,23 @@ def attach(electra: nn.Module, spec: dict | None = None) -> dict[str, Int8Linear
         missing = sorted(set(out) - set(ranges))
         if missing:
             raise ValueError(f"quantization spec has no activation range for {missing[:3]}")
+        smoothing = spec.get("smoothing", {})
         for name, m in out.items():
-            m.set_range(*ranges[name])
+            m.set_range(*ranges[name], smoothing.get(name))
     return out
 
 
 def spec_of(electra: nn.Module) -> dict:
     """The ElectraConfig.quantization entry for an attached model."""
-    ranges = {
-        name: [float(m.act_scale), int(m.act_zero_point)]
-        for name, m in electra.named_modules()
-        if isinstance(m, Int8Linear)
+    mods = {name: m for name, m in electra.named_modules() if isinstance(m, Int8Linear)}
+    spec = {"scheme": SCHEME, "weight_max": WEIGHT_MAX,
+            "activations": {name: [float(m.act_scale), int(m.act_zero_point)] for name, m in mods.items()}}  # fmt: skip
+    smoothing = {
+        name: m.act_smooth.tolist() for name, m in mods.items() if not bool((m.act_smooth == 1).all())
     }
-    return {"scheme": SCHEME, "weight_max": WEIGHT_MAX, "activations": ranges}
+    if smoothing:
+        spec["smoothing"] = smoothing
+    return spec
 
 
 @contextlib.contextmanager
@@ -191,25 +203,38 @@ def _best_range(values: torch.Tensor) -> tuple[float, int]:
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, electra: nn.Module, batches: Iterable[dict], seed: int = 0) -> dict:
+def calibrate(
+    model: nn.Module, electra: nn.Module, batches: Iterable[dict], seed: int = 0, alpha: float | None = None
+) -> dict:
     """Attach Int8Linear to `electra` (inside `model`) and set each activation range from the fp32
     inputs it sees over `batches` (dicts of input_ids, attention_mask[, token_type_ids]); padding
     positions are left out. Returns the spec for ElectraConfig.quantization.
 
-    Each batch contributes a random sample of its values plus its extremes; the sample is drawn by
-    (seed, batch), so projections that read one tensor (query, key, value) get one range."""
+    Each batch contributes a random sample of its token rows plus every channel's extremes; the sample
+    is drawn by (seed, batch), so projections that read one tensor (query, key, value) get one range.
+
+    With `alpha` (SmoothQuant's migration strength, 0.5 in its paper), input channel k is first divided
+    by s_k = max|x_k|^alpha / max|W[:, k]|^(1 - alpha), and the weight's column k multiplied by it: the
+    same product, but the few outlier channels no longer stretch one per-tensor range over all the
+    others, so every channel's rounding step is finer (docs/int8.md). Query, key and value share one s:
+    one input, one QAttention."""
     mods = attach(electra)
-    seen: dict[str, list[torch.Tensor]] = {name: [] for name in mods}
+    rows: dict[str, list[torch.Tensor]] = {name: [] for name in mods}
+    lo: dict[str, torch.Tensor] = {}
+    hi: dict[str, torch.Tensor] = {}
     state: dict = {}
 
     def hook(name):
         def record(_module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1])[state["keep"]].flatten().float().cpu()
-            if x.numel() > SAMPLE_PER_BATCH:
+            x = args[0].detach().reshape(-1, args[0].shape[-1])[state["keep"]].float().cpu()  # (N, K)
+            low, high = x.min(0).values, x.max(0).values
+            lo[name] = torch.minimum(lo[name], low) if name in lo else low
+            hi[name] = torch.maximum(hi[name], high) if name in hi else high
+            keep = max(1, SAMPLE_PER_BATCH // x.shape[1])
+            if x.shape[0] > keep:
                 gen = torch.Generator().manual_seed(seed * 100_003 + state["batch"])
-                x = torch.cat([x[torch.randperm(x.numel(), generator=gen)[:SAMPLE_PER_BATCH]],
-                               x.min()[None], x.max()[None]])  # fmt: skip
-            seen[name].append(x)
+                x = x[torch.randperm(x.shape[0], generator=gen)[:keep]]
+            rows[name].append(x)
 
         return record
 
@@ -227,19 +252,43 @@ def calibrate(model: nn.Module, electra: nn.Module, batches: Iterable[dict], see
         model.train(was_training)
     if not state:
         raise ValueError("calibration needs at least one batch of text")
+    smooth = _smoothing(mods, lo, hi, alpha) if alpha is not None else {}
     for name, m in mods.items():
-        m.set_range(*_best_range(torch.cat(seen[name])))
+        s = smooth.get(name, torch.ones_like(lo[name]))
+        values = torch.cat(
+            [(torch.cat(rows[name]) / s).flatten(), (lo[name] / s).min()[None], (hi[name] / s).max()[None]]
+        )
+        m.set_range(*_best_range(values), smooth.get(name))
     return spec_of(electra)
 
 
-def prepare(model: nn.Module, batches: Iterable[dict], count: int = CALIBRATION_BATCHES) -> str:
+def _smoothing(mods: dict[str, Int8Linear], lo: dict, hi: dict, alpha: float) -> dict[str, torch.Tensor]:
+    """SmoothQuant factors per projection (see `calibrate`); projections reading one input share them."""
+    groups: dict[str, list[str]] = {}
+    for name in mods:
+        shared = name.endswith((".query", ".key", ".value"))
+        groups.setdefault(name.rpartition(".")[0] if shared else name, []).append(name)
+    out = {}
+    for names in groups.values():
+        act = torch.maximum(lo[names[0]].abs(), hi[names[0]].abs()).clamp(min=1e-5)
+        weight = torch.stack([mods[n].weight.detach().abs().amax(dim=0).float() for n in names]).amax(0)
+        s = (act**alpha / weight.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
+        out.update({n: s for n in names})
+    return out
+
+
+def prepare(
+    model: nn.Module, batches: Iterable[dict], alpha: float | None = None, count: int = CALIBRATION_BATCHES
+) -> str:
     """Make `model` (a discriminator or classifier: `.electra`, `.config`) quantization-aware in place;
-    a model that already is keeps its ranges. Returns a line for the log."""
+    a model that already is keeps its ranges. `alpha`: SmoothQuant smoothing (see `calibrate`). Returns a
+    line for the log."""
     if model.config.quantization is not None:
         return "int8 simulation on, activation ranges kept from the initial checkpoint"
-    spec = calibrate(model, model.electra, itertools.islice(batches, count))
+    spec = calibrate(model, model.electra, itertools.islice(batches, count), alpha=alpha)
+    smoothed = "" if alpha is None else f", smoothed with alpha {alpha}"
     model.config.quantization = {
         **spec,
-        "origin": f"quantization-aware training, ranges from {count} batches",
+        "origin": f"quantization-aware training, ranges from {count} batches{smoothed}",
     }
-    return f"int8 simulation on, activation ranges set from {count} batches of held-out text"
+    return f"int8 simulation on, activation ranges set from {count} batches of held-out text{smoothed}"

@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=64, help="held-out rows")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/sensitivity.json"))
     args = p.parse_args(argv)
 
@@ -63,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
               "token_type_ids": data.token_type_ids[i : i + 16]} for i in range(0, args.rows, 16)]  # fmt: skip
     ranges = "quantization-aware training"
     if mcfg.quantization is None:
-        q.calibrate(model, model.electra, [{k: torch.from_numpy(v) for k, v in f.items()} for f in feeds])
-        ranges = f"post-training, calibrated on the {args.rows} held-out rows"
+        q.calibrate(model, model.electra, [{k: torch.from_numpy(v) for k, v in f.items()} for f in feeds],
+                    alpha=args.alpha)  # fmt: skip
+        ranges = f"post-training, calibrated on the {args.rows} held-out rows" + (
+            f", SmoothQuant alpha {args.alpha}" if args.alpha is not None else ""
+        )
     round_as_stored(model)
     mods = {n: m for n, m in model.electra.named_modules() if isinstance(m, q.Int8Linear)}
 

@@ -49,7 +49,9 @@ def held_out(tokenizer_json: Path, data_dir: Path | None, rows: int):
     return data
 
 
-def build(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> tuple[dict, dict, object, str]:
+def build(
+    checkpoint: str, work: Path, data_dir: Path | None, rows: int, alpha: float | None = None
+) -> tuple[dict, dict, object, str]:
     """({variant: onnx path}, {variant: simulated reference probs or None}, fp32 probs, where ranges came from)."""
     import onnx
     import torch
@@ -69,8 +71,10 @@ def build(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> tupl
     if mcfg.quantization is None:
         feeds = [{k: torch.from_numpy(v[i : i + 16]) for k, v in data.feed(["input_ids", "attention_mask"]).items()}
                  for i in range(0, len(data.input_ids), 16)]  # fmt: skip
-        q.calibrate(model, model.electra, feeds)
-        origin = "post-training, calibrated on the held-out rows"
+        q.calibrate(model, model.electra, feeds, alpha=alpha)
+        origin = "post-training, calibrated on the held-out rows" + (
+            f", SmoothQuant alpha {alpha}" if alpha else ""
+        )
     round_as_stored(model)  # as the export does: the weights int8 only stores hold their stored values
     with q.simulated(model, False):
         export_onnx(graph, "replaced_prob", work / "raw.onnx")
@@ -128,11 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", type=int, default=128, help="held-out rows for the deviation")
     p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument(
+        "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8_levers.json"))
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         paths, references, (data, fp32_probs), origin = build(
-            args.checkpoint, Path(tmp), args.data_dir, args.rows
+            args.checkpoint, Path(tmp), args.data_dir, args.rows, args.alpha
         )
         sessions = {
             name: session(path, args.threads, providers_setting="cpu", quiet=True)
