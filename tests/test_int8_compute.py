@@ -167,3 +167,20 @@ def test_weights_int8_only_stores_are_rounded_to_exactly_what_it_stores(qat_bund
         None, {"ids": np.arange(len(table))}
     )[0]
     assert np.array_equal(stored, table)
+
+
+def test_the_sensitivity_benchmark_runs_on_a_run_and_writes_its_figures(qat_bundle, tmp_path, registry_data):
+    import subprocess
+    import sys
+
+    run, _ = qat_bundle
+    out = tmp_path / "sensitivity.json"
+    cmd = [sys.executable, "-m", "benchmarks.quality.int8_sensitivity", "--checkpoint", str(run), "--rows", "16",
+           "--data-dir", str(registry_data), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["deviation"]
+    assert set(rows) >= {"ONNX Runtime, all projections in int8", "PyTorch, inputs x (1 + 1e-07 N(0,1))"}
+    assert (
+        rows["ONNX Runtime, all projections in int8"]["max"] < 0.1
+    )  # a tiny QAT model follows its simulation
