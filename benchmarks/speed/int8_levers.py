@@ -118,8 +118,10 @@ def projections_kept(mods: dict, kept: tuple[str, ...]) -> list[str]:
 
 
 def deviation(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> dict:
-    d = np.abs(a - b)[mask == 1]
-    return {"p50": float(np.quantile(d, 0.5)), "p99": float(np.quantile(d, 0.99)), "max": float(d.max())}
+    """p50 / p99 / max of |a - b| over the real tokens of (B, T) probabilities."""
+    from export.parity import deviation as token_deviation
+
+    return token_deviation(a[mask == 1], b[mask == 1])
 
 
 def main(argv: list[str] | None = None) -> int:
