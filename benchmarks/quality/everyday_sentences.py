@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     from app.machine import cpu
 
     result["machine"] = cpu()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from benchmarks.output import write_json
+
+    write_json(args.out, result)
     return 0
 
 

@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     d = r["token_deviation"]
     print(f"{'all':<16} {r['sentences']:>9} {r['top1_same']:>10.4f} {r['underlined_same']:>15.4f} "
           f"{d['p99']:>7.4f} {d['max']:>7.4f}")  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from benchmarks.output import write_json
+
+    write_json(args.out, result)
     return 0
 
 

@@ -15,7 +15,6 @@ in PyTorch (training/quantization.py; ranges calibrated on the same rows when th
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
@@ -109,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<52} {d['p50']:8.5f} {d['p99']:7.4f} {d['max']:7.4f}")
     result = {"checkpoint": args.checkpoint, "ranges": ranges, "rows": args.rows, "machine": cpu(),
               "probabilities": "uncalibrated (the checkpoint's sigmoid)", "deviation": rows}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from benchmarks.output import write_json
+
+    write_json(args.out, result)
     return 0
 
 

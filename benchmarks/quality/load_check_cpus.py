@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             c = b["load_check"] or {}
             print(f"{name:<44} {str(r['u8s8_saturates']):>14} {Path(b['bundle']).name:<20} "
                   f"{c.get('p99', float('nan')):8.5f} {c.get('max', float('nan')):8.5f} {str(c.get('within_gate')):>11}")  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from benchmarks.output import write_json
+
+    write_json(args.out, result)
     return 0
 
 

@@ -14,7 +14,6 @@ is session.run at 1x16, 8x64 and 32x128 with the server's session options.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
@@ -174,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{sim.get('p99', float('nan')):8.4f} {sim.get('max', float('nan')):8.4f}")  # fmt: skip
     result = {"checkpoint": args.checkpoint, "ranges": origin, "threads": args.threads, "machine": cpu(),
               "held_out_rows": args.rows, "variants": rows}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from benchmarks.output import write_json
+
+    write_json(args.out, result)
     return 0
 
 
