@@ -9,7 +9,9 @@ and the handler waiting for the body sees a disconnect, answered and counted as 
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
 event loop itself, app/placement.py), closes each connection after its response once the replica
 leaves a balancer's rotation (app/lifecycle.py), and sends each response's head and body in one write
-(_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two."""
+(_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two. A
+response sent before its request's body was all in (413) closes only once the rest is read and dropped,
+bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset."""
 
 from __future__ import annotations
 
@@ -21,6 +23,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.lifecycle import Lifecycle
 from app.load import ServerLoad
 from app.metrics import Metrics
+
+# After an early answer (a 413 for a body over --max-body-bytes), how much of the rest of the request's
+# body is read and dropped before the connection closes. Closing with unread bytes makes the kernel
+# answer the client's next bytes with a reset, and a client that writes its whole body before reading
+# (urllib) then reports the reset, not the 413. Bounded, so a client cannot hold the connection with it.
+LINGER_S = 2.0
+LINGER_BYTES = 64 << 20
 
 
 def bounded_protocol(
@@ -37,6 +46,8 @@ class _BoundedRead(HttpToolsProtocol):
     lifecycle: Lifecycle  # out of rotation: each response closes its connection
     _deadline: asyncio.TimerHandle | None = None
     _counted = False
+    _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
+    _lingered = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.load.connection_opened()
@@ -54,15 +65,34 @@ class _BoundedRead(HttpToolsProtocol):
         if cycle is not None and not self.lifecycle.keeps_connections:
             cycle.keep_alive = False  # uvicorn then sends `connection: close` and closes after the response
         if cycle is not None and not isinstance(cycle.transport, _HeadWithBody):
-            cycle.transport = _HeadWithBody(cycle.transport, cycle)
+            cycle.transport = _HeadWithBody(cycle.transport, cycle, self.linger_then_close)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()  # the request is in: inference may take as long as it takes
+        if self._linger is not None:  # the answered body is all in: now the close loses nothing
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._linger is not None:
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.transport.close()
+                return
+        super().data_received(data)
+
+    def linger_then_close(self) -> None:
+        """Close once the request's body is in, or after LINGER_S / LINGER_BYTES; its bytes are dropped
+        (uvicorn's parser ignores a body whose response is complete)."""
+        if self._linger is None:
+            self._linger = self.loop.call_later(LINGER_S, self.transport.close)
+            self.flow.resume_reading()  # paused while the handler's body buffer was full
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._uncount()
         self._disarm()
+        if self._linger is not None:
+            self._linger.cancel()
         super().connection_lost(exc)
 
     def handle_websocket_upgrade(self) -> None:
@@ -110,9 +140,10 @@ class _HeadWithBody:
     the body's first bytes. uvicorn writes them separately: two sends, and on loopback two wake-ups of
     the client for one answer. Everything else passes through."""
 
-    def __init__(self, transport: asyncio.Transport, cycle) -> None:
+    def __init__(self, transport: asyncio.Transport, cycle, linger_then_close) -> None:
         self._transport = transport
         self._cycle = cycle
+        self._linger_then_close = linger_then_close
         self._head: bytes | None = None
         self._head_seen = False
 
@@ -128,7 +159,10 @@ class _HeadWithBody:
         if self._head is not None:  # a response that started and broke off: its head still goes out
             self._transport.write(self._head)
             self._head = None
-        self._transport.close()
+        if self._cycle.more_body and self._cycle.response_complete:  # answered before its body was in
+            self._linger_then_close()
+        else:
+            self._transport.close()
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)

@@ -200,3 +200,21 @@ def test_bundle_with_wrong_hash_is_refused(bundles_dir, tmp_path):
     r = _start("--models", str(tmp_path / "models"))
     assert r.returncode == 2
     assert str(bad / "model.onnx") in r.stderr and "0" * 64 in r.stderr and real in r.stderr
+
+
+def test_a_body_far_over_the_limit_gets_the_413_in_a_client_that_writes_it_all_first(server):
+    """urllib writes the whole body before it reads: a server that answers early and closes at once makes
+    the kernel reset the connection under the client's remaining bytes, and urllib reports that instead
+    of the 413. The server reads and drops the rest of the body (bounded) before closing."""
+    import urllib.error
+    import urllib.request
+
+    host, port = server.address()
+    body = json.dumps({"text": "x" * (12 << 20)}).encode()  # 12 MB against a limit of MAX_BODY
+    request = urllib.request.Request(
+        f"http://{host}:{port}/detect", data=body, headers={"content-type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=30)
+    assert answer.value.code == 413
+    assert json.loads(answer.value.read())["error"]["type"] == "body_too_large"
