@@ -9,6 +9,7 @@ which is easier to detect than a generator's samples; the manifest says which on
 from __future__ import annotations
 
 import csv
+import functools
 import json
 from pathlib import Path
 
@@ -23,10 +24,17 @@ class EvalDataError(ValueError):
 
 
 def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[str], str]:
-    """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation."""
+    """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation.
+    Read once per export: the int8 check, the activation ranges and the load-time check all ask."""
+    lines, where = _read_held_out(eval_text, data_dir)
+    return list(lines), where
+
+
+@functools.lru_cache(maxsize=4)
+def _read_held_out(eval_text: Path | None, data_dir: Path | None) -> tuple[tuple[str, ...], str]:
     if eval_text is not None:
         lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8").splitlines()]
-        return [ln for ln in lines if ln], str(eval_text)
+        return tuple(ln for ln in lines if ln), str(eval_text)
     from training.data.corpus import read_corpus
 
     try:
@@ -38,7 +46,7 @@ def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[s
         ) from e
     # An article is its title line then its paragraphs; each paragraph is one text (titles are too short
     # to pass `encode`'s minimum length).
-    return [p for d in docs for p in d.split("\n") if p.strip()], "wikitext2 valid"
+    return tuple(p for d in docs for p in d.split("\n") if p.strip()), "wikitext2 valid"
 
 
 def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: int = 8):

@@ -23,18 +23,12 @@ __all__ = ["WordScorer"]
 class WordScorer:
     def __init__(self, model, tokenizer: Path, max_length: int, threads: int = 0) -> None:
         """`model`: a graph's path, or anything answering `run` as a session does (parity.TorchReference)."""
-        self.session = (
-            model
-            if hasattr(model, "run")
-            else ort_session(model, threads, providers_setting="cpu", quiet=True)
-        )
         self.tokenizer = TextTokenizer(tokenizer, max_length, stride=32)
-        self.inputs = (
-            self.session.inputs
-            if hasattr(self.session, "inputs")
-            else [i.name for i in self.session.get_inputs()]
-        )
-        self.output = None if hasattr(self.session, "inputs") else self.session.get_outputs()[0].name
+        if hasattr(model, "run"):
+            self.session, self.inputs = model, model.inputs
+        else:
+            self.session = ort_session(model, threads, providers_setting="cpu", quiet=True)
+            self.inputs = [i.name for i in self.session.get_inputs()]
 
     def _run(self, encodings, batch_size: int = 32) -> list[list[np.ndarray]]:
         """Per text, the graph's output for each of its windows (special tokens included)."""
@@ -51,7 +45,7 @@ class WordScorer:
                 n = len(row.ids)
                 ids[i, :n], types[i, :n], mask[i, :n] = row.ids, row.type_ids, 1
             feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            probs = self.session.run(self.output and [self.output], {k: feeds[k] for k in self.inputs})[0]
+            probs = self.session.run(None, {k: feeds[k] for k in self.inputs})[0]  # a bundle has one output
             for i, (t, w, row) in enumerate(chunk):
                 out[t][w] = probs[i, : len(row.ids)]
         return out
