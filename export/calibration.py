@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.stats import fit_logistic_1d
+
 __all__ = [
     "LENGTH_EDGES",
     "LengthMap",
@@ -131,11 +133,7 @@ def _logit(p: np.ndarray) -> np.ndarray:
 
 def fit_platt(probs: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
     """(scale, bias) such that sigmoid(scale * logit(p) + bias) fits `labels` (maximum likelihood)."""
-    from sklearn.linear_model import LogisticRegression
-
-    z = _logit(probs).reshape(-1, 1)
-    fit = LogisticRegression(C=1e6, max_iter=1000).fit(z, np.asarray(labels, dtype=np.int64))
-    return float(fit.coef_[0, 0]), float(fit.intercept_[0])
+    return fit_logistic_1d(_logit(probs), np.asarray(labels, dtype=np.int64))
 
 
 def platt(probs: np.ndarray, scale: float, bias: float) -> np.ndarray:

@@ -29,12 +29,26 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_curves(metrics_path: Path, out_png: Path) -> None:
-    """Losses, learning rate and held-out figures against step, in one figure."""
-    import matplotlib
-
+def pyplot_or_none(out_png: Path):
+    """matplotlib's pyplot, or None with a note when it is not installed: a training node (a GPU cluster,
+    scripts/gpu-check) may lack it, and a plot is never worth failing a finished run for."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"{out_png.name} not drawn: matplotlib is not installed (pip install matplotlib); "
+              "the figures are all in the JSON beside it", flush=True)  # fmt: skip
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(metrics_path: Path, out_png: Path) -> None:
+    """Losses, learning rate and held-out figures against step, in one figure."""
+    plt = pyplot_or_none(out_png)
+    if plt is None:
+        return
 
     rows = read_metrics(metrics_path) if metrics_path.is_file() else []
     train = [r for r in rows if r["split"] == "train"]

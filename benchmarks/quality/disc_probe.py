@@ -46,10 +46,10 @@ def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
 
 def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict:
     import torch
-    from sklearn.metrics import roc_auc_score
 
     from training.checkpoint import load_model
     from training.pretraining.objective import Corruption, draw_noise, generator_fill, replace_with_samples
+    from training.stats import roc_auc
 
     disc, cfg, _ = load_model(ckpt, "ElectraForPreTraining")
     gen, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
@@ -68,7 +68,7 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
         for name, faked in (("generator", from_generator), ("unigram", from_unigram)):
             logits = disc(faked.input_ids, am, tt)
             labels = faked.is_replaced[real].numpy()
-            result[f"auc_{name}_replacements"] = float(roc_auc_score(labels, logits[real].numpy()))
+            result[f"auc_{name}_replacements"] = roc_auc(logits[real].numpy(), labels)
             if name == "generator":
                 result["logit_std"] = float(logits[real].std())
                 # Scramble everything but a 4-token window: how much do its logits move?

@@ -57,6 +57,7 @@ from benchmarks.quality.pretrainkit import (
     tokenizer_info,
 )
 from training.config import ConfigError, FinetuneConfig, PretrainConfig, parse_config
+from training.report import pyplot_or_none
 
 OBJECTIVES = ("electra", "mlm")
 NAMES = {"electra": "ELECTRA", "mlm": "MLM"}
@@ -332,10 +333,9 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot_or_none(path)
+    if plt is None:
+        return
 
     groups = [(t, s) for t in results["summary"] for s in ("dev", "test")]
     fig, axes = plt.subplots(1, len(METRICS), figsize=(6 * len(METRICS), 4.5))

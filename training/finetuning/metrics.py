@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from training.stats import confusion_matrix, matthews_corrcoef, pearson, precision_recall_f1, spearman
+
 __all__ = ["classification_metrics", "format_report", "regression_metrics", "resolve_metric", "scalars"]
 
 
@@ -14,16 +16,14 @@ def classification_metrics(
     y_true: np.ndarray, y_pred: np.ndarray, labels: tuple[str, ...], positive: int = 1
 ) -> dict:
     """`positive`: for binary tasks, the class whose F1 is reported as `f1` (spam, not ham)."""
-    from sklearn.metrics import confusion_matrix, matthews_corrcoef, precision_recall_fscore_support
-
-    ids = list(range(len(labels)))
-    p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=ids, zero_division=0)
+    cm = confusion_matrix(y_true, y_pred, len(labels))  # rows true, columns predicted
+    p, r, f1, support = precision_recall_f1(cm)
     counts = np.bincount(y_true, minlength=len(labels))
     out = {
         "n": len(y_true),
         "accuracy": float((y_true == y_pred).mean()),
         "macro_f1": float(f1.mean()),
-        "mcc": float(matthews_corrcoef(y_true, y_pred)),
+        "mcc": matthews_corrcoef(cm),
         "majority_baseline_accuracy": float(counts.max() / max(1, counts.sum())),
         "per_class": {
             name: {
@@ -35,9 +35,7 @@ def classification_metrics(
             for i, name in enumerate(labels)
         },
         "labels": list(labels),
-        "confusion_matrix": confusion_matrix(
-            y_true, y_pred, labels=ids
-        ).tolist(),  # rows true, cols predicted
+        "confusion_matrix": cm.tolist(),
     }
     if len(labels) == 2:
         out["f1"] = float(f1[positive])
@@ -46,14 +44,12 @@ def classification_metrics(
 
 
 def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
-    from scipy.stats import pearsonr, spearmanr
-
     # Correlation is undefined for a constant series (an untrained model may predict one value).
     constant = np.ptp(y_pred) == 0 or np.ptp(y_true) == 0
     return {
         "n": len(y_true),
-        "pearson": float("nan") if constant else float(pearsonr(y_true, y_pred).statistic),
-        "spearman": float("nan") if constant else float(spearmanr(y_true, y_pred).statistic),
+        "pearson": float("nan") if constant else pearson(y_true, y_pred),
+        "spearman": float("nan") if constant else spearman(y_true, y_pred),
         "mse": float(np.mean((y_true - y_pred) ** 2)),
         "mae": float(np.mean(np.abs(y_true - y_pred))),
     }

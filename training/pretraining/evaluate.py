@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import precision_recall_fscore_support, roc_auc_score
 
 from training.pretraining.objective import draw_noise
+from training.stats import confusion_matrix, precision_recall_f1, roc_auc
 
 
 def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
     """Discriminator figures over real, non-special tokens: `labels` 1 where the token was replaced."""
     pred = probs >= threshold
-    p, r, f1, _ = precision_recall_fscore_support(labels, pred, average="binary", zero_division=0)
-    both_classes = 0 < labels.sum() < len(labels)
+    p, r, f1, _ = (float(x[1]) for x in precision_recall_f1(confusion_matrix(labels, pred, 2)))
     return {
         "disc_accuracy": float((pred == labels).mean()),
-        "disc_auc": float(roc_auc_score(labels, probs)) if both_classes else float("nan"),
-        "disc_precision": float(p),
-        "disc_recall": float(r),
-        "disc_f1": float(f1),
+        "disc_auc": roc_auc(probs, labels),  # NaN when one class is missing
+        "disc_precision": p,
+        "disc_recall": r,
+        "disc_f1": f1,
         "replaced_share": float(labels.mean()),
     }
 
