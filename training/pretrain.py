@@ -348,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
             tps = window_tokens / max(time.time() - window_t, 1e-9)
             row = {**dict(zip(names, losses, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
                    "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12}  # fmt: skip
+            if env.device.type == "cuda":  # what a larger batch or model would have to fit beside
+                row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(env.device) / 2**20
             shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names}
             bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
             log.write(t.step, t.tokens, "train", row)

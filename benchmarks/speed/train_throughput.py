@@ -5,6 +5,7 @@ transformers side is what a user would write: ElectraForMaskedLM (generator, log
 and ElectraForPreTraining (discriminator) with shared embeddings. Prints a table and writes JSON.
 
     python -m benchmarks.speed.train_throughput --batch-size 32 --seq-len 128 --steps 5
+    python -m benchmarks.speed.train_throughput --device cuda --bf16     # on a GPU (scripts/gpu-check)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def small_config(args) -> ElectraConfig:
                          num_attention_heads=4, intermediate_size=1024)  # fmt: skip
 
 
-def make_batch(B: int, T: int, V: int):
+def make_batch(B: int, T: int, V: int, device: torch.device):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, V, (B, T), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
@@ -44,13 +45,15 @@ def make_batch(B: int, T: int, V: int):
     special[:, 0] = special[:, -1] = 1
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
              "special_tokens_mask": special}  # fmt: skip
-    noise = draw_noise((B, T), 0, 0, slice(None), "cpu")
-    masked = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK_ID, vocab_size=V)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    noise = draw_noise((B, T), 0, 0, slice(None), device)
+    masked = mask_tokens(batch["input_ids"], batch["special_tokens_mask"], noise, mask_prob=0.15,
+                         mask_token_id=MASK_ID, vocab_size=V)  # fmt: skip
     return batch, noise, masked
 
 
-def ours_step(cfg: ElectraConfig, gen_fraction: float):
-    obj = ElectraObjective(cfg, cfg.scaled(gen_fraction))
+def ours_step(cfg: ElectraConfig, gen_fraction: float, device: torch.device):
+    obj = ElectraObjective(cfg, cfg.scaled(gen_fraction)).to(device)
     opt = torch.optim.AdamW(obj.parameters(), lr=1e-4, fused=True)  # as training.pretrain does
 
     def step(batch, noise, masked):
@@ -65,7 +68,7 @@ def ours_step(cfg: ElectraConfig, gen_fraction: float):
     return step
 
 
-def transformers_step(cfg: ElectraConfig, gen_fraction: float):
+def transformers_step(cfg: ElectraConfig, gen_fraction: float, device: torch.device):
     import transformers
 
     def hf_cfg(c: ElectraConfig):
@@ -75,6 +78,7 @@ def transformers_step(cfg: ElectraConfig, gen_fraction: float):
     gen = transformers.ElectraForMaskedLM(hf_cfg(cfg.scaled(gen_fraction)))
     gen.electra.embeddings = disc.electra.embeddings  # shared, as the paper (and HF's examples) do
     gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+    disc.to(device), gen.to(device)
     params = {id(p): p for p in [*disc.parameters(), *gen.parameters()]}.values()
     opt = torch.optim.AdamW(params, lr=1e-4)
 
@@ -95,17 +99,24 @@ def transformers_step(cfg: ElectraConfig, gen_fraction: float):
     return step
 
 
-def with_bf16(step):
+def with_bf16(step, device: torch.device):
     """The same step under bf16 autocast (CPU with AMX, or CUDA): matmuls in bf16, losses in fp32."""
 
     def run(*args):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             return step(*args)
 
     return run
 
 
+def describe_device(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return f"{threads} threads of {platform.processor() or platform.machine()}"
+
+
 def time_steps(step, batch, noise, masked, warmup: int, steps: int) -> list[float]:
+    # Each step ends in loss.item(), which waits for the GPU: wall time is the step's time on CUDA too.
     for _ in range(warmup):
         step(batch, noise, masked)
     times = []
@@ -126,24 +137,33 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--bf16", action="store_true", help="also time both sides under bf16 autocast")
+    p.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when visible"
+    )
     p.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = p.parse_args(argv)
     print(f"config: {vars(args)}", flush=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = small_config(args)
+    cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    device = torch.device("cuda" if cuda else "cpu")
     B, T = args.batch_size, args.seq_len
-    batch, noise, masked = make_batch(B, T, cfg.vocab_size)
+    batch, noise, masked = make_batch(B, T, cfg.vocab_size, device)
     flops = (flops_per_token(cfg, T) + flops_per_token(cfg.scaled(args.generator_fraction), T, 0.15)) * B * T
     rows = {}
     # Interleave the two sides so a noisy machine slows both alike.
     sides = {
-        "ours": ours_step(cfg, args.generator_fraction),
-        "transformers": transformers_step(cfg, args.generator_fraction),
+        "ours": ours_step(cfg, args.generator_fraction, device),
+        "transformers": transformers_step(cfg, args.generator_fraction, device),
     }
     if args.bf16:
-        sides["ours bf16"] = with_bf16(ours_step(cfg, args.generator_fraction))
-        sides["transformers bf16"] = with_bf16(transformers_step(cfg, args.generator_fraction))
+        sides["ours bf16"] = with_bf16(ours_step(cfg, args.generator_fraction, device), device)
+        sides["transformers bf16"] = with_bf16(
+            transformers_step(cfg, args.generator_fraction, device), device
+        )
     for step in sides.values():
         time_steps(step, batch, noise, masked, args.warmup, 0)
     samples = {name: [] for name in sides}
@@ -160,7 +180,7 @@ def main(argv=None) -> None:
             rows["ours bf16"]["tokens_per_s"] / rows["transformers bf16"]["tokens_per_s"]
         )
     print(f"\njoint ELECTRA training step, batch {B}x{T}, {args.layers} layers, generator "
-          f"{args.generator_fraction:g} of the discriminator, {args.threads} threads, {platform.processor() or platform.machine()}")  # fmt: skip
+          f"{args.generator_fraction:g} of the discriminator, on {describe_device(device, args.threads)}")  # fmt: skip
     print(f"{'':<20}{'step (median)':>15}{'tokens/s':>12}{'GFLOP/s':>10}")
     for name, r in rows.items():
         print(f"{name:<20}{r['median_s']:>13.2f} s{r['tokens_per_s']:>12,.0f}{r['gflops_per_s']:>10.1f}")
@@ -171,7 +191,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "results": rows, "speedup": speedup,
-                               "torch": torch.__version__, "machine": platform.platform()}, indent=2))  # fmt: skip
+                               "torch": torch.__version__, "machine": platform.platform(),
+                               "device": describe_device(device, args.threads)}, indent=2))  # fmt: skip
     print(f"wrote {out}")
 
 

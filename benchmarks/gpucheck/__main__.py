@@ -1,0 +1,101 @@
+"""scripts/gpu-check: pretraining on CUDA end to end, then the paper's claim at GPU scale.
+
+    scripts/gpu-check --out results/                         # on a GPU machine, in the repository root
+    scripts/gpu-check --out results/ --only claim            # one step (a later call of a short loan)
+    scripts/gpu-check --device cpu --quick --out /tmp/gc     # every step at toy sizes: CI runs this
+
+Steps, cheapest proof first: pretrain, torchrun, resume, throughput, export, detect, claim. results.json and
+results.md in --out are rewritten after every step. Exit status: 0 all ran or were skipped with a reason,
+1 a step failed, 2 the environment lacks what the steps need (nothing ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.gpucheck.environment import environment, guard_env, install_wheels
+from benchmarks.gpucheck.report import write_report
+from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Skipped
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--out", required=True, help="results.json, results.md and the claim's table go here")
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the CI mode (default cuda)"
+    )
+    p.add_argument("--quick", action="store_true", help="toy sizes: every step in a couple of minutes")
+    p.add_argument(
+        "--only", default=",".join(STEPS), help=f"comma-separated steps, in order: {', '.join(STEPS)}"
+    )
+    p.add_argument("--work", default="runs/gpu-check", help="runs, bundles and logs (default runs/gpu-check)")
+    p.add_argument("--data-dir", help="the registry files (default $ELECTRA_DATA_DIR, then the cache)")
+    p.add_argument("--wheels", help="a directory of wheels for the serving packages, installed offline")
+    p.add_argument(
+        "--guard-imports",
+        action="store_true",
+        help="training steps cannot import what a bare GPU node lacks (sklearn, matplotlib, ...)",
+    )
+    p.add_argument("--claim-pflop", type=float, help="training PFLOP per encoder in the claim step "
+                   "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
+    args = p.parse_args(argv)
+    args.only = [s for s in args.only.split(",") if s]
+    unknown = [s for s in args.only if s not in STEPS]
+    if unknown:
+        p.error(f"--only: unknown step {unknown[0]!r}; the steps are {', '.join(STEPS)}")
+    if args.claim_pflop is not None and args.claim_pflop <= 0:
+        p.error("--claim-pflop: must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out, work = Path(args.out).resolve(), Path(args.work).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"gpu-check configuration: {json.dumps(vars(args))}", flush=True)
+    serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.wheels:
+        serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
+    train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
+    report = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "config": vars(args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
+    facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
+    report.update(environment=facts, problems=problems)
+    write_report(out, report)
+    if problems:
+        print("gpu-check: the environment cannot run the steps:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
+    sizes = SIZES["quick" if args.quick else "full"]
+    ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env,
+                  args.claim_pflop or sizes.claim_pflop)  # fmt: skip
+    for name in args.only:
+        print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
+        started = time.monotonic()
+        try:
+            figures, status, note = STEPS[name](ctx), "ok", ""
+            ctx.done[name] = figures
+        except Skipped as e:
+            figures, status, note = {}, "skipped", str(e)
+        except Failed as e:
+            figures, status, note = {}, "failed", str(e)
+        seconds = round(time.monotonic() - started, 1)
+        report["steps"][name] = {"status": status, "seconds": seconds, "figures": figures, "note": note}
+        write_report(out, report)
+        print(f"{name}: {status} in {seconds}s {json.dumps(figures) if figures else note}", flush=True)
+    failed = [n for n, s in report["steps"].items() if s["status"] == "failed"]
+    print(
+        f"\nresults: {out / 'results.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

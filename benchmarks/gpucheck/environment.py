@@ -1,0 +1,167 @@
+"""What the machine has: Python, torch, CUDA, the GPU, the packages and the data files the steps need.
+
+A GPU node may be air-gapped and carry only PyTorch, numpy, tokenizers, safetensors, onnx, onnxruntime and
+transformers. The training steps must run on exactly that; `guard_env` proves it on any machine by making
+every other package of this project unimportable in the steps' processes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# What the training steps may import: a bare GPU node has these (and their own dependencies).
+TRAINING_PACKAGES = ("torch", "numpy", "tokenizers", "safetensors", "onnx", "onnxruntime")
+# The engine benchmark's other side; without it that step is skipped, not failed.
+OPTIONAL_TRAINING = ("transformers",)
+# The bundle format and the server: the export and /detect steps need them (scripts/gpu-check --wheels).
+# pyproject.toml's dependencies beyond numpy and tokenizers.
+SERVING_PACKAGES = ("msgspec", "litestar", "uvicorn", "httptools", "uvloop", "prometheus_client")
+# Packages this project installs that a bare GPU node lacks. Under --guard-imports the training steps
+# cannot import them, so a dependency that creeps into the training path fails CI, not the GPU session.
+NOT_ON_A_GPU_NODE = ("sklearn", "scipy", "matplotlib", "sentencex", "psutil", "locust", "onnxscript",
+                     *SERVING_PACKAGES)  # fmt: skip
+# Registry files (training/data/registry.py) the steps read: pretraining corpus and the three tasks.
+DATA_FILES = ("wikitext2-train.raw.gz", "wikitext2-valid.raw.gz", "rotten_tomatoes_corpus_full.csv.bz2",
+              "trec.csv", "sms-spam.csv")  # fmt: skip
+
+_GUARD = '''"""Written by scripts/gpu-check --guard-imports: these packages are not on a bare GPU node."""
+import importlib.abc
+import sys
+
+BLOCKED = set({blocked!r})
+
+
+class _Hide(importlib.abc.MetaPathFinder):
+    """A finder that does not see the blocked packages: to importlib.util.find_spec (which torch and
+    transformers probe optional packages with) and to import alike, they are absent."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            return None
+        return self.inner.find_spec(name, path, target)
+
+    def __getattr__(self, attr):  # find_distributions (importlib.metadata), invalidate_caches, ...
+        return getattr(self.inner, attr)
+
+
+sys.meta_path[:] = [_Hide(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+'''
+
+
+def version_of(module: str) -> str | None:
+    dist = {"prometheus_client": "prometheus-client", "sklearn": "scikit-learn"}.get(module, module)
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def importable(module: str, env: dict[str, str]) -> bool:
+    """Whether `module` imports in a fresh process with `env` (the guard, --wheels) as the steps see it."""
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True)
+    return probe.returncode == 0
+
+
+def guard_env(work: Path, env: dict[str, str]) -> dict[str, str]:
+    """`env` with a sitecustomize on PYTHONPATH that refuses NOT_ON_A_GPU_NODE in every child process
+    (torchrun's workers included)."""
+    guard = work / "guard"
+    guard.mkdir(parents=True, exist_ok=True)
+    (guard / "sitecustomize.py").write_text(_GUARD.format(blocked=sorted(NOT_ON_A_GPU_NODE)))
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(guard), env.get("PYTHONPATH")) if p)}
+
+
+def install_wheels(wheels: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
+    """Install the serving packages from a directory of wheels, offline, into work/site; `env` with it on
+    PYTHONPATH. An air-gapped node gets them the way its users would: `pip download` elsewhere."""
+    site = work / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels),
+           "--target", str(site), *(p.replace("_", "-") for p in SERVING_PACKAGES)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"gpu-check: --wheels {wheels}: pip could not install the serving packages offline:\n"
+                         f"{done.stderr[-2000:]}")  # fmt: skip
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(site)) if p)}
+
+
+def gpu_facts(device: str) -> dict:
+    import torch
+
+    facts: dict = {"torch": torch.__version__, "cuda_build": torch.version.cuda,
+                   "cuda_available": torch.cuda.is_available()}  # fmt: skip
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts.update(gpu=props.name, gpus=torch.cuda.device_count(), gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                     capability=f"{props.major}.{props.minor}", bf16=torch.cuda.is_bf16_supported(),
+                     nccl=".".join(map(str, torch.cuda.nccl.version())))  # fmt: skip
+        if shutil.which("nvidia-smi"):
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True)  # fmt: skip
+            facts["driver"] = (
+                smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout else None
+            )
+    return facts
+
+
+def cpu_facts() -> dict:
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+    return {"cpu": model, "cores": os.cpu_count(), "features": [f for f in wanted if f in flags]}
+
+
+def data_files(data_dir: Path | None) -> tuple[Path | None, list[str]]:
+    """(the directory that holds them, the missing ones): --data-dir alone when given, else
+    $ELECTRA_DATA_DIR, then the cache."""
+    from training.data.registry import DATA_DIR_ENV, default_cache_dir
+
+    if data_dir:
+        candidates = [data_dir]
+    else:
+        candidates = [Path(p) for p in (os.environ.get(DATA_DIR_ENV),) if p] + [default_cache_dir()]
+    for d in candidates:
+        missing = [f for f in DATA_FILES if not (d / f).is_file()]
+        if not missing or d == candidates[-1]:
+            return d, missing
+    raise AssertionError("unreachable")
+
+
+def environment(device: str, data_dir: Path | None, env: dict[str, str]) -> tuple[dict, list[str]]:
+    """(facts, problems that stop the check): checked before any step runs."""
+    facts = {"python": platform.python_version(), "platform": platform.platform(), **cpu_facts()}
+    facts["packages"] = {
+        m: version_of(m) for m in (*TRAINING_PACKAGES, *OPTIONAL_TRAINING, *SERVING_PACKAGES)
+    }
+    facts["importable"] = {m: importable(m, env) for m in (*OPTIONAL_TRAINING, *SERVING_PACKAGES)}
+    problems = [f"{m} is not installed" for m in TRAINING_PACKAGES if facts["packages"][m] is None]
+    if not problems:
+        facts.update(gpu_facts(device))
+        if device == "cuda" and not facts["cuda_available"]:
+            problems.append(f"--device cuda but torch {facts['torch']} sees no CUDA device "
+                            f"(built for CUDA {facts['cuda_build']}); check nvidia-smi and the driver")  # fmt: skip
+        if device == "cuda" and facts.get("gpus", 0) and not facts.get("bf16"):
+            problems.append(f"{facts['gpu']} has no bf16: the training recipe autocasts to bf16")
+    where, missing = data_files(data_dir)
+    facts["data_dir"] = str(where)
+    if missing:
+        problems.append(f"data files missing from {where}: {', '.join(missing)}. Copy them there (from "
+                        "../shared/data or ~/.cache/electra-serve/data on a machine that has them) or pass "
+                        "--data-dir DIR")  # fmt: skip
+    return facts, problems

@@ -1,0 +1,54 @@
+"""results.json and results.md of scripts/gpu-check, rewritten after every step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.output import write_json
+
+# The figures each step's row shows in results.md (all of them are in results.json).
+HEADLINE = {
+    "pretrain": ("steps", "loss_first", "loss_last", "disc_auc", "tokens_per_s", "peak_gpu_mib", "precision"),
+    "torchrun": ("backend", "steps", "loss_last", "tokens_per_s", "weights_max_abs_diff_vs_single_process"),
+    "resume": ("killed_after_step", "weights_max_abs_diff", "eval_loss_diff"),
+    "throughput": ("ours", "transformers", "ours_vs_transformers", "ours_vs_transformers_bf16"),
+    "export": ("precision", "model_mib"),
+    "detect": ("ready_s", "latency_ms", "most_likely_replaced"),
+    "claim": ("pflop_each", "seeds"),
+}
+
+
+def _cell(figures: dict, keys: tuple[str, ...]) -> str:
+    def show(v) -> str:
+        if isinstance(v, dict) and "tokens_per_s" in v:
+            return f"{v['tokens_per_s']:,} tok/s"
+        return json.dumps(v) if isinstance(v, dict) else str(v)
+
+    return "; ".join(f"{k} {show(figures[k])}" for k in keys if k in figures)
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    where = env.get("gpu") or f"{env.get('cpu')} ({', '.join(env.get('features', []))})"
+    lines = [f"# gpu-check, {report['started']}", "",
+             f"Device: {report['config']['device']} on {where}; torch {env.get('torch')}, CUDA "
+             f"{env.get('cuda_build')}, driver {env.get('driver', '-')}, Python {env.get('python')}. "
+             f"Mode: {'quick' if report['config']['quick'] else 'full'}.", ""]  # fmt: skip
+    if report["problems"]:
+        lines += ["Stopped before any step:", "", *(f"- {p}" for p in report["problems"]), ""]
+    lines += ["| step | status | seconds | figures |", "|---|---|---|---|"]
+    for name, s in report["steps"].items():
+        text = (
+            _cell(s["figures"], HEADLINE.get(name, ())) if s["status"] == "ok" else s["note"].splitlines()[0]
+        )
+        lines.append(f"| {name} | {s['status']} | {s['seconds']} | {text.replace('|', '/')} |")
+    table = Path(report["steps"].get("claim", {}).get("figures", {}).get("table", ""))
+    if table.is_file():
+        lines += ["", "## ELECTRA vs MLM at equal compute", "", table.read_text()]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, report: dict) -> None:
+    write_json(out / "results.json", report)
+    (out / "results.md").write_text(markdown(report))

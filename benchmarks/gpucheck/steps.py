@@ -1,0 +1,354 @@
+"""The steps of scripts/gpu-check, each run as a user runs it (`python -m training.pretrain`, torchrun,
+`python -m export`, `python -m app`), on the device given; CPU and CUDA differ only in `--device`.
+
+A step returns its figures, or raises Failed (the check found a fault) or Skipped (it could not run here,
+and says what would make it run)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.gpucheck.environment import SERVING_PACKAGES, importable
+
+REPO = Path(__file__).resolve().parents[2]
+SENTENCE = "The committee will publish its report next banana, after the vote."
+
+
+class Failed(RuntimeError):
+    pass
+
+
+class Skipped(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Sizes:
+    config: str
+    steps: int
+    save_every: int
+    throughput: tuple[str, ...]
+    claim_config: str
+    claim_pflop: float
+    claim_seeds: str
+    finetune: tuple[str, ...] = ()
+
+
+SIZES = {
+    # mini.toml as a user runs it; ELECTRA-Small's shape for the claim, at the issue's 1e16 FLOPs each.
+    "full": Sizes("configs/mini.toml", 500, 100, ("--layers", "12", "--batch-size", "128", "--steps", "10", "--bf16"),
+                  "configs/small.toml", 10.0, "1,2,3"),
+    # The same code at toy sizes: every step in a couple of minutes on two CPU cores.
+    "quick": Sizes("configs/tiny.toml", 100, 25, ("--layers", "1", "--batch-size", "4", "--seq-len", "32",
+                   "--steps", "2", "--warmup", "1"), "configs/tiny.toml", 2e-5, "1",
+                   ("--max-train-examples", "64", "--max-eval-examples", "64")),
+}  # fmt: skip
+
+
+@dataclass
+class Context:
+    device: str
+    sizes: Sizes
+    work: Path  # runs, bundles, logs (big; not returned)
+    out: Path  # results.json, results.md and what a step publishes (small)
+    data_dir: Path
+    train_env: dict[str, str]  # the guard, when asked: training steps see only a GPU node's packages
+    serve_env: dict[str, str]  # plus the serving packages (--wheels), for export and /detect
+    claim_pflop: float
+    done: dict[str, dict] = field(default_factory=dict)  # the figures of the steps finished so far
+
+    @property
+    def pretrain_run(self) -> Path:
+        return self.work / "pretrain"
+
+    def pretrain_cmd(self, out: Path, steps: int | None = None, *extra: str) -> list[str]:
+        return ["-m", "training.pretrain", "--config", self.sizes.config, "--out", str(out),
+                "--max-steps", str(steps or self.sizes.steps), "--save-every", str(self.sizes.save_every),
+                "--eval-every", str(self.sizes.save_every), "--device", self.device, "--seed", "1",
+                "--data-dir", str(self.data_dir), *extra]  # fmt: skip
+
+    def importable(self, module: str, serving: bool = False) -> bool:
+        return importable(module, self.serve_env if serving else self.train_env)
+
+    def require_serving(self, what: str, modules: tuple[str, ...] = SERVING_PACKAGES) -> None:
+        missing = [m for m in modules if not self.importable(m, serving=True)]
+        if missing:
+            raise Skipped(f"{what} needs {', '.join(missing)}, not installed here; bring the serving packages "
+                          "as wheels (scripts/gpu-check --wheels DIR, docs/gpu.md)")  # fmt: skip
+
+    def tokenizer(self) -> str:
+        path = self.pretrain_run / "tokenizer" / "tokenizer.json"
+        if not path.is_file():
+            raise Skipped("needs the pretraining step's run (its tokenizer); run the pretrain step first")
+        return str(path)
+
+
+def run(ctx: Context, argv: list[str], log: str, env: dict[str, str], timeout: float = 3600) -> str:
+    """Run `python argv...` from the repository root, output to work/<log>.log; its output, or Failed
+    with the log's tail."""
+    path = ctx.work / f"{log}.log"
+    with path.open("w") as f:
+        try:
+            done = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise Failed(f"{' '.join(argv[:3])} ran past {timeout:.0f}s; log {path}") from e
+    text = path.read_text(errors="replace")
+    if done.returncode != 0:
+        raise Failed(f"python {' '.join(argv)} exited with {done.returncode}; log {path}:\n{text[-2500:]}")
+    return text
+
+
+def train_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if r["split"] == "train"], [r for r in rows if r["split"] == "eval"]
+
+
+def training_figures(run_dir: Path, stdout: str) -> dict:
+    train, evals = train_rows(run_dir)
+    if len(train) < 4 or not evals:
+        raise Failed(
+            f"{run_dir}: too few logged steps to judge ({len(train)} train rows, {len(evals)} evals)"
+        )
+    head, tail = train[: max(2, len(train) // 5)], train[-max(2, len(train) // 5) :]
+    figures = {
+        "steps": train[-1]["step"],
+        "loss_first": round(statistics.mean(r["loss"] for r in head), 4),
+        "loss_last": round(statistics.mean(r["loss"] for r in tail), 4),
+        "eval_loss": round(evals[-1]["loss"], 4),
+        "disc_auc": round(evals[-1].get("disc_auc") or float("nan"), 4),
+        # the first window includes start-up (compilation, allocation): left out of the speed
+        "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in train[1:])),
+        "tflops": round(statistics.median(r["tflops"] for r in train[1:]), 3),
+    }
+    peaks = [r["peak_gpu_mib"] for r in train if "peak_gpu_mib" in r]
+    if peaks:
+        figures["peak_gpu_mib"] = round(max(peaks))
+    for line in stdout.splitlines():
+        if line.startswith("precision: "):  # "precision: fp32: why ..." -> "fp32"
+            figures["precision"] = line.removeprefix("precision: ").split(":")[0]
+        elif line.startswith("electra-serve pretraining, "):  # "..., 1 process(es) on cuda:0"
+            figures["processes"] = line.removeprefix("electra-serve pretraining, ")
+    if not figures["loss_last"] < figures["loss_first"]:
+        raise Failed(f"the loss did not fall: {figures['loss_first']} over the first logged steps, "
+                     f"{figures['loss_last']} over the last")  # fmt: skip
+    return figures
+
+
+def step_pretrain(ctx: Context) -> dict:
+    """configs/mini.toml (tiny.toml with --quick) as a user runs it: a tokenizer trained on the corpus, bf16
+    autocast where the device has it."""
+    stdout = run(ctx, ctx.pretrain_cmd(ctx.pretrain_run), "pretrain", ctx.train_env)
+    return training_figures(ctx.pretrain_run, stdout)
+
+
+def step_torchrun(ctx: Context) -> dict:
+    """The same run through torchrun, one process (NCCL on CUDA, gloo on CPU). Same seed, same data: its
+    distance from the single-process run is the run-to-run noise of this device."""
+    out = ctx.work / "torchrun"
+    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+            *ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer())]  # fmt: skip
+    stdout = run(ctx, argv, "torchrun", ctx.train_env)
+    figures = training_figures(out, stdout)
+    figures["backend"] = "nccl" if ctx.device == "cuda" else "gloo"
+    figures["weights_max_abs_diff_vs_single_process"] = weight_difference(ctx.pretrain_run, out)
+    figures["eval_loss_diff_vs_single_process"] = eval_loss_difference(ctx.pretrain_run, out)
+    return figures
+
+
+def final_weights(run_dir: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(run_dir / "checkpoints" / latest / "model.safetensors")
+
+
+def weight_difference(a: Path, b: Path) -> float:
+    wa, wb = final_weights(a), final_weights(b)
+    if wa.keys() != wb.keys():
+        raise Failed(f"{a} and {b} hold different tensors")
+    return float(max(abs(wa[k].astype("float64") - wb[k].astype("float64")).max() for k in wa))
+
+
+def eval_loss_difference(a: Path, b: Path) -> float:
+    return round(abs(train_rows(a)[1][-1]["loss"] - train_rows(b)[1][-1]["loss"]), 6)
+
+
+def kill_after_first_checkpoint(ctx: Context, out: Path) -> int:
+    """Start the run, SIGKILL it as soon as its first checkpoint is committed; the step it had saved."""
+    latest = out / "checkpoints" / "latest"
+    with (ctx.work / "resume-killed.log").open("w") as f:
+        proc = subprocess.Popen([sys.executable, *ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer())],
+                                cwd=REPO, env=ctx.train_env, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+        while not latest.is_file() and proc.poll() is None:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    saved = int(latest.read_text().strip().removeprefix("step-")) if latest.is_file() else 0
+    if not 0 < saved < ctx.sizes.steps:
+        raise Failed(f"the run was not killed mid-way (saved step {saved} of {ctx.sizes.steps}); "
+                     f"log {ctx.work / 'resume-killed.log'}")  # fmt: skip
+    return saved
+
+
+def step_resume(ctx: Context) -> dict:
+    """SIGKILL after the first checkpoint, then --resume to the end: compared with the uninterrupted run.
+    On CPU the two must be bitwise equal. CUDA kernels (atomic adds in the embedding gradient, cuBLAS
+    reduction order) are not bitwise reproducible, so there the resumed run may be as far from the
+    uninterrupted one as a second uninterrupted run is (the torchrun step), times two, plus 1e-3 in loss."""
+    out = ctx.work / "resume"
+    killed_at = kill_after_first_checkpoint(ctx, out)
+    run(ctx, ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer(), "--resume"), "resume", ctx.train_env)
+    weights = weight_difference(ctx.pretrain_run, out)
+    loss = eval_loss_difference(ctx.pretrain_run, out)
+    if ctx.device == "cpu":
+        tolerance = {"weights": 0.0, "eval_loss": 0.0, "why": "CPU kernels are deterministic: exact"}
+    else:
+        noise = ctx.done.get("torchrun")
+        if not noise:
+            raise Skipped(
+                "on CUDA the tolerance comes from the torchrun step's run-to-run distance; run it first"
+            )
+        tolerance = {"weights": 2 * noise["weights_max_abs_diff_vs_single_process"],
+                     "eval_loss": 2 * noise["eval_loss_diff_vs_single_process"] + 1e-3,
+                     "why": "twice the distance between two uninterrupted CUDA runs (torchrun step), +1e-3 loss"}  # fmt: skip
+    figures = {"killed_after_step": killed_at, "weights_max_abs_diff": weights, "eval_loss_diff": loss,
+               "tolerance": tolerance}  # fmt: skip
+    if weights > tolerance["weights"] or loss > tolerance["eval_loss"]:
+        raise Failed(f"the resumed run drifted from the uninterrupted one beyond tolerance: {figures}")
+    return figures
+
+
+def step_throughput(ctx: Context) -> dict:
+    """benchmarks/speed/train_throughput.py: our joint step against the one built from transformers."""
+    if not ctx.importable("transformers"):
+        raise Skipped("transformers is not installed: nothing to compare our training step with")
+    path = ctx.work / "train_throughput.json"
+    argv = ["-m", "benchmarks.speed.train_throughput", "--device", ctx.device, "--out", str(path),
+            *ctx.sizes.throughput]  # fmt: skip
+    run(ctx, argv, "throughput", ctx.train_env)
+    result = json.loads(path.read_text())
+    figures = {name: {"tokens_per_s": round(r["tokens_per_s"]), "gflops_per_s": round(r["gflops_per_s"], 1)}
+               for name, r in result["results"].items()}  # fmt: skip
+    figures["ours_vs_transformers"] = round(result["speedup"], 2)
+    if "ours bf16" in result["results"]:
+        figures["ours_vs_transformers_bf16"] = round(
+            result["results"]["ours bf16"]["vs_transformers_bf16"], 2
+        )
+    figures["device"] = result["device"]
+    return figures
+
+
+def step_export(ctx: Context) -> dict:
+    """The device-trained checkpoint exported on CPU ONNX Runtime: the export's own parity check against
+    the PyTorch checkpoint must pass, or nothing is written. Calibration is left out: it reads sentence
+    sources a bare node does not carry (docs/gpu.md)."""
+    ctx.require_serving("export (it reads what it wrote back as the server does)", ("msgspec",))
+    ctx.tokenizer()
+    bundle = ctx.work / "models" / "gpu-trained"
+    argv = ["-m", "export", str(ctx.pretrain_run), "--out", str(bundle), "--force", "--no-calibrate",
+            "--data-dir", str(ctx.data_dir)]  # fmt: skip
+    run(ctx, argv, "export", ctx.serve_env)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    parity = manifest.get("parity", {})
+    return {"bundle": str(bundle.relative_to(ctx.work)), "precision": manifest.get("precision"),
+            "parity": parity, "model_mib": round((bundle / "model.onnx").stat().st_size / 2**20, 2)}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict, timeout: float = 30) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> float:
+    started = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() - started > timeout:
+            raise Failed(
+                f"the server did not become ready; log {log}:\n{log.read_text(errors='replace')[-2500:]}"
+            )
+        time.sleep(0.05)
+
+
+def step_detect(ctx: Context) -> dict:
+    """`python -m app` on the exported bundle, a real port, one POST /detect: every token's offsets must
+    point at its text in the input."""
+    ctx.require_serving("the server")
+    models = ctx.work / "models"
+    if not (models / "gpu-trained" / "manifest.json").is_file():
+        raise Skipped("needs the export step's bundle; run the export step first")
+    port, log = free_port(), ctx.work / "detect-server.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "app", "--models", str(models), "--port", str(port),
+                                 "--log-level", "warning"], cwd=REPO, env=ctx.serve_env, stdout=f,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        ready_s = wait_ready(f"http://127.0.0.1:{port}/ready", proc, log)
+        t = time.perf_counter()
+        answer = post(f"http://127.0.0.1:{port}/detect", {"text": SENTENCE})
+        latency_ms = (time.perf_counter() - t) * 1000
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    tokens = answer["results"][0]["tokens"]
+    wrong = [
+        t for t in tokens if SENTENCE[t["start"] : t["end"]].lower() != t["text"].lower().removeprefix("##")
+    ]
+    if not tokens or wrong:
+        raise Failed(f"/detect answered with offsets that do not match the input: {wrong[:3] or answer}")
+    top = max(tokens, key=lambda t: t["prob"])
+    return {"ready_s": round(ready_s, 2), "latency_ms": round(latency_ms, 1), "tokens": len(tokens),
+            "most_likely_replaced": {"text": top["text"], "prob": round(top["prob"], 3)}}  # fmt: skip
+
+
+def step_claim(ctx: Context) -> dict:
+    """benchmarks/quality/electra_vs_mlm.py at this device's scale: ELECTRA and MLM from scratch at equal
+    FLOPs, each fine-tuned on Rotten Tomatoes, TREC and SMS spam over several seeds."""
+    out = ctx.out / "claim"
+    finetune = " ".join(("--device", ctx.device, *ctx.sizes.finetune))
+    argv = ["-m", "benchmarks.quality.electra_vs_mlm", "--budget-pflop", f"{ctx.claim_pflop:g}",
+            "--model-config", ctx.sizes.claim_config, "--tasks", "rotten_tomatoes,trec,sms_spam",
+            "--seeds", ctx.sizes.claim_seeds, "--data-dir", str(ctx.data_dir), "--work", str(ctx.work / "claim"),
+            "--out", str(out), f"--pretrain-args=--device {ctx.device}", f"--finetune-args={finetune}"]  # fmt: skip
+    run(ctx, argv, "claim", ctx.train_env)
+    results = json.loads((out / "results.json").read_text())
+    summary = {task: {split: {m: {o: {k: round(v, 4) for k, v in s[o].items() if k in ("mean", "std")}
+                                  for o in ("electra", "mlm")} | {"diff": round(s["diff"], 4)}
+                              for m, s in ms.items()}
+                      for split, ms in splits.items() if split == "test"}
+               for task, splits in results["summary"].items()}  # fmt: skip
+    return {"pflop_each": ctx.claim_pflop, "seeds": ctx.sizes.claim_seeds, "summary": summary,
+            "table": str(out / "table.md")}  # fmt: skip
+
+
+STEPS = {
+    "pretrain": step_pretrain,
+    "torchrun": step_torchrun,
+    "resume": step_resume,
+    "throughput": step_throughput,
+    "export": step_export,
+    "detect": step_detect,
+    "claim": step_claim,
+}

@@ -1,0 +1,77 @@
+"""scripts/gpu-check in its CPU mode: every step of the GPU check at toy sizes, on the code path a GPU run
+takes except for the device, with the training steps limited to the packages a bare GPU node has. The
+table it prints is the CI log's record of the run (docs/gpu.md)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpucheck.steps import STEPS
+from tests.realdata import real_data_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def gpu_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / "scripts" / "gpu-check"), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out, work = tmp_path_factory.mktemp("gpu-check-out"), tmp_path_factory.mktemp("gpu-check-work")
+    done = gpu_check("--device", "cpu", "--quick", "--guard-imports", "--out", str(out), "--work", str(work),
+                     "--data-dir", str(real_data_dir()))  # fmt: skip
+    return done, out
+
+
+def test_every_step_runs_on_cpu(cpu_run, capsys):
+    done, out = cpu_run
+    report = json.loads((out / "results.json").read_text())
+    with capsys.disabled():  # the CI log shows the table of every run, passed or not
+        print("\n" + (out / "results.md").read_text())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert list(report["steps"]) == list(STEPS)
+    assert {name: s["status"] for name, s in report["steps"].items()} == dict.fromkeys(STEPS, "ok")
+    steps = {name: s["figures"] for name, s in report["steps"].items()}
+    assert steps["pretrain"]["loss_last"] < steps["pretrain"]["loss_first"]
+    assert steps["torchrun"]["backend"] == "gloo"
+    # On a CPU, a second launcher and a kill -9 with --resume both land on the uninterrupted run's weights.
+    assert steps["torchrun"]["weights_max_abs_diff_vs_single_process"] == 0.0
+    assert 0 < steps["resume"]["killed_after_step"] < steps["pretrain"]["steps"]
+    assert steps["resume"]["weights_max_abs_diff"] == 0.0
+    assert steps["export"]["parity"]["fp32_vs_torch"]["max_abs_diff"] < 1e-4
+    assert steps["detect"]["tokens"] > 5
+    assert set(steps["claim"]["summary"]) == {"rotten_tomatoes", "trec", "sms_spam"}
+    assert "ELECTRA vs MLM" in (out / "results.md").read_text()
+
+
+def test_the_guard_hides_what_a_gpu_node_lacks(tmp_path):
+    from benchmarks.gpucheck.environment import guard_env
+
+    env = guard_env(tmp_path, {"PATH": "/usr/bin:/bin"})
+    probe = "import importlib.util as u; print([u.find_spec(m) is None for m in ('sklearn', 'matplotlib', 'numpy')])"
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=REPO)
+    assert done.stdout.strip() == "[True, True, False]", done.stderr
+
+
+def test_no_cuda_stops_before_any_step_and_says_why(tmp_path):
+    done = gpu_check(
+        "--device", "cuda", "--out", str(tmp_path), "--data-dir", str(real_data_dir()), timeout=120
+    )
+    assert done.returncode == 2
+    assert "sees no CUDA device" in done.stderr
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["steps"] == {} and report["problems"]
+
+
+def test_missing_data_is_named(tmp_path):
+    done = gpu_check(
+        "--device", "cpu", "--quick", "--out", str(tmp_path), "--data-dir", str(tmp_path), timeout=120
+    )
+    assert done.returncode == 2
+    assert "wikitext2-train.raw.gz" in done.stderr and "--data-dir" in done.stderr
