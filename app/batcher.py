@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,8 @@ from app.engine import Engine
 from app.errors import AppError, ErrorType
 from app.load import ServerLoad
 from app.placement import Place, place
+
+log = logging.getLogger("app")
 
 
 class IdleRunners:
@@ -142,15 +145,45 @@ class Batcher:
         where = self._place(batch, jobs=len(jobs), at_submit=False)
         feeds = self.engine.pad([job.rows[i] for job, i in live], self.pad_id)
         start = self._starting(jobs)
+        try:
+            out = await self._infer(feeds, solo=where is Place.SOLO)
+        except Exception as e:  # a failed run fails its requests, never the batcher
+            self.admission.series.batch_failed.inc()
+            return await self._retry_alone(live, jobs, e)
+        self._finish(live, jobs, feeds, out, start, where)
+
+    async def _infer(self, feeds: dict, solo: bool):
         self.load.batch_started()
         try:
-            loop = asyncio.get_running_loop()
-            out = await loop.run_in_executor(self._executor, self.engine.run, feeds, where is Place.SOLO)
-        except Exception as e:  # a failed run fails its requests, never the batcher
-            return _fail(jobs, e)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.engine.run, feeds, solo
+            )
         finally:
             self.load.batch_finished()
-        self._finish(live, jobs, feeds, out, start, where)
+
+    async def _retry_alone(self, live, jobs: list[Job], error: Exception) -> None:
+        """A batch failed: run each of its requests again on its own, so that a row that breaks the engine
+        fails only its own request, and a transient fault fails none (a batch of one is retried too). Each
+        retry is one more run, so a batch of n requests costs at most n + 1 runs; only a failed batch pays
+        it."""
+        log.warning("%s: a batch of %d request(s) failed (%s: %s); retrying each alone", self.admission.name,
+                    len(jobs), type(error).__name__, _first_line(error))  # fmt: skip
+        series = self.admission.series
+        for job in jobs:
+            if job.future.done():  # its client left meanwhile
+                continue
+            mine = [(j, i) for j, i in live if j is job]
+            feeds = self.engine.pad([job.rows[i] for _, i in mine], self.pad_id)
+            start = time.perf_counter()
+            try:
+                out = await self._infer(feeds, solo=False)
+            except Exception as e:
+                series.retry_failed.inc()
+                series.retry_unanswered.inc()
+                _fail([job], inference_failed(e))
+                continue
+            series.retry_answered.inc()
+            self._finish(mine, [job], feeds, out, start, Place.RUNNER)
 
     def _run_inline(self, batch: Batch) -> None:
         """On the event loop's thread, on the solo session (app/placement.py says when)."""
@@ -158,8 +191,19 @@ class Batcher:
         feeds, start = self.engine.pad(job.rows, self.pad_id), self._starting([job])
         try:
             out = self.engine.run(feeds, solo=True)
-        except Exception as e:  # as in a runner: the request fails, the server goes on
-            return _fail([job], e)
+        except Exception as first:
+            # As in a runner: run once more, and only then fail the request; the server goes on.
+            series = self.admission.series
+            series.batch_failed.inc()
+            try:
+                out = self.engine.run(feeds, solo=True)
+            except Exception as e:
+                series.retry_failed.inc()
+                series.retry_unanswered.inc()
+                return _fail([job], inference_failed(e))
+            log.warning("%s: a run failed (%s: %s); run again, it succeeded", self.admission.name,
+                        type(first).__name__, _first_line(first))  # fmt: skip
+            series.retry_answered.inc()
         self._finish(batch.items, [job], feeds, out, start, Place.INLINE)
 
     def _starting(self, jobs: list[Job]) -> float:
@@ -192,6 +236,21 @@ class Batcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.abort("server shut down before inference")
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def inference_failed(error: Exception) -> AppError:
+    """The 500 a request gets when its inference raised twice, in its batch and again alone: it names the
+    failure. Its batch-mates were answered (or failed on their own account)."""
+    name, first = type(error).__name__, _first_line(error)
+    return AppError(
+        ErrorType.INFERENCE_FAILED,
+        f"inference failed twice, in its batch and run again alone: {name}: {first}",
+    )
 
 
 def _fail(jobs: list[Job], error: Exception) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.bundle import Bundle
+from app.faults import FaultInjector
 from app.settings import ARENA_MODES, PROVIDERS, SettingsError
 from app.tokenization import Row
 
@@ -145,6 +146,7 @@ class Engine:
                 bundle.model_path, solo_threads, providers_setting="cpu", arena=arena,
                 stop_spinning_after_run=True, quiet=True,
             )  # fmt: skip
+        self.faults: FaultInjector | None = None  # --inject-faults, set once the engine is warm
         self._shrink: ort.RunOptions | None = None
         if arena == "shrink":
             self._shrink = ort.RunOptions()
@@ -190,6 +192,8 @@ class Engine:
         caller knows nothing else runs; the wider session is used when there is one."""
         assert not solo or self.solo is not None, "placement chose the solo session of an engine without one"
         sess = self.solo if solo else self.session
+        if self.faults is not None:
+            self.faults.check(feeds)
         big = self._shrink is not None and next(iter(feeds.values())).size > SHRINK_TOKENS
         out = sess.run([self.output_name], feeds, self._shrink if big else None)[0]
         if big and _LIBC is not None:

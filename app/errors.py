@@ -32,6 +32,7 @@ class ErrorType(enum.Enum):
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     CLIENT_GONE = "client_gone"
+    INFERENCE_FAILED = "inference_failed"
     INTERNAL = "internal_error"
 
 
@@ -52,6 +53,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.OVERLOADED: 429,
     ErrorType.UNAVAILABLE: 503,
     ErrorType.CLIENT_GONE: 499,  # nginx's "client closed request": nobody reads it, metrics do
+    ErrorType.INFERENCE_FAILED: 500,
     ErrorType.INTERNAL: 500,
 }
 

@@ -95,6 +95,14 @@ class Metrics:
             PREFIX + "open_connections", "Client connections open (--limit-concurrency refuses beyond it)",
             registry=r,
         )  # fmt: skip
+        self.engine_failures = Counter(
+            PREFIX + "engine_failures", "session.run calls that raised: a batch, or a request retried alone "
+            "after its batch failed", ("model", "run"), registry=r,
+        )  # fmt: skip
+        self.retried_requests = Counter(
+            PREFIX + "retried_requests", "Requests run again alone after their batch failed, by outcome",
+            ("model", "outcome"), registry=r,
+        )  # fmt: skip
         self.rejected = Counter(
             PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
         )
@@ -126,6 +134,10 @@ class Metrics:
             inline_batches=self.inline_batches.labels(name),
             queue_depth=self.queue_depth.labels(name),
             bulk_tokens=self.bulk_tokens.labels(name),
+            batch_failed=self.engine_failures.labels(name, "batch"),
+            retry_failed=self.engine_failures.labels(name, "retry"),
+            retry_answered=self.retried_requests.labels(name, "answered"),
+            retry_unanswered=self.retried_requests.labels(name, "failed"),
         )
 
     def render(self) -> bytes:
@@ -145,6 +157,10 @@ class ModelSeries:
     inline_batches: Counter
     queue_depth: Gauge
     bulk_tokens: Gauge
+    batch_failed: Counter
+    retry_failed: Counter
+    retry_answered: Counter
+    retry_unanswered: Counter
 
     def batch_ran(self, rows: int, padded_tokens: int, seconds: float, place: str) -> None:
         """One session.run: its size, its time, and where it ran (runner, solo, or inline, which is solo

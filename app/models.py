@@ -14,6 +14,7 @@ from app.bundle import Bundle
 from app.catalog import default_threshold, describe
 from app.engine import Engine
 from app.errors import AppError, ErrorType
+from app.faults import FaultInjector, FaultSpec
 from app.lifecycle import Lifecycle, Phase
 from app.load import ServerLoad
 from app.machine import cpu
@@ -237,4 +238,10 @@ def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, E
     warning = engine_check.verdict(check, settings.load_check, bundle.name)
     if warning:
         log.warning(warning)
+    faults = FaultSpec.parse(settings.inject_faults)
+    if faults is not None:  # after the warm-up and the check: only client batches count
+        engine.faults = FaultInjector.for_model(faults, bundle.name, tokenizer.word_ids)
+        log.warning(
+            "%s: --inject-faults %s: inference will fail on purpose", bundle.name, settings.inject_faults
+        )
     return tokenizer, engine, check

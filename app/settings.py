@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.faults import FaultSpec, FaultSpecError
+
 ENV_PREFIX = "ELECTRA_"
 # The choices of --memory-arena and --providers: app/engine.py says what each does. Defined here, where
 # the settings are checked before onnxruntime is imported (a typo should not wait for it).
@@ -95,6 +97,10 @@ class Settings:
     # /metrics already counts and times every request by endpoint, model and status.
     access_log: bool = _opt(False, "log one line per request (true/false)")
     ui: bool = _opt(True, "serve the web page at / (--no-ui: the API only)")
+    inject_faults: str = _opt(
+        "", "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
+        "(every batch holding WORD); app/faults.py"
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         positive = (
@@ -126,6 +132,10 @@ class Settings:
             raise SettingsError(f"{_flag('load_check')}: {_one_of(CHECK_MODES)}, not {self.load_check!r}")
         if self.providers not in PROVIDERS:
             raise SettingsError(f"{_flag('providers')}: {_one_of(PROVIDERS)}, not {self.providers!r}")
+        try:
+            FaultSpec.parse(self.inject_faults)
+        except FaultSpecError as e:
+            raise SettingsError(f"{_flag('inject_faults')}: {e}") from None
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(f"{_flag('log_level')} must be one of {', '.join(LOG_LEVELS)}")
 

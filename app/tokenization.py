@@ -105,6 +105,10 @@ class TextTokenizer:
             out.append((row, len(enc.overflowing) > 0))
         return out
 
+    def word_ids(self, word: str) -> list[int]:
+        """The token ids of `word` alone, without special tokens."""
+        return self._plain.encode(word, add_special_tokens=False).ids
+
     def warmup_row(self, length: int) -> Row:
         return self._row([self.pad_id + 1] * max(1, min(length, self.window_size)))
 

@@ -1,0 +1,104 @@
+"""When ONNX Runtime fails inside a batch (--inject-faults, app/faults.py): the failing request gets a JSON 500
+that names the failure, its batch-mates are retried without it and answered, the server goes on, and
+/metrics counts it. Against a real server process."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from app.faults import FaultSpec, FaultSpecError
+from app.settings import Settings, SettingsError
+
+try:
+    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+
+TEXTS = [
+    "The chef cooked the meal in the old kitchen.",
+    "A river flows north through the valley.",
+    "She played the violin at the concert last night.",
+    "Prices rose again in the spring.",
+    "The committee will publish its report next week.",
+    "Rain fell on the town for three days.",
+    "He left the house early to catch the train.",
+]
+
+
+def single_token_word(bundle: Path, text: str) -> str:
+    """A word of `text` that the bundle's tokenizer keeps whole, and that no other text holds."""
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    others = " ".join(TEXTS).lower().split()
+    for word in text.lower().rstrip(".").split():
+        if len(tok.encode(word, add_special_tokens=False).ids) == 1 and others.count(word) == 0:
+            return word
+    raise AssertionError(f"no single-token word unique to {text!r}")
+
+
+def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles_dir: Path, tmp_path):
+    poisoned = "The army marched past the church toward the island."
+    word = single_token_word(bundles_dir / "detector", poisoned)
+    # One runner that waits for its batch to fill, no solo session: the eight requests share one batch.
+    flags = (
+        "--inject-faults",
+        f"poison={word}",
+        "--runners",
+        "1",
+        "--solo-threads",
+        "1",
+        "--max-wait-ms",
+        "300",
+    )
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+        texts = [*TEXTS[:3], poisoned, *TEXTS[3:]]
+        with ThreadPoolExecutor(len(texts)) as pool:
+            answers = list(pool.map(lambda t: client.post("/detect", json={"text": t}), texts))
+        failed = answers.pop(3)
+        assert failed.status_code == 500, failed.text
+        error = failed.json()["error"]
+        assert error["type"] == "inference_failed"
+        assert "InjectedFault" in error["message"] and word in error["message"]
+        assert [a.status_code for a in answers] == [200] * len(TEXTS)
+        assert server.metric("electra_engine_failures_total", model="detector", run="batch") >= 1
+        retried = server.metric("electra_retried_requests_total", model="detector", outcome="answered")
+        assert retried >= 1  # the batch-mates that shared the poisoned batch
+        assert server.metric("electra_retried_requests_total", model="detector", outcome="failed") == 1
+        assert server.metric("electra_engine_failures_total", model="detector", run="retry") == 1
+        # The server goes on serving, and the requests' queue is empty again.
+        assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200
+        assert server.metric("electra_queue_depth", model="detector") == 0
+
+
+def test_a_transient_fault_is_retried_and_no_client_sees_it(bundles_dir: Path, tmp_path):
+    flags = ("--inject-faults", "every=2", "--solo-threads", "1")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+        codes = [client.post("/detect", json={"text": t}).status_code for t in TEXTS[:4]]
+        assert codes == [200] * 4  # runs 1 ok; 2 fails, retried as 3; 4 fails, retried as 5; ...
+        assert server.metric("electra_engine_failures_total", model="detector", run="batch") >= 2
+        assert server.metric("electra_retried_requests_total", model="detector", outcome="answered") >= 2
+
+
+def test_a_fault_that_persists_fails_each_request_with_a_json_500(bundles_dir: Path, tmp_path):
+    flags = ("--inject-faults", "every=1", "--solo-threads", "1")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+        r = client.post("/detect", json={"text": TEXTS[0]})
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "inference_failed" and "twice" in r.json()["error"]["message"]
+        assert client.get("/health").status_code == 200  # the server goes on
+
+
+@pytest.mark.parametrize("spec", ["every=0", "poison=", "sometimes", "every=x"])
+def test_a_bad_fault_spec_is_refused_naming_the_setting(spec):
+    with pytest.raises(FaultSpecError):
+        FaultSpec.parse(spec)
+    with pytest.raises(SettingsError, match="--inject-faults"):
+        Settings.from_sources(["--inject-faults", spec], env={})
+
+
+def test_faults_are_off_by_default():
+    settings, _ = Settings.from_sources([], env={})
+    assert FaultSpec.parse(settings.inject_faults) is None
