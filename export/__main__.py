@@ -108,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     from export.evaldata import EvalDataError
     from export.parity import ParityError
     from export.pipeline import run_export
-    from training.checkpoint import CheckpointError
+    from training.checkpoint import CheckpointError, DiskFullError
 
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))
+    except DiskFullError as e:
+        print(f"export failed: {e}; nothing was written at --out {cfg.out}", file=sys.stderr)
+        return 1
     except (ParityError, EvalDataError, CheckpointError, ValueError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1

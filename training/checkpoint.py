@@ -8,6 +8,8 @@ unpickles anything either.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -164,14 +166,65 @@ def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> No
 # ------------------------------------------------------------------------------------ atomic directories
 
 
-def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
+class DiskFullError(OSError):
+    """A write ran out of space (ENOSPC, or EDQUOT: a quota); the message names the disk and the space."""
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]"
+        return str(self.strerror)
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def disk_full(target: Path, needed_bytes: int | None = None) -> DiskFullError:
+    """The error for `target` meeting a full disk: which disk, how much is free, and what was needed."""
+    usage = shutil.disk_usage(target.parent)
+    need = f"; writing {target.name} needs about {needed_bytes / 1e6:.1f} MB" if needed_bytes else ""
+    return DiskFullError(errno.ENOSPC, f"no space left on the disk holding {target.parent} (mounted at "
+                         f"{_mount_point(target.parent)}: {usage.free / 1e6:.1f} MB free of "
+                         f"{usage.total / 1e6:.1f} MB){need}")  # fmt: skip
+
+
+def _out_of_space(e: BaseException) -> bool:
+    # safetensors reports the OS error inside its own exception type: "... (os error 28)".
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return f"(os error {errno.ENOSPC})" in str(e) or f"(os error {errno.EDQUOT})" in str(e)
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Temporary siblings of `target` left by a writer that was killed (SIGKILL, OOM): their names carry
+    the writer's pid, and a pid that no longer runs will never finish them."""
+    for tmp in target.parent.glob(f".{target.name}.pid*.*"):
+        pid = tmp.name[len(target.name) + 5 :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: int | None = None) -> Path:
     """Create `target` by filling a temporary sibling directory and renaming it into place.
 
     A rename within one filesystem is atomic, so readers see either the old checkpoint or the complete
-    new one, never half of it, even if the process is killed mid-save.
+    new one, never half of it, even if the process is killed mid-save. A full disk raises DiskFullError
+    (`needed_bytes`: what to tell the user the write needs) and leaves nothing behind.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    _remove_stale_temporaries(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", dir=target.parent))
     # mkdtemp makes the directory private (0700); the result should read like any directory made here
     # (a bundle copied into an image is read by the server's own unprivileged user).
     umask = os.umask(0)
@@ -191,8 +244,10 @@ def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(target)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _out_of_space(e):
+            raise disk_full(target, needed_bytes) from e
         raise
     return target
 
@@ -206,14 +261,30 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 
 def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], keep: int = 2) -> Path:
-    """Write checkpoints/step-XXXXXXXX atomically, point `latest` at it, keep the newest `keep`."""
+    """Write checkpoints/step-XXXXXXXX atomically, point `latest` at it, keep the newest `keep`. On a full
+    disk, DiskFullError: `latest` still points at the previous checkpoint, which is untouched."""
     ckpt_dir = run_dir / "checkpoints"
-    target = write_atomically(ckpt_dir / f"step-{step:08d}", fill)
-    write_text_atomically(ckpt_dir / LATEST, target.name)
+    latest = ckpt_dir / LATEST
+    previous = ckpt_dir / latest.read_text().strip() if latest.is_file() else None
+    needed = _size(previous) if previous is not None and previous.is_dir() else None
+    target = write_atomically(ckpt_dir / f"step-{step:08d}", fill, needed)
+    try:
+        write_text_atomically(latest, target.name)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        shutil.rmtree(target, ignore_errors=True)  # latest still names the previous checkpoint: keep it so
+        with contextlib.suppress(FileNotFoundError):
+            latest.with_name(f".{LATEST}.tmp").unlink()
+        raise disk_full(latest) from e
     steps = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir())
     for old in steps[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 # -------------------------------------------------------------------------------------- optimizer state

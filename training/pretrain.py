@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import sys
@@ -329,6 +330,22 @@ def setup(argv: list[str] | None) -> Trainer:
 
 def main(argv: list[str] | None = None) -> None:
     t = setup(argv)
+    try:
+        train(t)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        latest = t.run / "checkpoints" / ckpt.LATEST
+        kept = (
+            f"checkpoints/latest still points at {latest.read_text().strip()}, which is intact; "
+            if latest.is_file()
+            else ""
+        )
+        sys.exit(f"error: stopped at step {t.step}: {e}. {kept}free space (or choose another --out) and run the "
+                 "same command with --resume")  # fmt: skip
+
+
+def train(t: Trainer) -> None:
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
     log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)

@@ -1,0 +1,45 @@
+"""Training and export under faults (issue 33), on real processes and a real full disk, as
+benchmarks/training_faults.py runs them, fewer times: a run killed with SIGKILL resumes to the uninterrupted
+run's weights; a checkpoint that meets a full tmpfs stops the run with a message naming the disk, keeps the
+previous checkpoint, and resumes exactly once there is room; an export killed mid-way leaves nothing at
+--out; the same command twice gives the same vocabulary and weights, in one process and under torchrun."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import training_faults as tf
+from tests.realdata import real_data_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    r = tf.Run(tmp_path_factory.mktemp("training-faults"), str(real_data_dir()))
+    reference = r.ensure_reference()
+    assert (
+        reference["max_weight_diff_vs_trained_vocabulary"] == 0.0
+    )  # the vocabulary given or trained: same run
+    return r
+
+
+def test_killed_runs_resume_exactly(runs):
+    result = tf.kill_resume(runs, kills=2, seed=1)
+    assert result["ok"], result
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_resumes(runs):
+    result = tf.disk_full(runs)
+    if result["ok"] is None:
+        pytest.skip(result["skipped"])
+    assert result["ok"], result
+    assert "no space left on the disk" in result["message"] and "--resume" in result["message"]
+
+
+def test_an_export_killed_mid_way_leaves_no_bundle(runs):
+    result = tf.export_killed(runs, fractions=(0.3, 0.7))
+    assert result["ok"], result
+
+
+def test_the_same_command_twice_gives_the_same_model(runs):
+    result = tf.same_run_twice(runs)
+    assert result["ok"], result
