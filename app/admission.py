@@ -1,7 +1,8 @@
 """Admission, apart from the queue (as text-embeddings-inference does): a request holds a place from
 tokenization to answer, and is refused at once (429, or 503 once the server drains) when there is none.
 Two limits per model: requests admitted (--queue-size), and tokens of bulk requests unanswered
-(--max-bulk-tokens): long texts cannot crowd out one-sentence requests."""
+(--max-bulk-tokens): long texts cannot crowd out one-sentence requests. Under a memory limit, bulk requests
+also reserve what their batches will use (app/memory.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from collections.abc import Iterator
 from app.errors import AppError, ErrorType
 from app.lifecycle import Lifecycle
 from app.load import ServerLoad
+from app.memory import MemoryBudget
 
 
 class Admission:
     def __init__(
         self, name: str, *, queue_size: int, interactive_tokens: int, max_bulk_tokens: int,
-        lifecycle: Lifecycle, load: ServerLoad, series,
+        lifecycle: Lifecycle, load: ServerLoad, series, memory: MemoryBudget | None = None,
+        bulk_batch_tokens: int = 4096,
     ) -> None:  # fmt: skip
         self.name = name
         self.queue_size = queue_size
@@ -27,6 +30,8 @@ class Admission:
         self.series = series  # this model's metric series (app.metrics)
         self.admitted = 0
         self.bulk_tokens = 0  # admitted bulk tokens not yet answered
+        self.memory = memory  # shared by every model; None: no memory limit to keep to
+        self.bulk_batch_tokens = bulk_batch_tokens
 
     @contextlib.contextmanager
     def request(self) -> Iterator[None]:
@@ -60,10 +65,14 @@ class Admission:
                 f"{tokens} would pass the limit of {self.max_bulk_tokens} (--max-bulk-tokens); retry later"
             )
             raise AppError(ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"})
+        if self.memory is not None:
+            self.memory.reserve(self.name, tokens, self.bulk_batch_tokens)
         self.bulk_tokens += tokens
         self.series.bulk_tokens.set(self.bulk_tokens)
         return True
 
     def release(self, tokens: int) -> None:
+        if self.memory is not None:
+            self.memory.release(tokens, self.bulk_batch_tokens)
         self.bulk_tokens -= tokens
         self.series.bulk_tokens.set(self.bulk_tokens)

@@ -103,6 +103,10 @@ class Metrics:
             PREFIX + "retried_requests", "Requests run again alone after their batch failed, by outcome",
             ("model", "outcome"), registry=r,
         )  # fmt: skip
+        self.memory = Gauge(
+            PREFIX + "memory_bytes", "Memory limit, resident memory after loading, and what admitted large requests "
+            "may use (app/memory.py)", ("what",), registry=r,
+        )  # fmt: skip
         self.rejected = Counter(
             PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
         )

@@ -18,6 +18,7 @@ from app.faults import FaultInjector, FaultSpec
 from app.lifecycle import Lifecycle, Phase
 from app.load import ServerLoad
 from app.machine import cpu
+from app.memory import MemoryBudget, budget_for, peak_during, rss
 from app.metrics import Metrics
 from app.schemas import ModelInfo
 from app.settings import Settings, SettingsError
@@ -67,6 +68,7 @@ class Registry:
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
         self._loop: asyncio.AbstractEventLoop | None = None
         self.load_checks: dict[str, dict | None] = {}  # app/engine_check.py: this CPU against the reference
+        self.memory = budget_for(settings.memory_limit_mb)  # app/memory.py; None: no limit to keep to
         for b in bundles:
             for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
                                  ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
@@ -131,7 +133,9 @@ class Registry:
         self._loop = asyncio.get_running_loop()
         for bundle in list(self.bundles.values()):
             try:
-                tokenizer, engine, check = await asyncio.to_thread(_load_and_warm, bundle, self.settings)
+                tokenizer, engine, check = await asyncio.to_thread(
+                    _load_and_warm, bundle, self.settings, self.memory
+                )
             except Exception as e:  # this bundle fails alone; the reason stays readable on /models
                 self.broken[bundle.name] = f"loading failed: {type(e).__name__}: {e}"
                 del self.bundles[bundle.name]
@@ -148,10 +152,26 @@ class Registry:
             if check is not None:
                 self.metrics.record_load_check(bundle.name, check)
             log.info("%s: loaded and warmed up (%s)%s", bundle.name, bundle.manifest.kind, _said(check))
+        if self.memory is not None:
+            self._settle_memory()
         if not self.models:
             self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
         elif self.state == "loading":
             self.state = "ready"
+
+    def _settle_memory(self) -> None:
+        memory, st = self.memory, self.settings
+        memory.settle()
+        memory.gauge = self.metrics.memory
+        self.metrics.memory.labels("limit").set(memory.limit)
+        self.metrics.memory.labels("baseline").set(memory.baseline)
+        log.info("memory: %s", memory.describe())
+        one_batch = memory.cost(st.bulk_batch_tokens, st.bulk_batch_tokens)
+        if one_batch > memory.room:
+            log.warning("memory: one batch of --bulk-batch-tokens %d needs about %.0f MiB, more than the %.0f MiB "
+                        "the limit leaves: requests over --interactive-tokens (%d) will be refused (413); raise "
+                        "the limit or lower --bulk-batch-tokens", st.bulk_batch_tokens, one_batch / 2**20,
+                        max(0, memory.room) / 2**20, st.interactive_tokens)  # fmt: skip
 
     def leave_rotation(self) -> None:
         """SIGTERM with --drain-delay-s: /ready answers 503 and connections close after their response,
@@ -200,7 +220,8 @@ def _scheduler(
     admission = Admission(
         name, queue_size=st.queue_size, interactive_tokens=st.interactive_tokens,
         max_bulk_tokens=st.max_bulk_tokens, lifecycle=registry.lifecycle, load=registry.server_load,
-        series=registry.metrics.of_model(name),
+        series=registry.metrics.of_model(name), memory=registry.memory,
+        bulk_batch_tokens=min(st.batch_token_budget, st.bulk_batch_tokens),
     )  # fmt: skip
     batcher = Batcher(
         engine, tokenizer.pad_id, admission, registry.server_load, token_budget=st.batch_token_budget,
@@ -217,7 +238,9 @@ def _said(check: dict | None) -> str:
     return f"; load-time check on {check['machine']['int8_kernel_path']}: p99 {check['p99']:.4f}, max {check['max']:.4f}"
 
 
-def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, Engine, dict | None]:
+def _load_and_warm(
+    bundle: Bundle, settings: Settings, memory: MemoryBudget | None = None
+) -> tuple[TextTokenizer, Engine, dict | None]:
     """Tokenizer and sessions, warmed and checked against the bundle's reference outputs: a worker
     thread's work, off the event loop. EngineCheckError when --load-check refuses the bundle."""
     m = bundle.manifest
@@ -238,6 +261,14 @@ def _load_and_warm(bundle: Bundle, settings: Settings) -> tuple[TextTokenizer, E
     warning = engine_check.verdict(check, settings.load_check, bundle.name)
     if warning:
         log.warning(warning)
+    if memory is not None:  # what a batch at the bulk budget of full-length rows adds to resident memory
+        rows = max(1, settings.bulk_batch_tokens // m.max_length)
+        batch = engine.pad([tokenizer.warmup_row(m.max_length)] * rows, tokenizer.pad_id)
+        before = rss()
+        _, peak = peak_during(lambda: engine.run(batch))
+        # Against what stays resident once the arena has shrunk back after it: the full price of such a
+        # batch, not only what it added to the arena the smaller warm-up batches had already grown.
+        memory.measured(max(0, peak - min(before, rss())) / (rows * m.max_length))
     faults = FaultSpec.parse(settings.inject_faults)
     if faults is not None:  # after the warm-up and the check: only client batches count
         engine.faults = FaultInjector.for_model(faults, bundle.name, tokenizer.word_ids)

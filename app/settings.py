@@ -97,6 +97,12 @@ class Settings:
     # /metrics already counts and times every request by endpoint, model and status.
     access_log: bool = _opt(False, "log one line per request (true/false)")
     ui: bool = _opt(True, "serve the web page at / (--no-ui: the API only)")
+    # A container's limit is its cgroup's: large requests get 429 (413 if one alone would not fit) before
+    # they could reach it, not the OOM killer after (app/memory.py).
+    memory_limit_mb: int = _opt(
+        0, "memory the server may use, MiB: large requests that would pass it get 429 or 413; 0: the cgroup's "
+        "limit when there is one; -1: none"
+    )  # fmt: skip
     inject_faults: str = _opt(
         "", "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
         "(every batch holding WORD); app/faults.py"

@@ -16,6 +16,10 @@ Faults:
 - client-resets: clients that reset their connection mid-request (TCP RST before or after the body),
   by the hundred, under load. Promise: the rest all answered; the queue and the connections back to 0,
   and the resident memory where it was.
+- memory-limit: the container image under podman --memory, from deploy/'s limit (1 GiB) down, with
+  benchmarks/load/hostile.py's traffic (benchmarks/load/memory_limit.py). Promise: never OOM-killed at
+  the limit deploy/ sets; the row names the smallest limit that served. Skipped, saying why, without
+  podman or the image.
 
 Writes benchmarks/results/<--name>.json and .md.
 """
@@ -54,6 +58,7 @@ PROMISES = {
     "only-replica-sigkill": "errors until it is ready again",
     "engine-fault": "only the poisoned requests fail, each with a JSON 500",
     "client-resets": "none lost; queue and connections back to 0",
+    "memory-limit": "never OOM-killed at deploy/'s limit; the smallest limit that serves",
 }
 
 
@@ -62,9 +67,11 @@ class Timing:
     before_s: float  # load before the fault
     after_s: float  # load after recovery
     resets: int  # client-resets: aborted requests
+    hostile_s: float  # memory-limit: hostile traffic per limit
 
 
-TIMINGS = {"full": Timing(15.0, 15.0, 1000), "quick": Timing(4.0, 5.0, 200)}
+TIMINGS = {"full": Timing(15.0, 15.0, 1000, 40.0), "quick": Timing(4.0, 5.0, 200, 10.0)}
+DEPLOY_LIMIT_MIB = 1024  # deploy/deployment.yaml's memory limit
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,6 +88,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work", default=str(WORK))
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--name", default="faults")
+    p.add_argument("--image", default="localhost/electra-serve:ci", help="memory-limit: the server image")
+    p.add_argument(
+        "--memory-limits",
+        default="1024,768,640,512,384",
+        help="memory-limit: MiB, tried from the largest down until one does not serve",
+    )
     args = p.parse_args(argv)
     args.faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in args.faults if f not in PROMISES]
@@ -325,11 +338,27 @@ def client_resets(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
                queue_depth_after=0, restarts=len(srv.exits))  # fmt: skip
 
 
+def memory_limit(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
+    from benchmarks.load import memory_limit as ml
+
+    limits = [int(x) for x in args.memory_limits.split(",") if x]
+    try:
+        found = ml.measure(args.image, limits, timing.hostile_s, str(os.getpid()))
+    except ml.Unavailable as e:
+        return {"fault": "memory-limit", "sent": 0, "failed": 0, "promise": PROMISES["memory-limit"],
+                "recovery_s": None, "p99_ms": None, "skipped": str(e)}  # fmt: skip
+    at_deploy = next((r for r in found["limits"] if r["limit_mib"] == DEPLOY_LIMIT_MIB), found["limits"][0])
+    return {"fault": "memory-limit", "sent": at_deploy.get("normal_sent", 0), "failed": at_deploy.get("normal_failed", 0),
+            "promise": PROMISES["memory-limit"], "recovery_s": None, "p99_ms": at_deploy.get("normal_p99_ms"),
+            "at_limit_mib": at_deploy["limit_mib"], **found}  # fmt: skip
+
+
 FAULTS = {
     "replica-sigkill": replica_sigkill,
     "only-replica-sigkill": only_replica_sigkill,
     "engine-fault": engine_fault,
     "client-resets": client_resets,
+    "memory-limit": memory_limit,
 }
 
 
@@ -342,13 +371,19 @@ def kept(r: dict) -> bool:
         return r["failed"] == 0 and p["sent"] > 0 and p["json_500"] == p["sent"]
     if r["fault"] == "client-resets":
         return r["failed"] == 0 and r["restarts"] == 0
+    if r["fault"] == "memory-limit":
+        if "skipped" in r:
+            return None
+        at = next(x for x in r["limits"] if x["limit_mib"] == r["at_limit_mib"])
+        return at["served"] and not at["oom_killed"]
     return r["recovery_s"] is not None
 
 
 def markdown(data: dict) -> str:
     m = data["machine"]
     head = ["fault", "sent", "failed", "promise", "kept", "recovery s", "p99 ms during"]
-    rows = [[r["fault"], r["sent"], r["failed"], r["promise"], "yes" if r["kept"] else "**no**", r["recovery_s"],
+    shown = {True: "yes", False: "**no**", None: "skipped"}
+    rows = [[r["fault"], r["sent"], r["failed"], r["promise"], shown[r["kept"]], r["recovery_s"],
              r["p99_ms"]] for r in data["rows"]]  # fmt: skip
     return "\n".join([
         "# Faults under load", "",
@@ -382,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(data)
     js, mdp = lk.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
-    return 0 if all(r["kept"] for r in rows) else 1
+    return 0 if all(r["kept"] is not False for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,133 @@
+"""The process's memory against its limit: large requests are refused (429, or 413 when one alone could
+never fit) before their batches could push the process past the limit, instead of the kernel's OOM killer
+ending every request at once (docs/deploy.md, "Faults under load").
+
+The limit is --memory-limit-mb, else the cgroup's (a container's --memory, a pod's limit). What a request
+costs is measured, not guessed: at load, each model runs one batch at the bulk budget (--bulk-batch-tokens
+of full-length rows) while a thread samples the resident memory; the rise per padded token is the price of
+a bulk request's tokens (its rows run in batches of at most that budget). What is resident once every model
+is loaded and warm is the baseline; the large requests in flight must fit between it and HEADROOM of the
+limit. One-sentence requests are not counted: the warm-up already grew the arenas to a full-length batch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from app.errors import AppError, ErrorType
+
+T = TypeVar("T")
+# cgroup v2, then v1. v1 reports "no limit" as a number near 2**63.
+LIMIT_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+UNLIMITED = 1 << 60
+# Work may plan to use this share of the limit: the rest is the allocator's slack, the page cache the
+# cgroup also counts, and the responses being built.
+HEADROOM = 0.9
+MIB = 1 << 20
+
+
+def cgroup_limit(files: tuple[Path, ...] = LIMIT_FILES) -> int | None:
+    """The memory limit of this process's cgroup in bytes, or None when it has none."""
+    for path in files:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max" or not text.isdigit() or int(text) >= UNLIMITED:
+            return None
+        return int(text)
+    return None
+
+
+def rss() -> int:
+    """Resident memory of this process in bytes (/proc/self/statm; 0 where there is no /proc)."""
+    try:
+        resident = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_during(fn: Callable[[], T], every_s: float = 0.001) -> tuple[T, int]:
+    """fn()'s result and the highest resident memory seen while it ran."""
+    peak, done = [rss()], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(every_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return result, max(peak[0], rss())
+
+
+class MemoryBudget:
+    """Shared by every model of the process: what bulk requests in flight may still use."""
+
+    def __init__(self, limit: int, source: str) -> None:
+        self.limit, self.source = limit, source
+        self.baseline = 0  # resident once every model is loaded and warm
+        self.per_token = 0.0  # bytes per padded token of a full-length batch, the most of any model
+        self.reserved = 0  # what the admitted, unanswered bulk requests may use
+        self.gauge = None  # electra_memory_bytes, once the server has settled
+
+    def measured(self, per_token: float) -> None:
+        self.per_token = max(self.per_token, per_token)
+
+    def settle(self) -> None:
+        self.baseline = rss()
+
+    def cost(self, tokens: int, batch_tokens: int) -> int:
+        return int(self.per_token * min(tokens, batch_tokens))
+
+    @property
+    def room(self) -> int:
+        return int(HEADROOM * self.limit) - self.baseline
+
+    def reserve(self, model: str, tokens: int, batch_tokens: int) -> None:
+        need = self.cost(tokens, batch_tokens)
+        if need > self.room:
+            raise AppError(ErrorType.TOO_MANY_TOKENS,
+                           f"this request's batches need about {need / MIB:.0f} MiB, more than the {max(0, self.room) / MIB:.0f} "
+                           f"MiB this server's memory limit ({self.limit / MIB:.0f} MiB, {self.source}) leaves above its "
+                           f"loaded models; send fewer or shorter texts", field="tokens")  # fmt: skip
+        if self.reserved + need > self.room:
+            raise AppError(ErrorType.OVERLOADED,
+                           f"model {model!r}: large requests in flight already hold {self.reserved / MIB:.0f} of the "
+                           f"{self.room / MIB:.0f} MiB this server's memory limit leaves them; retry later",
+                           field="tokens", headers={"retry-after": "1"})  # fmt: skip
+        self.reserved += need
+        self._show()
+
+    def release(self, tokens: int, batch_tokens: int) -> None:
+        self.reserved -= self.cost(tokens, batch_tokens)
+        self._show()
+
+    def _show(self) -> None:
+        if self.gauge is not None:
+            self.gauge.labels("reserved").set(self.reserved)
+
+    def describe(self) -> str:
+        return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
+                f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
+                f"{max(0, self.room) / MIB:.0f} MiB left for large requests in flight")  # fmt: skip
+
+
+def budget_for(limit_mb: int) -> MemoryBudget | None:
+    """--memory-limit-mb: > 0 that many MiB; 0 the cgroup's limit, if any; < 0 no budget."""
+    if limit_mb > 0:
+        return MemoryBudget(limit_mb * MIB, "--memory-limit-mb")
+    if limit_mb == 0 and (limit := cgroup_limit()) is not None:
+        return MemoryBudget(limit, "the cgroup's limit")
+    return None

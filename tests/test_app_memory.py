@@ -1,0 +1,83 @@
+"""Under a memory limit (app/memory.py) large requests are refused before they could push the server past
+it: 413 when one alone would not fit, 429 while others hold the room; one-sentence requests are served.
+The budget's arithmetic, the cgroup files, and a real server on the shipped models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.errors import AppError, ErrorType
+from app.memory import HEADROOM, MIB, MemoryBudget, cgroup_limit
+
+try:
+    from app_fixtures import run_server
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import run_server
+
+REPO = Path(__file__).resolve().parents[1]
+LONG = "The river flows past the old mill, where the village once ground its grain. " * 80  # ~1.4k tokens
+
+
+@pytest.mark.parametrize(
+    "v2, v1, expected",
+    [("max\n", None, None), ("268435456\n", None, 268435456), (None, "9223372036854771712\n", None),
+     (None, "536870912\n", 536870912), (None, None, None)],
+)  # fmt: skip
+def test_the_cgroup_limit_is_read_from_v2_then_v1(tmp_path, v2, v1, expected):
+    files = (tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes")
+    for path, text in zip(files, (v2, v1), strict=True):
+        if text is not None:
+            path.write_text(text)
+    assert cgroup_limit(files) == expected
+
+
+def budget(limit_mib: int, baseline_mib: int, per_token: float) -> MemoryBudget:
+    b = MemoryBudget(limit_mib * MIB, "test")
+    b.baseline, b.per_token = baseline_mib * MIB, per_token
+    return b
+
+
+def test_large_requests_reserve_room_and_give_it_back():
+    b = budget(1000, 500, per_token=30_000)  # a 4096-token batch: ~117 MiB; room 400 MiB
+    assert b.room == int(HEADROOM * 1000 * MIB) - 500 * MIB
+    for _ in range(3):
+        b.reserve(
+            "m", 10_000, 4096
+        )  # a request's batches are at most 4096 tokens: it holds one batch's worth
+    with pytest.raises(AppError) as busy:
+        b.reserve("m", 10_000, 4096)
+    assert busy.value.type is ErrorType.OVERLOADED and busy.value.headers["retry-after"]
+    b.release(10_000, 4096)
+    b.reserve("m", 10_000, 4096)
+
+
+def test_a_request_that_could_never_fit_is_413_naming_the_limit():
+    b = budget(600, 500, per_token=30_000)
+    with pytest.raises(AppError) as too_big:
+        b.reserve("m", 4096, 4096)
+    assert too_big.value.type is ErrorType.TOO_MANY_TOKENS and "600 MiB" in too_big.value.message
+
+
+def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(tmp_path):
+    # The shipped models need ~500 MiB resident: 300 MiB leaves nothing for a large request's batches.
+    with (
+        run_server(REPO / "models", "--memory-limit-mb", "300", log_dir=tmp_path) as server,
+        server.client() as c,
+    ):
+        assert c.post("/detect", json={"text": "A short sentence is served."}).status_code == 200
+        r = c.post("/detect", json={"texts": [LONG, LONG]})
+        assert r.status_code == 413, r.text
+        assert "memory limit (300 MiB, --memory-limit-mb)" in r.json()["error"]["message"]
+        assert server.metric("electra_memory_bytes", what="limit") == 300 * MIB
+        assert "will be refused (413)" in server.log()
+
+
+def test_a_server_with_room_answers_large_requests(tmp_path):
+    with (
+        run_server(REPO / "models", "--memory-limit-mb", "100000", log_dir=tmp_path) as server,
+        server.client() as c,
+    ):
+        assert c.post("/detect", json={"texts": [LONG, LONG]}).status_code == 200
+        assert server.metric("electra_memory_bytes", what="reserved") == 0  # given back once answered
