@@ -40,8 +40,11 @@ STEPS, SAVE_EVERY = 150, 25  # long enough that most random kills land while it 
 class Run:
     """Tiny pretraining runs on one corpus, with one reference run to compare against."""
 
-    def __init__(self, work: Path, data_dir: str | None) -> None:
+    def __init__(self, work: Path, data_dir: str | None, steps: int = STEPS, save_every: int = SAVE_EVERY,
+                 corpus: str | None = None) -> None:  # fmt: skip
         self.work, self.data_dir = work, data_dir
+        self.steps, self.save_every = steps, save_every
+        self.corpus = ["--corpus", corpus] if corpus else []  # default: the config's (WikiText-2)
         self.reference = work / "reference"
         self.seconds = 0.0  # the reference run's duration: kill moments are drawn within it
 
@@ -50,7 +53,8 @@ class Run:
     ) -> list[str]:
         data = ["--data-dir", self.data_dir] if self.data_dir else []
         return [sys.executable, *module, "--config", "configs/tiny.toml", "--out", str(out), "--seed", "3",
-                "--max-steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--eval-every", str(2 * SAVE_EVERY), *data, *extra]  # fmt: skip
+                "--max-steps", str(self.steps), "--save-every", str(self.save_every),
+                "--eval-every", str(2 * self.save_every), *self.corpus, *data, *extra]  # fmt: skip
 
     def tokenizer(self) -> list[str]:
         return ["--tokenizer", str(self.reference / "tokenizer" / "tokenizer.json")]
@@ -174,7 +178,7 @@ def disk_full(r: Run) -> dict:
             diff = max_difference(r.reference, out) if resumed.returncode == 0 else None
     except PermissionError as e:
         return {"ok": None, "skipped": str(e)}
-    ok = (failed.returncode != 0 and "small-disk" in message and "MB" in message and latest == f"step-{SAVE_EVERY:08d}"
+    ok = (failed.returncode != 0 and "small-disk" in message and "MB" in message and latest == f"step-{r.save_every:08d}"
           and intact and not leftovers and resumed.returncode == 0 and diff == 0.0)  # fmt: skip
     return {"ok": ok, "tmpfs_bytes": size, "checkpoint_bytes": one, "exit_code": failed.returncode,
             "message": message, "latest_after_failure": latest, "leftover_temporaries": leftovers,
