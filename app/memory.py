@@ -79,6 +79,7 @@ class MemoryBudget:
         self.limit, self.source = limit, source
         self.baseline = 0  # resident once every model is loaded and warm
         self.per_token = 0.0  # bytes per padded token of a full-length batch, the most of any model
+        self.price = 0.0  # per_token once every model is loaded: what reservations are made at
         self.reserved = 0  # what the admitted, unanswered bulk requests may use
         self.gauge = None  # electra_memory_bytes, once the server has settled
 
@@ -86,10 +87,12 @@ class MemoryBudget:
         self.per_token = max(self.per_token, per_token)
 
     def settle(self) -> None:
-        self.baseline = rss()
+        """Every model is loaded and warm. A request admitted before (the first model serves while the next
+        loads) reserved nothing, and gives nothing back below zero."""
+        self.baseline, self.price = rss(), self.per_token
 
     def cost(self, tokens: int, batch_tokens: int) -> int:
-        return int(self.per_token * min(tokens, batch_tokens))
+        return int(self.price * min(tokens, batch_tokens))
 
     @property
     def room(self) -> int:
@@ -111,7 +114,7 @@ class MemoryBudget:
         self._show()
 
     def release(self, tokens: int, batch_tokens: int) -> None:
-        self.reserved -= self.cost(tokens, batch_tokens)
+        self.reserved = max(0, self.reserved - self.cost(tokens, batch_tokens))
         self._show()
 
     def _show(self) -> None:

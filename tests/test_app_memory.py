@@ -35,7 +35,9 @@ def test_the_cgroup_limit_is_read_from_v2_then_v1(tmp_path, v2, v1, expected):
 
 def budget(limit_mib: int, baseline_mib: int, per_token: float) -> MemoryBudget:
     b = MemoryBudget(limit_mib * MIB, "test")
-    b.baseline, b.per_token = baseline_mib * MIB, per_token
+    b.measured(per_token)
+    b.settle()
+    b.baseline = baseline_mib * MIB  # as if this much were resident
     return b
 
 
