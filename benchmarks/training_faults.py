@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.output import write_json
+from training.checkpoint import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, SAVE_EVERY = 150, 25  # long enough that most random kills land while it trains
@@ -46,7 +47,7 @@ class Run:
         self.steps, self.save_every = steps, save_every
         self.corpus = ["--corpus", corpus] if corpus else []  # default: the config's (WikiText-2)
         self.reference = work / "reference"
-        self.seconds = 0.0  # the reference run's duration: kill moments are drawn within it
+        self.seconds = 0.0  # a run's duration with the vocabulary given: kill moments are drawn within it
 
     def argv(
         self, out: Path, *extra: str, module: tuple[str, ...] = ("-m", "training.pretrain")
@@ -154,14 +155,10 @@ def grow(path: Path, size_bytes: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size_bytes}", str(path)], check=True, capture_output=True)
 
 
-def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def disk_full(r: Run) -> dict:
     ckpts = r.reference / "checkpoints"
-    one = du(ckpts / (ckpts / "latest").read_text().strip())
-    rest = du(r.reference) - du(ckpts)
+    one = directory_size(ckpts / (ckpts / "latest").read_text().strip())
+    rest = directory_size(r.reference) - directory_size(ckpts)
     size = rest + int(1.5 * one)  # room for the run's data and one checkpoint and a half
     try:
         with tmpfs(r.work / "small-disk", size) as disk:

@@ -189,7 +189,8 @@ def disk_full(target: Path, needed_bytes: int | None = None) -> DiskFullError:
                          f"{usage.total / 1e6:.1f} MB){need}")  # fmt: skip
 
 
-def _out_of_space(e: BaseException) -> bool:
+def out_of_space(e: BaseException) -> bool:
+    """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT)."""
     # safetensors reports the OS error inside its own exception type: "... (os error 28)".
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -207,11 +208,11 @@ def _remove_stale_temporaries(target: Path) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: it runs, as another user
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -246,7 +247,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
             tmp.rename(target)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if _out_of_space(e):
+        if out_of_space(e):
             raise disk_full(target, needed_bytes) from e
         raise
     return target
@@ -266,12 +267,12 @@ def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], ke
     ckpt_dir = run_dir / "checkpoints"
     latest = ckpt_dir / LATEST
     previous = ckpt_dir / latest.read_text().strip() if latest.is_file() else None
-    needed = _size(previous) if previous is not None and previous.is_dir() else None
+    needed = directory_size(previous) if previous is not None and previous.is_dir() else None
     target = write_atomically(ckpt_dir / f"step-{step:08d}", fill, needed)
     try:
         write_text_atomically(latest, target.name)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if not out_of_space(e):
             raise
         shutil.rmtree(target, ignore_errors=True)  # latest still names the previous checkpoint: keep it so
         with contextlib.suppress(FileNotFoundError):
@@ -283,7 +284,7 @@ def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], ke
     return target
 
 
-def _size(directory: Path) -> int:
+def directory_size(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 

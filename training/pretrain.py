@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import sys
@@ -333,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(t)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if not ckpt.out_of_space(e):
             raise
         latest = t.run / "checkpoints" / ckpt.LATEST
         kept = (

@@ -136,11 +136,9 @@ def data_files(data_dir: Path | None) -> tuple[Path | None, list[str]]:
         candidates = [data_dir]
     else:
         candidates = [Path(p) for p in (os.environ.get(DATA_DIR_ENV),) if p] + [default_cache_dir()]
-    for d in candidates:
-        missing = [f for f in DATA_FILES if not (d / f).is_file()]
-        if not missing or d == candidates[-1]:
-            return d, missing
-    raise AssertionError("unreachable")
+    found = [d for d in candidates if all((d / f).is_file() for f in DATA_FILES)]
+    where = found[0] if found else candidates[-1]
+    return where, [f for f in DATA_FILES if not (where / f).is_file()]
 
 
 def environment(device: str, data_dir: Path | None, env: dict[str, str]) -> tuple[dict, list[str]]:
