@@ -1,32 +1,8 @@
-"""ONNX Runtime's own tools on the exported graph: BERT fusions, dynamic int8, fp16.
+"""ONNX Runtime's own tools on the exported graph: BERT fusions, int8 storage, dynamic int8, fp16.
 
-Choices measured with `python -m benchmarks.speed.engine --explore` (ELECTRA-Small, random weights, 2 threads,
-a Xeon with AVX-512 VNNI and AMX, ORT 1.31; medians in ms at 1x16 / 8x64 / 32x128):
-- int8 at all: 1.35 / 21.1 / 240 against fp32 2.54 / 45.9 / 429 and transformers 9.7 / 55.4 / 512.
-- weights as signed int8 (QInt8): QUInt8 was 2.24 / 50.7 / 411, hardly better than fp32; ORT's GEMM
-  for uint8 activations x int8 weights is the one with the VNNI/AMX kernels on this CPU.
-- fused Attention -> QAttention: vs attention left as separate int8 MatMuls, 1.38 vs 1.80 at 1x16,
-  3.69 vs 4.44 at 1x64, even at 8x64 and 16x128, 230 vs 199 at 32x128 (13% slower). Kept for latency.
-- no SkipLayerNormalization on CPU (see `residual_adds_as_sum`): 1.80 / 27.8 / 262 with it.
-- per-tensor weight scales, reduce_range off: per-channel (1.71 / 21.5 / 210) and reduce_range
-  (1.56 / 22.5 / 212) are within noise of each other in speed and changed no accuracy figure (spam dev
-  accuracy 98.25% either way, drop 0); reduce_range only exists for CPUs without VNNI.
-- Attention quantized too: leaving it fp32 ("MatMul only") was 1.81 / 28.3 / 262.
-fp16 is for CUDA and was not measured here (no GPU); its graph keeps SkipLayerNormalization.
-
-Static int8 (the default since issue 12): dynamic int8 computes each activation scale from the whole
-batch at run time (DynamicQuantizeLinear), so a text's probabilities moved with its batch-mates and its
-padding (up to 6e-4 on random weights, 0.009 under a burst on the served detector). Static QDQ fixes every
-scale at export from calibration text, which makes a row's result independent of the rest of the batch
-(0.0 difference, as fp32). Measured on 1 thread, 4-layer ELECTRA-Small shape, medians in ms at
-1x16 / 1x64 / 8x64 (dynamic, fp32, static variants), on a busy 2-core machine:
-- static, MatMuls only, unfused graph with residual Sum: 1.77 / 6.1 / 67 against dynamic 1.26 / 4.9 / 62
-  and fp32 2.25 / 7.3 / 86. Adding Gather (int8 embedding tables, as dynamic int8 has: a file a third
-  the size) was 1.94 / - / 46 against dynamic 1.46 / - / 41 in another run: the one we ship,
-  batch-independent, ~10-30% slower than dynamic. `python -m benchmarks.speed.engine` times both.
-- static on the fused graph (Attention stays fp32): 2.25 / 8.7 / 96, no faster than fp32.
-- static on every op of the unfused graph (Gather, LayerNormalization, ...): 2.21 / 9.1 / 64, and *not*
-  batch-independent (2e-3): some quantized op on the mask path. MatMul and Gather only it is.
+What each variant costs and why the defaults are what they are was measured with `python -m
+benchmarks.speed.engine --explore`; the timings are in docs/benchmarks.md ("Engine variants, measured
+while choosing them"). Int8 that computes in int8 is export/int8_compute.py (docs/int8.md).
 """
 
 from __future__ import annotations
@@ -70,11 +46,11 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, for_gpu: bool =
 def residual_adds_as_sum(model: onnx.ModelProto) -> int:
     """Write each residual Add that feeds a LayerNormalization as a two-input Sum (the same maths).
 
-    Why: ORT 1.31's CPU SkipLayerNormalization kernel is ~4.6x slower than Add + LayerNormalization
-    (333 us vs 72 us at (8, 64, 256), 2 threads), and ORT's session-level SkipLayerNormFusion fuses any
-    Add -> LayerNormalization it finds, whatever the server asks for. It does not match Sum, so the fast
-    pair survives on every server. Measured on ELECTRA-Small int8: 1x16 1.54 -> 1.29 ms, 8x64 25.3 ->
-    19.2 ms. Re-check with `python -m benchmarks.speed.engine --explore` when ORT changes.
+    Why: ORT's CPU SkipLayerNormalization kernel was several times slower than Add + LayerNormalization,
+    and ORT's session-level SkipLayerNormFusion fuses any Add -> LayerNormalization it finds, whatever
+    the server asks for. It does not match Sum, so the fast pair survives on every server. The timings
+    are in docs/benchmarks.md ("Engine variants"); re-check with `python -m benchmarks.speed.engine
+    --explore` when ORT changes.
     """
     graph = model.graph
     constants = {i.name for i in graph.initializer}

@@ -25,10 +25,12 @@ def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, sma
     bundle = tmp_path / "bundle"
     manifest = run_export(ExportConfig(checkpoint=str(run), out=str(bundle), precision="fp32",
                                        data_dir=str(registry_data), calibration_sentences=20), log=lambda _: None)  # fmt: skip
-    out = tmp_path / "us.json"
+    out, per_sentence = tmp_path / "us.json", tmp_path / "us_examples.json"
     measure(["--bundle", str(bundle), "--generator", str(run), "--sentences", "15", "--reference-text",
-             str(small_corpus), "--data-dir", str(registry_data), "--out", str(out)])  # fmt: skip
+             str(small_corpus), "--data-dir", str(registry_data), "--out", str(out),
+             "--examples", str(per_sentence)])  # fmt: skip
     report = json.loads(out.read_text())
+    assert "examples" not in report  # the summary only: the per-sentence detail is opt-in
     assert report["threshold"] == manifest["threshold"] and report["calibrated"] is True
     assert report["model_sha256"] == manifest["files"]["model.onnx"]
     assert report["source"] == "commons" and report["cpu"]["int8_kernel_path"]
@@ -38,7 +40,7 @@ def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, sma
         assert s["sentences"] == 15
         assert 0 <= s["top1"] <= s["top3"] <= 1 and 0 <= s["ece"] <= 1
         assert 0 <= s["bigram_top1"] <= 1 and s["chance_top1"] < 0.5
-    examples = report["examples"]
+    examples = json.loads(per_sentence.read_text())["examples"]
     clean = {x["text"] for x in examples if x["kind"] == "clean"}
     assert len(clean) == 15
     for x in examples:
@@ -56,16 +58,19 @@ def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, sma
     assert out.with_suffix(".png").stat().st_size > 10_000
 
     # The same items scored again (--items): the same texts and the same figures, with no generator.
-    again = tmp_path / "again.json"
-    measure(["--bundle", str(bundle), "--items", str(out), "--reference-text", str(small_corpus),
-             "--data-dir", str(registry_data), "--out", str(again)])  # fmt: skip
+    again, again_examples = tmp_path / "again.json", tmp_path / "again_examples.json"
+    measure(["--bundle", str(bundle), "--items", str(per_sentence), "--reference-text", str(small_corpus),
+             "--data-dir", str(registry_data), "--out", str(again), "--examples", str(again_examples)])  # fmt: skip
     second = json.loads(again.read_text())
-    assert [x["text"] for x in second["examples"]] == [x["text"] for x in examples]
+    assert [x["text"] for x in json.loads(again_examples.read_text())["examples"]] == [
+        x["text"] for x in examples
+    ]
     assert second["summary"] == report["summary"]
 
     # The dev slice, where recipes are chosen, shares no sentence with the test slice.
     dev = tmp_path / "dev.json"
     measure(["--bundle", str(bundle), "--slice", "dev", "--sentences", "15", "--reference-text",
-             str(small_corpus), "--data-dir", str(registry_data), "--out", str(dev)])  # fmt: skip
+             str(small_corpus), "--data-dir", str(registry_data), "--out", str(tmp_path / "dev_summary.json"),
+             "--examples", str(dev)])  # fmt: skip
     dev_clean = {x["text"] for x in json.loads(dev.read_text())["examples"] if x["kind"] == "clean"}
     assert len(dev_clean) == 15 and not dev_clean & clean

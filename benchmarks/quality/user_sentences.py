@@ -200,12 +200,12 @@ def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str
 
 
 def reused_items(path: Path) -> list[dict]:
-    """The sentences of an earlier results file, without what its bundle said of them."""
+    """The sentences of an items file (or an --examples file), without what a bundle said of them."""
     try:
         examples = json.loads(path.read_text())["examples"]
         return [{k: x[k] for k in ITEM_FIELDS if k in x} for x in examples]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"error: --items {path}: not a results file of this benchmark ({e})")
+        sys.exit(f"error: --items {path}: not an items file of this benchmark ({e})")
 
 
 def parse(argv):
@@ -229,8 +229,11 @@ def parse(argv):
     )
     p.add_argument(
         "--items",
-        help="score the swapped and clean sentences of an earlier results file again (its texts and "
-        "spans, no new swaps): bundles compared on exactly the same items",
+        help="score these swapped and clean sentences (benchmarks/quality/data/*_items.json, or an "
+        "--examples file) instead of making new swaps: bundles compared on exactly the same items",
+    )
+    p.add_argument(
+        "--examples", help="also write every sentence with its scores here (--out holds the summary only)"
     )
     p.add_argument("--min-words", type=int, default=5)
     p.add_argument("--max-words", type=int, default=40)
@@ -314,11 +317,16 @@ def main(argv=None) -> None:
         "summary": {"all": summarise(swapped, clean), **{k: summarise([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "breakdowns": {"all": breakdowns(swapped, clean), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "config": vars(args),
-        "examples": [{k: v for k, v in x.items() if k not in ("token_probs", "token_labels")} for x in items],
     }  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
+    if args.examples:
+        examples = [{k: v for k, v in x.items() if k not in ("token_probs", "token_labels")} for x in items]
+        Path(args.examples).write_text(
+            json.dumps({"config": vars(args), "examples": examples}, indent=1) + "\n"
+        )
+        print(f"wrote every sentence's scores to {args.examples}")
     reliability_plot(items, kinds, out.with_suffix(".png"), f"{Path(args.bundle).name} on {args.source}")
     print_report(report)
     print(f"wrote {out} and {out.with_suffix('.png')}")
