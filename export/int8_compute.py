@@ -47,13 +47,14 @@ def round_as_stored(model) -> list[str]:
     one symmetric scale per row (an embedding's token, a Linear's output). Returns their names.
 
     Why: the bundle computes the projections in int8 and only stores the rest (the embedding tables, the
-    head) in int8. A quantization-aware model trained those tensors in fp32, and its int8 network
-    amplifies even their 1/254 rounding (docs/int8.md); rounded here first, the export's reference (the
-    model's own forward) holds the values the bundle holds, and the stored int8 is exact."""
+    head) in int8. Its int8 network amplifies even their 1/254 rounding (docs/int8.md). A model trained
+    quantization-aware since `attach_storage` already computes with these values (rounding them again
+    changes nothing); for an older one, rounded here first, the export's reference holds the values the
+    bundle holds, and the stored int8 is exact."""
     import torch
 
     from export.optimize import INT8_STORAGE_MIN_SIZE
-    from training.quantization import Int8Linear
+    from training.quantization import Int8Linear, stored_int8
 
     projected = {id(m.weight) for m in model.modules() if isinstance(m, Int8Linear)}
     done = []
@@ -61,9 +62,7 @@ def round_as_stored(model) -> list[str]:
         for name, p in model.named_parameters():
             if p.ndim != 2 or p.numel() < INT8_STORAGE_MIN_SIZE or id(p) in projected:
                 continue
-            scale = p.abs().amax(dim=1, keepdim=True) / 127.0
-            scale[scale == 0] = 1.0
-            p.copy_(torch.clamp(torch.round(p / scale), -127, 127) * scale)
+            p.copy_(stored_int8(p))
             done.append(name)
     return done
 

@@ -169,6 +169,36 @@ def test_weights_int8_only_stores_are_rounded_to_exactly_what_it_stores(qat_bund
     assert np.array_equal(stored, table)
 
 
+def test_a_quantization_aware_model_computes_with_its_stored_weights_as_the_bundle_stores_them(qat_bundle):
+    """The simulated forward reads the embedding tables and the head's dense weight as int8 storage holds
+    them (attach_storage): rounding them as the export does (round_as_stored) leaves that forward as it
+    was, while the fp32 forward (simulation off) moves. So a QAT model trains with the bundle's values."""
+    from export.int8_compute import round_as_stored
+    from export.optimize import INT8_STORAGE_MIN_SIZE
+
+    assert q.STORAGE_MIN_SIZE == INT8_STORAGE_MIN_SIZE
+    run, _ = qat_bundle
+    model, _, _ = load_model(run)
+    stored = {
+        n for n, m in model.named_modules() if isinstance(m, (q.StoredInt8Embedding, q.StoredInt8Dense))
+    }
+    assert {"electra.embeddings.word_embeddings", "discriminator_predictions.dense"} <= stored
+    assert not [n for n in stored if ".encoder." in n]  # the projections are Int8Linear, not stored weights
+    ids = torch.randint(5, 100, (3, 17), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    model.eval()
+    with torch.no_grad():
+        simulated = model(ids, mask)
+        with q.simulated(model, False):
+            fp32 = model(ids, mask)
+        round_as_stored(model)
+        simulated_after = model(ids, mask)
+        with q.simulated(model, False):
+            fp32_after = model(ids, mask)
+    torch.testing.assert_close(simulated_after, simulated, rtol=0, atol=0)
+    assert (fp32_after - fp32).abs().max() > 1e-4
+
+
 def test_the_sensitivity_benchmark_runs_on_a_run_and_writes_its_figures(qat_bundle, tmp_path, registry_data):
     import subprocess
     import sys

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.quantization import attach as attach_int8
+from training.quantization import attach_storage
 
 
 @dataclass
@@ -241,6 +242,8 @@ class ElectraForPreTraining(nn.Module):
         self.config = cfg
         self.electra = ElectraModel(cfg, embeddings)
         self.discriminator_predictions = ElectraDiscriminatorPredictions(cfg)
+        if cfg.quantization is not None:  # the bundle's int8 storage, simulated (training/quantization.py)
+            attach_storage(self)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         return self.discriminator_predictions(self.electra(input_ids, attention_mask, token_type_ids))
@@ -299,6 +302,8 @@ class ElectraForSequenceClassification(nn.Module):
         self.config = cfg
         self.electra = ElectraModel(cfg)
         self.classifier = ElectraClassificationHead(cfg)
+        if cfg.quantization is not None:
+            attach_storage(self)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         return self.classifier(self.electra(input_ids, attention_mask, token_type_ids))

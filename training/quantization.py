@@ -11,6 +11,9 @@ projection when there is one) becomes an `Int8Linear`:
   ONNX Runtime's u8 x s8 kernel adds two 255 x w products in int16 (vpmaddubsw) and saturates beyond
   32767; with |w| <= 63 it never does, so one bundle computes the same on AVX2, AVX-512 VNNI and AMX.
 Attention's two activation products, the LayerNorms, GELU and the heads stay fp32, as in the bundle.
+The bundle stores the other large weights (the embedding tables, the heads' dense layers) as int8, one
+symmetric scale per row, and computes with them in fp32: `attach_storage` rounds them the same way in the
+simulated forward, so a quantization-aware model learns with the values the bundle will hold.
 
 The export (export/int8_compute.py) writes exactly this: Div by the same factors, QuantizeLinear with the
 same scale and zero point, and QAttention / MatMulIntegerToFloat over the same int8 weights, so the bundle computes the function the model
@@ -37,6 +40,9 @@ ACT_MIN, ACT_MAX = 0, 255  # uint8 activations
 CLIP_SHARES = (0.0, 1e-6, 1e-5, 1e-4, 3e-4, 1e-3)
 SAMPLE_PER_BATCH = 1 << 16
 CALIBRATION_BATCHES = 16
+# Smaller weights stay fp32 in a bundle; export.optimize.INT8_STORAGE_MIN_SIZE, held equal by a test
+# (export is not imported here: training does not depend on it).
+STORAGE_MIN_SIZE = 4096
 ROUNDINGS = ("nearest", "stochastic")
 
 
@@ -93,6 +99,60 @@ class Int8Linear(nn.Linear):
         self.act_scale.fill_(scale)
         self.act_zero_point.fill_(zero_point)
         self.act_smooth.copy_(torch.ones_like(self.act_smooth) if smooth is None else torch.as_tensor(smooth))
+
+
+def stored_int8(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (2-D) rounded as a bundle stores it: int8, one symmetric scale per row, read back as fp32.
+    Straight-through gradient."""
+    scale = weight.detach().float().abs().amax(dim=1) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zeros = torch.zeros_like(scale, dtype=torch.int32)
+    return torch.fake_quantize_per_channel_affine(weight.float(), scale, zeros, 0, -127, 127).to(weight.dtype)
+
+
+class StoredInt8Embedding(nn.Embedding):
+    """nn.Embedding whose table is read as the bundle stores it (`stored_int8`) while `simulate`."""
+
+    simulate = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = super().forward(input)
+        if not self.simulate:
+            return rows
+        # Each row has its own scale, so rounding the rows looked up equals looking up the rounded table,
+        # at the cost of the batch's tokens instead of the whole vocabulary.
+        return stored_int8(rows.reshape(-1, rows.shape[-1])).reshape(rows.shape)
+
+
+class StoredInt8Dense(nn.Linear):
+    """nn.Linear computed in fp32 over its weight as the bundle stores it (`stored_int8`) while `simulate`."""
+
+    simulate = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.simulate:
+            return super().forward(x)
+        return F.linear(x, stored_int8(self.weight), self.bias)
+
+
+STORED_KINDS = {nn.Embedding: StoredInt8Embedding, nn.Linear: StoredInt8Dense}
+
+
+def attach_storage(model: nn.Module) -> list[str]:
+    """Make every weight a bundle stores as int8 (2-D, at least STORAGE_MIN_SIZE values, not an int8
+    projection) read as stored while simulating, in place: the module's class changes, its parameters and
+    their names do not. In pretraining the generator reads the shared embedding tables as stored too.
+    Returns the modules' names."""
+    projected = {id(m.weight) for m in model.modules() if isinstance(m, Int8Linear)}
+    done = []
+    for name, m in model.named_modules():
+        kind = STORED_KINDS.get(type(m))
+        if isinstance(m, (StoredInt8Embedding, StoredInt8Dense)):
+            done.append(name)
+        elif kind is not None and m.weight.numel() >= STORAGE_MIN_SIZE and id(m.weight) not in projected:
+            m.__class__ = kind
+            done.append(name)
+    return done
 
 
 def _stochastic_round(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
@@ -166,9 +226,9 @@ def spec_of(electra: nn.Module) -> dict:
 
 @contextlib.contextmanager
 def simulated(model: nn.Module, on: bool) -> Iterator[None]:
-    """Switch int8 simulation on or off for every Int8Linear in `model` (the fp32 export reads the same
-    master weights with it off)."""
-    mods = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    """Switch int8 simulation on or off for every Int8Linear and stored-int8 weight in `model` (the fp32
+    export reads the same master weights with it off)."""
+    mods = [m for m in model.modules() if isinstance(m, (Int8Linear, StoredInt8Embedding, StoredInt8Dense))]
     before = [m.simulate for m in mods]
     for m in mods:
         m.simulate = on
@@ -284,8 +344,10 @@ def prepare(
     a model that already is keeps its ranges. `alpha`: SmoothQuant smoothing (see `calibrate`). Returns a
     line for the log."""
     if model.config.quantization is not None:
+        attach_storage(model)
         return "int8 simulation on, activation ranges kept from the initial checkpoint"
     spec = calibrate(model, model.electra, itertools.islice(batches, count), alpha=alpha)
+    attach_storage(model)  # after the projections are Int8Linear: they are not stored weights
     smoothed = "" if alpha is None else f", smoothed with alpha {alpha}"
     model.config.quantization = {
         **spec,
