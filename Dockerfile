@@ -17,7 +17,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/serve.txt ./requirements/
 COPY app ./app
-# Only app/ is copied, so the wheel holds the server alone. Versions come from requirements/serve.txt (what
+COPY options ./options
+# Only app/ and options/ (its settings' declarations, standard library only) are copied, so the wheel holds
+# the server alone. Versions come from requirements/serve.txt (what
 # the tests ran on). faker and polyfactory come with litestar but the server never imports them (25 MB),
 # and pip has no use in the running image (14 MB): both are removed from the venv that is shipped.
 RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
@@ -57,6 +59,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/serve.txt ./requirements/
 COPY app ./app
+COPY options ./options
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[gpu]" -c requirements/serve.txt \
     && /opt/venv/bin/pip uninstall -y -q faker polyfactory pip setuptools \

@@ -1,18 +1,21 @@
-"""Server settings: defaults < ELECTRA_* environment < CLI flags, resolved once into a frozen dataclass."""
+"""Server settings: defaults < --config TOML < ELECTRA_* environment < CLI flags, resolved once (options/)
+into a frozen dataclass."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import options
 from app.faults import FaultSpec, FaultSpecError
+from options import ConfigError, flag, option
 
 ENV_PREFIX = "ELECTRA_"
+DESCRIPTION = "Serve ELECTRA bundles over HTTP."
 # The choices of --memory-arena and --providers: app/engine.py says what each does. Defined here, where
 # the settings are checked before onnxruntime is imported (a typo should not wait for it).
 ARENA_MODES = ("shrink", "off", "on")
@@ -21,94 +24,154 @@ PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-class SettingsError(ValueError):
-    """A setting that cannot be used; the message names the flag or variable."""
-
-
-def _opt(default, help: str, secret: bool = False):
-    return field(default=default, metadata={"help": help}, repr=not secret)
+# A setting that cannot be used; the message names the flag or variable. One error type for the options
+# of every entry point (options/).
+SettingsError = ConfigError
 
 
 @dataclass(frozen=True)
 class Settings:
-    # The help text is what `python -m app --help` shows next to each flag.
-    host: str = _opt("127.0.0.1", "bind address (loopback by default: the API key is optional)")
-    port: int = _opt(8000, "TCP port")
-    models_dir: Path = _opt(Path("models"), "every sub-directory with a manifest.json is served by its name")
-    batch_token_budget: int = _opt(16384, "rows * longest row (padding counted) per inference batch")
+    # Each setting is declared once (options/): flag, ELECTRA_* variable, type, default, allowed values and
+    # the help `python -m app --help` shows.
+    host: str = option("127.0.0.1", "bind address (loopback, as the API key is optional)", env="ELECTRA_HOST")
+    port: int = option(8000, "TCP port", env="ELECTRA_PORT")
+    models_dir: Path = option(
+        Path("models"),
+        "every sub-directory with a manifest.json is served by its name",
+        env="ELECTRA_MODELS_DIR",
+        aliases=("--models",),
+    )
+    batch_token_budget: int = option(
+        16384, "rows * longest row (padding counted) per inference batch", env="ELECTRA_BATCH_TOKEN_BUDGET"
+    )
     # 0: an idle runner takes what is queued at once. Under load batches fill while the runners are
     # busy anyway; waiting only adds latency when it is quiet (docs/benchmarks.md, "Server settings").
-    max_wait_ms: float = _opt(0.0, "how long an idle runner lets the oldest request wait for company")
-    queue_size: int = _opt(256, "admitted, unanswered requests per model; beyond it 429")
+    max_wait_ms: float = option(
+        0.0, "how long an idle runner lets the oldest request wait for company", env="ELECTRA_MAX_WAIT_MS"
+    )
+    queue_size: int = option(
+        256, "admitted, unanswered requests per model; beyond it 429", env="ELECTRA_QUEUE_SIZE"
+    )
     # Work bounds (issue 12): a request's cost is its tokens, not its bytes; 100 KB of "!" is 100k tokens.
     # 8,192 tokens are ~17 windows of 512.
-    max_text_tokens: int = _opt(8192, "tokens one text may have (/detect); more: 413 too_many_tokens")
-    max_request_tokens: int = _opt(
-        16384, "model-input tokens one request may cause (windows and special tokens counted); more: 413"
+    max_text_tokens: int = option(
+        8192, "tokens one text may have (/detect); more: 413 too_many_tokens", env="ELECTRA_MAX_TEXT_TOKENS"
+    )
+    max_request_tokens: int = option(
+        16384,
+        "model-input tokens one request may cause (windows and special tokens counted); more: 413",
+        env="ELECTRA_MAX_REQUEST_TOKENS",
     )
     # Requests above --interactive-tokens are "bulk": they wait behind interactive ones, never hold the
     # last free runner, and are admitted only while the model's bulk tokens in flight stay under this.
-    max_bulk_tokens: int = _opt(
-        65536, "tokens of bulk requests admitted and unanswered per model; beyond it 429"
+    max_bulk_tokens: int = option(
+        65536,
+        "tokens of bulk requests admitted and unanswered per model; beyond it 429",
+        env="ELECTRA_MAX_BULK_TOKENS",
     )
-    interactive_tokens: int = _opt(2048, "requests up to this many model-input tokens go first")
+    interactive_tokens: int = option(
+        2048, "requests up to this many model-input tokens go first", env="ELECTRA_INTERACTIVE_TOKENS"
+    )
     # Bulk rows are long windows, whose attention scores grow with rows x length^2: a smaller budget for
     # them bounds the process's peak memory at no cost in speed (long rows are large matrix products
     # already; docs/benchmarks.md, "Memory").
-    bulk_batch_tokens: int = _opt(4096, "rows * longest row per batch of bulk requests' rows")
-    max_batch_size: int = _opt(32, "texts (or pairs) in one request")
-    max_body_bytes: int = _opt(1 << 20, "larger request bodies get 413")
-    intra_op_threads: int = _opt(0, "ONNX Runtime threads per batch; 0: the available cores / --runners")
-    memory_arena: str = _opt("shrink", "ONNX Runtime CPU arena: shrink (after big batches), off or on")
-    providers: str = _opt(
-        "auto", "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda"
+    bulk_batch_tokens: int = option(
+        4096, "rows * longest row per batch of bulk requests' rows", env="ELECTRA_BULK_BATCH_TOKENS"
+    )
+    max_batch_size: int = option(32, "texts (or pairs) in one request", env="ELECTRA_MAX_BATCH_SIZE")
+    max_body_bytes: int = option(1 << 20, "larger request bodies get 413", env="ELECTRA_MAX_BODY_BYTES")
+    intra_op_threads: int = option(
+        0,
+        "ONNX Runtime threads per batch; 0: the available cores / --runners",
+        env="ELECTRA_INTRA_OP_THREADS",
+    )
+    memory_arena: str = option(
+        "shrink",
+        "ONNX Runtime CPU arena: shrink (after big batches), off or on",
+        env="ELECTRA_MEMORY_ARENA",
+        choices=ARENA_MODES,
+    )
+    providers: str = option(
+        "auto",
+        "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda",
+        env="ELECTRA_PROVIDERS",
+        choices=PROVIDERS,
     )
     # Two batches in flight, each on half the cores, beat one batch on all of them on small machines:
     # a single-threaded run never waits at a barrier for a thread the event loop has preempted
     # (docs/benchmarks.md, "Server settings").
-    runners: int = _opt(2, "batches in flight at once per model, each on its own thread")
+    runners: int = option(
+        2, "batches in flight at once per model, each on its own thread", env="ELECTRA_RUNNERS"
+    )
     # A lone request on one runner's share leaves the other cores idle. A second session per model runs
     # such batches on all of them (app/placement.py; docs/benchmarks.md, "One user").
-    solo_threads: int = _opt(
-        0, "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off"
+    solo_threads: int = option(
+        0,
+        "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off",
+        env="ELECTRA_SOLO_THREADS",
     )
-    window_stride: int = _opt(32, "tokens shared by consecutive windows of a long text")
-    load_check: str = _opt(
+    window_stride: int = option(
+        32, "tokens shared by consecutive windows of a long text", env="ELECTRA_WINDOW_STRIDE"
+    )
+    load_check: str = option(
         "refuse",
         "a bundle whose check inputs answer beyond its gate on this CPU: refuse (not served), warn, or off",
+        env="ELECTRA_LOAD_CHECK",
+        choices=CHECK_MODES,
     )
-    cors_origins: tuple[str, ...] = _opt((), "comma-separated allowed origins; empty: no CORS")
-    api_key: str | None = _opt(
-        None, "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)", True
+    cors_origins: tuple[str, ...] = option(
+        (), "comma-separated allowed origins; empty: no CORS", env="ELECTRA_CORS_ORIGINS"
     )
-    graceful_timeout_s: float = _opt(30.0, "after SIGTERM, how long in-flight requests may take")
+    api_key: str | None = option(
+        None,
+        "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)",
+        env="ELECTRA_API_KEY",
+        secret=True,
+    )
+    graceful_timeout_s: float = option(
+        30.0, "after SIGTERM, how long in-flight requests may take", env="ELECTRA_GRACEFUL_TIMEOUT_S"
+    )
     # Behind a load balancer, a replica must leave rotation before it stops listening, or the requests
     # the balancer sends between SIGTERM and its next health check fail (deploy/, docs/deploy.md).
-    drain_delay_s: float = _opt(
+    drain_delay_s: float = option(
         0.0,
         "after SIGTERM, keep serving this long with /ready 503 and connections closed after each response",
+        env="ELECTRA_DRAIN_DELAY_S",
     )
     # A client has this long from its first byte to the last byte of its body (uvicorn has no read
     # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
-    read_timeout_s: float = _opt(30.0, "seconds to receive a whole request (headers and body); 0: no limit")
-    limit_concurrency: int = _opt(1024, "open connections beyond which uvicorn answers 503 at once")
-    log_level: str = _opt("info", "critical, error, warning, info, debug or trace")
+    read_timeout_s: float = option(
+        30.0,
+        "seconds to receive a whole request (headers and body); 0: no limit",
+        env="ELECTRA_READ_TIMEOUT_S",
+    )
+    limit_concurrency: int = option(
+        1024, "open connections beyond which uvicorn answers 503 at once", env="ELECTRA_LIMIT_CONCURRENCY"
+    )
+    log_level: str = option(
+        "info", "the least severe log messages printed", env="ELECTRA_LOG_LEVEL", choices=LOG_LEVELS
+    )
     # Off by default: a log line per request costs the event loop more than routing it does, and
     # /metrics already counts and times every request by endpoint, model and status.
-    access_log: bool = _opt(False, "log one line per request (true/false)")
-    ui: bool = _opt(True, "serve the web page at / (--no-ui: the API only)")
+    access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
+    ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
     # A container's limit is its cgroup's: large requests get 429 (413 if one alone would not fit) before
     # they could reach it, not the OOM killer after (app/memory.py).
-    memory_limit_mb: int = _opt(
-        0, "memory the server may use, MiB: large requests that would pass it get 429 or 413; 0: the cgroup's "
-        "limit when there is one; -1: none"
-    )  # fmt: skip
-    inject_faults: str = _opt(
-        "", "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
-        "(every batch holding WORD); app/faults.py"
-    )  # fmt: skip
+    memory_limit_mb: int = option(
+        0,
+        "memory the server may use, MiB: large requests that would pass it get 429 or 413; 0: the cgroup's "
+        "limit when there is one; -1: none",
+        env="ELECTRA_MEMORY_LIMIT_MB",
+    )
+    inject_faults: str = option(
+        "",
+        "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
+        "(every batch holding WORD); app/faults.py",
+        env="ELECTRA_INJECT_FAULTS",
+    )
 
     def __post_init__(self) -> None:
+        options.check_choices(self)
         positive = (
             "port", "batch_token_budget", "queue_size", "max_batch_size", "max_body_bytes", "runners",
             "max_text_tokens", "max_request_tokens", "max_bulk_tokens", "interactive_tokens",
@@ -116,58 +179,42 @@ class Settings:
         )  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
-                raise SettingsError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
+                raise SettingsError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
         if self.limit_concurrency <= 0:
-            raise SettingsError(f"{_flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
+            raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
         timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
         for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
             if getattr(self, name) < 0:
-                raise SettingsError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+                raise SettingsError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.max_request_tokens > self.max_bulk_tokens:
             raise SettingsError(
                 f"--max-request-tokens {self.max_request_tokens} exceeds --max-bulk-tokens "
                 f"{self.max_bulk_tokens}: such a request could never be admitted"
             )
         if self.port > 65535:
-            raise SettingsError(f"{_flag('port')} must be <= 65535, got {self.port}")
+            raise SettingsError(f"{flag('port')} must be <= 65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
-            raise SettingsError(f"{_flag('api_key')} is set but empty")
-        if self.memory_arena not in ARENA_MODES:
-            raise SettingsError(f"{_flag('memory_arena')}: {_one_of(ARENA_MODES)}, not {self.memory_arena!r}")
-        if self.load_check not in CHECK_MODES:
-            raise SettingsError(f"{_flag('load_check')}: {_one_of(CHECK_MODES)}, not {self.load_check!r}")
-        if self.providers not in PROVIDERS:
-            raise SettingsError(f"{_flag('providers')}: {_one_of(PROVIDERS)}, not {self.providers!r}")
+            raise SettingsError(f"{flag('api_key')} is set but empty")
         try:
             FaultSpec.parse(self.inject_faults)
         except FaultSpecError as e:
-            raise SettingsError(f"{_flag('inject_faults')}: {e}") from None
-        if self.log_level not in LOG_LEVELS:
-            raise SettingsError(f"{_flag('log_level')} must be one of {', '.join(LOG_LEVELS)}")
+            raise SettingsError(f"{flag('inject_faults')}: {e}") from None
 
     @classmethod
     def from_sources(
         cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     ) -> tuple[Settings, list[str]]:
-        """Resolve env then CLI. An unknown flag fails, naming it. An unknown ELECTRA_* variable only
-        warns (returned for printing): the prefix is shared with export/ (ELECTRA_DATA_DIR)."""
+        """Resolve defaults < --config TOML < ELECTRA_* environment < flags (options.resolve). An unknown
+        flag fails, naming it. An unknown ELECTRA_* variable only warns (returned for printing): the prefix
+        is shared with export/ and training/ (ELECTRA_DATA_DIR)."""
         env = os.environ if env is None else env
-        known = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, object] = {}
-        warnings = []
-        for key, raw in sorted(env.items()):
-            if not key.startswith(ENV_PREFIX):
-                continue
-            name = key[len(ENV_PREFIX) :].lower()
-            if name not in known:
-                warnings.append(f"ignoring {key}: not a server setting (those are {_env_names(known)})")
-                continue
-            values[name] = _convert(name, raw, key)
-        args = _parser().parse_args(argv)
-        for name, raw in vars(args).items():
-            if raw is not None:
-                values[name] = _convert(name, raw, _flag(name))
-        return cls(**values), warnings  # type: ignore[arg-type]
+        settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
+        known = ", ".join(sorted(options.spec_of(f).env for f in dataclasses.fields(cls)))
+        warnings = [
+            f"ignoring {key}: not a server setting (those are {known})"
+            for key in options.unknown_variables(cls, env, ENV_PREFIX)
+        ]
+        return settings, warnings
 
     def threads_per_runner(self) -> int:
         """--intra-op-threads, or the cores this process may use shared out among the runners."""
@@ -183,71 +230,7 @@ class Settings:
 
     def describe(self) -> str:
         """One line per setting for the start-up log, with the API key masked."""
-        lines = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "api_key" and value is not None:
-                value = "*** (set)"
-            lines.append(f"  {f.name:<20} {value}")
-        return "settings:\n" + "\n".join(lines)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _env_names(known: set[str]) -> str:
-    return ", ".join(sorted(ENV_PREFIX + n.upper() for n in known))
-
-
-def _types() -> dict[str, type]:
-    # Annotations are strings under `from __future__ import annotations`; map them to converters once.
-    table = {
-        "int": int,
-        "float": float,
-        "str": str,
-        "Path": Path,
-        "str | None": str,
-        "tuple[str, ...]": tuple,
-        "bool": bool,
-    }
-    return {f.name: table[str(f.type)] for f in dataclasses.fields(Settings)}
-
-
-def _convert(name: str, raw: str, source: str) -> object:
-    kind = _types()[name]
-    if kind is tuple:
-        return tuple(part.strip() for part in raw.split(",") if part.strip())
-    if kind is bool:
-        if raw.strip().lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.strip().lower() in ("0", "false", "no", "off"):
-            return False
-        raise SettingsError(f"{source}: expected true or false, got {raw!r}")
-    try:
-        return kind(raw)
-    except ValueError:
-        raise SettingsError(f"{source}: expected {kind.__name__}, got {raw!r}") from None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse names the unknown flag; raise instead of exiting mid-import
-        raise SettingsError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m app", description="Serve ELECTRA bundles over HTTP.")
-    for f in dataclasses.fields(Settings):
-        flags = [_flag(f.name)]
-        if f.name == "models_dir":
-            flags.append("--models")
-        env = ENV_PREFIX + f.name.upper()
-        help = f"{f.metadata['help']} (env {env}; default {f.default})"
-        # A boolean is a switch: `--access-log` alone means true; `--access-log false` still works.
-        switch = {"nargs": "?", "const": "true"} if str(f.type) == "bool" else {}
-        p.add_argument(*flags, dest=f.name, default=None, metavar="VALUE", help=help, **switch)
-    p.add_argument("--no-ui", dest="ui", action="store_const", const="false", help="same as --ui false")
-    return p
+        return "settings:\n" + options.describe(self)
 
 
 def _cores() -> int:
@@ -265,7 +248,3 @@ def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
     except (OSError, ValueError):
         return None
     return None if quota == "max" else int(quota) / int(period)
-
-
-def _one_of(choices: tuple[str, ...]) -> str:
-    return ", ".join(choices[:-1]) + " or " + choices[-1]

@@ -15,15 +15,18 @@ is checked against the bundle through ONNX Runtime before anything is written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+import options
+from options import option
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -198,17 +201,28 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
     return {"max_abs_prob_diff": diff, "batches": len(batches), "limit": limit}
 
 
+@dataclass
+class RecoverConfig:
+    """The options of `python -m export.recover` (options/: declared once, resolved as everywhere)."""
+
+    bundle: Path = option(help="a detector bundle directory (model.onnx + manifest.json)", positional=True)
+    out: Path = option(help="checkpoint directory to write (config.json, model.safetensors, tokenizer.json)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m export.recover", description=__doc__.split("\n\n")[0])
-    p.add_argument("bundle", type=Path, help="a detector bundle directory (model.onnx + manifest.json)")
-    p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    args = p.parse_args(argv)
-    print(json.dumps({"recover": {k: str(v) for k, v in vars(args).items()}}))
     try:
-        report = recover(args.bundle, args.out)
+        cfg = options.resolve(
+            RecoverConfig, argv, prog="python -m export.recover", description=__doc__.split("\n\n")[0]
+        )
+    except options.ConfigError as e:
+        sys.exit(f"export.recover: {e}")
+    print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
+    try:
+        report = recover(cfg.bundle, cfg.out)
     except (ValueError, OSError) as e:
         sys.exit(f"export.recover: {e}")
-    print(f"wrote {args.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
+    options.save(cfg, cfg.out / "recover_config.json")
+    print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def test_providers_cuda_without_cuda_fails_at_start_naming_the_setting(bundles_d
     r = _start("--models", str(bundles_dir), "--providers", "cuda")
     assert r.returncode == 2 and "--providers cuda" in r.stderr and "CUDAExecutionProvider" in r.stderr
     r = _start("--models", str(bundles_dir), "--providers", "tpu")
-    assert r.returncode == 2 and "--providers" in r.stderr and "auto, cpu or cuda" in r.stderr
+    assert r.returncode == 2 and "--providers" in r.stderr and "one of auto, cpu, cuda" in r.stderr
 
 
 def test_boolean_settings_parse_from_flags_and_environment():

@@ -1,50 +1,169 @@
-"""The training entry points explain themselves: every option of --help has a description (the config
-dataclass's inline comment), the valid values of the choice options are listed, and a wrong corpus is a
-message, not a traceback."""
+"""Every entry point declares its options once (options/) and keeps what its --help says: the help is
+generated from the declarations, says nothing twice, and each promise it makes is run: the default
+shown is the default, a flag, its environment variable and a TOML key give the same value, the allowed
+values are accepted and nothing else, and a switch is a switch."""
 
+import dataclasses
+import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from training.config import FinetuneConfig, PretrainConfig, field_comments
+import options
+from app.settings import Settings
+from export.pipeline import ExportConfig
+from export.recover import RecoverConfig
+from training.config import FinetuneConfig, PretrainConfig
 from training.data.corpus import REGISTRY_CORPORA
 from training.finetuning.sets import LABELLED_SETS
 
 REPO = Path(__file__).resolve().parent.parent
+# Each program with the options it cannot run without.
+PROGRAMS = {
+    "training.pretrain": (PretrainConfig, []),
+    "training.finetune": (FinetuneConfig, ["--init", "runs/x", "--out", "runs/y", "--task", "trec"]),
+    "export": (ExportConfig, ["runs/x", "--out", "bundles/y"]),
+    "export.recover": (RecoverConfig, ["models/detector", "--out", "runs/y"]),
+    "app": (Settings, []),
+}
 
 
-def options_help(module: str) -> dict[str, str]:
-    out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True)
+def help_text(module: str) -> str:
+    env = {**os.environ, "COLUMNS": "2000"}  # no wrapping: argparse would break words at their hyphens
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0, out.stderr
-    text = out.stdout.split("options:", 1)[1]
-    # "  --flag VALUE   description ..." with continuation lines indented further.
-    found = {}
-    for block in re.split(r"\n(?=  --)", text):
-        m = re.match(r"\s*(--[\w-]+)(?: \S+)?\s*(.*)", block, flags=re.S)
-        if m:
-            found[m.group(1)] = " ".join(m.group(2).split())
-    return found
+    return " ".join(out.stdout.split())
 
 
-@pytest.mark.parametrize(
-    ("module", "cls"), [("training.pretrain", PretrainConfig), ("training.finetune", FinetuneConfig)]
-)
-def test_every_option_has_a_description(module, cls):
-    found = options_help(module)
-    for name in field_comments(cls):
-        flag = "--" + name.replace("_", "-")
-        described = re.sub(r"\(default [^)]*\)$", "", found[flag]).strip()
-        assert described, f"{module} {flag} has no description"
+@pytest.mark.parametrize("module", PROGRAMS)
+def test_help_is_generated_from_each_declaration_once(module):
+    cls, _ = PROGRAMS[module]
+    shown = help_text(module)
+    for f in dataclasses.fields(cls):
+        line = " ".join(options.help_line(f).split())
+        assert options.spec_of(f).help.strip(), f"{module} {f.name} has no description"
+        assert line in shown, f"{module} --help does not show {f.name} as declared: {line!r}"
+        words = re.findall(r"[\w'-]+", line.lower())
+        runs = [" ".join(words[i : i + 4]) for i in range(len(words) - 3)]
+        repeated = {r for r in runs if runs.count(r) > 1}
+        assert not repeated, f"{module} {f.name}: help says {sorted(repeated)} twice: {line!r}"
+        assert line.count("default") <= 1, f"{module} {f.name}: two defaults in {line!r}"
+
+
+def _candidates(f: dataclasses.Field, kind, default, tmp_path: Path) -> list:
+    """Values other than the default a user might give, as text, most ordinary first."""
+    spec = options.spec_of(f)
+    if spec.choices:
+        return [str(c) for c in spec.choices if c != default]
+    if kind is bool:
+        return [str(not default).lower()]
+    if kind is int:
+        base = default or 0
+        return [str(v) for v in (base * 2, base + 1, 1, 2, 8) if v != default]
+    if kind is float:
+        base = default or 0.0
+        return [str(v) for v in (base / 2, base * 2, 0.5, 1.0, 2.0) if v != default]
+    if kind is tuple:
+        return ["https://a.example,https://b.example"]
+    return ["news", str(tmp_path), "x,y"]  # text: a registry corpus, a path that exists, anything
+
+
+def _given(module: str, f: dataclasses.Field, tmp_path: Path):
+    """A value of `f` that resolves through its flag and differs from the default, with that value."""
+    cls, required = PROGRAMS[module]
+    kind = options._kind(typing.get_type_hints(cls)[f.name])
+    default = options.default_of(f)
+    for text in _candidates(f, kind, default, tmp_path):
+        try:
+            cfg = options.resolve(cls, [*required, options.flag(f.name), text], env={})
+        except options.ConfigError:
+            continue
+        if getattr(cfg, f.name) != default:
+            return text, getattr(cfg, f.name)
+    return None
+
+
+@pytest.mark.parametrize("module", PROGRAMS)
+def test_every_promise_of_the_help_is_kept(module, tmp_path):
+    cls, required = PROGRAMS[module]
+    defaults = options.resolve(cls, required, env={})
+    changed, settable = 0, 0
+    for f in dataclasses.fields(cls):
+        spec = options.spec_of(f)
+        if spec.positional or options.flag(f.name) in required:
+            continue
+        settable += 1
+        assert getattr(defaults, f.name) == options.default_of(f), f"{module} {f.name}: not the default shown"
+        if spec.choices:
+            for value in spec.choices:  # every allowed value is accepted ...
+                assert (
+                    getattr(
+                        options.resolve(cls, [*required, options.flag(f.name), str(value)], env={}), f.name
+                    )
+                    == value
+                )
+            with pytest.raises(
+                options.ConfigError, match=re.escape(options.flag(f.name))
+            ):  # ... and only those
+                options.resolve(cls, [*required, options.flag(f.name), "no-such-value"], env={})
+        found = _given(module, f, tmp_path)
+        if found is None:
+            continue
+        text, value = found
+        changed += 1
+        if spec.env:  # the variable resolves as the flag does
+            assert getattr(options.resolve(cls, required, env={spec.env: text}), f.name) == value
+        toml = tmp_path / f"{f.name}.toml"  # and so does the TOML key
+        toml.write_text(f"{f.name} = {_toml_value(value)}\n")
+        assert getattr(options.resolve(cls, [*required, "--config", str(toml)], env={}), f.name) == value
+        if isinstance(value, bool):  # a switch
+            assert getattr(options.resolve(cls, [*required, options.flag(f.name)], env={}), f.name) is True
+            assert (
+                getattr(options.resolve(cls, [*required, "--no-" + f.name.replace("_", "-")], env={}), f.name)
+                is False
+            )
+    assert changed >= settable / 2, f"{module}: too few options could be set to test"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\") + '"'
+
+
+@pytest.mark.parametrize("module", PROGRAMS)
+def test_unknown_and_ill_typed_options_fail_naming_them(module, tmp_path):
+    cls, required = PROGRAMS[module]
+    with pytest.raises(options.ConfigError, match="--no-such-option"):
+        options.resolve(cls, [*required, "--no-such-option", "1"], env={})
+    toml = tmp_path / "c.toml"
+    toml.write_text("no_such_option = 1\n")
+    with pytest.raises(options.ConfigError, match="unknown option 'no_such_option'"):
+        options.resolve(cls, [*required, "--config", str(toml)], env={})
+    hints = typing.get_type_hints(cls)
+    number = (
+        next(f.name for f in dataclasses.fields(cls) if options._kind(hints[f.name]) in (int, float))
+        if module != "export.recover"
+        else None
+    )
+    if number:
+        with pytest.raises(options.ConfigError, match=re.escape(options.flag(number)) + ": expected"):
+            options.resolve(cls, [*required, options.flag(number), "many"], env={})
 
 
 def test_choice_options_list_their_values():
-    pre, fine = options_help("training.pretrain"), options_help("training.finetune")
-    assert all(name in pre["--corpus"] for name in REGISTRY_CORPORA)
-    assert all(name in pre["--objective"] for name in ("electra", "mlm"))
-    assert all(name in fine["--task"] for name in LABELLED_SETS)
+    assert all(name in help_text("training.pretrain") for name in REGISTRY_CORPORA)
+    assert all(name in help_text("training.finetune") for name in LABELLED_SETS)
 
 
 def test_unknown_corpus_is_a_message(tmp_path):
@@ -56,16 +175,3 @@ def test_unknown_corpus_is_a_message(tmp_path):
         "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, wordnet, chat, commons)"
         in out.stderr
     )
-
-
-def test_start_up_says_the_precision_and_warns_when_the_time_cap_cuts_the_schedule():
-    from training.report import precision_reason, time_cap_warning
-
-    assert precision_reason(True, "cpu", False).startswith("fp32: this CPU has no native bf16 (AMX)")
-    assert precision_reason(False, "cpu", False) == "fp32 (--bf16 false)"
-    assert precision_reason(True, "cuda", True) == "bf16 autocast (CUDA)"
-    # 20 steps in 60 s: 3 s/step; 30 minutes reach about step 600 of 4,000.
-    warning = time_cap_warning(30, 4000, 20, 60.0, 20)
-    assert warning and "near step 600 of --max-steps 4,000 (15% of the schedule" in warning
-    assert time_cap_warning(30, 500, 20, 60.0, 20) is None  # fits
-    assert time_cap_warning(None, 4000, 20, 60.0, 20) is None  # no cap

@@ -4,12 +4,13 @@ import pytest
 
 from benchmarks.quality import electra_vs_mlm as bench
 from benchmarks.quality import pretrainkit
-from training.config import PretrainConfig, parse_config
+from options import resolve
+from training.config import PretrainConfig
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return parse_config(PretrainConfig, ["--config", "configs/tiny.toml"])
+    return resolve(PretrainConfig, ["--config", "configs/tiny.toml"])
 
 
 def test_plan_spends_the_same_budget_on_both_objectives(tiny):
@@ -36,7 +37,7 @@ def test_resolved_config_round_trips_through_toml(tiny, tmp_path):
     )
     path = tmp_path / "run.toml"
     path.write_text(pretrainkit.to_toml(cfg))
-    assert parse_config(PretrainConfig, ["--config", str(path)]) == cfg
+    assert resolve(PretrainConfig, ["--config", str(path)]) == cfg
 
 
 def test_flags_that_would_break_equal_compute_are_refused():

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.quality import generator_size as bench
-from training.config import PretrainConfig, parse_config
+from options import resolve
+from training.config import PretrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +24,7 @@ def test_options_that_would_make_the_arms_differ_are_refused():
 
 def test_each_arm_gets_the_same_wall_time_one_thread_and_a_schedule_that_fits_it(tmp_path):
     args = bench.parse_args(["--fractions", "0.25,1.0", "--minutes", "2", "--cores", "2"])
-    base = parse_config(PretrainConfig, ["--config", str(REPO / "configs" / "tiny.toml")])
+    base = resolve(PretrainConfig, ["--config", str(REPO / "configs" / "tiny.toml")])
     arms = bench.arm_configs(args, base, tmp_path / "tokenizer.json", 2000, tmp_path)
     for f, arm in arms.items():
         cfg = arm["config"]

@@ -191,16 +191,15 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
-def test_bad_options_fail_naming_the_option(tmp_path, capsys):
+def test_bad_options_fail_naming_the_option(tmp_path):
     with pytest.raises(SystemExit, match="--mask-prob"):
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])
     with pytest.raises(SystemExit, match="--content-mask-weight: must be at least 1"):
         pretrain(["--out", str(tmp_path / "x"), "--content-mask-weight", "0.5"])
     with pytest.raises(SystemExit, match="--num-layers: expected int"):
         pretrain(["--out", str(tmp_path / "x"), "--num-layers", "two"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="unrecognized arguments: --no-such-flag"):
         pretrain(["--out", str(tmp_path / "x"), "--no-such-flag", "1"])
-    assert "--no-such-flag" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text("hiden_size = 3\n")
     with pytest.raises(SystemExit, match="hiden_size"):

@@ -32,9 +32,11 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+import options
+from options import ConfigError, describe
 from training import checkpoint as ckpt
 from training import quantization
-from training.config import ConfigError, FinetuneConfig, describe, parse_config, save_config
+from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
 from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
@@ -232,7 +234,7 @@ def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) ->
 
 def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:
     """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
-    cfg = parse_config(FinetuneConfig, argv, description=__doc__)
+    cfg = options.resolve(FinetuneConfig, argv, prog="python -m training.finetune", description=__doc__)
     out = Path(cfg.out).resolve()
     if not cfg.overwrite and any((out / f).exists() for f in OUTPUTS):
         prepare_out(out, False)  # fails at once, before any data is read
@@ -377,7 +379,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     use_bf16, autocast = autocast_for(device, cfg.bf16)
 
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
-    save_config(cfg, out / "finetune_config.json")
+    options.save(cfg, out / "finetune_config.json")
     for note in notes:
         print(f"init: {note}", flush=True)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in data.splits.items())

@@ -21,10 +21,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+import options
+from options import ConfigError, describe
 from training import checkpoint as ckpt
 from training import quantization
 from training.checkpoint import CheckpointError
-from training.config import ConfigError, PretrainConfig, describe, parse_config, save_config
+from training.config import PretrainConfig
 from training.data.registry import DatasetError
 from training.data.shards import Batches
 from training.data.tokenizer import TokenizerError
@@ -36,6 +38,8 @@ from training.pretraining.evaluate import evaluate
 from training.pretraining.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
 from training.pretraining.warmstart import WarmStart, load_warm_start, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
+
+PROG = "python -m training.pretrain"
 
 
 def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None = None):
@@ -260,11 +264,13 @@ class Trainer:
 
 def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
     try:
-        cfg = parse_config(PretrainConfig, argv, description=__doc__)
+        cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
         saved = Path(cfg.out) / "config.json"
         if cfg.resume and saved.is_file():
             # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win.
-            cfg = parse_config(PretrainConfig, argv, description=__doc__, base=json.loads(saved.read_text()))
+            cfg = options.resolve(
+                PretrainConfig, argv, prog=PROG, description=__doc__, base=json.loads(saved.read_text())
+            )
         return resolve_warm_start(cfg)
     except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:
         sys.exit(f"error: {e}")
@@ -287,7 +293,7 @@ def setup(argv: list[str] | None) -> Trainer:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
-        save_config(cfg, run / "config.json")
+        options.save(cfg, run / "config.json")
 
     tokenizer_dir, specials, train_batches, valid_batches = prepare_data(cfg, run, env)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.config import ROUNDINGS  # the options declare them, set_rounding checks them
+
 SCHEME = "int8-static-u8s7"
 WEIGHT_MAX = 63  # |w| in int8 units (module docstring: AVX2 saturation)
 ACT_MIN, ACT_MAX = 0, 255  # uint8 activations
@@ -43,7 +45,6 @@ CALIBRATION_BATCHES = 16
 # Smaller weights stay fp32 in a bundle; export.optimize.INT8_STORAGE_MIN_SIZE, held equal by a test
 # (export is not imported here: training does not depend on it).
 STORAGE_MIN_SIZE = 4096
-ROUNDINGS = ("nearest", "stochastic")
 
 
 def weight_scales(weight: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,8 @@ from benchmarks.quality.pretrainkit import (
     to_toml,
     tokenizer_info,
 )
-from training.config import ConfigError, FinetuneConfig, PretrainConfig, parse_config
+from options import ConfigError, resolve
+from training.config import FinetuneConfig, PretrainConfig
 from training.report import pyplot_or_none
 
 OBJECTIVES = ("electra", "mlm")
@@ -140,7 +141,7 @@ def parse_args(argv):
 
 
 def base_config(args) -> PretrainConfig:
-    return parse_config(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
+    return resolve(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
 
 
 def objective_config(base: PretrainConfig, objective: str, mlm_masking: str) -> PretrainConfig:
@@ -227,7 +228,7 @@ def pretrain_record(objective: str, run: Path, work: Path, budget_flops: float) 
     state = latest_state(run)
     if state is None:
         sys.exit(f"error: {run} holds no pretraining checkpoint; drop --skip-pretrain to make one")
-    cfg = parse_config(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
+    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
     tok = tokenizer_info(run / "tokenizer" / "tokenizer.json")
     (c,) = plan(budget_flops, costs(cfg, tok["vocab_size"], (objective,)), cfg, 0.0).values()
     flops = c["flops_per_token"] * state["tokens"]
@@ -254,7 +255,7 @@ def finetune(args, objective: str, checkpoint: str, task: str, seed: int, work: 
     ft_args += ["--data-dir", args.data_dir] if args.data_dir else []
     ft_args += ["--threads", str(args.threads)] if args.threads else []
     try:
-        want = dataclasses.asdict(parse_config(FinetuneConfig, ft_args))
+        want = dataclasses.asdict(resolve(FinetuneConfig, ft_args))
     except ConfigError as e:
         sys.exit(f"error: --finetune-args: {e}")
     done = all((out / f).is_file() for f in ("eval_dev.json", "eval_test.json", "finetune_config.json"))
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
         for o in OBJECTIVES:
             s = steps[o]
             extra = ["--eval-every", str(s["steps"]), "--save-every", str(max(1, math.ceil(s["steps"] / 4)))]
-            cfg = parse_config(PretrainConfig, ["--config", args.model_config, *extra, *shlex.split(args.pretrain_args),
+            cfg = resolve(PretrainConfig, ["--config", args.model_config, *extra, *shlex.split(args.pretrain_args),
                                                 "--out", str(runs[o]), "--tokenizer", str(tok_path),
                                                 "--max-steps", str(s["steps"]), "--warmup-steps", str(s["warmup_steps"])]
                                + (["--data-dir", args.data_dir] if args.data_dir else [])

@@ -47,7 +47,8 @@ from benchmarks.quality.pretrainkit import (
     to_toml,
     tokenizer_info,
 )
-from training.config import ConfigError, PretrainConfig, parse_config
+from options import ConfigError, resolve
+from training.config import PretrainConfig
 
 # Set by the program for every arm alike (or by its own options).
 RESERVED = ("--generator-fraction", "--out", "--tokenizer", "--max-steps", "--warmup-steps", "--max-minutes",
@@ -180,7 +181,7 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
         if not measured(out, bundle, generator):
             run_logged(cmd, work / f"{arm_name(f)}-hits-{key}.log", None)
         hits[key] = json.loads(out.read_text())["summary"]
-    cfg = parse_config(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
+    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
     from training.model import count_parameters
     from training.pretrain import build_objective
 
@@ -246,7 +247,7 @@ def table(rows: list[dict], minutes: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        base = parse_config(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
+        base = resolve(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
     except ConfigError as e:
         sys.exit(f"error: {e}")
     work, out = Path(args.work), Path(args.out)

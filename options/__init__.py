@@ -1,0 +1,292 @@
+"""One way to declare and resolve the options of every entry point (training.pretrain, training.finetune,
+export, export.recover, app).
+
+An entry point's options are the fields of one dataclass. Each field is declared once, with `option(...)`:
+its type (the annotation), default, allowed values, help text and, where it has one, its environment
+variable. `resolve` fills the dataclass the same way everywhere:
+
+    defaults < `base` (a saved run's config) < `--config FILE.toml` < environment < command-line flags
+
+and `--help` is generated from the declarations. An unknown flag or TOML key, a value of the wrong type
+or one outside the allowed values fails at once with a `ConfigError` naming the option. A boolean is a
+switch: `--qat` alone means true, `--qat false` and `--no-qat` false. The dataclass's `__post_init__`
+checks what involves several options.
+
+Standard library only: the serving install (app/) uses it too, without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+EPILOG = (
+    "A true/false option is a switch: --name alone is true, --name false or --no-name false. Order of\n"
+    "precedence: defaults < --config FILE.toml < environment variables < flags."
+)
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """An option that cannot be used; the message names the flag, key or variable."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    help: str
+    choices: tuple | None = None
+    env: str | None = None  # the environment variable that sets it
+    bare: str | None = None  # the value of the flag given alone (booleans: "true")
+    aliases: tuple[str, ...] = ()  # other flags for it
+    secret: bool = False  # never printed: describe() and --help mask it
+    positional: bool = False  # given without a flag (export's CHECKPOINT)
+
+
+def option(
+    default=dataclasses.MISSING,
+    help: str = "",
+    *,
+    choices: Sequence | None = None,
+    env: str | None = None,
+    bare: str | None = None,
+    aliases: Sequence[str] = (),
+    secret: bool = False,
+    positional: bool = False,
+):
+    """A dataclass field that is an option of an entry point (see the module docstring)."""
+    spec = Spec(
+        help, tuple(choices) if choices is not None else None, env, bare, tuple(aliases), secret, positional
+    )
+    return dataclasses.field(default=default, repr=not secret, metadata={"option": spec})
+
+
+def spec_of(f: dataclasses.Field) -> Spec:
+    spec = f.metadata.get("option")
+    if spec is None:
+        raise TypeError(f"{f.name}: declare it with options.option(...)")
+    return spec
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _kind(annotation) -> type:
+    """int | None -> int; tuple[str, ...] -> tuple."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return typing.get_origin(annotation) or annotation
+
+
+def _optional(annotation) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def coerce(name: str, value, annotation, source: str | None = None):
+    """`value` (a flag's or variable's string, or a TOML value) as the option's type."""
+    where = source or flag(name)
+    kind = _kind(annotation)
+    if value is None or (
+        isinstance(value, str) and value == "" and _optional(annotation) and kind is not str
+    ):
+        if _optional(annotation):
+            return None
+        raise ConfigError(f"{where}: a value is required")
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).strip().lower() in TRUE:
+            return True
+        if str(value).strip().lower() in FALSE:
+            return False
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if kind is tuple:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(str(v).strip() for v in items if str(v).strip())
+    if kind is Path:
+        return Path(value)
+    if kind in (int, float):
+        if isinstance(value, bool) or (isinstance(value, float) and kind is int):
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}") from None
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected text, got {type(value).__name__} {value!r}")
+        return value
+    raise TypeError(f"{name}: options of type {annotation} are not supported")
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        value = ",".join(value)
+    return str(value) if value != "" else "empty"
+
+
+def default_of(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def help_line(f: dataclasses.Field) -> str:
+    """What --help says of one option: its description, then its allowed values, variable and default."""
+    spec = spec_of(f)
+    notes = []
+    if spec.choices:
+        notes.append("one of: " + ", ".join(map(str, spec.choices)))
+    if spec.env:
+        notes.append(f"env {spec.env}")
+    default = default_of(f)
+    if default is dataclasses.MISSING:
+        notes.append("required")
+    elif default is not None and not spec.secret:  # None: the help says what happens when it is not given
+        notes.append(f"default {_shown(default)}")
+    return f"{spec.help} ({'; '.join(notes)})" if notes else spec.help
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse names the flag; raise, so callers decide how to exit
+        raise ConfigError(message)
+
+
+def parser(
+    cls, prog: str | None = None, description: str = "", config_file: bool = True
+) -> argparse.ArgumentParser:
+    """The command line of `cls`: one flag per field (positional where declared), from its declaration."""
+    hints = typing.get_type_hints(cls)
+    p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    if config_file:
+        p.add_argument(
+            "--config", metavar="FILE.toml", help="options from a TOML file; flags given here override it"
+        )
+    for f in dataclasses.fields(cls):
+        spec = spec_of(f)
+        text = help_line(f).replace("%", "%%")  # argparse formats help with %
+        if spec.positional:
+            p.add_argument(f.name, nargs="?", default=None, help=text)
+            continue
+        boolean = _kind(hints[f.name]) is bool
+        bare = "true" if boolean else spec.bare
+        extra = {"nargs": "?", "const": bare} if bare is not None else {}
+        p.add_argument(
+            flag(f.name), *spec.aliases, dest=f.name, default=None, metavar="VALUE", help=text, **extra
+        )
+        if boolean:
+            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const", const="false",
+                           help=argparse.SUPPRESS)  # fmt: skip
+    return p
+
+
+def resolve(
+    cls,
+    argv: Sequence[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    base: Mapping | None = None,
+    prog: str | None = None,
+    description: str = "",
+    config_file: bool = True,
+):
+    """`cls` filled from defaults < `base` < --config TOML < environment < flags (module docstring)."""
+    import os
+
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    args = parser(cls, prog, description, config_file).parse_args(argv)
+    values: dict = {}
+    for key, value in (base or {}).items():
+        if key in fields:  # a saved config may hold options a later version dropped
+            values[key] = coerce(key, value, hints[key], f"{key} (saved config)")
+    if config_file and args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise ConfigError(f"--config: {path} does not exist")
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+        for key, value in raw.items():
+            if key not in fields:
+                raise ConfigError(
+                    f"{path}: unknown option {key!r}; known options: {', '.join(sorted(fields))}"
+                )
+            values[key] = coerce(key, value, hints[key], f"{path}: {key}")
+    for name, f in fields.items():
+        var = spec_of(f).env
+        if var and var in env:
+            values[name] = coerce(name, env[var], hints[name], var)
+    for name in fields:
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = coerce(name, given, hints[name])
+    for name, value in values.items():
+        _check_choice(fields[name], value)
+    missing = [n.upper() if spec_of(f).positional else flag(n)
+               for n, f in fields.items() if n not in values and default_of(f) is dataclasses.MISSING]  # fmt: skip
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: required")
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_choice(f: dataclasses.Field, value) -> None:
+    choices = spec_of(f).choices
+    if choices and value is not None and value not in choices:
+        raise ConfigError(f"{flag(f.name)}: one of {', '.join(map(str, choices))}, not {value!r}")
+
+
+def check_choices(cfg) -> None:
+    """For `__post_init__`: the declared allowed values hold for a config built directly, not only for
+    one `resolve` built."""
+    for f in dataclasses.fields(cfg):
+        _check_choice(f, getattr(cfg, f.name))
+
+
+def unknown_variables(cls, env: Mapping[str, str], prefix: str) -> list[str]:
+    """Variables named `prefix`* that set no option of `cls` (a typo is otherwise silently ignored)."""
+    known = {spec_of(f).env for f in dataclasses.fields(cls)}
+    return sorted(k for k in env if k.startswith(prefix) and k not in known)
+
+
+def as_dict(cfg) -> dict:
+    """The resolved options as JSON values, secrets masked."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if spec_of(f).secret and value is not None:
+            value = "*** (set)"
+        out[f.name] = (
+            list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value
+        )
+    return out
+
+
+def describe(cfg) -> str:
+    """The resolved options, one a line, for printing at start (secrets masked)."""
+    values = as_dict(cfg)
+    width = max(map(len, values))
+    return "\n".join(f"  {name:<{width}} = {value!r}" for name, value in values.items())
+
+
+def save(cfg, path: Path) -> None:
+    """The resolved options as JSON beside an entry point's outputs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(as_dict(cfg), indent=2) + "\n")
