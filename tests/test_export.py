@@ -356,7 +356,7 @@ def test_recovered_checkpoint_is_the_bundles_discriminator_and_warm_starts(tmp_p
 
     from export.recover import recover
     from training.config import PretrainConfig
-    from training.pretrain import build_objective
+    from training.pretraining.model import build_objective
     from training.pretraining.warmstart import load_warm_start, resolve_warm_start
 
     export(detector_dir, tmp_path / "b", precision=precision, calibrate=False)

@@ -204,3 +204,27 @@ def test_bad_options_fail_naming_the_option(tmp_path):
     bad.write_text("hiden_size = 3\n")
     with pytest.raises(SystemExit, match="hiden_size"):
         pretrain(["--config", str(bad), "--out", str(tmp_path / "y")])
+
+
+def test_the_shipped_stage3_recipe_sets_up_and_trains(tmp_path, small_corpus, small_tokenizer, registry_data):
+    """configs/detector-stage3.toml as it is (word swaps by frequency and part of speech beside the
+    generator's samples, rows shaped like requests), warm-started from a tiny run instead of the stage-2
+    checkpoint and on the small corpus: the data, model and corruption builders make its set-up, and two
+    steps train."""
+    init = tmp_path / "init"
+    pretrain(
+        tiny_args(init, small_corpus, small_tokenizer, "--max-steps", 2, "--save-every", 2, "--eval-every", 2)
+    )
+    t = setup(["--config", str(REPO / "configs" / "detector-stage3.toml"), "--init", str(init),
+               "--out", str(tmp_path / "stage3"), "--corpus", str(small_corpus), "--data-dir", str(registry_data),
+               "--batch-size", "4", "--seq-len", "64", "--threads", "1"])  # fmt: skip
+    assert (
+        t.cfg.word_swap_kinds == "frequency,pos" and t.cfg.rows == "requests" and t.cfg.word_swap_prob == 0.6
+    )
+    table = t.objective.swap_candidates
+    assert table.ndim == 2 and table.shape[0] == t.data.specials.vocab_size  # replacements per original token
+    assert t.data.tokenizer.get_vocab_size() == t.data.specials.vocab_size
+    for _ in range(2):
+        sums, norm = t.train_step()
+        assert all(torch.isfinite(v).all() for v in sums.values()) and torch.isfinite(norm)
+    assert t.step == 2 and t.tokens > 0

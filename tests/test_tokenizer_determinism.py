@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# What prepare_data does for the default --tokenizer train, with the default options.
+# What training.pretraining.data.build_data does for the default --tokenizer train, with the default options.
 TRAIN = """
 import sys
 from training.config import PretrainConfig

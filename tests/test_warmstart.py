@@ -10,8 +10,9 @@ import torch
 
 from training.checkpoint import CheckpointError, resolve_checkpoint
 from training.config import PretrainConfig
-from training.pretrain import build_objective, param_groups
 from training.pretrain import main as pretrain
+from training.pretrain import param_groups
+from training.pretraining.model import build_objective
 from training.pretraining.warmstart import load_warm_start, resolve_warm_start
 from training.report import read_metrics
 

@@ -14,7 +14,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -24,119 +23,22 @@ from tqdm import tqdm
 import options
 from options import ConfigError, describe
 from training import checkpoint as ckpt
-from training import quantization
 from training.checkpoint import CheckpointError
 from training.config import PretrainConfig
 from training.data.registry import DatasetError
-from training.data.shards import Batches
 from training.data.tokenizer import TokenizerError
-from training.model import ElectraConfig, count_parameters
+from training.model import count_parameters
 from training.optim import autocast_for, decays, linear_schedule
-from training.pretraining.data import prepare_data
+from training.pretraining.corruption import build_corruption
+from training.pretraining.data import PretrainingData, build_data
 from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
-from training.pretraining.objective import Corruption, ElectraObjective, MLMObjective, draw_noise
-from training.pretraining.warmstart import WarmStart, load_warm_start, resolve_warm_start
+from training.pretraining.model import build_model
+from training.pretraining.objective import Corruption, draw_noise
+from training.pretraining.warmstart import WarmStart, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 
 PROG = "python -m training.pretrain"
-
-
-def build_objective(cfg: PretrainConfig, vocab_size: int, warm: WarmStart | None = None):
-    dropout = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
-    if warm is not None:
-        disc_cfg = ElectraConfig(**{**warm.disc.config.to_dict(), **dropout})
-    else:
-        disc_cfg = ElectraConfig(
-            vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
-            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-            intermediate_size=cfg.intermediate_size, max_position_embeddings=max(512, cfg.seq_len), **dropout,
-        )  # fmt: skip
-    if cfg.objective == "mlm":
-        return MLMObjective(disc_cfg)
-    if warm is not None and warm.gen is not None:
-        gen_cfg = ElectraConfig(**{**warm.gen.config.to_dict(), **dropout})
-    else:
-        gen_cfg = disc_cfg.scaled(cfg.generator_fraction)
-    return ElectraObjective(disc_cfg, gen_cfg, temperature=cfg.temperature,
-                            gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
-
-
-def whole_word_ids(tokenizer_json: Path) -> torch.Tensor:
-    """Vocabulary entries that are whole alphabetic words (no ## pieces, no specials, no punctuation):
-    what a random word swap may put in."""
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab()
-    return torch.tensor(sorted(i for t, i in vocab.items() if len(t) > 1 and t.isalpha() and t.isascii()))
-
-
-class TrainingVocabulary:
-    """The training text's tokenizer, token counts and part-of-speech lexicon, each loaded on first use
-    and then kept: word swaps and content-aimed masking both read them."""
-
-    def __init__(self, cfg: PretrainConfig, tokenizer_json: Path, train_tokens) -> None:
-        self.cfg, self.tokenizer_json, self.train_tokens = cfg, tokenizer_json, train_tokens
-
-    @cached_property
-    def tokenizer(self):
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(self.tokenizer_json))
-
-    @cached_property
-    def counts(self):
-        """Occurrences of each vocabulary id in the training shards."""
-        import numpy as np
-
-        return np.bincount(np.asarray(self.train_tokens).ravel(), minlength=self.tokenizer.get_vocab_size())
-
-    @cached_property
-    def lexicon(self) -> dict[str, str]:
-        from training.data.registry import fetch
-        from training.data.swaps import read_lexicon
-
-        return read_lexicon(fetch("pos-lexicon", data_dir=self.cfg.data_dir))
-
-
-def swap_candidates(cfg: PretrainConfig, vocab: TrainingVocabulary) -> torch.Tensor:
-    """What a word swap may put in: any whole word (1-D), or with frequency/pos kinds a table of
-    replacements per original token (2-D), built from the training shards' token counts and the
-    registry's part-of-speech lexicon."""
-    kinds = [k.strip() for k in cfg.word_swap_kinds.split(",")]
-    if kinds == ["random"]:  # the recipe before issue 21's kinds: runs of it retrace exactly
-        return whole_word_ids(vocab.tokenizer_json)
-    from collections import Counter
-
-    from training.data.swaps import swap_table
-
-    tok = vocab.tokenizer
-    unigrams = Counter({tok.id_to_token(i): int(c) for i, c in enumerate(vocab.counts) if c})
-    lexicon = vocab.lexicon if "pos" in kinds else None
-    return torch.from_numpy(swap_table(tok, kinds, unigrams, lexicon, seed=cfg.seed))
-
-
-def mask_rate_scale(cfg: PretrainConfig, vocab: TrainingVocabulary) -> torch.Tensor | None:
-    """Each token's mask-rate multiplier with --content-mask-weight above 1 (training/data/swaps), else
-    None: every token at mask_prob, as runs before it masked."""
-    if cfg.content_mask_weight == 1.0:
-        return None
-    from training.data.swaps import content_rate_scale
-
-    scale = content_rate_scale(vocab.tokenizer, vocab.lexicon, vocab.counts, cfg.content_mask_weight)
-    return torch.from_numpy(scale).float()
-
-
-def protected_tokens(cfg: PretrainConfig, tokenizer_dir: Path) -> torch.Tensor | None:
-    """Tokens the corruption never picks: punctuation, unless --corrupt-punctuation (the default)."""
-    if cfg.corrupt_punctuation:
-        return None
-    from training.data.tokenizer import load_tokenizer, punctuation_ids
-
-    tok = load_tokenizer(tokenizer_dir / "tokenizer.json")
-    protected = torch.zeros(tok.get_vocab_size(), dtype=torch.bool)
-    protected[punctuation_ids(tok)] = True
-    return protected
 
 
 def param_groups(
@@ -195,12 +97,10 @@ class Trainer:
     cfg: PretrainConfig
     env: Dist
     run: Path
-    tokenizer_dir: Path
+    data: PretrainingData
     objective: torch.nn.Module
     model: torch.nn.Module  # the objective, compiled and/or wrapped in DDP
     opt: torch.optim.Optimizer
-    train_batches: Batches
-    valid_batches: Callable[[], Batches]
     corruption: Corruption
     autocast: Callable[[], contextlib.AbstractContextManager]
     step: int
@@ -223,7 +123,7 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         real_tokens = 0
         for micro in range(A):
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(self.train_batches).items()}
+            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(self.data.train).items()}
             T = batch["input_ids"].shape[1]  # seq_len, or the longest row of a length-grouped global batch
             noise = draw_noise((B * W, T), cfg.seed, self.step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
                                env.device)  # fmt: skip
@@ -250,14 +150,14 @@ class Trainer:
     def evaluate_and_save(self, log: MetricsLog, done: bool) -> None:
         cfg, env, step = self.cfg, self.env, self.step
         if (step % cfg.eval_every == 0 or done) and env.main:
-            self.evals = evaluate(self.objective, self.valid_batches(), cfg.eval_batches, cfg.seed,
+            self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
                                   self.corruption, env.device, self.autocast)  # fmt: skip
             log.write(step, self.tokens, "eval", self.evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if step % cfg.save_every == 0 or done:
             if env.main:
-                save(self.run, step, self.tokens, self.objective, self.opt, self.train_batches, cfg,
-                     self.tokenizer_dir, self.evals)  # fmt: skip
+                save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
+                     self.data.tokenizer_dir, self.evals)  # fmt: skip
             env.barrier()
             reseed(cfg, env.rank, step)
 
@@ -295,24 +195,18 @@ def setup(argv: list[str] | None) -> Trainer:
         )
         options.save(cfg, run / "config.json")
 
-    tokenizer_dir, specials, train_batches, valid_batches = prepare_data(cfg, run, env)
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every process
-    objective = build_objective(cfg, specials.vocab_size, warm)
-    warm_names = load_warm_start(objective, warm) if warm is not None else set()
-    if cfg.qat:  # before the optimizer and torch.compile see the modules; a resume recalibrates identically
-        note = quantization.prepare(objective.discriminator, valid_batches(), cfg.qat_smoothing or None)
-        quantization.set_rounding(objective.discriminator, cfg.qat_rounding)
-        if env.main:
+    data = build_data(cfg, run, env)
+    objective, warm_names, notes = build_model(cfg, data, warm)
+    if env.main:
+        for note in notes:
             print(f"quantization-aware: {note}", flush=True)
-    vocab = TrainingVocabulary(cfg, tokenizer_dir / "tokenizer.json", train_batches.dataset.tokens)
-    if cfg.word_swap_prob > 0 and cfg.objective == "electra":
-        objective.mix_in_word_swaps(swap_candidates(cfg, vocab), cfg.word_swap_prob)
+    corruption = build_corruption(cfg, data, objective)
     objective.to(env.device)
     warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
     groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
     opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
-    step, tokens = restore(run, objective, opt, train_batches) if cfg.resume else (0, 0)
+    step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
     reseed(cfg, env.rank, step)
 
     model = torch.compile(objective) if cfg.compile else objective
@@ -321,10 +215,8 @@ def setup(argv: list[str] | None) -> Trainer:
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None
         )
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
-    trainer = Trainer(cfg, env, run, tokenizer_dir, objective, model, opt, train_batches, valid_batches,
-                      Corruption.of(cfg, specials.mask, specials.vocab_size, protected_tokens(cfg, tokenizer_dir),
-                                    mask_rate_scale(cfg, vocab)),
-                      autocast, step, tokens)  # fmt: skip
+    trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
+                      corruption=corruption, autocast=autocast, step=step, tokens=tokens)  # fmt: skip
     if env.main:
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}", flush=True)

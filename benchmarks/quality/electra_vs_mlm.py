@@ -154,7 +154,7 @@ def objective_config(base: PretrainConfig, objective: str, mlm_masking: str) -> 
 def costs(base: PretrainConfig, vocab_size: int, objectives=OBJECTIVES) -> dict[str, dict]:
     """FLOPs per training token and parameter counts of each objective, exactly as pretrain.py counts."""
     from training.model import count_parameters, flops_per_token
-    from training.pretrain import build_objective
+    from training.pretraining.model import build_objective
 
     out = {}
     for objective in objectives:
@@ -187,7 +187,7 @@ def plan(budget_flops: float, cost: dict[str, dict], base: PretrainConfig, warmu
 def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None) -> float:
     """Training speed of one ELECTRA micro-batch on random tokens (no data loading, eval or saving)."""
     from training.model import flops_per_token
-    from training.pretrain import build_objective
+    from training.pretraining.model import build_objective
 
     obj = build_objective(dataclasses.replace(base, objective="electra"), vocab_size)
     per_token = flops_per_token(obj.generator.config, base.seq_len, base.mask_prob) + flops_per_token(

@@ -183,7 +183,7 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
         hits[key] = json.loads(out.read_text())["summary"]
     cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
     from training.model import count_parameters
-    from training.pretrain import build_objective
+    from training.pretraining.model import build_objective
 
     obj = build_objective(cfg, tokenizer_info(Path(cfg.tokenizer))["vocab_size"])
     gen = obj.generator.config

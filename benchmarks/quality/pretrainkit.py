@@ -57,7 +57,7 @@ def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, step
     evaluation or saving), after one warm-up step."""
     import torch
 
-    from training.pretrain import build_objective
+    from training.pretraining.model import build_objective
     from training.pretraining.objective import Corruption, draw_noise
 
     if threads:

@@ -1,10 +1,13 @@
-"""Tokenizer and token shards for a pretraining run, made once by rank 0 and read by every rank."""
+"""The data builder of a pretraining run: tokenizer and token shards, made once by rank 0 and read by
+every rank. The tokenizer is loaded here, once, and handed to whatever else needs it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+from tokenizers import Tokenizer
 
 from training.data.corpus import read_corpus
 from training.data.shards import Batches, PackedDataset, RowMix, build_shards
@@ -19,9 +22,17 @@ class Specials(NamedTuple):
     vocab_size: int
 
 
-def prepare_data(cfg, run: Path, env) -> tuple[Path, Specials, Batches, Callable[[], Batches]]:
-    """Returns the tokenizer directory, special ids, this rank's training batches, and a factory of
-    held-out batches (a fresh iterator each call, always in the same order, so evaluations compare)."""
+class PretrainingData(NamedTuple):
+    tokenizer_dir: Path  # tokenizer.json and vocab.txt, copied into every checkpoint
+    tokenizer: Tokenizer
+    specials: Specials
+    train: Batches  # this rank's training batches
+    valid_batches: Callable[[], Batches]  # a fresh iterator each call, always in the same order
+
+
+def build_data(cfg, run: Path, env) -> PretrainingData:
+    """Tokenizer (trained, given or the run's own on a resume) and the train/valid shards under `run`;
+    rank 0 makes them while the others wait."""
     tok_dir = run / "tokenizer"
     grouped = cfg.rows == "requests"
     mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
@@ -39,7 +50,7 @@ def prepare_data(cfg, run: Path, env) -> tuple[Path, Specials, Batches, Callable
             docs = read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
             build_shards(docs, tok, cfg.seq_len, run / "data" / split, desc=f"tokenizing {split}", mix=mix)
     env.barrier()
-    tok = load_tokenizer(tok_dir / "tokenizer.json")
+    tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
     ids = special_ids(tok)
     specials = Specials(ids.pad, ids.cls, ids.sep, ids.mask, tok.get_vocab_size())
     train = Batches(PackedDataset(run / "data" / "train"), cfg.batch_size, cfg.seed, env.rank, env.world,
@@ -49,4 +60,4 @@ def prepare_data(cfg, run: Path, env) -> tuple[Path, Specials, Batches, Callable
     def valid_batches() -> Batches:
         return Batches(valid, min(cfg.batch_size, len(valid)), cfg.seed, 0, 1, group_by_length=grouped)
 
-    return tok_dir, specials, train, valid_batches
+    return PretrainingData(tok_dir, tok, specials, train, valid_batches)

@@ -1,0 +1,56 @@
+"""The model builder of a pretraining run: the generator-discriminator pair (or the MLM baseline), fresh
+or warm-started, made quantization-aware with --qat."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from training import quantization
+from training.model import ElectraConfig
+from training.pretraining.objective import ElectraObjective, MLMObjective
+from training.pretraining.warmstart import WarmStart, load_warm_start
+
+
+def build_objective(cfg, vocab_size: int, warm: WarmStart | None = None):
+    """The objective module with fresh weights: the discriminator's shape from the options, or from the
+    warm start's source; the generator scaled from it (or the source's own)."""
+    dropout = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
+    if warm is not None:
+        disc_cfg = ElectraConfig(**{**warm.disc.config.to_dict(), **dropout})
+    else:
+        disc_cfg = ElectraConfig(
+            vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size, max_position_embeddings=max(512, cfg.seq_len), **dropout,
+        )  # fmt: skip
+    if cfg.objective == "mlm":
+        return MLMObjective(disc_cfg)
+    if warm is not None and warm.gen is not None:
+        gen_cfg = ElectraConfig(**{**warm.gen.config.to_dict(), **dropout})
+    else:
+        gen_cfg = disc_cfg.scaled(cfg.generator_fraction)
+    return ElectraObjective(disc_cfg, gen_cfg, temperature=cfg.temperature,
+                            gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
+
+
+class PretrainingModel(NamedTuple):
+    objective: torch.nn.Module  # on the CPU still: the corruption may add word swaps to it
+    warm_names: set[str]  # the parameters the warm start loaded (they train at --init-lr)
+    notes: list[str]  # what was done, for the log
+
+
+def build_model(cfg, data, warm: WarmStart | None) -> PretrainingModel:
+    """The same initial weights on every rank and in every process (seeded here); `data` is the
+    PretrainingData (its vocabulary size and, with --qat, the held-out text the ranges come from)."""
+    torch.manual_seed(cfg.seed)
+    objective = build_objective(cfg, data.specials.vocab_size, warm)
+    warm_names = load_warm_start(objective, warm) if warm is not None else set()
+    notes = []
+    if cfg.qat:  # before the optimizer and torch.compile see the modules; a resume recalibrates identically
+        notes.append(
+            quantization.prepare(objective.discriminator, data.valid_batches(), cfg.qat_smoothing or None)
+        )
+        quantization.set_rounding(objective.discriminator, cfg.qat_rounding)
+    return PretrainingModel(objective, warm_names, notes)
