@@ -22,6 +22,12 @@ def choice(name: str, value, allowed) -> None:
         )
 
 
+def shares(cfg, *names: str) -> None:
+    for name in names:
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(cfg, name)}")
+
+
 def positive(cfg, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) <= 0:
@@ -147,24 +153,16 @@ class PretrainConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("sentence_rows", "few_sentence_rows", "word_swap_prob"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
-                )
-        if not 0.0 <= self.qat_smoothing <= 1.0:
-            raise ConfigError(f"--qat-smoothing: must lie in [0, 1], got {self.qat_smoothing}")
-        if self.qat and self.objective != "electra":
-            raise ConfigError("--qat: quantizes the discriminator; it needs --objective electra")
-        if self.sentence_rows + self.few_sentence_rows > 1.0:
-            raise ConfigError(
-                "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"
-            )
-        kinds = self.word_swap_kinds.split(",")
-        for kind in kinds:
-            choice("word_swap_kinds", kind.strip(), ("random", "frequency", "pos"))
-        if len(set(kinds)) != len(kinds):
-            raise ConfigError(f"--word-swap-kinds: each kind once, got {self.word_swap_kinds!r}")
+        positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
+                 "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
+                 "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
+        shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing", "mask_prob",
+               "mask_replace_prob", "random_replace_prob", "dropout", "row_mask_spread")  # fmt: skip
+        self._check_data()
+        self._check_corruption()
+        self._check_model()
+
+    def _check_data(self) -> None:
         from training.data.corpus import REGISTRY_CORPORA
 
         unknown = [
@@ -177,14 +175,19 @@ class PretrainConfig:
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
                 f"file or directory that exists"
             )
-        positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
-                 "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
-                 "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
-        for name in ("mask_prob", "mask_replace_prob", "random_replace_prob", "dropout", "row_mask_spread"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')}: must lie in [0, 1], got {getattr(self, name)}"
-                )
+        if self.sentence_rows + self.few_sentence_rows > 1.0:
+            raise ConfigError(
+                "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"
+            )
+        if self.seq_len < 8:
+            raise ConfigError(f"--seq-len: must be at least 8, got {self.seq_len}")
+
+    def _check_corruption(self) -> None:
+        kinds = self.word_swap_kinds.split(",")
+        for kind in kinds:
+            choice("word_swap_kinds", kind.strip(), ("random", "frequency", "pos"))
+        if len(set(kinds)) != len(kinds):
+            raise ConfigError(f"--word-swap-kinds: each kind once, got {self.word_swap_kinds!r}")
         if self.mask_prob * (1 + self.row_mask_spread) > 1.0:
             raise ConfigError(
                 f"--mask-prob x (1 + --row-mask-spread) must not exceed 1, got "
@@ -194,14 +197,16 @@ class PretrainConfig:
             raise ConfigError(f"--content-mask-weight: must be at least 1, got {self.content_mask_weight}")
         if self.mask_replace_prob + self.random_replace_prob > 1.0:
             raise ConfigError("--mask-replace-prob plus --random-replace-prob must not exceed 1")
+
+    def _check_model(self) -> None:
+        if self.qat and self.objective != "electra":
+            raise ConfigError("--qat: quantizes the discriminator; it needs --objective electra")
         if not 0.0 < self.generator_fraction <= 1.0:
             raise ConfigError(f"--generator-fraction: must lie in (0, 1], got {self.generator_fraction}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"--hidden-size ({self.hidden_size}) must be divisible by --num-heads ({self.num_heads})"
             )
-        if self.seq_len < 8:
-            raise ConfigError(f"--seq-len: must be at least 8, got {self.seq_len}")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")
         if self.init_lr is not None and self.init_lr <= 0:
@@ -317,8 +322,7 @@ class FinetuneConfig:
                     raise ConfigError(f"--{name.replace('_', '-')}: only for --train data, not with --task")
         elif self.dev is None and not 0.0 < self.dev_fraction < 1.0:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
-        if not 0.0 <= self.qat_smoothing <= 1.0:
-            raise ConfigError(f"--qat-smoothing: must lie in [0, 1], got {self.qat_smoothing}")
+        shares(self, "qat_smoothing")
         positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")
         for name in ("max_train_examples", "max_eval_examples", "threads"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:

