@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import calibration as cal
+from export.evaluation.items import Texts, build_texts
+from export.evaluation.scoring import score
 from export.parity import ParityError, deviation
-from export.swapped_sentences import Texts, build_texts, score
 from export.wordscores import WordScorer
 
 # Per-token |int8 - fp32| of the calibrated probability, on the calibration sentences: the gate beside

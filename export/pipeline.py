@@ -118,7 +118,7 @@ class _Fp32:
     batches: list
     fusions: dict
     report: dict  # parity figures; each precision adds its own
-    calibration_texts: object = None  # a detector's calibration sentences (export.swapped_sentences.Texts)
+    calibration_texts: object = None  # a detector's calibration sentences (export.evaluation.items.Texts)
 
 
 def run_export(cfg: ExportConfig, log=print) -> dict:

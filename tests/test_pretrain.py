@@ -45,9 +45,9 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
 
     # The context probe reads the same run: figures of the right shape, and the same verdict as the
     # run's own evaluation (the young generator's samples are easy to flag).
-    from benchmarks.quality.disc_probe import main as probe
-
-    probe([str(run), "--rows", "16", "--out", str(tmp_path / "probe.json")])
+    cmd = [sys.executable, "-m", "benchmarks.quality.disc_probe", str(run), "--rows", "16",
+           "--out", str(tmp_path / "probe.json")]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
     (result,) = json.loads((tmp_path / "probe.json").read_text())["results"][-1:]
     layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
     assert len(result["attention_entropy_discriminator"]) == layers

@@ -25,11 +25,11 @@ LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 
 
 def items(bundle: Path, data_dir: Path | None, per_kind: int, seed: int) -> dict:
-    """Per source, the swapped and clean sentences (export.swapped_sentences.Texts)."""
+    """Per source, the swapped and clean sentences (export.evaluation.items.Texts)."""
     from tokenizers import Tokenizer
 
+    from export.evaluation.items import swap_pickers, swapped_and_clean
     from export.sentence_sources import SOURCES, sentences
-    from export.swapped_sentences import swap_pickers, swapped_and_clean
 
     tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
     pickers = swap_pickers(tokenizer, data_dir)
@@ -55,7 +55,7 @@ def figures(sentences, probs, labels, threshold: float) -> dict:
 
 
 def measure(bundle: Path, texts_by_source: dict) -> dict:
-    from export.swapped_sentences import score
+    from export.evaluation.scoring import score
     from export.wordscores import WordScorer
 
     manifest = json.loads((bundle / "manifest.json").read_text())

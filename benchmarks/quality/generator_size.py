@@ -14,7 +14,7 @@ trade wins here.
    --max-minutes: equal wall time and equal CPU share;
 4. each discriminator exported fp32 (no quantization in the comparison) and measured: held-out
    replaced-token AUC on the run's own generator replacements (what pretrain reports), and
-   benchmarks.quality.detector_hits top-1 / top-3 on 200 WikiText-2 test sentences with one word
+   benchmarks.quality.user_sentences top-1 / top-3 on 200 WikiText-2 test sentences with one word
    replaced (a) by a sample of the widest arm's generator and (b) by a word of similar corpus frequency,
    both the same sentences and replacements for every arm (the fair yardsticks: each arm's own
    generator makes replacements of a different difficulty), and (c) by the arm's own generator;
@@ -67,7 +67,7 @@ def parse_args(argv):
     p.add_argument("--pretrain-args", default="", help="more training.pretrain flags for every arm")
     p.add_argument("--warmup-fraction", type=float, default=0.1, help="warmup steps as a share of each arm's")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the arms share")
-    p.add_argument("--sentences", type=int, default=200, help="detector_hits sentences")
+    p.add_argument("--sentences", type=int, default=200, help="swapped WikiText-2 test sentences per kind")
     p.add_argument("--work", default="runs/generator_size", help="tokenizer, runs and bundles")
     p.add_argument("--out", default="benchmarks/results/generator_size", help="results.json and table.md")
     p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="registry files")
@@ -148,9 +148,10 @@ def last_step(run: Path) -> int:
 
 
 def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
-    """Export fp32 and run detector_hits three times: frequency swaps, the arm's own generator's swaps,
-    and the `common` run's generator's swaps (the same sentences and replacements for every arm).
-    An export or a measurement already made from the same checkpoint is reused."""
+    """Export fp32 and measure it on WikiText-2 test sentences (benchmarks.quality.user_sentences,
+    --source wikitext2) twice: with the arm's own generator's swaps and with the `common` run's generator's
+    (the same sentences and replacements for every arm); frequency swaps come with both. An export or a
+    measurement already made from the same checkpoint is reused."""
     run = Path(arm["config"].out)
     state = latest_state(run)
     if state is None:
@@ -171,16 +172,16 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
         ]
         run_logged([*export, *data], work / f"{arm_name(f)}-export.log", None)
     hits = {}
-    for key, generator in (("frequency", None), ("own_generator", run), ("common_generator", common)):
+    for key, generator in (("own_generator", run), ("common_generator", common)):
         out = work / f"{arm_name(f)}-hits-{key}.json"
-        replacement = "frequency" if generator is None else "generator"
-        cmd = [sys.executable, "-m", "benchmarks.quality.detector_hits", "--bundle", str(bundle),
-               "--replacement", replacement, "--sentences", str(args.sentences), "--out", str(out), *data]  # fmt: skip
-        if generator is not None:
-            cmd += ["--generator", str(generator)]
+        cmd = [sys.executable, "-m", "benchmarks.quality.user_sentences", "--bundle", str(bundle), "--source",
+               "wikitext2", "--generator", str(generator), "--sentences", str(args.sentences), "--out", str(out),
+               *data]  # fmt: skip
         if not measured(out, bundle, generator):
             run_logged(cmd, work / f"{arm_name(f)}-hits-{key}.log", None)
-        hits[key] = json.loads(out.read_text())["summary"]
+        summary = json.loads(out.read_text())["summary"]
+        hits[key] = summary["generator"]
+        hits.setdefault("frequency", summary["frequency"])  # the same sentences and swaps in both runs
     cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
     from training.model import count_parameters
     from training.pretraining.model import build_objective
@@ -218,7 +219,7 @@ def made_from(bundle: Path, checkpoint: str) -> bool:
 
 
 def measured(out: Path, bundle: Path, generator: Path | None) -> bool:
-    """A detector_hits result newer than the bundle, made with the same generator."""
+    """A user_sentences result newer than the bundle, made with the same generator."""
     if not out.is_file() or out.stat().st_mtime < (bundle / "model.onnx").stat().st_mtime:
         return False
     return json.loads(out.read_text())["config"].get("generator") == (str(generator) if generator else None)
@@ -232,7 +233,7 @@ def table(rows: list[dict], minutes: float) -> str:
             "|---|---|---|---|---|---|---|---|\n")  # fmt: skip
     lines = []
     for r in rows:
-        cells = [f"{r[k]['top1_hit_rate']:.1%} / {r[k]['top3_hit_rate']:.1%}"
+        cells = [f"{r[k]['top1']:.1%} / {r[k]['top3']:.1%}"
                  for k in ("hits_frequency", "hits_own_generator", "hits_common_generator")]  # fmt: skip
         lines.append(
             f"| {r['generator_fraction']:g} | {r['generator']['hidden']} / {r['generator']['heads']} | "

@@ -14,8 +14,15 @@ calibration error (tokens, 15 bins) at the calibration's operating point (half s
 Broken down by sentence length and by where the swapped word, and the wrongly flagged words, sit.
 A word-bigram count model of the detector's training text stands beside it as a yardstick.
 
+The sentences are made and scored by export/evaluation (the module export calibration uses too); this
+benchmark adds the bigram yardstick, the report and the plot.
+
     python -m benchmarks.quality.user_sentences --bundle models/detector --generator runs/detector
     python -m benchmarks.quality.user_sentences --bundle models/detector --source wikitext2   # in domain
+    python -m benchmarks.quality.user_sentences --bundle models/detector \
+        --items benchmarks/quality/data/commons_items.json          # the published figures' sentences
+    python -m benchmarks.quality.user_sentences --bundle B --slice fresh2   # another disjoint slice
+    python -m benchmarks.quality.user_sentences --bundle B --ensemble B2,B3  # several runs' mean log-odds
 """
 
 from __future__ import annotations
@@ -28,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 SOURCES = ("commons", "wikitext2")
 # Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
 # first ones (test); recipe choices are made on sentences far past them (dev), so they never see the test.
-SLICE_START = {"test": 0, "dev": 4000}
-ITEM_FIELDS = ("kind", "text", "span", "original", "replacement", "clean")
+# fresh1-4: four more disjoint slices (issue 34: the figures detector-stage3.md reports for "four more
+# slices" came from a script that was not kept; these are the command for them, with their own starts).
+SLICE_START = {"test": 0, "dev": 4000, "fresh1": 1000, "fresh2": 2000, "fresh3": 3000, "fresh4": 5000}
 
 
 def held_out_sentences(source: str, data_dir: str | None, min_words: int, max_words: int) -> list[str]:
@@ -52,124 +59,40 @@ def held_out_sentences(source: str, data_dir: str | None, min_words: int, max_wo
     return out
 
 
-def position_class(words, index: int) -> str:
-    """first / last (the first and last words with a letter or digit), punctuation, or other."""
-    from app.postprocess import is_punctuation
-
-    if is_punctuation(words[index].text):
-        return "punctuation"
-    real = [i for i, w in enumerate(words) if not is_punctuation(w.text)]
-    if index == real[0]:
-        return "first"
-    if index == real[-1]:
-        return "last"
-    return "other"
-
-
-def make_texts(args, tokenizer, sentences: list[str], pickers: dict) -> list[dict]:
-    from training.data.swaps import Swapper
-
-    swapper = Swapper(tokenizer)
-    items = []
-    for kind, pick in pickers.items():
-        rng = random.Random(f"{args.seed}-{kind}")
-        count = 0
-        for sentence in sentences:
-            if count == args.sentences:
-                break
-            swap = swapper.swap(sentence, pick, rng, kind)
-            if swap is not None:
-                items.append({"kind": kind, "text": swap.text, "span": [swap.start, swap.end],
-                              "original": swap.original, "replacement": swap.replacement, "clean": sentence})  # fmt: skip
-                count += 1
-    for sentence in sentences[: args.sentences]:
-        items.append({"kind": "clean", "text": sentence, "span": None})
-    return items
-
-
-def score(items: list[dict], results, threshold: float, reference, tokenizer) -> None:
-    """Fill each item with what /detect said (words, spans) and the bigram model's ranks."""
+def bigram_fields(items: list[dict], reference, tokenizer) -> None:
+    """The word-bigram yardstick's view of each scored item: its most suspicious word, and the swapped
+    word's rank and score."""
     from app.postprocess import is_punctuation
     from benchmarks.quality.bigram import words_of
 
-    for item, res in zip(items, results, strict=True):
-        words = res.words
-        probs = np.array([w.prob for w in words])
-        item["words"] = len(words)
-        item["spans"] = [[s.start, s.end] for s in res.summary.spans]
-        item["span_positions"] = [position_class(words, i) for i, w in enumerate(words)
-                                  if [w.start, w.end] in item["spans"] and [w.start, w.end] != item["span"]]  # fmt: skip
-        item["top_position"] = position_class(words, int(probs.argmax()))
-        item["max_prob"] = float(probs.max())
+    for item in items:
         suspicion = reference.suspicion(words_of(tokenizer, item["text"]))
-        assert len(suspicion) == len(words), (item["text"], len(suspicion), len(words))
-        bigram_ok = np.array([not is_punctuation(w.text) for w in words])
-        item["bigram_max"] = float(suspicion[bigram_ok].max()) if bigram_ok.any() else float("-inf")
-        item["token_probs"] = [t.prob for t in res.tokens]
-        if item["span"] is None:
-            item["token_labels"] = [0] * len(res.tokens)
-            continue
-        (target,) = [i for i, w in enumerate(words) if [w.start, w.end] == item["span"]]
-        item["rank"] = int((probs > probs[target]).sum()) + 1
-        item["prob"] = float(probs[target])
-        item["position"] = position_class(words, target)
-        item["bigram_rank"] = int((suspicion > suspicion[target]).sum()) + 1
-        item["bigram_score"] = float(suspicion[target])
-        item["token_labels"] = [int(t.word == target) for t in res.tokens]
+        assert len(suspicion) == item["words"], (item["text"], len(suspicion), item["words"])
+        words = words_of(tokenizer, item["text"])
+        ok = np.array([not is_punctuation(w) for w in words])
+        item["bigram_max"] = float(suspicion[ok].max()) if ok.any() else float("-inf")
+        if item["span"] is not None:
+            target = item["target"]
+            item["bigram_rank"] = int((suspicion > suspicion[target]).sum()) + 1
+            item["bigram_score"] = float(suspicion[target])
 
 
 def summarise(swapped: list[dict], clean: list[dict]) -> dict:
-    """Figures of a set of swapped sentences beside the clean ones."""
-    from export.calibration import expected_calibration_error
+    """export.evaluation's figures, and the bigram yardstick's beside them."""
+    from export.evaluation.scoring import summarise as detector_figures
 
-    if not swapped:
-        return {}
-    ranks = np.array([s["rank"] for s in swapped])
-    hits = sum(s["span"] in s["spans"] for s in swapped)
-    spans = sum(len(s["spans"]) for s in swapped) + sum(len(c["spans"]) for c in clean)
-    cut = float(np.quantile([c["max_prob"] for c in clean], 0.9)) if clean else float("nan")
+    out = detector_figures(swapped, clean)
+    if not out:
+        return out
     bigram_cut = float(np.quantile([c["bigram_max"] for c in clean], 0.9)) if clean else float("nan")
-    probs = np.concatenate([np.array(x["token_probs"]) for x in swapped + clean])
-    labels = np.concatenate([np.array(x["token_labels"]) for x in swapped + clean])
     return {
-        "sentences": len(swapped),
-        "top1": float((ranks == 1).mean()),
-        "top3": float((ranks <= 3).mean()),
-        "span_precision": hits / spans if spans else float("nan"),
-        "span_recall": hits / len(swapped),
-        "clean_with_span": float(np.mean([bool(c["spans"]) for c in clean])) if clean else float("nan"),
-        "recall_at_10pct_clean_flagged": float(np.mean([s["prob"] > cut for s in swapped])),
-        "ece": expected_calibration_error(probs, labels),
-        "median_prob_swapped": float(np.median([s["prob"] for s in swapped])),
-        "median_max_prob_clean": float(np.median([c["max_prob"] for c in clean])) if clean else float("nan"),
-        "chance_top1": float(np.mean([1 / s["words"] for s in swapped])),
+        **out,
         "bigram_top1": float(np.mean([s["bigram_rank"] == 1 for s in swapped])),
         "bigram_top3": float(np.mean([s["bigram_rank"] <= 3 for s in swapped])),
         "bigram_recall_at_10pct_clean_flagged": float(
             np.mean([s["bigram_score"] > bigram_cut for s in swapped])
         ),
     }
-
-
-def breakdowns(swapped: list[dict], clean: list[dict]) -> dict:
-    out: dict = {
-        "by_length": {},
-        "by_position": {},
-        "false_spans_by_position": {},
-        "wrong_top1_by_position": {},
-    }
-    for name, lo, hi in LENGTHS:
-        sel_s = [s for s in swapped if lo <= s["words"] <= hi]
-        sel_c = [c for c in clean if lo <= c["words"] <= hi]
-        out["by_length"][name] = summarise(sel_s, sel_c) if sel_s and sel_c else {"sentences": len(sel_s)}
-    for pos in ("first", "last", "other"):
-        sel = [s for s in swapped if s["position"] == pos]
-        out["by_position"][pos] = {"sentences": len(sel), "top1": float(np.mean([s["rank"] == 1 for s in sel])) if sel else None,
-                                   "span_recall": float(np.mean([s["span"] in s["spans"] for s in sel])) if sel else None}  # fmt: skip
-    for pos in ("first", "last", "punctuation", "other"):
-        out["false_spans_by_position"][pos] = sum(x["span_positions"].count(pos) for x in swapped + clean)
-        out["wrong_top1_by_position"][pos] = sum(s["rank"] != 1 and s["top_position"] == pos for s in swapped)
-    return out
 
 
 def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str) -> None:
@@ -200,10 +123,10 @@ def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str
 
 
 def reused_items(path: Path) -> list[dict]:
-    """The sentences of an items file (or an --examples file), without what a bundle said of them."""
+    from export.evaluation.items import read_items
+
     try:
-        examples = json.loads(path.read_text())["examples"]
-        return [{k: x[k] for k in ITEM_FIELDS if k in x} for x in examples]
+        return read_items(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"error: --items {path}: not an items file of this benchmark ({e})")
 
@@ -211,6 +134,12 @@ def reused_items(path: Path) -> list[dict]:
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, help="detector bundle directory")
+    p.add_argument(
+        "--ensemble",
+        default="",
+        help="more detector bundles (comma-separated, the same tokenizer): score the mean of every bundle's "
+        "calibrated log-odds per token, at --bundle's threshold",
+    )
     p.add_argument(
         "--generator", help="pretraining run (or checkpoint) whose generator/ makes the generator swaps"
     )
@@ -225,7 +154,8 @@ def parse(argv):
         "--slice",
         choices=tuple(SLICE_START),
         default="test",
-        help="test: the sentences the published figures use; dev: others, for choosing a recipe",
+        help="test: the sentences the published figures use; dev: others, for choosing a recipe; fresh1-4: "
+        "four more, for checking a choice made on dev",
     )
     p.add_argument(
         "--items",
@@ -275,6 +205,8 @@ def main(argv=None) -> None:
     from app.bundle import read_bundle
     from app.machine import cpu
     from benchmarks.quality.bigram import BigramReference
+    from export.evaluation.items import as_items, swapped_and_clean
+    from export.evaluation.scoring import EnsembleScorer, breakdowns, score_items
     from export.wordscores import WordScorer
     from training.data.corpus import read_corpus
 
@@ -300,10 +232,18 @@ def main(argv=None) -> None:
         sentences = sentences[SLICE_START[args.slice] :]
         print(f"{len(sentences)} sentences in the {args.slice} slice", flush=True)
         pickers = make_pickers(args, tokenizer, reference)
-        items = make_texts(args, tokenizer, sentences, pickers)
+        items = as_items(
+            swapped_and_clean(tokenizer, sentences, pickers, args.sentences, args.seed, paired=True)
+        )
         kinds = list(pickers)
     scorer = WordScorer(bundle.model_path, bundle.tokenizer_path, m.max_length)
-    score(items, scorer.results([x["text"] for x in items], threshold), threshold, reference, tokenizer)
+    if args.ensemble:
+        members = [read_bundle(Path(b)) for b in args.ensemble.split(",") if b.strip()]
+        scorer = EnsembleScorer(
+            [scorer, *(WordScorer(b.model_path, b.tokenizer_path, m.max_length) for b in members)]
+        )
+    score_items(items, scorer.results([x["text"] for x in items], threshold))
+    bigram_fields(items, reference, tokenizer)
 
     clean = [x for x in items if x["kind"] == "clean"]
     swapped = [x for x in items if x["kind"] != "clean"]
@@ -315,14 +255,16 @@ def main(argv=None) -> None:
         "source": args.items or args.source,
         "cpu": cpu(),
         "summary": {"all": summarise(swapped, clean), **{k: summarise([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
-        "breakdowns": {"all": breakdowns(swapped, clean), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
+        "breakdowns": {"all": breakdowns(swapped, clean, summarise), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean, summarise) for k in kinds}},
         "config": vars(args),
     }  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     if args.examples:
-        examples = [{k: v for k, v in x.items() if k not in ("token_probs", "token_labels")} for x in items]
+        examples = [
+            {k: v for k, v in x.items() if k not in ("token_probs", "token_labels", "target")} for x in items
+        ]
         Path(args.examples).write_text(
             json.dumps({"config": vars(args), "examples": examples}, indent=1) + "\n"
         )

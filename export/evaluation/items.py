@@ -1,19 +1,17 @@
-"""The calibration set of a detector export: held-out sentences at the operating point
-(export.calibration.OPERATING_POINT), half with one word swapped, half clean, scored by a graph
-through the server's code (export.wordscores)."""
+"""Held-out sentences with one word swapped, beside clean ones: the calibration set of a detector export
+(at export.calibration.OPERATING_POINT: half swapped, half clean) and the item sets the quality
+benchmarks and tests score (export/evaluation/scoring.py)."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from export.calibration import SentenceScores
-
 MIN_WORDS, MAX_WORDS = 6, 30  # a user's own calibration text: short everyday and long sentences alike
+ITEM_FIELDS = ("kind", "text", "span", "original", "replacement", "clean")
 
 
 class CalibrationDataError(ValueError):
@@ -29,6 +27,10 @@ class Texts:
     kinds: list[str]
     where: str
     sources: list[str] | None = None  # each sentence's source, where they come from several
+    # Per sentence: the swapped word before and after, and the sentence before the swap (None: clean).
+    originals: list[str | None] | None = None
+    replacements: list[str | None] | None = None
+    cleans: list[str | None] | None = None
 
     def counts(self) -> dict[str, int]:
         return {k: self.kinds.count(k) for k in dict.fromkeys(self.kinds)}
@@ -38,7 +40,7 @@ class Texts:
         return {k: sources.count(k) for k in dict.fromkeys(sources)}
 
 
-def user_sentences(path: str) -> list[str]:
+def own_sentences(path: str) -> list[str]:
     """Sentences of MIN_WORDS..MAX_WORDS words from a file or directory of the user's (every document is
     held-out text)."""
     from training.data.corpus import CorpusError, iter_text_documents
@@ -64,7 +66,7 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
     from training.data.registry import DatasetError
 
     if text and Path(text).exists():
-        found = {str(text): user_sentences(text)}
+        found = {str(text): own_sentences(text)}
     else:
         names = [n.strip() for n in text.split(",") if n.strip()] if text else list(CALIBRATION_SOURCES)
         if unknown := [n for n in names if n not in SOURCES]:
@@ -123,52 +125,76 @@ def swap_pickers(tokenizer, data_dir: Path | None, generator=None) -> dict:
     return pickers
 
 
-def swapped_and_clean(tokenizer, sentences: list[str], pickers: dict, per_kind: int, seed: int) -> Texts:
-    """Up to `per_kind` sentences swapped by each picker, then as many clean ones, from a seeded shuffle."""
+def swapped_and_clean(
+    tokenizer, sentences: list[str], pickers: dict, per_kind: int, seed: int, paired: bool = False
+) -> Texts:
+    """Up to `per_kind` sentences swapped by each picker, and clean ones.
+
+    Unpaired (calibration, the measurement sets): from a seeded shuffle, each sentence used once, as
+    many clean as swapped. Paired (the item sets of benchmarks.quality.user_sentences): every picker
+    tries the same sentences in their given order, each with its own seeded RNG, and the first
+    `per_kind` sentences are the clean ones: a swapped sentence's clean self is among them."""
     from training.data.swaps import Swapper
 
+    swapper = Swapper(tokenizer)
+    made: dict[str, list] = {
+        k: [] for k in ("texts", "spans", "kinds", "originals", "replacements", "cleans")
+    }
+
+    def add(text, span, kind, original=None, replacement=None, clean=None) -> None:
+        for key, value in zip(made, (text, span, kind, original, replacement, clean), strict=True):
+            made[key].append(value)
+
+    if paired:
+        for kind, pick in pickers.items():
+            rng, count = random.Random(f"{seed}-{kind}"), 0
+            for sentence in sentences:
+                if count == per_kind:
+                    break
+                swap = swapper.swap(sentence, pick, rng, kind)
+                if swap is not None:
+                    add(swap.text, (swap.start, swap.end), kind, swap.original, swap.replacement, sentence)
+                    count += 1
+        for sentence in sentences[:per_kind]:
+            add(sentence, None, "clean")
+        return Texts(made["texts"], made["spans"], made["kinds"], "", None, made["originals"],
+                     made["replacements"], made["cleans"])  # fmt: skip
     sentences = list(sentences)
     random.Random(seed).shuffle(sentences)
-    swapper = Swapper(tokenizer)
     rng = random.Random(seed)
-    texts, spans, kinds = [], [], []
     pool = iter(sentences)
     share = min(per_kind, len(sentences) // (2 * len(pickers)))  # half of the sentences stay clean
     for kind, pick in pickers.items():
-        made = 0
+        count = 0
         for sentence in pool:
             swap = swapper.swap(sentence, pick, rng, kind)
             if swap is not None:
-                texts.append(swap.text)
-                spans.append((swap.start, swap.end))
-                kinds.append(kind)
-                made += 1
-            if made == share:
+                add(swap.text, (swap.start, swap.end), kind, swap.original, swap.replacement, sentence)
+                count += 1
+            if count == share:
                 break
-    n_swapped = len(texts)
+    n_swapped = len(made["texts"])
     for sentence in pool:
-        if len(texts) == 2 * n_swapped:
+        if len(made["texts"]) == 2 * n_swapped:
             break
-        texts.append(sentence)
-        spans.append(None)
-        kinds.append("clean")
-    return Texts(texts, spans, kinds, "")
+        add(sentence, None, "clean")
+    return Texts(made["texts"], made["spans"], made["kinds"], "", None, made["originals"],
+                 made["replacements"], made["cleans"])  # fmt: skip
 
 
-def score(scorer, texts: Texts) -> tuple[list[SentenceScores], np.ndarray, np.ndarray, np.ndarray]:
-    """(sentences for threshold choice, token probabilities, token labels, each token's row length in
-    tokens, special tokens included) from one scoring pass."""
-    from app.postprocess import is_punctuation
+def as_items(texts: Texts) -> list[dict]:
+    """The sentences as item dicts (ITEM_FIELDS), as the item files hold them."""
+    out = []
+    for i, (text, span, kind) in enumerate(zip(texts.texts, texts.spans, texts.kinds, strict=True)):
+        item = {"kind": kind, "text": text, "span": list(span) if span else None}
+        if span is not None and texts.originals is not None:
+            item.update(original=texts.originals[i], replacement=texts.replacements[i], clean=texts.cleans[i])
+        out.append(item)
+    return out
 
-    sentences, probs, labels, lengths = [], [], [], []
-    for text, res, span in zip(texts.texts, scorer.results(texts.texts), texts.spans, strict=True):
-        words = res.words
-        assert res.summary.windows == 1, "calibration sentences fit one window"
-        target = None if span is None else next(i for i, w in enumerate(words) if (w.start, w.end) == span)
-        sentences.append(SentenceScores(np.array([w.prob for w in words]), target,
-                                        np.array([not is_punctuation(w.text) for w in words]),
-                                        len(text.split())))  # fmt: skip
-        probs.extend(t.prob for t in res.tokens)
-        labels.extend(int(target is not None and t.word == target) for t in res.tokens)
-        lengths.extend([len(res.tokens) + 2] * len(res.tokens))  # + [CLS] and [SEP]
-    return sentences, np.array(probs), np.array(labels), np.array(lengths)
+
+def read_items(path: Path) -> list[dict]:
+    """The sentences of an item file (benchmarks/quality/data/*_items.json, or a benchmark's --examples
+    file), without what any bundle said of them."""
+    examples = json.loads(Path(path).read_text())["examples"]
+    return [{k: x[k] for k in ITEM_FIELDS if k in x} for x in examples]
