@@ -13,6 +13,7 @@ depend on them. `--explore` adds the variants the export choices were decided on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -108,7 +109,9 @@ def model_shape(shape_from: str | None):
     if shape_from is None:
         return ElectraConfig()  # ELECTRA-Small: V 30522, E 128, H 256, 12 layers, 4 heads, FFN 1024
     cfg, _ = read_config(resolve_checkpoint(shape_from))
-    return cfg
+    # The shape only: a quantization-aware checkpoint's ranges belong to its weights, and the variants
+    # below are built from plain modules (the int8-compute one sets its own ranges).
+    return dataclasses.replace(cfg, quantization=None)
 
 
 def build_models(work: Path, explore: bool, cfg) -> tuple[dict, object, object]:
