@@ -29,7 +29,7 @@ RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
     && /opt/venv/bin/pip install --no-cache-dir ".[cpu]" -c requirements/serve.txt \
     && /opt/venv/bin/pip uninstall -y -q faker polyfactory \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
-    && /opt/venv/bin/python -c "import app.server"
+    && /opt/venv/bin/python -c "import app.http.server"
 
 # ---------------------------------------------------------------------------- cpu: the default image
 FROM ${PYTHON_IMAGE} AS cpu

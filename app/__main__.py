@@ -9,14 +9,14 @@ import sys
 
 import uvicorn
 
-from app.bundle import BundleError
+from app.model.bundle import BundleError
 from app.settings import Settings, SettingsError
 
 
 class _DrainingServer(uvicorn.Server):
     """On SIGTERM/SIGINT, leave the balancer's rotation first (--drain-delay-s: /ready 503, still
     serving), then refuse new work (503) before uvicorn stops listening and waits for the requests in
-    flight; the batchers keep running until the lifespan ends, so those finish."""
+    flight; the schedulers keep running until the lifespan ends, so those finish."""
 
     def __init__(self, config: uvicorn.Config, registry, drain_delay_s: float) -> None:
         super().__init__(config)
@@ -58,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     # per core; on a serving machine the cores belong to inference, and a request holds at most
     # --max-batch-size short texts. A user who wants it back sets TOKENIZERS_PARALLELISM=true.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from app.server import create_app  # after the settings check: a typo should not wait for onnxruntime
+    from app.http.server import create_app  # after the settings check: a typo should not wait for onnxruntime
 
     try:
         app = create_app(settings)
     except (BundleError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from app.protocol import bounded_protocol
+    from app.http.protocol import bounded_protocol
 
     config = uvicorn.Config(
         app,

@@ -48,7 +48,12 @@ class Metrics:
         # `*_created` timestamp series double the exposition for nothing a dashboard uses.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._requests(self.registry)
+        self._batches(self.registry)
+        self._health(self.registry)
+
+    def _requests(self, r: CollectorRegistry) -> None:
+        """Per request: answered, how long, where its time went, refused."""
         by_request = ("endpoint", "model", "status")
         self.requests = Counter(PREFIX + "requests", "HTTP requests answered", by_request, registry=r)
         self.request_latency = Histogram(
@@ -67,6 +72,23 @@ class Metrics:
             PREFIX + "inference_seconds", "session.run time per batch", ("model",),
             buckets=STAGE_BUCKETS, registry=r,
         )  # fmt: skip
+        self.rejected = Counter(
+            PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
+        )
+        self.queue_depth = Gauge(
+            PREFIX + "queue_depth", "Requests admitted and not yet answered", ("model",), registry=r
+        )
+        self.bulk_tokens = Gauge(
+            PREFIX + "bulk_tokens", "Model-input tokens of admitted, unanswered bulk requests", ("model",),
+            registry=r,
+        )  # fmt: skip
+        self.open_connections = Gauge(
+            PREFIX + "open_connections", "Client connections open (--limit-concurrency refuses beyond it)",
+            registry=r,
+        )  # fmt: skip
+
+    def _batches(self, r: CollectorRegistry) -> None:
+        """Per inference batch: its size, where it ran, and failures."""
         self.batch_size = Histogram(
             PREFIX + "batch_size", "Rows (texts or windows) per inference batch", ("model",),
             buckets=BATCH_ROWS_BUCKETS, registry=r,
@@ -84,17 +106,6 @@ class Metrics:
             "Batches run on the event loop's thread: one client on one connection, nothing else in flight",
             ("model",), registry=r,
         )  # fmt: skip
-        self.queue_depth = Gauge(
-            PREFIX + "queue_depth", "Requests admitted and not yet answered", ("model",), registry=r
-        )
-        self.bulk_tokens = Gauge(
-            PREFIX + "bulk_tokens", "Model-input tokens of admitted, unanswered bulk requests", ("model",),
-            registry=r,
-        )  # fmt: skip
-        self.open_connections = Gauge(
-            PREFIX + "open_connections", "Client connections open (--limit-concurrency refuses beyond it)",
-            registry=r,
-        )  # fmt: skip
         self.engine_failures = Counter(
             PREFIX + "engine_failures", "session.run calls that raised: a batch, or a request retried alone "
             "after its batch failed", ("model", "run"), registry=r,
@@ -103,13 +114,13 @@ class Metrics:
             PREFIX + "retried_requests", "Requests run again alone after their batch failed, by outcome",
             ("model", "outcome"), registry=r,
         )  # fmt: skip
+
+    def _health(self, r: CollectorRegistry) -> None:
+        """Of the process and its models: memory and the load-time check."""
         self.memory = Gauge(
             PREFIX + "memory_bytes", "Memory limit, resident memory after loading, and what admitted large requests "
-            "may use (app/memory.py)", ("what",), registry=r,
+            "may use (app/scheduling/memory.py)", ("what",), registry=r,
         )  # fmt: skip
-        self.rejected = Counter(
-            PREFIX + "rejected_requests", "Requests refused or dropped, by reason", ("reason",), registry=r
-        )
         self.load_check = Gauge(
             PREFIX + "load_check_deviation",
             "The bundle's check inputs at load: deviation of this engine from the export's reference (p99, max)",

@@ -11,15 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import options
-from app.faults import FaultSpec, FaultSpecError
+from app.model.faults import FaultSpec, FaultSpecError
 from options import ConfigError, flag, option
 
 ENV_PREFIX = "ELECTRA_"
 DESCRIPTION = "Serve ELECTRA bundles over HTTP."
-# The choices of --memory-arena and --providers: app/engine.py says what each does. Defined here, where
+# The choices of --memory-arena and --providers: app/model/engine.py says what each does. Defined here, where
 # the settings are checked before onnxruntime is imported (a typo should not wait for it).
 ARENA_MODES = ("shrink", "off", "on")
-CHECK_MODES = ("refuse", "warn", "off")  # --load-check: app/engine_check.py says why refuse is the default
+CHECK_MODES = (
+    "refuse",
+    "warn",
+    "off",
+)  # --load-check: app/model/load_check.py says why refuse is the default
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -104,7 +108,7 @@ class Settings:
         2, "batches in flight at once per model, each on its own thread", env="ELECTRA_RUNNERS"
     )
     # A lone request on one runner's share leaves the other cores idle. A second session per model runs
-    # such batches on all of them (app/placement.py; docs/benchmarks.md, "One user").
+    # such batches on all of them (app/scheduling/placement.py; docs/benchmarks.md, "One user").
     solo_threads: int = option(
         0,
         "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off",
@@ -156,7 +160,7 @@ class Settings:
     access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
     ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
     # A container's limit is its cgroup's: large requests get 429 (413 if one alone would not fit) before
-    # they could reach it, not the OOM killer after (app/memory.py).
+    # they could reach it, not the OOM killer after (app/scheduling/memory.py).
     memory_limit_mb: int = option(
         0,
         "memory the server may use, MiB: large requests that would pass it get 429 or 413; 0: the cgroup's "
@@ -166,7 +170,7 @@ class Settings:
     inject_faults: str = option(
         "",
         "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
-        "(every batch holding WORD); app/faults.py",
+        "(every batch holding WORD); app/model/faults.py",
         env="ELECTRA_INJECT_FAULTS",
     )
 

@@ -6,9 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-# One bundle reader: app.bundle (the server's) defines what a bundle is and checks it; export writes
-# what it checks. app.bundle imports neither torch nor anything of export or training.
-from app.bundle import FILES, BundleError, file_hashes, read_bundle
+# One bundle reader: app.model.bundle (the server's) defines what a bundle is and checks it; export writes
+# what it checks. app.model.bundle imports neither torch nor anything of export or training.
+from app.model.bundle import FILES, BundleError, file_hashes, read_bundle
 
 FORMAT_VERSION = 1
 MODEL, TOKENIZER, MANIFEST = FILES
@@ -17,7 +17,7 @@ __all__ = ["BundleError", "verify_bundle", "write_manifest", "write_tokenizer", 
 
 
 def verify_bundle(directory: str | Path) -> dict:
-    """The manifest, after the server's own checks (app.bundle.read_bundle): every file there, the
+    """The manifest, after the server's own checks (app.model.bundle.read_bundle): every file there, the
     manifest valid, every file's sha256 as recorded."""
     d = Path(directory)
     read_bundle(d)

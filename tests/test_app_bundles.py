@@ -17,7 +17,7 @@ try:
 except ImportError:  # tests/ made a package
     from tests.app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401
 
-from app.bundle import BundleError, read_bundle, sha256_file
+from app.model.bundle import BundleError, read_bundle, sha256_file
 
 
 def _copy(bundles_dir: Path, dst: Path) -> Path:

@@ -1,4 +1,4 @@
-"""When ONNX Runtime fails inside a batch (--inject-faults, app/faults.py): the failing request gets a JSON 500
+"""When ONNX Runtime fails inside a batch (--inject-faults, app/model/faults.py): the failing request gets a JSON 500
 that names the failure, its batch-mates are retried without it and answered, the server goes on, and
 /metrics counts it. Against a real server process."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from app.faults import FaultSpec, FaultSpecError
+from app.model.faults import FaultSpec, FaultSpecError
 from app.settings import Settings, SettingsError
 
 try:

@@ -35,7 +35,7 @@ def test_schemathesis_finds_no_server_error(bundles_dir: Path, tmp_path: Path):
         assert "Traceback" not in s.log(), s.log()[-4000:]
 
 
-@pytest.mark.parametrize("module", ["app", "app.server", "app.__main__"])
+@pytest.mark.parametrize("module", ["app", "app.http.server", "app.__main__"])
 def test_serving_never_imports_torch(module: str):
     code = f"import sys, importlib; importlib.import_module({module!r}); " + (
         "bad = [m for m in ('torch', 'training', 'export', 'transformers') if m in sys.modules]; "

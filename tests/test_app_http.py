@@ -1,7 +1,7 @@
 """HTTP details a client or a scraper notices (issue 12, item 8): one charset in the Prometheus
 Content-Type, x-inference-time as wall time (two runners on one request count once), an API page that
 works offline, and combining marks kept inside the word they follow. Also the wire itself: the server
-holds a response's head back to send it with the body (app/protocol.py), which must not hold back an
+holds a response's head back to send it with the body (app/http/protocol.py), which must not hold back an
 interim `100 Continue`."""
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_request_of_a_client_that_left_is_dropped_before_inference(slow_server):
     count = lambda: slow_server.metric("electra_rejected_requests_total", reason="client_gone")  # noqa: E731
     wait_for(lambda: count() >= gone + 1, what="the disconnect to be noticed")
     assert count() == gone + 1
-    # The next request queues behind the abandoned one: once it is answered, the batcher has taken the
+    # The next request queues behind the abandoned one: once it is answered, the scheduler has taken the
     # lane past the abandoned request, and only the new one ran.
     with httpx.Client(base_url=slow_server.url, timeout=10) as c:  # and the server is fine
         assert c.post("/detect", json={"text": "still here"}).status_code == 200

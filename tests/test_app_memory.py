@@ -1,4 +1,4 @@
-"""Under a memory limit (app/memory.py) large requests are refused before they could push the server past
+"""Under a memory limit (app/scheduling/memory.py) large requests are refused before they could push the server past
 it: 413 when one alone would not fit, 429 while others hold the room; one-sentence requests are served.
 The budget's arithmetic, the cgroup files, and a real server on the shipped models."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import AppError, ErrorType
-from app.memory import HEADROOM, MIB, MemoryBudget, cgroup_limit
+from app.scheduling.memory import HEADROOM, MIB, MemoryBudget, cgroup_limit
 
 try:
     from app_fixtures import run_server

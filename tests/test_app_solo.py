@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.placement import INLINE_TOKENS
+from app.scheduling.placement import INLINE_TOKENS
 from app.settings import Settings
 
 try:

@@ -1,11 +1,11 @@
-"""The batcher's padding-aware split: optimal, within budget, and never loses or reorders a row."""
+"""The scheduler's padding-aware split: optimal, within budget, and never loses or reorders a row."""
 
 from __future__ import annotations
 
 import itertools
 import random
 
-from app.batching import split_by_length
+from app.scheduling.forming import split_by_length
 
 
 def cost(lengths, cuts, overhead):

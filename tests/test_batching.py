@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from app.admission import Admission
-from app.batching import Job, Lane, Step, next_step
 from app.errors import AppError, ErrorType
-from app.lifecycle import Lifecycle
-from app.load import ServerLoad
 from app.metrics import Metrics
-from app.placement import INLINE_TOKENS, Place, place
+from app.scheduling.admission import Admission
+from app.scheduling.forming import Job, Lane, Step, next_step
+from app.scheduling.lifecycle import Lifecycle
+from app.scheduling.placement import INLINE_TOKENS, Place, place
+from app.scheduling.server_load import ServerLoad
 
 
 @dataclass

@@ -292,7 +292,7 @@ def test_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, detector_
     alone = sess.run(None, {k: v[:1, :17] for k, v in feed.items()})[0][0]
     np.testing.assert_allclose(alone, batch, rtol=0, atol=1e-5)
     # Nor may the deployment's thread count (--intra-op-threads) move a score.
-    from app.engine import session
+    from app.model.engine import session
 
     for threads in (1, 2, 4):
         wide = session(tmp_path / "b" / "model.onnx", threads).run(None, feed)[0][0, :17]

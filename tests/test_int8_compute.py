@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 
-from app.engine import session
+from app.model.engine import session
 from export.int8_compute import projections, rewrite
 from training import quantization as q
 from training.checkpoint import load_model

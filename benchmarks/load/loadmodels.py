@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.bundle import BundleError, discover
+from app.model.bundle import BundleError, discover
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
@@ -161,7 +161,7 @@ def prepare(
     ELECTRA-Small with the bert-base-uncased vocabulary, built and exported once and cached."""
     if bundle:
         # A bundle, or a models directory: serve all of it; the first detector by name is "the bundle".
-        # app.bundle.discover reads (and hash-checks) each bundle once, as the server will.
+        # app.model.bundle.discover reads (and hash-checks) each bundle once, as the server will.
         models_dir = Path(bundle)
         try:
             served = discover(models_dir)[0]

@@ -209,7 +209,7 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
 def made_from(bundle: Path, checkpoint: str) -> bool:
     """Whether a sound bundle there was exported from this checkpoint (so it need not be made again);
     read as the server reads it, so a damaged one is made again."""
-    from app.bundle import BundleError, read_bundle
+    from app.model.bundle import BundleError, read_bundle
 
     try:
         source = read_bundle(bundle).manifest.source.get("checkpoint", "")

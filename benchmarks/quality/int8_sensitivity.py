@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     import onnx
     import torch
 
-    from app.engine import session
     from app.machine import cpu
+    from app.model.engine import session
     from benchmarks.speed.int8_levers import deviation, held_out
     from export import optimize
     from export.int8_compute import projections, rewrite, round_as_stored

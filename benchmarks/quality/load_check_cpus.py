@@ -1,4 +1,4 @@
-"""The load-time check (app/engine_check.py) of each bundle on this CPU and on an emulated AVX2-only one.
+"""The load-time check (app/model/load_check.py) of each bundle on this CPU and on an emulated AVX2-only one.
 
 ONNX Runtime picks its u8 x s8 kernels from CPUID. `qemu-x86_64 -cpu Haswell` (Debian's qemu-user)
 reports an AVX2 CPU without AVX-512, so the same Python and ONNX Runtime run AVX2's kernel, whose int16
@@ -35,11 +35,11 @@ print(int(y[0, 0]) != 255 * 127 * K)
 
 def run(prefix: list[str], bundles: list[Path]) -> dict:
     probe = subprocess.run([*prefix, sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
-    checks = subprocess.run([*prefix, sys.executable, "-m", "app.engine_check", *map(str, bundles), "--threads", "1"],
+    checks = subprocess.run([*prefix, sys.executable, "-m", "app.model.load_check", *map(str, bundles), "--threads", "1"],
                             capture_output=True, text=True)  # fmt: skip
     lines = [json.loads(ln) for ln in checks.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        raise RuntimeError(f"app.engine_check printed nothing:\n{checks.stderr[-2000:]}")
+        raise RuntimeError(f"app.model.load_check printed nothing:\n{checks.stderr[-2000:]}")
     return {"u8s8_saturates": probe.stdout.strip() == "True", "bundles": lines}
 
 

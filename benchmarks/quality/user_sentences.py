@@ -62,7 +62,7 @@ def held_out_sentences(source: str, data_dir: str | None, min_words: int, max_wo
 def bigram_fields(items: list[dict], reference, tokenizer) -> None:
     """The word-bigram yardstick's view of each scored item: its most suspicious word, and the swapped
     word's rank and score."""
-    from app.postprocess import is_punctuation
+    from app.model.postprocess import is_punctuation
     from benchmarks.quality.bigram import words_of
 
     for item in items:
@@ -202,8 +202,8 @@ def main(argv=None) -> None:
     print(f"config: {json.dumps(vars(args))}", flush=True)
     from tokenizers import Tokenizer
 
-    from app.bundle import read_bundle
     from app.machine import cpu
+    from app.model.bundle import read_bundle
     from benchmarks.quality.bigram import BigramReference
     from export.evaluation.items import as_items, swapped_and_clean
     from export.evaluation.scoring import EnsembleScorer, breakdowns, score_items

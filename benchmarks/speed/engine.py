@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.engine import PROVIDERS, session
 from app.machine import cpu
+from app.model.engine import PROVIDERS, session
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
 
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             f"GEMM peak ({args.threads} threads, ORT): fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s"
         )
         variants, hf, cfg = build_models(work, args.explore, model_shape(args.shape_from))
-        # The server's own session options (app.engine), so the batcher's constants measured here hold there.
+        # The server's own session options (app.model.engine), so the scheduler's constants measured here hold there.
         opts = {"providers_setting": args.providers, "quiet": True}
         sessions = {name: session(path, args.threads, **opts) for name, path in variants.items()}
         if args.explore:

@@ -124,8 +124,8 @@ def deviation(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.engine import session
     from app.machine import cpu
+    from app.model.engine import session
     from benchmarks.speed.engine import interleaved
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -2,8 +2,8 @@
 
     python -m benchmarks.load.baselines.unbatched --bundle BUNDLE_DIR [--port 8001]
 
-The bundle read and checked by the server's own reader (app.bundle) and one ONNX Runtime session from
-the server's own factory (app.engine.session, same options), one worker thread: each request is
+The bundle read and checked by the server's own reader (app.model.bundle) and one ONNX Runtime session from
+the server's own factory (app.model.engine.session, same options), one worker thread: each request is
 tokenized, run as its own batch (its texts padded together) and answered, while the event loop keeps
 accepting the next ones. Nothing is shared between requests, so under load they queue for the worker;
 that queueing is what micro-batching removes.
@@ -20,15 +20,15 @@ import numpy as np
 from litestar import Litestar, post
 from tokenizers import Tokenizer
 
-from app.bundle import read_bundle
-from app.engine import PROVIDERS, session
+from app.model.bundle import read_bundle
+from app.model.engine import PROVIDERS, session
 from benchmarks.load.baselines.common import DetectRequest, parser, ready, serve
 
 
 class Scorer:
     def __init__(self, bundle: Path, threads: int = 0, providers: str = "auto") -> None:
         checked = read_bundle(bundle)
-        # The server's session options (app.engine): the comparison is about batching, nothing else.
+        # The server's session options (app.model.engine): the comparison is about batching, nothing else.
         self.session = session(checked.model_path, threads, providers_setting=providers)
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.output = checked.manifest.output

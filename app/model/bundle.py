@@ -49,7 +49,7 @@ class Manifest(msgspec.Struct):
     # sentences, and how the probabilities were calibrated. Older bundles have neither (threshold 0.5).
     threshold: float | None = None
     calibration: dict[str, Any] | None = None
-    # Bundles exported since issue 32: inputs with the reference's outputs, run at load (app/engine_check.py).
+    # Bundles exported since issue 32: inputs with the reference's outputs, run at load (app/model/load_check.py).
     load_check: dict[str, Any] | None = None
 
 

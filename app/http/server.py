@@ -1,5 +1,5 @@
 """create_app(settings): the Litestar app. The lifespan starts loading models in the background
-(/health answers at once, /ready when warm) and closes the batchers in `finally`."""
+(/health answers at once, /ready when warm) and closes the schedulers in `finally`."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import __version__, ui
-from app.apidocs import OfflineDocs
-from app.auth import require_api_key
-from app.bundle import discover
-from app.engine import providers
+from app import __version__
 from app.errors import handle_exception
+from app.http import ui
+from app.http.apidocs import OfflineDocs
+from app.http.auth import require_api_key
+from app.http.routes import HANDLERS
 from app.metrics import Metrics
-from app.models import Registry
-from app.routes import HANDLERS
+from app.model.bundle import discover
+from app.model.engine import providers
+from app.scheduling.registry import Registry
 from app.settings import Settings
 
 log = logging.getLogger("app")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 
-from app.load import ServerLoad
+from app.scheduling.server_load import ServerLoad
 
 # A batch of at most this many padded tokens may run on the event loop's thread: the longest a client
 # that connects meanwhile waits to be read (docs/benchmarks.md, "One user").

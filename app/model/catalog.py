@@ -3,7 +3,7 @@ names none."""
 
 from __future__ import annotations
 
-from app.bundle import Bundle, Manifest
+from app.model.bundle import Bundle, Manifest
 from app.schemas import ModelInfo
 
 # What a detector bundle exported before calibration (issue 21) is served with, as it always was.

@@ -10,7 +10,7 @@ from litestar import Response, get
 from litestar.datastructures import CacheControlHeader
 from litestar.static_files import create_static_files_router
 
-STATIC = Path(__file__).parent / "static"
+STATIC = Path(__file__).parent.parent / "static"
 # Everything comes from this server; the script sets colours through the CSSOM (allowed without
 # 'unsafe-inline'), and user text only ever enters the page as textContent.
 CSP = (

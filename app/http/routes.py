@@ -1,4 +1,4 @@
-"""Thin controllers: validate -> pick the model -> score (app/scoring.py) -> response with timing headers."""
+"""Thin controllers: validate -> pick the model -> score (app/http/scoring.py) -> response with timing headers."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import JSONBody
 
-from app import scoring
-from app.auth import has_api_key
-from app.body import strict_json
 from app.errors import STATUS, ErrorType
+from app.http import scoring
+from app.http.auth import has_api_key
+from app.http.body import strict_json
 from app.metrics import CONTENT_TYPE
-from app.models import Registry
+from app.scheduling.registry import Registry
 from app.schemas import (
     ClassifyRequest,
     ClassifyResponse,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.bundle import Bundle
-from app.engine import Engine
+from app.model.bundle import Bundle
+from app.model.engine import Engine
 
 
 class EngineCheckError(RuntimeError):
@@ -70,16 +70,16 @@ def verdict(figures: dict | None, mode: str, name: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m app.engine_check BUNDLE...`: the load-time check of each bundle on this machine, as JSON
+    """`python -m app.model.load_check BUNDLE...`: the load-time check of each bundle on this machine, as JSON
     lines, without starting a server (exit 1 when any is outside its gate)."""
     import argparse
     import json
     from pathlib import Path
 
-    from app.bundle import read_bundle
     from app.machine import cpu
+    from app.model.bundle import read_bundle
 
-    p = argparse.ArgumentParser(prog="python -m app.engine_check", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m app.model.load_check", description=main.__doc__)
     p.add_argument("bundles", nargs="+", type=Path)
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: all cores)")
     args = p.parse_args(argv)

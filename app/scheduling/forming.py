@@ -1,5 +1,5 @@
 """Batch forming, with no asyncio, no threads and no engine: which rows run together, and in what order
-the lanes are served. The scheduler (app/batcher.py) calls these; tests call them on plain queues.
+the lanes are served. The scheduler (app/scheduling/scheduler.py) calls these; tests call them on plain queues.
 
 After text-embeddings-inference's queue (core/src/queue.rs): rows are taken FIFO up to a token budget
 that counts padding, a request whose client has gone is dropped before it costs inference, and a
@@ -75,7 +75,7 @@ class Job:
     """One request's rows on their way through the lanes. `future` is anything with done(),
     set_result() and set_exception() (an asyncio future in the server): cancelled means the client left."""
 
-    rows: list[Any]  # app.tokenization.Row: anything with `ids`
+    rows: list[Any]  # app.model.tokenization.Row: anything with `ids`
     future: Any
     bulk: bool = False
     enqueued: float = field(default_factory=time.perf_counter)

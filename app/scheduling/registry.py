@@ -7,22 +7,22 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from app import engine_check
-from app.admission import Admission
-from app.batcher import Batcher
-from app.bundle import Bundle
-from app.catalog import default_threshold, describe
-from app.engine import Engine
 from app.errors import AppError, ErrorType
-from app.faults import FaultInjector, FaultSpec
-from app.lifecycle import Lifecycle, Phase
-from app.load import ServerLoad
 from app.machine import cpu
-from app.memory import MemoryBudget, budget_for, peak_during, rss
 from app.metrics import Metrics
+from app.model import load_check as engine_check
+from app.model.bundle import Bundle
+from app.model.catalog import default_threshold, describe
+from app.model.engine import Engine
+from app.model.faults import FaultInjector, FaultSpec
+from app.model.tokenization import TextTokenizer
+from app.scheduling.admission import Admission
+from app.scheduling.lifecycle import Lifecycle, Phase
+from app.scheduling.memory import MemoryBudget, budget_for, peak_during, rss
+from app.scheduling.scheduler import Scheduler
+from app.scheduling.server_load import ServerLoad
 from app.schemas import ModelInfo
 from app.settings import Settings, SettingsError
-from app.tokenization import TextTokenizer
 
 log = logging.getLogger("app")
 
@@ -33,7 +33,7 @@ class Model:
     tokenizer: TextTokenizer
     engine: Engine
     admission: Admission
-    batcher: Batcher
+    scheduler: Scheduler
 
     @property
     def name(self) -> str:
@@ -60,15 +60,19 @@ class Registry:
         self.metrics = metrics
         self.server_load = (
             ServerLoad()
-        )  # over all models: a lone request runs on every core (app/placement.py)
+        )  # over all models: a lone request runs on every core (app/scheduling/placement.py)
         self.lifecycle = Lifecycle()
         self.models: dict[str, Model] = {}
         self.state = "loading"  # loading -> ready, or failed; draining is the lifecycle's
         self.detail: str | None = None
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.load_checks: dict[str, dict | None] = {}  # app/engine_check.py: this CPU against the reference
-        self.memory = budget_for(settings.memory_limit_mb)  # app/memory.py; None: no limit to keep to
+        self.load_checks: dict[
+            str, dict | None
+        ] = {}  # app/model/load_check.py: this CPU against the reference
+        self.memory = budget_for(
+            settings.memory_limit_mb
+        )  # app/scheduling/memory.py; None: no limit to keep to
         for b in bundles:
             for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
                                  ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
@@ -142,12 +146,12 @@ class Registry:
                 log.exception("%s: loading failed; the other models are served", bundle.name)
                 continue
             try:
-                admission, batcher = _scheduler(self, bundle.name, tokenizer, engine)
+                admission, scheduler = _scheduler(self, bundle.name, tokenizer, engine)
             except Exception as e:  # a bug of ours, not the bundle's: /ready reports it, the process stays up
                 self.state, self.detail = "failed", f"{type(e).__name__}: {e}"
-                log.exception("starting the batchers failed")
+                log.exception("starting the schedulers failed")
                 return
-            self.models[bundle.name] = Model(bundle, tokenizer, engine, admission, batcher)
+            self.models[bundle.name] = Model(bundle, tokenizer, engine, admission, scheduler)
             self.load_checks[bundle.name] = check
             if check is not None:
                 self.metrics.record_load_check(bundle.name, check)
@@ -201,7 +205,7 @@ class Registry:
     def _drain_deadline(self) -> None:
         msg = f"server shut down: --graceful-timeout-s {self.settings.graceful_timeout_s} passed first"
         self.lifecycle.stop(msg)
-        unanswered = sum(model.batcher.abort(msg) for model in self.models.values())
+        unanswered = sum(model.scheduler.abort(msg) for model in self.models.values())
         if unanswered:
             self.drain_timed_out = True
             log.warning("graceful timeout: %d request(s) answered 503 unscored", unanswered)
@@ -209,13 +213,13 @@ class Registry:
     async def close(self) -> None:
         self.lifecycle.stop("server shut down before inference")
         for model in self.models.values():
-            await model.batcher.close()
+            await model.scheduler.close()
 
 
 def _scheduler(
     registry: Registry, name: str, tokenizer: TextTokenizer, engine: Engine
-) -> tuple[Admission, Batcher]:
-    """The model's admission and batcher, its runners started."""
+) -> tuple[Admission, Scheduler]:
+    """The model's admission and scheduler, its runners started."""
     st = registry.settings
     admission = Admission(
         name, queue_size=st.queue_size, interactive_tokens=st.interactive_tokens,
@@ -223,13 +227,13 @@ def _scheduler(
         series=registry.metrics.of_model(name), memory=registry.memory,
         bulk_batch_tokens=min(st.batch_token_budget, st.bulk_batch_tokens),
     )  # fmt: skip
-    batcher = Batcher(
+    scheduler = Scheduler(
         engine, tokenizer.pad_id, admission, registry.server_load, token_budget=st.batch_token_budget,
         bulk_token_budget=min(st.batch_token_budget, st.bulk_batch_tokens), max_wait_ms=st.max_wait_ms,
         runners=st.runners,
     )  # fmt: skip
-    batcher.start()
-    return admission, batcher
+    scheduler.start()
+    return admission, scheduler
 
 
 def _said(check: dict | None) -> str:

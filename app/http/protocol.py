@@ -7,8 +7,8 @@ status 408, rejected reason "read_timeout"). Headers complete but the body not: 
 and the handler waiting for the body sees a disconnect, answered and counted as 499 client_gone.
 
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
-event loop itself, app/placement.py), closes each connection after its response once the replica
-leaves a balancer's rotation (app/lifecycle.py), and sends each response's head and body in one write
+event loop itself, app/scheduling/placement.py), closes each connection after its response once the replica
+leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each response's head and body in one write
 (_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two. A
 response sent before its request's body was all in (413) closes only once the rest is read and dropped,
 bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset."""
@@ -20,9 +20,9 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.lifecycle import Lifecycle
-from app.load import ServerLoad
 from app.metrics import Metrics
+from app.scheduling.lifecycle import Lifecycle
+from app.scheduling.server_load import ServerLoad
 
 # After an early answer (a 413 for a body over --max-body-bytes), how much of the rest of the request's
 # body is read and dropped before the connection closes. Closing with unread bytes makes the kernel

@@ -6,8 +6,8 @@ import unicodedata
 
 import numpy as np
 
+from app.model.tokenization import DetectEncoding
 from app.schemas import ClassifyResult, DetectResult, LabelScore, Span, Summary, Token, Word
-from app.tokenization import DetectEncoding
 
 
 def stitch(enc: DetectEncoding, outputs: list[np.ndarray]) -> np.ndarray:

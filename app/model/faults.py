@@ -4,7 +4,7 @@
 Two kinds, comma-separated:
 - `every=N`: every Nth session.run raises, whatever it holds: a transient fault.
 - `poison=WORD`: every session.run whose batch holds a text with WORD raises: a row that breaks the
-  engine. Its batch-mates must still be answered (app/batcher.py retries them without it).
+  engine. Its batch-mates must still be answered (app/scheduling/scheduler.py retries them without it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the whole server is doing right now, over every model: the one input of placement
-(app/placement.py). Changed only on the event loop's thread: by admission (requests), by the runners
+(app/scheduling/placement.py). Changed only on the event loop's thread: by admission (requests), by the runners
 (batches in session.run) and by the HTTP protocol (open connections)."""
 
 from __future__ import annotations

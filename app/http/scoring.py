@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from app.errors import AppError, ErrorType
-from app.postprocess import classify_result, detect_result
+from app.model.postprocess import classify_result, detect_result
+from app.model.tokenization import Row
 from app.schemas import ClassifyResponse, DetectResponse
-from app.tokenization import Row
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -139,13 +139,13 @@ async def score(model, kind: Kind, items: list, field: str, limits: Limits, rece
         t.tokenization_s = time.perf_counter() - t0
         model.admission.series.tokenization.observe(t.tokenization_s)
         limits.check(encoded.rows, field, encoded.text_tokens)
-        result = await until_done_or_gone(model.batcher.submit(encoded.rows), receive)
+        result = await until_done_or_gone(model.scheduler.submit(encoded.rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s
     return await offload(lambda: kind.respond(model, items, encoded, result.outputs), chars)
 
 
 async def until_done_or_gone(work: asyncio.Future[T], receive: Receive) -> T:
-    """Await `work`, unless the client disconnects first: then cancel it (so the batcher drops its rows
+    """Await `work`, unless the client disconnects first: then cancel it (so the scheduler drops its rows
     before inference) and fail with CLIENT_GONE. The server never cancels a handler by itself.
 
     Watching for the disconnect takes a task of its own, started only once the work has taken

@@ -4,9 +4,9 @@ Each of the model's runners (--runners, each with its own inference thread) clai
 free*: everything that queued while the previous batches ran goes into the next take, up to the token
 budget, so batches grow with the load by themselves (continuous batching). Only when a runner is idle
 and the queue is short of the budget does it wait, at most until the oldest request has waited
---max-wait-ms. What is decided elsewhere: admission (app/admission.py), which rows form a batch and
-which lane goes first (app/batching.py), where a batch runs (app/placement.py), the lifecycle
-(app/lifecycle.py). Bulk batches never take the last free runner, so a one-sentence request waits for
+--max-wait-ms. What is decided elsewhere: admission (app/scheduling/admission.py), which rows form a batch and
+which lane goes first (app/scheduling/forming.py), where a batch runs (app/scheduling/placement.py), the lifecycle
+(app/scheduling/lifecycle.py). Bulk batches never take the last free runner, so a one-sentence request waits for
 at most one small batch, not for a long text's windows.
 """
 
@@ -19,12 +19,12 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-from app.admission import Admission
-from app.batching import Batch, Job, JobResult, Lane, Step, next_step
-from app.engine import Engine
 from app.errors import AppError, ErrorType
-from app.load import ServerLoad
-from app.placement import Place, place
+from app.model.engine import Engine
+from app.scheduling.admission import Admission
+from app.scheduling.forming import Batch, Job, JobResult, Lane, Step, next_step
+from app.scheduling.placement import Place, place
+from app.scheduling.server_load import ServerLoad
 
 log = logging.getLogger("app")
 
@@ -51,7 +51,7 @@ class IdleRunners:
                 self._asleep.remove(woken)
 
 
-class Batcher:
+class Scheduler:
     def __init__(
         self, engine: Engine, pad_id: int, admission: Admission, load: ServerLoad, *, token_budget: int,
         bulk_token_budget: int, max_wait_ms: float, runners: int,
@@ -147,7 +147,7 @@ class Batcher:
         start = self._starting(jobs)
         try:
             out = await self._infer(feeds, solo=where is Place.SOLO)
-        except Exception as e:  # a failed run fails its requests, never the batcher
+        except Exception as e:  # a failed run fails its requests, never the scheduler
             self.admission.series.batch_failed.inc()
             return await self._retry_alone(live, jobs, e)
         self._finish(live, jobs, feeds, out, start, where)
@@ -186,7 +186,7 @@ class Batcher:
             self._finish(mine, [job], feeds, out, start, Place.RUNNER)
 
     def _run_inline(self, batch: Batch) -> None:
-        """On the event loop's thread, on the solo session (app/placement.py says when)."""
+        """On the event loop's thread, on the solo session (app/scheduling/placement.py says when)."""
         job = batch.items[0][0]
         feeds, start = self.engine.pad(job.rows, self.pad_id), self._starting([job])
         try:

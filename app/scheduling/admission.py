@@ -2,7 +2,7 @@
 tokenization to answer, and is refused at once (429, or 503 once the server drains) when there is none.
 Two limits per model: requests admitted (--queue-size), and tokens of bulk requests unanswered
 (--max-bulk-tokens): long texts cannot crowd out one-sentence requests. Under a memory limit, bulk requests
-also reserve what their batches will use (app/memory.py)."""
+also reserve what their batches will use (app/scheduling/memory.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import contextlib
 from collections.abc import Iterator
 
 from app.errors import AppError, ErrorType
-from app.lifecycle import Lifecycle
-from app.load import ServerLoad
-from app.memory import MemoryBudget
+from app.scheduling.lifecycle import Lifecycle
+from app.scheduling.memory import MemoryBudget
+from app.scheduling.server_load import ServerLoad
 
 
 class Admission:

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from app.bundle import Bundle
-from app.faults import FaultInjector
+from app.model.bundle import Bundle
+from app.model.faults import FaultInjector
+from app.model.tokenization import Row
 from app.settings import ARENA_MODES, PROVIDERS, SettingsError
-from app.tokenization import Row
 
 log = logging.getLogger("app")
 
