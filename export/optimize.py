@@ -241,8 +241,8 @@ def to_fp16(src: Path, dst: Path) -> dict:
 
 
 def session(path: Path, threads: int = 0, providers: str = "cpu"):
-    """The server's session (app.engine.session, torch-free) for the export's checks; `threads` 0 lets
+    """The server's session (app.model.engine.session, torch-free) for the export's checks; `threads` 0 lets
     ORT pick. CPU by default: parity is measured where the int8 and fp32 bundles are served."""
-    from app.engine import session as ort_session
+    from app.model.engine import session as ort_session
 
     return ort_session(path, threads, providers_setting=providers, quiet=True)

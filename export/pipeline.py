@@ -340,7 +340,7 @@ LOAD_CHECK_ROWS = 8
 
 
 def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
-    """A few inputs with the reference's outputs, for the server to run at load (app/engine_check.py):
+    """A few inputs with the reference's outputs, for the server to run at load (app/model/load_check.py):
     held-out text cut to lengths from 6 to 62 tokens and padded as one batch (random ids without text)."""
     import numpy as np
     from tokenizers import Tokenizer

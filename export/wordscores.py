@@ -1,5 +1,5 @@
 """A detector graph's word probabilities for many texts, through the server's own code: its tokenizer
-(app.tokenization), its session options (app.engine.session) and its post-processing (app.postprocess).
+(app.model.tokenization), its session options (app.model.engine.session) and its post-processing (app.model.postprocess).
 
 What calibration fits and what the quality benchmark measures is then exactly what `/detect` returns.
 Texts are run in batches of similar length; the int8 graph is static (scales fixed at export), so a
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app.engine import session as ort_session
-from app.postprocess import detect_result
+from app.model.engine import session as ort_session
+from app.model.postprocess import detect_result
+from app.model.tokenization import TextTokenizer
 from app.schemas import DetectResult
-from app.tokenization import TextTokenizer
 
 __all__ = ["WordScorer"]
 

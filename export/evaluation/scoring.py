@@ -17,7 +17,7 @@ LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 def score(scorer, texts: Texts) -> tuple[list[SentenceScores], np.ndarray, np.ndarray, np.ndarray]:
     """(sentences for threshold choice, token probabilities, token labels, each token's row length in
     tokens, special tokens included) from one scoring pass."""
-    from app.postprocess import is_punctuation
+    from app.model.postprocess import is_punctuation
 
     sentences, probs, labels, lengths = [], [], [], []
     for text, res, span in zip(texts.texts, scorer.results(texts.texts), texts.spans, strict=True):
@@ -35,7 +35,7 @@ def score(scorer, texts: Texts) -> tuple[list[SentenceScores], np.ndarray, np.nd
 
 def position_class(words, index: int) -> str:
     """first / last (the first and last words with a letter or digit), punctuation, or other."""
-    from app.postprocess import is_punctuation
+    from app.model.postprocess import is_punctuation
 
     if is_punctuation(words[index].text):
         return "punctuation"
@@ -129,7 +129,7 @@ class EnsembleScorer:
         self.scorers = scorers
 
     def results(self, texts: list[str], threshold: float = 0.5):
-        from app.postprocess import detect_result
+        from app.model.postprocess import detect_result
 
         first = self.scorers[0]
         encodings = first.tokenizer.encode_detect(texts)
