@@ -276,7 +276,7 @@ REGISTRY: dict[str, DatasetEntry] = {e.name: e for e in _entries()}
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """The training side's file hash. app.bundle.sha256_file is the same six lines on purpose: training
+    """The training side's file hash. app.model.bundle.sha256_file is the same six lines on purpose: training
     must not import app (nor app training), and a shared package for one function is not worth it."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
