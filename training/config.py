@@ -35,7 +35,45 @@ def positive(cfg, *names: str) -> None:
 
 
 @dataclass
-class PretrainConfig:
+class HardwareOptions:
+    """Where training runs; pretraining and fine-tuning alike."""
+
+    device: str = option("auto", "auto | cpu | cuda", choices=DEVICES)
+    bf16: bool = option(
+        True, "autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout"
+    )
+    threads: int | None = option(None, "torch intra-op threads on CPU (default: all cores)")
+
+
+@dataclass
+class OptimizerOptions:
+    """AdamW's settings besides the learning rate; pretraining and fine-tuning alike."""
+
+    weight_decay: float = option(0.01, "AdamW; never on biases or LayerNorm")
+    adam_eps: float = option(1e-6, "AdamW epsilon")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this")
+
+
+@dataclass
+class QuantizationOptions:
+    """Quantization-aware training (training/quantization.py): the discriminator's (or classifier's)
+    projections compute as the int8 bundle will, activation ranges set from held-out text at the start (or
+    kept from --init when it was trained so); export then ships int8 compute within the per-token gate.
+    Usually a short continuation (--init) of an fp32 run."""
+
+    qat: bool = option(False, "train quantization-aware (int8 compute simulated; docs/int8.md)")
+    qat_rounding: str = option(
+        "nearest",
+        "how --qat rounds activations in training: nearest (as the bundle) or stochastic",
+        choices=ROUNDINGS,
+    )
+    qat_smoothing: float = option(
+        0.8, "--qat: SmoothQuant alpha for the activation ranges (0: none; docs/int8.md)"
+    )
+
+
+@dataclass
+class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     out: str = option("runs/small", "run directory: checkpoints, metrics.jsonl, curves.png, config.json")
     objective: str = option(
         "electra",
@@ -111,20 +149,6 @@ class PretrainConfig:
     temperature: float = option(1.0, "generator sampling temperature")
     gen_weight: float = option(1.0, "weight of the generator's MLM loss")
     disc_weight: float = option(50.0, "weight of the discriminator's replaced-token loss (paper: 50)")
-    # Quantization-aware training: the discriminator's projections compute as the int8 bundle will
-    # (training/quantization.py), activation ranges set from held-out text at the start; export then
-    # ships int8 compute within the per-token gate. Usually a short continuation (--init) of an fp32 run.
-    qat: bool = option(
-        False, "train the discriminator quantization-aware (int8 compute simulated; docs/int8.md)"
-    )
-    qat_rounding: str = option(
-        "nearest",
-        "how --qat rounds activations in training: nearest (as the bundle) or stochastic",
-        choices=ROUNDINGS,
-    )
-    qat_smoothing: float = option(
-        0.8, "--qat: SmoothQuant alpha for the activation ranges (0: none; docs/int8.md)"
-    )
     # Optimization.
     batch_size: int = option(32, "sequences per process per micro-step")
     grad_accum: int = option(1, "micro-steps per optimizer step")
@@ -132,9 +156,6 @@ class PretrainConfig:
     max_minutes: float | None = option(None, "also stop (and save) after this much wall time")
     lr: float = option(5e-4, "ELECTRA-Small's peak learning rate")
     warmup_steps: int = option(1000, "linear warm-up steps, then linear decay to zero at max_steps")
-    weight_decay: float = option(0.01, "AdamW; never on biases or LayerNorm")
-    adam_eps: float = option(1e-6, "AdamW epsilon")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this")
     seed: int = option(1337, "seeds weights, data order and masking (a resumed run retraces the same)")
     # Bookkeeping.
     log_every: int = option(10, "steps between metrics.jsonl rows")
@@ -143,13 +164,7 @@ class PretrainConfig:
     save_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
     resume: bool = option(False, "continue from <out>/checkpoints/latest")
-    # Hardware.
-    device: str = option("auto", "auto | cpu | cuda", choices=DEVICES)
-    bf16: bool = option(
-        True, "autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout"
-    )
     compile: bool = option(False, "torch.compile the models (CUDA)")
-    threads: int | None = option(None, "torch intra-op threads on CPU (default: all cores)")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -224,7 +239,7 @@ SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "sp
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     init: str | None = option(
         None, "our run dir or checkpoint dir, or a Hugging Face ELECTRA directory (required)"
     )
@@ -264,22 +279,8 @@ class FinetuneConfig:
     )
     layerwise_lr_decay: float = option(0.8, "1.0 turns it off; see training/finetune.py for the rule")
     warmup_fraction: float = option(0.1, "of all training steps, then linear decay to zero")
-    weight_decay: float = option(0.01, "AdamW; never on biases or LayerNorm")
-    adam_eps: float = option(1e-6, "AdamW epsilon")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this")
     sort_by_length: bool = option(
         False, "batch similar lengths together (less padding; order still shuffled)"
-    )
-    # Quantization-aware fine-tuning (training/quantization.py): the encoder's projections compute as the
-    # int8 bundle will; ranges come from --init when it was trained so, else from the training texts.
-    qat: bool = option(False, "fine-tune quantization-aware (int8 compute simulated; docs/int8.md)")
-    qat_rounding: str = option(
-        "nearest",
-        "how --qat rounds activations in training: nearest (as the bundle) or stochastic",
-        choices=ROUNDINGS,
-    )
-    qat_smoothing: float = option(
-        0.8, "--qat: SmoothQuant alpha for the activation ranges (0: none; docs/int8.md)"
     )
     seed: int = option(1337, "seeds the head, data order and dropout")
     # Evaluation and model selection.
@@ -296,12 +297,6 @@ class FinetuneConfig:
         None, 'binary tasks: the class whose F1 is reported as "f1" (default id 1)'
     )
     log_every: int = option(10, "steps between metrics.jsonl rows")
-    # Hardware.
-    device: str = option("auto", "auto | cpu | cuda", choices=DEVICES)
-    bf16: bool = option(
-        True, "autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout"
-    )
-    threads: int | None = option(None, "torch intra-op threads on CPU (default: all cores)")
 
     def __post_init__(self) -> None:
         check_choices(self)
