@@ -34,17 +34,55 @@ SettingsError = ConfigError
 
 
 @dataclass(frozen=True)
-class Settings:
-    # Each setting is declared once (options/): flag, ELECTRA_* variable, type, default, allowed values and
-    # the help `python -m app --help` shows.
+class HttpSettings:
+    """How the server listens and answers: its address, the limits of a connection and a body, the API
+    key, shutdown, logs and the page."""
+
     host: str = option("127.0.0.1", "bind address (loopback, as the API key is optional)", env="ELECTRA_HOST")
     port: int = option(8000, "TCP port", env="ELECTRA_PORT")
-    models_dir: Path = option(
-        Path("models"),
-        "every sub-directory with a manifest.json is served by its name",
-        env="ELECTRA_MODELS_DIR",
-        aliases=("--models",),
+    max_body_bytes: int = option(1 << 20, "larger request bodies get 413", env="ELECTRA_MAX_BODY_BYTES")
+    # A client has this long from its first byte to the last byte of its body (uvicorn has no read
+    # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
+    read_timeout_s: float = option(
+        30.0,
+        "seconds to receive a whole request (headers and body); 0: no limit",
+        env="ELECTRA_READ_TIMEOUT_S",
     )
+    limit_concurrency: int = option(
+        1024, "open connections beyond which uvicorn answers 503 at once", env="ELECTRA_LIMIT_CONCURRENCY"
+    )
+    cors_origins: tuple[str, ...] = option(
+        (), "comma-separated allowed origins; empty: no CORS", env="ELECTRA_CORS_ORIGINS"
+    )
+    api_key: str | None = option(
+        None,
+        "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)",
+        env="ELECTRA_API_KEY",
+        secret=True,
+    )
+    graceful_timeout_s: float = option(
+        30.0, "after SIGTERM, how long in-flight requests may take", env="ELECTRA_GRACEFUL_TIMEOUT_S"
+    )
+    # Behind a load balancer, a replica must leave rotation before it stops listening, or the requests
+    # the balancer sends between SIGTERM and its next health check fail (deploy/, docs/deploy.md).
+    drain_delay_s: float = option(
+        0.0,
+        "after SIGTERM, keep serving this long with /ready 503 and connections closed after each response",
+        env="ELECTRA_DRAIN_DELAY_S",
+    )
+    log_level: str = option(
+        "info", "the least severe log messages printed", env="ELECTRA_LOG_LEVEL", choices=LOG_LEVELS
+    )
+    # Off by default: a log line per request costs the event loop more than routing it does, and
+    # /metrics already counts and times every request by endpoint, model and status.
+    access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
+    ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
+
+
+@dataclass(frozen=True)
+class SchedulingSettings:
+    """What a request may cost and how requests become batches: token bounds, queues, batch budgets, runners and their threads, and memory."""
+
     batch_token_budget: int = option(
         16384, "rows * longest row (padding counted) per inference batch", env="ELECTRA_BATCH_TOKEN_BUDGET"
     )
@@ -83,29 +121,16 @@ class Settings:
         4096, "rows * longest row per batch of bulk requests' rows", env="ELECTRA_BULK_BATCH_TOKENS"
     )
     max_batch_size: int = option(32, "texts (or pairs) in one request", env="ELECTRA_MAX_BATCH_SIZE")
-    max_body_bytes: int = option(1 << 20, "larger request bodies get 413", env="ELECTRA_MAX_BODY_BYTES")
-    intra_op_threads: int = option(
-        0,
-        "ONNX Runtime threads per batch; 0: the available cores / --runners",
-        env="ELECTRA_INTRA_OP_THREADS",
-    )
-    memory_arena: str = option(
-        "shrink",
-        "ONNX Runtime CPU arena: shrink (after big batches), off or on",
-        env="ELECTRA_MEMORY_ARENA",
-        choices=ARENA_MODES,
-    )
-    providers: str = option(
-        "auto",
-        "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda",
-        env="ELECTRA_PROVIDERS",
-        choices=PROVIDERS,
-    )
     # Two batches in flight, each on half the cores, beat one batch on all of them on small machines:
     # a single-threaded run never waits at a barrier for a thread the event loop has preempted
     # (docs/benchmarks.md, "Server settings").
     runners: int = option(
         2, "batches in flight at once per model, each on its own thread", env="ELECTRA_RUNNERS"
+    )
+    intra_op_threads: int = option(
+        0,
+        "ONNX Runtime threads per batch; 0: the available cores / --runners",
+        env="ELECTRA_INTRA_OP_THREADS",
     )
     # A lone request on one runner's share leaves the other cores idle. A second session per model runs
     # such batches on all of them (app/scheduling/placement.py; docs/benchmarks.md, "One user").
@@ -114,51 +139,6 @@ class Settings:
         "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off",
         env="ELECTRA_SOLO_THREADS",
     )
-    window_stride: int = option(
-        32, "tokens shared by consecutive windows of a long text", env="ELECTRA_WINDOW_STRIDE"
-    )
-    load_check: str = option(
-        "refuse",
-        "a bundle whose check inputs answer beyond its gate on this CPU: refuse (not served), warn, or off",
-        env="ELECTRA_LOAD_CHECK",
-        choices=CHECK_MODES,
-    )
-    cors_origins: tuple[str, ...] = option(
-        (), "comma-separated allowed origins; empty: no CORS", env="ELECTRA_CORS_ORIGINS"
-    )
-    api_key: str | None = option(
-        None,
-        "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)",
-        env="ELECTRA_API_KEY",
-        secret=True,
-    )
-    graceful_timeout_s: float = option(
-        30.0, "after SIGTERM, how long in-flight requests may take", env="ELECTRA_GRACEFUL_TIMEOUT_S"
-    )
-    # Behind a load balancer, a replica must leave rotation before it stops listening, or the requests
-    # the balancer sends between SIGTERM and its next health check fail (deploy/, docs/deploy.md).
-    drain_delay_s: float = option(
-        0.0,
-        "after SIGTERM, keep serving this long with /ready 503 and connections closed after each response",
-        env="ELECTRA_DRAIN_DELAY_S",
-    )
-    # A client has this long from its first byte to the last byte of its body (uvicorn has no read
-    # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
-    read_timeout_s: float = option(
-        30.0,
-        "seconds to receive a whole request (headers and body); 0: no limit",
-        env="ELECTRA_READ_TIMEOUT_S",
-    )
-    limit_concurrency: int = option(
-        1024, "open connections beyond which uvicorn answers 503 at once", env="ELECTRA_LIMIT_CONCURRENCY"
-    )
-    log_level: str = option(
-        "info", "the least severe log messages printed", env="ELECTRA_LOG_LEVEL", choices=LOG_LEVELS
-    )
-    # Off by default: a log line per request costs the event loop more than routing it does, and
-    # /metrics already counts and times every request by endpoint, model and status.
-    access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
-    ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
     # A container's limit is its cgroup's: large requests get 429 (413 if one alone would not fit) before
     # they could reach it, not the OOM killer after (app/scheduling/memory.py).
     memory_limit_mb: int = option(
@@ -167,12 +147,51 @@ class Settings:
         "limit when there is one; -1: none",
         env="ELECTRA_MEMORY_LIMIT_MB",
     )
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which bundles are served and how their sessions run."""
+
+    models_dir: Path = option(
+        Path("models"),
+        "every sub-directory with a manifest.json is served by its name",
+        env="ELECTRA_MODELS_DIR",
+        aliases=("--models",),
+    )
+    providers: str = option(
+        "auto",
+        "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda",
+        env="ELECTRA_PROVIDERS",
+        choices=PROVIDERS,
+    )
+    memory_arena: str = option(
+        "shrink",
+        "ONNX Runtime CPU arena: shrink (after big batches), off or on",
+        env="ELECTRA_MEMORY_ARENA",
+        choices=ARENA_MODES,
+    )
+    load_check: str = option(
+        "refuse",
+        "a bundle whose check inputs answer beyond its gate on this CPU: refuse (not served), warn, or off",
+        env="ELECTRA_LOAD_CHECK",
+        choices=CHECK_MODES,
+    )
+    window_stride: int = option(
+        32, "tokens shared by consecutive windows of a long text", env="ELECTRA_WINDOW_STRIDE"
+    )
     inject_faults: str = option(
         "",
         "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
         "(every batch holding WORD); app/model/faults.py",
         env="ELECTRA_INJECT_FAULTS",
     )
+
+
+@dataclass(frozen=True)
+class Settings(ModelSettings, SchedulingSettings, HttpSettings):
+    """Every setting of the server. Each is declared once (options/) in the group it belongs to, with its
+    flag, ELECTRA_* variable, type, default, allowed values and the help `python -m app --help` shows."""
 
     def __post_init__(self) -> None:
         options.check_choices(self)
