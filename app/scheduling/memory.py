@@ -12,6 +12,7 @@ limit. One-sentence requests are not counted: the warm-up already grew the arena
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from app.errors import AppError, ErrorType
+
+log = logging.getLogger("app")
 
 T = TypeVar("T")
 # cgroup v2, then v1. v1 reports "no limit" as a number near 2**63.
@@ -134,3 +137,19 @@ def budget_for(limit_mb: int) -> MemoryBudget | None:
     if limit_mb == 0 and (limit := cgroup_limit()) is not None:
         return MemoryBudget(limit, "the cgroup's limit")
     return None
+
+
+def settle(memory: MemoryBudget, settings, metrics) -> None:
+    """Every model loaded: fix the budget's baseline, publish it, and say at start when one bulk batch
+    could never fit the room the limit leaves."""
+    memory.settle()
+    memory.gauge = metrics.memory
+    metrics.memory.labels("limit").set(memory.limit)
+    metrics.memory.labels("baseline").set(memory.baseline)
+    log.info("memory: %s", memory.describe())
+    one_batch = memory.cost(settings.bulk_batch_tokens, settings.bulk_batch_tokens)
+    if one_batch > memory.room:
+        log.warning("memory: one batch of --bulk-batch-tokens %d needs about %.0f MiB, more than the %.0f MiB "
+                    "the limit leaves: requests over --interactive-tokens (%d) will be refused (413); raise "
+                    "the limit or lower --bulk-batch-tokens", settings.bulk_batch_tokens, one_batch / 2**20,
+                    max(0, memory.room) / 2**20, settings.interactive_tokens)  # fmt: skip

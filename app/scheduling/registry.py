@@ -18,7 +18,7 @@ from app.model.faults import FaultInjector, FaultSpec
 from app.model.tokenization import TextTokenizer
 from app.scheduling.admission import Admission
 from app.scheduling.lifecycle import Lifecycle, Phase
-from app.scheduling.memory import MemoryBudget, budget_for, peak_during, rss
+from app.scheduling.memory import MemoryBudget, budget_for, peak_during, rss, settle
 from app.scheduling.scheduler import Scheduler
 from app.scheduling.server_load import ServerLoad
 from app.schemas import ModelInfo
@@ -58,29 +58,17 @@ class Registry:
         self.broken: dict[str, str] = dict(broken or {})
         self.settings = settings
         self.metrics = metrics
-        self.server_load = (
-            ServerLoad()
-        )  # over all models: a lone request runs on every core (app/scheduling/placement.py)
+        # Over all models: a lone request runs on every core (app/scheduling/placement.py).
+        self.server_load = ServerLoad()
         self.lifecycle = Lifecycle()
         self.models: dict[str, Model] = {}
         self.state = "loading"  # loading -> ready, or failed; draining is the lifecycle's
         self.detail: str | None = None
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.load_checks: dict[
-            str, dict | None
-        ] = {}  # app/model/load_check.py: this CPU against the reference
-        self.memory = budget_for(
-            settings.memory_limit_mb
-        )  # app/scheduling/memory.py; None: no limit to keep to
-        for b in bundles:
-            for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
-                                 ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
-                if b.manifest.max_length > budget:
-                    raise SettingsError(
-                        f"{flag} {budget} is smaller than one row of {b.name!r} (max_length "
-                        f"{b.manifest.max_length})"
-                    )
+        self.load_checks: dict[str, dict | None] = {}  # app/model/load_check.py: this CPU vs the reference
+        self.memory = budget_for(settings.memory_limit_mb)  # app/scheduling/memory.py; None: no limit
+        _check_budgets(bundles, settings)
 
     def default(self, kind: str) -> str | None:
         names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
@@ -157,25 +145,11 @@ class Registry:
                 self.metrics.record_load_check(bundle.name, check)
             log.info("%s: loaded and warmed up (%s)%s", bundle.name, bundle.manifest.kind, _said(check))
         if self.memory is not None:
-            self._settle_memory()
+            settle(self.memory, self.settings, self.metrics)
         if not self.models:
             self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
         elif self.state == "loading":
             self.state = "ready"
-
-    def _settle_memory(self) -> None:
-        memory, st = self.memory, self.settings
-        memory.settle()
-        memory.gauge = self.metrics.memory
-        self.metrics.memory.labels("limit").set(memory.limit)
-        self.metrics.memory.labels("baseline").set(memory.baseline)
-        log.info("memory: %s", memory.describe())
-        one_batch = memory.cost(st.bulk_batch_tokens, st.bulk_batch_tokens)
-        if one_batch > memory.room:
-            log.warning("memory: one batch of --bulk-batch-tokens %d needs about %.0f MiB, more than the %.0f MiB "
-                        "the limit leaves: requests over --interactive-tokens (%d) will be refused (413); raise "
-                        "the limit or lower --bulk-batch-tokens", st.bulk_batch_tokens, one_batch / 2**20,
-                        max(0, memory.room) / 2**20, st.interactive_tokens)  # fmt: skip
 
     def leave_rotation(self) -> None:
         """SIGTERM with --drain-delay-s: /ready answers 503 and connections close after their response,
@@ -214,6 +188,17 @@ class Registry:
         self.lifecycle.stop("server shut down before inference")
         for model in self.models.values():
             await model.scheduler.close()
+
+
+def _check_budgets(bundles: list[Bundle], settings: Settings) -> None:
+    """Every bundle's longest row fits one batch, interactive and bulk."""
+    for b in bundles:
+        for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
+                             ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
+            if b.manifest.max_length > budget:
+                raise SettingsError(
+                    f"{flag} {budget} is smaller than one row of {b.name!r} (max_length {b.manifest.max_length})"
+                )
 
 
 def _scheduler(

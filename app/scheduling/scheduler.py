@@ -4,7 +4,8 @@ Each of the model's runners (--runners, each with its own inference thread) clai
 free*: everything that queued while the previous batches ran goes into the next take, up to the token
 budget, so batches grow with the load by themselves (continuous batching). Only when a runner is idle
 and the queue is short of the budget does it wait, at most until the oldest request has waited
---max-wait-ms. What is decided elsewhere: admission (app/scheduling/admission.py), which rows form a batch and
+--max-wait-ms. How a claimed batch runs (its thread, a failure retried request by request) is
+app/scheduling/running.py. What is decided elsewhere: admission (app/scheduling/admission.py), which rows form a batch and
 which lane goes first (app/scheduling/forming.py), where a batch runs (app/scheduling/placement.py), the lifecycle
 (app/scheduling/lifecycle.py). Bulk batches never take the last free runner, so a one-sentence request waits for
 at most one small batch, not for a long text's windows.
@@ -17,13 +18,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 from app.errors import AppError, ErrorType
 from app.model.engine import Engine
 from app.scheduling.admission import Admission
 from app.scheduling.forming import Batch, Job, JobResult, Lane, Step, next_step
 from app.scheduling.placement import Place, place
+from app.scheduling.running import BatchRunner, fail
 from app.scheduling.server_load import ServerLoad
 
 log = logging.getLogger("app")
@@ -56,7 +57,7 @@ class Scheduler:
         self, engine: Engine, pad_id: int, admission: Admission, load: ServerLoad, *, token_budget: int,
         bulk_token_budget: int, max_wait_ms: float, runners: int,
     ) -> None:  # fmt: skip
-        self.engine, self.pad_id, self.admission, self.load = engine, pad_id, admission, load
+        self.engine, self.admission, self.load = engine, admission, load
         self.lanes = {False: Lane(token_budget, bulk=False), True: Lane(bulk_token_budget, bulk=True)}
         self.max_wait_s = max_wait_ms / 1000
         self.runners = runners
@@ -64,7 +65,7 @@ class Scheduler:
         self.pending: set[Job] = set()  # submitted, not yet answered
         self.idle = IdleRunners()
         self._gathering: asyncio.Event | None = None  # set when a request arrives while a batch fills
-        self._executor = ThreadPoolExecutor(max_workers=runners, thread_name_prefix=f"ort-{admission.name}")
+        self.running = BatchRunner(engine, pad_id, admission, load, runners)
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -82,7 +83,7 @@ class Scheduler:
         job.bulk = self.admission.reserve(tokens := job.tokens)
         batch = Batch([(job, i) for i in range(len(rows))], bulk=job.bulk)
         if self._place(batch, jobs=1, at_submit=True) is Place.INLINE:
-            self._run_inline(batch)
+            self.running.run_inline(batch)
             return future
         self.lanes[job.bulk].push(job)
         self.pending.add(job)
@@ -142,91 +143,12 @@ class Scheduler:
         if not live:
             return
         jobs = list(dict.fromkeys(job for job, _ in live))
-        where = self._place(batch, jobs=len(jobs), at_submit=False)
-        feeds = self.engine.pad([job.rows[i] for job, i in live], self.pad_id)
-        start = self._starting(jobs)
-        try:
-            out = await self._infer(feeds, solo=where is Place.SOLO)
-        except Exception as e:  # a failed run fails its requests, never the scheduler
-            self.admission.series.batch_failed.inc()
-            return await self._retry_alone(live, jobs, e)
-        self._finish(live, jobs, feeds, out, start, where)
-
-    async def _infer(self, feeds: dict, solo: bool):
-        self.load.batch_started()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.engine.run, feeds, solo
-            )
-        finally:
-            self.load.batch_finished()
-
-    async def _retry_alone(self, live, jobs: list[Job], error: Exception) -> None:
-        """A batch failed: run each of its requests again on its own, so that a row that breaks the engine
-        fails only its own request, and a transient fault fails none (a batch of one is retried too). Each
-        retry is one more run, so a batch of n requests costs at most n + 1 runs; only a failed batch pays
-        it."""
-        log.warning("%s: a batch of %d request(s) failed (%s: %s); retrying each alone", self.admission.name,
-                    len(jobs), type(error).__name__, _first_line(error))  # fmt: skip
-        series = self.admission.series
-        for job in jobs:
-            if job.future.done():  # its client left meanwhile
-                continue
-            mine = [(j, i) for j, i in live if j is job]
-            feeds = self.engine.pad([job.rows[i] for _, i in mine], self.pad_id)
-            start = time.perf_counter()
-            try:
-                out = await self._infer(feeds, solo=False)
-            except Exception as e:
-                series.retry_failed.inc()
-                series.retry_unanswered.inc()
-                _fail([job], inference_failed(e))
-                continue
-            series.retry_answered.inc()
-            self._finish(mine, [job], feeds, out, start, Place.RUNNER)
-
-    def _run_inline(self, batch: Batch) -> None:
-        """On the event loop's thread, on the solo session (app/scheduling/placement.py says when)."""
-        job = batch.items[0][0]
-        feeds, start = self.engine.pad(job.rows, self.pad_id), self._starting([job])
-        try:
-            out = self.engine.run(feeds, solo=True)
-        except Exception as first:
-            # As in a runner: run once more, and only then fail the request; the server goes on.
-            series = self.admission.series
-            series.batch_failed.inc()
-            try:
-                out = self.engine.run(feeds, solo=True)
-            except Exception as e:
-                series.retry_failed.inc()
-                series.retry_unanswered.inc()
-                return _fail([job], inference_failed(e))
-            log.warning("%s: a run failed (%s: %s); run again, it succeeded", self.admission.name,
-                        type(first).__name__, _first_line(first))  # fmt: skip
-            series.retry_answered.inc()
-        self._finish(batch.items, [job], feeds, out, start, Place.INLINE)
-
-    def _starting(self, jobs: list[Job]) -> float:
-        """A batch with these jobs' rows starts now: their queue time ends (for each, at its first)."""
-        start = time.perf_counter()
-        for job in jobs:
-            if job.started is None:
-                job.started = start
-                self.admission.series.queue_time.observe(start - job.enqueued)
-        return start
-
-    def _finish(self, live, jobs: list[Job], feeds: dict, out, start: float, where: Place) -> None:
-        end = time.perf_counter()
-        self.admission.series.batch_ran(len(live), next(iter(feeds.values())).size, end - start, where.value)
-        for job in jobs:
-            job.record(start, end)
-        for k, (job, i) in enumerate(live):
-            job.deliver(i, out[k])
+        await self.running.run(live, jobs, self._place(batch, jobs=len(jobs), at_submit=False))
 
     def abort(self, message: str) -> int:
         """Answer every submitted, unanswered request with 503 now (the drain deadline); returns how many."""
         waiting = [job for job in self.pending if not job.future.done()]
-        _fail(waiting, AppError(ErrorType.UNAVAILABLE, message))
+        fail(waiting, AppError(ErrorType.UNAVAILABLE, message))
         return len(waiting)
 
     async def close(self) -> None:
@@ -235,25 +157,4 @@ class Scheduler:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.abort("server shut down before inference")
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else ""
-
-
-def inference_failed(error: Exception) -> AppError:
-    """The 500 a request gets when its inference raised twice, in its batch and again alone: it names the
-    failure. Its batch-mates were answered (or failed on their own account)."""
-    name, first = type(error).__name__, _first_line(error)
-    return AppError(
-        ErrorType.INFERENCE_FAILED,
-        f"inference failed twice, in its batch and run again alone: {name}: {first}",
-    )
-
-
-def _fail(jobs: list[Job], error: Exception) -> None:
-    for job in jobs:
-        if not job.future.done():
-            job.future.set_exception(error)
+        self.running.shutdown()
