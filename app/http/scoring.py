@@ -132,12 +132,12 @@ def _chars(items: list) -> int:
 
 
 async def score(model, kind: Kind, items: list, field: str, limits: Limits, receive: Receive, t: Timings):
-    with model.admission.request():
+    with model.scheduler.request():
         t0 = time.perf_counter()
         chars = _chars(items)
         encoded = await offload(lambda: kind.encode(model.tokenizer, items), chars)
         t.tokenization_s = time.perf_counter() - t0
-        model.admission.series.tokenization.observe(t.tokenization_s)
+        model.scheduler.series.tokenization.observe(t.tokenization_s)
         limits.check(encoded.rows, field, encoded.text_tokens)
         result = await until_done_or_gone(model.scheduler.submit(encoded.rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s

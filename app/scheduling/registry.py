@@ -32,8 +32,7 @@ class Model:
     bundle: Bundle
     tokenizer: TextTokenizer
     engine: Engine
-    admission: Admission
-    scheduler: Scheduler
+    scheduler: Scheduler  # owns every request's scheduling state: its place, its lane, its bulk reservation
 
     @property
     def name(self) -> str:
@@ -134,12 +133,12 @@ class Registry:
                 log.exception("%s: loading failed; the other models are served", bundle.name)
                 continue
             try:
-                admission, scheduler = _scheduler(self, bundle.name, tokenizer, engine)
+                scheduler = _scheduler(self, bundle.name, tokenizer, engine)
             except Exception as e:  # a bug of ours, not the bundle's: /ready reports it, the process stays up
                 self.state, self.detail = "failed", f"{type(e).__name__}: {e}"
                 log.exception("starting the schedulers failed")
                 return
-            self.models[bundle.name] = Model(bundle, tokenizer, engine, admission, scheduler)
+            self.models[bundle.name] = Model(bundle, tokenizer, engine, scheduler)
             self.load_checks[bundle.name] = check
             if check is not None:
                 self.metrics.record_load_check(bundle.name, check)
@@ -201,10 +200,8 @@ def _check_budgets(bundles: list[Bundle], settings: Settings) -> None:
                 )
 
 
-def _scheduler(
-    registry: Registry, name: str, tokenizer: TextTokenizer, engine: Engine
-) -> tuple[Admission, Scheduler]:
-    """The model's admission and scheduler, its runners started."""
+def _scheduler(registry: Registry, name: str, tokenizer: TextTokenizer, engine: Engine) -> Scheduler:
+    """The model's scheduler, with the admission it owns, its runners started."""
     st = registry.settings
     admission = Admission(
         name, queue_size=st.queue_size, interactive_tokens=st.interactive_tokens,
@@ -218,7 +215,7 @@ def _scheduler(
         runners=st.runners,
     )  # fmt: skip
     scheduler.start()
-    return admission, scheduler
+    return scheduler
 
 
 def _said(check: dict | None) -> str:

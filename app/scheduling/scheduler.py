@@ -1,4 +1,5 @@
-"""Per-model micro-batching: the owner of a model's lanes and runners.
+"""Per-model micro-batching: the one owner of a request's scheduling state, from its place in the queue
+(the admission it holds) through its lane and its bulk reservation to its answer.
 
 Each of the model's runners (--runners, each with its own inference thread) claims a batch *when it is
 free*: everything that queued while the previous batches ran goes into the next take, up to the token
@@ -67,6 +68,16 @@ class Scheduler:
         self._gathering: asyncio.Event | None = None  # set when a request arrives while a batch fills
         self.running = BatchRunner(engine, pad_id, admission, load, runners)
         self._tasks: list[asyncio.Task] = []
+
+    def request(self):
+        """A place for one request from tokenization to answer (the admission this scheduler owns); 429
+        at once when there is none."""
+        return self.admission.request()
+
+    @property
+    def series(self):
+        """This model's metric series."""
+        return self.admission.series
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._runner(), name=f"run-{self.admission.name}-{i}")
