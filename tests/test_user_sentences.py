@@ -5,13 +5,24 @@ on; the same clean sentences behind every kind of swap)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def measure(args: list[str]) -> None:
+    """The benchmark's command, as a user runs it."""
+    cmd = [sys.executable, "-m", "benchmarks.quality.user_sentences", *args]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 @pytest.mark.timeout(600)
 def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, small_tokenizer, registry_data):
-    from benchmarks.quality.user_sentences import main as measure
     from export.pipeline import ExportConfig, run_export
     from training.pretrain import main as pretrain
 
