@@ -122,16 +122,14 @@ class Registry:
 
     async def load(self) -> None:
         self._loop = asyncio.get_running_loop()
-        for bundle in list(self.bundles.values()):
-            try:
-                tokenizer, engine, check = await asyncio.to_thread(
-                    _load_and_warm, bundle, self.settings, self.memory
-                )
-            except Exception as e:  # this bundle fails alone; the reason stays readable on /models
-                self.broken[bundle.name] = f"loading failed: {type(e).__name__}: {e}"
+        bundles = list(self.bundles.values())
+        for bundle, loaded in zip(bundles, await _load_all(bundles, self.settings, self.memory), strict=True):
+            if isinstance(loaded, Exception):  # this bundle fails alone; the reason stays readable on /models
+                self.broken[bundle.name] = f"loading failed: {type(loaded).__name__}: {loaded}"
                 del self.bundles[bundle.name]
-                log.exception("%s: loading failed; the other models are served", bundle.name)
+                log.error("%s: loading failed; the other models are served", bundle.name, exc_info=loaded)
                 continue
+            tokenizer, engine, check = loaded
             try:
                 scheduler = _scheduler(self, bundle.name, tokenizer, engine)
             except Exception as e:  # a bug of ours, not the bundle's: /ready reports it, the process stays up
@@ -222,6 +220,22 @@ def _said(check: dict | None) -> str:
     if check is None:
         return "; the bundle carries no load-time check"
     return f"; load-time check on {check['machine']['int8_kernel_path']}: p99 {check['p99']:.4f}, max {check['max']:.4f}"
+
+
+async def _load_all(bundles: list[Bundle], settings: Settings, memory: MemoryBudget | None) -> list:
+    """Each bundle's (tokenizer, engine, check), or the exception that stopped it, in order. The models
+    load side by side (ONNX Runtime leaves the GIL while it builds and runs a session), except under a
+    memory limit: there each measures what its batches add to resident memory, which it must do alone."""
+    if memory is None:
+        work = (asyncio.to_thread(_load_and_warm, b, settings) for b in bundles)
+        return list(await asyncio.gather(*work, return_exceptions=True))
+    loaded = []
+    for bundle in bundles:
+        try:
+            loaded.append(await asyncio.to_thread(_load_and_warm, bundle, settings, memory))
+        except Exception as e:
+            loaded.append(e)
+    return loaded
 
 
 def _load_and_warm(
