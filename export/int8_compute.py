@@ -42,8 +42,8 @@ class Projection:
 
 
 def round_as_stored(model) -> list[str]:
-    """Round, in place, every weight that optimize.int8_weights will store as int8 (2-D, at least
-    INT8_STORAGE_MIN_SIZE values, not an int8 projection) to exactly the values the bundle will hold:
+    """Round, in place, every weight that optimize.int8_weights will store as int8
+    (training.quantization.stored_weight_modules) to exactly the values the bundle will hold:
     one symmetric scale per row (an embedding's token, a Linear's output). Returns their names.
 
     Why: the bundle computes the projections in int8 and only stores the rest (the embedding tables, the
@@ -53,17 +53,13 @@ def round_as_stored(model) -> list[str]:
     bundle holds, and the stored int8 is exact."""
     import torch
 
-    from export.optimize import INT8_STORAGE_MIN_SIZE
-    from training.quantization import Int8Linear, stored_int8
+    from training.quantization import stored_int8, stored_weight_modules
 
-    projected = {id(m.weight) for m in model.modules() if isinstance(m, Int8Linear)}
     done = []
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim != 2 or p.numel() < INT8_STORAGE_MIN_SIZE or id(p) in projected:
-                continue
-            p.copy_(stored_int8(p))
-            done.append(name)
+        for name, m in stored_weight_modules(model):
+            m.weight.copy_(stored_int8(m.weight))
+            done.append(f"{name}.weight")
     return done
 
 

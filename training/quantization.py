@@ -139,21 +139,28 @@ class StoredInt8Dense(nn.Linear):
 STORED_KINDS = {nn.Embedding: StoredInt8Embedding, nn.Linear: StoredInt8Dense}
 
 
-def attach_storage(model: nn.Module) -> list[str]:
-    """Make every weight a bundle stores as int8 (2-D, at least STORAGE_MIN_SIZE values, not an int8
-    projection) read as stored while simulating, in place: the module's class changes, its parameters and
-    their names do not. In pretraining the generator reads the shared embedding tables as stored too.
-    Returns the modules' names."""
+def stored_weight_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules whose weight a bundle stores as int8 (an embedding table or a Linear of at least
+    STORAGE_MIN_SIZE values that is not an int8 projection), by name: what `attach_storage` simulates and
+    export.int8_compute.round_as_stored rounds."""
     projected = {id(m.weight) for m in model.modules() if isinstance(m, Int8Linear)}
-    done = []
-    for name, m in model.named_modules():
-        kind = STORED_KINDS.get(type(m))
-        if isinstance(m, (StoredInt8Embedding, StoredInt8Dense)):
-            done.append(name)
-        elif kind is not None and m.weight.numel() >= STORAGE_MIN_SIZE and id(m.weight) not in projected:
-            m.__class__ = kind
-            done.append(name)
-    return done
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if (type(m) in STORED_KINDS or type(m) in STORED_KINDS.values())
+        and m.weight.numel() >= STORAGE_MIN_SIZE
+        and id(m.weight) not in projected
+    ]
+
+
+def attach_storage(model: nn.Module) -> list[str]:
+    """Make every weight a bundle stores as int8 read as stored while simulating, in place: the module's
+    class changes, its parameters and their names do not. In pretraining the generator reads the shared
+    embedding tables as stored too. Returns the modules' names."""
+    modules = stored_weight_modules(model)
+    for _, m in modules:
+        m.__class__ = STORED_KINDS.get(type(m), type(m))
+    return [name for name, _ in modules]
 
 
 def _stochastic_round(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:

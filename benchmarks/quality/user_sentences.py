@@ -66,9 +66,9 @@ def bigram_fields(items: list[dict], reference, tokenizer) -> None:
     from benchmarks.quality.bigram import words_of
 
     for item in items:
-        suspicion = reference.suspicion(words_of(tokenizer, item["text"]))
-        assert len(suspicion) == item["words"], (item["text"], len(suspicion), item["words"])
         words = words_of(tokenizer, item["text"])
+        suspicion = reference.suspicion(words)
+        assert len(suspicion) == item["words"], (item["text"], len(suspicion), item["words"])
         ok = np.array([not is_punctuation(w) for w in words])
         item["bigram_max"] = float(suspicion[ok].max()) if ok.any() else float("-inf")
         if item["span"] is not None:
