@@ -3,7 +3,9 @@ takes except for the device, with the training steps limited to the packages a b
 table it prints is the CI log's record of the run (docs/gpu.md)."""
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,39 @@ def test_every_step_runs_on_cpu(cpu_run, capsys):
     assert steps["detect"]["tokens"] > 5
     assert set(steps["claim"]["summary"]) == {"rotten_tomatoes", "trec", "sms_spam"}
     assert "ELECTRA vs MLM" in (out / "results.md").read_text()
+
+
+def test_a_second_check_on_the_same_machine_repeats_the_steps(cpu_run, tmp_path):
+    """The steps' run directories are gpu-check's own: a second call (a later call of the same loan) runs
+    them again instead of failing on the runs the first one left."""
+    _, first_out = cpu_run
+    work = json.loads((first_out / "results.json").read_text())["config"]["work"]
+    done = gpu_check("--device", "cpu", "--quick", "--only", "torchrun,resume", "--out", str(tmp_path),
+                     "--work", work, "--data-dir", str(real_data_dir()))  # fmt: skip
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert {n: s["status"] for n, s in report["steps"].items()} == {"torchrun": "ok", "resume": "ok"}
+    assert report["steps"]["resume"]["figures"]["weights_max_abs_diff"] == 0.0
+
+
+def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
+    """`timeout -s INT` ends a call before the device tool's limit: the step in progress is recorded as
+    interrupted, with the end of its log, and the steps before it keep their figures."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.Popen([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--only", "pretrain",
+                             "--out", str(out), "--work", str(work), "--data-dir", str(real_data_dir())],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    log = work / "pretrain.log"
+    deadline = time.monotonic() + 120
+    while "electra-serve pretraining" not in (log.read_text() if log.is_file() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 1
+    step = json.loads((out / "results.json").read_text())["steps"]["pretrain"]
+    assert step["status"] == "interrupted"
+    assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
+    assert "| pretrain | interrupted |" in (out / "results.md").read_text()
 
 
 def test_the_guard_hides_what_a_gpu_node_lacks(tmp_path):

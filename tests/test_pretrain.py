@@ -228,3 +228,19 @@ def test_the_shipped_stage3_recipe_sets_up_and_trains(tmp_path, small_corpus, sm
         sums, norm = t.train_step()
         assert all(torch.isfinite(v).all() for v in sums.values()) and torch.isfinite(norm)
     assert t.step == 2 and t.tokens > 0
+
+
+def test_training_asks_cuda_for_deterministic_kernels_unless_told_not_to():
+    """On CUDA two runs of the same seed differ by rounding unless PyTorch's deterministic algorithms are
+    on and cuBLAS has a fixed workspace (measured on an H200: docs/gpu.md). The default asks for both."""
+    probe = ("import os, sys, torch; from training.optim import deterministic_kernels; "
+             "deterministic_kernels(sys.argv[1] == 'on'); "
+             "print(os.environ.get('CUBLAS_WORKSPACE_CONFIG'), torch.are_deterministic_algorithms_enabled())")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    on, off = (subprocess.run([sys.executable, "-c", probe, arg], cwd=REPO, env=env, capture_output=True,
+                              text=True, check=True).stdout.split() for arg in ("on", "off"))  # fmt: skip
+    assert on == [":4096:8", "True"] and off == ["None", "False"]
+    from training.config import FinetuneConfig, HardwareOptions, PretrainConfig
+
+    assert HardwareOptions().deterministic
+    assert issubclass(PretrainConfig, HardwareOptions) and issubclass(FinetuneConfig, HardwareOptions)

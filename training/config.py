@@ -43,6 +43,11 @@ class HardwareOptions:
         True, "autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout"
     )
     threads: int | None = option(None, "torch intra-op threads on CPU (default: all cores)")
+    deterministic: bool = option(
+        True,
+        "deterministic kernels on CUDA too: the same seed gives the same weights, and a resumed run equals "
+        "an uninterrupted one; false lets CUDA pick kernels whose sums run in any order (docs/gpu.md)",
+    )
 
 
 @dataclass

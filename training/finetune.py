@@ -50,7 +50,7 @@ from training.finetuning.metrics import (
     selection_score,
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
-from training.optim import autocast_for, decays, linear_schedule
+from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
 from training.report import MetricsLog
 
 ARCH = "ElectraForSequenceClassification"
@@ -369,6 +369,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     out = Path(cfg.out)
+    deterministic_kernels(cfg.deterministic)
     cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("error: --device cuda: no CUDA device is visible; use --device cpu or auto")

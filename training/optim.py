@@ -1,9 +1,10 @@
 """What pretraining and fine-tuning share about optimisation: the learning-rate schedule, which tensors
-get weight decay, and the precision a device trains in."""
+get weight decay, the precision a device trains in, and whether its kernels are deterministic."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import torch
@@ -41,3 +42,14 @@ def autocast_for(
         return torch.autocast(device.type, dtype=torch.bfloat16) if use else contextlib.nullcontext()
 
     return use, autocast
+
+
+def deterministic_kernels(on: bool) -> None:
+    """Make CUDA's kernels as reproducible as CPU's: PyTorch's deterministic algorithms (the embedding
+    gradient without atomic adds) and a fixed cuBLAS workspace, which cuBLAS needs for a fixed reduction
+    order. Call before the first CUDA matrix product: cuBLAS reads the variable when it starts. An op that
+    has no deterministic kernel warns, naming itself, instead of stopping the run. On CPU it changes
+    nothing we use: those kernels are deterministic already."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on, warn_only=True)

@@ -34,7 +34,7 @@ from training.config import PretrainConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError
 from training.model import count_parameters
-from training.optim import autocast_for, decays, linear_schedule
+from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
 from training.pretraining.corruption import build_corruption
 from training.pretraining.data import PretrainingData, build_data
 from training.pretraining.distributed import Dist
@@ -186,6 +186,7 @@ def setup(argv: list[str] | None) -> Trainer:
     """Config, processes, data, models (fresh, warm-started or restored) and optimizer; prints the
     resolved configuration and saves it beside the run."""
     cfg, warm = resolve_config(argv)
+    deterministic_kernels(cfg.deterministic)
     env = Dist(cfg.device)
     run = Path(cfg.out)
     has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()

@@ -55,6 +55,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def interrupted_note(work: Path, step: str) -> str:
+    """How far a step got before it was stopped: the end of its log, which stays on the machine."""
+    log = work / f"{step}.log"
+    tail = log.read_text(errors="replace")[-1500:] if log.is_file() else "(no log)"
+    return f"stopped before it finished; the end of {log}:\n{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
@@ -86,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
             figures, status, note = {}, "skipped", str(e)
         except Failed as e:
             figures, status, note = {}, "failed", str(e)
+        except KeyboardInterrupt:  # SIGINT: `timeout -s INT` inside a call's time limit, or Ctrl-C
+            report["steps"][name] = {"status": "interrupted", "seconds": round(time.monotonic() - started, 1),
+                                     "figures": {}, "note": interrupted_note(work, name)}  # fmt: skip
+            write_report(out, report)
+            print(f"{name}: interrupted; results so far in {out / 'results.md'}", flush=True)
+            return 1
         seconds = round(time.monotonic() - started, 1)
         report["steps"][name] = {"status": status, "seconds": seconds, "figures": figures, "note": note}
         write_report(out, report)
