@@ -94,6 +94,19 @@ def test_the_guard_hides_what_a_gpu_node_lacks(tmp_path):
     assert done.stdout.strip() == "[True, True, False]", done.stderr
 
 
+def test_wheels_that_leave_a_serving_package_out_are_named_before_any_step(tmp_path):
+    """--wheels installs what the folder holds and trusts the machine for the rest; a serving package
+    that then still does not import stops the check, named, before it trains for minutes."""
+    from benchmarks.gpucheck.environment import guard_env, install_wheels
+
+    (tmp_path / "wheels").mkdir()
+    bare = guard_env(tmp_path, {"PATH": "/usr/bin:/bin"})  # the serving packages hidden, as on a bare node
+    with pytest.raises(
+        SystemExit, match="msgspec, litestar, uvicorn, httptools, uvloop, prometheus_client still"
+    ):
+        install_wheels(tmp_path / "wheels", tmp_path, bare)
+
+
 def test_no_cuda_stops_before_any_step_and_says_why(tmp_path):
     done = gpu_check(
         "--device", "cuda", "--out", str(tmp_path), "--data-dir", str(real_data_dir()), timeout=120

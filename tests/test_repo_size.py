@@ -1,5 +1,6 @@
 """The repository stays small enough to copy to a GPU machine with its data beside it (docs/gpu.md): the
-device tool takes 64 MiB in all, and scripts/gpu-check's data files and serving wheels need about 17 MB.
+device tool takes 64 MiB in all, and scripts/gpu-check's data files and the serving wheels a GPU image
+lacks need about 10 MB (`python -m benchmarks.gpucheck.pack` prints the sum).
 Benchmark results hold what the docs cite, as summaries: per-sentence dumps and superseded stages stay in
 git history, and the commands that made them make them again (docs/benchmarks.md)."""
 

@@ -81,16 +81,24 @@ def guard_env(work: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 def install_wheels(wheels: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
-    """Install the serving packages from a directory of wheels, offline, into work/site; `env` with it on
-    PYTHONPATH. An air-gapped node gets them the way its users would: `pip download` elsewhere."""
+    """Install every project in a directory of wheels, offline, into work/site; `env` with it on
+    PYTHONPATH. An air-gapped node gets them the way its users would: `pip download` elsewhere
+    (`python -m benchmarks.gpucheck.pack`). Without dependency resolution, so the directory may leave out
+    what the machine already has; the serving packages must import afterwards, or the check stops here."""
     site = work / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels),
-           "--target", str(site), *(p.replace("_", "-") for p in SERVING_PACKAGES)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"gpu-check: --wheels {wheels}: pip could not install the serving packages offline:\n"
+    projects = sorted({w.name.split("-")[0] for w in wheels.glob("*.whl")})
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links",
+           str(wheels), "--target", str(site), *projects]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True) if projects else None
+    if done and done.returncode != 0:
+        raise SystemExit(f"gpu-check: --wheels {wheels}: pip could not install its wheels offline:\n"
                          f"{done.stderr[-2000:]}")  # fmt: skip
-    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(site)) if p)}
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(site)) if p)}
+    missing = [m for m in SERVING_PACKAGES if not importable(m, env)]
+    if missing:
+        raise SystemExit(f"gpu-check: --wheels {wheels}: {', '.join(missing)} still do not import; add their "
+                         "wheels and their dependencies' (docs/gpu.md)")  # fmt: skip
+    return env
 
 
 def gpu_facts(device: str) -> dict:
