@@ -233,13 +233,13 @@ def test_the_shipped_stage3_recipe_sets_up_and_trains(tmp_path, small_corpus, sm
 def test_training_asks_cuda_for_deterministic_kernels_unless_told_not_to():
     """On CUDA two runs of the same seed differ by rounding unless PyTorch's deterministic algorithms are
     on and cuBLAS has a fixed workspace (measured on an H200: docs/gpu.md). The default asks for both."""
-    probe = ("import os, sys, torch; from training.optim import deterministic_kernels; "
-             "deterministic_kernels(sys.argv[1] == 'on'); "
-             "print(os.environ.get('CUBLAS_WORKSPACE_CONFIG'), torch.are_deterministic_algorithms_enabled())")  # fmt: skip
+    probe = ("import os, torch; from training.optim import deterministic_kernels\n"
+             "for on in (False, True):\n"
+             "    deterministic_kernels(on)\n"
+             "    print(os.environ.get('CUBLAS_WORKSPACE_CONFIG'), torch.are_deterministic_algorithms_enabled())")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-    on, off = (subprocess.run([sys.executable, "-c", probe, arg], cwd=REPO, env=env, capture_output=True,
-                              text=True, check=True).stdout.split() for arg in ("on", "off"))  # fmt: skip
-    assert on == [":4096:8", "True"] and off == ["None", "False"]
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["None", "False", ":4096:8", "True"], done.stderr
     from training.config import FinetuneConfig, HardwareOptions, PretrainConfig
 
     assert HardwareOptions().deterministic
