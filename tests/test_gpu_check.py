@@ -65,7 +65,7 @@ def test_a_second_check_on_the_same_machine_repeats_the_steps(cpu_run, tmp_path)
 
 def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     """`timeout -s INT` ends a call before the device tool's limit: the step in progress is recorded as
-    interrupted, with the end of its log, and the steps before it keep their figures."""
+    interrupted, with the end of its log, and results.json and results.md are written."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = subprocess.Popen([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--only", "pretrain",
                              "--out", str(out), "--work", str(work), "--data-dir", str(real_data_dir())],

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated projects the GPU image has: their wheels are left out")  # fmt: skip
     args = p.parse_args(argv)
     print(f"gpu-check pack configuration: {vars(args)}", flush=True)
-    shutil.rmtree(args.out, ignore_errors=True)
+    for made in ("data", "wheels"):  # only what pack makes: --out may be a folder holding other things
+        shutil.rmtree(args.out / made, ignore_errors=True)
     data = copy_data(args.out / "data", args.data_dir)
     kept, left_out = download_wheels(args.out / "wheels", args.python, set(args.on_image.split(",")) - {""})
     wheels = sum(f.stat().st_size for f in (args.out / "wheels").iterdir())
