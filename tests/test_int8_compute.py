@@ -250,3 +250,21 @@ def test_the_shipped_detectors_weights_pass_the_gate_only_as_trained_quantizatio
     p99, worst = (float(x) for x in re.search(r"by ([\d.]+) at p99 and ([\d.]+) at most", message).groups())
     assert p99 > 0.05 and worst > 0.2, message
     assert not (tmp_path / "ptq-bundle").exists()
+
+
+def test_the_bf16_lever_prepares_its_graphs_and_rows_from_a_run(qat_bundle, tmp_path, registry_data):
+    """benchmarks/speed/bf16_lever.py prepare, the half that runs in the project's environment: both fp32
+    graphs load in ONNX Runtime and give PyTorch's fp32 probabilities back; bf16 autocast stays close."""
+    import onnxruntime as ort
+
+    from benchmarks.speed.bf16_lever import INPUTS, main
+
+    run, _ = qat_bundle
+    assert main(["prepare", "--checkpoint", str(run), "--work", str(tmp_path), "--data-dir", str(registry_data),
+                 "--rows", "16"]) == 0  # fmt: skip
+    rows = np.load(tmp_path / "rows.npz")
+    for graph in ("fused.onnx", "unfused.onnx"):
+        s = ort.InferenceSession(str(tmp_path / graph), providers=["CPUExecutionProvider"])
+        got = s.run(None, {n: rows[n] for n in INPUTS})[0]
+        assert np.abs(got - rows["fp32"])[rows["attention_mask"] == 1].max() < 1e-4
+    assert np.abs(rows["torch_bf16"] - rows["fp32"])[rows["attention_mask"] == 1].max() < 0.05
