@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -80,13 +81,18 @@ def guard_env(work: Path, env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(guard), env.get("PYTHONPATH")) if p)}
 
 
+def wheel_project(wheel: Path) -> str:
+    """A wheel's project name, normalised as wheel file names spell it."""
+    return re.sub(r"[-_.]+", "_", wheel.name.split("-")[0]).lower()
+
+
 def install_wheels(wheels: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
     """Install every project in a directory of wheels, offline, into work/site; `env` with it on
     PYTHONPATH. An air-gapped node gets them the way its users would: `pip download` elsewhere
     (`python -m benchmarks.gpucheck.pack`). Without dependency resolution, so the directory may leave out
     what the machine already has; the serving packages must import afterwards, or the check stops here."""
     site = work / "site"
-    projects = sorted({w.name.split("-")[0] for w in wheels.glob("*.whl")})
+    projects = sorted({wheel_project(w) for w in wheels.glob("*.whl")})
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links",
            str(wheels), "--target", str(site), *projects]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True) if projects else None

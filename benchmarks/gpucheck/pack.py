@@ -12,13 +12,12 @@ left out (`--on-image`), because the device tool carries at most 64 MiB, working
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.gpucheck.environment import DATA_FILES, SERVING_PACKAGES
+from benchmarks.gpucheck.environment import DATA_FILES, SERVING_PACKAGES, wheel_project
 
 REPO = Path(__file__).resolve().parents[2]
 # Read off this project's GPU image (the device library's KINDS.md, 2026-11-17): these import there.
@@ -26,11 +25,6 @@ ON_THE_GPU_IMAGE = ("anyio", "certifi", "click", "h11", "httpcore", "httpx", "id
                     "multidict", "prometheus_client", "pygments", "pyyaml", "rich", "typing_extensions",
                     "uvloop")  # fmt: skip
 DEVICE_LIMIT = 64 * 2**20
-
-
-def project(wheel: Path) -> str:
-    """A wheel's project name, normalised as wheel file names spell it."""
-    return re.sub(r"[-_.]+", "_", wheel.name.split("-")[0]).lower()
 
 
 def copy_data(out: Path, data_dir: Path | None) -> int:
@@ -56,10 +50,10 @@ def download_wheels(out: Path, python: str, on_image: set[str]) -> tuple[list[st
         raise SystemExit(f"pack: pip download failed:\n{done.stderr[-2000:]}")
     left_out = []
     for wheel in sorted(out.glob("*.whl")):
-        if project(wheel) in on_image:
+        if wheel_project(wheel) in on_image:
             wheel.unlink()
-            left_out.append(project(wheel))
-    return sorted(project(w) for w in out.glob("*.whl")), left_out
+            left_out.append(wheel_project(wheel))
+    return sorted(wheel_project(w) for w in out.glob("*.whl")), left_out
 
 
 def tracked_bytes() -> int:

@@ -39,17 +39,14 @@ def deviation(got: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> dict:
 def prepare(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> None:
     import torch
 
-    from benchmarks.speed.int8_levers import held_out
-    from export import optimize
-    from export.int8_compute import round_as_stored
-    from export.onnx import DetectorGraph, export_onnx
+    from benchmarks.speed.int8_levers import export_fp32, held_out
+    from export.onnx import DetectorGraph
     from training import quantization as q
     from training.checkpoint import load_model
 
     work.mkdir(parents=True, exist_ok=True)
     model, mcfg, ckpt = load_model(checkpoint)
     model.eval()
-    round_as_stored(model)  # the weights a bundle of this checkpoint holds
     data = held_out(ckpt / "tokenizer.json", data_dir, rows)
     graph = DetectorGraph(model).eval()
 
@@ -61,9 +58,8 @@ def prepare(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> No
                 out.append(graph(*batch).float().numpy())
         return np.concatenate(out)
 
+    export_fp32(model, mcfg, graph, work / "unfused.onnx", work / "fused.onnx")
     with q.simulated(model, False):
-        export_onnx(graph, "replaced_prob", work / "unfused.onnx")
-        optimize.fuse(work / "unfused.onnx", work / "fused.onnx", mcfg.num_attention_heads, mcfg.hidden_size)
         fp32, bf16 = probs(False), probs(True)
     np.savez(work / "rows.npz", fp32=fp32, torch_bf16=bf16, **{n: getattr(data, n) for n in INPUTS})
     print(f"PyTorch bf16 autocast against fp32: {deviation(bf16, fp32, data.attention_mask)}")

@@ -48,6 +48,20 @@ def held_out(tokenizer_json: Path, data_dir: Path | None, rows: int):
     return data
 
 
+def export_fp32(model, mcfg, graph, unfused: Path, fused: Path) -> None:
+    """The checkpoint's fp32 graph, unfused and fused, with the weights a bundle of it holds: as the export
+    does, the weights int8 only stores are rounded to their stored values first."""
+    from export import optimize
+    from export.int8_compute import round_as_stored
+    from export.onnx import export_onnx
+    from training import quantization as q
+
+    round_as_stored(model)
+    with q.simulated(model, False):
+        export_onnx(graph, "replaced_prob", unfused)
+        optimize.fuse(unfused, fused, mcfg.num_attention_heads, mcfg.hidden_size)
+
+
 def build(
     checkpoint: str, work: Path, data_dir: Path | None, rows: int, alpha: float | None = None
 ) -> tuple[dict, dict, object, str]:
@@ -56,8 +70,8 @@ def build(
     import torch
 
     from export import optimize
-    from export.int8_compute import projections, rewrite, round_as_stored
-    from export.onnx import DetectorGraph, export_onnx
+    from export.int8_compute import projections, rewrite
+    from export.onnx import DetectorGraph
     from export.parity import Batch
     from training import quantization as q
     from training.checkpoint import load_model
@@ -74,10 +88,7 @@ def build(
         origin = "post-training, calibrated on the held-out rows" + (
             f", SmoothQuant alpha {alpha}" if alpha else ""
         )
-    round_as_stored(model)  # as the export does: the weights int8 only stores hold their stored values
-    with q.simulated(model, False):
-        export_onnx(graph, "replaced_prob", work / "raw.onnx")
-        optimize.fuse(work / "raw.onnx", work / "fp32.onnx", mcfg.num_attention_heads, mcfg.hidden_size)
+    export_fp32(model, mcfg, graph, work / "raw.onnx", work / "fp32.onnx")
     optimize.int8_weights(work / "fp32.onnx", work / "int8_weights.onnx")
     paths = {"fp32": work / "fp32.onnx", "int8 weights (fp32 compute)": work / "int8_weights.onnx"}
 
