@@ -1,0 +1,135 @@
+"""Run a command with ONNX Runtime on its AVX2 kernels, natively, on a CPU that also has AVX-512, VNNI or AMX.
+
+ONNX Runtime picks its kernels from CPUID once per process. This copies the installed onnxruntime package
+into .cache/avx2-path/, replaces each CPUID instruction of its extension module with one that traps, and
+preloads benchmarks/speed/cpuid_mask.c, which answers those CPUIDs with the AVX-512, VNNI and AMX bits
+cleared. Everything else runs as before, at the CPU's own speed, so the timings are those of ONNX Runtime's
+AVX2 code (the u8 x s8 kernel whose int16 pair sums saturate, FMA3 for fp32) on this core. They are not
+those of an older core that has only AVX2: its caches, clocks and ports differ.
+
+Before the command runs, a MatMulInteger probe checks that the AVX2 u8 x s8 kernel is the one taken.
+Needs gcc and objdump (binutils) on x86-64 Linux.
+
+    python -m benchmarks.speed.avx2_path -- python -m benchmarks.speed.int8_levers --checkpoint RUN
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = Path(__file__).with_name("cpuid_mask.c")
+CPUID, TRAP = b"\x0f\xa2", b"\x0f\x0b"
+
+
+def installed_onnxruntime() -> Path:
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("onnxruntime is not installed in this environment")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def extension_module(package: Path) -> Path:
+    found = sorted((package / "capi").glob("onnxruntime_pybind11_state*.so"))
+    if not found:
+        raise SystemExit(f"no onnxruntime_pybind11_state*.so under {package / 'capi'}")
+    return found[0]
+
+
+def cpuid_addresses(library: Path) -> list[int]:
+    """Virtual addresses of every CPUID instruction, from objdump's disassembly."""
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return [int(m.group(1), 16) for m in re.finditer(r"^\s*([0-9a-f]+):\s+cpuid\s*$", listing, re.M)]
+
+
+def file_offset(library: Path, address: int) -> int:
+    """The file offset of a virtual address, from the section that holds it (objdump -h)."""
+    headers = subprocess.run(
+        ["objdump", "-h", str(library)], capture_output=True, text=True, check=True
+    ).stdout
+    for m in re.finditer(
+        r"^\s*\d+\s+(\S+)\s+([0-9a-f]+)\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", headers, re.M
+    ):
+        size, vma, offset = int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16)
+        if vma <= address < vma + size:
+            return address - vma + offset
+    raise ValueError(f"address {address:#x} is in no section of {library}")
+
+
+def build(work: Path) -> dict[str, str]:
+    """The patched package and the preload library; returns the environment that uses them."""
+    package = installed_onnxruntime()
+    site = work / "site"
+    patched_package = site / "onnxruntime"
+    preload = work / "libcpuid_mask.so"
+    stamp = work / "offsets.txt"
+    original = extension_module(package)
+    key = f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}"
+    if not (stamp.exists() and stamp.read_text().startswith(key + "\n") and preload.exists()):
+        shutil.rmtree(site, ignore_errors=True)  # only what this wrote: --work may hold other things
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(package, patched_package, symlinks=True)
+        library = extension_module(patched_package)
+        addresses = cpuid_addresses(library)
+        if not addresses:
+            raise SystemExit(f"objdump found no cpuid in {library}: nothing to mask")
+        data = bytearray(library.read_bytes())
+        for address in addresses:
+            at = file_offset(library, address)
+            if data[at : at + 2] != CPUID:
+                raise SystemExit(
+                    f"{library}: expected cpuid at {address:#x}, found {bytes(data[at : at + 2]).hex()}"
+                )
+            data[at : at + 2] = TRAP
+        library.write_bytes(bytes(data))
+        subprocess.run(
+            ["gcc", "-O2", "-shared", "-fPIC", "-o", str(preload), str(SOURCE), "-ldl"], check=True
+        )
+        stamp.write_text(key + "\n" + ",".join(f"{a:x}" for a in addresses) + "\n")
+    offsets = stamp.read_text().splitlines()[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # its SIGILL handler would win
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(preload), os.environ.get("LD_PRELOAD")) if p)
+    env["CPUID_MASK_LIBRARY"] = extension_module(patched_package).name
+    env["CPUID_MASK_OFFSETS"] = offsets
+    return env
+
+
+def u8s8_saturates(env: dict[str, str] | None = None) -> bool:
+    """True where ONNX Runtime's u8 x s8 MatMul saturates its int16 pair sums: the AVX2 kernel."""
+    from benchmarks.quality.load_check_cpus import PROBE
+
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
+    if probe.returncode != 0:
+        raise RuntimeError(f"the u8 x s8 probe failed (exit {probe.returncode}):\n{probe.stderr[-2000:]}")
+    return probe.stdout.strip() == "True"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=REPO / ".cache" / "avx2-path")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("give the command to run after --")
+    env = build(args.work)
+    if not u8s8_saturates(env):
+        raise SystemExit("the probe did not take the AVX2 u8 x s8 kernel with CPUID masked; nothing was run")
+    print(f"avx2_path: ONNX Runtime on its AVX2 kernels (probe: u8 x s8 saturates); running {' '.join(command)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    if command[0] in ("python", "python3"):
+        command = [sys.executable, *command[1:]]
+    return subprocess.run(command, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

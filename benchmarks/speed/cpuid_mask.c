@@ -1,0 +1,92 @@
+/* Answers CPUID for one patched library as an AVX2-only CPU would, so ONNX Runtime picks its AVX2 kernels
+ * and runs them natively on a CPU that also has AVX-512, VNNI or AMX.
+ *
+ * benchmarks/speed/avx2_path.py replaces each `cpuid` (0f a2) in a copy of ONNX Runtime's extension with
+ * `ud2` (0f 0b), which traps. This library, preloaded, handles the SIGILL: it runs the real CPUID with the
+ * trapped thread's EAX and ECX, clears the bits of every extension an AVX2-only CPU lacks, and steps over
+ * the two bytes. Only the patched offsets are answered (CPUID_MASK_OFFSETS, hex, comma-separated, relative
+ * to the library's load base); any other SIGILL takes the default action and ends the process as before.
+ * Used because the kernel here refuses CPUID faulting (arch_prctl(ARCH_SET_CPUID) gives ENODEV).
+ */
+#define _GNU_SOURCE
+#include <cpuid.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#define MAX_OFFSETS 256
+static uintptr_t offsets[MAX_OFFSETS];
+static int n_offsets;
+static char library[256];
+
+#define BIT(n) (1u << (n))
+
+static void mask(uint32_t leaf, uint32_t subleaf, uint32_t *a, uint32_t *b, uint32_t *c, uint32_t *d) {
+    if (leaf == 7 && subleaf == 0) {
+        /* EBX: AVX512F, DQ, IFMA, PF, ER, CD, BW, VL */
+        *b &= ~(BIT(16) | BIT(17) | BIT(21) | BIT(26) | BIT(27) | BIT(28) | BIT(30) | BIT(31));
+        /* ECX: AVX512_VBMI, VBMI2, VNNI, BITALG, VPOPCNTDQ */
+        *c &= ~(BIT(1) | BIT(6) | BIT(11) | BIT(12) | BIT(14));
+        /* EDX: AVX512_4VNNIW, 4FMAPS, VP2INTERSECT, AMX_BF16, AVX512_FP16, AMX_TILE, AMX_INT8 */
+        *d &= ~(BIT(2) | BIT(3) | BIT(8) | BIT(22) | BIT(23) | BIT(24) | BIT(25));
+    } else if (leaf == 7 && subleaf == 1) {
+        /* EAX: AVX_VNNI, AVX512_BF16, AMX_FP16, AVX_IFMA; EDX: AVX_VNNI_INT8, AVX_NE_CONVERT, AMX_COMPLEX,
+         * AVX_VNNI_INT16, AVX10 */
+        *a &= ~(BIT(4) | BIT(5) | BIT(21) | BIT(23));
+        *d &= ~(BIT(4) | BIT(5) | BIT(8) | BIT(10) | BIT(19));
+    } else if (leaf == 0x1d || leaf == 0x1e || leaf == 0x24) {
+        /* AMX tile and TMUL information, AVX10: absent on an AVX2-only CPU */
+        *a = *b = *c = *d = 0;
+    }
+}
+
+static int patched(uintptr_t ip) {
+    Dl_info info;
+    if (!dladdr((void *)ip, &info) || !info.dli_fname || !strstr(info.dli_fname, library)) return 0;
+    uintptr_t offset = ip - (uintptr_t)info.dli_fbase;
+    for (int i = 0; i < n_offsets; i++)
+        if (offsets[i] == offset) return 1;
+    return 0;
+}
+
+static void on_sigill(int sig, siginfo_t *si, void *context) {
+    ucontext_t *uc = context;
+    greg_t *r = uc->uc_mcontext.gregs;
+    const unsigned char *ip = (const unsigned char *)r[REG_RIP];
+    if (ip[0] != 0x0f || ip[1] != 0x0b || !patched((uintptr_t)ip)) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    uint32_t leaf = (uint32_t)r[REG_RAX], subleaf = (uint32_t)r[REG_RCX], a, b, c, d;
+    __cpuid_count(leaf, subleaf, a, b, c, d);
+    mask(leaf, subleaf, &a, &b, &c, &d);
+    /* CPUID writes the low 32 bits and clears the upper 32 of each register */
+    r[REG_RAX] = a;
+    r[REG_RBX] = b;
+    r[REG_RCX] = c;
+    r[REG_RDX] = d;
+    r[REG_RIP] += 2;
+    (void)si;
+}
+
+__attribute__((constructor)) static void install(void) {
+    const char *list = getenv("CPUID_MASK_OFFSETS"), *name = getenv("CPUID_MASK_LIBRARY");
+    if (!list || !name) return;
+    strncpy(library, name, sizeof library - 1);
+    for (const char *p = list; *p && n_offsets < MAX_OFFSETS;) {
+        char *end;
+        offsets[n_offsets++] = strtoull(p, &end, 16);
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p) break;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigill;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGILL, &sa, NULL);
+}
