@@ -16,6 +16,7 @@ Needs gcc and objdump (binutils) on x86-64 Linux.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).with_name("cpuid_mask.c")
 CPUID, TRAP = b"\x0f\xa2", b"\x0f\x0b"
+MAX_OFFSETS = 256  # cpuid_mask.c's table
 
 
 def installed_onnxruntime() -> Path:
@@ -50,18 +52,24 @@ def cpuid_addresses(library: Path) -> list[int]:
     return [int(m.group(1), 16) for m in re.finditer(r"^\s*([0-9a-f]+):\s+cpuid\s*$", listing, re.M)]
 
 
-def file_offset(library: Path, address: int) -> int:
-    """The file offset of a virtual address, from the section that holds it (objdump -h)."""
+def file_offsets(library: Path, addresses: list[int]) -> list[int]:
+    """The file offset of each virtual address, from the section that holds it (objdump -h)."""
     headers = subprocess.run(
         ["objdump", "-h", str(library)], capture_output=True, text=True, check=True
     ).stdout
-    for m in re.finditer(
-        r"^\s*\d+\s+(\S+)\s+([0-9a-f]+)\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", headers, re.M
-    ):
-        size, vma, offset = int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16)
-        if vma <= address < vma + size:
-            return address - vma + offset
-    raise ValueError(f"address {address:#x} is in no section of {library}")
+    sections = [
+        (int(m.group(2), 16), int(m.group(1), 16), int(m.group(3), 16))  # vma, size, file offset
+        for m in re.finditer(
+            r"^\s*\d+\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", headers, re.M
+        )
+    ]
+    offsets = []
+    for address in addresses:
+        at = next((address - vma + off for vma, size, off in sections if vma <= address < vma + size), None)
+        if at is None:
+            raise ValueError(f"address {address:#x} is in no section of {library}")
+        offsets.append(at)
+    return offsets
 
 
 def build(work: Path) -> dict[str, str]:
@@ -72,18 +80,20 @@ def build(work: Path) -> dict[str, str]:
     preload = work / "libcpuid_mask.so"
     stamp = work / "offsets.txt"
     original = extension_module(package)
-    key = f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}"
+    # rebuilt when onnxruntime or the handler changes
+    key = f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}:{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
     if not (stamp.exists() and stamp.read_text().startswith(key + "\n") and preload.exists()):
         shutil.rmtree(site, ignore_errors=True)  # only what this wrote: --work may hold other things
         work.mkdir(parents=True, exist_ok=True)
         shutil.copytree(package, patched_package, symlinks=True)
         library = extension_module(patched_package)
         addresses = cpuid_addresses(library)
-        if not addresses:
-            raise SystemExit(f"objdump found no cpuid in {library}: nothing to mask")
+        if not 0 < len(addresses) <= MAX_OFFSETS:
+            raise SystemExit(
+                f"objdump found {len(addresses)} cpuid in {library}; the handler takes 1 to {MAX_OFFSETS}"
+            )
         data = bytearray(library.read_bytes())
-        for address in addresses:
-            at = file_offset(library, address)
+        for address, at in zip(addresses, file_offsets(library, addresses), strict=True):
             if data[at : at + 2] != CPUID:
                 raise SystemExit(
                     f"{library}: expected cpuid at {address:#x}, found {bytes(data[at : at + 2]).hex()}"
