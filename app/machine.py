@@ -21,11 +21,22 @@ def cpu() -> dict:
     except OSError:
         pass  # not Linux: the model name from platform is all there is
     path = next((name for flag, name in KERNEL_PATHS if flag in flags), "other")
-    if os.environ.get("CPUID_MASK_OFFSETS"):
-        # benchmarks/speed/avx2_path.py answers ONNX Runtime's CPUID as an AVX2-only CPU would;
-        # /proc/cpuinfo still shows the host's features, so its variable is what tells
-        path = "AVX2 (CPUID masked on a CPU with more)"
+    if cpuid_masked():
+        path = "AVX2 (CPUID masked" + (")" if path == "AVX2" else f" on a CPU with {path})")
     return {"cpu": model, "int8_kernel_path": path, "cores": len(os.sched_getaffinity(0))}
+
+
+def cpuid_masked() -> bool:
+    """Whether benchmarks/speed/avx2_path.py runs this process: its preloaded library answers ONNX
+    Runtime's CPUID as an AVX2-only CPU would, while /proc/cpuinfo still shows the host's features."""
+    if not os.environ.get("CPUID_MASK_OFFSETS"):
+        return False
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL(None), "cpuid_mask_hits")
+    except OSError:
+        return False
 
 
 # The best int8 GEMM each CPU feature gives ONNX Runtime's MLAS, best first.
@@ -33,5 +44,6 @@ KERNEL_PATHS = (
     ("amx_int8", "AMX"),
     ("avx512_vnni", "AVX-512 VNNI"),
     ("avx_vnni", "AVX-VNNI"),
+    ("avx512bw", "AVX-512"),
     ("avx2", "AVX2"),
 )

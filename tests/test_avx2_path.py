@@ -1,6 +1,6 @@
 """ONNX Runtime on its AVX2 kernels, natively (benchmarks/speed/avx2_path.py): with CPUID masked, the
-u8 x s8 MatMul saturates as AVX2's does, the machine record says AVX2, and the shipped detector still
-passes its load-time check there."""
+u8 x s8 MatMul saturates as AVX2's does, the machine record says AVX2, the shipped detector still passes
+its load-time check there, and the same detector with 8-bit weights does not."""
 
 from __future__ import annotations
 
@@ -15,11 +15,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux"
     or platform.machine() != "x86_64"
+    or not _has_avx2()
     or not (shutil.which("gcc") and shutil.which("objdump")),
-    reason="masks CPUID on x86-64 Linux with gcc and objdump",
+    reason="masks CPUID on x86-64 Linux with AVX2, gcc and objdump",
 )
 
 
@@ -36,20 +45,47 @@ def test_the_shipped_detector_passes_its_load_check_on_avx2_kernels_run_natively
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "probe: u8 x s8 saturates" in done.stderr
+    assert "probe: u8 x s8 saturates" in done.stderr and "CPUIDs masked" in done.stderr
     check = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))["load_check"]
-    assert check["machine"]["int8_kernel_path"].startswith("AVX2")
+    assert check["machine"]["int8_kernel_path"].startswith("AVX2 (CPUID masked")  # the preload is loaded
     assert check["within_gate"], check
 
 
-def test_a_sigill_the_mask_did_not_patch_still_ends_the_process(work):
-    """The handler answers only the CPUIDs it replaced; any other illegal instruction keeps its default."""
+# An illegal instruction outside the patched library: ud2 on an executable page of its own.
+UD2 = """
+import ctypes, mmap
+page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(b"\\x0f\\x0b")
+ctypes.CFUNCTYPE(None)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+"""
+
+
+def test_with_faulthandler_on_onnxruntime_loads_and_any_other_sigill_still_ends_the_process(work):
+    """Python's faulthandler (-X faulthandler, -X dev, pytest) installs its SIGILL handler after the
+    preload's: the patched CPUIDs must still be answered, and an illegal instruction the mask did not put
+    there must reach faulthandler (its traceback) and end the process as it would without the mask."""
+    import resource
+
     from benchmarks.speed.avx2_path import build
 
     env = build(work)
-    done = subprocess.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"],
-                          env=env, capture_output=True, timeout=60)  # fmt: skip
-    assert done.returncode == -4  # killed by SIGILL, not resumed
+
+    def no_core_file():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    loads = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c",
+         "import ctypes, onnxruntime; print(ctypes.c_int.in_dll(ctypes.CDLL(None), 'cpuid_mask_hits').value)"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert loads.returncode == 0, loads.stderr[-2000:]
+    assert int(loads.stdout.split()[-1]) > 0
+    for flags in ([], ["-X", "faulthandler"]):
+        ill = subprocess.run([sys.executable, *flags, "-c", UD2], env=env, capture_output=True, text=True,
+                             timeout=60, preexec_fn=no_core_file)  # fmt: skip
+        assert ill.returncode == -4, (flags, ill.returncode, ill.stderr[-2000:])  # SIGILL, not resumed
+        if flags:
+            assert "Fatal Python error: Illegal instruction" in ill.stderr, ill.stderr[-2000:]
 
 
 def test_eight_bit_weights_saturate_on_avx2_and_its_load_check_catches_it(
@@ -76,5 +112,6 @@ def test_eight_bit_weights_saturate_on_avx2_and_its_load_check_catches_it(
          sys.executable, "-m", "app.model.load_check", str(tmp_path / "bundle"), "--threads", "1"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]  # load_check: 1 when a bundle is outside its gate
     check = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))["load_check"]
     assert not check["within_gate"] and check["p99"] > 0.02, check

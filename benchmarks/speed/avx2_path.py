@@ -105,7 +105,7 @@ def build(work: Path) -> dict[str, str]:
         )
         stamp.write_text(key + "\n" + ",".join(f"{a:x}" for a in addresses) + "\n")
     offsets = stamp.read_text().splitlines()[1]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # its SIGILL handler would win
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
     env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(preload), os.environ.get("LD_PRELOAD")) if p)
     env["CPUID_MASK_LIBRARY"] = extension_module(patched_package).name
@@ -114,13 +114,30 @@ def build(work: Path) -> dict[str, str]:
 
 
 def u8s8_saturates(env: dict[str, str] | None = None) -> bool:
-    """True where ONNX Runtime's u8 x s8 MatMul saturates its int16 pair sums: the AVX2 kernel."""
+    """True where ONNX Runtime's u8 x s8 MatMul saturates its int16 pair sums: the AVX2 kernel (and the
+    AVX-512 one of CPUs without VNNI, so under the mask `masked_cpuids` must be non-zero as well)."""
+    return _probe(env)[0]
+
+
+def masked_cpuids(env: dict[str, str]) -> int:
+    """How many CPUIDs the preloaded handler answered while onnxruntime loaded and ran a MatMul: zero
+    means the patched copy was not the onnxruntime that ran."""
+    return _probe(env, count=True)[1]
+
+
+def _probe(env: dict[str, str] | None, count: bool = False) -> tuple[bool, int]:
     from benchmarks.quality.load_check_cpus import PROBE
 
-    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
+    code = PROBE + (
+        "import ctypes\nprint(ctypes.c_int.in_dll(ctypes.CDLL(None), 'cpuid_mask_hits').value)\n"
+        if count
+        else ""
+    )
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if probe.returncode != 0:
         raise RuntimeError(f"the u8 x s8 probe failed (exit {probe.returncode}):\n{probe.stderr[-2000:]}")
-    return probe.stdout.strip() == "True"
+    lines = probe.stdout.split()
+    return lines[0] == "True", int(lines[1]) if count else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         p.error("give the command to run after --")
     env = build(args.work)
-    if not u8s8_saturates(env):
-        raise SystemExit("the probe did not take the AVX2 u8 x s8 kernel with CPUID masked; nothing was run")
-    print(f"avx2_path: ONNX Runtime on its AVX2 kernels (probe: u8 x s8 saturates); running {' '.join(command)}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    saturates, answered = _probe(env, count=True)
+    if not (saturates and answered):
+        raise SystemExit(f"with CPUID masked, the probe's u8 x s8 MatMul saturates: {saturates}; CPUIDs answered "
+                         f"by the mask: {answered}. Both are needed for the AVX2 kernels; nothing was run")  # fmt: skip
+    print(f"avx2_path: ONNX Runtime on its AVX2 kernels (probe: u8 x s8 saturates, {answered} CPUIDs masked); "
+          f"running {' '.join(command)}", file=sys.stderr, flush=True)  # fmt: skip
     if command[0] in ("python", "python3"):
         command = [sys.executable, *command[1:]]
     return subprocess.run(command, env=env).returncode

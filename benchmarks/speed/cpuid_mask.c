@@ -5,7 +5,7 @@
  * `ud2` (0f 0b), which traps. This library, preloaded, handles the SIGILL: it runs the real CPUID with the
  * trapped thread's EAX and ECX, clears the bits of every extension an AVX2-only CPU lacks, and steps over
  * the two bytes. Only the patched offsets are answered (CPUID_MASK_OFFSETS, hex, comma-separated, relative
- * to the library's load base); any other SIGILL takes the default action and ends the process as before.
+ * to the library's load base); any other SIGILL goes to the handler the process installed, or ends it.
  * Used because the kernel here refuses CPUID faulting (arch_prctl(ARCH_SET_CPUID) gives ENODEV).
  */
 #define _GNU_SOURCE
@@ -52,13 +52,42 @@ static int patched(uintptr_t ip) {
     return 0;
 }
 
+/* Read by avx2_path's probe (ctypes): how many CPUIDs were answered here. Zero means the patched copy
+ * was not the onnxruntime that ran, whatever the kernels' results looked like. */
+volatile int cpuid_mask_hits;
+
+/* A SIGILL handler installed after ours (Python's faulthandler: -X faulthandler, -X dev, pytest) would
+ * replace it, and the next patched CPUID would end the process. So sigaction() and signal() for SIGILL
+ * are answered here: ours stays installed, theirs is kept and called for any SIGILL that is not ours. */
+typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+static sigaction_fn real_sigaction;
+static struct sigaction theirs; /* what the process believes is installed; SIG_DFL at first */
+static int installed;
+
+static void pass_on(int sig, siginfo_t *si, void *context) {
+    if (theirs.sa_flags & SA_SIGINFO) {
+        if (theirs.sa_sigaction) {
+            theirs.sa_sigaction(sig, si, context);
+            return;
+        }
+    } else if (theirs.sa_handler != SIG_DFL && theirs.sa_handler != SIG_IGN) {
+        theirs.sa_handler(sig);
+        return;
+    }
+    /* the default action (an ignored SIGILL from a real fault would only trap again) */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    real_sigaction(sig, &dfl, NULL);
+    raise(sig);
+}
+
 static void on_sigill(int sig, siginfo_t *si, void *context) {
     ucontext_t *uc = context;
     greg_t *r = uc->uc_mcontext.gregs;
     const unsigned char *ip = (const unsigned char *)r[REG_RIP];
-    if (ip[0] != 0x0f || ip[1] != 0x0b || !patched((uintptr_t)ip)) {
-        signal(sig, SIG_DFL);
-        raise(sig);
+    if (si->si_code != ILL_ILLOPN || ip[0] != 0x0f || ip[1] != 0x0b || !patched((uintptr_t)ip)) {
+        pass_on(sig, si, context);
         return;
     }
     uint32_t leaf = (uint32_t)r[REG_RAX], subleaf = (uint32_t)r[REG_RCX], a, b, c, d;
@@ -70,7 +99,25 @@ static void on_sigill(int sig, siginfo_t *si, void *context) {
     r[REG_RCX] = c;
     r[REG_RDX] = d;
     r[REG_RIP] += 2;
-    (void)si;
+    cpuid_mask_hits++;
+}
+
+int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+    if (!real_sigaction) real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+    if (sig != SIGILL || !installed) return real_sigaction(sig, act, old);
+    if (old) *old = theirs;
+    if (act) theirs = *act;
+    return 0;
+}
+
+sighandler_t signal(int sig, sighandler_t handler) {
+    static sighandler_t (*real_signal)(int, sighandler_t);
+    if (!real_signal) real_signal = (sighandler_t(*)(int, sighandler_t))dlsym(RTLD_NEXT, "signal");
+    if (sig != SIGILL || !installed) return real_signal(sig, handler);
+    sighandler_t before = theirs.sa_handler; /* shares its storage with sa_sigaction */
+    memset(&theirs, 0, sizeof theirs);
+    theirs.sa_handler = handler;
+    return before;
 }
 
 __attribute__((constructor)) static void install(void) {
@@ -83,10 +130,12 @@ __attribute__((constructor)) static void install(void) {
         p = *end == ',' ? end + 1 : end;
         if (end == p && *p) break;
     }
+    if (!real_sigaction) real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigill;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGILL, &sa, NULL);
+    real_sigaction(SIGILL, &sa, &theirs);
+    installed = 1;
 }
