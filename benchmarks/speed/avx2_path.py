@@ -80,8 +80,10 @@ def build(work: Path) -> dict[str, str]:
     preload = work / "libcpuid_mask.so"
     stamp = work / "offsets.txt"
     original = extension_module(package)
-    # rebuilt when onnxruntime or the handler changes
-    key = f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}:{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]}"
+    handler = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    key = (
+        f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}:{handler}"  # what to rebuild on
+    )
     if not (stamp.exists() and stamp.read_text().startswith(key + "\n") and preload.exists()):
         shutil.rmtree(site, ignore_errors=True)  # only what this wrote: --work may hold other things
         work.mkdir(parents=True, exist_ok=True)
@@ -113,31 +115,25 @@ def build(work: Path) -> dict[str, str]:
     return env
 
 
-def u8s8_saturates(env: dict[str, str] | None = None) -> bool:
-    """True where ONNX Runtime's u8 x s8 MatMul saturates its int16 pair sums: the AVX2 kernel (and the
-    AVX-512 one of CPUs without VNNI, so under the mask `masked_cpuids` must be non-zero as well)."""
-    return _probe(env)[0]
+# PROBE's answer, then how many CPUIDs the preloaded handler answered (0 without it): AVX-512 without
+# VNNI saturates as well, so under the mask both must hold for the AVX2 kernels.
+COUNT = """
+import ctypes
+lib = ctypes.CDLL(None)
+print(ctypes.c_int.in_dll(lib, "cpuid_mask_hits").value if hasattr(lib, "cpuid_mask_hits") else 0)
+"""
 
 
-def masked_cpuids(env: dict[str, str]) -> int:
-    """How many CPUIDs the preloaded handler answered while onnxruntime loaded and ran a MatMul: zero
-    means the patched copy was not the onnxruntime that ran."""
-    return _probe(env, count=True)[1]
-
-
-def _probe(env: dict[str, str] | None, count: bool = False) -> tuple[bool, int]:
+def probe(env: dict[str, str] | None = None) -> tuple[bool, int]:
+    """Whether ONNX Runtime's u8 x s8 MatMul saturates its int16 pair sums (the AVX2 kernel), and how
+    many CPUIDs the mask answered meanwhile."""
     from benchmarks.quality.load_check_cpus import PROBE
 
-    code = PROBE + (
-        "import ctypes\nprint(ctypes.c_int.in_dll(ctypes.CDLL(None), 'cpuid_mask_hits').value)\n"
-        if count
-        else ""
-    )
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    if probe.returncode != 0:
-        raise RuntimeError(f"the u8 x s8 probe failed (exit {probe.returncode}):\n{probe.stderr[-2000:]}")
-    lines = probe.stdout.split()
-    return lines[0] == "True", int(lines[1]) if count else 0
+    done = subprocess.run([sys.executable, "-c", PROBE + COUNT], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the u8 x s8 probe failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    saturates, answered = done.stdout.split()
+    return saturates == "True", int(answered)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         p.error("give the command to run after --")
     env = build(args.work)
-    saturates, answered = _probe(env, count=True)
+    saturates, answered = probe(env)
     if not (saturates and answered):
         raise SystemExit(f"with CPUID masked, the probe's u8 x s8 MatMul saturates: {saturates}; CPUIDs answered "
                          f"by the mask: {answered}. Both are needed for the AVX2 kernels; nothing was run")  # fmt: skip
