@@ -16,6 +16,7 @@ Needs gcc and objdump (binutils) on x86-64 Linux.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -75,44 +76,46 @@ def file_offsets(library: Path, addresses: list[int]) -> list[int]:
 def build(work: Path) -> dict[str, str]:
     """The patched package and the preload library; returns the environment that uses them."""
     package = installed_onnxruntime()
-    site = work / "site"
-    patched_package = site / "onnxruntime"
-    preload = work / "libcpuid_mask.so"
-    stamp = work / "offsets.txt"
     original = extension_module(package)
     handler = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    key = (
-        f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}:{handler}"  # what to rebuild on
-    )
-    if not (stamp.exists() and stamp.read_text().startswith(key + "\n") and preload.exists()):
-        shutil.rmtree(site, ignore_errors=True)  # only what this wrote: --work may hold other things
-        work.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(package, patched_package, symlinks=True)
-        library = extension_module(patched_package)
-        addresses = cpuid_addresses(library)
-        if not 0 < len(addresses) <= MAX_OFFSETS:
-            raise SystemExit(
-                f"objdump found {len(addresses)} cpuid in {library}; the handler takes 1 to {MAX_OFFSETS}"
-            )
-        data = bytearray(library.read_bytes())
-        for address, at in zip(addresses, file_offsets(library, addresses), strict=True):
-            if data[at : at + 2] != CPUID:
-                raise SystemExit(
-                    f"{library}: expected cpuid at {address:#x}, found {bytes(data[at : at + 2]).hex()}"
-                )
-            data[at : at + 2] = TRAP
-        library.write_bytes(bytes(data))
-        subprocess.run(
-            ["gcc", "-O2", "-shared", "-fPIC", "-o", str(preload), str(SOURCE), "-ldl"], check=True
-        )
-        stamp.write_text(key + "\n" + ",".join(f"{a:x}" for a in addresses) + "\n")
-    offsets = stamp.read_text().splitlines()[1]
+    key = f"{original}:{original.stat().st_size}:{original.stat().st_mtime_ns}:{handler}"  # rebuild on change
+    site, preload, stamp = work / "site", work / "libcpuid_mask.so", work / "offsets.txt"
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: the second waits, then uses what the first built
+        if not (stamp.exists() and stamp.read_text().startswith(key + "\n") and preload.exists()):
+            shutil.rmtree(site, ignore_errors=True)  # only what this wrote: --work may hold other things
+            addresses = patch_copy(package, site / "onnxruntime")
+            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(preload), str(SOURCE), "-ldl"],
+                           check=True)  # fmt: skip
+            stamp.write_text(key + "\n" + ",".join(f"{a:x}" for a in addresses) + "\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
     env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(preload), os.environ.get("LD_PRELOAD")) if p)
-    env["CPUID_MASK_LIBRARY"] = extension_module(patched_package).name
-    env["CPUID_MASK_OFFSETS"] = offsets
+    env["CPUID_MASK_LIBRARY"] = extension_module(site / "onnxruntime").name
+    env["CPUID_MASK_OFFSETS"] = stamp.read_text().splitlines()[1]
     return env
+
+
+def patch_copy(package: Path, copy: Path) -> list[int]:
+    """Copies the onnxruntime package and turns each cpuid of its extension into ud2; returns their
+    addresses, which the handler answers at."""
+    shutil.copytree(package, copy, symlinks=True)
+    library = extension_module(copy)
+    addresses = cpuid_addresses(library)
+    if not 0 < len(addresses) <= MAX_OFFSETS:
+        raise SystemExit(
+            f"objdump found {len(addresses)} cpuid in {library}; the handler takes 1 to {MAX_OFFSETS}"
+        )
+    data = bytearray(library.read_bytes())
+    for address, at in zip(addresses, file_offsets(library, addresses), strict=True):
+        if data[at : at + 2] != CPUID:
+            raise SystemExit(
+                f"{library}: expected cpuid at {address:#x}, found {bytes(data[at : at + 2]).hex()}"
+            )
+        data[at : at + 2] = TRAP
+    library.write_bytes(bytes(data))
+    return addresses
 
 
 # PROBE's answer, then how many CPUIDs the preloaded handler answered (0 without it): AVX-512 without
