@@ -13,20 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from app.machine import cpu
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _has_avx2() -> bool:
-    try:
-        return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
-    except OSError:
-        return False
-
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux"
     or platform.machine() != "x86_64"
-    or not _has_avx2()
+    or cpu()["int8_kernel_path"] == "other"  # app.machine: no AVX2 or better
     or not (shutil.which("gcc") and shutil.which("objdump")),
     reason="masks CPUID on x86-64 Linux with AVX2, gcc and objdump",
 )
@@ -38,15 +32,22 @@ def work(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("avx2")
 
 
-def test_the_shipped_detector_passes_its_load_check_on_avx2_kernels_run_natively(work):
+def _load_check_on_avx2(work: Path, bundle: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    """`python -m app.model.load_check BUNDLE` under avx2_path: the process and the check's figures."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.speed.avx2_path", "--work", str(work), "--",
-         sys.executable, "-m", "app.model.load_check", str(REPO / "models" / "detector"), "--threads", "1"],
+         sys.executable, "-m", "app.model.load_check", str(bundle), "--threads", "1"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"load_check printed no figures (exit {done.returncode}):\n{done.stderr[-3000:]}"
+    return done, lines[0]["load_check"]
+
+
+def test_the_shipped_detector_passes_its_load_check_on_avx2_kernels_run_natively(work):
+    done, check = _load_check_on_avx2(work, REPO / "models" / "detector")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "probe: u8 x s8 saturates" in done.stderr and "CPUIDs masked" in done.stderr
-    check = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))["load_check"]
     assert check["machine"]["int8_kernel_path"].startswith("AVX2 (CPUID masked")  # the preload is loaded
     assert check["within_gate"], check
 
@@ -107,11 +108,6 @@ def test_eight_bit_weights_saturate_on_avx2_and_its_load_check_catches_it(
         assert status == 1 and not (tmp_path / "bundle").exists()
         return
     assert status == 0
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.speed.avx2_path", "--work", str(work), "--",
-         sys.executable, "-m", "app.model.load_check", str(tmp_path / "bundle"), "--threads", "1"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    done, check = _load_check_on_avx2(work, tmp_path / "bundle")
     assert done.returncode == 1, done.stderr[-3000:]  # load_check: 1 when a bundle is outside its gate
-    check = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))["load_check"]
     assert not check["within_gate"] and check["p99"] > 0.02, check
