@@ -66,7 +66,8 @@ def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: in
 
 def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: int = 0):
     """(corrupted Batch, labels (B, T) bool, how) with training.pretraining.objective's masking and sampling."""
-    from training.pretraining.objective import Corruption, draw_noise, generator_fill, replace_with_samples
+    from training.pretraining.masking import Corruption, draw_noise
+    from training.pretraining.objective import generator_fill, replace_with_samples
 
     ids = torch.from_numpy(batch.input_ids)
     noise = draw_noise(tuple(ids.shape), seed, 0, slice(None), "cpu")
@@ -82,7 +83,7 @@ def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: in
     else:
         counts = torch.bincount(ids[torch.from_numpy(~special)], minlength=vocab).double()
         cdf = counts.cumsum(0) / counts.sum()
-        u = noise.sample[masked.is_masked]
+        u = masked.at_slots(noise.sample)
         fake = replace_with_samples(masked, torch.searchsorted(cdf, u.double()).clamp_(max=vocab - 1))
         how = (
             "unigram: no generator/ in the checkpoint; 15% of tokens replaced by samples from the "

@@ -3,16 +3,22 @@
 import torch
 
 from training.model import ElectraConfig
+from training.pretraining.masking import Corruption, MaskedInputs, draw_noise, gather_slots, mask_tokens
 from training.pretraining.objective import (
     ElectraObjective,
-    MaskedInputs,
-    draw_noise,
-    mask_tokens,
+    FakedData,
     replace_with_samples,
     sample_from_logits,
+    swap_words,
 )
 
 MASK, V = 4, 300
+
+
+def masked_at(ids: torch.Tensor, is_masked: torch.Tensor, capacity: int | None = None) -> MaskedInputs:
+    """MaskedInputs for hand-picked positions (ids stay as they are: what the sampler sees is not tested)."""
+    positions, weights, kept = gather_slots(is_masked, capacity or int(is_masked.sum()) + 3)
+    return MaskedInputs(ids.masked_fill(kept, MASK), kept, ids, positions, weights, torch.tensor(0))
 
 
 def batch(B=64, T=128, seed=0):
@@ -73,10 +79,57 @@ def test_electra_default_keeps_15_percent_of_masked_positions():
 
 def test_correct_guess_is_labelled_original():
     ids = torch.tensor([[2, 10, 11, 12, 3]])
-    masked = MaskedInputs(ids.clone(), torch.tensor([[False, True, True, True, False]]), ids)
-    faked = replace_with_samples(masked, torch.tensor([10, 99, 12]))  # two right guesses, one wrong
+    masked = masked_at(ids, torch.tensor([[False, True, True, True, False]]), capacity=5)
+    assert masked.positions.tolist() == [1, 2, 3, 5, 5] and masked.weights.tolist() == [1, 1, 1, 0, 0]
+    # two right guesses, one wrong; what is sampled for the two unused slots goes nowhere
+    faked = replace_with_samples(masked, torch.tensor([10, 99, 12, 7, 7]))
     assert faked.input_ids.tolist() == [[2, 10, 99, 12, 3]]
     assert faked.is_replaced.tolist() == [[False, False, True, False, False]]
+
+
+def test_masked_positions_fill_a_fixed_number_of_slots_whatever_the_draw():
+    ids, special = batch(B=32, T=64)
+    shapes = set()
+    for step in range(20):
+        noise = draw_noise(ids.shape, seed=0, step=step, rows=slice(None), device="cpu")
+        m = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V, row_spread=1.0)
+        shapes.add(tuple(m.positions.shape))
+        used = m.positions[m.weights.bool()]
+        assert torch.equal(
+            used, m.is_masked.flatten().nonzero().squeeze(1)
+        )  # each masked position once, in order
+        assert (m.positions[~m.weights.bool()] == ids.numel()).all()
+        assert torch.equal(m.targets[m.weights.bool()], ids[m.is_masked])
+        assert m.dropped == 0
+        # Spread 0 aside, this is the rule from before the capacity: runs replayed mask as they did.
+        assert torch.equal(
+            m.is_masked, (noise.select < 0.15 * (1 + (2 * noise.row_rate[:, :1] - 1))) & ~special.bool()
+        )
+    assert len(shapes) == 1
+
+
+def test_an_overfull_batch_masks_up_to_its_capacity_and_counts_the_rest():
+    ids, special = batch(B=8, T=32)
+    noise = draw_noise(ids.shape, seed=1, step=0, rows=slice(None), device="cpu")
+    m = mask_tokens(ids, special, noise, mask_prob=0.5, mask_token_id=MASK, vocab_size=V, capacity=20)
+    chosen = (noise.select < 0.5) & ~special.bool()
+    assert m.is_masked.sum() == 20 == m.weights.sum() and m.dropped == chosen.sum() - 20
+    assert torch.equal(
+        m.is_masked, chosen & (chosen.flatten().cumsum(0) <= 20).view_as(chosen)
+    )  # the first 20
+    assert torch.equal(m.input_ids[~m.is_masked], ids[~m.is_masked])  # the dropped ones stay as they were
+
+
+def test_default_capacity_holds_every_batch_of_a_realistic_run():
+    """Rows of 128 at 15%, at one rate and at each row's own (the widest spread): no position is dropped
+    in 300 micro-batches of 32 rows, while the slots stay near the expected count (614)."""
+    ids, special = batch(B=32, T=128)
+    for spread, room in ((0.0, 1.2), (1.0, 1.6)):
+        corruption = Corruption(MASK, V, mask_prob=0.15, row_spread=spread)
+        assert corruption.capacity(32, 128) < room * 32 * 128 * 0.15
+        for step in range(300):
+            noise = draw_noise(ids.shape, seed=7, step=step, rows=slice(None), device="cpu")
+            assert corruption.mask(ids, special, noise).dropped == 0
 
 
 def test_sampling_follows_softmax_with_temperature():
@@ -87,6 +140,17 @@ def test_sampling_follows_softmax_with_temperature():
     sharp = torch.bincount(sample_from_logits(logits, u, 0.25), minlength=3).float() / 20000
     assert sharp[1] > 0.9  # low temperature concentrates on the mode
     assert sample_from_logits(logits[:3], torch.tensor([0.0, 0.999999, 0.5]), 1.0).max() < 3
+
+
+def test_two_level_sampler_picks_the_token_of_a_full_prefix_sum():
+    """The blocked sampler is the inverse CDF of softmax(logits): the same uniform gives the same token as
+    one V-wide cumsum and searchsorted, over a vocabulary that is no multiple of the block."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4000, 1000, generator=g) * 3
+    u = torch.rand(4000, generator=g)
+    cdf = torch.softmax(logits.double(), -1).cumsum(-1)
+    reference = torch.searchsorted(cdf, (u.double() * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+    assert (sample_from_logits(logits, u, 1.0) == reference).float().mean() > 0.999
 
 
 def test_noise_rows_match_global_batch():
@@ -100,13 +164,14 @@ def test_no_gradient_reaches_generator_through_sampling():
     cfg = ElectraConfig(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     obj = ElectraObjective(cfg, cfg.scaled(0.5), gen_weight=0.0, disc_weight=1.0)
+    obj.corruption = Corruption(MASK, V)
     ids, special = batch(B=4, T=32)
     am = torch.ones_like(ids)
-    data = {"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids)}
-    noise = draw_noise(ids.shape, 0, 0, slice(None), "cpu")
-    masked = mask_tokens(ids, special, noise, mask_prob=0.15, mask_token_id=MASK, vocab_size=V)
-    out = obj(data, masked, noise, n_masked=masked.is_masked.sum(), n_tokens=am.sum())
-    out.loss.backward()
+    data = {"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids),
+            "special_tokens_mask": special}  # fmt: skip
+    out = obj(data, draw_noise(ids.shape, 0, 0, slice(None), "cpu"))
+    assert out.faked.is_replaced.any()
+    obj.loss(out, out.n_masked, out.n_tokens).loss.backward()
     gen_only = [p for n, p in obj.generator.named_parameters() if not n.startswith("electra.embeddings")]
     gen_only = [p for p in gen_only if p is not obj.generator.generator_lm_head.weight]
     assert all(p.grad is None or p.grad.abs().max() == 0 for p in gen_only)
@@ -122,13 +187,11 @@ def test_generator_quarter_size():
 
 
 def test_word_swaps_replace_a_share_of_masked_positions_with_whole_words():
-    from training.pretraining.objective import FakedData, MaskedInputs, swap_words
-
     torch.manual_seed(0)
     ids = torch.randint(200, 300, (64, 32))
     noise = draw_noise(ids.shape, seed=2, step=0, rows=slice(None), device="cpu")
     is_masked = noise.select < 0.15
-    masked = MaskedInputs(ids.masked_fill(is_masked, 4), is_masked, ids)
+    masked = masked_at(ids, is_masked)
     generator_samples = ids.clone()  # a generator that always guesses right: nothing replaced
     faked = FakedData(generator_samples, torch.zeros_like(is_masked), ids[is_masked])
     words = torch.arange(1000, 1100)
@@ -142,13 +205,11 @@ def test_word_swaps_replace_a_share_of_masked_positions_with_whole_words():
 
 
 def test_word_swaps_from_a_table_put_in_a_word_listed_for_the_original():
-    from training.pretraining.objective import FakedData, MaskedInputs, swap_words
-
     torch.manual_seed(0)
     ids = torch.randint(0, 50, (64, 32))
     noise = draw_noise(ids.shape, seed=3, step=0, rows=slice(None), device="cpu")
     is_masked = noise.select < 0.15
-    masked = MaskedInputs(ids.masked_fill(is_masked, 4), is_masked, ids)
+    masked = masked_at(ids, is_masked)
     faked = FakedData(ids.clone(), torch.zeros_like(is_masked), ids[is_masked])
     # Row i of the table offers only 1000 + 10 * i .. 1000 + 10 * i + 5: each swap is traceable to its original.
     table = 1000 + 10 * torch.arange(50).unsqueeze(1) + torch.arange(6)
@@ -183,8 +244,6 @@ def test_swap_table_gives_each_kind_its_share_of_slots():
 
 
 def test_protected_tokens_are_never_masked():
-    from training.pretraining.objective import Corruption
-
     ids = torch.randint(5, 40, (32, 64))
     special = torch.zeros_like(ids)
     noise = draw_noise(ids.shape, seed=5, step=0, rows=slice(None), device="cpu")
@@ -203,7 +262,6 @@ def test_content_words_are_masked_more_often_at_the_same_overall_rate():
     from tokenizers import Tokenizer, models
 
     from training.data.swaps import content_rate_scale
-    from training.pretraining.objective import Corruption
 
     vocab = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", ".", "cat", "dog", "run", "of"]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[PAD]"))

@@ -46,7 +46,11 @@ class HardwareOptions:
     deterministic: bool = option(
         True,
         "deterministic kernels on CUDA too: the same seed gives the same weights, and a resumed run equals "
-        "an uninterrupted one; false lets CUDA pick kernels whose sums run in any order (docs/gpu.md)",
+        "an uninterrupted one; an operation without such a kernel stops the run, naming itself; false lets "
+        "CUDA pick kernels whose sums run in any order (docs/gpu.md)",
+    )
+    tf32: bool = option(
+        True, "fp32 matrix products on CUDA use TF32 tensor cores (10-bit mantissa inputs, fp32 sums)"
     )
 
 
@@ -132,6 +136,11 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     )
     # Objective (google-research/electra defaults).
     mask_prob: float = option(0.15, "share of tokens the generator is asked to fill")
+    max_predictions: int | None = option(
+        None,
+        "masked positions per row the generator's output layer has room for, pooled over a micro-batch (a "
+        "static shape); default: the mask rate plus 5 standard deviations of a batch's count",
+    )
     row_mask_spread: float = option(0.0, "each row's mask rate is uniform in mask_prob x [1 - s, 1 + s]")
     # The rate over the training text stays mask_prob; open-class means a noun, verb, adjective or adverb
     # in the part-of-speech lexicon.
@@ -169,13 +178,18 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     save_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
     resume: bool = option(False, "continue from <out>/checkpoints/latest")
-    compile: bool = option(False, "torch.compile the models (CUDA)")
+    compile: bool | None = option(
+        None, "torch.compile the training step into one graph (default: on CUDA, off on CPU)"
+    )
+    fused_qkv: bool = option(True, "one matrix product for each layer's query, key and value")
 
     def __post_init__(self) -> None:
         check_choices(self)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
                  "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
+        if self.max_predictions is not None and not 0 < self.max_predictions <= self.seq_len:
+            raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
         shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing", "mask_prob",
                "mask_replace_prob", "random_replace_prob", "dropout", "row_mask_spread")  # fmt: skip
         self._check_data()

@@ -111,6 +111,8 @@ class ElectraEmbeddings(nn.Module):
 
 
 class ElectraSelfAttention(nn.Module):
+    fused = False  # one matrix product for q, k and v (see `fuse_qkv`)
+
     def __init__(self, cfg: ElectraConfig):
         super().__init__()
         self.n_head = cfg.num_attention_heads
@@ -119,17 +121,30 @@ class ElectraSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        hs = H // self.n_head
+        projections = (self.query, self.key, self.value)
+        if self.fused and all(type(m) is nn.Linear for m in projections):  # int8-simulated ones stay apart
+            weight = torch.cat([m.weight for m in projections])  # (3H, H): a copy of 3H^2, cheap beside x
+            bias = torch.cat([m.bias for m in projections])
+            qkv = F.linear(x, weight, bias).view(B, T, 3, self.n_head, hs)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
+        else:
+            q, k, v = (m(x).view(B, T, self.n_head, hs).transpose(1, 2) for m in projections)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
         )
         return y.transpose(1, 2).reshape(B, T, H)
+
+
+def fuse_qkv(module: nn.Module, on: bool = True) -> None:
+    """Compute each attention layer's q, k and v with one matrix product instead of three (one kernel,
+    and under autocast one cast of the input). The parameters stay three Linears, so checkpoints keep the
+    Hugging Face layout and export traces the graph ONNX Runtime's attention fusion recognises."""
+    for m in module.modules():
+        if isinstance(m, ElectraSelfAttention):
+            m.fused = on
 
 
 class ElectraSelfOutput(nn.Module):
@@ -151,7 +166,7 @@ class ElectraAttention(nn.Module):
         self.self = ElectraSelfAttention(cfg)
         self.output = ElectraSelfOutput(cfg, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         return self.output(self.self(x, attn_mask), x)
 
 
@@ -172,7 +187,7 @@ class ElectraLayer(nn.Module):
         self.intermediate = ElectraIntermediate(cfg)
         self.output = ElectraSelfOutput(cfg, cfg.intermediate_size)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.attention(x, attn_mask)
         return self.output(self.intermediate(x), x)
 
@@ -182,7 +197,7 @@ class ElectraEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(ElectraLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         for block in self.layer:
             x = block(x, attn_mask)
         return x
@@ -216,10 +231,9 @@ class ElectraModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embed(input_ids, token_type_ids)
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        # Boolean key mask, broadcast over heads and queries: (B, 1, 1, T); True = may attend.
-        attn_mask = attention_mask.bool()[:, None, None, :]
+        # Boolean key mask, broadcast over heads and queries: (B, 1, 1, T); True = may attend. Without one
+        # (rows with no padding) attention may take its fused kernels, which refuse a mask.
+        attn_mask = attention_mask.bool()[:, None, None, :] if attention_mask is not None else None
         return self.encoder(x, attn_mask)  # (B, T, H)
 
 
@@ -271,14 +285,15 @@ class ElectraForMaskedLM(nn.Module):
         self.generator_lm_head.weight = self.electra.embeddings.word_embeddings.weight
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, positions=None) -> torch.Tensor:
-        """Logits over the vocabulary: (B, T, V), or (M, V) at `positions` (a (B, T) bool mask).
+        """Logits over the vocabulary: (B, T, V), or (C, V) at `positions`, flat indices (row * T +
+        column) into the batch's positions.
 
         The V-wide output layer dominates the generator's cost, so pretraining asks for the masked
-        positions only (15% of tokens).
+        positions only (15% of tokens), as a fixed number of them: the shape never depends on the data.
         """
         h = self.electra(input_ids, attention_mask, token_type_ids)  # (B, T, Hg)
         if positions is not None:
-            h = h[positions]  # (M, Hg)
+            h = h.flatten(0, 1).index_select(0, positions)  # (C, Hg)
         return self.generator_lm_head(self.generator_predictions(h))
 
 
@@ -361,5 +376,6 @@ __all__ = [
     "ElectraModel",
     "count_parameters",
     "flops_per_token",
+    "fuse_qkv",
     "init_weights",
 ]

@@ -46,10 +46,29 @@ def autocast_for(
 
 def deterministic_kernels(on: bool) -> None:
     """Make CUDA's kernels as reproducible as CPU's: PyTorch's deterministic algorithms (the embedding
-    gradient without atomic adds) and a fixed cuBLAS workspace, which cuBLAS needs for a fixed reduction
-    order. Call before the first CUDA matrix product: cuBLAS reads the variable when it starts. An op that
-    has no deterministic kernel warns, naming itself, instead of stopping the run. On CPU it changes
+    gradient without atomic adds, attention's backward without split keys) and a fixed cuBLAS workspace,
+    which cuBLAS needs for a fixed reduction order. Call before the first CUDA matrix product: cuBLAS reads
+    the variable when it starts. Strict: an operation that has no deterministic kernel raises, naming
+    itself (with a warning instead, attention's backward had stayed nondeterministic). On CPU it changes
     nothing we use: those kernels are deterministic already."""
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(on, warn_only=True)
+    torch.use_deterministic_algorithms(on)
+    # Strict mode would also fill every new tensor with NaN, to expose reads of uninitialised memory: a
+    # write over each allocation that doubles the traffic of elementwise kernels. Nothing here reads
+    # memory before writing it (a resumed run equals an uninterrupted one bit for bit, which it would not).
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def matmul_precision(device: torch.device, tf32: bool) -> str:
+    """Let fp32 matrix products on CUDA run on TF32 tensor cores (inputs rounded to a 10-bit mantissa,
+    products summed in fp32), as nanoGPT does; what it means for this run, for the log."""
+    if device.type != "cuda":
+        return "fp32 matrix products in fp32 (TF32 is a CUDA mode)"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return (
+        "fp32 matrix products on TF32 tensor cores"
+        if tf32
+        else "fp32 matrix products in full fp32 (--no-tf32)"
+    )

@@ -33,14 +33,14 @@ from training.checkpoint import CheckpointError
 from training.config import PretrainConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError
-from training.model import count_parameters
-from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
+from training.model import count_parameters, fuse_qkv
+from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
 from training.pretraining.corruption import build_corruption
 from training.pretraining.data import PretrainingData, build_data
 from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
+from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
-from training.pretraining.objective import Corruption, draw_noise
 from training.pretraining.warmstart import WarmStart, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 
@@ -64,6 +64,12 @@ def param_groups(
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * linear_schedule(step, cfg.max_steps, cfg.warmup_steps)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch's tensor on `device`; to a GPU from pinned memory, so the copy is queued behind the
+    running step instead of making the host wait for it."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
@@ -107,13 +113,19 @@ class Trainer:
     objective: torch.nn.Module
     model: torch.nn.Module  # the objective, compiled and/or wrapped in DDP
     opt: torch.optim.Optimizer
-    corruption: Corruption
     autocast: Callable[[], contextlib.AbstractContextManager]
     step: int
-    tokens: int
+    tokens: int  # real (non-padding) tokens trained on, over all ranks, up to the last `settle_tokens`
     evals: dict = dataclasses.field(default_factory=dict)
+    # Real tokens of the steps since, counted on the device: reading them is a wait for the device, so
+    # that happens only when the count is needed (logging, checkpoints).
+    pending_tokens: torch.Tensor | None = None
 
-    last_step_tokens: int = 0  # real (non-padding) tokens of the last step, over all ranks
+    def settle_tokens(self) -> int:
+        if self.pending_tokens is not None:
+            self.tokens += int(self.pending_tokens)
+            self.pending_tokens.zero_()
+        return self.tokens
 
     @property
     def tokens_per_step(self) -> int:
@@ -121,46 +133,51 @@ class Trainer:
         return self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum * self.env.world
 
     def train_step(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One optimizer step over grad_accum micro-batches: (summed logged losses, gradient norm)."""
+        """One optimizer step over grad_accum micro-batches: (summed logged losses, gradient norm), on the
+        device. Nothing here waits for the device; the host runs ahead, queueing the next step's copies
+        and kernels while the device computes."""
         cfg, env = self.cfg, self.env
         B, A, W = cfg.batch_size, cfg.grad_accum, env.world
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.step, cfg) * g.get("lr_scale", 1.0)
         sums: dict[str, torch.Tensor] = {}
-        real_tokens = 0
         for micro in range(A):
-            batch = {k: v.to(env.device, non_blocking=True) for k, v in next(self.data.train).items()}
+            host = next(self.data.train)
+            # Known on the host before the copy: a batch without padding attends without a mask.
+            padded = not host["attention_mask"].numpy().all()
+            batch = {k: to_device(v, env.device) for k, v in host.items()}
             T = batch["input_ids"].shape[1]  # seq_len, or the longest row of a length-grouped global batch
             noise = draw_noise((B * W, T), cfg.seed, self.step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
                                env.device)  # fmt: skip
-            masked = self.corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
-            # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
-            counts = env.all_sum(torch.stack([masked.is_masked.sum(), batch["attention_mask"].sum()]).float())
-            real_tokens += int(counts[1])
-            n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
             sync = contextlib.nullcontext() if W == 1 or micro == A - 1 else self.model.no_sync()
             with sync:
                 with self.autocast():
-                    out = self.model(batch, masked, noise, n_masked=n_masked * A, n_tokens=n_tokens * A)
-                out.loss.backward()
-            for name, value in out.logged().items():
+                    out = self.model(batch, noise, padded=padded)
+                # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
+                counts = env.all_sum(torch.stack([out.n_masked, out.n_tokens.float()]))
+                n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
+                losses = self.objective.loss(out, n_masked * A, n_tokens * A)
+                losses.loss.backward()
+            self.pending_tokens = counts[1].long() + (
+                0 if self.pending_tokens is None else self.pending_tokens
+            )
+            for name, value in {**losses.logged, "masks_dropped": out.masked.dropped}.items():
                 sums[name] = sums.get(name, 0) + value.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), cfg.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        self.tokens += real_tokens
-        self.last_step_tokens = real_tokens
         return sums, norm
 
     def evaluate_and_save(self, log: MetricsLog, done: bool) -> None:
         cfg, env, step = self.cfg, self.env, self.step
         if (step % cfg.eval_every == 0 or done) and env.main:
             self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
-                                  self.corruption, env.device, self.autocast)  # fmt: skip
-            log.write(step, self.tokens, "eval", self.evals)
+                                  env.device, self.autocast)  # fmt: skip
+            log.write(step, self.settle_tokens(), "eval", self.evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if step % cfg.save_every == 0 or done:
+            self.settle_tokens()
             if env.main:
                 save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
                      self.data.tokenizer_dir, self.evals)  # fmt: skip
@@ -209,6 +226,8 @@ def setup(argv: list[str] | None) -> Trainer:
             print(f"quantization-aware: {note}", flush=True)
     corruption = build_corruption(cfg, data, objective)
     objective.to(env.device)
+    objective.corruption = corruption.to(env.device)
+    fuse_qkv(objective, cfg.fused_qkv)
     warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
     # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
     groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
@@ -216,17 +235,24 @@ def setup(argv: list[str] | None) -> Trainer:
     step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
     reseed(cfg, env.rank, step)
 
-    model = torch.compile(objective) if cfg.compile else objective
+    # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
+    # shapes depend only on the batch's, so nothing recompiles (a padded and an unpadded batch: two graphs).
+    compiled = cfg.compile if cfg.compile is not None else env.device.type == "cuda"
+    model = torch.compile(objective) if compiled else objective
     if env.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None
         )
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
+    matmuls = matmul_precision(env.device, cfg.tf32)
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
-                      corruption=corruption, autocast=autocast, step=step, tokens=tokens)  # fmt: skip
+                      autocast=autocast, step=step, tokens=tokens)  # fmt: skip
     if env.main:
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
-        print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}", flush=True)
+        print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
+        print(f"step: {'compiled' if compiled else 'eager'}; masked positions: room for "
+              f"{corruption.capacity(cfg.batch_size, cfg.seq_len)} per micro-batch of {cfg.batch_size} rows",
+              flush=True)  # fmt: skip
         print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops / 1e6:.1f} MFLOP per "
               f"training token; tokens per step {trainer.tokens_per_step}", flush=True)  # fmt: skip
     return trainer
@@ -254,29 +280,31 @@ def train(t: Trainer) -> None:
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
     log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
-    started, window_t, window_tokens, first_step = time.time(), time.time(), 0, t.step
+    started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     while t.step < cfg.max_steps:
         sums, norm = t.train_step()
-        window_tokens += t.last_step_tokens
         bar.update(1)
         if env.main and t.step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
             warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, t.step)
             if warning:
                 tqdm.write(warning)
-        if t.step % cfg.log_every == 0 or t.step == cfg.max_steps:
+        logging_now = t.step % cfg.log_every == 0 or t.step == cfg.max_steps
+        if logging_now:  # the only place the host waits for the device between checkpoints
             names = list(sums)
-            losses = (env.all_sum(torch.stack([sums[n] for n in names])) / env.world).tolist()
-            tps = window_tokens / max(time.time() - window_t, 1e-9)
-            row = {**dict(zip(names, losses, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
+            values = (env.all_sum(torch.stack([sums[n].float() for n in names])) / env.world).tolist()
+            tps = (t.settle_tokens() - window_start) / max(time.time() - window_t, 1e-9)
+            row = {**dict(zip(names, values, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
                    "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12}  # fmt: skip
             if env.device.type == "cuda":  # what a larger batch or model would have to fit beside
                 row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(env.device) / 2**20
-            shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names}
+            shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names if k.endswith("loss")}
             bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
             log.write(t.step, t.tokens, "train", row)
-            window_t, window_tokens = time.time(), 0
-        # Each rank reads its own clock; the stop is decided together (see Dist.agree).
-        out_of_time = cfg.max_minutes is not None and env.agree(time.time() - started > cfg.max_minutes * 60)
+            window_t, window_start = time.time(), t.tokens
+        # Each rank reads its own clock; the stop is decided together (see Dist.agree), which is a wait
+        # for the device: with several processes, only at log steps.
+        out_of_time = (cfg.max_minutes is not None and (env.world == 1 or logging_now)
+                       and env.agree(time.time() - started > cfg.max_minutes * 60))  # fmt: skip
         t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time)
         if out_of_time:
             tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
@@ -284,7 +312,12 @@ def train(t: Trainer) -> None:
     bar.close()
     if env.main:
         plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
-        summary = {"step": t.step, "tokens": t.tokens, "minutes": (time.time() - started) / 60, **t.evals}
+        summary = {
+            "step": t.step,
+            "tokens": t.settle_tokens(),
+            "minutes": (time.time() - started) / 60,
+            **t.evals,
+        }
         print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)

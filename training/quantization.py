@@ -82,6 +82,12 @@ class Int8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.simulate:
             return super().forward(x)
+        # Under autocast F.linear would round the fake-quantized operands to bf16, which is not the int8
+        # arithmetic the bundle does (integer products summed exactly, scaled in fp32): keep it in fp32.
+        with torch.autocast(x.device.type, enabled=False):
+            return self._simulated(x)
+
+    def _simulated(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float() / self.act_smooth
         if self.training and self.stochastic:

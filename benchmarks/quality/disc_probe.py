@@ -48,7 +48,8 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
     import torch
 
     from training.checkpoint import load_model
-    from training.pretraining.objective import Corruption, draw_noise, generator_fill, replace_with_samples
+    from training.pretraining.masking import Corruption, draw_noise
+    from training.pretraining.objective import generator_fill, replace_with_samples
     from training.stats import roc_auc
 
     disc, cfg, _ = load_model(ckpt, "ElectraForPreTraining")
@@ -63,7 +64,7 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
     result = {"checkpoint": str(ckpt)}
     with torch.no_grad():
         _, from_generator = generator_fill(gen, masked, am, tt, noise)
-        unigram = torch.searchsorted(unigram_cdf, noise.random_token[masked.is_masked] * unigram_cdf[-1])
+        unigram = torch.searchsorted(unigram_cdf, masked.at_slots(noise.random_token) * unigram_cdf[-1])
         from_unigram = replace_with_samples(masked, unigram.clamp(max=cfg.vocab_size - 1))
         for name, faked in (("generator", from_generator), ("unigram", from_unigram)):
             logits = disc(faked.input_ids, am, tt)

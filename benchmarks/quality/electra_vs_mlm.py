@@ -68,7 +68,8 @@ RESERVED = ("--objective", "--out", "--tokenizer", "--max-steps", "--warmup-step
             "--resume", "--config")  # fmt: skip
 # Fields that do not change what a pretraining run learns: a run differing only in these is reused.
 BOOKKEEPING = ("out", "threads", "device", "resume", "max_minutes", "bf16", "compile", "log_every",
-               "eval_every", "eval_batches", "save_every", "keep_checkpoints", "data_dir")  # fmt: skip
+               "eval_every", "eval_batches", "save_every", "keep_checkpoints", "data_dir", "tf32",
+               "fused_qkv", "deterministic")  # fmt: skip
 FT_RESERVED = ("--init", "--out", "--task", "--seed", "--epochs", "--lr", "--overwrite", "--config")
 # Fine-tuning settings that do not change the result (or that setup() resolves from "auto"/None, below):
 # a finished run differing only in these is kept.

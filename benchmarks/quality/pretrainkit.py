@@ -57,8 +57,9 @@ def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, step
     evaluation or saving), after one warm-up step."""
     import torch
 
+    from training.model import fuse_qkv
+    from training.pretraining.masking import Corruption, draw_noise
     from training.pretraining.model import build_objective
-    from training.pretraining.objective import Corruption, draw_noise
 
     if threads:
         torch.set_num_threads(threads)
@@ -69,13 +70,14 @@ def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, step
     ids = torch.randint(5, vocab_size, (B, T))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
              "special_tokens_mask": torch.zeros_like(ids)}  # fmt: skip
+    obj.corruption = Corruption.of(cfg, 4, vocab_size)
+    fuse_qkv(obj, cfg.fused_qkv)
     times = []
     for step in range(steps + 1):  # the first step warms up allocators and kernels
         t = time.perf_counter()
         noise = draw_noise((B, T), 0, step, slice(None), "cpu")
-        masked = Corruption.of(cfg, 4, vocab_size).mask(ids, batch["special_tokens_mask"], noise)
-        out = obj(batch, masked, noise, n_masked=masked.is_masked.sum().clamp(min=1), n_tokens=B * T)
-        out.loss.backward()
+        out = obj(batch, noise)
+        obj.loss(out, out.n_masked.clamp(min=1), out.n_tokens).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t)

@@ -1,198 +1,313 @@
-"""Tokens/s of one ELECTRA joint training step: ours against the same step built from `transformers`.
+"""Tokens/s of the ELECTRA joint training step, variant by variant, with what explains each figure.
 
-Both sides get the same config, the same batch, the same masking and sampling, the same AdamW; the
-transformers side is what a user would write: ElectraForMaskedLM (generator, logits at every position)
-and ElectraForPreTraining (discriminator) with shared embeddings. Prints a table and writes JSON.
+Every variant trains ELECTRA-Small's shape (hidden 256, 12 + 12 layers, generator 1/4, seq 128) on the
+same random tokens. Ours runs the trainer's own step (`Trainer.train_step` of training/pretrain.py), so
+what is timed is what `python -m training.pretrain` runs; the others are the step as it was before issue
+44 (benchmarks/speed/legacy_step.py) and the step a user would build from `transformers`
+(ElectraForMaskedLM with logits at every position, ElectraForPreTraining, shared embeddings).
 
-    python -m benchmarks.speed.train_throughput --batch-size 32 --seq-len 128 --steps 5
-    python -m benchmarks.speed.train_throughput --device cuda --bf16     # on a GPU (scripts/gpu-check)
+For each variant: tokens/s over device-timed steps after warm-up (CUDA events on a GPU), the first
+step's time (compilation), achieved TFLOP/s and MFU against the matrix-product peak measured in the same
+run for the variant's precision, host syncs per step (PyTorch's sync debug mode on CUDA, a dispatch
+mode on CPU: benchmarks/speed/host_reads.py) and peak device memory. Variants are timed in interleaved
+rounds, so a noisy machine slows all alike. Prints a table and writes JSON.
+
+    python -m benchmarks.speed.train_throughput --threads 2                        # CPU: the CPU set
+    python -m benchmarks.speed.train_throughput --device cuda --variants key       # GPU: the headline four
+    python -m benchmarks.speed.train_throughput --device cuda --variants all       # GPU: every lever
+    python -m benchmarks.speed.train_throughput --list                             # the variants
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 
-from training.model import ElectraConfig, flops_per_token
-from training.pretraining.objective import (
-    ElectraObjective,
-    draw_noise,
-    mask_tokens,
-    replace_with_samples,
-    sample_from_logits,
-)
+from app.machine import cpu
+from benchmarks.speed.host_reads import syncs_in
+from benchmarks.speed.legacy_step import legacy_step, sample_cdf
+from benchmarks.speed.train_variants import SETS, VARIANTS, Variant
+from training.config import PretrainConfig
+from training.model import fuse_qkv
+from training.optim import autocast_for, cpu_has_native_bf16, deterministic_kernels, matmul_precision
+from training.pretrain import Trainer, param_groups
+from training.pretraining.masking import Corruption
+from training.pretraining.model import build_objective
 
-MASK_ID = 103
-
-
-def small_config(args) -> ElectraConfig:
-    return ElectraConfig(vocab_size=30522, embedding_size=128, hidden_size=256, num_hidden_layers=args.layers,
-                         num_attention_heads=4, intermediate_size=1024)  # fmt: skip
+MASK_ID, VOCAB = 103, 30522
 
 
-def make_batch(B: int, T: int, V: int, device: torch.device):
+def host_batch(B: int, T: int, padded: bool) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, V, (B, T), generator=g)
+    ids = torch.randint(1000, VOCAB, (B, T), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
     special = torch.zeros_like(ids)
     special[:, 0] = special[:, -1] = 1
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-             "special_tokens_mask": special}  # fmt: skip
-    batch = {k: v.to(device) for k, v in batch.items()}
-    noise = draw_noise((B, T), 0, 0, slice(None), device)
-    masked = mask_tokens(batch["input_ids"], batch["special_tokens_mask"], noise, mask_prob=0.15,
-                         mask_token_id=MASK_ID, vocab_size=V)  # fmt: skip
-    return batch, noise, masked
+    am = torch.ones_like(ids)
+    if padded:  # one row ends in padding: the batch takes the masked-attention path, as every batch once did
+        ids[0, -1], am[0, -1] = 0, 0
+    return {"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids),
+            "special_tokens_mask": special}  # fmt: skip
 
 
-def ours_step(cfg: ElectraConfig, gen_fraction: float, device: torch.device):
-    obj = ElectraObjective(cfg, cfg.scaled(gen_fraction)).to(device)
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-4, fused=True)  # as training.pretrain does
+def config(v: Variant, layers: int, seq_len: int, device: torch.device) -> PretrainConfig:
+    return PretrainConfig(num_layers=layers, seq_len=seq_len, batch_size=v.batch, vocab_size=VOCAB,
+                          device=device.type, bf16=v.precision == "bf16", tf32=v.precision == "tf32",
+                          deterministic=v.deterministic, fused_qkv=v.fused_qkv, max_steps=10**6, warmup_steps=0,
+                          compile=bool(v.compile), objective="electra")  # fmt: skip
 
-    def step(batch, noise, masked):
-        out = obj(
-            batch, masked, noise, n_masked=masked.is_masked.sum(), n_tokens=batch["attention_mask"].sum()
+
+class Runner:
+    """One variant, ready to step: its own model, optimizer and global settings."""
+
+    def __init__(self, v: Variant, args, device: torch.device):
+        self.v, self.device = v, device
+        self.cfg = cfg = config(v, args.layers, args.seq_len, device)
+        self.apply_globals()
+        torch.manual_seed(0)
+        self.batch = host_batch(v.batch, args.seq_len, padded=not v.unmasked)
+        self.tokens = int(self.batch["attention_mask"].sum())
+        self.autocast = autocast_for(device, cfg.bf16)[1]
+        if v.step == "transformers":
+            self.step, self.flops_per_token = transformers_step(cfg, device, self.autocast)
+            return
+        objective = build_objective(cfg, VOCAB).to(device)
+        objective.corruption = Corruption.of(cfg, MASK_ID, VOCAB)
+        fuse_qkv(objective, cfg.fused_qkv)
+        if v.sampler == "cdf":
+            objective.sampler = sample_cdf
+        self.flops_per_token = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
+        opt = torch.optim.AdamW(
+            param_groups(objective, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps, fused=True
         )
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return out.loss.item()
+        if v.step == "legacy":
+            counter = itertools.count()
+            self.step = lambda: legacy_step(
+                objective, opt, self.batch, device, next(counter), MASK_ID, self.autocast
+            )
+            return
+        model = torch.compile(objective, mode=v.compile) if v.compile else objective
+        env = SimpleNamespace(world=1, rank=0, device=device, all_sum=lambda t: t)
+        data = SimpleNamespace(train=itertools.repeat(self.batch))
+        trainer = Trainer(cfg=cfg, env=env, run=Path("."), data=data, objective=objective, model=model, opt=opt,
+                          autocast=self.autocast, step=0, tokens=0)  # fmt: skip
+        self.step = trainer.train_step
 
-    return step
+    def apply_globals(self) -> None:
+        """The process-wide settings this variant runs under, set before each of its steps."""
+        deterministic_kernels(self.v.deterministic)
+        matmul_precision(self.device, self.v.precision == "tf32")
 
 
-def transformers_step(cfg: ElectraConfig, gen_fraction: float, device: torch.device):
+def transformers_step(cfg: PretrainConfig, device: torch.device, autocast):
+    """What a user would write with `transformers`: the generator's logits at every position, boolean
+    indexing for the masked ones, the same masking, sampling and loss as ours."""
+    import torch.nn.functional as F
     import transformers
 
-    def hf_cfg(c: ElectraConfig):
-        return transformers.ElectraConfig(**{k: v for k, v in c.to_dict().items() if k != "id2label"})
+    from benchmarks.speed.legacy_step import draw_host_noise
 
-    disc = transformers.ElectraForPreTraining(hf_cfg(cfg))
-    gen = transformers.ElectraForMaskedLM(hf_cfg(cfg.scaled(gen_fraction)))
+    ours = build_objective(cfg, VOCAB)
+
+    def hf(c):
+        return transformers.ElectraConfig(**{k: v for k, v in c.config.to_dict().items() if k != "id2label"})
+
+    disc = transformers.ElectraForPreTraining(hf(ours.discriminator)).to(device)
+    gen = transformers.ElectraForMaskedLM(hf(ours.generator)).to(device)
     gen.electra.embeddings = disc.electra.embeddings  # shared, as the paper (and HF's examples) do
     gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
-    disc.to(device), gen.to(device)
-    params = {id(p): p for p in [*disc.parameters(), *gen.parameters()]}.values()
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    params = list({id(p): p for p in [*disc.parameters(), *gen.parameters()]}.values())
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    counter = itertools.count()
 
-    def step(batch, noise, masked):
-        am, tt = batch["attention_mask"], batch["token_type_ids"]
-        logits = gen(input_ids=masked.input_ids, attention_mask=am, token_type_ids=tt).logits  # (B, T, V)
-        mlm = F.cross_entropy(logits[masked.is_masked], masked.original_ids[masked.is_masked])
-        with torch.no_grad():
-            sampled = sample_from_logits(logits[masked.is_masked], noise.sample[masked.is_masked], 1.0)
-        faked = replace_with_samples(masked, sampled)
-        d = disc(input_ids=faked.input_ids, attention_mask=am, token_type_ids=tt).logits
-        loss = mlm + 50 * F.binary_cross_entropy_with_logits(d, faked.is_replaced.float())
+    def step(batch):
+        batch = {k: t.to(device) for k, t in batch.items()}
+        ids, am, tt = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        select, action, sample, *_ = draw_host_noise(tuple(ids.shape), 0, next(counter), device)
+        is_masked = (select < 0.15) & ~batch["special_tokens_mask"].bool()
+        masked = torch.where(is_masked & (action < 0.85), torch.full_like(ids, MASK_ID), ids)
+        with autocast():
+            logits = gen(input_ids=masked, attention_mask=am, token_type_ids=tt).logits  # (B, T, V)
+            mlm = F.cross_entropy(logits[is_masked].float(), ids[is_masked])
+            with torch.no_grad():
+                sampled = sample_cdf(logits[is_masked], sample[is_masked], 1.0)
+            fake = ids.clone()
+            fake[is_masked] = sampled
+            d = disc(input_ids=fake, attention_mask=am, token_type_ids=tt).logits
+            loss = mlm + 50 * F.binary_cross_entropy_with_logits(d.float(), (fake != ids).float())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()
 
-    return step
-
-
-def with_bf16(step, device: torch.device):
-    """The same step under bf16 autocast (CPU with AMX, or CUDA): matmuls in bf16, losses in fp32."""
-
-    def run(*args):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            return step(*args)
-
-    return run
+    flops = ours.flops_per_token(cfg.seq_len, cfg.mask_prob)  # useful FLOPs, counted as ours
+    return step, flops
 
 
-def describe_device(device: torch.device, threads: int) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    return f"{threads} threads of {platform.processor() or platform.machine()}"
-
-
-def time_steps(step, batch, noise, masked, warmup: int, steps: int) -> list[float]:
-    # Each step ends in loss.item(), which waits for the GPU: wall time is the step's time on CUDA too.
-    for _ in range(warmup):
-        step(batch, noise, masked)
-    times = []
-    for _ in range(steps):
+def matmul_peak(device: torch.device, dtype: torch.dtype, tf32: bool) -> float:
+    """Best TFLOP/s of a large square matrix product in `dtype` on `device`: the ceiling MFU is read against."""
+    n = 8192 if device.type == "cuda" else 1024
+    matmul_precision(device, tf32)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    best = 0.0
+    for _ in range(6):
         t = time.perf_counter()
-        step(batch, noise, masked)
-        times.append(time.perf_counter() - t)
-    return times
+        for _ in range(4):
+            c = a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        else:
+            float(c[0, 0])
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t) / 1e12)
+    return best
+
+
+def timed_steps(runner: Runner, n: int) -> list[float]:
+    """Seconds of each of `n` steps, timed on the device: CUDA events, read once at the end."""
+    step = (lambda: runner.step(runner.batch)) if runner.v.step == "transformers" else runner.step
+    runner.apply_globals()
+    if runner.device.type != "cuda":
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+        return times
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    events[0].record()
+    for i in range(n):
+        step()
+        events[i + 1].record()
+    torch.cuda.synchronize(runner.device)
+    return [a.elapsed_time(b) / 1000 for a, b in itertools.pairwise(events)]
+
+
+def measure(runners: dict[str, Runner], args) -> dict[str, dict]:
+    results = {}
+    for (
+        name,
+        r,
+    ) in runners.items():  # first step (compilation), warm-up, syncs and memory, one variant at a time
+        t = time.perf_counter()
+        timed_steps(r, 1)
+        first = time.perf_counter() - t
+        timed_steps(r, args.warmup)
+        step = (lambda r=r: r.step(r.batch)) if r.v.step == "transformers" else r.step
+        syncs = syncs_in(step, r.device)
+        peak = None
+        if r.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(r.device)
+            timed_steps(r, 1)
+            peak = torch.cuda.max_memory_allocated(r.device) / 2**20
+        results[name] = {"first_step_s": first, "syncs_per_step": syncs, "peak_mib": peak, "times": []}
+        print(f"  {name}: first step {first:.1f} s, {syncs} host syncs a step", flush=True)
+    rounds = max(1, args.steps // args.round)
+    for _ in range(rounds):
+        for name, r in runners.items():
+            results[name]["times"] += timed_steps(r, args.round)
+    return results
+
+
+def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]) -> None:
+    for name, res in results.items():
+        r = runners[name]
+        med = statistics.median(res.pop("times"))
+        tflops = r.tokens * r.flops_per_token / med / 1e12
+        res.update(dataclasses.asdict(r.v), step_ms=med * 1000, tokens_per_s=r.tokens / med, tflops=tflops,
+                   mfu=tflops / peaks[r.v.precision])  # fmt: skip
+    for base in ("legacy", "transformers"):
+        ref = {r["precision"]: r["tokens_per_s"] for r in results.values() if r["step"] == base}
+        for res in results.values():
+            if res["precision"] in ref:
+                res[f"vs_{base}"] = res["tokens_per_s"] / ref[res["precision"]]
+
+
+def print_table(results: dict, device: str, peaks: dict) -> None:
+    print(f"\nELECTRA-Small joint training step on {device}; matrix peak (TFLOP/s): "
+          + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()))  # fmt: skip
+    head = (
+        f"{'variant':<34}{'tokens/s':>11}{'step ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'syncs':>7}{'peak MiB':>10}"
+    )
+    print(head + f"{'first s':>9}{'x legacy':>10}{'x HF':>7}")
+    for name, r in results.items():
+        peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
+        ratios = "".join(
+            f"{r[k]:>{w}.2f}" if k in r else f"{'-':>{w}}"
+            for k, w in (("vs_legacy", 10), ("vs_transformers", 7))
+        )
+        print(f"{name:<34}{r['tokens_per_s']:>11,.0f}{r['step_ms']:>9.1f}{r['tflops']:>9.3g}{r['mfu']:>7.1%}"
+              f"{r['syncs_per_step']:>7}{peak:>10}{r['first_step_s']:>9.1f}{ratios}")  # fmt: skip
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--variants", default=None, help=f"a set ({', '.join(SETS)}) or names separated by ';'; "
+                   "default: cpu on a CPU, key on a GPU")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=None, help="rows of the variants at batch 128 "
+                   "(default: 128 on a GPU, 32 on a CPU); the larger batches stay as named")  # fmt: skip
+    p.add_argument("--layers", type=int, default=12, help="layers of each encoder (ELECTRA-Small: 12)")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--generator-fraction", type=float, default=0.25)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=None, help="timed steps per variant (default: 60 GPU, 6 CPU)")
+    p.add_argument(
+        "--round", type=int, default=None, help="steps per variant per round (default: 20 GPU, 1 CPU)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps after the first (default: 10 GPU, 1 CPU)"
+    )
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--bf16", action="store_true", help="also time both sides under bf16 autocast")
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when visible"
     )
+    p.add_argument("--list", action="store_true", help="print the variants and the sets, then stop")
     p.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = p.parse_args(argv)
-    print(f"config: {vars(args)}", flush=True)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    cfg = small_config(args)
+    if args.list:
+        for name, v in VARIANTS.items():
+            print(f"{name:<34}{v}")
+        print("\n" + "\n".join(f"{k}: {', '.join(names)}" for k, names in SETS.items()))
+        return
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible; use --device cpu or auto")
     device = torch.device("cuda" if cuda else "cpu")
-    B, T = args.batch_size, args.seq_len
-    batch, noise, masked = make_batch(B, T, cfg.vocab_size, device)
-    flops = (flops_per_token(cfg, T) + flops_per_token(cfg.scaled(args.generator_fraction), T, 0.15)) * B * T
-    rows = {}
-    # Interleave the two sides so a noisy machine slows both alike.
-    sides = {
-        "ours": ours_step(cfg, args.generator_fraction, device),
-        "transformers": transformers_step(cfg, args.generator_fraction, device),
+    gpu = device.type == "cuda"
+    args.steps = args.steps or (60 if gpu else 6)
+    args.round = args.round or (20 if gpu else 1)
+    args.warmup = args.warmup if args.warmup is not None else (10 if gpu else 1)
+    chosen = args.variants or ("key" if gpu else "cpu")
+    names = SETS.get(chosen) or [n.strip() for n in chosen.split(";") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown[0]!r}; --list shows them")
+    print(f"config: {vars(args)}", flush=True)
+    torch.set_num_threads(args.threads)
+    torch._dynamo.config.cache_size_limit = 64  # one compiled graph per variant, all in this process
+    peaks = {
+        "fp32": matmul_peak(device, torch.float32, False),
+        "bf16": matmul_peak(device, torch.bfloat16, False),
     }
-    if args.bf16:
-        sides["ours bf16"] = with_bf16(ours_step(cfg, args.generator_fraction, device), device)
-        sides["transformers bf16"] = with_bf16(
-            transformers_step(cfg, args.generator_fraction, device), device
-        )
-    for step in sides.values():
-        time_steps(step, batch, noise, masked, args.warmup, 0)
-    samples = {name: [] for name in sides}
-    for _ in range(args.steps):
-        for name, step in sides.items():
-            samples[name] += time_steps(step, batch, noise, masked, 0, 1)
-    for name, times in samples.items():
-        med = statistics.median(times)
-        rows[name] = {"median_s": med, "tokens_per_s": B * T / med, "gflops_per_s": flops / med / 1e9,
-                      "all_s": times}  # fmt: skip
-    speedup = rows["ours"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
-    if args.bf16:
-        rows["ours bf16"]["vs_transformers_bf16"] = (
-            rows["ours bf16"]["tokens_per_s"] / rows["transformers bf16"]["tokens_per_s"]
-        )
-    print(f"\njoint ELECTRA training step, batch {B}x{T}, {args.layers} layers, generator "
-          f"{args.generator_fraction:g} of the discriminator, on {describe_device(device, args.threads)}")  # fmt: skip
-    print(f"{'':<20}{'step (median)':>15}{'tokens/s':>12}{'GFLOP/s':>10}")
-    for name, r in rows.items():
-        print(f"{name:<20}{r['median_s']:>13.2f} s{r['tokens_per_s']:>12,.0f}{r['gflops_per_s']:>10.1f}")
-    print(
-        f"ours / transformers: {speedup:.2f}x  (useful FLOPs: {flops / 1e9:.1f} GFLOP per step, "
-        f"counting the generator's output layer at masked positions only)"
-    )
+    peaks["tf32"] = matmul_peak(device, torch.float32, True) if gpu else peaks["fp32"]
+    batch = args.batch_size or (128 if gpu else 32)
+    variants = {n: VARIANTS[n] if VARIANTS[n].batch != 128 else dataclasses.replace(VARIANTS[n], batch=batch)
+                for n in names}  # fmt: skip
+    runners = {n: Runner(v, args, device) for n, v in variants.items()}
+    results = measure(runners, args)
+    summarise(results, runners, peaks)
+    facts = {**cpu(), "amx_bf16": cpu_has_native_bf16()}
+    where = torch.cuda.get_device_name(device) if gpu else f"{args.threads} threads of {facts['cpu']}"
+    print_table(results, where, peaks)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "results": rows, "speedup": speedup,
-                               "torch": torch.__version__, "machine": platform.platform(),
-                               "device": describe_device(device, args.threads)}, indent=2))  # fmt: skip
+    out.write_text(json.dumps({"config": vars(args), "device": where, "torch": torch.__version__,
+                               "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
+                               "results": results}, indent=2))  # fmt: skip
     print(f"wrote {out}")
 
 

@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from training.pretraining.objective import Corruption
+from training.pretraining.masking import Corruption
 
 
 class TrainingVocabulary:
@@ -77,10 +77,12 @@ def protected_tokens(cfg, tokenizer) -> torch.Tensor | None:
 
 
 def build_corruption(cfg, data, objective) -> Corruption:
-    """The masking of `data` (PretrainingData) for this run; with --word-swap-prob the ELECTRA
-    `objective` gets its word swaps (a share of the replaced positions) here too."""
+    """The masking of `data` (PretrainingData) for this run, given to `objective`, which masks each batch
+    inside its forward (so masking is part of the compiled step); with --word-swap-prob the ELECTRA
+    objective gets its word swaps (a share of the replaced positions) here too."""
     vocab = TrainingVocabulary(cfg, data.tokenizer, data.train.dataset.tokens)
     if cfg.word_swap_prob > 0 and cfg.objective == "electra":
         objective.mix_in_word_swaps(swap_candidates(cfg, vocab), cfg.word_swap_prob)
-    return Corruption.of(cfg, data.specials.mask, data.specials.vocab_size,
-                         protected_tokens(cfg, data.tokenizer), mask_rate_scale(cfg, vocab))  # fmt: skip
+    objective.corruption = Corruption.of(cfg, data.specials.mask, data.specials.vocab_size,
+                                         protected_tokens(cfg, data.tokenizer), mask_rate_scale(cfg, vocab))  # fmt: skip
+    return objective.corruption

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from training.pretraining.objective import draw_noise
+from training.pretraining.masking import draw_noise
 from training.stats import confusion_matrix, precision_recall_f1, roc_auc
 
 
@@ -24,23 +24,22 @@ def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: flo
 
 
 @torch.no_grad()
-def evaluate(objective, batches, n_batches: int, seed: int, corruption, device, autocast) -> dict[str, float]:
-    """Run `n_batches` held-out batches with fixed noise, so every evaluation sees the same corruption."""
+def evaluate(objective, batches, n_batches: int, seed: int, device, autocast) -> dict[str, float]:
+    """Run `n_batches` held-out batches with fixed noise, so every evaluation sees the same corruption
+    (the objective's own, as training masks)."""
     objective.eval()
     probs, labels, mlm_correct, mlm_total, losses = [], [], 0, 0, []
     for i in range(n_batches):
         batch = {k: v.to(device) for k, v in next(batches).items()}
         B, T = batch["input_ids"].shape
         noise = draw_noise((B, T), seed=seed + 1_000_003, step=i, rows=slice(0, B), device=device)
-        masked = corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
-        n_masked = masked.is_masked.sum().clamp(min=1)
-        n_tokens = batch["attention_mask"].sum()
         with autocast():
-            out = objective(batch, masked, noise, n_masked=n_masked, n_tokens=n_tokens)
-        mlm_logits = out.mlm_logits
-        mlm_correct += int((mlm_logits.argmax(-1) == masked.original_ids[masked.is_masked]).sum())
-        mlm_total += int(masked.is_masked.sum())
-        losses.append(float(out.loss))
+            out = objective(batch, noise)
+        masked = out.masked
+        losses.append(float(objective.loss(out, out.n_masked.clamp(min=1), out.n_tokens).loss))
+        hits = (out.mlm_logits.argmax(-1) == masked.targets).float() * masked.weights
+        mlm_correct += int(hits.sum())
+        mlm_total += int(masked.weights.sum())
         scored = out.replaced_token_scores()  # None for an objective without a discriminator
         if scored is not None:
             logits, is_replaced = scored

@@ -1,173 +1,83 @@
-"""Replaced token detection, as pure functions (after google-research/electra's pretrain_helpers).
+"""Replaced token detection, as pure functions (after google-research/electra's pretrain_helpers), and
+the two objectives a pretraining run trains: ELECTRA's generator-discriminator pair and the MLM baseline.
 
-Randomness comes in as explicit uniform noise of the *global* batch's shape, drawn by the caller from
-a step-seeded generator; each data-parallel rank takes its own rows. So a run on 2 processes with
-batch B draws exactly what a run on 1 process with batch 2B draws, and the two can be compared.
-Losses are sums divided by a caller-given normalizer (the global count of masked/real tokens), which
-keeps them exact under DDP's gradient averaging too.
+An objective's forward masks the batch (masking.py), runs its models and returns loss *sums* with their
+counts; the caller divides by the global counts (all ranks' masked positions and real tokens), which
+keeps the losses exact under DDP's gradient averaging and keeps the collective out of the forward. Every
+tensor in the forward has a shape fixed by the batch's shape, so it compiles to one graph and never
+waits on the host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from training.pretraining.masking import Corruption, MaskedInputs, Noise
 
-class Noise(NamedTuple):
-    """Uniform [0, 1) draws, one per position: (B, T) each."""
-
-    select: torch.Tensor  # which positions are masked
-    action: torch.Tensor  # [MASK], random token, or keep
-    sample: torch.Tensor  # inverse-CDF sampling of the generator's replacement
-    random_token: torch.Tensor  # which random token, for BERT's 10% random replacement
-    word_select: torch.Tensor  # whether a replaced position gets a random word (word swaps)
-    word_pick: torch.Tensor  # which word
-    row_rate: torch.Tensor  # column 0 sets each row's own mask rate (see mask_tokens' row_spread)
+SAMPLER_BLOCK = 256  # vocabulary entries per block of the two-level sampler
 
 
-def draw_noise(global_shape: tuple[int, int], seed: int, step: int, rows: slice, device) -> Noise:
-    g = torch.Generator().manual_seed(hash((seed, step)) & 0x7FFF_FFFF_FFFF)
-    # The generator fills the tensor in order, so the first four draws are what they were before the two
-    # of word swaps were added, and the first six what they were before the row rates: runs without word
-    # swaps or row rates mask exactly as they did.
-    draws = torch.rand((7, *global_shape), generator=g)[:, rows]
-    return Noise(*draws.to(device).unbind(0))
-
-
-class MaskedInputs(NamedTuple):
-    input_ids: torch.Tensor  # (B, T) with masked positions replaced
-    is_masked: torch.Tensor  # (B, T) bool: positions the generator must predict
-    original_ids: torch.Tensor  # (B, T)
-
-
-def mask_tokens(
-    input_ids: torch.Tensor,
-    special_tokens_mask: torch.Tensor,
-    noise: Noise,
-    *,
-    mask_prob: float,
-    mask_token_id: int,
-    vocab_size: int,
-    mask_replace_prob: float = 0.85,
-    random_replace_prob: float = 0.0,
-    protected: torch.Tensor | None = None,
-    row_spread: float = 0.0,
-    rate_scale: torch.Tensor | None = None,
-) -> MaskedInputs:
-    """Choose `mask_prob` of the non-special positions; of those, put [MASK] at `mask_replace_prob`,
-    a random token at `random_replace_prob`, and leave the rest as they are. `protected` (a bool per
-    vocabulary id) names tokens that are never chosen, such as punctuation for a detector of words.
-
-    ELECTRA's defaults are 0.85 / 0 / 0.15 (its `mask()` keeps 15% of chosen positions unchanged);
-    BERT's are 0.8 / 0.1 / 0.1.
-
-    `row_spread` s gives each row its own rate, uniform in mask_prob x [1 - s, 1 + s] (the mean stays
-    mask_prob). At a fixed 15% nearly every short row holds a replacement, while a request usually has
-    one wrong word or none; s = 1 puts rows with few or no replacements into training, in case the
-    detector had learned that every sentence holds a suspect. Continuing the shipped detector with it
-    measured level with continuing without it (docs/detector-stage3.md).
-
-    `rate_scale` (a float per vocabulary id) multiplies each position's rate by its token's entry: the
-    corruption aimed at some words more than others (see `content_rate_scale`).
-    """
-    rate = mask_prob
-    if row_spread > 0:
-        rate = mask_prob * (1 + row_spread * (2 * noise.row_rate[:, :1] - 1))  # (B, 1)
-    if rate_scale is not None:
-        rate = rate * rate_scale.to(input_ids.device)[input_ids]  # (B, T)
-    is_masked = (noise.select < rate) & ~special_tokens_mask.bool()
-    if protected is not None:
-        is_masked &= ~protected.to(input_ids.device)[input_ids]
-    use_mask = is_masked & (noise.action < mask_replace_prob)
-    use_random = (
-        is_masked
-        & (noise.action >= mask_replace_prob)
-        & (noise.action < mask_replace_prob + random_replace_prob)
-    )
-    random_ids = (noise.random_token * vocab_size).long().clamp_(max=vocab_size - 1)
-    masked = torch.where(use_mask, torch.full_like(input_ids, mask_token_id), input_ids)
-    masked = torch.where(use_random, random_ids, masked)
-    return MaskedInputs(masked, is_masked, input_ids)
-
-
-@dataclass(frozen=True)
-class Corruption:
-    """How a batch is masked before the generator fills it in.
-
-    Training, held-out evaluation, the export's int8 check and the probes each build one from the run's
-    settings and the *tokenizer's* vocabulary, and mask through it, so they cannot drift apart (they once
-    did: evaluation drew BERT-style random ids below the configured vocab size, past a smaller tokenizer's
-    embedding table).
-    """
-
-    mask_token_id: int
-    vocab_size: int  # the tokenizer's: random replacements are drawn below it
-    mask_prob: float = 0.15
-    mask_replace_prob: float = 0.85
-    random_replace_prob: float = 0.0
-    protected: torch.Tensor | None = None  # (vocab,) bool: tokens never masked (see mask_tokens)
-    row_spread: float = 0.0  # each row's rate varies around mask_prob by this share (see mask_tokens)
-    rate_scale: torch.Tensor | None = None  # (vocab,) float: a token's rate multiplier (see mask_tokens)
-
-    @classmethod
-    def of(
-        cls, cfg, mask_token_id: int, vocab_size: int, protected: torch.Tensor | None = None,
-        rate_scale: torch.Tensor | None = None,
-    ) -> Corruption:  # fmt: skip
-        """From a PretrainConfig."""
-        return cls(mask_token_id, vocab_size, cfg.mask_prob, cfg.mask_replace_prob, cfg.random_replace_prob,
-                   protected, cfg.row_mask_spread, rate_scale)  # fmt: skip
-
-    def mask(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, noise: Noise) -> MaskedInputs:
-        return mask_tokens(
-            input_ids, special_tokens_mask, noise, mask_prob=self.mask_prob, mask_token_id=self.mask_token_id,
-            vocab_size=self.vocab_size, mask_replace_prob=self.mask_replace_prob,
-            random_replace_prob=self.random_replace_prob, protected=self.protected, row_spread=self.row_spread,
-            rate_scale=self.rate_scale,
-        )  # fmt: skip
+def prefix_sums(x: torch.Tensor) -> torch.Tensor:
+    """Inclusive prefix sums along the last dimension, in float64, as a product with a triangular matrix:
+    CUDA's cumsum of floats has no deterministic kernel, and a matrix product has one (cuBLAS with a fixed
+    workspace). float64 keeps it clear of TF32 and of autocast, which leave doubles alone."""
+    n = x.size(-1)
+    upper = torch.ones(n, n, dtype=torch.float64, device=x.device).triu()
+    return x.double() @ upper
 
 
 def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature: float) -> torch.Tensor:
-    """One token per row of `logits` (M, V), by inverse-CDF sampling with the given uniforms (M,).
+    """One token per row of `logits` (C, V), by inverse-CDF sampling with the given uniforms (C,).
 
     Exactly a multinomial draw from softmax(logits / temperature), but with one caller-given uniform per
-    position instead of a private RNG: that is what keeps data-parallel runs comparable.
+    position instead of a private RNG: that is what keeps data-parallel runs comparable. In two levels,
+    so no V-wide prefix sum is ever formed: the block of SAMPLER_BLOCK entries that holds the uniform's
+    quantile (from the blocks' sums), then the entry inside it.
     """
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    cdf = probs.cumsum(-1)
-    # Scale by the last cdf value so rounding can never push u past the end.
-    u = (uniform.float() * cdf[:, -1]).unsqueeze(-1)
-    return torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=logits.size(-1) - 1)
+    C, V = logits.shape
+    with torch.autocast(logits.device.type, enabled=False):
+        x = logits.float() / temperature
+        weights = torch.exp(x - x.amax(-1, keepdim=True))  # (C, V), unnormalised: u is scaled instead
+        blocks = F.pad(weights, (0, (-V) % SAMPLER_BLOCK)).view(C, -1, SAMPLER_BLOCK)  # (C, nb, S)
+        cdf = prefix_sums(blocks.sum(-1))  # (C, nb)
+        target = (uniform.double() * cdf[:, -1]).unsqueeze(-1)  # (C, 1)
+        block = torch.searchsorted(cdf, target).clamp_(max=cdf.size(1) - 1)  # (C, 1)
+        below = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+        inside = blocks.gather(1, block.unsqueeze(-1).expand(C, 1, SAMPLER_BLOCK)).squeeze(1)  # (C, S)
+        entry = torch.searchsorted(prefix_sums(inside) + below, target).clamp_(max=SAMPLER_BLOCK - 1)
+        return (block * SAMPLER_BLOCK + entry).squeeze(-1).clamp_(max=V - 1)
 
 
 class FakedData(NamedTuple):
     input_ids: torch.Tensor  # (B, T) the discriminator's input
     is_replaced: torch.Tensor  # (B, T) bool: labels, masked AND changed
-    sampled_ids: torch.Tensor  # (M,) the generator's samples at masked positions
+    sampled_ids: torch.Tensor  # (C,) the generator's samples, one per slot
 
 
 def replace_with_samples(masked: MaskedInputs, sampled_ids: torch.Tensor) -> FakedData:
-    """Put the generator's samples at masked positions. A sample equal to the original token counts as
-    original: the discriminator cannot and should not tell it apart."""
-    fake = masked.original_ids.clone()
-    fake[masked.is_masked] = sampled_ids
-    return FakedData(fake, fake != masked.original_ids, sampled_ids)
+    """Put one sample per slot (C,) at the masked positions. A sample equal to the original token counts
+    as original: the discriminator cannot and should not tell it apart."""
+    original = masked.original_ids
+    # Unused slots point one past the end: they write into a spare entry that is then dropped.
+    fake = F.pad(original.flatten(), (0, 1)).scatter(0, masked.positions, sampled_ids)[:-1].view_as(original)
+    return FakedData(fake, fake != original, sampled_ids)
 
 
 def generator_fill(
-    generator, masked: MaskedInputs, attention_mask, token_type_ids, noise: Noise, temperature: float = 1.0
-) -> tuple[torch.Tensor, FakedData]:
-    """The generator's logits at the masked positions (M, V), and the input with its samples put in.
+    generator, masked: MaskedInputs, attention_mask, token_type_ids, noise: Noise, temperature: float = 1.0,
+    sampler=sample_from_logits,
+) -> tuple[torch.Tensor, FakedData]:  # fmt: skip
+    """The generator's logits at the slots (C, V), and the input with its samples put in.
 
     No gradient flows from the samples back into the generator: the discriminator's loss trains only
     the discriminator (the paper's choice; sampling is not differentiable anyway).
     """
-    logits = generator(masked.input_ids, attention_mask, token_type_ids, positions=masked.is_masked)
+    logits = generator(masked.input_ids, attention_mask, token_type_ids, positions=masked.slots)
     with torch.no_grad():
-        sampled = sample_from_logits(logits.detach(), noise.sample[masked.is_masked], temperature)
+        sampled = sampler(logits.detach(), masked.at_slots(noise.sample), temperature)
     return logits, replace_with_samples(masked, sampled)
 
 
@@ -190,81 +100,62 @@ def swap_words(
     return FakedData(fake, fake != masked.original_ids, faked.sampled_ids)
 
 
-class ElectraLosses(NamedTuple):
-    loss: torch.Tensor  # gen_weight * mlm + disc_weight * disc, what backward() runs on
-    mlm: torch.Tensor
-    disc: torch.Tensor
-    mlm_logits: torch.Tensor  # (M, V) generator logits at masked positions
-    disc_logits: torch.Tensor  # (B, T)
-    faked: FakedData
+def mlm_loss_sum(logits: torch.Tensor, masked: MaskedInputs) -> torch.Tensor:
+    """Cross entropy summed over the masked positions (unused slots weigh 0)."""
+    per_slot = F.cross_entropy(logits.float(), masked.targets, reduction="none")
+    return (per_slot * masked.weights).sum()
 
-    def logged(self) -> dict[str, torch.Tensor]:
-        """The scalars the training log records, by name."""
-        return {"loss": self.loss, "mlm_loss": self.mlm, "disc_loss": self.disc}
+
+def disc_loss_sum(
+    logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Binary cross entropy summed over every real (non-padding) token."""
+    per_token = F.binary_cross_entropy_with_logits(logits.float(), is_replaced.float(), reduction="none")
+    return (per_token * attention_mask).sum()
+
+
+class Losses(NamedTuple):
+    loss: torch.Tensor  # what backward() runs on
+    logged: dict[str, torch.Tensor]  # the scalars the training log records, by name
+
+
+class ElectraOutputs(NamedTuple):
+    mlm_sum: torch.Tensor  # () generator cross entropy, summed over this micro-batch's masked positions
+    disc_sum: torch.Tensor  # () discriminator binary cross entropy, summed over its real tokens
+    n_masked: torch.Tensor  # () masked positions
+    n_tokens: torch.Tensor  # () real tokens
+    mlm_logits: torch.Tensor  # (C, V) generator logits at the slots
+    disc_logits: torch.Tensor  # (B, T)
+    masked: MaskedInputs
+    faked: FakedData
 
     def replaced_token_scores(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, labels), each (B, T): what held-out evaluation turns into AUC, P/R/F1."""
         return self.disc_logits, self.faked.is_replaced
 
 
-class MLMLosses(NamedTuple):
-    loss: torch.Tensor
-    mlm_logits: torch.Tensor  # (M, V) at masked positions
-
-    def logged(self) -> dict[str, torch.Tensor]:
-        return {"loss": self.loss, "mlm_loss": self.loss}
+class MLMOutputs(NamedTuple):
+    mlm_sum: torch.Tensor
+    n_masked: torch.Tensor
+    n_tokens: torch.Tensor
+    mlm_logits: torch.Tensor  # (C, V)
+    masked: MaskedInputs
 
     def replaced_token_scores(self) -> None:
         return None  # no discriminator: nothing to score
 
 
-def mlm_loss(logits: torch.Tensor, targets: torch.Tensor, normalizer: float | torch.Tensor) -> torch.Tensor:
-    """Cross entropy summed over masked positions, divided by the global number of them."""
-    return F.cross_entropy(logits.float(), targets, reduction="sum") / normalizer
+class _Objective(torch.nn.Module):
+    """What both objectives share: the corruption they mask with (set by the run's corruption builder)."""
+
+    corruption: Corruption | None = None
+
+    def _mask(self, batch: dict[str, torch.Tensor], noise: Noise) -> MaskedInputs:
+        assert self.corruption is not None, "set the objective's corruption before its first forward"
+        return self.corruption.mask(batch["input_ids"], batch["special_tokens_mask"], noise)
 
 
-def disc_loss(
-    logits: torch.Tensor, is_replaced: torch.Tensor, attention_mask: torch.Tensor, normalizer
-) -> torch.Tensor:
-    """Binary cross entropy over every real (non-padding) token, divided by the global count of them."""
-    per_token = F.binary_cross_entropy_with_logits(logits.float(), is_replaced.float(), reduction="none")
-    return (per_token * attention_mask).sum() / normalizer
-
-
-def electra_loss(
-    generator,
-    discriminator,
-    batch: dict[str, torch.Tensor],
-    masked: MaskedInputs,
-    noise: Noise,
-    *,
-    temperature: float,
-    gen_weight: float,
-    disc_weight: float,
-    n_masked: float | torch.Tensor,
-    n_tokens: float | torch.Tensor,
-    swap_candidates: torch.Tensor | None = None,
-    word_swap_prob: float = 0.0,
-) -> ElectraLosses:
-    am, tt = batch["attention_mask"], batch["token_type_ids"]
-    mlm_logits, faked = generator_fill(generator, masked, am, tt, noise, temperature)  # (M, V)
-    if swap_candidates is not None:
-        faked = swap_words(faked, masked, noise, swap_candidates, word_swap_prob)
-    gen = mlm_loss(mlm_logits, masked.original_ids[masked.is_masked], n_masked)
-    disc_logits = discriminator(faked.input_ids, am, tt)  # (B, T)
-    disc = disc_loss(disc_logits, faked.is_replaced, am, n_tokens)
-    return ElectraLosses(gen_weight * gen + disc_weight * disc, gen, disc, mlm_logits, disc_logits, faked)
-
-
-def masked_lm_loss(model, batch, masked: MaskedInputs, *, n_masked) -> tuple[torch.Tensor, torch.Tensor]:
-    """The BERT-style baseline: the same encoder trained on MLM alone. Returns (loss, logits at masks)."""
-    logits = model(
-        masked.input_ids, batch["attention_mask"], batch["token_type_ids"], positions=masked.is_masked
-    )
-    return mlm_loss(logits, masked.original_ids[masked.is_masked], n_masked), logits
-
-
-class ElectraObjective(torch.nn.Module):
+class ElectraObjective(_Objective):
     """Generator and discriminator as one module, so one DDP wrapper and one optimizer cover both.
 
     The generator is built on the discriminator's embedding module: token, position and token-type
@@ -281,6 +172,7 @@ class ElectraObjective(torch.nn.Module):
         self.hparams = {"temperature": temperature, "gen_weight": gen_weight, "disc_weight": disc_weight}
         self.register_buffer("swap_candidates", None, persistent=False)
         self.word_swap_prob = 0.0
+        self.sampler = sample_from_logits  # benchmarks/speed/train_throughput.py swaps in the old one
 
     def mix_in_word_swaps(self, candidates: torch.Tensor, prob: float) -> None:
         """Give `prob` of the masked positions a word of `candidates` instead of the generator's sample
@@ -310,16 +202,30 @@ class ElectraObjective(torch.nn.Module):
             self.discriminator.config, seq_len
         )
 
-    def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> ElectraLosses:
-        return electra_loss(self.generator, self.discriminator, batch, masked, noise, n_masked=n_masked,
-                            n_tokens=n_tokens, swap_candidates=self.swap_candidates,
-                            # Held-out evaluation scores the generator's replacements only: comparable
-                            # between runs with and without word swaps.
-                            word_swap_prob=self.word_swap_prob if self.training else 0.0,
-                            **self.hparams)  # fmt: skip
+    def forward(self, batch: dict[str, torch.Tensor], noise: Noise, *, padded: bool = True) -> ElectraOutputs:
+        """`padded` False promises that every row is full (no padding), so attention runs without a mask
+        (which lets CUDA pick its fastest kernels)."""
+        am, tt = batch["attention_mask"], batch["token_type_ids"]
+        keys = am if padded else None
+        masked = self._mask(batch, noise)
+        mlm_logits, faked = generator_fill(self.generator, masked, keys, tt, noise, self.hparams["temperature"],
+                                           self.sampler)  # fmt: skip
+        # Held-out evaluation scores the generator's replacements only: comparable between runs with and
+        # without word swaps.
+        if self.swap_candidates is not None and self.training:
+            faked = swap_words(faked, masked, noise, self.swap_candidates, self.word_swap_prob)
+        disc_logits = self.discriminator(faked.input_ids, keys, tt)  # (B, T)
+        return ElectraOutputs(mlm_loss_sum(mlm_logits, masked), disc_loss_sum(disc_logits, faked.is_replaced, am),
+                              masked.weights.sum(), am.sum(), mlm_logits, disc_logits, masked, faked)  # fmt: skip
+
+    def loss(self, out: ElectraOutputs, n_masked, n_tokens) -> Losses:
+        """The joint loss, gen_weight x MLM + disc_weight x RTD, each a mean over the given counts."""
+        mlm, disc = out.mlm_sum / n_masked, out.disc_sum / n_tokens
+        loss = self.hparams["gen_weight"] * mlm + self.hparams["disc_weight"] * disc
+        return Losses(loss, {"loss": loss, "mlm_loss": mlm, "disc_loss": disc})
 
 
-class MLMObjective(torch.nn.Module):
+class MLMObjective(_Objective):
     """The baseline: an encoder of the discriminator's size trained on masked language modeling alone."""
 
     def __init__(self, cfg):
@@ -341,6 +247,13 @@ class MLMObjective(torch.nn.Module):
 
         return flops_per_token(self.generator.config, seq_len, mask_prob)
 
-    def forward(self, batch, masked: MaskedInputs, noise: Noise, *, n_masked, n_tokens) -> MLMLosses:
-        loss, logits = masked_lm_loss(self.generator, batch, masked, n_masked=n_masked)
-        return MLMLosses(loss, logits)
+    def forward(self, batch: dict[str, torch.Tensor], noise: Noise, *, padded: bool = True) -> MLMOutputs:
+        am = batch["attention_mask"]
+        masked = self._mask(batch, noise)
+        logits = self.generator(masked.input_ids, am if padded else None, batch["token_type_ids"],
+                                positions=masked.slots)  # fmt: skip
+        return MLMOutputs(mlm_loss_sum(logits, masked), masked.weights.sum(), am.sum(), logits, masked)
+
+    def loss(self, out: MLMOutputs, n_masked, n_tokens) -> Losses:
+        loss = out.mlm_sum / n_masked
+        return Losses(loss, {"loss": loss, "mlm_loss": loss})

@@ -1,0 +1,58 @@
+"""The variants benchmarks/speed/train_throughput.py can time, and the sets it times together. Each
+variant is ours at its defaults with one or two levers moved, so the table reads lever by lever."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Variant:
+    step: str = "ours"  # ours (training/pretrain.py's Trainer.train_step) | legacy | transformers
+    compile: str | None = "default"  # torch.compile mode; None: eager
+    precision: str = "bf16"  # bf16 (autocast) | tf32 | fp32
+    batch: int = 128
+    deterministic: bool = True
+    fused_qkv: bool = True
+    unmasked: bool = True  # packed rows attend without a mask
+    sampler: str = "blocked"  # blocked (two-level, deterministic on CUDA) | cdf (one V-wide cumsum)
+
+
+OURS = Variant()
+EAGER = replace(OURS, compile=None)
+VARIANTS = {
+    "legacy fp32": Variant(step="legacy", compile=None, precision="fp32", fused_qkv=False, unmasked=False,
+                           sampler="cdf", deterministic=False),
+    "legacy bf16": Variant(step="legacy", compile=None, fused_qkv=False, unmasked=False, sampler="cdf",
+                           deterministic=False),
+    "transformers fp32": Variant(step="transformers", compile=None, precision="fp32", deterministic=False),
+    "transformers bf16": Variant(step="transformers", compile=None, deterministic=False),
+    "eager fp32": replace(EAGER, precision="fp32"),
+    "eager fp32, 3 qkv products": replace(EAGER, precision="fp32", fused_qkv=False),
+    "eager fp32, masked attention": replace(EAGER, precision="fp32", unmasked=False),
+    "eager fp32, cdf sampler": replace(EAGER, precision="fp32", sampler="cdf", deterministic=False),
+    "eager fp32, nondeterministic": replace(EAGER, precision="fp32", deterministic=False),
+    "eager tf32": replace(EAGER, precision="tf32"),
+    "eager bf16": EAGER,
+    "compiled fp32": replace(OURS, precision="fp32"),
+    "compiled tf32": replace(OURS, precision="tf32"),
+    "compiled bf16": OURS,
+    "compiled bf16, nondeterministic": replace(OURS, deterministic=False),
+    "compiled bf16, nondet., cdf sampler": replace(OURS, deterministic=False, sampler="cdf"),
+    "compiled bf16, 3 qkv products": replace(OURS, fused_qkv=False),
+    "compiled bf16, masked attention": replace(OURS, unmasked=False),
+    "compiled bf16, CUDA graphs": replace(OURS, compile="reduce-overhead"),
+    "compiled bf16, batch 512": replace(OURS, batch=512),
+    "compiled bf16, batch 1024": replace(OURS, batch=1024),
+    "compiled bf16, batch 1024, CUDA graphs": replace(OURS, batch=1024, compile="reduce-overhead"),
+}  # fmt: skip
+
+SETS = {
+    # Two cores: the step before and after, each eager lever alone, and transformers (compiling the CPU
+    # step takes minutes of C++ builds; CUDA is where compilation pays).
+    "cpu": ["legacy fp32", "transformers fp32", "eager fp32", "eager fp32, 3 qkv products",
+            "eager fp32, masked attention", "eager fp32, cdf sampler", "eager fp32, nondeterministic"],
+    # The headline on a GPU, within the check's first minutes.
+    "key": ["legacy bf16", "transformers bf16", "eager bf16", "compiled bf16", "compiled bf16, batch 1024"],
+    "all": list(VARIANTS),
+}  # fmt: skip

@@ -1,0 +1,79 @@
+"""The pretraining step as a GPU runs it: one compiled graph with shapes fixed by the batch's, no reads
+back to the host between log steps, and int8-simulated layers that keep int8's arithmetic under
+autocast. Proven on CPU: dynamo's eager backend traces the graph without generating code, and a
+dispatch mode sees every operation whose result the host would have to wait for."""
+
+import pytest
+import torch
+from test_pretrain import tiny_args
+
+from benchmarks.speed.host_reads import HostReads
+from training.pretrain import setup
+from training.pretraining.masking import draw_noise
+
+# Every corruption a run can ask for: each row its own rate, content words masked more, punctuation
+# protected, word swaps from a table beside the generator's samples.
+CORRUPTIONS = ("--row-mask-spread", "0.5", "--content-mask-weight", "2", "--no-corrupt-punctuation",
+               "--word-swap-prob", "0.3", "--word-swap-kinds", "random,frequency")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory, small_corpus, small_tokenizer, registry_data):
+    out = tmp_path_factory.mktemp("step") / "run"
+    return setup(tiny_args(out, small_corpus, small_tokenizer, "--data-dir", registry_data, *CORRUPTIONS))
+
+
+def test_steps_between_log_steps_never_wait_for_the_device(trainer):
+    trainer.train_step()  # the first step allocates optimizer state
+    with HostReads() as reads:
+        for _ in range(3):
+            sums, norm = trainer.train_step()
+    assert reads.seen == []
+    assert trainer.settle_tokens() > 0 and all(torch.isfinite(v) for v in sums.values())
+
+
+def micro_batches(t, n: int):
+    for i in range(n):
+        batch = next(t.data.train)
+        yield batch, draw_noise(tuple(batch["input_ids"].shape), 0, i, slice(None), "cpu")
+
+
+@pytest.mark.parametrize("objective", ["electra", "mlm"])
+def test_the_step_compiles_to_one_graph_that_never_recompiles(trainer, tmp_path, small_corpus, small_tokenizer,
+                                                              objective):  # fmt: skip
+    t = trainer if objective == "electra" else setup(tiny_args(tmp_path / "mlm", small_corpus, small_tokenizer,
+                                                               "--objective", "mlm"))  # fmt: skip
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    step = torch.compile(t.objective, fullgraph=True, backend="eager")  # fullgraph: a break raises
+    for padded in (False, True):
+        for batch, noise in micro_batches(t, 3):
+            out = step(batch, noise, padded=padded)
+            t.objective.loss(out, out.n_masked, out.n_tokens).loss.backward()
+    # One graph for unpadded batches and one for padded ones; new data of the same shape reuses them.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_a_quantization_aware_step_compiles_to_one_graph(tmp_path, small_corpus, small_tokenizer):
+    t = setup(tiny_args(tmp_path / "qat", small_corpus, small_tokenizer, "--qat"))
+    torch._dynamo.reset()
+    step = torch.compile(t.objective, fullgraph=True, backend="eager")
+    for batch, noise in micro_batches(t, 2):
+        out = step(batch, noise)
+        t.objective.loss(out, out.n_masked, out.n_tokens).loss.backward()
+
+
+def test_int8_simulated_layers_keep_fp32_arithmetic_under_autocast():
+    """Autocast would round the fake-quantized operands of F.linear to bf16; the bundle multiplies int8
+    values exactly and scales in fp32. The layer's output must not change under autocast."""
+    from training.quantization import Int8Linear
+
+    torch.manual_seed(0)
+    layer = Int8Linear(64, 32)
+    layer.set_range(0.02, 3)
+    x = torch.randn(8, 64)
+    plain = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = layer(x)
+    assert under_autocast.dtype == torch.float32
+    assert torch.equal(plain, under_autocast)
