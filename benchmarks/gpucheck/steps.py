@@ -42,16 +42,18 @@ class Sizes:
     claim_pflop: float
     claim_seeds: str
     finetune: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ("--variants", "all")
 
 
 SIZES = {
     # mini.toml as a user runs it; ELECTRA-Small's shape for the claim, at the issue's 1e16 FLOPs each.
-    "full": Sizes("configs/mini.toml", 500, 100, ("--layers", "12", "--batch-size", "128", "--steps", "10", "--bf16"),
-                  "configs/small.toml", 10.0, "1,2,3"),
+    "full": Sizes("configs/mini.toml", 500, 100, ("--variants", "key"), "configs/small.toml", 10.0, "1,2,3"),
     # The same code at toy sizes: every step in a couple of minutes on two CPU cores.
-    "quick": Sizes("configs/tiny.toml", 100, 25, ("--layers", "1", "--batch-size", "4", "--seq-len", "32",
-                   "--steps", "2", "--warmup", "1"), "configs/tiny.toml", 2e-5, "1",
-                   ("--max-train-examples", "64", "--max-eval-examples", "64")),
+    "quick": Sizes("configs/tiny.toml", 100, 25, ("--variants", "legacy fp32;transformers fp32;eager fp32",
+                   "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
+                   "configs/tiny.toml", 2e-5, "1", ("--max-train-examples", "64", "--max-eval-examples", "64"),
+                   ("--variants", "eager fp32, 3 qkv products;eager fp32, masked attention;eager fp32, cdf sampler",
+                    "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1")),
 }  # fmt: skip
 
 
@@ -225,24 +227,42 @@ def step_resume(ctx: Context) -> dict:
     return figures
 
 
-def step_throughput(ctx: Context) -> dict:
-    """benchmarks/speed/train_throughput.py: our joint step against the one built from transformers."""
+def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...]) -> dict:
+    """benchmarks/speed/train_throughput.py on `variants`; each variant's figures, and a failure if our
+    step makes the host wait for the device (it must not, between log steps)."""
     if not ctx.importable("transformers"):
         raise Skipped("transformers is not installed: nothing to compare our training step with")
-    path = ctx.work / "train_throughput.json"
-    argv = ["-m", "benchmarks.speed.train_throughput", "--device", ctx.device, "--out", str(path),
-            *ctx.sizes.throughput]  # fmt: skip
-    run(ctx, argv, "throughput", ctx.train_env)
+    path = ctx.out / f"{name}.json"  # returned with the results: the variant table is a figure of its own
+    run(ctx, ["-m", "benchmarks.speed.train_throughput", "--device", ctx.device, "--out", str(path), *variants],
+        name, ctx.train_env)  # fmt: skip
     result = json.loads(path.read_text())
-    figures = {name: {"tokens_per_s": round(r["tokens_per_s"]), "gflops_per_s": round(r["gflops_per_s"], 1)}
-               for name, r in result["results"].items()}  # fmt: skip
-    figures["ours_vs_transformers"] = round(result["speedup"], 2)
-    if "ours bf16" in result["results"]:
-        figures["ours_vs_transformers_bf16"] = round(
-            result["results"]["ours bf16"]["vs_transformers_bf16"], 2
-        )
+    figures = {n: {"tokens_per_s": round(r["tokens_per_s"]), "mfu": round(r["mfu"], 4),
+                   "syncs": r["syncs_per_step"], "first_step_s": round(r["first_step_s"], 1),
+                   **({"peak_mib": round(r["peak_mib"])} if r["peak_mib"] is not None else {}),
+                   **{k: round(r[k], 2) for k in ("vs_legacy", "vs_transformers") if k in r}}
+               for n, r in result["results"].items()}  # fmt: skip
     figures["device"] = result["device"]
+    figures["matmul_peak_tflops"] = {k: round(v, 1) for k, v in result["matmul_peak_tflops"].items()}
+    waits = {
+        n: r["syncs_per_step"]
+        for n, r in result["results"].items()
+        if r["step"] == "ours" and r["syncs_per_step"]
+    }
+    if waits:
+        raise Failed(f"our training step made the host wait for the device: {waits} syncs a step; {path}")
     return figures
+
+
+def step_throughput(ctx: Context) -> dict:
+    """The joint step's headline: ours eager and compiled against the step before issue 44 and the one
+    built from transformers (benchmarks/speed/train_throughput.py --variants key)."""
+    return throughput_figures(ctx, "throughput", ctx.sizes.throughput)
+
+
+def step_variants(ctx: Context) -> dict:
+    """Every lever on its own: precision, compilation, CUDA graphs, batch, determinism, fused q/k/v,
+    unmasked attention, sampler (train_throughput --variants all; minutes of compiling on a GPU)."""
+    return throughput_figures(ctx, "variants", ctx.sizes.variants)
 
 
 def step_export(ctx: Context) -> dict:
@@ -350,4 +370,5 @@ STEPS = {
     "export": step_export,
     "detect": step_detect,
     "claim": step_claim,
+    "variants": step_variants,
 }

@@ -38,17 +38,21 @@ def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature:
     quantile (from the blocks' sums), then the entry inside it.
     """
     C, V = logits.shape
+    S, full = SAMPLER_BLOCK, V // SAMPLER_BLOCK * SAMPLER_BLOCK
     with torch.autocast(logits.device.type, enabled=False):
-        x = logits.float() / temperature
-        weights = torch.exp(x - x.amax(-1, keepdim=True))  # (C, V), unnormalised: u is scaled instead
-        blocks = F.pad(weights, (0, (-V) % SAMPLER_BLOCK)).view(C, -1, SAMPLER_BLOCK)  # (C, nb, S)
-        cdf = prefix_sums(blocks.sum(-1))  # (C, nb)
+        # Unnormalised softmax weights, in one buffer: the uniform is scaled by their total instead.
+        weights = (logits.float() - logits.amax(-1, keepdim=True).float()).mul_(1 / temperature).exp_()
+        sums = weights[:, :full].unflatten(-1, (-1, S)).sum(-1)  # (C, V // S): whole blocks, no copy
+        if full < V:
+            sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], dim=-1)
+        cdf = prefix_sums(sums)  # (C, nb)
         target = (uniform.double() * cdf[:, -1]).unsqueeze(-1)  # (C, 1)
         block = torch.searchsorted(cdf, target).clamp_(max=cdf.size(1) - 1)  # (C, 1)
         below = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
-        inside = blocks.gather(1, block.unsqueeze(-1).expand(C, 1, SAMPLER_BLOCK)).squeeze(1)  # (C, S)
-        entry = torch.searchsorted(prefix_sums(inside) + below, target).clamp_(max=SAMPLER_BLOCK - 1)
-        return (block * SAMPLER_BLOCK + entry).squeeze(-1).clamp_(max=V - 1)
+        columns = block * S + torch.arange(S, device=logits.device)  # (C, S); past V in the last block
+        inside = weights.gather(1, columns.clamp(max=V - 1)).masked_fill_(columns >= V, 0.0)
+        entry = torch.searchsorted(prefix_sums(inside) + below, target).clamp_(max=S - 1)
+        return (block * S + entry).squeeze(-1).clamp_(max=V - 1)
 
 
 class FakedData(NamedTuple):
