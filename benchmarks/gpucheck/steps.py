@@ -242,7 +242,7 @@ def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...]) -> di
                    **{k: round(r[k], 2) for k in ("vs_legacy", "vs_transformers") if k in r}}
                for n, r in result["results"].items()}  # fmt: skip
     figures["device"] = result["device"]
-    figures["matmul_peak_tflops"] = {k: round(v, 1) for k, v in result["matmul_peak_tflops"].items()}
+    figures["matmul_peak_tflops"] = {k: float(f"{v:.3g}") for k, v in result["matmul_peak_tflops"].items()}
     waits = {
         n: r["syncs_per_step"]
         for n, r in result["results"].items()
