@@ -3,7 +3,7 @@ WordNet's glosses and TREC's questions. Each document is one dictionary entry, o
 so no row pretends that two unrelated texts continue each other.
 
 What is left out, and why:
-- GCIDE's paragraphs that came from WordNet 1.5 ("[WordNet 1.5]"): they hold WordNet's usage examples,
+- GCIDE's paragraphs that came from WordNet 1.5 (tagged "WordNet 1.5"): they hold WordNet's usage examples,
   and WordNet's usage examples are an evaluation source (export/sentence_sources.py);
 - GCIDE's quotations (Milton, Shakespeare, the Bible): verse and archaic prose, nothing a user sends;
 - WordNet's usage examples (the quoted part of a gloss), for the same reason as above;
@@ -48,6 +48,8 @@ def _definition(paragraph: str) -> str | None:
     text = re.sub(r"\s+([,;:.)])|(\()\s+", r"\1\2", re.sub(r"\s+", " ", text)).strip(" ;,:")
     if len(text.split()) < MIN_WORDS or not re.search(r"[a-z]", text) or text.startswith(("Same as", "See ")):
         return None
+    if "\\" in text:  # a pronunciation that ran over a line break: the markup was not understood
+        return None
     return _finished(text)
 
 
@@ -76,6 +78,7 @@ def _entries(path: str | os.PathLike[str]) -> Iterator[list[str]]:
 def _after_headword(paragraph: str) -> str:
     """The first paragraph without its headword block: the headword line, and an etymology in brackets
     that starts on it and may run on over the next lines (brackets nest: [L. x, fr. [?] y])."""
+    paragraph = _PRONUNCIATION.sub("", paragraph)  # its accents are bracketed too: M['e]`tis
     head, _, rest = paragraph.partition("\n")
     if "[" not in head:
         return rest
@@ -101,9 +104,9 @@ def iter_gcide_definitions(path: str | os.PathLike[str]) -> Iterator[str]:
         for i, paragraph in enumerate(entry):
             if i == 0:
                 paragraph = _after_headword(paragraph)
-            rows = paragraph.split("\n")
-            if any("WordNet" in r for r in rows if _SOURCE_LINE.match(r)):
+            if "WordNet" in paragraph:  # its source tag, [WordNet 1.5] or [1913 Webster + WordNet 1.5]
                 continue
+            rows = paragraph.split("\n")
             kept = [r for r in rows if not _SOURCE_LINE.match(r) and not r.startswith(_QUOTATION_INDENT)]
             found = _definition("\n".join(kept))
             if found:
@@ -121,7 +124,7 @@ def iter_wordnet_glosses(*paths: str | os.PathLike[str]) -> Iterator[str]:
             for line in f:
                 if line.startswith("  ") or " | " not in line:
                     continue  # the licence header
-                gloss = re.sub(r'"[^"]*"', "", line.split(" | ", 1)[1])
+                gloss = line.split(" | ", 1)[1].split('"', 1)[0]  # the examples follow, quoted
                 parts = [p.strip() for p in gloss.split(";") if len(p.split()) >= 3]
                 if parts:
                     yield _finished("; ".join(parts))
