@@ -362,6 +362,9 @@ def step_claim(ctx: Context) -> dict:
             "table": str(out / "table.md")}  # fmt: skip
 
 
+# The detector step lives beside its data tool; it reads the helpers above, so it is imported here, last.
+from benchmarks.gpucheck.detector import step_detector  # noqa: E402
+
 STEPS = {
     "pretrain": step_pretrain,
     "torchrun": step_torchrun,
@@ -371,4 +374,5 @@ STEPS = {
     "detect": step_detect,
     "claim": step_claim,
     "variants": step_variants,
+    "detector": step_detector,
 }
