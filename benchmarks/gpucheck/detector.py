@@ -66,9 +66,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def step_detector(ctx: Context) -> dict:
-    """configs/detector-gpu.toml from the recovered shipped detector, stopped in time, then packed into
-    shards the call can return (python -m training.handoff pack) and unpacked again as a check."""
+def train_and_pack(ctx: Context) -> dict:
+    """scripts/gpu-check's detector step: configs/detector-gpu.toml from the recovered shipped detector,
+    stopped in time, then packed into shards the call can return (python -m training.handoff pack) and
+    unpacked again as a check."""
     # The export package reads bundles as the server does (msgspec): recovery needs that much of --wheels.
     ctx.require_serving("recovering the shipped detector from its bundle", ("msgspec",))
     quick = ctx.sizes == SIZES["quick"]
