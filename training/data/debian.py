@@ -15,7 +15,8 @@ def download_deb(entry: DatasetEntry, dest: Path) -> Path:
     """Run ``apt-get download`` for the entry's pinned Debian package into ``dest``; return the .deb."""
     hint = (
         f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, or put the file in "
-        f"the cache ({CACHE_DIR_ENV}); it is {entry.member} inside Debian's {entry.package} {entry.version}"
+        f"the cache ({CACHE_DIR_ENV}); it is {entry.member} inside Debian's {entry.package} {entry.version} "
+        "(on Debian, `apt-get update` first if apt-get cannot find it)"
     )
     try:
         proc = subprocess.run(["apt-get", "download", "-q", entry.requirement], cwd=dest, capture_output=True,

@@ -55,9 +55,13 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
         for split in ("train", "valid"):
             info = build_shards(_documents(cfg, split), tok, cfg.seq_len, run / "data" / split,
                                 desc=f"tokenizing {split}", mix=mix)  # fmt: skip
-            # The text a run learns from, and what its token count divided by this says: passes over it.
+            # The text a run learns from, and how many times the schedule shows it each token.
             print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
                   f"documents ({cfg.corpus})", flush=True)  # fmt: skip
+            if split == "train" and info.tokens:
+                seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
+                print(f"the schedule's {cfg.max_steps:,} steps see about {seen / 1e6:.1f}M of them: each about "
+                      f"{seen / info.tokens:.1f} times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
     env.barrier()
     tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
     ids = special_ids(tok)
