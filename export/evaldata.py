@@ -23,6 +23,11 @@ class EvalDataError(ValueError):
     """Held-out or labelled data that cannot be found or read; the message says which flag to use."""
 
 
+def optional_path(p: str | None) -> Path | None:
+    """An option that names a file or directory, as a Path; None when it is not given."""
+    return Path(p) if p else None
+
+
 def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[str], str]:
     """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation.
     Read once per export: the int8 check, the activation ranges and the load-time check all ask."""

@@ -7,19 +7,19 @@ leaves no bundle behind (and an earlier bundle at the same path untouched).
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from export import bundle_writer, calibrate, evaldata, optimize, parity
+from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
+from export.precision import Precision, choose
 from options import check_choices, option
 
-PRECISIONS = ("int8", "fp32", "fp16")
+PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
 INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
-CALIBRATION_ROWS = 128  # held-out rows that fix the static activation scales (MinMax over them)
 
 
 @dataclass
@@ -105,8 +105,8 @@ class _Source:
     ptype: str | None  # a classifier's problem type
     max_length: int
     log: object
-    int8: str = "weights"  # the resolved --int8 method
-    quantization_aware: bool = False  # trained with --qat: its reference is its int8-simulated forward
+    precision: Precision  # the strategy of --precision (and --int8): export/precision.py
+    quantization_aware: bool = False  # trained with --qat: int8 compute is held to its int8-simulated forward
 
 
 @dataclass
@@ -132,23 +132,17 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
         with tempfile.TemporaryDirectory() as work_dir:
             work = Path(work_dir)
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
-            computes_int8 = cfg.precision == "int8" and src.int8 == "compute"
-            if computes_int8:  # before any graph is exported: they all hold the same weights
-                _prepare_int8_compute(src, tmp / bundle_writer.TOKENIZER)
+            src.precision.prepare(src, tmp / bundle_writer.TOKENIZER)
             fp32 = _fp32_graph(src, work)
             calibration = None
             if src.kind == "detector" and cfg.calibrate:
-                # The map is fitted on the scores the bundle will give: the int8 graph's when it computes int8.
-                scored = work / "fp32.onnx"
-                if computes_int8:
-                    scored = work / "uncalibrated.onnx"
-                    _int8_compute(src, work, scored)
+                scored = src.precision.scored_graph(src, work)  # the scores the bundle will give
                 src, calibration = calibrate.fit(src, scored, tmp / bundle_writer.TOKENIZER)
                 fp32 = _fp32_graph(src, work)  # exported again with the map inside, parity checked again
                 fp32.calibration_texts = calibration.texts
-            optimizations = _write_model(src, fp32, work, tmp)
+            optimizations = src.precision.write(src, fp32, work, tmp)
             extra = calibrate.finish(calibration, tmp, src) if calibration else {}
-            if cfg.precision != "fp16":  # fp16 is for GPUs; its outputs differ from the CPU's by design
+            if src.precision.load_check:
                 extra["load_check"] = _load_check(src, fp32, tmp)
         result.update(
             bundle_writer.write_manifest(
@@ -176,28 +170,10 @@ def _load(cfg: ExportConfig, log) -> _Source:
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
     ptype = problem_type(mcfg) if kind == "classifier" else None
-    int8 = cfg.int8
-    if int8 == "auto":
-        int8 = "compute" if mcfg.quantization is not None else "weights"
-        if cfg.precision == "int8":
-            log(
-                f"int8: {int8} ({'a quantization-aware' if int8 == 'compute' else 'not a quantization-aware'}"
-                " checkpoint; --int8 compute|weights to choose)"
-            )
-    return _Source(
-        cfg,
-        model,
-        graph,
-        mcfg,
-        ckpt,
-        kind,
-        output,
-        ptype,
-        max_length,
-        log,
-        int8,
-        mcfg.quantization is not None,
-    )
+    quantization_aware = mcfg.quantization is not None
+    strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
+    return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
+                   quantization_aware)  # fmt: skip
 
 
 def _fp32_graph(src: _Source, work: Path) -> _Fp32:
@@ -224,129 +200,20 @@ def _fp32_graph_of(src: _Source, work: Path) -> _Fp32:
     return _Fp32(sess32, inputs, batches, fusions, report)
 
 
-def _write_model(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
-    """The bundle's model.onnx at the asked precision; returns the manifest's `optimizations`."""
-    cfg, mcfg = src.cfg, src.mcfg
-    if cfg.precision == "fp32":
-        shutil.copyfile(work / "fp32.onnx", tmp / bundle_writer.MODEL)
-        return {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
-    if cfg.precision == "fp16":  # for CUDA, whose SkipLayerNormalization kernel is the fast one
-        fusions = optimize.fuse(
-            work / "raw.onnx", work / "gpu.onnx", mcfg.num_attention_heads, mcfg.hidden_size, for_gpu=True
-        )
-        optimizations = {"fusions": fusions, "opt_level": 0, "model_type": "bert"}
-        optimizations["fp16"] = optimize.to_fp16(work / "gpu.onnx", tmp / bundle_writer.MODEL)
-        fp32.report["fp16_vs_torch"] = _fp16_parity(
-            tmp / bundle_writer.MODEL, src.model, src.kind, src.ptype, fp32.batches, fp32.inputs, src.log
-        )
-        return optimizations
-    return _write_int8(src, fp32, work, tmp)
-
-
-def _write_int8(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
-    """Quantize and gate on accuracy. Static int8 first quantizes every MatMul; if that fails the gate,
-    the MatMuls after the activation (whose inputs have outliers) stay fp32: a bigger file, a kept score."""
-    cfg = src.cfg
-    optimizations: dict = {"fusions": fp32.fusions, "opt_level": 0, "model_type": "bert"}
-    if src.int8 == "compute":
-        return {**optimizations, **_write_int8_compute(src, fp32, work, tmp)}
-    for keep_fp32 in (False, True) if src.int8 == "static" else (False,):
-        if src.int8 == "weights":
-            optimizations["int8"] = optimize.int8_weights(work / "fp32.onnx", tmp / bundle_writer.MODEL)
-        elif src.int8 == "dynamic":
-            optimizations["int8"] = optimize.quantize_int8(work / "fp32.onnx", tmp / bundle_writer.MODEL)
-        else:
-            optimizations = _static_int8(
-                cfg, src.ckpt, src.kind, work, tmp, fp32.inputs, src.max_length, src.log, keep_fp32,
-                fp32.calibration_texts,
-            )  # fmt: skip
-        sess8 = optimize.session(tmp / bundle_writer.MODEL)
-        try:
-            fp32.report["int8_accuracy"] = _int8_accuracy(
-                cfg,
-                src.ckpt,
-                src.mcfg,
-                src.kind,
-                src.ptype,
-                fp32.session,
-                sess8,
-                fp32.inputs,
-                tmp,
-                src.max_length,
-            )
-            if fp32.calibration_texts is not None:
-                fp32.report["int8_token_deviation"] = calibrate.token_deviation(
-                    work / "fp32.onnx", tmp / bundle_writer.MODEL, tmp / bundle_writer.TOKENIZER, src.max_length,
-                    fp32.calibration_texts,
-                )  # fmt: skip
-            break
-        except parity.ParityError as e:
-            if keep_fp32 or src.int8 != "static":
-                raise
-            src.log(f"{e}; quantizing again with the MatMuls after the activation kept fp32")
-            fp32.report.pop("int8_accuracy", None)
-    fp32.report["int8_vs_torch"] = {
-        "max_abs_diff": parity.max_abs_diff(src.model, sess8, src.kind, src.ptype, fp32.batches, fp32.inputs),
-        "note": "informative; the gate is the accuracy figure",
-    }
-    src.log(f"int8 accuracy: {json.dumps(fp32.report['int8_accuracy'])}")
-    return optimizations
-
-
-def _int8_compute(src: _Source, work: Path, dst: Path) -> dict:
-    """The int8-compute graph of the last fp32 export (work/fp32.onnx: fused, residual Sum) at `dst`."""
-    import onnx
-
-    from export import int8_compute
-
-    model = onnx.load(str(work / "fp32.onnx"))
-    done = int8_compute.rewrite(model, int8_compute.projections(src.graph.encoder.electra))
-    onnx.save(model, str(work / "int8_compute.onnx"))
-    stored = optimize.int8_weights(work / "int8_compute.onnx", dst)
-    return {
-        "int8": {**done, "other_weights": stored["method"], "ranges": src.mcfg.quantization.get("origin")}
-    }
-
-
-def _write_int8_compute(src: _Source, fp32: _Fp32, work: Path, tmp: Path) -> dict:
-    """int8 compute, gated against the model it simulates: the checkpoint's own forward with int8
-    rounding on (parity.TorchReference). Per token on held-out text and on the calibration sentences:
-    p99 and max of the probability's deviation (calibrate.MAX_DEVIATION_P99 / MAX_DEVIATION)."""
-    optimizations = _int8_compute(src, work, tmp / bundle_writer.MODEL)
-    sess8 = optimize.session(tmp / bundle_writer.MODEL)
-    reference = parity.TorchReference(src.graph, fp32.inputs, src.quantization_aware)
-    report = fp32.report
-    report["int8_accuracy"] = _int8_accuracy(src.cfg, src.ckpt, src.mcfg, src.kind, src.ptype, reference, sess8,
-                                             fp32.inputs, tmp, src.max_length)  # fmt: skip
-    report["int8_accuracy"]["reference"] = reference.describe
-    held_out = report["int8_accuracy"].get("token_deviation")
-    if held_out is not None:
-        calibrate.check_deviation(held_out, "held-out text", src.quantization_aware)
-    if fp32.calibration_texts is not None:
-        report["int8_token_deviation"] = calibrate.token_deviation(
-            reference, tmp / bundle_writer.MODEL, tmp / bundle_writer.TOKENIZER, src.max_length,
-            fp32.calibration_texts, src.quantization_aware,
-        )  # fmt: skip
-    fp32_sess = fp32.session
-    report["int8_vs_fp32_weights"] = {
-        "max_abs_diff": parity.max_abs_diff_sessions(fp32_sess, sess8, fp32.batches, fp32.inputs),
-        "note": "informative: the same weights without int8 rounding; the gate is against the reference",
-    }
-    src.log(f"int8 compute accuracy: {json.dumps(report['int8_accuracy'])}")
-    return optimizations
-
-
 LOAD_CHECK_ROWS = 8
 
 
 def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
-    """A few inputs with the reference's outputs, for the server to run at load (app/model/load_check.py):
-    held-out text cut to lengths from 6 to 62 tokens and padded as one batch (random ids without text)."""
+    """A few inputs with the reference's outputs (the precision's: export/precision.py), for the server to
+    run at load (app/model/load_check.py): held-out text cut to lengths from 6 to 62 tokens and padded as
+    one batch (random ids without text)."""
     import numpy as np
     from tokenizers import Tokenizer
 
     try:
-        lines, where = evaldata.held_out_text(_path(src.cfg.eval_text), _path(src.cfg.data_dir))
+        lines, where = evaldata.held_out_text(
+            optional_path(src.cfg.eval_text), optional_path(src.cfg.data_dir)
+        )
         tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
         data, _ = evaldata.encode(tok, lines, min(src.max_length, 64), LOAD_CHECK_ROWS)
         for i in range(len(data.input_ids)):  # row i keeps 6 + 8i tokens: each row a length of its own
@@ -356,13 +223,13 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
     except evaldata.EvalDataError:
         data, where = fp32.batches[0], "random token ids"
     feed = data.feed(fp32.inputs)
-    reference = parity.TorchReference(src.graph, fp32.inputs, src.quantization_aware)
+    reference = src.precision.reference(src, fp32.inputs)
     expected = reference.run(None, feed)[0]
     here = parity.deviation(
         *_real(optimize.session(tmp / bundle_writer.MODEL).run(None, feed)[0], expected, data)
     )
     # A bundle its own server would refuse on the machine that made it is not written.
-    calibrate.check_deviation(dict(here), "the load-time check's rows", src.quantization_aware)
+    calibrate.check_deviation(dict(here), "the load-time check's rows", src.precision.simulates_int8(src))
     return {
         "inputs": {k: v.tolist() for k, v in feed.items()},
         "expected": np.round(expected.astype(np.float64), 7).tolist(),
@@ -378,48 +245,6 @@ def _real(a, b, data):
     if a.shape == data.attention_mask.shape:
         return a[data.attention_mask == 1], b[data.attention_mask == 1]
     return a, b
-
-
-def _prepare_int8_compute(src: _Source, tokenizer: Path) -> None:
-    """Activation ranges for a model that has none, then the weights int8 only stores rounded as stored
-    (int8_compute.round_as_stored): the model the bundle and its reference both compute."""
-    from export.int8_compute import round_as_stored
-
-    if src.mcfg.quantization is None:
-        _calibrate_ranges(src, tokenizer)
-    src.log(f"int8 compute: {', '.join(round_as_stored(src.model))} rounded to their int8 storage first")
-
-
-def _calibrate_ranges(src: _Source, tokenizer: Path) -> None:
-    """Post-training ranges for a model that was not trained quantization-aware: set from held-out text
-    (the classifier's own training texts when it has a registry task), recorded in its config."""
-    import torch
-    from tokenizers import Tokenizer
-
-    from training.quantization import calibrate as calibrate_ranges
-
-    cfg = src.cfg
-    task_rows = (
-        evaldata.registry_dev_rows(src.ckpt, _path(cfg.data_dir), "train")
-        if src.kind == "classifier"
-        else None
-    )
-    if task_rows:
-        lines, where = [t for t, _ in task_rows[0]], task_rows[1]
-    else:
-        lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
-    data, _ = evaldata.encode(Tokenizer.from_file(str(tokenizer)), lines[::-1], min(src.max_length, 128),
-                              CALIBRATION_ROWS)  # fmt: skip
-    feeds = [{k: torch.from_numpy(v[i : i + 16]) for k, v in data.feed(INPUT_NAMES).items()}
-             for i in range(0, len(data.input_ids), 16)]  # fmt: skip
-    model = src.graph.encoder.electra
-    spec = calibrate_ranges(src.model, model, feeds)
-    src.mcfg.quantization = {
-        **spec,
-        "origin": f"calibrated at export on {len(data.input_ids)} rows of {where}",
-    }
-    src.log(f"int8 compute: {src.mcfg.quantization['origin']} (not quantization-aware: the gate may fail; "
-            "train with --qat)")  # fmt: skip
 
 
 def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: str) -> dict:
@@ -441,110 +266,6 @@ def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: st
         "versions": _versions(torch),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-
-
-def _static_int8(
-    cfg,
-    ckpt: Path,
-    kind: str,
-    work: Path,
-    tmp: Path,
-    inputs: list[str],
-    max_length: int,
-    log,
-    keep_fp32: bool,
-    sentences=None,
-) -> dict:
-    """Calibrate on held-out text (its tail: the accuracy check reads the head) and quantize the
-    unfused graph with residual Sum; returns the manifest's `optimizations`."""
-    import onnx
-    from tokenizers import Tokenizer
-
-    raw = onnx.load(str(work / "raw.onnx"))
-    summed = optimize.residual_adds_as_sum(raw)
-    onnx.save(raw, str(work / "raw_sum.onnx"))
-    # A classifier is calibrated on its own kind of text: its registry task's train split (never the
-    # dev rows the accuracy gate reads), or the dev data given. Default sentiment classifier, all MatMuls
-    # int8: calibrated on WikiText it lost 0.71 accuracy points, over the 0.5 gate.
-    task_rows = (
-        evaldata.registry_dev_rows(ckpt, _path(cfg.data_dir), "train") if kind == "classifier" else None
-    )
-    if cfg.eval_data and not cfg.eval_text:  # a classifier's own dev texts: no corpus needed
-        lines, where = [t for t, _ in evaldata.read_labelled(Path(cfg.eval_data))], cfg.eval_data
-    elif task_rows:
-        lines, where = [t for t, _ in task_rows[0]], task_rows[1]
-    else:
-        lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
-    tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
-    data, _ = evaldata.encode(tok, lines[::-1], min(max_length, 128), CALIBRATION_ROWS)
-    feeds = [
-        {k: v[i : i + 16] for k, v in data.feed(inputs).items()} for i in range(0, len(data.input_ids), 16)
-    ]
-    if sentences is not None:
-        # A detector's activation ranges are also set on sentences shaped like requests (its calibration
-        # set, in batches of their own lengths), not only on long paragraphs.
-        short, _ = evaldata.encode(
-            tok, sentences.texts, min(max_length, 128), len(sentences.texts), min_tokens=1
-        )
-        feeds += [
-            {k: v[i : i + 16] for k, v in short.feed(inputs).items()}
-            for i in range(0, len(short.input_ids), 16)
-        ]
-        where += f" and {len(short.input_ids)} calibration sentences"
-    int8 = optimize.quantize_int8_static(work / "raw_sum.onnx", tmp / bundle_writer.MODEL, feeds, keep_fp32)
-    log(f"static int8: calibrated on {len(data.input_ids)} rows of {where}")
-    return {
-        "graph": "unfused (torch export), residual Add as Sum",
-        "fusions": {"residual Add as Sum": summed},
-        "int8": {**int8, "calibration_data": where},
-    }
-
-
-def _fp16_parity(path, model, kind, ptype, batches, inputs, log) -> dict:
-    """fp16 is for GPUs; measured on CUDA when present, else on the CPU provider if it can run it."""
-    try:
-        sess = optimize.session(path, providers="auto")
-    except Exception as e:  # no fp16 kernels for some op on this provider
-        log(f"warning: fp16 parity not measured: {e}")
-        return {"not_measured": f"no provider here runs the fp16 graph: {str(e)[:200]}"}
-    figure = parity.check_close(parity.max_abs_diff(model, sess, kind, ptype, batches, inputs), "fp16")
-    return {**figure, "provider": sess.get_providers()[0]}
-
-
-def _int8_accuracy(cfg, ckpt, mcfg, kind, ptype, sess32, sess8, inputs, tmp, max_length) -> dict:
-    from tokenizers import Tokenizer
-
-    from training.checkpoint import load_model
-
-    tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
-    seq_len = min(max_length, 128)
-    if kind == "classifier":
-        rows, where = None, None
-        if cfg.eval_data:
-            rows, where = evaldata.read_labelled(Path(cfg.eval_data)), cfg.eval_data
-        elif found := evaldata.registry_dev_rows(ckpt, _path(cfg.data_dir)):
-            rows, where = found
-        if rows is not None and ptype != "multi_label_classification":
-            data, _ = evaldata.encode(tok, [t for t, _ in rows], seq_len, len(rows), min_tokens=1)
-            labels = evaldata.label_ids(rows, mcfg.id2label, ptype)
-            return {**parity.classifier_drop(sess32, sess8, inputs, data, labels, ptype), "data": where}
-        lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
-        data, _ = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
-        return {**parity.classifier_drop(sess32, sess8, inputs, data, None, ptype), "data": where}
-
-    lines, where = evaldata.held_out_text(_path(cfg.eval_text), _path(cfg.data_dir))
-    data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
-    generator = None
-    if (ckpt / "generator").is_dir():
-        generator, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
-        generator.eval()
-    fake, labels, how = evaldata.corrupt(data, special, generator, tok.token_to_id("[MASK]") or 0, cfg.seed)
-    figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special)
-    return {**figures, "corruption": how, "data": where}
-
-
-def _path(p: str | None) -> Path | None:
-    return Path(p) if p else None
 
 
 def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:

@@ -201,12 +201,27 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
     return {"max_abs_prob_diff": diff, "batches": len(batches), "limit": limit}
 
 
+def drop_int8_ranges(checkpoint: Path) -> None:
+    """Leave the int8 activation ranges out of a recovered checkpoint's config.json: its weights (the bundle's
+    rounding kept) then load as a plain fp32 discriminator, and continued pretraining runs without the int8
+    simulation (faster, and free to move the activations; issue 46's GPU recipe)."""
+    path = checkpoint / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("quantization", None)
+    path.write_text(json.dumps(config, indent=2))
+
+
 @dataclass
 class RecoverConfig:
     """The options of `python -m export.recover` (options/: declared once, resolved as everywhere)."""
 
     bundle: Path = option(help="a detector bundle directory (model.onnx + manifest.json)", positional=True)
     out: Path = option(help="checkpoint directory to write (config.json, model.safetensors, tokenizer.json)")
+    int8_ranges: bool = option(
+        True,
+        "keep an int8-compute bundle's activation ranges in config.json (training goes on quantization-aware); "
+        "false: the same weights train in fp32, and a later --qat sets ranges afresh",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
     try:
         report = recover(cfg.bundle, cfg.out)
+        if not cfg.int8_ranges:
+            drop_int8_ranges(cfg.out)
     except (ValueError, OSError) as e:
         sys.exit(f"export.recover: {e}")
     options.save(cfg, cfg.out / "recover_config.json")

@@ -20,7 +20,6 @@ carries to everyday text it has not seen.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,33 +54,15 @@ SOURCES = {
     "rotten_tomatoes": Source("rotten_tomatoes", SHORT_WORDS, ("train", None), ("test", None)),
 }
 
-# TREC's questions come tokenized, Penn Treebank style ("the protagonist 's name in `` The Idiot '' ?");
-# a user types them untokenized.
-_PTB_RULES = [
-    (re.compile(p), r)
-    for p, r in [
-        (r"``\s*", '"'),
-        (r"\s*''", '"'),
-        (r" (n't|'s|'re|'ve|'ll|'d|'m)\b", r"\1"),
-        (r" ([,.;:!?%)\]])", r"\1"),
-        (r"([(\[$]) ", r"\1"),
-    ]
-]
-
-
-def _untokenize(text: str) -> str:
-    for pattern, repl in _PTB_RULES:
-        text = pattern.sub(repl, text)
-    return text
-
 
 def _documents(source: str, split: str, data_dir: Path | None):
     from training.data.corpus import read_corpus
+    from training.data.more_corpora import untokenize_ptb
     from training.finetuning.sets import LABELLED_SETS, load_labelled
 
     if source in LABELLED_SETS:
         texts = (text for text, _ in load_labelled(source, data_dir)[split])
-        return (_untokenize(t) for t in texts) if source == "trec" else texts
+        return (untokenize_ptb(t) for t in texts) if source == "trec" else texts
     docs = read_corpus(source, split, data_dir=data_dir)
     if source == "wikitext2":  # an article's first line is its title
         docs = ("\n".join(d.split("\n")[1:]) for d in docs)

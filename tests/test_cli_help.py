@@ -172,6 +172,6 @@ def test_unknown_corpus_is_a_message(tmp_path):
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
     assert (
-        "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, wordnet, chat, commons)"
-        in out.stderr
+        "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, wordnet, chat, gcide, "
+        "wordnet_glosses, trec, commons)" in out.stderr
     )

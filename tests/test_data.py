@@ -231,6 +231,43 @@ def test_everyday_corpora_are_sentences_a_user_would_type(data_dir):
     assert 0 < len(valid) < len(wordnet) / 20 and not valid & set(wordnet)
 
 
+def test_definitions_and_questions_leave_out_what_evaluation_reads(data_dir):
+    """Issue 46's further corpora: GCIDE's definitions (from Debian's dict-gcide) and WordNet's glosses,
+    without WordNet's usage examples (an evaluation source) or GCIDE's copies of them and its
+    quotations; TREC's questions without its test split."""
+    from training.data.more_corpora import untokenize_ptb
+    from training.finetuning.sets import load_labelled
+
+    gcide = [line for d in read_corpus("gcide", "train", data_dir=data_dir) for line in d.split("\n")]
+    glosses = list(read_corpus("wordnet_glosses", "train", data_dir=data_dir))
+    assert 150_000 < len(gcide) < 190_000 and 100_000 < len(glosses) < 120_000
+    assert (
+        "The act of abdicating; the renunciation of a high office, dignity, or trust, by its holder; commonly "
+        "the voluntary renunciation of sovereign power; as, abdication of the throne, government, power, "
+        "authority." in gcide
+    )
+    assert "A flat-bottomed motor vehicle that can travel on land or water." in glosses
+    assert not [line for line in gcide if any(c in line for c in '\\{}"')][:3]
+    assert not [line for line in glosses if '"' in line][:3]
+    assert not [line for line in gcide if "WordNet" in line or "--" in line][:3]
+    examples = {
+        e
+        for s in ("train", "valid")
+        for d in read_corpus("wordnet", s, data_dir=data_dir)
+        for e in d.split("\n")
+    }
+    # The evaluation reads examples of 6 words or more; shorter glosses ("A long time.") may coincide.
+    assert not [line for line in set(gcide + glosses) & examples if len(line.split()) >= 6]
+
+    trec = list(read_corpus("trec", "train", data_dir=data_dir))
+    test = {untokenize_ptb(t) for t, _ in load_labelled("trec", data_dir)["test"]}
+    assert len(trec) == len(load_labelled("trec", data_dir)["train"]) and not set(trec) & test
+    assert "What is Remembrance Day all about?" in trec and " 's " not in " ".join(trec)
+    assert len(list(read_corpus("trec", "valid", data_dir=data_dir))) == len(
+        load_labelled("trec", data_dir)["dev"]
+    )
+
+
 def test_user_corpora(tmp_path):
     (tmp_path / "a.txt").write_text("first doc\nstill first\n\n\nsecond doc\n")
     with gzip.open(tmp_path / "b.txt.gz", "wt") as f:

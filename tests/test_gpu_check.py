@@ -3,14 +3,18 @@ takes except for the device, with the training steps limited to the packages a b
 table it prints is the CI log's record of the run (docs/gpu.md)."""
 
 import json
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from benchmarks.gpucheck.steps import STEPS
+from tests.app_fixtures import run_server
 from tests.realdata import real_data_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,8 +92,6 @@ def test_the_guard_hides_what_a_gpu_node_lacks(tmp_path):
 
     env = guard_env(tmp_path, {"PATH": "/usr/bin:/bin"})
     probe = "import importlib.util as u; print([u.find_spec(m) is None for m in ('sklearn', 'matplotlib', 'numpy')])"
-    import sys
-
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=REPO)
     assert done.stdout.strip() == "[True, True, False]", done.stderr
 
@@ -123,3 +125,83 @@ def test_missing_data_is_named(tmp_path):
     )
     assert done.returncode == 2
     assert "wikitext2-train.raw.gz" in done.stderr and "--data-dir" in done.stderr
+
+
+# --- the detector step (issue 46): its shards brought home -------------------------------------------
+# The CPU mode's detector step is the GPU recipe at toy size (the shipped detector recovered, a few steps
+# under the guard, packed); what follows is what happens to its shards at home.
+DETECTOR_SENTENCE = "The committee will publish its report next banana, after the vote."
+MIB = 2**20
+
+
+def detector_step(cpu_run) -> tuple[dict, Path]:
+    _, out = cpu_run
+    return json.loads((out / "results.json").read_text())["steps"]["detector"], out / "detector"
+
+
+def handoff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training.handoff", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_the_recipe_runs_and_its_shards_fit_what_a_call_returns(cpu_run):
+    report, packed = detector_step(cpu_run)
+    assert report["status"] == "ok", report
+    figures = report["figures"]
+    assert figures["steps"] == 4 and figures["tokens_seen"] > 0 and figures["unique_tokens"] > 10_000
+    assert figures["disc_auc"][-1][1] > 0.9  # the shipped detector's skill came along through recovery
+    files = sorted(packed.iterdir())
+    assert len(files) + 2 <= 8  # results.json and results.md come back beside them
+    assert all(f.stat().st_size <= 16 * MIB for f in files), [(f.name, f.stat().st_size) for f in files]
+    index = json.loads((packed / "handoff.json").read_text())
+    assert index["dtype"] == "fp16" and not any(name.startswith("generator") for name in index["tensors"])
+    assert {
+        "checkpoint/config.json",
+        "checkpoint/tokenizer.json",
+        "run/metrics.jsonl",
+        "run/train.log",
+    } <= set(index["files"])
+
+
+def test_a_corrupt_or_missing_shard_is_refused_by_name(cpu_run, tmp_path):
+    _, packed = detector_step(cpu_run)
+    shard = json.loads((packed / "handoff.json").read_text())["shards"][1]["file"]
+    corrupt = shutil.copytree(packed, tmp_path / "corrupt")
+    data = bytearray((corrupt / shard).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (corrupt / shard).write_bytes(bytes(data))
+    done = handoff("unpack", str(corrupt), "--out", str(tmp_path / "run"))
+    assert done.returncode == 1 and f"shard {shard} is corrupt" in done.stderr, done.stderr
+    (corrupt / shard).unlink()
+    done = handoff("unpack", str(corrupt), "--out", str(tmp_path / "run"))
+    assert done.returncode == 1 and f"shard {shard} is missing" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_the_reassembled_run_exports_with_parity_serves_and_trains_on(cpu_run, tmp_path):
+    from training.checkpoint import load_model
+    from training.pretraining.warmstart import resolve_source
+
+    _, packed = detector_step(cpu_run)
+    run = tmp_path / "run"
+    done = handoff("unpack", str(packed), "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    # What `training.finetune --init` and `training.pretrain --init` do with it first.
+    classifier, _, _ = load_model(run, "ElectraForSequenceClassification", num_labels=2)
+    assert classifier.config.num_hidden_layers == 6
+    assert resolve_source(str(run)).generator is None  # a warm start trains a fresh generator
+
+    bundle = tmp_path / "models" / "detector"
+    export = subprocess.run([sys.executable, "-m", "export", str(run), "--out", str(bundle), "--precision", "fp32",
+                             "--no-calibrate", "--data-dir", str(real_data_dir())], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert export.returncode == 0, export.stderr[-2000:]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["parity"]["fp32_vs_torch"]["max_abs_diff"] < 1e-4
+    assert manifest["source"]["step"] == 4
+
+    with run_server(bundle.parent, log_dir=tmp_path) as server:
+        answer = httpx.post(server.url + "/detect", json={"text": DETECTOR_SENTENCE}, timeout=30).json()
+    tokens = answer["results"][0]["tokens"]
+    assert tokens and all(DETECTOR_SENTENCE[t["start"] : t["end"]] == t["text"] for t in tokens), tokens
+    assert max(tokens, key=lambda t: t["prob"])["text"] == "banana"

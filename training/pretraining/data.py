@@ -30,6 +30,12 @@ class PretrainingData(NamedTuple):
     valid_batches: Callable[[], Batches]  # a fresh iterator each call, always in the same order
 
 
+def _documents(cfg, split: str):
+    """The corpus's documents, opened only when read: shards already built the same way (carried to an
+    offline machine: benchmarks/gpucheck/detector.py) are reused without the corpus files being there."""
+    yield from read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
+
+
 def build_data(cfg, run: Path, env) -> PretrainingData:
     """Tokenizer (trained, given or the run's own on a resume) and the train/valid shards under `run`;
     rank 0 makes them while the others wait."""
@@ -47,8 +53,15 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
             tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
         save_tokenizer(tok, tok_dir)
         for split in ("train", "valid"):
-            docs = read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
-            build_shards(docs, tok, cfg.seq_len, run / "data" / split, desc=f"tokenizing {split}", mix=mix)
+            info = build_shards(_documents(cfg, split), tok, cfg.seq_len, run / "data" / split,
+                                desc=f"tokenizing {split}", mix=mix)  # fmt: skip
+            # The text a run learns from, and how many times the schedule shows it each token.
+            print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
+                  f"documents ({cfg.corpus})", flush=True)  # fmt: skip
+            if split == "train" and info.tokens:
+                seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
+                print(f"the schedule's {cfg.max_steps:,} steps see about {seen / 1e6:.1f}M of them: each about "
+                      f"{seen / info.tokens:.1f} times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
     env.barrier()
     tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
     ids = special_ids(tok)

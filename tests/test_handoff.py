@@ -1,0 +1,57 @@
+"""python -m training.handoff on a tiny discriminator: the limits a GPU call's return sets are kept (a
+tensor larger than a shard is split by rows), and what comes back is the packed weights exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers_models import save_detector, train_tokenizer
+from training.checkpoint import load_model
+from training.handoff import HEADER_ROOM, main
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    tok = train_tokenizer(tmp_path_factory.mktemp("tok"))
+    return save_detector(tmp_path_factory.mktemp("det") / "detector", tok, with_generator=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, dtype):
+    limit_mib = 0.1  # the word embeddings (1000 x 32 fp32: 125 KiB) cannot fit one shard whole
+    assert main(["pack", str(detector), "--out", str(tmp_path / "p"), "--dtype", dtype,
+                 "--max-shard-mib", str(limit_mib), "--max-files", "8"]) == 0  # fmt: skip
+    index = json.loads((tmp_path / "p" / "handoff.json").read_text())
+    assert all(s["bytes"] <= limit_mib * 2**20 for s in index["shards"]) and len(index["shards"]) > 1
+    assert len(index["tensors"]["electra.embeddings.word_embeddings.weight"]["parts"]) > 1
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run")]) == 0
+    original, _, _ = load_model(detector)
+    back, _, _ = load_model(tmp_path / "run")
+    cast = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    for name, t in original.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t.to(cast).float()), name
+    assert (detector / "generator").is_dir() and not list(
+        (tmp_path / "run").rglob("generator")
+    )  # left behind
+
+
+def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path, capsys):
+    assert main(["pack", str(detector), "--out", str(tmp_path / "a"), "--max-shard-mib", "0.1",
+                 "--max-files", "2"]) == 1  # fmt: skip
+    assert "exceed --max-files 2" in capsys.readouterr().err
+    big = tmp_path / "big"
+    big.mkdir()
+    for f in detector.iterdir():
+        if f.is_file():
+            (big / f.name).write_bytes(f.read_bytes())
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(big / "model.safetensors")
+    weights["discriminator_predictions.dense.bias"][0] = 1e6
+    save_file(weights, big / "model.safetensors")
+    assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 1
+    assert "discriminator_predictions.dense.bias holds values beyond fp16's range" in capsys.readouterr().err
+    assert HEADER_ROOM < 0.1 * 2**20

@@ -1,0 +1,44 @@
+"""Registry files that ship in a Debian package (training/data/registry.py): fetched with apt-get download,
+read from the package's data.tar without installing it."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+from training.data.registry import CACHE_DIR_ENV, ChecksumError, DatasetEntry, DownloadError
+
+
+def download_deb(entry: DatasetEntry, dest: Path) -> Path:
+    """Run ``apt-get download`` for the entry's pinned Debian package into ``dest``; return the .deb."""
+    hint = (
+        f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, or put the file in "
+        f"the cache ({CACHE_DIR_ENV}); it is {entry.member} inside Debian's {entry.package} {entry.version} "
+        "(on Debian, `apt-get update` first if apt-get cannot find it)"
+    )
+    try:
+        proc = subprocess.run(["apt-get", "download", "-q", entry.requirement], cwd=dest, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+    except OSError as e:
+        raise DownloadError(f"cannot run apt-get to download {entry.requirement} ({e}); {hint}") from e
+    debs = sorted(dest.glob("*.deb"))
+    if proc.returncode != 0 or len(debs) != 1:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise DownloadError(
+            f"could not download {entry.requirement} from Debian: {hint}.\napt-get said:\n{tail}"
+        )
+    return debs[0]
+
+
+def data_tar(path: Path) -> tarfile.TarFile:
+    """The data.tar of a .deb: an ar archive (an 8-byte magic, then members behind 60-byte headers)."""
+    blob = path.read_bytes()
+    pos = 8
+    while pos + 60 <= len(blob):
+        name, size = blob[pos : pos + 16].decode().strip().rstrip("/"), int(blob[pos + 48 : pos + 58])
+        if name.startswith("data.tar"):
+            return tarfile.open(fileobj=io.BytesIO(blob[pos + 60 : pos + 60 + size]))
+        pos += 60 + size + (size % 2)  # members start on even offsets
+    raise ChecksumError(f"{path.name} holds no data.tar: not a Debian package")

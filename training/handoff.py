@@ -1,0 +1,329 @@
+"""A trained discriminator carried home from an offline machine in a few small files, and back into a run.
+
+    python -m training.handoff pack RUN --out DIR [--dtype fp16|bf16] [--max-shard-mib 16] [--max-files 6]
+    python -m training.handoff unpack DIR --out RUN
+
+Why: the GPU machines this project borrows are offline and hand back at most 8 files of at most 16 MiB
+each (docs/gpu.md). A run directory holds the generator, the optimizer's moments and fp32 weights: far
+more than that. `pack` writes only what the next steps need:
+- the discriminator's weights in fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib;
+  a tensor larger than a shard (the word embeddings) is split by rows;
+- handoff.json: the sha256 of every shard, and the small files inside it: config.json (with the int8
+  ranges of a quantization-aware run), tokenizer.json, vocab.txt, the run's config, metrics.jsonl,
+  trainer_state.json (without the optimizer) and the end of the training log.
+The generator is left out: export does not read it, and a warm start trains a fresh one.
+
+`unpack` checks every shard against handoff.json before it writes anything, and refuses a missing or
+corrupt shard by name. It writes a run directory (checkpoints/latest, fp32 weights: fp16 and bf16 widen exactly)
+that `python -m export`, `python -m training.pretrain --init` and `python -m training.finetune --init`
+take as they take any run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import options
+from options import check_choices, option
+
+INDEX = "handoff.json"
+FORMAT = "electra-serve handoff 1"
+DTYPES = ("bf16", "fp16")
+HEADER_ROOM = 1 << 16  # bytes kept free in each shard for its safetensors header (names, shapes, offsets)
+LOG_TAIL = 200_000  # characters of the training log carried back: its end says how the run finished
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "vocab.txt")
+RUN_FILES = ("config.json", "metrics.jsonl")
+
+
+class HandoffError(ValueError):
+    """A handoff that cannot be written or read back; the message names the file and what to do."""
+
+
+@dataclass
+class PackConfig:
+    """The options of `python -m training.handoff pack`."""
+
+    run: str = option(
+        help="a run directory (its checkpoints/latest) or a checkpoint directory", positional=True
+    )
+    out: str = option(help="directory for the shards and handoff.json; must be new or empty")
+    dtype: str = option(
+        "fp16",
+        "the weights' type in the shards: fp16 (3 more bits than bf16 where weights lie) or bf16",
+        choices=DTYPES,
+    )
+    max_shard_mib: float = option(
+        16.0, "largest shard, in MiB (the GPU machine returns files of at most 16 MiB)"
+    )
+    max_files: int = option(
+        6, "most files written, handoff.json included (the GPU machine returns at most 8)"
+    )
+    log: str | None = option(None, "the training's log file; its end is carried in handoff.json")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.max_shard_mib <= HEADER_ROOM / 2**20:
+            raise options.ConfigError(
+                f"--max-shard-mib: must exceed {HEADER_ROOM / 2**20:g}, got {self.max_shard_mib}"
+            )
+        if self.max_files < 2:
+            raise options.ConfigError(f"--max-files: at least 2 (a shard and {INDEX}), got {self.max_files}")
+        if self.log is not None and not Path(self.log).is_file():
+            raise options.ConfigError(f"--log: {self.log} is not a file")
+
+
+@dataclass
+class UnpackConfig:
+    """The options of `python -m training.handoff unpack`."""
+
+    handoff: str = option(help=f"directory holding {INDEX} and the shards it lists", positional=True)
+    out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
+    force: bool = option(False, "replace --out if it exists")
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ pack
+
+
+def _discriminator(run: Path) -> Path:
+    from training.checkpoint import read_config, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(run)
+    _, arch = read_config(ckpt)
+    if arch != "ElectraForPreTraining":
+        raise HandoffError(f"{ckpt}: a {arch}; pack carries a discriminator (ElectraForPreTraining)")
+    return ckpt
+
+
+def _pieces(weights: dict, dtype, budget: int) -> list[tuple[str, str, object]]:
+    """(tensor name, key in a shard, tensor) for every tensor in `dtype`; one larger than `budget` bytes is
+    cut into row blocks that each fit, keyed name#0, name#1, ... (put back together in that order)."""
+    import torch
+
+    out = []
+    for name in sorted(weights):
+        t = weights[name]
+        if t.is_floating_point():
+            if dtype == torch.float16 and t.abs().max() > torch.finfo(torch.float16).max:
+                raise HandoffError(
+                    f"{name} holds values beyond fp16's range ({float(t.abs().max()):.3g}); pack --dtype bf16"
+                )
+            t = t.to(dtype)
+        t = t.contiguous()
+        size = t.numel() * t.element_size()
+        if size <= budget or t.dim() == 0:
+            out.append((name, name, t))
+            continue
+        rows = max(1, budget // (size // t.shape[0]))
+        for i, start in enumerate(range(0, t.shape[0], rows)):
+            out.append((name, f"{name}#{i}", t[start : start + rows].clone()))
+    return out
+
+
+def _shards(pieces: list, budget: int) -> list[list]:
+    """Pieces into shards of at most `budget` bytes of data, largest first into the first shard with room
+    (first-fit decreasing: within 11/9 of the fewest shards possible); each shard's pieces by name."""
+
+    def nbytes(piece) -> int:
+        return piece[2].numel() * piece[2].element_size()
+
+    shards: list[list] = []
+    room: list[int] = []
+    for piece in sorted(pieces, key=lambda p: (-nbytes(p), p[1])):
+        fits = next((i for i, r in enumerate(room) if nbytes(piece) <= r), None)
+        if fits is None:
+            shards.append([])
+            room.append(budget)
+            fits = len(shards) - 1
+        shards[fits].append(piece)
+        room[fits] -= nbytes(piece)
+    return [sorted(s, key=lambda p: p[1]) for s in shards]
+
+
+def pack(cfg: PackConfig, log=print) -> dict:
+    """Write the shards and handoff.json into cfg.out; returns the index."""
+    import torch
+    from safetensors.torch import save_file
+
+    from training.checkpoint import read_weights
+
+    run, out = Path(cfg.run), Path(cfg.out)
+    if out.exists() and any(out.iterdir()):
+        raise HandoffError(f"--out {out} is not empty; give a new directory")
+    ckpt = _discriminator(run)
+    limit = int(cfg.max_shard_mib * 2**20)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
+    weights = read_weights(ckpt)
+    shards = _shards(_pieces(weights, dtype, limit - HEADER_ROOM), limit - HEADER_ROOM)
+    if len(shards) + 1 > cfg.max_files:
+        total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
+        raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
+                           f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
+                   "files": _small_files(ckpt, run, cfg.log), "pack_config": options.as_dict(cfg)}  # fmt: skip
+    for n, shard in enumerate(shards, 1):
+        name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
+        save_file({key: t for _, key, t in shard}, out / name, metadata={"format": "pt"})
+        (out / name).chmod(0o644)  # safetensors writes it private; whoever copies it back must read it
+        size = (out / name).stat().st_size
+        if size > limit:  # HEADER_ROOM is ours to keep large enough
+            raise AssertionError(f"{name} is {size} bytes, over {limit}")
+        index["shards"].append({"file": name, "bytes": size, "sha256": sha256_of(out / name)})
+        for tensor, key, _ in shard:
+            entry = index["tensors"].setdefault(tensor, {"shape": list(weights[tensor].shape), "parts": []})
+            entry["parts"].append([name, key])
+    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    for s in index["shards"]:
+        log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
+    log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_of(out / INDEX)}")
+    return index
+
+
+def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]:
+    """The text files a run needs besides its weights, with their sha256, keyed by their place in the
+    unpacked run: checkpoint/... and run/..."""
+    files = {f"checkpoint/{n}": (ckpt / n).read_text() for n in CHECKPOINT_FILES if (ckpt / n).is_file()}
+    state = ckpt / "trainer_state.json"
+    if state.is_file():  # no optimizer, no data position: a handed-off run is a start, not a resume
+        kept = {k: v for k, v in json.loads(state.read_text()).items() if k not in ("optimizer", "batches")}
+        files["checkpoint/trainer_state.json"] = json.dumps(kept, indent=2)
+    if (run / "checkpoints").is_dir():
+        files.update({f"run/{n}": (run / n).read_text() for n in RUN_FILES if (run / n).is_file()})
+    if log_file:
+        text = Path(log_file).read_text(errors="replace")
+        files["run/train.log"] = text[-LOG_TAIL:]
+    if "checkpoint/tokenizer.json" not in files:
+        raise HandoffError(f"{ckpt} has no tokenizer.json; every checkpoint of a run carries one")
+    return {
+        name: {"sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
+        for name, text in files.items()
+    }
+
+
+# ---------------------------------------------------------------------------------------------- unpack
+
+
+def verify(directory: Path) -> dict:
+    """The index, after every shard it lists is found with its sha256; HandoffError naming the first
+    shard that is missing or differs (or a small file whose text was changed)."""
+    path = directory / INDEX
+    if not path.is_file():
+        raise HandoffError(f"{directory}: no {INDEX}; it lists the shards and their checksums")
+    try:
+        index = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
+    if index.get("format") != FORMAT:
+        raise HandoffError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
+    for s in index["shards"]:
+        shard = directory / s["file"]
+        if not shard.is_file():
+            raise HandoffError(f"shard {s['file']} is missing from {directory} ({INDEX} lists "
+                               f"{len(index['shards'])} shards): copy it back from the machine that packed it")  # fmt: skip
+        actual = sha256_of(shard)
+        if actual != s["sha256"]:
+            raise HandoffError(f"shard {s['file']} is corrupt: sha256 {actual}, {INDEX} says {s['sha256']} "
+                               f"({shard.stat().st_size} bytes, packed {s['bytes']}); copy it again")  # fmt: skip
+    for name, f in index["files"].items():
+        if hashlib.sha256(f["text"].encode()).hexdigest() != f["sha256"]:
+            raise HandoffError(f"{path}: the text of {name} does not match its sha256; copy {INDEX} again")
+    return index
+
+
+def _weights(directory: Path, index: dict) -> dict:
+    """Every tensor reassembled from its parts, widened to fp32 (bf16 and fp16 widen exactly)."""
+    import torch
+    from safetensors import safe_open
+
+    opened = {s["file"]: safe_open(str(directory / s["file"]), "pt") for s in index["shards"]}
+    out = {}
+    for name, entry in index["tensors"].items():
+        parts = [opened[file].get_tensor(key) for file, key in entry["parts"]]
+        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if list(t.shape) != entry["shape"]:
+            raise HandoffError(f"{name}: reassembled as {list(t.shape)}, {INDEX} says {entry['shape']}")
+        out[name] = t.float() if t.is_floating_point() else t
+    return out
+
+
+def unpack(cfg: UnpackConfig, log=print) -> Path:
+    """Write the run directory; returns its checkpoint directory."""
+    from safetensors.torch import save_file
+
+    from training.checkpoint import LATEST, load_model, write_atomically
+
+    src, out = Path(cfg.handoff), Path(cfg.out)
+    if out.exists() and any(out.iterdir()) and not cfg.force:
+        raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
+    index = verify(src)
+    weights = _weights(src, index)
+    state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
+    step_dir = f"step-{int(state.get('step', 0)):08d}"
+
+    def fill(tmp: Path) -> None:
+        ckpt = tmp / "checkpoints" / step_dir
+        ckpt.mkdir(parents=True)
+        save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+        for name, f in index["files"].items():
+            where, _, file = name.partition("/")
+            (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"])
+        (tmp / "checkpoints" / LATEST).write_text(step_dir)
+        (tmp / "handoff.json").write_text(
+            json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1)
+        )
+        options.save(cfg, tmp / "unpack_config.json")
+        load_model(ckpt)  # the reassembled weights fit the config: fail here, not in the next command
+
+    write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
+    log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
+        f"{state.get('step', '?')}")  # fmt: skip
+    return out / "checkpoints" / step_dir
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+COMMANDS = {"pack": PackConfig, "unpack": UnpackConfig}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        print(f"python -m training.handoff: give a command: {' | '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    command, cls = argv[0], COMMANDS[argv[0]]
+    prog = f"python -m training.handoff {command}"
+    try:
+        cfg = options.resolve(cls, argv[1:], prog=prog, description=cls.__doc__)
+    except options.ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    print(f"electra-serve handoff {command}\n{options.describe(cfg)}", flush=True)
+    from training.checkpoint import CheckpointError
+
+    try:
+        if command == "pack":
+            index = pack(cfg)
+            print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
+        else:
+            unpack(cfg)
+    except (HandoffError, CheckpointError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
