@@ -180,7 +180,9 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
     resume: bool = option(False, "continue from <out>/checkpoints/latest")
     compile: bool | None = option(
-        None, "torch.compile the training step into one graph (default: on CUDA, off on CPU)"
+        None,
+        "torch.compile the training step into one graph (default: on CUDA with packed rows; off on CPU, and "
+        "for request rows, whose every batch length would compile anew)",
     )
     fused_qkv: bool = option(True, "one matrix product for each layer's query, key and value")
 

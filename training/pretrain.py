@@ -236,8 +236,12 @@ def setup(argv: list[str] | None) -> Trainer:
     reseed(cfg, env.rank, step)
 
     # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
-    # shapes depend only on the batch's, so nothing recompiles (a padded and an unpadded batch: two graphs).
-    compiled = cfg.compile if cfg.compile is not None else env.device.type == "cuda"
+    # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
+    # two graphs). Request-shaped rows are trimmed to each batch's longest, a new shape for every length,
+    # each a compilation of its own: those train eager unless --compile says otherwise.
+    compiled = (
+        cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
+    )
     model = torch.compile(objective) if compiled else objective
     if env.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
