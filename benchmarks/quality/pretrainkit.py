@@ -91,13 +91,14 @@ def subprocess_env(threads: int | None) -> dict[str, str]:
     return env
 
 
-def run_logged(cmd: list[str], log: Path, threads: int | None) -> float:
-    """Run `cmd`, echoing its output and keeping it in `log`; exit if it fails. Returns seconds."""
+def run_logged(cmd: list[str], log: Path, threads: int | None, cwd: Path | None = None) -> float:
+    """Run `cmd` (in `cwd`: another checkout's code), echoing its output and keeping it in `log`; exit if
+    it fails. Returns seconds."""
     print("$ " + shlex.join(cmd), flush=True)
     started = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True, env=subprocess_env(threads)) as proc:  # fmt: skip
+                                               text=True, env=subprocess_env(threads), cwd=cwd) as proc:  # fmt: skip
         for line in proc.stdout:
             f.write(line)
             print("    " + line, end="", flush=True)
