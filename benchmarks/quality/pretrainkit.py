@@ -153,8 +153,8 @@ def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> Non
             if running and time.monotonic() - last_progress > progress_every:
                 last_progress = time.monotonic()
                 for job, _, _ in running.values():
-                    line = job.progress() if job.progress else None
-                    print(f"    {job.name}: {line or 'running'}", flush=True)
+                    if job.progress:
+                        print(f"    {job.name}: {job.progress() or 'starting'}", flush=True)
             time.sleep(0.1)
     finally:  # a failure, an exit or an interrupt: no run is left behind
         for proc in running:
