@@ -1,8 +1,13 @@
 """benchmarks/quality/electra_vs_mlm.py: the equal-compute plan and its compute points, the resolved run
 config, the summary and table (no training), and the job runner that runs the runs side by side."""
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +145,29 @@ def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):
             [job("bad", "import sys; print('boom'); sys.exit(3)"), job("d", sleep)], at_once=2
         )
     assert "d" not in finished  # the other job was ended, not waited for
+
+
+def test_jobs_end_with_their_parent_even_when_it_is_killed(tmp_path):
+    """A call's time limit may SIGKILL the benchmark: its runs must not keep training behind it (or beside
+    the next call's resumed run)."""
+    child = f"import os, pathlib, time; pathlib.Path({str(tmp_path / 'pid')!r}).write_text(str(os.getpid())); time.sleep(60)"
+    parent = ("import sys; from pathlib import Path; from benchmarks.quality.pretrainkit import Job, run_jobs; "
+              f"run_jobs([Job('sleeper', [sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), 1, str)], 1)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int((tmp_path / "pid").read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":  # ended, not yet reaped by init
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the job outlived its parent")

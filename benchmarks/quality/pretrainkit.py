@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -122,13 +123,30 @@ class Job:
     progress: Callable[[], str | None] | None = None
 
 
+def die_with_parent() -> None:
+    """In a child, before it runs: SIGTERM when its parent dies, however that happens (a SIGKILL at a call's
+    time limit included), so no run keeps training behind a stopped benchmark, or beside the next call's
+    resumed one. Linux's prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> None:
     """Run `jobs` in order, at most `at_once` at a time; one line per finished job. A small model leaves a
     GPU (or a many-core host) mostly idle, so several runs side by side finish sooner than one after
     another. A failed job stops the others (they are ended; their runs resume or rerun next time) and
-    exits naming its log, with its end; so does Ctrl-C or SIGINT."""
+    exits naming its log, with its end; Ctrl-C, SIGINT and SIGTERM stop them all too."""
     pending, running = list(jobs), {}
     done, last_progress = 0, time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # through `finally`, unlike SIGTERM's default
     try:
         while pending or running:
             while pending and len(running) < at_once:
@@ -138,7 +156,7 @@ def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> Non
                 f.write("$ " + shlex.join(job.cmd) + "\n")
                 f.flush()
                 proc = subprocess.Popen(job.cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
-                                        env=subprocess_env(job.threads))  # fmt: skip
+                                        env=subprocess_env(job.threads), preexec_fn=die_with_parent)  # fmt: skip
                 running[proc] = (job, f, time.monotonic())
             for proc in [p for p in running if p.poll() is not None]:
                 job, f, started = running.pop(proc)
@@ -157,6 +175,7 @@ def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> Non
                         print(f"    {job.name}: {job.progress() or 'starting'}", flush=True)
             time.sleep(0.1)
     finally:  # a failure, an exit or an interrupt: no run is left behind
+        signal.signal(signal.SIGTERM, previous)
         for proc in running:
             proc.terminate()
         for proc, (_, f, _) in running.items():
