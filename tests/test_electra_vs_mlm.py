@@ -153,7 +153,7 @@ def test_jobs_end_with_their_parent_even_when_it_is_killed(tmp_path):
     child = f"import os, pathlib, time; pathlib.Path({str(tmp_path / 'pid')!r}).write_text(str(os.getpid())); time.sleep(60)"
     parent = ("import sys; from pathlib import Path; from benchmarks.quality.pretrainkit import Job, run_jobs; "
               f"run_jobs([Job('sleeper', [sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), 1, str)], 1)")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", parent])
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=Path(__file__).resolve().parent.parent)
     deadline = time.monotonic() + 60
     while not (tmp_path / "pid").is_file():
         assert proc.poll() is None and time.monotonic() < deadline
