@@ -1,11 +1,22 @@
-"""benchmarks/quality/electra_vs_mlm.py: the equal-compute plan, the resolved run config and the summary (no training)."""
+"""benchmarks/quality/electra_vs_mlm.py: the equal-compute plan and its compute points, the resolved run
+config, the summary and table (no training), and the job runner that runs the runs side by side."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
+from benchmarks.quality import claim_report, claim_runs, pretrainkit
 from benchmarks.quality import electra_vs_mlm as bench
-from benchmarks.quality import pretrainkit
 from options import resolve
 from training.config import PretrainConfig
+
+POINT_SETS = ["0.25,0.5,1", "0.3,0.6,1", "0.333,0.667,1", "0.1,1"]
 
 
 @pytest.fixture(scope="module")
@@ -13,56 +24,150 @@ def tiny():
     return resolve(PretrainConfig, ["--config", "configs/tiny.toml"])
 
 
-def test_plan_spends_the_same_budget_on_both_objectives(tiny):
-    cost = bench.costs(tiny, vocab_size=2000)
+@pytest.fixture(scope="module")
+def cost(tiny):
+    return claim_runs.costs(tiny, vocab_size=2000)
+
+
+@pytest.mark.parametrize("points", POINT_SETS)
+def test_plan_spends_the_same_budget_on_both_objectives_at_each_point(tiny, cost, points):
     assert cost["electra"]["params_encoder"] == cost["mlm"]["params_encoder"]  # same-size encoders
     assert cost["electra"]["flops_per_token"] > cost["mlm"]["flops_per_token"]  # the generator costs extra
-    budget = 1e12
-    plan = bench.plan(budget, cost, tiny, warmup_fraction=0.1)
+    budget, fractions = 1e12, bench.parse_points(points)
+    plan = claim_runs.plan(budget, cost, tiny, 0.1, fractions)
+    d = max(f.denominator for f in fractions)
     for p in plan.values():
         assert p["tokens_per_step"] == tiny.batch_size * tiny.seq_len * tiny.grad_accum
-        # As many whole steps as fit: within one step of the budget, never over it.
-        assert budget - p["flops_per_step"] < p["flops"] <= budget
         assert p["warmup_steps"] == round(0.1 * p["steps"])
-    assert plan["mlm"]["steps"] > plan["electra"]["steps"]
+        for f, at in zip(fractions, p["points"], strict=True):
+            # Each point's share of the budget, never over it, short of it by less than the steps that
+            # make the run a whole multiple of the points' denominator.
+            assert at["fraction"] == float(f) and at["flops"] == at["step"] * p["flops_per_step"]
+            assert float(f) * budget - d * p["flops_per_step"] < at["flops"] <= float(f) * budget
+    for e, m in zip(plan["electra"]["points"], plan["mlm"]["points"], strict=True):
+        assert e["flops"] == pytest.approx(m["flops"], rel=0.01)  # equal compute, point by point
+        assert m["step"] > e["step"]  # MLM's cheaper steps: more of them in the same FLOPs
 
 
-def test_resolved_config_round_trips_through_toml(tiny, tmp_path):
-    cfg = bench.objective_config(tiny, "mlm", "bert")
-    assert (cfg.objective, cfg.mask_replace_prob, cfg.random_replace_prob, cfg.max_minutes) == (
-        "mlm",
-        0.8,
-        0.1,
-        None,
-    )
+@pytest.mark.parametrize("points", POINT_SETS)
+def test_planned_checkpoints_include_every_point(tiny, cost, points):
+    fractions = bench.parse_points(points)
+    for p in claim_runs.plan(1e12, cost, tiny, 0.1, fractions).values():
+        every, steps = p["save_every"], p["steps"]
+        assert steps % every == 0  # the last step is a checkpoint: the run ends on one
+        for f, at in zip(fractions, p["points"], strict=True):
+            assert at["step"] == f * steps  # exactly that share of the run's steps
+            assert at["step"] % every == 0, f"point {f} falls between checkpoints"
+            # The trainer keeps the newest keep_checkpoints: the point's must still be there at the end.
+            assert (steps - at["step"]) // every < p["keep_checkpoints"]
+        assert p["keep_checkpoints"] <= steps // every  # no more kept than there are
+
+
+def test_run_config_saves_at_the_points_and_round_trips_through_toml(tiny, cost, tmp_path):
+    args = bench.parse_args(["--model-config", "configs/tiny.toml", "--pretrain-args=--log-every 3"])
+    s = claim_runs.plan(1e12, cost, tiny, 0.1, args.points)["mlm"]
+    cfg = claim_runs.run_config(args, "mlm", s, tmp_path / "mlm", tmp_path / "tokenizer.json", 2)
+    assert (cfg.max_steps, cfg.warmup_steps, cfg.save_every, cfg.keep_checkpoints, cfg.eval_every) == (
+        s["steps"], s["warmup_steps"], s["save_every"], s["keep_checkpoints"], s["save_every"])  # fmt: skip
+    assert (cfg.objective, cfg.log_every, cfg.threads, cfg.max_minutes) == ("mlm", 3, 2, None)
+    bert = claim_runs.objective_config(tiny, "mlm", "bert")
+    assert (bert.mask_replace_prob, bert.random_replace_prob) == (0.8, 0.1)
     path = tmp_path / "run.toml"
     path.write_text(pretrainkit.to_toml(cfg))
     assert resolve(PretrainConfig, ["--config", str(path)]) == cfg
 
 
-def test_flags_that_would_break_equal_compute_are_refused():
+@pytest.mark.parametrize(
+    "argv",
+    [["--pretrain-args=--max-steps 5"], ["--pretrain-args=--save-every 5"], ["--finetune-args=--seed 3"],
+     ["--points", "0.5"], ["--points", "0,1"], ["--points", "0.5,1.5"], ["--points", "a,1"], ["--jobs", "0"]],
+)  # fmt: skip
+def test_flags_that_would_break_equal_compute_or_the_points_are_refused(argv):
     with pytest.raises(SystemExit):
-        bench.parse_args(["--pretrain-args=--max-steps 5"])
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--finetune-args=--seed 3"])
+        bench.parse_args(argv)
+
+
+def test_defaults():
     args = bench.parse_args(["--tasks", "trec", "--seeds", "4,5"])
-    assert (args.tasks, args.seeds, args.budget_pflop) == (["trec"], [4, 5], 0.016)
+    assert (args.tasks, args.seeds, args.budget_pflop, args.jobs) == (["trec"], [4, 5], 0.016, None)
+    assert args.points == [Fraction(1, 4), Fraction(1, 2), Fraction(1)]
 
 
-def test_summary_and_table_report_mean_std_and_difference():
-    runs = [
-        {"objective": o, "task": "trec", "seed": s, "dev": {"accuracy": a, "macro_f1": a}, "test": {"accuracy": a, "macro_f1": a}}
-        for o, s, a in [("electra", 1, 0.80), ("electra", 2, 0.84), ("mlm", 1, 0.70), ("mlm", 2, 0.86)]
-    ]  # fmt: skip
-    s = bench.summarize(runs, ["trec"])["trec"]["test"]["accuracy"]
+def fake_runs(point: float, scores: list[tuple[str, int, float]]) -> list[dict]:
+    return [{"objective": o, "task": "trec", "seed": s, "point": point, "dev": {"accuracy": a, "macro_f1": a},
+             "test": {"accuracy": a, "macro_f1": a}} for o, s, a in scores]  # fmt: skip
+
+
+def test_summary_and_table_report_each_point_mean_std_and_difference():
+    runs = fake_runs(1.0, [("electra", 1, 0.80), ("electra", 2, 0.84), ("mlm", 1, 0.70), ("mlm", 2, 0.86)])
+    runs += fake_runs(0.5, [("electra", 1, 0.60)])  # partial: MLM's run at this point not finished
+    summary = claim_report.summarize(runs, ["trec"], [0.5, 1.0])
+    assert list(summary) == ["1"]  # a cell needs both objectives
+    s = summary["1"]["trec"]["test"]["accuracy"]
     assert s["electra"]["mean"] == pytest.approx(0.82) and s["mlm"]["mean"] == pytest.approx(0.78)
     assert s["electra"]["std"] == pytest.approx(0.0283, abs=1e-4)
     assert s["diff"] == pytest.approx(0.04)
     assert (s["electra_ahead"], s["paired"]) == (1, 2)
-    pre = {"params_encoder": 1e6, "flops_per_token": 1e6, "steps": 10, "tokens": 5120, "flops": 5e9,
-           "flops_vs_budget": 0.99, "wall_s": 60.0, "heldout_eval": {"mlm_accuracy": 0.1}}  # fmt: skip
-    results = {"budget_pflop": 5e-6, "pretrain": {"electra": pre, "mlm": pre}, "finetune": runs,
-               "args": {"seeds": [1, 2], "finetune_epochs": 1, "finetune_lr": 3e-4},
-               "summary": bench.summarize(runs, ["trec"])}  # fmt: skip
-    text = bench.table(results)
-    assert "| trec | test | accuracy | 82.00 ± 2.83 | 78.00 ± 11.31 | +4.00 ± 8.25 | 1/2 |" in text
+    at = [{"step": 5 * k, "tokens": 2560 * k, "flops": 2.5e9 * k, "flops_vs_point_budget": 0.99,
+           "heldout_eval": {"mlm_accuracy": 0.1}} for k in (1, 2)]  # fmt: skip
+    pre = {"params_encoder": 1e6, "flops_per_token": 1e6, "steps": 10, "tokens": 5120, "flops": 5e9, "points": at,
+           "flops_vs_budget": 0.99, "wall_s": 60.0, "median_tokens_per_s": 100.0}  # fmt: skip
+    results = {"budget_pflop": 5e-6, "points": [0.5, 1.0], "pretrain": {"electra": pre, "mlm": pre},
+               "args": {"seeds": [1, 2], "finetune_epochs": 1, "finetune_lr": 3e-4, "tasks": ["trec"], "jobs": 2},
+               "finetune": runs, "summary": summary, "finetune_missing": 1}  # fmt: skip
+    text = claim_report.table(results)
+    assert "| trec | 5e-06 | accuracy | 82.00 ± 2.83 | 78.00 ± 11.31 | +4.00 ± 8.25 | 1/2 |" in text
+    assert "| 0.5 | MLM | 5 | 2,560 | 2.5e-06 (0.990) | MLM acc 0.100 |" in text
+    assert "Partial: 1 fine-tuning run(s) not finished yet" in text
+
+
+def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):
+    finished = []
+
+    def job(name: str, code: str) -> pretrainkit.Job:
+        return pretrainkit.Job(name, [sys.executable, "-c", code], tmp_path / f"{name}.log", 1,
+                               lambda s, n=name: finished.append(n) or f"{n} done")  # fmt: skip
+
+    def meet(me: str, other: str) -> str:  # succeeds only while the other job runs too
+        return (f"import pathlib, sys, time; d = pathlib.Path({str(tmp_path)!r}); (d / '{me}.flag').touch()\n"
+                f"for _ in range(600):\n    if (d / '{other}.flag').exists(): print('met'); sys.exit(0)\n"
+                "    time.sleep(0.05)\nsys.exit(1)")  # fmt: skip
+
+    pretrainkit.run_jobs(
+        [job("a", meet("a", "b")), job("b", meet("b", "a")), job("c", "print(1)")], at_once=2
+    )
+    assert sorted(finished) == ["a", "b", "c"]
+    assert (tmp_path / "a.log").read_text().splitlines()[-1] == "met"
+    assert "[3/3] " in capsys.readouterr().out
+    sleep = "import time; time.sleep(30)"
+    with pytest.raises(SystemExit, match=r"bad: exit status 3; the end of .*bad\.log:\n.*\nboom"):
+        pretrainkit.run_jobs(
+            [job("bad", "import sys; print('boom'); sys.exit(3)"), job("d", sleep)], at_once=2
+        )
+    assert "d" not in finished  # the other job was ended, not waited for
+
+
+def test_jobs_end_with_their_parent_even_when_it_is_killed(tmp_path):
+    """A call's time limit may SIGKILL the benchmark: its runs must not keep training behind it (or beside
+    the next call's resumed run)."""
+    child = f"import os, pathlib, time; pathlib.Path({str(tmp_path / 'pid')!r}).write_text(str(os.getpid())); time.sleep(60)"
+    parent = ("import sys; from pathlib import Path; from benchmarks.quality.pretrainkit import Job, run_jobs; "
+              f"run_jobs([Job('sleeper', [sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), 1, str)], 1)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=Path(__file__).resolve().parent.parent)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int((tmp_path / "pid").read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":  # ended, not yet reaped by init
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the job outlived its parent")

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpucheck.steps import STEPS
+from benchmarks.gpucheck.steps import SIZES, STEPS
 from tests.app_fixtures import run_server
 from tests.realdata import real_data_dir
 
@@ -50,7 +50,11 @@ def test_every_step_runs_on_cpu(cpu_run, capsys):
     assert steps["resume"]["weights_max_abs_diff"] == 0.0
     assert steps["export"]["parity"]["fp32_vs_torch"]["max_abs_diff"] < 1e-4
     assert steps["detect"]["tokens"] > 5
-    assert set(steps["claim"]["summary"]) == {"rotten_tomatoes", "trec", "sms_spam"}
+    claim = steps["claim"]  # every task fine-tuned at every point, from checkpoints of both objectives
+    assert list(claim["points"]) == [f"{float(p):g}" for p in SIZES["quick"].claim_points.split(",")]
+    for point in claim["points"].values():
+        assert set(point["test"]) == {"rotten_tomatoes", "trec", "sms_spam"}
+        assert point["pflop"]["electra"] > 0 and point["pflop"]["mlm"] > 0
     assert "ELECTRA vs MLM" in (out / "results.md").read_text()
 
 

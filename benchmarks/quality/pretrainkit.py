@@ -1,5 +1,6 @@
 """What the model-quality programs share: one tokenizer for every arm, a quick speed measurement,
-pretraining runs as logged subprocesses, and reading back what a run did.
+pretraining and fine-tuning runs as logged subprocesses (one at a time, or several at once), and reading
+back what a run did.
 
 Each arm of a comparison must differ only in what is compared: a second `tokenizers` training may
 number the vocabulary differently, so every arm gets the same tokenizer file, trained once here.
@@ -11,10 +12,12 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from training.config import PretrainConfig
@@ -105,6 +108,83 @@ def run_logged(cmd: list[str], log: Path, threads: int | None, cwd: Path | None 
     if proc.returncode:
         sys.exit(f"error: exit status {proc.returncode} from {shlex.join(cmd)}; see {log}")
     return time.time() - started
+
+
+@dataclasses.dataclass
+class Job:
+    """One subprocess of `run_jobs`: its output goes to `log` only; `finished(seconds)` reads what it made
+    and returns the one line printed for it; `progress()`, when given, a line printed while it runs."""
+
+    name: str
+    cmd: list[str]
+    log: Path
+    threads: int | None
+    finished: Callable[[float], str]
+    progress: Callable[[], str | None] | None = None
+
+
+def die_with_parent() -> None:
+    """In a child, before it runs: SIGTERM when its parent dies, however that happens (a SIGKILL at a call's
+    time limit included), so no run keeps training behind a stopped benchmark, or beside the next call's
+    resumed one. Linux's prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> None:
+    """Run `jobs` in order, at most `at_once` at a time; one line per finished job. A small model leaves a
+    GPU (or a many-core host) mostly idle, so several runs side by side finish sooner than one after
+    another. A failed job stops the others (they are ended; their runs resume or rerun next time) and
+    exits naming its log, with its end; Ctrl-C, SIGINT and SIGTERM stop them all too."""
+    pending, running = list(jobs), {}
+    done, last_progress = 0, time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # through `finally`, unlike SIGTERM's default
+    try:
+        while pending or running:
+            while pending and len(running) < at_once:
+                job = pending.pop(0)
+                job.log.parent.mkdir(parents=True, exist_ok=True)
+                f = open(job.log, "w")  # noqa: SIM115 (closed when the job ends, below)
+                f.write("$ " + shlex.join(job.cmd) + "\n")
+                f.flush()
+                proc = subprocess.Popen(job.cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                        env=subprocess_env(job.threads), preexec_fn=die_with_parent)  # fmt: skip
+                running[proc] = (job, f, time.monotonic())
+            for proc in [p for p in running if p.poll() is not None]:
+                job, f, started = running.pop(proc)
+                f.close()
+                if proc.returncode:
+                    tail = job.log.read_text(errors="replace")[-2000:]
+                    sys.exit(
+                        f"error: {job.name}: exit status {proc.returncode}; the end of {job.log}:\n{tail}"
+                    )
+                done += 1
+                print(f"[{done}/{len(jobs)}] {job.finished(time.monotonic() - started)}", flush=True)
+            if running and time.monotonic() - last_progress > progress_every:
+                last_progress = time.monotonic()
+                for job, _, _ in running.values():
+                    if job.progress:
+                        print(f"    {job.name}: {job.progress() or 'starting'}", flush=True)
+            time.sleep(0.1)
+    finally:  # a failure, an exit or an interrupt: no run is left behind
+        signal.signal(signal.SIGTERM, previous)
+        for proc in running:
+            proc.terminate()
+        for proc, (_, f, _) in running.items():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            f.close()
 
 
 def to_toml(cfg) -> str:

@@ -1,0 +1,158 @@
+"""What benchmarks/quality/electra_vs_mlm.py reports: the summary over seeds at each compute point, the
+markdown table and the plot of score against pretraining FLOPs (the shape of the paper's figure).
+
+Kept apart from the runs so a partial set (a call cut short) reports what it has: a cell appears once
+both objectives have at least one finished seed in it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from training.report import pyplot_or_none
+
+OBJECTIVES = ("electra", "mlm")
+NAMES = {"electra": "ELECTRA", "mlm": "MLM"}
+METRICS = ("accuracy", "macro_f1")
+SPLITS = ("test", "dev")  # test first: dev picked each run's best step, so it flatters both alike
+
+
+def point_key(fraction: float) -> str:
+    return f"{fraction:g}"
+
+
+def mean_std(xs: list[float]) -> dict:
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def summarize(runs: list[dict], tasks: list[str], points: list[float]) -> dict:
+    """{point: {task: {split: {metric: ...}}}}: each objective's mean ± std over seeds, the difference
+    ELECTRA - MLM with its standard error, and in how many seeds (same head init and data order) ELECTRA
+    is ahead. A point is keyed by its fraction of the budget ("0.25")."""
+    out: dict = {}
+    for point in points:
+        for task in tasks:
+            for split in SPLITS:
+                for m in METRICS:
+                    by = {o: {r["seed"]: r[split][m] for r in runs
+                              if r["objective"] == o and r["task"] == task and r["point"] == point}
+                          for o in OBJECTIVES}  # fmt: skip
+                    if not all(by.values()):
+                        continue
+                    stats = {o: mean_std(list(by[o].values())) for o in OBJECTIVES}
+                    e, b = stats["electra"], stats["mlm"]
+                    paired = sorted(set(by["electra"]) & set(by["mlm"]))
+                    cell = out.setdefault(point_key(point), {}).setdefault(task, {}).setdefault(split, {})
+                    cell[m] = {**stats, "diff": e["mean"] - b["mean"],
+                               "diff_se": math.sqrt(e["std"] ** 2 / e["n"] + b["std"] ** 2 / b["n"]),
+                               "electra_ahead": sum(by["electra"][s] > by["mlm"][s] for s in paired),
+                               "paired": len(paired)}  # fmt: skip
+    return out
+
+
+def _pretrain_tables(results: dict) -> list[str]:
+    pt = results["pretrain"]
+    lines = ["| objective | encoder params | MFLOP/token | steps | tokens | PFLOP (vs budget) | wall min | tokens/s |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for o in OBJECTIVES:
+        p = pt[o]
+        wall = f"{p['wall_s'] / 60:.1f}" if p["wall_s"] else "?"
+        tps = f"{p['median_tokens_per_s']:,.0f}" if p["median_tokens_per_s"] else "?"
+        lines.append(f"| {NAMES[o]} | {p['params_encoder'] / 1e6:.2f}M | {p['flops_per_token'] / 1e6:.1f} | "
+                     f"{p['steps']} | {p['tokens']:,} | {p['flops'] / 1e15:.4g} ({p['flops_vs_budget']:.3f}) | "
+                     f"{wall} | {tps} |")  # fmt: skip
+    lines += ["", "Checkpoints fine-tuned (each run's held-out evaluation at that step):", "",
+              "| point | objective | step | tokens | PFLOP (vs the point's budget) | held-out |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for i, fraction in enumerate(results["points"]):
+        for o in OBJECTIVES:
+            at = pt[o]["points"][i]
+            ev = at["heldout_eval"]
+            held = f"MLM acc {ev.get('mlm_accuracy', float('nan')):.3f}"
+            held += f", RTD AUC {ev['disc_auc']:.3f}" if "disc_auc" in ev else ""
+            lines.append(f"| {fraction:g} | {NAMES[o]} | {at['step']} | {at['tokens']:,} | {at['flops'] / 1e15:.4g} "
+                         f"({at['flops_vs_point_budget']:.3f}) | {held} |")  # fmt: skip
+    return lines
+
+
+def table(results: dict) -> str:
+    a = results["args"]
+    seeds = ",".join(map(str, a["seeds"]))
+    lines = [f"# ELECTRA vs. MLM at equal pretraining compute ({results['budget_pflop']:.4g} PFLOP each, "
+             f"evaluated at {', '.join(f'{f:g}' for f in results['points'])} of it)", "",
+             *_pretrain_tables(results), "",
+             f"Fine-tuning: {a['finetune_epochs']} epochs, lr {a['finetune_lr']:g}, seeds {seeds}; mean ± std over "
+             "seeds, in %; Δ ± standard error; 'ahead': seeds where ELECTRA wins. PFLOP: the point's budget."]  # fmt: skip
+    timing = results.get("timing", {})
+    if timing:
+        lines += ["", f"This call's wall time ({a['jobs']} run(s) at a time): " + ", ".join(
+            f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timing.items())]  # fmt: skip
+    missing = results.get("finetune_missing", 0)
+    if missing:
+        lines += ["", f"**Partial: {missing} fine-tuning run(s) not finished yet.**"]
+    for split in SPLITS:
+        lines += ["", f"### {split}", "", "| task | PFLOP | metric | ELECTRA | MLM | Δ (ELECTRA − MLM) | ahead |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for task in a["tasks"]:  # task, then point: each task's rows read as its curve
+            for fraction in results["points"]:
+                cell = results["summary"].get(point_key(fraction), {}).get(task, {}).get(split, {})
+                for m, s in cell.items():
+                    e, b = s["electra"], s["mlm"]
+                    lines.append(f"| {task} | {fraction * results['budget_pflop']:.3g} | {m} | "
+                                 f"{100 * e['mean']:.2f} ± {100 * e['std']:.2f} | {100 * b['mean']:.2f} ± "
+                                 f"{100 * b['std']:.2f} | {100 * s['diff']:+.2f} ± {100 * s['diff_se']:.2f} | "
+                                 f"{s['electra_ahead']}/{s['paired']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    """Per task and metric, the test score against pretraining PFLOP for both objectives: mean ± std over
+    seeds (error bars), each seed a dot."""
+    plt = pyplot_or_none(path)
+    if plt is None:
+        return
+    tasks, runs = results["args"]["tasks"], results["finetune"]
+    fig, axes = plt.subplots(
+        len(METRICS), len(tasks), figsize=(4.5 * len(tasks), 3.6 * len(METRICS)), squeeze=False
+    )
+    for row, m in enumerate(METRICS):
+        for col, task in enumerate(tasks):
+            ax = axes[row][col]
+            for k, o in enumerate(OBJECTIVES):
+                xs, means, stds = [], [], []
+                for i, fraction in enumerate(results["points"]):
+                    s = results["summary"].get(point_key(fraction), {}).get(task, {}).get("test", {}).get(m)
+                    if s is None:
+                        continue
+                    x = results["pretrain"][o]["points"][i]["flops"] / 1e15
+                    xs.append(x)
+                    means.append(100 * s[o]["mean"])
+                    stds.append(100 * s[o]["std"])
+                    seeds = [100 * r["test"][m] for r in runs
+                             if r["objective"] == o and r["task"] == task and r["point"] == fraction]  # fmt: skip
+                    ax.scatter([x] * len(seeds), seeds, s=8, color=f"C{k}", alpha=0.5, zorder=3)
+                ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4, color=f"C{k}", label=NAMES[o])
+            ax.set_xscale("log")
+            ax.set_xlabel("pretraining PFLOP")
+            ax.set_ylabel(f"test {m} (%)")
+            ax.set_title(task)
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.suptitle("ELECTRA vs. MLM along pretraining: mean ± std over seeds (dots: seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: dict, out: Path, final: bool) -> str:
+    """results.json and table.md (after every finished run, so a cut-off call leaves what it had), and
+    plot.png once every run is in."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    text = table(results)
+    (out / "table.md").write_text(text)
+    if final:
+        plot(results, out / "plot.png")
+    return text

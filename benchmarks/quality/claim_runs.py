@@ -1,0 +1,245 @@
+"""What benchmarks/quality/electra_vs_mlm.py runs: the equal-compute plan (FLOPs per token as pretrain.py
+counts them, the steps of each objective and where its compute points fall), the pretraining and
+fine-tuning runs as jobs (kept when a finished run with the same settings is there already), and what
+each run did, read back from its own files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+import statistics
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+from benchmarks.quality import claim_report as report
+from benchmarks.quality.claim_report import NAMES, OBJECTIVES
+from benchmarks.quality.pretrainkit import Job, latest_state, step_seconds, to_toml, tokenizer_info
+from options import ConfigError, resolve
+from training.config import FinetuneConfig, PretrainConfig
+
+# Fields that do not change what a pretraining run learns: a run differing only in these is reused.
+BOOKKEEPING = ("out", "threads", "device", "resume", "max_minutes", "bf16", "compile", "log_every",
+               "eval_every", "eval_batches", "save_every", "keep_checkpoints", "data_dir", "tf32",
+               "fused_qkv", "deterministic")  # fmt: skip
+# Fine-tuning settings that do not change the result (or that setup() resolves from "auto"/None, below):
+# a finished run differing only in these is kept.
+FT_IGNORED = ("init", "out", "overwrite", "threads", "device", "data_dir", "bf16", "log_every",
+              "deterministic")  # fmt: skip
+FT_RESOLVED = {"problem_type": "auto", "metric": "auto", "positive_label": None}
+
+
+def objective_config(base: PretrainConfig, objective: str, mlm_masking: str) -> PretrainConfig:
+    cfg = dataclasses.replace(base, objective=objective, max_minutes=None)
+    if objective == "mlm" and mlm_masking == "bert":
+        cfg = dataclasses.replace(cfg, mask_replace_prob=0.8, random_replace_prob=0.1)
+    return cfg
+
+
+def costs(base: PretrainConfig, vocab_size: int, objectives=OBJECTIVES) -> dict[str, dict]:
+    """FLOPs per training token and parameter counts of each objective, exactly as pretrain.py counts."""
+    from training.model import count_parameters, flops_per_token
+    from training.pretraining.model import build_objective
+
+    out = {}
+    for objective in objectives:
+        obj = build_objective(dataclasses.replace(base, objective=objective), vocab_size)
+        f = flops_per_token(obj.generator.config, base.seq_len, base.mask_prob)
+        encoder = obj.generator.electra
+        if objective == "electra":
+            f += flops_per_token(obj.discriminator.config, base.seq_len)
+            encoder = obj.discriminator.electra
+        out[objective] = {"flops_per_token": f, "params_encoder": count_parameters(encoder),
+                          "params_total": count_parameters(obj)}  # fmt: skip
+    if len(out) == 2:
+        assert out["electra"]["params_encoder"] == out["mlm"]["params_encoder"], "encoders differ in size"
+    return out
+
+
+def plan(budget_flops: float, cost: dict[str, dict], base: PretrainConfig, warmup_fraction: float,
+         points: list[Fraction] = (Fraction(1),)) -> dict:  # fmt: skip
+    """Steps per objective. With the points k_i/d, a run takes d x u steps, u the most whole steps with
+    d x u steps within the budget (at least one), so point i is step k_i x u: every point lands on a
+    checkpoint (saved every gcd(k) x u steps, all kept) and spends k_i/d of the budget, less under k_i
+    steps, on either objective."""
+    d = math.lcm(*(p.denominator for p in points))
+    ks = [p.numerator * (d // p.denominator) for p in points]
+    every = math.gcd(*ks)
+    tokens_per_step = base.batch_size * base.seq_len * base.grad_accum
+    out = {}
+    for objective, c in cost.items():
+        per_step = c["flops_per_token"] * tokens_per_step
+        unit = max(1, math.floor(budget_flops / (per_step * d)))
+        steps = d * unit
+        at = [{"fraction": float(p), "step": k * unit, "tokens": k * unit * tokens_per_step,
+               "flops": k * unit * per_step} for p, k in zip(points, ks, strict=True)]  # fmt: skip
+        out[objective] = {**c, "tokens_per_step": tokens_per_step, "flops_per_step": per_step,
+                          "steps": steps, "warmup_steps": round(warmup_fraction * steps),
+                          "save_every": every * unit, "keep_checkpoints": d // every, "points": at,
+                          "tokens": steps * tokens_per_step, "flops": steps * per_step}  # fmt: skip
+    return out
+
+
+def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None) -> float:
+    """Training speed of one ELECTRA micro-batch on random tokens (no data loading, eval or saving)."""
+    from training.model import flops_per_token
+    from training.pretraining.model import build_objective
+
+    obj = build_objective(dataclasses.replace(base, objective="electra"), vocab_size)
+    per_token = flops_per_token(obj.generator.config, base.seq_len, base.mask_prob) + flops_per_token(
+        obj.discriminator.config, base.seq_len
+    )
+    return per_token * base.batch_size * base.seq_len / step_seconds(base, vocab_size, threads) / 1e9
+
+
+def run_config(
+    args, objective: str, s: dict, run: Path, tok_path: Path, threads: int | None
+) -> PretrainConfig:
+    # Held-out evaluation at every checkpoint, so each point's checkpoint carries its own (pretrain-args
+    # may change that); checkpoints every save_every steps, all kept, so every point is on disk at the end.
+    cfg = resolve(PretrainConfig, ["--config", args.model_config, "--eval-every", str(s["save_every"]),
+                                   *shlex.split(args.pretrain_args), "--save-every", str(s["save_every"]),
+                                   "--keep-checkpoints", str(s["keep_checkpoints"]), "--out", str(run),
+                                   "--tokenizer", str(tok_path), "--max-steps", str(s["steps"]),
+                                   "--warmup-steps", str(s["warmup_steps"])]
+                  + (["--data-dir", args.data_dir] if args.data_dir else [])
+                  + (["--threads", str(threads)] if threads else []))  # fmt: skip
+    return objective_config(cfg, objective, args.mlm_masking)
+
+
+def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int | None) -> Job | None:
+    """The pretraining run as a job, or None when it is done already (same settings, all its steps)."""
+    run = Path(cfg.out)
+    state = latest_state(run)
+    if state is not None:
+        saved = json.loads((run / "config.json").read_text())
+        differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING and saved.get(k) != v]
+        if differ:
+            sys.exit(f"error: {run} was pretrained with other settings ({', '.join(differ)}); "
+                     "choose another --work, delete it, or pass --skip-pretrain to use it as it is")  # fmt: skip
+        if state["step"] >= cfg.max_steps:
+            print(f"{objective}: pretraining done ({state['step']} steps), kept", flush=True)
+            return None
+    toml = work / "pretrain" / f"{objective}.toml"
+    toml.parent.mkdir(parents=True, exist_ok=True)
+    toml.write_text(to_toml(cfg))
+    cmd = [sys.executable, "-m", "training.pretrain", "--config", str(toml), *(["--resume"] if state else [])]
+    timing = work / "pretrain" / f"{objective}.timing.json"
+
+    def finished(wall: float) -> str:
+        before = json.loads(timing.read_text())["wall_s"] if state and timing.is_file() else 0.0
+        timing.write_text(json.dumps({"wall_s": before + wall}) + "\n")
+        return (
+            f"{NAMES[objective]} pretrained: {cfg.max_steps} steps in {wall:.0f} s; log {work / 'pretrain'}"
+        )
+
+    def progress() -> str | None:
+        from training.report import read_metrics
+
+        path = run / "metrics.jsonl"
+        rows = [r for r in read_metrics(path) if r["split"] == "train"] if path.is_file() else []
+        return (
+            f"step {rows[-1]['step']}/{cfg.max_steps}, {rows[-1]['tokens_per_s']:,.0f} tokens/s"
+            if rows
+            else None
+        )
+
+    return Job(
+        f"{objective} pretraining", cmd, work / "pretrain" / f"{objective}.log", threads, finished, progress
+    )
+
+
+def checkpoint_at(run: Path, step: int) -> Path:
+    return run / "checkpoints" / f"step-{step:08d}"  # training.checkpoint.commit_checkpoint's name
+
+
+def pretrain_record(
+    objective: str, run: Path, work: Path, budget_flops: float, points: list[Fraction]
+) -> dict:
+    """What a run did, from its config.json and its checkpoints at the points (also for --skip-pretrain)."""
+    from training.report import read_metrics
+
+    state = latest_state(run)
+    if state is None:
+        sys.exit(f"error: {run} holds no pretraining checkpoint; drop --skip-pretrain to make one")
+    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
+    tok = tokenizer_info(run / "tokenizer" / "tokenizer.json")
+    (c,) = plan(budget_flops, costs(cfg, tok["vocab_size"], (objective,)), cfg, 0.0).values()
+    at = []
+    for p in points:
+        step = p * cfg.max_steps
+        where = checkpoint_at(run, int(step))
+        if step.denominator != 1 or not (where / "trainer_state.json").is_file():
+            sys.exit(f"error: {run} holds no checkpoint at {float(p):g} of its {cfg.max_steps} steps (made for "
+                     "other --points?); choose another --work or delete it")  # fmt: skip
+        st = json.loads((where / "trainer_state.json").read_text())
+        flops = c["flops_per_token"] * st["tokens"]
+        at.append({"fraction": float(p), "step": st["step"], "tokens": st["tokens"], "flops": flops,
+                   "flops_vs_point_budget": flops / (float(p) * budget_flops), "checkpoint": str(where),
+                   "heldout_eval": st.get("eval", {})})  # fmt: skip
+    flops = c["flops_per_token"] * state["tokens"]
+    timing = work / "pretrain" / f"{objective}.timing.json"
+    wall = json.loads(timing.read_text())["wall_s"] if timing.is_file() else None
+    train_rows = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"]
+    tps = statistics.median(r["tokens_per_s"] for r in train_rows) if train_rows else None
+    return {"run": str(run), "checkpoint": state["checkpoint"], "flops_per_token": c["flops_per_token"],
+            "tokens_per_step": c["tokens_per_step"], "steps": state["step"], "max_steps": cfg.max_steps,
+            "warmup_steps": cfg.warmup_steps, "lr": cfg.lr, "tokens": state["tokens"], "flops": flops,
+            "flops_vs_budget": flops / budget_flops, "params_encoder": c["params_encoder"],
+            "params_total": c["params_total"], "wall_s": wall, "median_tokens_per_s": tps,
+            "median_gflops_per_s": tps * c["flops_per_token"] / 1e9 if tps else None,
+            "mask_replace_prob": cfg.mask_replace_prob, "random_replace_prob": cfg.random_replace_prob,
+            "heldout_eval": state.get("eval", {}), "points": at, "tokenizer": tok}  # fmt: skip
+
+
+def finetune_job(args, pre: dict, key: tuple, work: Path, threads: int | None, collect) -> Job | None:
+    """Fine-tuning of one checkpoint on one task with one seed, key (seed, point index, task, objective),
+    as a job; None when a finished run made from this checkpoint with these settings is there already.
+    `collect(key, record)` receives its result."""
+    seed, i, task, o = key
+    at = pre[o]["points"][i]
+    point = at["fraction"]
+    out = work / "finetune" / o / f"at-{point:g}" / task / f"seed{seed}"
+    # Length-sorted batches (shuffled) halve the padding on these short texts; --finetune-args may undo it.
+    ft_args = ["--init", at["checkpoint"], "--task", task, "--out", str(out), "--seed", str(seed),
+               "--epochs", str(args.finetune_epochs), "--lr", str(args.finetune_lr), "--sort-by-length", "true",
+               *shlex.split(args.finetune_args)]  # fmt: skip
+    ft_args += ["--data-dir", args.data_dir] if args.data_dir else []
+    ft_args += ["--threads", str(threads)] if threads else []
+    try:
+        want = dataclasses.asdict(resolve(FinetuneConfig, ft_args))
+    except ConfigError as e:
+        sys.exit(f"error: --finetune-args: {e}")
+    done = all((out / f).is_file() for f in ("eval_dev.json", "eval_test.json", "finetune_config.json"))
+    if done:  # kept only if made from this checkpoint with these settings
+        saved = json.loads((out / "finetune_config.json").read_text())
+        done = Path(saved["init"]).resolve() == Path(at["checkpoint"]).resolve() and all(
+            saved.get(k) == v
+            for k, v in want.items()
+            if k not in FT_IGNORED and not (k in FT_RESOLVED and v == FT_RESOLVED[k])
+        )
+
+    def record() -> dict:
+        evals = {s: json.loads((out / f"eval_{s}.json").read_text()) for s in ("dev", "test")}
+        ts = json.loads((out / "trainer_state.json").read_text())
+        return {"objective": o, "point": point, "step": at["step"], "flops": at["flops"], "task": task,
+                "seed": seed, "dir": str(out), "best_step": ts["step"], "global_step": ts["global_step"],
+                "minutes": ts["minutes"], **{s: {m: evals[s][m] for m in report.METRICS} for s in evals}}  # fmt: skip
+
+    if done:
+        collect(key, record())
+        return None
+
+    def finished(wall: float) -> str:
+        r = record()
+        collect(key, r)
+        return (
+            f"{NAMES[o]} at {at['flops'] / 1e15:.3g} PFLOP, {task}, seed {seed}: test accuracy "
+            f"{100 * r['test']['accuracy']:.2f}%, macro F1 {100 * r['test']['macro_f1']:.2f}% ({wall:.0f} s)"
+        )
+
+    cmd = [sys.executable, "-m", "training.finetune", *ft_args, "--overwrite"]
+    return Job(f"{o} at {point:g} {task} seed {seed}", cmd, out.parent / f"seed{seed}.log", threads, finished)
