@@ -41,7 +41,7 @@ def bulk_argv(inp: Path | str, out: Path, model: str = "detector", *flags: str) 
             "--no-progress", *flags]  # fmt: skip
 
 
-def run_bulk(inp, out: Path, model: str = "detector", *flags: str, timeout: float = 300, **env_extra):
+def run_bulk(inp, out: Path, model: str = "detector", *flags: str, timeout: float = 300, **env_extra: str):
     return subprocess.run(bulk_argv(inp, out, model, *flags), cwd=REPO, env=env(**env_extra), capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 

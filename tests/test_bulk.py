@@ -41,9 +41,8 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     assert s["rejects_by_reason"] == {"not_json": 2, "missing_text": 1, "text_not_string": 2, "empty_text": 2,
                                       "not_utf8": 1, "too_long": 1}  # fmt: skip
     assert list(s["failures"]["shards"]) == ["broken.parquet"]
-    assert (
-        s["documents"] == 30 + 1 + 11 + 10
-    )  # good, the one good line of bad.jsonl, text lines, Parquet rows
+    # The good shard, the one good line of bad.jsonl, the text lines and the Parquet rows:
+    assert s["documents"] == 30 + 1 + 11 + 10
     assert s["blank_lines_skipped"] == 2
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert len(rejects) == s["rejected"] == 9
