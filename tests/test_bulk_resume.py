@@ -19,14 +19,14 @@ KILLS = 3
 
 @pytest.fixture(scope="module")
 def corpus(registry_data, tmp_path_factory):
-    """Ten small shards and one larger one that --part-mb cuts into parts: 340 WikiText-2 paragraphs."""
+    """Ten small shards and one larger one that --part-mb cuts into parts: 240 WikiText-2 paragraphs."""
     paragraphs = [
         p for split in ("test", "valid") for p in wiki(registry_data, split)[0] if 40 <= len(p) <= 400
     ]
     src = tmp_path_factory.mktemp("corpus")
     for i in range(10):
-        write_jsonl(src / f"shard-{i:02d}.jsonl", paragraphs[i * 20 : (i + 1) * 20])
-    write_jsonl(src / "big.jsonl", paragraphs[200:340])
+        write_jsonl(src / f"shard-{i:02d}.jsonl", paragraphs[i * 14 : (i + 1) * 14])
+    write_jsonl(src / "big.jsonl", paragraphs[140:240])
     return src
 
 
@@ -39,7 +39,7 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
     full_s = time.perf_counter() - t0
     assert reference.returncode == 0, reference.stderr
     expected = rows(tmp_path / "reference")
-    assert len(expected) == 340
+    assert len(expected) == 240
 
     out = tmp_path / "killed"
     rng = random.Random(45)
@@ -64,5 +64,5 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert [r["id"] for r in got] == [r["id"] for r in expected]  # none missing, none twice, same order
     assert got == expected  # and every figure of every row
     s = summary(out)
-    assert s["documents"] == 340 and s["parts"]["finished"] == s["parts"]["total"] > 11
+    assert s["documents"] == 240 and s["parts"]["finished"] == s["parts"]["total"] > 11
     assert not list(out.rglob(".*.tmp-*"))  # what the kills left half-written is gone
