@@ -72,11 +72,8 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
         compute=ActorPoolStrategy(size=min(workers, max(1, len(parts)))),
         num_cpus=cfg.threads,
     )
-    for row in ds.iter_rows():
+    sizes = {p.key: p.size for p in parts}
+    for row in ds.iter_rows():  # as parts finish, in any order
         result = json.loads(row["result"])
-        on_progress(result.get("rows", 0), result.get("tokens", 0), _size(parts, result))
+        on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
         on_result(result)
-
-
-def _size(parts: list[Part], result: dict) -> int:
-    return next((p.size for p in parts if p.key == result["part"]), 0)
