@@ -47,7 +47,8 @@ class BulkConfig:
     # The server's --batch-token-budget: rows * longest row (padding counted) per run.
     batch_tokens: int = option(16384, "padded tokens per inference run")
     chunk_docs: int = option(1024, "documents read, sorted by length and batched together")
-    part_mb: float = option(64.0, "shards larger than this are scored as parts of about this size (MB)")
+    # 4 MB of text is about a million tokens: minutes for one CPU worker, so a kill costs minutes.
+    part_mb: float = option(4.0, "shards larger than this are scored as parts of about this size (MB)")
     max_document_chars: int = option(1_000_000, "longer documents are rejected (too_long)")
     window_stride: int = option(32, "tokens shared by consecutive windows of a long text (as the server's)")
     load_check: str = option(

@@ -171,7 +171,9 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
     try:
         obj = msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
-        return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
+        # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault.
+        reason = Reason.NOT_UTF8 if "surrogate" in str(e) else Reason.NOT_JSON
+        return Doc(line, ident, None, reason, str(e)[:200])
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {type(obj).__name__}, not an object")
     if id_field:
@@ -189,7 +191,8 @@ def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> 
     if value is _MISSING:
         return Doc(line, ident, None, Reason.MISSING_TEXT, f"no field {text_field!r}")
     if not isinstance(value, str):
-        return Doc(line, ident, None, Reason.TEXT_NOT_STRING, f"{text_field!r} is {type(value).__name__}")
+        kind = "null" if value is None else type(value).__name__
+        return Doc(line, ident, None, Reason.TEXT_NOT_STRING, f"{text_field!r} is {kind}")
     return _checked(line, ident, value, max_chars)
 
 

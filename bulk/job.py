@@ -78,16 +78,9 @@ def run(cfg: BulkConfig) -> int:
           f"thread(s){' on Ray' if cfg.ray else ''}", flush=True)  # fmt: skip
     progress = Progress(sum(p.size for p in todo), cfg.progress)
     failed_parts: dict[str, str] = {}
-    # The rate once the first part is in: start-up (worker processes or actors, model loads) left out, so
-    # local processes and Ray can be compared on their scoring alone (benchmarks/speed/bulk.py).
-    steady = {"t": 0.0, "docs": 0, "tokens": 0}
+    scored: list[dict] = []  # this run's finished parts
 
     def on_result(result: dict) -> None:
-        if not steady["t"]:
-            steady["t"] = time.perf_counter()
-        else:
-            steady["docs"] += result.get("rows", 0)
-            steady["tokens"] += result.get("tokens", 0)
         key = result["part"]
         if "error" in result:
             failed_parts[key] = result["error"]
@@ -95,6 +88,7 @@ def run(cfg: BulkConfig) -> int:
             failed_parts.pop(key, None)
             manifest.append(result)
             finished[key] = result
+            scored.append(result)
 
     if todo:
         if cfg.ray:
@@ -104,19 +98,27 @@ def run(cfg: BulkConfig) -> int:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
         runner.run(todo, cfg, on_result, progress.update)
     progress.close()
-    steady["s"] = time.perf_counter() - steady["t"] if steady["t"] else 0.0
     entries = [finished[p.key] for p in parts if p.key in finished]
     rejected = outputs.merge_rejects(cfg.out, entries)
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
-    if steady["s"] > 0:
-        summary["this_run"] |= {"first_part_s": round(steady["t"] - t0, 3),
-                                "steady_docs_per_s": round(steady["docs"] / steady["s"], 1),
-                                "steady_tokens_per_s": round(steady["tokens"] / steady["s"], 1)}  # fmt: skip
+    summary["this_run"] |= scoring_rate(scored)
     outputs.write_json(cfg.out / "summary.json", summary)
     print(_closing(summary, cfg.out), flush=True)
     if failed_shards or failed_parts:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def scoring_rate(scored: list[dict]) -> dict:
+    """The rate from the first part started to the last one finished: start-up (worker processes or Ray
+    actors, model loads) and the driver's planning left out, so that local processes and Ray compare on
+    their scoring alone (benchmarks/speed/bulk.py)."""
+    if not scored:
+        return {}
+    span = max(1e-9, max(r["finished_at"] for r in scored) - min(r["started_at"] for r in scored))
+    docs, tokens = sum(r["rows"] for r in scored), sum(r["tokens"] for r in scored)
+    return {"scoring_s": round(span, 3), "steady_docs_per_s": round(docs / span, 1),
+            "steady_tokens_per_s": round(tokens / span, 1)}  # fmt: skip
 
 
 def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards: dict, failed_parts: dict,

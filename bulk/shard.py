@@ -108,7 +108,7 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     """Score one part into its Parquet file (renamed into place when complete) and its rejects file.
     Returns what the manifest and the summary record of it; a part that cannot be read or scored
     returns its error instead (the other parts go on)."""
-    cfg, t0 = scorer.cfg, time.perf_counter()
+    cfg, t0, started_at = scorer.cfg, time.perf_counter(), time.time()
     path = outputs.score_path(cfg.out, part)
     result = {"part": part.key, "input": part.shard, "name": part.name, "index": part.index}
     stats = {"rows": 0, "tokens": 0, "windows": 0, "blank": 0, "reasons": {}, "labels": {},
@@ -151,6 +151,8 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     return result | stats | {
         "output": rel(path), "sha256": sha, "rejects": len(rejects),
         "rejects_file": rel(rpath) if rejects else None, "seconds": round(time.perf_counter() - t0, 3),
+        # Wall-clock times (the nodes of a cluster share a clock closely enough for a rate over minutes).
+        "started_at": started_at, "finished_at": time.time(),
     }  # fmt: skip
 
 

@@ -28,7 +28,7 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     long_text = " ".join(paragraphs[:40])[:2500]
     bad = [b"not json at all", b'{"body": "no text field"}', b'{"text": 42}', b'{"text": ""}', b'{"text": "   "}',
            '{"text": "caf\u00e9"}'.encode("latin-1"), json.dumps({"text": long_text}).encode(), b"[1, 2]", b"",
-           json.dumps({"text": paragraphs[31]}).encode()]  # fmt: skip
+           json.dumps({"text": paragraphs[31]}).encode(), b'{"text": "lone \\ud800 surrogate"}']  # fmt: skip
     (src / "bad.jsonl").write_bytes(b"\n".join(bad) + b"\n")
     (src / "lines.txt").write_text("\n".join(paragraphs[40:50]) + "\n\n" + paragraphs[50] + "\n")
     pq.write_table(pa.table({"text": paragraphs[60:70] + [None]}), src / "table.parquet")
@@ -39,16 +39,17 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     assert done.returncode == 4, done.stdout + done.stderr  # a shard failed: that wins over rejects
     s = summary(out)
     assert s["rejects_by_reason"] == {"not_json": 2, "missing_text": 1, "text_not_string": 2, "empty_text": 2,
-                                      "not_utf8": 1, "too_long": 1}  # fmt: skip
+                                      "not_utf8": 2, "too_long": 1}  # fmt: skip
     assert list(s["failures"]["shards"]) == ["broken.parquet"]
     # The good shard, the one good line of bad.jsonl, the text lines and the Parquet rows:
     assert s["documents"] == 30 + 1 + 11 + 10
     assert s["blank_lines_skipped"] == 2
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert len(rejects) == s["rejected"] == 9
+    assert len(rejects) == s["rejected"] == 10
     assert {(r["file"], r["line"], r["reason"]) for r in rejects} >= {
         ("bad.jsonl", 1, "not_json"), ("bad.jsonl", 2, "missing_text"), ("bad.jsonl", 3, "text_not_string"),
         ("bad.jsonl", 6, "not_utf8"), ("bad.jsonl", 7, "too_long"), ("bad.jsonl", 8, "not_json"),
+        ("bad.jsonl", 11, "not_utf8"),
         ("table.parquet", 11, "text_not_string"),
     }  # fmt: skip
     got = rows(out)
@@ -86,12 +87,12 @@ def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragr
 
 def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, paragraphs):
     src = tmp_path / "docs.jsonl"
-    src.write_text(
-        "".join(json.dumps({"doc": f"d{i}", "text": t}) + "\n" for i, t in enumerate(paragraphs[:5]))
-    )
+    lines = [json.dumps({"doc": f"d{i}", "text": t}) for i, t in enumerate(paragraphs[:5])]
+    src.write_text("\n".join([*lines, json.dumps({"text": paragraphs[5]})]) + "\n")  # the last has no id
     out = tmp_path / "out"
     done = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--tokens")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr
+    assert summary(out)["rejects_by_reason"] == {"missing_id": 1}
     got = rows(out)
     assert [r["id"] for r in got] == [f"d{i}" for i in range(5)]
     text = paragraphs[0]

@@ -140,40 +140,42 @@ def plain_loop(texts: list[str], model: str, tokens: int) -> dict:
             "tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
 
 
-def memory(texts: list[str], mb: int, seconds: float, tmp: Path, env: dict) -> dict:
-    """Peak RSS of a 2-worker detector job (driver and workers together) over a JSONL input of `mb` MB,
-    made by repeating real lines, sampled every 0.5 s: while the 1 GB is scanned into parts, then while
-    parts are scored, for at most `seconds` (the whole input would take hours on a small machine)."""
-    src = tmp / "large.jsonl"
-    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
-    with src.open("wb") as f:
-        while f.tell() < mb << 20:
-            f.write(lines)
-    size = src.stat().st_size
-    argv = [sys.executable, "-m", "bulk", str(src), "--out", str(tmp / "out"), "--model", "detector", "--models",
-            str(MODELS), "--workers", "2", "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    samples: list[tuple[float, float, int]] = []
-    t0 = time.perf_counter()
-    try:
-        while proc.poll() is None and time.perf_counter() - t0 < seconds:
-            try:
-                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-                rss = sum(p.memory_info().rss for p in tree if p.is_running())
-            except psutil.Error:
-                continue
-            done = sum(1 for _ in (tmp / "out" / "scores").glob("*.parquet")) if (tmp / "out").is_dir() else 0
-            samples.append((time.perf_counter() - t0, rss / 2**20, done))
-            time.sleep(0.5)
-    finally:
-        stop(proc, grace=5)
-        src.unlink()
-    scoring = [s for s in samples if s[2] > 0] or samples
-    quarter = max(1, len(scoring) // 4)
-    return {"input_mb": round(size / 2**20), "seconds_sampled": round(samples[-1][0], 1) if samples else 0,
-            "peak_rss_mb": round(max(s[1] for s in samples)), "parts_finished_in_window": samples[-1][2] if samples else 0,
-            "rss_mb_by_quarter_of_scoring": [round(max(s[1] for s in scoring[i : i + quarter]))
-                                             for i in range(0, len(scoring), quarter)][:4]}  # fmt: skip
+def memory(texts: list[str], sizes_mb: list[int], seconds: float, tmp: Path, env: dict) -> list[dict]:
+    """Peak RSS of a 2-worker detector job (driver and workers together), sampled every 0.5 s for the same
+    `seconds` on JSONL inputs of each size (real lines repeated): the 1 GB one is planned (scanned for its
+    line ends) and then scored part after part; its memory must be that of the small one. Parts of 0.25 MB,
+    so several finish within the window. The whole 1 GB would take hours on a small machine."""
+    line_bytes = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    out = []
+    for mb in sizes_mb:
+        src, job = tmp / f"large-{mb}.jsonl", tmp / f"mem-{mb}"
+        with src.open("wb") as f:
+            while f.tell() < mb << 20:
+                f.write(line_bytes)
+        argv = [sys.executable, "-m", "bulk", str(src), "--out", str(job), "--model", "detector", "--models",
+                str(MODELS), "--workers", "2", "--part-mb", "0.25", "--no-progress"]  # fmt: skip
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        series: list[tuple[float, float]] = []
+        t0 = time.perf_counter()
+        try:
+            while proc.poll() is None and time.perf_counter() - t0 < seconds:
+                try:
+                    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                    series.append((time.perf_counter() - t0, sum(p.memory_info().rss for p in tree) / 2**20))
+                except psutil.Error:
+                    pass
+                time.sleep(0.5)
+        finally:
+            stop(proc, grace=5)
+            src.unlink()
+        manifest = job / "manifest.jsonl"
+        lines = manifest.read_text().splitlines() if manifest.exists() else []
+        half = [r for t, r in series if t >= seconds / 2]
+        out.append({"input_mb": mb, "seconds": round(series[-1][0], 1), "peak_rss_mb": round(max(r for _, r in series)),
+                    "peak_rss_mb_second_half": round(max(half)) if half else None, "parts_finished": len(lines),
+                    "documents_scored": sum(json.loads(x)["rows"] for x in lines)})  # fmt: skip
+        shutil.rmtree(job, ignore_errors=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wiki-docs", type=int, default=600)
     p.add_argument("--news-docs", type=int, default=40)
     p.add_argument("--models", default="detector,sentiment")
-    p.add_argument("--rss-mb", type=int, default=1024, help="size of the large input; 0: no memory figure")
-    p.add_argument("--rss-seconds", type=float, default=120)
+    p.add_argument("--rss-mb", default="10,100,1024", help="input sizes of the memory figure; empty: none")
+    p.add_argument("--rss-seconds", type=float, default=90)
     p.add_argument("--out", type=Path, default=RESULTS / "bulk.json")
     args = p.parse_args(argv)
     from app.machine import cpu
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["plain_loop"] = plain_loop(texts, model, tokens)
                 results.append(row)
                 print(f"{corpus} / {model}: done", flush=True)
-        mem = memory(corpora["wikitext2"], args.rss_mb, args.rss_seconds, tmp, env) if args.rss_mb else None
+        sizes = [int(x) for x in args.rss_mb.split(",") if x]
+        mem = memory(corpora["wikitext2"], sizes, args.rss_seconds, tmp, env) if sizes else None
     finally:
         subprocess.run(
             [str(Path(sys.executable).with_name("ray")), "stop", "--force"], env=env, capture_output=True
@@ -269,7 +272,10 @@ def markdown(data: dict) -> str:
     out.append(table(["corpus", "model", "bulk 2 / server", "bulk 2 / plain loop", "ray 2 / local 2 (steady)",
                       "ray 2 / local 2 (wall)"], ratio_rows))  # fmt: skip
     if data["memory"]:
-        out.append("memory: " + json.dumps(data["memory"]))
+        mem_rows = [[m["input_mb"], m["seconds"], m["parts_finished"], m["documents_scored"], m["peak_rss_mb"],
+                     m["peak_rss_mb_second_half"]] for m in data["memory"]]  # fmt: skip
+        out.append(table(["input MB", "sampled s", "parts finished", "docs scored", "peak RSS MB",
+                          "peak RSS MB, 2nd half"], mem_rows))  # fmt: skip
     m = data["machine"]
     out.append(f"machine: {m['cpu']}, {m['cores']} cores, flags {m['cpu_flags']}, int8 path {m['int8_kernel_path']}; "
                f"load average at start {m['load_avg_start']}, at end {m['load_avg_end']}")  # fmt: skip
