@@ -58,7 +58,8 @@ class BulkConfig:
     )
     ray: str | None = option(
         None,
-        "run on Ray: --ray alone starts (or joins) a Ray instance on this machine; --ray ADDRESS joins a cluster",
+        "run on Ray: --ray alone starts an instance for this job here; --ray auto joins the one `ray start` made "
+        "here; --ray HOST:PORT joins that cluster",
         bare="local",
     )
     progress: bool = option(True, "a progress line on stderr (documents/s, tokens/s, ETA)")
@@ -90,8 +91,14 @@ class BulkConfig:
         return {name: values[name] for name in FINGERPRINT}
 
 
+DESCRIPTION = (
+    "Score a corpus (JSONL, Parquet or text; a file, a directory or a glob) with a bundle, with the server's "
+    "numbers, on every core or on Ray; resumable (docs/bulk.md)."
+)
+
+
 def resolve(argv: list[str] | None) -> BulkConfig:
-    cfg = options.resolve(BulkConfig, argv, prog="python -m bulk", description=__doc__)
+    cfg = options.resolve(BulkConfig, argv, prog="python -m bulk", description=DESCRIPTION)
     # Absolute paths: Ray workers on other nodes and worker processes resolve nothing against our cwd.
     return dataclasses.replace(cfg, out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve())
 
