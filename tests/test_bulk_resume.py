@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from app_fixtures import wait_for
 from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -42,21 +43,27 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert len(expected) == 240
 
     out = tmp_path / "killed"
+    manifest = out / "manifest.jsonl"
+    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
     rng = random.Random(45)
     moments = []
     for _ in range(KILLS):
+        before = finished()
         proc = subprocess.Popen(bulk_argv(corpus, out, "detector", *FLAGS), cwd=REPO, env=env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        moment = rng.uniform(0.3, 0.9) * full_s
-        moments.append(round(moment, 2))
+        # A random moment once this run has scored something: inside a part, between two, or in the
+        # middle of writing one.
+        wait_for(lambda b=before, p=proc: finished() > b or p.poll() is not None, timeout=120, what="a part")
+        moment = rng.uniform(0.0, 1.5)
         time.sleep(moment)
+        moments.append((finished(), round(moment, 2)))
         workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         _, alive = psutil.wait_procs(workers, timeout=15)
         assert not alive, f"workers outlived the killed job: {alive}"
-    finished = (out / "manifest.jsonl").read_text().count("\n") if (out / "manifest.jsonl").exists() else 0
-    print(f"\nuninterrupted run {full_s:.1f}s; killed at {moments} s; {finished} part(s) finished by then")
+    print(f"\nuninterrupted run {full_s:.1f}s; killed (parts finished, seconds after a part) at {moments}")
+    assert finished() < summary(tmp_path / "reference")["parts"]["total"], "killed after the job had finished"
 
     resumed = run_bulk(corpus, out, "detector", *FLAGS)
     assert resumed.returncode == 0, resumed.stderr
