@@ -27,7 +27,7 @@ EXIT_FAILED = 4  # a shard or a part could not be scored (summary.json names it)
 # Parts are also cut small enough that every worker has a few to take, down to this size: a job over one
 # 20 MB file would otherwise keep one worker busy and the others idle.
 PARTS_PER_WORKER = 4
-MIN_PART_BYTES = 64 << 10
+MIN_PART_BYTES = 16 << 10
 
 
 class JobError(ValueError):

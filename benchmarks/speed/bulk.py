@@ -3,7 +3,7 @@ Ray, the HTTP server at saturation, and the loop a user would write (one onnxrun
 at a time), for the shipped detector and classifier on samples of WikiText-2 and of the news corpus; then
 peak memory of a job over a large JSONL input (real corpus lines repeated into a temporary directory).
 
-    python -m benchmarks.speed.bulk [--wiki-docs 600] [--news-docs 40] [--rss-mb 1024] [--rss-seconds 120]
+    python -m benchmarks.speed.bulk [--wiki-docs 600] [--news-docs 100] [--rss-mb 10,100,1024] [--rss-seconds 90]
         [--out benchmarks/results/bulk.json]
 
 Tokens are counted alike for every method: the documents' tokens as bulk's outputs count them (text tokens
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.speed.bulk", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--wiki-docs", type=int, default=600)
-    p.add_argument("--news-docs", type=int, default=40)
+    p.add_argument("--news-docs", type=int, default=100)
     p.add_argument("--models", default="detector,sentiment")
     p.add_argument("--rss-mb", default="10,100,1024", help="input sizes of the memory figure; empty: none")
     p.add_argument("--rss-seconds", type=float, default=90)
