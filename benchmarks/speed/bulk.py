@@ -7,9 +7,10 @@ peak memory of a job over a large JSONL input (real corpus lines repeated into a
         [--out benchmarks/results/bulk.json]
 
 Tokens are counted alike for every method: the documents' tokens as bulk's outputs count them (text tokens
-for the detector, model-input tokens for the classifier). Bulk is timed end to end (`wall`) and from its
-first finished part on (`steady`: start-up left out, so processes and Ray compare on their scoring). The
-machine's load average is recorded at start and end: on a shared machine, read the ratios.
+for the detector, model-input tokens for the classifier). Bulk is timed end to end (`wall`: start-up of the
+worker processes or Ray actors and model loads included) and from its first part started to its last one
+finished (`steady`: the workers' own clocks, start-up left out, so processes and Ray compare on their
+scoring). The machine's load average is recorded at start and end: on a shared machine, read the ratios.
 """
 
 from __future__ import annotations
@@ -85,11 +86,31 @@ def run_bulk(src: Path, out: Path, model: str, workers: int, env: dict, ray: str
             "steady_tokens_per_s": r.get("steady_tokens_per_s"), "steady_docs_per_s": r.get("steady_docs_per_s")}  # fmt: skip
 
 
+def requests(texts: list[str], model: str, budget: int = 16384) -> list[list[str]]:
+    """The texts in requests of up to BATCH texts and the server's --max-request-tokens (model-input
+    tokens, windows counted), as a client that knows the limit would send them."""
+    from app.model.bundle import read_bundle
+    from app.model.tokenization import TextTokenizer
+
+    bundle = read_bundle(MODELS / model)
+    tok = TextTokenizer(bundle.tokenizer_path, bundle.manifest.max_length, 32)
+    if bundle.manifest.kind == "detector":
+        cost = [sum(len(r.ids) for r in e.rows) for e in tok.encode_detect(texts)]
+    else:
+        cost = [len(row.ids) for row, _ in tok.encode_classify(texts)]
+    groups, group, used = [], [], 0
+    for text, n in zip(texts, cost, strict=True):
+        if group and (len(group) == BATCH or used + n > budget):
+            groups, group, used = groups + [group], [], 0
+        group, used = group + [text], used + n
+    return groups + ([group] if group else [])
+
+
 def run_server(texts: list[str], model: str, tokens: int, log_dir: Path) -> dict:
     """The texts through `python -m app` at saturation: CLIENTS requests in flight, BATCH texts each."""
     path = KINDS[model]
     body = {"model": model, **({"return": "words"} if path == "/detect" else {})}
-    groups = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
+    groups = requests(texts, model)
     argv = lambda port: [sys.executable, "-m", "app", "--models", str(MODELS), "--port", str(port),  # noqa: E731
                          "--log-level", "warning"]  # fmt: skip
     with serve("ours", argv, log_dir, warm_path=path) as server, httpx.Client(timeout=300) as client:
