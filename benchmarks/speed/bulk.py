@@ -86,9 +86,10 @@ def run_bulk(src: Path, out: Path, model: str, workers: int, env: dict, ray: str
             "steady_tokens_per_s": r.get("steady_tokens_per_s"), "steady_docs_per_s": r.get("steady_docs_per_s")}  # fmt: skip
 
 
-def requests(texts: list[str], model: str, budget: int = 16384) -> list[list[str]]:
-    """The texts in requests of up to BATCH texts and the server's --max-request-tokens (model-input
-    tokens, windows counted), as a client that knows the limit would send them."""
+def requests(texts: list[str], model: str, budget: int = 65536 // CLIENTS) -> list[list[str]]:
+    """The texts in requests of up to BATCH texts and `budget` model-input tokens (windows counted), as a
+    client that knows the server's limits would send them: within --max-request-tokens (16,384), and with
+    CLIENTS of them in flight within --max-bulk-tokens (65,536)."""
     from app.model.bundle import read_bundle
     from app.model.tokenization import TextTokenizer
 
@@ -114,7 +115,12 @@ def run_server(texts: list[str], model: str, tokens: int, log_dir: Path) -> dict
     argv = lambda port: [sys.executable, "-m", "app", "--models", str(MODELS), "--port", str(port),  # noqa: E731
                          "--log-level", "warning"]  # fmt: skip
     with serve("ours", argv, log_dir, warm_path=path) as server, httpx.Client(timeout=300) as client:
-        post = lambda g: client.post(server.url + path, json={"texts": g, **body}).raise_for_status()  # noqa: E731
+
+        def post(group: list[str]) -> None:
+            while (r := client.post(server.url + path, json={"texts": group, **body})).status_code == 429:
+                time.sleep(0.05)  # full: the server says so at once, and a client waits its turn
+            r.raise_for_status()
+
         with ThreadPoolExecutor(CLIENTS) as pool:
             list(pool.map(post, groups[:CLIENTS]))  # warm: every runner has run a batch of this kind
             t0 = time.perf_counter()
