@@ -33,3 +33,46 @@ def test_each_layer_imports_only_the_layers_below_it():
             if above:
                 wrong.append(f"app/{layer}/{path.name} imports app.{', app.'.join(sorted(above))}")
     assert not wrong, wrong
+
+
+BULK = APP.parent / "bulk"
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
+def test_bulk_scores_through_app_model_and_nothing_of_http_or_scheduling():
+    """bulk/ is a fourth program on the bundle: it shares app/model/ with the server (so a document gets
+    the server's numbers) and never goes through HTTP or the scheduler; nor does app/ know of bulk/."""
+    files = sorted(BULK.glob("*.py"))
+    assert files, "bulk/ is empty"
+    wrong = [f"bulk/{p.name} imports app.{', app.'.join(sorted(imported_layers(p) - {'model'}))}"
+             for p in files if imported_layers(p) - {"model"}]  # fmt: skip
+    assert not wrong, wrong
+    assert any("model" in imported_layers(p) for p in files)
+    for path in APP.rglob("*.py"):
+        assert not any(m.split(".")[0] == "bulk" for m in imported_modules(path)), path
+    # The shard function knows nothing of Ray: only the Ray runner imports it.
+    for p in files:
+        ray = any(m.split(".")[0] == "ray" for m in imported_modules(p))
+        assert ray == (p.name == "on_ray.py"), f"bulk/{p.name}: ray imported: {ray}"
+
+
+def test_the_server_loads_neither_ray_nor_pyarrow():
+    """They come with the `bulk` extra only: the serving install has neither, so the server must not need them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, app.http.server, app.__main__; "
+            "bad = [m for m in ('ray', 'pyarrow', 'bulk') if m in sys.modules]; assert not bad, bad")  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr

@@ -15,6 +15,7 @@ import pytest
 
 import options
 from app.settings import Settings
+from bulk.config import BulkConfig
 from export.pipeline import ExportConfig
 from export.recover import RecoverConfig
 from training.config import FinetuneConfig, PretrainConfig
@@ -29,6 +30,7 @@ PROGRAMS = {
     "export": (ExportConfig, ["runs/x", "--out", "bundles/y"]),
     "export.recover": (RecoverConfig, ["models/detector", "--out", "runs/y"]),
     "app": (Settings, []),
+    "bulk": (BulkConfig, ["corpus.jsonl", "--out", "scores", "--model", "detector"]),
 }
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from app.errors import AppError, ErrorType
-from app.model.postprocess import classify_result, detect_result
+from app.model import scoring as model_scoring
+from app.model.scoring import Encoded
 from app.model.tokenization import Row
 from app.schemas import ClassifyResponse, DetectResponse
 
@@ -76,54 +77,25 @@ class Limits:
             raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=field)
 
 
-@dataclass(frozen=True)
-class Encoded:
-    rows: list[Row]  # every model input row of the request, in order
-    per_item: list  # what `respond` needs of each input item (its encoding, or a truncation flag)
-    text_tokens: list[int] | None = None  # tokens of each text, where a per-text limit applies
-
-
 class Kind(Protocol):
     def encode(self, tokenizer, items: list) -> Encoded: ...
 
     def respond(self, model, items: list, encoded: Encoded, outputs: list) -> Any: ...
 
 
+# Encoding and results are the model layer's (app/model/scoring.py), shared with bulk/; here only the
+# response around them.
 @dataclass(frozen=True)
-class Detect:
-    threshold: float
-    ret: str  # tokens | words | both
-
-    def encode(self, tokenizer, texts: list[str]) -> Encoded:
-        encodings = tokenizer.encode_detect(texts)
-        rows = [row for enc in encodings for row in enc.rows]
-        return Encoded(rows, encodings, [len(enc.tokens) for enc in encodings])
-
+class Detect(model_scoring.Detect):
     def respond(self, model, texts: list[str], encoded: Encoded, outputs: list) -> DetectResponse:
-        it = iter(outputs)
-        results = [
-            detect_result(text, enc, [next(it) for _ in enc.rows], self.threshold, self.ret)
-            for text, enc in zip(texts, encoded.per_item, strict=True)
-        ]
+        results = self.results(texts, encoded, outputs)
         return DetectResponse(model=model.name, threshold=self.threshold, results=results)
 
 
 @dataclass(frozen=True)
-class Classify:
-    top_k: int | None
-
-    def encode(self, tokenizer, items: list) -> Encoded:
-        encoded = tokenizer.encode_classify(
-            items
-        )  # each text is cut to max_length: only the total can be too large
-        return Encoded([row for row, _ in encoded], [truncated for _, truncated in encoded])
-
+class Classify(model_scoring.Classify):
     def respond(self, model, items: list, encoded: Encoded, outputs: list) -> ClassifyResponse:
-        m = model.bundle.manifest
-        results = [
-            classify_result(out, m.labels, m.problem_type, truncated, self.top_k)
-            for out, truncated in zip(outputs, encoded.per_item, strict=True)
-        ]
+        results = self.results(model.bundle.manifest, encoded, outputs)
         return ClassifyResponse(model=model.name, results=results)
 
 

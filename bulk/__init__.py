@@ -1,0 +1,12 @@
+"""Score a corpus with a bundle: the fourth program on the bundle, beside the server (docs/bulk.md).
+
+It imports app/model/ (tokenization, windows, the engine, the batch cost rule, stitching and summaries)
+and nothing from app/http or app/scheduling, so a document gets the server's numbers without HTTP:
+- config.py: the options (options/), job.json's fingerprint;
+- inputs.py: shards -> parts -> documents, with rejects and their reasons;
+- shard.py: the shard function, one part -> its Parquet file (knows nothing of processes or Ray);
+- outputs.py: the Parquet schema, temporary-name-then-rename writes, the manifest;
+- local.py / on_ray.py: the shard function on worker processes, or on Ray actors;
+- job.py: the driver (plan, resume, summary, exit status); progress.py: the progress line.
+Ray and pyarrow come with the `bulk` extra; the serving install has neither.
+"""

@@ -1,0 +1,108 @@
+"""The options of `python -m bulk`: one dataclass, each option declared once (options/), resolved as every
+entry point's are (defaults < --config TOML < environment < flags). The resolved options are printed at
+start and saved beside the outputs (config.json); the ones that change what a row holds are the job's
+fingerprint (job.json), and a resumed job must match it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import options
+from options import ConfigError, flag, option
+
+FORMATS = ("auto", "jsonl", "parquet", "text")
+CHECK_MODES = ("refuse", "warn", "off")  # as the server's --load-check (app/model/load_check.py)
+# The options a finished part's rows depend on: resuming with another value of any of them would mix
+# two kinds of rows in one output directory.
+FINGERPRINT = ("model", "format", "text_field", "id_field", "threshold", "tokens", "max_document_chars",
+               "window_stride", "part_mb")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BulkConfig:
+    """Every option of `python -m bulk INPUT --out DIR --model NAME`."""
+
+    input: str = option(
+        help="a file, a directory (every .jsonl, .json, .parquet and .txt file under it) or a quoted glob",
+        positional=True,
+    )
+    out: Path = option(help="output directory: Parquet scores, manifest, rejects, summary")
+    model: str = option(help="the bundle to score with: a sub-directory of --models")
+    models_dir: Path = option(Path("models"), "where the bundles are", aliases=("--models",))
+    format: str = option(
+        "auto", "input format; auto: by file suffix (.parquet, .txt, else JSONL)", choices=FORMATS
+    )
+    text_field: str = option("text", "the JSON key or Parquet column holding the text")
+    id_field: str = option(
+        "", "the key or column holding a document's id; empty: (file, line) is its identity"
+    )
+    threshold: float | None = option(None, "detectors: span threshold (default: the bundle's own)")
+    tokens: bool = option(False, "detectors: add every token's probability and character offsets")
+    workers: int = option(0, "worker processes (or Ray actors), each with one session; 0: cores / --threads")
+    # ONNX Runtime does not see a container's CPU limit and would start a thread per host core.
+    threads: int = option(1, "ONNX Runtime threads per worker")
+    # The server's --batch-token-budget: rows * longest row (padding counted) per run.
+    batch_tokens: int = option(16384, "padded tokens per inference run")
+    chunk_docs: int = option(1024, "documents read, sorted by length and batched together")
+    # 4 MB of text is about a million tokens: minutes for one CPU worker, so a kill costs minutes.
+    part_mb: float = option(4.0, "shards larger than this are scored as parts of about this size (MB)")
+    max_document_chars: int = option(1_000_000, "longer documents are rejected (too_long)")
+    window_stride: int = option(32, "tokens shared by consecutive windows of a long text (as the server's)")
+    load_check: str = option(
+        "refuse",
+        "a bundle whose check inputs answer beyond its gate on this CPU: refuse, warn, or off (as the server)",
+        choices=CHECK_MODES,
+    )
+    ray: str | None = option(
+        None,
+        "run on Ray: --ray alone starts an instance for this job here; --ray auto joins the one `ray start` made "
+        "here; --ray HOST:PORT joins that cluster",
+        bare="local",
+    )
+    progress: bool = option(True, "a progress line on stderr (documents/s, tokens/s, ETA)")
+
+    def __post_init__(self) -> None:
+        options.check_choices(self)
+        for name in ("threads", "batch_tokens", "chunk_docs", "max_document_chars"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
+        if self.workers < 0 or self.window_stride < 0:
+            raise ConfigError(f"{flag('workers')} and {flag('window_stride')} must be >= 0")
+        if self.part_mb <= 0:
+            raise ConfigError(f"{flag('part_mb')} must be > 0, got {self.part_mb}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"{flag('threshold')} must lie in [0, 1], got {self.threshold}")
+        if not self.text_field:
+            raise ConfigError(f"{flag('text_field')} must not be empty")
+
+    @property
+    def bundle_dir(self) -> Path:
+        return self.models_dir / self.model
+
+    def worker_count(self) -> int:
+        """--workers, or the cores this process may use shared out at --threads each."""
+        return self.workers or max(1, len(os.sched_getaffinity(0)) // self.threads)
+
+    def fingerprint(self) -> dict:
+        values = options.as_dict(self)
+        return {name: values[name] for name in FINGERPRINT}
+
+
+DESCRIPTION = (
+    "Score a corpus (JSONL, Parquet or text; a file, a directory or a glob) with a bundle, with the server's "
+    "numbers, on every core or on Ray; resumable (docs/bulk.md)."
+)
+
+
+def resolve(argv: list[str] | None) -> BulkConfig:
+    cfg = options.resolve(BulkConfig, argv, prog="python -m bulk", description=DESCRIPTION)
+    # Absolute paths: Ray workers on other nodes and worker processes resolve nothing against our cwd.
+    return dataclasses.replace(cfg, out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve())
+
+
+def from_dict(values: dict) -> BulkConfig:
+    """The config a worker receives (options.as_dict's JSON values) back as the dataclass."""
+    return options.resolve(BulkConfig, [], env={}, base=values, config_file=False)

@@ -1,0 +1,161 @@
+"""The driver: plan the parts, skip the finished ones (the manifest), hand the rest to the local workers or
+to Ray, record each part once as it finishes, and write the summary and the merged rejects at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import app
+import options
+from app.machine import cpu
+from app.model.bundle import read_bundle
+from bulk import outputs
+from bulk.config import BulkConfig
+from bulk.inputs import Part, plan, shards
+from bulk.progress import Progress
+
+# Exit statuses: a script can tell a clean run from one that needs a look.
+EXIT_OK = 0
+EXIT_USAGE = 2  # bad options, no input, no such bundle, or --out holds another job
+EXIT_REJECTED = 3  # every part finished, and some documents were rejected (rejects.jsonl)
+EXIT_FAILED = 4  # a shard or a part could not be scored (summary.json names it); the others finished
+
+
+# Parts are also cut small enough that every worker has a few to take, down to this size: a job over one
+# 20 MB file would otherwise keep one worker busy and the others idle.
+PARTS_PER_WORKER = 4
+MIN_PART_BYTES = 16 << 10
+
+
+class JobError(ValueError):
+    """The job cannot start; the message says why and what to do."""
+
+
+def part_size(cfg: BulkConfig, files: list[Path]) -> int:
+    """--part-mb, or less where the input is small next to the workers (PARTS_PER_WORKER)."""
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    share = total // (PARTS_PER_WORKER * cfg.worker_count())
+    return min(int(cfg.part_mb * (1 << 20)), max(MIN_PART_BYTES, share))
+
+
+def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> int:
+    """A resumed job must score as the first run did: same bundle, same options that shape a row, and
+    the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size."""
+    path = cfg.out / "job.json"
+    want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
+    if path.is_file():
+        have = json.loads(path.read_text())
+        diff = sorted(k for k in want if have.get(k) != want[k])
+        if diff:
+            raise JobError(
+                f"{cfg.out} holds the outputs of a job with other settings ({', '.join(diff)}: "
+                f"{', '.join(f'{have.get(k)!r} then, {want[k]!r} now' for k in diff)}); resuming would mix "
+                "the two. Use another --out, or remove that directory to start again"
+            )
+        return int(have["part_bytes"])
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    want["part_bytes"] = part_size(cfg, files)
+    outputs.write_json(path, want)
+    return want["part_bytes"]
+
+
+def run(cfg: BulkConfig) -> int:
+    t0 = time.perf_counter()
+    bundle = read_bundle(cfg.bundle_dir, cfg.model)  # a missing or tampered bundle stops us here, once
+    root, files = shards(cfg.input, cfg.format)
+    part_bytes = check_fingerprint(cfg, bundle.manifest.model_sha256, files)
+    outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
+    parts, failed_shards = plan(root, files, cfg.format, part_bytes)
+    manifest = outputs.Manifest(cfg.out)
+    finished = manifest.finished()
+    outputs.remove_temporaries(cfg.out)
+    todo = [p for p in parts if p.key not in finished]
+    print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
+          f"({manifest.path}), {len(todo)} to score with {cfg.worker_count()} worker(s) x {cfg.threads} "
+          f"thread(s){' on Ray' if cfg.ray else ''}", flush=True)  # fmt: skip
+    progress = Progress(sum(p.size for p in todo), cfg.progress)
+    failed_parts: dict[str, str] = {}
+    scored: list[dict] = []  # this run's finished parts
+
+    def on_result(result: dict) -> None:
+        key = result["part"]
+        if "error" in result:
+            failed_parts[key] = result["error"]
+        elif key not in finished:  # a part Ray ran twice is recorded once
+            failed_parts.pop(key, None)
+            manifest.append(result)
+            finished[key] = result
+            scored.append(result)
+
+    if todo:
+        if cfg.ray:
+            from bulk import on_ray as runner
+        else:
+            from bulk import local as runner  # type: ignore[no-redef]
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
+        runner.run(todo, cfg, on_result, progress.update)
+    progress.close()
+    entries = [finished[p.key] for p in parts if p.key in finished]
+    rejected = outputs.merge_rejects(cfg.out, entries)
+    summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
+    summary["this_run"] |= scoring_rate(scored)
+    outputs.write_json(cfg.out / "summary.json", summary)
+    print(_closing(summary, cfg.out), flush=True)
+    if failed_shards or failed_parts:
+        return EXIT_FAILED
+    return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def scoring_rate(scored: list[dict]) -> dict:
+    """The rate from the first part started to the last one finished: start-up (worker processes or Ray
+    actors, model loads) and the driver's planning left out, so that local processes and Ray compare on
+    their scoring alone (benchmarks/speed/bulk.py)."""
+    if not scored:
+        return {}
+    span = max(1e-9, max(r["finished_at"] for r in scored) - min(r["started_at"] for r in scored))
+    docs, tokens = sum(r["rows"] for r in scored), sum(r["tokens"] for r in scored)
+    return {"scoring_s": round(span, 3), "steady_docs_per_s": round(docs / span, 1),
+            "steady_tokens_per_s": round(tokens / span, 1)}  # fmt: skip
+
+
+def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards: dict, failed_parts: dict,
+              progress: Progress, t0: float) -> dict:  # fmt: skip
+    wall = time.perf_counter() - t0
+    total = lambda key: sum(e.get(key, 0) for e in entries)  # noqa: E731
+    reasons: dict[str, int] = {}
+    labels: dict[str, int] = {}
+    hist = [0] * 10
+    for e in entries:
+        for k, v in e.get("reasons", {}).items():
+            reasons[k] = reasons.get(k, 0) + v
+        for k, v in e.get("labels", {}).items():
+            labels[k] = labels.get(k, 0) + v
+        hist = [a + b for a, b in zip(hist, e.get("hist", [0] * 10), strict=True)]
+    m = bundle.manifest
+    detector = m.kind == "detector"
+    return {
+        "documents": total("rows"), "rejected": total("rejects"), "blank_lines_skipped": total("blank"),
+        "tokens": total("tokens"), **({"windows": total("windows")} if detector else {}),
+        "rejects_by_reason": dict(sorted(reasons.items())),
+        "failures": {"shards": failed_shards, "parts": failed_parts},
+        "parts": {"total": len(parts), "finished": len(entries), "failed": len(failed_parts)},
+        "this_run": {"wall_s": round(wall, 3), "documents": progress.docs, "tokens": progress.tokens,
+                     "docs_per_s": round(progress.docs / wall, 1), "tokens_per_s": round(progress.tokens / wall, 1)},
+        **({"max_prob_histogram": {"bins": [round(i / 10, 1) for i in range(11)], "counts": hist}} if detector
+           else {"labels": dict(sorted(labels.items()))}),
+        "bundle": {"name": bundle.name, "kind": m.kind, "sha256": m.model_sha256, "files_sha256": bundle.verified,
+                   "precision": m.precision},
+        "version": app.__version__, "machine": cpu(), "options": options.as_dict(cfg),
+    }  # fmt: skip
+
+
+def _closing(s: dict, out: Path) -> str:
+    failed = len(s["failures"]["shards"]) + len(s["failures"]["parts"])
+    return (
+        f"bulk: {s['documents']:,} documents scored, {s['rejected']:,} rejected, {failed} shard(s)/part(s) "
+        f"failed; {s['this_run']['docs_per_s']:,} docs/s, {s['this_run']['tokens_per_s']:,} tokens/s this run; "
+        f"{out / 'summary.json'}"
+    )

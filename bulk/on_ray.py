@@ -1,0 +1,79 @@
+"""Run the shard function on Ray: the same `score_part`, in Ray Data actors (ActorPoolStrategy through
+`compute=`, Ray 2.60's public API), each holding one Scorer for the whole job. Ray restarts an actor whose
+worker or node died and runs its part again (Ray Data sets max_restarts and max_task_retries to -1 for
+actor pools); the part's output name is fixed and written under a temporary name, and only the driver
+writes the manifest, once per part, so a part run twice is still there exactly once.
+
+Every node reads INPUT and --models, and writes --out, at the same paths: a shared file system.
+Ray's usage statistics are turned off (RAY_USAGE_STATS_ENABLED=0) for the instance a job starts and for
+its workers; a cluster started with `ray start` needs it in that command's environment too (docs/bulk.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import options
+from bulk.config import BulkConfig, from_dict
+from bulk.inputs import Part
+
+# A job's objects are part descriptions and results of a few kB: Ray's default store (30% of memory)
+# would only take memory from the workers.
+OBJECT_STORE_BYTES = 128 << 20
+WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class ScoreParts:
+    """A Ray Data actor: one Scorer, then one part per call (batch_size=1)."""
+
+    def __init__(self, cfg: dict) -> None:
+        from bulk.shard import Scorer
+
+        self.scorer = Scorer(from_dict(cfg))
+
+    def __call__(self, batch: dict) -> dict:
+        from bulk.shard import score_part
+
+        results = [score_part(Part(**json.loads(p)), self.scorer) for p in batch["part"]]
+        return {"result": [json.dumps(r) for r in results]}
+
+
+def connect(address: str, cpus: int) -> None:
+    import ray
+
+    os.environ.update(WORKER_ENV)  # the instance `ray.init` starts reads it from our environment
+    if ray.is_initialized():
+        return
+    runtime_env = {"env_vars": WORKER_ENV}
+    if address == "local":  # an instance of our own on this machine, ended with the job
+        ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
+                 include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
+    else:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+
+
+def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    workers = cfg.worker_count()
+    connect(cfg.ray or "local", workers * cfg.threads)
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False  # ours is on stderr already
+    ctx.print_on_execution_start = False
+    items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    ds = ds.map_batches(
+        ScoreParts,
+        fn_constructor_kwargs={"cfg": options.as_dict(cfg)},
+        batch_size=1,
+        compute=ActorPoolStrategy(size=min(workers, max(1, len(parts)))),
+        num_cpus=cfg.threads,
+    )
+    sizes = {p.key: p.size for p in parts}
+    for row in ds.iter_rows():  # as parts finish, in any order
+        result = json.loads(row["result"])
+        on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
+        on_result(result)

@@ -1,0 +1,173 @@
+"""What a job leaves in --out, and how it is written so that a kill at any moment leaves nothing half-done
+that a resumed job would trust:
+
+    scores/<shard>.part-NNNNN.parquet   one per part (a shard that was not split has one part)
+    rejects/<shard>.part-NNNNN.jsonl    the part's rejected documents, when it has any
+    manifest.jsonl                      one line per finished part: input, output, rows, sha256
+    rejects.jsonl, summary.json         at the end: every reject in input order, and the figures
+    config.json, job.json               the resolved options, and those the rows depend on
+
+Every file is written under a temporary name and renamed when complete; a part is finished when its
+manifest line is written, after its files were renamed. The manifest has one writer, the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from app.model.bundle import sha256_file
+from bulk.inputs import Part
+
+SPAN = pa.struct([("text", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("prob", pa.float64())])
+TOKEN = pa.struct(
+    [
+        ("token", pa.string()),
+        ("start", pa.int32()),
+        ("end", pa.int32()),
+        ("prob", pa.float64()),
+        ("word", pa.int32()),
+    ]
+)
+IDENTITY = [("id", pa.string()), ("file", pa.string()), ("line", pa.int64())]
+
+
+def detector_schema(tokens: bool) -> pa.Schema:
+    # float64: the server's JSON numbers are the float32 outputs widened, and so are these (exactly).
+    fields = IDENTITY + [
+        ("n_tokens", pa.int32()), ("n_words", pa.int32()), ("windows", pa.int32()), ("max_prob", pa.float64()),
+        ("mean_prob", pa.float64()), ("replaced_fraction", pa.float64()), ("spans", pa.list_(SPAN)),
+    ]  # fmt: skip
+    return pa.schema(fields + ([("tokens", pa.list_(TOKEN))] if tokens else []))
+
+
+def classifier_schema(labels: list[str]) -> pa.Schema:
+    fields = IDENTITY + [("n_tokens", pa.int32()), ("truncated", pa.bool_()), ("label", pa.string()),
+                         ("score", pa.float64())]  # fmt: skip
+    return pa.schema(fields + [(f"prob_{label}", pa.float64()) for label in labels])
+
+
+def safe(name: str) -> str:
+    """A shard's relative path as one file name: sub-directories joined by "__"."""
+    return name.replace("/", "__")
+
+
+def score_path(out: Path, part: Part) -> Path:
+    return out / "scores" / f"{safe(part.name)}.part-{part.index:05d}.parquet"
+
+
+def rejects_path(out: Path, part: Part) -> Path:
+    return out / "rejects" / f"{safe(part.name)}.part-{part.index:05d}.jsonl"
+
+
+def temporary(path: Path) -> Path:
+    """A name no other writer uses: a part re-run by Ray while its first attempt's worker still writes
+    (or a killed job's worker that outlived it) never writes into the same file."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    with tmp.open("rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
+
+
+class PartWriter:
+    """A part's Parquet file, a row group per chunk of documents, renamed into place by `commit`."""
+
+    def __init__(self, path: Path, schema: pa.Schema, metadata: dict[str, str]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.tmp = path, temporary(path)
+        self.schema = schema.with_metadata({f"electra_serve.{k}": v for k, v in metadata.items()})
+        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+
+    def write(self, columns: dict[str, list]) -> None:
+        self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
+
+    def commit(self) -> str:
+        """Close, publish, and return the file's sha256."""
+        self._writer.close()
+        _publish(self.tmp, self.path)
+        return sha256_file(self.path)
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def write_rejects(path: Path, rejects: list[dict]) -> None:
+    if not rejects:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(path)
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+    _publish(tmp, path)
+
+
+def write_json(path: Path, value: dict) -> None:
+    tmp = temporary(path)
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    _publish(tmp, path)
+
+
+class Manifest:
+    """manifest.jsonl: the parts already finished. Only the driver appends to it, one line per part, each
+    flushed to disk before the next part is counted; a line torn by a kill is ignored when read."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "manifest.jsonl"
+
+    def finished(self) -> dict[str, dict]:
+        """Finished parts by key: those whose line is whole and whose output is there with its sha256."""
+        done: dict[str, dict] = {}
+        if not self.path.is_file():
+            return done
+        out = self.path.parent
+        for line in self.path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of a killed job, cut short: that part is scored again
+            output = out / entry["output"]
+            if output.is_file() and sha256_file(output) == entry["sha256"]:
+                done[entry["part"]] = entry
+        return done
+
+    def append(self, entry: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def remove_temporaries(out: Path) -> int:
+    """Files a killed job (or a dead Ray worker) left half-written; none of them is in the manifest."""
+    n = 0
+    for sub in ("scores", "rejects", "."):
+        d = out / sub
+        if d.is_dir():
+            for p in d.glob(".*.tmp-*"):
+                p.unlink(missing_ok=True)
+                n += 1
+    return n
+
+
+def merge_rejects(out: Path, entries: list[dict]) -> int:
+    """rejects.jsonl: every part's rejects, in input order (entries are in plan order)."""
+    lines = []
+    for e in entries:
+        if e.get("rejects_file"):
+            lines.append((out / e["rejects_file"]).read_text())
+    tmp = temporary(out / "rejects.jsonl")
+    tmp.write_text("".join(lines))
+    _publish(tmp, out / "rejects.jsonl")
+    return sum(text.count("\n") for text in lines)

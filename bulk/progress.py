@@ -1,0 +1,52 @@
+"""The progress line on stderr: documents/s, tokens/s and the ETA, from what the workers report after each
+chunk. Redrawn in place on a terminal; elsewhere (a log file, CI) one line every LOG_EVERY_S seconds."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+REDRAW_S = 0.5
+LOG_EVERY_S = 30.0
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class Progress:
+    def __init__(self, total_bytes: int, enabled: bool = True, stream=sys.stderr) -> None:
+        self.total, self.enabled, self.stream = max(1, total_bytes), enabled, stream
+        self.docs = self.tokens = self.bytes = 0
+        self.start = self._drawn = time.perf_counter()
+        self._tty = enabled and stream.isatty()
+        self._lock = threading.Lock()  # the local runner reports from a listener thread
+
+    def update(self, docs: int, tokens: int, nbytes: int) -> None:
+        with self._lock:
+            self.docs, self.tokens, self.bytes = self.docs + docs, self.tokens + tokens, self.bytes + nbytes
+            now = time.perf_counter()
+            if self.enabled and now - self._drawn >= (REDRAW_S if self._tty else LOG_EVERY_S):
+                self._drawn = now
+                self._draw(now)
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = max(1e-9, (now or time.perf_counter()) - self.start)
+        done = min(1.0, self.bytes / self.total)
+        eta = elapsed * (1 - done) / done if done > 0 else float("nan")
+        return (
+            f"{self.docs:,} docs  {self.docs / elapsed:,.0f} docs/s  {self.tokens / elapsed:,.0f} tokens/s  "
+            f"{100 * done:5.1f}%  ETA {_duration(eta) if eta == eta else '?'}"
+        )
+
+    def _draw(self, now: float) -> None:
+        end = "\r" if self._tty else "\n"
+        self.stream.write(self.line(now) + end)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()

@@ -1,0 +1,171 @@
+"""The shard function: one part of one input shard -> its Parquet file and its rejects, with the server's
+numbers. It knows nothing of worker processes or Ray; bulk/local.py and bulk/on_ray.py call it, each in a
+worker holding one `Scorer` (one ONNX Runtime session) for the whole job.
+
+A document is scored by the server's own code (app/model/): tokenization and windows, the batch cost
+rule, the engine, stitching and summaries. Only the HTTP request and the scheduler are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+
+import numpy as np
+
+import app
+from app.machine import cpu
+from app.model import load_check
+from app.model.bundle import read_bundle
+from app.model.catalog import default_threshold
+from app.model.engine import Engine
+from app.model.scoring import Classify, Detect, run_rows
+from app.model.tokenization import TextTokenizer
+from bulk import outputs
+from bulk.config import BulkConfig
+from bulk.inputs import Doc, Part, read
+
+log = logging.getLogger("bulk")
+HIST_BINS = 10  # the summary's histogram of max_prob: [0, 0.1), ..., [0.9, 1.0]
+Report = Callable[[int, int, int], None]  # (documents, tokens, bytes) just done
+
+
+class Scorer:
+    """One bundle's tokenizer and session, held by one worker for the whole job."""
+
+    def __init__(self, cfg: BulkConfig) -> None:
+        self.cfg = cfg
+        self.bundle = bundle = read_bundle(cfg.bundle_dir, cfg.model)
+        m = bundle.manifest
+        self.detector = m.kind == "detector"
+        self.tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, cfg.window_stride)
+        # The server's session options and arena; one session, cfg.threads threads, nothing else on it.
+        self.engine = Engine(bundle, cfg.threads)
+        # As the server does at load: an int8 bundle answering beyond its gate on this CPU is refused.
+        warning = load_check.verdict(load_check.run(self.engine, bundle, cpu()), cfg.load_check, bundle.name)
+        if warning:
+            log.warning(warning)
+        self.threshold = cfg.threshold if cfg.threshold is not None else default_threshold(m)
+        self.kind = Detect(self.threshold, "tokens") if self.detector else Classify(top_k=None)
+        if self.detector:
+            self.schema = outputs.detector_schema(cfg.tokens)
+        else:
+            self.schema = outputs.classifier_schema(list(m.labels))
+
+    def metadata(self, part: Part) -> dict[str, str]:
+        m = self.bundle.manifest
+        return {
+            "version": app.__version__, "bundle": self.bundle.name, "bundle_sha256": m.model_sha256,
+            "files_sha256": json.dumps(self.bundle.verified), "threshold": repr(self.threshold),
+            "source": part.name, "part": str(part.index),
+        }  # fmt: skip
+
+    def score(self, texts: list[str]) -> list:
+        """DetectResult or ClassifyResult per text, as /detect and /classify compute them."""
+        encoded = self.kind.encode(self.tokenizer, texts)
+        outs = run_rows(self.engine, encoded.rows, self.tokenizer.pad_id, self.cfg.batch_tokens)
+        if self.detector:
+            return self.kind.results(texts, encoded, outs)
+        return self.kind.results(self.bundle.manifest, encoded, outs)
+
+    def columns(self, part: Part, docs: list[Doc], results: list) -> dict[str, list]:
+        cols: dict[str, list] = {"id": [d.id for d in docs], "file": [part.name] * len(docs),
+                                 "line": [d.line for d in docs]}  # fmt: skip
+        if self.detector:
+            s = [r.summary for r in results]
+            cols |= {
+                "n_tokens": [x.num_tokens for x in s], "n_words": [x.num_words for x in s],
+                "windows": [x.windows for x in s], "max_prob": [x.max_prob for x in s],
+                "mean_prob": [x.mean_prob for x in s], "replaced_fraction": [x.replaced_fraction for x in s],
+                "spans": [[(sp.text, sp.start, sp.end, sp.prob) for sp in x.spans] for x in s],
+            }  # fmt: skip
+            if self.cfg.tokens:
+                cols["tokens"] = [
+                    [(t.token, t.start, t.end, t.prob, t.word) for t in r.tokens] for r in results
+                ]
+            return cols
+        cols |= {"n_tokens": self._classify_tokens(docs), "truncated": [r.truncated for r in results],
+                 "label": [r.label for r in results], "score": [r.score for r in results]}  # fmt: skip
+        for label in self.bundle.manifest.labels:
+            cols[f"prob_{label}"] = [r.probs[label] for r in results]
+        return cols
+
+    def _classify_tokens(self, docs: list[Doc]) -> list[int]:
+        # The model-input tokens of each text (special tokens in, cut at max_length), as tokens/s counts them.
+        return [len(row.ids) for row, _ in self.tokenizer.encode_classify([d.text for d in docs])]
+
+
+def _chunks(docs: Iterable[Doc], n: int) -> Iterator[list[Doc]]:
+    it = iter(docs)
+    while chunk := list(islice(it, n)):
+        yield chunk
+
+
+def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict:
+    """Score one part into its Parquet file (renamed into place when complete) and its rejects file.
+    Returns what the manifest and the summary record of it; a part that cannot be read or scored
+    returns its error instead (the other parts go on)."""
+    cfg, t0, started_at = scorer.cfg, time.perf_counter(), time.time()
+    path = outputs.score_path(cfg.out, part)
+    result = {"part": part.key, "input": part.shard, "name": part.name, "index": part.index}
+    stats = {"rows": 0, "tokens": 0, "windows": 0, "blank": 0, "reasons": {}, "labels": {},
+             "hist": [0] * HIST_BINS}  # fmt: skip
+    rejects: list[dict] = []
+    writer, done_bytes = None, 0
+    try:
+        writer = outputs.PartWriter(path, scorer.schema, scorer.metadata(part))
+        for chunk in _chunks(
+            read(part, cfg.text_field, cfg.id_field, cfg.max_document_chars), cfg.chunk_docs
+        ):
+            good = [d for d in chunk if d.text is not None]
+            for d in chunk:
+                if d.text is None and d.reason is None:
+                    stats["blank"] += 1
+                elif d.text is None:
+                    rejects.append({"id": d.id, "file": part.name, "line": d.line, "reason": d.reason,
+                                    "detail": d.detail})  # fmt: skip
+                    stats["reasons"][d.reason] = stats["reasons"].get(d.reason, 0) + 1
+            tokens = 0
+            if good:
+                cols = scorer.columns(part, good, scorer.score([d.text for d in good]))
+                writer.write(cols)
+                tokens = _tally(stats, cols, scorer.detector)
+            size = sum(d.size for d in chunk)
+            done_bytes += size
+            if report:
+                report(len(good), tokens, size)
+        sha = writer.commit()
+        if report and part.size > done_bytes:  # Parquet documents carry no size: the part's all at once
+            report(0, 0, part.size - done_bytes)
+    except Exception as e:  # this part fails alone, named in the summary; the job goes on
+        if writer is not None:
+            writer.abort()
+        log.error("%s: %s: %s", part.key, type(e).__name__, e)
+        return result | {"error": f"{type(e).__name__}: {e}"}
+    rpath = outputs.rejects_path(cfg.out, part)
+    outputs.write_rejects(rpath, rejects)
+    rel = lambda p: p.relative_to(cfg.out).as_posix()  # noqa: E731
+    return result | stats | {
+        "output": rel(path), "sha256": sha, "rejects": len(rejects),
+        "rejects_file": rel(rpath) if rejects else None, "seconds": round(time.perf_counter() - t0, 3),
+        # Wall-clock times (the nodes of a cluster share a clock closely enough for a rate over minutes).
+        "started_at": started_at, "finished_at": time.time(),
+    }  # fmt: skip
+
+
+def _tally(stats: dict, cols: dict, detector: bool) -> int:
+    tokens = int(sum(cols["n_tokens"]))
+    stats["rows"] += len(cols["id"])
+    stats["tokens"] += tokens
+    if detector:
+        stats["windows"] += int(sum(cols["windows"]))
+        bins = np.minimum((np.asarray(cols["max_prob"]) * HIST_BINS).astype(int), HIST_BINS - 1)
+        for b in bins.tolist():
+            stats["hist"][b] += 1
+    else:
+        for label in cols["label"]:
+            stats["labels"][label] = stats["labels"].get(label, 0) + 1
+    return tokens

@@ -1,0 +1,56 @@
+"""Real corpora cut small for the bulk/ tests, and how they run `python -m bulk`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+
+
+def wiki(registry_data: Path, split: str = "valid") -> tuple[list[str], list[str]]:
+    """WikiText-2 (detokenized, as training reads it): its paragraphs, and its whole articles."""
+    from training.data.corpus import iter_wikitext_articles
+
+    articles = list(iter_wikitext_articles(registry_data / f"wikitext2-{split}.raw.gz"))
+    paragraphs = [p for a in articles for p in a.split("\n") if p.strip()]
+    return paragraphs, articles
+
+
+def write_jsonl(path: Path, texts: list[str], **extra) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t, **extra}) + "\n")
+    return path
+
+
+def env(**extra: str) -> dict[str, str]:
+    # Ray's usage statistics off wherever a test may start Ray; one tokenizer thread per worker.
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def bulk_argv(inp: Path | str, out: Path, model: str = "detector", *flags: str) -> list[str]:
+    return [sys.executable, "-m", "bulk", str(inp), "--out", str(out), "--model", model, "--models", str(MODELS),
+            "--no-progress", *flags]  # fmt: skip
+
+
+def run_bulk(inp, out: Path, model: str = "detector", *flags: str, timeout: float = 300, **env_extra: str):
+    return subprocess.run(bulk_argv(inp, out, model, *flags), cwd=REPO, env=env(**env_extra), capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def rows(out: Path) -> list[dict]:
+    """Every output row, in (file, line) order."""
+    table = pq.read_table(out / "scores")
+    return sorted(table.to_pylist(), key=lambda r: (r["file"], r["line"]))
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())

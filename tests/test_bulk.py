@@ -1,0 +1,102 @@
+"""python -m bulk on real text: every kind of bad input is rejected with its reason, counted and kept; an
+unreadable shard fails alone; the exit status says which; outputs carry the bundle's sha256 and the
+project's version; a resumed job skips what is finished and refuses other settings."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from bulk_helpers import MODELS, rows, run_bulk, summary, wiki, write_jsonl
+
+import app
+from app.model.bundle import read_bundle
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def paragraphs(registry_data):
+    return wiki(registry_data)[0]
+
+
+def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(tmp_path, paragraphs):
+    src = tmp_path / "in"
+    write_jsonl(src / "good.jsonl", paragraphs[:30])
+    long_text = " ".join(paragraphs[:40])[:2500]
+    bad = [b"not json at all", b'{"body": "no text field"}', b'{"text": 42}', b'{"text": ""}', b'{"text": "   "}',
+           '{"text": "caf\u00e9"}'.encode("latin-1"), json.dumps({"text": long_text}).encode(), b"[1, 2]", b"",
+           json.dumps({"text": paragraphs[31]}).encode(), b'{"text": "lone \\ud800 surrogate"}']  # fmt: skip
+    (src / "bad.jsonl").write_bytes(b"\n".join(bad) + b"\n")
+    (src / "lines.txt").write_text("\n".join(paragraphs[40:50]) + "\n\n" + paragraphs[50] + "\n")
+    pq.write_table(pa.table({"text": paragraphs[60:70] + [None]}), src / "table.parquet")
+    (src / "broken.parquet").write_bytes(b"PAR1 this is not a Parquet file")
+    out = tmp_path / "out"
+
+    done = run_bulk(src, out, "detector", "--workers", "1", "--max-document-chars", "2000")
+    assert done.returncode == 4, done.stdout + done.stderr  # a shard failed: that wins over rejects
+    s = summary(out)
+    assert s["rejects_by_reason"] == {"not_json": 2, "missing_text": 1, "text_not_string": 2, "empty_text": 2,
+                                      "not_utf8": 2, "too_long": 1}  # fmt: skip
+    assert list(s["failures"]["shards"]) == ["broken.parquet"]
+    # The good shard, the one good line of bad.jsonl, the text lines and the Parquet rows:
+    assert s["documents"] == 30 + 1 + 11 + 10
+    assert s["blank_lines_skipped"] == 2
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert len(rejects) == s["rejected"] == 10
+    assert {(r["file"], r["line"], r["reason"]) for r in rejects} >= {
+        ("bad.jsonl", 1, "not_json"), ("bad.jsonl", 2, "missing_text"), ("bad.jsonl", 3, "text_not_string"),
+        ("bad.jsonl", 6, "not_utf8"), ("bad.jsonl", 7, "too_long"), ("bad.jsonl", 8, "not_json"),
+        ("bad.jsonl", 11, "not_utf8"),
+        ("table.parquet", 11, "text_not_string"),
+    }  # fmt: skip
+    got = rows(out)
+    assert len({(r["file"], r["line"]) for r in got}) == len(got) == s["documents"]
+    assert [r["line"] for r in got if r["file"] == "bad.jsonl"] == [10]
+    assert {r["id"] for r in got if r["file"] == "lines.txt"} >= {"lines.txt:1", "lines.txt:12"}
+
+    # The same command once the broken shard is replaced: the finished parts are skipped, the new one scored.
+    pq.write_table(pa.table({"text": paragraphs[80:83]}), src / "broken.parquet")
+    again = run_bulk(src, out, "detector", "--workers", "1", "--max-document-chars", "2000")
+    assert again.returncode == 3, again.stdout + again.stderr  # only rejects now
+    assert "4 already finished" in again.stdout
+    s = summary(out)
+    assert s["documents"] == 52 + 3 and s["failures"] == {"shards": {}, "parts": {}}
+    assert len(rows(out)) == 55
+
+
+def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragraphs):
+    src = write_jsonl(tmp_path / "reviews.jsonl", paragraphs[:12])
+    done = run_bulk(src, tmp_path / "out", "sentiment", "--workers", "1", "--id-field", "")
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = rows(tmp_path / "out")
+    assert len(got) == 12
+    for r in got:
+        assert r["label"] in ("negative", "positive")
+        assert r["score"] == max(r["prob_negative"], r["prob_positive"])
+        assert abs(r["prob_negative"] + r["prob_positive"] - 1) < 1e-5
+    meta = pq.read_schema(next((tmp_path / "out" / "scores").glob("*.parquet"))).metadata
+    sha = read_bundle(MODELS / "sentiment").manifest.model_sha256
+    assert meta[b"electra_serve.bundle_sha256"].decode() == sha
+    assert meta[b"electra_serve.version"].decode() == app.__version__
+    s = summary(tmp_path / "out")
+    assert sum(s["labels"].values()) == 12 and s["bundle"]["sha256"] == sha
+
+
+def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, paragraphs):
+    src = tmp_path / "docs.jsonl"
+    lines = [json.dumps({"doc": f"d{i}", "text": t}) for i, t in enumerate(paragraphs[:5])]
+    src.write_text("\n".join([*lines, json.dumps({"text": paragraphs[5]})]) + "\n")  # the last has no id
+    out = tmp_path / "out"
+    done = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--tokens")
+    assert done.returncode == 3, done.stderr
+    assert summary(out)["rejects_by_reason"] == {"missing_id": 1}
+    got = rows(out)
+    assert [r["id"] for r in got] == [f"d{i}" for i in range(5)]
+    text = paragraphs[0]
+    assert all(text[t["start"] : t["end"]] for t in got[0]["tokens"])  # offsets into the document
+    other = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--threshold", "0.9")
+    assert other.returncode == 2
+    assert "threshold" in other.stderr and "another --out" in other.stderr

@@ -1,0 +1,111 @@
+"""The same job on Ray: on a local instance (ray.init with two CPUs and a small object store), and on a
+real two-node cluster on loopback (`ray start --head`, then `ray start --address`) whose second node is
+killed with SIGKILL midway. Twenty shards; every document ends up in the outputs exactly once, with the
+figures of a run on local worker processes. Nothing leaves the loopback interface: every address given to
+Ray is a 127.x one, and Ray's usage statistics are off."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from app_fixtures import free_port, wait_for
+from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+@pytest.fixture(scope="module")
+def corpus(registry_data, tmp_path_factory):
+    paragraphs = [p for p in wiki(registry_data, "valid")[0] if 40 <= len(p) <= 400]
+    src = tmp_path_factory.mktemp("shards")
+    for i in range(20):
+        write_jsonl(src / f"shard-{i:02d}.jsonl", paragraphs[i * 8 : (i + 1) * 8])
+    return src
+
+
+@pytest.fixture(scope="module")
+def local_rows(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "out"
+    done = run_bulk(corpus, out, "detector", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    return rows(out)
+
+
+@pytest.fixture
+def ray_env():
+    """Ray 2.60 turns on token authentication: a token of the test's own, not one in ~/.ray. Its session
+    files in a directory of their own, with a short path (Unix sockets live there: 107 bytes at most)."""
+    tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    yield env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_TMPDIR=tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_local_ray_instance_scores_every_document_once(tmp_path, corpus, local_rows, ray_env):
+    done = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "2", "--ray", **ray_env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert rows(tmp_path / "out") == local_rows
+    assert summary(tmp_path / "out")["parts"] == {"total": 20, "finished": 20, "failed": 0}
+
+
+def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, local_rows, ray_env):
+    port = free_port()
+    # The head notices a dead node within ~2 s instead of the default ~30 s.
+    head_env = {**ray_env, "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
+    common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+    # Two CPUs on the head: the actor lost with the second node is started again there.
+    head = [
+        RAY,
+        "start",
+        "--head",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--include-dashboard=false",
+        *common,
+    ]
+    subprocess.run(head, env=head_env, check=True, capture_output=True, timeout=120)
+    # 127.0.0.2: Ray turns 127.0.0.1 into the host's network address; 127.0.0.2 is loopback all the same.
+    address = f"127.0.0.2:{port}"
+    node = None
+    try:
+        node = subprocess.Popen([RAY, "start", "--address", address, "--num-cpus", "1", "--block", *common],
+                                env=ray_env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        wait_for(lambda: _nodes(address, ray_env) == 2, timeout=90, what="the second node to join")
+        out = tmp_path / "out"
+        job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray", address), cwd=REPO,
+                               env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        manifest = out / "manifest.jsonl"
+        wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 2, timeout=180,
+                 what="the first parts to finish")  # fmt: skip
+        finished_before = manifest.read_text().count("\n")
+        os.killpg(node.pid, signal.SIGKILL)  # the second node's raylet and its workers, the actor among them
+        node.wait()
+        log, _ = job.communicate(timeout=300)
+        assert job.returncode == 0, log[-5000:]
+        assert finished_before < 20, "the second node was killed after the job had finished"
+        assert rows(out) == local_rows
+        assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0}
+        assert manifest.read_text().count("\n") == 20  # each part recorded once, retried ones included
+    finally:
+        if node is not None and node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
+        subprocess.run([RAY, "stop", "--force"], env=ray_env, capture_output=True, timeout=60)
+
+
+def _nodes(address: str, ray_env: dict) -> int:
+    r = subprocess.run([RAY, "status", "--address", address], env=ray_env, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    active = r.stdout.split("Active:")[-1].split("Pending:")[0]
+    return active.count("node_")

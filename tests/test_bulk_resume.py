@@ -1,0 +1,80 @@
+"""A job killed with kill -9 at three random moments, then run again with the same command, ends with the
+rows of an uninterrupted run: the same documents, none missing, none twice. Its worker processes die with
+it, and nothing half-written is trusted."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from app_fixtures import wait_for
+from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
+
+pytestmark = pytest.mark.slow
+KILLS = 3
+
+
+@pytest.fixture(scope="module")
+def corpus(registry_data, tmp_path_factory):
+    """Ten small shards and one larger one that --part-mb cuts into parts: 240 WikiText-2 paragraphs."""
+    paragraphs = [
+        p for split in ("test", "valid") for p in wiki(registry_data, split)[0] if 40 <= len(p) <= 400
+    ]
+    src = tmp_path_factory.mktemp("corpus")
+    for i in range(10):
+        write_jsonl(src / f"shard-{i:02d}.jsonl", paragraphs[i * 14 : (i + 1) * 14])
+    write_jsonl(src / "big.jsonl", paragraphs[140:240])
+    return src
+
+
+FLAGS = ("--workers", "2", "--part-mb", "0.005", "--chunk-docs", "8")
+
+
+def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_path, corpus):
+    t0 = time.perf_counter()
+    reference = run_bulk(corpus, tmp_path / "reference", "detector", *FLAGS)
+    full_s = time.perf_counter() - t0
+    assert reference.returncode == 0, reference.stderr
+    expected = rows(tmp_path / "reference")
+    assert len(expected) == 240
+    ref = summary(tmp_path / "reference")
+    # A part's scoring time on this machine now: a kill lands within the next part or two, however fast.
+    per_part = 2 * ref["this_run"]["scoring_s"] / ref["parts"]["total"]
+
+    out = tmp_path / "killed"
+    manifest = out / "manifest.jsonl"
+    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
+    rng = random.Random(45)
+    moments = []
+    for _ in range(KILLS):
+        before = finished()
+        proc = subprocess.Popen(bulk_argv(corpus, out, "detector", *FLAGS), cwd=REPO, env=env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        # A random moment once this run has scored something: inside a part, between two, or in the
+        # middle of writing one.
+        wait_for(lambda b=before, p=proc: finished() > b or p.poll() is not None, timeout=120, what="a part")
+        assert proc.poll() is None, "the job finished before it could be killed"
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        moment = rng.uniform(0.0, per_part)
+        time.sleep(moment)
+        moments.append((finished(), round(moment, 2)))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"workers outlived the killed job: {alive}"
+    print(f"\nuninterrupted run {full_s:.1f}s, {ref['parts']['total']} parts; killed (parts finished, seconds "
+          f"after a part) at {moments}")  # fmt: skip
+    assert finished() < summary(tmp_path / "reference")["parts"]["total"], "killed after the job had finished"
+
+    resumed = run_bulk(corpus, out, "detector", *FLAGS)
+    assert resumed.returncode == 0, resumed.stderr
+    got = rows(out)
+    assert [r["id"] for r in got] == [r["id"] for r in expected]  # none missing, none twice, same order
+    assert got == expected  # and every figure of every row
+    s = summary(out)
+    assert s["documents"] == 240 and s["parts"]["finished"] == s["parts"]["total"] > 11
+    assert not list(out.rglob(".*.tmp-*"))  # what the kills left half-written is gone
