@@ -89,7 +89,7 @@ def plan(root: Path, files: list[Path], fmt: str, part_bytes: int) -> tuple[list
         kind = format_of(path, fmt)
         try:
             cut = _parquet_parts if kind == "parquet" else _line_parts
-            parts.extend(cut(path, name, kind, part_bytes))
+            parts.extend(list(cut(path, name, kind, part_bytes)))  # all of a shard's parts, or none
         except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
             failed[name] = f"{type(e).__name__}: {e}"
     return parts, failed

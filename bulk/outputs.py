@@ -143,8 +143,14 @@ class Manifest:
 
     def append(self, entry: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
+        with self.path.open("a+b") as f:
+            # A killed job may have left its last line cut short: end it, or this entry would join it and
+            # be lost to the next resume's parsing.
+            torn = False
+            if f.seek(0, os.SEEK_END) > 0:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+            f.write((("\n" if torn else "") + json.dumps(entry) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
 

@@ -63,15 +63,16 @@ class Scorer:
             "source": part.name, "part": str(part.index),
         }  # fmt: skip
 
-    def score(self, texts: list[str]) -> list:
-        """DetectResult or ClassifyResult per text, as /detect and /classify compute them."""
+    def score(self, texts: list[str]) -> tuple[list, list[int]]:
+        """(DetectResult or ClassifyResult per text, as /detect and /classify compute them; for a
+        classifier, each text's model-input tokens, special tokens in and cut at max_length)."""
         encoded = self.kind.encode(self.tokenizer, texts)
         outs = run_rows(self.engine, encoded.rows, self.tokenizer.pad_id, self.cfg.batch_tokens)
         if self.detector:
-            return self.kind.results(texts, encoded, outs)
-        return self.kind.results(self.bundle.manifest, encoded, outs)
+            return self.kind.results(texts, encoded, outs), []
+        return self.kind.results(self.bundle.manifest, encoded, outs), [len(row.ids) for row in encoded.rows]
 
-    def columns(self, part: Part, docs: list[Doc], results: list) -> dict[str, list]:
+    def columns(self, part: Part, docs: list[Doc], results: list, n_tokens: list[int]) -> dict[str, list]:
         cols: dict[str, list] = {"id": [d.id for d in docs], "file": [part.name] * len(docs),
                                  "line": [d.line for d in docs]}  # fmt: skip
         if self.detector:
@@ -87,15 +88,11 @@ class Scorer:
                     [(t.token, t.start, t.end, t.prob, t.word) for t in r.tokens] for r in results
                 ]
             return cols
-        cols |= {"n_tokens": self._classify_tokens(docs), "truncated": [r.truncated for r in results],
+        cols |= {"n_tokens": n_tokens, "truncated": [r.truncated for r in results],
                  "label": [r.label for r in results], "score": [r.score for r in results]}  # fmt: skip
         for label in self.bundle.manifest.labels:
             cols[f"prob_{label}"] = [r.probs[label] for r in results]
         return cols
-
-    def _classify_tokens(self, docs: list[Doc]) -> list[int]:
-        # The model-input tokens of each text (special tokens in, cut at max_length), as tokens/s counts them.
-        return [len(row.ids) for row, _ in self.tokenizer.encode_classify([d.text for d in docs])]
 
 
 def _chunks(docs: Iterable[Doc], n: int) -> Iterator[list[Doc]]:
@@ -130,7 +127,7 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
                     stats["reasons"][d.reason] = stats["reasons"].get(d.reason, 0) + 1
             tokens = 0
             if good:
-                cols = scorer.columns(part, good, scorer.score([d.text for d in good]))
+                cols = scorer.columns(part, good, *scorer.score([d.text for d in good]))
                 writer.write(cols)
                 tokens = _tally(stats, cols, scorer.detector)
             size = sum(d.size for d in chunk)

@@ -100,3 +100,15 @@ def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, 
     other = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--threshold", "0.9")
     assert other.returncode == 2
     assert "threshold" in other.stderr and "another --out" in other.stderr
+
+
+def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
+    """A kill in the middle of writing the manifest leaves its last line cut short; the next finished part
+    must not be glued onto it, or resuming would parse neither and score that part again."""
+    from bulk.outputs import Manifest
+
+    manifest = Manifest(tmp_path)
+    manifest.path.parent.mkdir(parents=True, exist_ok=True)
+    manifest.path.write_text('{"part": "a.jsonl#0", "out')
+    manifest.append({"part": "a.jsonl#1"})
+    assert json.loads(manifest.path.read_text().splitlines()[-1]) == {"part": "a.jsonl#1"}

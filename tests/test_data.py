@@ -152,7 +152,7 @@ def test_tampered_wheel_is_refused(fake_wheel, tmp_path):
     wheel, _ = fake_wheel
     with zipfile.ZipFile(wheel, "a") as zf:
         zf.writestr("fake/evil.py", "print('hi')")
-    with pytest.raises(ChecksumError, match="wheel fake-1.0-py3-none-any.whl"):
+    with pytest.raises(ChecksumError, match="package fake-1.0-py3-none-any.whl"):
         fetch("a", cache_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").iterdir())
 

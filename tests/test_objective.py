@@ -287,3 +287,12 @@ def test_content_words_are_masked_more_often_at_the_same_overall_rate():
     assert abs(masked.is_masked.float().sum() / (special == 0).sum() - 0.1) < 0.01
     plain = Corruption(3, 10, mask_prob=0.1).mask(ids, special, noise)
     assert (plain.is_masked & content).sum() < (masked.is_masked & content).sum()
+
+
+def test_the_sampler_never_picks_a_token_of_zero_probability():
+    """Uniforms at 0 and exactly at a boundary of the CDF land on the next token that has probability, in
+    a block past the first and in the last, partial block."""
+    logits = torch.full((4, 600), -1e4)  # exp underflows to 0: these tokens have no probability at all
+    logits[:, 300] = logits[:, 599] = 0.0
+    u = torch.tensor([0.0, 0.4999, 0.5, 0.99999994])
+    assert sample_from_logits(logits, u, 1.0).tolist() == [300, 300, 599, 599]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import options
 from options import check_choices, option
+from training.data.registry import sha256_file
 
 INDEX = "handoff.json"
 FORMAT = "electra-serve handoff 1"
@@ -83,14 +84,6 @@ class UnpackConfig:
     handoff: str = option(help=f"directory holding {INDEX} and the shards it lists", positional=True)
     out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
     force: bool = option(False, "replace --out if it exists")
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ pack
@@ -180,14 +173,14 @@ def pack(cfg: PackConfig, log=print) -> dict:
         size = (out / name).stat().st_size
         if size > limit:  # HEADER_ROOM is ours to keep large enough
             raise AssertionError(f"{name} is {size} bytes, over {limit}")
-        index["shards"].append({"file": name, "bytes": size, "sha256": sha256_of(out / name)})
+        index["shards"].append({"file": name, "bytes": size, "sha256": sha256_file(out / name)})
         for tensor, key, _ in shard:
             entry = index["tensors"].setdefault(tensor, {"shape": list(weights[tensor].shape), "parts": []})
             entry["parts"].append([name, key])
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     for s in index["shards"]:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
-    log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_of(out / INDEX)}")
+    log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
     return index
 
 
@@ -232,7 +225,7 @@ def verify(directory: Path) -> dict:
         if not shard.is_file():
             raise HandoffError(f"shard {s['file']} is missing from {directory} ({INDEX} lists "
                                f"{len(index['shards'])} shards): copy it back from the machine that packed it")  # fmt: skip
-        actual = sha256_of(shard)
+        actual = sha256_file(shard)
         if actual != s["sha256"]:
             raise HandoffError(f"shard {s['file']} is corrupt: sha256 {actual}, {INDEX} says {s['sha256']} "
                                f"({shard.stat().st_size} bytes, packed {s['bytes']}); copy it again")  # fmt: skip

@@ -55,8 +55,8 @@ def deterministic_kernels(on: bool) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(on)
     # Strict mode would also fill every new tensor with NaN, to expose reads of uninitialised memory: a
-    # write over each allocation that doubles the traffic of elementwise kernels. Nothing here reads
-    # memory before writing it (a resumed run equals an uninterrupted one bit for bit, which it would not).
+    # write over each allocation that doubles the traffic of elementwise kernels. It is a debugging aid,
+    # not a source of determinism: a kernel that read memory before writing it would be a bug either way.
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 

@@ -117,15 +117,23 @@ class Trainer:
     step: int
     tokens: int  # real (non-padding) tokens trained on, over all ranks, up to the last `settle_tokens`
     evals: dict = dataclasses.field(default_factory=dict)
-    # Real tokens of the steps since, counted on the device: reading them is a wait for the device, so
-    # that happens only when the count is needed (logging, checkpoints).
+    # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
+    # that did not fit a micro-batch's slots. Reading them is a wait for the device, so that happens only
+    # when a count is needed (logging, checkpoints).
     pending_tokens: torch.Tensor | None = None
+    pending_dropped: torch.Tensor | None = None
 
     def settle_tokens(self) -> int:
         if self.pending_tokens is not None:
             self.tokens += int(self.pending_tokens)
             self.pending_tokens.zero_()
         return self.tokens
+
+    def take_dropped(self) -> int:
+        """Masked positions left unmasked for want of slots since the last call (see masking.py)."""
+        dropped = int(self.pending_dropped) if self.pending_dropped is not None else 0
+        self.pending_dropped = None
+        return dropped
 
     @property
     def tokens_per_step(self) -> int:
@@ -143,8 +151,9 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         for micro in range(A):
             host = next(self.data.train)
-            # Known on the host before the copy: a batch without padding attends without a mask.
-            padded = not host["attention_mask"].numpy().all()
+            # Known on the host before the copy, for the global batch (the same on every rank, so all take
+            # the same kernels): a batch without padding attends without a mask.
+            padded = self.data.train.padded
             batch = {k: to_device(v, env.device) for k, v in host.items()}
             T = batch["input_ids"].shape[1]  # seq_len, or the longest row of a length-grouped global batch
             noise = draw_noise((B * W, T), cfg.seed, self.step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
@@ -154,14 +163,19 @@ class Trainer:
                 with self.autocast():
                     out = self.model(batch, noise, padded=padded)
                 # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
-                counts = env.all_sum(torch.stack([out.n_masked, out.n_tokens.float()]))
-                n_masked, n_tokens = (counts / W).clamp(min=1).unbind(0)
+                counts = env.all_sum(
+                    torch.stack([out.n_masked, out.n_tokens.float(), out.masked.dropped.float()])
+                )
+                n_masked, n_tokens = (counts[:2] / W).clamp(min=1).unbind(0)
                 losses = self.objective.loss(out, n_masked * A, n_tokens * A)
                 losses.loss.backward()
             self.pending_tokens = counts[1].long() + (
                 0 if self.pending_tokens is None else self.pending_tokens
             )
-            for name, value in {**losses.logged, "masks_dropped": out.masked.dropped}.items():
+            self.pending_dropped = counts[2].long() + (
+                0 if self.pending_dropped is None else self.pending_dropped
+            )
+            for name, value in losses.logged.items():
                 sums[name] = sums.get(name, 0) + value.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), cfg.grad_clip)
         self.opt.step()
@@ -298,7 +312,10 @@ def train(t: Trainer) -> None:
             values = (env.all_sum(torch.stack([sums[n].float() for n in names])) / env.world).tolist()
             tps = (t.settle_tokens() - window_start) / max(time.time() - window_t, 1e-9)
             row = {**dict(zip(names, values, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
-                   "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12}  # fmt: skip
+                   "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12, "masks_dropped": t.take_dropped()}  # fmt: skip
+            if row["masks_dropped"] and env.main:
+                tqdm.write(f"step {t.step}: {row['masks_dropped']} masked positions did not fit the generator's "
+                           "slots since the last log and stayed unmasked; --max-predictions raises the room")  # fmt: skip
             if env.device.type == "cuda":  # what a larger batch or model would have to fit beside
                 row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(env.device) / 2**20
             shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names if k.endswith("loss")}

@@ -14,7 +14,6 @@ splitter, no device time spent tokenizing. The CPU mode makes them the same way,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import lzma
 import shutil
@@ -23,7 +22,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from benchmarks.gpucheck.steps import REPO, SIZES, Context, Failed, fresh, run, train_rows
+from benchmarks.gpucheck.steps import REPO, SIZES, Context, Failed, Skipped, fresh, run, train_rows
+from training.data.registry import sha256_file
 
 RECIPE = "configs/detector-gpu.toml"
 INDEX = "detector-gpu-shards.json"
@@ -40,8 +40,8 @@ HANDOFF_FILES = 6  # shards and handoff.json; with results.json and results.md, 
 def restore_shards(data_dir: Path, run_dir: Path, corpus: str) -> dict:
     """The carried rows into run_dir/data, each verified."""
     index_path = data_dir / INDEX
-    if not index_path.is_file():
-        raise Failed(f"{data_dir} holds no {INDEX}: the run's rows are made where the corpora and sentencex are "
+    if not index_path.is_file():  # a run of every step on a data dir made for the other steps
+        raise Skipped(f"{data_dir} holds no {INDEX}: the run's rows are made where the corpora and sentencex are "
                      "(python -m benchmarks.gpucheck.detector data --out DATA_DIR) and carried (docs/gpu.md)")  # fmt: skip
     index = json.loads(index_path.read_text())
     if index["corpus"] != corpus:
@@ -52,18 +52,10 @@ def restore_shards(data_dir: Path, run_dir: Path, corpus: str) -> dict:
         out.mkdir(parents=True)
         with lzma.open(data_dir / entry["file"]) as src, open(out / "tokens.bin", "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        if _sha256(out / "tokens.bin") != entry["sha256"]:
+        if sha256_file(out / "tokens.bin") != entry["sha256"]:
             raise Failed(f"{entry['file']} does not decompress to the rows it was made from; copy it again")
         (out / "meta.json").write_text(json.dumps(entry["meta"], indent=2) + "\n")
     return index
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train_and_pack(ctx: Context) -> dict:
@@ -153,7 +145,7 @@ def make_data(out: Path, data_dir: Path | None, init: Path | None = None, corpus
             with open(tokens, "rb") as src, lzma.open(out / name, "wb", preset=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             meta = json.loads((run_dir / "data" / split / "meta.json").read_text())
-            index["splits"][split] = {"file": name, "sha256": _sha256(tokens), "meta": meta,
+            index["splits"][split] = {"file": name, "sha256": sha256_file(tokens), "meta": meta,
                                       "xz_bytes": (out / name).stat().st_size}  # fmt: skip
     lexicon = fetch("pos-lexicon", data_dir)
     shutil.copy2(lexicon, out / lexicon.name)

@@ -56,15 +56,15 @@ SIZES = {
                   claim_pretrain=("--batch-size", "128", "--grad-accum", "1"), claim_jobs=8),
     # The same code at toy sizes: every step in a couple of minutes on two CPU cores. A toy fine-tuning run
     # is mostly the start of a Python process with torch (about 4 s of one core): the claim's runs go two
-    # at a time, and two points instead of three keep them to 12 (2 points x 3 tasks x 2 objectives, one
-    # seed), so the claim stays under a minute; three points differ only in arithmetic, which
+    # at a time, and one point instead of three keeps them to 6 (3 tasks x 2 objectives, one seed), within
+    # CI's 15 minutes for the whole suite; more points differ only in arithmetic, which
     # tests/test_electra_vs_mlm.py holds.
     "quick": Sizes("configs/tiny.toml", 100, 25, ("--variants", "legacy fp32;transformers fp32;eager fp32",
                    "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
                    "configs/tiny.toml", 2e-5, "1", ("--max-train-examples", "64", "--max-eval-examples", "64"),
                    ("--variants", "eager fp32, 3 qkv products;eager fp32, masked attention;eager fp32, cdf sampler",
                     "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
-                   claim_points="0.5,1", claim_jobs=2),
+                   claim_points="1", claim_jobs=2),
 }  # fmt: skip
 
 
@@ -238,41 +238,19 @@ def step_resume(ctx: Context) -> dict:
     return figures
 
 
-def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...]) -> dict:
-    """benchmarks/speed/train_throughput.py on `variants`; each variant's figures, and a failure if our
-    step makes the host wait for the device (it must not, between log steps)."""
-    if not ctx.importable("transformers"):
-        raise Skipped("transformers is not installed: nothing to compare our training step with")
-    path = ctx.out / f"{name}.json"  # returned with the results: the variant table is a figure of its own
-    run(ctx, ["-m", "benchmarks.speed.train_throughput", "--device", ctx.device, "--out", str(path), *variants],
-        name, ctx.train_env)  # fmt: skip
-    result = json.loads(path.read_text())
-    figures = {n: {"tokens_per_s": round(r["tokens_per_s"]), "mfu": round(r["mfu"], 4),
-                   "syncs": r["syncs_per_step"], "first_step_s": round(r["first_step_s"], 1),
-                   **({"peak_mib": round(r["peak_mib"])} if r["peak_mib"] is not None else {}),
-                   **{k: round(r[k], 2) for k in ("vs_legacy", "vs_transformers") if k in r}}
-               for n, r in result["results"].items()}  # fmt: skip
-    figures["device"] = result["device"]
-    figures["matmul_peak_tflops"] = {k: float(f"{v:.3g}") for k, v in result["matmul_peak_tflops"].items()}
-    waits = {
-        n: r["syncs_per_step"]
-        for n, r in result["results"].items()
-        if r["step"] == "ours" and r["syncs_per_step"]
-    }
-    if waits:
-        raise Failed(f"our training step made the host wait for the device: {waits} syncs a step; {path}")
-    return figures
-
-
 def step_throughput(ctx: Context) -> dict:
     """The joint step's headline: ours eager and compiled against the step before issue 44 and the one
     built from transformers (benchmarks/speed/train_throughput.py --variants key)."""
+    from benchmarks.gpucheck.speed import throughput_figures  # it reads the helpers above
+
     return throughput_figures(ctx, "throughput", ctx.sizes.throughput)
 
 
 def step_variants(ctx: Context) -> dict:
     """Every lever on its own: precision, compilation, CUDA graphs, batch, determinism, fused q/k/v,
     unmasked attention, sampler (train_throughput --variants all; minutes of compiling on a GPU)."""
+    from benchmarks.gpucheck.speed import throughput_figures
+
     return throughput_figures(ctx, "variants", ctx.sizes.variants)
 
 

@@ -1,7 +1,9 @@
 """Count what makes a host wait for its device: on CUDA, PyTorch's sync debug mode reports each
 synchronising call; on any device, a dispatch mode sees every operation whose result the host reads
 (item(), int(), bool()) or whose output shape depends on the data (nonzero, boolean indexing), which on
-a GPU are the same waits. Used by benchmarks/speed/train_throughput.py and tests/test_training_step.py."""
+a GPU are the same waits. What the dispatch mode cannot see on a CPU is a copy to the host (.cpu(),
+.tolist(), .numpy() of a device tensor): on CPU there is nothing to copy. Used by
+benchmarks/speed/train_throughput.py and tests/test_training_step.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 HOST_READS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.unique_consecutive,
-              aten._unique2, aten.is_nonzero}  # fmt: skip
+              aten._unique2, aten.is_nonzero, aten.bincount}  # fmt: skip
+BOOLEAN_INDEXED = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 
 
 class HostReads(TorchDispatchMode):
@@ -23,8 +26,9 @@ class HostReads(TorchDispatchMode):
         self.seen: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        boolean_index = func.overloadpacket is aten.index and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+        # x[mask] and x[mask] = y: the number of True entries decides a shape, so the host reads it.
+        boolean_index = func.overloadpacket in BOOLEAN_INDEXED and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
         )
         if func.overloadpacket in HOST_READS or boolean_index:
             self.seen.append(str(func))

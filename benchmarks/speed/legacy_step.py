@@ -1,10 +1,12 @@
-"""The pretraining step as it was before issue 44 (commit ba7f3c1), kept to measure the new one against.
+"""The pretraining step before issue 44 (commit ba7f3c1), re-created from its code path to measure the
+new one against in the same process (a GPU machine gets the working tree, not the history).
 
-What made it slow, each kept here as it was: the noise drawn on the host and copied to the device; the
-masked positions found by boolean indexing, so their number M changes every step and the host reads it
-(and so does `int()` of the token count); the generator's output layer on (M, V); sampling with one
-V-wide softmax, cumsum and searchsorted; three matrix products for q, k and v; attention always given a
-mask. The model's modules and the losses' arithmetic are today's.
+What made it slow, each as it was: the noise drawn on the host and copied to the device; the masked
+positions found by boolean indexing, so their number M changes every step and the host reads it (and
+so does `int()` of the token count); the generator's output layer on (M, V); sampling with one V-wide
+softmax, cumsum and searchsorted; three matrix products for q, k and v; attention always given a mask.
+What is today's: the model's modules, the losses' arithmetic, and masking at ELECTRA's defaults only
+(15%, 85% [MASK], no row rates). docs/training-speed.md compares its speed with ba7f3c1's own step.
 """
 
 from __future__ import annotations

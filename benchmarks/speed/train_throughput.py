@@ -58,6 +58,26 @@ def host_batch(B: int, T: int, padded: bool) -> dict[str, torch.Tensor]:
             "special_tokens_mask": special}  # fmt: skip
 
 
+class SameBatch:
+    """What the trainer reads its batches from (training/data/shards.Batches), serving one host batch."""
+
+    def __init__(self, batch: dict[str, torch.Tensor]):
+        self.batch, self.padded = batch, not bool(batch["attention_mask"].all())
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return self.batch
+
+
+def state_mib(params, opt) -> float:
+    """Parameters, their gradients and the optimizer's state: what a variant holds between steps."""
+    tensors = [*params, *(p.grad for p in params if p.grad is not None)]
+    tensors += [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
 def config(v: Variant, layers: int, seq_len: int, device: torch.device) -> PretrainConfig:
     return PretrainConfig(num_layers=layers, seq_len=seq_len, batch_size=v.batch, vocab_size=VOCAB,
                           device=device.type, bf16=v.precision == "bf16", tf32=v.precision == "tf32",
@@ -77,7 +97,9 @@ class Runner:
         self.tokens = int(self.batch["attention_mask"].sum())
         self.autocast = autocast_for(device, cfg.bf16)[1]
         if v.step == "transformers":
-            self.step, self.flops_per_token = transformers_step(cfg, device, self.autocast)
+            self.step, self.flops_per_token, self.params, self.opt = transformers_step(
+                cfg, device, self.autocast
+            )
             return
         objective = build_objective(cfg, VOCAB).to(device)
         objective.corruption = Corruption.of(cfg, MASK_ID, VOCAB)
@@ -88,6 +110,7 @@ class Runner:
         opt = torch.optim.AdamW(
             param_groups(objective, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps, fused=True
         )
+        self.params, self.opt = list(objective.parameters()), opt
         if v.step == "legacy":
             counter = itertools.count()
             self.step = lambda: legacy_step(
@@ -96,7 +119,7 @@ class Runner:
             return
         model = torch.compile(objective, mode=v.compile) if v.compile else objective
         env = SimpleNamespace(world=1, rank=0, device=device, all_sum=lambda t: t)
-        data = SimpleNamespace(train=itertools.repeat(self.batch))
+        data = SimpleNamespace(train=SameBatch(self.batch))
         trainer = Trainer(cfg=cfg, env=env, run=Path("."), data=data, objective=objective, model=model, opt=opt,
                           autocast=self.autocast, step=0, tokens=0)  # fmt: skip
         self.step = trainer.train_step
@@ -144,11 +167,12 @@ def transformers_step(cfg: PretrainConfig, device: torch.device, autocast):
             d = disc(input_ids=fake, attention_mask=am, token_type_ids=tt).logits
             loss = mlm + 50 * F.binary_cross_entropy_with_logits(d.float(), (fake != ids).float())
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)  # as ours and the old step do
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     flops = ours.flops_per_token(cfg.seq_len, cfg.mask_prob)  # useful FLOPs, counted as ours
-    return step, flops
+    return step, flops, params, opt
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, tf32: bool) -> float:
@@ -190,44 +214,57 @@ def timed_steps(runner: Runner, n: int) -> list[float]:
     return [a.elapsed_time(b) / 1000 for a, b in itertools.pairwise(events)]
 
 
-def measure(runners: dict[str, Runner], args) -> dict[str, dict]:
+def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
+    """First step (compilation), warm-up, syncs and memory, one variant at a time; then the timed steps
+    in interleaved rounds. `report(results)` is called after each variant and each round, so a run cut
+    short still leaves what it measured."""
     results = {}
-    for (
-        name,
-        r,
-    ) in runners.items():  # first step (compilation), warm-up, syncs and memory, one variant at a time
+    for name, r in runners.items():
         t = time.perf_counter()
         timed_steps(r, 1)
         first = time.perf_counter() - t
         timed_steps(r, args.warmup)
         step = (lambda r=r: r.step(r.batch)) if r.v.step == "transformers" else r.step
         syncs = syncs_in(step, r.device)
-        peak = None
-        if r.device.type == "cuda":
+        memory = {"state_mib": state_mib(r.params, r.opt), "peak_mib": None}
+        if r.device.type == "cuda":  # the step's own peak above what is resident, plus the variant's state
+            resident = torch.cuda.memory_allocated(r.device)
             torch.cuda.reset_peak_memory_stats(r.device)
             timed_steps(r, 1)
-            peak = torch.cuda.max_memory_allocated(r.device) / 2**20
-        results[name] = {"first_step_s": first, "syncs_per_step": syncs, "peak_mib": peak, "times": []}
+            step_peak = (torch.cuda.max_memory_allocated(r.device) - resident) / 2**20
+            memory["peak_mib"] = memory["state_mib"] + step_peak
+        results[name] = {"first_step_s": first, "syncs_per_step": syncs, **memory, "times": []}
         print(f"  {name}: first step {first:.1f} s, {syncs} host syncs a step", flush=True)
+        report(results)
     rounds = max(1, args.steps // args.round)
     for _ in range(rounds):
         for name, r in runners.items():
             results[name]["times"] += timed_steps(r, args.round)
+        report(results)
     return results
 
 
-def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]) -> None:
+def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]) -> dict[str, dict]:
+    """Each variant's figures from its timed steps so far (those not timed yet: what is known of them)."""
+    out = {}
     for name, res in results.items():
         r = runners[name]
-        med = statistics.median(res.pop("times"))
-        tflops = r.tokens * r.flops_per_token / med / 1e12
-        res.update(dataclasses.asdict(r.v), step_ms=med * 1000, tokens_per_s=r.tokens / med, tflops=tflops,
-                   mfu=tflops / peaks[r.v.precision])  # fmt: skip
+        out[name] = {k: v for k, v in res.items() if k != "times"} | dataclasses.asdict(r.v)
+        if res["times"]:
+            med = statistics.median(res["times"])
+            tflops = r.tokens * r.flops_per_token / med / 1e12
+            out[name] |= {"timed_steps": len(res["times"]), "step_ms": med * 1000, "tokens_per_s": r.tokens / med,
+                          "tflops": tflops, "mfu": tflops / peaks[r.v.precision]}  # fmt: skip
     for base in ("legacy", "transformers"):
-        ref = {r["precision"]: r["tokens_per_s"] for r in results.values() if r["step"] == base}
-        for res in results.values():
-            if res["precision"] in ref:
-                res[f"vs_{base}"] = res["tokens_per_s"] / ref[res["precision"]]
+        ref = {
+            x["precision"]: x["tokens_per_s"]
+            for x in out.values()
+            if x["step"] == base and "tokens_per_s" in x
+        }
+        for x in out.values():
+            if x["precision"] in ref and "tokens_per_s" in x:
+                x[f"vs_{base}"] = x["tokens_per_s"] / ref[x["precision"]]
+    return out
 
 
 def print_table(results: dict, device: str, peaks: dict) -> None:
@@ -289,7 +326,7 @@ def main(argv=None) -> None:
         p.error(f"--variants: unknown {unknown[0]!r}; --list shows them")
     print(f"config: {vars(args)}", flush=True)
     torch.set_num_threads(args.threads)
-    torch._dynamo.config.cache_size_limit = 64  # one compiled graph per variant, all in this process
+    torch._dynamo.config.recompile_limit = 64  # one compiled graph per variant, all in this process
     peaks = {
         "fp32": matmul_peak(device, torch.float32, False),
         "bf16": matmul_peak(device, torch.bfloat16, False),
@@ -299,16 +336,20 @@ def main(argv=None) -> None:
     variants = {n: VARIANTS[n] if VARIANTS[n].batch != 128 else dataclasses.replace(VARIANTS[n], batch=batch)
                 for n in names}  # fmt: skip
     runners = {n: Runner(v, args, device) for n, v in variants.items()}
-    results = measure(runners, args)
-    summarise(results, runners, peaks)
     facts = {**cpu(), "amx_bf16": cpu_has_native_bf16()}
     where = torch.cuda.get_device_name(device) if gpu else f"{args.threads} threads of {facts['cpu']}"
-    print_table(results, where, peaks)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "device": where, "torch": torch.__version__,
-                               "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
-                               "results": results}, indent=2))  # fmt: skip
+
+    def report(results: dict, complete: bool = False) -> dict:
+        summary = summarise(results, runners, peaks)
+        out.write_text(json.dumps({"config": vars(args), "device": where, "torch": torch.__version__,
+                                   "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
+                                   "complete": complete, "results": summary}, indent=2))  # fmt: skip
+        return summary
+
+    summary = report(measure(runners, args, report), complete=True)
+    print_table(summary, where, peaks)
     print(f"wrote {out}")
 
 

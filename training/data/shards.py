@@ -376,6 +376,7 @@ class Batches:
         self.lengths = dataset.lengths() if group_by_length else None
         self.epoch = 0
         self.position = 0  # rows of this epoch's order already consumed, over all ranks
+        self.padded = True  # whether the global batch last served holds padding (the same on every rank)
         self._order_epoch, self._order_rows = -1, np.empty(0, dtype=np.int64)
 
     @property
@@ -412,8 +413,11 @@ class Batches:
         start = self.position + self.rank * self.batch_size
         index = order[start : start + self.batch_size]
         width = self.dataset.info.seq_len
+        everyone = np.sort(order[self.position : self.position + self.global_batch])
         if self.group_by_length:
-            width = int(self.lengths[order[self.position : self.position + self.global_batch]].max())
+            width = int(self.lengths[everyone].max())
+        # Padding only ever ends a row: the global batch is padded when any of its rows ends in [PAD].
+        self.padded = bool((self.dataset.tokens[everyone, width - 1] == self.dataset.info.pad).any())
         self.position += self.global_batch
         # Sorted reads are kinder to the memmap; the batch keeps the order's order.
         sort = np.argsort(index, kind="stable")

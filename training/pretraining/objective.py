@@ -32,10 +32,11 @@ def prefix_sums(x: torch.Tensor) -> torch.Tensor:
 def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature: float) -> torch.Tensor:
     """One token per row of `logits` (C, V), by inverse-CDF sampling with the given uniforms (C,).
 
-    Exactly a multinomial draw from softmax(logits / temperature), but with one caller-given uniform per
-    position instead of a private RNG: that is what keeps data-parallel runs comparable. In two levels,
-    so no V-wide prefix sum is ever formed: the block of SAMPLER_BLOCK entries that holds the uniform's
-    quantile (from the blocks' sums), then the entry inside it.
+    A multinomial draw from softmax(logits / temperature) (up to float64 rounding of its CDF), but with
+    one caller-given uniform per position instead of a private RNG: that is what keeps data-parallel runs
+    comparable. In two levels, so no V-wide prefix sum is ever formed: the block of SAMPLER_BLOCK entries
+    that holds the uniform's quantile (from the blocks' sums), then the entry inside it. Searching to the
+    right of ties never lands on an entry of zero probability.
     """
     C, V = logits.shape
     S, full = SAMPLER_BLOCK, V // SAMPLER_BLOCK * SAMPLER_BLOCK
@@ -46,13 +47,15 @@ def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature:
         if full < V:
             sums = torch.cat([sums, weights[:, full:].sum(-1, keepdim=True)], dim=-1)
         cdf = prefix_sums(sums)  # (C, nb)
-        target = (uniform.double() * cdf[:, -1]).unsqueeze(-1)  # (C, 1)
-        block = torch.searchsorted(cdf, target).clamp_(max=cdf.size(1) - 1)  # (C, 1)
+        target = (uniform.double() * cdf[:, -1]).unsqueeze(-1)  # (C, 1), below the total: u < 1
+        block = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.size(1) - 1)  # (C, 1)
         below = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
         columns = block * S + torch.arange(S, device=logits.device)  # (C, S); past V in the last block
-        inside = weights.gather(1, columns.clamp(max=V - 1)).masked_fill_(columns >= V, 0.0)
-        entry = torch.searchsorted(prefix_sums(inside) + below, target).clamp_(max=S - 1)
-        return (block * S + entry).squeeze(-1).clamp_(max=V - 1)
+        inside = prefix_sums(weights.gather(1, columns.clamp(max=V - 1)).masked_fill_(columns >= V, 0.0))
+        # The block's own sums were added in another order: keep the target inside this block's total.
+        within = torch.minimum(target - below, torch.nextafter(inside[:, -1:], torch.zeros_like(below)))
+        entry = torch.searchsorted(inside, within, right=True)
+        return (block * S + entry).squeeze(-1)
 
 
 class FakedData(NamedTuple):

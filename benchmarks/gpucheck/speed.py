@@ -1,0 +1,34 @@
+"""The training-speed steps of scripts/gpu-check: benchmarks/speed/train_throughput.py on a set of
+variants, its table returned beside the results, and a failure if our step makes the host wait."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.gpucheck.steps import Context, Failed, Skipped, run
+
+
+def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...]) -> dict:
+    """benchmarks/speed/train_throughput.py on `variants`; each variant's figures, and a failure if our
+    step makes the host wait for the device (it must not, between log steps)."""
+    if not ctx.importable("transformers"):
+        raise Skipped("transformers is not installed: nothing to compare our training step with")
+    path = ctx.out / f"{name}.json"  # returned with the results: the variant table is a figure of its own
+    run(ctx, ["-m", "benchmarks.speed.train_throughput", "--device", ctx.device, "--out", str(path), *variants],
+        name, ctx.train_env)  # fmt: skip
+    result = json.loads(path.read_text())
+    figures = {n: {"tokens_per_s": round(r["tokens_per_s"]), "mfu": round(r["mfu"], 4),
+                   "syncs": r["syncs_per_step"], "first_step_s": round(r["first_step_s"], 1),
+                   **({"peak_mib": round(r["peak_mib"])} if r["peak_mib"] is not None else {}),
+                   **{k: round(r[k], 2) for k in ("vs_legacy", "vs_transformers") if k in r}}
+               for n, r in result["results"].items()}  # fmt: skip
+    figures["device"] = result["device"]
+    figures["matmul_peak_tflops"] = {k: float(f"{v:.3g}") for k, v in result["matmul_peak_tflops"].items()}
+    waits = {
+        n: r["syncs_per_step"]
+        for n, r in result["results"].items()
+        if r["step"] == "ours" and r["syncs_per_step"]
+    }
+    if waits:
+        raise Failed(f"our training step made the host wait for the device: {waits} syncs a step; {path}")
+    return figures
