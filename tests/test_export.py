@@ -136,8 +136,18 @@ def test_tampered_model_is_detected(tmp_path, detector_dir):
         verify_bundle(tmp_path / "b")
 
 
+def _loosen_deviation_gate(monkeypatch):
+    """The fixture detector is a few minutes of CPU training: static int8's per-token deviation from it
+    lands on the 0.02 gate (0.020 on an AVX2-only EPYC, under it with VNNI), so which side is the CPU's
+    luck. These tests are about what the manifest records and batch independence; the gate has its own."""
+    from export import calibrate
+
+    monkeypatch.setattr(calibrate, "MAX_DEVIATION_P99", 0.05)
+
+
 @pytest.mark.parametrize("method", ["weights", "static"])
-def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text, method):
+def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text, method, monkeypatch):
+    _loosen_deviation_gate(monkeypatch)
     manifest = export(
         detector_dir, tmp_path / "b", precision="int8", int8=method, eval_text=str(eval_text),
         eval_sequences=64, calibrate=False,
@@ -267,11 +277,15 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
 
 
 @pytest.mark.parametrize("method", ["weights", "static"])
-def test_int8_scores_do_not_depend_on_batch_mates_or_padding(tmp_path, detector_dir, eval_text, method):
+def test_int8_scores_do_not_depend_on_batch_mates_or_padding(
+    tmp_path, detector_dir, eval_text, method, monkeypatch
+):
     """Both batch-independent int8 methods (fp32 compute on int8 weights, and int8 compute with scales
     fixed at export): a text alone, padded, and among other texts scores the same (dynamic int8 moved it
     by up to 6e-4)."""
     import onnxruntime as ort
+
+    _loosen_deviation_gate(monkeypatch)
 
     manifest = export(
         detector_dir, tmp_path / "b", precision="int8", int8=method, eval_text=str(eval_text),
