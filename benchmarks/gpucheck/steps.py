@@ -46,6 +46,7 @@ class Sizes:
     claim_pretrain: tuple[str, ...] = ()  # the claim's two pretraining runs, both alike
     claim_points: str = "0.25,0.5,1"  # fractions of claim_pflop where each run is fine-tuned
     claim_jobs: int = 1  # runs side by side
+    claim_tasks: str = "rotten_tomatoes,trec,sms_spam"  # the fine-tuning tasks at every point
 
 
 SIZES = {
@@ -56,15 +57,15 @@ SIZES = {
                   claim_pretrain=("--batch-size", "128", "--grad-accum", "1"), claim_jobs=8),
     # The same code at toy sizes: every step in a couple of minutes on two CPU cores. A toy fine-tuning run
     # is mostly the start of a Python process with torch (about 4 s of one core): the claim's runs go two
-    # at a time, and one point instead of three keeps them to 6 (3 tasks x 2 objectives, one seed), within
-    # CI's 15 minutes for the whole suite; more points differ only in arithmetic, which
-    # tests/test_electra_vs_mlm.py holds.
+    # at a time, and one point and one task instead of three each keep them to 2 (1 task x 2 objectives,
+    # one seed), for CI's 15 minutes for the whole suite; more points and tasks differ only in arithmetic,
+    # which tests/test_electra_vs_mlm.py holds.
     "quick": Sizes("configs/tiny.toml", 100, 25, ("--variants", "legacy fp32;transformers fp32;eager fp32",
                    "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
                    "configs/tiny.toml", 2e-5, "1", ("--max-train-examples", "64", "--max-eval-examples", "64"),
                    ("--variants", "eager fp32, 3 qkv products;eager fp32, masked attention;eager fp32, cdf sampler",
                     "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
-                   claim_points="1", claim_jobs=2),
+                   claim_points="1", claim_jobs=2, claim_tasks="sms_spam"),
 }  # fmt: skip
 
 
@@ -345,7 +346,7 @@ def step_claim(ctx: Context) -> dict:
     common = ("--device", ctx.device, "--no-deterministic")
     argv = ["-m", "benchmarks.quality.electra_vs_mlm", "--budget-pflop", f"{ctx.claim_pflop:g}",
             "--points", ctx.sizes.claim_points, "--model-config", ctx.sizes.claim_config,
-            "--tasks", "rotten_tomatoes,trec,sms_spam", "--seeds", ctx.sizes.claim_seeds,
+            "--tasks", ctx.sizes.claim_tasks, "--seeds", ctx.sizes.claim_seeds,
             "--jobs", str(ctx.sizes.claim_jobs), "--data-dir", str(ctx.data_dir), "--work", str(work),
             "--out", str(out), f"--pretrain-args={' '.join((*common, *ctx.sizes.claim_pretrain))}",
             f"--finetune-args={' '.join((*common, *ctx.sizes.finetune))}"]  # fmt: skip
