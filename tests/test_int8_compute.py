@@ -309,15 +309,7 @@ def test_the_shipped_detectors_weights_pass_the_gate_only_as_trained_quantizatio
     config.write_text(
         json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "quantization"})
     )
-    common = [
-        "--int8",
-        "compute",
-        "--no-calibrate",
-        "--data-dir",
-        str(registry_data),
-        "--eval-sequences",
-        "96",
-    ]
+    common = ["--int8", "compute", "--no-calibrate", "--eval-sequences", "96", "--data-dir", str(registry_data)]  # fmt: skip
 
     assert export([str(tmp_path / "qat"), "--out", str(tmp_path / "qat-bundle"), *common]) == 0
     deviation = json.loads((tmp_path / "qat-bundle" / "manifest.json").read_text())["parity"]["int8_accuracy"]
