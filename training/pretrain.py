@@ -72,6 +72,11 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
+def added(total: torch.Tensor | None, count: torch.Tensor) -> torch.Tensor:
+    """A count kept on the device, `count` added (None: nothing counted since it was last read)."""
+    return count.long() if total is None else total + count.long()
+
+
 def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
     torch.manual_seed(hash((cfg.seed, rank, step)) & 0x7FFF_FFFF)
 
@@ -169,12 +174,8 @@ class Trainer:
                 n_masked, n_tokens = (counts[:2] / W).clamp(min=1).unbind(0)
                 losses = self.objective.loss(out, n_masked * A, n_tokens * A)
                 losses.loss.backward()
-            self.pending_tokens = counts[1].long() + (
-                0 if self.pending_tokens is None else self.pending_tokens
-            )
-            self.pending_dropped = counts[2].long() + (
-                0 if self.pending_dropped is None else self.pending_dropped
-            )
+            self.pending_tokens = added(self.pending_tokens, counts[1])
+            self.pending_dropped = added(self.pending_dropped, counts[2])
             for name, value in losses.logged.items():
                 sums[name] = sums.get(name, 0) + value.detach()
         norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), cfg.grad_clip)
