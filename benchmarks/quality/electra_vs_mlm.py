@@ -76,7 +76,11 @@ RESERVED = ("--objective", "--out", "--tokenizer", "--max-steps", "--warmup-step
             "--resume", "--config", "--save-every", "--keep-checkpoints", "--threads")  # fmt: skip
 FT_RESERVED = ("--init", "--out", "--task", "--seed", "--epochs", "--lr", "--overwrite", "--config",
                "--threads")  # fmt: skip
-ASSUMED_GFLOPS = 25.0  # mini.toml's speed on the 2-core dev machine: the plan's time estimate
+# The plan's time estimate when --minutes measures nothing: mini.toml's speed on the 2-core dev machine,
+# and on CUDA what ELECTRA in small.toml's shape at batch 128 ran at beside the MLM run on an H100
+# (benchmarks/results/gpu/h100-2026-11-26/claim-3pflop.json: 22.3 TFLOP/s, the median of its log steps).
+ASSUMED_GFLOPS = 25.0
+ASSUMED_GFLOPS_CUDA = 22_000.0
 # Concurrent runs on CUDA when --jobs is not given: one small fine-tuning run keeps a GPU busy a fraction
 # of the time (its step is a string of small kernels launched from Python), so several side by side
 # share it; 8 leaves each 2 cores of a 16-core host.
@@ -199,7 +203,7 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
     else:
         tok_path = shared_tokenizer(args.tokenizer, base, work, args.data_dir)
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
-    gflops = ASSUMED_GFLOPS
+    gflops = ASSUMED_GFLOPS_CUDA if uses_cuda(base) else ASSUMED_GFLOPS
     if args.minutes is not None:
         gflops = measure_gflops(base, vocab, args.threads)
         budget = args.minutes * 60 * gflops * 1e9
