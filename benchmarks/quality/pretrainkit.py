@@ -28,8 +28,8 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
     runs with the same corpus and size); otherwise the tokenizer.json / vocab.txt path given."""
     if choice != "train":
         return Path(choice)
-    from training.data.corpus import read_corpus
-    from training.data.tokenizer import save_tokenizer, train_wordpiece
+    from training.data.tokenizer import save_tokenizer
+    from training.pretraining.data import corpus_tokenizer
 
     d = work / "tokenizer"
     want = {"corpus": base.corpus, "vocab_size": base.vocab_size, "lowercase": base.lowercase}
@@ -38,12 +38,8 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
         if made != want:
             sys.exit(f"error: {d} was trained for {made}, this run needs {want}; choose another --work")
         return d / "tokenizer.json"
-    print(
-        f"training one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for every arm",
-        flush=True,
-    )
-    docs = read_corpus(base.corpus, "train", data_dir=data_dir)
-    save_tokenizer(train_wordpiece(docs, vocab_size=base.vocab_size, lowercase=base.lowercase), d)
+    print(f"one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for every arm", flush=True)
+    save_tokenizer(corpus_tokenizer(base.corpus, base.vocab_size, base.lowercase, data_dir), d)
     (d / "made_from.json").write_text(json.dumps(want) + "\n")
     return d / "tokenizer.json"
 

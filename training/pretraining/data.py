@@ -9,8 +9,9 @@ from typing import NamedTuple
 
 from tokenizers import Tokenizer
 
+from training.data import derived
 from training.data.corpus import read_corpus
-from training.data.shards import Batches, PackedDataset, RowMix, build_shards
+from training.data.shards import META_FILE, Batches, PackedDataset, RowMix, ShardInfo, build_shards
 from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
 
 
@@ -36,6 +37,33 @@ def _documents(cfg, split: str):
     yield from read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
 
 
+def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None) -> Tokenizer:
+    """A WordPiece vocabulary trained on the corpus's train split; for a registry corpus, the one an
+    earlier run trained with the same options when the machine's cache has it (training/data/derived.py)."""
+
+    def train() -> Tokenizer:
+        print(f"training a {vocab_size}-token WordPiece vocabulary on {corpus} ...", flush=True)
+        docs = read_corpus(corpus, "train", data_dir=data_dir)
+        return train_wordpiece(docs, vocab_size=vocab_size, lowercase=lowercase)
+
+    if not derived.cacheable(corpus):
+        return train()
+    return derived.trained_tokenizer(corpus, vocab_size, lowercase, train)
+
+
+def _shards(cfg, split: str, tok: Tokenizer, out: Path, mix: RowMix | None) -> ShardInfo:
+    def build(directory: Path) -> ShardInfo:
+        return build_shards(_documents(cfg, split), tok, cfg.seq_len, directory, desc=f"tokenizing {split}",
+                            mix=mix)  # fmt: skip
+
+    # Shards already in the run (a resume, or carried to an offline machine) are build_shards' to reuse.
+    if (out / META_FILE).is_file() or not derived.cacheable(cfg.corpus):
+        return build(out)
+    return derived.shards(
+        cfg.corpus, split, tok, cfg.seq_len, mix.describe() if mix else "packed", out, build
+    )
+
+
 def build_data(cfg, run: Path, env) -> PretrainingData:
     """Tokenizer (trained, given or the run's own on a resume) and the train/valid shards under `run`;
     rank 0 makes them while the others wait."""
@@ -46,15 +74,12 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
         if (tok_dir / "tokenizer.json").is_file():
             tok = load_tokenizer(tok_dir / "tokenizer.json")
         elif cfg.tokenizer == "train":
-            print(f"training a {cfg.vocab_size}-token WordPiece vocabulary on {cfg.corpus} ...", flush=True)
-            docs = read_corpus(cfg.corpus, "train", data_dir=cfg.data_dir)
-            tok = train_wordpiece(docs, vocab_size=cfg.vocab_size, lowercase=cfg.lowercase)
+            tok = corpus_tokenizer(cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir)
         else:
             tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
         save_tokenizer(tok, tok_dir)
         for split in ("train", "valid"):
-            info = build_shards(_documents(cfg, split), tok, cfg.seq_len, run / "data" / split,
-                                desc=f"tokenizing {split}", mix=mix)  # fmt: skip
+            info = _shards(cfg, split, tok, run / "data" / split, mix)
             # The text a run learns from, and how many times the schedule shows it each token.
             print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
                   f"documents ({cfg.corpus})", flush=True)  # fmt: skip
