@@ -108,3 +108,35 @@ def test_two_runs_on_a_registry_corpus_train_on_the_same_bytes_and_the_second_tr
     for f in ("tokenizer/tokenizer.json", "data/train/tokens.bin", "data/valid/tokens.bin",
               "checkpoints/step-00000004/model.safetensors"):  # fmt: skip
         assert (first / f).read_bytes() == (second / f).read_bytes(), f
+
+
+def test_two_runs_building_the_same_entry_at_once_both_get_whole_shards(
+    cache, small_corpus, small_tokenizer, tmp_path
+):
+    """The claim's two arms start side by side with one tokenizer: both miss the cache and build."""
+    import threading
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(small_tokenizer))
+    both_missed = threading.Barrier(2, timeout=60)
+
+    def build(directory):
+        both_missed.wait()
+        return build_shards(read_corpus(str(small_corpus), "train"), tok, 64, directory)
+
+    results = {}
+
+    def run(name):
+        results[name] = derived.shards(
+            "wikitext2", "train", tok, 64, "packed", tmp_path / name / "train", build
+        )
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results) == {"a", "b"} and results["a"].rows == results["b"].rows > 0
+    assert (tmp_path / "a/train/tokens.bin").read_bytes() == (tmp_path / "b/train/tokens.bin").read_bytes()
+    assert len(list(cache.glob("shards-*"))) == 1 and not list(cache.glob(".shards-*"))

@@ -123,16 +123,26 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
     else:
         try:
             root().mkdir(parents=True, exist_ok=True)
-            build(entry)
-            _prune()
+            # Built in a private staging directory and renamed into place: two runs building the same
+            # entry at once (the claim's two arms) each publish whole shards, and the first one stays.
+            staging = Path(tempfile.mkdtemp(prefix=".shards-", dir=root()))
+            try:
+                build(staging / "shards")
+                _publish(staging / "shards", entry)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
         except OSError as e:
             print(f"{split} data: not cached ({e}); tokenizing into the run", flush=True)
             return build(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.rmdir()
-    shutil.copytree(entry, tmp, copy_function=_link_or_copy)
-    tmp.rename(out)
+    tmp = out.parent / f".{out.name}.from-cache-{os.getpid()}"
+    try:
+        shutil.copytree(entry, tmp, copy_function=_link_or_copy)
+        tmp.rename(out)
+    except OSError as e:  # the entry pruned meanwhile by another run, or a full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"{split} data: not taken from the cache ({e}); tokenizing into the run", flush=True)
+        return build(out)
     return ShardInfo.load(out)
 
 
