@@ -10,8 +10,9 @@ What is cached and how it is keyed:
 - only registry corpora (`wikitext2`, `news,chat`, ...): their files are pinned by sha256 in the
   registry, so the names identify the text. A user's own files can change under the same path; they are
   always read afresh.
-- the key holds every option that changes the result, and a digest of this package's sources and the
-  tokenizers version: code that reads, splits or tokenizes text differently never meets an old entry.
+- the key holds every option that changes the result, a digest of this package's sources, and the
+  versions of tokenizers and sentencex: code that reads, splits or tokenizes text differently never
+  meets an old entry.
 
 Entries live in `<data cache>/derived/` (`$ELECTRA_CACHE_DIR`, default ~/.cache/electra-serve/data),
 the most recently used `KEEP` of them. A cache that cannot be written only costs the time it would
@@ -28,9 +29,9 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import tokenizers
 from tokenizers import Tokenizer
 
 from training.data.corpus import REGISTRY_CORPORA
@@ -54,8 +55,12 @@ def root() -> Path:
 @cache
 def _code_digest() -> str:
     """This package's sources (corpus readers, registry pins, tokenizer training, shard layout) and the
-    tokenizers version: what decides the bytes of an entry besides its options."""
-    h = hashlib.sha256(tokenizers.__version__.encode())
+    versions of the libraries that split text (tokenizers; sentencex for request-shaped rows): what
+    decides the bytes of an entry besides its options."""
+    h = hashlib.sha256()
+    for lib in ("tokenizers", "sentencex"):
+        with contextlib.suppress(PackageNotFoundError):
+            h.update(f"{lib}=={version(lib)}\n".encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
