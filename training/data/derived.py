@@ -98,7 +98,9 @@ def trained_tokenizer(
     corpus: str, vocab_size: int, lowercase: bool, train: Callable[[], Tokenizer]
 ) -> Tokenizer:
     """The tokenizer `train()` makes for these options: from the cache if a run made it before, else
-    trained now and kept."""
+    trained now and kept. A corpus of the user's own files is always trained on afresh."""
+    if not cacheable(corpus):
+        return train()
     entry = _entry("tokenizer", corpus=corpus, vocab_size=vocab_size, lowercase=lowercase)
     if (entry / "tokenizer.json").is_file():
         _touch(entry)
@@ -119,7 +121,11 @@ def trained_tokenizer(
 def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, out: Path,
            build: Callable[[Path], ShardInfo]) -> ShardInfo:  # fmt: skip
     """`build(dir)` packs the split into `dir`; here into the cache (once per set of options), then
-    linked or copied into `out`, so the run directory holds its own data as before."""
+    linked or copied into `out`, so the run directory holds its own data as before. Shards already in
+    `out` (a resume, or carried to an offline machine) and a corpus of the user's own files go straight
+    to `build(out)`, which reuses or makes them there."""
+    if (out / META_FILE).is_file() or not cacheable(corpus):
+        return build(out)
     entry = _entry("shards", corpus=corpus, split=split, tokenizer=tokenizer_sha256(tok), seq_len=seq_len,
                    layout=layout)  # fmt: skip
     if (entry / META_FILE).is_file():

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from training.data import derived
 from training.data.corpus import read_corpus
-from training.data.shards import META_FILE, Batches, PackedDataset, RowMix, ShardInfo, build_shards
+from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, build_shards
 from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
 
 
@@ -46,8 +46,6 @@ def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: st
         docs = read_corpus(corpus, "train", data_dir=data_dir)
         return train_wordpiece(docs, vocab_size=vocab_size, lowercase=lowercase)
 
-    if not derived.cacheable(corpus):
-        return train()
     return derived.trained_tokenizer(corpus, vocab_size, lowercase, train)
 
 
@@ -56,9 +54,6 @@ def _shards(cfg, split: str, tok: Tokenizer, out: Path, mix: RowMix | None) -> S
         return build_shards(_documents(cfg, split), tok, cfg.seq_len, directory, desc=f"tokenizing {split}",
                             mix=mix)  # fmt: skip
 
-    # Shards already in the run (a resume, or carried to an offline machine) are build_shards' to reuse.
-    if (out / META_FILE).is_file() or not derived.cacheable(cfg.corpus):
-        return build(out)
     return derived.shards(
         cfg.corpus, split, tok, cfg.seq_len, mix.describe() if mix else "packed", out, build
     )
