@@ -12,6 +12,7 @@ skipped with a reason, 1 a step failed, 2 the environment lacks what the steps n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -45,6 +46,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--claim-pflop", type=float, help="training PFLOP per encoder in the claim step "
                    "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
+    p.add_argument("--variants", help="the variants step's set or names separated by ';' (default: levers; "
+                   "train_throughput --list shows them), to fit a short call")  # fmt: skip
+    p.add_argument("--detector-minutes", type=float, default=7.0, help="the detector step's training minutes "
+                   "(default 7, inside `timeout -s INT 560`); less to fit a call beside others")  # fmt: skip
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
     unknown = [s for s in args.only if s not in STEPS]
@@ -52,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--only: unknown step {unknown[0]!r}; the steps are {', '.join(STEPS)}")
     if args.claim_pflop is not None and args.claim_pflop <= 0:
         p.error("--claim-pflop: must be positive")
+    if args.detector_minutes <= 0:
+        p.error("--detector-minutes: must be positive")
     return args
 
 
@@ -81,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-check: the environment cannot run the steps:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
     sizes = SIZES["quick" if args.quick else "full"]
+    if args.variants:
+        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants))
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env,
-                  args.claim_pflop or sizes.claim_pflop)  # fmt: skip
+                  args.claim_pflop or sizes.claim_pflop, args.detector_minutes)  # fmt: skip
     for name in args.only:
         print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
         started = time.monotonic()

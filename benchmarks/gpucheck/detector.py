@@ -28,9 +28,9 @@ from training.data.registry import sha256_file
 RECIPE = "configs/detector-gpu.toml"
 INDEX = "detector-gpu-shards.json"
 SPLITS = ("train", "valid")
-# A call runs 10 minutes at most: 7 of training leave room for start-up, recovery, the final evaluation
-# and checkpoint, and packing, inside `timeout -s INT 560` (docs/gpu.md). The recipe allows 8 alone.
-TRAIN_MINUTES = 7.0
+# A call runs 10 minutes at most: 7 of training (gpu-check --detector-minutes, its default) leave room for
+# start-up, recovery, the final evaluation and checkpoint, and packing, inside `timeout -s INT 560`
+# (docs/gpu.md). The recipe allows 8 alone.
 # The same code at toy size on a CPU: TREC's questions alone, a few steps of batch 4.
 QUICK = ("--corpus", "trec", "--max-steps", "4", "--batch-size", "4", "--warmup-steps", "1", "--log-every", "1",
          "--eval-every", "4", "--eval-batches", "1", "--save-every", "4")  # fmt: skip
@@ -78,7 +78,7 @@ def train_and_pack(ctx: Context) -> dict:
     restore_shards(data_dir, run_dir, corpus)
     argv = ["-m", "training.pretrain", "--config", RECIPE, "--init", str(recovered), "--out", str(run_dir),
             "--device", ctx.device, "--data-dir", str(data_dir),
-            *(QUICK if quick else ("--max-minutes", str(TRAIN_MINUTES)))]  # fmt: skip
+            *(QUICK if quick else ("--max-minutes", str(ctx.detector_minutes)))]  # fmt: skip
     stdout = run(ctx, argv, "detector", ctx.train_env)
     figures = run_figures(run_dir, stdout)
     packed = ctx.out / "detector"

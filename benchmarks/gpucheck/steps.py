@@ -83,6 +83,7 @@ class Context:
     train_env: dict[str, str]  # the guard, when asked: training steps see only a GPU node's packages
     serve_env: dict[str, str]  # plus the serving packages (--wheels), for export and /detect
     claim_pflop: float
+    detector_minutes: float = 7.0  # the detector step's training time (issue 46)
     done: dict[str, dict] = field(default_factory=dict)  # the figures of the steps finished so far
 
     @property
