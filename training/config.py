@@ -13,6 +13,8 @@ from options import ConfigError, check_choices, option
 
 DEVICES = ("auto", "cpu", "cuda")
 ROUNDINGS = ("nearest", "stochastic")  # training/quantization.py: why nearest is the default
+# How a compiled step runs, with torch.compile's mode for each: measured in benchmarks/speed/train_throughput.py.
+COMPILE_MODES = {"fused": "default", "cuda-graphs": "reduce-overhead"}
 
 
 def choice(name: str, value, allowed) -> None:
@@ -183,6 +185,13 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         None,
         "torch.compile the training step into one graph (default: on CUDA with packed rows; off on CPU, and "
         "for request rows, whose every batch length would compile anew)",
+    )
+    compile_mode: str = option(
+        "fused",
+        "how a compiled step runs: fused (inductor's kernels, launched one by one) or cuda-graphs (torch.compile's "
+        "reduce-overhead: one launch replays them all; 1.82x a batch-128 ELECTRA-Small step on an H100, "
+        "docs/gpu.md)",
+        choices=tuple(COMPILE_MODES),
     )
     fused_qkv: bool = option(True, "one matrix product for each layer's query, key and value")
 

@@ -30,7 +30,7 @@ import options
 from options import ConfigError, describe
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
-from training.config import PretrainConfig
+from training.config import COMPILE_MODES, PretrainConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError
 from training.model import count_parameters, fuse_qkv
@@ -257,7 +257,7 @@ def setup(argv: list[str] | None) -> Trainer:
     compiled = (
         cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
     )
-    model = torch.compile(objective) if compiled else objective
+    model = torch.compile(objective, mode=COMPILE_MODES[cfg.compile_mode]) if compiled else objective
     if env.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None
@@ -269,7 +269,8 @@ def setup(argv: list[str] | None) -> Trainer:
     if env.main:
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
-        print(f"step: {'compiled' if compiled else 'eager'}; masked positions: room for "
+        how = f"compiled ({cfg.compile_mode})" if compiled else "eager"
+        print(f"step: {how}; masked positions: room for "
               f"{corruption.capacity(cfg.batch_size, cfg.seq_len)} per micro-batch of {cfg.batch_size} rows",
               flush=True)  # fmt: skip
         print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops / 1e6:.1f} MFLOP per "

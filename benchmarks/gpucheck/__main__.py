@@ -4,7 +4,7 @@
     scripts/gpu-check --out results/ --only claim            # one step (a later call of a short loan)
     scripts/gpu-check --device cpu --quick --out /tmp/gc     # every step at toy sizes: CI runs this
 
-Steps, cheapest proof first: pretrain, torchrun, resume, throughput, export, detect, claim, variants.
+Steps, cheapest proof first: pretrain, torchrun, resume, graphs, throughput, export, detect, claim, variants.
 results.json and results.md in --out are rewritten after every step. Exit status: 0 all ran or were
 skipped with a reason, 1 a step failed, 2 the environment lacks what the steps need (nothing ran).
 """

@@ -12,6 +12,7 @@ HEADLINE = {
     "pretrain": ("steps", "loss_first", "loss_last", "disc_auc", "tokens_per_s", "peak_gpu_mib", "precision"),
     "torchrun": ("backend", "steps", "loss_last", "tokens_per_s", "weights_max_abs_diff_vs_single_process"),
     "resume": ("killed_after_step", "weights_max_abs_diff", "eval_loss_diff"),
+    "graphs": ("tokens_per_s", "speed_vs_default_compile", "weights_max_abs_diff_vs_default_compile"),
     "throughput": None,  # every variant
     "variants": None,
     "export": ("precision", "model_mib"),

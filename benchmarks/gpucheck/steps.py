@@ -244,6 +244,24 @@ def step_resume(ctx: Context) -> dict:
     return figures
 
 
+def step_graphs(ctx: Context) -> dict:
+    """The pretrain step's run again with CUDA graphs (--compile-mode cuda-graphs): its speed against
+    the default compilation's, and whether it lands on the same weights (the same generated kernels,
+    replayed), before it can become the default on CUDA."""
+    if ctx.device != "cuda":
+        raise Skipped("CUDA graphs are a CUDA feature; on a CPU cuda-graphs compiles as fused does")
+    out = fresh(ctx, "graphs")
+    argv = ctx.pretrain_cmd(
+        out, None, "--tokenizer", ctx.tokenizer(), "--compile", "--compile-mode", "cuda-graphs"
+    )
+    figures = training_figures(out, run(ctx, argv, "graphs", ctx.train_env))
+    base = ctx.done.get("pretrain") or training_figures(ctx.pretrain_run, "")
+    figures["speed_vs_default_compile"] = round(figures["tokens_per_s"] / base["tokens_per_s"], 3)
+    figures["weights_max_abs_diff_vs_default_compile"] = weight_difference(ctx.pretrain_run, out)
+    figures["eval_loss_diff_vs_default_compile"] = eval_loss_difference(ctx.pretrain_run, out)
+    return figures
+
+
 def step_throughput(ctx: Context) -> dict:
     """The joint step's headline: ours eager and compiled against the step before issue 44 and the one
     built from transformers (benchmarks/speed/train_throughput.py --variants key)."""
@@ -254,10 +272,11 @@ def step_throughput(ctx: Context) -> dict:
 
 def step_variants(ctx: Context) -> dict:
     """The levers the headline left open: deterministic kernels or not, CUDA graphs, batch 128 and 1024
-    (train_throughput --variants levers; about 5 minutes of compiling on a GPU)."""
+    (train_throughput --variants levers; about 5 minutes of compiling on a GPU), each with the kernels
+    that take its time (--profile 3)."""
     from benchmarks.gpucheck.speed import throughput_figures
 
-    return throughput_figures(ctx, "variants", ctx.sizes.variants)
+    return throughput_figures(ctx, "variants", ctx.sizes.variants, profile=3)
 
 
 def step_export(ctx: Context) -> dict:
@@ -386,6 +405,7 @@ STEPS = {
     "pretrain": step_pretrain,
     "torchrun": step_torchrun,
     "resume": step_resume,
+    "graphs": step_graphs,
     "throughput": step_throughput,
     "export": step_export,
     "detect": step_detect,

@@ -33,6 +33,7 @@ import torch
 
 from app.machine import cpu
 from benchmarks.speed.host_reads import syncs_in
+from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
 from benchmarks.speed.train_variants import SETS, VARIANTS, Variant
 from training.config import PretrainConfig
@@ -245,6 +246,12 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
         for name, r in runners.items():
             results[name]["times"] += timed_steps(r, args.round)
         report(results)
+    for name, r in runners.items() if args.profile else ():
+        step = (lambda r=r: r.step(r.batch)) if r.v.step == "transformers" else r.step
+        r.apply_globals()
+        results[name]["top_kernels"] = top_kernels(step, r.device, args.profile)
+        print_top(name, results[name]["top_kernels"])
+        report(results)
     return results
 
 
@@ -303,6 +310,8 @@ def main(argv=None) -> None:
     p.add_argument(
         "--warmup", type=int, default=None, help="untimed steps after the first (default: 10 GPU, 1 CPU)"
     )
+    p.add_argument("--profile", type=int, default=0, help="after timing, profile this many steps of each "
+                   "variant: its kernels with the most self time, printed and in the JSON (default 0: none)")  # fmt: skip
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when visible"
