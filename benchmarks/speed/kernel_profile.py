@@ -10,7 +10,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-def top_kernels(step: Callable[[], object], device: torch.device, steps: int = 3, top: int = 12) -> list[dict]:
+def top_kernels(
+    step: Callable[[], object], device: torch.device, steps: int = 3, top: int = 12
+) -> list[dict]:
     """Run `step` `steps` times under the profiler; the `top` entries by self time, per step."""
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
