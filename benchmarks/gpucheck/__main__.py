@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--claim-pflop", type=float, help="training PFLOP per encoder in the claim step "
                    "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
+    p.add_argument("--claim-pretrain-args", default="", help="more training.pretrain flags for the claim's "
+                   "two runs, after the mode's own: --claim-pretrain-args='--batch-size 1024 --lr 2e-3'")  # fmt: skip
+    p.add_argument("--claim-seeds", help="the claim's fine-tuning seeds (default: 1,2,3; --quick: 1)")
     p.add_argument("--variants", help="the variants step's set or names separated by ';' (default: levers; "
                    "train_throughput --list shows them), to fit a short call")  # fmt: skip
     p.add_argument("--detector-minutes", type=float, default=7.0, help="the detector step's training minutes "
@@ -90,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SIZES["quick" if args.quick else "full"]
     if args.variants:
         sizes = dataclasses.replace(sizes, variants=("--variants", args.variants))
+    if args.claim_seeds:
+        sizes = dataclasses.replace(sizes, claim_seeds=args.claim_seeds)
+    if args.claim_pretrain_args:
+        sizes = dataclasses.replace(
+            sizes, claim_pretrain=(*sizes.claim_pretrain, *args.claim_pretrain_args.split())
+        )
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env,
                   args.claim_pflop or sizes.claim_pflop, args.detector_minutes)  # fmt: skip
     for name in args.only:
