@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -22,7 +23,11 @@ def top_kernels(
         if cuda:
             torch.cuda.synchronize(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    timed = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    # On CUDA the kernels themselves, not also the operators that launched them; all, should a profiler
+    # version tag its kernels otherwise (an empty list would waste a GPU call).
+    events = [e for e in timed if e.device_type == DeviceType.CUDA] if cuda else timed
+    events = events or timed
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     total = sum(getattr(e, key) for e in events) or 1
     return [{"name": e.key[:120], "ms_per_step": round(getattr(e, key) / 1000 / steps, 3),
