@@ -21,7 +21,7 @@ def test_a_restart_under_load_fails_no_request_and_the_replica_leaves_rotation_f
         pytest.skip("needs Debian's haproxy (run .ci/machine-deps)")
     cmd = [
         sys.executable, "-m", "benchmarks.load.rolling", "--replicas", "2", "--restarts", "1",
-        "--users", "4", "--user-rate", "3", "--before-s", "4", "--after-s", "4",
+        "--users", "4", "--user-rate", "3", "--before-s", "2", "--after-s", "2",
         "--work", str(tmp_path / "work"), "--results", str(tmp_path), "--name", "rolling",
     ]  # fmt: skip
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
