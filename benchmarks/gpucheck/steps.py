@@ -57,13 +57,14 @@ SIZES = {
     "full": Sizes("configs/mini.toml", 500, 100, ("--variants", "key"), "configs/small.toml", 10.0, "1,2,3",
                   variants=("--variants", "levers"), claim_pretrain=("--batch-size", "128", "--grad-accum", "1"),
                   claim_jobs=8),
-    # The same code at toy sizes: every step in a couple of minutes on two CPU cores. 40 steps, a checkpoint
-    # every 10: enough logged rows to see the loss fall and a checkpoint to kill after, at 2-3 s a run less. A toy fine-tuning run
-    # is mostly the start of a Python process with torch (about 4 s of one core): the claim's runs go two
-    # at a time, and one point and one task instead of three each keep them to 2 (1 task x 2 objectives,
-    # one seed), for CI's 15 minutes for the whole suite; more points and tasks differ only in arithmetic,
-    # which tests/test_electra_vs_mlm.py holds. TREC's questions stand in for WikiText-2: a first run on
-    # WikiText-2 spends 25 s training its tokenizer and tokenizing, for 100 steps that read 0.05M tokens.
+    # The same code at toy sizes: every step in a couple of minutes on two CPU cores. 40 steps with a
+    # checkpoint every 10: enough logged rows to see the loss fall, and a checkpoint to kill after. A toy
+    # fine-tuning run is mostly the start of a Python process with torch (about 4 s of one core): the
+    # claim's runs go two at a time, and one point and one task instead of three each keep them to 2 (1 task
+    # x 2 objectives, one seed), for CI's 15 minutes for the whole suite; more points and tasks differ only
+    # in arithmetic, which tests/test_electra_vs_mlm.py holds. TREC's questions stand in for WikiText-2: a
+    # first run on WikiText-2 spends 25 s training its tokenizer and tokenizing, for steps that read 0.05M
+    # tokens.
     "quick": Sizes("configs/tiny.toml", 40, 10, ("--variants", "legacy fp32;transformers fp32;eager fp32",
                    "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
                    "configs/tiny.toml", 2e-5, "1", ("--max-train-examples", "64", "--max-eval-examples", "64"),
