@@ -228,7 +228,7 @@ def same_run_twice(r: Run, torchrun: bool = True) -> dict:
         outs = [r.work / f"twice-{name.split()[0].strip(',')}-{k}" for k in (1, 2)]
         if name == "single process":  # the reference run is this command's first run (the vocabulary trained)
             outs[0] = r.reference
-        for out in outs[1:] if outs[0] == r.reference else outs:
+        for out in outs[1:] if name == "single process" else outs:
             shutil.rmtree(out, ignore_errors=True)
             done = subprocess.run(r.argv(out, "--tokenizer", "train", module=module), cwd=REPO, capture_output=True,
                                   text=True, timeout=900)  # fmt: skip

@@ -125,6 +125,13 @@ class Runner:
                           autocast=self.autocast, step=0, tokens=0)  # fmt: skip
         self.step = trainer.train_step
 
+    def one_step(self) -> None:
+        """One training step of this variant (the transformers-built step takes its batch each time)."""
+        if self.v.step == "transformers":
+            self.step(self.batch)
+        else:
+            self.step()
+
     def apply_globals(self) -> None:
         """The process-wide settings this variant runs under, set before each of its steps."""
         deterministic_kernels(self.v.deterministic)
@@ -201,7 +208,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, tf32: bool) -> float:
 
 def timed_steps(runner: Runner, n: int) -> list[float]:
     """Seconds of each of `n` steps, timed on the device: CUDA events, read once at the end."""
-    step = (lambda: runner.step(runner.batch)) if runner.v.step == "transformers" else runner.step
+    step = runner.one_step
     runner.apply_globals()
     if runner.device.type != "cuda":
         times = []
@@ -229,8 +236,7 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
         timed_steps(r, 1)
         first = time.perf_counter() - t
         timed_steps(r, args.warmup)
-        step = (lambda r=r: r.step(r.batch)) if r.v.step == "transformers" else r.step
-        syncs = syncs_in(step, r.device)
+        syncs = syncs_in(r.one_step, r.device)
         memory = {"state_mib": state_mib(r.params, r.opt), "peak_mib": None}
         if r.device.type == "cuda":  # the step's own peak above what is resident, plus the variant's state
             resident = torch.cuda.memory_allocated(r.device)
@@ -247,9 +253,8 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
             results[name]["times"] += timed_steps(r, args.round)
         report(results)
     for name, r in runners.items() if args.profile else ():
-        step = (lambda r=r: r.step(r.batch)) if r.v.step == "transformers" else r.step
         r.apply_globals()
-        results[name]["top_kernels"] = top_kernels(step, r.device, args.profile)
+        results[name]["top_kernels"] = top_kernels(r.one_step, r.device, args.profile)
         print_top(name, results[name]["top_kernels"])
         report(results)
     return results
