@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
@@ -33,7 +34,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from training.checkpoint import write_atomically
 from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, ShardInfo
@@ -71,6 +71,17 @@ def _entry(kind: str, **options) -> Path:
     return root() / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
 
+def _publish(tmp: Path, entry: Path) -> None:
+    """Rename a finished entry into place; another process that got there first wins (same bytes)."""
+    try:
+        tmp.rename(entry)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not entry.is_dir():
+            raise
+    _prune()
+
+
 def _prune() -> None:
     entries = sorted((p for p in root().iterdir() if p.is_dir() and not p.name.startswith(".")),
                      key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
@@ -97,8 +108,11 @@ def trained_tokenizer(
         return load_tokenizer(entry / "tokenizer.json")
     tok = train()
     try:
-        write_atomically(entry, lambda d: save_tokenizer(tok, d))  # a killed run leaves no half entry
-        _prune()
+        root().mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=root()))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is the machine's, as the data cache is
+        save_tokenizer(tok, tmp)
+        _publish(tmp, entry)
     except OSError as e:
         print(f"tokenizer: not cached ({e}); the next run trains it again", flush=True)
     return tok
@@ -119,10 +133,15 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
         print(f"{split} data: tokenized before, reused from {entry}", flush=True)
     else:
         try:
-            # build_shards writes beside the entry and renames into place: two runs building the same
-            # entry at once (the claim's two arms) each leave whole shards there, the same bytes.
-            build(entry)
-            _prune()
+            root().mkdir(parents=True, exist_ok=True)
+            # Built in a private staging directory and renamed into place: two runs building the same
+            # entry at once (the claim's two arms) each publish whole shards, and the first one stays.
+            staging = Path(tempfile.mkdtemp(prefix=".shards-", dir=root()))
+            try:
+                build(staging / "shards")
+                _publish(staging / "shards", entry)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
         except OSError as e:
             print(f"{split} data: not cached ({e}); tokenizing into the run", flush=True)
             return build(out)
