@@ -36,3 +36,15 @@ def small_tokenizer(small_corpus, tmp_path_factory) -> Path:
 
     tok = train_wordpiece(read_corpus(str(small_corpus), "train"), vocab_size=1000)
     return save_tokenizer(tok, tmp_path_factory.mktemp("tokenizer")) / "tokenizer.json"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """What a test records as `record_property("ci_log", text)`, printed at the end of the run whether it
+    passed or not: the CI log's copy of a table. A test cannot print to the terminal itself when it runs
+    in a pytest-xdist worker, as scripts/test runs it."""
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            for name, text in getattr(report, "user_properties", ()):
+                if name == "ci_log" and report.when == "call":
+                    terminalreporter.write_sep("-", report.nodeid)
+                    terminalreporter.write_line(text)
