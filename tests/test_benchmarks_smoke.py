@@ -121,3 +121,25 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
     assert (r["failures"], r["requests"]) == (2, 5300)
     assert r["rounds_rps"] == [150.0, 210.0, 170.0]
     assert median_round(rounds[:2])["rps"] == 150.0  # an even count takes the lower middle
+
+
+def test_bulk_is_compared_warm_with_warm_rivals_and_end_to_end():
+    """The server and the plain loop are timed warm; bulk's steady rate (its workers' own clocks) is the
+    like-for-like ratio, its wall rate (start-up included) the other. Both go to the JSON and the table."""
+    from benchmarks.speed.bulk import _ratios, markdown
+
+    def timed(tokens_per_s: float, steady: float | None = None) -> dict:
+        return {"docs": 10, "tokens": 1000, "wall_s": 1000 / tokens_per_s, "docs_per_s": 1.0,
+                "tokens_per_s": tokens_per_s, "steady_tokens_per_s": steady}  # fmt: skip
+
+    row = {"corpus": "c", "model": "m", "local_1": timed(400, 500), "local_2": timed(800, 1200),
+           "ray_1": timed(300, 450), "ray_2": timed(600, 1080), "server": timed(600), "plain_loop": timed(1600)}  # fmt: skip
+    ratios = _ratios(row)
+    assert ratios["bulk_vs_server_steady"] == 2.0 and ratios["bulk_vs_server"] == 1.33
+    assert ratios["bulk_vs_plain_loop_steady"] == 0.75 and ratios["bulk_vs_plain_loop"] == 0.5
+    assert ratios["ray_vs_local_steady"] == 0.9 and ratios["ray_vs_local_wall"] == 0.75
+    machine = dict.fromkeys(
+        ("cpu", "cores", "cpu_flags", "int8_kernel_path", "load_avg_start", "load_avg_end"), "-"
+    )
+    text = markdown({"results": [row], "ratios": [ratios], "memory": [], "machine": machine})
+    assert "| c | m | 2.00 | 1.33 | 0.75 | 0.50 | 0.90 | 0.75 |" in text
