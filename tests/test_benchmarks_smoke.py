@@ -143,3 +143,18 @@ def test_bulk_is_compared_warm_with_warm_rivals_and_end_to_end():
     )
     text = markdown({"results": [row], "ratios": [ratios], "memory": [], "machine": machine})
     assert "| c | m | 2.00 | 1.33 | 0.75 | 0.50 | 0.90 | 0.75 |" in text
+
+
+def test_detectors_are_compared_column_by_column_from_their_results():
+    from benchmarks.quality.compare_detectors import main, markdown
+
+    results = REPO / "benchmarks" / "results" / "detector-gpu-2026-11-26"
+    table = markdown({"shipped": results / "shipped", "gpu": results / "gpu-trained"}).splitlines()
+    shipped = json.loads((results / "shipped" / "user_sentences.json").read_text())["summary"]["all"]
+    gpu = json.loads((results / "gpu-trained" / "user_sentences.json").read_text())["summary"]["all"]
+    assert f"| Commons | top1 | {shipped['top1']:.4g} | {gpu['top1']:.4g} |" in table
+    # The first GPU comparison measured no classifier: its cells stay empty, the shipped one's are filled.
+    accuracy = next(line for line in table if line.startswith("| sentiment via /classify | accuracy"))
+    assert accuracy.endswith(" |  |") and "0.83" in accuracy
+    with pytest.raises(SystemExit):
+        main(["shipped=/no/such/directory"])
