@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,10 @@ def interrupted_note(work: Path, step: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # A shell without job control starts a background command with SIGINT ignored, and Python leaves it
+    # so: `(timeout -s INT 470 scripts/gpu-check ...) &` in a device call would run on past its timeout,
+    # into the call's hard limit, and lose the step in progress. Catch SIGINT whatever was inherited.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
