@@ -225,10 +225,11 @@ def same_run_twice(r: Run, torchrun: bool = True) -> dict:
         launchers["torchrun, 2 processes"] = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                              "-m", "training.pretrain")  # fmt: skip
     for name, module in launchers.items():
-        outs = [r.work / f"twice-{name.split()[0].strip(',')}-{k}" for k in (1, 2)]
-        if name == "single process":  # the reference run is this command's first run (the vocabulary trained)
-            outs[0] = r.reference
-        for out in outs[1:] if name == "single process" else outs:
+        tag = name.split()[0].strip(",")
+        # The single process's first run is the reference run: the same command, the vocabulary trained.
+        reuse_reference = name == "single process"
+        outs = [r.reference if reuse_reference else r.work / f"twice-{tag}-1", r.work / f"twice-{tag}-2"]
+        for out in outs[1:] if reuse_reference else outs:
             shutil.rmtree(out, ignore_errors=True)
             done = subprocess.run(r.argv(out, "--tokenizer", "train", module=module), cwd=REPO, capture_output=True,
                                   text=True, timeout=900)  # fmt: skip

@@ -272,10 +272,6 @@ def _flags() -> list[str]:
     return [f for f in wanted if f in line.split()]
 
 
-def _best_bulk(r: dict, kind: str) -> float:
-    return max(r[f"{kind}_{w}"]["steady_tokens_per_s"] or 0 for w in (1, 2))
-
-
 def _ratios(r: dict) -> dict:
     """Bulk with 2 workers against the others. The server and the plain loop are timed warm (after their
     start-up and a first batch), so bulk's steady rate is the like-for-like one; its wall rate also pays
