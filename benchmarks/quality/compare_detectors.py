@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.load.loadkit import table
+
 SENTENCE_SETS = [("Commons", "user_sentences.json"), ("WikiText-2 items", "user_sentences_wikitext2.json"),
                  ("hand-written", "user_sentences_handwritten.json")]  # fmt: skip
 SENTENCE_METRICS = ["sentences", "top1", "top3", "span_precision", "span_recall", "clean_with_span",
@@ -52,9 +54,7 @@ def rows(columns: dict[str, Path]) -> list[list[str]]:
 
 
 def markdown(columns: dict[str, Path]) -> str:
-    lines = ["| set | metric | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(columns)]
-    return "\n".join(lines)
+    return table(["set", "metric", *columns], rows(columns))
 
 
 def main(argv: list[str] | None = None) -> int:
