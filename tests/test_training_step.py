@@ -77,3 +77,42 @@ def test_int8_simulated_layers_keep_fp32_arithmetic_under_autocast():
         under_autocast = layer(x)
     assert under_autocast.dtype == torch.float32
     assert torch.equal(plain, under_autocast)
+
+
+def backward_graph_ops(objective, batch, noise) -> list:
+    """The calls of the step's backward graph after inductor's own decompositions (what inductor lowers on
+    a GPU), traced without generating code."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = []
+
+    def keep(gm, _inputs):
+        graphs.append(gm)
+        return torch._functorch.aot_autograd.make_boxed_func(gm.forward)
+
+    def backend(gm, inputs):
+        return aot_module_simplified(gm, inputs, fw_compiler=keep, bw_compiler=keep,
+                                     decompositions=select_decomp_table())  # fmt: skip
+
+    torch._dynamo.reset()
+    step = torch.compile(objective, fullgraph=True, backend=backend)
+    out = step(batch, noise, padded=False)
+    objective.loss(out, out.n_masked, out.n_tokens).loss.backward()
+    forward, backward = graphs
+    return [n for n in backward.graph.nodes if n.op == "call_function"]
+
+
+def test_embedding_gradients_stay_one_aten_kernel_under_inductor(trainer):
+    """Decomposed, an embedding's gradient becomes an accumulating index_put, which deterministic
+    kernels on CUDA run as one warp walking every row of an index in turn (token type 0: all B x T of
+    them). The tables' gradients must reach inductor whole, as aten's segmented embedding backward."""
+    batch, noise = next(micro_batches(trainer, 1))
+    ops = backward_graph_ops(trainer.objective, batch, noise)
+    accumulating = [tuple(n.meta["val"].shape) for n in ops if "index_put" in str(n.target)]
+    # The one left: the gradient of the generator's hidden states at its masked positions (unique ones,
+    # except for the few unused slots), (B x T, generator hidden).
+    B, T = batch["input_ids"].shape
+    assert accumulating == [(B * T, trainer.objective.generator.config.hidden_size)]
+    # Three tables, each looked up by both encoders (they share the embeddings).
+    assert sum(n.target is torch.ops.electra.embedding_backward.default for n in ops) == 6

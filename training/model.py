@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.embedding_grad import Embedding
 from training.quantization import attach as attach_int8
 from training.quantization import attach_storage
 
@@ -96,16 +97,19 @@ _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, 
 class ElectraEmbeddings(nn.Module):
     def __init__(self, cfg: ElectraConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.embedding_size, padding_idx=cfg.pad_token_id)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.embedding_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.embedding_size)
+        self.word_embeddings = Embedding(cfg.vocab_size, cfg.embedding_size, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = Embedding(cfg.max_position_embeddings, cfg.embedding_size)
+        self.token_type_embeddings = Embedding(cfg.type_vocab_size, cfg.embedding_size)
         self.LayerNorm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """`token_type_ids` None: every token is of type 0 (one segment, as pretraining's packed rows). Its
+        row is then looked up once and broadcast, so its gradient is a sum, not B x T rows added into one."""
         T = input_ids.size(1)
         positions = torch.arange(T, device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        types = token_type_ids if token_type_ids is not None else input_ids.new_zeros(1)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(types)
         x = x + self.position_embeddings(positions)  # (B, T, E)
         return self.dropout(self.LayerNorm(x))
 
@@ -217,7 +221,7 @@ class ElectraModel(nn.Module):
         if cfg.quantization is not None:
             attach_int8(self, cfg.quantization)
 
-    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The encoder's input: embeddings, projected to the hidden size when E != H. (B, T, H)"""
         x = self.embeddings(input_ids, token_type_ids)
         return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x
@@ -228,8 +232,6 @@ class ElectraModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
         x = self.embed(input_ids, token_type_ids)
         # Boolean key mask, broadcast over heads and queries: (B, 1, 1, T); True = may attend. Without one
         # (rows with no padding) attention may take its fused kernels, which refuse a mask.

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.config import ROUNDINGS  # the options declare them, set_rounding checks them
+from training.embedding_grad import Embedding
 
 SCHEME = "int8-static-u8s7"
 WEIGHT_MAX = 63  # |w| in int8 units (module docstring: AVX2 saturation)
@@ -117,8 +118,8 @@ def stored_int8(weight: torch.Tensor) -> torch.Tensor:
     return torch.fake_quantize_per_channel_affine(weight.float(), scale, zeros, 0, -127, 127).to(weight.dtype)
 
 
-class StoredInt8Embedding(nn.Embedding):
-    """nn.Embedding whose table is read as the bundle stores it (`stored_int8`) while `simulate`."""
+class StoredInt8Embedding(Embedding):
+    """An embedding table (training/embedding_grad.Embedding) whose table is read as the bundle stores it (`stored_int8`) while `simulate`."""
 
     simulate = True
 
@@ -142,7 +143,7 @@ class StoredInt8Dense(nn.Linear):
         return F.linear(x, stored_int8(self.weight), self.bias)
 
 
-STORED_KINDS = {nn.Embedding: StoredInt8Embedding, nn.Linear: StoredInt8Dense}
+STORED_KINDS = {nn.Embedding: StoredInt8Embedding, Embedding: StoredInt8Embedding, nn.Linear: StoredInt8Dense}
 
 
 def stored_weight_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

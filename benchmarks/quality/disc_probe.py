@@ -56,7 +56,7 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
     gen, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
     disc.eval()
     gen.eval()
-    ids, am, tt = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    ids, am, tt = batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")
     special = batch["special_tokens_mask"].bool()
     noise = draw_noise(tuple(ids.shape), seed, 0, slice(0, ids.size(0)), "cpu")
     masked = Corruption(mask_id, cfg.vocab_size).mask(ids, batch["special_tokens_mask"], noise)

@@ -37,6 +37,7 @@ from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
 from benchmarks.speed.train_variants import SETS, VARIANTS, Variant
 from training.config import PretrainConfig
+from training.embedding_grad import opaque_embedding_grads
 from training.model import fuse_qkv
 from training.optim import autocast_for, cpu_has_native_bf16, deterministic_kernels, matmul_precision
 from training.pretrain import Trainer, param_groups
@@ -46,7 +47,10 @@ from training.pretraining.model import build_objective
 MASK_ID, VOCAB = 103, 30522
 
 
-def host_batch(B: int, T: int, padded: bool) -> dict[str, torch.Tensor]:
+def host_batch(B: int, T: int, padded: bool, token_types: bool) -> dict[str, torch.Tensor]:
+    """Random tokens between [CLS] and [SEP]. `token_types`: a type id per token (all 0), as the
+    transformers-built step, the step before issue 44 and ours before 2026-11-27 read them; ours now
+    reads none from packed rows."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, VOCAB, (B, T), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
@@ -55,8 +59,8 @@ def host_batch(B: int, T: int, padded: bool) -> dict[str, torch.Tensor]:
     am = torch.ones_like(ids)
     if padded:  # one row ends in padding: the batch takes the masked-attention path, as every batch once did
         ids[0, -1], am[0, -1] = 0, 0
-    return {"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids),
-            "special_tokens_mask": special}  # fmt: skip
+    batch = {"input_ids": ids, "attention_mask": am, "special_tokens_mask": special}
+    return batch | ({"token_type_ids": torch.zeros_like(ids)} if token_types else {})
 
 
 class SameBatch:
@@ -94,7 +98,8 @@ class Runner:
         self.cfg = cfg = config(v, args.layers, args.seq_len, device)
         self.apply_globals()
         torch.manual_seed(0)
-        self.batch = host_batch(v.batch, args.seq_len, padded=not v.unmasked)
+        old_embeddings = v.step != "ours" or v.embedding_grads == "autograd"
+        self.batch = host_batch(v.batch, args.seq_len, padded=not v.unmasked, token_types=old_embeddings)
         self.tokens = int(self.batch["attention_mask"].sum())
         self.autocast = autocast_for(device, cfg.bf16)[1]
         if v.step == "transformers":
@@ -105,6 +110,7 @@ class Runner:
         objective = build_objective(cfg, VOCAB).to(device)
         objective.corruption = Corruption.of(cfg, MASK_ID, VOCAB)
         fuse_qkv(objective, cfg.fused_qkv)
+        opaque_embedding_grads(objective, not old_embeddings)
         if v.sampler == "cdf":
             objective.sampler = sample_cdf
         self.flops_per_token = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)

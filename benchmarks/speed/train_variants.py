@@ -16,6 +16,9 @@ class Variant:
     fused_qkv: bool = True
     unmasked: bool = True  # packed rows attend without a mask
     sampler: str = "blocked"  # blocked (two-level, deterministic on CUDA) | cdf (one V-wide cumsum)
+    # aten: the tables' gradients as one aten kernel each, token type 0 broadcast (training/embedding_grad.py)
+    # autograd: nn.Embedding's, which inductor decomposes, and a type looked up per token (before 2026-11-27)
+    embedding_grads: str = "aten"
 
 
 OURS = Variant()
@@ -32,6 +35,7 @@ VARIANTS = {
     "eager fp32, masked attention": replace(EAGER, precision="fp32", unmasked=False),
     "eager fp32, cdf sampler": replace(EAGER, precision="fp32", sampler="cdf", deterministic=False),
     "eager fp32, nondeterministic": replace(EAGER, precision="fp32", deterministic=False),
+    "eager fp32, autograd embedding grads": replace(EAGER, precision="fp32", embedding_grads="autograd"),
     "eager tf32": replace(EAGER, precision="tf32"),
     "eager bf16": EAGER,
     "eager bf16, nondeterministic": replace(EAGER, deterministic=False),
@@ -39,6 +43,7 @@ VARIANTS = {
     "compiled tf32": replace(OURS, precision="tf32"),
     "compiled bf16": OURS,
     "compiled bf16, nondeterministic": replace(OURS, deterministic=False),
+    "compiled bf16, autograd embedding grads": replace(OURS, embedding_grads="autograd"),
     "compiled bf16, nondet., cdf sampler": replace(OURS, deterministic=False, sampler="cdf"),
     "compiled bf16, 3 qkv products": replace(OURS, fused_qkv=False),
     "compiled bf16, masked attention": replace(OURS, unmasked=False),
@@ -46,6 +51,7 @@ VARIANTS = {
     "compiled bf16, batch 512": replace(OURS, batch=512),
     "compiled bf16, batch 1024": replace(OURS, batch=1024),
     "compiled bf16, batch 1024, nondeterministic": replace(OURS, batch=1024, deterministic=False),
+    "compiled bf16, batch 1024, autograd embedding grads": replace(OURS, batch=1024, embedding_grads="autograd"),
     "compiled bf16, batch 1024, CUDA graphs": replace(OURS, batch=1024, compile="reduce-overhead"),
 }  # fmt: skip
 
@@ -53,7 +59,8 @@ SETS = {
     # Two cores: the step before and after, each eager lever alone, and transformers (compiling the CPU
     # step takes minutes of C++ builds; CUDA is where compilation pays).
     "cpu": ["legacy fp32", "transformers fp32", "eager fp32", "eager fp32, 3 qkv products",
-            "eager fp32, masked attention", "eager fp32, cdf sampler", "eager fp32, nondeterministic"],
+            "eager fp32, masked attention", "eager fp32, cdf sampler", "eager fp32, nondeterministic",
+            "eager fp32, autograd embedding grads"],
     # The headline on a GPU, within the check's first minutes.
     "key": ["legacy bf16", "transformers bf16", "eager bf16", "compiled bf16", "compiled bf16, batch 1024"],
     # What the H100's key set left open (docs/training-speed.md, "On a GPU"): ours ran with deterministic
@@ -63,5 +70,11 @@ SETS = {
     "levers": ["compiled bf16", "eager bf16, nondeterministic", "compiled bf16, nondeterministic",
                "compiled bf16, CUDA graphs", "compiled bf16, batch 1024, nondeterministic",
                "compiled bf16, batch 1024, CUDA graphs"],
+    # Deterministic kernels cost a compiled batch-1024 step 170 ms on an H100 (docs/gpu.md). Read from
+    # the code: inductor's fallback for the embedding tables' gradients under deterministic mode walks
+    # every row of a repeated index in one warp. The step with the tables' gradients kept whole, the step
+    # as it was, and the step without deterministic kernels: three compilations, about 4 minutes.
+    "determinism": ["compiled bf16, batch 1024", "compiled bf16, batch 1024, autograd embedding grads",
+                    "compiled bf16, batch 1024, nondeterministic"],
     "all": list(VARIANTS),
 }  # fmt: skip

@@ -320,7 +320,8 @@ class PackedDataset:
 
 
 def batch_tensors(rows: np.ndarray, info: ShardInfo) -> dict[str, Any]:
-    """Model inputs for packed rows: ids, attention and special-token masks ([CLS], [SEP], padding)."""
+    """Model inputs for packed rows: ids, attention and special-token masks ([CLS], [SEP], padding). No
+    token types: a packed row is one segment, and the model adds type 0's row to every token."""
     import torch
 
     input_ids = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
@@ -328,7 +329,6 @@ def batch_tensors(rows: np.ndarray, info: ShardInfo) -> dict[str, Any]:
     return {
         "input_ids": input_ids,
         "attention_mask": (~is_pad).long(),
-        "token_type_ids": torch.zeros_like(input_ids),
         "special_tokens_mask": (is_pad | (input_ids == info.cls) | (input_ids == info.sep)).long(),
     }
 

@@ -212,7 +212,8 @@ class ElectraObjective(_Objective):
     def forward(self, batch: dict[str, torch.Tensor], noise: Noise, *, padded: bool = True) -> ElectraOutputs:
         """`padded` False promises that every row is full (no padding), so attention runs without a mask
         (which lets CUDA pick its fastest kernels)."""
-        am, tt = batch["attention_mask"], batch["token_type_ids"]
+        # Packed rows are one segment each and carry no token types: the model then adds type 0's row.
+        am, tt = batch["attention_mask"], batch.get("token_type_ids")
         keys = am if padded else None
         masked = self._mask(batch, noise)
         mlm_logits, faked = generator_fill(self.generator, masked, keys, tt, noise, self.hparams["temperature"],
@@ -257,7 +258,7 @@ class MLMObjective(_Objective):
     def forward(self, batch: dict[str, torch.Tensor], noise: Noise, *, padded: bool = True) -> MLMOutputs:
         am = batch["attention_mask"]
         masked = self._mask(batch, noise)
-        logits = self.generator(masked.input_ids, am if padded else None, batch["token_type_ids"],
+        logits = self.generator(masked.input_ids, am if padded else None, batch.get("token_type_ids"),
                                 positions=masked.slots)  # fmt: skip
         return MLMOutputs(mlm_loss_sum(logits, masked), masked.weights.sum(), am.sum(), logits, masked)
 

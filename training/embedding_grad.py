@@ -1,0 +1,71 @@
+"""An embedding table whose gradient stays one aten kernel under torch.compile.
+
+Inductor decomposes an embedding's backward into an index_put that accumulates rows. Without
+deterministic kernels that becomes atomic adds. With them (training's default on CUDA) inductor falls
+back to aten's index_put, which sorts the indices and then has one warp add up every row of an index,
+one row after another. An ELECTRA batch repeats a few indices very often: [MASK] is 15% of the
+generator's input, and a lookup of token type 0 repeats one index at every position. At batch 1024 that
+is a walk of 131,072 dependent row updates, once per encoder.
+
+aten's own embedding backward (what eager mode runs) sorts too, but sums each index's rows in parallel
+segments: deterministic and without the long walk. Calling it through a custom op keeps inductor from
+decomposing it; the forward stays a plain lookup that inductor fuses with what follows. In eager mode
+the gradient is the one autograd computed before, bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.library.custom_op("electra::embedding_backward", mutates_args=())
+def embedding_backward(
+    grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int
+) -> torch.Tensor:
+    """The gradient of a (num_weights, E) table from the gradient of its looked-up rows (*ids.shape, E)."""
+    return torch.ops.aten.embedding_dense_backward(grad.contiguous(), ids, num_weights, padding_idx, False)
+
+
+@embedding_backward.register_fake
+def _(grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int) -> torch.Tensor:
+    return grad.new_empty((num_weights, grad.shape[-1]))
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        weight, ids, padding_idx = inputs
+        ctx.save_for_backward(ids)
+        ctx.num_weights, ctx.padding_idx = weight.shape[0], padding_idx
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (ids,) = ctx.saved_tensors
+        return embedding_backward(grad, ids, ctx.num_weights, ctx.padding_idx), None, None
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding (same parameters, same state dict) with its gradient computed by `embedding_backward`.
+    Where no gradient is taken (evaluation, ONNX export) it is nn.Embedding's own forward."""
+
+    opaque_grad = True  # False: autograd's embedding backward, which inductor decomposes (a benchmark lever)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        plain = self.max_norm is not None or self.scale_grad_by_freq or self.sparse
+        if not self.opaque_grad or plain or not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(ids)
+        return _Lookup.apply(self.weight, ids, -1 if self.padding_idx is None else self.padding_idx)
+
+
+def opaque_embedding_grads(module: nn.Module, on: bool = True) -> None:
+    """Compute every `Embedding` table's gradient through `embedding_backward` (the default), or let
+    autograd (and so inductor) do it as it would for nn.Embedding."""
+    for m in module.modules():
+        if isinstance(m, Embedding):
+            m.opaque_grad = on
