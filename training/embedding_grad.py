@@ -36,7 +36,7 @@ def _(grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int)
 class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
-        return F.embedding(ids, weight, padding_idx)
+        return F.embedding(ids, weight)  # padding only changes the gradient; aten's -1 means none
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -50,6 +50,14 @@ class _Lookup(torch.autograd.Function):
         return embedding_backward(grad, ids, ctx.num_weights, ctx.padding_idx), None, None
 
 
+def lookup(table: torch.Tensor, ids: torch.Tensor, padding_idx: int = -1) -> torch.Tensor:
+    """`table`'s rows at `ids` (*ids.shape, E), with the gradient through `embedding_backward` when one is
+    taken: for any gather of rows whose indices may repeat, not only a parameter's."""
+    if torch.is_grad_enabled() and table.requires_grad:
+        return _Lookup.apply(table, ids, padding_idx)
+    return F.embedding(ids, table)
+
+
 class Embedding(nn.Embedding):
     """nn.Embedding (same parameters, same state dict) with its gradient computed by `embedding_backward`.
     Where no gradient is taken (evaluation, ONNX export) it is nn.Embedding's own forward."""
@@ -57,15 +65,15 @@ class Embedding(nn.Embedding):
     opaque_grad = True  # False: autograd's embedding backward, which inductor decomposes (a benchmark lever)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        plain = self.max_norm is not None or self.scale_grad_by_freq or self.sparse
-        if not self.opaque_grad or plain or not (torch.is_grad_enabled() and self.weight.requires_grad):
+        if not self.opaque_grad or self.max_norm is not None or self.scale_grad_by_freq or self.sparse:
             return super().forward(ids)
-        return _Lookup.apply(self.weight, ids, -1 if self.padding_idx is None else self.padding_idx)
+        return lookup(self.weight, ids, -1 if self.padding_idx is None else self.padding_idx)
 
 
 def opaque_embedding_grads(module: nn.Module, on: bool = True) -> None:
-    """Compute every `Embedding` table's gradient through `embedding_backward` (the default), or let
-    autograd (and so inductor) do it as it would for nn.Embedding."""
+    """Compute the gradient of every gather of rows in `module` (its `Embedding` tables, and any module
+    with an `opaque_grad` switch) through `embedding_backward` (the default), or let autograd, and so
+    inductor, do it as for nn.Embedding and index_select."""
     for m in module.modules():
-        if isinstance(m, Embedding):
+        if hasattr(m, "opaque_grad"):
             m.opaque_grad = on

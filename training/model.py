@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.embedding_grad import Embedding
+from training.embedding_grad import Embedding, lookup
 from training.quantization import attach as attach_int8
 from training.quantization import attach_storage
 
@@ -278,6 +278,8 @@ class ElectraGeneratorPredictions(nn.Module):
 class ElectraForMaskedLM(nn.Module):
     """The generator (or the MLM baseline): output layer tied to the input word embeddings."""
 
+    opaque_grad = True  # the rows at `positions` gathered by embedding_grad.lookup; False: index_select
+
     def __init__(self, cfg: ElectraConfig, embeddings: ElectraEmbeddings | None = None):
         super().__init__()
         self.config = cfg
@@ -295,7 +297,10 @@ class ElectraForMaskedLM(nn.Module):
         """
         h = self.electra(input_ids, attention_mask, token_type_ids)  # (B, T, Hg)
         if positions is not None:
-            h = h.flatten(0, 1).index_select(0, positions)  # (C, Hg)
+            # Unused slots repeat one position. With deterministic kernels, index_select's gradient would
+            # be an accumulating index_put (a host sync in eager mode, a serial walk once compiled).
+            flat = h.flatten(0, 1)
+            h = lookup(flat, positions) if self.opaque_grad else flat.index_select(0, positions)  # (C, Hg)
         return self.generator_lm_head(self.generator_predictions(h))
 
 
