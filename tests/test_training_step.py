@@ -115,3 +115,25 @@ def test_embedding_gradients_stay_one_aten_kernel_under_inductor(trainer):
     # Three tables, each looked up by both encoders (they share the embeddings), and the generator's
     # hidden states at its masked positions.
     assert sum(n.target is torch.ops.electra.embedding_backward.default for n in ops) == 7
+
+
+def test_inductor_compiles_the_step_and_its_gradients_match_eager(trainer):
+    """The custom op and the lookups through inductor itself, as a GPU compiles them (here its C++ backend,
+    with deterministic kernels as training runs): the same loss and gradients as eager, to rounding."""
+    objective = trainer.objective
+    batch, noise = next(micro_batches(trainer, 1))
+    objective.eval()  # no dropout: inductor draws its own random numbers
+    grads = []
+    try:
+        for step in (objective, torch.compile(objective, fullgraph=True)):
+            torch._dynamo.reset()
+            objective.zero_grad(set_to_none=True)
+            out = step(batch, noise, padded=False)
+            objective.loss(out, out.n_masked, out.n_tokens).loss.backward()
+            grads.append({n: p.grad.clone() for n, p in objective.named_parameters() if p.grad is not None})
+    finally:
+        objective.train()
+    eager, compiled = grads
+    assert eager.keys() == compiled.keys()
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-3, atol=1e-6, msg=name)
