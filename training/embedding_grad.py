@@ -60,7 +60,7 @@ def lookup(table: torch.Tensor, ids: torch.Tensor, padding_idx: int = -1) -> tor
 
 class Embedding(nn.Embedding):
     """nn.Embedding (same parameters, same state dict) with its gradient computed by `embedding_backward`.
-    Where no gradient is taken (evaluation, ONNX export) it is nn.Embedding's own forward."""
+    Where no gradient is taken (evaluation, ONNX export) it is the same plain lookup as nn.Embedding's."""
 
     opaque_grad = True  # False: autograd's embedding backward, which inductor decomposes (a benchmark lever)
 

@@ -297,8 +297,8 @@ class ElectraForMaskedLM(nn.Module):
         """
         h = self.electra(input_ids, attention_mask, token_type_ids)  # (B, T, Hg)
         if positions is not None:
-            # Unused slots repeat one position. With deterministic kernels, index_select's gradient would
-            # be an accumulating index_put (a host sync in eager mode, a serial walk once compiled).
+            # Unused slots repeat one position. index_select's gradient is an accumulating index_put,
+            # which deterministic kernels run as aten's sorted fallback: a serial walk over the repeats.
             flat = h.flatten(0, 1)
             h = lookup(flat, positions) if self.opaque_grad else flat.index_select(0, positions)  # (C, Hg)
         return self.generator_lm_head(self.generator_predictions(h))

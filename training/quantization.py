@@ -119,7 +119,8 @@ def stored_int8(weight: torch.Tensor) -> torch.Tensor:
 
 
 class StoredInt8Embedding(Embedding):
-    """An embedding table (training/embedding_grad.Embedding) whose table is read as the bundle stores it (`stored_int8`) while `simulate`."""
+    """An embedding table (training/embedding_grad.Embedding) read as the bundle stores it (`stored_int8`)
+    while `simulate`."""
 
     simulate = True
 

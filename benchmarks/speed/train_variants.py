@@ -73,7 +73,7 @@ SETS = {
     # Deterministic kernels cost a compiled batch-1024 step 170 ms on an H100 (docs/gpu.md). Read from
     # the code: inductor's fallback for the embedding tables' gradients under deterministic mode walks
     # every row of a repeated index in one warp. The step with the tables' gradients kept whole, the step
-    # as it was, and the step without deterministic kernels: three compilations, about 4 minutes.
+    # as it was, and the step without deterministic kernels: three compilations, about 5 minutes.
     "determinism": ["compiled bf16, batch 1024", "compiled bf16, batch 1024, autograd embedding grads",
                     "compiled bf16, batch 1024, nondeterministic"],
     "all": list(VARIANTS),
