@@ -292,9 +292,8 @@ def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]
 def print_table(results: dict, device: str, peaks: dict) -> None:
     print(f"\nELECTRA-Small joint training step on {device}; matrix peak (TFLOP/s): "
           + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()))  # fmt: skip
-    head = (
-        f"{'variant':<34}{'tokens/s':>11}{'step ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'syncs':>7}{'peak MiB':>10}"
-    )
+    n = max(len("variant"), *map(len, results))  # the longest variant name sets the first column
+    head = f"{'variant':<{n}}{'tokens/s':>11}{'step ms':>9}{'TFLOP/s':>9}{'MFU':>9}{'syncs':>7}{'peak MiB':>10}"
     print(head + f"{'first s':>9}{'x legacy':>10}{'x HF':>7}")
     for name, r in results.items():
         peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
@@ -302,7 +301,7 @@ def print_table(results: dict, device: str, peaks: dict) -> None:
             f"{r[k]:>{w}.2f}" if k in r else f"{'-':>{w}}"
             for k, w in (("vs_legacy", 10), ("vs_transformers", 7))
         )
-        print(f"{name:<34}{r['tokens_per_s']:>11,.0f}{r['step_ms']:>9.1f}{r['tflops']:>9.3g}{r['mfu']:>7.1%}"
+        print(f"{name:<{n}}{r['tokens_per_s']:>11,.0f}{r['step_ms']:>9.1f}{r['tflops']:>9.3g}{r['mfu']:>9.1%}"
               f"{r['syncs_per_step']:>7}{peak:>10}{r['first_step_s']:>9.1f}{ratios}")  # fmt: skip
 
 
