@@ -8,6 +8,7 @@ import torch
 from test_pretrain import tiny_args
 
 from benchmarks.speed.host_reads import HostReads
+from training.embedding_grad import opaque_embedding_grads
 from training.pretrain import setup
 from training.pretraining.masking import draw_noise
 
@@ -117,23 +118,41 @@ def test_embedding_gradients_stay_one_aten_kernel_under_inductor(trainer):
     assert sum(n.target is torch.ops.electra.embedding_backward.default for n in ops) == 7
 
 
-def test_inductor_compiles_the_step_and_its_gradients_match_eager(trainer):
-    """The custom op and the lookups through inductor itself, as a GPU compiles them (here its C++ backend,
-    with deterministic kernels as training runs): the same loss and gradients as eager, to rounding."""
-    objective = trainer.objective
-    batch, noise = next(micro_batches(trainer, 1))
-    objective.eval()  # no dropout: inductor draws its own random numbers
-    grads = []
+def test_inductor_compiles_the_row_gathers_and_their_gradients_match_eager():
+    """The custom op through inductor itself, as a GPU compiles it (here its C++ backend, with
+    deterministic kernels as training runs): a generator's three tables, token type 0 broadcast, and its
+    rows at masked positions, one of them repeated as unused slots repeat it. The same gradients as eager to
+    rounding, and eager's the same as autograd's own kernels, bit for bit. (The whole step's graph is read
+    above; compiling all of it here would take a minute.)"""
+    from training.model import ElectraConfig, ElectraForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = ElectraConfig(vocab_size=500, embedding_size=32, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64)  # fmt: skip
+    generator = ElectraForMaskedLM(cfg).eval()  # no dropout: inductor draws its own random numbers
+    ids = torch.randint(5, 500, (4, 16))
+    ids[:, 3] = 4  # a repeated token, as [MASK] is
+    positions, targets = torch.tensor([3, 19, 35, 51, 63, 63]), torch.randint(5, 500, (6,))
+
+    def loss(model):
+        return torch.nn.functional.cross_entropy(model(ids, positions=positions), targets)
+
+    def gradients(step, opaque: bool) -> dict[str, torch.Tensor]:
+        opaque_embedding_grads(generator, opaque)
+        generator.zero_grad(set_to_none=True)
+        step(generator).backward()
+        return {n: p.grad.clone() for n, p in generator.named_parameters() if p.grad is not None}
+
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
     try:
-        for step in (objective, torch.compile(objective, fullgraph=True)):
-            torch._dynamo.reset()
-            objective.zero_grad(set_to_none=True)
-            out = step(batch, noise, padded=False)
-            objective.loss(out, out.n_masked, out.n_tokens).loss.backward()
-            grads.append({n: p.grad.clone() for n, p in objective.named_parameters() if p.grad is not None})
+        torch._dynamo.reset()
+        autograds = gradients(loss, opaque=False)  # nn.Embedding's and index_select's own backward
+        eager = gradients(loss, opaque=True)
+        compiled = gradients(torch.compile(loss, fullgraph=True), opaque=True)
     finally:
-        objective.train()
-    eager, compiled = grads
-    assert eager.keys() == compiled.keys()
+        torch.use_deterministic_algorithms(deterministic)
+    assert len(autograds) == len(eager) == len(compiled) == len(list(generator.parameters()))
     for name in eager:
+        assert torch.equal(eager[name], autograds[name]), name  # eager: the same kernels, bit for bit
         torch.testing.assert_close(compiled[name], eager[name], rtol=1e-3, atol=1e-6, msg=name)

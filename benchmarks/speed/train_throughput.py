@@ -293,7 +293,9 @@ def print_table(results: dict, device: str, peaks: dict) -> None:
     print(f"\nELECTRA-Small joint training step on {device}; matrix peak (TFLOP/s): "
           + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()))  # fmt: skip
     n = max(len("variant"), *map(len, results))  # the longest variant name sets the first column
-    head = f"{'variant':<{n}}{'tokens/s':>11}{'step ms':>9}{'TFLOP/s':>9}{'MFU':>9}{'syncs':>7}{'peak MiB':>10}"
+    head = (
+        f"{'variant':<{n}}{'tokens/s':>11}{'step ms':>9}{'TFLOP/s':>9}{'MFU':>9}{'syncs':>7}{'peak MiB':>10}"
+    )
     print(head + f"{'first s':>9}{'x legacy':>10}{'x HF':>7}")
     for name, r in results.items():
         peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
