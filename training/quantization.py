@@ -144,7 +144,7 @@ class StoredInt8Dense(nn.Linear):
         return F.linear(x, stored_int8(self.weight), self.bias)
 
 
-STORED_KINDS = {nn.Embedding: StoredInt8Embedding, Embedding: StoredInt8Embedding, nn.Linear: StoredInt8Dense}
+STORED_KINDS = {Embedding: StoredInt8Embedding, nn.Linear: StoredInt8Dense}  # every table is an Embedding
 
 
 def stored_weight_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

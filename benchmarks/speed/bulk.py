@@ -283,7 +283,7 @@ def _ratios(r: dict) -> dict:
             "bulk_vs_server_steady": round(steady / r["server"]["tokens_per_s"], 2),
             "bulk_vs_plain_loop": round(local2["tokens_per_s"] / r["plain_loop"]["tokens_per_s"], 2),
             "bulk_vs_plain_loop_steady": round(steady / r["plain_loop"]["tokens_per_s"], 2),
-            "ray_vs_local_steady": round((ray2["steady_tokens_per_s"] or 0) / (local2["steady_tokens_per_s"] or 1), 2),
+            "ray_vs_local_steady": round((ray2["steady_tokens_per_s"] or 0) / (steady or 1), 2),
             "ray_vs_local_wall": round(ray2["tokens_per_s"] / local2["tokens_per_s"], 2)}  # fmt: skip
 
 
