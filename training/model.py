@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.dropout import Dropout
 from training.embedding_grad import Embedding, lookup
 from training.quantization import attach as attach_int8
 from training.quantization import attach_storage
@@ -101,7 +102,7 @@ class ElectraEmbeddings(nn.Module):
         self.position_embeddings = Embedding(cfg.max_position_embeddings, cfg.embedding_size)
         self.token_type_embeddings = Embedding(cfg.type_vocab_size, cfg.embedding_size)
         self.LayerNorm = nn.LayerNorm(cfg.embedding_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """`token_type_ids` None: every token is of type 0 (one segment, as pretraining's packed rows). Its
@@ -123,7 +124,7 @@ class ElectraSelfAttention(nn.Module):
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout_p = cfg.attention_probs_dropout_prob
+        self.probs_dropout = Dropout(cfg.attention_probs_dropout_prob)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
@@ -136,9 +137,17 @@ class ElectraSelfAttention(nn.Module):
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
         else:
             q, k, v = (m(x).view(B, T, self.n_head, hs).transpose(1, 2) for m in projections)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        dropout = self.probs_dropout
+        if self.training and dropout.p > 0 and dropout.bit_masks and x.device.type == "cpu":
+            # With dropout, the CPU's SDPA takes its math path anyway: these products and softmax, but
+            # with masks drawn one element at a time (training/dropout.py)
+            scores = (q * hs**-0.5) @ k.transpose(-2, -1)  # scaling q's T x hs values, not T x T scores
+            if attn_mask is not None:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            y = dropout(scores.softmax(-1)) @ v
+        else:
+            p = dropout.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return y.transpose(1, 2).reshape(B, T, H)
 
 
@@ -158,7 +167,7 @@ class ElectraSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
@@ -309,7 +318,7 @@ class ElectraClassificationHead(nn.Module):
         super().__init__()
         p = cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout_prob
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.out_proj = nn.Linear(cfg.hidden_size, cfg.num_labels)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ new one against in the same process (a GPU machine gets the working tree, not th
 What made it slow, each as it was: the noise drawn on the host and copied to the device; the masked
 positions found by boolean indexing, so their number M changes every step and the host reads it (and
 so does `int()` of the token count); the generator's output layer on (M, V); sampling with one V-wide
-softmax, cumsum and searchsorted; three matrix products for q, k and v; attention always given a mask.
+softmax, cumsum and searchsorted; three matrix products for q, k and v; attention always given a mask;
+torch's own dropout masks, drawn one element at a time on a CPU.
 What is today's: the model's modules, the losses' arithmetic, and masking at ELECTRA's defaults only
 (15%, 85% [MASK], no row rates). docs/training-speed.md compares its speed with ba7f3c1's own step.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from training.dropout import bit_mask_dropout
 from training.model import fuse_qkv
 
 
@@ -32,6 +34,7 @@ def sample_cdf(logits: torch.Tensor, uniform: torch.Tensor, temperature: float) 
 def legacy_step(objective, opt, host_batch: dict, device, step: int, mask_token_id: int, autocast) -> None:
     """One optimizer step of the ELECTRA objective, the old way (one micro-batch, one process)."""
     fuse_qkv(objective, False)
+    bit_mask_dropout(objective, False)
     batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
     ids, am, tt = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
     select, action, sample, *_ = draw_host_noise(tuple(ids.shape), 0, step, device)

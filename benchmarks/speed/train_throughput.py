@@ -37,6 +37,7 @@ from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
 from benchmarks.speed.train_variants import SETS, VARIANTS, Variant
 from training.config import PretrainConfig
+from training.dropout import bit_mask_dropout
 from training.embedding_grad import opaque_embedding_grads
 from training.model import fuse_qkv
 from training.optim import autocast_for, cpu_has_native_bf16, deterministic_kernels, matmul_precision
@@ -111,6 +112,7 @@ class Runner:
         objective.corruption = Corruption.of(cfg, MASK_ID, VOCAB)
         fuse_qkv(objective, cfg.fused_qkv)
         opaque_embedding_grads(objective, not old_embeddings)
+        bit_mask_dropout(objective, v.dropout == "bits")
         if v.sampler == "cdf":
             objective.sampler = sample_cdf
         self.flops_per_token = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
@@ -332,9 +334,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = p.parse_args(argv)
     if args.list:
+        width = max(map(len, VARIANTS)) + 2
         for name, v in VARIANTS.items():
-            print(f"{name:<34}{v}")
-        print("\n" + "\n".join(f"{k}: {', '.join(names)}" for k, names in SETS.items()))
+            print(f"{name:<{width}}{v}")
+        # "; " as --variants takes them: the names hold commas
+        print("\n" + "\n".join(f"{k}: {'; '.join(names)}" for k, names in SETS.items()))
         return
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     if cuda and not torch.cuda.is_available():

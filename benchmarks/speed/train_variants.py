@@ -19,6 +19,9 @@ class Variant:
     # aten: the tables' gradients as one aten kernel each, token type 0 broadcast (training/embedding_grad.py)
     # autograd: nn.Embedding's, which inductor decomposes, and a type looked up per token (before 2026-11-27)
     embedding_grads: str = "aten"
+    # bits: CPU dropout masks from 16-bit slices of 64-bit draws (training/dropout.py); torch: F.dropout's,
+    # one draw per element (before 2026-11-27). The same on CUDA.
+    dropout: str = "bits"
 
 
 OURS = Variant()
@@ -36,6 +39,7 @@ VARIANTS = {
     "eager fp32, cdf sampler": replace(EAGER, precision="fp32", sampler="cdf", deterministic=False),
     "eager fp32, nondeterministic": replace(EAGER, precision="fp32", deterministic=False),
     "eager fp32, autograd embedding grads": replace(EAGER, precision="fp32", embedding_grads="autograd"),
+    "eager fp32, torch dropout masks": replace(EAGER, precision="fp32", dropout="torch"),
     "eager tf32": replace(EAGER, precision="tf32"),
     "eager bf16": EAGER,
     "eager bf16, nondeterministic": replace(EAGER, deterministic=False),
@@ -60,7 +64,7 @@ SETS = {
     # step takes minutes of C++ builds; CUDA is where compilation pays).
     "cpu": ["legacy fp32", "transformers fp32", "eager fp32", "eager fp32, 3 qkv products",
             "eager fp32, masked attention", "eager fp32, cdf sampler", "eager fp32, nondeterministic",
-            "eager fp32, autograd embedding grads"],
+            "eager fp32, autograd embedding grads", "eager fp32, torch dropout masks"],
     # The headline on a GPU, within the check's first minutes.
     "key": ["legacy bf16", "transformers bf16", "eager bf16", "compiled bf16", "compiled bf16, batch 1024"],
     # What the H100's key set left open (docs/training-speed.md, "On a GPU"): ours ran with deterministic
