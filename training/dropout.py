@@ -1,7 +1,7 @@
 """Dropout whose CPU masks cost a quarter of a random draw per element.
 
-PyTorch's CPU dropout decides each element on its own, from a double-precision uniform drawn one
-element at a time, unless the CPU is Intel's (then MKL's vectorised generator draws them). On the AMD
+PyTorch's CPU dropout decides each element on its own, from a uniform drawn one element at a time on
+one core, unless the CPU is Intel's (then MKL's vectorised generator draws them). On the AMD
 EPYC CI runs on, those masks took 15% of an ELECTRA-Small training step (docs/training-speed.md).
 
 Here one 64-bit draw of the same generator gives four 16-bit uniforms, and the mask is one vectorised
@@ -29,8 +29,9 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     n = math.prod(shape)
     n_words = (n + 3) // 4
     if torch.compiler.is_compiling():
-        # Dynamo cannot trace random_. randint's 2^64 - 1 values leave 16-bit slices uniform to one part in 2^48, at
-        # twice the time (a 64-bit division each); a compiled step draws from inductor's generator anyway
+        # Dynamo cannot trace random_. randint over 2^64 - 1 values leaves the 16-bit slices uniform to
+        # one part in 2^48, at twice the time (a 64-bit division a word); a compiled step draws from
+        # inductor's generator anyway
         words = torch.randint(-(2**63), 2**63 - 1, (n_words,), dtype=torch.int64, device=device)
     else:
         words = torch.empty(n_words, dtype=torch.int64, device=device).random_(-(2**63), None)
