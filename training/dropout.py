@@ -42,10 +42,11 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
 def dropout(x: torch.Tensor, p: float, training: bool, bit_masks: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
-    if not bit_masks or x.device.type != "cpu" or round(p * _LEVELS) in (0, _LEVELS):
+    drops = round(p * _LEVELS)  # of the 2^16 levels
+    if not bit_masks or x.device.type != "cpu" or drops in (0, _LEVELS):
         return F.dropout(x, p, True)  # elsewhere, or a p that 16 bits cannot tell from 0 or 1
     keep = keep_mask(x.shape, p, x.device)
-    return torch.where(keep, x * (_LEVELS / (_LEVELS - round(p * _LEVELS))), 0.0)
+    return torch.where(keep, x * (_LEVELS / (_LEVELS - drops)), 0.0)
 
 
 class Dropout(nn.Dropout):
