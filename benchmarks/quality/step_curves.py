@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -96,8 +97,10 @@ def curves(run: Path) -> dict:
 
 def compare(runs: dict[str, dict[int, dict]]) -> dict:
     """Per figure and step: each arm's mean, min and max over seeds; whether the current arm's mean lies
-    within the baseline's [min, max] (up to rounding: a margin of 1e-5, relative above 1); and the largest distance
-    between the two arms' runs of one seed, which on a CPU mask alike and so share a trajectory."""
+    within the baseline's [min, max] (up to rounding: a margin of 1e-5, relative above 1); the largest distance
+    between the two arms' runs of one seed, which on a CPU mask alike and so share a trajectory; and,
+    because they do, the mean of the per-seed differences (current - baseline) with its standard error:
+    a gap that is the step's and not the seeds' stands out there before it leaves the baseline's range."""
     out: dict = {}
     for figure in ("train_loss", "eval_loss", "disc_auc"):
         steps = sorted(set.intersection(*(set(c[figure]) for arm in runs.values() for c in arm.values())))
@@ -108,10 +111,11 @@ def compare(runs: dict[str, dict[int, dict]]) -> dict:
                 row[arm] = {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
             b, margin = row["baseline"], 1e-5 * max(1.0, abs(row["baseline"]["mean"]))
             row["within_baseline_spread"] = b["min"] - margin <= row["current"]["mean"] <= b["max"] + margin
-            row["max_same_seed_diff"] = max(
-                abs(runs["current"][s][figure][step] - runs["baseline"][s][figure][step])
-                for s in runs["current"]
-            )
+            diffs = [runs["current"][s][figure][step] - runs["baseline"][s][figure][step]
+                     for s in runs["current"] if s in runs["baseline"]]  # fmt: skip
+            row["max_same_seed_diff"] = max(map(abs, diffs))
+            se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+            row["paired_diff"] = {"mean": statistics.fmean(diffs), "se": se, "n": len(diffs)}
             out.setdefault(figure, {})[step] = row
     return out
 
@@ -120,15 +124,18 @@ def table(summary: dict, args) -> str:
     lines = [f"# The training step against {args.baseline_rev}: {args.config}, {args.steps} steps, seeds "
              f"{','.join(map(str, args.seeds))}", "",
              "Each cell: mean over seeds [min, max]. 'within': the current mean lies inside the baseline's range.",
-             "'same seed': the largest distance between the two arms' runs of one seed.", "",
-             "| figure | step | baseline | current | within | same seed |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "'same seed': the largest distance between the two arms' runs of one seed.",
+             "'paired': the mean over seeds of current - baseline, run for run, +- its standard error.", "",
+             "| figure | step | baseline | current | within | same seed | paired |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for figure, by_step in summary.items():
         for step, row in by_step.items():
             cells = [f"{row[a]['mean']:.4f} [{row[a]['min']:.4f}, {row[a]['max']:.4f}]" for a in ARMS]
             within = "yes" if row["within_baseline_spread"] else "no"
-            lines.append(
-                f"| {figure} | {step} | {cells[0]} | {cells[1]} | {within} | {row['max_same_seed_diff']:.2g} |"
-            )
+            d = row["paired_diff"]
+            paired = f"{d['mean']:+.4f}" + (f" +- {d['se']:.4f}" if d["se"] is not None else "")
+            lines.append(f"| {figure} | {step} | {cells[0]} | {cells[1]} | {within} | "
+                         f"{row['max_same_seed_diff']:.2g} | {paired} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
