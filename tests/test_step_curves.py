@@ -5,9 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.quality.step_curves import compare, table
-
-FIGURES = ("train_loss", "eval_loss", "disc_auc")
+from benchmarks.quality.step_curves import FIGURES, compare, table
 
 
 def arm(values_by_seed: dict[int, float]) -> dict[int, dict]:

@@ -32,6 +32,9 @@ from training.report import pyplot_or_none, read_metrics
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("baseline", "current")
 WINDOW = 50  # training-loss steps averaged into one point of the table
+# The generator's held-out accuracy at the masked positions beside the discriminator's AUC: a better
+# generator makes replacements harder to tell, so an AUC a little lower can be a generator a little better.
+FIGURES = ("train_loss", "eval_loss", "disc_auc", "mlm_accuracy")
 
 
 def parse_args(argv):
@@ -92,6 +95,7 @@ def curves(run: Path) -> dict:
     return {"train_loss": {s: statistics.fmean(v) for s, v in sorted(windows.items())},
             "eval_loss": {s: r["loss"] for s, r in sorted(evals.items())},
             "disc_auc": {s: r["disc_auc"] for s, r in sorted(evals.items())},
+            "mlm_accuracy": {s: r["mlm_accuracy"] for s, r in sorted(evals.items())},
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in train_rows[1:])}  # fmt: skip
 
 
@@ -102,7 +106,7 @@ def compare(runs: dict[str, dict[int, dict]]) -> dict:
     because they do, the mean of the per-seed differences (current - baseline) with its standard error:
     a gap that is the step's and not the seeds' stands out there before it leaves the baseline's range."""
     out: dict = {}
-    for figure in ("train_loss", "eval_loss", "disc_auc"):
+    for figure in FIGURES:
         steps = sorted(set.intersection(*(set(c[figure]) for arm in runs.values() for c in arm.values())))
         for step in steps:
             row = {}
@@ -143,8 +147,8 @@ def plot(runs: dict, path: Path) -> None:
     plt = pyplot_or_none(path)
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for ax, figure in zip(axes, ("train_loss", "eval_loss", "disc_auc"), strict=True):
+    fig, axes = plt.subplots(1, len(FIGURES), figsize=(21, 4.5))
+    for ax, figure in zip(axes, FIGURES, strict=True):
         for arm, color in zip(ARMS, ("tab:gray", "tab:blue"), strict=True):
             for k, c in enumerate(runs[arm].values()):
                 xs = list(c[figure])
