@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,17 +45,26 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
     assert json.loads((run / "config.json").read_text())["max_steps"] == 80
 
     # The context probe reads the same run: figures of the right shape, and the same verdict as the
-    # run's own evaluation (the young generator's samples are easy to flag).
+    # run's own evaluation (the young generator's samples are easy to flag). Replacements by a named
+    # checkpoint's generator, here the last checkpoint's own, are the same corruption as its own column.
     cmd = [sys.executable, "-m", "benchmarks.quality.disc_probe", str(run), "--rows", "16",
-           "--out", str(tmp_path / "probe.json")]  # fmt: skip
+           "--out", str(tmp_path / "probe.json"), "--replacements-from", str(ckpt)]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
     (result,) = json.loads((tmp_path / "probe.json").read_text())["results"][-1:]
+    assert result["auc_replacements_from"] == {str(ckpt): result["auc_generator_replacements"]}
     layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
     assert len(result["attention_entropy_discriminator"]) == layers
     assert all(
         0 < e <= result["uniform_attention_entropy"] + 1e-4 for e in result["attention_entropy_generator"]
     )
     assert result["auc_generator_replacements"] > 0.6
+
+    # A generator that numbers tokens otherwise is refused by name, not scored.
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(ckpt, other)
+    (other / "tokenizer.json").write_text((ckpt / "tokenizer.json").read_text().replace("[UNK]", "[unk]"))
+    refused = subprocess.run([*cmd[:-1], str(other)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "its tokenizer differs" in refused.stderr, refused.stderr[-2000:]
 
 
 def test_resume_after_kill_retraces_the_uninterrupted_run(tmp_path, small_corpus, small_tokenizer):

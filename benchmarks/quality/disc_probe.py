@@ -11,10 +11,14 @@ WikiText-2 rows, for a checkpoint (or every checkpoint of a run):
 - AUC with replacements drawn from the corpus unigram distribution: identity tells nothing there, so
   AUC above 0.5 means the discriminator uses context;
 - attention entropy per layer, for discriminator and generator, against log(T) for uniform attention;
-- the spread of the discriminator's logits, and how far they move when all context is scrambled.
+- the spread of the discriminator's logits, and how far they move when all context is scrambled;
+- with --replacements-from, AUC with another checkpoint's generator making the replacements at the same
+  positions: the run's own AUC falls as its generator improves, so discriminators of different runs or
+  steps compare only on one corruption (docs/electra-recipe.md).
 
     python -m benchmarks.quality.disc_probe runs/default/pretrain            # every checkpoint kept in the run
     python -m benchmarks.quality.disc_probe runs/default/pretrain/checkpoints/step-00004000
+    python -m benchmarks.quality.disc_probe RUN_A/checkpoints/step-00000400 --replacements-from RUN_B/checkpoints/step-00000400
 
 Prints a table and writes JSON (default benchmarks/results/disc_probe.json).
 """
@@ -44,7 +48,9 @@ def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
     return out
 
 
-def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict:
+def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int, other_generators=()) -> dict:
+    """The figures above for one checkpoint; `other_generators` ((label, model) pairs) make the same masked
+    positions' replacements too, so discriminators of different runs or steps meet the same corruption."""
     import torch
 
     from training.checkpoint import load_model
@@ -89,7 +95,15 @@ def probe(ckpt: Path, batch: dict, unigram_cdf, mask_id: int, seed: int) -> dict
             x = model.embed(faked.input_ids, tt)
             attn_mask = am.bool()[:, None, None, :]  # as ElectraModel builds it
             result[f"attention_entropy_{name}"] = attention_entropy(model.encoder, x, attn_mask, torch)
+        result["auc_replacements_from"] = {}
+        for label, other in other_generators:
+            _, faked = generator_fill(other, masked, am, tt, noise)
+            logits = disc(faked.input_ids, am, tt)
+            result["auc_replacements_from"][label] = roc_auc(
+                logits[real].numpy(), faked.is_replaced[real].numpy()
+            )
     result["uniform_attention_entropy"] = math.log(ids.size(1))
+    result["rows"] = ids.size(0)
     return result
 
 
@@ -104,28 +118,40 @@ def checkpoints(path: Path) -> list[Path]:
     return found
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an ELECTRA pretraining checkpoint, or a run directory (all its checkpoints)")
-    p.add_argument("--rows", type=int, default=64, help="held-out rows of the run's validation shards")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--out", default="benchmarks/results/disc_probe.json")
-    args = p.parse_args(argv)
-    print(f"config: {json.dumps(vars(args))}", flush=True)
+def load_generators(cks: list[Path], tokenizer: Path) -> list[tuple[str, object]]:
+    """The generators of other checkpoints, each checked to number tokens as this run does."""
+    from training.checkpoint import load_model
 
+    out = []
+    for ck in cks:
+        if not (ck / "generator").is_dir():
+            raise SystemExit(f"--replacements-from {ck}: not an ELECTRA checkpoint (no generator/ inside)")
+        if (ck / "tokenizer.json").read_bytes() != tokenizer.read_bytes():
+            raise SystemExit(f"--replacements-from {ck}: its tokenizer differs from the probed run's, so the "
+                             "same ids would be other words; use a run trained with the same --tokenizer")  # fmt: skip
+        gen, _, _ = load_model(ck / "generator", "ElectraForMaskedLM")
+        out.append((str(ck), gen.eval()))
+    return out
+
+
+def probe_checkpoints(
+    cks: list[Path], rows: int = 64, seed: int = 7, replacements_from: list[Path] = ()
+) -> list[dict]:
+    """probe() for each checkpoint of one run, on the first `rows` rows of the run's held-out shards, with
+    unigram replacements drawn from its training shards' token counts, and replacements by the generators
+    of `replacements_from` (checkpoints of runs with the same tokenizer)."""
     import torch
     from tokenizers import Tokenizer
 
     from training.data.shards import PackedDataset, batch_tensors
 
-    cks = checkpoints(Path(args.path))
     run = cks[0].parents[1] if cks[0].parent.name == "checkpoints" else None
     if run is None or not (run / "data" / "valid").is_dir():
         raise SystemExit(
             "the probe reads the run's own shards: pass a run directory or a checkpoint inside one"
         )
     valid, train = PackedDataset(run / "data" / "valid"), PackedDataset(run / "data" / "train")
-    batch = batch_tensors(np.asarray(valid[: min(args.rows, len(valid))]), valid.info)
+    batch = batch_tensors(np.asarray(valid[: min(rows, len(valid))]), valid.info)
     counts = np.bincount(np.asarray(train.tokens).reshape(-1), minlength=train.info.vocab_size).astype(
         np.float64
     )
@@ -134,10 +160,25 @@ def main(argv: list[str] | None = None) -> None:
         if (i := tok.token_to_id(s)) is not None:
             counts[i] = 0  # a replacement is never a special token
     cdf = torch.from_numpy(np.cumsum(counts / counts.sum())).float()
+    others = load_generators(list(replacements_from), cks[0] / "tokenizer.json")
+    return [probe(ck, batch, cdf, tok.token_to_id("[MASK]"), seed, others) for ck in cks]
 
-    results = [probe(ck, batch, cdf, tok.token_to_id("[MASK]"), args.seed) for ck in cks]
-    n_rows, seq_len = batch["input_ids"].shape
-    print(f"\n{n_rows} held-out rows of {seq_len} tokens; uniform attention entropy "
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="an ELECTRA pretraining checkpoint, or a run directory (all its checkpoints)")
+    p.add_argument("--rows", type=int, default=64, help="held-out rows of the run's validation shards")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--replacements-from", action="append", default=[], metavar="CHECKPOINT",
+                   help="also score against this checkpoint's generator's replacements (repeatable): "
+                   "discriminators of different runs or steps meet the same corruption")  # fmt: skip
+    p.add_argument("--out", default="benchmarks/results/disc_probe.json")
+    args = p.parse_args(argv)
+    print(f"config: {json.dumps(vars(args))}", flush=True)
+
+    others = [Path(c) for c in args.replacements_from]
+    results = probe_checkpoints(checkpoints(Path(args.path)), args.rows, args.seed, others)
+    print(f"\n{results[0]['rows']} held-out rows; uniform attention entropy "
           f"{results[0]['uniform_attention_entropy']:.2f} nats\n")  # fmt: skip
     print("| checkpoint | AUC, generator's samples | AUC, unigram samples | logit std | shift when context "
           "scrambled | disc attention entropy (layers) | gen attention entropy |")  # fmt: skip
@@ -148,6 +189,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['auc_unigram_replacements']:.3f} | {r['logit_std']:.3f} | "
               f"{r['logit_shift_when_context_scrambled']:.3f} | {ent(r['attention_entropy_discriminator'])} | "
               f"{ent(r['attention_entropy_generator'])} |")  # fmt: skip
+    if others:
+        print("\n| discriminator | replacements by the generator of | AUC |\n|---|---|---|")
+        for r in results:
+            for label, auc in r["auc_replacements_from"].items():
+                print(f"| {r['checkpoint']} | {label} | {auc:.3f} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "results": results}, indent=2) + "\n")
