@@ -389,7 +389,11 @@ def step_claim(ctx: Context) -> dict:
         pflop = {
             o: float(f"{pre['points'][i]['flops'] / 1e15:.4g}") for o, pre in results["pretrain"].items()
         }
-        points[f"{fraction:g}"] = {"pflop": pflop, "test": test}
+        electra = results["pretrain"]["electra"]["points"][i]
+        # The discriminator against its own generator, and against unigram replacements (context only)
+        disc_auc = {"own_generator": electra["heldout_eval"].get("disc_auc"),
+                    "unigram": electra.get("context_probe", {}).get("auc_unigram_replacements")}  # fmt: skip
+        points[f"{fraction:g}"] = {"pflop": pflop, "test": test, "electra_disc_auc": disc_auc}
     return {"pflop_each": ctx.claim_pflop, "seeds": ctx.sizes.claim_seeds, "points": points,
             "electra_ahead_in_test_accuracy": f"{ahead}/{cells} (point, task) means",
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip

@@ -64,7 +64,9 @@ def _pretrain_tables(results: dict) -> list[str]:
         lines.append(f"| {NAMES[o]} | {p['params_encoder'] / 1e6:.2f}M | {p['flops_per_token'] / 1e6:.1f} | "
                      f"{p['steps']} | {p['tokens']:,} | {p['flops'] / 1e15:.4g} ({p['flops_vs_budget']:.3f}) | "
                      f"{wall} | {tps} |")  # fmt: skip
-    lines += ["", "Checkpoints fine-tuned (each run's held-out evaluation at that step):", "",
+    lines += ["", "Checkpoints fine-tuned (each run's held-out evaluation at that step). RTD AUC scores the "
+              "discriminator against its own generator; on unigram replacements (drawn from the corpus' "
+              "token counts) it is above 0.5 only where the discriminator reads context:", "",
               "| point | objective | step | tokens | PFLOP (vs the point's budget) | held-out |", "|---|---|---|---|---|---|"]  # fmt: skip
     for i, fraction in enumerate(results["points"]):
         for o in OBJECTIVES:
@@ -72,6 +74,8 @@ def _pretrain_tables(results: dict) -> list[str]:
             ev = at["heldout_eval"]
             held = f"MLM acc {ev.get('mlm_accuracy', float('nan')):.3f}"
             held += f", RTD AUC {ev['disc_auc']:.3f}" if "disc_auc" in ev else ""
+            if probe := at.get("context_probe"):  # what the discriminator reads apart from its generator
+                held += f", AUC on unigram replacements {probe['auc_unigram_replacements']:.3f}"
             lines.append(f"| {fraction:g} | {NAMES[o]} | {at['step']} | {at['tokens']:,} | {at['flops'] / 1e15:.4g} "
                          f"({at['flops_vs_point_budget']:.3f}) | {held} |")  # fmt: skip
     return lines

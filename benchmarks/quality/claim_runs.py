@@ -12,6 +12,7 @@ import math
 import shlex
 import statistics
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -193,6 +194,26 @@ def pretrain_record(
             "median_gflops_per_s": tps * c["flops_per_token"] / 1e9 if tps else None,
             "mask_replace_prob": cfg.mask_replace_prob, "random_replace_prob": cfg.random_replace_prob,
             "heldout_eval": state.get("eval", {}), "points": at, "tokenizer": tok}  # fmt: skip
+
+
+def probe_points(record: dict) -> None:
+    """Add to each point of an ELECTRA run's record what its discriminator reads, apart from its own
+    generator (benchmarks/quality/disc_probe.py). The held-out AUC scores the discriminator against the
+    run's own generator, so it falls as that generator improves; replacements drawn from the corpus'
+    unigram counts carry no clue in their identity, so AUC above 0.5 there means the discriminator reads
+    context (docs/electra-recipe.md)."""
+    from benchmarks.quality.disc_probe import probe_checkpoints
+
+    started = time.monotonic()
+    probes = probe_checkpoints([Path(at["checkpoint"]) for at in record["points"]])
+    for at, pr in zip(record["points"], probes, strict=True):
+        entropy = pr["attention_entropy_discriminator"]
+        at["context_probe"] = {"auc_unigram_replacements": pr["auc_unigram_replacements"],
+                               "auc_generator_replacements": pr["auc_generator_replacements"],
+                               "logit_std": pr["logit_std"], "rows": pr["rows"],
+                               "disc_attention_entropy_mean": sum(entropy) / len(entropy),
+                               "uniform_attention_entropy": pr["uniform_attention_entropy"]}  # fmt: skip
+    print(f"context probe of the ELECTRA checkpoints: {time.monotonic() - started:.1f} s", flush=True)
 
 
 def finetune_job(args, pre: dict, key: tuple, work: Path, threads: int | None, collect) -> Job | None:

@@ -64,6 +64,7 @@ from benchmarks.quality.claim_runs import (
     plan,
     pretrain_job,
     pretrain_record,
+    probe_points,
     run_config,
 )
 from benchmarks.quality.pretrainkit import run_jobs, shared_tokenizer, tokenizer_info
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
         run_jobs(todo, at_once)
     timing["pretrain_s"] = time.monotonic() - started - timing["setup_s"]
     pre = {o: pretrain_record(o, runs[o], work, budget, args.points) for o in OBJECTIVES}
+    probe_points(pre["electra"])
     if pre["electra"]["tokenizer"]["sha256"] != pre["mlm"]["tokenizer"]["sha256"]:
         print("warning: the two runs used different tokenizers; the comparison is not clean", flush=True)
 
