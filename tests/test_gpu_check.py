@@ -51,6 +51,9 @@ def test_every_step_runs_on_cpu(cpu_run, record_property):
     assert steps["torchrun"]["weights_max_abs_diff_vs_single_process"] == 0.0
     assert 0 < steps["resume"]["killed_after_step"] < steps["pretrain"]["steps"]
     assert steps["resume"]["weights_max_abs_diff"] == 0.0
+    # Both ran beside the pretrain run, on its tokenizer: its tokens/s was shared, and its row says so.
+    assert steps["pretrain"]["beside"] == "torchrun, resume"
+    assert "beside torchrun, resume" in (out / "results.md").read_text()
     assert steps["export"]["parity"]["fp32_vs_torch"]["max_abs_diff"] < 1e-4
     assert steps["detect"]["tokens"] > 5
     claim = steps["claim"]  # every task fine-tuned at every point, from checkpoints of both objectives
@@ -75,19 +78,34 @@ def test_a_second_check_on_the_same_machine_repeats_the_steps(cpu_run, tmp_path)
     assert report["steps"]["torchrun"]["figures"]["weights_max_abs_diff_vs_single_process"] == 0.0
 
 
+def processes_naming(path: Path) -> list[str]:
+    """The command lines of live processes that mention `path`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended while we looked
+            continue
+        if any(str(path) in a for a in args):
+            found.append(" ".join(args))
+    return found
+
+
 def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     """`timeout -s INT` ends a call before the device tool's limit: the step in progress is recorded as
     interrupted, with the end of its log, and results.json and results.md are written. Started with SIGINT
     ignored, as a shell without job control starts `(timeout -s INT ... scripts/gpu-check ...) &`: the
-    check catches it all the same."""
+    check catches it all the same. The torchrun and resume runs started beside the pretrain run are
+    stopped with it, the torchrun launcher's worker too: nothing of the check outlives it."""
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = subprocess.Popen([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--only", "pretrain",
-                             "--out", str(out), "--work", str(work), "--data-dir", str(real_data_dir())],
+    proc = subprocess.Popen([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--only",
+                             "pretrain,torchrun,resume", "--out", str(out), "--work", str(work), "--data-dir",
+                             str(real_data_dir())],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
-    log = work / "pretrain.log"
+    log, beside = work / "pretrain.log", work / "torchrun.log"
     deadline = time.monotonic() + 120
-    while "electra-serve pretraining" not in (log.read_text() if log.is_file() else ""):
+    while "electra-serve pretraining" not in (beside.read_text() if beside.is_file() else ""):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
@@ -96,6 +114,7 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     assert step["status"] == "interrupted"
     assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
     assert "| pretrain | interrupted |" in (out / "results.md").read_text()
+    assert processes_naming(work) == []
 
 
 def test_the_guard_hides_what_a_gpu_node_lacks(tmp_path):

@@ -105,8 +105,15 @@ def main(argv: list[str] | None = None) -> int:
             sizes, claim_pretrain=(*sizes.claim_pretrain, *args.claim_pretrain_args.split())
         )
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env,
-                  args.claim_pflop or sizes.claim_pflop, args.detector_minutes)  # fmt: skip
-    for name in args.only:
+                  args.claim_pflop or sizes.claim_pflop, args.detector_minutes, tuple(args.only))  # fmt: skip
+    try:
+        return run_steps(ctx, args.only, report, out, work)
+    finally:  # a run started early for a step that never came (a failure or SIGINT before it)
+        ctx.stop_runs_beside()
+
+
+def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path) -> int:
+    for name in steps:
         print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
         started = time.monotonic()
         try:

@@ -9,7 +9,16 @@ from benchmarks.output import write_json
 
 # The figures each step's row shows in results.md (all of them are in results.json).
 HEADLINE = {
-    "pretrain": ("steps", "loss_first", "loss_last", "disc_auc", "tokens_per_s", "peak_gpu_mib", "precision"),
+    "pretrain": (
+        "steps",
+        "loss_first",
+        "loss_last",
+        "disc_auc",
+        "tokens_per_s",
+        "beside",
+        "peak_gpu_mib",
+        "precision",
+    ),
     "torchrun": ("backend", "steps", "loss_last", "tokens_per_s", "weights_max_abs_diff_vs_single_process"),
     "resume": ("killed_after_step", "weights_max_abs_diff", "eval_loss_diff"),
     "graphs": ("tokens_per_s", "speed_vs_default_compile", "weights_max_abs_diff_vs_default_compile"),

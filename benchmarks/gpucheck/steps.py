@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -19,17 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.gpucheck.environment import SERVING_PACKAGES, importable
+from benchmarks.gpucheck.processes import REPO, Failed, Process, Skipped, start, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 SENTENCE = "The committee will publish its report next banana, after the vote."
-
-
-class Failed(RuntimeError):
-    pass
-
-
-class Skipped(RuntimeError):
-    pass
+# Steps whose runs the pretrain step starts beside its own once its tokenizer is written: three runs of
+# mini.toml leave an H100 mostly idle (1.6% of its matrix peak for one), and each run's minute is mostly
+# start-up and compilation on the host's 16 cores.
+BESIDE_PRETRAIN = ("torchrun", "resume")
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,7 @@ SIZES = {
     # mini.toml as a user runs it; ELECTRA-Small's shape for the claim, at the issue's 1e16 FLOPs each. The
     # claim's batch is small.toml's 128 rows as one micro-step (not 32 x 4): the same optimizer steps, a
     # quarter of the kernel launches. 8 runs at a time: each leaves a GPU mostly idle (docs/gpu.md).
-    "full": Sizes("configs/mini.toml", 500, 100, ("--variants", "key"), "configs/small.toml", 10.0, "1,2,3",
+    "full": Sizes("configs/mini.toml", 500, 100, ("--variants", "check"), "configs/small.toml", 10.0, "1,2,3",
                   variants=("--variants", "levers"), claim_pretrain=("--batch-size", "128", "--grad-accum", "1"),
                   claim_jobs=8),
     # The same code at toy sizes: every step in a couple of minutes on two CPU cores. 40 steps with a
@@ -86,7 +81,14 @@ class Context:
     serve_env: dict[str, str]  # plus the serving packages (--wheels), for export and /detect
     claim_pflop: float
     detector_minutes: float = 7.0  # the detector step's training time (issue 46)
+    planned: tuple[str, ...] = ()  # the steps of this call, in order
     done: dict[str, dict] = field(default_factory=dict)  # the figures of the steps finished so far
+    beside: dict[str, Process] = field(default_factory=dict)  # runs started early, by the step that owns them
+
+    def stop_runs_beside(self) -> None:
+        for process in self.beside.values():
+            process.stop()
+        self.beside.clear()
 
     @property
     def pretrain_run(self) -> Path:
@@ -117,17 +119,7 @@ class Context:
 def run(ctx: Context, argv: list[str], log: str, env: dict[str, str], timeout: float = 3600) -> str:
     """Run `python argv...` from the repository root, output to work/<log>.log; its output, or Failed
     with the log's tail."""
-    path = ctx.work / f"{log}.log"
-    with path.open("w") as f:
-        try:
-            done = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=timeout)  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            raise Failed(f"{' '.join(argv[:3])} ran past {timeout:.0f}s; log {path}") from e
-    text = path.read_text(errors="replace")
-    if done.returncode != 0:
-        raise Failed(f"python {' '.join(argv)} exited with {done.returncode}; log {path}:\n{text[-2500:]}")
-    return text
+    return start(ctx.work, argv, log, env).finish(timeout)
 
 
 def fresh(ctx: Context, name: str) -> Path:
@@ -176,22 +168,52 @@ def training_figures(run_dir: Path, stdout: str) -> dict:
 
 def step_pretrain(ctx: Context) -> dict:
     """configs/mini.toml (tiny.toml with --quick) as a user runs it: a tokenizer trained on the corpus, bf16
-    autocast where the device has it."""
-    stdout = run(ctx, ctx.pretrain_cmd(fresh(ctx, "pretrain")), "pretrain", ctx.train_env)
-    return training_figures(ctx.pretrain_run, stdout)
+    autocast where the device has it. The torchrun and resume steps' runs start beside it, on its
+    tokenizer, when this call holds them."""
+    process = start(ctx.work, ctx.pretrain_cmd(fresh(ctx, "pretrain")), "pretrain", ctx.train_env)
+    beside = [name for name in BESIDE_PRETRAIN if name in ctx.planned]
+    try:
+        if beside and wait_for(ctx.pretrain_run / "tokenizer" / "tokenizer.json", process):
+            for name in beside:
+                ctx.beside[name] = START_BESIDE[name](ctx)
+        figures = training_figures(ctx.pretrain_run, process.finish())
+    except BaseException:  # failed or stopped: the runs beside it would compare against nothing
+        process.stop()
+        ctx.stop_runs_beside()
+        raise
+    if ctx.beside:  # its tokens/s was shared with them; the throughput step times the step alone
+        figures["beside"] = ", ".join(ctx.beside)
+    return figures
+
+
+def reference_run(ctx: Context) -> Path:
+    """The pretrain step's finished run, which torchrun, resume and graphs must land on."""
+    latest = ctx.pretrain_run / "checkpoints" / "latest"
+    if not latest.is_file() or latest.read_text().strip() != f"step-{ctx.sizes.steps:08d}":
+        raise Skipped("needs the pretrain step's finished run to compare with; run the pretrain step first")
+    return ctx.pretrain_run
+
+
+def start_torchrun(ctx: Context) -> Process:
+    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+            *ctx.pretrain_cmd(fresh(ctx, "torchrun"), None, "--tokenizer", ctx.tokenizer())]  # fmt: skip
+    return start(ctx.work, argv, "torchrun", ctx.train_env)
 
 
 def step_torchrun(ctx: Context) -> dict:
     """The same run through torchrun, one process (NCCL on CUDA, gloo on CPU). Same seed, same data, and
     deterministic kernels (training's default, on CUDA too): it must land on the same weights, bit for bit."""
-    out = fresh(ctx, "torchrun")
-    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-            *ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer())]  # fmt: skip
-    stdout = run(ctx, argv, "torchrun", ctx.train_env)
+    process = ctx.beside.pop("torchrun", None)
+    if process is None:
+        reference_run(ctx)  # before a minute of training that would have nothing to compare with
+        process = start_torchrun(ctx)
+    stdout = process.finish()
+    out = ctx.work / "torchrun"
     figures = training_figures(out, stdout)
     figures["backend"] = "nccl" if ctx.device == "cuda" else "gloo"
-    figures["weights_max_abs_diff_vs_single_process"] = weight_difference(ctx.pretrain_run, out)
-    figures["eval_loss_diff_vs_single_process"] = eval_loss_difference(ctx.pretrain_run, out)
+    reference = reference_run(ctx)
+    figures["weights_max_abs_diff_vs_single_process"] = weight_difference(reference, out)
+    figures["eval_loss_diff_vs_single_process"] = eval_loss_difference(reference, out)
     if figures["weights_max_abs_diff_vs_single_process"] or figures["eval_loss_diff_vs_single_process"]:
         raise Failed(f"two runs of the same command and seed differ; with deterministic kernels they must "
                      f"not: {figures}")  # fmt: skip
@@ -216,31 +238,39 @@ def eval_loss_difference(a: Path, b: Path) -> float:
     return round(abs(train_rows(a)[1][-1]["loss"] - train_rows(b)[1][-1]["loss"]), 6)
 
 
-def kill_after_first_checkpoint(ctx: Context, out: Path) -> int:
-    """Start the run, SIGKILL it as soon as its first checkpoint is committed; the step it had saved."""
-    latest = out / "checkpoints" / "latest"
-    with (ctx.work / "resume-killed.log").open("w") as f:
-        proc = subprocess.Popen([sys.executable, *ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer())],
-                                cwd=REPO, env=ctx.train_env, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
-        while not latest.is_file() and proc.poll() is None:
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    saved = int(latest.read_text().strip().removeprefix("step-")) if latest.is_file() else 0
-    if not 0 < saved < ctx.sizes.steps:
-        raise Failed(f"the run was not killed mid-way (saved step {saved} of {ctx.sizes.steps}); "
-                     f"log {ctx.work / 'resume-killed.log'}")  # fmt: skip
-    return saved
+def start_killed_run(ctx: Context) -> Process:
+    """The run the resume step kills: SIGKILLed as soon as its first checkpoint is committed."""
+    out = fresh(ctx, "resume")
+    process = start(ctx.work, ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer()), "resume-killed",
+                    ctx.train_env)  # fmt: skip
+    process.kill_when(out / "checkpoints" / "latest")
+    return process
+
+
+START_BESIDE = {"torchrun": start_torchrun, "resume": start_killed_run}
 
 
 def step_resume(ctx: Context) -> dict:
     """SIGKILL after the first checkpoint, then --resume to the end: it must equal the uninterrupted run
     bit for bit, on CUDA as on CPU (deterministic kernels, and the step's seed restored from its number)."""
-    out = fresh(ctx, "resume")
-    killed_at = kill_after_first_checkpoint(ctx, out)
+    killed = ctx.beside.pop("resume", None)
+    if killed is None:
+        reference_run(ctx)
+        killed = start_killed_run(ctx)
+    try:
+        killed.watcher.join()
+    except BaseException:
+        killed.stop()
+        raise
+    out, log = ctx.work / "resume", killed.log
+    latest = out / "checkpoints" / "latest"
+    saved = int(latest.read_text().strip().removeprefix("step-")) if latest.is_file() else 0
+    if not 0 < saved < ctx.sizes.steps:
+        raise Failed(f"the run was not killed mid-way (saved step {saved} of {ctx.sizes.steps}); log {log}")
     run(ctx, ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer(), "--resume"), "resume", ctx.train_env)
-    figures = {"killed_after_step": killed_at, "weights_max_abs_diff": weight_difference(ctx.pretrain_run, out),
-               "eval_loss_diff": eval_loss_difference(ctx.pretrain_run, out)}  # fmt: skip
+    reference = reference_run(ctx)
+    figures = {"killed_after_step": saved, "weights_max_abs_diff": weight_difference(reference, out),
+               "eval_loss_diff": eval_loss_difference(reference, out)}  # fmt: skip
     if figures["weights_max_abs_diff"] or figures["eval_loss_diff"]:
         raise Failed(f"the resumed run differs from the uninterrupted one: {figures}")
     return figures
@@ -252,21 +282,27 @@ def step_graphs(ctx: Context) -> dict:
     replayed), before it can become the default on CUDA."""
     if ctx.device != "cuda":
         raise Skipped("CUDA graphs are a CUDA feature; on a CPU cuda-graphs compiles as fused does")
+    reference = reference_run(ctx)
+    base = ctx.done.get("pretrain")
+    if not base or "beside" in base:  # its speed was shared, or not seen: time the default alone too
+        argv = ctx.pretrain_cmd(fresh(ctx, "graphs-baseline"), None, "--tokenizer", ctx.tokenizer())
+        base = training_figures(
+            ctx.work / "graphs-baseline", run(ctx, argv, "graphs-baseline", ctx.train_env)
+        )
     out = fresh(ctx, "graphs")
     argv = ctx.pretrain_cmd(
         out, None, "--tokenizer", ctx.tokenizer(), "--compile", "--compile-mode", "cuda-graphs"
     )
     figures = training_figures(out, run(ctx, argv, "graphs", ctx.train_env))
-    base = ctx.done.get("pretrain") or training_figures(ctx.pretrain_run, "")
     figures["speed_vs_default_compile"] = round(figures["tokens_per_s"] / base["tokens_per_s"], 3)
-    figures["weights_max_abs_diff_vs_default_compile"] = weight_difference(ctx.pretrain_run, out)
-    figures["eval_loss_diff_vs_default_compile"] = eval_loss_difference(ctx.pretrain_run, out)
+    figures["weights_max_abs_diff_vs_default_compile"] = weight_difference(reference, out)
+    figures["eval_loss_diff_vs_default_compile"] = eval_loss_difference(reference, out)
     return figures
 
 
 def step_throughput(ctx: Context) -> dict:
-    """The joint step's headline: ours eager and compiled against the step before issue 44 and the one
-    built from transformers (benchmarks/speed/train_throughput.py --variants key)."""
+    """The joint step as training runs it (compiled, deterministic kernels) against the one built from
+    transformers, alone on the device (benchmarks/speed/train_throughput.py --variants check)."""
     from benchmarks.gpucheck.speed import throughput_figures  # it reads the helpers above
 
     return throughput_figures(ctx, "throughput", ctx.sizes.throughput)
