@@ -23,8 +23,8 @@ from benchmarks.gpucheck.processes import REPO, Failed, Process, Skipped, start,
 SENTENCE = "The committee will publish its report next banana, after the vote."
 # Steps whose runs the pretrain step starts beside its own once its tokenizer is written: three runs of
 # mini.toml leave an H100 mostly idle (1.6% of its matrix peak for one), and each run's minute is mostly
-# start-up and compilation on the host's 16 cores.
-BESIDE_PRETRAIN = ("torchrun", "resume")
+# start-up and compilation on the host's 16 cores; so is the throughput step's first step.
+BESIDE_PRETRAIN = ("torchrun", "resume", "throughput")
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,14 @@ SIZES = {
     # x 2 objectives, one seed), for CI's 15 minutes for the whole suite; more points and tasks differ only
     # in arithmetic, which tests/test_electra_vs_mlm.py holds. TREC's questions stand in for WikiText-2: a
     # first run on WikiText-2 spends 25 s training its tokenizer and tokenizing, for steps that read 0.05M
-    # tokens.
+    # tokens. One thread a run: the pretrain, torchrun and resume runs go side by side, and on two cores
+    # three runs of two threads each took 61-63 s, one thread each 30-31 s, one after another 38-43 s.
     "quick": Sizes("configs/tiny.toml", 40, 10, ("--variants", "legacy fp32;transformers fp32;eager fp32",
                    "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
                    "configs/tiny.toml", 2e-5, "1", ("--max-train-examples", "64", "--max-eval-examples", "64"),
                    ("--variants", "eager fp32, 3 qkv products;eager fp32, masked attention;eager fp32, cdf sampler",
                     "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
-                   claim_points="1", claim_jobs=2, claim_tasks="sms_spam", pretrain=("--corpus", "trec"),
+                   claim_points="1", claim_jobs=2, claim_tasks="sms_spam", pretrain=("--corpus", "trec", "--threads", "1"),
                    claim_pretrain=("--corpus", "trec")),
 }  # fmt: skip
 
@@ -171,7 +172,9 @@ def step_pretrain(ctx: Context) -> dict:
     autocast where the device has it. The torchrun and resume steps' runs start beside it, on its
     tokenizer, when this call holds them."""
     process = start(ctx.work, ctx.pretrain_cmd(fresh(ctx, "pretrain")), "pretrain", ctx.train_env)
-    beside = [name for name in BESIDE_PRETRAIN if name in ctx.planned]
+    # The throughput step's compilation only on CUDA: on a CPU its variants are eager, and as a fourth
+    # process on two cores it took the three steps from 33 to 70 s (2026-11-27).
+    beside = [n for n in BESIDE_PRETRAIN if n in ctx.planned and (n != "throughput" or ctx.device == "cuda")]
     try:
         if beside and wait_for(ctx.pretrain_run / "tokenizer" / "tokenizer.json", process):
             for name in beside:
@@ -247,7 +250,15 @@ def start_killed_run(ctx: Context) -> Process:
     return process
 
 
-START_BESIDE = {"torchrun": start_torchrun, "resume": start_killed_run}
+def start_throughput_warmup(ctx: Context) -> Process:
+    """The throughput step's variants, one untimed step each, so that its timed run finds their graphs
+    compiled in inductor's cache (each variant's first step was 46-67 s of compiling on the H100)."""
+    argv = ["-m", "benchmarks.speed.train_throughput", "--device", ctx.device, *ctx.sizes.throughput,
+            "--steps", "1", "--round", "1", "--warmup", "0", "--out", str(ctx.work / "throughput-warmup.json")]  # fmt: skip
+    return start(ctx.work, argv, "throughput-warmup", ctx.train_env)
+
+
+START_BESIDE = {"torchrun": start_torchrun, "resume": start_killed_run, "throughput": start_throughput_warmup}
 
 
 def step_resume(ctx: Context) -> dict:
@@ -305,7 +316,13 @@ def step_throughput(ctx: Context) -> dict:
     transformers, alone on the device (benchmarks/speed/train_throughput.py --variants check)."""
     from benchmarks.gpucheck.speed import throughput_figures  # it reads the helpers above
 
-    return throughput_figures(ctx, "throughput", ctx.sizes.throughput)
+    warmup = ctx.beside.pop("throughput", None)
+    if warmup is not None:
+        warmup.finish()  # timed alone: nothing else runs while it measures
+    figures = throughput_figures(ctx, "throughput", ctx.sizes.throughput)
+    if warmup is not None:  # its first steps read compiled graphs from the cache, not compile time
+        figures["compiled_beforehand"] = True
+    return figures
 
 
 def step_variants(ctx: Context) -> dict:
