@@ -172,9 +172,7 @@ def step_pretrain(ctx: Context) -> dict:
     autocast where the device has it. The torchrun and resume steps' runs start beside it, on its
     tokenizer, when this call holds them."""
     process = start(ctx.work, ctx.pretrain_cmd(fresh(ctx, "pretrain")), "pretrain", ctx.train_env)
-    # The throughput step's compilation only on CUDA: on a CPU its variants are eager, and as a fourth
-    # process on two cores it took the three steps from 33 to 70 s (2026-11-27).
-    beside = [n for n in BESIDE_PRETRAIN if n in ctx.planned and (n != "throughput" or ctx.device == "cuda")]
+    beside = runs_beside_pretrain(ctx)
     try:
         if beside and wait_for(ctx.pretrain_run / "tokenizer" / "tokenizer.json", process):
             for name in beside:
@@ -187,6 +185,14 @@ def step_pretrain(ctx: Context) -> dict:
     if ctx.beside:  # its tokens/s was shared with them; the throughput step times the step alone
         figures["beside"] = ", ".join(ctx.beside)
     return figures
+
+
+def runs_beside_pretrain(ctx: Context) -> list[str]:
+    """The steps of this call whose runs start beside the pretrain run. The throughput step's compilation
+    only on CUDA, and only where it will run: on a CPU its variants are eager, and as a fourth process
+    on two cores it took the three steps from 33 to 70 s (2026-11-27)."""
+    compile_first = ctx.device == "cuda" and ctx.importable("transformers")
+    return [n for n in BESIDE_PRETRAIN if n in ctx.planned and (n != "throughput" or compile_first)]
 
 
 def reference_run(ctx: Context) -> Path:
