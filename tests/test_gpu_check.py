@@ -124,6 +124,20 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     assert processes_naming(work) == []
 
 
+def test_an_interrupted_steps_note_shows_the_log_it_wrote_last(tmp_path):
+    """Stopped while it waits for the run it kills, the resume step has written resume-killed.log but no
+    resume.log yet; an earlier call's resume.log in the same work directory is not this call's."""
+    from benchmarks.gpucheck.__main__ import interrupted_note
+
+    (tmp_path / "resume.log").write_text("an earlier call's resumed run\n")
+    os.utime(tmp_path / "resume.log", (1, 1))
+    since = time.time() - 1
+    (tmp_path / "resume-killed.log").write_text("step 40 of 500\n")
+    note = interrupted_note(tmp_path, "resume", since)
+    assert str(tmp_path / "resume-killed.log") in note and note.endswith("step 40 of 500\n")
+    assert "before it wrote a log" in interrupted_note(tmp_path, "graphs", since)
+
+
 def test_throughput_warmup_runs_each_variant_once(tmp_path):
     """On CUDA the throughput step's variants are compiled beside the pretrain run, one untimed step each,
     so that its timed run reads them from inductor's cache. Only a GPU can time what that saves; here, that

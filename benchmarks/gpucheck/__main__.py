@@ -66,11 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def interrupted_note(work: Path, step: str) -> str:
-    """How far a step got before it was stopped: the end of its log, which stays on the machine."""
-    log = work / f"{step}.log"
-    tail = log.read_text(errors="replace")[-1500:] if log.is_file() else "(no log)"
-    return f"stopped before it finished; the end of {log}:\n{tail}"
+def interrupted_note(work: Path, step: str, since: float) -> str:
+    """How far a step got before it was stopped: the end of the newest log it wrote since `since` (a step
+    may write two: the resume step's killed run, the throughput step's warm-up), which stays on the
+    machine. Logs of an earlier call in the same --work are not this step's."""
+    logs = [p for p in [*work.glob(f"{step}.log"), *work.glob(f"{step}-*.log")] if p.stat().st_mtime >= since]
+    if not logs:
+        return f"stopped before it finished, before it wrote a log in {work}"
+    log = max(logs, key=lambda p: p.stat().st_mtime)
+    return f"stopped before it finished; the end of {log}:\n{log.read_text(errors='replace')[-1500:]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path) -> int:
     for name in steps:
         print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
-        started = time.monotonic()
+        started, since = time.monotonic(), time.time()
         try:
             figures, status, note = STEPS[name](ctx), "ok", ""
             ctx.done[name] = figures
@@ -125,7 +129,7 @@ def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Pat
             figures, status, note = {}, "failed", str(e)
         except KeyboardInterrupt:  # SIGINT: `timeout -s INT` inside a call's time limit, or Ctrl-C
             report["steps"][name] = {"status": "interrupted", "seconds": round(time.monotonic() - started, 1),
-                                     "figures": {}, "note": interrupted_note(work, name)}  # fmt: skip
+                                     "figures": {}, "note": interrupted_note(work, name, since)}  # fmt: skip
             write_report(out, report)
             print(f"{name}: interrupted; results so far in {out / 'results.md'}", flush=True)
             return 1
