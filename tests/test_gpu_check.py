@@ -121,6 +121,9 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     log = work / f"{name}.log"
     assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
     assert f"| {name} | interrupted |" in (out / "results.md").read_text()
+    deadline = time.monotonic() + 10  # a SIGKILLed process can take a moment to go
+    while processes_naming(work) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert processes_naming(work) == []
 
 
