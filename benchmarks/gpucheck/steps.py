@@ -21,10 +21,6 @@ from benchmarks.gpucheck.environment import SERVING_PACKAGES, importable
 from benchmarks.gpucheck.processes import REPO, Failed, Process, Skipped, start, wait_for
 
 SENTENCE = "The committee will publish its report next banana, after the vote."
-# Steps whose runs the pretrain step starts beside its own once its tokenizer is written: three runs of
-# mini.toml leave an H100 mostly idle (1.6% of its matrix peak for one), and each run's minute is mostly
-# start-up and compilation on the host's 16 cores; so is the throughput step's first step.
-BESIDE_PRETRAIN = ("torchrun", "resume", "throughput")
 
 
 @dataclass(frozen=True)
@@ -85,6 +81,7 @@ class Context:
     planned: tuple[str, ...] = ()  # the steps of this call, in order
     done: dict[str, dict] = field(default_factory=dict)  # the figures of the steps finished so far
     beside: dict[str, Process] = field(default_factory=dict)  # runs started early, by the step that owns them
+    imports: dict[tuple[str, bool], bool] = field(default_factory=dict)  # importable()'s answers so far
 
     def stop_runs_beside(self) -> None:
         for process in self.beside.values():
@@ -102,7 +99,10 @@ class Context:
                 "--data-dir", str(self.data_dir), *self.sizes.pretrain, *extra]  # fmt: skip
 
     def importable(self, module: str, serving: bool = False) -> bool:
-        return importable(module, self.serve_env if serving else self.train_env)
+        """Whether `module` imports as the steps see it; asked once per call (a process start each)."""
+        if (module, serving) not in self.imports:
+            self.imports[module, serving] = importable(module, self.serve_env if serving else self.train_env)
+        return self.imports[module, serving]
 
     def require_serving(self, what: str, modules: tuple[str, ...] = SERVING_PACKAGES) -> None:
         missing = [m for m in modules if not self.importable(m, serving=True)]
@@ -192,7 +192,7 @@ def runs_beside_pretrain(ctx: Context) -> list[str]:
     only on CUDA, and only where it will run: on a CPU its variants are eager, and as a fourth process
     on two cores it took the three steps from 33 to 70 s (2026-11-27)."""
     compile_first = ctx.device == "cuda" and ctx.importable("transformers")
-    return [n for n in BESIDE_PRETRAIN if n in ctx.planned and (n != "throughput" or compile_first)]
+    return [n for n in START_BESIDE if n in ctx.planned and (n != "throughput" or compile_first)]
 
 
 def reference_run(ctx: Context) -> Path:
@@ -212,15 +212,11 @@ def start_torchrun(ctx: Context) -> Process:
 def step_torchrun(ctx: Context) -> dict:
     """The same run through torchrun, one process (NCCL on CUDA, gloo on CPU). Same seed, same data, and
     deterministic kernels (training's default, on CUDA too): it must land on the same weights, bit for bit."""
-    process = ctx.beside.pop("torchrun", None)
-    if process is None:
-        reference_run(ctx)  # before a minute of training that would have nothing to compare with
-        process = start_torchrun(ctx)
-    stdout = process.finish()
+    reference = reference_run(ctx)  # before a minute of training that would have nothing to compare with
+    stdout = (ctx.beside.pop("torchrun", None) or start_torchrun(ctx)).finish()
     out = ctx.work / "torchrun"
     figures = training_figures(out, stdout)
     figures["backend"] = "nccl" if ctx.device == "cuda" else "gloo"
-    reference = reference_run(ctx)
     figures["weights_max_abs_diff_vs_single_process"] = weight_difference(reference, out)
     figures["eval_loss_diff_vs_single_process"] = eval_loss_difference(reference, out)
     if figures["weights_max_abs_diff_vs_single_process"] or figures["eval_loss_diff_vs_single_process"]:
@@ -264,16 +260,17 @@ def start_throughput_warmup(ctx: Context) -> Process:
     return start(ctx.work, argv, "throughput-warmup", ctx.train_env)
 
 
+# The steps whose runs the pretrain step starts beside its own once its tokenizer is written: three runs
+# of mini.toml leave an H100 mostly idle (1.6% of its matrix peak for one), and each run's minute is
+# mostly start-up and compilation on the host's 16 cores; so is the throughput step's first step.
 START_BESIDE = {"torchrun": start_torchrun, "resume": start_killed_run, "throughput": start_throughput_warmup}
 
 
 def step_resume(ctx: Context) -> dict:
     """SIGKILL after the first checkpoint, then --resume to the end: it must equal the uninterrupted run
     bit for bit, on CUDA as on CPU (deterministic kernels, and the step's seed restored from its number)."""
-    killed = ctx.beside.pop("resume", None)
-    if killed is None:
-        reference_run(ctx)
-        killed = start_killed_run(ctx)
+    reference = reference_run(ctx)
+    killed = ctx.beside.pop("resume", None) or start_killed_run(ctx)
     try:
         killed.watcher.join()
     except BaseException:
@@ -285,7 +282,6 @@ def step_resume(ctx: Context) -> dict:
     if not 0 < saved < ctx.sizes.steps:
         raise Failed(f"the run was not killed mid-way (saved step {saved} of {ctx.sizes.steps}); log {log}")
     run(ctx, ctx.pretrain_cmd(out, None, "--tokenizer", ctx.tokenizer(), "--resume"), "resume", ctx.train_env)
-    reference = reference_run(ctx)
     figures = {"killed_after_step": saved, "weights_max_abs_diff": weight_difference(reference, out),
                "eval_loss_diff": eval_loss_difference(reference, out)}  # fmt: skip
     if figures["weights_max_abs_diff"] or figures["eval_loss_diff"]:
@@ -326,9 +322,8 @@ def step_throughput(ctx: Context) -> dict:
     if warmup is not None:
         warmup.finish()  # timed alone: nothing else runs while it measures
     figures = throughput_figures(ctx, "throughput", ctx.sizes.throughput)
-    if warmup is not None:  # its first steps read compiled graphs from the cache, not compile time
-        figures["compiled_beforehand"] = True
-    return figures
+    # With the warm-up, its first steps read compiled graphs from the cache: not compile time.
+    return figures | ({"compiled_beforehand": True} if warmup is not None else {})
 
 
 def step_variants(ctx: Context) -> dict:
