@@ -205,6 +205,10 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
 def test_bad_options_fail_naming_the_option(tmp_path):
     with pytest.raises(SystemExit, match="--mask-prob"):
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])
+    with pytest.raises(SystemExit, match=r"--mask-prob: must lie in \(0, 1\], got 0"):
+        pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "0"])
+    with pytest.raises(SystemExit, match=r"--dropout: must lie in \[0, 1\), got 1"):
+        pretrain(["--out", str(tmp_path / "x"), "--dropout", "1"])
     with pytest.raises(SystemExit, match="--content-mask-weight: must be at least 1"):
         pretrain(["--out", str(tmp_path / "x"), "--content-mask-weight", "0.5"])
     with pytest.raises(SystemExit, match="--num-layers: expected int"):

@@ -36,6 +36,7 @@ from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
 from benchmarks.speed.train_variants import SETS, VARIANTS, Variant
+from options import ConfigError
 from training.config import PretrainConfig
 from training.dropout import bit_mask_dropout
 from training.embedding_grad import opaque_embedding_grads
@@ -333,6 +334,12 @@ def main(argv=None) -> None:
     p.add_argument("--list", action="store_true", help="print the variants and the sets, then stop")
     p.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = p.parse_args(argv)
+    for name in ("batch_size", "layers", "seq_len", "steps", "round", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    for name in ("warmup", "profile"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            p.error(f"--{name}: must not be negative, got {getattr(args, name)}")
     if args.list:
         width = max(map(len, VARIANTS)) + 2
         for name, v in VARIANTS.items():
@@ -353,6 +360,11 @@ def main(argv=None) -> None:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         p.error(f"--variants: unknown {unknown[0]!r}; --list shows them")
+    try:  # the shape a variant's config would refuse, refused before any timing
+        for n in names:
+            config(VARIANTS[n], args.layers, args.seq_len, device)
+    except ConfigError as e:
+        p.error(str(e))
     print(f"config: {vars(args)}", flush=True)
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 64  # one compiled graph per variant, all in this process
