@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpucheck.steps import SIZES, STEPS
+from benchmarks.gpucheck.steps import SIZES, STEPS, Context, claim_refuses
 from tests.app_fixtures import run_server
 from tests.realdata import real_data_dir
 
@@ -194,6 +194,48 @@ def test_missing_data_is_named(tmp_path):
     )
     assert done.returncode == 2
     assert "wikitext2-train.raw.gz" in done.stderr and "--data-dir" in done.stderr
+
+
+def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path):
+    """The claim runs late in a full call: its arguments are checked first, so a typo costs seconds of a
+    loan, not the minutes of the steps before it."""
+    work = tmp_path / "work"
+    done = gpu_check("--device", "cpu", "--quick", "--out", str(tmp_path / "out"), "--work", str(work),
+                     "--data-dir", str(real_data_dir()), "--claim-seeds", "1,x", timeout=120)  # fmt: skip
+    said = "--seeds: comma-separated integers, got '1,x'"
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert said in done.stderr and "no step ran" in done.stderr
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["steps"] == {} and said in report["problems"][0]
+    assert not (work / "pretrain.log").exists()
+
+
+@pytest.mark.parametrize(
+    ("pretrain_args", "said"),
+    [
+        ((), None),
+        (("--batch-size", "1024", "--lr", "2e-3"), None),  # the next loan's call 1
+        (("--batch-size", "0"), "--batch-size: must be positive, got 0"),  # the pretraining config's rule
+        (("--max-steps", "9"), "--pretrain-args: --max-steps is set by the benchmark"),  # the benchmark's
+    ],
+)
+def test_the_claims_arguments_are_checked_as_the_claim_checks_them(pretrain_args, said, tmp_path):
+    sizes = replace(SIZES["full"], claim_pretrain=(*SIZES["full"].claim_pretrain, *pretrain_args))
+    ctx = Context("cuda", sizes, tmp_path / "work", tmp_path / "out", real_data_dir(), {}, {}, 10.0)
+    refused = claim_refuses(ctx)
+    if said is None:
+        assert refused is None
+    else:
+        assert said in refused
+
+
+def test_an_unknown_variant_is_refused_before_anything_runs(tmp_path):
+    done = gpu_check(
+        "--device", "cpu", "--quick", "--out", str(tmp_path), "--variants", "eager fp99", timeout=60
+    )
+    assert done.returncode == 2
+    assert "--variants: unknown 'eager fp99'" in done.stderr and "--list" in done.stderr
+    assert not (tmp_path / "results.json").exists()
 
 
 # --- the detector step (issue 46): its shards brought home -------------------------------------------

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from benchmarks.gpucheck.environment import environment, guard_env, install_wheels
 from benchmarks.gpucheck.report import write_report
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Skipped
+from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Skipped, claim_refuses
+from benchmarks.speed.train_variants import SETS, VARIANTS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--claim-pflop: must be positive")
     if args.detector_minutes <= 0:
         p.error("--detector-minutes: must be positive")
+    if args.variants:  # the variants step comes last: a typo would show only after the rest of the call
+        names = SETS.get(args.variants) or [n.strip() for n in args.variants.split(";") if n.strip()]
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown:
+            p.error(f"--variants: unknown {unknown[0]!r}; python -m benchmarks.speed.train_throughput --list "
+                    "shows the variants and the sets")  # fmt: skip
     return args
 
 
@@ -110,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env,
                   args.claim_pflop or sizes.claim_pflop, args.detector_minutes, tuple(args.only))  # fmt: skip
+    refused = claim_refuses(ctx) if "claim" in args.only else None
+    if refused:
+        report["problems"] = [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
+        write_report(out, report)
+        print(f"gpu-check: {report['problems'][0]}; no step ran", file=sys.stderr)
+        return 2
     try:
         return run_steps(ctx, args.only, report, out, work)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)

@@ -6,6 +6,8 @@ and says what would make it run)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import socket
@@ -19,6 +21,9 @@ from pathlib import Path
 
 from benchmarks.gpucheck.environment import SERVING_PACKAGES, importable
 from benchmarks.gpucheck.processes import REPO, Failed, Process, Skipped, start, wait_for
+from benchmarks.quality.electra_vs_mlm import base_config as claim_config
+from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
+from options import ConfigError
 
 SENTENCE = "The committee will publish its report next banana, after the vote."
 
@@ -412,11 +417,9 @@ def step_detect(ctx: Context) -> dict:
             "most_likely_replaced": {"text": top["text"], "prob": round(top["prob"], 3)}}  # fmt: skip
 
 
-def step_claim(ctx: Context) -> dict:
-    """benchmarks/quality/electra_vs_mlm.py at this device's scale: ELECTRA and MLM from scratch at equal
-    FLOPs, each checkpointed at points along the way (three in the full mode) and fine-tuned there on Rotten
-    Tomatoes, TREC and SMS spam over several seeds, several runs at a time."""
-    out = ctx.out / "claim"
+def claim_argv(ctx: Context) -> list[str]:
+    """The claim's command: benchmarks/quality/electra_vs_mlm.py with this mode's sizes and the call's
+    --claim-* options."""
     # Kept between calls (not `fresh`): a second call on the same machine resumes a claim cut short, its
     # finished runs kept. One directory per budget, so another --claim-pflop starts its own.
     work = ctx.work / f"claim-{ctx.claim_pflop:g}pflop"
@@ -424,13 +427,36 @@ def step_claim(ctx: Context) -> dict:
     # its fastest kernels (atomic adds in the embedding gradient, any attention backward), and no op can
     # stop a 9-minute run for want of a deterministic kernel. On CPU it changes nothing.
     common = ("--device", ctx.device, "--no-deterministic")
-    argv = ["-m", "benchmarks.quality.electra_vs_mlm", "--budget-pflop", f"{ctx.claim_pflop:g}",
+    return ["-m", "benchmarks.quality.electra_vs_mlm", "--budget-pflop", f"{ctx.claim_pflop:g}",
             "--points", ctx.sizes.claim_points, "--model-config", ctx.sizes.claim_config,
             "--tasks", ctx.sizes.claim_tasks, "--seeds", ctx.sizes.claim_seeds,
             "--jobs", str(ctx.sizes.claim_jobs), "--data-dir", str(ctx.data_dir), "--work", str(work),
-            "--out", str(out), f"--pretrain-args={' '.join((*common, *ctx.sizes.claim_pretrain))}",
+            "--out", str(ctx.out / "claim"), f"--pretrain-args={' '.join((*common, *ctx.sizes.claim_pretrain))}",
             f"--finetune-args={' '.join((*common, *ctx.sizes.finetune))}"]  # fmt: skip
-    run(ctx, argv, "claim", ctx.train_env)
+
+
+def claim_refuses(ctx: Context) -> str | None:
+    """What the claim would refuse in its arguments (electra_vs_mlm's own checks, then the pretraining
+    config they resolve to), found before any step runs: a typo in --claim-seeds or --claim-pretrain-args
+    would otherwise end a call only after the cheap proofs had taken their minutes."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = claim_args(claim_argv(ctx)[2:])
+        claim_config(args)
+    except SystemExit:
+        return said.getvalue().strip().splitlines()[-1].split(" error: ", 1)[-1]  # argparse's, less its prog
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def step_claim(ctx: Context) -> dict:
+    """benchmarks/quality/electra_vs_mlm.py at this device's scale: ELECTRA and MLM from scratch at equal
+    FLOPs, each checkpointed at points along the way (three in the full mode) and fine-tuned there on Rotten
+    Tomatoes, TREC and SMS spam over several seeds, several runs at a time."""
+    out = ctx.out / "claim"
+    run(ctx, claim_argv(ctx), "claim", ctx.train_env)
     results = json.loads((out / "results.json").read_text())
     points, ahead, cells = {}, 0, 0  # the test split at each point; results.json has all of it
     for i, fraction in enumerate(results["points"]):

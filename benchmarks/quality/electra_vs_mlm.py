@@ -154,6 +154,8 @@ def parse_args(argv):
     from training.finetuning.sets import LABELLED_SETS
 
     args.tasks = [t for t in args.tasks.split(",") if t]
+    if not args.tasks:  # nothing would be fine-tuned: the pretraining alone compares nothing
+        p.error(f"--tasks: at least one of {', '.join(LABELLED_SETS)}")
     for t in args.tasks:
         if t not in LABELLED_SETS:
             p.error(f"--tasks: unknown task {t!r}; choose from {', '.join(LABELLED_SETS)}")
@@ -161,6 +163,8 @@ def parse_args(argv):
         args.seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
         p.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
+    if not args.seeds:
+        p.error("--seeds: at least one fine-tuning seed")
     return args
 
 
