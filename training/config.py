@@ -204,8 +204,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
         shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing", "mask_prob",
                "mask_replace_prob", "random_replace_prob", "dropout", "row_mask_spread")  # fmt: skip
-        # Each end of these two ranges trains nothing: no masked position gives neither model a target,
-        # and dropout 1 zeroes every hidden state.
+        # These ends of the two ranges train nothing: with no masked position neither model has a
+        # target, and dropout 1 zeroes every hidden state.
         if self.mask_prob == 0.0:
             raise ConfigError("--mask-prob: must lie in (0, 1], got 0: no position would be masked")
         if self.dropout == 1.0:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from benchmarks.gpucheck.environment import SERVING_PACKAGES, importable
 from benchmarks.gpucheck.processes import REPO, Failed, Process, Skipped, start, wait_for
+from benchmarks.quality.claim_report import OBJECTIVES
+from benchmarks.quality.claim_runs import objective_config
 from benchmarks.quality.electra_vs_mlm import base_config as claim_config
 from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
 from options import ConfigError
@@ -437,15 +439,18 @@ def claim_argv(ctx: Context) -> list[str]:
 
 def claim_refuses(ctx: Context) -> str | None:
     """What the claim would refuse in its arguments (electra_vs_mlm's own checks, then the pretraining
-    config they resolve to), found before any step runs: a typo in --claim-seeds or --claim-pretrain-args
-    would otherwise end a call only after the cheap proofs had taken their minutes."""
+    config each objective's run resolves to), found before any step runs: a typo in --claim-seeds or
+    --claim-pretrain-args would otherwise end a call only after the cheap proofs had taken their minutes."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
             args = claim_args(claim_argv(ctx)[2:])
-        claim_config(args)
+        base = claim_config(args)
+        for objective in OBJECTIVES:  # --qat, say, suits ELECTRA's run and not the MLM baseline's
+            objective_config(base, objective, args.mlm_masking)
     except SystemExit:
-        return said.getvalue().strip().splitlines()[-1].split(" error: ", 1)[-1]  # argparse's, less its prog
+        lines = said.getvalue().strip().splitlines() or ["refused"]
+        return lines[-1].split(" error: ", 1)[-1]  # argparse's message, less its program name
     except ConfigError as e:
         return str(e)
     return None
