@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.gpucheck.environment import environment, guard_env, install_wheels
 from benchmarks.gpucheck.report import write_report
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Skipped, claim_refuses
+from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
 from benchmarks.speed.train_variants import SETS, VARIANTS
 
 
@@ -73,6 +73,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def sizes_for(args: argparse.Namespace) -> Sizes:
+    """The mode's sizes with the call's --variants, --claim-seeds and --claim-pretrain-args."""
+    sizes = SIZES["quick" if args.quick else "full"]
+    if args.variants:
+        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants))
+    if args.claim_seeds:
+        sizes = dataclasses.replace(sizes, claim_seeds=args.claim_seeds)
+    if args.claim_pretrain_args:
+        sizes = dataclasses.replace(
+            sizes, claim_pretrain=(*sizes.claim_pretrain, *args.claim_pretrain_args.split())
+        )
+    return sizes
+
+
 def interrupted_note(work: Path, step: str, since: float) -> str:
     """How far a step got before it was stopped: the end of the newest log it wrote since `since` (a step
     may write two: the resume step's killed run, the throughput step's warm-up), which stays on the
@@ -94,35 +108,31 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     print(f"gpu-check configuration: {json.dumps(vars(args))}", flush=True)
+    report = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "config": vars(args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
+    sizes = sizes_for(args)
+    claim_pflop = args.claim_pflop or sizes.claim_pflop
+    # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
+    # will check them (they do not depend on the machine).
+    planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop)
+    refused = claim_refuses(planned) if "claim" in args.only else None
+    if refused:
+        report["problems"] = [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
+        write_report(out, report)
+        print(f"gpu-check: {report['problems'][0]}; no step ran", file=sys.stderr)
+        return 2
     serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.wheels:
         serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
     train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
-    report = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "config": vars(args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
     facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
     report.update(environment=facts, problems=problems)
     write_report(out, report)
     if problems:
         print("gpu-check: the environment cannot run the steps:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
-    sizes = SIZES["quick" if args.quick else "full"]
-    if args.variants:
-        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants))
-    if args.claim_seeds:
-        sizes = dataclasses.replace(sizes, claim_seeds=args.claim_seeds)
-    if args.claim_pretrain_args:
-        sizes = dataclasses.replace(
-            sizes, claim_pretrain=(*sizes.claim_pretrain, *args.claim_pretrain_args.split())
-        )
-    ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env,
-                  args.claim_pflop or sizes.claim_pflop, args.detector_minutes, tuple(args.only))  # fmt: skip
-    refused = claim_refuses(ctx) if "claim" in args.only else None
-    if refused:
-        report["problems"] = [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
-        write_report(out, report)
-        print(f"gpu-check: {report['problems'][0]}; no step ran", file=sys.stderr)
-        return 2
+    ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
+                  args.detector_minutes, tuple(args.only))  # fmt: skip
     try:
         return run_steps(ctx, args.only, report, out, work)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)

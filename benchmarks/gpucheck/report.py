@@ -44,10 +44,11 @@ def _cell(figures: dict, keys: tuple[str, ...] | None) -> str:
 def markdown(report: dict) -> str:
     env = report["environment"]
     where = env.get("gpu") or f"{env.get('cpu')} ({', '.join(env.get('features', []))})"
+    mode = f"Mode: {'quick' if report['config']['quick'] else 'full'}."
     lines = [f"# gpu-check, {report['started']}", "",
              f"Device: {report['config']['device']} on {where}; torch {env.get('torch')}, CUDA "
-             f"{env.get('cuda_build')}, driver {env.get('driver', '-')}, Python {env.get('python')}. "
-             f"Mode: {'quick' if report['config']['quick'] else 'full'}.", ""]  # fmt: skip
+             f"{env.get('cuda_build')}, driver {env.get('driver', '-')}, Python {env.get('python')}. {mode}"
+             if env else f"Device: {report['config']['device']}, not yet examined. {mode}", ""]  # fmt: skip
     if report["problems"]:
         lines += ["Stopped before any step:", "", *(f"- {p}" for p in report["problems"]), ""]
     lines += ["| step | status | seconds | figures |", "|---|---|---|---|"]
