@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.gpucheck.environment import environment, guard_env, install_wheels
 from benchmarks.gpucheck.report import write_report
 from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
-from benchmarks.speed.train_variants import SETS, VARIANTS
+from benchmarks.speed.train_variants import variant_names
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,11 +65,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.detector_minutes <= 0:
         p.error("--detector-minutes: must be positive")
     if args.variants:  # the variants step comes last: a typo would show only after the rest of the call
-        names = SETS.get(args.variants) or [n.strip() for n in args.variants.split(";") if n.strip()]
-        unknown = [n for n in names if n not in VARIANTS]
-        if unknown:
-            p.error(f"--variants: unknown {unknown[0]!r}; python -m benchmarks.speed.train_throughput --list "
-                    "shows the variants and the sets")  # fmt: skip
+        try:
+            variant_names(args.variants)
+        except ValueError as e:
+            p.error(f"--variants: {e}; python -m benchmarks.speed.train_throughput --list shows the variants "
+                    "and the sets")  # fmt: skip
     return args
 
 
@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("gpu-check: the environment cannot run the steps:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
+    # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
-                  args.detector_minutes, tuple(args.only))  # fmt: skip
+                  args.detector_minutes, tuple(args.only),
+                  imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
     try:
         return run_steps(ctx, args.only, report, out, work)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)

@@ -35,7 +35,7 @@ from app.machine import cpu
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
-from benchmarks.speed.train_variants import SETS, VARIANTS, Variant
+from benchmarks.speed.train_variants import SETS, VARIANTS, Variant, variant_names
 from options import ConfigError
 from training.config import PretrainConfig
 from training.dropout import bit_mask_dropout
@@ -356,10 +356,10 @@ def main(argv=None) -> None:
     args.round = args.round or (20 if gpu else 1)
     args.warmup = args.warmup if args.warmup is not None else (10 if gpu else 1)
     chosen = args.variants or ("key" if gpu else "cpu")
-    names = SETS.get(chosen) or [n.strip() for n in chosen.split(";") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        p.error(f"--variants: unknown {unknown[0]!r}; --list shows them")
+    try:
+        names = variant_names(chosen)
+    except ValueError as e:
+        p.error(f"--variants: {e}; --list shows them")
     try:  # the shape a variant's config would refuse, refused before any timing
         for n in names:
             config(VARIANTS[n], args.layers, args.seq_len, device)

@@ -86,3 +86,13 @@ SETS = {
                     "compiled bf16, batch 1024, nondeterministic"],
     "all": list(VARIANTS),
 }  # fmt: skip
+
+
+def variant_names(text: str) -> list[str]:
+    """--variants as the benchmark takes it: a set's name, or variant names separated by ';' (the names
+    hold commas). ValueError names the first unknown one."""
+    names = SETS.get(text) or [n.strip() for n in text.split(";") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown {unknown[0]!r}")
+    return names
