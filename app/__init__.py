@@ -2,7 +2,8 @@
 nothing here imports torch, training or export.
 
 Three layers, each importing only the ones below it:
-- http/: the Litestar app (server.py), thin routes, strict bodies, the page and the API reference;
+- http/: the Litestar app (server.py), thin routes, strict bodies, every exception turned into the one
+  error shape (errors.py), the page and the API reference;
   scoring.py runs one request end to end through the layers below;
 - scheduling/: the registry of served models (registry.py: loads them), and per model the scheduler,
   the one owner of a request's scheduling state: its admission (a place from tokenization to answer,
@@ -10,7 +11,7 @@ Three layers, each importing only the ones below it:
   (running.py); beside them the memory budget and the server's lifecycle;
 - model/: bundles read and hash-checked, what /models says of them, ONNX Runtime sessions and their
   load-time check, tokenization into rows and windows, and outputs turned into responses.
-settings.py, metrics.py, errors.py (one error shape) and schemas.py (request and response bodies) are
+settings.py, metrics.py, errors.py (the error types and their statuses; no Litestar) and schemas.py (request and response bodies) are
 read by all three; tests/test_app_layers.py holds the layers to importing downwards only.
 
 A POST /detect: http/body.py (strict JSON) -> http/routes.py -> http/scoring.py -> the model's

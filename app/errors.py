@@ -1,18 +1,11 @@
-"""One error enum, one status table, one exception handler: every failure leaves as
-`{"error": {"type": ..., "message": ..., "field": ...}}`."""
+"""One error enum and one status table: every failure leaves as
+`{"error": {"type": ..., "message": ..., "field": ...}}` (app/http/errors.py writes it).
+
+Litestar-free, so app/model/ and the programs beside the server on it (bulk/, export/) load no web framework."""
 
 from __future__ import annotations
 
 import enum
-import logging
-import re
-from typing import Any
-
-import msgspec
-from litestar import Request, Response
-from litestar.exceptions import HTTPException, InternalServerException, ValidationException
-
-log = logging.getLogger("app")
 
 
 class ErrorType(enum.Enum):
@@ -73,134 +66,6 @@ class AppError(Exception):
         self.headers = headers or {}
 
 
-def error_response(err: AppError) -> Response[dict[str, Any]]:
-    body = {"error": {"type": err.type.value, "message": err.message, "field": err.field}}
-    return Response(body, status_code=STATUS[err.type], headers=err.headers, media_type="application/json")
-
-
-def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any]]:
-    settings = getattr(request.app.state, "settings", None)
-    err = to_app_error(exc, getattr(settings, "max_body_bytes", None))
-    if err.type is ErrorType.INTERNAL:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    metrics = getattr(request.app.state, "metrics", None)
-    if metrics is not None:
-        metrics.rejected.labels(reason=err.type.value).inc()
-        # No route matched (404) or none for the method (405): Litestar never ran the route's middleware
-        # that counts requests (it sets t0), so count them here, under endpoint "other".
-        if err.type in (ErrorType.NOT_FOUND, ErrorType.METHOD_NOT_ALLOWED) and "t0" not in request.scope.get(
-            "state", {}
-        ):
-            metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
-    return error_response(err)
-
-
 def clip(text: str, limit: int = 64) -> str:
     """What an error message may echo of a client's input: a 900 KB field name is not sent back."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-# msgspec says where a value failed as `$.data.texts[1]`; Litestar prefixes the body with `data`.
-_AT = re.compile(r" - at `\$(?:\.data)?\.?([^`]*)`$")
-_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
-
-
-def to_app_error(exc: Exception, max_body: int | None = None) -> AppError:
-    if isinstance(exc, AppError):
-        return exc
-    if _caused_by(exc, RecursionError):  # msgspec recurses per nesting level, also to skip unknown fields
-        msg = "request body is not valid JSON for this API: it nests too deeply (a few levels are enough)"
-        return AppError(ErrorType.INVALID_JSON, msg, field="body")
-    if isinstance(exc, ValidationException):
-        return _from_validation(exc)
-    if isinstance(exc, UnicodeDecodeError):
-        # Litestar decodes the body before msgspec sees it; bad bytes surface here.
-        msg = f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}"
-        return AppError(ErrorType.INVALID_UTF8, msg, field="body")
-    if isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely":
-        # Litestar's words for a client that left mid-body: an abort, not a server error.
-        return AppError(
-            ErrorType.CLIENT_GONE, "client disconnected before sending the whole body", field="body"
-        )
-    if isinstance(exc, HTTPException):
-        return _from_http(exc, max_body)
-    return AppError(ErrorType.INTERNAL, "internal server error")
-
-
-def _from_validation(exc: ValidationException) -> AppError:
-    cause = str(exc.__cause__ or "")
-    if _decode_error(exc):
-        return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {cause}", field="body")
-    if "missing required field `data`" in cause:
-        return AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")
-    extra = exc.extra[0] if isinstance(exc.extra, list) and exc.extra else {}
-    match = _AT.search(cause)
-    field = match.group(1) if match else (extra.get("key") if isinstance(extra, dict) else None)
-    unknown = _UNKNOWN.search(cause)
-    if unknown:  # name the offending field rather than the object holding it
-        field = f"{field}.{unknown.group(1)}" if field else unknown.group(1)
-    message = extra.get("message") if isinstance(extra, dict) else None
-    if not message or message == f"'{field}'":
-        message = _AT.sub("", cause) or str(exc.detail)
-    if unknown:
-        message = f"Object contains unknown field `{clip(unknown.group(1))}`"
-    return AppError(ErrorType.VALIDATION, clip(message, 500), field=clip(field) if field else "body")
-
-
-def from_msgspec(exc: msgspec.DecodeError) -> AppError:
-    """A strict decode of the body failed: bad JSON (400) or a value of the wrong type or range (422)."""
-    cause = str(exc)
-    if not isinstance(exc, msgspec.ValidationError):
-        return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {cause}", field="body")
-    match = _AT.search(cause)
-    field = match.group(1) if match else ""
-    message = _AT.sub("", cause)
-    unknown = _UNKNOWN.search(cause)
-    if unknown:  # name the offending field rather than the object holding it
-        field = f"{field}.{unknown.group(1)}" if field else unknown.group(1)
-        message = f"Object contains unknown field `{clip(unknown.group(1))}`"
-    if message.startswith("Expected `object`") and not field:
-        message = f"request body must be a JSON object: {message}"
-    return AppError(ErrorType.VALIDATION, clip(message, 500), field=clip(field) if field else "body")
-
-
-def _from_http(exc: HTTPException, max_body: int | None) -> AppError:
-    detail = str(exc.detail)
-    if exc.status_code == 400 and _decode_error(exc):
-        return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {detail}", field="body")
-    if exc.status_code == 413:
-        limit = f" of {max_body} bytes" if max_body else ""
-        return AppError(
-            ErrorType.BODY_TOO_LARGE, f"request body is larger than the limit{limit}", field="body"
-        )
-    if exc.status_code == 404:
-        return AppError(ErrorType.NOT_FOUND, detail or "no such route")
-    if exc.status_code == 405:
-        return AppError(
-            ErrorType.METHOD_NOT_ALLOWED, detail or "method not allowed", headers=exc.headers or None
-        )
-    if exc.status_code == 401:
-        return AppError(ErrorType.UNAUTHORIZED, detail)
-    if 400 <= exc.status_code < 500:
-        return AppError(ErrorType.VALIDATION, detail)
-    return AppError(ErrorType.INTERNAL, "internal server error")
-
-
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    e: BaseException | None = exc
-    while e is not None:
-        if isinstance(e, kind):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _decode_error(exc: BaseException) -> bool:
-    """Whether msgspec failed to parse the bytes (Litestar wraps that in one or two exceptions)."""
-    e: BaseException | None = exc
-    while e is not None:
-        # msgspec.ValidationError subclasses DecodeError: only a true decode failure is bad JSON.
-        if isinstance(e, msgspec.DecodeError) and not isinstance(e, msgspec.ValidationError):
-            return True
-        e = e.__cause__
-    return False

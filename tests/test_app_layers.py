@@ -76,3 +76,21 @@ def test_the_server_loads_neither_ray_nor_pyarrow():
         [sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_the_model_layer_and_bulk_load_no_web_framework():
+    """app/model/ is what bulk/ and export/ share with the server: importing it, or any of bulk/, must not
+    pull in Litestar, HTTP or the scheduler (the error shape lives in app/errors.py, Litestar's side of it
+    in app/http/errors.py)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, app.model, bulk\n"
+            "for package in (app.model, bulk):\n"
+            "    for m in pkgutil.iter_modules(package.__path__):\n"
+            "        importlib.import_module(f'{package.__name__}.{m.name}')\n"
+            "bad = [m for m in ('litestar', 'app.http', 'app.scheduling') if m in sys.modules]; assert not bad, bad")  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr

@@ -19,7 +19,8 @@ import msgspec
 from litestar import Request
 from litestar.utils.scope.state import ScopeState
 
-from app.errors import AppError, ErrorType, clip, from_msgspec
+from app.errors import AppError, ErrorType, clip
+from app.http.errors import from_msgspec
 
 # A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
 _LONE_SURROGATE = re.compile(

@@ -16,10 +16,10 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
-from app.errors import handle_exception
 from app.http import ui
 from app.http.apidocs import OfflineDocs
 from app.http.auth import require_api_key
+from app.http.errors import handle_exception
 from app.http.routes import HANDLERS
 from app.metrics import Metrics
 from app.model.bundle import discover
