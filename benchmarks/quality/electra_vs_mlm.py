@@ -78,10 +78,13 @@ RESERVED = ("--objective", "--out", "--tokenizer", "--max-steps", "--warmup-step
 FT_RESERVED = ("--init", "--out", "--task", "--seed", "--epochs", "--lr", "--overwrite", "--config",
                "--threads")  # fmt: skip
 # The plan's time estimate when --minutes measures nothing: mini.toml's speed on the 2-core dev machine,
-# and on CUDA what ELECTRA in small.toml's shape at batch 128 ran at beside the MLM run on an H100
-# (benchmarks/results/gpu/h100-2026-11-26/claim-3pflop.json: 22.3 TFLOP/s, the median of its log steps).
+# and on CUDA, by the micro-batch, what one run of two side by side gets: at 128 rows, ELECTRA in
+# small.toml's shape beside the MLM run on an H100 (benchmarks/results/gpu/h100-2026-11-26/claim-3pflop.json:
+# 22.3 TFLOP/s, the median of its log steps); at 1024, half the compiled nondeterministic step alone on an
+# H100 (h100-2026-11-26b/levers-1024.json: 1.40M tokens/s at 70.2 MFLOP a token), not yet seen side by side.
 ASSUMED_GFLOPS = 25.0
-ASSUMED_GFLOPS_CUDA = 22_000.0
+ASSUMED_GFLOPS_CUDA = {128: 22_000.0, 1024: 49_000.0}
+
 # Concurrent runs on CUDA when --jobs is not given: one small fine-tuning run keeps a GPU busy a fraction
 # of the time (its step is a string of small kernels launched from Python), so several side by side
 # share it; 8 leaves each 2 cores of a 16-core host.
@@ -195,6 +198,13 @@ def print_plan(budget: float, source: str, vocab: int, steps: dict, gflops: floa
               + f"; a checkpoint every {s['save_every']} steps, {s['keep_checkpoints']} kept", flush=True)  # fmt: skip
 
 
+def assumed_gflops_cuda(batch_size: int) -> float:
+    """The figure measured at the largest micro-batch not above this one (the smallest, below them all)."""
+    return ASSUMED_GFLOPS_CUDA[
+        max((b for b in ASSUMED_GFLOPS_CUDA if b <= batch_size), default=min(ASSUMED_GFLOPS_CUDA))
+    ]
+
+
 def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None, float, str, dict]:
     """(the shared tokenizer, the budget in FLOPs, where it came from, the plan), the plan printed."""
     if args.skip_pretrain:
@@ -208,7 +218,7 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
     else:
         tok_path = shared_tokenizer(args.tokenizer, base, work, args.data_dir)
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
-    gflops = ASSUMED_GFLOPS_CUDA if uses_cuda(base) else ASSUMED_GFLOPS
+    gflops = assumed_gflops_cuda(base.batch_size) if uses_cuda(base) else ASSUMED_GFLOPS
     if args.minutes is not None:
         gflops = measure_gflops(base, vocab, args.threads)
         budget = args.minutes * 60 * gflops * 1e9
