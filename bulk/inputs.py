@@ -15,6 +15,7 @@ import msgspec
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first in a file
 
 
 class Reason:
@@ -44,6 +45,10 @@ class Part:
     def key(self) -> str:
         return f"{self.name}#{self.index}"
 
+    def failure(self, error: str) -> dict:
+        """What a worker returns for a part it could not score: the summary names it, the job goes on."""
+        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index, "error": error}
+
 
 @dataclass(slots=True)
 class Doc:
@@ -59,25 +64,77 @@ class InputError(ValueError):
     """INPUT names nothing that can be read; the message says what was looked for."""
 
 
-def shards(spec: str, fmt: str) -> tuple[Path, list[Path]]:
-    """The input root (what shard names are relative to) and the shard files, sorted."""
-    path = Path(spec)
+# A compressed shard is read as what it holds by no reader here: it fails, saying so, and is never skipped.
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
+
+
+def _wanted(path: Path, fmt: str) -> bool:
+    """Whether a file found under a directory is input: any file with --format given, else by suffix
+    (in any case; a compressed one too, so that it fails by name rather than vanishing)."""
+    suffixes = [x.lower() for x in path.suffixes[-2:]]
+    return fmt != "auto" or (bool(suffixes) and (suffixes[-1] in SUFFIXES or suffixes[-1] in COMPRESSED
+                                                  and len(suffixes) == 2 and suffixes[0] in SUFFIXES))  # fmt: skip
+
+
+def _inside(path: str, out: str | None) -> bool:
+    return out is not None and (path == out or path.startswith(out + os.sep))
+
+
+def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Path], dict[str, str]]:
+    """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
+    could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
+    resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
+    it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
+    score its outputs when resumed."""
+    path, unlisted = Path(spec), {}
+    real_out = os.path.realpath(out) if out is not None else None
+    mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
     if path.is_file():
-        return path.parent.resolve(), [path.resolve()]
+        return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and (fmt != "auto" or p.suffix in SUFFIXES))
-        if not files:
-            raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)})")
-        return path.resolve(), [p.resolve() for p in files]
-    matches = sorted(Path(p).resolve() for p in glob.glob(spec, recursive=True) if Path(p).is_file())
-    if not matches:
+        root = Path(os.path.abspath(path))
+
+        def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
+            unlisted[_shown(Path(e.filename or "?"), root)] = f"{type(e).__name__}: {e.strerror or e}"
+
+        files = []
+        for d, subdirs, names in os.walk(root, onerror=unreadable):  # symlinked directories not entered
+            subdirs[:] = sorted(x for x in subdirs if not mine(os.path.join(d, x)))
+            for n in names:
+                f = Path(d) / n
+                try:
+                    if f.is_file() and _wanted(f, fmt) and not mine(f):
+                        files.append(f)
+                except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
+                    unlisted[_shown(f, root)] = f"{type(e).__name__}: {e.strerror or e}"
+        if not files and not unlisted:
+            raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case)")
+        return root, sorted(files), unlisted
+    matches = []
+    for p in glob.glob(spec, recursive=True):
+        try:
+            if Path(p).is_file() and not mine(p):
+                matches.append(Path(os.path.abspath(p)))
+        except OSError as e:
+            unlisted[p] = f"{type(e).__name__}: {e.strerror or e}"
+    if not matches and not unlisted:
         raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob")
+    if not matches:
+        return Path(os.path.abspath(".")), [], unlisted
     root = Path(os.path.commonpath([p.parent for p in matches]))
-    return root, matches
+    return root, sorted(matches), unlisted
+
+
+def _shown(path: Path, root: Path) -> str:
+    """A path as failures name it: relative to the input root where it lies under it."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def format_of(path: Path, fmt: str) -> str:
-    return fmt if fmt != "auto" else SUFFIXES.get(path.suffix, "jsonl")
+    return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
 
 def plan(root: Path, files: list[Path], fmt: str, part_bytes: int) -> tuple[list[Part], dict[str, str]]:
@@ -85,7 +142,18 @@ def plan(root: Path, files: list[Path], fmt: str, part_bytes: int) -> tuple[list
     parts: list[Part] = []
     failed: dict[str, str] = {}
     for path in files:
-        name = path.relative_to(root).as_posix()
+        name = _shown(path, root)
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
+            shown = name.encode("utf-8", "backslashreplace").decode()
+            failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
+            continue
+        if path.suffix.lower() in COMPRESSED:
+            failed[name] = (
+                f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
+            )
+            continue
         kind = format_of(path, fmt)
         try:
             cut = _parquet_parts if kind == "parquet" else _line_parts
@@ -147,8 +215,10 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
             raw = f.readline()
             if not raw:
                 break
+            # A byte-order mark belongs to the file, not to its first document's text.
+            text = raw[len(BOM) :] if pos == 0 and raw.startswith(BOM) else raw
             pos += len(raw)
-            doc = _line_doc(part, line, raw.rstrip(b"\r\n"), text_field, id_field, max_chars)
+            doc = _line_doc(part, line, text.rstrip(b"\r\n"), text_field, id_field, max_chars)
             doc.size = len(raw)
             yield doc
             line += 1
@@ -170,29 +240,51 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
         return _checked(line, ident, decoded, max_chars)
     try:
         obj = msgspec.json.decode(raw)
+    except RecursionError:  # msgspec recurses once per level of nesting
+        return Doc(
+            line, ident, None, Reason.NOT_JSON, "nested too deeply to parse (a thousand levels or more)"
+        )
     except msgspec.DecodeError as e:
         # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault.
         reason = Reason.NOT_UTF8 if "surrogate" in str(e) else Reason.NOT_JSON
         return Doc(line, ident, None, reason, str(e)[:200])
     if not isinstance(obj, dict):
-        return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {type(obj).__name__}, not an object")
+        return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
     if id_field:
-        value = obj.get(id_field)
-        if value is None or isinstance(value, (dict, list)):
+        value = _id_text(obj.get(id_field))
+        if value is None:
             return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
-        ident = str(value)
+        ident = value
     return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
 
 
 _MISSING = object()
 
 
+def _json_kind(value) -> str:
+    kinds = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+             dict: "object", bytes: "binary value"}  # fmt: skip
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _id_text(value) -> str | None:
+    """A row's id as text (a JSON number or boolean as JSON writes it), or None when it has none usable:
+    missing, null, blank, or an object or array."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, (bool, int, float)):
+        return msgspec.json.encode(value).decode()
+    if value is None or isinstance(value, (dict, list, bytes)):
+        return None
+    return str(value)  # a Parquet date, decimal...
+
+
 def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> Doc:
     if value is _MISSING:
-        return Doc(line, ident, None, Reason.MISSING_TEXT, f"no field {text_field!r}")
+        hint = "; --text-field names a top-level key, not a path into one" if "." in text_field else ""
+        return Doc(line, ident, None, Reason.MISSING_TEXT, f"no field {text_field!r}{hint}")
     if not isinstance(value, str):
-        kind = "null" if value is None else type(value).__name__
-        return Doc(line, ident, None, Reason.TEXT_NOT_STRING, f"{text_field!r} is {kind}")
+        return Doc(line, ident, None, Reason.TEXT_NOT_STRING, f"{text_field!r} is {_json_kind(value)}")
     return _checked(line, ident, value, max_chars)
 
 
@@ -209,6 +301,21 @@ def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     return Doc(line, ident, text)
 
 
+def _values(table, column: str) -> list:
+    """A column as Python values, strings as their bytes: a writer may have put bytes that are not UTF-8
+    in a string column, and each such row is rejected alone rather than failing its whole part."""
+    import pyarrow as pa
+
+    col = table.column(column)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if pa.types.is_string(col.type):
+        col = col.cast(pa.binary())
+    elif pa.types.is_large_string(col.type):
+        col = col.cast(pa.large_binary())
+    return col.to_pylist()
+
+
 def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator[Doc]:
     import pyarrow.parquet as pq
 
@@ -218,19 +325,28 @@ def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) ->
     line = part.first_line
     for g in range(part.start, part.end):
         table = pf.read_row_group(g, columns=columns)
-        texts = table.column(text_field).to_pylist() if text_field in names else [_MISSING] * table.num_rows
-        ids = table.column(id_field).to_pylist() if id_field in names else [None] * table.num_rows
+        texts = _values(table, text_field) if text_field in names else [_MISSING] * table.num_rows
+        ids = _values(table, id_field) if id_field in names else [None] * table.num_rows
         for text, value in zip(texts, ids, strict=True):
-            ident = _identity(part, line)
-            if id_field:
-                ident = str(value) if value is not None else ident
-            if id_field and value is None:
-                yield Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
-            elif isinstance(text, bytes):  # a binary column: its bytes may be anything
-                try:
-                    yield _checked(line, ident, text.decode("utf-8"), max_chars)
-                except UnicodeDecodeError as e:
-                    yield Doc(line, ident, None, Reason.NOT_UTF8, f"byte {e.start}")
-            else:
-                yield _text_doc(line, ident, text, text_field, max_chars)
+            yield _parquet_doc(part, line, text, value, text_field, id_field, max_chars)
             line += 1
+
+
+def _parquet_doc(part: Part, line: int, text, value, text_field: str, id_field: str, max_chars: int) -> Doc:
+    ident = _identity(part, line)
+    if id_field:
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: byte {e.start}")
+        if (value := _id_text(value)) is None:
+            return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
+        ident = value
+    if isinstance(text, bytes):  # a string or binary column: its bytes may be anything
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return Doc(line, ident, None, Reason.NOT_UTF8, f"byte {e.start}")
+        return _checked(line, ident, text, max_chars)
+    return _text_doc(line, ident, text, text_field, max_chars)

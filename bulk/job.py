@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,16 @@ def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> in
     path = cfg.out / "job.json"
     want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
     if path.is_file():
-        have = json.loads(path.read_text())
+        try:
+            have = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            have = e
+        if not isinstance(have, dict) or not isinstance(have.get("part_bytes"), int):
+            raise JobError(
+                f"{path} is not the fingerprint of a job of python -m bulk (it does not read as one), so a "
+                "resume cannot check what the finished parts were scored with. Use another --out, or remove "
+                "that directory to start again"
+            )
         diff = sorted(k for k in want if have.get(k) != want[k])
         if diff:
             raise JobError(
@@ -62,15 +72,79 @@ def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> in
     return want["part_bytes"]
 
 
+def shard_stats(parts: list[Part]) -> dict[str, list[int]]:
+    """Each planned shard's size and modification time: what a finished part was read from."""
+    stats = {}
+    for p in parts:
+        if p.name not in stats:
+            try:
+                st = os.stat(p.shard)
+            except OSError:  # gone since planning: its parts fail when read, naming the error
+                continue
+            stats[p.name] = [st.st_size, st.st_mtime_ns]
+    return stats
+
+
+def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> list[str]:
+    """Refuses a resume over shards written since their parts finished (their parts were cut from the old
+    bytes: scoring on would mix two versions of a file); returns the shards gone from INPUT since."""
+    changed, gone = set(), set()
+    for e in finished.values():
+        then = e.get("shard_stat")  # a manifest line from before it was kept: nothing to compare
+        if (
+            then is not None and e["name"] not in stats
+        ):  # deleted, or now in a directory that cannot be listed
+            gone.add(e["name"])
+        elif then is not None and stats[e["name"]] != then:
+            changed.add(e["name"])
+    if changed:
+        names = ", ".join(sorted(changed)[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise JobError(
+            f"INPUT changed since this job scored part of it: {names} (size or modification time differ "
+            "from when its finished parts were read). Their rows would mix two versions of the file. Use "
+            "another --out, or remove that directory to start again"
+        )
+    return sorted(gone)
+
+
+def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> int:
+    """job.json checked or written, config.json written: the part size. An --out that cannot be written
+    stops the job here, before any work, with what to do."""
+    try:
+        part_bytes = check_fingerprint(cfg, bundle_sha, files)
+        outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
+    except OSError as e:
+        raise JobError(
+            f"--out {cfg.out}: cannot write there ({e.strerror or e}: {e.filename}); choose a directory this "
+            "user can create and write"
+        ) from e
+    return part_bytes
+
+
+def report_failures(failed: dict[str, str], limit: int = 20) -> None:
+    for name, reason in list(failed.items())[:limit]:
+        print(f"bulk: not scored: {name}: {reason}", file=sys.stderr, flush=True)
+    if len(failed) > limit:
+        print(
+            f"bulk: ... and {len(failed) - limit} more (summary.json, failures)", file=sys.stderr, flush=True
+        )
+
+
 def run(cfg: BulkConfig) -> int:
     t0 = time.perf_counter()
     bundle = read_bundle(cfg.bundle_dir, cfg.model)  # a missing or tampered bundle stops us here, once
-    root, files = shards(cfg.input, cfg.format)
-    part_bytes = check_fingerprint(cfg, bundle.manifest.model_sha256, files)
-    outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
+    root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
+    part_bytes = prepare(cfg, bundle.manifest.model_sha256, files)
     parts, failed_shards = plan(root, files, cfg.format, part_bytes)
+    failed_shards |= unlisted
+    report_failures(failed_shards)
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
+    stats = shard_stats(parts)
+    gone = check_unchanged(finished, stats)
+    if gone:
+        print(f"bulk: {len(gone)} shard(s) with finished parts are no longer in INPUT ({', '.join(gone[:5])}); "
+              "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip
     outputs.remove_temporaries(cfg.out)
     todo = [p for p in parts if p.key not in finished]
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
@@ -86,6 +160,7 @@ def run(cfg: BulkConfig) -> int:
             failed_parts[key] = result["error"]
         elif key not in finished:  # a part Ray ran twice is recorded once
             failed_parts.pop(key, None)
+            result["shard_stat"] = stats[result["name"]]
             manifest.append(result)
             finished[key] = result
             scored.append(result)

@@ -40,8 +40,7 @@ def _score(part: Part) -> dict:
     from bulk.shard import score_part
 
     if isinstance(_SCORER, Exception):
-        error = f"the worker could not load the model: {type(_SCORER).__name__}: {_SCORER}"
-        return {"part": part.key, "input": part.shard, "name": part.name, "index": part.index, "error": error}
+        return part.failure(f"the worker could not load the model: {type(_SCORER).__name__}: {_SCORER}")
     return score_part(part, _SCORER, lambda *counts: _QUEUE.put(counts))
 
 
@@ -79,8 +78,7 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, last: bool) -> l
                 on_result(fut.result())
             except BrokenProcessPool as e:
                 if last:
-                    on_result({"part": part.key, "input": part.shard, "name": part.name, "index": part.index,
-                               "error": f"its worker process died twice: {e}"})  # fmt: skip
+                    on_result(part.failure(f"its worker process died twice: {e}"))
                 else:
                     lost.append(part)
     return lost

@@ -31,12 +31,22 @@ class ScoreParts:
     def __init__(self, cfg: dict) -> None:
         from bulk.shard import Scorer
 
-        self.scorer = Scorer(from_dict(cfg))
+        # A bundle this node cannot load (the load check refused it on this CPU, a broken file): every part
+        # says so, as the local workers' do, instead of an actor that dies and takes the driver with it.
+        try:
+            self.scorer: Scorer | Exception = Scorer(from_dict(cfg))
+        except Exception as e:
+            self.scorer = e
 
     def __call__(self, batch: dict) -> dict:
         from bulk.shard import score_part
 
-        results = [score_part(Part(**json.loads(p)), self.scorer) for p in batch["part"]]
+        parts = [Part(**json.loads(p)) for p in batch["part"]]
+        if isinstance(self.scorer, Exception):
+            error = f"the worker could not load the model: {type(self.scorer).__name__}: {self.scorer}"
+            results = [p.failure(error) for p in parts]
+        else:
+            results = [score_part(p, self.scorer) for p in parts]
         return {"result": [json.dumps(r) for r in results]}
 
 

@@ -53,8 +53,10 @@ def classifier_schema(labels: list[str]) -> pa.Schema:
 
 
 def safe(name: str) -> str:
-    """A shard's relative path as one file name: sub-directories joined by "__"."""
-    return name.replace("/", "__")
+    """A shard's relative path as one file name, one-to-one: "/" written "%2F" and "%" itself "%25"; a
+    leading "." or "_" escaped too, since Parquet readers (pyarrow's datasets, pandas) skip such files."""
+    escaped = name.replace("%", "%25").replace("/", "%2F")
+    return f"%{ord(escaped[0]):02X}{escaped[1:]}" if escaped[:1] in (".", "_") else escaped
 
 
 def score_path(out: Path, part: Part) -> Path:
@@ -102,14 +104,16 @@ class PartWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def write_rejects(path: Path, rejects: list[dict]) -> None:
+def write_rejects(path: Path, rejects: list[dict]) -> str | None:
+    """The part's rejects file (none when it has none), and its sha256."""
     if not rejects:
         path.unlink(missing_ok=True)
-        return
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary(path)
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
     _publish(tmp, path)
+    return sha256_file(path)
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -126,7 +130,8 @@ class Manifest:
         self.path = out / "manifest.jsonl"
 
     def finished(self) -> dict[str, dict]:
-        """Finished parts by key: those whose line is whole and whose output is there with its sha256."""
+        """Finished parts by key: those whose line is whole and whose outputs (scores, and rejects if it
+        had any) are there with their sha256."""
         done: dict[str, dict] = {}
         if not self.path.is_file():
             return done
@@ -136,8 +141,10 @@ class Manifest:
                 entry = json.loads(line)
             except json.JSONDecodeError:
                 continue  # the last line of a killed job, cut short: that part is scored again
-            output = out / entry["output"]
-            if output.is_file() and sha256_file(output) == entry["sha256"]:
+            if _intact(out / entry["output"], entry["sha256"]) and (
+                not entry.get("rejects_file")
+                or _intact(out / entry["rejects_file"], entry.get("rejects_sha256"))
+            ):
                 done[entry["part"]] = entry
         return done
 
@@ -153,6 +160,11 @@ class Manifest:
             f.write((("\n" if torn else "") + json.dumps(entry) + "\n").encode())
             f.flush()
             os.fsync(f.fileno())
+
+
+def _intact(path: Path, sha256: str | None) -> bool:
+    """There, and with its recorded sha256 (a manifest line from before rejects had one: there)."""
+    return path.is_file() and (sha256 is None or sha256_file(path) == sha256)
 
 
 def remove_temporaries(out: Path) -> int:

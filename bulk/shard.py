@@ -141,13 +141,13 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
         if writer is not None:
             writer.abort()
         log.error("%s: %s: %s", part.key, type(e).__name__, e)
-        return result | {"error": f"{type(e).__name__}: {e}"}
+        return part.failure(f"{type(e).__name__}: {e}")
     rpath = outputs.rejects_path(cfg.out, part)
-    outputs.write_rejects(rpath, rejects)
+    rejects_sha = outputs.write_rejects(rpath, rejects)
     rel = lambda p: p.relative_to(cfg.out).as_posix()  # noqa: E731
     return result | stats | {
         "output": rel(path), "sha256": sha, "rejects": len(rejects),
-        "rejects_file": rel(rpath) if rejects else None, "seconds": round(time.perf_counter() - t0, 3),
+        "rejects_file": rel(rpath) if rejects else None, "rejects_sha256": rejects_sha, "seconds": round(time.perf_counter() - t0, 3),
         # Wall-clock times (the nodes of a cluster share a clock closely enough for a rate over minutes).
         "started_at": started_at, "finished_at": time.time(),
     }  # fmt: skip

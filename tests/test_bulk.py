@@ -112,3 +112,64 @@ def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
     manifest.path.write_text('{"part": "a.jsonl#0", "out')
     manifest.append({"part": "a.jsonl#1"})
     assert json.loads(manifest.path.read_text().splitlines()[-1]) == {"part": "a.jsonl#1"}
+
+
+def test_a_job_inside_its_input_resumes_on_its_input_alone_and_refuses_what_it_cannot_trust(
+    tmp_path, paragraphs
+):
+    """--out inside INPUT: a resume must not score the job's own files. Two shards whose names once gave one
+    output file keep all their rows. A part whose rejects file went missing is scored again. A shard
+    written since its part finished, a fingerprint that does not read, an --out that cannot be written:
+    each refused with what to do (exit 2), before any work."""
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "sub" / "x.jsonl", paragraphs[:5])
+    write_jsonl(corpus / "sub__x.jsonl", paragraphs[5:12])
+    (corpus / "sub__x.jsonl").open("a").write("not json\n")
+    out = corpus / "out"
+    first = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert first.returncode == 3, first.stderr
+    again = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert again.returncode == 3, again.stderr
+    assert "2 part(s); 2 already finished" in again.stdout
+    assert [(r["file"], r["line"]) for r in rows(out)] == [("sub/x.jsonl", i) for i in range(1, 6)] + [
+        ("sub__x.jsonl", i) for i in range(1, 8)
+    ]
+    assert summary(out)["documents"] == 12 and summary(out)["rejects_by_reason"] == {"not_json": 1}
+    for f in (out / "rejects").iterdir():
+        f.unlink()
+    rescored = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert rescored.returncode == 3 and "1 already finished" in rescored.stdout, rescored.stdout
+    assert len((out / "rejects.jsonl").read_text().splitlines()) == 1
+    with (corpus / "sub__x.jsonl").open("a") as f:
+        f.write(json.dumps({"text": paragraphs[12]}) + "\n")
+    changed = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert changed.returncode == 2 and "INPUT changed" in changed.stderr and "sub__x.jsonl" in changed.stderr
+    (out / "job.json").write_text("not json")
+    garbled = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert garbled.returncode == 2 and "not the fingerprint of a job" in garbled.stderr
+    (tmp_path / "a-file").write_text("")
+    unwritable = run_bulk(corpus, tmp_path / "a-file", "detector", "--workers", "1")
+    assert unwritable.returncode == 2 and "cannot write there" in unwritable.stderr, unwritable.stderr
+
+
+def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dying(tmp_path, paragraphs):
+    """The actor class Ray Data runs, run here: a bundle that fails to load on a node answers every part
+    with the error, as the local workers do, and the job records the failures and ends."""
+    import shutil
+
+    from bulk.config import resolve
+    from bulk.inputs import plan, shards
+    from bulk.on_ray import ScoreParts
+    from options import as_dict
+
+    shutil.copytree(MODELS / "detector", tmp_path / "models" / "broken")
+    (tmp_path / "models" / "broken" / "model.onnx").write_bytes(b"not a model")
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])
+    cfg = resolve(
+        [str(src), "--out", str(tmp_path / "out"), "--model", "broken", "--models", str(tmp_path / "models")]
+    )
+    parts, _ = plan(*shards(str(src), "auto")[:2], "auto", 1 << 20)
+    actor = ScoreParts(as_dict(cfg))
+    results = [json.loads(r) for r in actor({"part": [json.dumps(p.__dict__) for p in parts]})["result"]]
+    assert [r["part"] for r in results] == ["a.jsonl#0"]
+    assert "could not load the model" in results[0]["error"], results

@@ -1,0 +1,156 @@
+"""What bulk/ takes as input, read in this process (no model): which files a directory or a glob gives and
+by which names, what they are written as, and documents that must be rejected alone rather than fail their
+whole part (each of these once did: a resumed job scored its own outputs, two shards wrote one file and lost
+one's rows, a linked file crashed the job, one deep line failed its part)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bulk.config import resolve
+from bulk.inputs import Reason, plan, read, shards
+from bulk.outputs import safe
+from options import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def lines(path: Path, objs: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    return path
+
+
+def docs_of(path: Path, **kw) -> list:
+    root, files, unlisted = shards(str(path), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert not unlisted and not failed, (unlisted, failed)
+    args = {"text_field": "text", "id_field": "", "max_chars": 1000} | kw
+    return [d for p in parts for d in read(p, **args)]
+
+
+def test_output_file_names_are_one_to_one_and_visible_to_parquet_readers():
+    names = ["a.jsonl", "sub/x.jsonl", "sub__x.jsonl", "a_/b", "a/_b", "a%2Fb", "a/b", "_lead.jsonl", ".hid.jsonl",
+             "%5Flead.jsonl", "日本/語.txt"]  # fmt: skip
+    written = [safe(n) for n in names]
+    assert len(set(written)) == len(names), written
+    assert not any(w.startswith((".", "_")) or "/" in w for w in written), written
+    assert safe("plain.jsonl") == "plain.jsonl" and safe("sub/x.jsonl") == "sub%2Fx.jsonl"
+
+
+def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_outputs(tmp_path):
+    corpus = tmp_path / "corpus"
+    lines(corpus / "sub" / "x.jsonl", [{"text": "nested"}])
+    lines(corpus / "sub__x.jsonl", [{"text": "flat"}])
+    lines(corpus / "UPPER.JSONL", [{"text": "upper case suffix"}])
+    pq.write_table(pa.table({"text": ["a row"]}), corpus / "rows.PARQUET")
+    with gzip.open(corpus / "packed.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": "compressed"}) + "\n")
+    (corpus / "notes.md").write_text("not input")
+    # A shard linked from a cache of blobs (a Hugging Face snapshot): named and read as the link says.
+    blob = lines(tmp_path / "blobs" / "3f2a9c", [{"text": "linked"}])
+    (corpus / "linked.jsonl").symlink_to(blob)
+    # The job's own outputs, inside its input directory, as a first run left them.
+    out = corpus / "out"
+    lines(out / "manifest.jsonl", [{"part": "sub__x.jsonl#0"}])
+    lines(out / "rejects.jsonl", [{"id": "x"}])
+    (out / "config.json").write_text("{}")
+
+    root, files, unlisted = shards(str(corpus), "auto", out)
+    assert root == corpus and not unlisted
+    names = [f.relative_to(corpus).as_posix() for f in files]
+    assert names == [
+        "UPPER.JSONL",
+        "linked.jsonl",
+        "packed.jsonl.gz",
+        "rows.PARQUET",
+        "sub/x.jsonl",
+        "sub__x.jsonl",
+    ]
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert list(failed) == ["packed.jsonl.gz"] and "decompress" in failed["packed.jsonl.gz"]
+    assert {p.name: p.format for p in parts} == {"UPPER.JSONL": "jsonl", "linked.jsonl": "jsonl",
+                                                 "rows.PARQUET": "parquet", "sub/x.jsonl": "jsonl",
+                                                 "sub__x.jsonl": "jsonl"}  # fmt: skip
+    texts = [d.text for p in parts for d in read(p, "text", "", 1000)]
+    assert texts == ["upper case suffix", "linked", "a row", "nested", "flat"]
+    # The same from a glob, and from the linked file alone.
+    _, globbed, _ = shards(str(corpus / "**" / "*.jsonl"), "auto", out)
+    assert [f.name for f in globbed] == ["linked.jsonl", "x.jsonl", "sub__x.jsonl"]
+    root, files, _ = shards(str(corpus / "linked.jsonl"), "auto")
+    assert files == [corpus / "linked.jsonl"] and root == corpus
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and directory permissions as Linux has them")
+def test_directories_that_cannot_be_listed_fail_by_name_and_are_never_skipped(tmp_path):
+    corpus = tmp_path / "corpus"
+    lines(corpus / "ok.jsonl", [{"text": "fine"}])
+    lines(corpus / "locked" / "a.jsonl", [{"text": "behind mode 000"}])
+    lines(corpus / "unsearchable" / "b.jsonl", [{"text": "behind mode 644"}])
+    (corpus / "locked").chmod(0o000)
+    (corpus / "unsearchable").chmod(0o644)
+    code = ("import json, sys; from bulk.inputs import shards; root, files, unlisted = shards(sys.argv[1], 'auto');"
+            "print(json.dumps([[f.name for f in files], unlisted]))")  # fmt: skip
+    # Root reads any directory: drop the capabilities that let it, as an ordinary user runs.
+    caps = "-dac_override,-dac_read_search,-fowner"
+    prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", code, str(corpus)], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    finally:
+        (corpus / "locked").chmod(0o755)
+        (corpus / "unsearchable").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    files, unlisted = json.loads(done.stdout)
+    assert files == ["ok.jsonl"]
+    assert sorted(unlisted) == ["locked", "unsearchable/b.jsonl"], unlisted
+    assert all("Permission denied" in reason for reason in unlisted.values())
+
+
+def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tmp_path):
+    src = tmp_path / "odd.jsonl"
+    deep = '{"text": "deep", "x": ' + "[" * 1100 + "]" * 1100 + "}"
+    rows = ['{"text": "after a byte-order mark", "id": true}', deep, '{"text": "one", "id": 1.0}',
+            '{"text": "two", "id": "  "}', "null", '{"meta": {"text": "nested"}, "id": "n"}']  # fmt: skip
+    src.write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode() + b"\n")
+    got = docs_of(src, id_field="id")
+    assert [(d.id, d.text, d.reason) for d in got] == [
+        ("true", "after a byte-order mark", None),
+        ("odd.jsonl:2", None, Reason.NOT_JSON),
+        ("1.0", "one", None),
+        ("odd.jsonl:4", None, Reason.MISSING_ID),  # a blank id is none
+        ("odd.jsonl:5", None, Reason.NOT_JSON),
+        ("n", None, Reason.MISSING_TEXT),
+    ]
+    assert "nested too deeply" in got[1].detail and got[4].detail == "a JSON null, not an object"
+    assert "top-level key" in docs_of(src, text_field="meta.text")[0].detail
+
+
+def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows_alone(tmp_path):
+    # A string column whose second value is not UTF-8, as some writers leave it (Arrow does not check).
+    data = b"good textbad \xff\xfe text"
+    offsets = pa.array([0, 9, len(data)], pa.int32()).buffers()[1]
+    texts = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(data)])
+    ids = pa.array(["a", "b"]).dictionary_encode()
+    pq.write_table(pa.table({"text": texts, "id": ids}), tmp_path / "bytes.parquet")
+    got = docs_of(tmp_path / "bytes.parquet", id_field="id")
+    assert [(d.id, d.text, d.reason) for d in got] == [("a", "good text", None), ("b", None, Reason.NOT_UTF8)]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["", "--out", "o", "--model", "m"], "INPUT must not be empty"),
+    (["in", "--out", "o", "--model", "m", "--part-mb", "nan"], "--part-mb must be a number > 0"),
+    (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb must be a number > 0"),
+])  # fmt: skip
+def test_options_that_would_score_the_wrong_thing_are_refused(argv, says):
+    with pytest.raises(ConfigError, match=says):
+        resolve(argv)
