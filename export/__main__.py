@@ -21,6 +21,8 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     cfg = options.resolve(ExportConfig, argv, prog=PROG, description=__doc__.split("\n\n")[1])
     # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir():  # --force replaces a bundle, never a file
+        raise options.ConfigError(f"--out {out} is a file; a bundle is a directory: choose another --out")
     if not cfg.force and out.is_dir() and any(out.iterdir()):
         held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise options.ConfigError(f"--out {out} is not empty (it holds {held}); pass --force to replace it")

@@ -8,7 +8,6 @@ which is easier to detect than a generator's samples; the manifest says which on
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 from pathlib import Path
@@ -38,7 +37,14 @@ def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[s
 @functools.lru_cache(maxsize=4)
 def _read_held_out(eval_text: Path | None, data_dir: Path | None) -> tuple[tuple[str, ...], str]:
     if eval_text is not None:
-        lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8").splitlines()]
+        try:
+            lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8-sig").splitlines()]
+        except UnicodeDecodeError as e:
+            raise EvalDataError(
+                f"--eval-text: {eval_text} is not UTF-8 (byte offset {e.start}); save it as UTF-8"
+            ) from None
+        except OSError as e:
+            raise EvalDataError(f"--eval-text: {eval_text}: {e.strerror or e}") from None
         return tuple(ln for ln in lines if ln), str(eval_text)
     from training.data.corpus import read_corpus
 
@@ -60,7 +66,9 @@ def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: in
     tokenizer.no_padding()
     encs = [e for e in tokenizer.encode_batch(texts[: limit * 2]) if len(e.ids) >= min_tokens][:limit]
     if not encs:
-        raise EvalDataError("no held-out text long enough to evaluate on")
+        raise EvalDataError(
+            f"no held-out text of {min_tokens} tokens or more to evaluate on (--eval-text, --eval-data)"
+        )
     T = max(len(e.ids) for e in encs)
     ids, mask, types, special = (np.zeros((len(encs), T), np.int64) for _ in range(4))
     for i, e in enumerate(encs):
@@ -98,22 +106,46 @@ def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: in
     return out, fake.is_replaced.numpy(), how
 
 
-def read_labelled(path: Path) -> list[tuple[str, str]]:
-    """(text, label) rows from CSV, TSV or JSONL with `text` and `label` columns."""
-    path = Path(path)
-    if path.suffix == ".jsonl":
-        rows = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    else:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
-    if not rows or "text" not in rows[0] or "label" not in rows[0]:
-        raise EvalDataError(f"{path}: expected columns 'text' and 'label' (CSV, TSV or JSONL)")
-    return [(str(r["text"]), str(r["label"])) for r in rows]
+def read_labelled(path: Path, ckpt: Path | None = None) -> list[tuple[str, str]]:
+    """(text, label name) rows of --eval-data, read as fine-tuning reads its files (training.finetuning.data:
+    the same formats, checks and label names), from the text and label columns the checkpoint was
+    fine-tuned with (its trainer_state.json), else `text` and `label`."""
+    from training.finetuning.data import DataError, label_name, missing, read_rows
+
+    text_col, label_col = _fine_tuned_columns(ckpt)
+    try:
+        rows = read_rows(str(path), "--eval-data")
+    except DataError as e:
+        raise EvalDataError(str(e)) from None
+    if not rows or text_col not in rows[0] or label_col not in rows[0]:
+        held = ", ".join(map(str, rows[0])) if rows else "no rows"
+        raise EvalDataError(f"--eval-data: {path}: expected columns {text_col!r} and {label_col!r}, those the "
+                            f"model was fine-tuned with (it holds: {held})")  # fmt: skip
+    out = []
+    for n, r in enumerate(rows, 1):
+        if r.get(text_col) is None or missing(r.get(label_col)):
+            raise EvalDataError(f"--eval-data: {path} row {n} has no {text_col!r} or no {label_col!r}")
+        out.append((str(r[text_col]), label_name(r[label_col])))
+    return out
+
+
+def _fine_tuned_columns(ckpt: Path | None) -> tuple[str, str]:
+    state = ckpt / "trainer_state.json" if ckpt is not None else None
+    config = {}
+    if state is not None and state.is_file():
+        try:
+            config = json.loads(state.read_text()).get("config") or {}
+        except (ValueError, AttributeError):
+            config = {}
+    return config.get("text_column") or "text", config.get("label_column") or "label"
 
 
 def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str) -> np.ndarray:
     """Label column -> class index (by name, else by number) or float for regression."""
     if ptype == "regression":
+        bad = next((lab for _, lab in rows if not _is_number(lab)), None)
+        if bad is not None:
+            raise EvalDataError(f"--eval-data: label {bad!r} is not a number, and the model is a regression")
         return np.array([float(lab) for _, lab in rows])
     by_name = {v: k for k, v in id2label.items()}
     out = []
@@ -123,8 +155,18 @@ def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str)
         elif lab.lstrip("-").isdigit() and int(lab) in id2label:
             out.append(int(lab))
         else:
-            raise EvalDataError(f"label {lab!r} is not one of the model's labels {sorted(by_name)}")
+            raise EvalDataError(
+                f"--eval-data: label {lab!r} is not one of the model's labels {sorted(by_name)}"
+            )
     return np.array(out)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def registry_dev_rows(

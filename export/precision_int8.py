@@ -175,7 +175,7 @@ def _static_int8(src, work: Path, tmp: Path, inputs: list[str], keep_fp32: bool,
         else None
     )
     if cfg.eval_data and not cfg.eval_text:  # a classifier's own dev texts: no corpus needed
-        lines, where = [t for t, _ in evaldata.read_labelled(Path(cfg.eval_data))], cfg.eval_data
+        lines, where = [t for t, _ in evaldata.read_labelled(Path(cfg.eval_data), src.ckpt)], cfg.eval_data
     elif task_rows:
         lines, where = [t for t, _ in task_rows[0]], task_rows[1]
     else:
@@ -219,7 +219,7 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     if kind == "classifier":
         rows, where = None, None
         if cfg.eval_data:
-            rows, where = evaldata.read_labelled(Path(cfg.eval_data)), cfg.eval_data
+            rows, where = evaldata.read_labelled(Path(cfg.eval_data), ckpt), cfg.eval_data
         elif found := evaldata.registry_dev_rows(ckpt, data_dir):
             rows, where = found
         if rows is not None and ptype != "multi_label_classification":

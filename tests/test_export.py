@@ -398,3 +398,42 @@ def test_recover_refuses_a_classifier_bundle(tmp_path, classifier_dir):
     export(classifier_dir, tmp_path / "b", precision="fp32")
     with pytest.raises(ValueError, match="only detector bundles"):
         recover(tmp_path / "b", tmp_path / "ckpt")
+
+
+def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
+    """--eval-data takes the file the model was fine-tuned on: its columns (trainer_state.json), a byte-order
+    mark, labels with spaces or written as JSON numbers; and says which file and row when it cannot."""
+    from export.evaldata import EvalDataError, label_ids, read_labelled
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text(
+        json.dumps({"config": {"text_column": "review", "label_column": "stars"}})
+    )
+    (tmp_path / "dev.csv").write_text(
+        '\ufeffreview,stars\n"a fine, warm film",good \nfilm,bad\n', encoding="utf-8"
+    )
+    assert read_labelled(tmp_path / "dev.csv", ckpt) == [("a fine, warm film", "good"), ("film", "bad")]
+    (tmp_path / "dev.jsonl").write_text('{"text": "a", "label": 1.0}\n{"text": "b", "label": 0}\n')
+    rows = read_labelled(tmp_path / "dev.jsonl")
+    assert label_ids(rows, {0: "0", 1: "1"}, "single_label_classification").tolist() == [1, 0]
+    with pytest.raises(EvalDataError, match="expected columns 'review' and 'stars'"):
+        read_labelled(tmp_path / "dev.jsonl", ckpt)
+    (tmp_path / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": }\n')
+    with pytest.raises(EvalDataError, match="bad.jsonl line 2 is not JSON"):
+        read_labelled(tmp_path / "bad.jsonl")
+    (tmp_path / "latin1.csv").write_bytes("text,label\ncaf\u00e9,1\n".encode("latin-1"))
+    with pytest.raises(EvalDataError, match="latin1.csv is not UTF-8"):
+        read_labelled(tmp_path / "latin1.csv")
+    with pytest.raises(EvalDataError, match="'n/a' is not a number"):
+        label_ids([("a", "2.5"), ("b", "n/a")], {0: "score"}, "regression")
+
+
+def test_export_refuses_a_file_as_out_even_with_force(tmp_path, capsys):
+    from export.__main__ import main
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "no-such-run"), "--out", str(tmp_path / "notes.txt"), "--force"])
+    assert e.value.code == 2 and "is a file" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -267,6 +267,63 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         run(*user, "--epochs", 1)
 
 
+def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_and_fix(tiny_init, tmp_path):
+    """Each of these once trained silently on something else (a NaN became a class, a comma in a text moved
+    the label, a JSON row without its text trained on "") or ended in a traceback."""
+    good = [f"{WORDS[lab]} {i},{lab}" for i, lab in enumerate(["good", "bad"] * 6)]
+    files = {
+        "nan.csv": "text,label\n" + "\n".join(good[:5] + ["a film,NaN"] + good[5:]) + "\n",
+        "ragged.csv": "text,label\n" + "\n".join(good[:3] + ["hello, world,good"] + good[3:]) + "\n",
+        "short.csv": "text,label\n" + "\n".join(good[:3] + ["no label here"] + good[3:]) + "\n",
+        "tabs.csv": "text\tlabel\n" + "\n".join(g.replace(",", "\t") for g in good) + "\n",
+        "nulls.jsonl": "\n".join(
+            json.dumps({"text": None if i == 4 else g.split(",")[0], "label": g.split(",")[1]})
+            for i, g in enumerate(good)
+        )
+        + "\n",  # fmt: skip
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "latin1.csv").write_bytes(
+        ("text,label\n" + "\n".join(good) + "\ncaf\u00e9,good\n").encode("latin-1")
+    )
+    cases = {
+        "nan.csv": "row 6 has no value in the label column 'label' ('NaN')",
+        "ragged.csv": "line 5 has more fields than the header's 2; a text holding a comma",
+        "short.csv": "line 5 has fewer fields",
+        "tabs.csv": "it looks tab-separated: name it .tsv",
+        "nulls.jsonl": "row 5 has no 'text'",
+        "latin1.csv": "is not UTF-8",
+    }
+    for name, says in cases.items():
+        with pytest.raises(SystemExit) as e:
+            run("--init", tiny_init, "--out", tmp_path / "out", "--train", tmp_path / name)
+        assert name in str(e.value.code) and says in str(e.value.code), (name, e.value.code)
+    # A whole document in one field: over the csv module's default limit of 128 KB, and read.
+    long = "a great fun warm film " * 7000
+    (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(good) + f"\n{long},good\n")
+    run("--init", tiny_init, "--out", tmp_path / "long", "--train", tmp_path / "long.csv", "--epochs", 1,
+        "--max-seq-len", 32)  # fmt: skip
+    # --out where no model can go, and an --init whose files are damaged.
+    (tmp_path / "a-file").write_text("")
+    run_dir = tmp_path / "pretraining-run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").write_text("step-00000010")
+    broken = tmp_path / "broken-init"
+    shutil.copytree(tiny_init, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    user = ["--train", tmp_path / "long.csv", "--init", tiny_init]
+    for args, says in [
+        (["--out", tmp_path / "a-file"], "is a file"),
+        (["--out", tmp_path / "a-file" / "sub"], "cannot create"),
+        (["--out", run_dir, "--overwrite"], "is a pretraining run"),
+        (["--out", tmp_path / "o2", "--init", broken], "does not read as weights"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            run(*user, *args)
+        assert says in str(e.value.code), (args, e.value.code)
+
+
 def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
     tiny_init, tmp_path, registry_data
 ):

@@ -81,7 +81,13 @@ def hf_config_dict(cfg: ElectraConfig, architecture: str) -> dict:
 
 
 def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
-    raw = json.loads((ckpt / "config.json").read_text())
+    try:
+        raw = json.loads((ckpt / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # cut short by a full disk, edited by hand
+        raise CheckpointError(f"{ckpt}/config.json does not read as JSON ({e}); restore it from the run or "
+                              "its source") from None  # fmt: skip
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{ckpt}/config.json is not a JSON object")
     if raw.get("model_type", "electra") != "electra":
         raise CheckpointError(f"{ckpt}/config.json: model_type is {raw['model_type']!r}, expected 'electra'")
     arch = (raw.get("architectures") or ["ElectraForPreTraining"])[0]
@@ -112,10 +118,18 @@ def state_dict_for_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    if (ckpt / "model.safetensors").is_file():
-        return load_file(ckpt / "model.safetensors")
-    # Older HF checkpoints ship only a pickle; weights_only refuses anything but tensors.
-    return torch.load(ckpt / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    path = ckpt / "model.safetensors"
+    try:
+        if path.is_file():
+            return load_file(path)
+        # Older HF checkpoints ship only a pickle; weights_only refuses anything but tensors.
+        path = ckpt / "pytorch_model.bin"
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors' and torch's own errors for a truncated or foreign file
+        if isinstance(e, OSError) and not path.exists():
+            raise
+        raise CheckpointError(f"{path} does not read as weights ({type(e).__name__}: {str(e)[:200]}); it may "
+                              "be cut short or not a weights file: restore it from the run or its source") from None  # fmt: skip
 
 
 def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> None:

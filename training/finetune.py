@@ -203,15 +203,30 @@ def evaluate(model, items, data: TaskData, positive: int, cfg, pad_id, device, a
 # ------------------------------------------------------------------------------------------- outputs
 
 
-def prepare_out(out: Path, overwrite: bool) -> None:
+def check_out(out: Path, overwrite: bool) -> list[str]:
+    """The outputs --out already holds (to replace with --overwrite); a ConfigError where it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; choose a directory")
+    if (out / "checkpoints" / ckpt.LATEST).exists():  # --overwrite would replace its config.json and metrics
+        raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
+                          "would break its --resume: choose another --out")  # fmt: skip
     present = [f for f in OUTPUTS if (out / f).exists()]
     if present and not overwrite:
         raise ConfigError(
             f"--out: {out} already holds {', '.join(present)}; pass --overwrite or choose another --out"
         )
-    for f in present:
+    return present
+
+
+def prepare_out(out: Path, overwrite: bool) -> None:
+    for f in check_out(out, overwrite):
         (out / f).unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"--out: cannot create {out} ({e.strerror or e}); choose a directory you can write"
+        ) from None
 
 
 def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) -> None:
@@ -236,8 +251,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
     cfg = options.resolve(FinetuneConfig, argv, prog="python -m training.finetune", description=__doc__)
     out = Path(cfg.out).resolve()
-    if not cfg.overwrite and any((out / f).exists() for f in OUTPUTS):
-        prepare_out(out, False)  # fails at once, before any data is read
+    check_out(out, cfg.overwrite)  # fails at once, before any data is read
     try:
         data = load_task_data(cfg)
     except DatasetError as e:

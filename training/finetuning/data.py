@@ -25,7 +25,8 @@ from tokenizers import Tokenizer
 
 from training.config import ConfigError
 
-__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "load_task_data"]
+__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "label_name", "load_task_data", "missing",
+           "read_rows"]  # fmt: skip
 
 SPLIT_SEED = 20240607  # the dev split of user data and the --max-*-examples samples; keep it fixed
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
@@ -93,30 +94,66 @@ def _registry(cfg) -> TaskData:
     return TaskData(cfg.task, CLASSIFICATION, ls.labels, splits, source)
 
 
+# A CSV field may hold a whole document: the csv module's default limit (128 KB) would stop at one.
+csv.field_size_limit(2**31 - 1)
+
+
 def read_rows(path: str, flag: str) -> list[dict]:
     """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{flag}: {p} does not exist")
     suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{flag}: {p} line {n} is not JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{flag}: {p} line {n} is not a JSON object")
-                rows.append(row)
-        return rows
-    if suffix not in (".csv", ".tsv"):
+    if suffix not in (".csv", ".tsv", ".jsonl"):
         raise DataError(f"{flag}: {p} has an unsupported type {suffix!r}; use .csv, .tsv or .jsonl")
+    try:
+        return _jsonl_rows(p, flag) if suffix == ".jsonl" else _table_rows(p, flag, suffix == ".tsv")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{flag}: {p} is not UTF-8 (byte {e.object[e.start : e.start + 1]!r} at offset "
+                        f"{e.start}); save it as UTF-8") from None  # fmt: skip
+
+
+def _jsonl_rows(p: Path, flag: str) -> list[dict]:
+    rows = []
+    for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{flag}: {p} line {n} is not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{flag}: {p} line {n} is not a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _table_rows(p: Path, flag: str, tsv: bool) -> list[dict]:
+    # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
+    kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
+    sep = "a tab" if tsv else "a comma (quote such texts)"
     with open(p, newline="", encoding="utf-8-sig") as f:
-        # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
-        kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {}
-        return list(csv.DictReader(f, **kwargs))
+        reader = csv.DictReader(f, **kwargs)
+        rows = []
+        try:
+            for row in reader:
+                # A row with more fields than the header puts the rest under None, one with fewer gets None
+                # values: either way its text and label would be other columns' values.
+                if None in row or None in row.values():
+                    n = len(reader.fieldnames or [])
+                    raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
+                                    f"fields than the header's {n}; a text holding {sep}?")  # fmt: skip
+                rows.append(row)
+        except csv.Error as e:
+            raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
+    return rows
+
+
+def missing(value) -> bool:
+    """A label (or text) that is not there: absent, null, blank, or NaN (how pandas and JSON writers mark
+    a missing number)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return isinstance(value, str) and (not value.strip() or value.strip().lower() == "nan")
 
 
 def _columns(cfg) -> dict[str, str]:
@@ -132,14 +169,22 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
         raise DataError(f"{flag}: {path} holds no rows")
     for opt, col in _columns(cfg).items():
         if col not in rows[0]:
-            raise DataError(f"{opt}: no column {col!r} in {path} (columns: {', '.join(map(str, rows[0]))})")
+            columns = list(map(str, rows[0]))
+            hint = (
+                "; it looks tab-separated: name it .tsv" if len(columns) == 1 and "\t" in columns[0] else ""
+            )
+            raise DataError(f"{opt}: no column {col!r} in {path} (columns: {', '.join(columns)}){hint}")
     out = []
     for n, row in enumerate(rows, 1):
         label = row.get(cfg.label_column)
-        if label is None or (isinstance(label, str) and not label.strip()):
-            raise DataError(f"{flag}: {path} row {n} has no value in the label column {cfg.label_column!r}")
-        pair = row.get(cfg.text_pair_column) if cfg.text_pair_column else None
-        out.append((str(row.get(cfg.text_column) or ""), None if pair is None else str(pair), label))
+        if missing(label):
+            raise DataError(f"{flag}: {path} row {n} has no value in the label column {cfg.label_column!r}"
+                            + (f" ({label!r})" if label is not None and str(label).strip() else ""))  # fmt: skip
+        for col in filter(None, (cfg.text_column, cfg.text_pair_column)):
+            if row.get(col) is None:  # a JSON row without the key, or null: not an empty text to train on
+                raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
+        pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
+        out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
     return out
 
 
@@ -153,7 +198,7 @@ def _as_float(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _label_name(value) -> str:
+def label_name(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # 1.0 in JSON and "1" in a CSV are the same class
     return str(value).strip()
@@ -189,7 +234,7 @@ def _user_files(cfg) -> TaskData:
         labels: tuple[str, ...] = (cfg.label_column,)
         ptype = REGRESSION
     else:
-        seen = {_label_name(v) for v in values}
+        seen = {label_name(v) for v in values}
         if cfg.labels:
             labels = tuple(s.strip() for s in cfg.labels.split(","))
             if len(set(labels)) != len(labels) or not all(labels):
@@ -199,13 +244,13 @@ def _user_files(cfg) -> TaskData:
         index = {name: i for i, name in enumerate(labels)}
         splits = {}
         for split, rows in raw.items():
-            unknown = sorted({_label_name(lab) for _, _, lab in rows} - set(index))
+            unknown = sorted({label_name(lab) for _, _, lab in rows} - set(index))
             if unknown and cfg.labels:
                 raise DataError(f"--labels: --{split} holds labels {unknown[:5]} that --labels does not list")
             if unknown:
                 raise DataError(f"--{split}: labels {unknown[:5]} do not occur in the training data; "
                                 "pass --labels to list every class")  # fmt: skip
-            splits[split] = [Example(t, p, index[_label_name(lab)]) for t, p, lab in rows]
+            splits[split] = [Example(t, p, index[label_name(lab)]) for t, p, lab in rows]
         ptype = CLASSIFICATION
     source = {
         split: str(Path(p)) for split, p in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)) if p
