@@ -169,6 +169,8 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ValueError(
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
+    if kind == "detector" and cfg.eval_data:
+        raise ValueError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
     ptype = problem_type(mcfg) if kind == "classifier" else None
     quantization_aware = mcfg.quantization is not None
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)

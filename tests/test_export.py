@@ -437,3 +437,9 @@ def test_export_refuses_a_file_as_out_even_with_force(tmp_path, capsys):
         main([str(tmp_path / "no-such-run"), "--out", str(tmp_path / "notes.txt"), "--force"])
     assert e.value.code == 2 and "is a file" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_detector_refuses_labelled_eval_data_it_would_ignore(tmp_path, detector_dir):
+    with pytest.raises(ValueError, match="--eval-data is a classifier's"):
+        export(detector_dir, tmp_path / "b", eval_data=_dev_csv(tmp_path / "dev.csv"))
+    assert not (tmp_path / "b").exists()

@@ -250,6 +250,8 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         ([*user, "--problem-type", "regression"], "--problem-type"),
         ([*user, "--metric", "pearson"], "--metric"),
         ([*user, "--positive-label", "great"], "--positive-label"),
+        ([*user, "--positive-label", "good"], "for two classes only"),
+        ([*user, "--init", Path(__file__).parents[1] / "models" / "detector"], "export.recover"),
         ([*user, "--layerwise-lr-decay", 1.5], "--layerwise-lr-decay"),
         ([*user, "--epochs", "two"], "--epochs"),
         ([*user, "--max-seq-len", 1000], "--max-seq-len"),
@@ -347,3 +349,11 @@ def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["optimizations"]["int8"]["method"].startswith("int8 compute")
     assert manifest["load_check"]["at_export"]["max"] <= manifest["load_check"]["gate"]["max"]
+
+
+def test_weights_files_are_as_readable_as_the_rest_of_the_output(spam_run):
+    """safetensors writes its files private (0600); a model read by a teammate or a server's own user
+    must not be (the checkpoint's config.json beside it is not)."""
+    out, _ = spam_run
+    weights, config = (out / "model.safetensors").stat().st_mode, (out / "config.json").stat().st_mode
+    assert weights & 0o777 == config & 0o777, (oct(weights), oct(config))

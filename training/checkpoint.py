@@ -53,8 +53,13 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         target = p / "checkpoints" / latest.read_text().strip()
         if (target / "config.json").is_file():
             return target
+        raise CheckpointError(f"{latest} names {target.name}, but {target} holds no config.json: point at another "
+                              "checkpoint under checkpoints/, or write its name into checkpoints/latest")  # fmt: skip
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
+    if (p / "manifest.json").is_file() and (p / "model.onnx").is_file():
+        raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; get a checkpoint back from it with "
+                              f"python -m export.recover {p} --out DIR (detectors)")  # fmt: skip
     raise CheckpointError(
         f"{p} holds no checkpoint: expected config.json with model.safetensors (or pytorch_model.bin), "
         f"or a run directory with checkpoints/{LATEST}"
@@ -170,11 +175,22 @@ def load_model(
     return model, cfg, ckpt
 
 
+def save_tensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """safetensors' save_file, with the file as readable as any other written here: save_file makes it
+    private (0600), as a temporary file, and a checkpoint is often read by another user (a team, an image)."""
+    save_file(tensors, path, metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> None:
     """config.json + model.safetensors into `directory` (which must exist)."""
     cfg: ElectraConfig = model.config
     (directory / "config.json").write_text(json.dumps(hf_config_dict(cfg, architecture), indent=2))
-    save_file(state_dict_for_save(model), directory / "model.safetensors", metadata={"format": "pt"})
+    save_tensors(state_dict_for_save(model), directory / "model.safetensors", metadata={"format": "pt"})
 
 
 # ------------------------------------------------------------------------------------ atomic directories

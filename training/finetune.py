@@ -275,6 +275,9 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
         raise ConfigError(
             f"--positive-label: {cfg.positive_label!r} is not one of the labels {list(data.labels)}"
         )
+    if cfg.positive_label is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
+        raise ConfigError(f"--positive-label: for two classes only; this data has {len(data.labels)} labels"
+                          + (" (a regression)" if data.problem_type != CLASSIFICATION else ""))  # fmt: skip
     if cfg.metric == "f1" and len(data.labels) != 2:
         raise ConfigError("--metric f1: the F1 of one class is for binary tasks; use macro_f1")
     counts = data.label_counts() if data.problem_type == CLASSIFICATION else None

@@ -147,9 +147,8 @@ def _shards(pieces: list, budget: int) -> list[list]:
 def pack(cfg: PackConfig, log=print) -> dict:
     """Write the shards and handoff.json into cfg.out; returns the index."""
     import torch
-    from safetensors.torch import save_file
 
-    from training.checkpoint import read_weights
+    from training.checkpoint import read_weights, save_tensors
 
     run, out = Path(cfg.run), Path(cfg.out)
     if out.exists() and any(out.iterdir()):
@@ -168,7 +167,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
                    "files": _small_files(ckpt, run, cfg.log), "pack_config": options.as_dict(cfg)}  # fmt: skip
     for n, shard in enumerate(shards, 1):
         name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
-        save_file({key: t for _, key, t in shard}, out / name, metadata={"format": "pt"})
+        save_tensors({key: t for _, key, t in shard}, out / name, metadata={"format": "pt"})
         (out / name).chmod(0o644)  # safetensors writes it private; whoever copies it back must read it
         size = (out / name).stat().st_size
         if size > limit:  # HEADER_ROOM is ours to keep large enough
@@ -253,9 +252,7 @@ def _weights(directory: Path, index: dict) -> dict:
 
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
-    from safetensors.torch import save_file
-
-    from training.checkpoint import LATEST, load_model, write_atomically
+    from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
     src, out = Path(cfg.handoff), Path(cfg.out)
     if out.exists() and any(out.iterdir()) and not cfg.force:
@@ -268,7 +265,7 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     def fill(tmp: Path) -> None:
         ckpt = tmp / "checkpoints" / step_dir
         ckpt.mkdir(parents=True)
-        save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+        save_tensors(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
         for name, f in index["files"].items():
             where, _, file = name.partition("/")
             (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"])

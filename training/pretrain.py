@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 import options
@@ -89,7 +89,7 @@ def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokeni
             for f in ("tokenizer.json", "vocab.txt"):  # each part loads on its own, tokenizer included
                 (d / sub / f).write_bytes((tokenizer_dir / f).read_bytes())
         tensors, opt_meta = ckpt.flatten_optimizer(opt)
-        save_file(tensors, d / "optimizer.safetensors")
+        ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
                  "config": cfg.__dict__, "eval": evals, "objective": cfg.objective}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
