@@ -137,7 +137,9 @@ def format_of(path: Path, fmt: str) -> str:
     return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
 
-def plan(root: Path, files: list[Path], fmt: str, part_bytes: int) -> tuple[list[Part], dict[str, str]]:
+def plan(
+    root: Path, files: list[Path], fmt: str, part_bytes: int, id_field: str = ""
+) -> tuple[list[Part], dict[str, str]]:
     """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone."""
     parts: list[Part] = []
     failed: dict[str, str] = {}
@@ -155,6 +157,9 @@ def plan(root: Path, files: list[Path], fmt: str, part_bytes: int) -> tuple[list
             )
             continue
         kind = format_of(path, fmt)
+        if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
+            failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
+            continue
         try:
             cut = _parquet_parts if kind == "parquet" else _line_parts
             parts.extend(list(cut(path, name, kind, part_bytes)))  # all of a shard's parts, or none

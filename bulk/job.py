@@ -135,7 +135,7 @@ def run(cfg: BulkConfig) -> int:
     bundle = read_bundle(cfg.bundle_dir, cfg.model)  # a missing or tampered bundle stops us here, once
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
     part_bytes = prepare(cfg, bundle.manifest.model_sha256, files)
-    parts, failed_shards = plan(root, files, cfg.format, part_bytes)
+    parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)
     failed_shards |= unlisted
     report_failures(failed_shards)
     manifest = outputs.Manifest(cfg.out)

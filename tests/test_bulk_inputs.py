@@ -88,6 +88,11 @@ def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_ou
     assert [f.name for f in globbed] == ["linked.jsonl", "x.jsonl", "sub__x.jsonl"]
     root, files, _ = shards(str(corpus / "linked.jsonl"), "auto")
     assert files == [corpus / "linked.jsonl"] and root == corpus
+    # An id field cannot come from plain text: such a shard fails, saying so, rather than ids vanishing.
+    (corpus / "lines.txt").write_text("a line\n")
+    root, files, _ = shards(str(corpus), "auto", out)
+    _, failed = plan(root, files, "auto", 1 << 20, id_field="doc")
+    assert "plain text has no fields" in failed["lines.txt"]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="setpriv and directory permissions as Linux has them")
