@@ -216,8 +216,20 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             )
         if self.port > 65535:
             raise SettingsError(f"{flag('port')} must be <= 65535, got {self.port}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise SettingsError(f"{flag('api_key')} is set but empty")
+        if self.api_key is not None:
+            # A key read from a file or a Kubernetes secret often ends in a newline: a client can never send
+            # that, nor leading or trailing spaces, so they are not part of the key.
+            object.__setattr__(self, "api_key", self.api_key.strip())
+            if not self.api_key:
+                raise SettingsError(f"{flag('api_key')} is set but empty")
+            if not (self.api_key.isascii() and self.api_key.isprintable()):
+                # HTTP headers arrive as Latin-1: a key outside printable ASCII could never match.
+                raise SettingsError(
+                    f"{flag('api_key')} must be printable ASCII (HTTP headers carry no other)"
+                )
+        if not self.host.strip():
+            raise SettingsError(f"{flag('host')} is empty; give an address (127.0.0.1 is the default, 0.0.0.0 "
+                                "every interface)")  # fmt: skip
         try:
             FaultSpec.parse(self.inject_faults)
         except FaultSpecError as e:

@@ -6,7 +6,6 @@ fingerprint (job.json), and a resumed job must match it."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +71,8 @@ class BulkConfig:
                 raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
         if self.workers < 0 or self.window_stride < 0:
             raise ConfigError(f"{flag('workers')} and {flag('window_stride')} must be >= 0")
-        if not (math.isfinite(self.part_mb) and self.part_mb > 0):
-            raise ConfigError(f"{flag('part_mb')} must be a number > 0, got {self.part_mb}")
+        if self.part_mb <= 0:  # nan and inf are refused for every float option (options.coerce)
+            raise ConfigError(f"{flag('part_mb')} must be > 0, got {self.part_mb}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ConfigError(f"{flag('threshold')} must lie in [0, 1], got {self.threshold}")
         if not self.input.strip():  # Path("") is the current directory: an unset variable would score it

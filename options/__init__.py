@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
@@ -108,17 +109,24 @@ def coerce(name: str, value, annotation, source: str | None = None):
             return False
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if kind is tuple:
+        if not isinstance(value, (str, list, tuple)):  # a TOML number or table
+            raise ConfigError(f"{where}: expected a list or comma-separated text, got {value!r}")
         items = value.split(",") if isinstance(value, str) else list(value)
         return tuple(str(v).strip() for v in items if str(v).strip())
     if kind is Path:
+        if not isinstance(value, (str, Path)) or str(value) == "":  # Path("") would be the current directory
+            raise ConfigError(f"{where}: expected a path, got {value!r}")
         return Path(value)
     if kind in (int, float):
         if isinstance(value, bool) or (isinstance(value, float) and kind is int):
             raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
         try:
-            return kind(value)
+            number = kind(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}") from None
+        if not math.isfinite(number):  # nan passes every comparison a check makes; inf waits forever
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if kind is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected text, got {type(value).__name__} {value!r}")
@@ -216,9 +224,15 @@ def resolve(
         if not path.is_file():
             raise ConfigError(f"--config: {path} does not exist")
         try:
-            raw = tomllib.loads(path.read_text())
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"--config {path}: not UTF-8 (byte offset {e.start}), as TOML must be"
+            ) from None
+        except OSError as e:
+            raise ConfigError(f"--config {path}: cannot be read ({e.strerror or e})") from None
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(

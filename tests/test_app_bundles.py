@@ -5,6 +5,7 @@ per-file hashes are served with a warning."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,59 @@ def test_a_bundle_off_its_gate_on_this_cpu_is_refused_or_served_with_a_warning(b
         assert s.metric("electra_load_check_within_gate", model="detector") == 0.0
         assert c.post("/detect", json={"text": "the chef cooked"}).status_code == 200
         assert "served anyway (--load-check warn)" in s.log()
+
+
+def test_bundles_are_named_as_listed_and_what_cannot_be_read_fails_alone(bundles_dir, tmp_path):
+    """Two links to directories of one name were one bundle, the other dropped without a word; a bundle
+    copied without its manifest was skipped in silence; a file the server's user cannot read stopped the
+    whole server with a traceback. The lost+found of a volume mounted at --models is no bundle."""
+    from app.model.bundle import discover
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name, target in (("a", "detector"), ("b", "sentiment")):
+        real = tmp_path / f"real-{name}" / "model"  # both targets are directories called "model"
+        shutil.copytree(bundles_dir / target, real)
+        (models / name).symlink_to(real)
+    (models / "partial").mkdir()
+    shutil.copyfile(bundles_dir / "sentiment" / "model.onnx", models / "partial" / "model.onnx")
+    (models / "lost+found").mkdir()
+    (models / "README.md").write_text("bundles live here")
+    bundles, broken = discover(models)
+    assert [b.name for b in bundles] == ["a", "b"]
+    assert list(broken) == ["partial"] and "no manifest.json" in broken["partial"]
+    # Unreadable files, as the image's unprivileged user meets them (root reads anything: drop that).
+    shutil.copytree(bundles_dir / "sentiment", models / "private")
+    (models / "private" / "model.onnx").chmod(0o000)
+    (models / "sealed").mkdir(mode=0o000)
+    code = "import json, sys; from app.model.bundle import discover; print(json.dumps(discover(__import__('pathlib').Path(sys.argv[1]))[1]))"
+    caps = "-dac_override,-dac_read_search,-fowner"
+    prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
+    done = subprocess.run([*prefix, sys.executable, "-c", code, str(models)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    (models / "sealed").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    broken = json.loads(done.stdout)
+    assert sorted(broken) == ["partial", "private", "sealed"], broken
+    assert "model.onnx: cannot be read (Permission denied)" in broken["private"]
+    assert "cannot be read" in broken["sealed"]
+
+
+def test_a_bundle_too_long_for_the_batch_budget_fails_alone(bundles_dir, tmp_path):
+    from app.metrics import Metrics
+    from app.model.bundle import discover
+    from app.scheduling.registry import Registry
+    from app.settings import Settings, SettingsError
+
+    models = _copy(bundles_dir, tmp_path / "models")
+    manifest = json.loads((models / "sentiment" / "manifest.json").read_text())
+    manifest["max_length"] = 8192  # not hashed: the manifest is what vouches for the rest
+    (models / "sentiment" / "manifest.json").write_text(json.dumps(manifest))
+    bundles, broken = discover(models)
+    registry = Registry(bundles, Settings.from_sources([], env={})[0], Metrics(), broken)
+    assert list(registry.bundles) == ["detector"]
+    assert "is smaller than one row of 'sentiment' (max_length 8192)" in registry.broken["sentiment"]
+    with pytest.raises(SettingsError, match="no bundle can be served"):
+        Registry(
+            [b for b in bundles if b.name == "sentiment"], Settings.from_sources([], env={})[0], Metrics()
+        )

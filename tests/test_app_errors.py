@@ -218,3 +218,32 @@ def test_a_body_far_over_the_limit_gets_the_413_in_a_client_that_writes_it_all_f
         urllib.request.urlopen(request, timeout=30)
     assert answer.value.code == 413
     assert json.loads(answer.value.read())["error"]["type"] == "body_too_large"
+
+
+def test_settings_that_start_a_server_no_client_can_use_are_refused_or_mended(tmp_path):
+    """An API key with the newline a secret file ends in could never be matched; one outside ASCII neither
+    (headers are Latin-1). An empty ELECTRA_HOST bound every interface; an empty ELECTRA_MODELS_DIR meant
+    the current directory; --max-wait-ms inf left the first request waiting forever; a TOML value of the
+    wrong type, or a config file that is not UTF-8, ended in a traceback."""
+    from app.settings import Settings
+    from options import ConfigError
+
+    def settings(argv=(), **env):
+        return Settings.from_sources(list(argv), env={f"ELECTRA_{k.upper()}": v for k, v in env.items()})[0]
+
+    assert settings(api_key="k1\n").api_key == "k1"
+    (tmp_path / "bad-type.toml").write_text("cors_origins = 5\n")
+    (tmp_path / "bad-path.toml").write_text("models_dir = 5\n")
+    (tmp_path / "latin1.toml").write_bytes('host = "caf\u00e9"\n'.encode("latin-1"))
+    for argv, env, says in [
+        ((), {"api_key": "cl\u00e9"}, "printable ASCII"),
+        ((), {"host": ""}, "--host is empty"),
+        ((), {"models_dir": ""}, "expected a path"),
+        (("--max-wait-ms", "inf"), {}, "finite number"),
+        (("--read-timeout-s", "nan"), {}, "finite number"),
+        (("--config", str(tmp_path / "bad-type.toml")), {}, "cors_origins: expected a list"),
+        (("--config", str(tmp_path / "bad-path.toml")), {}, "models_dir: expected a path"),
+        (("--config", str(tmp_path / "latin1.toml")), {}, "not UTF-8"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            settings(argv, **env)

@@ -153,8 +153,9 @@ def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows
 
 @pytest.mark.parametrize("argv, says", [
     (["", "--out", "o", "--model", "m"], "INPUT must not be empty"),
-    (["in", "--out", "o", "--model", "m", "--part-mb", "nan"], "--part-mb must be a number > 0"),
-    (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb must be a number > 0"),
+    (["in", "--out", "o", "--model", "m", "--part-mb", "nan"], "--part-mb: expected a finite number"),
+    (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb: expected a finite number"),
+    (["in", "--out", "o", "--model", "m", "--part-mb", "0"], "--part-mb must be > 0"),
 ])  # fmt: skip
 def test_options_that_would_score_the_wrong_thing_are_refused(argv, says):
     with pytest.raises(ConfigError, match=says):

@@ -100,6 +100,16 @@ def _check_hash(path: Path, fname: str, expected: str) -> None:
 
 
 def read_bundle(path: Path, name: str | None = None) -> Bundle:
+    """The bundle in `path`, every file checked against its manifest; BundleError saying what is wrong,
+    a file this user cannot read included."""
+    try:
+        return _read_bundle(path, name)
+    except OSError as e:
+        raise BundleError(f"{e.filename or path}: cannot be read ({e.strerror or e}); check its owner and "
+                          "permissions (the server's user must read every file of a bundle)") from None  # fmt: skip
+
+
+def _read_bundle(path: Path, name: str | None) -> Bundle:
     for fname in FILES:
         if not (path / fname).is_file():
             raise BundleError(f"{path / fname}: missing (a bundle needs {', '.join(FILES)})")
@@ -137,21 +147,51 @@ def read_bundle(path: Path, name: str | None = None) -> Bundle:
     return Bundle(name=name or path.resolve().name, path=path, manifest=manifest, warnings=warnings)
 
 
+def _entry_kind(p: Path) -> str | None:
+    """ "bundle" for a sub-directory with a manifest; the reason it is broken for one that holds bundle files
+    without it, or that cannot be looked into; None for anything else (a file, a foreign directory, the
+    lost+found of a volume mounted here)."""
+    if p.name == "lost+found":
+        return None
+    try:
+        if (p / "manifest.json").is_file():
+            return "bundle"
+        if p.is_dir() and any((p / f).exists() for f in FILES):
+            return (
+                f"{p}: no manifest.json beside its files (copied in part?); export it again or copy it whole"
+            )
+    except OSError as e:
+        return f"{p}: cannot be read ({e.strerror or e}); check its owner and permissions"
+    return None
+
+
 def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
     """Every bundle under models_dir, named by its directory (models_dir may itself be one bundle), and
     the broken ones by name with the reason. One broken bundle fails alone; when none can be served,
     BundleError names every reason (the server then refuses to start)."""
     if not models_dir.is_dir():
-        raise BundleError(f"{models_dir}: models directory does not exist")
-    if (models_dir / "manifest.json").is_file():
-        return [read_bundle(models_dir)], {}
-    dirs = sorted(p for p in models_dir.iterdir() if (p / "manifest.json").is_file())
-    if not dirs:
+        what = "is not a directory" if models_dir.exists() else "does not exist"
+        raise BundleError(f"{models_dir}: models directory {what}")
+    try:
+        if (models_dir / "manifest.json").is_file():
+            return [read_bundle(models_dir)], {}
+        entries = sorted(models_dir.iterdir())
+    except OSError as e:
+        raise BundleError(f"{models_dir}: models directory cannot be read ({e.strerror or e})") from None
+    dirs, broken = [], {}
+    for p in entries:
+        kind = _entry_kind(p)
+        if kind == "bundle":
+            dirs.append(p)
+        elif kind is not None:
+            broken[p.name] = kind
+            log.error("bundle %s is broken and will not be served: %s", p.name, kind)
+    if not dirs and not broken:
         raise BundleError(f"{models_dir}: no bundle found (no sub-directory holds a manifest.json)")
-    bundles, broken = [], {}
+    bundles = []
     for p in dirs:
         try:
-            bundles.append(read_bundle(p))
+            bundles.append(read_bundle(p, p.name))  # named as listed here, not as a link's target is
         except BundleError as e:
             broken[p.name] = str(e)
             log.error("bundle %s is broken and will not be served: %s", p.name, e)

@@ -67,7 +67,12 @@ class Registry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.load_checks: dict[str, dict | None] = {}  # app/model/load_check.py: this CPU vs the reference
         self.memory = budget_for(settings.memory_limit_mb)  # app/scheduling/memory.py; None: no limit
-        _check_budgets(bundles, settings)
+        for name, reason in _over_budget(bundles, settings).items():  # that bundle fails alone
+            del self.bundles[name]
+            self.broken[name] = reason
+            log.error("bundle %s is broken and will not be served: %s", name, reason)
+        if not self.bundles:
+            raise SettingsError("no bundle can be served:\n" + "\n".join(self.broken.values()))
 
     def default(self, kind: str) -> str | None:
         names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
@@ -187,15 +192,16 @@ class Registry:
             await model.scheduler.close()
 
 
-def _check_budgets(bundles: list[Bundle], settings: Settings) -> None:
-    """Every bundle's longest row fits one batch, interactive and bulk."""
+def _over_budget(bundles: list[Bundle], settings: Settings) -> dict[str, str]:
+    """The bundles whose longest row fits no batch, interactive or bulk, with the reason."""
+    over = {}
     for b in bundles:
         for flag, budget in (("--batch-token-budget", settings.batch_token_budget),
                              ("--bulk-batch-tokens", settings.bulk_batch_tokens)):  # fmt: skip
-            if b.manifest.max_length > budget:
-                raise SettingsError(
-                    f"{flag} {budget} is smaller than one row of {b.name!r} (max_length {b.manifest.max_length})"
-                )
+            if b.manifest.max_length > budget and b.name not in over:
+                over[b.name] = (f"{flag} {budget} is smaller than one row of {b.name!r} (max_length "
+                                f"{b.manifest.max_length}); raise it to serve this bundle")  # fmt: skip
+    return over
 
 
 def _scheduler(registry: Registry, name: str, tokenizer: TextTokenizer, engine: Engine) -> Scheduler:
