@@ -221,6 +221,54 @@ def test_bad_options_fail_naming_the_option(tmp_path):
         pretrain(["--config", str(bad), "--out", str(tmp_path / "y")])
 
 
+def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_message(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """Each of these once trained the wrong way in silence or ended in a traceback: a negative --grad-clip
+    (the loss climbs), --corpus "" (the current directory), a corpus file that is not UTF-8, too little
+    text for one batch, a resume with another --seq-len (config.json rewritten, the run broken for good),
+    and a new start in an --out where a failed one left another corpus's tokenizer."""
+    for args, says in [
+        (["--grad-clip", "-1"], "--grad-clip"),
+        (["--weight-decay", "-1"], "--weight-decay: must not be negative"),
+        (["--max-minutes", "0"], "--max-minutes: must be > 0"),
+        (["--corpus", ""], "an empty name"),
+    ]:
+        with pytest.raises(SystemExit, match=says):
+            pretrain(tiny_args(tmp_path / "x", small_corpus, small_tokenizer, *args))
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n\nune autre phrase\n".encode("latin-1"))
+    with pytest.raises(SystemExit, match="latin1.txt is not UTF-8"):
+        pretrain(tiny_args(tmp_path / "l", tmp_path / "latin1.txt", small_tokenizer))
+    with pytest.raises(SystemExit, match="fewer than one global batch"):
+        pretrain(tiny_args(tmp_path / "big", small_corpus, small_tokenizer, "--batch-size", 100000))
+
+    run = tmp_path / "run"
+    pretrain(
+        tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 2, "--save-every", 2, "--eval-every", 2)
+    )
+    before = (run / "config.json").read_text()
+    with pytest.raises(SystemExit, match=r"--resume keeps the run's own settings.*--seq-len 64 then, 32 now"):
+        pretrain(["--out", str(run), "--resume", "--seq-len", "32"])
+    assert (run / "config.json").read_text() == before
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3"])  # a longer schedule may be asked for
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 3
+
+    # A start that failed after making its tokenizer (too large a batch), then a new start there on
+    # other text and its own vocabulary: trained on what it was given now.
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit, match="fewer than one global batch"):
+        pretrain(tiny_args(fresh, small_corpus, small_tokenizer, "--batch-size", 100000))
+    other = tmp_path / "other.txt"
+    other.write_text(
+        "\n\n".join(f"the {w} sat on the mat near the {w} house" for w in ("cat", "dog", "fox") * 40)
+    )
+    args = [a if a != str(small_tokenizer) else "train" for a in tiny_args(fresh, other, small_tokenizer)]
+    pretrain([*args, "--vocab-size", "120", "--max-steps", "1", "--eval-every", "1", "--save-every", "1"])
+    from training.data.tokenizer import load_tokenizer
+
+    assert load_tokenizer(fresh / "tokenizer" / "tokenizer.json").get_vocab_size() <= 120  # not the old one's
+
+
 def test_the_shipped_stage3_recipe_sets_up_and_trains(tmp_path, small_corpus, small_tokenizer, registry_data):
     """configs/detector-stage3.toml as it is (word swaps by frequency and part of speech beside the
     generator's samples, rows shaped like requests), warm-started from a tiny run instead of the stage-2

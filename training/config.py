@@ -199,7 +199,15 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_choices(self)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
-                 "log_every", "eval_every", "eval_batches", "save_every")  # fmt: skip
+                 "log_every", "eval_every", "eval_batches", "save_every", "adam_eps", "grad_clip")  # fmt: skip
+        # A negative clip scales every gradient by a negative factor (the loss climbs); a negative decay
+        # pushes weights away from zero; a time cap of 0 stops after the first step.
+        if self.weight_decay < 0:
+            raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ConfigError(f"--max-minutes: must be > 0, got {self.max_minutes}")
+        if self.threads is not None and self.threads < 0:
+            raise ConfigError(f"--threads: must not be negative (0 or none: every core), got {self.threads}")
         if self.max_predictions is not None and not 0 < self.max_predictions <= self.seq_len:
             raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
         shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing", "mask_prob",
@@ -217,6 +225,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     def _check_data(self) -> None:
         from training.data.corpus import REGISTRY_CORPORA
 
+        if any(not c.strip() for c in self.corpus.split(",")):  # Path("") is the current directory
+            raise ConfigError(f"--corpus {self.corpus!r}: an empty name; give registry corpora or paths")
         unknown = [
             c
             for c in self.corpus.split(",")

@@ -27,11 +27,13 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 import options
-from options import ConfigError, describe
+from options import ConfigError, describe, flag
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.config import COMPILE_MODES, PretrainConfig
+from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
+from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
 from training.model import count_parameters, fuse_qkv
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
@@ -205,13 +207,33 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
         cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
         saved = Path(cfg.out) / "config.json"
         if cfg.resume and saved.is_file():
-            # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win.
-            cfg = options.resolve(
-                PretrainConfig, argv, prog=PROG, description=__doc__, base=json.loads(saved.read_text())
-            )
+            # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win,
+            # but only those that leave its model, data and step as they were.
+            then = json.loads(saved.read_text())
+            cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
+            cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
+            check_resumable(then, json.loads(json.dumps(options.as_dict(cfg))))
+            return cfg, warm
         return resolve_warm_start(cfg)
     except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:
         sys.exit(f"error: {e}")
+
+
+# What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and saves.
+RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
+                     "max_minutes", "log_every", "eval_every", "eval_batches", "save_every", "keep_checkpoints",
+                     "resume", "data_dir", "out")  # fmt: skip
+
+
+def check_resumable(then: dict, now: dict) -> None:
+    """Refuses a --resume that changes what the checkpoint was trained as (a shape, the data, the
+    tokenizer, the recipe): it would fail to load, or go on as another run while saying it resumed."""
+    changed = [k for k in now if k in then and k not in RESUMABLE_CHANGES and now[k] != then[k]]
+    if changed:
+        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
+        raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only "
+                          f"{', '.join(flag(k) for k in RESUMABLE_CHANGES[:-2])} may change on a resume; "
+                          "start a new run (another --out, --init from this one) to change the others")  # fmt: skip
 
 
 def setup(argv: list[str] | None) -> Trainer:
@@ -232,22 +254,28 @@ def setup(argv: list[str] | None) -> Trainer:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
-        options.save(cfg, run / "config.json")
-
-    data = build_data(cfg, run, env)
-    objective, warm_names, notes = build_model(cfg, data, warm)
-    if env.main:
-        for note in notes:
-            print(f"quantization-aware: {note}", flush=True)
-    corruption = build_corruption(cfg, data, objective)
-    objective.to(env.device)
-    objective.corruption = corruption.to(env.device)
-    fuse_qkv(objective, cfg.fused_qkv)
-    warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
-    # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
-    groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
-    step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
+    try:
+        if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
+            options.save(cfg, run / "config.json")
+        data = build_data(cfg, run, env)
+        objective, warm_names, notes = build_model(cfg, data, warm)
+        if env.main:
+            for note in notes:
+                print(f"quantization-aware: {note}", flush=True)
+        corruption = build_corruption(cfg, data, objective)
+        objective.to(env.device)
+        objective.corruption = corruption.to(env.device)
+        fuse_qkv(objective, cfg.fused_qkv)
+        warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
+        # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
+        groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
+        if env.main and cfg.resume:
+            options.save(cfg, run / "config.json")
+    except (CorpusError, DatasetError, TokenizerError, CheckpointError, ShardsError, OSError) as e:
+        # The user's data, tokenizer, checkpoint or --out: the message names the file and what to do.
+        sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
 
     # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
@@ -291,8 +319,14 @@ def main(argv: list[str] | None = None) -> None:
             if latest.is_file()
             else ""
         )
-        sys.exit(f"error: stopped at step {t.step}: {e}. {kept}free space (or choose another --out) and run the "
-                 "same command with --resume")  # fmt: skip
+        again = (
+            "the same command with --resume"
+            if latest.is_file()
+            else "the same command (no checkpoint was saved yet)"
+        )
+        sys.exit(
+            f"error: stopped at step {t.step}: {e}. {kept}free space (or choose another --out) and run {again}"
+        )
 
 
 def train(t: Trainer) -> None:

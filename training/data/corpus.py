@@ -308,11 +308,21 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
     would teach the model that unrelated texts continue each other.
     """
     for file in _corpus_files(Path(path).expanduser()):
-        if file.name.endswith(JSONL_SUFFIXES):
-            yield from _jsonl_documents(file, text_field)
-        else:
-            with _open_text(file) as f:
-                yield from _blank_line_documents(f)
+        try:
+            if file.name.endswith(JSONL_SUFFIXES):
+                yield from _jsonl_documents(file, text_field)
+            else:
+                with _open_text(file) as f:
+                    yield from _blank_line_documents(f)
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{file} is not UTF-8 text (byte offset {e.start} of what was read); save it as "
+                              "UTF-8") from None  # fmt: skip
+        except (gzip.BadGzipFile, EOFError) as e:
+            raise CorpusError(
+                f"{file}: not a whole gzip file ({e}); compress it again, or drop .gz"
+            ) from None
+        except OSError as e:
+            raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
 
 
 def _unit_hash(text: str) -> float:

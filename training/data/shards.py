@@ -41,6 +41,11 @@ META_FILE = "meta.json"
 FORMAT_VERSION = 1
 
 
+class ShardsError(ValueError):
+    """Data that cannot make the rows a run needs (too little of it, or a saved data order that does not
+    fit): the message says what to change."""
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     path: str
@@ -261,7 +266,7 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
             rows.tofile(f)
             n_rows += len(rows)
     if n_rows == 0:
-        raise ValueError(f"{desc}: no tokens in the documents given; nothing to pack")
+        raise ShardsError(f"{desc}: no tokens in the documents given; nothing to pack")
     return ShardInfo(str(tmp), n_rows, seq_len, dtype.name, vocab_size, tokenizer_sha256(tok), n_docs, n_tokens,
                      ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed")  # fmt: skip
 
@@ -368,7 +373,7 @@ class Batches:
         self.rank, self.world_size = rank, world_size
         self.global_batch = batch_size * world_size
         if len(dataset) < self.global_batch:
-            raise ValueError(
+            raise ShardsError(
                 f"the data has {len(dataset)} rows, fewer than one global batch of {self.global_batch} "
                 f"(batch_size {batch_size} x world_size {world_size}): use a smaller batch or more text"
             )
@@ -441,7 +446,7 @@ class Batches:
             mine["grouped_global_batch"] = self.global_batch
         for key, value in mine.items():
             if key in state and state[key] != value:
-                raise ValueError(
+                raise ShardsError(
                     f"batch state was saved with {key}={state[key]} but this iterator has {key}={value}: "
                     f"resuming would not continue the same data order"
                 )

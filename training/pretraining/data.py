@@ -66,7 +66,9 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
     grouped = cfg.rows == "requests"
     mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
     if env.main:
-        if (tok_dir / "tokenizer.json").is_file():
+        # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
+        # failed before its first checkpoint left there (another corpus's, or another --vocab-size's).
+        if cfg.resume and (tok_dir / "tokenizer.json").is_file():
             tok = load_tokenizer(tok_dir / "tokenizer.json")
         elif cfg.tokenizer == "train":
             tok = corpus_tokenizer(cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir)

@@ -75,7 +75,14 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
         path = fetch_model(spec, data_dir)
     directory = ckpt.resolve_checkpoint(path)
     config_path = directory / "config.json"
-    raw = json.loads(config_path.read_text())
+    try:
+        raw = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ckpt.CheckpointError(
+            f"{config_path} does not read as JSON ({e}); restore it from its source"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ckpt.CheckpointError(f"{config_path} is not a JSON object")
     model_type = raw.get("model_type")
     arch = (raw.get("architectures") or [None])[0]
     if model_type == "bert" or (model_type is None and arch in _BERT_ARCHITECTURES):
@@ -96,6 +103,12 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
         raise ckpt.CheckpointError(
             f"{config_path}: position_embedding_type {raw['position_embedding_type']!r} is not supported; "
             f"only 'absolute' position embeddings"
+        )
+    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                           "intermediate_size", "max_position_embeddings") if not isinstance(raw.get(k), int)]  # fmt: skip
+    if missing:
+        raise ckpt.CheckpointError(
+            f"{config_path}: no whole-number {', '.join(missing)}; not a model's config"
         )
     config = ElectraConfig.from_dict(raw)
     tokenizer = _tokenizer_file(directory)
