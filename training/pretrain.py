@@ -222,7 +222,7 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
 # What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and saves.
 RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
                      "max_minutes", "log_every", "eval_every", "eval_batches", "save_every", "keep_checkpoints",
-                     "resume", "data_dir", "out")  # fmt: skip
+                     "data_dir", "resume", "out")  # fmt: skip
 
 
 def check_resumable(then: dict, now: dict) -> None:

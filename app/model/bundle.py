@@ -148,9 +148,9 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
 
 
 def _entry_kind(p: Path) -> str | None:
-    """ "bundle" for a sub-directory with a manifest; the reason it is broken for one that holds bundle files
-    without it, or that cannot be looked into; None for anything else (a file, a foreign directory, the
-    lost+found of a volume mounted here)."""
+    """What an entry of the models directory is: "bundle" (a sub-directory with a manifest), the reason it
+    is broken (bundle files without a manifest, or a directory that cannot be looked into), or None (a file,
+    a foreign directory, the lost+found of a volume mounted there)."""
     if p.name == "lost+found":
         return None
     try:
