@@ -45,9 +45,17 @@ class Part:
     def key(self) -> str:
         return f"{self.name}#{self.index}"
 
+    def record(self) -> dict:
+        """What the manifest and the summary name a part by."""
+        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index}
+
     def failure(self, error: str) -> dict:
         """What a worker returns for a part it could not score: the summary names it, the job goes on."""
-        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index, "error": error}
+        return self.record() | {"error": error}
+
+    def unloadable(self, e: Exception) -> dict:
+        """The failure of a part whose worker could not load the bundle (a broken file, the load check)."""
+        return self.failure(f"the worker could not load the model: {type(e).__name__}: {e}")
 
 
 @dataclass(slots=True)
@@ -71,9 +79,14 @@ COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
     (in any case; a compressed one too, so that it fails by name rather than vanishing)."""
-    suffixes = [x.lower() for x in path.suffixes[-2:]]
-    return fmt != "auto" or (bool(suffixes) and (suffixes[-1] in SUFFIXES or suffixes[-1] in COMPRESSED
-                                                  and len(suffixes) == 2 and suffixes[0] in SUFFIXES))  # fmt: skip
+    if fmt != "auto":
+        return True
+    last, before = path.suffix.lower(), Path(path.stem).suffix.lower()
+    return last in SUFFIXES or (last in COMPRESSED and before in SUFFIXES)
+
+
+def _reason(e: OSError) -> str:
+    return f"{type(e).__name__}: {e.strerror or e}"
 
 
 def _inside(path: str, out: str | None) -> bool:
@@ -95,7 +108,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
         root = Path(os.path.abspath(path))
 
         def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
-            unlisted[_shown(Path(e.filename or "?"), root)] = f"{type(e).__name__}: {e.strerror or e}"
+            unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
         files = []
         for d, subdirs, names in os.walk(root, onerror=unreadable):  # symlinked directories not entered
@@ -106,7 +119,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
                     if f.is_file() and _wanted(f, fmt) and not mine(f):
                         files.append(f)
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
-                    unlisted[_shown(f, root)] = f"{type(e).__name__}: {e.strerror or e}"
+                    unlisted[_shown(f, root)] = _reason(e)
         if not files and not unlisted:
             raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case)")
         return root, sorted(files), unlisted
@@ -116,7 +129,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             if Path(p).is_file() and not mine(p):
                 matches.append(Path(os.path.abspath(p)))
         except OSError as e:
-            unlisted[p] = f"{type(e).__name__}: {e.strerror or e}"
+            unlisted[p] = _reason(e)
     if not matches and not unlisted:
         raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob")
     if not matches:

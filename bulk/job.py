@@ -90,12 +90,12 @@ def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> l
     bytes: scoring on would mix two versions of a file); returns the shards gone from INPUT since."""
     changed, gone = set(), set()
     for e in finished.values():
-        then = e.get("shard_stat")  # a manifest line from before it was kept: nothing to compare
-        if (
-            then is not None and e["name"] not in stats
-        ):  # deleted, or now in a directory that cannot be listed
+        then, now = e.get("shard_stat"), stats.get(e["name"])
+        if then is None:  # a manifest line from before it was kept: nothing to compare
+            continue
+        if now is None:  # deleted, or now in a directory that cannot be listed
             gone.add(e["name"])
-        elif then is not None and stats[e["name"]] != then:
+        elif now != then:
             changed.add(e["name"])
     if changed:
         names = ", ".join(sorted(changed)[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")

@@ -40,7 +40,7 @@ def _score(part: Part) -> dict:
     from bulk.shard import score_part
 
     if isinstance(_SCORER, Exception):
-        return part.failure(f"the worker could not load the model: {type(_SCORER).__name__}: {_SCORER}")
+        return part.unloadable(_SCORER)
     return score_part(part, _SCORER, lambda *counts: _QUEUE.put(counts))
 
 

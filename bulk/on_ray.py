@@ -43,8 +43,7 @@ class ScoreParts:
 
         parts = [Part(**json.loads(p)) for p in batch["part"]]
         if isinstance(self.scorer, Exception):
-            error = f"the worker could not load the model: {type(self.scorer).__name__}: {self.scorer}"
-            results = [p.failure(error) for p in parts]
+            results = [p.unloadable(self.scorer) for p in parts]
         else:
             results = [score_part(p, self.scorer) for p in parts]
         return {"result": [json.dumps(r) for r in results]}

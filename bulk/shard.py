@@ -107,7 +107,7 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     returns its error instead (the other parts go on)."""
     cfg, t0, started_at = scorer.cfg, time.perf_counter(), time.time()
     path = outputs.score_path(cfg.out, part)
-    result = {"part": part.key, "input": part.shard, "name": part.name, "index": part.index}
+    result = part.record()
     stats = {"rows": 0, "tokens": 0, "windows": 0, "blank": 0, "reasons": {}, "labels": {},
              "hist": [0] * HIST_BINS}  # fmt: skip
     rejects: list[dict] = []
@@ -147,7 +147,8 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     rel = lambda p: p.relative_to(cfg.out).as_posix()  # noqa: E731
     return result | stats | {
         "output": rel(path), "sha256": sha, "rejects": len(rejects),
-        "rejects_file": rel(rpath) if rejects else None, "rejects_sha256": rejects_sha, "seconds": round(time.perf_counter() - t0, 3),
+        "rejects_file": rel(rpath) if rejects else None, "rejects_sha256": rejects_sha,
+        "seconds": round(time.perf_counter() - t0, 3),
         # Wall-clock times (the nodes of a cluster share a clock closely enough for a rate over minutes).
         "started_at": started_at, "finished_at": time.time(),
     }  # fmt: skip

@@ -112,7 +112,8 @@ def read_labelled(path: Path, ckpt: Path | None = None) -> list[tuple[str, str]]
     fine-tuned with (its trainer_state.json), else `text` and `label`."""
     from training.finetuning.data import DataError, label_name, missing, read_rows
 
-    text_col, label_col = _fine_tuned_columns(ckpt)
+    config = _trainer_state(ckpt).get("config") or {}
+    text_col, label_col = config.get("text_column") or "text", config.get("label_column") or "label"
     try:
         rows = read_rows(str(path), "--eval-data")
     except DataError as e:
@@ -129,24 +130,27 @@ def read_labelled(path: Path, ckpt: Path | None = None) -> list[tuple[str, str]]
     return out
 
 
-def _fine_tuned_columns(ckpt: Path | None) -> tuple[str, str]:
-    state = ckpt / "trainer_state.json" if ckpt is not None else None
-    config = {}
-    if state is not None and state.is_file():
-        try:
-            config = json.loads(state.read_text()).get("config") or {}
-        except (ValueError, AttributeError):
-            config = {}
-    return config.get("text_column") or "text", config.get("label_column") or "label"
+def _trainer_state(ckpt: Path | None) -> dict:
+    """The checkpoint's trainer_state.json (fine-tuning's task, columns and options); {} where it has none."""
+    path = ckpt / "trainer_state.json" if ckpt is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str) -> np.ndarray:
     """Label column -> class index (by name, else by number) or float for regression."""
     if ptype == "regression":
-        bad = next((lab for _, lab in rows if not _is_number(lab)), None)
+        from training.finetuning.data import as_float  # fine-tuning's rule: finite numbers only
+
+        bad = next((lab for _, lab in rows if as_float(lab) is None), None)
         if bad is not None:
             raise EvalDataError(f"--eval-data: label {bad!r} is not a number, and the model is a regression")
-        return np.array([float(lab) for _, lab in rows])
+        return np.array([as_float(lab) for _, lab in rows])
     by_name = {v: k for k, v in id2label.items()}
     out = []
     for _, lab in rows:
@@ -161,22 +165,11 @@ def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str)
     return np.array(out)
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def registry_dev_rows(
     ckpt: Path, data_dir: Path | None, split: str = "dev"
 ) -> tuple[list[tuple[str, str]], str] | None:
     """A split (default dev) of the registry task named in trainer_state.json (`task`, or `config.task`)."""
-    state_file = ckpt / "trainer_state.json"
-    if not state_file.is_file():
-        return None
-    state = json.loads(state_file.read_text())
+    state = _trainer_state(ckpt)
     task = state.get("task") or (state.get("config") or {}).get("task")
     if not task:
         return None

@@ -85,14 +85,20 @@ def hf_config_dict(cfg: ElectraConfig, architecture: str) -> dict:
     return {"architectures": [architecture], "model_type": "electra", "tie_word_embeddings": True, **d}
 
 
-def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
+def read_config_json(ckpt: Path) -> dict:
+    """config.json as a dict, or a CheckpointError naming it (cut short by a full disk, edited by hand)."""
     try:
         raw = json.loads((ckpt / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError) as e:  # cut short by a full disk, edited by hand
+    except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{ckpt}/config.json does not read as JSON ({e}); restore it from the run or "
                               "its source") from None  # fmt: skip
     if not isinstance(raw, dict):
         raise CheckpointError(f"{ckpt}/config.json is not a JSON object")
+    return raw
+
+
+def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
+    raw = read_config_json(ckpt)
     if raw.get("model_type", "electra") != "electra":
         raise CheckpointError(f"{ckpt}/config.json: model_type is {raw['model_type']!r}, expected 'electra'")
     arch = (raw.get("architectures") or ["ElectraForPreTraining"])[0]
@@ -134,7 +140,8 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
         if isinstance(e, OSError) and not path.exists():
             raise
         raise CheckpointError(f"{path} does not read as weights ({type(e).__name__}: {str(e)[:200]}); it may "
-                              "be cut short or not a weights file: restore it from the run or its source") from None  # fmt: skip
+                              "be cut short or not a weights file: restore it from the run or its source"
+                              ) from None  # fmt: skip
 
 
 def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> None:
@@ -181,9 +188,14 @@ def save_tensors(
     """safetensors' save_file, with the file as readable as any other written here: save_file makes it
     private (0600), as a temporary file, and a checkpoint is often read by another user (a team, an image)."""
     save_file(tensors, path, metadata=metadata)
+    path.chmod(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """This process's umask (reading it means setting it, so it is set back at once)."""
     umask = os.umask(0)
     os.umask(umask)
-    path.chmod(0o666 & ~umask)
+    return umask
 
 
 def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> None:
@@ -258,9 +270,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", dir=target.parent))
     # mkdtemp makes the directory private (0700); the result should read like any directory made here
     # (a bundle copied into an image is read by the server's own unprivileged user).
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
+    tmp.chmod(0o777 & ~_umask())
     try:
         fill(tmp)
         for f in tmp.rglob("*"):

@@ -168,7 +168,6 @@ def pack(cfg: PackConfig, log=print) -> dict:
     for n, shard in enumerate(shards, 1):
         name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
         save_tensors({key: t for _, key, t in shard}, out / name, metadata={"format": "pt"})
-        (out / name).chmod(0o644)  # safetensors writes it private; whoever copies it back must read it
         size = (out / name).stat().st_size
         if size > limit:  # HEADER_ROOM is ours to keep large enough
             raise AssertionError(f"{name} is {size} bytes, over {limit}")

@@ -212,7 +212,7 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
             then = json.loads(saved.read_text())
             cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
             cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
-            check_resumable(then, json.loads(json.dumps(options.as_dict(cfg))))
+            check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
             return cfg, warm
         return resolve_warm_start(cfg)
     except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:

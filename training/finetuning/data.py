@@ -25,8 +25,8 @@ from tokenizers import Tokenizer
 
 from training.config import ConfigError
 
-__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "label_name", "load_task_data", "missing",
-           "read_rows"]  # fmt: skip
+__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "load_task_data",
+           "missing", "read_rows"]  # fmt: skip
 
 SPLIT_SEED = 20240607  # the dev split of user data and the --max-*-examples samples; keep it fixed
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
@@ -188,7 +188,7 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
     return out
 
 
-def _as_float(value) -> float | None:
+def as_float(value) -> float | None:
     if isinstance(value, bool):
         return None
     try:
@@ -217,7 +217,7 @@ def _user_files(cfg) -> TaskData:
         if path:
             raw[split] = _raw_examples(path, f"--{split}", cfg)
     values = [lab for _, _, lab in raw["train"]]
-    numbers = [_as_float(v) for v in values]
+    numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
     if problem == "auto":
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
@@ -227,7 +227,7 @@ def _user_files(cfg) -> TaskData:
             raise DataError("--labels: only for classification, not with a regression target")
         splits = {}
         for split, rows in raw.items():
-            bad = next((lab for _, _, lab in rows if _as_float(lab) is None), None)
+            bad = next((lab for _, _, lab in rows if as_float(lab) is None), None)
             if bad is not None:
                 raise DataError(f"--problem-type regression: label {bad!r} in --{split} is not a number")
             splits[split] = [Example(t, p, float(lab)) for t, p, lab in rows]

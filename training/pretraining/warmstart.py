@@ -19,7 +19,6 @@ named with the config field that decides it).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -75,14 +74,7 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
         path = fetch_model(spec, data_dir)
     directory = ckpt.resolve_checkpoint(path)
     config_path = directory / "config.json"
-    try:
-        raw = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ckpt.CheckpointError(
-            f"{config_path} does not read as JSON ({e}); restore it from its source"
-        ) from None
-    if not isinstance(raw, dict):
-        raise ckpt.CheckpointError(f"{config_path} is not a JSON object")
+    raw = ckpt.read_config_json(directory)
     model_type = raw.get("model_type")
     arch = (raw.get("architectures") or [None])[0]
     if model_type == "bert" or (model_type is None and arch in _BERT_ARCHITECTURES):
