@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 
 from training.data import registry
-from training.data.corpus import CorpusError, detokenize_wikitext, iter_text_documents, read_corpus
+from training.data.corpus import (
+    CorpusError,
+    corpus_key,
+    detokenize_wikitext,
+    iter_text_documents,
+    read_corpus,
+)
 from training.data.registry import (
     REGISTRY,
     ChecksumError,
@@ -401,6 +407,29 @@ def test_shards_reused_or_rebuilt(trained, tmp_path):
     again = build_shards(docs, trained, 32, tmp_path / "s")  # another seq_len: rebuilt in place
     assert again.seq_len == 32 and PackedDataset(tmp_path / "s").tokens.shape == (again.rows, 32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no temp dirs left behind
+
+
+def test_shards_of_other_text_are_rebuilt_unless_any_will_do(trained, tmp_path):
+    """A new pretraining start in an --out where a failed one packed another corpus with the same tokenizer
+    once trained on the old corpus in silence. The source now tells them apart; a resume (source None)
+    takes the run's own shards whatever they hold, and shards older than the field count as its own."""
+    cats = [f"document {i} about cats" for i in range(40)]
+    dogs = [f"a dog named {i} barks at the mailman" for i in range(40)]
+    first = build_shards(cats, trained, 16, tmp_path / "s", source="/data/cats.txt:train")
+    assert json.loads((tmp_path / "s" / "meta.json").read_text())["source"] == "/data/cats.txt:train"
+    other = build_shards(dogs, trained, 16, tmp_path / "s", source="/data/dogs.txt:train")
+    assert other.documents == 40 and other.tokens != first.tokens and other.source == "/data/dogs.txt:train"
+    assert build_shards(iter(()), trained, 16, tmp_path / "s") == other  # a resume: not read again
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    del meta["source"]
+    (tmp_path / "s" / "meta.json").write_text(json.dumps(meta))
+    assert build_shards(iter(()), trained, 16, tmp_path / "s", source="/data/dogs.txt:train").source == ""
+
+
+def test_corpus_key_names_registry_corpora_and_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert corpus_key("wikitext2, news", "train") == "wikitext2,news:train"
+    assert corpus_key("mine.txt", "valid") == f"{tmp_path / 'mine.txt'}:valid"
 
 
 def test_packing_layout(tmp_path):

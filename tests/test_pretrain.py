@@ -227,7 +227,7 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     """Each of these once trained the wrong way in silence or ended in a traceback: a negative --grad-clip
     (the loss climbs), --corpus "" (the current directory), a corpus file that is not UTF-8, too little
     text for one batch, a resume with another --seq-len (config.json rewritten, the run broken for good),
-    and a new start in an --out where a failed one left another corpus's tokenizer."""
+    and a new start in an --out where a failed one left another corpus's tokenizer or shards."""
     for args, says in [
         (["--grad-clip", "-1"], "--grad-clip"),
         (["--weight-decay", "-1"], "--weight-decay: must not be negative"),
@@ -262,6 +262,13 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     other.write_text(
         "\n\n".join(f"the {w} sat on the mat near the {w} house" for w in ("cat", "dog", "fox") * 40)
     )
+    # With the same tokenizer, the shards the failed start packed from the first text are packed anew.
+    with pytest.raises(SystemExit, match="fewer than one global batch"):
+        pretrain(tiny_args(fresh, other, small_tokenizer, "--batch-size", 100000))
+    shards = json.loads((fresh / "data" / "train" / "meta.json").read_text())
+    assert (
+        shards["source"] == f"{other.resolve()}:train" and shards["documents"] < 120
+    )  # 120 less the held-out ones
     args = [a if a != str(small_tokenizer) else "train" for a in tiny_args(fresh, other, small_tokenizer)]
     pretrain([*args, "--vocab-size", "120", "--max-steps", "1", "--eval-every", "1", "--save-every", "1"])
     from training.data.tokenizer import load_tokenizer

@@ -8,8 +8,8 @@ Why the data goes as token rows: the recipe's corpora are 88 MB as the registry 
 JSON alone is 40 MB) and a call carries 64 MiB with the tree; rows shaped like requests are cut into
 sentences by sentencex, which a bare GPU node does not have. The rows, built here by the recipe's own code
 and xz-compressed, are about 16 MB, and the run on the GPU reuses them as it would rows it had built
-(training/data/shards.py checks the tokenizer, row length and layout): no corpus file, no sentence
-splitter, no device time spent tokenizing. The CPU mode makes them the same way, from TREC alone.
+(training/data/shards.py checks the tokenizer, row length, layout and corpus names): no corpus file, no
+sentence splitter, no device time spent tokenizing. The CPU mode makes them the same way, from TREC alone.
 """
 
 from __future__ import annotations

@@ -332,6 +332,15 @@ def _unit_hash(text: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
+def corpus_key(source: str, split: str) -> str:
+    """What a split of ``source`` is read from, for telling apart shards built from other text: registry
+    corpora by name, a user's files by their absolute path (the same text typed from another directory
+    names other files)."""
+    parts = [p.strip() for p in source.split(",") if p.strip()]
+    named = [p if p in REGISTRY_CORPORA else str(Path(p).expanduser().resolve()) for p in parts]
+    return f"{','.join(named)}:{split}"
+
+
 def read_corpus(
     source: str,
     split: str,

@@ -62,6 +62,7 @@ class ShardInfo:
     desc: str = ""
     format_version: int = FORMAT_VERSION
     layout: str = "packed"  # "packed", or RowMix.describe() for rows shaped like requests
+    source: str = ""  # the text they were built from (corpus.corpus_key); "" in shards older than the field
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ShardInfo:
@@ -188,12 +189,15 @@ def build_shards(
     desc: str = "tokenizing",
     batch_size: int = 256,
     mix: RowMix | None = None,
+    source: str | None = None,
 ) -> ShardInfo:
     """Tokenize and pack ``documents`` into ``out_dir`` (``tokens.bin`` + ``meta.json``).
 
     ``out_dir`` should be specific to the corpus and split (e.g. ``data/wikitext2-train-128``): an existing
-    directory built with the same tokenizer, ``seq_len`` and layout is reused without reading ``documents``;
-    one built with another is rebuilt and replaced. ``mix`` makes request-shaped rows (module docstring).
+    directory built with the same tokenizer, ``seq_len``, layout and ``source`` is reused without reading
+    ``documents``; one built otherwise is rebuilt and replaced. ``source`` names the text the documents come
+    from (recorded in meta.json); None reuses shards whatever text they hold (a resume: the run's own
+    data). ``mix`` makes request-shaped rows (module docstring).
     """
     out = Path(out_dir)
     # A private copy without padding/truncation: a tokenizer loaded from a file that enables either would
@@ -202,7 +206,7 @@ def build_shards(
     tok.no_padding()
     tok.no_truncation()
     layout = mix.describe() if mix else "packed"
-    existing = _reusable(out, tokenizer_sha256(tok), seq_len, layout)
+    existing = _reusable(out, tokenizer_sha256(tok), seq_len, layout, source)
     if existing is not None:
         return existing
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +216,7 @@ def build_shards(
     tmp.chmod(0o755)  # mkdtemp makes it private; the shards are meant to be shared by every rank and user
     try:
         info = _write_rows(documents, tok, seq_len, tmp, desc, batch_size, mix)
-        info = replace(info, path=str(out))
+        info = replace(info, path=str(out), source=source or "")
         meta = {k: v for k, v in asdict(info).items() if k != "path"}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _replace_dir(tmp, out)
@@ -222,8 +226,9 @@ def build_shards(
     return info
 
 
-def _reusable(out: Path, sha: str, seq_len: int, layout: str) -> ShardInfo | None:
-    """The shards already there, if they were built the same way; None if they must be (re)built."""
+def _reusable(out: Path, sha: str, seq_len: int, layout: str, source: str | None) -> ShardInfo | None:
+    """The shards already there, if they were built the same way from the same text; None if they must be
+    (re)built. Shards that predate the source field are taken as built from it."""
     if not (out / META_FILE).is_file():
         if out.exists():
             raise FileExistsError(
@@ -232,7 +237,9 @@ def _reusable(out: Path, sha: str, seq_len: int, layout: str) -> ShardInfo | Non
         return None
     info = ShardInfo.load(out)
     same = (info.tokenizer_sha256, info.seq_len, info.format_version, info.layout)
-    return info if same == (sha, seq_len, FORMAT_VERSION, layout) else None
+    if same != (sha, seq_len, FORMAT_VERSION, layout):
+        return None
+    return info if source is None or info.source in ("", source) else None
 
 
 def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, batch_size: int,

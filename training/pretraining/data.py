@@ -10,7 +10,7 @@ from typing import NamedTuple
 from tokenizers import Tokenizer
 
 from training.data import derived
-from training.data.corpus import read_corpus
+from training.data.corpus import corpus_key, read_corpus
 from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, build_shards
 from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
 
@@ -50,9 +50,13 @@ def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: st
 
 
 def _shards(cfg, split: str, tok: Tokenizer, out: Path, mix: RowMix | None) -> ShardInfo:
+    # A resume trains on the run's own shards; a new start on its corpus, not on what a start that failed
+    # in this --out left from another one.
+    source = None if cfg.resume else corpus_key(cfg.corpus, split)
+
     def build(directory: Path) -> ShardInfo:
         return build_shards(_documents(cfg, split), tok, cfg.seq_len, directory, desc=f"tokenizing {split}",
-                            mix=mix)  # fmt: skip
+                            mix=mix, source=source)  # fmt: skip
 
     return derived.shards(
         cfg.corpus, split, tok, cfg.seq_len, mix.describe() if mix else "packed", out, build
