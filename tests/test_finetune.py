@@ -357,3 +357,31 @@ def test_weights_files_are_as_readable_as_the_rest_of_the_output(spam_run):
     out, _ = spam_run
     weights, config = (out / "model.safetensors").stat().st_mode, (out / "config.json").stat().st_mode
     assert weights & 0o777 == config & 0o777, (oct(weights), oct(config))
+
+
+def test_whole_number_labels_written_as_decimals_are_the_same_classes(tmp_path):
+    """pandas writes an integer label column that has a missing value as floats: a train CSV of "0.0" and
+    "1.0" beside a dev CSV of "0" and "1" once made four classes, and the dev file failed as holding labels
+    the training data lacks."""
+    from training.config import FinetuneConfig
+    from training.finetuning.data import load_task_data
+
+    rows = [("a fine film", 1), ("a dull film", 0)] * 5
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{t},{y}.0\n" for t, y in rows))
+    (tmp_path / "dev.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    (tmp_path / "test.jsonl").write_text(
+        "".join(json.dumps({"text": t, "label": float(y)}) + "\n" for t, y in rows)
+    )
+    where = {"init": str(tmp_path), "out": str(tmp_path / "out")}
+    cfg = FinetuneConfig(train=str(tmp_path / "train.csv"), dev=str(tmp_path / "dev.csv"),
+                         test=str(tmp_path / "test.jsonl"), **where)  # fmt: skip
+    data = load_task_data(cfg)
+    assert data.labels == ("0", "1") and data.problem_type == "single_label_classification"
+    assert [ex.label for ex in data.splits["dev"]] == [ex.label for ex in data.splits["train"]] == [1, 0] * 5
+    assert [ex.label for ex in data.splits["test"]] == [1, 0] * 5
+    # Text labels that only look like numbers keep their names.
+    (tmp_path / "versions.csv").write_text("text,label\n" + "".join(f"{t},v{y}.0\n" for t, y in rows * 4))
+    assert load_task_data(FinetuneConfig(train=str(tmp_path / "versions.csv"), **where)).labels == (
+        "v0.0",
+        "v1.0",
+    )

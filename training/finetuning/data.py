@@ -2,7 +2,8 @@
 
 Label names are part of the model (config.json's id2label), so they are decided here once: as given by
 `--labels`, else the sorted unique values of the training labels (numerically when they are all integers,
-so "10" comes after "9"). A label column of numbers with any non-integer value is a regression target.
+so "10" comes after "9"; whole numbers written "1.0" name class "1"). A label column of numbers with any
+non-integer value is a regression target.
 
 Splits that the user does not give are made with a fixed seed, independent of `--seed`: runs that differ
 only in their training seed are scored on the same dev examples.
@@ -14,6 +15,7 @@ import csv
 import json
 import math
 import random
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -198,10 +200,16 @@ def as_float(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
+_WHOLE_DECIMAL = re.compile(r"[+-]?[0-9]+\.0*")
+
+
 def label_name(value) -> str:
+    """The class a label value names: 1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a
+    missing value as floats) and "1" are the same class, "1"."""
     if isinstance(value, float) and value.is_integer():
-        return str(int(value))  # 1.0 in JSON and "1" in a CSV are the same class
-    return str(value).strip()
+        return str(int(value))
+    text = str(value).strip()
+    return str(int(float(text))) if _WHOLE_DECIMAL.fullmatch(text) else text
 
 
 def _sort_key(name: str):
