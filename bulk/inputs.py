@@ -5,6 +5,7 @@ each with its identity (shard, line) and either its text or the reason it is rej
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 from collections.abc import Iterator
@@ -124,7 +125,10 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case)")
         return root, sorted(files), unlisted
     matches = []
+    unlisted.update(_unlistable_under_glob(spec))
     for p in glob.glob(spec, recursive=True):
+        if os.path.dirname(p) in unlisted:  # failed as a whole already
+            continue
         try:
             if Path(p).is_file() and not mine(p):
                 matches.append(Path(os.path.abspath(p)))
@@ -136,6 +140,51 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
         return Path(os.path.abspath(".")), [], unlisted
     root = Path(os.path.commonpath([p.parent for p in matches]))
     return root, sorted(matches), unlisted
+
+
+def _magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def _may_lead_to_match(rel: list[str], pattern: list[str]) -> bool:
+    """Whether a directory at `rel` (components below the glob's fixed root) may hold a file that
+    `pattern` (the glob's components after that root) matches, as glob.glob(recursive=True) matches:
+    `**` spans any number of directories, and no wildcard matches a hidden name."""
+    if not rel:
+        return bool(pattern)
+    if not pattern:
+        return False
+    head, hidden = pattern[0], rel[0].startswith(".")
+    if head == "**":
+        return _may_lead_to_match(rel, pattern[1:]) or (not hidden and _may_lead_to_match(rel[1:], pattern))
+    if hidden and not head.startswith(".") and _magic(head):
+        return False
+    return fnmatch.fnmatchcase(rel[0], head) and _may_lead_to_match(rel[1:], pattern[1:])
+
+
+def _unlistable_under_glob(spec: str) -> dict[str, str]:
+    """The directories a glob would have looked in but could not list (path -> reason): glob.glob passes
+    over them in silence, and the files in them would be left out of the job without a word."""
+    parts = spec.split(os.sep)
+    fixed = next((i for i, part in enumerate(parts) if _magic(part)), len(parts))
+    if fixed == len(parts):
+        return {}
+    top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
+    pattern, failed = parts[fixed:], {}
+
+    def unreadable(e: OSError) -> None:
+        failed[e.filename or top] = _reason(e)
+
+    for d, subdirs, _ in os.walk(top, onerror=unreadable):
+        try:  # listed, but not searchable (mode 644): glob sees the names and finds none of the files
+            os.stat(os.path.join(d, "."))
+        except OSError as e:
+            failed[d] = _reason(e)
+            subdirs.clear()
+            continue
+        rel = Path(os.path.relpath(d, top)).parts if d != top else ()
+        subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
+    return failed
 
 
 def _shown(path: Path, root: Path) -> str:

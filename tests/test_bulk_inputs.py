@@ -103,22 +103,39 @@ def test_directories_that_cannot_be_listed_fail_by_name_and_are_never_skipped(tm
     lines(corpus / "unsearchable" / "b.jsonl", [{"text": "behind mode 644"}])
     (corpus / "locked").chmod(0o000)
     (corpus / "unsearchable").chmod(0o644)
-    code = ("import json, sys; from bulk.inputs import shards; root, files, unlisted = shards(sys.argv[1], 'auto');"
-            "print(json.dumps([[f.name for f in files], unlisted]))")  # fmt: skip
+    # The directory, and globs that reach into the locked directories (glob.glob passes over them in
+    # silence), or that do not.
+    code = ("import json, sys; from bulk.inputs import shards;"
+            "print(json.dumps([[[f.name for f in r[1]], r[2]] for r in map(lambda s: shards(s, 'auto'), sys.argv[1:])]))")  # fmt: skip
     # Root reads any directory: drop the capabilities that let it, as an ordinary user runs.
     caps = "-dac_override,-dac_read_search,-fowner"
     prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
     try:
-        done = subprocess.run([*prefix, sys.executable, "-c", code, str(corpus)], cwd=REPO, capture_output=True,
+        specs = [
+            str(corpus),
+            f"{corpus}/**/*.jsonl",
+            f"{corpus}/*/a.jsonl",
+            f"{corpus}/o*.jsonl",
+            f"{corpus}/l*/*",
+        ]
+        done = subprocess.run([*prefix, sys.executable, "-c", code, *specs], cwd=REPO, capture_output=True,
                               text=True, timeout=60)  # fmt: skip
     finally:
         (corpus / "locked").chmod(0o755)
         (corpus / "unsearchable").chmod(0o755)
     assert done.returncode == 0, done.stderr
-    files, unlisted = json.loads(done.stdout)
+    (files, unlisted), recursive, one_level, beside, only_locked = json.loads(done.stdout)
     assert files == ["ok.jsonl"]
     assert sorted(unlisted) == ["locked", "unsearchable/b.jsonl"], unlisted
     assert all("Permission denied" in reason for reason in unlisted.values())
+    denied = "PermissionError: Permission denied"
+    # A directory that can be listed but not searched (mode 644) fails as a whole from a glob: glob.glob
+    # sees the names in it and finds none of the files.
+    locked = dict.fromkeys([f"{corpus}/locked", f"{corpus}/unsearchable"], denied)
+    assert recursive == [["ok.jsonl"], locked]
+    assert one_level == [[], locked]
+    assert beside == [["ok.jsonl"], {}]  # the pattern cannot reach into either directory
+    assert only_locked[0] == [] and list(only_locked[1]) == [f"{corpus}/locked"]
 
 
 def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tmp_path):
