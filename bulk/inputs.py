@@ -173,7 +173,8 @@ def _unlistable_under_glob(spec: str) -> dict[str, str]:
     pattern, failed = parts[fixed:], {}
 
     def unreadable(e: OSError) -> None:
-        failed[e.filename or top] = _reason(e)
+        if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # nothing there to leave out
+            failed[e.filename or top] = _reason(e)
 
     for d, subdirs, _ in os.walk(top, onerror=unreadable):
         try:  # listed, but not searchable (mode 644): glob sees the names and finds none of the files

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulk.config import resolve
-from bulk.inputs import Reason, plan, read, shards
+from bulk.inputs import InputError, Reason, plan, read, shards
 from bulk.outputs import safe
 from options import ConfigError
 
@@ -177,3 +177,10 @@ def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows
 def test_options_that_would_score_the_wrong_thing_are_refused(argv, says):
     with pytest.raises(ConfigError, match=says):
         resolve(argv)
+
+
+def test_a_glob_that_matches_nothing_says_so(tmp_path):
+    (tmp_path / "a.txt").write_text("a file, not a directory\n")
+    for spec in (tmp_path / "missing" / "*.jsonl", tmp_path / "**" / "*.parquet", tmp_path / "a.txt" / "*"):
+        with pytest.raises(InputError, match="no such file or directory, and no file matches it as a glob"):
+            shards(str(spec), "auto")
