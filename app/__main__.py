@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 
 import uvicorn
@@ -37,6 +39,35 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+ADDRESSES = (
+    "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its interfaces' addresses"
+)
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port, found before the bundles load (seconds to minutes)
+    rather than after; uvicorn's own message names neither the address nor the setting. None if it can."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+    except (socket.gaierror, UnicodeError) as e:
+        reason = e.strerror if isinstance(e, socket.gaierror) else str(e)
+        return f"--host {host!r} does not resolve ({reason}); {ADDRESSES}"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: no wait on TIME_WAIT
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"--port {port}: {host}:{port} is in use by another process; stop it or give another --port"
+            if e.errno == errno.EACCES:
+                return f"--port {port}: ports below 1024 need root or CAP_NET_BIND_SERVICE; give --port 8000 or above"
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"--host {host!r} is not an address of this machine ({e.strerror}); {ADDRESSES}"
+            return f"--host {host!r} --port {port}: cannot listen there ({e.strerror})"
+    return None
+
+
 # uvicorn cancels handlers this long after our own drain deadline has answered them with a JSON 503.
 DEADLINE_MARGIN_S = 2.0
 
@@ -58,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     # per core; on a serving machine the cores belong to inference, and a request holds at most
     # --max-batch-size short texts. A user who wants it back sets TOKENIZERS_PARALLELISM=true.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    problem = bind_problem(settings.host, settings.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from app.http.server import create_app  # after the settings check: a typo should not wait for onnxruntime
 
     try:

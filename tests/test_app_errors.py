@@ -169,6 +169,28 @@ def test_bad_settings_fail_naming_the_option(bundles_dir):
     assert r.returncode == 2 and "--access-log" in r.stderr and "true or false" in r.stderr
 
 
+def test_an_address_the_server_cannot_listen_on_fails_before_the_bundles_load_naming_it(bundles_dir):
+    """A typo in --host or a port another process holds once ended, after the bundles loaded, in uvicorn's
+    "[Errno -2] Name or service not known" or "address already in use", naming neither setting."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        r = _start("--models", str(bundles_dir), "--port", port)
+        assert (
+            r.returncode == 2 and f"--port {port}: 127.0.0.1:{port} is in use by another process" in r.stderr
+        )
+    for host, says in [
+        ("no-such-host.invalid", "does not resolve"),
+        ("192.0.2.1", "is not an address of this machine"),
+    ]:
+        r = _start("--models", str(bundles_dir), "--host", host)
+        assert r.returncode == 2 and f"--host {host!r} {says}" in r.stderr and "0.0.0.0" in r.stderr, r.stderr
+        assert "providers" not in r.stderr  # refused before any bundle was loaded
+
+
 def test_providers_cuda_without_cuda_fails_at_start_naming_the_setting(bundles_dir):
     import onnxruntime as ort
 
