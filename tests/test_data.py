@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -45,6 +46,8 @@ from training.data.tokenizer import (
     train_wordpiece,
 )
 from training.finetuning.sets import load_labelled
+
+REPO = Path(__file__).resolve().parent.parent
 
 HARD_STRINGS = [
     "Crème brûlée at the Café — naïve façade, Ångström!",
@@ -288,6 +291,41 @@ def test_user_corpora(tmp_path):
         list(iter_text_documents(tmp_path / "c.jsonl"))
     with pytest.raises(CorpusError, match="neither a registry corpus"):
         read_corpus(str(tmp_path / "missing.txt"), "train")
+
+
+def test_a_corpus_directory_is_read_through_its_links_each_directory_once(tmp_path):
+    """Path.rglob passed over linked directories in silence: a corpus of links to datasets elsewhere
+    trained on nothing of them."""
+    elsewhere, corpus = tmp_path / "elsewhere", tmp_path / "corpus"
+    (elsewhere / "deep").mkdir(parents=True)
+    (elsewhere / "deep" / "b.txt").write_text("linked doc\n")
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("own doc\n")
+    (corpus / "data").symlink_to(elsewhere)
+    (corpus / "same-data").symlink_to(elsewhere)  # a second link to it: read once
+    (corpus / "data-again").symlink_to(elsewhere / "deep")  # a link into it: read once
+    (elsewhere / "up").symlink_to(corpus)  # a loop back to the corpus
+    assert list(iter_text_documents(corpus)) == ["own doc", "linked doc"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and directory permissions as Linux has them")
+def test_a_corpus_directory_that_cannot_be_listed_fails_naming_it(tmp_path):
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "ok.txt").write_text("a doc\n")
+    (tmp_path / "locked" / "hidden.txt").write_text("a doc never read\n")
+    (tmp_path / "locked").chmod(0o000)
+    code = "import sys; from training.data.corpus import iter_text_documents; list(iter_text_documents(sys.argv[1]))"
+    caps = "-dac_override,-dac_read_search,-fowner"  # as an ordinary user runs, also under root
+    prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    assert (
+        done.returncode == 1
+        and f"{tmp_path / 'locked'}: cannot list this directory of the corpus" in done.stderr
+    )
 
 
 def test_user_split_is_deterministic_disjoint_and_never_empty(tmp_path):

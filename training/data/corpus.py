@@ -279,12 +279,39 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 yield text.strip()
 
 
+def _files_under(path: Path) -> list[Path]:
+    """Every file under `path`, through linked directories too (a corpus of links to datasets elsewhere),
+    each directory once. A directory that cannot be listed is an error, not text left out in silence."""
+
+    def unlistable(e: OSError) -> None:
+        raise CorpusError(f"{e.filename}: cannot list this directory of the corpus ({e.strerror or e}); "
+                          "make it readable or move it out of the corpus")  # fmt: skip
+
+    seen, files = {os.path.realpath(path)}, []
+    for d, subdirs, names in os.walk(path, onerror=unlistable, followlinks=True):
+        kept = []
+        for x in sorted(
+            subdirs
+        ):  # sorted: which of two links to one directory is walked is the same anywhere
+            real = os.path.realpath(os.path.join(d, x))
+            if real not in seen:  # a link back up the tree, or a second link to one directory
+                seen.add(real)
+                kept.append(x)
+        subdirs[:] = kept
+        for name in names:
+            file = Path(d) / name
+            try:
+                if file.is_file() and name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES):
+                    files.append(file)
+            except OSError as e:  # a directory listed but not searchable (mode 644)
+                raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
+    return files
+
+
 def _corpus_files(path: Path) -> list[Path]:
     if path.is_dir():
         # Sorted so that document order (and so the shards) is the same on every machine.
-        files = sorted(
-            p for p in path.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
-        )
+        files = sorted(_files_under(path))
         if not files:
             raise CorpusError(f"{path} holds no {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files")
         return files
