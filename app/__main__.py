@@ -46,25 +46,28 @@ ADDRESSES = (
 
 def bind_problem(host: str, port: int) -> str | None:
     """Why the server could not listen on host:port, found before the bundles load (seconds to minutes)
-    rather than after; uvicorn's own message names neither the address nor the setting. None if it can."""
+    rather than after; uvicorn's own message names neither the address nor the setting. None if it can.
+    Binds what uvicorn's loop.create_server will: every address the host resolves to, as it does."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+        addresses = set(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))
     except (socket.gaierror, UnicodeError) as e:
         reason = e.strerror if isinstance(e, socket.gaierror) else str(e)
         return f"--host {host!r} does not resolve ({reason}); {ADDRESSES}"
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: no wait on TIME_WAIT
-        try:
-            probe.bind(address)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return f"--port {port}: {host}:{port} is in use by another process; stop it or give another --port"
-            if e.errno == errno.EACCES:
-                return f"--port {port}: ports below 1024 need root or CAP_NET_BIND_SERVICE; give --port 8000 or above"
-            if e.errno == errno.EADDRNOTAVAIL:
-                return f"--host {host!r} is not an address of this machine ({e.strerror}); {ADDRESSES}"
-            return f"--host {host!r} --port {port}: cannot listen there ({e.strerror})"
+    for family, kind, proto, _, address in sorted(addresses, key=str):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio binds: past TIME_WAIT
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return f"--port {port}: {host}:{port} is in use by another process; stop it or give another --port"
+                if e.errno == errno.EACCES:
+                    return f"--port {port}: ports below 1024 need root or CAP_NET_BIND_SERVICE; give --port 8000 or above"
+                if e.errno == errno.EADDRNOTAVAIL:
+                    return f"--host {host!r} is not an address of this machine ({e.strerror}); {ADDRESSES}"
+                return f"--host {host!r} --port {port}: cannot listen on {address[0]} ({e.strerror})"
     return None
 
 

@@ -290,9 +290,8 @@ def _files_under(path: Path) -> list[Path]:
     seen, files = {os.path.realpath(path)}, []
     for d, subdirs, names in os.walk(path, onerror=unlistable, followlinks=True):
         kept = []
-        for x in sorted(
-            subdirs
-        ):  # sorted: which of two links to one directory is walked is the same anywhere
+        # Sorted: which of two links to one directory is walked (and names its files) is the same anywhere.
+        for x in sorted(subdirs):
             real = os.path.realpath(os.path.join(d, x))
             if real not in seen:  # a link back up the tree, or a second link to one directory
                 seen.add(real)
