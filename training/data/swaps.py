@@ -207,11 +207,19 @@ def swap_table(tokenizer, kinds: list[str], unigrams: Counter, lexicon: dict[str
     rng = np.random.default_rng(seed)
     per_kind = width // len(kinds)
     table = np.empty((tokenizer.get_vocab_size(), width), dtype=np.int64)
+    # Every word of a tag shares one list of thousands: made an array once, not once per word (it was
+    # 8 s of every run's set-up, quadratic in the size of a tag).
+    arrays: dict[int, np.ndarray] = {}
     for token_id in range(table.shape[0]):
         for k, kind in enumerate(kinds):
-            options = [o for o in sources[kind].get(token_id, ()) if o != token_id]
-            pool = np.array(options) if options else any_word
-            table[token_id, k * per_kind : (k + 1) * per_kind] = rng.choice(pool, per_kind)
+            options = sources[kind].get(token_id, ())
+            if id(options) not in arrays:
+                arrays[id(options)] = np.array(options, dtype=np.int64)
+            pool = arrays[id(options)]
+            pool = pool[pool != token_id]
+            table[token_id, k * per_kind : (k + 1) * per_kind] = rng.choice(
+                pool if pool.size else any_word, per_kind
+            )
     return table
 
 
