@@ -4,6 +4,7 @@ shown is the default, a flag, its environment variable and a TOML key give the s
 values are accepted and nothing else, and a switch is a switch."""
 
 import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -34,6 +35,7 @@ PROGRAMS = {
 }
 
 
+@functools.cache  # each program's --help starts a Python with torch once in this file, not twice
 def help_text(module: str) -> str:
     env = {**os.environ, "COLUMNS": "2000"}  # no wrapping: argparse would break words at their hyphens
     out = subprocess.run(
@@ -164,7 +166,7 @@ def test_unknown_and_ill_typed_options_fail_naming_them(module, tmp_path):
 
 
 def test_choice_options_list_their_values():
-    pretrain, finetune = help_text("training.pretrain"), help_text("training.finetune")  # one process each
+    pretrain, finetune = help_text("training.pretrain"), help_text("training.finetune")
     assert all(name in pretrain for name in REGISTRY_CORPORA)
     assert all(name in finetune for name in LABELLED_SETS)
 
