@@ -251,12 +251,12 @@ def _weights(directory: Path, index: dict) -> dict:
 
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
-    from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
-
     src, out = Path(cfg.handoff), Path(cfg.out)
     if out.exists() and any(out.iterdir()) and not cfg.force:
         raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
-    index = verify(src)
+    index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
+    from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
+
     weights = _weights(src, index)
     state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
     step_dir = f"step-{int(state.get('step', 0)):08d}"
@@ -300,15 +300,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"electra-serve handoff {command}\n{options.describe(cfg)}", flush=True)
-    from training.checkpoint import CheckpointError
-
     try:
         if command == "pack":
             index = pack(cfg)
             print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
         else:
             unpack(cfg)
-    except (HandoffError, CheckpointError) as e:
+    except HandoffError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        # training.checkpoint (and torch with it) is imported here only if it raised, so it is loaded.
+        from training.checkpoint import CheckpointError
+
+        if not isinstance(e, CheckpointError):
+            raise
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
     return 0
