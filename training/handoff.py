@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
     except Exception as e:
-        # training.checkpoint (and torch with it) is imported here only if it raised, so it is loaded.
+        # Imported only now: a CheckpointError comes from training.checkpoint, so it is loaded already.
         from training.checkpoint import CheckpointError
 
         if not isinstance(e, CheckpointError):
