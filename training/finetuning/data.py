@@ -209,7 +209,9 @@ def label_name(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip()
-    return str(int(float(text))) if _WHOLE_DECIMAL.fullmatch(text) else text
+    return (
+        str(int(text.partition(".")[0])) if _WHOLE_DECIMAL.fullmatch(text) else text
+    )  # exact, not via float
 
 
 def _sort_key(name: str):
