@@ -5,7 +5,6 @@ per-file hashes are served with a warning."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ except ImportError:  # tests/ made a package
     from tests.app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401
 
 from app.model.bundle import BundleError, read_bundle, sha256_file
+from tests.unprivileged import run_python
 
 
 def _copy(bundles_dir: Path, dst: Path) -> Path:
@@ -177,10 +177,7 @@ def test_bundles_are_named_as_listed_and_what_cannot_be_read_fails_alone(bundles
     (models / "private" / "model.onnx").chmod(0o000)
     (models / "sealed").mkdir(mode=0o000)
     code = "import json, sys; from app.model.bundle import discover; print(json.dumps(discover(__import__('pathlib').Path(sys.argv[1]))[1]))"
-    caps = "-dac_override,-dac_read_search,-fowner"
-    prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
-    done = subprocess.run([*prefix, sys.executable, "-c", code, str(models)], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = run_python(code, str(models))
     (models / "sealed").chmod(0o755)
     assert done.returncode == 0, done.stderr
     broken = json.loads(done.stdout)

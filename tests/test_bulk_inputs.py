@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from bulk.config import resolve
 from bulk.inputs import InputError, Reason, plan, read, shards
 from bulk.outputs import safe
 from options import ConfigError
+from tests.unprivileged import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,20 +105,17 @@ def test_directories_that_cannot_be_listed_fail_by_name_and_are_never_skipped(tm
     # The directory, and globs that reach into the locked directories (glob.glob passes over them in
     # silence), or that do not.
     code = ("import json, sys; from bulk.inputs import shards;"
-            "print(json.dumps([[[f.name for f in r[1]], r[2]] for r in map(lambda s: shards(s, 'auto'), sys.argv[1:])]))")  # fmt: skip
-    # Root reads any directory: drop the capabilities that let it, as an ordinary user runs.
-    caps = "-dac_override,-dac_read_search,-fowner"
-    prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
+            "print(json.dumps([[[f.name for f in files], unlisted] for _, files, unlisted in"
+            " (shards(spec, 'auto') for spec in sys.argv[1:])]))")  # fmt: skip
+    specs = [
+        str(corpus),
+        f"{corpus}/**/*.jsonl",
+        f"{corpus}/*/a.jsonl",
+        f"{corpus}/o*.jsonl",
+        f"{corpus}/l*/*",
+    ]
     try:
-        specs = [
-            str(corpus),
-            f"{corpus}/**/*.jsonl",
-            f"{corpus}/*/a.jsonl",
-            f"{corpus}/o*.jsonl",
-            f"{corpus}/l*/*",
-        ]
-        done = subprocess.run([*prefix, sys.executable, "-c", code, *specs], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = run_python(code, *specs)
     finally:
         (corpus / "locked").chmod(0o755)
         (corpus / "unsearchable").chmod(0o755)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.unprivileged import run_python
 from training.data import registry
 from training.data.corpus import (
     CorpusError,
@@ -315,11 +316,8 @@ def test_a_corpus_directory_that_cannot_be_listed_fails_naming_it(tmp_path):
     (tmp_path / "locked" / "hidden.txt").write_text("a doc never read\n")
     (tmp_path / "locked").chmod(0o000)
     code = "import sys; from training.data.corpus import iter_text_documents; list(iter_text_documents(sys.argv[1]))"
-    caps = "-dac_override,-dac_read_search,-fowner"  # as an ordinary user runs, also under root
-    prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"] if os.geteuid() == 0 else []
     try:
-        done = subprocess.run([*prefix, sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = run_python(code, str(tmp_path))
     finally:
         (tmp_path / "locked").chmod(0o755)
     assert (
