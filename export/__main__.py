@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import options
-from export.pipeline import ExportConfig
+from export.config import ExportConfig
 
 PROG = "python -m export"
 

@@ -13,82 +13,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from export import bundle_writer, calibrate, evaldata, optimize, parity
+from export.config import ExportConfig
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
-from options import check_choices, option
-
-PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
-INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
-
-
-@dataclass
-class ExportConfig:
-    """The options of `python -m export`, declared once (options.option): the CLI, --help and
-    run_export's callers all read them from here."""
-
-    checkpoint: str = option(help="run dir, checkpoint dir or Hugging Face ELECTRA dir", positional=True)
-    out: str = option(help="bundle directory to write; must be new or empty unless --force")
-    force: bool = option(False, "replace --out even if it holds files (an older bundle)")
-    precision: str = option("int8", "int8: CPU serving; fp32; fp16: GPU serving", choices=PRECISIONS)
-    # export/int8_compute.py and docs/int8.md: what each int8 method computes and why auto picks it.
-    int8: str = option(
-        "auto",
-        "auto: compute for a quantization-aware checkpoint (--qat), else weights; compute: int8 GEMMs with "
-        "the model's fixed activation ranges (calibrated here when it has none), held to the per-token gate; "
-        "weights: int8 storage, fp32 compute; static / dynamic: onnxruntime's quantizers (dynamic: scores "
-        "move with the batch)",
-        choices=INT8_METHODS,
-    )
-    opset: int = option(17, "ONNX opset, 13 to 20 (17: LayerNormalization is one op)")
-    max_length: int | None = option(
-        None, "longest input, special tokens included (default: the model's limit)"
-    )
-    eval_text: str | None = option(
-        None, "held-out text file for the int8 check, one text a line (default: WikiText-2 valid)"
-    )
-    eval_data: str | None = option(None, "classifiers: labelled dev data (CSV/TSV/JSONL with text,label)")
-    data_dir: str | None = option(
-        None,
-        "directory already holding the registry's data files (else fetched and cached)",
-        env="ELECTRA_DATA_DIR",
-    )
-    eval_sequences: int = option(256, "held-out sequences (or texts) for the int8 check")
-    triton: str | None = option(
-        None, "also write a Triton model repository here (given alone: <out>-triton)", bare=""
-    )
-    seed: int = option(
-        0, "seeds the parity check's random inputs, the int8 check's swaps and the calibration sentences"
-    )
-    # Detectors: calibrated probabilities and a default threshold (export/calibration.py), fitted on
-    # held-out sentences: a text file or directory of the user's, or registry corpora (their valid split).
-    calibrate: bool = option(
-        True, "detectors: calibrate the probabilities and choose a threshold (false: raw, threshold 0.5)"
-    )
-    calibration_text: str | None = option(
-        None,
-        "detectors: held-out text to calibrate on (a file or directory; documents separated by blank lines), "
-        "or sentence sources (default: wikitext2,news,chat,trec, their held-out parts; "
-        "export/sentence_sources.py)",
-    )
-    calibration_sentences: int = option(
-        300, "detectors: sentences per kind of swap and source, and as many clean"
-    )
-
-    def __post_init__(self) -> None:
-        check_choices(self)
-        if not 13 <= self.opset <= 20:
-            raise ValueError(f"--opset must be between 13 and 20 (the exporter's range), got {self.opset}")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"--max-length must be at least 2, got {self.max_length}")
-        if self.eval_sequences < 8:
-            raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
-        if self.calibration_sentences < 20:
-            raise ValueError(f"--calibration-sentences must be at least 20, got {self.calibration_sentences}")
-        for flag in ("eval_text", "eval_data", "data_dir"):
-            value = getattr(self, flag)
-            if value is not None and not Path(value).exists():
-                raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
 
 
 @dataclass(frozen=True)

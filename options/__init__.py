@@ -261,6 +261,22 @@ def resolve(
         raise ConfigError(str(e)) from None
 
 
+def check_flags(
+    cls, argv: Sequence[str] | None = None, *, prog: str | None = None, description: str = "",
+    config_file: bool = True,
+) -> None:  # fmt: skip
+    """The command line alone, as `resolve` reads it: --help, an unknown flag, and a flag's value of the
+    wrong type or outside its choices end here. An entry point calls it before it imports what it runs on
+    (torch: seconds), so those answer at once; what depends on the other sources (--config, a saved run,
+    the environment) and on several options together is left to `resolve`."""
+    hints = typing.get_type_hints(cls)
+    args = parser(cls, prog, description, config_file).parse_args(argv)
+    for f in dataclasses.fields(cls):
+        given = getattr(args, f.name)
+        if given is not None:
+            _check_choice(f, coerce(f.name, given, hints[f.name]))
+
+
 def _check_choice(f: dataclasses.Field, value) -> None:
     choices = spec_of(f).choices
     if choices and value is not None and value not in choices:

@@ -17,7 +17,7 @@ import pytest
 import options
 from app.settings import Settings
 from bulk.config import BulkConfig
-from export.pipeline import ExportConfig
+from export.config import ExportConfig
 from export.recover import RecoverConfig
 from training.config import FinetuneConfig, PretrainConfig
 from training.data.corpus import REGISTRY_CORPORA
@@ -163,6 +163,28 @@ def test_unknown_and_ill_typed_options_fail_naming_them(module, tmp_path):
     if number:
         with pytest.raises(options.ConfigError, match=re.escape(options.flag(number)) + ": expected"):
             options.resolve(cls, [*required, options.flag(number), "many"], env={})
+
+
+# Run as `python -m MODULE ARGS`, then tells how it ended and whether torch was imported.
+PROBE = """import runpy, sys
+module, sys.argv[1:] = sys.argv[1], sys.argv[2:]
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    print(f"exit {e.code!r}", file=sys.stderr)
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("module", PROGRAMS)
+def test_help_and_a_mistyped_flag_answer_before_torch_loads(module):
+    """Importing torch costs seconds; --help and a typo in a flag must not wait for it."""
+    _, required = PROGRAMS[module]
+    for args, ends in ((["--help"], "exit 0"), ([*required, "--no-such-option", "1"], "--no-such-option")):
+        done = subprocess.run([sys.executable, "-c", PROBE, module, *args], cwd=REPO, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.stdout.splitlines()[-1] == "False", (module, args, done.stderr[-2000:])
+        assert ends in done.stderr, (module, args, done.stderr[-2000:])
 
 
 def test_choice_options_list_their_values():

@@ -40,7 +40,8 @@ def eval_text(tmp_path_factory):
 
 
 def export(src, out, **kw):
-    from export.pipeline import ExportConfig, run_export
+    from export.config import ExportConfig
+    from export.pipeline import run_export
 
     return run_export(ExportConfig(checkpoint=str(src), out=str(out), **kw), log=lambda _: None)
 

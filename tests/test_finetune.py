@@ -13,9 +13,9 @@ import torch
 
 from training.checkpoint import commit_checkpoint, load_model, save_model
 from training.data.tokenizer import load_tokenizer
-from training.finetune import init_classifier, layerwise_param_groups
 from training.finetune import main as finetune
 from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.finetuning.tuner import init_classifier, layerwise_param_groups
 from training.model import (
     ElectraConfig,
     ElectraForPreTraining,

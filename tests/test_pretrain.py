@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from benchmarks.quality.disc_probe import load_generators
 from training.checkpoint import resolve_checkpoint, state_dict_for_save, write_atomically
 from training.pretrain import main as pretrain
-from training.pretrain import setup
+from training.pretraining.trainer import setup
 from training.report import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent

@@ -23,7 +23,8 @@ def measure(args: list[str]) -> None:
 
 @pytest.mark.timeout(600)
 def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, small_tokenizer, registry_data):
-    from export.pipeline import ExportConfig, run_export
+    from export.config import ExportConfig
+    from export.pipeline import run_export
     from training.pretrain import main as pretrain
 
     try:

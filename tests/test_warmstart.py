@@ -11,8 +11,8 @@ import torch
 from training.checkpoint import CheckpointError, resolve_checkpoint
 from training.config import PretrainConfig
 from training.pretrain import main as pretrain
-from training.pretrain import param_groups
 from training.pretraining.model import build_objective
+from training.pretraining.trainer import param_groups
 from training.pretraining.warmstart import load_warm_start, resolve_warm_start
 from training.report import read_metrics
 

@@ -41,7 +41,7 @@ def objective_config(base: PretrainConfig, objective: str, mlm_masking: str) -> 
 
 
 def costs(base: PretrainConfig, vocab_size: int, objectives=OBJECTIVES) -> dict[str, dict]:
-    """FLOPs per training token and parameter counts of each objective, exactly as pretrain.py counts."""
+    """FLOPs per training token and parameter counts of each objective, exactly as training.pretrain counts."""
     from training.model import count_parameters, flops_per_token
     from training.pretraining.model import build_objective
 

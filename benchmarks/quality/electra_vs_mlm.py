@@ -8,7 +8,7 @@ scale, as a curve:
 1. one WordPiece tokenizer, trained once on the corpus (or --tokenizer), for both runs: `tokenizers`
    may number a vocabulary differently on a second training, and the objective must be the only
    difference;
-2. training FLOPs per token from `training.model.flops_per_token`, as pretrain.py counts them: ELECTRA
+2. training FLOPs per token from `training.model.flops_per_token`, as training.pretrain counts them: ELECTRA
    is the discriminator plus the generator (its V-wide output layer at the mask rate); MLM is an encoder
    of the discriminator's size with that output layer at the mask rate. Each objective gets as many
    steps as fit the budget, the same warmup fraction, peak lr, linear schedule, data order and masking;

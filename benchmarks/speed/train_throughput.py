@@ -1,7 +1,7 @@
 """Tokens/s of the ELECTRA joint training step, variant by variant, with what explains each figure.
 
 Every variant trains ELECTRA-Small's shape (hidden 256, 12 + 12 layers, generator 1/4, seq 128) on the
-same random tokens. Ours runs the trainer's own step (`Trainer.train_step` of training/pretrain.py), so
+same random tokens. Ours runs the trainer's own step (`Trainer.train_step` of training/pretraining/trainer.py), so
 what is timed is what `python -m training.pretrain` runs; the others are the step as it was before issue
 44 (benchmarks/speed/legacy_step.py) and the step a user would build from `transformers`
 (ElectraForMaskedLM with logits at every position, ElectraForPreTraining, shared embeddings).
@@ -42,9 +42,9 @@ from training.dropout import bit_mask_dropout
 from training.embedding_grad import opaque_embedding_grads
 from training.model import fuse_qkv
 from training.optim import autocast_for, cpu_has_native_bf16, deterministic_kernels, matmul_precision
-from training.pretrain import Trainer, param_groups
 from training.pretraining.masking import Corruption
 from training.pretraining.model import build_objective
+from training.pretraining.trainer import Trainer, param_groups
 
 MASK_ID, VOCAB = 103, 30522
 

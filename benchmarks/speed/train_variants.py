@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Variant:
-    step: str = "ours"  # ours (training/pretrain.py's Trainer.train_step) | legacy | transformers
+    step: str = "ours"  # ours (training/pretraining/trainer.py's Trainer.train_step) | legacy | transformers
     compile: str | None = "default"  # torch.compile mode; None: eager
     precision: str = "bf16"  # bf16 (autocast) | tf32 | fp32
     batch: int = 128

@@ -1,0 +1,460 @@
+"""The fine-tuning run behind `python -m training.finetune` (training/finetune.py, whose docstring tells what
+it does and writes): options, data, model and tokenizer resolved, the FineTuner built by `setup`, and the
+loop of `run`. Apart from the entry point so that its --help and option errors answer without importing
+torch."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+import options
+from options import ConfigError, describe
+from training import checkpoint as ckpt
+from training import finetune as entry
+from training import quantization
+from training.config import FinetuneConfig
+from training.data.registry import DatasetError
+from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
+from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
+from training.finetuning.metrics import (
+    classification_metrics,
+    format_report,
+    json_safe,
+    regression_metrics,
+    resolve_metric,
+    scalars,
+    selection_score,
+)
+from training.model import ElectraForSequenceClassification, count_parameters, init_weights
+from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
+from training.report import MetricsLog
+
+ARCH = "ElectraForSequenceClassification"
+# What a run writes into --out; --overwrite removes exactly these, never anything else.
+OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
+           "eval_dev.json", "eval_test.json", "finetune_config.json", "metrics.jsonl")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ layer-wise lr decay
+
+
+def lr_depth(name: str, num_layers: int) -> int:
+    """The power of `layerwise_lr_decay` that scales parameter `name`'s learning rate.
+
+    ELECTRA counts the task-specific head as one more layer on top of the L transformer layers and decays
+    by one power per layer going down (google-research/electra, model/optimization.py `_get_layer_lrs`):
+
+        classifier.* (dense + out_proj, the whole fresh head)   decay^0   full lr
+        encoder layer l (0-based, top is L-1)                   decay^(L - l)   top layer: decay^1
+        embeddings and embeddings_project                       decay^(L + 1)
+
+    The released code gives the head depth L+2 rather than L+1, so its top layer gets decay^2, its
+    embeddings decay^(L+2), and no parameter gets decay^1. The author confirmed this is a mistake
+    (google-research/electra issue #51, also #64): it is left over from a pretrained pooler that once sat
+    between the top layer and the head (pooler decay^1) and was removed with next-sentence prediction
+    without renumbering. Our head's `dense` layer is freshly initialised, like the rest of the task head,
+    so it is not a pretrained pooler and gets the full rate; the top encoder layer then gets decay^1 as
+    the author intended. (For Small, L=12, decay 0.8: embeddings get 0.8^13 = 0.055 of the peak lr, vs.
+    0.044 in the released code.)
+    """
+    if name.startswith("classifier."):
+        return 0
+    m = re.match(r"electra\.encoder\.layer\.(\d+)\.", name)
+    if m:
+        return num_layers - int(m.group(1))
+    if name.startswith(("electra.embeddings.", "electra.embeddings_project.")):
+        return num_layers + 1
+    raise AssertionError(f"no learning-rate depth for parameter {name!r}")
+
+
+def layerwise_param_groups(
+    model: torch.nn.Module, lr: float, decay: float, weight_decay: float
+) -> list[dict]:
+    """AdamW groups: one per (depth, decays?). No weight decay on biases and LayerNorm (BERT, ELECTRA).
+    Each group's `base_lr` is its peak; the schedule multiplies it."""
+    L = model.config.num_hidden_layers
+    groups: dict[tuple[int, bool], dict] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        depth = lr_depth(name, L)
+        decayed = decays(name, p)
+        g = groups.setdefault((depth, decayed), {"params": [], "weight_decay": weight_decay if decayed else 0.0,
+                                                "base_lr": lr * decay**depth, "depth": depth})  # fmt: skip
+        g["params"].append(p)
+    for g in groups.values():
+        g["lr"] = g["base_lr"]
+    return [groups[k] for k in sorted(groups)]
+
+
+# ------------------------------------------------------------------------------------ initialisation
+
+
+def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
+    """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
+    K = 1 if data.problem_type == REGRESSION else len(data.labels)
+    model, cfg, src = ckpt.load_model(init, architecture=ARCH, num_labels=K)
+    _, arch = ckpt.read_config(src)
+    notes = []
+    new_labels = dict(enumerate(data.labels))
+    if arch != ARCH:
+        notes.append(f"encoder from {src} ({arch}); new classification head with {K} output(s)")
+    elif cfg.num_labels != K:
+        old = cfg.num_labels
+        cfg.id2label = new_labels
+        model = ElectraForSequenceClassification(cfg)
+        init_weights(model, cfg.initializer_range)
+        encoder = {k: v for k, v in ckpt.read_weights(src).items() if k.startswith("electra.")}
+        ckpt.load_weights_into(
+            model.electra, {k.removeprefix("electra."): v for k, v in encoder.items()}, str(src)
+        )
+        notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
+                     "(classifier.*), keeping the encoder")  # fmt: skip
+    else:
+        old_names = list(cfg.id2label.values())
+        if set(old_names) == set(data.labels) and old_names != list(data.labels):
+            # Same classes, another order: permute the output rows so each label keeps what it learnt.
+            perm = torch.tensor([old_names.index(name) for name in data.labels])
+            with torch.no_grad():
+                model.classifier.out_proj.weight.copy_(model.classifier.out_proj.weight[perm])
+                model.classifier.out_proj.bias.copy_(model.classifier.out_proj.bias[perm])
+            notes.append(
+                f"kept the head of {src}, its outputs reordered from {old_names} to {list(data.labels)}"
+            )
+        elif old_names != list(data.labels):
+            notes.append(
+                f"kept the {K}-output head of {src}; its labels {old_names} are renamed {list(data.labels)}"
+            )
+        else:
+            notes.append(f"continuing from the classifier in {src} (same labels)")
+    cfg.id2label = new_labels
+    cfg.problem_type = data.problem_type
+    return model, src, notes
+
+
+def init_tokenizer(src: Path):
+    lowercase = True
+    tc = src / "tokenizer_config.json"  # a Hugging Face dir with only vocab.txt says how it normalises here
+    if not (src / "tokenizer.json").is_file() and tc.is_file():
+        lowercase = bool(json.loads(tc.read_text()).get("do_lower_case", True))
+    return load_tokenizer(src, lowercase=lowercase)
+
+
+# -------------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def predict(model, items, batch_size, pad_id, device, autocast) -> tuple[np.ndarray, float]:
+    """Predictions in `items` order (class ids, or values for regression) and the mean loss."""
+    model.eval()
+    regression = model.config.problem_type == REGRESSION
+    preds = np.zeros(len(items), dtype=np.float64 if regression else np.int64)
+    loss_sum = 0.0
+    for idx, b in batches(items, batch_size, pad_id, sort_by_length=True):  # sorted: least padding
+        b = {k: v.to(device) for k, v in b.items()}
+        with autocast():
+            logits = model(b["input_ids"], b["attention_mask"], b["token_type_ids"]).float()
+        loss_sum += float(loss_fn(logits, b["labels"], regression)) * len(idx)
+        out = logits.squeeze(-1) if regression else logits.argmax(-1)
+        preds[idx] = out.cpu().numpy()
+    model.train()
+    return preds, loss_sum / max(1, len(items))
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
+    # As transformers' ElectraForSequenceClassification: MSE on the single output, else cross-entropy.
+    return F.mse_loss(logits.squeeze(-1), labels) if regression else F.cross_entropy(logits, labels)
+
+
+def evaluate(model, items, data: TaskData, positive: int, cfg, pad_id, device, autocast) -> dict:
+    preds, loss = predict(model, items, cfg.eval_batch_size, pad_id, device, autocast)
+    truth = np.array([it.label for it in items])
+    if data.problem_type == REGRESSION:
+        m = regression_metrics(truth.astype(np.float64), preds)
+    else:
+        m = classification_metrics(truth.astype(np.int64), preds, data.labels, positive)
+    return {**m, "loss": loss}
+
+
+# ------------------------------------------------------------------------------------------- outputs
+
+
+def check_out(out: Path, overwrite: bool) -> list[str]:
+    """The outputs --out already holds (to replace with --overwrite); a ConfigError where it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; choose a directory")
+    if (out / "checkpoints" / ckpt.LATEST).exists():  # --overwrite would replace its config.json and metrics
+        raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
+                          "would break its --resume: choose another --out")  # fmt: skip
+    present = [f for f in OUTPUTS if (out / f).exists()]
+    if present and not overwrite:
+        raise ConfigError(
+            f"--out: {out} already holds {', '.join(present)}; pass --overwrite or choose another --out"
+        )
+    return present
+
+
+def prepare_out(out: Path, overwrite: bool) -> None:
+    for f in check_out(out, overwrite):
+        (out / f).unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"--out: cannot create {out} ({e.strerror or e}); choose a directory you can write"
+        ) from None
+
+
+def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) -> None:
+    """The whole of `out` (progress files included) is rebuilt in a temporary sibling and renamed into
+    place, so `python -m export <out>` sees either no model or the complete one."""
+
+    def fill(d: Path) -> None:
+        shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True)
+        ckpt.save_model(model, d, ARCH)
+        save_tokenizer(tok, d)
+        (d / "trainer_state.json").write_text(json.dumps(json_safe(state), indent=2) + "\n")
+        for split, m in evals.items():
+            (d / f"eval_{split}.json").write_text(json.dumps(json_safe(m), indent=2) + "\n")
+
+    ckpt.write_atomically(out, fill)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:
+    """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
+    cfg = options.resolve(FinetuneConfig, argv, prog=entry.PROG, description=entry.__doc__)
+    out = Path(cfg.out).resolve()
+    check_out(out, cfg.overwrite)  # fails at once, before any data is read
+    try:
+        data = load_task_data(cfg)
+    except DatasetError as e:
+        raise ConfigError(f"--task {cfg.task} (or --data-dir): {e}") from None
+    torch.manual_seed(cfg.seed)  # the fresh head's initial weights
+    try:
+        model, src, notes = init_classifier(cfg.init, data)
+        tok = init_tokenizer(src)
+    except (ckpt.CheckpointError, TokenizerError) as e:
+        raise ConfigError(f"--init: {e}") from None
+    mcfg = model.config
+    if cfg.max_seq_len > mcfg.max_position_embeddings:
+        raise ConfigError(
+            f"--max-seq-len: {cfg.max_seq_len} exceeds the model's {mcfg.max_position_embeddings} positions"
+        )
+    if tok.get_vocab_size() > mcfg.vocab_size:
+        raise ConfigError(
+            f"--init: the tokenizer in {src} has {tok.get_vocab_size()} tokens, the model {mcfg.vocab_size}"
+        )
+    if cfg.positive_label is not None and cfg.positive_label not in data.labels:
+        raise ConfigError(
+            f"--positive-label: {cfg.positive_label!r} is not one of the labels {list(data.labels)}"
+        )
+    if cfg.positive_label is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
+        raise ConfigError(f"--positive-label: for two classes only; this data has {len(data.labels)} labels"
+                          + (" (a regression)" if data.problem_type != CLASSIFICATION else ""))  # fmt: skip
+    if cfg.metric == "f1" and len(data.labels) != 2:
+        raise ConfigError("--metric f1: the F1 of one class is for binary tasks; use macro_f1")
+    counts = data.label_counts() if data.problem_type == CLASSIFICATION else None
+    positive = None
+    if len(data.labels) == 2 and data.problem_type == CLASSIFICATION:
+        positive = cfg.positive_label or data.labels[1]  # sklearn's pos_label=1; --positive-label to change
+    ptype = "regression" if data.problem_type == REGRESSION else "classification"
+    metric = resolve_metric(cfg.metric, data.problem_type, counts)
+    # The resolved config; validating it again checks --metric against the problem type found in the data.
+    cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
+                              positive_label=positive)  # fmt: skip
+    prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
+    return cfg, data, model, tok, notes
+
+
+@dataclasses.dataclass
+class FineTuner:
+    """Everything a fine-tuning step, a dev evaluation and the final save need, built once by `setup`."""
+
+    cfg: FinetuneConfig
+    data: TaskData
+    model: ElectraForSequenceClassification
+    tok: Tokenizer
+    encoded: dict[str, list]  # split -> encoded examples
+    opt: torch.optim.Optimizer
+    device: torch.device
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    pad_id: int
+    positive: int  # index of the positive label (binary metrics)
+    steps_per_epoch: int
+    total: int
+    warmup: int
+    step: int = 0
+    tokens: int = 0
+    stale: int = 0  # dev evaluations since the last improvement
+    best: dict = dataclasses.field(
+        default_factory=lambda: {"score": -math.inf, "state": None, "metrics": None, "step": 0, "epoch": 0}
+    )
+
+    def train_step(self, b: dict[str, torch.Tensor]) -> tuple[float, float, float]:
+        """One optimizer step on batch `b`: (loss, gradient norm, learning-rate multiplier)."""
+        mult = linear_schedule(self.step, self.total, self.warmup)
+        for g in self.opt.param_groups:
+            g["lr"] = g["base_lr"] * mult
+        b = {k: v.to(self.device, non_blocking=True) for k, v in b.items()}
+        with self.autocast():
+            logits = self.model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        loss = loss_fn(logits.float(), b["labels"], self.data.problem_type == REGRESSION)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += int(b["attention_mask"].sum())
+        return float(loss.detach()), float(norm), mult
+
+    def evaluate(self, split: str) -> dict:
+        return evaluate(self.model, self.encoded[split], self.data, self.positive, self.cfg, self.pad_id,
+                        self.device, self.autocast)  # fmt: skip
+
+    def evaluate_dev(self, log: MetricsLog) -> bool:
+        """Evaluate on dev, keep the best weights; True when patience has run out."""
+        epoch = self.step / self.steps_per_epoch
+        m = self.evaluate("dev")
+        log.write(self.step, self.tokens, "dev", {"epoch": epoch, **scalars(m)})
+        score = selection_score(m, self.cfg.metric)
+        improved = score > self.best["score"] or self.best["state"] is None
+        if improved:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best.update(score=score, metrics=m, step=self.step, epoch=epoch, state=state)
+            self.stale = 0
+        else:
+            self.stale += 1
+        shown = ", ".join(
+            f"{k} {m[k]:.4f}"
+            for k in ("accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "loss")
+            if k in m
+        )
+        tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}" + ("  * best" if improved else ""))
+        return self.cfg.patience > 0 and self.stale >= self.cfg.patience
+
+    def save_best(self, stopped_early: bool, started: float) -> dict[str, dict]:
+        """The best dev weights back in the model, scored on test (when there is one), written to --out."""
+        cfg, data, best = self.cfg, self.data, self.best
+        self.model.load_state_dict(best["state"])
+        evals = {"dev": best["metrics"]}
+        if "test" in self.encoded:
+            evals["test"] = self.evaluate("test")
+        for split, m in evals.items():
+            where = {"task": data.task, "source": data.source.get(split)}
+            m.update(split=split, step=best["step"], metric=cfg.metric, **where)
+            print(format_report(m, f"{split} @ step {best['step']} (best dev {cfg.metric})"), flush=True)
+        state = {"task": data.task, "data": data.source, "step": best["step"], "epoch": best["epoch"],
+                 "global_step": self.step, "stopped_early": stopped_early, "best_metric": cfg.metric,
+                 "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
+                 "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
+                 "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
+        write_outputs(Path(cfg.out), self.model.cpu(), self.tok, state, evals)
+        return evals
+
+
+def setup(argv: list[str] | None) -> FineTuner:
+    """Config, data, model, device and optimizer; prints the resolved configuration and saves it in --out."""
+    try:
+        cfg, data, model, tok, notes = resolve(argv)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    out = Path(cfg.out)
+    deterministic_kernels(cfg.deterministic)
+    cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("error: --device cuda: no CUDA device is visible; use --device cpu or auto")
+    device = torch.device("cuda" if cuda else "cpu")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    # bf16 on CUDA and on CPUs that compute it natively (AMX), as pretraining does.
+    use_bf16, autocast = autocast_for(device, cfg.bf16)
+
+    print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
+    options.save(cfg, out / "finetune_config.json")
+    for note in notes:
+        print(f"init: {note}", flush=True)
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in data.splits.items())
+    dist = (
+        f", train class counts {dict(zip(data.labels, data.label_counts(), strict=True))}"
+        if cfg.problem_type != "regression"
+        else ""
+    )
+    print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
+
+    encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
+    if (
+        cfg.qat
+    ):  # ranges from a shuffled sample of the training texts (their own seed: data order is untouched)
+        sample = batches(encoded["train"], cfg.batch_size, special_ids(tok).pad, random.Random(cfg.seed + 1))
+        print(
+            f"quantization-aware: {quantization.prepare(model, (b for _, b in sample), cfg.qat_smoothing or None)}",
+            flush=True,
+        )
+        quantization.set_rounding(model, cfg.qat_rounding)
+    model.to(device).train()
+    steps_per_epoch = math.ceil(len(encoded["train"]) / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    warmup = round(cfg.warmup_fraction * total)
+    groups = layerwise_param_groups(model, cfg.lr, cfg.layerwise_lr_decay, cfg.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=cuda)
+    truncated = sum(len(e.ids) == cfg.max_seq_len for e in encoded["train"])
+    print(f"parameters: {count_parameters(model) / 1e6:.2f}M; {total} steps ({cfg.epochs} epochs of "
+          f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
+          f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
+    positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
+    return FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
+                     steps_per_epoch, total, warmup)  # fmt: skip
+
+
+def run(argv: list[str] | None = None) -> dict:
+    t = setup(argv)
+    cfg = t.cfg
+    log = MetricsLog(Path(cfg.out) / "metrics.jsonl")
+    rng = random.Random(cfg.seed)  # data order; dropout draws from torch's generator, seeded in resolve()
+    stopped_early, started = False, time.time()
+    bar = tqdm(total=t.total, dynamic_ncols=True, desc="finetune")
+    window_loss, window_n, window_t = 0.0, 0, time.time()
+    for _ in range(cfg.epochs):
+        for _, b in batches(t.encoded["train"], cfg.batch_size, t.pad_id, rng, cfg.sort_by_length):
+            loss, norm, mult = t.train_step(b)
+            window_loss, window_n = window_loss + loss, window_n + 1
+            bar.update(1)
+            if t.step % cfg.log_every == 0 or t.step == t.total:
+                row = {"loss": window_loss / window_n, "lr": cfg.lr * mult, "grad_norm": norm,
+                       "examples_per_s": window_n * cfg.batch_size / max(1e-9, time.time() - window_t)}  # fmt: skip
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+                log.write(t.step, t.tokens, "train", {"epoch": t.step / t.steps_per_epoch, **row})
+                window_loss, window_n, window_t = 0.0, 0, time.time()
+            due = t.step % (cfg.eval_every or t.steps_per_epoch) == 0 or t.step == t.total
+            if due and t.evaluate_dev(log):
+                stopped_early = True
+                break
+        if stopped_early:
+            tqdm.write(
+                f"early stop at step {t.step}: no dev {cfg.metric} improvement in {cfg.patience} evaluations"
+            )
+            break
+    bar.close()
+    evals = t.save_best(stopped_early, started)
+    print(f"model: {cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
+          flush=True)  # fmt: skip
+    return evals

@@ -1,0 +1,371 @@
+"""The pretraining run behind `python -m training.pretrain` (training/pretrain.py, whose docstring tells the
+set-up in order): the options resolved, the Trainer built by `setup`, and the loop of `train`. Apart from
+the entry point so that its --help and option errors answer without importing torch."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+import options
+from options import ConfigError, describe, flag
+from training import checkpoint as ckpt
+from training import pretrain as entry
+from training.checkpoint import CheckpointError
+from training.config import COMPILE_MODES, PretrainConfig
+from training.data.corpus import CorpusError
+from training.data.registry import DatasetError
+from training.data.shards import ShardsError
+from training.data.tokenizer import TokenizerError
+from training.model import count_parameters, fuse_qkv
+from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
+from training.pretraining.corruption import build_corruption
+from training.pretraining.data import PretrainingData, build_data
+from training.pretraining.distributed import Dist
+from training.pretraining.evaluate import evaluate
+from training.pretraining.masking import draw_noise
+from training.pretraining.model import build_model
+from training.pretraining.warmstart import WarmStart, resolve_warm_start
+from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
+
+
+def param_groups(
+    model: torch.nn.Module, weight_decay: float, warm: set[str] = frozenset(), warm_lr_scale: float = 1.0
+) -> list[dict]:
+    """No weight decay on biases and LayerNorm weights (as BERT and ELECTRA); warm-started tensors get
+    `warm_lr_scale` times the learning rate of fresh ones (a pretrained encoder wants a gentler step
+    than a randomly initialised head or generator)."""
+    groups: dict[tuple[bool, float], list] = {}
+    for name, p in model.named_parameters():
+        groups.setdefault((decays(name, p), warm_lr_scale if name in warm else 1.0), []).append(p)
+    order = sorted(groups, key=lambda k: (not k[0], k[1]))  # decayed first, as checkpoints before warm starts
+    return [
+        {"params": groups[k], "weight_decay": weight_decay if k[0] else 0.0, "lr_scale": k[1]} for k in order
+    ]
+
+
+def lr_at(step: int, cfg: PretrainConfig) -> float:
+    return cfg.lr * linear_schedule(step, cfg.max_steps, cfg.warmup_steps)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch's tensor on `device`; to a GPU from pinned memory, so the copy is queued behind the
+    running step instead of making the host wait for it."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def added(total: torch.Tensor | None, count: torch.Tensor) -> torch.Tensor:
+    """A count kept on the device, `count` added (None: nothing counted since it was last read)."""
+    return count.long() if total is None else total + count.long()
+
+
+def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
+    torch.manual_seed(hash((cfg.seed, rank, step)) & 0x7FFF_FFFF)
+
+
+def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals) -> None:
+    def fill(d: Path) -> None:
+        for sub, (model, architecture) in objective.checkpoint_parts().items():
+            (d / sub).mkdir(exist_ok=True)
+            ckpt.save_model(model, d / sub, architecture)
+            for f in ("tokenizer.json", "vocab.txt"):  # each part loads on its own, tokenizer included
+                (d / sub / f).write_bytes((tokenizer_dir / f).read_bytes())
+        tensors, opt_meta = ckpt.flatten_optimizer(opt)
+        ckpt.save_tensors(tensors, d / "optimizer.safetensors")
+        state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
+                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective}  # fmt: skip
+        (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+    ckpt.commit_checkpoint(run, step, fill, keep=cfg.keep_checkpoints)
+
+
+def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
+    d = ckpt.resolve_checkpoint(run)
+    state = json.loads((d / "trainer_state.json").read_text())
+    for sub, (model, _) in objective.checkpoint_parts().items():
+        ckpt.load_weights_into(model, ckpt.read_weights(d / sub), str(d / sub))
+    ckpt.unflatten_optimizer(opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
+    batches.load_state_dict(state["batches"])
+    return state["step"], state["tokens"]
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything a pretraining step, evaluation and checkpoint need, built once by `setup`."""
+
+    cfg: PretrainConfig
+    env: Dist
+    run: Path
+    data: PretrainingData
+    objective: torch.nn.Module
+    model: torch.nn.Module  # the objective, compiled and/or wrapped in DDP
+    opt: torch.optim.Optimizer
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    step: int
+    tokens: int  # real (non-padding) tokens trained on, over all ranks, up to the last `settle_tokens`
+    evals: dict = dataclasses.field(default_factory=dict)
+    # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
+    # that did not fit a micro-batch's slots. Reading them is a wait for the device, so that happens only
+    # when a count is needed (logging, checkpoints).
+    pending_tokens: torch.Tensor | None = None
+    pending_dropped: torch.Tensor | None = None
+
+    def settle_tokens(self) -> int:
+        if self.pending_tokens is not None:
+            self.tokens += int(self.pending_tokens)
+            self.pending_tokens.zero_()
+        return self.tokens
+
+    def take_dropped(self) -> int:
+        """Masked positions left unmasked for want of slots since the last call (see masking.py)."""
+        dropped = int(self.pending_dropped) if self.pending_dropped is not None else 0
+        self.pending_dropped = None
+        return dropped
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens a step holds at most (full rows); a step of length-grouped request rows holds fewer."""
+        return self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum * self.env.world
+
+    def train_step(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One optimizer step over grad_accum micro-batches: (summed logged losses, gradient norm), on the
+        device. Nothing here waits for the device; the host runs ahead, queueing the next step's copies
+        and kernels while the device computes."""
+        cfg, env = self.cfg, self.env
+        B, A, W = cfg.batch_size, cfg.grad_accum, env.world
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, cfg) * g.get("lr_scale", 1.0)
+        sums: dict[str, torch.Tensor] = {}
+        for micro in range(A):
+            host = next(self.data.train)
+            # Known on the host before the copy, for the global batch (the same on every rank, so all take
+            # the same kernels): a batch without padding attends without a mask.
+            padded = self.data.train.padded
+            batch = {k: to_device(v, env.device) for k, v in host.items()}
+            T = batch["input_ids"].shape[1]  # seq_len, or the longest row of a length-grouped global batch
+            noise = draw_noise((B * W, T), cfg.seed, self.step * A + micro, slice(env.rank * B, (env.rank + 1) * B),
+                               env.device)  # fmt: skip
+            sync = contextlib.nullcontext() if W == 1 or micro == A - 1 else self.model.no_sync()
+            with sync:
+                with self.autocast():
+                    out = self.model(batch, noise, padded=padded)
+                # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
+                counts = env.all_sum(
+                    torch.stack([out.n_masked, out.n_tokens.float(), out.masked.dropped.float()])
+                )
+                n_masked, n_tokens = (counts[:2] / W).clamp(min=1).unbind(0)
+                losses = self.objective.loss(out, n_masked * A, n_tokens * A)
+                losses.loss.backward()
+            self.pending_tokens = added(self.pending_tokens, counts[1])
+            self.pending_dropped = added(self.pending_dropped, counts[2])
+            for name, value in losses.logged.items():
+                sums[name] = sums.get(name, 0) + value.detach()
+        norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        return sums, norm
+
+    def evaluate_and_save(self, log: MetricsLog, done: bool) -> None:
+        cfg, env, step = self.cfg, self.env, self.step
+        if (step % cfg.eval_every == 0 or done) and env.main:
+            self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
+                                  env.device, self.autocast)  # fmt: skip
+            log.write(step, self.settle_tokens(), "eval", self.evals)
+            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
+        if step % cfg.save_every == 0 or done:
+            self.settle_tokens()
+            if env.main:
+                save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
+                     self.data.tokenizer_dir, self.evals)  # fmt: skip
+            env.barrier()
+            reseed(cfg, env.rank, step)
+
+
+def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
+    try:
+        cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__)
+        saved = Path(cfg.out) / "config.json"
+        if cfg.resume and saved.is_file():
+            # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win,
+            # but only those that leave its model, data and step as they were.
+            then = json.loads(saved.read_text())
+            cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then)
+            cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
+            check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
+            return cfg, warm
+        return resolve_warm_start(cfg)
+    except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:
+        sys.exit(f"error: {e}")
+
+
+# What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and saves.
+RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
+                     "max_minutes", "log_every", "eval_every", "eval_batches", "save_every", "keep_checkpoints",
+                     "data_dir", "resume", "out")  # fmt: skip
+
+
+def check_resumable(then: dict, now: dict) -> None:
+    """Refuses a --resume that changes what the checkpoint was trained as (a shape, the data, the
+    tokenizer, the recipe): it would fail to load, or go on as another run while saying it resumed."""
+    changed = [k for k in now if k in then and k not in RESUMABLE_CHANGES and now[k] != then[k]]
+    if changed:
+        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
+        raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only "
+                          f"{', '.join(flag(k) for k in RESUMABLE_CHANGES[:-2])} may change on a resume; "
+                          "start a new run (another --out, --init from this one) to change the others")  # fmt: skip
+
+
+def setup(argv: list[str] | None) -> Trainer:
+    """Config, processes, data, models (fresh, warm-started or restored) and optimizer; prints the
+    resolved configuration and saves it beside the run."""
+    cfg, warm = resolve_config(argv)
+    deterministic_kernels(cfg.deterministic)
+    env = Dist(cfg.device)
+    run = Path(cfg.out)
+    has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
+    if cfg.resume and not has_ckpt:
+        sys.exit(f"error: --resume: {run} has no checkpoint yet; drop --resume to start a new run")
+    if not cfg.resume and has_ckpt:
+        sys.exit(f"error: {run} already holds a run; pass --resume to continue it or choose another --out")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if env.main:
+        print(
+            f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
+        )
+    try:
+        if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
+            options.save(cfg, run / "config.json")
+        data = build_data(cfg, run, env)
+        objective, warm_names, notes = build_model(cfg, data, warm)
+        if env.main:
+            for note in notes:
+                print(f"quantization-aware: {note}", flush=True)
+        corruption = build_corruption(cfg, data, objective)
+        objective.to(env.device)
+        objective.corruption = corruption.to(env.device)
+        fuse_qkv(objective, cfg.fused_qkv)
+        warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
+        # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
+        groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
+        if env.main and cfg.resume:
+            options.save(cfg, run / "config.json")
+    except (CorpusError, DatasetError, TokenizerError, CheckpointError, ShardsError, OSError) as e:
+        # The user's data, tokenizer, checkpoint or --out: the message names the file and what to do.
+        sys.exit(f"error: {e}")
+    reseed(cfg, env.rank, step)
+
+    # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
+    # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
+    # two graphs). Request-shaped rows are trimmed to each batch's longest, a new shape for every length,
+    # each a compilation of its own: those train eager unless --compile says otherwise.
+    compiled = (
+        cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
+    )
+    model = torch.compile(objective, mode=COMPILE_MODES[cfg.compile_mode]) if compiled else objective
+    if env.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[env.device.index] if env.device.type == "cuda" else None
+        )
+    use_bf16, autocast = autocast_for(env.device, cfg.bf16)
+    matmuls = matmul_precision(env.device, cfg.tf32)
+    trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
+                      autocast=autocast, step=step, tokens=tokens)  # fmt: skip
+    if env.main:
+        flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
+        print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
+        how = f"compiled ({cfg.compile_mode})" if compiled else "eager"
+        print(f"step: {how}; masked positions: room for "
+              f"{corruption.capacity(cfg.batch_size, cfg.seq_len)} per micro-batch of {cfg.batch_size} rows",
+              flush=True)  # fmt: skip
+        print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops / 1e6:.1f} MFLOP per "
+              f"training token; tokens per step {trainer.tokens_per_step}", flush=True)  # fmt: skip
+    return trainer
+
+
+def run(argv: list[str] | None = None) -> None:
+    t = setup(argv)
+    try:
+        train(t)
+    except OSError as e:
+        if not ckpt.out_of_space(e):
+            raise
+        latest = t.run / "checkpoints" / ckpt.LATEST
+        kept = (
+            f"checkpoints/latest still points at {latest.read_text().strip()}, which is intact; "
+            if latest.is_file()
+            else ""
+        )
+        again = (
+            "the same command with --resume"
+            if latest.is_file()
+            else "the same command (no checkpoint was saved yet)"
+        )
+        sys.exit(
+            f"error: stopped at step {t.step}: {e}. {kept}free space (or choose another --out) and run {again}"
+        )
+
+
+def train(t: Trainer) -> None:
+    cfg, env = t.cfg, t.env
+    flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
+    log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
+    bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
+    started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
+    while t.step < cfg.max_steps:
+        sums, norm = t.train_step()
+        bar.update(1)
+        if env.main and t.step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
+            warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, t.step)
+            if warning:
+                tqdm.write(warning)
+        logging_now = t.step % cfg.log_every == 0 or t.step == cfg.max_steps
+        if logging_now:  # the only place the host waits for the device between checkpoints
+            names = list(sums)
+            values = (env.all_sum(torch.stack([sums[n].float() for n in names])) / env.world).tolist()
+            tps = (t.settle_tokens() - window_start) / max(time.time() - window_t, 1e-9)
+            row = {**dict(zip(names, values, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
+                   "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12, "masks_dropped": t.take_dropped()}  # fmt: skip
+            if row["masks_dropped"] and env.main:
+                tqdm.write(f"step {t.step}: {row['masks_dropped']} masked positions did not fit the generator's "
+                           "slots since the last log and stayed unmasked; --max-predictions raises the room")  # fmt: skip
+            if env.device.type == "cuda":  # what a larger batch or model would have to fit beside
+                row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(env.device) / 2**20
+            shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names if k.endswith("loss")}
+            bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
+            log.write(t.step, t.tokens, "train", row)
+            window_t, window_start = time.time(), t.tokens
+        # Each rank reads its own clock; the stop is decided together (see Dist.agree), which is a wait
+        # for the device: with several processes, only at log steps.
+        out_of_time = (cfg.max_minutes is not None and (env.world == 1 or logging_now)
+                       and env.agree(time.time() - started > cfg.max_minutes * 60))  # fmt: skip
+        t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time)
+        if out_of_time:
+            tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
+            break
+    bar.close()
+    if env.main:
+        plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
+        summary = {
+            "step": t.step,
+            "tokens": t.settle_tokens(),
+            "minutes": (time.time() - started) / 60,
+            **t.evals,
+        }
+        print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
+                                      for k, v in summary.items()}), flush=True)  # fmt: skip
+        print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
+    env.close()
