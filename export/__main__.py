@@ -3,7 +3,7 @@
 CHECKPOINT is a run directory (resolved through checkpoints/latest), a checkpoint directory, or a Hugging
 Face ELECTRA directory (ElectraForPreTraining -> detector bundle, ElectraForSequenceClassification ->
 classifier bundle). Exits 1 with the reason when parity fails; nothing is written then. The options are
-ExportConfig's (export/pipeline.py), resolved as every entry point's are (options/).
+ExportConfig's (export/config.py), resolved as every entry point's are (options/).
 """
 
 from __future__ import annotations
