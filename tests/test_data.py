@@ -462,10 +462,25 @@ def test_shards_of_other_text_are_rebuilt_unless_any_will_do(trained, tmp_path):
     assert build_shards(iter(()), trained, 16, tmp_path / "s", source="/data/dogs.txt:train").source == ""
 
 
-def test_corpus_key_names_registry_corpora_and_absolute_paths(tmp_path, monkeypatch):
+def test_corpus_key_names_registry_corpora_and_a_users_files_as_they_are_now(tmp_path, monkeypatch):
+    """A user's corpus by absolute path and by its files' sizes and times: shards a failed start left in
+    --out are rebuilt after the corpus was edited in place, as they are for another corpus."""
     monkeypatch.chdir(tmp_path)
     assert corpus_key("wikitext2, news", "train") == "wikitext2,news:train"
-    assert corpus_key("mine.txt", "valid") == f"{tmp_path / 'mine.txt'}:valid"
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a document\n\nanother\n")
+    key = corpus_key("mine.txt", "valid")
+    assert key.startswith(f"{mine}@") and key.endswith(":valid") and key == corpus_key(str(mine), "valid")
+    mine.write_text("a document, mended\n\nanother\n")  # the same path, other text
+    assert corpus_key("mine.txt", "valid") != key
+    folder = tmp_path / "folder"
+    (folder / "part").mkdir(parents=True)
+    (folder / "part" / "a.txt").write_text("one\n\ntwo\n")
+    before = corpus_key("folder", "train")
+    os.utime(folder / "part" / "a.txt", ns=(1, 1))  # rewritten with the same size
+    assert corpus_key("folder", "train") != before
+    with pytest.raises(CorpusError, match="nor a path that exists"):
+        corpus_key("gone.txt", "train")
 
 
 def test_packing_layout(tmp_path):

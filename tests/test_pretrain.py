@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from benchmarks.quality.disc_probe import load_generators
 from training.checkpoint import resolve_checkpoint, state_dict_for_save, write_atomically
+from training.data.corpus import corpus_key
 from training.pretrain import main as pretrain
 from training.pretraining.trainer import setup
 from training.report import read_metrics
@@ -267,8 +268,13 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
         pretrain(tiny_args(fresh, other, small_tokenizer, "--batch-size", 100000))
     shards = json.loads((fresh / "data" / "train" / "meta.json").read_text())
     assert (
-        shards["source"] == f"{other.resolve()}:train" and shards["documents"] < 120
+        shards["source"] == corpus_key(str(other), "train") and shards["documents"] < 120
     )  # 120 less the held-out ones
+    # And so are they after the text was edited in place, under the same name.
+    other.write_text("\n\n".join(f"the cat number {i} sat on the mat near the house" for i in range(180)))
+    with pytest.raises(SystemExit, match="fewer than one global batch"):
+        pretrain(tiny_args(fresh, other, small_tokenizer, "--batch-size", 100000))
+    assert 120 < json.loads((fresh / "data" / "train" / "meta.json").read_text())["documents"] < 180
     args = [a if a != str(small_tokenizer) else "train" for a in tiny_args(fresh, other, small_tokenizer)]
     pretrain([*args, "--vocab-size", "120", "--max-steps", "1", "--eval-every", "1", "--save-every", "1"])
     from training.data.tokenizer import load_tokenizer

@@ -360,11 +360,26 @@ def _unit_hash(text: str) -> float:
 
 def corpus_key(source: str, split: str) -> str:
     """What a split of ``source`` is read from, for telling apart shards built from other text: registry
-    corpora by name, a user's files by their absolute path (the same text typed from another directory
-    names other files)."""
+    corpora by name (their files are verified by hash), a user's files by their absolute path (the same
+    text typed from another directory names other files) and a fingerprint of each file's size and
+    modification time, so that a corpus edited in place is other text too."""
     parts = [p.strip() for p in source.split(",") if p.strip()]
-    named = [p if p in REGISTRY_CORPORA else str(Path(p).expanduser().resolve()) for p in parts]
+    named = [p if p in REGISTRY_CORPORA else _files_key(Path(p).expanduser().resolve()) for p in parts]
     return f"{','.join(named)}:{split}"
+
+
+def _files_key(path: Path) -> str:
+    # Sizes and times, not contents: reading a large corpus twice to decide whether to read it would cost
+    # what it saves. A file copied in (a new time) is taken as new text: the safe direction, a rebuild.
+    fingerprint = hashlib.blake2b(digest_size=8)
+    for file in _corpus_files(path):
+        try:
+            st = file.stat()
+        except OSError as e:
+            raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
+        name = file.relative_to(path) if file != path else file.name
+        fingerprint.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return f"{path}@{fingerprint.hexdigest()}"
 
 
 def read_corpus(
