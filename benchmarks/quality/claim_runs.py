@@ -1,5 +1,5 @@
-"""What benchmarks/quality/electra_vs_mlm.py runs: the equal-compute plan (FLOPs per token as pretrain.py
-counts them, the steps of each objective and where its compute points fall), the pretraining and
+"""What benchmarks/quality/electra_vs_mlm.py runs: the equal-compute plan (FLOPs per token as
+training.pretrain counts them, the steps of each objective and where its compute points fall), the pretraining and
 fine-tuning runs as jobs (kept when a finished run with the same settings is there already), and what
 each run did, read back from its own files.
 """

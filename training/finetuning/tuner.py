@@ -1,7 +1,7 @@
 """The fine-tuning run behind `python -m training.finetune` (training/finetune.py, whose docstring tells what
 it does and writes): options, data, model and tokenizer resolved, the FineTuner built by `setup`, and the
-loop of `run`. Apart from the entry point so that its --help and option errors answer without importing
-torch."""
+loop of `run`. Apart from the entry point so that its --help and a mistyped flag answer without importing
+torch (what needs the other sources or several options, the resolved config, comes after)."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) ->
     ckpt.write_atomically(out, fill)
 
 
-# ---------------------------------------------------------------------------------------------- main
+# ----------------------------------------------------------------------------------------------- run
 
 
 def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:

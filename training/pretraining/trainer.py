@@ -1,6 +1,7 @@
 """The pretraining run behind `python -m training.pretrain` (training/pretrain.py, whose docstring tells the
 set-up in order): the options resolved, the Trainer built by `setup`, and the loop of `train`. Apart from
-the entry point so that its --help and option errors answer without importing torch."""
+the entry point so that its --help and a mistyped flag answer without importing torch (what needs the
+other sources or several options, the resolved config, comes after)."""
 
 from __future__ import annotations
 
