@@ -42,11 +42,10 @@ class Run:
     """Tiny pretraining runs on one corpus, with one reference run to compare against."""
 
     def __init__(self, work: Path, data_dir: str | None, steps: int = STEPS, save_every: int = SAVE_EVERY,
-                 corpus: str | None = None, threads: int | None = None) -> None:  # fmt: skip
+                 corpus: str | None = None) -> None:  # fmt: skip
         self.work, self.data_dir = work, data_dir
         self.steps, self.save_every = steps, save_every
         self.corpus = ["--corpus", corpus] if corpus else []  # default: the config's (WikiText-2)
-        self.threads = ["--threads", str(threads)] if threads else []  # default: torch's (every core)
         self.reference = work / "reference"
         self.seconds = 0.0  # a run's duration with the vocabulary given: kill moments are drawn within it
 
@@ -56,7 +55,7 @@ class Run:
         data = ["--data-dir", self.data_dir] if self.data_dir else []
         return [sys.executable, *module, "--config", "configs/tiny.toml", "--out", str(out), "--seed", "3",
                 "--max-steps", str(self.steps), "--save-every", str(self.save_every),
-                "--eval-every", str(2 * self.save_every), *self.corpus, *self.threads, *data, *extra]  # fmt: skip
+                "--eval-every", str(2 * self.save_every), *self.corpus, *data, *extra]  # fmt: skip
 
     def tokenizer(self) -> list[str]:
         return ["--tokenizer", str(self.reference / "tokenizer" / "tokenizer.json")]

@@ -16,10 +16,8 @@ from tests.realdata import real_data_dir
 def runs(tmp_path_factory, small_corpus):
     # Shorter runs on a smaller corpus (WikiText-2 validation) than the benchmark's: the same checks in CI's
     # time. tests/test_tokenizer_determinism.py trains the default vocabulary on the full corpus twice.
-    # Two threads each, as a user's run takes every core, although the suite gives each worker's runs one
-    # (tests/conftest.py): exactness must hold where threads split the work, and here it is held to it.
     r = tf.Run(tmp_path_factory.mktemp("training-faults"), str(real_data_dir()), steps=60, save_every=15,
-               corpus=str(small_corpus), threads=2)  # fmt: skip
+               corpus=str(small_corpus))  # fmt: skip
     reference = r.ensure_reference()
     assert (
         reference["max_weight_diff_vs_trained_vocabulary"] == 0.0
