@@ -255,12 +255,12 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         """--intra-op-threads, or the cores this process may use shared out among the runners."""
         if self.intra_op_threads:
             return self.intra_op_threads
-        return max(1, _cores() // self.runners)
+        return max(1, available_cores() // self.runners)
 
     def threads_when_alone(self) -> int:
         """--solo-threads, or every core this process may use; 0 (no solo session) when that is no
         more than one runner already has."""
-        wanted = self.solo_threads or _cores()
+        wanted = self.solo_threads or available_cores()
         return wanted if wanted > self.threads_per_runner() else 0
 
     def describe(self) -> str:
@@ -268,7 +268,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         return "settings:\n" + options.describe(self)
 
 
-def _cores() -> int:
+def available_cores() -> int:
     """The cores this process may run on: its CPU set, capped by a cgroup v2 CPU quota (a Kubernetes CPU
     limit sets the quota, not the CPU set: sized by the set, threads would be throttled)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -214,7 +214,7 @@ def resolve(
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    args = parser(cls, prog, description, config_file).parse_args(argv)
+    args, flags = _flags(cls, argv, prog, description, config_file)
     values: dict = {}
     for key, value in (base or {}).items():
         if key in fields:  # a saved config may hold options a later version dropped
@@ -243,10 +243,7 @@ def resolve(
         var = spec_of(f).env
         if var and var in env:
             values[name] = coerce(name, env[var], hints[name], var)
-    for name in fields:
-        given = getattr(args, name)
-        if given is not None:
-            values[name] = coerce(name, given, hints[name])
+    values.update(flags)
     for name, value in values.items():
         _check_choice(fields[name], value)
     missing = [n.upper() if spec_of(f).positional else flag(n)
@@ -269,12 +266,20 @@ def check_flags(
     wrong type or outside its choices end here. An entry point calls it before it imports what it runs on
     (torch: seconds), so those answer at once; what depends on the other sources (--config, a saved run,
     the environment) and on several options together is left to `resolve`."""
+    _flags(cls, argv, prog, description, config_file)
+
+
+def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespace, dict]:
+    """The parsed command line, and each flag given as its option's type, checked against its choices."""
     hints = typing.get_type_hints(cls)
     args = parser(cls, prog, description, config_file).parse_args(argv)
+    flags = {}
     for f in dataclasses.fields(cls):
         given = getattr(args, f.name)
         if given is not None:
-            _check_choice(f, coerce(f.name, given, hints[f.name]))
+            flags[f.name] = coerce(f.name, given, hints[f.name])
+            _check_choice(f, flags[f.name])
+    return args, flags
 
 
 def _check_choice(f: dataclasses.Field, value) -> None:

@@ -13,8 +13,9 @@ import pytest
 # Set before any test imports torch; a value given from outside stands.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _workers)))
+    from app.settings import available_cores  # the CPU set, capped by a container's CPU quota
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // _workers)))
 
 try:
     from realdata import real_data_dir

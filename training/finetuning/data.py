@@ -209,9 +209,9 @@ def label_name(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip()
-    return (
-        str(int(text.partition(".")[0])) if _WHOLE_DECIMAL.fullmatch(text) else text
-    )  # exact, not via float
+    if _WHOLE_DECIMAL.fullmatch(text):
+        return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
+    return text
 
 
 def _sort_key(name: str):
