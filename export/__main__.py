@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.evaldata import EvalDataError
     from export.parity import ParityError
     from export.pipeline import run_export
-    from training.checkpoint import CheckpointError, DiskFullError
+    from training.errors import CheckpointError, DiskFullError
 
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))

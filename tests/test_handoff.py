@@ -55,3 +55,24 @@ def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path,
     assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 1
     assert "discriminator_predictions.dense.bias holds values beyond fp16's range" in capsys.readouterr().err
     assert HEADER_ROOM < 0.1 * 2**20
+
+
+def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path, capsys):
+    from benchmarks.training_faults import tmpfs
+
+    packed = tmp_path / "p"
+    assert main(["pack", str(detector), "--out", str(packed)]) == 0
+    weights = sum(f.stat().st_size for f in packed.glob("*.safetensors"))
+    try:
+        with tmpfs(tmp_path / "small-disk", 64 * 1024) as disk:  # under the fp16 shards and the fp32 run
+            assert weights > 64 * 1024
+            capsys.readouterr()
+            for argv in (["pack", str(detector), "--out", str(disk / "p")],
+                         ["unpack", str(packed), "--out", str(disk / "run")]):  # fmt: skip
+                assert main(argv) == 1, argv
+                err = capsys.readouterr().err
+                assert f"no space left on the disk holding {disk} (mounted at {disk}" in err, err
+                assert "Traceback" not in err
+                assert list(disk.iterdir()) == [], argv  # no half a pack, no half a run
+    except PermissionError as e:
+        pytest.skip(str(e))

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from training.errors import CheckpointError, DiskFullError
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -34,10 +35,6 @@ ARCHITECTURES = {
     "ElectraForSequenceClassification": ElectraForSequenceClassification,
 }
 LATEST = "latest"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be used; the message says what is wrong and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -206,13 +203,6 @@ def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> No
 
 
 # ------------------------------------------------------------------------------------ atomic directories
-
-
-class DiskFullError(OSError):
-    """A write ran out of space (ENOSPC, or EDQUOT: a quota); the message names the disk and the space."""
-
-    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]"
-        return str(self.strerror)
 
 
 def _mount_point(path: Path) -> Path:

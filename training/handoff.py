@@ -30,6 +30,7 @@ from pathlib import Path
 import options
 from options import check_choices, option
 from training.data.registry import sha256_file
+from training.errors import CheckpointError, DiskFullError
 
 INDEX = "handoff.json"
 FORMAT = "electra-serve handoff 1"
@@ -148,7 +149,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
     """Write the shards and handoff.json into cfg.out; returns the index."""
     import torch
 
-    from training.checkpoint import read_weights, save_tensors
+    from training.checkpoint import read_weights, save_tensors, write_atomically
 
     run, out = Path(cfg.run), Path(cfg.out)
     if out.exists() and any(out.iterdir()):
@@ -162,20 +163,26 @@ def pack(cfg: PackConfig, log=print) -> dict:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
         raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
                            f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}")  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
     index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
                    "files": _small_files(ckpt, run, cfg.log), "pack_config": options.as_dict(cfg)}  # fmt: skip
-    for n, shard in enumerate(shards, 1):
-        name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
-        save_tensors({key: t for _, key, t in shard}, out / name, metadata={"format": "pt"})
-        size = (out / name).stat().st_size
-        if size > limit:  # HEADER_ROOM is ours to keep large enough
-            raise AssertionError(f"{name} is {size} bytes, over {limit}")
-        index["shards"].append({"file": name, "bytes": size, "sha256": sha256_file(out / name)})
-        for tensor, key, _ in shard:
-            entry = index["tensors"].setdefault(tensor, {"shape": list(weights[tensor].shape), "parts": []})
-            entry["parts"].append([name, key])
-    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+
+    def fill(tmp: Path) -> None:
+        for n, shard in enumerate(shards, 1):
+            name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
+            save_tensors({key: t for _, key, t in shard}, tmp / name, metadata={"format": "pt"})
+            size = (tmp / name).stat().st_size
+            if size > limit:  # HEADER_ROOM is ours to keep large enough
+                raise AssertionError(f"{name} is {size} bytes, over {limit}")
+            index["shards"].append({"file": name, "bytes": size, "sha256": sha256_file(tmp / name)})
+            for tensor, key, _ in shard:
+                entry = index["tensors"].setdefault(
+                    tensor, {"shape": list(weights[tensor].shape), "parts": []}
+                )
+                entry["parts"].append([name, key])
+        (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+
+    # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
+    write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
     for s in index["shards"]:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
     log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
@@ -306,15 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
         else:
             unpack(cfg)
-    except HandoffError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:
-        # Imported only now: a CheckpointError comes from training.checkpoint, so it is loaded already.
-        from training.checkpoint import CheckpointError
-
-        if not isinstance(e, CheckpointError):
-            raise
+    except (HandoffError, CheckpointError, DiskFullError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
     return 0
