@@ -385,3 +385,20 @@ def test_whole_number_labels_written_as_decimals_are_the_same_classes(tmp_path):
         "v0.0",
         "v1.0",
     )
+
+
+def test_a_disk_without_room_for_the_model_is_refused_before_training(tiny_init, tmp_path):
+    from benchmarks.training_faults import tmpfs
+
+    train = write_csv(tmp_path / "r.csv", 30)
+    weights = (tiny_init / "model.safetensors").stat().st_size
+    try:
+        with tmpfs(tmp_path / "small-disk", weights // 2) as disk:
+            with pytest.raises(SystemExit) as e:
+                run("--init", tiny_init, "--out", disk / "out", "--train", train, "--text-column", "review",
+                    "--label-column", "verdict", "--epochs", 1)  # fmt: skip
+            assert f"--out: the disk holding {disk} has" in str(e.value.code), e.value.code
+            assert "free some space or choose another --out" in str(e.value.code)
+            assert list(disk.iterdir()) == []
+    except PermissionError as e:
+        pytest.skip(str(e))

@@ -210,6 +210,21 @@ def check_out(out: Path, overwrite: bool) -> list[str]:
     return present
 
 
+def check_room(out: Path, model: torch.nn.Module) -> None:
+    """A ConfigError now where --out's disk cannot hold the fine-tuned model: found full at the end, after
+    the training, it would cost the whole run. The final write copies --out beside itself, then adds the
+    weights and about a megabyte of tokenizer and reports."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
+    # What --out keeps besides the outputs --overwrite removes (a user's own files) is copied too.
+    needed += sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and f.relative_to(out).as_posix()
+                  not in OUTPUTS)  # fmt: skip
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise ConfigError(f"--out: the disk holding {existing} has {free / 1e6:.1f} MB free; the fine-tuned "
+                          f"model needs about {needed / 1e6:.1f} MB: free some space or choose another --out")  # fmt: skip
+
+
 def prepare_out(out: Path, overwrite: bool) -> None:
     for f in check_out(out, overwrite):
         (out / f).unlink()
@@ -281,6 +296,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     # The resolved config; validating it again checks --metric against the problem type found in the data.
     cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
+    check_room(out, model)
     prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
     return cfg, data, model, tok, notes
 
@@ -401,9 +417,9 @@ def setup(argv: list[str] | None) -> FineTuner:
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
-    if (
-        cfg.qat
-    ):  # ranges from a shuffled sample of the training texts (their own seed: data order is untouched)
+    # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
+    # is untouched).
+    if cfg.qat:
         sample = batches(encoded["train"], cfg.batch_size, special_ids(tok).pad, random.Random(cfg.seed + 1))
         print(
             f"quantization-aware: {quantization.prepare(model, (b for _, b in sample), cfg.qat_smoothing or None)}",
@@ -454,7 +470,11 @@ def run(argv: list[str] | None = None) -> dict:
             )
             break
     bar.close()
-    evals = t.save_best(stopped_early, started)
+    try:
+        evals = t.save_best(stopped_early, started)
+    except ckpt.DiskFullError as e:  # the disk filled up during the run (check_room found room at its start)
+        sys.exit(f"error: {e}; the fine-tuned model was not written (--out {cfg.out} keeps its "
+                 "config and metrics): free space and run again")  # fmt: skip
     print(f"model: {cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
     return evals
