@@ -153,17 +153,36 @@ def run(cfg: BulkConfig) -> int:
     progress = Progress(sum(p.size for p in todo), cfg.progress)
     failed_parts: dict[str, str] = {}
     scored: list[dict] = []  # this run's finished parts
+    stopped: list[str] = []  # why no more parts start (a full disk), once said
 
-    def on_result(result: dict) -> None:
+    def stop(reason: str) -> None:
+        if not stopped:
+            stopped.append(reason)
+            print(f"bulk: {reason}: no more parts start (those running finish). The finished parts are kept: "
+                  "free some space and run the same command again to score the rest", file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+    def on_result(result: dict) -> bool:
+        """Record one part, finished or failed; True once no more parts should start."""
         key = result["part"]
         if "error" in result:
             failed_parts[key] = result["error"]
+            if result.get("disk_full"):  # every part after it would fail the same way, after its scoring
+                stop(outputs.disk_full(cfg.out))
         elif key not in finished:  # a part Ray ran twice is recorded once
             failed_parts.pop(key, None)
             result["shard_stat"] = stats[result["name"]]
-            manifest.append(result)
+            try:
+                manifest.append(result)
+            except OSError as e:
+                if not outputs.out_of_space(e):
+                    raise
+                failed_parts[key] = f"its manifest line could not be written: {e}"
+                stop(outputs.disk_full(cfg.out))
+                return True
             finished[key] = result
             scored.append(result)
+        return bool(stopped)
 
     if todo:
         if cfg.ray:
@@ -174,12 +193,22 @@ def run(cfg: BulkConfig) -> int:
         runner.run(todo, cfg, on_result, progress.update)
     progress.close()
     entries = [finished[p.key] for p in parts if p.key in finished]
-    rejected = outputs.merge_rejects(cfg.out, entries)
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
     summary["this_run"] |= scoring_rate(scored)
-    outputs.write_json(cfg.out / "summary.json", summary)
-    print(_closing(summary, cfg.out), flush=True)
-    if failed_shards or failed_parts:
+    summary["stopped"] = stopped[0] if stopped else None
+    summary["parts"]["not_started"] = len(parts) - len(entries) - len(failed_parts)
+    try:
+        rejected = outputs.merge_rejects(cfg.out, entries)
+        outputs.write_json(cfg.out / "summary.json", summary)
+    except OSError as e:
+        if not outputs.out_of_space(e):
+            raise
+        print(_closing(summary, None), flush=True)
+        print(f"bulk: {outputs.disk_full(cfg.out)}: rejects.jsonl and summary.json were not written; free some "
+              "space and run the same command again (the finished parts are kept)", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
+    print(_closing(summary, cfg.out / "summary.json"), flush=True)
+    if failed_shards or failed_parts or stopped:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK
 
@@ -227,10 +256,11 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
     }  # fmt: skip
 
 
-def _closing(s: dict, out: Path) -> str:
+def _closing(s: dict, summary_path: Path | None) -> str:
     failed = len(s["failures"]["shards"]) + len(s["failures"]["parts"])
+    waiting = f", {s['parts']['not_started']} part(s) not started" if s["parts"]["not_started"] else ""
     return (
         f"bulk: {s['documents']:,} documents scored, {s['rejected']:,} rejected, {failed} shard(s)/part(s) "
-        f"failed; {s['this_run']['docs_per_s']:,} docs/s, {s['this_run']['tokens_per_s']:,} tokens/s this run; "
-        f"{out / 'summary.json'}"
+        f"failed{waiting}; {s['this_run']['docs_per_s']:,} docs/s, {s['this_run']['tokens_per_s']:,} tokens/s "
+        f"this run" + (f"; {summary_path}" if summary_path else "")
     )

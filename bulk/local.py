@@ -46,7 +46,8 @@ def _score(part: Part) -> dict:
 
 def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
-    on_progress(docs, tokens, bytes) as workers report."""
+    on_progress(docs, tokens, bytes) as workers report. Once on_result returns True (a full disk), the
+    parts not yet started are not started."""
     # spawn: the driver never loads ONNX Runtime, and a forked copy of its threads would be unsafe anyway.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -64,8 +65,10 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
 
 
 def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, last: bool) -> list[Part]:
-    """One pool over `parts`; returns the parts lost with a dead worker (to run again unless `last`)."""
+    """One pool over `parts`; returns the parts lost with a dead worker (to run again unless `last`, or
+    stopped)."""
     lost: list[Part] = []
+    stopped = False
     workers = min(cfg.worker_count(), max(1, len(parts)))
     args = (options.as_dict(cfg), queue)
     with ProcessPoolExecutor(
@@ -73,15 +76,20 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, last: bool) -> l
     ) as pool:
         futures = {pool.submit(_score, part): part for part in parts}
         for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
             part = futures[fut]
             try:
-                on_result(fut.result())
+                stopped = on_result(fut.result()) or stopped
             except BrokenProcessPool as e:
                 if last:
-                    on_result(part.failure(f"its worker process died twice: {e}"))
+                    stopped = on_result(part.failure(f"its worker process died twice: {e}")) or stopped
                 else:
                     lost.append(part)
-    return lost
+            if stopped:
+                for pending in futures:  # those a worker has taken run on and report
+                    pending.cancel()
+    return [] if stopped else lost
 
 
 def _listen(queue, on_progress) -> None:

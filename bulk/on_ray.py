@@ -85,4 +85,5 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
     for row in ds.iter_rows():  # as parts finish, in any order
         result = json.loads(row["result"])
         on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
-        on_result(result)
+        if on_result(result):  # a full disk: leaving the iterator shuts the dataset's execution down
+            break

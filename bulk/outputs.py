@@ -13,8 +13,11 @@ manifest line is written, after its files were renamed. The manifest has one wri
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -79,6 +82,33 @@ def _publish(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
 
 
+def _write_text(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file, which a failed write (a full disk) removes."""
+    tmp = temporary(path)
+    try:
+        tmp.write_text(text)
+        _publish(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def out_of_space(e: BaseException) -> bool:
+    """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT)."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(out: Path) -> str:
+    """What to say of --out's disk once a write found it full."""
+    usage = shutil.disk_usage(out)
+    return f"the disk holding --out {out} is full ({_size(usage.free)} free of {_size(usage.total)})"
+
+
+def _size(n: int) -> str:
+    return next((f"{n / 10**p:.1f} {unit}" for p, unit in ((9, "GB"), (6, "MB"), (3, "kB")) if n >= 10**p),
+                f"{n} bytes")  # fmt: skip
+
+
 class PartWriter:
     """A part's Parquet file, a row group per chunk of documents, renamed into place by `commit`."""
 
@@ -86,7 +116,11 @@ class PartWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.tmp = path, temporary(path)
         self.schema = schema.with_metadata({f"electra_serve.{k}": v for k, v in metadata.items()})
-        self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+        try:
+            self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
+        except BaseException:  # its header met a full disk: no empty file left behind
+            self.tmp.unlink(missing_ok=True)
+            raise
 
     def write(self, columns: dict[str, list]) -> None:
         self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
@@ -98,10 +132,11 @@ class PartWriter:
         return sha256_file(self.path)
 
     def abort(self) -> None:
-        try:
+        # The file is thrown away: closing it may fail again (the footer meets the same full disk), and
+        # that must not hide the error that made us abort.
+        with contextlib.suppress(Exception):
             self._writer.close()
-        finally:
-            self.tmp.unlink(missing_ok=True)
+        self.tmp.unlink(missing_ok=True)
 
 
 def write_rejects(path: Path, rejects: list[dict]) -> str | None:
@@ -110,16 +145,12 @@ def write_rejects(path: Path, rejects: list[dict]) -> str | None:
         path.unlink(missing_ok=True)
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary(path)
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
-    _publish(tmp, path)
+    _write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
     return sha256_file(path)
 
 
 def write_json(path: Path, value: dict) -> None:
-    tmp = temporary(path)
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    _publish(tmp, path)
+    _write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 class Manifest:
@@ -185,7 +216,5 @@ def merge_rejects(out: Path, entries: list[dict]) -> int:
     for e in entries:
         if e.get("rejects_file"):
             lines.append((out / e["rejects_file"]).read_text())
-    tmp = temporary(out / "rejects.jsonl")
-    tmp.write_text("".join(lines))
-    _publish(tmp, out / "rejects.jsonl")
+    _write_text(out / "rejects.jsonl", "".join(lines))
     return sum(text.count("\n") for text in lines)

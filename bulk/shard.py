@@ -137,13 +137,15 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
         sha = writer.commit()
         if report and part.size > done_bytes:  # Parquet documents carry no size: the part's all at once
             report(0, 0, part.size - done_bytes)
+        rpath = outputs.rejects_path(cfg.out, part)
+        rejects_sha = outputs.write_rejects(rpath, rejects)
     except Exception as e:  # this part fails alone, named in the summary; the job goes on
         if writer is not None:
             writer.abort()
         log.error("%s: %s: %s", part.key, type(e).__name__, e)
+        if outputs.out_of_space(e):  # the driver stops handing out parts: every one would fail the same
+            return part.failure(f"{outputs.disk_full(cfg.out)}: {e}") | {"disk_full": True}
         return part.failure(f"{type(e).__name__}: {e}")
-    rpath = outputs.rejects_path(cfg.out, part)
-    rejects_sha = outputs.write_rejects(rpath, rejects)
     rel = lambda p: p.relative_to(cfg.out).as_posix()  # noqa: E731
     return result | stats | {
         "output": rel(path), "sha256": sha, "rejects": len(rejects),

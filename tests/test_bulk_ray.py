@@ -54,7 +54,7 @@ def test_a_local_ray_instance_scores_every_document_once(tmp_path, corpus, local
     done = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "2", "--ray", **ray_env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert rows(tmp_path / "out") == local_rows
-    assert summary(tmp_path / "out")["parts"] == {"total": 20, "finished": 20, "failed": 0}
+    assert summary(tmp_path / "out")["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
 
 
 def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, local_rows, ray_env):
@@ -96,7 +96,7 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
         assert job.returncode == 0, log[-5000:]
         assert finished_before < 20, "the second node was killed after the job had finished"
         assert rows(out) == local_rows
-        assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0}
+        assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
         assert manifest.read_text().count("\n") == 20  # each part recorded once, retried ones included
     finally:
         if node is not None and node.poll() is None:

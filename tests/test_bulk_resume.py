@@ -34,14 +34,21 @@ def corpus(registry_data, tmp_path_factory):
 FLAGS = ("--workers", "2", "--part-mb", "0.005", "--chunk-docs", "8")
 
 
-def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_path, corpus):
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """An uninterrupted run: its --out, and how long it took."""
+    out = tmp_path_factory.mktemp("reference") / "out"
     t0 = time.perf_counter()
-    reference = run_bulk(corpus, tmp_path / "reference", "detector", *FLAGS)
-    full_s = time.perf_counter() - t0
-    assert reference.returncode == 0, reference.stderr
-    expected = rows(tmp_path / "reference")
-    assert len(expected) == 240
-    ref = summary(tmp_path / "reference")
+    done = run_bulk(corpus, out, "detector", *FLAGS)
+    assert done.returncode == 0, done.stderr
+    assert len(rows(out)) == 240
+    return out, time.perf_counter() - t0
+
+
+def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_path, corpus, reference):
+    ref_out, full_s = reference
+    expected = rows(ref_out)
+    ref = summary(ref_out)
     # A part's scoring time on this machine now: a kill lands within the next part or two, however fast.
     per_part = 2 * ref["this_run"]["scoring_s"] / ref["parts"]["total"]
 
@@ -68,7 +75,7 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
         assert not alive, f"workers outlived the killed job: {alive}"
     print(f"\nuninterrupted run {full_s:.1f}s, {ref['parts']['total']} parts; killed (parts finished, seconds "
           f"after a part) at {moments}")  # fmt: skip
-    assert finished() < summary(tmp_path / "reference")["parts"]["total"], "killed after the job had finished"
+    assert finished() < ref["parts"]["total"], "killed after the job had finished"
 
     resumed = run_bulk(corpus, out, "detector", *FLAGS)
     assert resumed.returncode == 0, resumed.stderr
@@ -78,3 +85,29 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
     s = summary(out)
     assert s["documents"] == 240 and s["parts"]["finished"] == s["parts"]["total"] > 11
     assert not list(out.rglob(".*.tmp-*"))  # what the kills left half-written is gone
+
+
+def test_a_full_disk_stops_the_job_and_the_same_command_finishes_it_once_there_is_room(
+    tmp_path, corpus, reference
+):
+    from benchmarks.training_faults import grow, tmpfs
+
+    ref_out, _ = reference
+    written = sum(f.stat().st_size for f in ref_out.rglob("*") if f.is_file())
+    try:
+        with tmpfs(tmp_path / "small-disk", written // 4) as disk:  # a quarter of what the job writes
+            out = disk / "out"
+            full = run_bulk(corpus, out, "detector", *FLAGS)
+            assert full.returncode == 4, full.stderr
+            assert f"the disk holding --out {out} is full (" in full.stderr, full.stderr
+            assert "run the same command again" in full.stderr and "Traceback" not in full.stderr
+            assert "part(s) not started" in full.stdout, full.stdout  # it stopped instead of failing them all
+            assert not list(disk.rglob(".*.tmp-*"))  # no half-written file holds on to the space
+            grow(disk, 4 * written)
+            resumed = run_bulk(corpus, out, "detector", *FLAGS)
+            assert resumed.returncode == 0, resumed.stderr
+            assert rows(out) == rows(ref_out)
+            s = summary(out)
+            assert s["stopped"] is None and s["parts"]["not_started"] == 0
+    except PermissionError as e:
+        pytest.skip(str(e))
