@@ -114,6 +114,8 @@ def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> int:
         part_bytes = check_fingerprint(cfg, bundle_sha, files)
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
     except OSError as e:
+        if outputs.out_of_space(e):
+            raise JobError(f"{outputs.disk_full(cfg.out)}: free some space, then run the same command") from e
         raise JobError(
             f"--out {cfg.out}: cannot write there ({e.strerror or e}: {e.filename}); choose a directory this "
             "user can create and write"
@@ -158,13 +160,14 @@ def run(cfg: BulkConfig) -> int:
     def stop(reason: str) -> None:
         if not stopped:
             stopped.append(reason)
-            print(f"bulk: {reason}: no more parts start (those running finish). The finished parts are kept: "
-                  "free some space and run the same command again to score the rest", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(f"bulk: {reason}: no more parts start. The finished parts are kept: free some space and run "
+                  "the same command again to score the rest", file=sys.stderr, flush=True)  # fmt: skip
 
     def on_result(result: dict) -> bool:
         """Record one part, finished or failed; True once no more parts should start."""
         key = result["part"]
+        if "error" in result and key in finished:  # Ray ran it twice, and the other run finished it
+            return bool(stopped)
         if "error" in result:
             failed_parts[key] = result["error"]
             if result.get("disk_full"):  # every part after it would fail the same way, after its scoring
@@ -196,16 +199,19 @@ def run(cfg: BulkConfig) -> int:
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
     summary["this_run"] |= scoring_rate(scored)
     summary["stopped"] = stopped[0] if stopped else None
-    summary["parts"]["not_started"] = len(parts) - len(entries) - len(failed_parts)
+    summary["parts"]["not_started"] = len({p.key for p in parts} - finished.keys() - failed_parts.keys())
     try:
         rejected = outputs.merge_rejects(cfg.out, entries)
         outputs.write_json(cfg.out / "summary.json", summary)
     except OSError as e:
         if not outputs.out_of_space(e):
             raise
+        for stale in ("rejects.jsonl", "summary.json"):  # an earlier run's: not this one's figures
+            (cfg.out / stale).unlink(missing_ok=True)
         print(_closing(summary, None), flush=True)
-        print(f"bulk: {outputs.disk_full(cfg.out)}: rejects.jsonl and summary.json were not written; free some "
-              "space and run the same command again (the finished parts are kept)", file=sys.stderr)  # fmt: skip
+        print(f"bulk: {outputs.disk_full(cfg.out)}: rejects.jsonl and summary.json were not written (nor is an "
+              "earlier run's left); free some space and run the same command again (the finished parts are "
+              "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
     if failed_shards or failed_parts or stopped:

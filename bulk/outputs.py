@@ -94,14 +94,16 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def out_of_space(e: BaseException) -> bool:
-    """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT)."""
+    """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT). The same test
+    as training/checkpoint.py's, which bulk/ does not import (it runs on the serving install, no torch);
+    pyarrow raises an OSError with its errno, so safetensors' message need not be parsed here."""
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def disk_full(out: Path) -> str:
-    """What to say of --out's disk once a write found it full."""
+    """What to say of --out's disk once a write found it full (worded as training's checkpoints say it)."""
     usage = shutil.disk_usage(out)
-    return f"the disk holding --out {out} is full ({_size(usage.free)} free of {_size(usage.total)})"
+    return f"no space left on the disk holding --out {out} ({_size(usage.free)} free of {_size(usage.total)})"
 
 
 def _size(n: int) -> str:

@@ -138,6 +138,8 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
         if report and part.size > done_bytes:  # Parquet documents carry no size: the part's all at once
             report(0, 0, part.size - done_bytes)
         rpath = outputs.rejects_path(cfg.out, part)
+        # If this fails, the Parquet file just published stays: not in the manifest, it is scored again
+        # and replaced on resume (removing it could remove a twin run's finished file under Ray).
         rejects_sha = outputs.write_rejects(rpath, rejects)
     except Exception as e:  # this part fails alone, named in the summary; the job goes on
         if writer is not None:

@@ -4,7 +4,9 @@ it, and nothing half-written is trusted."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import re
 import signal
 import subprocess
 import time
@@ -99,13 +101,25 @@ def test_a_full_disk_stops_the_job_and_the_same_command_finishes_it_once_there_i
             out = disk / "out"
             full = run_bulk(corpus, out, "detector", *FLAGS)
             assert full.returncode == 4, full.stderr
-            assert f"the disk holding --out {out} is full (" in full.stderr, full.stderr
+            assert f"no space left on the disk holding --out {out} (" in full.stderr, full.stderr
             assert "run the same command again" in full.stderr and "Traceback" not in full.stderr
-            assert "part(s) not started" in full.stdout, full.stdout  # it stopped instead of failing them all
+            # It stopped instead of scoring every later part only to fail writing it.
+            assert re.search(r", [1-9]\d* part\(s\) not started", full.stdout), full.stdout
             assert not list(disk.rglob(".*.tmp-*"))  # no half-written file holds on to the space
+            kept = (out / "manifest.jsonl").read_text().count("\n")
+            ballast = disk / "someone-elses-file"  # not a byte left: the next start stops at its first write
+            with open(ballast, "wb", buffering=0) as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 1024)
+            again = run_bulk(corpus, out, "detector", *FLAGS)
+            assert again.returncode == 2 and "free some space, then run the same command" in again.stderr, (
+                again
+            )
+            ballast.unlink()
             grow(disk, 4 * written)
             resumed = run_bulk(corpus, out, "detector", *FLAGS)
             assert resumed.returncode == 0, resumed.stderr
+            assert kept > 0 and f"; {kept} already finished" in resumed.stdout, (kept, resumed.stdout)
             assert rows(out) == rows(ref_out)
             s = summary(out)
             assert s["stopped"] is None and s["parts"]["not_started"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import random
@@ -400,5 +401,33 @@ def test_a_disk_without_room_for_the_model_is_refused_before_training(tiny_init,
             assert f"--out: the disk holding {disk} has" in str(e.value.code), e.value.code
             assert "free some space or choose another --out" in str(e.value.code)
             assert list(disk.iterdir()) == []
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
+def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_path):
+    from benchmarks.training_faults import tmpfs
+    from training.finetuning import tuner
+
+    train = write_csv(tmp_path / "r.csv", 30)
+    weights = (tiny_init / "model.safetensors").stat().st_size
+    try:
+        with tmpfs(tmp_path / "disk", 2 * weights + 2**21) as disk:  # room at the start (check_room)
+            t = tuner.setup(["--threads", "1", "--init", str(tiny_init), "--out", str(disk / "out"), "--train",
+                             str(train), "--text-column", "review", "--label-column", "verdict", "--epochs", "1"])  # fmt: skip
+            # Then another writer fills the disk.
+            with (
+                open(disk / "someone-elses-file", "wb", buffering=0) as ballast,
+                contextlib.suppress(OSError),
+            ):
+                while True:
+                    ballast.write(b"\0" * 4096)
+            with pytest.raises(SystemExit) as e:
+                tuner.train_and_save(t)
+            message = str(e.value.code)
+            assert f"no space left on the disk holding {disk}" in message, message
+            assert "the fine-tuned model was not written" in message
+            assert not (disk / "out" / "model.safetensors").exists()
+            assert not [p for p in disk.iterdir() if p.name.startswith(".")]  # no half-written model left
     except PermissionError as e:
         pytest.skip(str(e))

@@ -255,13 +255,14 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     new one, never half of it, even if the process is killed mid-save. A full disk raises DiskFullError
     (`needed_bytes`: what to tell the user the write needs) and leaves nothing behind.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", dir=target.parent))
-    # mkdtemp makes the directory private (0700); the result should read like any directory made here
-    # (a bundle copied into an image is read by the server's own unprivileged user).
-    tmp.chmod(0o777 & ~_umask())
-    try:
+    tmp = None
+    try:  # a disk with no block left fails already here, at the temporary directory
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", dir=target.parent))
+        # mkdtemp makes the directory private (0700); the result should read like any directory made here
+        # (a bundle copied into an image is read by the server's own unprivileged user).
+        tmp.chmod(0o777 & ~_umask())
         fill(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
@@ -276,7 +277,8 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
         else:
             tmp.rename(target)
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if out_of_space(e):
             raise disk_full(target, needed_bytes) from e
         raise

@@ -182,6 +182,13 @@ def pack(cfg: PackConfig, log=print) -> dict:
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
+    # It is built beside --out and renamed into place, so an empty --out goes first.
+    if out.is_dir():
+        try:
+            out.rmdir()
+        except OSError as e:
+            raise HandoffError(f"--out {out} cannot be replaced ({e.strerror}: a mount point?); give a new "
+                               "directory inside it") from None  # fmt: skip
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
     for s in index["shards"]:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")

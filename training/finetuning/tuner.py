@@ -216,10 +216,12 @@ def check_room(out: Path, model: torch.nn.Module) -> None:
     weights and about a megabyte of tokenizer and reports."""
     existing = next(p for p in (out, *out.parents) if p.exists())
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
-    # What --out keeps besides the outputs --overwrite removes (a user's own files) is copied too.
-    needed += sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and f.relative_to(out).as_posix()
-                  not in OUTPUTS)  # fmt: skip
-    free = shutil.disk_usage(existing).free
+    files = [f for f in out.rglob("*") if f.is_file()]
+    # What --out keeps besides the outputs --overwrite removes (a user's own files) is copied too; those
+    # it removes (present only with --overwrite: check_out refused them otherwise) give their room back.
+    replaced = sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() in OUTPUTS)
+    needed += sum(f.stat().st_size for f in files) - replaced
+    free = shutil.disk_usage(existing).free + replaced
     if free < needed:
         raise ConfigError(f"--out: the disk holding {existing} has {free / 1e6:.1f} MB free; the fine-tuned "
                           f"model needs about {needed / 1e6:.1f} MB: free some space or choose another --out")  # fmt: skip
@@ -442,11 +444,31 @@ def setup(argv: list[str] | None) -> FineTuner:
 
 
 def run(argv: list[str] | None = None) -> dict:
-    t = setup(argv)
+    return train_and_save(setup(argv))
+
+
+def train_and_save(t: FineTuner) -> dict:
+    """The run after its setup: training, then the best model in --out; a full disk ends it with a message."""
+    started = time.time()
+    try:
+        evals = _train(t, started)
+    except OSError as e:  # the disk filled up during the run (check_room found room at its start)
+        if not ckpt.out_of_space(e):
+            raise
+        full = e if isinstance(e, ckpt.DiskFullError) else ckpt.disk_full(Path(t.cfg.out) / "metrics.jsonl")
+        sys.exit(f"error: {full}; the fine-tuned model was not written (--out {t.cfg.out} keeps its config "
+                 "and the metrics written so far): free some space and run again")  # fmt: skip
+    print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
+          flush=True)  # fmt: skip
+    return evals
+
+
+def _train(t: FineTuner, started: float) -> dict:
+    """The epochs, the dev evaluations and early stopping, then the best model written to --out."""
     cfg = t.cfg
     log = MetricsLog(Path(cfg.out) / "metrics.jsonl")
     rng = random.Random(cfg.seed)  # data order; dropout draws from torch's generator, seeded in resolve()
-    stopped_early, started = False, time.time()
+    stopped_early = False
     bar = tqdm(total=t.total, dynamic_ncols=True, desc="finetune")
     window_loss, window_n, window_t = 0.0, 0, time.time()
     for _ in range(cfg.epochs):
@@ -470,11 +492,4 @@ def run(argv: list[str] | None = None) -> dict:
             )
             break
     bar.close()
-    try:
-        evals = t.save_best(stopped_early, started)
-    except ckpt.DiskFullError as e:  # the disk filled up during the run (check_room found room at its start)
-        sys.exit(f"error: {e}; the fine-tuned model was not written (--out {cfg.out} keeps its "
-                 "config and metrics): free space and run again")  # fmt: skip
-    print(f"model: {cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
-          flush=True)  # fmt: skip
-    return evals
+    return t.save_best(stopped_early, started)
