@@ -147,11 +147,13 @@ def recover_weights(model: onnx.ModelProto, layers: int, projected: bool) -> dic
     return out
 
 
-def recover(bundle: Path, out: Path) -> dict:
-    """Write the checkpoint to `out`; returns what was checked."""
+def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverConfig | None = None) -> dict:
+    """Write the checkpoint to `out` whole or not at all (a full disk, a kill), with the options that made
+    it (`config`, as recover_config.json); returns what was checked."""
     from training import checkpoint as ckpt
     from training.model import ElectraConfig, ElectraForPreTraining
 
+    _check_out(out)
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
         raise ValueError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
@@ -167,14 +169,39 @@ def recover(bundle: Path, out: Path) -> dict:
 
     disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
     check = _check_against_bundle(disc, bundle, manifest)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt.save_model(disc, out, "ElectraForPreTraining")
-    shutil.copy(bundle / "tokenizer.json", out / "tokenizer.json")
     report = {"bundle": str(bundle), "model_sha256": manifest.get("model_sha256"), "check": check,
               "calibration_left_out": manifest.get("calibration"), "source": manifest["source"].get("checkpoint"),
               "training": manifest["source"].get("training")}  # fmt: skip
-    (out / "recovered.json").write_text(json.dumps(report, indent=2))
+
+    def fill(tmp: Path) -> None:
+        ckpt.save_model(disc, tmp, "ElectraForPreTraining")
+        shutil.copy(bundle / "tokenizer.json", tmp / "tokenizer.json")
+        (tmp / "recovered.json").write_text(json.dumps(report, indent=2))
+        if not int8_ranges:
+            drop_int8_ranges(tmp)
+        if config is not None:
+            options.save(config, tmp / "recover_config.json")
+
+    ckpt.write_atomically(out, fill)
     return report
+
+
+def _check_out(out: Path) -> None:
+    """--out is replaced whole: only where it holds nothing, or an earlier recovery, and can be replaced."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory")
+    if not out.is_dir():
+        return
+    if any(out.iterdir()):
+        if not (out / "recovered.json").is_file():
+            raise ValueError(f"--out {out} holds files that are not a recovered checkpoint (no recovered.json), "
+                             "which writing it would replace: give a new directory")  # fmt: skip
+        return
+    try:  # empty: the checkpoint is built beside it and renamed into its place
+        out.rmdir()
+    except OSError as e:
+        raise ValueError(f"--out {out} cannot be replaced ({e.strerror}: a mount point?); give a new directory "
+                         "inside it") from None  # fmt: skip
 
 
 def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
@@ -233,12 +260,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"export.recover: {e}")
     print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
     try:
-        report = recover(cfg.bundle, cfg.out)
-        if not cfg.int8_ranges:
-            drop_int8_ranges(cfg.out)
-    except (ValueError, OSError) as e:
+        report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)
+    except (ValueError, OSError) as e:  # OSError: DiskFullError among them, naming the disk
         sys.exit(f"export.recover: {e}")
-    options.save(cfg, cfg.out / "recover_config.json")
     print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
 
 

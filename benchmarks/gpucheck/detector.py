@@ -120,7 +120,7 @@ def make_data(out: Path, data_dir: Path | None, init: Path | None = None, corpus
     detector's tokenizer, or `init`'s), xz-compressed into `out` with the part-of-speech lexicon the word
     swaps read."""
     import options
-    from export.recover import drop_int8_ranges, recover
+    from export.recover import recover
     from training.config import PretrainConfig
     from training.data.registry import fetch
     from training.pretraining.data import build_data
@@ -132,8 +132,7 @@ def make_data(out: Path, data_dir: Path | None, init: Path | None = None, corpus
         run_dir = Path(tmp) / "run"
         if init is None:
             init = Path(tmp) / "recovered"
-            recover(REPO / "models" / "detector", init)
-            drop_int8_ranges(init)
+            recover(REPO / "models" / "detector", init, int8_ranges=False)
         argv = ["--config", str(REPO / RECIPE), "--init", str(init), "--out", str(run_dir), "--device", "cpu",
                 *(("--data-dir", str(data_dir)) if data_dir else ()), *(("--corpus", corpus) if corpus else ())]  # fmt: skip
         cfg, _ = resolve_warm_start(options.resolve(PretrainConfig, argv))
