@@ -95,7 +95,7 @@ def _write_text(path: Path, text: str) -> None:
 
 def out_of_space(e: BaseException) -> bool:
     """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT). The same test
-    as training/checkpoint.py's, which bulk/ does not import (it runs on the serving install, no torch);
+    as training/errors.py's, which bulk/ does not import (it runs on the serving install, no torch);
     pyarrow raises an OSError with its errno, so safetensors' message need not be parsed here."""
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 

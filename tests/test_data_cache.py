@@ -69,6 +69,39 @@ def test_shards_are_built_once_and_each_run_gets_its_own_copy(cache, small_corpu
     assert (tmp_path / "a/train/tokens.bin").stat().st_size > 0
 
 
+def test_a_run_whose_disk_is_full_is_told_so_whether_it_tokenizes_or_copies_from_the_cache(
+    cache, small_corpus, small_tokenizer, tmp_path
+):
+    """A full disk under the run's data: a cached entry is not tokenized again into the same full disk,
+    and shards tokenized there fail naming the disk (numpy's own write error carried no errno)."""
+    from tokenizers import Tokenizer
+
+    from benchmarks.training_faults import tmpfs
+    from training.errors import DiskFullError
+
+    tok = Tokenizer.from_file(str(small_tokenizer))
+    built = []
+
+    def build(directory):
+        built.append(directory)
+        return build_shards(read_corpus(str(small_corpus), "train"), tok, 64, directory)
+
+    derived.shards(
+        "wikitext2", "train", tok, 64, "packed", tmp_path / "a" / "train", build
+    )  # the cache's entry
+    size = (tmp_path / "a/train/tokens.bin").stat().st_size
+    try:
+        with tmpfs(tmp_path / "disk", 8192) as disk:
+            assert size > 8192
+            for corpus in ("wikitext2", "corpus.txt"):  # copied from the cache; tokenized into the run
+                with pytest.raises(DiskFullError, match=f"no space left on the disk holding {disk}/run"):
+                    derived.shards(corpus, "train", tok, 64, "packed", disk / "run" / "train", build)
+                assert not [p for p in (disk / "run").iterdir()], corpus  # nothing half-written left
+            assert len(built) == 2  # the cache's entry, then the user's corpus: never the cached one again
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
 def test_an_unwritable_cache_costs_only_time(tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "a-file"  # the cache would have to be a directory inside a file: no one can make it
     blocker.write_text("")

@@ -9,7 +9,6 @@ unpickles anything either.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from training.errors import CheckpointError, DiskFullError
+from training.errors import CheckpointError, disk_full, out_of_space
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -203,30 +202,6 @@ def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> No
 
 
 # ------------------------------------------------------------------------------------ atomic directories
-
-
-def _mount_point(path: Path) -> Path:
-    path = path.resolve()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
-
-
-def disk_full(target: Path, needed_bytes: int | None = None) -> DiskFullError:
-    """The error for `target` meeting a full disk: which disk, how much is free, and what was needed."""
-    usage = shutil.disk_usage(target.parent)
-    need = f"; writing {target.name} needs about {needed_bytes / 1e6:.1f} MB" if needed_bytes else ""
-    return DiskFullError(errno.ENOSPC, f"no space left on the disk holding {target.parent} (mounted at "
-                         f"{_mount_point(target.parent)}: {usage.free / 1e6:.1f} MB free of "
-                         f"{usage.total / 1e6:.1f} MB){need}")  # fmt: skip
-
-
-def out_of_space(e: BaseException) -> bool:
-    """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT)."""
-    # safetensors reports the OS error inside its own exception type: "... (os error 28)".
-    if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    return f"(os error {errno.ENOSPC})" in str(e) or f"(os error {errno.EDQUOT})" in str(e)
 
 
 def _remove_stale_temporaries(target: Path) -> None:

@@ -1,10 +1,16 @@
 """The errors a training command reports to its user as a message, not a traceback.
 
 They live apart from training.checkpoint, which loads torch: a command that catches them (handoff,
-export) can name them in its `except` before it has loaded torch, or without loading it at all.
+export) can name them in its `except` before it has loaded torch, or without loading it at all; and the
+data code, which never loads torch, can say a full disk as checkpoints say it.
 """
 
 from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
 
 
 class CheckpointError(ValueError):
@@ -16,3 +22,27 @@ class DiskFullError(OSError):
 
     def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]"
         return str(self.strerror)
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def disk_full(target: Path, needed_bytes: int | None = None) -> DiskFullError:
+    """The error for `target` meeting a full disk: which disk, how much is free, and what was needed."""
+    usage = shutil.disk_usage(target.parent)
+    need = f"; writing {target.name} needs about {needed_bytes / 1e6:.1f} MB" if needed_bytes else ""
+    return DiskFullError(errno.ENOSPC, f"no space left on the disk holding {target.parent} (mounted at "
+                         f"{_mount_point(target.parent)}: {usage.free / 1e6:.1f} MB free of "
+                         f"{usage.total / 1e6:.1f} MB){need}")  # fmt: skip
+
+
+def out_of_space(e: BaseException) -> bool:
+    """Whether `e` is a write that found the disk full (ENOSPC) or a quota reached (EDQUOT)."""
+    # safetensors reports the OS error inside its own exception type: "... (os error 28)".
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return f"(os error {errno.ENOSPC})" in str(e) or f"(os error {errno.EDQUOT})" in str(e)

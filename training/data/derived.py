@@ -38,6 +38,7 @@ from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, ShardInfo
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
+from training.errors import disk_full, out_of_space
 
 KEEP = 24  # entries kept; a WikiText-2 entry is 1-16 MB
 
@@ -148,10 +149,14 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.from-cache-{os.getpid()}"
     try:
-        shutil.copytree(entry, tmp, copy_function=_link_or_copy)
+        tmp.mkdir()
+        for f in entry.iterdir():  # flat: tokens.bin and meta.json
+            _link_or_copy(str(f), str(tmp / f.name))
         tmp.rename(out)
-    except OSError as e:  # the entry pruned meanwhile by another run, or a full disk
+    except OSError as e:  # the entry pruned meanwhile by another run, or the run's disk full
         shutil.rmtree(tmp, ignore_errors=True)
+        if out_of_space(e):  # tokenizing into the same disk would fail the same way, later
+            raise disk_full(out) from e
         print(f"{split} data: not taken from the cache ({e}); tokenizing into the run", flush=True)
         return build(out)
     return ShardInfo.load(out)

@@ -33,6 +33,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from training.data.tokenizer import special_ids, tokenizer_sha256
+from training.errors import disk_full, out_of_space
 
 __all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards"]
 
@@ -220,8 +221,10 @@ def build_shards(
         meta = {k: v for k, v in asdict(info).items() if k != "path"}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _replace_dir(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if out_of_space(e):
+            raise disk_full(out) from e
         raise
     return info
 
@@ -265,12 +268,12 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
                     packer.add(pieces[0])
             rows = packer.take_rows()
             if rows is not None:
-                rows.tofile(f)
+                f.write(rows.data)  # not tofile: its error on a full disk carries no errno
                 n_rows += len(rows)
             bar.update(len(batch))
         rows = packer.take_rows(final=True)
         if rows is not None:
-            rows.tofile(f)
+            f.write(rows.data)  # not tofile: its error on a full disk carries no errno
             n_rows += len(rows)
     if n_rows == 0:
         raise ShardsError(f"{desc}: no tokens in the documents given; nothing to pack")

@@ -31,6 +31,7 @@ from training import quantization
 from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
+from training.errors import DiskFullError, disk_full, out_of_space
 from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
 from training.finetuning.metrics import (
     classification_metrics,
@@ -453,9 +454,9 @@ def train_and_save(t: FineTuner) -> dict:
     try:
         evals = _train(t, started)
     except OSError as e:  # the disk filled up during the run (check_room found room at its start)
-        if not ckpt.out_of_space(e):
+        if not out_of_space(e):
             raise
-        full = e if isinstance(e, ckpt.DiskFullError) else ckpt.disk_full(Path(t.cfg.out) / "metrics.jsonl")
+        full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
         sys.exit(f"error: {full}; the fine-tuned model was not written (--out {t.cfg.out} keeps its config "
                  "and the metrics written so far): free some space and run again")  # fmt: skip
     print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
