@@ -151,6 +151,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     """Write the checkpoint to `out` whole or not at all (a full disk, a kill), with the options that made
     it (`config`, as recover_config.json); returns what was checked."""
     from training import checkpoint as ckpt
+    from training.errors import check_room
     from training.model import ElectraConfig, ElectraForPreTraining
 
     _check_out(out)
@@ -168,6 +169,8 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     import torch
 
     disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
+    # Before the parity check (seconds): its result could not be written anyway.
+    check_room(out, sum(t.numel() * t.element_size() for t in own.values()) + 2**20, "the checkpoint")
     check = _check_against_bundle(disc, bundle, manifest)
     report = {"bundle": str(bundle), "model_sha256": manifest.get("model_sha256"), "check": check,
               "calibration_left_out": manifest.get("calibration"), "source": manifest["source"].get("checkpoint"),

@@ -398,7 +398,9 @@ def test_a_disk_without_room_for_the_model_is_refused_before_training(tiny_init,
             with pytest.raises(SystemExit) as e:
                 run("--init", tiny_init, "--out", disk / "out", "--train", train, "--text-column", "review",
                     "--label-column", "verdict", "--epochs", 1)  # fmt: skip
-            assert f"--out: the disk holding {disk} has" in str(e.value.code), e.value.code
+            assert f"--out: not enough space on the disk holding {disk} (mounted at {disk}" in str(
+                e.value.code
+            )
             assert "free some space or choose another --out" in str(e.value.code)
             assert list(disk.iterdir()) == []
     except PermissionError as e:
@@ -412,7 +414,7 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
     train = write_csv(tmp_path / "r.csv", 30)
     weights = (tiny_init / "model.safetensors").stat().st_size
     try:
-        with tmpfs(tmp_path / "disk", 2 * weights + 2**21) as disk:  # room at the start (check_room)
+        with tmpfs(tmp_path / "disk", 2 * weights + 2**21) as disk:  # room at the start (check_model_fits)
             t = tuner.setup(["--threads", "1", "--init", str(tiny_init), "--out", str(disk / "out"), "--train",
                              str(train), "--text-column", "review", "--label-column", "verdict", "--epochs", "1"])  # fmt: skip
             # Then another writer fills the disk.

@@ -111,6 +111,25 @@ def test_resume_after_kill_retraces_the_uninterrupted_run_bit_for_bit_on_two_thr
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), part
 
 
+def test_a_disk_without_room_for_a_checkpoint_is_refused_before_the_first_step(
+    tmp_path, small_corpus, small_tokenizer
+):
+    from benchmarks.training_faults import tmpfs
+
+    try:
+        with tmpfs(tmp_path / "disk", 2 * 2**20) as disk:  # the data fit (under 1 MB), a checkpoint does not
+            with pytest.raises(SystemExit) as e:
+                pretrain(tiny_args(disk / "run", small_corpus, small_tokenizer, "--max-steps", 5))
+            message = str(e.value.code)
+            assert f"not enough space on the disk holding {disk}/run (mounted at {disk}" in message, message
+            assert "a checkpoint needs about" in message
+            assert (disk / "run" / "data").is_dir() and not (
+                disk / "run" / "metrics.jsonl"
+            ).exists()  # no step
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
 def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_corpus, small_tokenizer):
     # fp32: bf16 rounding differs between batch shapes, and equality across shapes is the point here.
     common = ("--max-steps", 8, "--log-every", 1, "--eval-every", 1000, "--dropout", 0.0, "--bf16", "false")

@@ -46,3 +46,15 @@ def out_of_space(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     return f"(os error {errno.ENOSPC})" in str(e) or f"(os error {errno.EDQUOT})" in str(e)
+
+
+def check_room(target: Path, needed_bytes: int, what: str, reclaimed_bytes: int = 0) -> None:
+    """DiskFullError now where the disk that will hold `target` (which need not exist yet) has less free
+    space than `needed_bytes`, counting `reclaimed_bytes` that the write removes first: found at the write,
+    after the work, the full disk would cost that work."""
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    usage = shutil.disk_usage(existing)
+    if usage.free + reclaimed_bytes < needed_bytes:
+        raise DiskFullError(errno.ENOSPC, f"not enough space on the disk holding {existing} (mounted at "
+                            f"{_mount_point(existing)}: {usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} "
+                            f"MB); {what} needs about {needed_bytes / 1e6:.1f} MB")  # fmt: skip

@@ -31,7 +31,7 @@ from training import quantization
 from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
-from training.errors import DiskFullError, disk_full, out_of_space
+from training.errors import DiskFullError, check_room, disk_full, out_of_space
 from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
 from training.finetuning.metrics import (
     classification_metrics,
@@ -211,21 +211,20 @@ def check_out(out: Path, overwrite: bool) -> list[str]:
     return present
 
 
-def check_room(out: Path, model: torch.nn.Module) -> None:
+def check_model_fits(out: Path, model: torch.nn.Module) -> None:
     """A ConfigError now where --out's disk cannot hold the fine-tuned model: found full at the end, after
     the training, it would cost the whole run. The final write copies --out beside itself, then adds the
     weights and about a megabyte of tokenizer and reports."""
-    existing = next(p for p in (out, *out.parents) if p.exists())
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
     files = [f for f in out.rglob("*") if f.is_file()]
     # What --out keeps besides the outputs --overwrite removes (a user's own files) is copied too; those
     # it removes (present only with --overwrite: check_out refused them otherwise) give their room back.
     replaced = sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() in OUTPUTS)
     needed += sum(f.stat().st_size for f in files) - replaced
-    free = shutil.disk_usage(existing).free + replaced
-    if free < needed:
-        raise ConfigError(f"--out: the disk holding {existing} has {free / 1e6:.1f} MB free; the fine-tuned "
-                          f"model needs about {needed / 1e6:.1f} MB: free some space or choose another --out")  # fmt: skip
+    try:
+        check_room(out, needed, "the fine-tuned model", replaced)
+    except DiskFullError as e:
+        raise ConfigError(f"--out: {e}: free some space or choose another --out") from None
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
@@ -299,7 +298,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     # The resolved config; validating it again checks --metric against the problem type found in the data.
     cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
-    check_room(out, model)
+    check_model_fits(out, model)
     prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
     return cfg, data, model, tok, notes
 
@@ -453,7 +452,7 @@ def train_and_save(t: FineTuner) -> dict:
     started = time.time()
     try:
         evals = _train(t, started)
-    except OSError as e:  # the disk filled up during the run (check_room found room at its start)
+    except OSError as e:  # the disk filled up during the run (check_model_fits found room at its start)
         if not out_of_space(e):
             raise
         full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
