@@ -16,6 +16,7 @@ is checked against the bundle through ONNX Runtime before anything is written.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -189,22 +190,30 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     return report
 
 
+RECOVERED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "recovered.json",
+    "recover_config.json",
+)
+
+
 def _check_out(out: Path) -> None:
-    """--out is replaced whole: only where it holds nothing, or an earlier recovery, and can be replaced."""
+    """--out is replaced whole (built beside it, renamed into its place): only where it holds nothing but an
+    earlier recovery's files, and is not a mount point (which cannot be renamed)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
     if not out.is_dir():
         return
-    if any(out.iterdir()):
-        if not (out / "recovered.json").is_file():
-            raise ValueError(f"--out {out} holds files that are not a recovered checkpoint (no recovered.json), "
-                             "which writing it would replace: give a new directory")  # fmt: skip
-        return
-    try:  # empty: the checkpoint is built beside it and renamed into its place
-        out.rmdir()
-    except OSError as e:
-        raise ValueError(f"--out {out} cannot be replaced ({e.strerror}: a mount point?); give a new directory "
-                         "inside it") from None  # fmt: skip
+    if os.path.ismount(out):
+        raise ValueError(
+            f"--out {out} is a mount point, which cannot be replaced; give a new directory inside it"
+        )
+    others = sorted(p.name for p in out.iterdir() if p.name not in RECOVERED_FILES)
+    if others:
+        raise ValueError(f"--out {out} holds {', '.join(others[:3])}, not a recovered checkpoint's; writing it would "
+                         "replace them: give a new directory")  # fmt: skip
 
 
 def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:

@@ -75,6 +75,6 @@ def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path
                 assert "Traceback" not in err
                 assert list(disk.iterdir()) == [], argv  # no half a pack, no half a run
             assert main(["pack", str(detector), "--out", str(disk)]) == 1  # the empty mount point itself
-            assert f"--out {disk} cannot be replaced" in capsys.readouterr().err
+            assert f"--out {disk} is a mount point, which cannot be replaced" in capsys.readouterr().err
     except PermissionError as e:
         pytest.skip(str(e))

@@ -343,9 +343,10 @@ def test_the_bf16_lever_prepares_its_graphs_and_rows_from_a_run(qat_bundle, tmp_
     assert np.abs(rows["torch_bf16"] - rows["fp32"])[rows["attention_mask"] == 1].max() < 0.05
 
 
-def test_a_recovery_is_written_whole_or_not_at_all(tmp_path):
-    """export.recover replaces --out whole: never a directory of someone's files, and on a full disk
-    nothing is left but the message naming it."""
+def test_a_recovery_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """export.recover replaces --out whole: never a directory of someone's files or a mount point; a disk
+    too small is said before the parity check, and one that fills at the write keeps nothing."""
+    import training.errors
     from benchmarks.training_faults import tmpfs
     from export.recover import main
 
@@ -353,15 +354,21 @@ def test_a_recovery_is_written_whole_or_not_at_all(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("not a checkpoint")
-    with pytest.raises(SystemExit, match="holds files that are not a recovered checkpoint"):
+    with pytest.raises(SystemExit, match="holds notes.txt, not a recovered checkpoint's"):
         main([bundle, "--out", str(mine)])
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     try:
         with tmpfs(tmp_path / "disk", 2**20) as disk:  # the detector's fp32 weights are tens of MB
+            with pytest.raises(SystemExit, match="is a mount point, which cannot be replaced"):
+                main([bundle, "--out", str(disk)])
             with pytest.raises(SystemExit) as e:
                 main([bundle, "--out", str(disk / "recovered")])
             # Found before the parity check, from the weights' size: not after it, at the write.
             assert f"not enough space on the disk holding {disk}" in str(e.value.code), e.value.code
+            monkeypatch.setattr(training.errors, "check_room", lambda *args: None)  # and at the write itself
+            with pytest.raises(SystemExit) as e:
+                main([bundle, "--out", str(disk / "recovered")])
+            assert f"no space left on the disk holding {disk}" in str(e.value.code), e.value.code
             assert list(disk.iterdir()) == []
     except PermissionError as e:
         pytest.skip(str(e))

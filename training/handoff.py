@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,10 @@ def pack(cfg: PackConfig, log=print) -> dict:
     run, out = Path(cfg.run), Path(cfg.out)
     if out.exists() and any(out.iterdir()):
         raise HandoffError(f"--out {out} is not empty; give a new directory")
+    if os.path.ismount(out):  # built beside --out and renamed into its place, which a mount point cannot be
+        raise HandoffError(
+            f"--out {out} is a mount point, which cannot be replaced; give a new directory inside it"
+        )
     ckpt = _discriminator(run)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
@@ -182,13 +187,6 @@ def pack(cfg: PackConfig, log=print) -> dict:
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
-    # It is built beside --out and renamed into place, so an empty --out goes first.
-    if out.is_dir():
-        try:
-            out.rmdir()
-        except OSError as e:
-            raise HandoffError(f"--out {out} cannot be replaced ({e.strerror}: a mount point?); give a new "
-                               "directory inside it") from None  # fmt: skip
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
     for s in index["shards"]:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")

@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 
 from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
-from training.data.shards import META_FILE, ShardInfo
+from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
 from training.errors import disk_full, out_of_space
 
@@ -150,8 +150,8 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
     tmp = out.parent / f".{out.name}.from-cache-{os.getpid()}"
     try:
         tmp.mkdir()
-        for f in entry.iterdir():  # flat: tokens.bin and meta.json
-            _link_or_copy(str(f), str(tmp / f.name))
+        for name in (TOKENS_FILE, META_FILE):  # by name: an entry pruned meanwhile fails, never half-copied
+            _link_or_copy(str(entry / name), str(tmp / name))
         tmp.rename(out)
     except OSError as e:  # the entry pruned meanwhile by another run, or the run's disk full
         shutil.rmtree(tmp, ignore_errors=True)

@@ -28,7 +28,7 @@ from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
-from training.errors import check_room
+from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
 from training.pretraining.corruption import build_corruption
@@ -95,7 +95,9 @@ def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
     """About what one checkpoint takes on disk (what `save` writes): each part's weights (tied embeddings
     in both) and tokenizer files, AdamW's two fp32 moments per trained parameter, and 64 KiB of JSON."""
     parts = objective.checkpoint_parts().values()
-    weights = sum(t.numel() * t.element_size() for model, _ in parts for t in model.state_dict().values())
+    # A tensor tied within a part (the generator's output layer and its embeddings) is stored once.
+    weights = sum(t.numel() * t.element_size() for model, _ in parts
+                  for t in {t.data_ptr(): t for t in model.state_dict().values()}.values())  # fmt: skip
     tokenizer = sum((tokenizer_dir / f).stat().st_size for f in ("tokenizer.json", "vocab.txt"))
     moments = 2 * sum(p.numel() * 4 for p in objective.parameters() if p.requires_grad)
     return weights + len(parts) * tokenizer + moments + 2**16
@@ -275,8 +277,20 @@ def setup(argv: list[str] | None) -> Trainer:
         step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
         if env.main and cfg.resume:
             options.save(cfg, run / "config.json")
-        if env.main:  # found at the first save instead, the steps before it would be lost
-            check_room(run / "checkpoints", checkpoint_bytes(objective, data.tokenizer_dir), "a checkpoint")
+        # A checkpoint that cannot fit, found at the first save instead, would cost the steps before it.
+        full = None
+        if env.main:  # rank 0 writes the checkpoints
+            try:
+                check_room(
+                    run / "checkpoints", checkpoint_bytes(objective, data.tokenizer_dir), "a checkpoint"
+                )
+            except DiskFullError as e:
+                full = e
+        if env.agree(full is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
+            env.close()
+            if full is None:
+                sys.exit(1)  # rank 0 says why
+            raise full
     except (CorpusError, DatasetError, TokenizerError, CheckpointError, ShardsError, OSError) as e:
         # The user's data, tokenizer, checkpoint or --out: the message names the file and what to do.
         sys.exit(f"error: {e}")
