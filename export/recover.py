@@ -16,7 +16,6 @@ is checked against the bundle through ONNX Runtime before anything is written.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from onnx import numpy_helper
 
 import options
 from options import option
+from training.errors import refuse_mount_point
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -206,10 +206,7 @@ def _check_out(out: Path) -> None:
         raise ValueError(f"--out {out} is a file; give a directory")
     if not out.is_dir():
         return
-    if os.path.ismount(out):
-        raise ValueError(
-            f"--out {out} is a mount point, which cannot be replaced; give a new directory inside it"
-        )
+    refuse_mount_point(out, "--out ")  # a CheckpointError: a ValueError, as the others here
     others = sorted(p.name for p in out.iterdir() if p.name not in RECOVERED_FILES)
     if others:
         raise ValueError(f"--out {out} holds {', '.join(others[:3])}, not a recovered checkpoint's; writing it would "

@@ -58,3 +58,11 @@ def check_room(target: Path, needed_bytes: int, what: str, reclaimed_bytes: int 
         raise DiskFullError(errno.ENOSPC, f"not enough space on the disk holding {existing} (mounted at "
                             f"{_mount_point(existing)}: {usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} "
                             f"MB); {what} needs about {needed_bytes / 1e6:.1f} MB")  # fmt: skip
+
+
+def refuse_mount_point(target: Path, label: str = "") -> None:
+    """A CheckpointError where `target` is a mount point: a directory written whole is built beside its
+    target and renamed into its place (write_atomically), and a mount point cannot be renamed."""
+    if os.path.ismount(target):
+        raise CheckpointError(f"{label}{target} is a mount point, which cannot be replaced; give a new directory "
+                              "inside it")  # fmt: skip

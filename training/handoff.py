@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import options
 from options import check_choices, option
 from training.data.registry import sha256_file
-from training.errors import CheckpointError, DiskFullError
+from training.errors import CheckpointError, DiskFullError, refuse_mount_point
 
 INDEX = "handoff.json"
 FORMAT = "electra-serve handoff 1"
@@ -155,10 +154,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
     run, out = Path(cfg.run), Path(cfg.out)
     if out.exists() and any(out.iterdir()):
         raise HandoffError(f"--out {out} is not empty; give a new directory")
-    if os.path.ismount(out):  # built beside --out and renamed into its place, which a mount point cannot be
-        raise HandoffError(
-            f"--out {out} is a mount point, which cannot be replaced; give a new directory inside it"
-        )
+    refuse_mount_point(out, "--out ")
     ckpt = _discriminator(run)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
