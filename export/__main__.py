@@ -13,6 +13,7 @@ from pathlib import Path
 
 import options
 from export.config import ExportConfig
+from training.errors import CheckpointError, DiskFullError, refuse_mount_point
 
 PROG = "python -m export"
 
@@ -26,6 +27,10 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     if not cfg.force and out.is_dir() and any(out.iterdir()):
         held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise options.ConfigError(f"--out {out} is not empty (it holds {held}); pass --force to replace it")
+    try:  # found at the write instead, after the calibration and the parity checks
+        refuse_mount_point(out, "--out ")
+    except CheckpointError as e:
+        raise options.ConfigError(str(e)) from None
     if cfg.triton == "":
         cfg.triton = cfg.out.rstrip("/") + "-triton"
     return cfg
@@ -42,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     from export.evaldata import EvalDataError
     from export.parity import ParityError
     from export.pipeline import run_export
-    from training.errors import CheckpointError, DiskFullError
 
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))

@@ -440,6 +440,22 @@ def test_export_refuses_a_file_as_out_even_with_force(tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_export_refuses_a_mount_point_as_out_before_any_work(tmp_path, capsys):
+    """The bundle is built beside --out and renamed into its place, which a mount point refuses: said at
+    the start, not after the calibration and the parity checks."""
+    from benchmarks.training_faults import tmpfs
+    from export.__main__ import main
+
+    try:
+        with tmpfs(tmp_path / "disk", 2**20) as disk:
+            with pytest.raises(SystemExit) as e:
+                main([str(tmp_path / "no-such-run"), "--out", str(disk)])
+            assert e.value.code == 2
+            assert f"--out {disk} is a mount point, which cannot be replaced" in capsys.readouterr().err
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
 def test_a_detector_refuses_labelled_eval_data_it_would_ignore(tmp_path, detector_dir):
     with pytest.raises(ValueError, match="--eval-data is a classifier's"):
         export(detector_dir, tmp_path / "b", eval_data=_dev_csv(tmp_path / "dev.csv"))

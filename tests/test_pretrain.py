@@ -229,6 +229,22 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
+def test_a_mount_point_is_refused_before_anything_is_written(tmp_path):
+    """A directory is written whole by renaming a sibling into its place: a mount point cannot be renamed,
+    and finding that at the end would cost the write, and, to a caller, its work."""
+    from benchmarks.training_faults import tmpfs
+    from training.errors import CheckpointError
+
+    filled = []
+    try:
+        with tmpfs(tmp_path / "disk", 2**20) as disk:
+            with pytest.raises(CheckpointError, match=f"{disk} is a mount point, which cannot be replaced"):
+                write_atomically(disk, filled.append)
+            assert filled == [] and list(disk.iterdir()) == []
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
 def test_bad_options_fail_naming_the_option(tmp_path):
     with pytest.raises(SystemExit, match="--mask-prob"):
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])

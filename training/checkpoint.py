@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from training.errors import CheckpointError, disk_full, out_of_space
+from training.errors import CheckpointError, disk_full, out_of_space, refuse_mount_point
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -228,8 +228,10 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
 
     A rename within one filesystem is atomic, so readers see either the old checkpoint or the complete
     new one, never half of it, even if the process is killed mid-save. A full disk raises DiskFullError
-    (`needed_bytes`: what to tell the user the write needs) and leaves nothing behind.
+    (`needed_bytes`: what to tell the user the write needs) and leaves nothing behind. A mount point cannot
+    be renamed: CheckpointError before anything is written (commands check their --out for it at start).
     """
+    refuse_mount_point(target)
     tmp = None
     try:  # a disk with no block left fails already here, at the temporary directory
         target.parent.mkdir(parents=True, exist_ok=True)

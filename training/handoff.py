@@ -262,6 +262,7 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     src, out = Path(cfg.handoff), Path(cfg.out)
     if out.exists() and any(out.iterdir()) and not cfg.force:
         raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
+    refuse_mount_point(out, "--out ")
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 

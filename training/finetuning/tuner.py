@@ -31,7 +31,7 @@ from training import quantization
 from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
-from training.errors import DiskFullError, check_room, disk_full, out_of_space
+from training.errors import DiskFullError, check_room, disk_full, out_of_space, refuse_mount_point
 from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
 from training.finetuning.metrics import (
     classification_metrics,
@@ -200,6 +200,10 @@ def check_out(out: Path, overwrite: bool) -> list[str]:
     """The outputs --out already holds (to replace with --overwrite); a ConfigError where it cannot be one."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; choose a directory")
+    try:  # found at the final write instead, it would cost the whole training
+        refuse_mount_point(out)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(f"--out: {e}") from None
     if (out / "checkpoints" / ckpt.LATEST).exists():  # --overwrite would replace its config.json and metrics
         raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
                           "would break its --resume: choose another --out")  # fmt: skip
