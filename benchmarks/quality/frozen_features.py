@@ -1,0 +1,200 @@
+"""What a pretrained encoder's features hold before any fine-tuning. A diagnosis, not a speed figure.
+
+At small budgets a fine-tuned score says how fast fine-tuning moves away from the checkpoint as much as
+what pretraining learned (docs/electra-recipe.md). This program reads each checkpoint's encoder, frozen,
+on a fine-tuning task's texts:
+
+- per layer, how the [CLS] vectors spread over the texts: the share of their variance along the first
+  principal direction, and the effective rank (the exponential of the entropy of the variance shares:
+  1 when every text differs along one direction only, up to the hidden size);
+- what that first direction follows: its correlation (|r|) with each text's rarity (the mean of -log
+  of its tokens' frequencies in the task's training texts) and with its length in tokens;
+- a linear probe: multinomial logistic regression (L-BFGS, standardized features, a light L2) fitted on
+  the training split's last-layer [CLS] vectors, and again on the mean over tokens, scored on the test
+  split (dev where a task has none), beside the majority class's share.
+
+    python -m benchmarks.quality.frozen_features RUN/checkpoints/step-00000546 OTHER_RUN --task trec \
+        --data-dir ../shared/data --max-train-examples 2000
+
+Prints a table and writes JSON (default benchmarks/results/frozen_features.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
+
+
+def spread(x) -> dict:
+    """Top principal direction's share of the variance, and the effective rank, of the rows of `x`."""
+    import torch
+
+    s = torch.linalg.svdvals(x - x.mean(0))
+    share = s.square() / s.square().sum()
+    entropy = -(share * share.clamp_min(1e-12).log()).sum()
+    return {"top_pc_share": round(float(share[0]), 4), "effective_rank": round(float(entropy.exp()), 2)}
+
+
+def first_direction(x):
+    """Each row's coordinate along the first principal direction of the rows of `x`."""
+    import torch
+
+    centred = x - x.mean(0)
+    u, s, _ = torch.linalg.svd(centred, full_matrices=False)
+    return u[:, 0] * s[0]
+
+
+def linear_probe(train_x, train_y, test_x, test_y, classes: int, iterations: int = 300) -> float:
+    """Test accuracy of a logistic regression on standardized features: what a linear read-out of the
+    frozen encoder can do, with no fine-tuning's learning rate or epochs in the way."""
+    import torch
+    import torch.nn.functional as F
+
+    mu, sd = train_x.mean(0), train_x.std(0) + 1e-6
+    xtr, xte = (train_x - mu) / sd, (test_x - mu) / sd
+    w = torch.zeros(xtr.shape[1], classes, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=iterations, line_search_fn="strong_wolfe")
+    xtr, xte = xtr.double(), xte.double()
+
+    def loss():
+        opt.zero_grad()
+        value = F.cross_entropy(xtr @ w + b, train_y) + PROBE_L2 * w.square().sum()
+        value.backward()
+        return value
+
+    opt.step(loss)
+    with torch.no_grad():
+        return float((xte @ w + b).argmax(1).eq(test_y).double().mean())
+
+
+def features(model, tok, examples, max_seq_len: int):
+    """Every layer's [CLS] vectors, the last layer's mean over real tokens, labels, and the token ids."""
+    import torch
+
+    from training.finetuning.data import batches, encode
+
+    encoded = encode(tok, examples, max_seq_len)
+    layers = model.electra.encoder.layer
+    cls: dict[int, list] = {k: [] for k in range(len(layers))}
+    hooks = [layer.register_forward_hook(lambda m, i, o, k=k: cls[k].append(o[:, 0].float()))
+             for k, layer in enumerate(layers)]  # fmt: skip
+    means, labels = [], []
+    try:
+        with torch.no_grad():
+            for _, b in batches(encoded, 64, tok.token_to_id("[PAD]")):
+                h = model.electra(b["input_ids"], b["attention_mask"], b["token_type_ids"]).float()
+                m = b["attention_mask"].unsqueeze(-1).float()
+                means.append((h * m).sum(1) / m.sum(1))
+                labels.append(b["labels"])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    ids = [e.ids for e in encoded]  # batches without an rng keep the texts' order
+    return {k: torch.cat(v) for k, v in cls.items()}, torch.cat(means), torch.cat(labels), ids
+
+
+def rarity(ids: list[list[int]]) -> list[float]:
+    """Each text's mean -log frequency of its tokens, frequencies counted over these texts, add-one
+    smoothed. [CLS] and [SEP] (first and last) are left out: in every text, they would make rarity a
+    measure of length."""
+    counts = Counter(t for row in ids for t in row[1:-1])
+    total, kinds = sum(counts.values()), len(counts)
+    return [sum(-math.log((counts[t] + 1) / (total + kinds)) for t in row[1:-1]) / max(1, len(row) - 2)
+            for row in ids]  # fmt: skip
+
+
+def correlation(direction, values) -> float:
+    """|Pearson r|: a principal direction's sign is arbitrary."""
+    r = np.corrcoef(np.asarray(direction, dtype=np.float64), np.asarray(values, dtype=np.float64))[0, 1]
+    return round(abs(float(r)), 4)
+
+
+def diagnose(checkpoint: str, data, max_seq_len: int) -> dict:
+    import torch
+
+    from training.finetuning.tuner import init_classifier, init_tokenizer
+
+    torch.manual_seed(0)  # the classification head is built and never used: its draw must not vary
+    model, src, _ = init_classifier(checkpoint, data)
+    model.eval()
+    tok = init_tokenizer(src)
+    test_split = "test" if "test" in data.splits else "dev"
+    cls, mean, y, ids = features(model, tok, data.splits["train"], max_seq_len)
+    test_cls, test_mean, test_y, _ = features(model, tok, data.splits[test_split], max_seq_len)
+    pc = first_direction(cls[len(cls) - 1])
+    classes = len(data.labels)
+    return {
+        "checkpoint": str(checkpoint),
+        "layers": [{"layer": k, **spread(v)} for k, v in cls.items()],
+        "first_direction_vs_rarity": correlation(pc, rarity(ids)),
+        "first_direction_vs_length": correlation(pc, [len(row) for row in ids]),
+        "probe_split": test_split,
+        "probe_cls_accuracy": round(
+            linear_probe(cls[len(cls) - 1], y, test_cls[len(cls) - 1], test_y, classes), 4
+        ),
+        "probe_mean_accuracy": round(linear_probe(mean, y, test_mean, test_y, classes), 4),
+        "majority_share": round(float(torch.bincount(test_y, minlength=classes).max()) / len(test_y), 4),
+    }
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| checkpoint | [CLS] top-PC share, first / last layer | effective rank, last | first direction vs rarity / length | probe on [CLS] | probe on mean | majority |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        first, last = r["layers"][0], r["layers"][-1]
+        lines.append(f"| {r['checkpoint']} | {first['top_pc_share']:.3f} / {last['top_pc_share']:.3f} | "
+                     f"{last['effective_rank']:.1f} | {r['first_direction_vs_rarity']:.2f} / "
+                     f"{r['first_direction_vs_length']:.2f} | {r['probe_cls_accuracy']:.3f} | "
+                     f"{r['probe_mean_accuracy']:.3f} | {r['majority_share']:.3f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.frozen_features",
+                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    p.add_argument(
+        "checkpoints", nargs="+", help="run or checkpoint directories (any training.finetune --init)"
+    )
+    p.add_argument("--task", default="trec", help="a registry task: rotten_tomatoes | sms_spam | trec")
+    p.add_argument("--data-dir", default=None, help="directory already holding the registry files")
+    p.add_argument("--max-train-examples", type=int, default=2000, help="training texts for the probe")
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/frozen_features.json"))
+    args = p.parse_args(argv)
+    print(f"frozen_features: {vars(args)}", flush=True)
+
+    import torch
+
+    from training.config import FinetuneConfig
+    from training.finetuning.data import load_task_data
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # The task's splits exactly as training.finetune reads them (a FinetuneConfig names an --init and an
+    # --out; neither is read here).
+    task = FinetuneConfig(init=args.checkpoints[0], out=str(args.out.parent), task=args.task,
+                          data_dir=args.data_dir, max_train_examples=args.max_train_examples)  # fmt: skip
+    data = load_task_data(task)
+    results = []
+    for ck in args.checkpoints:
+        results.append(diagnose(ck, data, args.max_seq_len))
+        print(json.dumps(results[-1]), flush=True)
+    print(table(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                                    "torch": torch.__version__, "results": results}, indent=1) + "\n")  # fmt: skip
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
