@@ -24,13 +24,13 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():  # --force replaces a bundle, never a file
         raise options.ConfigError(f"--out {out} is a file; a bundle is a directory: choose another --out")
+    try:  # found at the write instead, after the calibration and the parity checks; and before "not empty":
+        refuse_mount_point(out, "--out ")  # a volume's root holds lost+found, and --force would not help
+    except CheckpointError as e:
+        raise options.ConfigError(str(e)) from None
     if not cfg.force and out.is_dir() and any(out.iterdir()):
         held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise options.ConfigError(f"--out {out} is not empty (it holds {held}); pass --force to replace it")
-    try:  # found at the write instead, after the calibration and the parity checks
-        refuse_mount_point(out, "--out ")
-    except CheckpointError as e:
-        raise options.ConfigError(str(e)) from None
     if cfg.triton == "":
         cfg.triton = cfg.out.rstrip("/") + "-triton"
     return cfg

@@ -448,6 +448,7 @@ def test_export_refuses_a_mount_point_as_out_before_any_work(tmp_path, capsys):
 
     try:
         with tmpfs(tmp_path / "disk", 2**20) as disk:
+            (disk / "lost+found").mkdir()  # as a volume's root holds: said a mount point, not "not empty"
             with pytest.raises(SystemExit) as e:
                 main([str(tmp_path / "no-such-run"), "--out", str(disk)])
             assert e.value.code == 2

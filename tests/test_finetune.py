@@ -405,7 +405,8 @@ def test_a_disk_without_room_for_the_model_is_refused_before_training(tiny_init,
             assert list(disk.iterdir()) == []
             # The mount point itself: a model is built beside --out and renamed into its place.
             with pytest.raises(SystemExit) as e:
-                run("--init", tiny_init, "--out", disk, "--train", train, "--epochs", 1)
+                run("--init", tiny_init, "--out", disk, "--train", train, "--text-column", "review",
+                    "--label-column", "verdict", "--epochs", 1)  # fmt: skip
             assert f"--out: {disk} is a mount point, which cannot be replaced" in str(e.value.code)
     except PermissionError as e:
         pytest.skip(str(e))

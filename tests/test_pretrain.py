@@ -242,6 +242,22 @@ def test_a_mount_point_is_refused_before_anything_is_written(tmp_path):
             assert filled == [] and list(disk.iterdir()) == []
     except PermissionError as e:
         pytest.skip(str(e))
+    # A bind mount within one filesystem looks like any directory (os.path.ismount cannot tell): the
+    # rename says it, and the write leaves nothing behind.
+    (tmp_path / "elsewhere").mkdir()
+    bound = tmp_path / "bound"
+    bound.mkdir()
+    if subprocess.run(
+        ["mount", "--bind", str(tmp_path / "elsewhere"), str(bound)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot bind-mount here: needs root")
+    try:
+        assert not os.path.ismount(bound)
+        with pytest.raises(CheckpointError, match=f"{bound} is in use as a mount point"):
+            write_atomically(bound, lambda d: (d / "model.safetensors").write_text("new"))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bound", "disk", "elsewhere"]
+    finally:
+        subprocess.run(["umount", "-l", str(bound)], capture_output=True)
 
 
 def test_bad_options_fail_naming_the_option(tmp_path):

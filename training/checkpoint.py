@@ -9,6 +9,7 @@ unpickles anything either.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -258,6 +259,10 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
             shutil.rmtree(tmp, ignore_errors=True)
         if out_of_space(e):
             raise disk_full(target, needed_bytes) from e
+        if isinstance(e, OSError) and e.errno == errno.EBUSY:  # a mount that ismount cannot see (a bind mount
+            raise CheckpointError(  # within one filesystem): the rename, last, says it
+                f"{target} is in use as a mount point, which cannot be replaced; give a new directory inside it"
+            ) from e
         raise
     return target
 

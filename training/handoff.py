@@ -152,9 +152,9 @@ def pack(cfg: PackConfig, log=print) -> dict:
     from training.checkpoint import read_weights, save_tensors, write_atomically
 
     run, out = Path(cfg.run), Path(cfg.out)
+    refuse_mount_point(out, "--out ")
     if out.exists() and any(out.iterdir()):
         raise HandoffError(f"--out {out} is not empty; give a new directory")
-    refuse_mount_point(out, "--out ")
     ckpt = _discriminator(run)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
@@ -260,9 +260,9 @@ def _weights(directory: Path, index: dict) -> dict:
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
     src, out = Path(cfg.handoff), Path(cfg.out)
+    refuse_mount_point(out, "--out ")  # first: a volume's root holds lost+found, and --force would not help
     if out.exists() and any(out.iterdir()) and not cfg.force:
         raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
-    refuse_mount_point(out, "--out ")
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 

@@ -462,6 +462,8 @@ def train_and_save(t: FineTuner) -> dict:
         full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
         sys.exit(f"error: {full}; the fine-tuned model was not written (--out {t.cfg.out} keeps its config "
                  "and the metrics written so far): free some space and run again")  # fmt: skip
+    except ckpt.CheckpointError as e:  # a bind mount at --out, which check_out cannot tell from a directory
+        sys.exit(f"error: {e}; the fine-tuned model was not written")
     print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
     return evals
