@@ -466,5 +466,7 @@ def test_frozen_features_measure_spread_rarity_and_a_linear_read_out(tiny_init, 
     assert all(0 < layer["top_pc_share"] < 1 and layer["effective_rank"] >= 1 for layer in result["layers"])
     assert 0 <= result["first_direction_vs_rarity"] <= 1 and 0 <= result["first_direction_vs_length"] <= 1
     assert result["probe_split"] == "test" and 0 < result["majority_share"] < 1
+    low, high = result["first_direction_ends"]
+    assert len(low) == len(high) == ff.ENDS and not set(low) & set(high)
     # Random weights still pass the words through: a linear read-out beats the majority class on TREC.
     assert result["probe_cls_accuracy"] > result["majority_share"]

@@ -8,7 +8,8 @@ on a fine-tuning task's texts:
   principal direction, and the effective rank (the exponential of the entropy of the variance shares:
   1 when every text differs along one direction only, up to the hidden size);
 - what that first direction follows: its correlation (|r|) with each text's rarity (the mean of -log
-  of its tokens' frequencies in the task's training texts) and with its length in tokens;
+  of its tokens' frequencies in the task's training texts) and with its length in tokens, and the
+  training texts at its two ends;
 - a linear probe: multinomial logistic regression (L-BFGS, standardized features, a light L2) fitted on
   the training split's last-layer [CLS] vectors, and again on the mean over tokens, scored on the test
   split (dev where a task has none), beside the majority class's share.
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
+ENDS = 3  # texts kept from each end of the first direction
 
 
 def spread(x) -> dict:
@@ -130,12 +132,18 @@ def diagnose(checkpoint: str, data, max_seq_len: int) -> dict:
     cls, mean, y, ids = features(model, tok, data.splits["train"], max_seq_len)
     test_cls, test_mean, test_y, _ = features(model, tok, data.splits[test_split], max_seq_len)
     pc = first_direction(cls[len(cls) - 1])
+    order = pc.argsort().tolist()
     classes = len(data.labels)
     return {
         "checkpoint": str(checkpoint),
         "layers": [{"layer": k, **spread(v)} for k, v in cls.items()],
         "first_direction_vs_rarity": correlation(pc, rarity(ids)),
         "first_direction_vs_length": correlation(pc, [len(row) for row in ids]),
+        # What the direction means, in words: the training texts at its two ends.
+        "first_direction_ends": [
+            [tok.decode(ids[i]) for i in order[:ENDS]],
+            [tok.decode(ids[i]) for i in order[-ENDS:]],
+        ],
         "probe_split": test_split,
         "probe_cls_accuracy": round(
             linear_probe(cls[len(cls) - 1], y, test_cls[len(cls) - 1], test_y, classes), 4
