@@ -50,6 +50,30 @@ def small_tokenizer(small_corpus, tmp_path_factory) -> Path:
     return save_tokenizer(tok, tmp_path_factory.mktemp("tokenizer")) / "tokenizer.json"
 
 
+@pytest.fixture(scope="module")
+def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
+    """An ElectraForPreTraining checkpoint (random weights) with a real WordPiece tokenizer, as pretraining
+    writes it: fine-tuning must take its encoder and start a fresh head."""
+    import shutil
+
+    import torch
+
+    from tests.helpers_models import TINY_ENCODER
+    from training.checkpoint import save_model
+    from training.data.tokenizer import load_tokenizer
+    from training.model import ElectraConfig, ElectraForPreTraining, init_weights
+
+    d = tmp_path_factory.mktemp("tiny_init")
+    torch.manual_seed(0)
+    tok = load_tokenizer(small_tokenizer)
+    model = ElectraForPreTraining(ElectraConfig(vocab_size=tok.get_vocab_size(), **TINY_ENCODER))
+    init_weights(model)
+    save_model(model, d, "ElectraForPreTraining")
+    for f in ("tokenizer.json", "vocab.txt"):
+        shutil.copyfile(small_tokenizer.parent / f, d / f)
+    return d
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """What a test records as `record_property("ci_log", text)`, printed at the end of the run whether it
     passed or not: the CI log's copy of a table. A test cannot print to the terminal itself when it runs

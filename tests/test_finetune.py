@@ -12,37 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import commit_checkpoint, load_model, save_model
+from tests.helpers_models import TINY_ENCODER as TINY
+from training.checkpoint import commit_checkpoint, load_model
 from training.data.tokenizer import load_tokenizer
 from training.finetune import main as finetune
 from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
 from training.finetuning.tuner import init_classifier, layerwise_param_groups
 from training.model import (
     ElectraConfig,
-    ElectraForPreTraining,
     ElectraForSequenceClassification,
-    init_weights,
 )
 from training.optim import linear_schedule
 
-TINY = dict(embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=128, max_position_embeddings=128)  # fmt: skip
 WORDS = {"good": "a great fun warm film", "bad": "a dull awful boring mess", "meh": "an ordinary film, fine"}
-
-
-@pytest.fixture(scope="module")
-def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
-    """An ElectraForPreTraining checkpoint (random weights) with a real WordPiece tokenizer, as pretraining
-    writes it: fine-tuning must take its encoder and start a fresh head."""
-    d = tmp_path_factory.mktemp("tiny_init")
-    torch.manual_seed(0)
-    tok = load_tokenizer(small_tokenizer)
-    model = ElectraForPreTraining(ElectraConfig(vocab_size=tok.get_vocab_size(), **TINY))
-    init_weights(model)
-    save_model(model, d, "ElectraForPreTraining")
-    for f in ("tokenizer.json", "vocab.txt"):
-        shutil.copyfile(small_tokenizer.parent / f, d / f)
-    return d
 
 
 def run(*args) -> dict:
@@ -438,35 +420,3 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
             assert not [p for p in disk.iterdir() if p.name.startswith(".")]  # no half-written model left
     except PermissionError as e:
         pytest.skip(str(e))
-
-
-def test_frozen_features_measure_spread_rarity_and_a_linear_read_out(tiny_init, tmp_path, registry_data):
-    """benchmarks.quality.frozen_features (docs/electra-recipe.md): its measures on features whose answer is
-    known, then a checkpoint read end to end."""
-    from benchmarks.quality import frozen_features as ff
-
-    g = torch.Generator().manual_seed(0)
-    line = torch.randn(200, 1, generator=g) * torch.randn(1, 16, generator=g)  # every row on one direction
-    assert ff.spread(line)["top_pc_share"] > 0.99 and ff.spread(line)["effective_rank"] < 1.01
-    assert ff.spread(torch.randn(4000, 16, generator=g))["effective_rank"] > 14
-    y = torch.randint(0, 3, (400,), generator=g)
-    apart = torch.randn(400, 8, generator=g) + 4 * torch.eye(8)[y]  # each class shifted along its own axis
-    assert ff.linear_probe(apart[:300], y[:300], apart[300:], y[300:], 3) > 0.9
-    noise = torch.randn(400, 8, generator=g)
-    assert ff.linear_probe(noise[:300], y[:300], noise[300:], y[300:], 3) < 0.6
-    # Token 5 is in both texts, 7 in one: the second text is the rarer; [CLS] and [SEP] do not count.
-    common, rarer, empty = ff.rarity([[101, 5, 102], [101, 5, 7, 102], [101, 102]])
-    assert rarer > common > 0 and empty == 0
-
-    out = tmp_path / "ff.json"
-    assert ff.main([str(tiny_init), "--task", "trec", "--data-dir", str(registry_data), "--threads", "1",
-                    "--max-train-examples", "300", "--out", str(out)]) == 0  # fmt: skip
-    (result,) = json.loads(out.read_text())["results"]
-    assert [layer["layer"] for layer in result["layers"]] == list(range(TINY["num_hidden_layers"]))
-    assert all(0 < layer["top_pc_share"] < 1 and layer["effective_rank"] >= 1 for layer in result["layers"])
-    assert 0 <= result["first_direction_vs_rarity"] <= 1 and 0 <= result["first_direction_vs_length"] <= 1
-    assert result["probe_split"] == "test" and 0 < result["majority_share"] < 1
-    low, high = result["first_direction_ends"]
-    assert len(low) == len(high) == ff.ENDS and not set(low) & set(high)
-    # Random weights still pass the words through: a linear read-out beats the majority class on TREC.
-    assert result["probe_cls_accuracy"] > result["majority_share"]
