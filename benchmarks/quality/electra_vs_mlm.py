@@ -265,10 +265,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
+    from app.machine import cpu
+    from training.optim import cpu_has_native_bf16
+
     results = {"budget_flops": budget, "budget_pflop": budget / 1e15, "budget_source": source,
                "points": [float(p) for p in args.points], "args": config | {"jobs": jobs}, "plan": steps,
                "pretrain": pre, "finetune": [], "summary": {}, "timing": timing, "torch": torch.__version__,
-               "machine": platform.platform(), "cpus": os.cpu_count()}  # fmt: skip
+               "machine": platform.platform(), "cpus": os.cpu_count(),
+               # bf16 autocast on a CPU only with AMX: without the CPU, a rerun cannot tell which it was.
+               "cpu": cpu(), "cpu_bf16": cpu_has_native_bf16()}  # fmt: skip
     # Seed by seed, the full budget first: a call cut short still has every point and task for a seed.
     order = [(seed, i, task, o) for seed in args.seeds for i in reversed(range(len(args.points)))
              for task in args.tasks for o in OBJECTIVES]  # fmt: skip

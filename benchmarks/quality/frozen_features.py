@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from app.machine import cpu
     from training.config import FinetuneConfig
     from training.finetuning.data import load_task_data
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                    "torch": torch.__version__, "results": results}, indent=1) + "\n")  # fmt: skip
+                                    "torch": torch.__version__, "cpu": cpu(), "results": results}, indent=1) + "\n")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 
