@@ -253,7 +253,7 @@ def test_a_mount_point_is_refused_before_anything_is_written(tmp_path):
         pytest.skip("cannot bind-mount here: needs root")
     try:
         assert not os.path.ismount(bound)
-        with pytest.raises(CheckpointError, match=f"{bound} is in use as a mount point"):
+        with pytest.raises(CheckpointError, match=f"{bound} cannot be replaced: the system holds it busy"):
             write_atomically(bound, lambda d: (d / "model.safetensors").write_text("new"))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bound", "disk", "elsewhere"]
     finally:

@@ -259,10 +259,10 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
             shutil.rmtree(tmp, ignore_errors=True)
         if out_of_space(e):
             raise disk_full(target, needed_bytes) from e
-        if isinstance(e, OSError) and e.errno == errno.EBUSY:  # a mount that ismount cannot see (a bind mount
-            raise CheckpointError(  # within one filesystem): the rename, last, says it
-                f"{target} is in use as a mount point, which cannot be replaced; give a new directory inside it"
-            ) from e
+        # A mount that os.path.ismount cannot see (a bind mount within one filesystem): only the rename says it.
+        if isinstance(e, OSError) and e.errno == errno.EBUSY:
+            raise CheckpointError(f"{target} cannot be replaced: the system holds it busy, as it holds a mount "
+                                  "point; give a new directory inside it") from e  # fmt: skip
         raise
     return target
 
