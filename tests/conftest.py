@@ -1,5 +1,5 @@
 """Shared fixtures: the registry's real data (a local copy, else fetched once into the cache: see
-realdata.py), and small corpora cut from it."""
+realdata.py), small corpora cut from it, and a tiny checkpoint to fine-tune."""
 
 import os
 from pathlib import Path
