@@ -239,7 +239,11 @@ def test_a_mount_point_is_refused_before_anything_is_written(tmp_path):
         with tmpfs(tmp_path / "disk", 2**20) as disk:
             with pytest.raises(CheckpointError, match=f"{disk} is a mount point, which cannot be replaced"):
                 write_atomically(disk, filled.append)
+            (tmp_path / "link-to-disk").symlink_to(disk)  # a link to one, as a volume is often reached
+            with pytest.raises(CheckpointError, match=f"{disk} is a mount point"):
+                write_atomically(tmp_path / "link-to-disk", filled.append)
             assert filled == [] and list(disk.iterdir()) == []
+            (tmp_path / "link-to-disk").unlink()
     except PermissionError as e:
         pytest.skip(str(e))
     # A bind mount within one filesystem looks like any directory (os.path.ismount cannot tell): the
@@ -258,6 +262,18 @@ def test_a_mount_point_is_refused_before_anything_is_written(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bound", "disk", "elsewhere"]
     finally:
         subprocess.run(["umount", "-l", str(bound)], capture_output=True)
+
+
+def test_a_link_is_kept_and_what_it_points_to_is_replaced(tmp_path):
+    """Renaming the link itself would leave the output beside it, on the link's own disk, and the user's
+    link gone."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "model.safetensors").write_text("old")
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "real")
+    assert write_atomically(link, lambda d: (d / "model.safetensors").write_text("new")) == link
+    assert link.is_symlink() and (tmp_path / "real" / "model.safetensors").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "real"]  # nothing left beside them
 
 
 def test_bad_options_fail_naming_the_option(tmp_path):

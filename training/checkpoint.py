@@ -231,7 +231,12 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     new one, never half of it, even if the process is killed mid-save. A full disk raises DiskFullError
     (`needed_bytes`: what to tell the user the write needs) and leaves nothing behind. A mount point cannot
     be renamed: CheckpointError before anything is written (commands check their --out for it at start).
+    A symbolic link is kept, and the directory it points to is replaced: renaming the link itself would
+    leave the output beside it, on the link's disk.
     """
+    given = target
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     refuse_mount_point(target)
     tmp = None
     try:  # a disk with no block left fails already here, at the temporary directory
@@ -264,7 +269,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
             raise CheckpointError(f"{target} cannot be replaced: the system holds it busy, as it holds a mount "
                                   "point; give a new directory inside it") from e  # fmt: skip
         raise
-    return target
+    return given
 
 
 def write_text_atomically(path: Path, text: str) -> None:

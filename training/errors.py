@@ -62,7 +62,8 @@ def check_room(target: Path, needed_bytes: int, what: str, reclaimed_bytes: int 
 
 def refuse_mount_point(target: Path, label: str = "") -> None:
     """A CheckpointError where `target` is a mount point: a directory written whole is built beside its
-    target and renamed into its place (write_atomically), and a mount point cannot be renamed."""
-    if os.path.ismount(target):
+    target and renamed into its place (write_atomically), and a mount point cannot be renamed. A link to
+    one is refused too: write_atomically replaces what a link points to."""
+    if os.path.ismount(os.path.realpath(target)):
         raise CheckpointError(f"{label}{target} is a mount point, which cannot be replaced; give a new directory "
                               "inside it")  # fmt: skip
