@@ -25,9 +25,9 @@ TINY = dict(
     # parity check at 1e-4 mean something.
     initializer_range=0.1,
 )
-# Fine-tuning's encoder (tests/conftest.py's tiny_init): BERT's initialisation, which fine-tunes in seconds.
-TINY_ENCODER = dict(embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=128, max_position_embeddings=128)  # fmt: skip
+# Fine-tuning's encoder (tests/conftest.py's tiny_init): the same shape with BERT's initialisation, which
+# fine-tunes in seconds.
+TINY_ENCODER = {k: v for k, v in TINY.items() if k != "initializer_range"}
 
 
 def text_lines(n: int = 2000, split: str = "train") -> list[str]:
