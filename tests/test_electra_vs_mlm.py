@@ -109,17 +109,87 @@ def test_summary_and_table_report_each_point_mean_std_and_difference():
     assert s["electra"]["std"] == pytest.approx(0.0283, abs=1e-4)
     assert s["diff"] == pytest.approx(0.04)
     assert (s["electra_ahead"], s["paired"]) == (1, 2)
+    text = claim_report.table(fake_results(runs, summary) | {"finetune_missing": 1})
+    assert "| trec | 5e-06 | accuracy | 82.00 ± 2.83 | 78.00 ± 11.31 | +4.00 ± 8.25 | 1/2 |\n" in text
+    assert "| 0.5 | MLM | 5 | 2,560 | 2.5e-06 (0.990) | MLM acc 0.100 |" in text
+    assert "Partial: 1 fine-tuning run(s) not finished yet" in text
+    assert "random weights" not in text  # a claim run without the control
+
+
+def fake_results(runs: list[dict], summary: dict) -> dict:
+    """results.json as electra_vs_mlm writes it, for a budget of 5e-6 PFLOP with points at 0.5 and 1."""
     at = [{"step": 5 * k, "tokens": 2560 * k, "flops": 2.5e9 * k, "flops_vs_point_budget": 0.99,
            "heldout_eval": {"mlm_accuracy": 0.1}} for k in (1, 2)]  # fmt: skip
     pre = {"params_encoder": 1e6, "flops_per_token": 1e6, "steps": 10, "tokens": 5120, "flops": 5e9, "points": at,
            "flops_vs_budget": 0.99, "wall_s": 60.0, "median_tokens_per_s": 100.0}  # fmt: skip
-    results = {"budget_pflop": 5e-6, "points": [0.5, 1.0], "pretrain": {"electra": pre, "mlm": pre},
-               "args": {"seeds": [1, 2], "finetune_epochs": 1, "finetune_lr": 3e-4, "tasks": ["trec"], "jobs": 2},
-               "finetune": runs, "summary": summary, "finetune_missing": 1}  # fmt: skip
-    text = claim_report.table(results)
-    assert "| trec | 5e-06 | accuracy | 82.00 ± 2.83 | 78.00 ± 11.31 | +4.00 ± 8.25 | 1/2 |" in text
-    assert "| 0.5 | MLM | 5 | 2,560 | 2.5e-06 (0.990) | MLM acc 0.100 |" in text
-    assert "Partial: 1 fine-tuning run(s) not finished yet" in text
+    return {"budget_pflop": 5e-6, "points": [0.5, 1.0], "pretrain": {"electra": pre, "mlm": pre},
+            "args": {"seeds": [1, 2], "finetune_epochs": 1, "finetune_lr": 3e-4, "tasks": ["trec"], "jobs": 2},
+            "finetune": runs, "summary": summary}  # fmt: skip
+
+
+def test_the_control_is_summarized_apart_and_shown_beside_every_point(tmp_path):
+    runs = fake_runs(1.0, [("electra", 1, 0.80), ("electra", 2, 0.84), ("mlm", 1, 0.70), ("mlm", 2, 0.86)])
+    runs += fake_runs(0.5, [("electra", 1, 0.60), ("mlm", 1, 0.62)])
+    runs += fake_runs(0.0, [("random", 1, 0.74), ("random", 2, 0.72)])
+    summary = claim_report.summarize(runs, ["trec"], [0.5, 1.0])
+    assert list(summary) == ["0.5", "1"]  # the control's runs make no point of their own
+    control = claim_report.summarize_arm(runs, claim_report.RANDOM, ["trec"])
+    assert control["trec"]["test"]["accuracy"]["mean"] == pytest.approx(0.73)
+    assert control["trec"]["test"]["accuracy"]["std"] == pytest.approx(0.0141, abs=1e-4)
+    results = fake_results(runs, summary) | {
+        "random_weights": {"seed": 1337},
+        "summary_random_weights": control,
+    }
+    text = claim_report.write(results, tmp_path, final=True)
+    assert "before its first step (seed 1337)" in text
+    assert "| ahead | random weights |" in text
+    # The same control at each point: it was not pretrained.
+    assert (
+        "| trec | 5e-06 | accuracy | 82.00 ± 2.83 | 78.00 ± 11.31 | +4.00 ± 8.25 | 1/2 | 73.00 ± 1.41 |"
+        in text
+    )
+    assert (
+        "| trec | 2.5e-06 | accuracy | 60.00 ± 0.00 | 62.00 ± 0.00 | -2.00 ± 0.00 | 0/1 | 73.00 ± 1.41 |"
+        in text
+    )
+    assert (tmp_path / "table.md").read_text() == text
+
+
+def test_the_control_runs_after_each_seeds_full_budget():
+    order = bench.finetune_order([1, 2], 3, ["trec", "sms_spam"], control=True)
+    assert order[:6] == [(1, 2, "trec", "electra"), (1, 2, "trec", "mlm"), (1, 2, "sms_spam", "electra"),
+                         (1, 2, "sms_spam", "mlm"), (1, 0, "trec", "random"), (1, 0, "sms_spam", "random")]  # fmt: skip
+    assert len(order) == len(set(order)) == 2 * (3 * 2 * 2 + 2)
+    assert [k for k in order if k[3] == "random"] == [
+        (s, 0, t, "random") for s in (1, 2) for t in ("trec", "sms_spam")
+    ]
+    without = bench.finetune_order([1, 2], 3, ["trec", "sms_spam"], control=False)
+    assert without == [k for k in order if k[3] != "random"]
+
+
+def test_the_control_is_the_electra_runs_first_weights(tmp_path, small_corpus, small_tokenizer):
+    """What fine-tuning gets as random weights is the discriminator the ELECTRA run started from, built
+    apart from the run: the same seed, shape and tokenizer, remade the same."""
+    import torch
+    from test_pretrain import tiny_args
+
+    from training import checkpoint as ckpt
+    from training.pretraining.trainer import setup
+
+    run, control = tmp_path / "run", tmp_path / "control"
+    t = setup(tiny_args(run, small_corpus, small_tokenizer, "--seed", "7"))
+    start = ckpt.state_dict_for_save(t.objective.discriminator)
+    record = claim_runs.random_weights(run, control)
+    assert (record["seed"], record["points"][0]["flops"], record["checkpoint"]) == (7, 0.0, str(control))
+    saved = ckpt.read_weights(control)
+    assert saved.keys() == start.keys() and all(torch.equal(saved[k], start[k]) for k in start)
+    assert (control / "tokenizer.json").read_bytes() == (run / "tokenizer" / "tokenizer.json").read_bytes()
+    first = (control / "model.safetensors").read_bytes()
+    t.train_step()  # the run moves on; the control stays where it started
+    claim_runs.random_weights(run, control)
+    assert (control / "model.safetensors").read_bytes() == first
+    assert not any(torch.equal(saved[k], v) for k, v in ckpt.state_dict_for_save(t.objective.discriminator).items()
+                   if k.endswith("dense.weight"))  # fmt: skip
 
 
 def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):

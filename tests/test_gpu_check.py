@@ -66,6 +66,8 @@ def test_every_step_runs_on_cpu(cpu_run, record_property):
         assert set(point["test"]) == set(SIZES["quick"].claim_tasks.split(","))
         assert point["pflop"]["electra"] > 0 and point["pflop"]["mlm"] > 0
         assert 0.0 <= point["electra_disc_auc"]["unigram"] <= 1.0  # the context probe ran on its checkpoint
+    # The control, random weights, fine-tuned on every task too
+    assert set(claim["random_weights_test"]) == set(SIZES["quick"].claim_tasks.split(","))
     assert "ELECTRA vs MLM" in (out / "results.md").read_text()
 
 

@@ -481,7 +481,11 @@ def step_claim(ctx: Context) -> dict:
         disc_auc = {"own_generator": electra["heldout_eval"].get("disc_auc"),
                     "unigram": electra.get("context_probe", {}).get("auc_unigram_replacements")}  # fmt: skip
         points[f"{fraction:g}"] = {"pflop": pflop, "test": test, "electra_disc_auc": disc_auc}
+    # The control, without pretraining: what fine-tuning makes of the same discriminator's first weights
+    control = {task: {m: {k: round(s[k], 4) for k in ("mean", "std")} for m, s in splits["test"].items()}
+               for task, splits in results.get("summary_random_weights", {}).items()}  # fmt: skip
     return {"pflop_each": ctx.claim_pflop, "seeds": ctx.sizes.claim_seeds, "points": points,
+            "random_weights_test": control,
             "electra_ahead_in_test_accuracy": f"{ahead}/{cells} (point, task) means",
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from training.report import pyplot_or_none
 
 OBJECTIVES = ("electra", "mlm")
-NAMES = {"electra": "ELECTRA", "mlm": "MLM"}
+RANDOM = "random"  # the control: ELECTRA's discriminator before its first step, fine-tuned alike
+NAMES = {"electra": "ELECTRA", "mlm": "MLM", RANDOM: "random weights"}
 METRICS = ("accuracy", "macro_f1")
 SPLITS = ("test", "dev")  # test first: dev picked each run's best step, so it flatters both alike
 
@@ -50,6 +51,18 @@ def summarize(runs: list[dict], tasks: list[str], points: list[float]) -> dict:
                                "diff_se": math.sqrt(e["std"] ** 2 / e["n"] + b["std"] ** 2 / b["n"]),
                                "electra_ahead": sum(by["electra"][s] > by["mlm"][s] for s in paired),
                                "paired": len(paired)}  # fmt: skip
+    return out
+
+
+def summarize_arm(runs: list[dict], arm: str, tasks: list[str]) -> dict:
+    """{task: {split: {metric: mean ± std over seeds}}} of one arm with a single point (the control)."""
+    out: dict = {}
+    for task in tasks:
+        for split in SPLITS:
+            for m in METRICS:
+                xs = [r[split][m] for r in runs if r["objective"] == arm and r["task"] == task]
+                if xs:
+                    out.setdefault(task, {}).setdefault(split, {})[m] = mean_std(xs)
     return out
 
 
@@ -89,6 +102,11 @@ def table(results: dict) -> str:
              *_pretrain_tables(results), "",
              f"Fine-tuning: {a['finetune_epochs']} epochs, lr {a['finetune_lr']:g}, seeds {seeds}; mean ± std over "
              "seeds, in %; Δ ± standard error; 'ahead': seeds where ELECTRA wins. PFLOP: the point's budget."]  # fmt: skip
+    control = results.get("random_weights")
+    if control:
+        lines += ["", f"Random weights: ELECTRA's discriminator before its first step (seed {control['seed']}), "
+                  "fine-tuned alike, no pretraining: the control. A pretrained encoder below it has learnt "
+                  "nothing that fine-tuning can use in these epochs."]  # fmt: skip
     timing = results.get("timing", {})
     if timing:
         lines += ["", f"This call's wall time ({a['jobs']} run(s) at a time): " + ", ".join(
@@ -97,17 +115,21 @@ def table(results: dict) -> str:
     if missing:
         lines += ["", f"**Partial: {missing} fine-tuning run(s) not finished yet.**"]
     for split in SPLITS:
-        lines += ["", f"### {split}", "", "| task | PFLOP | metric | ELECTRA | MLM | Δ (ELECTRA − MLM) | ahead |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", f"### {split}", "", "| task | PFLOP | metric | ELECTRA | MLM | Δ (ELECTRA − MLM) | ahead |"
+                  + (" random weights |" if control else ""), "|---|---|---|---|---|---|---|" + ("---|" if control else "")]  # fmt: skip
         for task in a["tasks"]:  # task, then point: each task's rows read as its curve
             for fraction in results["points"]:
                 cell = results["summary"].get(point_key(fraction), {}).get(task, {}).get(split, {})
                 for m, s in cell.items():
                     e, b = s["electra"], s["mlm"]
-                    lines.append(f"| {task} | {fraction * results['budget_pflop']:.3g} | {m} | "
-                                 f"{100 * e['mean']:.2f} ± {100 * e['std']:.2f} | {100 * b['mean']:.2f} ± "
-                                 f"{100 * b['std']:.2f} | {100 * s['diff']:+.2f} ± {100 * s['diff_se']:.2f} | "
-                                 f"{s['electra_ahead']}/{s['paired']} |")  # fmt: skip
+                    row = (f"| {task} | {fraction * results['budget_pflop']:.3g} | {m} | "
+                           f"{100 * e['mean']:.2f} ± {100 * e['std']:.2f} | {100 * b['mean']:.2f} ± "
+                           f"{100 * b['std']:.2f} | {100 * s['diff']:+.2f} ± {100 * s['diff_se']:.2f} | "
+                           f"{s['electra_ahead']}/{s['paired']} |")  # fmt: skip
+                    if control:  # the same at every point: it was not pretrained
+                        r = results.get("summary_random_weights", {}).get(task, {}).get(split, {}).get(m)
+                        row += f" {100 * r['mean']:.2f} ± {100 * r['std']:.2f} |" if r else " |"
+                    lines.append(row)
     return "\n".join(lines) + "\n"
 
 
@@ -138,13 +160,20 @@ def plot(results: dict, path: Path) -> None:
                              if r["objective"] == o and r["task"] == task and r["point"] == fraction]  # fmt: skip
                     ax.scatter([x] * len(seeds), seeds, s=8, color=f"C{k}", alpha=0.5, zorder=3)
                 ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4, color=f"C{k}", label=NAMES[o])
+            control = results.get("summary_random_weights", {}).get(task, {}).get("test", {}).get(m)
+            if control:  # no pretraining, so no place on the axis: a level across it, ± std shaded
+                mean, std = 100 * control["mean"], 100 * control["std"]
+                ax.axhline(mean, color="grey", linestyle="--", label=NAMES[RANDOM])
+                ax.axhspan(mean - std, mean + std, color="grey", alpha=0.15)
             ax.set_xscale("log")
             ax.set_xlabel("pretraining PFLOP")
             ax.set_ylabel(f"test {m} (%)")
             ax.set_title(task)
             ax.grid(alpha=0.3)
             ax.legend()
-    fig.suptitle("ELECTRA vs. MLM along pretraining: mean ± std over seeds (dots: seeds)")
+    fig.suptitle(
+        "ELECTRA vs. MLM along pretraining: mean ± std over seeds (dots: seeds; dashed: random weights)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

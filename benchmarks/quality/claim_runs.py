@@ -196,6 +196,31 @@ def pretrain_record(
             "heldout_eval": state.get("eval", {}), "points": at, "tokenizer": tok}  # fmt: skip
 
 
+def random_weights(run: Path, out: Path) -> dict:
+    """The control: the ELECTRA run's discriminator as it started, before its first step (the run's own
+    options, seed and tokenizer), saved as a checkpoint at `out` for fine-tuning like the others. It
+    tells whether either pretraining helps at all at a budget (docs/electra-recipe.md). Remade each
+    time, in seconds, the same bytes for the same run; a record shaped like a pretraining run's with
+    one point at 0 FLOPs."""
+    from training import checkpoint as ckpt
+    from training.model import count_parameters
+    from training.pretraining.model import initial_objective
+
+    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
+    tok = tokenizer_info(run / "tokenizer" / "tokenizer.json")
+    disc = initial_objective(cfg, tok["vocab_size"]).discriminator
+
+    def fill(d: Path) -> None:
+        ckpt.save_model(disc, d, "ElectraForPreTraining")
+        for f in ("tokenizer.json", "vocab.txt"):
+            (d / f).write_bytes((run / "tokenizer" / f).read_bytes())
+
+    ckpt.write_atomically(out, fill)
+    at = {"fraction": 0.0, "step": 0, "tokens": 0, "flops": 0.0, "checkpoint": str(out)}
+    return {"run": str(run), "seed": cfg.seed, "checkpoint": str(out), "params_encoder": count_parameters(disc.electra),
+            "points": [at], "tokenizer": tok}  # fmt: skip
+
+
 def probe_points(record: dict) -> None:
     """Add to each point of an ELECTRA run's record what its discriminator reads, apart from its own
     generator (benchmarks/quality/disc_probe.py). The held-out AUC scores the discriminator against the

@@ -15,7 +15,8 @@ scale, as a curve:
 3. `python -m training.pretrain` once per objective to the whole budget, a checkpoint kept at each of
    --points (fractions of the budget: the step counts are chosen so every point is a saved step);
 4. `python -m training.finetune` of each objective's checkpoint at each point on each task with each
-   seed (same epochs, lr, data), --jobs of them at a time;
+   seed (same epochs, lr, data), --jobs of them at a time; and of the control, random weights
+   (ELECTRA's discriminator before its first step), on each task with each seed;
 5. `<out>/results.json` (everything), `<out>/table.md` (mean ± std over seeds at each point, and the
    difference), `<out>/plot.png` (score against PFLOP), and the table printed at the end.
 
@@ -56,7 +57,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from benchmarks.quality import claim_report as report
-from benchmarks.quality.claim_report import NAMES, OBJECTIVES
+from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.claim_runs import (
     costs,
     finetune_job,
@@ -65,6 +66,7 @@ from benchmarks.quality.claim_runs import (
     pretrain_job,
     pretrain_record,
     probe_points,
+    random_weights,
     run_config,
 )
 from benchmarks.quality.pretrainkit import run_jobs, shared_tokenizer, tokenizer_info
@@ -132,6 +134,13 @@ def parse_args(argv):
         group = budget if flag in ("--budget-pflop", "--minutes") else p
         shown = "" if default is None else f" (default {default or 'none'})"
         group.add_argument(flag, type=tp, default=default, help=help_text + shown)
+    p.add_argument(
+        "--random-weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also fine-tune ELECTRA's discriminator as it started, before its first step, on every "
+        "task and seed: the control that says whether either pretraining helps (default: on)",
+    )
     p.add_argument("--skip-pretrain", action="store_true", help="use the pretraining runs already in --work")
     p.add_argument("--plan-only", action="store_true", help="print FLOPs, steps and tokens, then stop")
     args = p.parse_args(argv)
@@ -230,6 +239,19 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
     return tok_path, budget, source, steps
 
 
+def finetune_order(seeds: list[int], points: int, tasks: list[str], control: bool) -> list[tuple]:
+    """The fine-tuning runs as keys (seed, point index, task, arm), in the order they start. Seed by seed,
+    the full budget first, then the control: a call cut short still has every point and task of a seed,
+    and the control beside the full budget's comparison."""
+    order = []
+    for seed in seeds:
+        for i in reversed(range(points)):
+            order += [(seed, i, task, o) for task in tasks for o in OBJECTIVES]
+            if i == points - 1 and control:  # its one point, at 0 FLOPs
+                order += [(seed, 0, task, RANDOM) for task in tasks]
+    return order
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     started = time.monotonic()
@@ -268,26 +290,29 @@ def main(argv: list[str] | None = None) -> dict:
     from app.machine import cpu
     from training.optim import cpu_has_native_bf16
 
+    arms = dict(pre)
+    if args.random_weights:
+        arms[RANDOM] = random_weights(runs["electra"], work / "random-weights")
     results = {"budget_flops": budget, "budget_pflop": budget / 1e15, "budget_source": source,
                "points": [float(p) for p in args.points], "args": config | {"jobs": jobs}, "plan": steps,
-               "pretrain": pre, "finetune": [], "summary": {}, "timing": timing, "torch": torch.__version__,
+               "pretrain": pre, "random_weights": arms.get(RANDOM), "finetune": [], "summary": {},
+               "summary_random_weights": {}, "timing": timing, "torch": torch.__version__,
                "machine": platform.platform(), "cpus": os.cpu_count(),
                # bf16 autocast on a CPU only with AMX: without the CPU, a rerun cannot tell which it was.
                "cpu": cpu(), "cpu_bf16": cpu_has_native_bf16()}  # fmt: skip
-    # Seed by seed, the full budget first: a call cut short still has every point and task for a seed.
-    order = [(seed, i, task, o) for seed in args.seeds for i in reversed(range(len(args.points)))
-             for task in args.tasks for o in OBJECTIVES]  # fmt: skip
+    order = finetune_order(args.seeds, len(args.points), args.tasks, args.random_weights)
     done: dict[tuple, dict] = {}
 
     def collect(key: tuple, record: dict) -> None:  # results.json and table.md after every finished run
         done[key] = record
         ft = [done[k] for k in order if k in done]
         results.update(finetune=ft, finetune_missing=len(order) - len(ft),
-                       summary=report.summarize(ft, args.tasks, results["points"]))  # fmt: skip
+                       summary=report.summarize(ft, args.tasks, results["points"]),
+                       summary_random_weights=report.summarize_arm(ft, RANDOM, args.tasks))  # fmt: skip
         report.write(results, out, final=False)
 
     todo = [
-        j for key in order if (j := finetune_job(args, pre, key, work, threads(jobs), collect)) is not None
+        j for key in order if (j := finetune_job(args, arms, key, work, threads(jobs), collect)) is not None
     ]
     print(f"fine-tuning: {len(todo)} run(s) ({len(order) - len(todo)} kept), {jobs} at a time", flush=True)
     run_jobs(todo, jobs)

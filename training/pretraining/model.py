@@ -35,6 +35,14 @@ def build_objective(cfg, vocab_size: int, warm: WarmStart | None = None):
                             gen_weight=cfg.gen_weight, disc_weight=cfg.disc_weight)  # fmt: skip
 
 
+def initial_objective(cfg, vocab_size: int, warm: WarmStart | None = None):
+    """The objective with the weights a run with these options starts from, before its first step (and
+    before a warm start's weights are loaded): seeded here, so every rank, every process and a control
+    built apart from the run get the same."""
+    torch.manual_seed(cfg.seed)
+    return build_objective(cfg, vocab_size, warm)
+
+
 class PretrainingModel(NamedTuple):
     objective: torch.nn.Module  # on the CPU still: the corruption may add word swaps to it
     warm_names: set[str]  # the parameters the warm start loaded (they train at --init-lr)
@@ -42,10 +50,9 @@ class PretrainingModel(NamedTuple):
 
 
 def build_model(cfg, data, warm: WarmStart | None) -> PretrainingModel:
-    """The same initial weights on every rank and in every process (seeded here); `data` is the
+    """The same initial weights on every rank and in every process (initial_objective); `data` is the
     PretrainingData (its vocabulary size and, with --qat, the held-out text the ranges come from)."""
-    torch.manual_seed(cfg.seed)
-    objective = build_objective(cfg, data.specials.vocab_size, warm)
+    objective = initial_objective(cfg, data.specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
     notes = []
     if cfg.qat:  # before the optimizer and torch.compile see the modules; a resume recalibrates identically
