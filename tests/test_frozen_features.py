@@ -21,6 +21,12 @@ def test_frozen_features_measure_spread_rarity_and_a_linear_read_out(tiny_init, 
     # Token 5 is in both texts, 7 in one: the second text is the rarer; [CLS] and [SEP] do not count.
     common, rarer, empty = ff.rarity([[101, 5, 102], [101, 5, 7, 102], [101, 102]])
     assert rarer > common > 0 and empty == 0
+    # |r| either way; undefined, not NaN in the JSON, where one side does not vary (texts of one length).
+    assert ff.correlation([1.0, 2.0, 3.0], [-2.0, -4.0, -6.0]) == 1.0
+    assert ff.correlation([1.0, 2.0, 3.0], [4, 4, 4]) is None and "n/a" in ff.table(
+        [{"checkpoint": "c", "layers": [{"top_pc_share": 0.5, "effective_rank": 2.0}],
+          "first_direction_vs_rarity": 0.3, "first_direction_vs_length": None, "probe_cls_accuracy": 0.6,
+          "probe_mean_accuracy": 0.6, "majority_share": 0.3}])  # fmt: skip
 
     out = tmp_path / "ff.json"
     assert ff.main([str(tiny_init), "--task", "trec", "--data-dir", str(registry_data), "--threads", "1",

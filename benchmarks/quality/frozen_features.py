@@ -113,10 +113,13 @@ def rarity(ids: list[list[int]]) -> list[float]:
             for row in ids]  # fmt: skip
 
 
-def correlation(direction, values) -> float:
-    """|Pearson r|: a principal direction's sign is arbitrary."""
-    r = np.corrcoef(np.asarray(direction, dtype=np.float64), np.asarray(values, dtype=np.float64))[0, 1]
-    return round(abs(float(r)), 4)
+def correlation(direction, values) -> float | None:
+    """|Pearson r|: a principal direction's sign is arbitrary. None where either side does not vary (texts
+    all of one length, an encoder that gives every text the same vector): r is undefined there."""
+    a, b = np.asarray(direction, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return round(abs(float(np.corrcoef(a, b)[0, 1])), 4)
 
 
 def diagnose(checkpoint: str, data, max_seq_len: int) -> dict:
@@ -153,14 +156,18 @@ def diagnose(checkpoint: str, data, max_seq_len: int) -> dict:
     }
 
 
+def shown(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}"
+
+
 def table(results: list[dict]) -> str:
     lines = ["| checkpoint | [CLS] top-PC share, first / last layer | effective rank, last | first direction vs rarity / length | probe on [CLS] | probe on mean | majority |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         first, last = r["layers"][0], r["layers"][-1]
         lines.append(f"| {r['checkpoint']} | {first['top_pc_share']:.3f} / {last['top_pc_share']:.3f} | "
-                     f"{last['effective_rank']:.1f} | {r['first_direction_vs_rarity']:.2f} / "
-                     f"{r['first_direction_vs_length']:.2f} | {r['probe_cls_accuracy']:.3f} | "
+                     f"{last['effective_rank']:.1f} | {shown(r['first_direction_vs_rarity'])} / "
+                     f"{shown(r['first_direction_vs_length'])} | {r['probe_cls_accuracy']:.3f} | "
                      f"{r['probe_mean_accuracy']:.3f} | {r['majority_share']:.3f} |")  # fmt: skip
     return "\n".join(lines)
 
