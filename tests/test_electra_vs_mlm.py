@@ -81,7 +81,7 @@ def test_run_config_saves_at_the_points_and_round_trips_through_toml(tiny, cost,
     "argv",
     [["--pretrain-args=--max-steps 5"], ["--pretrain-args=--save-every 5"], ["--finetune-args=--seed 3"],
      ["--points", "0.5"], ["--points", "0,1"], ["--points", "0.5,1.5"], ["--points", "a,1"], ["--jobs", "0"],
-     ["--seeds", ""], ["--seeds", ","], ["--tasks", ""]],  # no fine-tuning: nothing compared
+     ["--seeds", ""], ["--seeds", ","], ["--tasks", ""], ["--frozen-examples", "-1"]],  # no tasks: nothing compared
 )  # fmt: skip
 def test_flags_that_would_break_equal_compute_or_the_points_are_refused(argv):
     with pytest.raises(SystemExit):

@@ -45,6 +45,8 @@ class Sizes:
     claim_points: str = "0.25,0.5,1"  # fractions of claim_pflop where each run is fine-tuned
     claim_jobs: int = 1  # runs side by side
     claim_tasks: str = "rotten_tomatoes,trec,sms_spam"  # the fine-tuning tasks at every point
+    claim_frozen_examples: int = 2000  # training texts of the claim's frozen-encoder probe
+    claim_threads: int | None = None  # torch threads of each run and of the probes after them (None: shared)
     pretrain: tuple[str, ...] = ()  # more training.pretrain flags for the pretrain, torchrun and resume steps
 
 
@@ -65,13 +67,16 @@ SIZES = {
     # tokens. One thread a run: the pretrain, torchrun and resume runs go side by side, and on two cores
     # three runs of two threads each took 61-63 s, one thread each 30-31 s, one after another 38-43 s.
     # One lever in the variants step: the step's code is the same for each (tests/test_objective.py holds
-    # the levers' arithmetic), and two more profiled variants cost the suite about 12 s.
+    # the levers' arithmetic), and two more profiled variants cost the suite about 12 s. The claim's
+    # frozen-encoder probe fits on 200 texts, one thread: with the two cores busy, two threads took it
+    # from 1.3 to 9.9 s a checkpoint.
     "quick": Sizes("configs/tiny.toml", 40, 10, ("--variants", "legacy fp32;transformers fp32;eager fp32",
                    "--layers", "1", "--batch-size", "4", "--seq-len", "32", "--steps", "2", "--warmup", "1"),
                    "configs/tiny.toml", 2e-5, "1", ("--max-train-examples", "64", "--max-eval-examples", "64"),
                    ("--variants", "eager fp32, 3 qkv products", "--layers", "1", "--batch-size", "4", "--seq-len",
                     "32", "--steps", "2", "--warmup", "1"),
-                   claim_points="1", claim_jobs=2, claim_tasks="sms_spam", pretrain=("--corpus", "trec", "--threads", "1"),
+                   claim_points="1", claim_jobs=2, claim_tasks="sms_spam", claim_frozen_examples=200, claim_threads=1,
+                   pretrain=("--corpus", "trec", "--threads", "1"),
                    claim_pretrain=("--corpus", "trec")),
 }  # fmt: skip
 
@@ -434,7 +439,9 @@ def claim_argv(ctx: Context) -> list[str]:
     return ["-m", "benchmarks.quality.electra_vs_mlm", "--budget-pflop", f"{ctx.claim_pflop:g}",
             "--points", ctx.sizes.claim_points, "--model-config", ctx.sizes.claim_config,
             "--tasks", ctx.sizes.claim_tasks, "--seeds", ctx.sizes.claim_seeds,
-            "--jobs", str(ctx.sizes.claim_jobs), "--data-dir", str(ctx.data_dir), "--work", str(work),
+            "--jobs", str(ctx.sizes.claim_jobs), "--frozen-examples", str(ctx.sizes.claim_frozen_examples),
+            *(["--threads", str(ctx.sizes.claim_threads)] if ctx.sizes.claim_threads else []),
+            "--data-dir", str(ctx.data_dir), "--work", str(work),
             "--out", str(ctx.out / "claim"), f"--pretrain-args={' '.join((*common, *ctx.sizes.claim_pretrain))}",
             f"--finetune-args={' '.join((*common, *ctx.sizes.finetune))}"]  # fmt: skip
 
@@ -484,8 +491,13 @@ def step_claim(ctx: Context) -> dict:
     # The control, without pretraining: what fine-tuning makes of the same discriminator's first weights
     control = {task: {m: {k: round(s[k], 4) for k in ("mean", "std")} for m, s in splits["test"].items()}
                for task, splits in results.get("summary_random_weights", {}).items()}  # fmt: skip
+    # Each frozen encoder: the last layer's [CLS] share on its first direction (ELECTRA's collapse), and
+    # a linear probe's accuracy beside the majority class's
+    frozen = {r["label"]: {"cls_top_pc_share": r["layers"][-1]["top_pc_share"], "probe_cls": r["probe_cls_accuracy"],
+                           "majority": r["majority_share"]}
+              for r in results.get("frozen_features", {}).get("results", [])}  # fmt: skip
     return {"pflop_each": ctx.claim_pflop, "seeds": ctx.sizes.claim_seeds, "points": points,
-            "random_weights_test": control,
+            "random_weights_test": control, "frozen_features": frozen,
             "electra_ahead_in_test_accuracy": f"{ahead}/{cells} (point, task) means",
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip
 

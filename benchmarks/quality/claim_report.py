@@ -111,6 +111,14 @@ def table(results: dict) -> str:
     if timing:
         lines += ["", f"This call's wall time ({a['jobs']} run(s) at a time): " + ", ".join(
             f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timing.items())]  # fmt: skip
+    frozen = results.get("frozen_features")
+    if frozen:
+        from benchmarks.quality.frozen_features import table as frozen_table
+
+        lines += ["", f"Frozen encoders on {frozen['task']} ({frozen['train_examples']} training texts; "
+                  "benchmarks/quality/frozen_features.py): how the last layer's [CLS] vectors spread, what their "
+                  "first direction follows, and a linear probe's test accuracy on them:", "",
+                  frozen_table([r | {"checkpoint": r["label"]} for r in frozen["results"]])]  # fmt: skip
     missing = results.get("finetune_missing", 0)
     if missing:
         lines += ["", f"**Partial: {missing} fine-tuning run(s) not finished yet.**"]

@@ -241,6 +241,33 @@ def probe_points(record: dict) -> None:
     print(f"context probe of the ELECTRA checkpoints: {time.monotonic() - started:.1f} s", flush=True)
 
 
+FROZEN_TASK = "trec"  # where ELECTRA's [CLS] collapse was found (docs/electra-recipe.md); else the first task
+
+
+def read_frozen(arms: dict, tasks: list[str], data_dir: str | None, examples: int, device: str) -> dict:
+    """benchmarks/quality/frozen_features.py on ELECTRA's checkpoint at every point, MLM's at the full
+    budget and the control's: has ELECTRA's [CLS] collapsed onto one direction at this budget, as it had
+    at 0.055 PFLOP on the CPU, and what does a linear read-out of each frozen encoder reach? The encoders
+    run on `device`, the statistics on the CPU; the probe is fitted on `examples` training texts."""
+    from benchmarks.quality import frozen_features as ff
+
+    started = time.monotonic()
+    task = FROZEN_TASK if FROZEN_TASK in tasks else tasks[0]
+    which = [(f"{NAMES['electra']} at {at['flops'] / 1e15:.3g} PFLOP", at["checkpoint"])
+             for at in arms["electra"]["points"]]  # fmt: skip
+    last = arms["mlm"]["points"][-1]
+    which.append((f"{NAMES['mlm']} at {last['flops'] / 1e15:.3g} PFLOP", last["checkpoint"]))
+    if report.RANDOM in arms:
+        which.append((NAMES[report.RANDOM], arms[report.RANDOM]["checkpoint"]))
+    data = ff.task_data(task, data_dir, examples, which[0][1])
+    read = [{"label": label, **ff.diagnose(ck, data, ff.MAX_SEQ_LEN, device)} for label, ck in which]
+    print(
+        f"frozen features of {len(read)} checkpoints on {task}: {time.monotonic() - started:.1f} s",
+        flush=True,
+    )
+    return {"task": task, "train_examples": len(data.splits["train"]), "results": read}
+
+
 def finetune_job(args, pre: dict, key: tuple, work: Path, threads: int | None, collect) -> Job | None:
     """Fine-tuning of one checkpoint on one task with one seed, key (seed, point index, task, objective),
     as a job; None when a finished run made from this checkpoint with these settings is there already.

@@ -17,7 +17,10 @@ scale, as a curve:
 4. `python -m training.finetune` of each objective's checkpoint at each point on each task with each
    seed (same epochs, lr, data), --jobs of them at a time; and of the control, random weights
    (ELECTRA's discriminator before its first step), on each task with each seed;
-5. `<out>/results.json` (everything), `<out>/table.md` (mean ± std over seeds at each point, and the
+5. two diagnoses: what each ELECTRA checkpoint's discriminator reads apart from its generator
+   (disc_probe.py), and what each frozen encoder holds (frozen_features.py on TREC, or the first task
+   without it: [CLS] collapse, a linear probe) at ELECTRA's points, MLM's full budget and the control;
+6. `<out>/results.json` (everything), `<out>/table.md` (mean ± std over seeds at each point, and the
    difference), `<out>/plot.png` (score against PFLOP), and the table printed at the end.
 
     python -m benchmarks.quality.electra_vs_mlm --data-dir ../shared/data                  # 0.016 PFLOP each
@@ -67,6 +70,7 @@ from benchmarks.quality.claim_runs import (
     pretrain_record,
     probe_points,
     random_weights,
+    read_frozen,
     run_config,
 )
 from benchmarks.quality.pretrainkit import run_jobs, shared_tokenizer, tokenizer_info
@@ -116,6 +120,7 @@ OPTIONS = [
     ("--data-dir", str, None, "directory holding the registry files, e.g. ../shared/data"),
     ("--jobs", int, None, f"runs at a time, each its own process and log (default 1 on CPU, {CUDA_JOBS} on CUDA)"),
     ("--threads", int, None, "torch threads of every run (default: all cores, shared among --jobs)"),
+    ("--frozen-examples", int, 2000, "training texts of the frozen-encoder probe at the end (0: no probe)"),
 ]  # fmt: skip
 
 
@@ -149,6 +154,8 @@ def parse_args(argv):
     for name in ("budget_pflop", "minutes", "finetune_epochs", "finetune_lr", "threads", "jobs"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')}: must be positive")
+    if args.frozen_examples < 0:
+        p.error("--frozen-examples: must not be negative (0: no frozen-encoder probe)")
     if not 0.0 <= args.warmup_fraction < 1.0:
         p.error("--warmup-fraction: must lie in [0, 1)")
     if args.mlm_masking not in ("config", "bert"):
@@ -317,9 +324,17 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"fine-tuning: {len(todo)} run(s) ({len(order) - len(todo)} kept), {jobs} at a time", flush=True)
     run_jobs(todo, jobs)
     timing["finetune_s"] = time.monotonic() - started - timing["setup_s"] - timing["pretrain_s"]
-    # After the fine-tuning, which is what a call cut short must keep. On the CPU: 13 s a point in
-    # ELECTRA-Small's shape on 2 cores (AVX2-only EPYC), less on a GPU node's 16.
+    report.write(results, out, final=True)  # the plot as well: a call cut off in the diagnoses keeps it
+    # The diagnoses come after the fine-tuning, which is what a call cut short must keep. The context
+    # probe: 13 s a point in ELECTRA-Small's shape on 2 cores (AVX2-only EPYC), less on a GPU node's 16.
+    if args.threads:  # the probes run here: more threads than cores left makes their small products crawl
+        torch.set_num_threads(args.threads)
     probe_points(pre["electra"])
+    if args.frozen_examples:
+        device = "cuda" if uses_cuda(base) else "cpu"
+        results["frozen_features"] = read_frozen(
+            arms, args.tasks, args.data_dir, args.frozen_examples, device
+        )
     timing["total_s"] = time.monotonic() - started
     text = report.write(results, out, final=True)
     print(f"\n{text}\nwritten: {out / 'results.json'}, {out / 'table.md'}, {out / 'plot.png'}", flush=True)

@@ -32,6 +32,8 @@ import numpy as np
 
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
 ENDS = 3  # texts kept from each end of the first direction
+TRAIN_EXAMPLES = 2000  # the CPU claim's fine-tuning examples: the probe reads what fine-tuning would
+MAX_SEQ_LEN = 128
 
 
 def spread(x) -> dict:
@@ -78,7 +80,8 @@ def linear_probe(train_x, train_y, test_x, test_y, classes: int, iterations: int
 
 
 def features(model, tok, examples, max_seq_len: int):
-    """Every layer's [CLS] vectors, the last layer's mean over real tokens, labels, and the token ids."""
+    """Every layer's [CLS] vectors, the last layer's mean over real tokens, labels, and the token ids, on
+    the CPU whatever device the model is on."""
     import torch
 
     from training.finetuning.data import batches, encode
@@ -86,16 +89,18 @@ def features(model, tok, examples, max_seq_len: int):
     encoded = encode(tok, examples, max_seq_len)
     layers = model.electra.encoder.layer
     cls: dict[int, list] = {k: [] for k in range(len(layers))}
-    hooks = [layer.register_forward_hook(lambda m, i, o, k=k: cls[k].append(o[:, 0].float()))
+    hooks = [layer.register_forward_hook(lambda m, i, o, k=k: cls[k].append(o[:, 0].float().cpu()))
              for k, layer in enumerate(layers)]  # fmt: skip
+    device = next(model.parameters()).device
     means, labels = [], []
     try:
         with torch.no_grad():
             for _, b in batches(encoded, 64, tok.token_to_id("[PAD]")):
+                b = {k: v.to(device) for k, v in b.items()}
                 h = model.electra(b["input_ids"], b["attention_mask"], b["token_type_ids"]).float()
                 m = b["attention_mask"].unsqueeze(-1).float()
-                means.append((h * m).sum(1) / m.sum(1))
-                labels.append(b["labels"])
+                means.append(((h * m).sum(1) / m.sum(1)).cpu())
+                labels.append(b["labels"].cpu())
     finally:
         for hook in hooks:
             hook.remove()
@@ -122,14 +127,16 @@ def correlation(direction, values) -> float | None:
     return round(abs(float(np.corrcoef(a, b)[0, 1])), 4)
 
 
-def diagnose(checkpoint: str, data, max_seq_len: int) -> dict:
+def diagnose(checkpoint: str, data, max_seq_len: int, device: str = "cpu") -> dict:
+    """Everything the module's docstring lists, for one checkpoint; the encoder runs on `device`, the
+    statistics and the probe on the CPU."""
     import torch
 
     from training.finetuning.tuner import init_classifier, init_tokenizer
 
     torch.manual_seed(0)  # the classification head is built and never used: its draw must not vary
     model, src, _ = init_classifier(checkpoint, data)
-    model.eval()
+    model.to(device).eval()
     tok = init_tokenizer(src)
     test_split = "test" if "test" in data.splits else "dev"
     cls, mean, y, ids = features(model, tok, data.splits["train"], max_seq_len)
@@ -172,6 +179,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def task_data(task: str, data_dir: str | None, max_train_examples: int, init: str):
+    """The task's splits exactly as training.finetune reads them (a FinetuneConfig names an --init and an
+    --out; neither is read here)."""
+    from training.config import FinetuneConfig
+    from training.finetuning.data import load_task_data
+
+    return load_task_data(FinetuneConfig(init=init, out=".", task=task, data_dir=data_dir,
+                                         max_train_examples=max_train_examples))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality.frozen_features",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
@@ -180,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--task", default="trec", help="a registry task: rotten_tomatoes | sms_spam | trec")
     p.add_argument("--data-dir", default=None, help="directory already holding the registry files")
-    p.add_argument("--max-train-examples", type=int, default=2000, help="training texts for the probe")
-    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument(
+        "--max-train-examples", type=int, default=TRAIN_EXAMPLES, help="training texts for the probe"
+    )
+    p.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/frozen_features.json"))
     args = p.parse_args(argv)
@@ -190,16 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from app.machine import cpu
-    from training.config import FinetuneConfig
-    from training.finetuning.data import load_task_data
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    # The task's splits exactly as training.finetune reads them (a FinetuneConfig names an --init and an
-    # --out; neither is read here).
-    task = FinetuneConfig(init=args.checkpoints[0], out=str(args.out.parent), task=args.task,
-                          data_dir=args.data_dir, max_train_examples=args.max_train_examples)  # fmt: skip
-    data = load_task_data(task)
+    data = task_data(args.task, args.data_dir, args.max_train_examples, args.checkpoints[0])
     results = []
     for ck in args.checkpoints:
         results.append(diagnose(ck, data, args.max_seq_len))
