@@ -258,17 +258,6 @@ def resolve(
         raise ConfigError(str(e)) from None
 
 
-def check_flags(
-    cls, argv: Sequence[str] | None = None, *, prog: str | None = None, description: str = "",
-    config_file: bool = True,
-) -> None:  # fmt: skip
-    """The command line alone, as `resolve` reads it: --help, an unknown flag, and a flag's value of the
-    wrong type or outside its choices end here. An entry point calls it before it imports what it runs on
-    (torch: seconds), so those answer at once; what depends on the other sources (--config, a saved run,
-    the environment) and on several options together is left to `resolve`."""
-    _flags(cls, argv, prog, description, config_file)
-
-
 def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespace, dict]:
     """The parsed command line, and each flag given as its option's type, checked against its choices."""
     hints = typing.get_type_hints(cls)

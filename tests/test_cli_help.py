@@ -188,6 +188,19 @@ def test_help_and_a_mistyped_flag_answer_before_torch_loads(module):
         assert args == ["--help"] or not re.search(r"^exit (0|None)$", done.stderr, re.M), done.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    "module, args, said",
+    [("training.pretrain", ["--corpus", "wikitext3"], "--corpus 'wikitext3': neither a registry corpus"),
+     ("training.finetune", ["--init", "runs/x", "--task", "trec"], "--out: required")],
+)  # fmt: skip
+def test_a_value_the_options_refuse_answers_before_torch_loads(module, args, said):
+    """A wrong value, not only a wrong flag, answers in a fraction of a second."""
+    done = subprocess.run([sys.executable, "-c", PROBE, module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1:] == ["False"], done.stderr[-2000:]
+    assert said in done.stderr and re.search(r"^exit ['\"]error: ", done.stderr, re.M), done.stderr[-2000:]
+
+
 def test_choice_options_list_their_values():
     pretrain, finetune = help_text("training.pretrain"), help_text("training.finetune")
     assert all(name in pretrain for name in REGISTRY_CORPORA)

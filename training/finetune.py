@@ -23,9 +23,10 @@ PROG = "python -m training.finetune"
 
 
 def main(argv: list[str] | None = None) -> dict:
-    # --help and a mistyped flag answer before torch loads (3 s of a CPU core); the rest is the tuner's.
+    # --help, a mistyped flag and a value the options refuse (--task nope, no --out) answer before torch
+    # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
-        options.check_flags(FinetuneConfig, argv, prog=PROG, description=__doc__)
+        options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
         sys.exit(f"error: {e}")
     from training.finetuning.tuner import run

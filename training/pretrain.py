@@ -22,9 +22,11 @@ PROG = "python -m training.pretrain"
 
 
 def main(argv: list[str] | None = None) -> None:
-    # --help and a mistyped flag answer before torch loads (3 s of a CPU core); the rest is the trainer's.
+    # --help, a mistyped flag and a value the options refuse (--corpus wikitext3) answer before torch
+    # loads (3 s of a CPU core). The trainer resolves them again, the same way, and then against what a
+    # resumed run saved, which only it can read.
     try:
-        options.check_flags(PretrainConfig, argv, prog=PROG, description=__doc__)
+        options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
         sys.exit(f"error: {e}")
     from training.pretraining.trainer import run
