@@ -1,6 +1,8 @@
 """benchmarks/quality/electra_vs_mlm.py: the equal-compute plan and its compute points, the resolved run
 config, the summary and table (no training), and the job runner that runs the runs side by side."""
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +16,7 @@ import pytest
 from benchmarks.quality import claim_report, claim_runs, pretrainkit
 from benchmarks.quality import electra_vs_mlm as bench
 from options import resolve
-from training.config import PretrainConfig
+from training.config import FinetuneConfig, PretrainConfig
 
 POINT_SETS = ["0.25,0.5,1", "0.3,0.6,1", "0.333,0.667,1", "0.1,1"]
 
@@ -81,7 +83,8 @@ def test_run_config_saves_at_the_points_and_round_trips_through_toml(tiny, cost,
     "argv",
     [["--pretrain-args=--max-steps 5"], ["--pretrain-args=--save-every 5"], ["--finetune-args=--seed 3"],
      ["--points", "0.5"], ["--points", "0,1"], ["--points", "0.5,1.5"], ["--points", "a,1"], ["--jobs", "0"],
-     ["--seeds", ""], ["--seeds", ","], ["--tasks", ""], ["--frozen-examples", "-1"]],  # no tasks: nothing compared
+     ["--seeds", ""], ["--seeds", ","], ["--tasks", ""],  # no fine-tuning: nothing compared
+     ["--frozen-examples", "-1"]],
 )  # fmt: skip
 def test_flags_that_would_break_equal_compute_or_the_points_are_refused(argv):
     with pytest.raises(SystemExit):
@@ -155,6 +158,19 @@ def test_the_control_is_summarized_apart_and_shown_beside_every_point(tmp_path):
     assert (tmp_path / "table.md").read_text() == text
 
 
+def test_a_failed_diagnosis_is_reported_and_left_out_and_an_interruption_still_stops():
+    results = {"diagnosis_errors": {}}
+    assert bench.diagnose("frozen features", results, lambda: 1 / 0) is None
+    assert results["diagnosis_errors"] == {"frozen features": "ZeroDivisionError: division by zero"}
+    assert bench.diagnose("context probe", results, lambda: {"auc": 0.5}) == {"auc": 0.5}
+
+    def interrupted():
+        raise KeyboardInterrupt  # what the call's `timeout -s INT` raises
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.diagnose("context probe", results, interrupted)
+
+
 def test_the_control_runs_after_each_seeds_full_budget():
     order = bench.finetune_order([1, 2], 3, ["trec", "sms_spam"], control=True)
     assert order[:6] == [(1, 2, "trec", "electra"), (1, 2, "trec", "mlm"), (1, 2, "sms_spam", "electra"),
@@ -190,6 +206,27 @@ def test_the_control_is_the_electra_runs_first_weights(tmp_path, small_corpus, s
     assert (control / "model.safetensors").read_bytes() == first
     assert not any(torch.equal(saved[k], v) for k, v in ckpt.state_dict_for_save(t.objective.discriminator).items()
                    if k.endswith("dense.weight"))  # fmt: skip
+
+    # A finished fine-tuning run of the control is kept on the next call, although its checkpoint was
+    # remade in between; another seed's is not there yet.
+    args = bench.parse_args(["--tasks", "trec", "--work", str(tmp_path / "work")])
+    arms = {claim_report.RANDOM: record}
+    job = claim_runs.finetune_job(args, arms, (1, 0, "trec", claim_report.RANDOM), tmp_path / "work", 1, None)
+    ft = Path(job.cmd[job.cmd.index("--out") + 1])
+    ft.mkdir(parents=True)
+    cmd = job.cmd[job.cmd.index("training.finetune") + 1 :]
+    (ft / "finetune_config.json").write_text(json.dumps(dataclasses.asdict(resolve(FinetuneConfig, cmd))))
+    for split in ("dev", "test"):
+        (ft / f"eval_{split}.json").write_text(json.dumps({"accuracy": 0.7, "macro_f1": 0.6}))
+    (ft / "trainer_state.json").write_text(json.dumps({"step": 9, "global_step": 9, "minutes": 0.1}))
+    kept = []
+    claim_runs.random_weights(run, control)
+    assert claim_runs.finetune_job(args, arms, (1, 0, "trec", "random"), tmp_path / "work", 1,
+                                   lambda key, r: kept.append(r)) is None  # fmt: skip
+    assert kept[0]["objective"] == "random" and kept[0]["test"]["accuracy"] == 0.7
+    assert (
+        claim_runs.finetune_job(args, arms, (2, 0, "trec", "random"), tmp_path / "work", 1, None) is not None
+    )
 
 
 def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):

@@ -13,6 +13,7 @@ def test_frozen_features_measure_spread_rarity_and_a_linear_read_out(tiny_init, 
     line = torch.randn(200, 1, generator=g) * torch.randn(1, 16, generator=g)  # every row on one direction
     assert ff.spread(line)["top_pc_share"] > 0.99 and ff.spread(line)["effective_rank"] < 1.01
     assert ff.spread(torch.randn(4000, 16, generator=g))["effective_rank"] > 14
+    assert ff.spread(torch.ones(5, 4)) == {"top_pc_share": None, "effective_rank": None}  # no direction
     y = torch.randint(0, 3, (400,), generator=g)
     apart = torch.randn(400, 8, generator=g) + 4 * torch.eye(8)[y]  # each class shifted along its own axis
     assert ff.linear_probe(apart[:300], y[:300], apart[300:], y[300:], 3) > 0.9

@@ -25,6 +25,7 @@ from benchmarks.quality.claim_report import OBJECTIVES
 from benchmarks.quality.claim_runs import objective_config
 from benchmarks.quality.electra_vs_mlm import base_config as claim_config
 from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
+from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
 from options import ConfigError
 
 SENTENCE = "The committee will publish its report next banana, after the vote."
@@ -45,7 +46,7 @@ class Sizes:
     claim_points: str = "0.25,0.5,1"  # fractions of claim_pflop where each run is fine-tuned
     claim_jobs: int = 1  # runs side by side
     claim_tasks: str = "rotten_tomatoes,trec,sms_spam"  # the fine-tuning tasks at every point
-    claim_frozen_examples: int = 2000  # training texts of the claim's frozen-encoder probe
+    claim_frozen_examples: int = TRAIN_EXAMPLES  # training texts of the claim's frozen-encoder probe
     claim_threads: int | None = None  # torch threads of each run and of the probes after them (None: shared)
     pretrain: tuple[str, ...] = ()  # more training.pretrain flags for the pretrain, torchrun and resume steps
 
@@ -60,8 +61,8 @@ SIZES = {
     # The same code at toy sizes: every step in a couple of minutes on two CPU cores. 40 steps with a
     # checkpoint every 10: enough logged rows to see the loss fall, and a checkpoint to kill after. A toy
     # fine-tuning run is mostly the start of a Python process with torch (about 4 s of one core): the
-    # claim's runs go two at a time, and one point and one task instead of three each keep them to 2 (1 task
-    # x 2 objectives, one seed), for CI's 15 minutes for the whole suite; more points and tasks differ only
+    # claim's runs go two at a time, and one point and one task instead of three each keep them to 3 (1 task
+    # x 2 objectives and the control, one seed), for CI's 15 minutes for the whole suite; more points and tasks differ only
     # in arithmetic, which tests/test_electra_vs_mlm.py holds. TREC's questions stand in for WikiText-2: a
     # first run on WikiText-2 spends 25 s training its tokenizer and tokenizing, for steps that read 0.05M
     # tokens. One thread a run: the pretrain, torchrun and resume runs go side by side, and on two cores

@@ -17,7 +17,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from benchmarks.quality import claim_report as report
-from benchmarks.quality.claim_report import NAMES, OBJECTIVES
+from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.pretrainkit import Job, latest_state, step_seconds, to_toml, tokenizer_info
 from options import ConfigError, resolve
 from training.config import FinetuneConfig, PretrainConfig
@@ -157,6 +157,12 @@ def checkpoint_at(run: Path, step: int) -> Path:
     return run / "checkpoints" / f"step-{step:08d}"  # training.checkpoint.commit_checkpoint's name
 
 
+def run_settings(run: Path) -> tuple[PretrainConfig, dict]:
+    """A pretraining run's options as it saved them, and its tokenizer's size and hash."""
+    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
+    return cfg, tokenizer_info(run / "tokenizer" / "tokenizer.json")
+
+
 def pretrain_record(
     objective: str, run: Path, work: Path, budget_flops: float, points: list[Fraction]
 ) -> dict:
@@ -166,8 +172,7 @@ def pretrain_record(
     state = latest_state(run)
     if state is None:
         sys.exit(f"error: {run} holds no pretraining checkpoint; drop --skip-pretrain to make one")
-    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
-    tok = tokenizer_info(run / "tokenizer" / "tokenizer.json")
+    cfg, tok = run_settings(run)
     (c,) = plan(budget_flops, costs(cfg, tok["vocab_size"], (objective,)), cfg, 0.0).values()
     at = []
     for p in points:
@@ -199,15 +204,14 @@ def pretrain_record(
 def random_weights(run: Path, out: Path) -> dict:
     """The control: the ELECTRA run's discriminator as it started, before its first step (the run's own
     options, seed and tokenizer), saved as a checkpoint at `out` for fine-tuning like the others. It
-    tells whether either pretraining helps at all at a budget (docs/electra-recipe.md). Remade each
-    time, in seconds, the same bytes for the same run; a record shaped like a pretraining run's with
-    one point at 0 FLOPs."""
+    tells whether either pretraining helps at all at a budget (docs/electra-recipe.md). A run that
+    started from --init's weights gets random weights of its shape. Remade each time, in seconds, the
+    same bytes for the same run; a record shaped like a pretraining run's with one point at 0 FLOPs."""
     from training import checkpoint as ckpt
     from training.model import count_parameters
     from training.pretraining.model import initial_objective
 
-    cfg = resolve(PretrainConfig, [], base=json.loads((run / "config.json").read_text()))
-    tok = tokenizer_info(run / "tokenizer" / "tokenizer.json")
+    cfg, tok = run_settings(run)
     disc = initial_objective(cfg, tok["vocab_size"]).discriminator
 
     def fill(d: Path) -> None:
@@ -257,8 +261,8 @@ def read_frozen(arms: dict, tasks: list[str], data_dir: str | None, examples: in
              for at in arms["electra"]["points"]]  # fmt: skip
     last = arms["mlm"]["points"][-1]
     which.append((f"{NAMES['mlm']} at {last['flops'] / 1e15:.3g} PFLOP", last["checkpoint"]))
-    if report.RANDOM in arms:
-        which.append((NAMES[report.RANDOM], arms[report.RANDOM]["checkpoint"]))
+    if RANDOM in arms:
+        which.append((NAMES[RANDOM], arms[RANDOM]["checkpoint"]))
     data = ff.task_data(task, data_dir, examples, which[0][1])
     read = [{"label": label, **ff.diagnose(ck, data, ff.MAX_SEQ_LEN, device)} for label, ck in which]
     print(
@@ -268,12 +272,12 @@ def read_frozen(arms: dict, tasks: list[str], data_dir: str | None, examples: in
     return {"task": task, "train_examples": len(data.splits["train"]), "results": read}
 
 
-def finetune_job(args, pre: dict, key: tuple, work: Path, threads: int | None, collect) -> Job | None:
-    """Fine-tuning of one checkpoint on one task with one seed, key (seed, point index, task, objective),
-    as a job; None when a finished run made from this checkpoint with these settings is there already.
-    `collect(key, record)` receives its result."""
+def finetune_job(args, arms: dict, key: tuple, work: Path, threads: int | None, collect) -> Job | None:
+    """Fine-tuning of one checkpoint on one task with one seed, key (seed, point index, task, arm: an
+    objective or the control), as a job; None when a finished run made from this checkpoint with these
+    settings is there already. `collect(key, record)` receives its result."""
     seed, i, task, o = key
-    at = pre[o]["points"][i]
+    at = arms[o]["points"][i]
     point = at["fraction"]
     out = work / "finetune" / o / f"at-{point:g}" / task / f"seed{seed}"
     # Length-sorted batches (shuffled) halve the padding on these short texts; --finetune-args may undo it.

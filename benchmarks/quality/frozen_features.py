@@ -32,15 +32,18 @@ import numpy as np
 
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
 ENDS = 3  # texts kept from each end of the first direction
-TRAIN_EXAMPLES = 2000  # the CPU claim's fine-tuning examples: the probe reads what fine-tuning would
+TRAIN_EXAMPLES = 2000  # the CPU claim's fine-tuning examples (docs/electra-recipe.md)
 MAX_SEQ_LEN = 128
 
 
 def spread(x) -> dict:
-    """Top principal direction's share of the variance, and the effective rank, of the rows of `x`."""
+    """Top principal direction's share of the variance, and the effective rank, of the rows of `x`; both
+    None where the rows do not vary at all (one vector for every text), which has no direction."""
     import torch
 
     s = torch.linalg.svdvals(x - x.mean(0))
+    if not s.square().sum() > 0:
+        return {"top_pc_share": None, "effective_rank": None}
     share = s.square() / s.square().sum()
     entropy = -(share * share.clamp_min(1e-12).log()).sum()
     return {"top_pc_share": round(float(share[0]), 4), "effective_rank": round(float(entropy.exp()), 2)}
@@ -163,8 +166,8 @@ def diagnose(checkpoint: str, data, max_seq_len: int, device: str = "cpu") -> di
     }
 
 
-def shown(r: float | None) -> str:
-    return "n/a" if r is None else f"{r:.2f}"
+def shown(x: float | None, places: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{places}f}"
 
 
 def table(results: list[dict]) -> str:
@@ -172,8 +175,8 @@ def table(results: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         first, last = r["layers"][0], r["layers"][-1]
-        lines.append(f"| {r['checkpoint']} | {first['top_pc_share']:.3f} / {last['top_pc_share']:.3f} | "
-                     f"{last['effective_rank']:.1f} | {shown(r['first_direction_vs_rarity'])} / "
+        lines.append(f"| {r['checkpoint']} | {shown(first['top_pc_share'], 3)} / {shown(last['top_pc_share'], 3)} | "
+                     f"{shown(last['effective_rank'], 1)} | {shown(r['first_direction_vs_rarity'])} / "
                      f"{shown(r['first_direction_vs_length'])} | {r['probe_cls_accuracy']:.3f} | "
                      f"{r['probe_mean_accuracy']:.3f} | {r['majority_share']:.3f} |")  # fmt: skip
     return "\n".join(lines)
