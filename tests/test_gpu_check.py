@@ -69,6 +69,7 @@ def test_every_step_runs_on_cpu(cpu_run, record_property):
     # The control, random weights, fine-tuned on every task too
     assert set(claim["random_weights_test"]) == set(SIZES["quick"].claim_tasks.split(","))
     # Each frozen encoder read at the end: ELECTRA at its point, MLM at the full budget, the control
+    assert claim["diagnosis_errors"] == {}
     frozen = claim["frozen_features"]
     assert len(frozen) == 3 and "random weights" in frozen
     assert all(0 < f["cls_top_pc_share"] <= 1 and 0 < f["probe_cls"] <= 1 for f in frozen.values())

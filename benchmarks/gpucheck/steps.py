@@ -493,12 +493,14 @@ def step_claim(ctx: Context) -> dict:
     control = {task: {m: {k: round(s[k], 4) for k in ("mean", "std")} for m, s in splits["test"].items()}
                for task, splits in results.get("summary_random_weights", {}).items()}  # fmt: skip
     # Each frozen encoder: the last layer's [CLS] share on its first direction (ELECTRA's collapse), and
-    # a linear probe's accuracy beside the majority class's
+    # a linear probe's accuracy beside the majority class's. None where the diagnosis failed (its error
+    # is in diagnosis_errors).
     frozen = {r["label"]: {"cls_top_pc_share": r["layers"][-1]["top_pc_share"], "probe_cls": r["probe_cls_accuracy"],
                            "majority": r["majority_share"]}
-              for r in results.get("frozen_features", {}).get("results", [])}  # fmt: skip
+              for r in (results.get("frozen_features") or {}).get("results", [])}  # fmt: skip
     return {"pflop_each": ctx.claim_pflop, "seeds": ctx.sizes.claim_seeds, "points": points,
             "random_weights_test": control, "frozen_features": frozen,
+            "diagnosis_errors": results.get("diagnosis_errors", {}),
             "electra_ahead_in_test_accuracy": f"{ahead}/{cells} (point, task) means",
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip
 

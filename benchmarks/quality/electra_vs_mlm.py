@@ -42,8 +42,8 @@ curves along training are drawn.
 Everything is resumable: a finished pretraining run or fine-tuning run is kept (a fine-tuning run only
 if it was made from the same checkpoint with the same settings; the control's checkpoint is remade,
 the same bytes, at the same path), an interrupted pretraining run resumes, and results.json and
-table.md are rewritten after every finished fine-tuning run. The diagnoses run again on every call. Heavy outputs
-(runs, checkpoints, fine-tuned models) go under --work, which git ignores. Fine-tuning seeds vary the
+table.md are rewritten after every finished fine-tuning run. The diagnoses run again on every call.
+Heavy outputs (runs, checkpoints, fine-tuned models) go under --work, which git ignores. Fine-tuning seeds vary the
 head's initialization and the data order; the pretraining seed is fixed, so the ± does not include
 pretraining variance.
 """
