@@ -156,6 +156,10 @@ def test_the_control_is_summarized_apart_and_shown_beside_every_point(tmp_path):
         in text
     )
     assert (tmp_path / "table.md").read_text() == text
+    from PIL import Image
+
+    with Image.open(tmp_path / "plot.png") as plot:  # drawn, in a palette of 64 colours (training.report)
+        assert plot.mode == "P" and plot.width > 400
 
 
 def test_a_failed_diagnosis_is_reported_and_left_out_and_an_interruption_still_stops():

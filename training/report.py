@@ -44,6 +44,21 @@ def pyplot_or_none(out_png: Path):
     return plt
 
 
+def save_png(fig, path: Path, dpi: int = 110) -> None:
+    """`fig` as a PNG of at most 64 colours: a line plot looks the same at about a third of the bytes, and
+    committed plots must leave the tree small enough to carry to a GPU machine (tests/test_repo_size.py).
+    Pillow comes with matplotlib."""
+    import io
+
+    from PIL import Image
+
+    drawn = io.BytesIO()
+    fig.savefig(drawn, dpi=dpi, format="png")
+    drawn.seek(0)
+    with Image.open(drawn) as image:
+        image.convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+
+
 def plot_curves(metrics_path: Path, out_png: Path) -> None:
     """Losses, learning rate and held-out figures against step, in one figure."""
     plt = pyplot_or_none(out_png)
@@ -72,7 +87,7 @@ def plot_curves(metrics_path: Path, out_png: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    save_png(fig, out_png)
     plt.close(fig)
 
 

@@ -12,7 +12,7 @@ import math
 import statistics
 from pathlib import Path
 
-from training.report import pyplot_or_none
+from training.report import pyplot_or_none, save_png
 
 OBJECTIVES = ("electra", "mlm")
 RANDOM = "random"  # the control: ELECTRA's discriminator before its first step, fine-tuned alike
@@ -183,7 +183,7 @@ def plot(results: dict, path: Path) -> None:
         "ELECTRA vs. MLM along pretraining: mean ± std over seeds (dots: seeds; dashed: random weights)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -27,7 +27,7 @@ from benchmarks.output import write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
 from training.config import PretrainConfig
-from training.report import pyplot_or_none, read_metrics
+from training.report import pyplot_or_none, read_metrics, save_png
 
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("baseline", "current")
@@ -160,7 +160,7 @@ def plot(runs: dict, path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     # Four panels at 80 dpi weigh about what three did at 110: benchmarks/results has a size cap.
-    fig.savefig(path, dpi=80)
+    save_png(fig, path, dpi=80)
     plt.close(fig)
 
 

@@ -102,6 +102,7 @@ def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str
     import matplotlib.pyplot as plt
 
     from export.calibration import expected_calibration_error, reliability_bins
+    from training.report import save_png
 
     clean = [x for x in items if x["kind"] == "clean"]
     fig, ax = plt.subplots(figsize=(5.5, 5.5))
@@ -118,7 +119,7 @@ def reliability_plot(items: list[dict], kinds: list[str], path: Path, title: str
            title=title)  # fmt: skip
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 
