@@ -54,13 +54,11 @@ def small_tokenizer(small_corpus, tmp_path_factory) -> Path:
 def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
     """An ElectraForPreTraining checkpoint (random weights) with a real WordPiece tokenizer, as pretraining
     writes it: fine-tuning must take its encoder and start a fresh head."""
-    import shutil
-
     import torch
 
     from tests.helpers_models import TINY_ENCODER
     from training.checkpoint import save_model
-    from training.data.tokenizer import load_tokenizer
+    from training.data.tokenizer import copy_tokenizer, load_tokenizer
     from training.model import ElectraConfig, ElectraForPreTraining, init_weights
 
     d = tmp_path_factory.mktemp("tiny_init")
@@ -69,8 +67,7 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
     model = ElectraForPreTraining(ElectraConfig(vocab_size=tok.get_vocab_size(), **TINY_ENCODER))
     init_weights(model)
     save_model(model, d, "ElectraForPreTraining")
-    for f in ("tokenizer.json", "vocab.txt"):
-        shutil.copyfile(small_tokenizer.parent / f, d / f)
+    copy_tokenizer(small_tokenizer.parent, d)
     return d
 
 

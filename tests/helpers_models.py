@@ -64,12 +64,11 @@ def _hf_config(vocab_size: int, **overrides):
 
 
 def _save(model, tokenizer_dir: Path, out_dir: Path) -> Path:
-    import shutil
+    from training.data.tokenizer import copy_tokenizer
 
     model.eval()
     model.save_pretrained(out_dir)
-    for name in ("tokenizer.json", "vocab.txt"):
-        shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
 
 

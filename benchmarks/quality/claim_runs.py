@@ -208,6 +208,7 @@ def random_weights(run: Path, out: Path) -> dict:
     started from --init's weights gets random weights of its shape. Remade each time, in seconds, the
     same bytes for the same run; a record shaped like a pretraining run's with one point at 0 FLOPs."""
     from training import checkpoint as ckpt
+    from training.data.tokenizer import copy_tokenizer
     from training.model import count_parameters
     from training.pretraining.model import initial_objective
 
@@ -216,8 +217,7 @@ def random_weights(run: Path, out: Path) -> dict:
 
     def fill(d: Path) -> None:
         ckpt.save_model(disc, d, "ElectraForPreTraining")
-        for f in ("tokenizer.json", "vocab.txt"):
-            (d / f).write_bytes((run / "tokenizer" / f).read_bytes())
+        copy_tokenizer(run / "tokenizer", d)
 
     ckpt.write_atomically(out, fill)
     at = {"fraction": 0.0, "step": 0, "tokens": 0, "flops": 0.0, "checkpoint": str(out)}

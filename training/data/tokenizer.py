@@ -193,6 +193,16 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
     return _from_vocab(p, lowercase)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what save_tokenizer writes
+
+
+def copy_tokenizer(source: Path, directory: Path) -> None:
+    """A saved tokenizer's files from `source` into `directory` (which must exist), as they are: every
+    checkpoint carries its own, since its embedding rows are indexed by the tokenizer's ids."""
+    for name in TOKENIZER_FILES:
+        (directory / name).write_bytes((source / name).read_bytes())
+
+
 def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str]) -> Path:
     """Write ``tokenizer.json`` and ``vocab.txt`` into ``directory`` (created if needed); return it."""
     d = Path(directory)

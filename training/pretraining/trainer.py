@@ -27,7 +27,7 @@ from training.config import COMPILE_MODES, PretrainConfig
 from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
-from training.data.tokenizer import TokenizerError
+from training.data.tokenizer import TOKENIZER_FILES, TokenizerError, copy_tokenizer
 from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
@@ -80,8 +80,7 @@ def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokeni
         for sub, (model, architecture) in objective.checkpoint_parts().items():
             (d / sub).mkdir(exist_ok=True)
             ckpt.save_model(model, d / sub, architecture)
-            for f in ("tokenizer.json", "vocab.txt"):  # each part loads on its own, tokenizer included
-                (d / sub / f).write_bytes((tokenizer_dir / f).read_bytes())
+            copy_tokenizer(tokenizer_dir, d / sub)  # each part loads on its own, tokenizer included
         tensors, opt_meta = ckpt.flatten_optimizer(opt)
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
@@ -98,7 +97,7 @@ def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
     # A tensor tied within a part (the generator's output layer and its embeddings) is stored once.
     weights = sum(t.numel() * t.element_size() for model, _ in parts
                   for t in {t.data_ptr(): t for t in model.state_dict().values()}.values())  # fmt: skip
-    tokenizer = sum((tokenizer_dir / f).stat().st_size for f in ("tokenizer.json", "vocab.txt"))
+    tokenizer = sum((tokenizer_dir / f).stat().st_size for f in TOKENIZER_FILES)
     moments = 2 * sum(p.numel() * 4 for p in objective.parameters() if p.requires_grad)
     return weights + len(parts) * tokenizer + moments + 2**16
 
