@@ -101,8 +101,12 @@ DESCRIPTION = (
 
 def resolve(argv: list[str] | None) -> BulkConfig:
     cfg = options.resolve(BulkConfig, argv, prog="python -m bulk", description=DESCRIPTION)
-    # Absolute paths: Ray workers on other nodes and worker processes resolve nothing against our cwd.
-    return dataclasses.replace(cfg, out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve())
+    # Absolute paths: Ray workers on other nodes and worker processes resolve nothing against our cwd. INPUT
+    # is made absolute, not resolved (a glob stays a glob, a link keeps its name): job.json fingerprints it,
+    # so `in`, `./in` and `/home/me/in` must resume the same job, from any directory.
+    return dataclasses.replace(
+        cfg, input=os.path.abspath(cfg.input), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
+    )
 
 
 def from_dict(values: dict) -> BulkConfig:

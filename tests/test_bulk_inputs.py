@@ -180,3 +180,21 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
     for spec in (tmp_path / "missing" / "*.jsonl", tmp_path / "**" / "*.parquet", tmp_path / "a.txt" / "*"):
         with pytest.raises(InputError, match="no such file or directory, and no file matches it as a glob"):
             shards(str(spec), "auto")
+
+
+def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
+    """job.json fingerprints INPUT, so a resume typed `./corpus` or with the whole path, or run from
+    another directory, must continue the job `corpus` started rather than be refused as other settings.
+    A glob stays a glob."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    fingerprints = [resolve([spec, "--out", str(tmp_path / "o"), "--model", "m"]).fingerprint()
+                    for spec in ("corpus", "./corpus/", str(tmp_path / "corpus"))]  # fmt: skip
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    fingerprints.append(resolve(["../corpus", "--out", "../o", "--model", "m"]).fingerprint())
+    assert all(f == fingerprints[0] for f in fingerprints), fingerprints
+    assert fingerprints[0]["input"] == str(tmp_path / "corpus")
+    assert resolve(["data/*.jsonl", "--out", "o", "--model", "m"]).input == str(
+        tmp_path / "elsewhere" / "data" / "*.jsonl"
+    )
