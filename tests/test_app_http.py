@@ -99,3 +99,21 @@ def test_100_continue_goes_out_before_the_body_and_the_answer_follows_on_one_con
             head, answer = _read_response(sock)
             assert head.startswith(b"HTTP/1.1 200"), head
             assert [w["text"] for w in json.loads(answer)["results"][0]["words"]] == text.split()
+
+
+@pytest.mark.parametrize(("path", "status"), [("/health", b"200"), ("/ready", b"200"), ("/detect", b"405")])
+def test_head_is_answered_at_once_and_the_next_request_gets_its_own_answer(server, path, status):
+    """A load balancer's HEAD probe: the probes answer with the GET's status and headers and no body, a
+    POST route with 405, at once; and a GET after it on the same connection gets its own response (the
+    head of a HEAD's answer was once held for a body that never came: no answer, and the next request's
+    answer read as the HEAD's)."""
+    with socket.create_connection(server.address(), timeout=10) as sock:
+        sock.sendall(b"HEAD %s HTTP/1.1\r\nhost: x\r\n\r\n" % path.encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 " + status), head
+        assert head.endswith(b"\r\n\r\n"), head  # no body follows a HEAD's head
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        head, body = _read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and json.loads(body)["status"] == "ok", head + body

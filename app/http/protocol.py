@@ -138,7 +138,9 @@ class _BoundedRead(HttpToolsProtocol):
 class _HeadWithBody:
     """One request's view of the connection: the response head is held back and written together with
     the body's first bytes. uvicorn writes them separately: two sends, and on loopback two wake-ups of
-    the client for one answer. Everything else passes through."""
+    the client for one answer. A HEAD response's head goes out at once: uvicorn writes no body for it, so
+    a held head would never leave, and the next response on the connection would answer the HEAD.
+    Everything else passes through."""
 
     def __init__(self, transport: asyncio.Transport, cycle, linger_then_close) -> None:
         self._transport = transport
@@ -149,8 +151,10 @@ class _HeadWithBody:
 
     def write(self, data: bytes) -> None:
         if self._cycle.response_started and not self._head_seen:
-            self._head_seen, self._head = True, data  # the cycle writes the head first, once
-            return
+            self._head_seen = True  # the cycle writes the head first, once
+            if self._cycle.scope["method"] != "HEAD":
+                self._head = data
+                return
         if self._head is not None:
             data, self._head = self._head + data, None
         self._transport.write(data)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from litestar import Request, Response, get, post
+from litestar import Request, Response, get, post, route
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import JSONBody
@@ -108,13 +108,19 @@ async def models(request: Request) -> ModelsResponse:
     return ModelsResponse(models=registry.describe(), broken=dict(registry.broken))
 
 
-@get("/health", opt={"public": True}, summary="Alive (never needs the API key)")
+# The probes answer HEAD as well as GET: some load balancers and uptime checkers probe with HEAD (the
+# same status and headers, no body; uvicorn leaves the body out).
+PROBE_METHODS = ["GET", "HEAD"]
+
+
+@route("/health", http_method=PROBE_METHODS, opt={"public": True}, summary="Alive (never needs the API key)")
 async def health() -> Status:
     return Status(status="ok")
 
 
-@get(
+@route(
     "/ready",
+    http_method=PROBE_METHODS,
     opt={"public": True},
     responses={503: ResponseSpec(Status, description="loading, failed or draining")},
     summary="Models loaded and warmed up (200 `degraded`: some bundles are broken, the others serve)",
