@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from app.errors import AppError, ErrorType
+from app.model.tokenization import is_blank
 
 Threshold = Annotated[float, msgspec.Meta(ge=0.0, le=1.0, description="flag words with prob >= threshold")]
 TopK = Annotated[int, msgspec.Meta(ge=1, description="return the k most probable labels")]
@@ -194,7 +195,8 @@ def check_inputs(max_batch: int, text: str | None, texts: list[str] | None, pair
     for i, item in enumerate(items):
         parts = item if field == "pairs" else [item]
         for j, s in enumerate(parts):
-            if not s.strip():
+            if is_blank(s):
                 where = {"text": "text", "texts": f"texts[{i}]", "pairs": f"pairs[{i}][{j}]"}[field]
-                raise AppError(ErrorType.EMPTY_TEXT, "text is empty or whitespace only", field=where)
+                msg = "text is empty, or white space, control or zero-width characters only"
+                raise AppError(ErrorType.EMPTY_TEXT, msg, field=where)
     return field, items

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgspec
 
+from app.model.tokenization import is_blank
+
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first in a file
@@ -25,7 +27,7 @@ class Reason:
     NOT_JSON = "not_json"  # a line that is not a JSON object
     MISSING_TEXT = "missing_text"  # no --text-field in the object
     TEXT_NOT_STRING = "text_not_string"  # the field is a number, a list, null...
-    EMPTY_TEXT = "empty_text"  # empty, or nothing but white space
+    EMPTY_TEXT = "empty_text"  # empty, or nothing but white space and control or zero-width characters
     NOT_UTF8 = "not_utf8"  # bytes that are not UTF-8 (or a lone surrogate escaped in JSON)
     TOO_LONG = "too_long"  # over --max-document-chars
     MISSING_ID = "missing_id"  # --id-field given, and this row has no usable id
@@ -357,7 +359,7 @@ def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> 
 
 
 def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
-    if not text.strip():
+    if is_blank(text):
         return Doc(line, ident, None, Reason.EMPTY_TEXT, "")
     if len(text) > max_chars:
         return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")

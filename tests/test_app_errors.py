@@ -35,6 +35,8 @@ BAD_REQUESTS = [
     ("/detect", b'{"text": ""}', 422, "empty_text", "text"),
     ("/detect", b'{"text": " \\n\\t "}', 422, "empty_text", "text"),
     ("/detect", b'{"texts": ["fine", "  "]}', 422, "empty_text", "texts[1]"),
+    ("/detect", b'{"text": "\\u200b\\u200b"}', 422, "empty_text", "text"),  # zero-width spaces: no tokens
+    ("/detect", b'{"texts": ["fine", "\\ufeff\\u0000 \\u2060"]}', 422, "empty_text", "texts[1]"),
     ("/detect", b'{"texts": []}', 422, "validation_error", "texts"),
     ("/detect", json.dumps({"texts": ["x"] * (MAX_BATCH + 1)}).encode(), 422, "batch_too_large", "texts"),
     ("/detect", json.dumps({"text": "x" * MAX_BODY}).encode(), 413, "body_too_large", "body"),

@@ -33,6 +33,14 @@ class DetectEncoding:
     rows: list[Row]
 
 
+def is_blank(text: str) -> bool:
+    """Nothing to score: only white space and what BERT's normalizer drops before tokenizing (control
+    and format characters such as NUL, zero-width spaces and a byte-order mark, and U+FFFD). The server
+    answers such a text as it answers an empty one (422 empty_text), and bulk rejects it alike, rather
+    than scoring zero tokens as if the text were clean. Stops at the first visible character."""
+    return not any(c.isprintable() and not c.isspace() and c != "\ufffd" for c in text)
+
+
 def windows(n: int, size: int, stride: int) -> list[tuple[int, int]]:
     """Cover n tokens with windows of `size` that share at least `stride` tokens; the last one ends at n."""
     if n == 0:
