@@ -8,8 +8,7 @@ import sys
 
 import options
 from app.model.bundle import BundleError
-from bulk import job
-from bulk.config import resolve
+from bulk.config import EXIT_USAGE, resolve
 from bulk.inputs import InputError
 from options import ConfigError
 
@@ -20,13 +19,21 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve(argv)
     except ConfigError as e:
         print(f"python -m bulk: {e}", file=sys.stderr)
-        return job.EXIT_USAGE
+        return EXIT_USAGE
+    # --help and option errors answer in the serving install too; the job itself needs the bulk extra.
+    try:
+        from bulk import job
+    except ModuleNotFoundError as e:
+        print(f"python -m bulk: {e.name} is not installed, and the corpus job needs it: install the bulk "
+              "extra (pip install -e '.[cpu,bulk]' in the repository; the serving install leaves it out)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     print("python -m bulk, resolved options:\n" + options.describe(cfg), flush=True)
     try:
         return job.run(cfg)
     except (BundleError, InputError, job.JobError) as e:
         print(f"python -m bulk: {e}", file=sys.stderr)
-        return job.EXIT_USAGE
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

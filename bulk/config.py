@@ -17,6 +17,8 @@ FORMATS = ("auto", "jsonl", "parquet", "text")
 CHECK_MODES = ("refuse", "warn", "off")  # as the server's --load-check (app/model/load_check.py)
 # The options a finished part's rows depend on: resuming with another value of any of them would mix
 # two kinds of rows in one output directory.
+EXIT_USAGE = 2  # bad options, no input, no such bundle, a missing package, or --out holds another job
+
 FINGERPRINT = ("input", "model", "format", "text_field", "id_field", "threshold", "tokens",
                "max_document_chars", "window_stride", "part_mb")  # fmt: skip
 

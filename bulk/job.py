@@ -20,7 +20,6 @@ from bulk.progress import Progress
 
 # Exit statuses: a script can tell a clean run from one that needs a look.
 EXIT_OK = 0
-EXIT_USAGE = 2  # bad options, no input, no such bundle, or --out holds another job
 EXIT_REJECTED = 3  # every part finished, and some documents were rejected (rejects.jsonl)
 EXIT_FAILED = 4  # a shard or a part could not be scored (summary.json names it); the others finished
 

@@ -200,3 +200,24 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     assert resolve(["data/*.jsonl", "--out", "o", "--model", "m"]).input == str(
         tmp_path / "elsewhere" / "data" / "*.jsonl"
     )
+
+
+def test_without_the_bulk_extra_help_answers_and_a_job_says_what_to_install(tmp_path, monkeypatch, capsys):
+    """The serving install (scripts/serve's) has bulk/ but not pyarrow: --help still answers, and a job
+    names the missing package and the extra, where it once ended in a traceback."""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # what `import pyarrow` meets where it is absent
+    import bulk
+
+    for name in [m for m in sys.modules if m.startswith(("bulk.", "pyarrow."))]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in ("job", "outputs", "local", "on_ray", "shard", "progress"):
+        monkeypatch.delattr(bulk, name, raising=False)  # else `from bulk import job` finds it imported
+    from bulk.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "--model" in capsys.readouterr().out
+    lines(tmp_path / "in.jsonl", [{"text": "a line"}])
+    assert main([str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"), "--model", "detector"]) == 2
+    err = capsys.readouterr().err
+    assert "pyarrow is not installed" in err and "pip install -e '.[cpu,bulk]'" in err, err
