@@ -213,6 +213,7 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     from training.checkpoint import load_model
 
     cfg, ckpt, kind, ptype = src.cfg, src.ckpt, src.kind, src.ptype
+    src.log("int8 accuracy: scoring held-out data with the int8 model and its reference ...")
     data_dir = optional_path(cfg.data_dir)
     tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
     seq_len = min(src.max_length, 128)
