@@ -15,6 +15,9 @@ from app.model.faults import FaultSpec, FaultSpecError
 from options import ConfigError, flag, option
 
 ENV_PREFIX = "ELECTRA_"
+# The training and export tools' variables (training/data/registry.py): set in a shell that also starts
+# the server (the README's commands do), they are not typos of a server setting.
+SHARED_VARIABLES = ("ELECTRA_CACHE_DIR", "ELECTRA_DATA_DIR")
 DESCRIPTION = "Serve ELECTRA bundles over HTTP."
 # The choices of --memory-arena and --providers: app/model/engine.py says what each does. Defined here, where
 # the settings are checked before onnxruntime is imported (a typo should not wait for it).
@@ -248,6 +251,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         warnings = [
             f"ignoring {key}: not a server setting (those are {known})"
             for key in options.unknown_variables(cls, env, ENV_PREFIX)
+            if key not in SHARED_VARIABLES
         ]
         return settings, warnings
 
