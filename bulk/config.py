@@ -71,8 +71,9 @@ class BulkConfig:
         for name in ("threads", "batch_tokens", "chunk_docs", "max_document_chars"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
-        if self.workers < 0 or self.window_stride < 0:
-            raise ConfigError(f"{flag('workers')} and {flag('window_stride')} must be >= 0")
+        for name in ("workers", "window_stride"):  # 0 workers: cores / --threads; stride 0: no overlap
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.part_mb <= 0:  # nan and inf are refused for every float option (options.coerce)
             raise ConfigError(f"{flag('part_mb')} must be > 0, got {self.part_mb}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:

@@ -60,9 +60,9 @@ def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> in
         diff = sorted(k for k in want if have.get(k) != want[k])
         if diff:
             raise JobError(
-                f"{cfg.out} holds the outputs of a job with other settings ({', '.join(diff)}: "
-                f"{', '.join(f'{have.get(k)!r} then, {want[k]!r} now' for k in diff)}); resuming would mix "
-                "the two. Use another --out, or remove that directory to start again"
+                f"{cfg.out} holds the outputs of a job with other settings ("
+                f"{'; '.join(f'{k}: {have.get(k)!r} then, {want[k]!r} now' for k in diff)}); resuming would "
+                "mix the two. Use another --out, or remove that directory to start again"
             )
         return int(have["part_bytes"])
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -131,8 +131,26 @@ def report_failures(failed: dict[str, str], limit: int = 20) -> None:
         )
 
 
+def check_model_named(cfg: BulkConfig) -> None:
+    """--model names a bundle under --models: else say which bundles are there, as the server's 404 does."""
+    models = cfg.models_dir
+    if cfg.bundle_dir.is_dir():
+        return
+    if not models.is_dir():
+        raise JobError(f"{models}: no such models directory (--models; a relative one is read from the "
+                       "directory the job starts in)")  # fmt: skip
+    names = sorted(p.name for p in models.iterdir() if (p / "manifest.json").is_file())
+    held = (
+        f"it holds {', '.join(names)}"
+        if names
+        else "it holds no bundle (no sub-directory with a manifest.json)"
+    )
+    raise JobError(f"no bundle named {cfg.model!r} in {models} (--models): {held}")
+
+
 def run(cfg: BulkConfig) -> int:
     t0 = time.perf_counter()
+    check_model_named(cfg)
     bundle = read_bundle(cfg.bundle_dir, cfg.model)  # a missing or tampered bundle stops us here, once
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
     part_bytes = prepare(cfg, bundle.manifest.model_sha256, files)

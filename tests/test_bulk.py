@@ -99,7 +99,8 @@ def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, 
     assert all(text[t["start"] : t["end"]] for t in got[0]["tokens"])  # offsets into the document
     other = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--threshold", "0.9")
     assert other.returncode == 2
-    assert "threshold" in other.stderr and "another --out" in other.stderr
+    assert "(threshold: None then, 0.9 now; tokens: True then, False now)" in other.stderr, other.stderr
+    assert "another --out" in other.stderr
 
 
 def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):

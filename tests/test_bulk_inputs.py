@@ -171,6 +171,7 @@ def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows
     (["in", "--out", "o", "--model", "m", "--part-mb", "nan"], "--part-mb: expected a finite number"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb: expected a finite number"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "0"], "--part-mb must be > 0"),
+    (["in", "--out", "o", "--model", "m", "--workers", "-1"], "^--workers must be >= 0, got -1$"),
 ])  # fmt: skip
 def test_options_that_would_score_the_wrong_thing_are_refused(argv, says):
     with pytest.raises(ConfigError, match=says):
@@ -221,3 +222,22 @@ def test_without_the_bulk_extra_help_answers_and_a_job_says_what_to_install(tmp_
     assert main([str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"), "--model", "detector"]) == 2
     err = capsys.readouterr().err
     assert "pyarrow is not installed" in err and "pip install -e '.[cpu,bulk]'" in err, err
+
+
+def test_a_model_that_is_not_there_is_answered_with_the_bundles_that_are(tmp_path, capsys):
+    from bulk.__main__ import main
+
+    for name in ("detector", "sentiment"):
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "manifest.json").write_text("{}")
+    (tmp_path / "models" / "notes").mkdir()
+    lines(tmp_path / "in.jsonl", [{"text": "a line"}])
+    job = [str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"), "--model", "nope"]
+    assert main([*job, "--models", str(tmp_path / "models")]) == 2
+    assert (
+        "no bundle named 'nope' in" in (err := capsys.readouterr().err)
+        and "it holds detector, sentiment" in err
+    )
+    assert main([*job, "--models", str(tmp_path / "elsewhere")]) == 2
+    assert "no such models directory (--models" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before the job wrote anything
