@@ -169,7 +169,7 @@ def run(cfg: BulkConfig) -> int:
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
           f"({manifest.path}), {len(todo)} to score with {cfg.worker_count()} worker(s) x {cfg.threads} "
           f"thread(s){' on Ray' if cfg.ray else ''}", flush=True)  # fmt: skip
-    progress = Progress(sum(p.size for p in todo), cfg.progress)
+    progress = Progress(sum(p.size for p in todo), cfg.progress and bool(todo))  # no bar for nothing to do
     failed_parts: dict[str, str] = {}
     scored: list[dict] = []  # this run's finished parts
     stopped: list[str] = []  # why no more parts start (a full disk), once said

@@ -189,8 +189,11 @@ def parser(
         boolean = _kind(hints[f.name]) is bool
         bare = "true" if boolean else spec.bare
         extra = {"nargs": "?", "const": bare} if bare is not None else {}
+        metavar = (
+            "true|false" if boolean else "VALUE"
+        )  # a switch's usage shows [true|false]: the value is optional
         p.add_argument(
-            flag(f.name), *spec.aliases, dest=f.name, default=None, metavar="VALUE", help=text, **extra
+            flag(f.name), *spec.aliases, dest=f.name, default=None, metavar=metavar, help=text, **extra
         )
         if boolean:
             p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const", const="false",

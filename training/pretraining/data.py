@@ -86,8 +86,8 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
                   f"documents ({cfg.corpus})", flush=True)  # fmt: skip
             if split == "train" and info.tokens:
                 seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
-                print(f"the schedule's {cfg.max_steps:,} steps see about {seen / 1e6:.1f}M of them: each about "
-                      f"{seen / info.tokens:.1f} times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
+                print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about "
+                      f"{seen / info.tokens:.2g} times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
     env.barrier()
     tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
     ids = special_ids(tok)
