@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from bulk import job
     except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("pyarrow", "ray"):  # the extra's packages; else a real bug
+            raise
         print(f"python -m bulk: {e.name} is not installed, and the corpus job needs it: install the bulk "
               "extra (pip install -e '.[cpu,bulk]' in the repository; the serving install leaves it out)",
               file=sys.stderr)  # fmt: skip

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import options
+from bulk.inputs import absolute_spec
 from options import ConfigError, flag, option
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
 CHECK_MODES = ("refuse", "warn", "off")  # as the server's --load-check (app/model/load_check.py)
 # The options a finished part's rows depend on: resuming with another value of any of them would mix
 # two kinds of rows in one output directory.
-EXIT_USAGE = 2  # bad options, no input, no such bundle, a missing package, or --out holds another job
-
 FINGERPRINT = ("input", "model", "format", "text_field", "id_field", "threshold", "tokens",
                "max_document_chars", "window_stride", "part_mb")  # fmt: skip
+EXIT_USAGE = 2  # bad options, no input, no such bundle, a missing package, or --out holds another job
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def resolve(argv: list[str] | None) -> BulkConfig:
     # is made absolute, not resolved (a glob stays a glob, a link keeps its name): job.json fingerprints it,
     # so `in`, `./in` and `/home/me/in` must resume the same job, from any directory.
     return dataclasses.replace(
-        cfg, input=os.path.abspath(cfg.input), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
+        cfg, input=absolute_spec(cfg.input), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
     )
 
 

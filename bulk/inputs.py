@@ -190,6 +190,14 @@ def _unlistable_under_glob(spec: str) -> dict[str, str]:
     return failed
 
 
+def absolute_spec(spec: str) -> str:
+    """INPUT as an absolute path, as job.json keeps it: `./` and doubled separators go, as pathlib drops
+    them; `..` stays (past a link, the kernel's parent is not the one in the text); a glob keeps a trailing
+    separator (`data/**/` matches directories, `data/**` files too)."""
+    path = str(Path.cwd() / spec)  # an absolute spec replaces the directory
+    return path + os.sep if spec.endswith(os.sep) and _magic(spec) and not path.endswith(os.sep) else path
+
+
 def _shown(path: Path, root: Path) -> str:
     """A path as failures name it: relative to the input root where it lies under it."""
     try:
@@ -359,10 +367,10 @@ def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> 
 
 
 def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
+    if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
+        return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
     if is_blank(text):
         return Doc(line, ident, None, Reason.EMPTY_TEXT, "")
-    if len(text) > max_chars:
-        return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
     if not text.isascii():
         try:
             text.encode("utf-8")

@@ -15,7 +15,7 @@ from app.machine import cpu
 from app.model.bundle import read_bundle
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part, plan, shards
+from bulk.inputs import Part, absolute_spec, plan, shards
 from bulk.progress import Progress
 
 # Exit statuses: a script can tell a clean run from one that needs a look.
@@ -57,6 +57,8 @@ def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> in
                 "resume cannot check what the finished parts were scored with. Use another --out, or remove "
                 "that directory to start again"
             )
+        if isinstance(have.get("input"), str):  # a job of before 2026-11-28 kept INPUT as typed, from here
+            have["input"] = absolute_spec(have["input"])
         diff = sorted(k for k in want if have.get(k) != want[k])
         if diff:
             raise JobError(

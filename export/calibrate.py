@@ -40,8 +40,9 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
         generator, _, _ = load_model(src.ckpt / "generator", "ElectraForMaskedLM")
         generator.eval()
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
-    # The two quiet stretches of an export (about 15 s and 7 s for the tiny config on 2 cores, minutes
-    # for a larger model on a busy machine) each say what they do before they start.
+    # The long quiet stretches of an export (the swaps here, the int8 check, the threshold's scoring: 15,
+    # 9 and 7 s for the tiny config on 2 cores, minutes for a larger model on a busy machine) each say
+    # what they do before they start.
     src.log("calibration: swapping words in held-out sentences" + (" with the run's generator" if generator else "")
             + ", by frequency and by part of speech ...")  # fmt: skip
     texts = build_texts(

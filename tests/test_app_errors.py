@@ -276,8 +276,13 @@ def test_settings_that_start_a_server_no_client_can_use_are_refused_or_mended(tm
 def test_a_mistyped_variable_warns_and_the_data_tools_variables_do_not():
     """ELECTRA_CACHE_DIR and ELECTRA_DATA_DIR belong to training and export, and the README sets one in the
     shell that serves: the server names typos only."""
-    from app.settings import Settings
+    from app.settings import SHARED_VARIABLES, Settings
+    from training.data.registry import CACHE_DIR_ENV, DATA_DIR_ENV
 
+    assert set(SHARED_VARIABLES) == {
+        CACHE_DIR_ENV,
+        DATA_DIR_ENV,
+    }  # app/ cannot import them: kept in step here
     env = {"ELECTRA_CACHE_DIR": "/tmp/c", "ELECTRA_DATA_DIR": "/tmp/d", "ELECTRA_MAX_BACH_SIZE": "4"}
     _, warnings = Settings.from_sources([], env=env)
     assert len(warnings) == 1 and warnings[0].startswith(

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import app
 from bulk.config import resolve
 from bulk.inputs import InputError, Reason, plan, read, shards
 from bulk.outputs import safe
@@ -187,41 +188,46 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
 
 def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
     """job.json fingerprints INPUT, so a resume typed `./corpus` or with the whole path, or run from
-    another directory, must continue the job `corpus` started rather than be refused as other settings.
-    A glob stays a glob."""
+    another directory, must continue the job `corpus` started rather than be refused as other settings;
+    so must a job.json written before INPUT was kept absolute, resumed from where it started. A glob stays
+    a glob, with its trailing separator; `..` stays (past a link, the kernel's parent is another)."""
+    from bulk.job import check_fingerprint
+
     (tmp_path / "corpus").mkdir()
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path)
-    fingerprints = [resolve([spec, "--out", str(tmp_path / "o"), "--model", "m"]).fingerprint()
-                    for spec in ("corpus", "./corpus/", str(tmp_path / "corpus"))]  # fmt: skip
+    configs = [resolve([spec, "--out", str(tmp_path / "o"), "--model", "m"])
+               for spec in ("corpus", "./corpus/", str(tmp_path / "corpus"), ".//corpus")]  # fmt: skip
     monkeypatch.chdir(tmp_path / "elsewhere")
-    fingerprints.append(resolve(["../corpus", "--out", "../o", "--model", "m"]).fingerprint())
-    assert all(f == fingerprints[0] for f in fingerprints), fingerprints
-    assert fingerprints[0]["input"] == str(tmp_path / "corpus")
-    assert resolve(["data/*.jsonl", "--out", "o", "--model", "m"]).input == str(
-        tmp_path / "elsewhere" / "data" / "*.jsonl"
-    )
+    configs.append(resolve(["../corpus", "--out", "../o", "--model", "m"]))
+    assert configs[-1].input == str(tmp_path / "elsewhere" / ".." / "corpus")
+    assert {c.input for c in configs[:-1]} == {str(tmp_path / "corpus")}
+    assert resolve(["data/**/", "--out", "o", "--model", "m"]).input == f"{tmp_path}/elsewhere/data/**/"
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "o").mkdir()
+    old = {**json.loads(json.dumps(configs[0].fingerprint())), "input": "corpus", "part_bytes": 4096}
+    old |= {"bundle_sha256": "ab", "version": app.__version__}
+    (tmp_path / "o" / "job.json").write_text(json.dumps(old))
+    assert check_fingerprint(configs[1], "ab", []) == 4096  # resumed, not refused
 
 
-def test_without_the_bulk_extra_help_answers_and_a_job_says_what_to_install(tmp_path, monkeypatch, capsys):
+def test_without_the_bulk_extra_help_answers_and_a_job_says_what_to_install(tmp_path):
     """The serving install (scripts/serve's) has bulk/ but not pyarrow: --help still answers, and a job
     names the missing package and the extra, where it once ended in a traceback."""
-    monkeypatch.setitem(sys.modules, "pyarrow", None)  # what `import pyarrow` meets where it is absent
-    import bulk
-
-    for name in [m for m in sys.modules if m.startswith(("bulk.", "pyarrow."))]:
-        monkeypatch.delitem(sys.modules, name)
-    for name in ("job", "outputs", "local", "on_ray", "shard", "progress"):
-        monkeypatch.delattr(bulk, name, raising=False)  # else `from bulk import job` finds it imported
-    from bulk.__main__ import main
-
-    with pytest.raises(SystemExit) as e:
-        main(["--help"])
-    assert e.value.code == 0 and "--model" in capsys.readouterr().out
     lines(tmp_path / "in.jsonl", [{"text": "a line"}])
-    assert main([str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"), "--model", "detector"]) == 2
-    err = capsys.readouterr().err
-    assert "pyarrow is not installed" in err and "pip install -e '.[cpu,bulk]'" in err, err
+    code = (
+        "import sys; sys.modules['pyarrow'] = None  # what `import pyarrow` meets where it is absent\n"
+        "from bulk.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+    helped = run_python(code, "--help")
+    assert helped.returncode == 0 and "--model" in helped.stdout, helped.stderr
+    job = run_python(code, str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"), "--model", "detector")
+    assert job.returncode == 2, job.stderr
+    assert "pyarrow is not installed" in job.stderr and "pip install -e '.[cpu,bulk]'" in job.stderr, (
+        job.stderr
+    )
+    assert "Traceback" not in job.stderr
 
 
 def test_a_model_that_is_not_there_is_answered_with_the_bundles_that_are(tmp_path, capsys):

@@ -86,8 +86,11 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
                   f"documents ({cfg.corpus})", flush=True)  # fmt: skip
             if split == "train" and info.tokens:
                 seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
-                print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about "
-                      f"{seen / info.tokens:.2g} times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
+                times = (
+                    f"{seen / info.tokens:.2g}" if seen < 10 * info.tokens else f"{seen / info.tokens:,.0f}"
+                )
+                print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about {times} "
+                      "times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
     env.barrier()
     tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
     ids = special_ids(tok)
