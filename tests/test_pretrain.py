@@ -69,12 +69,14 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
         load_generators([other], ckpt / "tokenizer.json")
 
 
-def test_resume_after_kill_retraces_the_uninterrupted_run_bit_for_bit_on_two_threads(
+def test_a_run_stopped_by_ctrl_c_saves_and_its_resume_retraces_the_uninterrupted_one_on_two_threads(
     tmp_path, small_corpus, small_tokenizer
 ):
-    """Every run here takes two threads, as a user's run takes every core, while the suite gives the
-    processes it starts one each (tests/conftest.py): a resumed run must retrace the uninterrupted one
-    exactly where threads split the work too. (tests/test_training_faults.py kills at random moments.)"""
+    """Ctrl-C between two --save-every points: the run finishes its step, saves it with the random
+    state it left, exits 130 saying how to go on, and the resumed run lands on the uninterrupted run's
+    weights bit for bit. Every run here takes two threads, as a user's run takes every core, while the
+    suite gives the processes it starts one each (tests/conftest.py): exact where threads split the work
+    too. (tests/test_training_faults.py kills with SIGKILL at random moments.)"""
     args = ("--max-steps", 30, "--save-every", 10, "--log-every", 1, "--eval-every", 1000, "--threads", 2)
 
     def command(out: Path) -> list[str]:
@@ -85,29 +87,35 @@ def test_resume_after_kill_retraces_the_uninterrupted_run_bit_for_bit_on_two_thr
             *tiny_args(out, small_corpus, small_tokenizer, *args),
         ]
 
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     subprocess.run(command(whole), cwd=REPO, check=True, capture_output=True, timeout=300)
-    proc = subprocess.Popen(command(killed), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = killed / "checkpoints" / "latest"
+    proc = subprocess.Popen(
+        command(stopped), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    metrics = stopped / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text().strip() >= "step-00000010":
+        if metrics.is_file() and any(r["step"] >= 11 for r in read_metrics(metrics) if r["split"] == "train"):
             break
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = int(latest.read_text().strip().split("-")[1])
-    assert killed_at < 30, "the run finished before it could be killed; nothing was tested"
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, said[-2000:]
+    stopped_at = int((stopped / "checkpoints" / "latest").read_text().strip().split("-")[1])
+    assert 10 < stopped_at < 30 and stopped_at % 10, f"stopped at {stopped_at}: not between two saves"
+    assert f"stopped at step {stopped_at} of 30 by SIGINT, saved; go on with: " in said, said[-2000:]
+    assert (resolve_checkpoint(stopped) / "rng_state.safetensors").is_file()
 
-    resume = [sys.executable, "-m", "training.pretrain", "--out", str(killed), "--resume"]
-    subprocess.run(resume, cwd=REPO, check=True, capture_output=True, timeout=300)
-    assert json.loads((killed / "config.json").read_text())["threads"] == 2
-    a, b = train_losses(whole), train_losses(killed)
+    resume = [sys.executable, "-m", "training.pretrain", "--out", str(stopped), "--resume"]
+    again = subprocess.run(resume, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
+    assert f"resumed at step {stopped_at}" in again.stdout
+    assert json.loads((stopped / "config.json").read_text())["threads"] == 2
+    a, b = train_losses(whole), train_losses(stopped)
     assert sorted(a) == sorted(b) == list(range(1, 31))
     assert a == b
     for part in ("model.safetensors", "generator/model.safetensors"):
         wa = load_file(resolve_checkpoint(whole) / part)
-        wb = load_file(resolve_checkpoint(killed) / part)
+        wb = load_file(resolve_checkpoint(stopped) / part)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), part
 
 

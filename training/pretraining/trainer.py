@@ -37,6 +37,7 @@ from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
+from training.pretraining.stopping import RNG_FILE, GracefulStop, capture_rng, restore_rng
 from training.pretraining.warmstart import WarmStart, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 
@@ -75,7 +76,9 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
     torch.manual_seed(hash((cfg.seed, rank, step)) & 0x7FFF_FFFF)
 
 
-def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals) -> None:
+def save(
+    run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None
+) -> None:
     def fill(d: Path) -> None:
         for sub, (model, architecture) in objective.checkpoint_parts().items():
             (d / sub).mkdir(exist_ok=True)
@@ -86,6 +89,8 @@ def save(run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokeni
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
                  "config": cfg.__dict__, "eval": evals, "objective": cfg.objective}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        if rng is not None:  # between --save-every points: the generators as the step left them
+            ckpt.save_tensors(rng, d / RNG_FILE)
 
     ckpt.commit_checkpoint(run, step, fill, keep=cfg.keep_checkpoints)
 
@@ -189,18 +194,24 @@ class Trainer:
         self.step += 1
         return sums, norm
 
-    def evaluate_and_save(self, log: MetricsLog, done: bool) -> None:
+    def evaluate_and_save(self, log: MetricsLog, done: bool, stopped: bool = False) -> None:
+        """Evaluate and save on schedule; at the end of the run (`done`) both; on a stop by a signal,
+        save only, at once."""
         cfg, env, step = self.cfg, self.env, self.step
-        if (step % cfg.eval_every == 0 or done) and env.main:
+        saving = step % cfg.save_every == 0 or done or stopped
+        # Taken before the evaluation, which draws from the same generators; single-process runs only
+        # (each rank's would have to be gathered: a torchrun run resumes from its last --save-every point).
+        rng = capture_rng(env.device) if saving and step % cfg.save_every and env.world == 1 else None
+        if (step % cfg.eval_every == 0 or done) and env.main and not stopped:
             self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
                                   env.device, self.autocast)  # fmt: skip
             log.write(step, self.settle_tokens(), "eval", self.evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
-        if step % cfg.save_every == 0 or done:
+        if saving:
             self.settle_tokens()
             if env.main:
                 save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                     self.data.tokenizer_dir, self.evals)  # fmt: skip
+                     self.data.tokenizer_dir, self.evals, rng)  # fmt: skip
             env.barrier()
             reseed(cfg, env.rank, step)
 
@@ -294,6 +305,11 @@ def setup(argv: list[str] | None) -> Trainer:
         # The user's data, tokenizer, checkpoint or --out: the message names the file and what to do.
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
+    if cfg.resume and restore_rng(ckpt.resolve_checkpoint(run), env.device) and env.main:
+        print(
+            f"resumed at step {step}, saved between --save-every points: its random state restored",
+            flush=True,
+        )
 
     # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
     # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
@@ -326,7 +342,10 @@ def setup(argv: list[str] | None) -> Trainer:
 def run(argv: list[str] | None = None) -> None:
     t = setup(argv)
     try:
-        train(t)
+        with GracefulStop(enabled=t.env.world == 1) as stop:
+            train(t, stop)
+        if stop.signal is not None and t.step < t.cfg.max_steps:  # saved, but not finished: say so
+            sys.exit(128 + stop.signal)
     except OSError as e:
         if not ckpt.out_of_space(e):
             raise
@@ -346,7 +365,7 @@ def run(argv: list[str] | None = None) -> None:
         )
 
 
-def train(t: Trainer) -> None:
+def train(t: Trainer, stop: GracefulStop | None = None) -> None:
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
     log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
@@ -379,9 +398,14 @@ def train(t: Trainer) -> None:
         # for the device: with several processes, only at log steps.
         out_of_time = (cfg.max_minutes is not None and (env.world == 1 or logging_now)
                        and env.agree(time.time() - started > cfg.max_minutes * 60))  # fmt: skip
-        t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time)
+        stopped = stop is not None and stop.signal is not None and t.step < cfg.max_steps
+        t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time, stopped=stopped)
         if out_of_time:
             tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
+            break
+        if stopped:
+            tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {stop.name}, saved; go on with: "
+                       f"python -m training.pretrain --out {t.run} --resume")  # fmt: skip
             break
     bar.close()
     if env.main:
