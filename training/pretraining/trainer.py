@@ -305,11 +305,12 @@ def setup(argv: list[str] | None) -> Trainer:
         # The user's data, tokenizer, checkpoint or --out: the message names the file and what to do.
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
-    if cfg.resume and restore_rng(ckpt.resolve_checkpoint(run), env.device) and env.main:
-        print(
-            f"resumed at step {step}, saved between --save-every points: its random state restored",
-            flush=True,
-        )
+    if cfg.resume:
+        checkpoint = ckpt.resolve_checkpoint(run)
+        exact = restore_rng(checkpoint, env.device)  # a stop between --save-every points: its random state
+        if env.main:
+            print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
+                  + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip
 
     # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
     # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
