@@ -49,6 +49,9 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
         tokenizer, generator, cfg.calibration_text, data_dir, cfg.calibration_sentences, cfg.seed
     )
     src.log(f"calibration: {len(texts.texts)} sentences from {texts.source_counts()} ({texts.counts()})")
+    if not texts.texts:  # a map fitted on nothing would be the identity's guess, shipped as calibrated
+        raise ValueError("calibration found no held-out sentence it could use (each must tokenize to words the "
+                         "model knows); check that the tokenizer is the model's, or pass --no-calibrate")  # fmt: skip
     _, probs, labels, lengths = score(WordScorer(fp32_onnx, tokenizer, src.max_length), texts)
     cmap = cal.LengthMap.fit(probs, labels, lengths)
     fitted = cmap.apply(probs, lengths)

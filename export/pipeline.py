@@ -60,6 +60,7 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
         with tempfile.TemporaryDirectory() as work_dir:
             work = Path(work_dir)
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
+            _check_vocabulary(tmp / bundle_writer.TOKENIZER, src)
             src.precision.prepare(src, tmp / bundle_writer.TOKENIZER)
             fp32 = _fp32_graph(src, work)
             calibration = None
@@ -86,13 +87,32 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
     return result
 
 
+def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
+    """The tokenizer must be the model's: more tokens than embedding rows would index past them, and far
+    fewer (a tokenizer of another model, or one built wrongly) turns most words into [UNK], which an export
+    would only notice as a calibration with no sentence to score."""
+    from tokenizers import Tokenizer
+
+    have, rows = Tokenizer.from_file(str(tokenizer)).get_vocab_size(), src.mcfg.vocab_size
+    if have > rows or have < rows // 2:
+        where = f"{src.ckpt}/" + (
+            "tokenizer.json" if (src.ckpt / "tokenizer.json").is_file() else "vocab.txt"
+        )
+        raise ValueError(f"{where} has {have:,} tokens, and the model's config.json says vocab_size {rows:,}: "
+                         "that tokenizer is not this model's; put the model's own tokenizer beside it")  # fmt: skip
+
+
 def _load(cfg: ExportConfig, log) -> _Source:
     from training.checkpoint import load_model
 
     model, mcfg, ckpt = load_model(cfg.checkpoint)
     model.eval()
     graph, kind, output = graph_for(model)
-    max_length = cfg.max_length or mcfg.max_position_embeddings
+    trained = mcfg.trained_positions
+    max_length = cfg.max_length or min(mcfg.max_position_embeddings, trained or mcfg.max_position_embeddings)
+    if not cfg.max_length and max_length < mcfg.max_position_embeddings:
+        log(f"max_length {max_length}: the positions training used, of the model's {mcfg.max_position_embeddings} "
+            "(the rest are as initialized; longer texts are scored in windows); --max-length to choose")  # fmt: skip
     if max_length > mcfg.max_position_embeddings:
         raise ValueError(
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"

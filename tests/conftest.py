@@ -64,7 +64,10 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
     d = tmp_path_factory.mktemp("tiny_init")
     torch.manual_seed(0)
     tok = load_tokenizer(small_tokenizer)
-    model = ElectraForPreTraining(ElectraConfig(vocab_size=tok.get_vocab_size(), **TINY_ENCODER))
+    # trained_positions: what a pretraining run at --seq-len 64 records
+    model = ElectraForPreTraining(
+        ElectraConfig(vocab_size=tok.get_vocab_size(), trained_positions=64, **TINY_ENCODER)
+    )
     init_weights(model)
     save_model(model, d, "ElectraForPreTraining")
     copy_tokenizer(small_tokenizer.parent, d)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -460,4 +461,43 @@ def test_export_refuses_a_mount_point_as_out_before_any_work(tmp_path, capsys):
 def test_a_detector_refuses_labelled_eval_data_it_would_ignore(tmp_path, detector_dir):
     with pytest.raises(ValueError, match="--eval-data is a classifier's"):
         export(detector_dir, tmp_path / "b", eval_data=_dev_csv(tmp_path / "dev.csv"))
+    assert not (tmp_path / "b").exists()
+
+
+def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_dir):
+    """A run of ours records how many positions it trained (a from-scratch model's 512 are mostly as
+    initialized at --seq-len 128): the bundle scores longer texts in windows of those, unless --max-length
+    says otherwise. An outside checkpoint records none, and all its positions count."""
+    src = tmp_path / "ours"
+    shutil.copytree(detector_dir, src)
+    config = json.loads((src / "config.json").read_text())
+    assert "trained_positions" not in config
+    assert (
+        export(detector_dir, tmp_path / "outside", precision="fp32", calibrate=False)["max_length"]
+        == (config["max_position_embeddings"])
+    )
+    (src / "config.json").write_text(json.dumps({**config, "trained_positions": 32}))
+    said = []
+    from export.config import ExportConfig
+    from export.pipeline import run_export
+
+    manifest = run_export(ExportConfig(checkpoint=str(src), out=str(tmp_path / "b"), precision="fp32", calibrate=False),
+                          log=said.append)  # fmt: skip
+    assert manifest["max_length"] == 32
+    assert any(line.startswith("max_length 32: the positions training used") for line in said), said
+    assert export(src, tmp_path / "c", precision="fp32", calibrate=False, max_length=48)["max_length"] == 48
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_work(tmp_path, detector_dir):
+    """A 5-token vocabulary beside a model of many more rows (a tokenizer built wrongly) once exported as
+    far as a calibration on no sentence at all; it is refused at once, naming both sizes."""
+    src = tmp_path / "wrong"
+    shutil.copytree(detector_dir, src)
+    (src / "tokenizer.json").unlink(missing_ok=True)
+    (src / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    rows = json.loads((src / "config.json").read_text())["vocab_size"]
+    with pytest.raises(
+        ValueError, match=rf"vocab.txt has 5 tokens, and the model's config.json says vocab_size {rows:,}"
+    ):
+        export(src, tmp_path / "b", precision="fp32", calibrate=False)
     assert not (tmp_path / "b").exists()

@@ -45,6 +45,8 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
         assert (ckpt / f).is_file(), f
     assert (run / "curves.png").stat().st_size > 10_000
     assert json.loads((run / "config.json").read_text())["max_steps"] == 80
+    # The positions it trained (--seq-len), for export's default --max-length; fine-tuning carries it on.
+    assert json.loads((ckpt / "config.json").read_text())["trained_positions"] == 64
 
     # The context probe reads the same run: figures of the right shape, and the same verdict as the
     # run's own evaluation (the young generator's samples are easy to flag). Replacements by a named

@@ -79,6 +79,8 @@ def hf_config_dict(cfg: ElectraConfig, architecture: str) -> dict:
         del d["classifier_dropout"]
     if d["problem_type"] is None:
         del d["problem_type"]
+    if d["trained_positions"] is None:
+        del d["trained_positions"]
     return {"architectures": [architecture], "model_type": "electra", "tie_word_embeddings": True, **d}
 
 

@@ -47,6 +47,11 @@ class ElectraConfig:
     # Int8 projections with fixed activation ranges (training/quantization.py): set by quantization-aware
     # training or calibration; None is a plain fp32 model. Not a Hugging Face field (transformers ignores it).
     quantization: dict | None = None
+    # The positions training has used (pretraining's --seq-len, fine-tuning's --max-seq-len, the larger
+    # of its own and its start's): export's default --max-length, since a from-scratch model's positions
+    # past them are as initialized. None: not known (an outside checkpoint), all count. Not a Hugging Face
+    # field either.
+    trained_positions: int | None = None
 
     def __post_init__(self) -> None:
         self.id2label = {int(k): str(v) for k, v in self.id2label.items()}

@@ -280,6 +280,8 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
         raise ConfigError(
             f"--max-seq-len: {cfg.max_seq_len} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
+    if mcfg.trained_positions is not None:  # known (a run of ours): fine-tuning trains up to --max-seq-len
+        mcfg.trained_positions = max(mcfg.trained_positions, cfg.max_seq_len)
     if tok.get_vocab_size() > mcfg.vocab_size:
         raise ConfigError(
             f"--init: the tokenizer in {src} has {tok.get_vocab_size()} tokens, the model {mcfg.vocab_size}"

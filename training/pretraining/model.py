@@ -18,12 +18,16 @@ def build_objective(cfg, vocab_size: int, warm: WarmStart | None = None):
     warm start's source; the generator scaled from it (or the source's own)."""
     dropout = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
     if warm is not None:
-        disc_cfg = ElectraConfig(**{**warm.disc.config.to_dict(), **dropout})
+        source = warm.disc.config
+        positions = None if source.trained_positions is None else max(source.trained_positions, cfg.seq_len)
+        disc_cfg = ElectraConfig(**{**source.to_dict(), **dropout, "trained_positions": positions})
     else:
+        # 512 positions, as ELECTRA's checkpoints have, whatever --seq-len: fine-tuning may go longer.
         disc_cfg = ElectraConfig(
             vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
             num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
             intermediate_size=cfg.intermediate_size, max_position_embeddings=max(512, cfg.seq_len), **dropout,
+            trained_positions=cfg.seq_len,
         )  # fmt: skip
     if cfg.objective == "mlm":
         return MLMObjective(disc_cfg)
