@@ -37,7 +37,11 @@ class ExportConfig:
     eval_text: str | None = option(
         None, "held-out text file for the int8 check, one text a line (default: WikiText-2 valid)"
     )
-    eval_data: str | None = option(None, "classifiers: labelled dev data (CSV/TSV/JSONL with text,label)")
+    eval_data: str | None = option(
+        None,
+        "classifiers: labelled dev data (CSV/TSV/JSONL), read with the columns the model was fine-tuned "
+        "with (text,label for a model from elsewhere)",
+    )
     data_dir: str | None = option(
         None,
         "directory already holding the registry's data files (else fetched and cached)",

@@ -145,6 +145,7 @@ def test_user_csv_with_custom_columns_keeps_label_names(tiny_init, tmp_path, giv
     assert config["id2label"] == {str(i): n for i, n in enumerate(names)}
     assert config["label2id"] == {n: i for i, n in enumerate(names)}
     assert config["architectures"] == ["ElectraForSequenceClassification"]
+    assert config["trained_positions"] == 128  # the init's 64, and now --max-seq-len's default 128
     assert evals["dev"]["labels"] == names and evals["dev"]["n"] == 6  # a stratified 10% of 60
     assert "test" not in evals and not (out / "eval_test.json").exists()
     state = json.loads((out / "trainer_state.json").read_text())
@@ -252,7 +253,9 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         run(*user, "--epochs", 1)
 
 
-def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_and_fix(tiny_init, tmp_path):
+def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_and_fix(
+    tiny_init, tmp_path, capsys
+):
     """Each of these once trained silently on something else (a NaN became a class, a comma in a text moved
     the label, a JSON row without its text trained on "") or ended in a traceback."""
     good = [f"{WORDS[lab]} {i},{lab}" for i, lab in enumerate(["good", "bad"] * 6)]
@@ -284,11 +287,29 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         with pytest.raises(SystemExit) as e:
             run("--init", tiny_init, "--out", tmp_path / "out", "--train", tmp_path / name)
         assert name in str(e.value.code) and says in str(e.value.code), (name, e.value.code)
-    # A whole document in one field: over the csv module's default limit of 128 KB, and read.
+    # A whole document in one field: over the csv module's default limit of 128 KB, and read. An empty
+    # text is kept, with a warning naming its row (the server would refuse it).
     long = "a great fun warm film " * 7000
-    (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(good) + f"\n{long},good\n")
+    (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(good) + f"\n{long},good\n,bad\n")
+    capsys.readouterr()
     run("--init", tiny_init, "--out", tmp_path / "long", "--train", tmp_path / "long.csv", "--epochs", 1,
         "--max-seq-len", 32)  # fmt: skip
+    assert "long.csv has 1 row(s) with empty text (row 14); they are kept" in capsys.readouterr().err
+    # A test label the training data never shows: the fix named is to train it or leave it out.
+    (tmp_path / "unseen.csv").write_text("text,label\n" + "\n".join(good[:4]) + "\na film,ugly\n")
+    with pytest.raises(SystemExit) as e:
+        run(
+            "--init",
+            tiny_init,
+            "--out",
+            tmp_path / "o3",
+            "--train",
+            tmp_path / "long.csv",
+            "--test",
+            tmp_path / "unseen.csv",
+        )
+    assert "labels ['ugly'] do not occur in the training data" in str(e.value.code), e.value.code
+    assert "leave those rows out of --test" in str(e.value.code)
     # --out where no model can go, and an --init whose files are damaged.
     (tmp_path / "a-file").write_text("")
     run_dir = tmp_path / "pretraining-run"

@@ -16,6 +16,7 @@ import json
 import math
 import random
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -187,6 +188,11 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
                 raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
+    empty = [n for n, (text, _, _) in enumerate(out, 1) if not text.strip()]
+    if empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
+        print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text (row {', '.join(map(str, empty[:5]))}"
+              f"{', ...' if len(empty) > 5 else ''}); they are kept, and teach the model its label for no text",
+              file=sys.stderr, flush=True)  # fmt: skip
     return out
 
 
@@ -258,8 +264,10 @@ def _user_files(cfg) -> TaskData:
             if unknown and cfg.labels:
                 raise DataError(f"--labels: --{split} holds labels {unknown[:5]} that --labels does not list")
             if unknown:
-                raise DataError(f"--{split}: labels {unknown[:5]} do not occur in the training data; "
-                                "pass --labels to list every class")  # fmt: skip
+                raise DataError(f"--{split}: labels {unknown[:5]} do not occur in the training data, so the model "
+                                "could never predict them: add training rows of them, or leave those rows out "
+                                f"of --{split} (--labels lists every class, but one without training rows "
+                                "stays unlearned)")  # fmt: skip
             splits[split] = [Example(t, p, index[label_name(lab)]) for t, p, lab in rows]
         ptype = CLASSIFICATION
     source = {
