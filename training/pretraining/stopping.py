@@ -12,6 +12,7 @@ as it stood after its step instead, so the resumed run draws what the uninterrup
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -59,7 +60,9 @@ def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
     """The global generators' states (CPU, and the device's on CUDA) as uint8 tensors for safetensors."""
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
+        # Not yet run on a GPU: should a graph-safe generator refuse, the resume reseeds instead.
+        with contextlib.suppress(RuntimeError):
+            state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
@@ -72,6 +75,8 @@ def restore_rng(checkpoint: Path, device: torch.device) -> bool:
         return False
     state = load_file(path)
     torch.set_rng_state(state["cpu"])
-    if "cuda" in state and device.type == "cuda":
+    if device.type == "cuda":
+        if "cuda" not in state:  # saved without it: dropout on the GPU draws anew
+            return False
         torch.cuda.set_rng_state(state["cuda"], device)
     return True
