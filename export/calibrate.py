@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import calibration as cal
-from export.evaluation.items import Texts, build_texts
+from export.evaluation.items import Texts, build_texts, fitting
 from export.evaluation.scoring import score
 from export.parity import ParityError, deviation
 from export.wordscores import WordScorer
@@ -48,6 +48,12 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
     texts = build_texts(
         tokenizer, generator, cfg.calibration_text, data_dir, cfg.calibration_sentences, cfg.seed
     )
+    from tokenizers import Tokenizer
+
+    built, texts = len(texts.texts), fitting(texts, Tokenizer.from_file(str(tokenizer)), src.max_length)
+    if len(texts.texts) < built:
+        src.log(f"calibration: {built - len(texts.texts)} of {built} sentences left out: longer than one row of "
+                f"max_length {src.max_length}")  # fmt: skip
     src.log(f"calibration: {len(texts.texts)} sentences from {texts.source_counts()} ({texts.counts()})")
     if not texts.texts:  # a map fitted on nothing would be the identity's guess, shipped as calibrated
         raise ValueError("calibration found no held-out sentence it could use (each must tokenize to words the "

@@ -93,8 +93,10 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
     would only notice as a calibration with no sentence to score."""
     from tokenizers import Tokenizer
 
+    from training.data.tokenizer import fits_model
+
     have, rows = Tokenizer.from_file(str(tokenizer)).get_vocab_size(), src.mcfg.vocab_size
-    if have > rows or have < rows // 2:
+    if not fits_model(have, rows):
         where = f"{src.ckpt}/" + (
             "tokenizer.json" if (src.ckpt / "tokenizer.json").is_file() else "vocab.txt"
         )
@@ -111,8 +113,9 @@ def _load(cfg: ExportConfig, log) -> _Source:
     trained = mcfg.trained_positions
     max_length = cfg.max_length or min(mcfg.max_position_embeddings, trained or mcfg.max_position_embeddings)
     if not cfg.max_length and max_length < mcfg.max_position_embeddings:
+        longer = "scored in windows" if kind == "detector" else "truncated"
         log(f"max_length {max_length}: the positions training used, of the model's {mcfg.max_position_embeddings} "
-            "(the rest are as initialized; longer texts are scored in windows); --max-length to choose")  # fmt: skip
+            f"(the rest are as initialized; longer texts are {longer}); --max-length to choose")  # fmt: skip
     if max_length > mcfg.max_position_embeddings:
         raise ValueError(
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"

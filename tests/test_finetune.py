@@ -145,7 +145,7 @@ def test_user_csv_with_custom_columns_keeps_label_names(tiny_init, tmp_path, giv
     assert config["id2label"] == {str(i): n for i, n in enumerate(names)}
     assert config["label2id"] == {n: i for i, n in enumerate(names)}
     assert config["architectures"] == ["ElectraForSequenceClassification"]
-    assert config["trained_positions"] == 128  # the init's 64, and now --max-seq-len's default 128
+    assert config["trained_positions"] == 64  # the init's 64: no training row here is longer
     assert evals["dev"]["labels"] == names and evals["dev"]["n"] == 6  # a stratified 10% of 60
     assert "test" not in evals and not (out / "eval_test.json").exists()
     state = json.loads((out / "trainer_state.json").read_text())
@@ -293,8 +293,10 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
     (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(good) + f"\n{long},good\n,bad\n")
     capsys.readouterr()
     run("--init", tiny_init, "--out", tmp_path / "long", "--train", tmp_path / "long.csv", "--epochs", 1,
-        "--max-seq-len", 32)  # fmt: skip
+        "--max-seq-len", 96)  # fmt: skip
     assert "long.csv has 1 row(s) with empty text (row 14); they are kept" in capsys.readouterr().err
+    # The long row trained all 96 positions, past the init's 64: what export's --max-length follows.
+    assert json.loads((tmp_path / "long" / "config.json").read_text())["trained_positions"] == 96
     # A test label the training data never shows: the fix named is to train it or leave it out.
     (tmp_path / "unseen.csv").write_text("text,label\n" + "\n".join(good[:4]) + "\na film,ugly\n")
     with pytest.raises(SystemExit) as e:

@@ -79,7 +79,9 @@ def test_a_run_stopped_by_ctrl_c_saves_and_its_resume_retraces_the_uninterrupted
     weights bit for bit. Every run here takes two threads, as a user's run takes every core, while the
     suite gives the processes it starts one each (tests/conftest.py): exact where threads split the work
     too. (tests/test_training_faults.py kills with SIGKILL at random moments.)"""
-    args = ("--max-steps", 30, "--save-every", 10, "--log-every", 1, "--eval-every", 1000, "--threads", 2)
+    # A stop between save points lands anywhere in 2-24 (the poll waits for step 2); the resume then
+    # crosses the save at 25, where the random state is reseeded as in the uninterrupted run.
+    args = ("--max-steps", 40, "--save-every", 25, "--log-every", 1, "--eval-every", 1000, "--threads", 2)
 
     def command(out: Path) -> list[str]:
         return [
@@ -91,29 +93,35 @@ def test_a_run_stopped_by_ctrl_c_saves_and_its_resume_retraces_the_uninterrupted
 
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     subprocess.run(command(whole), cwd=REPO, check=True, capture_output=True, timeout=300)
-    proc = subprocess.Popen(
-        command(stopped), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    # Started as from a terminal, SIGINT at its default: a pytest-xdist worker ignores it, and a run
+    # leaves a signal its parent ignores ignored.
+    proc = subprocess.Popen(command(stopped), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     metrics = stopped / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and any(r["step"] >= 11 for r in read_metrics(metrics) if r["split"] == "train"):
+        if metrics.is_file() and any(r["step"] >= 2 for r in read_metrics(metrics) if r["split"] == "train"):
             break
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     said = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, said[-2000:]
     stopped_at = int((stopped / "checkpoints" / "latest").read_text().strip().split("-")[1])
-    assert 10 < stopped_at < 30 and stopped_at % 10, f"stopped at {stopped_at}: not between two saves"
-    assert f"stopped at step {stopped_at} of 30 by SIGINT, saved; go on with: " in said, said[-2000:]
+    assert 0 < stopped_at < 25, f"stopped at {stopped_at}: not between two saves"
+    assert f"stopped at step {stopped_at} of 40 by SIGINT, saved; go on with: " in said, said[-2000:]
     assert (resolve_checkpoint(stopped) / "rng_state.safetensors").is_file()
+    assert (resolve_checkpoint(stopped) / "interim").is_file()  # gone once the save at 25 is written
 
     resume = [sys.executable, "-m", "training.pretrain", "--out", str(stopped), "--resume"]
     again = subprocess.run(resume, cwd=REPO, check=True, capture_output=True, text=True, timeout=300)
     assert f"resumed at step {stopped_at}" in again.stdout
     assert json.loads((stopped / "config.json").read_text())["threads"] == 2
+    assert sorted(p.name for p in (stopped / "checkpoints").glob("step-*")) == [
+        "step-00000025",
+        "step-00000040",
+    ]
     a, b = train_losses(whole), train_losses(stopped)
-    assert sorted(a) == sorted(b) == list(range(1, 31))
+    assert sorted(a) == sorted(b) == list(range(1, 41))
     assert a == b
     for part in ("model.safetensors", "generator/model.safetensors"):
         wa = load_file(resolve_checkpoint(whole) / part)
@@ -405,3 +413,21 @@ def test_training_asks_cuda_for_deterministic_kernels_unless_told_not_to():
 
     assert HardwareOptions().deterministic
     assert issubclass(PretrainConfig, HardwareOptions) and issubclass(FinetuneConfig, HardwareOptions)
+
+
+def test_a_stops_checkpoint_counts_for_nothing_in_keep_and_goes_at_the_next_save(tmp_path):
+    """The claim keeps every save point of a run (--keep-checkpoints = the number of points) and reads
+    each; a stop between two of them, resumed, must not push the first out."""
+    from training.checkpoint import commit_checkpoint
+
+    def fill(d: Path) -> None:
+        (d / "weights").write_text("w")
+
+    for step, interim in ((25, False), (50, False), (60, True), (75, False), (100, False)):
+        commit_checkpoint(tmp_path, step, fill, keep=4, interim=interim)
+        names = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))
+        if step == 60:
+            assert names == ["step-00000025", "step-00000050", "step-00000060"]
+    assert names == ["step-00000025", "step-00000050", "step-00000075", "step-00000100"]
+    commit_checkpoint(tmp_path, 125, fill, keep=4)  # past the points: the oldest regular one goes
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))[0] == "step-00000050"

@@ -282,14 +282,31 @@ def write_text_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], keep: int = 2) -> Path:
+INTERIM = "interim"  # the marker file of a checkpoint written between a run's regular ones (a stop)
+
+
+def commit_checkpoint(
+    run_dir: Path, step: int, fill: Callable[[Path], None], keep: int = 2, interim: bool = False
+) -> Path:
     """Write checkpoints/step-XXXXXXXX atomically, point `latest` at it, keep the newest `keep`. On a full
-    disk, DiskFullError: `latest` still points at the previous checkpoint, which is untouched."""
+    disk, DiskFullError: `latest` still points at the previous checkpoint, which is untouched.
+
+    An `interim` checkpoint (a run stopped between its --save-every points) counts for nothing in `keep`
+    and goes once a newer one is committed: a user who keeps every save point (the claim's benchmark
+    reads each) must not lose the first of them to a stop's."""
     ckpt_dir = run_dir / "checkpoints"
     latest = ckpt_dir / LATEST
     previous = ckpt_dir / latest.read_text().strip() if latest.is_file() else None
     needed = directory_size(previous) if previous is not None and previous.is_dir() else None
-    target = write_atomically(ckpt_dir / f"step-{step:08d}", fill, needed)
+
+    def filled(d: Path) -> None:
+        fill(d)
+        if interim:
+            (d / INTERIM).write_text(
+                "written between the run's --save-every points; removed by the next save\n"
+            )
+
+    target = write_atomically(ckpt_dir / f"step-{step:08d}", filled, needed)
     try:
         write_text_atomically(latest, target.name)
     except OSError as e:
@@ -299,8 +316,10 @@ def commit_checkpoint(run_dir: Path, step: int, fill: Callable[[Path], None], ke
         with contextlib.suppress(FileNotFoundError):
             latest.with_name(f".{LATEST}.tmp").unlink()
         raise disk_full(latest) from e
-    steps = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir())
-    for old in steps[:-keep] if keep > 0 else []:
+    older = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir() and p != target)
+    regular = [p for p in older if not (p / INTERIM).exists()]
+    surplus = max(0, len(regular) + (not interim) - keep) if keep > 0 else 0  # the target counts if regular
+    for old in [p for p in older if p not in regular] + regular[:surplus]:
         shutil.rmtree(old, ignore_errors=True)
     return target
 

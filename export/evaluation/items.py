@@ -4,6 +4,7 @@ benchmarks and tests score (export/evaluation/scoring.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
@@ -38,6 +39,24 @@ class Texts:
     def source_counts(self) -> dict[str, int]:
         sources = self.sources or [self.where] * len(self.texts)
         return {k: sources.count(k) for k in dict.fromkeys(sources)}
+
+
+def fitting(texts: Texts, tokenizer, max_length: int) -> Texts:
+    """The sentences that fit one row of `max_length` tokens, special tokens included: calibration fits its
+    map by row length, and a sentence longer than a bundle's rows (a run trained at --seq-len 64) would be
+    scored in windows of another length."""
+    keep = [i for i, e in enumerate(tokenizer.encode_batch(texts.texts, add_special_tokens=False))
+            if len(e.ids) + 2 <= max_length]  # fmt: skip
+    if len(keep) == len(texts.texts):
+        return texts
+
+    def pick(values):
+        return None if values is None else [values[i] for i in keep]
+
+    return dataclasses.replace(
+        texts, texts=pick(texts.texts), spans=pick(texts.spans), kinds=pick(texts.kinds), sources=pick(texts.sources),
+        originals=pick(texts.originals), replacements=pick(texts.replacements), cleans=pick(texts.cleans),
+    )  # fmt: skip
 
 
 def own_sentences(path: str) -> list[str]:

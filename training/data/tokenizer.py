@@ -196,6 +196,13 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what save_tokenizer writes
 
 
+def fits_model(tokens: int, vocab_size: int) -> bool:
+    """Whether a tokenizer of `tokens` can be a model's of `vocab_size` rows: not more (ids past the rows
+    index nothing), and not under half (another model's, or one built wrongly: most words would be
+    [UNK]); a vocabulary padded to a round size, or a few added tokens, fits."""
+    return vocab_size // 2 <= tokens <= vocab_size
+
+
 def copy_tokenizer(source: Path, directory: Path) -> None:
     """A saved tokenizer's files from `source` into `directory` (which must exist), as they are: every
     checkpoint carries its own, since its embedding rows are indexed by the tokenizer's ids."""

@@ -30,7 +30,7 @@ from training import finetune as entry
 from training import quantization
 from training.config import FinetuneConfig
 from training.data.registry import DatasetError
-from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, special_ids
+from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
 from training.errors import DiskFullError, check_room, disk_full, out_of_space, refuse_mount_point
 from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
 from training.finetuning.metrics import (
@@ -280,11 +280,10 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
         raise ConfigError(
             f"--max-seq-len: {cfg.max_seq_len} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
-    if mcfg.trained_positions is not None:  # known (a run of ours): fine-tuning trains up to --max-seq-len
-        mcfg.trained_positions = max(mcfg.trained_positions, cfg.max_seq_len)
-    if tok.get_vocab_size() > mcfg.vocab_size:
+    if not fits_model(tok.get_vocab_size(), mcfg.vocab_size):
         raise ConfigError(
-            f"--init: the tokenizer in {src} has {tok.get_vocab_size()} tokens, the model {mcfg.vocab_size}"
+            f"--init: the tokenizer in {src} has {tok.get_vocab_size():,} tokens, and the model's config.json "
+            f"says vocab_size {mcfg.vocab_size:,}: that tokenizer is not this model's"
         )
     if cfg.positive_label is not None and cfg.positive_label not in data.labels:
         raise ConfigError(
@@ -425,6 +424,12 @@ def setup(argv: list[str] | None) -> FineTuner:
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
+    if (
+        model.config.trained_positions is not None
+    ):  # known (a run of ours): now also up to its longest training row
+        model.config.trained_positions = max(
+            model.config.trained_positions, max(len(e.ids) for e in encoded["train"])
+        )
     # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
     # is untouched).
     if cfg.qat:

@@ -2,17 +2,18 @@
 losing its steps, and checkpoints between the --save-every points that resume exactly.
 
 The first signal lets the step finish, then the run saves and exits with 128 + the signal's number, saying
-how to go on; a second one stops at once (checkpoints are written whole or not at all, so the last one
+how to go on; the same signal again stops at once (checkpoints are written whole or not at all, so the last one
 stays intact). Under torchrun the signals are left alone: every rank would have to agree on the step, and
 a run resumes from its last checkpoint as after a kill.
 
-The dropout generator is reseeded from (seed, step) at each --save-every checkpoint, which is what a resumed
+The dropout generator is reseeded from (seed, rank, step) at each --save-every checkpoint, which is what a resumed
 run retraces. A checkpoint written between those points (a stop, --max-minutes) keeps the generator's state
 as it stood after its step instead, so the resumed run draws what the uninterrupted one would have."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from pathlib import Path
@@ -43,13 +44,17 @@ class GracefulStop:
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signal is not None:  # the second: as if no handler had been set
+        if self.signal == signum:  # the same again: as if no handler had been set
             self.__exit__()
             signal.raise_signal(signum)
             return
+        if self.signal is not None:  # another kind (a parent's SIGTERM after Ctrl-C): already stopping
+            return
         self.signal = signum
-        print(f"\n{signal.Signals(signum).name}: stopping after this step and saving it (again to stop now)",
-              flush=True)  # fmt: skip
+        # os.write, not print: the signal may land inside a print of the main thread, and a buffered
+        # stream written again from its own handler raises instead of writing.
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step and saving it "
+                    "(the same again to stop now)\n".encode())  # fmt: skip
 
     @property
     def name(self) -> str:

@@ -79,6 +79,9 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 def save(
     run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None
 ) -> None:
+    """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
+    random state (`rng`) of a single-process run."""
+
     def fill(d: Path) -> None:
         for sub, (model, architecture) in objective.checkpoint_parts().items():
             (d / sub).mkdir(exist_ok=True)
@@ -92,7 +95,7 @@ def save(
         if rng is not None:  # between --save-every points: the generators as the step left them
             ckpt.save_tensors(rng, d / RNG_FILE)
 
-    ckpt.commit_checkpoint(run, step, fill, keep=cfg.keep_checkpoints)
+    ckpt.commit_checkpoint(run, step, fill, keep=cfg.keep_checkpoints, interim=step % cfg.save_every != 0)
 
 
 def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
@@ -199,10 +202,10 @@ class Trainer:
         save only, at once."""
         cfg, env, step = self.cfg, self.env, self.step
         saving = step % cfg.save_every == 0 or done or stopped
-        # Taken before the evaluation, which draws from the same generators; single-process runs only
-        # (each rank's would have to be gathered: a torchrun run resumes from its last --save-every point).
+        # Single-process runs only (each rank's would have to be gathered: a torchrun run resumes from its
+        # last --save-every point). Evaluation draws from its own seeded generators, not these.
         rng = capture_rng(env.device) if saving and step % cfg.save_every and env.world == 1 else None
-        if (step % cfg.eval_every == 0 or done) and env.main and not stopped:
+        if (step % cfg.eval_every == 0 or done) and env.main:  # a stop adds no evaluation of its own
             self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
                                   env.device, self.autocast)  # fmt: skip
             log.write(step, self.settle_tokens(), "eval", self.evals)
@@ -307,7 +310,8 @@ def setup(argv: list[str] | None) -> Trainer:
     reseed(cfg, env.rank, step)
     if cfg.resume:
         checkpoint = ckpt.resolve_checkpoint(run)
-        exact = restore_rng(checkpoint, env.device)  # a stop between --save-every points: its random state
+        # A stop between --save-every points: its random state (a single process's; torchrun reseeds).
+        exact = env.world == 1 and restore_rng(checkpoint, env.device)
         if env.main:
             print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
                   + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip
