@@ -369,13 +369,13 @@ def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> 
 def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
         return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
-    if is_blank(text):
-        return Doc(line, ident, None, Reason.EMPTY_TEXT, "")
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:  # "\ud800" in JSON decodes to a lone surrogate
             return Doc(line, ident, None, Reason.NOT_UTF8, f"character {e.start}: lone surrogate")
+    if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
+        return Doc(line, ident, None, Reason.EMPTY_TEXT, "")
     return Doc(line, ident, text)
 
 
