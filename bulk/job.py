@@ -12,7 +12,7 @@ from pathlib import Path
 import app
 import options
 from app.machine import cpu
-from app.model.bundle import read_bundle
+from app.model.bundle import bundle_names, read_bundle
 from bulk import outputs
 from bulk.config import BulkConfig
 from bulk.inputs import Part, absolute_spec, plan, shards
@@ -141,7 +141,7 @@ def check_model_named(cfg: BulkConfig) -> None:
     if not models.is_dir():
         raise JobError(f"{models}: no such models directory (--models; a relative one is read from the "
                        "directory the job starts in)")  # fmt: skip
-    names = sorted(p.name for p in models.iterdir() if (p / "manifest.json").is_file())
+    names = bundle_names(models)
     held = (
         f"it holds {', '.join(names)}"
         if names

@@ -189,9 +189,8 @@ def parser(
         boolean = _kind(hints[f.name]) is bool
         bare = "true" if boolean else spec.bare
         extra = {"nargs": "?", "const": bare} if bare is not None else {}
-        metavar = (
-            "true|false" if boolean else "VALUE"
-        )  # a switch's usage shows [true|false]: the value is optional
+        # A switch's usage shows [true|false]: the value is optional.
+        metavar = "true|false" if boolean else "VALUE"
         p.add_argument(
             flag(f.name), *spec.aliases, dest=f.name, default=None, metavar=metavar, help=text, **extra
         )

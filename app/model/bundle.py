@@ -165,6 +165,11 @@ def _entry_kind(p: Path) -> str | None:
     return None
 
 
+def bundle_names(models_dir: Path) -> list[str]:
+    """The sub-directories of models_dir that are bundles (as `discover` finds them), without reading them."""
+    return sorted(p.name for p in models_dir.iterdir() if _entry_kind(p) == "bundle")
+
+
 def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
     """Every bundle under models_dir, named by its directory (models_dir may itself be one bundle), and
     the broken ones by name with the reason. One broken bundle fails alone; when none can be served,

@@ -424,12 +424,10 @@ def setup(argv: list[str] | None) -> FineTuner:
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
-    if (
-        model.config.trained_positions is not None
-    ):  # known (a run of ours): now also up to its longest training row
-        model.config.trained_positions = max(
-            model.config.trained_positions, max(len(e.ids) for e in encoded["train"])
-        )
+    # Known (a run of ours): the positions trained now reach its longest training row too.
+    if model.config.trained_positions is not None:
+        longest = max(len(e.ids) for e in encoded["train"])
+        model.config.trained_positions = max(model.config.trained_positions, longest)
     # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
     # is untouched).
     if cfg.qat:

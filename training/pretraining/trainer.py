@@ -370,7 +370,7 @@ def run(argv: list[str] | None = None) -> None:
         )
 
 
-def train(t: Trainer, stop: GracefulStop | None = None) -> None:
+def train(t: Trainer, stop: GracefulStop) -> None:
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
     log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
@@ -403,7 +403,7 @@ def train(t: Trainer, stop: GracefulStop | None = None) -> None:
         # for the device: with several processes, only at log steps.
         out_of_time = (cfg.max_minutes is not None and (env.world == 1 or logging_now)
                        and env.agree(time.time() - started > cfg.max_minutes * 60))  # fmt: skip
-        stopped = stop is not None and stop.signal is not None and t.step < cfg.max_steps
+        stopped = stop.signal is not None and t.step < cfg.max_steps
         t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time, stopped=stopped)
         if out_of_time:
             tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
