@@ -286,9 +286,10 @@ def test_user_corpora(tmp_path):
     (tmp_path / "notes.md").write_text("ignored")
     docs = list(iter_text_documents(tmp_path, text_field="body"))
     assert docs == ["first doc\nstill first", "second doc", "third doc", "fourth doc", "fifth doc"]
-    with pytest.raises(
-        CorpusError, match="no 'text' field; every line must be an object with a 'text' string"
-    ):
+    with pytest.raises(CorpusError, match=r"no 'text' field \(its keys: 'body'\); .*--text-field"):
+        list(iter_text_documents(tmp_path / "c.jsonl"))
+    (tmp_path / "c.jsonl").write_text('["fourth doc"]\n')
+    with pytest.raises(CorpusError, match=r"c.jsonl:1: no 'text' field \(not an object\)"):
         list(iter_text_documents(tmp_path / "c.jsonl"))
     with pytest.raises(CorpusError, match="neither a registry corpus"):
         read_corpus(str(tmp_path / "missing.txt"), "train")
@@ -481,6 +482,12 @@ def test_corpus_key_names_registry_corpora_and_a_users_files_as_they_are_now(tmp
     assert corpus_key("folder", "train") != before
     with pytest.raises(CorpusError, match="nor a path that exists"):
         corpus_key("gone.txt", "train")
+    # Another JSONL key or held-out share is other text for the same files; registry corpora ignore both.
+    now = corpus_key("wikitext2,folder", "train")
+    assert corpus_key("wikitext2,folder", "train", text_field="text", valid_fraction=0.01) == now
+    other = {corpus_key("wikitext2,folder", "train", text_field="body"),
+             corpus_key("wikitext2,folder", "train", valid_fraction=0.1), now}  # fmt: skip
+    assert len(other) == 3 and all(k.startswith("wikitext2,") for k in other)
 
 
 def test_packing_layout(tmp_path):

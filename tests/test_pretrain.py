@@ -373,6 +373,31 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     assert load_tokenizer(fresh / "tokenizer" / "tokenizer.json").get_vocab_size() <= 120  # not the old one's
 
 
+def test_a_jsonl_corpus_is_read_from_the_key_and_with_the_held_out_share_it_is_given(
+    tmp_path, small_tokenizer
+):
+    """A corpus whose text is not under "text", and a larger validation slice than 1%: both once needed
+    the corpus rewritten. Shards of another key or share in the same --out are packed anew."""
+    corpus = tmp_path / "mine.jsonl"
+    lines = (json.dumps({"id": i, "content": f"the cat number {i} sat on the mat"}) for i in range(200))
+    corpus.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit, match=r"mine.jsonl:1: no 'text' field \(its keys: 'id', 'content'\)"):
+        pretrain(tiny_args(tmp_path / "a", corpus, small_tokenizer))
+    run, documents = tmp_path / "run", {}
+    for share in (0.01, 0.5):
+        with pytest.raises(SystemExit, match="fewer than one global batch"):
+            pretrain(tiny_args(run, corpus, small_tokenizer, "--text-field", "content", "--valid-fraction",
+                               share, "--batch-size", 100000))  # fmt: skip
+        meta = json.loads((run / "data" / "train" / "meta.json").read_text())
+        assert "#text=content" in meta["source"]
+        documents[share] = meta["documents"]
+    assert documents[0.01] >= 195 and 70 < documents[0.5] < 130
+    with pytest.raises(SystemExit, match="--text-field applies to a corpus of your own files"):
+        pretrain(["--out", str(tmp_path / "x"), "--corpus", "wikitext2", "--text-field", "content"])
+    with pytest.raises(SystemExit, match=r"--valid-fraction: must lie in \(0, 1\), got 1.0"):
+        pretrain(tiny_args(tmp_path / "x", corpus, small_tokenizer, "--valid-fraction", 1))
+
+
 def test_the_shipped_stage3_recipe_sets_up_and_trains(tmp_path, small_corpus, small_tokenizer, registry_data):
     """configs/detector-stage3.toml as it is (word swaps by frequency and part of speech beside the
     generator's samples, rows shaped like requests), warm-started from a tiny run instead of the stage-2

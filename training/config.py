@@ -96,6 +96,10 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         "wikitext2, news, chat, trec, wordnet_glosses, gcide, wordnet (usage examples, which evaluation reads; "
         "commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several",
     )
+    text_field: str = option("text", "the key holding each document's text in a corpus path's .jsonl files")
+    valid_fraction: float = option(
+        0.01, "share of a corpus path's documents held out for validation, picked by a hash of the text"
+    )
     data_dir: str | None = option(
         None, "directory already holding the registry files (else fetched and cached)", env="ELECTRA_DATA_DIR"
     )
@@ -237,6 +241,18 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
                 f"file or directory that exists"
             )
+        own = [c.strip() for c in self.corpus.split(",") if c.strip() not in REGISTRY_CORPORA]
+        if not own:
+            # Registry corpora come with their own splits and fields: the options would change nothing.
+            for name, default in (("text_field", "text"), ("valid_fraction", 0.01)):
+                if getattr(self, name) != default:
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(f"{flag} applies to a corpus of your own files; --corpus {self.corpus} "
+                                      "names registry corpora, which have their own")  # fmt: skip
+        if not self.text_field:
+            raise ConfigError("--text-field must not be empty")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"--valid-fraction: must lie in (0, 1), got {self.valid_fraction}")
         if self.sentence_rows + self.few_sentence_rows > 1.0:
             raise ConfigError(
                 "--sentence-rows plus --few-sentence-rows must not exceed 1 (the rest are windows)"

@@ -33,13 +33,15 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
 
     d = work / "tokenizer"
     want = {"corpus": base.corpus, "vocab_size": base.vocab_size, "lowercase": base.lowercase}
+    own = {"text_field": base.text_field, "valid_fraction": base.valid_fraction}
+    want |= {k: v for k, v in own.items() if v != PretrainConfig.__dataclass_fields__[k].default}
     if (d / "tokenizer.json").is_file():
         made = json.loads((d / "made_from.json").read_text()) if (d / "made_from.json").is_file() else None
         if made != want:
             sys.exit(f"error: {d} was trained for {made}, this run needs {want}; choose another --work")
         return d / "tokenizer.json"
     print(f"one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for every arm", flush=True)
-    save_tokenizer(corpus_tokenizer(base.corpus, base.vocab_size, base.lowercase, data_dir), d)
+    save_tokenizer(corpus_tokenizer(base.corpus, base.vocab_size, base.lowercase, data_dir, **own), d)
     (d / "made_from.json").write_text(json.dumps(want) + "\n")
     return d / "tokenizer.json"
 

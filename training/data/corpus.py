@@ -270,8 +270,15 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
             except json.JSONDecodeError as e:
                 raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             except (KeyError, TypeError):
+                # Naming the keys the line has: the usual cause is a corpus whose text is under another one.
+                has = (
+                    f"its keys: {', '.join(map(repr, record))}"
+                    if isinstance(record, dict)
+                    else "not an object"
+                )
                 raise CorpusError(
-                    f"{path}:{lineno}: no {text_field!r} field; every line must be an object with a {text_field!r} string"
+                    f"{path}:{lineno}: no {text_field!r} field ({has}); every line must be an object with a "
+                    f"{text_field!r} string, or name the key that holds the text (pretraining: --text-field)"
                 ) from None
             if not isinstance(text, str):
                 raise CorpusError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not text")
@@ -358,13 +365,21 @@ def _unit_hash(text: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def corpus_key(source: str, split: str) -> str:
+def corpus_key(source: str, split: str, *, text_field: str = "text", valid_fraction: float = 0.01) -> str:
     """What a split of ``source`` is read from, for telling apart shards built from other text: registry
     corpora by name (their files are verified by hash), a user's files by their absolute path (the same
     text typed from another directory names other files) and a fingerprint of each file's size and
-    modification time, so that a corpus edited in place is other text too."""
+    modification time, so that a corpus edited in place is other text too. The options that choose a
+    user corpus's text and split are named when not the defaults (keys made before them stay valid)."""
     parts = [p.strip() for p in source.split(",") if p.strip()]
-    named = [p if p in REGISTRY_CORPORA else _files_key(Path(p).expanduser().resolve()) for p in parts]
+    options = "".join(
+        f"#{name}={value}"
+        for name, value, default in (("text", text_field, "text"), ("valid", valid_fraction, 0.01))
+        if value != default
+    )
+    named = [
+        p if p in REGISTRY_CORPORA else _files_key(Path(p).expanduser().resolve()) + options for p in parts
+    ]
     return f"{','.join(named)}:{split}"
 
 

@@ -34,16 +34,22 @@ class PretrainingData(NamedTuple):
 def _documents(cfg, split: str):
     """The corpus's documents, opened only when read: shards already built the same way (carried to an
     offline machine: benchmarks/gpucheck/detector.py) are reused without the corpus files being there."""
-    yield from read_corpus(cfg.corpus, split, data_dir=cfg.data_dir)
+    yield from read_corpus(cfg.corpus, split, data_dir=cfg.data_dir, **_user_options(cfg))
 
 
-def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None) -> Tokenizer:
+def _user_options(cfg) -> dict:
+    """How a corpus of the user's own files is read: the JSONL key and the held-out share."""
+    return {"text_field": cfg.text_field, "valid_fraction": cfg.valid_fraction}
+
+
+def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None,
+                     **user_options) -> Tokenizer:  # fmt: skip
     """A WordPiece vocabulary trained on the corpus's train split; for a registry corpus, the one an
     earlier run trained with the same options when the machine's cache has it (training/data/derived.py)."""
 
     def train() -> Tokenizer:
         print(f"training a {vocab_size}-token WordPiece vocabulary on {corpus} ...", flush=True)
-        docs = read_corpus(corpus, "train", data_dir=data_dir)
+        docs = read_corpus(corpus, "train", data_dir=data_dir, **user_options)
         return train_wordpiece(docs, vocab_size=vocab_size, lowercase=lowercase)
 
     return derived.trained_tokenizer(corpus, vocab_size, lowercase, train)
@@ -52,7 +58,7 @@ def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: st
 def _shards(cfg, split: str, tok: Tokenizer, out: Path, mix: RowMix | None) -> ShardInfo:
     # A resume trains on the run's own shards; a new start on its corpus, not on what a start that failed
     # in this --out left from another one.
-    source = None if cfg.resume else corpus_key(cfg.corpus, split)
+    source = None if cfg.resume else corpus_key(cfg.corpus, split, **_user_options(cfg))
 
     def build(directory: Path) -> ShardInfo:
         return build_shards(_documents(cfg, split), tok, cfg.seq_len, directory, desc=f"tokenizing {split}",
@@ -75,7 +81,9 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
         if cfg.resume and (tok_dir / "tokenizer.json").is_file():
             tok = load_tokenizer(tok_dir / "tokenizer.json")
         elif cfg.tokenizer == "train":
-            tok = corpus_tokenizer(cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir)
+            tok = corpus_tokenizer(
+                cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir, **_user_options(cfg)
+            )
         else:
             tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
         save_tokenizer(tok, tok_dir)
