@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
             RecoverConfig, argv, prog="python -m export.recover", description=__doc__.split("\n\n")[0]
         )
     except options.ConfigError as e:
-        sys.exit(f"export.recover: {e}")
+        options.usage_exit(f"export.recover: {e}")
     print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
     try:
         report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 import tomllib
 import types
 import typing
@@ -37,6 +38,23 @@ FALSE = ("0", "false", "no", "off")
 
 class ConfigError(ValueError):
     """An option that cannot be used; the message names the flag, key or variable."""
+
+
+EXIT_USAGE = 2  # argparse's status for a command the user must change; 1 is a failure while running
+
+
+class UsageExit(SystemExit):
+    """Ends an entry point over options or paths the user must change: exit status 2 whatever the
+    message (a plain SystemExit with text exits 1). str() is the message; `usage_exit` prints it."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = EXIT_USAGE  # what the interpreter exits with, read from the attribute
+
+
+def usage_exit(message: str) -> typing.NoReturn:
+    print(message, file=sys.stderr, flush=True)
+    raise UsageExit(message)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -198,7 +198,9 @@ def test_a_value_the_options_refuse_answers_before_torch_loads(module, args, sai
     done = subprocess.run([sys.executable, "-c", PROBE, module, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.stdout.strip().splitlines()[-1:] == ["False"], done.stderr[-2000:]
-    assert said in done.stderr and re.search(r"^exit ['\"]error: ", done.stderr, re.M), done.stderr[-2000:]
+    # Printed as "error: ...", and exit status 2: a usage error's, as argparse's.
+    assert said in done.stderr and re.search(r"^error: ", done.stderr, re.M), done.stderr[-2000:]
+    assert re.search(r"^exit 2$", done.stderr, re.M), done.stderr[-2000:]
 
 
 def test_choice_options_list_their_values():
@@ -210,7 +212,7 @@ def test_choice_options_list_their_values():
 def test_unknown_corpus_is_a_message(tmp_path):
     cmd = [sys.executable, "-m", "training.pretrain", "--corpus", "wikitext3", "--out", str(tmp_path / "r")]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0
+    assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert (
         "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, wordnet, chat, gcide, "

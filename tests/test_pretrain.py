@@ -138,7 +138,7 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_the_first_step(
         with tmpfs(tmp_path / "disk", 2 * 2**20) as disk:  # the data fit (under 1 MB), a checkpoint does not
             with pytest.raises(SystemExit) as e:
                 pretrain(tiny_args(disk / "run", small_corpus, small_tokenizer, "--max-steps", 5))
-            message = str(e.value.code)
+            message = str(e.value)
             assert f"not enough space on the disk holding {disk}/run (mounted at {disk}" in message, message
             assert "a checkpoint needs about" in message
             assert (disk / "run" / "data").is_dir()
@@ -295,8 +295,13 @@ def test_a_link_is_kept_and_what_it_points_to_is_replaced(tmp_path):
 
 
 def test_bad_options_fail_naming_the_option(tmp_path):
-    with pytest.raises(SystemExit, match="--mask-prob"):
+    with pytest.raises(SystemExit, match="--mask-prob") as refused:
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])
+    assert refused.value.code == 2  # a usage error's status, as argparse's and the server's
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: no CUDA device is visible") as refused:
+            pretrain(["--out", str(tmp_path / "x"), "--device", "cuda"])
+        assert refused.value.code == 2
     with pytest.raises(SystemExit, match=r"--mask-prob: must lie in \(0, 1\], got 0"):
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "0"])
     with pytest.raises(SystemExit, match=r"--dropout: must lie in \[0, 1\), got 1"):
@@ -344,6 +349,12 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     assert (run / "config.json").read_text() == before
     pretrain(["--out", str(run), "--resume", "--max-steps", "3"])  # a longer schedule may be asked for
     assert json.loads((run / "config.json").read_text())["max_steps"] == 3
+    with pytest.raises(SystemExit, match="already holds a run; pass --resume") as refused:
+        pretrain(tiny_args(run, small_corpus, small_tokenizer))
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit, match="has no checkpoint yet; drop --resume") as refused:
+        pretrain(tiny_args(tmp_path / "empty", small_corpus, small_tokenizer, "--resume"))
+    assert refused.value.code == 2
 
     # A start that failed after making its tokenizer (too large a batch), then a new start there on
     # other text and its own vocabulary: trained on what it was given now.

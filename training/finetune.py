@@ -14,8 +14,6 @@ finetune_config.json and metrics.jsonl.
 
 from __future__ import annotations
 
-import sys
-
 import options
 from training.config import FinetuneConfig
 
@@ -28,7 +26,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
-        sys.exit(f"error: {e}")
+        options.usage_exit(f"error: {e}")
     from training.finetuning.tuner import run
 
     return run(argv)

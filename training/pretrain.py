@@ -13,8 +13,6 @@ word swaps, protected tokens); then the optimizer, a restored checkpoint on --re
 
 from __future__ import annotations
 
-import sys
-
 import options
 from training.config import PretrainConfig
 
@@ -28,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
-        sys.exit(f"error: {e}")
+        options.usage_exit(f"error: {e}")
     from training.pretraining.trainer import run
 
     run(argv)

@@ -399,12 +399,12 @@ def setup(argv: list[str] | None) -> FineTuner:
     try:
         cfg, data, model, tok, notes = resolve(argv)
     except ConfigError as e:
-        sys.exit(f"error: {e}")
+        options.usage_exit(f"error: {e}")
     out = Path(cfg.out)
     deterministic_kernels(cfg.deterministic)
     cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"
     if cuda and not torch.cuda.is_available():
-        sys.exit("error: --device cuda: no CUDA device is visible; use --device cpu or auto")
+        options.usage_exit("error: --device cuda: no CUDA device is visible; use --device cpu or auto")
     device = torch.device("cuda" if cuda else "cpu")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -232,7 +232,9 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
             check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
             return cfg, warm
         return resolve_warm_start(cfg)
-    except (ConfigError, CheckpointError, DatasetError, TokenizerError) as e:
+    except ConfigError as e:
+        options.usage_exit(f"error: {e}")
+    except (CheckpointError, DatasetError, TokenizerError) as e:
         sys.exit(f"error: {e}")
 
 
@@ -258,13 +260,18 @@ def setup(argv: list[str] | None) -> Trainer:
     resolved configuration and saves it beside the run."""
     cfg, warm = resolve_config(argv)
     deterministic_kernels(cfg.deterministic)
-    env = Dist(cfg.device)
+    try:
+        env = Dist(cfg.device)
+    except ConfigError as e:  # --device cuda where there is none
+        options.usage_exit(f"error: {e}")
     run = Path(cfg.out)
     has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
     if cfg.resume and not has_ckpt:
-        sys.exit(f"error: --resume: {run} has no checkpoint yet; drop --resume to start a new run")
+        options.usage_exit(f"error: --resume: {run} has no checkpoint yet; drop --resume to start a new run")
     if not cfg.resume and has_ckpt:
-        sys.exit(f"error: {run} already holds a run; pass --resume to continue it or choose another --out")
+        options.usage_exit(
+            f"error: {run} already holds a run; pass --resume to continue it or choose another --out"
+        )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if env.main:
