@@ -13,6 +13,7 @@ import uvicorn
 
 from app.model.bundle import BundleError
 from app.settings import Settings, SettingsError
+from options import EXIT_USAGE
 
 
 class _DrainingServer(uvicorn.Server):
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         settings, warnings = Settings.from_sources(argv)
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(settings.describe(), flush=True)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -95,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     problem = bind_problem(settings.host, settings.port)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     from app.http.server import create_app  # after the settings check: a typo should not wait for onnxruntime
 
     try:
         app = create_app(settings)
     except (BundleError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     from app.http.protocol import bounded_protocol
 
     config = uvicorn.Config(

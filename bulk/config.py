@@ -20,7 +20,9 @@ CHECK_MODES = ("refuse", "warn", "off")  # as the server's --load-check (app/mod
 # two kinds of rows in one output directory.
 FINGERPRINT = ("input", "model", "format", "text_field", "id_field", "threshold", "tokens",
                "max_document_chars", "window_stride", "part_mb")  # fmt: skip
-EXIT_USAGE = 2  # bad options, no input, no such bundle, a missing package, or --out holds another job
+EXIT_USAGE = (
+    options.EXIT_USAGE
+)  # bad options, no input, no such bundle, a missing package, or --out holds another job
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resolve(argv)
     except options.ConfigError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None  # a usage error, as argparse's
+        options.usage_exit(f"{PROG}: error: {e}")
     print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
 
     from export.evaldata import EvalDataError
