@@ -126,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     registry = app.state.registry
     server = _DrainingServer(config, registry, settings.drain_delay_s)
+    registry.on_nothing_served = lambda: setattr(server, "should_exit", True)
 
-    def exit_code() -> int:  # 1 when the drain deadline answered requests unscored
-        return 1 if registry.drain_timed_out else 0
+    def exit_code() -> int:  # 1 when the drain deadline answered requests unscored, or nothing loaded
+        return 1 if registry.drain_timed_out or (registry.state == "failed" and not registry.models) else 0
 
     def exit_after_drain(sig, frame) -> None:
         raise SystemExit(exit_code())

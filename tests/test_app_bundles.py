@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401
 
 from app.model.bundle import BundleError, read_bundle, sha256_file
 from tests.unprivileged import run_python
@@ -73,20 +73,41 @@ def test_a_broken_bundle_fails_alone(bundles_dir, tmp_path):
         assert "tokenizer.json" in r.json()["error"]["message"]
 
 
-def test_a_bundle_that_does_not_load_fails_alone(bundles_dir, tmp_path):
-    """Hashes right, graph unloadable (a manifest re-signed over a truncated file): found at load time."""
-    models = _copy(bundles_dir, tmp_path / "models")
-    bad = models / "detector"
+def _truncate_and_resign(bad: Path) -> None:
+    """Hashes right, graph unloadable: a manifest re-signed over a truncated model.onnx."""
     (bad / "model.onnx").write_bytes((bad / "model.onnx").read_bytes()[:1000])
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["model_sha256"] = manifest["files"]["model.onnx"] = sha256_file(bad / "model.onnx")
     (bad / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_bundle_that_does_not_load_fails_alone(bundles_dir, tmp_path):
+    """Found at load time, not by the hash check. The default detector's requests, which name no
+    model, hear that it is broken (503), not that none was ever served (404)."""
+    models = _copy(bundles_dir, tmp_path / "models")
+    _truncate_and_resign(models / "detector")
     with run_server(models, log_dir=tmp_path) as s, s.client() as c:
         assert c.get("/ready").json()["status"] == "degraded"
         assert "loading failed" in c.get("/models").json()["broken"]["detector"]
         assert c.post("/classify", json={"text": "great"}).status_code == 200
-        r = c.post("/detect", json={"text": "hi", "model": "detector"})
-        assert r.status_code == 503 and "loading failed" in r.json()["error"]["message"]
+        for named in ({"model": "detector"}, {}):
+            r = c.post("/detect", json={"text": "hi", **named})
+            assert r.status_code == 503 and "loading failed" in r.json()["error"]["message"], r.text
+        assert "detector: loading failed; the other models are served" in s.log()
+
+
+def test_a_server_whose_every_bundle_fails_to_load_stops_with_status_1(bundles_dir, tmp_path):
+    """Left up with nothing to serve, it passed its liveness probe and was never ready: a replica that
+    restarts nobody looks at."""
+    bundle = _copy(bundles_dir, tmp_path / "models") / "detector"
+    _truncate_and_resign(bundle)
+    r = subprocess.run(
+        [sys.executable, "-m", "app", "--models", str(bundle), "--port", str(free_port())], cwd=REPO, env=app_env(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "loading failed; no bundle is left to serve" in r.stderr
+    assert "no bundle could be loaded: the server stops" in r.stderr
 
 
 def test_nothing_servable_refuses_to_start_naming_the_file(bundles_dir, tmp_path):

@@ -68,6 +68,9 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         assert retried >= 1  # the batch-mates that shared the poisoned batch
         assert server.metric("electra_retried_requests_total", model="detector", outcome="failed") == 1
         assert server.metric("electra_engine_failures_total", model="detector", run="retry") == 1
+        # The operator hears of it too, with the traceback, not only the client.
+        assert "detector: a request failed again alone; answered 500 inference_failed" in server.log()
+        assert "Traceback" in server.log() and "InjectedFault" in server.log()
         # The server goes on serving, and the requests' queue is empty again.
         assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200
         assert server.metric("electra_queue_depth", model="detector") == 0
@@ -89,6 +92,7 @@ def test_a_fault_that_persists_fails_each_request_with_a_json_500(bundles_dir: P
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "inference_failed" and "twice" in r.json()["error"]["message"]
         assert client.get("/health").status_code == 200  # the server goes on
+        assert "answered 500 inference_failed" in server.log()
 
 
 @pytest.mark.parametrize("spec", ["every=0", "poison=", "sometimes", "every=x"])

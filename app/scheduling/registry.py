@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from dataclasses import dataclass
 
 from app.errors import AppError, ErrorType
@@ -55,6 +56,8 @@ class Registry:
         # A bundle that failed its checks or would not load, by name, with the reason: it fails alone
         # (503 naming the reason); /ready and /models say which and why.
         self.broken: dict[str, str] = dict(broken or {})
+        self.broken_kinds: dict[str, str] = {}  # the kind of each broken bundle whose manifest was read
+        self.on_nothing_served = None  # called when no bundle loaded: __main__ stops the server (exit 1)
         self.settings = settings
         self.metrics = metrics
         # Over all models: a lone request runs on every core (app/scheduling/placement.py).
@@ -68,7 +71,7 @@ class Registry:
         self.load_checks: dict[str, dict | None] = {}  # app/model/load_check.py: this CPU vs the reference
         self.memory = budget_for(settings.memory_limit_mb)  # app/scheduling/memory.py; None: no limit
         for name, reason in _over_budget(bundles, settings).items():  # that bundle fails alone
-            del self.bundles[name]
+            self.broken_kinds[name] = self.bundles.pop(name).manifest.kind
             self.broken[name] = reason
             log.error("bundle %s is broken and will not be served: %s", name, reason)
         if not self.bundles:
@@ -83,9 +86,7 @@ class Registry:
         if name is None:
             name = self.default(kind)
             if name is None:
-                raise AppError(
-                    ErrorType.UNKNOWN_MODEL, f"no {kind} is served; see GET /models", field="model"
-                )
+                self._none_of(kind)
         bundle = self.bundles.get(name)
         if bundle is None and name in self.broken:
             raise AppError(
@@ -107,6 +108,15 @@ class Registry:
                 ErrorType.UNAVAILABLE, f"model {name!r} is {self.state}", headers={"retry-after": "1"}
             )
         return model
+
+    def _none_of(self, kind: str) -> typing.NoReturn:
+        """No bundle of `kind` serves: 503 when one was meant to (it is broken, or may be: a manifest
+        that could not be read has no kind), 404 when the models directory never held one."""
+        broken = sorted(n for n in self.broken if self.broken_kinds.get(n, kind) == kind)
+        if broken:
+            reasons = "; ".join(f"{n!r}: {self.broken[n]}" for n in broken)
+            raise AppError(ErrorType.UNAVAILABLE, f"no {kind} is served; broken: {reasons}", field="model")
+        raise AppError(ErrorType.UNKNOWN_MODEL, f"no {kind} is served; see GET /models", field="model")
 
     def readiness(self) -> tuple[str, str | None]:
         """(status, detail): "degraded" when some models serve and others are broken; "draining" from
@@ -131,8 +141,9 @@ class Registry:
         for bundle, loaded in zip(bundles, await _load_all(bundles, self.settings, self.memory), strict=True):
             if isinstance(loaded, Exception):  # this bundle fails alone; the reason stays readable on /models
                 self.broken[bundle.name] = f"loading failed: {type(loaded).__name__}: {loaded}"
-                del self.bundles[bundle.name]
-                log.error("%s: loading failed; the other models are served", bundle.name, exc_info=loaded)
+                self.broken_kinds[bundle.name] = self.bundles.pop(bundle.name).manifest.kind
+                rest = "the other models are served" if self.bundles else "no bundle is left to serve"
+                log.error("%s: loading failed; %s", bundle.name, rest, exc_info=loaded)
                 continue
             tokenizer, engine, check = loaded
             try:
@@ -150,6 +161,10 @@ class Registry:
             settle(self.memory, self.settings, self.metrics)
         if not self.models:
             self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
+            if not self.bundles and self.on_nothing_served is not None:
+                # Up with nothing to serve, a replica would pass its liveness probe and never be ready.
+                log.error("no bundle could be loaded: the server stops")
+                self.on_nothing_served()
         elif self.state == "loading":
             self.state = "ready"
 

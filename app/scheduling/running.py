@@ -73,6 +73,8 @@ class BatchRunner:
             except Exception as e:
                 series.retry_failed.inc()
                 series.retry_unanswered.inc()
+                log.error("%s: a request failed again alone; answered 500 inference_failed", self.admission.name,
+                          exc_info=e)  # fmt: skip
                 fail([job], inference_failed(e))
                 continue
             series.retry_answered.inc()
@@ -93,6 +95,8 @@ class BatchRunner:
             except Exception as e:
                 series.retry_failed.inc()
                 series.retry_unanswered.inc()
+                log.error("%s: a run failed twice; answered 500 inference_failed", self.admission.name,
+                          exc_info=e)  # fmt: skip
                 return fail([job], inference_failed(e))
             log.warning("%s: a run failed (%s: %s); run again, it succeeded", self.admission.name,
                         type(first).__name__, _first_line(first))  # fmt: skip
