@@ -15,9 +15,11 @@ from app.model.bundle import BundleError
 from app.settings import Settings, SettingsError
 from options import EXIT_USAGE
 
+log = logging.getLogger("app")
+
 
 class _DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT, leave the balancer's rotation first (--drain-delay-s: /ready 503, still
+    """On SIGTERM/SIGINT/SIGHUP, leave the balancer's rotation first (--drain-delay-s: /ready 503, still
     serving), then refuse new work (503) before uvicorn stops listening and waits for the requests in
     flight; the schedulers keep running until the lifespan ends, so those finish."""
 
@@ -28,6 +30,13 @@ class _DrainingServer(uvicorn.Server):
         self._leaving = False
 
     def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit and not self._leaving:
+            delay = (
+                f"out of rotation for --drain-delay-s {self._drain_delay_s}, then "
+                if self._drain_delay_s
+                else ""
+            )
+            log.info("%s: shutting down: %sfinishing the requests admitted", signal.Signals(sig).name, delay)
         if self._drain_delay_s > 0 and not self._leaving and self.started:
             self._leaving = True
             self._registry.leave_rotation()
@@ -37,7 +46,8 @@ class _DrainingServer(uvicorn.Server):
 
     def _drain(self, sig, frame) -> None:
         self._registry.begin_drain()
-        super().handle_exit(sig, frame)
+        # uvicorn raises the signal again once drained; a hangup's exit is SIGTERM's (status 0 or 1).
+        super().handle_exit(signal.SIGTERM if sig == signal.SIGHUP else sig, frame)
 
 
 ADDRESSES = (
@@ -138,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     # make that handler an exit with our status (0 after a complete drain), not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, exit_after_drain)
+    # There is nothing to reload: a hangup (a closed terminal) ends the server as SIGTERM does, draining.
+    signal.signal(signal.SIGHUP, server.handle_exit)
     server.run()
     # uvicorn returns normally after a graceful shutdown; a failed startup leaves `started` False.
     return exit_code() if server.started else 1

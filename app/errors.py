@@ -25,8 +25,14 @@ class ErrorType(enum.Enum):
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     CLIENT_GONE = "client_gone"
+    READ_TIMEOUT = "read_timeout"
     INFERENCE_FAILED = "inference_failed"
     INTERNAL = "internal_error"
+
+
+# Set in a request's ASGI scope when --read-timeout-s cut its body off (app/http/protocol.py): the
+# handler then sees a disconnect, which is the server's doing, not the client's.
+READ_TIMED_OUT = "electra.read_timed_out"
 
 
 STATUS: dict[ErrorType, int] = {
@@ -46,6 +52,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.OVERLOADED: 429,
     ErrorType.UNAVAILABLE: 503,
     ErrorType.CLIENT_GONE: 499,  # nginx's "client closed request": nobody reads it, metrics do
+    ErrorType.READ_TIMEOUT: 408,
     ErrorType.INFERENCE_FAILED: 500,
     ErrorType.INTERNAL: 500,
 }

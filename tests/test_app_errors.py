@@ -3,6 +3,7 @@ Bad settings and bad bundles stop the server before it listens, naming what is w
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -102,6 +103,20 @@ def test_content_type_must_be_json(server, ctype):
             "/detect", content=b'{"text": "a"}', headers={"content-type": "application/json; charset=utf-8"}
         )
         assert ok.status_code == 200
+
+
+def test_a_compressed_body_is_refused_naming_the_encoding(server):
+    """Once read as it was: a gzip body was answered as bad UTF-8, a br-labelled plain one scored."""
+    body = b'{"text": "a"}'
+    with server.client() as c:
+        for coding, content in (("gzip", gzip.compress(body)), ("br", body)):
+            headers = {"content-type": "application/json", "content-encoding": coding}
+            r = c.post("/detect", content=content, headers=headers)
+            assert r.status_code == 415, r.text
+            err = r.json()["error"]
+            assert err["field"] == "content-encoding" and f"Content-Encoding '{coding}'" in err["message"]
+        headers = {"content-type": "application/json", "content-encoding": "identity"}
+        assert c.post("/detect", content=body, headers=headers).status_code == 200
 
 
 def test_huge_field_names_are_not_echoed(server):

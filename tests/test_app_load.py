@@ -75,8 +75,10 @@ def refusing_new_work(url: str) -> bool:
         return True
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path):
-    # A long max wait keeps the six admitted requests queued until SIGTERM has certainly arrived.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path, sig):
+    """SIGHUP (a closed terminal, a process manager's reload) once dropped every request in flight."""
+    # A long max wait keeps the six admitted requests queued until the signal has certainly arrived.
     flags = ("--queue-size", "64", "--max-wait-ms", "3000")
     with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
 
@@ -89,7 +91,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path):
             depth = lambda: s.metric("electra_queue_depth", model="detector")  # noqa: E731
             wait_for(lambda: depth() == 6, what="six admitted requests")
             assert not any(f.done() for f in futures)  # still waiting for their batch
-            s.proc.send_signal(signal.SIGTERM)
+            s.proc.send_signal(sig)
             wait_for(lambda: refusing_new_work(s.url), what="/ready to say draining")
             try:  # new work is refused: the port is closed, or 503 if the request got in
                 with httpx.Client(base_url=s.url, timeout=10) as c:
@@ -100,6 +102,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path):
             assert [f.result() for f in futures] == [200] * 6
         assert s.proc.wait(timeout=60) == 0, s.log()
     assert "Traceback" not in s.log()
+    assert f"{sig.name}: shutting down" in s.log()
 
 
 def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_dir, tmp_path):

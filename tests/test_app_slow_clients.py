@@ -1,5 +1,5 @@
-"""Slow and vanishing clients (issue 12, item 5): a slowloris is cut off after --read-timeout-s, a
-client that drops mid-body is counted as an abort (499 client_gone) without an ERROR or a traceback,
+"""Slow and vanishing clients (issue 12, item 5): a slowloris is cut off after --read-timeout-s with a
+408, on its headers or its body, a client that drops mid-body is counted as an abort (499 client_gone) without an ERROR or a traceback,
 and connections beyond --limit-concurrency are refused at once."""
 
 from __future__ import annotations
@@ -60,18 +60,24 @@ def test_a_slowloris_on_headers_is_cut_off_with_408(server):
     assert server.metric("electra_requests_total", endpoint="other", status="408") == before + 1
 
 
-def test_a_slow_body_is_cut_off_and_counted_as_an_abort(server):
-    before = server.metric("electra_requests_total", endpoint="/detect", status="499")
+def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(server):
+    """The connection was once closed without an answer, and counted as the client's abort (499)."""
+    before = server.metric("electra_requests_total", endpoint="/detect", status="408")
+    timeouts = server.metric("electra_rejected_requests_total", reason="read_timeout")
+    gone = server.metric("electra_rejected_requests_total", reason="client_gone")
     head = (
         b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n"
     )
     with _connect(server) as s:
         s.sendall(head)
-        elapsed, _ = _drip(s, b'{"text": "' + b"a" * 300, every=0.25, limit=READ_TIMEOUT + 5)
+        elapsed, answer = _drip(s, b'{"text": "' + b"a" * 300, every=0.25, limit=READ_TIMEOUT + 5)
     assert elapsed <= READ_TIMEOUT + 2, elapsed
-    count = lambda: server.metric("electra_requests_total", endpoint="/detect", status="499")  # noqa: E731
+    assert answer.startswith(b"HTTP/1.1 408") and b'"read_timeout"' in answer, answer
+    count = lambda: server.metric("electra_requests_total", endpoint="/detect", status="408")  # noqa: E731
     wait_for(lambda: count() >= before + 1, what="the cut-off request to be counted")
     assert count() == before + 1
+    assert server.metric("electra_rejected_requests_total", reason="read_timeout") == timeouts + 1
+    assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
 
 
 def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):

@@ -2,7 +2,8 @@
 before_request hook. What the README promises and Litestar alone does not give:
 
 - Content-Type must be application/json (415 otherwise): a browser may POST text/plain cross-origin
-  without a preflight, so a lenient server is open to form-post CSRF.
+  without a preflight, so a lenient server is open to form-post CSRF. A Content-Encoding (gzip) is 415
+  too: read as it is, the body would be garbage, answered as bad UTF-8 or scored as text.
 - No silent coercion: `"threshold": "0.5"` is a string, not a number (msgspec strict mode; 422).
 - Duplicate keys are refused (400): `{"text": "a", "text": "b"}` means different things to different
   parsers (a proxy that checks one and a server that scores the other).
@@ -40,6 +41,10 @@ def strict_json(kind: type[msgspec.Struct]):
             got = f"got {clip(ctype)!r}" if ctype else "none was sent"
             msg = f"Content-Type must be application/json ({got}); the body is a JSON object"
             raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type")
+        coding = request.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):  # read as it is, a compressed body would be garbage
+            msg = f"Content-Encoding {clip(coding)!r} is not accepted; send the JSON body uncompressed"
+            raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-encoding")
         body = await request.body()
         if not body.strip():
             raise AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")

@@ -11,7 +11,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
-from app.errors import STATUS, AppError, ErrorType, clip
+from app.errors import READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
 
 log = logging.getLogger("app")
 
@@ -24,6 +24,10 @@ def error_response(err: AppError) -> Response[dict[str, Any]]:
 def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any]]:
     settings = getattr(request.app.state, "settings", None)
     err = to_app_error(exc, getattr(settings, "max_body_bytes", None))
+    if err.type is ErrorType.CLIENT_GONE and request.scope.get(READ_TIMED_OUT):
+        timeout = getattr(settings, "read_timeout_s", 0)
+        msg = f"request body not received within --read-timeout-s {timeout:g}"
+        err = AppError(ErrorType.READ_TIMEOUT, msg, field="body")  # the client got this 408 already
     if err.type is ErrorType.INTERNAL:
         log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     metrics = getattr(request.app.state, "metrics", None)

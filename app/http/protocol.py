@@ -2,9 +2,10 @@
 the last byte of its request. uvicorn has none (its keep-alive timer stops at the first byte of a new
 request), so a client trickling one header byte every few seconds held its connection forever.
 
-Headers not complete by then: a JSON 408 and the connection is closed (counted here: endpoint "other",
-status 408, rejected reason "read_timeout"). Headers complete but the body not: the connection is closed
-and the handler waiting for the body sees a disconnect, answered and counted as 499 client_gone.
+Either way the client gets a JSON 408 and the connection is closed. Headers not complete by then:
+counted here (endpoint "other", status 408, rejected reason "read_timeout"). Headers complete but the body
+not: the handler waiting for the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it
+counted as the 408 it was, under its endpoint, not as a client's abort (499).
 
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
 event loop itself, app/scheduling/placement.py), closes each connection after its response once the replica
@@ -20,6 +21,7 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.errors import READ_TIMED_OUT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
 from app.scheduling.server_load import ServerLoad
@@ -48,6 +50,7 @@ class _BoundedRead(HttpToolsProtocol):
     _counted = False
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
     _lingered = 0
+    _receiving = None  # the request cycle whose body is still coming in
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.load.connection_opened()
@@ -62,6 +65,7 @@ class _BoundedRead(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         cycle = self.cycle
+        self._receiving = cycle  # its body is being read until on_message_complete
         if cycle is not None and not self.lifecycle.keeps_connections:
             cycle.keep_alive = False  # uvicorn then sends `connection: close` and closes after the response
         if cycle is not None and not isinstance(cycle.transport, _HeadWithBody):
@@ -69,6 +73,7 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._receiving = None
         self._disarm()  # the request is in: inference may take as long as it takes
         if self._linger is not None:  # the answered body is all in: now the close loses nothing
             self.transport.close()
@@ -121,15 +126,24 @@ class _BoundedRead(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        handler_running = self.cycle is not None and not self.cycle.response_complete
-        if not handler_running:
-            msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
-            body = json.dumps({"error": {"type": "read_timeout", "message": msg, "field": None}}).encode()
-            head = (
-                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                f"content-length: {len(body)}\r\n\r\n"
-            )
-            self.transport.write(head.encode() + body)
+        cycle = self.cycle
+        handler_running = cycle is not None and not cycle.response_complete
+        # A 408 is written only where it cannot cut into another answer: none is on its way, and the
+        # running handler (if any) is the one still waiting for its body. Else the connection just closes.
+        if self.pipeline or (handler_running and (cycle.response_started or cycle is not self._receiving)):
+            self.transport.close()
+            return
+        msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
+        body = json.dumps({"error": {"type": "read_timeout", "message": msg, "field": None}}).encode()
+        head = (
+            "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        # The raw transport: the handler (blocked on its body until the connection is lost) writes nothing.
+        self.transport.write(head.encode() + body)
+        if handler_running:
+            cycle.scope[READ_TIMED_OUT] = True
+        else:
             self.metrics.requests.labels("other", "", "408").inc()
             self.metrics.rejected.labels(reason="read_timeout").inc()
         self.transport.close()
