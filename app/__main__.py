@@ -114,17 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    from app.http.connection_limit import limit_connections
     from app.http.protocol import bounded_protocol
 
+    registry = app.state.registry
     config = uvicorn.Config(
-        app,
+        limit_connections(app, settings.limit_concurrency, registry.server_load, app.state.metrics),
         http=bounded_protocol(
             settings.read_timeout_s,
             app.state.metrics,
             app.state.registry.server_load,
             app.state.registry.lifecycle,
         ),
-        limit_concurrency=settings.limit_concurrency,
+        limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -134,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         ),
         lifespan="on",
     )
-    registry = app.state.registry
     server = _DrainingServer(config, registry, settings.drain_delay_s)
     registry.on_nothing_served = lambda: setattr(server, "should_exit", True)
 

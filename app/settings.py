@@ -52,7 +52,9 @@ class HttpSettings:
         env="ELECTRA_READ_TIMEOUT_S",
     )
     limit_concurrency: int = option(
-        1024, "open connections beyond which uvicorn answers 503 at once", env="ELECTRA_LIMIT_CONCURRENCY"
+        1024,
+        "open connections at which a request is answered 503 at once (not /health, /ready)",
+        env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(
         (), "comma-separated allowed origins; empty: no CORS", env="ELECTRA_CORS_ORIGINS"

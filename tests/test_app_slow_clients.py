@@ -1,6 +1,7 @@
 """Slow and vanishing clients (issue 12, item 5): a slowloris is cut off after --read-timeout-s with a
 408, on its headers or its body, a client that drops mid-body is counted as an abort (499 client_gone) without an ERROR or a traceback,
-and connections beyond --limit-concurrency are refused at once."""
+and requests beyond --limit-concurrency open connections are refused at once (JSON 503), the probes
+excepted."""
 
 from __future__ import annotations
 
@@ -107,13 +108,22 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
         # counted before the probe arrives.
         opened = lambda: server.metric("electra_open_connections")  # noqa: E731
         wait_for(lambda: opened() == LIMIT - 1, what=f"{LIMIT - 2} idle connections")
+        refused = server.metric("electra_rejected_requests_total", reason="connection_limit")
         idle += [_connect(server), _connect(server)]
         with _connect(server) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert s.recv(4096).startswith(b"HTTP/1.1 503")
+            s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
+        assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
+        # The probes are answered still: a flood of idle connections once failed liveness too.
+        for probe in (b"/health", b"/ready"):
+            with _connect(server) as s:
+                s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
     finally:
         for s in idle:
             s.close()
     wait_for(lambda: server.metric("electra_open_connections") < LIMIT, what="the idle connections to close")
+    assert server.metric("electra_rejected_requests_total", reason="connection_limit") == refused + 1
     with server.client() as c:
         assert c.get("/health").status_code == 200

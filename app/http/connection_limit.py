@@ -1,0 +1,34 @@
+"""--limit-concurrency: past that many open connections a request is answered at once with a JSON 503,
+counted (rejected reason "connection_limit"), and its connection closed to free a place. uvicorn's own
+limit answered every path alike, probes included, with a plain-text 503 no metric saw: a flood of idle
+connections then failed the liveness probe, and a restart was all the replica got. /health and /ready
+are answered whatever the count: they cost nothing and say what they are asked."""
+
+from __future__ import annotations
+
+import json
+
+from app.errors import ErrorType
+from app.metrics import Metrics
+from app.scheduling.server_load import ServerLoad
+
+PROBES = frozenset({"/health", "/ready"})
+
+
+def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
+    """`app` wrapped: a request on a connection that brings the open ones to `limit` (its own counted)
+    gets the 503, as uvicorn's limit did; every other scope passes through."""
+    message = f"the server holds its --limit-concurrency of {limit} open connections; retry shortly"
+    body = json.dumps({"error": {"type": ErrorType.UNAVAILABLE.value, "message": message, "field": None}})
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"), (b"connection", b"close")]  # fmt: skip
+
+    async def limited(scope, receive, send) -> None:
+        if scope["type"] != "http" or load.connections < limit or scope["path"] in PROBES:
+            return await app(scope, receive, send)
+        metrics.requests.labels("other", "", "503").inc()
+        metrics.rejected.labels(reason="connection_limit").inc()
+        await send({"type": "http.response.start", "status": 503, "headers": head})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+    return limited
