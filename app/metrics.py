@@ -10,6 +10,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -51,6 +52,9 @@ class Metrics:
         self._requests(self.registry)
         self._batches(self.registry)
         self._health(self.registry)
+        # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ...: what an
+        # operator's dashboards expect of any process (empty where /proc is not there).
+        ProcessCollector(registry=self.registry)
 
     def _requests(self, r: CollectorRegistry) -> None:
         """Per request: answered, how long, where its time went, refused."""

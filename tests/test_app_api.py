@@ -266,6 +266,7 @@ def test_metrics_move(server, client):
     rejected = server.metric("electra_rejected_requests_total", reason="empty_text")
     detect(client, texts=["one", "two three"])
     client.post("/detect", json={"text": " "})
+    assert client.post("/classify", json={"text": "great"}).status_code == 200  # alone, -k, it counts too
     assert (
         server.metric("electra_requests_total", endpoint="/detect", model="detector", status="200")
         == before + 1
@@ -284,3 +285,5 @@ def test_metrics_move(server, client):
     ):
         assert name in text, name
     assert server.metric("electra_tokenization_seconds_count", model="sentiment") > 0
+    # The process's own, as any exporter has them: the server's memory with or without a limit.
+    assert server.metric("process_resident_memory_bytes") > 50e6 and server.metric("process_open_fds") > 0
