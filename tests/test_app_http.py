@@ -43,6 +43,19 @@ def test_inference_time_is_wall_time_not_the_sum_over_runners(server):
             assert 0 < inference <= total, r.headers
 
 
+def test_every_answer_carries_the_clients_request_id_or_a_new_one(server):
+    with server.client() as c:
+        mine = c.post("/detect", json={"text": "a cat"}, headers={"x-request-id": "trace-42.a:b"})
+        assert mine.headers["x-request-id"] == "trace-42.a:b"
+        refused = c.post("/detect", json={"text": " "}, headers={"x-request-id": "trace-43"})
+        assert refused.status_code == 422 and refused.headers["x-request-id"] == "trace-43"
+        # None, or one that would not be a plain token in a log line: a fresh id, each its own.
+        fresh = [
+            c.get("/models", headers=h).headers["x-request-id"] for h in ({}, {}, {"x-request-id": "a b"})
+        ]
+        assert len(set(fresh)) == 3 and all(re.fullmatch(r"[0-9a-f]{32}", f) for f in fresh), fresh
+
+
 def test_schema_json_and_an_offline_page(server):
     with server.client() as c:
         doc = c.get("/schema/openapi.json")

@@ -29,7 +29,9 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
         msg = f"request body not received within --read-timeout-s {timeout:g}"
         err = AppError(ErrorType.READ_TIMEOUT, msg, field="body")  # the client got this 408 already
     if err.type is ErrorType.INTERNAL:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        rid = request.scope.get("state", {}).get("request_id", b"-").decode()
+        log.exception("unhandled error on %s %s (x-request-id %s)", request.method, request.url.path, rid,
+                      exc_info=exc)  # fmt: skip
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
         metrics.rejected.labels(reason=err.type.value).inc()

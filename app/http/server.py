@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 from litestar import Litestar
@@ -71,8 +73,21 @@ def create_app(settings: Settings) -> Litestar:
     )
 
 
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(scope: Scope) -> bytes:
+    """The client's (or its proxy's) x-request-id when it is a plain token, else a new one: every answer
+    carries it, so a client's log line and the server's can be matched."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
+            return value
+    return uuid.uuid4().hex.encode()
+
+
 def _observe(metrics: Metrics):
-    """Count and time every routed request by endpoint (route template), model and status."""
+    """Count and time every routed request by endpoint (route template), model and status; give each
+    answer its x-request-id."""
 
     def middleware(app: ASGIApp) -> ASGIApp:
         async def observed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,12 +95,14 @@ def _observe(metrics: Metrics):
                 await app(scope, receive, send)
                 return
             start = scope["state"]["t0"] = time.perf_counter()  # x-total-time starts here too
+            rid = scope["state"]["request_id"] = request_id(scope)
             status = 500
 
             async def send_status(message: Message) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                    message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", rid)]}
                 await send(message)
 
             try:
