@@ -4,6 +4,7 @@ bundle, with the server's numbers (docs/bulk.md). The exit status says how it we
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import options
@@ -36,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleError, InputError, job.JobError) as e:
         print(f"python -m bulk: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # a second Ctrl-C: the workers are gone, the parts recorded are kept
+        print("\npython -m bulk: stopped at once; the parts finished before are kept (manifest.jsonl): run the "
+              "same command again to score the rest", file=sys.stderr)  # fmt: skip
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # The job is over, its parts recorded: a Ctrl-C while the interpreter winds down would only turn its
+    # status into "killed by SIGINT" (an ignored signal stays ignored through finalization).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)

@@ -17,6 +17,7 @@ from bulk import outputs
 from bulk.config import BulkConfig
 from bulk.inputs import Part, absolute_spec, plan, shards
 from bulk.progress import Progress
+from options.stopping import GracefulStop
 
 # Exit statuses: a script can tell a clean run from one that needs a look.
 EXIT_OK = 0
@@ -174,7 +175,8 @@ def run(cfg: BulkConfig) -> int:
     progress = Progress(sum(p.size for p in todo), cfg.progress and bool(todo))  # no bar for nothing to do
     failed_parts: dict[str, str] = {}
     scored: list[dict] = []  # this run's finished parts
-    stopped: list[str] = []  # why no more parts start (a full disk), once said
+    stopped: list[str] = []  # why no more parts start (a full disk, a signal), once said
+    interrupt = GracefulStop(False, "")  # replaced by the one watching for signals while parts run
 
     def stop(reason: str) -> None:
         if not stopped:
@@ -212,7 +214,13 @@ def run(cfg: BulkConfig) -> int:
         else:
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
-        runner.run(todo, cfg, on_result, progress.update)
+        doing = "no more parts start; the running ones finish and are kept" + (
+            " as they end" if cfg.ray else ""
+        )
+        with GracefulStop(True, doing) as interrupt:
+            runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
+        if interrupt.stopping:
+            stopped.append(f"stopped by {interrupt.name}")
     progress.close()
     entries = [finished[p.key] for p in parts if p.key in finished]
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
@@ -233,6 +241,9 @@ def run(cfg: BulkConfig) -> int:
               "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
+    if interrupt.stopping:
+        print(f"bulk: {summary['stopped']}; run the same command again to score the rest", file=sys.stderr)
+        return 128 + interrupt.signal
     if failed_shards or failed_parts or stopped:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK

@@ -8,7 +8,7 @@ import ctypes
 import multiprocessing as mp
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 import options
@@ -19,6 +19,7 @@ _SCORER = None
 _QUEUE = None
 PR_SET_PDEATHSIG = 1  # prctl(2)
 ATTEMPTS = 2  # a part whose worker process died (killed, out of memory) runs once more in a new pool
+POLL_S = 0.2  # how often the driver looks for a stop while it waits for parts
 
 
 def _init(cfg_values: dict, queue) -> None:
@@ -27,6 +28,10 @@ def _init(cfg_values: dict, queue) -> None:
     # Not Linux: no prctl, and a killed job's workers finish their part and exit.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Ctrl-C reaches the whole process group, and a scheduler's SIGTERM may: the driver decides (finish
+    # the parts running, or on a second signal kill these processes), so a worker finishes its part.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from bulk.shard import Scorer
 
     _QUEUE = queue
@@ -44,10 +49,11 @@ def _score(part: Part) -> dict:
     return score_part(part, _SCORER, lambda *counts: _QUEUE.put(counts))
 
 
-def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
+def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
-    on_progress(docs, tokens, bytes) as workers report. Once on_result returns True (a full disk), the
-    parts not yet started are not started."""
+    on_progress(docs, tokens, bytes) as workers report. Once on_result returns True (a full disk) or
+    stopping() does (Ctrl-C), the parts not yet started are not started; those running finish and report.
+    A KeyboardInterrupt (the same signal again) kills the workers and goes on up."""
     # spawn: the driver never loads ONNX Runtime, and a forked copy of its threads would be unsafe anyway.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -56,39 +62,53 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
     todo = list(parts)
     try:
         for attempt in range(1, ATTEMPTS + 1):
-            todo = _pool(todo, cfg, queue, on_result, last=attempt == ATTEMPTS)
-            if not todo:
+            todo = _pool(todo, cfg, queue, on_result, stopping, last=attempt == ATTEMPTS)
+            if not todo or stopping():
                 break
     finally:
         queue.put(None)
         listener.join(timeout=5)
 
 
-def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, last: bool) -> list[Part]:
+def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, last: bool) -> list[Part]:
     """One pool over `parts`; returns the parts lost with a dead worker (to run again unless `last`, or
     stopped)."""
     lost: list[Part] = []
     stopped = False
     workers = min(cfg.worker_count(), max(1, len(parts)))
     args = (options.as_dict(cfg), queue)
-    with ProcessPoolExecutor(
-        workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=args
-    ) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=args)
+    try:
         futures = {pool.submit(_score, part): part for part in parts}
-        for fut in as_completed(futures):
-            if fut.cancelled():
-                continue
-            part = futures[fut]
-            try:
-                stopped = on_result(fut.result()) or stopped
-            except BrokenProcessPool as e:
-                if last:
-                    stopped = on_result(part.failure(f"its worker process died twice: {e}")) or stopped
-                else:
-                    lost.append(part)
-            if stopped:
-                for pending in futures:  # those a worker has taken run on and report
+        waiting = set(futures)
+        while waiting:
+            # A short wait, not as_completed: a stop asked for by a signal is acted on within POLL_S.
+            done, waiting = wait(waiting, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for fut in done:
+                if fut.cancelled():
+                    continue
+                part = futures[fut]
+                try:
+                    stopped = on_result(fut.result()) or stopped
+                except BrokenProcessPool as e:
+                    if last:
+                        stopped = on_result(part.failure(f"its worker process died twice: {e}")) or stopped
+                    else:
+                        lost.append(part)
+            if stopped or stopping():
+                stopped = True
+                for pending in waiting:  # those a worker has taken run on and report
                     pending.cancel()
+    except KeyboardInterrupt:
+        # Stop now: leaving the pool normally would wait for every part already handed out.
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in mp.active_children():
+            child.kill()
+        raise
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return [] if stopped else lost
 
 

@@ -63,7 +63,9 @@ def connect(address: str, cpus: int) -> None:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
 
 
-def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
+def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
+    """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes: the
+    parts still running on the cluster are dropped, and a later run scores them again."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -85,5 +87,5 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress) -> None:
     for row in ds.iter_rows():  # as parts finish, in any order
         result = json.loads(row["result"])
         on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
-        if on_result(result):  # a full disk: leaving the iterator shuts the dataset's execution down
+        if on_result(result) or stopping():  # leaving the iterator shuts the dataset's execution down
             break

@@ -5,6 +5,7 @@ it, and nothing half-written is trusted."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import signal
@@ -87,6 +88,48 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
     s = summary(out)
     assert s["documents"] == 240 and s["parts"]["finished"] == s["parts"]["total"] > 11
     assert not list(out.rglob(".*.tmp-*"))  # what the kills left half-written is gone
+
+
+def test_ctrl_c_keeps_the_parts_running_and_twice_stops_at_once_then_the_same_command_finishes(
+    tmp_path, corpus, reference
+):
+    """Ctrl-C once went on for the parts already handed out, recorded few of them, and ended in a bare
+    KeyboardInterrupt traceback. Now: no more parts start, those running are recorded, exit 130; twice:
+    the workers are killed at once. Then the same command ends with the uninterrupted rows."""
+    out = tmp_path / "stopped"
+    manifest = out / "manifest.jsonl"
+    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
+    total = summary(reference[0])["parts"]["total"]
+    for presses in (1, 2):
+        before = finished()
+        # Its own process group, as a terminal's job, with SIGINT not ignored (pytest-xdist's workers
+        # ignore it, and children inherit that).
+        proc = subprocess.Popen(bulk_argv(corpus, out, "detector", *FLAGS), cwd=REPO, env=env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        wait_for(lambda b=before, p=proc: finished() > b or p.poll() is not None, timeout=120, what="a part")
+        assert proc.poll() is None, "the job finished before Ctrl-C"
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        for _ in range(presses):
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: to every process of the group
+            time.sleep(0.05)  # two signals at once would arrive as one
+        err = proc.communicate(timeout=120)[1]
+        assert proc.returncode == 130, err
+        _, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"workers outlived the stopped job: {alive}"
+        if presses == 1:
+            assert "SIGINT: no more parts start; the running ones finish and are kept" in err, err
+            assert "stopped by SIGINT; run the same command again to score the rest" in err, err
+            assert "Traceback" not in err
+            # Every part scored was recorded: no finished work is thrown away.
+            assert len(list((out / "scores").rglob("*.parquet"))) == finished() < total
+            assert summary(out)["stopped"] == "stopped by SIGINT" and summary(out)["parts"]["not_started"] > 0
+        else:
+            assert "stopped at once; the parts finished before are kept" in err, err
+    resumed = run_bulk(corpus, out, "detector", *FLAGS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert rows(out) == rows(reference[0])
 
 
 def test_a_full_disk_stops_the_job_and_the_same_command_finishes_it_once_there_is_room(

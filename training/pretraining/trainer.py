@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 import options
 from options import ConfigError, describe, flag
+from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import pretrain as entry
 from training.checkpoint import CheckpointError
@@ -37,7 +38,7 @@ from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
-from training.pretraining.stopping import RNG_FILE, GracefulStop, capture_rng, restore_rng
+from training.pretraining.stopping import RNG_FILE, capture_rng, restore_rng
 from training.pretraining.warmstart import WarmStart, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 
@@ -354,7 +355,7 @@ def setup(argv: list[str] | None) -> Trainer:
 def run(argv: list[str] | None = None) -> None:
     t = setup(argv)
     try:
-        with GracefulStop(enabled=t.env.world == 1) as stop:
+        with GracefulStop(t.env.world == 1, "stopping after this step and saving it") as stop:
             train(t, stop)
         if stop.signal is not None and t.step < t.cfg.max_steps:  # saved, but not finished: say so
             sys.exit(128 + stop.signal)

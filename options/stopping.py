@@ -1,0 +1,52 @@
+"""Stopping a long job on Ctrl-C or SIGTERM (a preempted machine, a scheduler's stop) without losing its
+work: the first signal asks the job to stop at its next safe point (a training step, a corpus part), and
+the same signal again stops at once. Standard library only: pretraining and corpus scoring both use it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+
+class GracefulStop:
+    """A context manager; `.signal` is the first signal's number once one came, else None. `doing` ends
+    the line printed on it: "stopping after this step and saving it"."""
+
+    def __init__(self, enabled: bool, doing: str) -> None:
+        # Handlers can only be set from the main thread (a test runner's worker thread cannot).
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.doing = doing
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> GracefulStop:
+        if self.enabled:  # a signal the parent set to be ignored (nohup, a background job) stays ignored
+            wanted = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+            self._previous = {s: signal.signal(s, self._handle) for s in wanted}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signal == signum:  # the same again: as if no handler had been set
+            self.__exit__()
+            signal.raise_signal(signum)
+            return
+        if self.signal is not None:  # another kind (a parent's SIGTERM after Ctrl-C): already stopping
+            return
+        self.signal = signum
+        # os.write, not print: the signal may land inside a print of the main thread, and a buffered
+        # stream written again from its own handler raises instead of writing.
+        os.write(2, f"\n{self.name}: {self.doing} (the same again to stop now)\n".encode())
+
+    @property
+    def stopping(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal is not None else ""
