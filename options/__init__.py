@@ -236,9 +236,11 @@ def resolve(
     fields = {f.name: f for f in dataclasses.fields(cls)}
     args, flags = _flags(cls, argv, prog, description, config_file)
     values: dict = {}
+    given: dict[str, str] = {}  # option -> where its value came from, for `sources`
     for key, value in (base or {}).items():
         if key in fields:  # a saved config may hold options a later version dropped
             values[key] = coerce(key, value, hints[key], f"{key} (saved config)")
+            given[key] = "the saved config"
     if config_file and args.config:
         path = Path(args.config)
         if not path.is_file():
@@ -259,11 +261,14 @@ def resolve(
                     f"{path}: unknown option {key!r}; known options: {', '.join(sorted(fields))}"
                 )
             values[key] = coerce(key, value, hints[key], f"{path}: {key}")
+            given[key] = str(path)
     for name, f in fields.items():
         var = spec_of(f).env
         if var and var in env:
             values[name] = coerce(name, env[var], hints[name], var)
+            given[name] = var
     values.update(flags)
+    given.update({name: flag(name) for name in flags})
     for name, value in values.items():
         _check_choice(fields[name], value)
     missing = [n.upper() if spec_of(f).positional else flag(n)
@@ -271,11 +276,23 @@ def resolve(
     if missing:
         raise ConfigError(f"{', '.join(missing)}: required")
     try:
-        return cls(**values)
+        resolved = cls(**values)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
+    resolved.__dict__[_SOURCES] = given
+    return resolved
+
+
+_SOURCES = "_option_sources"
+
+
+def sources(cfg) -> dict[str, str]:
+    """Where each option `resolve` was given came from: its flag (`--hidden-size`), a --config file's
+    path, an environment variable's name or "the saved config"; options left at their default are not
+    there. Only the instance `resolve` returned has them (dataclasses.replace makes one without)."""
+    return cfg.__dict__.get(_SOURCES, {})
 
 
 def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespace, dict]:

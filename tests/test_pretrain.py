@@ -384,6 +384,21 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     assert load_tokenizer(fresh / "tokenizer" / "tokenizer.json").get_vocab_size() <= 120  # not the old one's
 
 
+def test_a_given_tokenizer_sets_the_vocab_size_the_run_saves(tmp_path, small_corpus, small_tokenizer, capsys):
+    """tiny.toml's vocab_size 2000 was saved beside a model of the given tokenizer's size."""
+    size = len((small_tokenizer.parent / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    assert size != 2000
+    run = tmp_path / "run"
+    pretrain(
+        tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 1, "--eval-every", 1, "--vocab-size", 50)
+    )
+    assert json.loads((run / "config.json").read_text())["vocab_size"] == size
+    assert json.loads((resolve_checkpoint(run) / "config.json").read_text())["vocab_size"] == size
+    assert f"--vocab-size 50 sizes a vocabulary the run trains; --tokenizer {small_tokenizer} has {size}" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_jsonl_corpus_is_read_from_the_key_and_with_the_held_out_share_it_is_given(
     tmp_path, small_tokenizer
 ):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.checkpoint import CheckpointError, resolve_checkpoint
-from training.config import PretrainConfig
+from training.config import ConfigError, PretrainConfig
 from training.pretrain import main as pretrain
 from training.pretraining.model import build_objective
 from training.pretraining.trainer import param_groups
@@ -152,6 +152,28 @@ def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
         CheckpointError, match=r"intermediate\.dense\.\w+ has shape \(128,.*expects \(256,.*intermediate_size"
     ):
         warm_objective(wide)
+
+
+def test_a_shape_flag_that_contradicts_init_is_refused_and_a_config_files_is_overridden(
+    tmp_path, tok_dir, capsys
+):
+    """--hidden-size 256 with --init of a 64-wide encoder once trained at 64 with nothing said."""
+    import options
+
+    source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
+    flags = ["--init", str(source), "--out", str(tmp_path / "x")]
+    for args in (["--hidden-size", "256"], ["--num-layers", "2", "--hidden-size", "256"]):
+        with pytest.raises(ConfigError, match=r"--hidden-size sets hidden_size 256, and .*bert/config\.json has 64: "
+                                              r"the shape comes with --init; drop --hidden-size"):  # fmt: skip
+            resolve_warm_start(options.resolve(PretrainConfig, [*flags, *args]))
+    # Agreeing flags are fine; a --config file's shape (a recipe for runs from scratch) gives way, said.
+    cfg, _ = resolve_warm_start(options.resolve(PretrainConfig, [*flags, "--hidden-size", "64"]))
+    assert cfg.hidden_size == 64
+    cfg, _ = resolve_warm_start(
+        options.resolve(PretrainConfig, [*flags, "--config", str(REPO / "configs" / "mini.toml")])
+    )
+    assert (cfg.hidden_size, cfg.num_layers, cfg.vocab_size) == (64, 2, vocab(tok_dir))
+    assert "configs/mini.toml sets hidden_size 256" in capsys.readouterr().err
 
 
 def test_warm_lr_scale_reaches_the_optimizer_groups(tmp_path, tok_dir):

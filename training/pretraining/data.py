@@ -3,12 +3,15 @@ every rank. The tokenizer is loaded here, once, and handed to whatever else need
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from tokenizers import Tokenizer
 
+import options
 from training.data import derived
 from training.data.corpus import corpus_key, read_corpus
 from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, build_shards
@@ -40,6 +43,21 @@ def _documents(cfg, split: str):
 def _user_options(cfg) -> dict:
     """How a corpus of the user's own files is read: the JSONL key and the held-out share."""
     return {"text_field": cfg.text_field, "valid_fraction": cfg.valid_fraction}
+
+
+def given_tokenizer_size(cfg):
+    """With --tokenizer PATH, the run's vocab_size is that tokenizer's, so the config it prints and
+    saves says what the model has (--vocab-size sizes a trained vocabulary only; a --config file's
+    value gave way in silence, and still does; a flag's, with a note)."""
+    if cfg.tokenizer == "train" or cfg.init:  # trained to --vocab-size, or --init's own
+        return cfg
+    own = Path(cfg.out) / "tokenizer" / "tokenizer.json"  # a resume trains with the run's copy
+    path = own if cfg.resume and own.is_file() else cfg.tokenizer
+    size = load_tokenizer(path, lowercase=cfg.lowercase).get_vocab_size()
+    if size != cfg.vocab_size and options.sources(cfg).get("vocab_size") == "--vocab-size":
+        print(f"note: --vocab-size {cfg.vocab_size} sizes a vocabulary the run trains; --tokenizer "
+              f"{cfg.tokenizer} has {size} tokens, which the model takes", file=sys.stderr, flush=True)  # fmt: skip
+    return dataclasses.replace(cfg, vocab_size=size)
 
 
 def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None,

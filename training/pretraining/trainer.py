@@ -33,7 +33,7 @@ from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
 from training.pretraining.corruption import build_corruption
-from training.pretraining.data import PretrainingData, build_data
+from training.pretraining.data import PretrainingData, build_data, given_tokenizer_size
 from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
@@ -230,9 +230,11 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
             then = json.loads(saved.read_text())
             cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then)
             cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
+            cfg = given_tokenizer_size(cfg)
             check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
             return cfg, warm
-        return resolve_warm_start(cfg)
+        cfg, warm = resolve_warm_start(cfg)
+        return given_tokenizer_size(cfg), warm
     except ConfigError as e:
         options.usage_exit(f"error: {e}")
     except (CheckpointError, DatasetError, TokenizerError) as e:
@@ -248,7 +250,10 @@ RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "comp
 def check_resumable(then: dict, now: dict) -> None:
     """Refuses a --resume that changes what the checkpoint was trained as (a shape, the data, the
     tokenizer, the recipe): it would fail to load, or go on as another run while saying it resumed."""
-    changed = [k for k in now if k in then and k not in RESUMABLE_CHANGES and now[k] != then[k]]
+    # With a given tokenizer, vocab_size is that tokenizer's size, not a setting (runs saved before it was
+    # filled in hold the --config file's value).
+    sized = ("vocab_size",) if now.get("tokenizer", "train") != "train" and not now.get("init") else ()
+    changed = [k for k in now if k in then and k not in RESUMABLE_CHANGES + sized and now[k] != then[k]]
     if changed:
         shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
         raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only "

@@ -19,6 +19,7 @@ named with the config field that decides it).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +27,8 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
+import options
+from options import flag
 from training import checkpoint as ckpt
 from training.config import ConfigError, PretrainConfig
 from training.model import ElectraConfig
@@ -234,12 +237,26 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
             f"{disc.config.max_position_embeddings}"
         )
     c = disc.config
-    cfg = dataclasses.replace(
-        cfg, tokenizer=str(disc.tokenizer), vocab_size=c.vocab_size, embedding_size=c.embedding_size,
-        hidden_size=c.hidden_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
-        intermediate_size=c.intermediate_size,
-    )  # fmt: skip
-    return cfg, WarmStart(disc, gen)
+    shape = {"vocab_size": c.vocab_size, "embedding_size": c.embedding_size, "hidden_size": c.hidden_size,
+             "num_layers": c.num_hidden_layers, "num_heads": c.num_attention_heads,
+             "intermediate_size": c.intermediate_size}  # fmt: skip
+    _check_shape_options(cfg, shape, disc.directory / "config.json")
+    return dataclasses.replace(cfg, tokenizer=str(disc.tokenizer), **shape), WarmStart(disc, gen)
+
+
+def _check_shape_options(cfg: PretrainConfig, shape: dict, source: Path) -> None:
+    """The shape comes with --init. A shape flag that says otherwise is refused (it was once dropped in
+    silence); a --config file's or the environment's is overridden, with a note (a recipe's file may
+    carry a shape for its runs from scratch)."""
+    given = options.sources(cfg)
+    for name, value in shape.items():
+        where = given.get(name)
+        if where is None or getattr(cfg, name) == value or where == "the saved config":
+            continue
+        said = f"{where} sets {name} {getattr(cfg, name)}, and {source} has {value}"
+        if where == flag(name):
+            raise ConfigError(f"{said}: the shape comes with --init; drop {where}, or start without --init")
+        print(f"note: {said}; the run takes the shape of --init", file=sys.stderr, flush=True)
 
 
 def load_warm_start(objective, warm: WarmStart) -> set[str]:
