@@ -190,7 +190,8 @@ def check_inputs(max_batch: int, text: str | None, texts: list[str] | None, pair
             ErrorType.VALIDATION, f"`{field}` is an empty list: send at least one item", field=field
         )
     if len(items) > max_batch:
-        msg = f"`{field}` has {len(items)} items; the limit is {max_batch} per request"
+        msg = (f"`{field}` has {len(items)} items; the limit is {max_batch} per request (--max-batch-size, "
+               "ELECTRA_MAX_BATCH_SIZE): split the batch, or raise the limit")  # fmt: skip
         raise AppError(ErrorType.BATCH_TOO_LARGE, msg, field=field)
     for i, item in enumerate(items):
         parts = item if field == "pairs" else [item]

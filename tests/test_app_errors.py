@@ -78,6 +78,9 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     err = r.json()["error"]
     assert err["type"] == type and err["field"] == field, err
     assert len(err["message"]) > 5
+    # A limit's refusal names the setting that sets it, as the README promises.
+    setting = {"body_too_large": "--max-body-bytes", "batch_too_large": "--max-batch-size"}.get(type)
+    assert setting is None or setting in err["message"], err
 
 
 @pytest.mark.parametrize(

@@ -114,9 +114,9 @@ def _from_http(exc: HTTPException, max_body: int | None) -> AppError:
         return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {detail}", field="body")
     if exc.status_code == 413:
         limit = f" of {max_body} bytes" if max_body else ""
-        return AppError(
-            ErrorType.BODY_TOO_LARGE, f"request body is larger than the limit{limit}", field="body"
-        )
+        msg = (f"request body is larger than the limit{limit} (--max-body-bytes, ELECTRA_MAX_BODY_BYTES): "
+               "send fewer texts per request, or raise the limit")  # fmt: skip
+        return AppError(ErrorType.BODY_TOO_LARGE, msg, field="body")
     if exc.status_code == 404:
         return AppError(ErrorType.NOT_FOUND, detail or "no such route")
     if exc.status_code == 405:
