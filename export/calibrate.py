@@ -10,7 +10,7 @@ from pathlib import Path
 from export import calibration as cal
 from export.evaluation.items import Texts, build_texts, fitting
 from export.evaluation.scoring import score
-from export.parity import ParityError, deviation
+from export.parity import ParityError, deviation, roc_auc
 from export.wordscores import WordScorer
 
 # Per-token |int8 - fp32| of the calibrated probability, on the calibration sentences: the gate beside
@@ -82,7 +82,11 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     sentences, probs, labels, _ = score(scorer, c.texts)
     chosen = cal.choose_threshold(sentences)
     src.log(f"default threshold: {chosen}")
+    warnings = quality_warnings(roc_auc(probs, labels), chosen)
+    for warning in warnings:
+        src.log(f"warning: {warning}")
     return {
+        **({"warnings": warnings} if warnings else {}),  # /models shows them with the bundle's own
         "threshold": chosen["threshold"],
         "calibration": {
             "method": "platt by length",
@@ -103,6 +107,25 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
             "spans": "words with a letter or digit; punctuation keeps its probability but is never a span",
         },
     }
+
+
+NEAR_CHANCE_AUC = 0.6  # word-level ROC AUC under which a detector's scores say little (0.5: chance)
+
+
+def quality_warnings(auc: float, chosen: dict) -> list[str]:
+    """What a user must hear before serving the bundle: a detector near chance, and a default threshold
+    that misses the rule it was chosen by (the export still writes it; a weak model is a valid bundle)."""
+    out = []
+    if auc < NEAR_CHANCE_AUC:
+        out.append(f"the detector barely tells swapped words from the rest (ROC AUC {auc:.2f} on the calibration "
+                   "sentences; 0.5 is chance): its probabilities and spans say little. Train it longer or on "
+                   "more text")  # fmt: skip
+    if "note" in chosen:
+        fig = chosen.get("everyday", chosen)
+        out.append(f"the default threshold {chosen['threshold']} misses the rule ({chosen['note']}): at it, "
+                   f"{fig.get('precision', float('nan')):.0%} of spans are swapped words and "
+                   f"{fig.get('clean_with_span', float('nan')):.0%} of clean short sentences get one")  # fmt: skip
+    return out
 
 
 def _no_nan(figures):

@@ -195,7 +195,9 @@ def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TAR
     """The threshold (two decimals, as a user would type it) with the highest recall whose spans keep at
     least `precision` over all sentences and give a span to at most `everyday_clean` of the clean short
     everyday ones (no such sentences: no such condition); ties go to the higher threshold. If none meets
-    both, the highest recall at `precision`; if none reaches that, the most precise one."""
+    both, the highest recall at `precision`; if none reaches that, the most precise one among those that
+    keep the clean short sentences quiet (a weak model then underlines little, not half of all text), and
+    only if there is none of those, the most precise one."""
     everyday = [s for s in sentences if s.everyday]
     best = None
     for t in np.round(np.arange(0.01, 1.0, 0.01), 2):
@@ -205,7 +207,7 @@ def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TAR
         ok = fig["precision"] >= precision
         short = span_figures(everyday, float(t)) if everyday else None
         quiet = short is None or not short["clean_with_span"] > everyday_clean
-        key = (ok, ok and quiet, fig["recall"] if ok else fig["precision"], t)
+        key = (ok, quiet, fig["recall"] if ok else fig["precision"], t)
         if best is None or key > best[0]:
             best = (key, {"threshold": float(t), **fig})
     if best is None:
@@ -217,7 +219,12 @@ def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TAR
         if longer:
             result["longer"] = span_figures(longer, result["threshold"])
     if not best[0][0]:
-        result["note"] = f"no threshold reaches precision {precision}; the most precise one was taken"
+        kept = (
+            f" of those giving at most {everyday_clean:.0%} of clean short sentences a span"
+            if everyday and best[0][1]
+            else ""
+        )
+        result["note"] = f"no threshold reaches precision {precision}; the most precise one{kept} was taken"
     elif not best[0][1]:
         result["note"] = (f"no threshold keeps clean short sentences under {everyday_clean:.0%} with "
                           f"spans at precision {precision}; the highest recall at that precision was taken")  # fmt: skip

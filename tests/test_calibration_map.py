@@ -58,6 +58,24 @@ def test_threshold_rule_keeps_clean_short_sentences_quiet():
     assert span_figures(clean, 0.4)["clean_with_span"] == pytest.approx(0.1)
 
 
+def test_a_model_that_never_reaches_the_precision_still_keeps_clean_sentences_quiet():
+    """Near chance, the most precise threshold underlined 58% of clean sentences; the quiet ones come first."""
+    rng = np.random.default_rng(0)
+    swapped = _sentences(rng.uniform(0, 1, (40, 2)).tolist(), [0] * 40, words=8)
+    clean = _sentences(rng.uniform(0, 1, (40, 2)).tolist(), [None] * 40, words=8)
+    chosen = choose_threshold(swapped + clean)
+    assert "the most precise one of those giving at most 5% of clean short sentences a span" in chosen["note"]
+    assert chosen["everyday"]["clean_with_span"] <= 0.05 and chosen["precision"] < 0.8
+    from export.calibrate import quality_warnings
+
+    said = quality_warnings(0.51, chosen)
+    assert (
+        "ROC AUC 0.51" in said[0]
+        and f"the default threshold {chosen['threshold']} misses the rule" in said[1]
+    )
+    assert quality_warnings(0.9, {"threshold": 0.5}) == []
+
+
 def test_threshold_rule_ignores_long_sentences_for_the_quiet_condition():
     swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 10, [0, 0, 0] * 10, words=25)
     clean = _sentences([[0.45, 0.1]] * 3 + [[0.1, 0.1]] * 27, [None] * 30, words=25)

@@ -348,6 +348,13 @@ def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_d
     assert set(cal["sources"]) == {"wikitext2", "news", "chat", "trec"}
     assert 0 < manifest["threshold"] < 1 and "6-14 words" in cal["operating_point"]
     assert "in 10 swapped words are flagged" in cal["in_words"]
+    # A tiny model misses the threshold's rule: the manifest says so, and the server shows it in /models
+    # (read_bundle's warnings) and its log.
+    assert any(w.startswith(f"the default threshold {manifest['threshold']} misses the rule (no threshold reaches "
+                            "precision 0.8") for w in manifest["warnings"]), manifest["warnings"]  # fmt: skip
+    from app.model.bundle import read_bundle
+
+    assert list(read_bundle(tmp_path / "b").warnings) == manifest["warnings"]
     assert 0 <= cal["ece"] <= 1 and cal["ece"] <= cal["ece_uncalibrated"] + 1e-3
     _, feed, got, logits = run_both(tmp_path / "b", detector_dir, TEXTS)
     cmap = LengthMap.from_manifest(cal)

@@ -51,6 +51,9 @@ class Manifest(msgspec.Struct):
     calibration: dict[str, Any] | None = None
     # Bundles exported since issue 32: inputs with the reference's outputs, run at load (app/model/load_check.py).
     load_check: dict[str, Any] | None = None
+    # What the export found wrong with the model it wrote (a detector near chance, a threshold that misses
+    # its rule): shown in /models and logged at load.
+    warnings: list[str] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -126,16 +129,19 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         raise BundleError(f"{manifest_path}: a classifier needs `labels`")
     if manifest.max_length < 4:
         raise BundleError(f"{manifest_path}: max_length {manifest.max_length} is too small")
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = tuple(manifest.warnings)
+    for warning in warnings:
+        log.warning("%s: %s", path, warning)
     if manifest.files is None:
         # Accepted, not refused: bundles exported before per-file hashes would otherwise stop serving on
         # upgrade. Only model.onnx is checked; /models and the log say so until the bundle is re-exported.
         _check_hash(path, "model.onnx", manifest.model_sha256)
-        warnings = (
+        old = (
             "old bundle: its manifest has no `files` sha256 list, so tokenizer.json is not checked; "
-            "export it again (python -m export) to have every file hash-checked",
+            "export it again (python -m export) to have every file hash-checked"
         )
-        log.warning("%s: %s", path, warnings[0])
+        warnings += (old,)
+        log.warning("%s: %s", path, old)
     else:
         missing = [f for f in HASHED if f not in manifest.files]
         if missing:
