@@ -229,6 +229,12 @@ def plan(
                 f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
             )
             continue
+        if fmt == "auto" and path.suffix and path.suffix.lower() not in SUFFIXES:
+            # Named outright (a directory's other files are skipped): read as JSONL, a CSV was 100% rejects.
+            known = ", ".join(sorted(SUFFIXES))
+            failed[name] = (f"{path.suffix} is not a format bulk reads by its suffix ({known}); convert it, or "
+                            "give --format jsonl, parquet or text to read it as one")  # fmt: skip
+            continue
         kind = format_of(path, fmt)
         if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
             failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"

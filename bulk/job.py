@@ -241,6 +241,9 @@ def run(cfg: BulkConfig) -> int:
               "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
+    if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get("missing_text"):
+        print(f"bulk: no document had a {cfg.text_field!r} field; name the one holding the text with --text-field "
+              f"(rejects.jsonl shows each line's reason)", file=sys.stderr)  # fmt: skip
     if interrupt.stopping:
         print(f"bulk: {summary['stopped']}; run the same command again to score the rest", file=sys.stderr)
         return 128 + interrupt.signal

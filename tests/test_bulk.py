@@ -103,6 +103,14 @@ def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, 
     assert "another --out" in other.stderr
 
 
+def test_a_corpus_whose_text_is_under_another_key_ends_with_a_hint(tmp_path, paragraphs):
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"body": t}) + "\n" for t in paragraphs[:3]))
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
+    assert done.returncode == 3, done.stderr
+    assert "no document had a 'text' field; name the one holding the text with --text-field" in done.stderr
+
+
 def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
     """A kill in the middle of writing the manifest leaves its last line cut short; the next finished part
     must not be glued onto it, or resuming would parse neither and score that part again."""

@@ -156,6 +156,20 @@ def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tm
     assert "top-level key" in docs_of(src, text_field="meta.text")[0].detail
 
 
+def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_path):
+    """A CSV given as INPUT was read as JSONL: every row rejected not_json, and the job 'finished'."""
+    (tmp_path / "reviews.csv").write_text("review,stars\ngreat,5\n")
+    (tmp_path / "part-00000").write_text('{"text": "no suffix: JSONL, as a Spark job writes it"}\n')
+    for name, format_ in (("reviews.csv", "auto"), ("part-00000", "auto"), ("reviews.csv", "text")):
+        root, files, _ = shards(str(tmp_path / name), format_)
+        parts, failed = plan(root, files, format_, 1 << 20)
+        if (name, format_) == ("reviews.csv", "auto"):
+            assert not parts and ".csv is not a format bulk reads by its suffix" in failed["reviews.csv"]
+            assert "--format jsonl, parquet or text" in failed["reviews.csv"]
+        else:
+            assert len(parts) == 1 and not failed
+
+
 def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows_alone(tmp_path):
     # A string column whose second value is not UTF-8, as some writers leave it (Arrow does not check).
     data = b"good textbad \xff\xfe text"
