@@ -319,7 +319,7 @@ def test_bad_options_fail_naming_the_option(tmp_path):
 
 
 def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_message(
-    tmp_path, small_corpus, small_tokenizer
+    tmp_path, small_corpus, small_tokenizer, capsys
 ):
     """Each of these once trained the wrong way in silence or ended in a traceback: a negative --grad-clip
     (the loss climbs), --corpus "" (the current directory), a corpus file that is not UTF-8, too little
@@ -349,6 +349,9 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     assert (run / "config.json").read_text() == before
     pretrain(["--out", str(run), "--resume", "--max-steps", "3"])  # a longer schedule may be asked for
     assert json.loads((run / "config.json").read_text())["max_steps"] == 3
+    capsys.readouterr()
+    pretrain(["--out", str(run), "--resume", "--max-steps", "2"])  # once silent: nothing trained, exit 0
+    assert "note: step 3 is already at --max-steps 2: nothing to train" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="already holds a run; pass --resume") as refused:
         pretrain(tiny_args(run, small_corpus, small_tokenizer))
     assert refused.value.code == 2

@@ -328,6 +328,9 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.main:
             print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
                   + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip
+            if step >= cfg.max_steps:
+                print(f"note: step {step} is already at --max-steps {cfg.max_steps}: nothing to train; give a larger "
+                      "--max-steps to go on", file=sys.stderr, flush=True)  # fmt: skip
 
     # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
     # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
