@@ -70,7 +70,7 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
                 fp32 = _fp32_graph(src, work)  # exported again with the map inside, parity checked again
                 fp32.calibration_texts = calibration.texts
             optimizations = src.precision.write(src, fp32, work, tmp)
-            extra = calibrate.finish(calibration, tmp, src) if calibration else {}
+            extra = _portable(calibrate.finish(calibration, tmp, src)) if calibration else {}
             if src.precision.load_check:
                 extra["load_check"] = _load_check(src, fp32, tmp)
         result.update(
@@ -236,9 +236,10 @@ def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:
 def _portable(value):
     """A manifest travels with its bundle: an absolute path of the exporting machine means nothing there.
     Paths under the working directory are kept relative to it (runs/detector/...), others by their
-    last three parts; everything else passes through."""
+    last three parts after ".../" (so that they do not read as relative); keys too (calibration's
+    sentence counts by source); everything else passes through."""
     if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
+        return {_portable(k): _portable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_portable(v) for v in value]
     if isinstance(value, str) and value.startswith("/"):
@@ -246,7 +247,7 @@ def _portable(value):
         try:
             return str(path.relative_to(Path.cwd()))
         except ValueError:
-            return str(Path(*path.parts[-3:]))
+            return str(Path("...", *path.parts[-3:]))
     return value
 
 

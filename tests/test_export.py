@@ -508,3 +508,17 @@ def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_work(tmp_path,
     ):
         export(src, tmp_path / "b", precision="fp32", calibrate=False)
     assert not (tmp_path / "b").exists()
+
+
+def test_a_manifests_paths_say_where_they_were_cut(monkeypatch, tmp_path):
+    """A path outside the working directory kept its last three parts and read as relative; calibration's
+    source (an absolute path, as a key and a value) was kept whole."""
+    from export.pipeline import _portable
+
+    monkeypatch.chdir(tmp_path)
+    mine = "/data/team/walk/corpus.txt"
+    got = _portable(
+        {"data": mine, "sources": {mine: 40, "wikitext2": 80}, "ckpt": str(tmp_path / "runs" / "a")}
+    )
+    assert got == {"data": ".../team/walk/corpus.txt", "sources": {".../team/walk/corpus.txt": 40, "wikitext2": 80},
+                   "ckpt": "runs/a"}  # fmt: skip
