@@ -99,6 +99,10 @@ def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
     assert saved["labels"] == ["ham", "spam"] and sum(map(sum, saved["confusion_matrix"])) == 200
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["split"] == "dev" for r in rows) == 5  # one evaluation per epoch
+    # The kept weights are the best dev macro F1's, and among equal ones the lowest dev loss's.
+    dev = [r for r in rows if r["split"] == "dev"]
+    best = max(dev, key=lambda r: (r["macro_f1"], -r["loss"]))
+    assert state["step"] == best["step"], [(r["step"], r["macro_f1"], r["loss"]) for r in dev]
     assert json.loads((out / "finetune_config.json").read_text())["metric"] == "macro_f1"
 
 

@@ -329,7 +329,13 @@ class FineTuner:
     tokens: int = 0
     stale: int = 0  # dev evaluations since the last improvement
     best: dict = dataclasses.field(
-        default_factory=lambda: {"score": -math.inf, "state": None, "metrics": None, "step": 0, "epoch": 0}
+        default_factory=lambda: {
+            "score": (-math.inf, -math.inf),
+            "state": None,
+            "metrics": None,
+            "step": 0,
+            "epoch": 0,
+        }
     )
 
     def train_step(self, b: dict[str, torch.Tensor]) -> tuple[float, float, float]:
@@ -358,7 +364,8 @@ class FineTuner:
         epoch = self.step / self.steps_per_epoch
         m = self.evaluate("dev")
         log.write(self.step, self.tokens, "dev", {"epoch": epoch, **scalars(m)})
-        score = selection_score(m, self.cfg.metric)
+        # Ties on the metric (small dev sets: accuracy 1.0 from an early step on) go to the lower dev loss.
+        score = (selection_score(m, self.cfg.metric), -m["loss"])
         improved = score > self.best["score"] or self.best["state"] is None
         if improved:
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
