@@ -120,11 +120,15 @@ def quality_warnings(auc: float, chosen: dict) -> list[str]:
         out.append(f"the detector barely tells swapped words from the rest (ROC AUC {auc:.2f} on the calibration "
                    "sentences; 0.5 is chance): its probabilities and spans say little. Train it longer or on "
                    "more text")  # fmt: skip
-    if "note" in chosen:
-        fig = chosen.get("everyday", chosen)
+    if "note" in chosen and "precision" not in chosen:  # not one span at any threshold
+        out.append(f"the default threshold {chosen['threshold']} is a guess: {chosen['note']}")
+    elif "note" in chosen:
+        clean = chosen.get("everyday", chosen)[
+            "clean_with_span"
+        ]  # the rule's clean sentences: the short ones
         out.append(f"the default threshold {chosen['threshold']} misses the rule ({chosen['note']}): at it, "
-                   f"{fig.get('precision', float('nan')):.0%} of spans are swapped words and "
-                   f"{fig.get('clean_with_span', float('nan')):.0%} of clean short sentences get one")  # fmt: skip
+                   f"{chosen['precision']:.0%} of spans are swapped words and {clean:.0%} of clean short "
+                   "sentences get one")  # fmt: skip
     return out
 
 

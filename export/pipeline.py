@@ -247,7 +247,7 @@ def _portable(value):
         try:
             return str(path.relative_to(Path.cwd()))
         except ValueError:
-            return str(Path("...", *path.parts[-3:]))
+            return str(Path("...", *path.parts[1:][-3:]))  # parts[0] is the root "/"
     return value
 
 

@@ -96,15 +96,22 @@ def test_eight_bit_weights_saturate_on_avx2_and_its_load_check_catches_it(
     u8 x s8 products are summed in int32 (VNNI, AMX), and misses it on AVX2's kernel, whose int16 pair sums
     saturate. Where this CPU itself saturates, the export's own gate refuses the bundle instead."""
     from benchmarks.speed.avx2_path import probe
+    from export import calibrate
     from export.__main__ import main as export
     from export.recover import recover
     from training import quantization as q
 
     recover(REPO / "models" / "detector", tmp_path / "run")
     monkeypatch.setattr(q, "WEIGHT_MAX", 127)
+    saturates = probe()[0]  # this CPU's own u8 x s8 kernel
+    if not saturates:
+        # Where products sum in int32 the 8-bit bundle sits at the export's gate (held-out p99 0.019 on 256
+        # sequences on one VNNI CPU, 0.022 on 32 on another): widened, so that there is a bundle for AVX2's
+        # kernels to refuse at load, which is what this test is about.
+        monkeypatch.setattr(calibrate, "MAX_DEVIATION_P99", 0.03)
     status = export([str(tmp_path / "run"), "--out", str(tmp_path / "bundle"), "--no-calibrate",
                      "--data-dir", str(registry_data), "--eval-sequences", "32"])  # fmt: skip
-    if probe()[0]:  # this CPU's own u8 x s8 kernel saturates
+    if saturates:
         assert status == 1 and not (tmp_path / "bundle").exists()
         return
     assert status == 0

@@ -74,6 +74,12 @@ def test_a_model_that_never_reaches_the_precision_still_keeps_clean_sentences_qu
         and f"the default threshold {chosen['threshold']} misses the rule" in said[1]
     )
     assert quality_warnings(0.9, {"threshold": 0.5}) == []
+    nothing = quality_warnings(
+        0.9, {"threshold": 0.5, "note": "no threshold gives any span on the calibration set"}
+    )
+    assert nothing == [
+        "the default threshold 0.5 is a guess: no threshold gives any span on the calibration set"
+    ]
 
 
 def test_threshold_rule_ignores_long_sentences_for_the_quiet_condition():
