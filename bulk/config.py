@@ -37,7 +37,9 @@ class BulkConfig:
     model: str = option(help="the bundle to score with: a sub-directory of --models")
     models_dir: Path = option(Path("models"), "where the bundles are", aliases=("--models",))
     format: str = option(
-        "auto", "input format; auto: by file suffix (.parquet, .txt, else JSONL)", choices=FORMATS
+        "auto",
+        "input format; auto: by file suffix (.parquet, .txt, .jsonl/.json/.ndjson; none or a number: JSONL; another: refused)",
+        choices=FORMATS,
     )
     text_field: str = option("text", "the JSON key or Parquet column holding the text")
     id_field: str = option(

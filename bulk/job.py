@@ -211,6 +211,10 @@ def run(cfg: BulkConfig) -> int:
     if todo:
         if cfg.ray:
             from bulk import on_ray as runner
+
+            # Before our handlers go in: ray.init sets a SIGTERM handler of its own (sys.exit), which
+            # would otherwise replace the one that lets the job stop as the next part finishes.
+            runner.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
         else:
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
@@ -219,14 +223,18 @@ def run(cfg: BulkConfig) -> int:
         )
         with GracefulStop(True, doing) as interrupt:
             runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
-        if interrupt.stopping:
-            stopped.append(f"stopped by {interrupt.name}")
     progress.close()
     entries = [finished[p.key] for p in parts if p.key in finished]
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
     summary["this_run"] |= scoring_rate(scored)
+    summary["parts"]["not_started"] = left = len(
+        {p.key for p in parts} - finished.keys() - failed_parts.keys()
+    )
+    # A signal that came as the last parts ran stopped nothing; after a full disk, the disk is the reason.
+    interrupted = interrupt.stopping and left > 0 and not stopped
+    if interrupted:
+        stopped.append(f"stopped by {interrupt.name}")
     summary["stopped"] = stopped[0] if stopped else None
-    summary["parts"]["not_started"] = len({p.key for p in parts} - finished.keys() - failed_parts.keys())
     try:
         rejected = outputs.merge_rejects(cfg.out, entries)
         outputs.write_json(cfg.out / "summary.json", summary)
@@ -244,8 +252,11 @@ def run(cfg: BulkConfig) -> int:
     if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get("missing_text"):
         print(f"bulk: no document had a {cfg.text_field!r} field; name the one holding the text with --text-field "
               f"(rejects.jsonl shows each line's reason)", file=sys.stderr)  # fmt: skip
-    if interrupt.stopping:
-        print(f"bulk: {summary['stopped']}; run the same command again to score the rest", file=sys.stderr)
+    if interrupted:
+        print(
+            f"bulk: stopped by {interrupt.name}; run the same command again to score the rest",
+            file=sys.stderr,
+        )
         return 128 + interrupt.signal
     if failed_shards or failed_parts or stopped:
         return EXIT_FAILED

@@ -72,35 +72,53 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
 
 def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, last: bool) -> list[Part]:
     """One pool over `parts`; returns the parts lost with a dead worker (to run again unless `last`, or
-    stopped)."""
+    stopped). A part is handed out only when a worker is free: the executor queues one call beyond its
+    workers, and a part queued so would still start after a stop."""
     lost: list[Part] = []
-    stopped = False
+    stopped = broken = False
     workers = min(cfg.worker_count(), max(1, len(parts)))
     args = (options.as_dict(cfg), queue)
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=args)
+    todo = iter(parts)
+    running: dict = {}
+
+    def record(result: dict) -> None:
+        nonlocal stopped
+        stopped = on_result(result) or stopped
+
+    def died(part: Part, e: BaseException) -> None:
+        if last:
+            record(part.failure(f"its worker process died twice: {e}"))
+        else:
+            lost.append(part)
+
     try:
-        futures = {pool.submit(_score, part): part for part in parts}
-        waiting = set(futures)
-        while waiting:
-            # A short wait, not as_completed: a stop asked for by a signal is acted on within POLL_S.
-            done, waiting = wait(waiting, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            for fut in done:
-                if fut.cancelled():
-                    continue
-                part = futures[fut]
+        while True:
+            while (
+                not (stopped or broken) and len(running) < workers and (part := next(todo, None)) is not None
+            ):
                 try:
-                    stopped = on_result(fut.result()) or stopped
+                    running[pool.submit(_score, part)] = part
                 except BrokenProcessPool as e:
-                    if last:
-                        stopped = on_result(part.failure(f"its worker process died twice: {e}")) or stopped
-                    else:
-                        lost.append(part)
-            if stopped or stopping():
-                stopped = True
-                for pending in waiting:  # those a worker has taken run on and report
-                    pending.cancel()
+                    broken = True
+                    died(part, e)
+            if not running:
+                break
+            # A short wait, not as_completed: a stop asked for by a signal is acted on within POLL_S.
+            done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for fut in done:
+                part = running.pop(fut)
+                try:
+                    record(fut.result())
+                except BrokenProcessPool as e:
+                    broken = True
+                    died(part, e)
+            stopped = stopped or stopping()
+        if broken and not stopped:  # the parts never handed out go with the dead pool's
+            for part in todo:
+                died(part, BrokenProcessPool("the pool broke before this part started"))
     except KeyboardInterrupt:
-        # Stop now: leaving the pool normally would wait for every part already handed out.
+        # Stop now: leaving the pool normally would wait for the parts the workers hold.
         pool.shutdown(wait=False, cancel_futures=True)
         for child in mp.active_children():
             child.kill()

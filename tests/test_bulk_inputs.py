@@ -160,7 +160,14 @@ def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_
     """A CSV given as INPUT was read as JSONL: every row rejected not_json, and the job 'finished'."""
     (tmp_path / "reviews.csv").write_text("review,stars\ngreat,5\n")
     (tmp_path / "part-00000").write_text('{"text": "no suffix: JSONL, as a Spark job writes it"}\n')
-    for name, format_ in (("reviews.csv", "auto"), ("part-00000", "auto"), ("reviews.csv", "text")):
+    (tmp_path / "shard.00001").write_text('{"text": "a numbered suffix: JSONL"}\n')
+    cases = [
+        ("reviews.csv", "auto"),
+        ("part-00000", "auto"),
+        ("shard.00001", "auto"),
+        ("reviews.csv", "text"),
+    ]
+    for name, format_ in cases:
         root, files, _ = shards(str(tmp_path / name), format_)
         parts, failed = plan(root, files, format_, 1 << 20)
         if (name, format_) == ("reviews.csv", "auto"):

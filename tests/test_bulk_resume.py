@@ -111,6 +111,7 @@ def test_ctrl_c_keeps_the_parts_running_and_twice_stops_at_once_then_the_same_co
         wait_for(lambda b=before, p=proc: finished() > b or p.poll() is not None, timeout=120, what="a part")
         assert proc.poll() is None, "the job finished before Ctrl-C"
         workers = psutil.Process(proc.pid).children(recursive=True)
+        at_signal = finished()
         for _ in range(presses):
             os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: to every process of the group
             time.sleep(0.05)  # two signals at once would arrive as one
@@ -125,6 +126,8 @@ def test_ctrl_c_keeps_the_parts_running_and_twice_stops_at_once_then_the_same_co
             # Every part scored was recorded: no finished work is thrown away.
             assert len(list((out / "scores").rglob("*.parquet"))) == finished() < total
             assert summary(out)["stopped"] == "stopped by SIGINT" and summary(out)["parts"]["not_started"] > 0
+            # Only the parts the two workers held finished after it: none queued behind them started.
+            assert finished() <= at_signal + 2, (at_signal, finished())
         else:
             assert "stopped at once; the parts finished before are kept" in err, err
     resumed = run_bulk(corpus, out, "detector", *FLAGS)
