@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -36,7 +37,7 @@ class _DrainingServer(uvicorn.Server):
                 if self._drain_delay_s
                 else ""
             )
-            log.info("%s: shutting down: %sfinishing the requests admitted", signal.Signals(sig).name, delay)
+            _say(f"{signal.Signals(sig).name}: shutting down: {delay}finishing the requests admitted")
         if self._drain_delay_s > 0 and not self._leaving and self.started:
             self._leaving = True
             self._registry.leave_rotation()
@@ -48,6 +49,15 @@ class _DrainingServer(uvicorn.Server):
         self._registry.begin_drain()
         # uvicorn raises the signal again once drained; a hangup's exit is SIGTERM's (status 0 or 1).
         super().handle_exit(signal.SIGTERM if sig == signal.SIGHUP else sig, frame)
+
+
+def _say(line: str) -> None:
+    """Log from a signal handler. Not log.info there: the signal may land inside a write to the same
+    stream (an access log line), and a buffered stream written again from its own handler raises."""
+    try:
+        asyncio.get_running_loop().call_soon_threadsafe(log.info, "%s", line)
+    except RuntimeError:  # the server's loop is not running yet
+        os.write(2, f"{line}\n".encode())
 
 
 ADDRESSES = (
@@ -149,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     # make that handler an exit with our status (0 after a complete drain), not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, exit_after_drain)
-    # There is nothing to reload: a hangup (a closed terminal) ends the server as SIGTERM does, draining.
-    signal.signal(signal.SIGHUP, server.handle_exit)
+    # There is nothing to reload: a hangup (a closed terminal) ends the server as SIGTERM does, draining;
+    # unless the parent set it to be ignored (nohup), as the server was then meant to outlive the terminal.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, server.handle_exit)
     server.run()
     # uvicorn returns normally after a graceful shutdown; a failed startup leaves `started` False.
     return exit_code() if server.started else 1

@@ -139,6 +139,7 @@ def run_server(
     timeout: float = 60,
     python: str = sys.executable,
     cwd: Path = REPO,
+    preexec_fn=None,
 ) -> Iterator[Server]:
     """Start `python -m app` on a free port and wait for /ready; terminate it afterwards."""
     port = free_port()
@@ -150,6 +151,7 @@ def run_server(
             env=app_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=preexec_fn,
         )
     server = Server(proc, f"http://127.0.0.1:{port}", log_path, dict(headers or {}))
     try:

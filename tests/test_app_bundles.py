@@ -71,6 +71,9 @@ def test_a_broken_bundle_fails_alone(bundles_dir, tmp_path):
         r = c.post("/classify", json={"text": "great", "model": "sentiment"})
         assert r.status_code == 503 and "broken" in r.json()["error"]["message"]
         assert "tokenizer.json" in r.json()["error"]["message"]
+        # Named or not, the broken classifier is a 503; a kind nothing broken was meant to serve stays 404.
+        r = c.post("/classify", json={"text": "great"})
+        assert r.status_code == 503 and "'sentiment'" in r.json()["error"]["message"], r.text
 
 
 def _truncate_and_resign(bad: Path) -> None:
@@ -79,6 +82,17 @@ def _truncate_and_resign(bad: Path) -> None:
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["model_sha256"] = manifest["files"]["model.onnx"] = sha256_file(bad / "model.onnx")
     (bad / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_kind_no_bundle_was_meant_to_serve_is_404_even_beside_a_broken_one(bundles_dir, tmp_path):
+    """A tampered classifier once made every /detect a 503 (retried by clients) where no detector exists."""
+    models = tmp_path / "models"
+    for name in ("sentiment", "tampered"):
+        shutil.copytree(bundles_dir / "sentiment", models / name)
+    _tamper_tokenizer(models / "tampered")
+    with run_server(models, log_dir=tmp_path) as s, s.client() as c:
+        r = c.post("/detect", json={"text": "the chef cooked"})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "unknown_model", r.text
 
 
 def test_a_bundle_that_does_not_load_fails_alone(bundles_dir, tmp_path):

@@ -60,6 +60,9 @@ def test_schema_json_and_an_offline_page(server):
     with server.client() as c:
         doc = c.get("/schema/openapi.json")
         assert doc.status_code == 200 and {"/detect", "/classify"} <= set(doc.json()["paths"])
+        answers = doc.json()["paths"]["/detect"]["post"]["responses"]
+        assert {"400", "408", "413", "415", "422", "429", "500", "503"} <= set(answers), set(answers)
+        assert "inference_failed" in answers["500"]["description"]
         page = c.get("/schema")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "<script" not in page.text and not re.search(r"(src|href)=\"?https?://", page.text)

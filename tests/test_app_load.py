@@ -105,6 +105,19 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path, s
     assert f"{sig.name}: shutting down" in s.log()
 
 
+def test_a_server_started_under_nohup_outlives_a_hangup(bundles_dir, tmp_path):
+    def as_nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    with run_server(bundles_dir, log_dir=tmp_path, preexec_fn=as_nohup) as s:
+        s.proc.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert s.proc.poll() is None, s.log()
+        with s.client() as c:
+            assert c.get("/ready").status_code == 200
+    assert "SIGHUP" not in s.log()
+
+
 def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_dir, tmp_path):
     # What a load balancer needs: /ready 503 at once, requests still answered until its next health
     # check has taken the replica out, each response closing its connection so the next one goes elsewhere.

@@ -35,7 +35,7 @@ def _errors(*types: ErrorType) -> dict[int, ResponseSpec]:
     }
 
 
-_INPUT_ERRORS = (
+_SCORING_ERRORS = (  # every error a scoring request may get, for the OpenAPI document
     ErrorType.INVALID_JSON,
     ErrorType.INVALID_UTF8,
     ErrorType.VALIDATION,
@@ -49,6 +49,8 @@ _INPUT_ERRORS = (
     ErrorType.UNAUTHORIZED,
     ErrorType.OVERLOADED,
     ErrorType.UNAVAILABLE,
+    ErrorType.READ_TIMEOUT,
+    ErrorType.INFERENCE_FAILED,
 )
 _TIMING = "x-tokenization-time, x-queue-time, x-inference-time, x-total-time headers give each stage in ms."
 
@@ -74,7 +76,7 @@ def _label(request: Request, model: str) -> None:
 @post(
     "/detect",
     status_code=200,
-    responses=_errors(*_INPUT_ERRORS),
+    responses=_errors(*_SCORING_ERRORS),
     summary="Per-token replaced-token probabilities",
     description="One text (`text`) or a batch (`texts`). " + _TIMING,
     request_body_examples=[Example(value={"text": "The chef ate the airport."})],
@@ -90,7 +92,7 @@ async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[De
 @post(
     "/classify",
     status_code=200,
-    responses=_errors(*_INPUT_ERRORS),
+    responses=_errors(*_SCORING_ERRORS),
     summary="Sequence classification",
     description="One text, a batch (`texts`) or text pairs (`pairs`). " + _TIMING,
     before_request=strict_json(ClassifyRequest),

@@ -7,6 +7,7 @@ and verifies its output with read_bundle."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,16 @@ def _entry_kind(p: Path) -> str | None:
 def bundle_names(models_dir: Path) -> list[str]:
     """The sub-directories of models_dir that are bundles (as `discover` finds them), without reading them."""
     return sorted(p.name for p in models_dir.iterdir() if _entry_kind(p) == "bundle")
+
+
+def manifest_kind(path: Path) -> str | None:
+    """The kind a bundle directory's manifest declares, read leniently (the bundle may be broken), or None
+    when it says none that is known."""
+    try:
+        kind = json.loads((path / "manifest.json").read_bytes()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in ("detector", "classifier") else None
 
 
 def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:

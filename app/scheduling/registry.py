@@ -12,7 +12,7 @@ from app.errors import AppError, ErrorType
 from app.machine import cpu
 from app.metrics import Metrics
 from app.model import load_check as engine_check
-from app.model.bundle import Bundle
+from app.model.bundle import Bundle, manifest_kind
 from app.model.catalog import default_threshold, describe
 from app.model.engine import Engine
 from app.model.faults import FaultInjector, FaultSpec
@@ -56,7 +56,8 @@ class Registry:
         # A bundle that failed its checks or would not load, by name, with the reason: it fails alone
         # (503 naming the reason); /ready and /models say which and why.
         self.broken: dict[str, str] = dict(broken or {})
-        self.broken_kinds: dict[str, str] = {}  # the kind of each broken bundle whose manifest was read
+        # The kind of each broken bundle whose manifest says one: a request for another kind is a 404.
+        self.broken_kinds = {n: k for n in self.broken if (k := manifest_kind(settings.models_dir / n))}
         self.on_nothing_served = None  # called when no bundle loaded: __main__ stops the server (exit 1)
         self.settings = settings
         self.metrics = metrics
