@@ -25,6 +25,7 @@ import sys
 import tomllib
 import types
 import typing
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -281,18 +282,20 @@ def resolve(
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
-    resolved.__dict__[_SOURCES] = given
+    key = id(resolved)  # kept beside the instance, not in it: its __dict__ is saved as the run's config
+    _SOURCES[key] = (weakref.ref(resolved, lambda _, key=key: _SOURCES.pop(key, None)), given)
     return resolved
 
 
-_SOURCES = "_option_sources"
+_SOURCES: dict[int, tuple[weakref.ref, dict[str, str]]] = {}
 
 
 def sources(cfg) -> dict[str, str]:
     """Where each option `resolve` was given came from: its flag (`--hidden-size`), a --config file's
     path, an environment variable's name or "the saved config"; options left at their default are not
     there. Only the instance `resolve` returned has them (dataclasses.replace makes one without)."""
-    return cfg.__dict__.get(_SOURCES, {})
+    ref, given = _SOURCES.get(id(cfg), (None, {}))
+    return given if ref is not None and ref() is cfg else {}
 
 
 def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespace, dict]:

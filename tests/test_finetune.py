@@ -17,6 +17,7 @@ from training.checkpoint import commit_checkpoint, load_model
 from training.data.tokenizer import load_tokenizer
 from training.finetune import main as finetune
 from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.finetuning.metrics import selection_key
 from training.finetuning.tuner import init_classifier, layerwise_param_groups
 from training.model import (
     ElectraConfig,
@@ -74,6 +75,15 @@ def test_layerwise_decay_gives_head_full_lr_top_layer_one_power_embeddings_l_plu
     lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
     assert lr_of[id(names["electra.encoder.layer.2.output.dense.weight"])] == pytest.approx(0.8)
     assert lr_of[id(names["electra.embeddings.word_embeddings.weight"])] == pytest.approx(0.8**4)
+
+
+def test_the_kept_weights_are_the_best_metrics_and_on_a_tie_the_lowest_losss():
+    """A small dev set reached accuracy 1.0 at loss 0.37, and that first step was kept over a later one at
+    0.014. NaN (an undefined correlation) is the worst."""
+    early, late = {"accuracy": 1.0, "loss": 0.37}, {"accuracy": 1.0, "loss": 0.014}
+    assert selection_key(late, "accuracy") > selection_key(early, "accuracy")
+    assert selection_key({"accuracy": 0.9, "loss": 0.001}, "accuracy") < selection_key(early, "accuracy")
+    assert selection_key({"pearson": float("nan"), "loss": 0.0}, "pearson")[0] == float("-inf")
 
 
 def test_warmup_then_linear_decay():

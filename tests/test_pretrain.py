@@ -334,8 +334,9 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
         with pytest.raises(SystemExit, match=says):
             pretrain(tiny_args(tmp_path / "x", small_corpus, small_tokenizer, *args))
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n\nune autre phrase\n".encode("latin-1"))
-    with pytest.raises(SystemExit, match="latin1.txt is not UTF-8"):
+    with pytest.raises(SystemExit, match="latin1.txt is not UTF-8") as refused:
         pretrain(tiny_args(tmp_path / "l", tmp_path / "latin1.txt", small_tokenizer))
+    assert refused.value.code == 2  # the user's data to change, as fine-tuning's
     with pytest.raises(SystemExit, match="fewer than one global batch"):
         pretrain(tiny_args(tmp_path / "big", small_corpus, small_tokenizer, "--batch-size", 100000))
 

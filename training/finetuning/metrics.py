@@ -74,6 +74,12 @@ def selection_score(metrics: dict, name: str) -> float:
     return -math.inf if v is None or math.isnan(v) else v
 
 
+def selection_key(metrics: dict, name: str) -> tuple[float, float]:
+    """What the kept weights maximise: the metric, and on a tie the lower dev loss (a small dev set reaches
+    accuracy 1.0 early, while the loss keeps falling)."""
+    return selection_score(metrics, name), -metrics["loss"]
+
+
 def scalars(metrics: dict) -> dict[str, float]:
     """The flat numeric figures (for metrics.jsonl and trainer_state.json)."""
     return {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}

@@ -40,7 +40,7 @@ from training.finetuning.metrics import (
     regression_metrics,
     resolve_metric,
     scalars,
-    selection_score,
+    selection_key,
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
@@ -364,15 +364,14 @@ class FineTuner:
         epoch = self.step / self.steps_per_epoch
         m = self.evaluate("dev")
         log.write(self.step, self.tokens, "dev", {"epoch": epoch, **scalars(m)})
-        # Ties on the metric (small dev sets: accuracy 1.0 from an early step on) go to the lower dev loss.
-        score = (selection_score(m, self.cfg.metric), -m["loss"])
+        score = selection_key(m, self.cfg.metric)
         improved = score > self.best["score"] or self.best["state"] is None
+        # --patience counts evaluations without a better metric: a lower loss at the same metric changes
+        # which weights are kept, not how long the run goes on.
+        self.stale = 0 if score[0] > self.best["score"][0] else self.stale + 1
         if improved:
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best.update(score=score, metrics=m, step=self.step, epoch=epoch, state=state)
-            self.stale = 0
-        else:
-            self.stale += 1
         shown = ", ".join(
             f"{k} {m[k]:.4f}"
             for k in ("accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "loss")

@@ -317,8 +317,10 @@ def setup(argv: list[str] | None) -> Trainer:
             if full is None:
                 sys.exit(1)  # rank 0 says why
             raise full
-    except (CorpusError, DatasetError, TokenizerError, CheckpointError, ShardsError, OSError) as e:
-        # The user's data, tokenizer, checkpoint or --out: the message names the file and what to do.
+    except CorpusError as e:  # the user's text: a data file to change, as fine-tuning's data errors
+        options.usage_exit(f"error: {e}")
+    except (DatasetError, TokenizerError, CheckpointError, ShardsError, OSError) as e:
+        # A download, the tokenizer, a checkpoint or --out: the message names the file and what to do.
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
     if cfg.resume:
