@@ -80,7 +80,11 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(bundles_dir, tmp_path, s
     """SIGHUP (a closed terminal, a process manager's reload) once dropped every request in flight."""
     # A long max wait keeps the six admitted requests queued until the signal has certainly arrived.
     flags = ("--queue-size", "64", "--max-wait-ms", "3000")
-    with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
+
+    def hangups_heard() -> None:  # as from a terminal, even where the tests run under nohup
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+    with run_server(bundles_dir, *flags, log_dir=tmp_path, preexec_fn=hangups_heard) as s:
 
         def post(i: int) -> int:
             with httpx.Client(base_url=s.url, timeout=60) as c:
