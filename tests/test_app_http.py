@@ -117,10 +117,14 @@ def test_100_continue_goes_out_before_the_body_and_the_answer_follows_on_one_con
             assert [w["text"] for w in json.loads(answer)["results"][0]["words"]] == text.split()
 
 
-@pytest.mark.parametrize(("path", "status"), [("/health", b"200"), ("/ready", b"200"), ("/detect", b"405")])
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [("/health", b"200"), ("/ready", b"200"), ("/", b"200"), ("/models", b"200"), ("/metrics", b"200"),
+     ("/detect", b"405")],
+)  # fmt: skip
 def test_head_is_answered_at_once_and_the_next_request_gets_its_own_answer(server, path, status):
-    """A load balancer's HEAD probe: the probes answer with the GET's status and headers and no body, a
-    POST route with 405, at once; and a GET after it on the same connection gets its own response (the
+    """A load balancer's HEAD probe: every GET route (the page and /models, /metrics once answered 405)
+    answers with the GET's status and headers and no body, a POST route with 405, at once; and a GET after it on the same connection gets its own response (the
     head of a HEAD's answer was once held for a body that never came: no answer, and the next request's
     answer read as the HEAD's)."""
     with socket.create_connection(server.address(), timeout=10) as sock:

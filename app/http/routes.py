@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from litestar import Request, Response, get, post, route
+from litestar import Request, Response, post, route
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import JSONBody
@@ -104,25 +104,27 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     return await _score(request, model, scoring.Classify(data.top_k), field, items)
 
 
-@get("/models", responses=_errors(ErrorType.UNAUTHORIZED), summary="Served models")
+# Every GET route answers HEAD too (the same status and headers, no body; uvicorn leaves the body out): some
+# load balancers and uptime checkers probe with HEAD.
+READ_METHODS = ["GET", "HEAD"]
+
+
+@route(
+    "/models", http_method=READ_METHODS, responses=_errors(ErrorType.UNAUTHORIZED), summary="Served models"
+)
 async def models(request: Request) -> ModelsResponse:
     registry = _registry(request)
     return ModelsResponse(models=registry.describe(), broken=dict(registry.broken))
 
 
-# The probes answer HEAD as well as GET: some load balancers and uptime checkers probe with HEAD (the
-# same status and headers, no body; uvicorn leaves the body out).
-PROBE_METHODS = ["GET", "HEAD"]
-
-
-@route("/health", http_method=PROBE_METHODS, opt={"public": True}, summary="Alive (never needs the API key)")
+@route("/health", http_method=READ_METHODS, opt={"public": True}, summary="Alive (never needs the API key)")
 async def health() -> Status:
     return Status(status="ok")
 
 
 @route(
     "/ready",
-    http_method=PROBE_METHODS,
+    http_method=READ_METHODS,
     opt={"public": True},
     responses={503: ResponseSpec(Status, description="loading, failed or draining")},
     summary="Models loaded and warmed up (200 `degraded`: some bundles are broken, the others serve)",
@@ -140,7 +142,7 @@ async def ready(request: Request) -> Response[Status]:
     )
 
 
-@get("/metrics", media_type=CONTENT_TYPE, summary="Prometheus metrics")
+@route("/metrics", http_method=READ_METHODS, media_type=CONTENT_TYPE, summary="Prometheus metrics")
 async def metrics(request: Request) -> Response[bytes]:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 

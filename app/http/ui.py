@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litestar import Response, get
+from litestar import Response, route
 from litestar.datastructures import CacheControlHeader
 from litestar.static_files import create_static_files_router
+
+from app.http.routes import READ_METHODS
 
 STATIC = Path(__file__).parent.parent / "static"
 # Everything comes from this server; the script sets colours through the CSSOM (allowed without
@@ -21,7 +23,7 @@ CSP = (
 _CACHE = CacheControlHeader(no_cache=True)
 
 
-@get("/", opt={"public": True}, include_in_schema=False, cache_control=_CACHE)
+@route("/", http_method=READ_METHODS, opt={"public": True}, include_in_schema=False, cache_control=_CACHE)
 async def index() -> Response[bytes]:
     return Response(
         (STATIC / "index.html").read_bytes(),
