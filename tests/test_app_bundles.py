@@ -239,3 +239,9 @@ def test_a_bundle_too_long_for_the_batch_budget_fails_alone(bundles_dir, tmp_pat
         Registry(
             [b for b in bundles if b.name == "sentiment"], Settings.from_sources([], env={})[0], Metrics()
         )
+
+
+def test_a_window_stride_past_half_a_window_is_said_at_load(bundles_dir, tmp_path):
+    """It was cut to half a window in silence."""
+    with run_server(bundles_dir, "--window-stride", "600", log_dir=tmp_path) as s:
+        assert "detector: --window-stride 600 is more than half its window" in s.log()
