@@ -128,7 +128,7 @@ def test_nothing_servable_refuses_to_start_naming_the_file(bundles_dir, tmp_path
     bundle = _copy(bundles_dir, tmp_path / "models") / "detector"
     _tamper_tokenizer(bundle)
     r = subprocess.run(
-        [sys.executable, "-m", "app", "--models", str(bundle)], cwd=REPO, env=app_env(),
+        [sys.executable, "-m", "app", "--models", str(bundle), "--port", str(free_port())], cwd=REPO, env=app_env(),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2

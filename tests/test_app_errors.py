@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401
 
 MAX_BATCH = 4
 MAX_BODY = 4096
@@ -170,8 +170,11 @@ def test_api_key_protects_everything_but_health_and_ready(bundles_dir, tmp_path)
 
 
 def _start(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    # A free port unless the test names one: with 8000 taken (another server on the machine), every start
+    # failed on the port before it reached what the test is about.
+    port = [] if "--port" in args or "port" in (env or {}) else ["--port", str(free_port())]
     return subprocess.run(
-        [sys.executable, "-m", "app", *args], cwd=REPO, env=app_env(**(env or {})),
+        [sys.executable, "-m", "app", *args, *port], cwd=REPO, env=app_env(**(env or {})),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
