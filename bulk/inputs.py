@@ -229,9 +229,10 @@ def plan(
                 f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
             )
             continue
-        if fmt == "auto" and path.suffix[1:].isalpha() and path.suffix.lower() not in SUFFIXES:
-            # A file type's suffix (.csv, .md) bulk does not read: read as JSONL, a CSV was 100% rejects.
-            # A numbered one (shard.00001) or none (part-00000, as Spark writes) is still JSONL.
+        suffix = path.suffix.lower()
+        if fmt == "auto" and suffix and not suffix[1:].isdigit() and suffix not in SUFFIXES:
+            # A file type's suffix (.csv, .md, .md5) bulk does not read: read as JSONL, a CSV was 100%
+            # rejects. A numbered one (shard.00001) or none (part-00000, as Spark writes) is still JSONL.
             known = ", ".join(sorted(SUFFIXES))
             failed[name] = (f"{path.suffix} is not a format bulk reads by its suffix ({known}); convert it, or "
                             "give --format jsonl, parquet or text to read it as one")  # fmt: skip

@@ -18,7 +18,7 @@ from bulk.inputs import Part
 _SCORER = None
 _QUEUE = None
 PR_SET_PDEATHSIG = 1  # prctl(2)
-ATTEMPTS = 2  # a part whose worker process died (killed, out of memory) runs once more in a new pool
+ATTEMPTS = 2  # a part running when its worker process died (killed, out of memory) runs once more
 POLL_S = 0.2  # how often the driver looks for a stop while it waits for parts
 
 
@@ -53,28 +53,30 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
     on_progress(docs, tokens, bytes) as workers report. Once on_result returns True (a full disk) or
     stopping() does (Ctrl-C), the parts not yet started are not started; those running finish and report.
-    A KeyboardInterrupt (the same signal again) kills the workers and goes on up."""
+    A KeyboardInterrupt (the same signal again) kills the workers and goes on up.
+
+    A worker that dies (killed, out of memory) breaks its pool: the parts it and the others were running
+    are charged an attempt and, with attempts left, run again in a new pool with those never handed out
+    (uncharged). A part fails when it has been running ATTEMPTS times as a pool died."""
     # spawn: the driver never loads ONNX Runtime, and a forked copy of its threads would be unsafe anyway.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     listener = threading.Thread(target=_listen, args=(queue, on_progress), daemon=True)
     listener.start()
-    todo = list(parts)
+    todo, charged = list(parts), {p.key: 0 for p in parts}
     try:
-        for attempt in range(1, ATTEMPTS + 1):
-            todo = _pool(todo, cfg, queue, on_result, stopping, last=attempt == ATTEMPTS)
-            if not todo or stopping():
-                break
+        while todo and not stopping():
+            todo = _pool(todo, cfg, queue, on_result, stopping, charged)
     finally:
         queue.put(None)
         listener.join(timeout=5)
 
 
-def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, last: bool) -> list[Part]:
-    """One pool over `parts`; returns the parts lost with a dead worker (to run again unless `last`, or
-    stopped). A part is handed out only when a worker is free: the executor queues one call beyond its
-    workers, and a part queued so would still start after a stop."""
-    lost: list[Part] = []
+def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charged: dict) -> list[Part]:
+    """One pool over `parts`; returns those to run in another (a worker died), none once stopped. A part
+    is handed out only when a worker is free: the executor queues one call beyond its workers, and a part
+    queued so would still start after a stop."""
+    again: list[Part] = []
     stopped = broken = False
     workers = min(cfg.worker_count(), max(1, len(parts)))
     args = (options.as_dict(cfg), queue)
@@ -86,22 +88,28 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, last: 
         nonlocal stopped
         stopped = on_result(result) or stopped
 
-    def died(part: Part, e: BaseException) -> None:
-        if last:
-            record(part.failure(f"its worker process died twice: {e}"))
+    deaths = 0
+
+    def died(part: Part, e: BaseException) -> None:  # it was running when its pool broke
+        nonlocal deaths
+        deaths += 1
+        charged[part.key] += 1
+        if charged[part.key] >= ATTEMPTS:
+            record(part.failure(f"its worker process died {charged[part.key]} times while it ran: {e}"))
         else:
-            lost.append(part)
+            again.append(part)
 
     try:
         while True:
-            while (
-                not (stopped or broken) and len(running) < workers and (part := next(todo, None)) is not None
-            ):
+            while not (stopped or broken or stopping()) and len(running) < workers:
+                part = next(todo, None)
+                if part is None:
+                    break
                 try:
                     running[pool.submit(_score, part)] = part
-                except BrokenProcessPool as e:
+                except BrokenProcessPool:  # not started: it goes on, uncharged, with the rest
                     broken = True
-                    died(part, e)
+                    again.append(part)
             if not running:
                 break
             # A short wait, not as_completed: a stop asked for by a signal is acted on within POLL_S.
@@ -114,9 +122,12 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, last: 
                     broken = True
                     died(part, e)
             stopped = stopped or stopping()
-        if broken and not stopped:  # the parts never handed out go with the dead pool's
-            for part in todo:
-                died(part, BrokenProcessPool("the pool broke before this part started"))
+        if broken and not stopped:
+            again += list(todo)  # never handed out: uncharged
+            if not deaths:  # broken with no part running: another pool would break the same way, for ever
+                for part in again:
+                    record(part.failure("the worker pool broke before any part started"))
+                return []
     except KeyboardInterrupt:
         # Stop now: leaving the pool normally would wait for the parts the workers hold.
         pool.shutdown(wait=False, cancel_futures=True)
@@ -127,7 +138,7 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, last: 
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    return [] if stopped else lost
+    return [] if stopped else again
 
 
 def _listen(queue, on_progress) -> None:

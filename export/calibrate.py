@@ -142,6 +142,9 @@ def _no_nan(figures):
 def in_words(chosen: dict) -> str:
     """The operating point as a user reads it, from the calibration sentences' own figures."""
 
+    if "spans" not in chosen:  # not one span at any threshold: the note says so
+        return chosen["note"]
+
     def said(f: dict, what: str) -> str:
         if not f["spans"]:
             return f"{what}: no word reaches the threshold"

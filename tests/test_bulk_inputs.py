@@ -161,6 +161,9 @@ def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_
     (tmp_path / "reviews.csv").write_text("review,stars\ngreat,5\n")
     (tmp_path / "part-00000").write_text('{"text": "no suffix: JSONL, as a Spark job writes it"}\n')
     (tmp_path / "shard.00001").write_text('{"text": "a numbered suffix: JSONL"}\n')
+    (tmp_path / "shard.jsonl.md5").write_text("d41d8cd98f00b204e9800998ecf8427e  shard.jsonl\n")
+    root, files, _ = shards(str(tmp_path / "shard.jsonl.md5"), "auto")
+    assert ".md5 is not a format bulk reads" in plan(root, files, "auto", 1 << 20)[1]["shard.jsonl.md5"]
     cases = [
         ("reviews.csv", "auto"),
         ("part-00000", "auto"),

@@ -80,6 +80,11 @@ def test_a_model_that_never_reaches_the_precision_still_keeps_clean_sentences_qu
     assert nothing == [
         "the default threshold 0.5 is a guess: no threshold gives any span on the calibration set"
     ]
+    from export.calibrate import in_words
+
+    assert (
+        in_words({"threshold": 0.5, "note": "no threshold gives any span"}) == "no threshold gives any span"
+    )
 
 
 def test_threshold_rule_ignores_long_sentences_for_the_quiet_condition():

@@ -77,7 +77,7 @@ def test_layerwise_decay_gives_head_full_lr_top_layer_one_power_embeddings_l_plu
     assert lr_of[id(names["electra.embeddings.word_embeddings.weight"])] == pytest.approx(0.8**4)
 
 
-def test_the_kept_weights_are_the_best_metrics_and_on_a_tie_the_lowest_losss():
+def test_the_kept_weights_are_the_best_metrics_and_on_a_tie_the_lowest_loss():
     """A small dev set reached accuracy 1.0 at loss 0.37, and that first step was kept over a later one at
     0.014. NaN (an undefined correlation) is the worst."""
     early, late = {"accuracy": 1.0, "loss": 0.37}, {"accuracy": 1.0, "loss": 0.014}

@@ -368,7 +368,8 @@ class FineTuner:
         improved = score > self.best["score"] or self.best["state"] is None
         # --patience counts evaluations without a better metric: a lower loss at the same metric changes
         # which weights are kept, not how long the run goes on.
-        self.stale = 0 if score[0] > self.best["score"][0] else self.stale + 1
+        first = self.best["state"] is None  # the first evaluation is the best so far, whatever its metric
+        self.stale = 0 if first or score[0] > self.best["score"][0] else self.stale + 1
         if improved:
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best.update(score=score, metrics=m, step=self.step, epoch=epoch, state=state)
