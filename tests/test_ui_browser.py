@@ -252,6 +252,15 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     assert f"{sum(expected)} of {len(words)} words" in summary
     assert browser.execute_script("return window.__fetches") == 0
     assert server.metric("electra_requests_total", endpoint="/detect") == before
+    # Away from the model's own threshold, the note says which that is (it said "model default" still).
+    note = browser.find_element("id", "threshold-note").get_attribute("textContent")
+    assert note.startswith("(model default 0.") and note != "model default", note
+    # An edited text's result is marked as out of date until the next Check.
+    stale = browser.find_element("css selector", "#detect .stale-note")
+    assert not stale.is_displayed()
+    browser.find_element("id", "text").send_keys(" more")
+    assert stale.is_displayed()
+    assert "stale" in browser.find_element("id", "detect").get_attribute("class")
 
 
 def test_long_text_is_one_shaded_text(browser, server):
@@ -317,12 +326,37 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     key.send_keys(KEY)
     browser.find_element("id", "key-use").click()
     WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_element("id", "key-form").is_displayed())
+    # With the key, as without: the slider at the detector's own threshold (it stayed at 0.50).
+    with keyed_server.client() as c:
+        detector = next(
+            m for m in c.get("/models").json()["models"] if m["kind"] == "detector" and m["default"]
+        )
+    assert float(browser.find_element("id", "threshold").get_attribute("value")) == pytest.approx(
+        detector["threshold"]
+    )
     submit(browser, SENTENCE)
     wait_visible(browser, "detect")
     stored = browser.execute_script(
         "return JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie"
     )
     assert KEY not in stored
+
+
+def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
+    """The export's warnings (a detector near chance, a threshold that misses its rule) were in /models
+    only: the page showed such a model as it shows a good one."""
+    import json
+    import shutil
+
+    bundle = tmp_path / "models" / "weak"
+    shutil.copytree(MODELS / "detector", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["warnings"] = ["the detector barely tells swapped words from the rest (ROC AUC 0.52)."]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with run_server(bundle.parent, log_dir=tmp_path) as weak:
+        open_page(browser, weak)
+        shown = browser.find_element("id", "model-warnings")
+        assert shown.is_displayed() and "ROC AUC 0.52" in shown.text, shown.text
 
 
 def test_phone_width_and_screenshots(browser, server, tmp_path):

@@ -125,6 +125,11 @@ async function run() {
       renderDetect();
       $("status").textContent = done(ms);
     }
+    state.scoredText = text;
+    state.scoredWith = model.name;
+    markStale(false);
+    // The result may start below the fold (a laptop's 800 px): bring its top into view.
+    $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
   } catch (err) {
     $("status").textContent = "";
     showError(err);
@@ -145,7 +150,8 @@ function codePointIndex(text) {
 
 const pct = (p) => (100 * p).toFixed(1) + "%";
 // sqrt: a weak detector's 5-15% stays visible while the order of the shades is the order of the probabilities.
-const shade = (p) => "rgba(var(--hot), " + (0.85 * Math.sqrt(Math.min(1, Math.max(0, p)))).toFixed(4) + ")";
+// At most 0.75: the darkest shade keeps the text at 5:1 contrast (WCAG AA; 0.85 gave 4.3:1).
+const shade = (p) => "rgba(var(--hot), " + (0.75 * Math.sqrt(Math.min(1, Math.max(0, p)))).toFixed(4) + ")";
 
 function unit() { return document.querySelector("input[name=unit]:checked").value; }
 function items() {
@@ -224,6 +230,7 @@ function over(it, t) { return it.prob >= t && HAS_LETTER_OR_DIGIT.test(it.text);
 function remark() {
   const t = Number($("threshold").value);
   $("threshold-out").textContent = t.toFixed(2);
+  noteDefault(t);
   if (!state.detect) return;
   const list = items();
   for (const span of state.spans) span.classList.toggle("over", over(list[Number(span.dataset.i)], t));
@@ -356,16 +363,41 @@ function syncControls() {
   const model = selectedModel();
   const slider = $("threshold");
   slider.disabled = !!model && model.kind !== "detector";
+  // Another model's result is not this one's: a result stays only with the model that gave it.
+  if (model && state.scoredWith && state.scoredWith !== model.name) {
+    $("detect").hidden = true;
+    $("classify").hidden = true;
+  }
+  const warnings = (model && model.warnings) || [];
+  $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
+  $("model-warnings").hidden = !warnings.length;
   if (model && model.kind === "detector" && typeof model.threshold === "number") {
     slider.value = String(model.threshold);
-    $("threshold-out").textContent = model.threshold.toFixed(2);
-    $("threshold-note").textContent = model.calibrated ? "model default" : "model default (not calibrated)";
     remark();
   }
 }
 
+// Says whether the slider is at the model's own threshold, and which that is once moved away from it.
+function noteDefault(t) {
+  const model = selectedModel();
+  const note = $("threshold-note");
+  if (!model || model.kind !== "detector" || typeof model.threshold !== "number") { note.textContent = ""; return; }
+  const suffix = model.calibrated ? "" : ", not calibrated";
+  note.textContent = Math.abs(t - model.threshold) < 0.005 ? "model default" + (suffix ? " (" + suffix.slice(2) + ")" : "") :
+    "(model default " + model.threshold.toFixed(2) + suffix + ")";
+}
+
+// Results of a text since edited are kept, marked as such, until the next Check.
+function markStale(stale) {
+  for (const note of document.querySelectorAll(".stale-note")) note.hidden = !stale;
+  for (const id of ["detect", "classify"]) $(id).classList.toggle("stale", stale);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  $("text").addEventListener("input", () => {
+    if (state.scoredText !== undefined) markStale($("text").value !== state.scoredText);
+  });
   $("text").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
   });
@@ -373,6 +405,7 @@ document.addEventListener("DOMContentLoaded", () => {
     e.preventDefault();
     state.apiKey = $("key").value.trim() || null;
     if (await loadModels()) {
+      syncControls(); // the slider starts at the model's threshold, as it does without a key
       $("key-form").hidden = true;
       $("status").textContent = "Key accepted.";
       $("text").focus();
