@@ -245,3 +245,17 @@ def test_a_window_stride_past_half_a_window_is_said_at_load(bundles_dir, tmp_pat
     """It was cut to half a window in silence."""
     with run_server(bundles_dir, "--window-stride", "600", log_dir=tmp_path) as s:
         assert "detector: --window-stride 600 is more than half its window" in s.log()
+
+
+def test_models_lists_a_quantized_bundles_long_vectors_by_count():
+    """The shipped int8 detector's per-channel smoothing vectors made /models 790 kB, fetched by the page
+    on every load; manifest.json keeps them."""
+    import msgspec
+
+    from app.model.bundle import discover
+    from app.model.catalog import describe
+
+    bundles, _ = discover(REPO / "models")
+    listed = msgspec.json.encode(describe({b.name: b for b in bundles}, {"detector", "sentiment"}))
+    assert len(listed) < 100_000, len(listed)
+    assert b"numbers (in the bundle's manifest.json)" in listed

@@ -27,16 +27,31 @@ def calibration_info(manifest: Manifest) -> dict:
     return {"calibrated": False, "threshold": threshold, "calibration": {"note": note}}
 
 
+LONGEST_LIST = 32  # numbers /models lists in full; a quantized model's per-channel vectors are hundreds
+
+
+def _brief(value):
+    """`value` with each long list of numbers replaced by a line saying how many: an int8 detector's
+    smoothing vectors made /models 790 kB, fetched by the page on every load. manifest.json keeps them."""
+    if isinstance(value, dict):
+        return {k: _brief(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if len(value) > LONGEST_LIST and all(isinstance(v, int | float) for v in value):
+            return f"{len(value)} numbers (in the bundle's manifest.json)"
+        return [_brief(v) for v in value]
+    return value
+
+
 def describe(
     bundles: dict[str, Bundle], defaults: set[str | None], load_checks: dict[str, dict | None] | None = None
 ) -> list[ModelInfo]:
     out = []
     for name, b in sorted(bundles.items()):
         m = b.manifest
-        provenance = {
+        provenance = _brief({
             "source": m.source, "created_at": m.created_at, "versions": m.versions, "parity": m.parity,
             "optimizations": m.optimizations, "opset": m.opset,
-        }  # fmt: skip
+        })  # fmt: skip
         out.append(
             ModelInfo(
                 name=name,
