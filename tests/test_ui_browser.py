@@ -357,6 +357,7 @@ def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
         open_page(browser, weak)
         shown = browser.find_element("id", "model-warnings")
         assert shown.is_displayed() and "ROC AUC 0.52" in shown.text, shown.text
+    assert "weak: the detector barely tells swapped words" in weak.log()  # and the server's log, by name
 
 
 def test_phone_width_and_screenshots(browser, server, tmp_path):

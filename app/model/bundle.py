@@ -130,9 +130,8 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         raise BundleError(f"{manifest_path}: a classifier needs `labels`")
     if manifest.max_length < 4:
         raise BundleError(f"{manifest_path}: max_length {manifest.max_length} is too small")
-    warnings: tuple[str, ...] = tuple(manifest.warnings)
-    for warning in warnings:
-        log.warning("%s: %s", path, warning)
+    warnings: tuple[str, ...] = tuple(manifest.warnings)  # logged by the server at load, not here: the
+    # export reads its bundle back from a temporary directory, whose name the log would carry
     if manifest.files is None:
         # Accepted, not refused: bundles exported before per-file hashes would otherwise stop serving on
         # upgrade. Only model.onnx is checked; /models and the log say so until the bundle is re-exported.

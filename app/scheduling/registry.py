@@ -77,6 +77,9 @@ class Registry:
             log.error("bundle %s is broken and will not be served: %s", name, reason)
         if not self.bundles:
             raise SettingsError("no bundle can be served:\n" + "\n".join(self.broken.values()))
+        for bundle in self.bundles.values():
+            for warning in bundle.manifest.warnings:  # the export's: a detector near chance, a missed rule
+                log.warning("%s: %s", bundle.name, warning)
 
     def default(self, kind: str) -> str | None:
         names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
