@@ -383,7 +383,9 @@ def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
         except UnicodeEncodeError as e:  # "\ud800" in JSON decodes to a lone surrogate
             return Doc(line, ident, None, Reason.NOT_UTF8, f"character {e.start}: lone surrogate")
     if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
-        return Doc(line, ident, None, Reason.EMPTY_TEXT, "")
+        return Doc(
+            line, ident, None, Reason.EMPTY_TEXT, "nothing but white space, control or zero-width characters"
+        )
     return Doc(line, ident, text)
 
 

@@ -259,7 +259,8 @@ def resolve(
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(
-                    f"{path}: unknown option {key!r}; known options: {', '.join(sorted(fields))}"
+                    f"{path}: unknown option {key!r}{_did_you_mean(key, fields)}; known options: "
+                    f"{', '.join(sorted(fields))}"
                 )
             values[key] = coerce(key, value, hints[key], f"{path}: {key}")
             given[key] = str(path)
@@ -288,6 +289,13 @@ def resolve(
 
 
 _SOURCES: dict[int, tuple[weakref.ref, dict[str, str]]] = {}
+
+
+def _did_you_mean(key: str, names) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def sources(cfg) -> dict[str, str]:

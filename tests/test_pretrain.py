@@ -314,7 +314,7 @@ def test_bad_options_fail_naming_the_option(tmp_path):
         pretrain(["--out", str(tmp_path / "x"), "--no-such-flag", "1"])
     bad = tmp_path / "bad.toml"
     bad.write_text("hiden_size = 3\n")
-    with pytest.raises(SystemExit, match="hiden_size"):
+    with pytest.raises(SystemExit, match="unknown option 'hiden_size' \\(did you mean 'hidden_size'\\?\\)"):
         pretrain(["--config", str(bad), "--out", str(tmp_path / "y")])
 
 

@@ -38,7 +38,8 @@ class Admission:
         """Hold a place for one request from tokenization to answer; refuse at once when full."""
         self.lifecycle.check_admission()
         if self.admitted >= self.queue_size:
-            msg = f"model {self.name!r} has {self.queue_size} requests queued (the limit); retry later"
+            queued = f"{self.queue_size} request{'s' if self.queue_size != 1 else ''}"
+            msg = f"model {self.name!r} has {queued} queued (the limit, --queue-size); retry later"
             raise AppError(ErrorType.OVERLOADED, msg, headers={"retry-after": "1"})
         self.admitted += 1
         self.load.request_admitted()
