@@ -88,6 +88,28 @@ def test_a_local_ray_instance_stops_at_a_full_disk_and_the_job_ends_with_every_d
         pytest.skip(str(e))
 
 
+def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_finishes_it(
+    tmp_path, corpus, local_rows, ray_env
+):
+    """ray.init installs a SIGTERM handler of its own (sys.exit) over the job's: the job connects first,
+    so a scheduler's SIGTERM still ends in the summary, the manifest and 143, not a bare exit 15."""
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
+                            env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or proc.poll() is not None,
+             timeout=180, what="a part on Ray")  # fmt: skip
+    assert proc.poll() is None, "the job finished before SIGTERM"
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=180)[1]
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped by SIGTERM; run the same command again to score the rest" in err, err[-3000:]
+    assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] > 0
+    done = run_bulk(corpus, out, "detector", "--workers", "2")  # a job moves between Ray and local freely
+    assert done.returncode == 0, done.stderr
+    assert rows(out) == local_rows
+
+
 def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, local_rows, ray_env):
     port = free_port()
     # The head notices a dead node within ~2 s instead of the default ~30 s.
