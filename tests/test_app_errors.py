@@ -143,7 +143,7 @@ def test_unknown_route_and_method(server):
     assert "Traceback" not in server.log()
 
 
-def test_api_key_protects_everything_but_health_and_ready(bundles_dir, tmp_path):
+def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, tmp_path):
     key = "s3cret-key-123456"
     with run_server(
         bundles_dir, "--api-key", key, log_dir=tmp_path, headers={"authorization": f"Bearer {key}"}
@@ -154,6 +154,8 @@ def test_api_key_protects_everything_but_health_and_ready(bundles_dir, tmp_path)
             # /ready is for load balancers and probes: its status without the key, details only with it.
             ready = c.get("/ready")
             assert ready.status_code == 200 and ready.json()["status"] == "ready"
+            # The API's documentation, which the page links to (a link cannot carry the key).
+            assert c.get("/schema").status_code == 200 and c.get("/schema/openapi.json").status_code == 200
             for method, path in [
                 ("GET", "/models"),
                 ("GET", "/metrics"),

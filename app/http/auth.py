@@ -1,4 +1,5 @@
-"""The API key (--api-key): every route but the public ones (/health, /ready, the page) needs it."""
+"""The API key (--api-key): every route but the public ones (/health, /ready, the page, the API's own
+documentation under /schema) needs it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from litestar.handlers.base import BaseRouteHandler
 
 from app.errors import AppError, ErrorType
 
+DOCS = "/schema"  # Litestar's OpenAPI path (app/http/server.py)
+
 
 def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    if handler.opt.get("public") or has_api_key(connection):
+    # /schema: the page links to it, and a link cannot carry the key; it describes the API, nothing served.
+    path = connection.scope["path"]
+    if handler.opt.get("public") or path == DOCS or path.startswith(DOCS + "/") or has_api_key(connection):
         return
     raise AppError(
         ErrorType.UNAUTHORIZED,

@@ -20,7 +20,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from app import __version__
 from app.http import ui
 from app.http.apidocs import OfflineDocs
-from app.http.auth import require_api_key
+from app.http.auth import DOCS, require_api_key
 from app.http.errors import handle_exception
 from app.http.routes import HANDLERS
 from app.metrics import Metrics
@@ -64,7 +64,7 @@ def create_app(settings: Settings) -> Litestar:
             title="electra-serve",
             version=__version__,
             description="Per-token replaced-token detection and classification with ELECTRA bundles.",
-            path="/schema",
+            path=DOCS,
             render_plugins=[OfflineDocs()],  # /schema: HTML without a CDN; /schema/openapi.json: the document
         ),
         state=State({"settings": settings, "registry": registry, "metrics": metrics}),
