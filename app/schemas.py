@@ -31,9 +31,10 @@ class DetectRequest(msgspec.Struct, forbid_unknown_fields=True):
         None
     )
     threshold: Annotated[Threshold, _doc("default: the model's own (GET /models)")] | None = None
-    return_: Annotated[Literal["tokens", "words", "both"], _doc("which lists to return")] = msgspec.field(
-        default="both", name="return"
-    )
+    # null as the default, as `threshold` and `model` take it (a client that always sends every field).
+    return_: (
+        Annotated[Literal["tokens", "words", "both"], _doc("which lists to return; default both")] | None
+    ) = msgspec.field(default="both", name="return")
 
 
 class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):

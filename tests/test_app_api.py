@@ -191,6 +191,14 @@ def test_batching_does_not_change_results(client):
         )
 
 
+def test_null_options_are_the_defaults(client):
+    """A client that sends every field: `"return": null` was a 422 where `"threshold": null` was taken."""
+    r = client.post("/detect", json={"text": "a cat sat", "return": None, "threshold": None, "model": None})
+    assert r.status_code == 200, r.text
+    result = r.json()["results"][0]
+    assert result["tokens"] and result["words"]  # both, the default
+
+
 def test_timing_headers(client):
     """Each stage in ms; a scored request spent time in tokenization and inference, and the stages,
     which follow one another, add up to no more than the total."""

@@ -86,7 +86,7 @@ async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[De
     field, texts = check_inputs(request.app.state.settings.max_batch_size, data.text, data.texts)
     model = _registry(request).resolve(data.model, "detector")
     threshold = model.threshold if data.threshold is None else data.threshold
-    return await _score(request, model, scoring.Detect(threshold, data.return_), field, texts)
+    return await _score(request, model, scoring.Detect(threshold, data.return_ or "both"), field, texts)
 
 
 @post(
