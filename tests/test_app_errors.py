@@ -108,6 +108,15 @@ def test_content_type_must_be_json(server, ctype):
         assert ok.status_code == 200
 
 
+def test_a_byte_order_mark_before_the_json_is_skipped(server):
+    """Some Windows clients write one; it was a 400 invalid_json."""
+    with server.client() as c:
+        r = c.post(
+            "/detect", content=b'\xef\xbb\xbf{"text": "a"}', headers={"content-type": "application/json"}
+        )
+    assert r.status_code == 200, r.text
+
+
 def test_a_compressed_body_is_refused_naming_the_encoding(server):
     """Once read as it was: a gzip body was answered as bad UTF-8, a br-labelled plain one scored."""
     body = b'{"text": "a"}'

@@ -46,6 +46,8 @@ def strict_json(kind: type[msgspec.Struct]):
             msg = f"Content-Encoding {clip(coding)!r} is not accepted; send the JSON body uncompressed"
             raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-encoding")
         body = await request.body()
+        # RFC 8259 lets a parser skip a byte-order mark, which some Windows clients write; bulk skips it too.
+        body = body.removeprefix(b"\xef\xbb\xbf")
         if not body.strip():
             raise AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")
         body.decode("utf-8")  # UnicodeDecodeError -> 400 invalid_utf8, naming the byte
