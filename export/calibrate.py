@@ -154,7 +154,7 @@ def in_words(chosen: dict) -> str:
 
     if "everyday" not in chosen:
         return said(chosen, "one swapped word in a sentence")
-    text = said(chosen["everyday"], "one swapped word in a short everyday sentence (6-14 words)")
+    text = said(chosen["everyday"], "one swapped word in a short sentence (6-14 words)")
     if "longer" in chosen:
         text += "; " + said(chosen["longer"], "in a longer one (15-30 words)")
     return text
