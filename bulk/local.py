@@ -28,10 +28,10 @@ def _init(cfg_values: dict, queue) -> None:
     # Not Linux: no prctl, and a killed job's workers finish their part and exit.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    # Ctrl-C reaches the whole process group, and a scheduler's SIGTERM may: the driver decides (finish
-    # the parts running, or on a second signal kill these processes), so a worker finishes its part.
+    # Ctrl-C reaches the whole process group: the driver decides (finish the parts running, or on a second
+    # Ctrl-C kill these processes), so a worker finishes its part. Not SIGTERM: the executor ends the
+    # workers of a broken pool with it, and a worker that ignored it kept the job waiting for ever.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from bulk.shard import Scorer
 
     _QUEUE = queue
