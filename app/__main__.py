@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         http=bounded_protocol(
             settings.read_timeout_s,
             app.state.metrics,
-            app.state.registry.server_load,
-            app.state.registry.lifecycle,
+            registry.server_load,
+            registry.lifecycle,
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
         host=settings.host,

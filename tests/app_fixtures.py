@@ -130,6 +130,17 @@ def app_env(**settings: str) -> dict[str, str]:
     return env
 
 
+def start_app(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m app ARGS` run to its end: for a start the server must refuse. A free port unless the
+    caller names one: with 8000 taken (another server on the machine), every start failed on the port
+    before it reached what the test is about."""
+    port = [] if "--port" in args or "port" in (env or {}) else ["--port", str(free_port())]
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args, *port], cwd=REPO, env=app_env(**(env or {})),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
 @contextlib.contextmanager
 def run_server(
     models: Path,

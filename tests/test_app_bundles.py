@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 try:
-    from app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401 (fixture)
+    from app_fixtures import REPO, bundles_dir, run_server, start_app  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401
+    from tests.app_fixtures import REPO, bundles_dir, run_server, start_app  # noqa: F401
 
 from app.model.bundle import BundleError, read_bundle, sha256_file
 from tests.unprivileged import run_python
@@ -115,10 +113,7 @@ def test_a_server_whose_every_bundle_fails_to_load_stops_with_status_1(bundles_d
     restarts nobody looks at."""
     bundle = _copy(bundles_dir, tmp_path / "models") / "detector"
     _truncate_and_resign(bundle)
-    r = subprocess.run(
-        [sys.executable, "-m", "app", "--models", str(bundle), "--port", str(free_port())], cwd=REPO, env=app_env(),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    r = start_app("--models", str(bundle))
     assert r.returncode == 1, r.stderr[-3000:]
     assert "loading failed; no bundle is left to serve" in r.stderr
     assert "no bundle could be loaded: the server stops" in r.stderr
@@ -127,10 +122,7 @@ def test_a_server_whose_every_bundle_fails_to_load_stops_with_status_1(bundles_d
 def test_nothing_servable_refuses_to_start_naming_the_file(bundles_dir, tmp_path):
     bundle = _copy(bundles_dir, tmp_path / "models") / "detector"
     _tamper_tokenizer(bundle)
-    r = subprocess.run(
-        [sys.executable, "-m", "app", "--models", str(bundle), "--port", str(free_port())], cwd=REPO, env=app_env(),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    r = start_app("--models", str(bundle))
     assert r.returncode == 2
     assert str(bundle / "tokenizer.json") in r.stderr and "export the bundle again" in r.stderr
 

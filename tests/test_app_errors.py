@@ -6,16 +6,14 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 try:
-    from app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401 (fixture)
+    from app_fixtures import REPO, app_env, bundles_dir, run_server, start_app  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import REPO, app_env, bundles_dir, free_port, run_server  # noqa: F401
+    from tests.app_fixtures import REPO, app_env, bundles_dir, run_server, start_app  # noqa: F401
 
 MAX_BATCH = 4
 MAX_BODY = 4096
@@ -180,26 +178,16 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
     assert key not in log and "api_key" in log  # settings printed, key masked
 
 
-def _start(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    # A free port unless the test names one: with 8000 taken (another server on the machine), every start
-    # failed on the port before it reached what the test is about.
-    port = [] if "--port" in args or "port" in (env or {}) else ["--port", str(free_port())]
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args, *port], cwd=REPO, env=app_env(**(env or {})),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-
-
 def test_bad_settings_fail_naming_the_option(bundles_dir):
-    r = _start("--models", str(bundles_dir), "--bogus-flag", "1")
+    r = start_app("--models", str(bundles_dir), "--bogus-flag", "1")
     assert r.returncode == 2 and "--bogus-flag" in r.stderr
-    r = _start("--models", str(bundles_dir), env={"port": "eighty"})
+    r = start_app("--models", str(bundles_dir), env={"port": "eighty"})
     assert r.returncode == 2 and "ELECTRA_PORT" in r.stderr
-    r = _start("--models", str(bundles_dir), "--max-wait-ms", "-1")
+    r = start_app("--models", str(bundles_dir), "--max-wait-ms", "-1")
     assert r.returncode == 2 and "--max-wait-ms" in r.stderr
-    r = _start("--models", str(bundles_dir), "--batch-token-budget", "16")
+    r = start_app("--models", str(bundles_dir), "--batch-token-budget", "16")
     assert r.returncode == 2 and "--batch-token-budget" in r.stderr
-    r = _start("--models", str(bundles_dir), "--access-log", "maybe")
+    r = start_app("--models", str(bundles_dir), "--access-log", "maybe")
     assert r.returncode == 2 and "--access-log" in r.stderr and "true or false" in r.stderr
 
 
@@ -212,7 +200,7 @@ def test_an_address_the_server_cannot_listen_on_fails_before_the_bundles_load_na
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        r = _start("--models", str(bundles_dir), "--port", port)
+        r = start_app("--models", str(bundles_dir), "--port", port)
         assert (
             r.returncode == 2 and f"--port {port}: 127.0.0.1:{port} is in use by another process" in r.stderr
         )
@@ -220,7 +208,7 @@ def test_an_address_the_server_cannot_listen_on_fails_before_the_bundles_load_na
         ("no-such-host.invalid", "does not resolve"),
         ("192.0.2.1", "is not an address of this machine"),
     ]:
-        r = _start("--models", str(bundles_dir), "--host", host)
+        r = start_app("--models", str(bundles_dir), "--host", host)
         assert r.returncode == 2 and f"--host {host!r} {says}" in r.stderr and "0.0.0.0" in r.stderr, r.stderr
         assert "providers" not in r.stderr  # refused before any bundle was loaded
 
@@ -230,9 +218,9 @@ def test_providers_cuda_without_cuda_fails_at_start_naming_the_setting(bundles_d
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime offers CUDA: --providers cuda is valid here")
-    r = _start("--models", str(bundles_dir), "--providers", "cuda")
+    r = start_app("--models", str(bundles_dir), "--providers", "cuda")
     assert r.returncode == 2 and "--providers cuda" in r.stderr and "CUDAExecutionProvider" in r.stderr
-    r = _start("--models", str(bundles_dir), "--providers", "tpu")
+    r = start_app("--models", str(bundles_dir), "--providers", "tpu")
     assert r.returncode == 2 and "--providers" in r.stderr and "one of auto, cpu, cuda" in r.stderr
 
 
@@ -253,7 +241,7 @@ def test_bundle_with_wrong_hash_is_refused(bundles_dir, tmp_path):
     real = manifest["model_sha256"]
     manifest["model_sha256"] = manifest["files"]["model.onnx"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(manifest))
-    r = _start("--models", str(tmp_path / "models"))
+    r = start_app("--models", str(tmp_path / "models"))
     assert r.returncode == 2
     assert str(bad / "model.onnx") in r.stderr and "0" * 64 in r.stderr and real in r.stderr
 
