@@ -131,6 +131,11 @@ class ModelInfo(msgspec.Struct):
     inputs: list[str]
     provenance: dict[str, object]  # source, created_at, versions, parity, optimizations from the manifest
     default: bool  # picked when a request names no model
+    trained_on: Annotated[
+        str | None,
+        _doc("classifiers: `texts` or `pairs`, what the model was fine-tuned on and what /classify takes; "
+             "null: not recorded (an imported model), either is taken"),
+    ] = None  # fmt: skip
     threshold: Annotated[float | None, _doc("detectors: the threshold a request without one gets")] = None
     calibrated: Annotated[
         bool | None, _doc("detectors: probabilities calibrated at export (see `calibration`)")

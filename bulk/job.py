@@ -155,6 +155,9 @@ def run(cfg: BulkConfig) -> int:
     t0 = time.perf_counter()
     check_model_named(cfg)
     bundle = read_bundle(cfg.bundle_dir, cfg.model)  # a missing or tampered bundle stops us here, once
+    if bundle.manifest.trained_on == "pairs":
+        raise JobError(f"{cfg.model!r} was fine-tuned on text pairs; bulk scores one text per document "
+                       "(--text-field): serve it and send `pairs` to /classify instead")  # fmt: skip
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
     part_bytes = prepare(cfg, bundle.manifest.model_sha256, files)
     parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.model.bundle import Manifest, read_bundle
 from tests.helpers_models import TINY_ENCODER as TINY
 from training.checkpoint import commit_checkpoint, load_model
 from training.data.tokenizer import load_tokenizer
@@ -164,6 +165,12 @@ def test_user_csv_with_custom_columns_keeps_label_names(tiny_init, tmp_path, giv
     assert "test" not in evals and not (out / "eval_test.json").exists()
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["task"] is None and state["data"]["train"] == str(train)
+    # The recipe the export copies into the bundle tells the server this model takes pairs.
+    from export.pipeline import _recipe
+
+    manifest = Manifest(format_version=1, kind="classifier", max_length=64, output="logits", model_sha256="",
+                        source={"training": _recipe(out)})  # fmt: skip
+    assert manifest.trained_on == "pairs"
 
 
 def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
@@ -369,6 +376,7 @@ def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["optimizations"]["int8"]["method"].startswith("int8 compute")
     assert manifest["load_check"]["at_export"]["max"] <= manifest["load_check"]["gate"]["max"]
+    assert read_bundle(tmp_path / "bundle").manifest.trained_on == "texts"  # what /classify will take
 
 
 def test_weights_files_are_as_readable_as_the_rest_of_the_output(spam_run):

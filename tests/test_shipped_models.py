@@ -123,6 +123,24 @@ def test_the_shipped_sentiment_classifier_through_classify(registry_data, tmp_pa
     assert report["accuracy"] >= _floor(SENTIMENT_PUBLISHED, report["n"])
 
 
+def test_the_shipped_classifier_takes_the_single_texts_it_was_fine_tuned_on(tmp_path):
+    """models/sentiment was fine-tuned on single texts (its manifest's recipe says so): /classify refuses
+    pairs for it, naming what to send, where it used to answer them with numbers that meant nothing."""
+    from app_fixtures import run_server
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "sentiment").symlink_to(MODELS / "sentiment")
+    with run_server(tmp_path / "models", log_dir=tmp_path) as server, server.client() as client:
+        info = client.get("/models").json()["models"][0]
+        assert info["trained_on"] == "texts"
+        r = client.post("/classify", json={"pairs": [["a fine film", "great"]]})
+        assert r.status_code == 422, r.text
+        assert (
+            r.json()["error"]["field"] == "pairs" and "send `text` or `texts`" in r.json()["error"]["message"]
+        )
+        assert client.post("/classify", json={"texts": ["a fine film"]}).status_code == 200
+
+
 # The shipped detector's map before issue 36: one scale and bias fitted on WikiText-2 and news sentences
 # of 8-30 words, default threshold 0.58 (models/detector/manifest.json at 41e8b34).
 BEFORE_ISSUE_36 = {"scale": 0.8154986668841057, "bias": -1.9100667851333502, "threshold": 0.58}

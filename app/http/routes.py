@@ -7,7 +7,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import JSONBody
 
-from app.errors import STATUS, ErrorType
+from app.errors import STATUS, AppError, ErrorType
 from app.http import scoring
 from app.http.auth import has_api_key
 from app.http.body import strict_json
@@ -101,7 +101,20 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     max_batch = request.app.state.settings.max_batch_size
     field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier")
+    _check_trained_on(model.name, model.bundle.manifest.trained_on, field)
     return await _score(request, model, scoring.Classify(data.top_k), field, items)
+
+
+def _check_trained_on(name: str, trained_on: str | None, field: str) -> None:
+    """A model fine-tuned on single texts answers a pair too, and the answer means nothing (and the other
+    way round): refuse the input it never saw."""
+    if trained_on is None or (field == "pairs") == (trained_on == "pairs"):
+        return
+    if trained_on == "pairs":
+        msg = f"model {name!r} was fine-tuned on text pairs: send `pairs` ([[text, text_pair], ...])"
+    else:
+        msg = f"model {name!r} was fine-tuned on single texts, not pairs: send `text` or `texts`"
+    raise AppError(ErrorType.VALIDATION, msg, field=field)
 
 
 # Every GET route answers HEAD too (the same status and headers, no body; uvicorn leaves the body out): some

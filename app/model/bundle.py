@@ -56,6 +56,16 @@ class Manifest(msgspec.Struct):
     # its rule): shown in /models and logged at load.
     warnings: list[str] = msgspec.field(default_factory=list)
 
+    @property
+    def trained_on(self) -> str | None:
+        """A classifier fine-tuned by training.finetune: "texts" or "pairs", read from the recipe the export
+        copied (source.training.config.text_pair_column). None when no recipe says (a Hugging Face import):
+        such a model takes either."""
+        config = (self.source.get("training") or {}).get("config") or {}
+        if self.kind != "classifier" or "text_pair_column" not in config:
+            return None
+        return "pairs" if config["text_pair_column"] else "texts"
+
 
 @dataclass(frozen=True)
 class Bundle:

@@ -76,6 +76,7 @@ def describe(
                 inputs=list(m.inputs),
                 provenance=_provenance(b),
                 default=name in defaults,
+                trained_on=m.trained_on,
                 load_check=(load_checks or {}).get(name),
                 **(calibration_info(m) if m.kind == "detector" else {}),
             )  # fmt: skip
