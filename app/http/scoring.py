@@ -60,25 +60,51 @@ class Limits:
 
     def check(self, rows: list[Row], field: str, text_tokens: list[int] | None = None) -> None:
         for i, n in enumerate(text_tokens or []):
-            if n > self.text_tokens:
-                where = field if field == "text" else f"{field}[{i}]"
-                msg = (
-                    f"{where} has {n} tokens; the limit is {self.text_tokens} per text "
-                    "(--max-text-tokens, ELECTRA_MAX_TEXT_TOKENS): split it or raise the limit"
-                )
-                raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=where)
-        total = sum(len(r.ids) for r in rows)
+            self._text(field, i, n)
+        self._request(field, sum(len(r.ids) for r in rows), "")
+
+    def while_encoding(self, field: str) -> RequestCount:
+        """The check tokenization runs text by text (app/model/tokenization.py), before the rows exist."""
+        return RequestCount(self, field)
+
+    def _text(self, field: str, i: int, n: int, at_least: str = "") -> None:
+        if n > self.text_tokens:
+            where = field if field == "text" else f"{field}[{i}]"
+            msg = (
+                f"{where} has {at_least}{n} tokens; the limit is {self.text_tokens} per text "
+                "(--max-text-tokens, ELECTRA_MAX_TEXT_TOKENS): split it or raise the limit"
+            )
+            raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=where)
+
+    def _request(self, field: str, total: int, at_least: str) -> None:
         if total > self.request_tokens:
             msg = (
-                f"this request needs {total} model-input tokens (windows and special tokens counted); the "
-                f"limit is {self.request_tokens} per request (--max-request-tokens, "
+                f"this request needs {at_least}{total} model-input tokens (windows and special tokens "
+                f"counted); the limit is {self.request_tokens} per request (--max-request-tokens, "
                 "ELECTRA_MAX_REQUEST_TOKENS): send fewer or shorter texts per request"
             )
             raise AppError(ErrorType.TOO_MANY_TOKENS, msg, field=field)
 
 
+class RequestCount:
+    """Tokens counted so far, text by text: a text's count only grows (a prefix first, then the whole
+    text), and every count is at most what its rows will need, so going over is final."""
+
+    def __init__(self, limits: Limits, field: str) -> None:
+        self._limits, self._field = limits, field
+        self._counts: dict[int, int] = {}
+        # A text of about 2 characters a token or more is encoded whole at once: prefixes cost only where
+        # the whole text could be far over the limit.
+        self.per_text_chars = 2 * min(limits.text_tokens, limits.request_tokens)
+
+    def check_text(self, i: int, n_tokens: int, whole: bool) -> None:
+        self._counts[i] = n_tokens
+        self._limits._text(self._field, i, n_tokens, "" if whole else "at least ")
+        self._limits._request(self._field, sum(self._counts.values()), "at least ")
+
+
 class Kind(Protocol):
-    def encode(self, tokenizer, items: list) -> Encoded: ...
+    def encode(self, tokenizer, items: list, limit: RequestCount | None = None) -> Encoded: ...
 
     def respond(self, model, items: list, encoded: Encoded, outputs: list) -> Any: ...
 
@@ -107,7 +133,8 @@ async def score(model, kind: Kind, items: list, field: str, limits: Limits, rece
     with model.scheduler.request():
         t0 = time.perf_counter()
         chars = _chars(items)
-        encoded = await offload(lambda: kind.encode(model.tokenizer, items), chars)
+        count = limits.while_encoding(field)
+        encoded = await offload(lambda: kind.encode(model.tokenizer, items, count), chars)
         t.tokenization_s = time.perf_counter() - t0
         model.scheduler.series.tokenization.observe(t.tokenization_s)
         limits.check(encoded.rows, field, encoded.text_tokens)

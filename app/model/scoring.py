@@ -12,7 +12,7 @@ import numpy as np
 from app.model.batching import split_by_length
 from app.model.bundle import Manifest
 from app.model.postprocess import classify_result, detect_result
-from app.model.tokenization import Row
+from app.model.tokenization import Row, TokenLimit
 from app.schemas import ClassifyResult, DetectResult
 
 
@@ -28,8 +28,8 @@ class Detect:
     threshold: float
     ret: str  # tokens | words | both
 
-    def encode(self, tokenizer, texts: list[str]) -> Encoded:
-        encodings = tokenizer.encode_detect(texts)
+    def encode(self, tokenizer, texts: list[str], limit: TokenLimit | None = None) -> Encoded:
+        encodings = tokenizer.encode_detect(texts, limit)
         rows = [row for enc in encodings for row in enc.rows]
         return Encoded(rows, encodings, [len(enc.tokens) for enc in encodings])
 
@@ -45,8 +45,9 @@ class Detect:
 class Classify:
     top_k: int | None
 
-    def encode(self, tokenizer, items: list) -> Encoded:
-        # Each text is cut to max_length by the tokenizer: only a request's total can be too large.
+    def encode(self, tokenizer, items: list, limit: TokenLimit | None = None) -> Encoded:
+        # Each text is cut to max_length by the tokenizer: only a request's total can be too large, and
+        # that is at most max_batch_size rows of max_length (checked on the rows).
         encoded = tokenizer.encode_classify(items)
         return Encoded([row for row, _ in encoded], [truncated for _, truncated in encoded])
 

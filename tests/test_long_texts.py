@@ -1,0 +1,100 @@
+"""Long texts cost what their answer needs: a /detect text far over --max-text-tokens is refused on a
+prefix, before the megabyte after it is tokenized, and a /classify text is cut to a prefix that still
+overflows max_length. Neither shortcut may change a single token of what is answered."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from app.errors import AppError
+from app.http.scoring import Limits
+from app.model.tokenization import TextTokenizer
+from training.data.corpus import read_corpus
+
+try:
+    from app_fixtures import bundles_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir  # noqa: F401
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models"
+# The shipped bundles' WordPiece (trained on the corpus) and the test bundles' bert-base-uncased vocab.
+MODELS = ("shipped/detector", "shipped/sentiment", "test/detector")
+STRIDE = 32
+
+
+def tokenizer(bundles_dir: Path, model: str) -> TextTokenizer:
+    where, name = model.split("/")
+    return TextTokenizer(
+        (SHIPPED if where == "shipped" else bundles_dir) / name / "tokenizer.json", 128, STRIDE
+    )
+
+
+@pytest.fixture(scope="module")
+def long_texts(registry_data) -> list[str]:
+    """Whole WikiText-2 articles and pieces of them glued without spaces, in scripts and symbols that
+    stress where a word ends: accents, CJK, emoji, punctuation runs."""
+    articles = [a for a in read_corpus("wikitext2", "valid", data_dir=registry_data) if len(a) > 20_000][:6]
+    rng = random.Random(0)
+    odd = [
+        "naïve café",
+        "日本語のテキスト",
+        "👨‍👩‍👧 👍🏽",
+        "e\u0301\u0302x",
+        "!!!???...",
+        "a" * 300,
+        "\u200b",
+        "—«»",
+    ]
+    glued = ["".join(rng.choice(odd) + a[i : i + 40] for i in range(0, 30_000, 40)) for a in articles[:3]]
+    return articles + glued
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_counting_a_long_text_on_prefixes_changes_nothing(bundles_dir, long_texts, model):
+    tok = tokenizer(bundles_dir, model)
+    roomy = Limits(text_tokens=10**6, request_tokens=10**7)  # prefixes counted, nothing refused
+    for text in long_texts:
+        plain, counted = (
+            tok.encode_detect([text])[0],
+            tok.encode_detect([text], roomy.while_encoding("text"))[0],
+        )
+        assert (plain.tokens, plain.offsets, plain.windows) == (
+            counted.tokens,
+            counted.offsets,
+            counted.windows,
+        )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_prefix_never_counts_more_tokens_than_its_text(bundles_dir, long_texts, model):
+    """So a refusal on a prefix is never wrong: a limit of exactly the text's tokens lets it through."""
+    tok = tokenizer(bundles_dir, model)
+    for text in long_texts:
+        n = len(tok.encode_detect([text])[0].tokens)
+        tok.encode_detect([text], Limits(n, 10**7).while_encoding("text"))
+        with pytest.raises(AppError, match=f"has {n} tokens"):
+            tok.encode_detect([text], Limits(n - 1, 10**7).while_encoding("text"))
+
+
+def test_a_megabyte_over_the_limit_is_refused_on_a_prefix(bundles_dir):
+    tok = tokenizer(bundles_dir, "test/detector")
+    for text in ["! " * 500_000, "word " * 200_000, "!" * 1_000_000]:
+        with pytest.raises(AppError, match="has at least") as e:
+            tok.encode_detect([text], Limits(8192, 16384).while_encoding("text"))
+        assert "--max-text-tokens" in str(e.value)
+    texts = ["lorem ipsum dolor sit amet " * 300] * 32  # each under the text limit, together far over
+    with pytest.raises(AppError, match="needs at least") as e:
+        tok.encode_detect(texts, Limits(8192, 16384).while_encoding("texts"))
+    assert "--max-request-tokens" in str(e.value)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_classified_text_cut_to_a_prefix_keeps_its_tokens(bundles_dir, long_texts, model):
+    tok = tokenizer(bundles_dir, model)
+    for text in [*long_texts, "! " * 500_000, "a" * 100_000, "word " * 3]:
+        (row, truncated), whole = tok.encode_classify([text])[0], tok._truncating.encode(text)
+        assert row.ids.tolist() == whole.ids and row.type_ids.tolist() == whole.type_ids
+        assert truncated == bool(whole.overflowing)
