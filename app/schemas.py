@@ -10,12 +10,27 @@ import msgspec
 from app.errors import AppError, ErrorType
 from app.model.tokenization import is_blank
 
-Threshold = Annotated[float, msgspec.Meta(ge=0.0, le=1.0, description="flag words with prob >= threshold")]
+# Litestar's OpenAPI generator drops a bound that is 0 (it tests the value's truth) and the constraints of
+# a list's items: `extra` restates them for the document; msgspec enforces the Meta's own.
+Threshold = Annotated[
+    float,
+    msgspec.Meta(ge=0.0, le=1.0, description="flag words with prob >= threshold",
+                 extra_json_schema={"extra": {"minimum": 0.0}}),
+]  # fmt: skip
 TopK = Annotated[int, msgspec.Meta(ge=1, description="return the k most probable labels")]
 Pair = Annotated[list[str], msgspec.Meta(min_length=2, max_length=2, description="[text, text_pair]")]
 # The per-request maximum is a setting (max_batch_size), checked in check_inputs, not in the schema.
 Texts = Annotated[list[str], msgspec.Meta(min_length=1, description="a batch of texts")]
-Pairs = Annotated[list[Pair], msgspec.Meta(min_length=1, description="a batch of text pairs")]
+_PAIR_SCHEMA = {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2,
+                "description": "[text, text_pair]"}  # fmt: skip
+Pairs = Annotated[
+    list[Pair],
+    msgspec.Meta(
+        min_length=1,
+        description="a batch of text pairs",
+        extra_json_schema={"extra": {"items": _PAIR_SCHEMA}},
+    ),
+]
 
 
 def _doc(text: str) -> msgspec.Meta:

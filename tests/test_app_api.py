@@ -265,6 +265,14 @@ def test_models_health_ready_docs(client, bundles_dir):
     assert client.get("/ready").status_code == 200
     schema = client.get("/schema/openapi.json").json()
     assert {"/detect", "/classify", "/models", "/health", "/ready", "/metrics"} <= set(schema["paths"])
+    # The document states the bounds the server enforces (a generated client validates by it).
+    requests = schema["components"]["schemas"]
+    threshold = requests["DetectRequest"]["properties"]["threshold"]
+    assert (threshold["minimum"], threshold["maximum"]) == (0.0, 1.0)
+    assert client.post("/detect", json={"text": "a", "threshold": -0.5}).status_code == 422
+    pair = requests["ClassifyRequest"]["properties"]["pairs"]["items"]
+    assert (pair["minItems"], pair["maxItems"]) == (2, 2)
+    assert client.post("/classify", json={"pairs": [["a", "b", "c"]]}).status_code == 422
     assert client.get("/schema").status_code == 200
 
 

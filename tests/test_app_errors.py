@@ -81,6 +81,21 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     assert setting is None or setting in err["message"], err
 
 
+@pytest.mark.parametrize("path", ["/nowhere", "/schema/nowhere", "/schema/swagger"])
+def test_an_unknown_path_gets_the_json_404(server, path):
+    with server.client() as c:
+        r = c.get(path)
+    assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
+    assert r.json()["error"]["type"] == "not_found"
+
+
+def test_an_unknown_model_name_is_not_echoed_whole(server):
+    with server.client() as c:
+        r = c.post("/detect", json={"text": "a", "model": "x" * 4000})
+    assert r.status_code == 404 and len(r.content) < 500, len(r.content)
+    assert "(4000 characters)" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     "body",
     [b'{"text": "lone \\ud800 surrogate"}', b'{"text": "\\ud800"}', b'{"text": "a\\udc00"}'],

@@ -11,17 +11,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from litestar import Litestar
+from litestar import Litestar, MediaType, Response
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
+from app.errors import AppError, ErrorType
 from app.http import ui
 from app.http.apidocs import OfflineDocs
 from app.http.auth import DOCS, require_api_key
-from app.http.errors import handle_exception
+from app.http.errors import error_response, handle_exception
 from app.http.routes import HANDLERS
 from app.metrics import Metrics
 from app.model.bundle import discover
@@ -56,6 +57,7 @@ def create_app(settings: Settings) -> Litestar:
         route_handlers=HANDLERS + (ui.HANDLERS if settings.ui else []),
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
+        after_request=_schema_not_found_as_json,
         middleware=[_observe(metrics)],
         guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
@@ -71,6 +73,13 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # uvicorn's logging is configured in __main__
         debug=False,
     )
+
+
+def _schema_not_found_as_json(response: Response) -> Response:
+    """Litestar answers an unknown path under /schema with an HTML page of its own: every 404 is JSON here."""
+    if response.status_code == 404 and response.media_type == MediaType.HTML:
+        return error_response(AppError(ErrorType.NOT_FOUND, f"no such route; the API reference is at {DOCS}"))
+    return response
 
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")

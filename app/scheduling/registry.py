@@ -8,7 +8,7 @@ import logging
 import typing
 from dataclasses import dataclass
 
-from app.errors import AppError, ErrorType
+from app.errors import AppError, ErrorType, clip
 from app.machine import cpu
 from app.metrics import Metrics
 from app.model import load_check as engine_check
@@ -99,7 +99,7 @@ class Registry:
         if bundle is None:
             served = ", ".join(sorted(self.bundles))
             raise AppError(
-                ErrorType.UNKNOWN_MODEL, f"unknown model {name!r}; served: {served}", field="model"
+                ErrorType.UNKNOWN_MODEL, f"unknown model {clip(name)!r}; served: {served}", field="model"
             )
         if bundle.manifest.kind != kind:
             endpoint = "/detect" if bundle.manifest.kind == "detector" else "/classify"
