@@ -2,7 +2,8 @@
 
 CHECKPOINT is a run directory (resolved through checkpoints/latest), a checkpoint directory, or a Hugging
 Face ELECTRA directory (ElectraForPreTraining -> detector bundle, ElectraForSequenceClassification ->
-classifier bundle). Exits 1 with the reason when parity fails; nothing is written then. The options are
+classifier bundle). Exits 2 when the checkpoint or the evaluation data will not do, 1 with the reason
+when parity fails; nothing is written then. The options are
 ExportConfig's (export/config.py), resolved as every entry point's are (options/).
 """
 
@@ -52,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     except DiskFullError as e:
         print(f"export failed: {e}; nothing was written at --out {cfg.out}", file=sys.stderr)
         return 1
-    except (ParityError, EvalDataError, CheckpointError, ValueError) as e:
+    except (CheckpointError, EvalDataError) as e:  # the input to change: the checkpoint, or the data
+        print(f"export failed: {e}", file=sys.stderr)
+        return options.EXIT_USAGE
+    except (ParityError, ValueError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1
     print(

@@ -31,12 +31,11 @@ def write_tokenizer(ckpt: Path, dst: Path) -> str:
         return "copied tokenizer.json"
     if not (ckpt / "vocab.txt").is_file():
         raise BundleError(f"{ckpt}: neither tokenizer.json nor vocab.txt; the bundle needs the tokenizer")
-    from training.data.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer, vocab_normalisation
 
-    cfg_file = ckpt / "tokenizer_config.json"
-    lower = json.loads(cfg_file.read_text()).get("do_lower_case", True) if cfg_file.is_file() else True
-    load_tokenizer(ckpt / "vocab.txt", lowercase=lower).save(str(dst))
-    return f"built from vocab.txt by training.data.tokenizer (lowercase={lower})"
+    load_tokenizer(ckpt).save(str(dst))  # vocab.txt, normalised as tokenizer_config.json says
+    said = ", ".join(f"{k}={v}" for k, v in vocab_normalisation(ckpt).items())
+    return f"built from vocab.txt by training.data.tokenizer ({said})"
 
 
 def write_manifest(directory: Path, fields: dict) -> dict:

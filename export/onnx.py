@@ -137,16 +137,33 @@ def problem_type(cfg) -> str:
     return "regression" if cfg.num_labels == 1 else "single_label_classification"
 
 
+EXPORTABLE = (
+    "ElectraForPreTraining (a discriminator) or ElectraForSequenceClassification (a fine-tuned classifier)"
+)
+
+
+def check_exportable(ckpt) -> None:
+    """Refuse, before the weights are read, a checkpoint whose config.json names another architecture."""
+    from training.checkpoint import read_config_json
+    from training.errors import CheckpointError
+
+    arch = (read_config_json(ckpt).get("architectures") or ["ElectraForPreTraining"])[0]
+    if arch not in ("ElectraForPreTraining", "ElectraForSequenceClassification"):
+        hint = (
+            " (a generator: export the checkpoint directory that holds it)"
+            if arch == "ElectraForMaskedLM"
+            else ""
+        )
+        raise CheckpointError(f"{ckpt}/config.json: cannot export {arch}{hint}; expected {EXPORTABLE}")
+
+
 def graph_for(model: nn.Module) -> tuple[nn.Module, str, str]:
     """(probability graph, bundle kind, output name) for a loaded checkpoint model."""
     if isinstance(model, ElectraForPreTraining):
         return DetectorGraph(model).eval(), "detector", DETECTOR_OUTPUT
     if isinstance(model, ElectraForSequenceClassification):
         return ClassifierGraph(model).eval(), "classifier", CLASSIFIER_OUTPUT
-    raise ValueError(
-        f"cannot export {type(model).__name__}: expected ElectraForPreTraining (a discriminator) "
-        "or ElectraForSequenceClassification (a fine-tuned classifier)"
-    )
+    raise ValueError(f"cannot export {type(model).__name__}: expected {EXPORTABLE}")
 
 
 def export_onnx(graph: nn.Module, output_name: str, path: Path, opset: int = 17) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from export import bundle_writer, calibrate, evaldata, optimize, parity
 from export.config import ExportConfig
 from export.evaldata import optional_path
-from export.onnx import INPUT_NAMES, export_onnx, graph_for, problem_type
+from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
 
 
@@ -105,8 +105,9 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
 
 
 def _load(cfg: ExportConfig, log) -> _Source:
-    from training.checkpoint import load_model
+    from training.checkpoint import load_model, resolve_checkpoint
 
+    check_exportable(resolve_checkpoint(cfg.checkpoint))
     model, mcfg, ckpt = load_model(cfg.checkpoint)
     model.eval()
     graph, kind, output = graph_for(model)

@@ -400,6 +400,29 @@ def test_bert_vocab(bert, data_dir, tmp_path):
         assert bert.encode(text).ids == reference.encode(text)
 
 
+@pytest.mark.parametrize(
+    "said",
+    [{"do_lower_case": True, "strip_accents": False}, {"do_lower_case": False, "strip_accents": True},
+     {"tokenize_chinese_chars": False}, {}],
+)  # fmt: skip
+@pytest.mark.parametrize("repeat", [False, True])
+def test_a_hugging_face_vocab_dir_tokenizes_as_transformers_reads_it(data_dir, tmp_path, said, repeat):
+    """A directory with vocab.txt and no tokenizer.json: its tokenizer_config.json's normalisation, and
+    ids by line (a token listed twice takes its last line), or the model reads the wrong embedding rows."""
+    transformers = pytest.importorskip("transformers")
+    lines = fetch("bert-base-uncased-vocab", data_dir=data_dir).read_text(encoding="utf-8").splitlines()
+    if repeat:
+        lines = lines[:1000] + ["the", "naive"] + lines[1000:]
+    (tmp_path / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "ElectraTokenizer", **said})
+    )
+    ours, reference = load_tokenizer(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert ours.get_vocab_size() == len(lines)
+    for text in [*HARD_STRINGS, "Naïve café in Zürich", "日本語のテキスト", "ÉCOLE ﬁne the naive"]:
+        assert ours.encode(text).ids == reference(text)["input_ids"], text
+
+
 def test_bad_tokenizer_files(tmp_path):
     (tmp_path / "vocab.txt").write_text("a\nb\n")
     with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) \[PAD\]"):

@@ -328,6 +328,26 @@ def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
     assert (out / "manifest.json").read_text() == "{}"  # untouched
 
 
+@pytest.mark.parametrize("arch", ["ElectraModel", "ElectraForMaskedLM", None])
+def test_export_refuses_what_it_cannot_export_as_an_input_to_change(tmp_path, capsys, arch):
+    """Exit 2, as every entry point's input errors; the message lists only what export takes."""
+    from export.__main__ import main
+
+    src = tmp_path / "no-such-dir"
+    if arch:
+        transformers = pytest.importorskip("transformers")
+        cfg = transformers.ElectraConfig(vocab_size=64, embedding_size=16, hidden_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=32)  # fmt: skip
+        getattr(transformers, arch)(cfg).save_pretrained(src := tmp_path / arch)
+    assert main([str(src), "--out", str(tmp_path / "bundle")]) == 2
+    err = capsys.readouterr().err
+    if arch:
+        assert f"cannot export {arch}" in err and "MaskedLM" not in err.split("expected")[-1], err
+    else:
+        assert "no such directory" in err, err
+    assert not (tmp_path / "bundle").exists()
+
+
 def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_dir, registry_data):
     """The map is in the graph (what every consumer of model.onnx gets), fitted on held-out sentences;
     the manifest records it, the operating point, and a default threshold chosen on the exported model."""

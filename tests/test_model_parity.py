@@ -57,6 +57,24 @@ def test_transformers_to_ours(tmp_path, ours_cls, arch):
     assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
 
 
+@pytest.mark.parametrize("weights", ["sharded", "pytorch_model.bin"])
+def test_transformers_shards_and_pickles_load_alike(tmp_path, weights):
+    """transformers writes a model above its shard size as shards with an index, and older checkpoints
+    as a pickle: both load (the pickle with weights_only) to the same weights."""
+    torch.manual_seed(2)
+    hf = transformers.ElectraForPreTraining(transformers.ElectraConfig(**TINY)).eval()
+    if weights == "sharded":
+        hf.save_pretrained(tmp_path, max_shard_size="50KB")
+        assert (tmp_path / "model.safetensors.index.json").is_file() and len(
+            list(tmp_path.glob("*.safetensors"))
+        ) > 2
+    else:
+        hf.config.save_pretrained(tmp_path)
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    ours, _, _ = load_model(tmp_path)
+    assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
+
+
 @pytest.mark.parametrize("ours_cls,arch", PAIRS)
 def test_ours_to_transformers(tmp_path, ours_cls, arch):
     torch.manual_seed(1)

@@ -58,13 +58,18 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; get a checkpoint back from it with "
                               f"python -m export.recover {p} --out DIR (detectors)")  # fmt: skip
     raise CheckpointError(
-        f"{p} holds no checkpoint: expected config.json with model.safetensors (or pytorch_model.bin), "
+        f"{p} holds no checkpoint: expected config.json with model.safetensors (or {SHARD_INDEX} and its "
+        "shards, or pytorch_model.bin), "
         f"or a run directory with checkpoints/{LATEST}"
     )
 
 
+# transformers writes a model larger than its shard size as shards listed in this index.
+SHARD_INDEX = "model.safetensors.index.json"
+
+
 def _has_weights(p: Path) -> bool:
-    return (p / "model.safetensors").is_file() or (p / "pytorch_model.bin").is_file()
+    return any((p / name).is_file() for name in ("model.safetensors", SHARD_INDEX, "pytorch_model.bin"))
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -132,15 +137,36 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     try:
         if path.is_file():
             return load_file(path)
+        if (ckpt / SHARD_INDEX).is_file():
+            path = ckpt / SHARD_INDEX
+            return _read_shards(ckpt)
         # Older HF checkpoints ship only a pickle; weights_only refuses anything but tensors.
         path = ckpt / "pytorch_model.bin"
         return torch.load(path, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as e:  # safetensors' and torch's own errors for a truncated or foreign file
         if isinstance(e, OSError) and not path.exists():
             raise
         raise CheckpointError(f"{path} does not read as weights ({type(e).__name__}: {str(e)[:200]}); it may "
                               "be cut short or not a weights file: restore it from the run or its source"
                               ) from None  # fmt: skip
+
+
+def _read_shards(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Every tensor the index maps, from its shard; a shard that lacks one it is said to hold is an error."""
+    weight_map = json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"]
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors = load_file(ckpt / shard)
+        wanted = [name for name, file in weight_map.items() if file == shard]
+        lacking = [name for name in wanted if name not in tensors]
+        if lacking:
+            raise CheckpointError(
+                f"{ckpt / shard} lacks {', '.join(lacking[:3])}, which {SHARD_INDEX} puts there"
+            )
+        out.update({name: tensors[name] for name in wanted})
+    return out
 
 
 def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> None:

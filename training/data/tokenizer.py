@@ -31,6 +31,7 @@ __all__ = [
     "special_ids",
     "tokenizer_sha256",
     "train_wordpiece",
+    "vocab_normalisation",
 ]
 
 # The order gives a trained vocab [PAD]=0 .. [MASK]=4. [PAD]=0 matches BERT (and pad_token_id=0 in
@@ -50,11 +51,13 @@ class SpecialIds(NamedTuple):
     mask: int
 
 
-def _configure(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+def _configure(
+    tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None, chinese_chars: bool = True
+) -> Tokenizer:
     # strip_accents=None follows `lowercase`, as in BERT: uncased vocabularies were built on
     # accent-stripped text, cased ones were not.
     tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+        clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents, lowercase=lowercase
     )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
@@ -143,37 +146,59 @@ def _count_words(tok: Tokenizer, texts: Iterable[str]) -> Counter[str]:
     return words
 
 
-def _from_vocab(path: Path, lowercase: bool) -> Tokenizer:
-    vocab: dict[str, int] = {}
+def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, chinese_chars: bool = True):
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            token = line.rstrip("\r\n")
-            # The first occurrence wins, as in BERT's load_vocab (Google's vocab has no duplicates).
-            vocab.setdefault(token, len(vocab))
+        lines = [line.rstrip("\r\n") for line in f]
+    # A token's id is its line number, and a token listed twice takes its last line, as Hugging Face's
+    # load_vocab reads the file: the model's embedding rows follow those ids. The line left behind keeps
+    # its id under a name no text can produce (white space splits it), so the ids stay contiguous.
+    vocab = {token: i for i, token in enumerate(lines)}
+    for i, token in enumerate(lines):
+        if vocab[token] != i:
+            vocab[f"[vocab.txt line {i + 1}, repeated on line {vocab[token] + 1}]"] = i
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
         raise TokenizerError(
             f"{path} lacks the special token(s) {', '.join(missing)}; is it a BERT vocab.txt?"
         )
     model = models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##")
-    tok = _configure(Tokenizer(model), lowercase)
+    tok = _configure(Tokenizer(model), lowercase, strip_accents, chinese_chars)
     # Registering them as special (ids unchanged, they are in the vocab) makes "[MASK]" in text one
     # token and lets decode() skip them, as the trainer does for a vocabulary it builds.
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     return _add_post_processor(tok)
 
 
+def vocab_normalisation(directory: Path, lowercase: bool = True) -> dict:
+    """How a Hugging Face directory that ships vocab.txt without tokenizer.json normalises text: its
+    tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads
+    them (BERT's defaults where it says nothing: `lowercase`, accents stripped with lowercasing, CJK
+    characters split apart)."""
+    import json
+
+    cfg_file = directory / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    strip = cfg.get("strip_accents")
+    return {
+        "lowercase": bool(cfg.get("do_lower_case", lowercase)),
+        "strip_accents": None if strip is None else bool(strip),
+        "chinese_chars": bool(cfg.get("tokenize_chinese_chars", True)),
+    }
+
+
 def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> Tokenizer:
     """Load a tokenizer.json, a vocab.txt, or a directory holding either (tokenizer.json preferred).
 
     ``lowercase`` only applies to a vocab.txt (a tokenizer.json carries its own normalizer): leave it True
-    for uncased vocabularies such as bert-base-uncased, set it False for cased ones.
+    for uncased vocabularies such as bert-base-uncased, set it False for cased ones. A directory's
+    tokenizer_config.json, where it has one, says instead (vocab_normalisation).
     """
     p = Path(path).expanduser()
     if p.is_dir():
-        for name in ("tokenizer.json", "vocab.txt"):
-            if (p / name).is_file():
-                return load_tokenizer(p / name, lowercase=lowercase)
+        if (p / "tokenizer.json").is_file():
+            return load_tokenizer(p / "tokenizer.json")
+        if (p / "vocab.txt").is_file():
+            return _from_vocab(p / "vocab.txt", **vocab_normalisation(p, lowercase))
         raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
     if not p.is_file():
         raise TokenizerError(

@@ -150,11 +150,7 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
 
 
 def init_tokenizer(src: Path):
-    lowercase = True
-    tc = src / "tokenizer_config.json"  # a Hugging Face dir with only vocab.txt says how it normalises here
-    if not (src / "tokenizer.json").is_file() and tc.is_file():
-        lowercase = bool(json.loads(tc.read_text()).get("do_lower_case", True))
-    return load_tokenizer(src, lowercase=lowercase)
+    return load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
 
 
 # -------------------------------------------------------------------------------------- evaluation
