@@ -107,7 +107,8 @@ def test_a_lone_surrogate_is_named_as_such(server, body):
     assert "lone UTF-16 surrogate" in r.json()["error"]["message"] and "truncated" not in r.text
 
 
-@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded", "text/json"])
+@pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded", "text/json",
+                                   "application/json; charset=utf-16", "application/json;charset=latin-1"])  # fmt: skip
 def test_content_type_must_be_json(server, ctype):
     headers = {"content-type": ctype} if ctype else {}
     with server.client() as c:

@@ -30,6 +30,15 @@ _LONE_SURROGATE = re.compile(
 )
 
 
+def _charset(ctype: str) -> str:
+    """The charset parameter of a Content-Type, lower-cased and unquoted; "" when none is given."""
+    for param in ctype.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return ""
+
+
 def strict_json(kind: type[msgspec.Struct]):
     """before_request hook: decode the body into `kind` strictly; Litestar then takes it as `data`."""
     decoder = msgspec.json.Decoder(kind, strict=True)
@@ -40,6 +49,10 @@ def strict_json(kind: type[msgspec.Struct]):
         if ctype.split(";", 1)[0].strip().lower() != "application/json":
             got = f"got {clip(ctype)!r}" if ctype else "none was sent"
             msg = f"Content-Type must be application/json ({got}); the body is a JSON object"
+            raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type")
+        charset = _charset(ctype)
+        if charset not in ("", "utf-8", "utf8"):  # RFC 8259: JSON between systems is UTF-8
+            msg = f"application/json in charset {clip(charset)!r} is not accepted; send UTF-8 (charset=utf-8, or none)"
             raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type")
         coding = request.headers.get("content-encoding", "identity").strip().lower()
         if coding not in ("", "identity"):  # read as it is, a compressed body would be garbage
