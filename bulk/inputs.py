@@ -1,5 +1,5 @@
 """Input shards -> parts -> documents. A shard is one input file; a shard larger than --part-mb is cut
-into parts (line-aligned byte ranges of a JSONL or text file, runs of row groups of a Parquet file), so
+into parts (line-aligned byte ranges of a JSONL or text file, row ranges of a Parquet file), so
 that a killed job loses at most one part's work per worker. A part reads its documents one at a time,
 each with its identity (shard, line) and either its text or the reason it is rejected."""
 
@@ -39,8 +39,8 @@ class Part:
     name: str  # the shard's path relative to the input root: what rows and output files are named by
     index: int  # the part's number within its shard
     format: str  # jsonl | parquet | text
-    start: int  # first byte (JSONL, text) or first row group (Parquet)
-    end: int  # one past the last byte or row group
+    start: int  # first byte (JSONL, text) or row (Parquet, from 0)
+    end: int  # one past the last byte or row
     first_line: int  # the line (or row) number, from 1, of the part's first document
     size: int  # bytes, for progress and ETA
 
@@ -210,6 +210,20 @@ def format_of(path: Path, fmt: str) -> str:
     return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
 
+# A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
+# Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
+_CSV_HINT = (
+    "bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
+    'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
+    "p.write_table(c.read_csv('{path}'), '{stem}.parquet')\""
+)
+
+
+def _is_csv(path: Path) -> bool:
+    last, before = path.suffix.lower(), Path(path.stem).suffix.lower()
+    return last in (".csv", ".tsv") or (last in COMPRESSED and before in (".csv", ".tsv"))
+
+
 def plan(
     root: Path, files: list[Path], fmt: str, part_bytes: int, id_field: str = ""
 ) -> tuple[list[Part], dict[str, str]]:
@@ -223,6 +237,9 @@ def plan(
         except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
+            continue
+        if fmt == "auto" and _is_csv(path):
+            failed[name] = _CSV_HINT.format(path=path.name, stem=path.name.split(".")[0])
             continue
         if path.suffix.lower() in COMPRESSED:
             failed[name] = (
@@ -277,16 +294,25 @@ def _line_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[P
 
 
 def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
+    """Row ranges of about part_bytes (uncompressed, from the row groups' sizes): small row groups run
+    together, and a large one is cut. pyarrow writes up to a million rows as one row group, and a part
+    per row group left a whole file to one worker, with nothing kept if it was killed."""
     import pyarrow.parquet as pq
 
     meta = pq.ParquetFile(path).metadata
-    first, rows, size, index, start = 1, 0, 0, 0, 0
+    index, start, size, row = 0, 0, 0, 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
-        rows, size = rows + rg.num_rows, size + rg.total_byte_size
-        if size >= part_bytes or g == meta.num_row_groups - 1:
-            yield Part(str(path), name, index, kind, start, g + 1, first, size)
-            first, rows, size, index, start = first + rows, 0, 0, index + 1, g + 1
+        pieces = max(1, rg.total_byte_size // part_bytes)  # a group of n parts' bytes: n parts
+        for k in range(pieces):
+            end = row + rg.num_rows * (k + 1) // pieces
+            size += rg.total_byte_size // pieces
+            if size >= part_bytes and end > start:
+                yield Part(str(path), name, index, kind, start, end, start + 1, size)
+                index, start, size = index + 1, end, 0
+        row += rg.num_rows
+    if row > start or index == 0:  # the rest; and a file of no rows is one empty part, as an empty JSONL
+        yield Part(str(path), name, index, kind, start, row, start + 1, size)
 
 
 def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator[Doc]:
@@ -411,13 +437,36 @@ def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) ->
     names = set(pf.schema_arrow.names)
     columns = [c for c in (text_field, id_field) if c and c in names]
     line = part.first_line
-    for g in range(part.start, part.end):
-        table = pf.read_row_group(g, columns=columns)
+    for table in _rows(pf, columns, part.start, part.end):
         texts = _values(table, text_field) if text_field in names else [_MISSING] * table.num_rows
         ids = _values(table, id_field) if id_field in names else [None] * table.num_rows
         for text, value in zip(texts, ids, strict=True):
             yield _parquet_doc(part, line, text, value, text_field, id_field, max_chars)
             line += 1
+
+
+def _rows(pf, columns: list[str], start: int, end: int, batch: int = 4096):
+    """Rows [start, end) of a Parquet file, as tables of at most `batch` rows: only the row groups they lie
+    in are read, a batch at a time, so a part of a large row group holds little of it in memory."""
+    first = 0  # the file's row number of the current row group's first row
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if first + n > start and first < end:
+            at = first
+            for b in pf.iter_batches(batch_size=batch, row_groups=[g], columns=columns, use_threads=False):
+                lo, hi = max(start, at) - at, min(end, at + b.num_rows) - at
+                if lo < hi:
+                    yield _table(b.slice(lo, hi - lo))
+                at += b.num_rows
+        first += n
+        if first >= end:
+            return
+
+
+def _table(batch):
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch])
 
 
 def _parquet_doc(part: Part, line: int, text, value, text_field: str, id_field: str, max_chars: int) -> Doc:

@@ -15,7 +15,7 @@ from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part, absolute_spec, plan, shards
+from bulk.inputs import Part, absolute_spec, format_of, plan, shards
 from bulk.progress import Progress
 from options.stopping import GracefulStop
 
@@ -47,6 +47,10 @@ def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> in
     the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size."""
     path = cfg.out / "job.json"
     want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
+    if any(format_of(f, cfg.format) == "parquet" for f in files):
+        # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's number
+        # names other rows, so a job begun before cannot be resumed by this version.
+        want["parquet_parts"] = "rows"
     if path.is_file():
         try:
             have = json.loads(path.read_text())

@@ -174,10 +174,36 @@ def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_
         root, files, _ = shards(str(tmp_path / name), format_)
         parts, failed = plan(root, files, format_, 1 << 20)
         if (name, format_) == ("reviews.csv", "auto"):
-            assert not parts and ".csv is not a format bulk reads by its suffix" in failed["reviews.csv"]
-            assert "--format jsonl, parquet or text" in failed["reviews.csv"]
+            assert not parts and "bulk does not read CSV" in failed["reviews.csv"]
+            assert (
+                "convert it once to Parquet" in failed["reviews.csv"]
+                and "--format" not in failed["reviews.csv"]
+            )
         else:
             assert len(parts) == 1 and not failed
+
+
+@pytest.mark.parametrize("row_group_size", [None, 7, 300])
+def test_a_parquet_file_is_cut_into_row_ranges_whatever_its_row_groups(
+    registry_data, tmp_path, row_group_size
+):
+    """pyarrow writes up to a million rows as one row group: cut by row groups, such a file was one part
+    for one worker. Row ranges of about --part-mb: every row read once, in order, numbered from 1."""
+    from training.data.corpus import read_corpus
+
+    texts = [t for t in read_corpus("wikitext2", "valid", data_dir=registry_data)][:900]
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    pq.write_table(
+        pa.table({"text": texts, "id": ids}), tmp_path / "w.parquet", row_group_size=row_group_size
+    )
+    root, files, _ = shards(str(tmp_path / "w.parquet"), "auto")
+    size = sum(len(t.encode()) for t in texts)
+    parts, failed = plan(root, files, "auto", size // 10)
+    assert not failed and 8 <= len(parts) <= 13, len(parts)
+    assert [p.start for p in parts[1:]] == [p.end for p in parts[:-1]] and parts[-1].end == len(texts)
+    docs = [d for p in parts for d in read(p, text_field="text", id_field="id", max_chars=10**6)]
+    assert [d.text for d in docs] == texts and [d.id for d in docs] == ids
+    assert [d.line for d in docs] == list(range(1, len(texts) + 1))
 
 
 def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows_alone(tmp_path):
