@@ -221,7 +221,10 @@ def run(cfg: BulkConfig) -> int:
 
             # Before our handlers go in: ray.init sets a SIGTERM handler of its own (sys.exit), which
             # would otherwise replace the one that lets the job stop as the next part finishes.
-            runner.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
+            try:
+                runner.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
+            except runner.JoinError as e:
+                raise JobError(str(e)) from None
         else:
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool

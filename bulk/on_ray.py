@@ -60,7 +60,26 @@ def connect(address: str, cpus: int) -> None:
         ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
                  include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
     else:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except ConnectionError as e:
+            raise JoinError(_join_failed(address, e)) from None
+
+
+class JoinError(ConnectionError):
+    """The cluster named by --ray could not be joined; the message says what to check."""
+
+
+def _join_failed(address: str, e: Exception) -> str:
+    msg = (f"could not join the Ray cluster at {address} (--ray): {e}. Check that `ray start` runs there and "
+           "that this machine reaches its port")  # fmt: skip
+    if not os.environ.get("RAY_AUTH_TOKEN"):
+        # Ray 2.60's clusters want a token, and its retries only log "InvalidAuthToken" before failing.
+        msg += (
+            ". Ray 2.60 clusters use token authentication: give the job the cluster's token, "
+            "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... (a head started without one keeps it in ~/.ray/auth_token)"
+        )
+    return msg
 
 
 def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:

@@ -132,6 +132,14 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
     address = f"127.0.0.2:{port}"
     node = None
     try:
+        # Without the cluster's token: Ray only logs its retries, then raises; the job says what to give.
+        tokenless = {k: v for k, v in ray_env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        refused = run_bulk(corpus, tmp_path / "refused", "detector", "--ray", address, **tokenless)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert (
+            f"could not join the Ray cluster at {address}" in refused.stderr
+            and "RAY_AUTH_TOKEN" in refused.stderr
+        )
         node = subprocess.Popen([RAY, "start", "--address", address, "--num-cpus", "1", "--block", *common],
                                 env=ray_env, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)  # fmt: skip
