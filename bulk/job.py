@@ -318,9 +318,14 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
 
 def _closing(s: dict, summary_path: Path | None) -> str:
     failed = len(s["failures"]["shards"]) + len(s["failures"]["parts"])
-    waiting = f", {s['parts']['not_started']} part(s) not started" if s["parts"]["not_started"] else ""
+    # Left: not started, or (on Ray, stopped) dropped while running; a later run scores them.
+    waiting = f", {s['parts']['not_started']} part(s) left to score" if s["parts"]["not_started"] else ""
+    # A resumed job's total counts every run's; the rate beside it is this run's alone.
+    this_run = (
+        f" ({s['this_run']['documents']:,} this run)" if s["this_run"]["documents"] != s["documents"] else ""
+    )
     return (
-        f"bulk: {s['documents']:,} documents scored, {s['rejected']:,} rejected, {failed} shard(s)/part(s) "
+        f"bulk: {s['documents']:,} documents scored{this_run}, {s['rejected']:,} rejected, {failed} shard(s)/part(s) "
         f"failed{waiting}; {s['this_run']['docs_per_s']:,} docs/s, {s['this_run']['tokens_per_s']:,} tokens/s "
         f"this run" + (f"; {summary_path}" if summary_path else "")
     )

@@ -72,7 +72,7 @@ def test_a_local_ray_instance_stops_at_a_full_disk_and_the_job_ends_with_every_d
             full = run_bulk(corpus, out, "detector", "--workers", "2", "--ray", **ray_env)
             assert full.returncode == 4, full.stdout[-3000:] + full.stderr[-3000:]
             assert f"no space left on the disk holding --out {out} (" in full.stderr
-            assert re.search(r", [1-9]\d* part\(s\) not started", full.stdout), full.stdout[-3000:]
+            assert re.search(r", [1-9]\d* part\(s\) left to score", full.stdout), full.stdout[-3000:]
             # What Ray finished is kept only where the driver could still write its manifest line: its
             # results reach the driver later than the actors' files fill the disk, so often none is.
             kept = (

@@ -193,7 +193,7 @@ def test_a_full_disk_stops_the_job_and_the_same_command_finishes_it_once_there_i
             assert f"no space left on the disk holding --out {out} (" in full.stderr, full.stderr
             assert "run the same command again" in full.stderr and "Traceback" not in full.stderr
             # It stopped instead of scoring every later part only to fail writing it.
-            assert re.search(r", [1-9]\d* part\(s\) not started", full.stdout), full.stdout
+            assert re.search(r", [1-9]\d* part\(s\) left to score", full.stdout), full.stdout
             assert not list(disk.rglob(".*.tmp-*"))  # no half-written file holds on to the space
             kept = (out / "manifest.jsonl").read_text().count("\n")
             ballast = disk / "someone-elses-file"  # not a byte left: the next start stops at its first write
