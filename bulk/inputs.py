@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -114,9 +115,13 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
         files = []
+        # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
+        # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
         for d, subdirs, names in os.walk(root, onerror=unreadable):  # symlinked directories not entered
-            subdirs[:] = sorted(x for x in subdirs if not mine(os.path.join(d, x)))
+            subdirs[:] = sorted(x for x in subdirs if not x.startswith(".") and not mine(os.path.join(d, x)))
             for n in names:
+                if n.startswith("."):
+                    continue
                 f = Path(d) / n
                 try:
                     if f.is_file() and _wanted(f, fmt) and not mine(f):
@@ -381,9 +386,11 @@ def _json_kind(value) -> str:
 
 def _id_text(value) -> str | None:
     """A row's id as text (a JSON number or boolean as JSON writes it), or None when it has none usable:
-    missing, null, blank, or an object or array."""
+    missing, null, blank, NaN or infinite, or an object or array."""
     if isinstance(value, str):
         return value if value.strip() else None
+    if isinstance(value, float) and not math.isfinite(value):  # JSON would write NaN as null, for every row
+        return None
     if isinstance(value, (bool, int, float)):
         return msgspec.json.encode(value).decode()
     if value is None or isinstance(value, (dict, list, bytes)):

@@ -13,6 +13,7 @@ import app
 import options
 from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
+from app.model.catalog import default_threshold
 from bulk import outputs
 from bulk.config import BulkConfig
 from bulk.inputs import Part, absolute_spec, format_of, plan, shards
@@ -159,6 +160,12 @@ def run(cfg: BulkConfig) -> int:
     t0 = time.perf_counter()
     check_model_named(cfg)
     bundle = read_bundle(cfg.bundle_dir, cfg.model)  # a missing or tampered bundle stops us here, once
+    detector_only = [
+        f for f, given in (("--threshold", cfg.threshold is not None), ("--tokens", cfg.tokens)) if given
+    ]
+    if bundle.manifest.kind == "classifier" and detector_only:
+        raise JobError(f"{' and '.join(detector_only)} apply to detectors, and {cfg.model!r} is a classifier: "
+                       "leave them out")  # fmt: skip
     if bundle.manifest.trained_on == "pairs":
         raise JobError(f"{cfg.model!r} was fine-tuned on text pairs; bulk scores one text per document "
                        "(--text-field): serve it and send `pairs` to /classify instead")  # fmt: skip
@@ -312,6 +319,8 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
            else {"labels": dict(sorted(labels.items()))}),
         "bundle": {"name": bundle.name, "kind": m.kind, "sha256": m.model_sha256, "files_sha256": bundle.verified,
                    "precision": m.precision},
+        # The spans' threshold: --threshold, else the bundle's own (the options show only what was given).
+        **({"threshold": cfg.threshold if cfg.threshold is not None else default_threshold(m)} if detector else {}),
         "version": app.__version__, "machine": cpu(), "options": options.as_dict(cfg),
     }  # fmt: skip
 

@@ -59,8 +59,8 @@ class Scorer:
         m = self.bundle.manifest
         return {
             "version": app.__version__, "bundle": self.bundle.name, "bundle_sha256": m.model_sha256,
-            "files_sha256": json.dumps(self.bundle.verified), "threshold": repr(self.threshold),
-            "source": part.name, "part": str(part.index),
+            "files_sha256": json.dumps(self.bundle.verified), "source": part.name, "part": str(part.index),
+            **({"threshold": repr(self.threshold)} if self.detector else {}),
         }  # fmt: skip
 
     def score(self, texts: list[str]) -> tuple[list, list[int]]:

@@ -44,6 +44,7 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     # The good shard, the one good line of bad.jsonl, the text lines and the Parquet rows:
     assert s["documents"] == 30 + 1 + 11 + 10
     assert s["blank_lines_skipped"] == 2
+    assert s["threshold"] == read_bundle(MODELS / "detector").manifest.threshold  # the bundle's, not given
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert len(rejects) == s["rejected"] == 10
     assert {(r["file"], r["line"], r["reason"]) for r in rejects} >= {
@@ -81,8 +82,12 @@ def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragr
     sha = read_bundle(MODELS / "sentiment").manifest.model_sha256
     assert meta[b"electra_serve.bundle_sha256"].decode() == sha
     assert meta[b"electra_serve.version"].decode() == app.__version__
+    assert b"electra_serve.threshold" not in meta  # no threshold applies to a classifier
     s = summary(tmp_path / "out")
-    assert sum(s["labels"].values()) == 12 and s["bundle"]["sha256"] == sha
+    assert sum(s["labels"].values()) == 12 and s["bundle"]["sha256"] == sha and "threshold" not in s
+    # A detector's options on a classifier are refused, not written into its job as if they mattered.
+    refused = run_bulk(src, tmp_path / "out2", "sentiment", "--threshold", "0.9", "--tokens")
+    assert refused.returncode == 2 and "--threshold and --tokens apply to detectors" in refused.stderr
 
 
 def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, paragraphs):

@@ -56,6 +56,9 @@ def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_ou
     with gzip.open(corpus / "packed.jsonl.gz", "wt") as f:
         f.write(json.dumps({"text": "compressed"}) + "\n")
     (corpus / "notes.md").write_text("not input")
+    # Hidden files and directories are not input (a notebook's checkpoint copies would score twice).
+    lines(corpus / ".ipynb_checkpoints" / "sub__x-checkpoint.jsonl", [{"text": "a copy"}])
+    lines(corpus / ".draft.jsonl", [{"text": "hidden"}])
     # A shard linked from a cache of blobs (a Hugging Face snapshot): named and read as the link says.
     blob = lines(tmp_path / "blobs" / "3f2a9c", [{"text": "linked"}])
     (corpus / "linked.jsonl").symlink_to(blob)
@@ -154,6 +157,14 @@ def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tm
     ]
     assert "nested too deeply" in got[1].detail and got[4].detail == "a JSON null, not an object"
     assert "top-level key" in docs_of(src, text_field="meta.text")[0].detail
+
+
+def test_a_nan_or_infinite_id_is_no_id(tmp_path):
+    """JSON writes NaN and infinity as null: as ids, every such row was named "null", one name for all."""
+    ids = pa.array([1.0, float("nan"), float("inf"), float("-inf")])
+    pq.write_table(pa.table({"id": ids, "text": ["one", "two", "three", "four"]}), tmp_path / "f.parquet")
+    got = [(d.id, d.reason) for d in docs_of(tmp_path / "f.parquet", id_field="id")]
+    assert got == [("1.0", None)] + [(f"f.parquet:{i}", Reason.MISSING_ID) for i in (2, 3, 4)]
 
 
 def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_path):
