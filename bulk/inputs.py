@@ -320,6 +320,30 @@ def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterato
         yield Part(str(path), name, index, kind, start, row, start + 1, size)
 
 
+ID_NAMES = ("id", "_id", "doc_id", "uuid")
+
+
+def id_column(part: Part) -> str | None:
+    """A field of the first document (or a column) whose name says it is an id: a job without --id-field
+    names rows file:line, which a user with ids of their own would not expect."""
+    try:
+        if part.format == "parquet":
+            import pyarrow.parquet as pq
+
+            names = set(pq.read_schema(part.shard).names)
+        elif part.format == "jsonl":
+            with open(part.shard, "rb") as f:
+                f.seek(part.start)
+                first = next((line for line in f if line.strip()), b"").removeprefix(BOM)
+            obj = msgspec.json.decode(first) if first else None
+            names = set(obj) if isinstance(obj, dict) else set()
+        else:
+            return None
+    except (OSError, ValueError, msgspec.DecodeError):  # the job reports an unreadable part itself
+        return None
+    return next((n for n in ID_NAMES if n in names), None)
+
+
 def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator[Doc]:
     """The part's documents in order, rejected ones included (with their reason)."""
     if part.format == "parquet":

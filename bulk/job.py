@@ -16,7 +16,7 @@ from app.model.bundle import bundle_names, read_bundle
 from app.model.catalog import default_threshold
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part, absolute_spec, format_of, plan, shards
+from bulk.inputs import Part, absolute_spec, format_of, id_column, plan, shards
 from bulk.progress import Progress
 from options.stopping import GracefulStop
 
@@ -174,6 +174,9 @@ def run(cfg: BulkConfig) -> int:
     parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)
     failed_shards |= unlisted
     report_failures(failed_shards)
+    if not cfg.id_field and parts and (named := id_column(parts[0])):
+        print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
+              "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
     stats = shard_stats(parts)

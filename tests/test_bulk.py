@@ -69,9 +69,10 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
 
 
 def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragraphs):
-    src = write_jsonl(tmp_path / "reviews.jsonl", paragraphs[:12])
+    src = write_jsonl(tmp_path / "reviews.jsonl", paragraphs[:12], id="r-1")
     done = run_bulk(src, tmp_path / "out", "sentiment", "--workers", "1", "--id-field", "")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "the documents have the field 'id'; give --id-field id" in done.stderr  # rows are file:line here
     got = rows(tmp_path / "out")
     assert len(got) == 12
     for r in got:

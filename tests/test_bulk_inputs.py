@@ -16,7 +16,7 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, Reason, plan, read, shards
+from bulk.inputs import InputError, Reason, id_column, plan, read, shards
 from bulk.outputs import safe
 from options import ConfigError
 from tests.unprivileged import run_python
@@ -157,6 +157,17 @@ def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tm
     ]
     assert "nested too deeply" in got[1].detail and got[4].detail == "a JSON null, not an object"
     assert "top-level key" in docs_of(src, text_field="meta.text")[0].detail
+
+
+def test_a_field_named_like_an_id_is_found_for_the_hint(tmp_path):
+    pq.write_table(pa.table({"doc_id": [1], "text": ["a"]}), tmp_path / "t.parquet")
+    lines(tmp_path / "a.jsonl", [{"text": "a", "uuid": "u-1"}])
+    (tmp_path / "b.jsonl").write_bytes(b"\xef\xbb\xbf\n" + json.dumps({"text": "b"}).encode() + b"\n")
+    (tmp_path / "c.txt").write_text("id\n")
+    root, files, _ = shards(str(tmp_path), "auto")
+    parts, _ = plan(root, files, "auto", 1 << 20)
+    assert {p.name: id_column(p) for p in parts} == {"t.parquet": "doc_id", "a.jsonl": "uuid", "b.jsonl": None,
+                                                      "c.txt": None}  # fmt: skip
 
 
 def test_a_nan_or_infinite_id_is_no_id(tmp_path):
