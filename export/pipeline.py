@@ -73,6 +73,12 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
             extra = _portable(calibrate.finish(calibration, tmp, src)) if calibration else {}
             if src.precision.load_check:
                 extra["load_check"] = _load_check(src, fp32, tmp)
+            if cfg.precision != "int8" and src.mcfg.quantization is not None:
+                warning = (f"the checkpoint was trained quantization-aware, and this {cfg.precision} bundle "
+                           "computes without the int8 rounding it was trained with, so its answers are not the "
+                           "trained model's: export --precision int8 for those")  # fmt: skip
+                log(f"warning: {warning}")
+                extra["warnings"] = [*extra.get("warnings", []), warning]
         result.update(
             bundle_writer.write_manifest(
                 tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}

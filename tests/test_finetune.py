@@ -285,6 +285,10 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "ragged.csv": "text,label\n" + "\n".join(good[:3] + ["hello, world,good"] + good[3:]) + "\n",
         "short.csv": "text,label\n" + "\n".join(good[:3] + ["no label here"] + good[3:]) + "\n",
         "tabs.csv": "text\tlabel\n" + "\n".join(g.replace(",", "\t") for g in good) + "\n",
+        "semicolons.csv": "text;label\n"
+        + "\n".join(g.replace(",", ";") for g in good)
+        + "\nwell, fine;good\n",
+        "semicolons-only.csv": "text;label\n" + "\n".join(g.replace(",", ";") for g in good) + "\n",
         "nulls.jsonl": "\n".join(
             json.dumps({"text": None if i == 4 else g.split(",")[0], "label": g.split(",")[1]})
             for i, g in enumerate(good)
@@ -301,6 +305,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "ragged.csv": "line 5 has more fields than the header's 2; a text holding a comma",
         "short.csv": "line 5 has fewer fields",
         "tabs.csv": "it looks tab-separated: name it .tsv",
+        "semicolons.csv": "the header is one field with semicolons: write the file comma-separated",
+        "semicolons-only.csv": "it looks semicolon-separated: write the file comma-separated",
         "nulls.jsonl": "row 5 has no 'text'",
         "latin1.csv": "is not UTF-8",
     }
@@ -316,6 +322,12 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
     run("--init", tiny_init, "--out", tmp_path / "long", "--train", tmp_path / "long.csv", "--epochs", 1,
         "--max-seq-len", 96)  # fmt: skip
     assert "long.csv has 1 row(s) with empty text (row 14); they are kept" in capsys.readouterr().err
+    # The same for a pair's second text, which the server would refuse as well.
+    pairs = [g.replace(",", ",a second text,") for g in good] + [f"{WORDS['good']} x,,good"]
+    (tmp_path / "pairs.csv").write_text("text,other,label\n" + "\n".join(pairs) + "\n")
+    run("--init", tiny_init, "--out", tmp_path / "pairs", "--train", tmp_path / "pairs.csv", "--text-pair-column",
+        "other", "--epochs", 1)  # fmt: skip
+    assert "pairs.csv has 1 row(s) with empty text (row 13)" in capsys.readouterr().err
     # The long row trained all 96 positions, past the init's 64: what export's --max-length follows.
     assert json.loads((tmp_path / "long" / "config.json").read_text())["trained_positions"] == 96
     # A test label the training data never shows: the fix named is to train it or leave it out.
@@ -377,6 +389,75 @@ def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
     assert manifest["optimizations"]["int8"]["method"].startswith("int8 compute")
     assert manifest["load_check"]["at_export"]["max"] <= manifest["load_check"]["gate"]["max"]
     assert read_bundle(tmp_path / "bundle").manifest.trained_on == "texts"  # what /classify will take
+    assert not manifest.get("warnings")
+    # Its fp32 bundle is another function than the one trained: it says so.
+    export(
+        [
+            str(outs[0]),
+            "--out",
+            str(tmp_path / "fp32"),
+            "--precision",
+            "fp32",
+            "--data-dir",
+            str(registry_data),
+        ]
+    )
+    warnings = json.loads((tmp_path / "fp32" / "manifest.json").read_text())["warnings"]
+    assert any("trained quantization-aware" in w for w in warnings), warnings
+
+
+def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path, capsys):
+    """An init with int8 ranges (a --qat run, or a detector recovered from its int8 bundle) simulated int8
+    in training whatever --qat said, while the printed options read qat = false: its fp32 export was then
+    another function than the one trained. Left at its default, --qat now follows the init; given false,
+    the ranges go and the model trains, and is saved, in fp32."""
+    train = write_csv(tmp_path / "r.csv", 48)
+    common = ["--train", train, "--text-column", "review", "--label-column", "verdict", "--epochs", 1,
+              "--batch-size", 8]  # fmt: skip
+    run("--init", tiny_init, *common, "--out", tmp_path / "qat", "--qat")
+    capsys.readouterr()
+    run("--init", tmp_path / "qat", *common, "--out", tmp_path / "follows")
+    assert (
+        "is quantization-aware (int8 ranges in its config.json): fine-tuning it so too"
+        in capsys.readouterr().out
+    )
+    assert json.loads((tmp_path / "follows" / "finetune_config.json").read_text())["qat"] is True
+    assert "quantization" in json.loads((tmp_path / "follows" / "config.json").read_text())
+    run("--init", tmp_path / "qat", *common, "--out", tmp_path / "fp32", "--qat", "false")
+    assert "are dropped (--qat false): fine-tuning in fp32" in capsys.readouterr().out
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text()).get("quantization") is None
+    model, _, _ = load_model(tmp_path / "fp32")
+    assert not any(type(m).__name__.startswith(("Int8", "StoredInt8")) for m in model.modules())
+
+
+def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tiny_init, tmp_path):
+    """It ended in a KeyboardInterrupt traceback with nothing written, minutes of training lost."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "training.finetune", "--init", str(tiny_init), "--train",
+           str(write_csv(tmp_path / "r.csv", 120)), "--text-column", "review", "--label-column", "verdict",
+           "--epochs", "200", "--batch-size", "8", "--log-every", "1", "--threads", "1", "--out", str(out)]  # fmt: skip
+    # SIGINT at its default, as from a terminal: a pytest-xdist worker ignores it, and so would the run.
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and metrics.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, said[-3000:]
+    assert "Traceback" not in said and "stopped by SIGINT, so the run is not complete" in said, said[-3000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["interrupted"] is True and state["global_step"] < 200 * 15
+    assert load_model(out)[0] is not None  # the best model so far, readable
 
 
 def test_weights_files_are_as_readable_as_the_rest_of_the_output(spam_run):

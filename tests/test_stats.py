@@ -37,6 +37,17 @@ def test_classification_figures(rng):
     assert stats.matthews_corrcoef(stats.confusion_matrix(y_true, np.zeros(300, int), 4)) == 0.0
 
 
+def test_macro_f1_is_over_the_classes_present_as_sklearns(rng):
+    """A label with one example may be in no dev row: it must not count as a class scored 0."""
+    from training.finetuning.metrics import classification_metrics
+
+    y_true = rng.choice([0, 2, 3], size=200)  # class 1 absent from this split
+    y_pred = np.where(rng.random(200) < 0.7, y_true, rng.choice([0, 2, 3], size=200))
+    got = classification_metrics(y_true, y_pred, ("a", "b", "c", "d"))["macro_f1"]
+    assert got == pytest.approx(metrics.f1_score(y_true, y_pred, average="macro"))
+    assert classification_metrics(y_true, y_true, ("a", "b", "c", "d"))["macro_f1"] == 1.0
+
+
 def test_correlations(rng):
     x = rng.normal(size=200)
     y = x + rng.normal(size=200)

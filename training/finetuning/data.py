@@ -142,9 +142,11 @@ def _table_rows(p: Path, flag: str, tsv: bool) -> list[dict]:
                 # A row with more fields than the header puts the rest under None, one with fewer gets None
                 # values: either way its text and label would be other columns' values.
                 if None in row or None in row.values():
-                    n = len(reader.fieldnames or [])
+                    header = reader.fieldnames or []
+                    why = (f"a text holding {sep}?" if not (len(header) == 1 and ";" in header[0]) else
+                           "the header is one field with semicolons: write the file comma-separated")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
-                                    f"fields than the header's {n}; a text holding {sep}?")  # fmt: skip
+                                    f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
@@ -173,9 +175,9 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
     for opt, col in _columns(cfg).items():
         if col not in rows[0]:
             columns = list(map(str, rows[0]))
-            hint = (
-                "; it looks tab-separated: name it .tsv" if len(columns) == 1 and "\t" in columns[0] else ""
-            )
+            one = columns[0] if len(columns) == 1 else ""
+            hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
+                    "; it looks semicolon-separated: write the file comma-separated" if ";" in one else "")  # fmt: skip
             raise DataError(f"{opt}: no column {col!r} in {path} (columns: {', '.join(columns)}){hint}")
     out = []
     for n, row in enumerate(rows, 1):
@@ -188,7 +190,11 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
                 raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
-    empty = [n for n, (text, _, _) in enumerate(out, 1) if not text.strip()]
+    empty = [
+        n
+        for n, (text, pair, _) in enumerate(out, 1)
+        if not text.strip() or (pair is not None and not pair.strip())
+    ]
     if empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
         print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text (row {', '.join(map(str, empty[:5]))}"
               f"{', ...' if len(empty) > 5 else ''}); they are kept, and teach the model its label for no text",

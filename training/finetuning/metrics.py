@@ -22,7 +22,9 @@ def classification_metrics(
     out = {
         "n": len(y_true),
         "accuracy": float((y_true == y_pred).mean()),
-        "macro_f1": float(f1.mean()),
+        # Over the classes this set has or the model predicts, as scikit-learn's default: a class absent
+        # from a small dev split (a label with one example) would otherwise cap macro-F1 below 1.
+        "macro_f1": float(f1[(cm.sum(axis=0) + cm.sum(axis=1)) > 0].mean()) if len(y_true) else 0.0,
         "mcc": matthews_corrcoef(cm),
         "majority_baseline_accuracy": float(counts.max() / max(1, counts.sum())),
         "per_class": {

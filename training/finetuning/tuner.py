@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 import options
 from options import ConfigError, describe
+from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization
@@ -149,6 +150,26 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
     return model, src, notes
 
 
+def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[str]):
+    """An init with int8 ranges in its config.json (a quantization-aware run, or a detector recovered from
+    an int8 bundle) builds a model that simulates int8 whatever --qat said, and the fp32 export of it was
+    then another function than the one trained. Left at its default, --qat follows the init; given false,
+    the ranges are dropped and the model trains in fp32."""
+    if model.config.quantization is None or cfg.qat:
+        return model
+    if "qat" not in options.sources(cfg):
+        cfg.qat = True
+        notes.append(f"{src} is quantization-aware (int8 ranges in its config.json): fine-tuning it so too "
+                     "(--qat); give --qat false to fine-tune in fp32")  # fmt: skip
+        return model
+    model.config.quantization = None
+    plain = ElectraForSequenceClassification(model.config)
+    plain.load_state_dict(model.state_dict())
+    notes.append(f"the int8 ranges of {src} are dropped (--qat false): fine-tuning in fp32; an int8 export "
+                 "calibrates its own")  # fmt: skip
+    return plain
+
+
 def init_tokenizer(src: Path):
     return load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
 
@@ -271,6 +292,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
         tok = init_tokenizer(src)
     except (ckpt.CheckpointError, TokenizerError) as e:
         raise ConfigError(f"--init: {e}") from None
+    model = _quantization_as_asked(cfg, model, src, notes)
     mcfg = model.config
     if cfg.max_seq_len > mcfg.max_position_embeddings:
         raise ConfigError(
@@ -377,7 +399,7 @@ class FineTuner:
         tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}" + ("  * best" if improved else ""))
         return self.cfg.patience > 0 and self.stale >= self.cfg.patience
 
-    def save_best(self, stopped_early: bool, started: float) -> dict[str, dict]:
+    def save_best(self, stopped_early: bool, started: float, interrupted: bool = False) -> dict[str, dict]:
         """The best dev weights back in the model, scored on test (when there is one), written to --out."""
         cfg, data, best = self.cfg, self.data, self.best
         self.model.load_state_dict(best["state"])
@@ -389,7 +411,8 @@ class FineTuner:
             m.update(split=split, step=best["step"], metric=cfg.metric, **where)
             print(format_report(m, f"{split} @ step {best['step']} (best dev {cfg.metric})"), flush=True)
         state = {"task": data.task, "data": data.source, "step": best["step"], "epoch": best["epoch"],
-                 "global_step": self.step, "stopped_early": stopped_early, "best_metric": cfg.metric,
+                 "global_step": self.step, "stopped_early": stopped_early, "interrupted": interrupted,
+                 "best_metric": cfg.metric,
                  "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
                  "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
@@ -463,7 +486,12 @@ def train_and_save(t: FineTuner) -> dict:
     """The run after its setup: training, then the best model in --out; a full disk ends it with a message."""
     started = time.time()
     try:
-        evals = _train(t, started)
+        with GracefulStop(True, "stopping after this step; the best model so far is kept in --out") as stop:
+            evals = _train(t, started, lambda: stop.stopping)
+        if stop.stopping:
+            print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}: stopped by {stop.name}, so the "
+                  "run is not complete; the same command with --overwrite runs it whole)", flush=True)  # fmt: skip
+            sys.exit(128 + stop.signal)
     except OSError as e:  # the disk filled up during the run (check_model_fits found room at its start)
         if not out_of_space(e):
             raise
@@ -477,8 +505,9 @@ def train_and_save(t: FineTuner) -> dict:
     return evals
 
 
-def _train(t: FineTuner, started: float) -> dict:
-    """The epochs, the dev evaluations and early stopping, then the best model written to --out."""
+def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
+    """The epochs, the dev evaluations and early stopping, then the best model written to --out. Once
+    `stopping()` (Ctrl-C, SIGTERM), the step ends the training; with no evaluation yet, one runs first."""
     cfg = t.cfg
     log = MetricsLog(Path(cfg.out) / "metrics.jsonl")
     rng = random.Random(cfg.seed)  # data order; dropout draws from torch's generator, seeded in resolve()
@@ -497,13 +526,17 @@ def _train(t: FineTuner, started: float) -> dict:
                 log.write(t.step, t.tokens, "train", {"epoch": t.step / t.steps_per_epoch, **row})
                 window_loss, window_n, window_t = 0.0, 0, time.time()
             due = t.step % (cfg.eval_every or t.steps_per_epoch) == 0 or t.step == t.total
-            if due and t.evaluate_dev(log):
+            if (due or (stopping() and t.best["state"] is None)) and t.evaluate_dev(log):
                 stopped_early = True
                 break
+            if stopping():
+                break
+        if stopping():
+            break
         if stopped_early:
             tqdm.write(
                 f"early stop at step {t.step}: no dev {cfg.metric} improvement in {cfg.patience} evaluations"
             )
             break
     bar.close()
-    return t.save_best(stopped_early, started)
+    return t.save_best(stopped_early, started, interrupted=stopping())
