@@ -217,11 +217,16 @@ def format_of(path: Path, fmt: str) -> str:
 
 # A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
 # Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
-_CSV_HINT = (
-    "bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
-    'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
-    "p.write_table(c.read_csv('{path}'), '{stem}.parquet')\""
-)
+def _csv_hint(path: Path) -> str:
+    tab = (
+        ", parse_options=c.ParseOptions(delimiter='\\t')"
+        if ".tsv" in [x.lower() for x in path.suffixes[-2:]]
+        else ""
+    )
+    parquet = str(path.parent / (path.name.split(".")[0] + ".parquet"))
+    return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
+            'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
+            f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
 
 
 def _is_csv(path: Path) -> bool:
@@ -244,7 +249,7 @@ def plan(
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
         if fmt == "auto" and _is_csv(path):
-            failed[name] = _CSV_HINT.format(path=path.name, stem=path.name.split(".")[0])
+            failed[name] = _csv_hint(path)
             continue
         if path.suffix.lower() in COMPRESSED:
             failed[name] = (
@@ -489,6 +494,8 @@ def _rows(pf, columns: list[str], start: int, end: int, batch: int = 4096):
                 if lo < hi:
                     yield _table(b.slice(lo, hi - lo))
                 at += b.num_rows
+                if at >= end:  # the rest of the row group is other parts'
+                    return
         first += n
         if first >= end:
             return

@@ -186,6 +186,7 @@ def run(cfg: BulkConfig) -> int:
               "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip
     outputs.remove_temporaries(cfg.out)
     todo = [p for p in parts if p.key not in finished]
+    docs_before = sum(finished[p.key].get("rows", 0) for p in parts if p.key in finished)
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
           f"({manifest.path}), {len(todo)} to score with {cfg.worker_count()} worker(s) x {cfg.threads} "
           f"thread(s){' on Ray' if cfg.ray else ''}", flush=True)  # fmt: skip
@@ -247,6 +248,8 @@ def run(cfg: BulkConfig) -> int:
     entries = [finished[p.key] for p in parts if p.key in finished]
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
     summary["this_run"] |= scoring_rate(scored)
+    # Recorded this run: what the progress counted, less parts that failed after scoring or ran twice.
+    summary["this_run"]["documents_recorded"] = summary["documents"] - docs_before
     summary["parts"]["not_started"] = left = len(
         {p.key for p in parts} - finished.keys() - failed_parts.keys()
     )
@@ -333,9 +336,8 @@ def _closing(s: dict, summary_path: Path | None) -> str:
     # Left: not started, or (on Ray, stopped) dropped while running; a later run scores them.
     waiting = f", {s['parts']['not_started']} part(s) left to score" if s["parts"]["not_started"] else ""
     # A resumed job's total counts every run's; the rate beside it is this run's alone.
-    this_run = (
-        f" ({s['this_run']['documents']:,} this run)" if s["this_run"]["documents"] != s["documents"] else ""
-    )
+    now = s["this_run"].get("documents_recorded", s["documents"])
+    this_run = f" ({now:,} this run)" if now != s["documents"] else ""
     return (
         f"bulk: {s['documents']:,} documents scored{this_run}, {s['rejected']:,} rejected, {failed} shard(s)/part(s) "
         f"failed{waiting}; {s['this_run']['docs_per_s']:,} docs/s, {s['this_run']['tokens_per_s']:,} tokens/s "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 
 import options
 from bulk.config import BulkConfig, from_dict
@@ -60,6 +61,7 @@ def connect(address: str, cpus: int) -> None:
         ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
                  include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
     else:
+        _check_reachable(address)
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         except ConnectionError as e:
@@ -68,6 +70,18 @@ def connect(address: str, cpus: int) -> None:
 
 class JoinError(ConnectionError):
     """The cluster named by --ray could not be joined; the message says what to check."""
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """HOST:PORT must answer before ray.init is asked: where nothing listens, it retries for minutes."""
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    if not host or not port.isdigit():  # "auto", or a form Ray reads its own way
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise JoinError(f"nothing answers at {address} (--ray): {e.strerror or e}. Start the cluster's head there "
+                        f"(ray start --head --port {port}), or give the address `ray start` printed") from None  # fmt: skip
 
 
 def _join_failed(address: str, e: Exception) -> str:

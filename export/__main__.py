@@ -44,16 +44,23 @@ def main(argv: list[str] | None = None) -> int:
         options.usage_exit(f"{PROG}: error: {e}")
     print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
 
+    from export.bundle_writer import BundleError
     from export.evaldata import EvalDataError
     from export.parity import ParityError
     from export.pipeline import run_export
+    from training.data.tokenizer import TokenizerError
 
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))
     except DiskFullError as e:
         print(f"export failed: {e}; nothing was written at --out {cfg.out}", file=sys.stderr)
         return 1
-    except (CheckpointError, EvalDataError) as e:  # the input to change: the checkpoint, or the data
+    except (
+        CheckpointError,
+        BundleError,
+        TokenizerError,
+        EvalDataError,
+    ) as e:  # the checkpoint or data to change
         print(f"export failed: {e}", file=sys.stderr)
         return options.EXIT_USAGE
     except (ParityError, ValueError) as e:

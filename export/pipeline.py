@@ -100,13 +100,14 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
     from tokenizers import Tokenizer
 
     from training.data.tokenizer import fits_model
+    from training.errors import CheckpointError
 
     have, rows = Tokenizer.from_file(str(tokenizer)).get_vocab_size(), src.mcfg.vocab_size
     if not fits_model(have, rows):
         where = f"{src.ckpt}/" + (
             "tokenizer.json" if (src.ckpt / "tokenizer.json").is_file() else "vocab.txt"
         )
-        raise ValueError(f"{where} has {have:,} tokens, and the model's config.json says vocab_size {rows:,}: "
+        raise CheckpointError(f"{where} has {have:,} tokens, and the model's config.json says vocab_size {rows:,}: "
                          "that tokenizer is not this model's; put the model's own tokenizer beside it")  # fmt: skip
 
 

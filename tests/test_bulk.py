@@ -188,3 +188,14 @@ def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dyin
     results = [json.loads(r) for r in actor({"part": [json.dumps(p.__dict__) for p in parts]})["result"]]
     assert [r["part"] for r in results] == ["a.jsonl#0"]
     assert "could not load the model" in results[0]["error"], results
+
+
+def test_a_ray_address_where_nothing_listens_ends_the_job_at_once(tmp_path, paragraphs):
+    """ray.init retried such an address for minutes (the job hung); the job now says what to start."""
+    from app_fixtures import free_port
+
+    port = free_port()
+    src = write_jsonl(tmp_path / "a.jsonl", paragraphs[:2])
+    done = run_bulk(src, tmp_path / "out", "detector", "--ray", f"127.0.0.1:{port}", timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"nothing answers at 127.0.0.1:{port} (--ray)" in done.stderr and "Traceback" not in done.stderr

@@ -55,12 +55,11 @@ def long_texts(registry_data) -> list[str]:
 @pytest.mark.parametrize("model", MODELS)
 def test_counting_a_long_text_on_prefixes_changes_nothing(bundles_dir, long_texts, model):
     tok = tokenizer(bundles_dir, model)
-    roomy = Limits(text_tokens=10**6, request_tokens=10**7)  # prefixes counted, nothing refused
+    roomy = Limits(text_tokens=10**6, request_tokens=10**7)  # nothing refused
     for text in long_texts:
-        plain, counted = (
-            tok.encode_detect([text])[0],
-            tok.encode_detect([text], roomy.while_encoding("text"))[0],
-        )
+        count = roomy.while_encoding("text")
+        count.per_text_chars = 64  # prefixes of 64, 256, 1024, ... characters counted
+        plain, counted = tok.encode_detect([text])[0], tok.encode_detect([text], count)[0]
         assert (plain.tokens, plain.offsets, plain.windows) == (
             counted.tokens,
             counted.offsets,
@@ -81,7 +80,14 @@ def test_a_prefix_never_counts_more_tokens_than_its_text(bundles_dir, long_texts
 
 def test_a_megabyte_over_the_limit_is_refused_on_a_prefix(bundles_dir):
     tok = tokenizer(bundles_dir, "test/detector")
-    for text in ["! " * 500_000, "word " * 200_000, "!" * 1_000_000]:
+    # ASCII, and text with no ASCII word end at all: CJK characters, a script's own punctuation.
+    for text in [
+        "! " * 500_000,
+        "word " * 200_000,
+        "!" * 1_000_000,
+        "日本語" * 300_000,
+        "こんにちは。" * 150_000,
+    ]:
         with pytest.raises(AppError, match="has at least") as e:
             tok.encode_detect([text], Limits(8192, 16384).while_encoding("text"))
         assert "--max-text-tokens" in str(e.value)
@@ -94,7 +100,7 @@ def test_a_megabyte_over_the_limit_is_refused_on_a_prefix(bundles_dir):
 @pytest.mark.parametrize("model", MODELS)
 def test_a_classified_text_cut_to_a_prefix_keeps_its_tokens(bundles_dir, long_texts, model):
     tok = tokenizer(bundles_dir, model)
-    for text in [*long_texts, "! " * 500_000, "a" * 100_000, "word " * 3]:
+    for text in [*long_texts, "! " * 500_000, "a" * 100_000, "word " * 3, "日本語" * 30_000, "。" * 50_000]:
         (row, truncated), whole = tok.encode_classify([text])[0], tok._truncating.encode(text)
         assert row.ids.tolist() == whole.ids and row.type_ids.tolist() == whole.type_ids
         assert truncated == bool(whole.overflowing)

@@ -73,6 +73,15 @@ def test_transformers_shards_and_pickles_load_alike(tmp_path, weights):
         torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
     ours, _, _ = load_model(tmp_path)
     assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
+    if weights == "sharded":  # a shard gone is named, not the index that lists it
+        from training.errors import CheckpointError
+
+        gone = sorted(tmp_path.glob("model-*.safetensors"))[1]
+        gone.unlink()
+        with pytest.raises(
+            CheckpointError, match=f"{gone.name}, a shard model.safetensors.index.json lists, is missing"
+        ):
+            load_model(tmp_path)
 
 
 @pytest.mark.parametrize("ours_cls,arch", PAIRS)

@@ -158,7 +158,16 @@ def _read_shards(ckpt: Path) -> dict[str, torch.Tensor]:
     weight_map = json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"]
     out: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
-        tensors = load_file(ckpt / shard)
+        try:
+            tensors = load_file(ckpt / shard)
+        except Exception as e:  # missing, cut short, not safetensors: name the shard, not the index
+            what = (
+                "is missing"
+                if not (ckpt / shard).exists()
+                else f"does not read as weights ({type(e).__name__}: {str(e)[:200]})"
+            )
+            raise CheckpointError(f"{ckpt / shard}, a shard {SHARD_INDEX} lists, {what}: restore it from the "
+                                  "checkpoint's source") from None  # fmt: skip
         wanted = [name for name, file in weight_map.items() if file == shard]
         lacking = [name for name in wanted if name not in tensors]
         if lacking:

@@ -119,7 +119,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     )
     vocab_size: int = option(30522, "when training the tokenizer")
     lowercase: bool = option(
-        True, "lowercase text before WordPiece (the trained vocab and bert-base-uncased)"
+        True,
+        "lowercase text before WordPiece (a trained vocab, a vocab.txt; a directory with tokenizer_config.json follows that)",
     )
     seq_len: int = option(128, "tokens per training row, [CLS]/[SEP] included")
     rows: str = option(

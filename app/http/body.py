@@ -50,10 +50,6 @@ def strict_json(kind: type[msgspec.Struct]):
             got = f"got {clip(ctype)!r}" if ctype else "none was sent"
             msg = f"Content-Type must be application/json ({got}); the body is a JSON object"
             raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type")
-        charset = _charset(ctype)
-        if charset not in ("", "utf-8", "utf8"):  # RFC 8259: JSON between systems is UTF-8
-            msg = f"application/json in charset {clip(charset)!r} is not accepted; send UTF-8 (charset=utf-8, or none)"
-            raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type")
         coding = request.headers.get("content-encoding", "identity").strip().lower()
         if coding not in ("", "identity"):  # read as it is, a compressed body would be garbage
             msg = f"Content-Encoding {clip(coding)!r} is not accepted; send the JSON body uncompressed"
@@ -63,7 +59,16 @@ def strict_json(kind: type[msgspec.Struct]):
         body = body.removeprefix(b"\xef\xbb\xbf")
         if not body.strip():
             raise AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")
-        body.decode("utf-8")  # UnicodeDecodeError -> 400 invalid_utf8, naming the byte
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            # RFC 8259: JSON between systems is UTF-8, and a charset parameter changes nothing (an ASCII body
+            # labelled us-ascii is UTF-8 too); a body that is not UTF-8 and says which it is hears what to do.
+            charset = _charset(ctype)
+            if charset not in ("", "utf-8", "utf8"):
+                msg = f"the body is {clip(charset)}, as its Content-Type says; send JSON in UTF-8"
+                raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-type") from None
+            raise  # -> 400 invalid_utf8, naming the byte
         try:
             value = decoder.decode(body)
         except msgspec.ValidationError as e:

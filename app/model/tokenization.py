@@ -61,19 +61,6 @@ def is_blank(text: str) -> bool:
     return not stripped or _KEPT.search(stripped) is None
 
 
-# BERT's pre-tokenizer ends a word at white space and makes each ASCII punctuation mark a word of its own.
-_WORD_ENDS = frozenset(" \t\n\r!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-
-
-def _word_end(text: str, size: int) -> int:
-    """The length of the longest prefix within `size` characters that ends a word, so that its tokens are
-    the first tokens of the whole text; 0 when the last 256 characters hold no word end."""
-    for j in range(size, max(size - 256, 0), -1):
-        if text[j - 1] in _WORD_ENDS:
-            return j
-    return 0
-
-
 class TokenLimit(Protocol):
     """What a caller allows one request's texts: app/http/scoring.py's RequestCount."""
 
@@ -136,9 +123,8 @@ class TextTokenizer:
         out = []
         for i, text in enumerate(texts):
             size = limit.per_text_chars
-            while size < len(text):  # ever longer prefixes, each ending a word: no more tokens than the text
-                if cut := _word_end(text, size):
-                    limit.check_text(i, len(self._plain.encode(text[:cut], add_special_tokens=False)), False)
+            while size < len(text):  # ever longer prefixes: their whole words are the text's first tokens
+                limit.check_text(i, self._whole_words(text, size)[1], False)
                 size *= 4
             enc = self._plain.encode(text, add_special_tokens=False)
             limit.check_text(i, len(enc), True)
@@ -176,10 +162,22 @@ class TextTokenizer:
         """A long text cut at a space to a prefix that still overflows max_length: truncation keeps the same
         first tokens of it, without encoding the megabyte after them (a second and 300 MB for 1 MiB)."""
         size = 16 * self.max_length  # characters: a prefix this long nearly always overflows
-        cut = _word_end(text, size) if len(text) > size else 0
-        if cut and len(self._plain.encode(text[:cut], add_special_tokens=True)) > self.max_length:
-            return text[:cut]
-        return text
+        if len(text) <= size:
+            return text
+        cut, tokens = self._whole_words(text, size)
+        return text[:cut] if tokens > self.max_length else text
+
+    def _whole_words(self, text: str, size: int) -> tuple[int, int]:
+        """(characters, tokens) of the whole words in text[:size]: its own encoding less its last word,
+        which the text may go on with. The tokenizer's pre-tokenizer says where words end (white space,
+        punctuation of any script, each CJK character), and a word's tokens depend on the word alone, so
+        these are the first tokens of the whole text."""
+        enc = self._plain.encode(text[:size], add_special_tokens=False)
+        words = enc.word_ids
+        n = len(words)
+        while n > 0 and words[n - 1] == words[-1]:
+            n -= 1
+        return (enc.offsets[n][0] if n < len(words) else size), n
 
     def word_ids(self, word: str) -> list[int]:
         """The token ids of `word` alone, without special tokens."""

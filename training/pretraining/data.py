@@ -15,7 +15,13 @@ import options
 from training.data import derived
 from training.data.corpus import corpus_key, read_corpus
 from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, build_shards
-from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
+from training.data.tokenizer import (
+    load_tokenizer,
+    save_tokenizer,
+    special_ids,
+    train_wordpiece,
+    vocab_normalisation,
+)
 
 
 class Specials(NamedTuple):
@@ -43,6 +49,18 @@ def _documents(cfg, split: str):
 def _user_options(cfg) -> dict:
     """How a corpus of the user's own files is read: the JSONL key and the held-out share."""
     return {"text_field": cfg.text_field, "valid_fraction": cfg.valid_fraction}
+
+
+def _note_lowercase(cfg) -> None:
+    """A directory with vocab.txt and a tokenizer_config.json normalises as that file says: a --lowercase
+    given against it is not used, and the run says so rather than training otherwise in silence."""
+    d = Path(cfg.tokenizer)
+    if not d.is_dir() or (d / "tokenizer.json").is_file() or "lowercase" not in options.sources(cfg):
+        return
+    said = vocab_normalisation(d, cfg.lowercase)["lowercase"]
+    if said != cfg.lowercase:
+        print(f"note: --lowercase {str(cfg.lowercase).lower()} is not used: {d}/tokenizer_config.json says "
+              f"do_lower_case {str(said).lower()}, and the tokenizer follows it", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def given_tokenizer_size(cfg):
@@ -103,6 +121,7 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
                 cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir, **_user_options(cfg)
             )
         else:
+            _note_lowercase(cfg)
             tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
         save_tokenizer(tok, tok_dir)
         for split in ("train", "valid"):
