@@ -159,8 +159,8 @@ class TextTokenizer:
         return out
 
     def _head(self, text: str) -> str:
-        """A long text cut at a space to a prefix that still overflows max_length: truncation keeps the same
-        first tokens of it, without encoding the megabyte after them (a second and 300 MB for 1 MiB)."""
+        """A long text cut where a word ends, to a prefix that still overflows max_length: truncation keeps
+        the same first tokens of it, without encoding the megabyte after them (a second and 300 MB for 1 MiB)."""
         size = 16 * self.max_length  # characters: a prefix this long nearly always overflows
         if len(text) <= size:
             return text
