@@ -115,6 +115,13 @@ def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
     best = max(dev, key=lambda r: (r["macro_f1"], -r["loss"]))
     assert state["step"] == best["step"], [(r["step"], r["macro_f1"], r["loss"]) for r in dev]
     assert json.loads((out / "finetune_config.json").read_text())["metric"] == "macro_f1"
+    # Every dev and test example with the best model's answer: the figures above recomputed from them.
+    for split in ("dev", "test"):
+        got = [json.loads(line) for line in (out / f"predictions_{split}.jsonl").read_text().splitlines()]
+        assert len(got) == 200 and all(set(r["probs"]) == {"ham", "spam"} for r in got)
+        assert all(r["predicted"] == max(r["probs"], key=r["probs"].get) for r in got)
+        accuracy = sum(r["predicted"] == r["label"] for r in got) / len(got)
+        assert accuracy == pytest.approx(evals[split]["accuracy"]), split
 
 
 def test_output_loads_in_transformers_with_the_same_logits(spam_run, registry_data):

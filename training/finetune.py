@@ -9,7 +9,8 @@ directory, trains with AdamW, warmup then linear decay and layer-wise learning-r
 every epoch (or every --eval-every steps), keeps the best model and stops early after --patience
 evaluations without improvement. `<out>/` then holds the best model in the Hugging Face
 ElectraForSequenceClassification layout (written atomically), eval_dev.json, eval_test.json,
-finetune_config.json and metrics.jsonl.
+predictions_dev.jsonl and predictions_test.jsonl (every example with the best model's label and
+probabilities: what its bundle should answer), finetune_config.json and metrics.jsonl.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ from training.report import MetricsLog
 ARCH = "ElectraForSequenceClassification"
 # What a run writes into --out; --overwrite removes exactly these, never anything else.
 OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
-           "eval_dev.json", "eval_test.json", "finetune_config.json", "metrics.jsonl")  # fmt: skip
+           "eval_dev.json", "eval_test.json", "finetune_config.json", "metrics.jsonl", "predictions_dev.jsonl",
+           "predictions_test.jsonl")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ layer-wise lr decay
@@ -178,11 +179,16 @@ def init_tokenizer(src: Path):
 
 
 @torch.no_grad()
-def predict(model, items, batch_size, pad_id, device, autocast) -> tuple[np.ndarray, float]:
-    """Predictions in `items` order (class ids, or values for regression) and the mean loss."""
+def predict(
+    model, items, batch_size, pad_id, device, autocast, probs: list | None = None
+) -> tuple[np.ndarray, float]:
+    """Predictions in `items` order (class ids, or values for regression) and the mean loss; with `probs`,
+    each row's class probabilities are put there too (a classifier's softmax, as its bundle computes)."""
     model.eval()
     regression = model.config.problem_type == REGRESSION
     preds = np.zeros(len(items), dtype=np.float64 if regression else np.int64)
+    if probs is not None and not regression:
+        probs[:] = [None] * len(items)
     loss_sum = 0.0
     for idx, b in batches(items, batch_size, pad_id, sort_by_length=True):  # sorted: least padding
         b = {k: v.to(device) for k, v in b.items()}
@@ -191,6 +197,9 @@ def predict(model, items, batch_size, pad_id, device, autocast) -> tuple[np.ndar
         loss_sum += float(loss_fn(logits, b["labels"], regression)) * len(idx)
         out = logits.squeeze(-1) if regression else logits.argmax(-1)
         preds[idx] = out.cpu().numpy()
+        if probs is not None and not regression:
+            for i, row in zip(idx, logits.softmax(-1).cpu().tolist(), strict=True):
+                probs[i] = row
     model.train()
     return preds, loss_sum / max(1, len(items))
 
@@ -259,7 +268,9 @@ def prepare_out(out: Path, overwrite: bool) -> None:
         ) from None
 
 
-def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) -> None:
+def write_outputs(
+    out: Path, model, tok, state: dict, evals: dict[str, dict], predictions: dict | None = None
+) -> None:
     """The whole of `out` (progress files included) is rebuilt in a temporary sibling and renamed into
     place, so `python -m export <out>` sees either no model or the complete one."""
 
@@ -270,6 +281,9 @@ def write_outputs(out: Path, model, tok, state: dict, evals: dict[str, dict]) ->
         (d / "trainer_state.json").write_text(json.dumps(json_safe(state), indent=2) + "\n")
         for split, m in evals.items():
             (d / f"eval_{split}.json").write_text(json.dumps(json_safe(m), indent=2) + "\n")
+        for split, rows in (predictions or {}).items():
+            with (d / f"predictions_{split}.jsonl").open("w") as f:
+                f.writelines(json.dumps(json_safe(r), ensure_ascii=False) + "\n" for r in rows)
 
     ckpt.write_atomically(out, fill)
 
@@ -416,8 +430,26 @@ class FineTuner:
                  "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
                  "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
-        write_outputs(Path(cfg.out), self.model.cpu(), self.tok, state, evals)
+        predictions = {split: self.predictions(split) for split in evals}
+        write_outputs(Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions)
         return evals
+
+    def predictions(self, split: str) -> list[dict]:
+        """Every example of `split` with the best model's answer: what the served bundle should say of it."""
+        probs: list = []
+        preds, _ = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id, self.device,
+                           self.autocast, probs)  # fmt: skip
+        labels, regression = self.data.labels, self.data.problem_type == REGRESSION
+        rows = []
+        for i, ex in enumerate(self.data.splits[split]):
+            row = {"text": ex.text, **({"text_pair": ex.pair} if ex.pair is not None else {})}
+            if regression:
+                row |= {"label": float(ex.label), "predicted": float(preds[i])}
+            else:
+                row |= {"label": labels[ex.label], "predicted": labels[int(preds[i])],
+                        "probs": dict(zip(labels, probs[i], strict=True))}  # fmt: skip
+            rows.append(row)
+        return rows
 
 
 def setup(argv: list[str] | None) -> FineTuner:
