@@ -5,7 +5,6 @@ fingerprint (job.json), and a resumed job must match it."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +110,7 @@ def resolve(argv: list[str] | None) -> BulkConfig:
     # Absolute paths: Ray workers on other nodes and worker processes resolve nothing against our cwd. INPUT
     # is made absolute, not resolved (a glob stays a glob, a link keeps its name): job.json fingerprints it,
     # so `in`, `./in` and `/home/me/in` must resume the same job, from any directory.
-    return dataclasses.replace(
+    return options.replace(
         cfg, input=absolute_spec(cfg.input), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
     )
 

@@ -339,7 +339,9 @@ def id_column(part: Part) -> str | None:
         elif part.format == "jsonl":
             with open(part.shard, "rb") as f:
                 f.seek(part.start)
-                first = next((line for line in f if line.strip()), b"").removeprefix(BOM)
+                # At most 1 MB of each line: a file that is one huge line is not read whole here.
+                lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
+                first = next((line for line in lines if line.strip()), b"")
             obj = msgspec.json.decode(first) if first else None
             names = set(obj) if isinstance(obj, dict) else set()
         else:

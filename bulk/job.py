@@ -174,11 +174,13 @@ def run(cfg: BulkConfig) -> int:
     parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)
     failed_shards |= unlisted
     report_failures(failed_shards)
-    if not cfg.id_field and parts and (named := id_column(parts[0])):
-        print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
-              "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
+    # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
+    asked = "id_field" in options.sources(cfg)
+    if not cfg.id_field and not asked and not finished and parts and (named := id_column(parts[0])):
+        print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
+              "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
     stats = shard_stats(parts)
     gone = check_unchanged(finished, stats)
     if gone:

@@ -70,9 +70,15 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
 
 def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragraphs):
     src = write_jsonl(tmp_path / "reviews.jsonl", paragraphs[:12], id="r-1")
-    done = run_bulk(src, tmp_path / "out", "sentiment", "--workers", "1", "--id-field", "")
+    done = run_bulk(src, tmp_path / "out", "sentiment", "--workers", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the documents have the field 'id'; give --id-field id" in done.stderr  # rows are file:line here
+    again = run_bulk(
+        src, tmp_path / "out", "sentiment", "--workers", "1"
+    )  # a resume: --id-field is fixed now
+    assert again.returncode == 0 and "the documents have the field" not in again.stderr
+    said = run_bulk(src, tmp_path / "out2", "sentiment", "--workers", "1", "--id-field", "")
+    assert said.returncode == 0 and "the documents have the field" not in said.stderr
     got = rows(tmp_path / "out")
     assert len(got) == 12
     for r in got:

@@ -467,6 +467,27 @@ def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tin
     assert load_model(out)[0] is not None  # the best model so far, readable
 
 
+def test_a_signal_while_the_finished_run_is_saved_does_not_unmake_it(tiny_init, tmp_path, monkeypatch):
+    """A scheduler's SIGTERM that came while the last model was written made a complete run exit 143 and
+    call itself not complete."""
+    import os
+    import signal
+
+    from training.finetuning import tuner
+
+    save = tuner.FineTuner.save_best
+
+    def signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by the run's GracefulStop: noted, nothing stops
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(tuner.FineTuner, "save_best", signalled)
+    evals = run("--init", tiny_init, "--train", write_csv(tmp_path / "r.csv", 30), "--text-column", "review",
+                "--label-column", "verdict", "--epochs", 1, "--out", tmp_path / "out")  # fmt: skip
+    assert "dev" in evals and "interrupted" not in evals
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["interrupted"] is False
+
+
 def test_weights_files_are_as_readable_as_the_rest_of_the_output(spam_run):
     """safetensors writes its files private (0600); a model read by a teammate or a server's own user
     must not be (the checkpoint's config.json beside it is not)."""

@@ -520,7 +520,8 @@ def train_and_save(t: FineTuner) -> dict:
     try:
         with GracefulStop(True, "stopping after this step; the best model so far is kept in --out") as stop:
             evals = _train(t, started, lambda: stop.stopping)
-        if stop.stopping:
+        # What stopped the training, not a signal that came while the finished run's model was written.
+        if evals.pop("interrupted", False):
             print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}: stopped by {stop.name}, so the "
                   "run is not complete; the same command with --overwrite runs it whole)", flush=True)  # fmt: skip
             sys.exit(128 + stop.signal)
@@ -571,4 +572,6 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
             )
             break
     bar.close()
-    return t.save_best(stopped_early, started, interrupted=stopping())
+    interrupted = stopping()  # decided here: a signal during the save below does not unmake a finished run
+    evals = t.save_best(stopped_early, started, interrupted=interrupted)
+    return {**evals, "interrupted": interrupted} if interrupted else evals
