@@ -3,7 +3,6 @@ every rank. The tokenizer is loaded here, once, and handed to whatever else need
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -75,7 +74,7 @@ def given_tokenizer_size(cfg):
     if size != cfg.vocab_size and options.sources(cfg).get("vocab_size") == "--vocab-size":
         print(f"note: --vocab-size {cfg.vocab_size} sizes a vocabulary the run trains; --tokenizer "
               f"{cfg.tokenizer} has {size} tokens, which the model takes", file=sys.stderr, flush=True)  # fmt: skip
-    return dataclasses.replace(cfg, vocab_size=size)
+    return options.replace(cfg, vocab_size=size)
 
 
 def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None,
