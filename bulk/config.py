@@ -94,6 +94,12 @@ class BulkConfig:
         """--workers, or the cores this process may use shared out at --threads each."""
         return self.workers or max(1, len(os.sched_getaffinity(0)) // self.threads)
 
+    def spans_threshold(self, manifest) -> float:
+        """A detector's span threshold: --threshold, else the bundle's own (as a request without one gets)."""
+        from app.model.catalog import default_threshold
+
+        return self.threshold if self.threshold is not None else default_threshold(manifest)
+
     def fingerprint(self) -> dict:
         values = options.as_dict(self)
         return {name: values[name] for name in FINGERPRINT}

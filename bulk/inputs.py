@@ -80,13 +80,16 @@ class InputError(ValueError):
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
 
 
+def _type_suffix(path: Path) -> str:
+    """The suffix that says what a file holds, in lower case: `.jsonl` of `a.jsonl` and of `a.jsonl.gz`."""
+    last = path.suffix.lower()
+    return Path(path.stem).suffix.lower() if last in COMPRESSED else last
+
+
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
     (in any case; a compressed one too, so that it fails by name rather than vanishing)."""
-    if fmt != "auto":
-        return True
-    last, before = path.suffix.lower(), Path(path.stem).suffix.lower()
-    return last in SUFFIXES or (last in COMPRESSED and before in SUFFIXES)
+    return fmt != "auto" or _type_suffix(path) in SUFFIXES
 
 
 def _reason(e: OSError) -> str:
@@ -218,20 +221,11 @@ def format_of(path: Path, fmt: str) -> str:
 # A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
 # Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
 def _csv_hint(path: Path) -> str:
-    tab = (
-        ", parse_options=c.ParseOptions(delimiter='\\t')"
-        if ".tsv" in [x.lower() for x in path.suffixes[-2:]]
-        else ""
-    )
+    tab = ", parse_options=c.ParseOptions(delimiter='\\t')" if _type_suffix(path) == ".tsv" else ""
     parquet = str(path.parent / (path.name.split(".")[0] + ".parquet"))
     return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
             'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
             f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
-
-
-def _is_csv(path: Path) -> bool:
-    last, before = path.suffix.lower(), Path(path.stem).suffix.lower()
-    return last in (".csv", ".tsv") or (last in COMPRESSED and before in (".csv", ".tsv"))
 
 
 def plan(
@@ -248,7 +242,7 @@ def plan(
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
-        if fmt == "auto" and _is_csv(path):
+        if fmt == "auto" and _type_suffix(path) in (".csv", ".tsv"):
             failed[name] = _csv_hint(path)
             continue
         if path.suffix.lower() in COMPRESSED:
@@ -484,7 +478,7 @@ def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) ->
 
 
 def _rows(pf, columns: list[str], start: int, end: int, batch: int = 4096):
-    """Rows [start, end) of a Parquet file, as tables of at most `batch` rows: only the row groups they lie
+    """Rows [start, end) of a Parquet file, as record batches of at most `batch` rows: only the row groups they lie
     in are read, a batch at a time, so a part of a large row group holds little of it in memory."""
     first = 0  # the file's row number of the current row group's first row
     for g in range(pf.metadata.num_row_groups):
@@ -494,19 +488,13 @@ def _rows(pf, columns: list[str], start: int, end: int, batch: int = 4096):
             for b in pf.iter_batches(batch_size=batch, row_groups=[g], columns=columns, use_threads=False):
                 lo, hi = max(start, at) - at, min(end, at + b.num_rows) - at
                 if lo < hi:
-                    yield _table(b.slice(lo, hi - lo))
+                    yield b.slice(lo, hi - lo)
                 at += b.num_rows
                 if at >= end:  # the rest of the row group is other parts'
                     return
         first += n
         if first >= end:
             return
-
-
-def _table(batch):
-    import pyarrow as pa
-
-    return pa.Table.from_batches([batch])
 
 
 def _parquet_doc(part: Part, line: int, text, value, text_field: str, id_field: str, max_chars: int) -> Doc:

@@ -13,7 +13,6 @@ import app
 import options
 from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
-from app.model.catalog import default_threshold
 from bulk import outputs
 from bulk.config import BulkConfig
 from bulk.inputs import Part, absolute_spec, format_of, id_column, plan, shards
@@ -328,7 +327,7 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
         "bundle": {"name": bundle.name, "kind": m.kind, "sha256": m.model_sha256, "files_sha256": bundle.verified,
                    "precision": m.precision},
         # The spans' threshold: --threshold, else the bundle's own (the options show only what was given).
-        **({"threshold": cfg.threshold if cfg.threshold is not None else default_threshold(m)} if detector else {}),
+        **({"threshold": cfg.spans_threshold(m)} if detector else {}),
         "version": app.__version__, "machine": cpu(), "options": options.as_dict(cfg),
     }  # fmt: skip
 

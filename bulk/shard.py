@@ -20,7 +20,6 @@ import app
 from app.machine import cpu
 from app.model import load_check
 from app.model.bundle import read_bundle
-from app.model.catalog import default_threshold
 from app.model.engine import Engine
 from app.model.scoring import Classify, Detect, run_rows
 from app.model.tokenization import TextTokenizer
@@ -48,7 +47,7 @@ class Scorer:
         warning = load_check.verdict(load_check.run(self.engine, bundle, cpu()), cfg.load_check, bundle.name)
         if warning:
             log.warning(warning)
-        self.threshold = cfg.threshold if cfg.threshold is not None else default_threshold(m)
+        self.threshold = cfg.spans_threshold(m)
         self.kind = Detect(self.threshold, "tokens") if self.detector else Classify(top_k=None)
         if self.detector:
             self.schema = outputs.detector_schema(cfg.tokens)

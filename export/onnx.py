@@ -137,9 +137,11 @@ def problem_type(cfg) -> str:
     return "regression" if cfg.num_labels == 1 else "single_label_classification"
 
 
-EXPORTABLE = (
-    "ElectraForPreTraining (a discriminator) or ElectraForSequenceClassification (a fine-tuned classifier)"
-)
+_TAKES = {
+    "ElectraForPreTraining": "a discriminator",
+    "ElectraForSequenceClassification": "a fine-tuned classifier",
+}
+EXPORTABLE = " or ".join(f"{arch} ({what})" for arch, what in _TAKES.items())
 
 
 def check_exportable(ckpt) -> None:
@@ -148,7 +150,7 @@ def check_exportable(ckpt) -> None:
     from training.errors import CheckpointError
 
     arch = (read_config_json(ckpt).get("architectures") or ["ElectraForPreTraining"])[0]
-    if arch not in ("ElectraForPreTraining", "ElectraForSequenceClassification"):
+    if arch not in _TAKES:
         hint = (
             " (a generator: export the checkpoint directory that holds it)"
             if arch == "ElectraForMaskedLM"

@@ -58,9 +58,9 @@ class Limits:
     text_tokens: int  # --max-text-tokens
     request_tokens: int  # --max-request-tokens
 
-    def check(self, rows: list[Row], field: str, text_tokens: list[int] | None = None) -> None:
-        for i, n in enumerate(text_tokens or []):
-            self._text(field, i, n)
+    def check(self, rows: list[Row], field: str) -> None:
+        """The request's model-input rows, windows and special tokens counted; each text's own count was
+        checked as it was encoded (`while_encoding`)."""
         self._request(field, sum(len(r.ids) for r in rows), "")
 
     def while_encoding(self, field: str) -> RequestCount:
@@ -137,7 +137,7 @@ async def score(model, kind: Kind, items: list, field: str, limits: Limits, rece
         encoded = await offload(lambda: kind.encode(model.tokenizer, items, count), chars)
         t.tokenization_s = time.perf_counter() - t0
         model.scheduler.series.tokenization.observe(t.tokenization_s)
-        limits.check(encoded.rows, field, encoded.text_tokens)
+        limits.check(encoded.rows, field)
         result = await until_done_or_gone(model.scheduler.submit(encoded.rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s
     return await offload(lambda: kind.respond(model, items, encoded, result.outputs), chars)

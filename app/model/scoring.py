@@ -20,7 +20,6 @@ from app.schemas import ClassifyResult, DetectResult
 class Encoded:
     rows: list[Row]  # every model input row of the texts, in order
     per_item: list  # what `results` needs of each input item (its encoding, or a truncation flag)
-    text_tokens: list[int] | None = None  # tokens of each text, where a per-text limit applies
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,7 @@ class Detect:
     def encode(self, tokenizer, texts: list[str], limit: TokenLimit | None = None) -> Encoded:
         encodings = tokenizer.encode_detect(texts, limit)
         rows = [row for enc in encodings for row in enc.rows]
-        return Encoded(rows, encodings, [len(enc.tokens) for enc in encodings])
+        return Encoded(rows, encodings)
 
     def results(self, texts: list[str], encoded: Encoded, outputs: Sequence) -> list[DetectResult]:
         it = iter(outputs)

@@ -211,6 +211,10 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> tor
 
 def evaluate(model, items, data: TaskData, positive: int, cfg, pad_id, device, autocast) -> dict:
     preds, loss = predict(model, items, cfg.eval_batch_size, pad_id, device, autocast)
+    return figures(preds, loss, items, data, positive)
+
+
+def figures(preds: np.ndarray, loss: float, items, data: TaskData, positive: int) -> dict:
     truth = np.array([it.label for it in items])
     if data.problem_type == REGRESSION:
         m = regression_metrics(truth.astype(np.float64), preds)
@@ -418,8 +422,9 @@ class FineTuner:
         cfg, data, best = self.cfg, self.data, self.best
         self.model.load_state_dict(best["state"])
         evals = {"dev": best["metrics"]}
-        if "test" in self.encoded:
-            evals["test"] = self.evaluate("test")
+        predictions = {"dev": self.predictions("dev")[0]}
+        if "test" in self.encoded:  # its figures from the same pass as its predictions
+            predictions["test"], evals["test"] = self.predictions("test")
         for split, m in evals.items():
             where = {"task": data.task, "source": data.source.get(split)}
             m.update(split=split, step=best["step"], metric=cfg.metric, **where)
@@ -430,15 +435,15 @@ class FineTuner:
                  "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
                  "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
-        predictions = {split: self.predictions(split) for split in evals}
         write_outputs(Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions)
         return evals
 
-    def predictions(self, split: str) -> list[dict]:
-        """Every example of `split` with the best model's answer: what the served bundle should say of it."""
+    def predictions(self, split: str) -> tuple[list[dict], dict]:
+        """Every example of `split` with the model's answer (what the served bundle should say of it), and
+        the split's figures."""
         probs: list = []
-        preds, _ = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id, self.device,
-                           self.autocast, probs)  # fmt: skip
+        preds, loss = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id,
+                              self.device, self.autocast, probs)  # fmt: skip
         labels, regression = self.data.labels, self.data.problem_type == REGRESSION
         rows = []
         for i, ex in enumerate(self.data.splits[split]):
@@ -449,7 +454,7 @@ class FineTuner:
                 row |= {"label": labels[ex.label], "predicted": labels[int(preds[i])],
                         "probs": dict(zip(labels, probs[i], strict=True))}  # fmt: skip
             rows.append(row)
-        return rows
+        return rows, figures(preds, loss, self.encoded[split], self.data, self.positive)
 
 
 def setup(argv: list[str] | None) -> FineTuner:
