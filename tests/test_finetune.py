@@ -437,6 +437,21 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
     assert not any(type(m).__name__.startswith(("Int8", "StoredInt8")) for m in model.modules())
 
 
+def test_ctrl_c_before_training_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the data is read and tokenized (before the graceful stop watches): exit 130 and what
+    to run again."""
+    import training.finetuning.tuner as tuner
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuner, "run", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        finetune(["--init", str(tmp_path), "--task", "trec", "--out", str(tmp_path / "out")])
+    assert stop.value.code == 130
+    assert "stopped at once, before the fine-tuned model was written" in capsys.readouterr().err
+
+
 def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tiny_init, tmp_path):
     """It ended in a KeyboardInterrupt traceback with nothing written, minutes of training lost."""
     import signal

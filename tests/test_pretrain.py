@@ -71,6 +71,29 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
         load_generators([other], ckpt / "tokenizer.json")
 
 
+@pytest.mark.parametrize("saved", [False, True])
+def test_ctrl_c_outside_a_step_says_what_is_kept_not_a_traceback(tmp_path, monkeypatch, capsys, saved):
+    """Ctrl-C while the corpus is read (before any step), or a second one while a step runs: the run
+    stops at once, exit 130, saying whether a checkpoint is there to resume."""
+    import training.pretraining.trainer as trainer
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "run", interrupted)
+    if saved:
+        (tmp_path / "checkpoints").mkdir()
+        (tmp_path / "checkpoints" / "latest").write_text("step-00000010\n")
+    with pytest.raises(SystemExit) as stop:
+        pretrain(["--out", str(tmp_path)])
+    assert stop.value.code == 130
+    said = capsys.readouterr().err
+    if saved:
+        assert f"checkpoints/latest in {tmp_path} is kept; go on with: " in said and "--resume" in said, said
+    else:
+        assert "no checkpoint was saved; the same command starts again" in said, said
+
+
 def test_a_run_stopped_by_ctrl_c_saves_and_its_resume_retraces_the_uninterrupted_one_on_two_threads(
     tmp_path, small_corpus, small_tokenizer
 ):

@@ -15,6 +15,9 @@ probabilities: what its bundle should answer), finetune_config.json and metrics.
 
 from __future__ import annotations
 
+import signal
+import sys
+
 import options
 from training.config import FinetuneConfig
 
@@ -28,9 +31,14 @@ def main(argv: list[str] | None = None) -> dict:
         options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
-    from training.finetuning.tuner import run
+    try:
+        from training.finetuning.tuner import run
 
-    return run(argv)
+        return run(argv)
+    except KeyboardInterrupt:  # Ctrl-C before training began (reading, tokenizing), or twice while it ran
+        print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; the same command with "
+              "--overwrite runs it again", file=sys.stderr)  # fmt: skip
+        sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == "__main__":

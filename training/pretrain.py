@@ -13,6 +13,10 @@ word swaps, protected tokens); then the optimizer, a restored checkpoint on --re
 
 from __future__ import annotations
 
+import signal
+import sys
+from pathlib import Path
+
 import options
 from training.config import PretrainConfig
 
@@ -24,12 +28,19 @@ def main(argv: list[str] | None = None) -> None:
     # loads (3 s of a CPU core). The trainer resolves them again, the same way, and then against what a
     # resumed run saved, which only it can read.
     try:
-        options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
+        cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
-    from training.pretraining.trainer import run
+    try:
+        from training.pretraining.trainer import run
 
-    run(argv)
+        run(argv)
+    except KeyboardInterrupt:  # Ctrl-C before training began (reading a corpus), or twice while it ran
+        latest = Path(cfg.out) / "checkpoints" / "latest"
+        kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {PROG} --out {cfg.out} --resume"
+                if latest.is_file() else "no checkpoint was saved; the same command starts again")  # fmt: skip
+        print(f"\n{PROG}: stopped at once; {kept}", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == "__main__":
