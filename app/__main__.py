@@ -41,9 +41,15 @@ class _DrainingServer(uvicorn.Server):
         if self._drain_delay_s > 0 and not self._leaving and self.started:
             self._leaving = True
             self._registry.leave_rotation()
-            if self._registry.call_later(self._drain_delay_s, self._drain, sig, frame):
+            if self._registry.call_later(self._drain_delay_s, self._drain_after_delay, sig, frame):
                 return
         self._drain(sig, frame)  # no delay, or a second signal: drain now
+
+    def _drain_after_delay(self, sig, frame) -> None:
+        # A second signal drained already: uvicorn would take this call as a third, and exit at once
+        # without waiting for the requests in flight or closing the models.
+        if not self.should_exit:
+            self._drain(sig, frame)
 
     def _drain(self, sig, frame) -> None:
         self._registry.begin_drain()

@@ -140,6 +140,27 @@ def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_di
     assert "Traceback" not in s.log()
 
 
+def test_a_second_ctrl_c_during_the_drain_delay_still_finishes_the_requests_in_flight(bundles_dir, tmp_path):
+    # The second Ctrl-C drains at once; the delay's own drain, when it came due, used to count as a third:
+    # uvicorn then quit at once, without the request in flight (waiting 6 s for company) or the shutdown.
+    flags = ("--drain-delay-s", "1", "--queue-size", "64", "--max-wait-ms", "6000")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
+        with ThreadPoolExecutor(1) as pool:
+
+            def post() -> int:
+                with httpx.Client(base_url=s.url, timeout=60) as c:
+                    return c.post("/detect", json={"text": "in flight through both signals"}).status_code
+
+            answer = pool.submit(post)
+            wait_for(lambda: s.metric("electra_queue_depth", model="detector") == 1, what="1 admitted")
+            s.proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+            s.proc.send_signal(signal.SIGINT)
+            assert answer.result() == 200, s.log()
+        assert s.proc.wait(timeout=60) == 0, s.log()
+    assert "Traceback" not in s.log()
+
+
 def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_dir, tmp_path):
     # The requests wait 20 s for company: longer than the 1 s the drain may take.
     flags = ("--queue-size", "64", "--max-wait-ms", "20000", "--graceful-timeout-s", "1")
