@@ -106,3 +106,98 @@ def test_a_bad_fault_spec_is_refused_naming_the_setting(spec):
 def test_faults_are_off_by_default():
     settings, _ = Settings.from_sources([], env={})
     assert FaultSpec.parse(settings.inject_faults) is None
+
+
+def scheduling(*, interactive_tokens: int = 2048):
+    """A real engine on the shipped detector, with the admission and load a scheduler of it needs."""
+    from app.metrics import Metrics
+    from app.model.bundle import read_bundle
+    from app.model.engine import Engine
+    from app.scheduling.admission import Admission
+    from app.scheduling.lifecycle import Lifecycle
+    from app.scheduling.server_load import ServerLoad
+
+    engine = Engine(read_bundle(Path(__file__).resolve().parent.parent / "models" / "detector"), 1)
+    load = ServerLoad()
+    admission = Admission("detector", queue_size=8, interactive_tokens=interactive_tokens, max_bulk_tokens=10**6,
+                          lifecycle=Lifecycle(), load=load, series=Metrics().of_model("detector"))  # fmt: skip
+    return engine, admission, load
+
+
+def a_row(*ids: int):
+    import numpy as np
+
+    from app.model.tokenization import Row
+
+    ids = ids or (101, 2023, 2003, 102)
+    return Row(np.array(ids), np.zeros(len(ids), dtype=np.int64))
+
+
+def test_a_bug_around_a_run_answers_its_requests_500_and_the_runner_goes_on():
+    """An exception outside the run itself (padding the batch, here) used to end the runner's task: its
+    requests waited for ever, holding their places, and the next requests found no runner."""
+    import asyncio
+
+    from app.errors import AppError, ErrorType
+    from app.scheduling.scheduler import Scheduler
+
+    engine, admission, load = scheduling()
+    pad, calls = engine.pad, []
+
+    def pad_failing_once(rows, pad_id):
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise ValueError("a bug in padding")
+        return pad(rows, pad_id)
+
+    engine.pad = pad_failing_once
+
+    async def two_requests():
+        scheduler = Scheduler(engine, 0, admission, load, token_budget=4096, bulk_token_budget=4096,
+                              max_wait_ms=0, runners=1)  # fmt: skip
+        scheduler.start()
+        try:
+            answers = []
+            for _ in range(2):
+                with admission.request():
+                    try:
+                        answers.append(await asyncio.wait_for(scheduler.submit([a_row()]), 30))
+                    except AppError as e:
+                        answers.append(e)
+            return answers
+        finally:
+            await scheduler.close()
+            scheduler.running.shutdown()
+
+    first, second = asyncio.run(two_requests())
+    assert isinstance(first, AppError) and first.type is ErrorType.INTERNAL, first
+    assert len(second.outputs) == 1 and admission.admitted == 0
+
+
+def test_bulk_work_that_comes_while_a_runner_gathers_takes_an_idle_runner():
+    """One runner waits (--max-wait-ms) for company for a lone sentence; a bulk request that came then
+    woke no other runner, and waited for the gathering and its batch."""
+    import asyncio
+
+    from app.errors import ErrorType
+    from app.scheduling.scheduler import Scheduler
+
+    engine, admission, load = scheduling(interactive_tokens=2)  # a four-token row is bulk
+
+    async def gathering_then_bulk():
+        scheduler = Scheduler(engine, 0, admission, load, token_budget=4096, bulk_token_budget=4096,
+                              max_wait_ms=20_000, runners=2)  # fmt: skip
+        scheduler.start()
+        with admission.request(), admission.request():
+            interactive = scheduler.submit([a_row(101, 102)])
+            await asyncio.sleep(0.2)  # a runner is gathering now
+            try:
+                bulk = await asyncio.wait_for(scheduler.submit([a_row()]), 10)
+                return interactive.done(), bulk
+            finally:
+                await scheduler.close()  # the interactive request, still gathering, is answered 503
+                scheduler.running.shutdown()
+                assert interactive.exception().type is ErrorType.UNAVAILABLE
+
+    interactive_done, bulk = asyncio.run(gathering_then_bulk())
+    assert not interactive_done and len(bulk.outputs) == 1

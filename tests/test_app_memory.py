@@ -44,15 +44,29 @@ def budget(limit_mib: int, baseline_mib: int, per_token: float) -> MemoryBudget:
 def test_large_requests_reserve_room_and_give_it_back():
     b = budget(1000, 500, per_token=30_000)  # a 4096-token batch: ~117 MiB; room 400 MiB
     assert b.room == int(HEADROOM * 1000 * MIB) - 500 * MIB
-    for _ in range(3):
-        b.reserve(
-            "m", 10_000, 4096
-        )  # a request's batches are at most 4096 tokens: it holds one batch's worth
+    # A request's batches are at most 4096 tokens: it holds one batch's worth.
+    held = [b.reserve("m", 10_000, 4096) for _ in range(3)]
     with pytest.raises(AppError) as busy:
         b.reserve("m", 10_000, 4096)
     assert busy.value.type is ErrorType.OVERLOADED and busy.value.headers["retry-after"]
-    b.release(10_000, 4096)
+    b.release(held.pop())
     b.reserve("m", 10_000, 4096)
+
+
+def test_a_request_admitted_before_the_server_settled_gives_back_only_what_it_reserved():
+    """The first model serves while the next loads: a request admitted then reserves nothing, and its
+    release once the server has settled used to take a whole batch's price off the others' reservations."""
+    b = MemoryBudget(1000 * MIB, "test")
+    early = b.reserve("m", 10_000, 4096)  # before settle: no price yet
+    assert early == 0
+    b.measured(30_000)
+    b.settle()
+    b.baseline = 500 * MIB
+    late = b.reserve("m", 10_000, 4096)
+    b.release(early)
+    assert b.reserved == late > 0
+    b.release(late)
+    assert b.reserved == 0
 
 
 def test_a_request_that_could_never_fit_is_413_naming_the_limit():

@@ -166,11 +166,12 @@ def test_admission_limits_and_lifecycle():
             pass
         assert full.value.type is ErrorType.OVERLOADED
     assert load.requests == 0 and adm.admitted == 0
-    assert adm.reserve(100) is False and adm.reserve(200) is True and adm.bulk_tokens == 200
+    # None: interactive; bytes of memory reserved: bulk (0 without a memory limit)
+    assert adm.reserve(100) is None and adm.reserve(200) == 0 and adm.bulk_tokens == 200
     with pytest.raises(AppError, match="--max-bulk-tokens"):
         adm.reserve(150)
-    adm.release(200)
-    assert adm.reserve(250) is True
+    adm.release(200, 0)
+    assert adm.reserve(250) == 0
     lifecycle.drain()
     with pytest.raises(AppError, match="shutting down"), adm.request():
         pass

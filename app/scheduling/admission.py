@@ -54,26 +54,28 @@ class Admission:
     def is_bulk(self, tokens: int) -> bool:
         return tokens > self.interactive_tokens
 
-    def reserve(self, tokens: int) -> bool:
-        """An admitted request's work, `tokens` model-input tokens; returns whether it is bulk. A bulk
-        request past --max-bulk-tokens is refused (429); `release` gives its tokens back."""
+    def reserve(self, tokens: int) -> int | None:
+        """An admitted request's work, `tokens` model-input tokens: None for an interactive request; for a
+        bulk one, the bytes of memory it reserved (0 without a memory limit). A bulk request past
+        --max-bulk-tokens is refused (429); `release` gives its tokens and bytes back."""
         self.lifecycle.check_work()
         if not self.is_bulk(tokens):
-            return False
+            return None
         if self.bulk_tokens + tokens > self.max_bulk_tokens:
             msg = (
                 f"model {self.name!r} is busy with {self.bulk_tokens} tokens of large requests; this one's "
                 f"{tokens} would pass the limit of {self.max_bulk_tokens} (--max-bulk-tokens); retry later"
             )
             raise AppError(ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"})
-        if self.memory is not None:
-            self.memory.reserve(self.name, tokens, self.bulk_batch_tokens)
+        reserved = (
+            0 if self.memory is None else self.memory.reserve(self.name, tokens, self.bulk_batch_tokens)
+        )
         self.bulk_tokens += tokens
         self.series.bulk_tokens.set(self.bulk_tokens)
-        return True
+        return reserved
 
-    def release(self, tokens: int) -> None:
+    def release(self, tokens: int, reserved: int) -> None:
         if self.memory is not None:
-            self.memory.release(tokens, self.bulk_batch_tokens)
+            self.memory.release(reserved)
         self.bulk_tokens -= tokens
         self.series.bulk_tokens.set(self.bulk_tokens)

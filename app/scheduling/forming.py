@@ -140,14 +140,17 @@ class Step(enum.Enum):
     WAIT = "nothing a runner may take"
 
 
-def next_step(interactive: Lane, bulk: Lane, bulk_allowed: bool) -> tuple[Step, Lane | None]:
+def next_step(
+    interactive: Lane, bulk: Lane, bulk_allowed: bool, gathering: bool = False
+) -> tuple[Step, Lane | None]:
     """What a free runner does next: interactive work before bulk work, formed batches before forming
-    new ones, and bulk work only when `bulk_allowed` (another runner stays free for interactive work)."""
+    new ones, and bulk work only when `bulk_allowed` (see Scheduler._claim). While another runner is
+    `gathering` the interactive lane's next batch, that work is its: this one takes bulk work or waits."""
     if interactive.formed:
         return Step.CLAIM, interactive
     if bulk.formed and bulk_allowed:
         return Step.CLAIM, bulk
-    if interactive.jobs:
+    if interactive.jobs and not gathering:
         return Step.FORM, interactive
     if bulk.jobs and bulk_allowed:
         return Step.FORM, bulk

@@ -91,7 +91,7 @@ class MemoryBudget:
 
     def settle(self) -> None:
         """Every model is loaded and warm. A request admitted before (the first model serves while the next
-        loads) reserved nothing, and gives nothing back below zero."""
+        loads) reserved nothing, and gives back what it reserved: nothing."""
         self.baseline, self.price = rss(), self.per_token
 
     def cost(self, tokens: int, batch_tokens: int) -> int:
@@ -101,7 +101,9 @@ class MemoryBudget:
     def room(self) -> int:
         return int(HEADROOM * self.limit) - self.baseline
 
-    def reserve(self, model: str, tokens: int, batch_tokens: int) -> None:
+    def reserve(self, model: str, tokens: int, batch_tokens: int) -> int:
+        """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
+        changes once the server settles); 413 or 429 where they do not fit."""
         need = self.cost(tokens, batch_tokens)
         if need > self.room:
             raise AppError(ErrorType.TOO_MANY_TOKENS,
@@ -115,9 +117,10 @@ class MemoryBudget:
                            field="tokens", headers={"retry-after": "1"})  # fmt: skip
         self.reserved += need
         self._show()
+        return need
 
-    def release(self, tokens: int, batch_tokens: int) -> None:
-        self.reserved = max(0, self.reserved - self.cost(tokens, batch_tokens))
+    def release(self, reserved: int) -> None:
+        self.reserved -= reserved
         self._show()
 
     def _show(self) -> None:
@@ -147,9 +150,10 @@ def settle(memory: MemoryBudget, settings, metrics) -> None:
     metrics.memory.labels("limit").set(memory.limit)
     metrics.memory.labels("baseline").set(memory.baseline)
     log.info("memory: %s", memory.describe())
-    one_batch = memory.cost(settings.bulk_batch_tokens, settings.bulk_batch_tokens)
+    one_batch = memory.cost(settings.bulk_batch_budget, settings.bulk_batch_budget)
     if one_batch > memory.room:
-        log.warning("memory: one batch of --bulk-batch-tokens %d needs about %.0f MiB, more than the %.0f MiB "
-                    "the limit leaves: requests over --interactive-tokens (%d) will be refused (413); raise "
-                    "the limit or lower --bulk-batch-tokens", settings.bulk_batch_tokens, one_batch / 2**20,
+        log.warning("memory: one bulk batch of %d tokens (--bulk-batch-tokens, at most --batch-token-budget) "
+                    "needs about %.0f MiB, more than the %.0f MiB the limit leaves: requests over "
+                    "--interactive-tokens (%d) will be refused (413); raise the limit or lower "
+                    "--bulk-batch-tokens", settings.bulk_batch_budget, one_batch / 2**20,
                     max(0, memory.room) / 2**20, settings.interactive_tokens)  # fmt: skip

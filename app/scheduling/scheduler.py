@@ -8,8 +8,8 @@ and the queue is short of the budget does it wait, at most until the oldest requ
 --max-wait-ms. How a claimed batch runs (its thread, a failure retried request by request) is
 app/scheduling/running.py. What is decided elsewhere: admission (app/scheduling/admission.py), which rows form a batch and
 which lane goes first (app/scheduling/forming.py), where a batch runs (app/scheduling/placement.py), the lifecycle
-(app/scheduling/lifecycle.py). Bulk batches never take the last free runner, so a one-sentence request waits for
-at most one small batch, not for a long text's windows.
+(app/scheduling/lifecycle.py). At most --runners - 1 runners run bulk batches at once (with one runner, it
+runs them too), so a one-sentence request waits for at most one small batch, not for a long text's windows.
 """
 
 from __future__ import annotations
@@ -91,17 +91,18 @@ class Scheduler:
             future.set_result(JobResult([], 0.0, 0.0))
             return future
         job = Job(rows, future)
-        job.bulk = self.admission.reserve(tokens := job.tokens)
+        reserved = self.admission.reserve(tokens := job.tokens)
+        job.bulk = reserved is not None
         batch = Batch([(job, i) for i in range(len(rows))], bulk=job.bulk)
         if self._place(batch, jobs=1, at_submit=True) is Place.INLINE:
             self.running.run_inline(batch)
             return future
         self.lanes[job.bulk].push(job)
         self.pending.add(job)
-        future.add_done_callback(lambda _: self._settled(job, tokens))
+        future.add_done_callback(lambda _: self._settled(job, tokens, reserved))
         if self._gathering is not None:
             self._gathering.set()  # the batch being gathered may be full now
-        else:
+        if self._gathering is None or job.bulk:  # a gathering runner takes interactive work only
             self.idle.wake(1)
         return future
 
@@ -109,16 +110,23 @@ class Scheduler:
         return place(self.load, has_solo=self.engine.has_solo, bulk=batch.bulk, jobs=jobs,
                      padded_tokens=batch.padded_tokens, max_wait_s=self.max_wait_s, at_submit=at_submit)  # fmt: skip
 
-    def _settled(self, job: Job, tokens: int) -> None:
+    def _settled(self, job: Job, tokens: int, reserved: int | None) -> None:
         self.pending.discard(job)
-        if job.bulk:
-            self.admission.release(tokens)
+        if reserved is not None:
+            self.admission.release(tokens, reserved)
 
     async def _runner(self) -> None:
         while True:
             batch = await self._claim()
             try:
                 await self._run(batch)
+            except Exception as e:  # a bug around the run (padding, delivering): its requests get a JSON
+                # 500 and the runner goes on; the run itself fails only its requests (running.py)
+                log.exception(
+                    "%s: a batch failed outside its run; its requests answered 500", self.admission.name
+                )
+                why = f"internal server error ({type(e).__name__}); the server log has its traceback"
+                fail([job for job, _ in batch.items], AppError(ErrorType.INTERNAL, why))
             finally:
                 if batch.bulk:
                     self.bulk_running -= 1
@@ -127,7 +135,8 @@ class Scheduler:
     async def _claim(self) -> Batch:
         while True:
             bulk_allowed = self.runners == 1 or self.bulk_running < self.runners - 1
-            step, lane = next_step(self.lanes[False], self.lanes[True], bulk_allowed)
+            gathering = self._gathering is not None  # another runner forms the interactive batch
+            step, lane = next_step(self.lanes[False], self.lanes[True], bulk_allowed, gathering)
             if step is Step.CLAIM:
                 self.bulk_running += lane.bulk
                 return lane.formed.popleft()
