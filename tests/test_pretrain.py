@@ -269,6 +269,34 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
+def test_a_directory_is_replaced_in_one_step_or_put_back_after_a_kill_between_two(tmp_path, monkeypatch):
+    """Replacing a directory: swapped with its new copy in one step where Linux can; else set aside and
+    renamed over, and a kill between the two renames (the target gone, its old copy beside it) is
+    repaired by the next write, which used to leave the old copy there for good."""
+    import training.checkpoint as ckpt
+
+    swapped = []
+    exchange = ckpt._exchange
+    monkeypatch.setattr(ckpt, "_exchange", lambda a, b: swapped.append(exchange(a, b)) or swapped[-1])
+    target = tmp_path / "bundle"
+    write_atomically(target, lambda d: (d / "model.onnx").write_text("one"))
+    write_atomically(target, lambda d: (d / "model.onnx").write_text("two"))
+    assert (target / "model.onnx").read_text() == "two" and [p.name for p in tmp_path.iterdir()] == ["bundle"]
+    if sys.platform == "linux":  # glibc 2.28 or later, and a local filesystem
+        assert swapped == [True]
+
+    # As a writer killed between its two renames leaves it:
+    target.rename(tmp_path / ".bundle.old")
+    ckpt._remove_stale_temporaries(target)
+    assert (target / "model.onnx").read_text() == "two" and [p.name for p in tmp_path.iterdir()] == ["bundle"]
+
+    monkeypatch.setattr(ckpt, "_exchange", lambda a, b: False)  # a filesystem that cannot swap
+    write_atomically(target, lambda d: (d / "model.onnx").write_text("three"))
+    assert (target / "model.onnx").read_text() == "three" and [p.name for p in tmp_path.iterdir()] == [
+        "bundle"
+    ]
+
+
 def test_a_mount_point_is_refused_before_anything_is_written(tmp_path):
     """A directory is written whole by renaming a sibling into its place: a mount point cannot be renamed,
     and finding that at the end would cost the write, and, to a caller, its work."""

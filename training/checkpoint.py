@@ -9,6 +9,7 @@ unpickles anything either.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -244,11 +245,37 @@ def save_model(model: torch.nn.Module, directory: Path, architecture: str) -> No
 
 def _remove_stale_temporaries(target: Path) -> None:
     """Temporary siblings of `target` left by a writer that was killed (SIGKILL, OOM): their names carry
-    the writer's pid, and a pid that no longer runs will never finish them."""
+    the writer's pid, and a pid that no longer runs will never finish them. A previous `target` set aside
+    by a writer killed between its two renames (where the directories cannot be swapped in one step) is
+    put back."""
     for tmp in target.parent.glob(f".{target.name}.pid*.*"):
         pid = tmp.name[len(target.name) + 5 :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
+    old = _set_aside(target)
+    if old.is_dir() and not target.exists():
+        old.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _set_aside(target: Path) -> Path:
+    return target.with_name(f".{target.name}.old")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux's renameat2 with RENAME_EXCHANGE); False where the system
+    or the filesystem cannot, and the caller renames twice."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library before glibc 2.28
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _alive(pid: int) -> bool:
@@ -264,8 +291,10 @@ def _alive(pid: int) -> bool:
 def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: int | None = None) -> Path:
     """Create `target` by filling a temporary sibling directory and renaming it into place.
 
-    A rename within one filesystem is atomic, so readers see either the old checkpoint or the complete
-    new one, never half of it, even if the process is killed mid-save. A full disk raises DiskFullError
+    A rename within one filesystem is atomic, and so is swapping two directories (Linux), so readers see
+    either the old directory or the complete new one, never half of it, even if the process is killed
+    mid-save. (Where the swap is refused, the old one is set aside first; a kill between the two renames
+    leaves it beside the target, and the next write to the target puts it back.) A full disk raises DiskFullError
     (`needed_bytes`: what to tell the user the write needs) and leaves nothing behind. A mount point cannot
     be renamed: CheckpointError before anything is written (commands check their --out for it at start).
     A symbolic link is kept, and the directory it points to is replaced: renaming the link itself would
@@ -288,14 +317,14 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
+        if not target.exists():
             tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
+        elif _exchange(tmp, target):  # tmp holds the previous directory now
+            shutil.rmtree(tmp, ignore_errors=True)
         else:
+            target.rename(old := _set_aside(target))  # a kill here: the next write puts it back
             tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
