@@ -4,6 +4,7 @@ scores differ between machines. Compare ratios measured in one run."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from pathlib import Path
@@ -47,3 +48,20 @@ KERNEL_PATHS = (
     ("avx512bw", "AVX-512"),
     ("avx2", "AVX2"),
 )
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU set, capped by a cgroup v2 CPU quota (a Kubernetes CPU
+    limit sets the quota, not the CPU set: sized by the set, threads would be throttled)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """CPUs allowed by cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD": no limit)."""
+    try:
+        quota, period = Path(path).read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)

@@ -4,13 +4,13 @@ into a frozen dataclass."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import options
+from app.machine import available_cores
 from app.model.faults import FaultSpec, FaultSpecError
 from options import ConfigError, flag, option
 
@@ -109,8 +109,8 @@ class SchedulingSettings:
         "model-input tokens one request may cause (windows and special tokens counted); more: 413",
         env="ELECTRA_MAX_REQUEST_TOKENS",
     )
-    # Requests above --interactive-tokens are "bulk": they wait behind interactive ones, never hold the
-    # last free runner, and are admitted only while the model's bulk tokens in flight stay under this.
+    # Requests above --interactive-tokens are "bulk": they wait behind interactive ones, never hold every
+    # runner at once, and are admitted only while the model's bulk tokens in flight stay under this.
     max_bulk_tokens: int = option(
         65536,
         "tokens of bulk requests admitted and unanswered per model; beyond it 429",
@@ -257,6 +257,11 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         ]
         return settings, warnings
 
+    @property
+    def bulk_batch_budget(self) -> int:
+        """The padded tokens of one bulk batch: --bulk-batch-tokens, never above --batch-token-budget."""
+        return min(self.batch_token_budget, self.bulk_batch_tokens)
+
     def threads_per_runner(self) -> int:
         """--intra-op-threads, or the cores this process may use shared out among the runners."""
         if self.intra_op_threads:
@@ -272,20 +277,3 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
     def describe(self) -> str:
         """One line per setting for the start-up log, with the API key masked."""
         return "settings:\n" + options.describe(self)
-
-
-def available_cores() -> int:
-    """The cores this process may run on: its CPU set, capped by a cgroup v2 CPU quota (a Kubernetes CPU
-    limit sets the quota, not the CPU set: sized by the set, threads would be throttled)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    return max(1, min(cores, math.ceil(quota))) if quota else cores
-
-
-def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
-    """CPUs allowed by cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD": no limit)."""
-    try:
-        quota, period = Path(path).read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else int(quota) / int(period)

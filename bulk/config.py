@@ -5,16 +5,16 @@ fingerprint (job.json), and a resumed job must match it."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import options
+from app.machine import available_cores
+from app.settings import CHECK_MODES  # the server's --load-check choices
 from bulk.inputs import absolute_spec
 from options import ConfigError, flag, option
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
-CHECK_MODES = ("refuse", "warn", "off")  # as the server's --load-check (app/model/load_check.py)
 # The options a finished part's rows depend on: resuming with another value of any of them would mix
 # two kinds of rows in one output directory.
 FINGERPRINT = ("input", "model", "format", "text_field", "id_field", "threshold", "tokens",
@@ -91,8 +91,9 @@ class BulkConfig:
         return self.models_dir / self.model
 
     def worker_count(self) -> int:
-        """--workers, or the cores this process may use shared out at --threads each."""
-        return self.workers or max(1, len(os.sched_getaffinity(0)) // self.threads)
+        """--workers, or the cores this process may use (its CPU set under a container's CPU quota, as the
+        server counts them) shared out at --threads each."""
+        return self.workers or max(1, available_cores() // self.threads)
 
     def spans_threshold(self, manifest) -> float:
         """A detector's span threshold: --threshold, else the bundle's own (as a request without one gets)."""

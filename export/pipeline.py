@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity
 from export.config import ExportConfig
 from export.evaldata import optional_path
@@ -186,9 +187,8 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
     feed = data.feed(fp32.inputs)
     reference = src.precision.reference(src, fp32.inputs)
     expected = reference.run(None, feed)[0]
-    here = parity.deviation(
-        *_real(optimize.session(tmp / bundle_writer.MODEL).run(None, feed)[0], expected, data)
-    )
+    got = optimize.session(tmp / bundle_writer.MODEL).run(None, feed)[0]
+    here = load_check.deviation(got, expected, data.attention_mask)  # as the server will measure it
     # A bundle its own server would refuse on the machine that made it is not written.
     calibrate.check_deviation(dict(here), "the load-time check's rows", src.precision.simulates_int8(src))
     return {
@@ -199,13 +199,6 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
         "gate": {"p99": calibrate.MAX_DEVIATION_P99, "max": calibrate.MAX_DEVIATION},
         "at_export": here,
     }
-
-
-def _real(a, b, data):
-    """Real tokens only for a detector's (B, T) outputs; a classifier's rows as they are."""
-    if a.shape == data.attention_mask.shape:
-        return a[data.attention_mask == 1], b[data.attention_mask == 1]
-    return a, b
 
 
 def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: str) -> dict:

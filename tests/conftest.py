@@ -13,7 +13,7 @@ import pytest
 # Set before any test imports torch; a value given from outside stands.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
-    from app.settings import available_cores  # the CPU set, capped by a container's CPU quota
+    from app.machine import available_cores  # the CPU set, capped by a container's CPU quota
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // _workers)))
 

@@ -107,7 +107,7 @@ UPGRADE = (
 
 def test_a_cgroup_cpu_quota_caps_the_cores_threads_are_sized_by(tmp_path):
     # A Kubernetes CPU limit is a cgroup quota, not a CPU set: 1.5 CPUs of quota give 2 threads' worth.
-    from app.settings import _cgroup_cpu_quota
+    from app.machine import _cgroup_cpu_quota
 
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text("150000 100000\n")

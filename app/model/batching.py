@@ -1,6 +1,6 @@
 """Which rows run together: rows sorted by length, cut where padding would cost more than another run.
 The server's lanes (app/scheduling/forming.py) and the corpus job (bulk/) form batches by this one rule,
-so a document is padded the same way, within the same token budget, whichever way it came in."""
+each within its own token budget (the server's lanes and bulk's --batch-tokens)."""
 
 from __future__ import annotations
 

@@ -34,21 +34,21 @@ def run(engine: Engine, bundle: Bundle, cpu: dict) -> dict | None:
     expected = np.asarray(check["expected"], np.float32)
     if got.shape != expected.shape:
         raise EngineCheckError(f"check output has shape {got.shape}, the bundle expects {expected.shape}")
-    if got.ndim == 2 and got.shape == feeds["attention_mask"].shape:  # a detector: real tokens only
-        real = feeds["attention_mask"] == 1
-        got, expected = got[real], expected[real]
-    diff = np.abs(got.astype(np.float64) - expected).ravel()
     gate = check["gate"]
-    figures = {
-        "p99": float(np.quantile(diff, 0.99)),
-        "max": float(diff.max()),
-        "values": int(diff.size),
-        "gate": gate,
-        "reference": check.get("reference"),
-        "machine": cpu,
-    }
+    figures = {**deviation(got, expected, feeds["attention_mask"]), "gate": gate,
+               "reference": check.get("reference"), "machine": cpu}  # fmt: skip
     figures["within_gate"] = figures["p99"] <= gate["p99"] and figures["max"] <= gate["max"]
     return figures
+
+
+def deviation(got: np.ndarray, expected: np.ndarray, attention_mask: np.ndarray) -> dict:
+    """p99 and max of |got - expected| over a detector's real tokens (padding does not count) or a
+    classifier's rows: the figures held to the gate, here and by export before it writes the bundle."""
+    if got.ndim == 2 and got.shape == attention_mask.shape:  # a detector
+        real = attention_mask == 1
+        got, expected = got[real], expected[real]
+    diff = np.abs(np.asarray(got, np.float64) - np.asarray(expected, np.float64)).ravel()
+    return {"p99": float(np.quantile(diff, 0.99)), "max": float(diff.max()), "values": int(diff.size)}
 
 
 def verdict(figures: dict | None, mode: str, name: str) -> str | None:

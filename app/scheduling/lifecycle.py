@@ -34,11 +34,6 @@ class Lifecycle:
         self.phase, self.reason = Phase.STOPPED, reason
 
     @property
-    def in_rotation(self) -> bool:
-        """What /ready says to a load balancer: false from the first SIGTERM on."""
-        return self.phase is Phase.SERVING
-
-    @property
     def keeps_connections(self) -> bool:
         """Keep-alive only while in rotation: a leaving replica closes each connection after its
         response, so the client's next request opens a connection the balancer sends elsewhere."""

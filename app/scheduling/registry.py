@@ -230,11 +230,11 @@ def _scheduler(registry: Registry, name: str, tokenizer: TextTokenizer, engine: 
         name, queue_size=st.queue_size, interactive_tokens=st.interactive_tokens,
         max_bulk_tokens=st.max_bulk_tokens, lifecycle=registry.lifecycle, load=registry.server_load,
         series=registry.metrics.of_model(name), memory=registry.memory,
-        bulk_batch_tokens=min(st.batch_token_budget, st.bulk_batch_tokens),
+        bulk_batch_tokens=st.bulk_batch_budget,
     )  # fmt: skip
     scheduler = Scheduler(
         engine, tokenizer.pad_id, admission, registry.server_load, token_budget=st.batch_token_budget,
-        bulk_token_budget=min(st.batch_token_budget, st.bulk_batch_tokens), max_wait_ms=st.max_wait_ms,
+        bulk_token_budget=st.bulk_batch_budget, max_wait_ms=st.max_wait_ms,
         runners=st.runners,
     )  # fmt: skip
     scheduler.start()
@@ -290,7 +290,7 @@ def _load_and_warm(
     if warning:
         log.warning(warning)
     if memory is not None:  # what a batch at the bulk budget of full-length rows adds to resident memory
-        rows = max(1, settings.bulk_batch_tokens // m.max_length)
+        rows = max(1, settings.bulk_batch_budget // m.max_length)
         batch = engine.pad([tokenizer.warmup_row(m.max_length)] * rows, tokenizer.pad_id)
         before = rss()
         _, peak = peak_during(lambda: engine.run(batch))
