@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from app.http.server import create_app  # after the settings check: a typo should not wait for onnxruntime
+    from app.http.server import create_app, schema_answers_head  # after the settings check: a typo should
+    # not wait for onnxruntime
 
     try:
         app = create_app(settings)
@@ -135,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
     registry = app.state.registry
     config = uvicorn.Config(
-        limit_connections(app, settings.limit_concurrency, registry.server_load, app.state.metrics),
+        limit_connections(
+            schema_answers_head(app), settings.limit_concurrency, registry.server_load, app.state.metrics
+        ),  # fmt: skip
         http=bounded_protocol(
             settings.read_timeout_s,
             app.state.metrics,

@@ -120,10 +120,10 @@ def test_100_continue_goes_out_before_the_body_and_the_answer_follows_on_one_con
 @pytest.mark.parametrize(
     ("path", "status"),
     [("/health", b"200"), ("/ready", b"200"), ("/", b"200"), ("/models", b"200"), ("/metrics", b"200"),
-     ("/detect", b"405")],
+     ("/schema", b"200"), ("/schema/openapi.json", b"200"), ("/detect", b"405")],
 )  # fmt: skip
 def test_head_is_answered_at_once_and_the_next_request_gets_its_own_answer(server, path, status):
-    """A load balancer's HEAD probe: every GET route (the page and /models, /metrics once answered 405)
+    """A load balancer's HEAD probe: every GET route (the page, /models, /metrics and /schema once answered 405)
     answers with the GET's status and headers and no body, a POST route with 405, at once; and a GET after it on the same connection gets its own response (the
     head of a HEAD's answer was once held for a body that never came: no answer, and the next request's
     answer read as the HEAD's)."""

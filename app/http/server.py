@@ -82,6 +82,24 @@ def _schema_not_found_as_json(response: Response) -> Response:
     return response
 
 
+def schema_answers_head(app: ASGIApp) -> ASGIApp:
+    """Litestar's API reference routes (/schema, /schema/openapi.json) take GET only, while every other read
+    route answers HEAD (routes.READ_METHODS): a HEAD there runs as their GET. uvicorn still sends no body: it
+    reads the method from its own scope, not this copy."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "HEAD"
+            and (path == DOCS or path.startswith(DOCS + "/"))
+        ):
+            scope = {**scope, "method": "GET"}
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
