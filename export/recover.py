@@ -26,8 +26,13 @@ import onnx
 from onnx import numpy_helper
 
 import options
+from app.model.bundle import BundleError, read_bundle
 from options import option
-from training.errors import refuse_mount_point
+from training.errors import CheckpointError, refuse_mount_point
+
+
+class InputError(ValueError):
+    """A bundle or --out this command cannot take; the message says what to give instead."""
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -156,9 +161,10 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     from training.model import ElectraConfig, ElectraForPreTraining
 
     _check_out(out)
+    read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
-        raise ValueError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
+        raise InputError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
     cfg = ElectraConfig.from_dict(manifest["source"]["config"])
     projected = cfg.embedding_size != cfg.hidden_size
     weights = recover_weights(onnx.load(str(bundle / "model.onnx")), cfg.num_hidden_layers, projected)
@@ -203,13 +209,13 @@ def _check_out(out: Path) -> None:
     """--out is replaced whole (built beside it, renamed into its place): only where it holds nothing but an
     earlier recovery's files, and is not a mount point (which cannot be renamed)."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory")
+        raise InputError(f"--out {out} is a file; give a directory")
     if not out.is_dir():
         return
     refuse_mount_point(out, "--out ")  # a CheckpointError: a ValueError, as the others here
     others = sorted(p.name for p in out.iterdir() if p.name not in RECOVERED_FILES)
     if others:
-        raise ValueError(f"--out {out} holds {', '.join(others[:3])}, not a recovered checkpoint's; writing it would "
+        raise InputError(f"--out {out} holds {', '.join(others[:3])}, not a recovered checkpoint's; writing it would "
                          "replace them: give a new directory")  # fmt: skip
 
 
@@ -270,6 +276,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
     try:
         report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)
+    except (InputError, BundleError, CheckpointError) as e:  # a bundle or --out to change: 2, as export's
+        print(f"export.recover: {e}", file=sys.stderr)
+        sys.exit(options.EXIT_USAGE)
     except (ValueError, OSError) as e:  # OSError: DiskFullError among them, naming the disk
         sys.exit(f"export.recover: {e}")
     print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")

@@ -7,11 +7,16 @@ import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests import helpers_models as hm
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -427,6 +432,21 @@ def test_recover_refuses_a_classifier_bundle(tmp_path, classifier_dir):
     export(classifier_dir, tmp_path / "b", precision="fp32")
     with pytest.raises(ValueError, match="only detector bundles"):
         recover(tmp_path / "b", tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize(
+    "bundle, out, said",
+    [("absent", "ckpt", "missing (a bundle needs"), ("models/sentiment", "ckpt", "only detector bundles"),
+     ("models/detector", "taken", "not a recovered checkpoint's")],
+)  # fmt: skip
+def test_recover_says_what_to_give_instead_with_exit_2(tmp_path, bundle, out, said):
+    """As export's: 2 for an input to change (a missing bundle said its OSError, exit 1, as a failure)."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    where = tmp_path / bundle if bundle == "absent" else REPO / bundle
+    r = subprocess.run([sys.executable, "-m", "export.recover", str(where), "--out", str(tmp_path / out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
