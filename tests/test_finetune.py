@@ -568,7 +568,8 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
     train = write_csv(tmp_path / "r.csv", 30)
     weights = (tiny_init / "model.safetensors").stat().st_size
     try:
-        with tmpfs(tmp_path / "disk", 2 * weights + 2**21) as disk:  # room at the start (check_model_fits)
+        # Room at the start (check_model_fits: the model, and resume/ at about four times it)
+        with tmpfs(tmp_path / "disk", 6 * weights + 2**22) as disk:
             t = tuner.setup(["--threads", "1", "--init", str(tiny_init), "--out", str(disk / "out"), "--train",
                              str(train), "--text-column", "review", "--label-column", "verdict", "--epochs", "1"])  # fmt: skip
             # Then another writer fills the disk.
@@ -587,3 +588,61 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
             assert not [p for p in disk.iterdir() if p.name.startswith(".")]  # no half-written model left
     except PermissionError as e:
         pytest.skip(str(e))
+
+
+@pytest.mark.parametrize(
+    "stop_at, extra",
+    [(5, ()),  # before the first dev evaluation: the stop evaluates, the resumed run must not
+     (10, ("--eval-every", "4", "--sort-by-length", "--patience", "2"))],  # early stopping's count kept
+)  # fmt: skip
+def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
+    tiny_init, tmp_path, stop_at, extra
+):
+    """--resume goes on from resume/ (written at each dev evaluation and at a stop) to the same weights,
+    metrics.jsonl rows and figures as the run never stopped; a finished run keeps no resume/."""
+    import time
+
+    from training.finetuning import tuner
+    from training.report import read_metrics
+
+    data = write_csv(tmp_path / "r.csv", 120)
+
+    def args(out: Path) -> list[str]:
+        return ["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column",
+                "verdict", "--epochs", "3", "--batch-size", "8", "--log-every", "2", "--threads", "1",
+                "--out", str(out), *extra]  # fmt: skip
+
+    finetune(args(tmp_path / "whole"))
+    t = tuner.setup(args(tmp_path / "stopped"))
+    tuner._train(t, time.time(), stopping=lambda: t.step >= stop_at)  # as after Ctrl-C at that step
+    assert (tmp_path / "stopped" / "resume" / "state.json").is_file()
+    finetune(["--out", str(tmp_path / "stopped"), "--resume"])
+
+    whole, resumed = tmp_path / "whole", tmp_path / "stopped"
+    assert (whole / "model.safetensors").read_bytes() == (resumed / "model.safetensors").read_bytes()
+
+    def rows(run: Path) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if k != "examples_per_s"} for r in read_metrics(run / "metrics.jsonl")
+        ]
+
+    assert rows(whole) == rows(resumed)
+    assert json.loads((whole / "eval_dev.json").read_text()) == json.loads(
+        (resumed / "eval_dev.json").read_text()
+    )
+    assert not (resumed / "resume").exists() and not (whole / "resume").exists()
+
+
+def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path, capsys):
+    data = write_csv(tmp_path / "r.csv", 60)
+    out = tmp_path / "out"
+    finetune(["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column",
+              "verdict", "--epochs", "1", "--batch-size", "8", "--threads", "1", "--out", str(out)])  # fmt: skip
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(out), "--resume"])
+    assert "holds no resume state: its run finished" in capsys.readouterr().err
+    (out / "resume").mkdir()
+    (out / "resume" / "state.json").write_text("{}")  # as a stopped run leaves it, for the options' check
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(out), "--resume", "--lr", "1e-3"])
+    assert "--lr 0.0003 then, 0.001 now" in capsys.readouterr().err

@@ -311,6 +311,9 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         None, "output directory: the best model (HF layout), evals, metrics.jsonl (required)"
     )
     overwrite: bool = option(False, "replace the model and outputs already in --out")
+    resume: bool = option(
+        False, "continue the stopped run in --out from its last dev evaluation or stop, with its own settings"
+    )
     # Data: a registry task, or the user's own files (CSV, TSV or JSONL).
     task: str | None = option(None, "rotten_tomatoes | sms_spam | trec (fixed, seeded, de-duplicated splits)")
     data_dir: str | None = option(
@@ -364,10 +367,14 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
 
     def __post_init__(self) -> None:
         check_choices(self)
-        if not self.init:
-            raise ConfigError("--init: required; a pretraining run/checkpoint or a Hugging Face ELECTRA dir")
         if not self.out:
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
+        if self.resume and not self.init:  # --out and --resume alone: the rest is the run's own config,
+            return  # resolved again on it (training/finetuning/resume.py)
+        if not self.init:
+            raise ConfigError("--init: required; a pretraining run/checkpoint or a Hugging Face ELECTRA dir")
         if self.task and self.train:
             raise ConfigError("--task and --train: give one, a registry task or your own training file")
         if not self.task and not self.train:

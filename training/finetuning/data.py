@@ -345,10 +345,12 @@ def batches(
     pad_id: int,
     rng: random.Random | None = None,
     sort_by_length: bool = False,
+    start: int = 0,
 ) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
     """(indices into `items`, batch) pairs. With `rng`, a shuffled epoch; `sort_by_length` then sorts
     within windows of 50 batches and shuffles the batches, so lengths match within a batch but the order
-    stays random. Without `rng` (evaluation), `sort_by_length` sorts everything."""
+    stays random. Without `rng` (evaluation), `sort_by_length` sorts everything. `start`: the batches
+    before it are left out (a resumed epoch); the order, and what it draws from `rng`, are the same."""
     order = list(range(len(items)))
     if rng is not None:
         rng.shuffle(order)
@@ -359,5 +361,5 @@ def batches(
     chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
     if rng is not None and sort_by_length:
         rng.shuffle(chunks)
-    for chunk in chunks:
+    for chunk in chunks[start:]:
         yield chunk, collate([items[i] for i in chunk], pad_id)

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import re
 import shutil
@@ -33,6 +34,7 @@ from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
 from training.errors import DiskFullError, check_room, disk_full, out_of_space, refuse_mount_point
+from training.finetuning import resume
 from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
 from training.finetuning.metrics import (
     classification_metrics,
@@ -226,8 +228,9 @@ def figures(preds: np.ndarray, loss: float, items, data: TaskData, positive: int
 # ------------------------------------------------------------------------------------------- outputs
 
 
-def check_out(out: Path, overwrite: bool) -> list[str]:
-    """The outputs --out already holds (to replace with --overwrite); a ConfigError where it cannot be one."""
+def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
+    """The outputs --out already holds (to replace with --overwrite, or to go on from with --resume); a
+    ConfigError where it cannot be one."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; choose a directory")
     try:  # found at the final write instead, it would cost the whole training
@@ -238,10 +241,11 @@ def check_out(out: Path, overwrite: bool) -> list[str]:
         raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
                           "would break its --resume: choose another --out")  # fmt: skip
     present = [f for f in OUTPUTS if (out / f).exists()]
-    if present and not overwrite:
-        raise ConfigError(
-            f"--out: {out} already holds {', '.join(present)}; pass --overwrite or choose another --out"
-        )
+    if present and not overwrite and not resuming:
+        stopped = (out / resume.RESUME_DIR).is_dir()
+        raise ConfigError(f"--out: {out} already holds {', '.join(present)}"
+                          + ("; its run was stopped: pass --resume to go on with it," if stopped else ";")
+                          + " pass --overwrite to replace it, or choose another --out")  # fmt: skip
     return present
 
 
@@ -250,7 +254,9 @@ def check_model_fits(out: Path, model: torch.nn.Module) -> None:
     the training, it would cost the whole run. The final write copies --out beside itself, then adds the
     weights and about a megabyte of tokenizer and reports."""
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
-    files = [f for f in out.rglob("*") if f.is_file()]
+    needed += resume.resume_bytes(model)  # resume/, written at each dev evaluation
+    # resume/ is linked into the final write, not copied; its own room is counted above.
+    files = [f for f in out.rglob("*") if f.is_file() and f.relative_to(out).parts[0] != resume.RESUME_DIR]
     # What --out keeps besides the outputs --overwrite removes (a user's own files) is copied too; those
     # it removes (present only with --overwrite: check_out refused them otherwise) give their room back.
     replaced = sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() in OUTPUTS)
@@ -264,6 +270,8 @@ def check_model_fits(out: Path, model: torch.nn.Module) -> None:
 def prepare_out(out: Path, overwrite: bool) -> None:
     for f in check_out(out, overwrite):
         (out / f).unlink()
+    if overwrite:  # a stopped run's state goes with its outputs
+        shutil.rmtree(out / resume.RESUME_DIR, ignore_errors=True)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -273,13 +281,19 @@ def prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def write_outputs(
-    out: Path, model, tok, state: dict, evals: dict[str, dict], predictions: dict | None = None
-) -> None:
+    out: Path, model, tok, state: dict, evals: dict[str, dict], predictions: dict | None = None,
+    keep_resume: bool = False,
+) -> None:  # fmt: skip
     """The whole of `out` (progress files included) is rebuilt in a temporary sibling and renamed into
-    place, so `python -m export <out>` sees either no model or the complete one."""
+    place, so `python -m export <out>` sees either no model or the complete one. A stopped run's resume/
+    is kept (`keep_resume`: linked, not copied); a finished run's goes."""
 
     def fill(d: Path) -> None:
-        shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True)
+        left_out = shutil.ignore_patterns(resume.RESUME_DIR)
+        shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=lambda src, names: (
+            left_out(src, names) if Path(src) == out else set()))  # fmt: skip
+        if keep_resume and (out / resume.RESUME_DIR).is_dir():
+            shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=_link_or_copy)
         ckpt.save_model(model, d, ARCH)
         save_tokenizer(tok, d)
         (d / "trainer_state.json").write_text(json.dumps(json_safe(state), indent=2) + "\n")
@@ -292,14 +306,23 @@ def write_outputs(
     ckpt.write_atomically(out, fill)
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # resume/ is never written in place, only replaced whole
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(src, dst)
+
+
 # ----------------------------------------------------------------------------------------------- run
 
 
 def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:
     """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
     cfg = options.resolve(FinetuneConfig, argv, prog=entry.PROG, description=entry.__doc__)
+    if cfg.resume:
+        cfg = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
     out = Path(cfg.out).resolve()
-    check_out(out, cfg.overwrite)  # fails at once, before any data is read
+    check_out(out, cfg.overwrite, cfg.resume)  # fails at once, before any data is read
     try:
         data = load_task_data(cfg)
     except DatasetError as e:
@@ -340,7 +363,8 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
     check_model_fits(out, model)
-    prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
+    if not cfg.resume:
+        prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
     return cfg, data, model, tok, notes
 
 
@@ -364,6 +388,7 @@ class FineTuner:
     step: int = 0
     tokens: int = 0
     stale: int = 0  # dev evaluations since the last improvement
+    position: dict | None = None  # where a resumed run's data order stood (resume.save); None: a new run
     best: dict = dataclasses.field(
         default_factory=lambda: {
             "score": (-math.inf, -math.inf),
@@ -435,7 +460,9 @@ class FineTuner:
                  "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
                  "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
-        write_outputs(Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions)
+        write_outputs(
+            Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions, keep_resume=interrupted
+        )
         return evals
 
     def predictions(self, split: str) -> tuple[list[dict], dict]:
@@ -511,8 +538,14 @@ def setup(argv: list[str] | None) -> FineTuner:
           f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
     positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
-    return FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
-                     steps_per_epoch, total, warmup)  # fmt: skip
+    t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
+                  steps_per_epoch, total, warmup)  # fmt: skip
+    if cfg.resume:
+        t.position = resume.restore(t)
+        best = f"; best dev {cfg.metric} {t.best['metrics'][cfg.metric]:.4f} at step {t.best['step']}" if (
+            t.best["state"] is not None) else ""  # fmt: skip
+        print(f"resumed: step {t.step} of {total} (epoch {t.position['epoch'] + 1}){best}", flush=True)
+    return t
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -528,7 +561,7 @@ def train_and_save(t: FineTuner) -> dict:
         # What stopped the training, not a signal that came while the finished run's model was written.
         if evals.pop("interrupted", False):
             print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}: stopped by {stop.name}, so the "
-                  "run is not complete; the same command with --overwrite runs it whole)", flush=True)  # fmt: skip
+                  f"run is not complete; go on with: {entry.PROG} --out {t.cfg.out} --resume)", flush=True)  # fmt: skip
             sys.exit(128 + stop.signal)
     except OSError as e:  # the disk filled up during the run (check_model_fits found room at its start)
         if not out_of_space(e):
@@ -545,15 +578,26 @@ def train_and_save(t: FineTuner) -> dict:
 
 def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
     """The epochs, the dev evaluations and early stopping, then the best model written to --out. Once
-    `stopping()` (Ctrl-C, SIGTERM), the step ends the training; with no evaluation yet, one runs first."""
-    cfg = t.cfg
+    `stopping()` (Ctrl-C, SIGTERM), the step ends the training, saved for --resume; with no evaluation
+    yet, one runs then, so that --out gets a model. A resumed run goes on from where `t.position` says."""
+    cfg, at = t.cfg, t.position
+    every = cfg.eval_every or t.steps_per_epoch
+    if at is not None:  # as the uninterrupted run has it at this step
+        resume.drop_rows_after(
+            Path(cfg.out) / "metrics.jsonl", t.step, t.step % every == 0 or t.step == t.total
+        )
     log = MetricsLog(Path(cfg.out) / "metrics.jsonl")
-    rng = random.Random(cfg.seed)  # data order; dropout draws from torch's generator, seeded in resolve()
+    rng = resume.epoch_rng(
+        cfg.seed, at
+    )  # data order; dropout draws from torch's generator, seeded in resolve()
     stopped_early = False
-    bar = tqdm(total=t.total, dynamic_ncols=True, desc="finetune")
-    window_loss, window_n, window_t = 0.0, 0, time.time()
-    for _ in range(cfg.epochs):
-        for _, b in batches(t.encoded["train"], cfg.batch_size, t.pad_id, rng, cfg.sort_by_length):
+    bar = tqdm(total=t.total, initial=t.step, dynamic_ncols=True, desc="finetune")
+    window_loss, window_n = (at["window_loss"], at["window_n"]) if at else (0.0, 0)
+    window_t, skip = time.time(), at["in_epoch"] if at else 0
+    for epoch in range(at["epoch"] if at else 0, cfg.epochs):
+        epoch_rng = rng.getstate()
+        for done, (_, b) in enumerate(batches(t.encoded["train"], cfg.batch_size, t.pad_id, rng,
+                                              cfg.sort_by_length, start=skip), start=skip + 1):  # fmt: skip
             loss, norm, mult = t.train_step(b)
             window_loss, window_n = window_loss + loss, window_n + 1
             bar.update(1)
@@ -563,12 +607,19 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
                 bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
                 log.write(t.step, t.tokens, "train", {"epoch": t.step / t.steps_per_epoch, **row})
                 window_loss, window_n, window_t = 0.0, 0, time.time()
-            due = t.step % (cfg.eval_every or t.steps_per_epoch) == 0 or t.step == t.total
-            if (due or (stopping() and t.best["state"] is None)) and t.evaluate_dev(log):
+            position = {"epoch": epoch, "epoch_rng": epoch_rng, "in_epoch": done, "window_loss": window_loss,
+                        "window_n": window_n}  # fmt: skip
+            due = t.step % every == 0 or t.step == t.total
+            if due and t.evaluate_dev(log):
                 stopped_early = True
                 break
+            if (due or stopping()) and t.step < t.total:
+                resume.save(t, position)
             if stopping():
+                if t.best["state"] is None:  # after the save: the uninterrupted run has no such evaluation
+                    t.evaluate_dev(log)
                 break
+        skip = 0
         if stopping():
             break
         if stopped_early:

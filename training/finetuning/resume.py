@@ -1,0 +1,124 @@
+"""Resuming a stopped fine-tuning run (`--resume`) where it stood, to the weights the uninterrupted run
+would have reached.
+
+At every dev evaluation, and at a stop (Ctrl-C, SIGTERM: before the evaluation a stop adds when there was
+none yet), the run writes <out>/resume/ whole or not at all: the weights, the best weights so far, AdamW's
+state, the torch generators (dropout), and in state.json the step, the data order (the Python generator as
+the epoch began, and the batches of it done), early stopping's count and the best dev figures. A finished
+run has no resume/: its final write leaves it out. The learning rate is a function of the step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+import options
+from options import ConfigError, flag
+from training import checkpoint as ckpt
+from training.config import FinetuneConfig
+from training.pretraining.stopping import capture_rng
+from training.report import read_metrics
+
+RESUME_DIR = "resume"
+STATE = "state.json"
+# What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
+# (the data, the model, the recipe) would make it another run while it said it resumed.
+RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "eval_batch_size", "log_every",
+                     "data_dir", "resume", "out")  # fmt: skip
+
+
+def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> FinetuneConfig:
+    """The run's own config (finetune_config.json in --out) under the flags given now; ConfigError where
+    there is nothing to resume or a flag would change what the run trains."""
+    out = Path(cfg.out)
+    saved = out / "finetune_config.json"
+    if not saved.is_file():
+        raise ConfigError(f"--resume: {out} holds no fine-tuning run; give the --out of a stopped one")
+    if not (out / RESUME_DIR / STATE).is_file():
+        raise ConfigError(f"--resume: {out} holds no resume state: its run finished, or was killed before its "
+                          "first dev evaluation; run its command with --overwrite to train it again")  # fmt: skip
+    then = json.loads(saved.read_text())
+    now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=then)
+    now_dict = options.as_dict(now)
+    changed = [k for k in now_dict if k in then and k not in RESUMABLE_CHANGES and now_dict[k] != then[k]]
+    if changed:
+        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now_dict[k]!r} now" for k in changed[:4])
+        allowed = ", ".join(flag(k) for k in RESUMABLE_CHANGES[:-2])
+        raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only {allowed} may "
+                          "change on a resume; start a new run (another --out) to change the others")  # fmt: skip
+    return now
+
+
+def resume_bytes(model: torch.nn.Module) -> int:
+    """About what resume/ takes: the weights twice (now and best), AdamW's two fp32 moments, the rest."""
+    weights = sum(t.numel() * t.element_size() for t in ckpt.state_dict_for_save(model).values())
+    moments = 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    return 2 * weights + moments + 2**20
+
+
+def save(t, position: dict) -> None:
+    """resume/ for FineTuner `t` after its step; `position`: the data order's place (epoch, the epoch's
+    generator state, batches of it done) and the loss window not yet logged."""
+    best = t.best
+
+    def fill(d: Path) -> None:
+        ckpt.save_tensors(ckpt.state_dict_for_save(t.model), d / "model.safetensors")
+        if best["state"] is not None:
+            ckpt.save_tensors(best["state"], d / "best.safetensors")
+        tensors, meta = ckpt.flatten_optimizer(t.opt)
+        ckpt.save_tensors(tensors, d / "optimizer.safetensors")
+        ckpt.save_tensors(capture_rng(t.device), d / "rng.safetensors")
+        state = {"step": t.step, "tokens": t.tokens, "stale": t.stale, "optimizer": meta, **position,
+                 "best": {"score": list(best["score"]), "metrics": best["metrics"], "step": best["step"],
+                          "epoch": best["epoch"]} if best["state"] is not None else None}  # fmt: skip
+        # Python's JSON (NaN and infinities included, as Python reads them back): figures come back exact.
+        (d / STATE).write_text(json.dumps(state, default=lambda o: o.tolist()))
+
+    ckpt.write_atomically(Path(t.cfg.out) / RESUME_DIR, fill)
+
+
+def restore(t) -> dict:
+    """FineTuner `t` (set up afresh) as resume/ left it; returns the data order's place (see `save`)."""
+    d = Path(t.cfg.out) / RESUME_DIR
+    state = json.loads((d / STATE).read_text())
+    ckpt.load_weights_into(t.model, load_file(d / "model.safetensors"), str(d))
+    ckpt.unflatten_optimizer(t.opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
+    rng = load_file(d / "rng.safetensors")
+    torch.set_rng_state(rng["cpu"])
+    if t.device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], t.device)
+    t.step, t.tokens, t.stale = state["step"], state["tokens"], state["stale"]
+    if state["best"] is not None:
+        b = state["best"]
+        t.best.update(score=tuple(b["score"]), metrics=b["metrics"], step=b["step"], epoch=b["epoch"],
+                      state=load_file(d / "best.safetensors"))  # fmt: skip
+    return {k: state[k] for k in ("epoch", "epoch_rng", "in_epoch", "window_loss", "window_n")}
+
+
+def random_state(saved: list) -> tuple:
+    """random.Random.getstate() back from its JSON form."""
+    version, internal, gauss = saved
+    return version, tuple(internal), gauss
+
+
+def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
+    """metrics.jsonl as the uninterrupted run has it at `step`: the rows the stopped run wrote later go,
+    and so does the dev row of an evaluation only the stop asked for (`evaluated`: one was due there)."""
+    if not metrics.is_file():
+        return
+    kept = [r for r in read_metrics(metrics)
+            if r["step"] < step or (r["step"] == step and (r["split"] != "dev" or evaluated))]  # fmt: skip
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def epoch_rng(seed: int, position: dict | None) -> random.Random:
+    """The data order's generator: seeded, or where the resumed epoch began."""
+    rng = random.Random(seed)
+    if position is not None:
+        rng.setstate(random_state(position["epoch_rng"]))
+    return rng
