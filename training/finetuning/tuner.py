@@ -581,15 +581,15 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
     `stopping()` (Ctrl-C, SIGTERM), the step ends the training, saved for --resume; with no evaluation
     yet, one runs then, so that --out gets a model. A resumed run goes on from where `t.position` says."""
     cfg, at = t.cfg, t.position
-    every = cfg.eval_every or t.steps_per_epoch
+
+    def evaluation_due() -> bool:
+        return t.step % (cfg.eval_every or t.steps_per_epoch) == 0 or t.step == t.total
+
     if at is not None:  # as the uninterrupted run has it at this step
-        resume.drop_rows_after(
-            Path(cfg.out) / "metrics.jsonl", t.step, t.step % every == 0 or t.step == t.total
-        )
+        resume.drop_rows_after(Path(cfg.out) / "metrics.jsonl", t.step, evaluation_due())
     log = MetricsLog(Path(cfg.out) / "metrics.jsonl")
-    rng = resume.epoch_rng(
-        cfg.seed, at
-    )  # data order; dropout draws from torch's generator, seeded in resolve()
+    # The data order; dropout draws from torch's generator, seeded in resolve() (or restored).
+    rng = resume.epoch_rng(cfg.seed, at)
     stopped_early = False
     bar = tqdm(total=t.total, initial=t.step, dynamic_ncols=True, desc="finetune")
     window_loss, window_n = (at["window_loss"], at["window_n"]) if at else (0.0, 0)
@@ -609,7 +609,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
                 window_loss, window_n, window_t = 0.0, 0, time.time()
             position = {"epoch": epoch, "epoch_rng": epoch_rng, "in_epoch": done, "window_loss": window_loss,
                         "window_n": window_n}  # fmt: skip
-            due = t.step % every == 0 or t.step == t.total
+            due = evaluation_due()
             if due and t.evaluate_dev(log):
                 stopped_early = True
                 break
