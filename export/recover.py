@@ -277,8 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)
     except (InputError, BundleError, CheckpointError) as e:  # a bundle or --out to change: 2, as export's
-        print(f"export.recover: {e}", file=sys.stderr)
-        sys.exit(options.EXIT_USAGE)
+        options.usage_exit(f"export.recover: {e}")
     except (ValueError, OSError) as e:  # OSError: DiskFullError among them, naming the disk
         sys.exit(f"export.recover: {e}")
     print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
