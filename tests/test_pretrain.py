@@ -537,3 +537,68 @@ def test_a_stops_checkpoint_counts_for_nothing_in_keep_and_goes_at_the_next_save
     assert names == ["step-00000025", "step-00000050", "step-00000075", "step-00000100"]
     commit_checkpoint(tmp_path, 125, fill, keep=4)  # past the points: the oldest regular one goes
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))[0] == "step-00000050"
+
+
+def test_out_is_refused_when_it_is_a_file_or_another_models_directory(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """--out at a model directory (here a Hugging Face one) had its config.json replaced by the run's and
+    checkpoints written among its files: the model was broken, and the run said nothing."""
+    (tmp_path / "a-file").write_text("x")
+    model = tmp_path / "hf-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["ElectraForPreTraining"]}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    for out, said in ((tmp_path / "a-file", "is a file"), (model, "not a pretraining run's files")):
+        with pytest.raises(SystemExit) as e:
+            pretrain(tiny_args(out, small_corpus, small_tokenizer, "--max-steps", 2))
+        assert e.value.code == 2 and said in str(e.value), e.value
+    assert (model / "config.json").read_text() == '{"architectures": ["ElectraForPreTraining"]}'
+
+
+def test_a_second_process_training_into_the_same_out_is_refused(tmp_path, small_corpus, small_tokenizer):
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
+                               "time.sleep(60)", str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit) as e:
+            pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 2))
+        assert e.value.code == 2 and f"is in use: another training process (pid {holder.pid})" in str(e.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 2))  # free again once it ended
+
+
+def test_resuming_on_another_number_of_processes_is_refused(tmp_path, small_corpus, small_tokenizer):
+    run = tmp_path / "run"
+    pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 2, "--save-every", 2))
+    state = resolve_checkpoint(run) / "trainer_state.json"
+    assert json.loads(state.read_text())["processes"] == 1
+    # As torchrun --nproc_per_node 2 records it (tests/test_pretrain.py's DDP test runs two processes).
+    state.write_text(state.read_text().replace('"processes": 1', '"processes": 2'))
+    with pytest.raises(SystemExit) as e:
+        pretrain(["--out", str(run), "--resume", "--max-steps", "4"])
+    assert e.value.code == 2 and "resume with torchrun --nproc_per_node 2" in str(e.value)
+
+
+def test_a_diverged_run_says_so_and_what_to_change(tmp_path, small_corpus, small_tokenizer):
+    """It ended in an IndexError traceback from sampling (the logits were NaN)."""
+    with pytest.raises(SystemExit) as e:
+        pretrain(tiny_args(tmp_path / "run", small_corpus, small_tokenizer, "--max-steps", 40, "--lr", "1e6"))
+    assert "training diverged by step" in str(e.value) and "lower --lr" in str(e.value), e.value
+
+
+def test_a_corpus_directory_says_which_files_it_left_out(tmp_path, small_corpus, small_tokenizer, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(small_corpus, corpus / "wiki.txt")
+    (corpus / "table.csv").write_text("a,b\n1,2\n")
+    pretrain(tiny_args(tmp_path / "run", corpus, small_tokenizer, "--max-steps", 2))
+    said = capsys.readouterr().out
+    assert (
+        f"corpus: 1 file(s) read from {corpus}; 1 left out, not .txt/.txt.gz/.jsonl/.jsonl.gz: table.csv"
+        in said
+    )

@@ -209,6 +209,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         # pushes weights away from zero; a time cap of 0 stops after the first step.
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
+        if self.tokenizer == "train" and self.vocab_size <= 5:  # [PAD] [UNK] [CLS] [SEP] [MASK]
+            raise ConfigError(f"--vocab-size: must exceed the 5 special tokens, got {self.vocab_size}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ConfigError(f"--max-minutes: must be > 0, got {self.max_minutes}")
         if self.threads is not None and self.threads < 0:

@@ -307,17 +307,36 @@ def _files_under(path: Path) -> list[Path]:
         for name in names:
             file = Path(d) / name
             try:
-                if file.is_file() and name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES):
+                if file.is_file():
                     files.append(file)
             except OSError as e:  # a directory listed but not searchable (mode 644)
                 raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
     return files
 
 
+def _read_as_corpus(file: Path) -> bool:
+    return file.name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
+
+
+def corpus_files_note(source: str) -> str | None:
+    """For a directory corpus, how many files are read and which are left out (by their names' endings),
+    so that a CSV or a binary file in it is not skipped in silence; None for one file or a registry corpus."""
+    path = Path(source).expanduser()
+    if source in REGISTRY_CORPORA or not path.is_dir():
+        return None
+    files = sorted(_files_under(path))
+    left = [f.relative_to(path).as_posix() for f in files if not _read_as_corpus(f)]
+    note = f"{len(files) - len(left)} file(s) read from {path}"
+    if left:
+        note += (f"; {len(left)} left out, not {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}: "
+                 + ", ".join(left[:5]) + (", ..." if len(left) > 5 else ""))  # fmt: skip
+    return note
+
+
 def _corpus_files(path: Path) -> list[Path]:
     if path.is_dir():
         # Sorted so that document order (and so the shards) is the same on every machine.
-        files = sorted(_files_under(path))
+        files = sorted(f for f in _files_under(path) if _read_as_corpus(f))
         if not files:
             raise CorpusError(f"{path} holds no {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files")
         return files

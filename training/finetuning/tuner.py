@@ -29,7 +29,7 @@ from options import ConfigError, describe
 from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import finetune as entry
-from training import quantization
+from training import quantization, run_dir
 from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
@@ -363,6 +363,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
     check_model_fits(out, model)
+    run_dir.hold(out)  # one process at a time: another would interleave its metrics and outputs
     if not cfg.resume:
         prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
     return cfg, data, model, tok, notes

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 import options
 from training.data import derived
-from training.data.corpus import corpus_key, read_corpus
+from training.data.corpus import corpus_files_note, corpus_key, read_corpus
 from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, build_shards
 from training.data.tokenizer import (
     load_tokenizer,
@@ -111,6 +111,8 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
     grouped = cfg.rows == "requests"
     mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
     if env.main:
+        if note := corpus_files_note(cfg.corpus):
+            print(f"corpus: {note}", flush=True)
         # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
         # failed before its first checkpoint left there (another corpus's, or another --vocab-size's).
         if cfg.resume and (tok_dir / "tokenizer.json").is_file():

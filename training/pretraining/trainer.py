@@ -23,6 +23,7 @@ from options import ConfigError, describe, flag
 from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import pretrain as entry
+from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import COMPILE_MODES, PretrainConfig
 from training.data.corpus import CorpusError
@@ -78,8 +79,9 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 
 
 def save(
-    run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None
-) -> None:
+    run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None,
+    world: int = 1,
+) -> None:  # fmt: skip
     """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
     random state (`rng`) of a single-process run."""
 
@@ -91,7 +93,7 @@ def save(
         tensors, opt_meta = ckpt.flatten_optimizer(opt)
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
-                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective}  # fmt: skip
+                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
         if rng is not None:  # between --save-every points: the generators as the step left them
             ckpt.save_tensors(rng, d / RNG_FILE)
@@ -215,7 +217,7 @@ class Trainer:
             self.settle_tokens()
             if env.main:
                 save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                     self.data.tokenizer_dir, self.evals, rng)  # fmt: skip
+                     self.data.tokenizer_dir, self.evals, rng, env.world)  # fmt: skip
             env.barrier()
             reseed(cfg, env.rank, step)
 
@@ -261,6 +263,21 @@ def check_resumable(then: dict, now: dict) -> None:
                           "start a new run (another --out, --init from this one) to change the others")  # fmt: skip
 
 
+def check_processes(run: Path, world: int) -> None:
+    """A resume on another number of processes would change the global batch (--batch-size rows per process)
+    and the data each process reads: refused, naming the command that resumes it."""
+    state = ckpt.resolve_checkpoint(run) / "trainer_state.json"
+    then = json.loads(state.read_text()).get("processes") if state.is_file() else None
+    if then is not None and then != world:
+        how = (
+            f"torchrun --nproc_per_node {then} -m training.pretrain"
+            if then > 1
+            else "python -m training.pretrain"
+        )
+        options.usage_exit(f"error: --resume: {run} trained on {then} process(es), this is {world}: the global batch "
+                           f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
+
+
 def setup(argv: list[str] | None) -> Trainer:
     """Config, processes, data, models (fresh, warm-started or restored) and optimizer; prints the
     resolved configuration and saves it beside the run."""
@@ -278,6 +295,21 @@ def setup(argv: list[str] | None) -> Trainer:
         options.usage_exit(
             f"error: {run} already holds a run; pass --resume to continue it or choose another --out"
         )
+    if cfg.resume:
+        check_processes(run, env.world)
+    problem = None
+    if env.main:  # rank 0 writes --out
+        try:
+            if not cfg.resume:
+                run_dir.check_new_pretraining_out(run)
+            run_dir.hold(run)
+        except ConfigError as e:
+            problem = e
+    if env.agree(problem is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
+        env.close()
+        if problem is None:
+            sys.exit(options.EXIT_USAGE)  # rank 0 says why
+        options.usage_exit(f"error: {problem}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if env.main:
@@ -317,10 +349,10 @@ def setup(argv: list[str] | None) -> Trainer:
             if full is None:
                 sys.exit(1)  # rank 0 says why
             raise full
-    except CorpusError as e:  # the user's text: a data file to change, as fine-tuning's data errors
+    except (CorpusError, ShardsError, TokenizerError, CheckpointError) as e:
+        # The user's text (too little of it), tokenizer or checkpoint: an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
-    except (DatasetError, TokenizerError, CheckpointError, ShardsError, OSError) as e:
-        # A download, the tokenizer, a checkpoint or --out: the message names the file and what to do.
+    except (DatasetError, OSError) as e:  # a download, a disk: the message names the file and what to do
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
     if cfg.resume:
@@ -362,6 +394,14 @@ def setup(argv: list[str] | None) -> Trainer:
     return trainer
 
 
+class Diverged(RuntimeError):
+    """The loss or the weights stopped being finite (a learning rate too high for the model)."""
+
+    def __init__(self, step: int, lr: float) -> None:
+        super().__init__(f"training diverged by step {step}: the loss is no longer finite (--lr {lr:g}); lower --lr "
+                         "or lengthen --warmup-steps and start again (--resume would go the same way)")  # fmt: skip
+
+
 def run(argv: list[str] | None = None) -> None:
     t = setup(argv)
     try:
@@ -369,6 +409,14 @@ def run(argv: list[str] | None = None) -> None:
             train(t, stop)
         if stop.signal is not None and t.step < t.cfg.max_steps:  # saved, but not finished: say so
             sys.exit(128 + stop.signal)
+    except Diverged as e:
+        latest = t.run / "checkpoints" / ckpt.LATEST
+        kept = (
+            f"; the checkpoints before it are intact ({latest.read_text().strip()} is the last)"
+            if latest.is_file()
+            else ""
+        )
+        sys.exit(f"error: {e}{kept}")
     except OSError as e:
         if not ckpt.out_of_space(e):
             raise
@@ -395,7 +443,12 @@ def train(t: Trainer, stop: GracefulStop) -> None:
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     while t.step < cfg.max_steps:
-        sums, norm = t.train_step()
+        try:
+            sums, norm = t.train_step()
+        except (IndexError, RuntimeError) as e:  # non-finite logits sample no token: an index out of range
+            if all(bool(torch.isfinite(p).all()) for p in t.objective.parameters()):
+                raise
+            raise Diverged(t.step + 1, cfg.lr) from e
         bar.update(1)
         if env.main and t.step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
             warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, t.step)
@@ -405,6 +458,8 @@ def train(t: Trainer, stop: GracefulStop) -> None:
         if logging_now:  # the only place the host waits for the device between checkpoints
             names = list(sums)
             values = (env.all_sum(torch.stack([sums[n].float() for n in names])) / env.world).tolist()
+            if not all(math.isfinite(v) for v in [*values, float(norm)]):
+                raise Diverged(t.step, cfg.lr)
             tps = (t.settle_tokens() - window_start) / max(time.time() - window_t, 1e-9)
             row = {**dict(zip(names, values, strict=True)), "lr": lr_at(t.step - 1, cfg), "grad_norm": float(norm),
                    "tokens_per_s": tps, "tflops": tps * flops_tok / 1e12, "masks_dropped": t.take_dropped()}  # fmt: skip
