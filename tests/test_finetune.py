@@ -646,3 +646,18 @@ def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path,
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume", "--lr", "1e-3"])
     assert "--lr 0.0003 then, 0.001 now" in capsys.readouterr().err
+
+
+def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path, capsys):
+    import time
+
+    from training.finetuning import tuner
+
+    data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
+    t = tuner.setup(["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column",
+                     "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1", "--out", str(out)])  # fmt: skip
+    tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    write_csv(data, 60, seed=1)  # other numbers in the texts
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(out), "--resume"])
+    assert "the training or dev data differ from what the run" in capsys.readouterr().err

@@ -10,6 +10,7 @@ run has no resume/: its final write leaves it out. The learning rate is a functi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -61,6 +62,16 @@ def resume_bytes(model: torch.nn.Module) -> int:
     return 2 * weights + moments + 2**20
 
 
+def data_fingerprint(t) -> str:
+    """sha256 of the training and dev examples as read (texts, pairs, labels): a file edited between the
+    stop and the resume would go on with other data while the run said it resumed."""
+    h = hashlib.sha256(json.dumps(list(t.data.labels)).encode())
+    for split in ("train", "dev"):
+        for ex in t.data.splits[split]:
+            h.update(json.dumps([split, ex.text, ex.pair, ex.label], default=str).encode())
+    return h.hexdigest()
+
+
 def save(t, position: dict) -> None:
     """resume/ for FineTuner `t` after its step; `position`: the data order's place (epoch, the epoch's
     generator state, batches of it done) and the loss window not yet logged."""
@@ -74,6 +85,7 @@ def save(t, position: dict) -> None:
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         ckpt.save_tensors(capture_rng(t.device), d / "rng.safetensors")
         state = {"step": t.step, "tokens": t.tokens, "stale": t.stale, "optimizer": meta, **position,
+                 "data": data_fingerprint(t),
                  "best": {"score": list(best["score"]), "metrics": best["metrics"], "step": best["step"],
                           "epoch": best["epoch"]} if best["state"] is not None else None}  # fmt: skip
         # Python's JSON (NaN and infinities included, as Python reads them back): figures come back exact.
@@ -86,6 +98,9 @@ def restore(t) -> dict:
     """FineTuner `t` (set up afresh) as resume/ left it; returns the data order's place (see `save`)."""
     d = Path(t.cfg.out) / RESUME_DIR
     state = json.loads((d / STATE).read_text())
+    if state["data"] != data_fingerprint(t):
+        raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
+                          "(a file changed since it stopped); put the data back, or start a new run (--overwrite)")  # fmt: skip
     ckpt.load_weights_into(t.model, load_file(d / "model.safetensors"), str(d))
     ckpt.unflatten_optimizer(t.opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
     rng = load_file(d / "rng.safetensors")

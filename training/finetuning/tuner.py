@@ -542,7 +542,10 @@ def setup(argv: list[str] | None) -> FineTuner:
     t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
                   steps_per_epoch, total, warmup)  # fmt: skip
     if cfg.resume:
-        t.position = resume.restore(t)
+        try:
+            t.position = resume.restore(t)
+        except ConfigError as e:
+            options.usage_exit(f"error: {e}")
         best = f"; best dev {cfg.metric} {t.best['metrics'][cfg.metric]:.4f} at step {t.best['step']}" if (
             t.best["state"] is not None) else ""  # fmt: skip
         print(f"resumed: step {t.step} of {total} (epoch {t.position['epoch'] + 1}){best}", flush=True)
