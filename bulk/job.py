@@ -13,6 +13,7 @@ import app
 import options
 from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
+from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
 from bulk.inputs import Part, absolute_spec, format_of, id_column, plan, shards
@@ -168,6 +169,10 @@ def run(cfg: BulkConfig) -> int:
     if bundle.manifest.trained_on == "pairs":
         raise JobError(f"{cfg.model!r} was fine-tuned on text pairs; bulk scores one text per document "
                        "(--text-field): serve it and send `pairs` to /classify instead")  # fmt: skip
+    if bundle.manifest.kind == "detector":  # long documents are scored in windows, as by the server
+        windows = TextTokenizer(bundle.tokenizer_path, bundle.manifest.max_length, cfg.window_stride)
+        if note := windows.stride_note():
+            print(f"bulk: note: {cfg.model}: {note}", file=sys.stderr, flush=True)
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
     part_bytes = prepare(cfg, bundle.manifest.model_sha256, files)
     parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)

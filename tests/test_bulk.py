@@ -205,3 +205,10 @@ def test_a_ray_address_where_nothing_listens_ends_the_job_at_once(tmp_path, para
     done = run_bulk(src, tmp_path / "out", "detector", "--ray", f"127.0.0.1:{port}", timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"nothing answers at 127.0.0.1:{port} (--ray)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_window_stride_cut_to_half_a_window_is_said_as_the_server_says_it(tmp_path):
+    src = write_jsonl(tmp_path / "docs.jsonl", ["A short document."])
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--window-stride", "600")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "note: detector: --window-stride 600 is more than half its window of 510 tokens" in done.stderr

@@ -111,6 +111,14 @@ class TextTokenizer:
         assert self.window_size > 0, "max_length leaves no room for text"
         # More overlap than half a window would score most tokens twice for nothing.
         self.stride = min(stride, self.window_size // 2)
+        self.asked_stride = stride
+
+    def stride_note(self) -> str | None:
+        """What the server logs and bulk prints when the stride asked for was cut to half a window."""
+        if self.stride >= self.asked_stride:
+            return None
+        return (f"--window-stride {self.asked_stride} is more than half its window of {self.window_size} tokens; "
+                f"windows share {self.stride}")  # fmt: skip
 
     def encode_detect(self, texts: list[str], limit: TokenLimit | None = None) -> list[DetectEncoding]:
         """With `limit`, each text is counted before it is encoded whole, and the limit raises as soon as

@@ -270,9 +270,8 @@ def _load_and_warm(
     thread's work, off the event loop. EngineCheckError when --load-check refuses the bundle."""
     m = bundle.manifest
     tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, settings.window_stride)
-    if tokenizer.stride < settings.window_stride:  # half a window at most: a window must move on
-        log.warning("%s: --window-stride %d is more than half its window of %d tokens; windows share %d",
-                    bundle.name, settings.window_stride, tokenizer.window_size, tokenizer.stride)  # fmt: skip
+    if note := tokenizer.stride_note():  # half a window at most: a window must move on
+        log.warning("%s: %s", bundle.name, note)
     engine = Engine(
         bundle,
         settings.threads_per_runner(),
