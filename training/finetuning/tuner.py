@@ -272,12 +272,6 @@ def prepare_out(out: Path, overwrite: bool) -> None:
         (out / f).unlink()
     if overwrite:  # a stopped run's state goes with its outputs
         shutil.rmtree(out / resume.RESUME_DIR, ignore_errors=True)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(
-            f"--out: cannot create {out} ({e.strerror or e}); choose a directory you can write"
-        ) from None
 
 
 def write_outputs(
@@ -363,7 +357,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
     check_model_fits(out, model)
-    run_dir.hold(out)  # one process at a time: another would interleave its metrics and outputs
+    run_dir.hold(out)  # creates it; one process at a time: another would interleave metrics and outputs
     if not cfg.resume:
         prepare_out(out, cfg.overwrite)  # last: a run that fails its checks leaves --out as it was
     return cfg, data, model, tok, notes
