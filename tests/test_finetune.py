@@ -661,3 +661,36 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume"])
     assert "the training or dev data differ from what the run" in capsys.readouterr().err
+
+
+def test_overwrite_keeps_the_previous_model_until_the_new_one_is_written(tiny_init, tmp_path):
+    """--overwrite deleted the previous model at the start: a run that then failed (a crash, a kill, a
+    divergence) left --out with no model at all."""
+    from training.finetuning import tuner
+
+    data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
+    args = ["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column", "verdict",
+            "--epochs", "1", "--batch-size", "8", "--threads", "1", "--out", str(out)]  # fmt: skip
+    finetune([*args, "--test", str(write_csv(tmp_path / "t.csv", 12))])
+    before = (out / "model.safetensors").read_bytes()
+    t = tuner.setup([*args, "--overwrite", "--seed", "7"])  # as a run that then crashes leaves it
+    assert (out / "model.safetensors").read_bytes() == before and (out / "eval_test.json").is_file()
+    assert not (out / "metrics.jsonl").exists()  # the previous run's progress goes at the start
+    tuner.train_and_save(t)
+    assert (out / "model.safetensors").read_bytes() != before
+    assert not (out / "eval_test.json").exists()  # not this run's: it had no --test
+
+
+def test_a_signal_during_the_last_step_leaves_a_finished_run_finished(tiny_init, tmp_path):
+    """It was written as interrupted, with an older resume/ linked in, and told to --resume."""
+    import time
+
+    from training.finetuning import tuner
+
+    t = tuner.setup(["--init", str(tiny_init), "--train", str(write_csv(tmp_path / "r.csv", 60)), "--text-column",
+                     "review", "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
+                     "--out", str(tmp_path / "out")])  # fmt: skip
+    evals = tuner._train(t, time.time(), stopping=lambda: t.step >= t.total)
+    assert "interrupted" not in evals and t.step == t.total
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["interrupted"] is False
+    assert not (tmp_path / "out" / "resume").exists()

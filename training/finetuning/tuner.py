@@ -50,10 +50,13 @@ from training.optim import autocast_for, decays, deterministic_kernels, linear_s
 from training.report import MetricsLog
 
 ARCH = "ElectraForSequenceClassification"
-# What a run writes into --out; --overwrite removes exactly these, never anything else.
-OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
-           "eval_dev.json", "eval_test.json", "finetune_config.json", "metrics.jsonl", "predictions_dev.jsonl",
-           "predictions_test.jsonl")  # fmt: skip
+# What a run writes into --out; --overwrite replaces exactly these, never anything else. The progress files
+# go at the start; the model's stay until the final write replaces them, so a run that fails leaves the
+# previous model whole.
+PROGRESS = ("finetune_config.json", "metrics.jsonl")
+MODEL_OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
+                 "eval_dev.json", "eval_test.json", "predictions_dev.jsonl", "predictions_test.jsonl")  # fmt: skip
+OUTPUTS = MODEL_OUTPUTS + PROGRESS
 
 
 # ------------------------------------------------------------------------------ layer-wise lr decay
@@ -251,26 +254,25 @@ def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
 
 def check_model_fits(out: Path, model: torch.nn.Module) -> None:
     """A ConfigError now where --out's disk cannot hold the fine-tuned model: found full at the end, after
-    the training, it would cost the whole run. The final write copies --out beside itself, then adds the
-    weights and about a megabyte of tokenizer and reports."""
+    the training, it would cost the whole run. The final write copies --out beside itself (a previous
+    model's files left out: they go only once the new ones are in place), then adds the weights and about
+    a megabyte of tokenizer and reports."""
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
     needed += resume.resume_bytes(model)  # resume/, written at each dev evaluation
     # resume/ is linked into the final write, not copied; its own room is counted above.
     files = [f for f in out.rglob("*") if f.is_file() and f.relative_to(out).parts[0] != resume.RESUME_DIR]
-    # What --out keeps besides the outputs --overwrite removes (a user's own files) is copied too; those
-    # it removes (present only with --overwrite: check_out refused them otherwise) give their room back.
-    replaced = sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() in OUTPUTS)
-    needed += sum(f.stat().st_size for f in files) - replaced
+    needed += sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() not in MODEL_OUTPUTS)
     try:
-        check_room(out, needed, "the fine-tuned model", replaced)
+        check_room(out, needed, "the fine-tuned model")
     except DiskFullError as e:
         raise ConfigError(f"--out: {e}: free some space or choose another --out") from None
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
     for f in check_out(out, overwrite):
-        (out / f).unlink()
-    if overwrite:  # a stopped run's state goes with its outputs
+        if f in PROGRESS:  # the previous model's files stay until the final write replaces them
+            (out / f).unlink()
+    if overwrite:  # a stopped run's state goes with its progress
         shutil.rmtree(out / resume.RESUME_DIR, ignore_errors=True)
 
 
@@ -283,9 +285,11 @@ def write_outputs(
     is kept (`keep_resume`: linked, not copied); a finished run's goes."""
 
     def fill(d: Path) -> None:
-        left_out = shutil.ignore_patterns(resume.RESUME_DIR)
+        # Not copied: resume/ (linked below, or gone with a finished run), and a previous model's files (a
+        # run with --overwrite: this one's replace them, and one it does not write, eval_test.json, goes).
+        left_out = {resume.RESUME_DIR, *MODEL_OUTPUTS}
         shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=lambda src, names: (
-            left_out(src, names) if Path(src) == out else set()))  # fmt: skip
+            left_out & set(names) if Path(src) == out else set()))  # fmt: skip
         if keep_resume and (out / resume.RESUME_DIR).is_dir():
             shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=_link_or_copy)
         ckpt.save_model(model, d, ARCH)
@@ -626,6 +630,8 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
             )
             break
     bar.close()
-    interrupted = stopping()  # decided here: a signal during the save below does not unmake a finished run
+    # Decided here: a signal during the save below, or during the last step or evaluation, does not unmake
+    # a finished run.
+    interrupted = stopping() and not stopped_early and t.step < t.total
     evals = t.save_best(stopped_early, started, interrupted=interrupted)
     return {**evals, "interrupted": interrupted} if interrupted else evals

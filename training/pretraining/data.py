@@ -110,33 +110,16 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
     tok_dir = run / "tokenizer"
     grouped = cfg.rows == "requests"
     mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
+    failure = None
     if env.main:
-        if note := corpus_files_note(cfg.corpus):
-            print(f"corpus: {note}", flush=True)
-        # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
-        # failed before its first checkpoint left there (another corpus's, or another --vocab-size's).
-        if cfg.resume and (tok_dir / "tokenizer.json").is_file():
-            tok = load_tokenizer(tok_dir / "tokenizer.json")
-        elif cfg.tokenizer == "train":
-            tok = corpus_tokenizer(
-                cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir, **_user_options(cfg)
-            )
-        else:
-            _note_lowercase(cfg)
-            tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
-        save_tokenizer(tok, tok_dir)
-        for split in ("train", "valid"):
-            info = _shards(cfg, split, tok, run / "data" / split, mix)
-            # The text a run learns from, and how many times the schedule shows it each token.
-            print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
-                  f"documents ({cfg.corpus})", flush=True)  # fmt: skip
-            if split == "train" and info.tokens:
-                seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
-                times = (
-                    f"{seen / info.tokens:.2g}" if seen < 10 * info.tokens else f"{seen / info.tokens:,.0f}"
-                )
-                print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about {times} "
-                      "times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
+        try:
+            _tokenizer_and_shards(cfg, run, env, tok_dir, mix)
+        except Exception as e:  # said by setup; the other ranks stop too, not wait at the barrier for ever
+            failure = e
+    if env.agree(failure is not None):
+        if failure is not None:
+            raise failure
+        sys.exit(1)  # rank 0 says why
     env.barrier()
     tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
     ids = special_ids(tok)
@@ -149,3 +132,29 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
         return Batches(valid, min(cfg.batch_size, len(valid)), cfg.seed, 0, 1, group_by_length=grouped)
 
     return PretrainingData(tok_dir, tok, specials, train, valid_batches)
+
+
+def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix) -> None:
+    """Rank 0's part of build_data: the tokenizer saved in the run, and the train/valid shards."""
+    if note := corpus_files_note(cfg.corpus):
+        print(f"corpus: {note}", flush=True)
+    # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
+    # failed before its first checkpoint left there (another corpus's, or another --vocab-size's).
+    if cfg.resume and (tok_dir / "tokenizer.json").is_file():
+        tok = load_tokenizer(tok_dir / "tokenizer.json")
+    elif cfg.tokenizer == "train":
+        tok = corpus_tokenizer(cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir, **_user_options(cfg))
+    else:
+        _note_lowercase(cfg)
+        tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
+    save_tokenizer(tok, tok_dir)
+    for split in ("train", "valid"):
+        info = _shards(cfg, split, tok, run / "data" / split, mix)
+        # The text a run learns from, and how many times the schedule shows it each token.
+        print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
+              f"documents ({cfg.corpus})", flush=True)  # fmt: skip
+        if split == "train" and info.tokens:
+            seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
+            times = f"{seen / info.tokens:.2g}" if seen < 10 * info.tokens else f"{seen / info.tokens:,.0f}"
+            print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about {times} "
+                  "times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip

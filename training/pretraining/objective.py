@@ -55,7 +55,10 @@ def sample_from_logits(logits: torch.Tensor, uniform: torch.Tensor, temperature:
         # The block's own sums were added in another order: keep the target inside this block's total.
         within = torch.minimum(target - below, torch.nextafter(inside[:, -1:], torch.zeros_like(below)))
         entry = torch.searchsorted(inside, within, right=True)
-        return (block * S + entry).squeeze(-1)
+        # A no-op for finite logits; non-finite ones (a diverged run) would search past the last entry, an
+        # id beyond the vocabulary: on CUDA a device-side assert, instead of the trainer's message on a
+        # loss that is no longer finite.
+        return (block * S + entry).squeeze(-1).clamp_(max=V - 1)
 
 
 class FakedData(NamedTuple):

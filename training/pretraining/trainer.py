@@ -244,9 +244,10 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
 
 
 # What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and saves.
+# Not --save-every: the dropout generator is reseeded at each save point, so other points are another run.
 RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
-                     "max_minutes", "log_every", "eval_every", "eval_batches", "save_every", "keep_checkpoints",
-                     "data_dir", "resume", "out")  # fmt: skip
+                     "max_minutes", "log_every", "eval_every", "eval_batches", "keep_checkpoints", "data_dir",
+                     "resume", "out")  # fmt: skip
 
 
 def check_resumable(then: dict, now: dict) -> None:
