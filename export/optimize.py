@@ -71,7 +71,8 @@ INT8_STORAGE_MIN_SIZE = 4096  # smaller weights stay fp32 in storage: their scal
 
 def int8_weights(src: Path, dst: Path, min_size: int = INT8_STORAGE_MIN_SIZE) -> dict:
     """int8 storage, fp32 compute: every large 2-D weight is stored as int8 with one fp32 scale per
-    output column (per row for embedding tables), followed by Cast and Mul. ONNX Runtime folds those
+    output (a MatMul weight's column; an embedding table's or a transposed Gemm weight's row), followed by
+    Cast and Mul. ONNX Runtime folds those
     constant nodes at session load, so the session runs the fused fp32 graph: fp32 speed and results
     within the weights' rounding of fp32 (no activation is quantized), at a quarter of the file size.
 
@@ -84,18 +85,24 @@ def int8_weights(src: Path, dst: Path, min_size: int = INT8_STORAGE_MIN_SIZE) ->
 
     model = onnx.load(str(src))
     graph = model.graph
-    tables = set()  # embedding tables: rows are looked up, so each row gets its own scale
+    # Weights stored (out, in), one scale per row: embedding tables (rows are looked up) and a Gemm's B
+    # with transB=1 (the exporter writes the classifier head's dense layer so, on its 2-D [CLS] input).
+    # A MatMul's B is (in, out): one scale per column. Either way one scale per output, as training's
+    # stored_int8 rounds each Linear's output row.
+    per_row = set()
     for node in graph.node:
         if node.op_type == "Gather":
-            tables.add(node.input[0])
+            per_row.add(node.input[0])
         elif node.op_type == "EmbedLayerNormalization":
-            tables.update(node.input[2:5])
+            per_row.update(node.input[2:5])
+        elif node.op_type == "Gemm" and any(a.name == "transB" and a.i == 1 for a in node.attribute):
+            per_row.add(node.input[1])
     stored, nodes = [], []
     for init in list(graph.initializer):
         weight = numpy_helper.to_array(init)
         if init.data_type != onnx.TensorProto.FLOAT or weight.ndim != 2 or weight.size < min_size:
             continue
-        reduce_axis = 1 if init.name in tables else 0
+        reduce_axis = 1 if init.name in per_row else 0
         scale = np.abs(weight).max(axis=reduce_axis, keepdims=True) / 127.0
         scale[scale == 0] = 1.0
         quantized = np.clip(np.round(weight / scale), -127, 127).astype(np.int8)
@@ -115,7 +122,8 @@ def int8_weights(src: Path, dst: Path, min_size: int = INT8_STORAGE_MIN_SIZE) ->
     return {
         "method": "int8 weights, fp32 compute (Cast and Mul folded by ONNX Runtime at load)",
         "weights": len(nodes) // 2,
-        "scales": "symmetric, per output column; per row for embedding tables",
+        "scales": "symmetric, one per output: per column of a MatMul weight, per row of an embedding table "
+        "or a transposed Gemm weight",
         "batch_independent": True,
     }
 

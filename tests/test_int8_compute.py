@@ -170,6 +170,31 @@ def test_weights_int8_only_stores_are_rounded_to_exactly_what_it_stores(qat_bund
     assert np.array_equal(stored, table)
 
 
+def test_a_transposed_gemm_weight_is_stored_per_output_row_as_training_rounds_it(tmp_path):
+    """The exporter writes a classifier head's dense layer (on the 2-D [CLS] vector) as Gemm with transB=1,
+    its weight (out, in): stored per column, as a MatMul's (in, out) is, its scales were per input, and the
+    weight a --qat model trained with (stored_int8: per output row) was rounded a second time."""
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.optimize import int8_weights
+    from training.quantization import stored_int8
+
+    weight = stored_int8(torch.randn(64, 96, generator=torch.Generator().manual_seed(0))).numpy()
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 64])],
+        [numpy_helper.from_array(weight, "w")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "g.onnx"))
+    int8_weights(tmp_path / "g.onnx", tmp_path / "g8.onnx")
+    stored = session(tmp_path / "g8.onnx", 1, providers_setting="cpu", quiet=True).run(
+        None, {"x": np.eye(96, dtype=np.float32)}
+    )[0]
+    assert np.array_equal(stored, weight.T)
+
+
 def test_a_quantization_aware_model_computes_with_its_stored_weights_as_the_bundle_stores_them(qat_bundle):
     """The simulated forward reads the embedding tables and the head's dense weight as int8 storage holds
     them (attach_storage): rounding them as the export does (round_as_stored) leaves that forward as it
