@@ -21,4 +21,11 @@ into a batch by scheduling/forming.py, placed by scheduling/placement.py, run by
 words, spans) -> the response.
 """
 
+import os
+
 __version__ = "0.1.0"
+
+# ONNX Runtime (1.29 on) sends usage telemetry from Linux too and keeps a device id under $HOME/.cache:
+# off for the server, bulk and export (every one imports app before it loads ONNX Runtime), unless the
+# user set the variable themselves.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")

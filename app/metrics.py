@@ -130,6 +130,10 @@ class Metrics:
             "The bundle's check inputs at load: deviation of this engine from the export's reference (p99, max)",
             ("model", "stat"), registry=r,
         )  # fmt: skip
+        self.bundle_broken = Gauge(
+            PREFIX + "bundle_broken", "1 for a bundle in the models directory that is not served: it failed its "
+            "checks or its loading (GET /models says why)", ("model",), registry=r,
+        )  # fmt: skip
         self.load_check_within_gate = Gauge(
             PREFIX + "load_check_within_gate", "1 when the load-time check is within the bundle's gate",
             ("model",), registry=r,

@@ -82,6 +82,12 @@ class HttpSettings:
     # /metrics already counts and times every request by endpoint, model and status.
     access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
     ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
+    ready_when_degraded: bool = option(
+        True,
+        '/ready answers 200 "degraded" while some bundles are broken and the others serve; false: 503, so a '
+        "rollout whose new replicas hold a broken bundle stops",
+        env="ELECTRA_READY_WHEN_DEGRADED",
+    )
 
 
 @dataclass(frozen=True)

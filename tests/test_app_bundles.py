@@ -72,6 +72,12 @@ def test_a_broken_bundle_fails_alone(bundles_dir, tmp_path):
         # Named or not, the broken classifier is a 503; a kind nothing broken was meant to serve stays 404.
         r = c.post("/classify", json={"text": "great"})
         assert r.status_code == 503 and "'sentiment'" in r.json()["error"]["message"], r.text
+        assert s.metric("electra_bundle_broken", model="sentiment") == 1  # something to alert on
+    # Where a rollout should stop at a broken bundle (deploy/deployment.yaml sets it): out of rotation.
+    with run_server(models, "--no-ready-when-degraded", log_dir=tmp_path) as s, s.client() as c:
+        ready = c.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "degraded", ready.text
+        assert c.post("/detect", json={"text": "the chef cooked"}).status_code == 200  # still answers
 
 
 def _truncate_and_resign(bad: Path) -> None:

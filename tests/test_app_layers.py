@@ -94,3 +94,18 @@ def test_the_model_layer_and_bulk_load_no_web_framework():
         [sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_onnx_runtime_telemetry_is_off_unless_the_user_turns_it_on(tmp_path):
+    """ONNX Runtime 1.29 on sends usage telemetry from Linux and keeps a device id under $HOME/.cache: a
+    server in a cluster looked up mobile.events.data.microsoft.com at every start."""
+    import subprocess
+    import sys
+
+    code = ("import app.model.engine, onnxruntime; "
+            "onnxruntime.InferenceSession('models/detector/model.onnx', providers=['CPUExecutionProvider'])")  # fmt: skip
+    env = {k: v for k, v in __import__("os").environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=APP.parent, env={**env, "HOME": str(tmp_path)},
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / ".cache" / "Microsoft").exists()

@@ -147,7 +147,8 @@ async def ready(request: Request) -> Response[Status]:
     # are broken and why) only with the API key.
     registry = _registry(request)
     status, detail = registry.readiness()
-    code = 200 if status in ("ready", "degraded") else 503
+    serving = status == "ready" or (status == "degraded" and registry.settings.ready_when_degraded)
+    code = 200 if serving else 503
     if not has_api_key(request):
         return Response(Status(status=status), status_code=code)
     return Response(

@@ -77,6 +77,8 @@ class Registry:
             log.error("bundle %s is broken and will not be served: %s", name, reason)
         if not self.bundles:
             raise SettingsError("no bundle can be served:\n" + "\n".join(self.broken.values()))
+        for name in self.broken:  # something to alert on: /ready stays 200 "degraded" unless told otherwise
+            metrics.bundle_broken.labels(name).set(1)
         for bundle in self.bundles.values():
             for warning in bundle.manifest.warnings:  # the export's: a detector near chance, a missed rule
                 log.warning("%s: %s", bundle.name, warning)
@@ -146,6 +148,7 @@ class Registry:
             if isinstance(loaded, Exception):  # this bundle fails alone; the reason stays readable on /models
                 self.broken[bundle.name] = f"loading failed: {type(loaded).__name__}: {loaded}"
                 self.broken_kinds[bundle.name] = self.bundles.pop(bundle.name).manifest.kind
+                self.metrics.bundle_broken.labels(bundle.name).set(1)
                 rest = "the other models are served" if self.bundles else "no bundle is left to serve"
                 log.error("%s: loading failed; %s", bundle.name, rest, exc_info=loaded)
                 continue
