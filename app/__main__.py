@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # one format: uvicorn's loggers propagate to the root handler set up above
-        access_log=settings.access_log,
+        access_log=False,  # --access-log: the app's own line, with time, model and x-request-id (http/server.py)
         timeout_graceful_shutdown=(
             settings.graceful_timeout_s + DEADLINE_MARGIN_S if settings.graceful_timeout_s else None
         ),

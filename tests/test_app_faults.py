@@ -53,10 +53,14 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         "--max-wait-ms",
         "300",
     )
-    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+    with (
+        run_server(bundles_dir, *flags, "--access-log", log_dir=tmp_path) as server,
+        server.client() as client,
+    ):
         texts = [*TEXTS[:3], poisoned, *TEXTS[3:]]
         with ThreadPoolExecutor(len(texts)) as pool:
-            answers = list(pool.map(lambda t: client.post("/detect", json={"text": t}), texts))
+            answers = list(pool.map(lambda i: client.post("/detect", json={"text": texts[i]},
+                                                          headers={"x-request-id": f"trace-{i}"}), range(len(texts))))  # fmt: skip
         failed = answers.pop(3)
         assert failed.status_code == 500, failed.text
         error = failed.json()["error"]
@@ -68,8 +72,10 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         assert retried >= 1  # the batch-mates that shared the poisoned batch
         assert server.metric("electra_retried_requests_total", model="detector", outcome="failed") == 1
         assert server.metric("electra_engine_failures_total", model="detector", run="retry") == 1
-        # The operator hears of it too, with the traceback, not only the client.
-        assert "detector: a request failed again alone; answered 500 inference_failed" in server.log()
+        # The operator hears of it too, with the traceback and the request's id, not only the client.
+        said = "detector: a request failed again alone; answered 500 inference_failed (x-request-id trace-3)"
+        assert said in server.log()
+        assert "POST /detect 500" in server.log() and "x-request-id=trace-3" in server.log()  # the access log
         assert "Traceback" in server.log() and "InjectedFault" in server.log()
         # The server goes on serving, and the requests' queue is empty again.
         assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200

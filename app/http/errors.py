@@ -41,6 +41,10 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
             "state", {}
         ):
             metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
+            if getattr(settings, "access_log", False):  # nor its access-log line (app/http/server.py)
+                client = request.scope.get("client") or ("-", 0)
+                log.info("%s %s %s %d - model=- x-request-id=-", client[0], request.method, request.url.path,
+                         STATUS[err.type])  # fmt: skip
     return error_response(err)
 
 

@@ -17,7 +17,7 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import __version__
+from app import __version__, request_context
 from app.errors import AppError, ErrorType
 from app.http import ui
 from app.http.apidocs import OfflineDocs
@@ -58,7 +58,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
         after_request=_schema_not_found_as_json,
-        middleware=[_observe(metrics)],
+        middleware=[_observe(metrics, settings.access_log)],
         guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
         cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
@@ -112,9 +112,10 @@ def request_id(scope: Scope) -> bytes:
     return uuid.uuid4().hex.encode()
 
 
-def _observe(metrics: Metrics):
+def _observe(metrics: Metrics, access_log: bool = False):
     """Count and time every routed request by endpoint (route template), model and status; give each
-    answer its x-request-id."""
+    answer its x-request-id, and log lines written below the HTTP layer too (app/request_context.py);
+    with --access-log, one line per request: client, method, path, status, time, model and id."""
 
     def middleware(app: ASGIApp) -> ASGIApp:
         async def observed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -123,6 +124,7 @@ def _observe(metrics: Metrics):
                 return
             start = scope["state"]["t0"] = time.perf_counter()  # x-total-time starts here too
             rid = scope["state"]["request_id"] = request_id(scope)
+            context = request_context.request_id.set(rid.decode())
             status = 500
 
             async def send_status(message: Message) -> None:
@@ -135,9 +137,15 @@ def _observe(metrics: Metrics):
             try:
                 await app(scope, receive, send_status)
             finally:
+                request_context.request_id.reset(context)
                 labels = (scope.get("path_template") or "other", scope["state"].get("model", ""), str(status))
                 metrics.requests.labels(*labels).inc()
-                metrics.request_latency.labels(*labels).observe(time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                metrics.request_latency.labels(*labels).observe(elapsed)
+                if access_log:
+                    client = scope.get("client") or ("-", 0)
+                    log.info("%s %s %s %d %.1f ms model=%s x-request-id=%s", client[0], scope["method"],
+                             scope["path"], status, elapsed * 1000, labels[1] or "-", rid.decode())  # fmt: skip
 
         return observed
 

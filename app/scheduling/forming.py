@@ -38,6 +38,7 @@ class Job:
     rows: list[Any]  # app.model.tokenization.Row: anything with `ids`
     future: Any
     bulk: bool = False
+    request_id: str = "-"  # its request's x-request-id, for log lines
     enqueued: float = field(default_factory=time.perf_counter)
     taken: int = 0  # rows handed to batches so far
     done: int = 0

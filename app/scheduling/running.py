@@ -59,8 +59,8 @@ class BatchRunner:
         fails only its own request, and a transient fault fails none (a batch of one is retried too). Each
         retry is one more run, so a batch of n requests costs at most n + 1 runs; only a failed batch pays
         it."""
-        log.warning("%s: a batch of %d request(s) failed (%s: %s); retrying each alone", self.admission.name,
-                    len(jobs), type(error).__name__, _first_line(error))  # fmt: skip
+        log.warning("%s: a batch of %d request(s) failed (%s: %s); retrying each alone (x-request-id %s)",
+                    self.admission.name, len(jobs), type(error).__name__, _first_line(error), _ids(jobs))  # fmt: skip
         series = self.admission.series
         for job in jobs:
             if job.future.done():  # its client left meanwhile
@@ -73,8 +73,8 @@ class BatchRunner:
             except Exception as e:
                 series.retry_failed.inc()
                 series.retry_unanswered.inc()
-                log.error("%s: a request failed again alone; answered 500 inference_failed", self.admission.name,
-                          exc_info=e)  # fmt: skip
+                log.error("%s: a request failed again alone; answered 500 inference_failed (x-request-id %s)",
+                          self.admission.name, job.request_id, exc_info=e)  # fmt: skip
                 fail([job], inference_failed(e))
                 continue
             series.retry_answered.inc()
@@ -95,8 +95,8 @@ class BatchRunner:
             except Exception as e:
                 series.retry_failed.inc()
                 series.retry_unanswered.inc()
-                log.error("%s: a run failed twice; answered 500 inference_failed", self.admission.name,
-                          exc_info=e)  # fmt: skip
+                log.error("%s: a run failed twice; answered 500 inference_failed (x-request-id %s)",
+                          self.admission.name, job.request_id, exc_info=e)  # fmt: skip
                 return fail([job], inference_failed(e))
             log.warning("%s: a run failed (%s: %s); run again, it succeeded", self.admission.name,
                         type(first).__name__, _first_line(first))  # fmt: skip
@@ -124,6 +124,10 @@ class BatchRunner:
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else ""
+
+
+def _ids(jobs: list[Job]) -> str:
+    return ", ".join(j.request_id for j in jobs[:8]) + (f" and {len(jobs) - 8} more" if len(jobs) > 8 else "")
 
 
 def inference_failed(error: Exception) -> AppError:

@@ -20,6 +20,7 @@ import logging
 import time
 from collections import deque
 
+from app import request_context
 from app.errors import AppError, ErrorType
 from app.model.engine import Engine
 from app.scheduling.admission import Admission
@@ -90,7 +91,7 @@ class Scheduler:
         if not rows:
             future.set_result(JobResult([], 0.0, 0.0))
             return future
-        job = Job(rows, future)
+        job = Job(rows, future, request_id=request_context.request_id.get())
         reserved = self.admission.reserve(tokens := job.tokens)
         job.bulk = reserved is not None
         batch = Batch([(job, i) for i in range(len(rows))], bulk=job.bulk)
@@ -122,9 +123,9 @@ class Scheduler:
                 await self._run(batch)
             except Exception as e:  # a bug around the run (padding, delivering): its requests get a JSON
                 # 500 and the runner goes on; the run itself fails only its requests (running.py)
-                log.exception(
-                    "%s: a batch failed outside its run; its requests answered 500", self.admission.name
-                )
+                ids = ", ".join(dict.fromkeys(job.request_id for job, _ in batch.items))
+                log.exception("%s: a batch failed outside its run; its requests answered 500 (x-request-id %s)",
+                              self.admission.name, ids)  # fmt: skip
                 why = f"internal server error ({type(e).__name__}); the server log has its traceback"
                 fail([job for job, _ in batch.items], AppError(ErrorType.INTERNAL, why))
             finally:
