@@ -1,8 +1,9 @@
 """--limit-concurrency: past that many open connections a request is answered at once with a JSON 503,
 counted (rejected reason "connection_limit"), and its connection closed to free a place. uvicorn's own
 limit answered every path alike, probes included, with a plain-text 503 no metric saw: a flood of idle
-connections then failed the liveness probe, and a restart was all the replica got. /health and /ready
-are answered whatever the count: they cost nothing and say what they are asked."""
+connections then failed the liveness probe, and a restart was all the replica got. /health, /ready and
+/metrics are answered whatever the count: they cost nothing and say what they are asked, the last what a
+flood of connections looks like while it lasts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from app.errors import ErrorType
 from app.metrics import Metrics
 from app.scheduling.server_load import ServerLoad
 
-PROBES = frozenset({"/health", "/ready"})
+PROBES = frozenset({"/health", "/ready", "/metrics"})
 
 
 def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
