@@ -353,10 +353,15 @@ def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["warnings"] = ["the detector barely tells swapped words from the rest (ROC AUC 0.52)."]
     (bundle / "manifest.json").write_text(json.dumps(manifest))
+    # Beside it a bundle that does not load: it is not in the list, and the page says so and why.
+    shutil.copytree(MODELS / "sentiment", tmp_path / "models" / "sentiment")
+    (tmp_path / "models" / "sentiment" / "tokenizer.json").write_text("{}")
     with run_server(bundle.parent, log_dir=tmp_path) as weak:
         open_page(browser, weak)
         shown = browser.find_element("id", "model-warnings")
         assert shown.is_displayed() and "ROC AUC 0.52" in shown.text, shown.text
+        broken = browser.find_element("id", "broken-models")
+        assert broken.is_displayed() and "Not served: sentiment (" in broken.text, broken.text
     assert "weak: the detector barely tells swapped words" in weak.log()  # and the server's log, by name
 
 

@@ -71,6 +71,7 @@ async function loadModels() {
   try {
     const { data } = await api("models");
     state.models = data.models;
+    showBroken(data.broken || {});
   } catch (err) {
     showError(err);
     return false;
@@ -99,6 +100,15 @@ async function loadModels() {
   select.value = first.name;
   select.disabled = false;
   return true;
+}
+
+// Bundles in the models directory that failed their checks or their loading: not in the list, so say so.
+function showBroken(broken) {
+  const names = Object.keys(broken).sort();
+  $("broken-models").textContent = names.length
+    ? "Not served: " + names.map((n) => n + " (" + broken[n] + ")").join("; ")
+    : "";
+  $("broken-models").hidden = !names.length;
 }
 
 function selectedModel() { return state.models.find((m) => m.name === $("model").value); }
