@@ -568,8 +568,8 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
     train = write_csv(tmp_path / "r.csv", 30)
     weights = (tiny_init / "model.safetensors").stat().st_size
     try:
-        # Room at the start (check_model_fits: the model, and resume/ at about four times it)
-        with tmpfs(tmp_path / "disk", 6 * weights + 2**22) as disk:
+        # Room at the start (check_model_fits: the model, and two resume/ at about four times it each)
+        with tmpfs(tmp_path / "disk", 10 * weights + 2**23) as disk:
             t = tuner.setup(["--threads", "1", "--init", str(tiny_init), "--out", str(disk / "out"), "--train",
                              str(train), "--text-column", "review", "--label-column", "verdict", "--epochs", "1"])  # fmt: skip
             # Then another writer fills the disk.
@@ -616,7 +616,9 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
     t = tuner.setup(args(tmp_path / "stopped"))
     tuner._train(t, time.time(), stopping=lambda: t.step >= stop_at)  # as after Ctrl-C at that step
     assert (tmp_path / "stopped" / "resume" / "state.json").is_file()
-    finetune(["--out", str(tmp_path / "stopped"), "--resume"])
+    with (tmp_path / "stopped" / "metrics.jsonl").open("a") as torn:  # as a kill mid-row leaves it
+        torn.write('{"step": 999, "spl')
+    finetune([*args(tmp_path / "stopped"), "--resume"])  # the original command, --resume added
 
     whole, resumed = tmp_path / "whole", tmp_path / "stopped"
     assert (whole / "model.safetensors").read_bytes() == (resumed / "model.safetensors").read_bytes()

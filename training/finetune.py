@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 
 import options
 from training.config import FinetuneConfig
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     # --help, a mistyped flag and a value the options refuse (--task nope, no --out) answer before torch
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
-        options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
+        cfg = options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:
@@ -37,8 +38,10 @@ def main(argv: list[str] | None = None) -> dict:
 
         return run(argv)
     except KeyboardInterrupt:  # Ctrl-C before training began (reading, tokenizing), or twice while it ran
-        print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; the same command with "
-              "--overwrite runs it again", file=sys.stderr)  # fmt: skip
+        saved = (Path(cfg.out) / "resume" / "state.json").is_file()  # training/finetuning/resume.py
+        again = (f"its last dev evaluation is kept: go on with {PROG} --out {cfg.out} --resume" if saved
+                 else "the same command with --overwrite runs it again")  # fmt: skip
+        print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; {again}", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
 
 

@@ -23,7 +23,6 @@ from options import ConfigError, flag
 from training import checkpoint as ckpt
 from training.config import FinetuneConfig
 from training.pretraining.stopping import capture_rng
-from training.report import read_metrics
 
 RESUME_DIR = "resume"
 STATE = "state.json"
@@ -46,6 +45,8 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
     then = json.loads(saved.read_text())
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=then)
     now_dict = options.as_dict(now)
+    if _same_init(then.get("init"), now_dict.get("init")):  # the original command, --resume added
+        now_dict["init"] = then["init"]
     changed = [k for k in now_dict if k in then and k not in RESUMABLE_CHANGES and now_dict[k] != then[k]]
     if changed:
         shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now_dict[k]!r} now" for k in changed[:4])
@@ -53,6 +54,14 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
         raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only {allowed} may "
                           "change on a resume; start a new run (another --out) to change the others")  # fmt: skip
     return now
+
+
+def _same_init(then: str | None, now: str | None) -> bool:
+    """--init as given (a run directory) and as saved (the checkpoint it resolved to, inside it)."""
+    if not then or not now:
+        return False
+    given, saved = Path(now).expanduser().resolve(), Path(then).resolve()
+    return saved == given or given in saved.parents
 
 
 def resume_bytes(model: torch.nn.Module) -> int:
@@ -126,9 +135,18 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
     and so does the dev row of an evaluation only the stop asked for (`evaluated`: one was due there)."""
     if not metrics.is_file():
         return
-    kept = [r for r in read_metrics(metrics)
-            if r["step"] < step or (r["step"] == step and (r["split"] != "dev" or evaluated))]  # fmt: skip
-    metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    rows = []
+    lines = metrics.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:  # only the last line can be torn (a kill or a full disk mid-row)
+                raise
+    kept = [r for r in rows if r["step"] < step or (r["step"] == step and (r["split"] != "dev" or evaluated))]
+    ckpt.write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def epoch_rng(seed: int, position: dict | None) -> random.Random:

@@ -258,7 +258,7 @@ def check_model_fits(out: Path, model: torch.nn.Module) -> None:
     model's files left out: they go only once the new ones are in place), then adds the weights and about
     a megabyte of tokenizer and reports."""
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
-    needed += resume.resume_bytes(model)  # resume/, written at each dev evaluation
+    needed += 2 * resume.resume_bytes(model)  # resume/, replaced whole at each dev evaluation: two at once
     # resume/ is linked into the final write, not copied; its own room is counted above.
     files = [f for f in out.rglob("*") if f.is_file() and f.relative_to(out).parts[0] != resume.RESUME_DIR]
     needed += sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() not in MODEL_OUTPUTS)
@@ -569,8 +569,10 @@ def train_and_save(t: FineTuner) -> dict:
         if not out_of_space(e):
             raise
         full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
+        saved = (Path(t.cfg.out) / resume.RESUME_DIR / resume.STATE).is_file()
+        again = f"go on with {entry.PROG} --out {t.cfg.out} --resume" if saved else "run it again"
         sys.exit(f"error: {full}; the fine-tuned model was not written (--out {t.cfg.out} keeps its config "
-                 "and the metrics written so far): free some space and run again")  # fmt: skip
+                 f"and the metrics written so far): free some space and {again}")  # fmt: skip
     except ckpt.CheckpointError as e:  # a bind mount at --out, which check_out cannot tell from a directory
         sys.exit(f"error: {e}; the fine-tuned model was not written")
     print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
