@@ -137,3 +137,14 @@ def test_head_is_answered_at_once_and_the_next_request_gets_its_own_answer(serve
         sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
         head, body = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200") and json.loads(body)["status"] == "ok", head + body
+
+
+def test_cors_lets_browser_code_read_the_request_id_and_the_timings(bundles_dir: Path, tmp_path):
+    with (
+        run_server(bundles_dir, "--cors-origins", "https://app.example", log_dir=tmp_path) as s,
+        s.client() as c,
+    ):
+        r = c.post("/detect", json={"text": "a cat"}, headers={"origin": "https://app.example"})
+    assert r.headers["access-control-allow-origin"] == "https://app.example"
+    exposed = {h.strip() for h in r.headers["access-control-expose-headers"].lower().split(",")}
+    assert {"x-request-id", "x-total-time", "x-inference-time"} <= exposed, exposed

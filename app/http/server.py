@@ -61,7 +61,10 @@ def create_app(settings: Settings) -> Litestar:
         middleware=[_observe(metrics, settings.access_log)],
         guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
-        cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
+        # Browser code may read the request id and the stage timings, as any other client does.
+        cors_config=CORSConfig(allow_origins=list(settings.cors_origins), expose_headers=EXPOSED_HEADERS)
+        if settings.cors_origins
+        else None,
         openapi_config=OpenAPIConfig(
             title="electra-serve",
             version=__version__,
@@ -100,6 +103,7 @@ def schema_answers_head(app: ASGIApp) -> ASGIApp:
     return wrapped
 
 
+EXPOSED_HEADERS = ["x-request-id", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"]
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 

@@ -40,7 +40,7 @@ def config(port: int, stats_port: int, replicas: dict[str, int], check: HealthCh
         words = line.split()
         if words[:2] == ["bind", ":8000"]:
             line = f"    bind 127.0.0.1:{port}"
-        elif words[:2] == ["bind", ":8404"]:
+        elif words[:2] == ["bind", "127.0.0.1:8404"]:
             line = f"    bind 127.0.0.1:{stats_port}"
         elif words[:1] == ["default-server"]:
             line = f"    default-server inter {check.inter_ms}ms fall {check.fall} rise {check.rise}"
