@@ -2,7 +2,8 @@
 # Two targets, both the serving install only (no torch, no training code):
 #   docker build --target cpu -t electra-serve:cpu .     slim CPU image, default models baked in
 #   docker build --target gpu -t electra-serve:gpu .     CUDA base with onnxruntime-gpu
-# Run:  docker run -p 8000:8000 electra-serve:cpu      (mount your own bundles at /srv/models to replace them)
+# Run:  docker run -p 8000:8000 electra-serve:cpu      (mount your own bundles at /srv/models to replace them;
+#       --stop-timeout 40: docker stop's 10 s would cut the server's 30 s graceful drain)
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
@@ -29,7 +30,7 @@ RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
     && /opt/venv/bin/pip install --no-cache-dir ".[cpu]" -c requirements/serve.txt \
     && /opt/venv/bin/pip uninstall -y -q faker polyfactory \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
-    && /opt/venv/bin/python -c "import app.http.server"
+    && /opt/venv/bin/python -P -c "import app.http.server"  # -P: the installed wheel, not /src's tree
 
 # ---------------------------------------------------------------------------- cpu: the default image
 FROM ${PYTHON_IMAGE} AS cpu
@@ -63,7 +64,8 @@ COPY options ./options
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[gpu]" -c requirements/serve.txt \
     && /opt/venv/bin/pip uninstall -y -q faker polyfactory pip setuptools \
-    && rm -rf /src
+    && rm -rf /src \
+    && /opt/venv/bin/python -P -c "import app.http.server"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
