@@ -136,10 +136,6 @@ def fit_platt(probs: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
     return fit_logistic_1d(_logit(probs), np.asarray(labels, dtype=np.int64))
 
 
-def platt(probs: np.ndarray, scale: float, bias: float) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-(scale * _logit(probs) + bias)))
-
-
 def reliability_bins(probs: np.ndarray, labels: np.ndarray, bins: int = BINS) -> list[dict]:
     """Equal-width bins of predicted probability: count, mean prediction, observed share replaced."""
     probs, labels = np.asarray(probs, dtype=np.float64), np.asarray(labels, dtype=np.float64)

@@ -363,6 +363,18 @@ def as_dict(cfg) -> dict:
     return out
 
 
+def refuse_resume_changes(then: Mapping, now: Mapping, may_change: Sequence[str], new_run: str) -> None:
+    """ConfigError where a --resume's options (`now`, as_dict's JSON values) differ from the run's saved
+    ones (`then`) outside `may_change`: the run would fail to load, or go on as another while it said it
+    resumed. `new_run` says how to start one instead ("another --out")."""
+    changed = [k for k in now if k in then and k not in may_change and now[k] != then[k]]
+    if changed:
+        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
+        allowed = ", ".join(flag(k) for k in may_change if k not in ("resume", "out"))
+        raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only {allowed} may "
+                          f"change on a resume; start a new run ({new_run}) to change the others")  # fmt: skip
+
+
 def describe(cfg) -> str:
     """The resolved options, one a line, for printing at start (secrets masked)."""
     values = as_dict(cfg)

@@ -1,9 +1,9 @@
 """Checkpoints in the Hugging Face ELECTRA layout (see docs/formats.md), written atomically.
 
-Weights are safetensors, never pickle. Training state (optimizer moments; no RNG state: pretraining
-reseeds from (seed, rank, step) at every checkpoint instead) is flattened into
-tensors in `optimizer.safetensors` with its structure in `trainer_state.json`, so resuming never
-unpickles anything either.
+Weights are safetensors, never pickle. Training state (optimizer moments) is flattened into tensors in
+`optimizer.safetensors` with its structure in `trainer_state.json`, and the random generators, where a
+resume needs them (a stop between --save-every points; fine-tuning's resume/), are tensors too, so
+resuming never unpickles anything either.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 import options
-from options import ConfigError, flag
+from options import ConfigError
 from training import checkpoint as ckpt
 from training.config import FinetuneConfig
 from training.pretraining.stopping import capture_rng
@@ -47,12 +47,7 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
     now_dict = options.as_dict(now)
     if _same_init(then.get("init"), now_dict.get("init")):  # the original command, --resume added
         now_dict["init"] = then["init"]
-    changed = [k for k in now_dict if k in then and k not in RESUMABLE_CHANGES and now_dict[k] != then[k]]
-    if changed:
-        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now_dict[k]!r} now" for k in changed[:4])
-        allowed = ", ".join(flag(k) for k in RESUMABLE_CHANGES[:-2])
-        raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only {allowed} may "
-                          "change on a resume; start a new run (another --out) to change the others")  # fmt: skip
+    options.refuse_resume_changes(then, now_dict, RESUMABLE_CHANGES, "another --out")
     return now
 
 

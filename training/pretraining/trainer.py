@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 import options
-from options import ConfigError, describe, flag
+from options import ConfigError, describe
 from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import pretrain as entry
@@ -256,12 +256,9 @@ def check_resumable(then: dict, now: dict) -> None:
     # With a given tokenizer, vocab_size is that tokenizer's size, not a setting (runs saved before it was
     # filled in hold the --config file's value).
     sized = ("vocab_size",) if now.get("tokenizer", "train") != "train" and not now.get("init") else ()
-    changed = [k for k in now if k in then and k not in RESUMABLE_CHANGES + sized and now[k] != then[k]]
-    if changed:
-        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
-        raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only "
-                          f"{', '.join(flag(k) for k in RESUMABLE_CHANGES[:-2])} may change on a resume; "
-                          "start a new run (another --out, --init from this one) to change the others")  # fmt: skip
+    if sized and now.get("vocab_size") != then.get("vocab_size"):
+        now = {**now, "vocab_size": then.get("vocab_size")}
+    options.refuse_resume_changes(then, now, RESUMABLE_CHANGES, "another --out, --init from this one")
 
 
 def check_processes(run: Path, world: int) -> None:
