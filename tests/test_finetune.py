@@ -593,7 +593,7 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
 @pytest.mark.parametrize(
     "stop_at, extra",
     [(5, ()),  # before the first dev evaluation: the stop evaluates, the resumed run must not
-     (10, ("--eval-every", "4", "--sort-by-length", "--patience", "2"))],  # early stopping's count kept
+     (10, ("--eval-every", "4", "--sort-by-length", "--patience", "2", "--metric", "auto"))],  # early stopping's count kept
 )  # fmt: skip
 def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
     tiny_init, tmp_path, stop_at, extra
@@ -613,7 +613,9 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
                 "--out", str(out), *extra]  # fmt: skip
 
     finetune(args(tmp_path / "whole"))
-    t = tuner.setup(args(tmp_path / "stopped"))
+    t = tuner.setup(
+        [*args(tmp_path / "stopped"), "--overwrite"]
+    )  # saved in its config: no clash with --resume
     tuner._train(t, time.time(), stopping=lambda: t.step >= stop_at)  # as after Ctrl-C at that step
     assert (tmp_path / "stopped" / "resume" / "state.json").is_file()
     with (tmp_path / "stopped" / "metrics.jsonl").open("a") as torn:  # as a kill mid-row leaves it

@@ -15,16 +15,23 @@ LOCK = ".lock"
 _held: dict[str, IO] = {}  # --out (real path) -> its locked file, for this process's lifetime
 
 
+# What a pretraining run writes at the top of its --out (data/: its shards, which scripts/gpu-check puts
+# there before the run).
+RUN_ENTRIES = frozenset({"config.json", "metrics.jsonl", "curves.png", "data", "tokenizer", "checkpoints"})
+
+
 def check_new_pretraining_out(out: Path) -> None:
-    """--out of a new pretraining run: absent, empty, or a run of ours stopped before its first checkpoint
-    (its config.json is a pretraining config). Anything else (a model directory, a bundle, a user's files)
-    would have its config.json replaced and checkpoints written among its files."""
+    """--out of a new pretraining run: absent, empty, or holding only what a run of ours writes (one stopped
+    before its first checkpoint; its config.json a pretraining config). Anything else (a model directory,
+    a bundle, a user's files) would have its config.json replaced and checkpoints written among its files."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; give a directory")
     if not out.is_dir():
         return
     entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
-    if entries and not _is_pretraining_config(out / "config.json"):
+    config = out / "config.json"
+    foreign = [e for e in entries if e not in RUN_ENTRIES]
+    if foreign or (config.exists() and not _is_pretraining_config(config)):
         shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
         raise ConfigError(f"--out: {out} holds {shown}, not a pretraining run's files: a run would replace its "
                           "config.json and write among them; give a new or empty directory")  # fmt: skip

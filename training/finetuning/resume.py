@@ -43,20 +43,28 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
         raise ConfigError(f"--resume: {out} holds no resume state: its run finished, or was killed before its "
                           "first dev evaluation; run its command with --overwrite to train it again")  # fmt: skip
     then = json.loads(saved.read_text())
-    now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=then)
-    now_dict = options.as_dict(now)
-    if _same_init(then.get("init"), now_dict.get("init")):  # the original command, --resume added
-        now_dict["init"] = then["init"]
-    options.refuse_resume_changes(then, now_dict, RESUMABLE_CHANGES, "another --out")
+    # A run started with --overwrite saved it; on a resume it would clash with --resume.
+    base = {**then, "overwrite": False}
+    now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
+    # The original command with --resume added: what it gave as its run directory or "auto" is what the
+    # run resolved it to then (the checkpoint, the metric), and that is what goes on.
+    same = {k: then[k] for k, v in options.as_dict(now).items() if k in then and _as_resolved(k, v, then[k])}
+    now = options.replace(now, **same)
+    options.refuse_resume_changes(base, options.as_dict(now), RESUMABLE_CHANGES, "another --out")
     return now
 
 
-def _same_init(then: str | None, now: str | None) -> bool:
-    """--init as given (a run directory) and as saved (the checkpoint it resolved to, inside it)."""
-    if not then or not now:
+def _as_resolved(key: str, given, saved) -> bool:
+    if given == saved or given is None:
         return False
-    given, saved = Path(now).expanduser().resolve(), Path(then).resolve()
-    return saved == given or given in saved.parents
+    if key in ("metric", "problem_type"):
+        return given == "auto"
+    if key == "init":  # a pretraining run's directory, saved as the checkpoint it resolved to
+        run, checkpoint = Path(given).expanduser().resolve(), Path(saved).resolve()
+        return checkpoint == run or (
+            checkpoint.parent.name == "checkpoints" and checkpoint.parent.parent == run
+        )
+    return False
 
 
 def resume_bytes(model: torch.nn.Module) -> int:
