@@ -252,10 +252,16 @@ def _remove_stale_temporaries(target: Path) -> None:
         pid = tmp.name[len(target.name) + 5 :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
+    restore_set_aside(target)
+    shutil.rmtree(_set_aside(target), ignore_errors=True)
+
+
+def restore_set_aside(target: Path) -> None:
+    """`target` back from where a writer killed between its two renames left it (see write_atomically);
+    called before anything recreates `target` (a training command's --out, made at its start)."""
     old = _set_aside(target)
     if old.is_dir() and not target.exists():
         old.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _set_aside(target: Path) -> Path:
@@ -267,7 +273,11 @@ def _exchange(a: Path, b: Path) -> bool:
     or the filesystem cannot, and the caller renames twice."""
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # not Linux, or a C library before glibc 2.28
+    except (
+        OSError,
+        AttributeError,
+        TypeError,
+    ):  # not Linux (Windows: no C library by None), or before glibc 2.28
         return False
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:

@@ -48,7 +48,10 @@ def _is_pretraining_config(path: Path) -> bool:
 def hold(out: Path) -> None:
     """Create --out and lock it for this process (again from this process: nothing to do); ConfigError
     when it cannot be written or another process holds it."""
+    from training.checkpoint import restore_set_aside
+
     try:
+        restore_set_aside(out)  # a final write killed half-way on a filesystem that cannot swap directories
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(

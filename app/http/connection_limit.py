@@ -2,8 +2,8 @@
 counted (rejected reason "connection_limit"), and its connection closed to free a place. uvicorn's own
 limit answered every path alike, probes included, with a plain-text 503 no metric saw: a flood of idle
 connections then failed the liveness probe, and a restart was all the replica got. /health, /ready and
-/metrics are answered whatever the count: they cost nothing and say what they are asked, the last what a
-flood of connections looks like while it lasts."""
+/metrics are answered whatever the count: they cost little (a few hundred series) and say what they are
+asked, the last what a flood of connections looks like while it lasts."""
 
 from __future__ import annotations
 

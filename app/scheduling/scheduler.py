@@ -144,7 +144,10 @@ class Scheduler:
             if step is Step.FORM:
                 if not lane.bulk:
                     await self._gather(lane)
-                self.idle.wake(lane.take() - 1)  # this runner claims one; others the rest
+                formed = lane.take()
+                # This runner claims one batch, others the rest; and one more forms what is left beyond the
+                # budget (it queued while this runner gathered, and woke no one: see submit).
+                self.idle.wake(formed - 1 + bool(lane.jobs))
             else:
                 await self.idle.sleep()
 

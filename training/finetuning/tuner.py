@@ -288,8 +288,12 @@ def write_outputs(
         # Not copied: resume/ (linked below, or gone with a finished run), and a previous model's files (a
         # run with --overwrite: this one's replace them, and one it does not write, eval_test.json, goes).
         left_out = {resume.RESUME_DIR, *MODEL_OUTPUTS}
-        shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=lambda src, names: (
-            left_out & set(names) if Path(src) == out else set()))  # fmt: skip
+
+        def ignored(src: str, names: list[str]) -> set[str]:  # and a killed resume/ write's temporaries
+            top = Path(src) == out
+            return {n for n in names if top and (n in left_out or n.startswith(f".{resume.RESUME_DIR}."))}
+
+        shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=ignored)
         if keep_resume and (out / resume.RESUME_DIR).is_dir():
             shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=_link_or_copy)
         ckpt.save_model(model, d, ARCH)

@@ -214,6 +214,11 @@ class Trainer:
             log.write(step, self.settle_tokens(), "eval", self.evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if saving:
+            # Never a checkpoint of weights that are no longer finite (the loss is read only at log steps):
+            # the run stops with its previous checkpoint intact. The same on every rank (DDP keeps the
+            # weights equal), at a point that waits for the device anyway.
+            if not all(bool(torch.isfinite(p).all()) for p in self.objective.parameters()):
+                raise Diverged(step, cfg.lr)
             self.settle_tokens()
             if env.main:
                 save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
@@ -243,7 +248,7 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
         sys.exit(f"error: {e}")
 
 
-# What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and saves.
+# What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and evaluates.
 # Not --save-every: the dropout generator is reseeded at each save point, so other points are another run.
 RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
                      "max_minutes", "log_every", "eval_every", "eval_batches", "keep_checkpoints", "data_dir",
@@ -294,7 +299,10 @@ def setup(argv: list[str] | None) -> Trainer:
             f"error: {run} already holds a run; pass --resume to continue it or choose another --out"
         )
     if cfg.resume:
-        check_processes(run, env.world)
+        try:
+            check_processes(run, env.world)
+        except CheckpointError as e:  # checkpoints/latest names a checkpoint that is gone or broken
+            options.usage_exit(f"error: {e}")
     problem = None
     if env.main:  # rank 0 writes --out
         try:
@@ -441,12 +449,7 @@ def train(t: Trainer, stop: GracefulStop) -> None:
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     while t.step < cfg.max_steps:
-        try:
-            sums, norm = t.train_step()
-        except (IndexError, RuntimeError) as e:  # non-finite logits sample no token: an index out of range
-            if all(bool(torch.isfinite(p).all()) for p in t.objective.parameters()):
-                raise
-            raise Diverged(t.step + 1, cfg.lr) from e
+        sums, norm = t.train_step()  # non-finite logits still sample a token (the sampler clamps)
         bar.update(1)
         if env.main and t.step - first_step == 20:  # speed measured: will --max-minutes cut the schedule?
             warning = time_cap_warning(cfg.max_minutes, cfg.max_steps, 20, time.time() - started, t.step)
