@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import IO
 
 from options import ConfigError
+from training.checkpoint import restore_set_aside
 
 LOCK = ".lock"
 _held: dict[str, IO] = {}  # --out (real path) -> its locked file, for this process's lifetime
-
-
 # What a pretraining run writes at the top of its --out (data/: its shards, which scripts/gpu-check puts
 # there before the run).
 RUN_ENTRIES = frozenset({"config.json", "metrics.jsonl", "curves.png", "data", "tokenizer", "checkpoints"})
@@ -48,8 +47,6 @@ def _is_pretraining_config(path: Path) -> bool:
 def hold(out: Path) -> None:
     """Create --out and lock it for this process (again from this process: nothing to do); ConfigError
     when it cannot be written or another process holds it."""
-    from training.checkpoint import restore_set_aside
-
     try:
         restore_set_aside(out)  # a final write killed half-way on a filesystem that cannot swap directories
         out.mkdir(parents=True, exist_ok=True)
