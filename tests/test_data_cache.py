@@ -44,6 +44,23 @@ def test_a_tokenizer_is_trained_once_per_set_of_options(cache, small_corpus):
     assert stat.S_IMODE(next(cache.glob("tokenizer-*")).stat().st_mode) == 0o755
 
 
+def test_what_a_killed_run_was_building_goes_and_a_live_ones_stays(cache, small_corpus):
+    """A run killed while it built an entry (kill -9, OOM) left its staging directory for good."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    cache.mkdir(parents=True)
+    (cache / f".shards-pid{dead}-abc" / "shards").mkdir(parents=True)
+    (cache / f".tokenizer-pid{os.getpid()}-def").mkdir()  # this process, as if it were building it now
+    derived.trained_tokenizer("wikitext2", 500, True,
+                              lambda: train_wordpiece(read_corpus(str(small_corpus), "train"), vocab_size=500))  # fmt: skip
+    assert not (cache / f".shards-pid{dead}-abc").exists()
+    assert (cache / f".tokenizer-pid{os.getpid()}-def").is_dir()
+
+
 def test_shards_are_built_once_and_each_run_gets_its_own_copy(cache, small_corpus, small_tokenizer, tmp_path):
     from tokenizers import Tokenizer
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from training.errors import CheckpointError, disk_full, out_of_space, refuse_mount_point
+from training.errors import CheckpointError, disk_full, out_of_space, process_alive, refuse_mount_point
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -250,7 +250,7 @@ def _remove_stale_temporaries(target: Path) -> None:
     put back."""
     for tmp in target.parent.glob(f".{target.name}.pid*.*"):
         pid = tmp.name[len(target.name) + 5 :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
     restore_set_aside(target)
     shutil.rmtree(_set_aside(target), ignore_errors=True)
@@ -286,16 +286,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), str(b))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # PermissionError: it runs, as another user
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: int | None = None) -> Path:

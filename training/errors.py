@@ -60,6 +60,18 @@ def check_room(target: Path, needed_bytes: int, what: str, reclaimed_bytes: int 
                             f"MB); {what} needs about {needed_bytes / 1e6:.1f} MB")  # fmt: skip
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (as any user): a temporary named after a pid that does not will never be
+    finished, and can go."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        pass
+    return True
+
+
 def refuse_mount_point(target: Path, label: str = "") -> None:
     """A CheckpointError where `target` is a mount point: a directory written whole is built beside its
     target and renamed into its place (write_atomically), and a mount point cannot be renamed. A link to

@@ -38,7 +38,7 @@ from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
-from training.errors import disk_full, out_of_space
+from training.errors import disk_full, out_of_space, process_alive
 
 KEEP = 24  # entries kept; a WikiText-2 entry is 1-16 MB
 
@@ -88,6 +88,10 @@ def _prune() -> None:
                      key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
     for old in entries[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
+    for tmp in root().glob(".*-pid*-*"):  # what a killed run was building: its pid runs no more
+        pid = tmp.name.split("-pid", 1)[1].split("-", 1)[0]
+        if tmp.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _touch(entry: Path) -> None:
@@ -110,7 +114,7 @@ def trained_tokenizer(
     tok = train()
     try:
         root().mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=root()))
+        tmp = Path(tempfile.mkdtemp(prefix=f".tokenizer-pid{os.getpid()}-", dir=root()))
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is the machine's, as the data cache is
         save_tokenizer(tok, tmp)
         _publish(tmp, entry)
@@ -137,7 +141,7 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
             root().mkdir(parents=True, exist_ok=True)
             # Built in a private staging directory and renamed into place: two runs building the same
             # entry at once (the claim's two arms) each publish whole shards, and the first one stays.
-            staging = Path(tempfile.mkdtemp(prefix=".shards-", dir=root()))
+            staging = Path(tempfile.mkdtemp(prefix=f".shards-pid{os.getpid()}-", dir=root()))
             try:
                 build(staging / "shards")
                 _publish(staging / "shards", entry)
