@@ -698,3 +698,27 @@ def test_a_signal_during_the_last_step_leaves_a_finished_run_finished(tiny_init,
     assert "interrupted" not in evals and t.step == t.total
     assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["interrupted"] is False
     assert not (tmp_path / "out" / "resume").exists()
+
+
+def test_resume_after_the_pretraining_run_removed_the_checkpoint_it_began_from(tiny_init, tmp_path, capsys):
+    """A pretraining run that goes on keeps its last --keep-checkpoints: the one a fine-tuning run began from
+    may be gone at its --resume. Its weights come from resume/; --init (the run) gives shape and tokenizer."""
+    import time
+
+    from training.finetuning import tuner
+
+    run = tmp_path / "pretraining"
+    shutil.copytree(tiny_init, run / "checkpoints" / "step-00000001")
+    (run / "checkpoints" / "latest").write_text("step-00000001\n")
+    args = ["--init", str(run), "--train", str(write_csv(tmp_path / "r.csv", 60)), "--text-column", "review",
+            "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    t = tuner.setup(args)
+    tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    (run / "checkpoints" / "step-00000001").rename(run / "checkpoints" / "step-00000002")
+    (run / "checkpoints" / "latest").write_text("step-00000002\n")
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(tmp_path / "out"), "--resume"])
+    assert "the checkpoint this run began from, is gone; give --init" in capsys.readouterr().err
+    finetune([*args, "--resume"])  # the original command: its --init is the run, which goes on
+    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["interrupted"] is False

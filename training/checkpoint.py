@@ -252,16 +252,10 @@ def _remove_stale_temporaries(target: Path) -> None:
         pid = tmp.name[len(target.name) + 5 :].split(".", 1)[0]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-    restore_set_aside(target)
-    shutil.rmtree(_set_aside(target), ignore_errors=True)
-
-
-def restore_set_aside(target: Path) -> None:
-    """`target` back from where a writer killed between its two renames left it (see write_atomically);
-    called before anything recreates `target` (a training command's --out, made at its start)."""
     old = _set_aside(target)
     if old.is_dir() and not target.exists():
         old.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _set_aside(target: Path) -> Path:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import IO
 
 from options import ConfigError
-from training.checkpoint import restore_set_aside
 
 LOCK = ".lock"
 _held: dict[str, IO] = {}  # --out (real path) -> its locked file, for this process's lifetime
@@ -48,7 +47,6 @@ def hold(out: Path) -> None:
     """Create --out and lock it for this process (again from this process: nothing to do); ConfigError
     when it cannot be written or another process holds it."""
     try:
-        restore_set_aside(out)  # a final write killed half-way on a filesystem that cannot swap directories
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(

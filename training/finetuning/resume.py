@@ -46,25 +46,29 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
     # A run started with --overwrite saved it; on a resume it would clash with --resume.
     base = {**then, "overwrite": False}
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
-    # The original command with --resume added: what it gave as its run directory or "auto" is what the
-    # run resolved it to then (the checkpoint, the metric), and that is what goes on.
-    same = {k: then[k] for k, v in options.as_dict(now).items() if k in then and _as_resolved(k, v, then[k])}
-    now = options.replace(now, **same)
-    options.refuse_resume_changes(base, options.as_dict(now), RESUMABLE_CHANGES, "another --out")
+    # The original command with --resume added: its "auto" is what the run resolved it to then.
+    now = options.replace(
+        now, **{k: then[k] for k in ("metric", "problem_type") if getattr(now, k) == "auto"}
+    )
+    compared = options.as_dict(now)
+    if _same_run(then["init"], now.init):  # its --init: the pretraining run the saved checkpoint is in
+        compared["init"] = then["init"]
+        if Path(then["init"]).exists():  # that checkpoint, not the run's latest now
+            now = options.replace(now, init=then["init"])
+    options.refuse_resume_changes(base, compared, RESUMABLE_CHANGES, "another --out")
+    # The weights come from resume/; --init gives the model's shape and tokenizer. A pretraining run that
+    # went on may have removed the checkpoint the run began from (it keeps its last --keep-checkpoints).
+    if not Path(now.init).exists():
+        raise ConfigError(f"--resume: {now.init}, the checkpoint this run began from, is gone; give --init with "
+                          "the pretraining run it came from (the weights come from resume/; --init gives the "
+                          "model's shape and tokenizer)")  # fmt: skip
     return now
 
 
-def _as_resolved(key: str, given, saved) -> bool:
-    if given == saved or given is None:
-        return False
-    if key in ("metric", "problem_type"):
-        return given == "auto"
-    if key == "init":  # a pretraining run's directory, saved as the checkpoint it resolved to
-        run, checkpoint = Path(given).expanduser().resolve(), Path(saved).resolve()
-        return checkpoint == run or (
-            checkpoint.parent.name == "checkpoints" and checkpoint.parent.parent == run
-        )
-    return False
+def _same_run(saved: str, given: str) -> bool:
+    """--init given as a pretraining run's directory, saved as the checkpoint it resolved to then."""
+    run, checkpoint = Path(given).expanduser().resolve(), Path(saved).resolve()
+    return checkpoint == run or (checkpoint.parent.name == "checkpoints" and checkpoint.parent.parent == run)
 
 
 def resume_bytes(model: torch.nn.Module) -> int:
