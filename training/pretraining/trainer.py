@@ -216,8 +216,8 @@ class Trainer:
         if saving:
             # Never a checkpoint of weights that are no longer finite (the loss is read only at log steps):
             # the run stops with its previous checkpoint intact. The same on every rank (DDP keeps the
-            # weights equal), at a point that waits for the device anyway.
-            if not all(bool(torch.isfinite(p).all()) for p in self.objective.parameters()):
+            # weights equal), at a point that waits for the device anyway: once, for every tensor at once.
+            if not torch.stack([torch.isfinite(p).all() for p in self.objective.parameters()]).all():
                 raise Diverged(step, cfg.lr)
             self.settle_tokens()
             if env.main:
