@@ -321,7 +321,7 @@ def sources(cfg) -> dict[str, str]:
 def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespace, dict]:
     """The parsed command line, and each flag given as its option's type, checked against its choices."""
     hints = typing.get_type_hints(cls)
-    args = parser(cls, prog, description, config_file).parse_args(argv)
+    args = parser(cls, prog, description, config_file).parse_args(_negative_values(argv))
     flags = {}
     for f in dataclasses.fields(cls):
         given = getattr(args, f.name)
@@ -329,6 +329,28 @@ def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespac
             flags[f.name] = coerce(f.name, given, hints[f.name])
             _check_choice(f, flags[f.name])
     return args, flags
+
+
+def _negative_values(argv: Sequence[str] | None) -> list[str]:
+    """`--lr -1e-3` as `--lr=-1e-3`: argparse takes a value starting with "-" for a flag unless it looks
+    like a plain negative number (-1e-3 does not), and the option then said it expected one argument."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--") and "=" not in argv[i] and i + 1 < len(argv) and _negative(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _negative(value: str) -> bool:
+    try:
+        return value.startswith("-") and float(value) < 0
+    except ValueError:
+        return False
 
 
 def _check_choice(f: dataclasses.Field, value) -> None:

@@ -218,3 +218,10 @@ def test_unknown_corpus_is_a_message(tmp_path):
         "--corpus 'wikitext3': neither a registry corpus (wikitext2, news, wordnet, chat, gcide, "
         "wordnet_glosses, trec, commons)" in out.stderr
     )
+
+
+def test_a_negative_value_in_scientific_notation_is_read_as_the_value():
+    """argparse took `-1e-3` for a flag: `--lr -1e-3` answered "expected one argument", not what is wrong."""
+    with pytest.raises(options.ConfigError, match="--lr: must be positive, got -0.001"):
+        options.resolve(PretrainConfig, ["--lr", "-1e-3"])
+    assert options.resolve(Settings, ["--memory-limit-mb", "-1"]).memory_limit_mb == -1  # as before
