@@ -549,7 +549,9 @@ def test_out_is_refused_when_it_is_a_file_or_another_models_directory(
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["ElectraForPreTraining"]}')
     (model / "model.safetensors").write_bytes(b"weights")
-    for out, said in ((tmp_path / "a-file", "is a file"), (model, "not a pretraining run's files")):
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # said "File exists"
+    for out, said in ((tmp_path / "a-file", "is a file"), (model, "not a pretraining run's files"),
+                      (tmp_path / "dangling", "which does not exist; create it")):  # fmt: skip
         with pytest.raises(SystemExit) as e:
             pretrain(tiny_args(out, small_corpus, small_tokenizer, "--max-steps", 2))
         assert e.value.code == 2 and said in str(e.value), e.value
@@ -612,3 +614,4 @@ def test_a_corpus_directory_says_which_files_it_left_out(tmp_path, small_corpus,
         f"corpus: 1 file(s) read from {corpus}; 1 left out, not .txt/.txt.gz/.jsonl/.jsonl.gz: table.csv"
         in said
     )
+    assert '"eval_step": 2' in said  # the final line says which step its figures are from

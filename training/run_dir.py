@@ -46,6 +46,9 @@ def _is_pretraining_config(path: Path) -> bool:
 def hold(out: Path) -> None:
     """Create --out and lock it for this process (again from this process: nothing to do); ConfigError
     when it cannot be written or another process holds it."""
+    if out.is_symlink() and not out.exists():
+        raise ConfigError(f"--out: {out} links to {os.readlink(out)}, which does not exist; create it or give "
+                          "another --out")  # fmt: skip
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

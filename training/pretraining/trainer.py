@@ -138,6 +138,7 @@ class Trainer:
     step: int
     tokens: int  # real (non-padding) tokens trained on, over all ranks, up to the last `settle_tokens`
     evals: dict = dataclasses.field(default_factory=dict)
+    evals_step: int | None = None  # the step `evals` were measured at (a stop adds no evaluation)
     # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
     # that did not fit a micro-batch's slots. Reading them is a wait for the device, so that happens only
     # when a count is needed (logging, checkpoints).
@@ -211,6 +212,7 @@ class Trainer:
         if (step % cfg.eval_every == 0 or done) and env.main:  # a stop adds no evaluation of its own
             self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
                                   env.device, self.autocast)  # fmt: skip
+            self.evals_step = step
             log.write(step, self.settle_tokens(), "eval", self.evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if saving:
@@ -493,6 +495,7 @@ def train(t: Trainer, stop: GracefulStop) -> None:
             "step": t.step,
             "tokens": t.settle_tokens(),
             "minutes": (time.time() - started) / 60,
+            **({"eval_step": t.evals_step} if t.evals else {}),
             **t.evals,
         }
         print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
