@@ -72,9 +72,9 @@ INT8_STORAGE_MIN_SIZE = 4096  # smaller weights stay fp32 in storage: their scal
 def int8_weights(src: Path, dst: Path, min_size: int = INT8_STORAGE_MIN_SIZE) -> dict:
     """int8 storage, fp32 compute: every large 2-D weight is stored as int8 with one fp32 scale per
     output (a MatMul weight's column; an embedding table's or a transposed Gemm weight's row), followed by
-    Cast and Mul. ONNX Runtime folds those
-    constant nodes at session load, so the session runs the fused fp32 graph: fp32 speed and results
-    within the weights' rounding of fp32 (no activation is quantized), at a quarter of the file size.
+    Cast and Mul. ONNX Runtime folds those constant nodes at session load, so the session runs the fused
+    fp32 graph: fp32 speed and results within the weights' rounding of fp32 (no activation is quantized),
+    at a quarter of the file size.
 
     Why it is the default (docs/model-card.md has the figures): static int8 (activation scales fixed
     from calibration text) moved single tokens' probabilities by up to 0.2-0.4 on the detector whatever

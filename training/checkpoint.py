@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from training.errors import CheckpointError, disk_full, out_of_space, process_alive, refuse_mount_point
+from training.errors import CheckpointError, disk_full, out_of_space, refuse_mount_point, remove_orphans
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -248,10 +248,7 @@ def _remove_stale_temporaries(target: Path) -> None:
     the writer's pid, and a pid that no longer runs will never finish them. A previous `target` set aside
     by a writer killed between its two renames (where the directories cannot be swapped in one step) is
     put back."""
-    for tmp in target.parent.glob(f".{target.name}.pid*.*"):
-        pid = tmp.name[len(target.name) + 5 :].split(".", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+    remove_orphans(target.parent, f".{target.name}.")
     old = _set_aside(target)
     if old.is_dir() and not target.exists():
         old.rename(target)

@@ -8,7 +8,9 @@ data code, which never loads torch, can say a full disk as checkpoints say it.
 from __future__ import annotations
 
 import errno
+import glob
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -61,8 +63,7 @@ def check_room(target: Path, needed_bytes: int, what: str, reclaimed_bytes: int 
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process `pid` runs (as any user): a temporary named after a pid that does not will never be
-    finished, and can go."""
+    """Whether process `pid` runs (as any user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -70,6 +71,15 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # it runs, as another user
         pass
     return True
+
+
+def remove_orphans(directory: Path, prefix: str) -> None:
+    """Temporary directories named `<prefix>pid<PID>...` whose writer no longer runs (killed: SIGKILL,
+    OOM): it will never finish them, so they go."""
+    for tmp in directory.glob(glob.escape(prefix) + "pid*"):
+        pid = re.match(r"\d+", tmp.name[len(prefix) + 3 :])
+        if pid and tmp.is_dir() and not process_alive(int(pid.group())):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def refuse_mount_point(target: Path, label: str = "") -> None:

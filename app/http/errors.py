@@ -11,6 +11,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
+from app import request_context
 from app.errors import READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
 
 log = logging.getLogger("app")
@@ -42,9 +43,7 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
         ):
             metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
             if getattr(settings, "access_log", False):  # nor its access-log line (app/http/server.py)
-                client = request.scope.get("client") or ("-", 0)
-                log.info("%s %s %s %d - model=- x-request-id=-", client[0], request.method, request.url.path,
-                         STATUS[err.type])  # fmt: skip
+                log.info("%s", request_context.access_line(request.scope, STATUS[err.type], None, "", "-"))
     return error_response(err)
 
 

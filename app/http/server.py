@@ -147,9 +147,9 @@ def _observe(metrics: Metrics, access_log: bool = False):
                 elapsed = time.perf_counter() - start
                 metrics.request_latency.labels(*labels).observe(elapsed)
                 if access_log:
-                    client = scope.get("client") or ("-", 0)
-                    log.info("%s %s %s %d %.1f ms model=%s x-request-id=%s", client[0], scope["method"],
-                             scope["path"], status, elapsed * 1000, labels[1] or "-", rid.decode())  # fmt: skip
+                    log.info(
+                        "%s", request_context.access_line(scope, status, elapsed, labels[1], rid.decode())
+                    )
 
         return observed
 

@@ -38,7 +38,7 @@ from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
-from training.errors import disk_full, out_of_space, process_alive
+from training.errors import disk_full, out_of_space, remove_orphans
 
 KEEP = 24  # entries kept; a WikiText-2 entry is 1-16 MB
 
@@ -88,10 +88,8 @@ def _prune() -> None:
                      key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
     for old in entries[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
-    for tmp in root().glob(".*-pid*-*"):  # what a killed run was building: its pid runs no more
-        pid = tmp.name.split("-pid", 1)[1].split("-", 1)[0]
-        if tmp.is_dir() and pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+    for staging in (".tokenizer-", ".shards-"):  # what a killed run was building
+        remove_orphans(root(), staging)
 
 
 def _touch(entry: Path) -> None:

@@ -32,6 +32,11 @@ RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "eval
                      "data_dir", "resume", "out")  # fmt: skip
 
 
+def stopped(out: Path) -> bool:
+    """Whether `out` holds a stopped run's state to go on from."""
+    return (out / RESUME_DIR / STATE).is_file()
+
+
 def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> FinetuneConfig:
     """The run's own config (finetune_config.json in --out) under the flags given now; ConfigError where
     there is nothing to resume or a flag would change what the run trains."""
@@ -39,7 +44,7 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
     saved = out / "finetune_config.json"
     if not saved.is_file():
         raise ConfigError(f"--resume: {out} holds no fine-tuning run; give the --out of a stopped one")
-    if not (out / RESUME_DIR / STATE).is_file():
+    if not stopped(out):
         raise ConfigError(f"--resume: {out} holds no resume state: its run finished, or was killed before its "
                           "first dev evaluation; run its command with --overwrite to train it again")  # fmt: skip
     then = json.loads(saved.read_text())

@@ -245,9 +245,8 @@ def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
                           "would break its --resume: choose another --out")  # fmt: skip
     present = [f for f in OUTPUTS if (out / f).exists()]
     if present and not overwrite and not resuming:
-        stopped = (out / resume.RESUME_DIR).is_dir()
         raise ConfigError(f"--out: {out} already holds {', '.join(present)}"
-                          + ("; its run was stopped: pass --resume to go on with it," if stopped else ";")
+                          + ("; its run was stopped: pass --resume to go on with it," if resume.stopped(out) else ";")
                           + " pass --overwrite to replace it, or choose another --out")  # fmt: skip
     return present
 
@@ -573,8 +572,11 @@ def train_and_save(t: FineTuner) -> dict:
         if not out_of_space(e):
             raise
         full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
-        saved = (Path(t.cfg.out) / resume.RESUME_DIR / resume.STATE).is_file()
-        again = f"go on with {entry.PROG} --out {t.cfg.out} --resume" if saved else "run it again"
+        again = (
+            f"go on with {entry.PROG} --out {t.cfg.out} --resume"
+            if resume.stopped(Path(t.cfg.out))
+            else "run it again"
+        )
         sys.exit(f"error: {full}; the fine-tuned model was not written (--out {t.cfg.out} keeps its config "
                  f"and the metrics written so far): free some space and {again}")  # fmt: skip
     except ckpt.CheckpointError as e:  # a bind mount at --out, which check_out cannot tell from a directory
