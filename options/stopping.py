@@ -1,23 +1,34 @@
 """Stopping a long job on Ctrl-C or SIGTERM (a preempted machine, a scheduler's stop) without losing its
 work: the first signal asks the job to stop at its next safe point (a training step, a corpus part), and
-the same signal again stops at once. Standard library only: pretraining and corpus scoring both use it."""
+the same signal again stops at once. Standard library only: pretraining, fine-tuning and corpus scoring
+use it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 
 
 class GracefulStop:
     """A context manager; `.signal` is the first signal's number once one came, else None. `doing` ends
     the line printed on it: "stopping after this step and saving it"."""
 
-    def __init__(self, enabled: bool, doing: str) -> None:
+    def __init__(
+        self, enabled: bool, doing: str, relayed_within_s: float = 0.0, announce: bool = True
+    ) -> None:
+        """`relayed_within_s`: the same signal again this soon is the first one passed on, not a second
+        press. torchrun's agent relays the signal it got to its workers, which a terminal's Ctrl-C reached
+        already (one process group), so each worker gets it twice within milliseconds. `announce`: print
+        the line (one rank of several says it for all)."""
         # Handlers can only be set from the main thread (a test runner's worker thread cannot).
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.doing = doing
+        self.relayed_within_s = relayed_within_s
+        self.announce = announce
         self.signal: int | None = None
+        self._first_at = 0.0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -32,13 +43,17 @@ class GracefulStop:
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
+        if self.signal == signum and time.monotonic() - self._first_at < self.relayed_within_s:
+            return
         if self.signal == signum:  # the same again: as if no handler had been set
             self.__exit__()
             signal.raise_signal(signum)
             return
         if self.signal is not None:  # another kind (a parent's SIGTERM after Ctrl-C): already stopping
             return
-        self.signal = signum
+        self.signal, self._first_at = signum, time.monotonic()
+        if not self.announce:
+            return
         # os.write, not print: the signal may land inside a print of the main thread, and a buffered
         # stream written again from its own handler raises instead of writing.
         os.write(2, f"\n{self.name}: {self.doing} (the same again to stop now)\n".encode())

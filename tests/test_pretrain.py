@@ -255,6 +255,60 @@ def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, s
     assert (run / "checkpoints" / "latest").is_file()
 
 
+def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_retraces_the_run(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """A terminal's Ctrl-C reaches torchrun and both workers (one process group), and torchrun relays it to
+    them again: the ranks agree on a log step, save it with each rank's random state, say how to go on,
+    and the resumed two-rank run lands on the uninterrupted one's weights bit for bit."""
+    args = ("--max-steps", 30, "--save-every", 20, "--log-every", 2, "--eval-every", 1000, "--batch-size", 4)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def command(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "training.pretrain", *extra, *(tiny_args(out, small_corpus, small_tokenizer, *args)
+                                                     if not extra else ["--out", str(out)])]  # fmt: skip
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    subprocess.run(command(whole), cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    # As from a terminal: SIGINT at its default (a pytest-xdist worker ignores it), and a process group of
+    # its own, which the Ctrl-C reaches as a whole.
+    proc = subprocess.Popen(command(stopped), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    metrics = stopped / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and any(r["step"] >= 2 for r in read_metrics(metrics) if r["split"] == "train"):
+            break
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    said = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, said[-3000:]  # torchrun's own exit on a signal
+    stopped_at = int((stopped / "checkpoints" / "latest").read_text().strip().split("-")[1])
+    assert 0 < stopped_at < 20 and stopped_at % 2 == 0, (
+        f"stopped at {stopped_at}: not a log step between saves"
+    )
+    assert (
+        f"stopped at step {stopped_at} of 30 by SIGINT, saved; go on with: torchrun --nproc_per_node 2 "
+        in said
+    )
+    assert said.count("SIGINT: the ranks stop together") == 1, said[-3000:]
+    rng = load_file(resolve_checkpoint(stopped) / "rng_state.safetensors")
+    assert sorted(rng) == ["cpu", "rank1.cpu"] and not torch.equal(rng["cpu"], rng["rank1.cpu"])
+
+    again = subprocess.run(command(stopped, "--resume"), cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed at step {stopped_at} of 30" in again.stdout and "with its random state" in again.stdout
+    a, b = train_losses(whole), train_losses(stopped)
+    assert sorted(a) == sorted(b) == list(range(2, 31, 2)) and a == b
+    for part in ("model.safetensors", "generator/model.safetensors"):
+        wa = load_file(resolve_checkpoint(whole) / part)
+        wb = load_file(resolve_checkpoint(stopped) / part)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), part
+
+
 def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     target = tmp_path / "ckpt"
     write_atomically(target, lambda d: (d / "model.safetensors").write_text("good"))

@@ -27,6 +27,15 @@ class Dist:
             dist.init_process_group(backend="nccl" if cuda else "gloo")
         self.main = self.rank == 0
 
+    @property
+    def launch_command(self) -> str:
+        """The command that starts this run's processes again (torchrun's nodes and processes per node)."""
+        if self.world == 1:
+            return "python -m training.pretrain"
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        nodes = f" --nnodes {self.world // local}" if local != self.world else ""
+        return f"torchrun{nodes} --nproc_per_node {local} -m training.pretrain"
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
@@ -34,11 +43,23 @@ class Dist:
     def agree(self, flag: bool) -> bool:
         """True on every rank when it is true on any. A decision that changes which collective calls
         follow (stop and save, or train on) must be the same everywhere, or one rank waits forever."""
+        return bool(self.agree_max(float(flag))[0])
+
+    def agree_max(self, *values: float) -> list[float]:
+        """Each value's maximum over the ranks, in one collective (a wait for the device on CUDA)."""
         if self.world == 1:
-            return flag
-        t = torch.tensor([float(flag)], device=self.device)
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float32, device=self.device)  # flags, signal numbers: exact
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        return t.tolist()
+
+    def gather(self, obj: object) -> list[object]:
+        """Every rank's `obj`, in rank order, on every rank (pickled: small things only)."""
+        if self.world == 1:
+            return [obj]
+        out: list[object] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
 
     def close(self) -> None:
         """Leave the process group together. A rank that exits with the group still up may abort in

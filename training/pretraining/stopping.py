@@ -3,12 +3,12 @@ losing its steps (options/stopping.py), and checkpoints between the --save-every
 
 The first signal lets the step finish, then the run saves and exits with 128 + the signal's number, saying
 how to go on; the same signal again stops at once (checkpoints are written whole or not at all, so the last one
-stays intact). Under torchrun the signals are left alone: every rank would have to agree on the step, and
-a run resumes from its last checkpoint as after a kill.
+stays intact). Under torchrun every rank must stop after the same step, so the ranks agree at the next log
+step (every --log-every steps, where they wait for the device anyway): a Ctrl-C on one machine stops them all.
 
 The dropout generator is reseeded from (seed, rank, step) at each --save-every checkpoint, which is what a resumed
-run retraces. A checkpoint written between those points (a stop, --max-minutes) keeps the generator's state
-as it stood after its step instead, so the resumed run draws what the uninterrupted one would have."""
+run retraces. A checkpoint written between those points (a stop, --max-minutes) keeps every rank's generator
+state as it stood after its step instead, so the resumed run draws what the uninterrupted one would have."""
 
 from __future__ import annotations
 
@@ -30,14 +30,25 @@ def capture_rng(device: torch.device) -> dict[str, torch.Tensor]:
     return state
 
 
-def restore_rng(checkpoint: Path, device: torch.device) -> bool:
-    """Set the generators from a checkpoint written between --save-every points; False where it has none."""
+def by_rank(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Every rank's states (in rank order) as one file's: rank 0's under a single process's names ("cpu",
+    "cuda"), rank r's under "rank{r}.cpu" and "rank{r}.cuda"."""
+    return {(f"rank{r}.{k}" if r else k): v for r, state in enumerate(states) for k, v in state.items()}
+
+
+def restore_rng(checkpoint: Path, device: torch.device, rank: int = 0) -> bool:
+    """Set this rank's generators from a checkpoint written between --save-every points; False where it
+    has none for this rank."""
     from safetensors.torch import load_file
 
     path = checkpoint / RNG_FILE
     if not path.is_file():
         return False
-    state = load_file(path)
+    prefix = f"rank{rank}." if rank else ""
+    state = {k.removeprefix(prefix): v for k, v in load_file(path).items()
+             if (k.startswith(prefix) if rank else not k.startswith("rank"))}  # fmt: skip
+    if "cpu" not in state:
+        return False
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda":
         if "cuda" not in state:  # saved without it: dropout on the GPU draws anew

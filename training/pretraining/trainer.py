@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
-from training.pretraining.stopping import RNG_FILE, capture_rng, restore_rng
+from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
 from training.pretraining.warmstart import WarmStart, resolve_warm_start
 from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
 
@@ -83,7 +84,7 @@ def save(
     world: int = 1,
 ) -> None:  # fmt: skip
     """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
-    random state (`rng`) of a single-process run."""
+    random state (`rng`) of every rank."""
 
     def fill(d: Path) -> None:
         for sub, (model, architecture) in objective.checkpoint_parts().items():
@@ -206,9 +207,9 @@ class Trainer:
         save only, at once."""
         cfg, env, step = self.cfg, self.env, self.step
         saving = step % cfg.save_every == 0 or done or stopped
-        # Single-process runs only (each rank's would have to be gathered: a torchrun run resumes from its
-        # last --save-every point). Evaluation draws from its own seeded generators, not these.
-        rng = capture_rng(env.device) if saving and step % cfg.save_every and env.world == 1 else None
+        # Evaluation draws from its own seeded generators, not these. Every rank takes part in the gather:
+        # the ranks agreed on `done` and `stopped`.
+        rng = by_rank(env.gather(capture_rng(env.device))) if saving and step % cfg.save_every else None
         if (step % cfg.eval_every == 0 or done) and env.main:  # a stop adds no evaluation of its own
             self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed,
                                   env.device, self.autocast)  # fmt: skip
@@ -365,8 +366,8 @@ def setup(argv: list[str] | None) -> Trainer:
     reseed(cfg, env.rank, step)
     if cfg.resume:
         checkpoint = ckpt.resolve_checkpoint(run)
-        # A stop between --save-every points: its random state (a single process's; torchrun reseeds).
-        exact = env.world == 1 and restore_rng(checkpoint, env.device)
+        # A stop between --save-every points: this rank's random state as the step left it.
+        exact = restore_rng(checkpoint, env.device, env.rank)
         if env.main:
             print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
                   + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip
@@ -413,10 +414,17 @@ class Diverged(RuntimeError):
 def run(argv: list[str] | None = None) -> None:
     t = setup(argv)
     try:
-        with GracefulStop(t.env.world == 1, "stopping after this step and saving it") as stop:
-            train(t, stop)
-        if stop.signal is not None and t.step < t.cfg.max_steps:  # saved, but not finished: say so
-            sys.exit(128 + stop.signal)
+        doing = (
+            "stopping after this step and saving it"
+            if t.env.world == 1
+            else f"the ranks stop together at the next log step (every --log-every {t.cfg.log_every}) and save it"
+        )
+        # torchrun relays its own Ctrl-C to the workers the terminal reached already.
+        with GracefulStop(True, doing, relayed_within_s=1.0 if t.env.world > 1 else 0.0,
+                          announce=t.env.main) as stop:  # fmt: skip
+            stopped_by = train(t, stop)
+        if stopped_by is not None:  # saved, but not finished: say so
+            sys.exit(128 + stopped_by)
     except Diverged as e:
         latest = t.run / "checkpoints" / ckpt.LATEST
         kept = (
@@ -444,12 +452,14 @@ def run(argv: list[str] | None = None) -> None:
         )
 
 
-def train(t: Trainer, stop: GracefulStop) -> None:
+def train(t: Trainer, stop: GracefulStop) -> int | None:
+    """The steps to --max-steps; the number of the signal that stopped it before then, else None."""
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
     log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
+    stopped_by = None
     while t.step < cfg.max_steps:
         sums, norm = t.train_step()  # non-finite logits still sample a token (the sampler clamps)
         bar.update(1)
@@ -475,18 +485,22 @@ def train(t: Trainer, stop: GracefulStop) -> None:
             bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
             log.write(t.step, t.tokens, "train", row)
             window_t, window_start = time.time(), t.tokens
-        # Each rank reads its own clock; the stop is decided together (see Dist.agree), which is a wait
-        # for the device: with several processes, only at log steps.
-        out_of_time = (cfg.max_minutes is not None and (env.world == 1 or logging_now)
-                       and env.agree(time.time() - started > cfg.max_minutes * 60))  # fmt: skip
-        stopped = stop.signal is not None and t.step < cfg.max_steps
-        t.evaluate_and_save(log, done=t.step == cfg.max_steps or out_of_time, stopped=stopped)
-        if out_of_time:
-            tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
+        late = cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60
+        signalled = stop.signal or 0
+        # Each rank reads its own clock and gets its own signals; the stop is decided together (see
+        # Dist.agree), which is a wait for the device: with several processes, only at log steps.
+        if env.world > 1:
+            late, signalled = env.agree_max(late, signalled) if logging_now else (False, 0)
+        stopped_by = (stop.signal or int(signalled)) if signalled and t.step < cfg.max_steps else None
+        t.evaluate_and_save(log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None)
+        if late:
+            if env.main:
+                tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
             break
-        if stopped:
-            tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {stop.name}, saved; go on with: "
-                       f"python -m training.pretrain --out {t.run} --resume")  # fmt: skip
+        if stopped_by is not None:
+            if env.main:
+                tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {signal.Signals(stopped_by).name}, saved; "
+                           f"go on with: {env.launch_command} --out {t.run} --resume")  # fmt: skip
             break
     bar.close()
     if env.main:
@@ -502,3 +516,4 @@ def train(t: Trainer, stop: GracefulStop) -> None:
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
     env.close()
+    return stopped_by
