@@ -218,7 +218,11 @@ def check_inputs(max_batch: int, text: str | None, texts: list[str] | None, pair
         parts = item if field == "pairs" else [item]
         for j, s in enumerate(parts):
             if is_blank(s):
-                where = {"text": "text", "texts": f"texts[{i}]", "pairs": f"pairs[{i}][{j}]"}[field]
                 msg = "text is empty, or white space, control or zero-width characters only"
-                raise AppError(ErrorType.EMPTY_TEXT, msg, field=where)
+                raise AppError(ErrorType.EMPTY_TEXT, msg, field=item_field(field, i, j))
     return field, items
+
+
+def item_field(field: str, i: int, j: int | None) -> str:
+    """Where item i (pair half j) is in the request: "text", "texts[3]", "pairs[3][1]"."""
+    return {"text": "text", "texts": f"texts[{i}]", "pairs": f"pairs[{i}][{j}]"}[field]

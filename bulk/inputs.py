@@ -28,7 +28,8 @@ class Reason:
     NOT_JSON = "not_json"  # a line that is not a JSON object
     MISSING_TEXT = "missing_text"  # no --text-field in the object
     TEXT_NOT_STRING = "text_not_string"  # the field is a number, a list, null...
-    EMPTY_TEXT = "empty_text"  # empty, or nothing but white space and control or zero-width characters
+    # empty, nothing but white space and control or zero-width characters, or nothing the tokenizer keeps
+    EMPTY_TEXT = "empty_text"
     NOT_UTF8 = "not_utf8"  # bytes that are not UTF-8 (or a lone surrogate escaped in JSON)
     TOO_LONG = "too_long"  # over --max-document-chars
     MISSING_ID = "missing_id"  # --id-field given, and this row has no usable id

@@ -25,9 +25,11 @@ from app.model.scoring import Classify, Detect, run_rows
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Doc, Part, read
+from bulk.inputs import Doc, Part, Reason, read
 
 log = logging.getLogger("bulk")
+# The detail of an empty_text reject found only by the model's tokenizer (the server's 422 alike).
+NOTHING_KEPT = "the model's tokenizer keeps nothing of it (combining marks alone: an uncased one strips them)"
 HIST_BINS = 10  # the summary's histogram of max_prob: [0, 0.1), ..., [0.9, 1.0]
 Report = Callable[[int, int, int], None]  # (documents, tokens, bytes) just done
 
@@ -62,14 +64,17 @@ class Scorer:
             **({"threshold": repr(self.threshold)} if self.detector else {}),
         }  # fmt: skip
 
-    def score(self, texts: list[str]) -> tuple[list, list[int]]:
+    def score(self, texts: list[str]) -> tuple[list, list[int], set[int]]:
         """(DetectResult or ClassifyResult per text, as /detect and /classify compute them; for a
-        classifier, each text's model-input tokens, special tokens in and cut at max_length)."""
+        classifier, each text's model-input tokens, special tokens in and cut at max_length; the texts the
+        tokenizer kept nothing of, which the server refuses and the caller rejects)."""
         encoded = self.kind.encode(self.tokenizer, texts)
+        empty = {i for i, _ in encoded.empty}
         outs = run_rows(self.engine, encoded.rows, self.tokenizer.pad_id, self.cfg.batch_tokens)
         if self.detector:
-            return self.kind.results(texts, encoded, outs), []
-        return self.kind.results(self.bundle.manifest, encoded, outs), [len(row.ids) for row in encoded.rows]
+            return self.kind.results(texts, encoded, outs), [], empty
+        n_tokens = [len(row.ids) for row in encoded.rows]
+        return self.kind.results(self.bundle.manifest, encoded, outs), n_tokens, empty
 
     def columns(self, part: Part, docs: list[Doc], results: list, n_tokens: list[int]) -> dict[str, list]:
         cols: dict[str, list] = {"id": [d.id for d in docs], "file": [part.name] * len(docs),
@@ -126,7 +131,20 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
                     stats["reasons"][d.reason] = stats["reasons"].get(d.reason, 0) + 1
             tokens = 0
             if good:
-                cols = scorer.columns(part, good, *scorer.score([d.text for d in good]))
+                results, n_tokens, empty = scorer.score([d.text for d in good])
+                if empty:
+                    for i in sorted(empty):
+                        d = good[i]
+                        rejects.append({"id": d.id, "file": part.name, "line": d.line, "reason": Reason.EMPTY_TEXT,
+                                        "detail": NOTHING_KEPT})  # fmt: skip
+                    stats["reasons"][Reason.EMPTY_TEXT] = stats["reasons"].get(Reason.EMPTY_TEXT, 0) + len(
+                        empty
+                    )
+                    keep = [i for i in range(len(good)) if i not in empty]
+                    good, results = [good[i] for i in keep], [results[i] for i in keep]
+                    n_tokens = [n_tokens[i] for i in keep] if n_tokens else n_tokens
+            if good:
+                cols = scorer.columns(part, good, results, n_tokens)
                 writer.write(cols)
                 tokens = _tally(stats, cols, scorer.detector)
             size = sum(d.size for d in chunk)

@@ -36,6 +36,9 @@ BAD_REQUESTS = [
     ("/detect", b'{"texts": ["fine", "  "]}', 422, "empty_text", "texts[1]"),
     ("/detect", b'{"text": "\\u200b\\u200b"}', 422, "empty_text", "text"),  # zero-width spaces: no tokens
     ("/detect", b'{"texts": ["fine", "\\ufeff\\u0000 \\u2060"]}', 422, "empty_text", "texts[1]"),
+    # Combining marks alone: text, but the shipped (uncased) tokenizers strip them with the accents.
+    ("/detect", b'{"texts": ["fine", "\\u0301\\u0302"]}', 422, "empty_text", "texts[1]"),
+    ("/classify", b'{"text": "\\u0301"}', 422, "empty_text", "text"),
     ("/detect", b'{"texts": []}', 422, "validation_error", "texts"),
     ("/detect", json.dumps({"texts": ["x"] * (MAX_BATCH + 1)}).encode(), 422, "batch_too_large", "texts"),
     ("/detect", json.dumps({"text": "x" * MAX_BODY}).encode(), 413, "body_too_large", "body"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from app.model.tokenization import DROPPED_RANGES, is_blank
+from app.model.tokenization import DROPPED_RANGES, TextTokenizer, is_blank
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "models" / "detector" / "tokenizer.json"
 # Format characters of Unicode 11-14 that the tokenizer's older tables do not count as format, so it
@@ -51,5 +51,13 @@ def test_blank_is_what_the_tokenizer_keeps_nothing_of():
         assert is_blank(s) and not tok.encode(s, add_special_tokens=False).ids, repr(s)
     for s in text:  # emoji of Unicode 15, newer than Python 3.11's tables, are text: the tokenizer keeps them
         assert not is_blank(s) and tok.encode(s, add_special_tokens=False).ids, repr(s)
-    # Combining marks alone are text to is_blank, although this uncased tokenizer strips them to nothing.
+    # Combining marks alone are text to is_blank, although this uncased tokenizer strips them to nothing:
+    # the encoders say so (the server refuses such a text, bulk rejects it: test_app_errors, test_bulk).
     assert not is_blank("\u0301") and not tok.encode("\u0301", add_special_tokens=False).ids
+    text_tokenizer = TextTokenizer(TOKENIZER, 128, 32)
+    assert text_tokenizer.encode_detect(["\u0301", "caf\u00e9"])[0].tokens == []
+    halves = [
+        e.empty_half
+        for e in text_tokenizer.encode_classify(["\u0301", ["ok", "\u0301"], ["\u0302", "ok"], "ok"])
+    ]
+    assert halves == [0, 1, 0, None]

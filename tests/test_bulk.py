@@ -26,9 +26,11 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     src = tmp_path / "in"
     write_jsonl(src / "good.jsonl", paragraphs[:30])
     long_text = " ".join(paragraphs[:40])[:2500]
+    # The last line: combining marks alone, which the (uncased) tokenizer strips with the accents.
     bad = [b"not json at all", b'{"body": "no text field"}', b'{"text": 42}', b'{"text": ""}', b'{"text": "   "}',
            '{"text": "caf\u00e9"}'.encode("latin-1"), json.dumps({"text": long_text}).encode(), b"[1, 2]", b"",
-           json.dumps({"text": paragraphs[31]}).encode(), b'{"text": "lone \\ud800 surrogate"}']  # fmt: skip
+           json.dumps({"text": paragraphs[31]}).encode(), b'{"text": "lone \\ud800 surrogate"}',
+           b'{"text": "\\u0301\\u0302"}']  # fmt: skip
     (src / "bad.jsonl").write_bytes(b"\n".join(bad) + b"\n")
     (src / "lines.txt").write_text("\n".join(paragraphs[40:50]) + "\n\n" + paragraphs[50] + "\n")
     pq.write_table(pa.table({"text": paragraphs[60:70] + [None]}), src / "table.parquet")
@@ -38,7 +40,7 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     done = run_bulk(src, out, "detector", "--workers", "1", "--max-document-chars", "2000")
     assert done.returncode == 4, done.stdout + done.stderr  # a shard failed: that wins over rejects
     s = summary(out)
-    assert s["rejects_by_reason"] == {"not_json": 2, "missing_text": 1, "text_not_string": 2, "empty_text": 2,
+    assert s["rejects_by_reason"] == {"not_json": 2, "missing_text": 1, "text_not_string": 2, "empty_text": 3,
                                       "not_utf8": 2, "too_long": 1}  # fmt: skip
     assert list(s["failures"]["shards"]) == ["broken.parquet"]
     # The good shard, the one good line of bad.jsonl, the text lines and the Parquet rows:
@@ -46,11 +48,11 @@ def test_bad_input_is_rejected_counted_and_kept_and_a_broken_shard_fails_alone(t
     assert s["blank_lines_skipped"] == 2
     assert s["threshold"] == read_bundle(MODELS / "detector").manifest.threshold  # the bundle's, not given
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert len(rejects) == s["rejected"] == 10
+    assert len(rejects) == s["rejected"] == 11
     assert {(r["file"], r["line"], r["reason"]) for r in rejects} >= {
         ("bad.jsonl", 1, "not_json"), ("bad.jsonl", 2, "missing_text"), ("bad.jsonl", 3, "text_not_string"),
         ("bad.jsonl", 6, "not_utf8"), ("bad.jsonl", 7, "too_long"), ("bad.jsonl", 8, "not_json"),
-        ("bad.jsonl", 11, "not_utf8"),
+        ("bad.jsonl", 11, "not_utf8"), ("bad.jsonl", 12, "empty_text"),
         ("table.parquet", 11, "text_not_string"),
     }  # fmt: skip
     got = rows(out)

@@ -101,6 +101,6 @@ def test_a_megabyte_over_the_limit_is_refused_on_a_prefix(bundles_dir):
 def test_a_classified_text_cut_to_a_prefix_keeps_its_tokens(bundles_dir, long_texts, model):
     tok = tokenizer(bundles_dir, model)
     for text in [*long_texts, "! " * 500_000, "a" * 100_000, "word " * 3, "日本語" * 30_000, "。" * 50_000]:
-        (row, truncated), whole = tok.encode_classify([text])[0], tok._truncating.encode(text)
+        (row, truncated, _), whole = tok.encode_classify([text])[0], tok._truncating.encode(text)
         assert row.ids.tolist() == whole.ids and row.type_ids.tolist() == whole.type_ids
         assert truncated == bool(whole.overflowing)

@@ -14,7 +14,7 @@ from app.errors import AppError, ErrorType
 from app.model import scoring as model_scoring
 from app.model.scoring import Encoded
 from app.model.tokenization import Row
-from app.schemas import ClassifyResponse, DetectResponse
+from app.schemas import ClassifyResponse, DetectResponse, item_field
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -137,6 +137,11 @@ async def score(model, kind: Kind, items: list, field: str, limits: Limits, rece
         encoded = await offload(lambda: kind.encode(model.tokenizer, items, count), chars)
         t.tokenization_s = time.perf_counter() - t0
         model.scheduler.series.tokenization.observe(t.tokenization_s)
+        if encoded.empty:
+            i, j = encoded.empty[0]
+            msg = (f"model {model.name!r}'s tokenizer keeps nothing of this text (combining marks alone: an uncased "
+                   "tokenizer strips them with the accents): nothing to score")  # fmt: skip
+            raise AppError(ErrorType.EMPTY_TEXT, msg, field=item_field(field, i, j))
         limits.check(encoded.rows, field)
         result = await until_done_or_gone(model.scheduler.submit(encoded.rows), receive)
     t.queue_s, t.inference_s = result.queue_s, result.inference_s

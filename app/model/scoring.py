@@ -20,6 +20,9 @@ from app.schemas import ClassifyResult, DetectResult
 class Encoded:
     rows: list[Row]  # every model input row of the texts, in order
     per_item: list  # what `results` needs of each input item (its encoding, or a truncation flag)
+    # (item, pair half or None) of each item the tokenizer kept nothing of although it is not blank
+    # (combining marks alone, which an uncased tokenizer strips): refused, as blank text is.
+    empty: list[tuple[int, int | None]]
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class Detect:
     def encode(self, tokenizer, texts: list[str], limit: TokenLimit | None = None) -> Encoded:
         encodings = tokenizer.encode_detect(texts, limit)
         rows = [row for enc in encodings for row in enc.rows]
-        return Encoded(rows, encodings)
+        return Encoded(rows, encodings, [(i, None) for i, enc in enumerate(encodings) if not enc.tokens])
 
     def results(self, texts: list[str], encoded: Encoded, outputs: Sequence) -> list[DetectResult]:
         it = iter(outputs)
@@ -48,7 +51,9 @@ class Classify:
         # Each text is cut to max_length by the tokenizer: only a request's total can be too large, and
         # that is at most max_batch_size rows of max_length (checked on the rows).
         encoded = tokenizer.encode_classify(items)
-        return Encoded([row for row, _ in encoded], [truncated for _, truncated in encoded])
+        empty = [(i, e.empty_half if isinstance(items[i], list) else None) for i, e in enumerate(encoded)
+                 if e.empty_half is not None]  # fmt: skip
+        return Encoded([e.row for e in encoded], [e.truncated for e in encoded], empty)
 
     def results(self, manifest: Manifest, encoded: Encoded, outputs: Sequence) -> list[ClassifyResult]:
         return [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -54,11 +54,19 @@ def is_blank(text: str) -> bool:
     """Nothing to score: only white space and what BERT's normalizer drops (NUL and other control
     characters, zero-width spaces, a byte-order mark, private-use characters, U+FFFD). The server answers
     such a text as it answers an empty one (422 empty_text), and bulk rejects it alike, rather than scoring
-    zero tokens as if the text were clean. A text of combining marks alone still counts as text, although
-    an uncased bundle strips them to nothing. Two C-speed passes: strip, then a search that stops at the
-    first kept character (a 1 MiB body of zero-width spaces takes milliseconds)."""
+    zero tokens as if the text were clean. A text of combining marks alone still counts as text here: whether
+    a model keeps them depends on its tokenizer (an uncased one strips them with accents), which the
+    encoders below report (DetectEncoding.tokens empty, ClassifyEncoding.empty_half). Two C-speed passes:
+    strip, then a search that stops at the first kept character (a 1 MiB body of zero-width spaces takes
+    milliseconds)."""
     stripped = text.strip()
     return not stripped or _KEPT.search(stripped) is None
+
+
+class ClassifyEncoding(NamedTuple):
+    row: Row
+    truncated: bool  # the text (or pair) was cut to max_length
+    empty_half: int | None  # the text (0) or pair half (0, 1) the tokenizer kept nothing of, if any
 
 
 class TokenLimit(Protocol):
@@ -156,13 +164,17 @@ class TextTokenizer:
         types = np.array(pre_types + [self._content_type] * len(ids) + suf_types, np.int64)
         return Row(full, types, offset=len(pre_ids))
 
-    def encode_classify(self, items: list) -> list[tuple[Row, bool]]:
-        """Rows for strings or [a, b] pairs, cut to max_length; the flag says whether anything was cut."""
+    def encode_classify(self, items: list) -> list[ClassifyEncoding]:
+        """Rows for strings or [a, b] pairs, cut to max_length."""
         inputs = [tuple(x) if isinstance(x, list) else self._head(x) for x in items]
         out = []
-        for enc in self._truncating.encode_batch(inputs, add_special_tokens=True):
+        for x, enc in zip(
+            inputs, self._truncating.encode_batch(inputs, add_special_tokens=True), strict=True
+        ):
             row = Row(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
-            out.append((row, len(enc.overflowing) > 0))
+            kept = set(enc.sequence_ids)
+            empty = next((j for j in range(len(x) if isinstance(x, tuple) else 1) if j not in kept), None)
+            out.append(ClassifyEncoding(row, len(enc.overflowing) > 0, empty))
         return out
 
     def _head(self, text: str) -> str:

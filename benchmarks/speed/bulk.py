@@ -98,7 +98,7 @@ def requests(texts: list[str], model: str, budget: int = 65536 // CLIENTS) -> li
     if bundle.manifest.kind == "detector":
         cost = [sum(len(r.ids) for r in e.rows) for e in tok.encode_detect(texts)]
     else:
-        cost = [len(row.ids) for row, _ in tok.encode_classify(texts)]
+        cost = [len(e.row.ids) for e in tok.encode_classify(texts)]
     groups, group, used = [], [], 0
     for text, n in zip(texts, cost, strict=True):
         if group and (len(group) == BATCH or used + n > budget):
@@ -146,7 +146,7 @@ def plain_loop(texts: list[str], model: str, tokens: int) -> dict:
     def rows(text: str):
         if m.kind == "detector":
             return tok.encode_detect([text])[0].rows
-        return [tok.encode_classify([text])[0][0]]
+        return [tok.encode_classify([text])[0].row]
 
     def run(text: str) -> None:
         rs = rows(text)
