@@ -96,7 +96,10 @@ class Span(msgspec.Struct):
 class Summary(msgspec.Struct):
     max_prob: Annotated[float, _doc("max token probability (0 when the text has no tokens)")]
     mean_prob: Annotated[float, _doc("mean token probability")]
-    replaced_fraction: Annotated[float, _doc("words with prob >= threshold, divided by the number of words")]
+    replaced_fraction: Annotated[
+        float,
+        _doc("spans divided by the number of words, punctuation left out of both (0 when none is left)"),
+    ]
     spans: Annotated[list[Span], _doc("the words with prob >= threshold, in order")]
     num_tokens: int
     num_words: int

@@ -175,6 +175,10 @@ def test_summary_definitions(client):
         == 4
     )
     assert detect(client, text="the game was released", threshold=1.0)["results"][0]["summary"]["spans"] == []
+    # Punctuation is a word (num_words) but never a span, so the fraction leaves it out of both counts.
+    every = detect(client, text="the game, released ?!", threshold=0.0)["results"][0]["summary"]
+    assert every["num_words"] == 6 and len(every["spans"]) == 3 and every["replaced_fraction"] == 1.0
+    assert detect(client, text="?!", threshold=0.0)["results"][0]["summary"]["replaced_fraction"] == 0.0
 
 
 def test_batching_does_not_change_results(client):

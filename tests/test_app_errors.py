@@ -61,6 +61,10 @@ BAD_REQUESTS = [
     ("/detect", b'{"text": "a", "text": "b"}', 400, "invalid_json", "text"),
     ("/classify", b'{"text": "a", "top_k": 1, "top_k": 2}', 400, "invalid_json", "top_k"),
     ("/detect", b'{"text": "a", "te\\u0078t": "b"}', 400, "invalid_json", "text"),  # escaped key
+    # Broken JSON is broken JSON, whatever wrong type or unknown field comes before the break.
+    ("/detect", b'{"text": 1', 400, "invalid_json", "body"),
+    ("/detect", b'{"colour": 1 garbage', 400, "invalid_json", "body"),
+    ("/detect", b"[", 400, "invalid_json", "body"),
 ]
 
 
@@ -121,6 +125,18 @@ def test_a_lone_surrogate_is_named_as_such(server, body):
         r = c.post("/detect", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert "lone UTF-16 surrogate" in r.json()["error"]["message"] and "truncated" not in r.text
+
+
+def test_an_escaped_backslash_before_u_d800_is_no_surrogate_and_the_real_error_is_named(server):
+    with server.client() as c:  # the text is a backslash and "ud800"; what is wrong is the trailing comma
+        r = c.post(
+            "/detect", content=b'{"text": "\\\\ud800 hello",}', headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400 and "surrogate" not in r.text, r.text
+        ok = c.post(
+            "/detect", content=b'{"text": "\\\\ud800 hello"}', headers={"content-type": "application/json"}
+        )
+        assert ok.status_code == 200 and ok.json()["results"][0]["tokens"][0]["text"] == "\\", ok.text
 
 
 @pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded", "text/json"])

@@ -72,21 +72,36 @@ def strict_json(kind: type[msgspec.Struct]):
         try:
             value = decoder.decode(body)
         except msgspec.ValidationError as e:
+            # msgspec checks types as it parses and stops at the first problem: a wrong type ahead of a
+            # syntax error would be named instead of it. Is the body JSON at all? (The error path only.)
+            try:
+                msgspec.json.decode(body)
+            except msgspec.DecodeError as syntax:
+                raise _not_json(body, syntax) from None
             raise from_msgspec(e) from None
         except msgspec.DecodeError as e:
-            lone = _LONE_SURROGATE.search(body)
-            if lone:
-                msg = (
-                    f"request body is not valid JSON: lone UTF-16 surrogate escape {lone.group().decode()} "
-                    f"at byte {lone.start()} (a surrogate must come in a high-low pair)"
-                )
-                raise AppError(ErrorType.INVALID_JSON, msg, field="body") from None
-            raise from_msgspec(e) from None
+            raise _not_json(body, e) from None
         if _may_repeat_a_key(body, quoted_keys):
             _refuse_duplicate_keys(body)
         ScopeState.from_scope(request.scope).json = value  # Request.json() returns this: no second parse
 
     return hook
+
+
+def _not_json(body: bytes, e: msgspec.DecodeError) -> AppError:
+    """400 invalid_json: msgspec's account of where the syntax breaks, or a lone surrogate escape named as
+    such, which msgspec refuses (and reports as "truncated" at times) while the body is otherwise JSON."""
+    try:
+        json.loads(body)  # Python's parser takes lone surrogates: only they can have failed msgspec here
+    except ValueError:
+        return from_msgspec(e)
+    for lone in _LONE_SURROGATE.finditer(body):
+        backslashes = len(body[: lone.start()]) - len(body[: lone.start()].rstrip(b"\\"))
+        if backslashes % 2 == 0:  # not "\\ud800", an escaped backslash before the letters "ud800"
+            msg = (f"request body is not valid JSON: lone UTF-16 surrogate escape {lone.group().decode()} at byte "
+                   f"{lone.start()} (a surrogate must come in a high-low pair)")  # fmt: skip
+            return AppError(ErrorType.INVALID_JSON, msg, field="body")
+    return from_msgspec(e)
 
 
 def _may_repeat_a_key(body: bytes, quoted_keys: tuple[bytes, ...]) -> bool:

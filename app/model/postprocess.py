@@ -51,15 +51,15 @@ def detect_result(
         w.text = text[w.start : w.end]
     # Punctuation keeps its probability in `words` and `tokens` but is never a span: no swap a user makes
     # is a full stop, and on held-out sentences it was a third of the false spans (docs/model-card.md).
+    candidates = [w for w in words if not is_punctuation(w.text)]
     spans = [
-        Span(text=w.text, start=w.start, end=w.end, prob=w.prob)
-        for w in words
-        if w.prob >= threshold and not is_punctuation(w.text)
+        Span(text=w.text, start=w.start, end=w.end, prob=w.prob) for w in candidates if w.prob >= threshold
     ]
     summary = Summary(
         max_prob=float(probs.max()) if len(probs) else 0.0,
         mean_prob=float(probs.mean()) if len(probs) else 0.0,
-        replaced_fraction=len(spans) / len(words) if words else 0.0,
+        # Of the words that can be spans: punctuation would count against the fraction and never for it.
+        replaced_fraction=len(spans) / len(candidates) if candidates else 0.0,
         spans=spans,
         num_tokens=len(tokens),
         num_words=len(words),
