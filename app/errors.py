@@ -9,6 +9,7 @@ import enum
 
 
 class ErrorType(enum.Enum):
+    INVALID_HTTP = "invalid_http"  # refused by the HTTP parser, before any route (app/http/protocol.py)
     INVALID_JSON = "invalid_json"
     INVALID_UTF8 = "invalid_utf8"
     VALIDATION = "validation_error"
@@ -36,6 +37,7 @@ READ_TIMED_OUT = "electra.read_timed_out"
 
 
 STATUS: dict[ErrorType, int] = {
+    ErrorType.INVALID_HTTP: 400,
     ErrorType.INVALID_JSON: 400,
     ErrorType.INVALID_UTF8: 400,
     ErrorType.VALIDATION: 422,

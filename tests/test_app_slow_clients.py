@@ -5,6 +5,7 @@ excepted."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
@@ -51,6 +52,25 @@ def _drip(sock: socket.socket, data: bytes, every: float, limit: float) -> tuple
             break
         assert time.monotonic() - t0 < limit, "still connected"
     return time.monotonic() - t0, got
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"BREW /detect HTTP/1.1\r\nhost: x\r\n\r\n", b"GET / HTTP/1.1\r\nno colon here\r\n\r\n"],
+)
+def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, request_bytes):
+    """uvicorn answers these in plain text and counts them nowhere; the API's shape and counters instead."""
+    before = server.metric("electra_rejected_requests_total", reason="invalid_http")
+    with _connect(server) as s:
+        s.sendall(request_bytes)
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head, answer
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_http" and "not valid HTTP/1.1" in error["message"], error
+    assert server.metric("electra_rejected_requests_total", reason="invalid_http") == before + 1
 
 
 def test_a_slowloris_on_headers_is_cut_off_with_408(server):

@@ -122,6 +122,24 @@ class _BoundedRead(HttpToolsProtocol):
             self._deadline.cancel()
             self._deadline = None
 
+    def send_400_response(self, msg: str) -> None:
+        """What the HTTP parser refuses (a malformed request line or header, an unknown method): the API's
+        JSON error shape and its counters, where uvicorn sends plain text that no metric counts."""
+        msg = ("the request is not valid HTTP/1.1 (its request line, a header or the method could not be parsed); "
+               "send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
+        self.metrics.requests.labels("other", "", "400").inc()
+        self.metrics.rejected.labels(reason="invalid_http").inc()
+        self._write_error("400 Bad Request", "invalid_http", msg)
+
+    def _write_error(self, status: str, kind: str, msg: str) -> None:
+        """An error answer written straight to the transport (no request cycle to answer through), then
+        the connection closes."""
+        body = json.dumps({"error": {"type": kind, "message": msg, "field": None}}).encode()
+        head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                f"content-length: {len(body)}\r\n\r\n")  # fmt: skip
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
     def _timed_out(self) -> None:
         self._deadline = None
         if self.transport.is_closing():
@@ -134,19 +152,13 @@ class _BoundedRead(HttpToolsProtocol):
             self.transport.close()
             return
         msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
-        body = json.dumps({"error": {"type": "read_timeout", "message": msg, "field": None}}).encode()
-        head = (
-            "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            f"content-length: {len(body)}\r\n\r\n"
-        )
-        # The raw transport: the handler (blocked on its body until the connection is lost) writes nothing.
-        self.transport.write(head.encode() + body)
         if handler_running:
             cycle.scope[READ_TIMED_OUT] = True
         else:
             self.metrics.requests.labels("other", "", "408").inc()
             self.metrics.rejected.labels(reason="read_timeout").inc()
-        self.transport.close()
+        # The raw transport: the handler (blocked on its body until the connection is lost) writes nothing.
+        self._write_error("408 Request Timeout", "read_timeout", msg)
 
 
 class _HeadWithBody:
