@@ -4,9 +4,21 @@ line names the requests it failed, as their answers do. And the one --access-log
 
 from __future__ import annotations
 
+import re
+import uuid
 from contextvars import ContextVar
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
+_PLAIN_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def incoming_id(scope) -> bytes:
+    """The client's (or its proxy's) x-request-id when it is a plain token, else a new one: every answer
+    carries it, so a client's log line and the server's can be matched."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and _PLAIN_ID.fullmatch(value):
+            return value
+    return uuid.uuid4().hex.encode()
 
 
 def access_line(scope, status: int, elapsed_s: float | None, model: str, rid: str) -> str:

@@ -93,7 +93,15 @@ def test_an_unknown_path_gets_the_json_404(server, path):
     with server.client() as c:
         r = c.get(path)
     assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
-    assert r.json()["error"]["type"] == "not_found"
+    assert r.json()["error"]["type"] == "not_found" and "/schema" in r.json()["error"]["message"]
+    assert len(r.headers["x-request-id"]) >= 8  # no route ran, and the answer still has its id
+
+
+def test_a_method_a_route_does_not_take_gets_405_naming_those_it_does(server):
+    with server.client() as c:
+        r = c.get("/detect", headers={"x-request-id": "abc-123"})
+    assert r.status_code == 405 and r.headers["x-request-id"] == "abc-123", r.text
+    assert r.json()["error"]["message"] == "GET /detect: the route takes POST, OPTIONS only"
 
 
 def test_a_body_in_another_charset_is_told_to_be_utf8_and_an_ascii_one_is_read(server):

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from litestar import Litestar, MediaType, Response
@@ -104,16 +102,6 @@ def schema_answers_head(app: ASGIApp) -> ASGIApp:
 
 
 EXPOSED_HEADERS = ["x-request-id", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"]
-_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
-
-
-def request_id(scope: Scope) -> bytes:
-    """The client's (or its proxy's) x-request-id when it is a plain token, else a new one: every answer
-    carries it, so a client's log line and the server's can be matched."""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
-            return value
-    return uuid.uuid4().hex.encode()
 
 
 def _observe(metrics: Metrics, access_log: bool = False):
@@ -127,7 +115,7 @@ def _observe(metrics: Metrics, access_log: bool = False):
                 await app(scope, receive, send)
                 return
             start = scope["state"]["t0"] = time.perf_counter()  # x-total-time starts here too
-            rid = scope["state"]["request_id"] = request_id(scope)
+            rid = scope["state"]["request_id"] = request_context.incoming_id(scope)
             context = request_context.request_id.set(rid.decode())
             status = 500
 
