@@ -277,6 +277,8 @@ def test_models_health_ready_docs(client, bundles_dir):
     pair = requests["ClassifyRequest"]["properties"]["pairs"]["items"]
     assert (pair["minItems"], pair["maxItems"]) == (2, 2)
     assert client.post("/classify", json={"pairs": [["a", "b", "c"]]}).status_code == 422
+    assert requests["DetectRequest"]["additionalProperties"] is False  # unknown fields are refused:
+    assert client.post("/detect", json={"text": "a", "colour": "red"}).status_code == 422
     assert client.get("/schema").status_code == 200
 
 

@@ -85,7 +85,7 @@ def _label(request: Request, model: str) -> None:
 async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[DetectResponse]:
     field, texts = check_inputs(request.app.state.settings.max_batch_size, data.text, data.texts)
     model = _registry(request).resolve(data.model, "detector")
-    threshold = model.threshold if data.threshold is None else data.threshold
+    threshold = model.threshold if data.threshold is None else data.threshold + 0.0  # -0.0 answers as 0.0
     return await _score(request, model, scoring.Detect(threshold, data.return_ or "both"), field, texts)
 
 

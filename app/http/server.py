@@ -9,13 +9,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import msgspec
 from litestar import Litestar, MediaType, Response
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import __version__, request_context
+from app import __version__, request_context, schemas
 from app.errors import AppError, ErrorType
 from app.http import ui
 from app.http.apidocs import OfflineDocs
@@ -51,7 +52,7 @@ def create_app(settings: Settings) -> Litestar:
                 await loading
             await registry.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=HANDLERS + (ui.HANDLERS if settings.ui else []),
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
@@ -74,6 +75,20 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # uvicorn's logging is configured in __main__
         debug=False,
     )
+    _closed_objects(app)
+    return app
+
+
+def _closed_objects(app: Litestar) -> None:
+    """The OpenAPI document says what the server enforces: a request struct that refuses unknown fields is
+    an object without additionalProperties (Litestar's generator leaves that out). The document is built
+    once, here, and served as built."""
+    components = app.openapi_schema.components
+    for name, schema in (components.schemas or {}).items():
+        struct = getattr(schemas, name, None)
+        closed = isinstance(struct, type) and issubclass(struct, msgspec.Struct)
+        if closed and struct.__struct_config__.forbid_unknown_fields:
+            schema.additional_properties = False
 
 
 def _schema_not_found_as_json(response: Response) -> Response:
