@@ -120,8 +120,14 @@ def _load(cfg: ExportConfig, log) -> _Source:
     model.eval()
     graph, kind, output = graph_for(model)
     trained = mcfg.trained_positions
-    max_length = cfg.max_length or min(mcfg.max_position_embeddings, trained or mcfg.max_position_embeddings)
-    if not cfg.max_length and max_length < mcfg.max_position_embeddings:
+    tuned = mcfg.fine_tuned_length if kind == "classifier" else None
+    max_length = cfg.max_length or min(
+        mcfg.max_position_embeddings, tuned or trained or mcfg.max_position_embeddings
+    )
+    if not cfg.max_length and tuned:
+        log(f"max_length {max_length}: the length fine-tuning cut its rows to (--max-seq-len), so the bundle answers "
+            "as the run's predictions_*.jsonl do; longer texts are truncated; --max-length to choose")  # fmt: skip
+    elif not cfg.max_length and max_length < mcfg.max_position_embeddings:
         longer = "scored in windows" if kind == "detector" else "truncated"
         log(f"max_length {max_length}: the positions training used, of the model's {mcfg.max_position_embeddings} "
             f"(the rest are as initialized; longer texts are {longer}); --max-length to choose")  # fmt: skip

@@ -413,6 +413,45 @@ def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
     assert any("trained quantization-aware" in w for w in warnings), warnings
 
 
+def test_the_exported_bundle_answers_as_the_runs_predictions_for_long_texts_and_typed_sep(
+    tiny_init, tmp_path, registry_data
+):
+    """The bundle truncates where fine-tuning did (--max-seq-len 16, not the init's 64 positions), and a
+    "[SEP]" typed in a text is text in training as it is in the server: predictions_dev.jsonl is what the
+    served bundle answers, to the float."""
+    import numpy as np
+
+    from app.model.engine import Engine
+    from app.model.scoring import Classify, run_rows
+    from app.model.tokenization import TextTokenizer
+    from export.__main__ import main as export
+
+    rng = random.Random(1)
+    rows = []
+    for i in range(90):
+        label = ("good", "bad", "meh")[i % 3]
+        words = " ".join([WORDS[label]] * rng.randint(1, 5)) + (" [SEP] [MASK] end" if i % 2 else "")
+        rows.append(f"\"{words}\",{label}")
+    (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    run("--init", tiny_init, "--out", tmp_path / "run", "--train", tmp_path / "long.csv", "--epochs", 1,
+        "--max-seq-len", 16, "--dev-fraction", 0.3)  # fmt: skip
+    export([str(tmp_path / "run"), "--out", str(tmp_path / "bundle"), "--precision", "fp32",
+            "--data-dir", str(registry_data)])  # fmt: skip
+    bundle = read_bundle(tmp_path / "bundle")
+    assert bundle.manifest.max_length == 16
+    dev = [json.loads(line) for line in (tmp_path / "run" / "predictions_dev.jsonl").read_text().splitlines()]
+    assert sum("[SEP]" in r["text"] for r in dev) > 5
+    tok = TextTokenizer(bundle.tokenizer_path, bundle.manifest.max_length, 32)
+    kind = Classify(top_k=None)
+    encoded = kind.encode(tok, [r["text"] for r in dev])
+    assert sum(truncated for truncated in encoded.per_item) > 5  # long texts are cut, as in training
+    outs = run_rows(Engine(bundle, 1), encoded.rows, tok.pad_id, 4096)
+    served = kind.results(bundle.manifest, encoded, outs)
+    for r, got in zip(dev, served, strict=True):
+        want = [r["probs"][label] for label in bundle.manifest.labels]
+        np.testing.assert_allclose([got.probs[label] for label in bundle.manifest.labels], want, atol=1e-5)
+
+
 def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path, capsys):
     """An init with int8 ranges (a --qat run, or a detector recovered from its int8 bundle) simulated int8
     in training whatever --qat said, while the printed options read qat = false: its fp32 export was then

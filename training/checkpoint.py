@@ -85,8 +85,9 @@ def hf_config_dict(cfg: ElectraConfig, architecture: str) -> dict:
         del d["classifier_dropout"]
     if d["problem_type"] is None:
         del d["problem_type"]
-    if d["trained_positions"] is None:
-        del d["trained_positions"]
+    for ours in ("trained_positions", "fine_tuned_length"):
+        if d[ours] is None:
+            del d[ours]
     return {"architectures": [architecture], "model_type": "electra", "tie_word_embeddings": True, **d}
 
 

@@ -52,6 +52,9 @@ class ElectraConfig:
     # past them are as initialized. None: not known (an outside checkpoint), all count. Not a Hugging Face
     # field either.
     trained_positions: int | None = None
+    # The length fine-tuning cut its rows to (--max-seq-len, special tokens in): a classifier's export
+    # default --max-length, so its bundle truncates as the run's predictions_*.jsonl did. Ours alone.
+    fine_tuned_length: int | None = None
 
     def __post_init__(self) -> None:
         self.id2label = {int(k): str(v) for k, v in self.id2label.items()}

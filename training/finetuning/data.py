@@ -317,6 +317,9 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[En
     t = Tokenizer.from_str(tok.to_str())  # a copy: truncation must not leak into the saved tokenizer.json
     t.no_padding()
     t.enable_truncation(max_length=max_seq_len)
+    # "[SEP]" or "[MASK]" in a user's text is text, as the server reads it (app/model/tokenization.py):
+    # trained as the control token, the model would answer those texts otherwise once served.
+    t.encode_special_tokens = True
     inputs = [ex.text if ex.pair is None else (ex.text, ex.pair) for ex in examples]
     return [
         Encoded(e.ids, e.type_ids, ex.label) for e, ex in zip(t.encode_batch(inputs), examples, strict=True)

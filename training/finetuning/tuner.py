@@ -520,6 +520,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     if model.config.trained_positions is not None:
         longest = max(len(e.ids) for e in encoded["train"])
         model.config.trained_positions = max(model.config.trained_positions, longest)
+    model.config.fine_tuned_length = cfg.max_seq_len  # what the bundle truncates at by default
     # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
     # is untouched).
     if cfg.qat:
