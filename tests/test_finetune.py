@@ -301,6 +301,13 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
             for i, g in enumerate(good)
         )
         + "\n",  # fmt: skip
+        "multilabel.jsonl": "\n".join(
+            json.dumps(
+                {"text": g.split(",")[0], "label": [g.split(",")[1], "long"] if i == 2 else g.split(",")[1]}
+            )
+            for i, g in enumerate(good)
+        )
+        + "\n",  # fmt: skip
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -315,6 +322,7 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "semicolons.csv": "the header is one field with semicolons: write the file comma-separated",
         "semicolons-only.csv": "it looks semicolon-separated: write the file comma-separated",
         "nulls.jsonl": "row 5 has no 'text'",
+        "multilabel.jsonl": "row 3: the label is a JSON list",
         "latin1.csv": "is not UTF-8",
     }
     for name, says in cases.items():
@@ -365,6 +373,11 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         (["--out", tmp_path / "a-file"], "is a file"),
         (["--out", tmp_path / "a-file" / "sub"], "cannot create"),
         (["--out", run_dir, "--overwrite"], "is a pretraining run"),
+        (
+            ["--out", Path(__file__).parents[1] / "models" / "sentiment", "--overwrite"],
+            "holds an exported bundle",
+        ),
+        (["--out", tiny_init, "--overwrite"], "holds another model's files (config.json, model.safetensors"),
         (["--out", tmp_path / "o2", "--init", broken], "does not read as weights"),
     ]:
         with pytest.raises(SystemExit) as e:
@@ -431,7 +444,7 @@ def test_the_exported_bundle_answers_as_the_runs_predictions_for_long_texts_and_
     for i in range(90):
         label = ("good", "bad", "meh")[i % 3]
         words = " ".join([WORDS[label]] * rng.randint(1, 5)) + (" [SEP] [MASK] end" if i % 2 else "")
-        rows.append(f"\"{words}\",{label}")
+        rows.append(f'"{words}",{label}')
     (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     run("--init", tiny_init, "--out", tmp_path / "run", "--train", tmp_path / "long.csv", "--epochs", 1,
         "--max-seq-len", 16, "--dev-fraction", 0.3)  # fmt: skip

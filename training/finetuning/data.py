@@ -185,9 +185,17 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
         if missing(label):
             raise DataError(f"{flag}: {path} row {n} has no value in the label column {cfg.label_column!r}"
                             + (f" ({label!r})" if label is not None and str(label).strip() else ""))  # fmt: skip
+        if isinstance(label, (list, dict)):  # its repr would become a class name, one per combination
+            raise DataError(f"{flag}: {path} row {n}: the label is a JSON {'list' if isinstance(label, list) else 'object'} "
+                            f"({json.dumps(label)[:80]}); fine-tuning learns one label (or one number) per text, "
+                            "and multi-label classification is not supported: give each row a single label")  # fmt: skip
         for col in filter(None, (cfg.text_column, cfg.text_pair_column)):
             if row.get(col) is None:  # a JSON row without the key, or null: not an empty text to train on
                 raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
+            if isinstance(row[col], (list, dict)):
+                raise DataError(
+                    f"{flag}: {path} row {n}: {col!r} is a JSON {'list' if isinstance(row[col], list) else 'object'}, not a text"
+                )
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
     empty = [

@@ -244,6 +244,10 @@ def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
         raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
                           "would break its --resume: choose another --out")  # fmt: skip
     present = [f for f in OUTPUTS if (out / f).exists()]
+    if present and not (out / "finetune_config.json").is_file():  # every run of ours writes it first
+        what = "an exported bundle (manifest.json)" if (out / "manifest.json").exists() else "another model"
+        raise ConfigError(f"--out: {out} holds {what}'s files ({', '.join(present)}), not a fine-tuning run's; "
+                          "--overwrite replaces only a fine-tuning run: choose another --out")  # fmt: skip
     if present and not overwrite and not resuming:
         raise ConfigError(f"--out: {out} already holds {', '.join(present)}"
                           + ("; its run was stopped: pass --resume to go on with it," if resume.stopped(out) else ";")
