@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from export.bundle_writer import BundleError
     from export.evaldata import EvalDataError
+    from export.evaluation.items import CalibrationDataError
     from export.parity import ParityError
     from export.pipeline import run_export
     from training.data.tokenizer import TokenizerError
@@ -60,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         BundleError,
         TokenizerError,
         EvalDataError,
-    ) as e:  # the checkpoint or data to change
+        CalibrationDataError,
+        options.ConfigError,  # an option the model does not allow (--max-length past its positions)
+    ) as e:  # the checkpoint, data or option to change
         print(f"export failed: {e}", file=sys.stderr)
         return options.EXIT_USAGE
     except (ParityError, ValueError) as e:

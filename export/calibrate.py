@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import calibration as cal
-from export.evaluation.items import Texts, build_texts, fitting
+from export.evaluation.items import CalibrationDataError, Texts, build_texts, fitting
 from export.evaluation.scoring import score
 from export.parity import ParityError, deviation, roc_auc
 from export.wordscores import WordScorer
@@ -56,7 +56,7 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
                 f"max_length {src.max_length}")  # fmt: skip
     src.log(f"calibration: {len(texts.texts)} sentences from {texts.source_counts()} ({texts.counts()})")
     if not texts.texts:  # a map fitted on nothing would be the identity's guess, shipped as calibrated
-        raise ValueError("calibration found no held-out sentence it could use (each must tokenize to words the "
+        raise CalibrationDataError("calibration found no held-out sentence it could use (each must tokenize to words the "
                          "model knows); check that the tokenizer is the model's, or pass --no-calibrate")  # fmt: skip
     _, probs, labels, lengths = score(WordScorer(fp32_onnx, tokenizer, src.max_length), texts)
     cmap = cal.LengthMap.fit(probs, labels, lengths)

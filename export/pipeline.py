@@ -18,6 +18,7 @@ from export.config import ExportConfig
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
+from options import ConfigError
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,11 @@ def _load(cfg: ExportConfig, log) -> _Source:
         log(f"max_length {max_length}: the positions training used, of the model's {mcfg.max_position_embeddings} "
             f"(the rest are as initialized; longer texts are {longer}); --max-length to choose")  # fmt: skip
     if max_length > mcfg.max_position_embeddings:
-        raise ValueError(
+        raise ConfigError(
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
     if kind == "detector" and cfg.eval_data:
-        raise ValueError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
+        raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
     ptype = problem_type(mcfg) if kind == "classifier" else None
     quantization_aware = mcfg.quantization is not None
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)

@@ -505,10 +505,21 @@ def test_export_refuses_a_mount_point_as_out_before_any_work(tmp_path, capsys):
         pytest.skip(str(e))
 
 
-def test_a_detector_refuses_labelled_eval_data_it_would_ignore(tmp_path, detector_dir):
-    with pytest.raises(ValueError, match="--eval-data is a classifier's"):
-        export(detector_dir, tmp_path / "b", eval_data=_dev_csv(tmp_path / "dev.csv"))
-    assert not (tmp_path / "b").exists()
+def test_options_the_model_does_not_allow_are_refused_as_inputs_to_change(tmp_path, detector_dir, capsys):
+    """Exit 2, as every option to change; before, these ended as a failure while running (1)."""
+    from export.__main__ import main
+
+    config = json.loads((detector_dir / "config.json").read_text())
+    for flags, says in [
+        (["--eval-data", str(_dev_csv(tmp_path / "dev.csv"))], "--eval-data is a classifier's"),
+        (["--max-length", str(config["max_position_embeddings"] + 1)], "exceeds the model's"),
+        (["--calibration-text", "no-such-source"], "is neither a file nor a sentence source"),
+    ]:
+        assert main([str(detector_dir), "--out", str(tmp_path / "b"), "--precision", "fp32", *flags]) == 2, (
+            flags
+        )
+        assert says in capsys.readouterr().err, flags
+        assert not (tmp_path / "b").exists()
 
 
 def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_dir):

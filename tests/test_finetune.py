@@ -371,6 +371,10 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
     user = ["--train", tmp_path / "long.csv", "--init", tiny_init]
     for args, says in [
         (["--out", tmp_path / "a-file"], "is a file"),
+        (
+            ["--out", tmp_path / "o4", "--train", tmp_path],
+            "is a directory; name one .csv, .tsv or .jsonl file",
+        ),
         (["--out", tmp_path / "a-file" / "sub"], "cannot create"),
         (["--out", run_dir, "--overwrite"], "is a pretraining run"),
         (

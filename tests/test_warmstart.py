@@ -143,6 +143,12 @@ def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
                                                  "model_type": "gpt2", "architectures": ["GPT2Model"]}))  # fmt: skip
     with pytest.raises(CheckpointError, match=r"gpt/config\.json: model_type 'gpt2' is not supported"):
         resolve_warm_start(PretrainConfig(init=str(gpt)))
+    # From the command line: a message and exit 2 (an --init to change), no traceback.
+    from training.pretraining.trainer import resolve_config
+
+    with pytest.raises(SystemExit) as e:
+        resolve_config(["--init", str(gpt), "--out", str(tmp_path / "run")])
+    assert e.value.code == 2
 
     wide = tmp_path / "wide"
     shutil.copytree(tmp_path / "bert2", wide)

@@ -104,6 +104,8 @@ csv.field_size_limit(2**31 - 1)
 def read_rows(path: str, flag: str) -> list[dict]:
     """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it."""
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{flag}: {p} is a directory; name one .csv, .tsv or .jsonl file")
     if not p.is_file():
         raise DataError(f"{flag}: {p} does not exist")
     suffix = p.suffix.lower()

@@ -247,7 +247,9 @@ def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | 
         return given_tokenizer_size(cfg), warm
     except ConfigError as e:
         options.usage_exit(f"error: {e}")
-    except (CheckpointError, DatasetError, TokenizerError) as e:
+    except (CheckpointError, TokenizerError) as e:  # --init or --tokenizer to change
+        options.usage_exit(f"error: {e}")
+    except DatasetError as e:  # a download, a disk
         sys.exit(f"error: {e}")
 
 
