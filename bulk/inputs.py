@@ -147,10 +147,22 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             unlisted[p] = _reason(e)
     if not matches and not unlisted:
         raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob")
-    if not matches:
-        return Path(os.path.abspath(".")), [], unlisted
-    root = Path(os.path.commonpath([p.parent for p in matches]))
-    return root, sorted(matches), unlisted
+    # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
+    # would rename every shard of a resumed job (its finished parts scored again, under new names).
+    return glob_root(spec), sorted(matches), unlisted
+
+
+def is_glob(spec: str) -> bool:
+    """INPUT read as a glob: no such file or directory, and a wildcard in it."""
+    return not Path(spec).exists() and _magic(spec)
+
+
+def glob_root(spec: str) -> Path:
+    """The directories of a glob before its first wildcard (`data/**/*.jsonl` -> data): the root its
+    shards are named from."""
+    parts = spec.split(os.sep)
+    fixed = next((i for i, part in enumerate(parts) if _magic(part)), len(parts) - 1)
+    return Path(os.path.abspath(os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")))
 
 
 def _magic(part: str) -> bool:

@@ -16,7 +16,7 @@ from app.model.bundle import bundle_names, read_bundle
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part, absolute_spec, format_of, id_column, plan, shards
+from bulk.inputs import Part, absolute_spec, format_of, id_column, is_glob, plan, shards
 from bulk.progress import Progress
 from options.stopping import GracefulStop
 
@@ -43,15 +43,14 @@ def part_size(cfg: BulkConfig, files: list[Path]) -> int:
     return min(int(cfg.part_mb * (1 << 20)), max(MIN_PART_BYTES, share))
 
 
-def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> int:
+def check_fingerprint(
+    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None
+) -> tuple[int, Path | None]:
     """A resumed job must score as the first run did: same bundle, same options that shape a row, and
-    the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size."""
+    the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size
+    and the root its shards are named from (`root` for a new job; job.json's for a resumed one)."""
     path = cfg.out / "job.json"
     want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
-    if any(format_of(f, cfg.format) == "parquet" for f in files):
-        # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's number
-        # names other rows, so a job begun before cannot be resumed by this version.
-        want["parquet_parts"] = "rows"
     if path.is_file():
         try:
             have = json.loads(path.read_text())
@@ -66,17 +65,32 @@ def check_fingerprint(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> in
         if isinstance(have.get("input"), str):  # a job of before 2026-11-28 kept INPUT as typed, from here
             have["input"] = absolute_spec(have["input"])
         diff = sorted(k for k in want if have.get(k) != want[k])
+        if have.get("parquet_parts") != "rows" and _finished_parquet(cfg):
+            # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's
+            # number names other rows, so a job that finished some before cannot be resumed by this version.
+            diff.append("parquet_parts")
+            want["parquet_parts"] = "rows"
         if diff:
             raise JobError(
                 f"{cfg.out} holds the outputs of a job with other settings ("
                 f"{'; '.join(f'{k}: {have.get(k)!r} then, {want[k]!r} now' for k in diff)}); resuming would "
                 "mix the two. Use another --out, or remove that directory to start again"
             )
-        return int(have["part_bytes"])
+        # A job begun before the root was kept: the matches' common parent, as it named them then.
+        kept = have.get("input_root")
+        return int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None
     cfg.out.mkdir(parents=True, exist_ok=True)
-    want["part_bytes"] = part_size(cfg, files)
+    want |= {"part_bytes": part_size(cfg, files), "parquet_parts": "rows"}
+    if root is not None:
+        want["input_root"] = str(root)
     outputs.write_json(path, want)
-    return want["part_bytes"]
+    return want["part_bytes"], root
+
+
+def _finished_parquet(cfg: BulkConfig) -> bool:
+    """Whether the manifest holds a finished part of a Parquet shard."""
+    return any(format_of(Path(e.get("input", "")), cfg.format) == "parquet"
+               for e in outputs.Manifest(cfg.out).finished().values())  # fmt: skip
 
 
 def shard_stats(parts: list[Part]) -> dict[str, list[int]]:
@@ -114,11 +128,15 @@ def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> l
     return sorted(gone)
 
 
-def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> int:
-    """job.json checked or written, config.json written: the part size. An --out that cannot be written
-    stops the job here, before any work, with what to do."""
+def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path) -> tuple[int, Path]:
+    """job.json checked or written, config.json written: the part size and the root shards are named
+    from. An --out that cannot be written stops the job here, before any work, with what to do."""
     try:
-        part_bytes = check_fingerprint(cfg, bundle_sha, files)
+        part_bytes, kept = check_fingerprint(cfg, bundle_sha, files, root)
+        if kept is None:  # resuming a job from before the root was kept: how it named its shards
+            kept = (
+                Path(os.path.commonpath([p.parent for p in files])) if files and is_glob(cfg.input) else root
+            )
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
     except OSError as e:
         if outputs.out_of_space(e):
@@ -127,7 +145,7 @@ def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path]) -> int:
             f"--out {cfg.out}: cannot write there ({e.strerror or e}: {e.filename}); choose a directory this "
             "user can create and write"
         ) from e
-    return part_bytes
+    return part_bytes, kept
 
 
 def report_failures(failed: dict[str, str], limit: int = 20) -> None:
@@ -174,7 +192,7 @@ def run(cfg: BulkConfig) -> int:
         if note := windows.stride_note():
             print(f"bulk: note: {cfg.model}: {note}", file=sys.stderr, flush=True)
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
-    part_bytes = prepare(cfg, bundle.manifest.model_sha256, files)
+    part_bytes, root = prepare(cfg, bundle.manifest.model_sha256, files, root)
     parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)
     failed_shards |= unlisted
     report_failures(failed_shards)

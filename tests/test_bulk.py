@@ -175,6 +175,36 @@ def test_a_job_inside_its_input_resumes_on_its_input_alone_and_refuses_what_it_c
     assert unwritable.returncode == 2 and "cannot write there" in unwritable.stderr, unwritable.stderr
 
 
+def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_the_rest_kept(
+    tmp_path, paragraphs
+):
+    """Shards are named from the glob's fixed directories, not from where today's matches sit: a file in a
+    new sub-directory once renamed every shard, and the finished ones were scored again, twice in
+    scores/. A Parquet file added to a JSONL job was refused as a job of other settings."""
+    corpus = tmp_path / "g"
+    write_jsonl(corpus / "x" / "a.jsonl", paragraphs[:5])
+    spec = f"{corpus}/**/*.jsonl"
+    assert run_bulk(spec, tmp_path / "o", "detector", "--workers", "1").returncode == 0
+    write_jsonl(corpus / "y" / "b.jsonl", paragraphs[5:8])
+    again = run_bulk(spec, tmp_path / "o", "detector", "--workers", "1")
+    assert again.returncode == 0 and "2 part(s); 1 already finished" in again.stdout, (
+        again.stdout + again.stderr
+    )
+    assert "no longer in INPUT" not in again.stderr
+    assert [(r["file"], r["line"]) for r in rows(tmp_path / "o")] == [
+        ("x/a.jsonl", i) for i in range(1, 6)
+    ] + [("y/b.jsonl", i) for i in range(1, 4)]
+    assert summary(tmp_path / "o")["documents"] == 8
+
+    folder = tmp_path / "d"
+    write_jsonl(folder / "a.jsonl", paragraphs[:4])
+    assert run_bulk(folder, tmp_path / "od", "detector", "--workers", "1").returncode == 0
+    pq.write_table(pa.table({"text": paragraphs[10:13]}), folder / "t.parquet")
+    mixed = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")
+    assert mixed.returncode == 0 and "1 already finished" in mixed.stdout, mixed.stderr
+    assert summary(tmp_path / "od")["documents"] == 7
+
+
 def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dying(tmp_path, paragraphs):
     """The actor class Ray Data runs, run here: a bundle that fails to load on a node answers every part
     with the error, as the local workers do, and the job records the failures and ends."""

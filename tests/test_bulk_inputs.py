@@ -281,7 +281,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     old = {**json.loads(json.dumps(configs[0].fingerprint())), "input": "corpus", "part_bytes": 4096}
     old |= {"bundle_sha256": "ab", "version": app.__version__}
     (tmp_path / "o" / "job.json").write_text(json.dumps(old))
-    assert check_fingerprint(configs[1], "ab", []) == 4096  # resumed, not refused
+    assert check_fingerprint(configs[1], "ab", []) == (4096, None)  # resumed, not refused
 
 
 def test_without_the_bulk_extra_help_answers_and_a_job_says_what_to_install(tmp_path):
