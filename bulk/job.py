@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -260,11 +261,20 @@ def run(cfg: BulkConfig) -> int:
                 runner.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
             except runner.JoinError as e:
                 raise JobError(str(e)) from None
+            except SystemExit as e:  # ray.init's SIGTERM handler, there before ours: a stop, not a crash
+                if e.code != signal.SIGTERM:
+                    raise
+                print("\nbulk: SIGTERM while Ray started: no part was scored in this run; run the same command "
+                      "again", file=sys.stderr, flush=True)  # fmt: skip
+                return 128 + signal.SIGTERM
         else:
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
-        doing = "no more parts start; the running ones finish and are kept" + (
-            " as they end" if cfg.ray else ""
+        doing = (
+            "no more parts start; the job ends as the next part finishes, and the others running are scored "
+            "again by the next run"
+            if cfg.ray
+            else "no more parts start; the running ones finish and are kept"
         )
         with GracefulStop(True, doing) as interrupt:
             runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
