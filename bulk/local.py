@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import signal
+import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -46,12 +47,13 @@ def _score(part: Part) -> dict:
 
     if isinstance(_SCORER, Exception):
         return part.unloadable(_SCORER)
-    return score_part(part, _SCORER, lambda *counts: _QUEUE.put(counts))
+    return score_part(part, _SCORER, lambda *counts: _QUEUE.put((*counts, part.key)))
 
 
 def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
-    on_progress(docs, tokens, bytes) as workers report. Once on_result returns True (a full disk) or
+    on_progress(docs, tokens, bytes, part) as workers report, and on_progress(0, 0, 0, part, retract=True)
+    where a part's reports no longer count (its worker died). Once on_result returns True (a full disk) or
     stopping() does (Ctrl-C), the parts not yet started are not started; those running finish and report.
     A KeyboardInterrupt (the same signal again) kills the workers and goes on up.
 
@@ -94,6 +96,11 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charge
         nonlocal deaths
         deaths += 1
         charged[part.key] += 1
+        # Through the queue, behind whatever the dead worker reported of the part: taken back after it.
+        queue.put((0, 0, 0, part.key, True))
+        again_or_not = "it runs again" if charged[part.key] < ATTEMPTS else "it fails"
+        print(f"bulk: a worker process died while it scored {part.key} ({e}); {again_or_not}",
+              file=sys.stderr, flush=True)  # fmt: skip
         if charged[part.key] >= ATTEMPTS:
             record(part.failure(f"its worker process died {charged[part.key]} times while it ran: {e}"))
         else:

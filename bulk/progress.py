@@ -20,17 +20,33 @@ class Progress:
     def __init__(self, total_bytes: int, enabled: bool = True, stream=sys.stderr) -> None:
         self.total, self.enabled, self.stream = max(1, total_bytes), enabled, stream
         self.docs = self.tokens = self.bytes = 0
+        self._by_part: dict[str, list[int]] = {}  # what each part reported, to take back if it runs again
         self.start = self._drawn = time.perf_counter()
         self._tty = enabled and stream.isatty()
         self._lock = threading.Lock()  # the local runner reports from a listener thread
 
-    def update(self, docs: int, tokens: int, nbytes: int) -> None:
+    def update(
+        self, docs: int, tokens: int, nbytes: int, part: str | None = None, retract: bool = False
+    ) -> None:
+        """Count a worker's report on `part`; with `retract`, forget what the part reported instead."""
+        if retract and part is not None:
+            self.take_back(part)
+            return
         with self._lock:
             self.docs, self.tokens, self.bytes = self.docs + docs, self.tokens + tokens, self.bytes + nbytes
+            if part is not None:
+                counts = self._by_part.setdefault(part, [0, 0, 0])
+                counts[0], counts[1], counts[2] = counts[0] + docs, counts[1] + tokens, counts[2] + nbytes
             now = time.perf_counter()
             if self.enabled and now - self._drawn >= (REDRAW_S if self._tty else LOG_EVERY_S):
                 self._drawn = now
                 self._draw(now)
+
+    def take_back(self, part: str) -> None:
+        """Forget what `part` reported: its worker died, and it runs again (or fails) from its start."""
+        with self._lock:
+            docs, tokens, nbytes = self._by_part.pop(part, (0, 0, 0))
+            self.docs, self.tokens, self.bytes = self.docs - docs, self.tokens - tokens, self.bytes - nbytes
 
     def line(self, now: float | None = None) -> str:
         elapsed = max(1e-9, (now or time.perf_counter()) - self.start)

@@ -176,6 +176,10 @@ def test_a_worker_killed_mid_job_costs_only_a_rerun_of_its_parts(tmp_path, corpu
     assert proc.returncode == 0, err
     assert rows(out) == rows(reference[0])
     assert summary(out)["parts"]["failed"] == 0
+    assert "a worker process died while it scored" in err and "it runs again" in err, err
+    # The progress (and this run's rate) counts each document once: the dead attempts' reports taken back.
+    this_run = summary(out)["this_run"]
+    assert this_run["documents"] == this_run["documents_recorded"] == len(rows(out)), this_run
 
 
 def test_a_full_disk_stops_the_job_and_the_same_command_finishes_it_once_there_is_room(
