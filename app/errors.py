@@ -34,6 +34,9 @@ class ErrorType(enum.Enum):
 # Set in a request's ASGI scope when --read-timeout-s cut its body off (app/http/protocol.py): the
 # handler then sees a disconnect, which is the server's doing, not the client's.
 READ_TIMED_OUT = "electra.read_timed_out"
+# Set when the HTTP parser refused the rest of a request whose handler was reading its body (a malformed
+# chunk): the client got a 400 invalid_http, and the handler's disconnect is counted as that.
+BODY_UNPARSABLE = "electra.body_unparsable"
 
 
 STATUS: dict[ErrorType, int] = {

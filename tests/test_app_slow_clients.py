@@ -73,6 +73,23 @@ def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, r
     assert server.metric("electra_rejected_requests_total", reason="invalid_http") == before + 1
 
 
+def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
+    """The parser refuses the body while /detect's handler waits for it: one request, counted once, as the
+    400 the client got (it was counted twice: an abort of /detect and a 400 of no route)."""
+    count = lambda status, endpoint="/detect": server.metric("electra_requests_total", endpoint=endpoint,  # noqa: E731
+                                                             status=status)  # fmt: skip
+    before = {s: count(s) for s in ("400", "499")} | {"other": count("400", "other")}
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"transfer-encoding: chunked\r\n\r\n5\r\n{\"tex\r\nzz-not-hex\r\n")  # fmt: skip
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400") and b"malformed chunk" in answer, answer
+    wait_for(lambda: count("400") == before["400"] + 1, what="the request to be counted")
+    assert count("499") == before["499"] and count("400", "other") == before["other"]
+
+
 def test_a_slowloris_on_headers_is_cut_off_with_408(server):
     before = server.metric("electra_requests_total", endpoint="other", status="408")
     headers = b"POST /detect HTTP/1.1\r\nhost: x\r\n" + b"x-slow: " + b"a" * 200

@@ -12,7 +12,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from app import request_context
-from app.errors import READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
+from app.errors import BODY_UNPARSABLE, READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
 
 log = logging.getLogger("app")
 
@@ -29,6 +29,9 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
         timeout = getattr(settings, "read_timeout_s", 0)
         msg = f"request body not received within --read-timeout-s {timeout:g}"
         err = AppError(ErrorType.READ_TIMEOUT, msg, field="body")  # the client got this 408 already
+    elif err.type is ErrorType.CLIENT_GONE and request.scope.get(BODY_UNPARSABLE):
+        msg = "the request body is not valid HTTP/1.1 (a malformed chunk)"
+        err = AppError(ErrorType.INVALID_HTTP, msg, field="body")  # the client got this 400 already
     if err.type is ErrorType.INTERNAL:
         rid = request.scope.get("state", {}).get("request_id", b"-").decode()
         log.exception("unhandled error on %s %s (x-request-id %s)", request.method, request.url.path, rid,

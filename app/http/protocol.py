@@ -21,7 +21,7 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.errors import READ_TIMED_OUT
+from app.errors import BODY_UNPARSABLE, READ_TIMED_OUT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
 from app.scheduling.server_load import ServerLoad
@@ -123,12 +123,20 @@ class _BoundedRead(HttpToolsProtocol):
             self._deadline = None
 
     def send_400_response(self, msg: str) -> None:
-        """What the HTTP parser refuses (a malformed request line or header, an unknown method): the API's
-        JSON error shape and its counters, where uvicorn sends plain text that no metric counts."""
-        msg = ("the request is not valid HTTP/1.1 (its request line, a header or the method could not be parsed); "
-               "send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
-        self.metrics.requests.labels("other", "", "400").inc()
-        self.metrics.rejected.labels(reason="invalid_http").inc()
+        """What the HTTP parser refuses (a malformed request line or header, an unknown method, a malformed
+        chunk of a body): the API's JSON error shape and its counters, where uvicorn sends plain text that
+        no metric counts."""
+        cycle = self.cycle
+        if cycle is not None and cycle is self._receiving and not cycle.response_complete:
+            # Its handler, waiting for the body, sees the connection go: it counts the request, as this 400.
+            cycle.scope[BODY_UNPARSABLE] = True
+            msg = ("the request body is not valid HTTP/1.1 (a malformed chunk of a chunked body); send the body "
+                   "with a content-length, or in well-formed chunks")  # fmt: skip
+        else:
+            msg = ("the request is not valid HTTP/1.1 (its request line, a header or the method could not be "
+                   "parsed); send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
+            self.metrics.requests.labels("other", "", "400").inc()
+            self.metrics.rejected.labels(reason="invalid_http").inc()
         self._write_error("400 Bad Request", "invalid_http", msg)
 
     def _write_error(self, status: str, kind: str, msg: str) -> None:
