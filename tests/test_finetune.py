@@ -431,7 +431,7 @@ def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
 
 
 def test_the_exported_bundle_answers_as_the_runs_predictions_for_long_texts_and_typed_sep(
-    tiny_init, tmp_path, registry_data
+    tiny_init, tmp_path, registry_data, capsys
 ):
     """The bundle truncates where fine-tuning did (--max-seq-len 16, not the init's 64 positions), and a
     "[SEP]" typed in a text is text in training as it is in the server: predictions_dev.jsonl is what the
@@ -452,6 +452,7 @@ def test_the_exported_bundle_answers_as_the_runs_predictions_for_long_texts_and_
     (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
     run("--init", tiny_init, "--out", tmp_path / "run", "--train", tmp_path / "long.csv", "--epochs", 1,
         "--max-seq-len", 16, "--dev-fraction", 0.3)  # fmt: skip
+    assert "training text(s) hold [MASK], [SEP]: read as text" in capsys.readouterr().err
     export([str(tmp_path / "run"), "--out", str(tmp_path / "bundle"), "--precision", "fp32",
             "--data-dir", str(registry_data)])  # fmt: skip
     bundle = read_bundle(tmp_path / "bundle")

@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -258,9 +259,10 @@ def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, s
 def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_retraces_the_run(
     tmp_path, small_corpus, small_tokenizer
 ):
-    """A terminal's Ctrl-C reaches torchrun and both workers (one process group), and torchrun relays it to
-    them again: the ranks agree on a log step, save it with each rank's random state, say how to go on,
-    and the resumed two-rank run lands on the uninterrupted one's weights bit for bit."""
+    """A terminal's Ctrl-C reaches torchrun, which passes it on to its workers (each in a session of its
+    own): the ranks agree on a log step, save it with each rank's random state, say how to go on, and the
+    resumed two-rank run lands on the uninterrupted one's weights bit for bit. A second Ctrl-C, which
+    torchrun passes on as SIGTERM, stops them at once."""
     args = ("--max-steps", 30, "--save-every", 20, "--log-every", 2, "--eval-every", 1000, "--batch-size", 4)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -307,6 +309,30 @@ def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_ret
         wa = load_file(resolve_checkpoint(whole) / part)
         wb = load_file(resolve_checkpoint(stopped) / part)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), part
+
+    twice = tmp_path / "twice"  # a log step far away: only the second Ctrl-C can end the run soon
+    slow = tiny_args(twice, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 50000,
+                     "--save-every", 100000, "--batch-size", 4)  # fmt: skip
+    proc = subprocess.Popen([*command(twice)[:8], *slow], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 120
+    while not any(line.startswith("parameters:") for line in lines) and proc.poll() is None:
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.05)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    second = time.time()
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    assert time.time() - second < 15, "the second Ctrl-C did not stop the workers at once"
+    assert any("SIGINT: the ranks stop together" in line for line in lines), "".join(lines)[-3000:]
+    assert not (twice / "checkpoints" / "latest").exists()
 
 
 def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):

@@ -91,11 +91,14 @@ def strict_json(kind: type[msgspec.Struct]):
 def _not_json(body: bytes, e: msgspec.DecodeError) -> AppError:
     """400 invalid_json: msgspec's account of where the syntax breaks, or a lone surrogate escape named as
     such, which msgspec refuses (and reports as "truncated" at times) while the body is otherwise JSON."""
+    candidates = list(_LONE_SURROGATE.finditer(body))
+    if not candidates:
+        return from_msgspec(e)
     try:
         json.loads(body)  # Python's parser takes lone surrogates: only they can have failed msgspec here
     except ValueError:
         return from_msgspec(e)
-    for lone in _LONE_SURROGATE.finditer(body):
+    for lone in candidates:
         backslashes = len(body[: lone.start()]) - len(body[: lone.start()].rstrip(b"\\"))
         if backslashes % 2 == 0:  # not "\\ud800", an escaped backslash before the letters "ud800"
             msg = (f"request body is not valid JSON: lone UTF-16 surrogate escape {lone.group().decode()} at byte "

@@ -46,7 +46,7 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
         ):
             metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
             rid = request_context.incoming_id(request.scope)  # nor gave it its x-request-id
-            err = _unrouted(err, request, rid)
+            err = _unrouted(err, request, rid, getattr(settings, "ui", False))
             if getattr(settings, "access_log", False):  # nor its access-log line (app/http/server.py)
                 log.info(
                     "%s", request_context.access_line(request.scope, STATUS[err.type], None, "", rid.decode())
@@ -54,7 +54,7 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
     return error_response(err)
 
 
-def _unrouted(err: AppError, request: Request, rid: bytes) -> AppError:
+def _unrouted(err: AppError, request: Request, rid: bytes, ui: bool) -> AppError:
     """Litestar's "Not Found" and "Method Not Allowed", saying what to do instead, with the x-request-id."""
     headers = {**(err.headers or {}), "x-request-id": rid.decode()}
     where = f"{request.method} {clip(request.url.path)}"
@@ -63,7 +63,7 @@ def _unrouted(err: AppError, request: Request, rid: bytes) -> AppError:
         msg = f"{where}: the route takes {allowed} only" if allowed else f"{where}: method not allowed"
     elif err.message in ("Not Found", "no such route"):  # Litestar's own, not a route's (/schema/x)
         msg = (f"no route {where}: the API is POST /detect, POST /classify and GET /models, /health, /ready, "
-               "/metrics; its reference is at /schema")  # fmt: skip
+               f"/metrics; its reference is at /schema{'; the page is at /' if ui else ''}")  # fmt: skip
     else:
         msg = err.message
     return AppError(err.type, msg, field=err.field, headers=headers)

@@ -172,10 +172,19 @@ class TextTokenizer:
             inputs, self._truncating.encode_batch(inputs, add_special_tokens=True), strict=True
         ):
             row = Row(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
-            kept = set(enc.sequence_ids)
-            empty = next((j for j in range(len(x) if isinstance(x, tuple) else 1) if j not in kept), None)
+            empty = self._empty_half(x, enc)
             out.append(ClassifyEncoding(row, len(enc.overflowing) > 0, empty))
         return out
+
+    def _empty_half(self, item, enc) -> int | None:
+        """The text (0) or pair half (0, 1) the tokenizer kept nothing of, if any. A pair cut to max_length
+        may lose a half to the cut: that half had tokens, and is not empty."""
+        if not isinstance(item, tuple):
+            return 0 if len(enc.ids) <= len(self._prefix[0]) + len(self._suffix[0]) else None
+        if enc.overflowing:
+            return None
+        kept = set(enc.sequence_ids)
+        return next((j for j in (0, 1) if j not in kept), None)
 
     def _head(self, text: str) -> str:
         """A long text cut where a word ends, to a prefix that still overflows max_length: truncation keeps

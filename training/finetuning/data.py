@@ -322,6 +322,18 @@ def _sample(rows: list[Example], limit: int | None) -> list[Example]:
 # ---------------------------------------------------------------------------------- tokens and batches
 
 
+def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, list[str]]:
+    """How many texts hold a special token's spelling ("[SEP]"), and which: read as text (see encode)."""
+    spellings = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+    found: set[str] = set()
+    n = 0
+    for ex in examples:
+        hit = [s for s in spellings if s in ex.text or (ex.pair is not None and s in ex.pair)]
+        n += bool(hit)
+        found.update(hit)
+    return n, sorted(found)
+
+
 def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[Encoded]:
     """Token ids with [CLS]/[SEP] (the tokenizer's post-processor), pairs truncated longest-first."""
     t = Tokenizer.from_str(tok.to_str())  # a copy: truncation must not leak into the saved tokenizer.json

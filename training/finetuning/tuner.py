@@ -35,7 +35,15 @@ from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
 from training.errors import DiskFullError, check_room, disk_full, out_of_space, refuse_mount_point
 from training.finetuning import resume
-from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, batches, encode, load_task_data
+from training.finetuning.data import (
+    CLASSIFICATION,
+    REGRESSION,
+    TaskData,
+    batches,
+    encode,
+    load_task_data,
+    typed_special_tokens,
+)
 from training.finetuning.metrics import (
     classification_metrics,
     format_report,
@@ -520,6 +528,11 @@ def setup(argv: list[str] | None) -> FineTuner:
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
+    n_typed, typed = typed_special_tokens(tok, data.splits["train"])
+    if n_typed:
+        print(f"note: {n_typed} training text(s) hold {', '.join(typed)}: read as text, as the server reads it (two "
+              "sentences joined by [SEP] are one text to the model; --text-pair-column trains pairs)",
+              file=sys.stderr, flush=True)  # fmt: skip
     # Known (a run of ours): the positions trained now reach its longest training row too.
     if model.config.trained_positions is not None:
         longest = max(len(e.ids) for e in encoded["train"])

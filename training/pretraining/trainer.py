@@ -419,11 +419,10 @@ def run(argv: list[str] | None = None) -> None:
         doing = (
             "stopping after this step and saving it"
             if t.env.world == 1
-            else f"the ranks stop together at the next log step (every --log-every {t.cfg.log_every}) and save it"
+            else f"the ranks stop together at the next log step (every --log-every {t.cfg.log_every}) and save it, "
+            "if that fits in torchrun's --shutdown-timeout (30 s), after which it kills them"
         )
-        # torchrun relays its own Ctrl-C to the workers the terminal reached already.
-        with GracefulStop(True, doing, relayed_within_s=1.0 if t.env.world > 1 else 0.0,
-                          announce=t.env.main) as stop:  # fmt: skip
+        with GracefulStop(True, doing, any_again=t.env.world > 1, announce=t.env.main) as stop:
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
             sys.exit(128 + stopped_by)
@@ -493,7 +492,8 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         # Dist.agree), which is a wait for the device: with several processes, only at log steps.
         if env.world > 1:
             late, signalled = env.agree_max(late, signalled) if logging_now else (False, 0)
-        stopped_by = (stop.signal or int(signalled)) if signalled and t.step < cfg.max_steps else None
+        # One signal for every rank (the agreed one), and none once the time cap ends the run anyway.
+        stopped_by = int(signalled) if signalled and not late and t.step < cfg.max_steps else None
         t.evaluate_and_save(log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None)
         if late:
             if env.main:
