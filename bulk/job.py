@@ -277,7 +277,14 @@ def run(cfg: BulkConfig) -> int:
             else "no more parts start; the running ones finish and are kept"
         )
         with GracefulStop(True, doing) as interrupt:
-            runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
+            watch = (
+                runner.watch_own_instance(lambda: interrupt.signal, cfg.out) if cfg.ray == "local" else None
+            )
+            try:
+                runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
+            finally:
+                if watch is not None:
+                    watch.set()
     progress.close()
     entries = [finished[p.key] for p in parts if p.key in finished]
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)

@@ -11,10 +11,13 @@ its workers; a cluster started with `ray start` needs it in that command's envir
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
+import threading
 
 import options
 from bulk.config import BulkConfig, from_dict
@@ -66,6 +69,40 @@ def connect(address: str, cpus: int) -> None:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         except ConnectionError as e:
             raise JoinError(_join_failed(address, e)) from None
+
+
+def watch_own_instance(signalled, out, every_s: float = 0.5) -> threading.Event:
+    """For a job on an instance of its own (--ray without an address), whose GCS and raylet share the
+    job's process group: a SIGTERM sent to the whole group (systemd's default) ends them with the job, and
+    the driver would wait a minute for them, then exit 1. Once a signal came and one of them is gone, say
+    so and exit at once, with the signal's status. Returns the event that ends the watch."""
+    done = threading.Event()
+
+    def instance_gone() -> bool:
+        try:  # Ray's node handle: no public API says whether the processes it started still run
+            import ray._private.worker as ray_worker
+
+            node = ray_worker._global_node
+            return node is not None and any(
+                kind in ("gcs_server", "raylet") for kind, _ in node.dead_processes()
+            )
+        except Exception:  # another Ray version: no watch, as before it
+            return False
+
+    def watch() -> None:
+        while not done.wait(every_s):
+            signum = signalled()
+            if signum and instance_gone():
+                for stale in ("rejects.jsonl", "summary.json"):  # an earlier run's: not this one's figures
+                    with contextlib.suppress(OSError):
+                        (out / stale).unlink()
+                os.write(2, f"\nbulk: {signal.Signals(signum).name} ended this job's own Ray instance too (it "
+                            "reached the whole process group): the finished parts are kept, the running ones are "
+                            "scored again by the next run; run the same command again\n".encode())  # fmt: skip
+                os._exit(128 + signum)  # Ray's exit handlers would wait a minute for the instance
+
+    threading.Thread(target=watch, name="ray-instance-watch", daemon=True).start()
+    return done
 
 
 class JoinError(ConnectionError):

@@ -110,6 +110,31 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     assert rows(out) == local_rows
 
 
+def test_sigterm_to_the_whole_group_ends_a_job_and_its_own_instance_at_once(
+    tmp_path, corpus, local_rows, ray_env
+):
+    """systemd's default stop: SIGTERM to every process of the group, the instance `--ray` started (its GCS
+    and raylet) included. The driver once waited a minute for the dead instance, then exited 1 without a
+    word; it says what happened and exits 143, and the same command finishes the job."""
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
+                            env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or proc.poll() is not None,
+             timeout=180, what="a part on Ray")  # fmt: skip
+    assert proc.poll() is None, "the job finished before SIGTERM"
+    os.killpg(proc.pid, signal.SIGTERM)
+    err = proc.communicate(timeout=50)[1]
+    assert proc.returncode == 143, err[-3000:]
+    # Either the instance went first (said so), or a part finished before it did (the usual stop).
+    said = ("ended this job's own Ray instance too", "stopped by SIGTERM; run the same command again")
+    assert any(line in err for line in said), err[-3000:]
+    done = run_bulk(corpus, out, "detector", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    assert rows(out) == local_rows
+
+
 def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, local_rows, ray_env):
     port = free_port()
     # The head notices a dead node within ~2 s instead of the default ~30 s.
