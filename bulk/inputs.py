@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -112,6 +113,11 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
     mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
     if path.is_file():
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
+    if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
+        raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
+                         "reads them again when resumed; write the input to a file first")  # fmt: skip
+    inside_out = (f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
+                  if out is not None and mine(_fixed_part(spec)) else "")  # fmt: skip
     if path.is_dir():
         root = Path(os.path.abspath(path))
 
@@ -133,7 +139,9 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         if not files and not unlisted:
-            raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case)")
+            raise InputError(
+                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}"
+            )
         return root, sorted(files), unlisted
     matches = []
     unlisted.update(_unlistable_under_glob(spec))
@@ -146,10 +154,15 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
         except OSError as e:
             unlisted[p] = _reason(e)
     if not matches and not unlisted:
-        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob")
+        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}")
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
     # would rename every shard of a resumed job (its finished parts scored again, under new names).
     return glob_root(spec), sorted(matches), unlisted
+
+
+def _fixed_part(spec: str) -> str:
+    """INPUT itself, or a glob's directories before its first wildcard."""
+    return str(glob_root(spec)) if is_glob(spec) else spec
 
 
 def is_glob(spec: str) -> bool:
@@ -400,9 +413,11 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
             line, ident, None, Reason.NOT_JSON, "nested too deeply to parse (a thousand levels or more)"
         )
     except msgspec.DecodeError as e:
-        # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault.
-        reason = Reason.NOT_UTF8 if "surrogate" in str(e) else Reason.NOT_JSON
-        return Doc(line, ident, None, reason, str(e)[:200])
+        obj = _out_of_range(decoded, e)
+        if obj is None:
+            # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault.
+            reason = Reason.NOT_UTF8 if "surrogate" in str(e) else Reason.NOT_JSON
+            return Doc(line, ident, None, reason, str(e)[:200])
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
     if id_field:
@@ -411,6 +426,17 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
             return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
         ident = value
     return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
+
+
+def _out_of_range(decoded: str, e: msgspec.DecodeError):
+    """A line msgspec refused only for a number past a float's range (1e400: valid JSON, which Python
+    reads as inf), read by Python instead: the number is no usable id, and the text is scored."""
+    if "out of range" not in str(e):
+        return None
+    try:
+        return json.loads(decoded)
+    except (ValueError, RecursionError):
+        return None
 
 
 _MISSING = object()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -176,6 +177,12 @@ def test_a_nan_or_infinite_id_is_no_id(tmp_path):
     pq.write_table(pa.table({"id": ids, "text": ["one", "two", "three", "four"]}), tmp_path / "f.parquet")
     got = [(d.id, d.reason) for d in docs_of(tmp_path / "f.parquet", id_field="id")]
     assert got == [("1.0", None)] + [(f"f.parquet:{i}", Reason.MISSING_ID) for i in (2, 3, 4)]
+    # JSON itself may hold a number past a float's range: Python reads it as inf, msgspec refuses the line.
+    (tmp_path / "f.jsonl").write_text('{"id": 1e400, "text": "a b"}\n{"id": 7, "n": -1e999, "text": "c"}\n')
+    assert [(d.text, d.reason) for d in docs_of(tmp_path / "f.jsonl")] == [("a b", None), ("c", None)]
+    assert [(d.id, d.reason) for d in docs_of(tmp_path / "f.jsonl", id_field="id")] == [
+        ("f.jsonl:1", Reason.MISSING_ID), ("7", None)
+    ]  # fmt: skip
 
 
 def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_path):
@@ -256,6 +263,14 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
     for spec in (tmp_path / "missing" / "*.jsonl", tmp_path / "**" / "*.parquet", tmp_path / "a.txt" / "*"):
         with pytest.raises(InputError, match="no such file or directory, and no file matches it as a glob"):
             shards(str(spec), "auto")
+    # INPUT under --out (nothing there is input), and a pipe: each said for what it is.
+    lines(tmp_path / "wk" / "corpus" / "a.jsonl", [{"text": "a line"}])
+    for spec in (tmp_path / "wk" / "corpus", tmp_path / "wk" / "**" / "*.jsonl"):
+        with pytest.raises(InputError, match="it lies inside --out .*nothing under --out is input"):
+            shards(str(spec), "auto", tmp_path / "wk")
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    with pytest.raises(InputError, match="is not a regular file \\(a pipe or a device\\?\\)"):
+        shards(str(tmp_path / "pipe.jsonl"), "auto")
 
 
 def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
