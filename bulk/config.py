@@ -29,7 +29,8 @@ class BulkConfig:
     """Every option of `python -m bulk INPUT --out DIR --model NAME`."""
 
     input: str = option(
-        help="a file, a directory (every .jsonl, .json, .parquet and .txt file under it) or a quoted glob",
+        help="a file, a directory (every .jsonl, .json, .ndjson, .parquet and .txt file under it) or a quoted "
+        "glob; exit status: 0 all scored, 3 some rejected, 4 a shard or part failed, 2 bad input, 130/143 stopped",
         positional=True,
     )
     out: Path = option(help="output directory: Parquet scores, manifest, rejects, summary")
