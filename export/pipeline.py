@@ -126,8 +126,11 @@ def _load(cfg: ExportConfig, log) -> _Source:
         mcfg.max_position_embeddings, tuned or trained or mcfg.max_position_embeddings
     )
     if not cfg.max_length and tuned:
-        log(f"max_length {max_length}: the length fine-tuning cut its rows to (--max-seq-len), so the bundle answers "
-            "as the run's predictions_*.jsonl do; longer texts are truncated; --max-length to choose")  # fmt: skip
+        untrained = (
+            f" (positions past {trained} were never trained)" if trained and max_length > trained else ""
+        )
+        log(f"max_length {max_length}: the length fine-tuning cut its rows to (--max-seq-len){untrained}, so the bundle "
+            "answers as the run's predictions_*.jsonl do; longer texts are truncated; --max-length to choose")  # fmt: skip
     elif not cfg.max_length and max_length < mcfg.max_position_embeddings:
         longer = "scored in windows" if kind == "detector" else "truncated"
         log(f"max_length {max_length}: the positions training used, of the model's {mcfg.max_position_embeddings} "
