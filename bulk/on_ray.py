@@ -71,11 +71,12 @@ def connect(address: str, cpus: int) -> None:
             raise JoinError(_join_failed(address, e)) from None
 
 
-def watch_own_instance(signalled, out, every_s: float = 0.5) -> threading.Event:
+def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
     """For a job on an instance of its own (--ray without an address), whose GCS and raylet share the
     job's process group: a SIGTERM sent to the whole group (systemd's default) ends them with the job, and
     the driver would wait a minute for them, then exit 1. Once a signal came and one of them is gone, say
-    so and exit at once, with the signal's status. Returns the event that ends the watch."""
+    so and exit at once, with the signal's status. A race: Ray ends its driver with status 1 when it sees
+    its raylet gone first. Returns the event that ends the watch."""
     done = threading.Event()
 
     def instance_gone() -> bool:
