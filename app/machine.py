@@ -24,7 +24,24 @@ def cpu() -> dict:
     path = next((name for flag, name in KERNEL_PATHS if flag in flags), "other")
     if cpuid_masked():
         path = "AVX2 (CPUID masked" + (")" if path == "AVX2" else f" on a CPU with {path})")
-    return {"cpu": model, "int8_kernel_path": path, "cores": len(os.sched_getaffinity(0))}
+    features = [f for f in FEATURES if f in flags]
+    return {
+        "cpu": model,
+        "int8_kernel_path": path,
+        "cores": len(os.sched_getaffinity(0)),
+        "features": features,
+    }
+
+
+# The instruction sets that decide a figure here: int8 kernels (VNNI, AMX), bf16 (AVX-512 BF16, AMX).
+FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def describe_cpu(facts: dict | None = None) -> str:
+    """One line for a table's heading: the model, its features and the cores this process may use."""
+    facts = facts or cpu()
+    features = ", ".join(facts.get("features") or ["no AVX2"])
+    return f"{facts['cpu']} ({features}; int8 kernels {facts['int8_kernel_path']}), {facts['cores']} cores"
 
 
 def cpuid_masked() -> bool:

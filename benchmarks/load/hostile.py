@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from app.machine import describe_cpu
 from benchmarks.load import loadkit as lk
 
 SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n\nRSS: {r['start']:.0f} MB at start, {r['max']:.0f} MB max, {r['end']:.0f} MB at the end. "
         f"Slow clients: {result['slow_clients']['count']}, held at most {result['slow_clients']['held_s_max']:.0f} s, "
         f"outcomes {result['slow_clients']['outcomes']}. Largest admitted request: "
-        f"{result['largest_admitted_texts']} texts of ~1.3k tokens. {args.seconds:.0f} s, {lk.machine()['cores']} cores, "
+        f"{result['largest_admitted_texts']} texts of ~1.3k tokens. {args.seconds:.0f} s on {describe_cpu(result['machine'])}, "
         f"load average at start {result['machine']['load_avg_at_start']}."
     )
     print(md)

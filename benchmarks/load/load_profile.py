@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.machine import describe_cpu
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
 
@@ -134,7 +135,7 @@ def markdown(data: dict) -> str:
         f"{s['source']}, mean {s['mean_words']} words"
         + (f", {s['mean_scored_tokens']} scored tokens" if "mean_scored_tokens" in s else ""),
         f"- each step: {cfg['run_time']:.0f} s of closed-loop load after all users are spawned; "
-        f"machine: {data['machine']['cores']} cores, load average at start {data['machine']['load_avg_at_start']}",
+        f"machine: {describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
         "",
         lk.table(["users", *lk.LOAD_HEADERS], [[r["users"], *lk.load_row(r)] for r in data["steps"]]),
         "",

@@ -18,6 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
+from app.machine import describe_cpu
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import prepare, require_classifier, write_sentences
 
@@ -178,7 +179,7 @@ def markdown(data: dict) -> str:
         f"- traffic: mix `{cfg['mix']}`, {s['source']}; {cfg['users']} users paced to {data['offered_rps']} req/s "
         + (f"({cfg['fraction']:.0%} of the {probe['rps']:.1f} req/s probed)" if probe else "(--rps)"),
         f"- {cfg['minutes']:g} min, warm-up {mem.get('warmup_s', cfg['warmup_s']):.0f} s, RSS sampled every {cfg['sample_s']:g} s; "
-        f"machine: {data['machine']['cores']} cores, load average at start {data['machine']['load_avg_at_start']}",
+        f"machine: {describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
         "",
         lk.table(
             ["", *lk.LOAD_HEADERS],

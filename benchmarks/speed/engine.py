@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.machine import cpu
+from app.machine import cpu, describe_cpu
 from app.model.engine import PROVIDERS, session
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         rows = time_shapes(sessions, hf, cfg, peak)
 
-    print(f"\n{'shape':>7} {'engine':<26} {'ms':>8} {'tokens/s':>9} {'x eager':>8} {'% peak':>7}")
+    print(f"\n{args.threads} threads on {describe_cpu()}")
+    print(f"{'shape':>7} {'engine':<26} {'ms':>8} {'tokens/s':>9} {'x eager':>8} {'% peak':>7}")
     for r in rows:
         print(f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<26} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
               f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})")  # fmt: skip

@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, t in times.items():
                 rows[name][f"{B}x{T}_ms"] = t * 1e3
                 rows[name][f"{B}x{T}_speedup_vs_fp32"] = times["fp32"] / t
+    from app.machine import describe_cpu
+
+    print(f"\nint8 levers, {args.threads} threads on {describe_cpu()}")
     print(
         f"{'variant':<46} {'1x16 ms':>8} {'8x64 x':>7} {'32x128 x':>8} {'p99 fp32':>9} {'max fp32':>9} {'p99 sim':>8} {'max sim':>8}"
     )
