@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -36,6 +37,13 @@ from training.checkpoint import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, SAVE_EVERY = 150, 25  # long enough that most random kills land while it trains
+_STARTED: list[subprocess.Popen] = []  # the runs started in the background: ended with this program
+
+
+def background(argv: list[str]) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _STARTED.append(proc)
+    return proc
 
 
 class Run:
@@ -111,11 +119,17 @@ def kill_resume(r: Run, kills: int, seed: int = 0) -> dict:
     for i in range(kills):
         out = r.work / f"killed-{i}"
         shutil.rmtree(out, ignore_errors=True)
-        moment = rng.uniform(0.3, 1.0) * r.seconds  # the first third is imports and data set-up
-        proc = subprocess.Popen(r.argv(out, *r.tokenizer()), cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=moment)
+        # A moment drawn in training steps, not seconds: timed against the reference run, a kill landed
+        # after the end whenever the machine ran faster than it had then.
+        target, extra_s = rng.randint(1, r.steps - 1), rng.uniform(0.0, 0.5)
+        started = time.monotonic()
+        proc = background(r.argv(out, *r.tokenizer()))
+        while proc.poll() is None and time.monotonic() - started < 3 * r.seconds + 60:
+            if last_logged_step(out / "metrics.jsonl") >= target:
+                time.sleep(extra_s)  # between two log steps, not on one
+                break
+            time.sleep(0.05)
+        moment = time.monotonic() - started
         finished = proc.poll() is not None
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -133,6 +147,19 @@ def kill_resume(r: Run, kills: int, seed: int = 0) -> dict:
         "exact": sum(x["max_weight_diff"] == 0.0 for x in exact),
         "runs": runs,
     }
+
+
+def last_logged_step(metrics: Path) -> int:
+    """The last training step metrics.jsonl holds (a line still being written is skipped); 0 before any."""
+    try:
+        text = metrics.read_text()
+    except OSError:
+        return 0
+    steps = [0]
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            steps.append(int(json.loads(line).get("step", 0)))
+    return max(steps)
 
 
 @contextlib.contextmanager
@@ -187,9 +214,8 @@ def export_killed(r: Run, fractions=(0.1, 0.3, 0.5, 0.7, 0.9)) -> dict:
 
     def export(out: Path) -> subprocess.Popen:
         data = ["--data-dir", r.data_dir] if r.data_dir else []
-        return subprocess.Popen([sys.executable, "-m", "export", str(r.reference), "--out", str(out),
-                                 "--no-calibrate", *data], cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        return background([sys.executable, "-m", "export", str(r.reference), "--out", str(out), "--no-calibrate",
+                           *data])  # fmt: skip
 
     whole = r.work / "bundle-whole"
     shutil.rmtree(whole, ignore_errors=True)
@@ -257,7 +283,21 @@ def main(argv: list[str] | None = None) -> int:
     only = [c for c in args.only.split(",") if c]
     if unknown := [c for c in only if c not in CHECKS]:
         p.error(f"--only: unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)}")
+    args.data_dir = args.data_dir or os.environ.get("ELECTRA_DATA_DIR")  # resolved, as printed and saved
     print(f"training_faults configuration: {json.dumps(vars(args))}", flush=True)
+    # SIGTERM (a timeout, a scheduler) as an exit: the tmpfs is unmounted and the runs started are ended
+    # on the way out, where they once stayed behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return _checks(args, only)
+    finally:
+        for proc in _STARTED:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _checks(args, only: list[str]) -> int:
     r = Run(Path(args.work).resolve(), args.data_dir)
     r.work.mkdir(parents=True, exist_ok=True)
     reference = r.ensure_reference()

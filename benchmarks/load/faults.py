@@ -400,6 +400,7 @@ def markdown(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.data_dir = args.data_dir or os.environ.get("ELECTRA_DATA_DIR")  # resolved, as printed and saved
     print(json.dumps({"faults": vars(args)}, default=str), flush=True)
     timing = TIMINGS["quick" if args.quick else "full"]
     work = Path(args.work)

@@ -182,7 +182,8 @@ def prepare(
             # Manifests record the checkpoint relative to where the export ran (no machine paths), so it
             # is often not here; only the transformers baseline needs it, and it says so (serve_compare).
             hf = None
-        return Models(hf, b, models_dir, f"bundle {b} ({manifest.precision}), weights from {hf}")
+        weights = f"weights from {hf}" if hf else "no transformers weights (--model not given)"
+        return Models(hf, b, models_dir, f"bundle {b} ({manifest.precision}), {weights}")
     if model:
         from training.checkpoint import resolve_checkpoint
 
