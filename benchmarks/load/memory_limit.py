@@ -48,7 +48,10 @@ def inspect(name: str) -> dict:
     done = subprocess.run([*PODMAN, "inspect", name, "--format",
                            "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}}"], capture_output=True, text=True)  # fmt: skip
     status, oom, code = (done.stdout.split() + ["?", "?", "?"])[:3]
-    return {"status": status, "oom_killed": oom == "true", "exit_code": code}
+    # Podman (runc) does not always see the kernel's out-of-memory kill of a process in the container; its
+    # exit by SIGKILL (137) is one too: nothing else here sends that signal before the container is read.
+    return {"status": status, "oom_killed": oom == "true" or code == "137", "podman_oom_killed": oom == "true",
+            "exit_code": code}  # fmt: skip
 
 
 def peak_mib(name: str) -> float | None:

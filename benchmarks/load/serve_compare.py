@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from benchmarks.load import loadkit as lk
@@ -126,10 +127,10 @@ def run(args) -> int:
     models = prepare(args.model, args.bundle, args.precision, args.data_dir, with_classifier=False, work=work)
     hf = Path(args.hf) if args.hf else models.hf_dir
     if "transformers" in args.servers and (hf is None or not (hf / "config.json").is_file()):
-        raise SystemExit(
-            f"(c) needs the HF directory of the bundle's weights, and {hf or 'the manifest source'} has no "
-            "config.json: pass --hf DIR (or --model), or leave it out with --servers ours,unbatched"
-        )
+        print(f"(c) needs the HF directory of the bundle's weights, and {hf or 'the manifest source'} has no "
+              "config.json: pass --hf DIR (or --model), or leave it out with --servers ours,unbatched",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)  # an option to change
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
     extra = args.server_args.split()
