@@ -6,6 +6,16 @@ import json
 from pathlib import Path
 
 
+def show_config(name: str, args) -> dict:
+    """Print a benchmark's resolved options, as every entry point does, and return them for its JSON."""
+    config = {
+        k: v if isinstance(v, (bool, int, float, str, type(None), list)) else str(v)
+        for k, v in vars(args).items()
+    }
+    print(f"{name} configuration: {json.dumps(config)}", flush=True)
+    return config
+
+
 def write_json(path: Path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

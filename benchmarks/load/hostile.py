@@ -24,6 +24,7 @@ import httpx
 
 from app.machine import describe_cpu
 from benchmarks.load import loadkit as lk
+from benchmarks.output import show_config
 
 SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
 PARAGRAPH = (
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     p.add_argument("--name", default="hostile")
     args = p.parse_args(argv)
+    config = show_config("hostile", args)
     extra = args.server_args.split()
 
     def argv_for(port: int) -> list[str]:
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             raw["metrics_tail"] = httpx.get(server.url + "/metrics", timeout=5).text[-4000:]
     result = summarize(raw, sampler.samples, t0)
     result |= {"seconds": args.seconds, "rps": args.rps, "big_clients": args.big_clients,
-               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": lk.machine()}  # fmt: skip
+               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": lk.machine(), "config": config}  # fmt: skip
     n, r = result["normal"], result["rss_mb"]
     rows = [["normal /detect", n["requests"], n["failures"], f"{n['p50_ms']:.0f}", f"{n['p99_ms']:.0f}"]]
     for kind, h in result["heavy"].items():

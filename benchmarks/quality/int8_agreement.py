@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.output import show_config
+
 
 def reference_scorer(bundle: Path, checkpoint: str, fp32: bool):
     from export.calibration import LengthMap
@@ -78,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8_agreement.json"))
     args = p.parse_args(argv)
+    config = show_config("int8_agreement", args)
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     threshold = manifest.get("threshold") or 0.5
     texts = {name: t.texts for name, t in items(args.bundle, args.data_dir, args.per_kind, args.seed).items()}
     bundle = WordScorer(args.bundle / "model.onnx", args.bundle / "tokenizer.json", manifest["max_length"])
     reference, describe = reference_scorer(args.bundle, args.reference, args.fp32)
-    result = {"bundle": str(args.bundle), "model_sha256": manifest["model_sha256"], "reference": describe,
+    result = {"config": config, "bundle": str(args.bundle), "model_sha256": manifest["model_sha256"], "reference": describe,
               "threshold": threshold, "machine": cpu(), "sources": {}}  # fmt: skip
     every_a, every_b = [], []
     print(f"{'source':<16} {'sentences':>9} {'top-1 same':>10} {'underlined same':>15} {'p99':>7} {'max':>7}")

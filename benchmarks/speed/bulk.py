@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 
 from benchmarks.load.loadkit import free_port, serve, stop, table
-from benchmarks.output import write_json
+from benchmarks.output import show_config, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-seconds", type=float, default=90)
     p.add_argument("--out", type=Path, default=RESULTS / "bulk.json")
     args = p.parse_args(argv)
+    config = show_config("bulk", args)
     from app.machine import cpu
 
     load_start = os.getloadavg()
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     data = {"machine": {**cpu(), "cpu_flags": _flags(), "load_avg_start": load_start, "load_avg_end": os.getloadavg()},
-            "args": {k: str(v) for k, v in vars(args).items()}, "results": results, "memory": mem,
+            "args": config, "results": results, "memory": mem,
             "ratios": [_ratios(r) for r in results]}  # fmt: skip
     print(markdown(data))
     write_json(args.out, data)

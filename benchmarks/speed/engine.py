@@ -25,6 +25,7 @@ import numpy as np
 
 from app.machine import cpu, describe_cpu
 from app.model.engine import PROVIDERS, session
+from benchmarks.output import show_config
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
 
@@ -293,6 +294,7 @@ def time_shapes(sessions: dict, hf, cfg, peak: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    config = show_config("engine", args)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import onnxruntime
     import torch
@@ -323,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<26} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
               f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})")  # fmt: skip
     result = {
+        "options": config,
         "model": f"{args.shape_from or 'ELECTRA-Small'} shape, random weights",
         "config": cfg.to_dict(),
         "forward_flop_per_token_at_128": flops_per_token(cfg, 128) / 3,

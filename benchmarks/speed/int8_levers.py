@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.output import show_config
+
 SHAPES = [(1, 16), (8, 64), (32, 128)]
 # Projections kept in fp32 per variant, by module name: the FFN's output projection reads GELU's output,
 # the attention output projection the attention's context.
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8_levers.json"))
     args = p.parse_args(argv)
+    config = show_config("int8_levers", args)
     with tempfile.TemporaryDirectory() as tmp:
         paths, references, (data, fp32_probs), origin = build(
             args.checkpoint, Path(tmp), args.data_dir, args.rows, args.alpha
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<46} {r['1x16_ms']:8.2f} {r['8x64_speedup_vs_fp32']:7.2f} {r['32x128_speedup_vs_fp32']:8.2f} "
               f"{r['vs_fp32_weights']['p99']:9.4f} {r['vs_fp32_weights']['max']:9.4f} "
               f"{sim.get('p99', float('nan')):8.4f} {sim.get('max', float('nan')):8.4f}")  # fmt: skip
-    result = {"checkpoint": args.checkpoint, "ranges": origin, "threads": args.threads, "machine": cpu(),
+    result = {"config": config, "checkpoint": args.checkpoint, "ranges": origin, "threads": args.threads, "machine": cpu(),
               "held_out_rows": args.rows, "variants": rows}  # fmt: skip
     from benchmarks.output import write_json
 
