@@ -37,6 +37,7 @@ from training.checkpoint import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, SAVE_EVERY = 150, 25  # long enough that most random kills land while it trains
+LOG_EVERY = 5  # configs/tiny.toml's log_every: how often metrics.jsonl says which step a run is at
 _STARTED: list[subprocess.Popen] = []  # the runs started in the background: ended with this program
 
 
@@ -121,7 +122,8 @@ def kill_resume(r: Run, kills: int, seed: int = 0) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         # A moment drawn in training steps, not seconds: timed against the reference run, a kill landed
         # after the end whenever the machine ran faster than it had then.
-        target, extra_s = rng.randint(1, r.steps - 1), rng.uniform(0.0, 0.5)
+        # Targets short of the last log step: one seen only at the end would kill the run as it saves.
+        target, extra_s = rng.randint(1, r.steps - 2 * LOG_EVERY), rng.uniform(0.0, 0.5)
         started = time.monotonic()
         proc = background(r.argv(out, *r.tokenizer()))
         while proc.poll() is None and time.monotonic() - started < 3 * r.seconds + 60:

@@ -17,7 +17,7 @@ from app.model.bundle import bundle_names, read_bundle
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part, absolute_spec, format_of, id_column, is_glob, plan, shards
+from bulk.inputs import Part, absolute_spec, format_of, id_column, plan, shards
 from bulk.progress import Progress
 from options.stopping import GracefulStop
 
@@ -77,8 +77,15 @@ def check_fingerprint(
                 f"{'; '.join(f'{k}: {have.get(k)!r} then, {want[k]!r} now' for k in diff)}); resuming would "
                 "mix the two. Use another --out, or remove that directory to start again"
             )
-        # A job begun before the root was kept: the matches' common parent, as it named them then.
-        kept = have.get("input_root")
+        # A job begun by an earlier version: what it left unsaid is saved now, as it was then.
+        added = {}
+        if "parquet_parts" not in have:  # no Parquet part of it finished (else refused above)
+            added["parquet_parts"] = "rows"
+        if not isinstance(have.get("input_root"), str) and (named := _root_named_by_manifest(cfg) or root):
+            added["input_root"] = str(named)  # nothing finished yet: this run names the shards
+        if added:
+            outputs.write_json(path, have | added)
+        kept = (have | added).get("input_root")
         return int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None
     cfg.out.mkdir(parents=True, exist_ok=True)
     want |= {"part_bytes": part_size(cfg, files), "parquet_parts": "rows"}
@@ -86,6 +93,16 @@ def check_fingerprint(
         want["input_root"] = str(root)
     outputs.write_json(path, want)
     return want["part_bytes"], root
+
+
+def _root_named_by_manifest(cfg: BulkConfig) -> Path | None:
+    """The root a job's finished parts were named from (a shard's path less its name), or None before any
+    part finished."""
+    for e in outputs.Manifest(cfg.out).finished().values():
+        shard, name = Path(e.get("input", "")), Path(e.get("name", ""))
+        if name.parts and shard.parts[-len(name.parts) :] == name.parts:
+            return Path(*shard.parts[: -len(name.parts)])
+    return None
 
 
 def _finished_parquet(cfg: BulkConfig) -> bool:
@@ -134,10 +151,7 @@ def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path) -> 
     from. An --out that cannot be written stops the job here, before any work, with what to do."""
     try:
         part_bytes, kept = check_fingerprint(cfg, bundle_sha, files, root)
-        if kept is None:  # resuming a job from before the root was kept: how it named its shards
-            kept = (
-                Path(os.path.commonpath([p.parent for p in files])) if files and is_glob(cfg.input) else root
-            )
+        kept = kept or root
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
     except OSError as e:
         if outputs.out_of_space(e):

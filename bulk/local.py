@@ -42,18 +42,18 @@ def _init(cfg_values: dict, queue) -> None:
         _SCORER = e
 
 
-def _score(part: Part) -> dict:
+def _score(part: Part, attempt: int) -> dict:
     from bulk.shard import score_part
 
     if isinstance(_SCORER, Exception):
         return part.unloadable(_SCORER)
-    return score_part(part, _SCORER, lambda *counts: _QUEUE.put((*counts, part.key)))
+    return score_part(part, _SCORER, lambda *counts: _QUEUE.put((*counts, f"{part.key}@{attempt}")))
 
 
 def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
-    on_progress(docs, tokens, bytes, part) as workers report, and on_progress(0, 0, 0, part, retract=True)
-    where a part's reports no longer count (its worker died). Once on_result returns True (a full disk) or
+    on_progress(docs, tokens, bytes, attempt) as workers report (attempt: "part key@n"), and
+    on_progress(0, 0, 0, attempt, True) where an attempt's reports no longer count (its worker died). Once on_result returns True (a full disk) or
     stopping() does (Ctrl-C), the parts not yet started are not started; those running finish and report.
     A KeyboardInterrupt (the same signal again) kills the workers and goes on up.
 
@@ -95,9 +95,10 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charge
     def died(part: Part, e: BaseException) -> None:  # it was running when its pool broke
         nonlocal deaths
         deaths += 1
+        # What this attempt reported, and what it may still report (a worker the broken pool ends later
+        # than the one that died may have reports in flight), counts for nothing.
+        queue.put((0, 0, 0, f"{part.key}@{charged[part.key]}", True))
         charged[part.key] += 1
-        # Through the queue, behind whatever the dead worker reported of the part: taken back after it.
-        queue.put((0, 0, 0, part.key, True))
         again_or_not = "it runs again" if charged[part.key] < ATTEMPTS else "it fails"
         print(f"bulk: a worker process died while it scored {part.key} ({e}); {again_or_not}",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -113,7 +114,7 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charge
                 if part is None:
                     break
                 try:
-                    running[pool.submit(_score, part)] = part
+                    running[pool.submit(_score, part, charged[part.key])] = part
                 except BrokenProcessPool:  # not started: it goes on, uncharged, with the rest
                     broken = True
                     again.append(part)

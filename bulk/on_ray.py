@@ -93,7 +93,7 @@ def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
     def watch() -> None:
         while not done.wait(every_s):
             signum = signalled()
-            if signum and instance_gone():
+            if signum and instance_gone() and not done.is_set():  # not once the job has ended its own way
                 for stale in ("rejects.jsonl", "summary.json"):  # an earlier run's: not this one's figures
                     with contextlib.suppress(OSError):
                         (out / stale).unlink()

@@ -20,7 +20,8 @@ class Progress:
     def __init__(self, total_bytes: int, enabled: bool = True, stream=sys.stderr) -> None:
         self.total, self.enabled, self.stream = max(1, total_bytes), enabled, stream
         self.docs = self.tokens = self.bytes = 0
-        self._by_part: dict[str, list[int]] = {}  # what each part reported, to take back if it runs again
+        self._by_part: dict[str, list[int]] = {}  # what each attempt reported, to take back if it runs again
+        self._taken_back: set[str] = set()  # attempts whose later reports (still in flight) count for nothing
         self.start = self._drawn = time.perf_counter()
         self._tty = enabled and stream.isatty()
         self._lock = threading.Lock()  # the local runner reports from a listener thread
@@ -28,11 +29,14 @@ class Progress:
     def update(
         self, docs: int, tokens: int, nbytes: int, part: str | None = None, retract: bool = False
     ) -> None:
-        """Count a worker's report on `part`; with `retract`, forget what the part reported instead."""
+        """Count a worker's report on `part` (an attempt's name: a part that runs again is another); with
+        `retract`, forget what it reported, and what it may still report, instead."""
         if retract and part is not None:
             self.take_back(part)
             return
         with self._lock:
+            if part in self._taken_back:
+                return
             self.docs, self.tokens, self.bytes = self.docs + docs, self.tokens + tokens, self.bytes + nbytes
             if part is not None:
                 counts = self._by_part.setdefault(part, [0, 0, 0])
@@ -45,6 +49,7 @@ class Progress:
     def take_back(self, part: str) -> None:
         """Forget what `part` reported: its worker died, and it runs again (or fails) from its start."""
         with self._lock:
+            self._taken_back.add(part)
             docs, tokens, nbytes = self._by_part.pop(part, (0, 0, 0))
             self.docs, self.tokens, self.bytes = self.docs - docs, self.tokens - tokens, self.bytes - nbytes
 

@@ -8,22 +8,28 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 
 class GracefulStop:
     """A context manager; `.signal` is the first signal's number once one came, else None. `doing` ends
     the line printed on it: "stopping after this step and saving it"."""
 
-    def __init__(self, enabled: bool, doing: str, any_again: bool = False, announce: bool = True) -> None:
+    def __init__(self, enabled: bool, doing: str, any_again: bool = False, announce: bool = True,
+                 relayed_within_s: float = 0.0) -> None:  # fmt: skip
         """`any_again`: a second signal of either kind stops at once. torchrun's workers run in sessions of
         their own and hear a terminal only through torchrun, which passes on the first Ctrl-C as it came and
-        a second one as SIGTERM. `announce`: print the line (one rank of several says it for all)."""
+        a second one as SIGTERM. `relayed_within_s`: the same signal again this soon is a copy, not a second
+        stop: systemd and SLURM signal every process of the job, and torchrun then passes its own on.
+        `announce`: print the line (one rank of several says it for all)."""
         # Handlers can only be set from the main thread (a test runner's worker thread cannot).
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.doing = doing
         self.any_again = any_again
         self.announce = announce
+        self.relayed_within_s = relayed_within_s
         self.signal: int | None = None
+        self._first_at = 0.0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -38,13 +44,15 @@ class GracefulStop:
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
+        if self.signal == signum and time.monotonic() - self._first_at < self.relayed_within_s:
+            return  # the first one again, passed on by a launcher
         if self.signal == signum or (self.signal is not None and self.any_again):  # as if no handler were set
             self.__exit__()
             signal.raise_signal(signum)
             return
         if self.signal is not None:  # another kind (a parent's SIGTERM after Ctrl-C): already stopping
             return
-        self.signal = signum
+        self.signal, self._first_at = signum, time.monotonic()
         if not self.announce:
             return
         # os.write, not print: the signal may land inside a print of the main thread, and a buffered

@@ -61,3 +61,7 @@ def test_blank_is_what_the_tokenizer_keeps_nothing_of():
         for e in text_tokenizer.encode_classify(["\u0301", ["ok", "\u0301"], ["\u0302", "ok"], "ok"])
     ]
     assert halves == [0, 1, 0, None]
+    long = "word " * 2000  # the pair is cut to max_length: the empty half is still found
+    assert [e.empty_half for e in text_tokenizer.encode_classify([["\u0301", long], [long, "\u0302"], [long, long]])] == [
+        0, 1, None
+    ]  # fmt: skip

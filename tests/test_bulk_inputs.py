@@ -296,7 +296,27 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     old = {**json.loads(json.dumps(configs[0].fingerprint())), "input": "corpus", "part_bytes": 4096}
     old |= {"bundle_sha256": "ab", "version": app.__version__}
     (tmp_path / "o" / "job.json").write_text(json.dumps(old))
-    assert check_fingerprint(configs[1], "ab", []) == (4096, None)  # resumed, not refused
+    # resumed, not refused; what the earlier version left unsaid is saved as it was: no Parquet part
+    # finished (so Parquet files may join), and, nothing being named yet, this run's root
+    assert check_fingerprint(configs[1], "ab", [], tmp_path / "corpus") == (4096, tmp_path / "corpus")
+    saved = json.loads((tmp_path / "o" / "job.json").read_text())
+    assert saved["parquet_parts"] == "rows" and saved["input_root"] == str(tmp_path / "corpus")
+
+    # A glob job of that version named its shards from the matches' common parent (g/x, all in x/): the
+    # root its manifest shows is kept, whatever this version would take (g), so nothing is renamed.
+    glob_job = resolve(
+        [str(tmp_path / "g" / "**" / "*.jsonl"), "--out", str(tmp_path / "og"), "--model", "m"]
+    )
+    (tmp_path / "og" / "scores").mkdir(parents=True)
+    (tmp_path / "og" / "scores" / "a.parquet").write_bytes(b"rows")
+    old = {**json.loads(json.dumps(glob_job.fingerprint())), "part_bytes": 4096, "bundle_sha256": "ab",
+           "version": app.__version__}  # fmt: skip
+    (tmp_path / "og" / "job.json").write_text(json.dumps(old))
+    entry = {"part": "a.jsonl#0", "input": str(tmp_path / "g" / "x" / "a.jsonl"), "name": "a.jsonl", "index": 0,
+             "output": "scores/a.parquet", "sha256": None}  # fmt: skip
+    (tmp_path / "og" / "manifest.jsonl").write_text(json.dumps(entry) + "\n")
+    assert check_fingerprint(glob_job, "ab", [], tmp_path / "g") == (4096, tmp_path / "g" / "x")
+    assert json.loads((tmp_path / "og" / "job.json").read_text())["input_root"] == str(tmp_path / "g" / "x")
 
 
 def test_without_the_bulk_extra_help_answers_and_a_job_says_what_to_install(tmp_path):

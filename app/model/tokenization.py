@@ -178,13 +178,17 @@ class TextTokenizer:
 
     def _empty_half(self, item, enc) -> int | None:
         """The text (0) or pair half (0, 1) the tokenizer kept nothing of, if any. A pair cut to max_length
-        may lose a half to the cut: that half had tokens, and is not empty."""
+        may lose a half to the cut: each half of such a pair is judged alone (a half long enough to hold a
+        row's worth of characters holds a token)."""
         if not isinstance(item, tuple):
             return 0 if len(enc.ids) <= len(self._prefix[0]) + len(self._suffix[0]) else None
-        if enc.overflowing:
-            return None
-        kept = set(enc.sequence_ids)
-        return next((j for j in (0, 1) if j not in kept), None)
+        if not enc.overflowing:
+            kept = set(enc.sequence_ids)
+            return next((j for j in (0, 1) if j not in kept), None)
+        for j, half in enumerate(item):
+            if len(half) < 4 * self.max_length and not self._plain.encode(half, add_special_tokens=False).ids:
+                return j
+        return None
 
     def _head(self, text: str) -> str:
         """A long text cut where a word ends, to a prefix that still overflows max_length: truncation keeps

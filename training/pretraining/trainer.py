@@ -422,7 +422,9 @@ def run(argv: list[str] | None = None) -> None:
             else f"the ranks stop together at the next log step (every --log-every {t.cfg.log_every}) and save it, "
             "if that fits in torchrun's --shutdown-timeout (30 s), after which it kills them"
         )
-        with GracefulStop(True, doing, any_again=t.env.world > 1, announce=t.env.main) as stop:
+        torchrun = t.env.world > 1
+        with GracefulStop(True, doing, any_again=torchrun, announce=t.env.main,
+                          relayed_within_s=1.0 if torchrun else 0.0) as stop:  # fmt: skip
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
             sys.exit(128 + stopped_by)
