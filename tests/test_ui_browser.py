@@ -249,7 +249,18 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     assert marked() == expected and any(expected)
     assert browser.find_element("id", "threshold-out").text == f"{mid:.2f}"
     summary = browser.find_element("id", "summary").text
-    assert f"{sum(expected)} of {len(words)} words" in summary
+    # Of the words that can be spans, as the API's replaced_fraction counts them (punctuation in neither).
+    assert f"{sum(expected)} of {sum(map(spannable, words))} words" in summary
+    # The table marks the same words, in the bold the text view gives them, and the others not.
+    weights = browser.execute_script(
+        "return [...document.querySelectorAll('#table tbody tr')].map(tr => "
+        "[tr.classList.contains('over'), getComputedStyle(tr.cells[1]).fontWeight])"
+    )
+    assert sorted({(o, int(w) >= 700) for o, w in weights}) == sorted({(o, o) for o, _ in weights}), weights
+    # A focused word carries its probability for a screen reader: the tip describes it.
+    first = browser.find_element("css selector", "#marked .w")
+    first.click()
+    assert first.get_attribute("aria-describedby") == "tip"
     assert browser.execute_script("return window.__fetches") == 0
     assert server.metric("electra_requests_total", endpoint="/detect") == before
     # Away from the model's own threshold, the note says which that is (it said "model default" still).
@@ -261,6 +272,14 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     browser.find_element("id", "text").send_keys(" more")
     assert stale.is_displayed()
     assert "stale" in browser.find_element("id", "detect").get_attribute("class")
+    # Another model hides this result; choosing the detector again shows it again, as it still holds.
+    model = Select(browser.find_element("id", "model"))
+    detector = model.first_selected_option.get_attribute("value")
+    other = next(o.get_attribute("value") for o in model.options if o.get_attribute("value") != detector)
+    model.select_by_value(other)
+    assert not browser.find_element("id", "detect").is_displayed()
+    model.select_by_value(detector)
+    assert browser.find_element("id", "detect").is_displayed()
 
 
 def test_long_text_is_one_shaded_text(browser, server):

@@ -49,7 +49,7 @@ function showError(err) {
   const msg = document.createElement("span");
   msg.className = "message";
   let text = err.message;
-  if (err.retryAfter) text += " Try again in " + err.retryAfter + " s.";
+  if (err.retryAfter) text = text.replace(/[.!?]?$/, (end) => end || ".") + " Try again in " + err.retryAfter + " s.";
   msg.textContent = text;
   box.append(head, msg);
   box.hidden = false;
@@ -124,12 +124,14 @@ async function run() {
   try {
     if (model.kind === "classifier") {
       const { data, ms } = await api("classify", { model: model.name, text });
+      if (switchedAway(model)) return;
       clearError();
       renderClassify(model, data.results[0]);
       $("status").textContent = done(ms);
     } else {
       const threshold = Number($("threshold").value);
       const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" });
+      if (switchedAway(model)) return;
       clearError();
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
@@ -146,6 +148,13 @@ async function run() {
   } finally {
     button.disabled = false;
   }
+}
+
+// Another model was chosen while this one scored: its answer is not the chosen model's, and is dropped.
+function switchedAway(model) {
+  if (selectedModel() && selectedModel().name === model.name) return false;
+  $("status").textContent = "";
+  return true;
 }
 
 function done(ms) { return ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored."; }
@@ -250,12 +259,14 @@ function remark() {
     tr.cells[3].textContent = o ? "yes" : "no";
   }
   const r = state.detect.result, s = r.summary;
+  // As the server's replaced_fraction: punctuation is never a span, so it is not counted as a word either.
+  const words = r.words.filter((w) => HAS_LETTER_OR_DIGIT.test(w.text)).length;
   const overWords = r.words.filter((w) => over(w, t)).length;
   const rows = [
     ["Highest", pct(s.max_prob)],
     ["Mean", pct(s.mean_prob)],
-    ["Replaced at " + t.toFixed(2), overWords + " of " + s.num_words + " words (" +
-      pct(s.num_words ? overWords / s.num_words : 0) + ")"],
+    ["Replaced at " + t.toFixed(2), overWords + " of " + words + " words (" +
+      pct(words ? overWords / words : 0) + ")"],
     ["Tokens", String(s.num_tokens)],
     ["Windows", String(s.windows)],
   ];
@@ -287,6 +298,9 @@ function showTip(span) {
   more.textContent = (it.tokens ? "pieces: " : "token " + it.token + ", ") + pieces(it, r);
   tip.replaceChildren(head, more);
   tip.hidden = false;
+  // A screen reader says the focused word's probability with it, as the tip shows it.
+  for (const s of state.spans) if (s !== span) s.removeAttribute("aria-describedby");
+  span.setAttribute("aria-describedby", "tip");
   const box = span.getBoundingClientRect();
   const w = tip.offsetWidth, h = tip.offsetHeight;
   const left = Math.max(4, Math.min(box.left, window.innerWidth - w - 4));
@@ -373,10 +387,13 @@ function syncControls() {
   const model = selectedModel();
   const slider = $("threshold");
   slider.disabled = !!model && model.kind !== "detector";
-  // Another model's result is not this one's: a result stays only with the model that gave it.
+  // Another model's result is not this one's: a result stays only with the model that gave it, and
+  // is shown again when that model is chosen again (unless an error has taken its place since).
   if (model && state.scoredWith && state.scoredWith !== model.name) {
     $("detect").hidden = true;
     $("classify").hidden = true;
+  } else if (model && state.scoredWith === model.name && $("error").hidden) {
+    $(model.kind === "classifier" ? "classify" : "detect").hidden = false;
   }
   const warnings = (model && model.warnings) || [];
   $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
@@ -441,5 +458,8 @@ document.addEventListener("DOMContentLoaded", () => {
   marked.addEventListener("focusout", hideTip);
   marked.addEventListener("keydown", onMarkedKey);
   marked.addEventListener("scroll", hideTip);
+  // The tip is placed in the window: once the page scrolls or resizes, it would point at nothing.
+  window.addEventListener("scroll", hideTip, { passive: true });
+  window.addEventListener("resize", hideTip);
   loadModels().then(syncControls);
 });
