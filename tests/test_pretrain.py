@@ -33,6 +33,17 @@ def train_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"}
 
 
+def until_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: float = 120) -> None:
+    """Wait until a run has logged training step `step` (or has ended)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and any(
+            r["step"] >= step for r in read_metrics(metrics) if r["split"] == "train"
+        ):
+            return
+        time.sleep(0.01)
+
+
 def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_tokenizer):
     run = tmp_path / "run"
     pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 80, "--eval-every", 40))
@@ -121,12 +132,7 @@ def test_a_run_stopped_by_ctrl_c_saves_and_its_resume_retraces_the_uninterrupted
     # leaves a signal its parent ignores ignored.
     proc = subprocess.Popen(command(stopped), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    metrics = stopped / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and any(r["step"] >= 2 for r in read_metrics(metrics) if r["split"] == "train"):
-            break
-        time.sleep(0.01)
+    until_step(proc, stopped / "metrics.jsonl", 2)
     proc.send_signal(signal.SIGINT)
     said = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, said[-2000:]
@@ -278,12 +284,7 @@ def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_ret
     proc = subprocess.Popen(command(stopped), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    metrics = stopped / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and any(r["step"] >= 2 for r in read_metrics(metrics) if r["split"] == "train"):
-            break
-        time.sleep(0.01)
+    until_step(proc, stopped / "metrics.jsonl", 2)
     os.killpg(proc.pid, signal.SIGINT)
     said = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, said[-3000:]  # torchrun's own exit on a signal
