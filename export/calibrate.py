@@ -60,6 +60,9 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
                          "model knows); check that the tokenizer is the model's, or pass --no-calibrate")  # fmt: skip
     _, probs, labels, lengths = score(WordScorer(fp32_onnx, tokenizer, src.max_length), texts)
     cmap = cal.LengthMap.fit(probs, labels, lengths)
+    if cmap.identity:
+        src.log("warning: calibration: on these sentences the model's scores do not rise with replaced tokens "
+                "(a fitted map would reverse its ranking): the probabilities are left as the model gives them")  # fmt: skip
     fitted = cmap.apply(probs, lengths)
     result = Calibration(cmap, texts, cal.expected_calibration_error(probs, labels),
                          cal.expected_calibration_error(fitted, labels))  # fmt: skip

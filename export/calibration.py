@@ -62,6 +62,9 @@ LENGTH_EDGES = (14, 26)
 BINS = 15
 
 
+IDENTITY = (1.0, 0.0)  # sigmoid(1 * logit + 0): the model's own probability
+
+
 @dataclass(frozen=True)
 class LengthMap:
     """Platt scaling by length: a row of n tokens takes bucket bisect_left(edges, n) (n <= edges[0] is
@@ -87,13 +90,23 @@ class LengthMap:
     @classmethod
     def fit(cls, probs: np.ndarray, labels: np.ndarray, n_tokens: np.ndarray,
             edges: tuple[int, ...] = LENGTH_EDGES) -> LengthMap:  # fmt: skip
-        """One Platt fit per bucket; a bucket with too few replaced tokens to fit takes the fit of all."""
+        """One Platt fit per bucket; a bucket with too few replaced tokens to fit takes the fit of all. A
+        map may not change the ranking: a fit whose scale is not positive (a model whose scores run against
+        the labels on this data, or carry nothing) is not one; its bucket takes the fit of all, and where that
+        is not one either, the map is the identity."""
         whole = fit_platt(probs, labels)
+        if whole[0] <= 0:
+            whole = IDENTITY
         fits, buckets = [], np.searchsorted(np.asarray(edges), n_tokens, side="left")
         for b in range(len(edges) + 1):
             sel = buckets == b
-            fits.append(fit_platt(probs[sel], labels[sel]) if labels[sel].sum() >= 20 else whole)
+            fit = fit_platt(probs[sel], labels[sel]) if labels[sel].sum() >= 20 else whole
+            fits.append(fit if fit[0] > 0 else whole)
         return cls(tuple(edges), tuple(f[0] for f in fits), tuple(f[1] for f in fits))
+
+    @property
+    def identity(self) -> bool:
+        return all((s, b) == IDENTITY for s, b in zip(self.scales, self.biases, strict=True))
 
     def to_manifest(self) -> list[dict]:
         lows = (1, *(e + 1 for e in self.edges))

@@ -12,6 +12,9 @@ PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
 INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
 
 
+MIN_MAX_LENGTH = 8  # the int8 and load checks score held-out rows of 8 tokens
+
+
 @dataclass
 class ExportConfig:
     """The options of `python -m export`, declared once (options.option): the CLI, --help and
@@ -73,8 +76,9 @@ class ExportConfig:
         check_choices(self)
         if not 13 <= self.opset <= 20:
             raise ValueError(f"--opset must be between 13 and 20 (the exporter's range), got {self.opset}")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"--max-length must be at least 2, got {self.max_length}")
+        if self.max_length is not None and self.max_length < MIN_MAX_LENGTH:
+            raise ValueError(f"--max-length must be at least {MIN_MAX_LENGTH} ([CLS], [SEP] and the words the export's "
+                             f"checks score), got {self.max_length}")  # fmt: skip
         if self.eval_sequences < 8:
             raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
         if self.calibration_sentences < 20:

@@ -86,7 +86,11 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
                 tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
             )
         )
-        (tmp / "export_config.json").write_text(json.dumps(_portable(asdict(cfg)), indent=2) + "\n")
+        # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint.
+        resolved = {**asdict(cfg), "max_length": src.max_length}
+        if cfg.precision == "int8":
+            resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
+        (tmp / "export_config.json").write_text(json.dumps(_portable(resolved), indent=2) + "\n")
 
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:
@@ -224,12 +228,19 @@ def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: st
         "output": src.output,
         "precision": src.cfg.precision,
         "opset": src.cfg.opset,
-        "source": _source(src.ckpt, mcfg, type(src.model).__name__, tokenizer_note),
+        "source": _source(src.ckpt, mcfg, type(_unwrapped(src.model)).__name__, tokenizer_note),
         "parity": fp32.report,
         "optimizations": optimizations,
         "versions": _versions(torch),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def _unwrapped(model):
+    """The checkpoint's model under the calibration's wrapper (its architecture is the manifest's)."""
+    from export.onnx import CalibratedLogits
+
+    return model.model if isinstance(model, CalibratedLogits) else model
 
 
 def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:

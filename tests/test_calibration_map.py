@@ -41,6 +41,25 @@ def test_fit_gives_short_rows_their_own_bias():
     assert short > long + 0.1
 
 
+def test_a_map_never_reverses_the_ranking():
+    """Scores that run against the labels (a model worse than chance on the calibration data) once gave a
+    negative scale in every bucket, and shipped a bundle that flagged clean words over swapped ones."""
+    rng = np.random.default_rng(1)
+    y = rng.random(20000) < 0.1
+    z = np.where(y, rng.normal(-2.0, 1.0, y.size), rng.normal(0.0, 1.0, y.size))  # replaced score lower
+    probs, n = 1 / (1 + np.exp(-z)), np.full(y.size, 20)
+    cmap = LengthMap.fit(probs, y.astype(int), n)
+    assert cmap.identity and all(s > 0 for s in cmap.scales)
+    ranked = cmap.apply(np.array([0.2, 0.8]), np.array([20, 20]))
+    assert ranked[0] < ranked[1]
+    # One bucket reversed among sound ones: it takes the fit of all, not its own.
+    z_ok = np.where(y, rng.normal(1.0, 1.0, y.size), rng.normal(-2.0, 1.0, y.size))
+    mixed = LengthMap.fit(np.concatenate([1 / (1 + np.exp(-z_ok)), probs[:3000]]),
+                          np.concatenate([y, y[:3000]]).astype(int),
+                          np.concatenate([np.full(y.size, 40), np.full(3000, 10)]))  # fmt: skip
+    assert all(s > 0 for s in mixed.scales) and not mixed.identity
+
+
 def _sentences(word_probs: list[list[float]], swapped: list[int | None], words: int) -> list[SentenceScores]:
     return [SentenceScores(np.array(p), s, None, words) for p, s in zip(word_probs, swapped, strict=True)]
 

@@ -331,6 +331,19 @@ def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
     assert e.value.code == 2
     assert "is not empty (it holds manifest.json); pass --force" in capsys.readouterr().err
     assert (out / "manifest.json").read_text() == "{}"  # untouched
+    # --force replaces a bundle, nothing else: not a directory of other files, nor the checkpoint itself.
+    other = tmp_path / "thesis"
+    other.mkdir()
+    (other / "thesis.txt").write_text("precious")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for args, says in [([str(run), "--out", str(other), "--force"], "and no bundle (no manifest.json)"),
+                       ([str(run), "--out", str(run), "--force"], "holds the checkpoint being exported"),
+                       ([str(run / "checkpoints"), "--out", str(run), "--force"], "holds the checkpoint")]:  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2 and says in capsys.readouterr().err, args
+    assert (other / "thesis.txt").read_text() == "precious" and (run / "checkpoints").is_dir()
 
 
 @pytest.mark.parametrize("arch", ["ElectraModel", "ElectraForMaskedLM", None])
@@ -363,6 +376,10 @@ def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_d
     from export.calibration import LengthMap
 
     cal = manifest["calibration"]
+    # The checkpoint's architecture, not the calibration's wrapper around it; the resolved length saved.
+    assert manifest["source"]["architecture"] == "ElectraForPreTraining"
+    saved = json.loads((tmp_path / "b" / "export_config.json").read_text())
+    assert saved["max_length"] == manifest["max_length"]
     # Every default source (long encyclopedic and news sentences, short everyday ones) gives 20 per kind.
     assert cal["method"] == "platt by length" and cal["sentences"] == {
         "generator": 80,
