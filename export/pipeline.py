@@ -6,8 +6,13 @@ leaves no bundle behind (and an earlier bundle at the same path untouched).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +42,7 @@ class _Source:
     log: object
     precision: Precision  # the strategy of --precision (and --int8): export/precision.py
     quantization_aware: bool = False  # trained with --qat: int8 compute is held to its int8-simulated forward
+    shown: Path | None = None  # the checkpoint as the manifest names it, where `ckpt` is its pinned copy
 
 
 @dataclass
@@ -52,9 +58,42 @@ class _Fp32:
 
 
 def run_export(cfg: ExportConfig, log=print) -> dict:
+    with _pinned(cfg.checkpoint) as (pinned, shown):
+        src = _load(dataclasses.replace(cfg, checkpoint=str(pinned)), log)
+        return _export(dataclasses.replace(src, cfg=cfg, shown=shown), log)
+
+
+@contextlib.contextmanager
+def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
+    """(the checkpoint to read, as the manifest names it). One of a run's checkpoints goes at a later save
+    of a run still training (--keep-checkpoints): read from links made now (a copy across file systems),
+    it stays whole for the export, which reads its tokenizer, generator and recipe minutes later."""
+    from training.checkpoint import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    if (
+        ckpt.parent.name != "checkpoints"
+    ):  # a checkpoint of no run (Hugging Face, recovered): nothing removes it
+        yield ckpt, ckpt
+        return
+    with tempfile.TemporaryDirectory(prefix="electra-export-") as tmp:
+        pinned = Path(tmp) / ckpt.name
+        shutil.copytree(ckpt, pinned, copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
+        yield pinned, ckpt
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # a checkpoint is written whole and never changed: a link reads as a copy
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _export(src: _Source, log) -> dict:
     from training.checkpoint import write_atomically
 
-    src = _load(cfg, log)
+    cfg = src.cfg
     result: dict = {}
 
     def fill(tmp: Path) -> None:
@@ -110,7 +149,7 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
 
     have, rows = Tokenizer.from_file(str(tokenizer)).get_vocab_size(), src.mcfg.vocab_size
     if not fits_model(have, rows):
-        where = f"{src.ckpt}/" + (
+        where = f"{src.shown or src.ckpt}/" + (
             "tokenizer.json" if (src.ckpt / "tokenizer.json").is_file() else "vocab.txt"
         )
         raise CheckpointError(f"{where} has {have:,} tokens, and the model's config.json says vocab_size {rows:,}: "
@@ -228,7 +267,7 @@ def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: st
         "output": src.output,
         "precision": src.cfg.precision,
         "opset": src.cfg.opset,
-        "source": _source(src.ckpt, mcfg, type(_unwrapped(src.model)).__name__, tokenizer_note),
+        "source": _source(src.ckpt, mcfg, type(_unwrapped(src.model)).__name__, tokenizer_note, src.shown),
         "parity": fp32.report,
         "optimizations": optimizations,
         "versions": _versions(torch),
@@ -243,10 +282,10 @@ def _unwrapped(model):
     return model.model if isinstance(model, CalibratedLogits) else model
 
 
-def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str) -> dict:
+def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str, shown: Path | None = None) -> dict:
     training = _recipe(ckpt)
     return {
-        "checkpoint": _portable(str(ckpt.resolve())),
+        "checkpoint": _portable(str((shown or ckpt).resolve())),
         "architecture": arch,
         "step": training.get("step") if training else None,
         "config": mcfg.to_dict(),

@@ -320,6 +320,25 @@ def test_int8_scores_do_not_depend_on_batch_mates_or_padding(
         np.testing.assert_allclose(wide, batch, rtol=0, atol=1e-5)
 
 
+def test_a_checkpoint_of_a_run_still_training_is_pinned_for_the_export(tmp_path):
+    """A run still training removes its older checkpoints as it saves (--keep-checkpoints): the export reads
+    a copy made of links when it starts, and the manifest still names the run's checkpoint."""
+    from export.pipeline import _pinned
+
+    step = tmp_path / "run" / "checkpoints" / "step-00000030"
+    (step / "generator").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "trainer_state.json", "generator/model.safetensors",
+                 "optimizer.safetensors"):  # fmt: skip
+        (step / name).write_text(name)
+    (step.parent / "latest").write_text(step.name)
+    with _pinned(str(tmp_path / "run")) as (pinned, shown):
+        assert shown == step and pinned != step
+        shutil.rmtree(step)  # the run's next save removed it
+        assert (pinned / "generator" / "model.safetensors").read_text() == "generator/model.safetensors"
+        assert (pinned / "trainer_state.json").is_file() and not (pinned / "optimizer.safetensors").exists()
+    assert not pinned.exists()
+
+
 def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
     from export.__main__ import main
 
