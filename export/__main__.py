@@ -9,6 +9,7 @@ ExportConfig's (export/config.py), resolved as every entry point's are (options/
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ParityError, ValueError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the bundle is filled under a temporary name: nothing half-written is left
+        print(f"\nexport stopped: nothing was written at --out {cfg.out} (a bundle already there is untouched)",
+              file=sys.stderr)  # fmt: skip
+        return 128 + signal.SIGINT
     print(
         f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
     )
