@@ -67,19 +67,22 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
 def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
     """(the checkpoint to read, as the manifest names it). One of a run's checkpoints goes at a later save
     of a run still training (--keep-checkpoints): read from links made now (a copy across file systems),
-    it stays whole for the export, which reads its tokenizer, generator and recipe minutes later."""
+    it stays whole for the export, which reads its tokenizer, generator and recipe minutes later. Where no
+    copy can be made (a full temporary disk), it is read in place, as before."""
     from training.checkpoint import resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
-    if (
-        ckpt.parent.name != "checkpoints"
-    ):  # a checkpoint of no run (Hugging Face, recovered): nothing removes it
+    # A checkpoint of no run (Hugging Face, recovered): nothing removes it.
+    if ckpt.parent.name != "checkpoints":
         yield ckpt, ckpt
         return
     with tempfile.TemporaryDirectory(prefix="electra-export-") as tmp:
         pinned = Path(tmp) / ckpt.name
-        shutil.copytree(ckpt, pinned, copy_function=_link_or_copy,
-                        ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
+        try:
+            shutil.copytree(ckpt, pinned, copy_function=_link_or_copy,
+                            ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
+        except OSError:
+            pinned = ckpt
         yield pinned, ckpt
 
 
