@@ -134,18 +134,11 @@ def gpu_facts(device: str) -> dict:
 
 
 def cpu_facts() -> dict:
-    flags: set[str] = set()
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-    return {"cpu": model, "cores": os.cpu_count(), "features": [f for f in wanted if f in flags]}
+    """The CPU beside the GPU, as app.machine records it for every figure."""
+    from app.machine import cpu
+
+    facts = cpu()
+    return {"cpu": facts["cpu"], "cores": os.cpu_count(), "features": facts["features"]}
 
 
 def data_files(data_dir: Path | None) -> tuple[Path | None, list[str]]:

@@ -247,30 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    data = {"machine": {**cpu(), "cpu_flags": _flags(), "load_avg_start": load_start, "load_avg_end": os.getloadavg()},
+    facts = cpu()
+    data = {"machine": {**facts, "cpu_flags": facts["features"], "load_avg_start": load_start, "load_avg_end": os.getloadavg()},
             "args": config, "results": results, "memory": mem,
             "ratios": [_ratios(r) for r in results]}  # fmt: skip
     print(markdown(data))
     write_json(args.out, data)
     return 0
-
-
-def _flags() -> list[str]:
-    wanted = (
-        "avx2",
-        "avx512f",
-        "avx512_vnni",
-        "avx512vnni",
-        "avx_vnni",
-        "amx_int8",
-        "amx_tile",
-        "avx512_bf16",
-    )
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return [f for f in wanted if f in line.split()]
 
 
 def _ratios(r: dict) -> dict:
