@@ -98,7 +98,7 @@ def check_fingerprint(
 def _root_named_by_manifest(cfg: BulkConfig) -> Path | None:
     """The root a job's finished parts were named from (a shard's path less its name), or None before any
     part finished."""
-    for e in outputs.Manifest(cfg.out).finished().values():
+    for e in outputs.Manifest(cfg.out).entries():  # the naming, whatever became of the outputs since
         shard, name = Path(e.get("input", "")), Path(e.get("name", ""))
         if name.parts and shard.parts[-len(name.parts) :] == name.parts:
             return Path(*shard.parts[: -len(name.parts)])

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -162,18 +163,22 @@ class Manifest:
     def __init__(self, out: Path) -> None:
         self.path = out / "manifest.jsonl"
 
+    def entries(self) -> Iterator[dict]:
+        """Every whole line, as written: what the parts were named and read from (outputs not checked)."""
+        if not self.path.is_file():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of a killed job, cut short: that part is scored again
+
     def finished(self) -> dict[str, dict]:
         """Finished parts by key: those whose line is whole and whose outputs (scores, and rejects if it
         had any) are there with their sha256."""
         done: dict[str, dict] = {}
-        if not self.path.is_file():
-            return done
         out = self.path.parent
-        for line in self.path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the last line of a killed job, cut short: that part is scored again
+        for entry in self.entries():
             if _intact(out / entry["output"], entry["sha256"]) and (
                 not entry.get("rejects_file")
                 or _intact(out / entry["rejects_file"], entry.get("rejects_sha256"))
