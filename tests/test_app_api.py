@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -309,3 +311,32 @@ def test_metrics_move(server, client):
     assert server.metric("electra_tokenization_seconds_count", model="sentiment") > 0
     # The process's own, as any exporter has them: the server's memory with or without a limit.
     assert server.metric("process_resident_memory_bytes") > 50e6 and server.metric("process_open_fds") > 0
+
+
+def test_api_document_builds_without_the_packages_the_image_removes(bundles_dir):
+    """The image uninstalls faker and polyfactory (Dockerfile); the OpenAPI document is built at startup, so
+    anything in it that reaches for them would stop the server before it listens."""
+    script = """
+import importlib.abc, sys
+class Gone(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("polyfactory", "faker"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Gone())
+from app.http.server import create_app
+from app.settings import Settings
+from pathlib import Path
+app = create_app(Settings(models_dir=Path(sys.argv[1])))
+print(sorted(app.openapi_schema.paths))
+assert "polyfactory" not in sys.modules
+"""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(bundles_dir)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "/detect" in done.stdout and "/classify" in done.stdout

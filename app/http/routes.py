@@ -26,11 +26,13 @@ from app.schemas import (
 
 
 def _errors(*types: ErrorType) -> dict[int, ResponseSpec]:
+    # generate_examples=False on every ResponseSpec: Litestar would make examples with polyfactory, which the
+    # image removes (the document is built at startup, so an example generator there stops the server).
     by_status: dict[int, list[str]] = {}
     for t in types:
         by_status.setdefault(STATUS[t], []).append(t.value)
     return {
-        code: ResponseSpec(ErrorBody, description="error types: " + ", ".join(names))
+        code: ResponseSpec(ErrorBody, description="error types: " + ", ".join(names), generate_examples=False)
         for code, names in sorted(by_status.items())
     }
 
@@ -139,7 +141,7 @@ async def health() -> Status:
     "/ready",
     http_method=READ_METHODS,
     opt={"public": True},
-    responses={503: ResponseSpec(Status, description="loading, failed or draining")},
+    responses={503: ResponseSpec(Status, description="loading, failed or draining", generate_examples=False)},
     summary="Models loaded and warmed up (200 `degraded`: some bundles are broken, the others serve)",
 )
 async def ready(request: Request) -> Response[Status]:
