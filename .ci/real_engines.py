@@ -1,7 +1,7 @@
 """The checks of .ci/real-engines that talk HTTP or read bundles. Standard library plus numpy, onnxruntime
 and tokenizers (only `triton-check` needs those, and runs in the Triton venv); one subcommand per check.
 
-    compare URL_A URL_B KEY           /ready, /detect, /classify answered identically by two servers
+    compare URL_A URL_B KEY           /ready, /detect, /classify, /schema, / answered identically by two servers
     traffic URL KEY SECONDS           a bounded stream of requests to one server (for Prometheus to scrape)
     promql PROM_URL JOB               a real PromQL histogram_quantile over electra_request_duration_seconds
     triton-repo MODELS OUT SITE       export's Triton repository for every bundle, served by a Python model
@@ -71,15 +71,15 @@ def compare(a: str, b: str, key: str) -> None:
         ("/detect", {"text": TEXTS[1], "return": "words", "threshold": 0.1}),
         ("/classify", {"texts": TEXTS}),
         ("/detect", {"text": ""}),  # the error answer too
+        ("/schema/openapi.json", None),  # GETs: the API document and the page, from the image's packages
+        ("/", None),
     ]
     for path, body in bodies:
         (sa, ra), (sb, rb) = http(a + path, body, key), http(b + path, body, key)
-        ja, jb = json.loads(ra), json.loads(rb)
-        if (sa, ja) != (sb, jb):
+        ja, jb = (ra, rb) if path == "/" else (json.loads(ra), json.loads(rb))
+        if (sa, ja) != (sb, jb) or sa >= 500:
             raise SystemExit(f"{path} differs:\n  {a}: {sa} {ra[:400]!r}\n  {b}: {sb} {rb[:400]!r}")
-        say(
-            f"{path} {json.dumps(body, ensure_ascii=False)[:60]}...: both {sa}, identical JSON ({len(ra)} bytes)"
-        )
+        say(f"{path} {json.dumps(body, ensure_ascii=False)[:60]}...: both {sa}, identical ({len(ra)} bytes)")
     status, _ = http(a + "/detect", {"text": "no key"}, key=None)
     if key and status != 401:
         raise SystemExit(f"the container answered {status} without the API key, expected 401")

@@ -53,7 +53,7 @@ class HttpSettings:
     )
     limit_concurrency: int = option(
         1024,
-        "open connections at which a request is answered 503 at once (not /health, /ready)",
+        "open connections at which a request is answered 503 at once (not /health, /ready, /metrics)",
         env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(
