@@ -27,6 +27,7 @@ class ErrorType(enum.Enum):
     UNAVAILABLE = "unavailable"
     CLIENT_GONE = "client_gone"
     READ_TIMEOUT = "read_timeout"
+    HEADERS_TOO_LARGE = "headers_too_large"  # a request head over HEAD_LIMIT (app/http/protocol.py)
     INFERENCE_FAILED = "inference_failed"
     INTERNAL = "internal_error"
 
@@ -58,6 +59,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.UNAVAILABLE: 503,
     ErrorType.CLIENT_GONE: 499,  # nginx's "client closed request": nobody reads it, metrics do
     ErrorType.READ_TIMEOUT: 408,
+    ErrorType.HEADERS_TOO_LARGE: 431,
     ErrorType.INFERENCE_FAILED: 500,
     ErrorType.INTERNAL: 500,
 }

@@ -73,6 +73,38 @@ def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, r
     assert server.metric("electra_rejected_requests_total", reason="invalid_http") == before + 1
 
 
+@pytest.mark.parametrize("shape", ["many headers", "one long value"])
+def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served(server, shape):
+    """Megabytes of headers grew the server for good and pinned its loop; past HEAD_LIMIT the client gets
+    a JSON 431 while still sending, and a head of 48 KiB (cookies, a proxy's headers) is still served."""
+    before = server.metric("electra_rejected_requests_total", reason="headers_too_large")
+    line = b"x-h: a\r\n" * 200 if shape == "many headers" else b"a" * 2000
+    answer, t0 = b"", time.monotonic()
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\n" + (b"" if shape == "many headers" else b"x-big: "))
+        try:
+            for _ in range(4000):  # up to 8 MB, in pieces as a client sends them
+                s.sendall(line)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            while chunk := s.recv(4096):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    assert time.monotonic() - t0 < 10
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431") and b"content-type: application/json" in head, answer[:300]
+    error = json.loads(body)["error"]
+    assert error["type"] == "headers_too_large" and "64 KiB" in error["message"], error
+    wait_for(lambda: server.metric("electra_rejected_requests_total", reason="headers_too_large") == before + 1,
+             what="the 431 to be counted")  # fmt: skip
+    big = {f"x-h{i}": "v" * 4000 for i in range(12)}  # 48 KiB
+    assert (
+        httpx.post(server.url + "/detect", json={"text": "a b"}, headers=big, timeout=30).status_code == 200
+    )
+
+
 def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
     """The parser refuses the body while /detect's handler waits for it: one request, counted once, as the
     400 the client got (it was counted twice: an abort of /detect and a 400 of no route)."""

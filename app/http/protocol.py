@@ -12,7 +12,12 @@ event loop itself, app/scheduling/placement.py), closes each connection after it
 leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each response's head and body in one write
 (_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two. A
 response sent before its request's body was all in (413) closes only once the rest is read and dropped,
-bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset."""
+bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset.
+
+A request head (request line and headers) past HEAD_LIMIT gets a JSON 431 and the connection closes.
+uvicorn's parser keeps every header of a head in memory, and a single header value's pieces are joined
+as they come, which costs time in the square of its length: a client sending megabytes of headers grew
+the process by hundreds of MB, never given back, and pinned the event loop (the liveness probe failed)."""
 
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ from app.scheduling.server_load import ServerLoad
 # (urllib) then reports the reset, not the 413. Bounded, so a client cannot hold the connection with it.
 LINGER_S = 2.0
 LINGER_BYTES = 64 << 20
+# The most a request head may take (nginx answers 400 past 32 KB by default, Node 431 past 16 KB): this
+# API's requests carry a few short headers, and a proxy's additions fit many times over.
+HEAD_LIMIT = 64 << 10
 
 
 def bounded_protocol(
@@ -51,6 +59,9 @@ class _BoundedRead(HttpToolsProtocol):
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
     _lingered = 0
     _receiving = None  # the request cycle whose body is still coming in
+    _in_head = False  # between a request's first byte and the end of its headers
+    _head_bytes = 0  # bytes of the head received so far (pieces that began a request are left out)
+    _began = False  # a request began while the parser read the current piece
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.load.connection_opened()
@@ -60,9 +71,11 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head, self._head_bytes, self._began = True, 0, True
         self._arm()
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         super().on_headers_complete()
         cycle = self.cycle
         self._receiving = cycle  # its body is being read until on_message_complete
@@ -84,7 +97,23 @@ class _BoundedRead(HttpToolsProtocol):
             if self._lingered > LINGER_BYTES:
                 self.transport.close()
                 return
+        self._began = False
         super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            # Bytes of a piece in which the request began are not counted (how many were its head is not
+            # known): the cap then holds within one piece (asyncio reads at most 256 KiB at a time).
+            self._head_bytes += 0 if self._began else len(data)
+            if self._head_bytes > HEAD_LIMIT:
+                self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        self._in_head = False
+        self._disarm()
+        self.metrics.requests.labels("other", "", "431").inc()
+        self.metrics.rejected.labels(reason="headers_too_large").inc()
+        msg = (f"the request's headers passed {HEAD_LIMIT // 1024} KiB before they ended; send fewer or shorter "
+               "headers (the text goes in the JSON body)")  # fmt: skip
+        self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg)
 
     def linger_then_close(self) -> None:
         """Close once the request's body is in, or after LINGER_S / LINGER_BYTES; its bytes are dropped
