@@ -5,9 +5,12 @@ overflows max_length. Neither shortcut may change a single token of what is answ
 from __future__ import annotations
 
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from app.errors import AppError
 from app.http.scoring import Limits
@@ -25,11 +28,13 @@ MODELS = ("shipped/detector", "shipped/sentiment", "test/detector")
 STRIDE = 32
 
 
-def tokenizer(bundles_dir: Path, model: str) -> TextTokenizer:
+def tok_path(bundles_dir: Path, model: str) -> Path:
     where, name = model.split("/")
-    return TextTokenizer(
-        (SHIPPED if where == "shipped" else bundles_dir) / name / "tokenizer.json", 128, STRIDE
-    )
+    return (SHIPPED if where == "shipped" else bundles_dir) / name / "tokenizer.json"
+
+
+def tokenizer(bundles_dir: Path, model: str) -> TextTokenizer:
+    return TextTokenizer(tok_path(bundles_dir, model), 128, STRIDE)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +109,34 @@ def test_a_classified_text_cut_to_a_prefix_keeps_its_tokens(bundles_dir, long_te
         (row, truncated, _), whole = tok.encode_classify([text])[0], tok._truncating.encode(text)
         assert row.ids.tolist() == whole.ids and row.type_ids.tolist() == whole.type_ids
         assert truncated == bool(whole.overflowing)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_long_text_encodes_as_the_tokenizer_encodes_it_alone(bundles_dir, long_texts, model):
+    """Long texts go through encode_batch (it lets go of the GIL): the same tokens and offsets as encode."""
+    tok = tokenizer(bundles_dir, model)
+    plain = Tokenizer.from_file(str(tok_path(bundles_dir, model)))
+    plain.no_truncation()
+    plain.encode_special_tokens = True
+    for text in long_texts:
+        want = plain.encode(text, add_special_tokens=False)
+        got = tok.encode_detect([text])[0]
+        assert (got.tokens, got.offsets) == (want.tokens, want.offsets)
+
+
+def test_a_long_text_is_tokenized_with_the_gil_let_go(bundles_dir):
+    """The server tokenizes a long text on a worker thread so that its event loop goes on meanwhile: a 1 MB
+    word (one token, so no limit refuses it) held the GIL, and with it the loop, for the whole encode."""
+    tok = tokenizer(bundles_dir, "shipped/detector")
+    text, done, beats = "a" * 2_000_000, threading.Event(), []
+    worker = threading.Thread(target=lambda: (tok.encode_detect([text]), done.set()))
+    start = time.perf_counter()
+    worker.start()
+    while not done.is_set():
+        beats.append(time.perf_counter())
+        time.sleep(0.001)
+    worker.join()
+    took = time.perf_counter() - start
+    longest = max(b - a for a, b in zip([start, *beats], [*beats, time.perf_counter()], strict=True))
+    # Held, the GIL would leave one gap as long as the encode; let go, the gaps are the sleeps'.
+    assert longest < took / 2, (longest, took)

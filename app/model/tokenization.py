@@ -69,6 +69,11 @@ class ClassifyEncoding(NamedTuple):
     empty_half: int | None  # the text (0) or pair half (0, 1) the tokenizer kept nothing of, if any
 
 
+# Above this many characters a text is encoded with the GIL let go (TextTokenizer._encode); below it the
+# hand-over costs more than it frees.
+LONG_TEXT_CHARS = 4096
+
+
 class TokenLimit(Protocol):
     """What a caller allows one request's texts: app/http/scoring.py's RequestCount."""
 
@@ -140,11 +145,20 @@ class TextTokenizer:
             while size < len(text):  # ever longer prefixes: their whole words are the text's first tokens
                 limit.check_text(i, self._whole_words(text, size)[1], False)
                 size *= 4
-            enc = self._plain.encode(text, add_special_tokens=False)
+            enc = self._encode(text)
             if limit is not None:
                 limit.check_text(i, len(enc), True)
             out.append(self._detect_one(enc))
         return out
+
+    def _encode(self, text: str):
+        """`text`'s encoding without special tokens. A long text goes through encode_batch, which lets go of
+        the GIL while it works (encode keeps it): the server tokenizes long texts on a worker thread, and a
+        1 MB word held its event loop for 0.4 s (every /health waited), though the thread was meant to
+        keep the loop free."""
+        if len(text) <= LONG_TEXT_CHARS:
+            return self._plain.encode(text, add_special_tokens=False)
+        return self._plain.encode_batch([text], add_special_tokens=False)[0]
 
     def _detect_one(self, enc) -> DetectEncoding:
         ids = enc.ids
@@ -204,7 +218,7 @@ class TextTokenizer:
         which the text may go on with. The tokenizer's pre-tokenizer says where words end (white space,
         punctuation of any script, each CJK character), and a word's tokens depend on the word alone, so
         these are the first tokens of the whole text."""
-        enc = self._plain.encode(text[:size], add_special_tokens=False)
+        enc = self._encode(text[:size])
         words = enc.word_ids
         n = len(words)
         while n > 0 and words[n - 1] == words[-1]:
