@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             registry.lifecycle,
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
+        ws="none",  # no WebSocket routes: an upgrade request is answered as plain HTTP, in JSON (app/http/protocol.py)
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

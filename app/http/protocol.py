@@ -130,12 +130,19 @@ class _BoundedRead(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def handle_websocket_upgrade(self) -> None:
-        # uvicorn hands the transport to its WebSocket protocol (when a WebSocket library is installed):
-        # this protocol never hears of the connection again, so it stops counting it and drops its read
-        # deadline now (else the count stays up for good, and a 408 would be written into the stream).
+        # Only where uvicorn runs with WebSockets on (app/__main__.py turns them off): it hands the transport
+        # to its WebSocket protocol and this one never hears of the connection again, so it stops counting
+        # it and drops its read deadline now (else the count stays up for good, and a 408 would be written
+        # into the stream).
         self._uncount()
         self._disarm()
         super().handle_websocket_upgrade()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # An `upgrade: websocket` request is served as plain HTTP (its route's JSON answer, a 404 or 405 for
+        # a WebSocket client). uvicorn would log two warnings a client can set off at will, one of them
+        # telling the operator to install a WebSocket library this server has no use for.
+        pass
 
     def _uncount(self) -> None:
         if self._counted:
