@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 EPILOG = (
-    "A true/false option is a switch: --name alone is true, --name false or --no-name false. Order of\n"
+    "A true/false option is a switch: --name alone is true; --name false and --no-name are false. Order of\n"
     "precedence: defaults < --config FILE.toml < environment variables < flags."
 )
 TRUE = ("1", "true", "yes", "on")
@@ -262,6 +262,12 @@ def resolve(
                     f"{path}: unknown option {key!r}{_did_you_mean(key, fields)}; known options: "
                     f"{', '.join(sorted(fields))}"
                 )
+            kind = _kind(hints[key])
+            if isinstance(value, str) and value.strip() and kind in (int, float, bool):
+                # TOML has numbers and booleans: a quoted one is a slip (and "false" would read as true
+                # to anything else that reads the file).
+                raise ConfigError(f"{path}: {key}: expected {kind.__name__}, got the text {value!r}; write it "
+                                  "without quotes")  # fmt: skip
             values[key] = coerce(key, value, hints[key], f"{path}: {key}")
             given[key] = str(path)
     for name, f in fields.items():

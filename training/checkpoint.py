@@ -29,13 +29,13 @@ from training.model import (
     ElectraForSequenceClassification,
     init_weights,
 )
+from training.run_dir import LATEST
 
 ARCHITECTURES = {
     "ElectraForPreTraining": ElectraForPreTraining,
     "ElectraForMaskedLM": ElectraForMaskedLM,
     "ElectraForSequenceClassification": ElectraForSequenceClassification,
 }
-LATEST = "latest"
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -144,6 +144,10 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
             return _read_shards(ckpt)
         # Older HF checkpoints ship only a pickle; weights_only refuses anything but tensors.
         path = ckpt / "pytorch_model.bin"
+        if not path.is_file():
+            raise CheckpointError(
+                f"{ckpt} holds no weights (model.safetensors, {SHARD_INDEX} or pytorch_model.bin)"
+            )
         return torch.load(path, map_location="cpu", weights_only=True)
     except CheckpointError:
         raise

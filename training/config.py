@@ -6,6 +6,7 @@ entry point's options are (defaults < a saved run's config < --config TOML < env
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,35 @@ class QuantizationOptions:
     qat_smoothing: float = option(
         0.8, "--qat: SmoothQuant alpha for the activation ranges (0: none; docs/int8.md)"
     )
+
+
+def check_seed(seed: int) -> None:
+    if not 0 <= seed < 2**63:  # numpy's and torch's generators take a non-negative 64-bit seed
+        raise ConfigError(f"--seed: must lie in [0, 2**63), got {seed}")
+
+
+# Options naming files: kept absolute in a run's config.json, so a resume from another directory reads
+# the same files (and the same text typed from elsewhere is not taken for a change of corpus).
+_PATH_OPTIONS = ("tokenizer", "init", "init_generator")
+
+
+def absolute_paths(values: dict) -> dict:
+    """The corpus paths and file options of `values` (a config's fields) made absolute: registry names,
+    "train" and paths that do not exist (an error said elsewhere) stay as they are."""
+    from training.data.corpus import REGISTRY_CORPORA
+
+    def absolute(p: str) -> str:
+        return os.path.abspath(os.path.expanduser(p)) if Path(p).expanduser().exists() else p
+
+    out = {}
+    if isinstance(values.get("corpus"), str):
+        names = [c.strip() for c in values["corpus"].split(",")]
+        out["corpus"] = ",".join(c if c in REGISTRY_CORPORA or not c else absolute(c) for c in names)
+    for name in _PATH_OPTIONS:
+        value = values.get(name)
+        if isinstance(value, str) and value and value != "train":
+            out[name] = absolute(value)
+    return out
 
 
 @dataclass
@@ -202,6 +232,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        for name, value in absolute_paths(self.__dict__).items():
+            setattr(self, name, value)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
                  "log_every", "eval_every", "eval_batches", "save_every", "adam_eps", "grad_clip")  # fmt: skip
@@ -209,6 +241,15 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         # pushes weights away from zero; a time cap of 0 stops after the first step.
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
+        check_seed(self.seed)
+        for name in ("gen_weight", "disc_weight"):  # a negative weight trains its model the wrong way
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}"
+                )
+        if self.objective == "electra" and self.disc_weight == 0:
+            raise ConfigError("--disc-weight 0 trains no discriminator: for a masked language model alone, "
+                              "use --objective mlm")  # fmt: skip
         if self.tokenizer == "train" and self.vocab_size <= 5:  # [PAD] [UNK] [CLS] [SEP] [MASK]
             raise ConfigError(f"--vocab-size: must exceed the 5 special tokens, got {self.vocab_size}")
         if self.max_minutes is not None and self.max_minutes <= 0:
@@ -369,6 +410,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_seed(self.seed)
         if not self.out:
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
         if self.resume and self.overwrite:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import options
 from training.config import PretrainConfig
+from training.run_dir import resumed_settings
 
 PROG = "python -m training.pretrain"
 
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     # loads (3 s of a CPU core). The trainer resolves them again, the same way, and then against what a
     # resumed run saved, which only it can read.
     try:
-        cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__)
+        then = resumed_settings(argv)  # a resume's flags are judged against the run's settings
+        cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:

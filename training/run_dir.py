@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import IO
 
 from options import ConfigError
+
+LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume continues from
 
 LOCK = ".lock"
 _held: dict[str, IO] = {}  # --out (real path) -> its locked file, for this process's lifetime
@@ -82,3 +86,45 @@ def hold(out: Path) -> None:
     f.write(f"{os.getpid()}\n")
     f.flush()
     _held[key] = f
+
+
+def check_writable(directory: Path) -> None:
+    """A resumed run writes its checkpoints here: found out now, not after the steps before the first save."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-check-", dir=directory)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise ConfigError(f"--resume: cannot write in {directory} ({e.strerror or e}), where the run's checkpoints "
+                          "go; make it writable, or copy the run somewhere you can write and resume there") from None  # fmt: skip
+
+
+def resumed_settings(argv: list[str] | None, out: Path | None = None) -> dict | None:
+    """The saved settings (config.json) of the run a --resume continues; None for a new run. Read before
+    the flags are resolved, so that they are checked against the run's settings, not the defaults (which
+    took --valid-fraction for a change of a registry corpus's split)."""
+    args = sys.argv[1:] if argv is None else argv
+    if out is None and "--resume" not in args:
+        return None
+    if out is None:
+        given = [a.split("=", 1)[1] for a in args if a.startswith("--out=")]
+        given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--out"]
+        if not given:
+            return None
+        out = Path(given[-1])
+    saved = out / "config.json"
+    if not (out / "checkpoints" / LATEST).is_file():
+        return None  # no run to resume: said in setup
+    how = (f"a resume takes the run's settings from it; restore it (a copy is under \"config\" in each "
+           f"checkpoint's trainer_state.json, {out / 'checkpoints'})")  # fmt: skip
+    try:
+        then = json.loads(saved.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--resume: {saved} is missing: {how}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--resume: {saved} does not read ({type(e).__name__}: {str(e)[:160]}): {how}"
+        ) from None
+    if not isinstance(then, dict):
+        raise ConfigError(f"--resume: {saved} holds no settings: {how}")
+    return then

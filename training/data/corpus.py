@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import sys
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -460,18 +461,25 @@ def read_corpus(
 
 def _user_split(source: str, split: str, text_field: str, valid_fraction: float) -> Iterator[str]:
     # First pass: only counts, so memory stays flat however large the corpus.
-    count, below, lowest = 0, 0, 1.0
+    count, below, lowest, at_lowest = 0, 0, 1.0, 0
     for text in iter_text_documents(source, text_field=text_field):
         h = _unit_hash(text)
-        count, below, lowest = count + 1, below + (h < valid_fraction), min(lowest, h)
+        count, below = count + 1, below + (h < valid_fraction)
+        lowest, at_lowest = (h, 1) if h < lowest else (lowest, at_lowest + (h == lowest))
     if count < 2:
         raise CorpusError(
             f"{source} holds {count} document(s); at least 2 are needed to hold one out for "
             f"validation (separate documents with a blank line)"
         )
+    if at_lowest == count:  # the split goes by each text's hash: copies of one text go to one side
+        raise CorpusError(f"{source}: its {count} documents are all the same text; at least 2 different ones are "
+                          "needed to hold one out for validation")  # fmt: skip
     # Tiny corpora (no document, or every one, under the threshold): hold out the lowest-hashing
     # document so neither split is empty. Still deterministic: it depends only on the texts.
     cut = valid_fraction if 0 < below < count else math.nextafter(lowest, 2.0)
+    if cut != valid_fraction and at_lowest > 1 and split == "train":
+        print(f"note: {source}: {at_lowest} of its {count} documents are held out for validation: copies of the one "
+              "text held out (copies of a text always go to the same side)", file=sys.stderr, flush=True)  # fmt: skip
     want_valid = split == "valid"
     for text in iter_text_documents(source, text_field=text_field):
         if (_unit_hash(text) < cut) == want_valid:

@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 
 from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
-from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo
+from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
 from training.errors import disk_full, out_of_space, remove_orphans
 
@@ -121,6 +121,17 @@ def trained_tokenizer(
     return tok
 
 
+def _damaged(entry: Path) -> bool:
+    """A cached entry whose token file is cut short (a run's linked copy truncated, a disk that filled): made
+    again, not handed to every later run."""
+    try:
+        check_complete(entry)
+    except ShardsError as e:
+        print(f"cache: {e}; making it again", flush=True)
+        return True
+    return False
+
+
 def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, out: Path,
            build: Callable[[Path], ShardInfo]) -> ShardInfo:  # fmt: skip
     """`build(dir)` packs the split into `dir`; here into the cache (once per set of options), then
@@ -131,6 +142,8 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
         return build(out)
     entry = _entry("shards", corpus=corpus, split=split, tokenizer=tokenizer_sha256(tok), seq_len=seq_len,
                    layout=layout)  # fmt: skip
+    if (entry / META_FILE).is_file() and _damaged(entry):
+        shutil.rmtree(entry, ignore_errors=True)
     if (entry / META_FILE).is_file():
         _touch(entry)
         print(f"{split} data: tokenized before, reused from {entry}", flush=True)

@@ -296,6 +296,24 @@ def _encode(tok: Tokenizer, docs: list[str], by_sentence: bool) -> list[list[lis
     return out
 
 
+def check_complete(directory: str | os.PathLike[str]) -> ShardInfo:
+    """The directory's ShardInfo, once its token file holds every row the info counts: shards cut short (a
+    full disk, a copy broken off) fail here, saying how to make them again, not inside numpy."""
+    directory = Path(directory)
+    try:
+        info = ShardInfo.load(directory)
+        want = info.rows * info.seq_len * np.dtype(info.dtype).itemsize
+        have = (directory / TOKENS_FILE).stat().st_size
+    except (OSError, ValueError, TypeError) as e:  # missing, not JSON, fields of another version
+        problem = f"{type(e).__name__}: {str(e)[:160]}"
+    else:
+        if have == want:
+            return info
+        problem = f"{TOKENS_FILE} has {have:,} bytes where {META_FILE} counts {want:,}"
+    raise ShardsError(f"the tokenized data in {directory} is damaged ({problem}); delete {directory} and run the "
+                      "same command again: it is made again from the corpus")  # fmt: skip
+
+
 def _replace_dir(new: Path, target: Path) -> None:
     if not target.exists():
         os.rename(new, target)
@@ -312,7 +330,7 @@ class PackedDataset:
     """Read-only view of a shard directory: ``ds[i]`` is row ``i`` (seq_len ids), ``len(ds)`` the rows."""
 
     def __init__(self, directory: str | os.PathLike[str]):
-        self.info = ShardInfo.load(directory)
+        self.info = check_complete(directory)
         self.tokens = np.memmap(
             Path(directory) / TOKENS_FILE,
             dtype=np.dtype(self.info.dtype),

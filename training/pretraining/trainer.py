@@ -26,7 +26,7 @@ from training import checkpoint as ckpt
 from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import COMPILE_MODES, PretrainConfig
+from training.config import COMPILE_MODES, PretrainConfig, absolute_paths
 from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
@@ -116,12 +116,40 @@ def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
 
 def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
     d = ckpt.resolve_checkpoint(run)
-    state = json.loads((d / "trainer_state.json").read_text())
+    state = read_trainer_state(run, d)
     for sub, (model, _) in objective.checkpoint_parts().items():
-        ckpt.load_weights_into(model, ckpt.read_weights(d / sub), str(d / sub))
-    ckpt.unflatten_optimizer(opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
+        try:
+            ckpt.load_weights_into(model, ckpt.read_weights(d / sub), str(d / sub))
+        except (CheckpointError, OSError) as e:
+            raise damaged(run, d, str(e)) from None
+    optimizer = d / "optimizer.safetensors"
+    try:
+        ckpt.unflatten_optimizer(opt, load_file(optimizer), state["optimizer"])
+    except Exception as e:  # missing, cut short, or other parameters than the run's
+        raise damaged(run, d, f"{optimizer} does not read ({type(e).__name__}: {str(e)[:200]})") from None
     batches.load_state_dict(state["batches"])
     return state["step"], state["tokens"]
+
+
+def read_trainer_state(run: Path, d: Path) -> dict:
+    path = d / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+        missing = [k for k in ("step", "tokens", "batches", "optimizer") if k not in state]
+    except (OSError, ValueError) as e:
+        raise damaged(run, d, f"{path} does not read ({type(e).__name__}: {str(e)[:200]})") from None
+    if missing:
+        raise damaged(run, d, f"{path} lacks {', '.join(missing)}")
+    return state
+
+
+def damaged(run: Path, d: Path, what: str) -> CheckpointError:
+    """A checkpoint a resume cannot read: what is wrong, and how to go on from another one."""
+    others = sorted(p.name for p in (run / "checkpoints").glob("step-*") if p.is_dir() and p.name != d.name)
+    fix = (f"resume from an earlier one (it is kept: {', '.join(others)}) by writing its name into "
+           f"{run / 'checkpoints' / ckpt.LATEST}, or restore the file" if others else
+           "restore the file, or start again with another --out")  # fmt: skip
+    return CheckpointError(f"--resume: checkpoint {d.name} is damaged: {what}; {fix}")
 
 
 @dataclasses.dataclass
@@ -232,13 +260,17 @@ class Trainer:
 
 def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
     try:
-        cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__)
-        saved = Path(cfg.out) / "config.json"
-        if cfg.resume and saved.is_file():
-            # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win,
-            # but only those that leave its model, data and step as they were.
-            then = json.loads(saved.read_text())
-            cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then)
+        # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win, but
+        # only those that leave its model, data and step as they were.
+        then = run_dir.resumed_settings(argv)
+        cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then)
+        if cfg.resume and then is None:  # --out from --config: its settings are read once it is known
+            then = run_dir.resumed_settings(argv, Path(cfg.out))
+            if then is not None:
+                cfg = options.resolve(
+                    PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then
+                )
+        if cfg.resume and then is not None:
             cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
             cfg = given_tokenizer_size(cfg)
             check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
@@ -265,6 +297,7 @@ def check_resumable(then: dict, now: dict) -> None:
     tokenizer, the recipe): it would fail to load, or go on as another run while saying it resumed."""
     # With a given tokenizer, vocab_size is that tokenizer's size, not a setting (runs saved before it was
     # filled in hold the --config file's value).
+    then = {**then, **absolute_paths(then)}  # a run saved before paths were kept absolute: as typed here
     sized = ("vocab_size",) if now.get("tokenizer", "train") != "train" and not now.get("init") else ()
     if sized and now.get("vocab_size") != then.get("vocab_size"):
         now = {**now, "vocab_size": then.get("vocab_size")}
@@ -274,8 +307,8 @@ def check_resumable(then: dict, now: dict) -> None:
 def check_processes(run: Path, world: int) -> None:
     """A resume on another number of processes would change the global batch (--batch-size rows per process)
     and the data each process reads: refused, naming the command that resumes it."""
-    state = ckpt.resolve_checkpoint(run) / "trainer_state.json"
-    then = json.loads(state.read_text()).get("processes") if state.is_file() else None
+    d = ckpt.resolve_checkpoint(run)
+    then = read_trainer_state(run, d).get("processes")
     if then is not None and then != world:
         how = (
             f"torchrun --nproc_per_node {then} -m training.pretrain"
@@ -314,6 +347,8 @@ def setup(argv: list[str] | None) -> Trainer:
             if not cfg.resume:
                 run_dir.check_new_pretraining_out(run)
             run_dir.hold(run)
+            if cfg.resume:
+                run_dir.check_writable(run / "checkpoints")
         except ConfigError as e:
             problem = e
     if env.agree(problem is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
@@ -369,7 +404,11 @@ def setup(argv: list[str] | None) -> Trainer:
     if cfg.resume:
         checkpoint = ckpt.resolve_checkpoint(run)
         # A stop between --save-every points: this rank's random state as the step left it.
-        exact = restore_rng(checkpoint, env.device, env.rank)
+        try:
+            exact = restore_rng(checkpoint, env.device, env.rank)
+        except Exception as e:  # cut short or not safetensors (every rank reads the same file, and stops)
+            what = f"{checkpoint / RNG_FILE} does not read ({type(e).__name__}: {str(e)[:200]})"
+            options.usage_exit(f"error: {damaged(run, checkpoint, what)}")
         if env.main:
             print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
                   + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip

@@ -1,0 +1,183 @@
+"""What a pretraining user gets wrong, or finds damaged, ends in a message that names it and what to do
+(exit 2), not a traceback, a silent wrong run, or a failure after the work: damaged checkpoints and
+shards on --resume, a run resumed from another directory, seeds and loss weights out of range, a corpus
+of copies, quoted numbers in a --config file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.pretrain import main as pretrain
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny(out, corpus, tokenizer, *extra) -> list[str]:
+    return ["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(out), "--corpus", str(corpus),
+            "--tokenizer", str(tokenizer), "--threads", "1", "--max-steps", "4", "--save-every", "2",
+            "--eval-every", "4", *map(str, extra)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, small_corpus, small_tokenizer) -> Path:
+    """A 4-step run with checkpoints at steps 2 and 4."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    pretrain(tiny(run, small_corpus, small_tokenizer))
+    return run
+
+
+def refused(argv: list[str], *says: str, prefix: tuple[str, ...] = ()) -> str:
+    """Run pretraining in a process of its own (as a user does); its stderr, once it exited 2."""
+    done = subprocess.run([*prefix, sys.executable, "-m", "training.pretrain", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    for s in says:
+        assert s in done.stderr, (s, done.stderr[-2000:])
+    return done.stderr
+
+
+def damaged_copy(finished: Path, tmp_path: Path, damage) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(finished, run, copy_function=shutil.copy)  # no hard links into the original
+    (run / ".lock").unlink(missing_ok=True)
+    damage(run, run / "checkpoints" / "step-00000004")
+    return run
+
+
+def truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda run, d: truncate(d / "optimizer.safetensors", 5000), "optimizer.safetensors does not read"),
+        (lambda run, d: (d / "optimizer.safetensors").unlink(), "optimizer.safetensors does not read"),
+        (lambda run, d: (d / "trainer_state.json").write_text("{bad"), "trainer_state.json does not read"),
+        (lambda run, d: (d / "model.safetensors").unlink(), "holds no weights"),
+        (lambda run, d: truncate(d / "generator" / "model.safetensors", 100), "does not read as weights"),
+    ],
+    ids=["optimizer cut short", "optimizer gone", "state not JSON", "weights gone", "generator cut short"],
+)
+def test_a_damaged_checkpoint_names_the_file_and_the_kept_one_to_resume_from(
+    finished, tmp_path, damage, says
+):
+    run = damaged_copy(finished, tmp_path, damage)
+    refused(["--out", str(run), "--resume", "--max-steps", "6"], "checkpoint step-00000004 is damaged", says,
+            "it is kept: step-00000002", str(run / "checkpoints" / "latest"))  # fmt: skip
+    # As the message says: the kept checkpoint, named in checkpoints/latest, resumes.
+    (run / "checkpoints" / "latest").write_text("step-00000002")
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3"])
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda run, d: (run / "config.json").write_text("{bad"), "config.json does not read"),
+        (lambda run, d: (run / "config.json").unlink(), "config.json is missing"),
+    ],
+    ids=["not JSON", "gone"],
+)
+def test_a_runs_settings_damaged_or_gone_are_named_not_replaced_by_the_defaults(
+    finished, tmp_path, damage, says
+):
+    run = damaged_copy(finished, tmp_path, damage)
+    refused(["--out", str(run), "--resume", "--max-steps", "6"], says, "trainer_state.json")
+
+
+def test_shards_cut_short_are_named_with_how_to_make_them_again(finished, tmp_path):
+    run = damaged_copy(
+        finished, tmp_path, lambda run, d: truncate(run / "data" / "train" / "tokens.bin", 1000)
+    )
+    refused(
+        ["--out", str(run), "--resume", "--max-steps", "6"],
+        "is damaged",
+        "delete",
+        "run the same command again",
+    )
+    shutil.rmtree(run / "data" / "train")  # as it says
+    pretrain(["--out", str(run), "--resume", "--max-steps", "5"])
+
+
+def test_a_resume_that_cannot_write_its_checkpoints_is_refused_before_training(finished, tmp_path):
+    # Root writes into a read-only directory: as root, the run goes without the capability that allows it.
+    prefix = ("setpriv", "--bounding-set", "-all", "--inh-caps", "-all") if os.geteuid() == 0 else ()
+    if prefix and not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv (util-linux) to drop root's override of permissions")
+    run = damaged_copy(finished, tmp_path, lambda run, d: None)
+    (run / "checkpoints").chmod(0o555)
+    try:
+        refused(
+            ["--out", str(run), "--resume", "--max-steps", "6"],
+            "cannot write in",
+            "checkpoints",
+            prefix=prefix,
+        )
+    finally:
+        (run / "checkpoints").chmod(0o755)
+
+
+def test_a_run_started_with_relative_paths_resumes_from_any_directory(
+    tmp_path, small_corpus, small_tokenizer
+):
+    (tmp_path / "here").mkdir()
+    shutil.copy(small_corpus, tmp_path / "here" / "corpus.txt")
+    shutil.copy(small_tokenizer, tmp_path / "here" / "tokenizer.json")
+    args = [a for a in tiny("run", "corpus.txt", "tokenizer.json")]
+    args[args.index("--max-steps") + 1] = "2"
+    done = subprocess.run([sys.executable, "-m", "training.pretrain", *args], cwd=tmp_path / "here",
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads((tmp_path / "here" / "run" / "config.json").read_text())
+    assert saved["corpus"] == str(tmp_path / "here" / "corpus.txt")
+    assert saved["tokenizer"] == str(tmp_path / "here" / "tokenizer.json")
+    # From elsewhere, by the run alone; and with the corpus named again by its whole path.
+    pretrain(["--out", str(tmp_path / "here" / "run"), "--resume", "--max-steps", "3"])
+    pretrain(["--out", str(tmp_path / "here" / "run"), "--resume", "--max-steps", "4",
+              "--corpus", str(tmp_path / "here" / "corpus.txt")])  # fmt: skip
+
+
+def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finished, tmp_path):
+    """--valid-fraction was refused as a change to a registry corpus (the default's), not to the run's."""
+    run = damaged_copy(finished, tmp_path, lambda run, d: None)
+    says = refused(["--out", str(run), "--resume", "--valid-fraction", "0.5"], "--valid-fraction")
+    assert "registry corpora" not in says
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--seed", "-1"], "--seed: must lie in [0, 2**63), got -1"),
+        (["--seed", str(2**64)], "--seed: must lie in [0, 2**63)"),
+        (["--disc-weight", "-1"], "--disc-weight: must not be negative"),
+        (["--gen-weight", "-0.5"], "--gen-weight: must not be negative"),
+        (["--disc-weight", "0"], "--objective mlm"),
+    ],
+)
+def test_seeds_and_loss_weights_out_of_range_are_refused_before_any_work(tmp_path, small_corpus, small_tokenizer,
+                                                                          flags, says):  # fmt: skip
+    refused(tiny(tmp_path / "x", small_corpus, small_tokenizer, *flags), says)
+    assert not (tmp_path / "x" / "data").exists()
+
+
+def test_a_corpus_of_one_text_copied_is_named_as_such(tmp_path, small_tokenizer):
+    copies = tmp_path / "copies.txt"
+    copies.write_text("\n\n".join(["the cat sat on the mat and looked at the dog."] * 500) + "\n")
+    refused(tiny(tmp_path / "x", copies, small_tokenizer), "all the same text")
+
+
+def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('num_layers = "2"\n')
+    refused(
+        ["--config", str(config), "--out", str(tmp_path / "x")], "num_layers: expected int", "without quotes"
+    )
