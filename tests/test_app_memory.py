@@ -88,6 +88,13 @@ def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(t
         assert "memory limit (300 MiB, --memory-limit-mb)" in r.json()["error"]["message"]
         assert server.metric("electra_memory_bytes", what="limit") == 300 * MIB
         assert "will be refused (413)" in server.log()
+        # Interactive batches, which reserve nothing, are cut to a row of the longest model at a time.
+        assert "interactive batches are cut at 512 tokens" in server.log()
+        assert "memory: limit 300 MiB (--memory-limit-mb); loading 2 model(s)" in server.log()
+        r = c.post(
+            "/detect", json={"texts": ["A short sentence.", "Another one, a little longer than that."] * 8}
+        )
+        assert r.status_code == 200 and len(r.json()["results"]) == 16
 
 
 def test_a_server_with_room_answers_large_requests(tmp_path):
@@ -97,3 +104,4 @@ def test_a_server_with_room_answers_large_requests(tmp_path):
     ):
         assert c.post("/detect", json={"texts": [LONG, LONG]}).status_code == 200
         assert server.metric("electra_memory_bytes", what="reserved") == 0  # given back once answered
+        assert "interactive batches are cut" not in server.log()

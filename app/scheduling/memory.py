@@ -142,10 +142,11 @@ def budget_for(limit_mb: int) -> MemoryBudget | None:
     return None
 
 
-def settle(memory: MemoryBudget, settings, metrics) -> None:
-    """Every model loaded: fix the budget's baseline, publish it, and say at start when one bulk batch
-    could never fit the room the limit leaves."""
+def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
+    """Every model loaded: fix the budget's baseline, publish it, cut interactive batches to what the limit
+    holds, and say at start when one bulk batch could never fit the room the limit leaves."""
     memory.settle()
+    cap_interactive(memory, settings, models)
     memory.gauge = metrics.memory
     metrics.memory.labels("limit").set(memory.limit)
     metrics.memory.labels("baseline").set(memory.baseline)
@@ -157,3 +158,30 @@ def settle(memory: MemoryBudget, settings, metrics) -> None:
                     "--interactive-tokens (%d) will be refused (413); raise the limit or lower "
                     "--bulk-batch-tokens", settings.bulk_batch_budget, one_batch / 2**20,
                     max(0, memory.room) / 2**20, settings.interactive_tokens)  # fmt: skip
+
+
+def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
+    """Interactive requests reserve nothing (a sentence costs next to nothing), but many of them together
+    fill batches of up to --batch-token-budget, --runners of them per model at once: at a pod's 1 GiB that
+    was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. Where they could not all
+    fit the room above the loaded models, each model's interactive batches are cut to a size that does
+    (a one-sentence request is still answered in one small batch; a long one runs in more of them)."""
+    at_once = settings.runners * len(models)
+    if not models or memory.price <= 0:
+        return
+    fits = int(max(0, memory.room) / (at_once * memory.price))
+    if fits >= settings.batch_token_budget:
+        return
+    longest = max(m.bundle.manifest.max_length for m in models.values())
+    cap = max(fits, longest)  # a batch holds one row of the model's longest at least
+    for m in models.values():
+        lane = m.scheduler.lanes[False]
+        lane.budget = min(lane.budget, cap)
+    short = (f"; even batches of one {longest}-token row may not all fit at once: raise the limit or lower "
+             "--runners" if fits < longest else "")  # fmt: skip
+    log.warning("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
+                "about %.0f MiB, more than the %.0f MiB the limit leaves above the loaded models: interactive "
+                "batches are cut at %d tokens (set a lower --batch-token-budget to choose, or raise the limit)%s",
+                at_once, settings.runners, len(models), settings.batch_token_budget,
+                at_once * memory.cost(settings.batch_token_budget, settings.batch_token_budget) / MIB,
+                max(0, memory.room) / MIB, cap, short)  # fmt: skip

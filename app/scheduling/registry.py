@@ -165,7 +165,7 @@ class Registry:
                 self.metrics.record_load_check(bundle.name, check)
             log.info("%s: loaded and warmed up (%s)%s", bundle.name, bundle.manifest.kind, _said(check))
         if self.memory is not None:
-            settle(self.memory, self.settings, self.metrics)
+            settle(self.memory, self.settings, self.metrics, self.models)
         if not self.models:
             self.state, self.detail = "failed", "no bundle could be loaded; see GET /models"
             if not self.bundles and self.on_nothing_served is not None:
@@ -257,6 +257,10 @@ async def _load_all(bundles: list[Bundle], settings: Settings, memory: MemoryBud
     if memory is None:
         work = (asyncio.to_thread(_load_and_warm, b, settings) for b in bundles)
         return list(await asyncio.gather(*work, return_exceptions=True))
+    # Said before the loading, which a limit too small for the models ends with the OOM killer (no line
+    # of ours after it): the last line an operator then reads names the limit.
+    log.info("memory: limit %.0f MiB (%s); loading %d model(s) one at a time, measuring what a batch costs "
+             "(killed now, the limit is too small for them)", memory.limit / 2**20, memory.source, len(bundles))  # fmt: skip
     loaded = []
     for bundle in bundles:
         try:
