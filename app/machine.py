@@ -75,10 +75,21 @@ def available_cores() -> int:
     return max(1, min(cores, math.ceil(quota))) if quota else cores
 
 
-def _cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
-    """CPUs allowed by cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD": no limit)."""
+def _cgroup_cpu_quota(
+    path: str = "/sys/fs/cgroup/cpu.max", v1: str = "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"
+) -> float | None:
+    """CPUs allowed by cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD": no limit), else by v1's
+    cpu.cfs_quota_us over cpu.cfs_period_us beside it (-1: no limit), as the memory limit is read."""
     try:
         quota, period = Path(path).read_text().split()[:2]
     except (OSError, ValueError):
+        try:
+            quota = Path(v1).read_text().strip()
+            period = (Path(v1).parent / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+        quota = "max" if quota.startswith("-") else quota
+    try:
+        return None if quota == "max" else int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
         return None
-    return None if quota == "max" else int(quota) / int(period)

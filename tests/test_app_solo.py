@@ -118,4 +118,11 @@ def test_a_cgroup_cpu_quota_caps_the_cores_threads_are_sized_by(tmp_path):
     assert _cgroup_cpu_quota(str(cpu_max)) == 1.5
     cpu_max.write_text("max 100000\n")
     assert _cgroup_cpu_quota(str(cpu_max)) is None
-    assert _cgroup_cpu_quota(str(tmp_path / "absent")) is None
+    absent = str(tmp_path / "absent")
+    assert _cgroup_cpu_quota(absent, absent) is None
+    # cgroup v1 (hosts that still mount it: podman's --cpus there): quota over period, -1 for none.
+    (tmp_path / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu.cfs_period_us").write_text("100000\n")
+    assert _cgroup_cpu_quota(absent, str(tmp_path / "cpu.cfs_quota_us")) == 1.0
+    (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")
+    assert _cgroup_cpu_quota(absent, str(tmp_path / "cpu.cfs_quota_us")) is None
