@@ -161,6 +161,8 @@ def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finish
         (["--disc-weight", "-1"], "--disc-weight: must not be negative"),
         (["--gen-weight", "-0.5"], "--gen-weight: must not be negative"),
         (["--disc-weight", "0"], "--objective mlm"),
+        (["--init-lr", "1e-4"], "--init-lr: sets the learning rate of the tensors --init loads"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints: must be at least 1"),
     ],
 )
 def test_seeds_and_loss_weights_out_of_range_are_refused_before_any_work(tmp_path, small_corpus, small_tokenizer,
@@ -181,3 +183,12 @@ def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
     refused(
         ["--config", str(config), "--out", str(tmp_path / "x")], "num_layers: expected int", "without quotes"
     )
+
+
+def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, small_tokenizer, capsys):
+    pretrain(tiny(tmp_path / "run", small_corpus, "train", "--vocab-size", "10", "--eval-batches", "500",
+                  "--max-steps", "2", "--eval-every", "2", "--save-every", "2"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--warmup-steps 10 is not below --max-steps 2: the learning rate never reaches" in err
+    assert "--eval-batches 500: the held-out data makes" in err
+    assert "more than --vocab-size 10" in err

@@ -242,6 +242,9 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
         check_seed(self.seed)
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"--keep-checkpoints: must be at least 1 (the newest is what a resume continues "
+                              f"from), got {self.keep_checkpoints}")  # fmt: skip
         for name in ("gen_weight", "disc_weight"):  # a negative weight trains its model the wrong way
             if getattr(self, name) < 0:
                 raise ConfigError(
@@ -333,6 +336,10 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")
         if self.init_lr is not None and self.init_lr <= 0:
             raise ConfigError(f"--init-lr: must be positive, got {self.init_lr}")
+        if self.init_lr is not None and not self.init:
+            raise ConfigError(
+                "--init-lr: sets the learning rate of the tensors --init loads; give --init, or drop it"
+            )
         if self.init_generator and not self.init:
             raise ConfigError(
                 "--init-generator: needs --init (the generator shares the discriminator's embeddings)"

@@ -147,6 +147,9 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix) -> None:
     else:
         _note_lowercase(cfg)
         tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
+    if cfg.tokenizer == "train" and not cfg.resume and tok.get_vocab_size() > cfg.vocab_size:
+        print(f"note: the trained vocabulary holds {tok.get_vocab_size()} tokens, more than --vocab-size {cfg.vocab_size}: "
+              "WordPiece keeps every character the corpus uses; the model takes them all", file=sys.stderr, flush=True)  # fmt: skip
     save_tokenizer(tok, tok_dir)
     for split in ("train", "valid"):
         info = _shards(cfg, split, tok, run / "data" / split, mix)

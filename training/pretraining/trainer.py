@@ -258,6 +258,21 @@ class Trainer:
             reseed(cfg, env.rank, step)
 
 
+def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
+    """Settings that run, but not as their names suggest."""
+    notes = []
+    if cfg.warmup_steps >= cfg.max_steps:
+        notes.append(f"--warmup-steps {cfg.warmup_steps} is not below --max-steps {cfg.max_steps}: the learning "
+                     f"rate never reaches --lr {cfg.lr:g}")  # fmt: skip
+    held_out = data.valid_batches()
+    per_pass = max(1, len(held_out.dataset) // held_out.global_batch)
+    if cfg.eval_batches > per_pass:
+        notes.append(f"--eval-batches {cfg.eval_batches}: the held-out data makes {per_pass} batch(es) of "
+                     f"{held_out.global_batch} rows; each evaluation reads them {cfg.eval_batches / per_pass:.1f} "
+                     "times over, masked anew each time")  # fmt: skip
+    return notes
+
+
 def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
     try:
         # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win, but
@@ -366,6 +381,9 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
             options.save(cfg, run / "config.json")
         data = build_data(cfg, run, env)
+        if env.main:
+            for note in schedule_notes(cfg, data):
+                print(f"note: {note}", file=sys.stderr, flush=True)
         objective, warm_names, notes = build_model(cfg, data, warm)
         if env.main:
             for note in notes:
