@@ -16,19 +16,24 @@ FROM ${PYTHON_IMAGE} AS build-cpu
 ARG EXTRA_CA_CERTS=""
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY requirements/serve.txt ./requirements/
+COPY requirements/serve.txt requirements/not-in-image.txt ./requirements/
 COPY app ./app
 COPY options ./options
 # Only app/ and options/ (its settings' declarations, standard library only) are copied, so the wheel holds
 # the server alone. Versions come from requirements/serve.txt (what
-# the tests ran on). faker and polyfactory come with litestar but the server never imports them (25 MB),
-# and pip has no use in the running image (14 MB): both are removed from the venv that is shipped.
+# the tests ran on). What requirements/not-in-image.txt lists comes with litestar (its CLI and example
+# factories) and tokenizers (the Hub client) but the server never imports it (about 60 MB with numpy's own
+# tests and onnxruntime's offline tools), and pip has no use in the running image (14 MB): all are removed
+# from the venv that is shipped.
 RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
         cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem && printf '%s\n' "$EXTRA_CA_CERTS" >> /tmp/ca.pem; \
         export PIP_CERT=/tmp/ca.pem; fi \
     && python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[cpu]" -c requirements/serve.txt \
-    && /opt/venv/bin/pip uninstall -y -q faker polyfactory \
+    && /opt/venv/bin/pip uninstall -y -q $(awk '!/^#/ && NF {print $1}' requirements/not-in-image.txt) \
+    && rm -rf /opt/venv/lib/python3*/site-packages/numpy/*/tests /opt/venv/lib/python3*/site-packages/numpy/tests \
+              /opt/venv/lib/python3*/site-packages/onnxruntime/transformers \
+              /opt/venv/lib/python3*/site-packages/onnxruntime/quantization \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
     && /opt/venv/bin/python -P -c "import app.http.server"  # -P: the installed wheel, not /src's tree
 
@@ -58,12 +63,13 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY requirements/serve.txt ./requirements/
+COPY requirements/serve.txt requirements/not-in-image.txt ./requirements/
 COPY app ./app
 COPY options ./options
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[gpu]" -c requirements/serve.txt \
-    && /opt/venv/bin/pip uninstall -y -q faker polyfactory pip setuptools \
+    && /opt/venv/bin/pip uninstall -y -q $(awk '!/^#/ && NF {print $1}' requirements/not-in-image.txt) \
+    && /opt/venv/bin/pip uninstall -y -q pip setuptools \
     && rm -rf /src \
     && /opt/venv/bin/python -P -c "import app.http.server"
 ENV PATH=/opt/venv/bin:$PATH \

@@ -151,6 +151,7 @@ def run_server(
     python: str = sys.executable,
     cwd: Path = REPO,
     preexec_fn=None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Start `python -m app` on a free port and wait for /ready; terminate it afterwards."""
     port = free_port()
@@ -159,7 +160,7 @@ def run_server(
         proc = subprocess.Popen(
             [python, "-m", "app", "--models", str(models), "--port", str(port), *flags],
             cwd=cwd,
-            env=app_env(),
+            env={**app_env(), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=preexec_fn,
