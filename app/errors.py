@@ -38,6 +38,8 @@ READ_TIMED_OUT = "electra.read_timed_out"
 # Set when the HTTP parser refused the rest of a request whose handler was reading its body (a malformed
 # chunk): the client got a 400 invalid_http, and the handler's disconnect is counted as that.
 BODY_UNPARSABLE = "electra.body_unparsable"
+# Set when a chunked body's trailers passed the head limit (app/http/protocol.py): the client got a 431.
+HEAD_TOO_LARGE = "electra.head_too_large"
 
 
 STATUS: dict[ErrorType, int] = {

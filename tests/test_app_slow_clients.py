@@ -105,6 +105,54 @@ def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served
     )
 
 
+def _read_answers(s: socket.socket) -> bytes:
+    answer = b""
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return answer
+
+
+def test_a_head_past_the_limit_in_one_read_and_in_trailers_gets_431(server):
+    """A head sent in one write was not counted (the read a request begins in was left out), and a chunked
+    body's trailers, parsed as headers are, were not counted at all."""
+    with _connect(server) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 200_000 + b"\r\n\r\n")
+        assert _read_answers(s).startswith(b"HTTP/1.1 431"), "one write"
+    before = server.metric("electra_requests_total", endpoint="/detect", status="431")
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"transfer-encoding: chunked\r\n\r\n" + b'f\r\n{"text": "a b"}\r\n0\r\nx-t: ')  # fmt: skip
+        try:
+            for _ in range(2000):
+                s.sendall(b"v" * 2000)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _read_answers(s)
+    assert answer.startswith(b"HTTP/1.1 431") and b"trailers" in answer, answer[:300]
+    wait_for(lambda: server.metric("electra_requests_total", endpoint="/detect", status="431") == before + 1,
+             what="the 431 counted under /detect")  # fmt: skip
+
+
+def test_a_head_past_the_limit_behind_a_request_being_answered_waits_for_that_answer(server):
+    """Pipelined behind a request still being answered, the 431 was written at once: the client read it as
+    that request's answer."""
+    body = json.dumps({"text": " ".join(["word"] * 400)}).encode()
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body + b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ")  # fmt: skip
+        try:
+            for _ in range(100):
+                s.sendall(b"a" * 2000)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _read_answers(s)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert answer.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 431" in answer, answer[-400:]
+
+
 def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
     """The parser refuses the body while /detect's handler waits for it: one request, counted once, as the
     400 the client got (it was counted twice: an abort of /detect and a 400 of no route)."""

@@ -12,7 +12,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from app import request_context
-from app.errors import BODY_UNPARSABLE, READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
+from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
 
 log = logging.getLogger("app")
 
@@ -32,6 +32,9 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
     elif err.type is ErrorType.CLIENT_GONE and request.scope.get(BODY_UNPARSABLE):
         msg = "the request body is not valid HTTP/1.1 (a malformed chunk)"
         err = AppError(ErrorType.INVALID_HTTP, msg, field="body")  # the client got this 400 already
+    elif err.type is ErrorType.CLIENT_GONE and request.scope.get(HEAD_TOO_LARGE):
+        msg = "the request's trailers (after its chunked body) were too large"
+        err = AppError(ErrorType.HEADERS_TOO_LARGE, msg, field="body")  # the client got this 431 already
     if err.type is ErrorType.INTERNAL:
         rid = request.scope.get("state", {}).get("request_id", b"-").decode()
         log.exception("unhandled error on %s %s (x-request-id %s)", request.method, request.url.path, rid,

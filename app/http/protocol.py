@@ -14,10 +14,13 @@ leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each respo
 response sent before its request's body was all in (413) closes only once the rest is read and dropped,
 bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset.
 
-A request head (request line and headers) past HEAD_LIMIT gets a JSON 431 and the connection closes.
-uvicorn's parser keeps every header of a head in memory, and a single header value's pieces are joined
-as they come, which costs time in the square of its length: a client sending megabytes of headers grew
-the process by hundreds of MB, never given back, and pinned the event loop (the liveness probe failed)."""
+A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
+and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
+pieces are joined as they come, which costs time in the square of its length: a client sending megabytes
+of headers grew the process by hundreds of MB, never given back, and pinned the event loop (the liveness
+probe failed). What is counted: the bytes of every read that carries none of a body, from a request's
+first byte to its end, since the last read that did. Where an earlier request on the connection is still
+being answered, reading stops and the 431 follows that answer (it would otherwise be taken for it)."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.errors import BODY_UNPARSABLE, READ_TIMED_OUT
+from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
 from app.scheduling.server_load import ServerLoad
@@ -59,9 +62,13 @@ class _BoundedRead(HttpToolsProtocol):
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
     _lingered = 0
     _receiving = None  # the request cycle whose body is still coming in
-    _in_head = False  # between a request's first byte and the end of its headers
-    _head_bytes = 0  # bytes of the head received so far (pieces that began a request are left out)
-    _began = False  # a request began while the parser read the current piece
+    _in_message = False  # between a request's first byte and its last
+    _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
+    _read_body = False  # the read being parsed carried body bytes
+    _read_ended = False  # a request ended within the read being parsed (the rest may begin another)
+    _head_refused = (
+        False  # past HEAD_LIMIT: what the client sends next is dropped, a 431 is (or will be) sent
+    )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.load.connection_opened()
@@ -71,11 +78,10 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes, self._began = True, 0, True
+        self._in_message, self._head_bytes = True, 0
         self._arm()
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
         super().on_headers_complete()
         cycle = self.cycle
         self._receiving = cycle  # its body is being read until on_message_complete
@@ -84,7 +90,12 @@ class _BoundedRead(HttpToolsProtocol):
         if cycle is not None and not isinstance(cycle.transport, _HeadWithBody):
             cycle.transport = _HeadWithBody(cycle.transport, cycle, self.linger_then_close)
 
+    def on_body(self, body: bytes) -> None:
+        self._read_body, self._head_bytes = True, 0
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        self._in_message, self._read_ended = False, True
         super().on_message_complete()
         self._receiving = None
         self._disarm()  # the request is in: inference may take as long as it takes
@@ -97,23 +108,46 @@ class _BoundedRead(HttpToolsProtocol):
             if self._lingered > LINGER_BYTES:
                 self.transport.close()
                 return
-        self._began = False
+        if self._head_refused:
+            return  # the rest of a refused head: dropped unparsed
+        self._read_body = self._read_ended = False
         super().data_received(data)
-        if self._in_head and not self.transport.is_closing():
-            # Bytes of a piece in which the request began are not counted (how many were its head is not
-            # known): the cap then holds within one piece (asyncio reads at most 256 KiB at a time).
-            self._head_bytes += 0 if self._began else len(data)
+        # A read in which a request ended is not counted (which of its bytes begin the next is not known):
+        # the cap then holds to within one read (asyncio reads at most 256 KiB at a time).
+        if self._in_message and not (self._read_body or self._read_ended) and not self.transport.is_closing():
+            self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT:
-                self._head_too_large()
+                self._refuse_head()
 
-    def _head_too_large(self) -> None:
-        self._in_head = False
+    def _refuse_head(self) -> None:
+        self._head_refused = True
         self._disarm()
-        self.metrics.requests.labels("other", "", "431").inc()
-        self.metrics.rejected.labels(reason="headers_too_large").inc()
+        cycle = self.cycle
+        answering = cycle is not None and cycle is not self._receiving and not cycle.response_complete
+        if answering or self.pipeline:
+            self.flow.pause_reading()  # an earlier request is being answered: the 431 follows its answer
+            return
+        self._answer_431()
+
+    def _answer_431(self) -> None:
+        cycle = self.cycle
         msg = (f"the request's headers passed {HEAD_LIMIT // 1024} KiB before they ended; send fewer or shorter "
                "headers (the text goes in the JSON body)")  # fmt: skip
+        if cycle is not None and cycle is self._receiving and not cycle.response_complete:
+            # A chunked body's trailers: its handler, waiting for the body's end, counts it as this 431.
+            cycle.scope[HEAD_TOO_LARGE] = True
+            msg = (
+                f"the request's trailers (after its chunked body) passed {HEAD_LIMIT // 1024} KiB; send none"
+            )
+        else:
+            self.metrics.requests.labels("other", "", "431").inc()
+            self.metrics.rejected.labels(reason="headers_too_large").inc()
         self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._head_refused and not self.pipeline and not self.transport.is_closing():
+            self._answer_431()
 
     def linger_then_close(self) -> None:
         """Close once the request's body is in, or after LINGER_S / LINGER_BYTES; its bytes are dropped
