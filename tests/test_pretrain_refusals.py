@@ -162,7 +162,7 @@ def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finish
         (["--gen-weight", "-0.5"], "--gen-weight: must not be negative"),
         (["--disc-weight", "0"], "--objective mlm"),
         (["--init-lr", "1e-4"], "--init-lr: sets the learning rate of the tensors --init loads"),
-        (["--keep-checkpoints", "0"], "--keep-checkpoints: must be at least 1"),
+        (["--keep-checkpoints", "-1"], "--keep-checkpoints: must not be negative (0 keeps them all)"),
     ],
 )
 def test_seeds_and_loss_weights_out_of_range_are_refused_before_any_work(tmp_path, small_corpus, small_tokenizer,
@@ -192,3 +192,28 @@ def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, sm
     assert "--warmup-steps 10 is not below --max-steps 2: the learning rate never reaches" in err
     assert "--eval-batches 500: the held-out data makes" in err
     assert "more than --vocab-size 10" in err
+
+
+def test_a_run_saved_before_a_recipe_check_resumes_as_it_trained():
+    """The recipe checks judge a new run; a saved one that trained with --init-lr and no --init, or with
+    --disc-weight 0, resumes (it could not otherwise: neither may change on a resume)."""
+    import options
+    from training.config import PretrainConfig
+
+    saved = {"init_lr": 1e-4, "disc_weight": 0.0}
+    cfg = options.resolve(PretrainConfig, ["--resume"], env={}, base=saved)
+    assert (cfg.init_lr, cfg.disc_weight) == (1e-4, 0.0)
+    with pytest.raises(options.ConfigError, match="--disc-weight 0"):
+        options.resolve(PretrainConfig, [], env={}, base=saved)
+
+
+def test_a_path_through_a_link_and_up_keeps_naming_the_same_file(tmp_path, monkeypatch):
+    from training.config import absolute_paths
+
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "corpus.txt").write_text("text\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    monkeypatch.chdir(tmp_path)
+    got = absolute_paths({"corpus": "wikitext2, link/../corpus.txt", "tokenizer": "~nosuchuser/t.json"})
+    assert Path(got["corpus"].split(",")[1]).resolve() == (tmp_path / "real" / "corpus.txt").resolve()
+    assert got["corpus"].startswith("wikitext2,") and got["tokenizer"] == "~nosuchuser/t.json"

@@ -6,7 +6,6 @@ entry point's options are (defaults < a saved run's config < --config TOML < env
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +99,13 @@ def absolute_paths(values: dict) -> dict:
     from training.data.corpus import REGISTRY_CORPORA
 
     def absolute(p: str) -> str:
-        return os.path.abspath(os.path.expanduser(p)) if Path(p).expanduser().exists() else p
+        # pathlib drops "./" and doubled separators but keeps "..": past a link, the kernel's parent is
+        # not the one in the text (os.path.abspath would name another file).
+        try:
+            path = Path(p).expanduser()
+        except RuntimeError:  # the home of a user who does not exist: said where the path is read
+            return p
+        return str(Path.cwd() / path) if path.exists() else p
 
     out = {}
     if isinstance(values.get("corpus"), str):
@@ -214,7 +219,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     eval_every: int = option(500, "steps between held-out evaluations")
     eval_batches: int = option(20, "held-out batches per evaluation")
     save_every: int = option(500, "steps between checkpoints")
-    keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
+    keep_checkpoints: int = option(2, "newest checkpoints kept on disk (0: every one)")
     resume: bool = option(False, "continue from <out>/checkpoints/latest")
     compile: bool | None = option(
         None,
@@ -242,17 +247,12 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
         check_seed(self.seed)
-        if self.keep_checkpoints < 1:
-            raise ConfigError(f"--keep-checkpoints: must be at least 1 (the newest is what a resume continues "
-                              f"from), got {self.keep_checkpoints}")  # fmt: skip
-        for name in ("gen_weight", "disc_weight"):  # a negative weight trains its model the wrong way
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}"
-                )
-        if self.objective == "electra" and self.disc_weight == 0:
-            raise ConfigError("--disc-weight 0 trains no discriminator: for a masked language model alone, "
-                              "use --objective mlm")  # fmt: skip
+        if self.keep_checkpoints < 0:
+            raise ConfigError(
+                f"--keep-checkpoints: must not be negative (0 keeps them all), got {self.keep_checkpoints}"
+            )
+        if not self.resume:  # a run saved before these were refused resumes as it trained
+            self._check_recipe()
         if self.tokenizer == "train" and self.vocab_size <= 5:  # [PAD] [UNK] [CLS] [SEP] [MASK]
             raise ConfigError(f"--vocab-size: must exceed the 5 special tokens, got {self.vocab_size}")
         if self.max_minutes is not None and self.max_minutes <= 0:
@@ -272,6 +272,20 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         self._check_data()
         self._check_corruption()
         self._check_model()
+
+    def _check_recipe(self) -> None:
+        for name in ("gen_weight", "disc_weight"):  # a negative weight trains its model the wrong way
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}"
+                )
+        if self.objective == "electra" and self.disc_weight == 0:
+            raise ConfigError("--disc-weight 0 trains no discriminator: for a masked language model alone, "
+                              "use --objective mlm")  # fmt: skip
+        if self.init_lr is not None and not self.init:
+            raise ConfigError(
+                "--init-lr: sets the learning rate of the tensors --init loads; give --init, or drop it"
+            )
 
     def _check_data(self) -> None:
         from training.data.corpus import REGISTRY_CORPORA
@@ -336,10 +350,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")
         if self.init_lr is not None and self.init_lr <= 0:
             raise ConfigError(f"--init-lr: must be positive, got {self.init_lr}")
-        if self.init_lr is not None and not self.init:
-            raise ConfigError(
-                "--init-lr: sets the learning rate of the tensors --init loads; give --init, or drop it"
-            )
+
         if self.init_generator and not self.init:
             raise ConfigError(
                 "--init-generator: needs --init (the generator shares the discriminator's embeddings)"
