@@ -6,6 +6,7 @@ entry point's options are (defaults < a saved run's config < --config TOML < env
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,14 @@ class QuantizationOptions:
     )
 
 
+def check_threads(threads: int | None) -> None:
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > 4 * cores:  # torch's thread pools crash well before 100,000
+        raise ConfigError(
+            f"--threads: {threads} is more than 4x this machine's {cores} cores; give at most the cores"
+        )
+
+
 def check_seed(seed: int) -> None:
     if not 0 <= seed < 2**63:  # numpy's and torch's generators take a non-negative 64-bit seed
         raise ConfigError(f"--seed: must lie in [0, 2**63), got {seed}")
@@ -91,9 +100,10 @@ def check_seed(seed: int) -> None:
 # Options naming files: kept absolute in a run's config.json, so a resume from another directory reads
 # the same files (and the same text typed from elsewhere is not taken for a change of corpus).
 _PATH_OPTIONS = ("tokenizer", "init", "init_generator")
+FINETUNE_PATHS = ("init", "train", "dev", "test")
 
 
-def absolute_paths(values: dict) -> dict:
+def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
     """The corpus paths and file options of `values` (a config's fields) made absolute: registry names,
     "train" and paths that do not exist (an error said elsewhere) stay as they are."""
     from training.data.corpus import REGISTRY_CORPORA
@@ -111,7 +121,7 @@ def absolute_paths(values: dict) -> dict:
     if isinstance(values.get("corpus"), str):
         names = [c.strip() for c in values["corpus"].split(",")]
         out["corpus"] = ",".join(c if c in REGISTRY_CORPORA or not c else absolute(c) for c in names)
-    for name in _PATH_OPTIONS:
+    for name in names:
         value = values.get(name)
         if isinstance(value, str) and value and value != "train":
             out[name] = absolute(value)
@@ -259,6 +269,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--max-minutes: must be > 0, got {self.max_minutes}")
         if self.threads is not None and self.threads < 0:
             raise ConfigError(f"--threads: must not be negative (0 or none: every core), got {self.threads}")
+        check_threads(self.threads)
         if self.max_predictions is not None and not 0 < self.max_predictions <= self.seq_len:
             raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
         shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing", "mask_prob",
@@ -433,8 +444,13 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
-        if self.resume and not self.init:  # --out and --resume alone: the rest is the run's own config,
-            return  # resolved again on it (training/finetuning/resume.py)
+        for name, value in absolute_paths(self.__dict__, FINETUNE_PATHS).items():
+            setattr(self, name, value)
+        check_threads(self.threads)
+        if self.resume and not (self.init and (self.task or self.train)):
+            # --out and --resume (and maybe another --init, where the first one is gone): the rest is the
+            # run's own config, resolved again on it (training/finetuning/resume.py)
+            return
         if not self.init:
             raise ConfigError("--init: required; a pretraining run/checkpoint or a Hugging Face ELECTRA dir")
         if self.task and self.train:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from safetensors.torch import load_file
 import options
 from options import ConfigError
 from training import checkpoint as ckpt
-from training.config import FinetuneConfig
+from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths
 from training.pretraining.stopping import capture_rng
 
 RESUME_DIR = "resume"
@@ -47,7 +48,15 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
     if not stopped(out):
         raise ConfigError(f"--resume: {out} holds no resume state: its run finished, or was killed before its "
                           "first dev evaluation; run its command with --overwrite to train it again")  # fmt: skip
-    then = json.loads(saved.read_text())
+    try:
+        then = json.loads(saved.read_text())
+    except (OSError, ValueError) as e:  # emptied, cut short, not text
+        raise ConfigError(f"--resume: {saved} does not read ({type(e).__name__}: {str(e)[:160]}); it holds the run's "
+                          "settings: restore it, or train the run again with its command and --overwrite") from None  # fmt: skip
+    then = {
+        **then,
+        **absolute_paths(then, FINETUNE_PATHS),
+    }  # saved before paths were kept absolute: as typed here
     # A run started with --overwrite saved it; on a resume it would clash with --resume.
     base = {**then, "overwrite": False}
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
@@ -116,15 +125,32 @@ def save(t, position: dict) -> None:
 
 
 def restore(t) -> dict:
-    """FineTuner `t` (set up afresh) as resume/ left it; returns the data order's place (see `save`)."""
+    """FineTuner `t` (set up afresh) as resume/ left it; returns the data order's place (see `save`);
+    ConfigError naming the file when one of resume/ is damaged."""
     d = Path(t.cfg.out) / RESUME_DIR
+    reading = [d / STATE]  # the file being read, for the message
+
+    def read(name: str) -> dict:
+        reading[0] = d / name
+        return load_file(d / name)
+
+    try:
+        return _restore(t, d, read)
+    except ConfigError:
+        raise
+    except Exception as e:  # a file of resume/ missing, cut short or not what it should be
+        raise ConfigError(f"--resume: {reading[0]} does not read ({type(e).__name__}: {str(e)[:200]}): resume/ in "
+                          f"{t.cfg.out} is damaged; train the run again with its command and --overwrite") from None  # fmt: skip
+
+
+def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     state = json.loads((d / STATE).read_text())
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
                           "(a file changed since it stopped); put the data back, or start a new run (--overwrite)")  # fmt: skip
-    ckpt.load_weights_into(t.model, load_file(d / "model.safetensors"), str(d))
-    ckpt.unflatten_optimizer(t.opt, load_file(d / "optimizer.safetensors"), state["optimizer"])
-    rng = load_file(d / "rng.safetensors")
+    ckpt.load_weights_into(t.model, read("model.safetensors"), str(d))
+    ckpt.unflatten_optimizer(t.opt, read("optimizer.safetensors"), state["optimizer"])
+    rng = read("rng.safetensors")
     torch.set_rng_state(rng["cpu"])
     if t.device.type == "cuda" and "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"], t.device)
@@ -132,7 +158,7 @@ def restore(t) -> dict:
     if state["best"] is not None:
         b = state["best"]
         t.best.update(score=tuple(b["score"]), metrics=b["metrics"], step=b["step"], epoch=b["epoch"],
-                      state=load_file(d / "best.safetensors"))  # fmt: skip
+                      state=read("best.safetensors"))  # fmt: skip
     return {k: state[k] for k in ("epoch", "epoch_rng", "in_epoch", "window_loss", "window_n")}
 
 
@@ -148,7 +174,12 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
     if not metrics.is_file():
         return
     rows = []
-    lines = metrics.read_text().splitlines()
+    try:
+        lines = metrics.read_text().splitlines()
+    except (OSError, ValueError) as e:  # not text
+        raise ConfigError(
+            f"--resume: {metrics} does not read ({type(e).__name__}); delete it and resume"
+        ) from None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -156,7 +187,8 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
             rows.append(json.loads(line))
         except ValueError:
             if i < len(lines) - 1:  # only the last line can be torn (a kill or a full disk mid-row)
-                raise
+                raise ConfigError(f"--resume: line {i + 1} of {metrics} is not JSON ({line[:60]!r}); delete that line "
+                                  "(the resume writes the rows after its step again) and resume") from None  # fmt: skip
     kept = [r for r in rows if r["step"] < step or (r["step"] == step and (r["split"] != "dev" or evaluated))]
     ckpt.write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
 

@@ -571,6 +571,14 @@ def setup(argv: list[str] | None) -> FineTuner:
     return t
 
 
+class Diverged(RuntimeError):
+    """The loss or the gradients stopped being finite: the weights that follow are NaN."""
+
+    def __init__(self, step: int, loss: float, cfg: FinetuneConfig) -> None:
+        super().__init__(f"training diverged at step {step}: the loss is {loss} (--lr {cfg.lr:g}, --weight-decay "
+                         f"{cfg.weight_decay:g}); lower them and start again")  # fmt: skip
+
+
 def run(argv: list[str] | None = None) -> dict:
     return train_and_save(setup(argv))
 
@@ -599,6 +607,10 @@ def train_and_save(t: FineTuner) -> dict:
                  f"and the metrics written so far): free some space and {again}")  # fmt: skip
     except ckpt.CheckpointError as e:  # a bind mount at --out, which check_out cannot tell from a directory
         sys.exit(f"error: {e}; the fine-tuned model was not written")
+    except Diverged as e:
+        sys.exit(f"error: {e}; the fine-tuned model was not written")
+    except ConfigError as e:  # metrics.jsonl of the run resumed, damaged
+        options.usage_exit(f"error: {e}")
     print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
     return evals
@@ -627,6 +639,8 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
         for done, (_, b) in enumerate(batches(t.encoded["train"], cfg.batch_size, t.pad_id, rng,
                                               cfg.sort_by_length, start=skip), start=skip + 1):  # fmt: skip
             loss, norm, mult = t.train_step(b)
+            if not (math.isfinite(loss) and math.isfinite(norm)):  # every later step, and the model, is NaN
+                raise Diverged(t.step, loss, cfg)
             window_loss, window_n = window_loss + loss, window_n + 1
             bar.update(1)
             if t.step % cfg.log_every == 0 or t.step == t.total:

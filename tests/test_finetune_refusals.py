@@ -1,0 +1,127 @@
+"""Fine-tuning's answers to what goes wrong around a run: a loss that is no longer finite ends the run
+(it wrote a NaN model and exited 0), a damaged resume state or run file is named (exit 2, not a
+traceback), the --init the resume message asks for is taken, a run started with relative paths resumes
+from any directory, and --threads beyond the machine is refused before torch's pools crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from training.finetune import main as finetune
+
+try:
+    from test_finetune import write_csv
+except ImportError:  # tests/ made a package
+    from tests.test_finetune import write_csv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def args_for(init, data: Path, out: Path, *extra) -> list[str]:
+    return ["--init", str(init), "--train", str(data), "--text-column", "review", "--label-column", "verdict",
+            "--epochs", "2", "--batch-size", "8", "--threads", "1", "--out", str(out), *map(str, extra)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stopped(tiny_init, tmp_path_factory) -> tuple[Path, list[str]]:
+    """A run stopped at step 3 (as after Ctrl-C), its resume/ state written; and its command."""
+    from training.finetuning import tuner
+
+    where = tmp_path_factory.mktemp("stopped")
+    args = args_for(tiny_init, write_csv(where / "r.csv", 60), where / "out")
+    t = tuner.setup(args)
+    tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    return where / "out", args
+
+
+def refused(argv: list[str], *says: str, cwd: Path = REPO) -> str:
+    done = subprocess.run([sys.executable, "-m", "training.finetune", *argv], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    for s in says:
+        assert s in done.stderr, (s, done.stderr[-2000:])
+    return done.stderr
+
+
+def copy_of(stopped, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(stopped[0], out, copy_function=shutil.copy)
+    (out / ".lock").unlink(missing_ok=True)
+    return out
+
+
+def test_a_loss_no_longer_finite_ends_the_run_without_a_model(tiny_init, tmp_path):
+    data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "training.finetune", *args_for(tiny_init, data, out, "--lr", "1e6")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "training diverged at step" in done.stderr and "lower them" in done.stderr, done.stderr[-2000:]
+    assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda out: (out / "resume" / "rng.safetensors").unlink(),
+        lambda out: (out / "resume" / "optimizer.safetensors").write_bytes(b"\0" * 10),
+        lambda out: (out / "resume" / "model.safetensors").write_bytes(b"not weights"),
+        lambda out: (out / "resume" / "state.json").write_text('{"step": '),
+    ],
+    ids=["rng gone", "optimizer cut", "weights garbage", "state cut"],
+)
+def test_a_damaged_resume_state_is_named(stopped, tmp_path, damage):
+    out = copy_of(stopped, tmp_path)
+    damage(out)
+    refused(["--out", str(out), "--resume"], "does not read", "is damaged", "--overwrite")
+
+
+def test_damaged_run_files_are_named(stopped, tmp_path):
+    out = copy_of(stopped, tmp_path)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines  # a torn row before them (only the last row may be torn by a kill)
+    (out / "metrics.jsonl").write_text("\n".join(['{"step": 1, "spl', *lines]) + "\n")
+    refused(["--out", str(out), "--resume"], "line 1 of", "is not JSON", "delete that line")
+    (out / "finetune_config.json").write_text("{bad")
+    refused(["--out", str(out), "--resume"], "finetune_config.json does not read", "--overwrite")
+
+
+def test_resume_with_another_init_as_the_message_asks(stopped, tmp_path, tiny_init):
+    """The resume of a run whose --init is gone says to give --init; given, it was refused for want of
+    --task or --train."""
+    out = copy_of(stopped, tmp_path)
+    finetune(["--out", str(out), "--resume", "--init", str(tiny_init)])
+    assert json.loads((out / "trainer_state.json").read_text())["interrupted"] is False
+
+
+def test_a_run_started_with_relative_paths_resumes_from_another_directory(tiny_init, tmp_path):
+    from training.finetuning import tuner
+
+    here = tmp_path / "here"
+    here.mkdir()
+    shutil.copytree(tiny_init, here / "init")
+    write_csv(here / "r.csv", 60)
+    cwd = Path.cwd()
+    os.chdir(here)
+    try:
+        t = tuner.setup(args_for("init", Path("r.csv"), Path("out")))
+        tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    finally:
+        os.chdir(cwd)
+    saved = json.loads((here / "out" / "finetune_config.json").read_text())
+    assert (saved["init"], saved["train"]) == (str(here / "init"), str(here / "r.csv"))
+    finetune(["--out", str(here / "out"), "--resume"])
+    assert json.loads((here / "out" / "trainer_state.json").read_text())["interrupted"] is False
+
+
+def test_threads_beyond_the_machine_are_refused(tmp_path):
+    refused(["--out", str(tmp_path / "x"), "--task", "sms_spam", "--init", str(tmp_path), "--threads", "100000"],
+            "--threads: 100000 is more than 4x")  # fmt: skip
