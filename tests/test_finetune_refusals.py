@@ -64,7 +64,7 @@ def test_a_loss_no_longer_finite_ends_the_run_without_a_model(tiny_init, tmp_pat
     done = subprocess.run([sys.executable, "-m", "training.finetune", *args_for(tiny_init, data, out, "--lr", "1e6")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "training diverged at step" in done.stderr and "lower them" in done.stderr, done.stderr[-2000:]
+    assert "training diverged at step" in done.stderr and "--overwrite" in done.stderr, done.stderr[-2000:]
     assert not (out / "model.safetensors").exists()
 
 
@@ -125,3 +125,9 @@ def test_a_run_started_with_relative_paths_resumes_from_another_directory(tiny_i
 def test_threads_beyond_the_machine_are_refused(tmp_path):
     refused(["--out", str(tmp_path / "x"), "--task", "sms_spam", "--init", str(tmp_path), "--threads", "100000"],
             "--threads: 100000 is more than 4x")  # fmt: skip
+
+
+def test_run_settings_without_an_init_are_named(stopped, tmp_path):
+    out = copy_of(stopped, tmp_path)
+    (out / "finetune_config.json").write_text("{}")
+    refused(["--out", str(out), "--resume"], "holds no run settings")

@@ -217,3 +217,19 @@ def test_a_path_through_a_link_and_up_keeps_naming_the_same_file(tmp_path, monke
     got = absolute_paths({"corpus": "wikitext2, link/../corpus.txt", "tokenizer": "~nosuchuser/t.json"})
     assert Path(got["corpus"].split(",")[1]).resolve() == (tmp_path / "real" / "corpus.txt").resolve()
     assert got["corpus"].startswith("wikitext2,") and got["tokenizer"] == "~nosuchuser/t.json"
+
+
+def test_file_options_are_made_absolute_beside_the_corpus(tmp_path, monkeypatch):
+    from training.config import FINETUNE_PATHS, absolute_paths
+
+    for name in ("tokenizer.json", "base", "train"):
+        (tmp_path / name).touch()
+    monkeypatch.chdir(tmp_path)
+    got = absolute_paths({"corpus": "wikitext2", "tokenizer": "tokenizer.json", "init": "base"})
+    assert got == {
+        "corpus": "wikitext2",
+        "tokenizer": str(tmp_path / "tokenizer.json"),
+        "init": str(tmp_path / "base"),
+    }
+    assert absolute_paths({"tokenizer": "train"}) == {}  # a trained vocabulary, not a file named train
+    assert absolute_paths({"train": "train"}, FINETUNE_PATHS) == {"train": str(tmp_path / "train")}

@@ -104,8 +104,9 @@ FINETUNE_PATHS = ("init", "train", "dev", "test")
 
 
 def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
-    """The corpus paths and file options of `values` (a config's fields) made absolute: registry names,
-    "train" and paths that do not exist (an error said elsewhere) stay as they are."""
+    """The corpus paths and the file options `names` of `values` (a config's fields) made absolute:
+    registry names, --tokenizer train and paths that do not exist (an error said elsewhere) stay as
+    they are."""
     from training.data.corpus import REGISTRY_CORPORA
 
     def absolute(p: str) -> str:
@@ -119,11 +120,11 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
 
     out = {}
     if isinstance(values.get("corpus"), str):
-        names = [c.strip() for c in values["corpus"].split(",")]
-        out["corpus"] = ",".join(c if c in REGISTRY_CORPORA or not c else absolute(c) for c in names)
+        parts = [c.strip() for c in values["corpus"].split(",")]
+        out["corpus"] = ",".join(c if c in REGISTRY_CORPORA or not c else absolute(c) for c in parts)
     for name in names:
         value = values.get(name)
-        if isinstance(value, str) and value and value != "train":
+        if isinstance(value, str) and value and not (name == "tokenizer" and value == "train"):
             out[name] = absolute(value)
     return out
 

@@ -133,7 +133,12 @@ class _BoundedRead(HttpToolsProtocol):
         cycle = self.cycle
         msg = (f"the request's headers passed {HEAD_LIMIT // 1024} KiB before they ended; send fewer or shorter "
                "headers (the text goes in the JSON body)")  # fmt: skip
-        if cycle is not None and cycle is self._receiving and not cycle.response_complete:
+        if cycle is not None and cycle is self._receiving and cycle.response_complete:
+            # Trailers of a request already answered (a route that never read the body): no second answer.
+            self.metrics.rejected.labels(reason="headers_too_large").inc()
+            self.transport.close()
+            return
+        if cycle is not None and cycle is self._receiving:
             # A chunked body's trailers: its handler, waiting for the body's end, counts it as this 431.
             cycle.scope[HEAD_TOO_LARGE] = True
             msg = (
@@ -145,8 +150,13 @@ class _BoundedRead(HttpToolsProtocol):
         self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg)
 
     def on_response_complete(self) -> None:
+        # uvicorn starts the next queued request here, if any: the 431 waits for its answer too, unless it is
+        # the refused one itself (trailers: it waits for a body end that will never be read).
+        started = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
-        if self._head_refused and not self.pipeline and not self.transport.is_closing():
+        if not self._head_refused or self.transport.is_closing():
+            return
+        if started is None or started is self._receiving:
             self._answer_431()
 
     def linger_then_close(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 import options
@@ -53,10 +54,11 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
     except (OSError, ValueError) as e:  # emptied, cut short, not text
         raise ConfigError(f"--resume: {saved} does not read ({type(e).__name__}: {str(e)[:160]}); it holds the run's "
                           "settings: restore it, or train the run again with its command and --overwrite") from None  # fmt: skip
-    then = {
-        **then,
-        **absolute_paths(then, FINETUNE_PATHS),
-    }  # saved before paths were kept absolute: as typed here
+    if not isinstance(then, dict) or not then.get("init"):
+        raise ConfigError(f"--resume: {saved} holds no run settings (no init); restore it, or train the run again "
+                          "with its command and --overwrite")  # fmt: skip
+    # A run saved before paths were kept absolute: its paths as typed here.
+    then = {**then, **absolute_paths(then, FINETUNE_PATHS)}
     # A run started with --overwrite saved it; on a resume it would clash with --resume.
     base = {**then, "overwrite": False}
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
@@ -136,9 +138,15 @@ def restore(t) -> dict:
 
     try:
         return _restore(t, d, read)
-    except ConfigError:
-        raise
-    except Exception as e:  # a file of resume/ missing, cut short or not what it should be
+    except ckpt.CheckpointError as e:  # weights that do not fit the model --init makes (another shape)
+        raise ConfigError(f"--resume: {e}; --init must give the model this run was fine-tuning") from None
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        SafetensorError,
+    ) as e:  # missing, cut short, not the format
         raise ConfigError(f"--resume: {reading[0]} does not read ({type(e).__name__}: {str(e)[:200]}): resume/ in "
                           f"{t.cfg.out} is damaged; train the run again with its command and --overwrite") from None  # fmt: skip
 

@@ -574,9 +574,10 @@ def setup(argv: list[str] | None) -> FineTuner:
 class Diverged(RuntimeError):
     """The loss or the gradients stopped being finite: the weights that follow are NaN."""
 
-    def __init__(self, step: int, loss: float, cfg: FinetuneConfig) -> None:
-        super().__init__(f"training diverged at step {step}: the loss is {loss} (--lr {cfg.lr:g}, --weight-decay "
-                         f"{cfg.weight_decay:g}); lower them and start again")  # fmt: skip
+    def __init__(self, step: int, loss: float, norm: float, cfg: FinetuneConfig) -> None:
+        super().__init__(f"training diverged at step {step}: loss {loss}, gradient norm {norm} (--lr {cfg.lr:g}, "
+                         f"--weight-decay {cfg.weight_decay:g}); lower them and run again with --overwrite (a "
+                         "--resume would go the same way)")  # fmt: skip
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -640,7 +641,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
                                               cfg.sort_by_length, start=skip), start=skip + 1):  # fmt: skip
             loss, norm, mult = t.train_step(b)
             if not (math.isfinite(loss) and math.isfinite(norm)):  # every later step, and the model, is NaN
-                raise Diverged(t.step, loss, cfg)
+                raise Diverged(t.step, loss, norm, cfg)
             window_loss, window_n = window_loss + loss, window_n + 1
             bar.update(1)
             if t.step % cfg.log_every == 0 or t.step == t.total:
