@@ -30,7 +30,8 @@ RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
         export PIP_CERT=/tmp/ca.pem; fi \
     && python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[cpu]" -c requirements/serve.txt \
-    && /opt/venv/bin/pip uninstall -y -q $(awk '!/^#/ && NF {print $1}' requirements/not-in-image.txt) \
+    && sed -e '/^#/d' -e '/^$/d' -e 's/ .*//' requirements/not-in-image.txt > /tmp/not-in-image \
+    && xargs -a /tmp/not-in-image /opt/venv/bin/pip uninstall -y -q \
     && rm -rf /opt/venv/lib/python3*/site-packages/numpy/*/tests /opt/venv/lib/python3*/site-packages/numpy/tests \
               /opt/venv/lib/python3*/site-packages/onnxruntime/transformers \
               /opt/venv/lib/python3*/site-packages/onnxruntime/quantization \
@@ -68,7 +69,8 @@ COPY app ./app
 COPY options ./options
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[gpu]" -c requirements/serve.txt \
-    && /opt/venv/bin/pip uninstall -y -q $(awk '!/^#/ && NF {print $1}' requirements/not-in-image.txt) \
+    && sed -e '/^#/d' -e '/^$/d' -e 's/ .*//' requirements/not-in-image.txt > /tmp/not-in-image \
+    && xargs -a /tmp/not-in-image /opt/venv/bin/pip uninstall -y -q \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
     && rm -rf /src \
     && /opt/venv/bin/python -P -c "import app.http.server"
