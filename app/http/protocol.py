@@ -66,9 +66,8 @@ class _BoundedRead(HttpToolsProtocol):
     _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
     _read_body = False  # the read being parsed carried body bytes
     _read_ended = False  # a request ended within the read being parsed (the rest may begin another)
-    _head_refused = (
-        False  # past HEAD_LIMIT: what the client sends next is dropped, a 431 is (or will be) sent
-    )
+    # Past HEAD_LIMIT: what the client sends next is dropped, and a 431 is (or will be) sent.
+    _head_refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.load.connection_opened()
