@@ -233,3 +233,16 @@ def test_file_options_are_made_absolute_beside_the_corpus(tmp_path, monkeypatch)
     }
     assert absolute_paths({"tokenizer": "train"}) == {}  # a trained vocabulary, not a file named train
     assert absolute_paths({"train": "train"}, FINETUNE_PATHS) == {"train": str(tmp_path / "train")}
+
+
+def test_the_resumed_run_is_the_last_out_given_in_either_spelling(tmp_path):
+    from training.run_dir import resumed_settings
+
+    for name in ("a", "b"):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        (tmp_path / name / "checkpoints" / "latest").write_text("step-00000001")
+        (tmp_path / name / "config.json").write_text(json.dumps({"seed": ord(name)}))
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert resumed_settings(["--out", a, "--resume", f"--out={b}"]) == {"seed": ord("b")}
+    assert resumed_settings([f"--out={a}", "--out", b, "--resume=true"]) == {"seed": ord("b")}
+    assert resumed_settings(["--out", a]) is None

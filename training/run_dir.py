@@ -103,15 +103,22 @@ def resumed_settings(argv: list[str] | None, out: Path | None = None) -> dict | 
     """The saved settings (config.json) of the run a --resume continues; None for a new run. Read before
     the flags are resolved, so that they are checked against the run's settings, not the defaults (which
     took --valid-fraction for a change of a registry corpus's split)."""
-    args = sys.argv[1:] if argv is None else argv
-    if out is None and "--resume" not in args:
+    args = list(sys.argv[1:] if argv is None else argv)
+    resume = any(
+        a == "--resume" or a.lower() in ("--resume=true", "--resume=1", "--resume=yes") for a in args
+    )
+    if out is None and not resume:
         return None
     if out is None:
-        given = [a.split("=", 1)[1] for a in args if a.startswith("--out=")]
-        given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--out"]
+        given = None  # the last --out, as argparse takes it, in either spelling
+        for i, a in enumerate(args):
+            if a.startswith("--out="):
+                given = a.split("=", 1)[1]
+            elif a == "--out" and i + 1 < len(args):
+                given = args[i + 1]
         if not given:
             return None
-        out = Path(given[-1])
+        out = Path(given)
     saved = out / "config.json"
     if not (out / "checkpoints" / LATEST).is_file():
         return None  # no run to resume: said in setup
