@@ -362,7 +362,6 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--warmup-steps: must not be negative, got {self.warmup_steps}")
         if self.init_lr is not None and self.init_lr <= 0:
             raise ConfigError(f"--init-lr: must be positive, got {self.init_lr}")
-
         if self.init_generator and not self.init:
             raise ConfigError(
                 "--init-generator: needs --init (the generator shares the discriminator's embeddings)"

@@ -27,6 +27,8 @@ from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths
 from training.pretraining.stopping import capture_rng
 
 RESUME_DIR = "resume"
+# What reading a file of resume/ raises when it is missing, cut short or not in its format.
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, SafetensorError)
 STATE = "state.json"
 # What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
 # (the data, the model, the recipe) would make it another run while it said it resumed.
@@ -140,13 +142,7 @@ def restore(t) -> dict:
         return _restore(t, d, read)
     except ckpt.CheckpointError as e:  # weights that do not fit the model --init makes (another shape)
         raise ConfigError(f"--resume: {e}; --init must give the model this run was fine-tuning") from None
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        TypeError,
-        SafetensorError,
-    ) as e:  # missing, cut short, not the format
+    except UNREADABLE as e:
         raise ConfigError(f"--resume: {reading[0]} does not read ({type(e).__name__}: {str(e)[:200]}): resume/ in "
                           f"{t.cfg.out} is damaged; train the run again with its command and --overwrite") from None  # fmt: skip
 
