@@ -131,3 +131,18 @@ def test_run_settings_without_an_init_are_named(stopped, tmp_path):
     out = copy_of(stopped, tmp_path)
     (out / "finetune_config.json").write_text("{}")
     refused(["--out", str(out), "--resume"], "holds no run settings")
+
+
+def test_an_infinite_target_among_fractional_labels_is_named_not_made_a_class(tiny_init, tmp_path):
+    rows = [{"text": f"a film {i}", "score": 0.5 + i / 7} for i in range(30)] + [
+        {"text": "odd", "score": "inf"}
+    ]
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(["--init", str(tiny_init), "--train", str(data), "--label-column", "score", "--out", str(tmp_path / "o")],
+            "label 'inf' is not a finite number", "--problem-type classification")  # fmt: skip
+
+
+def test_a_text_pair_needs_room_for_both_texts(tmp_path):
+    refused(["--out", str(tmp_path / "x"), "--init", str(tmp_path), "--train", str(tmp_path / "t.csv"),
+             "--text-pair-column", "b", "--max-seq-len", "4"], "a text pair needs at least 5")  # fmt: skip

@@ -479,6 +479,9 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
         if self.max_seq_len < 4:
             raise ConfigError(f"--max-seq-len: must be at least 4, got {self.max_seq_len}")
+        if self.text_pair_column and self.max_seq_len < 5:  # the first text was cut away whole
+            raise ConfigError(f"--max-seq-len: a text pair needs at least 5 ([CLS], a token of each text, two [SEP]), "
+                              f"got {self.max_seq_len}")  # fmt: skip
         for name in ("eval_every", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}")  # fmt: skip

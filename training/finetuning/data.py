@@ -243,6 +243,25 @@ def _sort_key(name: str):
         return (1, 0, name)
 
 
+def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> None:
+    """Fractional labels make a regression; one inf or nan among them made every value a class name (an
+    11-class classifier from 10 targets and an inf), silently."""
+    odd = [v for v, x in zip(values, numbers, strict=True) if x is None]
+    if not odd or not any(x is not None and not x.is_integer() for x in numbers):
+        return
+    if all(as_float(v) is None and _is_float_text(v) for v in odd):
+        raise DataError(f"--train: label {odd[0]!r} is not a finite number, and the other labels are fractional "
+                        "numbers (a regression target): fix or drop its row, or give --problem-type classification")  # fmt: skip
+
+
+def _is_float_text(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, bool)
+
+
 def _user_files(cfg) -> TaskData:
     raw = {"train": _raw_examples(cfg.train, "--train", cfg)}
     for split, path in (("dev", cfg.dev), ("test", cfg.test)):
@@ -252,6 +271,7 @@ def _user_files(cfg) -> TaskData:
     numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
     if problem == "auto":
+        _refuse_non_finite_targets(values, numbers)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
     if problem == "regression":
