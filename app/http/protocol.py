@@ -153,7 +153,13 @@ class _BoundedRead(HttpToolsProtocol):
         # the refused one itself (trailers: it waits for a body end that will never be read).
         started = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
-        if not self._head_refused or self.transport.is_closing():
+        if not self._head_refused:
+            return
+        if (
+            self.transport.is_closing()
+        ):  # that answer closed the connection: no 431 goes out, but it is counted
+            self._head_refused = False
+            self.metrics.rejected.labels(reason="headers_too_large").inc()
             return
         if started is None or started is self._receiving:
             self._answer_431()
