@@ -146,3 +146,21 @@ def test_an_infinite_target_among_fractional_labels_is_named_not_made_a_class(ti
 def test_a_text_pair_needs_room_for_both_texts(tmp_path):
     refused(["--out", str(tmp_path / "x"), "--init", str(tmp_path), "--train", str(tmp_path / "t.csv"),
              "--text-pair-column", "b", "--max-seq-len", "4"], "a text pair needs at least 5")  # fmt: skip
+
+
+def test_a_resume_whose_init_tokenizer_now_numbers_otherwise_is_refused(tmp_path, tiny_init):
+    """The tokenizer of the checkpoint a run began from, changed in place between the stop and the resume
+    (the same size, two ids swapped): the run went on with other ids and said it resumed."""
+    from training.finetuning import tuner
+
+    init = tmp_path / "init"
+    shutil.copytree(tiny_init, init)
+    args = args_for(init, write_csv(tmp_path / "r.csv", 60), tmp_path / "out")
+    t = tuner.setup(args)
+    tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    spec = json.loads((init / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (init / "tokenizer.json").write_text(json.dumps(spec))
+    refused(["--out", str(tmp_path / "out"), "--resume"], "numbers tokens otherwise")

@@ -24,6 +24,7 @@ import options
 from options import ConfigError
 from training import checkpoint as ckpt
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths
+from training.data.tokenizer import tokenizer_sha256
 from training.pretraining.stopping import capture_rng
 
 RESUME_DIR = "resume"
@@ -119,7 +120,7 @@ def save(t, position: dict) -> None:
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         ckpt.save_tensors(capture_rng(t.device), d / "rng.safetensors")
         state = {"step": t.step, "tokens": t.tokens, "stale": t.stale, "optimizer": meta, **position,
-                 "data": data_fingerprint(t),
+                 "data": data_fingerprint(t), "tokenizer": tokenizer_sha256(t.tok),
                  "best": {"score": list(best["score"]), "metrics": best["metrics"], "step": best["step"],
                           "epoch": best["epoch"]} if best["state"] is not None else None}  # fmt: skip
         # Python's JSON (NaN and infinities included, as Python reads them back): figures come back exact.
@@ -152,6 +153,11 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
                           "(a file changed since it stopped); put the data back, or start a new run (--overwrite)")  # fmt: skip
+    if state.get("tokenizer", tokenizer_sha256(t.tok)) != tokenizer_sha256(
+        t.tok
+    ):  # absent: saved before it was kept
+        raise ConfigError(f"--resume: the tokenizer --init gives ({t.cfg.init}) numbers tokens otherwise than the one "
+                          "the run trained with; give --init the checkpoint the run began from")  # fmt: skip
     ckpt.load_weights_into(t.model, read("model.safetensors"), str(d))
     ckpt.unflatten_optimizer(t.opt, read("optimizer.safetensors"), state["optimizer"])
     rng = read("rng.safetensors")
