@@ -179,3 +179,12 @@ def registry_dev_rows(
         return None
     data = load_labelled(task, data_dir=data_dir)
     return [(text, data.labels[i]) for text, i in data[split]], f"registry task {task!r} {split} split"
+
+
+def run_dev_rows(ckpt: Path) -> tuple[list[tuple[str, str]], str] | None:
+    """The --dev file a fine-tuning run on the user's own data was given (its trainer_state.json), read as
+    --eval-data is, when it is still there; None for a run whose dev split was cut from --train."""
+    dev = (_trainer_state(ckpt).get("config") or {}).get("dev")
+    if not dev or not Path(dev).is_file():
+        return None
+    return read_labelled(Path(dev), ckpt), f"the run's --dev file {dev}"

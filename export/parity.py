@@ -188,7 +188,7 @@ def classifier_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarr
             )
         return {
             "metric": "argmax_disagreement_vs_fp32",
-            "note": "no labelled dev data: disagreement bounds the accuracy drop on this text",
+            "note": "no labelled dev data (give --eval-data FILE): disagreement bounds the accuracy drop on this text",
             "value": disagree,
             "max": MAX_ACCURACY_DROP,
             "rows": len(p32),

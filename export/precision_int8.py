@@ -221,7 +221,7 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
         rows, where = None, None
         if cfg.eval_data:
             rows, where = evaldata.read_labelled(Path(cfg.eval_data), ckpt), cfg.eval_data
-        elif found := evaldata.registry_dev_rows(ckpt, data_dir):
+        elif found := evaldata.registry_dev_rows(ckpt, data_dir) or evaldata.run_dev_rows(ckpt):
             rows, where = found
         if rows is not None and ptype != "multi_label_classification":
             data, _ = evaldata.encode(tok, [t for t, _ in rows], seq_len, len(rows), min_tokens=1)

@@ -164,3 +164,17 @@ def test_a_resume_whose_init_tokenizer_now_numbers_otherwise_is_refused(tmp_path
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (init / "tokenizer.json").write_text(json.dumps(spec))
     refused(["--out", str(tmp_path / "out"), "--resume"], "numbers tokens otherwise")
+
+
+def test_a_classifier_fine_tuned_on_its_own_files_is_export_checked_on_its_dev_file(
+    tiny_init, tmp_path, registry_data
+):
+    """Export measured int8's accuracy drop on a registry task's dev split only; a run on the user's own
+    files got an argmax-disagreement check on WikiText instead, though its --dev file was right there."""
+    from export.__main__ import main as export
+
+    train, dev = write_csv(tmp_path / "r.csv", 60), write_csv(tmp_path / "d.csv", 24, seed=1)
+    finetune([*args_for(tiny_init, train, tmp_path / "out"), "--dev", str(dev)])
+    export([str(tmp_path / "out"), "--out", str(tmp_path / "bundle"), "--data-dir", str(registry_data)])
+    check = json.loads((tmp_path / "bundle" / "manifest.json").read_text())["parity"]["int8_accuracy"]
+    assert check["metric"] == "dev_accuracy" and check["data"] == f"the run's --dev file {dev}", check

@@ -139,7 +139,7 @@ async def score(model, kind: Kind, items: list, field: str, limits: Limits, rece
         model.scheduler.series.tokenization.observe(t.tokenization_s)
         if encoded.empty:
             i, j = encoded.empty[0]
-            msg = (f"model {model.name!r}'s tokenizer keeps nothing of this text (combining marks alone: an uncased "
+            msg = (f"the tokenizer of model {model.name!r} keeps nothing of this text (combining marks alone: an uncased "
                    "tokenizer strips them with the accents): nothing to score")  # fmt: skip
             raise AppError(ErrorType.EMPTY_TEXT, msg, field=item_field(field, i, j))
         limits.check(encoded.rows, field)
