@@ -488,6 +488,7 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     with pytest.raises(SystemExit, match="already holds a run; pass --resume") as refused:
         pretrain(tiny_args(run, small_corpus, small_tokenizer))
     assert refused.value.code == 2
+    (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="has no checkpoint yet; drop --resume") as refused:
         pretrain(tiny_args(tmp_path / "empty", small_corpus, small_tokenizer, "--resume"))
     assert refused.value.code == 2

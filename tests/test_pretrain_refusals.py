@@ -246,3 +246,17 @@ def test_the_resumed_run_is_the_last_out_given_in_either_spelling(tmp_path):
     assert resumed_settings(["--out", a, "--resume", f"--out={b}"]) == {"seed": ord("b")}
     assert resumed_settings([f"--out={a}", "--out", b, "--resume=true"]) == {"seed": ord("b")}
     assert resumed_settings(["--out", a]) is None
+
+
+def test_out_is_kept_whole_and_a_resume_of_nothing_says_so(
+    tmp_path, monkeypatch, small_corpus, small_tokenizer
+):
+    import options
+    from training.config import PretrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert options.resolve(PretrainConfig, ["--out", "runs/a"], env={}).out == str(tmp_path / "runs" / "a")
+    refused(
+        tiny(tmp_path / "nowhere", small_corpus, small_tokenizer, "--resume"),
+        "does not exist; give the --out",
+    )

@@ -103,6 +103,13 @@ _PATH_OPTIONS = ("tokenizer", "init", "init_generator")
 FINETUNE_PATHS = ("init", "train", "dev", "test")
 
 
+def absolute_out(out: str) -> str:
+    try:
+        return str(Path.cwd() / Path(out).expanduser())
+    except RuntimeError:  # ~user of no such user: refused where --out is created
+        return out
+
+
 def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
     """The corpus paths and the file options `names` of `values` (a config's fields) made absolute:
     registry names, --tokenizer train and paths that do not exist (an error said elsewhere) stay as
@@ -250,6 +257,10 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_choices(self)
         for name, value in absolute_paths(self.__dict__).items():
             setattr(self, name, value)
+        if (
+            self.out
+        ):  # saved, shown in a bundle's provenance and in the resume command: whole, as fine-tuning's
+            self.out = absolute_out(self.out)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
                  "log_every", "eval_every", "eval_batches", "save_every", "adam_eps", "grad_clip")  # fmt: skip

@@ -346,6 +346,9 @@ def setup(argv: list[str] | None) -> Trainer:
     run = Path(cfg.out)
     has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
     if cfg.resume and not has_ckpt:
+        if not run.exists():
+            options.usage_exit(f"error: --resume: {run} does not exist; give the --out of the run to go on (a path "
+                               "relative to where it started, or its whole path)")  # fmt: skip
         options.usage_exit(f"error: --resume: {run} has no checkpoint yet; drop --resume to start a new run")
     if not cfg.resume and has_ckpt:
         options.usage_exit(
