@@ -251,11 +251,10 @@ def test_the_resumed_run_is_the_last_out_given_in_either_spelling(tmp_path):
 def test_out_is_kept_whole_and_a_resume_of_nothing_says_so(
     tmp_path, monkeypatch, small_corpus, small_tokenizer
 ):
-    import options
-    from training.config import PretrainConfig
+    from training.pretraining.trainer import resolve_config
 
     monkeypatch.chdir(tmp_path)
-    assert options.resolve(PretrainConfig, ["--out", "runs/a"], env={}).out == str(tmp_path / "runs" / "a")
+    assert resolve_config(["--out", "runs/a"])[0].out == str(tmp_path / "runs" / "a")
     refused(
         tiny(tmp_path / "nowhere", small_corpus, small_tokenizer, "--resume"),
         "does not exist; give the --out",

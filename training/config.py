@@ -257,10 +257,6 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_choices(self)
         for name, value in absolute_paths(self.__dict__).items():
             setattr(self, name, value)
-        if (
-            self.out
-        ):  # saved, shown in a bundle's provenance and in the resume command: whole, as fine-tuning's
-            self.out = absolute_out(self.out)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
                  "log_every", "eval_every", "eval_batches", "save_every", "adam_eps", "grad_clip")  # fmt: skip

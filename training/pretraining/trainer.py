@@ -26,7 +26,7 @@ from training import checkpoint as ckpt
 from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import COMPILE_MODES, PretrainConfig, absolute_paths
+from training.config import COMPILE_MODES, PretrainConfig, absolute_out, absolute_paths
 from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
@@ -274,6 +274,13 @@ def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
 
 
 def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
+    """The run's options; --out made whole, as fine-tuning's: it is saved, shown in a bundle's provenance and
+    in the resume command this run prints."""
+    cfg, warm = _resolve_config(argv)
+    return options.replace(cfg, out=absolute_out(cfg.out)), warm
+
+
+def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
     try:
         # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win, but
         # only those that leave its model, data and step as they were.
