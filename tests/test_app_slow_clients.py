@@ -73,25 +73,36 @@ def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, r
     assert server.metric("electra_rejected_requests_total", reason="invalid_http") == before + 1
 
 
+def _send_until_closed(s: socket.socket, piece: bytes, times: int) -> None:
+    """Send `piece` `times` times, as a client streams a request, or until the server closes."""
+    try:
+        for _ in range(times):
+            s.sendall(piece)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _read_answers(s: socket.socket) -> bytes:
+    answer = b""
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return answer
+
+
 @pytest.mark.parametrize("shape", ["many headers", "one long value"])
 def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served(server, shape):
     """Megabytes of headers grew the server for good and pinned its loop; past HEAD_LIMIT the client gets
     a JSON 431 while still sending, and a head of 48 KiB (cookies, a proxy's headers) is still served."""
     before = server.metric("electra_rejected_requests_total", reason="headers_too_large")
     line = b"x-h: a\r\n" * 200 if shape == "many headers" else b"a" * 2000
-    answer, t0 = b"", time.monotonic()
+    t0 = time.monotonic()
     with _connect(server) as s:
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\n" + (b"" if shape == "many headers" else b"x-big: "))
-        try:
-            for _ in range(4000):  # up to 8 MB, in pieces as a client sends them
-                s.sendall(line)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        try:
-            while chunk := s.recv(4096):
-                answer += chunk
-        except ConnectionResetError:
-            pass
+        _send_until_closed(s, line, 4000)  # up to 8 MB, in pieces as a client sends them
+        answer = _read_answers(s)
     assert time.monotonic() - t0 < 10
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431") and b"content-type: application/json" in head, answer[:300]
@@ -105,16 +116,6 @@ def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served
     )
 
 
-def _read_answers(s: socket.socket) -> bytes:
-    answer = b""
-    try:
-        while chunk := s.recv(65536):
-            answer += chunk
-    except (ConnectionResetError, TimeoutError):
-        pass
-    return answer
-
-
 def test_a_head_past_the_limit_in_one_read_and_in_trailers_gets_431(server):
     """A head sent in one write was not counted (the read a request begins in was left out), and a chunked
     body's trailers, parsed as headers are, were not counted at all."""
@@ -125,11 +126,7 @@ def test_a_head_past_the_limit_in_one_read_and_in_trailers_gets_431(server):
     with _connect(server) as s:
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                   b"transfer-encoding: chunked\r\n\r\n" + b'f\r\n{"text": "a b"}\r\n0\r\nx-t: ')  # fmt: skip
-        try:
-            for _ in range(2000):
-                s.sendall(b"v" * 2000)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        _send_until_closed(s, b"v" * 2000, 2000)
         answer = _read_answers(s)
     assert answer.startswith(b"HTTP/1.1 431") and b"trailers" in answer, answer[:300]
     wait_for(lambda: server.metric("electra_requests_total", endpoint="/detect", status="431") == before + 1,
@@ -144,11 +141,7 @@ def test_a_head_past_the_limit_behind_a_request_being_answered_waits_for_that_an
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
                   + str(len(body)).encode() + b"\r\n\r\n" + body + b"GET /ready HTTP/1.1\r\nhost: x\r\n\r\n"
                   + b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ")  # fmt: skip
-        try:
-            for _ in range(100):
-                s.sendall(b"a" * 2000)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        _send_until_closed(s, b"a" * 2000, 100)
         answer = _read_answers(s)
     # /detect's answer, the queued /ready's, then the 431: each request gets its own, in order.
     heads = [h.split(b"\r\n")[0] for h in answer.split(b"HTTP/1.1 ")[1:]]
@@ -162,11 +155,7 @@ def test_trailers_past_the_limit_after_the_answer_close_the_connection_without_a
         s.sendall(
             b"POST /health HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n0\r\nx-t: "
         )
-        try:
-            for _ in range(200):
-                s.sendall(b"v" * 2000)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        _send_until_closed(s, b"v" * 2000, 200)
         answer = _read_answers(s)
     assert answer.count(b"HTTP/1.1 ") == 1, answer[-400:]
 
