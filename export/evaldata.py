@@ -182,9 +182,28 @@ def registry_dev_rows(
 
 
 def run_dev_rows(ckpt: Path) -> tuple[list[tuple[str, str]], str] | None:
-    """The --dev file a fine-tuning run on the user's own data was given (its trainer_state.json), read as
-    --eval-data is, when it is still there; None for a run whose dev split was cut from --train."""
-    dev = (_trainer_state(ckpt).get("config") or {}).get("dev")
-    if not dev or not Path(dev).is_file():
+    """The dev rows a classifier fine-tuned on the user's own files was selected on: its --dev file, read as
+    --eval-data is, or the share of --train fine-tuning held out (seeded, so the same rows), while those
+    files are still there; None otherwise (a regression, text pairs, files gone)."""
+    from types import SimpleNamespace
+
+    from training.finetuning.data import CLASSIFICATION, DataError, load_task_data
+
+    state = _trainer_state(ckpt)
+    config = state.get("config") or {}
+    train, dev = config.get("train"), config.get("dev")
+    if state.get("problem_type") != CLASSIFICATION or config.get("text_pair_column") or not train:
         return None
-    return read_labelled(Path(dev), ckpt), f"the run's --dev file {dev}"
+    if dev:
+        return (
+            (read_labelled(Path(dev), ckpt), f"the run's --dev file {dev}") if Path(dev).is_file() else None
+        )
+    if not Path(train).is_file():
+        return None
+    try:
+        data = load_task_data(SimpleNamespace(**config))  # fine-tuning's own reading and split
+    except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
+        return None
+    return [
+        (ex.text, data.labels[ex.label]) for ex in data.splits["dev"]
+    ], f"the run's dev split ({data.source['dev']})"

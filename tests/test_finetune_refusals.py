@@ -178,3 +178,18 @@ def test_a_classifier_fine_tuned_on_its_own_files_is_export_checked_on_its_dev_f
     export([str(tmp_path / "out"), "--out", str(tmp_path / "bundle"), "--data-dir", str(registry_data)])
     check = json.loads((tmp_path / "bundle" / "manifest.json").read_text())["parity"]["int8_accuracy"]
     assert check["metric"] == "dev_accuracy" and check["data"] == f"the run's --dev file {dev}", check
+
+
+def test_a_classifier_whose_dev_split_was_cut_from_its_train_file_is_export_checked_on_that_split(
+    tiny_init, tmp_path, registry_data
+):
+    from export.__main__ import main as export
+
+    finetune(args_for(tiny_init, write_csv(tmp_path / "r.csv", 80), tmp_path / "out"))
+    export([str(tmp_path / "out"), "--out", str(tmp_path / "bundle"), "--data-dir", str(registry_data)])
+    check = json.loads((tmp_path / "bundle" / "manifest.json").read_text())["parity"]["int8_accuracy"]
+    assert check["metric"] == "dev_accuracy" and check["data"].startswith("the run's dev split (10% of"), (
+        check
+    )
+    rows = json.loads((tmp_path / "out" / "eval_dev.json").read_text())["n"]
+    assert check["rows"] == rows  # the very rows the run was selected on
