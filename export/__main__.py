@@ -34,12 +34,11 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     if out.resolve() == here or out.resolve() in here.parents:  # --force would delete what is exported
         raise options.ConfigError(f"--out {out} holds the checkpoint being exported ({cfg.checkpoint}): choose "
                                   "another --out")  # fmt: skip
-    if cfg.force and out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
-        held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+    held = ", ".join(sorted(p.name for p in out.iterdir())[:4]) if out.is_dir() else ""
+    if held and cfg.force and not (out / "manifest.json").is_file():
         raise options.ConfigError(f"--out {out} holds {held} and no bundle (no manifest.json): --force replaces a "
                                   "bundle, never other files; choose another --out")  # fmt: skip
-    if not cfg.force and out.is_dir() and any(out.iterdir()):
-        held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+    if held and not cfg.force:
         raise options.ConfigError(f"--out {out} is not empty (it holds {held}); pass --force to replace it")
     if cfg.triton == "":
         cfg.triton = cfg.out.rstrip("/") + "-triton"

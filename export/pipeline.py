@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -70,6 +69,7 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
     it stays whole for the export, which reads its tokenizer, generator and recipe minutes later. Where no
     copy can be made (a full temporary disk), it is read in place, as before."""
     from training.checkpoint import resolve_checkpoint
+    from training.errors import link_or_copy
 
     ckpt = resolve_checkpoint(checkpoint)
     # A checkpoint of no run (Hugging Face, recovered): nothing removes it.
@@ -79,18 +79,11 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
     with tempfile.TemporaryDirectory(prefix="electra-export-") as tmp:
         pinned = Path(tmp) / ckpt.name
         try:
-            shutil.copytree(ckpt, pinned, copy_function=_link_or_copy,
+            shutil.copytree(ckpt, pinned, copy_function=link_or_copy,
                             ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
         except OSError:
             pinned = ckpt
         yield pinned, ckpt
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)  # a checkpoint is written whole and never changed: a link reads as a copy
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _export(src: _Source, log) -> dict:

@@ -89,3 +89,12 @@ def refuse_mount_point(target: Path, label: str = "") -> None:
     if os.path.ismount(os.path.realpath(target)):
         raise CheckpointError(f"{label}{target} is a mount point, which cannot be replaced; give a new directory "
                               "inside it")  # fmt: skip
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the file system allows one (no space, no time), else a copy: for files only ever
+    read and replaced whole (shards, checkpoints, resume states), never written in place."""
+    try:
+        os.link(src, dst)
+    except OSError:  # across file systems, or one without hard links
+        shutil.copy2(src, dst)

@@ -38,7 +38,7 @@ from training.data.corpus import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
-from training.errors import disk_full, out_of_space, remove_orphans
+from training.errors import disk_full, link_or_copy, out_of_space, remove_orphans
 
 KEEP = 24  # entries kept; a WikiText-2 entry is 1-16 MB
 
@@ -166,7 +166,7 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
     try:
         tmp.mkdir()
         for name in (TOKENS_FILE, META_FILE):  # by name: an entry pruned meanwhile fails, never half-copied
-            _link_or_copy(str(entry / name), str(tmp / name))
+            link_or_copy(str(entry / name), str(tmp / name))
         tmp.rename(out)
     except OSError as e:  # the entry pruned meanwhile by another run, or the run's disk full
         shutil.rmtree(tmp, ignore_errors=True)
@@ -175,12 +175,3 @@ def shards(corpus: str, split: str, tok: Tokenizer, seq_len: int, layout: str, o
         print(f"{split} data: not taken from the cache ({e}); tokenizing into the run", flush=True)
         return build(out)
     return ShardInfo.load(out)
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    # The shards are only ever read and replaced as a whole, never written in place: a hard link is safe
-    # and costs no space; across file systems it is a copy.
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)

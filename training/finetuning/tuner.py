@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import random
 import re
 import shutil
@@ -33,7 +32,14 @@ from training import quantization, run_dir
 from training.config import FinetuneConfig
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
-from training.errors import DiskFullError, check_room, disk_full, out_of_space, refuse_mount_point
+from training.errors import (
+    DiskFullError,
+    check_room,
+    disk_full,
+    link_or_copy,
+    out_of_space,
+    refuse_mount_point,
+)
 from training.finetuning import resume
 from training.finetuning.data import (
     CLASSIFICATION,
@@ -306,7 +312,7 @@ def write_outputs(
 
         shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=ignored)
         if keep_resume and (out / resume.RESUME_DIR).is_dir():
-            shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=_link_or_copy)
+            shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=link_or_copy)
         ckpt.save_model(model, d, ARCH)
         save_tokenizer(tok, d)
         (d / "trainer_state.json").write_text(json.dumps(json_safe(state), indent=2) + "\n")
@@ -317,13 +323,6 @@ def write_outputs(
                 f.writelines(json.dumps(json_safe(r), ensure_ascii=False) + "\n" for r in rows)
 
     ckpt.write_atomically(out, fill)
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)  # resume/ is never written in place, only replaced whole
-    except OSError:  # a filesystem without hard links
-        shutil.copy2(src, dst)
 
 
 # ----------------------------------------------------------------------------------------------- run
