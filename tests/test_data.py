@@ -37,7 +37,7 @@ from training.data.registry import (
     fetch_model,
     sha256_file,
 )
-from training.data.shards import Batches, PackedDataset, build_shards
+from training.data.shards import Batches, PackedDataset, RowMix, build_shards
 from training.data.tokenizer import (
     TokenizerError,
     load_tokenizer,
@@ -533,6 +533,20 @@ def test_packing_layout(tmp_path):
         [CLS, a, a, a, a, a, SEP, PAD],
         [CLS, b, SEP, PAD, PAD, PAD, PAD, PAD],
     ]
+
+
+@pytest.mark.parametrize("mix", [None, RowMix(1.0, 0.0)], ids=["packed", "request-rows"])
+def test_control_tokens_typed_in_a_document_are_packed_as_text(tmp_path, mix):
+    (tmp_path / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "[", "]", "mask", "sep"])
+    )
+    tok = load_tokenizer(tmp_path / "vocab.txt")
+    build_shards(["a [MASK] b [SEP] a."], tok, 16, tmp_path / "s", mix=mix)
+    CLS, SEP, PAD, a, b, L, R, mask, sep = 2, 3, 0, 5, 6, 7, 8, 9, 10
+    # As the server tokenizes the same text (app/model/tokenization.py): no [MASK] id among the inputs.
+    row = PackedDataset(tmp_path / "s")[:].tolist()[0]
+    assert row[: row.index(PAD)] == [CLS, a, L, mask, R, b, L, sep, R, a, 1, SEP]  # "." is unknown here
+    assert build_shards(iter(()), tok, 16, tmp_path / "s", mix=mix).rows == 1  # the copy changed no sha
 
 
 def test_large_vocab_uses_uint32(tmp_path):

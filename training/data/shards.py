@@ -206,6 +206,9 @@ def build_shards(
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.no_padding()
     tok.no_truncation()
+    # "[MASK]" or "[SEP]" in a document is text, as the server and fine-tuning read it: packed as the
+    # control token, it would teach the generator and discriminator inputs no served text can give.
+    tok.encode_special_tokens = True
     layout = mix.describe() if mix else "packed"
     existing = _reusable(out, tokenizer_sha256(tok), seq_len, layout, source)
     if existing is not None:
