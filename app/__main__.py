@@ -102,7 +102,16 @@ def bind_problem(host: str, port: int) -> str | None:
 DEADLINE_MARGIN_S = 2.0
 
 
+def _stop_while_starting(sig, frame) -> None:
+    os.write(2, f"{signal.Signals(sig).name} while starting: stopped before serving\n".encode())
+    raise SystemExit(128 + sig)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Until the drain handlers below: as a container's PID 1 the process has no default action for
+    # SIGTERM, so a stop while the bundles are checked and loaded would wait for the runtime's SIGKILL.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_while_starting)
     try:
         settings, warnings = Settings.from_sources(argv)
     except SettingsError as e:

@@ -1,8 +1,10 @@
 """`python -m app.healthcheck`: exit 0 if this machine's server answers /ready, else 1 (the image's HEALTHCHECK).
 
-It reads the server's own settings from the environment (ELECTRA_PORT, ELECTRA_HOST, ELECTRA_API_KEY), so a
-container run with another port is still checked on the right port. /ready needs no key; the key, when set,
-is sent anyway, for servers before /ready was public.
+It reads the server's own settings as the server does: from the environment (ELECTRA_PORT, ELECTRA_HOST,
+ELECTRA_API_KEY) and, in a container whose process 1 is `python -m app ...`, from that command line too
+(`docker run IMAGE python -m app --port 9000`, or a Deployment's `args`), so a server given another port is
+still checked on the right one. /ready needs no key; the key, when set, is sent anyway, for servers before
+/ready was public.
 """
 
 from __future__ import annotations
@@ -10,13 +12,25 @@ from __future__ import annotations
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from app.settings import Settings, SettingsError
 
 
+def server_flags(cmdline: Path = Path("/proc/1/cmdline")) -> list[str]:
+    """The flags process 1 was given after `-m app`; none where it is another program (outside a container)."""
+    try:
+        argv = cmdline.read_bytes().split(b"\0")[:-1]  # each argument ends in a NUL
+    except OSError:
+        return []
+    argv = [a.decode("utf-8", "surrogateescape") for a in argv]
+    starts = [i + 2 for i in range(len(argv) - 1) if argv[i : i + 2] == ["-m", "app"]]
+    return argv[starts[0] :] if starts else []
+
+
 def main() -> int:
     try:
-        settings, _ = Settings.from_sources([])
+        settings, _ = Settings.from_sources(server_flags())
     except SettingsError as e:
         print(f"healthcheck: {e}", file=sys.stderr)
         return 1

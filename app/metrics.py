@@ -20,9 +20,13 @@ PREFIX = "electra_"
 # Without its charset: Litestar appends "; charset=utf-8" to every text/* media type by itself.
 CONTENT_TYPE = CONTENT_TYPE_LATEST.replace("; charset=utf-8", "")
 
-# Seconds. Request latency spans a cached 1 ms /health to multi-second long-text batches.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# Stages are shorter: tokenization of one request, a wait in the queue, one session.run.
+# Seconds. Request latency spans a cached 1 ms /health to multi-second long-text batches, and under
+# overload to the queue's wait: the top buckets keep histogram_quantile from reading a flat ceiling.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
+)  # fmt: skip
+# Stages are shorter: tokenization of one request, one session.run; but a wait in the queue of an
+# overloaded server can last as long as the request.
 STAGE_BUCKETS = (
     0.0001,
     0.00025,
@@ -39,6 +43,10 @@ STAGE_BUCKETS = (
     1.0,
     2.5,
     5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
 )
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKENS_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

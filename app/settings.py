@@ -29,6 +29,7 @@ CHECK_MODES = (
 )  # --load-check: app/model/load_check.py says why refuse is the default
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+PLACEHOLDER_API_KEY = "change-me"  # deploy/secret.yaml's value, refused
 
 
 # A setting that cannot be used; the message names the flag or variable. One error type for the options
@@ -233,6 +234,14 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             object.__setattr__(self, "api_key", self.api_key.strip())
             if not self.api_key:
                 raise SettingsError(f"{flag('api_key')} is set but empty")
+            if (
+                self.api_key == PLACEHOLDER_API_KEY
+            ):  # deploy/secret.yaml applied as shipped: a key anyone can read
+                raise SettingsError(
+                    f"{flag('api_key')} is {PLACEHOLDER_API_KEY!r}, deploy/secret.yaml's placeholder; replace it "
+                    "with a key of your own (e.g. kubectl create secret generic electra-serve "
+                    '--from-literal=api-key="$(openssl rand -hex 32)")'
+                )
             if not (self.api_key.isascii() and self.api_key.isprintable()):
                 # HTTP headers arrive as Latin-1: a key outside printable ASCII could never match.
                 raise SettingsError(

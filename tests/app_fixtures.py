@@ -123,6 +123,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def as_pid_1() -> list[str]:
+    """The command prefix that runs a program as process 1 of a PID namespace of its own, as a container
+    runs its command; skips the test where this machine allows no such namespace."""
+    # --kill-child: the program (and with it the namespace) goes when unshare is killed.
+    prefix = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace here (unshare: {probe.stderr.strip()[:120]})")
+    return prefix
+
+
+def pid_1_of(unshare: subprocess.Popen) -> int:
+    """The pid, seen from here, of the program an `as_pid_1()` command runs."""
+    return int(Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()[0])
+
+
 def app_env(**settings: str) -> dict[str, str]:
     """The test process's environment without stray ELECTRA_* (the server refuses unknown ones)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELECTRA_")}

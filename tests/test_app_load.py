@@ -4,7 +4,10 @@ A long max wait keeps admitted requests queued long enough to observe each behav
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,9 +16,17 @@ import httpx
 import pytest
 
 try:
-    from app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401 (fixture)
+    from app_fixtures import REPO, app_env, as_pid_1, bundles_dir, free_port, pid_1_of, run_server, wait_for  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
+    from tests.app_fixtures import (
+        REPO,
+        app_env,
+        as_pid_1,
+        free_port,
+        pid_1_of,
+        run_server,
+        wait_for,
+    )  # noqa: F401
 
 WAIT_MS = 400
 
@@ -120,6 +131,26 @@ def test_a_server_started_under_nohup_outlives_a_hangup(bundles_dir, tmp_path):
         with s.client() as c:
             assert c.get("/ready").status_code == 200
     assert "SIGHUP" not in s.log()
+
+
+def test_sigterm_while_starting_stops_a_server_that_runs_as_pid_1(bundles_dir, tmp_path):
+    """In a container the server is PID 1, which has no default action for SIGTERM: a stop sent while the
+    bundles were checked and loaded was dropped, and the runtime waited for its SIGKILL. `unshare` makes
+    the same PID namespace a container has."""
+    cmd = [*as_pid_1(), sys.executable, "-m", "app", "--models", str(bundles_dir), "--port", str(free_port())]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=app_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        first = proc.stdout.readline()  # the resolved settings: printed before any bundle is read
+        assert first.startswith("settings:"), first
+        os.kill(pid_1_of(proc), signal.SIGTERM)  # from outside, as a container runtime sends it
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert "SIGTERM while starting: stopped before serving" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # unshare: its --kill-child takes the server along
+            proc.wait()
 
 
 def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_dir, tmp_path):

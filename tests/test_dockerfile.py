@@ -3,6 +3,7 @@ virtual environment and start the server from there."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -14,9 +15,9 @@ import httpx
 import pytest
 
 try:
-    from app_fixtures import app_env, bundles_dir, free_port, run_server  # noqa: F401 (fixture)
+    from app_fixtures import app_env, as_pid_1, bundles_dir, free_port, pid_1_of, run_server, wait_for  # noqa: F401 (fixture)
 except ImportError:
-    from tests.app_fixtures import app_env, bundles_dir, free_port, run_server  # noqa: F401
+    from tests.app_fixtures import app_env, as_pid_1, bundles_dir, free_port, pid_1_of, run_server, wait_for  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -91,3 +92,27 @@ def test_healthcheck_uses_the_servers_port_and_api_key(tmp_path, bundles_dir):
         assert check(port=port, api_key="s3cret") == 0
         assert check(port=port) == 0
         assert check(port=str(free_port()), api_key="s3cret") == 1
+
+
+def test_healthcheck_reads_the_port_from_the_command_of_process_1(tmp_path, bundles_dir):
+    """`docker run IMAGE python -m app --port 9000` sets no ELECTRA_PORT: the HEALTHCHECK, reading only the
+    environment, checked port 8000 and called a healthy server unhealthy."""
+    port = free_port()
+    cmd = [*as_pid_1(), sys.executable, "-m", "app", "--models", str(bundles_dir), "--port", str(port)]
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(cmd, cwd=REPO, env=app_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def ready() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
+            return False
+
+        wait_for(ready, timeout=60, what="the server's /ready")
+        inside = ["nsenter", "-t", str(pid_1_of(server)), "-U", "-p", "-m", "--preserve-credentials"]
+        check = subprocess.run([*inside, sys.executable, "-m", "app.healthcheck"], cwd=REPO, env=app_env(),
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert check.returncode == 0, check.stderr
+    finally:
+        server.kill()  # unshare: its --kill-child takes the server along
+        server.wait()

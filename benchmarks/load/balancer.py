@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import re
 import shutil
 import subprocess
 import threading
@@ -22,11 +23,25 @@ from benchmarks.load.loadkit import free_port, stop
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """How HAProxy decides a replica is out (one failed check) or back (`rise` passed checks)."""
+    """How often HAProxy checks /ready; how many failed checks take a replica out (`fall`) and how many passed
+    ones bring it back (`rise`) are the shipped file's."""
 
     inter_ms: int = 500
-    fall: int = 1
-    rise: int = 2
+
+    @property
+    def fall(self) -> int:
+        return int(_shipped_default_server()["fall"])
+
+    @property
+    def rise(self) -> int:
+        return int(_shipped_default_server()["rise"])
+
+
+def _shipped_default_server() -> dict[str, str]:
+    words = next(
+        line.split() for line in SHIPPED.read_text().splitlines() if line.split()[:1] == ["default-server"]
+    )
+    return dict(zip(words[1::2], words[2::2], strict=True))
 
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
@@ -43,7 +58,7 @@ def config(port: int, stats_port: int, replicas: dict[str, int], check: HealthCh
         elif words[:2] == ["bind", "127.0.0.1:8404"]:
             line = f"    bind 127.0.0.1:{stats_port}"
         elif words[:1] == ["default-server"]:
-            line = f"    default-server inter {check.inter_ms}ms fall {check.fall} rise {check.rise}"
+            line = re.sub(r"\binter \S+", f"inter {check.inter_ms}ms", line)
         elif words[:1] == ["server"]:
             if words[1] == "r0":
                 out += [f"    server {name} 127.0.0.1:{p} check" for name, p in replicas.items()]

@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:
         p.error("--replicas must be >= 2: with one, a restart leaves nothing in rotation")
-    if args.drain_delay_s * 1000 < 2 * args.check_inter_ms:
-        p.error("--drain-delay-s must cover two health checks, or the balancer still sends to a closed port")
+    checks = HealthCheck(args.check_inter_ms).fall + 1  # the failures that take it out, and one in flight
+    if args.drain_delay_s * 1000 < checks * args.check_inter_ms:
+        p.error(f"--drain-delay-s must cover {checks} health checks of --check-inter-ms, or the balancer "
+                "still sends to a closed port")  # fmt: skip
     try:
         lk.check_mix(args.mix)
     except ValueError as e:
@@ -184,7 +186,7 @@ def report_data(args, restarts: list[dict], started: float, run_dir: Path, sente
     }
     summary = json.loads((run_dir / "locust_summary.json").read_text())
     return {
-        "config": vars(args),
+        "config": {**vars(args), "check_fall": HealthCheck().fall, "check_rise": HealthCheck().rise},
         "machine": lk.machine(),
         "sentences": sentences,
         "failed": sum(1 for r in rows if not r[2]),
@@ -219,8 +221,8 @@ def markdown(d: dict) -> str:
         f"# Rolling restart: {c['replicas']} replicas behind HAProxy, {c['restarts']} restart(s) under load",
         "",
         f"{c['users']} users at {c['user_rate']} req/s each, mix {c['mix']}; replicas with --drain-delay-s "
-        f"{c['drain_delay_s']}, HAProxy checks /ready every {c['check_inter_ms']} ms (out after 1 failure, "
-        f"back after 2 passes). CPU: {m['cpu']}, {m['cores']} cores, int8 kernels: {m['int8_kernel_path']}.",
+        f"{c['drain_delay_s']}, HAProxy checks /ready every {c['check_inter_ms']} ms (out after "
+        f"{c.get('check_fall', 1)} failures, back after {c.get('check_rise', 2)} passes). CPU: {m['cpu']}, {m['cores']} cores, int8 kernels: {m['int8_kernel_path']}.",
         "",
         f"**Failed requests: {d['failed']} of {d['requests']}.**",
         "",
