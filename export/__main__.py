@@ -15,6 +15,7 @@ from pathlib import Path
 
 import options
 from export.config import ExportConfig
+from options.stopping import signal_number, stop_as_ctrl_c
 from training.errors import CheckpointError, DiskFullError, refuse_mount_point
 
 PROG = "python -m export"
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except options.ConfigError as e:
         options.usage_exit(f"{PROG}: error: {e}")
     print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
+    stop_as_ctrl_c()
 
     from export.bundle_writer import BundleError
     from export.evaldata import EvalDataError
@@ -77,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ParityError, ValueError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # the bundle is filled under a temporary name: nothing half-written is left
-        print(f"\nexport stopped: nothing was written at --out {cfg.out} (a bundle already there is untouched)",
-              file=sys.stderr)  # fmt: skip
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as e:  # the bundle is filled under a temporary name, removed on the way out
+        sig = signal_number(e)
+        print(f"\nexport stopped by {signal.Signals(sig).name}: nothing was written at --out {cfg.out} (a bundle "
+              "already there is untouched)", file=sys.stderr)  # fmt: skip
+        return 128 + sig
     print(
         f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
     )

@@ -25,17 +25,45 @@ def verify_bundle(directory: str | Path) -> dict:
 
 
 def write_tokenizer(ckpt: Path, dst: Path) -> str:
-    """Copy tokenizer.json; build one from vocab.txt for HF directories that ship only that."""
+    """Copy tokenizer.json, or write it as training reads it where that differs; build one from vocab.txt
+    for HF directories that ship only that."""
+    from training.data.tokenizer import load_tokenizer, vocab_normalisation
+
     if (ckpt / TOKENIZER).is_file():
-        shutil.copyfile(ckpt / TOKENIZER, dst)
-        return "copied tokenizer.json"
+        changed = _as_read(ckpt, load_tokenizer(ckpt))
+        if not changed:
+            shutil.copyfile(ckpt / TOKENIZER, dst)
+            return "copied tokenizer.json"
+        load_tokenizer(ckpt).save(str(dst))
+        return f"tokenizer.json as training reads it: {'; '.join(changed)}"
     if not (ckpt / "vocab.txt").is_file():
         raise BundleError(f"{ckpt}: neither tokenizer.json nor vocab.txt; the bundle needs the tokenizer")
-    from training.data.tokenizer import load_tokenizer, vocab_normalisation
 
     load_tokenizer(ckpt).save(str(dst))  # vocab.txt, normalised as tokenizer_config.json says
     said = ", ".join(f"{k}={v}" for k, v in vocab_normalisation(ckpt).items())
     return f"built from vocab.txt by training.data.tokenizer ({said})"
+
+
+def _as_read(ckpt: Path, tok) -> list[str]:
+    """How `tok` (training.data.tokenizer's reading of the directory) differs from its tokenizer.json file:
+    export's own tokenization (calibration, checks) and every consumer of the bundle must see the same."""
+    from tokenizers import Tokenizer
+
+    saved, read = json.loads((ckpt / TOKENIZER).read_text(encoding="utf-8")), json.loads(tok.to_str())
+    as_is = json.loads(
+        Tokenizer.from_file(str(ckpt / TOKENIZER)).to_str()
+    )  # the file in this library's words
+    changed = []
+    if saved.get("truncation") or saved.get("padding"):
+        changed.append("its truncation and padding left out (the server cuts long texts into windows)")
+    if saved.get("post_processor") is None:
+        changed.append(
+            "[CLS] ... [SEP] added around each text (it had no post-processor; transformers adds them)"
+        )
+    if as_is.get("normalizer") != read.get("normalizer"):
+        changed.append("normalizer as tokenizer_config.json says (do_lower_case, strip_accents, "
+                       "tokenize_chinese_chars)")  # fmt: skip
+    return changed
 
 
 def write_manifest(directory: Path, fields: dict) -> dict:

@@ -151,11 +151,14 @@ def check_exportable(ckpt) -> None:
 
     arch = (read_config_json(ckpt).get("architectures") or ["ElectraForPreTraining"])[0]
     if arch not in _TAKES:
-        hint = (
-            " (a generator: export the checkpoint directory that holds it)"
-            if arch == "ElectraForMaskedLM"
-            else ""
-        )
+        hints = {
+            "ElectraForMaskedLM": " (a generator, which predicts masked words: a run's generator/ is exported "
+            "through the checkpoint directory above it, which holds the discriminator; a Hugging Face "
+            "generator's discriminator is published beside it, as *-discriminator)",
+            "ElectraModel": " (an encoder without a head: fine-tune it into a classifier with python -m "
+            "training.finetune --init DIR, or train a detector from it with python -m training.pretrain --init DIR)",
+        }
+        hint = hints.get(arch, "")
         raise CheckpointError(f"{ckpt}/config.json: cannot export {arch}{hint}; expected {EXPORTABLE}")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from onnx import numpy_helper
 import options
 from app.model.bundle import BundleError, read_bundle
 from options import option
+from options.stopping import signal_number, stop_as_ctrl_c
 from training.errors import CheckpointError, refuse_mount_point
 
 
@@ -274,8 +276,14 @@ def main(argv: list[str] | None = None) -> None:
     except options.ConfigError as e:
         options.usage_exit(f"export.recover: {e}")
     print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
+    stop_as_ctrl_c()
     try:
         report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)
+    except KeyboardInterrupt as e:  # written under a temporary name, removed on the way out
+        sig = signal_number(e)
+        print(f"\nexport.recover stopped by {signal.Signals(sig).name}: nothing was written at --out {cfg.out}",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(128 + sig)
     except (InputError, BundleError, CheckpointError) as e:  # a bundle or --out to change: 2, as export's
         options.usage_exit(f"export.recover: {e}")
     except (ValueError, OSError) as e:  # OSError: DiskFullError among them, naming the disk

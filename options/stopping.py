@@ -11,6 +11,32 @@ import threading
 import time
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program stands as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_as_ctrl_c() -> None:
+    """For a job with nothing to save midway (an export): SIGTERM and SIGHUP stop it as Ctrl-C does, by an
+    exception, so the code that removes its temporaries on the way out runs; their default action ends the
+    process where it stands and leaves them. A signal the parent set to be ignored (nohup) stays ignored."""
+
+    def stop(signum: int, frame) -> None:
+        raise Stopped(signum)
+
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, stop)
+
+
+def signal_number(stop: KeyboardInterrupt) -> int:
+    """The signal behind a KeyboardInterrupt: SIGINT's, or Stopped's own."""
+    return getattr(stop, "signum", signal.SIGINT)
+
+
 class GracefulStop:
     """A context manager; `.signal` is the first signal's number once one came, else None. `doing` ends
     the line printed on it: "stopping after this step and saving it"."""

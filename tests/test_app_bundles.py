@@ -80,6 +80,20 @@ def test_a_broken_bundle_fails_alone(bundles_dir, tmp_path):
         assert c.post("/detect", json={"text": "the chef cooked"}).status_code == 200  # still answers
 
 
+def test_an_export_still_writing_beside_the_bundles_is_not_a_model(bundles_dir, tmp_path):
+    """export fills a bundle under `.NAME.pid...` and puts one it replaces aside under a hidden name: the
+    server listed the first as broken (with --no-ready-when-degraded, as deploy/ sets, never ready) and
+    would have served the second as a model named after it."""
+    from app.model.bundle import discover
+
+    models = _copy(bundles_dir, tmp_path / "models")
+    (models / ".new.pid4242.x1y2").mkdir()
+    shutil.copy(models / "detector" / "model.onnx", models / ".new.pid4242.x1y2")  # half-written
+    shutil.copytree(models / "detector", models / ".detector.old")  # a whole bundle, set aside
+    bundles, broken = discover(models)
+    assert sorted(b.name for b in bundles) == ["detector", "sentiment"] and broken == {}
+
+
 def _truncate_and_resign(bad: Path) -> None:
     """Hashes right, graph unloadable: a manifest re-signed over a truncated model.onnx."""
     (bad / "model.onnx").write_bytes((bad / "model.onnx").read_bytes()[:1000])

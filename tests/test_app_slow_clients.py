@@ -117,11 +117,17 @@ def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served
 
 
 def test_a_head_past_the_limit_in_one_read_and_in_trailers_gets_431(server):
-    """A head sent in one write was not counted (the read a request begins in was left out), and a chunked
-    body's trailers, parsed as headers are, were not counted at all."""
+    """A head sent in one write was not counted (the read a request begins in was left out), nor one that
+    ended in the read its body came in (70 KB of headers were served: curl sends head and body at once);
+    and a chunked body's trailers, parsed as headers are, were not counted at all."""
     with _connect(server) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 200_000 + b"\r\n\r\n")
         assert _read_answers(s).startswith(b"HTTP/1.1 431"), "one write"
+    body = b'{"text": "a b"}'
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-big: " + b"a" * 70_000
+                  + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        assert _read_answers(s).startswith(b"HTTP/1.1 431"), "head and body in one write"
     before = server.metric("electra_requests_total", endpoint="/detect", status="431")
     with _connect(server) as s:
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

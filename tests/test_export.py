@@ -610,3 +610,57 @@ def test_a_manifests_paths_say_where_they_were_cut(monkeypatch, tmp_path):
     assert got == {"data": ".../team/walk/corpus.txt", "sources": {".../team/walk/corpus.txt": 40, "wikitext2": 80},
                    "ckpt": "runs/a"}  # fmt: skip
     assert _portable(["/data/calib.txt", "/x"]) == [".../data/calib.txt", ".../x"]  # short ones too
+
+
+def test_a_tokenizer_json_goes_into_the_bundle_as_transformers_reads_it(tmp_path, detector_dir):
+    """Saved by transformers after a call with truncation=True, a tokenizer.json cut every text export
+    calibrated on (a traceback at 16 tokens); one without a post-processor was served without [CLS] and
+    [SEP], which transformers adds; a tokenizer_config.json's do_lower_case, which transformers applies,
+    was ignored. Each bundle now tokenizes as transformers does, and says what it changed."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "src"
+    shutil.copytree(detector_dir, src, ignore=shutil.ignore_patterns("generator"))
+    raw = json.loads((src / "tokenizer.json").read_text())
+    raw["truncation"] = {"direction": "Right", "max_length": 16, "strategy": "LongestFirst", "stride": 0}
+    raw["post_processor"] = None
+    (src / "tokenizer.json").write_text(json.dumps(raw))
+    (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    export(src, tmp_path / "b", precision="fp32", calibrate=False)
+
+    text = "The Lobster was caught off the coast of Maine, in a pot set by a fisherman " * 3
+    theirs = AutoTokenizer.from_pretrained(src)(text)["input_ids"]
+    ours = Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).encode(text).ids
+    assert ours == theirs and len(ours) > 16 and ours[0] == theirs[0] != ours[1]
+    note = json.loads((tmp_path / "b" / "manifest.json").read_text())["source"]["tokenizer"]
+    for said in (
+        "truncation and padding left out",
+        "[CLS] ... [SEP] added",
+        "normalizer as tokenizer_config",
+    ):
+        assert said in note, note
+    export(detector_dir, tmp_path / "as-is", precision="fp32", calibrate=False)  # nothing to change: a copy
+    assert (tmp_path / "as-is" / "tokenizer.json").read_bytes() == (
+        detector_dir / "tokenizer.json"
+    ).read_bytes()
+
+
+def test_sigterm_stops_an_export_as_ctrl_c_does_leaving_nothing(tmp_path, detector_dir):
+    """A stopping container or a cancelled CI job sends SIGTERM: it left a hidden half-written bundle
+    beside --out, which the server then listed as a broken bundle."""
+    import signal
+    import time
+
+    out = tmp_path / "models" / "b"
+    cmd = [sys.executable, "-m", "export", str(detector_dir), "--out", str(out), "--precision", "fp32"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("fusions:"):  # model.onnx written and optimized, under a temporary name
+            break
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, rest
+    assert "export stopped by SIGTERM: nothing was written" in rest
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []

@@ -115,3 +115,67 @@ def test_generator_positions_equal_full_logits():
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="num_attention_heads"):
         ElectraConfig(**{**TINY, "num_attention_heads": 5})
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh", "gelu_fast", "silu"])
+def test_activations_transformers_writes_load_as_transformers_computes_them(tmp_path, act):
+    """gelu_fast, gelu_pytorch_tanh and silu load in transformers; they were refused here."""
+    torch.manual_seed(0)
+    hf = transformers.ElectraForPreTraining(transformers.ElectraConfig(**TINY, hidden_act=act)).eval()
+    hf.save_pretrained(tmp_path)
+    ours, _, _ = load_model(tmp_path)
+    assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
+
+
+def test_an_encoder_without_a_head_starts_fine_tuning_with_its_own_weights(tmp_path):
+    """Transformers' ElectraModel names its tensors without `electra.`: fine-tuning refused it."""
+    from training.errors import CheckpointError
+
+    torch.manual_seed(0)
+    hf = transformers.ElectraModel(transformers.ElectraConfig(**TINY)).eval()
+    hf.save_pretrained(tmp_path)
+    ours, _, _ = load_model(tmp_path, "ElectraForSequenceClassification", num_labels=2, fresh_head=True)
+    ids, mask, types = padded_batch()
+    with torch.no_grad():
+        a = ours.electra(ids, mask, types)
+        b = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    assert (a - b)[mask.bool()].abs().max().item() <= 1e-5
+    with pytest.raises(CheckpointError, match="without a head"):
+        load_model(tmp_path)
+
+
+def test_a_classifier_is_loaded_for_what_it_is_or_refused(tmp_path):
+    """Export loads what config.json says. Discriminator weights under a classifier's config once became a
+    classifier with a random head, exported without a word (and another one each time); labels the server
+    could not answer with (two of one name, a softmax over one) or a head of another size are refused too."""
+    import json
+
+    from training.errors import CheckpointError
+
+    def saved(model, name, **config) -> str:
+        model.save_pretrained(tmp_path / name)
+        path = tmp_path / name / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+        return str(tmp_path / name)
+
+    disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(**TINY))
+    three = transformers.ElectraForSequenceClassification(transformers.ElectraConfig(**TINY, num_labels=3))
+    cls = ["ElectraForSequenceClassification"]
+    for path, says in [
+        (saved(disc, "disc", architectures=cls, id2label={"0": "no", "1": "yes"}), "hold no classifier head"),
+        (
+            saved(three, "twice", id2label={"0": "yes", "1": "no", "2": "yes"}),
+            r"names \['yes'\] more than once",
+        ),
+        (
+            saved(three, "one", id2label={"0": "yes"}, problem_type="single_label_classification"),
+            "every text 1.0",
+        ),
+        (saved(three, "rows", id2label={"0": "no", "1": "yes"}), "a row per label"),
+    ]:
+        with pytest.raises(CheckpointError, match=says):
+            load_model(path)
+    ours, _, _ = load_model(
+        tmp_path / "disc", "ElectraForSequenceClassification", num_labels=2, fresh_head=True
+    )
+    assert ours.config.num_labels == 2  # fine-tuning's start: the encoder, and a fresh head it will train

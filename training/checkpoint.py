@@ -31,6 +31,9 @@ from training.model import (
 )
 from training.run_dir import LATEST
 
+# Transformers' ElectraModel: the encoder alone, its tensors without the `electra.` prefix. A start for
+# fine-tuning (a fresh head on it), nothing to load as it is.
+ENCODER = "ElectraModel"
 ARCHITECTURES = {
     "ElectraForPreTraining": ElectraForPreTraining,
     "ElectraForMaskedLM": ElectraForMaskedLM,
@@ -108,13 +111,36 @@ def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
     if raw.get("model_type", "electra") != "electra":
         raise CheckpointError(f"{ckpt}/config.json: model_type is {raw['model_type']!r}, expected 'electra'")
     arch = (raw.get("architectures") or ["ElectraForPreTraining"])[0]
-    if arch not in ARCHITECTURES:
+    if arch not in ARCHITECTURES and arch != ENCODER:
         raise CheckpointError(
-            f"{ckpt}/config.json: architecture {arch!r} is not supported; expected one of {sorted(ARCHITECTURES)}"
+            f"{ckpt}/config.json: architecture {arch!r} is not supported; expected one of "
+            f"{sorted([*ARCHITECTURES, ENCODER])}"
         )
     if "embedding_size" not in raw:  # old HF configs leave it out and mean "same as hidden"
         raw["embedding_size"] = raw.get("hidden_size", 256)
-    return ElectraConfig.from_dict(raw), arch
+    try:
+        cfg = ElectraConfig.from_dict(raw)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{ckpt}/config.json: {e}") from None
+    if arch == "ElectraForSequenceClassification":
+        _check_labels(ckpt, cfg)
+    return cfg, arch
+
+
+def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
+    """Labels a classifier could not be served with: two classes of one name would answer as one (the
+    probabilities a dict by label), and a softmax over one class is 1.0 for every text."""
+    names = list(cfg.id2label.values())
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CheckpointError(f"{ckpt}/config.json: id2label names {twice} more than once; give every class "
+                              "a name of its own")  # fmt: skip
+    if cfg.problem_type == "single_label_classification" and cfg.num_labels == 1:
+        raise CheckpointError(
+            f"{ckpt}/config.json: problem_type single_label_classification with one label would score every "
+            "text 1.0 (a softmax over one class); set problem_type to regression (the raw value) or "
+            "multi_label_classification (a sigmoid), or list every class in id2label"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -187,7 +213,15 @@ def _read_shards(ckpt: Path) -> dict[str, torch.Tensor]:
 def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> None:
     """Load, tolerating only what is known to differ between HF versions; anything else is an error."""
     sd = {k: v for k, v in sd.items() if not k.endswith(("position_ids", "token_type_ids"))}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+    except RuntimeError as e:  # a tensor of another shape: torch lists every one, a line each
+        shapes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        hint = (" (a classifier's head has a row per label: config.json's id2label and num_labels must "
+                "count its classes)" if any("classifier." in line for line in shapes) else "")  # fmt: skip
+        raise CheckpointError(
+            f"{origin}: weights do not match config.json: {'; '.join(shapes[:3])}{hint}"
+        ) from None
     missing = [k for k in missing if k != "generator_lm_head.weight"]  # tied to the word embeddings
     if missing or unexpected:
         raise CheckpointError(
@@ -196,18 +230,34 @@ def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origi
 
 
 def load_model(
-    path: str | os.PathLike, architecture: str | None = None, num_labels: int | None = None
+    path: str | os.PathLike,
+    architecture: str | None = None,
+    num_labels: int | None = None,
+    fresh_head: bool = False,
 ) -> tuple[torch.nn.Module, ElectraConfig, Path]:
     """Load a checkpoint as `architecture` (default: what config.json says).
 
-    Asking for ElectraForSequenceClassification from a pretraining checkpoint takes its encoder and starts
-    a fresh head: that is how fine-tuning begins.
+    With `fresh_head`, asking for ElectraForSequenceClassification from weights without a classifier head
+    (a pretraining checkpoint) takes their encoder and starts a fresh head: that is how fine-tuning begins.
+    Anywhere else (export) such weights are an error: a random head would be exported as the model.
     """
     ckpt = resolve_checkpoint(path)
     cfg, arch = read_config(ckpt)
-    arch = architecture or arch
     sd = read_weights(ckpt)
-    if arch == "ElectraForSequenceClassification" and not any(k.startswith("classifier.") for k in sd):
+    if arch == ENCODER:
+        sd = {(k if k.startswith("electra.") else f"electra.{k}"): v for k, v in sd.items()}
+    arch = architecture or arch
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{ckpt}: an {arch} (an encoder without a head) has no model to load as it is; "
+                              f"expected one of {sorted(ARCHITECTURES)}")  # fmt: skip
+    headless = arch == "ElectraForSequenceClassification" and not any(k.startswith("classifier.") for k in sd)
+    if headless and not fresh_head:
+        raise CheckpointError(
+            f"{ckpt}: config.json says ElectraForSequenceClassification, but the weights hold no classifier "
+            f"head (classifier.*): they are an encoder's or a discriminator's. Fine-tune them into a classifier "
+            f"(python -m training.finetune --init {ckpt} ...), or correct config.json's architectures"
+        )
+    if headless:
         if num_labels:
             cfg.id2label = {i: f"LABEL_{i}" for i in range(num_labels)}
         model = ElectraForSequenceClassification(cfg)

@@ -100,7 +100,14 @@ class ElectraConfig:
         )
 
 
-_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# transformers' names: gelu_new, gelu_pytorch_tanh and gelu_fast are one function (the tanh approximation)
+# written three ways; silu and swish one too.
+_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh,
+                "gelu_fast": _gelu_tanh, "silu": F.silu, "swish": F.silu}  # fmt: skip
 
 
 class ElectraEmbeddings(nn.Module):

@@ -18,8 +18,9 @@ A request head (request line and headers, or a chunked body's trailers) past HEA
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
 pieces are joined as they come, which costs time in the square of its length: a client sending megabytes
 of headers grew the process by hundreds of MB, never given back, and pinned the event loop (the liveness
-probe failed). What is counted: the bytes of every read that carries none of a body, from a request's
-first byte to its end, since the last read that did. Where an earlier request on the connection is still
+probe failed). What is counted: a request's head up to its blank line, before it is parsed (so a head
+that ends in the read its body comes in counts too), and the bytes of every read that carries none of a
+body, from a request's first byte to its end, since the last read that did (a chunked body's trailers). Where an earlier request on the connection is still
 being answered, reading stops and the 431 follows that answer (it would otherwise be taken for it)."""
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class _BoundedRead(HttpToolsProtocol):
     _receiving = None  # the request cycle whose body is still coming in
     _in_message = False  # between a request's first byte and its last
     _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
+    _in_head = False  # between a request's first byte and the end of its headers
+    _head_seen = 0  # the bytes of the request's head so far, counted before they are parsed
     _read_body = False  # the read being parsed carried body bytes
     _read_ended = False  # a request ended within the read being parsed (the rest may begin another)
     # Past HEAD_LIMIT: what the client sends next is dropped, and a 431 is (or will be) sent.
@@ -77,10 +80,11 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_message, self._head_bytes = True, 0
+        self._in_message, self._in_head, self._head_bytes = True, True, 0
         self._arm()
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         super().on_headers_complete()
         cycle = self.cycle
         self._receiving = cycle  # its body is being read until on_message_complete
@@ -109,10 +113,20 @@ class _BoundedRead(HttpToolsProtocol):
                 return
         if self._head_refused:
             return  # the rest of a refused head: dropped unparsed
+        if not self._in_message or self._in_head:
+            # Counted before the parser sees them: a head that ends within this read, with the body behind
+            # it, is past the count of reads without body bytes below, and was parsed and served whole.
+            if not self._in_message:  # this read begins a request
+                self._head_seen = 0
+            end = data.find(b"\r\n\r\n")
+            self._head_seen += len(data) if end < 0 else end + 4
+            if self._head_seen > HEAD_LIMIT:
+                self._refuse_head()
+                return
         self._read_body = self._read_ended = False
         super().data_received(data)
-        # A read in which a request ended is not counted (which of its bytes begin the next is not known):
-        # the cap then holds to within one read (asyncio reads at most 256 KiB at a time).
+        # A read in which a request ended is not counted here (which of its bytes begin the next is not
+        # known): the trailers' cap then holds to within one read (asyncio reads at most 256 KiB at a time).
         if self._in_message and not (self._read_body or self._read_ended) and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT:

@@ -166,8 +166,10 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
 def _entry_kind(p: Path) -> str | None:
     """What an entry of the models directory is: "bundle" (a sub-directory with a manifest), the reason it
     is broken (bundle files without a manifest, or a directory that cannot be looked into), or None (a file,
-    a foreign directory, the lost+found of a volume mounted there)."""
-    if p.name == "lost+found":
+    a foreign directory, the lost+found of a volume mounted there, a hidden entry)."""
+    # Hidden: an export in progress (or one killed) fills its bundle under `.NAME.pid...` beside NAME, and
+    # puts a bundle it replaces aside under a hidden name: neither is a model to serve, nor a broken one.
+    if p.name == "lost+found" or p.name.startswith("."):
         return None
     try:
         if (p / "manifest.json").is_file():

@@ -196,7 +196,7 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
     p = Path(path).expanduser()
     if p.is_dir():
         if (p / "tokenizer.json").is_file():
-            return load_tokenizer(p / "tokenizer.json")
+            return _as_config_says(load_tokenizer(p / "tokenizer.json"), p)
         if (p / "vocab.txt").is_file():
             return _from_vocab(p / "vocab.txt", **vocab_normalisation(p, lowercase))
         raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
@@ -214,8 +214,40 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
         # pads and cuts every text to 128): corpus tokenization and the server need neither.
         tok.no_truncation()
         tok.no_padding()
+        if tok.post_processor is None:  # transformers' BERT tokenizers add [CLS] and [SEP] without one
+            _add_post_processor(tok)
         return tok
     return _from_vocab(p, lowercase)
+
+
+def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:
+    """`tok` (the directory's tokenizer.json) normalising text as the directory's tokenizer_config.json says,
+    where that names do_lower_case, strip_accents or tokenize_chinese_chars otherwise than its BertNormalizer:
+    transformers' fast BERT tokenizers rebuild their normalizer so, and the model was trained on what they
+    give."""
+    import json
+
+    cfg_file = directory / "tokenizer_config.json"
+    if not cfg_file.is_file():
+        return tok
+    try:
+        said = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{cfg_file} does not read as JSON ({e})") from None
+    state = json.loads(tok.to_str()).get("normalizer") or {}
+    if not isinstance(said, dict) or state.get("type") != "BertNormalizer":
+        return tok
+    names = {
+        "do_lower_case": "lowercase",
+        "strip_accents": "strip_accents",
+        "tokenize_chinese_chars": "handle_chinese_chars",
+    }
+    want = {ours: said[theirs] for theirs, ours in names.items() if theirs in said}
+    if all(state.get(k) == v for k, v in want.items()):
+        return tok
+    state.pop("type")
+    tok.normalizer = normalizers.BertNormalizer(**{**state, **want})
+    return tok
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what save_tokenizer writes
