@@ -190,15 +190,21 @@ def token_deviation(
     return check_deviation(figures, "the calibration sentences", quantization_aware)
 
 
-def check_deviation(figures: dict, where: str, quantization_aware: bool = False) -> dict:
-    """Adds the gate to `figures` (parity.deviation); ParityError when p99 or max is beyond it."""
+INT8_WEIGHTS = "--int8 weights (int8 storage, fp32 compute)"
+
+
+def check_deviation(figures: dict, where: str, quantization_aware: bool = False,
+                    output: str = "a token's probability", instead: str = INT8_WEIGHTS) -> dict:  # fmt: skip
+    """Adds the gate to `figures` (parity.deviation); ParityError when p99 or max is beyond it. `output`:
+    what moved, as the user reads the bundle's answers; `instead`: the export to try in its place."""
     figures["gate"] = {"p99": MAX_DEVIATION_P99, "max": MAX_DEVIATION}
     if not (figures["p99"] <= MAX_DEVIATION_P99 and figures["max"] <= MAX_DEVIATION):
+        qat = instead == INT8_WEIGHTS and not quantization_aware
         raise ParityError(
-            f"int8 moves a token's probability from its reference by {figures['p99']:.3f} at p99 and "
+            f"int8 moves {output} from its reference by {figures['p99']:.3f} at p99 and "
             f"{figures['max']:.3f} at most (gate {MAX_DEVIATION_P99} / {MAX_DEVIATION}) on {where}. Export "
-            "--int8 weights (int8 storage, fp32 compute)"
-            + ("" if quantization_aware else ", or train the model quantization-aware (--qat) first")
-            + "; docs/int8.md says why int8 compute can miss the gate"
+            f"{instead}"
+            + (", or train the model quantization-aware (--qat) first" if qat else "")
+            + "; docs/int8.md says why int8 can miss the gate"
         )
     return figures

@@ -239,7 +239,8 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
     got = optimize.session(tmp / bundle_writer.MODEL).run(None, feed)[0]
     here = load_check.deviation(got, expected, data.attention_mask)  # as the server will measure it
     # A bundle its own server would refuse on the machine that made it is not written.
-    calibrate.check_deviation(dict(here), "the load-time check's rows", src.precision.simulates_int8(src))
+    calibrate.check_deviation(dict(here), "the load-time check's rows", src.precision.simulates_int8(src),
+                              _output_words(src), _instead(src))  # fmt: skip
     return {
         "inputs": {k: v.tolist() for k, v in feed.items()},
         "expected": np.round(expected.astype(np.float64), 7).tolist(),
@@ -248,6 +249,22 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
         "gate": {"p99": calibrate.MAX_DEVIATION_P99, "max": calibrate.MAX_DEVIATION},
         "at_export": here,
     }
+
+
+def _output_words(src: _Source) -> str:
+    """What a bundle's output is, in a deviation's message."""
+    if src.kind == "detector":
+        return "a token's probability"
+    if src.ptype == "regression":
+        return "the predicted value (the gate is in the label's own units)"
+    return "a label's probability"
+
+
+def _instead(src: _Source) -> str:
+    """The export to try when this precision misses the deviation gate: fp32 once int8 is only storage."""
+    if getattr(src.precision, "method", None) == "weights":
+        return "--precision fp32 (or fp16)"
+    return calibrate.INT8_WEIGHTS
 
 
 def _manifest(src: _Source, fp32: _Fp32, optimizations: dict, tokenizer_note: str) -> dict:

@@ -207,6 +207,24 @@ def test_int8_accuracy_gate_refuses_and_writes_nothing(tmp_path, classifier_dir,
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("problem", ["regression", "single_label_classification"])
+def test_a_classifier_missing_the_deviation_gate_is_told_what_moved_and_what_to_export(
+    tmp_path, tokenizer_dir, monkeypatch, problem
+):
+    """A regression head's int8 export failed saying "int8 moves a token's probability ... export --int8
+    weights", which it had just tried: it has neither tokens nor probabilities."""
+    from export import calibrate, parity
+
+    labels = ("score",) if problem == "regression" else ("neg", "pos")
+    src = hm.save_classifier(tmp_path / "cls", tokenizer_dir, labels=labels, problem_type=problem)
+    monkeypatch.setattr(calibrate, "MAX_DEVIATION", -1.0)  # any int8 output fails the load-time check's gate
+    monkeypatch.setattr(parity, "MAX_ACCURACY_DROP", 1.0)
+    moved = "the predicted value" if problem == "regression" else "a label's probability"
+    with pytest.raises(parity.ParityError, match=f"int8 moves {moved} .*Export --precision fp32"):
+        export(src, tmp_path / "b", precision="int8", int8="weights")
+    assert not (tmp_path / "b").exists()
+
+
 def test_parity_failure_raises_and_writes_nothing(tmp_path, detector_dir, monkeypatch):
     from export import parity
 
