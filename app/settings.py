@@ -29,6 +29,7 @@ CHECK_MODES = (
 )  # --load-check: app/model/load_check.py says why refuse is the default
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+DEFAULT_WINDOW_STRIDE = 32  # tokens consecutive windows of a long text share
 PLACEHOLDER_API_KEY = "change-me"  # deploy/secret.yaml's value, refused
 
 
@@ -190,7 +191,9 @@ class ModelSettings:
         choices=CHECK_MODES,
     )
     window_stride: int = option(
-        32, "tokens shared by consecutive windows of a long text", env="ELECTRA_WINDOW_STRIDE"
+        DEFAULT_WINDOW_STRIDE,
+        "tokens shared by consecutive windows of a long text",
+        env="ELECTRA_WINDOW_STRIDE",
     )
     inject_faults: str = option(
         "",
