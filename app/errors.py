@@ -6,6 +6,7 @@ Litestar-free, so app/model/ and the programs beside the server on it (bulk/, ex
 from __future__ import annotations
 
 import enum
+import re
 
 
 class ErrorType(enum.Enum):
@@ -85,3 +86,13 @@ class AppError(Exception):
 def clip(text: str, limit: int = 64) -> str:
     """What an error message may echo of a client's input: a 900 KB field name is not sent back."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def for_log(text: str, limit: int = 200) -> str:
+    """A client's text (a path, a method, a forwarded address) in a log line: a CR or LF in a percent-decoded
+    path would begin a forged line, an ESC recolour the operator's terminal; they are written as escapes."""
+    return clip(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text), limit)

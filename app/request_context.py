@@ -8,6 +8,8 @@ import re
 import uuid
 from contextvars import ContextVar
 
+from app.errors import for_log
+
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 _PLAIN_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
@@ -24,8 +26,7 @@ def incoming_id(scope) -> bytes:
 def access_line(scope, status: int, elapsed_s: float | None, model: str, rid: str) -> str:
     """--access-log's line: client, method, path, status, time (unknown for a request no route took),
     model and x-request-id."""
-    client = (scope.get("client") or ("-", 0))[0]
+    client = for_log(str((scope.get("client") or ("-", 0))[0]), 64)  # X-Forwarded-For's, from a trusted proxy
     took = f"{elapsed_s * 1000:.1f} ms" if elapsed_s is not None else "-"
-    return (
-        f"{client} {scope['method']} {scope['path']} {status} {took} model={model or '-'} x-request-id={rid}"
-    )
+    method, path = for_log(scope["method"], 16), for_log(scope["path"])
+    return f"{client} {method} {path} {status} {took} model={model or '-'} x-request-id={rid}"

@@ -58,6 +58,9 @@ BAD_REQUESTS = [
     ("/detect", b'{"text": "a", "threshold": "0.5"}', 422, "validation_error", "threshold"),
     ("/classify", b'{"text": "a", "top_k": "3"}', 422, "validation_error", "top_k"),
     ("/detect", b'{"text": "a", "threshold": true}', 422, "validation_error", "threshold"),
+    # Past float's range: the strict decoder's field, not the untyped one's "[...]".
+    ("/detect", b'{"text": "a", "threshold": 1e400}', 422, "validation_error", "threshold"),
+    ("/classify", b'{"text": "a", "top_k": 1e400}', 422, "validation_error", "top_k"),
     ("/detect", b'{"text": "a", "text": "b"}', 400, "invalid_json", "text"),
     ("/classify", b'{"text": "a", "top_k": 1, "top_k": 2}', 400, "invalid_json", "top_k"),
     ("/detect", b'{"text": "a", "te\\u0078t": "b"}', 400, "invalid_json", "text"),  # escaped key

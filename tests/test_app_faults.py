@@ -77,6 +77,11 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         assert said in server.log()
         assert "POST /detect 500" in server.log() and "x-request-id=trace-3" in server.log()  # the access log
         assert "Traceback" in server.log() and "InjectedFault" in server.log()
+        # A path's CR LF (percent-encoded, decoded by the server) cannot begin a line of its own in the log.
+        assert client.get("/x%0d%0a2026-01-01 00:00:00,000 INFO app: forged%1b[31m").status_code == 404
+        lines = server.log().splitlines()
+        assert not any(line.startswith("2026-01-01") for line in lines) and "\x1b" not in server.log()
+        assert any("GET /x\\r\\n2026-01-01" in line and "forged\\x1b[31m 404" in line for line in lines)
         # The server goes on serving, and the requests' queue is empty again.
         assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200
         assert server.metric("electra_queue_depth", model="detector") == 0

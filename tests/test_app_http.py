@@ -145,6 +145,13 @@ def test_cors_lets_browser_code_read_the_request_id_and_the_timings(bundles_dir:
         s.client() as c,
     ):
         r = c.post("/detect", json={"text": "a cat"}, headers={"origin": "https://app.example"})
+        asked = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "content-type, x-api-key"}  # fmt: skip
+        preflight = c.options("/detect", headers=asked)
     assert r.headers["access-control-allow-origin"] == "https://app.example"
+    # The preflight offers what the API takes, not every method and header.
+    assert preflight.status_code in (200, 204), preflight.text
+    offered = {m.strip() for m in preflight.headers["access-control-allow-methods"].split(",")}
+    assert offered == {"GET", "HEAD", "POST", "OPTIONS"}, offered
     exposed = {h.strip() for h in r.headers["access-control-expose-headers"].lower().split(",")}
     assert {"x-request-id", "x-total-time", "x-inference-time"} <= exposed, exposed

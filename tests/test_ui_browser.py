@@ -19,6 +19,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from app.http.server import create_app
+from app.http.ui import _FILES
 from app.settings import Settings
 
 try:
@@ -48,7 +49,31 @@ def test_page_is_served_and_no_ui_turns_it_off():
     for name in ("index.html", "ui.css", "ui.js"):
         assert not re.search(r"(src|href)=[\"']?(https?:)?//", (static / name).read_text()), name
     for ref in re.findall(r'(?:src|href)="ui/([^"]+)"', html):
-        assert (static / ref).is_file(), ref
+        assert (static / ref).is_file() and ref in _FILES, ref
+
+
+def test_the_pages_files_are_served_and_nothing_else_under_ui(server):
+    """A general static router answered a NUL, an over-long name or a path through a file with a 500 and
+    a traceback in the log (public even with --api-key), and served index.html again without the page's
+    security headers; each file is revalidated by its ETag."""
+    with server.client() as c:
+        js = c.get("/ui/ui.js")
+        assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+        assert js.headers["x-content-type-options"] == "nosniff"
+        assert c.get("/ui/ui.js", headers={"if-none-match": js.headers["etag"]}).status_code == 304
+        for path in (
+            "/ui/ui.js%00.css",
+            "/ui/" + "a" * 300,
+            "/ui/ui.js/x",
+            "/ui/index.html",
+            "/ui/../app/errors.py",
+        ):
+            r = c.get(path)
+            assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", (path, r.text[:200])
+        # Every answer, JSON included, is read as the type it says; the page sends no referrer.
+        assert c.post("/detect", json={"text": "a b"}).headers["x-content-type-options"] == "nosniff"
+        assert c.get("/").headers["referrer-policy"] == "no-referrer"
+    assert "Traceback" not in server.log()
 
 
 # ------------------------------------------------------------------------------ browser fixtures

@@ -12,7 +12,16 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from app import request_context
-from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, STATUS, AppError, ErrorType, clip
+from app.errors import (
+    BODY_UNPARSABLE,
+    HEAD_TOO_LARGE,
+    READ_TIMED_OUT,
+    STATUS,
+    AppError,
+    ErrorType,
+    clip,
+    for_log,
+)
 
 log = logging.getLogger("app")
 
@@ -37,8 +46,8 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
         err = AppError(ErrorType.HEADERS_TOO_LARGE, msg, field="body")  # the client got this 431 already
     if err.type is ErrorType.INTERNAL:
         rid = request.scope.get("state", {}).get("request_id", b"-").decode()
-        log.exception("unhandled error on %s %s (x-request-id %s)", request.method, request.url.path, rid,
-                      exc_info=exc)  # fmt: skip
+        log.exception("unhandled error on %s %s (x-request-id %s)", for_log(request.method, 16),
+                      for_log(request.url.path), rid, exc_info=exc)  # fmt: skip
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
         metrics.rejected.labels(reason=err.type.value).inc()

@@ -61,7 +61,13 @@ def create_app(settings: Settings) -> Litestar:
         guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
         # Browser code may read the request id and the stage timings, as any other client does.
-        cors_config=CORSConfig(allow_origins=list(settings.cors_origins), expose_headers=EXPOSED_HEADERS)
+        # Only what the API takes: its methods, and the headers a client sends (not every one, as by default).
+        cors_config=CORSConfig(
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
+            allow_headers=["content-type", "authorization", "x-api-key", "x-request-id"],
+            expose_headers=EXPOSED_HEADERS,
+        )
         if settings.cors_origins
         else None,
         openapi_config=OpenAPIConfig(
@@ -138,7 +144,11 @@ def _observe(metrics: Metrics, access_log: bool = False):
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", rid)]}
+                    headers = [*message.get("headers", ()), (b"x-request-id", rid)]
+                    # No answer of ours is to be read as another type than it says (a JSON error as HTML).
+                    if not any(k.lower() == b"x-content-type-options" for k, _ in headers):
+                        headers.append((b"x-content-type-options", b"nosniff"))
+                    message = {**message, "headers": headers}
                 await send(message)
 
             try:

@@ -4,12 +4,15 @@ with --api-key: the page asks for the key and sends it with its own API calls. -
 
 from __future__ import annotations
 
+import hashlib
+from functools import cache
 from pathlib import Path
 
-from litestar import Response, route
+from litestar import Request, Response, route
 from litestar.datastructures import CacheControlHeader
-from litestar.static_files import create_static_files_router
+from litestar.params import FromPath
 
+from app.errors import AppError, ErrorType, clip
 from app.http.routes import READ_METHODS
 
 STATIC = Path(__file__).parent.parent / "static"
@@ -28,13 +31,38 @@ async def index() -> Response[bytes]:
     return Response(
         (STATIC / "index.html").read_bytes(),
         media_type="text/html",
-        headers={"content-security-policy": CSP, "x-content-type-options": "nosniff"},
+        headers={
+            "content-security-policy": CSP,
+            "x-content-type-options": "nosniff",
+            "referrer-policy": "no-referrer",
+        },
     )
 
 
-HANDLERS = [
-    index,
-    create_static_files_router(
-        "/ui", directories=[STATIC], name="ui", opt={"public": True}, cache_control=_CACHE
-    ),
-]
+# The page's own files, and nothing else under /ui: a general static router answered a NUL or an
+# over-long name there with a 500 and a traceback (public, even with --api-key), and served index.html
+# a second time without the page's headers.
+_FILES = {"ui.js": "text/javascript", "ui.css": "text/css"}
+
+
+@cache
+def _file(name: str) -> tuple[bytes, str]:
+    data = (STATIC / name).read_bytes()
+    return data, f'"{hashlib.sha256(data).hexdigest()[:32]}"'
+
+
+@route("/ui/{name:str}", http_method=READ_METHODS, opt={"public": True}, include_in_schema=False,
+       cache_control=_CACHE)  # fmt: skip
+async def ui_file(name: FromPath[str], request: Request) -> Response[bytes]:
+    if name not in _FILES:
+        raise AppError(
+            ErrorType.NOT_FOUND, f"no file /ui/{clip(name)}; the page's files are {sorted(_FILES)}"
+        )
+    data, etag = _file(name)
+    headers = {"etag": etag, "x-content-type-options": "nosniff"}
+    if etag in request.headers.get("if-none-match", ""):  # revalidated (no-cache): nothing changed
+        return Response(b"", status_code=304, headers=headers)
+    return Response(data, media_type=_FILES[name], headers=headers)
+
+
+HANDLERS = [index, ui_file]

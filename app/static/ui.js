@@ -434,6 +434,7 @@ document.addEventListener("DOMContentLoaded", () => {
     if (await loadModels()) {
       syncControls(); // the slider starts at the model's threshold, as it does without a key
       $("key-form").hidden = true;
+      $("key").value = ""; // kept in the script's state only, not in the page for anything that reads it
       $("status").textContent = "Key accepted.";
       $("text").focus();
     }
