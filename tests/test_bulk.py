@@ -5,6 +5,7 @@ project's version; a resumed job skips what is finished and refuses other settin
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -113,7 +114,8 @@ def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, 
     assert all(text[t["start"] : t["end"]] for t in got[0]["tokens"])  # offsets into the document
     other = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--threshold", "0.9")
     assert other.returncode == 2
-    assert "(threshold: None then, 0.9 now; tokens: True then, False now)" in other.stderr, other.stderr
+    own = read_bundle(MODELS / "detector").manifest.threshold  # the threshold a run without one used
+    assert f"(threshold: {own!r} then, 0.9 now; tokens: True then, False now)" in other.stderr, other.stderr
     assert "another --out" in other.stderr
 
 
@@ -244,3 +246,45 @@ def test_a_window_stride_cut_to_half_a_window_is_said_as_the_server_says_it(tmp_
     done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--window-stride", "600")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "note: detector: --window-stride 600 is more than half its window of 510 tokens" in done.stderr
+
+
+def test_a_resume_compares_the_threshold_the_spans_use_not_the_option_as_given(tmp_path, paragraphs):
+    """Resuming with --threshold equal to the bundle's own, after a run without it, was refused ("threshold:
+    None then, 0.58 now") though every row is the same. The threshold the spans use is compared, in a
+    job.json of before (None for "not given") too; a real change is still refused."""
+    own = read_bundle(MODELS / "detector").manifest.threshold
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])
+    out = tmp_path / "out"
+    assert run_bulk(src, out, "detector", "--workers", "1").returncode == 0
+    same = run_bulk(src, out, "detector", "--workers", "1", "--threshold", str(own))
+    assert same.returncode == 0 and "1 already finished" in same.stdout, same.stderr
+    job = json.loads((out / "job.json").read_text())
+    (out / "job.json").write_text(json.dumps(job | {"threshold": None}))  # as an earlier version kept it
+    again = run_bulk(src, out, "detector", "--workers", "1", "--threshold", str(own))
+    assert again.returncode == 0 and "1 already finished" in again.stdout, again.stderr
+    other = run_bulk(src, out, "detector", "--workers", "1", "--threshold", "0.9")
+    assert other.returncode == 2 and f"threshold: {own!r} then, 0.9 now" in other.stderr, other.stderr
+
+
+def _tree(d: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+def test_a_refused_resume_changes_nothing_in_out(tmp_path, paragraphs):
+    """A resume refused for "INPUT changed" had already written config.json (and job.json's additions):
+    DIR described a run that never happened. Every check comes before the first write now."""
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", paragraphs[:4])
+    out = tmp_path / "out"
+    assert run_bulk(src, out, "detector", "--workers", "1").returncode == 0
+    before = _tree(out)
+    with (src / "a.jsonl").open("a") as f:
+        f.write(json.dumps({"text": paragraphs[4]}) + "\n")
+    changed = run_bulk(
+        src, out, "detector", "--workers", "2", "--chunk-docs", "7"
+    )  # config.json would differ
+    assert changed.returncode == 2 and "INPUT changed" in changed.stderr, changed.stderr
+    other = run_bulk(src, out, "detector", "--workers", "2", "--tokens")
+    assert other.returncode == 2 and "other settings" in other.stderr, other.stderr
+    assert _tree(out) == before
