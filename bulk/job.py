@@ -183,6 +183,10 @@ def prepare(cfg: BulkConfig, pending: dict | None) -> None:
         for stale in ("summary.json", "rejects.jsonl"):
             (cfg.out / stale).unlink(missing_ok=True)
         outputs.remove_temporaries(cfg.out)
+        if n := outputs.remove_unrecorded(cfg.out, list(outputs.Manifest(cfg.out).entries())):
+            print(f"bulk: removed {n} file(s) under scores/ and rejects/ that no line of manifest.jsonl records "
+                  "(written as a job was stopped or killed, or by parts a shard no longer has); their parts, "
+                  "if still in INPUT, are scored again", file=sys.stderr, flush=True)  # fmt: skip
     except OSError as e:
         if outputs.out_of_space(e):
             raise JobError(f"{outputs.disk_full(cfg.out)}: free some space, then run the same command") from e
@@ -286,19 +290,31 @@ def run(cfg: BulkConfig) -> int:
             failed_parts[key] = result["error"]
             if result.get("disk_full"):  # every part after it would fail the same way, after its scoring
                 stop(outputs.disk_full(cfg.out))
-        elif key not in finished:  # a part Ray ran twice is recorded once
+        elif key in finished:  # a part Ray ran twice is recorded once: the other run's files stand
+            outputs.discard(cfg.out, result)
+        else:
             failed_parts.pop(key, None)
-            result["shard_stat"] = stats[result["name"]]
+            entry = {k: v for k, v in result.items() if k != "staged"} | {"shard_stat": stats[result["name"]]}
+            # The driver alone puts a part's files in place, right before its line: a worker that finishes
+            # after the job stopped leaves only temporaries, never rows that no manifest line records.
             try:
-                manifest.append(result)
+                outputs.publish(cfg.out, result)
+            except OSError as e:
+                outputs.discard(cfg.out, result)
+                failed_parts[key] = f"its files could not be put in place: {e}"
+                return bool(stopped)
+            try:
+                manifest.append(entry)
             except OSError as e:
                 if not outputs.out_of_space(e):
                     raise
+                for final in result["staged"]:  # in place, but unrecorded: not to be read as the job's
+                    (cfg.out / final).unlink(missing_ok=True)
                 failed_parts[key] = f"its manifest line could not be written: {e}"
                 stop(outputs.disk_full(cfg.out))
                 return True
-            finished[key] = result
-            scored.append(result)
+            finished[key] = entry
+            scored.append(entry)
         return bool(stopped)
 
     if todo:

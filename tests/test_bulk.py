@@ -288,3 +288,42 @@ def test_a_refused_resume_changes_nothing_in_out(tmp_path, paragraphs):
     other = run_bulk(src, out, "detector", "--workers", "2", "--tokens")
     assert other.returncode == 2 and "other settings" in other.stderr, other.stderr
     assert _tree(out) == before
+
+
+def test_files_no_manifest_line_records_are_removed_before_the_run_and_never_read_as_the_jobs(
+    tmp_path, paragraphs
+):
+    """A kill between a part's rename and its manifest line, or a part a Ray worker finished after its job
+    stopped, left a part file that no manifest line records; a shard cut into fewer parts since left its
+    old high-numbered ones. pq.read_table(DIR/scores) read them as the job's, and removing their shard from
+    INPUT left them there with exit 0. The next start removes every such file, saying so, and scores
+    their parts again if they are still in INPUT; the rows are then a fresh run's."""
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", paragraphs[:4])
+    write_jsonl(src / "gone.jsonl", paragraphs[4:8])
+    write_jsonl(src / "cut.jsonl", paragraphs[8:40])
+    out = tmp_path / "out"
+    flags = ("--workers", "1", "--part-mb", "0.002")
+    first = run_bulk(src, out, "detector", *flags)
+    assert first.returncode == 0, first.stderr
+    cut_parts = len(list((out / "scores").glob("cut.jsonl.part-*")))
+    assert cut_parts > 2
+    # What a stop or a kill leaves: the files of gone.jsonl's and cut.jsonl's parts, and no line for them.
+    manifest = out / "manifest.jsonl"
+    kept = [line for line in manifest.read_text().splitlines() if json.loads(line)["name"] == "a.jsonl"]
+    manifest.write_text("".join(line + "\n" for line in kept))
+    (src / "gone.jsonl").unlink()
+    write_jsonl(src / "cut.jsonl", paragraphs[8:14])  # now fewer parts than its files in scores/
+    again = run_bulk(src, out, "detector", *flags)
+    assert again.returncode == 0, again.stderr
+    stale = 1 + cut_parts  # one part of gone.jsonl (a small file), and every part cut.jsonl had
+    assert (
+        f"bulk: removed {stale} file(s) under scores/ and rejects/ that no line of manifest.jsonl records"
+        in (again.stderr)
+    ), again.stderr
+    fresh = tmp_path / "fresh"
+    assert run_bulk(src, fresh, "detector", *flags).returncode == 0
+    assert rows(out) == rows(fresh)
+    recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
+    assert {f"scores/{p.name}" for p in (out / "scores").iterdir()} == recorded
+    assert summary(out)["documents"] == 10

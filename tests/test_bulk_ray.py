@@ -7,6 +7,7 @@ Ray is a 127.x one, and Ray's usage statistics are off."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -153,6 +154,10 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     assert proc.returncode == 143, err[-3000:]
     assert "stopped by SIGTERM; run the same command again to score the rest" in err, err[-3000:]
     assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] > 0
+    # The parts dropped at the stop (an actor may finish one as the job ends) leave temporaries at most:
+    # scores/ holds only what the manifest records, nothing a reader would take for the job's rows.
+    recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
+    assert {f"scores/{p.name}" for p in (out / "scores").iterdir() if not p.name.startswith(".")} == recorded
     done = run_bulk(corpus, out, "detector", "--workers", "2")  # a job moves between Ray and local freely
     assert done.returncode == 0, done.stderr
     assert rows(out) == local_rows
