@@ -327,3 +327,17 @@ def test_files_no_manifest_line_records_are_removed_before_the_run_and_never_rea
     recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
     assert {f"scores/{p.name}" for p in (out / "scores").iterdir()} == recorded
     assert summary(out)["documents"] == 10
+
+
+def test_a_lone_surrogate_id_rejects_its_line_and_the_part_is_scored(tmp_path):
+    """One `{"n": 1e400, "id": "\\ud800", ...}` line failed its whole part on every run (exit 4)."""
+    src = tmp_path / "a.jsonl"
+    src.write_text(
+        '{"n": 1e400, "id": "\\ud800", "text": "hello there"}\n{"id": "b", "text": "a good one"}\n'
+    )
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--id-field", "id")
+    assert done.returncode == 3, done.stderr  # rejects, no failure
+    assert summary(tmp_path / "out")["rejects_by_reason"] == {"not_utf8": 1}
+    assert [r["id"] for r in rows(tmp_path / "out")] == ["b"]
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert (reject["id"], reject["line"], reject["reason"]) == ("a.jsonl:1", 1, "not_utf8")
