@@ -341,3 +341,57 @@ def test_a_lone_surrogate_id_rejects_its_line_and_the_part_is_scored(tmp_path):
     assert [r["id"] for r in rows(tmp_path / "out")] == ["b"]
     (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert (reject["id"], reject["line"], reject["reason"]) == ("a.jsonl:1", 1, "not_utf8")
+
+
+def test_the_progress_line_on_a_terminal_leaves_nothing_of_a_longer_one():
+    """Redrawn in place with a bare carriage return, a shorter line left the longer one's tail on screen.
+    On a real terminal (a pty), what the line shows at each redraw is the line drawn, and nothing more."""
+    import os
+    import select
+
+    from bulk.progress import Progress
+
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w", closefd=False) as stream:
+            progress = Progress(1000, stream=stream)
+            progress.docs, progress.tokens, progress.bytes = 500, 90_000, 500
+            drawn = []
+            for after in (0.001, 50.0, 3.0):  # a fast start (long figures), then slower (shorter ones)
+                now = progress.start + after
+                drawn.append(progress.line(now))
+                progress._draw(now)
+            progress.close()
+        written = b""
+        while select.select([master], [], [], 0.5)[0] and (chunk := os.read(master, 65536)):
+            written += chunk
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert len(drawn[1]) < len(drawn[0])  # the case: a shorter line over a longer one
+    shown = _terminal_line_at_each_return(written.decode())
+    assert shown[:3] == drawn and shown[3].startswith("500 docs  "), (shown, drawn)
+
+
+def _terminal_line_at_each_return(output: str) -> list[str]:
+    """What a terminal's line shows at each carriage return (or line end), with CR, LF and ESC [ K (erase
+    to the end of the line) applied as a terminal applies them."""
+    shown, line, col, i = [], [], 0, 0
+    while i < len(output):
+        if output.startswith("\x1b[K", i):
+            del line[col:]
+            i += 3
+            continue
+        c = output[i]
+        if c == "\r":
+            shown.append("".join(line))
+            col = 0
+        elif c == "\n":
+            if output[i - 1 : i] != "\r":  # a pty writes a line end as CR LF: the CR said it
+                shown.append("".join(line))
+            line, col = [], 0
+        else:
+            line[col : col + 1] = [c]
+            col += 1
+        i += 1
+    return shown
