@@ -343,9 +343,11 @@ def run(cfg: BulkConfig) -> int:
             else "no more parts start; the running ones finish and are kept"
         )
         with GracefulStop(True, doing) as interrupt:
-            watch = (
-                runner.watch_own_instance(lambda: interrupt.signal, cfg.out) if cfg.ray == "local" else None
-            )
+            watch = None
+            if cfg.ray == "local":
+                watch = runner.watch_own_instance(lambda: interrupt.signal, cfg.out)
+            elif cfg.ray:  # a cluster joined: losing it ends the job with our status and what to do
+                watch = runner.watch_cluster(cfg.ray, EXIT_FAILED)
             try:
                 runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
             finally:

@@ -249,3 +249,40 @@ def _nodes(address: str, ray_env: dict) -> int:
                        timeout=60)  # fmt: skip
     active = r.stdout.split("Active:")[-1].split("Pending:")[0]
     return active.count("node_")
+
+
+def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resumes(
+    tmp_path, corpus, local_rows, ray_env
+):
+    """--ray ADDRESS whose head dies mid-job: Ray waited a minute, then ended the driver with status 1 and
+    its own errors alone. The job says the cluster at ADDRESS is lost and to run the same command again,
+    and exits 4 (a failure, the finished parts kept) before Ray's own exit; the same command (here on
+    local processes) ends with every document once."""
+    port = _port()
+    head = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard=false",
+            "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(head, env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)
+    address = f"127.0.0.2:{port}"
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    # Ray ends a driver whose head has not answered for this long (60 s unless told); the job says so at
+    # three quarters of it.
+    job_env = {**ray_env, "RAY_gcs_rpc_server_reconnect_timeout_s": "30"}
+    job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray", address), cwd=REPO,
+                           env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or job.poll() is not None,
+                 timeout=180, what="a part on the cluster")  # fmt: skip
+        assert job.poll() is None, "the job finished before the head was killed"
+        _stop_own_ray(ray_env["RAY_TMPDIR"], keep=job.pid)  # the head: every process of its session
+        err = job.communicate(timeout=120)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 4, err[-3000:]
+    assert f"lost the Ray cluster at {address} (--ray)" in err, err[-3000:]
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert not (out / "summary.json").exists()  # no figures of a run that did not end
+    resumed = run_bulk(corpus, out, "detector", "--workers", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert rows(out) == local_rows
