@@ -102,6 +102,32 @@ def _inside(path: str, out: str | None) -> bool:
     return out is not None and (path == out or path.startswith(out + os.sep))
 
 
+# What a job writes in --out (bulk/outputs.py): skipped as input in silence. Anything else there that looks
+# like input is refused instead: "nothing under --out is input" once dropped a shard without a word.
+OWN_FILES = ("manifest.jsonl", "rejects.jsonl", "summary.json", "config.json", "job.json")
+OWN_DIRS = ("scores", "rejects")
+
+
+def _own_output(rel: str) -> bool:
+    """Whether a path under --out (relative to it, real) is one a job writes there, or a temporary."""
+    parts = Path(rel).parts
+    return (
+        any(p.startswith(".") for p in parts)  # temporaries (.x.tmp-...), and nothing hidden is input
+        or (len(parts) == 1 and parts[0] in OWN_FILES)
+        or (len(parts) == 2 and parts[0] in OWN_DIRS)
+    )
+
+
+def _refuse_foreign(found: list[str], out: Path) -> None:
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise InputError(
+            f"--out {out} lies inside INPUT and holds files that look like input but are not this job's "
+            f"outputs: {shown}. Nothing under --out is input, so they would not be scored: move them out of "
+            "--out, or choose another --out"
+        )
+
+
 def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
     could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
@@ -116,43 +142,54 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
                          "reads them again when resumed; write the input to a file first")  # fmt: skip
+    input_in_out = out is not None and mine(_fixed_part(spec))  # all of INPUT is under --out: none of it read
     inside_out = (f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
-                  if out is not None and mine(_fixed_part(spec)) else "")  # fmt: skip
+                  if input_in_out else "")  # fmt: skip
     if path.is_dir():
         root = Path(os.path.abspath(path))
 
         def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
             unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-        files = []
+        files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
         for d, subdirs, names in os.walk(root, onerror=unreadable):  # symlinked directories not entered
-            subdirs[:] = sorted(x for x in subdirs if not x.startswith(".") and not mine(os.path.join(d, x)))
+            subdirs[:] = sorted(x for x in subdirs if not x.startswith("."))
             for n in names:
                 if n.startswith("."):
                     continue
                 f = Path(d) / n
                 try:
-                    if f.is_file() and _wanted(f, fmt) and not mine(f):
-                        files.append(f)
+                    if f.is_file() and _wanted(f, fmt):
+                        if not mine(f):
+                            files.append(f)
+                        elif not input_in_out and not _own_output(
+                            os.path.relpath(os.path.realpath(f), real_out)
+                        ):
+                            foreign.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
+        _refuse_foreign(foreign, out)
         if not files and not unlisted:
             raise InputError(
                 f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}"
             )
         return root, sorted(files), unlisted
-    matches = []
+    matches, foreign = [], []
     unlisted.update(_unlistable_under_glob(spec))
     for p in glob.glob(spec, recursive=True):
         if os.path.dirname(p) in unlisted:  # failed as a whole already
             continue
         try:
-            if Path(p).is_file() and not mine(p):
-                matches.append(Path(os.path.abspath(p)))
+            if Path(p).is_file():
+                if not mine(p):
+                    matches.append(Path(os.path.abspath(p)))
+                elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
+                    foreign.append(p)
         except OSError as e:
             unlisted[p] = _reason(e)
+    _refuse_foreign(foreign, out)
     if not matches and not unlisted:
         raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}")
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
@@ -254,6 +291,25 @@ def _csv_hint(path: Path) -> str:
             f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
 
 
+def _json_array_hint(path: Path) -> str | None:
+    """Why a .json/.jsonl shard cannot be read, when it is one JSON array (json.dump(docs, f, indent=2))
+    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not."""
+    if _type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
+        return None
+    with path.open("rb") as f:  # its first character that is not white space (past a byte-order mark)
+        head = f.read(len(BOM)).removeprefix(BOM)
+        while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
+            pass
+    if not first.startswith(b"["):
+        return None
+    lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))
+    if lines == str(path):
+        lines = str(path.parent / (path.name.split(".")[0] + ".lines.jsonl"))
+    return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
+            'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
+            f"{str(path)!r})); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) for d in docs)\"")  # fmt: skip
+
+
 def plan(
     root: Path, files: list[Path], fmt: str, part_bytes: int, id_field: str = ""
 ) -> tuple[list[Part], dict[str, str]]:
@@ -289,6 +345,9 @@ def plan(
             failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
             continue
         try:
+            if kind == "jsonl" and (hint := _json_array_hint(path)):
+                failed[name] = hint  # by name, as a CSV: not 100% not_json rejects and a finished job
+                continue
             cut = _parquet_parts if kind == "parquet" else _line_parts
             parts.extend(list(cut(path, name, kind, part_bytes)))  # all of a shard's parts, or none
         except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
@@ -424,8 +483,24 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
         value = _id_text(obj.get(id_field))
         if value is None:
             return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
+        # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line for a number
+        # past a float's range) cannot be written as UTF-8: as an id it failed the whole part, every run.
+        if (bad := _surrogate_at(value)) is not None:
+            return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: lone surrogate")
         ident = value
+    # The text is checked the same way (_checked), whichever parser read the line.
     return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
+
+
+def _surrogate_at(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (no UTF-8 holds it), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _out_of_range(decoded: str, e: msgspec.DecodeError):
@@ -474,11 +549,8 @@ def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> 
 def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
         return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # "\ud800" in JSON decodes to a lone surrogate
-            return Doc(line, ident, None, Reason.NOT_UTF8, f"character {e.start}: lone surrogate")
+    if (bad := _surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
+        return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: lone surrogate")
     if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
         return Doc(
             line, ident, None, Reason.EMPTY_TEXT, "nothing but white space, control or zero-width characters"

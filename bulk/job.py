@@ -14,6 +14,7 @@ import app
 import options
 from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
+from app.model.catalog import default_threshold
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
@@ -45,13 +46,37 @@ def part_size(cfg: BulkConfig, files: list[Path]) -> int:
 
 
 def check_fingerprint(
-    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None
-) -> tuple[int, Path | None]:
+    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None,
+    own_threshold: float | None = None,
+) -> tuple[int, Path | None]:  # fmt: skip
+    """read_fingerprint, and job.json written where it asks."""
+    part_bytes, kept, pending = read_fingerprint(cfg, bundle_sha, files, root, own_threshold)
+    write_fingerprint(cfg, pending)
+    return part_bytes, kept
+
+
+def write_fingerprint(cfg: BulkConfig, pending: dict | None) -> None:
+    if pending is not None:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        outputs.write_json(cfg.out / "job.json", pending)
+
+
+def read_fingerprint(
+    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None,
+    own_threshold: float | None = None,
+) -> tuple[int, Path | None, dict | None]:  # fmt: skip
     """A resumed job must score as the first run did: same bundle, same options that shape a row, and
-    the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size
-    and the root its shards are named from (`root` for a new job; job.json's for a resumed one)."""
+    the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size,
+    the root its shards are named from (`root` for a new job; job.json's for a resumed one), and what
+    job.json is to hold (None: it stands). Writes nothing: a run refused after this (INPUT changed)
+    leaves --out as it found it. `own_threshold`: a detector's own threshold (the bundle's), which a run
+    without --threshold scores with."""
     path = cfg.out / "job.json"
     want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
+    # The threshold the spans use, not as given: `--threshold 0.58` where the bundle's own is 0.58 scores
+    # the rows a run without it scored, and resumes it (a job.json of before kept None for "not given").
+    if want["threshold"] is None:
+        want["threshold"] = own_threshold
     if path.is_file():
         try:
             have = json.loads(path.read_text())
@@ -65,6 +90,8 @@ def check_fingerprint(
             )
         if isinstance(have.get("input"), str):  # a job of before 2026-11-28 kept INPUT as typed, from here
             have["input"] = absolute_spec(have["input"])
+        if have.get("threshold") is None:  # not given then: the bundle's own (the same bundle, or refused)
+            have["threshold"] = own_threshold
         diff = sorted(k for k in want if have.get(k) != want[k])
         if have.get("parquet_parts") != "rows" and _finished_parquet(cfg):
             # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's
@@ -83,16 +110,13 @@ def check_fingerprint(
             added["parquet_parts"] = "rows"
         if not isinstance(have.get("input_root"), str) and (named := _root_named_by_manifest(cfg) or root):
             added["input_root"] = str(named)  # nothing finished yet: this run names the shards
-        if added:
-            outputs.write_json(path, have | added)
         kept = (have | added).get("input_root")
-        return int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None
-    cfg.out.mkdir(parents=True, exist_ok=True)
+        return (int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None,
+                have | added if added else None)  # fmt: skip
     want |= {"part_bytes": part_size(cfg, files), "parquet_parts": "rows"}
     if root is not None:
         want["input_root"] = str(root)
-    outputs.write_json(path, want)
-    return want["part_bytes"], root
+    return want["part_bytes"], root, want
 
 
 def _root_named_by_manifest(cfg: BulkConfig) -> Path | None:
@@ -146,13 +170,23 @@ def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> l
     return sorted(gone)
 
 
-def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path) -> tuple[int, Path]:
-    """job.json checked or written, config.json written: the part size and the root shards are named
-    from. An --out that cannot be written stops the job here, before any work, with what to do."""
+def prepare(cfg: BulkConfig, pending: dict | None) -> None:
+    """Once every check passed (a refused run changes nothing in --out): job.json written where it asks,
+    config.json written, and what this run replaces or must not read removed. An --out that cannot be
+    written stops the job here, before any part is scored, with what to do."""
     try:
-        part_bytes, kept = check_fingerprint(cfg, bundle_sha, files, root)
-        kept = kept or root
+        write_fingerprint(cfg, pending)
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
+        # An earlier run's figures, which stop matching the manifest as soon as a part is recorded: a run
+        # that ends without writing its own (a kill, a crash, a lost Ray cluster) must not leave them to be
+        # read as this one's. They are written again at the end.
+        for stale in ("summary.json", "rejects.jsonl"):
+            (cfg.out / stale).unlink(missing_ok=True)
+        outputs.remove_temporaries(cfg.out)
+        if n := outputs.remove_unrecorded(cfg.out, list(outputs.Manifest(cfg.out).entries())):
+            print(f"bulk: removed {n} file(s) under scores/ and rejects/ that no line of manifest.jsonl records "
+                  "(written as a job was stopped or killed, or by parts a shard no longer has); their parts, "
+                  "if still in INPUT, are scored again", file=sys.stderr, flush=True)  # fmt: skip
     except OSError as e:
         if outputs.out_of_space(e):
             raise JobError(f"{outputs.disk_full(cfg.out)}: free some space, then run the same command") from e
@@ -160,7 +194,6 @@ def prepare(cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path) -> 
             f"--out {cfg.out}: cannot write there ({e.strerror or e}: {e.filename}); choose a directory this "
             "user can create and write"
         ) from e
-    return part_bytes, kept
 
 
 def report_failures(failed: dict[str, str], limit: int = 20) -> None:
@@ -207,23 +240,30 @@ def run(cfg: BulkConfig) -> int:
         if note := windows.stride_note():
             print(f"bulk: note: {cfg.model}: {note}", file=sys.stderr, flush=True)
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out)
-    part_bytes, root = prepare(cfg, bundle.manifest.model_sha256, files, root)
+    own_threshold = default_threshold(bundle.manifest) if bundle.manifest.kind == "detector" else None
+    try:
+        part_bytes, kept, pending = read_fingerprint(
+            cfg, bundle.manifest.model_sha256, files, root, own_threshold
+        )
+    except OSError as e:  # job.json there but unreadable (permissions)
+        raise JobError(f"--out {cfg.out}: cannot read its job.json ({e.strerror or e}: {e.filename})") from e
+    root = kept or root
     parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)
     failed_shards |= unlisted
-    report_failures(failed_shards)
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
+    stats = shard_stats(parts)
+    gone = check_unchanged(finished, stats)  # the last refusal: nothing in --out was written before it
+    prepare(cfg, pending)
+    report_failures(failed_shards)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
     asked = "id_field" in options.sources(cfg)
     if not cfg.id_field and not asked and not finished and parts and (named := id_column(parts[0])):
         print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
               "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
-    stats = shard_stats(parts)
-    gone = check_unchanged(finished, stats)
     if gone:
         print(f"bulk: {len(gone)} shard(s) with finished parts are no longer in INPUT ({', '.join(gone[:5])}); "
               "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip
-    outputs.remove_temporaries(cfg.out)
     todo = [p for p in parts if p.key not in finished]
     docs_before = sum(finished[p.key].get("rows", 0) for p in parts if p.key in finished)
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
@@ -250,19 +290,31 @@ def run(cfg: BulkConfig) -> int:
             failed_parts[key] = result["error"]
             if result.get("disk_full"):  # every part after it would fail the same way, after its scoring
                 stop(outputs.disk_full(cfg.out))
-        elif key not in finished:  # a part Ray ran twice is recorded once
+        elif key in finished:  # a part Ray ran twice is recorded once: the other run's files stand
+            outputs.discard(cfg.out, result)
+        else:
             failed_parts.pop(key, None)
-            result["shard_stat"] = stats[result["name"]]
+            entry = {k: v for k, v in result.items() if k != "staged"} | {"shard_stat": stats[result["name"]]}
+            # The driver alone puts a part's files in place, right before its line: a worker that finishes
+            # after the job stopped leaves only temporaries, never rows that no manifest line records.
             try:
-                manifest.append(result)
+                outputs.publish(cfg.out, result)
+            except OSError as e:
+                outputs.discard(cfg.out, result)
+                failed_parts[key] = f"its files could not be put in place: {e}"
+                return bool(stopped)
+            try:
+                manifest.append(entry)
             except OSError as e:
                 if not outputs.out_of_space(e):
                     raise
+                for final in result["staged"]:  # in place, but unrecorded: not to be read as the job's
+                    (cfg.out / final).unlink(missing_ok=True)
                 failed_parts[key] = f"its manifest line could not be written: {e}"
                 stop(outputs.disk_full(cfg.out))
                 return True
-            finished[key] = result
-            scored.append(result)
+            finished[key] = entry
+            scored.append(entry)
         return bool(stopped)
 
     if todo:
@@ -291,9 +343,11 @@ def run(cfg: BulkConfig) -> int:
             else "no more parts start; the running ones finish and are kept"
         )
         with GracefulStop(True, doing) as interrupt:
-            watch = (
-                runner.watch_own_instance(lambda: interrupt.signal, cfg.out) if cfg.ray == "local" else None
-            )
+            watch = None
+            if cfg.ray == "local":
+                watch = runner.watch_own_instance(lambda: interrupt.signal, cfg.out)
+            elif cfg.ray:  # a cluster joined: losing it ends the job with our status and what to do
+                watch = runner.watch_cluster(cfg.ray, EXIT_FAILED)
             try:
                 runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
             finally:

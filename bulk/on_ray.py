@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import options
 from bulk.config import BulkConfig, from_dict
@@ -106,20 +107,75 @@ def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
     return done
 
 
+# Ray ends a driver whose cluster's head (its GCS) has not answered for this long, with status 1 and only
+# its own errors; the job says so first, at LOST_AFTER of it (a head that comes back sooner is waited for).
+RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+LOST_AFTER = 0.75
+
+
+def watch_cluster(address: str, failed_status: int, every_s: float = 2.0) -> threading.Event:
+    """For a job on a cluster it joined (--ray ADDRESS): once the head has not answered for LOST_AFTER of
+    Ray's own reconnect timeout (60 s unless RAY_gcs_rpc_server_reconnect_timeout_s says), say that the
+    cluster is lost, that the finished parts are kept and that the same command resumes, and exit with
+    `failed_status`, before Ray's own exit (status 1, a minute of raw errors). Returns the event that
+    ends the watch."""
+    import ray
+
+    done = threading.Event()
+    target = _host_port(address)
+    if target is None:  # `auto`: the head the job found
+        with contextlib.suppress(Exception):
+            target = _host_port(ray.get_runtime_context().gcs_address)
+    if target is None:
+        return done
+    try:
+        grace = LOST_AFTER * float(os.environ.get(RECONNECT_ENV, "60"))
+    except ValueError:
+        grace = LOST_AFTER * 60
+
+    def answers() -> bool:
+        try:
+            socket.create_connection(target, timeout=every_s).close()
+            return True
+        except OSError:
+            return False
+
+    def watch() -> None:
+        lost_since = None
+        while not done.wait(every_s):
+            if answers():
+                lost_since = None
+                continue
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since >= grace and not done.is_set():
+                os.write(2, f"\nbulk: lost the Ray cluster at {address} (--ray): its head ({target[0]}:{target[1]}) "
+                            f"has not answered for {grace:.0f} s. The finished parts are kept (manifest.jsonl); the "
+                            "parts that were running are scored again by the next run. Once the cluster is back "
+                            "(ray start), run the same command again to resume\n".encode())  # fmt: skip
+                os._exit(failed_status)  # Ray's exit handlers would wait for the head until its own timeout
+
+    threading.Thread(target=watch, name="ray-cluster-watch", daemon=True).start()
+    return done
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
 class JoinError(ConnectionError):
     """The cluster named by --ray could not be joined; the message says what to check."""
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
     """HOST:PORT must answer before ray.init is asked: where nothing listens, it retries for minutes."""
-    host, _, port = address.rpartition("://")[2].rpartition(":")
-    if not host or not port.isdigit():  # "auto", or a form Ray reads its own way
+    if (target := _host_port(address)) is None:  # "auto", or a form Ray reads its own way
         return
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        socket.create_connection(target, timeout=timeout_s).close()
     except OSError as e:
         raise JoinError(f"nothing answers at {address} (--ray): {e.strerror or e}. Start the cluster's head there "
-                        f"(ray start --head --port {port}), or give the address `ray start` printed") from None  # fmt: skip
+                        f"(ray start --head --port {target[1]}), or give the address `ray start` printed") from None  # fmt: skip
 
 
 def _join_failed(address: str, e: Exception) -> str:

@@ -8,7 +8,12 @@ that a resumed job would trust:
     config.json, job.json               the resolved options, and those the rows depend on
 
 Every file is written under a temporary name and renamed when complete; a part is finished when its
-manifest line is written, after its files were renamed. The manifest has one writer, the driver.
+manifest line is written, after its files were renamed. The manifest has one writer, the driver, and so
+has scores/ and rejects/: a worker leaves a part's files under their temporary names, and the driver
+renames them just before it appends the part's line. A worker that finishes after its job stopped (on Ray,
+a part dropped at a stop) leaves only temporaries, which the next start removes; what a kill between a
+rename and its line leaves, or an earlier version, is removed at the next start too (`remove_unrecorded`),
+so that nothing under scores/ is read as the job's unless the manifest records it.
 """
 
 from __future__ import annotations
@@ -63,12 +68,16 @@ def safe(name: str) -> str:
     return f"%{ord(escaped[0]):02X}{escaped[1:]}" if escaped[:1] in (".", "_") else escaped
 
 
+def _part_file(name: str, index: int, ext: str) -> str:
+    return f"{safe(name)}.part-{index:05d}.{ext}"
+
+
 def score_path(out: Path, part: Part) -> Path:
-    return out / "scores" / f"{safe(part.name)}.part-{part.index:05d}.parquet"
+    return out / "scores" / _part_file(part.name, part.index, "parquet")
 
 
 def rejects_path(out: Path, part: Part) -> Path:
-    return out / "rejects" / f"{safe(part.name)}.part-{part.index:05d}.jsonl"
+    return out / "rejects" / _part_file(part.name, part.index, "jsonl")
 
 
 def temporary(path: Path) -> Path:
@@ -113,7 +122,8 @@ def _size(n: int) -> str:
 
 
 class PartWriter:
-    """A part's Parquet file, a row group per chunk of documents, renamed into place by `commit`."""
+    """A part's Parquet file, a row group per chunk of documents, left under its temporary name by `close`
+    for the driver to publish."""
 
     def __init__(self, path: Path, schema: pa.Schema, metadata: dict[str, str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,11 +138,13 @@ class PartWriter:
     def write(self, columns: dict[str, list]) -> None:
         self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
 
-    def commit(self) -> str:
-        """Close, publish, and return the file's sha256."""
+    def close(self) -> str:
+        """Close and flush to disk under the temporary name (the driver publishes it: `publish`), and
+        return the file's sha256."""
         self._writer.close()
-        _publish(self.tmp, self.path)
-        return sha256_file(self.path)
+        with self.tmp.open("rb+") as f:
+            os.fsync(f.fileno())
+        return sha256_file(self.tmp)
 
     def abort(self) -> None:
         # The file is thrown away: closing it may fail again (the footer meets the same full disk), and
@@ -142,14 +154,37 @@ class PartWriter:
         self.tmp.unlink(missing_ok=True)
 
 
-def write_rejects(path: Path, rejects: list[dict]) -> str | None:
-    """The part's rejects file (none when it has none), and its sha256."""
+def stage_rejects(path: Path, rejects: list[dict]) -> tuple[Path, str] | None:
+    """The part's rejects file under a temporary name (none when it has none), flushed to disk, and its
+    sha256; the driver publishes it with the part's Parquet file."""
     if not rejects:
-        path.unlink(missing_ok=True)
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
-    return sha256_file(path)
+    tmp = temporary(path)
+    try:
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+        with tmp.open("rb+") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, sha256_file(tmp)
+
+
+def publish(out: Path, result: dict) -> None:
+    """Rename a finished part's temporary files into place (the driver, just before the part's manifest
+    line): result["staged"] maps each final path to its temporary, both relative to `out`. A part now
+    without rejects loses the rejects file an earlier scoring of it left."""
+    for final, tmp in result["staged"].items():
+        os.replace(out / tmp, out / final)  # atomic: readers see the old file or the complete new one
+    if not result.get("rejects_file"):
+        (out / "rejects" / _part_file(result["name"], result["index"], "jsonl")).unlink(missing_ok=True)
+
+
+def discard(out: Path, result: dict) -> None:
+    """A part's temporary files that will not be published (Ray ran it twice, or it failed after)."""
+    for tmp in result.get("staged", {}).values():
+        (out / tmp).unlink(missing_ok=True)
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -212,6 +247,27 @@ def remove_temporaries(out: Path) -> int:
         d = out / sub
         if d.is_dir():
             for p in d.glob(".*.tmp-*"):
+                p.unlink(missing_ok=True)
+                n += 1
+    return n
+
+
+def remove_unrecorded(out: Path, entries: list[dict]) -> int:
+    """Remove the files in scores/ and rejects/ that no manifest line names (as its output or its rejects
+    file), and return how many. pq.read_table(DIR/scores) reads every file there: one the manifest does
+    not record (a kill between a part's rename and its line, a part a Ray worker finished after its job
+    stopped under an earlier version, a shard cut into fewer parts since) would be read as the job's, and
+    stay after its shard left INPUT. Its part, if still in INPUT, is scored again."""
+    named = {e.get(k) for e in entries for k in ("output", "rejects_file")}
+    n = 0
+    for sub in ("scores", "rejects"):
+        d = out / sub
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            if p.name.startswith("."):  # temporaries: remove_temporaries'; other hidden files no reader reads
+                continue
+            if f"{sub}/{p.name}" not in named and (p.is_file() or p.is_symlink()):
                 p.unlink(missing_ok=True)
                 n += 1
     return n

@@ -9,6 +9,7 @@ import time
 
 REDRAW_S = 0.5
 LOG_EVERY_S = 30.0
+CLEAR_TO_EOL = "\x1b[K"
 
 
 def _duration(s: float) -> str:
@@ -63,11 +64,13 @@ class Progress:
         )
 
     def _draw(self, now: float) -> None:
-        end = "\r" if self._tty else "\n"
+        # On a terminal the line is redrawn over the last one: erase what is left of that one past the new
+        # line's end (ESC [ K, to the end of the line), or a shorter line shows the longer one's tail.
+        end = CLEAR_TO_EOL + "\r" if self._tty else "\n"
         self.stream.write(self.line(now) + end)
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self.stream.write(self.line() + "\n")
+            self.stream.write(self.line() + (CLEAR_TO_EOL if self._tty else "") + "\n")
             self.stream.flush()

@@ -106,7 +106,8 @@ def _chunks(docs: Iterable[Doc], n: int) -> Iterator[list[Doc]]:
 
 
 def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict:
-    """Score one part into its Parquet file (renamed into place when complete) and its rejects file.
+    """Score one part into its Parquet file and its rejects file, both left under temporary names for the
+    driver to rename into place (outputs.publish) as it records the part.
     Returns what the manifest and the summary record of it; a part that cannot be read or scored
     returns its error instead (the other parts go on)."""
     cfg, t0, started_at = scorer.cfg, time.perf_counter(), time.time()
@@ -151,24 +152,28 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
             done_bytes += size
             if report:
                 report(len(good), tokens, size)
-        sha = writer.commit()
+        # Both files stay under their temporary names (names of this attempt's own, so a twin run on Ray
+        # never writes into them): the driver renames them into place as it records the part, and a part
+        # it never records (stopped, dropped) leaves nothing that scores/ would be read with.
+        sha = writer.close()
         if report and part.size > done_bytes:  # Parquet documents carry no size: the part's all at once
             report(0, 0, part.size - done_bytes)
         rpath = outputs.rejects_path(cfg.out, part)
-        # If this fails, the Parquet file just published stays: not in the manifest, it is scored again
-        # and replaced on resume (removing it could remove a twin run's finished file under Ray).
-        rejects_sha = outputs.write_rejects(rpath, rejects)
+        staged_rejects = outputs.stage_rejects(rpath, rejects)
     except Exception as e:  # this part fails alone, named in the summary; the job goes on
         if writer is not None:
-            writer.abort()
+            writer.abort()  # its temporary file too, closed or not
         log.error("%s: %s: %s", part.key, type(e).__name__, e)
         if outputs.out_of_space(e):  # the driver stops handing out parts: every one would fail the same
             return part.failure(f"{outputs.disk_full(cfg.out)}: {e}") | {"disk_full": True}
         return part.failure(f"{type(e).__name__}: {e}")
     rel = lambda p: p.relative_to(cfg.out).as_posix()  # noqa: E731
+    staged = {rel(path): rel(writer.tmp)} | ({rel(rpath): rel(staged_rejects[0])} if staged_rejects else {})
     return result | stats | {
         "output": rel(path), "sha256": sha, "rejects": len(rejects),
-        "rejects_file": rel(rpath) if rejects else None, "rejects_sha256": rejects_sha,
+        "rejects_file": rel(rpath) if rejects else None,
+        "rejects_sha256": staged_rejects[1] if staged_rejects else None,
+        "staged": staged,  # final name -> temporary one, for the driver (not kept in the manifest)
         "seconds": round(time.perf_counter() - t0, 3),
         # Wall-clock times (the nodes of a cluster share a clock closely enough for a rate over minutes).
         "started_at": started_at, "finished_at": time.time(),

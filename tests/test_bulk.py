@@ -5,6 +5,7 @@ project's version; a resumed job skips what is finished and refuses other settin
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -113,7 +114,8 @@ def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, 
     assert all(text[t["start"] : t["end"]] for t in got[0]["tokens"])  # offsets into the document
     other = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--threshold", "0.9")
     assert other.returncode == 2
-    assert "(threshold: None then, 0.9 now; tokens: True then, False now)" in other.stderr, other.stderr
+    own = read_bundle(MODELS / "detector").manifest.threshold  # the threshold a run without one used
+    assert f"(threshold: {own!r} then, 0.9 now; tokens: True then, False now)" in other.stderr, other.stderr
     assert "another --out" in other.stderr
 
 
@@ -244,3 +246,152 @@ def test_a_window_stride_cut_to_half_a_window_is_said_as_the_server_says_it(tmp_
     done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--window-stride", "600")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "note: detector: --window-stride 600 is more than half its window of 510 tokens" in done.stderr
+
+
+def test_a_resume_compares_the_threshold_the_spans_use_not_the_option_as_given(tmp_path, paragraphs):
+    """Resuming with --threshold equal to the bundle's own, after a run without it, was refused ("threshold:
+    None then, 0.58 now") though every row is the same. The threshold the spans use is compared, in a
+    job.json of before (None for "not given") too; a real change is still refused."""
+    own = read_bundle(MODELS / "detector").manifest.threshold
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])
+    out = tmp_path / "out"
+    assert run_bulk(src, out, "detector", "--workers", "1").returncode == 0
+    same = run_bulk(src, out, "detector", "--workers", "1", "--threshold", str(own))
+    assert same.returncode == 0 and "1 already finished" in same.stdout, same.stderr
+    job = json.loads((out / "job.json").read_text())
+    (out / "job.json").write_text(json.dumps(job | {"threshold": None}))  # as an earlier version kept it
+    again = run_bulk(src, out, "detector", "--workers", "1", "--threshold", str(own))
+    assert again.returncode == 0 and "1 already finished" in again.stdout, again.stderr
+    other = run_bulk(src, out, "detector", "--workers", "1", "--threshold", "0.9")
+    assert other.returncode == 2 and f"threshold: {own!r} then, 0.9 now" in other.stderr, other.stderr
+
+
+def _tree(d: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+def test_a_refused_resume_changes_nothing_in_out(tmp_path, paragraphs):
+    """A resume refused for "INPUT changed" had already written config.json (and job.json's additions):
+    DIR described a run that never happened. Every check comes before the first write now."""
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", paragraphs[:4])
+    out = tmp_path / "out"
+    assert run_bulk(src, out, "detector", "--workers", "1").returncode == 0
+    before = _tree(out)
+    with (src / "a.jsonl").open("a") as f:
+        f.write(json.dumps({"text": paragraphs[4]}) + "\n")
+    changed = run_bulk(
+        src, out, "detector", "--workers", "2", "--chunk-docs", "7"
+    )  # config.json would differ
+    assert changed.returncode == 2 and "INPUT changed" in changed.stderr, changed.stderr
+    other = run_bulk(src, out, "detector", "--workers", "2", "--tokens")
+    assert other.returncode == 2 and "other settings" in other.stderr, other.stderr
+    assert _tree(out) == before
+
+
+def test_files_no_manifest_line_records_are_removed_before_the_run_and_never_read_as_the_jobs(
+    tmp_path, paragraphs
+):
+    """A kill between a part's rename and its manifest line, or a part a Ray worker finished after its job
+    stopped, left a part file that no manifest line records; a shard cut into fewer parts since left its
+    old high-numbered ones. pq.read_table(DIR/scores) read them as the job's, and removing their shard from
+    INPUT left them there with exit 0. The next start removes every such file, saying so, and scores
+    their parts again if they are still in INPUT; the rows are then a fresh run's."""
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", paragraphs[:4])
+    write_jsonl(src / "gone.jsonl", paragraphs[4:8])
+    write_jsonl(src / "cut.jsonl", paragraphs[8:40])
+    out = tmp_path / "out"
+    flags = ("--workers", "1", "--part-mb", "0.002")
+    first = run_bulk(src, out, "detector", *flags)
+    assert first.returncode == 0, first.stderr
+    cut_parts = len(list((out / "scores").glob("cut.jsonl.part-*")))
+    assert cut_parts > 2
+    # What a stop or a kill leaves: the files of gone.jsonl's and cut.jsonl's parts, and no line for them.
+    manifest = out / "manifest.jsonl"
+    kept = [line for line in manifest.read_text().splitlines() if json.loads(line)["name"] == "a.jsonl"]
+    manifest.write_text("".join(line + "\n" for line in kept))
+    (src / "gone.jsonl").unlink()
+    write_jsonl(src / "cut.jsonl", paragraphs[8:14])  # now fewer parts than its files in scores/
+    again = run_bulk(src, out, "detector", *flags)
+    assert again.returncode == 0, again.stderr
+    stale = 1 + cut_parts  # one part of gone.jsonl (a small file), and every part cut.jsonl had
+    assert (
+        f"bulk: removed {stale} file(s) under scores/ and rejects/ that no line of manifest.jsonl records"
+        in (again.stderr)
+    ), again.stderr
+    fresh = tmp_path / "fresh"
+    assert run_bulk(src, fresh, "detector", *flags).returncode == 0
+    assert rows(out) == rows(fresh)
+    recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
+    assert {f"scores/{p.name}" for p in (out / "scores").iterdir()} == recorded
+    assert summary(out)["documents"] == 10
+
+
+def test_a_lone_surrogate_id_rejects_its_line_and_the_part_is_scored(tmp_path):
+    """One `{"n": 1e400, "id": "\\ud800", ...}` line failed its whole part on every run (exit 4)."""
+    src = tmp_path / "a.jsonl"
+    src.write_text(
+        '{"n": 1e400, "id": "\\ud800", "text": "hello there"}\n{"id": "b", "text": "a good one"}\n'
+    )
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--id-field", "id")
+    assert done.returncode == 3, done.stderr  # rejects, no failure
+    assert summary(tmp_path / "out")["rejects_by_reason"] == {"not_utf8": 1}
+    assert [r["id"] for r in rows(tmp_path / "out")] == ["b"]
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert (reject["id"], reject["line"], reject["reason"]) == ("a.jsonl:1", 1, "not_utf8")
+
+
+def test_the_progress_line_on_a_terminal_leaves_nothing_of_a_longer_one():
+    """Redrawn in place with a bare carriage return, a shorter line left the longer one's tail on screen.
+    On a real terminal (a pty), what the line shows at each redraw is the line drawn, and nothing more."""
+    import os
+    import select
+
+    from bulk.progress import Progress
+
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w", closefd=False) as stream:
+            progress = Progress(1000, stream=stream)
+            progress.docs, progress.tokens, progress.bytes = 500, 90_000, 500
+            drawn = []
+            for after in (0.001, 50.0, 3.0):  # a fast start (long figures), then slower (shorter ones)
+                now = progress.start + after
+                drawn.append(progress.line(now))
+                progress._draw(now)
+            progress.close()
+        written = b""
+        while select.select([master], [], [], 0.5)[0] and (chunk := os.read(master, 65536)):
+            written += chunk
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert len(drawn[1]) < len(drawn[0])  # the case: a shorter line over a longer one
+    shown = _terminal_line_at_each_return(written.decode())
+    assert shown[:3] == drawn and shown[3].startswith("500 docs  "), (shown, drawn)
+
+
+def _terminal_line_at_each_return(output: str) -> list[str]:
+    """What a terminal's line shows at each carriage return (or line end), with CR, LF and ESC [ K (erase
+    to the end of the line) applied as a terminal applies them."""
+    shown, line, col, i = [], [], 0, 0
+    while i < len(output):
+        if output.startswith("\x1b[K", i):
+            del line[col:]
+            i += 3
+            continue
+        c = output[i]
+        if c == "\r":
+            shown.append("".join(line))
+            col = 0
+        elif c == "\n":
+            if output[i - 1 : i] != "\r":  # a pty writes a line end as CR LF: the CR said it
+                shown.append("".join(line))
+            line, col = [], 0
+        else:
+            line[col : col + 1] = [c]
+            col += 1
+        i += 1
+    return shown

@@ -354,3 +354,92 @@ def test_a_model_that_is_not_there_is_answered_with_the_bundles_that_are(tmp_pat
     assert main([*job, "--models", str(tmp_path / "elsewhere")]) == 2
     assert "no such models directory (--models" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # refused before the job wrote anything
+
+
+def test_input_files_under_an_out_inside_input_are_refused_by_name_and_the_jobs_own_outputs_ignored(
+    tmp_path, capsys
+):
+    """`python -m bulk data/corpus --out data/corpus/sub` with data/corpus/sub/sms.jsonl once left that file
+    out without a word ("nothing under --out is input"). It is refused (exit 2), named, before anything is
+    written; the job's own outputs there (and its temporaries) are still no input and no refusal."""
+    from bulk.__main__ import main
+
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "a document"}])
+    out = corpus / "sub"
+    lines(out / "sms.jsonl", [{"text": "a text message"}])
+    (out / "more").mkdir()
+    pq.write_table(pa.table({"text": ["a row"]}), out / "more" / "t.parquet")
+    (out / "notes.md").write_text("not input by its suffix: no refusal for it")
+    for spec in (str(corpus), f"{corpus}/**/*.jsonl"):
+        with pytest.raises(InputError, match="--out .* holds files that look like input") as refused:
+            shards(spec, "auto", out)
+        assert "sms.jsonl" in str(refused.value) and "move them out of --out, or choose another --out" in str(
+            refused.value
+        )
+        assert "notes.md" not in str(refused.value)
+    assert "more/t.parquet" in str(pytest.raises(InputError, shards, str(corpus), "auto", out).value)
+    argv = [str(corpus), "--out", str(out), "--model", "detector", "--models", str(REPO / "models")]
+    assert main([*argv, "--no-progress"]) == 2
+    assert "sub/sms.jsonl" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["more", "notes.md", "sms.jsonl"]  # nothing written
+
+    # Moved away, the job's own outputs in --out are no input, and no refusal: manifest, figures,
+    # fingerprint, part files, temporaries.
+    (out / "sms.jsonl").unlink()
+    (out / "more" / "t.parquet").unlink()
+    for own in ("manifest.jsonl", "rejects.jsonl", "summary.json", "config.json", "job.json",
+                "scores/a.jsonl.part-00000.parquet", "rejects/a.jsonl.part-00000.jsonl",
+                "scores/.a.jsonl.part-00001.parquet.tmp-1-ab"):  # fmt: skip
+        (out / own).parent.mkdir(parents=True, exist_ok=True)
+        (out / own).write_text("{}\n")
+    for spec in (str(corpus), f"{corpus}/**/*.json*"):
+        assert shards(spec, "auto", out)[1] == [corpus / "a.jsonl"], spec
+
+
+def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp_path):
+    """A number past a float's range sends a line to Python's json, which reads "\\ud800" as a lone
+    surrogate where msgspec refuses it: as an id it reached the Parquet writer and failed the whole part
+    (UnicodeEncodeError, exit 4) on every run. The line alone is rejected not_utf8, as msgspec's are; and
+    the text the same way."""
+    src = tmp_path / "s.jsonl"
+    src.write_text(
+        '{"n": 1e400, "id": "\\ud800", "text": "hello there"}\n'
+        '{"n": 1e400, "id": "ok", "text": "lone \\udc00 in the text"}\n'
+        '{"id": "\\ud800", "text": "msgspec refuses this one itself"}\n'
+        '{"n": 1e400, "id": "fine", "text": "hello again"}\n'
+    )
+    got = docs_of(src, id_field="id")
+    assert [(d.id, d.text, d.reason) for d in got] == [
+        ("s.jsonl:1", None, Reason.NOT_UTF8),
+        ("ok", None, Reason.NOT_UTF8),
+        ("s.jsonl:3", None, Reason.NOT_UTF8),
+        ("fine", "hello again", None),
+    ]
+    assert "'id': character 0: lone surrogate" in got[0].detail and "lone surrogate" in got[1].detail
+    for d in got:  # every id and detail can be written as UTF-8 (the rejects file, the Parquet file)
+        (d.id + d.detail).encode("utf-8")
+
+
+def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_path):
+    """json.dump(docs, f, indent=2) into a .json file: read line by line, every line was rejected not_json
+    and the job ended with exit 3, as if it had been read. It fails by name, as a CSV does, and the
+    conversion it names reads as JSON Lines."""
+    import subprocess
+
+    docs = [{"text": "first document", "id": 1}, {"text": "second document", "id": 2}]
+    (tmp_path / "docs.json").write_text(json.dumps(docs, indent=2))
+    (tmp_path / "spaced.jsonl").write_bytes(b"\xef\xbb\xbf\n  \n" + json.dumps(docs).encode())
+    lines(tmp_path / "fine.json", docs)  # JSON Lines under .json: read as before
+    root, files, _ = shards(str(tmp_path), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert [p.name for p in parts] == ["fine.json"] and sorted(failed) == ["docs.json", "spaced.jsonl"]
+    said = failed["docs.json"]
+    assert "one JSON array (its first character is '[')" in said and "not JSON Lines" in said, said
+    assert str(tmp_path / "spaced.lines.jsonl") in failed["spaced.jsonl"]  # never over the file itself
+    command = said.split("give that instead: ")[1]
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [(d.id, d.text) for d in docs_of(tmp_path / "docs.jsonl", id_field="id")] == [
+        ("1", "first document"), ("2", "second document")
+    ]  # fmt: skip

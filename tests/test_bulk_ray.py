@@ -6,18 +6,21 @@ Ray is a 127.x one, and Ray's usage statistics are off."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from app_fixtures import free_port, wait_for
+from app_fixtures import wait_for
 from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
 
 pytest.importorskip("ray")
@@ -54,7 +57,53 @@ def ray_env():
     files in a directory of their own, with a short path (Unix sockets live there: 107 bytes at most)."""
     tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     yield env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_TMPDIR=tmp)
+    _stop_own_ray(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_own_ray(tmp: str, keep: int | None = None) -> None:
+    """End the Ray processes this test started, by their ids: those whose environment holds its own
+    RAY_TMPDIR, and the rest of their sessions (a head started in a session of its own: its agents rewrite
+    their environment with their process title, and would outlive the raylet; its workers take process
+    groups of their own).
+    Not `ray stop --force`, which ends every Ray process of the user on the machine, other people's
+    clusters among them."""
+    import psutil
+
+    spared = {os.getpid()}  # this test, and `keep` with its children (a job that must outlive the head)
+    if keep is not None:
+        with contextlib.suppress(psutil.Error):
+            spared |= {keep} | {p.pid for p in psutil.Process(keep).children(recursive=True)}
+    matched, sessions = [], set()
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid not in spared and proc.environ().get("RAY_TMPDIR") == tmp:
+                matched.append(proc)
+                sessions.add(os.getsid(proc.pid))
+        except (psutil.Error, OSError):  # gone, or another user's
+            continue
+    sessions.discard(os.getsid(0))  # never this test's own session
+    own = {p.pid: p for p in matched}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid not in spared and os.getsid(proc.pid) in sessions:
+                own[proc.pid] = proc
+    for proc in own.values():
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(list(own.values()), timeout=30)
+
+
+def _port(lo: int = 6420, hi: int = 6440) -> int:
+    """A free port in [lo, hi]: the range this machine's users keep for their own Ray heads."""
+    for port in range(lo, hi + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip(f"no free port in {lo}-{hi} for a Ray head")
 
 
 def test_a_local_ray_instance_stops_at_a_full_disk_and_the_job_ends_with_every_document_once(
@@ -105,6 +154,10 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     assert proc.returncode == 143, err[-3000:]
     assert "stopped by SIGTERM; run the same command again to score the rest" in err, err[-3000:]
     assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] > 0
+    # The parts dropped at the stop (an actor may finish one as the job ends) leave temporaries at most:
+    # scores/ holds only what the manifest records, nothing a reader would take for the job's rows.
+    recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
+    assert {f"scores/{p.name}" for p in (out / "scores").iterdir() if not p.name.startswith(".")} == recorded
     done = run_bulk(corpus, out, "detector", "--workers", "2")  # a job moves between Ray and local freely
     assert done.returncode == 0, done.stderr
     assert rows(out) == local_rows
@@ -136,7 +189,7 @@ def test_sigterm_to_the_whole_group_ends_a_job_and_its_own_instance_at_once(
 
 
 def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, local_rows, ray_env):
-    port = free_port()
+    port = _port()
     # The head notices a dead node within ~2 s instead of the default ~30 s.
     head_env = {**ray_env, "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
@@ -152,7 +205,8 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
         "--include-dashboard=false",
         *common,
     ]
-    subprocess.run(head, env=head_env, check=True, capture_output=True, timeout=120)
+    # A session of its own: its daemons, agents and workers are the session that _stop_own_ray ends.
+    subprocess.run(head, env=head_env, check=True, capture_output=True, timeout=120, start_new_session=True)
     # 127.0.0.2: Ray turns 127.0.0.1 into the host's network address; 127.0.0.2 is loopback all the same.
     address = f"127.0.0.2:{port}"
     node = None
@@ -187,7 +241,7 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
     finally:
         if node is not None and node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
-        subprocess.run([RAY, "stop", "--force"], env=ray_env, capture_output=True, timeout=60)
+        _stop_own_ray(ray_env["RAY_TMPDIR"])  # the head's processes, by their ids
 
 
 def _nodes(address: str, ray_env: dict) -> int:
@@ -195,3 +249,40 @@ def _nodes(address: str, ray_env: dict) -> int:
                        timeout=60)  # fmt: skip
     active = r.stdout.split("Active:")[-1].split("Pending:")[0]
     return active.count("node_")
+
+
+def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resumes(
+    tmp_path, corpus, local_rows, ray_env
+):
+    """--ray ADDRESS whose head dies mid-job: Ray waited a minute, then ended the driver with status 1 and
+    its own errors alone. The job says the cluster at ADDRESS is lost and to run the same command again,
+    and exits 4 (a failure, the finished parts kept) before Ray's own exit; the same command (here on
+    local processes) ends with every document once."""
+    port = _port()
+    head = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard=false",
+            "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(head, env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)
+    address = f"127.0.0.2:{port}"
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    # Ray ends a driver whose head has not answered for this long (60 s unless told); the job says so at
+    # three quarters of it.
+    job_env = {**ray_env, "RAY_gcs_rpc_server_reconnect_timeout_s": "30"}
+    job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray", address), cwd=REPO,
+                           env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or job.poll() is not None,
+                 timeout=180, what="a part on the cluster")  # fmt: skip
+        assert job.poll() is None, "the job finished before the head was killed"
+        _stop_own_ray(ray_env["RAY_TMPDIR"], keep=job.pid)  # the head: every process of its session
+        err = job.communicate(timeout=120)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 4, err[-3000:]
+    assert f"lost the Ray cluster at {address} (--ray)" in err, err[-3000:]
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert not (out / "summary.json").exists()  # no figures of a run that did not end
+    resumed = run_bulk(corpus, out, "detector", "--workers", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert rows(out) == local_rows

@@ -218,3 +218,32 @@ def test_a_full_disk_stops_the_job_and_the_same_command_finishes_it_once_there_i
             assert s["stopped"] is None and s["parts"]["not_started"] == 0
     except PermissionError as e:
         pytest.skip(str(e))
+
+
+def test_a_run_that_ends_without_its_summary_leaves_none_of_the_run_before(tmp_path, corpus):
+    """summary.json and rejects.jsonl are written at a run's end: a run killed (or failed, or whose Ray
+    cluster was lost) left the previous run's, which no longer matched the manifest, to be read as the
+    job's figures. A run removes them as it starts; the run that completes writes them again."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "shard-00.jsonl").write_bytes((corpus / "shard-00.jsonl").read_bytes())
+    out = tmp_path / "out"
+    assert run_bulk(src, out, "detector", *FLAGS).returncode == 0
+    assert (out / "summary.json").exists() and (out / "rejects.jsonl").exists()
+    (src / "big.jsonl").write_bytes((corpus / "big.jsonl").read_bytes())  # several parts more
+    manifest = out / "manifest.jsonl"
+    before = manifest.read_text().count("\n")
+    proc = subprocess.Popen(bulk_argv(src, out, "detector", *FLAGS), cwd=REPO, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    wait_for(lambda: manifest.read_text().count("\n") > before or proc.poll() is not None, timeout=120,
+             what="a part")  # fmt: skip
+    proc.kill()
+    proc.wait()
+    assert not (out / "summary.json").exists() and not (out / "rejects.jsonl").exists()
+    resumed = run_bulk(src, out, "detector", *FLAGS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert re.search(r", [1-9]\d* to score", resumed.stdout), (
+        "the run ended before the kill",
+        resumed.stdout,
+    )
+    assert summary(out)["documents"] == 14 + 100 and (out / "rejects.jsonl").read_text() == ""
