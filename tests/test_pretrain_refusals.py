@@ -259,3 +259,28 @@ def test_out_is_kept_whole_and_a_resume_of_nothing_says_so(
         tiny(tmp_path / "nowhere", small_corpus, small_tokenizer, "--resume"),
         "does not exist; give the --out",
     )
+
+
+def test_a_resume_reads_metrics_as_the_uninterrupted_run_wrote_them(finished, tmp_path):
+    """A last line cut short (a kill mid-row) ended a resume in a JSONDecodeError traceback; a line before
+    it that is not JSON is named; the evaluation a --max-minutes cut added at a step where none was due
+    stayed in the resumed run's metrics.jsonl, a row the uninterrupted run never wrote."""
+    from training.report import MetricsError, MetricsLog, read_metrics
+
+    run = damaged_copy(finished, tmp_path, lambda run, d: None)
+    (run / "checkpoints" / "latest").write_text("step-00000002")  # as if killed after step 2's checkpoint
+    whole = read_metrics(run / "metrics.jsonl")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "spl')
+    pretrain(["--out", str(run), "--resume"])
+    resumed = read_metrics(run / "metrics.jsonl")
+    assert [r for r in resumed if r["step"] <= 2] == [r for r in whole if r["step"] <= 2]
+    assert [(r["step"], r["split"]) for r in resumed] == [(r["step"], r["split"]) for r in whole]
+    rows = tmp_path / "metrics.jsonl"
+    rows.write_text('{"step": 1, "split": "train"}\n{"step": 2, "split": "eval"}\n{"step": 2, "split": "train"}\n'
+                    '{"step": 3, "split": "train"}\n{"step": 4, "spl')  # fmt: skip
+    MetricsLog(rows, truncate_after=2, evaluated=False)  # a cut at step 2, where no evaluation was due
+    assert [(r["step"], r["split"]) for r in read_metrics(rows)] == [(1, "train"), (2, "train")]
+    rows.write_text('{"step": 1, "split": "train"}\n{"st\n{"step": 2, "split": "train"}\n')
+    with pytest.raises(MetricsError, match="line 2 of .* is not JSON"):
+        MetricsLog(rows, truncate_after=2)

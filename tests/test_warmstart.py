@@ -192,27 +192,88 @@ def test_warm_lr_scale_reaches_the_optimizer_groups(tmp_path, tok_dir):
     assert sum(len(g["params"]) for g in groups) == len(named)
 
 
-def test_warm_started_run_resumes_exactly(tmp_path, tok_dir, small_corpus):
-    source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
-    args = ["--config", str(REPO / "configs" / "tiny.toml"), "--init", str(source), "--init-lr", "5e-4",
-            "--corpus", str(small_corpus), "--threads", "1", "--max-steps", "20", "--save-every", "10",
-            "--log-every", "1", "--eval-every", "1000", "--keep-checkpoints", "3"]  # fmt: skip
-    whole = tmp_path / "whole"
-    pretrain([*args, "--out", str(whole)])
-    # A run killed after its step-10 checkpoint: copy the run and roll `latest` back to step 10.
+def _resumed_after_step_10(run: Path, args: list[str], tmp_path: Path, before_resume=lambda: None) -> Path:
+    """The run as killed after its step-10 checkpoint (a copy with `latest` rolled back), then resumed."""
     resumed = tmp_path / "resumed"
-    shutil.copytree(whole, resumed)
+    shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step-00000020")
     (resumed / "checkpoints" / "latest").write_text("step-00000010")
+    before_resume()
     pretrain([*args, "--out", str(resumed), "--resume"])
+    return resumed
+
+
+def _same_run(whole: Path, resumed: Path) -> None:
+    from safetensors.torch import load_file
 
     def losses(run):
         return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"}
 
     assert sorted(losses(whole)) == list(range(1, 21))
     assert losses(resumed) == losses(whole)
-    from safetensors.torch import load_file
+    for part in ("model.safetensors", "generator/model.safetensors"):
+        a = load_file(resolve_checkpoint(whole) / part)
+        b = load_file(resolve_checkpoint(resumed) / part)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
 
-    a = load_file(resolve_checkpoint(whole) / "model.safetensors")
-    b = load_file(resolve_checkpoint(resumed) / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+@pytest.mark.parametrize("qat", [False, True], ids=["fp32", "qat"])
+def test_warm_started_run_resumes_exactly_whatever_init_holds_by_then(tmp_path, tok_dir, small_corpus, qat):
+    """--qat measured its int8 ranges on the --init weights again at every start: a source changed on disk
+    since (a model re-downloaded, retrained) sent the resumed run elsewhere, without a word."""
+    source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
+    args = ["--config", str(REPO / "configs" / "tiny.toml"), "--init", str(source), "--init-lr", "5e-4",
+            "--corpus", str(small_corpus), "--threads", "1", "--max-steps", "20", "--save-every", "10",
+            "--log-every", "1", "--eval-every", "1000", "--keep-checkpoints", "3", *(["--qat"] if qat else [])]  # fmt: skip
+    whole = tmp_path / "whole"
+    pretrain([*args, "--out", str(whole)])
+
+    def source_changes() -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(source / "model.safetensors")
+        save_file({k: v * 1.5 for k, v in weights.items()}, source / "model.safetensors", {"format": "pt"})
+
+    _same_run(whole, _resumed_after_step_10(whole, args, tmp_path, source_changes if qat else lambda: None))
+
+
+def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_had(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """--init RUN was saved as given, and its tokenizer as the file in the checkpoint it resolved to: once
+    RUN trained on (its checkpoints/latest moved), the resume was refused, naming a --tokenizer no one gave."""
+    tiny = ["--config", str(REPO / "configs" / "tiny.toml"), "--corpus", str(small_corpus), "--threads", "1"]
+    first = tmp_path / "first"
+    pretrain(
+        [
+            *tiny,
+            "--out",
+            str(first),
+            "--tokenizer",
+            str(small_tokenizer),
+            "--max-steps",
+            "4",
+            "--save-every",
+            "4",
+            "--keep-checkpoints",
+            "0",
+        ]
+    )  # fmt: skip  (it keeps step 4 as it goes on)
+    args = [*tiny, "--init", str(first), "--max-steps", "20", "--save-every", "10", "--log-every", "1",
+            "--eval-every", "1000", "--keep-checkpoints", "3"]  # fmt: skip
+    whole = tmp_path / "whole"
+    pretrain([*args, "--out", str(whole)])
+    start = resolve_checkpoint(first)
+    assert json.loads((whole / "config.json").read_text())["init"] == str(start)  # pinned
+
+    def first_goes_on() -> None:
+        pretrain(["--out", str(first), "--resume", "--max-steps", "8"])
+        assert resolve_checkpoint(first) != start
+
+    resumed = _resumed_after_step_10(whole, args, tmp_path, first_goes_on)
+    _same_run(whole, resumed)
+    # Its start gone (a --init run keeping fewer checkpoints): said so, naming what to restore.
+    shutil.rmtree(start)
+    with pytest.raises(SystemExit) as stop:
+        pretrain([*args, "--out", str(resumed), "--resume"])
+    assert stop.value.code == 2 and f"the run started from --init {start}" in str(stop.value)

@@ -7,14 +7,20 @@ import math
 from pathlib import Path
 
 
+class MetricsError(ValueError):
+    """metrics.jsonl holds a line that is not JSON before its last."""
+
+
 class MetricsLog:
     """Appends rows to metrics.jsonl. On resume, rows past the resumed step (written by the killed run
-    after its last checkpoint) are dropped, so the file reads as one uninterrupted run."""
+    after its last checkpoint) are dropped, so the file reads as one uninterrupted run; so is the
+    evaluation row of a stop at that step where none was due (`evaluated`: one was)."""
 
-    def __init__(self, path: Path, enabled: bool = True, truncate_after: int | None = None):
+    def __init__(self, path: Path, enabled: bool = True, truncate_after: int | None = None,
+                 evaluated: bool = True) -> None:  # fmt: skip
         self.path, self.enabled = path, enabled
         if enabled and truncate_after is not None and path.is_file():
-            rows = [r for r in read_metrics(path) if r["step"] <= truncate_after]
+            rows = rows_until(path, truncate_after, "eval", evaluated)
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def write(self, step: int, tokens: int, split: str, values: dict) -> None:
@@ -26,7 +32,33 @@ class MetricsLog:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a metrics.jsonl; a last line cut short (a kill or a full disk mid-row) is left out, a line
+    before it that is not JSON is a MetricsError naming it."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise MetricsError(
+            f"{path} is not text ({e}); delete it, and the run writes it again from here"
+        ) from None
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise MetricsError(f"line {i + 1} of {path} is not JSON ({line[:60]!r}); delete that line (a "
+                                   "resume writes the rows after its step again)") from None  # fmt: skip
+    return rows
+
+
+def rows_until(path: Path, step: int, evaluation: str, evaluated: bool) -> list[dict]:
+    """metrics.jsonl's rows as the uninterrupted run has them at `step`: the rows a stopped run wrote after
+    its checkpoint go, and so do the `evaluation` split's rows at `step` unless one was due there
+    (`evaluated`), since only the stop asked for them."""
+    return [r for r in read_metrics(path)
+            if r["step"] < step or (r["step"] == step and (r["split"] != evaluation or evaluated))]  # fmt: skip
 
 
 def pyplot_or_none(out_png: Path):

@@ -26,6 +26,7 @@ from training import checkpoint as ckpt
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths
 from training.data.tokenizer import tokenizer_sha256
 from training.pretraining.stopping import capture_rng
+from training.report import MetricsError, rows_until
 
 RESUME_DIR = "resume"
 # What reading a file of resume/ raises when it is missing, cut short or not in its format.
@@ -183,23 +184,14 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
     and so does the dev row of an evaluation only the stop asked for (`evaluated`: one was due there)."""
     if not metrics.is_file():
         return
-    rows = []
     try:
-        lines = metrics.read_text().splitlines()
-    except (OSError, ValueError) as e:  # not text
+        kept = rows_until(metrics, step, "dev", evaluated)
+    except OSError as e:
         raise ConfigError(
-            f"--resume: {metrics} does not read ({type(e).__name__}); delete it and resume"
+            f"--resume: {metrics} does not read ({e.strerror or e}); delete it and resume"
         ) from None
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            if i < len(lines) - 1:  # only the last line can be torn (a kill or a full disk mid-row)
-                raise ConfigError(f"--resume: line {i + 1} of {metrics} is not JSON ({line[:60]!r}); delete that line "
-                                  "(the resume writes the rows after its step again) and resume") from None  # fmt: skip
-    kept = [r for r in rows if r["step"] < step or (r["step"] == step and (r["split"] != "dev" or evaluated))]
+    except MetricsError as e:
+        raise ConfigError(f"--resume: {e} and resume") from None
     ckpt.write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
 
 

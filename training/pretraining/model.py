@@ -53,15 +53,23 @@ class PretrainingModel(NamedTuple):
     notes: list[str]  # what was done, for the log
 
 
-def build_model(cfg, data, warm: WarmStart | None) -> PretrainingModel:
+def build_model(cfg, data, warm: WarmStart | None, saved_ranges: dict | None = None) -> PretrainingModel:
     """The same initial weights on every rank and in every process (initial_objective); `data` is the
-    PretrainingData (its vocabulary size and, with --qat, the held-out text the ranges come from)."""
+    PretrainingData (its vocabulary size and, with --qat, the held-out text the ranges come from).
+    `saved_ranges`: a resumed --qat run's int8 ranges, from its checkpoint."""
     objective = initial_objective(cfg, data.specials.vocab_size, warm)
     warm_names = load_warm_start(objective, warm) if warm is not None else set()
     notes = []
-    if cfg.qat:  # before the optimizer and torch.compile see the modules; a resume recalibrates identically
-        notes.append(
-            quantization.prepare(objective.discriminator, data.valid_batches(), cfg.qat_smoothing or None)
-        )
-        quantization.set_rounding(objective.discriminator, cfg.qat_rounding)
+    if cfg.qat:  # before the optimizer and torch.compile see the modules
+        disc = objective.discriminator
+        if saved_ranges is not None:
+            # The ranges the run trained with, not ones measured again on the --init weights, which may
+            # have changed on disk since (the checkpoint's weights replace them next).
+            disc.config.quantization = saved_ranges
+            quantization.attach(disc.electra, saved_ranges)
+            quantization.attach_storage(disc)
+            notes.append("int8 simulation on, activation ranges as the resumed checkpoint saved them")
+        else:
+            notes.append(quantization.prepare(disc, data.valid_batches(), cfg.qat_smoothing or None))
+        quantization.set_rounding(disc, cfg.qat_rounding)
     return PretrainingModel(objective, warm_names, notes)

@@ -41,8 +41,8 @@ from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
 from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
-from training.pretraining.warmstart import WarmStart, resolve_warm_start
-from training.report import MetricsLog, plot_curves, precision_reason, time_cap_warning
+from training.pretraining.warmstart import WarmStart, pinned_init, resolve_warm_start
+from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
 
 
 def param_groups(
@@ -129,6 +129,15 @@ def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
         raise damaged(run, d, f"{optimizer} does not read ({type(e).__name__}: {str(e)[:200]})") from None
     batches.load_state_dict(state["batches"])
     return state["step"], state["tokens"]
+
+
+def saved_quantization(run: Path) -> dict:
+    """A --qat run's int8 ranges, as its latest checkpoint's config.json holds them."""
+    d = ckpt.resolve_checkpoint(run)
+    spec = ckpt.read_config_json(d).get("quantization")
+    if not isinstance(spec, dict) or "activations" not in spec:
+        raise damaged(run, d, f"{d / 'config.json'} holds no int8 ranges (quantization) for this --qat run")
+    return spec
 
 
 def read_trainer_state(run: Path, d: Path) -> dict:
@@ -293,7 +302,15 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                     PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then
                 )
         if cfg.resume and then is not None:
-            cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
+            # The first command again, with --resume: its --init RUN means the start the run saved.
+            cfg = pinned_init(cfg, then)
+            try:
+                cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
+            except CheckpointError as e:
+                raise CheckpointError(f"--resume: the run started from --init {cfg.init}, which a resume reads "
+                                      f"again (its shape, tokenizer and warm-started tensors) and cannot now: {e}; "
+                                      "restore it (a run given as --init keeps only --keep-checkpoints of its "
+                                      "own)") from None  # fmt: skip
             cfg = given_tokenizer_size(cfg)
             check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
             return cfg, warm
@@ -394,7 +411,8 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.main:
             for note in schedule_notes(cfg, data):
                 print(f"note: {note}", file=sys.stderr, flush=True)
-        objective, warm_names, notes = build_model(cfg, data, warm)
+        saved_ranges = saved_quantization(run) if cfg.resume and cfg.qat else None
+        objective, warm_names, notes = build_model(cfg, data, warm, saved_ranges)
         if env.main:
             for note in notes:
                 print(f"quantization-aware: {note}", flush=True)
@@ -526,7 +544,11 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     """The steps to --max-steps; the number of the signal that stopped it before then, else None."""
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
-    log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step)
+    try:  # a resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows
+        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
+                         evaluated=t.step % cfg.eval_every == 0)  # fmt: skip
+    except MetricsError as e:
+        options.usage_exit(f"error: --resume: {e}, and resume")
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None

@@ -241,7 +241,33 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
              "num_layers": c.num_hidden_layers, "num_heads": c.num_attention_heads,
              "intermediate_size": c.intermediate_size}  # fmt: skip
     _check_shape_options(cfg, shape, disc.directory / "config.json")
-    return dataclasses.replace(cfg, tokenizer=str(disc.tokenizer), **shape), WarmStart(disc, gen)
+    pinned = {"init": _pinned(cfg.init, disc)}
+    if cfg.init_generator and gen is not None:
+        pinned["init_generator"] = _pinned(cfg.init_generator, gen)
+    return dataclasses.replace(cfg, tokenizer=str(disc.tokenizer), **shape, **pinned), WarmStart(disc, gen)
+
+
+def pinned_init(cfg: PretrainConfig, saved: dict) -> PretrainConfig:
+    """A resume given the run's first command again: its --init RUN (or --init-generator RUN) means the
+    checkpoint of RUN the run saved as its start, wherever RUN's checkpoints/latest has moved since."""
+    pinned = {}
+    for name in ("init", "init_generator"):
+        given, start = getattr(cfg, name), saved.get(name)
+        if given and start and given != start:
+            run = Path(given).expanduser().resolve()
+            if Path(start).resolve().parent == run / "checkpoints":
+                pinned[name] = start
+    return dataclasses.replace(cfg, **pinned) if pinned else cfg
+
+
+def _pinned(spec: str, source: InitSource) -> str:
+    """--init as the run saves it: a run directory pinned to the checkpoint it resolved to. That run may go
+    on and move its checkpoints/latest; a resume of this one must read the start it had (its tokenizer and
+    shape), not a later one. A registry name or a plain directory stays as given."""
+    given = Path(spec).expanduser()
+    if given.is_dir() and given.resolve() != source.directory.resolve():
+        return str(source.directory)
+    return spec
 
 
 def _check_shape_options(cfg: PretrainConfig, shape: dict, source: Path) -> None:
