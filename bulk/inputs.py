@@ -582,7 +582,9 @@ def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) ->
     line = part.first_line
     for table in _rows(pf, columns, part.start, part.end):
         texts = _values(table, text_field) if text_field in names else [_MISSING] * table.num_rows
-        ids = _values(table, id_field) if id_field in names else [None] * table.num_rows
+        # Not `id_field in names` alone: no --id-field is "", which is also the name pandas gives the index
+        # column of a CSV it wrote (and pyarrow keeps), never read here.
+        ids = _values(table, id_field) if id_field and id_field in names else [None] * table.num_rows
         for text, value in zip(texts, ids, strict=True):
             yield _parquet_doc(part, line, text, value, text_field, id_field, max_chars)
             line += 1

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
@@ -244,6 +245,20 @@ def test_a_parquet_string_column_with_bytes_that_are_not_utf8_rejects_those_rows
     pq.write_table(pa.table({"text": texts, "id": ids}), tmp_path / "bytes.parquet")
     got = docs_of(tmp_path / "bytes.parquet", id_field="id")
     assert [(d.id, d.text, d.reason) for d in got] == [("a", "good text", None), ("b", None, Reason.NOT_UTF8)]
+
+
+def test_a_parquet_file_with_an_unnamed_column_is_read_as_any_other(tmp_path):
+    """The Parquet that bulk's own CSV advice makes from a CSV pandas wrote (an unnamed index column, ""):
+    no --id-field (also "") took that column for the ids, never read, and every part failed."""
+    csv = tmp_path / "spam.csv"
+    csv.write_text(",label,text\n0,ham,see you at noon\n1,spam,win a prize now\n")
+    pq.write_table(pa.csv.read_csv(csv), tmp_path / "spam.parquet")
+    assert "" in pq.read_schema(tmp_path / "spam.parquet").names
+    got = docs_of(tmp_path / "spam.parquet")
+    assert [(d.id, d.text, d.reason) for d in got] == [
+        ("spam.parquet:1", "see you at noon", None),
+        ("spam.parquet:2", "win a prize now", None),
+    ]
 
 
 @pytest.mark.parametrize("argv, says", [
