@@ -9,6 +9,8 @@ still checked on the right one. /ready needs no key; the key, when set, is sent 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -20,7 +22,7 @@ from app.settings import Settings, SettingsError
 def server_flags(cmdline: Path = Path("/proc/1/cmdline")) -> list[str]:
     """The flags process 1 was given after `-m app`; none where it is another program (outside a container)."""
     try:
-        argv = cmdline.read_bytes().split(b"\0")[:-1]  # each argument ends in a NUL
+        argv = cmdline.read_bytes().rstrip(b"\0").split(b"\0")  # each argument ends in a NUL (mostly)
     except OSError:
         return []
     argv = [a.decode("utf-8", "surrogateescape") for a in argv]
@@ -29,8 +31,12 @@ def server_flags(cmdline: Path = Path("/proc/1/cmdline")) -> list[str]:
 
 
 def main() -> int:
+    flags = server_flags()
+    if flags:  # a relative --config in them is relative to where the server runs
+        with contextlib.suppress(OSError):
+            os.chdir("/proc/1/cwd")
     try:
-        settings, _ = Settings.from_sources(server_flags())
+        settings, _ = Settings.from_sources(flags)
     except SettingsError as e:
         print(f"healthcheck: {e}", file=sys.stderr)
         return 1

@@ -301,6 +301,8 @@ def run(cfg: BulkConfig) -> int:
                 outputs.publish(cfg.out, result)
             except OSError as e:
                 outputs.discard(cfg.out, result)
+                for final in result["staged"]:  # one renamed before the other failed: unrecorded, so gone
+                    (cfg.out / final).unlink(missing_ok=True)
                 failed_parts[key] = f"its files could not be put in place: {e}"
                 return bool(stopped)
             try:

@@ -126,12 +126,13 @@ def watch_cluster(address: str, failed_status: int, every_s: float = 2.0) -> thr
     if target is None:  # `auto`: the head the job found
         with contextlib.suppress(Exception):
             target = _host_port(ray.get_runtime_context().gcs_address)
-    if target is None:
+    if target is None or address.startswith("ray://"):  # Ray Client: another port, other timing; its own
         return done
     try:
         grace = LOST_AFTER * float(os.environ.get(RECONNECT_ENV, "60"))
     except ValueError:
         grace = LOST_AFTER * 60
+    grace = max(grace, 3 * every_s)  # a timeout set to 0 or less: still more than one missed answer
 
     def answers() -> bool:
         try:

@@ -145,8 +145,11 @@ def test_sigterm_while_starting_stops_a_server_that_runs_as_pid_1(bundles_dir, t
         first = proc.stdout.readline()  # the resolved settings: printed before any bundle is read
         assert first.startswith("settings:"), first
         os.kill(pid_1_of(proc), signal.SIGTERM)  # from outside, as a container runtime sends it
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-        assert "SIGTERM while starting: stopped before serving" in proc.stdout.read()
+        code, said = proc.wait(timeout=30), proc.stdout.read()
+        # A machine quick enough to be serving by then drains instead: stopped either way, not ignored.
+        assert (code, "SIGTERM while starting" in said) == (128 + signal.SIGTERM, True) or (
+            code == 0 and "SIGTERM: shutting down" in said
+        ), (code, said[-2000:])
     finally:
         if proc.poll() is None:
             proc.kill()  # unshare: its --kill-child takes the server along

@@ -5,6 +5,7 @@ excepted."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -128,6 +129,35 @@ def test_a_head_past_the_limit_in_one_read_and_in_trailers_gets_431(server):
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-big: " + b"a" * 70_000
                   + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
         assert _read_answers(s).startswith(b"HTTP/1.1 431"), "head and body in one write"
+    with _connect(server) as s:  # blank lines before a request, which the parser skips, do not hide it
+        s.sendall(b"\r\n\r\nGET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 200_000 + b"\r\n\r\n")
+        assert _read_answers(s).startswith(b"HTTP/1.1 431"), "after blank lines"
+
+
+def test_a_head_counted_in_pieces_refuses_no_good_request(server):
+    """Counting a head before it is parsed: a blank line split across two reads counted the body behind it
+    as head (a 431 for a good 100 KB request), and pipelined requests beginning within a read added up to
+    a 431 after sixty of them."""
+    body = json.dumps({"text": "a" * 100_000}).encode()  # 100 KB, one token: past no other limit
+    with _connect(server) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\n" % len(body))  # fmt: skip
+        time.sleep(0.3)  # its own read: the blank line is split, "\r\n" here and "\r\n" next
+        s.sendall(b"\r\n" + body)
+        head = s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    one = b"GET /health HTTP/1.1\r\nhost: x\r\nx-pad: " + b"p" * 1000 + b"\r\n\r\n"
+    stream = one * 100  # 100 KB of heads, each well under the cap
+    with _connect(server) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cuts = [0, *(k * len(one) + 10 for k in range(1, 100)), len(stream)]  # each write ends 10 bytes
+        for start, end in itertools.pairwise(cuts):  # into the next request's head
+            s.sendall(stream[start:end])
+            time.sleep(0.01)
+        s.shutdown(socket.SHUT_WR)
+        answers = _read_answers(s)
+    assert answers.count(b"HTTP/1.1 200") == 100 and b"431" not in answers, answers[-300:]
     before = server.metric("electra_requests_total", endpoint="/detect", status="431")
     with _connect(server) as s:
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

@@ -658,6 +658,14 @@ def test_a_tokenizer_json_goes_into_the_bundle_as_transformers_reads_it(tmp_path
         "normalizer as tokenizer_config",
     ):
         assert said in note, note
+    # What tokenizer_config.json leaves out takes BERT's defaults, as in transformers (lower-casing here).
+    from training.data.tokenizer import load_tokenizer
+
+    raw = json.loads((detector_dir / "tokenizer.json").read_text())
+    raw["normalizer"]["lowercase"] = False
+    (src / "tokenizer.json").write_text(json.dumps(raw))
+    (src / "tokenizer_config.json").write_text("{}")
+    assert load_tokenizer(src).encode(text).ids == AutoTokenizer.from_pretrained(src)(text)["input_ids"]
     export(detector_dir, tmp_path / "as-is", precision="fp32", calibrate=False)  # nothing to change: a copy
     assert (tmp_path / "as-is" / "tokenizer.json").read_bytes() == (
         detector_dir / "tokenizer.json"

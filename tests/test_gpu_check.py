@@ -306,7 +306,7 @@ def test_the_reassembled_run_exports_with_parity_serves_and_trains_on(cpu_run, t
     done = handoff("unpack", str(packed), "--out", str(run))
     assert done.returncode == 0, done.stderr
     # What `training.finetune --init` and `training.pretrain --init` do with it first.
-    classifier, _, _ = load_model(run, "ElectraForSequenceClassification", num_labels=2)
+    classifier, _, _ = load_model(run, "ElectraForSequenceClassification", num_labels=2, fresh_head=True)
     assert classifier.config.num_hidden_layers == 6
     assert resolve_source(str(run)).generator is None  # a warm start trains a fresh generator
 

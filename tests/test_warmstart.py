@@ -265,6 +265,15 @@ def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_ha
     pretrain([*args, "--out", str(whole)])
     start = resolve_checkpoint(first)
     assert json.loads((whole / "config.json").read_text())["init"] == str(start)  # pinned
+    # A run saved before the pinning, holding RUN as given, still resumes (RUN has not gone on).
+    old = tmp_path / "old"
+    shutil.copytree(whole, old)
+    shutil.rmtree(old / "checkpoints" / "step-00000020")
+    (old / "checkpoints" / "latest").write_text("step-00000010")
+    saved = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**saved, "init": str(first)}))
+    pretrain(["--out", str(old), "--resume"])
+    _same_run(whole, old)
 
     def first_goes_on() -> None:
         pretrain(["--out", str(first), "--resume", "--max-steps", "8"])

@@ -122,8 +122,6 @@ def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
         cfg = ElectraConfig.from_dict(raw)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{ckpt}/config.json: {e}") from None
-    if arch == "ElectraForSequenceClassification":
-        _check_labels(ckpt, cfg)
     return cfg, arch
 
 
@@ -253,10 +251,15 @@ def load_model(
     headless = arch == "ElectraForSequenceClassification" and not any(k.startswith("classifier.") for k in sd)
     if headless and not fresh_head:
         raise CheckpointError(
-            f"{ckpt}: config.json says ElectraForSequenceClassification, but the weights hold no classifier "
+            f"{ckpt}: {'asked for' if architecture else 'config.json says'} ElectraForSequenceClassification, but "
+            "the weights hold no classifier "
             f"head (classifier.*): they are an encoder's or a discriminator's. Fine-tune them into a classifier "
             f"(python -m training.finetune --init {ckpt} ...), or correct config.json's architectures"
         )
+    if (
+        arch == "ElectraForSequenceClassification" and not fresh_head
+    ):  # loaded as it is (fine-tuning relabels)
+        _check_labels(ckpt, cfg)
     if headless:
         if num_labels:
             cfg.id2label = {i: f"LABEL_{i}" for i in range(num_labels)}

@@ -38,7 +38,7 @@ def read_metrics(path: Path) -> list[dict]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise MetricsError(
-            f"{path} is not text ({e}); delete it, and the run writes it again from here"
+            f"{path} is not text ({e}); delete it (the run writes its rows from here on)"
         ) from None
     rows = []
     for i, line in enumerate(lines):

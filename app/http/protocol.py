@@ -67,6 +67,8 @@ class _BoundedRead(HttpToolsProtocol):
     _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
     _in_head = False  # between a request's first byte and the end of its headers
     _head_seen = 0  # the bytes of the request's head so far, counted before they are parsed
+    _head_tail = b""  # the last bytes of the head read so far: a blank line may be split across reads
+    _begins_counted = False  # the read being parsed began a request, whose head it counted already
     _read_body = False  # the read being parsed carried body bytes
     _read_ended = False  # a request ended within the read being parsed (the rest may begin another)
     # Past HEAD_LIMIT: what the client sends next is dropped, and a 431 is (or will be) sent.
@@ -81,6 +83,10 @@ class _BoundedRead(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message, self._in_head, self._head_bytes = True, True, 0
+        if self._begins_counted:  # the read began this request: its count so far is this head's
+            self._begins_counted = False
+        else:  # begun within a read (pipelined): counted from the next read on (a read is 256 KiB at most)
+            self._head_seen, self._head_tail = 0, b""
         self._arm()
 
     def on_headers_complete(self) -> None:
@@ -113,13 +119,17 @@ class _BoundedRead(HttpToolsProtocol):
                 return
         if self._head_refused:
             return  # the rest of a refused head: dropped unparsed
+        self._begins_counted = not self._in_message
         if not self._in_message or self._in_head:
             # Counted before the parser sees them: a head that ends within this read, with the body behind
             # it, is past the count of reads without body bytes below, and was parsed and served whole.
-            if not self._in_message:  # this read begins a request
-                self._head_seen = 0
-            end = data.find(b"\r\n\r\n")
-            self._head_seen += len(data) if end < 0 else end + 4
+            head = data
+            if not self._in_message:  # this read begins a request; the parser skips blank lines before it
+                head, self._head_seen, self._head_tail = data.lstrip(b"\r\n"), 0, b""
+            seen = self._head_tail + head
+            end = seen.find(b"\r\n\r\n")
+            self._head_seen += len(head) if end < 0 else end + 4 - len(self._head_tail)
+            self._head_tail = seen[-3:]
             if self._head_seen > HEAD_LIMIT:
                 self._refuse_head()
                 return

@@ -60,7 +60,8 @@ async def ui_file(name: FromPath[str], request: Request) -> Response[bytes]:
         )
     data, etag = _file(name)
     headers = {"etag": etag, "x-content-type-options": "nosniff"}
-    if etag in request.headers.get("if-none-match", ""):  # revalidated (no-cache): nothing changed
+    asked = {t.strip().removeprefix("W/") for t in request.headers.get("if-none-match", "").split(",")}
+    if etag in asked or "*" in asked:  # revalidated (no-cache): nothing changed
         return Response(b"", status_code=304, headers=headers)
     return Response(data, media_type=_FILES[name], headers=headers)
 

@@ -170,14 +170,19 @@ def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, 
 
 
 def vocab_normalisation(directory: Path, lowercase: bool = True) -> dict:
-    """How a Hugging Face directory that ships vocab.txt without tokenizer.json normalises text: its
-    tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads
+    """How a Hugging Face directory normalises text (its vocab.txt, or its tokenizer.json's BertNormalizer
+    where a tokenizer_config.json is beside it): its tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads
     them (BERT's defaults where it says nothing: `lowercase`, accents stripped with lowercasing, CJK
     characters split apart)."""
     import json
 
     cfg_file = directory / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{cfg_file} does not read as JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise TokenizerError(f"{cfg_file} is not a JSON object")
     strip = cfg.get("strip_accents")
     return {
         "lowercase": bool(cfg.get("do_lower_case", lowercase)),
@@ -221,28 +226,18 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
 
 
 def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:
-    """`tok` (the directory's tokenizer.json) normalising text as the directory's tokenizer_config.json says,
-    where that names do_lower_case, strip_accents or tokenize_chinese_chars otherwise than its BertNormalizer:
-    transformers' fast BERT tokenizers rebuild their normalizer so, and the model was trained on what they
-    give."""
+    """`tok` (the directory's tokenizer.json) normalising text as transformers reads the directory: where it
+    has a tokenizer_config.json, that file's do_lower_case, strip_accents and tokenize_chinese_chars, with
+    BERT's defaults for what it leaves out, replace its BertNormalizer's (transformers rebuilds the
+    normalizer so, and the model was trained on what that gives). Without one, the file as it is."""
     import json
 
-    cfg_file = directory / "tokenizer_config.json"
-    if not cfg_file.is_file():
-        return tok
-    try:
-        said = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{cfg_file} does not read as JSON ({e})") from None
     state = json.loads(tok.to_str()).get("normalizer") or {}
-    if not isinstance(said, dict) or state.get("type") != "BertNormalizer":
+    if not (directory / "tokenizer_config.json").is_file() or state.get("type") != "BertNormalizer":
         return tok
-    names = {
-        "do_lower_case": "lowercase",
-        "strip_accents": "strip_accents",
-        "tokenize_chinese_chars": "handle_chinese_chars",
-    }
-    want = {ours: said[theirs] for theirs, ours in names.items() if theirs in said}
+    said = vocab_normalisation(directory)
+    want = {"lowercase": said["lowercase"], "strip_accents": said["strip_accents"],
+            "handle_chinese_chars": said["chinese_chars"]}  # fmt: skip
     if all(state.get(k) == v for k, v in want.items()):
         return tok
     state.pop("type")

@@ -191,7 +191,7 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
             f"--resume: {metrics} does not read ({e.strerror or e}); delete it and resume"
         ) from None
     except MetricsError as e:
-        raise ConfigError(f"--resume: {e} and resume") from None
+        raise ConfigError(f"--resume: {e}; then resume") from None
     ckpt.write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
 
 

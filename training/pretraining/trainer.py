@@ -41,7 +41,7 @@ from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
 from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
-from training.pretraining.warmstart import WarmStart, pinned_init, resolve_warm_start
+from training.pretraining.warmstart import WarmStart, pinned_init, resolve_warm_start, unpinned_as_pinned
 from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
 
 
@@ -312,7 +312,8 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                                       "restore it (a run given as --init keeps only --keep-checkpoints of its "
                                       "own)") from None  # fmt: skip
             cfg = given_tokenizer_size(cfg)
-            check_resumable(then, options.as_dict(cfg))  # JSON values, as config.json holds
+            # JSON values, as config.json holds them
+            check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
             return cfg, warm
         cfg, warm = resolve_warm_start(cfg)
         return given_tokenizer_size(cfg), warm
@@ -548,7 +549,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
                          evaluated=t.step % cfg.eval_every == 0)  # fmt: skip
     except MetricsError as e:
-        options.usage_exit(f"error: --resume: {e}, and resume")
+        options.usage_exit(f"error: --resume: {e}; then resume")
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None

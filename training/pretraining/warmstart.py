@@ -119,6 +119,12 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
 
 
 def _tokenizer_file(directory: Path) -> Path:
+    # A Hugging Face directory's tokenizer_config.json says how its tokenizer normalises text: the
+    # directory is read whole (training.data.tokenizer.load_tokenizer), as fine-tuning and export read it.
+    if (directory / "tokenizer_config.json").is_file() and any(
+        (directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")
+    ):
+        return directory
     for name in ("tokenizer.json", "vocab.txt"):
         if (directory / name).is_file():
             return directory / name
@@ -258,6 +264,21 @@ def pinned_init(cfg: PretrainConfig, saved: dict) -> PretrainConfig:
             if Path(start).resolve().parent == run / "checkpoints":
                 pinned[name] = start
     return dataclasses.replace(cfg, **pinned) if pinned else cfg
+
+
+def unpinned_as_pinned(saved: dict, cfg: PretrainConfig) -> dict:
+    """A run saved before --init was pinned holds RUN as given; resolved now, it reads RUN's latest
+    checkpoint, the one it started from unless RUN went on. The same start, for the resume's check."""
+    for name in ("init", "init_generator"):
+        given, now = saved.get(name), getattr(cfg, name)
+        if (
+            given
+            and now
+            and given != now
+            and Path(now).resolve().parent == Path(given).resolve() / "checkpoints"
+        ):
+            saved = {**saved, name: now}
+    return saved
 
 
 def _pinned(spec: str, source: InitSource) -> str:
