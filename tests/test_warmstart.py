@@ -286,3 +286,30 @@ def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_ha
     with pytest.raises(SystemExit) as stop:
         pretrain([*args, "--out", str(resumed), "--resume"])
     assert stop.value.code == 2 and f"the run started from --init {start}" in str(stop.value)
+
+
+def test_a_hugging_face_directorys_tokenizer_config_is_read_by_a_warm_start(tmp_path, tok_dir):
+    """Its tokenizer.json was read alone: a tokenizer_config.json beside it, which transformers applies
+    (BERT's defaults for what it leaves out), changed nothing, so the run tokenized otherwise than the
+    weights were trained on. A run saved naming the file itself still resumes on that name."""
+    import transformers
+
+    from training.data.tokenizer import load_tokenizer
+
+    source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
+    raw = json.loads((source / "tokenizer.json").read_text())
+    raw["normalizer"]["lowercase"] = False
+    (source / "tokenizer.json").write_text(json.dumps(raw))
+    (source / "tokenizer_config.json").write_text("{}")
+    cfg, _ = resolve_warm_start(PretrainConfig(init=str(source), seq_len=64))
+    text = "The Lobster was caught"
+    theirs = transformers.AutoTokenizer.from_pretrained(source)(text, add_special_tokens=False)["input_ids"]
+    assert (
+        cfg.tokenizer == str(source)
+        and load_tokenizer(cfg.tokenizer).encode(text, add_special_tokens=False).ids == theirs
+    )
+    saved = str(source / "tokenizer.json")
+    assert (
+        resolve_warm_start(PretrainConfig(init=str(source), seq_len=64, tokenizer=saved))[0].tokenizer
+        == saved
+    )

@@ -233,7 +233,11 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
     if gen is not None:
         check_generator_fits(gen, disc.config)
-    if cfg.tokenizer not in ("train", str(disc.tokenizer)):
+    # Its own files, named one by one, are the same tokenizer: a run saved before the directory was given
+    # whole (where a tokenizer_config.json is beside them) keeps the name it saved, and resumes.
+    own = {str(disc.tokenizer), *(str(disc.directory / name) for name in ("tokenizer.json", "vocab.txt"))}
+    tokenizer = cfg.tokenizer if cfg.tokenizer in own else str(disc.tokenizer)
+    if cfg.tokenizer != "train" and cfg.tokenizer not in own:
         raise ConfigError(
             f"--tokenizer: the tokenizer comes with --init ({disc.tokenizer}); drop --tokenizer"
         )
@@ -250,7 +254,7 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     pinned = {"init": _pinned(cfg.init, disc)}
     if cfg.init_generator and gen is not None:
         pinned["init_generator"] = _pinned(cfg.init_generator, gen)
-    return dataclasses.replace(cfg, tokenizer=str(disc.tokenizer), **shape, **pinned), WarmStart(disc, gen)
+    return dataclasses.replace(cfg, tokenizer=tokenizer, **shape, **pinned), WarmStart(disc, gen)
 
 
 def pinned_init(cfg: PretrainConfig, saved: dict) -> PretrainConfig:
