@@ -30,11 +30,12 @@ def write_tokenizer(ckpt: Path, dst: Path) -> str:
     from training.data.tokenizer import load_tokenizer, vocab_normalisation
 
     if (ckpt / TOKENIZER).is_file():
-        changed = _as_read(ckpt, load_tokenizer(ckpt))
+        tok = load_tokenizer(ckpt)
+        changed = _as_read(ckpt, tok)
         if not changed:
             shutil.copyfile(ckpt / TOKENIZER, dst)
             return "copied tokenizer.json"
-        load_tokenizer(ckpt).save(str(dst))
+        tok.save(str(dst))
         return f"tokenizer.json as training reads it: {'; '.join(changed)}"
     if not (ckpt / "vocab.txt").is_file():
         raise BundleError(f"{ckpt}: neither tokenizer.json nor vocab.txt; the bundle needs the tokenizer")
@@ -52,7 +53,7 @@ def _as_read(ckpt: Path, tok) -> list[str]:
     saved, read = json.loads((ckpt / TOKENIZER).read_text(encoding="utf-8")), json.loads(tok.to_str())
     as_is = json.loads(
         Tokenizer.from_file(str(ckpt / TOKENIZER)).to_str()
-    )  # the file in this library's words
+    )  # the file, as this library writes it
     changed = []
     if saved.get("truncation") or saved.get("padding"):
         changed.append("its truncation and padding left out (the server cuts long texts into windows)")
