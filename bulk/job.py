@@ -175,6 +175,7 @@ def prepare(cfg: BulkConfig, pending: dict | None) -> None:
     config.json written, and what this run replaces or must not read removed. An --out that cannot be
     written stops the job here, before any part is scored, with what to do."""
     try:
+        outputs.hold(cfg.out)  # before anything there is written or removed
         write_fingerprint(cfg, pending)
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
         # An earlier run's figures, which stop matching the manifest as soon as a part is recorded: a run
@@ -187,6 +188,8 @@ def prepare(cfg: BulkConfig, pending: dict | None) -> None:
             print(f"bulk: removed {n} file(s) under scores/ and rejects/ that no line of manifest.jsonl records "
                   "(written as a job was stopped or killed, or by parts a shard no longer has); their parts, "
                   "if still in INPUT, are scored again", file=sys.stderr, flush=True)  # fmt: skip
+    except outputs.OutHeld as e:
+        raise JobError(str(e)) from None
     except OSError as e:
         if outputs.out_of_space(e):
             raise JobError(f"{outputs.disk_full(cfg.out)}: free some space, then run the same command") from e

@@ -290,6 +290,35 @@ def test_a_refused_resume_changes_nothing_in_out(tmp_path, paragraphs):
     assert _tree(out) == before
 
 
+def test_a_second_job_on_an_out_another_process_holds_is_refused_and_removes_nothing(tmp_path, paragraphs):
+    """A second driver on the same --out (a relaunch while the first still finishes, a duplicate CI job)
+    would remove, as unrecorded, the part files the first has put in place and is about to record."""
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])
+    out = tmp_path / "out"
+    assert run_bulk(src, out, "detector", "--workers", "1").returncode == 0
+    (out / "scores" / "unrecorded.part-00000.parquet").write_bytes(b"a part being recorded")
+    before = _tree(out)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from bulk.outputs import hold; "
+                               f"hold(__import__('pathlib').Path({str(out)!r})); print('held', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = run_bulk(src, out, "detector", "--workers", "1")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 2 and f"another bulk job (process {holder.pid})" in second.stderr, (
+        second.stderr
+    )
+    assert {k: v for k, v in _tree(out).items() if k != ".lock"} == {
+        k: v for k, v in before.items() if k != ".lock"
+    }
+
+
 def test_files_no_manifest_line_records_are_removed_before_the_run_and_never_read_as_the_jobs(
     tmp_path, paragraphs
 ):
