@@ -545,11 +545,17 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     """The steps to --max-steps; the number of the signal that stopped it before then, else None."""
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
+    problem = None
     try:  # a resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows
         log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
                          evaluated=t.step % cfg.eval_every == 0)  # fmt: skip
-    except MetricsError as e:
-        options.usage_exit(f"error: --resume: {e}; then resume")
+    except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
+        problem = e
+    if env.agree(problem is not None):
+        env.close()
+        if problem is None:
+            sys.exit(options.EXIT_USAGE)  # rank 0 says why
+        options.usage_exit(f"error: --resume: {problem}; then resume")
     bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None
