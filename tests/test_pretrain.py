@@ -260,6 +260,16 @@ def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, s
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--max-minutes 0.05 reached" in proc.stdout + proc.stderr
     assert (run / "checkpoints" / "latest").is_file()
+    # A metrics.jsonl the resume cannot read, under torchrun: named, and the run stops (torchrun reports the
+    # 2 as its own 1). The ranks agree on the stop; on gloo a rank left alone fails at once anyway, on NCCL
+    # it would wait in its first step for the collective timeout.
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], '{"st', *lines[1:]]) + "\n")
+    resume = [*cmd[: cmd.index("training.pretrain") + 1], "--out", str(run), "--resume", "--max-minutes", "1"]
+    again = subprocess.run(resume, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "line 2 of" in again.stderr and "is not JSON" in again.stderr, (
+        again.stderr[-2000:]
+    )
 
 
 def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_retraces_the_run(
