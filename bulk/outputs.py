@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from app.model.bundle import sha256_file
 from bulk.inputs import Part
+from options.locking import DirectoryHeld, hold_directory
 
 SPAN = pa.struct([("text", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("prob", pa.float64())])
 TOKEN = pa.struct(
@@ -187,10 +188,6 @@ def discard(out: Path, result: dict) -> None:
         (out / tmp).unlink(missing_ok=True)
 
 
-LOCK = ".lock"
-_held: list = []  # the lock files this process holds, open until it ends
-
-
 class OutHeld(Exception):
     """Another process runs a job on this --out."""
 
@@ -199,25 +196,11 @@ def hold(out: Path) -> None:
     """Lock --out for this process's job. A second job on it would remove, as unrecorded, the part files
     this one has put in place and is about to record, and append to the same manifest."""
     out.mkdir(parents=True, exist_ok=True)
-    f = open(out / LOCK, "a+")  # noqa: SIM115 (held open until the process ends)
     try:
-        import fcntl
-    except ImportError:  # not a POSIX system: no lock
-        _held.append(f)
-        return
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        raise OutHeld(f"--out {out}: another bulk job (process {pid}) is scoring into it; wait for it to end, "
+        hold_directory(out)
+    except DirectoryHeld as e:
+        raise OutHeld(f"--out {out}: another bulk job (process {e.pid}) is scoring into it; wait for it to end, "
                       "or choose another --out") from None  # fmt: skip
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    _held.append(f)
 
 
 def write_json(path: Path, value: dict) -> None:

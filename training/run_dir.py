@@ -9,14 +9,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO
 
 from options import ConfigError
+from options.locking import DirectoryHeld, hold_directory
 
 LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume continues from
 
-LOCK = ".lock"
-_held: dict[str, IO] = {}  # --out (real path) -> its locked file, for this process's lifetime
 # What a pretraining run writes at the top of its --out (data/: its shards, which scripts/gpu-check puts
 # there before the run).
 RUN_ENTRIES = frozenset({"config.json", "metrics.jsonl", "curves.png", "data", "tokenizer", "checkpoints"})
@@ -59,33 +57,15 @@ def hold(out: Path) -> None:
         raise ConfigError(
             f"--out: cannot create {out} ({e.strerror or e}); give a directory you can write"
         ) from None
-    key = os.path.realpath(out)
-    if key in _held:
-        return
     try:
-        f = open(out / LOCK, "a+")  # noqa: SIM115 (held open until the process ends)
+        hold_directory(out)
     except OSError as e:
         raise ConfigError(
             f"--out: cannot write in {out} ({e.strerror or e}); give a directory you can write"
         ) from None
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system: no lock, as before
-        _held[key] = f
-        return
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        raise ConfigError(f"--out: {out} is in use: another training process (pid {pid}) writes into it; wait "
+    except DirectoryHeld as e:
+        raise ConfigError(f"--out: {out} is in use: another training process (pid {e.pid}) writes into it; wait "
                           "for it to end or stop it, or give another --out") from None  # fmt: skip
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    _held[key] = f
 
 
 def check_writable(directory: Path) -> None:
