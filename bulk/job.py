@@ -304,8 +304,7 @@ def run(cfg: BulkConfig) -> int:
                 outputs.publish(cfg.out, result)
             except OSError as e:
                 outputs.discard(cfg.out, result)
-                for final in result["staged"]:  # one renamed before the other failed: unrecorded, so gone
-                    (cfg.out / final).unlink(missing_ok=True)
+                outputs.unpublish(cfg.out, result)  # one renamed before the other failed
                 failed_parts[key] = f"its files could not be put in place: {e}"
                 return bool(stopped)
             try:
@@ -313,8 +312,7 @@ def run(cfg: BulkConfig) -> int:
             except OSError as e:
                 if not outputs.out_of_space(e):
                     raise
-                for final in result["staged"]:  # in place, but unrecorded: not to be read as the job's
-                    (cfg.out / final).unlink(missing_ok=True)
+                outputs.unpublish(cfg.out, result)
                 failed_parts[key] = f"its manifest line could not be written: {e}"
                 stop(outputs.disk_full(cfg.out))
                 return True

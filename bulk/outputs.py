@@ -182,6 +182,13 @@ def publish(out: Path, result: dict) -> None:
         (out / "rejects" / _part_file(result["name"], result["index"], "jsonl")).unlink(missing_ok=True)
 
 
+def unpublish(out: Path, result: dict) -> None:
+    """A part's files put in place (all or some) that no manifest line will record: gone, not to be read as
+    the job's."""
+    for final in result["staged"]:
+        (out / final).unlink(missing_ok=True)
+
+
 def discard(out: Path, result: dict) -> None:
     """A part's temporary files that will not be published (Ray ran it twice, or it failed after)."""
     for tmp in result.get("staged", {}).values():

@@ -50,10 +50,9 @@ def _as_read(ckpt: Path, tok) -> list[str]:
     export's own tokenization (calibration, checks) and every consumer of the bundle must see the same."""
     from tokenizers import Tokenizer
 
-    saved, read = json.loads((ckpt / TOKENIZER).read_text(encoding="utf-8")), json.loads(tok.to_str())
-    as_is = json.loads(
-        Tokenizer.from_file(str(ckpt / TOKENIZER)).to_str()
-    )  # the file, as this library writes it
+    text = (ckpt / TOKENIZER).read_text(encoding="utf-8")
+    saved, read = json.loads(text), json.loads(tok.to_str())
+    as_is = json.loads(Tokenizer.from_str(text).to_str())  # the file, as this library writes it
     changed = []
     if saved.get("truncation") or saved.get("padding"):
         changed.append("its truncation and padding left out (the server cuts long texts into windows)")

@@ -144,10 +144,12 @@ def _observe(metrics: Metrics, access_log: bool = False):
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    headers = [*message.get("headers", ()), (b"x-request-id", rid)]
-                    # No answer of ours is to be read as another type than it says (a JSON error as HTML).
-                    if not any(k.lower() == b"x-content-type-options" for k, _ in headers):
-                        headers.append((b"x-content-type-options", b"nosniff"))
+                    # nosniff: no answer of ours is to be read as another type than it says (JSON as HTML).
+                    headers = [
+                        *message.get("headers", ()),
+                        (b"x-request-id", rid),
+                        (b"x-content-type-options", b"nosniff"),
+                    ]
                     message = {**message, "headers": headers}
                 await send(message)
 

@@ -106,7 +106,7 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
             f"{config_path}: no whole-number {', '.join(missing)}; not a model's config"
         )
     config = ElectraConfig.from_dict(raw)
-    tokenizer = _tokenizer_file(directory)
+    tokenizer = _tokenizer_source(directory)
     _check_vocab(tokenizer, config, config_path)
     generator = directory / "generator"
     return InitSource(
@@ -118,7 +118,7 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
     )
 
 
-def _tokenizer_file(directory: Path) -> Path:
+def _tokenizer_source(directory: Path) -> Path:
     # A Hugging Face directory's tokenizer_config.json says how its tokenizer normalises text: the
     # directory is read whole (training.data.tokenizer.load_tokenizer), as fine-tuning and export read it.
     if (directory / "tokenizer_config.json").is_file() and any(
@@ -257,32 +257,34 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     return dataclasses.replace(cfg, tokenizer=tokenizer, **shape, **pinned), WarmStart(disc, gen)
 
 
+INIT_OPTIONS = ("init", "init_generator")
+
+
+def _checkpoint_of(checkpoint: str | None, run: str | None) -> bool:
+    """Whether `checkpoint` is one of `run`'s checkpoints (not `run` itself): the start a run pinned."""
+    if not checkpoint or not run or checkpoint == run:
+        return False
+    return Path(checkpoint).resolve().parent == Path(run).expanduser().resolve() / "checkpoints"
+
+
 def pinned_init(cfg: PretrainConfig, saved: dict) -> PretrainConfig:
     """A resume given the run's first command again: its --init RUN (or --init-generator RUN) means the
     checkpoint of RUN the run saved as its start, wherever RUN's checkpoints/latest has moved since."""
-    pinned = {}
-    for name in ("init", "init_generator"):
-        given, start = getattr(cfg, name), saved.get(name)
-        if given and start and given != start:
-            run = Path(given).expanduser().resolve()
-            if Path(start).resolve().parent == run / "checkpoints":
-                pinned[name] = start
+    pinned = {
+        name: saved[name] for name in INIT_OPTIONS if _checkpoint_of(saved.get(name), getattr(cfg, name))
+    }
     return dataclasses.replace(cfg, **pinned) if pinned else cfg
 
 
 def unpinned_as_pinned(saved: dict, cfg: PretrainConfig) -> dict:
     """A run saved before --init was pinned holds RUN as given; resolved now, it reads RUN's latest
     checkpoint, the one it started from unless RUN went on. The same start, for the resume's check."""
-    for name in ("init", "init_generator"):
-        given, now = saved.get(name), getattr(cfg, name)
-        if (
-            given
-            and now
-            and given != now
-            and Path(now).resolve().parent == Path(given).resolve() / "checkpoints"
-        ):
-            saved = {**saved, name: now}
-    return saved
+    now = {
+        name: getattr(cfg, name)
+        for name in INIT_OPTIONS
+        if _checkpoint_of(getattr(cfg, name), saved.get(name))
+    }
+    return {**saved, **now}
 
 
 def _pinned(spec: str, source: InitSource) -> str:
