@@ -148,7 +148,14 @@ def test_cors_lets_browser_code_read_the_request_id_and_the_timings(bundles_dir:
         asked = {"origin": "https://app.example", "access-control-request-method": "POST",
                  "access-control-request-headers": "content-type, x-api-key"}  # fmt: skip
         preflight = c.options("/detect", headers=asked)
+        plain = c.get("/models")  # no Origin: curl, or a cache filling itself
+        elsewhere = c.get("/models", headers={"origin": "https://other.example"})
     assert r.headers["access-control-allow-origin"] == "https://app.example"
+    # Every answer says it depends on Origin, so a shared cache never hands one origin's answer to another.
+    for answer in (r, plain, elsewhere):
+        assert answer.headers["vary"] == "Origin", answer.headers
+        assert answer.headers.get_list("vary") == ["Origin"], answer.headers
+    assert "access-control-allow-origin" not in elsewhere.headers
     # The preflight offers what the API takes, not every method and header.
     assert preflight.status_code in (200, 204), preflight.text
     offered = {m.strip() for m in preflight.headers["access-control-allow-methods"].split(",")}

@@ -57,7 +57,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
         after_request=_schema_not_found_as_json,
-        middleware=[_observe(metrics, settings.access_log)],
+        middleware=[_observe(metrics, settings.access_log, _varies_by_origin(settings))],
         guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
         # Browser code may read the request id and the stage timings, as any other client does.
@@ -125,7 +125,14 @@ def schema_answers_head(app: ASGIApp) -> ASGIApp:
 EXPOSED_HEADERS = ["x-request-id", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"]
 
 
-def _observe(metrics: Metrics, access_log: bool = False):
+def _varies_by_origin(settings: Settings) -> bool:
+    """With a list of allowed origins, an answer's CORS headers depend on the request's Origin. Litestar says
+    so (Vary: Origin) only on answers to an allowed origin, so a shared cache could keep an answer made for a
+    request without one (no Access-Control-Allow-Origin) and hand it to a browser on an allowed origin."""
+    return bool(settings.cors_origins) and "*" not in settings.cors_origins
+
+
+def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = False):
     """Count and time every routed request by endpoint (route template), model and status; give each
     answer its x-request-id, and log lines written below the HTTP layer too (app/request_context.py);
     with --access-log, one line per request: client, method, path, status, time, model and id."""
@@ -150,6 +157,8 @@ def _observe(metrics: Metrics, access_log: bool = False):
                         (b"x-request-id", rid),
                         (b"x-content-type-options", b"nosniff"),
                     ]
+                    if vary_origin and not any(name.lower() == b"vary" for name, _ in headers):
+                        headers.append((b"vary", b"Origin"))
                     message = {**message, "headers": headers}
                 await send(message)
 
