@@ -319,6 +319,40 @@ def test_long_text_is_one_shaded_text(browser, server):
     assert f"Windows\n{answer['summary']['windows']}" in browser.find_element("id", "summary").text
 
 
+def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(browser, server):
+    """A Hangul syllable is several tokens with one character's offsets: the token view shades it by its most
+    probable piece (it showed the first). A 400-letter word stays inside its tooltip and the phone's table."""
+    text = "안녕하세요 the report " + "x" * 400 + " came out"
+    open_page(browser, server)
+    browser.set_window_size(390, 844)
+    submit(browser, text)
+    wait_visible(browser, "detect")
+    browser.find_element("css selector", "input[name=unit][value=tokens]").click()
+    most = {}
+    for token in api_detect(server, text, 0.5)["tokens"]:
+        key = (token["start"], token["end"])
+        most[key] = max(most.get(key, 0.0), token["prob"])
+    shown = shading(browser)
+    assert [s[0] for s in shown] == [text[a:b] for a, b in most], shown
+    for (_, alpha, _), prob in zip(shown, most.values(), strict=True):
+        assert alpha == pytest.approx(0.75 * prob**0.5, abs=0.01)
+    long_word = next(e for e in browser.find_elements("css selector", "#marked .w") if len(e.text) > 50)
+    long_word.click()
+    wait_visible(browser, "tip")
+    tip = browser.find_element("id", "tip")
+    assert browser.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", tip)
+    browser.find_element("css selector", "input[name=view][value=table]").click()
+    table = browser.find_element("id", "table-view")
+    # The phone scrolls the table sideways across its columns, never along one word: no cell is wider than
+    # the box that shows it (the 400 letters made one 3,400 px wide).
+    widest, box = browser.execute_script(
+        "const cells = [...arguments[0].querySelectorAll('tbody th, tbody td')];"
+        "return [Math.max(...cells.map(c => c.getBoundingClientRect().width)), arguments[0].clientWidth];",
+        table,
+    )
+    assert widest <= box, (widest, box)
+
+
 def test_empty_text_shows_the_apis_error(browser, server):
     open_page(browser, server)
     submit(browser, SENTENCE)
@@ -366,6 +400,12 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     browser.find_element("id", "key-use").click()
     wait_visible(browser, "error")
     assert "API key" in browser.find_element("id", "error").text
+    # A character no HTTP header carries: the page says so (it blamed the network, as fetch refused it).
+    key.clear()
+    key.send_keys("s€cret")
+    browser.find_element("id", "key-use").click()
+    WebDriverWait(browser, WAIT_S).until(lambda d: "printable ASCII" in d.find_element("id", "error").text)
+    assert "reach the server" not in browser.find_element("id", "error").text
     key.clear()
     key.send_keys(KEY)
     browser.find_element("id", "key-use").click()

@@ -187,7 +187,16 @@ function renderDetect() {
   let at = 0; // UTF-16 index written so far
   list.forEach((it, i) => {
     const start = cps[it.start], end = cps[it.end];
-    if (start < at) return; // never overlap (offsets are sorted; defensive)
+    if (start < at) {
+      // Pieces of one character (a Hangul syllable is several) share its offsets: it shows the most probable.
+      const last = state.spans[state.spans.length - 1];
+      if (last && it.prob > Number(last.dataset.prob)) {
+        last.dataset.i = i;
+        last.dataset.prob = it.prob;
+        last.style.backgroundColor = shade(it.prob);
+      }
+      return;
+    }
     if (start > at) frag.append(text.slice(at, start));
     const span = document.createElement("span");
     span.className = "w";
@@ -430,7 +439,14 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("key-form").addEventListener("submit", async (e) => {
     e.preventDefault();
-    state.apiKey = $("key").value.trim() || null;
+    const given = $("key").value.trim();
+    if (!/^[\x20-\x7e]*$/.test(given)) {
+      // The browser refuses such a header before anything is sent: not a server it could not reach.
+      showError(new ApiError(0, "bad_key", "An API key holds printable ASCII only: this one has another "
+        + "character (a pasted space or quote?). Paste the key again.", "key"));
+      return;
+    }
+    state.apiKey = given || null;
     if (await loadModels()) {
       syncControls(); // the slider starts at the model's threshold, as it does without a key
       $("key-form").hidden = true;
