@@ -98,9 +98,13 @@ class Summary(msgspec.Struct):
     mean_prob: Annotated[float, _doc("mean token probability")]
     replaced_fraction: Annotated[
         float,
-        _doc("spans divided by the number of words, punctuation left out of both (0 when none is left)"),
+        _doc(
+            "spans divided by the number of words; words with no letter or digit (punctuation, symbols, emoji) are left out of both (0 when none is left)"
+        ),
     ]
-    spans: Annotated[list[Span], _doc("the words with prob >= threshold, in order")]
+    spans: Annotated[
+        list[Span], _doc("the words with prob >= threshold that have a letter or digit, in order")
+    ]
     num_tokens: int
     num_words: int
     windows: Annotated[int, _doc("model windows scored (> 1 when the text is longer than max_length)")]

@@ -73,7 +73,8 @@ def detect_result(
 
 
 def is_punctuation(word: str) -> bool:
-    """A word with no letter and no digit: ".", "--", "?!"."""
+    """A word with no letter and no digit: ".", "--", "?!", and also a symbol or an emoji ("©", "👍"). The
+    tokenizer knows few of those (most are [UNK]): a replacement there is no word swap the model learnt."""
     return not any(c.isalnum() for c in word)
 
 
