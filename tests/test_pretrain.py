@@ -177,6 +177,33 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_the_first_step(
         pytest.skip(str(e))
 
 
+@pytest.mark.parametrize(
+    "step, max_steps, save_every, keep, on_disk, more",
+    [
+        (0, 6, 2, 1, 0, 2),  # three saves, one kept: the second is written before the first goes
+        (0, 6, 2, 2, 0, 3),
+        (0, 5, 100, 2, 0, 1),  # only the last step's
+        (0, 6, 2, 0, 0, 2),  # every one kept: two, not the whole run's (--max-minutes may cut it)
+        (4, 6, 2, 2, 2, 1),  # a resume: two on disk, one more at once
+        (4, 6, 2, 1, 1, 1),
+        (6, 6, 2, 2, 2, 0),  # nothing left to train
+        (5, 6, 2, 2, 3, 1),  # resumed from an interim save beside two regular ones, written before they go
+    ],
+)
+def test_the_disk_check_counts_the_checkpoints_held_at_once(
+    tmp_path, step, max_steps, save_every, keep, on_disk, more
+):
+    from training.config import PretrainConfig
+    from training.pretraining.trainer import checkpoints_to_fit
+
+    for i in range(on_disk):
+        (tmp_path / f"step-{i:08d}").mkdir()
+    cfg = PretrainConfig(
+        max_steps=max_steps, save_every=save_every, keep_checkpoints=keep, eval_every=save_every
+    )
+    assert checkpoints_to_fit(cfg, step, tmp_path) == more
+
+
 def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_corpus, small_tokenizer):
     # fp32: bf16 rounding differs between batch shapes, and equality across shapes is the point here.
     common = ("--max-steps", 8, "--log-every", 1, "--eval-every", 1000, "--dropout", 0.0, "--bf16", "false")
@@ -493,8 +520,16 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     pretrain(["--out", str(run), "--resume", "--max-steps", "3"])  # a longer schedule may be asked for
     assert json.loads((run / "config.json").read_text())["max_steps"] == 3
     capsys.readouterr()
-    pretrain(["--out", str(run), "--resume", "--max-steps", "2"])  # once silent: nothing trained, exit 0
-    assert "note: step 3 is already at --max-steps 2: nothing to train" in capsys.readouterr().err
+    pretrain(["--out", str(run), "--resume"])  # a finished run resumed: said, and nothing trained
+    assert "note: step 3 is already at --max-steps 3: nothing to train" in capsys.readouterr().err
+    # Below its step: refused before any work (it once trained nothing, exit 0, and saved max_steps 2 as the
+    # run's target, so that no later plain --resume would train).
+    before = (run / "config.json").read_text()
+    with pytest.raises(
+        SystemExit, match=r"at step 3 \(step-00000003\), past --max-steps 2; give a --max-steps ab"
+    ):
+        pretrain(["--out", str(run), "--resume", "--max-steps", "2"])
+    assert (run / "config.json").read_text() == before
     with pytest.raises(SystemExit, match="already holds a run; pass --resume") as refused:
         pretrain(tiny_args(run, small_corpus, small_tokenizer))
     assert refused.value.code == 2

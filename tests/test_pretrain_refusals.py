@@ -284,3 +284,14 @@ def test_a_resume_reads_metrics_as_the_uninterrupted_run_wrote_them(finished, tm
     rows.write_text('{"step": 1, "split": "train"}\n{"st\n{"step": 2, "split": "train"}\n')
     with pytest.raises(MetricsError, match="line 2 of .* is not JSON"):
         MetricsLog(rows, truncate_after=2)
+
+
+def test_a_plot_that_cannot_be_written_leaves_the_finished_run_finished(finished, tmp_path, capsys):
+    """curves.png on a full disk once failed a run whose last checkpoint was saved: exit 1, "stopped", and a
+    --resume that failed the same way."""
+    from training.report import plot_curves
+
+    (tmp_path / "file").write_text("")
+    plot_curves(finished / "metrics.jsonl", tmp_path / "file" / "curves.png")  # its directory is a file
+    said = capsys.readouterr().out
+    assert "curves.png not drawn (" in said and "the figures are all in metrics.jsonl" in said, said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -119,8 +120,16 @@ def plot_curves(metrics_path: Path, out_png: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    save_png(fig, out_png)
-    plt.close(fig)
+    try:
+        save_png(fig, out_png)
+    except OSError as e:  # a full disk, a read-only file: the run itself is done and saved
+        with contextlib.suppress(OSError):  # what was begun of it
+            out_png.unlink(missing_ok=True)
+        print(
+            f"{out_png} not drawn ({e.strerror or e}); the figures are all in {metrics_path.name}", flush=True
+        )
+    finally:
+        plt.close(fig)
 
 
 def precision_reason(requested_bf16: bool, device_type: str, used_bf16: bool) -> str:

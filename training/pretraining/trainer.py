@@ -114,6 +114,21 @@ def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
     return weights + len(parts) * tokenizer + moments + 2**16
 
 
+def checkpoints_to_fit(cfg: PretrainConfig, step: int, checkpoints: Path) -> int:
+    """How many checkpoints beyond those on disk now the run will hold at once, from `step` on: the newest
+    --keep-checkpoints, and the next one, which is written before the oldest goes. Keeping every one (0),
+    two: a run cut by --max-minutes never writes the rest, and a long one is for its user to size."""
+    points = range((step // cfg.save_every + 1) * cfg.save_every, cfg.max_steps + 1, cfg.save_every)
+    saves = len(points) + (cfg.max_steps % cfg.save_every != 0 and step < cfg.max_steps)  # the last step
+    if saves == 0:
+        return 0
+    existing = sum(1 for p in checkpoints.glob("step-*") if p.is_dir())
+    if cfg.keep_checkpoints == 0:
+        return min(saves, 2)
+    # At each save the disk holds the kept ones (or all there were, at the first save of a resume) and the new.
+    return max(existing, min(cfg.keep_checkpoints, existing + saves - 1)) + 1 - existing
+
+
 def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
     d = ckpt.resolve_checkpoint(run)
     state = read_trainer_state(run, d)
@@ -344,11 +359,19 @@ def check_resumable(then: dict, now: dict) -> None:
     options.refuse_resume_changes(then, now, RESUMABLE_CHANGES, "another --out, --init from this one")
 
 
-def check_processes(run: Path, world: int) -> None:
-    """A resume on another number of processes would change the global batch (--batch-size rows per process)
-    and the data each process reads: refused, naming the command that resumes it."""
+def check_resume_point(run: Path, world: int, max_steps: int) -> None:
+    """What a resume can check from the checkpoint alone, before any data or model is read.
+
+    Another number of processes would change the global batch (--batch-size rows per process) and the
+    data each process reads: refused, naming the command that resumes it. A --max-steps below the
+    checkpoint's step is refused too: it would train nothing and save itself as the run's target, after
+    which a plain --resume would never train again."""
     d = ckpt.resolve_checkpoint(run)
-    then = read_trainer_state(run, d).get("processes")
+    state = read_trainer_state(run, d)
+    if max_steps < state["step"]:
+        options.usage_exit(f"error: --resume: {run} is at step {state['step']} ({d.name}), past --max-steps "
+                           f"{max_steps}; give a --max-steps above {state['step']} to train further")  # fmt: skip
+    then = state.get("processes")
     if then is not None and then != world:
         how = (
             f"torchrun --nproc_per_node {then} -m training.pretrain"
@@ -381,7 +404,7 @@ def setup(argv: list[str] | None) -> Trainer:
         )
     if cfg.resume:
         try:
-            check_processes(run, env.world)
+            check_resume_point(run, env.world, cfg.max_steps)
         except CheckpointError as e:  # checkpoints/latest names a checkpoint that is gone or broken
             options.usage_exit(f"error: {e}")
     problem = None
@@ -432,9 +455,13 @@ def setup(argv: list[str] | None) -> Trainer:
         full = None
         if env.main:  # rank 0 writes the checkpoints
             try:
-                check_room(
-                    run / "checkpoints", checkpoint_bytes(objective, data.tokenizer_dir), "a checkpoint"
-                )
+                more = checkpoints_to_fit(cfg, step, run / "checkpoints")
+                what = (f"{more} more checkpoints at once (--keep-checkpoints {cfg.keep_checkpoints}: each is written "
+                        "before the oldest goes)" if more > 1 else "a checkpoint")  # fmt: skip
+                if more:
+                    check_room(
+                        run / "checkpoints", more * checkpoint_bytes(objective, data.tokenizer_dir), what
+                    )
             except DiskFullError as e:
                 full = e
         if env.agree(full is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
