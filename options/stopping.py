@@ -5,10 +5,12 @@ use it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 
 class Stopped(KeyboardInterrupt):
@@ -30,6 +32,23 @@ def stop_as_ctrl_c() -> None:
     for s in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, stop)
+
+
+@contextlib.contextmanager
+def ctrl_c_on_term(enabled: bool = True) -> Iterator[None]:
+    """stop_as_ctrl_c while the block runs (a training run's set-up: reading, tokenizing), the handlers
+    before it after: an entry point called in-process (a test, a notebook) leaves its caller's as they were.
+    Not for torchrun's workers (`enabled` False): torchrun stops the others with SIGTERM when one fails, and
+    a worker waiting in a collective would run the handler only when it returns, so torchrun would wait
+    its --shutdown-timeout and kill it; the default action ends it at once."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    if enabled:
+        stop_as_ctrl_c()
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def signal_number(stop: KeyboardInterrupt) -> int:

@@ -295,3 +295,75 @@ def test_a_plot_that_cannot_be_written_leaves_the_finished_run_finished(finished
     plot_curves(finished / "metrics.jsonl", tmp_path / "file" / "curves.png")  # its directory is a file
     said = capsys.readouterr().out
     assert "curves.png not drawn (" in said and "the figures are all in metrics.jsonl" in said, said
+
+
+def test_the_saved_config_says_what_ran_and_options_that_change_nothing_are_noted(
+    tmp_path, small_corpus, small_tokenizer, capsys
+):
+    """config.json once said device auto, bf16 true on a CPU without it, lowercase false for a tokenizer that
+    lowercases, and nothing of the generator an --init run trained; options with no effect (request-row
+    shares on packed rows) went unsaid, then refused the run's resume."""
+    run = tmp_path / "run"
+    pretrain(tiny(run, small_corpus, small_tokenizer, "--max-steps", "2", "--sentence-rows", "0.6",
+                  "--lowercase", "false", "--word-swap-kinds", "pos"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--sentence-rows sets sentence_rows 0.6, which changes nothing: it shapes request rows" in err
+    assert "--word-swap-kinds sets word_swap_kinds 'pos', which changes nothing: --word-swap-prob is 0" in err
+    assert (
+        f"--lowercase sets lowercase false, which is not used: the tokenizer {small_tokenizer} lowercases"
+        in err
+    )
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["lowercase"] is True and saved["vocab_size"] == 1000
+    ran = saved["as_run"]
+    assert ran["device"] == "cpu" and ran["threads"] == 1 and ran["step"] == "eager" and not ran["tf32"]
+    assert ran["generator"] == {"from": "fresh", "hidden_size": 32, "num_layers": 2, "num_heads": 1}
+    assert ran["max_predictions_per_micro_batch"] > 0
+    state = json.loads((run / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
+    assert state["as_run"] == ran  # a bundle's manifest takes it from here
+
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3", "--sentence-rows", "0.4"])  # nothing changed
+    assert json.loads((run / "config.json").read_text())["as_run"] == ran
+
+    # The generator comes with --init RUN: --generator-fraction cannot size it.
+    with pytest.raises(SystemExit, match=r"--generator-fraction sets generator_fraction 1.0, and the generator "
+                                         r"comes with --init .*: hidden 32, 2 layers\): drop --generator-fra"):  # fmt: skip
+        pretrain(["--init", str(run), "--out", str(tmp_path / "warm"), "--corpus", str(small_corpus),
+                  "--generator-fraction", "1.0", "--max-steps", "2"])  # fmt: skip
+
+
+def test_progress_in_a_log_file_is_lines_not_redraws(capsys):
+    """Written to a file, each tqdm redraw was a carriage return and the bar again: hundreds of KB a run."""
+    from training.progress import progress_bar
+
+    with progress_bar(total=5000, desc="pretrain") as bar:
+        for _ in range(5000):
+            bar.update(1)
+            bar.set_postfix(loss="1.0", refresh=False)
+    err = capsys.readouterr().err
+    assert "\r" not in err, err[:500]
+    lines = err.splitlines()
+    assert 1 <= len(lines) <= 3 and "5000/5000" in lines[-1], lines
+
+
+def test_sigterm_before_training_stops_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the corpus is read (a scheduler's stop) ended the process where it stood: exit 143, no
+    word, its temporaries left behind. Now Ctrl-C's message and exit, and the caller's handlers back after."""
+    import signal
+    import time
+
+    import training.pretraining.trainer as trainer
+
+    def reading(argv):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(trainer, "run", reading)
+    with pytest.raises(SystemExit) as stop:
+        pretrain(["--out", str(tmp_path / "run"), "--corpus", "wikitext2"])
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert (
+        "stopped at once; no checkpoint was saved; the same command starts again" in capsys.readouterr().err
+    )
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -377,6 +377,24 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError("--init-generator: only for --objective electra (mlm trains no generator)")
 
 
+def inert_options(values: dict) -> dict[str, str]:
+    """Pretraining options that change nothing given the others (`values`: a config as JSON, saved or
+    resolved), with why: the start notes any given one; a resume lets them differ, as they trained nothing."""
+    why = {}
+    if values.get("rows") == "packed":
+        for name in ("sentence_rows", "few_sentence_rows"):
+            why[name] = "it shapes request rows (--rows requests), and this run packs its rows"
+    if not values.get("word_swap_prob"):
+        why["word_swap_kinds"] = "--word-swap-prob is 0: no word is swapped"
+    if not values.get("qat"):
+        for name in ("qat_rounding", "qat_smoothing"):
+            why[name] = "the run is not quantization-aware (--qat)"
+    if values.get("objective") == "mlm":
+        for name in ("generator_fraction", "temperature", "gen_weight", "disc_weight"):
+            why[name] = "--objective mlm trains no generator and no discriminator head"
+    return why
+
+
 PROBLEM_TYPES = ("auto", "classification", "regression")
 SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
 

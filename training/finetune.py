@@ -16,11 +16,11 @@ probabilities: what its bundle should answer), finetune_config.json and metrics.
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
 import options
+from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig
 
 PROG = "python -m training.finetune"
@@ -36,13 +36,14 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         from training.finetuning.tuner import run
 
-        return run(argv)
-    except KeyboardInterrupt:  # Ctrl-C before training began (reading, tokenizing), or twice while it ran
+        with ctrl_c_on_term():  # SIGTERM while reading or tokenizing: Ctrl-C's message and exit
+            return run(argv)
+    except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         saved = (Path(cfg.out) / "resume" / "state.json").is_file()  # training/finetuning/resume.py
         again = (f"its last dev evaluation is kept: go on with {PROG} --out {cfg.out} --resume" if saved
                  else "the same command with --overwrite runs it again")  # fmt: skip
         print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; {again}", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
+        sys.exit(128 + signal_number(stop))
 
 
 if __name__ == "__main__":

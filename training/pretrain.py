@@ -13,11 +13,12 @@ word swaps, protected tokens); then the optimizer, a restored checkpoint on --re
 
 from __future__ import annotations
 
-import signal
+import os
 import sys
 from pathlib import Path
 
 import options
+from options.stopping import ctrl_c_on_term, signal_number
 from training.config import PretrainConfig
 from training.run_dir import resumed_settings
 
@@ -36,13 +37,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from training.pretraining.trainer import run
 
-        run(argv)
-    except KeyboardInterrupt:  # Ctrl-C before training began (reading a corpus), or twice while it ran
+        # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed.
+        with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
+            run(argv)
+    except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         latest = Path(cfg.out) / "checkpoints" / "latest"
         kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {PROG} --out {cfg.out} --resume"
                 if latest.is_file() else "no checkpoint was saved; the same command starts again")  # fmt: skip
         print(f"\n{PROG}: stopped at once; {kept}", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
+        sys.exit(128 + signal_number(stop))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ from training.finetuning.metrics import (
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
+from training.progress import progress_bar
 from training.report import MetricsLog
 
 ARCH = "ElectraForSequenceClassification"
@@ -631,7 +632,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
     # The data order; dropout draws from torch's generator, seeded in resolve() (or restored).
     rng = resume.epoch_rng(cfg.seed, at)
     stopped_early = False
-    bar = tqdm(total=t.total, initial=t.step, dynamic_ncols=True, desc="finetune")
+    bar = progress_bar(total=t.total, initial=t.step, desc="finetune")
     window_loss, window_n = (at["window_loss"], at["window_n"]) if at else (0.0, 0)
     window_t, skip = time.time(), at["in_epoch"] if at else 0
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
@@ -646,7 +647,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
             if t.step % cfg.log_every == 0 or t.step == t.total:
                 row = {"loss": window_loss / window_n, "lr": cfg.lr * mult, "grad_norm": norm,
                        "examples_per_s": window_n * cfg.batch_size / max(1e-9, time.time() - window_t)}  # fmt: skip
-                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
                 log.write(t.step, t.tokens, "train", {"epoch": t.step / t.steps_per_epoch, **row})
                 window_loss, window_n, window_t = 0.0, 0, time.time()
             position = {"epoch": epoch, "epoch_rng": epoch_rng, "in_epoch": done, "window_loss": window_loss,

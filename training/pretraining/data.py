@@ -19,7 +19,6 @@ from training.data.tokenizer import (
     save_tokenizer,
     special_ids,
     train_wordpiece,
-    vocab_normalisation,
 )
 
 
@@ -50,31 +49,36 @@ def _user_options(cfg) -> dict:
     return {"text_field": cfg.text_field, "valid_fraction": cfg.valid_fraction}
 
 
-def _note_lowercase(cfg) -> None:
-    """A directory with vocab.txt and a tokenizer_config.json normalises as that file says: a --lowercase
-    given against it is not used, and the run says so rather than training otherwise in silence."""
-    d = Path(cfg.tokenizer)
-    if not d.is_dir() or (d / "tokenizer.json").is_file() or "lowercase" not in options.sources(cfg):
-        return
-    said = vocab_normalisation(d, cfg.lowercase)["lowercase"]
-    if said != cfg.lowercase:
-        print(f"note: --lowercase {str(cfg.lowercase).lower()} is not used: {d}/tokenizer_config.json says "
-              f"do_lower_case {str(said).lower()}, and the tokenizer follows it", file=sys.stderr, flush=True)  # fmt: skip
+def lowercases(tok: Tokenizer) -> bool:
+    """Whether the tokenizer lowercases text, as its normaliser does (a tokenizer.json's own, or what a
+    vocab.txt was loaded with)."""
+    return tok.normalizer is not None and tok.normalizer.normalize_str("A") == "a"
 
 
-def given_tokenizer_size(cfg):
-    """With --tokenizer PATH, the run's vocab_size is that tokenizer's, so the config it prints and
-    saves says what the model has (--vocab-size sizes a trained vocabulary only; a --config file's
-    value gave way in silence, and still does; a flag's, with a note)."""
-    if cfg.tokenizer == "train" or cfg.init:  # trained to --vocab-size, or --init's own
+def with_given_tokenizer(cfg):
+    """With --tokenizer PATH (or --init's), the run's vocab_size and lowercase are that tokenizer's, so the
+    config it prints and saves says what the model has. --vocab-size sizes a vocabulary the run trains, and
+    --lowercase applies to a bare vocab.txt: a tokenizer.json has its own normaliser, and a directory's
+    tokenizer_config.json says instead. A recipe file's --vocab-size gives way in silence (it sizes the
+    recipe's runs that train one); a flag's, and any given --lowercase, with a note."""
+    if cfg.tokenizer == "train":
         return cfg
     own = Path(cfg.out) / "tokenizer" / "tokenizer.json"  # a resume trains with the run's copy
     path = own if cfg.resume and own.is_file() else cfg.tokenizer
-    size = load_tokenizer(path, lowercase=cfg.lowercase).get_vocab_size()
-    if size != cfg.vocab_size and options.sources(cfg).get("vocab_size") == "--vocab-size":
+    tok = load_tokenizer(path, lowercase=cfg.lowercase)
+    given = options.sources(cfg)
+    changes = {"lowercase": lowercases(tok)}
+    if not cfg.init:  # --init's size came with its shape
+        changes["vocab_size"] = tok.get_vocab_size()
+    size, lowercase = changes.get("vocab_size", cfg.vocab_size), changes["lowercase"]
+    if size != cfg.vocab_size and given.get("vocab_size") == "--vocab-size":
         print(f"note: --vocab-size {cfg.vocab_size} sizes a vocabulary the run trains; --tokenizer "
               f"{cfg.tokenizer} has {size} tokens, which the model takes", file=sys.stderr, flush=True)  # fmt: skip
-    return options.replace(cfg, vocab_size=size)
+    if lowercase != cfg.lowercase and given.get("lowercase") not in (None, "the saved config"):
+        print(f"note: {given['lowercase']} sets lowercase {str(cfg.lowercase).lower()}, which is not used: the "
+              f"tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as its own settings say, and the "
+              "run follows it", file=sys.stderr, flush=True)  # fmt: skip
+    return options.replace(cfg, **changes)
 
 
 def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None,
@@ -145,7 +149,6 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix) -> None:
     elif cfg.tokenizer == "train":
         tok = corpus_tokenizer(cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir, **_user_options(cfg))
     else:
-        _note_lowercase(cfg)
         tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
     if cfg.tokenizer == "train" and not cfg.resume and tok.get_vocab_size() > cfg.vocab_size:
         print(f"note: the trained vocabulary holds {tok.get_vocab_size()} tokens, more than --vocab-size {cfg.vocab_size}: "

@@ -26,7 +26,7 @@ from training import checkpoint as ckpt
 from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import COMPILE_MODES, PretrainConfig, absolute_out, absolute_paths
+from training.config import COMPILE_MODES, PretrainConfig, absolute_out, absolute_paths, inert_options
 from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
@@ -35,13 +35,14 @@ from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
 from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
 from training.pretraining.corruption import build_corruption
-from training.pretraining.data import PretrainingData, build_data, given_tokenizer_size
+from training.pretraining.data import PretrainingData, build_data, lowercases, with_given_tokenizer
 from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
 from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
 from training.pretraining.warmstart import WarmStart, pinned_init, resolve_warm_start, unpinned_as_pinned
+from training.progress import progress_bar
 from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
 
 
@@ -81,7 +82,7 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 
 def save(
     run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None,
-    world: int = 1,
+    world: int = 1, as_run: dict | None = None,
 ) -> None:  # fmt: skip
     """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
     random state (`rng`) of every rank."""
@@ -94,7 +95,8 @@ def save(
         tensors, opt_meta = ckpt.flatten_optimizer(opt)
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
-                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world}  # fmt: skip
+                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world,
+                 "as_run": as_run or {}}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
         if rng is not None:  # between --save-every points: the generators as the step left them
             ckpt.save_tensors(rng, d / RNG_FILE)
@@ -190,6 +192,7 @@ class Trainer:
     autocast: Callable[[], contextlib.AbstractContextManager]
     step: int
     tokens: int  # real (non-padding) tokens trained on, over all ranks, up to the last `settle_tokens`
+    as_run: dict = dataclasses.field(default_factory=dict)  # what the options resolved to here (as_run)
     evals: dict = dataclasses.field(default_factory=dict)
     evals_step: int | None = None  # the step `evals` were measured at (a stop adds no evaluation)
     # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
@@ -277,9 +280,44 @@ class Trainer:
             self.settle_tokens()
             if env.main:
                 save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                     self.data.tokenizer_dir, self.evals, rng, env.world)  # fmt: skip
+                     self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run)  # fmt: skip
             env.barrier()
             reseed(cfg, env.rank, step)
+
+
+def inert_notes(cfg: PretrainConfig) -> list[str]:
+    """Options given (by a flag, a --config file, the environment) that this run does not use."""
+    given, defaults = options.sources(cfg), {f.name: f.default for f in dataclasses.fields(cfg)}
+    return [f"{given[name]} sets {name} {getattr(cfg, name)!r}, which changes nothing: {why}"
+            for name, why in inert_options(options.as_dict(cfg)).items()
+            if name in given and given[name] != "the saved config" and getattr(cfg, name) != defaults[name]]  # fmt: skip
+
+
+def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | None, compiled: bool,
+           use_bf16: bool, capacity: int) -> dict:  # fmt: skip
+    """What the options resolved to on this machine, where they leave it to the run (device "auto", bf16
+    on hardware without it, compile by default, --max-predictions' default) or the sources decide (the
+    tokenizer's size and case, --init's generator): printed, and saved beside the options in config.json
+    and in each checkpoint (a bundle's manifest carries it)."""
+    ran = {"device": str(env.device), "processes": env.world,
+           "threads": torch.get_num_threads() if env.device.type == "cpu" else None,
+           "precision": "bf16 autocast" if use_bf16 else "fp32",
+           "tf32": env.device.type == "cuda" and cfg.tf32 and not use_bf16,
+           "step": f"compiled ({cfg.compile_mode})" if compiled else "eager",
+           "max_predictions_per_micro_batch": capacity,
+           "vocab_size": data.specials.vocab_size, "lowercase": lowercases(data.tokenizer)}  # fmt: skip
+    if cfg.objective == "electra":
+        gen = objective.generator.config
+        source = str(warm.gen.directory) if warm is not None and warm.gen is not None else "fresh"
+        ran["generator"] = {"from": source, "hidden_size": gen.hidden_size,
+                            "num_layers": gen.num_hidden_layers, "num_heads": gen.num_attention_heads}  # fmt: skip
+    return ran
+
+
+def save_config(cfg: PretrainConfig, run: Path, ran: dict | None = None) -> None:
+    """config.json: the options as resolved, and once the run is built, what they resolved to here."""
+    saved = {**options.as_dict(cfg), **({"as_run": ran} if ran else {})}
+    (run / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
@@ -326,12 +364,12 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                                       f"again (its shape, tokenizer and warm-started tensors) and cannot now: {e}; "
                                       "restore it (a run given as --init keeps only --keep-checkpoints of its "
                                       "own)") from None  # fmt: skip
-            cfg = given_tokenizer_size(cfg)
+            cfg = with_given_tokenizer(cfg)
             # JSON values, as config.json holds them
             check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
             return cfg, warm
         cfg, warm = resolve_warm_start(cfg)
-        return given_tokenizer_size(cfg), warm
+        return with_given_tokenizer(cfg), warm
     except ConfigError as e:
         options.usage_exit(f"error: {e}")
     except (CheckpointError, TokenizerError) as e:  # --init or --tokenizer to change
@@ -350,12 +388,15 @@ RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "comp
 def check_resumable(then: dict, now: dict) -> None:
     """Refuses a --resume that changes what the checkpoint was trained as (a shape, the data, the
     tokenizer, the recipe): it would fail to load, or go on as another run while saying it resumed."""
-    # With a given tokenizer, vocab_size is that tokenizer's size, not a setting (runs saved before it was
-    # filled in hold the --config file's value).
     then = {**then, **absolute_paths(then)}  # a run saved before paths were kept absolute: as typed here
-    sized = ("vocab_size",) if now.get("tokenizer", "train") != "train" and not now.get("init") else ()
-    if sized and now.get("vocab_size") != then.get("vocab_size"):
-        now = {**now, "vocab_size": then.get("vocab_size")}
+    # Options that trained nothing (--sentence-rows with packed rows) may differ: the run is the same.
+    inert = inert_options(then).keys() & inert_options(now).keys()
+    then, now = ({k: v for k, v in d.items() if k not in inert} for d in (then, now))
+    # A given tokenizer (or --init's) decides vocab_size and lowercase: runs saved before they were filled in
+    # hold the options' values, the tokenizer (compared as a path) is the same.
+    given = now.get("tokenizer", "train") != "train"
+    decided = ("lowercase",) + (() if now.get("init") else ("vocab_size",)) if given else ()
+    now = {**now, **{name: then[name] for name in decided if name in then}}
     options.refuse_resume_changes(then, now, RESUMABLE_CHANGES, "another --out, --init from this one")
 
 
@@ -428,9 +469,11 @@ def setup(argv: list[str] | None) -> Trainer:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
+        for note in inert_notes(cfg):
+            print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
-            options.save(cfg, run / "config.json")
+            save_config(cfg, run)
         data = build_data(cfg, run, env)
         if env.main:
             for note in schedule_notes(cfg, data):
@@ -449,8 +492,6 @@ def setup(argv: list[str] | None) -> Trainer:
         groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
         opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         step, tokens = restore(run, objective, opt, data.train) if cfg.resume else (0, 0)
-        if env.main and cfg.resume:
-            options.save(cfg, run / "config.json")
         # A checkpoint that cannot fit, found at the first save instead, would cost the steps before it.
         full = None
         if env.main:  # rank 0 writes the checkpoints
@@ -504,14 +545,18 @@ def setup(argv: list[str] | None) -> Trainer:
         )
     use_bf16, autocast = autocast_for(env.device, cfg.bf16)
     matmuls = matmul_precision(env.device, cfg.tf32)
+    capacity = corruption.capacity(cfg.batch_size, cfg.seq_len)
+    ran = as_run(cfg, env, data, objective, warm, compiled, use_bf16, capacity)
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
-                      autocast=autocast, step=step, tokens=tokens)  # fmt: skip
+                      autocast=autocast, step=step, tokens=tokens, as_run=ran)  # fmt: skip
     if env.main:
+        save_config(cfg, run, ran)
+        print(f"as run: {json.dumps(ran)}", flush=True)
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
         how = f"compiled ({cfg.compile_mode})" if compiled else "eager"
         print(f"step: {how}; masked positions: room for "
-              f"{corruption.capacity(cfg.batch_size, cfg.seq_len)} per micro-batch of {cfg.batch_size} rows",
+              f"{capacity} per micro-batch of {cfg.batch_size} rows",
               flush=True)  # fmt: skip
         print(f"parameters: {count_parameters(objective) / 1e6:.2f}M; ≈{flops / 1e6:.1f} MFLOP per "
               f"training token; tokens per step {trainer.tokens_per_step}", flush=True)  # fmt: skip
@@ -583,7 +628,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         if problem is None:
             sys.exit(options.EXIT_USAGE)  # rank 0 says why
         options.usage_exit(f"error: --resume: {problem}; then resume")
-    bar = tqdm(total=cfg.max_steps, initial=t.step, disable=not env.main, dynamic_ncols=True, desc="pretrain")
+    bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None
     while t.step < cfg.max_steps:
@@ -608,7 +653,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
             if env.device.type == "cuda":  # what a larger batch or model would have to fit beside
                 row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(env.device) / 2**20
             shown = {k.removesuffix("_loss"): f"{row[k]:.4f}" for k in names if k.endswith("loss")}
-            bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}")
+            bar.set_postfix(**shown, lr=f"{row['lr']:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
             log.write(t.step, t.tokens, "train", row)
             window_t, window_start = time.time(), t.tokens
         late = cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60

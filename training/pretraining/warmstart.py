@@ -18,7 +18,6 @@ named with the config field that decides it).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +232,7 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
     if gen is not None:
         check_generator_fits(gen, disc.config)
+        _check_generator_fraction(cfg, gen)
     # Its own files, named one by one, are the same tokenizer: a run saved before the directory was given
     # whole (where a tokenizer_config.json is beside them) keeps the name it saved, and resumes.
     own = {str(disc.tokenizer), *(str(disc.directory / name) for name in ("tokenizer.json", "vocab.txt"))}
@@ -254,7 +254,7 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     pinned = {"init": _pinned(cfg.init, disc)}
     if cfg.init_generator and gen is not None:
         pinned["init_generator"] = _pinned(cfg.init_generator, gen)
-    return dataclasses.replace(cfg, tokenizer=tokenizer, **shape, **pinned), WarmStart(disc, gen)
+    return options.replace(cfg, tokenizer=tokenizer, **shape, **pinned), WarmStart(disc, gen)
 
 
 INIT_OPTIONS = ("init", "init_generator")
@@ -273,7 +273,7 @@ def pinned_init(cfg: PretrainConfig, saved: dict) -> PretrainConfig:
     pinned = {
         name: saved[name] for name in INIT_OPTIONS if _checkpoint_of(saved.get(name), getattr(cfg, name))
     }
-    return dataclasses.replace(cfg, **pinned) if pinned else cfg
+    return options.replace(cfg, **pinned) if pinned else cfg
 
 
 def unpinned_as_pinned(saved: dict, cfg: PretrainConfig) -> dict:
@@ -310,6 +310,19 @@ def _check_shape_options(cfg: PretrainConfig, shape: dict, source: Path) -> None
         if where == flag(name):
             raise ConfigError(f"{said}: the shape comes with --init; drop {where}, or start without --init")
         print(f"note: {said}; the run takes the shape of --init", file=sys.stderr, flush=True)
+
+
+def _check_generator_fraction(cfg: PretrainConfig, gen: InitSource) -> None:
+    """A generator that comes with --init has its own shape: --generator-fraction sizes a fresh one only. As
+    with the discriminator's shape, a flag saying otherwise is refused, a file's is noted."""
+    where = options.sources(cfg).get("generator_fraction")
+    if where is None or where == "the saved config":
+        return
+    said = (f"{where} sets generator_fraction {cfg.generator_fraction}, and the generator comes with --init "
+            f"({gen.directory}: hidden {gen.config.hidden_size}, {gen.config.num_hidden_layers} layers)")  # fmt: skip
+    if where == flag("generator_fraction"):
+        raise ConfigError(f"{said}: drop {where}, or give --init-generator another generator")
+    print(f"note: {said}; the run trains that generator", file=sys.stderr, flush=True)
 
 
 def load_warm_start(objective, warm: WarmStart) -> set[str]:

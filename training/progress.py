@@ -1,0 +1,35 @@
+"""Progress bars of training's long loops (steps, tokenizing). On a terminal, tqdm as it is. Written to a
+file (a job's log, `> run.log 2>&1`), tqdm's redraws are each a carriage return and the whole bar: a
+1,500-step run left 720 of them in 78 lines. There, a line at most every `LOG_EVERY_S` seconds instead."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+LOG_EVERY_S = 30.0
+
+
+class _Lines:
+    """A stream for tqdm that writes each redraw of the bar as a line of its own."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").replace("\x1b[A", "")
+        if text.strip():
+            self.stream.write(text.rstrip("\n") + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(**kwargs) -> tqdm:
+    """tqdm on stderr; on anything but a terminal, a line at most every LOG_EVERY_S seconds (and one at the
+    end). Update a postfix with `refresh=False`: a redraw for each would defeat the interval."""
+    stream = sys.stderr
+    if stream.isatty():
+        return tqdm(file=stream, dynamic_ncols=True, **kwargs)
+    return tqdm(file=_Lines(stream), mininterval=LOG_EVERY_S, ncols=120, **kwargs)
