@@ -116,6 +116,9 @@ def _export(src: _Source, log) -> dict:
                            "trained model's: export --precision int8 for those")  # fmt: skip
                 log(f"warning: {warning}")
                 extra["warnings"] = [*extra.get("warnings", []), warning]
+            if stopped := _stopped_run(src.ckpt):
+                log(f"warning: {stopped}")
+                extra["warnings"] = [*extra.get("warnings", []), stopped]
         result.update(
             bundle_writer.write_manifest(
                 tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
@@ -305,6 +308,20 @@ def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str, shown: Path | None
         "tokenizer": tokenizer_note,
         **({"training": training} if training else {}),
     }
+
+
+def _stopped_run(ckpt: Path) -> str | None:
+    """A warning when `ckpt` is a fine-tuning run stopped before its schedule ended (Ctrl-C, a scheduler's
+    stop): its model is the best so far, not the run's."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or not state.get("interrupted"):
+        return None
+    return (f"the fine-tuning run was stopped at step {state.get('global_step')}, before its schedule ended: this "
+            "is its best model so far; finish it (python -m training.finetune --out <its directory> --resume) "
+            "and export again")  # fmt: skip
 
 
 def _portable(value):

@@ -244,6 +244,8 @@ def resolve(
             given[key] = "the saved config"
     if config_file and args.config:
         path = Path(args.config)
+        if path.is_dir():
+            raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml)")
         if not path.is_file():
             raise ConfigError(f"--config: {path} does not exist")
         try:
@@ -410,7 +412,8 @@ def describe(cfg) -> str:
     return "\n".join(f"  {name:<{width}} = {value!r}" for name, value in values.items())
 
 
-def save(cfg, path: Path) -> None:
-    """The resolved options as JSON beside an entry point's outputs."""
+def save(cfg, path: Path, as_run: dict | None = None) -> None:
+    """The resolved options as JSON beside an entry point's outputs; with `as_run`, what they resolved to
+    where it ran (a device "auto", a precision the hardware decides), under that key."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(as_dict(cfg), indent=2) + "\n")
+    path.write_text(json.dumps({**as_dict(cfg), **({"as_run": as_run} if as_run else {})}, indent=2) + "\n")

@@ -6,6 +6,7 @@ import contextlib
 import csv
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -114,7 +115,14 @@ def test_tiny_model_learns_sms_spam_well_above_majority(spam_run):
     dev = [r for r in rows if r["split"] == "dev"]
     best = max(dev, key=lambda r: (r["macro_f1"], -r["loss"]))
     assert state["step"] == best["step"], [(r["step"], r["macro_f1"], r["loss"]) for r in dev]
-    assert json.loads((out / "finetune_config.json").read_text())["metric"] == "macro_f1"
+    options = json.loads((out / "finetune_config.json").read_text())
+    assert options["metric"] == "macro_f1"
+    # What the hardware options came to here (bf16 true is asked, not done, on a CPU without AMX).
+    assert options["as_run"]["device"] == "cpu" and options["as_run"]["precision"] in (
+        "fp32",
+        "bf16 autocast",
+    )
+    assert state["as_run"] == options["as_run"]
     # Every dev and test example with the best model's answer: the figures above recomputed from them.
     for split in ("dev", "test"):
         got = [json.loads(line) for line in (out / f"predictions_{split}.jsonl").read_text().splitlines()]
@@ -254,6 +262,9 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         (base, "--task or --train"),
         ([*base, "--task", "imdb"], "--task"),
         ([*base, "--task", "trec", "--train", train], "--task and --train"),
+        ([*base, "--task", "trec", "--text-column", "review"], "--text-column: only for --train data"),
+        ([*base, "--task", "trec", "--dev-fraction", 0.2], "--dev-fraction: only for --train data"),
+        ([*user, "--dev", train, "--dev-fraction", 0.2], "--dev-fraction: splits --train when no --dev"),
         ([*base, "--train", tmp_path / "nope.csv"], "--train"),
         ([*base, "--train", tmp_path / "data.xlsx"], "--train"),
         ([*base, "--train", train, "--label-column", "verdict"], "--text-column"),
@@ -296,6 +307,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         + "\n".join(g.replace(",", ";") for g in good)
         + "\nwell, fine;good\n",
         "semicolons-only.csv": "text;label\n" + "\n".join(g.replace(",", ";") for g in good) + "\n",
+        # DictReader keeps a name's last column: it trained on the ids.
+        "twice.csv": "text,label,text\n" + "\n".join(f"{g},id{i}" for i, g in enumerate(good)) + "\n",
         "nulls.jsonl": "\n".join(
             json.dumps({"text": None if i == 4 else g.split(",")[0], "label": g.split(",")[1]})
             for i, g in enumerate(good)
@@ -321,6 +334,7 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "tabs.csv": "it looks tab-separated: name it .tsv",
         "semicolons.csv": "the header is one field with semicolons: write the file comma-separated",
         "semicolons-only.csv": "it looks semicolon-separated: write the file comma-separated",
+        "twice.csv": "header names 'text' 2 times (columns 1, 3); give each column its own name",
         "nulls.jsonl": "row 5 has no 'text'",
         "multilabel.jsonl": "row 3: the label is a JSON list",
         "latin1.csv": "is not UTF-8",
@@ -407,6 +421,12 @@ def test_quantization_aware_finetuning_is_reproducible_and_exports_int8_compute(
     assert (
         spec["scheme"] == "int8-static-u8s7" and len(spec["activations"]) == 13
     )  # 2 layers x 6 + projection
+    # 64 rows (dev held out) in batches of 8: fewer than the 16 batches once claimed, of held-out text.
+    taken = re.fullmatch(
+        r"quantization-aware training, ranges from (\d+) batches of training text(, smoothed .*)?",
+        spec["origin"],
+    )
+    assert taken and int(taken[1]) == 8, spec["origin"]
     export([str(outs[0]), "--out", str(tmp_path / "bundle"),
             "--data-dir", str(registry_data)])  # fmt: skip
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
@@ -721,7 +741,9 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
     write_csv(data, 60, seed=1)  # other numbers in the texts
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume"])
-    assert "the training or dev data differ from what the run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the training or dev data differ from what the run" in err
+    assert "is damaged" not in err  # it was also said to be, with advice that threw the resume state away
 
 
 def test_overwrite_keeps_the_previous_model_until_the_new_one_is_written(tiny_init, tmp_path):

@@ -163,7 +163,8 @@ def test_a_resume_whose_init_tokenizer_now_numbers_otherwise_is_refused(tmp_path
     a, b = sorted(vocab, key=vocab.get)[-2:]
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (init / "tokenizer.json").write_text(json.dumps(spec))
-    refused(["--out", str(tmp_path / "out"), "--resume"], "numbers tokens otherwise")
+    said = refused(["--out", str(tmp_path / "out"), "--resume"], "numbers tokens otherwise")
+    assert "is damaged" not in said
 
 
 def test_a_classifier_fine_tuned_on_its_own_files_is_export_checked_on_its_dev_file(
@@ -193,3 +194,17 @@ def test_a_classifier_whose_dev_split_was_cut_from_its_train_file_is_export_chec
     )
     rows = json.loads((tmp_path / "out" / "eval_dev.json").read_text())["n"]
     assert check["rows"] == rows  # the very rows the run was selected on
+    assert not json.loads((tmp_path / "bundle" / "manifest.json").read_text()).get("warnings")
+    # A run stopped before its schedule ended: its bundle says so, as /models and the page show warnings.
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    (tmp_path / "out" / "trainer_state.json").write_text(json.dumps({**state, "interrupted": True}))
+    export([str(tmp_path / "out"), "--out", str(tmp_path / "stopped"), "--precision", "fp32"])
+    warnings = json.loads((tmp_path / "stopped" / "manifest.json").read_text())["warnings"]
+    assert any(f"stopped at step {state['global_step']}, before its schedule ended" in w for w in warnings)
+
+
+def test_dev_texts_that_are_training_texts_are_warned_of(tiny_init, tmp_path, capsys):
+    """The same file as --train and --dev trained and chose the model on the same texts, and said nothing."""
+    train = write_csv(tmp_path / "r.csv", 40)
+    finetune([*args_for(tiny_init, train, tmp_path / "out"), "--dev", str(train), "--epochs", "1"])
+    assert "warning: 40 of 40 dev texts are also training texts" in capsys.readouterr().err

@@ -498,6 +498,7 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
         (["--grad-clip", "-1"], "--grad-clip"),
         (["--weight-decay", "-1"], "--weight-decay: must not be negative"),
         (["--max-minutes", "0"], "--max-minutes: must be > 0"),
+        (["--config", str(tmp_path)], "is a directory; give a TOML file"),
         (["--corpus", ""], "an empty name"),
     ]:
         with pytest.raises(SystemExit, match=says):

@@ -489,6 +489,13 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             for name in ("dev", "test", "labels", "text_pair_column"):
                 if getattr(self, name) is not None:
                     raise ConfigError(f"--{name.replace('_', '-')}: only for --train data, not with --task")
+            # A registry task has its own columns and splits: these were once taken, saved, and not used.
+            for name, default in (("text_column", "text"), ("label_column", "label"), ("dev_fraction", 0.1)):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"--{name.replace('_', '-')}: only for --train data; --task {self.task} "
+                                      "has its own columns and splits")  # fmt: skip
+        elif self.dev is not None and self.dev_fraction != 0.1:
+            raise ConfigError("--dev-fraction: splits --train when no --dev is given; with --dev, drop it")
         elif self.dev is None and not 0.0 < self.dev_fraction < 1.0:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         shares(self, "qat_smoothing")

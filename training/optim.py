@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -42,6 +42,18 @@ def autocast_for(
         return torch.autocast(device.type, dtype=torch.bfloat16) if use else contextlib.nullcontext()
 
     return use, autocast
+
+
+@contextlib.contextmanager
+def full_fp32() -> Iterator[None]:
+    """fp32 arithmetic, as an fp32 bundle computes it: no autocast (the block is outside any), and no TF32
+    matrix products on CUDA for its length."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def deterministic_kernels(on: bool) -> None:

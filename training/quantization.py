@@ -354,19 +354,24 @@ def _smoothing(mods: dict[str, Int8Linear], lo: dict, hi: dict, alpha: float) ->
 
 
 def prepare(
-    model: nn.Module, batches: Iterable[dict], alpha: float | None = None, count: int = CALIBRATION_BATCHES
+    model: nn.Module,
+    batches: Iterable[dict],
+    alpha: float | None = None,
+    count: int = CALIBRATION_BATCHES,
+    text: str = "held-out text",
 ) -> str:
     """Make `model` (a discriminator or classifier: `.electra`, `.config`) quantization-aware in place;
-    a model that already is keeps its ranges. `alpha`: SmoothQuant smoothing (see `calibrate`). Returns a
-    line for the log."""
+    a model that already is keeps its ranges. Ranges from up to `count` of `batches` (of `text`, for the
+    record); `alpha`: SmoothQuant smoothing (see `calibrate`). Returns a line for the log."""
     if model.config.quantization is not None:
         attach_storage(model)
         return "int8 simulation on, activation ranges kept from the initial checkpoint"
-    spec = calibrate(model, model.electra, itertools.islice(batches, count), alpha=alpha)
+    taken = list(itertools.islice(batches, count))  # a small data set has fewer: the record says how many
+    spec = calibrate(model, model.electra, taken, alpha=alpha)
     attach_storage(model)  # after the projections are Int8Linear: they are not stored weights
     smoothed = "" if alpha is None else f", smoothed with alpha {alpha}"
     model.config.quantization = {
         **spec,
-        "origin": f"quantization-aware training, ranges from {count} batches{smoothed}",
+        "origin": f"quantization-aware training, ranges from {len(taken)} batches of {text}{smoothed}",
     }
-    return f"int8 simulation on, activation ranges set from {count} batches of held-out text{smoothed}"
+    return f"int8 simulation on, activation ranges set from {len(taken)} batches of {text}{smoothed}"

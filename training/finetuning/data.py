@@ -140,6 +140,12 @@ def _table_rows(p: Path, flag: str, tsv: bool) -> list[dict]:
         reader = csv.DictReader(f, **kwargs)
         rows = []
         try:
+            header = reader.fieldnames or []
+            twice = sorted({name for name in header if name and header.count(name) > 1})
+            if twice:  # DictReader keeps the last column of a name: the text or label could be another's
+                at = [i + 1 for i, name in enumerate(header) if name == twice[0]]
+                raise DataError(f"{flag}: {p}'s header names {twice[0]!r} {len(at)} times (columns "
+                                f"{', '.join(map(str, at))}); give each column its own name")  # fmt: skip
             for row in reader:
                 # A row with more fields than the header puts the rest under None, one with fewer gets None
                 # values: either way its text and label would be other columns' values.
@@ -312,7 +318,20 @@ def _user_files(cfg) -> TaskData:
     if "dev" not in splits:
         splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION)
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
+    _warn_overlap(splits)
     return TaskData(None, ptype, labels, splits, source)
+
+
+def _warn_overlap(splits: dict[str, list[Example]]) -> None:
+    """The same file as --train and --dev (or copies of rows across them): the dev score picks the model on
+    texts it trained on and overstates it. Said, not refused: a few shared short texts can be genuine."""
+    trained = {(ex.text, ex.pair) for ex in splits["train"]}
+    for split in ("dev", "test"):
+        rows = splits.get(split, [])
+        shared = sum((ex.text, ex.pair) in trained for ex in rows)
+        if shared:
+            print(f"warning: {shared} of {len(rows)} {split} texts are also training texts: its scores are "
+                  f"measured partly on what the model trained on, and overstate it", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[list[Example], list[Example]]:

@@ -144,6 +144,8 @@ def restore(t) -> dict:
         return _restore(t, d, read)
     except ckpt.CheckpointError as e:  # weights that do not fit the model --init makes (another shape)
         raise ConfigError(f"--resume: {e}; --init must give the model this run was fine-tuning") from None
+    except ConfigError:  # the data or tokenizer changed since: said as such (ConfigError is a ValueError)
+        raise
     except UNREADABLE as e:
         raise ConfigError(f"--resume: {reading[0]} does not read ({type(e).__name__}: {str(e)[:200]}): resume/ in "
                           f"{t.cfg.out} is damaged; train the run again with its command and --overwrite") from None  # fmt: skip
@@ -154,9 +156,7 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
                           "(a file changed since it stopped); put the data back, or start a new run (--overwrite)")  # fmt: skip
-    if state.get("tokenizer", tokenizer_sha256(t.tok)) != tokenizer_sha256(
-        t.tok
-    ):  # absent: saved before it was kept
+    if state.get("tokenizer", tokenizer_sha256(t.tok)) != tokenizer_sha256(t.tok):  # absent: saved before
         raise ConfigError(f"--resume: the tokenizer --init gives ({t.cfg.init}) numbers tokens otherwise than the one "
                           "the run trained with; give --init the checkpoint the run began from")  # fmt: skip
     ckpt.load_weights_into(t.model, read("model.safetensors"), str(d))

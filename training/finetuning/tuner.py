@@ -60,9 +60,16 @@ from training.finetuning.metrics import (
     selection_key,
 )
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
-from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule
+from training.optim import (
+    autocast_for,
+    decays,
+    deterministic_kernels,
+    full_fp32,
+    linear_schedule,
+    matmul_precision,
+)
 from training.progress import progress_bar
-from training.report import MetricsLog
+from training.report import MetricsLog, precision_reason
 
 ARCH = "ElectraForSequenceClassification"
 # What a run writes into --out; --overwrite replaces exactly these, never anything else. The progress files
@@ -403,6 +410,7 @@ class FineTuner:
     tokens: int = 0
     stale: int = 0  # dev evaluations since the last improvement
     position: dict | None = None  # where a resumed run's data order stood (resume.save); None: a new run
+    as_run: dict = dataclasses.field(default_factory=dict)  # what the hardware options resolved to here
     best: dict = dataclasses.field(
         default_factory=lambda: {
             "score": (-math.inf, -math.inf),
@@ -473,7 +481,8 @@ class FineTuner:
                  "best_metric": cfg.metric,
                  "best_value": best["metrics"][cfg.metric], "labels": list(data.labels),
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
-                 "config": dataclasses.asdict(cfg), "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
+                 "config": dataclasses.asdict(cfg), "as_run": self.as_run,
+                 "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
         write_outputs(
             Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions, keep_resume=interrupted
         )
@@ -483,8 +492,10 @@ class FineTuner:
         """Every example of `split` with the model's answer (what the served bundle should say of it), and
         the split's figures."""
         probs: list = []
+        # In fp32 whatever the run trained in (bf16 on CUDA and AMX): the bundle's arithmetic, so that it
+        # answers as these files say.
         preds, loss = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id,
-                              self.device, self.autocast, probs)  # fmt: skip
+                              self.device, full_fp32, probs)  # fmt: skip
         labels, regression = self.data.labels, self.data.problem_type == REGRESSION
         rows = []
         for i, ex in enumerate(self.data.splits[split]):
@@ -514,9 +525,15 @@ def setup(argv: list[str] | None) -> FineTuner:
         torch.set_num_threads(cfg.threads)
     # bf16 on CUDA and on CPUs that compute it natively (AMX), as pretraining does.
     use_bf16, autocast = autocast_for(device, cfg.bf16)
+    matmuls = matmul_precision(device, cfg.tf32)
+    ran = {"device": str(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
+           "precision": "bf16 autocast" if use_bf16 else "fp32",
+           "tf32": device.type == "cuda" and cfg.tf32 and not use_bf16}  # fmt: skip
 
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
-    options.save(cfg, out / "finetune_config.json")
+    print(f"precision: {precision_reason(cfg.bf16, device.type, use_bf16)}; {matmuls}; predictions_*.jsonl in "
+          f"fp32, as the bundle computes", flush=True)  # fmt: skip
+    options.save(cfg, out / "finetune_config.json", as_run=ran)
     for note in notes:
         print(f"init: {note}", flush=True)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in data.splits.items())
@@ -543,7 +560,10 @@ def setup(argv: list[str] | None) -> FineTuner:
     if cfg.qat:
         sample = batches(encoded["train"], cfg.batch_size, special_ids(tok).pad, random.Random(cfg.seed + 1))
         print(
-            f"quantization-aware: {quantization.prepare(model, (b for _, b in sample), cfg.qat_smoothing or None)}",
+            "quantization-aware: "
+            + quantization.prepare(
+                model, (b for _, b in sample), cfg.qat_smoothing or None, text="training text"
+            ),
             flush=True,
         )
         quantization.set_rounding(model, cfg.qat_rounding)
@@ -559,7 +579,7 @@ def setup(argv: list[str] | None) -> FineTuner:
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
     positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
     t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
-                  steps_per_epoch, total, warmup)  # fmt: skip
+                  steps_per_epoch, total, warmup, as_run=ran)  # fmt: skip
     if cfg.resume:
         try:
             t.position = resume.restore(t)

@@ -314,12 +314,6 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
     return ran
 
 
-def save_config(cfg: PretrainConfig, run: Path, ran: dict | None = None) -> None:
-    """config.json: the options as resolved, and once the run is built, what they resolved to here."""
-    saved = {**options.as_dict(cfg), **({"as_run": ran} if ran else {})}
-    (run / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
-
-
 def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
     """Settings that run, but not as their names suggest."""
     notes = []
@@ -473,7 +467,7 @@ def setup(argv: list[str] | None) -> Trainer:
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
-            save_config(cfg, run)
+            options.save(cfg, run / "config.json")
         data = build_data(cfg, run, env)
         if env.main:
             for note in schedule_notes(cfg, data):
@@ -550,7 +544,7 @@ def setup(argv: list[str] | None) -> Trainer:
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
                       autocast=autocast, step=step, tokens=tokens, as_run=ran)  # fmt: skip
     if env.main:
-        save_config(cfg, run, ran)
+        options.save(cfg, run / "config.json", as_run=ran)
         print(f"as run: {json.dumps(ran)}", flush=True)
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
