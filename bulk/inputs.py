@@ -474,9 +474,12 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
     except msgspec.DecodeError as e:
         obj = _out_of_range(decoded, e)
         if obj is None:
-            # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault.
-            reason = Reason.NOT_UTF8 if "surrogate" in str(e) else Reason.NOT_JSON
-            return Doc(line, ident, None, reason, str(e)[:200])
+            # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault. msgspec
+            # names it only when text follows; a high one at a string's end reads to it as "truncated".
+            if "surrogate" in str(e) or _python_reads(decoded):
+                return Doc(line, ident, None, Reason.NOT_UTF8, "a lone surrogate escaped in the JSON (as \\ud800): "
+                           "no UTF-8 text holds one")  # fmt: skip
+            return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
     if id_field:
@@ -512,6 +515,15 @@ def _out_of_range(decoded: str, e: msgspec.DecodeError):
         return json.loads(decoded)
     except (ValueError, RecursionError):
         return None
+
+
+def _python_reads(decoded: str) -> bool:
+    """Whether Python's JSON parser reads a line msgspec refused: it takes lone surrogates, msgspec does not."""
+    try:
+        json.loads(decoded)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 _MISSING = object()

@@ -225,6 +225,25 @@ def check_model_named(cfg: BulkConfig) -> None:
     raise JobError(f"no bundle named {cfg.model!r} in {models} (--models): {held}")
 
 
+def _join_ray(cfg: BulkConfig) -> int | None:
+    """Start or join the Ray cluster the parts will run on; None once joined, else the exit status of a
+    stop meanwhile. Before our signal handlers go in: ray.init sets a SIGTERM handler of its own
+    (sys.exit), which would otherwise replace the one that lets the job stop as the next part finishes."""
+    from bulk import on_ray
+
+    try:
+        on_ray.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
+    except on_ray.JoinError as e:
+        raise JobError(str(e)) from None
+    except SystemExit as e:  # ray.init's SIGTERM handler, there before ours: a stop, not a crash
+        if e.code != signal.SIGTERM:
+            raise
+        print("\nbulk: SIGTERM while Ray started: no part was scored in this run; run the same command again",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 128 + signal.SIGTERM
+    return None
+
+
 def run(cfg: BulkConfig) -> int:
     t0 = time.perf_counter()
     check_model_named(cfg)
@@ -233,7 +252,8 @@ def run(cfg: BulkConfig) -> int:
         f for f, given in (("--threshold", cfg.threshold is not None), ("--tokens", cfg.tokens)) if given
     ]
     if bundle.manifest.kind == "classifier" and detector_only:
-        raise JobError(f"{' and '.join(detector_only)} apply to detectors, and {cfg.model!r} is a classifier: "
+        verb = "apply" if len(detector_only) > 1 else "applies"
+        raise JobError(f"{' and '.join(detector_only)} {verb} to detectors, and {cfg.model!r} is a classifier: "
                        "leave them out")  # fmt: skip
     if bundle.manifest.trained_on == "pairs":
         raise JobError(f"{cfg.model!r} was fine-tuned on text pairs; bulk scores one text per document "
@@ -256,7 +276,11 @@ def run(cfg: BulkConfig) -> int:
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
     stats = shard_stats(parts)
-    gone = check_unchanged(finished, stats)  # the last refusal: nothing in --out was written before it
+    gone = check_unchanged(finished, stats)
+    todo = [p for p in parts if p.key not in finished]
+    # The last refusal, a Ray cluster that cannot be joined: nothing in --out was written before it.
+    if todo and cfg.ray and (stopped_by := _join_ray(cfg)) is not None:
+        return stopped_by
     prepare(cfg, pending)
     report_failures(failed_shards)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
@@ -267,7 +291,6 @@ def run(cfg: BulkConfig) -> int:
     if gone:
         print(f"bulk: {len(gone)} shard(s) with finished parts are no longer in INPUT ({', '.join(gone[:5])}); "
               "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip
-    todo = [p for p in parts if p.key not in finished]
     docs_before = sum(finished[p.key].get("rows", 0) for p in parts if p.key in finished)
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
           f"({manifest.path}), {len(todo)} to score with {cfg.worker_count()} worker(s) x {cfg.threads} "
@@ -322,20 +345,7 @@ def run(cfg: BulkConfig) -> int:
 
     if todo:
         if cfg.ray:
-            from bulk import on_ray as runner
-
-            # Before our handlers go in: ray.init sets a SIGTERM handler of its own (sys.exit), which
-            # would otherwise replace the one that lets the job stop as the next part finishes.
-            try:
-                runner.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
-            except runner.JoinError as e:
-                raise JobError(str(e)) from None
-            except SystemExit as e:  # ray.init's SIGTERM handler, there before ours: a stop, not a crash
-                if e.code != signal.SIGTERM:
-                    raise
-                print("\nbulk: SIGTERM while Ray started: no part was scored in this run; run the same command "
-                      "again", file=sys.stderr, flush=True)  # fmt: skip
-                return 128 + signal.SIGTERM
+            from bulk import on_ray as runner  # joined above
         else:
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool

@@ -33,6 +33,7 @@ EPILOG = (
     "A true/false option is a switch: --name alone is true; --name false and --no-name are false. Order of\n"
     "precedence: defaults < --config FILE.toml < environment variables < flags."
 )
+EPILOG_NO_ENV = EPILOG.replace(" < environment variables", "")  # a command that reads none
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 
@@ -193,7 +194,8 @@ def parser(
 ) -> argparse.ArgumentParser:
     """The command line of `cls`: one flag per field (positional where declared), from its declaration."""
     hints = typing.get_type_hints(cls)
-    p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG,
+    reads_env = any(spec_of(f).env for f in dataclasses.fields(cls))
+    p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config_file:
         p.add_argument(

@@ -423,6 +423,9 @@ def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp
         '{"n": 1e400, "id": "ok", "text": "lone \\udc00 in the text"}\n'
         '{"id": "\\ud800", "text": "msgspec refuses this one itself"}\n'
         '{"n": 1e400, "id": "fine", "text": "hello again"}\n'
+        # A high one at a string's end: msgspec calls the line truncated (it was not_json).
+        '{"id": "end", "text": "\\ud800"}\n'
+        '{"text": "x \\ud800"}\n'
     )
     got = docs_of(src, id_field="id")
     assert [(d.id, d.text, d.reason) for d in got] == [
@@ -430,6 +433,8 @@ def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp
         ("ok", None, Reason.NOT_UTF8),
         ("s.jsonl:3", None, Reason.NOT_UTF8),
         ("fine", "hello again", None),
+        ("s.jsonl:5", None, Reason.NOT_UTF8),
+        ("s.jsonl:6", None, Reason.NOT_UTF8),
     ]
     assert "'id': character 0: lone surrogate" in got[0].detail and "lone surrogate" in got[1].detail
     for d in got:  # every id and detail can be written as UTF-8 (the rejects file, the Parquet file)

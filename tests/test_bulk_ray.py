@@ -219,6 +219,8 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
             f"could not join the Ray cluster at {address}" in refused.stderr
             and "RAY_AUTH_TOKEN" in refused.stderr
         )
+        # A refused run writes nothing (its config.json and job.json then refused a job of other settings).
+        assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
         node = subprocess.Popen([RAY, "start", "--address", address, "--num-cpus", "1", "--block", *common],
                                 env=ray_env, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)  # fmt: skip
