@@ -12,6 +12,7 @@ PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
 INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
 
 
+COLUMN_OPTIONS = ("text_column", "text_pair_column", "label_column")  # --eval-data's
 MIN_MAX_LENGTH = 8  # the int8 and load checks score held-out rows of 8 tokens
 
 
@@ -43,8 +44,16 @@ class ExportConfig:
     eval_data: str | None = option(
         None,
         "classifiers: labelled dev data (CSV/TSV/JSONL), read with the columns the model was fine-tuned "
-        "with (text,label for a model from elsewhere)",
+        "with (a pair model's two texts and label; text,label for a model from elsewhere)",
     )
+    # --eval-data's columns, where they are not those of the model's fine-tuning (evaldata.eval_columns).
+    text_column: str | None = option(None, "--eval-data's text column (default: the model's own, else text)")
+    text_pair_column: str | None = option(
+        None,
+        "--eval-data's second text of a pair (the model's own for a pair model; a model from elsewhere: "
+        "checked on pairs)",
+    )
+    label_column: str | None = option(None, "--eval-data's label column (else label)")
     data_dir: str | None = option(
         None,
         "directory already holding the registry's data files (else fetched and cached)",
@@ -83,6 +92,9 @@ class ExportConfig:
             raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
         if self.calibration_sentences < 20:
             raise ValueError(f"--calibration-sentences must be at least 20, got {self.calibration_sentences}")
+        columns = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(self, n) is not None]
+        if columns and not self.eval_data:
+            raise ValueError(f"{', '.join(columns)}: name columns of --eval-data; give --eval-data FILE")
         for flag in ("eval_text", "eval_data", "data_dir"):
             value = getattr(self, flag)
             if value is not None and not Path(value).exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,54 @@ from export.parity import MASK_RATE, Batch
 
 class EvalDataError(ValueError):
     """Held-out or labelled data that cannot be found or read; the message says which flag to use."""
+
+
+# One input of a classifier: a text, or a (text, text_pair) pair, as fine-tuning (training.finetuning.data.encode)
+# and the server (`pairs` of /classify) give the tokenizer a sentence pair.
+Input = str | tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The columns of --eval-data: those the model was fine-tuned with (its trainer_state.json), unless
+    --text-column, --text-pair-column or --label-column name others; `text` and `label` for a model from
+    elsewhere. `pair` is set for a model fine-tuned on sentence pairs."""
+
+    text: str
+    label: str
+    pair: str | None = None
+
+    def names(self) -> str:
+        """'q1', 'q2' and 'lab': the columns, in a message."""
+        cols = [repr(c) for c in (self.text, self.pair, self.label) if c]
+        return f"{', '.join(cols[:-1])} and {cols[-1]}"
+
+
+def trained_on_pairs(ckpt: Path | None) -> bool | None:
+    """Whether fine-tuning gave the model sentence pairs (its config's text_pair_column, which the bundle's
+    manifest reads as `trained_on`); None where no fine-tuning recipe says (a model from elsewhere)."""
+    config = _trainer_state(ckpt).get("config") or {}
+    return bool(config["text_pair_column"]) if "text_pair_column" in config else None
+
+
+def takes_pairs(ckpt: Path | None, cfg=None) -> bool:
+    """A classifier checked and calibrated on pairs: fine-tuned on pairs, or given --text-pair-column."""
+    return bool(trained_on_pairs(ckpt) or getattr(cfg, "text_pair_column", None))
+
+
+def eval_columns(ckpt: Path | None, cfg=None) -> Columns:
+    """--eval-data's columns: as `cfg` (an ExportConfig) names them, else as fine-tuning read its files."""
+    config = _trainer_state(ckpt).get("config") or {}
+
+    def pick(name: str, default: str | None) -> str | None:
+        return getattr(cfg, name, None) or config.get(name) or default
+
+    return Columns(pick("text_column", "text"), pick("label_column", "label"), pick("text_pair_column", None))
+
+
+def as_pairs(lines: list[str]) -> list[tuple[str, str]]:
+    """Held-out texts for a pair model that has no pairs of its own to be checked on: each two in turn."""
+    return list(zip(lines[0::2], lines[1::2], strict=False))
 
 
 def optional_path(p: str | None) -> Path | None:
@@ -60,10 +109,13 @@ def _read_held_out(eval_text: Path | None, data_dir: Path | None) -> tuple[tuple
     return tuple(p for d in docs for p in d.split("\n") if p.strip()), "wikitext2 valid"
 
 
-def encode(tokenizer, texts: list[str], max_len: int, limit: int, min_tokens: int = 8):
-    """Tokenize (special tokens by the tokenizer's own post-processor), pad; (Batch, special mask)."""
-    tokenizer.enable_truncation(max_len)
+def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: int = 8):
+    """Tokenize as fine-tuning and the server do (special tokens by the tokenizer's own post-processor, a
+    pair as [CLS] A [SEP] B [SEP] with its type ids, cut longest first; "[SEP]" in a text is text), pad;
+    (Batch, special mask)."""
+    tokenizer.enable_truncation(max_len, strategy="longest_first")
     tokenizer.no_padding()
+    tokenizer.encode_special_tokens = True
     encs = [e for e in tokenizer.encode_batch(texts[: limit * 2]) if len(e.ids) >= min_tokens][:limit]
     if not encs:
         raise EvalDataError(
@@ -106,27 +158,48 @@ def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: in
     return out, fake.is_replaced.numpy(), how
 
 
-def read_labelled(path: Path, ckpt: Path | None = None) -> list[tuple[str, str]]:
-    """(text, label name) rows of --eval-data, read as fine-tuning reads its files (training.finetuning.data:
-    the same formats, checks and label names), from the text and label columns the checkpoint was
-    fine-tuned with (its trainer_state.json), else `text` and `label`."""
+def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[Input, str]]:
+    """(input, label name) rows of --eval-data, read as fine-tuning reads its files (training.finetuning.data:
+    the same formats, checks and label names), from the columns the checkpoint was fine-tuned with (its
+    trainer_state.json: a pair model's two texts as a (text, text_pair) input), unless `cfg` (an
+    ExportConfig) names others; else `text` and `label`."""
     from training.finetuning.data import DataError, label_name, missing, read_rows
 
-    config = _trainer_state(ckpt).get("config") or {}
-    text_col, label_col = config.get("text_column") or "text", config.get("label_column") or "label"
+    cols = eval_columns(ckpt, cfg)
     try:
         rows = read_rows(str(path), "--eval-data")
     except DataError as e:
         raise EvalDataError(str(e)) from None
-    if not rows or text_col not in rows[0] or label_col not in rows[0]:
+    wanted = [c for c in (cols.text, cols.pair, cols.label) if c]
+    if not rows or any(c not in rows[0] for c in wanted):
         held = ", ".join(map(str, rows[0])) if rows else "no rows"
-        raise EvalDataError(f"--eval-data: {path}: expected columns {text_col!r} and {label_col!r}, those the "
-                            f"model was fine-tuned with (it holds: {held})")  # fmt: skip
-    out = []
+        named = [f"--{n.replace('_', '-')}" for n in ("text_column", "text_pair_column", "label_column")
+                 if getattr(cfg, n, None)]  # fmt: skip
+        recipe = _trainer_state(ckpt).get("config") or {}
+        fine_tuned = "text_column" in recipe or "label_column" in recipe
+        whose = (
+            "those the model was fine-tuned with"
+            if fine_tuned
+            else "the defaults without a fine-tuning recipe"
+        )
+        whose += f", as {', '.join(named)} renamed them" if named else ""
+        what = " (a text pair and its label)" if cols.pair else ""
+        flags = (
+            "--text-column, --text-pair-column and --label-column"
+            if cols.pair
+            else "--text-column and --label-column"
+        )
+        raise EvalDataError(f"--eval-data: {path}: expected columns {cols.names()}{what}, {whose} (it holds: "
+                            f"{held}); {flags} name others")  # fmt: skip
+    out: list[tuple[Input, str]] = []
     for n, r in enumerate(rows, 1):
-        if r.get(text_col) is None or missing(r.get(label_col)):
-            raise EvalDataError(f"--eval-data: {path} row {n} has no {text_col!r} or no {label_col!r}")
-        out.append((str(r[text_col]), label_name(r[label_col])))
+        gone = next((c for c in (cols.text, cols.pair) if c and r.get(c) is None), None)
+        if gone is None and missing(r.get(cols.label)):
+            gone = cols.label
+        if gone is not None:
+            raise EvalDataError(f"--eval-data: {path} row {n} has no {gone!r}")
+        text = str(r[cols.text])
+        out.append(((text, str(r[cols.pair])) if cols.pair else text, label_name(r[cols.label])))
     return out
 
 
@@ -181,29 +254,53 @@ def registry_dev_rows(
     return [(text, data.labels[i]) for text, i in data[split]], f"registry task {task!r} {split} split"
 
 
-def run_dev_rows(ckpt: Path) -> tuple[list[tuple[str, str]], str] | None:
+def run_dev_rows(ckpt: Path) -> tuple[list[tuple[Input, str]], str] | None:
     """The dev rows a classifier fine-tuned on the user's own files was selected on: its --dev file, read as
     --eval-data is, or the share of --train fine-tuning held out (seeded, so the same rows), while those
-    files are still there; None otherwise (a regression, text pairs, files gone)."""
-    from types import SimpleNamespace
-
-    from training.finetuning.data import CLASSIFICATION, DataError, load_task_data
+    files are still there; a pair model's as pairs; None otherwise (a regression, files gone)."""
+    from training.finetuning.data import CLASSIFICATION
 
     state = _trainer_state(ckpt)
     config = state.get("config") or {}
     train, dev = config.get("train"), config.get("dev")
-    if state.get("problem_type") != CLASSIFICATION or config.get("text_pair_column") or not train:
+    if state.get("problem_type") != CLASSIFICATION or not train:
         return None
     if dev:
         return (
             (read_labelled(Path(dev), ckpt), f"the run's --dev file {dev}") if Path(dev).is_file() else None
         )
-    if not Path(train).is_file():
-        return None
-    try:
-        data = load_task_data(SimpleNamespace(**config))  # fine-tuning's own reading and split
-    except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
+    data = _run_data(config)
+    if data is None:
         return None
     return [
-        (ex.text, data.labels[ex.label]) for ex in data.splits["dev"]
+        (_input(ex), data.labels[ex.label]) for ex in data.splits["dev"]
     ], f"the run's dev split ({data.source['dev']})"
+
+
+def run_train_inputs(ckpt: Path) -> tuple[list[Input], str] | None:
+    """The inputs a model was fine-tuned on from the user's own files (--train, less the dev share it held
+    out), a pair model's as pairs, while those files are still there: what its activation ranges are set
+    on. None for a registry task (registry_dev_rows reads those) or files gone."""
+    data = _run_data(_trainer_state(ckpt).get("config") or {})
+    if data is None:
+        return None
+    return [_input(ex) for ex in data.splits["train"]], f"the run's train split ({data.source['train']})"
+
+
+def _run_data(config: dict):
+    """Fine-tuning's own reading and split of the run's --train (and --dev) files; None where it has none."""
+    from types import SimpleNamespace
+
+    from training.finetuning.data import DataError, load_task_data
+
+    if config.get("task") or not config.get("train") or not Path(config["train"]).is_file():
+        return None
+    try:
+        return load_task_data(SimpleNamespace(**config))
+    except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
+        return None
+
+
+def _input(ex) -> Input:
+    """A fine-tuning example's input: its text, or its (text, text_pair)."""
+    return ex.text if ex.pair is None else (ex.text, ex.pair)

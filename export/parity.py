@@ -169,8 +169,17 @@ def detector_auc_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.nda
     }
 
 
-def classifier_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarray | None, ptype) -> dict:
-    """Accuracy drop with labels; argmax disagreement without (regression: mean abs diff, not gated)."""
+def classifier_drop(
+    fp32,
+    int8,
+    inputs: list[str],
+    data: Batch,
+    labels: np.ndarray | None,
+    ptype,
+    give: str = "--eval-data FILE",
+) -> dict:
+    """Accuracy drop with labels; argmax disagreement without (regression: mean abs diff, not gated). `give`:
+    the labelled data to give, in the messages without labels."""
     p32, p8 = run_batched(fp32, inputs, data), run_batched(int8, inputs, data)
     if ptype == "regression":
         return {"metric": "mean_abs_diff_vs_fp32", "value": float(np.abs(p32 - p8).mean()), "rows": len(p32)}
@@ -184,11 +193,11 @@ def classifier_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarr
             raise ParityError(
                 f"int8 and fp32 disagree on {100 * disagree:.2f}% of held-out texts (limit "
                 f"{100 * MAX_ACCURACY_DROP:.1f}%, which bounds any accuracy drop). With labelled dev data "
-                "(--eval-data) the check measures the accuracy drop itself; or export --precision fp32"
+                f"(give {give}) the check measures the accuracy drop itself; or export --precision fp32"
             )
         return {
             "metric": "argmax_disagreement_vs_fp32",
-            "note": "no labelled dev data (give --eval-data FILE): disagreement bounds the accuracy drop on this text",
+            "note": f"no labelled dev data (give {give}): disagreement bounds the accuracy drop on this text",
             "value": disagree,
             "max": MAX_ACCURACY_DROP,
             "rows": len(p32),

@@ -183,6 +183,9 @@ def _load(cfg: ExportConfig, log) -> _Source:
         )
     if kind == "detector" and cfg.eval_data:
         raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
+    if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
+        raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
+                          "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip
     ptype = problem_type(mcfg) if kind == "classifier" else None
     quantization_aware = mcfg.quantization is not None
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)

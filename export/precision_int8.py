@@ -127,22 +127,13 @@ class Int8Quantizer(Precision):
 
 def _calibrate_ranges(src, tokenizer: Path) -> None:
     """Post-training ranges for a model that was not trained quantization-aware: set from held-out text
-    (the classifier's own training texts when it has a registry task), recorded in its config."""
+    (a classifier's own training texts where they are found: _calibration_inputs), recorded in its config."""
     import torch
     from tokenizers import Tokenizer
 
     from training.quantization import calibrate as calibrate_ranges
 
-    cfg = src.cfg
-    task_rows = (
-        evaldata.registry_dev_rows(src.ckpt, optional_path(cfg.data_dir), "train")
-        if src.kind == "classifier"
-        else None
-    )
-    if task_rows:
-        lines, where = [t for t, _ in task_rows[0]], task_rows[1]
-    else:
-        lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), optional_path(cfg.data_dir))
+    lines, where = _calibration_inputs(src, eval_data_first=False)
     data, _ = evaldata.encode(Tokenizer.from_file(str(tokenizer)), lines[::-1], min(src.max_length, 128),
                               CALIBRATION_ROWS)  # fmt: skip
     feeds = [{k: torch.from_numpy(v[i : i + 16]) for k, v in data.feed(INPUT_NAMES).items()}
@@ -162,24 +153,12 @@ def _static_int8(src, work: Path, tmp: Path, inputs: list[str], keep_fp32: bool,
     import onnx
     from tokenizers import Tokenizer
 
-    cfg = src.cfg
     raw = onnx.load(str(work / "raw.onnx"))
     summed = optimize.residual_adds_as_sum(raw)
     onnx.save(raw, str(work / "raw_sum.onnx"))
-    # A classifier is calibrated on its own kind of text: its registry task's train split (never the
-    # dev rows the accuracy gate reads), or the dev data given. Default sentiment classifier, all MatMuls
-    # int8: calibrated on WikiText it lost 0.71 accuracy points, over the 0.5 gate.
-    task_rows = (
-        evaldata.registry_dev_rows(src.ckpt, optional_path(cfg.data_dir), "train")
-        if src.kind == "classifier"
-        else None
-    )
-    if cfg.eval_data and not cfg.eval_text:  # a classifier's own dev texts: no corpus needed
-        lines, where = [t for t, _ in evaldata.read_labelled(Path(cfg.eval_data), src.ckpt)], cfg.eval_data
-    elif task_rows:
-        lines, where = [t for t, _ in task_rows[0]], task_rows[1]
-    else:
-        lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), optional_path(cfg.data_dir))
+    # Default sentiment classifier, all MatMuls int8: calibrated on WikiText it lost 0.71 accuracy points,
+    # over the 0.5 gate; on its own kind of text (_calibration_inputs) it keeps them.
+    lines, where = _calibration_inputs(src, eval_data_first=True)
     tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
     max_length = min(src.max_length, 128)
     data, _ = evaldata.encode(tok, lines[::-1], max_length, CALIBRATION_ROWS)
@@ -204,6 +183,31 @@ def _static_int8(src, work: Path, tmp: Path, inputs: list[str], keep_fp32: bool,
     }
 
 
+def _calibration_inputs(src, eval_data_first: bool) -> tuple[list, str]:
+    """(inputs, where) to set activation ranges on. A classifier is calibrated on its own kind of input:
+    the dev data given (static int8, `eval_data_first`, without --eval-text), else its registry task's train
+    split (never the dev rows the accuracy gate reads); a pair model, which takes nothing else, on its
+    run's train split or the --eval-data pairs. Otherwise held-out text, each two texts a pair for a pair
+    model."""
+    cfg = src.cfg
+    classifier = src.kind == "classifier"
+    pairs = classifier and evaldata.takes_pairs(src.ckpt, cfg)
+
+    def given() -> tuple[list, str]:
+        return [x for x, _ in evaldata.read_labelled(Path(cfg.eval_data), src.ckpt, cfg)], cfg.eval_data
+
+    if classifier and eval_data_first and cfg.eval_data and not cfg.eval_text:  # no corpus needed
+        return given()
+    if classifier and (task := evaldata.registry_dev_rows(src.ckpt, optional_path(cfg.data_dir), "train")):
+        return [x for x, _ in task[0]], task[1]
+    if pairs and (own := evaldata.run_train_inputs(src.ckpt)):
+        return own
+    if pairs and cfg.eval_data:
+        return given()
+    lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), optional_path(cfg.data_dir))
+    return (evaldata.as_pairs(lines), f"{where}, each two texts a pair") if pairs else (lines, where)
+
+
 def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     """The int8 gate: a detector's replaced-token AUC drop on held-out corrupted text; a classifier's
     accuracy drop on labelled dev data (or its argmax disagreement without labels). `sess32` is the
@@ -220,16 +224,24 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     if kind == "classifier":
         rows, where = None, None
         if cfg.eval_data:
-            rows, where = evaldata.read_labelled(Path(cfg.eval_data), ckpt), cfg.eval_data
+            rows, where = evaldata.read_labelled(Path(cfg.eval_data), ckpt, cfg), cfg.eval_data
         elif found := evaldata.registry_dev_rows(ckpt, data_dir) or evaldata.run_dev_rows(ckpt):
             rows, where = found
         if rows is not None and ptype != "multi_label_classification":
-            data, _ = evaldata.encode(tok, [t for t, _ in rows], seq_len, len(rows), min_tokens=1)
+            data, _ = evaldata.encode(tok, [x for x, _ in rows], seq_len, len(rows), min_tokens=1)
             labels = evaldata.label_ids(rows, src.mcfg.id2label, ptype)
             return {**parity.classifier_drop(sess32, sess8, inputs, data, labels, ptype), "data": where}
         lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
+        give = "--eval-data FILE"
+        if evaldata.takes_pairs(ckpt, cfg):  # a pair model is never fed one text: held-out texts, two a pair
+            lines, where = evaldata.as_pairs(lines), f"{where}, each two texts a pair"
+            give = (f"--eval-data FILE with the columns {evaldata.eval_columns(ckpt, cfg).names()}: its text "
+                    "pairs and their labels")  # fmt: skip
+            if rows is None:
+                src.log(f"int8 accuracy: the model was fine-tuned on text pairs, and no labelled pairs were given "
+                        f"or found with its run: checked on {where}; give {give}")  # fmt: skip
         data, _ = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
-        return {**parity.classifier_drop(sess32, sess8, inputs, data, None, ptype), "data": where}
+        return {**parity.classifier_drop(sess32, sess8, inputs, data, None, ptype, give), "data": where}
 
     lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
     data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)

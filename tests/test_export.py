@@ -532,6 +532,128 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
         label_ids([("a", "2.5"), ("b", "n/a")], {0: "score"}, "regression")
 
 
+PAIR_WORDS = {"yes": "a great fun warm film", "no": "a dull awful boring mess"}
+FILLERS = (
+    "the river rose in spring",
+    "she kept all the letters",
+    "prices fell that year",
+    "a road ran north",
+)
+
+
+def _pairs_csv(path: Path, n: int, seed: int) -> Path:
+    """q1, q2, lab: the label is in the second text alone; the first is one of a few sentences whatever it is."""
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["q1", "q2", "lab"])
+        for i in range(n):
+            lab = ("yes", "no")[i % 2]
+            w.writerow([rng.choice(FILLERS), f"{PAIR_WORDS[lab]} {rng.randint(0, 99)}", lab])
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair_run(tiny_init, tmp_path_factory):
+    """A classifier fine-tuned with --text-pair-column (its run directory, its --dev file): on its first
+    texts alone it is at chance."""
+    from training.finetune import main as finetune
+
+    d = tmp_path_factory.mktemp("pairs")
+    train, dev = _pairs_csv(d / "train.csv", 160, 0), _pairs_csv(d / "dev.csv", 40, 1)
+    finetune(["--threads", "1", "--seed", "7", "--init", str(tiny_init), "--train", str(train), "--dev", str(dev),
+              "--text-column", "q1", "--text-pair-column", "q2", "--label-column", "lab", "--out", str(d / "run"),
+              "--epochs", "4", "--batch-size", "16", "--lr", "5e-3", "--patience", "0"])  # fmt: skip
+    return d / "run", dev
+
+
+def test_a_pair_classifier_is_checked_and_calibrated_on_its_pairs(tmp_path, pair_run, monkeypatch):
+    """The int8 check of a model fine-tuned on pairs measured its accuracy on the first text of each pair
+    (--eval-data read the text column alone), and its activation ranges were set on single texts: it now
+    reads both texts, with the fine-tuning's columns, from --eval-data or else from the run's own files,
+    and scores them as the run did."""
+    from export import calibrate, parity
+
+    run, dev = pair_run
+    # What this test is about is which rows are read, not the gates of a model of seconds.
+    monkeypatch.setattr(parity, "MAX_ACCURACY_DROP", 1.0)
+    monkeypatch.setattr(calibrate, "MAX_DEVIATION_P99", 1.0)
+    monkeypatch.setattr(calibrate, "MAX_DEVIATION", 1.0)
+    tuned = json.loads((run / "eval_dev.json").read_text())["accuracy"]
+    assert tuned >= 0.9  # it learned from the second text
+
+    given = export(run, tmp_path / "given", precision="int8", int8="static", eval_data=str(dev))
+    acc = given["parity"]["int8_accuracy"]
+    assert acc["metric"] == "dev_accuracy" and acc["rows"] == 40 and acc["data"] == str(dev)
+    assert acc["fp32"] == pytest.approx(
+        tuned
+    )  # the run's own figure on the same rows: pairs, as it read them
+    assert given["optimizations"]["int8"]["calibration_data"] == str(dev)
+
+    own = export(run, tmp_path / "own", precision="int8", int8="compute")  # no --eval-data: the run's files
+    acc = own["parity"]["int8_accuracy"]
+    assert acc["metric"] == "dev_accuracy" and acc["data"] == f"the run's --dev file {dev}"
+    assert acc["fp32"] == pytest.approx(tuned)
+    assert own["optimizations"]["int8"]["ranges"].startswith(
+        "calibrated at export on 128 rows of the run's train"
+    )
+
+
+def test_a_pair_classifier_without_its_pairs_is_told_what_to_give(tmp_path, pair_run):
+    """With no labelled pairs (--eval-data not given, the run's files gone) the check is run on held-out
+    texts two to a pair, never on single texts the model does not take, and says which file to give."""
+    run, _ = pair_run
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved)
+    state = json.loads((moved / "trainer_state.json").read_text())
+    state["config"] |= {"train": str(tmp_path / "gone.csv"), "dev": str(tmp_path / "gone-dev.csv")}
+    (moved / "trainer_state.json").write_text(json.dumps(state))
+    acc = export(moved, tmp_path / "b", precision="int8", int8="weights")["parity"]["int8_accuracy"]
+    assert acc["metric"] == "argmax_disagreement_vs_fp32" and acc["data"].endswith("each two texts a pair")
+    assert "give --eval-data FILE with the columns 'q1', 'q2' and 'lab'" in acc["note"]
+
+
+def test_eval_data_of_pairs_is_read_with_the_models_columns_or_those_named(tmp_path):
+    from export.config import ExportConfig
+    from export.evaldata import EvalDataError, read_labelled
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text(
+        json.dumps({"config": {"text_column": "q1", "text_pair_column": "q2", "label_column": "lab"}})
+    )
+    (tmp_path / "dev.csv").write_text("q1,q2,lab\nis it,yes it is,same\n")
+    assert read_labelled(tmp_path / "dev.csv", ckpt) == [(("is it", "yes it is"), "same")]
+    (tmp_path / "other.csv").write_text("a,b,y\nis it,yes it is,same\n")
+    with pytest.raises(
+        EvalDataError, match="expected columns 'q1', 'q2' and 'lab' \\(a text pair and its label\\)"
+    ):
+        read_labelled(tmp_path / "other.csv", ckpt)
+    named = ExportConfig(checkpoint=str(ckpt), out=str(tmp_path / "b"), eval_data=str(tmp_path / "other.csv"),
+                         text_column="a", text_pair_column="b", label_column="y")  # fmt: skip
+    assert read_labelled(tmp_path / "other.csv", ckpt, named) == [(("is it", "yes it is"), "same")]
+    with pytest.raises(ValueError, match="--text-pair-column: name columns of --eval-data"):
+        ExportConfig(checkpoint=str(ckpt), out=str(tmp_path / "b"), text_pair_column="b")
+
+
+def test_a_single_text_classifier_refuses_a_pair_column(tmp_path, classifier_dir, capsys):
+    from export.__main__ import main
+
+    src = tmp_path / "cls"
+    shutil.copytree(classifier_dir, src)
+    (src / "trainer_state.json").write_text(
+        json.dumps({"config": {"text_column": "text", "text_pair_column": None}})
+    )
+    dev = _dev_csv(tmp_path / "dev.csv")
+    assert (
+        main([str(src), "--out", str(tmp_path / "b"), "--eval-data", dev, "--text-pair-column", "label"]) == 2
+    )
+    assert "fine-tuned on single texts and takes no pairs" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_export_refuses_a_file_as_out_even_with_force(tmp_path, capsys):
     from export.__main__ import main
 
