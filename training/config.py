@@ -235,7 +235,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     # Bookkeeping.
     log_every: int = option(10, "steps between metrics.jsonl rows")
     eval_every: int = option(500, "steps between held-out evaluations")
-    eval_batches: int = option(20, "held-out batches per evaluation")
+    eval_batches: int = option(20, "held-out batches per evaluation, each of the global batch's rows")
     save_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk (0: every one)")
     resume: bool = option(False, "continue from <out>/checkpoints/latest")
