@@ -259,8 +259,8 @@ def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_ha
             "0",
         ]
     )  # fmt: skip  (it keeps step 4 as it goes on)
-    args = [*tiny, "--init", str(first), "--max-steps", "20", "--save-every", "10", "--log-every", "1",
-            "--eval-every", "1000", "--keep-checkpoints", "3"]  # fmt: skip
+    args = [*tiny, "--init", str(first), "--init-lr", "2e-4", "--max-steps", "20", "--save-every", "10",
+            "--log-every", "1", "--eval-every", "1000", "--keep-checkpoints", "3"]  # fmt: skip
     whole = tmp_path / "whole"
     pretrain([*args, "--out", str(whole)])
     start = resolve_checkpoint(first)
@@ -281,10 +281,28 @@ def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_ha
 
     resumed = _resumed_after_step_10(whole, args, tmp_path, first_goes_on)
     _same_run(whole, resumed)
-    # Its start gone (a --init run keeping fewer checkpoints): said so, naming what to restore.
+    # Its start gone (a --init run keeping fewer checkpoints): the run resumes from its own record of it,
+    # the same run (the tensors --init loaded keep their --init-lr); it once had to be restored.
     shutil.rmtree(start)
+
+    def rolled_back(name: str) -> Path:
+        copy = tmp_path / name
+        shutil.copytree(whole, copy)
+        shutil.rmtree(copy / "checkpoints" / "step-00000020")
+        (copy / "checkpoints" / "latest").write_text("step-00000010")
+        return copy
+
+    again = rolled_back("again")
+    pretrain([*args, "--out", str(again), "--resume"])
+    _same_run(whole, again)
+    # A run saved before it kept that record: said so, naming what to restore.
+    older = rolled_back("older")
+    state_path = older / "checkpoints" / "step-00000010" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    assert state["warm_names"] and state["as_run"]["generator"]["from"] == str(start / "generator")
+    state_path.write_text(json.dumps({k: v for k, v in state.items() if k != "warm_names"}))
     with pytest.raises(SystemExit) as stop:
-        pretrain([*args, "--out", str(resumed), "--resume"])
+        pretrain([*args, "--out", str(older), "--resume"])
     assert stop.value.code == 2 and f"the run started from --init {start}" in str(stop.value)
 
 

@@ -41,7 +41,14 @@ from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
 from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
-from training.pretraining.warmstart import WarmStart, pinned_init, resolve_warm_start, unpinned_as_pinned
+from training.pretraining.warmstart import (
+    INIT_DECIDED,
+    WarmStart,
+    pinned_init,
+    resolve_warm_start,
+    saved_warm_start,
+    unpinned_as_pinned,
+)
 from training.progress import progress_bar
 from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
 
@@ -82,7 +89,7 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 
 def save(
     run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None,
-    world: int = 1, as_run: dict | None = None,
+    world: int = 1, as_run: dict | None = None, warm_names: set[str] | None = None,
 ) -> None:  # fmt: skip
     """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
     random state (`rng`) of every rank."""
@@ -96,7 +103,7 @@ def save(
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
                  "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world,
-                 "as_run": as_run or {}}  # fmt: skip
+                 "as_run": as_run or {}, "warm_names": sorted(warm_names or ())}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
         if rng is not None:  # between --save-every points: the generators as the step left them
             ckpt.save_tensors(rng, d / RNG_FILE)
@@ -193,6 +200,7 @@ class Trainer:
     step: int
     tokens: int  # real (non-padding) tokens trained on, over all ranks, up to the last `settle_tokens`
     as_run: dict = dataclasses.field(default_factory=dict)  # what the options resolved to here (as_run)
+    warm_names: set[str] = dataclasses.field(default_factory=set)  # the parameters --init loaded
     evals: dict = dataclasses.field(default_factory=dict)
     evals_step: int | None = None  # the step `evals` were measured at (a stop adds no evaluation)
     # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
@@ -282,7 +290,7 @@ class Trainer:
             self.settle_tokens()
             if env.main:
                 save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                     self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run)  # fmt: skip
+                     self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names)  # fmt: skip
             env.barrier()
             reseed(cfg, env.rank, step)
 
@@ -311,6 +319,8 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
     if cfg.objective == "electra":
         gen = objective.generator.config
         source = str(warm.gen.directory) if warm is not None and warm.gen is not None else "fresh"
+        if warm is not None and warm.generator_from is not None:  # resumed from the run's own record
+            source = warm.generator_from
         ran["generator"] = {"from": source, "hidden_size": gen.hidden_size,
                             "num_layers": gen.num_hidden_layers, "num_heads": gen.num_attention_heads}  # fmt: skip
     return ran
@@ -356,11 +366,17 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
             try:
                 cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
             except CheckpointError as e:
-                raise CheckpointError(f"--resume: the run started from --init {cfg.init}, which a resume reads "
-                                      f"again (its shape, tokenizer and warm-started tensors) and cannot now: {e}; "
-                                      "restore it (a run given as --init keeps only --keep-checkpoints of its "
-                                      "own)") from None  # fmt: skip
-            cfg = with_given_tokenizer(cfg)
+                warm = saved_warm_start(Path(cfg.out))  # the run's own record of its start
+                if warm is None:
+                    raise CheckpointError(f"--resume: the run started from --init {cfg.init}, which a resume of a run "
+                                          f"saved by an earlier version reads again (its shape, tokenizer and "
+                                          f"warm-started tensors) and cannot now: {e}; restore it (a run given as "
+                                          "--init keeps only --keep-checkpoints of its own)") from None  # fmt: skip
+                print(f"note: --init {cfg.init} is gone ({e}); the run resumes from its own record of that start "
+                      "(shapes, tokenizer and the tensors it loaded)", file=sys.stderr, flush=True)  # fmt: skip
+                cfg = options.replace(
+                    cfg, **{k: then[k] for k in INIT_DECIDED if k in then}
+                )  # as saved            cfg = with_given_tokenizer(cfg)
             # JSON values, as config.json holds them
             check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
             return cfg, warm
@@ -544,7 +560,7 @@ def setup(argv: list[str] | None) -> Trainer:
     capacity = corruption.capacity(cfg.batch_size, cfg.seq_len)
     ran = as_run(cfg, env, data, objective, warm, compiled, use_bf16, capacity)
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
-                      autocast=autocast, step=step, tokens=tokens, as_run=ran)  # fmt: skip
+                      autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
         options.save(cfg, run / "config.json", as_run=ran)
         print(f"as run: {json.dumps(ran)}", flush=True)

@@ -219,6 +219,37 @@ def warm_parameter_names(objective: torch.nn.Module, reports: list[tuple[str, In
 class WarmStart(NamedTuple):
     disc: InitSource
     gen: InitSource | None
+    # A resume whose --init is gone (saved_warm_start): the shapes come from the run's own checkpoint, which
+    # restores every weight anyway, and these are the parameters the start loaded, as the run saved them.
+    saved_names: frozenset[str] | None = None
+    generator_from: str | None = None  # where the run's generator came from, as its as_run says
+
+
+def saved_warm_start(run: Path) -> WarmStart | None:
+    """A warm-started run's start as the run itself recorded it (its latest checkpoint's shapes, the names
+    of the tensors --init loaded, where the generator came from), for a resume when --init is no longer
+    there (a run given as --init keeps only --keep-checkpoints of its own); None for a run saved before
+    it kept those names."""
+    import json
+
+    d = ckpt.resolve_checkpoint(run)
+    try:
+        state = json.loads((d / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    names, ran = state.get("warm_names"), state.get("as_run") or {}
+    if names is None:
+        return None
+    tokenizer = run / "tokenizer" / "tokenizer.json"
+    disc = InitSource(
+        d, ElectraConfig.from_dict(ckpt.read_config_json(d)), "ElectraForPreTraining", tokenizer
+    )
+    came_from = (ran.get("generator") or {}).get("from")
+    gen = None
+    if came_from not in (None, "fresh") and (d / "generator" / "config.json").is_file():
+        gen_config = ElectraConfig.from_dict(ckpt.read_config_json(d / "generator"))
+        gen = InitSource(d / "generator", gen_config, "ElectraForMaskedLM", tokenizer)
+    return WarmStart(disc, gen, frozenset(names), came_from)
 
 
 def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart | None]:
@@ -258,6 +289,9 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
 
 
 INIT_OPTIONS = ("init", "init_generator")
+# What --init decides in a run's options (resolve_warm_start fills them in from the source).
+INIT_DECIDED = ("tokenizer", "vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
+                "intermediate_size")  # fmt: skip
 
 
 def _checkpoint_of(checkpoint: str | None, run: str | None) -> bool:
@@ -326,7 +360,10 @@ def _check_generator_fraction(cfg: PretrainConfig, gen: InitSource) -> None:
 
 
 def load_warm_start(objective, warm: WarmStart) -> set[str]:
-    """Copy the sources' tensors in; print and return what was loaded (names in `objective`)."""
+    """Copy the sources' tensors in; print and return what was loaded (names in `objective`). A start the
+    run recorded (saved_warm_start) loads nothing: the checkpoint the resume restores holds every weight."""
+    if warm.saved_names is not None:
+        return set(warm.saved_names)
     prefix = next(name for name, m in objective.named_children() if m is objective.encoder) + "."
     reports = [(prefix, load_into(objective.encoder, warm.disc.directory))]
     if warm.gen is not None:
