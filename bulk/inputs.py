@@ -476,7 +476,7 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
         if obj is None:
             # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault. msgspec
             # names it only when text follows; a high one at a string's end reads to it as "truncated".
-            if "surrogate" in str(e) or _python_reads(decoded):
+            if "surrogate" in str(e) or _holds_lone_surrogate(_python_json(decoded)):
                 return Doc(line, ident, None, Reason.NOT_UTF8, "a lone surrogate escaped in the JSON (as \\ud800): "
                            "no UTF-8 text holds one")  # fmt: skip
             return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
@@ -509,21 +509,27 @@ def _surrogate_at(text: str) -> int | None:
 def _out_of_range(decoded: str, e: msgspec.DecodeError):
     """A line msgspec refused only for a number past a float's range (1e400: valid JSON, which Python
     reads as inf), read by Python instead: the number is no usable id, and the text is scored."""
-    if "out of range" not in str(e):
-        return None
+    return _python_json(decoded) if "out of range" in str(e) else None
+
+
+def _python_json(decoded: str):
+    """A line msgspec refused, read by Python's JSON parser (which takes numbers past a float's range, lone
+    surrogates, NaN); None where it cannot either."""
     try:
         return json.loads(decoded)
     except (ValueError, RecursionError):
         return None
 
 
-def _python_reads(decoded: str) -> bool:
-    """Whether Python's JSON parser reads a line msgspec refused: it takes lone surrogates, msgspec does not."""
-    try:
-        json.loads(decoded)
-    except (ValueError, RecursionError):
-        return False
-    return True
+def _holds_lone_surrogate(value) -> bool:
+    """Whether a parsed JSON value holds a lone surrogate in any string, key or value."""
+    if isinstance(value, str):
+        return _surrogate_at(value) is not None
+    if isinstance(value, dict):
+        return any(_holds_lone_surrogate(k) or _holds_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(map(_holds_lone_surrogate, value))
+    return False
 
 
 _MISSING = object()

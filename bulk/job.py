@@ -231,6 +231,7 @@ def _join_ray(cfg: BulkConfig) -> int | None:
     (sys.exit), which would otherwise replace the one that lets the job stop as the next part finishes."""
     from bulk import on_ray
 
+    before = signal.getsignal(signal.SIGTERM)
     try:
         on_ray.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
     except on_ray.JoinError as e:
@@ -241,6 +242,10 @@ def _join_ray(cfg: BulkConfig) -> int | None:
         print("\nbulk: SIGTERM while Ray started: no part was scored in this run; run the same command again",
               file=sys.stderr, flush=True)  # fmt: skip
         return 128 + signal.SIGTERM
+    # Ray's handler ends the process by an exception wherever it stands, here in the writes that follow
+    # (config.json, job.json): the one before it stands until the job's own go in.
+    if before is not None:  # None: a handler not set from Python, which Ray's replaced for good
+        signal.signal(signal.SIGTERM, before)
     return None
 
 

@@ -166,11 +166,11 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     from training.finetuning.data import DataError, label_name, missing, read_rows
 
     cols = eval_columns(ckpt, cfg)
+    wanted = tuple(c for c in (cols.text, cols.pair, cols.label) if c)
     try:
-        rows = read_rows(str(path), "--eval-data")
+        rows = read_rows(str(path), "--eval-data", wanted)
     except DataError as e:
         raise EvalDataError(str(e)) from None
-    wanted = [c for c in (cols.text, cols.pair, cols.label) if c]
     if not rows or any(c not in rows[0] for c in wanted):
         held = ", ".join(map(str, rows[0])) if rows else "no rows"
         named = [f"--{n.replace('_', '-')}" for n in ("text_column", "text_pair_column", "label_column")

@@ -346,7 +346,7 @@ def _portable(value):
 
 
 # Resume bookkeeping, not recipe: left out of the manifest.
-_STATE_NOISE = ("batches", "optimizer")
+_STATE_NOISE = ("batches", "optimizer", "warm_names")
 
 
 def _recipe(ckpt: Path) -> dict | None:

@@ -106,9 +106,11 @@ class Int8Quantizer(Precision):
             try:
                 fp32.report["int8_accuracy"] = _int8_accuracy(src, fp32.session, sess8, fp32.inputs, tmp)
                 if fp32.calibration_texts is not None:
+                    # Int8 weights missing the gate: the advice is no int8 at all, not the method that failed.
+                    instead = calibrate.FP32 if self.method == "weights" else calibrate.INT8_WEIGHTS
                     fp32.report["int8_token_deviation"] = calibrate.token_deviation(
                         work / "fp32.onnx", tmp / bundle_writer.MODEL, tmp / bundle_writer.TOKENIZER,
-                        src.max_length, fp32.calibration_texts,
+                        src.max_length, fp32.calibration_texts, instead=instead,
                     )  # fmt: skip
                 break
             except parity.ParityError as e:
@@ -126,8 +128,9 @@ class Int8Quantizer(Precision):
 
 
 def _calibrate_ranges(src, tokenizer: Path) -> None:
-    """Post-training ranges for a model that was not trained quantization-aware: set from held-out text
-    (a classifier's own training texts where they are found: _calibration_inputs), recorded in its config."""
+    """Post-training ranges for a model that was not trained quantization-aware: set from the inputs
+    _calibration_inputs picks (a registry task's train split, a pair model's own pairs, else held-out text),
+    recorded in its config."""
     import torch
     from tokenizers import Tokenizer
 

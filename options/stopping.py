@@ -41,9 +41,12 @@ def ctrl_c_on_term(enabled: bool = True) -> Iterator[None]:
     Not for torchrun's workers (`enabled` False): torchrun stops the others with SIGTERM when one fails, and
     a worker waiting in a collective would run the handler only when it returns, so torchrun would wait
     its --shutdown-timeout and kill it; the default action ends it at once."""
+    # Handlers belong to the main thread: called from another (a test runner's worker), nothing changes.
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    if enabled:
-        stop_as_ctrl_c()
+    stop_as_ctrl_c()
     try:
         yield
     finally:

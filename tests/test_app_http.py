@@ -162,3 +162,12 @@ def test_cors_lets_browser_code_read_the_request_id_and_the_timings(bundles_dir:
     assert offered == {"GET", "HEAD", "POST", "OPTIONS"}, offered
     exposed = {h.strip() for h in r.headers["access-control-expose-headers"].lower().split(",")}
     assert {"x-request-id", "x-total-time", "x-inference-time"} <= exposed, exposed
+
+
+def test_vary_origin_joins_what_an_answer_already_varies_by():
+    from app.http.server import _varying_by_origin
+
+    assert _varying_by_origin([(b"a", b"1")]) == [(b"a", b"1"), (b"vary", b"Origin")]
+    assert _varying_by_origin([(b"Vary", b"Accept-Encoding")]) == [(b"vary", b"Accept-Encoding, Origin")]
+    kept = [(b"vary", b"accept, origin")]
+    assert _varying_by_origin(kept) == kept

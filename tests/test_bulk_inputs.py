@@ -426,6 +426,7 @@ def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp
         # A high one at a string's end: msgspec calls the line truncated (it was not_json).
         '{"id": "end", "text": "\\ud800"}\n'
         '{"text": "x \\ud800"}\n'
+        '{"text": "hello", "score": NaN}\n'  # what Python's json writes for nan: not JSON, and no surrogate
     )
     got = docs_of(src, id_field="id")
     assert [(d.id, d.text, d.reason) for d in got] == [
@@ -435,6 +436,7 @@ def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp
         ("fine", "hello again", None),
         ("s.jsonl:5", None, Reason.NOT_UTF8),
         ("s.jsonl:6", None, Reason.NOT_UTF8),
+        ("s.jsonl:7", None, Reason.NOT_JSON),
     ]
     assert "'id': character 0: lone surrogate" in got[0].detail and "lone surrogate" in got[1].detail
     for d in got:  # every id and detail can be written as UTF-8 (the rejects file, the Parquet file)

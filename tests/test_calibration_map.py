@@ -126,3 +126,16 @@ def test_threshold_rule_ignores_long_sentences_for_the_quiet_condition():
     clean = _sentences([[0.45, 0.1]] * 3 + [[0.1, 0.1]] * 27, [None] * 30, words=25)
     chosen = choose_threshold(swapped + clean)
     assert "everyday" not in chosen and chosen["threshold"] == 0.4
+
+
+def test_a_deviation_past_the_gate_names_an_export_other_than_the_one_that_failed():
+    """Int8 weights missing the gate told the user to export --int8 weights, the method that had failed."""
+    from export import calibrate
+    from export.parity import ParityError
+
+    figures = {"p50": 0.01, "p99": 0.16, "max": 0.4}
+    with pytest.raises(ParityError, match=r"Export --precision fp32; docs/int8.md") as weights_failed:
+        calibrate.check_deviation(dict(figures), "the calibration sentences", instead=calibrate.FP32)
+    assert "--int8 weights" not in str(weights_failed.value)
+    with pytest.raises(ParityError, match=r"Export --int8 weights .*, or train the model quantization-aware"):
+        calibrate.check_deviation(dict(figures), "the calibration sentences")

@@ -346,7 +346,10 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
     # A whole document in one field: over the csv module's default limit of 128 KB, and read. An empty
     # text is kept, with a warning naming its row (the server would refuse it).
     long = "a great fun warm film " * 7000
-    (tmp_path / "long.csv").write_text("text,label\n" + "\n".join(good) + f"\n{long},good\n,bad\n")
+    # Two columns of one name that are not read (notes) are no reason to refuse it.
+    (tmp_path / "long.csv").write_text(
+        "text,label,note,note\n" + "\n".join(f"{g},x,y" for g in good) + f"\n{long},good,x,y\n,bad,x,y\n"
+    )
     capsys.readouterr()
     run("--init", tiny_init, "--out", tmp_path / "long", "--train", tmp_path / "long.csv", "--epochs", 1,
         "--max-seq-len", 96)  # fmt: skip

@@ -208,3 +208,24 @@ def test_dev_texts_that_are_training_texts_are_warned_of(tiny_init, tmp_path, ca
     train = write_csv(tmp_path / "r.csv", 40)
     finetune([*args_for(tiny_init, train, tmp_path / "out"), "--dev", str(train), "--epochs", "1"])
     assert "warning: 40 of 40 dev texts are also training texts" in capsys.readouterr().err
+
+
+def test_a_run_saved_with_options_its_data_left_unused_still_resumes(tiny_init, tmp_path):
+    """--text-column with --task (or --dev-fraction with --dev) was saved and ignored by the previous version,
+    and is refused now: the run it saved resumed no more, the refusal naming a flag no one gave."""
+    import options
+    from training.config import FinetuneConfig
+    from training.finetuning.resume import resumed_config
+
+    out = tmp_path / "out"
+    (out / "resume").mkdir(parents=True)
+    (out / "resume" / "state.json").write_text("{}")  # a stopped run's, for the options' check
+    start = options.resolve(FinetuneConfig, ["--init", str(tiny_init), "--task", "trec", "--out", str(out)])
+    saved = {**options.as_dict(start), "text_column": "sentence", "dev_fraction": 0.2}
+    (out / "finetune_config.json").write_text(json.dumps(saved))
+    argv = ["--out", str(out), "--resume"]
+    cfg = resumed_config(options.resolve(FinetuneConfig, argv), argv, "finetune", "")
+    assert (cfg.task, cfg.text_column, cfg.dev_fraction) == ("trec", "text", 0.1)
+    with pytest.raises(options.ConfigError, match="--text-column: only for --train data; --task trec"):
+        options.resolve(FinetuneConfig, ["--init", str(tiny_init), "--task", "trec", "--out", str(out),
+                                         "--text-column", "sentence"])  # fmt: skip

@@ -322,8 +322,11 @@ def test_the_saved_config_says_what_ran_and_options_that_change_nothing_are_note
     state = json.loads((run / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
     assert state["as_run"] == ran  # a bundle's manifest takes it from here
 
+    # As the previous version saved it (the options' values, not the tokenizer's): a resume puts it right.
+    (run / "config.json").write_text(json.dumps({**saved, "lowercase": False, "vocab_size": 2000}))
     pretrain(["--out", str(run), "--resume", "--max-steps", "3", "--sentence-rows", "0.4"])  # nothing changed
-    assert json.loads((run / "config.json").read_text())["as_run"] == ran
+    resumed = json.loads((run / "config.json").read_text())
+    assert resumed["as_run"] == ran and resumed["lowercase"] is True and resumed["vocab_size"] == 1000
 
     # The generator comes with --init RUN: --generator-fraction cannot size it.
     with pytest.raises(SystemExit, match=r"--generator-fraction sets generator_fraction 1.0, and the generator "
@@ -367,3 +370,24 @@ def test_sigterm_before_training_stops_as_ctrl_c_does(tmp_path, monkeypatch, cap
         "stopped at once; no checkpoint was saved; the same command starts again" in capsys.readouterr().err
     )
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_pretraining_called_from_another_thread_runs(tmp_path):
+    """Signal handlers can only be set from the main thread: the SIGTERM handler of the set-up made every
+    call from another (a notebook's worker, a test runner's) fail before it began."""
+    import threading
+
+    errors = []
+
+    def call():
+        try:
+            pretrain(["--out", str(tmp_path / "run"), "--corpus", "wikitext2", "--resume"])
+        except SystemExit as e:  # the run's own refusal (nothing to resume), past the set-up's handlers
+            errors.append(str(e))
+        except BaseException as e:
+            errors.append(f"{type(e).__name__}: {e}")
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(60)
+    assert errors and "does not exist; give the --out of the run to go on" in errors[0], errors

@@ -6,6 +6,7 @@ entry point's options are (defaults < a saved run's config < --config TOML < env
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,7 +236,9 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     # Bookkeeping.
     log_every: int = option(10, "steps between metrics.jsonl rows")
     eval_every: int = option(500, "steps between held-out evaluations")
-    eval_batches: int = option(20, "held-out batches per evaluation, each of the global batch's rows")
+    eval_batches: int = option(
+        20, "held-out batches of --batch-size rows per evaluation, per process (rank 0 reads them all)"
+    )
     save_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk (0: every one)")
     resume: bool = option(False, "continue from <out>/checkpoints/latest")
@@ -395,6 +398,16 @@ def inert_options(values: dict) -> dict[str, str]:
     return why
 
 
+def unused_data_options(values: dict) -> dict[str, object]:
+    """Fine-tuning's data options that `values` (a config, as attributes or JSON) leaves unused, with their
+    defaults: a registry task's columns and split, --dev-fraction beside --dev."""
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)
+                if f.name in ("text_column", "label_column", "dev_fraction")}  # fmt: skip
+    if values.get("task"):
+        return defaults
+    return {"dev_fraction": defaults["dev_fraction"]} if values.get("dev") else {}
+
+
 PROBLEM_TYPES = ("auto", "classification", "regression")
 SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
 
@@ -489,14 +502,13 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             for name in ("dev", "test", "labels", "text_pair_column"):
                 if getattr(self, name) is not None:
                     raise ConfigError(f"--{name.replace('_', '-')}: only for --train data, not with --task")
-            # A registry task has its own columns and splits: these were once taken, saved, and not used.
-            for name, default in (("text_column", "text"), ("label_column", "label"), ("dev_fraction", 0.1)):
-                if getattr(self, name) != default:
-                    raise ConfigError(f"--{name.replace('_', '-')}: only for --train data; --task {self.task} "
-                                      "has its own columns and splits")  # fmt: skip
-        elif self.dev is not None and self.dev_fraction != 0.1:
-            raise ConfigError("--dev-fraction: splits --train when no --dev is given; with --dev, drop it")
-        elif self.dev is None and not 0.0 < self.dev_fraction < 1.0:
+        # Options the data given leaves unused: once taken, saved, and not used.
+        for name, default in unused_data_options(self.__dict__).items():
+            if getattr(self, name) != default:
+                why = (f"only for --train data; --task {self.task} has its own columns and splits" if self.task
+                       else "splits --train when no --dev is given; with --dev, drop it")  # fmt: skip
+                raise ConfigError(f"--{name.replace('_', '-')}: {why}")
+        if not self.task and self.dev is None and not 0.0 < self.dev_fraction < 1.0:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         shares(self, "qat_smoothing")
         positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")

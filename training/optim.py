@@ -44,6 +44,14 @@ def autocast_for(
     return use, autocast
 
 
+def hardware_as_run(device: torch.device, use_bf16: bool, tf32: bool) -> dict:
+    """What a run's hardware options came to where it ran (an entry point's `as_run`): the device, its
+    threads, the precision autocast gives, and whether fp32 matrix products use TF32 (matmul_precision:
+    on CUDA as asked, bf16 runs included, for what computes outside autocast)."""
+    return {"device": str(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
+            "precision": "bf16 autocast" if use_bf16 else "fp32", "tf32": device.type == "cuda" and tf32}  # fmt: skip
+
+
 @contextlib.contextmanager
 def full_fp32() -> Iterator[None]:
     """fp32 arithmetic, as an fp32 bundle computes it: no autocast (the block is outside any), and no TF32

@@ -1,6 +1,7 @@
-"""Progress bars of training's long loops (steps, tokenizing). On a terminal, tqdm as it is. Written to a
-file (a job's log, `> run.log 2>&1`), tqdm's redraws are each a carriage return and the whole bar: a
-1,500-step run left 720 of them in 78 lines. There, a line at most every `LOG_EVERY_S` seconds instead."""
+"""Progress bars of training's long loops (steps, tokenizing). On a terminal, tqdm as it is; in a notebook,
+its widget. Written to a file (a job's log, `> run.log 2>&1`), tqdm's redraws are each a carriage return
+and the whole bar: a 1,500-step run left 720 of them in 78 lines. There, a line at most every
+`LOG_EVERY_S` seconds instead."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def progress_bar(**kwargs) -> tqdm:
     """tqdm on stderr; on anything but a terminal, a line at most every LOG_EVERY_S seconds (and one at the
     end). Update a postfix with `refresh=False`: a redraw for each would defeat the interval."""
     stream = sys.stderr
+    if "ipykernel" in sys.modules:  # a notebook: its own progress widget
+        from tqdm.auto import tqdm as notebook_tqdm
+
+        return notebook_tqdm(**kwargs)
     if stream.isatty():
         return tqdm(file=stream, dynamic_ncols=True, **kwargs)
     return tqdm(file=_Lines(stream), mininterval=LOG_EVERY_S, ncols=120, **kwargs)

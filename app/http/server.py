@@ -132,6 +132,15 @@ def _varies_by_origin(settings: Settings) -> bool:
     return bool(settings.cors_origins) and "*" not in settings.cors_origins
 
 
+def _varying_by_origin(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` with Origin among what the answer varies by, kept beside whatever else a Vary names."""
+    vary = [value for name, value in headers if name.lower() == b"vary"]
+    if any(b"origin" in (v.strip().lower() for v in value.split(b",")) for value in vary):
+        return headers
+    merged = b", ".join([*vary, b"Origin"])
+    return [(n, v) for n, v in headers if n.lower() != b"vary"] + [(b"vary", merged)]
+
+
 def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = False):
     """Count and time every routed request by endpoint (route template), model and status; give each
     answer its x-request-id, and log lines written below the HTTP layer too (app/request_context.py);
@@ -157,8 +166,8 @@ def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = Fal
                         (b"x-request-id", rid),
                         (b"x-content-type-options", b"nosniff"),
                     ]
-                    if vary_origin and not any(name.lower() == b"vary" for name, _ in headers):
-                        headers.append((b"vary", b"Origin"))
+                    if vary_origin:
+                        headers = _varying_by_origin(headers)
                     message = {**message, "headers": headers}
                 await send(message)
 

@@ -101,8 +101,9 @@ def _registry(cfg) -> TaskData:
 csv.field_size_limit(2**31 - 1)
 
 
-def read_rows(path: str, flag: str) -> list[dict]:
-    """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it."""
+def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> list[dict]:
+    """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it. One of
+    `columns` (those to be read) named twice in a table's header is refused."""
     p = Path(path)
     if p.is_dir():
         raise DataError(f"{flag}: {p} is a directory; name one .csv, .tsv or .jsonl file")
@@ -112,7 +113,7 @@ def read_rows(path: str, flag: str) -> list[dict]:
     if suffix not in (".csv", ".tsv", ".jsonl"):
         raise DataError(f"{flag}: {p} has an unsupported type {suffix!r}; use .csv, .tsv or .jsonl")
     try:
-        return _jsonl_rows(p, flag) if suffix == ".jsonl" else _table_rows(p, flag, suffix == ".tsv")
+        return _jsonl_rows(p, flag) if suffix == ".jsonl" else _table_rows(p, flag, suffix == ".tsv", columns)
     except UnicodeDecodeError as e:
         raise DataError(f"{flag}: {p} is not UTF-8 (byte {e.object[e.start : e.start + 1]!r} at offset "
                         f"{e.start}); save it as UTF-8") from None  # fmt: skip
@@ -132,7 +133,7 @@ def _jsonl_rows(p: Path, flag: str) -> list[dict]:
     return rows
 
 
-def _table_rows(p: Path, flag: str, tsv: bool) -> list[dict]:
+def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) -> list[dict]:
     # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
     kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
     sep = "a tab" if tsv else "a comma (quote such texts)"
@@ -141,7 +142,7 @@ def _table_rows(p: Path, flag: str, tsv: bool) -> list[dict]:
         rows = []
         try:
             header = reader.fieldnames or []
-            twice = sorted({name for name in header if name and header.count(name) > 1})
+            twice = sorted({name for name in header if name in columns and header.count(name) > 1})
             if twice:  # DictReader keeps the last column of a name: the text or label could be another's
                 at = [i + 1 for i, name in enumerate(header) if name == twice[0]]
                 raise DataError(f"{flag}: {p}'s header names {twice[0]!r} {len(at)} times (columns "
@@ -177,7 +178,7 @@ def _columns(cfg) -> dict[str, str]:
 
 
 def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, object]]:
-    rows = read_rows(path, flag)
+    rows = read_rows(path, flag, tuple(_columns(cfg).values()))
     if not rows:
         raise DataError(f"{flag}: {path} holds no rows")
     for opt, col in _columns(cfg).items():
@@ -318,20 +319,20 @@ def _user_files(cfg) -> TaskData:
     if "dev" not in splits:
         splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION)
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
-    _warn_overlap(splits)
     return TaskData(None, ptype, labels, splits, source)
 
 
-def _warn_overlap(splits: dict[str, list[Example]]) -> None:
+def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
     """The same file as --train and --dev (or copies of rows across them): the dev score picks the model on
     texts it trained on and overstates it. Said, not refused: a few shared short texts can be genuine."""
     trained = {(ex.text, ex.pair) for ex in splits["train"]}
+    said = []
     for split in ("dev", "test"):
         rows = splits.get(split, [])
-        shared = sum((ex.text, ex.pair) in trained for ex in rows)
-        if shared:
-            print(f"warning: {shared} of {len(rows)} {split} texts are also training texts: its scores are "
-                  f"measured partly on what the model trained on, and overstate it", file=sys.stderr, flush=True)  # fmt: skip
+        if shared := sum((ex.text, ex.pair) in trained for ex in rows):
+            said.append(f"{shared} of {len(rows)} {split} texts are also training texts: its scores are measured "
+                        "partly on what the model trained on, and overstate it")  # fmt: skip
+    return said
 
 
 def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[list[Example], list[Example]]:

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 import options
 from options import ConfigError
 from training import checkpoint as ckpt
-from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths
+from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
 from training.pretraining.stopping import capture_rng
 from training.report import MetricsError, rows_until
@@ -63,8 +63,9 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
                           "with its command and --overwrite")  # fmt: skip
     # A run saved before paths were kept absolute: its paths as typed here.
     then = {**then, **absolute_paths(then, FINETUNE_PATHS)}
-    # A run started with --overwrite saved it; on a resume it would clash with --resume.
-    base = {**then, "overwrite": False}
+    # A run started with --overwrite saved it; on a resume it would clash with --resume. Options its data
+    # left unused, which a run of before saved as given (refused now), as they would be now.
+    base = {**then, "overwrite": False, **unused_data_options(then)}
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
     # The original command with --resume added: its "auto" is what the run resolved it to then.
     now = options.replace(

@@ -48,6 +48,7 @@ from training.finetuning.data import (
     batches,
     encode,
     load_task_data,
+    overlap_warnings,
     typed_special_tokens,
 )
 from training.finetuning.metrics import (
@@ -65,6 +66,7 @@ from training.optim import (
     decays,
     deterministic_kernels,
     full_fp32,
+    hardware_as_run,
     linear_schedule,
     matmul_precision,
 )
@@ -468,10 +470,11 @@ class FineTuner:
         """The best dev weights back in the model, scored on test (when there is one), written to --out."""
         cfg, data, best = self.cfg, self.data, self.best
         self.model.load_state_dict(best["state"])
-        evals = {"dev": best["metrics"]}
-        predictions = {"dev": self.predictions("dev")[0]}
-        if "test" in self.encoded:  # its figures from the same pass as its predictions
-            predictions["test"], evals["test"] = self.predictions("test")
+        # Each split's figures from the same pass as its predictions: in fp32, as the bundle computes (the
+        # dev figures the model was chosen by may have been measured under bf16 autocast; best_value keeps it).
+        evals, predictions = {}, {}
+        for split in ("dev", "test") if "test" in self.encoded else ("dev",):
+            predictions[split], evals[split] = self.predictions(split)
         for split, m in evals.items():
             where = {"task": data.task, "source": data.source.get(split)}
             m.update(split=split, step=best["step"], metric=cfg.metric, **where)
@@ -526,13 +529,11 @@ def setup(argv: list[str] | None) -> FineTuner:
     # bf16 on CUDA and on CPUs that compute it natively (AMX), as pretraining does.
     use_bf16, autocast = autocast_for(device, cfg.bf16)
     matmuls = matmul_precision(device, cfg.tf32)
-    ran = {"device": str(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
-           "precision": "bf16 autocast" if use_bf16 else "fp32",
-           "tf32": device.type == "cuda" and cfg.tf32 and not use_bf16}  # fmt: skip
+    ran = hardware_as_run(device, use_bf16, cfg.tf32)
 
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
-    print(f"precision: {precision_reason(cfg.bf16, device.type, use_bf16)}; {matmuls}; predictions_*.jsonl in "
-          f"fp32, as the bundle computes", flush=True)  # fmt: skip
+    print(f"precision: {precision_reason(cfg.bf16, device.type, use_bf16)}; {matmuls}; the final "
+          f"predictions and eval_*.json in fp32, as an fp32 export computes", flush=True)  # fmt: skip
     options.save(cfg, out / "finetune_config.json", as_run=ran)
     for note in notes:
         print(f"init: {note}", flush=True)
@@ -543,6 +544,8 @@ def setup(argv: list[str] | None) -> FineTuner:
         else ""
     )
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
+    for warning in overlap_warnings(data.splits):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
     n_typed, typed = typed_special_tokens(tok, data.splits["train"])

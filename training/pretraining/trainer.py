@@ -33,7 +33,14 @@ from training.data.shards import ShardsError
 from training.data.tokenizer import TOKENIZER_FILES, TokenizerError, copy_tokenizer
 from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
-from training.optim import autocast_for, decays, deterministic_kernels, linear_schedule, matmul_precision
+from training.optim import (
+    autocast_for,
+    decays,
+    deterministic_kernels,
+    hardware_as_run,
+    linear_schedule,
+    matmul_precision,
+)
 from training.pretraining.corruption import build_corruption
 from training.pretraining.data import PretrainingData, build_data, lowercases, with_given_tokenizer
 from training.pretraining.distributed import Dist
@@ -309,10 +316,7 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
     on hardware without it, compile by default, --max-predictions' default) or the sources decide (the
     tokenizer's size and case, --init's generator): printed, and saved beside the options in config.json
     and in each checkpoint (a bundle's manifest carries it)."""
-    ran = {"device": str(env.device), "processes": env.world,
-           "threads": torch.get_num_threads() if env.device.type == "cpu" else None,
-           "precision": "bf16 autocast" if use_bf16 else "fp32",
-           "tf32": env.device.type == "cuda" and cfg.tf32 and not use_bf16,
+    ran = {**hardware_as_run(env.device, use_bf16, cfg.tf32), "processes": env.world,
            "step": f"compiled ({cfg.compile_mode})" if compiled else "eager",
            "max_predictions_per_micro_batch": capacity,
            "vocab_size": data.specials.vocab_size, "lowercase": lowercases(data.tokenizer)}  # fmt: skip
@@ -372,11 +376,10 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                                           f"saved by an earlier version reads again (its shape, tokenizer and "
                                           f"warm-started tensors) and cannot now: {e}; restore it (a run given as "
                                           "--init keeps only --keep-checkpoints of its own)") from None  # fmt: skip
-                print(f"note: --init {cfg.init} is gone ({e}); the run resumes from its own record of that start "
-                      "(shapes, tokenizer and the tensors it loaded)", file=sys.stderr, flush=True)  # fmt: skip
-                cfg = options.replace(
-                    cfg, **{k: then[k] for k in INIT_DECIDED if k in then}
-                )  # as saved            cfg = with_given_tokenizer(cfg)
+                print(f"note: --init {cfg.init} cannot be read ({e}); the run resumes from its own record of that "
+                      "start (shapes, tokenizer and the tensors it loaded)", file=sys.stderr, flush=True)  # fmt: skip
+                cfg = options.replace(cfg, **{k: then[k] for k in INIT_DECIDED if k in then})  # as saved
+            cfg = with_given_tokenizer(cfg)
             # JSON values, as config.json holds them
             check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
             return cfg, warm

@@ -263,7 +263,8 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
     if gen is not None:
         check_generator_fits(gen, disc.config)
-        _check_generator_fraction(cfg, gen)
+        if not cfg.resume:  # a run begun before the refusal resumes with its first command
+            _check_generator_fraction(cfg, gen)
     # Its own files, named one by one, are the same tokenizer: a run saved before the directory was given
     # whole (where a tokenizer_config.json is beside them) keeps the name it saved, and resumes.
     own = {str(disc.tokenizer), *(str(disc.directory / name) for name in ("tokenizer.json", "vocab.txt"))}
