@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+
 GROUPS = {
     "query, key, value": r"self\.(query|key|value)$",
     "attention output": r"attention\.output\.dense$",
@@ -46,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     from training.checkpoint import load_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--rows", type=int, default=64, help="held-out rows")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--checkpoint", required=True, type=cli.existing)
+    p.add_argument("--rows", type=cli.positive_int, default=64, help="held-out rows")
+    p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
@@ -115,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import cli
+
 PROBE = """
 import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
@@ -49,7 +51,7 @@ def run(prefix: list[str], bundles: list[Path]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("bundles", nargs="+", type=cli.bundle)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load_check_cpus.json"))
     args = p.parse_args(argv)
     kinds = {"this CPU": []}
@@ -80,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+from options import usage_exit
+
 SHAPES = [(1, 16), (8, 64), (32, 128)]
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -130,21 +133,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True)
     pre = sub.add_parser("prepare", help="graphs and held-out rows, in the project's environment")
-    pre.add_argument("--checkpoint", required=True)
+    pre.add_argument("--checkpoint", required=True, type=cli.existing)
     pre.add_argument("--work", type=Path, required=True)
-    pre.add_argument("--data-dir", type=Path)
-    pre.add_argument("--rows", type=int, default=128)
+    pre.add_argument("--data-dir", type=cli.existing_path)
+    pre.add_argument("--rows", type=cli.positive_int, default=128)
     mea = sub.add_parser("measure", help="speed and deviation, where onnxruntime-openvino is installed")
-    mea.add_argument("--work", type=Path, required=True)
-    mea.add_argument("--threads", type=int, default=2)
+    mea.add_argument("--work", type=cli.existing_path, required=True, help="prepare's --work")
+    mea.add_argument("--threads", type=cli.positive_int, default=2)
     mea.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/bf16_lever.json"))
     args = p.parse_args(argv)
     if args.step == "prepare":
         prepare(args.checkpoint, args.work, args.data_dir, args.rows)
     else:
+        if not (args.work / "rows.npz").is_file():
+            usage_exit(
+                f"error: --work {args.work} holds no rows.npz: give the --work of a finished prepare step"
+            )
         measure(args.work, args.threads, args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

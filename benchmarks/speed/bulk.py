@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import psutil
 
+from benchmarks import cli
 from benchmarks.load.loadkit import free_port, serve, stop, table
 from benchmarks.output import show_config, write_json
 from benchmarks.speed.own_ray import stop_own_ray
@@ -299,4 +300,4 @@ def markdown(data: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(cli.run(main))

@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import torch
 
 from app.machine import cpu, describe_cpu
+from benchmarks import cli
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
@@ -408,4 +409,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))
