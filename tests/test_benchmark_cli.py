@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import signal
 import time
@@ -146,6 +147,15 @@ def test_sigterm_runs_the_cleanup_and_exits_143(capsys):
     assert cli.run(main, []) == 128 + signal.SIGTERM
     assert cleaned == [True] and "stopped by SIGTERM" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before  # an in-process caller keeps its handlers
+
+
+def test_config_is_saved_as_json_has_it():
+    from benchmarks.output import show_config
+
+    args = argparse.Namespace(bundles=[Path("a"), Path("b")], per_kind=150, data_dir=None, out=Path("o.json"))
+    config = show_config("x", args)
+    assert config == {"bundles": ["a", "b"], "per_kind": 150, "data_dir": None, "out": "o.json"}
+    json.dumps(config)
 
 
 def test_servers_get_absolute_paths(tmp_path, monkeypatch):

@@ -490,6 +490,8 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) 
 
 def machine() -> dict:
     """The CPU and the software that served; call it before the run, as its load average is the start's."""
+    from importlib.metadata import version
+
     from app.machine import cpu
 
     return {
@@ -497,6 +499,7 @@ def machine() -> dict:
         "physical_cores": psutil.cpu_count(logical=False),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
+        "onnxruntime": version("onnxruntime"),  # its kernels are what every figure times
     }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks import cli
+from benchmarks.output import show_config
 from options import usage_exit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    print("config:", json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
+    config = show_config("classify_accuracy", args)
     if not (args.models / args.model / "manifest.json").is_file():
         usage_exit(f"error: no bundle {args.models / args.model}; --models is the directory holding it")
 
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
         "precision": listed[args.model]["precision"],
         "path": f"POST /classify on python -m app --models {args.models}, batches of {args.batch}",
         "machine": cpu(),
+        "config": config,
     }
     m = report["machine"]
     print()

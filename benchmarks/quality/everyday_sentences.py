@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
+from benchmarks.output import show_config
 
 LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 
@@ -100,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/everyday_sentences.json"))
     args = p.parse_args(argv)
-    print(json.dumps({"everyday_sentences": {k: str(v) for k, v in vars(args).items()}}))
+    config = show_config("everyday_sentences", args)  # numbers as numbers, None as null
     texts = items(args.bundle, args.data_dir, args.per_kind, args.seed)
-    result = {"config": {k: str(v) for k, v in vars(args).items()}, "bundle": measure(args.bundle, texts)}
+    result = {"config": config, "bundle": measure(args.bundle, texts)}
     print(table(str(args.bundle), result["bundle"]))
     if args.against:
         result["against"] = measure(args.against, texts)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
+from benchmarks.output import show_config
 
 GROUPS = {
     "query, key, value": r"self\.(query|key|value)$",
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/sensitivity.json"))
     args = p.parse_args(argv)
+    config = show_config("int8_sensitivity", args)
 
     torch.manual_seed(args.seed)
     model, mcfg, ckpt = load_model(args.checkpoint)
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'against the int8-simulated forward':<52} {'p50':>8} {'p99':>7} {'max':>7}")
     for name, d in rows.items():
         print(f"{name:<52} {d['p50']:8.5f} {d['p99']:7.4f} {d['max']:7.4f}")
-    result = {"checkpoint": args.checkpoint, "ranges": ranges, "rows": args.rows, "machine": cpu(),
+    result = {"config": config, "checkpoint": args.checkpoint, "ranges": ranges, "rows": args.rows, "machine": cpu(),
               "probabilities": "uncalibrated (the checkpoint's sigmoid)", "deviation": rows}  # fmt: skip
     from benchmarks.output import write_json
 

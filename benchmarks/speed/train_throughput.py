@@ -353,6 +353,7 @@ def main(argv=None) -> None:
     if cuda and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible; use --device cpu or auto")
     device = torch.device("cuda" if cuda else "cpu")
+    args.device = device.type  # resolved ("auto" said nothing of where it ran), as printed and saved
     gpu = device.type == "cuda"
     args.steps = args.steps or (60 if gpu else 6)
     args.round = args.round or (20 if gpu else 1)
