@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.cli import positive_int
 from benchmarks.output import write_json
 from training.checkpoint import directory_size
 
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.training_faults", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated: {', '.join(CHECKS)}")
-    p.add_argument("--kills", type=int, default=10, help="kill-resume: how many runs to kill")
+    p.add_argument("--kills", type=positive_int, default=10, help="kill-resume: how many runs to kill")
     p.add_argument("--data-dir", help="registry files (default $ELECTRA_DATA_DIR, then the cache)")
     p.add_argument("--work", default="runs/training-faults")
     p.add_argument("--out", default="benchmarks/results/training_faults.json")

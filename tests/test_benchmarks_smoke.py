@@ -4,16 +4,19 @@
    bundle vs the transformers model it came from; LitServe and mosec alone and batched): the comparison
    is between equals.
 2. load_profile drives our server with the realistic mix through locust and writes a table with no
-   failed request.
+   failed request; a SIGTERM to it stops the server it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,38 @@ def test_detectors_are_compared_column_by_column_from_their_results():
     assert accuracy.endswith(" |  |") and "0.83" in accuracy
     with pytest.raises(SystemExit):
         main(["shipped=/no/such/directory"])
+
+
+def test_sigterm_to_a_load_benchmark_stops_the_server_it_started(bench, bundles_dir: Path, tmp_path: Path):
+    """The server runs in a session of its own, so a SIGTERM to the benchmark (a `timeout`, a scheduler)
+    reaches only the benchmark: it must stop the server (and locust) itself, and write no report."""
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "ELECTRA_DATA_DIR"}
+    cmd = [
+        sys.executable, "-m", "benchmarks.load.load_profile", "--bundle", str(bundles_dir), "--users", "1",
+        "--run-time", "300", "--mix", "detect:1", "--data-dir", str(bench), "--work", str(tmp_path / "work"),
+        "--results", str(tmp_path / "results"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started: list = []
+    try:
+        bench_proc, deadline = psutil.Process(proc.pid), time.monotonic() + 120
+        while not any("locust" in " ".join(c.cmdline()) for c in bench_proc.children()):  # the load is on
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-2000:]
+            time.sleep(0.2)
+        started = bench_proc.children(recursive=True)
+        assert any(c.cmdline()[1:3] == ["-m", "app"] for c in started)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.stdout.read()[-2000:]
+        _, alive = psutil.wait_procs(started, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]  # the server and locust went with it
+        assert not (tmp_path / "results").exists()
+    finally:  # a failed run must not leave them behind either
+        for p in started:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        proc.kill()
+        proc.wait()

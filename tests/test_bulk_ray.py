@@ -6,7 +6,6 @@ Ray is a 127.x one, and Ray's usage statistics are off."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -22,6 +21,8 @@ from pathlib import Path
 import pytest
 from app_fixtures import wait_for
 from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
+
+from benchmarks.speed.own_ray import stop_own_ray
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -57,41 +58,8 @@ def ray_env():
     files in a directory of their own, with a short path (Unix sockets live there: 107 bytes at most)."""
     tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     yield env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_TMPDIR=tmp)
-    _stop_own_ray(tmp)
+    stop_own_ray(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _stop_own_ray(tmp: str, keep: int | None = None) -> None:
-    """End the Ray processes this test started, by their ids: those whose environment holds its own
-    RAY_TMPDIR, and the rest of their sessions (a head started in a session of its own: its agents rewrite
-    their environment with their process title, and would outlive the raylet; its workers take process
-    groups of their own).
-    Not `ray stop --force`, which ends every Ray process of the user on the machine, other people's
-    clusters among them."""
-    import psutil
-
-    spared = {os.getpid()}  # this test, and `keep` with its children (a job that must outlive the head)
-    if keep is not None:
-        with contextlib.suppress(psutil.Error):
-            spared |= {keep} | {p.pid for p in psutil.Process(keep).children(recursive=True)}
-    matched, sessions = [], set()
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid not in spared and proc.environ().get("RAY_TMPDIR") == tmp:
-                matched.append(proc)
-                sessions.add(os.getsid(proc.pid))
-        except (psutil.Error, OSError):  # gone, or another user's
-            continue
-    sessions.discard(os.getsid(0))  # never this test's own session
-    own = {p.pid: p for p in matched}
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.pid not in spared and os.getsid(proc.pid) in sessions:
-                own[proc.pid] = proc
-    for proc in own.values():
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(list(own.values()), timeout=30)
 
 
 def _port(lo: int = 6420, hi: int = 6440) -> int:
@@ -205,7 +173,7 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
         "--include-dashboard=false",
         *common,
     ]
-    # A session of its own: its daemons, agents and workers are the session that _stop_own_ray ends.
+    # A session of its own: its daemons, agents and workers are the session that stop_own_ray ends.
     subprocess.run(head, env=head_env, check=True, capture_output=True, timeout=120, start_new_session=True)
     # 127.0.0.2: Ray turns 127.0.0.1 into the host's network address; 127.0.0.2 is loopback all the same.
     address = f"127.0.0.2:{port}"
@@ -243,7 +211,7 @@ def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, l
     finally:
         if node is not None and node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
-        _stop_own_ray(ray_env["RAY_TMPDIR"])  # the head's processes, by their ids
+        stop_own_ray(ray_env["RAY_TMPDIR"])  # the head's processes, by their ids
 
 
 def _nodes(address: str, ray_env: dict) -> int:
@@ -276,7 +244,7 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
         wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or job.poll() is not None,
                  timeout=180, what="a part on the cluster")  # fmt: skip
         assert job.poll() is None, "the job finished before the head was killed"
-        _stop_own_ray(ray_env["RAY_TMPDIR"], keep=job.pid)  # the head: every process of its session
+        stop_own_ray(ray_env["RAY_TMPDIR"], keep=job.pid)  # the head: every process of its session
         err = job.communicate(timeout=120)[1]
     finally:
         if job.poll() is None:

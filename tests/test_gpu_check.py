@@ -324,3 +324,16 @@ def test_the_reassembled_run_exports_with_parity_serves_and_trains_on(cpu_run, t
     tokens = answer["results"][0]["tokens"]
     assert tokens and all(DETECTOR_SENTENCE[t["start"] : t["end"]] == t["text"] for t in tokens), tokens
     assert max(tokens, key=lambda t: t["prob"])["text"] == "banana"
+
+
+def test_the_detector_steps_row_shows_its_figures():
+    from benchmarks.gpucheck.report import markdown
+
+    figures = {"steps": 4, "tokens_seen": 8192, "unique_tokens": 20000, "passes": 0.41, "tokens_per_s": 950,
+               "minutes": 0.3, "loss": [[1, 9.1], [4, 8.7]], "disc_auc": [[2, 0.91], [4, 0.93]],
+               "handoff": {"handoff.json": {"mib": 0.01}}}  # fmt: skip
+    report = {"started": "now", "environment": {}, "config": {"device": "cpu", "quick": True}, "problems": [],
+              "steps": {"detector": {"status": "ok", "seconds": 12.0, "figures": figures, "note": ""}}}  # fmt: skip
+    row = next(line for line in markdown(report).splitlines() if line.startswith("| detector |"))
+    assert "steps 4" in row and "tokens_per_s 950" in row and "passes 0.41" in row
+    assert "disc_auc 0.93 at step 4" in row and "loss 8.7 at step 4" in row

@@ -27,6 +27,8 @@ HEADLINE = {
     "export": ("precision", "model_mib"),
     "detect": ("ready_s", "latency_ms", "most_likely_replaced"),
     "claim": ("pflop_each", "seeds", "electra_ahead_in_test_accuracy", "seconds"),
+    # benchmarks/gpucheck/detector.py's run_figures; the handoff's shards are in results.json
+    "detector": ("steps", "tokens_seen", "passes", "tokens_per_s", "minutes", "loss", "disc_auc"),
 }
 
 
@@ -35,6 +37,8 @@ def _cell(figures: dict, keys: tuple[str, ...] | None) -> str:
         if isinstance(v, dict) and "tokens_per_s" in v:  # a throughput variant
             ratio = f", {v['vs_transformers']}x transformers" if "vs_transformers" in v else ""
             return f"{v['tokens_per_s']:,} tok/s (MFU {v['mfu']:.1%}, {v['syncs']} syncs{ratio})"
+        if isinstance(v, list) and v and all(isinstance(x, list) and len(x) == 2 for x in v):
+            return f"{v[-1][1]} at step {v[-1][0]}"  # a curve of [step, value]: where it ended
         return json.dumps(v) if isinstance(v, dict) else str(v)
 
     keys = keys or [k for k, v in figures.items() if isinstance(v, dict) and "tokens_per_s" in v]

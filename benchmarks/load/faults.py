@@ -48,10 +48,12 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
 from benchmarks.load.loadmodels import REPO, RESULTS, WORK, write_sentences
 from benchmarks.load.rolling import Replica
+from options import usage_exit
 
 PROMISES = {
     "replica-sigkill": "none lost",
@@ -81,9 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 allow_abbrev=False)  # fmt: skip
     p.add_argument("--faults", default=",".join(PROMISES), help=f"comma-separated: {', '.join(PROMISES)}")
     p.add_argument("--quick", action="store_true", help="shorter phases, 200 resets instead of 1,000")
-    p.add_argument("--models", default=str(REPO / "models"), help="models directory every replica serves")
-    p.add_argument("--users", type=int, default=16)
-    p.add_argument("--user-rate", type=float, default=3.0, help="requests/s per user (0: closed loop)")
+    p.add_argument("--models", type=cli.existing_path, default=str(REPO / "models"),
+                   help="models directory every replica serves")  # fmt: skip
+    p.add_argument("--users", type=cli.positive_int, default=16)
+    p.add_argument(
+        "--user-rate", type=cli.non_negative_float, default=3.0, help="requests/s per user (0: closed loop)"
+    )
     p.add_argument("--mix", default=lk.STANDARD_MIX)
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
@@ -97,8 +102,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="memory-limit: MiB, tried from the largest down until one does not serve",
     )
     args = p.parse_args(argv)
+    args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in args.faults if f not in PROMISES]
+    if not args.faults:
+        p.error(f"--faults: give at least one of {', '.join(PROMISES)}")
     if unknown:
         p.error(f"--faults: unknown fault {unknown[0]!r}; choose from {', '.join(PROMISES)}")
     try:
@@ -120,7 +128,11 @@ class Supervisor:
 
     def __enter__(self) -> Supervisor:
         self.replica.start()
-        self.replica.wait_ready()
+        try:
+            self.replica.wait_ready()
+        except BaseException:  # not ready, Ctrl-C or SIGTERM: __exit__ will not run, so stop it here
+            lk.stop(self.replica.proc)
+            raise
         self._thread.start()
         return self
 
@@ -258,6 +270,10 @@ def poison_word(models: Path, sentences: Path) -> str:
 
     used = set(sentences.read_text().lower().split())
     tokenizers = [Tokenizer.from_file(str(p)) for p in sorted(models.glob("*/tokenizer.json"))]
+    if not tokenizers:
+        usage_exit(
+            f"error: --models {models}: no bundle there (no */tokenizer.json); give a models directory"
+        )
     for word in sorted(tokenizers[0].get_vocab()):
         whole = word.isalpha() and len(word) >= 6 and word not in used
         if whole and all(len(t.encode(word, add_special_tokens=False).ids) == 1 for t in tokenizers):
@@ -402,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.data_dir = args.data_dir or os.environ.get("ELECTRA_DATA_DIR")  # resolved, as printed and saved
     print(json.dumps({"faults": vars(args)}, default=str), flush=True)
+    machine = lk.machine()  # its load average is the one before the run
     timing = TIMINGS["quick" if args.quick else "full"]
     work = Path(args.work)
     run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
@@ -415,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         r["kept"] = kept(r)
         rows.append(r)
         print(json.dumps(r), flush=True)
-    data = {"config": vars(args), "machine": lk.machine(), "timing": dataclasses.asdict(timing), "rows": rows,
+    data = {"config": vars(args), "machine": machine, "timing": dataclasses.asdict(timing), "rows": rows,
             "logs": str(run_dir)}  # fmt: skip
     md = markdown(data)
     js, mdp = lk.write_report(args.name, data, md, Path(args.results))
@@ -424,4 +441,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(cli.run(main))

@@ -8,8 +8,8 @@ Starts `python -m app` on --models (default: the shipped bundles) and, for --sec
 - --big-clients closed-loop clients, each sending the largest request the server admits (found by
   asking: the 413 names the limit), with 100k-character texts and ~1 MiB batches mixed in;
 - --slow-clients connections that send headers and half a body, then one byte every few seconds.
-The server's resident memory is sampled every second. Prints a table, writes
-benchmarks/results/<--name>.json and .md.
+The server's resident memory is sampled every second. Prints a table, writes <--results>/<--name>.json
+and .md (default benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pathlib import Path
 import httpx
 
 from app.machine import describe_cpu
+from benchmarks import cli
 from benchmarks.load import loadkit as lk
+from benchmarks.load.loadmodels import REPO, RESULTS
 from benchmarks.output import show_config
 
 SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
@@ -176,15 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.load.hostile", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--models", type=Path, default=Path("models"))
-    p.add_argument("--seconds", type=float, default=120)
-    p.add_argument("--rps", type=float, default=20, help="normal one-sentence requests per second")
-    p.add_argument("--big-clients", type=int, default=2)
-    p.add_argument("--slow-clients", type=int, default=20)
+    p.add_argument(
+        "--models", type=cli.existing_path, default=str(REPO / "models"), help="models directory to serve"
+    )
+    p.add_argument("--seconds", type=cli.positive_float, default=120)
+    p.add_argument(
+        "--rps", type=cli.positive_float, default=20, help="normal one-sentence requests per second"
+    )
+    p.add_argument("--big-clients", type=cli.non_negative_int, default=2)
+    p.add_argument("--slow-clients", type=cli.non_negative_int, default=20)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where the JSON and markdown go")
     p.add_argument("--name", default="hostile")
     args = p.parse_args(argv)
     config = show_config("hostile", args)
+    machine = lk.machine()  # its load average is the one before the run
     extra = args.server_args.split()
 
     def argv_for(port: int) -> list[str]:
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             raw["metrics_tail"] = httpx.get(server.url + "/metrics", timeout=5).text[-4000:]
     result = summarize(raw, sampler.samples, t0)
     result |= {"seconds": args.seconds, "rps": args.rps, "big_clients": args.big_clients,
-               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": lk.machine(), "config": config}  # fmt: skip
+               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": machine, "config": config}  # fmt: skip
     n, r = result["normal"], result["rss_mb"]
     rows = [["normal /detect", n["requests"], n["failures"], f"{n['p50_ms']:.0f}", f"{n['p99_ms']:.0f}"]]
     for kind, h in result["heavy"].items():
@@ -225,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         f"load average at start {result['machine']['load_avg_at_start']}."
     )
     print(md)
-    js, mdp = lk.write_report(args.name, result, md)
+    js, mdp = lk.write_report(args.name, result, md, args.results)
     print(f"wrote {js} and {mdp}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

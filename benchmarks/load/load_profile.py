@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.machine import describe_cpu
+from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
 
@@ -84,7 +85,9 @@ def run(cfg: ProfileConfig) -> int:
     machine = lk.machine()
     classify = "classify" in cfg.mix
     models = None
-    if cfg.url is None:
+    if cfg.url is not None:
+        lk.check_answers(cfg.url.rstrip("/"))  # before anything is written
+    else:
         models = prepare(
             cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work
         )
@@ -154,4 +157,4 @@ def markdown(data: dict) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.cli import existing, positive_ints
 from benchmarks.load.loadmodels import REPO, RESULTS, WORK
+from options import usage_exit
 
 LOCUSTFILE = REPO / "benchmarks" / "load" / "locustfile.py"
 
@@ -75,7 +78,12 @@ def command(
     extra=(),
 ) -> list[str]:
     """The server's command line. Ours logs at warning: no access log, as for the baselines. Ours needs only
-    `models_dir`; the baselines serve one `bundle` (or, for transformers, `hf_dir`)."""
+    `models_dir`; the baselines serve one `bundle` (or, for transformers, `hf_dir`). Paths are made
+    absolute: the benchmark read them from the user's directory, and the server runs in the repository's
+    (or serve_compare's --variant-checkout), where a relative one names another directory or none."""
+    models_dir, bundle, hf_dir = (
+        None if x is None else Path(x).absolute() for x in (models_dir, bundle, hf_dir)
+    )
     argv = {
         "ours": ["app", "--models", str(models_dir), "--log-level", "warning", *extra],
         "unbatched": ["benchmarks.load.baselines.unbatched", "--bundle", str(bundle)],
@@ -294,16 +302,17 @@ class Load:
 
 
 # Options and parsing the load programs share (load_profile, serve_compare, soak).
-def parse_users(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+parse_users = positive_ints  # --users 1,16,64: each a locust run, so none may be 0 and one must be given
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint, run or HF ElectraForPreTraining dir")
-    p.add_argument("--bundle", default=None, help="an exported bundle (or models dir) to serve as is")
+    # Checked for existence here, before any server starts; what they must hold, prepare() says.
+    p.add_argument(
+        "--model", default=None, type=existing, help="checkpoint, run or HF ElectraForPreTraining dir"
+    )
+    p.add_argument(
+        "--bundle", default=None, type=existing, help="an exported bundle (or models dir) to serve as is"
+    )
     p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
     p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
     p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
@@ -349,6 +358,9 @@ def run_locust(
             except subprocess.TimeoutExpired:
                 stop(proc, grace=10)
                 raise SystemExit(f"locust did not finish in {run_time + 90}s; see {prefix}.log") from None
+            except BaseException:  # Ctrl-C or SIGTERM (benchmarks.cli): locust must not go on alone
+                stop(proc, grace=10)
+                raise
     if proc.returncode != 0:
         raise SystemExit(
             f"locust exited with {proc.returncode}:\n{Path(f'{prefix}.log').read_text()[-3000:]}"
@@ -477,6 +489,9 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) 
 
 
 def machine() -> dict:
+    """The CPU and the software that served; call it before the run, as its load average is the start's."""
+    from importlib.metadata import version
+
     from app.machine import cpu
 
     return {
@@ -484,7 +499,24 @@ def machine() -> dict:
         "physical_cores": psutil.cpu_count(logical=False),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
+        "onnxruntime": version("onnxruntime"),  # its kernels are what every figure times
     }
+
+
+def check_answers(url: str) -> None:
+    """Before any load on a server given by URL: GET /ready must answer 200, else the run would be a
+    report of 100% failures (written over the last good one). Exit 2 with what to do."""
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=10) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except (OSError, ValueError) as e:  # refused, unknown host, timed out; a URL urllib cannot read
+        reason = getattr(e, "reason", e)
+        usage_exit(f"error: --url {url}: nothing answers there ({reason}); start the server, or give its URL")
+    if status != 200:
+        usage_exit(f"error: --url {url}: GET /ready answered {status}, not 200: the server is not ready "
+                   "(still loading, or draining); wait for it, or give another URL")  # fmt: skip
 
 
 def stamp() -> str:

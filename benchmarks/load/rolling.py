@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
 from benchmarks.load.loadmodels import REPO, RESULTS, WORK, write_sentences
@@ -32,11 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.load.rolling", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
-    p.add_argument("--models", default=str(REPO / "models"), help="models directory every replica serves")
+    p.add_argument("--models", type=cli.existing_path, default=str(REPO / "models"),
+                   help="models directory every replica serves")  # fmt: skip
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--restarts", type=int, default=None, help="default: each replica once")
-    p.add_argument("--users", type=int, default=16)
-    p.add_argument("--user-rate", type=float, default=3.0, help="requests/s per user (0: closed loop)")
+    p.add_argument("--restarts", type=cli.positive_int, default=None, help="default: each replica once")
+    p.add_argument("--users", type=cli.positive_int, default=16)
+    p.add_argument(
+        "--user-rate", type=cli.non_negative_float, default=3.0, help="requests/s per user (0: closed loop)"
+    )
     p.add_argument("--mix", default=lk.STANDARD_MIX)
     p.add_argument("--before-s", type=float, default=20.0, help="load before the first restart")
     p.add_argument("--between-s", type=float, default=10.0, help="load between two restarts")
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--name", default="rolling")
     args = p.parse_args(argv)
+    args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:
         p.error("--replicas must be >= 2: with one, a restart leaves nothing in rotation")
@@ -130,10 +135,11 @@ def run(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     sentences = write_sentences(work / "sentences.txt", args.data_dir)
     load = lk.Load(Path(sentences["file"]), args.mix, 8, 24 * 3600)  # stopped by SIGTERM below
+    machine = lk.machine()  # its load average is the one before the run
     reps = replicas(args, run_dir)
-    for r in reps:
-        r.start()
     try:
+        for r in reps:  # inside the try: a signal between two starts stops the first
+            r.start()
         for r in reps:
             r.wait_ready()
         with haproxy({r.name: r.port for r in reps}, run_dir, HealthCheck(args.check_inter_ms)) as lb:
@@ -142,7 +148,7 @@ def run(args) -> int:
         for r in reps:
             if r.proc is not None:
                 lk.stop(r.proc)
-    data = report_data(args, restarts, started, run_dir, sentences)
+    data = report_data(args, restarts, started, run_dir, sentences, machine)
     md = markdown(data)
     js, mdp = lk.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
@@ -171,7 +177,9 @@ def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[
     return restarts, started
 
 
-def report_data(args, restarts: list[dict], started: float, run_dir: Path, sentences: dict) -> dict:
+def report_data(
+    args, restarts: list[dict], started: float, run_dir: Path, sentences: dict, machine: dict
+) -> dict:
     log = run_dir / "requests.log"
     if not log.is_file():
         raise SystemExit(f"locust wrote no request log; see {run_dir / 'locust.log'}")
@@ -187,7 +195,7 @@ def report_data(args, restarts: list[dict], started: float, run_dir: Path, sente
     summary = json.loads((run_dir / "locust_summary.json").read_text())
     return {
         "config": {**vars(args), "check_fall": HealthCheck().fall, "check_rise": HealthCheck().rise},
-        "machine": lk.machine(),
+        "machine": machine,
         "sentences": sentences,
         "failed": sum(1 for r in rows if not r[2]),
         "requests": len(rows),
@@ -272,4 +280,4 @@ def markdown(d: dict) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

@@ -28,6 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load import peer_check
 from benchmarks.load.loadmodels import prepare, write_sentences
@@ -43,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         allow_abbrev=False,
     )
     lk.add_common(p)
-    p.add_argument("--hf", default=None, help="HF directory for (c) when --bundle's source is elsewhere")
+    p.add_argument(
+        "--hf",
+        default=None,
+        type=cli.existing_path,
+        help="HF directory for (c) when --bundle's source is elsewhere",
+    )
     p.add_argument("--servers", default="ours,unbatched,transformers", help=f"which of {','.join(SERVERS)}")
     p.add_argument(
         "--litserve-args", default="", help="flags for the LitServe peer (--workers, --threads, ...)"
@@ -53,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps")
     p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per server and users step")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the run time is split into")
+    p.add_argument(
+        "--rounds", type=cli.positive_int, default=3, help="interleaved rounds the run time is split into"
+    )
     p.add_argument(
         "--offered-rps",
         default="auto",
@@ -61,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--fraction", type=float, default=0.7, help="'auto': this share of the slowest throughput")
     p.add_argument("--mix", default="detect:1", help="locustfile --mix; the baselines serve /detect only")
-    p.add_argument("--batch-texts", type=int, default=8)
+    p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument(
         "--detect-return",
         default="both",
@@ -111,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         lk.check_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
+    if (
+        args.variant_checkout is not None
+        and not (Path(args.variant_checkout) / "app" / "__main__.py").is_file()
+    ):
+        p.error(
+            f"--variant-checkout: {args.variant_checkout} is no checkout of this project (no app/__main__.py)"
+        )
     if args.variant_checkout is not None and args.variant_args is None:
         args.variant_args = ""
     if args.variant_args is not None:
@@ -416,4 +431,4 @@ def markdown(data: dict) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

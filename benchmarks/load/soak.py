@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from app.machine import describe_cpu
+from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import prepare, require_classifier, write_sentences
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--max-growth", type=float, default=5.0, help="pass if RSS grows less (percent)")
     p.add_argument("--mix", default=lk.STANDARD_MIX)
-    p.add_argument("--batch-texts", type=int, default=8)
+    p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     p.add_argument("--name", default="soak")
     args = p.parse_args(argv)
@@ -223,4 +224,4 @@ def markdown(data: dict) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

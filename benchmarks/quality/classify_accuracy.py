@@ -17,20 +17,30 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks import cli
+from benchmarks.output import show_config
+from options import usage_exit
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from training.finetuning.sets import LABELLED_SETS
+
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality.classify_accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument(
-        "--models", type=Path, default=Path("models"), help="directory of bundles the server loads"
+        "--models",
+        type=cli.existing_path,
+        # As given (the report names it: "models/sentiment", no machine path); the server is handed it
+        # made absolute (loadkit.command), so it is read from where the user stands, as it is here.
+        default="models",
+        help="directory of bundles the server loads (default: ./models)",
     )
     p.add_argument("--model", default="sentiment", help="the classifier bundle's name under --models")
-    p.add_argument(
-        "--task", default="rotten_tomatoes", help="labelled set of the registry whose labels it predicts"
-    )
+    p.add_argument("--task", default="rotten_tomatoes", choices=list(LABELLED_SETS),
+                   help="labelled set of the registry whose labels it predicts")  # fmt: skip
     p.add_argument("--split", default="test", choices=("dev", "test"))
-    p.add_argument("--limit", type=int, default=0, help="first N texts only (0: all)")
-    p.add_argument("--batch", type=int, default=32, help="texts per request")
+    p.add_argument("--limit", type=cli.non_negative_int, default=0, help="first N texts only (0: all)")
+    p.add_argument("--batch", type=cli.positive_int, default=32, help="texts per request")
     p.add_argument("--data-dir", default=None, help="directory already holding the registry's files")
     p.add_argument("--out", type=Path, default=None, help="JSON results file")
     return p.parse_args(argv)
@@ -38,9 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    print("config:", json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
+    config = show_config("classify_accuracy", args)
     if not (args.models / args.model / "manifest.json").is_file():
-        sys.exit(f"error: no bundle {args.models / args.model}; --models is the directory holding it")
+        usage_exit(f"error: no bundle {args.models / args.model}; --models is the directory holding it")
 
     import numpy as np
 
@@ -80,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
         "precision": listed[args.model]["precision"],
         "path": f"POST /classify on python -m app --models {args.models}, batches of {args.batch}",
         "machine": cpu(),
+        "config": config,
     }
     m = report["machine"]
     print()
@@ -93,4 +104,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

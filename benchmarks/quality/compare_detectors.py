@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.load.loadkit import table
 
 SENTENCE_SETS = [("Commons", "user_sentences.json"), ("WikiText-2 items", "user_sentences_wikitext2.json"),
@@ -72,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

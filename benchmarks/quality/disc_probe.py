@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+
 
 def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
     """Mean entropy (nats) of every layer's attention rows, recomputed from the layer's own q and k."""
@@ -166,10 +168,13 @@ def probe_checkpoints(
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an ELECTRA pretraining checkpoint, or a run directory (all its checkpoints)")
-    p.add_argument("--rows", type=int, default=64, help="held-out rows of the run's validation shards")
+    p.add_argument("path", type=cli.existing,
+                   help="an ELECTRA pretraining checkpoint, or a run directory (all its checkpoints)")  # fmt: skip
+    p.add_argument(
+        "--rows", type=cli.positive_int, default=64, help="held-out rows of the run's validation shards"
+    )
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--replacements-from", action="append", default=[], metavar="CHECKPOINT",
+    p.add_argument("--replacements-from", action="append", default=[], metavar="CHECKPOINT", type=cli.existing,
                    help="also score against this checkpoint's generator's replacements (repeatable): "
                    "discriminators of different runs or steps meet the same corruption")  # fmt: skip
     p.add_argument("--out", default="benchmarks/results/disc_probe.json")
@@ -201,4 +206,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

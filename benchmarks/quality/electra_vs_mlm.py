@@ -61,6 +61,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.quality import claim_report as report
 from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.claim_runs import (
@@ -362,4 +363,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

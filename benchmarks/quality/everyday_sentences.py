@@ -21,6 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+from benchmarks.output import show_config
+
 LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 
 
@@ -87,18 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.quality.everyday_sentences", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--bundle", type=Path, default=Path("models/detector"))
+    p.add_argument("--bundle", type=cli.bundle, default="models/detector")
     p.add_argument(
-        "--against", type=Path, default=None, help="another detector bundle, on the same sentences"
+        "--against", type=cli.bundle, default=None, help="another detector bundle, on the same sentences"
     )
-    p.add_argument("--per-kind", type=int, default=150, help="swapped sentences per kind and source")
+    p.add_argument(
+        "--per-kind", type=cli.positive_int, default=150, help="swapped sentences per kind and source"
+    )
     p.add_argument("--seed", type=int, default=5)
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/everyday_sentences.json"))
     args = p.parse_args(argv)
-    print(json.dumps({"everyday_sentences": {k: str(v) for k, v in vars(args).items()}}))
+    config = show_config("everyday_sentences", args)  # numbers as numbers, None as null
     texts = items(args.bundle, args.data_dir, args.per_kind, args.seed)
-    result = {"config": {k: str(v) for k, v in vars(args).items()}, "bundle": measure(args.bundle, texts)}
+    result = {"config": config, "bundle": measure(args.bundle, texts)}
     print(table(str(args.bundle), result["bundle"]))
     if args.against:
         result["against"] = measure(args.against, texts)
@@ -113,4 +118,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

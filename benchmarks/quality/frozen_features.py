@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
 ENDS = 3  # texts kept from each end of the first direction
 TRAIN_EXAMPLES = 2000  # the CPU claim's fine-tuning examples (docs/electra-recipe.md)
@@ -193,18 +195,25 @@ def task_data(task: str, data_dir: str | None, max_train_examples: int, init: st
 
 
 def main(argv: list[str] | None = None) -> int:
+    from training.finetuning.sets import LABELLED_SETS  # no torch: --help and refusals stay quick
+
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality.frozen_features",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
     p.add_argument(
-        "checkpoints", nargs="+", help="run or checkpoint directories (any training.finetune --init)"
+        "checkpoints",
+        nargs="+",
+        type=cli.existing,
+        help="run or checkpoint directories (any training.finetune --init)",
     )
-    p.add_argument("--task", default="trec", help="a registry task: rotten_tomatoes | sms_spam | trec")
+    p.add_argument("--task", default="trec", choices=list(LABELLED_SETS), help="a registry task")
     p.add_argument("--data-dir", default=None, help="directory already holding the registry files")
     p.add_argument(
         "--max-train-examples", type=int, default=TRAIN_EXAMPLES, help="training texts for the probe"
     )
-    p.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--max-seq-len", type=cli.positive_int, default=MAX_SEQ_LEN)
+    p.add_argument(
+        "--threads", type=cli.positive_int, default=None, help="torch threads (default: all cores)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/frozen_features.json"))
     args = p.parse_args(argv)
     print(f"frozen_features: {vars(args)}", flush=True)
@@ -212,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from app.machine import cpu
+    from training.checkpoint import resolve_checkpoint
 
+    for ck in args.checkpoints:  # each one now, not after the probes of those before it
+        resolve_checkpoint(ck)
     if args.threads:
         torch.set_num_threads(args.threads)
     data = task_data(args.task, args.data_dir, args.max_train_examples, args.checkpoints[0])
@@ -229,4 +241,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

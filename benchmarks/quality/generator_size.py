@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.quality.pretrainkit import (
     latest_state,
     run_logged,
@@ -280,4 +281,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

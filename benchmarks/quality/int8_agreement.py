@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
 from benchmarks.output import show_config
 
 
@@ -70,13 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     from export.wordscores import WordScorer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, default=Path("models/detector"))
-    p.add_argument("--reference", required=True, help="the checkpoint the bundle was exported from")
+    p.add_argument("--bundle", type=cli.bundle, default="models/detector")
+    p.add_argument(
+        "--reference", required=True, type=cli.existing, help="the checkpoint the bundle was exported from"
+    )
     p.add_argument(
         "--fp32", action="store_true", help="the reference's fp32 forward even if it is quantization-aware"
     )
-    p.add_argument("--per-kind", type=int, default=100, help="swapped sentences per kind of swap and source")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument(
+        "--per-kind", type=cli.positive_int, default=100, help="swapped sentences per kind of swap and source"
+    )
+    p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8_agreement.json"))
     args = p.parse_args(argv)
@@ -109,4 +114,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+from benchmarks.output import show_config
+
 GROUPS = {
     "query, key, value": r"self\.(query|key|value)$",
     "attention output": r"attention\.output\.dense$",
@@ -46,15 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     from training.checkpoint import load_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--rows", type=int, default=64, help="held-out rows")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--checkpoint", required=True, type=cli.existing)
+    p.add_argument("--rows", type=cli.positive_int, default=64, help="held-out rows")
+    p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/sensitivity.json"))
     args = p.parse_args(argv)
+    config = show_config("int8_sensitivity", args)
 
     torch.manual_seed(args.seed)
     model, mcfg, ckpt = load_model(args.checkpoint)
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'against the int8-simulated forward':<52} {'p50':>8} {'p99':>7} {'max':>7}")
     for name, d in rows.items():
         print(f"{name:<52} {d['p50']:8.5f} {d['p99']:7.4f} {d['max']:7.4f}")
-    result = {"checkpoint": args.checkpoint, "ranges": ranges, "rows": args.rows, "machine": cpu(),
+    result = {"config": config, "checkpoint": args.checkpoint, "ranges": ranges, "rows": args.rows, "machine": cpu(),
               "probabilities": "uncalibrated (the checkpoint's sigmoid)", "deviation": rows}  # fmt: skip
     from benchmarks.output import write_json
 
@@ -115,4 +119,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

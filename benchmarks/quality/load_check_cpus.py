@@ -19,6 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import cli
+from benchmarks.output import show_config
+
 PROBE = """
 import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
@@ -49,9 +52,10 @@ def run(prefix: list[str], bundles: list[Path]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bundles", nargs="+", type=Path)
+    p.add_argument("bundles", nargs="+", type=cli.bundle)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load_check_cpus.json"))
     args = p.parse_args(argv)
+    config = show_config("load_check_cpus", args)
     kinds = {"this CPU": []}
     if shutil.which("qemu-x86_64"):
         kinds["emulated AVX2 (qemu-x86_64 -cpu Haswell)"] = ["qemu-x86_64", "-cpu", "Haswell"]
@@ -75,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{c.get('p99', float('nan')):8.5f} {c.get('max', float('nan')):8.5f} {str(c.get('within_gate')):>11}")  # fmt: skip
     from benchmarks.output import write_json
 
-    write_json(args.out, result)
+    write_json(args.out, {**result, "config": config})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

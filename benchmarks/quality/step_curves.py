@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.output import write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
@@ -188,4 +189,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+
 SOURCES = ("commons", "wikitext2")
 # Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
 # first ones (test); recipe choices are made on sentences far past them (dev), so they never see the test.
@@ -134,7 +136,7 @@ def reused_items(path: Path) -> list[dict]:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", required=True, help="detector bundle directory")
+    p.add_argument("--bundle", required=True, type=cli.existing, help="detector bundle directory")
     p.add_argument(
         "--ensemble",
         default="",
@@ -142,7 +144,9 @@ def parse(argv):
         "calibrated log-odds per token, at --bundle's threshold",
     )
     p.add_argument(
-        "--generator", help="pretraining run (or checkpoint) whose generator/ makes the generator swaps"
+        "--generator",
+        type=cli.existing,
+        help="pretraining run (or checkpoint) whose generator/ makes the generator swaps",
     )
     p.add_argument(
         "--source",
@@ -150,7 +154,9 @@ def parse(argv):
         default="commons",
         help="commons: House of Commons speeches, never trained on; wikitext2: WikiText-2 test (in domain)",
     )
-    p.add_argument("--sentences", type=int, default=400, help="sentences per kind of swap (and clean)")
+    p.add_argument(
+        "--sentences", type=cli.positive_int, default=400, help="sentences per kind of swap (and clean)"
+    )
     p.add_argument(
         "--slice",
         choices=tuple(SLICE_START),
@@ -160,14 +166,15 @@ def parse(argv):
     )
     p.add_argument(
         "--items",
+        type=cli.existing,
         help="score these swapped and clean sentences (benchmarks/quality/data/*_items.json, or an "
         "--examples file) instead of making new swaps: bundles compared on exactly the same items",
     )
     p.add_argument(
         "--examples", help="also write every sentence with its scores here (--out holds the summary only)"
     )
-    p.add_argument("--min-words", type=int, default=5)
-    p.add_argument("--max-words", type=int, default=40)
+    p.add_argument("--min-words", type=cli.positive_int, default=5)
+    p.add_argument("--max-words", type=cli.positive_int, default=40)
     p.add_argument(
         "--threshold", type=float, default=None, help="default: the bundle's own (0.5 if it has none)"
     )
@@ -221,6 +228,8 @@ def main(argv=None) -> None:
     threshold = (
         args.threshold if args.threshold is not None else (m.threshold if m.threshold is not None else 0.5)
     )
+    # Read now, not after the bigram count: a wrong one is refused before minutes of work.
+    members = [read_bundle(Path(b)) for b in args.ensemble.split(",") if b.strip()]
     tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
     print(f"counting word bigrams of {args.reference_text} train ...", flush=True)
     reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
@@ -238,8 +247,7 @@ def main(argv=None) -> None:
         )
         kinds = list(pickers)
     scorer = WordScorer(bundle.model_path, bundle.tokenizer_path, m.max_length)
-    if args.ensemble:
-        members = [read_bundle(Path(b)) for b in args.ensemble.split(",") if b.strip()]
+    if members:
         scorer = EnsembleScorer(
             [scorer, *(WordScorer(b.model_path, b.tokenizer_path, m.max_length) for b in members)]
         )
@@ -299,4 +307,4 @@ def print_report(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
+from benchmarks.output import show_config
+from options import usage_exit
+
 SHAPES = [(1, 16), (8, 64), (32, 128)]
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -36,7 +40,7 @@ def deviation(got: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> dict:
             "tokens": int(d.size)}  # fmt: skip
 
 
-def prepare(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> None:
+def prepare(checkpoint: str, work: Path, data_dir: Path | None, rows: int, config: dict) -> None:
     import torch
 
     from benchmarks.speed.int8_levers import export_fp32, held_out
@@ -62,6 +66,7 @@ def prepare(checkpoint: str, work: Path, data_dir: Path | None, rows: int) -> No
     with q.simulated(model, False):
         fp32, bf16 = probs(False), probs(True)
     np.savez(work / "rows.npz", fp32=fp32, torch_bf16=bf16, **{n: getattr(data, n) for n in INPUTS})
+    (work / "prepare.json").write_text(json.dumps(config, indent=2) + "\n")  # measure's JSON carries it
     print(f"PyTorch bf16 autocast against fp32: {deviation(bf16, fp32, data.attention_mask)}")
     print(f"wrote {work}: fused.onnx, unfused.onnx, rows.npz ({len(data.input_ids)} held-out rows)")
 
@@ -89,7 +94,7 @@ def sessions(work: Path, threads: int) -> dict:
     }
 
 
-def measure(work: Path, threads: int, out: Path) -> None:
+def measure(work: Path, threads: int, out: Path, config: dict) -> None:
     import onnxruntime as ort
 
     from app.machine import cpu
@@ -121,30 +126,36 @@ def measure(work: Path, threads: int, out: Path) -> None:
         speed = (f"{r['1x16_ms']:8.2f} {r['8x64_speedup_vs_fp32']:7.2f} {r['32x128_speedup_vs_fp32']:8.2f}"
                  if "1x16_ms" in r else f"{'-':>8} {'-':>7} {'-':>8}")  # fmt: skip
         print(f"{name:<36} {speed} {d['p50']:8.5f} {d['p99']:8.5f} {d['max']:8.5f}")
-    write_json(
-        out, {"threads": threads, "machine": cpu(), "onnxruntime": ort.__version__, "variants": result}
-    )
+    prepared = work / "prepare.json"  # absent in a --work prepared before it was written
+    config = {"prepare": json.loads(prepared.read_text()) if prepared.is_file() else None, "measure": config}
+    write_json(out, {"config": config, "threads": threads, "machine": cpu(), "onnxruntime": ort.__version__,
+                     "variants": result})  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True)
     pre = sub.add_parser("prepare", help="graphs and held-out rows, in the project's environment")
-    pre.add_argument("--checkpoint", required=True)
+    pre.add_argument("--checkpoint", required=True, type=cli.existing)
     pre.add_argument("--work", type=Path, required=True)
-    pre.add_argument("--data-dir", type=Path)
-    pre.add_argument("--rows", type=int, default=128)
+    pre.add_argument("--data-dir", type=cli.existing_path)
+    pre.add_argument("--rows", type=cli.positive_int, default=128)
     mea = sub.add_parser("measure", help="speed and deviation, where onnxruntime-openvino is installed")
-    mea.add_argument("--work", type=Path, required=True)
-    mea.add_argument("--threads", type=int, default=2)
+    mea.add_argument("--work", type=cli.existing_path, required=True, help="prepare's --work")
+    mea.add_argument("--threads", type=cli.positive_int, default=2)
     mea.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/bf16_lever.json"))
     args = p.parse_args(argv)
+    config = show_config(f"bf16_lever {args.step}", args)
     if args.step == "prepare":
-        prepare(args.checkpoint, args.work, args.data_dir, args.rows)
+        prepare(args.checkpoint, args.work, args.data_dir, args.rows, config)
     else:
-        measure(args.work, args.threads, args.out)
+        if not (args.work / "rows.npz").is_file():
+            usage_exit(
+                f"error: --work {args.work} holds no rows.npz: give the --work of a finished prepare step"
+            )
+        measure(args.work, args.threads, args.out, config)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

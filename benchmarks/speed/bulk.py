@@ -31,8 +31,10 @@ import httpx
 import numpy as np
 import psutil
 
+from benchmarks import cli
 from benchmarks.load.loadkit import free_port, serve, stop, table
 from benchmarks.output import show_config, write_json
+from benchmarks.speed.own_ray import stop_own_ray
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
@@ -61,12 +63,13 @@ def ray_env(tmp: str) -> dict[str, str]:
 
 
 def start_ray(env: dict, cpus: int) -> str:
-    """A Ray head on loopback for the whole benchmark: jobs join it, so its start-up is paid once."""
+    """A Ray head on loopback for the whole benchmark: jobs join it, so its start-up is paid once. In a
+    session of its own, which stop_own_ray ends with its daemons, agents and workers."""
     port = free_port()
     ray = str(Path(sys.executable).with_name("ray"))
     subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", str(cpus), "--node-ip-address",
                     "127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"], env=env, check=True,
-                   capture_output=True, timeout=180)  # fmt: skip
+                   capture_output=True, timeout=180, start_new_session=True)  # fmt: skip
     return f"127.0.0.2:{port}"  # 127.0.0.1 Ray would turn into the host's network address
 
 
@@ -222,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bulk-bench-"))
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets need a short path
     env = ray_env(ray_tmp)
-    address = start_ray(env, cpus=2)
     results: list[dict] = []
     try:
+        address = start_ray(env, cpus=2)
         corpora = samples(args.wiki_docs, args.news_docs)
         for corpus, texts in corpora.items():
             src = tmp / f"{corpus}.jsonl"
@@ -242,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(x) for x in args.rss_mb.split(",") if x]
         mem = memory(corpora["wikitext2"], sizes, args.rss_seconds, tmp, env) if sizes else None
     finally:
-        subprocess.run(
-            [str(Path(sys.executable).with_name("ray")), "stop", "--force"], env=env, capture_output=True
-        )
+        # Only the cluster started above: `ray stop --force` would end every Ray cluster of the user.
+        stop_own_ray(ray_tmp)
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     facts = cpu()
@@ -298,4 +300,4 @@ def markdown(data: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(cli.run(main))

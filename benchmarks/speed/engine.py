@@ -25,6 +25,7 @@ import numpy as np
 
 from app.machine import cpu, describe_cpu
 from app.model.engine import PROVIDERS, session
+from benchmarks import cli
 from benchmarks.output import show_config
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
@@ -244,7 +245,7 @@ def static_int8(work: Path, vocab_size: int) -> None:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.speed.engine", allow_abbrev=False)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=cli.positive_int, default=2)
     p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
     p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
     p.add_argument("--out", default="benchmarks/results/engine.json")
@@ -303,13 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     from training.model import flops_per_token
 
     torch.set_num_threads(args.threads)
+    shape = model_shape(args.shape_from)  # a --shape-from without a checkpoint fails now, not after timing
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         peak = gemm_peak(args.threads, work)
         print(
             f"GEMM peak ({args.threads} threads, ORT): fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s"
         )
-        variants, hf, cfg = build_models(work, args.explore, model_shape(args.shape_from))
+        variants, hf, cfg = build_models(work, args.explore, shape)
         # The server's own session options (app.model.engine), so the scheduler's constants measured here hold there.
         opts = {"providers_setting": args.providers, "quiet": True}
         sessions = {name: session(path, args.threads, **opts) for name, path in variants.items()}
@@ -356,4 +358,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import cli
 from benchmarks.output import show_config
 
 SHAPES = [(1, 16), (8, 64), (32, 128)]
@@ -142,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.speed.engine import interleaved
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rows", type=int, default=128, help="held-out rows for the deviation")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--checkpoint", required=True, type=cli.existing)
+    p.add_argument("--threads", type=cli.positive_int, default=2)
+    p.add_argument("--rows", type=cli.positive_int, default=128, help="held-out rows for the deviation")
+    p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument(
         "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
     )
@@ -188,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<46} {r['1x16_ms']:8.2f} {r['8x64_speedup_vs_fp32']:7.2f} {r['32x128_speedup_vs_fp32']:8.2f} "
               f"{r['vs_fp32_weights']['p99']:9.4f} {r['vs_fp32_weights']['max']:9.4f} "
               f"{sim.get('p99', float('nan')):8.4f} {sim.get('max', float('nan')):8.4f}")  # fmt: skip
+    from importlib.metadata import version
+
     result = {"config": config, "checkpoint": args.checkpoint, "ranges": origin, "threads": args.threads, "machine": cpu(),
+              "onnxruntime": version("onnxruntime"),
               "held_out_rows": args.rows, "variants": rows}  # fmt: skip
     from benchmarks.output import write_json
 
@@ -197,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

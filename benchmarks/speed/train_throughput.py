@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import torch
 
 from app.machine import cpu, describe_cpu
+from benchmarks import cli
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
@@ -352,6 +353,7 @@ def main(argv=None) -> None:
     if cuda and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible; use --device cpu or auto")
     device = torch.device("cuda" if cuda else "cpu")
+    args.device = device.type  # resolved ("auto" said nothing of where it ran), as printed and saved
     gpu = device.type == "cuda"
     args.steps = args.steps or (60 if gpu else 6)
     args.round = args.round or (20 if gpu else 1)
@@ -408,4 +410,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main))

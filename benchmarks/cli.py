@@ -1,0 +1,145 @@
+"""What the benchmarks' command lines share.
+
+- argparse types that refuse, while the arguments are parsed, a value no run can use: a count of 0, a
+  negative rate, a path that is not there. Found after minutes of timing, or never (a --limit of -5 scores
+  all but the last 5 texts), it would cost the run or mislead its reader.
+- `run(main)`, every entry point's `__main__`: SIGTERM and SIGHUP stop it as Ctrl-C does, by an exception,
+  so its `finally` blocks stop the servers and clusters it started (they run in sessions of their own and
+  hear nothing of a signal sent to the benchmark: without this a `timeout` left them running); and an
+  input the user must change (a checkpoint, a bundle, a task that cannot be used) ends it with one line,
+  `error: ...`, and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from options import EXIT_USAGE
+from options.stopping import ctrl_c_on_term, signal_number
+
+
+def _number(kind: type, text: str, ok: Callable[[float], bool], what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or not ok(value):  # NaN passes no comparison and measures nothing
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 1, "a whole number of at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 0, "a whole number, 0 or more")
+
+
+def positive_float(text: str) -> float:
+    return _number(float, text, lambda v: 0 < v < float("inf"), "a number above 0")
+
+
+def non_negative_float(text: str) -> float:
+    return _number(float, text, lambda v: 0 <= v < float("inf"), "a number, 0 or more")
+
+
+def existing_path(text: str) -> Path:
+    """A file or directory that is there (what it must hold, the benchmark's own reader says)."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return Path(text)
+
+
+def existing(text: str) -> str:
+    """existing_path, kept as the text given (for options saved as they were typed)."""
+    return str(existing_path(text))
+
+
+def bundle(text: str) -> Path:
+    """An exported bundle, read and hash-checked as the server reads it, so a wrong one is refused before
+    any work, with the server's own reason."""
+    from app.model.bundle import BundleError, read_bundle
+
+    try:
+        read_bundle(existing_path(text))
+    except BundleError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return Path(text)
+
+
+def positive_ints(text: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers of at least 1, one at least: '1,16,64'."""
+    values = tuple(positive_int(x.strip()) for x in text.split(",") if x.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers of at least 1, got {text!r}"
+        )
+    return values
+
+
+# The project's own errors whose message names an input to change. Looked up only among the modules
+# already imported: an error of a module never imported cannot have been raised, and importing one to
+# catch it would cost seconds (training.checkpoint loads torch) or a package bf16_lever's environment lacks.
+USER_ERRORS = (
+    ("training.errors", "CheckpointError"),
+    ("app.model.bundle", "BundleError"),
+    ("export.bundle_writer", "BundleError"),
+    ("export.evaldata", "EvalDataError"),
+    ("export.evaluation.items", "CalibrationDataError"),
+    ("training.data.tokenizer", "TokenizerError"),
+    ("options", "ConfigError"),
+)
+
+
+def user_error(e: BaseException, argv: Sequence[str]) -> str | None:
+    """The line to print for an error the user fixes by changing the command, else None (a fault: its
+    traceback is what to report). A missing file counts only where the command named it, or a directory
+    holding it: one of the program's own missing is no input to change."""
+    for module, name in USER_ERRORS:
+        kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type) and isinstance(e, kind):
+            return str(e)
+    if (
+        isinstance(e, (FileNotFoundError, NotADirectoryError))
+        and e.filename
+        and _named(str(e.filename), argv)
+    ):
+        return f"{e.filename}: {e.strerror}"
+    return None
+
+
+def _named(filename: str, argv: Sequence[str]) -> bool:
+    missing = os.path.abspath(filename)
+    for arg in argv:
+        given = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if given and not given.startswith("-"):
+            path = os.path.abspath(given)
+            if missing == path or missing.startswith(path.rstrip(os.sep) + os.sep):
+                return True
+    return False
+
+
+def run(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> int:
+    """main(argv)'s exit status (0 for a main that returns something else: a report), with SIGTERM and
+    SIGHUP taken as Ctrl-C (exit 128 + the signal, after the cleanup ran) and the user's errors as one line
+    (exit 2)."""
+    try:
+        with ctrl_c_on_term():
+            code = main(argv)
+    except KeyboardInterrupt as stop:
+        sig = signal_number(stop)
+        print(f"\nstopped by {signal.Signals(sig).name}", file=sys.stderr)
+        return 128 + sig
+    except Exception as e:
+        message = user_error(e, sys.argv[1:] if argv is None else argv)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    return code if isinstance(code, int) else 0

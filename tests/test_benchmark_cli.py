@@ -1,0 +1,189 @@
+"""The benchmarks' command lines (benchmarks/cli.py): a value no run can use is refused while the arguments
+are parsed, exit 2, before any model loads or server starts; the project's own errors are one line, not a
+traceback; SIGTERM runs the cleanup. Unit-level and fast: nothing here serves or times anything."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cli
+
+REPO = Path(__file__).resolve().parents[1]
+MISSING = "/nonexistent-benchmark-input"
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        (cli.positive_int, "0"),
+        (cli.positive_int, "-3"),
+        (cli.positive_int, "2.5"),
+        (cli.non_negative_int, "-1"),
+        (cli.positive_float, "0"),
+        (cli.positive_float, "-3"),
+        (cli.positive_float, "nan"),
+        (cli.positive_float, "inf"),
+        (cli.non_negative_float, "-0.5"),
+        (cli.positive_ints, ","),
+        (cli.positive_ints, "1,0,4"),
+        (cli.existing_path, MISSING),
+    ],
+)
+def test_a_value_no_run_can_use_is_refused(kind, text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        kind(text)
+
+
+def test_usable_values_pass():
+    assert cli.positive_int("3") == 3 and cli.non_negative_int("0") == 0
+    assert cli.positive_float("0.5") == 0.5 and cli.non_negative_float("0") == 0.0
+    assert cli.positive_ints("1, 16,64") == (1, 16, 64)
+    assert cli.existing_path(str(REPO)) == REPO
+
+
+# Each refused before any long work: argparse's exit 2 with its "error:" line. Taken from the probe's list.
+REFUSED = [
+    ("benchmarks.speed.engine", ["--threads", "0"]),
+    ("benchmarks.speed.int8_levers", ["--checkpoint", MISSING]),
+    ("benchmarks.speed.int8_levers", ["--checkpoint", str(REPO), "--rows", "0"]),
+    ("benchmarks.speed.int8_levers", ["--checkpoint", str(REPO), "--threads", "0"]),
+    ("benchmarks.quality.int8_sensitivity", ["--checkpoint", MISSING]),
+    ("benchmarks.quality.int8_sensitivity", ["--checkpoint", str(REPO), "--rows", "0"]),
+    ("benchmarks.speed.bf16_lever", ["prepare", "--checkpoint", MISSING, "--work", MISSING]),
+    ("benchmarks.speed.bf16_lever", ["measure", "--work", MISSING]),
+    ("benchmarks.quality.frozen_features", [MISSING]),
+    ("benchmarks.quality.frozen_features", [str(REPO), "--task", "nosuch"]),
+    ("benchmarks.quality.int8_agreement", ["--bundle", MISSING, "--reference", str(REPO)]),
+    ("benchmarks.quality.int8_agreement", ["--reference", str(REPO), "--per-kind", "0"]),
+    ("benchmarks.quality.everyday_sentences", ["--bundle", MISSING]),
+    ("benchmarks.quality.everyday_sentences", ["--bundle", str(REPO)]),  # a directory, but no bundle
+    ("benchmarks.quality.everyday_sentences", ["--per-kind", "-2"]),
+    ("benchmarks.quality.load_check_cpus", [MISSING]),
+    ("benchmarks.quality.user_sentences", ["--bundle", MISSING]),
+    ("benchmarks.quality.disc_probe", [str(REPO), "--rows", "0"]),
+    ("benchmarks.quality.classify_accuracy", ["--batch", "0"]),
+    ("benchmarks.quality.classify_accuracy", ["--limit", "-5"]),
+    ("benchmarks.load.load_profile", ["--model", MISSING]),
+    ("benchmarks.load.load_profile", ["--users", "0"]),
+    ("benchmarks.load.serve_compare", ["--model", MISSING]),
+    ("benchmarks.load.serve_compare", ["--users", ","]),
+    ("benchmarks.load.serve_compare", ["--batch-texts", "0"]),
+    ("benchmarks.load.serve_compare", ["--variant-checkout", MISSING]),
+    ("benchmarks.load.soak", ["--bundle", MISSING]),
+    ("benchmarks.load.faults", ["--models", MISSING, "--faults", "engine-fault"]),
+    ("benchmarks.load.faults", ["--users", "0"]),
+    ("benchmarks.load.hostile", ["--rps", "0"]),
+    ("benchmarks.load.hostile", ["--rps", "-3"]),
+    ("benchmarks.load.hostile", ["--seconds", "0"]),
+    ("benchmarks.load.hostile", ["--big-clients", "-1"]),
+    ("benchmarks.load.rolling", ["--users", "0"]),
+    ("benchmarks.training_faults", ["--kills", "0"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"), REFUSED, ids=[f"{m.rsplit('.', 1)[1]} {' '.join(a)}" for m, a in REFUSED]
+)
+def test_bad_arguments_are_refused_while_parsing(module, argv, capsys):
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(main, argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+def _fails(exc: BaseException):
+    def main(argv):
+        raise exc
+
+    return main
+
+
+def test_the_projects_own_errors_are_one_line_and_exit_2(capsys):
+    from app.model.bundle import BundleError
+    from options import ConfigError
+    from training.errors import CheckpointError
+
+    for e in (CheckpointError("x: no such directory"), BundleError("b: missing"), ConfigError("--task: no")):
+        assert cli.run(_fails(e), []) == 2
+        assert capsys.readouterr().err == f"error: {e}\n"
+    # A missing file the command named (or one inside a directory it named) is the user's to change;
+    missing = FileNotFoundError(2, "No such file or directory", f"{MISSING}/manifest.json")
+    assert cli.run(_fails(missing), ["--bundle", MISSING]) == 2
+    assert capsys.readouterr().err == f"error: {MISSING}/manifest.json: No such file or directory\n"
+    # one of the program's own is a fault, with its traceback.
+    with pytest.raises(FileNotFoundError):
+        cli.run(_fails(missing), ["--bundle", "models/detector"])
+    with pytest.raises(ZeroDivisionError):
+        cli.run(_fails(ZeroDivisionError()), [])
+
+
+def test_a_main_that_returns_a_report_exits_0():
+    assert cli.run(lambda argv: {"accuracy": 0.9}, []) == 0
+    assert cli.run(lambda argv: 3, []) == 3
+
+
+def test_sigterm_runs_the_cleanup_and_exits_143(capsys):
+    cleaned = []
+
+    def main(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+            return 0
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.run(main, []) == 128 + signal.SIGTERM
+    assert cleaned == [True] and "stopped by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # an in-process caller keeps its handlers
+
+
+def test_config_is_saved_as_json_has_it():
+    from benchmarks.output import show_config
+
+    args = argparse.Namespace(bundles=[Path("a"), Path("b")], per_kind=150, data_dir=None, out=Path("o.json"))
+    config = show_config("x", args)
+    assert config == {"bundles": ["a", "b"], "per_kind": 150, "data_dir": None, "out": "o.json"}
+    json.dumps(config)
+
+
+def test_servers_get_absolute_paths(tmp_path, monkeypatch):
+    """The server runs in the repository (or serve_compare's --variant-checkout): a path relative to the
+    user's directory would name another directory there."""
+    from benchmarks.load import loadkit as lk
+
+    monkeypatch.chdir(tmp_path)
+    argv = lk.command("ours", 8800, models_dir=Path("mymodels"))
+    assert argv[argv.index("--models") + 1] == str(tmp_path / "mymodels")
+    argv = lk.command("unbatched", 8800, models_dir=Path("m"), bundle=Path("m/detector"))
+    assert argv[argv.index("--bundle") + 1] == str(tmp_path / "m" / "detector")
+
+
+def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):
+    from benchmarks.load import load_profile, loadkit
+
+    port = loadkit.free_port()  # bound and released: nothing listens there
+    argv = [
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--results",
+        str(tmp_path / "results"),
+        "--work",
+        str(tmp_path),
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(load_profile.main, argv)
+    assert stopped.value.code == 2
+    assert "nothing answers there" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists() and not (tmp_path / "sentences.txt").exists()
