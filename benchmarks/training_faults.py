@@ -189,18 +189,29 @@ def disk_full(r: Run) -> dict:
     ckpts = r.reference / "checkpoints"
     one = directory_size(ckpts / (ckpts / "latest").read_text().strip())
     rest = directory_size(r.reference) - directory_size(ckpts)
-    size = rest + int(1.5 * one)  # room for the run's data and one checkpoint and a half
+    # Room at the start for the run's data and the checkpoints it holds at once, or it is refused before its
+    # first step (its check); once the first checkpoint is down, the disk fills as if another writer took
+    # it, leaving half a checkpoint's room: the second save runs out.
+    size = rest + 4 * one
     try:
         with tmpfs(r.work / "small-disk", size) as disk:
             out = disk / "run"
-            failed = r.run(out, *r.tokenizer())
+            proc = subprocess.Popen(r.argv(out, *r.tokenizer()), cwd=REPO, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            _STARTED.append(proc)
+            while not (out / "checkpoints" / "latest").is_file() and proc.poll() is None:
+                time.sleep(0.02)
+            size = shutil.disk_usage(disk).used + one // 2
+            grow(disk, size)
+            stderr = proc.communicate(timeout=900)[1]
+            failed = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
             latest = (out / "checkpoints" / "latest").read_text().strip()
             intact = max_difference(r.work / "reference", out) >= 0  # loads every tensor of latest
             leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
             message = next(
                 (ln for ln in failed.stderr.splitlines() if ln.startswith("error:")), failed.stderr[-500:]
             )
-            grow(disk, size + 4 * one)
+            grow(disk, size + 6 * one)
             resumed = r.run(out, *r.tokenizer(), "--resume")
             diff = max_difference(r.reference, out) if resumed.returncode == 0 else None
     except PermissionError as e:
