@@ -114,9 +114,15 @@ def user_error(e: BaseException, argv: Sequence[str]) -> str | None:
     return None
 
 
+# Where a benchmark writes: a file missing under one of these is its own (a run it made), not an input.
+OUTPUT_OPTIONS = ("--out", "--results", "--work")
+
+
 def _named(filename: str, argv: Sequence[str]) -> bool:
     missing = os.path.abspath(filename)
-    for arg in argv:
+    for i, arg in enumerate(argv):
+        if arg.split("=", 1)[0] in OUTPUT_OPTIONS or (i and argv[i - 1] in OUTPUT_OPTIONS):
+            continue
         given = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
         if given and not given.startswith("-"):
             path = os.path.abspath(given)

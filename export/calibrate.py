@@ -194,7 +194,7 @@ def token_deviation(
 
 
 INT8_WEIGHTS = "--int8 weights (int8 storage, fp32 compute)"
-FP32 = "--precision fp32"  # what is left once int8 weights miss the gate too
+FP32 = "--precision fp32 (or fp16)"  # what is left once int8 weights miss the gate too
 
 
 def check_deviation(figures: dict, where: str, quantization_aware: bool = False,

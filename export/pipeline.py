@@ -269,7 +269,7 @@ def _output_words(src: _Source) -> str:
 def _instead(src: _Source) -> str:
     """The export to try when this precision misses the deviation gate: fp32 once int8 is only storage."""
     if getattr(src.precision, "method", None) == "weights":
-        return "--precision fp32 (or fp16)"
+        return calibrate.FP32
     return calibrate.INT8_WEIGHTS
 
 

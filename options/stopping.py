@@ -27,6 +27,10 @@ def stop_as_ctrl_c() -> None:
     process where it stands and leaves them. A signal the parent set to be ignored (nohup) stays ignored."""
 
     def stop(signum: int, frame) -> None:
+        # The clean-up this starts runs to its end: another SIGTERM (`timeout` signals the process and its
+        # group) would cut it short and leave what it removes or stops.
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
         raise Stopped(signum)
 
     for s in (signal.SIGTERM, signal.SIGHUP):

@@ -120,9 +120,12 @@ def test_the_projects_own_errors_are_one_line_and_exit_2(capsys):
     missing = FileNotFoundError(2, "No such file or directory", f"{MISSING}/manifest.json")
     assert cli.run(_fails(missing), ["--bundle", MISSING]) == 2
     assert capsys.readouterr().err == f"error: {MISSING}/manifest.json: No such file or directory\n"
-    # one of the program's own is a fault, with its traceback.
+    # one of the program's own is a fault, with its traceback: elsewhere, or under where it writes.
     with pytest.raises(FileNotFoundError):
         cli.run(_fails(missing), ["--bundle", "models/detector"])
+    for where in (["--work", MISSING], [f"--results={MISSING}"]):
+        with pytest.raises(FileNotFoundError):
+            cli.run(_fails(missing), where)
     with pytest.raises(ZeroDivisionError):
         cli.run(_fails(ZeroDivisionError()), [])
 
@@ -141,6 +144,8 @@ def test_sigterm_runs_the_cleanup_and_exits_143(capsys):
             time.sleep(5)  # the handler raises here
             return 0
         finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one (timeout signals the group too) is ignored
+            time.sleep(0.1)
             cleaned.append(True)
 
     before = signal.getsignal(signal.SIGTERM)

@@ -28,14 +28,21 @@ def test_own_ray_cleanup_ends_only_its_own_cluster(tmp_path):
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RAY_TMPDIR": theirs},
         start_new_session=True,
     )  # fmt: skip
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    # In the caller's own session: a worker of ours left by a killed job (ended), and a bystander (kept:
+    # the caller's session is never ended whole); and a job that must outlive the head (`keep`).
+    orphan = subprocess.Popen(sleep, env={**os.environ, "RAY_TMPDIR": ours})
+    bystander = subprocess.Popen(sleep)
+    kept = subprocess.Popen(sleep, env={**os.environ, "RAY_TMPDIR": ours}, start_new_session=True)
     try:
         worker = int(head.stdout.readline())
-        stop_own_ray(ours)
+        stop_own_ray(ours, keep=kept.pid)
         # Gone, head and worker (wait_procs reaped the head, so Popen cannot read its status).
-        for pid in (head.pid, worker):
+        for pid in (head.pid, worker, orphan.pid):
             assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         assert other.poll() is None  # someone else's cluster runs on
+        assert bystander.poll() is None and kept.poll() is None
     finally:
-        for p in (head, other):
+        for p in (head, other, orphan, bystander, kept):
             p.kill()
             p.wait()

@@ -262,6 +262,32 @@ def test_mlm_baseline_checkpoints_its_own_layout_and_resumes(tmp_path, small_cor
     assert train_losses(resumed) == train_losses(whole)
 
 
+def test_a_disk_that_fills_under_torchrun_stops_every_rank_with_one_message(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """Rank 0's save failed alone; rank 1 then failed in the barrier after it with gloo's traceback
+    ("Connection closed by peer"). The ranks agree on the failure: rank 0 says why, rank 1 stops."""
+    from benchmarks.training_faults import grow, tmpfs
+
+    args = ["--max-steps", 40, "--save-every", 2, "--eval-every", 1000, "--batch-size", 4]
+    try:
+        with tmpfs(tmp_path / "disk", 64 * 2**20) as disk:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                   "-m", "training.pretrain", *tiny_args(disk / "run", small_corpus, small_tokenizer, *args)]  # fmt: skip
+            proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+            latest = disk / "run" / "checkpoints" / "latest"
+            while not latest.is_file() and proc.poll() is None:
+                time.sleep(0.02)
+            grow(disk, shutil.disk_usage(disk).used + 2**16)  # the disk fills, as if another writer took it
+            out, err = proc.communicate(timeout=240)
+    except PermissionError as e:
+        pytest.skip(str(e))
+    assert proc.returncode != 0
+    assert err.count("error: stopped at step") == 1 and "which is intact" in err, err[-3000:]
+    assert "Connection closed by peer" not in err and "gloo" not in err.lower(), err[-3000:]
+
+
 def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
     # wait in the save barrier while the other enters the next all_reduce: a hang.
@@ -526,10 +552,16 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     # Below its step: refused before any work (it once trained nothing, exit 0, and saved max_steps 2 as the
     # run's target, so that no later plain --resume would train).
     before = (run / "config.json").read_text()
-    with pytest.raises(
-        SystemExit, match=r"at step 3 \(step-00000003\), past --max-steps 2; give a --max-steps ab"
-    ):
+    said = r"at step 3 \(step-00000003\) of its 3; --max-steps 2 would train nothing and end it there"
+    with pytest.raises(SystemExit, match=said):
         pretrain(["--out", str(run), "--resume", "--max-steps", "2"])
+    # At its step, of a run that had further to go (a stop at 3 of 5): the same.
+    state_path = run / "checkpoints" / "step-00000003" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    state_path.write_text(json.dumps({**state, "config": {**state["config"], "max_steps": 5}}))
+    with pytest.raises(SystemExit, match=r"of its 5; --max-steps 3 would train nothing"):
+        pretrain(["--out", str(run), "--resume", "--max-steps", "3"])
+    state_path.write_text(json.dumps(state))
     assert (run / "config.json").read_text() == before
     with pytest.raises(SystemExit, match="already holds a run; pass --resume") as refused:
         pretrain(tiny_args(run, small_corpus, small_tokenizer))

@@ -293,6 +293,10 @@ def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_ha
         return copy
 
     again = rolled_back("again")
+    with pytest.raises(
+        SystemExit, match=r"--num-layers 7: the run has 2 from its --init start; drop the flag"
+    ):
+        pretrain([*args, "--out", str(again), "--resume", "--num-layers", "7"])  # as with the start there
     pretrain([*args, "--out", str(again), "--resume"])
     _same_run(whole, again)
     # A run saved before it kept that record: said so, naming what to restore.

@@ -20,7 +20,7 @@ from pathlib import Path
 import options
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import PretrainConfig
-from training.run_dir import resumed_settings
+from training.run_dir import launch_command, resumed_settings
 
 PROG = "python -m training.pretrain"
 
@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> None:
         with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
             run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
-        latest = Path(cfg.out) / "checkpoints" / "latest"
-        kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {PROG} --out {cfg.out} --resume"
-                if latest.is_file() else "no checkpoint was saved; the same command starts again")  # fmt: skip
-        print(f"\n{PROG}: stopped at once; {kept}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
+            latest = Path(cfg.out) / "checkpoints" / "latest"
+            kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {launch_command()} --out {cfg.out} "
+                    "--resume" if latest.is_file() else "no checkpoint was saved; the same command starts again")  # fmt: skip
+            print(f"\n{PROG}: stopped at once; {kept}", file=sys.stderr)
         sys.exit(128 + signal_number(stop))
 
 

@@ -20,6 +20,17 @@ LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume con
 RUN_ENTRIES = frozenset({"config.json", "metrics.jsonl", "curves.png", "data", "tokenizer", "checkpoints"})
 
 
+def launch_command() -> str:
+    """The command that starts this pretraining run's processes again, from torchrun's environment (its
+    nodes and processes per node), or a single process's."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return "python -m training.pretrain"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = f" --nnodes {world // local}" if local != world else ""
+    return f"torchrun{nodes} --nproc_per_node {local} -m training.pretrain"
+
+
 def check_new_pretraining_out(out: Path) -> None:
     """--out of a new pretraining run: absent, empty, or holding only what a run of ours writes (one stopped
     before its first checkpoint; its config.json a pretraining config). Anything else (a model directory,

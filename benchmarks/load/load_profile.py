@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
     )
-    p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per step")
+    p.add_argument("--run-time", type=cli.positive_float, default=60.0, help="seconds of load per step")
     p.add_argument("--mix", default=lk.STANDARD_MIX, help="request kinds and weights (see locustfile)")
-    p.add_argument("--batch-texts", type=int, default=8)
+    p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     p.add_argument("--name", default="load_profile", help="results file name")
     args = p.parse_args(argv)

@@ -490,7 +490,7 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) 
 
 def machine() -> dict:
     """The CPU and the software that served; call it before the run, as its load average is the start's."""
-    from importlib.metadata import version
+    import onnxruntime
 
     from app.machine import cpu
 
@@ -499,7 +499,8 @@ def machine() -> dict:
         "physical_cores": psutil.cpu_count(logical=False),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": sys.version.split()[0],
-        "onnxruntime": version("onnxruntime"),  # its kernels are what every figure times
+        # The module's version: onnxruntime-gpu and -openvino install it under other package names.
+        "onnxruntime": onnxruntime.__version__,  # its kernels are what every figure times
     }
 
 

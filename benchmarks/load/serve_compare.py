@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         "--mosec-args", default="", help="flags for the mosec peer (--workers, --max-wait-ms, ...)"
     )
     p.add_argument("--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps")
-    p.add_argument("--run-time", type=float, default=60.0, help="seconds of load per server and users step")
+    p.add_argument(
+        "--run-time", type=cli.positive_float, default=60.0, help="seconds of load per server and users step"
+    )
     p.add_argument(
         "--rounds", type=cli.positive_int, default=3, help="interleaved rounds the run time is split into"
     )

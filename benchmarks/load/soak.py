@@ -31,10 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.load.soak", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     lk.add_common(p)
-    p.add_argument("--minutes", type=float, default=10.0, help="length of the steady load")
+    p.add_argument("--minutes", type=cli.positive_float, default=10.0, help="length of the steady load")
     p.add_argument("--fraction", type=float, default=0.7, help="share of the probed saturation to offer")
     p.add_argument("--rps", type=float, default=None, help="offer this rate; no probe")
-    p.add_argument("--users", type=int, default=64, help="users of the probe and of the soak")
+    p.add_argument("--users", type=cli.positive_int, default=64, help="users of the probe and of the soak")
     p.add_argument("--probe-time", type=float, default=30.0, help="seconds of the saturation probe")
     p.add_argument("--warmup-s", type=float, default=None, help="default: min(120 s, a quarter of the soak)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")

@@ -134,7 +134,9 @@ def die_with_parent() -> None:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    from options.stopping import Stopped
+
+    raise Stopped(signum)  # a KeyboardInterrupt that says which signal: "stopped by SIGTERM", exit 143
 
 
 def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> None:

@@ -211,11 +211,11 @@ def memory(texts: list[str], sizes_mb: list[int], seconds: float, tmp: Path, env
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.speed.bulk", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--wiki-docs", type=int, default=600)
-    p.add_argument("--news-docs", type=int, default=100)
+    p.add_argument("--wiki-docs", type=cli.positive_int, default=600)
+    p.add_argument("--news-docs", type=cli.positive_int, default=100)
     p.add_argument("--models", default="detector,sentiment")
     p.add_argument("--rss-mb", default="10,100,1024", help="input sizes of the memory figure; empty: none")
-    p.add_argument("--rss-seconds", type=float, default=90)
+    p.add_argument("--rss-seconds", type=cli.positive_float, default=90)
     p.add_argument("--out", type=Path, default=RESULTS / "bulk.json")
     args = p.parse_args(argv)
     config = show_config("bulk", args)

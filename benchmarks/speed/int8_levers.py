@@ -189,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<46} {r['1x16_ms']:8.2f} {r['8x64_speedup_vs_fp32']:7.2f} {r['32x128_speedup_vs_fp32']:8.2f} "
               f"{r['vs_fp32_weights']['p99']:9.4f} {r['vs_fp32_weights']['max']:9.4f} "
               f"{sim.get('p99', float('nan')):8.4f} {sim.get('max', float('nan')):8.4f}")  # fmt: skip
-    from importlib.metadata import version
+    import onnxruntime
 
     result = {"config": config, "checkpoint": args.checkpoint, "ranges": origin, "threads": args.threads, "machine": cpu(),
-              "onnxruntime": version("onnxruntime"),
+              "onnxruntime": onnxruntime.__version__,
               "held_out_rows": args.rows, "variants": rows}  # fmt: skip
     from benchmarks.output import write_json
 

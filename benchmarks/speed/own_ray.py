@@ -13,10 +13,10 @@ import psutil
 
 
 def stop_own_ray(tmp: str, keep: int | None = None) -> None:
-    """Kill, by their ids, the Ray processes started with RAY_TMPDIR `tmp` and every process of their
-    sessions, except this process's own session and `keep` with its children (a job that must outlive the
-    head)."""
-    spared = {os.getpid()}
+    """Kill, by their ids, the Ray processes started with RAY_TMPDIR `tmp` (in this process's session too: a
+    killed job's orphaned workers) and every process of their other sessions; never this process, its
+    parents, nor `keep` with its children (a job that must outlive the head)."""
+    spared = {os.getpid()} | {p.pid for p in psutil.Process().parents()}
     if keep is not None:
         with contextlib.suppress(psutil.Error):
             spared |= {keep} | {p.pid for p in psutil.Process(keep).children(recursive=True)}

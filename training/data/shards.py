@@ -375,7 +375,8 @@ class Batches:
     Each epoch visits the rows in the order ``default_rng((seed, epoch)).permutation(rows)``, consumed in
     global batches of ``batch_size * world_size`` rows; rank ``r`` takes slice ``[r*B, (r+1)*B)`` of each.
     The concatenation of all ranks' batches is therefore exactly what one rank with ``batch_size * world_size``
-    would get, so changing the number of GPUs changes nothing but speed. The incomplete last global batch
+    would get: the number of GPUs changes the data seen by no row (dropout, drawn per rank, and the
+    order of sums do differ). The incomplete last global batch
     of an epoch is dropped so that all ranks always take the same number of steps.
 
     With ``group_by_length`` (request-shaped rows of mixed lengths), each run of ``GROUP_BATCHES`` global

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 import options
 from training.data import derived
 from training.data.corpus import corpus_files_note, corpus_key, read_corpus
-from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, build_shards
+from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, ShardsError, build_shards
 from training.data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
@@ -125,7 +125,15 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
             raise failure
         sys.exit(1)  # rank 0 says why
     env.barrier()
-    tok = load_tokenizer(tok_dir / "tokenizer.json")  # every rank reads what rank 0 saved
+    # Every rank reads what rank 0 wrote: on another node, only through storage they share.
+    unseen = [p for p in (tok_dir / "tokenizer.json", run / "data" / "train") if not p.exists()]
+    if env.agree(bool(unseen)):
+        if unseen:
+            raise ShardsError(f"process {env.rank} cannot see {unseen[0]}, which process 0 wrote: every process "
+                              "of a run reads --out, so on several machines it must be on storage they all mount "
+                              "(a shared filesystem)")  # fmt: skip
+        sys.exit(1)  # the rank that cannot see it says why
+    tok = load_tokenizer(tok_dir / "tokenizer.json")
     ids = special_ids(tok)
     specials = Specials(ids.pad, ids.cls, ids.sep, ids.mask, tok.get_vocab_size())
     train = Batches(PackedDataset(run / "data" / "train"), cfg.batch_size, cfg.seed, env.rank, env.world,

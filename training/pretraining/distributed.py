@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from training.config import ConfigError
+from training.run_dir import launch_command
 
 
 class Dist:
@@ -30,11 +31,7 @@ class Dist:
     @property
     def launch_command(self) -> str:
         """The command that starts this run's processes again (torchrun's nodes and processes per node)."""
-        if self.world == 1:
-            return "python -m training.pretrain"
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
-        nodes = f" --nnodes {self.world // local}" if local != self.world else ""
-        return f"torchrun{nodes} --nproc_per_node {local} -m training.pretrain"
+        return launch_command()
 
     def barrier(self) -> None:
         if self.world > 1:

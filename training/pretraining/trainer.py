@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 import options
-from options import ConfigError, describe
+from options import ConfigError, describe, flag
 from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import pretrain as entry
@@ -295,10 +295,18 @@ class Trainer:
             if not torch.stack([torch.isfinite(p).all() for p in self.objective.parameters()]).all():
                 raise Diverged(step, cfg.lr)
             self.settle_tokens()
+            failed = None
             if env.main:
-                save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                     self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names)  # fmt: skip
-            env.barrier()
+                try:
+                    save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
+                         self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names)  # fmt: skip
+                except OSError as e:  # a full disk: rank 0 says so (run), the others stop with it
+                    failed = e
+            if env.agree(failed is not None):  # in place of a barrier: the others would wait in it, then fail
+                env.close()  # together, every rank
+                if failed is not None:
+                    raise failed
+                sys.exit(1)
             reseed(cfg, env.rank, step)
 
 
@@ -378,7 +386,18 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                                           "--init keeps only --keep-checkpoints of its own)") from None  # fmt: skip
                 print(f"note: --init {cfg.init} cannot be read ({e}); the run resumes from its own record of that "
                       "start (shapes, tokenizer and the tensors it loaded)", file=sys.stderr, flush=True)  # fmt: skip
-                cfg = options.replace(cfg, **{k: then[k] for k in INIT_DECIDED if k in then})  # as saved
+                # --init decides these, as saved: a flag saying otherwise is refused, as it is while --init is
+                # there; a --config file's gives way (it may carry a shape for runs from scratch).
+                given = options.sources(cfg)
+                against = [
+                    k
+                    for k in INIT_DECIDED
+                    if k in then and given.get(k) == flag(k) and getattr(cfg, k) != then[k]
+                ]
+                if against:
+                    raise ConfigError(f"{flag(against[0])} {getattr(cfg, against[0])}: the run has {then[against[0]]} "
+                                      "from its --init start; drop the flag") from None  # fmt: skip
+                cfg = options.replace(cfg, **{k: then[k] for k in INIT_DECIDED if k in then})
             cfg = with_given_tokenizer(cfg)
             # JSON values, as config.json holds them
             check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
@@ -415,7 +434,7 @@ def check_resumable(then: dict, now: dict) -> None:
     options.refuse_resume_changes(then, now, RESUMABLE_CHANGES, "another --out, --init from this one")
 
 
-def check_resume_point(run: Path, world: int, max_steps: int) -> None:
+def check_resume_point(run: Path, env: Dist, max_steps: int) -> None:
     """What a resume can check from the checkpoint alone, before any data or model is read.
 
     Another number of processes would change the global batch (--batch-size rows per process) and the
@@ -424,9 +443,12 @@ def check_resume_point(run: Path, world: int, max_steps: int) -> None:
     which a plain --resume would never train again."""
     d = ckpt.resolve_checkpoint(run)
     state = read_trainer_state(run, d)
-    if max_steps < state["step"]:
-        options.usage_exit(f"error: --resume: {run} is at step {state['step']} ({d.name}), past --max-steps "
-                           f"{max_steps}; give a --max-steps above {state['step']} to train further")  # fmt: skip
+    step, world = state["step"], env.world
+    # Equal to the step of a run that had further to go: the same, in effect (it once rewrote 400 as 105).
+    target = (state.get("config") or {}).get("max_steps", step)
+    if max_steps < step or (max_steps == step < target):
+        _refuse(env, f"--resume: {run} is at step {step} ({d.name}) of its {target}; --max-steps {max_steps} would "
+                     f"train nothing and end it there: give a --max-steps above {step}, or leave it out")  # fmt: skip
     then = state.get("processes")
     if then is not None and then != world:
         how = (
@@ -434,8 +456,15 @@ def check_resume_point(run: Path, world: int, max_steps: int) -> None:
             if then > 1
             else "python -m training.pretrain"
         )
-        options.usage_exit(f"error: --resume: {run} trained on {then} process(es), this is {world}: the global batch "
-                           f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
+        _refuse(env, f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
+                     f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
+
+
+def _refuse(env: Dist, message: str) -> None:
+    """Exit 2 on every rank, the message said once (by rank 0)."""
+    if env.main:
+        options.usage_exit(f"error: {message}")
+    sys.exit(options.EXIT_USAGE)
 
 
 def setup(argv: list[str] | None) -> Trainer:
@@ -460,7 +489,7 @@ def setup(argv: list[str] | None) -> Trainer:
         )
     if cfg.resume:
         try:
-            check_resume_point(run, env.world, cfg.max_steps)
+            check_resume_point(run, env, cfg.max_steps)
         except CheckpointError as e:  # checkpoints/latest names a checkpoint that is gone or broken
             options.usage_exit(f"error: {e}")
     problem = None
