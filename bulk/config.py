@@ -54,7 +54,10 @@ class BulkConfig:
     batch_tokens: int = option(16384, "padded tokens per inference run")
     chunk_docs: int = option(1024, "documents read, sorted by length and batched together")
     # 4 MB of text is about a million tokens: minutes for one CPU worker, so a kill costs minutes.
-    part_mb: float = option(4.0, "shards larger than this are scored as parts of about this size (MB)")
+    part_mb: float = option(
+        4.0,
+        "the largest part a shard is scored in (MB); smaller inputs are cut finer, about four parts a worker",
+    )
     max_document_chars: int = option(1_000_000, "longer documents are rejected (too_long)")
     window_stride: int = option(32, "tokens shared by consecutive windows of a long text (as the server's)")
     load_check: str = option(

@@ -399,6 +399,13 @@ def run(cfg: BulkConfig) -> int:
               "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
+    blank = summary["blank_lines_skipped"]
+    if any(p.format == "text" for p in parts) and blank * 10 >= max(summary["documents"], 1):
+        # Pretraining reads a .txt corpus as paragraphs between blank lines: the same files, scored here,
+        # are cut into their lines.
+        print(f"bulk: note: {blank:,} blank lines skipped: in a .txt file every line is a document (pretraining "
+              "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
+              "JSONL", file=sys.stderr)  # fmt: skip
     if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get("missing_text"):
         print(f"bulk: no document had a {cfg.text_field!r} field; name the one holding the text with --text-field "
               f"(rejects.jsonl shows each line's reason)", file=sys.stderr)  # fmt: skip

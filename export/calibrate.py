@@ -4,6 +4,7 @@ int8 stays close to fp32 token by token (export/calibration.py says what and why
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,8 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     )
     sentences, probs, labels, lengths = score(scorer, c.texts)
     chosen = cal.choose_threshold(sentences)
-    src.log(f"default threshold: {chosen}")
+    shown = json.dumps(_no_nan(chosen), default=lambda v: v.item() if hasattr(v, "item") else str(v))
+    src.log(f"default threshold: {shown}")  # JSON, as the lines beside it
     warnings = quality_warnings(ranking_auc(probs, labels, c.cmap.bucket(lengths)), chosen)
     for warning in warnings:
         src.log(f"warning: {warning}")

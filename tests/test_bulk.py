@@ -127,6 +127,16 @@ def test_a_corpus_whose_text_is_under_another_key_ends_with_a_hint(tmp_path, par
     assert "no document had a 'text' field; name the one holding the text with --text-field" in done.stderr
 
 
+def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_path, paragraphs):
+    """Pretraining's .txt corpus (paragraphs between blank lines, lines wrapped) scored here is cut into its
+    lines, which once went unsaid but for a count in summary.json."""
+    src = tmp_path / "wrapped.txt"
+    src.write_text("\n\n".join(t[:60] + "\n" + t[60:120] for t in paragraphs[:6]) + "\n")
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "blank lines skipped: in a .txt file every line is a document" in done.stderr
+
+
 def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
     """A kill in the middle of writing the manifest leaves its last line cut short; the next finished part
     must not be glued onto it, or resuming would parse neither and score that part again."""

@@ -141,3 +141,16 @@ def test_a_deviation_past_the_gate_names_an_export_other_than_the_one_that_faile
     assert "--int8 weights" not in str(weights_failed.value)
     with pytest.raises(ParityError, match=r"Export --int8 weights .*, or train the model quantization-aware"):
         calibrate.check_deviation(dict(figures), "the calibration sentences")
+
+
+def test_a_detector_near_chance_on_its_own_task_is_warned_of():
+    """Held-out replaced-token AUC 0.52 passed without a word: the calibration sentences' easier swaps gave 0.68."""
+    from export.pipeline import _near_chance_on_held_out
+
+    report = {"int8_accuracy": {"metric": "replaced_token_roc_auc", "fp32": 0.523, "int8": 0.52}}
+    assert "ROC AUC 0.52 on held-out text" in _near_chance_on_held_out(report, [])
+    assert (
+        _near_chance_on_held_out(report, ["the detector barely tells swapped words (ROC AUC 0.55)"]) is None
+    )
+    assert _near_chance_on_held_out({"int8_accuracy": {**report["int8_accuracy"], "fp32": 0.8}}, []) is None
+    assert _near_chance_on_held_out({"int8_accuracy": {"metric": "dev_accuracy", "fp32": 0.5}}, []) is None

@@ -229,3 +229,16 @@ def test_a_run_saved_with_options_its_data_left_unused_still_resumes(tiny_init, 
     with pytest.raises(options.ConfigError, match="--text-column: only for --train data; --task trec"):
         options.resolve(FinetuneConfig, ["--init", str(tiny_init), "--task", "trec", "--out", str(out),
                                          "--text-column", "sentence"])  # fmt: skip
+
+
+def test_a_model_that_answers_one_label_for_everything_is_warned_of():
+    """A fine-tune that learnt only the majority class printed f1 0.92 for it, and nothing else."""
+    from types import SimpleNamespace
+
+    from training.finetuning.tuner import _one_class_note
+
+    data = SimpleNamespace(problem_type="classification")
+    rows = [{"label": "junk", "predicted": "normal"}] + [{"label": "normal", "predicted": "normal"}] * 9
+    assert "answers 'normal' for every dev text" in _one_class_note(rows, data)
+    assert _one_class_note([*rows, {"label": "junk", "predicted": "junk"}], data) is None
+    assert _one_class_note([{"label": "normal", "predicted": "normal"}] * 3, data) is None  # one class given

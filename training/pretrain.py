@@ -4,8 +4,8 @@ One process, or many through torchrun (DDP: gloo on CPU, NCCL on CUDA). Resumabl
 order, the masking noise and the dropout RNG are all functions of (seed, step), and the RNG is reseeded
 at every checkpoint, so a resumed run retraces the uninterrupted one.
 
-The set-up, in order: the options (options.resolve: defaults < a resumed run's config < --config < flags),
-the warm start's source (pretraining/warmstart.py), then three builders that each read what they need
+The set-up, in order: the options (options.resolve: defaults < a resumed run's config < --config <
+environment < flags), the warm start's source (pretraining/warmstart.py), then three builders that each read what they need
 once: data (pretraining/data.py: tokenizer and shards), model (pretraining/model.py: the objective, fresh
 or warm-started, quantization-aware with --qat) and corruption (pretraining/corruption.py: masking rates,
 word swaps, protected tokens); then the optimizer, a restored checkpoint on --resume, and the Trainer.

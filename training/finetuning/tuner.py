@@ -479,6 +479,8 @@ class FineTuner:
             where = {"task": data.task, "source": data.source.get(split)}
             m.update(split=split, step=best["step"], metric=cfg.metric, **where)
             print(format_report(m, f"{split} @ step {best['step']} (best dev {cfg.metric})"), flush=True)
+        if note := _one_class_note(predictions["dev"], data):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
         state = {"task": data.task, "data": data.source, "step": best["step"], "epoch": best["epoch"],
                  "global_step": self.step, "stopped_early": stopped_early, "interrupted": interrupted,
                  "best_metric": cfg.metric,
@@ -510,6 +512,20 @@ class FineTuner:
                         "probs": dict(zip(labels, probs[i], strict=True))}  # fmt: skip
             rows.append(row)
         return rows, figures(preds, loss, self.encoded[split], self.data, self.positive)
+
+
+def _one_class_note(rows: list[dict], data: TaskData) -> str | None:
+    """A classifier that answers one label for every dev text learnt the majority class only, whatever its
+    figures (an f1 of the positive label can still read 0.92)."""
+    if data.problem_type == REGRESSION or not rows:
+        return None
+    answered, present = {r["predicted"] for r in rows}, {r["label"] for r in rows}
+    if len(answered) > 1 or len(present) < 2:
+        return None
+    return (
+        f"the model answers {next(iter(answered))!r} for every dev text: it learnt the majority class only; "
+        "train longer (--epochs), with another --lr, or from a better --init"
+    )
 
 
 def setup(argv: list[str] | None) -> FineTuner:
