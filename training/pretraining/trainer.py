@@ -439,8 +439,8 @@ def check_resume_point(run: Path, env: Dist, max_steps: int) -> None:
 
     Another number of processes would change the global batch (--batch-size rows per process) and the
     data each process reads: refused, naming the command that resumes it. A --max-steps below the
-    checkpoint's step is refused too: it would train nothing and save itself as the run's target, after
-    which a plain --resume would never train again."""
+    checkpoint's step (or at it, when the run had further to go) is refused too: it would train nothing and
+    save itself as the run's target, after which a plain --resume would never train again. Said once."""
     d = ckpt.resolve_checkpoint(run)
     state = read_trainer_state(run, d)
     step, world = state["step"], env.world
