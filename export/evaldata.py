@@ -38,16 +38,21 @@ class Columns:
     label: str
     pair: str | None = None
 
+    @property
+    def read(self) -> tuple[str, ...]:
+        """The columns read, in order: text, the pair's second text (a pair model's), label."""
+        return tuple(c for c in (self.text, self.pair, self.label) if c)
+
     def names(self) -> str:
         """'q1', 'q2' and 'lab': the columns, in a message."""
-        cols = [repr(c) for c in (self.text, self.pair, self.label) if c]
+        cols = [repr(c) for c in self.read]
         return f"{', '.join(cols[:-1])} and {cols[-1]}"
 
 
 def trained_on_pairs(ckpt: Path | None) -> bool | None:
     """Whether fine-tuning gave the model sentence pairs (its config's text_pair_column, which the bundle's
     manifest reads as `trained_on`); None where no fine-tuning recipe says (a model from elsewhere)."""
-    config = _trainer_state(ckpt).get("config") or {}
+    config = trainer_state(ckpt).get("config") or {}
     return bool(config["text_pair_column"]) if "text_pair_column" in config else None
 
 
@@ -58,7 +63,7 @@ def takes_pairs(ckpt: Path | None, cfg=None) -> bool:
 
 def eval_columns(ckpt: Path | None, cfg=None) -> Columns:
     """--eval-data's columns: as `cfg` (an ExportConfig) names them, else as fine-tuning read its files."""
-    config = _trainer_state(ckpt).get("config") or {}
+    config = trainer_state(ckpt).get("config") or {}
 
     def pick(name: str, default: str | None) -> str | None:
         return getattr(cfg, name, None) or config.get(name) or default
@@ -166,7 +171,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     from training.finetuning.data import DataError, label_name, missing, read_rows
 
     cols = eval_columns(ckpt, cfg)
-    wanted = tuple(c for c in (cols.text, cols.pair, cols.label) if c)
+    wanted = cols.read
     try:
         rows = read_rows(str(path), "--eval-data", wanted)
     except DataError as e:
@@ -175,7 +180,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         held = ", ".join(map(str, rows[0])) if rows else "no rows"
         named = [f"--{n.replace('_', '-')}" for n in ("text_column", "text_pair_column", "label_column")
                  if getattr(cfg, n, None)]  # fmt: skip
-        recipe = _trainer_state(ckpt).get("config") or {}
+        recipe = trainer_state(ckpt).get("config") or {}
         fine_tuned = "text_column" in recipe or "label_column" in recipe
         whose = (
             "those the model was fine-tuned with"
@@ -203,7 +208,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     return out
 
 
-def _trainer_state(ckpt: Path | None) -> dict:
+def trainer_state(ckpt: Path | None) -> dict:
     """The checkpoint's trainer_state.json (fine-tuning's task, columns and options); {} where it has none."""
     path = ckpt / "trainer_state.json" if ckpt is not None else None
     if path is None or not path.is_file():
@@ -242,7 +247,7 @@ def registry_dev_rows(
     ckpt: Path, data_dir: Path | None, split: str = "dev"
 ) -> tuple[list[tuple[str, str]], str] | None:
     """A split (default dev) of the registry task named in trainer_state.json (`task`, or `config.task`)."""
-    state = _trainer_state(ckpt)
+    state = trainer_state(ckpt)
     task = state.get("task") or (state.get("config") or {}).get("task")
     if not task:
         return None
@@ -260,7 +265,7 @@ def run_dev_rows(ckpt: Path) -> tuple[list[tuple[Input, str]], str] | None:
     files are still there; a pair model's as pairs; None otherwise (a regression, files gone)."""
     from training.finetuning.data import CLASSIFICATION
 
-    state = _trainer_state(ckpt)
+    state = trainer_state(ckpt)
     config = state.get("config") or {}
     train, dev = config.get("train"), config.get("dev")
     if state.get("problem_type") != CLASSIFICATION or not train:
@@ -281,7 +286,7 @@ def run_train_inputs(ckpt: Path) -> tuple[list[Input], str] | None:
     """The inputs a model was fine-tuned on from the user's own files (--train, less the dev share it held
     out), a pair model's as pairs, while those files are still there: what its activation ranges are set
     on. None for a registry task (registry_dev_rows reads those) or files gone."""
-    data = _run_data(_trainer_state(ckpt).get("config") or {})
+    data = _run_data(trainer_state(ckpt).get("config") or {})
     if data is None:
         return None
     return [_input(ex) for ex in data.splits["train"]], f"the run's train split ({data.source['train']})"

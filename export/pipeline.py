@@ -333,11 +333,8 @@ def _near_chance_on_held_out(report: dict, warnings: list[str]) -> str | None:
 def _stopped_run(ckpt: Path) -> str | None:
     """A warning when `ckpt` is a fine-tuning run stopped before its schedule ended (Ctrl-C, a scheduler's
     stop): its model is the best so far, not the run's."""
-    try:
-        state = json.loads((ckpt / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(state, dict) or not state.get("interrupted"):
+    state = evaldata.trainer_state(ckpt)
+    if not state.get("interrupted"):
         return None
     return (f"the fine-tuning run was stopped at step {state.get('global_step')}, before its schedule ended: this "
             "is its best model so far; finish it (python -m training.finetune --out <its directory> --resume) "

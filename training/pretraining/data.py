@@ -67,10 +67,8 @@ def with_given_tokenizer(cfg):
     path = own if cfg.resume and own.is_file() else cfg.tokenizer
     tok = load_tokenizer(path, lowercase=cfg.lowercase)
     given = options.sources(cfg)
-    changes = {"lowercase": lowercases(tok)}
-    if not cfg.init:  # --init's size came with its shape
-        changes["vocab_size"] = tok.get_vocab_size()
-    size, lowercase = changes.get("vocab_size", cfg.vocab_size), changes["lowercase"]
+    lowercase = lowercases(tok)
+    size = cfg.vocab_size if cfg.init else tok.get_vocab_size()  # --init's size came with its shape
     if size != cfg.vocab_size and given.get("vocab_size") == "--vocab-size":
         print(f"note: --vocab-size {cfg.vocab_size} sizes a vocabulary the run trains; --tokenizer "
               f"{cfg.tokenizer} has {size} tokens, which the model takes", file=sys.stderr, flush=True)  # fmt: skip
@@ -78,7 +76,7 @@ def with_given_tokenizer(cfg):
         print(f"note: {given['lowercase']} sets lowercase {str(cfg.lowercase).lower()}, which is not used: the "
               f"tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as its own settings say, and the "
               "run follows it", file=sys.stderr, flush=True)  # fmt: skip
-    return options.replace(cfg, **changes)
+    return options.replace(cfg, lowercase=lowercase, vocab_size=size)
 
 
 def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: str | None,

@@ -18,6 +18,7 @@ named with the config field that decides it).
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,6 +217,12 @@ def warm_parameter_names(objective: torch.nn.Module, reports: list[tuple[str, In
     return {by_tensor[id(p)] for n, p in objective.named_parameters(remove_duplicate=False) if n in loaded}
 
 
+# The shape options --init's config.json decides, and the field of ElectraConfig each takes.
+SHAPE_OPTIONS = {"vocab_size": "vocab_size", "embedding_size": "embedding_size", "hidden_size": "hidden_size",
+                 "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                 "intermediate_size": "intermediate_size"}  # fmt: skip
+
+
 class WarmStart(NamedTuple):
     disc: InitSource
     gen: InitSource | None
@@ -230,8 +237,6 @@ def saved_warm_start(run: Path) -> WarmStart | None:
     of the tensors --init loaded, where the generator came from), for a resume when --init is no longer
     there (a run given as --init keeps only --keep-checkpoints of its own); None for a run saved before
     it kept those names."""
-    import json
-
     d = ckpt.resolve_checkpoint(run)
     try:
         state = json.loads((d / "trainer_state.json").read_text())
@@ -278,10 +283,7 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
             f"--seq-len {cfg.seq_len}: {disc.directory / 'config.json'} has max_position_embeddings "
             f"{disc.config.max_position_embeddings}"
         )
-    c = disc.config
-    shape = {"vocab_size": c.vocab_size, "embedding_size": c.embedding_size, "hidden_size": c.hidden_size,
-             "num_layers": c.num_hidden_layers, "num_heads": c.num_attention_heads,
-             "intermediate_size": c.intermediate_size}  # fmt: skip
+    shape = {option: getattr(disc.config, field) for option, field in SHAPE_OPTIONS.items()}
     _check_shape_options(cfg, shape, disc.directory / "config.json")
     pinned = {"init": _pinned(cfg.init, disc)}
     if cfg.init_generator and gen is not None:
@@ -291,8 +293,7 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
 
 INIT_OPTIONS = ("init", "init_generator")
 # What --init decides in a run's options (resolve_warm_start fills them in from the source).
-INIT_DECIDED = ("tokenizer", "vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
-                "intermediate_size")  # fmt: skip
+INIT_DECIDED = ("tokenizer", *SHAPE_OPTIONS)
 
 
 def _checkpoint_of(checkpoint: str | None, run: str | None) -> bool:
