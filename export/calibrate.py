@@ -117,6 +117,7 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
 
 
 NEAR_CHANCE_AUC = 0.6  # word-level ROC AUC under which a detector's scores say little (0.5: chance)
+NEAR_CHANCE = "the detector barely tells"  # how each near-chance warning begins (one is enough)
 
 
 def ranking_auc(probs: np.ndarray, labels: np.ndarray, buckets: np.ndarray) -> float:
@@ -137,7 +138,7 @@ def quality_warnings(auc: float, chosen: dict) -> list[str]:
     that misses the rule it was chosen by (the export still writes it; a weak model is a valid bundle)."""
     out = []
     if auc < NEAR_CHANCE_AUC:
-        out.append(f"the detector barely tells swapped words from the rest (ROC AUC {auc:.2f} on the calibration "
+        out.append(f"{NEAR_CHANCE} swapped words from the rest (ROC AUC {auc:.2f} on the calibration "
                    "sentences; 0.5 is chance): its probabilities and spans say little. Train it longer or on "
                    "more text")  # fmt: skip
     if "note" in chosen and "precision" not in chosen:  # not one span at any threshold
