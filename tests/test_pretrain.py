@@ -217,6 +217,13 @@ def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_co
     a, b = train_losses(single), train_losses(ddp)
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-4), step
+    # Rank 0 evaluates the global batches in pieces, with the whole batch's corruption: the same figures.
+    ea, eb = (
+        [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "eval"][-1] for run in (single, ddp)
+    )
+    assert ea.keys() == eb.keys()
+    for k in ("loss", "mlm_accuracy", "disc_accuracy", "disc_auc", "replaced_share"):
+        assert ea[k] == pytest.approx(eb[k], rel=1e-4), k
     # Weights are compared by how far each tensor moved, not element by element: an element whose
     # gradient nearly cancels over the batch keeps only summation-order noise, which Adam's
     # normalisation scales up to a sizeable step. On CI's CPU 92 of 4,096 elements of one matrix

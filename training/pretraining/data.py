@@ -138,8 +138,10 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
                     group_by_length=grouped)  # fmt: skip
     valid = PackedDataset(run / "data" / "valid")
 
-    def valid_batches() -> Batches:
-        return Batches(valid, min(cfg.batch_size, len(valid)), cfg.seed, 0, 1, group_by_length=grouped)
+    def valid_batches() -> Batches:  # global batches, read by rank 0 alone (evaluate cuts them in pieces)
+        return Batches(
+            valid, min(cfg.batch_size * env.world, len(valid)), cfg.seed, 0, 1, group_by_length=grouped
+        )
 
     return PretrainingData(tok_dir, tok, specials, train, valid_batches)
 

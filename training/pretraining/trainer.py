@@ -281,10 +281,10 @@ class Trainer:
         # the ranks agreed on `done` and `stopped`.
         rng = by_rank(env.gather(capture_rng(env.device))) if saving and step % cfg.save_every else None
         if (step % cfg.eval_every == 0 or done) and env.main:  # a stop adds no evaluation of its own
-            # Rank 0 reads the global batch's rows in batches of one process's: as many rows as one process
-            # with the whole batch would (a 2-process run read half of them).
-            self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches * env.world, cfg.seed,
-                                  env.device, self.autocast)  # fmt: skip
+            # Rank 0 evaluates the global batches one process's rows at a time: the rows, corruption and
+            # figures of a single-process run with the whole batch.
+            self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed, env.device,
+                                  self.autocast, parts=env.world)  # fmt: skip
             self.evals_step = step
             log.write(step, self.settle_tokens(), "eval", self.evals)
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
@@ -338,7 +338,7 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
     return ran
 
 
-def schedule_notes(cfg: PretrainConfig, data, world: int = 1) -> list[str]:
+def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
     """Settings that run, but not as their names suggest."""
     notes = []
     if cfg.warmup_steps >= cfg.max_steps:
@@ -346,10 +346,10 @@ def schedule_notes(cfg: PretrainConfig, data, world: int = 1) -> list[str]:
                      f"rate never reaches --lr {cfg.lr:g}")  # fmt: skip
     held_out = data.valid_batches()
     per_pass = max(1, len(held_out.dataset) // held_out.global_batch)
-    if cfg.eval_batches * world > per_pass:
+    if cfg.eval_batches > per_pass:
         notes.append(f"--eval-batches {cfg.eval_batches}: the held-out data makes {per_pass} batch(es) of "
                      f"{held_out.global_batch} rows; each evaluation reads them "
-                     f"{cfg.eval_batches * world / per_pass:.1f} times over, masked anew each time")  # fmt: skip
+                     f"{cfg.eval_batches / per_pass:.1f} times over, masked anew each time")  # fmt: skip
     return notes
 
 
@@ -520,7 +520,7 @@ def setup(argv: list[str] | None) -> Trainer:
             options.save(cfg, run / "config.json")
         data = build_data(cfg, run, env)
         if env.main:
-            for note in schedule_notes(cfg, data, env.world):
+            for note in schedule_notes(cfg, data):
                 print(f"note: {note}", file=sys.stderr, flush=True)
         saved_ranges = saved_quantization(run) if cfg.resume and cfg.qat else None
         objective, warm_names, notes = build_model(cfg, data, warm, saved_ranges)
