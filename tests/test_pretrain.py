@@ -782,3 +782,13 @@ def test_a_corpus_directory_says_which_files_it_left_out(tmp_path, small_corpus,
         in said
     )
     assert '"eval_step": 2' in said  # the final line says which step its figures are from
+
+
+@pytest.mark.parametrize("rows, world", [(8, 2), (7, 2), (3, 4), (5, 3), (1, 1)])
+def test_the_ranks_shares_of_a_held_out_batch_cover_its_rows_once_in_order(rows, world):
+    from training.pretraining.evaluate import _share
+
+    shares = [_share(rows, r, world) for r in range(world)]
+    assert [i for s in shares for i in range(rows)[s]] == list(range(rows))
+    assert max(s.stop - s.start for s in shares) - min(s.stop - s.start for s in shares) <= 1
+    assert shares[0].stop > shares[0].start  # rank 0, which writes the figures, always scores some rows

@@ -138,7 +138,7 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
                     group_by_length=grouped)  # fmt: skip
     valid = PackedDataset(run / "data" / "valid")
 
-    def valid_batches() -> Batches:  # global batches, read by rank 0 alone (evaluate cuts them in pieces)
+    def valid_batches() -> Batches:  # global batches on every rank: evaluate gives each rank its share
         return Batches(
             valid, min(cfg.batch_size * env.world, len(valid)), cfg.seed, 0, 1, group_by_length=grouped
         )

@@ -24,50 +24,66 @@ def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: flo
 
 
 @torch.no_grad()
-def evaluate(
-    objective, batches, n_batches: int, seed: int, device, autocast, parts: int = 1
-) -> dict[str, float]:
+def evaluate(objective, batches, n_batches: int, seed: int, device, autocast, env=None) -> dict[str, float]:
     """Run `n_batches` held-out global batches with fixed noise, so every evaluation sees the same
-    corruption (the objective's own, as training masks). Each global batch runs in `parts` pieces of one
-    process's rows (a torchrun run's rank 0 evaluates for all ranks, in one process's memory), with the
-    noise and the loss of the whole batch: the figures are the single-process run's, to float rounding."""
+    corruption (the objective's own, as training masks). Under torchrun every rank scores its share of
+    each global batch, with the whole batch's noise, and the figures are gathered: those of the
+    single-process run, to float rounding, in the time of one process's share. Every rank must call."""
+    rank, world = (env.rank, env.world) if env is not None else (0, 1)
     objective.eval()
-    probs, labels, mlm_correct, mlm_total, losses = [], [], 0, 0, []
+    sums, probs, labels, mlm_correct, mlm_total, template = [], [], [], 0, 0, None
     for i in range(n_batches):
-        whole = {k: v.to(device) for k, v in next(batches).items()}
+        whole = next(batches)
         B, T = whole["input_ids"].shape
-        sums, start = None, 0
-        for batch in _pieces(whole, parts):
-            rows = slice(start, start + len(batch["input_ids"]))
-            start = rows.stop
-            noise = draw_noise((B, T), seed=seed + 1_000_003, step=i, rows=rows, device=device)
-            with autocast():
-                out = objective(batch, noise)
-            counted = {f: getattr(out, f) for f in _SUMMED if f in out._fields}
-            sums = counted if sums is None else {f: sums[f] + counted[f] for f in sums}
-            masked = out.masked
-            hits = (out.mlm_logits.argmax(-1) == masked.targets).float() * masked.weights
-            mlm_correct += int(hits.sum())
-            mlm_total += int(masked.weights.sum())
-            scored = out.replaced_token_scores()  # None for an objective without a discriminator
-            if scored is not None:
-                logits, is_replaced = scored
-                real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"].bool()
-                probs.append(torch.sigmoid(logits.float())[real].cpu().numpy())
-                labels.append(is_replaced[real].cpu().numpy())
-        total = out._replace(**sums)  # the loss reads only the summed fields
-        losses.append(float(objective.loss(total, total.n_masked.clamp(min=1), total.n_tokens).loss))
+        rows = _share(B, rank, world)
+        batch = {k: v[rows].to(device) for k, v in whole.items()}
+        if rows.stop == rows.start:  # fewer held-out rows than ranks: nothing to score here
+            sums.append(None)
+            continue
+        noise = draw_noise((B, T), seed=seed + 1_000_003, step=i, rows=rows, device=device)
+        with autocast():
+            out = objective(batch, noise)
+        template = out
+        sums.append(torch.stack([getattr(out, f).float() for f in _summed(out)]).cpu())
+        masked = out.masked
+        hits = (out.mlm_logits.argmax(-1) == masked.targets).float() * masked.weights
+        mlm_correct += int(hits.sum())
+        mlm_total += int(masked.weights.sum())
+        scored = out.replaced_token_scores()  # None for an objective without a discriminator
+        if scored is not None:
+            logits, is_replaced = scored
+            real = batch["attention_mask"].bool() & ~batch["special_tokens_mask"].bool()
+            probs.append(torch.sigmoid(logits.float())[real].cpu().numpy())
+            labels.append(is_replaced[real].cpu().numpy())
     objective.train()
-    result = {"loss": float(np.mean(losses)), "mlm_accuracy": mlm_correct / max(mlm_total, 1)}
+    shares = (
+        env.gather((sums, probs, labels, mlm_correct, mlm_total))
+        if world > 1
+        else [(sums, probs, labels, mlm_correct, mlm_total)]
+    )
+    if template is None:  # only a rank with no rows at all; rank 0 always has some
+        return {}
+    losses = []
+    for i in range(n_batches):  # one loss over each global batch's sums, as one process computes it
+        total = sum(share[0][i] for share in shares if share[0][i] is not None)
+        out = template._replace(**dict(zip(_summed(template), total, strict=True)))
+        losses.append(float(objective.loss(out, out.n_masked.clamp(min=1), out.n_tokens).loss))
+    correct, counted = sum(share[3] for share in shares), sum(share[4] for share in shares)
+    result = {"loss": float(np.mean(losses)), "mlm_accuracy": correct / max(counted, 1)}
+    probs = [p for share in shares for p in share[1]]
     if probs:
+        labels = [x for share in shares for x in share[2]]
         result.update(replaced_token_metrics(np.concatenate(probs), np.concatenate(labels).astype(np.int64)))
     return result
 
 
-# The outputs' fields that add up over a global batch's pieces, as over the micro-batches of a step.
-_SUMMED = ("mlm_sum", "disc_sum", "n_masked", "n_tokens")
+def _summed(out) -> list[str]:
+    """The outputs' fields that add up over a global batch's shares, as over the micro-batches of a step."""
+    return [f for f in ("mlm_sum", "disc_sum", "n_masked", "n_tokens") if f in out._fields]
 
 
-def _pieces(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
-    cut = {k: torch.tensor_split(v, parts) for k, v in batch.items()}
-    return [{k: v[j] for k, v in cut.items()} for j in range(parts) if len(cut["input_ids"][j])]
+def _share(rows: int, rank: int, world: int) -> slice:
+    """Rank `rank`'s rows of a global batch of `rows`: contiguous, the first ranks one more when uneven."""
+    size, extra = divmod(rows, world)
+    start = rank * size + min(rank, extra)
+    return slice(start, start + size + (rank < extra))

@@ -280,14 +280,14 @@ class Trainer:
         # Evaluation draws from its own seeded generators, not these. Every rank takes part in the gather:
         # the ranks agreed on `done` and `stopped`.
         rng = by_rank(env.gather(capture_rng(env.device))) if saving and step % cfg.save_every else None
-        if (step % cfg.eval_every == 0 or done) and env.main:  # a stop adds no evaluation of its own
-            # Rank 0 evaluates the global batches one process's rows at a time: the rows, corruption and
-            # figures of a single-process run with the whole batch.
+        if step % cfg.eval_every == 0 or done:  # a stop adds no evaluation of its own
+            # Every rank scores its share of the held-out global batches (the ranks agreed on `done`).
             self.evals = evaluate(self.objective, self.data.valid_batches(), cfg.eval_batches, cfg.seed, env.device,
-                                  self.autocast, parts=env.world)  # fmt: skip
+                                  self.autocast, env)  # fmt: skip
             self.evals_step = step
-            log.write(step, self.settle_tokens(), "eval", self.evals)
-            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
+            if env.main:
+                log.write(step, self.settle_tokens(), "eval", self.evals)
+                tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if saving:
             # Never a checkpoint of weights that are no longer finite (the loss is read only at log steps):
             # the run stops with its previous checkpoint intact. The same on every rank (DDP keeps the
