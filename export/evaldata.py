@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from export.config import COLUMN_OPTIONS
 from export.parity import MASK_RATE, Batch
 
 
@@ -178,8 +179,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         raise EvalDataError(str(e)) from None
     if not rows or any(c not in rows[0] for c in wanted):
         held = ", ".join(map(str, rows[0])) if rows else "no rows"
-        named = [f"--{n.replace('_', '-')}" for n in ("text_column", "text_pair_column", "label_column")
-                 if getattr(cfg, n, None)]  # fmt: skip
+        named = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(cfg, n, None)]
         recipe = trainer_state(ckpt).get("config") or {}
         fine_tuned = "text_column" in recipe or "label_column" in recipe
         whose = (

@@ -327,7 +327,9 @@ def _near_chance_on_held_out(report: dict, warnings: list[str]) -> str | None:
         return None
     if not figures["fp32"] < calibrate.NEAR_CHANCE_AUC:
         return None
-    return (f"{calibrate.NEAR_CHANCE} the generator's replacements from the original tokens (ROC AUC "
+    # Without the checkpoint's generator the replacements were unigram samples (evaldata.corrupt says which).
+    whose = "the generator's" if figures.get("corruption", "").startswith("generator") else "random"
+    return (f"{calibrate.NEAR_CHANCE} {whose} replacements from the original tokens (ROC AUC "
             f"{figures['fp32']:.2f} on held-out text; 0.5 is chance): its probabilities say little. Train it "
             "longer or on more text")  # fmt: skip
 

@@ -147,8 +147,13 @@ def test_a_detector_near_chance_on_its_own_task_is_warned_of():
     """Held-out replaced-token AUC 0.52 passed without a word: the calibration sentences' easier swaps gave 0.68."""
     from export.pipeline import _near_chance_on_held_out
 
-    report = {"int8_accuracy": {"metric": "replaced_token_roc_auc", "fp32": 0.523, "int8": 0.52}}
-    assert "ROC AUC 0.52 on held-out text" in _near_chance_on_held_out(report, [])
+    report = {"int8_accuracy": {"metric": "replaced_token_roc_auc", "fp32": 0.523, "int8": 0.52,
+                                "corruption": "generator: 15% of tokens masked ..."}}  # fmt: skip
+    assert "the generator's replacements from the original tokens (ROC AUC 0.52 on held-out text" in (
+        _near_chance_on_held_out(report, [])
+    )
+    unigram = {"int8_accuracy": {**report["int8_accuracy"], "corruption": "unigram: no generator/ ..."}}
+    assert "random replacements" in _near_chance_on_held_out(unigram, [])  # no generator was there to say it
     assert (
         _near_chance_on_held_out(report, ["the detector barely tells swapped words (ROC AUC 0.55)"]) is None
     )

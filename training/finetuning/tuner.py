@@ -515,7 +515,7 @@ class FineTuner:
 
 
 def _one_class_note(rows: list[dict], data: TaskData) -> str | None:
-    """A classifier that answers one label for every dev text learnt the majority class only, whatever its
+    """A classifier that answers one label for every dev text has learnt nothing of the texts, whatever its
     figures (an f1 of the positive label can still read 0.92)."""
     if data.problem_type == REGRESSION or not rows:
         return None
@@ -523,7 +523,7 @@ def _one_class_note(rows: list[dict], data: TaskData) -> str | None:
     if len(answered) > 1 or len(present) < 2:
         return None
     return (
-        f"the model answers {next(iter(answered))!r} for every dev text: it learnt the majority class only; "
+        f"the model answers {next(iter(answered))!r} for every dev text, whatever the text; "
         "train longer (--epochs), with another --lr, or from a better --init"
     )
 

@@ -541,8 +541,14 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.main:  # rank 0 writes the checkpoints
             try:
                 more = checkpoints_to_fit(cfg, step, run / "checkpoints")
-                what = (f"{more} more checkpoints at once (--keep-checkpoints {cfg.keep_checkpoints}: each is written "
-                        "before the oldest goes)" if more > 1 else "a checkpoint")  # fmt: skip
+                what = (
+                    "a checkpoint" if more < 2
+                    # Keeping all, the first two are checked: the rest are for the run's user to size.
+                    else f"the first {more} checkpoints (--keep-checkpoints 0 keeps every one)"
+                    if cfg.keep_checkpoints == 0
+                    else f"{more} more checkpoints at once (--keep-checkpoints {cfg.keep_checkpoints}: each is "
+                    "written before the oldest goes)"
+                )  # fmt: skip
                 if more:
                     check_room(
                         run / "checkpoints", more * checkpoint_bytes(objective, data.tokenizer_dir), what
