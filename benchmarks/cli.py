@@ -73,6 +73,16 @@ def bundle(text: str) -> Path:
     return Path(text)
 
 
+def detector_bundle(text: str) -> Path:
+    """bundle, of a detector: a classifier's scores are no per-token probabilities to measure."""
+    from app.model.bundle import read_bundle
+
+    kind = read_bundle(bundle(text)).manifest.kind
+    if kind != "detector":
+        raise argparse.ArgumentTypeError(f"{text} is a {kind} bundle; this benchmark needs a detector bundle")
+    return Path(text)
+
+
 def positive_ints(text: str) -> tuple[int, ...]:
     """Comma-separated whole numbers of at least 1, one at least: '1,16,64'."""
     values = tuple(positive_int(x.strip()) for x in text.split(",") if x.strip())
@@ -81,6 +91,11 @@ def positive_ints(text: str) -> tuple[int, ...]:
             f"expected comma-separated whole numbers of at least 1, got {text!r}"
         )
     return values
+
+
+class UsageError(Exception):
+    """A benchmark's own refusal of an input its user gave (a run made with other settings, a bundle of
+    the wrong kind): run prints it as one `error:` line and exits 2."""
 
 
 # The project's own errors whose message names an input to change. Looked up only among the modules
@@ -101,6 +116,8 @@ def user_error(e: BaseException, argv: Sequence[str]) -> str | None:
     """The line to print for an error the user fixes by changing the command, else None (a fault: its
     traceback is what to report). A missing file counts only where the command named it, or a directory
     holding it: one of the program's own missing is no input to change."""
+    if isinstance(e, UsageError):
+        return str(e)
     for module, name in USER_ERRORS:
         kind = getattr(sys.modules.get(module), name, None)
         if isinstance(kind, type) and isinstance(e, kind):

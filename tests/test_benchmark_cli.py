@@ -66,6 +66,11 @@ REFUSED = [
     ("benchmarks.quality.everyday_sentences", ["--bundle", MISSING]),
     ("benchmarks.quality.everyday_sentences", ["--bundle", str(REPO)]),  # a directory, but no bundle
     ("benchmarks.quality.everyday_sentences", ["--per-kind", "-2"]),
+    ("benchmarks.quality.everyday_sentences", ["--bundle", str(REPO / "models/sentiment")]),  # a classifier
+    (
+        "benchmarks.quality.int8_agreement",
+        ["--bundle", str(REPO / "models/sentiment"), "--reference", str(REPO)],
+    ),
     ("benchmarks.quality.load_check_cpus", [MISSING]),
     ("benchmarks.quality.user_sentences", ["--bundle", MISSING]),
     ("benchmarks.quality.disc_probe", [str(REPO), "--rows", "0"]),
@@ -113,7 +118,13 @@ def test_the_projects_own_errors_are_one_line_and_exit_2(capsys):
     from options import ConfigError
     from training.errors import CheckpointError
 
-    for e in (CheckpointError("x: no such directory"), BundleError("b: missing"), ConfigError("--task: no")):
+    refused = cli.UsageError("runs/a was pretrained with other settings (lr)")  # a benchmark's own refusal
+    for e in (
+        CheckpointError("x: no such directory"),
+        BundleError("b: missing"),
+        ConfigError("--task: no"),
+        refused,
+    ):
         assert cli.run(_fails(e), []) == 2
         assert capsys.readouterr().err == f"error: {e}\n"
     # A missing file the command named (or one inside a directory it named) is the user's to change;

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.model.bundle import BundleError, discover
+from benchmarks import cli
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
@@ -166,11 +167,13 @@ def prepare(
         try:
             served = discover(models_dir)[0]
         except BundleError as e:  # no bundle there, or none that can be served: the reasons
-            raise SystemExit(f"--bundle {bundle}: {e}") from None
+            raise cli.UsageError(f"--bundle {bundle}: {e}") from None
         single = (models_dir / "manifest.json").is_file()  # a bundle given as such is served as it is
         found = served if single else [x for x in served if x.manifest.kind == "detector"]
         if not found:
-            raise SystemExit(f"--bundle {bundle}: neither a bundle nor a directory holding a detector bundle")
+            raise cli.UsageError(
+                f"--bundle {bundle}: neither a bundle nor a directory holding a detector bundle"
+            )
         b, manifest = found[0].path, found[0].manifest
         if model:  # a checkpoint, run or HF directory: its errors say what is missing
             from training.checkpoint import resolve_checkpoint

@@ -16,6 +16,7 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.quality import claim_report as report
 from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.pretrainkit import Job, latest_state, step_seconds, to_toml, tokenizer_info
@@ -119,7 +120,7 @@ def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int |
         saved = json.loads((run / "config.json").read_text())
         differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING and saved.get(k) != v]
         if differ:
-            sys.exit(f"error: {run} was pretrained with other settings ({', '.join(differ)}); "
+            raise cli.UsageError(f"{run} was pretrained with other settings ({', '.join(differ)}); "
                      "choose another --work, delete it, or pass --skip-pretrain to use it as it is")  # fmt: skip
         if state["step"] >= cfg.max_steps:
             print(f"{objective}: pretraining done ({state['step']} steps), kept", flush=True)
@@ -171,7 +172,7 @@ def pretrain_record(
 
     state = latest_state(run)
     if state is None:
-        sys.exit(f"error: {run} holds no pretraining checkpoint; drop --skip-pretrain to make one")
+        raise cli.UsageError(f"{run} holds no pretraining checkpoint; drop --skip-pretrain to make one")
     cfg, tok = run_settings(run)
     (c,) = plan(budget_flops, costs(cfg, tok["vocab_size"], (objective,)), cfg, 0.0).values()
     at = []
@@ -179,7 +180,7 @@ def pretrain_record(
         step = p * cfg.max_steps
         where = checkpoint_at(run, int(step))
         if step.denominator != 1 or not (where / "trainer_state.json").is_file():
-            sys.exit(f"error: {run} holds no checkpoint at {float(p):g} of its {cfg.max_steps} steps (made for "
+            raise cli.UsageError(f"{run} holds no checkpoint at {float(p):g} of its {cfg.max_steps} steps (made for "
                      "other --points?); choose another --work or delete it")  # fmt: skip
         st = json.loads((where / "trainer_state.json").read_text())
         flops = c["flops_per_token"] * st["tokens"]
@@ -289,7 +290,7 @@ def finetune_job(args, arms: dict, key: tuple, work: Path, threads: int | None, 
     try:
         want = dataclasses.asdict(resolve(FinetuneConfig, ft_args))
     except ConfigError as e:
-        sys.exit(f"error: --finetune-args: {e}")
+        raise cli.UsageError(f"--finetune-args: {e}") from None
     done = all((out / f).is_file() for f in ("eval_dev.json", "eval_test.json", "finetune_config.json"))
     if done:  # kept only if made from this checkpoint with these settings
         saved = json.loads((out / "finetune_config.json").read_text())

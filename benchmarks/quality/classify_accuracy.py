@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     ):
         listed = {m["name"]: m for m in lk.get_json(server.url + "/models")["models"]}
         if args.model not in listed:
-            sys.exit(f"error: the server loaded {', '.join(listed)}, not {args.model!r}")
+            raise cli.UsageError(f"the server loaded {', '.join(listed)}, not {args.model!r}")
         for i in tqdm(range(0, len(items), args.batch), desc="classify", unit="batch"):
             texts = [t for t, _ in items[i : i + args.batch]]
             answer = lk.post_json(server.url + "/classify", {"model": args.model, "texts": texts}, 120)

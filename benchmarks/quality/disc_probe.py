@@ -127,9 +127,11 @@ def load_generators(cks: list[Path], tokenizer: Path) -> list[tuple[str, object]
     out = []
     for ck in cks:
         if not (ck / "generator").is_dir():
-            raise SystemExit(f"--replacements-from {ck}: not an ELECTRA checkpoint (no generator/ inside)")
+            raise cli.UsageError(
+                f"--replacements-from {ck}: not an ELECTRA checkpoint (no generator/ inside)"
+            )
         if (ck / "tokenizer.json").read_bytes() != tokenizer.read_bytes():
-            raise SystemExit(f"--replacements-from {ck}: its tokenizer differs from the probed run's, so the "
+            raise cli.UsageError(f"--replacements-from {ck}: its tokenizer differs from the probed run's, so the "
                              "same ids would be other words; use a run trained with the same --tokenizer")  # fmt: skip
         gen, _, _ = load_model(ck / "generator", "ElectraForMaskedLM")
         out.append((str(ck), gen.eval()))

@@ -55,7 +55,6 @@ import json
 import os
 import platform
 import shlex
-import sys
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -231,7 +230,7 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
     if args.skip_pretrain:
         tok_path = work / "pretrain" / "electra" / "tokenizer" / "tokenizer.json"
         if not tok_path.is_file():
-            sys.exit(f"error: --skip-pretrain: {tok_path.parents[1]} holds no pretraining run")
+            raise cli.UsageError(f"--skip-pretrain: {tok_path.parents[1]} holds no pretraining run")
     elif (
         args.plan_only and args.tokenizer == "train" and not (work / "tokenizer" / "tokenizer.json").is_file()
     ):
@@ -283,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         base = base_config(args)
     except ConfigError as e:
-        sys.exit(f"error: --model-config/--pretrain-args: {e}")
+        raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
     config = vars(args) | {"points": [float(p) for p in args.points]}  # as given, for the log and the JSON
     print(f"electra_vs_mlm configuration: {json.dumps(config)}", flush=True)
     tok_path, budget, source, steps = budget_and_plan(args, base, work)

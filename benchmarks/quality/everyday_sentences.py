@@ -90,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.quality.everyday_sentences", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--bundle", type=cli.bundle, default="models/detector")
+    p.add_argument("--bundle", type=cli.detector_bundle, default="models/detector")
     p.add_argument(
-        "--against", type=cli.bundle, default=None, help="another detector bundle, on the same sentences"
+        "--against",
+        type=cli.detector_bundle,
+        default=None,
+        help="another detector bundle, on the same sentences",
     )
     p.add_argument(
         "--per-kind", type=cli.positive_int, default=150, help="swapped sentences per kind and source"

@@ -156,7 +156,7 @@ def measure(args, f: float, arm: dict, work: Path, common: Path) -> dict:
     run = Path(arm["config"].out)
     state = latest_state(run)
     if state is None:
-        sys.exit(f"error: {run} holds no checkpoint; drop --skip-pretrain to make one")
+        raise cli.UsageError(f"{run} holds no checkpoint; drop --skip-pretrain to make one")
     bundle = work / f"{arm_name(f)}-bundle"
     data = ["--data-dir", args.data_dir] if args.data_dir else []
     if not made_from(bundle, state["checkpoint"]):
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         base = resolve(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
     except ConfigError as e:
-        sys.exit(f"error: {e}")
+        raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     print(f"config: {json.dumps(vars(args), default=str)}", flush=True)

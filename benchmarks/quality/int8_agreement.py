@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.wordscores import WordScorer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=cli.bundle, default="models/detector")
+    p.add_argument("--bundle", type=cli.detector_bundle, default="models/detector")
     p.add_argument(
         "--reference", required=True, type=cli.existing, help="the checkpoint the bundle was exported from"
     )

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks import cli
 from training.config import PretrainConfig
 
 
@@ -38,7 +39,7 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
     if (d / "tokenizer.json").is_file():
         made = json.loads((d / "made_from.json").read_text()) if (d / "made_from.json").is_file() else None
         if made != want:
-            sys.exit(f"error: {d} was trained for {made}, this run needs {want}; choose another --work")
+            raise cli.UsageError(f"{d} was trained for {made}, this run needs {want}; choose another --work")
         return d / "tokenizer.json"
     print(f"one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for every arm", flush=True)
     save_tokenizer(corpus_tokenizer(base.corpus, base.vocab_size, base.lowercase, data_dir, **own), d)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +130,7 @@ def reused_items(path: Path) -> list[dict]:
     try:
         return read_items(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"error: --items {path}: not an items file of this benchmark ({e})")
+        raise cli.UsageError(f"--items {path}: not an items file of this benchmark ({e})") from None
 
 
 def parse(argv):
@@ -221,7 +220,7 @@ def main(argv=None) -> None:
     bundle = read_bundle(Path(args.bundle))
     m = bundle.manifest
     if m.kind != "detector":
-        sys.exit(f"error: {args.bundle} is a {m.kind} bundle; this benchmark needs a detector")
+        raise cli.UsageError(f"{args.bundle} is a {m.kind} bundle; this benchmark needs a detector")
     trained_on = ((m.source.get("training") or {}).get("config") or {}).get("corpus", "")
     if args.source in trained_on.split(","):
         print(f"warning: the detector trained on {trained_on}: {args.source} is not held out", flush=True)
