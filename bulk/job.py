@@ -399,10 +399,12 @@ def run(cfg: BulkConfig) -> int:
               "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
-    blank = summary["blank_lines_skipped"]
-    if any(p.format == "text" for p in parts) and blank * 10 >= max(summary["documents"], 1):
+    blank, documents = summary["blank_lines_skipped"], max(summary["documents"], 1)
+    wrapped = sum(e.get("wrapped", 0) for e in entries)
+    if blank * 10 >= documents and wrapped * 10 >= documents:
         # Pretraining reads a .txt corpus as paragraphs between blank lines: the same files, scored here,
-        # are cut into their lines.
+        # are cut into their lines. Only where paragraphs run over several lines (a paragraph a line, as
+        # WikiText's, is scored whole already).
         print(f"bulk: note: {blank:,} blank lines skipped: in a .txt file every line is a document (pretraining "
               "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
               "JSONL", file=sys.stderr)  # fmt: skip

@@ -113,8 +113,10 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     cfg, t0, started_at = scorer.cfg, time.perf_counter(), time.time()
     path = outputs.score_path(cfg.out, part)
     result = part.record()
-    stats = {"rows": 0, "tokens": 0, "windows": 0, "blank": 0, "reasons": {}, "labels": {},
+    # wrapped: lines of a .txt file right after a non-blank line (the job's blank-lines note reads it).
+    stats = {"rows": 0, "tokens": 0, "windows": 0, "blank": 0, "wrapped": 0, "reasons": {}, "labels": {},
              "hist": [0] * HIST_BINS}  # fmt: skip
+    after_text = False
     rejects: list[dict] = []
     writer, done_bytes = None, 0
     try:
@@ -124,7 +126,11 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
         ):
             good = [d for d in chunk if d.text is not None]
             for d in chunk:
-                if d.text is None and d.reason is None:
+                blank = d.text is None and d.reason is None
+                if part.format == "text":
+                    stats["wrapped"] += after_text and not blank
+                    after_text = not blank
+                if blank:
                     stats["blank"] += 1
                 elif d.text is None:
                     rejects.append({"id": d.id, "file": part.name, "line": d.line, "reason": d.reason,

@@ -135,6 +135,12 @@ def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_p
     done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
     assert done.returncode == 0, done.stderr
     assert "blank lines skipped: in a .txt file every line is a document" in done.stderr
+    # A paragraph a line between blank lines (WikiText's layout) is scored whole already: no note.
+    whole = tmp_path / "lines.txt"
+    whole.write_text("\n\n".join(paragraphs[:6]) + "\n")
+    done = run_bulk(whole, tmp_path / "out-lines", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "blank lines skipped" not in done.stderr
 
 
 def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
