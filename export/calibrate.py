@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from export import calibration as cal
-from export.evaluation.items import CalibrationDataError, Texts, build_texts, fitting
+from export.evaluation.items import MIN_SENTENCES, CalibrationDataError, Texts, build_texts, fitting
 from export.evaluation.scoring import score
 from export.parity import ParityError, deviation, roc_auc
 from export.wordscores import WordScorer
@@ -58,6 +58,8 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
         src.log(f"calibration: {built - len(texts.texts)} of {built} sentences left out: longer than one row of "
                 f"max_length {src.max_length}")  # fmt: skip
     src.log(f"calibration: {len(texts.texts)} sentences from {texts.source_counts()} ({texts.counts()})")
+    if len(texts.texts) < built:
+        _enough_that_fit(texts, built, src)
     if not texts.texts:  # a map fitted on nothing would be the identity's guess, shipped as calibrated
         raise CalibrationDataError("calibration found no held-out sentence it could use (each must tokenize to words the "
                          "model knows); check that the tokenizer is the model's, or pass --no-calibrate")  # fmt: skip
@@ -74,6 +76,21 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
     src.log(f"calibration: ECE {result.ece_before:.4f} -> {result.ece_fitted:.4f}")
     src.graph.calibration = cmap
     return dataclasses.replace(src, model=CalibratedLogits(src.model, cmap)), result
+
+
+def _enough_that_fit(texts, built: int, src) -> None:
+    """After the sentences longer than a row are left out, enough must stay, clean and swapped alike: a
+    --max-length of 12 once left 2 and no clean one, and the figures at the threshold came out NaN."""
+    swapped = sum(span is not None for span in texts.spans)
+    clean = len(texts.texts) - swapped
+    if len(texts.texts) >= MIN_SENTENCES and clean and swapped:
+        return
+    allowed = src.mcfg.max_position_embeddings
+    raise CalibrationDataError(
+        f"calibration: {len(texts.texts)} of {built} sentences fit one row of max_length {src.max_length} "
+        f"({clean} clean, {swapped} swapped); fitting the map needs at least {MIN_SENTENCES}, clean and swapped "
+        f"alike: export with a larger --max-length (the model has {allowed} positions), or pass --no-calibrate"
+    )
 
 
 def finish(c: Calibration, bundle_dir: Path, src) -> dict:

@@ -812,3 +812,16 @@ def test_sigterm_stops_an_export_as_ctrl_c_does_leaving_nothing(tmp_path, detect
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM, rest
     assert "export stopped by SIGTERM: nothing was written" in rest
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+def test_a_max_length_that_leaves_too_few_calibration_sentences_is_refused(
+    tmp_path, detector_dir, registry_data
+):
+    """--max-length 12 left 2 sentences, none clean, and the export crashed on a NaN; 16 left 32 and a map
+    was fitted on them. Too few that fit one row are refused, naming --max-length, and nothing is written."""
+    from export.evaluation.items import CalibrationDataError
+
+    with pytest.raises(CalibrationDataError, match=r"fit one row of max_length 12 .* larger --max-length"):
+        export(detector_dir, tmp_path / "b", precision="fp32", calibration_sentences=20, max_length=12,
+               data_dir=str(registry_data))  # fmt: skip
+    assert not (tmp_path / "b").exists()

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MIN_WORDS, MAX_WORDS = 6, 30  # a user's own calibration text: short everyday and long sentences alike
+# Fewer sentences than this fit a map and pick a threshold on a handful of scores.
+MIN_SENTENCES = 40
 ITEM_FIELDS = ("kind", "text", "span", "original", "replacement", "clean")
 
 
@@ -102,10 +104,10 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
                 "lines), or --data-dir DIR"
             ) from e
     for where, found_sentences in found.items():
-        if len(found_sentences) < 40:
+        if len(found_sentences) < MIN_SENTENCES:
             raise CalibrationDataError(
                 f"{where} has {len(found_sentences)} whole sentences of the lengths calibration takes; it "
-                "needs at least 40: pass more text with --calibration-text"
+                f"needs at least {MIN_SENTENCES}: pass more text with --calibration-text"
             )
     return found
 
