@@ -229,13 +229,19 @@ def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str)
         if bad is not None:
             raise EvalDataError(f"--eval-data: label {bad!r} is not a number, and the model is a regression")
         return np.array([as_float(lab) for _, lab in rows])
-    by_name = {v: k for k, v in id2label.items()}
+    from training.finetuning.data import as_float, label_name  # fine-tuning's spellings: "1.0" is "1"
+
+    by_name = {label_name(v): k for k, v in id2label.items()}
+    # A number names a class by its index only for a model whose labels are not numbers themselves
+    # (LABEL_0, LABEL_1 of an import): a model fine-tuned on labels 1 and 2 once read a 0 as its label "1".
+    numbered = any(as_float(name) is not None for name in by_name)
     out = []
     for _, lab in rows:
-        if lab in by_name:
-            out.append(by_name[lab])
-        elif lab.lstrip("-").isdigit() and int(lab) in id2label:
-            out.append(int(lab))
+        name = label_name(lab)
+        if name in by_name:
+            out.append(by_name[name])
+        elif not numbered and name.isdigit() and int(name) in id2label:
+            out.append(int(name))
         else:
             raise EvalDataError(
                 f"--eval-data: label {lab!r} is not one of the model's labels {sorted(by_name)}"

@@ -520,6 +520,12 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
     (tmp_path / "dev.jsonl").write_text('{"text": "a", "label": 1.0}\n{"text": "b", "label": 0}\n')
     rows = read_labelled(tmp_path / "dev.jsonl")
     assert label_ids(rows, {0: "0", 1: "1"}, "single_label_classification").tolist() == [1, 0]
+    # A number is a class index only where the labels are no numbers (an import's LABEL_0, LABEL_1):
+    # a model of labels "1" and "2" once scored a 0 as its "1".
+    assert label_ids(rows, {0: "LABEL_0", 1: "LABEL_1"}, "single_label_classification").tolist() == [1, 0]
+    assert label_ids([("a", "2.0")], {0: "1", 1: "2"}, "single_label_classification").tolist() == [1]
+    with pytest.raises(EvalDataError, match=r"label '0' is not one of the model's labels \['1', '2'\]"):
+        label_ids([("a", "0")], {0: "1", 1: "2"}, "single_label_classification")
     with pytest.raises(EvalDataError, match="expected columns 'review' and 'stars'"):
         read_labelled(tmp_path / "dev.jsonl", ckpt)
     (tmp_path / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": }\n')
