@@ -177,7 +177,9 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         rows = read_rows(str(path), "--eval-data", wanted)
     except DataError as e:
         raise EvalDataError(str(e)) from None
-    if not rows or any(c not in rows[0] for c in wanted):
+    if not rows:
+        raise EvalDataError(f"--eval-data {path}: no labelled rows in it (a header alone?)")
+    if any(c not in rows[0] for c in wanted):
         held = ", ".join(map(str, rows[0])) if rows else "no rows"
         named = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(cfg, n, None)]
         recipe = trainer_state(ckpt).get("config") or {}

@@ -186,6 +186,13 @@ def _load(cfg: ExportConfig, log) -> _Source:
         )
     if kind == "detector" and cfg.eval_data:
         raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
+    if cfg.eval_data and cfg.precision != "int8":  # recorded in export_config.json, it would read as checked
+        raise ConfigError(f"--eval-data is read by the int8 accuracy check; a --precision {cfg.precision} export "
+                          "is checked against PyTorch's outputs instead, and answers as the model does: drop "
+                          "--eval-data (the fine-tuning run's eval_dev.json holds the model's accuracy)")  # fmt: skip
+    if cfg.max_length and trained and cfg.max_length > trained:
+        log(f"warning: --max-length {cfg.max_length}: positions past the {trained} training used were never "
+            "trained; texts that long are scored with them as initialized")  # fmt: skip
     if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
                           "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip

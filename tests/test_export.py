@@ -534,6 +534,9 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
     (tmp_path / "latin1.csv").write_bytes("text,label\ncaf\u00e9,1\n".encode("latin-1"))
     with pytest.raises(EvalDataError, match="latin1.csv is not UTF-8"):
         read_labelled(tmp_path / "latin1.csv")
+    (tmp_path / "header.csv").write_text("text,label\n")
+    with pytest.raises(EvalDataError, match="header.csv: no labelled rows in it"):
+        read_labelled(tmp_path / "header.csv")
     with pytest.raises(EvalDataError, match="'n/a' is not a number"):
         label_ids([("a", "2.5"), ("b", "n/a")], {0: "score"}, "regression")
 
@@ -687,7 +690,9 @@ def test_export_refuses_a_mount_point_as_out_before_any_work(tmp_path, capsys):
         pytest.skip(str(e))
 
 
-def test_options_the_model_does_not_allow_are_refused_as_inputs_to_change(tmp_path, detector_dir, capsys):
+def test_options_the_model_does_not_allow_are_refused_as_inputs_to_change(
+    tmp_path, detector_dir, classifier_dir, capsys
+):
     """Exit 2, as every option to change; before, these ended as a failure while running (1)."""
     from export.__main__ import main
 
@@ -695,11 +700,23 @@ def test_options_the_model_does_not_allow_are_refused_as_inputs_to_change(tmp_pa
     for flags, says in [
         (["--eval-data", str(_dev_csv(tmp_path / "dev.csv"))], "--eval-data is a classifier's"),
         (["--max-length", str(config["max_position_embeddings"] + 1)], "exceeds the model's"),
-        (["--calibration-text", "no-such-source"], "is neither a file nor a sentence source"),
+        (["--calibration-text", "no-such-source"], "is neither a file nor a source of calibration sentences"),
+        (
+            ["--calibration-text", "wordnet"],
+            "or sources from wikitext2, news, chat, trec, sms_spam",
+        ),  # no such part
     ]:
         assert main([str(detector_dir), "--out", str(tmp_path / "b"), "--precision", "fp32", *flags]) == 2, (
             flags
         )
+        assert says in capsys.readouterr().err, flags
+        assert not (tmp_path / "b").exists()
+    # Read only by the int8 accuracy check: an fp32 bundle's export_config.json recorded it as if checked.
+    dev = str(_dev_csv(tmp_path / "dev.csv"))
+    for flags, says in [
+        (["--eval-data", dev, "--precision", "fp32"], "--eval-data is read by the int8 accuracy check"),
+    ]:
+        assert main([str(classifier_dir), "--out", str(tmp_path / "b"), *flags]) == 2, flags
         assert says in capsys.readouterr().err, flags
         assert not (tmp_path / "b").exists()
 
@@ -725,7 +742,14 @@ def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_d
                           log=said.append)  # fmt: skip
     assert manifest["max_length"] == 32
     assert any(line.startswith("max_length 32: the positions training used") for line in said), said
-    assert export(src, tmp_path / "c", precision="fp32", calibrate=False, max_length=48)["max_length"] == 48
+    said.clear()
+    cfg = ExportConfig(
+        checkpoint=str(src), out=str(tmp_path / "c"), precision="fp32", calibrate=False, max_length=48
+    )
+    assert run_export(cfg, log=said.append)["max_length"] == 48
+    assert "warning: --max-length 48: positions past the 32 training used were never trained" in "\n".join(
+        said
+    )
 
 
 def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_work(tmp_path, detector_dir):

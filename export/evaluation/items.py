@@ -90,10 +90,12 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
         found = {str(text): own_sentences(text)}
     else:
         names = [n.strip() for n in text.split(",") if n.strip()] if text else list(CALIBRATION_SOURCES)
-        if unknown := [n for n in names if n not in SOURCES]:
+        usable = [n for n, source in SOURCES.items() if source.calibration]
+        if unknown := [n for n in names if n not in usable]:
             raise CalibrationDataError(
-                f"--calibration-text {text}: {', '.join(unknown)} is neither a file nor a sentence source; "
-                f"name a file or directory of your own text, or sources from {', '.join(CALIBRATION_SOURCES)}"
+                f"--calibration-text {text}: {', '.join(unknown)} is neither a file nor a source of calibration "
+                f"sentences; name a file or directory of your own text, or sources from {', '.join(usable)} "
+                f"(default: {','.join(CALIBRATION_SOURCES)})"
             )
         try:
             found = {n: sentences(n, "calibration", data_dir) for n in names}
