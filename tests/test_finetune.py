@@ -275,6 +275,10 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         ([*user, "--positive-label", "great"], "--positive-label"),
         ([*user, "--positive-label", "good"], "for two classes only"),
         ([*user, "--init", Path(__file__).parents[1] / "models" / "detector"], "export.recover"),
+        (
+            [*user, "--init", Path(__file__).parents[1] / "models" / "sentiment"],
+            "use the fine-tuning run it was",
+        ),
         ([*user, "--layerwise-lr-decay", 1.5], "--layerwise-lr-decay"),
         ([*user, "--epochs", "two"], "--epochs"),
         ([*user, "--max-seq-len", 1000], "--max-seq-len"),

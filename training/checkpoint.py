@@ -59,8 +59,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
     if (p / "manifest.json").is_file() and (p / "model.onnx").is_file():
-        raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; get a checkpoint back from it with "
-                              f"python -m export.recover {p} --out DIR (detectors)")  # fmt: skip
+        raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; {_from_a_bundle(p)}")
     raise CheckpointError(
         f"{p} holds no checkpoint: expected config.json with model.safetensors (or {SHARD_INDEX} and its "
         "shards, or pytorch_model.bin), "
@@ -70,6 +69,21 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 # transformers writes a model larger than its shard size as shards listed in this index.
 SHARD_INDEX = "model.safetensors.index.json"
+
+
+def _from_a_bundle(bundle: Path) -> str:
+    """What to do with a bundle given as a checkpoint: export.recover turns a detector's back into one; a
+    classifier's is not (its recipe is the fine-tuning run's)."""
+    try:
+        kind = json.loads((bundle / "manifest.json").read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind == "detector":
+        return f"get a checkpoint back from it with python -m export.recover {bundle} --out DIR"
+    return (
+        "a classifier bundle cannot be turned back into one: use the fine-tuning run it was exported from "
+        "(its --out), or the pretraining run that run began from"
+    )
 
 
 def _has_weights(p: Path) -> bool:
