@@ -1,8 +1,8 @@
 """Fine-tuning data: registry tasks or the user's CSV/TSV/JSONL -> labelled examples -> padded batches.
 
 Label names are part of the model (config.json's id2label), so they are decided here once: as given by
-`--labels`, else the sorted unique values of the training labels (numerically when they are all integers,
-so "10" comes after "9"; whole numbers written "1.0" name class "1"). A label column of numbers with any
+`--labels`, else the sorted unique values of the training labels (integers numerically, so "10" comes after
+"9"; whole numbers written "1.0", "01" or "+1" name class "1"). A label column of numbers with any
 non-integer value is a regression target.
 
 Splits that the user does not give are made with a fixed seed, independent of `--seed`: runs that differ
@@ -229,25 +229,28 @@ def as_float(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
-_WHOLE_DECIMAL = re.compile(r"[+-]?[0-9]+\.0*")
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+(?:\.0*)?")  # "1", "01", "+1", "-0", "1.0", "1.00"
+_INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole number
 
 
 def label_name(value) -> str:
-    """The class a label value names: 1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a
-    missing value as floats) and "1" are the same class, "1"."""
+    """The class a label value names. A whole number names the class of its integer however it is written:
+    1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a missing value as floats), "01" and
+    "+1" are class "1" (one class per spelling made as many classes, ordered by the hash seed)."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip()
-    if _WHOLE_DECIMAL.fullmatch(text):
+    if _WHOLE_NUMBER.fullmatch(text):
         return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
     return text
 
 
 def _sort_key(name: str):
-    try:
-        return (0, int(name), "")
-    except ValueError:
-        return (1, 0, name)
+    # Total, so the order never follows the set's hash order: only ASCII integers sort as numbers (int()
+    # also reads "1_0" as 10, a tie with "10"), and the name breaks any tie.
+    if _INTEGER.fullmatch(name):
+        return (0, int(name), name)
+    return (1, 0, name)
 
 
 def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> None:
