@@ -4,7 +4,11 @@ that would train on the wrong thing, refused naming the cause."""
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
+
+import pytest
 
 from training.config import FinetuneConfig
 from training.finetuning.data import _sort_key, load_task_data
@@ -36,3 +40,22 @@ def test_names_that_read_as_one_integer_sort_the_same_in_any_order():
     assert (
         sorted(names, key=_sort_key) == sorted(reversed(names), key=_sort_key) == ["9", "10", "1_0", "a", "b"]
     )
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_texts_holding_unicode_line_separators_are_read_whole(tmp_path, suffix):
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped (json.dumps(ensure_ascii=False) writes
+    them so): the JSONL reader split lines at them and refused a valid file as "not JSON"."""
+    texts = [f"one line\u2028and another {i}\u2029then \u0085more" for i in range(20)]
+    path = tmp_path / f"t{suffix}"
+    with open(path, "w", encoding="utf-8", newline="\r\n" if suffix == ".csv" else "\n") as f:
+        if suffix == ".jsonl":
+            f.writelines(
+                json.dumps({"text": t, "label": i % 2}, ensure_ascii=False) + "\n"
+                for i, t in enumerate(texts)
+            )
+        else:
+            w = csv.writer(f, delimiter="\t" if suffix == ".tsv" else ",", lineterminator="\n")
+            w.writerows([("text", "label"), *((t, i % 2) for i, t in enumerate(texts))])
+    data = load(tmp_path, path, dev_fraction=0.5)
+    assert sorted(ex.text for split in data.splits.values() for ex in split) == sorted(texts)

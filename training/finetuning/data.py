@@ -121,7 +121,9 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> list[dict]
 
 def _jsonl_rows(p: Path, flag: str) -> list[dict]:
     rows = []
-    for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):
+    # Lines end at "\n" alone (read_text makes "\r\n" and "\r" one): splitlines() also splits at U+2028,
+    # U+2029 and U+0085, which JSON strings may hold unescaped, and cut such a row in two.
+    for n, line in enumerate(p.read_text(encoding="utf-8-sig").split("\n"), 1):
         if line.strip():
             try:
                 row = json.loads(line)
