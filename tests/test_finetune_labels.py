@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from training.config import FinetuneConfig
-from training.finetuning.data import _sort_key, load_task_data
+from training.finetuning.data import DataError, _sort_key, load_task_data
 
 
 def load(tmp_path: Path, train: Path, **options):
@@ -59,3 +59,17 @@ def test_texts_holding_unicode_line_separators_are_read_whole(tmp_path, suffix):
             w.writerows([("text", "label"), *((t, i % 2) for i, t in enumerate(texts))])
     data = load(tmp_path, path, dev_fraction=0.5)
     assert sorted(ex.text for split in data.splits.values() for ex in split) == sorted(texts)
+
+
+def test_labels_and_positive_label_are_read_as_the_datas_labels_are(tmp_path, tiny_init):
+    """A file of 0.0/1.0 labels makes classes "0" and "1": --labels 0.0,1.0 was refused as not listing
+    them, and --positive-label 1.0 as not one of them."""
+    from training.finetuning.tuner import resolve
+
+    train = write(tmp_path / "t.csv", [(f"film {i}", f"{i % 2}.0") for i in range(40)])
+    assert load(tmp_path, train, labels="1.0, 0.0").labels == ("1", "0")
+    with pytest.raises(DataError, match="more than one names class '1'"):
+        load(tmp_path, train, labels="0,1,01")
+    argv = ["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"]
+    cfg = resolve([*argv, "--labels", "0.0,1.0", "--positive-label", "0.0"])[0]
+    assert cfg.positive_label == "0"

@@ -299,10 +299,12 @@ def _user_files(cfg) -> TaskData:
         ptype = REGRESSION
     else:
         seen = {label_name(v) for v in values}
-        if cfg.labels:
-            labels = tuple(s.strip() for s in cfg.labels.split(","))
+        if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
+            labels = tuple(label_name(s) for s in cfg.labels.split(","))
             if len(set(labels)) != len(labels) or not all(labels):
-                raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}")
+                same = next((n for n in labels if labels.count(n) > 1), None)
+                raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}"
+                                + (f"; more than one names class {same!r}" if same else ""))  # fmt: skip
         else:
             labels = tuple(sorted(seen, key=_sort_key))
         index = {name: i for i, name in enumerate(labels)}
