@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,37 @@ def test_labels_and_positive_label_are_read_as_the_datas_labels_are(tmp_path, ti
     argv = ["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"]
     cfg = resolve([*argv, "--labels", "0.0,1.0", "--positive-label", "0.0"])[0]
     assert cfg.positive_label == "0"
+
+
+def test_a_split_or_sample_that_leaves_too_little_is_blamed_on_its_option(tmp_path):
+    """A stratified split with a row or two per class, a --dev-fraction that takes a whole class and a
+    --max-train-examples sample of one class were blamed on the row count, or on --train "holding 1 class"
+    though the file holds two."""
+    import random
+
+    rng = random.Random(0)
+    values = [f"{rng.random():.3f}" for _ in range(200)]  # a few repeat: classes of two rows
+    targets = write(tmp_path / "targets.csv", [(f"film {i}", y) for i, y in enumerate(values)])
+    with pytest.raises(DataError) as e:
+        load(tmp_path, targets, problem_type="classification")
+    assert "holds out 0.1 of each class, which rounds to no row" in str(e.value)
+    assert f"200 rows hold {len(set(values))} classes" in str(e.value) and "--problem-type regression" in str(
+        e.value
+    )
+    assert load(tmp_path, targets).problem_type == "regression"  # auto: as before
+    two = write(tmp_path / "two.csv", [(f"film {i}", "ab"[i % 2]) for i in range(101)])
+    for options, says in [
+        ({"dev_fraction": 0.99}, "--dev-fraction: holding out 0.99 of each of the 2 classes of --train leaves "
+         "its training rows 1 class"),
+        ({"max_train_examples": 1}, "--max-train-examples: a sample of 1 training row(s) (the training data "
+         "holds 2 classes) holds 1 class"),
+        ({"dev_fraction": 0.999}, "--dev-fraction: 0.999 of 101 rows leaves no training data"),
+    ]:  # fmt: skip
+        with pytest.raises(DataError, match=re.escape(says)):
+            load(tmp_path, two, **options)
+    one = write(tmp_path / "one.csv", [(f"film {i}", "a") for i in range(20)])
+    with pytest.raises(DataError, match="--train: the training data holds 1 class"):
+        load(tmp_path, one)
+    few = write(tmp_path / "few.csv", [(f"film {i}", f"{i}.5") for i in range(4)])
+    with pytest.raises(DataError, match=r"--dev-fraction: 0.1 of 4 rows rounds to no dev row"):
+        load(tmp_path, few)

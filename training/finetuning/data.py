@@ -72,18 +72,27 @@ class TaskData:
 def load_task_data(cfg) -> TaskData:
     """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples."""
     data = _registry(cfg) if cfg.task else _user_files(cfg)
+    classes = _classes(data.splits["train"]) if data.problem_type == CLASSIFICATION else 0
+    _need_two_classes(classes, "--train: the training data holds")
     for split in list(data.splits):
         limit = cfg.max_train_examples if split == "train" else cfg.max_eval_examples
         data.splits[split] = _sample(data.splits[split], limit)
         if not data.splits[split]:
             raise DataError(f"the {split} split is empty ({data.source.get(split, split)})")
-    if data.problem_type == CLASSIFICATION:
-        present = sum(c > 0 for c in data.label_counts())
-        if present < 2:
-            raise DataError(
-                f"--train: the training data holds {present} class; classification needs two or more"
-            )
+    if data.problem_type == CLASSIFICATION:  # the sample, not the file, may be what lacks a class
+        n = len(data.splits["train"])
+        _need_two_classes(_classes(data.splits["train"]), f"--max-train-examples: a sample of {n} training "
+                          f"row(s) (the training data holds {classes} classes) holds", "; raise it")  # fmt: skip
     return data
+
+
+def _classes(rows: list[Example]) -> int:
+    return len({ex.label for ex in rows})
+
+
+def _need_two_classes(present: int, says: str, fix: str = "") -> None:
+    if present == 1:  # 0: not a classification
+        raise DataError(f"{says} 1 class; classification needs two or more{fix}")
 
 
 def _registry(cfg) -> TaskData:
@@ -324,7 +333,14 @@ def _user_files(cfg) -> TaskData:
         split: str(Path(p)) for split, p in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)) if p
     }
     if "dev" not in splits:
-        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION)
+        classes = _classes(splits["train"]) if ptype == CLASSIFICATION else 0
+        _need_two_classes(classes, "--train: the training data holds")  # the file's own, before the split
+        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION,
+                                                   _numbers_as_classes(cfg, labels))  # fmt: skip
+        if ptype == CLASSIFICATION:
+            _need_two_classes(_classes(splits["train"]), f"--dev-fraction: holding out {cfg.dev_fraction} of "
+                              f"each of the {classes} classes of --train leaves its training rows",
+                              "; lower it or give a --dev file")  # fmt: skip
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
     return TaskData(None, ptype, labels, splits, source)
 
@@ -342,8 +358,20 @@ def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
     return said
 
 
-def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[list[Example], list[Example]]:
-    """(train, dev): `fraction` of each class held out (of all rows for regression), file order kept."""
+def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
+    """Why a class may have too few rows to split: fractional numbers made classes by --problem-type."""
+    numbers = [as_float(n) for n in labels]
+    if cfg.problem_type != "classification" or None in numbers or all(x.is_integer() for x in numbers):
+        return ""
+    return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
+            "a numeric target give --problem-type regression")  # fmt: skip
+
+
+def _hold_out(
+    rows: list[Example], fraction: float, stratify: bool, hint: str = ""
+) -> tuple[list[Example], list[Example]]:
+    """(train, dev): `fraction` of each class held out (of all rows for regression), file order kept.
+    `hint`: what to add when no class has rows enough to give one."""
     rng = random.Random(SPLIT_SEED)
     groups: dict[object, list[int]] = defaultdict(list)
     for i, ex in enumerate(rows):
@@ -353,9 +381,16 @@ def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[lis
         idx = groups[key]
         rng.shuffle(idx)
         dev.update(idx[: round(fraction * len(idx))])
-    if not dev or len(dev) == len(rows):
-        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no dev or no training data; "
-                        "give more rows or a --dev file")  # fmt: skip
+    if len(dev) == len(rows):
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no training data; lower it or "
+                        "give a --dev file")  # fmt: skip
+    if not dev and len(groups) > 1:  # the split is stratified: too few rows in every class, not in the file
+        raise DataError(f"--dev-fraction: the dev split holds out {fraction} of each class, which rounds to no "
+                        f"row: the {len(rows)} rows hold {len(groups)} classes, the largest "
+                        f"{max(map(len, groups.values()))} rows; give a --dev file or more rows per class{hint}")  # fmt: skip
+    if not dev:
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows rounds to no dev row; give more rows, "
+                        "a larger --dev-fraction or a --dev file")  # fmt: skip
     return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
 
 
