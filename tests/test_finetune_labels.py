@@ -108,3 +108,14 @@ def test_a_split_or_sample_that_leaves_too_little_is_blamed_on_its_option(tmp_pa
     few = write(tmp_path / "few.csv", [(f"film {i}", f"{i}.5") for i in range(4)])
     with pytest.raises(DataError, match=r"--dev-fraction: 0.1 of 4 rows rounds to no dev row"):
         load(tmp_path, few)
+
+
+def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_path):
+    """ "2,3" and "4,1" (a German spreadsheet's targets) made a classifier of one class per value."""
+    path = tmp_path / "t.csv"
+    path.write_text("text,label\n" + "".join(f'film {i},"{i % 3},5"\n' for i in range(40)))
+    with pytest.raises(DataError, match=r"40 of 40 labels are numbers written with a comma \('0,5'\)"):
+        load(tmp_path, path)
+    with pytest.raises(DataError, match=r"label '0,5' in --train is not a number \(write a decimal point"):
+        load(tmp_path, path, problem_type="regression")
+    assert load(tmp_path, path, problem_type="classification").labels == ("0,5", "1,5", "2,5")  # as asked

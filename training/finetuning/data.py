@@ -275,6 +275,20 @@ def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> Non
                         "numbers (a regression target): fix or drop its row, or give --problem-type classification")  # fmt: skip
 
 
+_COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
+
+
+def _refuse_comma_numbers(values: list) -> None:
+    """Targets written with a decimal comma ("2,3", as a German or French spreadsheet saves them) are not
+    numbers to float(): they silently made a classifier of one class per value."""
+    comma = [v for v in values if isinstance(v, str) and _COMMA_NUMBER.fullmatch(v.strip())]
+    if len(comma) * 2 > len(values):
+        raise DataError(f"--train: {len(comma)} of {len(values)} labels are numbers written with a comma "
+                        f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
+                        "them with a decimal point ('2.3') and no thousands separator, or give --problem-type "
+                        "classification to keep them as class names")  # fmt: skip
+
+
 def _is_float_text(value) -> bool:
     try:
         float(value)
@@ -293,6 +307,7 @@ def _user_files(cfg) -> TaskData:
     problem = cfg.problem_type
     if problem == "auto":
         _refuse_non_finite_targets(values, numbers)
+        _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
     if problem == "regression":
@@ -302,7 +317,14 @@ def _user_files(cfg) -> TaskData:
         for split, rows in raw.items():
             bad = next((lab for _, _, lab in rows if as_float(lab) is None), None)
             if bad is not None:
-                raise DataError(f"--problem-type regression: label {bad!r} in --{split} is not a number")
+                comma = (
+                    " (write a decimal point: '2.3', not '2,3')"
+                    if _COMMA_NUMBER.fullmatch(str(bad).strip())
+                    else ""
+                )
+                raise DataError(
+                    f"--problem-type regression: label {bad!r} in --{split} is not a number{comma}"
+                )
             splits[split] = [Example(t, p, float(lab)) for t, p, lab in rows]
         labels: tuple[str, ...] = (cfg.label_column,)
         ptype = REGRESSION
