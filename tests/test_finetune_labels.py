@@ -119,3 +119,14 @@ def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_p
     with pytest.raises(DataError, match=r"label '0,5' in --train is not a number \(write a decimal point"):
         load(tmp_path, path, problem_type="regression")
     assert load(tmp_path, path, problem_type="classification").labels == ("0,5", "1,5", "2,5")  # as asked
+
+
+@pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
+def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
+    """It trained on the label as its text: a model that reads the answer from its input."""
+    from training.config import ConfigError
+
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag} and --label-column: both name 'label'"):
+        load(tmp_path, train, **{option: "label"})
