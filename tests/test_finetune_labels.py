@@ -130,3 +130,18 @@ def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     flag = "--" + option.replace("_", "-")
     with pytest.raises(ConfigError, match=f"{flag} and --label-column: both name 'label'"):
         load(tmp_path, train, **{option: "label"})
+
+
+def test_json_texts_that_are_not_strings_are_refused_and_booleans_are_spelled_as_json(tmp_path):
+    """true became the text "True" and 0 the text "0" (pretraining refuses them, /classify answers 422);
+    a true label was class "True", apart from "true"."""
+    rows = [{"text": f"film {i}", "label": [True, "true", False, "false"][i % 4]} for i in range(40)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = load(tmp_path, path)
+    assert data.labels == ("false", "true") and data.label_counts() == [18, 18]
+    for value, kind in [(True, "boolean (true)"), (0, "number (0)"), (["a"], 'list (["a"])')]:
+        bad = rows[:5] + [{"text": value, "label": "true"}] + rows[5:]
+        path.write_text("".join(json.dumps(r) + "\n" for r in bad))
+        with pytest.raises(DataError, match=re.escape(f"t.jsonl row 6: 'text' is a JSON {kind}, not a text")):
+            load(tmp_path, path)

@@ -173,6 +173,11 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     return rows
 
 
+def _json_type(value) -> str:
+    return ("boolean" if isinstance(value, bool) else "number" if isinstance(value, (int, float)) else
+            "list" if isinstance(value, list) else "object")  # fmt: skip
+
+
 def missing(value) -> bool:
     """A label (or text) that is not there: absent, null, blank, or NaN (how pandas and JSON writers mark
     a missing number)."""
@@ -212,10 +217,11 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
         for col in filter(None, (cfg.text_column, cfg.text_pair_column)):
             if row.get(col) is None:  # a JSON row without the key, or null: not an empty text to train on
                 raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
-            if isinstance(row[col], (list, dict)):
-                raise DataError(
-                    f"{flag}: {path} row {n}: {col!r} is a JSON {'list' if isinstance(row[col], list) else 'object'}, not a text"
-                )
+            if not isinstance(
+                row[col], str
+            ):  # str() made true "True" and 0 "0"; /classify refuses them (422)
+                raise DataError(f"{flag}: {path} row {n}: {col!r} is a JSON {_json_type(row[col])} "
+                                f"({json.dumps(row[col])[:40]}), not a text; write texts as JSON strings")  # fmt: skip
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
     empty = [
@@ -247,7 +253,10 @@ _INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole nu
 def label_name(value) -> str:
     """The class a label value names. A whole number names the class of its integer however it is written:
     1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a missing value as floats), "01" and
-    "+1" are class "1" (one class per spelling made as many classes, ordered by the hash seed)."""
+    "+1" are class "1" (one class per spelling made as many classes, ordered by the hash seed). A JSON
+    boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True")."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip()
