@@ -145,3 +145,16 @@ def test_json_texts_that_are_not_strings_are_refused_and_booleans_are_spelled_as
         path.write_text("".join(json.dumps(r) + "\n" for r in bad))
         with pytest.raises(DataError, match=re.escape(f"t.jsonl row 6: 'text' is a JSON {kind}, not a text")):
             load(tmp_path, path)
+
+
+def test_a_column_name_with_spaces_around_it_is_shown_so(tmp_path):
+    """It said "no column 'text' (columns: text ,  label)": the spaces that made the names differ did not show."""
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)], header="text ,  label")
+    with pytest.raises(DataError) as e:
+        load(tmp_path, train)
+    assert "no column 'text' in" in str(e.value) and "(columns: 'text ', '  label')" in str(e.value)
+    assert "'text ' has spaces around the name: remove them from the header" in str(e.value)
+    from export.evaldata import EvalDataError, read_labelled  # export reads --eval-data as fine-tuning does
+
+    with pytest.raises(EvalDataError, match=re.escape("(it holds: 'text ', '  label')")):
+        read_labelled(train)

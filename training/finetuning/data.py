@@ -201,9 +201,13 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
         if col not in rows[0]:
             columns = list(map(str, rows[0]))
             one = columns[0] if len(columns) == 1 else ""
+            spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
-                    "; it looks semicolon-separated: write the file comma-separated" if ";" in one else "")  # fmt: skip
-            raise DataError(f"{opt}: no column {col!r} in {path} (columns: {', '.join(columns)}){hint}")
+                    "; it looks semicolon-separated: write the file comma-separated" if ";" in one else
+                    f"; {spaced!r} has spaces around the name: remove them from the header" if spaced else "")  # fmt: skip
+            raise DataError(
+                f"{opt}: no column {col!r} in {path} (columns: {', '.join(map(repr, columns))}){hint}"
+            )
     out = []
     for n, row in enumerate(rows, 1):
         label = row.get(cfg.label_column)
