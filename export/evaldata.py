@@ -180,7 +180,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     if not rows:
         raise EvalDataError(f"--eval-data {path}: no labelled rows in it (a header alone?)")
     if any(c not in rows[0] for c in wanted):
-        held = ", ".join(map(str, rows[0])) if rows else "no rows"
+        held = ", ".join(map(repr, rows[0]))  # repr: spaces around a name show
         named = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(cfg, n, None)]
         recipe = trainer_state(ckpt).get("config") or {}
         fine_tuned = "text_column" in recipe or "label_column" in recipe

@@ -508,6 +508,10 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
                 why = (f"only for --train data; --task {self.task} has its own columns and splits" if self.task
                        else "splits --train when no --dev is given; with --dev, drop it")  # fmt: skip
                 raise ConfigError(f"--{name.replace('_', '-')}: {why}")
+        for name in ("text_column", "text_pair_column"):
+            if not self.task and getattr(self, name) == self.label_column:  # it would learn to copy the label
+                raise ConfigError(f"--{name.replace('_', '-')} and --label-column: both name {self.label_column!r}; "
+                                  "the model would read each label from its text: name the text's own column")  # fmt: skip
         if not self.task and self.dev is None and not 0.0 < self.dev_fraction < 1.0:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         shares(self, "qat_smoothing")

@@ -1,8 +1,8 @@
 """Fine-tuning data: registry tasks or the user's CSV/TSV/JSONL -> labelled examples -> padded batches.
 
 Label names are part of the model (config.json's id2label), so they are decided here once: as given by
-`--labels`, else the sorted unique values of the training labels (numerically when they are all integers,
-so "10" comes after "9"; whole numbers written "1.0" name class "1"). A label column of numbers with any
+`--labels`, else the sorted unique values of the training labels (integers numerically, so "10" comes after
+"9"; whole numbers written "1.0", "01" or "+1" name class "1"). A label column of numbers with any
 non-integer value is a regression target.
 
 Splits that the user does not give are made with a fixed seed, independent of `--seed`: runs that differ
@@ -72,18 +72,27 @@ class TaskData:
 def load_task_data(cfg) -> TaskData:
     """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples."""
     data = _registry(cfg) if cfg.task else _user_files(cfg)
+    classes = _classes(data.splits["train"]) if data.problem_type == CLASSIFICATION else 0
+    _need_two_classes(classes, "--train: the training data holds")
     for split in list(data.splits):
         limit = cfg.max_train_examples if split == "train" else cfg.max_eval_examples
         data.splits[split] = _sample(data.splits[split], limit)
         if not data.splits[split]:
             raise DataError(f"the {split} split is empty ({data.source.get(split, split)})")
-    if data.problem_type == CLASSIFICATION:
-        present = sum(c > 0 for c in data.label_counts())
-        if present < 2:
-            raise DataError(
-                f"--train: the training data holds {present} class; classification needs two or more"
-            )
+    if data.problem_type == CLASSIFICATION:  # the sample, not the file, may be what lacks a class
+        n = len(data.splits["train"])
+        _need_two_classes(_classes(data.splits["train"]), f"--max-train-examples: a sample of {n} training "
+                          f"row(s) (the training data holds {classes} classes) holds", "; raise it")  # fmt: skip
     return data
+
+
+def _classes(rows: list[Example]) -> int:
+    return len({ex.label for ex in rows})
+
+
+def _need_two_classes(present: int, says: str, fix: str = "") -> None:
+    if present == 1:  # 0: not a classification
+        raise DataError(f"{says} 1 class; classification needs two or more{fix}")
 
 
 def _registry(cfg) -> TaskData:
@@ -121,7 +130,9 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> list[dict]
 
 def _jsonl_rows(p: Path, flag: str) -> list[dict]:
     rows = []
-    for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):
+    # Lines end at "\n" alone (read_text makes "\r\n" and "\r" one): splitlines() also splits at U+2028,
+    # U+2029 and U+0085, which JSON strings may hold unescaped, and cut such a row in two.
+    for n, line in enumerate(p.read_text(encoding="utf-8-sig").split("\n"), 1):
         if line.strip():
             try:
                 row = json.loads(line)
@@ -162,6 +173,11 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     return rows
 
 
+def _json_type(value) -> str:
+    return ("boolean" if isinstance(value, bool) else "number" if isinstance(value, (int, float)) else
+            "list" if isinstance(value, list) else "object")  # fmt: skip
+
+
 def missing(value) -> bool:
     """A label (or text) that is not there: absent, null, blank, or NaN (how pandas and JSON writers mark
     a missing number)."""
@@ -185,9 +201,13 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
         if col not in rows[0]:
             columns = list(map(str, rows[0]))
             one = columns[0] if len(columns) == 1 else ""
+            spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
-                    "; it looks semicolon-separated: write the file comma-separated" if ";" in one else "")  # fmt: skip
-            raise DataError(f"{opt}: no column {col!r} in {path} (columns: {', '.join(columns)}){hint}")
+                    "; it looks semicolon-separated: write the file comma-separated" if ";" in one else
+                    f"; {spaced!r} has spaces around the name: remove them from the header" if spaced else "")  # fmt: skip
+            raise DataError(
+                f"{opt}: no column {col!r} in {path} (columns: {', '.join(map(repr, columns))}){hint}"
+            )
     out = []
     for n, row in enumerate(rows, 1):
         label = row.get(cfg.label_column)
@@ -201,10 +221,11 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
         for col in filter(None, (cfg.text_column, cfg.text_pair_column)):
             if row.get(col) is None:  # a JSON row without the key, or null: not an empty text to train on
                 raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
-            if isinstance(row[col], (list, dict)):
-                raise DataError(
-                    f"{flag}: {path} row {n}: {col!r} is a JSON {'list' if isinstance(row[col], list) else 'object'}, not a text"
-                )
+            if not isinstance(
+                row[col], str
+            ):  # str() made true "True" and 0 "0"; /classify refuses them (422)
+                raise DataError(f"{flag}: {path} row {n}: {col!r} is a JSON {_json_type(row[col])} "
+                                f"({json.dumps(row[col])[:40]}), not a text; write texts as JSON strings")  # fmt: skip
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
     empty = [
@@ -229,25 +250,31 @@ def as_float(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
-_WHOLE_DECIMAL = re.compile(r"[+-]?[0-9]+\.0*")
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+(?:\.0*)?")  # "1", "01", "+1", "-0", "1.0", "1.00"
+_INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole number
 
 
 def label_name(value) -> str:
-    """The class a label value names: 1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a
-    missing value as floats) and "1" are the same class, "1"."""
+    """The class a label value names. A whole number names the class of its integer however it is written:
+    1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a missing value as floats), "01" and
+    "+1" are class "1" (one class per spelling made as many classes, ordered by the hash seed). A JSON
+    boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True")."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip()
-    if _WHOLE_DECIMAL.fullmatch(text):
+    if _WHOLE_NUMBER.fullmatch(text):
         return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
     return text
 
 
 def _sort_key(name: str):
-    try:
-        return (0, int(name), "")
-    except ValueError:
-        return (1, 0, name)
+    # Total, so the order never follows the set's hash order: only ASCII integers sort as numbers (int()
+    # also reads "1_0" as 10, a tie with "10"), and the name breaks any tie.
+    if _INTEGER.fullmatch(name):
+        return (0, int(name), name)
+    return (1, 0, name)
 
 
 def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> None:
@@ -259,6 +286,20 @@ def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> Non
     if all(as_float(v) is None and _is_float_text(v) for v in odd):
         raise DataError(f"--train: label {odd[0]!r} is not a finite number, and the other labels are fractional "
                         "numbers (a regression target): fix or drop its row, or give --problem-type classification")  # fmt: skip
+
+
+_COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
+
+
+def _refuse_comma_numbers(values: list) -> None:
+    """Targets written with a decimal comma ("2,3", as a German or French spreadsheet saves them) are not
+    numbers to float(): they silently made a classifier of one class per value."""
+    comma = [v for v in values if isinstance(v, str) and _COMMA_NUMBER.fullmatch(v.strip())]
+    if len(comma) * 2 > len(values):
+        raise DataError(f"--train: {len(comma)} of {len(values)} labels are numbers written with a comma "
+                        f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
+                        "them with a decimal point ('2.3') and no thousands separator, or give --problem-type "
+                        "classification to keep them as class names")  # fmt: skip
 
 
 def _is_float_text(value) -> bool:
@@ -279,6 +320,7 @@ def _user_files(cfg) -> TaskData:
     problem = cfg.problem_type
     if problem == "auto":
         _refuse_non_finite_targets(values, numbers)
+        _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
     if problem == "regression":
@@ -288,16 +330,25 @@ def _user_files(cfg) -> TaskData:
         for split, rows in raw.items():
             bad = next((lab for _, _, lab in rows if as_float(lab) is None), None)
             if bad is not None:
-                raise DataError(f"--problem-type regression: label {bad!r} in --{split} is not a number")
+                comma = (
+                    " (write a decimal point: '2.3', not '2,3')"
+                    if _COMMA_NUMBER.fullmatch(str(bad).strip())
+                    else ""
+                )
+                raise DataError(
+                    f"--problem-type regression: label {bad!r} in --{split} is not a number{comma}"
+                )
             splits[split] = [Example(t, p, float(lab)) for t, p, lab in rows]
         labels: tuple[str, ...] = (cfg.label_column,)
         ptype = REGRESSION
     else:
         seen = {label_name(v) for v in values}
-        if cfg.labels:
-            labels = tuple(s.strip() for s in cfg.labels.split(","))
+        if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
+            labels = tuple(label_name(s) for s in cfg.labels.split(","))
             if len(set(labels)) != len(labels) or not all(labels):
-                raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}")
+                same = next((n for n in labels if labels.count(n) > 1), None)
+                raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}"
+                                + (f"; more than one names class {same!r}" if same else ""))  # fmt: skip
         else:
             labels = tuple(sorted(seen, key=_sort_key))
         index = {name: i for i, name in enumerate(labels)}
@@ -317,7 +368,14 @@ def _user_files(cfg) -> TaskData:
         split: str(Path(p)) for split, p in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)) if p
     }
     if "dev" not in splits:
-        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION)
+        classes = _classes(splits["train"]) if ptype == CLASSIFICATION else 0
+        _need_two_classes(classes, "--train: the training data holds")  # the file's own, before the split
+        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION,
+                                                   _numbers_as_classes(cfg, labels))  # fmt: skip
+        if ptype == CLASSIFICATION:
+            _need_two_classes(_classes(splits["train"]), f"--dev-fraction: holding out {cfg.dev_fraction} of "
+                              f"each of the {classes} classes of --train leaves its training rows",
+                              "; lower it or give a --dev file")  # fmt: skip
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
     return TaskData(None, ptype, labels, splits, source)
 
@@ -335,8 +393,20 @@ def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
     return said
 
 
-def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[list[Example], list[Example]]:
-    """(train, dev): `fraction` of each class held out (of all rows for regression), file order kept."""
+def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
+    """Why a class may have too few rows to split: fractional numbers made classes by --problem-type."""
+    numbers = [as_float(n) for n in labels]
+    if cfg.problem_type != "classification" or None in numbers or all(x.is_integer() for x in numbers):
+        return ""
+    return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
+            "a numeric target give --problem-type regression")  # fmt: skip
+
+
+def _hold_out(
+    rows: list[Example], fraction: float, stratify: bool, hint: str = ""
+) -> tuple[list[Example], list[Example]]:
+    """(train, dev): `fraction` of each class held out (of all rows for regression), file order kept.
+    `hint`: what to add when no class has rows enough to give one."""
     rng = random.Random(SPLIT_SEED)
     groups: dict[object, list[int]] = defaultdict(list)
     for i, ex in enumerate(rows):
@@ -346,9 +416,16 @@ def _hold_out(rows: list[Example], fraction: float, stratify: bool) -> tuple[lis
         idx = groups[key]
         rng.shuffle(idx)
         dev.update(idx[: round(fraction * len(idx))])
-    if not dev or len(dev) == len(rows):
-        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no dev or no training data; "
-                        "give more rows or a --dev file")  # fmt: skip
+    if len(dev) == len(rows):
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no training data; lower it or "
+                        "give a --dev file")  # fmt: skip
+    if not dev and len(groups) > 1:  # the split is stratified: too few rows in every class, not in the file
+        raise DataError(f"--dev-fraction: the dev split holds out {fraction} of each class, which rounds to no "
+                        f"row: the {len(rows)} rows hold {len(groups)} classes, the largest "
+                        f"{max(map(len, groups.values()))} rows; give a --dev file or more rows per class{hint}")  # fmt: skip
+    if not dev:
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows rounds to no dev row; give more rows, "
+                        "a larger --dev-fraction or a --dev file")  # fmt: skip
     return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
 
 

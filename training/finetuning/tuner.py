@@ -47,6 +47,7 @@ from training.finetuning.data import (
     TaskData,
     batches,
     encode,
+    label_name,
     load_task_data,
     overlap_warnings,
     typed_special_tokens,
@@ -366,11 +367,13 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
             f"--init: the tokenizer in {src} has {tok.get_vocab_size():,} tokens, and the model's config.json "
             f"says vocab_size {mcfg.vocab_size:,}: that tokenizer is not this model's"
         )
-    if cfg.positive_label is not None and cfg.positive_label not in data.labels:
+    # Read as the data's labels are: "1.0" names class "1"
+    given = None if cfg.positive_label is None else label_name(cfg.positive_label)
+    if given is not None and given not in data.labels:
         raise ConfigError(
             f"--positive-label: {cfg.positive_label!r} is not one of the labels {list(data.labels)}"
         )
-    if cfg.positive_label is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
+    if given is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
         raise ConfigError(f"--positive-label: for two classes only; this data has {len(data.labels)} labels"
                           + (" (a regression)" if data.problem_type != CLASSIFICATION else ""))  # fmt: skip
     if cfg.metric == "f1" and len(data.labels) != 2:
@@ -378,7 +381,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     counts = data.label_counts() if data.problem_type == CLASSIFICATION else None
     positive = None
     if len(data.labels) == 2 and data.problem_type == CLASSIFICATION:
-        positive = cfg.positive_label or data.labels[1]  # sklearn's pos_label=1; --positive-label to change
+        positive = given or data.labels[1]  # sklearn's pos_label=1; --positive-label to change
     ptype = "regression" if data.problem_type == REGRESSION else "classification"
     metric = resolve_metric(cfg.metric, data.problem_type, counts)
     # The resolved config; validating it again checks --metric against the problem type found in the data.

@@ -1,0 +1,160 @@
+"""Fine-tuning's reading of user files and their labels, at the data layer (no model): one class per value
+however it is written, whatever the hash seed; texts with Unicode line separators; and files or options
+that would train on the wrong thing, refused naming the cause."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from training.config import FinetuneConfig
+from training.finetuning.data import DataError, _sort_key, load_task_data
+
+
+def load(tmp_path: Path, train: Path, **options):
+    return load_task_data(
+        FinetuneConfig(train=str(train), init=str(tmp_path), out=str(tmp_path / "out"), **options)
+    )
+
+
+def write(path: Path, rows, header: str = "text,label") -> Path:
+    path.write_text(header + "\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    return path
+
+
+def test_whole_numbers_however_written_are_one_class(tmp_path):
+    """ "1" and "01" (or "0" and "-0") were two classes whose order followed the hash seed: the split, and so
+    a --resume of an unchanged file, changed from one process to the next."""
+    spellings = ["0", "1", "01", "+1", "-0", "1.00"]
+    train = write(tmp_path / "t.csv", [(f"film {i}", spellings[i % 6]) for i in range(60)])
+    data = load(tmp_path, train)
+    assert data.labels == ("0", "1")
+    assert sum(data.label_counts()) + len(data.splits["dev"]) == 60
+
+
+def test_names_that_read_as_one_integer_sort_the_same_in_any_order():
+    names = ["10", "1_0", "9", "b", "a"]  # int() reads "1_0" as 10 too; such names stay apart, in one order
+    assert (
+        sorted(names, key=_sort_key) == sorted(reversed(names), key=_sort_key) == ["9", "10", "1_0", "a", "b"]
+    )
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_texts_holding_unicode_line_separators_are_read_whole(tmp_path, suffix):
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped (json.dumps(ensure_ascii=False) writes
+    them so): the JSONL reader split lines at them and refused a valid file as "not JSON"."""
+    texts = [f"one line\u2028and another {i}\u2029then \u0085more" for i in range(20)]
+    path = tmp_path / f"t{suffix}"
+    with open(path, "w", encoding="utf-8", newline="\r\n" if suffix == ".csv" else "\n") as f:
+        if suffix == ".jsonl":
+            f.writelines(
+                json.dumps({"text": t, "label": i % 2}, ensure_ascii=False) + "\n"
+                for i, t in enumerate(texts)
+            )
+        else:
+            w = csv.writer(f, delimiter="\t" if suffix == ".tsv" else ",", lineterminator="\n")
+            w.writerows([("text", "label"), *((t, i % 2) for i, t in enumerate(texts))])
+    data = load(tmp_path, path, dev_fraction=0.5)
+    assert sorted(ex.text for split in data.splits.values() for ex in split) == sorted(texts)
+
+
+def test_labels_and_positive_label_are_read_as_the_datas_labels_are(tmp_path, tiny_init):
+    """A file of 0.0/1.0 labels makes classes "0" and "1": --labels 0.0,1.0 was refused as not listing
+    them, and --positive-label 1.0 as not one of them."""
+    from training.finetuning.tuner import resolve
+
+    train = write(tmp_path / "t.csv", [(f"film {i}", f"{i % 2}.0") for i in range(40)])
+    assert load(tmp_path, train, labels="1.0, 0.0").labels == ("1", "0")
+    with pytest.raises(DataError, match="more than one names class '1'"):
+        load(tmp_path, train, labels="0,1,01")
+    argv = ["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"]
+    cfg = resolve([*argv, "--labels", "0.0,1.0", "--positive-label", "0.0"])[0]
+    assert cfg.positive_label == "0"
+
+
+def test_a_split_or_sample_that_leaves_too_little_is_blamed_on_its_option(tmp_path):
+    """A stratified split with a row or two per class, a --dev-fraction that takes a whole class and a
+    --max-train-examples sample of one class were blamed on the row count, or on --train "holding 1 class"
+    though the file holds two."""
+    import random
+
+    rng = random.Random(0)
+    values = [f"{rng.random():.3f}" for _ in range(200)]  # a few repeat: classes of two rows
+    targets = write(tmp_path / "targets.csv", [(f"film {i}", y) for i, y in enumerate(values)])
+    with pytest.raises(DataError) as e:
+        load(tmp_path, targets, problem_type="classification")
+    assert "holds out 0.1 of each class, which rounds to no row" in str(e.value)
+    assert f"200 rows hold {len(set(values))} classes" in str(e.value) and "--problem-type regression" in str(
+        e.value
+    )
+    assert load(tmp_path, targets).problem_type == "regression"  # auto: as before
+    two = write(tmp_path / "two.csv", [(f"film {i}", "ab"[i % 2]) for i in range(101)])
+    for options, says in [
+        ({"dev_fraction": 0.99}, "--dev-fraction: holding out 0.99 of each of the 2 classes of --train leaves "
+         "its training rows 1 class"),
+        ({"max_train_examples": 1}, "--max-train-examples: a sample of 1 training row(s) (the training data "
+         "holds 2 classes) holds 1 class"),
+        ({"dev_fraction": 0.999}, "--dev-fraction: 0.999 of 101 rows leaves no training data"),
+    ]:  # fmt: skip
+        with pytest.raises(DataError, match=re.escape(says)):
+            load(tmp_path, two, **options)
+    one = write(tmp_path / "one.csv", [(f"film {i}", "a") for i in range(20)])
+    with pytest.raises(DataError, match="--train: the training data holds 1 class"):
+        load(tmp_path, one)
+    few = write(tmp_path / "few.csv", [(f"film {i}", f"{i}.5") for i in range(4)])
+    with pytest.raises(DataError, match=r"--dev-fraction: 0.1 of 4 rows rounds to no dev row"):
+        load(tmp_path, few)
+
+
+def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_path):
+    """ "2,3" and "4,1" (a German spreadsheet's targets) made a classifier of one class per value."""
+    path = tmp_path / "t.csv"
+    path.write_text("text,label\n" + "".join(f'film {i},"{i % 3},5"\n' for i in range(40)))
+    with pytest.raises(DataError, match=r"40 of 40 labels are numbers written with a comma \('0,5'\)"):
+        load(tmp_path, path)
+    with pytest.raises(DataError, match=r"label '0,5' in --train is not a number \(write a decimal point"):
+        load(tmp_path, path, problem_type="regression")
+    assert load(tmp_path, path, problem_type="classification").labels == ("0,5", "1,5", "2,5")  # as asked
+
+
+@pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
+def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
+    """It trained on the label as its text: a model that reads the answer from its input."""
+    from training.config import ConfigError
+
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag} and --label-column: both name 'label'"):
+        load(tmp_path, train, **{option: "label"})
+
+
+def test_json_texts_that_are_not_strings_are_refused_and_booleans_are_spelled_as_json(tmp_path):
+    """true became the text "True" and 0 the text "0" (pretraining refuses them, /classify answers 422);
+    a true label was class "True", apart from "true"."""
+    rows = [{"text": f"film {i}", "label": [True, "true", False, "false"][i % 4]} for i in range(40)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = load(tmp_path, path)
+    assert data.labels == ("false", "true") and data.label_counts() == [18, 18]
+    for value, kind in [(True, "boolean (true)"), (0, "number (0)"), (["a"], 'list (["a"])')]:
+        bad = rows[:5] + [{"text": value, "label": "true"}] + rows[5:]
+        path.write_text("".join(json.dumps(r) + "\n" for r in bad))
+        with pytest.raises(DataError, match=re.escape(f"t.jsonl row 6: 'text' is a JSON {kind}, not a text")):
+            load(tmp_path, path)
+
+
+def test_a_column_name_with_spaces_around_it_is_shown_so(tmp_path):
+    """It said "no column 'text' (columns: text ,  label)": the spaces that made the names differ did not show."""
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)], header="text ,  label")
+    with pytest.raises(DataError) as e:
+        load(tmp_path, train)
+    assert "no column 'text' in" in str(e.value) and "(columns: 'text ', '  label')" in str(e.value)
+    assert "'text ' has spaces around the name: remove them from the header" in str(e.value)
+    from export.evaldata import EvalDataError, read_labelled  # export reads --eval-data as fine-tuning does
+
+    with pytest.raises(EvalDataError, match=re.escape("(it holds: 'text ', '  label')")):
+        read_labelled(train)
