@@ -26,14 +26,19 @@ def write(path: Path, rows, header: str = "text,label") -> Path:
     return path
 
 
-def test_whole_numbers_however_written_are_one_class(tmp_path):
+def test_whole_numbers_are_one_class_and_codes_keep_their_zeros(tmp_path):
     """ "1" and "01" (or "0" and "-0") were two classes whose order followed the hash seed: the split, and so
-    a --resume of an unchanged file, changed from one process to the next."""
-    spellings = ["0", "1", "01", "+1", "-0", "1.00"]
-    train = write(tmp_path / "t.csv", [(f"film {i}", spellings[i % 6]) for i in range(60)])
+    a --resume of an unchanged file, changed from one process to the next. A sign or a decimal point names
+    the integer's class; leading zeros are a code's own ("001"), kept and ordered by integer, then name."""
+    spellings = ["0", "1", "+1", "-0", "1.00"]
+    train = write(tmp_path / "t.csv", [(f"film {i}", spellings[i % 5]) for i in range(60)])
     data = load(tmp_path, train)
     assert data.labels == ("0", "1")
     assert sum(data.label_counts()) + len(data.splits["dev"]) == 60
+    codes = write(
+        tmp_path / "codes.csv", [(f"film {i}", ["002", "1", "001", "01"][i % 4]) for i in range(80)]
+    )
+    assert load(tmp_path, codes).labels == ("001", "01", "1", "002")
 
 
 def test_names_that_read_as_one_integer_sort_the_same_in_any_order():
@@ -70,7 +75,7 @@ def test_labels_and_positive_label_are_read_as_the_datas_labels_are(tmp_path, ti
     train = write(tmp_path / "t.csv", [(f"film {i}", f"{i % 2}.0") for i in range(40)])
     assert load(tmp_path, train, labels="1.0, 0.0").labels == ("1", "0")
     with pytest.raises(DataError, match="more than one names class '1'"):
-        load(tmp_path, train, labels="0,1,01")
+        load(tmp_path, train, labels="0,1,1.0")
     argv = ["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"]
     cfg = resolve([*argv, "--labels", "0.0,1.0", "--positive-label", "0.0"])[0]
     assert cfg.positive_label == "0"

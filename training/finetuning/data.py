@@ -2,7 +2,7 @@
 
 Label names are part of the model (config.json's id2label), so they are decided here once: as given by
 `--labels`, else the sorted unique values of the training labels (integers numerically, so "10" comes after
-"9"; whole numbers written "1.0", "01" or "+1" name class "1"). A label column of numbers with any
+"9"; whole numbers written "1.0" or "+1" name class "1", "01" keeps its zero). A label column of numbers with any
 non-integer value is a regression target.
 
 Splits that the user does not give are made with a fixed seed, independent of `--seed`: runs that differ
@@ -250,15 +250,16 @@ def as_float(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
-_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+(?:\.0*)?")  # "1", "01", "+1", "-0", "1.0", "1.00"
+# "1", "+1", "-0", "1.0", "1.00", "007.0"; not "007": a code's leading zeros are its name ("001", "002").
+_WHOLE_NUMBER = re.compile(r"[+-]?(?:0|[1-9][0-9]*)|[+-]?[0-9]+\.0*")
 _INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole number
 
 
 def label_name(value) -> str:
-    """The class a label value names. A whole number names the class of its integer however it is written:
-    1.0 in JSON, "1.0" in a CSV (pandas writes an integer column with a missing value as floats), "01" and
-    "+1" are class "1" (one class per spelling made as many classes, ordered by the hash seed). A JSON
-    boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True")."""
+    """The class a label value names. A whole number names the class of its integer: 1.0 in JSON, "1.0" in
+    a CSV (pandas writes an integer column with a missing value as floats) and "+1" are class "1". Leading
+    zeros are kept ("01", "007"): codes such as "001" are named so, and /classify answers with the name. A
+    JSON boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True")."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
