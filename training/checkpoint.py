@@ -78,12 +78,12 @@ def _from_a_bundle(bundle: Path) -> str:
         kind = json.loads((bundle / "manifest.json").read_text()).get("kind")
     except (OSError, ValueError, AttributeError):
         kind = None
-    if kind == "detector":
-        return f"get a checkpoint back from it with python -m export.recover {bundle} --out DIR"
-    return (
-        "a classifier bundle cannot be turned back into one: use the fine-tuning run it was exported from "
-        "(its --out), or the pretraining run that run began from"
-    )
+    if kind == "classifier":
+        return (
+            "a classifier bundle cannot be turned back into one: use the fine-tuning run it was exported from "
+            "(its --out), or the pretraining run that run began from"
+        )
+    return f"get a checkpoint back from a detector bundle with python -m export.recover {bundle} --out DIR"
 
 
 def _has_weights(p: Path) -> bool:
