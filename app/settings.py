@@ -12,6 +12,7 @@ from pathlib import Path
 import options
 from app.machine import available_cores
 from app.model.faults import FaultSpec, FaultSpecError
+from app.origins import origin_problem
 from options import ConfigError, flag, option
 
 ENV_PREFIX = "ELECTRA_"
@@ -59,7 +60,9 @@ class HttpSettings:
         env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(
-        (), "comma-separated allowed origins; empty: no CORS", env="ELECTRA_CORS_ORIGINS"
+        (),
+        "comma-separated allowed origins as browsers send them (https://app.example); *: any; empty: no CORS",
+        env="ELECTRA_CORS_ORIGINS",
     )
     api_key: str | None = option(
         None,
@@ -253,6 +256,9 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         if not self.host.strip():
             raise SettingsError(f"{flag('host')} is empty; give an address (127.0.0.1 is the default, 0.0.0.0 "
                                 "every interface)")  # fmt: skip
+        for origin in self.cors_origins:
+            if problem := origin_problem(origin):
+                raise SettingsError(problem)
         try:
             FaultSpec.parse(self.inject_faults)
         except FaultSpecError as e:

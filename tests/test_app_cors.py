@@ -1,6 +1,7 @@
 """CORS preflights answered in the API's one error shape, counted and given an x-request-id: Litestar's
 CORS middleware, which wraps the router outside the middleware that counts requests, answered a refusal
-with a plain-text 400 ("Disallowed CORS Origin"), no x-request-id, and counted no preflight at all."""
+with a plain-text 400 ("Disallowed CORS Origin"), no x-request-id, and counted no preflight at all. And
+--cors-origins as browsers match it: an origin written otherwise started a server no browser could use."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import bundles_dir, run_server, start_app  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import bundles_dir, run_server, start_app  # noqa: F401
 
 KEY = "secretkey123"
 ALLOWED = "https://a.example"
@@ -69,3 +70,28 @@ def test_an_allowed_preflight_is_counted_and_carries_its_request_id(server):
     offered = {m.strip() for m in r.headers["access-control-allow-methods"].split(",")}
     assert offered == {"GET", "HEAD", "POST", "OPTIONS"}, offered
     assert server.metric("electra_requests_total", endpoint="other", status="204") == before + 1
+
+
+# (--cors-origins, what the refusal must say): each of these started, and no browser's Origin matched it.
+NEVER_MATCH = [
+    ("https://a.example/", "give 'https://a.example'"),
+    ("a.example", "give 'https://a.example'"),
+    ("HTTPS://A.EXAMPLE", "give 'https://a.example'"),
+    ("https://a.example:443", "give 'https://a.example'"),
+    ("http://b.example:80,https://a.example", "give 'http://b.example'"),
+    ("ftp://a.example", "scheme://host[:port] with http or https"),
+    ("null", "would let any page claim it"),
+]
+
+
+@pytest.mark.parametrize(("value", "says"), NEVER_MATCH)
+def test_an_origin_no_browser_sends_is_refused_at_start_saying_what_to_give(bundles_dir, value, says):
+    r = start_app("--models", str(bundles_dir), "--cors-origins", value)
+    assert r.returncode == 2 and "--cors-origins" in r.stderr and says in r.stderr, r.stderr
+
+
+def test_a_list_of_nothing_is_refused_rather_than_turning_cors_off(bundles_dir):
+    r = start_app("--models", str(bundles_dir), env={"cors_origins": ","})
+    assert r.returncode == 2 and "ELECTRA_CORS_ORIGINS: ',' lists nothing" in r.stderr, r.stderr
+    r = start_app("--models", str(bundles_dir), "--cors-origins", " , ")
+    assert r.returncode == 2 and "--cors-origins: ' , ' lists nothing" in r.stderr, r.stderr
