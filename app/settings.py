@@ -273,6 +273,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         is shared with export/ and training/ (ELECTRA_DATA_DIR)."""
         env = os.environ if env is None else env
         settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
+        settings.check_cores(available_cores())
         known = ", ".join(sorted(options.spec_of(f).env for f in dataclasses.fields(cls)))
         warnings = [
             f"ignoring {key}: not a server setting (those are {known})"
@@ -280,6 +281,29 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             if key not in SHARED_VARIABLES
         ]
         return settings, warnings
+
+    def check_cores(self, cores: int) -> None:
+        """Refuse thread and runner counts that `cores` (the cores this process may use) cannot run: checked
+        where the settings are resolved for this machine, not in __post_init__, so that a Settings made for
+        a test or another machine is not judged by this one's cores."""
+        # Measured: --intra-op-threads 64 on 2 cores made /detect 30 times slower; 100000 grew to 19 GB and
+        # ignored SIGTERM; --runners 100000 held 1 GB idle.
+        auto = {"intra_op_threads": "the cores shared among the runners", "solo_threads": "every core"}
+        for name, zero in auto.items():
+            if getattr(self, name) > cores:
+                raise SettingsError(
+                    f"{flag(name)} {getattr(self, name)} is more than the {cores} core(s) this process may use "
+                    "(its CPU set, capped by a cgroup CPU quota): ONNX Runtime's threads meet at every op, so "
+                    "a thread without a core stalls the whole batch; give "
+                    f"at most {cores}, or 0 for {zero}"
+                )
+        most = max(2, 2 * cores)
+        if self.runners > most:
+            raise SettingsError(
+                f"{flag('runners')} {self.runners} is more than {most} (twice the {cores} core(s) this process "
+                "may use): each runner is a thread with a batch in flight, and batches past the cores only "
+                f"wait for one, each holding its memory; give at most {most}"
+            )
 
     @property
     def bulk_batch_budget(self) -> int:
