@@ -32,6 +32,13 @@ PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_WINDOW_STRIDE = 32  # tokens consecutive windows of a long text share
 PLACEHOLDER_API_KEY = "change-me"  # deploy/secret.yaml's value, refused
+# --max-wait-ms is latency a quiet server adds to every request (under load batches fill while the runners
+# are busy anyway: docs/benchmarks.md, "Server settings"); 1e9 left every request of a quiet server waiting
+# while /ready said ready. It stays below a minute, and below --read-timeout-s, the time a client is given
+# to send its request. (The tests hold requests in a queue with waits of seconds.)
+MAX_WAIT_CAP_MS = 60_000.0
+# --drain-delay-s past this is no balancer's health-check interval (seconds); 1e308 drained forever.
+DRAIN_DELAY_CAP_S = 300.0
 
 
 # A setting that cannot be used; the message names the flag or variable. One error type for the options
@@ -227,6 +234,20 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        wait_cap = min(MAX_WAIT_CAP_MS, self.read_timeout_s * 1000 or MAX_WAIT_CAP_MS)
+        if self.max_wait_ms >= wait_cap:
+            cap = "a minute" if wait_cap == MAX_WAIT_CAP_MS else f"--read-timeout-s {self.read_timeout_s:g}"
+            raise SettingsError(
+                f"{flag('max_wait_ms')} {self.max_wait_ms:g} is not below {cap}: an idle runner holds a lone "
+                "request that long for company, so a quiet server answers nothing sooner, and under load "
+                f"batches fill without waiting; give less than {wait_cap:g} (0, the default, or a few ms)"
+            )
+        if self.drain_delay_s > DRAIN_DELAY_CAP_S:
+            raise SettingsError(
+                f"{flag('drain_delay_s')} {self.drain_delay_s:g} is above {DRAIN_DELAY_CAP_S:g}: after SIGTERM the "
+                "server would wait that long before it even began to stop; give a few of your load balancer's "
+                f"health-check intervals (seconds), at most {DRAIN_DELAY_CAP_S:g}"
+            )
         if self.max_request_tokens > self.max_bulk_tokens:
             raise SettingsError(
                 f"--max-request-tokens {self.max_request_tokens} exceeds --max-bulk-tokens "

@@ -1,6 +1,7 @@
 """Settings past what can help are refused at start, saying the bound and why. Each of these started:
 --intra-op-threads 100000 grew to 19 GB and ignored SIGTERM (64 on 2 cores made /detect 30 times slower),
-and --runners 100000 held 1 GB idle."""
+--runners 100000 held 1 GB idle, --max-wait-ms 1e9 left every request of a quiet server waiting while
+/ready said ready, and --drain-delay-s 1e308 made SIGTERM drain forever."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ REFUSED = [
         ("--runners", str(RUNNERS + 1)),
         f"wait for one, each holding its memory; give at most {RUNNERS}",
     ),
+    (("--max-wait-ms", "1e9"), "is not below --read-timeout-s 30"),
+    (("--max-wait-ms", "500", "--read-timeout-s", "0.5"), "give less than 500"),
+    (("--max-wait-ms", "60000", "--read-timeout-s", "0"), "is not below a minute"),
+    (("--drain-delay-s", "1e308"), "at most 300"),
 ]
 
 
@@ -48,3 +53,5 @@ def test_the_bounds_themselves_and_0_for_auto_are_taken():
     assert resolved("--runners", "2").runners == 2  # the default, on a machine of one core too
     auto = resolved("--intra-op-threads", "0", "--solo-threads", "0")
     assert auto.threads_per_runner() == max(1, CORES // 2)
+    assert resolved("--max-wait-ms", "29999").max_wait_ms == 29999
+    assert resolved("--drain-delay-s", "300").drain_delay_s == 300
