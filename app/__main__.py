@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from app.http.server import create_app, schema_answers_head  # after the settings check: a typo should
-    # not wait for onnxruntime
+    # After the settings check: a typo should not wait for onnxruntime.
+    from app.http.server import create_app, preflights_answered, schema_answers_head
 
     try:
         app = create_app(settings)
@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     registry = app.state.registry
     config = uvicorn.Config(
         limit_connections(
-            schema_answers_head(app), settings.limit_concurrency, registry.server_load, app.state.metrics
+            schema_answers_head(preflights_answered(app, settings)),
+            settings.limit_concurrency,
+            registry.server_load,
+            app.state.metrics,
         ),  # fmt: skip
         http=bounded_protocol(
             settings.read_timeout_s,

@@ -24,6 +24,9 @@ class ErrorType(enum.Enum):
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    CORS_REFUSED = (
+        "cors_refused"  # a browser's preflight from an origin, or for a method or header, not allowed
+    )
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     CLIENT_GONE = "client_gone"
@@ -58,6 +61,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.UNAUTHORIZED: 401,
     ErrorType.NOT_FOUND: 404,
     ErrorType.METHOD_NOT_ALLOWED: 405,
+    ErrorType.CORS_REFUSED: 400,
     ErrorType.OVERLOADED: 429,
     ErrorType.UNAVAILABLE: 503,
     ErrorType.CLIENT_GONE: 499,  # nginx's "client closed request": nobody reads it, metrics do

@@ -12,6 +12,7 @@ from pathlib import Path
 import options
 from app.machine import available_cores
 from app.model.faults import FaultSpec, FaultSpecError
+from app.origins import origin_problem
 from options import ConfigError, flag, option
 
 ENV_PREFIX = "ELECTRA_"
@@ -31,6 +32,13 @@ PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_WINDOW_STRIDE = 32  # tokens consecutive windows of a long text share
 PLACEHOLDER_API_KEY = "change-me"  # deploy/secret.yaml's value, refused
+# --max-wait-ms is latency a quiet server adds to every request (under load batches fill while the runners
+# are busy anyway: docs/benchmarks.md, "Server settings"); 1e9 left every request of a quiet server waiting
+# while /ready said ready. It stays below a minute, and below --read-timeout-s, the time a client is given
+# to send its request. (The tests hold requests in a queue with waits of seconds.)
+MAX_WAIT_CAP_MS = 60_000.0
+# --drain-delay-s past this is no balancer's health-check interval (seconds); 1e308 drained forever.
+DRAIN_DELAY_CAP_S = 300.0
 
 
 # A setting that cannot be used; the message names the flag or variable. One error type for the options
@@ -59,7 +67,9 @@ class HttpSettings:
         env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(
-        (), "comma-separated allowed origins; empty: no CORS", env="ELECTRA_CORS_ORIGINS"
+        (),
+        "comma-separated allowed origins as browsers send them (https://app.example); *: any; empty: no CORS",
+        env="ELECTRA_CORS_ORIGINS",
     )
     api_key: str | None = option(
         None,
@@ -224,6 +234,20 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        wait_cap = min(MAX_WAIT_CAP_MS, self.read_timeout_s * 1000 or MAX_WAIT_CAP_MS)
+        if self.max_wait_ms >= wait_cap:
+            cap = "a minute" if wait_cap == MAX_WAIT_CAP_MS else f"--read-timeout-s {self.read_timeout_s:g}"
+            raise SettingsError(
+                f"{flag('max_wait_ms')} {self.max_wait_ms:g} is not below {cap}: an idle runner holds a lone "
+                "request that long for company, so a quiet server answers nothing sooner, and under load "
+                f"batches fill without waiting; give less than {wait_cap:g} (0, the default, or a few ms)"
+            )
+        if self.drain_delay_s > DRAIN_DELAY_CAP_S:
+            raise SettingsError(
+                f"{flag('drain_delay_s')} {self.drain_delay_s:g} is above {DRAIN_DELAY_CAP_S:g}: after SIGTERM the "
+                "server would wait that long before it even began to stop; give a few of your load balancer's "
+                f"health-check intervals (seconds), at most {DRAIN_DELAY_CAP_S:g}"
+            )
         if self.max_request_tokens > self.max_bulk_tokens:
             raise SettingsError(
                 f"--max-request-tokens {self.max_request_tokens} exceeds --max-bulk-tokens "
@@ -253,6 +277,9 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         if not self.host.strip():
             raise SettingsError(f"{flag('host')} is empty; give an address (127.0.0.1 is the default, 0.0.0.0 "
                                 "every interface)")  # fmt: skip
+        for origin in self.cors_origins:
+            if problem := origin_problem(origin):
+                raise SettingsError(problem)
         try:
             FaultSpec.parse(self.inject_faults)
         except FaultSpecError as e:
@@ -267,6 +294,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         is shared with export/ and training/ (ELECTRA_DATA_DIR)."""
         env = os.environ if env is None else env
         settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
+        settings.check_cores(available_cores())
         known = ", ".join(sorted(options.spec_of(f).env for f in dataclasses.fields(cls)))
         warnings = [
             f"ignoring {key}: not a server setting (those are {known})"
@@ -274,6 +302,29 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             if key not in SHARED_VARIABLES
         ]
         return settings, warnings
+
+    def check_cores(self, cores: int) -> None:
+        """Refuse thread and runner counts that `cores` (the cores this process may use) cannot run: checked
+        where the settings are resolved for this machine, not in __post_init__, so that a Settings made for
+        a test or another machine is not judged by this one's cores."""
+        # Measured: --intra-op-threads 64 on 2 cores made /detect 30 times slower; 100000 grew to 19 GB and
+        # ignored SIGTERM; --runners 100000 held 1 GB idle.
+        auto = {"intra_op_threads": "the cores shared among the runners", "solo_threads": "every core"}
+        for name, zero in auto.items():
+            if getattr(self, name) > cores:
+                raise SettingsError(
+                    f"{flag(name)} {getattr(self, name)} is more than the {cores} core(s) this process may use "
+                    "(its CPU set, capped by a cgroup CPU quota): ONNX Runtime's threads meet at every op, so "
+                    "a thread without a core stalls the whole batch; give "
+                    f"at most {cores}, or 0 for {zero}"
+                )
+        most = max(2, 2 * cores)
+        if self.runners > most:
+            raise SettingsError(
+                f"{flag('runners')} {self.runners} is more than {most} (twice the {cores} core(s) this process "
+                "may use): each runner is a thread with a batch in flight, and batches past the cores only "
+                f"wait for one, each holding its memory; give at most {most}"
+            )
 
     @property
     def bulk_batch_budget(self) -> int:

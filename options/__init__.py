@@ -132,7 +132,12 @@ def coerce(name: str, value, annotation, source: str | None = None):
         if not isinstance(value, (str, list, tuple)):  # a TOML number or table
             raise ConfigError(f"{where}: expected a list or comma-separated text, got {value!r}")
         items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(str(v).strip() for v in items if str(v).strip())
+        kept = tuple(str(v).strip() for v in items if str(v).strip())
+        if not kept and isinstance(value, str) and value.strip():  # "," is a typo, not "none"
+            raise ConfigError(
+                f"{where}: {value!r} lists nothing; leave it empty for none, or give the values"
+            )
+        return kept
     if kind is Path:
         if not isinstance(value, (str, Path)) or str(value) == "":  # Path("") would be the current directory
             raise ConfigError(f"{where}: expected a path, got {value!r}")

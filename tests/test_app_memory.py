@@ -85,7 +85,11 @@ def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(t
         assert c.post("/detect", json={"text": "A short sentence is served."}).status_code == 200
         r = c.post("/detect", json={"texts": [LONG, LONG]})
         assert r.status_code == 413, r.text
-        assert "memory limit (300 MiB, --memory-limit-mb)" in r.json()["error"]["message"]
+        message = r.json()["error"]["message"]
+        assert "memory limit (300 MiB, --memory-limit-mb)" in message, message
+        # No large request fits at all: the client is told what does, not to send "fewer or shorter texts".
+        assert "send at most 2048 model-input tokens per request" in message, message
+        assert "limit (--memory-limit-mb) raised" in message and "fewer or shorter" not in message, message
         assert server.metric("electra_memory_bytes", what="limit") == 300 * MIB
         assert "will be refused (413)" in server.log()
         # Interactive batches, which reserve nothing, are cut to a row of the longest model at a time.

@@ -47,15 +47,14 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
     if err.type is ErrorType.INTERNAL:
         rid = request.scope.get("state", {}).get("request_id", b"-").decode()
         log.exception("unhandled error on %s %s (x-request-id %s)", for_log(request.method, 16),
-                      for_log(request.url.path), rid, exc_info=exc)  # fmt: skip
+                      for_log(_path(request)), rid, exc_info=exc)  # fmt: skip
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
         metrics.rejected.labels(reason=err.type.value).inc()
-        # No route matched (404) or none for the method (405): Litestar never ran the route's middleware
-        # that counts requests (it sets t0), so count them here, under endpoint "other".
-        if err.type in (ErrorType.NOT_FOUND, ErrorType.METHOD_NOT_ALLOWED) and "t0" not in request.scope.get(
-            "state", {}
-        ):
+        # No route matched (404), none for the method (405), or the router refused the Host header (400):
+        # Litestar never ran the route's middleware that counts requests (it sets t0), so count them here,
+        # under endpoint "other".
+        if "t0" not in request.scope.get("state", {}):
             metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
             rid = request_context.incoming_id(request.scope)  # nor gave it its x-request-id
             err = _unrouted(err, request, rid, getattr(settings, "ui", False))
@@ -67,9 +66,10 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
 
 
 def _unrouted(err: AppError, request: Request, rid: bytes, ui: bool) -> AppError:
-    """Litestar's "Not Found" and "Method Not Allowed", saying what to do instead, with the x-request-id."""
+    """An error no route saw (Litestar's "Not Found", "Method Not Allowed", a refused Host), saying what to do
+    instead, with the x-request-id."""
     headers = {**(err.headers or {}), "x-request-id": rid.decode()}
-    where = f"{request.method} {clip(request.url.path)}"
+    where = f"{request.method} {clip(_path(request))}"
     if err.type is ErrorType.METHOD_NOT_ALLOWED:
         allowed = (err.headers or {}).get("allow", "")
         msg = f"{where}: the route takes {allowed} only" if allowed else f"{where}: method not allowed"
@@ -79,6 +79,13 @@ def _unrouted(err: AppError, request: Request, rid: bytes, ui: bool) -> AppError
     else:
         msg = err.message
     return AppError(err.type, msg, field=err.field, headers=headers)
+
+
+def _path(request: Request) -> str:
+    """The request's path as the server received it. Not request.url.path: the URL is built with the Host
+    header, and a port past 65535 there (`Host: x:99999999`) raised while answering, a 500 any client
+    could cause."""
+    return request.scope.get("path", "")
 
 
 # msgspec says where a value failed as `$.data.texts[1]`; Litestar prefixes the body with `data`.
@@ -160,6 +167,10 @@ def _from_http(exc: HTTPException, max_body: int | None) -> AppError:
         return AppError(
             ErrorType.METHOD_NOT_ALLOWED, detail or "method not allowed", headers=exc.headers or None
         )
+    if exc.status_code == 400 and detail == "Invalid host header":  # Litestar's router, before any route
+        msg = ("the Host header is not a valid host[:port]; send this server's name or address, as HTTP "
+               "clients do from the URL")  # fmt: skip
+        return AppError(ErrorType.INVALID_HTTP, msg, field="host")
     if exc.status_code == 401:
         return AppError(ErrorType.UNAUTHORIZED, detail)
     if 400 <= exc.status_code < 500:

@@ -22,6 +22,7 @@ from app.http import ui
 from app.http.apidocs import OfflineDocs
 from app.http.auth import DOCS, require_api_key
 from app.http.errors import error_response, handle_exception
+from app.http.preflight import answer_preflights
 from app.http.routes import HANDLERS
 from app.metrics import Metrics
 from app.model.bundle import discover
@@ -120,6 +121,15 @@ def schema_answers_head(app: ASGIApp) -> ASGIApp:
         await app(scope, receive, send)
 
     return wrapped
+
+
+def preflights_answered(app: Litestar, settings: Settings) -> ASGIApp:
+    """`app` with CORS preflights answered in the one error shape when refused, counted, logged and given
+    their x-request-id, as every routed answer is (app/http/preflight.py); `app` itself without CORS."""
+    if app.cors_config is None:
+        return app
+    observe = _observe(app.state.metrics, settings.access_log, _varies_by_origin(settings))
+    return answer_preflights(app, app.cors_config, app.state.metrics, observe)
 
 
 EXPOSED_HEADERS = ["x-request-id", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"]

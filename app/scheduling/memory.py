@@ -85,6 +85,7 @@ class MemoryBudget:
         self.price = 0.0  # per_token once every model is loaded: what reservations are made at
         self.reserved = 0  # what the admitted, unanswered bulk requests may use
         self.gauge = None  # electra_memory_bytes, once the server has settled
+        self.interactive_tokens = 0  # --interactive-tokens: larger requests reserve (set by settle())
 
     def measured(self, per_token: float) -> None:
         self.per_token = max(self.per_token, per_token)
@@ -105,6 +106,16 @@ class MemoryBudget:
         """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
         changes once the server settles); 413 or 429 where they do not fit."""
         need = self.cost(tokens, batch_tokens)
+        smallest = self.cost(self.interactive_tokens + 1, batch_tokens)
+        if need > self.room and smallest > self.room:
+            # No request that reserves fits at all: "send fewer or shorter texts" would be said forever to
+            # every one of them, while only a request under --interactive-tokens, or a higher limit, helps.
+            raise AppError(ErrorType.TOO_MANY_TOKENS,
+                           f"this server's memory limit ({self.limit / MIB:.0f} MiB, {self.source}) leaves "
+                           f"{max(0, self.room) / MIB:.0f} MiB above its loaded models, less than any request over "
+                           f"--interactive-tokens {self.interactive_tokens} needs (about {smallest / MIB:.0f} MiB): "
+                           f"send at most {self.interactive_tokens} model-input tokens per request, or have the "
+                           f"server's limit ({self.source}) raised", field="tokens")  # fmt: skip
         if need > self.room:
             raise AppError(ErrorType.TOO_MANY_TOKENS,
                            f"this request's batches need about {need / MIB:.0f} MiB, more than the {max(0, self.room) / MIB:.0f} "
@@ -146,6 +157,7 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
     """Every model loaded: fix the budget's baseline, publish it, cut interactive batches to what the limit
     holds, and say at start when one bulk batch could never fit the room the limit leaves."""
     memory.settle()
+    memory.interactive_tokens = settings.interactive_tokens
     cap_interactive(memory, settings, models)
     memory.gauge = metrics.memory
     metrics.memory.labels("limit").set(memory.limit)

@@ -1,0 +1,57 @@
+"""Settings past what can help are refused at start, saying the bound and why. Each of these started:
+--intra-op-threads 100000 grew to 19 GB and ignored SIGTERM (64 on 2 cores made /detect 30 times slower),
+--runners 100000 held 1 GB idle, --max-wait-ms 1e9 left every request of a quiet server waiting while
+/ready said ready, and --drain-delay-s 1e308 made SIGTERM drain forever."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.machine import available_cores
+from app.settings import Settings
+
+try:
+    from app_fixtures import bundles_dir, start_app  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir, start_app  # noqa: F401
+
+CORES = available_cores()  # the server's own count: this test runs on the machine it starts on
+
+# (flags, what the refusal must say). Just past each bound, not the values reported: were the check lost,
+# --intra-op-threads 100000 would grow a server to 19 GB before start_app's timeout ended it.
+RUNNERS = max(2, 2 * CORES)
+REFUSED = [
+    (
+        ("--intra-op-threads", str(CORES + 1)),
+        f"more than the {CORES} core(s) this process may use (its CPU set",
+    ),
+    (("--solo-threads", str(CORES + 1)), f"give at most {CORES}, or 0 for every core"),
+    (
+        ("--runners", str(RUNNERS + 1)),
+        f"wait for one, each holding its memory; give at most {RUNNERS}",
+    ),
+    (("--max-wait-ms", "1e9"), "is not below --read-timeout-s 30"),
+    (("--max-wait-ms", "500", "--read-timeout-s", "0.5"), "give less than 500"),
+    (("--max-wait-ms", "60000", "--read-timeout-s", "0"), "is not below a minute"),
+    (("--drain-delay-s", "1e308"), "at most 300"),
+]
+
+
+@pytest.mark.parametrize(("flags", "says"), REFUSED)
+def test_a_setting_past_what_can_help_is_refused_at_start_naming_the_bound(bundles_dir, flags, says):
+    r = start_app("--models", str(bundles_dir), *flags)
+    assert r.returncode == 2 and flags[0] in r.stderr and says in r.stderr, r.stderr
+    assert "loading" not in r.stderr  # before any bundle was read
+
+
+def test_the_bounds_themselves_and_0_for_auto_are_taken():
+    def resolved(*argv: str) -> Settings:
+        return Settings.from_sources(list(argv), env={})[0]
+
+    assert resolved("--intra-op-threads", str(CORES), "--solo-threads", str(CORES)).intra_op_threads == CORES
+    assert resolved("--runners", str(RUNNERS)).runners == RUNNERS
+    assert resolved("--runners", "2").runners == 2  # the default, on a machine of one core too
+    auto = resolved("--intra-op-threads", "0", "--solo-threads", "0")
+    assert auto.threads_per_runner() == max(1, CORES // 2)
+    assert resolved("--max-wait-ms", "29999").max_wait_ms == 29999
+    assert resolved("--drain-delay-s", "300").drain_delay_s == 300
