@@ -52,8 +52,18 @@ class Part:
         return f"{self.name}#{self.index}"
 
     def record(self) -> dict:
-        """What the manifest and the summary name a part by."""
-        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index}
+        """What the manifest and the summary name a part by, with its extent: a manifest line counts for
+        the planned part of its number only where the two cover the same bytes or rows (`same_extent`)."""
+        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index,
+                "start": self.start, "end": self.end, "size": self.size}  # fmt: skip
+
+    def same_extent(self, entry: dict) -> bool:
+        """Whether a manifest line of this part's number covers what this part covers. A line written
+        before lines kept their extent counts by number, as it did: job.json keeps the part size, and the
+        shard's size and time are checked (job.check_unchanged), so the plan cuts the shard as then."""
+        if "start" not in entry:
+            return True
+        return (entry.get("start"), entry.get("end")) == (self.start, self.end)
 
     def failure(self, error: str) -> dict:
         """What a worker returns for a part it could not score: the summary names it, the job goes on."""

@@ -440,3 +440,48 @@ def _terminal_line_at_each_return(output: str) -> list[str]:
             col += 1
         i += 1
     return shown
+
+
+def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent_is_scored_again(
+    tmp_path, paragraphs
+):
+    """job.json deleted after a job killed part-way: the next run (other --workers, even another --model)
+    started as a new job, cut INPUT into other parts, and trusted the finished ones by their number alone:
+    documents went missing, or scores/ held two models' rows, with exit 0. A manifest without its job.json
+    is refused now, and a manifest line counts only for a part of the same extent as the plan's."""
+    src = tmp_path / "in"
+    for i in range(4):
+        write_jsonl(src / f"s{i}.jsonl", paragraphs[100 * i : 100 * (i + 1)])
+    out = tmp_path / "out"
+    first = run_bulk(src, out, "detector", "--workers", "2")
+    assert first.returncode == 0, first.stderr
+    lines = (out / "manifest.jsonl").read_text().splitlines()
+    assert len(lines) > 4 and all({"start", "end"} <= json.loads(line).keys() for line in lines)
+    (out / "manifest.jsonl").write_text("".join(line + "\n" for line in lines[::2]))  # as a kill leaves it
+    job = json.loads((out / "job.json").read_text())
+    (out / "job.json").unlink()
+    before = _tree(out)
+    for model in ("detector", "sentiment"):
+        lost = run_bulk(src, out, model, "--workers", "1")
+        assert lost.returncode == 2, lost.stdout + lost.stderr
+        assert "finished part(s) but there is no job.json" in lost.stderr, lost.stderr
+        assert _tree(out) == before  # refused before any write
+
+    # job.json back, with another part size (as if INPUT had been cut otherwise): a line naming a part by
+    # its number alone no longer counts for the planned part of that number.
+    (out / "job.json").write_text(json.dumps(job | {"part_bytes": job["part_bytes"] * 2}))
+    again = run_bulk(src, out, "detector", "--workers", "1")
+    assert again.returncode == 0, again.stderr
+    got = rows(out)
+    assert len(got) == len({(r["file"], r["line"]) for r in got}) == 400
+    assert summary(out)["documents"] == 400
+
+    # A manifest written before lines kept their extent resumes by part number, as it did (job.json keeps
+    # the part size, and the shards' sizes and times are checked).
+    manifest = out / "manifest.jsonl"
+    old = [{k: v for k, v in json.loads(line).items() if k not in ("start", "end", "size")}
+           for line in manifest.read_text().splitlines()]  # fmt: skip
+    manifest.write_text("".join(json.dumps(e) + "\n" for e in old))
+    resumed = run_bulk(src, out, "detector", "--workers", "1")
+    assert resumed.returncode == 0 and "0 to score" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert rows(out) == got
