@@ -485,3 +485,25 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
     resumed = run_bulk(src, out, "detector", "--workers", "1")
     assert resumed.returncode == 0 and "0 to score" in resumed.stdout, resumed.stdout + resumed.stderr
     assert rows(out) == got
+
+
+def test_rejects_are_written_in_input_order_whoever_found_them(tmp_path, paragraphs):
+    """Text the model's tokenizer keeps nothing of is found after the chunk is read, and its rejects were
+    appended after the reader's: lines 3, 4, 1 of a part, where docs/bulk.md says input order. In order
+    now within a part, and across a shard's parts and the shards in DIR/rejects.jsonl."""
+    src = tmp_path / "in"
+    odd = [{"text": "\u0301\u0301"}, {"text": "fine"}, {"text": "   "}, {"text": 5}]
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps(o) + "\n" for o in odd))
+    # b.jsonl: cut into several parts, each holding both kinds of reject.
+    (src / "b.jsonl").write_text(
+        "".join(json.dumps(o) + "\n" for i in range(30) for o in (*odd, {"text": paragraphs[i]}))
+    )
+    out = tmp_path / "out"
+    done = run_bulk(src, out, "detector", "--workers", "2", "--part-mb", "0.0005")
+    assert done.returncode == 3, done.stderr
+    assert len(list((out / "rejects").iterdir())) > 2  # b.jsonl's rejects come from several parts
+    got = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["file"], r["line"]) for r in got][:3] == [("a.jsonl", 1), ("a.jsonl", 3), ("a.jsonl", 4)]
+    assert [(r["file"], r["line"]) for r in got] == sorted((r["file"], r["line"]) for r in got)
+    assert len(got) == 3 * 31
