@@ -98,10 +98,15 @@ def _type_suffix(path: Path) -> str:
     return Path(path.stem).suffix.lower() if last in COMPRESSED else last
 
 
+# Not read (a quoted field may span lines), but taken as input so that it fails by name with the conversion
+# to Parquet (`plan`), from a directory as when named: a directory once dropped them in silence.
+CSV = (".csv", ".tsv")
+
+
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
-    (in any case; a compressed one too, so that it fails by name rather than vanishing)."""
-    return fmt != "auto" or _type_suffix(path) in SUFFIXES
+    (in any case; a compressed one too, and a CSV, so that they fail by name rather than vanishing)."""
+    return fmt != "auto" or _type_suffix(path) in (*SUFFIXES, *CSV)
 
 
 def _reason(e: OSError) -> str:
@@ -334,7 +339,7 @@ def plan(
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
-        if fmt == "auto" and _type_suffix(path) in (".csv", ".tsv"):
+        if fmt == "auto" and _type_suffix(path) in CSV:
             failed[name] = _csv_hint(path)
             continue
         if path.suffix.lower() in COMPRESSED:

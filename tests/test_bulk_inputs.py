@@ -465,3 +465,28 @@ def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_p
     assert [(d.id, d.text) for d in docs_of(tmp_path / "docs.jsonl", id_field="id")] == [
         ("1", "first document"), ("2", "second document")
     ]  # fmt: skip
+
+
+def test_a_csv_under_a_directory_fails_by_name_as_when_named(tmp_path):
+    """A directory INPUT dropped .csv and .tsv files (compressed or not) without a word, where the same file
+    named outright, or by a glob, failed with the conversion to Parquet; a directory of CSVs alone said "no
+    input files". They reach the plan now, and fail there by name."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "read"}])
+    (corpus / "sub").mkdir()
+    (corpus / "sub" / "reviews.CSV").write_text("text,stars\ngreat,5\n")
+    (corpus / "tabs.tsv").write_text("text\tstars\ngreat\t5\n")
+    with gzip.open(corpus / "packed.csv.gz", "wt") as f:
+        f.write("text,stars\ngreat,5\n")
+    for spec in (str(corpus), f"{corpus}/**/*.*"):
+        root, files, _ = shards(spec, "auto")
+        parts, failed = plan(root, files, "auto", 1 << 20)
+        assert [p.name for p in parts] == ["a.jsonl"], spec
+        assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"], spec
+        assert all("bulk does not read CSV" in why for why in failed.values()), failed
+        assert "delimiter='\\t'" in failed["tabs.tsv"]
+    only = tmp_path / "only"
+    (only / "x").mkdir(parents=True)
+    (only / "x" / "b.csv").write_text("text\nhello\n")
+    root, files, _ = shards(str(only), "auto")
+    assert "bulk does not read CSV" in plan(root, files, "auto", 1 << 20)[1]["x/b.csv"]
