@@ -5,8 +5,6 @@ each with its identity (shard, line) and either its text or the reason it is rej
 
 from __future__ import annotations
 
-import fnmatch
-import glob
 import json
 import math
 import os
@@ -17,6 +15,9 @@ from pathlib import Path
 import msgspec
 
 from app.model.tokenization import is_blank
+from bulk.walk import glob_files, walk
+from bulk.walk import magic as _magic
+from bulk.walk import reason as _reason
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
@@ -109,10 +110,6 @@ def _wanted(path: Path, fmt: str) -> bool:
     return fmt != "auto" or _type_suffix(path) in (*SUFFIXES, *CSV)
 
 
-def _reason(e: OSError) -> str:
-    return f"{type(e).__name__}: {e.strerror or e}"
-
-
 def _inside(path: str, out: str | None) -> bool:
     return out is not None and (path == out or path.startswith(out + os.sep))
 
@@ -169,7 +166,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
         files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
-        for d, subdirs, names in os.walk(root, onerror=unreadable):  # symlinked directories not entered
+        for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
             subdirs[:] = sorted(x for x in subdirs if not x.startswith("."))
             for n in names:
                 if n.startswith("."):
@@ -192,10 +189,9 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             )
         return root, sorted(files), unlisted
     matches, foreign = [], []
-    unlisted.update(_unlistable_under_glob(spec))
-    for p in glob.glob(spec, recursive=True):
-        if os.path.dirname(p) in unlisted:  # failed as a whole already
-            continue
+    found, failed = glob_files(spec)  # on the walk a directory INPUT takes: links entered, loops not
+    unlisted.update(failed)
+    for p in found:
         try:
             if Path(p).is_file():
                 if not mine(p):
@@ -228,52 +224,6 @@ def glob_root(spec: str) -> Path:
     parts = spec.split(os.sep)
     fixed = next((i for i, part in enumerate(parts) if _magic(part)), len(parts) - 1)
     return Path(os.path.abspath(os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")))
-
-
-def _magic(part: str) -> bool:
-    return any(c in part for c in "*?[")
-
-
-def _may_lead_to_match(rel: list[str], pattern: list[str]) -> bool:
-    """Whether a directory at `rel` (components below the glob's fixed root) may hold a file that
-    `pattern` (the glob's components after that root) matches, as glob.glob(recursive=True) matches:
-    `**` spans any number of directories, and no wildcard matches a hidden name."""
-    if not rel:
-        return bool(pattern)
-    if not pattern:
-        return False
-    head, hidden = pattern[0], rel[0].startswith(".")
-    if head == "**":
-        return _may_lead_to_match(rel, pattern[1:]) or (not hidden and _may_lead_to_match(rel[1:], pattern))
-    if hidden and not head.startswith(".") and _magic(head):
-        return False
-    return fnmatch.fnmatchcase(rel[0], head) and _may_lead_to_match(rel[1:], pattern[1:])
-
-
-def _unlistable_under_glob(spec: str) -> dict[str, str]:
-    """The directories a glob would have looked in but could not list (path -> reason): glob.glob passes
-    over them in silence, and the files in them would be left out of the job without a word."""
-    parts = spec.split(os.sep)
-    fixed = next((i for i, part in enumerate(parts) if _magic(part)), len(parts))
-    if fixed == len(parts):
-        return {}
-    top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
-    pattern, failed = parts[fixed:], {}
-
-    def unreadable(e: OSError) -> None:
-        if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # nothing there to leave out
-            failed[e.filename or top] = _reason(e)
-
-    for d, subdirs, _ in os.walk(top, onerror=unreadable):
-        try:  # listed, but not searchable (mode 644): glob sees the names and finds none of the files
-            os.stat(os.path.join(d, "."))
-        except OSError as e:
-            failed[d] = _reason(e)
-            subdirs.clear()
-            continue
-        rel = Path(os.path.relpath(d, top)).parts if d != top else ()
-        subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
-    return failed
 
 
 def absolute_spec(spec: str) -> str:

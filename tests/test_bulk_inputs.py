@@ -490,3 +490,21 @@ def test_a_csv_under_a_directory_fails_by_name_as_when_named(tmp_path):
     (only / "x" / "b.csv").write_text("text\nhello\n")
     root, files, _ = shards(str(only), "auto")
     assert "bulk does not read CSV" in plan(root, files, "auto", 1 << 20)[1]["x/b.csv"]
+
+
+def test_a_linked_directory_is_entered_alike_by_a_directory_and_a_glob_and_a_loop_is_not_gone_round(tmp_path):
+    """os.walk left a linked sub-directory out in silence where a glob entered it: one tree, two sets of
+    documents. Both enter it now; a link back to a directory the path lies in (a loop) is entered by
+    neither, where the glob went round it forty times, the same file under ever longer names."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "at the top"}])
+    lines(corpus / "sub" / "b.jsonl", [{"text": "in a directory"}])
+    lines(tmp_path / "elsewhere" / "c.jsonl", [{"text": "behind a link"}])
+    (corpus / "more").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (corpus / "sub" / "up").symlink_to(corpus, target_is_directory=True)  # a loop
+    (corpus / "sub" / "out").symlink_to(tmp_path, target_is_directory=True)  # above INPUT: a loop too
+    want = ["a.jsonl", "more/c.jsonl", "sub/b.jsonl"]
+    for spec in (str(corpus), f"{corpus}/**/*.jsonl"):
+        root, files, unlisted = shards(spec, "auto")
+        assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
+    assert [d.text for d in docs_of(corpus)] == ["at the top", "behind a link", "in a directory"]
