@@ -22,6 +22,7 @@ from bulk.walk import reason as _reason
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first in a file
+LONE = "lone surrogate (escaped in the JSON, as \\ud800: no UTF-8 text holds one)"
 
 
 class Reason:
@@ -437,13 +438,8 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
             line, ident, None, Reason.NOT_JSON, "nested too deeply to parse (a thousand levels or more)"
         )
     except msgspec.DecodeError as e:
-        obj = _out_of_range(decoded, e)
+        obj = _fallback(decoded, e)
         if obj is None:
-            # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault. msgspec
-            # names it only when text follows; a high one at a string's end reads to it as "truncated".
-            if "surrogate" in str(e) or _holds_lone_surrogate(_python_json(decoded)):
-                return Doc(line, ident, None, Reason.NOT_UTF8, "a lone surrogate escaped in the JSON (as \\ud800): "
-                           "no UTF-8 text holds one")  # fmt: skip
             return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
@@ -451,10 +447,10 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
         value = _id_text(obj.get(id_field))
         if value is None:
             return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
-        # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line for a number
-        # past a float's range) cannot be written as UTF-8: as an id it failed the whole part, every run.
+        # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line: _fallback)
+        # cannot be written as UTF-8: as an id it failed the whole part, every run.
         if (bad := _surrogate_at(value)) is not None:
-            return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: lone surrogate")
+            return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: {LONE}")
         ident = value
     # The text is checked the same way (_checked), whichever parser read the line.
     return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
@@ -471,17 +467,26 @@ def _surrogate_at(text: str) -> int | None:
     return None
 
 
-def _out_of_range(decoded: str, e: msgspec.DecodeError):
-    """A line msgspec refused only for a number past a float's range (1e400: valid JSON, which Python
-    reads as inf), read by Python instead: the number is no usable id, and the text is scored."""
-    return _python_json(decoded) if "out of range" in str(e) else None
+def _fallback(decoded: str, e: msgspec.DecodeError):
+    """A line msgspec refused though it is JSON, read by Python's parser instead; None where it is not JSON.
+    Two such: a number past a float's range (1e400, which Python reads as inf: no usable id, and the text is
+    scored), and a lone surrogate escaped in a string ("\\ud800"), which msgspec refuses wherever it is
+    (and names only when text follows: a high one at a string's end reads to it as "truncated"). Only the
+    text and the --id-field are checked for one (not_utf8: no UTF-8 holds it); elsewhere it harms nothing."""
+    obj = _python_json(decoded)
+    said = str(e)
+    return obj if "out of range" in said or "surrogate" in said or _holds_lone_surrogate(obj) else None
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _python_json(decoded: str):
-    """A line msgspec refused, read by Python's JSON parser (which takes numbers past a float's range, lone
-    surrogates, NaN); None where it cannot either."""
+    """A line read by Python's JSON parser (which takes numbers past a float's range and lone surrogates;
+    NaN and Infinity, which are not JSON, are refused); None where it cannot read it."""
     try:
-        return json.loads(decoded)
+        return json.loads(decoded, parse_constant=_not_json)
     except (ValueError, RecursionError):
         return None
 
@@ -533,7 +538,7 @@ def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
         return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
     if (bad := _surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
-        return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: lone surrogate")
+        return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: {LONE}")
     if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
         return Doc(
             line, ident, None, Reason.EMPTY_TEXT, "nothing but white space, control or zero-width characters"

@@ -434,8 +434,8 @@ def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp
         ("ok", None, Reason.NOT_UTF8),
         ("s.jsonl:3", None, Reason.NOT_UTF8),
         ("fine", "hello again", None),
-        ("s.jsonl:5", None, Reason.NOT_UTF8),
-        ("s.jsonl:6", None, Reason.NOT_UTF8),
+        ("end", None, Reason.NOT_UTF8),  # the text's: the id is a good one
+        ("s.jsonl:6", None, Reason.MISSING_ID),  # the id is checked first, as on any line
         ("s.jsonl:7", None, Reason.NOT_JSON),
     ]
     assert "'id': character 0: lone surrogate" in got[0].detail and "lone surrogate" in got[1].detail
@@ -508,3 +508,23 @@ def test_a_linked_directory_is_entered_alike_by_a_directory_and_a_glob_and_a_loo
         root, files, unlisted = shards(spec, "auto")
         assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
     assert [d.text for d in docs_of(corpus)] == ["at the top", "behind a link", "in a directory"]
+
+
+def test_a_lone_surrogate_outside_the_text_and_the_id_rejects_nothing_whichever_parser_reads_it(tmp_path):
+    """A lone surrogate in a field bulk does not read rejected the whole line not_utf8 when msgspec read it,
+    and was scored when a number past a float's range sent the line to Python's parser: the check is the
+    text's and the --id-field's, on both paths. What neither parser takes as JSON (NaN) stays not_json."""
+    src = tmp_path / "s.jsonl"
+    src.write_text(
+        '{"note": "\\ud800", "id": "a", "text": "scored by msgspec\'s path"}\n'
+        '{"n": 1e400, "note": "\\ud800", "id": "b", "text": "scored by Python\'s path"}\n'
+        '{"note": "end \\ud800", "id": "c", "text": "a high one at a string\'s end"}\n'
+        '{"\\udc00": 1, "id": "d", "text": "in a key"}\n'
+        '{"note": "\\ud800", "id": "e", "text": "and NaN", "score": NaN}\n'
+        '{"note": "\\ud800", "id": "f", "text": "lone \\udc00 in the text"}\n'
+    )
+    got = docs_of(src, id_field="id")
+    assert [(d.id, d.reason) for d in got] == [
+        ("a", None), ("b", None), ("c", None), ("d", None), ("s.jsonl:5", Reason.NOT_JSON), ("f", Reason.NOT_UTF8)
+    ]  # fmt: skip
+    assert got[5].detail.startswith("character 5: lone surrogate"), got[5].detail
