@@ -425,9 +425,12 @@ def run(cfg: BulkConfig) -> int:
               "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
-    blank, documents = summary["blank_lines_skipped"], max(summary["documents"], 1)
-    wrapped = sum(e.get("wrapped", 0) for e in entries)
-    if blank * 10 >= documents and wrapped * 10 >= documents:
+    # Of the text parts alone: a JSONL file's blank lines say nothing of paragraphs, and its documents
+    # would hide a .txt file's wrapped lines.
+    text = [e for e in entries if format_of(Path(e["input"]), cfg.format) == "text"]
+    blank, wrapped = sum(e.get("blank", 0) for e in text), sum(e.get("wrapped", 0) for e in text)
+    documents = max(sum(e.get("rows", 0) for e in text), 1)
+    if text and blank * 10 >= documents and wrapped * 10 >= documents:
         # Pretraining reads a .txt corpus as paragraphs between blank lines: the same files, scored here,
         # are cut into their lines. Only where paragraphs run over several lines (a paragraph a line, as
         # WikiText's, is scored whole already).

@@ -141,6 +141,23 @@ def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_p
     done = run_bulk(whole, tmp_path / "out-lines", "detector", "--workers", "1")
     assert done.returncode == 0, done.stderr
     assert "blank lines skipped" not in done.stderr
+    # Blank lines of a JSONL file say nothing of a .txt file's paragraphs: they were counted in, and a text
+    # file of wrapped lines without a blank one got the note.
+    mixed = tmp_path / "mixed"
+    (mixed / "wrapped.txt").parent.mkdir()
+    long = [t for t in paragraphs if len(t) > 120]
+    (mixed / "wrapped.txt").write_text("".join(t[:60] + "\n" + t[60:120] + "\n" for t in long[:6]))
+    (mixed / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n\n\n" for t in paragraphs[6:12]))
+    done = run_bulk(mixed, tmp_path / "out-mixed", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert summary(tmp_path / "out-mixed")["blank_lines_skipped"] == 12
+    assert "blank lines skipped" not in done.stderr
+    # And a JSONL file's many documents do not hide a .txt file's paragraphs, wrapped between blank lines.
+    (mixed / "wrapped.txt").write_text("\n".join(t[:60] + "\n" + t[60:120] + "\n" for t in long[:6]))
+    write_jsonl(mixed / "docs.jsonl", paragraphs[:120])
+    done = run_bulk(mixed, tmp_path / "out-many", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "note: 5 blank lines skipped: in a .txt file every line is a document" in done.stderr, done.stderr
 
 
 def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
