@@ -5,8 +5,6 @@ each with its identity (shard, line) and either its text or the reason it is rej
 
 from __future__ import annotations
 
-import fnmatch
-import glob
 import json
 import math
 import os
@@ -17,10 +15,14 @@ from pathlib import Path
 import msgspec
 
 from app.model.tokenization import is_blank
+from bulk.walk import glob_files, walk
+from bulk.walk import magic as _magic
+from bulk.walk import reason as _reason
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first in a file
+LONE = "lone surrogate (escaped in the JSON, as \\ud800: no UTF-8 text holds one)"
 
 
 class Reason:
@@ -52,8 +54,18 @@ class Part:
         return f"{self.name}#{self.index}"
 
     def record(self) -> dict:
-        """What the manifest and the summary name a part by."""
-        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index}
+        """What the manifest and the summary name a part by, with its extent: a manifest line counts for
+        the planned part of its number only where the two cover the same bytes or rows (`same_extent`)."""
+        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index,
+                "start": self.start, "end": self.end, "size": self.size}  # fmt: skip
+
+    def same_extent(self, entry: dict) -> bool:
+        """Whether a manifest line of this part's number covers what this part covers. A line written
+        before lines kept their extent counts by number, as it did: job.json keeps the part size, and the
+        shard's size and time are checked (job.check_unchanged), so the plan cuts the shard as then."""
+        if "start" not in entry:
+            return True
+        return (entry.get("start"), entry.get("end")) == (self.start, self.end)
 
     def failure(self, error: str) -> dict:
         """What a worker returns for a part it could not score: the summary names it, the job goes on."""
@@ -88,14 +100,15 @@ def _type_suffix(path: Path) -> str:
     return Path(path.stem).suffix.lower() if last in COMPRESSED else last
 
 
+# Not read (a quoted field may span lines), but taken as input so that it fails by name with the conversion
+# to Parquet (`plan`), from a directory as when named: a directory once dropped them in silence.
+CSV = (".csv", ".tsv")
+
+
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
-    (in any case; a compressed one too, so that it fails by name rather than vanishing)."""
-    return fmt != "auto" or _type_suffix(path) in SUFFIXES
-
-
-def _reason(e: OSError) -> str:
-    return f"{type(e).__name__}: {e.strerror or e}"
+    (in any case; a compressed one too, and a CSV, so that they fail by name rather than vanishing)."""
+    return fmt != "auto" or _type_suffix(path) in (*SUFFIXES, *CSV)
 
 
 def _inside(path: str, out: str | None) -> bool:
@@ -154,7 +167,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
         files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
-        for d, subdirs, names in os.walk(root, onerror=unreadable):  # symlinked directories not entered
+        for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
             subdirs[:] = sorted(x for x in subdirs if not x.startswith("."))
             for n in names:
                 if n.startswith("."):
@@ -177,10 +190,9 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             )
         return root, sorted(files), unlisted
     matches, foreign = [], []
-    unlisted.update(_unlistable_under_glob(spec))
-    for p in glob.glob(spec, recursive=True):
-        if os.path.dirname(p) in unlisted:  # failed as a whole already
-            continue
+    found, failed = glob_files(spec)  # on the walk a directory INPUT takes: links entered, loops not
+    unlisted.update(failed)
+    for p in found:
         try:
             if Path(p).is_file():
                 if not mine(p):
@@ -213,52 +225,6 @@ def glob_root(spec: str) -> Path:
     parts = spec.split(os.sep)
     fixed = next((i for i, part in enumerate(parts) if _magic(part)), len(parts) - 1)
     return Path(os.path.abspath(os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")))
-
-
-def _magic(part: str) -> bool:
-    return any(c in part for c in "*?[")
-
-
-def _may_lead_to_match(rel: list[str], pattern: list[str]) -> bool:
-    """Whether a directory at `rel` (components below the glob's fixed root) may hold a file that
-    `pattern` (the glob's components after that root) matches, as glob.glob(recursive=True) matches:
-    `**` spans any number of directories, and no wildcard matches a hidden name."""
-    if not rel:
-        return bool(pattern)
-    if not pattern:
-        return False
-    head, hidden = pattern[0], rel[0].startswith(".")
-    if head == "**":
-        return _may_lead_to_match(rel, pattern[1:]) or (not hidden and _may_lead_to_match(rel[1:], pattern))
-    if hidden and not head.startswith(".") and _magic(head):
-        return False
-    return fnmatch.fnmatchcase(rel[0], head) and _may_lead_to_match(rel[1:], pattern[1:])
-
-
-def _unlistable_under_glob(spec: str) -> dict[str, str]:
-    """The directories a glob would have looked in but could not list (path -> reason): glob.glob passes
-    over them in silence, and the files in them would be left out of the job without a word."""
-    parts = spec.split(os.sep)
-    fixed = next((i for i, part in enumerate(parts) if _magic(part)), len(parts))
-    if fixed == len(parts):
-        return {}
-    top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
-    pattern, failed = parts[fixed:], {}
-
-    def unreadable(e: OSError) -> None:
-        if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # nothing there to leave out
-            failed[e.filename or top] = _reason(e)
-
-    for d, subdirs, _ in os.walk(top, onerror=unreadable):
-        try:  # listed, but not searchable (mode 644): glob sees the names and finds none of the files
-            os.stat(os.path.join(d, "."))
-        except OSError as e:
-            failed[d] = _reason(e)
-            subdirs.clear()
-            continue
-        rel = Path(os.path.relpath(d, top)).parts if d != top else ()
-        subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
-    return failed
 
 
 def absolute_spec(spec: str) -> str:
@@ -324,7 +290,7 @@ def plan(
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
-        if fmt == "auto" and _type_suffix(path) in (".csv", ".tsv"):
+        if fmt == "auto" and _type_suffix(path) in CSV:
             failed[name] = _csv_hint(path)
             continue
         if path.suffix.lower() in COMPRESSED:
@@ -472,13 +438,8 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
             line, ident, None, Reason.NOT_JSON, "nested too deeply to parse (a thousand levels or more)"
         )
     except msgspec.DecodeError as e:
-        obj = _out_of_range(decoded, e)
+        obj = _fallback(decoded, e)
         if obj is None:
-            # A lone surrogate escaped in JSON ("\ud800") is text no UTF-8 can hold: an encoding fault. msgspec
-            # names it only when text follows; a high one at a string's end reads to it as "truncated".
-            if "surrogate" in str(e) or _holds_lone_surrogate(_python_json(decoded)):
-                return Doc(line, ident, None, Reason.NOT_UTF8, "a lone surrogate escaped in the JSON (as \\ud800): "
-                           "no UTF-8 text holds one")  # fmt: skip
             return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
@@ -486,10 +447,10 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
         value = _id_text(obj.get(id_field))
         if value is None:
             return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
-        # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line for a number
-        # past a float's range) cannot be written as UTF-8: as an id it failed the whole part, every run.
+        # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line: _fallback)
+        # cannot be written as UTF-8: as an id it failed the whole part, every run.
         if (bad := _surrogate_at(value)) is not None:
-            return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: lone surrogate")
+            return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: {LONE}")
         ident = value
     # The text is checked the same way (_checked), whichever parser read the line.
     return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
@@ -506,17 +467,26 @@ def _surrogate_at(text: str) -> int | None:
     return None
 
 
-def _out_of_range(decoded: str, e: msgspec.DecodeError):
-    """A line msgspec refused only for a number past a float's range (1e400: valid JSON, which Python
-    reads as inf), read by Python instead: the number is no usable id, and the text is scored."""
-    return _python_json(decoded) if "out of range" in str(e) else None
+def _fallback(decoded: str, e: msgspec.DecodeError):
+    """A line msgspec refused though it is JSON, read by Python's parser instead; None where it is not JSON.
+    Two such: a number past a float's range (1e400, which Python reads as inf: no usable id, and the text is
+    scored), and a lone surrogate escaped in a string ("\\ud800"), which msgspec refuses wherever it is
+    (and names only when text follows: a high one at a string's end reads to it as "truncated"). Only the
+    text and the --id-field are checked for one (not_utf8: no UTF-8 holds it); elsewhere it harms nothing."""
+    obj = _python_json(decoded)
+    said = str(e)
+    return obj if "out of range" in said or "surrogate" in said or _holds_lone_surrogate(obj) else None
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _python_json(decoded: str):
-    """A line msgspec refused, read by Python's JSON parser (which takes numbers past a float's range, lone
-    surrogates, NaN); None where it cannot either."""
+    """A line read by Python's JSON parser (which takes numbers past a float's range and lone surrogates;
+    NaN and Infinity, which are not JSON, are refused); None where it cannot read it."""
     try:
-        return json.loads(decoded)
+        return json.loads(decoded, parse_constant=_not_json)
     except (ValueError, RecursionError):
         return None
 
@@ -568,7 +538,7 @@ def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
         return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
     if (bad := _surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
-        return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: lone surrogate")
+        return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: {LONE}")
     if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
         return Doc(
             line, ident, None, Reason.EMPTY_TEXT, "nothing but white space, control or zero-width characters"

@@ -113,6 +113,16 @@ def read_fingerprint(
         kept = (have | added).get("input_root")
         return (int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None,
                 have | added if added else None)  # fmt: skip
+    if n := sum(1 for _ in outputs.Manifest(cfg.out).entries()):
+        # Without the fingerprint nothing says what these parts were scored with, nor how INPUT was cut: a
+        # run taken for a new job trusted them by number under another cut (documents lost) or another
+        # model (two kinds of rows in scores/).
+        raise JobError(
+            f"{cfg.out}: manifest.jsonl records {n} finished part(s) but there is no job.json, the "
+            "fingerprint that says which bundle and options scored them and how INPUT was cut into parts; "
+            "resuming could lose documents or mix two models' rows. Put job.json back, use another --out, "
+            "or remove that directory to start again"
+        )
     want |= {"part_bytes": part_size(cfg, files), "parquet_parts": "rows"}
     if root is not None:
         want["input_root"] = str(root)
@@ -170,10 +180,20 @@ def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> l
     return sorted(gone)
 
 
-def prepare(cfg: BulkConfig, pending: dict | None) -> None:
+def stale_lines(entries: list[dict], parts: list[Part]) -> list[dict]:
+    """The manifest lines of shards in the plan that name no planned part, or one of another extent (cut
+    otherwise since): not finished, and their files are removed as unrecorded. A shard no longer in INPUT
+    keeps its lines (its rows stay, as said)."""
+    planned, names = {p.key: p for p in parts}, {p.name for p in parts}
+    return [e for e in entries if e.get("name") in names
+            and not ((p := planned.get(e.get("part", ""))) and p.same_extent(e))]  # fmt: skip
+
+
+def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part]) -> None:
     """Once every check passed (a refused run changes nothing in --out): job.json written where it asks,
-    config.json written, and what this run replaces or must not read removed. An --out that cannot be
-    written stops the job here, before any part is scored, with what to do."""
+    config.json written, and what this run replaces or must not read removed (the files of manifest lines
+    that no longer count for a part of `parts`: `stale_lines`). An --out that cannot be written stops the
+    job here, before any part is scored, with what to do."""
     try:
         outputs.hold(cfg.out)  # before anything there is written or removed
         write_fingerprint(cfg, pending)
@@ -184,10 +204,13 @@ def prepare(cfg: BulkConfig, pending: dict | None) -> None:
         for stale in ("summary.json", "rejects.jsonl"):
             (cfg.out / stale).unlink(missing_ok=True)
         outputs.remove_temporaries(cfg.out)
-        if n := outputs.remove_unrecorded(cfg.out, list(outputs.Manifest(cfg.out).entries())):
+        entries = list(outputs.Manifest(cfg.out).entries())  # read under the lock: none appended since
+        dropped = {id(e) for e in stale_lines(entries, parts)}
+        if n := outputs.remove_unrecorded(cfg.out, [e for e in entries if id(e) not in dropped]):
             print(f"bulk: removed {n} file(s) under scores/ and rejects/ that no line of manifest.jsonl records "
-                  "(written as a job was stopped or killed, or by parts a shard no longer has); their parts, "
-                  "if still in INPUT, are scored again", file=sys.stderr, flush=True)  # fmt: skip
+                  "(written as a job was stopped or killed, or by parts a shard no longer has or that are cut "
+                  "otherwise now); their parts, if still in INPUT, are scored again", file=sys.stderr,
+                  flush=True)  # fmt: skip
     except outputs.OutHeld as e:
         raise JobError(str(e)) from None
     except OSError as e:
@@ -282,11 +305,14 @@ def run(cfg: BulkConfig) -> int:
     finished = manifest.finished()
     stats = shard_stats(parts)
     gone = check_unchanged(finished, stats)
+    planned = {p.key: p for p in parts}
+    # A line names its part by number: it counts only for a planned part of the same extent.
+    finished = {k: e for k, e in finished.items() if k not in planned or planned[k].same_extent(e)}
     todo = [p for p in parts if p.key not in finished]
     # The last refusal, a Ray cluster that cannot be joined: nothing in --out was written before it.
     if todo and cfg.ray and (stopped_by := _join_ray(cfg)) is not None:
         return stopped_by
-    prepare(cfg, pending)
+    prepare(cfg, pending, parts)
     report_failures(failed_shards)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
     asked = "id_field" in options.sources(cfg)
@@ -399,9 +425,12 @@ def run(cfg: BulkConfig) -> int:
               "kept)", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     print(_closing(summary, cfg.out / "summary.json"), flush=True)
-    blank, documents = summary["blank_lines_skipped"], max(summary["documents"], 1)
-    wrapped = sum(e.get("wrapped", 0) for e in entries)
-    if blank * 10 >= documents and wrapped * 10 >= documents:
+    # Of the text parts alone: a JSONL file's blank lines say nothing of paragraphs, and its documents
+    # would hide a .txt file's wrapped lines.
+    text = [e for e in entries if format_of(Path(e["input"]), cfg.format) == "text"]
+    blank, wrapped = sum(e.get("blank", 0) for e in text), sum(e.get("wrapped", 0) for e in text)
+    documents = max(sum(e.get("rows", 0) for e in text), 1)
+    if text and blank * 10 >= documents and wrapped * 10 >= documents:
         # Pretraining reads a .txt corpus as paragraphs between blank lines: the same files, scored here,
         # are cut into their lines. Only where paragraphs run over several lines (a paragraph a line, as
         # WikiText's, is scored whole already).

@@ -98,6 +98,12 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charge
         # What this attempt reported, and what it may still report (a worker the broken pool ends later
         # than the one that died may have reports in flight), counts for nothing.
         queue.put((0, 0, 0, f"{part.key}@{charged[part.key]}", True))
+        if stopped or stopping():
+            # A stop (a SIGTERM to the whole group ends the workers with the driver): nothing runs again in
+            # this run, and the death is not the part's to be charged for.
+            print(f"bulk: a worker process died while it scored {part.key} ({e}); the job is stopping: the next "
+                  "run scores it", file=sys.stderr, flush=True)  # fmt: skip
+            return
         charged[part.key] += 1
         again_or_not = "it runs again" if charged[part.key] < ATTEMPTS else "it fails"
         print(f"bulk: a worker process died while it scored {part.key} ({e}); {again_or_not}",

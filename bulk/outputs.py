@@ -3,7 +3,7 @@ that a resumed job would trust:
 
     scores/<shard>.part-NNNNN.parquet   one per part (a shard that was not split has one part)
     rejects/<shard>.part-NNNNN.jsonl    the part's rejected documents, when it has any
-    manifest.jsonl                      one line per finished part: input, output, rows, sha256
+    manifest.jsonl                      one line per finished part: input, extent, output, rows, sha256
     rejects.jsonl, summary.json         at the end: every reject in input order, and the figures
     config.json, job.json               the resolved options, and those the rows depend on
 

@@ -125,6 +125,7 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
             read(part, cfg.text_field, cfg.id_field, cfg.max_document_chars), cfg.chunk_docs
         ):
             good = [d for d in chunk if d.text is not None]
+            found: list[dict] = []  # this chunk's rejects, the reader's and then the tokenizer's
             for d in chunk:
                 blank = d.text is None and d.reason is None
                 if part.format == "text":
@@ -133,8 +134,8 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
                 if blank:
                     stats["blank"] += 1
                 elif d.text is None:
-                    rejects.append({"id": d.id, "file": part.name, "line": d.line, "reason": d.reason,
-                                    "detail": d.detail})  # fmt: skip
+                    found.append({"id": d.id, "file": part.name, "line": d.line, "reason": d.reason,
+                                  "detail": d.detail})  # fmt: skip
                     stats["reasons"][d.reason] = stats["reasons"].get(d.reason, 0) + 1
             tokens = 0
             if good:
@@ -142,14 +143,16 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
                 if empty:
                     for i in sorted(empty):
                         d = good[i]
-                        rejects.append({"id": d.id, "file": part.name, "line": d.line, "reason": Reason.EMPTY_TEXT,
-                                        "detail": NOTHING_KEPT})  # fmt: skip
+                        found.append({"id": d.id, "file": part.name, "line": d.line, "reason": Reason.EMPTY_TEXT,
+                                      "detail": NOTHING_KEPT})  # fmt: skip
                     stats["reasons"][Reason.EMPTY_TEXT] = stats["reasons"].get(Reason.EMPTY_TEXT, 0) + len(
                         empty
                     )
                     keep = [i for i in range(len(good)) if i not in empty]
                     good, results = [good[i] for i in keep], [results[i] for i in keep]
                     n_tokens = [n_tokens[i] for i in keep] if n_tokens else n_tokens
+            # In input order, as rejects.jsonl promises: the tokenizer's come to light after the chunk is read.
+            rejects.extend(sorted(found, key=lambda r: r["line"]))
             if good:
                 cols = scorer.columns(part, good, results, n_tokens)
                 writer.write(cols)

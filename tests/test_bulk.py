@@ -141,6 +141,23 @@ def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_p
     done = run_bulk(whole, tmp_path / "out-lines", "detector", "--workers", "1")
     assert done.returncode == 0, done.stderr
     assert "blank lines skipped" not in done.stderr
+    # Blank lines of a JSONL file say nothing of a .txt file's paragraphs: they were counted in, and a text
+    # file of wrapped lines without a blank one got the note.
+    mixed = tmp_path / "mixed"
+    (mixed / "wrapped.txt").parent.mkdir()
+    long = [t for t in paragraphs if len(t) > 120]
+    (mixed / "wrapped.txt").write_text("".join(t[:60] + "\n" + t[60:120] + "\n" for t in long[:6]))
+    (mixed / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n\n\n" for t in paragraphs[6:12]))
+    done = run_bulk(mixed, tmp_path / "out-mixed", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert summary(tmp_path / "out-mixed")["blank_lines_skipped"] == 12
+    assert "blank lines skipped" not in done.stderr
+    # And a JSONL file's many documents do not hide a .txt file's paragraphs, wrapped between blank lines.
+    (mixed / "wrapped.txt").write_text("\n".join(t[:60] + "\n" + t[60:120] + "\n" for t in long[:6]))
+    write_jsonl(mixed / "docs.jsonl", paragraphs[:120])
+    done = run_bulk(mixed, tmp_path / "out-many", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "note: 5 blank lines skipped: in a .txt file every line is a document" in done.stderr, done.stderr
 
 
 def test_an_entry_after_a_torn_manifest_line_survives_the_next_resume(tmp_path):
@@ -440,3 +457,70 @@ def _terminal_line_at_each_return(output: str) -> list[str]:
             col += 1
         i += 1
     return shown
+
+
+def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent_is_scored_again(
+    tmp_path, paragraphs
+):
+    """job.json deleted after a job killed part-way: the next run (other --workers, even another --model)
+    started as a new job, cut INPUT into other parts, and trusted the finished ones by their number alone:
+    documents went missing, or scores/ held two models' rows, with exit 0. A manifest without its job.json
+    is refused now, and a manifest line counts only for a part of the same extent as the plan's."""
+    src = tmp_path / "in"
+    for i in range(4):
+        write_jsonl(src / f"s{i}.jsonl", paragraphs[100 * i : 100 * (i + 1)])
+    out = tmp_path / "out"
+    first = run_bulk(src, out, "detector", "--workers", "2")
+    assert first.returncode == 0, first.stderr
+    lines = (out / "manifest.jsonl").read_text().splitlines()
+    assert len(lines) > 4 and all({"start", "end"} <= json.loads(line).keys() for line in lines)
+    (out / "manifest.jsonl").write_text("".join(line + "\n" for line in lines[::2]))  # as a kill leaves it
+    job = json.loads((out / "job.json").read_text())
+    (out / "job.json").unlink()
+    before = _tree(out)
+    for model in ("detector", "sentiment"):
+        lost = run_bulk(src, out, model, "--workers", "1")
+        assert lost.returncode == 2, lost.stdout + lost.stderr
+        assert "finished part(s) but there is no job.json" in lost.stderr, lost.stderr
+        assert _tree(out) == before  # refused before any write
+
+    # job.json back, with another part size (as if INPUT had been cut otherwise): a line naming a part by
+    # its number alone no longer counts for the planned part of that number.
+    (out / "job.json").write_text(json.dumps(job | {"part_bytes": job["part_bytes"] * 2}))
+    again = run_bulk(src, out, "detector", "--workers", "1")
+    assert again.returncode == 0, again.stderr
+    got = rows(out)
+    assert len(got) == len({(r["file"], r["line"]) for r in got}) == 400
+    assert summary(out)["documents"] == 400
+
+    # A manifest written before lines kept their extent resumes by part number, as it did (job.json keeps
+    # the part size, and the shards' sizes and times are checked).
+    manifest = out / "manifest.jsonl"
+    old = [{k: v for k, v in json.loads(line).items() if k not in ("start", "end", "size")}
+           for line in manifest.read_text().splitlines()]  # fmt: skip
+    manifest.write_text("".join(json.dumps(e) + "\n" for e in old))
+    resumed = run_bulk(src, out, "detector", "--workers", "1")
+    assert resumed.returncode == 0 and "0 to score" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert rows(out) == got
+
+
+def test_rejects_are_written_in_input_order_whoever_found_them(tmp_path, paragraphs):
+    """Text the model's tokenizer keeps nothing of is found after the chunk is read, and its rejects were
+    appended after the reader's: lines 3, 4, 1 of a part, where docs/bulk.md says input order. In order
+    now within a part, and across a shard's parts and the shards in DIR/rejects.jsonl."""
+    src = tmp_path / "in"
+    odd = [{"text": "\u0301\u0301"}, {"text": "fine"}, {"text": "   "}, {"text": 5}]
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps(o) + "\n" for o in odd))
+    # b.jsonl: cut into several parts, each holding both kinds of reject.
+    (src / "b.jsonl").write_text(
+        "".join(json.dumps(o) + "\n" for i in range(30) for o in (*odd, {"text": paragraphs[i]}))
+    )
+    out = tmp_path / "out"
+    done = run_bulk(src, out, "detector", "--workers", "2", "--part-mb", "0.0005")
+    assert done.returncode == 3, done.stderr
+    assert len(list((out / "rejects").iterdir())) > 2  # b.jsonl's rejects come from several parts
+    got = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["file"], r["line"]) for r in got][:3] == [("a.jsonl", 1), ("a.jsonl", 3), ("a.jsonl", 4)]
+    assert [(r["file"], r["line"]) for r in got] == sorted((r["file"], r["line"]) for r in got)
+    assert len(got) == 3 * 31

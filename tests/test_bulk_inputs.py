@@ -434,8 +434,8 @@ def test_a_lone_surrogate_read_by_the_fallback_parser_rejects_its_line_alone(tmp
         ("ok", None, Reason.NOT_UTF8),
         ("s.jsonl:3", None, Reason.NOT_UTF8),
         ("fine", "hello again", None),
-        ("s.jsonl:5", None, Reason.NOT_UTF8),
-        ("s.jsonl:6", None, Reason.NOT_UTF8),
+        ("end", None, Reason.NOT_UTF8),  # the text's: the id is a good one
+        ("s.jsonl:6", None, Reason.MISSING_ID),  # the id is checked first, as on any line
         ("s.jsonl:7", None, Reason.NOT_JSON),
     ]
     assert "'id': character 0: lone surrogate" in got[0].detail and "lone surrogate" in got[1].detail
@@ -465,3 +465,66 @@ def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_p
     assert [(d.id, d.text) for d in docs_of(tmp_path / "docs.jsonl", id_field="id")] == [
         ("1", "first document"), ("2", "second document")
     ]  # fmt: skip
+
+
+def test_a_csv_under_a_directory_fails_by_name_as_when_named(tmp_path):
+    """A directory INPUT dropped .csv and .tsv files (compressed or not) without a word, where the same file
+    named outright, or by a glob, failed with the conversion to Parquet; a directory of CSVs alone said "no
+    input files". They reach the plan now, and fail there by name."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "read"}])
+    (corpus / "sub").mkdir()
+    (corpus / "sub" / "reviews.CSV").write_text("text,stars\ngreat,5\n")
+    (corpus / "tabs.tsv").write_text("text\tstars\ngreat\t5\n")
+    with gzip.open(corpus / "packed.csv.gz", "wt") as f:
+        f.write("text,stars\ngreat,5\n")
+    for spec in (str(corpus), f"{corpus}/**/*.*"):
+        root, files, _ = shards(spec, "auto")
+        parts, failed = plan(root, files, "auto", 1 << 20)
+        assert [p.name for p in parts] == ["a.jsonl"], spec
+        assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"], spec
+        assert all("bulk does not read CSV" in why for why in failed.values()), failed
+        assert "delimiter='\\t'" in failed["tabs.tsv"]
+    only = tmp_path / "only"
+    (only / "x").mkdir(parents=True)
+    (only / "x" / "b.csv").write_text("text\nhello\n")
+    root, files, _ = shards(str(only), "auto")
+    assert "bulk does not read CSV" in plan(root, files, "auto", 1 << 20)[1]["x/b.csv"]
+
+
+def test_a_linked_directory_is_entered_alike_by_a_directory_and_a_glob_and_a_loop_is_not_gone_round(tmp_path):
+    """os.walk left a linked sub-directory out in silence where a glob entered it: one tree, two sets of
+    documents. Both enter it now; a link back to a directory the path lies in (a loop) is entered by
+    neither, where the glob went round it forty times, the same file under ever longer names."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "at the top"}])
+    lines(corpus / "sub" / "b.jsonl", [{"text": "in a directory"}])
+    lines(tmp_path / "elsewhere" / "c.jsonl", [{"text": "behind a link"}])
+    (corpus / "more").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (corpus / "sub" / "up").symlink_to(corpus, target_is_directory=True)  # a loop
+    (corpus / "sub" / "out").symlink_to(tmp_path, target_is_directory=True)  # above INPUT: a loop too
+    want = ["a.jsonl", "more/c.jsonl", "sub/b.jsonl"]
+    for spec in (str(corpus), f"{corpus}/**/*.jsonl"):
+        root, files, unlisted = shards(spec, "auto")
+        assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
+    assert [d.text for d in docs_of(corpus)] == ["at the top", "behind a link", "in a directory"]
+
+
+def test_a_lone_surrogate_outside_the_text_and_the_id_rejects_nothing_whichever_parser_reads_it(tmp_path):
+    """A lone surrogate in a field bulk does not read rejected the whole line not_utf8 when msgspec read it,
+    and was scored when a number past a float's range sent the line to Python's parser: the check is the
+    text's and the --id-field's, on both paths. What neither parser takes as JSON (NaN) stays not_json."""
+    src = tmp_path / "s.jsonl"
+    src.write_text(
+        '{"note": "\\ud800", "id": "a", "text": "scored by msgspec\'s path"}\n'
+        '{"n": 1e400, "note": "\\ud800", "id": "b", "text": "scored by Python\'s path"}\n'
+        '{"note": "end \\ud800", "id": "c", "text": "a high one at a string\'s end"}\n'
+        '{"\\udc00": 1, "id": "d", "text": "in a key"}\n'
+        '{"note": "\\ud800", "id": "e", "text": "and NaN", "score": NaN}\n'
+        '{"note": "\\ud800", "id": "f", "text": "lone \\udc00 in the text"}\n'
+    )
+    got = docs_of(src, id_field="id")
+    assert [(d.id, d.reason) for d in got] == [
+        ("a", None), ("b", None), ("c", None), ("d", None), ("s.jsonl:5", Reason.NOT_JSON), ("f", Reason.NOT_UTF8)
+    ]  # fmt: skip
+    assert got[5].detail.startswith("character 5: lone surrogate"), got[5].detail

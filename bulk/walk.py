@@ -1,0 +1,114 @@
+"""The files under INPUT, found the same way whether INPUT is a directory or a glob. A linked directory is
+entered by both (os.walk left it out in silence where Python's glob entered it: one tree gave two sets of
+documents), but never one that leads back to a directory the path already lies in, or lies above INPUT (a
+loop): its files are found once already, under their path without it. Python's glob went round a loop to
+the kernel's limit on links, each file forty times under ever longer names, and round two loops for ever;
+so a glob is matched here, on the same walk, as glob.glob(recursive=True) matches it."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Iterator
+
+
+def magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def reason(e: OSError) -> str:
+    return f"{type(e).__name__}: {e.strerror or e}"
+
+
+def _ancestors(real: str) -> frozenset[str]:
+    """A real path and every directory above it."""
+    seen = {real}
+    while (up := os.path.dirname(real)) != real:
+        seen.add(up)
+        real = up
+    return frozenset(seen)
+
+
+def walk(top: str, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list, list]]:
+    """os.walk(top) entering linked directories, except those that lead back to a directory the walk
+    stands in or above `top`. The caller may prune the sub-directories it is given, as os.walk's."""
+    real_top = os.path.realpath(top)
+    chains = {top: (real_top, _ancestors(real_top))}
+    for d, subdirs, names in os.walk(top, onerror=onerror, followlinks=True):
+        yield d, subdirs, names
+        real, chain = chains.pop(d)
+        kept = []
+        for x in subdirs:
+            path = os.path.join(d, x)
+            rx = os.path.realpath(path) if os.path.islink(path) else os.path.join(real, x)
+            if rx not in chain:
+                chains[path] = (rx, chain | {rx})
+                kept.append(x)
+        subdirs[:] = kept
+
+
+def _hidden_miss(name: str, head: str) -> bool:
+    """glob's rule: a wildcard matches no hidden name, unless the pattern's own part starts with '.'."""
+    return name.startswith(".") and magic(head) and not head.startswith(".")
+
+
+def _may_lead_to_match(rel: list[str], pattern: list[str]) -> bool:
+    """Whether a directory at `rel` (components below the glob's fixed root) may hold a file that
+    `pattern` (the glob's components after that root) matches: `**` spans any number of directories."""
+    if not rel:
+        return bool(pattern)
+    if not pattern:
+        return False
+    head = pattern[0]
+    if head == "**":
+        return _may_lead_to_match(rel, pattern[1:]) or (
+            not rel[0].startswith(".") and _may_lead_to_match(rel[1:], pattern)
+        )
+    if _hidden_miss(rel[0], head):
+        return False
+    return fnmatch.fnmatchcase(rel[0], head) and _may_lead_to_match(rel[1:], pattern[1:])
+
+
+def _matches(rel: list[str], pattern: list[str]) -> bool:
+    """Whether a file at `rel` (below the glob's fixed root) matches `pattern`, as glob.glob does."""
+    if not pattern:
+        return not rel
+    head = pattern[0]
+    if head == "**":
+        return _matches(rel, pattern[1:]) or (
+            bool(rel) and not rel[0].startswith(".") and _matches(rel[1:], pattern)
+        )
+    if not rel or _hidden_miss(rel[0], head):
+        return False
+    return fnmatch.fnmatchcase(rel[0], head) and _matches(rel[1:], pattern[1:])
+
+
+def glob_files(spec: str) -> tuple[list[str], dict[str, str]]:
+    """The files a glob matches (paths as spelled from it, as glob.glob gives them), and the directories it
+    would have looked in but could not list (path -> reason): glob.glob passes over those in silence, and
+    the files in them would be left out of the job without a word."""
+    parts = spec.split(os.sep)
+    fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
+    if fixed == len(parts):
+        return [], {}
+    top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
+    # `a//*.jsonl` and `a/./*.jsonl` are `a/*.jsonl` to glob; a trailing separator (directories only) stays.
+    pattern = [p for p in parts[fixed:-1] if p not in ("", ".")] + parts[-1:]
+    found: list[str] = []
+    failed: dict[str, str] = {}
+
+    def unreadable(e: OSError) -> None:
+        if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # nothing there to leave out
+            failed[e.filename or top] = reason(e)
+
+    for d, subdirs, names in walk(top, onerror=unreadable):
+        try:  # listed, but not searchable (mode 644): glob sees the names and finds none of the files
+            os.stat(os.path.join(d, "."))
+        except OSError as e:
+            failed[d] = reason(e)
+            subdirs.clear()
+            continue
+        rel = list(os.path.relpath(d, top).split(os.sep)) if d != top else []
+        subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
+        found += [os.path.join(d, n) if d != "." else n for n in names if _matches([*rel, n], pattern)]
+    return found, failed
