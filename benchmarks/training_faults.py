@@ -185,6 +185,18 @@ def grow(path: Path, size_bytes: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size_bytes}", str(path)], check=True, capture_output=True)
 
 
+def fill(path: Path, room: int) -> None:
+    """Shrink the tmpfs at `path` to leave `room` bytes free, while a run writes to it: a write landing
+    between the measure and the remount makes the size fall below what is used, which tmpfs refuses
+    (mount exits 32); measured again, it goes through."""
+    for _ in range(49):
+        try:
+            return grow(path, shutil.disk_usage(path).used + room)
+        except subprocess.CalledProcessError:
+            time.sleep(0.01)
+    grow(path, shutil.disk_usage(path).used + room)
+
+
 def disk_full(r: Run) -> dict:
     ckpts = r.reference / "checkpoints"
     one = directory_size(ckpts / (ckpts / "latest").read_text().strip())

@@ -79,7 +79,9 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
     other = tmp_path / "other-tokenizer"
     shutil.copytree(ckpt, other)
     (other / "tokenizer.json").write_text((ckpt / "tokenizer.json").read_text().replace("[UNK]", "[unk]"))
-    with pytest.raises(SystemExit, match="its tokenizer differs"):
+    from benchmarks.cli import UsageError
+
+    with pytest.raises(UsageError, match="its tokenizer differs"):
         load_generators([other], ckpt / "tokenizer.json")
 
 
@@ -274,7 +276,7 @@ def test_a_disk_that_fills_under_torchrun_stops_every_rank_with_one_message(
 ):
     """Rank 0's save failed alone; rank 1 then failed in the barrier after it with gloo's traceback
     ("Connection closed by peer"). The ranks agree on the failure: rank 0 says why, rank 1 stops."""
-    from benchmarks.training_faults import grow, tmpfs
+    from benchmarks.training_faults import fill, tmpfs
 
     args = ["--max-steps", 40, "--save-every", 2, "--eval-every", 1000, "--batch-size", 4]
     try:
@@ -286,7 +288,7 @@ def test_a_disk_that_fills_under_torchrun_stops_every_rank_with_one_message(
             latest = disk / "run" / "checkpoints" / "latest"
             while not latest.is_file() and proc.poll() is None:
                 time.sleep(0.02)
-            grow(disk, shutil.disk_usage(disk).used + 2**16)  # the disk fills, as if another writer took it
+            fill(disk, 2**16)  # the disk fills, as if another writer took it
             out, err = proc.communicate(timeout=240)
     except PermissionError as e:
         pytest.skip(str(e))
