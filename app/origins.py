@@ -9,10 +9,12 @@ import re
 from urllib.parse import urlsplit
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
-# A host as a browser serializes it: lower-case ASCII (an international name in punycode), or an IPv6
-# address in brackets. `*` is Litestar's wildcard (`https://*.a.example`: any subdomain).
-_SERIALIZED = re.compile(r"(https?)://([a-z0-9*.-]+|\[[0-9a-f:.]+\])(?::([1-9][0-9]{0,4}))?")
-FORM = "scheme://host[:port] with http or https, lower-case, no path or trailing slash, no default port"
+# An origin as a browser serializes it: a lower-case scheme (http and https, and those of extensions and
+# app shells: chrome-extension, moz-extension, capacitor, tauri), and a lower-case host (an international
+# name in punycode; `_` as in a compose service's name) or an IPv6 address in brackets. `*` is Litestar's
+# wildcard (`https://*.a.example`: any subdomain).
+_SERIALIZED = re.compile(r"([a-z][a-z0-9+.-]*)://([a-z0-9*._-]+|\[[0-9a-f:.]+\])(?::([1-9][0-9]{0,4}))?")
+FORM = "scheme://host[:port], lower-case, no path or trailing slash, no default port"
 
 
 def origin_problem(origin: str) -> str | None:
@@ -27,7 +29,7 @@ def origin_problem(origin: str) -> str | None:
     if (
         match
         and int(match.group(3) or 0) <= 65535
-        and DEFAULT_PORTS[match.group(1)] != int(match.group(3) or 0)
+        and DEFAULT_PORTS.get(match.group(1)) != int(match.group(3) or 0)
     ):
         return None
     mended = _mended(origin)
@@ -45,9 +47,9 @@ def _mended(origin: str) -> str | None:
     except ValueError:
         return None
     scheme, host = parts.scheme.lower(), (parts.hostname or "")
-    if scheme not in DEFAULT_PORTS or not host or parts.username or parts.password:
+    if not host or parts.username or parts.password:
         return None
     if ":" in host:
         host = f"[{host}]"
-    mended = f"{scheme}://{host}" + (f":{port}" if port and port != DEFAULT_PORTS[scheme] else "")
+    mended = f"{scheme}://{host}" + (f":{port}" if port and port != DEFAULT_PORTS.get(scheme) else "")
     return mended if _SERIALIZED.fullmatch(mended) else None

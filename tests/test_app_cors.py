@@ -79,7 +79,7 @@ NEVER_MATCH = [
     ("HTTPS://A.EXAMPLE", "give 'https://a.example'"),
     ("https://a.example:443", "give 'https://a.example'"),
     ("http://b.example:80,https://a.example", "give 'http://b.example'"),
-    ("ftp://a.example", "scheme://host[:port] with http or https"),
+    ("https://a.example/app?x=1", "give 'https://a.example'"),
     ("null", "would let any page claim it"),
 ]
 
@@ -88,6 +88,18 @@ NEVER_MATCH = [
 def test_an_origin_no_browser_sends_is_refused_at_start_saying_what_to_give(bundles_dir, value, says):
     r = start_app("--models", str(bundles_dir), "--cors-origins", value)
     assert r.returncode == 2 and "--cors-origins" in r.stderr and says in r.stderr, r.stderr
+
+
+def test_origins_browsers_do_send_are_taken():
+    """Extensions and app shells send origins of their own schemes, and a compose service's name holds '_':
+    all were refused at start as if no browser could send them."""
+    from app.origins import origin_problem
+
+    for origin in ("https://a.example", "http://localhost:3000", "https://*.a.example", "http://[::1]:8080",
+                   "chrome-extension://abcdefghijklmnop", "moz-extension://0a1b2c3d", "capacitor://localhost",
+                   "tauri://localhost", "http://my_app:8080", "*"):  # fmt: skip
+        assert origin_problem(origin) is None, origin
+    assert "give 'chrome-extension://abc'" in origin_problem("chrome-extension://abc/")
 
 
 def test_a_list_of_nothing_is_refused_rather_than_turning_cors_off(bundles_dir):
