@@ -294,37 +294,37 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         is shared with export/ and training/ (ELECTRA_DATA_DIR)."""
         env = os.environ if env is None else env
         settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
-        settings.check_cores(available_cores())
+        settings, warnings = settings.fit_cores(available_cores())
         known = ", ".join(sorted(options.spec_of(f).env for f in dataclasses.fields(cls)))
-        warnings = [
+        warnings += [
             f"ignoring {key}: not a server setting (those are {known})"
             for key in options.unknown_variables(cls, env, ENV_PREFIX)
             if key not in SHARED_VARIABLES
         ]
         return settings, warnings
 
-    def check_cores(self, cores: int) -> None:
-        """Refuse thread and runner counts that `cores` (the cores this process may use) cannot run: checked
-        where the settings are resolved for this machine, not in __post_init__, so that a Settings made for
-        a test or another machine is not judged by this one's cores."""
+    def fit_cores(self, cores: int) -> tuple[Settings, list[str]]:
+        """Thread and runner counts past what `cores` (the cores this process may use) can run, lowered to
+        the most that can help, with a warning for each: a pod whose CPU limit was lowered under settings
+        written for the old one keeps serving, at its new size, rather than crash-looping. Fitted where the
+        settings are resolved for this machine, not in __post_init__, so that a Settings made for a test or
+        another machine is not judged by this one's cores."""
         # Measured: --intra-op-threads 64 on 2 cores made /detect 30 times slower; 100000 grew to 19 GB and
         # ignored SIGTERM; --runners 100000 held 1 GB idle.
-        auto = {"intra_op_threads": "the cores shared among the runners", "solo_threads": "every core"}
-        for name, zero in auto.items():
-            if getattr(self, name) > cores:
-                raise SettingsError(
-                    f"{flag(name)} {getattr(self, name)} is more than the {cores} core(s) this process may use "
-                    "(its CPU set, capped by a cgroup CPU quota): ONNX Runtime's threads meet at every op, so "
-                    "a thread without a core stalls the whole batch; give "
-                    f"at most {cores}, or 0 for {zero}"
-                )
+        said, fitted = [], {}
+        for name in ("intra_op_threads", "solo_threads"):
+            if (given := getattr(self, name)) > cores:
+                fitted[name] = cores
+                said.append(f"{flag(name)} {given}: this process may use {cores} core(s) (its CPU set, capped by a "
+                            f"cgroup CPU quota), and ONNX Runtime's threads meet at every op, so a thread without a "
+                            f"core stalls the whole batch: running {cores}")  # fmt: skip
         most = max(2, 2 * cores)
         if self.runners > most:
-            raise SettingsError(
-                f"{flag('runners')} {self.runners} is more than {most} (twice the {cores} core(s) this process "
-                "may use): each runner is a thread with a batch in flight, and batches past the cores only "
-                f"wait for one, each holding its memory; give at most {most}"
-            )
+            said.append(f"{flag('runners')} {self.runners}: more than twice the {cores} core(s) this process may "
+                        "use; batches past the cores only wait for one, each holding its memory: running "
+                        f"{most}")  # fmt: skip
+            fitted["runners"] = most
+        return dataclasses.replace(self, **fitted), said
 
     @property
     def bulk_batch_budget(self) -> int:

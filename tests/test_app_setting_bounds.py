@@ -1,4 +1,5 @@
-"""Settings past what can help are refused at start, saying the bound and why. Each of these started:
+"""Settings past what can help are refused at start, saying the bound and why, or, for counts of threads and
+runners past the cores, lowered to the most that can help with a warning. Each of these started as given:
 --intra-op-threads 100000 grew to 19 GB and ignored SIGTERM (64 on 2 cores made /detect 30 times slower),
 --runners 100000 held 1 GB idle, --max-wait-ms 1e9 left every request of a quiet server waiting while
 /ready said ready, and --drain-delay-s 1e308 made SIGTERM drain forever."""
@@ -17,19 +18,9 @@ except ImportError:  # tests/ made a package
 
 CORES = available_cores()  # the server's own count: this test runs on the machine it starts on
 
-# (flags, what the refusal must say). Just past each bound, not the values reported: were the check lost,
-# --intra-op-threads 100000 would grow a server to 19 GB before start_app's timeout ended it.
+# (flags, what the refusal must say).
 RUNNERS = max(2, 2 * CORES)
 REFUSED = [
-    (
-        ("--intra-op-threads", str(CORES + 1)),
-        f"more than the {CORES} core(s) this process may use (its CPU set",
-    ),
-    (("--solo-threads", str(CORES + 1)), f"give at most {CORES}, or 0 for every core"),
-    (
-        ("--runners", str(RUNNERS + 1)),
-        f"wait for one, each holding its memory; give at most {RUNNERS}",
-    ),
     (("--max-wait-ms", "1e9"), "is not below --read-timeout-s 30"),
     (("--max-wait-ms", "500", "--read-timeout-s", "0.5"), "give less than 500"),
     (("--max-wait-ms", "60000", "--read-timeout-s", "0"), "is not below a minute"),
@@ -42,6 +33,28 @@ def test_a_setting_past_what_can_help_is_refused_at_start_naming_the_bound(bundl
     r = start_app("--models", str(bundles_dir), *flags)
     assert r.returncode == 2 and flags[0] in r.stderr and says in r.stderr, r.stderr
     assert "loading" not in r.stderr  # before any bundle was read
+
+
+def test_threads_and_runners_past_the_cores_are_lowered_to_them_saying_so():
+    """A pod whose CPU limit was lowered under settings written for the old one keeps serving at its size.
+    Just past each bound, not the values reported: were the fit lost, --intra-op-threads 100000 would grow
+    a server to 19 GB."""
+    settings, warnings = Settings.from_sources(
+        [
+            "--intra-op-threads",
+            str(CORES + 1),
+            "--solo-threads",
+            str(CORES + 1),
+            "--runners",
+            str(RUNNERS + 1),
+        ],
+        env={},
+    )
+    assert (settings.intra_op_threads, settings.solo_threads, settings.runners) == (CORES, CORES, RUNNERS)
+    said = "\n".join(warnings)
+    assert f"--intra-op-threads {CORES + 1}: this process may use {CORES} core(s)" in said, said
+    assert f"--solo-threads {CORES + 1}:" in said and f"running {CORES}" in said, said
+    assert f"--runners {RUNNERS + 1}: more than twice the {CORES} core(s)" in said, said
 
 
 def test_the_bounds_themselves_and_0_for_auto_are_taken():
