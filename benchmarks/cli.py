@@ -64,23 +64,25 @@ def existing(text: str) -> str:
 def bundle(text: str) -> Path:
     """An exported bundle, read and hash-checked as the server reads it, so a wrong one is refused before
     any work, with the server's own reason."""
-    from app.model.bundle import BundleError, read_bundle
-
-    try:
-        read_bundle(existing_path(text))
-    except BundleError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    _read_bundle(text)
     return Path(text)
 
 
 def detector_bundle(text: str) -> Path:
     """bundle, of a detector: a classifier's scores are no per-token probabilities to measure."""
-    from app.model.bundle import read_bundle
-
-    kind = read_bundle(bundle(text)).manifest.kind
+    kind = _read_bundle(text).manifest.kind
     if kind != "detector":
         raise argparse.ArgumentTypeError(f"{text} is a {kind} bundle; this benchmark needs a detector bundle")
     return Path(text)
+
+
+def _read_bundle(text: str):
+    from app.model.bundle import BundleError, read_bundle
+
+    try:
+        return read_bundle(existing_path(text))
+    except BundleError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
