@@ -750,6 +750,7 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
         finetune(["--out", str(out), "--resume"])
     err = capsys.readouterr().err
     assert "the training or dev data differ from what the run" in err
+    assert "a run stopped under an earlier version may also have read its labels otherwise" in err
     assert "is damaged" not in err  # it was also said to be, with advice that threw the resume state away
 
 

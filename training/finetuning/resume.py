@@ -32,6 +32,12 @@ RESUME_DIR = "resume"
 # What reading a file of resume/ raises when it is missing, cut short or not in its format.
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, SafetensorError)
 STATE = "state.json"
+# Runs stopped under versions before 2026-11-29 named some labels otherwise (JSON true/false "True"/"False",
+# "+1" and "1" two classes): their resume meets other labels, said with its refusal.
+EARLIER_SPELLING = (
+    "; a run stopped under an earlier version may also have read its labels otherwise (JSON booleans as "
+    "'True'/'False', '+1' apart from '1'): finish it with that version, or start again with --overwrite"
+)
 # What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
 # (the data, the model, the recipe) would make it another run while it said it resumed.
 RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "eval_batch_size", "log_every",
@@ -156,7 +162,8 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     state = json.loads((d / STATE).read_text())
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
-                          "(a file changed since it stopped); put the data back, or start a new run (--overwrite)")  # fmt: skip
+                          "(a file changed since it stopped); put the data back, or start a new run (--overwrite)"
+                          + EARLIER_SPELLING)  # fmt: skip
     if state.get("tokenizer", tokenizer_sha256(t.tok)) != tokenizer_sha256(t.tok):  # absent: saved before
         raise ConfigError(f"--resume: the tokenizer --init gives ({t.cfg.init}) numbers tokens otherwise than the one "
                           "the run trained with; give --init the checkpoint the run began from")  # fmt: skip

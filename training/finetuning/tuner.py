@@ -61,6 +61,7 @@ from training.finetuning.metrics import (
     scalars,
     selection_key,
 )
+from training.finetuning.resume import EARLIER_SPELLING
 from training.model import ElectraForSequenceClassification, count_parameters, init_weights
 from training.optim import (
     autocast_for,
@@ -372,6 +373,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     if given is not None and given not in data.labels:
         raise ConfigError(
             f"--positive-label: {cfg.positive_label!r} is not one of the labels {list(data.labels)}"
+            + (EARLIER_SPELLING if cfg.resume else "")
         )
     if given is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
         raise ConfigError(f"--positive-label: for two classes only; this data has {len(data.labels)} labels"
