@@ -190,7 +190,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
             )
         return root, sorted(files), unlisted
     matches, foreign = [], []
-    found, failed = glob_files(spec)  # on the walk a directory INPUT takes: links entered, loops not
+    found, failed = glob_files(spec)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
     for p in found:
         try:

@@ -528,3 +528,30 @@ def test_a_lone_surrogate_outside_the_text_and_the_id_rejects_nothing_whichever_
         ("a", None), ("b", None), ("c", None), ("d", None), ("s.jsonl:5", Reason.NOT_JSON), ("f", Reason.NOT_UTF8)
     ]  # fmt: skip
     assert got[5].detail.startswith("character 5: lone surrogate"), got[5].detail
+
+
+def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_entered_once(tmp_path):
+    """`latest -> v1` beside `v1` gave each of v1's documents twice (latest/x and v1/x, exit 0), and a
+    resume of an older job took latest/x as a new shard. A link whose real path lies under the root is not
+    entered (its files are found under their own path); one leading outside is, but each real directory once,
+    the first by name winning: two links to one place doubled it too."""
+    corpus = tmp_path / "c"
+    lines(corpus / "v1" / "x.jsonl", [{"text": "versioned"}])
+    lines(corpus / "sub" / "y.jsonl", [{"text": "beside it"}])
+    (corpus / "latest").symlink_to("v1", target_is_directory=True)  # relative, as `ln -s v1 latest` makes it
+    (corpus / "sub" / "same").symlink_to("../v1", target_is_directory=True)
+    lines(tmp_path / "ext" / "e.jsonl", [{"text": "outside"}])
+    lines(tmp_path / "ext" / "deep" / "f.jsonl", [{"text": "deep outside"}])
+    (tmp_path / "ext" / "again").symlink_to(tmp_path / "ext", target_is_directory=True)  # a loop outside
+    (tmp_path / "ext" / "home").symlink_to(corpus / "sub", target_is_directory=True)  # back under the root
+    (corpus / "b_ext").symlink_to(tmp_path / "ext", target_is_directory=True)
+    (corpus / "a_ext").symlink_to(tmp_path / "ext", target_is_directory=True)  # first by name: this one
+    (corpus / "z_deep").symlink_to(tmp_path / "ext" / "deep", target_is_directory=True)  # entered via a_ext
+    want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
+    for spec in (str(corpus), f"{corpus}/**/*.jsonl", f"{corpus}/**"):
+        root, files, unlisted = shards(spec, "auto")
+        assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
+    assert sorted(d.text for d in docs_of(corpus)) == ["beside it", "deep outside", "outside", "versioned"]
+    # A glob whose own directories pass through the link reads through it: it is the root there.
+    root, files, _ = shards(f"{corpus}/latest/*.jsonl", "auto")
+    assert root == corpus / "latest" and files == [corpus / "latest" / "x.jsonl"]
