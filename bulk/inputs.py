@@ -100,15 +100,32 @@ def _type_suffix(path: Path) -> str:
     return Path(path.stem).suffix.lower() if last in COMPRESSED else last
 
 
-# Not read (a quoted field may span lines), but taken as input so that it fails by name with the conversion
-# to Parquet (`plan`), from a directory as when named: a directory once dropped them in silence.
+# Not read (a quoted field may span lines). Named outright or matched by a glob, one fails by name with the
+# conversion to Parquet (`plan`). Under a directory it is left out with a note naming it (`shards`): it may be
+# a sidecar (metadata.csv beside the shards), and failing it failed every run of the job, resumes too.
 CSV = (".csv", ".tsv")
 
 
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
-    (in any case; a compressed one too, and a CSV, so that they fail by name rather than vanishing)."""
-    return fmt != "auto" or _type_suffix(path) in (*SUFFIXES, *CSV)
+    (in any case; a compressed one too, so that it fails by name rather than vanishing; not a CSV)."""
+    return fmt != "auto" or _type_suffix(path) in SUFFIXES
+
+
+def _csv_left_out(path: Path, fmt: str) -> bool:
+    """Whether a file found under a directory is a CSV it leaves out, to be named in a note."""
+    return fmt == "auto" and _type_suffix(path) in CSV
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def csv_note(names: list[str]) -> str:
+    """What a run says of the CSVs a directory INPUT left out: which, and how to have them scored."""
+    return (f"{len(names)} CSV file(s) under INPUT left out, as bulk does not read CSV: {_listed(names)}. To "
+            "score one, convert it to Parquet (name the CSV as INPUT and bulk prints the one-line conversion): "
+            "give the .parquet as INPUT, or write it under INPUT and the next run takes it")  # fmt: skip
 
 
 def _inside(path: str, out: str | None) -> bool:
@@ -133,7 +150,7 @@ def _own_output(rel: str) -> bool:
 
 def _refuse_foreign(found: list[str], out: Path) -> None:
     if found:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        shown = _listed(found)
         raise InputError(
             f"--out {out} lies inside INPUT and holds files that look like input but are not this job's "
             f"outputs: {shown}. Nothing under --out is input, so they would not be scored: move them out of "
@@ -141,12 +158,15 @@ def _refuse_foreign(found: list[str], out: Path) -> None:
         )
 
 
-def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Path], dict[str, str]]:
+def shards(
+    spec: str, fmt: str, out: Path | None = None, left_out: list[str] | None = None
+) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
     could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
     resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
     it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
-    score its outputs when resumed."""
+    score its outputs when resumed. The CSVs a directory leaves out are added to `left_out` (names relative
+    to the root, sorted), for the run to name them (`csv_note`)."""
     path, unlisted = Path(spec), {}
     real_out = os.path.realpath(out) if out is not None else None
     mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
@@ -164,7 +184,7 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
         def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
             unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-        files, foreign = [], []
+        files, foreign, csvs = [], [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
         for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
@@ -181,16 +201,23 @@ def shards(spec: str, fmt: str, out: Path | None = None) -> tuple[Path, list[Pat
                             os.path.relpath(os.path.realpath(f), real_out)
                         ):
                             foreign.append(_shown(f, root))
+                    elif _csv_left_out(f, fmt) and f.is_file() and not mine(f):
+                        csvs.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
+        csvs.sort()
         if not files and not unlisted:
+            # A directory of CSVs alone: they are what was meant, so the refusal names them.
+            csv = f"; {csv_note(csvs)}" if csvs else ""
             raise InputError(
-                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}"
+                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{csv}"
             )
+        if left_out is not None:
+            left_out += csvs
         return root, sorted(files), unlisted
     matches, foreign = [], []
-    found, failed = glob_files(spec)  # on the walk a directory INPUT takes: links entered, loops not
+    found, failed = glob_files(spec)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
     for p in found:
         try:

@@ -1,9 +1,11 @@
-"""The files under INPUT, found the same way whether INPUT is a directory or a glob. A linked directory is
-entered by both (os.walk left it out in silence where Python's glob entered it: one tree gave two sets of
-documents), but never one that leads back to a directory the path already lies in, or lies above INPUT (a
-loop): its files are found once already, under their path without it. Python's glob went round a loop to
-the kernel's limit on links, each file forty times under ever longer names, and round two loops for ever;
-so a glob is matched here, on the same walk, as glob.glob(recursive=True) matches it."""
+"""The files under INPUT, found the same way whether INPUT is a directory or a glob. A linked directory
+whose real path lies inside the walk's real root (INPUT's, or a glob's directories before its first
+wildcard) is not entered: its files are found under their own path (a `latest -> v1` beside `v1` scored each
+document twice, and a resume took `latest/` as new shards). One leading outside is entered, but each real
+directory at most once, the first in the walk's sorted order winning (two links to one place would double
+it), and never one above the root or one the path already lies in (a loop). Python's glob went round a loop
+to the kernel's limit on links, each file forty times under ever longer names, and round two loops for
+ever; so a glob is matched here, on the same walk, as glob.glob(recursive=True) matches it."""
 
 from __future__ import annotations
 
@@ -29,22 +31,52 @@ def _ancestors(real: str) -> frozenset[str]:
     return frozenset(seen)
 
 
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def walk(top: str, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list, list]]:
-    """os.walk(top) entering linked directories, except those that lead back to a directory the walk
-    stands in or above `top`. The caller may prune the sub-directories it is given, as os.walk's."""
+    """os.walk(top) in sorted order (sub-directories and names), entering a linked directory only where it
+    leads outside `top`'s real path, to a real directory not entered yet, and not above `top`. The caller may
+    prune the sub-directories it is given, as os.walk's; a directory is decided on as it is reached (depth
+    first), so of two ways to one real directory the first by name among those the caller keeps is taken."""
     real_top = os.path.realpath(top)
-    chains = {top: (real_top, _ancestors(real_top))}
-    for d, subdirs, names in os.walk(top, onerror=onerror, followlinks=True):
-        yield d, subdirs, names
-        real, chain = chains.pop(d)
-        kept = []
-        for x in subdirs:
-            path = os.path.join(d, x)
-            rx = os.path.realpath(path) if os.path.islink(path) else os.path.join(real, x)
-            if rx not in chain:
-                chains[path] = (rx, chain | {rx})
-                kept.append(x)
-        subdirs[:] = kept
+    above = _ancestors(real_top)
+    entered: set[str] = set()
+    # (path, its real path or None to work out from the parent's, the parent's real path, a link?)
+    stack: list[tuple[str, str | None, str, bool]] = [(top, real_top, "", False)]
+    while stack:
+        d, real, parent, linked = stack.pop()
+        if real is None:
+            if linked:
+                real = os.path.realpath(d)
+                if _under(real, real_top) or real in above:  # found under its own path, or a loop
+                    continue
+            else:
+                real = os.path.join(parent, os.path.basename(d))
+        if real in entered:  # reached by two links, or by a link and its own path outside
+            continue
+        entered.add(real)
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as e:
+            if onerror is not None:
+                onerror(e)
+            continue
+        dirs, names = {}, []  # a sub-directory's name -> whether it is a link
+        for e in entries:
+            try:
+                is_dir = e.is_dir()  # through a link, as os.walk(followlinks=True); a broken link is a name
+            except OSError:
+                is_dir = False
+            if is_dir:
+                dirs[e.name] = e.is_symlink()
+            else:
+                names.append(e.name)
+        subdirs = sorted(dirs)
+        yield d, subdirs, sorted(names)
+        stack += [(os.path.join(d, x), None, real, dirs[x]) for x in reversed(subdirs) if x in dirs]
 
 
 def _hidden_miss(name: str, head: str) -> bool:

@@ -524,3 +524,22 @@ def test_rejects_are_written_in_input_order_whoever_found_them(tmp_path, paragra
     assert [(r["file"], r["line"]) for r in got][:3] == [("a.jsonl", 1), ("a.jsonl", 3), ("a.jsonl", 4)]
     assert [(r["file"], r["line"]) for r in got] == sorted((r["file"], r["line"]) for r in got)
     assert len(got) == 3 * 31
+
+
+def test_a_sidecar_csv_beside_a_directorys_shards_is_named_and_left_out_on_every_run(tmp_path, paragraphs):
+    """A metadata.csv beside the JSONL shards made every run exit 4 ("not scored: metadata.csv"), a resume of
+    a finished job too, and its hint wrote metadata.parquet into INPUT, to be planned next. It is left out,
+    named in a note on each run, and the job ends as its shards do."""
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", paragraphs[:3])
+    (corpus / "metadata.csv").write_text("file,source\na.jsonl,wiki\n")
+    for run in ("first", "resume"):
+        done = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "1")
+        assert done.returncode == 0, (run, done.stderr)
+        assert (
+            "note: 1 CSV file(s) under INPUT left out, as bulk does not read CSV: metadata.csv" in done.stderr
+        )
+        assert "not scored" not in done.stderr, done.stderr
+    assert summary(tmp_path / "out")["documents"] == 3
+    assert summary(tmp_path / "out")["failures"] == {"shards": {}, "parts": {}}
+    assert not (corpus / "metadata.parquet").exists()

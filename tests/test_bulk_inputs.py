@@ -467,29 +467,41 @@ def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_p
     ]  # fmt: skip
 
 
-def test_a_csv_under_a_directory_fails_by_name_as_when_named(tmp_path):
-    """A directory INPUT dropped .csv and .tsv files (compressed or not) without a word, where the same file
-    named outright, or by a glob, failed with the conversion to Parquet; a directory of CSVs alone said "no
-    input files". They reach the plan now, and fail there by name."""
+def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_named_or_globbed(tmp_path):
+    """A directory INPUT dropped .csv and .tsv files (compressed or not) without a word; then they were
+    planned and failed, so a sidecar metadata.csv beside the shards made every run exit 4, resumes of a
+    finished job too. Under a directory they are left out and named (the run says how to have them scored);
+    named outright, or matched by a glob, one fails by name with the conversion to Parquet, as before."""
     corpus = tmp_path / "corpus"
     lines(corpus / "a.jsonl", [{"text": "read"}])
     (corpus / "sub").mkdir()
     (corpus / "sub" / "reviews.CSV").write_text("text,stars\ngreat,5\n")
     (corpus / "tabs.tsv").write_text("text\tstars\ngreat\t5\n")
+    (corpus / ".hidden.csv").write_text("text\nnot input\n")
     with gzip.open(corpus / "packed.csv.gz", "wt") as f:
         f.write("text,stars\ngreat,5\n")
-    for spec in (str(corpus), f"{corpus}/**/*.*"):
+    left: list[str] = []
+    root, files, unlisted = shards(str(corpus), "auto", left_out=left)
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert [p.name for p in parts] == ["a.jsonl"] and not failed and not unlisted, failed
+    assert left == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
+    for spec in (f"{corpus}/**/*.*", str(corpus / "tabs.tsv")):
         root, files, _ = shards(spec, "auto")
-        parts, failed = plan(root, files, "auto", 1 << 20)
-        assert [p.name for p in parts] == ["a.jsonl"], spec
-        assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"], spec
-        assert all("bulk does not read CSV" in why for why in failed.values()), failed
+        failed = plan(root, files, "auto", 1 << 20)[1]
+        assert all("bulk does not read CSV" in why for why in failed.values()) and "tabs.tsv" in failed, (
+            failed
+        )
         assert "delimiter='\\t'" in failed["tabs.tsv"]
+    _, failed = plan(*shards(f"{corpus}/**/*.*", "auto")[:2], "auto", 1 << 20)
+    assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
+    # A directory of CSVs alone has no input: the refusal names them, and how to have them scored.
     only = tmp_path / "only"
     (only / "x").mkdir(parents=True)
     (only / "x" / "b.csv").write_text("text\nhello\n")
-    root, files, _ = shards(str(only), "auto")
-    assert "bulk does not read CSV" in plan(root, files, "auto", 1 << 20)[1]["x/b.csv"]
+    with pytest.raises(
+        InputError, match=r"no input files .*CSV file\(s\) under INPUT left out.*x/b\.csv.*Parquet"
+    ):
+        shards(str(only), "auto")
 
 
 def test_a_linked_directory_is_entered_alike_by_a_directory_and_a_glob_and_a_loop_is_not_gone_round(tmp_path):
@@ -528,3 +540,30 @@ def test_a_lone_surrogate_outside_the_text_and_the_id_rejects_nothing_whichever_
         ("a", None), ("b", None), ("c", None), ("d", None), ("s.jsonl:5", Reason.NOT_JSON), ("f", Reason.NOT_UTF8)
     ]  # fmt: skip
     assert got[5].detail.startswith("character 5: lone surrogate"), got[5].detail
+
+
+def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_entered_once(tmp_path):
+    """`latest -> v1` beside `v1` gave each of v1's documents twice (latest/x and v1/x, exit 0), and a
+    resume of an older job took latest/x as a new shard. A link whose real path lies under the root is not
+    entered (its files are found under their own path); one leading outside is, but each real directory once,
+    the first by name winning: two links to one place doubled it too."""
+    corpus = tmp_path / "c"
+    lines(corpus / "v1" / "x.jsonl", [{"text": "versioned"}])
+    lines(corpus / "sub" / "y.jsonl", [{"text": "beside it"}])
+    (corpus / "latest").symlink_to("v1", target_is_directory=True)  # relative, as `ln -s v1 latest` makes it
+    (corpus / "sub" / "same").symlink_to("../v1", target_is_directory=True)
+    lines(tmp_path / "ext" / "e.jsonl", [{"text": "outside"}])
+    lines(tmp_path / "ext" / "deep" / "f.jsonl", [{"text": "deep outside"}])
+    (tmp_path / "ext" / "again").symlink_to(tmp_path / "ext", target_is_directory=True)  # a loop outside
+    (tmp_path / "ext" / "home").symlink_to(corpus / "sub", target_is_directory=True)  # back under the root
+    (corpus / "b_ext").symlink_to(tmp_path / "ext", target_is_directory=True)
+    (corpus / "a_ext").symlink_to(tmp_path / "ext", target_is_directory=True)  # first by name: this one
+    (corpus / "z_deep").symlink_to(tmp_path / "ext" / "deep", target_is_directory=True)  # entered via a_ext
+    want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
+    for spec in (str(corpus), f"{corpus}/**/*.jsonl", f"{corpus}/**"):
+        root, files, unlisted = shards(spec, "auto")
+        assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
+    assert sorted(d.text for d in docs_of(corpus)) == ["beside it", "deep outside", "outside", "versioned"]
+    # A glob whose own directories pass through the link reads through it: it is the root there.
+    root, files, _ = shards(f"{corpus}/latest/*.jsonl", "auto")
+    assert root == corpus / "latest" and files == [corpus / "latest" / "x.jsonl"]
