@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import options
 from training.pretrain import main as pretrain
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,6 +184,21 @@ def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
     refused(
         ["--config", str(config), "--out", str(tmp_path / "x")], "num_layers: expected int", "without quotes"
     )
+
+
+def test_a_second_config_file_is_refused_not_dropped(tmp_path):
+    """argparse kept the last --config: `--config A --config B` ran without A's settings, and said nothing."""
+    from training.config import FinetuneConfig, PretrainConfig
+
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text("num_layers = 3\n")
+    b.write_text("hidden_size = 64\n")
+    for cls in (PretrainConfig, FinetuneConfig):  # every entry point's --config is declared by options.parser
+        with pytest.raises(
+            options.ConfigError, match=f"--config given twice \\({a}, then {b}\\): give one file"
+        ):
+            options.resolve(cls, ["--config", str(a), f"--config={b}", "--out", str(tmp_path / "x")])
+    refused(["--config", str(a), "--config", str(b), "--out", str(tmp_path / "x")], "--config given twice")
 
 
 def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, small_tokenizer, capsys):
