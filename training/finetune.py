@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import options
+from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig
 
@@ -36,7 +37,9 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         from training.finetuning.tuner import run
 
-        with ctrl_c_on_term():  # SIGTERM while reading or tokenizing: Ctrl-C's message and exit
+        # SIGTERM while reading or tokenizing: Ctrl-C's message and exit. A reader of the output that went
+        # away (`| tee` stopped by the same Ctrl-C) costs the output, not the save.
+        with output_may_vanish(), ctrl_c_on_term():
             return run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         saved = (Path(cfg.out) / "resume" / "state.json").is_file()  # training/finetuning/resume.py

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import options
+from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import PretrainConfig
 from training.run_dir import launch_command, resumed_settings
@@ -37,8 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from training.pretraining.trainer import run
 
-        # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed.
-        with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
+        # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed. A reader of
+        # the output that went away (`| tee` stopped by the same Ctrl-C) costs the output, not the save.
+        with output_may_vanish(), ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
             run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         if os.environ.get("RANK", "0") == "0":  # under torchrun, said once

@@ -287,7 +287,6 @@ class Trainer:
             self.evals_step = step
             if env.main:
                 log.write(step, self.settle_tokens(), "eval", self.evals)
-                tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if saving:
             # Never a checkpoint of weights that are no longer finite (the loss is read only at log steps):
             # the run stops with its previous checkpoint intact. The same on every rank (DDP keeps the
@@ -308,6 +307,8 @@ class Trainer:
                     raise failed
                 sys.exit(1)
             reseed(cfg, env.rank, step)
+        if self.evals_step == step and env.main:  # said after the save: the save matters more than the line
+            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
 
 
 def inert_notes(cfg: PretrainConfig) -> list[str]:
@@ -631,7 +632,7 @@ def run(argv: list[str] | None = None) -> None:
             "if that fits in torchrun's --shutdown-timeout (30 s), after which it kills them"
         )
         torchrun = t.env.world > 1
-        with GracefulStop(True, doing, any_again=torchrun, announce=t.env.main,
+        with GracefulStop(True, doing, any_again=torchrun, announce=t.env.main, hangup=True,
                           relayed_within_s=1.0 if torchrun else 0.0) as stop:  # fmt: skip
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
@@ -720,9 +721,11 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
                 tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
             break
         if stopped_by is not None:
-            if env.main:
+            if (
+                env.main
+            ):  # on stderr, beside the signal's own line: `| tee` stopped by the Ctrl-C takes stdout
                 tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {signal.Signals(stopped_by).name}, saved; "
-                           f"go on with: {env.launch_command} --out {t.run} --resume")  # fmt: skip
+                           f"go on with: {env.launch_command} --out {t.run} --resume", file=sys.stderr)  # fmt: skip
             break
     bar.close()
     if env.main:
