@@ -186,6 +186,18 @@ def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
     )
 
 
+def test_an_out_inside_the_corpus_directory_is_refused(tmp_path, small_corpus, small_tokenizer):
+    """`--corpus DIR --out DIR/run` trained on the run's own tokenizer/vocab.txt (written before the corpus
+    is read: it was the held-out document), and a second run failed on the first's metrics.jsonl."""
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    shutil.copy(small_corpus, corpus / "wiki.txt")
+    for out in (corpus / "run", corpus):
+        refused(tiny(out, corpus, small_tokenizer), f"--out: {out} is inside the corpus directory {corpus}",
+                "give an --out outside it")  # fmt: skip
+    assert [p.name for p in corpus.iterdir()] == ["wiki.txt"]  # nothing written there
+
+
 def test_a_second_config_file_is_refused_not_dropped(tmp_path):
     """argparse kept the last --config: `--config A --config B` ran without A's settings, and said nothing."""
     from training.config import FinetuneConfig, PretrainConfig

@@ -497,6 +497,7 @@ def setup(argv: list[str] | None) -> Trainer:
     if env.main:  # rank 0 writes --out
         try:
             if not cfg.resume:
+                run_dir.check_out_outside_corpus(run, cfg.corpus)
                 run_dir.check_new_pretraining_out(run)
             run_dir.hold(run)
             if cfg.resume:
