@@ -434,4 +434,14 @@ def save(cfg, path: Path, as_run: dict | None = None) -> None:
     """The resolved options as JSON beside an entry point's outputs; with `as_run`, what they resolved to
     where it ran (a device "auto", a precision the hardware decides), under that key."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**as_dict(cfg), **({"as_run": as_run} if as_run else {})}, indent=2) + "\n")
+    # Written beside it and renamed into place: a write cut short (a full disk) leaves the file as it was,
+    # not a broken one that the next start would take for another program's, and no temporary behind.
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(
+            json.dumps({**as_dict(cfg), **({"as_run": as_run} if as_run else {})}, indent=2) + "\n"
+        )
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -198,6 +198,45 @@ def test_an_out_inside_the_corpus_directory_is_refused(tmp_path, small_corpus, s
     assert [p.name for p in corpus.iterdir()] == ["wiki.txt"]  # nothing written there
 
 
+def fill(disk: Path, leave: int) -> None:
+    """Take every byte of `disk` but `leave`, as another writer would."""
+    with open(disk / "filler", "wb", buffering=0) as f:  # unbuffered: nothing left to fail at close
+        try:
+            while True:
+                f.write(b"\0" * 2**12)
+        except OSError:
+            pass
+    with open(disk / "filler", "r+b") as f:
+        f.truncate(max(0, (disk / "filler").stat().st_size - leave))
+
+
+def test_a_full_disk_before_the_first_step_names_the_disk_and_leaves_no_temporaries(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """config.json or the tokenizer meeting a full disk said only "[Errno 28] No space left on device",
+    and left tokenizer/.tokenizer.json.tmp behind."""
+    from benchmarks.training_faults import tmpfs
+
+    try:
+        with tmpfs(tmp_path / "disk", 2**20) as disk:
+            # A page (4 KB) for the lock file: config.json fails. Two more: config.json fits, the tokenizer
+            # (about 20 KB) does not.
+            for leave, run, holding in ((4, "a", ""), (12, "b", "/tokenizer")):
+                fill(disk, leave * 2**10)
+                with pytest.raises(SystemExit) as e:
+                    pretrain(tiny(disk / run, small_corpus, small_tokenizer))
+                said = str(e.value.code)
+                assert (
+                    f"no space left on the disk holding {disk / run}{holding} (mounted at {disk}: " in said
+                ), said
+                assert "free some space (or give another --out) and run the same command again" in said, said
+                left = sorted(p.relative_to(disk).as_posix() for p in disk.rglob("*") if p.is_file())
+                assert not [p for p in left if p.endswith(".tmp")], left
+                (disk / "filler").unlink()
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
 def test_a_second_config_file_is_refused_not_dropped(tmp_path):
     """argparse kept the last --config: `--config A --config B` ran without A's settings, and said nothing."""
     from training.config import FinetuneConfig, PretrainConfig

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from training.errors import disk_full, out_of_space
+
 __all__ = [
     "SPECIAL_TOKENS",
     "SpecialIds",
@@ -275,8 +277,14 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str]) -> Path:
         ("vocab.txt", "".join(f"{t}\n" for t, _ in by_id)),
     ):
         tmp = d / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, d / name)  # a reader never sees half a tokenizer
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, d / name)  # a reader never sees half a tokenizer
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            if out_of_space(e):
+                raise disk_full(d / name, len(text.encode("utf-8"))) from e
+            raise
     return d
 
 

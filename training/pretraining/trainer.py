@@ -31,7 +31,7 @@ from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TOKENIZER_FILES, TokenizerError, copy_tokenizer
-from training.errors import DiskFullError, check_room
+from training.errors import DiskFullError, check_room, disk_full
 from training.model import count_parameters, fuse_qkv
 from training.optim import (
     autocast_for,
@@ -311,6 +311,16 @@ class Trainer:
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
 
 
+def save_config(cfg: PretrainConfig, path: Path, as_run: dict | None = None) -> None:
+    """options.save, a full disk said as the checkpoints and shards say it (which disk, how much is free)."""
+    try:
+        options.save(cfg, path, as_run=as_run)
+    except OSError as e:
+        if ckpt.out_of_space(e):
+            raise disk_full(path) from e
+        raise
+
+
 def inert_notes(cfg: PretrainConfig) -> list[str]:
     """Options given (by a flag, a --config file, the environment) that this run does not use."""
     given, defaults = options.sources(cfg), {f.name: f.default for f in dataclasses.fields(cfg)}
@@ -519,7 +529,7 @@ def setup(argv: list[str] | None) -> Trainer:
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
-            options.save(cfg, run / "config.json")
+            save_config(cfg, run / "config.json")
         data = build_data(cfg, run, env)
         if env.main:
             for note in schedule_notes(cfg, data):
@@ -565,6 +575,8 @@ def setup(argv: list[str] | None) -> Trainer:
     except (CorpusError, ShardsError, TokenizerError, CheckpointError) as e:
         # The user's text (too little of it), tokenizer or checkpoint: an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
+    except DiskFullError as e:  # config.json, the tokenizer, the shards or the room for a checkpoint
+        sys.exit(f"error: {e}; free some space (or give another --out) and run the same command again")
     except (DatasetError, OSError) as e:  # a download, a disk: the message names the file and what to do
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
@@ -602,7 +614,10 @@ def setup(argv: list[str] | None) -> Trainer:
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
-        options.save(cfg, run / "config.json", as_run=ran)
+        try:
+            save_config(cfg, run / "config.json", as_run=ran)
+        except DiskFullError as e:  # before any step: nothing is lost but the start
+            sys.exit(f"error: {e}; free some space (or give another --out) and run the same command again")
         print(f"as run: {json.dumps(ran)}", flush=True)
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
