@@ -295,6 +295,20 @@ def test_user_corpora(tmp_path):
         read_corpus(str(tmp_path / "missing.txt"), "train")
 
 
+def test_text_that_is_not_utf8_is_named_by_its_byte_offset_and_line_in_the_file(tmp_path):
+    """The offset said was the decoder's, within the chunk it was reading ("byte offset 7515 of what was
+    read"), not the file's: of no use to find the byte."""
+    text = ("héllo wörld\n" * 2000).encode() + b"caf\xe9 au lait\n"  # 14 bytes a line
+    (tmp_path / "a.txt").write_bytes(text)
+    with gzip.open(tmp_path / "b.txt.gz", "wb") as f:
+        f.write(text)
+    for name, where in (("a.txt", "byte 28,003"), ("b.txt.gz", "byte 28,003 of the uncompressed text")):
+        with pytest.raises(
+            CorpusError, match=f"{name} is not UTF-8 text: {where} \\(line 2,001\\) is not UTF-8"
+        ):
+            list(iter_text_documents(tmp_path / name))
+
+
 def test_a_corpus_directory_is_read_through_its_links_each_directory_once(tmp_path):
     """Path.rglob passed over linked directories in silence: a corpus of links to datasets elsewhere
     trained on nothing of them."""
