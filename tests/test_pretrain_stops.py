@@ -83,3 +83,30 @@ def test_a_closed_ssh_session_saves_the_step_and_exits_129(tmp_path, small_corpu
     assert step >= 2 and f"stopped at step {step} of 100000 by SIGHUP, saved; go on with: " in said, said[
         -3000:
     ]
+
+
+def test_a_time_cap_stop_says_the_schedule_is_unfinished_and_how_to_go_on(
+    tmp_path, small_corpus, small_tokenizer, capsys
+):
+    """ "stopping at step 137: --max-minutes 0.05 reached", exit 0 and the checkpoint's path read as a
+    finished run; nothing said that a plain --resume runs under the saved --max-minutes again."""
+    from training.pretrain import main as pretrain
+
+    run = tmp_path / "run"
+    pretrain(command(run, small_corpus, small_tokenizer, "--max-minutes", 0.01, "--eval-every", 1000)[3:])
+    out, err = capsys.readouterr()
+    step = json.loads((resolve_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    assert (
+        f"stopped at step {step}: --max-minutes 0.01 reached, saved; the schedule is at {step} of 100000 "
+        f"steps; go on with: python -m training.pretrain --out {run} --resume (another 0.01 minutes, as "
+        "saved; --max-minutes N for another limit, --max-minutes '' for none)"
+    ) in err, err[-2000:]
+    assert "next: " not in out
+    # '' lifts the limit, as said; a finished run names what comes next.
+    pretrain(["--out", str(run), "--resume", "--max-minutes", "", "--max-steps", str(step + 2)])
+    out = capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["max_minutes"] is None
+    assert (
+        f"next: python -m export {run} --out BUNDLE (a detector), or python -m training.finetune --init {run}"
+        in out
+    )

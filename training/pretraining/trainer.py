@@ -733,8 +733,8 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         stopped_by = int(signalled) if signalled and not late and t.step < cfg.max_steps else None
         t.evaluate_and_save(log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None)
         if late:
-            if env.main:
-                tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
+            if env.main and t.step < cfg.max_steps:  # saved, and not finished: a plain exit 0 looked finished
+                tqdm.write(time_cap_stop(t, env.launch_command), file=sys.stderr)
             break
         if stopped_by is not None:
             if (
@@ -756,5 +756,17 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
+        if t.step >= cfg.max_steps:
+            print(f"next: python -m export {t.run} --out BUNDLE (a detector), or python -m training.finetune "
+                  f"--init {t.run} --task TASK --out DIR (a classifier)", flush=True)  # fmt: skip
     env.close()
     return stopped_by
+
+
+def time_cap_stop(t: Trainer, launch: str) -> str:
+    """What a stop at --max-minutes says: the run is saved but not finished, and how to go on. The limit
+    counts from each start, and a resume keeps the saved one unless given another."""
+    minutes = f"{t.cfg.max_minutes:g}"
+    return (f"stopped at step {t.step}: --max-minutes {minutes} reached, saved; the schedule is at {t.step} of "
+            f"{t.cfg.max_steps} steps; go on with: {launch} --out {t.run} --resume (another {minutes} minutes, "
+            "as saved; --max-minutes N for another limit, --max-minutes '' for none)")  # fmt: skip
