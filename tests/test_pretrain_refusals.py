@@ -237,6 +237,39 @@ def test_a_full_disk_before_the_first_step_names_the_disk_and_leaves_no_temporar
         pytest.skip(str(e))
 
 
+def test_a_resume_whose_data_is_made_again_from_an_edited_corpus_is_refused_until_it_is_restored(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """Its data/ deleted and the corpus edited, a resume rebuilt the shards and failed on their row count,
+    and kept failing after the corpus was restored (the rebuilt shards stayed); an edit that kept the row
+    count (here, the documents reordered) resumed in silence on other text. The checkpoint now records
+    what identifies the rows, and a resume checks the rows it makes against it."""
+    corpus = tmp_path / "texts.txt"
+    original = small_corpus.read_bytes()
+    corpus.write_bytes(original)
+    run = tmp_path / "run"
+    pretrain(tiny(run, corpus, small_tokenizer))
+    state = json.loads((run / "checkpoints" / "step-00000004" / "trainer_state.json").read_text())
+    assert (
+        state["data"]["train"]["rows"]
+        == json.loads((run / "data" / "train" / "meta.json").read_text())["rows"]
+    )
+    documents = original.decode().strip().split("\n\n")
+    for edit in (original.decode().replace(" the ", " a "), "\n\n".join(reversed(documents)) + "\n"):
+        shutil.rmtree(run / "data")
+        corpus.write_text(edit)
+        with pytest.raises(SystemExit) as e:
+            pretrain(["--out", str(run), "--resume", "--max-steps", "6"])
+        assert e.value.code == 2 and "--resume: the corpus changed since the run started" in str(e.value), (
+            e.value
+        )
+        assert "Restore it as it was and resume again" in str(e.value)
+        assert not (run / "data" / "train").exists()  # not left there as the run's
+    corpus.write_bytes(original)  # restored (a new modification time: the text decides)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "6"])
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000006"
+
+
 def test_a_second_config_file_is_refused_not_dropped(tmp_path):
     """argparse kept the last --config: `--config A --config B` ran without A's settings, and said nothing."""
     from training.config import FinetuneConfig, PretrainConfig

@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from training.data.tokenizer import special_ids, tokenizer_sha256
 from training.errors import disk_full, out_of_space
 
-__all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards"]
+__all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards", "rows_digest"]
 
 TOKENS_FILE = "tokens.bin"
 META_FILE = "meta.json"
@@ -64,6 +64,7 @@ class ShardInfo:
     format_version: int = FORMAT_VERSION
     layout: str = "packed"  # "packed", or RowMix.describe() for rows shaped like requests
     source: str = ""  # the text they were built from (corpus.corpus_key); "" in shards older than the field
+    digest: str = ""  # blake2b of tokens.bin, as written (rows_digest); "" in shards older than the field
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ShardInfo:
@@ -262,7 +263,8 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
               else _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype))  # fmt: skip
     n_docs = n_tokens = n_rows = 0
     total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
-    with open(tmp / TOKENS_FILE, "wb") as f, progress_bar(total=total, desc=desc, unit="doc") as bar:
+    with open(tmp / TOKENS_FILE, "wb") as raw, progress_bar(total=total, desc=desc, unit="doc") as bar:
+        f = _Digesting(raw)
         for batch in _batched(documents, batch_size):
             if mix:
                 for doc, sentences in zip(batch, _encode_sentences(tok, batch), strict=True):
@@ -284,7 +286,35 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
     if n_rows == 0:
         raise ShardsError(f"{desc}: no tokens in the documents given; nothing to pack")
     return ShardInfo(str(tmp), n_rows, seq_len, dtype.name, vocab_size, tokenizer_sha256(tok), n_docs, n_tokens,
-                     ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed")  # fmt: skip
+                     ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed",
+                     digest=f.hash.hexdigest())  # fmt: skip
+
+
+def _new_hash():
+    return hashlib.blake2b(digest_size=16)
+
+
+class _Digesting:
+    """A binary file that hashes what is written to it (the rows' digest, for the price of writing them)."""
+
+    def __init__(self, f) -> None:
+        self.f, self.hash = f, _new_hash()
+
+    def write(self, data) -> None:
+        self.f.write(data)
+        self.hash.update(data)
+
+
+def rows_digest(info: ShardInfo) -> str:
+    """What identifies the rows of these shards: their digest, as written, or, for shards made before it
+    was recorded, computed from the token file now."""
+    if info.digest:
+        return info.digest
+    h = _new_hash()
+    with open(Path(info.path) / TOKENS_FILE, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _write(f, rows: np.ndarray | None) -> int:
@@ -530,8 +560,9 @@ class Batches:
             mine["grouped_global_batch"] = self.global_batch
         for key, value in mine.items():
             if key in state and state[key] != value:
-                raise ShardsError(
-                    f"batch state was saved with {key}={state[key]} but this iterator has {key}={value}: "
-                    f"resuming would not continue the same data order"
-                )
+                fix = (f". The data in {self.dataset.info.path} is not what the run trained on (made again from a "
+                       "corpus that changed since?): delete it, restore the corpus the run started with and resume "
+                       "again, or start a new run with another --out" if key == "rows" else "")  # fmt: skip
+                raise ShardsError(f"batch state was saved with {key}={state[key]} but this iterator has {key}={value}: "
+                                  f"resuming would not continue the same data order{fix}")  # fmt: skip
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

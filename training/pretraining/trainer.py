@@ -96,7 +96,7 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 
 def save(
     run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None,
-    world: int = 1, as_run: dict | None = None, warm_names: set[str] | None = None,
+    world: int = 1, as_run: dict | None = None, warm_names: set[str] | None = None, data_identity: dict | None = None,
 ) -> None:  # fmt: skip
     """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
     random state (`rng`) of every rank."""
@@ -110,7 +110,8 @@ def save(
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
                  "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world,
-                 "as_run": as_run or {}, "warm_names": sorted(warm_names or ())}  # fmt: skip
+                 "as_run": as_run or {}, "warm_names": sorted(warm_names or ()),
+                 "data": data_identity or {}}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
         if rng is not None:  # between --save-every points: the generators as the step left them
             ckpt.save_tensors(rng, d / RNG_FILE)
@@ -298,7 +299,8 @@ class Trainer:
             if env.main:
                 try:
                     save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                         self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names)  # fmt: skip
+                         self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names,
+                         self.data.identity)  # fmt: skip
                 except OSError as e:  # a full disk: rank 0 says so (run), the others stop with it
                     failed = e
             if env.agree(failed is not None):  # in place of a barrier: the others would wait in it, then fail
@@ -530,7 +532,8 @@ def setup(argv: list[str] | None) -> Trainer:
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
             save_config(cfg, run / "config.json")
-        data = build_data(cfg, run, env)
+        trained_on = read_trainer_state(run, ckpt.resolve_checkpoint(run)).get("data") if cfg.resume else None
+        data = build_data(cfg, run, env, trained_on)
         if env.main:
             for note in schedule_notes(cfg, data):
                 print(f"note: {note}", file=sys.stderr, flush=True)
