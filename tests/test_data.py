@@ -437,6 +437,30 @@ def test_a_hugging_face_vocab_dir_tokenizes_as_transformers_reads_it(data_dir, t
         assert ours.encode(text).ids == reference(text)["input_ids"], text
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and file permissions as Linux has them")
+def test_a_tokenizer_file_that_cannot_be_read_is_said_so(tmp_path, trained):
+    """It was "not a `tokenizers` tokenizer.json (Permission denied)" (and a vocab.txt, a traceback)."""
+    save_tokenizer(trained, tmp_path)
+    code = ("import sys; from training.data.tokenizer import load_tokenizer, TokenizerError\n"
+            "try: load_tokenizer(sys.argv[1])\nexcept TokenizerError as e: print(e)")  # fmt: skip
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tmp_path / name).chmod(0o000)
+        try:
+            done = run_python(code, str(tmp_path / name))
+        finally:
+            (tmp_path / name).chmod(0o644)
+        assert done.stdout.strip() == (
+            f"{tmp_path / name} cannot be read (Permission denied); make it readable, or give another tokenizer"
+        ), done.stdout + done.stderr
+
+
+def test_an_evaluation_corpus_is_refused_for_training_saying_so():
+    with pytest.raises(
+        CorpusError, match=r"commons is for evaluation only \(its split: test\).*train on another"
+    ):
+        read_corpus("commons", "train")
+
+
 def test_bad_tokenizer_files(tmp_path):
     (tmp_path / "vocab.txt").write_text("a\nb\n")
     with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) \[PAD\]"):
@@ -646,7 +670,9 @@ def test_resume_gives_the_same_next_batch(packed):
     assert all(torch.equal(x, next(resumed)["input_ids"]) for x in expected)
     with pytest.raises(ValueError, match="seed"):
         Batches(packed, 8, seed=4).load_state_dict(state)
-    with pytest.raises(ValueError, match="fewer than one global batch"):
+    # It named neither --seq-len nor --batch-size: a --seq-len too long for the text left one row.
+    says = f"makes {len(packed)} rows of {packed.info.seq_len} tokens \\(--seq-len\\), fewer than one global batch"
+    with pytest.raises(ValueError, match=says + ".*use a smaller --batch-size or --seq-len, or more text"):
         Batches(packed, len(packed), seed=0, world_size=2)
 
 

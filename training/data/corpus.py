@@ -464,6 +464,11 @@ def read_corpus(
     if source in REGISTRY_CORPORA:
         splits = REGISTRY_CORPORA[source]
         if split not in splits:
+            if "train" not in splits:  # held out from every recipe: text the detector has never seen
+                raise CorpusError(f"{source} is for evaluation only (its split: {', '.join(splits)}), so that no model "
+                                  "is scored on text it trained on; train on another corpus "
+                                  f"({', '.join(c for c, s in REGISTRY_CORPORA.items() if 'train' in s)}, or your own "
+                                  "files)")  # fmt: skip
             raise CorpusError(f"{source} has splits {', '.join(splits)}, not {split!r}")
         if source == "trec":
             return iter_trec_questions("train" if split == "train" else "dev", data_dir)

@@ -487,10 +487,9 @@ class Batches:
         self.rank, self.world_size = rank, world_size
         self.global_batch = batch_size * world_size
         if len(dataset) < self.global_batch:
-            raise ShardsError(
-                f"the data has {len(dataset)} rows, fewer than one global batch of {self.global_batch} "
-                f"(batch_size {batch_size} x world_size {world_size}): use a smaller batch or more text"
-            )
+            raise ShardsError(f"the data makes {len(dataset)} rows of {dataset.info.seq_len} tokens (--seq-len), fewer "
+                              f"than one global batch of {self.global_batch} (--batch-size {batch_size} x "
+                              f"{world_size} process(es)): use a smaller --batch-size or --seq-len, or more text")  # fmt: skip
         self.group_by_length = group_by_length
         self.lengths = dataset.lengths() if group_by_length else None
         self.epoch = 0
