@@ -28,6 +28,13 @@ PROG = "python -m training.finetune"
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # A reader of the output that went away (`| tee` stopped by the same Ctrl-C) costs the output, not the
+    # save, nor the message of a stop.
+    with output_may_vanish():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> dict:
     # --help, a mistyped flag and a value the options refuse (--task nope, no --out) answer before torch
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
@@ -37,9 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         from training.finetuning.tuner import run
 
-        # SIGTERM while reading or tokenizing: Ctrl-C's message and exit. A reader of the output that went
-        # away (`| tee` stopped by the same Ctrl-C) costs the output, not the save.
-        with output_may_vanish(), ctrl_c_on_term():
+        with ctrl_c_on_term():  # SIGTERM while reading or tokenizing: Ctrl-C's message and exit
             return run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         saved = (Path(cfg.out) / "resume" / "state.json").is_file()  # training/finetuning/resume.py

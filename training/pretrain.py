@@ -27,6 +27,13 @@ PROG = "python -m training.pretrain"
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A reader of the output that went away (`| tee` stopped by the same Ctrl-C) costs the output, not the
+    # save, nor the message of a stop.
+    with output_may_vanish():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     # --help, a mistyped flag and a value the options refuse (--corpus wikitext3) answer before torch
     # loads (3 s of a CPU core). The trainer resolves them again, the same way, and then against what a
     # resumed run saved, which only it can read.
@@ -38,9 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from training.pretraining.trainer import run
 
-        # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed. A reader of
-        # the output that went away (`| tee` stopped by the same Ctrl-C) costs the output, not the save.
-        with output_may_vanish(), ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
+        # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed.
+        with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
             run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
