@@ -189,6 +189,18 @@ def help_line(f: dataclasses.Field) -> str:
     return f"{spec.help} ({'; '.join(notes)})" if notes else spec.help
 
 
+class _Once(argparse.Action):
+    """A flag given at most once: a second --config would replace the first in silence (argparse keeps the
+    last), dropping every setting only the first file held."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            raise ConfigError(f"{option_string} given twice ({before}, then {value}): give one file, and its "
+                              "changes as flags after it (flags override the file)")  # fmt: skip
+        setattr(namespace, self.dest, value)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse names the flag; raise, so callers decide how to exit
         raise ConfigError(message)
@@ -203,9 +215,8 @@ def parser(
     p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config_file:
-        p.add_argument(
-            "--config", metavar="FILE.toml", help="options from a TOML file; flags given here override it"
-        )
+        p.add_argument("--config", metavar="FILE.toml", action=_Once,
+                       help="options from a TOML file; flags given here override it")  # fmt: skip
     for f in dataclasses.fields(cls):
         spec = spec_of(f)
         text = help_line(f).replace("%", "%%")  # argparse formats help with %
@@ -423,4 +434,14 @@ def save(cfg, path: Path, as_run: dict | None = None) -> None:
     """The resolved options as JSON beside an entry point's outputs; with `as_run`, what they resolved to
     where it ran (a device "auto", a precision the hardware decides), under that key."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**as_dict(cfg), **({"as_run": as_run} if as_run else {})}, indent=2) + "\n")
+    # Written beside it and renamed into place: a write cut short (a full disk) leaves the file as it was,
+    # not a broken one that the next start would take for another program's, and no temporary behind.
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(
+            json.dumps({**as_dict(cfg), **({"as_run": as_run} if as_run else {})}, indent=2) + "\n"
+        )
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,5 +1,5 @@
-"""Stopping a long job on Ctrl-C or SIGTERM (a preempted machine, a scheduler's stop) without losing its
-work: the first signal asks the job to stop at its next safe point (a training step, a corpus part), and
+"""Stopping a long job on Ctrl-C or SIGTERM (a preempted machine, a scheduler's stop; for training, SIGHUP
+too: a closed SSH session) without losing its work: the first signal asks the job to stop at its next safe point (a training step, a corpus part), and
 the same signal again stops at once. Standard library only: pretraining, fine-tuning and corpus scoring
 use it."""
 
@@ -68,8 +68,10 @@ class GracefulStop:
     the line printed on it: "stopping after this step and saving it"."""
 
     def __init__(self, enabled: bool, doing: str, any_again: bool = False, announce: bool = True,
-                 relayed_within_s: float = 0.0) -> None:  # fmt: skip
-        """`any_again`: a second signal of either kind stops at once. torchrun's workers run in sessions of
+                 relayed_within_s: float = 0.0, hangup: bool = False) -> None:  # fmt: skip
+        """`hangup`: SIGHUP (the SSH session or terminal closed) stops as SIGTERM does, at the next safe point,
+        instead of ending the process where it stands (a training run: the steps since its last save).
+        `any_again`: a second signal of any kind stops at once. torchrun's workers run in sessions of
         their own and hear a terminal only through torchrun, which passes on the first Ctrl-C as it came and
         a second one as SIGTERM. `relayed_within_s`: the same signal again this soon is a copy, not a second
         stop: systemd and SLURM signal every process of the job, and torchrun then passes its own on.
@@ -80,13 +82,14 @@ class GracefulStop:
         self.any_again = any_again
         self.announce = announce
         self.relayed_within_s = relayed_within_s
+        self.signals = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hangup else ())
         self.signal: int | None = None
         self._first_at = 0.0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulStop:
         if self.enabled:  # a signal the parent set to be ignored (nohup, a background job) stays ignored
-            wanted = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+            wanted = [s for s in self.signals if signal.getsignal(s) is not signal.SIG_IGN]
             self._previous = {s: signal.signal(s, self._handle) for s in wanted}
         return self
 
@@ -96,6 +99,8 @@ class GracefulStop:
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGHUP and self.signal is not None:
+            return  # a closed terminal's SIGHUP comes from the kernel and again from the shell: not a "stop now"
         if self.signal == signum and time.monotonic() - self._first_at < self.relayed_within_s:
             return  # the first one again, passed on by a launcher
         if self.signal == signum or (self.signal is not None and self.any_again):  # as if no handler were set
@@ -108,8 +113,11 @@ class GracefulStop:
         if not self.announce:
             return
         # os.write, not print: the signal may land inside a print of the main thread, and a buffered
-        # stream written again from its own handler raises instead of writing.
-        os.write(2, f"\n{self.name}: {self.doing} (the same again to stop now)\n".encode())
+        # stream written again from its own handler raises instead of writing. Nobody may read it any more
+        # (a closed terminal, a pipe's reader stopped by the same Ctrl-C): raised here, the error would
+        # stop the job wherever it stands.
+        with contextlib.suppress(OSError):
+            os.write(2, f"\n{self.name}: {self.doing} (the same again to stop now)\n".encode())
 
     @property
     def stopping(self) -> bool:

@@ -295,6 +295,20 @@ def test_user_corpora(tmp_path):
         read_corpus(str(tmp_path / "missing.txt"), "train")
 
 
+def test_text_that_is_not_utf8_is_named_by_its_byte_offset_and_line_in_the_file(tmp_path):
+    """The offset said was the decoder's, within the chunk it was reading ("byte offset 7515 of what was
+    read"), not the file's: of no use to find the byte."""
+    text = ("héllo wörld\n" * 2000).encode() + b"caf\xe9 au lait\n"  # 14 bytes a line
+    (tmp_path / "a.txt").write_bytes(text)
+    with gzip.open(tmp_path / "b.txt.gz", "wb") as f:
+        f.write(text)
+    for name, where in (("a.txt", "byte 28,003"), ("b.txt.gz", "byte 28,003 of the uncompressed text")):
+        with pytest.raises(
+            CorpusError, match=f"{name} is not UTF-8 text: {where} \\(line 2,001\\) is not UTF-8"
+        ):
+            list(iter_text_documents(tmp_path / name))
+
+
 def test_a_corpus_directory_is_read_through_its_links_each_directory_once(tmp_path):
     """Path.rglob passed over linked directories in silence: a corpus of links to datasets elsewhere
     trained on nothing of them."""
@@ -423,6 +437,30 @@ def test_a_hugging_face_vocab_dir_tokenizes_as_transformers_reads_it(data_dir, t
         assert ours.encode(text).ids == reference(text)["input_ids"], text
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and file permissions as Linux has them")
+def test_a_tokenizer_file_that_cannot_be_read_is_said_so(tmp_path, trained):
+    """It was "not a `tokenizers` tokenizer.json (Permission denied)" (and a vocab.txt, a traceback)."""
+    save_tokenizer(trained, tmp_path)
+    code = ("import sys; from training.data.tokenizer import load_tokenizer, TokenizerError\n"
+            "try: load_tokenizer(sys.argv[1])\nexcept TokenizerError as e: print(e)")  # fmt: skip
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tmp_path / name).chmod(0o000)
+        try:
+            done = run_python(code, str(tmp_path / name))
+        finally:
+            (tmp_path / name).chmod(0o644)
+        assert done.stdout.strip() == (
+            f"{tmp_path / name} cannot be read (Permission denied); make it readable, or give another tokenizer"
+        ), done.stdout + done.stderr
+
+
+def test_an_evaluation_corpus_is_refused_for_training_saying_so():
+    with pytest.raises(
+        CorpusError, match=r"commons is for evaluation only \(its split: test\).*train on another"
+    ):
+        read_corpus("commons", "train")
+
+
 def test_bad_tokenizer_files(tmp_path):
     (tmp_path / "vocab.txt").write_text("a\nb\n")
     with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) \[PAD\]"):
@@ -453,6 +491,27 @@ def test_shards_round_trip(trained, valid_docs, tmp_path):
     assert content.tolist() == sum(expected, []) and info.tokens == len(content)
     inner_seps = (rows == ids.sep).sum() - len(rows)  # each row has one closing [SEP]
     assert 1 <= inner_seps <= len(expected) - 1
+
+
+def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(trained, valid_docs, tmp_path, monkeypatch):
+    """A corpus of one 27 MB line peaked at 4.4 GB encoded whole (1.1 GB in pieces: measured with
+    /usr/bin/time -v on a 30 MB line). Cut just before whitespace, the pieces give the ids the whole
+    document gives, and so the same rows; a document under the piece size is encoded as it always was."""
+    import training.data.shards as shards
+
+    long = " ".join(d.replace("\n", " \n") for d in valid_docs[:8]) + "\tend"
+    docs = ["A short one.", long, "", *HARD_STRINGS, long[:5000]]
+    whole = build_shards(docs, trained, 64, tmp_path / "whole")
+    monkeypatch.setattr(shards, "PIECE_CHARS", 700)  # smaller than every document but the first
+    monkeypatch.setattr(shards, "BATCH_CHARS", 2000)  # and several encode_batch calls per batch
+    pieces = shards._pieces(long)
+    assert len(pieces) > 20 and "".join(pieces) == long and max(map(len, pieces)) <= 700
+    assert all(p[0].isspace() for p in pieces[1:])  # each cut just before whitespace
+    cut = build_shards(docs, trained, 64, tmp_path / "cut")
+    assert (cut.rows, cut.tokens, cut.documents) == (whole.rows, whole.tokens, whole.documents)
+    assert (tmp_path / "cut" / "tokens.bin").read_bytes() == (tmp_path / "whole" / "tokens.bin").read_bytes()
+    # A stretch longer than a piece without whitespace is cut where the piece ends.
+    assert shards._pieces("x" * 1500) == ["x" * 700, "x" * 700, "x" * 100]
 
 
 def test_shards_reused_or_rebuilt(trained, tmp_path):
@@ -611,7 +670,9 @@ def test_resume_gives_the_same_next_batch(packed):
     assert all(torch.equal(x, next(resumed)["input_ids"]) for x in expected)
     with pytest.raises(ValueError, match="seed"):
         Batches(packed, 8, seed=4).load_state_dict(state)
-    with pytest.raises(ValueError, match="fewer than one global batch"):
+    # It named neither --seq-len nor --batch-size: a --seq-len too long for the text left one row.
+    says = f"makes {len(packed)} rows of {packed.info.seq_len} tokens \\(--seq-len\\), fewer than one global batch"
+    with pytest.raises(ValueError, match=says + ".*use a smaller --batch-size or --seq-len, or more text"):
         Batches(packed, len(packed), seed=0, world_size=2)
 
 

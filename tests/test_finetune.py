@@ -536,8 +536,10 @@ def test_ctrl_c_before_training_is_a_message_not_a_traceback(tmp_path, monkeypat
     assert "stopped at once, before the fine-tuned model was written" in capsys.readouterr().err
 
 
-def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tiny_init, tmp_path):
-    """It ended in a KeyboardInterrupt traceback with nothing written, minutes of training lost."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
+def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tiny_init, tmp_path, sig):
+    """It ended in a KeyboardInterrupt traceback with nothing written, minutes of training lost. A closed
+    SSH session (SIGHUP) ended it where it stood: now it stops as Ctrl-C does."""
     import signal
     import subprocess
     import sys
@@ -557,10 +559,10 @@ def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tin
         if metrics.is_file() and metrics.read_text().count("\n") >= 3:
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.Signals[sig])
     said = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, said[-3000:]
-    assert "Traceback" not in said and "stopped by SIGINT, so the run is not complete" in said, said[-3000:]
+    assert proc.returncode == 128 + signal.Signals[sig], said[-3000:]
+    assert "Traceback" not in said and f"stopped by {sig}, so the run is not complete" in said, said[-3000:]
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["interrupted"] is True and state["global_step"] < 200 * 15
     assert load_model(out)[0] is not None  # the best model so far, readable

@@ -533,11 +533,14 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
         (["--grad-clip", "-1"], "--grad-clip"),
         (["--weight-decay", "-1"], "--weight-decay: must not be negative"),
         (["--max-minutes", "0"], "--max-minutes: must be > 0"),
-        (["--config", str(tmp_path)], "is a directory; give a TOML file"),
         (["--corpus", ""], "an empty name"),
     ]:
         with pytest.raises(SystemExit, match=says):
             pretrain(tiny_args(tmp_path / "x", small_corpus, small_tokenizer, *args))
+    with pytest.raises(
+        SystemExit, match="is a directory; give a TOML file"
+    ):  # tiny_args has a --config of its own
+        pretrain(["--config", str(tmp_path), "--out", str(tmp_path / "x")])
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n\nune autre phrase\n".encode("latin-1"))
     with pytest.raises(SystemExit, match="latin1.txt is not UTF-8") as refused:
         pretrain(tiny_args(tmp_path / "l", tmp_path / "latin1.txt", small_tokenizer))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import options
 from training.pretrain import main as pretrain
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,6 +184,105 @@ def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
     refused(
         ["--config", str(config), "--out", str(tmp_path / "x")], "num_layers: expected int", "without quotes"
     )
+
+
+def test_an_out_inside_the_corpus_directory_is_refused(tmp_path, small_corpus, small_tokenizer):
+    """`--corpus DIR --out DIR/run` trained on the run's own tokenizer/vocab.txt (written before the corpus
+    is read: it was the held-out document), and a second run failed on the first's metrics.jsonl."""
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    shutil.copy(small_corpus, corpus / "wiki.txt")
+    for out in (corpus / "run", corpus):
+        refused(tiny(out, corpus, small_tokenizer), f"--out: {out} is inside the corpus directory {corpus}",
+                "give an --out outside it")  # fmt: skip
+    assert [p.name for p in corpus.iterdir()] == ["wiki.txt"]  # nothing written there
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Take every byte of `disk` but `leave`, as another writer would."""
+    with open(disk / "filler", "wb", buffering=0) as f:  # unbuffered: nothing left to fail at close
+        try:
+            while True:
+                f.write(b"\0" * 2**12)
+        except OSError:
+            pass
+    with open(disk / "filler", "r+b") as f:
+        f.truncate(max(0, (disk / "filler").stat().st_size - leave))
+
+
+def test_a_full_disk_before_the_first_step_names_the_disk_and_leaves_no_temporaries(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """config.json or the tokenizer meeting a full disk said only "[Errno 28] No space left on device",
+    and left tokenizer/.tokenizer.json.tmp behind."""
+    from benchmarks.training_faults import tmpfs
+
+    try:
+        with tmpfs(tmp_path / "disk", 2**20) as disk:
+            # A page (4 KB) for the lock file: config.json fails. Two more: config.json fits, the tokenizer
+            # (about 20 KB) does not.
+            for leave, run, holding in ((4, "a", ""), (12, "b", "/tokenizer")):
+                fill(disk, leave * 2**10)
+                with pytest.raises(SystemExit) as e:
+                    pretrain(tiny(disk / run, small_corpus, small_tokenizer))
+                said = str(e.value.code)
+                assert (
+                    f"no space left on the disk holding {disk / run}{holding} (mounted at {disk}: " in said
+                ), said
+                assert "free some space (or give another --out) and run the same command again" in said, said
+                left = sorted(p.relative_to(disk).as_posix() for p in disk.rglob("*") if p.is_file())
+                assert not [p for p in left if p.endswith(".tmp")], left
+                (disk / "filler").unlink()
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
+def test_a_resume_whose_data_is_made_again_from_an_edited_corpus_is_refused_until_it_is_restored(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """Its data/ deleted and the corpus edited, a resume rebuilt the shards and failed on their row count,
+    and kept failing after the corpus was restored (the rebuilt shards stayed); an edit that kept the row
+    count (here, the documents reordered) resumed in silence on other text. The checkpoint now records
+    what identifies the rows, and a resume checks the rows it makes against it."""
+    corpus = tmp_path / "texts.txt"
+    original = small_corpus.read_bytes()
+    corpus.write_bytes(original)
+    run = tmp_path / "run"
+    pretrain(tiny(run, corpus, small_tokenizer))
+    state = json.loads((run / "checkpoints" / "step-00000004" / "trainer_state.json").read_text())
+    assert (
+        state["data"]["train"]["rows"]
+        == json.loads((run / "data" / "train" / "meta.json").read_text())["rows"]
+    )
+    documents = original.decode().strip().split("\n\n")
+    for edit in (original.decode().replace(" the ", " a "), "\n\n".join(reversed(documents)) + "\n"):
+        shutil.rmtree(run / "data")
+        corpus.write_text(edit)
+        with pytest.raises(SystemExit) as e:
+            pretrain(["--out", str(run), "--resume", "--max-steps", "6"])
+        assert e.value.code == 2 and "--resume: the corpus changed since the run started" in str(e.value), (
+            e.value
+        )
+        assert "Restore it as it was and resume again" in str(e.value)
+        assert not (run / "data" / "train").exists()  # not left there as the run's
+    corpus.write_bytes(original)  # restored (a new modification time: the text decides)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "6"])
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000006"
+
+
+def test_a_second_config_file_is_refused_not_dropped(tmp_path):
+    """argparse kept the last --config: `--config A --config B` ran without A's settings, and said nothing."""
+    from training.config import FinetuneConfig, PretrainConfig
+
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text("num_layers = 3\n")
+    b.write_text("hidden_size = 64\n")
+    for cls in (PretrainConfig, FinetuneConfig):  # every entry point's --config is declared by options.parser
+        with pytest.raises(
+            options.ConfigError, match=f"--config given twice \\({a}, then {b}\\): give one file"
+        ):
+            options.resolve(cls, ["--config", str(a), f"--config={b}", "--out", str(tmp_path / "x")])
+    refused(["--config", str(a), "--config", str(b), "--out", str(tmp_path / "x")], "--config given twice")
 
 
 def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, small_tokenizer, capsys):

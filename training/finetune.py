@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import options
+from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig
 
@@ -27,6 +28,13 @@ PROG = "python -m training.finetune"
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # A reader of the output that went away (`| tee` stopped by the same Ctrl-C) costs the output, not the
+    # save, nor the message of a stop.
+    with output_may_vanish():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> dict:
     # --help, a mistyped flag and a value the options refuse (--task nope, no --out) answer before torch
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import options
+from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import PretrainConfig
 from training.run_dir import launch_command, resumed_settings
@@ -26,6 +27,13 @@ PROG = "python -m training.pretrain"
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A reader of the output that went away (`| tee` stopped by the same Ctrl-C) costs the output, not the
+    # save, nor the message of a stop.
+    with output_may_vanish():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     # --help, a mistyped flag and a value the options refuse (--corpus wikitext3) answer before torch
     # loads (3 s of a CPU core). The trainer resolves them again, the same way, and then against what a
     # resumed run saved, which only it can read.

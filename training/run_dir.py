@@ -48,6 +48,18 @@ def check_new_pretraining_out(out: Path) -> None:
                           "config.json and write among them; give a new or empty directory")  # fmt: skip
 
 
+def check_out_outside_corpus(out: Path, corpus: str) -> None:
+    """--out of a new run inside a directory it trains on: the run writes its tokenizer (vocab.txt) and
+    metrics.jsonl there before the corpus is read, and would read them as text (and a second run, the
+    first's metrics as a malformed JSONL document)."""
+    where = out.expanduser().resolve()
+    for part in (p.strip() for p in corpus.split(",") if p.strip()):
+        directory = Path(part).expanduser().resolve()
+        if directory.is_dir() and (where == directory or directory in where.parents):
+            raise ConfigError(f"--out: {out} is inside the corpus directory {part}, so the run would read its own "
+                              "files (its tokenizer, metrics.jsonl) as text; give an --out outside it")  # fmt: skip
+
+
 def _is_pretraining_config(path: Path) -> bool:
     try:
         saved = json.loads(path.read_text())

@@ -13,6 +13,7 @@ never lets a row pretend two unrelated texts are one.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import hashlib
@@ -368,14 +369,38 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
                 with _open_text(file) as f:
                     yield from _blank_line_documents(f)
         except UnicodeDecodeError as e:
-            raise CorpusError(f"{file} is not UTF-8 text (byte offset {e.start} of what was read); save it as "
-                              "UTF-8") from None  # fmt: skip
+            raise CorpusError(
+                f"{file} is not UTF-8 text: {_where_not_utf8(file) or e.reason}; save it as UTF-8"
+            ) from None
         except (gzip.BadGzipFile, EOFError) as e:
             raise CorpusError(
                 f"{file}: not a whole gzip file ({e}); compress it again, or drop .gz"
             ) from None
         except OSError as e:
             raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
+
+
+def _where_not_utf8(file: Path) -> str | None:
+    """Where `file` (uncompressed, for a .gz) stops being UTF-8: its byte offset and line, found by reading
+    it again as bytes. The text reader's error counts within the chunk it was decoding. None if it now
+    reads (changed meanwhile)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines = 0, 0  # bytes and newlines before `chunk`
+    opener = gzip.open if file.name.endswith(".gz") else open
+    with opener(file, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            held = len(decoder.getstate()[0])  # the start of a character cut by the last chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                at = offset - held + e.start
+                line = lines + chunk[: max(0, at - offset)].count(b"\n") + 1
+                uncompressed = " of the uncompressed text" if file.name.endswith(".gz") else ""
+                return f"byte {at:,}{uncompressed} (line {line:,}) is not UTF-8 ({e.reason})"
+            if not chunk:
+                return None
+            offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
 
 
 def _unit_hash(text: str) -> float:
@@ -439,6 +464,11 @@ def read_corpus(
     if source in REGISTRY_CORPORA:
         splits = REGISTRY_CORPORA[source]
         if split not in splits:
+            if "train" not in splits:  # held out from every recipe: text the detector has never seen
+                raise CorpusError(f"{source} is for evaluation only (its split: {', '.join(splits)}), so that no model "
+                                  "is scored on text it trained on; train on another corpus "
+                                  f"({', '.join(c for c, s in REGISTRY_CORPORA.items() if 'train' in s)}, or your own "
+                                  "files)")  # fmt: skip
             raise CorpusError(f"{source} has splits {', '.join(splits)}, not {split!r}")
         if source == "trec":
             return iter_trec_questions("train" if split == "train" else "dev", data_dir)

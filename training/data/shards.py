@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from training.data.tokenizer import special_ids, tokenizer_sha256
 from training.errors import disk_full, out_of_space
 
-__all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards"]
+__all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards", "rows_digest"]
 
 TOKENS_FILE = "tokens.bin"
 META_FILE = "meta.json"
@@ -64,6 +64,7 @@ class ShardInfo:
     format_version: int = FORMAT_VERSION
     layout: str = "packed"  # "packed", or RowMix.describe() for rows shaped like requests
     source: str = ""  # the text they were built from (corpus.corpus_key); "" in shards older than the field
+    digest: str = ""  # blake2b of tokens.bin, as written (rows_digest); "" in shards older than the field
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ShardInfo:
@@ -83,10 +84,12 @@ class _Packer:
         self.row: list[int] = []
         self.rows: list[np.ndarray] = []
 
-    def add(self, ids: list[int]) -> None:
+    def add(self, ids: list[int], continues: bool = False) -> None:
+        """A document's ids, after a [SEP] if the row holds another's; `continues`: more of the document
+        added last (a piece of a long one: see _pieces), packed on without one."""
         if not ids:
             return
-        if self.row:
+        if self.row and not continues:
             if len(self.row) <= self.cap - 2:
                 self.row.append(self.sep)
             else:
@@ -260,34 +263,113 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
               else _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype))  # fmt: skip
     n_docs = n_tokens = n_rows = 0
     total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
-    with open(tmp / TOKENS_FILE, "wb") as f, progress_bar(total=total, desc=desc, unit="doc") as bar:
+    with open(tmp / TOKENS_FILE, "wb") as raw, progress_bar(total=total, desc=desc, unit="doc") as bar:
+        f = _Digesting(raw)
         for batch in _batched(documents, batch_size):
-            for doc, pieces in zip(batch, _encode(tok, batch, by_sentence=mix is not None), strict=True):
-                n_tokens += sum(map(len, pieces))
-                n_docs += any(pieces)
-                if mix:
-                    packer.add_document(pieces, doc)
-                else:
-                    packer.add(pieces[0])
-            rows = packer.take_rows()
-            if rows is not None:
-                f.write(rows.data)  # not tofile: its error on a full disk carries no errno
-                n_rows += len(rows)
+            if mix:
+                for doc, sentences in zip(batch, _encode_sentences(tok, batch), strict=True):
+                    n_tokens += sum(map(len, sentences))
+                    n_docs += any(sentences)
+                    packer.add_document(sentences, doc)
+            else:
+                begun = -1  # the last document of the batch that has tokens
+                for group in _groups(_pieces_of(batch)):
+                    for (i, _), enc in zip(group, tok.encode_batch([p for _, p in group], add_special_tokens=False),
+                                           strict=True):  # fmt: skip
+                        if enc.ids:
+                            packer.add(enc.ids, continues=begun == i)
+                            n_tokens, n_docs, begun = n_tokens + len(enc.ids), n_docs + (begun != i), i
+                    n_rows += _write(f, packer.take_rows())  # a long document's rows as they are made
+            n_rows += _write(f, packer.take_rows())
             bar.update(len(batch))
-        rows = packer.take_rows(final=True)
-        if rows is not None:
-            f.write(rows.data)  # not tofile: its error on a full disk carries no errno
-            n_rows += len(rows)
+        n_rows += _write(f, packer.take_rows(final=True))
     if n_rows == 0:
         raise ShardsError(f"{desc}: no tokens in the documents given; nothing to pack")
     return ShardInfo(str(tmp), n_rows, seq_len, dtype.name, vocab_size, tokenizer_sha256(tok), n_docs, n_tokens,
-                     ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed")  # fmt: skip
+                     ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed",
+                     digest=f.hash.hexdigest())  # fmt: skip
 
 
-def _encode(tok: Tokenizer, docs: list[str], by_sentence: bool) -> list[list[list[int]]]:
-    """Per document, its token ids: one list (packed), or one list per sentence (request rows)."""
-    if not by_sentence:
-        return [[enc.ids] for enc in tok.encode_batch(docs, add_special_tokens=False)]
+def _new_hash():
+    return hashlib.blake2b(digest_size=16)
+
+
+class _Digesting:
+    """A binary file that hashes what is written to it (the rows' digest, for the price of writing them)."""
+
+    def __init__(self, f) -> None:
+        self.f, self.hash = f, _new_hash()
+
+    def write(self, data) -> None:
+        self.f.write(data)
+        self.hash.update(data)
+
+
+def rows_digest(info: ShardInfo) -> str:
+    """What identifies the rows of these shards: their digest, as written, or, for shards made before it
+    was recorded, computed from the token file now."""
+    if info.digest:
+        return info.digest
+    h = _new_hash()
+    with open(Path(info.path) / TOKENS_FILE, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write(f, rows: np.ndarray | None) -> int:
+    if rows is None:
+        return 0
+    f.write(rows.data)  # not tofile: its error on a full disk carries no errno
+    return len(rows)
+
+
+# Encoding holds about 170 bytes per character of text at once (offsets, alignments, token strings): a
+# 27 MB document of one line, encoded whole, peaked at 4.4 GB. So a document longer than PIECE_CHARS is
+# encoded in pieces, and no encode_batch call takes much more than BATCH_CHARS of text (its documents are
+# encoded independently: splitting a batch changes no id).
+PIECE_CHARS = 1 << 20
+BATCH_CHARS = 1 << 22
+_SPACES = (" ", "\n", "\t", "\r")
+
+
+def _pieces(doc: str) -> list[str]:
+    """`doc`, cut into pieces of at most PIECE_CHARS, each cut just before a whitespace character (which
+    the next piece starts with). The pre-tokenizer splits words at whitespace and the normaliser works
+    character by character, so a WordPiece tokenizer gives each piece exactly the ids it gives that text
+    within the whole. A stretch of PIECE_CHARS without whitespace is cut where it ends: that "word" is
+    thousands of times over WordPiece's 100-character limit, [UNK] either way, and becomes two [UNK]s."""
+    pieces, start = [], 0
+    while len(doc) - start > PIECE_CHARS:
+        end = start + PIECE_CHARS
+        cut = max(doc.rfind(c, start + 1, end) for c in _SPACES)
+        cut = cut if cut > start else end
+        pieces.append(doc[start:cut])
+        start = cut
+    pieces.append(doc[start:])
+    return pieces
+
+
+def _pieces_of(docs: list[str]) -> list[tuple[int, str]]:
+    """(index of the document, text) for every piece of every document, in order."""
+    return [(i, piece) for i, doc in enumerate(docs) for piece in _pieces(doc)]
+
+
+def _groups(pieces: list[tuple[int, str]]) -> Iterator[list[tuple[int, str]]]:
+    """Consecutive pieces, BATCH_CHARS of text or so in each group (at least one piece)."""
+    group, size = [], 0
+    for piece in pieces:
+        if group and size + len(piece[1]) > BATCH_CHARS:
+            yield group
+            group, size = [], 0
+        group.append(piece)
+        size += len(piece[1])
+    if group:
+        yield group
+
+
+def _encode_sentences(tok: Tokenizer, docs: list[str]) -> list[list[list[int]]]:
+    """Per document, its token ids, one list per sentence (request rows)."""
     from training.data.sentences import iter_sentences
 
     sentences = [list(iter_sentences(d)) for d in docs]
@@ -405,10 +487,9 @@ class Batches:
         self.rank, self.world_size = rank, world_size
         self.global_batch = batch_size * world_size
         if len(dataset) < self.global_batch:
-            raise ShardsError(
-                f"the data has {len(dataset)} rows, fewer than one global batch of {self.global_batch} "
-                f"(batch_size {batch_size} x world_size {world_size}): use a smaller batch or more text"
-            )
+            raise ShardsError(f"the data makes {len(dataset)} rows of {dataset.info.seq_len} tokens (--seq-len), fewer "
+                              f"than one global batch of {self.global_batch} (--batch-size {batch_size} x "
+                              f"{world_size} process(es)): use a smaller --batch-size or --seq-len, or more text")  # fmt: skip
         self.group_by_length = group_by_length
         self.lengths = dataset.lengths() if group_by_length else None
         self.epoch = 0
@@ -478,8 +559,9 @@ class Batches:
             mine["grouped_global_batch"] = self.global_batch
         for key, value in mine.items():
             if key in state and state[key] != value:
-                raise ShardsError(
-                    f"batch state was saved with {key}={state[key]} but this iterator has {key}={value}: "
-                    f"resuming would not continue the same data order"
-                )
+                fix = (f". The data in {self.dataset.info.path} is not what the run trained on (made again from a "
+                       "corpus that changed since?): delete it, restore the corpus the run started with and resume "
+                       "again, or start a new run with another --out" if key == "rows" else "")  # fmt: skip
+                raise ShardsError(f"batch state was saved with {key}={state[key]} but this iterator has {key}={value}: "
+                                  f"resuming would not continue the same data order{fix}")  # fmt: skip
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

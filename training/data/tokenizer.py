@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from training.errors import disk_full, out_of_space
+
 __all__ = [
     "SPECIAL_TOKENS",
     "SpecialIds",
@@ -146,7 +148,19 @@ def _count_words(tok: Tokenizer, texts: Iterable[str]) -> Counter[str]:
     return words
 
 
+def _readable(path: Path) -> None:
+    """TokenizerError naming `path` where it cannot be opened: the readers' own errors took an unreadable
+    file for a malformed one ("is not a tokenizers tokenizer.json (Permission denied)") or a traceback."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise TokenizerError(f"{path} cannot be read ({e.strerror or e}); make it readable, or give another "
+                             "tokenizer") from None  # fmt: skip
+
+
 def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, chinese_chars: bool = True):
+    _readable(path)
     with open(path, encoding="utf-8") as f:
         lines = [line.rstrip("\r\n") for line in f]
     # A token's id is its line number, and a token listed twice takes its last line, as Hugging Face's
@@ -181,6 +195,8 @@ def vocab_normalisation(directory: Path, lowercase: bool = True) -> dict:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{cfg_file} does not read as JSON ({e})") from None
+    except OSError as e:
+        raise TokenizerError(f"{cfg_file} cannot be read ({e.strerror or e}); make it readable") from None
     if not isinstance(cfg, dict):
         raise TokenizerError(f"{cfg_file} is not a JSON object")
     strip = cfg.get("strip_accents")
@@ -210,6 +226,7 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
             f"no tokenizer at {p}: give a tokenizer.json, a vocab.txt or a directory with one"
         )
     if p.suffix == ".json":
+        _readable(p)
         try:
             tok = Tokenizer.from_file(str(p))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
@@ -275,8 +292,14 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str]) -> Path:
         ("vocab.txt", "".join(f"{t}\n" for t, _ in by_id)),
     ):
         tmp = d / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, d / name)  # a reader never sees half a tokenizer
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, d / name)  # a reader never sees half a tokenizer
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            if out_of_space(e):
+                raise disk_full(d / name, len(text.encode("utf-8"))) from e
+            raise
     return d
 
 

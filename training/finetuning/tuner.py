@@ -632,12 +632,15 @@ def train_and_save(t: FineTuner) -> dict:
     """The run after its setup: training, then the best model in --out; a full disk ends it with a message."""
     started = time.time()
     try:
-        with GracefulStop(True, "stopping after this step; the best model so far is kept in --out") as stop:
+        with GracefulStop(True, "stopping after this step; the best model so far is kept in --out",
+                          hangup=True) as stop:  # fmt: skip
             evals = _train(t, started, lambda: stop.stopping)
         # What stopped the training, not a signal that came while the finished run's model was written.
         if evals.pop("interrupted", False):
+            # On stderr, beside the signal's own line: `| tee` stopped by the same Ctrl-C takes stdout with it.
             print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}: stopped by {stop.name}, so the "
-                  f"run is not complete; go on with: {entry.PROG} --out {t.cfg.out} --resume)", flush=True)  # fmt: skip
+                  f"run is not complete; go on with: {entry.PROG} --out {t.cfg.out} --resume)", file=sys.stderr,
+                  flush=True)  # fmt: skip
             sys.exit(128 + stop.signal)
     except OSError as e:  # the disk filled up during the run (check_model_fits found room at its start)
         if not out_of_space(e):

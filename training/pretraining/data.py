@@ -3,6 +3,7 @@ every rank. The tokenizer is loaded here, once, and handed to whatever else need
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,16 @@ from tokenizers import Tokenizer
 import options
 from training.data import derived
 from training.data.corpus import corpus_files_note, corpus_key, read_corpus
-from training.data.shards import Batches, PackedDataset, RowMix, ShardInfo, ShardsError, build_shards
+from training.data.shards import (
+    META_FILE,
+    Batches,
+    PackedDataset,
+    RowMix,
+    ShardInfo,
+    ShardsError,
+    build_shards,
+    rows_digest,
+)
 from training.data.tokenizer import (
     load_tokenizer,
     save_tokenizer,
@@ -36,6 +46,7 @@ class PretrainingData(NamedTuple):
     specials: Specials
     train: Batches  # this rank's training batches
     valid_batches: Callable[[], Batches]  # a fresh iterator each call, always in the same order
+    identity: dict  # what identifies each split's rows (shards_identity), kept in every checkpoint; rank 0's
 
 
 def _documents(cfg, split: str):
@@ -106,16 +117,23 @@ def _shards(cfg, split: str, tok: Tokenizer, out: Path, mix: RowMix | None) -> S
     )
 
 
-def build_data(cfg, run: Path, env) -> PretrainingData:
+def shards_identity(info: ShardInfo) -> dict:
+    """What a checkpoint records of a split's shards: a resume that makes them again (its data/ deleted)
+    must make the same rows, not rows of a corpus edited since."""
+    return {"digest": rows_digest(info), "rows": info.rows, "tokens": info.tokens}
+
+
+def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> PretrainingData:
     """Tokenizer (trained, given or the run's own on a resume) and the train/valid shards under `run`;
-    rank 0 makes them while the others wait."""
+    rank 0 makes them while the others wait. `trained_on`: a resumed run's shards_identity of each
+    split, as its checkpoint recorded it (None: not recorded, or a new run)."""
     tok_dir = run / "tokenizer"
     grouped = cfg.rows == "requests"
     mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
     failure = None
     if env.main:
         try:
-            _tokenizer_and_shards(cfg, run, env, tok_dir, mix)
+            _tokenizer_and_shards(cfg, run, env, tok_dir, mix, trained_on)
         except Exception as e:  # said by setup; the other ranks stop too, not wait at the barrier for ever
             failure = e
     if env.agree(failure is not None):
@@ -143,10 +161,15 @@ def build_data(cfg, run: Path, env) -> PretrainingData:
             valid, min(cfg.batch_size * env.world, len(valid)), cfg.seed, 0, 1, group_by_length=grouped
         )
 
-    return PretrainingData(tok_dir, tok, specials, train, valid_batches)
+    identity = (
+        {"train": shards_identity(train.dataset.info), "valid": shards_identity(valid.info)}
+        if env.main
+        else {}
+    )
+    return PretrainingData(tok_dir, tok, specials, train, valid_batches, identity)
 
 
-def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix) -> None:
+def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: dict | None) -> None:
     """Rank 0's part of build_data: the tokenizer saved in the run, and the train/valid shards."""
     if note := corpus_files_note(cfg.corpus):
         print(f"corpus: {note}", flush=True)
@@ -163,7 +186,10 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix) -> None:
               "WordPiece keeps every character the corpus uses; the model takes them all", file=sys.stderr, flush=True)  # fmt: skip
     save_tokenizer(tok, tok_dir)
     for split in ("train", "valid"):
+        made = not (run / "data" / split / META_FILE).is_file()
         info = _shards(cfg, split, tok, run / "data" / split, mix)
+        if trained_on and split in trained_on:
+            _check_same_rows(cfg, run / "data" / split, info, trained_on[split], made)
         # The text a run learns from, and how many times the schedule shows it each token.
         print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
               f"documents ({cfg.corpus})", flush=True)  # fmt: skip
@@ -172,3 +198,19 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix) -> None:
             times = f"{seen / info.tokens:.2g}" if seen < 10 * info.tokens else f"{seen / info.tokens:,.0f}"
             print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about {times} "
                   "times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
+
+
+def _check_same_rows(cfg, directory: Path, info: ShardInfo, then: dict, made: bool) -> None:
+    """A resume's shards against what its checkpoint recorded of the run's: made again from a corpus edited
+    since, they would continue the run on other text (in silence, where the rows came out as many)."""
+    if rows_digest(info) == then.get("digest"):
+        return
+    now = f"{info.rows:,} rows ({info.tokens:,} tokens of text)"
+    was = f"{then.get('rows', 0):,} rows ({then.get('tokens', 0):,})"
+    if made:  # not left as if they were the run's: the next resume makes them again from the corpus
+        shutil.rmtree(directory, ignore_errors=True)
+        raise ShardsError(f"--resume: the corpus changed since the run started: {cfg.corpus} now makes {now} of "
+                          f"{directory.name} data where the run trained on {was}. Restore it as it was and resume "
+                          "again (its data is made again from it), or start a new run with another --out")  # fmt: skip
+    raise ShardsError(f"--resume: {directory} holds {now}, not the {was} the run trained on: delete it, restore the "
+                      f"corpus the run started with ({cfg.corpus}) and resume again")  # fmt: skip

@@ -31,7 +31,7 @@ from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TOKENIZER_FILES, TokenizerError, copy_tokenizer
-from training.errors import DiskFullError, check_room
+from training.errors import DiskFullError, check_room, disk_full
 from training.model import count_parameters, fuse_qkv
 from training.optim import (
     autocast_for,
@@ -96,7 +96,7 @@ def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
 
 def save(
     run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None,
-    world: int = 1, as_run: dict | None = None, warm_names: set[str] | None = None,
+    world: int = 1, as_run: dict | None = None, warm_names: set[str] | None = None, data_identity: dict | None = None,
 ) -> None:  # fmt: skip
     """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
     random state (`rng`) of every rank."""
@@ -110,7 +110,8 @@ def save(
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
                  "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world,
-                 "as_run": as_run or {}, "warm_names": sorted(warm_names or ())}  # fmt: skip
+                 "as_run": as_run or {}, "warm_names": sorted(warm_names or ()),
+                 "data": data_identity or {}}  # fmt: skip
         (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
         if rng is not None:  # between --save-every points: the generators as the step left them
             ckpt.save_tensors(rng, d / RNG_FILE)
@@ -287,7 +288,6 @@ class Trainer:
             self.evals_step = step
             if env.main:
                 log.write(step, self.settle_tokens(), "eval", self.evals)
-                tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
         if saving:
             # Never a checkpoint of weights that are no longer finite (the loss is read only at log steps):
             # the run stops with its previous checkpoint intact. The same on every rank (DDP keeps the
@@ -299,7 +299,8 @@ class Trainer:
             if env.main:
                 try:
                     save(self.run, step, self.tokens, self.objective, self.opt, self.data.train, cfg,
-                         self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names)  # fmt: skip
+                         self.data.tokenizer_dir, self.evals, rng, env.world, self.as_run, self.warm_names,
+                         self.data.identity)  # fmt: skip
                 except OSError as e:  # a full disk: rank 0 says so (run), the others stop with it
                     failed = e
             if env.agree(failed is not None):  # in place of a barrier: the others would wait in it, then fail
@@ -308,6 +309,18 @@ class Trainer:
                     raise failed
                 sys.exit(1)
             reseed(cfg, env.rank, step)
+        if self.evals_step == step and env.main:  # said after the save: the save matters more than the line
+            tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
+
+
+def save_config(cfg: PretrainConfig, path: Path, as_run: dict | None = None) -> None:
+    """options.save, a full disk said as the checkpoints and shards say it (which disk, how much is free)."""
+    try:
+        options.save(cfg, path, as_run=as_run)
+    except OSError as e:
+        if ckpt.out_of_space(e):
+            raise disk_full(path) from e
+        raise
 
 
 def inert_notes(cfg: PretrainConfig) -> list[str]:
@@ -496,6 +509,7 @@ def setup(argv: list[str] | None) -> Trainer:
     if env.main:  # rank 0 writes --out
         try:
             if not cfg.resume:
+                run_dir.check_out_outside_corpus(run, cfg.corpus)
                 run_dir.check_new_pretraining_out(run)
             run_dir.hold(run)
             if cfg.resume:
@@ -517,8 +531,9 @@ def setup(argv: list[str] | None) -> Trainer:
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
-            options.save(cfg, run / "config.json")
-        data = build_data(cfg, run, env)
+            save_config(cfg, run / "config.json")
+        trained_on = read_trainer_state(run, ckpt.resolve_checkpoint(run)).get("data") if cfg.resume else None
+        data = build_data(cfg, run, env, trained_on)
         if env.main:
             for note in schedule_notes(cfg, data):
                 print(f"note: {note}", file=sys.stderr, flush=True)
@@ -563,6 +578,8 @@ def setup(argv: list[str] | None) -> Trainer:
     except (CorpusError, ShardsError, TokenizerError, CheckpointError) as e:
         # The user's text (too little of it), tokenizer or checkpoint: an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
+    except DiskFullError as e:  # config.json, the tokenizer, the shards or the room for a checkpoint
+        sys.exit(f"error: {e}; free some space (or give another --out) and run the same command again")
     except (DatasetError, OSError) as e:  # a download, a disk: the message names the file and what to do
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
@@ -600,7 +617,10 @@ def setup(argv: list[str] | None) -> Trainer:
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
-        options.save(cfg, run / "config.json", as_run=ran)
+        try:
+            save_config(cfg, run / "config.json", as_run=ran)
+        except DiskFullError as e:  # before any step: nothing is lost but the start
+            sys.exit(f"error: {e}; free some space (or give another --out) and run the same command again")
         print(f"as run: {json.dumps(ran)}", flush=True)
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
@@ -631,7 +651,7 @@ def run(argv: list[str] | None = None) -> None:
             "if that fits in torchrun's --shutdown-timeout (30 s), after which it kills them"
         )
         torchrun = t.env.world > 1
-        with GracefulStop(True, doing, any_again=torchrun, announce=t.env.main,
+        with GracefulStop(True, doing, any_again=torchrun, announce=t.env.main, hangup=True,
                           relayed_within_s=1.0 if torchrun else 0.0) as stop:  # fmt: skip
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
@@ -716,13 +736,15 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         stopped_by = int(signalled) if signalled and not late and t.step < cfg.max_steps else None
         t.evaluate_and_save(log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None)
         if late:
-            if env.main:
-                tqdm.write(f"stopping at step {t.step}: --max-minutes {cfg.max_minutes} reached")
+            if env.main and t.step < cfg.max_steps:  # saved, and not finished: a plain exit 0 looked finished
+                tqdm.write(time_cap_stop(t, env.launch_command), file=sys.stderr)
             break
         if stopped_by is not None:
-            if env.main:
+            if (
+                env.main
+            ):  # on stderr, beside the signal's own line: `| tee` stopped by the Ctrl-C takes stdout
                 tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {signal.Signals(stopped_by).name}, saved; "
-                           f"go on with: {env.launch_command} --out {t.run} --resume")  # fmt: skip
+                           f"go on with: {env.launch_command} --out {t.run} --resume", file=sys.stderr)  # fmt: skip
             break
     bar.close()
     if env.main:
@@ -737,5 +759,17 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
+        if t.step >= cfg.max_steps:
+            print(f"next: python -m export {t.run} --out BUNDLE (a detector), or python -m training.finetune "
+                  f"--init {t.run} --task TASK --out DIR (a classifier)", flush=True)  # fmt: skip
     env.close()
     return stopped_by
+
+
+def time_cap_stop(t: Trainer, launch: str) -> str:
+    """What a stop at --max-minutes says: the run is saved but not finished, and how to go on. The limit
+    counts from each start, and a resume keeps the saved one unless given another."""
+    minutes = f"{t.cfg.max_minutes:g}"
+    return (f"stopped at step {t.step}: --max-minutes {minutes} reached, saved; the schedule is at {t.step} of "
+            f"{t.cfg.max_steps} steps; go on with: {launch} --out {t.run} --resume (another {minutes} minutes, "
+            "as saved; --max-minutes N for another limit, --max-minutes '' for none)")  # fmt: skip
