@@ -237,7 +237,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     log_every: int = option(10, "steps between metrics.jsonl rows")
     eval_every: int = option(500, "steps between held-out evaluations")
     eval_batches: int = option(
-        20, "held-out batches of --batch-size rows per evaluation, per process (rank 0 reads them all)"
+        20, "held-out global batches per evaluation (--batch-size rows per process; the processes share each)"
     )
     save_every: int = option(500, "steps between checkpoints")
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk (0: every one)")

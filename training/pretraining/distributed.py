@@ -51,7 +51,8 @@ class Dist:
         return t.tolist()
 
     def gather(self, obj: object) -> list[object]:
-        """Every rank's `obj`, in rank order, on every rank (pickled: small things only)."""
+        """Every rank's `obj`, in rank order, on every rank (pickled, and copied to each rank: RNG states,
+        an evaluation's per-token scores, a few MB at most)."""
         if self.world == 1:
             return [obj]
         out: list[object] = [None] * self.world
