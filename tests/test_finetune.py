@@ -549,10 +549,11 @@ def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tin
     cmd = [sys.executable, "-m", "training.finetune", "--init", str(tiny_init), "--train",
            str(write_csv(tmp_path / "r.csv", 120)), "--text-column", "review", "--label-column", "verdict",
            "--epochs", "200", "--batch-size", "8", "--log-every", "1", "--threads", "1", "--out", str(out)]  # fmt: skip
-    # SIGINT at its default, as from a terminal: a pytest-xdist worker ignores it, and so would the run.
+    # The signal at its default, as from a terminal: a pytest-xdist worker ignores SIGINT, a suite started
+    # under nohup SIGHUP, and so would the run (a signal its parent ignores stays ignored).
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=lambda: signal.signal(getattr(signal, sig), signal.SIG_DFL))  # fmt: skip
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:

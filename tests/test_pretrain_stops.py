@@ -72,8 +72,10 @@ def test_a_closed_ssh_session_saves_the_step_and_exits_129(tmp_path, small_corpu
     SIGTERM does. A hung-up terminal's SIGHUP comes twice (from the kernel, then from the shell): the second
     is not taken for "stop now"."""
     run = tmp_path / "run"
+    # SIGHUP at its default, as in a terminal: a suite started under nohup ignores it, and so would the run.
     proc = subprocess.Popen(command(run, small_corpus, small_tokenizer, "--eval-every", 1000), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # fmt: skip
     until_logged(proc, run / "metrics.jsonl", 2)
     proc.send_signal(signal.SIGHUP)
     proc.send_signal(signal.SIGHUP)
