@@ -556,12 +556,16 @@ def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tin
                             preexec_fn=lambda: signal.signal(getattr(signal, sig), signal.SIG_DFL))  # fmt: skip
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and metrics.read_text().count("\n") >= 3:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.Signals[sig])
-    said = proc.communicate(timeout=120)[0]
+    try:  # a run that does not stop is ended here, not left training for 200 epochs
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.is_file() and metrics.read_text().count("\n") >= 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.Signals[sig])
+        said = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 128 + signal.Signals[sig], said[-3000:]
     assert "Traceback" not in said and f"stopped by {sig}, so the run is not complete" in said, said[-3000:]
     state = json.loads((out / "trainer_state.json").read_text())

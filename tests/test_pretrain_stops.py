@@ -76,10 +76,14 @@ def test_a_closed_ssh_session_saves_the_step_and_exits_129(tmp_path, small_corpu
     proc = subprocess.Popen(command(run, small_corpus, small_tokenizer, "--eval-every", 1000), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # fmt: skip
-    until_logged(proc, run / "metrics.jsonl", 2)
-    proc.send_signal(signal.SIGHUP)
-    proc.send_signal(signal.SIGHUP)
-    said = proc.communicate(timeout=120)[0]
+    try:  # a run that does not stop is ended here, not left training for 100,000 steps
+        until_logged(proc, run / "metrics.jsonl", 2)
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGHUP)
+        said = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 129, said[-3000:]
     step = json.loads((resolve_checkpoint(run) / "trainer_state.json").read_text())["step"]
     assert step >= 2 and f"stopped at step {step} of 100000 by SIGHUP, saved; go on with: " in said, said[
