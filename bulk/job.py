@@ -184,9 +184,16 @@ def stale_lines(entries: list[dict], parts: list[Part]) -> list[dict]:
     """The manifest lines of shards in the plan that name no planned part, or one of another extent (cut
     otherwise since): not finished, and their files are removed as unrecorded. A shard no longer in INPUT
     keeps its lines (its rows stay, as said)."""
+    stale = _stale_in(parts)
+    return [e for e in entries if stale(e)]
+
+
+def _stale_in(parts: list[Part]):
+    """stale_lines' rule, for one line: what the run counts as finished and what prepare removes agree."""
     planned, names = {p.key: p for p in parts}, {p.name for p in parts}
-    return [e for e in entries if e.get("name") in names
-            and not ((p := planned.get(e.get("part", ""))) and p.same_extent(e))]  # fmt: skip
+    return lambda e: (
+        e.get("name") in names and not ((p := planned.get(e.get("part", ""))) and p.same_extent(e))
+    )
 
 
 def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part]) -> None:
@@ -306,9 +313,9 @@ def run(cfg: BulkConfig) -> int:
     finished = manifest.finished()
     stats = shard_stats(parts)
     gone = check_unchanged(finished, stats)
-    planned = {p.key: p for p in parts}
     # A line names its part by number: it counts only for a planned part of the same extent.
-    finished = {k: e for k, e in finished.items() if k not in planned or planned[k].same_extent(e)}
+    stale = _stale_in(parts)
+    finished = {k: e for k, e in finished.items() if not stale(e)}
     todo = [p for p in parts if p.key not in finished]
     # The last refusal, a Ray cluster that cannot be joined: nothing in --out was written before it.
     if todo and cfg.ray and (stopped_by := _join_ray(cfg)) is not None:
