@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     # After the settings check: a typo should not wait for onnxruntime.
-    from app.http.server import create_app, preflights_answered, schema_answers_head
+    from app.http.server import answered_before_routing, create_app, schema_answers_head
 
     try:
         app = create_app(settings)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     registry = app.state.registry
     config = uvicorn.Config(
         limit_connections(
-            schema_answers_head(preflights_answered(app, settings)),
+            schema_answers_head(answered_before_routing(app, settings)),
             settings.limit_concurrency,
             registry.server_load,
             app.state.metrics,

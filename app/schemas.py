@@ -62,6 +62,9 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_k: TopK | None = None
 
 
+# Each request gives exactly one of these (check_inputs); the OpenAPI document says so (app/http/openapi.py).
+INPUT_FIELDS = {"DetectRequest": ("text", "texts"), "ClassifyRequest": ("text", "texts", "pairs")}
+
 Start = Annotated[
     int, _doc("character offset (Python str index: code points) into the input; input[start:end]")
 ]
@@ -202,7 +205,7 @@ def check_inputs(max_batch: int, text: str | None, texts: list[str] | None, pair
     """Exactly one of text/texts(/pairs), within the batch limit, no empty or blank text.
 
     Returns (field name, items): items are strings, or [a, b] lists for pairs."""
-    fields = ("text", "texts", "pairs") if pairs_ok else ("text", "texts")
+    fields = INPUT_FIELDS["ClassifyRequest" if pairs_ok else "DetectRequest"]
     values = {"text": text, "texts": texts, "pairs": pairs}
     given = [n for n in fields if values[n] is not None]
     if len(given) != 1:

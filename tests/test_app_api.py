@@ -11,6 +11,7 @@ import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -273,15 +274,50 @@ def test_models_health_ready_docs(client, bundles_dir):
     assert {"/detect", "/classify", "/models", "/health", "/ready", "/metrics"} <= set(schema["paths"])
     # The document states the bounds the server enforces (a generated client validates by it).
     requests = schema["components"]["schemas"]
-    threshold = requests["DetectRequest"]["properties"]["threshold"]
+    threshold = _not_null(requests["DetectRequest"]["properties"]["threshold"])
     assert (threshold["minimum"], threshold["maximum"]) == (0.0, 1.0)
     assert client.post("/detect", json={"text": "a", "threshold": -0.5}).status_code == 422
-    pair = requests["ClassifyRequest"]["properties"]["pairs"]["items"]
+    pair = _not_null(requests["ClassifyRequest"]["properties"]["pairs"])["items"]
     assert (pair["minItems"], pair["maxItems"]) == (2, 2)
     assert client.post("/classify", json={"pairs": [["a", "b", "c"]]}).status_code == 422
     assert requests["DetectRequest"]["additionalProperties"] is False  # unknown fields are refused:
     assert client.post("/detect", json={"text": "a", "colour": "red"}).status_code == 422
     assert client.get("/schema").status_code == 200
+
+
+def _not_null(prop: dict) -> dict:
+    """The schema of an optional field's value (the branch of its oneOf that is not null)."""
+    (value,) = [branch for branch in prop["oneOf"] if branch.get("type") != "null"]
+    return value
+
+
+REQUESTS = [  # (route, body): bodies whose fate the document alone can tell
+    ("/detect", {"text": "a"}),
+    ("/detect", {"texts": ["a", "b"], "text": None, "return": "words"}),
+    ("/detect", {}),
+    ("/detect", {"text": "a", "texts": ["b"]}),
+    ("/detect", {"texts": []}),
+    ("/detect", {"text": None}),
+    ("/detect", {"text": "a", "threshold": 1.5}),
+    ("/detect", {"text": "a", "return": "all"}),
+    ("/detect", {"text": "a", "colour": "red"}),
+    ("/classify", {"text": "great", "top_k": 1}),
+    ("/classify", {"text": "great", "top_k": 0}),
+    ("/classify", {"text": "great", "pairs": [["a", "b"]]}),
+    ("/classify", {"pairs": [["a", "b", "c"]]}),
+    ("/classify", {"pairs": []}),
+]
+
+
+@pytest.mark.parametrize(("route", "body"), REQUESTS)
+def test_the_openapi_document_refuses_what_the_server_refuses(client, route, body):
+    """A client generated from /schema/openapi.json, or a validator run on it, sends what the server takes."""
+    document = client.get("/schema/openapi.json").json()
+    name = {"/detect": "DetectRequest", "/classify": "ClassifyRequest"}[route]
+    schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+    valid = jsonschema.Draft202012Validator(schema).is_valid(body)
+    status = client.post(route, json=body).status_code
+    assert (status == 200) == valid, (status, valid)
 
 
 def test_metrics_move(server, client):

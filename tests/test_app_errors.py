@@ -91,7 +91,7 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     assert setting is None or setting in err["message"], err
 
 
-@pytest.mark.parametrize("path", ["/nowhere", "/schema/nowhere", "/schema/swagger"])
+@pytest.mark.parametrize("path", ["/nowhere", "/schema/nowhere", "/schema/swagger", "/schema/openapi.yaml"])
 def test_an_unknown_path_gets_the_json_404(server, path):
     with server.client() as c:
         r = c.get(path)

@@ -161,7 +161,7 @@ def test_cors_lets_browser_code_read_the_request_id_and_the_timings(bundles_dir:
     offered = {m.strip() for m in preflight.headers["access-control-allow-methods"].split(",")}
     assert offered == {"GET", "HEAD", "POST", "OPTIONS"}, offered
     exposed = {h.strip() for h in r.headers["access-control-expose-headers"].lower().split(",")}
-    assert {"x-request-id", "x-total-time", "x-inference-time"} <= exposed, exposed
+    assert {"x-request-id", "x-total-time", "x-inference-time", "retry-after"} <= exposed, exposed
 
 
 def test_vary_origin_joins_what_an_answer_already_varies_by():

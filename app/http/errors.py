@@ -22,8 +22,11 @@ from app.errors import (
     clip,
     for_log,
 )
+from app.http.auth import DOCS
 
 log = logging.getLogger("app")
+
+SCHEMA_NOT_FOUND = f"no such route; the API reference is at {DOCS}"
 
 
 def error_response(err: AppError) -> Response[dict[str, Any]]:
@@ -34,6 +37,13 @@ def error_response(err: AppError) -> Response[dict[str, Any]]:
 def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any]]:
     settings = getattr(request.app.state, "settings", None)
     err = to_app_error(exc, getattr(settings, "max_body_bytes", None))
+    if (
+        err.type is ErrorType.NOT_FOUND
+        and err.message == "Not Found"
+        and _path(request).startswith(DOCS + "/")
+    ):
+        # Litestar's API reference routes (/schema/{file}) answer a file they do not serve with this.
+        err = AppError(ErrorType.NOT_FOUND, SCHEMA_NOT_FOUND)
     if err.type is ErrorType.CLIENT_GONE and request.scope.get(READ_TIMED_OUT):
         timeout = getattr(settings, "read_timeout_s", 0)
         msg = f"request body not received within --read-timeout-s {timeout:g}"

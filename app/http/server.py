@@ -9,19 +9,20 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-import msgspec
 from litestar import Litestar, MediaType, Response
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import __version__, request_context, schemas
+from app import __version__, request_context
 from app.errors import AppError, ErrorType
 from app.http import ui
 from app.http.apidocs import OfflineDocs
 from app.http.auth import DOCS, require_api_key
-from app.http.errors import error_response, handle_exception
+from app.http.errors import SCHEMA_NOT_FOUND, error_response, handle_exception
+from app.http.host import hosts_checked
+from app.http.openapi import describe_as_enforced
 from app.http.preflight import answer_preflights
 from app.http.routes import HANDLERS
 from app.metrics import Metrics
@@ -82,26 +83,14 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # uvicorn's logging is configured in __main__
         debug=False,
     )
-    _closed_objects(app)
+    describe_as_enforced(app)
     return app
-
-
-def _closed_objects(app: Litestar) -> None:
-    """The OpenAPI document says what the server enforces: a request struct that refuses unknown fields is
-    an object without additionalProperties (Litestar's generator leaves that out). The document is built
-    once, here, and served as built."""
-    components = app.openapi_schema.components
-    for name, schema in (components.schemas or {}).items():
-        struct = getattr(schemas, name, None)
-        closed = isinstance(struct, type) and issubclass(struct, msgspec.Struct)
-        if closed and struct.__struct_config__.forbid_unknown_fields:
-            schema.additional_properties = False
 
 
 def _schema_not_found_as_json(response: Response) -> Response:
     """Litestar answers an unknown path under /schema with an HTML page of its own: every 404 is JSON here."""
     if response.status_code == 404 and response.media_type == MediaType.HTML:
-        return error_response(AppError(ErrorType.NOT_FOUND, f"no such route; the API reference is at {DOCS}"))
+        return error_response(AppError(ErrorType.NOT_FOUND, SCHEMA_NOT_FOUND))
     return response
 
 
@@ -123,16 +112,26 @@ def schema_answers_head(app: ASGIApp) -> ASGIApp:
     return wrapped
 
 
-def preflights_answered(app: Litestar, settings: Settings) -> ASGIApp:
-    """`app` with CORS preflights answered in the one error shape when refused, counted, logged and given
-    their x-request-id, as every routed answer is (app/http/preflight.py); `app` itself without CORS."""
-    if app.cors_config is None:
-        return app
+def answered_before_routing(app: Litestar, settings: Settings) -> ASGIApp:
+    """`app` with a request whose Host header is refused (app/http/host.py) and, with CORS, every preflight
+    (app/http/preflight.py) answered ahead of Litestar's router, in the one error shape, counted, logged and
+    given their x-request-id, as every routed answer is."""
     observe = _observe(app.state.metrics, settings.access_log, _varies_by_origin(settings))
-    return answer_preflights(app, app.cors_config, app.state.metrics, observe)
+    inner: ASGIApp = app
+    if app.cors_config is not None:
+        inner = answer_preflights(app, app.cors_config, app.state.metrics, observe)
+    return hosts_checked(inner, app.state.metrics, observe)
 
 
-EXPOSED_HEADERS = ["x-request-id", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"]
+# retry-after: on a 429 (and a 503), which a browser script may not read unless it is named here.
+EXPOSED_HEADERS = [
+    "x-request-id",
+    "x-tokenization-time",
+    "x-queue-time",
+    "x-inference-time",
+    "x-total-time",
+    "retry-after",
+]
 
 
 def _varies_by_origin(settings: Settings) -> bool:
