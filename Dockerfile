@@ -58,6 +58,8 @@ CMD ["python", "-m", "app"]
 
 # ---------------------------------------------------------------------------- gpu: CUDA + onnxruntime-gpu
 FROM ${CUDA_IMAGE} AS gpu
+# As in build-cpu: a proxy's CA for pip, kept out of the image (the PEM file is removed in the same layer).
+ARG EXTRA_CA_CERTS=""
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
@@ -67,12 +69,15 @@ COPY pyproject.toml README.md ./
 COPY requirements/serve.txt requirements/not-in-image.txt ./requirements/
 COPY app ./app
 COPY options ./options
-RUN python3 -m venv /opt/venv \
+RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
+        cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem && printf '%s\n' "$EXTRA_CA_CERTS" >> /tmp/ca.pem; \
+        export PIP_CERT=/tmp/ca.pem; fi \
+    && python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir ".[gpu]" -c requirements/serve.txt \
     && sed -e '/^#/d' -e '/^$/d' -e 's/ .*//' requirements/not-in-image.txt > /tmp/not-in-image \
     && xargs -a /tmp/not-in-image /opt/venv/bin/pip uninstall -y -q \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
-    && rm -rf /src \
+    && rm -rf /src /tmp/ca.pem \
     && /opt/venv/bin/python -P -c "import app.http.server"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

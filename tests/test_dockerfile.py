@@ -39,6 +39,16 @@ def test_hadolint_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize(("name", "engine"), [("build-cpu", "onnxruntime"), ("gpu", "onnxruntime-gpu")])
+def test_each_install_trusts_a_proxys_ca_and_pins_its_engine(name, engine):
+    """README: both images install what requirements/serve.txt pins, and take --build-arg EXTRA_CA_CERTS."""
+    text = stage(name)
+    assert 'ARG EXTRA_CA_CERTS=""' in text and "export PIP_CERT=/tmp/ca.pem" in text, name
+    assert re.search(r'pip install --no-cache-dir "\.\[\w+\]" -c requirements/serve\.txt', text), name
+    pins = (REPO / "requirements" / "serve.txt").read_text().splitlines()
+    assert any(line.startswith(f"{engine}==") for line in pins), f"{engine} is not pinned"
+
+
 def test_cpu_image_steps_install_a_torch_free_server_that_serves(tmp_path, bundles_dir):
     build = stage("build-cpu")
     copied = [line.split()[:-1] for line in re.findall(r"^COPY (.+)$", build, flags=re.M)]
