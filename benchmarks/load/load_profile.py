@@ -8,7 +8,8 @@ ELECTRA-Small with the bert-base-uncased vocabulary, built and exported once int
 benchmarks/load/locustfile.py headless once per step, users sending back to back (closed loop), and prints and
 writes a markdown table: throughput, p50/p95/p99 latency, error rate, and who used the CPU. `--url`
 drives a server that is already running instead (no CPU figures for it then).
-Writes benchmarks/results/<--name>.json and .md; locust's CSV and HTML reports stay in .cache/bench/runs/.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/); locust's CSV and HTML
+reports stay in .cache/bench/runs/.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
-from benchmarks.load.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
+from benchmarks.load.loadmodels import WORK, prepare, require_classifier, write_sentences
+from benchmarks.output import add_results
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class ProfileConfig:
     server_args: str = ""  # extra flags for `python -m app`, e.g. "--max-wait-ms 2"
     name: str = "load_profile"  # results file name
     work: str = str(WORK)
-    results: str = str(RESULTS)
+    results: Path | None = None  # where the JSON and markdown go (settled by output.add_results)
+    force: bool = False  # replace committed results in benchmarks/results/
 
     def __post_init__(self) -> None:
         if not self.users or min(self.users) < 1:
@@ -69,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", default=lk.STANDARD_MIX, help="request kinds and weights (see locustfile)")
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
-    p.add_argument("--name", default="load_profile", help="results file name")
+    results = add_results(p, "load_profile")
     args = p.parse_args(argv)
+    results.settle(p, args)
     try:
         cfg = ProfileConfig(**vars(args))
     except ValueError as e:

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.cli import existing, positive_ints
-from benchmarks.load.loadmodels import REPO, RESULTS, WORK
+from benchmarks.load.loadmodels import REPO, WORK
 from options import usage_exit
 
 LOCUSTFILE = REPO / "benchmarks" / "load" / "locustfile.py"
@@ -316,7 +316,6 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
     p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
     p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
-    p.add_argument("--results", default=str(RESULTS), help="where the JSON and markdown go")
 
 
 def locust_command(url: str, users: int, load: Load, prefix: Path, *, user_rate: float = 0.0) -> list[str]:
@@ -480,7 +479,7 @@ def failure_notes(runs: list[tuple[str, dict]]) -> list[str]:
     return ["", "Failures:", "", *out] if out else []
 
 
-def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) -> tuple[Path, Path]:
+def write_report(name: str, data: dict, markdown: str, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md = out_dir / f"{name}.json", out_dir / f"{name}.md"
     js.write_text(json.dumps(data, indent=2, default=str) + "\n")

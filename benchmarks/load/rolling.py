@@ -8,7 +8,7 @@ Each restart is what a Kubernetes rollout does to a pod: SIGTERM, the replica le
 a new process starts on the same port and HAProxy takes it back once /ready passes its checks. Reports
 failed requests, p50/p99 before, during and after the restarts, and for each restart how long the
 replica took to drain and to start, and how long it was out of HAProxy's rotation.
-Writes benchmarks/results/<--name>.json and .md.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
-from benchmarks.load.loadmodels import REPO, RESULTS, WORK, write_sentences
+from benchmarks.load.loadmodels import REPO, WORK, write_sentences
+from benchmarks.output import add_results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
     p.add_argument("--work", default=str(WORK))
-    p.add_argument("--results", default=str(RESULTS))
-    p.add_argument("--name", default="rolling")
+    results = add_results(p, "rolling")
     args = p.parse_args(argv)
+    results.settle(p, args)
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:

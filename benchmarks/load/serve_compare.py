@@ -16,7 +16,8 @@ round; each figure is the round with the median req/s. On a shared 2-core VM the
 one long run per server after another compared each with a different machine. Phase 2, equal offered load:
 each server at the same request rate (default: 70% of the slowest server's throughput at the top step,
 so every server is below saturation), paced by the locustfile's --user-rate. Prints and writes the
-tables, the throughput ratios and the issue's targets to benchmarks/results/<--name>.json and .md.
+tables, the throughput ratios and the issue's targets to <--name>.json and .md in --results (default: a new
+folder under runs/bench/).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load import peer_check
 from benchmarks.load.loadmodels import prepare, write_sentences
+from benchmarks.output import add_results
 
 SERVERS = ("ours", "unbatched", "transformers", *lk.PEERS)
 VARIANT = "ours-variant"  # --variant-args: our server with other flags, measured in the same rounds
@@ -94,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave servers running while others take their turn (default: SIGSTOP them: idle polling costs CPU)",
     )
-    p.add_argument("--name", default="serve_compare", help="results file name")
+    results = add_results(p, "serve_compare")
     args = p.parse_args(argv)
+    results.settle(p, args)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     bad = [s for s in servers if s not in SERVERS]
     if bad or not servers:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.output import write_json
+from benchmarks.output import add_out_folder, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
 from training.config import PretrainConfig
@@ -53,10 +53,9 @@ def parse_args(argv):
     p.add_argument(
         "--work", default="runs/step_curves", help="the baseline's worktree, the tokenizer, the runs"
     )
-    p.add_argument(
-        "--out", default="benchmarks/results/step_curves", help="results.json, table.md, curves.png"
-    )
+    out = add_out_folder(p, "step_curves", ("results.json", "table.md", "curves.png"))
     args = p.parse_args(argv)
+    out.settle(p, args)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     return args
 
@@ -169,7 +168,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"step_curves configuration: {json.dumps(vars(args))}", flush=True)
+    print(f"step_curves configuration: {json.dumps(vars(args), default=str)}", flush=True)
     base = resolve(PretrainConfig, ["--config", args.config])
     tokenizer = shared_tokenizer(base.tokenizer, base, work, args.data_dir)
     trees = {"baseline": baseline_tree(args.baseline_rev, work), "current": REPO}
@@ -177,7 +176,7 @@ def main(argv=None) -> dict:
         arm: {s: curves(train(arm, trees[arm], s, tokenizer, args, work)) for s in args.seeds} for arm in ARMS
     }
     summary = compare(runs)
-    result = {"args": vars(args), "runs": runs, "summary": summary,
+    result = {"args": vars(args) | {"out": str(out)}, "runs": runs, "summary": summary,
               "within_baseline_spread": {f: sum(r["within_baseline_spread"] for r in by.values()) / len(by)
                                          for f, by in summary.items()}}  # fmt: skip
     write_json(out / "results.json", result)

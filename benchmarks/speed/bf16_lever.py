@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 from options import usage_exit
 
 SHAPES = [(1, 16), (8, 64), (32, 128)]
@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     mea = sub.add_parser("measure", help="speed and deviation, where onnxruntime-openvino is installed")
     mea.add_argument("--work", type=cli.existing_path, required=True, help="prepare's --work")
     mea.add_argument("--threads", type=cli.positive_int, default=2)
-    mea.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/bf16_lever.json"))
+    out = add_out_file(mea, "bf16_lever", "bf16_lever.json")
     args = p.parse_args(argv)
+    if args.step == "measure":
+        out.settle(mea, args)
     config = show_config(f"bf16_lever {args.step}", args)
     if args.step == "prepare":
         prepare(args.checkpoint, args.work, args.data_dir, args.rows, config)

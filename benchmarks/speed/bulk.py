@@ -33,12 +33,11 @@ import psutil
 
 from benchmarks import cli
 from benchmarks.load.loadkit import free_port, serve, stop, table
-from benchmarks.output import show_config, write_json
+from benchmarks.output import add_out_file, show_config, write_json
 from benchmarks.speed.own_ray import stop_own_ray
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
-RESULTS = REPO / "benchmarks" / "results"
 KINDS = {"detector": "/detect", "sentiment": "/classify"}
 BATCH = 16  # texts per HTTP request (the server takes up to 32)
 CLIENTS = 8  # requests in flight: both of the server's runners stay busy, with a queue behind them
@@ -216,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="detector,sentiment")
     p.add_argument("--rss-mb", default="10,100,1024", help="input sizes of the memory figure; empty: none")
     p.add_argument("--rss-seconds", type=cli.positive_float, default=90)
-    p.add_argument("--out", type=Path, default=RESULTS / "bulk.json")
+    out = add_out_file(p, "bulk", "bulk.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("bulk", args)
     from app.machine import cpu
 

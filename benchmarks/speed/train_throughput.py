@@ -33,6 +33,7 @@ import torch
 
 from app.machine import cpu, describe_cpu
 from benchmarks import cli
+from benchmarks.output import add_out_file
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
@@ -334,8 +335,9 @@ def main(argv=None) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when visible"
     )
     p.add_argument("--list", action="store_true", help="print the variants and the sets, then stop")
-    p.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    out_option = add_out_file(p, "train_throughput", "train_throughput.json")
     args = p.parse_args(argv)
+    out_option.settle(p, args)
     for name in ("batch_size", "layers", "seq_len", "steps", "round", "threads"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
@@ -390,7 +392,7 @@ def main(argv=None) -> None:
 
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)
-        out.write_text(json.dumps({"config": vars(args), "device": where, "torch": torch.__version__,
+        out.write_text(json.dumps({"config": vars(args) | {"out": str(out)}, "device": where, "torch": torch.__version__,
                                    "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
                                    "complete": complete, "results": summary}, indent=2))  # fmt: skip
         return summary
