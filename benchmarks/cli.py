@@ -138,6 +138,26 @@ def detector_models(text: str) -> Path:
     return Path(text)
 
 
+def bundles_in(models: Path) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: comma-separated names of bundles in the models directory `models`
+    ('detector,sentiment'), each read and hash-checked as the server reads it."""
+
+    def names(text: str) -> tuple[str, ...]:
+        given = tuple(x.strip() for x in text.split(",") if x.strip())
+        if not given:
+            raise argparse.ArgumentTypeError(f"expected comma-separated bundle names, got {text!r}")
+        there = sorted(p.parent.name for p in models.glob("*/manifest.json"))
+        for name in given:
+            if name not in there:
+                raise argparse.ArgumentTypeError(
+                    f"{name!r} is no bundle in {models}; the bundles there: {', '.join(there) or 'none'}"
+                )
+            _read_bundle(str(models / name))
+        return given
+
+    return names
+
+
 def _read_bundle(text: str):
     from app.model.bundle import BundleError, read_bundle
 

@@ -35,6 +35,9 @@ MISSING = "/nonexistent-benchmark-input"
         (cli.positive_ints, ","),
         (cli.positive_ints, "1,0,4"),
         (cli.existing_path, MISSING),
+        (cli.positive_ints_or_none, "abc"),
+        (cli.bundles_in(REPO / "models"), "detector,nosuch"),
+        (cli.bundles_in(REPO / "models"), ","),
     ],
 )
 def test_a_value_no_run_can_use_is_refused(kind, text):
@@ -47,6 +50,8 @@ def test_usable_values_pass():
     assert cli.positive_float("0.5") == 0.5 and cli.non_negative_float("0") == 0.0
     assert cli.positive_ints("1, 16,64") == (1, 16, 64)
     assert cli.existing_path(str(REPO)) == REPO
+    assert cli.positive_ints_or_none(" ") == () and cli.positive_ints_or_none("10,100") == (10, 100)
+    assert cli.bundles_in(REPO / "models")("detector, sentiment") == ("detector", "sentiment")
 
 
 # Each refused before any long work: argparse's exit 2 with its "error:" line. Taken from the probe's list.
@@ -61,6 +66,10 @@ REFUSED = [
     ("benchmarks.speed.bf16_lever", ["measure", "--work", MISSING]),
     # measure times batches of 32 rows: fewer once crashed it after the graphs were made
     ("benchmarks.speed.bf16_lever", ["prepare", "--checkpoint", str(REPO), "--work", MISSING, "--rows", "8"]),
+    # Both were read only after all the scoring (a ValueError, a KeyError): minutes lost.
+    ("benchmarks.speed.bulk", ["--rss-mb", "abc"]),
+    ("benchmarks.speed.bulk", ["--rss-mb", "10,0"]),
+    ("benchmarks.speed.bulk", ["--models", "detector,nosuch"]),
     ("benchmarks.quality.frozen_features", [MISSING]),
     ("benchmarks.quality.frozen_features", [str(REPO), "--task", "nosuch"]),
     ("benchmarks.quality.int8_agreement", ["--bundle", MISSING, "--reference", str(REPO)]),
