@@ -36,6 +36,8 @@ MISSING = "/nonexistent-benchmark-input"
         (cli.positive_ints, "1,0,4"),
         (cli.existing_path, MISSING),
         (cli.positive_ints_or_none, "abc"),
+        (cli.detector_models, str(REPO / "models/sentiment")),  # a classifier: /detect answers 404
+        (cli.detector_models, str(REPO)),  # no bundle at all
         (cli.bundles_in(REPO / "models"), "detector,nosuch"),
         (cli.bundles_in(REPO / "models"), ","),
     ],
@@ -52,6 +54,8 @@ def test_usable_values_pass():
     assert cli.existing_path(str(REPO)) == REPO
     assert cli.positive_ints_or_none(" ") == () and cli.positive_ints_or_none("10,100") == (10, 100)
     assert cli.bundles_in(REPO / "models")("detector, sentiment") == ("detector", "sentiment")
+    assert cli.detector_models(str(REPO / "models")) == REPO / "models"  # a detector beside a classifier
+    assert cli.detector_models(str(REPO / "models/detector")) == REPO / "models/detector"
 
 
 # Each refused before any long work: argparse's exit 2 with its "error:" line. Taken from the probe's list.
@@ -94,6 +98,12 @@ REFUSED = [
     ("benchmarks.load.serve_compare", ["--batch-texts", "0"]),
     ("benchmarks.load.serve_compare", ["--variant-checkout", MISSING]),
     ("benchmarks.load.soak", ["--bundle", MISSING]),
+    # Detector-only load: a classifier bundle once got a 404 traceback (an IndexError from unbatched)
+    ("benchmarks.load.load_profile", ["--bundle", str(REPO / "models/sentiment")]),
+    ("benchmarks.load.serve_compare", ["--bundle", str(REPO / "models/sentiment")]),
+    ("benchmarks.load.soak", ["--bundle", str(REPO / "models/sentiment")]),
+    ("benchmarks.load.hostile", ["--models", str(REPO / "models/sentiment")]),
+    ("benchmarks.load.baselines.unbatched", ["--bundle", str(REPO / "models/sentiment")]),
     ("benchmarks.load.faults", ["--models", MISSING, "--faults", "engine-fault"]),
     ("benchmarks.load.faults", ["--users", "0"]),
     ("benchmarks.load.hostile", ["--rps", "0"]),

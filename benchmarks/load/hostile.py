@@ -179,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.load.hostile", description=__doc__.split("\n\n")[0]
     )
     p.add_argument(
-        "--models", type=cli.existing_path, default=str(REPO / "models"), help="models directory to serve"
+        "--models",
+        type=cli.detector_models,
+        default=str(REPO / "models"),
+        help="models directory to serve (a detector among them: the traffic is /detect)",
     )
     p.add_argument("--seconds", type=cli.positive_float, default=120)
     p.add_argument(

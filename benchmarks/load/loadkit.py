@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.cli import existing, positive_ints
+from benchmarks.cli import detector_models, existing, positive_ints
 from benchmarks.load.loadmodels import REPO, WORK
 from options import usage_exit
 
@@ -311,7 +311,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--model", default=None, type=existing, help="checkpoint, run or HF ElectraForPreTraining dir"
     )
     p.add_argument(
-        "--bundle", default=None, type=existing, help="an exported bundle (or models dir) to serve as is"
+        "--bundle",
+        default=None,
+        type=detector_models,
+        help="an exported detector bundle, or a models dir holding one, to serve as is",
     )
     p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
     p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
