@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.cli import positive_int
+from benchmarks.cli import existing, positive_int
 from benchmarks.output import add_out_file, write_json
 from training.checkpoint import directory_size
 
@@ -302,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated: {', '.join(CHECKS)}")
     p.add_argument("--kills", type=positive_int, default=10, help="kill-resume: how many runs to kill")
-    p.add_argument("--data-dir", help="registry files (default $ELECTRA_DATA_DIR, then the cache)")
+    p.add_argument(
+        "--data-dir", type=existing, help="registry files (default $ELECTRA_DATA_DIR, then the cache)"
+    )
     p.add_argument("--work", default="runs/training-faults")
     out = add_out_file(p, "training_faults", "training_faults.json")
     args = p.parse_args(argv)

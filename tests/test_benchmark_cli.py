@@ -112,6 +112,22 @@ REFUSED = [
     ("benchmarks.load.hostile", ["--big-clients", "-1"]),
     ("benchmarks.load.rolling", ["--users", "0"]),
     ("benchmarks.training_faults", ["--kills", "0"]),
+    # A --data-dir that is not there was ignored: the registry's own search found other files, or none.
+    *(
+        (m, [*a, "--data-dir", MISSING])
+        for m, a in (
+            ("benchmarks.load.load_profile", ["--bundle", str(REPO / "models")]),
+            ("benchmarks.load.rolling", []),
+            ("benchmarks.load.faults", []),
+            ("benchmarks.quality.user_sentences", ["--bundle", str(REPO / "models/detector")]),
+            ("benchmarks.training_faults", []),
+            ("benchmarks.quality.step_curves", []),
+            ("benchmarks.quality.electra_vs_mlm", []),
+            ("benchmarks.quality.generator_size", []),
+            ("benchmarks.quality.classify_accuracy", []),
+            ("benchmarks.quality.frozen_features", [str(REPO)]),
+        )
+    ),
 ]
 
 

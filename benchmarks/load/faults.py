@@ -92,7 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--mix", default=lk.STANDARD_MIX)
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
-    p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
+    )
     p.add_argument("--work", default=str(WORK))
     results = add_results(p, "faults")
     p.add_argument("--image", default="localhost/electra-serve:ci", help="memory-limit: the server image")

@@ -317,7 +317,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="an exported detector bundle, or a models dir holding one, to serve as is",
     )
     p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
-    p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
+    p.add_argument(
+        "--data-dir", type=existing, default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files"
+    )
     p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
 
 

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-delay-s", type=float, default=2.0, help="each replica's --drain-delay-s")
     p.add_argument("--check-inter-ms", type=int, default=500, help="HAProxy's health-check interval")
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
-    p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
+    )
     p.add_argument("--work", default=str(WORK))
     results = add_results(p, "rolling")
     args = p.parse_args(argv)

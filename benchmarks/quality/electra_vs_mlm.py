@@ -120,7 +120,7 @@ OPTIONS = [
     ("--finetune-epochs", int, 2, "epochs of every fine-tuning run"),
     ("--finetune-lr", float, 3e-4, "peak learning rate of every fine-tuning run"),
     ("--finetune-args", str, "", "more training.finetune flags: --finetune-args='--batch-size 16'"),
-    ("--data-dir", str, None, "directory holding the registry files, e.g. ../shared/data"),
+    ("--data-dir", cli.existing, None, "directory holding the registry files, e.g. ../shared/data"),
     ("--jobs", int, None, f"runs at a time, each its own process and log (default 1 on CPU, {CUDA_JOBS} on CUDA)"),
     ("--threads", int, None, "torch threads of every run, and of the probes after them (default: all cores, "
      "shared among --jobs)"),

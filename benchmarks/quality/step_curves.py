@@ -49,7 +49,7 @@ def parse_args(argv):
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads of every run (default: all cores)"
     )
-    p.add_argument("--data-dir", default=None, help="directory holding the registry files")
+    p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
     p.add_argument(
         "--work", default="runs/step_curves", help="the baseline's worktree, the tokenizer, the runs"
     )

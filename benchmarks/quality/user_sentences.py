@@ -185,7 +185,7 @@ def parse(argv):
         default="wikitext2,news",
         help="what the bigram yardstick counts: the detector's training corpora (their train split)",
     )
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
     p.add_argument("--seed", type=int, default=0)
     out = add_out_file(p, "user_sentences", "user_sentences.json", beside=(".png",),
                        more=lambda args: [args.examples], help="the summary; the reliability plot goes beside it, as .png")  # fmt: skip
