@@ -237,6 +237,28 @@ def test_servers_get_absolute_paths(tmp_path, monkeypatch):
     assert argv[argv.index("--bundle") + 1] == str(tmp_path / "m" / "detector")
 
 
+def test_a_load_step_that_mostly_failed_is_named_and_a_mix_names_its_endpoints():
+    from benchmarks.load import loadkit
+
+    def step(requests: int, failures: int) -> dict:
+        return {
+            "requests": requests,
+            "failures": failures,
+            "failure_messages": ["9x POST detect x1: HTTP 401"],
+        }
+
+    failed = loadkit.mostly_failed(
+        [("1 users", step(10, 5)), ("16 users", step(10, 6)), ("64 users", step(0, 0))]
+    )
+    assert failed == ["16 users: 6 of 10 requests failed (9x POST detect x1: HTTP 401)",
+                      "64 users: 0 of 0 requests failed (9x POST detect x1: HTTP 401)"]  # fmt: skip
+    assert loadkit.mix_paths("detect:6,detect_batch:2,classify:1,classify_batch:1") == [
+        "/classify",
+        "/detect",
+    ]
+    assert loadkit.mix_paths("detect:1,classify:0") == ["/detect"]
+
+
 def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):
     from benchmarks.load import load_profile, loadkit
 

@@ -13,7 +13,8 @@ neither torch nor the corpus. Request kinds and their weights come from `--mix`:
     classify        POST /classify {"text": s}
     classify_batch  POST /classify {"texts": [s1..sk]}
 
-Requests are named "<endpoint> x<k>" so a driver can turn req/s into texts/s. Any non-2xx answer (or a
+Requests are named "<endpoint> x<k>" so a driver can turn req/s into texts/s. $ELECTRA_API_KEY, when set,
+goes with every request as `authorization: Bearer KEY` (a server started with --api-key wants it). Any non-2xx answer (or a
 connection error, or an empty body) fails the request. `--user-rate R` paces each user at R requests/s
 (the offered load is users x R while the server keeps up), each user on its own schedule with a random
 phase; 0, the default, sends the next request as soon as the last one is answered (closed loop: the
@@ -24,6 +25,7 @@ Only stdlib and locust are imported here.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -154,6 +156,11 @@ class ScoringUser(FastHttpUser):
         self.rng = random.Random(opts.seed * 100_003 + ScoringUser._ids)
         self.k = opts.batch_texts
         self.ret = opts.detect_return
+        # A server with --api-key answers 401 without it; the driver passes the key in the environment.
+        key = os.environ.get("ELECTRA_API_KEY")
+        self.headers = {"content-type": "application/json"} | (
+            {"authorization": f"Bearer {key}"} if key else {}
+        )
         self.names = [n for n, _ in _MIX]
         self.weights = [w for _, w in _MIX]
         # Paced users keep a schedule of their own, started at a random phase within one period, so
@@ -191,7 +198,7 @@ class ScoringUser(FastHttpUser):
         with self.client.post(
             path,
             data=json.dumps(body),
-            headers={"content-type": "application/json"},
+            headers=self.headers,
             name=name,
             catch_response=True,
         ) as r:
