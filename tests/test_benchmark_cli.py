@@ -111,6 +111,8 @@ REFUSED = [
     ("benchmarks.load.hostile", ["--seconds", "0"]),
     ("benchmarks.load.hostile", ["--big-clients", "-1"]),
     ("benchmarks.load.rolling", ["--users", "0"]),
+    ("benchmarks.load.rolling", ["--before-s", "0"]),
+    ("benchmarks.load.rolling", ["--before-s", "0.2"]),  # under one request per user at 3 req/s each
     ("benchmarks.training_faults", ["--kills", "0"]),
     # A --data-dir that is not there was ignored: the registry's own search found other files, or none.
     *(
@@ -235,6 +237,19 @@ def test_servers_get_absolute_paths(tmp_path, monkeypatch):
     assert argv[argv.index("--models") + 1] == str(tmp_path / "mymodels")
     argv = lk.command("unbatched", 8800, models_dir=Path("m"), bundle=Path("m/detector"))
     assert argv[argv.index("--bundle") + 1] == str(tmp_path / "m" / "detector")
+
+
+def test_rolling_puts_every_request_in_one_phase():
+    """The phases once left out every request of the first 3 s (a guess at locust's spawning), so their
+    rows did not add up to the total."""
+    from benchmarks.load.rolling import phases
+
+    spawned, restarts = 100.0, [{"sigterm_at": 110.0, "back_in_rotation_at": 115.0},
+                                {"sigterm_at": 120.0, "back_in_rotation_at": 125.0}]  # fmt: skip
+    rows = [(t, 5.0, 1) for t in (99.0, 100.0, 102.5, 109.9, 110.0, 118.0, 125.0, 125.1, 130.0)]
+    split = phases(rows, restarts, spawned)
+    assert {k: len(v) for k, v in split.items()} == {"spawning": 1, "before": 3, "during": 3, "after": 2}
+    assert sorted(r for v in split.values() for r in v) == rows
 
 
 def test_a_load_step_that_mostly_failed_is_named_and_a_mix_names_its_endpoints():
