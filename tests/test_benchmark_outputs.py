@@ -145,5 +145,11 @@ def test_a_default_run_writes_its_run_folder_and_not_the_committed_file(tmp_path
                            "--batch-size", "2", "--steps", "1", "--round", "1", "--warmup", "0"])  # fmt: skip
     (written,) = (tmp_path / "runs" / "bench").glob("train_throughput-*/train_throughput.json")
     assert json.loads(written.read_text())["complete"]
-    assert f"wrote {written.relative_to(tmp_path)}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"wrote {written.relative_to(tmp_path)}" in printed
+    # The table once called this shape "ELECTRA-Small joint training step".
+    assert (
+        "1 + 1 layers, hidden 256, seq 32: not ELECTRA-Small's" in printed
+        and "ELECTRA-Small joint" not in printed
+    )
     assert (RESULTS / "train_throughput.json").read_bytes() == committed

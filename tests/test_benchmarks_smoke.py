@@ -163,6 +163,23 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
     assert median_round(rounds[:2])["rps"] == 150.0  # an even count takes the lower middle
 
 
+def test_a_target_no_run_measured_is_marked_not_measured():
+    """With one users step and --offered-rps none nothing ran below saturation, and the target once read
+    "yes" all the same."""
+    from benchmarks.load.serve_compare import MET, targets
+
+    top = {"users": 16, "rps": 100.0, "failures": 0, "requests": 1000, "p99_over_p50": 2.0}
+
+    def below(sat: dict, equal: dict) -> list:
+        return [t["met"] for t in targets(sat, equal, 16) if "no failed request" in t["target"]]
+
+    assert below({"ours": [top]}, {}) == [None, None] and MET[None] == "not measured"
+    one_user = {**top, "users": 1, "failures": 2}
+    paced = {"offered_rps": 70.0, "failures": 0}
+    assert below({"ours": [one_user, top]}, {"ours": [paced]}) == [False, True]
+    assert below({"ours": [top]}, {"ours": [{**paced, "offered_rps": 99.0}]}) == [None, None]  # saturated
+
+
 def test_bulk_is_compared_warm_with_warm_rivals_and_end_to_end():
     """The server and the plain loop are timed warm; bulk's steady rate (its workers' own clocks) is the
     like-for-like ratio, its wall rate (start-up included) the other. Both go to the JSON and the table."""

@@ -32,7 +32,7 @@ from training.report import pyplot_or_none, read_metrics, save_png
 
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("baseline", "current")
-WINDOW = 50  # training-loss steps averaged into one point of the table
+WINDOW = 50  # training-loss steps averaged into one point of the table (the last one may be shorter)
 # The generator's held-out accuracy at the masked positions beside the discriminator's AUC: a better
 # generator makes replacements harder to tell, so an AUC a little lower can be a generator a little better.
 FIGURES = ("train_loss", "eval_loss", "disc_auc", "mlm_accuracy")
@@ -88,9 +88,10 @@ def train(arm: str, tree: Path, seed: int, tokenizer: Path, args, work: Path) ->
 def curves(run: Path) -> dict:
     rows = read_metrics(run / "metrics.jsonl")
     train_rows = [r for r in rows if r["split"] == "train"]
+    last = max(r["step"] for r in train_rows)
     windows: dict[int, list[float]] = {}
-    for r in train_rows:
-        windows.setdefault((r["step"] - 1) // WINDOW * WINDOW + WINDOW, []).append(r["loss"])
+    for r in train_rows:  # each window's mean at its last step: a 10-step run's at 10, not 50
+        windows.setdefault(min((r["step"] - 1) // WINDOW * WINDOW + WINDOW, last), []).append(r["loss"])
     evals = {r["step"]: r for r in rows if r["split"] == "eval"}
     return {"train_loss": {s: statistics.fmean(v) for s, v in sorted(windows.items())},
             "eval_loss": {s: r["loss"] for s, r in sorted(evals.items())},
