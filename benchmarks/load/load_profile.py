@@ -100,9 +100,8 @@ def run(cfg: ProfileConfig) -> int:
     classify = "classify" in cfg.mix
     models = None
     if cfg.url is not None:
-        lk.check_answers(
-            cfg.url.rstrip("/"), lk.mix_paths(cfg.mix), cfg.api_key
-        )  # before anything is written
+        # Before anything is written: a server that refuses the traffic would give a report of failures.
+        lk.check_answers(cfg.url.rstrip("/"), lk.mix_paths(cfg.mix), cfg.api_key)
     else:
         models = prepare(
             cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -525,7 +525,7 @@ def machine() -> dict:
     }
 
 
-def check_answers(url: str, paths: list[str] = (), api_key: str | None = None) -> None:
+def check_answers(url: str, paths: Iterable[str] = (), api_key: str | None = None) -> None:
     """Before any load on a server given by URL: GET /ready must answer 200, and one text POSTed to each
     of `paths` (with the API key, if given) 2xx, else the run would be a report of 100% failures (a
     server with --api-key answers every request without it 401). Exit 2 with what to do."""
@@ -562,9 +562,8 @@ def check_answers(url: str, paths: list[str] = (), api_key: str | None = None) -
                    "load would fail; fix the server, or leave that kind out of --mix")  # fmt: skip
 
 
-MOSTLY_FAILED = (
-    0.5  # a step where more than this share of requests failed measured the failures, not the server
-)
+# A step where more than this share of requests failed measured the failures, not the server.
+MOSTLY_FAILED = 0.5
 
 
 def mostly_failed(runs: list[tuple[str, dict]]) -> list[str]:

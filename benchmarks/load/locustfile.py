@@ -14,8 +14,8 @@ neither torch nor the corpus. Request kinds and their weights come from `--mix`:
     classify_batch  POST /classify {"texts": [s1..sk]}
 
 Requests are named "<endpoint> x<k>" so a driver can turn req/s into texts/s. $ELECTRA_API_KEY, when set,
-goes with every request as `authorization: Bearer KEY` (a server started with --api-key wants it). Any non-2xx answer (or a
-connection error, or an empty body) fails the request. `--user-rate R` paces each user at R requests/s
+goes with every request as `authorization: Bearer KEY` (a server started with --api-key wants it). Any
+non-2xx answer (or a connection error, or an empty body) fails the request. `--user-rate R` paces each user at R requests/s
 (the offered load is users x R while the server keeps up), each user on its own schedule with a random
 phase; 0, the default, sends the next request as soon as the last one is answered (closed loop: the
 server's saturation).
