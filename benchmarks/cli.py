@@ -1,8 +1,9 @@
 """What the benchmarks' command lines share.
 
 - argparse types that refuse, while the arguments are parsed, a value no run can use: a count of 0, a
-  negative rate, a path that is not there. Found after minutes of timing, or never (a --limit of -5 scores
-  all but the last 5 texts), it would cost the run or mislead its reader.
+  negative rate, a path that is not there, a bundle of the wrong kind, an --out that could not be written.
+  Found after minutes of timing, or never (a --limit of -5 scores all but the last 5 texts), it would cost
+  the run (or its results) or mislead its reader.
 - `run(main)`, every entry point's `__main__`: SIGTERM and SIGHUP stop it as Ctrl-C does, by an exception,
   so its `finally` blocks stop the servers and clusters it started (they run in sessions of their own and
   hear nothing of a signal sent to the benchmark: without this a `timeout` left them running); and an
@@ -61,6 +62,49 @@ def existing(text: str) -> str:
     return str(existing_path(text))
 
 
+def out_file(text: str) -> Path:
+    """Where a results file goes, refused now rather than after the run, when writing it would fail and
+    lose the results: a directory, or a parent that is neither a writable directory nor one that can be
+    made (the nearest part of it that exists must be a writable directory)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text} is a directory; give a file name in it, e.g. {Path(text) / 'result.json'}"
+        )
+    _writable(path.parent, text)
+    return path
+
+
+def out_folder(text: str) -> Path:
+    """Where a benchmark's results files go, as a folder: out_file's refusals, for a folder."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder (it is made if missing)")
+    _writable(path, text)
+    return path
+
+
+def _writable(folder: Path, text: str) -> None:
+    there = folder
+    while not there.exists() and there != there.parent:  # a folder missing is made when written to
+        there = there.parent
+    if not there.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text}: {there} is not a directory, so nothing can be written there"
+        )
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {there} is not writable; give a place you can write to")
+
+
+def file_name(text: str) -> str:
+    """A results file's name (the load programs' --name), without a folder: --results says where."""
+    if not text or text in (".", "..") or "/" in text or os.sep in text:
+        raise argparse.ArgumentTypeError(
+            f"expected a file name without a folder, got {text!r}; use --results for the folder"
+        )
+    return text
+
+
 def bundle(text: str) -> Path:
     """An exported bundle, read and hash-checked as the server reads it, so a wrong one is refused before
     any work, with the server's own reason."""
@@ -74,6 +118,44 @@ def detector_bundle(text: str) -> Path:
     if kind != "detector":
         raise argparse.ArgumentTypeError(f"{text} is a {kind} bundle; this benchmark needs a detector bundle")
     return Path(text)
+
+
+def detector_models(text: str) -> Path:
+    """A detector bundle, or a models directory holding one (what `python -m app --models` serves): the
+    detector-only load benchmarks send /detect, which a server of classifiers answers with 404."""
+    from app.model.bundle import BundleError, discover
+
+    try:
+        served, _ = discover(existing_path(text))
+    except BundleError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not any(b.manifest.kind == "detector" for b in served):
+        kinds = ", ".join(f"{b.name} ({b.manifest.kind})" for b in served)
+        raise argparse.ArgumentTypeError(
+            f"{text} holds no detector bundle (only {kinds}); this benchmark sends /detect: give a detector "
+            "bundle or a models directory holding one"
+        )
+    return Path(text)
+
+
+def bundles_in(models: Path) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: comma-separated names of bundles in the models directory `models`
+    ('detector,sentiment'), each read and hash-checked as the server reads it."""
+
+    def names(text: str) -> tuple[str, ...]:
+        given = tuple(x.strip() for x in text.split(",") if x.strip())
+        if not given:
+            raise argparse.ArgumentTypeError(f"expected comma-separated bundle names, got {text!r}")
+        there = sorted(p.parent.name for p in models.glob("*/manifest.json"))
+        for name in given:
+            if name not in there:
+                raise argparse.ArgumentTypeError(
+                    f"{name!r} is no bundle in {models}; the bundles there: {', '.join(there) or 'none'}"
+                )
+            _read_bundle(str(models / name))
+        return given
+
+    return names
 
 
 def _read_bundle(text: str):
@@ -93,6 +175,11 @@ def positive_ints(text: str) -> tuple[int, ...]:
             f"expected comma-separated whole numbers of at least 1, got {text!r}"
         )
     return values
+
+
+def positive_ints_or_none(text: str) -> tuple[int, ...]:
+    """positive_ints, where an empty text means none: '--rss-mb ""' leaves a figure out."""
+    return positive_ints(text) if text.strip() else ()
 
 
 class UsageError(Exception):

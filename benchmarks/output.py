@@ -1,9 +1,119 @@
-"""Where a benchmark's JSON goes: one writer, so every results file is written (and announced) alike."""
+"""Where a benchmark's results go, and one JSON writer, so every results file is written (and announced)
+alike.
+
+One rule for every benchmark: a run writes into a new folder of its own, `runs/bench/<program>-<time>-<pid>/`
+(under the directory it runs in; git ignores runs/), unless `--out` (the load programs: `--results`)
+names another place; and a file already in benchmarks/results/, the committed results the docs cite, is
+replaced only with `--force`. A rerun with the defaults, or with a small argument to try something, then
+never changes a figure the docs quote; a result is published on purpose. Both are settled while the
+arguments are parsed, before any work.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks import cli
+
+COMMITTED = Path(__file__).resolve().parent / "results"
+RUNS = Path("runs") / "bench"
+
+
+def run_folder(program: str) -> Path:
+    """A folder no other run writes to: the time to the second, and the process id for two runs started
+    in the same second."""
+    return RUNS / f"{program}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def committed(path: Path) -> bool:
+    return COMMITTED in path.resolve().parents
+
+
+@dataclass(frozen=True)
+class Output:
+    """A benchmark's results option; `settle` it right after parsing."""
+
+    program: str
+    dest: str  # its attribute in the parsed arguments
+    flag: str
+    default_file: str | None  # the file's name in the run folder; None: the option is a folder
+    files: Callable[[Path, argparse.Namespace], Iterable[Path]]  # what a run writes, from the option's value
+
+    def settle(self, p: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
+        """The option's value, the new run folder (or a file in it) when none was given; exit 2 when the
+        run would replace a committed result and --force is not given."""
+        given = getattr(args, self.dest)
+        if given is None:
+            folder = run_folder(self.program)
+            setattr(args, self.dest, folder / self.default_file if self.default_file else folder)
+            return getattr(args, self.dest)
+        if not args.force:
+            for f in self.files(given, args):
+                if f.exists() and committed(f):
+                    p.error(
+                        f"{self.flag} {given}: {f} is a committed result (benchmarks/results/, cited by the "
+                        "docs); pass --force to replace it, or write elsewhere (by default a new folder "
+                        "under runs/bench/)"
+                    )
+        return given
+
+
+def _force(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace files already in benchmarks/results/ (the committed results)",
+    )
+
+
+def add_out_file(
+    p: argparse.ArgumentParser,
+    program: str,
+    name: str,
+    *,
+    beside: tuple[str, ...] = (),
+    more: Callable[[argparse.Namespace], Iterable[Path | None]] = lambda args: (),
+    help: str = "the results file",
+) -> Output:
+    """--out FILE and --force. beside: suffixes of the files written next to it (".png" for X.png beside
+    X.json); more: other files a run writes, from the parsed arguments (--examples)."""
+    p.add_argument("--out", type=cli.out_file, default=None,
+                   help=f"{help} (default: runs/bench/{program}-TIME-PID/{name})")  # fmt: skip
+    _force(p)
+
+    def files(out: Path, args) -> list[Path]:
+        return [out, *(out.with_suffix(s) for s in beside), *(Path(f) for f in more(args) if f)]
+
+    return Output(program, "out", "--out", name, files)
+
+
+def add_out_folder(
+    p: argparse.ArgumentParser, program: str, names: tuple[str, ...], *, help: str = "where the results go"
+) -> Output:
+    """--out FOLDER, holding the files `names`, and --force."""
+    p.add_argument("--out", type=cli.out_folder, default=None,
+                   help=f"{help}: {', '.join(names)} (default: a new folder runs/bench/{program}-TIME-PID/)")  # fmt: skip
+    _force(p)
+    return Output(program, "out", "--out", None, lambda out, args: [out / n for n in names])
+
+
+def add_results(p: argparse.ArgumentParser, program: str) -> Output:
+    """The load programs' --results FOLDER and --name: <name>.json and <name>.md; and --force."""
+    p.add_argument("--results", type=cli.out_folder, default=None,
+                   help=f"where NAME.json and NAME.md go (default: a new folder runs/bench/{program}-TIME-PID/)")  # fmt: skip
+    p.add_argument("--name", type=cli.file_name, default=program, help="the results files' name")
+    _force(p)
+
+    def files(folder: Path, args) -> list[Path]:
+        return [folder / f"{args.name}.json", folder / f"{args.name}.md"]
+
+    return Output(program, "results", "--results", None, files)
 
 
 def show_config(name: str, args) -> dict:
@@ -22,6 +132,7 @@ def _plain(v):
 
 
 def write_json(path: Path, result: dict) -> None:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")

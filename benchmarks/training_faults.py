@@ -32,8 +32,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.cli import positive_int
-from benchmarks.output import write_json
+from benchmarks.cli import existing, positive_int
+from benchmarks.output import add_out_file, write_json
 from training.checkpoint import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -302,10 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated: {', '.join(CHECKS)}")
     p.add_argument("--kills", type=positive_int, default=10, help="kill-resume: how many runs to kill")
-    p.add_argument("--data-dir", help="registry files (default $ELECTRA_DATA_DIR, then the cache)")
+    p.add_argument(
+        "--data-dir", type=existing, help="registry files (default $ELECTRA_DATA_DIR, then the cache)"
+    )
     p.add_argument("--work", default="runs/training-faults")
-    p.add_argument("--out", default="benchmarks/results/training_faults.json")
+    out = add_out_file(p, "training_faults", "training_faults.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
+    args.out = str(args.out)  # the config is printed and saved as JSON text
     only = [c for c in args.only.split(",") if c]
     if unknown := [c for c in only if c not in CHECKS]:
         p.error(f"--only: unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)}")

@@ -91,6 +91,43 @@ def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, t
     assert (tmp_path / "smoke.md").read_text().startswith("## Load profile")
 
 
+def test_load_profile_on_a_url_sends_the_servers_api_key_and_refuses_without_it(
+    bench, bundles_dir: Path, tmp_path: Path, monkeypatch, capsys
+):
+    """Against a server started with --api-key every request once failed with 401, and the run exited 0
+    with its results written."""
+    from benchmarks import cli
+    from benchmarks.load import load_profile
+    from benchmarks.load import loadkit as lk
+
+    monkeypatch.delenv("ELECTRA_API_KEY", raising=False)
+    key, port = "bench-key-0123456789", lk.free_port()
+    log = (tmp_path / "server.log").open("w")
+    argv = [sys.executable, "-m", "app", "--models", str(bundles_dir), "--port", str(port), "--api-key", key,
+            "--log-level", "warning"]  # fmt: skip
+    server = subprocess.Popen(argv, cwd=REPO, env=lk.server_env(), stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        lk.wait_ready("keyed", server, url + "/ready", 90, lambda: (tmp_path / "server.log").read_text())
+        common = ["--url", url, "--users", "1", "--run-time", "2", "--mix", "detect:2,classify:1",
+                  "--data-dir", str(bench), "--work", str(tmp_path / "work"), "--name", "keyed"]  # fmt: skip
+        for given, said in (([], "wants an API key"), (["--api-key", "not-the-key"], "to the API key given")):
+            with pytest.raises(SystemExit) as stopped:
+                cli.run(load_profile.main, [*common, *given, "--results", str(tmp_path / "refused")])
+            assert stopped.value.code == 2 and said in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
+        assert cli.run(load_profile.main, [*common, "--api-key", key, "--results", str(tmp_path)]) == 0
+    finally:
+        lk.stop(server)
+        log.close()
+    data = json.loads((tmp_path / "keyed.json").read_text())
+    (step,) = data["steps"]
+    assert step["requests"] > 0 and step["failures"] == 0, step["failure_messages"]
+    assert data["config"]["api_key"] == "(given)" and key not in (tmp_path / "keyed.md").read_text()
+    assert key not in json.dumps(data) and key not in capsys.readouterr().out
+    assert "load generator's machine" in (tmp_path / "keyed.md").read_text()
+
+
 def test_paced_users_keep_their_own_phase_and_never_burst():
     if importlib.util.find_spec("locust") is None:
         pytest.skip("locust is not installed (pip install -e .[bench])")
@@ -124,6 +161,23 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
     assert (r["failures"], r["requests"]) == (2, 5300)
     assert r["rounds_rps"] == [150.0, 210.0, 170.0]
     assert median_round(rounds[:2])["rps"] == 150.0  # an even count takes the lower middle
+
+
+def test_a_target_no_run_measured_is_marked_not_measured():
+    """With one users step and --offered-rps none nothing ran below saturation, and the target once read
+    "yes" all the same."""
+    from benchmarks.load.serve_compare import MET, targets
+
+    top = {"users": 16, "rps": 100.0, "failures": 0, "requests": 1000, "p99_over_p50": 2.0}
+
+    def below(sat: dict, equal: dict) -> list:
+        return [t["met"] for t in targets(sat, equal, 16) if "no failed request" in t["target"]]
+
+    assert below({"ours": [top]}, {}) == [None, None] and MET[None] == "not measured"
+    one_user = {**top, "users": 1, "failures": 2}
+    paced = {"offered_rps": 70.0, "failures": 0}
+    assert below({"ours": [one_user, top]}, {"ours": [paced]}) == [False, True]
+    assert below({"ours": [top]}, {"ours": [{**paced, "offered_rps": 99.0}]}) == [None, None]  # saturated
 
 
 def test_bulk_is_compared_warm_with_warm_rivals_and_end_to_end():

@@ -36,3 +36,5 @@ def test_a_restart_under_load_fails_no_request_and_the_replica_leaves_rotation_f
     assert restart["left_rotation_s"] is not None and restart["left_rotation_s"] < restart["drain_s"]
     # The load went on through the restart, answered by the other replica, and after it.
     assert data["phases"]["during"]["requests"] > 0 and data["phases"]["after"]["requests"] > 0
+    assert data["phases"]["before"]["requests"] > 0  # counted from locust's own spawn-complete time
+    assert sum(p["requests"] for p in data["phases"].values()) == data["requests"]  # none left out

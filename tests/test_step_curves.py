@@ -39,6 +39,18 @@ def test_a_mean_outside_the_range_is_not_within_and_the_table_shows_both():
     )
 
 
+def test_a_run_shorter_than_the_window_is_reported_at_its_last_step(tmp_path):
+    """A 10-step run's training loss was reported "at step 50"."""
+    import json
+
+    from benchmarks.quality.step_curves import curves
+
+    rows = [{"split": "train", "step": s, "loss": float(s), "tokens_per_s": 100.0} for s in range(1, 11)]
+    rows.append({"split": "eval", "step": 10, "loss": 2.0, "disc_auc": 0.6, "mlm_accuracy": 0.1})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert curves(tmp_path)["train_loss"] == {10: 5.5}
+
+
 def test_one_seed_has_no_standard_error():
     row = compare({"baseline": arm({1: 0.5}), "current": arm({1: 0.6})})["train_loss"][50]
     assert row["paired_diff"]["se"] is None

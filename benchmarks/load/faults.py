@@ -21,7 +21,7 @@ Faults:
   the limit deploy/ sets; the row names the smallest limit that served. Skipped, saying why, without
   podman or the image.
 
-Writes benchmarks/results/<--name>.json and .md.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/).
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ import psutil
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
-from benchmarks.load.loadmodels import REPO, RESULTS, WORK, write_sentences
+from benchmarks.load.loadmodels import REPO, WORK, write_sentences
 from benchmarks.load.rolling import Replica
+from benchmarks.output import add_results
 from options import usage_exit
 
 PROMISES = {
@@ -91,10 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--mix", default=lk.STANDARD_MIX)
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
-    p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
+    )
     p.add_argument("--work", default=str(WORK))
-    p.add_argument("--results", default=str(RESULTS))
-    p.add_argument("--name", default="faults")
+    results = add_results(p, "faults")
     p.add_argument("--image", default="localhost/electra-serve:ci", help="memory-limit: the server image")
     p.add_argument(
         "--memory-limits",
@@ -102,6 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="memory-limit: MiB, tried from the largest down until one does not serve",
     )
     args = p.parse_args(argv)
+    results.settle(p, args)
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in args.faults if f not in PROMISES]

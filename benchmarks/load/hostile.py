@@ -9,7 +9,7 @@ Starts `python -m app` on --models (default: the shipped bundles) and, for --sec
   asking: the 413 names the limit), with 100k-character texts and ~1 MiB batches mixed in;
 - --slow-clients connections that send headers and half a body, then one byte every few seconds.
 The server's resident memory is sampled every second. Prints a table, writes <--results>/<--name>.json
-and .md (default benchmarks/results/).
+and .md (default: a new folder under runs/bench/).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import httpx
 from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
-from benchmarks.load.loadmodels import REPO, RESULTS
-from benchmarks.output import show_config
+from benchmarks.load.loadmodels import REPO
+from benchmarks.output import add_results, show_config
 
 SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
 PARAGRAPH = (
@@ -179,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.load.hostile", description=__doc__.split("\n\n")[0]
     )
     p.add_argument(
-        "--models", type=cli.existing_path, default=str(REPO / "models"), help="models directory to serve"
+        "--models",
+        type=cli.detector_models,
+        default=str(REPO / "models"),
+        help="models directory to serve (a detector among them: the traffic is /detect)",
     )
     p.add_argument("--seconds", type=cli.positive_float, default=120)
     p.add_argument(
@@ -188,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-clients", type=cli.non_negative_int, default=2)
     p.add_argument("--slow-clients", type=cli.non_negative_int, default=20)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where the JSON and markdown go")
-    p.add_argument("--name", default="hostile")
+    results = add_results(p, "hostile")
     args = p.parse_args(argv)
+    results.settle(p, args)
     config = show_config("hostile", args)
     machine = lk.machine()  # its load average is the one before the run
     extra = args.server_args.split()

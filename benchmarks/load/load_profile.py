@@ -7,8 +7,10 @@ Starts `python -m app` on a free localhost port with the int8 bundles (default: 
 ELECTRA-Small with the bert-base-uncased vocabulary, built and exported once into .cache/bench/), then runs
 benchmarks/load/locustfile.py headless once per step, users sending back to back (closed loop), and prints and
 writes a markdown table: throughput, p50/p95/p99 latency, error rate, and who used the CPU. `--url`
-drives a server that is already running instead (no CPU figures for it then).
-Writes benchmarks/results/<--name>.json and .md; locust's CSV and HTML reports stay in .cache/bench/runs/.
+drives a server that is already running instead (no CPU figures for it then; `--api-key`, default
+$ELECTRA_API_KEY, for one started with --api-key). A run where most requests of a step failed exits 1.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/); locust's CSV and HTML
+reports stay in .cache/bench/runs/.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
-from benchmarks.load.loadmodels import RESULTS, WORK, prepare, require_classifier, write_sentences
+from benchmarks.load.loadmodels import WORK, prepare, require_classifier, write_sentences
+from benchmarks.output import add_results
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,9 @@ class ProfileConfig:
     server_args: str = ""  # extra flags for `python -m app`, e.g. "--max-wait-ms 2"
     name: str = "load_profile"  # results file name
     work: str = str(WORK)
-    results: str = str(RESULTS)
+    results: Path | None = None  # where the JSON and markdown go (settled by output.add_results)
+    force: bool = False  # replace committed results in benchmarks/results/
+    api_key: str | None = field(default=None, repr=False)  # --url's server's key; never printed or saved
 
     def __post_init__(self) -> None:
         if not self.users or min(self.users) < 1:
@@ -63,19 +70,26 @@ def main(argv: list[str] | None = None) -> int:
     lk.add_common(p)
     p.add_argument("--url", default=None, help="drive this running server instead of starting one")
     p.add_argument(
+        "--api-key",
+        default=os.environ.get(lk.API_KEY_ENV),
+        help="with --url: the server's API key, sent with every request (default $ELECTRA_API_KEY; never "
+        "printed or saved)",
+    )
+    p.add_argument(
         "--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
     )
     p.add_argument("--run-time", type=cli.positive_float, default=60.0, help="seconds of load per step")
     p.add_argument("--mix", default=lk.STANDARD_MIX, help="request kinds and weights (see locustfile)")
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
-    p.add_argument("--name", default="load_profile", help="results file name")
+    results = add_results(p, "load_profile")
     args = p.parse_args(argv)
+    results.settle(p, args)
     try:
         cfg = ProfileConfig(**vars(args))
     except ValueError as e:
         p.error(str(e))
-    print(json.dumps({"load_profile": vars(args)}, default=str), flush=True)
+    print(json.dumps({"load_profile": shown(cfg)}, default=str), flush=True)
     return run(cfg)
 
 
@@ -86,7 +100,8 @@ def run(cfg: ProfileConfig) -> int:
     classify = "classify" in cfg.mix
     models = None
     if cfg.url is not None:
-        lk.check_answers(cfg.url.rstrip("/"))  # before anything is written
+        # Before anything is written: a server that refuses the traffic would give a report of failures.
+        lk.check_answers(cfg.url.rstrip("/"), lk.mix_paths(cfg.mix), cfg.api_key)
     else:
         models = prepare(
             cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work
@@ -94,7 +109,8 @@ def run(cfg: ProfileConfig) -> int:
         require_classifier(models, cfg.mix)
     tokenizer = models.bundle / "tokenizer.json" if models else None
     sentences = write_sentences(work / "sentences.txt", cfg.data_dir, tokenizer)
-    load = lk.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time)
+    api_key = cfg.api_key if cfg.url else None  # a server started here has none
+    load = lk.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time, api_key=api_key)
     steps = []
     with _server(cfg, models, run_dir) as (url, pid):
         for users in cfg.users:
@@ -105,17 +121,28 @@ def run(cfg: ProfileConfig) -> int:
             print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
                   f"{r['failures']} failed", flush=True)  # fmt: skip
     data = {
-        "config": {**cfg.__dict__, "users": list(cfg.users)},
+        "config": {**shown(cfg), "users": list(cfg.users)},
         "model": models.description if models else cfg.url,
         "sentences": sentences,
         "machine": machine,
+        "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
         "steps": steps,
         "reports": str(run_dir),
     }
     md = markdown(data)
     js, mdp = lk.write_report(cfg.name, data, md, Path(cfg.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
+    failed = lk.mostly_failed([(f"{r['users']} users", r) for r in steps])
+    if failed:  # exit 0 would pass these figures off as the server's
+        print("error: most requests failed, so these figures measure the failures, not the server:\n  "
+              + "\n  ".join(failed), file=sys.stderr)  # fmt: skip
+        return 1
     return 0
+
+
+def shown(cfg: ProfileConfig) -> dict:
+    """The config as printed and saved: whether a key was given, never the key."""
+    return {**cfg.__dict__, "api_key": "(given)" if cfg.api_key else None}
 
 
 @contextlib.contextmanager
@@ -138,7 +165,9 @@ def markdown(data: dict) -> str:
         f"{s['source']}, mean {s['mean_words']} words"
         + (f", {s['mean_scored_tokens']} scored tokens" if "mean_scored_tokens" in s else ""),
         f"- each step: {cfg['run_time']:.0f} s of closed-loop load after all users are spawned; "
-        f"machine: {describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
+        # With --url the server may run elsewhere: what was measured here is the load generator's machine.
+        + ("load generator's machine (the server's is not known here): " if cfg.get("url") else "machine: ")
+        + f"{describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
         "",
         lk.table(["users", *lk.LOAD_HEADERS], [[r["users"], *lk.load_row(r)] for r in data["steps"]]),
         "",

@@ -17,14 +17,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from benchmarks.cli import existing, positive_ints
-from benchmarks.load.loadmodels import REPO, RESULTS, WORK
+from benchmarks.cli import detector_models, existing, positive_ints
+from benchmarks.load.loadmodels import REPO, WORK
 from options import usage_exit
 
 LOCUSTFILE = REPO / "benchmarks" / "load" / "locustfile.py"
@@ -292,6 +292,15 @@ def check_mix(spec: str) -> None:
             raise ValueError(f"--mix: weight of {name} is not a number: {weight!r}") from None
 
 
+def mix_paths(spec: str) -> list[str]:
+    """The endpoints a --mix sends to (kinds of weight 0 send nothing)."""
+    kinds = [part.strip().partition(":") for part in spec.split(",")]
+    return sorted({"/" + name.split("_")[0] for name, _, weight in kinds if float(weight or 1) > 0})
+
+
+API_KEY_ENV = "ELECTRA_API_KEY"  # the server's variable; the locustfile reads it too, to send the key
+
+
 @dataclass(frozen=True)
 class Load:
     sentences: Path
@@ -299,6 +308,14 @@ class Load:
     batch_texts: int = 8
     run_time_s: float = 30
     detect_return: str = "both"  # our /detect "return"; the baselines ignore it
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token (load_profile --url)
+
+
+def locust_env(load: Load) -> dict[str, str]:
+    """Locust's environment: the key, through the environment rather than a command line any user can
+    read in ps, and only the one given (not one left in the benchmark's own environment)."""
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    return env | ({API_KEY_ENV: load.api_key} if load.api_key else {})
 
 
 # Options and parsing the load programs share (load_profile, serve_compare, soak).
@@ -311,12 +328,16 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--model", default=None, type=existing, help="checkpoint, run or HF ElectraForPreTraining dir"
     )
     p.add_argument(
-        "--bundle", default=None, type=existing, help="an exported bundle (or models dir) to serve as is"
+        "--bundle",
+        default=None,
+        type=detector_models,
+        help="an exported detector bundle, or a models dir holding one, to serve as is",
     )
     p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
-    p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files")
+    p.add_argument(
+        "--data-dir", type=existing, default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files"
+    )
     p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
-    p.add_argument("--results", default=str(RESULTS), help="where the JSON and markdown go")
 
 
 def locust_command(url: str, users: int, load: Load, prefix: Path, *, user_rate: float = 0.0) -> list[str]:
@@ -351,7 +372,7 @@ def run_locust(
     if full_history:
         cmd.append("--csv-full-history")
     with open(f"{prefix}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=locust_env(load), stdout=log, stderr=subprocess.STDOUT)
         with Sampler({**(watch or {}), "locust": proc.pid}, every=sample_every) as sampler:
             try:
                 proc.wait(timeout=run_time + 90)
@@ -480,7 +501,7 @@ def failure_notes(runs: list[tuple[str, dict]]) -> list[str]:
     return ["", "Failures:", "", *out] if out else []
 
 
-def write_report(name: str, data: dict, markdown: str, out_dir: Path = RESULTS) -> tuple[Path, Path]:
+def write_report(name: str, data: dict, markdown: str, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md = out_dir / f"{name}.json", out_dir / f"{name}.md"
     js.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -504,9 +525,10 @@ def machine() -> dict:
     }
 
 
-def check_answers(url: str) -> None:
-    """Before any load on a server given by URL: GET /ready must answer 200, else the run would be a
-    report of 100% failures (written over the last good one). Exit 2 with what to do."""
+def check_answers(url: str, paths: Iterable[str] = (), api_key: str | None = None) -> None:
+    """Before any load on a server given by URL: GET /ready must answer 200, and one text POSTed to each
+    of `paths` (with the API key, if given) 2xx, else the run would be a report of 100% failures (a
+    server with --api-key answers every request without it 401). Exit 2 with what to do."""
     try:
         with urllib.request.urlopen(url + "/ready", timeout=10) as r:
             status = r.status
@@ -518,6 +540,38 @@ def check_answers(url: str) -> None:
     if status != 200:
         usage_exit(f"error: --url {url}: GET /ready answered {status}, not 200: the server is not ready "
                    "(still loading, or draining); wait for it, or give another URL")  # fmt: skip
+    headers = {"content-type": "application/json"} | (
+        {"authorization": f"Bearer {api_key}"} if api_key else {}
+    )
+    for path in paths:
+        body = json.dumps({"text": "One sentence to check that the server answers before the load."}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + path, body, headers), timeout=30):
+                continue
+        except urllib.error.HTTPError as e:
+            status, said = e.code, e.read()[:300].decode(errors="replace")
+        except OSError as e:
+            usage_exit(f"error: --url {url}: POST {path} got no answer ({getattr(e, 'reason', e)})")
+        if status == 401 and api_key:
+            usage_exit(f"error: --url {url}: POST {path} answered 401 to the API key given: the server has "
+                       "another; pass its key with --api-key (or $ELECTRA_API_KEY)")  # fmt: skip
+        if status == 401:
+            usage_exit(f"error: --url {url}: POST {path} answered 401: the server wants an API key; pass it "
+                       "with --api-key KEY or set $ELECTRA_API_KEY")  # fmt: skip
+        usage_exit(f"error: --url {url}: POST {path} answered {status} ({said}): every such request of the "
+                   "load would fail; fix the server, or leave that kind out of --mix")  # fmt: skip
+
+
+# A step where more than this share of requests failed measured the failures, not the server.
+MOSTLY_FAILED = 0.5
+
+
+def mostly_failed(runs: list[tuple[str, dict]]) -> list[str]:
+    """One line per run (label, figures) that measured little but failures: none answered, or most failed."""
+    return [f"{label}: {r['failures']} of {r['requests']} requests failed"
+            + (f" ({r['failure_messages'][0]})" if r.get("failure_messages") else "")
+            for label, r in runs
+            if not r["requests"] or r["failures"] > MOSTLY_FAILED * r["requests"]]  # fmt: skip
 
 
 def stamp() -> str:

@@ -20,7 +20,6 @@ from benchmarks import cli
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
-RESULTS = REPO / "benchmarks" / "results"
 LABELS = ("negative", "positive")
 
 # A sentence ends at . ! or ? followed by a space and an upper-case letter, digit or opening quote;

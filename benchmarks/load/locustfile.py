@@ -13,8 +13,9 @@ neither torch nor the corpus. Request kinds and their weights come from `--mix`:
     classify        POST /classify {"text": s}
     classify_batch  POST /classify {"texts": [s1..sk]}
 
-Requests are named "<endpoint> x<k>" so a driver can turn req/s into texts/s. Any non-2xx answer (or a
-connection error, or an empty body) fails the request. `--user-rate R` paces each user at R requests/s
+Requests are named "<endpoint> x<k>" so a driver can turn req/s into texts/s. $ELECTRA_API_KEY, when set,
+goes with every request as `authorization: Bearer KEY` (a server started with --api-key wants it). Any
+non-2xx answer (or a connection error, or an empty body) fails the request. `--user-rate R` paces each user at R requests/s
 (the offered load is users x R while the server keeps up), each user on its own schedule with a random
 phase; 0, the default, sends the next request as soon as the last one is answered (closed loop: the
 server's saturation).
@@ -24,6 +25,7 @@ Only stdlib and locust are imported here.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -57,6 +59,9 @@ def _arguments(parser) -> None:
     )
     group.add_argument(
         "--request-log", default="", help="write one line per request: end time (unix s), ms, ok (1/0)"
+    )
+    group.add_argument(
+        "--spawned-file", default="", help="write the time (unix s) every user was spawned, once they are"
     )
 
 
@@ -93,9 +98,19 @@ def _load(environment, **_kw) -> None:
         _MIX[:] = parse_mix(opts.mix)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    _SPAWNED_FILE[:] = [opts.spawned_file] if opts.spawned_file else []
+
+
+@events.spawning_complete.add_listener
+def _spawned(**_kw) -> None:
+    # A driver that splits a run into phases (rolling.py) starts its clock here: locust's start-up and
+    # spawning take a time of their own, which a fixed guess left out of every phase.
+    for path in _SPAWNED_FILE:
+        Path(path).write_text(f"{time.time():.4f}\n")
 
 
 _REQUESTS: list[tuple[float, float, int]] = []
+_SPAWNED_FILE: list[str] = []  # --spawned-file, read at init (the spawning event carries no options)
 
 
 @events.request.add_listener
@@ -154,6 +169,11 @@ class ScoringUser(FastHttpUser):
         self.rng = random.Random(opts.seed * 100_003 + ScoringUser._ids)
         self.k = opts.batch_texts
         self.ret = opts.detect_return
+        # A server with --api-key answers 401 without it; the driver passes the key in the environment.
+        key = os.environ.get("ELECTRA_API_KEY")
+        self.headers = {"content-type": "application/json"} | (
+            {"authorization": f"Bearer {key}"} if key else {}
+        )
         self.names = [n for n, _ in _MIX]
         self.weights = [w for _, w in _MIX]
         # Paced users keep a schedule of their own, started at a random phase within one period, so
@@ -191,7 +211,7 @@ class ScoringUser(FastHttpUser):
         with self.client.post(
             path,
             data=json.dumps(body),
-            headers={"content-type": "application/json"},
+            headers=self.headers,
             name=name,
             catch_response=True,
         ) as r:

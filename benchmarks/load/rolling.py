@@ -8,7 +8,7 @@ Each restart is what a Kubernetes rollout does to a pod: SIGTERM, the replica le
 a new process starts on the same port and HAProxy takes it back once /ready passes its checks. Reports
 failed requests, p50/p99 before, during and after the restarts, and for each restart how long the
 replica took to drain and to start, and how long it was out of HAProxy's rotation.
-Writes benchmarks/results/<--name>.json and .md.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
-from benchmarks.load.loadmodels import REPO, RESULTS, WORK, write_sentences
+from benchmarks.load.loadmodels import REPO, WORK, write_sentences
+from benchmarks.output import add_results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,21 +43,27 @@ def main(argv: list[str] | None = None) -> int:
         "--user-rate", type=cli.non_negative_float, default=3.0, help="requests/s per user (0: closed loop)"
     )
     p.add_argument("--mix", default=lk.STANDARD_MIX)
-    p.add_argument("--before-s", type=float, default=20.0, help="load before the first restart")
-    p.add_argument("--between-s", type=float, default=10.0, help="load between two restarts")
-    p.add_argument("--after-s", type=float, default=20.0, help="load after the last restart")
+    p.add_argument("--before-s", type=cli.positive_float, default=20.0,
+                   help="load before the first restart, once every user is spawned")  # fmt: skip
+    p.add_argument("--between-s", type=cli.non_negative_float, default=10.0, help="load between two restarts")
+    p.add_argument("--after-s", type=cli.positive_float, default=20.0, help="load after the last restart")
     p.add_argument("--drain-delay-s", type=float, default=2.0, help="each replica's --drain-delay-s")
     p.add_argument("--check-inter-ms", type=int, default=500, help="HAProxy's health-check interval")
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
-    p.add_argument("--data-dir", default=None, help="WikiText-2 files for the request sentences")
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
+    )
     p.add_argument("--work", default=str(WORK))
-    p.add_argument("--results", default=str(RESULTS))
-    p.add_argument("--name", default="rolling")
+    results = add_results(p, "rolling")
     args = p.parse_args(argv)
+    results.settle(p, args)
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:
         p.error("--replicas must be >= 2: with one, a restart leaves nothing in rotation")
+    if args.user_rate and args.before_s < 1 / args.user_rate:
+        p.error(f"--before-s {args.before_s:g} is too short for the 'before' figures: each user sends one "
+                f"request every {1 / args.user_rate:g} s at --user-rate {args.user_rate:g}")  # fmt: skip
     checks = HealthCheck(args.check_inter_ms).fall + 1  # the failures that take it out, and one in flight
     if args.drain_delay_s * 1000 < checks * args.check_inter_ms:
         p.error(f"--drain-delay-s must cover {checks} health checks of --check-inter-ms, or the balancer "
@@ -143,12 +150,12 @@ def run(args) -> int:
         for r in reps:
             r.wait_ready()
         with haproxy({r.name: r.port for r in reps}, run_dir, HealthCheck(args.check_inter_ms)) as lb:
-            restarts, started = drive(args, reps, lb, load, run_dir)
+            restarts, spawned = drive(args, reps, lb, load, run_dir)
     finally:
         for r in reps:
             if r.proc is not None:
                 lk.stop(r.proc)
-    data = report_data(args, restarts, started, run_dir, sentences, machine)
+    data = report_data(args, restarts, spawned, run_dir, sentences, machine)
     md = markdown(data)
     js, mdp = lk.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
@@ -156,14 +163,15 @@ def run(args) -> int:
 
 
 def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[list[dict], float]:
-    prefix = run_dir / "locust"
+    """(restarts, the time locust had spawned every user): --before-s of load counts from there."""
+    prefix, spawned_file = run_dir / "locust", run_dir / "spawned.txt"
     cmd = lk.locust_command(lb.url, args.users, load, prefix, user_rate=args.user_rate)
-    cmd += ["--request-log", str(run_dir / "requests.log")]
+    cmd += ["--request-log", str(run_dir / "requests.log"), "--spawned-file", str(spawned_file)]
     restarts = []
     with StatusWatch(lb.stats_url) as watch, (run_dir / "locust.log").open("w") as log:
-        started = time.time()
         locust = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
+            spawned = wait_spawned(locust, spawned_file, run_dir / "locust.log")
             time.sleep(args.before_s)
             for i in range(args.restarts):
                 if i:
@@ -174,35 +182,51 @@ def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[
         finally:
             lk.stop(locust, grace=30)  # locust writes its summary and the request log on SIGTERM
     (run_dir / "haproxy-status.json").write_text(json.dumps(watch.changes))
-    return restarts, started
+    return restarts, spawned
+
+
+def wait_spawned(locust: subprocess.Popen, spawned_file: Path, log: Path, timeout: float = 120) -> float:
+    """When locust had spawned every user (the locustfile's --spawned-file)."""
+    deadline = time.monotonic() + timeout
+    while not spawned_file.is_file() or not spawned_file.read_text().strip():
+        if locust.poll() is not None:
+            raise SystemExit(f"locust exited with {locust.returncode} before spawning its users; see {log}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"locust had not spawned its users after {timeout:.0f} s; see {log}")
+        time.sleep(0.05)
+    return float(spawned_file.read_text())
 
 
 def report_data(
-    args, restarts: list[dict], started: float, run_dir: Path, sentences: dict, machine: dict
+    args, restarts: list[dict], spawned: float, run_dir: Path, sentences: dict, machine: dict
 ) -> dict:
     log = run_dir / "requests.log"
     if not log.is_file():
         raise SystemExit(f"locust wrote no request log; see {run_dir / 'locust.log'}")
     rows = [tuple(map(float, line.split())) for line in log.read_text().splitlines() if line.strip()]
-    spawn_done = started + 3  # locust's start-up and spawning
-    first = restarts[0]["sigterm_at"] if restarts else float("inf")
-    last = restarts[-1]["back_in_rotation_at"] if restarts else float("inf")
-    phases = {
-        "before": [r for r in rows if spawn_done <= r[0] < first],
-        "during": [r for r in rows if first <= r[0] <= last],
-        "after": [r for r in rows if r[0] > last],
-    }
-    summary = json.loads((run_dir / "locust_summary.json").read_text())
     return {
         "config": {**vars(args), "check_fall": HealthCheck().fall, "check_rise": HealthCheck().rise},
         "machine": machine,
         "sentences": sentences,
         "failed": sum(1 for r in rows if not r[2]),
         "requests": len(rows),
-        "failure_messages": summary["errors"],
-        "phases": {name: figures(rs) for name, rs in phases.items()},
+        "failure_messages": json.loads((run_dir / "locust_summary.json").read_text())["errors"],
+        "phases": {name: figures(rs) for name, rs in phases(rows, restarts, spawned).items()},
         "restarts": restarts,
         "logs": str(run_dir),
+    }
+
+
+def phases(rows: list[tuple], restarts: list[dict], spawned: float) -> dict[str, list[tuple]]:
+    """Every request in exactly one phase, by the time it ended, so the rows add up to the total: while
+    locust spawned its users, before the first SIGTERM, until the last replica is back in rotation, after."""
+    first = restarts[0]["sigterm_at"] if restarts else float("inf")
+    last = restarts[-1]["back_in_rotation_at"] if restarts else float("inf")
+    return {
+        "spawning": [r for r in rows if r[0] < spawned],
+        "before": [r for r in rows if spawned <= r[0] < first],
+        "during": [r for r in rows if first <= r[0] <= last],
+        "after": [r for r in rows if r[0] > last],
     }
 
 

@@ -7,7 +7,7 @@ probe (`--probe-time` s at `--users`) unless `--rps` is given, then offers `--fr
 realistic mix (batched requests included, so ONNX Runtime sees many shapes: it has leaked with dynamic
 shapes before) while sampling the server's resident memory every `--sample-s` seconds. Reports RSS
 growth after warm-up (target < 5%), its slope, failures (target 0) and latency minute by minute.
-Writes benchmarks/results/<--name>.json and .md.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import prepare, require_classifier, write_sentences
+from benchmarks.output import add_results
 
 MB = 1 << 20
 
@@ -42,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", default=lk.STANDARD_MIX)
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
-    p.add_argument("--name", default="soak")
+    results = add_results(p, "soak")
     args = p.parse_args(argv)
+    results.settle(p, args)
     seconds = args.minutes * 60
     if args.warmup_s is None:
         args.warmup_s = min(120.0, seconds / 4)

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 from options import usage_exit
 
 
@@ -40,9 +40,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", default="test", choices=("dev", "test"))
     p.add_argument("--limit", type=cli.non_negative_int, default=0, help="first N texts only (0: all)")
     p.add_argument("--batch", type=cli.positive_int, default=32, help="texts per request")
-    p.add_argument("--data-dir", default=None, help="directory already holding the registry's files")
-    p.add_argument("--out", type=Path, default=None, help="JSON results file")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=None, help="directory already holding the registry's files"
+    )
+    out = add_out_file(p, "classify_accuracy", "classify_accuracy.json")
+    args = p.parse_args(argv)
+    out.settle(p, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -95,10 +99,9 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     print(format_report(report, f"{args.model} on {args.task} {args.split} through POST /classify "
                                 f"({m['cpu']}, {m['int8_kernel_path']})"))  # fmt: skip
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
     return report
 
 

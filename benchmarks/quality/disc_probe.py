@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
+from benchmarks.output import add_out_file
 
 
 def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
@@ -179,8 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--replacements-from", action="append", default=[], metavar="CHECKPOINT", type=cli.existing,
                    help="also score against this checkpoint's generator's replacements (repeatable): "
                    "discriminators of different runs or steps meet the same corruption")  # fmt: skip
-    p.add_argument("--out", default="benchmarks/results/disc_probe.json")
+    out_option = add_out_file(p, "disc_probe", "disc_probe.json")
     args = p.parse_args(argv)
+    out_option.settle(p, args)
+    args.out = str(args.out)  # the config is saved as JSON text
     print(f"config: {json.dumps(vars(args))}", flush=True)
 
     others = [Path(c) for c in args.replacements_from]

@@ -61,6 +61,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from benchmarks import cli
+from benchmarks.output import add_out_folder
 from benchmarks.quality import claim_report as report
 from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.claim_runs import (
@@ -103,7 +104,6 @@ POINT_DENOMINATOR = 100  # points are read as k/d, d <= this: each run is a whol
 
 # (flag, type, default, help); --budget-pflop and --minutes exclude each other.
 OPTIONS = [
-    ("--out", str, "benchmarks/results/electra_vs_mlm", "results.json, table.md and plot.png go here"),
     ("--work", str, "runs/electra_vs_mlm", "the tokenizer, pretraining runs and fine-tuned models go here"),
     ("--budget-pflop", float, None, "training FLOPs per encoder, in PFLOP (default 0.016)"),
     ("--minutes", float, None, "budget = this many minutes of ELECTRA training at a quickly measured speed"),
@@ -120,7 +120,7 @@ OPTIONS = [
     ("--finetune-epochs", int, 2, "epochs of every fine-tuning run"),
     ("--finetune-lr", float, 3e-4, "peak learning rate of every fine-tuning run"),
     ("--finetune-args", str, "", "more training.finetune flags: --finetune-args='--batch-size 16'"),
-    ("--data-dir", str, None, "directory holding the registry files, e.g. ../shared/data"),
+    ("--data-dir", cli.existing, None, "directory holding the registry files, e.g. ../shared/data"),
     ("--jobs", int, None, f"runs at a time, each its own process and log (default 1 on CPU, {CUDA_JOBS} on CUDA)"),
     ("--threads", int, None, "torch threads of every run, and of the probes after them (default: all cores, "
      "shared among --jobs)"),
@@ -152,7 +152,10 @@ def parse_args(argv):
     )
     p.add_argument("--skip-pretrain", action="store_true", help="use the pretraining runs already in --work")
     p.add_argument("--plan-only", action="store_true", help="print FLOPs, steps and tokens, then stop")
+    out = add_out_folder(p, "electra_vs_mlm", ("results.json", "table.md", "plot.png"))
     args = p.parse_args(argv)
+    out.settle(p, args)
+    args.out = str(args.out)  # printed and saved as JSON text
     if args.budget_pflop is None and args.minutes is None:
         args.budget_pflop = 0.016
     for name in ("budget_pflop", "minutes", "finetune_epochs", "finetune_lr", "threads", "jobs"):

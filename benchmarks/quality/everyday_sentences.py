@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 
 LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 
@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--data-dir", type=cli.existing_path, default=None)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/everyday_sentences.json"))
+    out = add_out_file(p, "everyday_sentences", "everyday_sentences.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("everyday_sentences", args)  # numbers as numbers, None as null
     texts = items(args.bundle, args.data_dir, args.per_kind, args.seed)
     result = {"config": config, "bundle": measure(args.bundle, texts)}

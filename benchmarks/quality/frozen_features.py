@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
+from benchmarks.output import add_out_file
 
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
 ENDS = 3  # texts kept from each end of the first direction
@@ -206,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         help="run or checkpoint directories (any training.finetune --init)",
     )
     p.add_argument("--task", default="trec", choices=list(LABELLED_SETS), help="a registry task")
-    p.add_argument("--data-dir", default=None, help="directory already holding the registry files")
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=None, help="directory already holding the registry files"
+    )
     p.add_argument(
         "--max-train-examples", type=int, default=TRAIN_EXAMPLES, help="training texts for the probe"
     )
@@ -214,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=cli.positive_int, default=None, help="torch threads (default: all cores)"
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/frozen_features.json"))
+    out = add_out_file(p, "frozen_features", "frozen_features.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     print(f"frozen_features: {vars(args)}", flush=True)
 
     import torch

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from benchmarks import cli
+from benchmarks.output import add_out_folder
 from benchmarks.quality.pretrainkit import (
     latest_state,
     run_logged,
@@ -70,10 +71,14 @@ def parse_args(argv):
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the arms share")
     p.add_argument("--sentences", type=int, default=200, help="swapped WikiText-2 test sentences per kind")
     p.add_argument("--work", default="runs/generator_size", help="tokenizer, runs and bundles")
-    p.add_argument("--out", default="benchmarks/results/generator_size", help="results.json and table.md")
-    p.add_argument("--data-dir", default=os.environ.get("ELECTRA_DATA_DIR"), help="registry files")
+    out = add_out_folder(p, "generator_size", ("results.json", "table.md"),
+                         help="where the results go (--skip-pretrain reads the step times of the earlier run's)")  # fmt: skip
+    p.add_argument(
+        "--data-dir", type=cli.existing, default=os.environ.get("ELECTRA_DATA_DIR"), help="registry files"
+    )
     p.add_argument("--skip-pretrain", action="store_true", help="measure the runs already in --work")
     args = p.parse_args(argv)
+    out.settle(p, args)
     try:
         args.fractions = sorted({float(f) for f in args.fractions.split(",") if f})
     except ValueError:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 
 
 def reference_scorer(bundle: Path, checkpoint: str, fp32: bool):
@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8_agreement.json"))
+    out = add_out_file(p, "int8_agreement", "int8_agreement.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("int8_agreement", args)
     manifest = json.loads((args.bundle / "manifest.json").read_text())
     threshold = manifest.get("threshold") or 0.5

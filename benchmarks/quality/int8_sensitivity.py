@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 
 GROUPS = {
     "query, key, value": r"self\.(query|key|value)$",
@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/sensitivity.json"))
+    out = add_out_file(p, "int8_sensitivity", "sensitivity.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("int8_sensitivity", args)
 
     torch.manual_seed(args.seed)

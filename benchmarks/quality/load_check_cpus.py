@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 
 PROBE = """
 import numpy as np, onnxruntime as ort
@@ -53,8 +53,9 @@ def run(prefix: list[str], bundles: list[Path]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundles", nargs="+", type=cli.bundle)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/load_check_cpus.json"))
+    out = add_out_file(p, "load_check_cpus", "load_check_cpus.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("load_check_cpus", args)
     kinds = {"this CPU": []}
     if shutil.which("qemu-x86_64"):

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.output import write_json
+from benchmarks.output import add_out_folder, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
 from training.config import PretrainConfig
@@ -32,7 +32,7 @@ from training.report import pyplot_or_none, read_metrics, save_png
 
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ("baseline", "current")
-WINDOW = 50  # training-loss steps averaged into one point of the table
+WINDOW = 50  # training-loss steps averaged into one point of the table (the last one may be shorter)
 # The generator's held-out accuracy at the masked positions beside the discriminator's AUC: a better
 # generator makes replacements harder to tell, so an AUC a little lower can be a generator a little better.
 FIGURES = ("train_loss", "eval_loss", "disc_auc", "mlm_accuracy")
@@ -49,14 +49,13 @@ def parse_args(argv):
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads of every run (default: all cores)"
     )
-    p.add_argument("--data-dir", default=None, help="directory holding the registry files")
+    p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
     p.add_argument(
         "--work", default="runs/step_curves", help="the baseline's worktree, the tokenizer, the runs"
     )
-    p.add_argument(
-        "--out", default="benchmarks/results/step_curves", help="results.json, table.md, curves.png"
-    )
+    out = add_out_folder(p, "step_curves", ("results.json", "table.md", "curves.png"))
     args = p.parse_args(argv)
+    out.settle(p, args)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     return args
 
@@ -89,9 +88,10 @@ def train(arm: str, tree: Path, seed: int, tokenizer: Path, args, work: Path) ->
 def curves(run: Path) -> dict:
     rows = read_metrics(run / "metrics.jsonl")
     train_rows = [r for r in rows if r["split"] == "train"]
+    last = max(r["step"] for r in train_rows)
     windows: dict[int, list[float]] = {}
-    for r in train_rows:
-        windows.setdefault((r["step"] - 1) // WINDOW * WINDOW + WINDOW, []).append(r["loss"])
+    for r in train_rows:  # each window's mean at its last step: a 10-step run's at 10, not 50
+        windows.setdefault(min((r["step"] - 1) // WINDOW * WINDOW + WINDOW, last), []).append(r["loss"])
     evals = {r["step"]: r for r in rows if r["split"] == "eval"}
     return {"train_loss": {s: statistics.fmean(v) for s, v in sorted(windows.items())},
             "eval_loss": {s: r["loss"] for s, r in sorted(evals.items())},
@@ -169,7 +169,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"step_curves configuration: {json.dumps(vars(args))}", flush=True)
+    print(f"step_curves configuration: {json.dumps(vars(args), default=str)}", flush=True)
     base = resolve(PretrainConfig, ["--config", args.config])
     tokenizer = shared_tokenizer(base.tokenizer, base, work, args.data_dir)
     trees = {"baseline": baseline_tree(args.baseline_rev, work), "current": REPO}
@@ -177,7 +177,7 @@ def main(argv=None) -> dict:
         arm: {s: curves(train(arm, trees[arm], s, tokenizer, args, work)) for s in args.seeds} for arm in ARMS
     }
     summary = compare(runs)
-    result = {"args": vars(args), "runs": runs, "summary": summary,
+    result = {"args": vars(args) | {"out": str(out)}, "runs": runs, "summary": summary,
               "within_baseline_spread": {f: sum(r["within_baseline_spread"] for r in by.values()) / len(by)
                                          for f, by in summary.items()}}  # fmt: skip
     write_json(out / "results.json", result)

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
+from benchmarks.output import add_out_file
 
 SOURCES = ("commons", "wikitext2")
 # Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
@@ -170,7 +171,9 @@ def parse(argv):
         "--examples file) instead of making new swaps: bundles compared on exactly the same items",
     )
     p.add_argument(
-        "--examples", help="also write every sentence with its scores here (--out holds the summary only)"
+        "--examples",
+        type=cli.out_file,
+        help="also write every sentence with its scores here (--out holds the summary only)",
     )
     p.add_argument("--min-words", type=cli.positive_int, default=5)
     p.add_argument("--max-words", type=cli.positive_int, default=40)
@@ -182,10 +185,15 @@ def parse(argv):
         default="wikitext2,news",
         help="what the bigram yardstick counts: the detector's training corpora (their train split)",
     )
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="benchmarks/results/user_sentences.json")
-    return p.parse_args(argv)
+    out = add_out_file(p, "user_sentences", "user_sentences.json", beside=(".png",),
+                       more=lambda args: [args.examples], help="the summary; the reliability plot goes beside it, as .png")  # fmt: skip
+    args = p.parse_args(argv)
+    out.settle(p, args)
+    args.out = str(args.out)  # the config is saved as JSON text
+    args.examples = str(args.examples) if args.examples else None
+    return args
 
 
 def make_pickers(args, tokenizer, reference) -> dict:
@@ -273,6 +281,7 @@ def main(argv=None) -> None:
         examples = [
             {k: v for k, v in x.items() if k not in ("token_probs", "token_labels", "target")} for x in items
         ]
+        Path(args.examples).parent.mkdir(parents=True, exist_ok=True)
         Path(args.examples).write_text(
             json.dumps({"config": vars(args), "examples": examples}, indent=1) + "\n"
         )

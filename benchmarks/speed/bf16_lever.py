@@ -25,11 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 from options import usage_exit
 
 SHAPES = [(1, 16), (8, 64), (32, 128)]
+ROWS_NEEDED = max(b for b, _ in SHAPES)  # measure times its largest batch on that many held-out rows
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+OPENVINO = "OpenVINOExecutionProvider"
 
 
 def deviation(got: np.ndarray, reference: np.ndarray, mask: np.ndarray) -> dict:
@@ -83,7 +85,7 @@ def sessions(work: Path, threads: int) -> dict:
         config = {"CPU": {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": str(threads)}}
         provider = {"device_type": "CPU", "precision": "FP32", "load_config": json.dumps(config)}
         return ort.InferenceSession(str(work / "unfused.onnx"), options(),
-                                    providers=[("OpenVINOExecutionProvider", provider)])  # fmt: skip
+                                    providers=[(OPENVINO, provider)])  # fmt: skip
 
     return {
         "fp32, CPU provider, fused graph": ort.InferenceSession(
@@ -102,9 +104,16 @@ def measure(work: Path, threads: int, out: Path, config: dict) -> None:
     from benchmarks.speed.engine import interleaved
 
     rows = np.load(work / "rows.npz")
+    if len(rows["input_ids"]) < ROWS_NEEDED:  # a --work prepared before prepare refused fewer
+        usage_exit(f"error: --work {work} holds {len(rows['input_ids'])} rows; measure times batches of "
+                   f"{ROWS_NEEDED}: run prepare again with --rows {ROWS_NEEDED} or more")  # fmt: skip
     result = {"PyTorch bf16 autocast (no timing)": {"vs_fp32": deviation(rows["torch_bf16"], rows["fp32"],
                                                                            rows["attention_mask"])}}  # fmt: skip
     found = sessions(work, threads)
+    for name, s in found.items():  # a provider that cannot take the graph hands it to the CPU one, silently
+        if "OpenVINO" in name and s.get_providers()[0] != OPENVINO:
+            raise cli.UsageError(f"the {name!r} session runs on {s.get_providers()[0]}, not {OPENVINO}: its "
+                                 "figures would not be OpenVINO's")  # fmt: skip
     for name, s in found.items():
         got = np.concatenate([s.run(None, {n: rows[n][i : i + 16] for n in INPUTS})[0]
                               for i in range(0, len(rows["input_ids"]), 16)])  # fmt: skip
@@ -132,6 +141,17 @@ def measure(work: Path, threads: int, out: Path, config: dict) -> None:
                      "variants": result})  # fmt: skip
 
 
+def _require_openvino(p: argparse.ArgumentParser) -> None:
+    """Without onnxruntime-openvino, ONNX Runtime would run the "OpenVINO" sessions on its CPU provider,
+    without a word, and the JSON would label CPU figures as OpenVINO's."""
+    import onnxruntime as ort
+
+    if OPENVINO not in ort.get_available_providers():
+        p.error(f"this onnxruntime ({ort.__version__}, providers {', '.join(ort.get_available_providers())}) "
+                f"has no {OPENVINO}: run measure in an environment with onnxruntime-openvino installed "
+                "(the module docstring shows how)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True)
@@ -139,12 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--checkpoint", required=True, type=cli.existing)
     pre.add_argument("--work", type=Path, required=True)
     pre.add_argument("--data-dir", type=cli.existing_path)
-    pre.add_argument("--rows", type=cli.positive_int, default=128)
+    pre.add_argument("--rows", type=cli.positive_int, default=128,
+                     help=f"held-out rows; at least {ROWS_NEEDED}, measure's largest batch")  # fmt: skip
     mea = sub.add_parser("measure", help="speed and deviation, where onnxruntime-openvino is installed")
     mea.add_argument("--work", type=cli.existing_path, required=True, help="prepare's --work")
     mea.add_argument("--threads", type=cli.positive_int, default=2)
-    mea.add_argument("--out", type=Path, default=Path("benchmarks/results/int8/bf16_lever.json"))
+    out = add_out_file(mea, "bf16_lever", "bf16_lever.json")
     args = p.parse_args(argv)
+    if args.step == "prepare" and args.rows < ROWS_NEEDED:
+        pre.error(
+            f"--rows must be at least {ROWS_NEEDED}: measure times batches of {ROWS_NEEDED} held-out rows"
+        )
+    if args.step == "measure":
+        out.settle(mea, args)
+        _require_openvino(mea)
     config = show_config(f"bf16_lever {args.step}", args)
     if args.step == "prepare":
         prepare(args.checkpoint, args.work, args.data_dir, args.rows, config)

@@ -33,13 +33,12 @@ import psutil
 
 from benchmarks import cli
 from benchmarks.load.loadkit import free_port, serve, stop, table
-from benchmarks.output import show_config, write_json
+from benchmarks.output import add_out_file, show_config, write_json
 from benchmarks.speed.own_ray import stop_own_ray
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"
-RESULTS = REPO / "benchmarks" / "results"
-KINDS = {"detector": "/detect", "sentiment": "/classify"}
+ROUTES = {"detector": "/detect", "classifier": "/classify"}  # by the bundle's kind
 BATCH = 16  # texts per HTTP request (the server takes up to 32)
 CLIENTS = 8  # requests in flight: both of the server's runners stay busy, with a queue behind them
 
@@ -112,7 +111,9 @@ def requests(texts: list[str], model: str, budget: int = 65536 // CLIENTS) -> li
 
 def run_server(texts: list[str], model: str, tokens: int, log_dir: Path) -> dict:
     """The texts through `python -m app` at saturation: CLIENTS requests in flight, BATCH texts each."""
-    path = KINDS[model]
+    from app.model.bundle import read_bundle
+
+    path = ROUTES[read_bundle(MODELS / model).manifest.kind]
     body = {"model": model, **({"return": "words"} if path == "/detect" else {})}
     groups = requests(texts, model)
     argv = lambda port: [sys.executable, "-m", "app", "--models", str(MODELS), "--port", str(port),  # noqa: E731
@@ -213,11 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--wiki-docs", type=cli.positive_int, default=600)
     p.add_argument("--news-docs", type=cli.positive_int, default=100)
-    p.add_argument("--models", default="detector,sentiment")
-    p.add_argument("--rss-mb", default="10,100,1024", help="input sizes of the memory figure; empty: none")
+    p.add_argument("--models", type=cli.bundles_in(MODELS), default="detector,sentiment",
+                   help=f"comma-separated bundles of {MODELS}")  # fmt: skip
+    p.add_argument("--rss-mb", type=cli.positive_ints_or_none, default="10,100,1024",
+                   help="input sizes of the memory figure, in MB, comma-separated; empty: none")  # fmt: skip
     p.add_argument("--rss-seconds", type=cli.positive_float, default=90)
-    p.add_argument("--out", type=Path, default=RESULTS / "bulk.json")
+    out = add_out_file(p, "bulk", "bulk.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("bulk", args)
     from app.machine import cpu
 
@@ -232,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         for corpus, texts in corpora.items():
             src = tmp / f"{corpus}.jsonl"
             src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-            for model in args.models.split(","):
+            for model in args.models:
                 row = {"corpus": corpus, "model": model}
                 for workers in (1, 2):
                     row[f"local_{workers}"] = run_bulk(src, tmp / "o", model, workers, env)
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["plain_loop"] = plain_loop(texts, model, tokens)
                 results.append(row)
                 print(f"{corpus} / {model}: done", flush=True)
-        sizes = [int(x) for x in args.rss_mb.split(",") if x]
+        sizes = list(args.rss_mb)
         mem = memory(corpora["wikitext2"], sizes, args.rss_seconds, tmp, env) if sizes else None
     finally:
         # Only the cluster started above: `ray stop --force` would end every Ray cluster of the user.

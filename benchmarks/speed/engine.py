@@ -26,7 +26,7 @@ import numpy as np
 from app.machine import cpu, describe_cpu
 from app.model.engine import PROVIDERS, session
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
 
@@ -248,13 +248,15 @@ def parse_args(argv):
     p.add_argument("--threads", type=cli.positive_int, default=2)
     p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
     p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
-    p.add_argument("--out", default="benchmarks/results/engine.json")
+    out = add_out_file(p, "engine", "engine.json")
     p.add_argument(
         "--shape-from",
         default=None,
         help="time the shape of this run or checkpoint (e.g. runs/detector) instead of ELECTRA-Small's",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    out.settle(p, args)
+    return args
 
 
 def time_shapes(sessions: dict, hf, cfg, peak: dict) -> list[dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import show_config
+from benchmarks.output import add_out_file, show_config
 
 SHAPES = [(1, 16), (8, 64), (32, 128)]
 # Projections kept in fp32 per variant, by module name: the FFN's output projection reads GELU's output,
@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
     )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/int8_levers.json"))
+    out = add_out_file(p, "int8_levers", "int8_levers.json")
     args = p.parse_args(argv)
+    out.settle(p, args)
     config = show_config("int8_levers", args)
     with tempfile.TemporaryDirectory() as tmp:
         paths, references, (data, fp32_probs), origin = build(

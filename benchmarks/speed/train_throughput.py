@@ -1,7 +1,7 @@
 """Tokens/s of the ELECTRA joint training step, variant by variant, with what explains each figure.
 
-Every variant trains ELECTRA-Small's shape (hidden 256, 12 + 12 layers, generator 1/4, seq 128) on the
-same random tokens. Ours runs the trainer's own step (`Trainer.train_step` of training/pretraining/trainer.py), so
+Every variant trains ELECTRA-Small's shape (hidden 256, 12 + 12 layers, generator 1/4, seq 128; --layers
+and --seq-len change it, and the table says so) on the same random tokens. Ours runs the trainer's own step (`Trainer.train_step` of training/pretraining/trainer.py), so
 what is timed is what `python -m training.pretrain` runs; the others are the step as it was before issue
 44 (benchmarks/speed/legacy_step.py) and the step a user would build from `transformers`
 (ElectraForMaskedLM with logits at every position, ElectraForPreTraining, shared embeddings).
@@ -33,6 +33,7 @@ import torch
 
 from app.machine import cpu, describe_cpu
 from benchmarks import cli
+from benchmarks.output import add_out_file
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
@@ -294,8 +295,19 @@ def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]
     return out
 
 
-def print_table(results: dict, device: str, peaks: dict) -> None:
-    print(f"\nELECTRA-Small joint training step on {device}; matrix peak (TFLOP/s): "
+def shape(cfg: PretrainConfig) -> str:
+    """The timed model's shape, named ELECTRA-Small's only when it is (--layers and --seq-len change it)."""
+    dims = f"{cfg.num_layers} + {cfg.num_layers} layers, hidden {cfg.hidden_size}, seq {cfg.seq_len}"
+    small = (cfg.num_layers, cfg.hidden_size, cfg.seq_len) == (12, 256, 128)
+    return (
+        f"ELECTRA-Small's shape ({dims})"
+        if small
+        else f"{dims}: not ELECTRA-Small's 12 + 12 layers at seq 128"
+    )
+
+
+def print_table(results: dict, device: str, peaks: dict, timed_shape: str) -> None:
+    print(f"\nJoint training step, {timed_shape}, on {device}; matrix peak (TFLOP/s): "
           + ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()))  # fmt: skip
     n = max(len("variant"), *map(len, results))  # the longest variant name sets the first column
     head = (
@@ -334,8 +346,9 @@ def main(argv=None) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when visible"
     )
     p.add_argument("--list", action="store_true", help="print the variants and the sets, then stop")
-    p.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    out_option = add_out_file(p, "train_throughput", "train_throughput.json")
     args = p.parse_args(argv)
+    out_option.settle(p, args)
     for name in ("batch_size", "layers", "seq_len", "steps", "round", "threads"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
@@ -369,7 +382,7 @@ def main(argv=None) -> None:
             config(VARIANTS[n], args.layers, args.seq_len, device)
     except ConfigError as e:
         p.error(str(e))
-    print(f"config: {vars(args)}", flush=True)
+    print(f"config: {json.dumps(vars(args), default=str)}", flush=True)
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 64  # one compiled graph per variant, all in this process
     # The ceilings the chosen variants are read against, and only those: a CPU without native bf16 takes
@@ -385,12 +398,13 @@ def main(argv=None) -> None:
     runners = {n: Runner(v, args, device) for n, v in variants.items()}
     facts = {**cpu(), "amx_bf16": cpu_has_native_bf16()}
     where = torch.cuda.get_device_name(device) if gpu else f"{args.threads} threads of {describe_cpu(facts)}"
+    timed_shape = shape(next(iter(runners.values())).cfg)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)
-        out.write_text(json.dumps({"config": vars(args), "device": where, "torch": torch.__version__,
+        out.write_text(json.dumps({"config": vars(args) | {"out": str(out)}, "shape": timed_shape, "device": where, "torch": torch.__version__,
                                    "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
                                    "complete": complete, "results": summary}, indent=2))  # fmt: skip
         return summary
@@ -402,7 +416,7 @@ def main(argv=None) -> None:
         if precision in peaks:
             peaks[precision] = max(peaks[precision], matmul_peak(device, dtype, precision == "tf32" and gpu))
     summary = report(results, complete=True)
-    print_table(summary, where, peaks)
+    print_table(summary, where, peaks, timed_shape)
     if any(r.get("mfu", 0) > 1 for r in summary.values()):
         print("note: MFU above 100%: the matrix peak was measured low (another process was busy?); compare "
               "tokens/s between variants instead, or run again on a quiet machine")  # fmt: skip

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import msgspec
 from litestar import get
+
+from benchmarks.cli import detector_bundle
 
 
 class DetectRequest(msgspec.Struct):
@@ -38,7 +39,9 @@ def parser(prog: str, what: str) -> argparse.ArgumentParser:
 def peer_parser(prog: str, what: str, wait_flag: str, wait_default: float) -> argparse.ArgumentParser:
     """The flags both peer servers (LitServe, mosec) take: the bundle, their workers and batching."""
     p = parser(prog, what)
-    p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
+    p.add_argument(
+        "--bundle", required=True, type=detector_bundle, help="a detector bundle (model.onnx + manifest)"
+    )
     p.add_argument("--workers", type=int, default=2, help="inference worker processes")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per worker")
     p.add_argument("--max-batch-size", type=int, default=16)

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 
 from app.model.bundle import read_bundle
 from app.model.engine import PROVIDERS, session
+from benchmarks.cli import detector_bundle
 from benchmarks.load.baselines.common import DetectRequest, parser, ready, serve
 
 
@@ -75,7 +76,9 @@ def create_app(bundle: Path, providers: str = "auto") -> Litestar:
 
 def main(argv: list[str] | None = None) -> None:
     p = parser("python -m benchmarks.load.baselines.unbatched", __doc__.split("\n\n")[0])
-    p.add_argument("--bundle", required=True, type=Path, help="a detector bundle (model.onnx + manifest)")
+    p.add_argument(
+        "--bundle", required=True, type=detector_bundle, help="a detector bundle (model.onnx + manifest)"
+    )
     p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
     args = p.parse_args(argv)
     serve(create_app(args.bundle, args.providers), args.host, args.port)

@@ -1,0 +1,155 @@
+"""Where the benchmarks write (benchmarks/output.py): by default a new run folder under runs/bench/, never
+benchmarks/results/, whose committed files the docs cite and which only --force replaces; and an --out a
+run could not write to is refused while the arguments are parsed, not after the run has been lost."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cli, output
+from tests.unprivileged import run_python
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+ENGINE_JSON = str(RESULTS / "engine.json")  # any committed file: the rule is one for all
+
+# Each program with a committed result as its output, and what it cannot parse without.
+COMMITTED = [
+    ("benchmarks.speed.engine", ["--out", ENGINE_JSON]),
+    ("benchmarks.speed.train_throughput", ["--out", str(RESULTS / "train_throughput.json")]),
+    ("benchmarks.speed.int8_levers", ["--checkpoint", str(REPO), "--out", ENGINE_JSON]),
+    ("benchmarks.speed.bf16_lever", ["measure", "--work", str(REPO), "--out", str(RESULTS / "int8/bf16_lever.json")]),
+    ("benchmarks.speed.bulk", ["--out", str(RESULTS / "bulk.json")]),
+    ("benchmarks.quality.step_curves", ["--out", str(RESULTS / "step_curves")]),  # its curves.png
+    ("benchmarks.quality.int8_sensitivity", ["--checkpoint", str(REPO), "--out", ENGINE_JSON]),
+    ("benchmarks.quality.int8_agreement", ["--reference", str(REPO), "--out", ENGINE_JSON]),
+    ("benchmarks.quality.disc_probe", [str(REPO), "--out", ENGINE_JSON]),
+    ("benchmarks.quality.generator_size", ["--out", str(RESULTS / "generator_size")]),
+    ("benchmarks.quality.load_check_cpus", [str(REPO / "models/detector"), "--out", ENGINE_JSON]),
+    ("benchmarks.quality.user_sentences", ["--bundle", str(REPO / "models/detector"), "--out",
+                                           str(RESULTS / "user_sentences.json")]),
+    # A new summary, but the plot beside it would replace the committed one.
+    ("benchmarks.quality.user_sentences", ["--bundle", str(REPO / "models/detector"), "--out",
+                                           str(RESULTS / "user_sentences_new.json"), "--examples", ENGINE_JSON]),
+    ("benchmarks.quality.classify_accuracy", ["--out", str(RESULTS / "sentiment_classify_test.json")]),
+    ("benchmarks.quality.frozen_features", [str(REPO), "--out", ENGINE_JSON]),
+    ("benchmarks.quality.everyday_sentences", ["--out", str(RESULTS / "everyday_sentences.json")]),
+    ("benchmarks.quality.electra_vs_mlm", ["--out", str(RESULTS / "electra_vs_mlm")]),
+    ("benchmarks.load.load_profile", ["--results", str(RESULTS)]),  # its load_profile.md
+    ("benchmarks.load.serve_compare", ["--results", str(RESULTS)]),
+    ("benchmarks.load.soak", ["--results", str(RESULTS)]),
+    ("benchmarks.load.rolling", ["--results", str(RESULTS)]),
+    ("benchmarks.load.faults", ["--results", str(RESULTS)]),
+    ("benchmarks.load.hostile", ["--results", str(RESULTS)]),
+    ("benchmarks.training_faults", ["--out", str(RESULTS / "training_faults.json")]),
+]  # fmt: skip
+IDS = [f"{m.rsplit('.', 1)[1]} {' '.join(a[-2:])}" for m, a in COMMITTED]
+
+
+def _refused(module: str, argv: list[str], capsys) -> str:
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(main, argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(("module", "argv"), COMMITTED, ids=IDS)
+def test_a_committed_result_is_replaced_only_with_force(module, argv, capsys):
+    err = _refused(module, argv, capsys)
+    assert "is a committed result" in err and "--force" in err
+
+
+@pytest.mark.parametrize(("module", "argv"), COMMITTED, ids=IDS)
+def test_an_out_that_cannot_be_written_is_refused_before_the_run(module, argv, tmp_path, capsys):
+    flag = "--results" if "--results" in argv else "--out"
+    plain_file = tmp_path / "a-file"
+    plain_file.write_text("")
+    # --out FILE given a directory; --out FOLDER (and --results) given a file; either, below a file.
+    folder_option = flag == "--results" or module.endswith(
+        ("step_curves", "generator_size", "electra_vs_mlm")
+    )
+    for bad in (plain_file if folder_option else tmp_path, plain_file / "x.json"):
+        given = [*argv[: argv.index(flag)], flag, str(bad), *argv[argv.index(flag) + 2 :]]
+        err = _refused(module, given, capsys)
+        assert str(bad) in err and "committed" not in err
+
+
+def test_an_unwritable_parent_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    code = """
+import argparse, sys
+from benchmarks import cli
+for kind, path in ((cli.out_file, sys.argv[1] + "/x.json"), (cli.out_folder, sys.argv[1] + "/new/deeper")):
+    try:
+        kind(path)
+    except argparse.ArgumentTypeError as e:
+        print(e)
+"""
+    done = run_python(code, str(locked))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(f"{locked} is not writable") == 2, done.stdout
+
+
+def _parser(kind: str):
+    p = argparse.ArgumentParser(prog="x")
+    if kind == "file":
+        return p, output.add_out_file(p, "demo", "demo.json", beside=(".png",))
+    return p, output.add_results(p, "demo")
+
+
+def test_without_an_out_a_run_gets_a_new_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p, out = _parser("file")
+    args = p.parse_args([])
+    path = out.settle(p, args)
+    assert args.out == path and path.name == "demo.json"
+    assert path.parent.parent == Path("runs/bench") and path.parent.name.startswith("demo-")
+    assert str(os.getpid()) in path.parent.name  # two runs started in the same second write apart
+    assert not path.parent.exists()  # made when written, not by a run refused later
+    p, results = _parser("results")
+    args = p.parse_args([])
+    assert results.settle(p, args).parent == Path("runs/bench") and args.name == "demo"
+
+
+def test_force_replaces_and_a_new_file_beside_the_committed_ones_needs_none(capsys):
+    p, out = _parser("file")
+    for argv in (["--out", ENGINE_JSON, "--force"], ["--out", str(RESULTS / "a-new-result.json")]):
+        args = p.parse_args(argv)
+        assert out.settle(p, args) == Path(argv[1])
+    p, results = _parser("results")
+    args = p.parse_args(["--results", str(RESULTS), "--name", "a-new-result"])
+    assert results.settle(p, args) == RESULTS
+    with pytest.raises(SystemExit):  # the load programs' --name is a file name, --results the folder
+        p.parse_args(["--name", "../engine"])
+    assert "without a folder" in capsys.readouterr().err
+
+
+def test_a_default_run_writes_its_run_folder_and_not_the_committed_file(tmp_path, monkeypatch, capsys):
+    """The probe's complaint, end to end on the quickest benchmark: its defaults (here a tiny shape) once
+    rewrote benchmarks/results/train_throughput.json."""
+    from benchmarks.speed import train_throughput
+
+    monkeypatch.chdir(tmp_path)
+    committed = (RESULTS / "train_throughput.json").read_bytes()
+    train_throughput.main(["--device", "cpu", "--variants", "eager fp32", "--layers", "1", "--seq-len", "32",
+                           "--batch-size", "2", "--steps", "1", "--round", "1", "--warmup", "0"])  # fmt: skip
+    (written,) = (tmp_path / "runs" / "bench").glob("train_throughput-*/train_throughput.json")
+    assert json.loads(written.read_text())["complete"]
+    printed = capsys.readouterr().out
+    assert f"wrote {written.relative_to(tmp_path)}" in printed
+    # The table once called this shape "ELECTRA-Small joint training step".
+    assert (
+        "1 + 1 layers, hidden 256, seq 32: not ELECTRA-Small's" in printed
+        and "ELECTRA-Small joint" not in printed
+    )
+    assert (RESULTS / "train_throughput.json").read_bytes() == committed
