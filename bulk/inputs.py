@@ -9,7 +9,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -148,6 +148,35 @@ def _own_output(rel: str) -> bool:
     )
 
 
+def holds_job_outputs(directory: str) -> bool:
+    """Whether a directory is another bulk job's --out: its job.json reads as a job's fingerprint (written
+    before the job's first part, so a job killed before any part finished is one too). Its manifest, figures
+    and part files look like input by their suffixes: two jobs whose --out sat side by side inside INPUT
+    scored each other's outputs, and neither could resume, each changing the other's "input"."""
+    try:
+        with open(os.path.join(directory, "job.json"), "rb") as f:
+            have = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(have, dict) and isinstance(have.get("part_bytes"), int) and "bundle_sha256" in have
+
+
+def jobs_note(names: list[str]) -> str:
+    """What a run says of the directories under INPUT it left out as other jobs' outputs."""
+    return (f"{len(names)} director{'y' if len(names) == 1 else 'ies'} under INPUT left out, as each holds a bulk "
+            f"job's outputs (its job.json): {_listed(names)}. To score a file there, move it out of that "
+            "directory")  # fmt: skip
+
+
+@dataclass
+class LeftOut:
+    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`) and other
+    jobs' --out directories (`jobs_note`), relative to the input root, sorted."""
+
+    csvs: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+
+
 def _refuse_foreign(found: list[str], out: Path) -> None:
     if found:
         shown = _listed(found)
@@ -159,17 +188,18 @@ def _refuse_foreign(found: list[str], out: Path) -> None:
 
 
 def shards(
-    spec: str, fmt: str, out: Path | None = None, left_out: list[str] | None = None
+    spec: str, fmt: str, out: Path | None = None, left_out: LeftOut | None = None
 ) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
     could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
     resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
     it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
-    score its outputs when resumed. The CSVs a directory leaves out are added to `left_out` (names relative
-    to the root, sorted), for the run to name them (`csv_note`)."""
+    score its outputs when resumed; nor is anything in another job's --out (`holds_job_outputs`). What a
+    directory or glob leaves out to be named (CSVs, other jobs' outputs) is added to `left_out`."""
     path, unlisted = Path(spec), {}
     real_out = os.path.realpath(out) if out is not None else None
     mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
+    left = LeftOut()
     if path.is_file():
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
@@ -178,16 +208,28 @@ def shards(
     input_in_out = out is not None and mine(_fixed_part(spec))  # all of INPUT is under --out: none of it read
     inside_out = (f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
                   if input_in_out else "")  # fmt: skip
+    root = Path(os.path.abspath(path)) if path.is_dir() else glob_root(spec)
+
+    def another_jobs(d: str, names: list[str]) -> bool:
+        """A directory holding another job's outputs (not this job's own --out, whose files are checked
+        below): left out whole, and named."""
+        if "job.json" not in names or os.path.realpath(d) == real_out or not holds_job_outputs(d):
+            return False
+        left.jobs.append(str(root) if Path(d) == root else _shown(Path(d), root))
+        return True
+
     if path.is_dir():
-        root = Path(os.path.abspath(path))
 
         def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
             unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-        files, foreign, csvs = [], [], []
+        files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
         for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
+            if another_jobs(d, names):
+                subdirs.clear()
+                continue
             subdirs[:] = sorted(x for x in subdirs if not x.startswith("."))
             for n in names:
                 if n.startswith("."):
@@ -202,22 +244,21 @@ def shards(
                         ):
                             foreign.append(_shown(f, root))
                     elif _csv_left_out(f, fmt) and f.is_file() and not mine(f):
-                        csvs.append(_shown(f, root))
+                        left.csvs.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
-        csvs.sort()
+        left.csvs.sort()
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
-            csv = f"; {csv_note(csvs)}" if csvs else ""
+            said = "".join(f"; {note}" for note in left_out_notes(left))
             raise InputError(
-                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{csv}"
+                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
             )
-        if left_out is not None:
-            left_out += csvs
+        _add(left_out, left)
         return root, sorted(files), unlisted
     matches, foreign = [], []
-    found, failed = glob_files(spec)  # on the walk a directory INPUT takes, links and all
+    found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
     for p in found:
         try:
@@ -230,10 +271,25 @@ def shards(
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
     if not matches and not unlisted:
-        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}")
+        said = "".join(f"; {note}" for note in left_out_notes(left))
+        raise InputError(
+            f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
+        )
+    _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
     # would rename every shard of a resumed job (its finished parts scored again, under new names).
-    return glob_root(spec), sorted(matches), unlisted
+    return root, sorted(matches), unlisted
+
+
+def left_out_notes(left: LeftOut) -> list[str]:
+    """The notes a run prints of what INPUT left out (and a refusal for no input adds)."""
+    return ([csv_note(left.csvs)] if left.csvs else []) + ([jobs_note(left.jobs)] if left.jobs else [])
+
+
+def _add(into: LeftOut | None, left: LeftOut) -> None:
+    if into is not None:
+        into.csvs += left.csvs
+        into.jobs += sorted(left.jobs)
 
 
 def _fixed_part(spec: str) -> str:

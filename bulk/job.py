@@ -18,7 +18,7 @@ from app.model.catalog import default_threshold
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part, absolute_spec, csv_note, format_of, id_column, plan, shards
+from bulk.inputs import LeftOut, Part, absolute_spec, format_of, id_column, left_out_notes, plan, shards
 from bulk.progress import Progress
 from options.stopping import GracefulStop
 
@@ -297,8 +297,8 @@ def run(cfg: BulkConfig) -> int:
         windows = TextTokenizer(bundle.tokenizer_path, bundle.manifest.max_length, cfg.window_stride)
         if note := windows.stride_note():
             print(f"bulk: note: {cfg.model}: {note}", file=sys.stderr, flush=True)
-    csvs: list[str] = []
-    root, files, unlisted = shards(cfg.input, cfg.format, cfg.out, csvs)
+    left_out = LeftOut()
+    root, files, unlisted = shards(cfg.input, cfg.format, cfg.out, left_out)
     own_threshold = default_threshold(bundle.manifest) if bundle.manifest.kind == "detector" else None
     try:
         part_bytes, kept, pending = read_fingerprint(
@@ -322,8 +322,8 @@ def run(cfg: BulkConfig) -> int:
         return stopped_by
     prepare(cfg, pending, parts)
     report_failures(failed_shards)
-    if csvs:  # on every run, resumes too: they are left out of each
-        print(f"bulk: note: {csv_note(csvs)}", file=sys.stderr, flush=True)
+    for note in left_out_notes(left_out):  # on every run, resumes too: they are left out of each
+        print(f"bulk: note: {note}", file=sys.stderr, flush=True)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
     asked = "id_field" in options.sources(cfg)
     if not cfg.id_field and not asked and not finished and parts and (named := id_column(parts[0])):

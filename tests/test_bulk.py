@@ -210,6 +210,30 @@ def test_a_job_inside_its_input_resumes_on_its_input_alone_and_refuses_what_it_c
     assert unwritable.returncode == 2 and "cannot write there" in unwritable.stderr, unwritable.stderr
 
 
+def test_two_jobs_with_their_out_side_by_side_inside_input_score_the_input_alone_and_resume(
+    tmp_path, paragraphs
+):
+    """`--out c/out` and then `--out c/out3` over c: the second scored the first's manifest, figures and part
+    files (junk rejects), and each later run took the other's new files as changed input, so neither could
+    resume. Each leaves the other's --out out, says so, and resumes with nothing to score."""
+    corpus = tmp_path / "c"
+    write_jsonl(corpus / "a.jsonl", paragraphs[:4])
+    detector = run_bulk(corpus, corpus / "out", "detector", "--workers", "1")
+    assert detector.returncode == 0, detector.stderr
+    sentiment = run_bulk(corpus, corpus / "out3", "sentiment", "--workers", "1")
+    assert sentiment.returncode == 0, sentiment.stderr
+    assert "1 directory under INPUT left out, as each holds a bulk job's outputs (its job.json): out." in (
+        sentiment.stderr
+    )
+    assert summary(corpus / "out3")["documents"] == 4 and summary(corpus / "out3")["rejected"] == 0
+    again = run_bulk(corpus, corpus / "out", "detector", "--workers", "1")
+    assert again.returncode == 0 and "1 part(s); 1 already finished" in again.stdout, (
+        again.stdout + again.stderr
+    )
+    assert "left out, as each holds a bulk job's outputs (its job.json): out3." in again.stderr
+    assert [r["id"] for r in rows(corpus / "out")] == [f"a.jsonl:{i}" for i in range(1, 5)]
+
+
 def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_the_rest_kept(
     tmp_path, paragraphs
 ):

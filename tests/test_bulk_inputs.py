@@ -18,7 +18,7 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, Reason, id_column, plan, read, shards
+from bulk.inputs import InputError, LeftOut, Reason, id_column, plan, read, shards
 from bulk.outputs import safe
 from options import ConfigError
 from tests.unprivileged import run_python
@@ -480,11 +480,11 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
     (corpus / ".hidden.csv").write_text("text\nnot input\n")
     with gzip.open(corpus / "packed.csv.gz", "wt") as f:
         f.write("text,stars\ngreat,5\n")
-    left: list[str] = []
+    left = LeftOut()
     root, files, unlisted = shards(str(corpus), "auto", left_out=left)
     parts, failed = plan(root, files, "auto", 1 << 20)
     assert [p.name for p in parts] == ["a.jsonl"] and not failed and not unlisted, failed
-    assert left == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
+    assert left.csvs == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"] and not left.jobs
     for spec in (f"{corpus}/**/*.*", str(corpus / "tabs.tsv")):
         root, files, _ = shards(spec, "auto")
         failed = plan(root, files, "auto", 1 << 20)[1]
@@ -567,3 +567,34 @@ def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_ent
     # A glob whose own directories pass through the link reads through it: it is the root there.
     root, files, _ = shards(f"{corpus}/latest/*.jsonl", "auto")
     assert root == corpus / "latest" and files == [corpus / "latest" / "x.jsonl"]
+
+
+def test_another_jobs_out_under_input_is_left_out_whole_and_named_from_a_directory_and_a_glob(tmp_path):
+    """Two jobs whose --out sat side by side inside INPUT scored each other's manifest, figures and part
+    files (hundreds of junk rejects), and each run changed the other's "input". A directory whose job.json
+    is a job's fingerprint is left out with all under it, and named; this job's own --out is as before."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "a document"}])
+    other = corpus / "out3"
+    (other / "job.json").parent.mkdir(parents=True)
+    (other / "job.json").write_text(json.dumps({"bundle_sha256": "ab", "part_bytes": 16384, "model": "x"}))
+    lines(other / "manifest.jsonl", [{"part": "a.jsonl#0"}])
+    (other / "config.json").write_text("{}")
+    (other / "scores").mkdir()
+    pq.write_table(pa.table({"id": ["a.jsonl:1"]}), other / "scores" / "a.jsonl.part-00000.parquet")
+    # A job.json that is no job's fingerprint does not make a directory another job's.
+    lines(corpus / "data" / "b.jsonl", [{"text": "another"}])
+    (corpus / "data" / "job.json").write_text(json.dumps({"name": "a data set's own job.json"}))
+    out = corpus / "out"
+    for spec in (str(corpus), f"{corpus}/**/*.json*", f"{corpus}/**/*"):
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", out, left)
+        assert [f.relative_to(corpus).as_posix() for f in files] == [
+            "a.jsonl",
+            "data/b.jsonl",
+            "data/job.json",
+        ]
+        assert left.jobs == ["out3"] and not unlisted, spec
+    # INPUT that is another job's --out: nothing in it is input, and the refusal says why.
+    with pytest.raises(InputError, match=r"no input files .*holds a bulk job's outputs \(its job.json\)"):
+        shards(str(other), "auto", out)
