@@ -9,7 +9,8 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -48,6 +49,9 @@ class Part:
     end: int  # one past the last byte or row
     first_line: int  # the line (or row) number, from 1, of the part's first document
     size: int  # bytes, for progress and ETA
+    # The shard's [size, modification time in ns] when it was cut: the reader fails a part whose shard is
+    # not that file any more (written, truncated, replaced while the job ran). None: not checked.
+    stat: tuple[int, int] | None = None
 
     @property
     def key(self) -> str:
@@ -397,15 +401,19 @@ def plan(
             if kind == "jsonl" and (hint := _json_array_hint(path)):
                 failed[name] = hint  # by name, as a CSV: not 100% not_json rejects and a finished job
                 continue
+            # Taken before the shard is cut, and compared as each part is read (`_check_unchanged`).
+            st = path.stat()
+            stat = (st.st_size, st.st_mtime_ns)
             cut = _parquet_parts if kind == "parquet" else _line_parts
-            parts.extend(list(cut(path, name, kind, part_bytes)))  # all of a shard's parts, or none
+            # All of a shard's parts, or none.
+            parts.extend([replace(p, stat=stat) for p in cut(path, name, kind, part_bytes, st.st_size)])
         except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
             failed[name] = f"{type(e).__name__}: {e}"
     return parts, failed
 
 
-def _line_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
-    size = path.stat().st_size
+def _line_parts(path: Path, name: str, kind: str, part_bytes: int, size: int) -> Iterator[Part]:
+    """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned)."""
     if size <= part_bytes:
         with path.open("rb"):  # readable at all: an unreadable shard fails here, at planning
             pass
@@ -431,7 +439,7 @@ def _line_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[P
         yield Part(str(path), name, index, kind, start, size, first, size - start)
 
 
-def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
+def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int, _size: int = 0) -> Iterator[Part]:
     """Row ranges of about part_bytes (uncompressed, from the row groups' sizes): small row groups run
     together, and a large one is cut. pyarrow writes up to a million rows as one row group, and a part
     per row group left a whole file to one worker, with nothing kept if it was killed."""
@@ -485,6 +493,7 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
         yield from _parquet_docs(part, text_field, id_field, max_chars)
         return
     with open(part.shard, "rb") as f:
+        _check_unchanged(part, f)
         f.seek(part.start)
         pos, line = part.start, part.first_line
         while pos < part.end:
@@ -498,6 +507,34 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
             doc.size = len(raw)
             yield doc
             line += 1
+        _check_unchanged(part, f)  # after: a shard cut short while read ends early, as at its end
+
+
+class ShardChanged(Exception):
+    """A part's shard is not the file its parts were cut from: the part is not recorded."""
+
+
+def _check_unchanged(part: Part, f) -> None:
+    """Fails the part when the open shard's size or modification time is not what planning saw. A shard
+    truncated or rewritten while the job ran was read to its new end, and its parts recorded with no rows
+    and the planned size and time: documents lost, exit 0, and every resume took them as finished. The open
+    file is checked (not the path): a file replaced after it was opened is read whole as it was planned."""
+    if part.stat is None:
+        return
+    st = os.fstat(f.fileno())
+    if [st.st_size, st.st_mtime_ns] != list(part.stat):  # a list through JSON (Ray), a tuple here
+        then, now = _when(*part.stat), _when(st.st_size, st.st_mtime_ns)
+        raise ShardChanged(
+            f"{part.name} changed after the job cut it into parts ({then} then, {now} when this part was read): "
+            "its documents are not the planned ones, so the part is not recorded. Once the file stays as it "
+            "is, run the same command again (if other parts of it finished before, the run is refused as "
+            "INPUT changed: use another --out)"
+        )
+
+
+def _when(size: int, mtime_ns: int) -> str:
+    stamp = datetime.fromtimestamp(mtime_ns / 1e9, UTC).isoformat(timespec="microseconds")
+    return f"{size:,} bytes, modified {stamp}"
 
 
 def _identity(part: Part, line: int) -> str:
@@ -647,18 +684,21 @@ def _values(table, column: str) -> list:
 def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator[Doc]:
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(part.shard)
-    names = set(pf.schema_arrow.names)
-    columns = [c for c in (text_field, id_field) if c and c in names]
-    line = part.first_line
-    for table in _rows(pf, columns, part.start, part.end):
-        texts = _values(table, text_field) if text_field in names else [_MISSING] * table.num_rows
-        # Not `id_field in names` alone: no --id-field is "", which is also the name pandas gives the index
-        # column of a CSV it wrote (and pyarrow keeps), never read here.
-        ids = _values(table, id_field) if id_field and id_field in names else [None] * table.num_rows
-        for text, value in zip(texts, ids, strict=True):
-            yield _parquet_doc(part, line, text, value, text_field, id_field, max_chars)
-            line += 1
+    with open(part.shard, "rb") as f:  # open here, so that the file checked is the file read
+        _check_unchanged(part, f)
+        pf = pq.ParquetFile(f)
+        names = set(pf.schema_arrow.names)
+        columns = [c for c in (text_field, id_field) if c and c in names]
+        line = part.first_line
+        for table in _rows(pf, columns, part.start, part.end):
+            texts = _values(table, text_field) if text_field in names else [_MISSING] * table.num_rows
+            # Not `id_field in names` alone: no --id-field is "", which is also the name pandas gives the
+            # index column of a CSV it wrote (and pyarrow keeps), never read here.
+            ids = _values(table, id_field) if id_field and id_field in names else [None] * table.num_rows
+            for text, value in zip(texts, ids, strict=True):
+                yield _parquet_doc(part, line, text, value, text_field, id_field, max_chars)
+                line += 1
+        _check_unchanged(part, f)
 
 
 def _rows(pf, columns: list[str], start: int, end: int, batch: int = 4096):

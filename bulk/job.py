@@ -146,16 +146,9 @@ def _finished_parquet(cfg: BulkConfig) -> bool:
 
 
 def shard_stats(parts: list[Part]) -> dict[str, list[int]]:
-    """Each planned shard's size and modification time: what a finished part was read from."""
-    stats = {}
-    for p in parts:
-        if p.name not in stats:
-            try:
-                st = os.stat(p.shard)
-            except OSError:  # gone since planning: its parts fail when read, naming the error
-                continue
-            stats[p.name] = [st.st_size, st.st_mtime_ns]
-    return stats
+    """Each planned shard's size and modification time as it was cut: what a finished part was read from
+    (the reader fails a part whose shard differs from it when read)."""
+    return {p.name: list(p.stat) for p in parts if p.stat is not None}
 
 
 def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> list[str]:

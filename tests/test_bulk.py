@@ -234,6 +234,37 @@ def test_two_jobs_with_their_out_side_by_side_inside_input_score_the_input_alone
     assert [r["id"] for r in rows(corpus / "out")] == [f"a.jsonl:{i}" for i in range(1, 5)]
 
 
+def test_a_shard_truncated_while_the_job_runs_fails_its_parts_and_none_is_recorded_empty(
+    tmp_path, paragraphs
+):
+    """A shard truncated while its parts were scored lost its documents in silence: the parts read after
+    were recorded with rows: 0 and the size and time planning saw, exit 0. They fail now (exit 4), named."""
+    import subprocess
+
+    from app_fixtures import wait_for
+    from bulk_helpers import REPO, bulk_argv, env
+
+    src = write_jsonl(tmp_path / "in" / "big.jsonl", [p for p in paragraphs if 40 <= len(p) <= 400][:200])
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    job = subprocess.Popen(bulk_argv(src, out, "detector", "--workers", "1", "--part-mb", "0.004"), cwd=REPO,
+                           env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or job.poll() is not None,
+             timeout=120, what="a part")  # fmt: skip
+    assert job.poll() is None, "the job finished before the shard could be truncated"
+    with src.open("r+b") as f:
+        f.truncate(0)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 4, err
+    s = summary(out)
+    assert s["parts"]["failed"] >= 1 and s["parts"]["finished"] + s["parts"]["failed"] == s["parts"]["total"]
+    assert all(
+        "big.jsonl changed after the job cut it into parts" in why for why in s["failures"]["parts"].values()
+    )
+    recorded = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert recorded and all(e["rows"] > 0 for e in recorded), recorded  # none recorded as an empty part
+
+
 def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_the_rest_kept(
     tmp_path, paragraphs
 ):

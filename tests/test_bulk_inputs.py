@@ -598,3 +598,29 @@ def test_another_jobs_out_under_input_is_left_out_whole_and_named_from_a_directo
     # INPUT that is another job's --out: nothing in it is input, and the refusal says why.
     with pytest.raises(InputError, match=r"no input files .*holds a bulk job's outputs \(its job.json\)"):
         shards(str(other), "auto", out)
+
+
+def test_a_shard_written_after_it_was_cut_into_parts_fails_its_parts_when_read(tmp_path):
+    """A shard truncated or rewritten while the job ran was read to its new end: parts recorded with no
+    rows, with the size and time planning saw, exit 0. The reader compares the open file with the plan and
+    fails the part instead, naming the shard (JSONL and Parquet; as the plan saw it, it is read whole)."""
+    from bulk.inputs import ShardChanged
+
+    shard = lines(tmp_path / "a.jsonl", [{"text": f"document {i}"} for i in range(40)])
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(40)]}), tmp_path / "t.parquet")
+    parts, failed = plan(*shards(str(tmp_path), "auto")[:2], "auto", 256)
+    assert not failed and len(parts) > 2, parts
+    args = {"text_field": "text", "id_field": "", "max_chars": 1000}
+    assert len([d for p in parts for d in read(p, **args)]) == 80  # as planned: read whole
+    jsonl = [p for p in parts if p.format == "jsonl"]
+    with shard.open("r+b") as f:  # truncated in place, as a writer starting the file again does
+        f.truncate(100)
+    for p in jsonl:
+        with pytest.raises(
+            ShardChanged, match=r"a\.jsonl changed after the job cut it into parts \(.* then, "
+        ):
+            list(read(p, **args))
+    pq.write_table(pa.table({"text": ["rewritten"] * 40}), tmp_path / "t.parquet")
+    (t,) = [p for p in parts if p.format == "parquet"]
+    with pytest.raises(ShardChanged, match=r"t\.parquet changed after the job cut it"):
+        list(read(t, **args))
