@@ -52,6 +52,7 @@ class Part:
     # The shard's [size, modification time in ns] when it was cut: the reader fails a part whose shard is
     # not that file any more (written, truncated, replaced while the job ran). None: not checked.
     stat: tuple[int, int] | None = None
+    part_bytes: int = 0  # the part size its shard was cut with: a resume cuts the shard so again
 
     @property
     def key(self) -> str:
@@ -61,12 +62,13 @@ class Part:
         """What the manifest and the summary name a part by, with its extent: a manifest line counts for
         the planned part of its number only where the two cover the same bytes or rows (`same_extent`)."""
         return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index,
-                "start": self.start, "end": self.end, "size": self.size}  # fmt: skip
+                "start": self.start, "end": self.end, "size": self.size, "part_bytes": self.part_bytes}  # fmt: skip
 
     def same_extent(self, entry: dict) -> bool:
         """Whether a manifest line of this part's number covers what this part covers. A line written
-        before lines kept their extent counts by number, as it did: job.json keeps the part size, and the
-        shard's size and time are checked (job.check_unchanged), so the plan cuts the shard as then."""
+        before lines kept their extent counts by number, as it did: its shard is cut with job.json's part
+        size (fingerprint.recorded_cuts), and the shard's size and time are checked (job.check_unchanged),
+        so the plan cuts the shard as then."""
         if "start" not in entry:
             return True
         return (entry.get("start"), entry.get("end")) == (self.start, self.end)
@@ -330,6 +332,9 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
+shard_name = _shown  # a shard's name: what its parts, rows and output files are named by
+
+
 def format_of(path: Path, fmt: str) -> str:
     return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
@@ -364,13 +369,19 @@ def _json_array_hint(path: Path) -> str | None:
 
 
 def plan(
-    root: Path, files: list[Path], fmt: str, part_bytes: int, id_field: str = ""
+    root: Path,
+    files: list[Path],
+    fmt: str,
+    part_bytes: int,
+    id_field: str = "",
+    cuts: dict[str, int] | None = None,
 ) -> tuple[list[Part], dict[str, str]]:
-    """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone."""
+    """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone. A shard
+    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had)."""
     parts: list[Part] = []
     failed: dict[str, str] = {}
     for path in files:
-        name = _shown(path, root)
+        name = shard_name(path, root)
         try:
             name.encode("utf-8")
         except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
@@ -404,9 +415,14 @@ def plan(
             # Taken before the shard is cut, and compared as each part is read (`_check_unchanged`).
             st = path.stat()
             stat = (st.st_size, st.st_mtime_ns)
-            cut = _parquet_parts if kind == "parquet" else _line_parts
+            cut, size = (
+                _parquet_parts if kind == "parquet" else _line_parts,
+                (cuts or {}).get(name, part_bytes),
+            )
             # All of a shard's parts, or none.
-            parts.extend([replace(p, stat=stat) for p in cut(path, name, kind, part_bytes, st.st_size)])
+            parts.extend(
+                [replace(p, stat=stat, part_bytes=size) for p in cut(path, name, kind, size, st.st_size)]
+            )
         except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
             failed[name] = f"{type(e).__name__}: {e}"
     return parts, failed

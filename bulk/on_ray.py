@@ -72,6 +72,13 @@ def connect(address: str, cpus: int) -> None:
             raise JoinError(_join_failed(address, e)) from None
 
 
+def cluster_cpus() -> int:
+    """The CPUs of the cluster joined, all its nodes' (a head started with --num-cpus 0 counts none)."""
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", 0))
+
+
 def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
     """For a job on an instance of its own (--ray without an address), whose GCS and raylet share the
     job's process group: a SIGTERM sent to the whole group (systemd's default) ends them with the job, and

@@ -265,6 +265,56 @@ def test_a_shard_truncated_while_the_job_runs_fails_its_parts_and_none_is_record
     assert recorded and all(e["rows"] > 0 for e in recorded), recorded  # none recorded as an empty part
 
 
+def test_a_large_shard_added_to_a_job_begun_on_a_small_input_is_cut_for_its_own_size(tmp_path, paragraphs):
+    """The part size was fixed at the first run's: a job begun on a few kB (16 kB parts) cut a shard added
+    later into thousands of them. A shard no manifest line names is cut as a new job of the shards still
+    to score would cut it; a shard with lines is cut as they were, so a resume finds them all finished.
+    (Its documents are longer than --max-document-chars: rejected unread by the model, for speed.)"""
+    src = tmp_path / "in"
+    write_jsonl(src / "small.jsonl", [p[:40] for p in paragraphs[:5]])
+    out = tmp_path / "out"
+    flags = ("--workers", "1", "--max-document-chars", "60")
+    first = run_bulk(src, out, "detector", *flags)
+    assert first.returncode == 0 and "1 shard(s), 1 part(s)" in first.stdout, first.stdout + first.stderr
+    assert json.loads((out / "job.json").read_text())["part_bytes"] == 16 << 10
+    long = [p for p in paragraphs if len(p) > 200]
+    long *= 800_000 // sum(len(p) + 12 for p in long) + 1
+    big = write_jsonl(src / "big.jsonl", long)
+    assert big.stat().st_size > 800_000  # 49 parts or more at the first run's 16 kB
+    added = run_bulk(src, out, "detector", *flags)
+    assert added.returncode == 3, added.stderr  # all rejected too_long
+    # A new job of big.jsonl alone, on one worker: four parts (cut at the line end after each quarter).
+    assert "2 shard(s), 5 part(s); 1 already finished" in added.stdout, added.stdout
+    assert summary(out)["rejects_by_reason"] == {"too_long": len(long)}
+    again = run_bulk(src, out, "detector", *flags)
+    assert again.returncode == 3 and "2 shard(s), 5 part(s); 5 already finished" in again.stdout, again.stdout
+
+
+def test_a_job_that_finished_no_part_takes_the_converted_input_as_a_new_job(tmp_path, paragraphs):
+    """`python -m bulk a.jsonl.gz` fails the shard by name (decompress it first); the command the hint
+    leads to, `python -m bulk a.jsonl` on the same --out, was then refused as a job with other settings,
+    though nothing of the first was there to mix with. A job.json whose job finished no part is a new one's."""
+    import gzip
+
+    src = tmp_path / "c7"
+    write_jsonl(src / "a.jsonl", paragraphs[:3])
+    (src / "a.jsonl.gz").write_bytes(gzip.compress((src / "a.jsonl").read_bytes()))
+    (src / "a.jsonl").unlink()
+    out = tmp_path / "o"
+    packed = run_bulk(src / "a.jsonl.gz", out, "detector", "--workers", "1")
+    assert packed.returncode == 4 and "decompress it first" in packed.stderr, packed.stderr
+    (src / "a.jsonl").write_bytes(gzip.decompress((src / "a.jsonl.gz").read_bytes()))  # gunzip -k
+    plain = run_bulk(src / "a.jsonl", out, "detector", "--workers", "1")
+    assert plain.returncode == 0, plain.stderr
+    assert "holds the job.json of a job with other settings (input: " in plain.stderr
+    assert "that finished no part: starting a new job there with these" in plain.stderr
+    assert json.loads((out / "job.json").read_text())["input"] == str(src / "a.jsonl")
+    assert summary(out)["documents"] == 3
+    # Once a part has finished, other settings are refused as before.
+    other = run_bulk(src / "a.jsonl", out, "detector", "--workers", "1", "--tokens")
+    assert other.returncode == 2 and "holds the outputs of a job with other settings" in other.stderr
+
+
 def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_the_rest_kept(
     tmp_path, paragraphs
 ):
@@ -539,9 +589,12 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
         assert "finished part(s) but there is no job.json" in lost.stderr, lost.stderr
         assert _tree(out) == before  # refused before any write
 
-    # job.json back, with another part size (as if INPUT had been cut otherwise): a line naming a part by
-    # its number alone no longer counts for the planned part of that number.
+    # job.json back, with another part size, and lines that do not say theirs (as an earlier version wrote
+    # them): INPUT is cut otherwise, and a line naming a part by its number alone no longer counts for the
+    # planned part of that number.
     (out / "job.json").write_text(json.dumps(job | {"part_bytes": job["part_bytes"] * 2}))
+    kept = [{k: v for k, v in json.loads(line).items() if k != "part_bytes"} for line in lines[::2]]
+    (out / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
     again = run_bulk(src, out, "detector", "--workers", "1")
     assert again.returncode == 0, again.stderr
     got = rows(out)
@@ -551,7 +604,7 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
     # A manifest written before lines kept their extent resumes by part number, as it did (job.json keeps
     # the part size, and the shards' sizes and times are checked).
     manifest = out / "manifest.jsonl"
-    old = [{k: v for k, v in json.loads(line).items() if k not in ("start", "end", "size")}
+    old = [{k: v for k, v in json.loads(line).items() if k not in ("start", "end", "size", "part_bytes")}
            for line in manifest.read_text().splitlines()]  # fmt: skip
     manifest.write_text("".join(json.dumps(e) + "\n" for e in old))
     resumed = run_bulk(src, out, "detector", "--workers", "1")

@@ -293,7 +293,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     another directory, must continue the job `corpus` started rather than be refused as other settings;
     so must a job.json written before INPUT was kept absolute, resumed from where it started. A glob stays
     a glob, with its trailing separator; `..` stays (past a link, the kernel's parent is another)."""
-    from bulk.job import check_fingerprint
+    from bulk.fingerprint import check_fingerprint
 
     (tmp_path / "corpus").mkdir()
     (tmp_path / "elsewhere").mkdir()
