@@ -25,7 +25,8 @@ from app.model.scoring import Classify, Detect, run_rows
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Doc, Part, Reason, read
+from bulk.inputs import Part
+from bulk.reading import Doc, Reason, read
 
 log = logging.getLogger("bulk")
 # The detail of an empty_text reject found only by the model's tokenizer (the server's 422 alike).

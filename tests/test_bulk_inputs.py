@@ -18,8 +18,9 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, LeftOut, Reason, id_column, plan, read, shards
+from bulk.inputs import InputError, LeftOut, id_column, plan, shards
 from bulk.outputs import safe
+from bulk.reading import Reason, read
 from options import ConfigError
 from tests.unprivileged import run_python
 
@@ -604,7 +605,7 @@ def test_a_shard_written_after_it_was_cut_into_parts_fails_its_parts_when_read(t
     """A shard truncated or rewritten while the job ran was read to its new end: parts recorded with no
     rows, with the size and time planning saw, exit 0. The reader compares the open file with the plan and
     fails the part instead, naming the shard (JSONL and Parquet; as the plan saw it, it is read whole)."""
-    from bulk.inputs import ShardChanged
+    from bulk.reading import ShardChanged
 
     shard = lines(tmp_path / "a.jsonl", [{"text": f"document {i}"} for i in range(40)])
     pq.write_table(pa.table({"text": [f"row {i}" for i in range(40)]}), tmp_path / "t.parquet")
