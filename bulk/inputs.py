@@ -12,6 +12,15 @@ from pathlib import Path
 
 import msgspec
 
+from bulk.conversions import (
+    COMPRESSED,
+    CSV,
+    compressed_hint,
+    csv_hint,
+    encoding_hint,
+    json_array_hint,
+    type_suffix,
+)
 from bulk.reading import BOM
 from bulk.walk import glob_files, walk
 from bulk.walk import magic as _magic
@@ -68,31 +77,15 @@ class InputError(ValueError):
     """INPUT names nothing that can be read; the message says what was looked for."""
 
 
-# A compressed shard is read as what it holds by no reader here: it fails, saying so, and is never skipped.
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
-
-
-def _type_suffix(path: Path) -> str:
-    """The suffix that says what a file holds, in lower case: `.jsonl` of `a.jsonl` and of `a.jsonl.gz`."""
-    last = path.suffix.lower()
-    return Path(path.stem).suffix.lower() if last in COMPRESSED else last
-
-
-# Not read (a quoted field may span lines). Named outright or matched by a glob, one fails by name with the
-# conversion to Parquet (`plan`). Under a directory it is left out with a note naming it (`shards`): it may be
-# a sidecar (metadata.csv beside the shards), and failing it failed every run of the job, resumes too.
-CSV = (".csv", ".tsv")
-
-
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
     (in any case; a compressed one too, so that it fails by name rather than vanishing; not a CSV)."""
-    return fmt != "auto" or _type_suffix(path) in SUFFIXES
+    return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
 def _csv_left_out(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is a CSV it leaves out, to be named in a note."""
-    return fmt == "auto" and _type_suffix(path) in CSV
+    return fmt == "auto" and type_suffix(path) in CSV
 
 
 def _listed(names: list[str], most: int = 5) -> str:
@@ -311,35 +304,6 @@ def format_of(path: Path, fmt: str) -> str:
     return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
 
-# A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
-# Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
-def _csv_hint(path: Path) -> str:
-    tab = ", parse_options=c.ParseOptions(delimiter='\\t')" if _type_suffix(path) == ".tsv" else ""
-    parquet = str(path.parent / (path.name.split(".")[0] + ".parquet"))
-    return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
-            'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
-            f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
-
-
-def _json_array_hint(path: Path) -> str | None:
-    """Why a .json/.jsonl shard cannot be read, when it is one JSON array (json.dump(docs, f, indent=2))
-    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not."""
-    if _type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
-        return None
-    with path.open("rb") as f:  # its first character that is not white space (past a byte-order mark)
-        head = f.read(len(BOM)).removeprefix(BOM)
-        while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
-            pass
-    if not first.startswith(b"["):
-        return None
-    lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))
-    if lines == str(path):
-        lines = str(path.parent / (path.name.split(".")[0] + ".lines.jsonl"))
-    return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
-            'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
-            f"{str(path)!r})); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) for d in docs)\"")  # fmt: skip
-
-
 def plan(
     root: Path,
     files: list[Path],
@@ -360,13 +324,11 @@ def plan(
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
-        if fmt == "auto" and _type_suffix(path) in CSV:
-            failed[name] = _csv_hint(path)
+        if fmt == "auto" and type_suffix(path) in CSV:
+            failed[name] = csv_hint(path)
             continue
         if path.suffix.lower() in COMPRESSED:
-            failed[name] = (
-                f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
-            )
+            failed[name] = compressed_hint(path)
             continue
         suffix = path.suffix.lower()
         if fmt == "auto" and suffix and not suffix[1:].isdigit() and suffix not in SUFFIXES:
@@ -381,8 +343,12 @@ def plan(
             failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
             continue
         try:
-            if kind == "jsonl" and (hint := _json_array_hint(path)):
-                failed[name] = hint  # by name, as a CSV: not 100% not_json rejects and a finished job
+            # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
+            if kind in ("jsonl", "text") and (hint := encoding_hint(path)):
+                failed[name] = hint
+                continue
+            if kind == "jsonl" and (hint := json_array_hint(path)):
+                failed[name] = hint
                 continue
             # Taken before the shard is cut, and compared as each part is read (`_check_unchanged`).
             st = path.stat()

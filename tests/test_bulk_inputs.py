@@ -625,3 +625,45 @@ def test_a_shard_written_after_it_was_cut_into_parts_fails_its_parts_when_read(t
     (t,) = [p for p in parts if p.format == "parquet"]
     with pytest.raises(ShardChanged, match=r"t\.parquet changed after the job cut it"):
         list(read(t, **args))
+
+
+def test_a_utf16_or_utf32_file_fails_by_name_with_its_conversion_which_then_reads(tmp_path, registry_data):
+    """Saved as UTF-16 (Windows' "Unicode") or UTF-32, a JSONL file was 100% not_json rejects and a .txt file
+    text full of NULs, scored. Either fails by name, naming its byte-order mark and the iconv command that
+    converts it in place; that command run, the shard reads as UTF-8 would."""
+    import shutil
+    import subprocess
+
+    from bulk_helpers import wiki
+
+    texts = [p for p in wiki(registry_data)[0] if not p.isascii()][:3]
+    assert len(texts) == 3
+    jsonl = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "le.jsonl").write_bytes(b"\xff\xfe" + jsonl.encode("utf-16-le"))
+    (corpus / "be.jsonl").write_bytes(b"\xfe\xff" + jsonl.encode("utf-16-be"))
+    (corpus / "wide.txt").write_bytes(
+        b"\xff\xfe\x00\x00" + "\n".join(texts).encode("utf-32-le") + b"\n\0\0\0"
+    )
+    (corpus / "ok.jsonl").write_bytes(b"\xef\xbb\xbf" + jsonl.encode())  # UTF-8's own mark is read past
+    root, files, _ = shards(str(corpus), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert [p.name for p in parts] == ["ok.jsonl"]
+    assert sorted(failed) == ["be.jsonl", "le.jsonl", "wide.txt"]
+    assert (
+        "it is UTF-16 (it starts with the byte-order mark FF FE), and bulk reads UTF-8" in failed["le.jsonl"]
+    )
+    assert "byte-order mark FE FF" in failed["be.jsonl"] and "iconv -f UTF-16 -t UTF-8" in failed["be.jsonl"]
+    assert "it is UTF-32 (it starts with the byte-order mark FF FE 00 00)" in failed["wide.txt"]
+    if shutil.which("iconv") is None:
+        pytest.skip("no iconv here to run the conversion named")
+    for why in failed.values():
+        subprocess.run(why.split("run the job again: ", 1)[1], shell=True, check=True, cwd=tmp_path)
+    parts, failed = plan(*shards(str(corpus), "auto")[:2], "auto", 1 << 20)
+    assert not failed and len(parts) == 4, failed
+    args = {"text_field": "text", "id_field": "", "max_chars": 10_000}
+    assert {p.name: [d.text for d in read(p, **args)] for p in parts} == {
+        name: texts for name in ("be.jsonl", "le.jsonl", "ok.jsonl", "wide.txt")
+    }
+
