@@ -51,14 +51,22 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
     if part.format == "parquet":
         yield from _parquet_docs(part, text_field, id_field, max_chars)
         return
+    limit = line_limit(max_chars)
     with open(part.shard, "rb") as f:
         _check_unchanged(part, f)
         f.seek(part.start)
         pos, line = part.start, part.first_line
         while pos < part.end:
-            raw = f.readline()
+            raw = f.readline(limit)  # bounded: a 200 MB line was read whole (1 GB resident) to be rejected
             if not raw:
                 break
+            if len(raw) == limit and not raw.endswith(b"\n"):
+                n = limit + _skip_rest_of_line(f)
+                yield Doc(line, _identity(part, line), None, Reason.TOO_LONG,
+                          f"a line of {n:,} bytes, past the {limit:,} a document of --max-document-chars "
+                          f"{max_chars:,} may take; not read", size=n)  # fmt: skip
+                pos, line = pos + n, line + 1
+                continue
             # A byte-order mark belongs to the file, not to its first document's text.
             text = raw[len(BOM) :] if pos == 0 and raw.startswith(BOM) else raw
             pos += len(raw)
@@ -67,6 +75,28 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
             yield doc
             line += 1
         _check_unchanged(part, f)  # after: a shard cut short while read ends early, as at its end
+
+
+# The bytes a line may take and still hold a text of --max-document-chars characters: 12 per character
+# (a JSON escape of a character past U+FFFF, \ud83d\ude00, takes 12 bytes; UTF-8 at most 4), and room for
+# the other fields. A longer line is rejected too_long unread, in the same bounded memory as any other.
+BYTES_PER_CHAR = 12
+OTHER_FIELDS = 1 << 20
+
+
+def line_limit(max_chars: int) -> int:
+    return BYTES_PER_CHAR * max_chars + OTHER_FIELDS
+
+
+def _skip_rest_of_line(f, block: int = 1 << 20) -> int:
+    """Read past the rest of the current line, its line end included, a block at a time; how many bytes."""
+    skipped = 0
+    while chunk := f.read(block):
+        if (nl := chunk.find(b"\n")) >= 0:
+            f.seek(nl + 1 - len(chunk), os.SEEK_CUR)  # back to just after the line end
+            return skipped + nl + 1
+        skipped += len(chunk)
+    return skipped  # the file's last line, without a line end
 
 
 class ShardChanged(Exception):

@@ -667,3 +667,30 @@ def test_a_utf16_or_utf32_file_fails_by_name_with_its_conversion_which_then_read
         name: texts for name in ("be.jsonl", "le.jsonl", "ok.jsonl", "wide.txt")
     }
 
+
+def test_a_huge_line_is_rejected_too_long_without_being_read_whole(tmp_path, registry_data):
+    """A 200 MB line was read whole (about 1 GB resident) only to be rejected too_long. A line is read up to
+    the bytes a document of --max-document-chars may take, then skipped to its end: rejected too_long in the
+    memory of any other, and the lines after it read from where they start, numbered as they are."""
+    import tracemalloc
+
+    from bulk_helpers import wiki
+
+    first, second = wiki(registry_data)[0][:2]
+    huge = json.dumps({"text": " ".join([first] * (16_000_000 // len(first)))})
+    path = tmp_path / "a.jsonl"
+    path.write_text(f"{json.dumps({'text': first})}\n{huge}\n{json.dumps({'text': second})}\n{huge}")
+    root, files, _ = shards(str(path), "auto")
+    (part,) = plan(root, files, "auto", 1 << 30)[0]
+    tracemalloc.start()
+    try:
+        docs = list(read(part, "text", "", max_chars=1000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, f"{peak:,} bytes at the peak, for lines of {len(huge):,}"
+    assert [(d.line, d.text, d.reason) for d in docs] == [
+        (1, first, None), (2, None, Reason.TOO_LONG), (3, second, None), (4, None, Reason.TOO_LONG)
+    ]  # fmt: skip
+    assert docs[1].detail.startswith(f"a line of {len(huge) + 1:,} bytes, past the 1,060,576 a document of")
+    assert docs[3].size == len(huge) and sum(d.size for d in docs) == path.stat().st_size
