@@ -288,13 +288,19 @@ def run(cfg: BulkConfig) -> int:
             print(f"bulk: {reason}: no more parts start. The finished parts are kept: free some space and run "
                   "the same command again to score the rest", file=sys.stderr, flush=True)  # fmt: skip
 
+    def fail(key: str, reason: str) -> None:
+        """A part failed: named on stderr as it comes (a worker's own log is not the job's: Ray keeps its
+        actors' in their log files), and in summary.json."""
+        failed_parts[key] = reason
+        print(f"bulk: part {key} failed: {reason}", file=sys.stderr, flush=True)
+
     def on_result(result: dict) -> bool:
         """Record one part, finished or failed; True once no more parts should start."""
         key = result["part"]
         if "error" in result and key in finished:  # Ray ran it twice, and the other run finished it
             return bool(stopped)
         if "error" in result:
-            failed_parts[key] = result["error"]
+            fail(key, result["error"])
             if result.get("disk_full"):  # every part after it would fail the same way, after its scoring
                 stop(outputs.disk_full(cfg.out))
         elif key in finished:  # a part Ray ran twice is recorded once: the other run's files stand
@@ -309,7 +315,7 @@ def run(cfg: BulkConfig) -> int:
             except OSError as e:
                 outputs.discard(cfg.out, result)
                 outputs.unpublish(cfg.out, result)  # one renamed before the other failed
-                failed_parts[key] = f"its files could not be put in place: {e}"
+                fail(key, f"its files could not be put in place: {e}")
                 return bool(stopped)
             try:
                 manifest.append(entry)
@@ -317,7 +323,7 @@ def run(cfg: BulkConfig) -> int:
                 if not outputs.out_of_space(e):
                     raise
                 outputs.unpublish(cfg.out, result)
-                failed_parts[key] = f"its manifest line could not be written: {e}"
+                fail(key, f"its manifest line could not be written: {e}")
                 stop(outputs.disk_full(cfg.out))
                 return True
             finished[key] = entry

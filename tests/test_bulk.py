@@ -315,6 +315,27 @@ def test_a_job_that_finished_no_part_takes_the_converted_input_as_a_new_job(tmp_
     assert other.returncode == 2 and "holds the outputs of a job with other settings" in other.stderr
 
 
+def test_a_part_that_fails_while_it_runs_is_named_on_stderr(tmp_path, paragraphs):
+    """A part that failed in a worker (here a Parquet page that does not decompress: the footer reads, so
+    planning passes) was named only in summary.json, and on stderr by a raw worker log line, or not at all
+    on Ray. The driver names it and why as it comes."""
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", paragraphs[:2])
+    pq.write_table(pa.table({"text": paragraphs[2:40]}), src / "t.parquet", compression="snappy")
+    column = pq.ParquetFile(src / "t.parquet").metadata.row_group(0).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray((src / "t.parquet").read_bytes())
+    data[start + 30 : start + column.total_compressed_size - 10] = b"\xab" * (
+        column.total_compressed_size - 40
+    )
+    (src / "t.parquet").write_bytes(bytes(data))
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
+    assert done.returncode == 4, done.stderr
+    (why,) = summary(tmp_path / "out")["failures"]["parts"].values()
+    assert f"bulk: part t.parquet#0 failed: {why}\n" in done.stderr and "Corrupt snappy" in why, done.stderr
+    assert summary(tmp_path / "out")["documents"] == 2
+
+
 def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_the_rest_kept(
     tmp_path, paragraphs
 ):
