@@ -15,7 +15,7 @@ from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
 from app.model.catalog import default_threshold
 from app.model.tokenization import TextTokenizer
-from bulk import outputs
+from bulk import outputs, own_ray
 from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
 from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, plan, shard_name, shards
@@ -72,13 +72,19 @@ def _stale_in(parts: list[Part]):
     )
 
 
-def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part]) -> None:
+def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_session: str | None = None) -> None:
     """Once every check passed (a refused run changes nothing in --out): job.json written where it asks,
     config.json written, and what this run replaces or must not read removed (the files of manifest lines
-    that no longer count for a part of `parts`: `stale_lines`). An --out that cannot be written stops the
-    job here, before any part is scored, with what to do."""
+    that no longer count for a part of `parts`: `stale_lines`), and what a killed run's own Ray instance
+    left running ended (`ray_session`: this run's own instance's, recorded for the next). An --out that
+    cannot be written stops the job here, before any part is scored, with what to do."""
     try:
         outputs.hold(cfg.out)  # before anything there is written or removed
+        # Held: the run that recorded the instance is over, and what of it still runs is left behind.
+        if (left := own_ray.end_recorded(cfg.out)) and left[1]:
+            print(f"bulk: ended {left[1]} process(es) that the Ray instance of a run of this job killed before "
+                  f"left running ({left[0]})", file=sys.stderr, flush=True)  # fmt: skip
+        own_ray.record(cfg.out, ray_session)
         write_fingerprint(cfg, pending)
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
         # An earlier run's figures, which stop matching the manifest as soon as a part is recorded: a run
@@ -256,7 +262,12 @@ def run(cfg: BulkConfig) -> int:
             run_cfg = options.replace(cfg, workers=workers())
         except _Stopped as e:
             return e.status
-    prepare(cfg, pending, parts)
+    own_instance = None
+    if todo and cfg.ray == "local":
+        from bulk import on_ray
+
+        own_instance = on_ray.own_session()
+    prepare(cfg, pending, parts, own_instance)
     report_failures(failed_shards)
     for note in left_out_notes(left_out):  # on every run, resumes too: they are left out of each
         print(f"bulk: note: {note}", file=sys.stderr, flush=True)

@@ -672,3 +672,65 @@ def test_a_sidecar_csv_beside_a_directorys_shards_is_named_and_left_out_on_every
     assert summary(tmp_path / "out")["documents"] == 3
     assert summary(tmp_path / "out")["failures"] == {"shards": {}, "parts": {}}
     assert not (corpus / "metadata.parquet").exists()
+
+
+def test_what_a_killed_jobs_own_ray_instance_left_is_ended_by_its_session_and_nothing_else(
+    tmp_path, paragraphs
+):
+    """docs/bulk.md said `ray stop` ends what a kill -9'd `--ray` job leaves (Ray's agents): that ends every
+    Ray cluster of the user on the machine. The job records its instance's session in --out; the next run
+    there, or `python -m bulk.own_ray DIR`, ends the Ray processes holding files open in that session alone.
+    Stand-ins, titled as Ray titles its agents: one of the session (ended), one of another session and a
+    reader of the session's log that is no Ray process (both kept)."""
+    import subprocess
+    import sys
+
+    from app_fixtures import wait_for
+    from bulk_helpers import REPO, env
+
+    session, other = tmp_path / "ray" / "session_1_2", tmp_path / "ray" / "session_3_4"
+    for d in (session, other):
+        (d / "logs").mkdir(parents=True)
+
+    def stand_in(title: str, log: Path) -> subprocess.Popen:
+        """A process titled `title` with `log` open (its stdout), once bash has exec'd it."""
+        sleep = subprocess.Popen(["bash", "-c", f"exec -a {title} {sys.executable} -c 'import time; "
+                                  f"time.sleep(120)' >> {log}"])  # fmt: skip
+        cmdline = Path(f"/proc/{sleep.pid}/cmdline")
+        wait_for(lambda: cmdline.read_bytes().startswith(title.encode()), what=f"{title} to start")
+        return sleep
+
+    def own_ray(out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "bulk.own_ray", str(out)], cwd=REPO, env=env(),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:2])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".ray-session").write_text(f"{session}\n")
+    procs = []
+    try:
+        for by in ("bulk.own_ray", "the next run"):
+            left = stand_in("ray::DashboardAgent", session / "logs" / "dashboard_agent.log")
+            kept = [
+                stand_in("ray::IDLE", other / "logs" / "worker.out"),
+                stand_in("tail", session / "logs" / "x"),
+            ]
+            procs += [left, *kept]
+            if by == "the next run":
+                done = run_bulk(src, out, "detector", "--workers", "1")
+                assert done.returncode == 0, done.stderr
+                assert (f"bulk: ended 1 process(es) that the Ray instance of a run of this job killed before left "
+                        f"running ({session})") in done.stderr, done.stderr  # fmt: skip
+                assert not (out / ".ray-session").exists()  # this run started no instance of its own
+            else:
+                ended = own_ray(out)
+                assert ended.returncode == 0 and "ended 1 process(es)" in ended.stdout, ended
+            assert left.wait(timeout=30) == -9, by
+            assert all(p.poll() is None for p in kept), by
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    refused = own_ray(out)
+    assert refused.returncode == 2 and "records no Ray instance of a job's own" in refused.stderr

@@ -126,9 +126,12 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     # scores/ holds only what the manifest records, nothing a reader would take for the job's rows.
     recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
     assert {f"scores/{p.name}" for p in (out / "scores").iterdir() if not p.name.startswith(".")} == recorded
+    # The instance's session, for the next run to end what a kill -9 of this one would have left running.
+    assert (out / ".ray-session").read_text().startswith(f"{ray_env['RAY_TMPDIR']}/ray/session_")
     done = run_bulk(corpus, out, "detector", "--workers", "2")  # a job moves between Ray and local freely
     assert done.returncode == 0, done.stderr
     assert rows(out) == local_rows
+    assert not (out / ".ray-session").exists()  # that run started no instance
 
 
 def test_sigterm_to_the_whole_group_ends_a_job_and_its_own_instance_at_once(
