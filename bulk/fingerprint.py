@@ -37,7 +37,7 @@ def recorded_cuts(entries: list[dict], job_bytes: int | None) -> dict[str, int]:
     cuts: dict[str, int] = {}
     for e in entries:
         size = e.get("part_bytes", job_bytes)
-        if isinstance(e.get("name"), str) and isinstance(size, int):
+        if isinstance(e.get("name"), str) and isinstance(size, int) and size > 0:
             cuts[e["name"]] = size
     return cuts
 
