@@ -47,7 +47,11 @@ class BulkConfig:
     )
     threshold: float | None = option(None, "detectors: span threshold (default: the bundle's own)")
     tokens: bool = option(False, "detectors: add every token's probability and character offsets")
-    workers: int = option(0, "worker processes (or Ray actors), each with one session; 0: cores / --threads")
+    workers: int = option(
+        0,
+        "worker processes (or Ray actors), each with one session; 0: cores here / --threads (on a Ray cluster "
+        "joined, its CPUs / --threads)",
+    )
     # ONNX Runtime does not see a container's CPU limit and would start a thread per host core.
     threads: int = option(1, "ONNX Runtime threads per worker")
     # The server's --batch-token-budget: rows * longest row (padding counted) per run.
@@ -96,7 +100,8 @@ class BulkConfig:
 
     def worker_count(self) -> int:
         """--workers, or the cores this process may use (its CPU set under a container's CPU quota, as the
-        server counts them) shared out at --threads each."""
+        server counts them) shared out at --threads each. A cluster joined is sized by its CPUs instead
+        (job.Workers)."""
         return self.workers or max(1, available_cores() // self.threads)
 
     def spans_threshold(self, manifest) -> float:

@@ -1,41 +1,33 @@
-"""Input shards -> parts -> documents. A shard is one input file; a shard larger than --part-mb is cut
-into parts (line-aligned byte ranges of a JSONL or text file, row ranges of a Parquet file), so
-that a killed job loses at most one part's work per worker. A part reads its documents one at a time,
-each with its identity (shard, line) and either its text or the reason it is rejected."""
+"""Input shards -> parts. A shard is one input file; a shard larger than --part-mb is cut into parts
+(line-aligned byte ranges of a JSONL or text file, row ranges of a Parquet file), so that a killed job
+loses at most one part's work per worker. A part's documents are read by bulk/reading.py."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import msgspec
 
-from app.model.tokenization import is_blank
+from bulk.conversions import (
+    COMPRESSED,
+    CSV,
+    compressed_hint,
+    csv_hint,
+    encoding_hint,
+    json_array_hint,
+    type_suffix,
+)
+from bulk.reading import BOM
 from bulk.walk import glob_files, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
-BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first in a file
-LONE = "lone surrogate (escaped in the JSON, as \\ud800: no UTF-8 text holds one)"
-
-
-class Reason:
-    """Why a document is rejected: the names the rejects file and the summary use."""
-
-    NOT_JSON = "not_json"  # a line that is not a JSON object
-    MISSING_TEXT = "missing_text"  # no --text-field in the object
-    TEXT_NOT_STRING = "text_not_string"  # the field is a number, a list, null...
-    # empty, nothing but white space and control or zero-width characters, or nothing the tokenizer keeps
-    EMPTY_TEXT = "empty_text"
-    NOT_UTF8 = "not_utf8"  # bytes that are not UTF-8 (or a lone surrogate escaped in JSON)
-    TOO_LONG = "too_long"  # over --max-document-chars
-    MISSING_ID = "missing_id"  # --id-field given, and this row has no usable id
 
 
 @dataclass(frozen=True)
@@ -48,6 +40,10 @@ class Part:
     end: int  # one past the last byte or row
     first_line: int  # the line (or row) number, from 1, of the part's first document
     size: int  # bytes, for progress and ETA
+    # The shard's [size, modification time in ns] when it was cut: the reader fails a part whose shard is
+    # not that file any more (written, truncated, replaced while the job ran). None: not checked.
+    stat: tuple[int, int] | None = None
+    part_bytes: int = 0  # the part size its shard was cut with: a resume cuts the shard so again
 
     @property
     def key(self) -> str:
@@ -57,12 +53,13 @@ class Part:
         """What the manifest and the summary name a part by, with its extent: a manifest line counts for
         the planned part of its number only where the two cover the same bytes or rows (`same_extent`)."""
         return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index,
-                "start": self.start, "end": self.end, "size": self.size}  # fmt: skip
+                "start": self.start, "end": self.end, "size": self.size, "part_bytes": self.part_bytes}  # fmt: skip
 
     def same_extent(self, entry: dict) -> bool:
         """Whether a manifest line of this part's number covers what this part covers. A line written
-        before lines kept their extent counts by number, as it did: job.json keeps the part size, and the
-        shard's size and time are checked (job.check_unchanged), so the plan cuts the shard as then."""
+        before lines kept their extent counts by number, as it did: its shard is cut with job.json's part
+        size (fingerprint.recorded_cuts), and the shard's size and time are checked (job.check_unchanged),
+        so the plan cuts the shard as then."""
         if "start" not in entry:
             return True
         return (entry.get("start"), entry.get("end")) == (self.start, self.end)
@@ -76,45 +73,19 @@ class Part:
         return self.failure(f"the worker could not load the model: {type(e).__name__}: {e}")
 
 
-@dataclass(slots=True)
-class Doc:
-    line: int
-    id: str
-    text: str | None  # None: rejected, or a blank line (no reason)
-    reason: str | None = None
-    detail: str = ""
-    size: int = 0  # bytes of input it was read from (JSONL, text), for progress
-
-
 class InputError(ValueError):
     """INPUT names nothing that can be read; the message says what was looked for."""
-
-
-# A compressed shard is read as what it holds by no reader here: it fails, saying so, and is never skipped.
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
-
-
-def _type_suffix(path: Path) -> str:
-    """The suffix that says what a file holds, in lower case: `.jsonl` of `a.jsonl` and of `a.jsonl.gz`."""
-    last = path.suffix.lower()
-    return Path(path.stem).suffix.lower() if last in COMPRESSED else last
-
-
-# Not read (a quoted field may span lines). Named outright or matched by a glob, one fails by name with the
-# conversion to Parquet (`plan`). Under a directory it is left out with a note naming it (`shards`): it may be
-# a sidecar (metadata.csv beside the shards), and failing it failed every run of the job, resumes too.
-CSV = (".csv", ".tsv")
 
 
 def _wanted(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is input: any file with --format given, else by suffix
     (in any case; a compressed one too, so that it fails by name rather than vanishing; not a CSV)."""
-    return fmt != "auto" or _type_suffix(path) in SUFFIXES
+    return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
 def _csv_left_out(path: Path, fmt: str) -> bool:
     """Whether a file found under a directory is a CSV it leaves out, to be named in a note."""
-    return fmt == "auto" and _type_suffix(path) in CSV
+    return fmt == "auto" and type_suffix(path) in CSV
 
 
 def _listed(names: list[str], most: int = 5) -> str:
@@ -148,6 +119,35 @@ def _own_output(rel: str) -> bool:
     )
 
 
+def holds_job_outputs(directory: str) -> bool:
+    """Whether a directory is another bulk job's --out: its job.json reads as a job's fingerprint (written
+    before the job's first part, so a job killed before any part finished is one too). Its manifest, figures
+    and part files look like input by their suffixes: two jobs whose --out sat side by side inside INPUT
+    scored each other's outputs, and neither could resume, each changing the other's "input"."""
+    try:
+        with open(os.path.join(directory, "job.json"), "rb") as f:
+            have = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(have, dict) and isinstance(have.get("part_bytes"), int) and "bundle_sha256" in have
+
+
+def jobs_note(names: list[str]) -> str:
+    """What a run says of the directories under INPUT it left out as other jobs' outputs."""
+    return (f"{len(names)} director{'y' if len(names) == 1 else 'ies'} under INPUT left out, as each holds a bulk "
+            f"job's outputs (its job.json): {_listed(names)}. To score a file there, move it out of that "
+            "directory")  # fmt: skip
+
+
+@dataclass
+class LeftOut:
+    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`) and other
+    jobs' --out directories (`jobs_note`), relative to the input root, sorted."""
+
+    csvs: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+
+
 def _refuse_foreign(found: list[str], out: Path) -> None:
     if found:
         shown = _listed(found)
@@ -159,17 +159,18 @@ def _refuse_foreign(found: list[str], out: Path) -> None:
 
 
 def shards(
-    spec: str, fmt: str, out: Path | None = None, left_out: list[str] | None = None
+    spec: str, fmt: str, out: Path | None = None, left_out: LeftOut | None = None
 ) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
     could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
     resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
     it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
-    score its outputs when resumed. The CSVs a directory leaves out are added to `left_out` (names relative
-    to the root, sorted), for the run to name them (`csv_note`)."""
+    score its outputs when resumed; nor is anything in another job's --out (`holds_job_outputs`). What a
+    directory or glob leaves out to be named (CSVs, other jobs' outputs) is added to `left_out`."""
     path, unlisted = Path(spec), {}
     real_out = os.path.realpath(out) if out is not None else None
     mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
+    left = LeftOut()
     if path.is_file():
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
@@ -178,16 +179,28 @@ def shards(
     input_in_out = out is not None and mine(_fixed_part(spec))  # all of INPUT is under --out: none of it read
     inside_out = (f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
                   if input_in_out else "")  # fmt: skip
+    root = Path(os.path.abspath(path)) if path.is_dir() else glob_root(spec)
+
+    def another_jobs(d: str, names: list[str]) -> bool:
+        """A directory holding another job's outputs (not this job's own --out, whose files are checked
+        below): left out whole, and named."""
+        if "job.json" not in names or os.path.realpath(d) == real_out or not holds_job_outputs(d):
+            return False
+        left.jobs.append(str(root) if Path(d) == root else _shown(Path(d), root))
+        return True
+
     if path.is_dir():
-        root = Path(os.path.abspath(path))
 
         def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
             unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-        files, foreign, csvs = [], [], []
+        files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
         for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
+            if another_jobs(d, names):
+                subdirs.clear()
+                continue
             subdirs[:] = sorted(x for x in subdirs if not x.startswith("."))
             for n in names:
                 if n.startswith("."):
@@ -202,22 +215,21 @@ def shards(
                         ):
                             foreign.append(_shown(f, root))
                     elif _csv_left_out(f, fmt) and f.is_file() and not mine(f):
-                        csvs.append(_shown(f, root))
+                        left.csvs.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
-        csvs.sort()
+        left.csvs.sort()
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
-            csv = f"; {csv_note(csvs)}" if csvs else ""
+            said = "".join(f"; {note}" for note in left_out_notes(left))
             raise InputError(
-                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{csv}"
+                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
             )
-        if left_out is not None:
-            left_out += csvs
+        _add(left_out, left)
         return root, sorted(files), unlisted
     matches, foreign = [], []
-    found, failed = glob_files(spec)  # on the walk a directory INPUT takes, links and all
+    found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
     for p in found:
         try:
@@ -230,10 +242,25 @@ def shards(
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
     if not matches and not unlisted:
-        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}")
+        said = "".join(f"; {note}" for note in left_out_notes(left))
+        raise InputError(
+            f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
+        )
+    _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
     # would rename every shard of a resumed job (its finished parts scored again, under new names).
-    return glob_root(spec), sorted(matches), unlisted
+    return root, sorted(matches), unlisted
+
+
+def left_out_notes(left: LeftOut) -> list[str]:
+    """The notes a run prints of what INPUT left out (and a refusal for no input adds)."""
+    return ([csv_note(left.csvs)] if left.csvs else []) + ([jobs_note(left.jobs)] if left.jobs else [])
+
+
+def _add(into: LeftOut | None, left: LeftOut) -> None:
+    if into is not None:
+        into.csvs += left.csvs
+        into.jobs += sorted(left.jobs)
 
 
 def _fixed_part(spec: str) -> str:
@@ -270,60 +297,38 @@ def _shown(path: Path, root: Path) -> str:
         return str(path)
 
 
+shard_name = _shown  # a shard's name: what its parts, rows and output files are named by
+
+
 def format_of(path: Path, fmt: str) -> str:
     return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
 
-# A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
-# Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
-def _csv_hint(path: Path) -> str:
-    tab = ", parse_options=c.ParseOptions(delimiter='\\t')" if _type_suffix(path) == ".tsv" else ""
-    parquet = str(path.parent / (path.name.split(".")[0] + ".parquet"))
-    return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
-            'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
-            f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
-
-
-def _json_array_hint(path: Path) -> str | None:
-    """Why a .json/.jsonl shard cannot be read, when it is one JSON array (json.dump(docs, f, indent=2))
-    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not."""
-    if _type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
-        return None
-    with path.open("rb") as f:  # its first character that is not white space (past a byte-order mark)
-        head = f.read(len(BOM)).removeprefix(BOM)
-        while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
-            pass
-    if not first.startswith(b"["):
-        return None
-    lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))
-    if lines == str(path):
-        lines = str(path.parent / (path.name.split(".")[0] + ".lines.jsonl"))
-    return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
-            'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
-            f"{str(path)!r})); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) for d in docs)\"")  # fmt: skip
-
-
 def plan(
-    root: Path, files: list[Path], fmt: str, part_bytes: int, id_field: str = ""
+    root: Path,
+    files: list[Path],
+    fmt: str,
+    part_bytes: int,
+    id_field: str = "",
+    cuts: dict[str, int] | None = None,
 ) -> tuple[list[Part], dict[str, str]]:
-    """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone."""
+    """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone. A shard
+    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had)."""
     parts: list[Part] = []
     failed: dict[str, str] = {}
     for path in files:
-        name = _shown(path, root)
+        name = shard_name(path, root)
         try:
             name.encode("utf-8")
         except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
-        if fmt == "auto" and _type_suffix(path) in CSV:
-            failed[name] = _csv_hint(path)
+        if fmt == "auto" and type_suffix(path) in CSV:
+            failed[name] = csv_hint(path)
             continue
         if path.suffix.lower() in COMPRESSED:
-            failed[name] = (
-                f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
-            )
+            failed[name] = compressed_hint(path)
             continue
         suffix = path.suffix.lower()
         if fmt == "auto" and suffix and not suffix[1:].isdigit() and suffix not in SUFFIXES:
@@ -338,18 +343,31 @@ def plan(
             failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
             continue
         try:
-            if kind == "jsonl" and (hint := _json_array_hint(path)):
-                failed[name] = hint  # by name, as a CSV: not 100% not_json rejects and a finished job
+            # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
+            if kind in ("jsonl", "text") and (hint := encoding_hint(path)):
+                failed[name] = hint
                 continue
-            cut = _parquet_parts if kind == "parquet" else _line_parts
-            parts.extend(list(cut(path, name, kind, part_bytes)))  # all of a shard's parts, or none
+            if kind == "jsonl" and (hint := json_array_hint(path)):
+                failed[name] = hint
+                continue
+            # Taken before the shard is cut, and compared as each part is read (`_check_unchanged`).
+            st = path.stat()
+            stat = (st.st_size, st.st_mtime_ns)
+            cut, size = (
+                _parquet_parts if kind == "parquet" else _line_parts,
+                (cuts or {}).get(name, part_bytes),
+            )
+            # All of a shard's parts, or none.
+            parts.extend(
+                [replace(p, stat=stat, part_bytes=size) for p in cut(path, name, kind, size, st.st_size)]
+            )
         except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
             failed[name] = f"{type(e).__name__}: {e}"
     return parts, failed
 
 
-def _line_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
-    size = path.stat().st_size
+def _line_parts(path: Path, name: str, kind: str, part_bytes: int, size: int) -> Iterator[Part]:
+    """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned)."""
     if size <= part_bytes:
         with path.open("rb"):  # readable at all: an unreadable shard fails here, at planning
             pass
@@ -375,7 +393,7 @@ def _line_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[P
         yield Part(str(path), name, index, kind, start, size, first, size - start)
 
 
-def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
+def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int, _size: int = 0) -> Iterator[Part]:
     """Row ranges of about part_bytes (uncompressed, from the row groups' sizes): small row groups run
     together, and a large one is cut. pyarrow writes up to a million rows as one row group, and a part
     per row group left a whole file to one worker, with nothing kept if it was killed."""
@@ -421,225 +439,3 @@ def id_column(part: Part) -> str | None:
     except (OSError, ValueError, msgspec.DecodeError):  # the job reports an unreadable part itself
         return None
     return next((n for n in ID_NAMES if n in names), None)
-
-
-def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator[Doc]:
-    """The part's documents in order, rejected ones included (with their reason)."""
-    if part.format == "parquet":
-        yield from _parquet_docs(part, text_field, id_field, max_chars)
-        return
-    with open(part.shard, "rb") as f:
-        f.seek(part.start)
-        pos, line = part.start, part.first_line
-        while pos < part.end:
-            raw = f.readline()
-            if not raw:
-                break
-            # A byte-order mark belongs to the file, not to its first document's text.
-            text = raw[len(BOM) :] if pos == 0 and raw.startswith(BOM) else raw
-            pos += len(raw)
-            doc = _line_doc(part, line, text.rstrip(b"\r\n"), text_field, id_field, max_chars)
-            doc.size = len(raw)
-            yield doc
-            line += 1
-
-
-def _identity(part: Part, line: int) -> str:
-    return f"{part.name}:{line}"
-
-
-def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str, max_chars: int) -> Doc:
-    ident = _identity(part, line)
-    if not raw.strip():
-        return Doc(line, ident, None)  # a blank line is no document: counted as skipped, not rejected
-    try:
-        decoded = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return Doc(line, ident, None, Reason.NOT_UTF8, f"byte {e.start}: {raw[e.start : e.start + 4]!r}")
-    if part.format == "text":
-        return _checked(line, ident, decoded, max_chars)
-    try:
-        obj = msgspec.json.decode(raw)
-    except RecursionError:  # msgspec recurses once per level of nesting
-        return Doc(
-            line, ident, None, Reason.NOT_JSON, "nested too deeply to parse (a thousand levels or more)"
-        )
-    except msgspec.DecodeError as e:
-        obj = _fallback(decoded, e)
-        if obj is None:
-            return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
-    if not isinstance(obj, dict):
-        return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
-    if id_field:
-        value = _id_text(obj.get(id_field))
-        if value is None:
-            return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
-        # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line: _fallback)
-        # cannot be written as UTF-8: as an id it failed the whole part, every run.
-        if (bad := _surrogate_at(value)) is not None:
-            return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: {LONE}")
-        ident = value
-    # The text is checked the same way (_checked), whichever parser read the line.
-    return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
-
-
-def _surrogate_at(text: str) -> int | None:
-    """Where `text` holds a lone surrogate (no UTF-8 holds it), or None."""
-    if text.isascii():
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
-
-
-def _fallback(decoded: str, e: msgspec.DecodeError):
-    """A line msgspec refused though it is JSON, read by Python's parser instead; None where it is not JSON.
-    Two such: a number past a float's range (1e400, which Python reads as inf: no usable id, and the text is
-    scored), and a lone surrogate escaped in a string ("\\ud800"), which msgspec refuses wherever it is
-    (and names only when text follows: a high one at a string's end reads to it as "truncated"). Only the
-    text and the --id-field are checked for one (not_utf8: no UTF-8 holds it); elsewhere it harms nothing."""
-    obj = _python_json(decoded)
-    said = str(e)
-    return obj if "out of range" in said or "surrogate" in said or _holds_lone_surrogate(obj) else None
-
-
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _python_json(decoded: str):
-    """A line read by Python's JSON parser (which takes numbers past a float's range and lone surrogates;
-    NaN and Infinity, which are not JSON, are refused); None where it cannot read it."""
-    try:
-        return json.loads(decoded, parse_constant=_not_json)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _holds_lone_surrogate(value) -> bool:
-    """Whether a parsed JSON value holds a lone surrogate in any string, key or value."""
-    if isinstance(value, str):
-        return _surrogate_at(value) is not None
-    if isinstance(value, dict):
-        return any(_holds_lone_surrogate(k) or _holds_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(map(_holds_lone_surrogate, value))
-    return False
-
-
-_MISSING = object()
-
-
-def _json_kind(value) -> str:
-    kinds = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array",
-             dict: "object", bytes: "binary value"}  # fmt: skip
-    return kinds.get(type(value), type(value).__name__)
-
-
-def _id_text(value) -> str | None:
-    """A row's id as text (a JSON number or boolean as JSON writes it), or None when it has none usable:
-    missing, null, blank, NaN or infinite, or an object or array."""
-    if isinstance(value, str):
-        return value if value.strip() else None
-    if isinstance(value, float) and not math.isfinite(value):  # JSON would write NaN as null, for every row
-        return None
-    if isinstance(value, (bool, int, float)):
-        return msgspec.json.encode(value).decode()
-    if value is None or isinstance(value, (dict, list, bytes)):
-        return None
-    return str(value)  # a Parquet date, decimal...
-
-
-def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> Doc:
-    if value is _MISSING:
-        hint = "; --text-field names a top-level key, not a path into one" if "." in text_field else ""
-        return Doc(line, ident, None, Reason.MISSING_TEXT, f"no field {text_field!r}{hint}")
-    if not isinstance(value, str):
-        return Doc(line, ident, None, Reason.TEXT_NOT_STRING, f"{text_field!r} is {_json_kind(value)}")
-    return _checked(line, ident, value, max_chars)
-
-
-def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
-    if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
-        return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
-    if (bad := _surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
-        return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: {LONE}")
-    if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
-        return Doc(
-            line, ident, None, Reason.EMPTY_TEXT, "nothing but white space, control or zero-width characters"
-        )
-    return Doc(line, ident, text)
-
-
-def _values(table, column: str) -> list:
-    """A column as Python values, strings as their bytes: a writer may have put bytes that are not UTF-8
-    in a string column, and each such row is rejected alone rather than failing its whole part."""
-    import pyarrow as pa
-
-    col = table.column(column)
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(col.type.value_type)
-    if pa.types.is_string(col.type):
-        col = col.cast(pa.binary())
-    elif pa.types.is_large_string(col.type):
-        col = col.cast(pa.large_binary())
-    return col.to_pylist()
-
-
-def _parquet_docs(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator[Doc]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(part.shard)
-    names = set(pf.schema_arrow.names)
-    columns = [c for c in (text_field, id_field) if c and c in names]
-    line = part.first_line
-    for table in _rows(pf, columns, part.start, part.end):
-        texts = _values(table, text_field) if text_field in names else [_MISSING] * table.num_rows
-        # Not `id_field in names` alone: no --id-field is "", which is also the name pandas gives the index
-        # column of a CSV it wrote (and pyarrow keeps), never read here.
-        ids = _values(table, id_field) if id_field and id_field in names else [None] * table.num_rows
-        for text, value in zip(texts, ids, strict=True):
-            yield _parquet_doc(part, line, text, value, text_field, id_field, max_chars)
-            line += 1
-
-
-def _rows(pf, columns: list[str], start: int, end: int, batch: int = 4096):
-    """Rows [start, end) of a Parquet file, as record batches of at most `batch` rows: only the row groups they lie
-    in are read, a batch at a time, so a part of a large row group holds little of it in memory."""
-    first = 0  # the file's row number of the current row group's first row
-    for g in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        if first + n > start and first < end:
-            at = first
-            for b in pf.iter_batches(batch_size=batch, row_groups=[g], columns=columns, use_threads=False):
-                lo, hi = max(start, at) - at, min(end, at + b.num_rows) - at
-                if lo < hi:
-                    yield b.slice(lo, hi - lo)
-                at += b.num_rows
-                if at >= end:  # the rest of the row group is other parts'
-                    return
-        first += n
-        if first >= end:
-            return
-
-
-def _parquet_doc(part: Part, line: int, text, value, text_field: str, id_field: str, max_chars: int) -> Doc:
-    ident = _identity(part, line)
-    if id_field:
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: byte {e.start}")
-        if (value := _id_text(value)) is None:
-            return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
-        ident = value
-    if isinstance(text, bytes):  # a string or binary column: its bytes may be anything
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return Doc(line, ident, None, Reason.NOT_UTF8, f"byte {e.start}")
-        return _checked(line, ident, text, max_chars)
-    return _text_doc(line, ident, text, text_field, max_chars)

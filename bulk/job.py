@@ -3,7 +3,6 @@ to Ray, record each part once as it finishes, and write the summary and the merg
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -16,9 +15,10 @@ from app.machine import cpu
 from app.model.bundle import bundle_names, read_bundle
 from app.model.catalog import default_threshold
 from app.model.tokenization import TextTokenizer
-from bulk import outputs
+from bulk import outputs, own_ray
 from bulk.config import BulkConfig
-from bulk.inputs import Part, absolute_spec, csv_note, format_of, id_column, plan, shards
+from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
+from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, plan, shard_name, shards
 from bulk.progress import Progress
 from options.stopping import GracefulStop
 
@@ -28,134 +28,10 @@ EXIT_REJECTED = 3  # every part finished, and some documents were rejected (reje
 EXIT_FAILED = 4  # a shard or a part could not be scored (summary.json names it); the others finished
 
 
-# Parts are also cut small enough that every worker has a few to take, down to this size: a job over one
-# 20 MB file would otherwise keep one worker busy and the others idle.
-PARTS_PER_WORKER = 4
-MIN_PART_BYTES = 16 << 10
-
-
-class JobError(ValueError):
-    """The job cannot start; the message says why and what to do."""
-
-
-def part_size(cfg: BulkConfig, files: list[Path]) -> int:
-    """--part-mb, or less where the input is small next to the workers (PARTS_PER_WORKER)."""
-    total = sum(p.stat().st_size for p in files if p.is_file())
-    share = total // (PARTS_PER_WORKER * cfg.worker_count())
-    return min(int(cfg.part_mb * (1 << 20)), max(MIN_PART_BYTES, share))
-
-
-def check_fingerprint(
-    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None,
-    own_threshold: float | None = None,
-) -> tuple[int, Path | None]:  # fmt: skip
-    """read_fingerprint, and job.json written where it asks."""
-    part_bytes, kept, pending = read_fingerprint(cfg, bundle_sha, files, root, own_threshold)
-    write_fingerprint(cfg, pending)
-    return part_bytes, kept
-
-
-def write_fingerprint(cfg: BulkConfig, pending: dict | None) -> None:
-    if pending is not None:
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        outputs.write_json(cfg.out / "job.json", pending)
-
-
-def read_fingerprint(
-    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None,
-    own_threshold: float | None = None,
-) -> tuple[int, Path | None, dict | None]:  # fmt: skip
-    """A resumed job must score as the first run did: same bundle, same options that shape a row, and
-    the same parts (their size is kept in job.json, whatever --workers says now). Returns the part size,
-    the root its shards are named from (`root` for a new job; job.json's for a resumed one), and what
-    job.json is to hold (None: it stands). Writes nothing: a run refused after this (INPUT changed)
-    leaves --out as it found it. `own_threshold`: a detector's own threshold (the bundle's), which a run
-    without --threshold scores with."""
-    path = cfg.out / "job.json"
-    want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
-    # The threshold the spans use, not as given: `--threshold 0.58` where the bundle's own is 0.58 scores
-    # the rows a run without it scored, and resumes it (a job.json of before kept None for "not given").
-    if want["threshold"] is None:
-        want["threshold"] = own_threshold
-    if path.is_file():
-        try:
-            have = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            have = e
-        if not isinstance(have, dict) or not isinstance(have.get("part_bytes"), int):
-            raise JobError(
-                f"{path} is not the fingerprint of a job of python -m bulk (it does not read as one), so a "
-                "resume cannot check what the finished parts were scored with. Use another --out, or remove "
-                "that directory to start again"
-            )
-        if isinstance(have.get("input"), str):  # a job of before 2026-11-28 kept INPUT as typed, from here
-            have["input"] = absolute_spec(have["input"])
-        if have.get("threshold") is None:  # not given then: the bundle's own (the same bundle, or refused)
-            have["threshold"] = own_threshold
-        diff = sorted(k for k in want if have.get(k) != want[k])
-        if have.get("parquet_parts") != "rows" and _finished_parquet(cfg):
-            # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's
-            # number names other rows, so a job that finished some before cannot be resumed by this version.
-            diff.append("parquet_parts")
-            want["parquet_parts"] = "rows"
-        if diff:
-            raise JobError(
-                f"{cfg.out} holds the outputs of a job with other settings ("
-                f"{'; '.join(f'{k}: {have.get(k)!r} then, {want[k]!r} now' for k in diff)}); resuming would "
-                "mix the two. Use another --out, or remove that directory to start again"
-            )
-        # A job begun by an earlier version: what it left unsaid is saved now, as it was then.
-        added = {}
-        if "parquet_parts" not in have:  # no Parquet part of it finished (else refused above)
-            added["parquet_parts"] = "rows"
-        if not isinstance(have.get("input_root"), str) and (named := _root_named_by_manifest(cfg) or root):
-            added["input_root"] = str(named)  # nothing finished yet: this run names the shards
-        kept = (have | added).get("input_root")
-        return (int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None,
-                have | added if added else None)  # fmt: skip
-    if n := sum(1 for _ in outputs.Manifest(cfg.out).entries()):
-        # Without the fingerprint nothing says what these parts were scored with, nor how INPUT was cut: a
-        # run taken for a new job trusted them by number under another cut (documents lost) or another
-        # model (two kinds of rows in scores/).
-        raise JobError(
-            f"{cfg.out}: manifest.jsonl records {n} finished part(s) but there is no job.json, the "
-            "fingerprint that says which bundle and options scored them and how INPUT was cut into parts; "
-            "resuming could lose documents or mix two models' rows. Put job.json back, use another --out, "
-            "or remove that directory to start again"
-        )
-    want |= {"part_bytes": part_size(cfg, files), "parquet_parts": "rows"}
-    if root is not None:
-        want["input_root"] = str(root)
-    return want["part_bytes"], root, want
-
-
-def _root_named_by_manifest(cfg: BulkConfig) -> Path | None:
-    """The root a job's finished parts were named from (a shard's path less its name), or None before any
-    part finished."""
-    for e in outputs.Manifest(cfg.out).entries():  # the naming, whatever became of the outputs since
-        shard, name = Path(e.get("input", "")), Path(e.get("name", ""))
-        if name.parts and shard.parts[-len(name.parts) :] == name.parts:
-            return Path(*shard.parts[: -len(name.parts)])
-    return None
-
-
-def _finished_parquet(cfg: BulkConfig) -> bool:
-    """Whether the manifest holds a finished part of a Parquet shard."""
-    return any(format_of(Path(e.get("input", "")), cfg.format) == "parquet"
-               for e in outputs.Manifest(cfg.out).finished().values())  # fmt: skip
-
-
 def shard_stats(parts: list[Part]) -> dict[str, list[int]]:
-    """Each planned shard's size and modification time: what a finished part was read from."""
-    stats = {}
-    for p in parts:
-        if p.name not in stats:
-            try:
-                st = os.stat(p.shard)
-            except OSError:  # gone since planning: its parts fail when read, naming the error
-                continue
-            stats[p.name] = [st.st_size, st.st_mtime_ns]
-    return stats
+    """Each planned shard's size and modification time as it was cut: what a finished part was read from
+    (the reader fails a part whose shard differs from it when read)."""
+    return {p.name: list(p.stat) for p in parts if p.stat is not None}
 
 
 def check_unchanged(finished: dict[str, dict], stats: dict[str, list[int]]) -> list[str]:
@@ -196,13 +72,19 @@ def _stale_in(parts: list[Part]):
     )
 
 
-def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part]) -> None:
+def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_session: str | None = None) -> None:
     """Once every check passed (a refused run changes nothing in --out): job.json written where it asks,
     config.json written, and what this run replaces or must not read removed (the files of manifest lines
-    that no longer count for a part of `parts`: `stale_lines`). An --out that cannot be written stops the
-    job here, before any part is scored, with what to do."""
+    that no longer count for a part of `parts`: `stale_lines`), and what a killed run's own Ray instance
+    left running ended (`ray_session`: this run's own instance's, recorded for the next). An --out that
+    cannot be written stops the job here, before any part is scored, with what to do."""
     try:
         outputs.hold(cfg.out)  # before anything there is written or removed
+        # Held: the run that recorded the instance is over, and what of it still runs is left behind.
+        if (left := own_ray.end_recorded(cfg.out)) and left[1]:
+            print(f"bulk: ended {left[1]} process(es) that the Ray instance of a run of this job killed before "
+                  f"left running ({left[0]})", file=sys.stderr, flush=True)  # fmt: skip
+        own_ray.record(cfg.out, ray_session)
         write_fingerprint(cfg, pending)
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
         # An earlier run's figures, which stop matching the manifest as soon as a part is recorded: a run
@@ -255,10 +137,18 @@ def check_model_named(cfg: BulkConfig) -> None:
     raise JobError(f"no bundle named {cfg.model!r} in {models} (--models): {held}")
 
 
-def _join_ray(cfg: BulkConfig) -> int | None:
-    """Start or join the Ray cluster the parts will run on; None once joined, else the exit status of a
-    stop meanwhile. Before our signal handlers go in: ray.init sets a SIGTERM handler of its own
-    (sys.exit), which would otherwise replace the one that lets the job stop as the next part finishes."""
+class _Stopped(Exception):
+    """A signal came while Ray started: the job ends with its status, no part scored in this run."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _join_ray(cfg: BulkConfig) -> None:
+    """Start or join the Ray cluster the parts will run on (_Stopped by a stop meanwhile). Before our signal
+    handlers go in: ray.init sets a SIGTERM handler of its own (sys.exit), which would otherwise replace the
+    one that lets the job stop as the next part finishes."""
     from bulk import on_ray
 
     before = signal.getsignal(signal.SIGTERM)
@@ -271,12 +161,56 @@ def _join_ray(cfg: BulkConfig) -> int | None:
             raise
         print("\nbulk: SIGTERM while Ray started: no part was scored in this run; run the same command again",
               file=sys.stderr, flush=True)  # fmt: skip
-        return 128 + signal.SIGTERM
+        raise _Stopped(128 + signal.SIGTERM) from None
     # Ray's handler ends the process by an exception wherever it stands, here in the writes that follow
     # (config.json, job.json): the one before it stands until the job's own go in.
     if before is not None:  # None: a handler not set from Python, which Ray's replaced for good
         signal.signal(signal.SIGTERM, before)
-    return None
+
+
+class Workers:
+    """How many workers (processes or Ray actors) the job runs: --workers, or with 0 the cores this process
+    may use over --threads; on a cluster joined (--ray ADDRESS or auto), the cluster's CPUs over --threads,
+    which the driver's own cores say nothing of. Asked only when needed, since a cluster is joined to know."""
+
+    def __init__(self, cfg: BulkConfig) -> None:
+        self.cfg, self._count = cfg, 0
+
+    def __call__(self) -> int:
+        cfg = self.cfg
+        if not self._count and (cfg.workers or cfg.ray in (None, "local")):
+            self._count = cfg.worker_count()
+        elif not self._count:
+            from bulk import on_ray
+
+            _join_ray(cfg)
+            cpus = on_ray.cluster_cpus()
+            self._count = max(1, cpus // cfg.threads)
+            print(f"bulk: the Ray cluster at {cfg.ray} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
+                  "thread(s) (--workers 0; give --workers to run another number)", flush=True)  # fmt: skip
+        return self._count
+
+
+def plan_job(
+    cfg: BulkConfig,
+    root: Path,
+    files: list[Path],
+    job_bytes: int | None,
+    pending: dict | None,
+    workers: Workers,
+) -> tuple[list[Part], dict[str, str]]:
+    """The parts and the shards that fail. A shard with manifest lines is cut with the part size they
+    record, so that they count for the parts planned; the others with the larger of the job's part size
+    (job.json's) and what a new job of those shards alone would get: a 100 MB shard added to a job begun on
+    a small input was cut in thousands of that input's 16 kB parts. A resumed job with the same workers
+    cuts as the first run did (a new job of part of the input gets no larger parts than of all of it)."""
+    cuts = recorded_cuts(list(outputs.Manifest(cfg.out).entries()), job_bytes)
+    new = [f for f in files if shard_name(f, root) not in cuts]
+    fresh = part_size(cfg, new, workers()) if new or job_bytes is None else 0
+    if job_bytes is None:  # a new job: job.json keeps its part size, for lines that do not say theirs
+        assert pending is not None
+        job_bytes = pending["part_bytes"] = fresh
+    return plan(root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts)
 
 
 def run(cfg: BulkConfig) -> int:
@@ -297,17 +231,19 @@ def run(cfg: BulkConfig) -> int:
         windows = TextTokenizer(bundle.tokenizer_path, bundle.manifest.max_length, cfg.window_stride)
         if note := windows.stride_note():
             print(f"bulk: note: {cfg.model}: {note}", file=sys.stderr, flush=True)
-    csvs: list[str] = []
-    root, files, unlisted = shards(cfg.input, cfg.format, cfg.out, csvs)
+    left_out = LeftOut()
+    root, files, unlisted = shards(cfg.input, cfg.format, cfg.out, left_out)
     own_threshold = default_threshold(bundle.manifest) if bundle.manifest.kind == "detector" else None
     try:
-        part_bytes, kept, pending = read_fingerprint(
-            cfg, bundle.manifest.model_sha256, files, root, own_threshold
-        )
+        job_bytes, kept, pending = read_fingerprint(cfg, bundle.manifest.model_sha256, root, own_threshold)
     except OSError as e:  # job.json there but unreadable (permissions)
         raise JobError(f"--out {cfg.out}: cannot read its job.json ({e.strerror or e}: {e.filename})") from e
     root = kept or root
-    parts, failed_shards = plan(root, files, cfg.format, part_bytes, cfg.id_field)
+    workers = Workers(cfg)
+    try:
+        parts, failed_shards = plan_job(cfg, root, files, job_bytes, pending, workers)
+    except _Stopped as e:
+        return e.status
     failed_shards |= unlisted
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
@@ -318,12 +254,23 @@ def run(cfg: BulkConfig) -> int:
     finished = {k: e for k, e in finished.items() if not stale(e)}
     todo = [p for p in parts if p.key not in finished]
     # The last refusal, a Ray cluster that cannot be joined: nothing in --out was written before it.
-    if todo and cfg.ray and (stopped_by := _join_ray(cfg)) is not None:
-        return stopped_by
-    prepare(cfg, pending, parts)
+    if todo:
+        try:
+            if cfg.ray:
+                _join_ray(cfg)
+            # What the runners start: --workers 0 resolved here, a cluster's CPUs too (config.json keeps 0).
+            run_cfg = options.replace(cfg, workers=workers())
+        except _Stopped as e:
+            return e.status
+    own_instance = None
+    if todo and cfg.ray == "local":
+        from bulk import on_ray
+
+        own_instance = on_ray.own_session()
+    prepare(cfg, pending, parts, own_instance)
     report_failures(failed_shards)
-    if csvs:  # on every run, resumes too: they are left out of each
-        print(f"bulk: note: {csv_note(csvs)}", file=sys.stderr, flush=True)
+    for note in left_out_notes(left_out):  # on every run, resumes too: they are left out of each
+        print(f"bulk: note: {note}", file=sys.stderr, flush=True)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
     asked = "id_field" in options.sources(cfg)
     if not cfg.id_field and not asked and not finished and parts and (named := id_column(parts[0])):
@@ -333,9 +280,13 @@ def run(cfg: BulkConfig) -> int:
         print(f"bulk: {len(gone)} shard(s) with finished parts are no longer in INPUT ({', '.join(gone[:5])}); "
               "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip
     docs_before = sum(finished[p.key].get("rows", 0) for p in parts if p.key in finished)
+    running = (
+        f" with {run_cfg.workers} worker(s) x {cfg.threads} thread(s){' on Ray' if cfg.ray else ''}"
+        if todo
+        else ""
+    )
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
-          f"({manifest.path}), {len(todo)} to score with {cfg.worker_count()} worker(s) x {cfg.threads} "
-          f"thread(s){' on Ray' if cfg.ray else ''}", flush=True)  # fmt: skip
+          f"({manifest.path}), {len(todo)} to score{running}", flush=True)  # fmt: skip
     progress = Progress(sum(p.size for p in todo), cfg.progress and bool(todo))  # no bar for nothing to do
     failed_parts: dict[str, str] = {}
     scored: list[dict] = []  # this run's finished parts
@@ -348,13 +299,19 @@ def run(cfg: BulkConfig) -> int:
             print(f"bulk: {reason}: no more parts start. The finished parts are kept: free some space and run "
                   "the same command again to score the rest", file=sys.stderr, flush=True)  # fmt: skip
 
+    def fail(key: str, reason: str) -> None:
+        """A part failed: named on stderr as it comes (a worker's own log is not the job's: Ray keeps its
+        actors' in their log files), and in summary.json."""
+        failed_parts[key] = reason
+        print(f"bulk: part {key} failed: {reason}", file=sys.stderr, flush=True)
+
     def on_result(result: dict) -> bool:
         """Record one part, finished or failed; True once no more parts should start."""
         key = result["part"]
         if "error" in result and key in finished:  # Ray ran it twice, and the other run finished it
             return bool(stopped)
         if "error" in result:
-            failed_parts[key] = result["error"]
+            fail(key, result["error"])
             if result.get("disk_full"):  # every part after it would fail the same way, after its scoring
                 stop(outputs.disk_full(cfg.out))
         elif key in finished:  # a part Ray ran twice is recorded once: the other run's files stand
@@ -369,7 +326,7 @@ def run(cfg: BulkConfig) -> int:
             except OSError as e:
                 outputs.discard(cfg.out, result)
                 outputs.unpublish(cfg.out, result)  # one renamed before the other failed
-                failed_parts[key] = f"its files could not be put in place: {e}"
+                fail(key, f"its files could not be put in place: {e}")
                 return bool(stopped)
             try:
                 manifest.append(entry)
@@ -377,7 +334,7 @@ def run(cfg: BulkConfig) -> int:
                 if not outputs.out_of_space(e):
                     raise
                 outputs.unpublish(cfg.out, result)
-                failed_parts[key] = f"its manifest line could not be written: {e}"
+                fail(key, f"its manifest line could not be written: {e}")
                 stop(outputs.disk_full(cfg.out))
                 return True
             finished[key] = entry
@@ -403,7 +360,7 @@ def run(cfg: BulkConfig) -> int:
             elif cfg.ray:  # a cluster joined: losing it ends the job with our status and what to do
                 watch = runner.watch_cluster(cfg.ray, EXIT_FAILED)
             try:
-                runner.run(todo, cfg, on_result, progress.update, lambda: interrupt.stopping)
+                runner.run(todo, run_cfg, on_result, progress.update, lambda: interrupt.stopping)
             finally:
                 if watch is not None:
                     watch.set()

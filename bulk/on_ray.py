@@ -54,6 +54,15 @@ class ScoreParts:
         return {"result": [json.dumps(r) for r in results]}
 
 
+_OWN_SESSION: str | None = None  # the session directory of the instance connect() started, if it did
+
+
+def own_session() -> str | None:
+    """The session directory of the instance this job started (--ray alone), which the job records in --out:
+    a kill -9 leaves some of its processes, and the next run ends them (bulk/own_ray.py)."""
+    return _OWN_SESSION
+
+
 def connect(address: str, cpus: int) -> None:
     import ray
 
@@ -62,14 +71,23 @@ def connect(address: str, cpus: int) -> None:
         return
     runtime_env = {"env_vars": WORKER_ENV}
     if address == "local":  # an instance of our own on this machine, ended with the job
-        ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
-                 include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
+        started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
+                           include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
+        global _OWN_SESSION
+        _OWN_SESSION = started.address_info.get("session_dir")
     else:
         _check_reachable(address)
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         except ConnectionError as e:
             raise JoinError(_join_failed(address, e)) from None
+
+
+def cluster_cpus() -> int:
+    """The CPUs of the cluster joined, all its nodes' (a head started with --num-cpus 0 counts none)."""
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", 0))
 
 
 def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:

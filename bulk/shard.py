@@ -25,7 +25,8 @@ from app.model.scoring import Classify, Detect, run_rows
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Doc, Part, Reason, read
+from bulk.inputs import Part
+from bulk.reading import Doc, Reason, read
 
 log = logging.getLogger("bulk")
 # The detail of an empty_text reject found only by the model's tokenizer (the server's 422 alike).
@@ -172,7 +173,8 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     except Exception as e:  # this part fails alone, named in the summary; the job goes on
         if writer is not None:
             writer.abort()  # its temporary file too, closed or not
-        log.error("%s: %s: %s", part.key, type(e).__name__, e)
+        # Not logged here: the driver names the part and its error on stderr (a local worker's log line
+        # said it twice, and a Ray actor's reached only its log file).
         if outputs.out_of_space(e):  # the driver stops handing out parts: every one would fail the same
             return part.failure(f"{outputs.disk_full(cfg.out)}: {e}") | {"disk_full": True}
         return part.failure(f"{type(e).__name__}: {e}")

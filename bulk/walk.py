@@ -115,10 +115,13 @@ def _matches(rel: list[str], pattern: list[str]) -> bool:
     return fnmatch.fnmatchcase(rel[0], head) and _matches(rel[1:], pattern[1:])
 
 
-def glob_files(spec: str) -> tuple[list[str], dict[str, str]]:
+def glob_files(
+    spec: str, skip: Callable[[str, list[str]], bool] | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The files a glob matches (paths as spelled from it, as glob.glob gives them), and the directories it
     would have looked in but could not list (path -> reason): glob.glob passes over those in silence, and
-    the files in them would be left out of the job without a word."""
+    the files in them would be left out of the job without a word. A directory for which skip(path, its
+    file names) is true is left out with all under it (the caller names it)."""
     parts = spec.split(os.sep)
     fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
     if fixed == len(parts):
@@ -138,6 +141,9 @@ def glob_files(spec: str) -> tuple[list[str], dict[str, str]]:
             os.stat(os.path.join(d, "."))
         except OSError as e:
             failed[d] = reason(e)
+            subdirs.clear()
+            continue
+        if skip is not None and skip(d, names):
             subdirs.clear()
             continue
         rel = list(os.path.relpath(d, top).split(os.sep)) if d != top else []

@@ -210,6 +210,132 @@ def test_a_job_inside_its_input_resumes_on_its_input_alone_and_refuses_what_it_c
     assert unwritable.returncode == 2 and "cannot write there" in unwritable.stderr, unwritable.stderr
 
 
+def test_two_jobs_with_their_out_side_by_side_inside_input_score_the_input_alone_and_resume(
+    tmp_path, paragraphs
+):
+    """`--out c/out` and then `--out c/out3` over c: the second scored the first's manifest, figures and part
+    files (junk rejects), and each later run took the other's new files as changed input, so neither could
+    resume. Each leaves the other's --out out, says so, and resumes with nothing to score."""
+    corpus = tmp_path / "c"
+    write_jsonl(corpus / "a.jsonl", paragraphs[:4])
+    detector = run_bulk(corpus, corpus / "out", "detector", "--workers", "1")
+    assert detector.returncode == 0, detector.stderr
+    sentiment = run_bulk(corpus, corpus / "out3", "sentiment", "--workers", "1")
+    assert sentiment.returncode == 0, sentiment.stderr
+    assert "1 directory under INPUT left out, as each holds a bulk job's outputs (its job.json): out." in (
+        sentiment.stderr
+    )
+    assert summary(corpus / "out3")["documents"] == 4 and summary(corpus / "out3")["rejected"] == 0
+    again = run_bulk(corpus, corpus / "out", "detector", "--workers", "1")
+    assert again.returncode == 0 and "1 part(s); 1 already finished" in again.stdout, (
+        again.stdout + again.stderr
+    )
+    assert "left out, as each holds a bulk job's outputs (its job.json): out3." in again.stderr
+    assert [r["id"] for r in rows(corpus / "out")] == [f"a.jsonl:{i}" for i in range(1, 5)]
+
+
+def test_a_shard_truncated_while_the_job_runs_fails_its_parts_and_none_is_recorded_empty(
+    tmp_path, paragraphs
+):
+    """A shard truncated while its parts were scored lost its documents in silence: the parts read after
+    were recorded with rows: 0 and the size and time planning saw, exit 0. They fail now (exit 4), named."""
+    import subprocess
+
+    from app_fixtures import wait_for
+    from bulk_helpers import REPO, bulk_argv, env
+
+    src = write_jsonl(tmp_path / "in" / "big.jsonl", [p for p in paragraphs if 40 <= len(p) <= 400][:200])
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    job = subprocess.Popen(bulk_argv(src, out, "detector", "--workers", "1", "--part-mb", "0.004"), cwd=REPO,
+                           env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or job.poll() is not None,
+             timeout=120, what="a part")  # fmt: skip
+    assert job.poll() is None, "the job finished before the shard could be truncated"
+    with src.open("r+b") as f:
+        f.truncate(0)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 4, err
+    s = summary(out)
+    assert s["parts"]["failed"] >= 1 and s["parts"]["finished"] + s["parts"]["failed"] == s["parts"]["total"]
+    assert all(
+        "big.jsonl changed after the job cut it into parts" in why for why in s["failures"]["parts"].values()
+    )
+    recorded = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert recorded and all(e["rows"] > 0 for e in recorded), recorded  # none recorded as an empty part
+
+
+def test_a_large_shard_added_to_a_job_begun_on_a_small_input_is_cut_for_its_own_size(tmp_path, paragraphs):
+    """The part size was fixed at the first run's: a job begun on a few kB (16 kB parts) cut a shard added
+    later into thousands of them. A shard no manifest line names is cut as a new job of the shards still
+    to score would cut it; a shard with lines is cut as they were, so a resume finds them all finished.
+    (Its documents are longer than --max-document-chars: rejected unread by the model, for speed.)"""
+    src = tmp_path / "in"
+    write_jsonl(src / "small.jsonl", [p[:40] for p in paragraphs[:5]])
+    out = tmp_path / "out"
+    flags = ("--workers", "1", "--max-document-chars", "60")
+    first = run_bulk(src, out, "detector", *flags)
+    assert first.returncode == 0 and "1 shard(s), 1 part(s)" in first.stdout, first.stdout + first.stderr
+    assert json.loads((out / "job.json").read_text())["part_bytes"] == 16 << 10
+    long = [p for p in paragraphs if len(p) > 200]
+    long *= 800_000 // sum(len(p) + 12 for p in long) + 1
+    big = write_jsonl(src / "big.jsonl", long)
+    assert big.stat().st_size > 800_000  # 49 parts or more at the first run's 16 kB
+    added = run_bulk(src, out, "detector", *flags)
+    assert added.returncode == 3, added.stderr  # all rejected too_long
+    # A new job of big.jsonl alone, on one worker: four parts (cut at the line end after each quarter).
+    assert "2 shard(s), 5 part(s); 1 already finished" in added.stdout, added.stdout
+    assert summary(out)["rejects_by_reason"] == {"too_long": len(long)}
+    again = run_bulk(src, out, "detector", *flags)
+    assert again.returncode == 3 and "2 shard(s), 5 part(s); 5 already finished" in again.stdout, again.stdout
+
+
+def test_a_job_that_finished_no_part_takes_the_converted_input_as_a_new_job(tmp_path, paragraphs):
+    """`python -m bulk a.jsonl.gz` fails the shard by name (decompress it first); the command the hint
+    leads to, `python -m bulk a.jsonl` on the same --out, was then refused as a job with other settings,
+    though nothing of the first was there to mix with. A job.json whose job finished no part is a new one's."""
+    import gzip
+
+    src = tmp_path / "c7"
+    write_jsonl(src / "a.jsonl", paragraphs[:3])
+    (src / "a.jsonl.gz").write_bytes(gzip.compress((src / "a.jsonl").read_bytes()))
+    (src / "a.jsonl").unlink()
+    out = tmp_path / "o"
+    packed = run_bulk(src / "a.jsonl.gz", out, "detector", "--workers", "1")
+    assert packed.returncode == 4 and "decompress it first" in packed.stderr, packed.stderr
+    (src / "a.jsonl").write_bytes(gzip.decompress((src / "a.jsonl.gz").read_bytes()))  # gunzip -k
+    plain = run_bulk(src / "a.jsonl", out, "detector", "--workers", "1")
+    assert plain.returncode == 0, plain.stderr
+    assert "holds the job.json of a job with other settings (input: " in plain.stderr
+    assert "that finished no part: starting a new job there with these" in plain.stderr
+    assert json.loads((out / "job.json").read_text())["input"] == str(src / "a.jsonl")
+    assert summary(out)["documents"] == 3
+    # Once a part has finished, other settings are refused as before.
+    other = run_bulk(src / "a.jsonl", out, "detector", "--workers", "1", "--tokens")
+    assert other.returncode == 2 and "holds the outputs of a job with other settings" in other.stderr
+
+
+def test_a_part_that_fails_while_it_runs_is_named_on_stderr(tmp_path, paragraphs):
+    """A part that failed in a worker (here a Parquet page that does not decompress: the footer reads, so
+    planning passes) was named only in summary.json, and on stderr by a raw worker log line, or not at all
+    on Ray. The driver names it and why as it comes."""
+    src = tmp_path / "in"
+    write_jsonl(src / "a.jsonl", paragraphs[:2])
+    pq.write_table(pa.table({"text": paragraphs[2:40]}), src / "t.parquet", compression="snappy")
+    column = pq.ParquetFile(src / "t.parquet").metadata.row_group(0).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray((src / "t.parquet").read_bytes())
+    data[start + 30 : start + column.total_compressed_size - 10] = b"\xab" * (
+        column.total_compressed_size - 40
+    )
+    (src / "t.parquet").write_bytes(bytes(data))
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
+    assert done.returncode == 4, done.stderr
+    (why,) = summary(tmp_path / "out")["failures"]["parts"].values()
+    assert f"bulk: part t.parquet#0 failed: {why}\n" in done.stderr and "Corrupt snappy" in why, done.stderr
+    assert summary(tmp_path / "out")["documents"] == 2
+
+
 def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_the_rest_kept(
     tmp_path, paragraphs
 ):
@@ -484,9 +610,12 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
         assert "finished part(s) but there is no job.json" in lost.stderr, lost.stderr
         assert _tree(out) == before  # refused before any write
 
-    # job.json back, with another part size (as if INPUT had been cut otherwise): a line naming a part by
-    # its number alone no longer counts for the planned part of that number.
+    # job.json back, with another part size, and lines that do not say theirs (as an earlier version wrote
+    # them): INPUT is cut otherwise, and a line naming a part by its number alone no longer counts for the
+    # planned part of that number.
     (out / "job.json").write_text(json.dumps(job | {"part_bytes": job["part_bytes"] * 2}))
+    kept = [{k: v for k, v in json.loads(line).items() if k != "part_bytes"} for line in lines[::2]]
+    (out / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
     again = run_bulk(src, out, "detector", "--workers", "1")
     assert again.returncode == 0, again.stderr
     got = rows(out)
@@ -496,7 +625,7 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
     # A manifest written before lines kept their extent resumes by part number, as it did (job.json keeps
     # the part size, and the shards' sizes and times are checked).
     manifest = out / "manifest.jsonl"
-    old = [{k: v for k, v in json.loads(line).items() if k not in ("start", "end", "size")}
+    old = [{k: v for k, v in json.loads(line).items() if k not in ("start", "end", "size", "part_bytes")}
            for line in manifest.read_text().splitlines()]  # fmt: skip
     manifest.write_text("".join(json.dumps(e) + "\n" for e in old))
     resumed = run_bulk(src, out, "detector", "--workers", "1")
@@ -543,3 +672,65 @@ def test_a_sidecar_csv_beside_a_directorys_shards_is_named_and_left_out_on_every
     assert summary(tmp_path / "out")["documents"] == 3
     assert summary(tmp_path / "out")["failures"] == {"shards": {}, "parts": {}}
     assert not (corpus / "metadata.parquet").exists()
+
+
+def test_what_a_killed_jobs_own_ray_instance_left_is_ended_by_its_session_and_nothing_else(
+    tmp_path, paragraphs
+):
+    """docs/bulk.md said `ray stop` ends what a kill -9'd `--ray` job leaves (Ray's agents): that ends every
+    Ray cluster of the user on the machine. The job records its instance's session in --out; the next run
+    there, or `python -m bulk.own_ray DIR`, ends the Ray processes holding files open in that session alone.
+    Stand-ins, titled as Ray titles its agents: one of the session (ended), one of another session and a
+    reader of the session's log that is no Ray process (both kept)."""
+    import subprocess
+    import sys
+
+    from app_fixtures import wait_for
+    from bulk_helpers import REPO, env
+
+    session, other = tmp_path / "ray" / "session_1_2", tmp_path / "ray" / "session_3_4"
+    for d in (session, other):
+        (d / "logs").mkdir(parents=True)
+
+    def stand_in(title: str, log: Path) -> subprocess.Popen:
+        """A process titled `title` with `log` open (its stdout), once bash has exec'd it."""
+        sleep = subprocess.Popen(["bash", "-c", f"exec -a {title} {sys.executable} -c 'import time; "
+                                  f"time.sleep(120)' >> {log}"])  # fmt: skip
+        cmdline = Path(f"/proc/{sleep.pid}/cmdline")
+        wait_for(lambda: cmdline.read_bytes().startswith(title.encode()), what=f"{title} to start")
+        return sleep
+
+    def own_ray(out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "bulk.own_ray", str(out)], cwd=REPO, env=env(),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:2])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".ray-session").write_text(f"{session}\n")
+    procs = []
+    try:
+        for by in ("bulk.own_ray", "the next run"):
+            left = stand_in("ray::DashboardAgent", session / "logs" / "dashboard_agent.log")
+            kept = [
+                stand_in("ray::IDLE", other / "logs" / "worker.out"),
+                stand_in("tail", session / "logs" / "x"),
+            ]
+            procs += [left, *kept]
+            if by == "the next run":
+                done = run_bulk(src, out, "detector", "--workers", "1")
+                assert done.returncode == 0, done.stderr
+                assert (f"bulk: ended 1 process(es) that the Ray instance of a run of this job killed before left "
+                        f"running ({session})") in done.stderr, done.stderr  # fmt: skip
+                assert not (out / ".ray-session").exists()  # this run started no instance of its own
+            else:
+                ended = own_ray(out)
+                assert ended.returncode == 0 and "ended 1 process(es)" in ended.stdout, ended
+            assert left.wait(timeout=30) == -9, by
+            assert all(p.poll() is None for p in kept), by
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    refused = own_ray(out)
+    assert refused.returncode == 2 and "records no Ray instance of a job's own" in refused.stderr

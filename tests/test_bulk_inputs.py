@@ -18,8 +18,9 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, Reason, id_column, plan, read, shards
+from bulk.inputs import InputError, LeftOut, id_column, plan, shards
 from bulk.outputs import safe
+from bulk.reading import Reason, read
 from options import ConfigError
 from tests.unprivileged import run_python
 
@@ -293,7 +294,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     another directory, must continue the job `corpus` started rather than be refused as other settings;
     so must a job.json written before INPUT was kept absolute, resumed from where it started. A glob stays
     a glob, with its trailing separator; `..` stays (past a link, the kernel's parent is another)."""
-    from bulk.job import check_fingerprint
+    from bulk.fingerprint import check_fingerprint
 
     (tmp_path / "corpus").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -480,11 +481,11 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
     (corpus / ".hidden.csv").write_text("text\nnot input\n")
     with gzip.open(corpus / "packed.csv.gz", "wt") as f:
         f.write("text,stars\ngreat,5\n")
-    left: list[str] = []
+    left = LeftOut()
     root, files, unlisted = shards(str(corpus), "auto", left_out=left)
     parts, failed = plan(root, files, "auto", 1 << 20)
     assert [p.name for p in parts] == ["a.jsonl"] and not failed and not unlisted, failed
-    assert left == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
+    assert left.csvs == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"] and not left.jobs
     for spec in (f"{corpus}/**/*.*", str(corpus / "tabs.tsv")):
         root, files, _ = shards(spec, "auto")
         failed = plan(root, files, "auto", 1 << 20)[1]
@@ -567,3 +568,129 @@ def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_ent
     # A glob whose own directories pass through the link reads through it: it is the root there.
     root, files, _ = shards(f"{corpus}/latest/*.jsonl", "auto")
     assert root == corpus / "latest" and files == [corpus / "latest" / "x.jsonl"]
+
+
+def test_another_jobs_out_under_input_is_left_out_whole_and_named_from_a_directory_and_a_glob(tmp_path):
+    """Two jobs whose --out sat side by side inside INPUT scored each other's manifest, figures and part
+    files (hundreds of junk rejects), and each run changed the other's "input". A directory whose job.json
+    is a job's fingerprint is left out with all under it, and named; this job's own --out is as before."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "a document"}])
+    other = corpus / "out3"
+    (other / "job.json").parent.mkdir(parents=True)
+    (other / "job.json").write_text(json.dumps({"bundle_sha256": "ab", "part_bytes": 16384, "model": "x"}))
+    lines(other / "manifest.jsonl", [{"part": "a.jsonl#0"}])
+    (other / "config.json").write_text("{}")
+    (other / "scores").mkdir()
+    pq.write_table(pa.table({"id": ["a.jsonl:1"]}), other / "scores" / "a.jsonl.part-00000.parquet")
+    # A job.json that is no job's fingerprint does not make a directory another job's.
+    lines(corpus / "data" / "b.jsonl", [{"text": "another"}])
+    (corpus / "data" / "job.json").write_text(json.dumps({"name": "a data set's own job.json"}))
+    out = corpus / "out"
+    for spec in (str(corpus), f"{corpus}/**/*.json*", f"{corpus}/**/*"):
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", out, left)
+        assert [f.relative_to(corpus).as_posix() for f in files] == [
+            "a.jsonl",
+            "data/b.jsonl",
+            "data/job.json",
+        ]
+        assert left.jobs == ["out3"] and not unlisted, spec
+    # INPUT that is another job's --out: nothing in it is input, and the refusal says why.
+    with pytest.raises(InputError, match=r"no input files .*holds a bulk job's outputs \(its job.json\)"):
+        shards(str(other), "auto", out)
+
+
+def test_a_shard_written_after_it_was_cut_into_parts_fails_its_parts_when_read(tmp_path):
+    """A shard truncated or rewritten while the job ran was read to its new end: parts recorded with no
+    rows, with the size and time planning saw, exit 0. The reader compares the open file with the plan and
+    fails the part instead, naming the shard (JSONL and Parquet; as the plan saw it, it is read whole)."""
+    from bulk.reading import ShardChanged
+
+    shard = lines(tmp_path / "a.jsonl", [{"text": f"document {i}"} for i in range(40)])
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(40)]}), tmp_path / "t.parquet")
+    parts, failed = plan(*shards(str(tmp_path), "auto")[:2], "auto", 256)
+    assert not failed and len(parts) > 2, parts
+    args = {"text_field": "text", "id_field": "", "max_chars": 1000}
+    assert len([d for p in parts for d in read(p, **args)]) == 80  # as planned: read whole
+    jsonl = [p for p in parts if p.format == "jsonl"]
+    with shard.open("r+b") as f:  # truncated in place, as a writer starting the file again does
+        f.truncate(100)
+    for p in jsonl:
+        with pytest.raises(
+            ShardChanged, match=r"a\.jsonl changed after the job cut it into parts \(.* then, "
+        ):
+            list(read(p, **args))
+    pq.write_table(pa.table({"text": ["rewritten"] * 40}), tmp_path / "t.parquet")
+    (t,) = [p for p in parts if p.format == "parquet"]
+    with pytest.raises(ShardChanged, match=r"t\.parquet changed after the job cut it"):
+        list(read(t, **args))
+
+
+def test_a_utf16_or_utf32_file_fails_by_name_with_its_conversion_which_then_reads(tmp_path, registry_data):
+    """Saved as UTF-16 (Windows' "Unicode") or UTF-32, a JSONL file was 100% not_json rejects and a .txt file
+    text full of NULs, scored. Either fails by name, naming its byte-order mark and the iconv command that
+    converts it in place; that command run, the shard reads as UTF-8 would."""
+    import shutil
+    import subprocess
+
+    from bulk_helpers import wiki
+
+    texts = [p for p in wiki(registry_data)[0] if not p.isascii()][:3]
+    assert len(texts) == 3
+    jsonl = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "le.jsonl").write_bytes(b"\xff\xfe" + jsonl.encode("utf-16-le"))
+    (corpus / "be.jsonl").write_bytes(b"\xfe\xff" + jsonl.encode("utf-16-be"))
+    (corpus / "wide.txt").write_bytes(
+        b"\xff\xfe\x00\x00" + "\n".join(texts).encode("utf-32-le") + b"\n\0\0\0"
+    )
+    (corpus / "ok.jsonl").write_bytes(b"\xef\xbb\xbf" + jsonl.encode())  # UTF-8's own mark is read past
+    root, files, _ = shards(str(corpus), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert [p.name for p in parts] == ["ok.jsonl"]
+    assert sorted(failed) == ["be.jsonl", "le.jsonl", "wide.txt"]
+    assert (
+        "it is UTF-16 (it starts with the byte-order mark FF FE), and bulk reads UTF-8" in failed["le.jsonl"]
+    )
+    assert "byte-order mark FE FF" in failed["be.jsonl"] and "iconv -f UTF-16 -t UTF-8" in failed["be.jsonl"]
+    assert "it is UTF-32 (it starts with the byte-order mark FF FE 00 00)" in failed["wide.txt"]
+    if shutil.which("iconv") is None:
+        pytest.skip("no iconv here to run the conversion named")
+    for why in failed.values():
+        subprocess.run(why.split("run the job again: ", 1)[1], shell=True, check=True, cwd=tmp_path)
+    parts, failed = plan(*shards(str(corpus), "auto")[:2], "auto", 1 << 20)
+    assert not failed and len(parts) == 4, failed
+    args = {"text_field": "text", "id_field": "", "max_chars": 10_000}
+    assert {p.name: [d.text for d in read(p, **args)] for p in parts} == {
+        name: texts for name in ("be.jsonl", "le.jsonl", "ok.jsonl", "wide.txt")
+    }
+
+
+def test_a_huge_line_is_rejected_too_long_without_being_read_whole(tmp_path, registry_data):
+    """A 200 MB line was read whole (about 1 GB resident) only to be rejected too_long. A line is read up to
+    the bytes a document of --max-document-chars may take, then skipped to its end: rejected too_long in the
+    memory of any other, and the lines after it read from where they start, numbered as they are."""
+    import tracemalloc
+
+    from bulk_helpers import wiki
+
+    first, second = wiki(registry_data)[0][:2]
+    huge = json.dumps({"text": " ".join([first] * (16_000_000 // len(first)))})
+    path = tmp_path / "a.jsonl"
+    path.write_text(f"{json.dumps({'text': first})}\n{huge}\n{json.dumps({'text': second})}\n{huge}")
+    root, files, _ = shards(str(path), "auto")
+    (part,) = plan(root, files, "auto", 1 << 30)[0]
+    tracemalloc.start()
+    try:
+        docs = list(read(part, "text", "", max_chars=1000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, f"{peak:,} bytes at the peak, for lines of {len(huge):,}"
+    assert [(d.line, d.text, d.reason) for d in docs] == [
+        (1, first, None), (2, None, Reason.TOO_LONG), (3, second, None), (4, None, Reason.TOO_LONG)
+    ]  # fmt: skip
+    assert docs[1].detail.startswith(f"a line of {len(huge) + 1:,} bytes, past the 1,060,576 a document of")
+    assert docs[3].size == len(huge) and sum(d.size for d in docs) == path.stat().st_size

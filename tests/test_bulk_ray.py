@@ -126,9 +126,12 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     # scores/ holds only what the manifest records, nothing a reader would take for the job's rows.
     recorded = {json.loads(line)["output"] for line in manifest.read_text().splitlines()}
     assert {f"scores/{p.name}" for p in (out / "scores").iterdir() if not p.name.startswith(".")} == recorded
+    # The instance's session, for the next run to end what a kill -9 of this one would have left running.
+    assert (out / ".ray-session").read_text().startswith(f"{ray_env['RAY_TMPDIR']}/ray/session_")
     done = run_bulk(corpus, out, "detector", "--workers", "2")  # a job moves between Ray and local freely
     assert done.returncode == 0, done.stderr
     assert rows(out) == local_rows
+    assert not (out / ".ray-session").exists()  # that run started no instance
 
 
 def test_sigterm_to_the_whole_group_ends_a_job_and_its_own_instance_at_once(
@@ -227,9 +230,13 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
     """--ray ADDRESS whose head dies mid-job: Ray waited a minute, then ended the driver with status 1 and
     its own errors alone. The job says the cluster at ADDRESS is lost and to run the same command again,
     and exits 4 (a failure, the finished parts kept) before Ray's own exit; the same command (here on
-    local processes) ends with every document once."""
+    local processes) ends with every document once. Without --workers the job runs as many actors as the
+    cluster has CPUs (it once counted the driver's cores): the head has another number than this machine."""
+    from app.machine import available_cores
+
     port = _port()
-    head = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard=false",
+    cpus = 1 if available_cores() > 1 else 2
+    head = [RAY, "start", "--head", "--port", str(port), "--num-cpus", str(cpus), "--include-dashboard=false",
             "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]  # fmt: skip
     subprocess.run(head, env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)
     address = f"127.0.0.2:{port}"
@@ -238,17 +245,19 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
     # Ray ends a driver whose head has not answered for this long (60 s unless told); the job says so at
     # three quarters of it.
     job_env = {**ray_env, "RAY_gcs_rpc_server_reconnect_timeout_s": "30"}
-    job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray", address), cwd=REPO,
-                           env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--ray", address), cwd=REPO, env=job_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or job.poll() is not None,
                  timeout=180, what="a part on the cluster")  # fmt: skip
         assert job.poll() is None, "the job finished before the head was killed"
         stop_own_ray(ray_env["RAY_TMPDIR"], keep=job.pid)  # the head: every process of its session
-        err = job.communicate(timeout=120)[1]
+        said, err = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
+    assert f"the Ray cluster at {address} has {cpus} CPU(s): {cpus} worker(s) of 1 thread(s)" in said, said
+    assert f"to score with {cpus} worker(s) x 1 thread(s) on Ray" in said, said
     assert job.returncode == 4, err[-3000:]
     assert f"lost the Ray cluster at {address} (--ray)" in err, err[-3000:]
     assert "run the same command again to resume" in err and "Traceback" not in err

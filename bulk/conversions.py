@@ -1,0 +1,75 @@
+"""Files bulk does not read as they are, told apart by their suffix or first bytes, each failing by name
+with the one-line conversion that makes it a shard bulk reads (rather than 100% rejects, or a finished
+job that scored nothing)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from bulk.reading import BOM
+
+# A compressed shard is read as what it holds by no reader here: it fails, saying so, and is never skipped.
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
+# Not read (a quoted field may span lines). Named outright or matched by a glob, one fails by name with the
+# conversion to Parquet (inputs.plan). Under a directory it is left out with a note naming it (inputs.shards):
+# it may be a sidecar (metadata.csv beside the shards), and failing it failed every run of the job.
+CSV = (".csv", ".tsv")
+# Byte-order marks of the encodings other than UTF-8 a text file may be saved in (Windows' "Unicode" is
+# UTF-16 LE): read as UTF-8, every line of such a JSONL file was rejected, and a .txt file's scored as text
+# full of NULs. UTF-32 LE's first: it begins with UTF-16 LE's.
+WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+             (b"\xfe\xff", "UTF-16"))  # fmt: skip
+
+
+def type_suffix(path: Path) -> str:
+    """The suffix that says what a file holds, in lower case: `.jsonl` of `a.jsonl` and of `a.jsonl.gz`."""
+    last = path.suffix.lower()
+    return Path(path.stem).suffix.lower() if last in COMPRESSED else last
+
+
+def compressed_hint(path: Path) -> str:
+    return f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
+
+
+# A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
+# Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
+def csv_hint(path: Path) -> str:
+    tab = ", parse_options=c.ParseOptions(delimiter='\\t')" if type_suffix(path) == ".tsv" else ""
+    parquet = str(path.parent / (path.name.split(".")[0] + ".parquet"))
+    return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
+            'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
+            f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
+
+
+def encoding_hint(path: Path) -> str | None:
+    """Why a JSONL or text shard cannot be read, when it starts with a UTF-16 or UTF-32 byte-order mark;
+    None: it does not. iconv reads the mark for the byte order, and writes UTF-8 without one."""
+    with path.open("rb") as f:
+        head = f.read(4)
+    for bom, encoding in WIDE_BOMS:
+        if head.startswith(bom):
+            here, utf8 = shlex.quote(str(path)), shlex.quote(f"{path}.utf8")
+            return (f"it is {encoding} (it starts with the byte-order mark {bom.hex(' ').upper()}), and bulk reads "
+                    f"UTF-8: convert it once, in place, then run the job again: iconv -f {encoding} -t UTF-8 {here} "
+                    f"> {utf8} && mv {utf8} {here}")  # fmt: skip
+    return None
+
+
+def json_array_hint(path: Path) -> str | None:
+    """Why a .json/.jsonl shard cannot be read, when it is one JSON array (json.dump(docs, f, indent=2))
+    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not."""
+    if type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
+        return None
+    with path.open("rb") as f:  # its first character that is not white space (past a byte-order mark)
+        head = f.read(len(BOM)).removeprefix(BOM)
+        while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
+            pass
+    if not first.startswith(b"["):
+        return None
+    lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))
+    if lines == str(path):
+        lines = str(path.parent / (path.name.split(".")[0] + ".lines.jsonl"))
+    return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
+            'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
+            f"{str(path)!r})); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) for d in docs)\"")  # fmt: skip

@@ -1,0 +1,152 @@
+"""job.json, the fingerprint of a job in --out: the bundle and the options a row depends on, the root its
+shards are named from, and the part size of its first run. A resumed job must match it, or it would mix
+two kinds of rows in one directory; and the parts a shard is cut into: the size a shard's manifest lines
+were cut with (`recorded_cuts`) or, for a shard none names yet, a fresh plan's (`part_size`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import app
+from bulk import outputs
+from bulk.config import BulkConfig
+from bulk.inputs import absolute_spec, format_of
+
+# Parts are also cut small enough that every worker has a few to take, down to this size: a job over one
+# 20 MB file would otherwise keep one worker busy and the others idle.
+PARTS_PER_WORKER = 4
+MIN_PART_BYTES = 16 << 10
+
+
+class JobError(ValueError):
+    """The job cannot start; the message says why and what to do."""
+
+
+def part_size(cfg: BulkConfig, files: list[Path], workers: int) -> int:
+    """--part-mb, or less where `files` are small next to the workers (PARTS_PER_WORKER)."""
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    share = total // (PARTS_PER_WORKER * workers)
+    return min(int(cfg.part_mb * (1 << 20)), max(MIN_PART_BYTES, share))
+
+
+def recorded_cuts(entries: list[dict], job_bytes: int | None) -> dict[str, int]:
+    """The part size each shard with manifest lines was cut with: a resume cuts it so again, and its lines
+    count for the parts planned. A line written before lines kept theirs was cut with job.json's."""
+    cuts: dict[str, int] = {}
+    for e in entries:
+        size = e.get("part_bytes", job_bytes)
+        if isinstance(e.get("name"), str) and isinstance(size, int) and size > 0:
+            cuts[e["name"]] = size
+    return cuts
+
+
+def check_fingerprint(
+    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None,
+    own_threshold: float | None = None,
+) -> tuple[int, Path | None]:  # fmt: skip
+    """read_fingerprint, and job.json written where it asks (a new job's part size for `files`)."""
+    part_bytes, kept, pending = read_fingerprint(cfg, bundle_sha, root, own_threshold)
+    if part_bytes is None:
+        part_bytes = pending["part_bytes"] = part_size(cfg, files, cfg.worker_count())
+    write_fingerprint(cfg, pending)
+    return part_bytes, kept
+
+
+def write_fingerprint(cfg: BulkConfig, pending: dict | None) -> None:
+    if pending is not None:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        outputs.write_json(cfg.out / "job.json", pending)
+
+
+def read_fingerprint(
+    cfg: BulkConfig, bundle_sha: str, root: Path | None = None, own_threshold: float | None = None
+) -> tuple[int | None, Path | None, dict | None]:
+    """A resumed job must score as the first run did: same bundle, same options that shape a row. Returns
+    the part size of its first run (None for a new job: the caller puts a fresh plan's in job.json), the
+    root its shards are named from (`root` for a new job; job.json's for a resumed one), and what job.json
+    is to hold (None: it stands). Writes nothing: a run refused after this (INPUT changed) leaves --out as
+    it found it. `own_threshold`: a detector's own threshold (the bundle's), which a run without
+    --threshold scores with. A job.json of other settings whose job finished no part is a new job's."""
+    path = cfg.out / "job.json"
+    want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
+    # The threshold the spans use, not as given: `--threshold 0.58` where the bundle's own is 0.58 scores
+    # the rows a run without it scored, and resumes it (a job.json of before kept None for "not given").
+    if want["threshold"] is None:
+        want["threshold"] = own_threshold
+    lines = sum(1 for _ in outputs.Manifest(cfg.out).entries())
+    if path.is_file():
+        try:
+            have = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            have = e
+        if not isinstance(have, dict) or not isinstance(have.get("part_bytes"), int):
+            raise JobError(
+                f"{path} is not the fingerprint of a job of python -m bulk (it does not read as one), so a "
+                "resume cannot check what the finished parts were scored with. Use another --out, or remove "
+                "that directory to start again"
+            )
+        if isinstance(have.get("input"), str):  # a job of before 2026-11-28 kept INPUT as typed, from here
+            have["input"] = absolute_spec(have["input"])
+        if have.get("threshold") is None:  # not given then: the bundle's own (the same bundle, or refused)
+            have["threshold"] = own_threshold
+        diff = sorted(k for k in want if have.get(k) != want[k])
+        if have.get("parquet_parts") != "rows" and _finished_parquet(cfg):
+            # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's
+            # number names other rows, so a job that finished some before cannot be resumed by this version.
+            diff.append("parquet_parts")
+            want["parquet_parts"] = "rows"
+        said = "; ".join(f"{k}: {have.get(k)!r} then, {want[k]!r} now" for k in diff)
+        if diff and not lines:
+            # Nothing of it to mix with: its every shard failed (compressed, a CSV, a JSON array), and the
+            # command that follows the hint (the file converted) was refused as other settings.
+            print(f"bulk: note: {cfg.out} holds the job.json of a job with other settings ({said}) that "
+                  "finished no part: starting a new job there with these", file=sys.stderr, flush=True)  # fmt: skip
+        elif diff:
+            raise JobError(
+                f"{cfg.out} holds the outputs of a job with other settings ({said}); resuming would mix the two. "
+                "Use another --out, or remove that directory to start again"
+            )
+        else:
+            # A job begun by an earlier version: what it left unsaid is saved now, as it was then.
+            added = {}
+            if "parquet_parts" not in have:  # no Parquet part of it finished (else refused above)
+                added["parquet_parts"] = "rows"
+            if not isinstance(have.get("input_root"), str) and (
+                named := _root_named_by_manifest(cfg) or root
+            ):
+                added["input_root"] = str(named)  # nothing finished yet: this run names the shards
+            kept = (have | added).get("input_root")
+            return (int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None,
+                    have | added if added else None)  # fmt: skip
+    elif lines:
+        # Without the fingerprint nothing says what these parts were scored with, nor how INPUT was cut: a
+        # run taken for a new job trusted them by number under another cut (documents lost) or another
+        # model (two kinds of rows in scores/).
+        raise JobError(
+            f"{cfg.out}: manifest.jsonl records {lines} finished part(s) but there is no job.json, the "
+            "fingerprint that says which bundle and options scored them and how INPUT was cut into parts; "
+            "resuming could lose documents or mix two models' rows. Put job.json back, use another --out, "
+            "or remove that directory to start again"
+        )
+    want["parquet_parts"] = "rows"
+    if root is not None:
+        want["input_root"] = str(root)
+    return None, root, want
+
+
+def _root_named_by_manifest(cfg: BulkConfig) -> Path | None:
+    """The root a job's finished parts were named from (a shard's path less its name), or None before any
+    part finished."""
+    for e in outputs.Manifest(cfg.out).entries():  # the naming, whatever became of the outputs since
+        shard, name = Path(e.get("input", "")), Path(e.get("name", ""))
+        if name.parts and shard.parts[-len(name.parts) :] == name.parts:
+            return Path(*shard.parts[: -len(name.parts)])
+    return None
+
+
+def _finished_parquet(cfg: BulkConfig) -> bool:
+    """Whether the manifest holds a finished part of a Parquet shard."""
+    return any(format_of(Path(e.get("input", "")), cfg.format) == "parquet"
+               for e in outputs.Manifest(cfg.out).finished().values())  # fmt: skip
