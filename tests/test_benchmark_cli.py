@@ -137,12 +137,18 @@ REFUSED = [
     ("module", "argv"), REFUSED, ids=[f"{m.rsplit('.', 1)[1]} {' '.join(a)}" for m, a in REFUSED]
 )
 def test_bad_arguments_are_refused_while_parsing(module, argv, capsys):
+    refused_while_parsing(module, argv, capsys)
+
+
+def refused_while_parsing(module: str, argv: list[str], capsys) -> str:
+    """What the benchmark `module` printed when it refused `argv` (exit 2, one error line, no traceback)."""
     main = importlib.import_module(module).main
     with pytest.raises(SystemExit) as stopped:
         cli.run(main, argv)
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+    return err
 
 
 def test_bf16_lever_measures_openvino_only_where_it_is_installed(capsys):

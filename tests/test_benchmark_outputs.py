@@ -5,14 +5,14 @@ run could not write to is refused while the arguments are parsed, not after the 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks import cli, output
+from benchmarks import output
+from tests.test_benchmark_cli import refused_while_parsing
 from tests.unprivileged import run_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,19 +52,9 @@ COMMITTED = [
 IDS = [f"{m.rsplit('.', 1)[1]} {' '.join(a[-2:])}" for m, a in COMMITTED]
 
 
-def _refused(module: str, argv: list[str], capsys) -> str:
-    main = importlib.import_module(module).main
-    with pytest.raises(SystemExit) as stopped:
-        cli.run(main, argv)
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err
-    assert "error:" in err and "Traceback" not in err
-    return err
-
-
 @pytest.mark.parametrize(("module", "argv"), COMMITTED, ids=IDS)
 def test_a_committed_result_is_replaced_only_with_force(module, argv, capsys):
-    err = _refused(module, argv, capsys)
+    err = refused_while_parsing(module, argv, capsys)
     assert "is a committed result" in err and "--force" in err
 
 
@@ -79,11 +69,11 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_run(module, argv, t
     )
     for bad in (plain_file if folder_option else tmp_path, plain_file / "x.json"):
         given = [*argv[: argv.index(flag)], flag, str(bad), *argv[argv.index(flag) + 2 :]]
-        err = _refused(module, given, capsys)
+        err = refused_while_parsing(module, given, capsys)
         assert str(bad) in err and "committed" not in err
 
 
-def test_an_unwritable_parent_is_refused(tmp_path):
+def test_an_unwritable_parent_isrefused_while_parsing(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     code = """
