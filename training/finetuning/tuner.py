@@ -565,7 +565,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         else ""
     )
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
-    for warning in overlap_warnings(data.splits):
+    for warning in [*data.warnings, *overlap_warnings(data.splits)]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
