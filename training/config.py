@@ -463,7 +463,9 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     # Evaluation and model selection.
     eval_every: int = option(0, "steps between dev evaluations; 0: at the end of every epoch")
     patience: int = option(
-        3, "stop after this many evaluations without a dev improvement; 0: never stop early"
+        3,
+        "stop after this many evaluations without a better dev --metric (a lower loss at the same figure "
+        "changes the model kept, not this count); 0: never stop early",
     )
     metric: str = option(
         "auto",

@@ -455,12 +455,14 @@ class FineTuner:
         m = self.evaluate("dev")
         log.write(self.step, self.tokens, "dev", {"epoch": epoch, **scalars(m)})
         score = selection_key(m, self.cfg.metric)
-        improved = score > self.best["score"] or self.best["state"] is None
-        # --patience counts evaluations without a better metric: a lower loss at the same metric changes
-        # which weights are kept, not how long the run goes on.
         first = self.best["state"] is None  # the first evaluation is the best so far, whatever its metric
-        self.stale = 0 if first or score[0] > self.best["score"][0] else self.stale + 1
-        if improved:
+        better = first or score[0] > self.best["score"][0]
+        kept = better or score > self.best["score"]  # the same metric at a lower loss: kept, not "better"
+        # --patience counts evaluations without a better metric: a lower loss at the same metric changes
+        # which weights are kept, not how long the run goes on. The line says which of the two happened,
+        # so that a run that stops "without improvement" never showed one.
+        self.stale = 0 if better else self.stale + 1
+        if kept:
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best.update(score=score, metrics=m, step=self.step, epoch=epoch, state=state)
         shown = ", ".join(
@@ -468,7 +470,9 @@ class FineTuner:
             for k in ("accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "loss")
             if k in m
         )
-        tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}" + ("  * best" if improved else ""))
+        mark = ("  * best" if better else
+                f"  * kept: the same {self.cfg.metric} at a lower loss" if kept else "")  # fmt: skip
+        tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}{mark}")
         return self.cfg.patience > 0 and self.stale >= self.cfg.patience
 
     def save_best(self, stopped_early: bool, started: float, interrupted: bool = False) -> dict[str, dict]:
@@ -517,6 +521,16 @@ class FineTuner:
                         "probs": dict(zip(labels, probs[i], strict=True))}  # fmt: skip
             rows.append(row)
         return rows, figures(preds, loss, self.encoded[split], self.data, self.positive)
+
+
+def early_stop_line(t: FineTuner) -> str:
+    """What an early stop says: the figure that did not rise, and the weights kept (a lower loss at that
+    figure may have moved them since it was reached)."""
+    cfg, best = t.cfg, t.best
+    evaluations = f"{cfg.patience} evaluation{'s' * (cfg.patience != 1)}"
+    return (f"early stop at step {t.step} of {t.total}: dev {cfg.metric} has not risen above "
+            f"{best['metrics'][cfg.metric]:.4f} in {evaluations} (--patience); the model kept is step "
+            f"{best['step']}'s")  # fmt: skip
 
 
 def _one_class_note(rows: list[dict], data: TaskData) -> str | None:
@@ -700,7 +714,8 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
             position = {"epoch": epoch, "epoch_rng": epoch_rng, "in_epoch": done, "window_loss": window_loss,
                         "window_n": window_n}  # fmt: skip
             due = evaluation_due()
-            if due and t.evaluate_dev(log):
+            # Patience spent at the last step stops nothing: the run has ended anyway.
+            if due and t.evaluate_dev(log) and t.step < t.total:
                 stopped_early = True
                 break
             if (due or stopping()) and t.step < t.total:
@@ -713,9 +728,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
         if stopping():
             break
         if stopped_early:
-            tqdm.write(
-                f"early stop at step {t.step}: no dev {cfg.metric} improvement in {cfg.patience} evaluations"
-            )
+            tqdm.write(early_stop_line(t))
             break
     bar.close()
     # Decided here: a signal during the save below, or during the last step or evaluation, does not unmake
