@@ -182,6 +182,29 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
     return model, src, notes
 
 
+def refuse_other_families(init: str) -> None:
+    """A ConfigError for an --init that pretraining takes and fine-tuning does not: a BERT-family encoder
+    (a directory, or a registry name). Fine-tuning builds an ELECTRA classifier on the weights as they are;
+    pretraining's --init maps such an encoder onto ELECTRA's shape, and its run is then a start here."""
+    from training.data.registry import REGISTRY
+
+    path = Path(init).expanduser()
+    if not path.exists() and any(name.startswith(f"{init}/") for name in REGISTRY):
+        what = f"{init} is a registry encoder, a start for pretraining"
+    else:
+        try:
+            model_type = ckpt.read_config_json(ckpt.resolve_checkpoint(path)).get("model_type", "electra")
+        except ckpt.CheckpointError:
+            return  # the load says what is wrong with it
+        if model_type == "electra":
+            return
+        what = f"{path}'s config.json has model_type {model_type!r}"
+    raise ConfigError(f"--init: {what}; fine-tuning takes ELECTRA checkpoints only (a run of ours, or a Hugging "
+                      "Face ELECTRA directory). Warm-start an ELECTRA pretraining run from it first: "
+                      f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune "
+                      "with --init RUN")  # fmt: skip
+
+
 def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[str]):
     """An init with int8 ranges in its config.json (a quantization-aware run, or a detector recovered from
     an int8 bundle) builds a model that simulates int8 whatever --qat said, and the fp32 export of it was
@@ -347,6 +370,7 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
         cfg = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
     out = Path(cfg.out).resolve()
     check_out(out, cfg.overwrite, cfg.resume)  # fails at once, before any data is read
+    refuse_other_families(cfg.init)
     try:
         data = load_task_data(cfg)
     except DatasetError as e:
@@ -368,6 +392,10 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
             f"--init: the tokenizer in {src} has {tok.get_vocab_size():,} tokens, and the model's config.json "
             f"says vocab_size {mcfg.vocab_size:,}: that tokenizer is not this model's"
         )
+    if cfg.text_pair_column and mcfg.type_vocab_size < 2:  # a pair's second text has token type 1
+        raise ConfigError(f"--text-pair-column: {src}/config.json has type_vocab_size {mcfg.type_vocab_size}: the "
+                          "model has no embedding for a pair's second text (token type 1); fine-tune it on single "
+                          "texts, or start from a model with type_vocab_size 2")  # fmt: skip
     # Read as the data's labels are: "1.0" names class "1"
     given = None if cfg.positive_label is None else label_name(cfg.positive_label)
     if given is not None and given not in data.labels:
