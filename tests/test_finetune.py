@@ -854,4 +854,10 @@ def test_resume_after_the_pretraining_run_removed_the_checkpoint_it_began_from(t
         finetune(["--out", str(tmp_path / "out"), "--resume"])
     assert "the checkpoint this run began from, is gone; give --init" in capsys.readouterr().err
     finetune([*args, "--resume"])  # the original command: its --init is the run, which goes on
-    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["interrupted"] is False
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["interrupted"] is False
+    # The record keeps the start, not the checkpoint that gave the resume its shape and tokenizer.
+    start = str(run / "checkpoints" / "step-00000001")
+    assert state["init"] == state["config"]["init"] == start
+    assert json.loads((tmp_path / "out" / "finetune_config.json").read_text())["init"] == start
+    assert "the run began from" in capsys.readouterr().out

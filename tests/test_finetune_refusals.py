@@ -224,7 +224,7 @@ def test_a_run_saved_with_options_its_data_left_unused_still_resumes(tiny_init, 
     saved = {**options.as_dict(start), "text_column": "sentence", "dev_fraction": 0.2}
     (out / "finetune_config.json").write_text(json.dumps(saved))
     argv = ["--out", str(out), "--resume"]
-    cfg = resumed_config(options.resolve(FinetuneConfig, argv), argv, "finetune", "")
+    cfg, _ = resumed_config(options.resolve(FinetuneConfig, argv), argv, "finetune", "")
     assert (cfg.task, cfg.text_column, cfg.dev_fraction) == ("trec", "text", 0.1)
     with pytest.raises(options.ConfigError, match="--text-column: only for --train data; --task trec"):
         options.resolve(FinetuneConfig, ["--init", str(tiny_init), "--task", "trec", "--out", str(out),

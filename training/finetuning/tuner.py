@@ -366,21 +366,25 @@ def write_outputs(
 def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:
     """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
     cfg = options.resolve(FinetuneConfig, argv, prog=entry.PROG, description=entry.__doc__)
+    load_from = cfg.init
     if cfg.resume:
-        cfg = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
+        cfg, load_from = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
     out = Path(cfg.out).resolve()
     check_out(out, cfg.overwrite, cfg.resume)  # fails at once, before any data is read
-    refuse_other_families(cfg.init)
+    refuse_other_families(load_from)
     try:
         data = load_task_data(cfg)
     except DatasetError as e:
         raise ConfigError(f"--task {cfg.task} (or --data-dir): {e}") from None
     torch.manual_seed(cfg.seed)  # the fresh head's initial weights
     try:
-        model, src, notes = init_classifier(cfg.init, data)
+        model, src, notes = init_classifier(load_from, data)
         tok = init_tokenizer(src)
     except (ckpt.CheckpointError, TokenizerError) as e:
         raise ConfigError(f"--init: {e}") from None
+    if load_from != cfg.init:
+        notes.append(f"the run began from {cfg.init}, which is gone: {src} gives the model's shape and tokenizer, "
+                     "resume/ its weights; the run's record keeps its start")  # fmt: skip
     model = _quantization_as_asked(cfg, model, src, notes)
     mcfg = model.config
     if cfg.max_seq_len > mcfg.max_position_embeddings:
@@ -415,7 +419,9 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     ptype = "regression" if data.problem_type == REGRESSION else "classification"
     metric = resolve_metric(cfg.metric, data.problem_type, counts)
     # The resolved config; validating it again checks --metric against the problem type found in the data.
-    cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
+    # A resume whose start is gone records that start, not the checkpoint that stood in for it.
+    start = str(src) if load_from == cfg.init else cfg.init
+    cfg = dataclasses.replace(cfg, init=start, out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
     check_model_fits(out, model)
     run_dir.hold(out)  # creates it; one process at a time: another would interleave metrics and outputs
