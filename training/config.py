@@ -46,7 +46,7 @@ class HardwareOptions:
     bf16: bool = option(
         True, "autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout"
     )
-    threads: int | None = option(None, "torch intra-op threads on CPU (default: all cores)")
+    threads: int | None = option(None, "torch intra-op threads on CPU (0 or none: every core)")
     deterministic: bool = option(
         True,
         "deterministic kernels on CUDA too: the same seed gives the same weights, and a resumed run equals "
@@ -86,6 +86,8 @@ class QuantizationOptions:
 
 
 def check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 0:
+        raise ConfigError(f"--threads: must not be negative (0 or none: every core), got {threads}")
     cores = os.cpu_count() or 1
     if threads is not None and threads > 4 * cores:  # torch's thread pools crash well before 100,000
         raise ConfigError(
@@ -278,8 +280,6 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--vocab-size: must exceed the 5 special tokens, got {self.vocab_size}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ConfigError(f"--max-minutes: must be > 0, got {self.max_minutes}")
-        if self.threads is not None and self.threads < 0:
-            raise ConfigError(f"--threads: must not be negative (0 or none: every core), got {self.threads}")
         check_threads(self.threads)
         if self.max_predictions is not None and not 0 < self.max_predictions <= self.seq_len:
             raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
@@ -518,7 +518,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         shares(self, "qat_smoothing")
         positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")
-        for name in ("max_train_examples", "max_eval_examples", "threads"):
+        for name in ("max_train_examples", "max_eval_examples"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
         if not 0.0 < self.layerwise_lr_decay <= 1.0:

@@ -12,10 +12,13 @@ evaluations without a better dev --metric; a run stopped by Ctrl-C or SIGTERM go
 ElectraForSequenceClassification layout (written atomically), eval_dev.json, eval_test.json,
 predictions_dev.jsonl and predictions_test.jsonl (every example with the best model's label and
 probabilities: what its bundle should answer), finetune_config.json and metrics.jsonl.
+
+It runs in one process: torchrun is refused.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -41,6 +44,7 @@ def _main(argv: list[str] | None) -> dict:
         cfg = options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
+    _one_process()
     try:
         from training.finetuning.tuner import run
 
@@ -52,6 +56,19 @@ def _main(argv: list[str] | None) -> dict:
                  else "the same command with --overwrite runs it again")  # fmt: skip
         print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; {again}", file=sys.stderr)
         sys.exit(128 + signal_number(stop))
+
+
+def _one_process() -> None:
+    """Refuses torchrun's several processes before any of them creates or locks --out: each would train
+    the whole run into it (the second refused as "in use", torchrun then ending in a traceback)."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world in ("", "1"):
+        return
+    message = (f"error: fine-tuning runs in one process, and torchrun started {world} (WORLD_SIZE); run {PROG} "
+               "without torchrun: it uses every core, or the GPU it is given")  # fmt: skip
+    if os.environ.get("RANK", "0") != "0":  # said once, by rank 0
+        raise options.UsageExit(message)
+    options.usage_exit(message)
 
 
 if __name__ == "__main__":

@@ -369,6 +369,8 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     load_from = cfg.init
     if cfg.resume:
         cfg, load_from = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
+    if cfg.device == "cuda" and not torch.cuda.is_available():  # before --out is created and locked
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
     out = Path(cfg.out).resolve()
     check_out(out, cfg.overwrite, cfg.resume)  # fails at once, before any data is read
     refuse_other_families(load_from)
@@ -400,16 +402,20 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
         raise ConfigError(f"--text-pair-column: {src}/config.json has type_vocab_size {mcfg.type_vocab_size}: the "
                           "model has no embedding for a pair's second text (token type 1); fine-tune it on single "
                           "texts, or start from a model with type_vocab_size 2")  # fmt: skip
-    # Read as the data's labels are: "1.0" names class "1"
+    # Read as the data's labels are: "1.0" names class "1". What it applies to first: a regression's
+    # "label" is its column's name, which no --positive-label could be.
     given = None if cfg.positive_label is None else label_name(cfg.positive_label)
+    if given is not None and data.problem_type != CLASSIFICATION:
+        raise ConfigError("--positive-label: applies to binary classification only; this data is a regression "
+                          f"(a number to predict in {cfg.label_column!r}): drop it")  # fmt: skip
     if given is not None and given not in data.labels:
         raise ConfigError(
             f"--positive-label: {cfg.positive_label!r} is not one of the labels {list(data.labels)}"
             + (EARLIER_SPELLING if cfg.resume else "")
         )
-    if given is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
-        raise ConfigError(f"--positive-label: for two classes only; this data has {len(data.labels)} labels"
-                          + (" (a regression)" if data.problem_type != CLASSIFICATION else ""))  # fmt: skip
+    if given is not None and len(data.labels) != 2:
+        raise ConfigError(f"--positive-label: applies to binary classification only; this data has "
+                          f"{len(data.labels)} classes: drop it")  # fmt: skip
     if cfg.metric == "f1" and len(data.labels) != 2:
         raise ConfigError("--metric f1: the F1 of one class is for binary tasks; use macro_f1")
     counts = data.label_counts() if data.problem_type == CLASSIFICATION else None
@@ -589,9 +595,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         options.usage_exit(f"error: {e}")
     out = Path(cfg.out)
     deterministic_kernels(cfg.deterministic)
-    cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        options.usage_exit("error: --device cuda: no CUDA device is visible; use --device cpu or auto")
+    cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"  # resolve() checked it
     device = torch.device("cuda" if cuda else "cpu")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
