@@ -294,3 +294,32 @@ def test_threads_0_is_every_core_and_cuda_without_a_gpu_leaves_out_untouched(tmp
         finetune([*argv, "--device", "cuda"])
     assert stop.value.code == 2 and "--device cuda: no CUDA device is visible" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_data_dir_given_that_names_no_directory_is_refused(tmp_path, monkeypatch, capsys):
+    """--data-dir /nonexistent (or ELECTRA_DATA_DIR) was ignored in silence: the registry's cache or the
+    network stood in for it. (Own files and an --init of nothing: the old code fails at once, elsewhere.)"""
+    gone, train = tmp_path / "nowhere", write_csv(tmp_path / "r.csv", 30)
+    argv = ["--init", str(tmp_path), "--train", str(train), "--out", str(tmp_path / "o")]
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        finetune([*argv, "--data-dir", str(gone)])
+    assert stop.value.code == 2 and f"error: --data-dir: {gone} does not exist" in capsys.readouterr().err
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(gone))
+    with pytest.raises(SystemExit) as stop:
+        finetune(argv)
+    assert (
+        stop.value.code == 2 and f"error: ELECTRA_DATA_DIR: {gone} does not exist" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_resume_whose_saved_data_dir_is_gone_goes_on(stopped, tmp_path, monkeypatch, capsys):
+    """A data_dir the run saved, gone on the machine it resumes on, is the run's, not given now: noted."""
+    out = copy_of(stopped, tmp_path)
+    saved = json.loads((out / "finetune_config.json").read_text())
+    (out / "finetune_config.json").write_text(json.dumps({**saved, "data_dir": str(tmp_path / "gone")}))
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    finetune(["--out", str(out), "--resume"])
+    assert json.loads((out / "trainer_state.json").read_text())["interrupted"] is False
+    assert f"note: the run's data_dir {tmp_path / 'gone'} does not exist here" in capsys.readouterr().err

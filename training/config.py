@@ -95,6 +95,27 @@ def check_threads(threads: int | None) -> None:
         )
 
 
+def check_data_dir(cfg) -> str | None:
+    """ConfigError where --data-dir (or ELECTRA_DATA_DIR, or a --config file) names no directory this time:
+    the registry would fall back to its cache or the network in silence, and a typo went unseen. A value a
+    resumed run saved (or a run's saved config.json given as --config) is that run's, not given now: on
+    another machine it may be gone, and the registry's files (sha256-checked) come from the cache instead,
+    said by the note returned."""
+    from options import sources
+
+    where = sources(cfg).get("data_dir")
+    if cfg.data_dir is None or where is None or Path(cfg.data_dir).expanduser().is_dir():
+        return None
+    what = "is not a directory" if Path(cfg.data_dir).expanduser().exists() else "does not exist"
+    if where == "the saved config" or where.lower().endswith(".json"):
+        whose = "the run's" if where == "the saved config" else f"{where}'s"
+        return (f"{whose} data_dir {cfg.data_dir} {what} here: registry files come from the cache (or are "
+                "fetched), checked against the same sha256; --data-dir gives another directory")  # fmt: skip
+    named = where if where.startswith("--") or where.isupper() else f"{where}: data_dir"
+    raise ConfigError(f"{named}: {cfg.data_dir} {what}; give the directory that holds the registry's files, or "
+                      "leave it unset to fetch them into the cache")  # fmt: skip
+
+
 def check_seed(seed: int) -> None:
     if not 0 <= seed < 2**63:  # numpy's and torch's generators take a non-negative 64-bit seed
         raise ConfigError(f"--seed: must lie in [0, 2**63), got {seed}")

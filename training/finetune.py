@@ -25,7 +25,7 @@ from pathlib import Path
 import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import FinetuneConfig
+from training.config import FinetuneConfig, check_data_dir
 
 PROG = "python -m training.finetune"
 
@@ -42,6 +42,7 @@ def _main(argv: list[str] | None) -> dict:
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
         cfg = options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
+        check_data_dir(cfg)  # a resumed run's saved one is checked once it is read (tuner.resolve)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     _one_process()

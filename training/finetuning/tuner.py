@@ -29,7 +29,7 @@ from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization, run_dir
-from training.config import FinetuneConfig
+from training.config import FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
 from training.errors import (
@@ -369,6 +369,8 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     load_from = cfg.init
     if cfg.resume:
         cfg, load_from = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
+    if note := check_data_dir(cfg):  # given now and gone: refused; saved by the resumed run: said
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if cfg.device == "cuda" and not torch.cuda.is_available():  # before --out is created and locked
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
     out = Path(cfg.out).resolve()
