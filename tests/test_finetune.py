@@ -864,3 +864,17 @@ def test_resume_after_the_pretraining_run_removed_the_checkpoint_it_began_from(t
     assert state["init"] == state["config"]["init"] == start
     assert json.loads((tmp_path / "out" / "finetune_config.json").read_text())["init"] == start
     assert "the run began from" in capsys.readouterr().out
+
+
+def test_the_saved_options_given_as_config_make_the_same_model(tiny_init, tmp_path):
+    """finetune_config.json given back as --config was "not valid TOML": --config read TOML alone."""
+    first = tmp_path / "first"
+    run("--init", tiny_init, "--train", write_csv(tmp_path / "r.csv", 40), "--text-column", "review",
+        "--label-column", "verdict", "--out", first, "--epochs", 1, "--batch-size", 8)  # fmt: skip
+    saved = json.loads((first / "finetune_config.json").read_text())
+    finetune(["--config", str(first / "finetune_config.json"), "--out", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again" / "finetune_config.json").read_text())
+    assert {k: v for k, v in again.items() if k != "out"} == {k: v for k, v in saved.items() if k != "out"}
+    assert (first / "model.safetensors").read_bytes() == (
+        tmp_path / "again" / "model.safetensors"
+    ).read_bytes()

@@ -1,5 +1,6 @@
-"""What a pretraining run leaves behind, taken up again: a --data-dir given that names no directory is
-refused, while a resume whose saved data_dir is gone on this machine goes on, saying so."""
+"""What a pretraining run leaves behind, taken up again: its saved config.json given back as --config
+runs it again (it was "not valid TOML"); a --data-dir given that names no directory is refused, while a
+resume whose saved data_dir is gone on this machine goes on, saying so."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import options
 from training.pretrain import main as pretrain
 
 try:
@@ -37,6 +39,17 @@ def refused(argv: list[str], capsys) -> str:
         pretrain(argv)
     assert stop.value.code == 2
     return capsys.readouterr().err
+
+
+def test_the_saved_config_given_back_as_config_resolves_to_the_same_run(finished, tmp_path):
+    from training.pretraining.trainer import resolve_config
+
+    saved = json.loads((finished / "config.json").read_text())
+    again, _ = resolve_config(["--config", str(finished / "config.json"), "--out", str(tmp_path / "again")])
+    assert {k: v for k, v in options.as_dict(again).items() if k != "out"} == {
+        k: v for k, v in saved.items() if k not in ("out", "as_run")
+    }
+    assert again.out == str(tmp_path / "again")  # where that run wrote is its own
 
 
 def test_a_data_dir_given_that_names_no_directory_is_refused(

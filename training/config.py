@@ -10,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from options import ConfigError, check_choices, option
 
@@ -162,6 +163,9 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
 
 @dataclass
 class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    # A saved config.json given as --config: where that run wrote, and that it resumed, are its own.
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume")
+
     out: str = option("runs/small", "run directory: checkpoints, metrics.jsonl, curves.png, config.json")
     objective: str = option(
         "electra",
@@ -435,6 +439,9 @@ SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "sp
 
 @dataclass
 class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    # A saved finetune_config.json given as --config: where that run wrote, and how, are its own.
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume", "overwrite")
+
     init: str | None = option(
         None, "our run dir or checkpoint dir, or a Hugging Face ELECTRA directory (required)"
     )
