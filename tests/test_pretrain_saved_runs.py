@@ -1,6 +1,7 @@
 """What a pretraining run leaves behind, taken up again: its saved config.json given back as --config
-runs it again (it was "not valid TOML"); a --data-dir given that names no directory is refused, while a
-resume whose saved data_dir is gone on this machine goes on, saying so."""
+runs it again (it was "not valid TOML"); a handoff unpacked from it is refused by --resume saying to go
+on with --init (it was called a damaged checkpoint); a --data-dir given that names no directory is
+refused, while a resume whose saved data_dir is gone on this machine goes on, saying so."""
 
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ def test_the_saved_config_given_back_as_config_resolves_to_the_same_run(finished
         k: v for k, v in saved.items() if k not in ("out", "as_run")
     }
     assert again.out == str(tmp_path / "again")  # where that run wrote is its own
+
+
+def test_an_unpacked_handoff_cannot_be_resumed_and_says_to_go_on_with_init(finished, tmp_path, capsys):
+    from training.handoff import main as handoff
+
+    assert handoff(["pack", str(finished), "--out", str(tmp_path / "packed")]) == 0
+    assert handoff(["unpack", str(tmp_path / "packed"), "--out", str(tmp_path / "unpacked")]) == 0
+    said = refused(["--out", str(tmp_path / "unpacked"), "--resume"], capsys)
+    assert "was unpacked from a handoff (handoff.json)" in said and "is damaged" not in said
+    assert f"python -m training.pretrain --init {tmp_path / 'unpacked'} --out NEW_RUN" in said
 
 
 def test_a_data_dir_given_that_names_no_directory_is_refused(
