@@ -5,12 +5,14 @@ An entry point's options are the fields of one dataclass. Each field is declared
 its type (the annotation), default, allowed values, help text and, where it has one, its environment
 variable. `resolve` fills the dataclass the same way everywhere:
 
-    defaults < `base` (a saved run's config) < `--config FILE.toml` < environment < command-line flags
+    defaults < `base` (a saved run's config) < `--config FILE` < environment < command-line flags
 
-and `--help` is generated from the declarations. An unknown flag or TOML key, a value of the wrong type
-or one outside the allowed values fails at once with a `ConfigError` naming the option. A boolean is a
-switch: `--qat` alone means true, `--qat false` and `--no-qat` false. The dataclass's `__post_init__`
-checks what involves several options.
+and `--help` is generated from the declarations. `--config` reads a TOML file, or the JSON of the options
+a command saved (`save`: a run's config.json) without the keys that were that run's own (`as_run`, and
+the options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it.
+An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
+with a `ConfigError` naming the option. A boolean is a switch: `--qat` alone means true, `--qat false`
+and `--no-qat` false. The dataclass's `__post_init__` checks what involves several options.
 
 Standard library only: the serving install (app/) uses it too, without torch.
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 
 EPILOG = (
     "A true/false option is a switch: --name alone is true; --name false and --no-name are false. Order of\n"
-    "precedence: defaults < --config FILE.toml < environment variables < flags."
+    "precedence: defaults < --config FILE < environment variables < flags."
 )
 EPILOG_NO_ENV = EPILOG.replace(" < environment variables", "")  # a command that reads none
 TRUE = ("1", "true", "yes", "on")
@@ -215,8 +217,9 @@ def parser(
     p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config_file:
-        p.add_argument("--config", metavar="FILE.toml", action=_Once,
-                       help="options from a TOML file; flags given here override it")  # fmt: skip
+        p.add_argument("--config", metavar="FILE", action=_Once,
+                       help="options from a TOML file, or the JSON of the options a run saved (its config.json) "
+                            "to run it again; flags given here override it")  # fmt: skip
     for f in dataclasses.fields(cls):
         spec = spec_of(f)
         text = help_line(f).replace("%", "%%")  # argparse formats help with %
@@ -262,20 +265,7 @@ def resolve(
             given[key] = "the saved config"
     if config_file and args.config:
         path = Path(args.config)
-        if path.is_dir():
-            raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml)")
-        if not path.is_file():
-            raise ConfigError(f"--config: {path} does not exist")
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                f"--config {path}: not UTF-8 (byte offset {e.start}), as TOML must be"
-            ) from None
-        except OSError as e:
-            raise ConfigError(f"--config {path}: cannot be read ({e.strerror or e})") from None
+        raw = _config_file(path, cls)
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(
@@ -311,6 +301,35 @@ def resolve(
         raise ConfigError(str(e)) from None
     _remember(resolved, given)
     return resolved
+
+
+def _config_file(path: Path, cls) -> dict:
+    """The options of a --config file: TOML, or (a name ending in .json) the options a run saved, less
+    what was that run's own (module docstring); a null there leaves the option unset, as it was saved."""
+    if path.is_dir():
+        raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml) or a run's "
+                          "saved config.json")  # fmt: skip
+    if not path.is_file():
+        raise ConfigError(f"--config: {path} does not exist")
+    saved = path.suffix.lower() == ".json"
+    kind = "JSON" if saved else "TOML"
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = json.loads(text) if saved else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        hint = "; a run's saved options end in .json" if not saved and text.lstrip().startswith("{") else ""
+        raise ConfigError(f"--config {path}: not valid {kind} ({e}){hint}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 (byte offset {e.start}), as {kind} must be") from None
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {path}: holds no options (a JSON object of them, as a run saves)")
+    if not saved:
+        return raw
+    # `as_run` is what the options came to where that run ran; --out and the like are where it wrote.
+    own = ("as_run", *getattr(cls, "RUN_ONLY", ()))
+    return {k: v for k, v in raw.items() if k not in own and v is not None}
 
 
 def _remember(cfg, given: dict[str, str]) -> None:

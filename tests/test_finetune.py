@@ -238,7 +238,7 @@ def test_hf_classifier_with_the_same_labels_in_another_order_keeps_its_head(tiny
 # ------------------------------------------------------------------------------- control and failures
 
 
-def test_same_seed_same_model_and_early_stopping(tiny_init, tmp_path):
+def test_same_seed_same_model_and_early_stopping(tiny_init, tmp_path, capsys):
     train = write_csv(tmp_path / "r.csv", 40)
     outs = []
     for name in ("a", "b"):
@@ -250,6 +250,45 @@ def test_same_seed_same_model_and_early_stopping(tiny_init, tmp_path):
     state = json.loads((outs[0] / "trainer_state.json").read_text())
     # A learning rate of ~0 never improves on the first evaluation: stop two evaluations later.
     assert state["stopped_early"] and state["step"] == 3 and state["global_step"] == 9
+    metric, value = state["best_metric"], state["eval"]["dev"][state["best_metric"]]
+    assert f"early stop at step 9 of 40: dev {metric} has not risen above {value:.4f} in 2 evaluations" in (
+        capsys.readouterr().out
+    )
+
+
+def test_patience_spent_at_the_last_evaluation_is_no_early_stop(tiny_init, tmp_path, capsys):
+    """A run whose patience ran out at its last evaluation said "early stop at step 20" and saved
+    stopped_early true, though every step of its schedule had run."""
+    from training.report import read_metrics
+
+    run("--init", tiny_init, "--train", write_csv(tmp_path / "r.csv", 40), "--text-column", "review",
+        "--label-column", "verdict", "--out", tmp_path / "out", "--epochs", 2, "--batch-size", 4, "--lr", 1e-12,
+        "--patience", 1)  # fmt: skip
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    dev = [r for r in read_metrics(tmp_path / "out" / "metrics.jsonl") if r["split"] == "dev"]
+    assert len(dev) == 2 and dev[1][state["best_metric"]] == dev[0][state["best_metric"]]  # patience spent
+    assert dev[1]["step"] == state["global_step"] and state["stopped_early"] is False
+    assert "early stop" not in capsys.readouterr().out
+
+
+def test_a_lower_loss_at_the_same_figure_is_kept_but_not_called_an_improvement(tiny_init, tmp_path, capsys):
+    """Evaluations at a saturated dev figure were marked "* best" (a lower loss broke the tie) while the run
+    then stopped for "no dev improvement" in as many evaluations."""
+    from training.finetuning import tuner
+    from training.report import MetricsLog
+
+    t = tuner.setup(["--init", str(tiny_init), "--train", str(write_csv(tmp_path / "r.csv", 40)), "--text-column",
+                     "review", "--label-column", "verdict", "--out", str(tmp_path / "out"), "--patience", "1",
+                     "--threads", "1"])  # fmt: skip
+    figures = t.evaluate("dev")
+    metric = t.cfg.metric
+    t.best.update(score=(figures[metric], -(figures["loss"] + 1.0)), metrics=figures, state={}, step=0)
+    log = MetricsLog(tmp_path / "out" / "metrics.jsonl")
+    capsys.readouterr()
+    assert t.evaluate_dev(log)  # the figure did not rise: patience 1 is spent
+    said = capsys.readouterr().out
+    assert f"* kept: the same {metric} at a lower loss" in said and "* best" not in said
+    assert t.best["step"] == t.step and t.stale == 1
 
 
 def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
@@ -273,7 +312,10 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         ([*user, "--problem-type", "regression"], "--problem-type"),
         ([*user, "--metric", "pearson"], "--metric"),
         ([*user, "--positive-label", "great"], "--positive-label"),
-        ([*user, "--positive-label", "good"], "for two classes only"),
+        (
+            [*user, "--positive-label", "good"],
+            "applies to binary classification only; this data has 3 classes",
+        ),
         ([*user, "--init", Path(__file__).parents[1] / "models" / "detector"], "export.recover"),
         (
             [*user, "--init", Path(__file__).parents[1] / "models" / "sentiment"],
@@ -815,4 +857,24 @@ def test_resume_after_the_pretraining_run_removed_the_checkpoint_it_began_from(t
         finetune(["--out", str(tmp_path / "out"), "--resume"])
     assert "the checkpoint this run began from, is gone; give --init" in capsys.readouterr().err
     finetune([*args, "--resume"])  # the original command: its --init is the run, which goes on
-    assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["interrupted"] is False
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["interrupted"] is False
+    # The record keeps the start, not the checkpoint that gave the resume its shape and tokenizer.
+    start = str(run / "checkpoints" / "step-00000001")
+    assert state["init"] == state["config"]["init"] == start
+    assert json.loads((tmp_path / "out" / "finetune_config.json").read_text())["init"] == start
+    assert "the run began from" in capsys.readouterr().out
+
+
+def test_the_saved_options_given_as_config_make_the_same_model(tiny_init, tmp_path):
+    """finetune_config.json given back as --config was "not valid TOML": --config read TOML alone."""
+    first = tmp_path / "first"
+    run("--init", tiny_init, "--train", write_csv(tmp_path / "r.csv", 40), "--text-column", "review",
+        "--label-column", "verdict", "--out", first, "--epochs", 1, "--batch-size", 8)  # fmt: skip
+    saved = json.loads((first / "finetune_config.json").read_text())
+    finetune(["--config", str(first / "finetune_config.json"), "--out", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again" / "finetune_config.json").read_text())
+    assert {k: v for k, v in again.items() if k != "out"} == {k: v for k, v in saved.items() if k != "out"}
+    assert (first / "model.safetensors").read_bytes() == (
+        tmp_path / "again" / "model.safetensors"
+    ).read_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 import re
 from pathlib import Path
 
@@ -85,10 +86,9 @@ def test_a_split_or_sample_that_leaves_too_little_is_blamed_on_its_option(tmp_pa
     """A stratified split with a row or two per class, a --dev-fraction that takes a whole class and a
     --max-train-examples sample of one class were blamed on the row count, or on --train "holding 1 class"
     though the file holds two."""
-    import random
-
     rng = random.Random(0)
-    values = [f"{rng.random():.3f}" for _ in range(200)]  # a few repeat: classes of two rows
+    values = [f"{rng.random():.6f}" for _ in range(200)]  # classes of one row: each trains
+    assert len(set(values)) == 200
     targets = write(tmp_path / "targets.csv", [(f"film {i}", y) for i, y in enumerate(values)])
     with pytest.raises(DataError) as e:
         load(tmp_path, targets, problem_type="classification")
@@ -163,3 +163,41 @@ def test_a_column_name_with_spaces_around_it_is_shown_so(tmp_path):
 
     with pytest.raises(EvalDataError, match=re.escape("(it holds: 'text ', '  label')")):
         read_labelled(train)
+
+
+def test_every_class_of_two_rows_or_more_is_in_the_dev_split(tmp_path):
+    """300 'maj' and 3 'min' rows gave a dev split of 30 'maj' and no 'min' (0.3 rounds to 0), unsaid: every
+    evaluation scored macro F1 1.0, and the run stopped early on it. The split stays seeded: the same file
+    gives the same rows, and a class large enough to round to a row keeps the rows it had."""
+    rows = [(f"film {i}", "maj") for i in range(300)] + [(f"rare film {i}", "min") for i in range(3)]
+    rng = random.Random(1)
+    rng.shuffle(rows)
+    train = write(tmp_path / "t.csv", rows)
+    data = load(tmp_path, train)
+    assert data.labels == ("maj", "min")
+    assert data.label_counts("dev") == [30, 1] and data.label_counts() == [270, 2]
+    assert data.splits == load(tmp_path, train).splits and not data.warnings
+    without = write(tmp_path / "maj.csv", [r for r in rows if r[1] == "maj"] + [("other film", "x")] * 40)
+    majority = [ex.text for ex in load(tmp_path, without).splits["dev"] if ex.label == 0]
+    assert majority == [ex.text for ex in data.splits["dev"] if ex.label == 0]  # the 30 of before
+
+
+def test_a_class_a_split_or_sample_leaves_out_is_warned_of_with_what_to_do(tmp_path, tiny_init, capsys):
+    """A class of one row (it trains) had no dev row, and a --max-train-examples sample could drop a class
+    from training, both in silence."""
+    from training.finetuning.tuner import setup
+
+    rows = [(f"film {i}", "ab"[i % 2]) for i in range(40)] + [("a lonely film", "c")]
+    train = write(tmp_path / "t.csv", rows)
+    warnings = load(tmp_path, train).warnings
+    assert warnings == ["the dev split holds no row of class 'c' (1 row in the training data): the dev figures, "
+                        "which choose the kept model and stop the run early, say nothing of it; give a --dev file "
+                        "that holds it, or more rows of it in --train (the --dev-fraction split holds out at least "
+                        "one row of each class that has two)"]  # fmt: skip
+    sample = load(tmp_path, train, max_train_examples=5).warnings  # a seeded sample: 'a' falls out of it
+    assert sample[0] == ("the --max-train-examples 5 sample holds no training row of class 'a' (18 rows in the "
+                         "training data): the model cannot learn to answer it; raise --max-train-examples")  # fmt: skip
+    held = load(tmp_path, train, dev_fraction=0.6).warnings
+    assert "the --dev-fraction 0.6 split holds out every row of class 'c' (1 row in the dev split)" in held[0]
+    setup(["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"])
+    assert "warning: the dev split holds no row of class 'c'" in capsys.readouterr().err

@@ -224,7 +224,7 @@ def test_a_run_saved_with_options_its_data_left_unused_still_resumes(tiny_init, 
     saved = {**options.as_dict(start), "text_column": "sentence", "dev_fraction": 0.2}
     (out / "finetune_config.json").write_text(json.dumps(saved))
     argv = ["--out", str(out), "--resume"]
-    cfg = resumed_config(options.resolve(FinetuneConfig, argv), argv, "finetune", "")
+    cfg, _ = resumed_config(options.resolve(FinetuneConfig, argv), argv, "finetune", "")
     assert (cfg.task, cfg.text_column, cfg.dev_fraction) == ("trec", "text", 0.1)
     with pytest.raises(options.ConfigError, match="--text-column: only for --train data; --task trec"):
         options.resolve(FinetuneConfig, ["--init", str(tiny_init), "--task", "trec", "--out", str(out),
@@ -242,3 +242,84 @@ def test_a_model_that_answers_one_label_for_everything_is_warned_of():
     assert "answers 'normal' for every dev text" in _one_class_note(rows, data)
     assert _one_class_note([*rows, {"label": "junk", "predicted": "junk"}], data) is None
     assert _one_class_note([{"label": "normal", "predicted": "normal"}] * 3, data) is None  # one class given
+
+
+def test_torchrun_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """Under torchrun every rank trained the whole run into --out: rank 1 was refused "--out is in use",
+    and torchrun ended in a ChildFailedError traceback."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            finetune(["--init", str(tmp_path), "--task", "sms_spam", "--out", str(tmp_path / "out")])
+        assert stop.value.code == 2
+        said = capsys.readouterr().err
+        assert (
+            said == ""
+            if rank == "1"
+            else "error: fine-tuning runs in one process, and torchrun started 2" in said
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_positive_label_on_a_regression_says_it_is_for_binary_classification(tiny_init, tmp_path, capsys):
+    """It said "'1' is not one of the labels ['score']": a regression's one output is named after its column."""
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps({"text": f"a film {i}", "score": i / 7}) + "\n" for i in range(30)))
+    with pytest.raises(SystemExit):
+        finetune(["--init", str(tiny_init), "--train", str(data), "--label-column", "score", "--positive-label", "1",
+                  "--out", str(tmp_path / "out")])  # fmt: skip
+    assert "--positive-label: applies to binary classification only; this data is a regression" in (
+        capsys.readouterr().err
+    )
+
+
+def test_threads_0_is_every_core_and_cuda_without_a_gpu_leaves_out_untouched(tmp_path, capsys):
+    """--threads 0 was refused ("must be positive") where pretraining takes it as every core; --device cuda
+    on a machine without one was refused after --out was created and locked."""
+    import torch
+
+    import options
+    from training.config import FinetuneConfig
+
+    argv = ["--init", str(tmp_path), "--task", "sms_spam", "--out", str(tmp_path / "out")]
+    assert options.resolve(FinetuneConfig, [*argv, "--threads", "0"]).threads == 0
+    with pytest.raises(
+        options.ConfigError, match=r"--threads: must not be negative \(0 or none: every core\)"
+    ):
+        options.resolve(FinetuneConfig, [*argv, "--threads", "-1"])
+    if torch.cuda.is_available():
+        return
+    with pytest.raises(SystemExit) as stop:
+        finetune([*argv, "--device", "cuda"])
+    assert stop.value.code == 2 and "--device cuda: no CUDA device is visible" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_data_dir_given_that_names_no_directory_is_refused(tmp_path, monkeypatch, capsys):
+    """--data-dir /nonexistent (or ELECTRA_DATA_DIR) was ignored in silence: the registry's cache or the
+    network stood in for it. (Own files and an --init of nothing: the old code fails at once, elsewhere.)"""
+    gone, train = tmp_path / "nowhere", write_csv(tmp_path / "r.csv", 30)
+    argv = ["--init", str(tmp_path), "--train", str(train), "--out", str(tmp_path / "o")]
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        finetune([*argv, "--data-dir", str(gone)])
+    assert stop.value.code == 2 and f"error: --data-dir: {gone} does not exist" in capsys.readouterr().err
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(gone))
+    with pytest.raises(SystemExit) as stop:
+        finetune(argv)
+    assert (
+        stop.value.code == 2 and f"error: ELECTRA_DATA_DIR: {gone} does not exist" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_resume_whose_saved_data_dir_is_gone_goes_on(stopped, tmp_path, monkeypatch, capsys):
+    """A data_dir the run saved, gone on the machine it resumes on, is the run's, not given now: noted."""
+    out = copy_of(stopped, tmp_path)
+    saved = json.loads((out / "finetune_config.json").read_text())
+    (out / "finetune_config.json").write_text(json.dumps({**saved, "data_dir": str(tmp_path / "gone")}))
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    finetune(["--out", str(out), "--resume"])
+    assert json.loads((out / "trainer_state.json").read_text())["interrupted"] is False
+    assert f"note: the run's data_dir {tmp_path / 'gone'} does not exist here" in capsys.readouterr().err

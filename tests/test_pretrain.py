@@ -252,12 +252,18 @@ def test_evaluation_corrupts_with_the_tokenizers_vocabulary(tmp_path, small_corp
     assert [r["step"] for r in evals] == [2, 4]
 
 
-def test_mlm_baseline_checkpoints_its_own_layout_and_resumes(tmp_path, small_corpus, small_tokenizer):
+def test_mlm_baseline_checkpoints_its_own_layout_and_resumes(tmp_path, small_corpus, small_tokenizer, capsys):
     import shutil
 
     args = ("--objective", "mlm", "--max-steps", 6, "--save-every", 3, "--log-every", 1, "--eval-every", 3)
     whole = tmp_path / "whole"
     pretrain(tiny_args(whole, small_corpus, small_tokenizer, *args))
+    # Its checkpoint is a generator, which export refuses: the next step it names is fine-tuning alone.
+    said = capsys.readouterr().out
+    assert (
+        f"next: python -m training.finetune --init {whole} --task TASK" in said
+        and "python -m export" not in said
+    )
     ckpt = resolve_checkpoint(whole)
     assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["ElectraForMaskedLM"]
     assert not (ckpt / "generator").exists()

@@ -159,6 +159,14 @@ def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
     ):
         warm_objective(wide)
 
+    # A field of the wrong type, named with its file (it was a TypeError at the first step).
+    eps = tmp_path / "eps"
+    shutil.copytree(tmp_path / "bert2", eps)
+    (eps / "config.json").write_text(json.dumps({**json.loads((eps / "config.json").read_text()),
+                                                 "layer_norm_eps": "x"}))  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"eps/config\.json: layer_norm_eps must be a number, got 'x'"):
+        resolve_warm_start(PretrainConfig(init=str(eps)))
+
 
 def test_a_shape_flag_that_contradicts_init_is_refused_and_a_config_files_is_overridden(
     tmp_path, tok_dir, capsys

@@ -132,11 +132,15 @@ def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
         )
     if "embedding_size" not in raw:  # old HF configs leave it out and mean "same as hidden"
         raw["embedding_size"] = raw.get("hidden_size", 256)
+    return config_from_dict(raw, ckpt / "config.json"), arch
+
+
+def config_from_dict(raw: dict, path: Path) -> ElectraConfig:
+    """ElectraConfig of config.json's fields, or a CheckpointError naming the file and the field."""
     try:
-        cfg = ElectraConfig.from_dict(raw)
+        return ElectraConfig.from_dict(raw)
     except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{ckpt}/config.json: {e}") from None
-    return cfg, arch
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
@@ -225,20 +229,28 @@ def _read_shards(ckpt: Path) -> dict[str, torch.Tensor]:
 def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> None:
     """Load, tolerating only what is known to differ between HF versions; anything else is an error."""
     sd = {k: v for k, v in sd.items() if not k.endswith(("position_ids", "token_type_ids"))}
-    try:
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-    except RuntimeError as e:  # a tensor of another shape: torch lists every one, a line each
-        shapes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
-        hint = (" (a classifier's head has a row per label: config.json's id2label and num_labels must "
-                "count its classes)" if any("classifier." in line for line in shapes) else "")  # fmt: skip
-        raise CheckpointError(
-            f"{origin}: weights do not match config.json: {'; '.join(shapes[:3])}{hint}"
-        ) from None
+    missing, unexpected = _load_state(model, sd, origin)
     missing = [k for k in missing if k != "generator_lm_head.weight"]  # tied to the word embeddings
     if missing or unexpected:
         raise CheckpointError(
             f"{origin}: weights do not match the config; missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+
+
+def _load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> tuple[list, list]:
+    """load_state_dict(strict=False)'s (missing, unexpected); a CheckpointError naming the tensors whose
+    shape config.json does not give (an edited intermediate_size, vocab_size, max_position_embeddings)."""
+    try:
+        return model.load_state_dict(sd, strict=False)
+    except RuntimeError as e:  # a tensor of another shape: torch lists every one, a line each
+        shapes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        if not shapes:
+            raise
+        hint = (" (a classifier's head has a row per label: config.json's id2label and num_labels must "
+                "count its classes)" if any("classifier." in line for line in shapes) else "")  # fmt: skip
+        raise CheckpointError(
+            f"{origin}: weights do not match config.json: {'; '.join(shapes[:3])}{hint}"
+        ) from None
 
 
 def load_model(
@@ -280,7 +292,7 @@ def load_model(
         model = ElectraForSequenceClassification(cfg)
         init_weights(model, cfg.initializer_range)
         sd = {k: v for k, v in sd.items() if k.startswith("electra.")}
-        missing, _ = model.load_state_dict(sd, strict=False)
+        missing, _ = _load_state(model, sd, str(ckpt))
         if any(not k.startswith("classifier.") for k in missing):
             raise CheckpointError(f"{ckpt}: encoder weights incomplete: {missing[:5]}")
         return model, cfg, ckpt

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from options import ConfigError, check_choices, option
 
@@ -46,7 +47,7 @@ class HardwareOptions:
     bf16: bool = option(
         True, "autocast to bf16 on CUDA and on CPUs with native bf16 (AMX); false: fp32 throughout"
     )
-    threads: int | None = option(None, "torch intra-op threads on CPU (default: all cores)")
+    threads: int | None = option(None, "torch intra-op threads on CPU (0 or none: every core)")
     deterministic: bool = option(
         True,
         "deterministic kernels on CUDA too: the same seed gives the same weights, and a resumed run equals "
@@ -86,11 +87,34 @@ class QuantizationOptions:
 
 
 def check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 0:
+        raise ConfigError(f"--threads: must not be negative (0 or none: every core), got {threads}")
     cores = os.cpu_count() or 1
     if threads is not None and threads > 4 * cores:  # torch's thread pools crash well before 100,000
         raise ConfigError(
             f"--threads: {threads} is more than 4x this machine's {cores} cores; give at most the cores"
         )
+
+
+def check_data_dir(cfg) -> str | None:
+    """ConfigError where --data-dir (or ELECTRA_DATA_DIR, or a --config file) names no directory this time:
+    the registry would fall back to its cache or the network in silence, and a typo went unseen. A value a
+    resumed run saved (or a run's saved config.json given as --config) is that run's, not given now: on
+    another machine it may be gone, and the registry's files (sha256-checked) come from the cache instead,
+    said by the note returned."""
+    from options import sources
+
+    where = sources(cfg).get("data_dir")
+    if cfg.data_dir is None or where is None or Path(cfg.data_dir).expanduser().is_dir():
+        return None
+    what = "is not a directory" if Path(cfg.data_dir).expanduser().exists() else "does not exist"
+    if where == "the saved config" or where.lower().endswith(".json"):
+        whose = "the run's" if where == "the saved config" else f"{where}'s"
+        return (f"{whose} data_dir {cfg.data_dir} {what} here: registry files come from the cache (or are "
+                "fetched), checked against the same sha256; --data-dir gives another directory")  # fmt: skip
+    named = where if where.startswith("--") or where.isupper() else f"{where}: data_dir"
+    raise ConfigError(f"{named}: {cfg.data_dir} {what}; give the directory that holds the registry's files, or "
+                      "leave it unset to fetch them into the cache")  # fmt: skip
 
 
 def check_seed(seed: int) -> None:
@@ -139,6 +163,9 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
 
 @dataclass
 class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    # A saved config.json given as --config: where that run wrote, and that it resumed, are its own.
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume")
+
     out: str = option("runs/small", "run directory: checkpoints, metrics.jsonl, curves.png, config.json")
     objective: str = option(
         "electra",
@@ -278,8 +305,6 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--vocab-size: must exceed the 5 special tokens, got {self.vocab_size}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ConfigError(f"--max-minutes: must be > 0, got {self.max_minutes}")
-        if self.threads is not None and self.threads < 0:
-            raise ConfigError(f"--threads: must not be negative (0 or none: every core), got {self.threads}")
         check_threads(self.threads)
         if self.max_predictions is not None and not 0 < self.max_predictions <= self.seq_len:
             raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
@@ -414,6 +439,9 @@ SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "sp
 
 @dataclass
 class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    # A saved finetune_config.json given as --config: where that run wrote, and how, are its own.
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume", "overwrite")
+
     init: str | None = option(
         None, "our run dir or checkpoint dir, or a Hugging Face ELECTRA directory (required)"
     )
@@ -463,7 +491,9 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     # Evaluation and model selection.
     eval_every: int = option(0, "steps between dev evaluations; 0: at the end of every epoch")
     patience: int = option(
-        3, "stop after this many evaluations without a dev improvement; 0: never stop early"
+        3,
+        "stop after this many evaluations without a better dev --metric (a lower loss at the same figure "
+        "changes the model kept, not this count); 0: never stop early",
     )
     metric: str = option(
         "auto",
@@ -516,7 +546,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         shares(self, "qat_smoothing")
         positive(self, "epochs", "batch_size", "eval_batch_size", "lr", "adam_eps", "grad_clip", "log_every")
-        for name in ("max_train_examples", "max_eval_examples", "threads"):
+        for name in ("max_train_examples", "max_eval_examples"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
         if not 0.0 < self.layerwise_lr_decay <= 1.0:

@@ -7,22 +7,25 @@
 Starts from our pretraining run/checkpoint (the discriminator's encoder) or a Hugging Face ELECTRA
 directory, trains with AdamW, warmup then linear decay and layer-wise learning-rate decay, evaluates on dev
 every epoch (or every --eval-every steps), keeps the best model and stops early after --patience
-evaluations without improvement; a run stopped by Ctrl-C or SIGTERM goes on with `--out DIR --resume`
-(training/finetuning/resume.py). `<out>/` then holds the best model in the Hugging Face
+evaluations without a better dev --metric; a run stopped by Ctrl-C or SIGTERM goes on with
+`--out DIR --resume` (training/finetuning/resume.py). `<out>/` then holds the best model in the Hugging Face
 ElectraForSequenceClassification layout (written atomically), eval_dev.json, eval_test.json,
 predictions_dev.jsonl and predictions_test.jsonl (every example with the best model's label and
 probabilities: what its bundle should answer), finetune_config.json and metrics.jsonl.
+
+It runs in one process: torchrun is refused.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import FinetuneConfig
+from training.config import FinetuneConfig, check_data_dir
 
 PROG = "python -m training.finetune"
 
@@ -39,8 +42,10 @@ def _main(argv: list[str] | None) -> dict:
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
         cfg = options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
+        check_data_dir(cfg)  # a resumed run's saved one is checked once it is read (tuner.resolve)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
+    _one_process()
     try:
         from training.finetuning.tuner import run
 
@@ -52,6 +57,19 @@ def _main(argv: list[str] | None) -> dict:
                  else "the same command with --overwrite runs it again")  # fmt: skip
         print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; {again}", file=sys.stderr)
         sys.exit(128 + signal_number(stop))
+
+
+def _one_process() -> None:
+    """Refuses torchrun's several processes before any of them creates or locks --out: each would train
+    the whole run into it (the second refused as "in use", torchrun then ending in a traceback)."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world in ("", "1"):
+        return
+    message = (f"error: fine-tuning runs in one process, and torchrun started {world} (WORLD_SIZE); run {PROG} "
+               "without torchrun: it uses every core, or the GPU it is given")  # fmt: skip
+    if os.environ.get("RANK", "0") != "0":  # said once, by rank 0
+        raise options.UsageExit(message)
+    options.usage_exit(message)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,11 @@ class ElectraConfig:
     fine_tuned_length: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+        for name in ("num_attention_heads", "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -68,6 +72,21 @@ class ElectraConfig:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def _check_types(self) -> None:
+        """Each field of the type its annotation says: a config.json edited by hand ("layer_norm_eps": "x",
+        "embedding_size": null) failed at the first step, or in a comparison, far from the field."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
+            if kind is None or (value is None and f.name in _MAY_BE_NONE):
+                continue
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if kind is int and not whole:
+                raise ValueError(f"{f.name} must be a whole number, got {value!r}")
+            if kind is float and not (whole or isinstance(value, float)):
+                raise ValueError(f"{f.name} must be a number, got {value!r}")
+            if kind in (str, dict) and not isinstance(value, kind):
+                raise ValueError(f"{f.name} must be {'text' if kind is str else 'an object'}, got {value!r}")
 
     @property
     def num_labels(self) -> int:
@@ -98,6 +117,20 @@ class ElectraConfig:
                 "quantization": None,  # the generator is not exported: it trains in fp32
             }
         )
+
+
+_INTS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "intermediate_size", "max_position_embeddings", "type_vocab_size", "pad_token_id", "trained_positions",
+         "fine_tuned_length")  # fmt: skip
+_FLOATS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range",
+           "classifier_dropout")  # fmt: skip
+_FIELD_TYPES = {
+    **dict.fromkeys(_INTS, int),
+    **dict.fromkeys(_FLOATS, float),
+    "hidden_act": str,
+    "id2label": dict,
+}
+_MAY_BE_NONE = ("pad_token_id", "trained_positions", "fine_tuned_length", "classifier_dropout")
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from pathlib import Path
 import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import PretrainConfig
+from training.config import PretrainConfig, check_data_dir
 from training.run_dir import launch_command, resumed_settings
 
 PROG = "python -m training.pretrain"
@@ -40,6 +40,8 @@ def _main(argv: list[str] | None) -> None:
     try:
         then = resumed_settings(argv)  # a resume's flags are judged against the run's settings
         cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
+        if note := check_data_dir(cfg):
+            print(f"note: {note}", file=sys.stderr, flush=True)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from options import ConfigError
 from options.locking import DirectoryHeld, hold_directory
 
+HANDOFF = "handoff.json"  # what training.handoff unpack writes at the top of the run it makes
 LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume continues from
 
 # What a pretraining run writes at the top of its --out (data/: its shards, which scripts/gpu-check puts
@@ -125,6 +126,11 @@ def resumed_settings(argv: list[str] | None, out: Path | None = None) -> dict | 
     saved = out / "config.json"
     if not (out / "checkpoints" / LATEST).is_file():
         return None  # no run to resume: said in setup
+    if (out / HANDOFF).is_file():  # training/handoff.py: the discriminator alone, a start rather than a run
+        raise ConfigError(f"--resume: {out} was unpacked from a handoff ({HANDOFF}), which carries the "
+                          "discriminator's weights but not the optimizer's state, the data position or the "
+                          "generator a resume needs, so it cannot be resumed; continue it as a new run from its "
+                          f"weights: python -m training.pretrain --init {out} --out NEW_RUN ...")  # fmt: skip
     how = (f"a resume takes the run's settings from it; restore it (a copy is under \"config\" in each "
            f"checkpoint's trainer_state.json, {out / 'checkpoints'})")  # fmt: skip
     try:

@@ -17,7 +17,7 @@ import math
 import random
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ import torch
 from tokenizers import Tokenizer
 
 from training.config import ConfigError
+from training.finetuning.coverage import missing_classes
 
 __all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
@@ -58,6 +59,7 @@ class TaskData:
     labels: tuple[str, ...]  # class names in id order; regression: (label column,)
     splits: dict[str, list[Example]]  # "train", "dev" and, when there is one, "test"
     source: dict[str, str] = field(default_factory=dict)  # where each split came from
+    warnings: list[str] = field(default_factory=list)  # classes a split lacks (coverage.py), said at start
 
     def label_counts(self, split: str = "train") -> list[int]:
         counts = [0] * len(self.labels)
@@ -74,6 +76,7 @@ def load_task_data(cfg) -> TaskData:
     data = _registry(cfg) if cfg.task else _user_files(cfg)
     classes = _classes(data.splits["train"]) if data.problem_type == CLASSIFICATION else 0
     _need_two_classes(classes, "--train: the training data holds")
+    unsampled = {split: class_counts(rows) for split, rows in data.splits.items()}
     for split in list(data.splits):
         limit = cfg.max_train_examples if split == "train" else cfg.max_eval_examples
         data.splits[split] = _sample(data.splits[split], limit)
@@ -83,7 +86,13 @@ def load_task_data(cfg) -> TaskData:
         n = len(data.splits["train"])
         _need_two_classes(_classes(data.splits["train"]), f"--max-train-examples: a sample of {n} training "
                           f"row(s) (the training data holds {classes} classes) holds", "; raise it")  # fmt: skip
+        sampled = {split: class_counts(rows) for split, rows in data.splits.items()}
+        data.warnings = missing_classes(data.labels, unsampled, sampled, cfg)
     return data
+
+
+def class_counts(rows: list[Example]) -> Counter:
+    return Counter(ex.label for ex in rows)
 
 
 def _classes(rows: list[Example]) -> int:
@@ -406,8 +415,8 @@ def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
 def _hold_out(
     rows: list[Example], fraction: float, stratify: bool, hint: str = ""
 ) -> tuple[list[Example], list[Example]]:
-    """(train, dev): `fraction` of each class held out (of all rows for regression), file order kept.
-    `hint`: what to add when no class has rows enough to give one."""
+    """(train, dev): `fraction` of each class held out (of all rows for regression; `_dev_rows`), file
+    order kept. `hint`: what to add when no class has rows enough to give one."""
     rng = random.Random(SPLIT_SEED)
     groups: dict[object, list[int]] = defaultdict(list)
     for i, ex in enumerate(rows):
@@ -416,7 +425,7 @@ def _hold_out(
     for key in sorted(groups, key=str):
         idx = groups[key]
         rng.shuffle(idx)
-        dev.update(idx[: round(fraction * len(idx))])
+        dev.update(idx[: _dev_rows(len(idx), fraction, stratify)])
     if len(dev) == len(rows):
         raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no training data; lower it or "
                         "give a --dev file")  # fmt: skip
@@ -428,6 +437,14 @@ def _hold_out(
         raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows rounds to no dev row; give more rows, "
                         "a larger --dev-fraction or a --dev file")  # fmt: skip
     return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
+
+
+def _dev_rows(n: int, fraction: float, stratify: bool) -> int:
+    """How many of a class's `n` rows go to dev: `fraction` of them, rounded, and at least one of two or
+    more. Rounded alone, a rare class got none (3 of 303 rows: 0.3 rounds to 0): no dev figure measured
+    it, so a model that never answered it scored macro F1 1.0 and stopped early on that."""
+    k = round(fraction * n)
+    return 1 if stratify and n >= 2 and k == 0 else k
 
 
 def _sample(rows: list[Example], limit: int | None) -> list[Example]:

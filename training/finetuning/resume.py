@@ -49,9 +49,11 @@ def stopped(out: Path) -> bool:
     return (out / RESUME_DIR / STATE).is_file()
 
 
-def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> FinetuneConfig:
-    """The run's own config (finetune_config.json in --out) under the flags given now; ConfigError where
-    there is nothing to resume or a flag would change what the run trains."""
+def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> tuple[FinetuneConfig, str]:
+    """The run's own config (finetune_config.json in --out) under the flags given now, and the checkpoint
+    to read the model's shape and tokenizer from: the run's start, or where that is gone, the --init given
+    now (the config keeps the start: it is the run's record). ConfigError where there is nothing to resume
+    or a flag would change what the run trains."""
     out = Path(cfg.out)
     saved = out / "finetune_config.json"
     if not saved.is_file():
@@ -78,18 +80,20 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> Fi
         now, **{k: then[k] for k in ("metric", "problem_type") if getattr(now, k) == "auto"}
     )
     compared = options.as_dict(now)
+    load_from = now.init
     if _same_run(then["init"], now.init):  # its --init: the pretraining run the saved checkpoint is in
         compared["init"] = then["init"]
         if Path(then["init"]).exists():  # that checkpoint, not the run's latest now
-            now = options.replace(now, init=then["init"])
+            load_from = then["init"]
+        now = options.replace(now, init=then["init"])
     options.refuse_resume_changes(base, compared, RESUMABLE_CHANGES, "another --out")
     # The weights come from resume/; --init gives the model's shape and tokenizer. A pretraining run that
     # went on may have removed the checkpoint the run began from (it keeps its last --keep-checkpoints).
-    if not Path(now.init).exists():
-        raise ConfigError(f"--resume: {now.init}, the checkpoint this run began from, is gone; give --init with "
+    if not Path(load_from).exists():
+        raise ConfigError(f"--resume: {load_from}, the checkpoint this run began from, is gone; give --init with "
                           "the pretraining run it came from (the weights come from resume/; --init gives the "
                           "model's shape and tokenizer)")  # fmt: skip
-    return now
+    return now, load_from
 
 
 def _same_run(saved: str, given: str) -> bool:

@@ -29,7 +29,7 @@ from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization, run_dir
-from training.config import FinetuneConfig
+from training.config import FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
 from training.errors import (
@@ -180,6 +180,29 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
     cfg.id2label = new_labels
     cfg.problem_type = data.problem_type
     return model, src, notes
+
+
+def refuse_other_families(init: str) -> None:
+    """A ConfigError for an --init that pretraining takes and fine-tuning does not: a BERT-family encoder
+    (a directory, or a registry name). Fine-tuning builds an ELECTRA classifier on the weights as they are;
+    pretraining's --init maps such an encoder onto ELECTRA's shape, and its run is then a start here."""
+    from training.data.registry import REGISTRY
+
+    path = Path(init).expanduser()
+    if not path.exists() and any(name.startswith(f"{init}/") for name in REGISTRY):
+        what = f"{init} is a registry encoder, a start for pretraining"
+    else:
+        try:
+            model_type = ckpt.read_config_json(ckpt.resolve_checkpoint(path)).get("model_type", "electra")
+        except ckpt.CheckpointError:
+            return  # the load says what is wrong with it
+        if model_type == "electra":
+            return
+        what = f"{path}'s config.json has model_type {model_type!r}"
+    raise ConfigError(f"--init: {what}; fine-tuning takes ELECTRA checkpoints only (a run of ours, or a Hugging "
+                      "Face ELECTRA directory). Warm-start an ELECTRA pretraining run from it first: "
+                      f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune "
+                      "with --init RUN")  # fmt: skip
 
 
 def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[str]):
@@ -343,20 +366,29 @@ def write_outputs(
 def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassification, Tokenizer, list[str]]:
     """Config, data, model and tokenizer; every user error surfaces as a ConfigError naming the option."""
     cfg = options.resolve(FinetuneConfig, argv, prog=entry.PROG, description=entry.__doc__)
+    load_from = cfg.init
     if cfg.resume:
-        cfg = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
+        cfg, load_from = resume.resumed_config(cfg, argv, entry.PROG, entry.__doc__)
+    if note := check_data_dir(cfg):  # given now and gone: refused; saved by the resumed run: said
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    if cfg.device == "cuda" and not torch.cuda.is_available():  # before --out is created and locked
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
     out = Path(cfg.out).resolve()
     check_out(out, cfg.overwrite, cfg.resume)  # fails at once, before any data is read
+    refuse_other_families(load_from)
     try:
         data = load_task_data(cfg)
     except DatasetError as e:
         raise ConfigError(f"--task {cfg.task} (or --data-dir): {e}") from None
     torch.manual_seed(cfg.seed)  # the fresh head's initial weights
     try:
-        model, src, notes = init_classifier(cfg.init, data)
+        model, src, notes = init_classifier(load_from, data)
         tok = init_tokenizer(src)
     except (ckpt.CheckpointError, TokenizerError) as e:
         raise ConfigError(f"--init: {e}") from None
+    if load_from != cfg.init:
+        notes.append(f"the run began from {cfg.init}, which is gone: {src} gives the model's shape and tokenizer, "
+                     "resume/ its weights; the run's record keeps its start")  # fmt: skip
     model = _quantization_as_asked(cfg, model, src, notes)
     mcfg = model.config
     if cfg.max_seq_len > mcfg.max_position_embeddings:
@@ -368,16 +400,24 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
             f"--init: the tokenizer in {src} has {tok.get_vocab_size():,} tokens, and the model's config.json "
             f"says vocab_size {mcfg.vocab_size:,}: that tokenizer is not this model's"
         )
-    # Read as the data's labels are: "1.0" names class "1"
+    if cfg.text_pair_column and mcfg.type_vocab_size < 2:  # a pair's second text has token type 1
+        raise ConfigError(f"--text-pair-column: {src}/config.json has type_vocab_size {mcfg.type_vocab_size}: the "
+                          "model has no embedding for a pair's second text (token type 1); fine-tune it on single "
+                          "texts, or start from a model with type_vocab_size 2")  # fmt: skip
+    # Read as the data's labels are: "1.0" names class "1". What it applies to first: a regression's
+    # "label" is its column's name, which no --positive-label could be.
     given = None if cfg.positive_label is None else label_name(cfg.positive_label)
+    if given is not None and data.problem_type != CLASSIFICATION:
+        raise ConfigError("--positive-label: applies to binary classification only; this data is a regression "
+                          f"(a number to predict in {cfg.label_column!r}): drop it")  # fmt: skip
     if given is not None and given not in data.labels:
         raise ConfigError(
             f"--positive-label: {cfg.positive_label!r} is not one of the labels {list(data.labels)}"
             + (EARLIER_SPELLING if cfg.resume else "")
         )
-    if given is not None and (data.problem_type != CLASSIFICATION or len(data.labels) != 2):
-        raise ConfigError(f"--positive-label: for two classes only; this data has {len(data.labels)} labels"
-                          + (" (a regression)" if data.problem_type != CLASSIFICATION else ""))  # fmt: skip
+    if given is not None and len(data.labels) != 2:
+        raise ConfigError(f"--positive-label: applies to binary classification only; this data has "
+                          f"{len(data.labels)} classes: drop it")  # fmt: skip
     if cfg.metric == "f1" and len(data.labels) != 2:
         raise ConfigError("--metric f1: the F1 of one class is for binary tasks; use macro_f1")
     counts = data.label_counts() if data.problem_type == CLASSIFICATION else None
@@ -387,7 +427,9 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     ptype = "regression" if data.problem_type == REGRESSION else "classification"
     metric = resolve_metric(cfg.metric, data.problem_type, counts)
     # The resolved config; validating it again checks --metric against the problem type found in the data.
-    cfg = dataclasses.replace(cfg, init=str(src), out=str(out), problem_type=ptype, metric=metric,
+    # A resume whose start is gone records that start, not the checkpoint that stood in for it.
+    start = str(src) if load_from == cfg.init else cfg.init
+    cfg = dataclasses.replace(cfg, init=start, out=str(out), problem_type=ptype, metric=metric,
                               positive_label=positive)  # fmt: skip
     check_model_fits(out, model)
     run_dir.hold(out)  # creates it; one process at a time: another would interleave metrics and outputs
@@ -455,12 +497,14 @@ class FineTuner:
         m = self.evaluate("dev")
         log.write(self.step, self.tokens, "dev", {"epoch": epoch, **scalars(m)})
         score = selection_key(m, self.cfg.metric)
-        improved = score > self.best["score"] or self.best["state"] is None
-        # --patience counts evaluations without a better metric: a lower loss at the same metric changes
-        # which weights are kept, not how long the run goes on.
         first = self.best["state"] is None  # the first evaluation is the best so far, whatever its metric
-        self.stale = 0 if first or score[0] > self.best["score"][0] else self.stale + 1
-        if improved:
+        better = first or score[0] > self.best["score"][0]
+        kept = better or score > self.best["score"]  # the same metric at a lower loss: kept, not "better"
+        # --patience counts evaluations without a better metric: a lower loss at the same metric changes
+        # which weights are kept, not how long the run goes on. The line says which of the two happened,
+        # so that a run that stops "without improvement" never showed one.
+        self.stale = 0 if better else self.stale + 1
+        if kept:
             state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best.update(score=score, metrics=m, step=self.step, epoch=epoch, state=state)
         shown = ", ".join(
@@ -468,7 +512,9 @@ class FineTuner:
             for k in ("accuracy", "macro_f1", "f1", "mcc", "pearson", "spearman", "loss")
             if k in m
         )
-        tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}" + ("  * best" if improved else ""))
+        mark = ("  * best" if better else
+                f"  * kept: the same {self.cfg.metric} at a lower loss" if kept else "")  # fmt: skip
+        tqdm.write(f"step {self.step} (epoch {epoch:.2f}) dev: {shown}{mark}")
         return self.cfg.patience > 0 and self.stale >= self.cfg.patience
 
     def save_best(self, stopped_early: bool, started: float, interrupted: bool = False) -> dict[str, dict]:
@@ -519,6 +565,16 @@ class FineTuner:
         return rows, figures(preds, loss, self.encoded[split], self.data, self.positive)
 
 
+def early_stop_line(t: FineTuner) -> str:
+    """What an early stop says: the figure that did not rise, and the weights kept (a lower loss at that
+    figure may have moved them since it was reached)."""
+    cfg, best = t.cfg, t.best
+    evaluations = f"{cfg.patience} evaluation{'s' * (cfg.patience != 1)}"
+    return (f"early stop at step {t.step} of {t.total}: dev {cfg.metric} has not risen above "
+            f"{best['metrics'][cfg.metric]:.4f} in {evaluations} (--patience); the model kept is step "
+            f"{best['step']}'s")  # fmt: skip
+
+
 def _one_class_note(rows: list[dict], data: TaskData) -> str | None:
     """A classifier that answers one label for every dev text has learnt nothing of the texts, whatever its
     figures (an f1 of the positive label can still read 0.92)."""
@@ -541,9 +597,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         options.usage_exit(f"error: {e}")
     out = Path(cfg.out)
     deterministic_kernels(cfg.deterministic)
-    cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        options.usage_exit("error: --device cuda: no CUDA device is visible; use --device cpu or auto")
+    cuda = torch.cuda.is_available() if cfg.device == "auto" else cfg.device == "cuda"  # resolve() checked it
     device = torch.device("cuda" if cuda else "cpu")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -565,7 +619,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         else ""
     )
     print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
-    for warning in overlap_warnings(data.splits):
+    for warning in [*data.warnings, *overlap_warnings(data.splits)]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
@@ -700,7 +754,8 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
             position = {"epoch": epoch, "epoch_rng": epoch_rng, "in_epoch": done, "window_loss": window_loss,
                         "window_n": window_n}  # fmt: skip
             due = evaluation_due()
-            if due and t.evaluate_dev(log):
+            # Patience spent at the last step stops nothing: the run has ended anyway.
+            if due and t.evaluate_dev(log) and t.step < t.total:
                 stopped_early = True
                 break
             if (due or stopping()) and t.step < t.total:
@@ -713,9 +768,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
         if stopping():
             break
         if stopped_early:
-            tqdm.write(
-                f"early stop at step {t.step}: no dev {cfg.metric} improvement in {cfg.patience} evaluations"
-            )
+            tqdm.write(early_stop_line(t))
             break
     bar.close()
     # Decided here: a signal during the save below, or during the last step or evaluation, does not unmake

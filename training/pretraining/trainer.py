@@ -760,8 +760,10 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
         if t.step >= cfg.max_steps:
-            print(f"next: python -m export {t.run} --out BUNDLE (a detector), or python -m training.finetune "
-                  f"--init {t.run} --task TASK --out DIR (a classifier)", flush=True)  # fmt: skip
+            classifier = f"python -m training.finetune --init {t.run} --task TASK --out DIR (a classifier)"
+            # An MLM run's checkpoint is a generator: export takes a detector (a discriminator) only.
+            print(f"next: {classifier}" if cfg.objective == "mlm" else
+                  f"next: python -m export {t.run} --out BUNDLE (a detector), or {classifier}", flush=True)  # fmt: skip
     env.close()
     return stopped_by
 

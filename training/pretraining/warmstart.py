@@ -105,7 +105,7 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
         raise ckpt.CheckpointError(
             f"{config_path}: no whole-number {', '.join(missing)}; not a model's config"
         )
-    config = ElectraConfig.from_dict(raw)
+    config = ckpt.config_from_dict(raw, config_path)
     tokenizer = _tokenizer_source(directory)
     _check_vocab(tokenizer, config, config_path)
     generator = directory / "generator"
@@ -247,12 +247,17 @@ def saved_warm_start(run: Path) -> WarmStart | None:
         return None
     tokenizer = run / "tokenizer" / "tokenizer.json"
     disc = InitSource(
-        d, ElectraConfig.from_dict(ckpt.read_config_json(d)), "ElectraForPreTraining", tokenizer
+        d,
+        ckpt.config_from_dict(ckpt.read_config_json(d), d / "config.json"),
+        "ElectraForPreTraining",
+        tokenizer,
     )
     came_from = (ran.get("generator") or {}).get("from")
     gen = None
     if came_from not in (None, "fresh") and (d / "generator" / "config.json").is_file():
-        gen_config = ElectraConfig.from_dict(ckpt.read_config_json(d / "generator"))
+        gen_config = ckpt.config_from_dict(
+            ckpt.read_config_json(d / "generator"), d / "generator" / "config.json"
+        )
         gen = InitSource(d / "generator", gen_config, "ElectraForMaskedLM", tokenizer)
     return WarmStart(disc, gen, frozenset(names), came_from)
 

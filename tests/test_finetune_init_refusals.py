@@ -1,0 +1,103 @@
+"""An --init fine-tuning cannot start from is refused naming the file, the field and what to do (exit 2,
+nothing written to --out): a config.json that does not fit its weights or holds a field of the wrong type
+(it was a size-mismatch traceback, or a TypeError at the first step), a model without a second token type
+given text pairs (an IndexError at the first step), and a BERT-family encoder (pretraining's --init takes
+one; fine-tuning takes what such a pretraining run makes)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from training.finetune import main as finetune
+
+try:
+    from test_finetune import write_csv
+except ImportError:  # tests/ made a package
+    from tests.test_finetune import write_csv
+
+
+def refused(argv: list, capsys, *says: str) -> None:
+    out = Path(argv[argv.index("--out") + 1])
+    with pytest.raises(SystemExit) as stop:
+        finetune([*map(str, argv), "--threads", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    for s in says:
+        assert s in err, (s, err)
+    assert not out.exists()
+
+
+def edited(tiny_init: Path, where: Path, **fields) -> Path:
+    """A copy of the tiny checkpoint whose config.json says `fields` (None: the field written as null)."""
+    shutil.copytree(tiny_init, where)
+    config = json.loads((where / "config.json").read_text())
+    (where / "config.json").write_text(json.dumps({**config, **fields}))
+    return where
+
+
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({"intermediate_size": 256}, "weights do not match config.json: size mismatch for electra.encoder"),
+        ({"vocab_size": 100}, "weights do not match config.json: size mismatch for electra.embeddings.word"),
+        ({"max_position_embeddings": 8}, "size mismatch for electra.embeddings.position_embeddings"),
+        ({"layer_norm_eps": "x"}, "config.json: layer_norm_eps must be a number, got 'x'"),
+        ({"embedding_size": None}, "config.json: embedding_size must be a whole number, got None"),
+        ({"type_vocab_size": 0}, "config.json: type_vocab_size must be positive, got 0"),
+    ],
+    ids=[
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "layer_norm_eps",
+        "embedding_size null",
+        "type_vocab_size 0",
+    ],  # fmt: skip
+)
+def test_a_config_json_that_does_not_fit_its_weights_is_named(tiny_init, tmp_path, capsys, fields, says):
+    init = edited(tiny_init, tmp_path / "init", **fields)
+    train = write_csv(tmp_path / "r.csv", 30)
+    refused(["--init", init, "--train", train, "--text-column", "review", "--label-column", "verdict",
+             "--out", tmp_path / "out"], capsys, f"error: --init: {init}", says)  # fmt: skip
+
+
+def test_text_pairs_on_a_model_with_one_token_type_are_refused(tiny_init, tmp_path, capsys):
+    import torch
+
+    from training.checkpoint import read_weights, save_model
+    from training.data.tokenizer import copy_tokenizer
+    from training.model import ElectraConfig, ElectraForPreTraining
+
+    init = tmp_path / "one-type"
+    init.mkdir()
+    config = json.loads((tiny_init / "config.json").read_text())
+    model = ElectraForPreTraining(ElectraConfig.from_dict({**config, "type_vocab_size": 1}))
+    weights = read_weights(tiny_init)
+    types = "electra.embeddings.token_type_embeddings.weight"
+    weights[types] = weights[types][:1]
+    model.load_state_dict(weights)
+    save_model(model, init, "ElectraForPreTraining")
+    copy_tokenizer(tiny_init, init)
+    train = write_csv(tmp_path / "r.csv", 30)
+    args = ["--init", init, "--train", train, "--text-column", "review", "--label-column", "verdict"]
+    refused([*args, "--text-pair-column", "title", "--out", tmp_path / "out"], capsys,
+            "--text-pair-column: ", "has type_vocab_size 1: the model has no embedding for a pair's second text")  # fmt: skip
+    assert torch.equal(weights[types], read_weights(init)[types])
+    finetune(
+        [*map(str, args), "--out", str(tmp_path / "single"), "--epochs", "1", "--threads", "1"]
+    )  # single texts
+
+
+def test_a_bert_family_encoder_is_refused_saying_to_pretrain_from_it_first(tiny_init, tmp_path, capsys):
+    """The refusal said "model_type is 'bert', expected 'electra'" (or, for a registry encoder, "no such
+    directory"), though README's warm starts take both: for pretraining, whose run fine-tuning then takes."""
+    bert = edited(tiny_init, tmp_path / "bert", model_type="bert", architectures=["BertModel"])
+    train = write_csv(tmp_path / "r.csv", 30)
+    for init in (bert, "all-minilm-l6-v2"):
+        refused(["--init", init, "--train", train, "--text-column", "review", "--label-column", "verdict",
+                 "--out", tmp_path / "out"], capsys, "fine-tuning takes ELECTRA checkpoints only",
+                f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune with --init RUN")  # fmt: skip

@@ -1,0 +1,98 @@
+"""What a pretraining run leaves behind, taken up again: its saved config.json given back as --config
+runs it again (it was "not valid TOML"); a handoff unpacked from it is refused by --resume saying to go
+on with --init (it was called a damaged checkpoint); a --data-dir given that names no directory is
+refused, while a resume whose saved data_dir is gone on this machine goes on, saying so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import options
+from training.pretrain import main as pretrain
+
+try:
+    from test_pretrain_refusals import REPO, tiny
+except ImportError:  # tests/ made a package
+    from tests.test_pretrain_refusals import REPO, tiny
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, small_corpus, small_tokenizer) -> Path:
+    """A 4-step run with checkpoints at steps 2 and 4."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    pretrain(tiny(run, small_corpus, small_tokenizer))
+    return run
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(finished, run, copy_function=shutil.copy)
+    (run / ".lock").unlink(missing_ok=True)
+    return run
+
+
+def refused(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        pretrain(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_the_saved_config_given_back_as_config_resolves_to_the_same_run(finished, tmp_path):
+    from training.pretraining.trainer import resolve_config
+
+    saved = json.loads((finished / "config.json").read_text())
+    again, _ = resolve_config(["--config", str(finished / "config.json"), "--out", str(tmp_path / "again")])
+    assert {k: v for k, v in options.as_dict(again).items() if k != "out"} == {
+        k: v for k, v in saved.items() if k not in ("out", "as_run")
+    }
+    assert again.out == str(tmp_path / "again")  # where that run wrote is its own
+
+
+def test_an_unpacked_handoff_cannot_be_resumed_and_says_to_go_on_with_init(finished, tmp_path, capsys):
+    from training.handoff import main as handoff
+
+    assert handoff(["pack", str(finished), "--out", str(tmp_path / "packed")]) == 0
+    assert handoff(["unpack", str(tmp_path / "packed"), "--out", str(tmp_path / "unpacked")]) == 0
+    said = refused(["--out", str(tmp_path / "unpacked"), "--resume"], capsys)
+    assert "was unpacked from a handoff (handoff.json)" in said and "is damaged" not in said
+    assert f"python -m training.pretrain --init {tmp_path / 'unpacked'} --out NEW_RUN" in said
+
+
+def test_a_data_dir_given_that_names_no_directory_is_refused(
+    tmp_path, monkeypatch, capsys, small_corpus, small_tokenizer
+):
+    """--data-dir /nonexistent (or ELECTRA_DATA_DIR) was ignored in silence: the registry's cache or the
+    network stood in for it. (A one-step run on a corpus file: the old code trains it, and fails at once.)"""
+    gone, run = tmp_path / "nowhere", tmp_path / "run"
+    argv = ["--out", str(run), "--corpus", str(small_corpus), "--tokenizer", str(small_tokenizer), "--threads", "1",
+            "--max-steps", "1"]  # fmt: skip
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    said = refused(["--config", str(REPO / "configs" / "tiny.toml"), *argv, "--data-dir", str(gone)], capsys)
+    assert f"error: --data-dir: {gone} does not exist" in said
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(gone))
+    said = refused(["--config", str(REPO / "configs" / "tiny.toml"), *argv], capsys)
+    assert f"error: ELECTRA_DATA_DIR: {gone} does not exist" in said
+    monkeypatch.delenv("ELECTRA_DATA_DIR")
+    (tmp_path / "file").write_text("")
+    config = tmp_path / "run.toml"
+    config.write_text((REPO / "configs" / "tiny.toml").read_text() + f'data_dir = "{tmp_path / "file"}"\n')
+    said = refused(["--config", str(config), *argv], capsys)
+    assert f"error: {config}: data_dir: {tmp_path / 'file'} is not a directory" in said
+    assert not run.exists()
+
+
+def test_a_resume_whose_saved_data_dir_is_gone_goes_on(finished, tmp_path, monkeypatch, capsys):
+    """On another machine the run's data_dir may be gone: it is the run's, not given now, and registry files
+    come from the cache (sha256-checked) instead."""
+    run = copy_of(finished, tmp_path)
+    saved = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**saved, "data_dir": str(tmp_path / "gone")}))
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "5", "--threads", "1"])
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000005"
+    assert f"note: the run's data_dir {tmp_path / 'gone'} does not exist here" in capsys.readouterr().err
