@@ -131,11 +131,21 @@ def _export(src: _Source, log) -> dict:
         resolved = {**asdict(cfg), "max_length": src.max_length}
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
-        (tmp / "export_config.json").write_text(json.dumps(_portable(resolved), indent=2) + "\n")
+        (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(_portable(resolved), indent=2) + "\n")
+        # Checked at the start (python -m export); again at the last moment before the swap, which deletes
+        # whatever the old directory holds: a file put there during the minutes of the export.
+        if others := bundle_writer.others_in(Path(cfg.out), bundle_writer.BUNDLE_FILES):
+            raise ConfigError(f"--out {cfg.out} holds {', '.join(others[:5])}, put there during the export, and the "
+                              "bundle replaces --out whole: move them out and export again")  # fmt: skip
 
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:
-        model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result)
+        try:
+            model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result)
+        except BaseException as e:
+            # A stop or a full disk here: the bundle is written, and the message must say so.
+            setattr(e, bundle_writer.BUNDLE_WRITTEN, True)
+            raise
         log(f"triton model repository: {model_dir}")
     return result
 

@@ -16,6 +16,7 @@ is checked against the bundle through ONNX Runtime before anything is written.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -30,7 +31,7 @@ import options
 from app.model.bundle import BundleError, read_bundle
 from options import option
 from options.stopping import signal_number, stop_as_ctrl_c
-from training.errors import CheckpointError, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
 
 
 class InputError(ValueError):
@@ -162,6 +163,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     from training.errors import check_room
     from training.model import ElectraConfig, ElectraForPreTraining
 
+    out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
     _check_out(out)
     read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -212,6 +214,7 @@ def _check_out(out: Path) -> None:
     earlier recovery's files, and is not a mount point (which cannot be renamed)."""
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; give a directory")
+    refuse_file_in_path(out, "--out ")  # a CheckpointError, as below
     if not out.is_dir():
         return
     refuse_mount_point(out, "--out ")  # a CheckpointError: a ValueError, as the others here
@@ -286,8 +289,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(128 + sig)
     except (InputError, BundleError, CheckpointError) as e:  # a bundle or --out to change: 2, as export's
         options.usage_exit(f"export.recover: {e}")
-    except (ValueError, OSError) as e:  # OSError: DiskFullError among them, naming the disk
+    except (ValueError, DiskFullError) as e:  # DiskFullError names the disk
         sys.exit(f"export.recover: {e}")
+    except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
+        options.usage_exit(f"export.recover: {e.filename or cfg.out}: {e.strerror or e}")
     print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
 
 
