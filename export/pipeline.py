@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from export.config import ExportConfig
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
+from export.workdirs import work_dir
 from options import ConfigError
 
 
@@ -76,8 +76,8 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
     if ckpt.parent.name != "checkpoints":
         yield ckpt, ckpt
         return
-    with tempfile.TemporaryDirectory(prefix="electra-export-") as tmp:
-        pinned = Path(tmp) / ckpt.name
+    with work_dir("pinned") as tmp:
+        pinned = tmp / ckpt.name
         try:
             shutil.copytree(ckpt, pinned, copy_function=link_or_copy,
                             ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
@@ -94,8 +94,7 @@ def _export(src: _Source, log) -> dict:
 
     def fill(tmp: Path) -> None:
         nonlocal src
-        with tempfile.TemporaryDirectory() as work_dir:
-            work = Path(work_dir)
+        with work_dir("graphs") as work:
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
             _check_vocabulary(tmp / bundle_writer.TOKENIZER, src)
             src.precision.prepare(src, tmp / bundle_writer.TOKENIZER)

@@ -1,9 +1,15 @@
 """Where an export writes: --out and --triton are checked before any work, written whole or not at all,
-and --force replaces an earlier export's files and nothing else."""
+and --force replaces an earlier export's files and nothing else; scratch directories of a killed export go
+at the next one."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -137,3 +143,33 @@ def test_a_triton_repository_that_cannot_be_written_leaves_none_and_says_the_bun
     except PermissionError as e:
         pytest.skip(str(e))
     assert (tmp_path / "b" / "manifest.json").is_file()
+
+
+def test_a_killed_exports_scratch_directories_go_at_the_next_export(tmp_path, detector_dir, monkeypatch):
+    """SIGKILL (the OOM killer) runs no cleanup: an export's raw.onnx and fp32.onnx stayed in /tmp for
+    good. They carry the exporting pid now, and the next export removes those of dead ones."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    cmd = [sys.executable, "-m", "export", str(detector_dir), "--out", str(tmp_path / "b"), *FAST]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("fusions:"):  # raw.onnx and fp32.onnx written
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    left = [p.name for p in scratch.iterdir()]
+    assert any(n.startswith(f"electra-export-pid{proc.pid}.graphs-") for n in left), left
+
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen: list[str] = []
+
+    def look(msg: str) -> None:
+        if msg.startswith("fp32 parity"):
+            seen.extend(p.name for p in scratch.iterdir())
+
+    export(detector_dir, tmp_path / "c", log=look, precision="fp32", calibrate=False)
+    ours = [n for n in seen if n.startswith("electra-export-")]  # the killed export's already gone
+    assert ours and all(n.startswith(f"electra-export-pid{os.getpid()}.") for n in ours), seen
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("electra-export-")] == []
