@@ -45,8 +45,12 @@ def torch_probs(model: torch.nn.Module, kind: str, ptype: str | None, b: Batch) 
     return logits.numpy() if ptype == "regression" else torch.softmax(logits, -1).numpy()
 
 
-def random_batches(vocab_size: int, max_len: int, n: int = 6, seed: int = 0) -> list[Batch]:
-    """Batches of 1..8 rows, each row its own length, padded to the longest (pad id 0, mask 0)."""
+def random_batches(
+    vocab_size: int, max_len: int, n: int = 6, seed: int = 0, type_vocab_size: int = 2
+) -> list[Batch]:
+    """Batches of 1..8 rows, each row its own length, padded to the longest (pad id 0, mask 0); a second
+    segment (token type 1) only where the model has that type (type_vocab_size 1 has one row: id 1 would
+    index past it)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -57,7 +61,7 @@ def random_batches(vocab_size: int, max_len: int, n: int = 6, seed: int = 0) -> 
         ids = rng.integers(1, vocab_size, (B, T))
         mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
         types = np.zeros((B, T), np.int64)
-        types[:, T // 2 :] = rng.integers(0, 2)  # sometimes a second segment
+        types[:, T // 2 :] = rng.integers(0, min(2, type_vocab_size))  # sometimes a second segment
         out.append(Batch(np.where(mask == 1, ids, 0), mask, types * mask))
     return out
 

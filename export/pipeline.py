@@ -205,6 +205,10 @@ def _load(cfg: ExportConfig, log) -> _Source:
     if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
                           "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip
+    if cfg.text_pair_column and mcfg.type_vocab_size < 2:
+        raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model's config.json says type_vocab_size "
+                          f"{mcfg.type_vocab_size}, so it has no token type for a pair's second text and takes "
+                          "no pairs: name --eval-data's text and label columns only")  # fmt: skip
     ptype = problem_type(mcfg) if kind == "classifier" else None
     quantization_aware = mcfg.quantization is not None
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
@@ -228,7 +232,9 @@ def _fp32_graph_of(src: _Source, work: Path) -> _Fp32:
     src.log(f"fusions: {fusions}")
     sess32 = optimize.session(work / "fp32.onnx")
     inputs = [n for n in INPUT_NAMES if n in {i.name for i in sess32.get_inputs()}]
-    batches = parity.random_batches(mcfg.vocab_size, min(src.max_length, 128), seed=src.cfg.seed)
+    batches = parity.random_batches(
+        mcfg.vocab_size, min(src.max_length, 128), seed=src.cfg.seed, type_vocab_size=mcfg.type_vocab_size
+    )
     diff = parity.max_abs_diff(src.model, sess32, src.kind, src.ptype, batches, inputs)
     report = {"fp32_vs_torch": parity.check_close(diff, "fp32")}
     report["fp32_vs_torch"]["batches"] = "6 batches of 1-8 rows, random lengths, padded"

@@ -256,9 +256,9 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
 
     cal = manifest.get("calibration")
     model = CalibratedLogits(disc, LengthMap.from_manifest(cal)) if cal else disc
-    batches = parity.random_batches(
-        manifest["source"]["config"]["vocab_size"], min(manifest["max_length"], 128)
-    )
+    config = manifest["source"]["config"]
+    batches = parity.random_batches(config["vocab_size"], min(manifest["max_length"], 128),
+                                    type_vocab_size=config.get("type_vocab_size", 2))  # fmt: skip
     diff = parity.max_abs_diff(model.eval(), session(bundle / "model.onnx"), "detector", None, batches,
                                manifest["inputs"])  # fmt: skip
     # An int8-compute bundle is held to its simulated forward within the export's per-token gate (int8

@@ -99,8 +99,10 @@ def save_classifier(
     labels: tuple[str, ...] = ("negative", "positive"),
     problem_type: str | None = None,
     seed: int = 0,
+    **overrides,
 ) -> Path:
-    """A Hugging Face ElectraForSequenceClassification directory with named labels."""
+    """A Hugging Face ElectraForSequenceClassification directory with named labels (`overrides`: other
+    ElectraConfig fields, as save_detector's)."""
     import torch
     from transformers import ElectraForSequenceClassification
 
@@ -110,6 +112,7 @@ def save_classifier(
         id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)},
         problem_type=problem_type,
+        **overrides,
     )
     return _save(ElectraForSequenceClassification(cfg), tokenizer_dir, out_dir)
 

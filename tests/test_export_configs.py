@@ -1,0 +1,48 @@
+"""Hugging Face configs export once failed on at the end of the work: one token type."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import helpers_models as hm
+
+try:
+    from app_fixtures import run_server
+    from export_fixtures import export, tokenizer_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import run_server
+    from tests.export_fixtures import export, tokenizer_dir  # noqa: F401
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.timeout(120)
+
+
+def _edit_config(directory, **fields):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(fields)
+    for name in [k for k, v in fields.items() if v is None]:
+        del config[name]
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_a_model_of_one_token_type_exports_and_is_served_texts_only(tmp_path, tokenizer_dir, capsys):
+    """type_vocab_size 1: the parity check fed token type 1 (an IndexError traceback), and the server
+    would have run a pair into an ONNX error (500). It exports, and /classify refuses pairs for it (422)."""
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, type_vocab_size=1)
+    export(src, tmp_path / "models" / "one", precision="fp32")
+    dev = tmp_path / "dev.csv"
+    dev.write_text("text,second,label\na film,a plot,neg\n")
+    argv = [str(src), "--out", str(tmp_path / "x"), "--eval-data", str(dev), "--text-pair-column", "second"]
+    assert main(argv) == 2
+    assert "type_vocab_size 1, so it has no token type for a pair's second text" in capsys.readouterr().err
+
+    with run_server(tmp_path / "models", log_dir=tmp_path) as server, server.client() as client:
+        assert client.get("/models").json()["models"][0]["trained_on"] == "texts"
+        r = client.post("/classify", json={"pairs": [["a fine film", "great"]]})
+        assert r.status_code == 422 and "type_vocab_size is 1" in r.json()["error"]["message"], r.text
+        assert client.post("/classify", json={"texts": ["a fine film"]}).status_code == 200
