@@ -1,4 +1,5 @@
-"""Hugging Face configs export once failed on at the end of the work: one token type."""
+"""Hugging Face configs export once failed on at the end of the work, or refused for no good reason: one
+token type, labels not numbered from 0, no `architectures`."""
 
 from __future__ import annotations
 
@@ -46,3 +47,25 @@ def test_a_model_of_one_token_type_exports_and_is_served_texts_only(tmp_path, to
         r = client.post("/classify", json={"pairs": [["a fine film", "great"]]})
         assert r.status_code == 422 and "type_vocab_size is 1" in r.json()["error"]["message"], r.text
         assert client.post("/classify", json={"texts": ["a fine film"]}).status_code == 200
+
+
+def test_labels_not_numbered_from_0_are_refused_naming_config_json(tmp_path, tokenizer_dir, capsys):
+    """id2label {"1": "a", "2": "b", "3": "c"} ended in a KeyError traceback after the whole export."""
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, labels=("a", "b", "c"))
+    _edit_config(src, id2label={"1": "a", "2": "b", "3": "c"}, label2id={"a": 1, "b": 2, "c": 3})
+    assert main([str(src), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}/config.json: id2label's keys are [1, 2, 3], not the output columns 0 to 2" in err, err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_config_without_architectures_is_read_by_its_weights(tmp_path, tokenizer_dir):
+    """transformers loads a classifier whose config.json names no architectures; export took it for a
+    detector and refused it with lists of missing and unexpected tensors."""
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, labels=("no", "yes"))
+    _edit_config(src, architectures=None)
+    manifest = export(src, tmp_path / "b", precision="fp32")
+    assert manifest["kind"] == "classifier" and manifest["labels"] == ["no", "yes"]
+    assert manifest["source"]["architecture"] == "ElectraForSequenceClassification"
