@@ -210,6 +210,10 @@ def _load(cfg: ExportConfig, log) -> _Source:
                           f"{mcfg.type_vocab_size}, so it has no token type for a pair's second text and takes "
                           "no pairs: name --eval-data's text and label columns only")  # fmt: skip
     ptype = problem_type(mcfg) if kind == "classifier" else None
+    if cfg.eval_data and ptype == "multi_label_classification":  # recorded in export_config.json as if read
+        raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
+                          "of --eval-data has one label, and the model answers yes or no for each): it measures "
+                          "how often int8 and fp32 disagree on held-out text (--eval-text); drop --eval-data")  # fmt: skip
     quantization_aware = mcfg.quantization is not None
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,

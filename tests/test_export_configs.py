@@ -1,5 +1,5 @@
 """Hugging Face configs export once failed on at the end of the work, or refused for no good reason: one
-token type, labels not numbered from 0, no `architectures`."""
+token type, labels not numbered from 0, no `architectures`; and --eval-data a multi-label model ignored."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from tests import helpers_models as hm
 
 try:
     from app_fixtures import run_server
-    from export_fixtures import export, tokenizer_dir  # noqa: F401 (fixture)
+    from export_fixtures import eval_text, export, tokenizer_dir  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
     from tests.app_fixtures import run_server
-    from tests.export_fixtures import export, tokenizer_dir  # noqa: F401
+    from tests.export_fixtures import eval_text, export, tokenizer_dir  # noqa: F401
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -69,3 +69,19 @@ def test_a_config_without_architectures_is_read_by_its_weights(tmp_path, tokeniz
     manifest = export(src, tmp_path / "b", precision="fp32")
     assert manifest["kind"] == "classifier" and manifest["labels"] == ["no", "yes"]
     assert manifest["source"]["architecture"] == "ElectraForSequenceClassification"
+
+
+def test_a_multi_label_model_refuses_eval_data_it_would_not_read(tmp_path, tokenizer_dir, eval_text, capsys):
+    """Its int8 check compares int8 with fp32 on held-out text; --eval-data was silently ignored (and
+    recorded in export_config.json as read), and the manifest then asked for --eval-data."""
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, ("a", "b", "c"), "multi_label_classification")
+    dev = tmp_path / "dev.csv"
+    dev.write_text("text,label\na film,a\n")
+    assert main([str(src), "--out", str(tmp_path / "x"), "--eval-data", str(dev)]) == 2
+    assert "--eval-data: a multi-label classifier's int8 check does not read" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    manifest = export(src, tmp_path / "b", eval_text=str(eval_text), eval_sequences=16)
+    note = manifest["parity"]["int8_accuracy"]["note"]
+    assert "--eval-data" not in note and "multi-label" in note, note
