@@ -158,8 +158,8 @@ class ModelInfo(msgspec.Struct):
     default: bool  # picked when a request names no model
     trained_on: Annotated[
         str | None,
-        _doc("classifiers: `texts` or `pairs`, what the model was fine-tuned on and what /classify takes; "
-             "null: not recorded (an imported model), either is taken"),
+        _doc("classifiers: `texts` or `pairs`, what the model was fine-tuned on (`texts` too for a model of "
+             "one token type) and what /classify takes; null: not recorded (an imported model), either is taken"),
     ] = None  # fmt: skip
     threshold: Annotated[float | None, _doc("detectors: the threshold a request without one gets")] = None
     calibrated: Annotated[

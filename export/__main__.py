@@ -9,41 +9,87 @@ ExportConfig's (export/config.py), resolved as every entry point's are (options/
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
 
 import options
+from export.bundle_writer import (
+    BUNDLE_FILES,
+    BUNDLE_WRITTEN,
+    MANIFEST,
+    TRITON_CONFIG,
+    TRITON_FILES,
+    others_in,
+)
 from export.config import ExportConfig
 from options.stopping import signal_number, stop_as_ctrl_c
-from training.errors import CheckpointError, DiskFullError, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
 
 PROG = "python -m export"
 
 
 def resolve(argv: list[str] | None = None) -> ExportConfig:
     cfg = options.resolve(ExportConfig, argv, prog=PROG, description=__doc__.split("\n\n")[1])
-    # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
+    # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
+    # the messages and export_config.json then all name one directory. Links are kept (abspath, not
+    # resolve): write_atomically replaces the directory a link points to.
+    cfg.out = os.path.abspath(cfg.out)
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():  # --force replaces a bundle, never a file
-        raise options.ConfigError(f"--out {out} is a file; a bundle is a directory: choose another --out")
-    try:  # found at the write instead, after the calibration and the parity checks; and before "not empty":
-        refuse_mount_point(out, "--out ")  # a volume's root holds lost+found, and --force would not help
+    # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
+    _check_replaceable(out, "--out", cfg, BUNDLE_FILES, MANIFEST, "bundle")
+    if cfg.triton == "":
+        cfg.triton = cfg.out + "-triton"
+    if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
+        cfg.triton = os.path.abspath(cfg.triton)
+        repo = Path(cfg.triton)
+        if repo.exists() and not repo.is_dir():
+            raise options.ConfigError(f"--triton {repo} is a file; a Triton model repository is a directory: "
+                                      "choose another --triton")  # fmt: skip
+        model_dir = repo / out.name
+        if _overlap(model_dir, out) or _overlap(repo, out):
+            raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
+                                      f"{model_dir}): each is replaced whole; choose a --triton apart from --out")  # fmt: skip
+        _check_replaceable(model_dir, "--triton", cfg, TRITON_FILES, TRITON_CONFIG, "Triton model directory")
+    return cfg
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def _check_replaceable(
+    target: Path, flag: str, cfg: ExportConfig, own: tuple, marker: str, what: str
+) -> None:
+    """`target` may be written (built beside it, swapped into its place): new, empty, or with --force an
+    earlier export's `what` holding only its `own` files. A file on the way, a mount point, or the checkpoint
+    inside it would only be found at the write, after the work, or be deleted by it."""
+    if target.exists() and not target.is_dir():  # --force replaces a bundle, never a file
+        raise options.ConfigError(f"{flag} {target} is a file, where the {what} (a directory) would be written: "
+                                  f"choose another {flag}")  # fmt: skip
+    try:
+        refuse_file_in_path(target, f"{flag} ")
+        # And before "not empty": a volume's root holds lost+found, and --force would not help.
+        refuse_mount_point(target, f"{flag} ")
     except CheckpointError as e:
         raise options.ConfigError(str(e)) from None
     here = Path(cfg.checkpoint).resolve()
-    if out.resolve() == here or out.resolve() in here.parents:  # --force would delete what is exported
-        raise options.ConfigError(f"--out {out} holds the checkpoint being exported ({cfg.checkpoint}): choose "
-                                  "another --out")  # fmt: skip
-    held = ", ".join(sorted(p.name for p in out.iterdir())[:4]) if out.is_dir() else ""
-    if held and cfg.force and not (out / "manifest.json").is_file():
-        raise options.ConfigError(f"--out {out} holds {held} and no bundle (no manifest.json): --force replaces a "
-                                  "bundle, never other files; choose another --out")  # fmt: skip
+    if target.resolve() == here or target.resolve() in here.parents:  # --force would delete what is exported
+        raise options.ConfigError(f"{flag} {target} holds the checkpoint being exported ({cfg.checkpoint}): "
+                                  f"choose another {flag}")  # fmt: skip
+    held = ", ".join(sorted(p.name for p in target.iterdir())[:4]) if target.is_dir() else ""
     if held and not cfg.force:
-        raise options.ConfigError(f"--out {out} is not empty (it holds {held}); pass --force to replace it")
-    if cfg.triton == "":
-        cfg.triton = cfg.out.rstrip("/") + "-triton"
-    return cfg
+        raise options.ConfigError(
+            f"{flag} {target} is not empty (it holds {held}); pass --force to replace it"
+        )
+    if held and not (target / marker).is_file():
+        raise options.ConfigError(f"{flag} {target} holds {held} and no {what} (no {marker}): --force replaces "
+                                  f"a {what}, never other files; choose another {flag}")  # fmt: skip
+    if held and (others := others_in(target, own)):
+        raise options.ConfigError(f"{flag} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
+                                  f"({', '.join(f for f in own if '/' not in f)}), and --force replaces the "
+                                  f"directory whole: move them out, or choose another {flag}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))
     except DiskFullError as e:
-        print(f"export failed: {e}; nothing was written at --out {cfg.out}", file=sys.stderr)
+        print(f"export failed: {e}; {_what_was_written(e, cfg)}", file=sys.stderr)
         return 1
     except (
         CheckpointError,
@@ -74,20 +120,38 @@ def main(argv: list[str] | None = None) -> int:
         CalibrationDataError,
         options.ConfigError,  # an option the model does not allow (--max-length past its positions)
     ) as e:  # the checkpoint, data or option to change
-        print(f"export failed: {e}", file=sys.stderr)
+        print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)
+        return options.EXIT_USAGE
+    except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
+        print(f"export failed: {e.filename or cfg.out}: {e.strerror or e}; {_what_was_written(e, cfg)}",
+              file=sys.stderr)  # fmt: skip
         return options.EXIT_USAGE
     except (ParityError, ValueError) as e:
-        print(f"export failed: {e}", file=sys.stderr)
+        print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # the bundle is filled under a temporary name, removed on the way out
         sig = signal_number(e)
-        print(f"\nexport stopped by {signal.Signals(sig).name}: nothing was written at --out {cfg.out} (a bundle "
-              "already there is untouched)", file=sys.stderr)  # fmt: skip
+        print(f"\nexport stopped by {signal.Signals(sig).name}: {_what_was_written(e, cfg)}", file=sys.stderr)
         return 128 + sig
     print(
         f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
     )
     return 0
+
+
+def _what_was_written(e: BaseException, cfg: ExportConfig) -> str:
+    """What an export that ended on `e` left: nothing, or (stopped while writing the Triton repository,
+    which is written after the bundle) the bundle alone."""
+    if getattr(e, BUNDLE_WRITTEN, False):
+        return (
+            f"the bundle at --out {cfg.out} was written, the Triton model directory under --triton "
+            f"{cfg.triton} was not (one there before is untouched): export again with --force to write both"
+        )
+    return f"nothing was written at --out {cfg.out} (a bundle already there is untouched)"
+
+
+def _if_written(e: BaseException, cfg: ExportConfig) -> str:
+    return f"; {_what_was_written(e, cfg)}" if getattr(e, BUNDLE_WRITTEN, False) else ""
 
 
 if __name__ == "__main__":

@@ -12,8 +12,34 @@ from app.model.bundle import FILES, BundleError, file_hashes, read_bundle
 
 FORMAT_VERSION = 1
 MODEL, TOKENIZER, MANIFEST = FILES
+EXPORT_CONFIG = "export_config.json"
+# Everything an export writes into --out and into a Triton model directory: --force replaces these and
+# nothing else (others_in).
+BUNDLE_FILES = (*FILES, EXPORT_CONFIG)
+TRITON_CONFIG = "config.pbtxt"
+TRITON_FILES = (TRITON_CONFIG, TOKENIZER, "1", f"1/{MODEL}")
+# Set (True) on an exception raised while the Triton repository was written: the bundle already was, and
+# the message must say so (python -m export's main).
+BUNDLE_WRITTEN = "bundle_written"
 
-__all__ = ["BundleError", "verify_bundle", "write_manifest", "write_tokenizer", "write_triton"]
+__all__ = ["BundleError", "others_in", "verify_bundle", "write_manifest", "write_tokenizer", "write_triton"]
+
+
+def others_in(directory: Path, own: tuple[str, ...]) -> list[str]:
+    """What `directory` holds besides `own` (paths relative to it, a foreign directory named once): what
+    --force must not replace. The directory is written whole (built beside it, swapped into its place), so
+    anything left here would be deleted with the old bundle."""
+    if not directory.is_dir():
+        return []
+    found, todo = [], [directory]
+    while todo:
+        for p in sorted(todo.pop().iterdir()):
+            rel = p.relative_to(directory).as_posix()
+            if rel not in own:
+                found.append(rel)
+            elif p.is_dir() and not p.is_symlink():
+                todo.append(p)
+    return sorted(found)
 
 
 def verify_bundle(directory: str | Path) -> dict:
@@ -94,10 +120,10 @@ instance_group [ {{ count: 1, kind: {device} }} ]
 
 
 def write_triton(repo: Path, name: str, bundle: Path, manifest: dict, max_batch: int = 64) -> Path:
-    model_dir = repo / name
-    (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(bundle / MODEL, model_dir / "1" / MODEL)
-    shutil.copyfile(bundle / TOKENIZER, model_dir / TOKENIZER)  # clients tokenize; keep it with the model
+    """<repo>/<name> written whole or not at all (write_atomically, as the bundle is): a stop or a full disk
+    leaves an earlier model directory there as it was."""
+    from training.checkpoint import write_atomically
+
     inputs = ",\n".join(
         f'  {{ name: "{n}", data_type: TYPE_INT64, dims: [ -1 ] }}' for n in manifest["inputs"]
     )
@@ -110,5 +136,11 @@ def write_triton(repo: Path, name: str, bundle: Path, manifest: dict, max_batch:
         out_dims="-1" if detector else str(len(manifest.get("labels") or [1])),
         device="KIND_GPU" if manifest["precision"] == "fp16" else "KIND_CPU",
     )
-    (model_dir / "config.pbtxt").write_text(text)
-    return model_dir
+
+    def fill(model_dir: Path) -> None:
+        (model_dir / "1").mkdir()
+        shutil.copyfile(bundle / MODEL, model_dir / "1" / MODEL)
+        shutil.copyfile(bundle / TOKENIZER, model_dir / TOKENIZER)  # clients tokenize; keep it with the model
+        (model_dir / TRITON_CONFIG).write_text(text)
+
+    return write_atomically(repo / name, fill)

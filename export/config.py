@@ -44,7 +44,8 @@ class ExportConfig:
     eval_data: str | None = option(
         None,
         "classifiers: labelled dev data (CSV/TSV/JSONL), read with the columns the model was fine-tuned "
-        "with (a pair model's two texts and label; text,label for a model from elsewhere)",
+        "with (a pair model's two texts and label; text,label for a model from elsewhere); not for a "
+        "multi-label model, checked on --eval-text",
     )
     # --eval-data's columns, where they are not those of the model's fine-tuning (evaldata.eval_columns).
     text_column: str | None = option(None, "--eval-data's text column (default: the model's own, else text)")

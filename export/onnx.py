@@ -146,10 +146,10 @@ EXPORTABLE = " or ".join(f"{arch} ({what})" for arch, what in _TAKES.items())
 
 def check_exportable(ckpt) -> None:
     """Refuse, before the weights are read, a checkpoint whose config.json names another architecture."""
-    from training.checkpoint import read_config_json
+    from training.checkpoint import architecture_of, read_config_json
     from training.errors import CheckpointError
 
-    arch = (read_config_json(ckpt).get("architectures") or ["ElectraForPreTraining"])[0]
+    arch = architecture_of(ckpt, read_config_json(ckpt))
     if arch not in _TAKES:
         hints = {
             "ElectraForMaskedLM": " (a generator, which predicts masked words: a run's generator/ is exported "

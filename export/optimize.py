@@ -14,6 +14,9 @@ import numpy as np
 import onnx
 
 INT8_SETTINGS = {"weight_type": "QInt8", "per_channel": False, "reduce_range": False}
+# The manifest's optimizations.int8.method of --int8 dynamic and static (export.recover refuses both).
+QUANTIZE_DYNAMIC = "onnxruntime.quantization.quantize_dynamic"
+QUANTIZE_STATIC = "onnxruntime.quantization.quantize_static"
 
 
 def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, for_gpu: bool = False) -> dict[str, int]:
@@ -151,7 +154,7 @@ def quantize_int8(src: Path, dst: Path, settings: dict | None = None) -> dict:
         )
     finally:
         root.removeFilter(quiet)
-    return {**s, "method": "onnxruntime.quantization.quantize_dynamic"}
+    return {**s, "method": QUANTIZE_DYNAMIC}
 
 
 def quantize_int8_static(
@@ -202,7 +205,7 @@ def quantize_int8_static(
     finally:
         root.removeFilter(quiet)
     return {
-        "method": "onnxruntime.quantization.quantize_static",
+        "method": QUANTIZE_STATIC,
         "format": "QDQ",
         "op_types": ["MatMul", "Gather"],
         "activation_type": "QUInt8",

@@ -45,8 +45,12 @@ def torch_probs(model: torch.nn.Module, kind: str, ptype: str | None, b: Batch) 
     return logits.numpy() if ptype == "regression" else torch.softmax(logits, -1).numpy()
 
 
-def random_batches(vocab_size: int, max_len: int, n: int = 6, seed: int = 0) -> list[Batch]:
-    """Batches of 1..8 rows, each row its own length, padded to the longest (pad id 0, mask 0)."""
+def random_batches(
+    vocab_size: int, max_len: int, n: int = 6, seed: int = 0, type_vocab_size: int = 2
+) -> list[Batch]:
+    """Batches of 1..8 rows, each row its own length, padded to the longest (pad id 0, mask 0); a second
+    segment (token type 1) only where the model has that type (type_vocab_size 1 has one row: id 1 would
+    index past it)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -57,7 +61,7 @@ def random_batches(vocab_size: int, max_len: int, n: int = 6, seed: int = 0) -> 
         ids = rng.integers(1, vocab_size, (B, T))
         mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
         types = np.zeros((B, T), np.int64)
-        types[:, T // 2 :] = rng.integers(0, 2)  # sometimes a second segment
+        types[:, T // 2 :] = rng.integers(0, min(2, type_vocab_size))  # sometimes a second segment
         out.append(Batch(np.where(mask == 1, ids, 0), mask, types * mask))
     return out
 
@@ -176,10 +180,11 @@ def classifier_drop(
     data: Batch,
     labels: np.ndarray | None,
     ptype,
-    give: str = "--eval-data FILE",
+    give: str | None = "--eval-data FILE",
 ) -> dict:
     """Accuracy drop with labels; argmax disagreement without (regression: mean abs diff, not gated). `give`:
-    the labelled data to give, in the messages without labels."""
+    the labelled data to give, in the messages without labels (None: a multi-label model, which none can
+    check)."""
     p32, p8 = run_batched(fp32, inputs, data), run_batched(int8, inputs, data)
     if ptype == "regression":
         return {"metric": "mean_abs_diff_vs_fp32", "value": float(np.abs(p32 - p8).mean()), "rows": len(p32)}
@@ -189,15 +194,22 @@ def classifier_drop(
         pred32, pred8 = p32.argmax(-1), p8.argmax(-1)
     if labels is None:
         disagree = float((pred32 != pred8).mean())
+        labelled = (
+            f"With labelled dev data (give {give}) the check measures the accuracy drop itself; or "
+            if give
+            else "Or "
+        )
         if not disagree <= MAX_ACCURACY_DROP:
             raise ParityError(
                 f"int8 and fp32 disagree on {100 * disagree:.2f}% of held-out texts (limit "
-                f"{100 * MAX_ACCURACY_DROP:.1f}%, which bounds any accuracy drop). With labelled dev data "
-                f"(give {give}) the check measures the accuracy drop itself; or export --precision fp32"
+                f"{100 * MAX_ACCURACY_DROP:.1f}%, which bounds any accuracy drop). {labelled}export --precision fp32"
             )
+        given = (
+            f"no labelled dev data (give {give})" if give else "a multi-label model: checked without labels"
+        )
         return {
             "metric": "argmax_disagreement_vs_fp32",
-            "note": f"no labelled dev data (give {give}): disagreement bounds the accuracy drop on this text",
+            "note": f"{given}: disagreement bounds the accuracy drop on this text",
             "value": disagree,
             "max": MAX_ACCURACY_DROP,
             "rows": len(p32),

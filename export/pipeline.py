@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from export.config import ExportConfig
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
+from export.workdirs import work_dir
 from options import ConfigError
 
 
@@ -76,8 +76,8 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
     if ckpt.parent.name != "checkpoints":
         yield ckpt, ckpt
         return
-    with tempfile.TemporaryDirectory(prefix="electra-export-") as tmp:
-        pinned = Path(tmp) / ckpt.name
+    with work_dir("pinned") as tmp:
+        pinned = tmp / ckpt.name
         try:
             shutil.copytree(ckpt, pinned, copy_function=link_or_copy,
                             ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
@@ -94,8 +94,7 @@ def _export(src: _Source, log) -> dict:
 
     def fill(tmp: Path) -> None:
         nonlocal src
-        with tempfile.TemporaryDirectory() as work_dir:
-            work = Path(work_dir)
+        with work_dir("graphs") as work:
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
             _check_vocabulary(tmp / bundle_writer.TOKENIZER, src)
             src.precision.prepare(src, tmp / bundle_writer.TOKENIZER)
@@ -131,11 +130,21 @@ def _export(src: _Source, log) -> dict:
         resolved = {**asdict(cfg), "max_length": src.max_length}
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
-        (tmp / "export_config.json").write_text(json.dumps(_portable(resolved), indent=2) + "\n")
+        (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(_portable(resolved), indent=2) + "\n")
+        # Checked at the start (python -m export); again at the last moment before the swap, which deletes
+        # whatever the old directory holds: a file put there during the minutes of the export.
+        if others := bundle_writer.others_in(Path(cfg.out), bundle_writer.BUNDLE_FILES):
+            raise ConfigError(f"--out {cfg.out} holds {', '.join(others[:5])}, put there during the export, and the "
+                              "bundle replaces --out whole: move them out and export again")  # fmt: skip
 
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:
-        model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result)
+        try:
+            model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result)
+        except BaseException as e:
+            # A stop or a full disk here: the bundle is written, and the message must say so.
+            setattr(e, bundle_writer.BUNDLE_WRITTEN, True)
+            raise
         log(f"triton model repository: {model_dir}")
     return result
 
@@ -196,7 +205,15 @@ def _load(cfg: ExportConfig, log) -> _Source:
     if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
                           "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip
+    if cfg.text_pair_column and mcfg.type_vocab_size < 2:
+        raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model's config.json says type_vocab_size "
+                          f"{mcfg.type_vocab_size}, so it has no token type for a pair's second text and takes "
+                          "no pairs: name --eval-data's text and label columns only")  # fmt: skip
     ptype = problem_type(mcfg) if kind == "classifier" else None
+    if cfg.eval_data and ptype == "multi_label_classification":  # recorded in export_config.json as if read
+        raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
+                          "of --eval-data has one label, and the model answers yes or no for each): it measures "
+                          "how often int8 and fp32 disagree on held-out text (--eval-text); drop --eval-data")  # fmt: skip
     quantization_aware = mcfg.quantization is not None
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
@@ -219,7 +236,9 @@ def _fp32_graph_of(src: _Source, work: Path) -> _Fp32:
     src.log(f"fusions: {fusions}")
     sess32 = optimize.session(work / "fp32.onnx")
     inputs = [n for n in INPUT_NAMES if n in {i.name for i in sess32.get_inputs()}]
-    batches = parity.random_batches(mcfg.vocab_size, min(src.max_length, 128), seed=src.cfg.seed)
+    batches = parity.random_batches(
+        mcfg.vocab_size, min(src.max_length, 128), seed=src.cfg.seed, type_vocab_size=mcfg.type_vocab_size
+    )
     diff = parity.max_abs_diff(src.model, sess32, src.kind, src.ptype, batches, inputs)
     report = {"fp32_vs_torch": parity.check_close(diff, "fp32")}
     report["fp32_vs_torch"]["batches"] = "6 batches of 1-8 rows, random lengths, padded"

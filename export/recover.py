@@ -16,6 +16,7 @@ is checked against the bundle through ONNX Runtime before anything is written.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -28,9 +29,10 @@ from onnx import numpy_helper
 
 import options
 from app.model.bundle import BundleError, read_bundle
+from export.optimize import QUANTIZE_DYNAMIC, QUANTIZE_STATIC
 from options import option
 from options.stopping import signal_number, stop_as_ctrl_c
-from training.errors import CheckpointError, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
 
 
 class InputError(ValueError):
@@ -52,10 +54,11 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 
 
 def _linear_bias(node, values, consumers) -> np.ndarray:
-    """The bias added to a MatMul's product: by the Add or BiasGelu that takes it, or folded into a
+    """The bias added to a MatMul's product: by the Add, BiasGelu or FastGelu (hidden_act gelu_new and its
+    other names: ORT fuses the bias into its second input) that takes it, or folded into a
     SkipLayerNormalization as its fifth input."""
     for c in consumers.get(node.output[0], []):
-        if c.op_type in ("Add", "BiasGelu"):
+        if c.op_type in ("Add", "BiasGelu", "FastGelu"):
             const = [i for i in c.input if i in values]
             if len(const) == 1:
                 return values[const[0]]
@@ -162,11 +165,13 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     from training.errors import check_room
     from training.model import ElectraConfig, ElectraForPreTraining
 
+    out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
     _check_out(out)
     read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
         raise InputError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
+    _check_recoverable(bundle, manifest)
     cfg = ElectraConfig.from_dict(manifest["source"]["config"])
     projected = cfg.embedding_size != cfg.hidden_size
     weights = recover_weights(onnx.load(str(bundle / "model.onnx")), cfg.num_hidden_layers, projected)
@@ -207,11 +212,30 @@ RECOVERED_FILES = (
 )
 
 
+# onnxruntime's own quantizers: what of them a checkpoint cannot be, and so not recovered.
+_NOT_RECOVERABLE = {
+    QUANTIZE_STATIC: ("static", "its graph is onnxruntime's unfused QDQ graph, whose steps are not read here"),
+    QUANTIZE_DYNAMIC: ("dynamic", "it quantizes each batch's activations with that batch's ranges, which no "
+                       "checkpoint computes, so the recovered model could not be checked against it"),
+}  # fmt: skip
+
+
+def _check_recoverable(bundle: Path, manifest: dict) -> None:
+    """An InputError (exit 2) for a bundle of an --int8 method whose graph is not one this reads."""
+    method = ((manifest.get("optimizations") or {}).get("int8") or {}).get("method")
+    if method in _NOT_RECOVERABLE:
+        name, why = _NOT_RECOVERABLE[method]
+        raise InputError(f"{bundle} was exported with --int8 {name} (manifest optimizations.int8.method {method}): "
+                         f"{why}. Bundles of --precision fp32 or fp16, or --int8 weights or compute, are "
+                         "recovered: export the checkpoint so, or recover another bundle of it")  # fmt: skip
+
+
 def _check_out(out: Path) -> None:
     """--out is replaced whole (built beside it, renamed into its place): only where it holds nothing but an
     earlier recovery's files, and is not a mount point (which cannot be renamed)."""
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; give a directory")
+    refuse_file_in_path(out, "--out ")  # a CheckpointError, as below
     if not out.is_dir():
         return
     refuse_mount_point(out, "--out ")  # a CheckpointError: a ValueError, as the others here
@@ -232,14 +256,20 @@ def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
 
     cal = manifest.get("calibration")
     model = CalibratedLogits(disc, LengthMap.from_manifest(cal)) if cal else disc
-    batches = parity.random_batches(
-        manifest["source"]["config"]["vocab_size"], min(manifest["max_length"], 128)
-    )
+    config = manifest["source"]["config"]
+    batches = parity.random_batches(config["vocab_size"], min(manifest["max_length"], 128),
+                                    type_vocab_size=config.get("type_vocab_size", 2))  # fmt: skip
     diff = parity.max_abs_diff(model.eval(), session(bundle / "model.onnx"), "detector", None, batches,
                                manifest["inputs"])  # fmt: skip
     # An int8-compute bundle is held to its simulated forward within the export's per-token gate (int8
-    # rounding of an input can land the other way); fp32 compute matches to float rounding.
-    limit = MAX_DEVIATION if disc.config.quantization else 1e-3
+    # rounding of an input can land the other way); an fp16 bundle computes in fp16, and is held to the
+    # tolerance its export was (parity's); fp32 compute matches to float rounding.
+    if disc.config.quantization:
+        limit = MAX_DEVIATION
+    elif manifest.get("precision") == "fp16":
+        limit = parity.TOLERANCE["fp16"]
+    else:
+        limit = 1e-3
     if diff > limit:
         raise ValueError(f"{bundle}: the recovered model differs from the bundle by {diff:.2g} (max prob)")
     return {"max_abs_prob_diff": diff, "batches": len(batches), "limit": limit}
@@ -286,8 +316,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(128 + sig)
     except (InputError, BundleError, CheckpointError) as e:  # a bundle or --out to change: 2, as export's
         options.usage_exit(f"export.recover: {e}")
-    except (ValueError, OSError) as e:  # OSError: DiskFullError among them, naming the disk
+    except (ValueError, DiskFullError) as e:  # DiskFullError names the disk
         sys.exit(f"export.recover: {e}")
+    except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
+        options.usage_exit(f"export.recover: {e.filename or cfg.out}: {e.strerror or e}")
     print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
 
 

@@ -76,14 +76,17 @@ def vocab_size(tokenizer_dir: Path) -> int:
     return len((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines())
 
 
-def save_detector(out_dir: Path, tokenizer_dir: Path, seed: int = 0, with_generator: bool = False) -> Path:
-    """A Hugging Face ElectraForPreTraining directory; optionally with a generator/ (ElectraForMaskedLM)."""
+def save_detector(
+    out_dir: Path, tokenizer_dir: Path, seed: int = 0, with_generator: bool = False, **overrides
+) -> Path:
+    """A Hugging Face ElectraForPreTraining directory; optionally with a generator/ (ElectraForMaskedLM).
+    `overrides`: ElectraConfig fields other than TINY's (hidden_act, type_vocab_size ...)."""
     import torch
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     torch.manual_seed(seed)
     V = vocab_size(tokenizer_dir)
-    _save(ElectraForPreTraining(_hf_config(V)), tokenizer_dir, out_dir)
+    _save(ElectraForPreTraining(_hf_config(V, **overrides)), tokenizer_dir, out_dir)
     if with_generator:
         gen_cfg = _hf_config(V, hidden_size=32, num_attention_heads=1, intermediate_size=64)
         _save(ElectraForMaskedLM(gen_cfg), tokenizer_dir, out_dir / "generator")
@@ -96,8 +99,10 @@ def save_classifier(
     labels: tuple[str, ...] = ("negative", "positive"),
     problem_type: str | None = None,
     seed: int = 0,
+    **overrides,
 ) -> Path:
-    """A Hugging Face ElectraForSequenceClassification directory with named labels."""
+    """A Hugging Face ElectraForSequenceClassification directory with named labels (`overrides`: other
+    ElectraConfig fields, as save_detector's)."""
     import torch
     from transformers import ElectraForSequenceClassification
 
@@ -107,6 +112,7 @@ def save_classifier(
         id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)},
         problem_type=problem_type,
+        **overrides,
     )
     return _save(ElectraForSequenceClassification(cfg), tokenizer_dir, out_dir)
 

@@ -16,40 +16,16 @@ import pytest
 
 from tests import helpers_models as hm
 
+try:
+    from export_fixtures import classifier_dir, detector_dir, eval_text, export, tokenizer_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.export_fixtures import classifier_dir, detector_dir, eval_text, export, tokenizer_dir  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return hm.train_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def detector_dir(tmp_path_factory, tokenizer_dir):
-    return hm.save_detector(tmp_path_factory.mktemp("det"), tokenizer_dir, with_generator=True)
-
-
-@pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory, tokenizer_dir):
-    return hm.save_classifier(tmp_path_factory.mktemp("cls"), tokenizer_dir, labels=("neg", "neutral", "pos"))
-
-
-@pytest.fixture(scope="module")
-def eval_text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("eval") / "heldout.txt"
-    path.write_text("\n".join(hm.text_lines(300, split="valid")))
-    return path
-
-
-def export(src, out, **kw):
-    from export.config import ExportConfig
-    from export.pipeline import run_export
-
-    return run_export(ExportConfig(checkpoint=str(src), out=str(out), **kw), log=lambda _: None)
 
 
 def padded_texts(tokenizer_path, texts):

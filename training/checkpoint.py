@@ -124,7 +124,7 @@ def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
     raw = read_config_json(ckpt)
     if raw.get("model_type", "electra") != "electra":
         raise CheckpointError(f"{ckpt}/config.json: model_type is {raw['model_type']!r}, expected 'electra'")
-    arch = (raw.get("architectures") or ["ElectraForPreTraining"])[0]
+    arch = architecture_of(ckpt, raw)
     if arch not in ARCHITECTURES and arch != ENCODER:
         raise CheckpointError(
             f"{ckpt}/config.json: architecture {arch!r} is not supported; expected one of "
@@ -143,9 +143,57 @@ def config_from_dict(raw: dict, path: Path) -> ElectraConfig:
         raise CheckpointError(f"{path}: {e}") from None
 
 
+# What a head's tensors are named, in the order they are looked for: the weights say what a model is where
+# config.json does not (transformers loads such a directory as whichever class it is asked for; export is
+# asked for none).
+_HEADS = (
+    ("classifier.", "ElectraForSequenceClassification"),
+    ("discriminator_predictions.", "ElectraForPreTraining"),
+    ("generator_predictions.", "ElectraForMaskedLM"),
+)
+
+
+def architecture_of(ckpt: Path, raw: dict) -> str:
+    """config.json's `architectures[0]`; where it names none, the head its weights hold (an encoder's
+    tensors alone, unprefixed, are an ElectraModel's), else ElectraForPreTraining as before."""
+    if raw.get("architectures"):
+        return raw["architectures"][0]
+    names = weight_names(ckpt)
+    for prefix, arch in _HEADS:
+        if any(n.startswith(prefix) for n in names):
+            return arch
+    if names and all(n.startswith(("embeddings", "encoder.")) for n in names):
+        return ENCODER
+    return "ElectraForPreTraining"
+
+
+def weight_names(ckpt: Path) -> list[str]:
+    """The names of the checkpoint's tensors: safetensors' header or the shard index alone, without reading
+    any tensor (a pickle, pytorch_model.bin, is read whole); none where there are no weights."""
+    from safetensors import safe_open
+
+    if (ckpt / "model.safetensors").is_file():
+        try:
+            with safe_open(ckpt / "model.safetensors", "pt") as f:
+                return list(f.keys())
+        except Exception:  # cut short or foreign: read_weights names the file and what to do
+            return []
+    if (ckpt / SHARD_INDEX).is_file():
+        try:
+            return list(json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"])
+        except (ValueError, KeyError, TypeError):
+            return []
+    return list(read_weights(ckpt)) if (ckpt / "pytorch_model.bin").is_file() else []
+
+
 def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
     """Labels a classifier could not be served with: two classes of one name would answer as one (the
     probabilities a dict by label), and a softmax over one class is 1.0 for every text."""
+    keys = sorted(cfg.id2label)
+    if keys != list(range(len(keys))):  # the output column of each label: id2label's key
+        raise CheckpointError(f"{ckpt}/config.json: id2label's keys are {keys}, not the output columns 0 to "
+                              f"{len(keys) - 1}: number the labels from 0, in the order of the classifier's "
+                              "outputs (and label2id to match)")  # fmt: skip
     names = list(cfg.id2label.values())
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

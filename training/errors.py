@@ -91,6 +91,18 @@ def refuse_mount_point(target: Path, label: str = "") -> None:
                               "inside it")  # fmt: skip
 
 
+def refuse_file_in_path(target: Path, label: str = "") -> None:
+    """A CheckpointError where a file stands where one of `target`'s parent directories would be: making
+    them (mkdir parents=True) fails there with a bare FileExistsError or NotADirectoryError, found only at
+    the write, after the work."""
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"{label}{target}: {parent} is a file, not a directory; choose another "
+                                      f"{label.strip() or 'directory'}")  # fmt: skip
+            return
+
+
 def link_or_copy(src: str, dst: str) -> None:
     """A hard link where the file system allows one (no space, no time), else a copy: for files only ever
     read and replaced whole (shards, checkpoints, resume states), never written in place."""

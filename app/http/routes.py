@@ -12,6 +12,7 @@ from app.http import scoring
 from app.http.auth import has_api_key
 from app.http.body import strict_json
 from app.metrics import CONTENT_TYPE
+from app.model.bundle import Manifest
 from app.scheduling.registry import Registry
 from app.schemas import (
     ClassifyRequest,
@@ -103,17 +104,21 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     max_batch = request.app.state.settings.max_batch_size
     field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier")
-    _check_trained_on(model.name, model.bundle.manifest.trained_on, field)
+    _check_trained_on(model.name, model.bundle.manifest, field)
     return await _score(request, model, scoring.Classify(data.top_k), field, items)
 
 
-def _check_trained_on(name: str, trained_on: str | None, field: str) -> None:
+def _check_trained_on(name: str, manifest: Manifest, field: str) -> None:
     """A model fine-tuned on single texts answers a pair too, and the answer means nothing (and the other
-    way round): refuse the input it never saw."""
+    way round): refuse the input it never saw. A model of one token type cannot take a pair at all."""
+    trained_on = manifest.trained_on
     if trained_on is None or (field == "pairs") == (trained_on == "pairs"):
         return
     if trained_on == "pairs":
         msg = f"model {name!r} was fine-tuned on text pairs: send `pairs` ([[text, text_pair], ...])"
+    elif manifest.one_token_type:
+        msg = (f"model {name!r} has one token type (its config's type_vocab_size is 1), so it cannot tell a "
+               "pair's two texts apart: send `text` or `texts`")  # fmt: skip
     else:
         msg = f"model {name!r} was fine-tuned on single texts, not pairs: send `text` or `texts`"
     raise AppError(ErrorType.VALIDATION, msg, field=field)

@@ -60,11 +60,21 @@ class Manifest(msgspec.Struct):
     def trained_on(self) -> str | None:
         """A classifier fine-tuned by training.finetune: "texts" or "pairs", read from the recipe the export
         copied (source.training.config.text_pair_column). None when no recipe says (a Hugging Face import):
-        such a model takes either."""
+        such a model takes either, unless it has one token type (one_token_type): then texts."""
         config = (self.source.get("training") or {}).get("config") or {}
-        if self.kind != "classifier" or "text_pair_column" not in config:
+        if self.kind != "classifier":
+            return None
+        if self.one_token_type:
+            return "texts"
+        if "text_pair_column" not in config:
             return None
         return "pairs" if config["text_pair_column"] else "texts"
+
+    @property
+    def one_token_type(self) -> bool:
+        """The model's config (source.config) has type_vocab_size 1: a pair's second text (token type 1)
+        would index past its only row, and it cannot tell a pair's two texts apart."""
+        return (self.source.get("config") or {}).get("type_vocab_size") == 1
 
 
 @dataclass(frozen=True)

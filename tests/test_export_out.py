@@ -1,0 +1,175 @@
+"""Where an export writes: --out and --triton are checked before any work, written whole or not at all,
+and --force replaces an earlier export's files and nothing else; scratch directories of a killed export go
+at the next one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+try:
+    from export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.timeout(120)
+
+FAST = ["--precision", "fp32", "--no-calibrate"]
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """python -m export's stderr, where it refuses `argv` as input to change (exit 2)."""
+    from export.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    return err
+
+
+def test_force_replaces_a_bundle_never_the_files_beside_it(tmp_path, detector_dir, capsys):
+    """README promised "never other files", but --force swapped the whole directory: a NOTES.md and a
+    samples/ kept beside the bundle were gone, exit 0. They are named and kept, at the start and again
+    just before the swap (a file put there during the export)."""
+    from options import ConfigError
+
+    out = tmp_path / "bundle"
+    export(detector_dir, out, precision="fp32", calibrate=False)
+    manifest = (out / "manifest.json").read_text()
+    (out / "NOTES.md").write_text("mine")
+    (out / "samples").mkdir()
+    (out / "samples" / "a.txt").write_text("mine")
+    err = _refused([str(detector_dir), "--out", str(out), "--force", *FAST], capsys)
+    assert "holds NOTES.md, samples besides the bundle's own files" in err, err
+    assert (out / "NOTES.md").read_text() == "mine" and (out / "samples" / "a.txt").read_text() == "mine"
+
+    (out / "NOTES.md").unlink()
+    shutil.rmtree(out / "samples")
+
+    def meanwhile(msg: str) -> None:
+        if msg.startswith("fp32 parity"):
+            (out / "late.txt").write_text("mine")
+
+    with pytest.raises(ConfigError, match="holds late.txt, put there during the export"):
+        export(detector_dir, out, log=meanwhile, precision="fp32", calibrate=False, force=True)
+    assert (out / "late.txt").read_text() == "mine" and (out / "manifest.json").read_text() == manifest
+
+
+def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
+    tmp_path, detector_dir, capsys, monkeypatch
+):
+    """`--out afile/b` ended in a FileExistsError traceback after the work, and `--out .` in "PosixPath('.')
+    has an empty name" (export and export.recover alike)."""
+    from export.recover import main as recover
+
+    (tmp_path / "afile").write_text("mine")
+    err = _refused([str(tmp_path / "no-such-run"), "--out", str(tmp_path / "afile" / "b")], capsys)
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err
+    with pytest.raises(SystemExit) as e:
+        recover([str(tmp_path / "no-such-bundle"), "--out", str(tmp_path / "afile" / "b")])
+    assert e.value.code == 2 and "afile is a file, not a directory" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "mine"
+
+    from export.__main__ import main
+
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main([str(detector_dir), "--out", ".", *FAST]) == 0
+    assert (tmp_path / "here" / "manifest.json").is_file()
+    (tmp_path / "again").mkdir()
+    monkeypatch.chdir(tmp_path / "again")
+    recover([str(tmp_path / "here"), "--out", "."])
+    assert (tmp_path / "again" / "model.safetensors").is_file()
+
+
+def test_an_out_that_cannot_be_written_is_named_as_a_path_to_change(tmp_path, detector_dir):
+    """A read-only directory above --out (met as an ordinary user: root writes anywhere) ended the export
+    in a PermissionError traceback."""
+    from tests.unprivileged import run_python
+
+    sealed = tmp_path / "sealed"
+    sealed.mkdir(mode=0o555)
+    code = "import sys; from export.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    done = run_python(code, str(detector_dir), "--out", str(sealed / "b"), *FAST)
+    sealed.chmod(0o755)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"export failed: {sealed}/" in done.stderr and "Permission denied" in done.stderr, done.stderr
+    assert list(sealed.iterdir()) == []
+
+
+def test_triton_is_checked_before_any_work(tmp_path, capsys):
+    """A file as --triton failed after the bundle was written (and a retry was "not empty"); an earlier
+    model directory there was overwritten without --force."""
+    (tmp_path / "afile").write_text("mine")
+    argv = [str(tmp_path / "no-such-run"), "--out", str(tmp_path / "b")]
+    assert "--triton" in _refused([*argv, "--triton", str(tmp_path / "afile")], capsys)
+    model_dir = tmp_path / "repo" / "b"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text("theirs")
+    assert "is not empty" in _refused([*argv, "--triton", str(tmp_path / "repo")], capsys)
+    (model_dir / "2").mkdir()  # another version of theirs
+    err = _refused([*argv, "--triton", str(tmp_path / "repo"), "--force"], capsys)
+    assert "holds 2 besides the Triton model directory's own files" in err, err
+    assert "overlap" in _refused([*argv, "--triton", str(tmp_path)], capsys)  # <repo>/b would be the bundle
+    assert (model_dir / "config.pbtxt").read_text() == "theirs" and not (tmp_path / "b").exists()
+
+
+def test_a_triton_repository_that_cannot_be_written_leaves_none_and_says_the_bundle_was(
+    tmp_path, detector_dir, capsys
+):
+    """The Triton repository is written after the bundle, whole or not at all: on a full disk nothing of
+    it is left, and the message says the bundle was written (it said "nothing was written")."""
+    from benchmarks.training_faults import tmpfs
+    from export.__main__ import main
+
+    try:
+        with tmpfs(tmp_path / "small", 64 * 1024) as disk:
+            argv = [str(detector_dir), "--out", str(tmp_path / "b"), "--triton", str(disk / "repo"), *FAST]
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert "no space left" in err and f"the bundle at --out {tmp_path / 'b'} was written" in err, err
+            assert list((disk / "repo").iterdir()) == []
+    except PermissionError as e:
+        pytest.skip(str(e))
+    assert (tmp_path / "b" / "manifest.json").is_file()
+
+
+def test_a_killed_exports_scratch_directories_go_at_the_next_export(tmp_path, detector_dir, monkeypatch):
+    """SIGKILL (the OOM killer) runs no cleanup: an export's raw.onnx and fp32.onnx stayed in /tmp for
+    good. They carry the exporting pid now, and the next export removes those of dead ones."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    cmd = [sys.executable, "-m", "export", str(detector_dir), "--out", str(tmp_path / "b"), *FAST]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("fusions:"):  # raw.onnx and fp32.onnx written
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    left = [p.name for p in scratch.iterdir()]
+    assert any(n.startswith(f"electra-export-pid{proc.pid}.graphs-") for n in left), left
+
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen: list[str] = []
+
+    def look(msg: str) -> None:
+        if msg.startswith("fp32 parity"):
+            seen.extend(p.name for p in scratch.iterdir())
+
+    export(detector_dir, tmp_path / "c", log=look, precision="fp32", calibrate=False)
+    ours = [n for n in seen if n.startswith("electra-export-")]  # the killed export's already gone
+    assert ours and all(n.startswith(f"electra-export-pid{os.getpid()}.") for n in ours), seen
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("electra-export-")] == []
