@@ -83,7 +83,12 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
                             ignore=shutil.ignore_patterns("optimizer.safetensors", "rng_state.safetensors"))  # fmt: skip
         except OSError:
             pinned = ckpt
-        yield pinned, ckpt
+        try:
+            yield pinned, ckpt
+        except Exception as e:
+            # A refusal read from the copy names the user's checkpoint, not a directory gone when it is read.
+            e.args = tuple(a.replace(str(pinned), str(ckpt)) if isinstance(a, str) else a for a in e.args)
+            raise
 
 
 def _export(src: _Source, log) -> dict:

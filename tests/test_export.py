@@ -331,6 +331,11 @@ def test_a_checkpoint_of_a_run_still_training_is_pinned_for_the_export(tmp_path)
         assert (pinned / "generator" / "model.safetensors").read_text() == "generator/model.safetensors"
         assert (pinned / "trainer_state.json").is_file() and not (pinned / "optimizer.safetensors").exists()
     assert not pinned.exists()
+    (step / "generator").mkdir(parents=True)
+    (step / "config.json").write_text("{}")
+    with pytest.raises(ValueError) as refused, _pinned(str(tmp_path / "run")) as (pinned, _):
+        raise ValueError(f"{pinned / 'config.json'}: weights do not match")  # as a refusal read from the copy
+    assert str(refused.value) == f"{step / 'config.json'}: weights do not match"  # the run's, not the copy's
 
 
 def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
