@@ -3,6 +3,7 @@ over the limit), msgspec's from strict body decoding, and ours (AppError)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -32,6 +33,17 @@ SCHEMA_NOT_FOUND = f"no such route; the API reference is at {DOCS}"
 def error_response(err: AppError) -> Response[dict[str, Any]]:
     body = {"error": {"type": err.type.value, "message": err.message, "field": err.field}}
     return Response(body, status_code=STATUS[err.type], headers=err.headers, media_type="application/json")
+
+
+async def send_refusal(send, metrics, kind: ErrorType, message: str, field: str | None) -> None:
+    """The one error shape, sent as raw ASGI messages and counted by reason: for what is answered ahead of
+    Litestar's router (a CORS preflight, a Host header), where no exception handler runs."""
+    metrics.rejected.labels(reason=kind.value).inc()
+    error = {"type": kind.value, "message": message, "field": field}
+    body = json.dumps({"error": error}, separators=(",", ":")).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": STATUS[kind], "headers": head})
+    await send({"type": "http.response.body", "body": body})
 
 
 def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any]]:

@@ -4,12 +4,12 @@ character outside ASCII, and lets `x:abc`, `x:-1`, `[::1` or no Host at all thro
 
 from __future__ import annotations
 
-import json
 import re
 
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import STATUS, ErrorType, clip
+from app.errors import ErrorType, clip
+from app.http.errors import send_refusal
 from app.metrics import Metrics
 
 # An IP literal in brackets, or a registered name / IPv4 address (unreserved, sub-delims, %-escapes);
@@ -40,13 +40,7 @@ def hosts_checked(app: ASGIApp, metrics: Metrics, observe) -> ASGIApp:
     server._observe's middleware, which counts, times, logs and gives the answer its x-request-id)."""
 
     async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
-        kind = ErrorType.INVALID_HTTP
-        metrics.rejected.labels(reason=kind.value).inc()
-        error = {"type": kind.value, "message": scope["state"]["host_refused"], "field": "host"}
-        body = json.dumps({"error": error}, separators=(",", ":")).encode()
-        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": STATUS[kind], "headers": head})
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, metrics, ErrorType.INVALID_HTTP, scope["state"]["host_refused"], "host")
 
     refused = observe(refuse)
 

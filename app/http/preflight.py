@@ -6,13 +6,12 @@ of every other answer, so the two cannot disagree."""
 
 from __future__ import annotations
 
-import json
-
 from litestar.config.cors import CORSConfig
 from litestar.constants import DEFAULT_ALLOWED_CORS_HEADERS
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import STATUS, ErrorType, clip
+from app.errors import ErrorType, clip
+from app.http.errors import send_refusal
 from app.metrics import Metrics
 
 # Litestar lets these through whatever the config says (the CORS "safelisted" request headers).
@@ -72,12 +71,6 @@ def _preflight(config: CORSConfig, metrics: Metrics) -> ASGIApp:
             await send({"type": "http.response.body", "body": b""})
             return
         field, message = why
-        kind = ErrorType.CORS_REFUSED
-        metrics.rejected.labels(reason=kind.value).inc()
-        error = {"type": kind.value, "message": message, "field": field}
-        body = json.dumps({"error": error}, separators=(",", ":")).encode()
-        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": STATUS[kind], "headers": head})
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, metrics, ErrorType.CORS_REFUSED, message, field)
 
     return answer
