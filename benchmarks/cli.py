@@ -146,7 +146,9 @@ def bundles_in(models: Path) -> Callable[[str], tuple[str, ...]]:
         given = tuple(x.strip() for x in text.split(",") if x.strip())
         if not given:
             raise argparse.ArgumentTypeError(f"expected comma-separated bundle names, got {text!r}")
-        there = sorted(p.parent.name for p in models.glob("*/manifest.json"))
+        from app.model.bundle import bundle_names
+
+        there = bundle_names(models) if models.is_dir() else []
         for name in given:
             if name not in there:
                 raise argparse.ArgumentTypeError(

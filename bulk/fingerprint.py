@@ -75,7 +75,8 @@ def read_fingerprint(
     # the rows a run without it scored, and resumes it (a job.json of before kept None for "not given").
     if want["threshold"] is None:
         want["threshold"] = own_threshold
-    lines = sum(1 for _ in outputs.Manifest(cfg.out).entries())
+    # The manifest's lines, counted where they decide something (a resume with job.json's settings reads none).
+    recorded = lambda: sum(1 for _ in outputs.Manifest(cfg.out).entries())  # noqa: E731
     if path.is_file():
         try:
             have = json.loads(path.read_text())
@@ -98,7 +99,7 @@ def read_fingerprint(
             diff.append("parquet_parts")
             want["parquet_parts"] = "rows"
         said = "; ".join(f"{k}: {have.get(k)!r} then, {want[k]!r} now" for k in diff)
-        if diff and not lines:
+        if diff and not recorded():
             # Nothing of it to mix with: its every shard failed (compressed, a CSV, a JSON array), and the
             # command that follows the hint (the file converted) was refused as other settings.
             print(f"bulk: note: {cfg.out} holds the job.json of a job with other settings ({said}) that "
@@ -120,7 +121,7 @@ def read_fingerprint(
             kept = (have | added).get("input_root")
             return (int(have["part_bytes"]), Path(kept) if isinstance(kept, str) else None,
                     have | added if added else None)  # fmt: skip
-    elif lines:
+    elif lines := recorded():
         # Without the fingerprint nothing says what these parts were scored with, nor how INPUT was cut: a
         # run taken for a new job trusted them by number under another cut (documents lost) or another
         # model (two kinds of rows in scores/).

@@ -22,7 +22,7 @@ from bulk.conversions import (
     type_suffix,
 )
 from bulk.reading import BOM
-from bulk.walk import glob_files, walk
+from bulk.walk import glob_files, under, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
@@ -100,7 +100,7 @@ def csv_note(names: list[str]) -> str:
 
 
 def _inside(path: str, out: str | None) -> bool:
-    return out is not None and (path == out or path.startswith(out + os.sep))
+    return out is not None and under(path, out)
 
 
 # What a job writes in --out (bulk/outputs.py): skipped as input in silence. Anything else there that looks
@@ -201,20 +201,21 @@ def shards(
             if another_jobs(d, names):
                 subdirs.clear()
                 continue
-            subdirs[:] = sorted(x for x in subdirs if not x.startswith("."))
+            subdirs[:] = [x for x in subdirs if not x.startswith(".")]  # walk lists them sorted
             for n in names:
                 if n.startswith("."):
                     continue
                 f = Path(d) / n
                 try:
-                    if f.is_file() and _wanted(f, fmt):
+                    is_file = f.is_file()
+                    if is_file and _wanted(f, fmt):
                         if not mine(f):
                             files.append(f)
                         elif not input_in_out and not _own_output(
                             os.path.relpath(os.path.realpath(f), real_out)
                         ):
                             foreign.append(_shown(f, root))
-                    elif _csv_left_out(f, fmt) and f.is_file() and not mine(f):
+                    elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)

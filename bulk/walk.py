@@ -31,7 +31,8 @@ def _ancestors(real: str) -> frozenset[str]:
     return frozenset(seen)
 
 
-def _under(path: str, root: str) -> bool:
+def under(path: str, root: str) -> bool:
+    """`path` is `root` or lies below it (a root of / included)."""
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
@@ -50,7 +51,7 @@ def walk(top: str, onerror: Callable[[OSError], None] | None = None) -> Iterator
         if real is None:
             if linked:
                 real = os.path.realpath(d)
-                if _under(real, real_top) or real in above:  # found under its own path, or a loop
+                if under(real, real_top) or real in above:  # found under its own path, or a loop
                     continue
             else:
                 real = os.path.join(parent, os.path.basename(d))

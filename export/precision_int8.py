@@ -239,10 +239,9 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
         give = "--eval-data FILE" if ptype != "multi_label_classification" else None
         if evaldata.takes_pairs(ckpt, cfg):  # a pair model is never fed one text: held-out texts, two a pair
             lines, where = evaldata.as_pairs(lines), f"{where}, each two texts a pair"
-            if give:
+            if give:  # (rows is None here, unless the model is multi-label: then give is None)
                 give = (f"--eval-data FILE with the columns {evaldata.eval_columns(ckpt, cfg).names()}: its text "
                         "pairs and their labels")  # fmt: skip
-            if rows is None and give:
                 src.log(f"int8 accuracy: the model was fine-tuned on text pairs, and no labelled pairs were given "
                         f"or found with its run: checked on {where}; give {give}")  # fmt: skip
         data, _ = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)

@@ -59,7 +59,8 @@ class ElectraConfig:
     def __post_init__(self) -> None:
         self._check_types()
         self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-        for name in ("num_attention_heads", "max_position_embeddings", "type_vocab_size"):
+        for name in ("num_attention_heads", "max_position_embeddings", "type_vocab_size", "vocab_size",
+                     "embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
@@ -69,9 +70,6 @@ class ElectraConfig:
             )
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {self.hidden_act!r}")
-        for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     def _check_types(self) -> None:
         """Each field of the type its annotation says: a config.json edited by hand ("layer_norm_eps": "x",

@@ -10,14 +10,13 @@ sha256 and the CPU beside it (int8 scores can differ in their last digits betwee
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config
+from benchmarks.output import add_out_file, show_config, write_json
 from options import usage_exit
 
 
@@ -99,9 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     print(format_report(report, f"{args.model} on {args.task} {args.split} through POST /classify "
                                 f"({m['cpu']}, {m['int8_kernel_path']})"))  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, report)
     return report
 
 

@@ -111,9 +111,9 @@ def requests(texts: list[str], model: str, budget: int = 65536 // CLIENTS) -> li
 
 def run_server(texts: list[str], model: str, tokens: int, log_dir: Path) -> dict:
     """The texts through `python -m app` at saturation: CLIENTS requests in flight, BATCH texts each."""
-    from app.model.bundle import read_bundle
+    from app.model.bundle import manifest_kind
 
-    path = ROUTES[read_bundle(MODELS / model).manifest.kind]
+    path = ROUTES[manifest_kind(MODELS / model)]  # checked whole while the arguments were parsed
     body = {"model": model, **({"return": "words"} if path == "/detect" else {})}
     groups = requests(texts, model)
     argv = lambda port: [sys.executable, "-m", "app", "--models", str(MODELS), "--port", str(port),  # noqa: E731

@@ -447,7 +447,7 @@ def check_resumable(then: dict, now: dict) -> None:
     options.refuse_resume_changes(then, now, RESUMABLE_CHANGES, "another --out, --init from this one")
 
 
-def check_resume_point(run: Path, env: Dist, max_steps: int) -> None:
+def check_resume_point(run: Path, env: Dist, max_steps: int) -> dict:
     """What a resume can check from the checkpoint alone, before any data or model is read.
 
     Another number of processes would change the global batch (--batch-size rows per process) and the
@@ -471,6 +471,7 @@ def check_resume_point(run: Path, env: Dist, max_steps: int) -> None:
         )
         _refuse(env, f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
                      f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
+    return state
 
 
 def _refuse(env: Dist, message: str) -> None:
@@ -500,9 +501,10 @@ def setup(argv: list[str] | None) -> Trainer:
         options.usage_exit(
             f"error: {run} already holds a run; pass --resume to continue it or choose another --out"
         )
+    resumed = None  # the checkpoint's trainer_state.json, read once
     if cfg.resume:
         try:
-            check_resume_point(run, env, cfg.max_steps)
+            resumed = check_resume_point(run, env, cfg.max_steps)
         except CheckpointError as e:  # checkpoints/latest names a checkpoint that is gone or broken
             options.usage_exit(f"error: {e}")
     problem = None
@@ -532,7 +534,7 @@ def setup(argv: list[str] | None) -> Trainer:
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
             save_config(cfg, run / "config.json")
-        trained_on = read_trainer_state(run, ckpt.resolve_checkpoint(run)).get("data") if cfg.resume else None
+        trained_on = resumed.get("data") if resumed else None
         data = build_data(cfg, run, env, trained_on)
         if env.main:
             for note in schedule_notes(cfg, data):
@@ -579,7 +581,7 @@ def setup(argv: list[str] | None) -> Trainer:
         # The user's text (too little of it), tokenizer or checkpoint: an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
     except DiskFullError as e:  # config.json, the tokenizer, the shards or the room for a checkpoint
-        sys.exit(f"error: {e}; free some space (or give another --out) and run the same command again")
+        sys.exit(_disk_full(e))
     except (DatasetError, OSError) as e:  # a download, a disk: the message names the file and what to do
         sys.exit(f"error: {e}")
     reseed(cfg, env.rank, step)
@@ -620,7 +622,7 @@ def setup(argv: list[str] | None) -> Trainer:
         try:
             save_config(cfg, run / "config.json", as_run=ran)
         except DiskFullError as e:  # before any step: nothing is lost but the start
-            sys.exit(f"error: {e}; free some space (or give another --out) and run the same command again")
+            sys.exit(_disk_full(e))
         print(f"as run: {json.dumps(ran)}", flush=True)
         flops = objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
         print(f"precision: {precision_reason(cfg.bf16, env.device.type, use_bf16)}; {matmuls}", flush=True)
@@ -740,9 +742,8 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
                 tqdm.write(time_cap_stop(t, env.launch_command), file=sys.stderr)
             break
         if stopped_by is not None:
-            if (
-                env.main
-            ):  # on stderr, beside the signal's own line: `| tee` stopped by the Ctrl-C takes stdout
+            # On stderr, beside the signal's own line: `| tee` stopped by the Ctrl-C takes stdout.
+            if env.main:
                 tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {signal.Signals(stopped_by).name}, saved; "
                            f"go on with: {env.launch_command} --out {t.run} --resume", file=sys.stderr)  # fmt: skip
             break
@@ -775,3 +776,7 @@ def time_cap_stop(t: Trainer, launch: str) -> str:
     return (f"stopped at step {t.step}: --max-minutes {minutes} reached, saved; the schedule is at {t.step} of "
             f"{t.cfg.max_steps} steps; go on with: {launch} --out {t.run} --resume (another {minutes} minutes, "
             "as saved; --max-minutes N for another limit, --max-minutes '' for none)")  # fmt: skip
+
+
+def _disk_full(e: DiskFullError) -> str:
+    return f"error: {e}; free some space (or give another --out) and run the same command again"
