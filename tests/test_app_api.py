@@ -22,6 +22,8 @@ try:
 except ImportError:  # tests/ made a package
     from tests.app_fixtures import MAX_LENGTH, bundles_dir, run_server  # noqa: F401
 
+from app.http.protocol import HEAD_LIMIT  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 ATOL = 1e-5
@@ -318,6 +320,27 @@ def test_the_openapi_document_refuses_what_the_server_refuses(client, route, bod
     valid = jsonschema.Draft202012Validator(schema).is_valid(body)
     status = client.post(route, json=body).status_code
     assert (status == 200) == valid, (status, valid)
+
+
+def test_the_openapi_document_names_the_answers_and_headers_the_server_gives(client):
+    document = client.get("/schema/openapi.json").json()
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            answers = operation["responses"]
+            assert {"400", "431"} <= set(answers), (path, method)  # refused by the HTTP layer on any path
+            for code, answer in answers.items():
+                by_parser = code == "431" or answer["description"] == "error types: invalid_http"
+                assert ("x-request-id" in answer.get("headers", {})) != by_parser, (path, method, code)
+    detect = document["paths"]["/detect"]["post"]["responses"]
+    assert "retry-after" in detect["429"]["headers"] and "retry-after" in detect["503"]["headers"]
+    assert {"x-total-time", "x-queue-time"} <= set(detect["200"]["headers"])
+    for name in detect["200"]["headers"]:
+        assert name in document["components"]["headers"]
+    answer = client.post("/detect", json={"text": "The chef ate the airport."})
+    assert set(detect["200"]["headers"]) <= set(answer.headers)
+    too_long = client.get("/health", headers={"x-padding": "a" * (HEAD_LIMIT + 1)})
+    assert too_long.status_code == 431 and "x-request-id" not in too_long.headers  # as documented
+    assert "headers_too_large" in document["paths"]["/health"]["get"]["responses"]["431"]["description"]
 
 
 def test_metrics_move(server, client):

@@ -1,14 +1,16 @@
 """The OpenAPI document says what the server enforces, so that a client generated from it, or a validator
-run on it, refuses the bodies the server refuses. Litestar's generator leaves three things out or puts them
-where validators skip them; they are set here, once, on the document Litestar then serves as built."""
+run on it, refuses the bodies the server refuses, and expects the answers the server gives. Litestar's
+generator leaves some things out or puts them where validators skip them; they are set here, once, on the
+document Litestar then serves as built."""
 
 from __future__ import annotations
 
 import msgspec
 from litestar import Litestar
-from litestar.openapi.spec import Schema
+from litestar.openapi.spec import OpenAPIHeader, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 
 from app import schemas
+from app.errors import STATUS, ErrorType
 
 # A field `X | None` becomes oneOf [X, null]; msgspec's bounds of X (minItems, items, minimum, ...) land
 # beside that oneOf, where they apply to null too and code generators drop them. They belong to X.
@@ -16,6 +18,11 @@ _BOUNDS = ("items", "min_items", "max_items", "minimum", "maximum")
 
 
 def describe_as_enforced(app: Litestar) -> None:
+    _describe_bodies(app)
+    _describe_answers(app)
+
+
+def _describe_bodies(app: Litestar) -> None:
     for name, schema in (app.openapi_schema.components.schemas or {}).items():
         struct = getattr(schemas, name, None)
         if not (isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
@@ -44,3 +51,73 @@ def _only(field: str, inputs: tuple[str, ...]) -> Schema:
     """Bodies that give `field` and none of the other inputs (absent or null, as check_inputs reads them)."""
     others = {other: Schema(type="null") for other in inputs if other != field}
     return Schema(required=[field], properties={field: Schema(schema_not=Schema(type="null")), **others})
+
+
+# The HTTP layer refuses these on any path, before routing (app/http/protocol.py, app/http/host.py).
+_ANY_PATH = (ErrorType.INVALID_HTTP, ErrorType.HEADERS_TOO_LARGE)
+# A client that honours retry-after backs off as the server asks; those answers carry it.
+_RETRY_AFTER = {STATUS[ErrorType.OVERLOADED], STATUS[ErrorType.UNAVAILABLE]}
+_ERROR_BODY = "#/components/schemas/ErrorBody"
+_TIMED = ("/detect", "/classify")  # answers with each stage's time (app/http/scoring.py Timings)
+_HEADERS = {
+    "x-request-id": ("string", "The client's x-request-id when it is a plain token (letters, digits, ._:-, up "
+                     "to 128), else a new one. The server's log lines about the request name it. On every "
+                     "answer but the HTTP parser's (invalid_http, headers_too_large), given before the "
+                     "request's headers are read."),
+    "retry-after": ("integer", "Seconds to wait before retrying, on the answers where waiting helps (a full "
+                    "queue, a model loading, a server draining)."),
+    "www-authenticate": ("string", "`Bearer`: the API key goes in `authorization: Bearer KEY` (or x-api-key)."),
+    **{f"x-{stage}-time": ("string", f"Milliseconds spent on {stage}, as a decimal.")
+       for stage in ("tokenization", "queue", "inference", "total")},
+}  # fmt: skip
+
+
+def _describe_answers(app: Litestar) -> None:
+    document = app.openapi_schema
+    document.components.headers = {
+        name: OpenAPIHeader(schema=Schema(type=kind), description=text)
+        for name, (kind, text) in _HEADERS.items()
+    }
+    for path, item in (document.paths or {}).items():
+        for method in ("get", "head", "post"):
+            operation = getattr(item, method, None)
+            if operation is not None and operation.responses is not None:
+                _describe_operation(operation.responses, timed=path in _TIMED)
+                operation.responses = dict(sorted(operation.responses.items()))
+
+
+def _describe_operation(responses: dict, timed: bool) -> None:
+    for error in _ANY_PATH:
+        _add_error(responses, STATUS[error], error.value)
+    for code, answer in responses.items():
+        if not isinstance(answer, OpenAPIResponse):
+            continue
+        only_parser = answer.description in {"error types: " + e.value for e in _ANY_PATH}
+        names = [] if only_parser else ["x-request-id"]
+        if int(code) in _RETRY_AFTER and _is_error_body(answer):
+            names.append("retry-after")
+        if int(code) == STATUS[ErrorType.UNAUTHORIZED]:
+            names.append("www-authenticate")
+        if timed and code == "200":
+            names += [name for name in _HEADERS if name.endswith("-time")]
+        answer.headers = {
+            **(answer.headers or {}),
+            **{n: Reference(ref=f"#/components/headers/{n}") for n in names},
+        }
+
+
+def _add_error(responses: dict, status: int, error: str) -> None:
+    """Adds `error` to the answer for `status`, making that answer (the one error shape) if there is none."""
+    answer = responses.get(str(status))
+    if isinstance(answer, OpenAPIResponse) and _is_error_body(answer):
+        answer.description += ", " + error
+    elif answer is None:
+        body = OpenAPIMediaType(schema=Reference(ref=_ERROR_BODY))
+        responses[str(status)] = OpenAPIResponse(
+            description="error types: " + error, content={"application/json": body}
+        )
+
+
+def _is_error_body(answer: OpenAPIResponse) -> bool:
+    media = (answer.content or {}).get("application/json")
+    return media is not None and isinstance(media.schema, Reference) and media.schema.ref == _ERROR_BODY

@@ -163,7 +163,13 @@ async def ready(request: Request) -> Response[Status]:
     )
 
 
-@route("/metrics", http_method=READ_METHODS, media_type=CONTENT_TYPE, summary="Prometheus metrics")
+@route(
+    "/metrics",
+    http_method=READ_METHODS,
+    media_type=CONTENT_TYPE,
+    responses=_errors(ErrorType.UNAUTHORIZED),
+    summary="Prometheus metrics",
+)
 async def metrics(request: Request) -> Response[bytes]:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 
