@@ -180,7 +180,13 @@ def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Itera
     with (run_dir / f"{name}-locust.log").open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         try:
-            time.sleep(3)  # locust's start-up and spawning
+            # The fault comes once load is on: once the server has answered about a request per user
+            # (locust's start-up takes from one to several seconds, by the machine's load).
+            before = answered(url)
+            wait_until(lambda: answered(url) >= before + args.users or proc.poll() is not None, 120,
+                       "locust's users to start sending")  # fmt: skip
+            if proc.poll() is not None:
+                raise SystemExit(f"locust exited at start-up; see {run_dir / f'{name}-locust.log'}")
             yield rows
         finally:
             lk.stop(proc, grace=30)  # locust writes its request log on SIGTERM
@@ -219,6 +225,11 @@ def metric(url: str, name: str, **labels: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if (line.startswith(name + "{") or line.startswith(name + " "))
                and all(f'{k}="{v}"' in line for k, v in labels.items()))  # fmt: skip
+
+
+def answered(url: str) -> float:
+    """Scoring requests the server at `url` has answered (through a balancer: the replica it picked)."""
+    return sum(metric(url, "electra_requests_total", endpoint=path) for path in ("/detect", "/classify"))
 
 
 def post(url: str, body: dict) -> tuple[int, bytes]:
