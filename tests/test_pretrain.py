@@ -504,6 +504,28 @@ def test_a_link_is_kept_and_what_it_points_to_is_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "real"]  # nothing left beside them
 
 
+def test_a_file_written_whole_on_a_full_disk_names_the_disk_and_keeps_the_old_one(tmp_path):
+    """The metrics.jsonl a fine-tuning resume rewrites, and a run's `latest`, went through a writer that,
+    on a full disk, said only "[Errno 28] No space left on device" and left .NAME.tmp beside the file."""
+    import re
+
+    from benchmarks.training_faults import fill, tmpfs
+    from training.errors import DiskFullError, write_text_atomically
+
+    try:
+        with tmpfs(tmp_path / "disk", 2**20) as disk:
+            target = disk / "metrics.jsonl"
+            write_text_atomically(target, "old\n")
+            fill(disk, 0)
+            said = re.escape(f"no space left on the disk holding {disk} (mounted at {disk}: ")
+            with pytest.raises(DiskFullError, match=said):
+                write_text_atomically(target, "new\n" * 2**14)
+            assert target.read_text() == "old\n"
+            assert [p.name for p in disk.iterdir()] == ["metrics.jsonl"]
+    except PermissionError as e:
+        pytest.skip(str(e))
+
+
 def test_bad_options_fail_naming_the_option(tmp_path):
     with pytest.raises(SystemExit, match="--mask-prob") as refused:
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])

@@ -96,3 +96,30 @@ def test_a_resume_whose_saved_data_dir_is_gone_goes_on(finished, tmp_path, monke
     pretrain(["--out", str(run), "--resume", "--max-steps", "5", "--threads", "1"])
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000005"
     assert f"note: the run's data_dir {tmp_path / 'gone'} does not exist here" in capsys.readouterr().err
+
+
+def test_a_resume_of_shards_older_than_their_digest_hashes_each_token_file_once(
+    finished, tmp_path, monkeypatch
+):
+    """Shards made before meta.json recorded their digest are hashed whole at a start (tokens.bin: GBs
+    for a large corpus); a resume hashed each split twice, once to check it against the checkpoint and
+    once more for the identity every checkpoint keeps. The spy calls the real digest through."""
+    from training.pretraining import data
+
+    run = copy_of(finished, tmp_path)
+    for split in ("train", "valid"):
+        meta = run / "data" / split / "meta.json"
+        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "digest"}))
+    hashed, real = [], data.rows_digest
+
+    def counting(info):
+        if not info.digest:  # the whole file read
+            hashed.append(Path(info.path).name)
+        return real(info)
+
+    monkeypatch.setattr(data, "rows_digest", counting)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "5", "--threads", "1"])
+    assert sorted(hashed) == ["train", "valid"]
+    state = {s: json.loads((run / "checkpoints" / s / "trainer_state.json").read_text())["data"]
+             for s in ("step-00000004", "step-00000005")}  # fmt: skip
+    assert state["step-00000005"] == state["step-00000004"]  # the same rows, known by the same digest

@@ -8,7 +8,6 @@ resuming never unpickles anything either.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import json
@@ -21,7 +20,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from training.errors import CheckpointError, disk_full, out_of_space, refuse_mount_point, remove_orphans
+from training.errors import (
+    CheckpointError,
+    DiskFullError,
+    disk_full,
+    out_of_space,
+    refuse_mount_point,
+    remove_orphans,
+    write_text_atomically,
+)
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -461,14 +468,6 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     return given
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 INTERIM = "interim"  # the marker file of a checkpoint written between a run's regular ones (a stop)
 
 
@@ -496,13 +495,9 @@ def commit_checkpoint(
     target = write_atomically(ckpt_dir / f"step-{step:08d}", filled, needed)
     try:
         write_text_atomically(latest, target.name)
-    except OSError as e:
-        if not out_of_space(e):
-            raise
+    except DiskFullError:
         shutil.rmtree(target, ignore_errors=True)  # latest still names the previous checkpoint: keep it so
-        with contextlib.suppress(FileNotFoundError):
-            latest.with_name(f".{LATEST}.tmp").unlink()
-        raise disk_full(latest) from e
+        raise
     older = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir() and p != target)
     regular = [p for p in older if not (p / INTERIM).exists()]
     surplus = max(0, len(regular) + (not interim) - keep) if keep > 0 else 0  # the target counts if regular

@@ -2,7 +2,8 @@
 
 They live apart from training.checkpoint, which loads torch: a command that catches them (handoff,
 export) can name them in its `except` before it has loaded torch, or without loading it at all; and the
-data code, which never loads torch, can say a full disk as checkpoints say it.
+data code, which never loads torch, can say a full disk as checkpoints say it, and write a file whole
+as they do (write_text_atomically).
 """
 
 from __future__ import annotations
@@ -48,6 +49,26 @@ def out_of_space(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
     return f"(os error {errno.ENOSPC})" in str(e) or f"(os error {errno.EDQUOT})" in str(e)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, whole or not at all: written beside it, flushed, and renamed over it, so a
+    reader (another rank, a resume after a crash) never sees half a file. A failed write leaves no
+    temporary behind; a full disk raises DiskFullError naming the disk."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            # Renamed over the old file before its bytes are down, a crash could leave it empty.
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if out_of_space(e):
+            size = len(text.encode("utf-8"))
+            raise disk_full(path, size if size >= 50_000 else None) from e  # not "needs about 0.0 MB"
+        raise
 
 
 def check_room(target: Path, needed_bytes: int, what: str, reclaimed_bytes: int = 0) -> None:

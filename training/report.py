@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from training.errors import write_text_atomically
+
 
 class MetricsError(ValueError):
     """metrics.jsonl holds a line that is not JSON before its last."""
@@ -22,7 +24,8 @@ class MetricsLog:
         self.path, self.enabled = path, enabled
         if enabled and truncate_after is not None and path.is_file():
             rows = rows_until(path, truncate_after, "eval", evaluated)
-            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            # Whole or not at all: rewritten in place, a resume killed here would lose the run's history.
+            write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def write(self, step: int, tokens: int, split: str, values: dict) -> None:
         if not self.enabled:

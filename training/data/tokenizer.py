@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from training.errors import disk_full, out_of_space
+from training.errors import write_text_atomically
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -287,19 +287,9 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str]) -> Path:
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     # vocab.txt encodes ids as line numbers, so the ids must be exactly 0..n-1.
     assert [i for _, i in by_id] == list(range(len(by_id))), "vocabulary ids are not contiguous"
-    for name, text in (
-        ("tokenizer.json", tok.to_str(pretty=True)),
-        ("vocab.txt", "".join(f"{t}\n" for t, _ in by_id)),
-    ):
-        tmp = d / f".{name}.tmp"
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, d / name)  # a reader never sees half a tokenizer
-        except BaseException as e:
-            tmp.unlink(missing_ok=True)
-            if out_of_space(e):
-                raise disk_full(d / name, len(text.encode("utf-8"))) from e
-            raise
+    # Each file whole or not at all: every rank, and a resume, reads what rank 0 wrote here.
+    write_text_atomically(d / "tokenizer.json", tok.to_str(pretty=True))
+    write_text_atomically(d / "vocab.txt", "".join(f"{t}\n" for t, _ in by_id))
     return d
 
 

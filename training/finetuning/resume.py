@@ -25,6 +25,7 @@ from options import ConfigError
 from training import checkpoint as ckpt
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
+from training.errors import write_text_atomically
 from training.pretraining.stopping import capture_rng
 from training.report import MetricsError, rows_until
 
@@ -204,7 +205,7 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
         ) from None
     except MetricsError as e:
         raise ConfigError(f"--resume: {e}; then resume") from None
-    ckpt.write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+    write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def epoch_rng(seed: int, position: dict | None) -> random.Random:

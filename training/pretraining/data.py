@@ -130,10 +130,10 @@ def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> Pretraini
     tok_dir = run / "tokenizer"
     grouped = cfg.rows == "requests"
     mix = RowMix(cfg.sentence_rows, cfg.few_sentence_rows, cfg.seed) if grouped else None
-    failure = None
+    failure, identity = None, {}
     if env.main:
         try:
-            _tokenizer_and_shards(cfg, run, env, tok_dir, mix, trained_on)
+            identity = _tokenizer_and_shards(cfg, run, env, tok_dir, mix, trained_on)
         except Exception as e:  # said by setup; the other ranks stop too, not wait at the barrier for ever
             failure = e
     if env.agree(failure is not None):
@@ -161,16 +161,13 @@ def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> Pretraini
             valid, min(cfg.batch_size * env.world, len(valid)), cfg.seed, 0, 1, group_by_length=grouped
         )
 
-    identity = (
-        {"train": shards_identity(train.dataset.info), "valid": shards_identity(valid.info)}
-        if env.main
-        else {}
-    )
     return PretrainingData(tok_dir, tok, specials, train, valid_batches, identity)
 
 
-def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: dict | None) -> None:
-    """Rank 0's part of build_data: the tokenizer saved in the run, and the train/valid shards."""
+def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: dict | None) -> dict:
+    """Rank 0's part of build_data: the tokenizer saved in the run, and the train/valid shards; their
+    shards_identity, taken once per split (shards older than the digest field hash all of tokens.bin)."""
+    identity = {}
     if note := corpus_files_note(cfg.corpus):
         print(f"corpus: {note}", flush=True)
     # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
@@ -188,8 +185,9 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
     for split in ("train", "valid"):
         made = not (run / "data" / split / META_FILE).is_file()
         info = _shards(cfg, split, tok, run / "data" / split, mix)
+        identity[split] = shards_identity(info)
         if trained_on and split in trained_on:
-            _check_same_rows(cfg, run / "data" / split, info, trained_on[split], made)
+            _check_same_rows(cfg, run / "data" / split, identity[split], trained_on[split], made)
         # The text a run learns from, and how many times the schedule shows it each token.
         print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
               f"documents ({cfg.corpus})", flush=True)  # fmt: skip
@@ -198,19 +196,21 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
             times = f"{seen / info.tokens:.2g}" if seen < 10 * info.tokens else f"{seen / info.tokens:,.0f}"
             print(f"the schedule's {cfg.max_steps:,} steps see about {seen:,.0f} of them: each about {times} "
                   "times (--max-minutes may stop it sooner)", flush=True)  # fmt: skip
+    return identity
 
 
-def _check_same_rows(cfg, directory: Path, info: ShardInfo, then: dict, made: bool) -> None:
-    """A resume's shards against what its checkpoint recorded of the run's: made again from a corpus edited
-    since, they would continue the run on other text (in silence, where the rows came out as many)."""
-    if rows_digest(info) == then.get("digest"):
+def _check_same_rows(cfg, directory: Path, now: dict, then: dict, made: bool) -> None:
+    """A resume's shards (`now`, their shards_identity) against what its checkpoint recorded of the run's
+    (`then`): made again from a corpus edited since, they would continue the run on other text (in
+    silence, where the rows came out as many)."""
+    if now["digest"] == then.get("digest"):
         return
-    now = f"{info.rows:,} rows ({info.tokens:,} tokens of text)"
+    has = f"{now['rows']:,} rows ({now['tokens']:,} tokens of text)"
     was = f"{then.get('rows', 0):,} rows ({then.get('tokens', 0):,})"
     if made:  # not left as if they were the run's: the next resume makes them again from the corpus
         shutil.rmtree(directory, ignore_errors=True)
-        raise ShardsError(f"--resume: the corpus changed since the run started: {cfg.corpus} now makes {now} of "
+        raise ShardsError(f"--resume: the corpus changed since the run started: {cfg.corpus} now makes {has} of "
                           f"{directory.name} data where the run trained on {was}. Restore it as it was and resume "
                           "again (its data is made again from it), or start a new run with another --out")  # fmt: skip
-    raise ShardsError(f"--resume: {directory} holds {now}, not the {was} the run trained on: delete it, restore the "
+    raise ShardsError(f"--resume: {directory} holds {has}, not the {was} the run trained on: delete it, restore the "
                       f"corpus the run started with ({cfg.corpus}) and resume again")  # fmt: skip
