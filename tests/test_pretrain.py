@@ -414,6 +414,47 @@ def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_ret
     assert not (twice / "checkpoints" / "latest").exists()
 
 
+def test_workers_whose_torchrun_is_killed_outright_stop_and_save(tmp_path, small_corpus, small_tokenizer):
+    """torchrun killed with SIGKILL (the OOM killer, `kill -9`) cannot pass a stop on; its workers, each in
+    a session of its own, would train on as orphans. They get SIGTERM from Linux instead, and save."""
+    run = tmp_path / "run"
+    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 5,
+                     "--save-every", 100000, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "training.pretrain", *args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    until_step(proc, run / "metrics.jsonl", 5)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    proc.kill()
+    proc.wait()
+    try:
+        reader.join(timeout=120)  # the workers hold the output pipe until they exit
+        deadline = time.time() + 30
+        while any(_running(pid) for pid in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        said = "".join(lines)
+        assert not any(_running(pid) for pid in workers), "they trained on: " + said[-2000:]
+    finally:
+        for pid in filter(_running, workers):
+            os.kill(int(pid), signal.SIGKILL)
+    assert "SIGTERM: the ranks stop together" in said and "saved; go on with: torchrun" in said, said[-3000:]
+    assert (run / "checkpoints" / "latest").is_file()
+
+
+def _running(pid: str) -> bool:
+    """Neither gone nor a zombie (an orphan's exit status waits for whoever adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     target = tmp_path / "ckpt"
     write_atomically(target, lambda d: (d / "model.safetensors").write_text("good"))

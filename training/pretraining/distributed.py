@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 
 import torch
 import torch.distributed as dist
@@ -24,6 +27,8 @@ class Dist:
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         if cuda:
             torch.cuda.set_device(self.device)
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (or another elastic agent)
+            stop_with_launcher()
         if self.world > 1:
             dist.init_process_group(backend="nccl" if cuda else "gloo")
         self.main = self.rank == 0
@@ -71,3 +76,19 @@ class Dist:
         if self.world > 1:
             dist.all_reduce(t)
         return t
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_with_launcher() -> None:
+    """torchrun starts each worker in a session of its own, so when torchrun itself is killed outright
+    (SIGKILL, the OOM killer) its workers train on as orphans, holding the run's lock, its GPUs and its
+    checkpoints. Linux is asked to send this process SIGTERM when its launcher dies: the ranks then stop
+    together at the next log step and save, as on a Ctrl-C, and `--resume` goes on from there."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        print(f"warning: prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}: if torchrun is killed "
+              "outright, stop this worker by hand", file=sys.stderr)  # fmt: skip
