@@ -142,8 +142,8 @@ def submit(driver, text: str, model: str | None = None, *, keyboard: bool = Fals
         driver.find_element("id", "run").click()
     WebDriverWait(driver, WAIT_S).until(
         lambda d: (
-            d.find_element("id", "status").text not in ("waiting", "Scoring…")
-            and not d.find_element("id", "run").get_attribute("disabled")
+            d.find_element("id", "status").text not in ("waiting", "Scoring…", "Loading the models…")
+            and not d.find_element("id", "run").get_attribute("aria-disabled")
         )
     )
 
@@ -447,6 +447,64 @@ def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
         broken = browser.find_element("id", "broken-models")
         assert broken.is_displayed() and "Not served: sentiment (" in broken.text, broken.text
     assert "weak: the detector barely tells swapped words" in weak.log()  # and the server's log, by name
+
+
+def error_shown(driver) -> tuple[str, str, str]:
+    """(heading, the server's message, the page's advice) of the error on screen, once one is."""
+    wait_visible(driver, "error")
+    box = driver.find_element("id", "error")
+    advice = box.find_elements("css selector", ".advice")
+    return (
+        box.find_element("css selector", "strong").text,
+        box.find_element("css selector", ".message").text,
+        advice[0].text if advice else "",
+    )
+
+
+def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
+    """The list of models failed to load (the server unreachable for that one request): the select said
+    "loading…" for ever and Check did nothing, with no word; now Check loads the list and scores. The
+    browser's own request blocking stands for the network: the server cannot fail /models alone."""
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/models"]})
+    try:
+        browser.get(server.url + "/")
+        _, message, todo = error_shown(browser)
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+        browser.execute_cdp_cmd("Network.disable", {})
+    assert message.startswith("Could not reach the server")
+    model = browser.find_element("id", "model")
+    assert not model.is_enabled() and model.text == "not loaded"
+    submit(browser, SENTENCE)
+    wait_visible(browser, "detect")
+    assert model.is_enabled() and not browser.find_element("id", "error").is_displayed()
+    with server.client() as c:
+        detector = next(m for m in c.get("/models").json()["models"] if m["kind"] == "detector")
+    assert float(browser.find_element("id", "threshold").get_attribute("value")) == pytest.approx(
+        detector["threshold"]
+    )
+
+
+def test_keyboard_check_keeps_the_focus_and_reaches_the_table(browser, server):
+    """Enter on Check left the focus on <body> (the button was disabled while scoring); the table's box,
+    which scrolls, is reached with Tab; the shaded text is not described by a word's tooltip as a whole."""
+    open_page(browser, server)
+    box = browser.find_element("id", "text")
+    box.clear()
+    box.send_keys(SENTENCE, Keys.TAB)
+    assert browser.switch_to.active_element.get_attribute("id") == "run"
+    browser.execute_script("document.getElementById('status').textContent = 'waiting';")
+    browser.switch_to.active_element.send_keys(Keys.ENTER)
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    assert browser.switch_to.active_element.get_attribute("id") == "run"
+    assert browser.find_element("id", "marked").get_attribute("aria-describedby") is None
+    browser.find_element("css selector", "input[name=view][value=table]").click()
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    table = browser.switch_to.active_element
+    assert table.get_attribute("id") == "table-view" and table.get_attribute("role") == "region"
+    assert browser.find_element("id", table.get_attribute("aria-labelledby")).text.startswith("Sorted by")
+    browser.find_element("css selector", "input[name=view][value=text]").click()
 
 
 def test_phone_width_and_screenshots(browser, server, tmp_path):

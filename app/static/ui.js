@@ -8,6 +8,7 @@ const state = {
   models: [],
   detect: null, // {text, result, cps}: the last /detect answer and the text it was for
   spans: [], // rendered span elements of the text view, in text order
+  busy: false, // a Check is under way: another is ignored until it ends
 };
 
 // ------------------------------------------------------------------ HTTP
@@ -73,6 +74,7 @@ async function loadModels() {
     state.models = data.models;
     showBroken(data.broken || {});
   } catch (err) {
+    if (!state.models.length) select.firstElementChild.textContent = "not loaded";
     showError(err);
     return false;
   }
@@ -115,12 +117,29 @@ function selectedModel() { return state.models.find((m) => m.name === $("model")
 
 // ------------------------------------------------------------------ scoring
 async function run() {
-  const model = selectedModel();
   const button = $("run");
-  if (!model || button.disabled) return;
-  const text = $("text").value;
-  button.disabled = true;
+  // aria-disabled, not disabled: a disabled button loses the keyboard focus, and the next Tab starts over.
+  if (state.busy) return;
+  state.busy = true;
+  button.setAttribute("aria-disabled", "true");
   $("status").textContent = "Scoring…";
+  try {
+    // The list of models did not load (the server was down or busy when the page opened): try again now.
+    if (!state.models.length) {
+      $("status").textContent = "Loading the models…";
+      if (!(await loadModels())) { $("status").textContent = ""; return; }
+      syncControls();
+      $("status").textContent = "Scoring…";
+    }
+    await score(selectedModel());
+  } finally {
+    state.busy = false;
+    button.removeAttribute("aria-disabled");
+  }
+}
+
+async function score(model) {
+  const text = $("text").value;
   try {
     if (model.kind === "classifier") {
       const { data, ms } = await api("classify", { model: model.name, text });
@@ -145,8 +164,6 @@ async function run() {
   } catch (err) {
     $("status").textContent = "";
     showError(err);
-  } finally {
-    button.disabled = false;
   }
 }
 
