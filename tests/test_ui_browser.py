@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,9 +24,9 @@ from app.http.ui import _FILES
 from app.settings import Settings
 
 try:
-    from app_fixtures import REPO, Server, run_server
+    from app_fixtures import REPO, Server, free_port, run_server, wait_for
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import REPO, Server, run_server
+    from tests.app_fixtures import REPO, Server, free_port, run_server, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -395,21 +396,32 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     open_page(browser, keyed_server)
     wait_visible(browser, "key-form")
     assert browser.switch_to.active_element.get_attribute("id") == "key"
+    # A first visit is asked for the key, not shown an error (it said "Error 401 ... send `authorization:
+    # Bearer KEY`", at the foot of the page).
+    assert not browser.find_element("id", "error").is_displayed()
+    assert not browser.find_element("id", "key-error").is_displayed()
     key = browser.find_element("id", "key")
     key.send_keys("wrong")
     browser.find_element("id", "key-use").click()
-    wait_visible(browser, "error")
-    assert "API key" in browser.find_element("id", "error").text
+    # A refused key is said under the box it was typed in, which is marked invalid and keeps the focus.
+    wait_visible(browser, "key-error")
+    assert "refused this key" in browser.find_element("id", "key-error").text
+    assert key.get_attribute("aria-invalid") == "true"
+    assert browser.switch_to.active_element.get_attribute("id") == "key"
+    assert not browser.find_element("id", "error").is_displayed()
     # A character no HTTP header carries: the page says so (it blamed the network, as fetch refused it).
     key.clear()
     key.send_keys("s€cret")
     browser.find_element("id", "key-use").click()
-    WebDriverWait(browser, WAIT_S).until(lambda d: "printable ASCII" in d.find_element("id", "error").text)
-    assert "reach the server" not in browser.find_element("id", "error").text
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: "printable ASCII" in d.find_element("id", "key-error").text
+    )
+    assert not browser.find_element("id", "error").is_displayed()
     key.clear()
     key.send_keys(KEY)
     browser.find_element("id", "key-use").click()
     WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_element("id", "key-form").is_displayed())
+    assert key.get_attribute("aria-invalid") is None
     # With the key, as without: the slider at the detector's own threshold (it stayed at 0.50).
     with keyed_server.client() as c:
         detector = next(
@@ -461,6 +473,62 @@ def error_shown(driver) -> tuple[str, str, str]:
     )
 
 
+def test_refusals_say_what_to_do_and_the_page_goes_on(browser, tmp_path):
+    """Each refusal shows the server's message and, for the person at the page, what to do (the server's
+    own advice is an operator's: "split it or raise the limit (--max-text-tokens)"); a 429's Retry-After
+    is said; the next good text is scored and the error goes."""
+    poison = "church"  # one token of the shipped vocabulary: a batch holding it fails (--inject-faults)
+    flags = ("--max-text-tokens", "64", "--queue-size", "1", "--runners", "1", "--solo-threads", "1",
+             "--max-wait-ms", "2000", "--inject-faults", f"poison={poison}")  # fmt: skip
+    with run_server(MODELS, *flags, log_dir=tmp_path) as strict:
+        open_page(browser, strict)
+        browser.set_window_size(390, 640)  # a phone: the box below the text box starts out of sight
+        submit(browser, "word " * 100)
+        head, message, todo = error_shown(browser)
+        assert "413" in head and "64" in message and todo.startswith("Shorten the text")
+        top, bottom, height = browser.execute_script(
+            "const r = document.getElementById('error').getBoundingClientRect();"
+            "return [r.top, r.bottom, window.innerHeight];"
+        )
+        assert top >= 0 and bottom <= height + 1, (top, bottom, height)
+        browser.set_window_size(1280, 900)
+        submit(browser, " \u200b ")
+        head, _, todo = error_shown(browser)
+        assert "422" in head and "into the text box" in todo
+        submit(browser, f"The {poison} bell rang.")
+        head, message, todo = error_shown(browser)
+        assert "500" in head and "inference_failed" in head and todo.startswith("Press Check to try again")
+        # A full queue: one request waits there (--max-wait-ms) while the page asks.
+        with strict.client() as c, ThreadPoolExecutor(1) as pool:
+            held = pool.submit(c.post, "/detect", json={"text": SENTENCE})
+            wait_for(
+                lambda: strict.metric("electra_queue_depth", model="detector") == 1, what="a queued request"
+            )
+            submit(browser, SENTENCE)
+            head, _, todo = error_shown(browser)
+            assert "429" in head and todo == "The server is busy: press Check again in 1 s."
+            assert held.result().status_code == 200
+        submit(browser, SENTENCE)
+        wait_visible(browser, "detect")
+        assert not browser.find_element("id", "error").is_displayed()
+
+
+def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, tmp_path):
+    port = free_port()
+    for run in ("first", "again"):  # the same port, so a log folder each
+        (tmp_path / run).mkdir()
+    with run_server(MODELS, log_dir=tmp_path / "first", port=port) as first:
+        open_page(browser, first)
+    submit(browser, SENTENCE)
+    head, message, todo = error_shown(browser)
+    assert message.startswith(f"Could not reach the server at 127.0.0.1:{port}")
+    assert todo.startswith("Check that the server is running")
+    with run_server(MODELS, log_dir=tmp_path / "again", port=port):
+        submit(browser, SENTENCE)
+        wait_visible(browser, "detect")
+        assert not browser.find_element("id", "error").is_displayed()
+
+
 def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
     """The list of models failed to load (the server unreachable for that one request): the select said
     "loading…" for ever and Check did nothing, with no word; now Check loads the list and scores. The
@@ -473,7 +541,7 @@ def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
     finally:
         browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
         browser.execute_cdp_cmd("Network.disable", {})
-    assert message.startswith("Could not reach the server")
+    assert message.startswith("Could not reach the server") and "press Check to try again" in todo
     model = browser.find_element("id", "model")
     assert not model.is_enabled() and model.text == "not loaded"
     submit(browser, SENTENCE)

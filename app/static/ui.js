@@ -28,7 +28,7 @@ async function api(path, body) {
     res = await fetch(path, { method: body === undefined ? "GET" : "POST", headers,
       body: body === undefined ? undefined : JSON.stringify(body) });
   } catch (e) {
-    throw new ApiError(0, "network", "Could not reach the server (" + e.message + ").", null);
+    throw new ApiError(0, "network", "Could not reach the server at " + location.host + " (" + e.message + ").", null);
   }
   let data = null;
   try { data = await res.json(); } catch (e) { /* not JSON: reported below */ }
@@ -43,26 +43,61 @@ async function api(path, body) {
 }
 
 function showError(err) {
+  if (err.status === 401) {
+    // The key form says what to do, beside the box to type it in: not an error box further down the page.
+    // A first 401 only asks for the key; one after a key was given says that key was refused.
+    clearError();
+    askForKey(state.apiKey
+      ? "The server refused this key (401). Check it, paste it again and press Use key." : "");
+    return;
+  }
   const box = $("error");
   box.replaceChildren();
   const head = document.createElement("strong");
   head.textContent = err.status ? "Error " + err.status + " (" + err.type + ")" : "Error";
   const msg = document.createElement("span");
   msg.className = "message";
-  let text = err.message;
-  if (err.retryAfter) text = text.replace(/[.!?]?$/, (end) => end || ".") + " Try again in " + err.retryAfter + " s.";
-  msg.textContent = text;
+  msg.textContent = err.message;
   box.append(head, msg);
+  const todo = advice(err);
+  if (todo) {
+    const what = document.createElement("span");
+    what.className = "advice";
+    what.textContent = todo;
+    box.append(what);
+  }
   box.hidden = false;
   $("detect").hidden = true;
   $("classify").hidden = true;
-  if (err.status === 401) askForKey();
+  // On a phone the box can be below the fold, under the text box and its keyboard.
+  box.scrollIntoView({ block: "nearest" });
+}
+
+// What a user of this page can do about an error. The server's message is written for API clients and
+// operators (it names flags such as --max-text-tokens); this line is written for the person at the page.
+function advice(err) {
+  const wait = err.retryAfter ? "in " + err.retryAfter + " s" : "in a moment";
+  if (err.type === "network") {
+    return "Check that the server is running and that this device can reach it, then press Check to try again.";
+  }
+  if (err.type === "empty_text") return "Type or paste some text into the text box, then press Check.";
+  if (err.type === "unknown_model") return "The server no longer serves this model: reload the page for the models it serves.";
+  if (err.status === 413) return "Shorten the text, or check it a part at a time.";
+  if (err.status === 429 || err.status === 503) return "The server is busy: press Check again " + wait + ".";
+  if (err.status === 408) return "The text took too long to reach the server: press Check to send it again.";
+  if (err.status >= 500) return "Press Check to try again; if it fails again, the server's log says why.";
+  return "";
 }
 
 function clearError() { $("error").hidden = true; }
 
 // ------------------------------------------------------------------ models and the key
-function askForKey() {
+// The key form, with `problem` (what is wrong with the key given, and what to do) under the box, or none.
+function askForKey(problem) {
+  $("key-error").textContent = problem;
+  $("key-error").hidden = !problem;
+  if (problem) $("key").setAttribute("aria-invalid", "true");
+  else $("key").removeAttribute("aria-invalid");
   $("key-form").hidden = false;
   $("key").focus();
 }
@@ -459,14 +494,16 @@ document.addEventListener("DOMContentLoaded", () => {
     const given = $("key").value.trim();
     if (!/^[\x20-\x7e]*$/.test(given)) {
       // The browser refuses such a header before anything is sent: not a server it could not reach.
-      showError(new ApiError(0, "bad_key", "An API key holds printable ASCII only: this one has another "
-        + "character (a pasted space or quote?). Paste the key again.", "key"));
+      askForKey("An API key holds printable ASCII only: this one has another character (a pasted space or "
+        + "quote?). Paste the key again.");
       return;
     }
     state.apiKey = given || null;
     if (await loadModels()) {
       syncControls(); // the slider starts at the model's threshold, as it does without a key
       $("key-form").hidden = true;
+      $("key-error").hidden = true;
+      $("key").removeAttribute("aria-invalid");
       $("key").value = ""; // kept in the script's state only, not in the page for anything that reads it
       $("status").textContent = "Key accepted.";
       $("text").focus();
