@@ -554,6 +554,77 @@ def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
     )
 
 
+def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
+    """/classify refused the page's single text for a model fine-tuned on pairs (422 "send `pairs`"): the
+    page could not use such a model at all. It now shows a second text box for it, and sends the pair; for
+    a model whose training is not recorded (an import takes either) the box is optional."""
+    import json
+    import shutil
+
+    models = tmp_path / "models"
+    for name in ("detector", "sentiment"):
+        shutil.copytree(MODELS / name, models / name)
+    # The shipped classifier, as if fine-tuned on pairs: /models' trained_on reads the recipe's pair column.
+    shutil.copytree(MODELS / "sentiment", models / "entailment")
+    manifest = json.loads((models / "entailment" / "manifest.json").read_text())
+    manifest["source"]["training"]["config"]["text_pair_column"] = "hypothesis"
+    (models / "entailment" / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copytree(MODELS / "sentiment", models / "imported")
+    manifest = json.loads((models / "imported" / "manifest.json").read_text())
+    del manifest["source"]["training"]
+    (models / "imported" / "manifest.json").write_text(json.dumps(manifest))
+    first, second = "A man plays football in a park.", "A man is outside."
+    with run_server(models, log_dir=tmp_path) as s:
+        with s.client() as c:
+            trained_on = {m["name"]: m["trained_on"] for m in c.get("/models").json()["models"]}
+            assert trained_on == {
+                "detector": None,
+                "entailment": "pairs",
+                "imported": None,
+                "sentiment": "texts",
+            }
+            result = c.post("/classify", json={"model": "entailment", "pairs": [[first, second]]}).json()
+            alone = c.post("/classify", json={"model": "imported", "text": first}).json()
+        open_page(browser, s)
+        Select(browser.find_element("id", "model")).select_by_value("sentiment")
+        assert not browser.find_element("id", "pair-box").is_displayed()
+        assert browser.find_element("id", "text-label").text == "Text"
+        Select(browser.find_element("id", "model")).select_by_value("entailment")
+        pair = browser.find_element("id", "text-pair")
+        assert pair.is_displayed() and pair.get_attribute("aria-required") == "true"
+        assert browser.find_element("id", "text-label").text == "First text"
+        assert "pairs of texts" in browser.find_element("id", "pair-help").text
+        pair.send_keys(second)
+        submit(browser, first)
+        wait_visible(browser, "classify")
+        shown = browser.execute_script(
+            "return [...document.querySelectorAll('#bars li')].map(li => "
+            "[li.querySelector('.label').textContent, li.querySelector('.pct').textContent]);"
+        )
+        probs = result["results"][0]["probs"]
+        assert [label for label, _ in shown] == sorted(probs, key=probs.get, reverse=True)
+        for label, pct_text in shown:
+            assert abs(float(pct_text.rstrip("%")) - 100 * probs[label]) <= 0.1
+        # An edited second text makes the result out of date, as an edited first text does.
+        stale = browser.find_element("css selector", "#classify .stale-note")
+        assert not stale.is_displayed()
+        pair.send_keys(" Indeed.")
+        assert stale.is_displayed()
+        # An empty second text: the advice names the box to fill in.
+        pair.clear()
+        submit(browser, first)
+        head, _, todo = error_shown(browser)
+        assert "422" in head and "second text box" in todo
+        # A model that takes either: the second text is optional, and left empty the text goes alone.
+        Select(browser.find_element("id", "model")).select_by_value("imported")
+        assert pair.is_displayed() and pair.get_attribute("aria-required") == "false"
+        assert browser.find_element("id", "pair-help").text.startswith("Optional")
+        submit(browser, first)
+        wait_visible(browser, "classify")
+        top = alone["results"][0]["label"]
+        assert browser.find_element("css selector", "#bars li.top .label").text == top
+
+
 def test_keyboard_check_keeps_the_focus_and_reaches_the_table(browser, server):
     """Enter on Check left the focus on <body> (the button was disabled while scoring); the table's box,
     which scrolls, is reached with Tab; the shaded text is not described by a word's tooltip as a whole."""

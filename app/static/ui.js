@@ -80,7 +80,10 @@ function advice(err) {
   if (err.type === "network") {
     return "Check that the server is running and that this device can reach it, then press Check to try again.";
   }
-  if (err.type === "empty_text") return "Type or paste some text into the text box, then press Check.";
+  if (err.type === "empty_text") {
+    const second = /^pairs\[\d+\]\[1\]$/.test(err.field || "");
+    return "Type or paste some text into the " + (second ? "second text box" : "text box") + ", then press Check.";
+  }
   if (err.type === "unknown_model") return "The server no longer serves this model: reload the page for the models it serves.";
   if (err.status === 413) return "Shorten the text, or check it a part at a time.";
   if (err.status === 429 || err.status === 503) return "The server is busy: press Check again " + wait + ".";
@@ -175,9 +178,12 @@ async function run() {
 
 async function score(model) {
   const text = $("text").value;
+  const pair = takesPairs(model) ? $("text-pair").value : "";
   try {
     if (model.kind === "classifier") {
-      const { data, ms } = await api("classify", { model: model.name, text });
+      // A model fine-tuned on pairs gets one; one that may take either gets one when a second text is given.
+      const input = model.trained_on === "pairs" || pair.trim() ? { pairs: [[text, pair]] } : { text };
+      const { data, ms } = await api("classify", { model: model.name, ...input });
       if (switchedAway(model)) return;
       clearError();
       renderClassify(model, data.results[0]);
@@ -191,7 +197,7 @@ async function score(model) {
       renderDetect();
       $("status").textContent = done(ms);
     }
-    state.scoredText = text;
+    state.scoredInput = inputNow();
     state.scoredWith = model.name;
     markStale(false);
     // The result may start below the fold (a laptop's 800 px): bring its top into view.
@@ -201,6 +207,13 @@ async function score(model) {
     showError(err);
   }
 }
+
+// /classify takes `pairs` for a model fine-tuned on them, and for one whose training is not recorded (an
+// imported model takes either); /models' trained_on says which.
+function takesPairs(model) { return !!model && model.kind === "classifier" && model.trained_on !== "texts"; }
+
+// What a result was scored from: the text, and the second text where the model takes one.
+function inputNow() { return $("text").value + (takesPairs(selectedModel()) ? "\u0000" + $("text-pair").value : ""); }
 
 // Another model was chosen while this one scored: its answer is not the chosen model's, and is dropped.
 function switchedAway(model) {
@@ -456,6 +469,19 @@ function syncControls() {
   } else if (model && state.scoredWith === model.name && $("error").hidden) {
     $(model.kind === "classifier" ? "classify" : "detect").hidden = false;
   }
+  const pairs = takesPairs(model);
+  $("pair-box").hidden = !pairs;
+  if (pairs) {
+    const required = model.trained_on === "pairs";
+    $("text-pair").setAttribute("aria-required", String(required));
+    $("pair-help").textContent = required
+      ? "This model was fine-tuned on pairs of texts: it scores the text above together with this one."
+      : "Optional: this model may take a pair of texts. Leave it empty to score the text above alone.";
+    $("text-label").textContent = "First text";
+  } else {
+    $("text-label").textContent = "Text";
+  }
+  if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
   const warnings = (model && model.warnings) || [];
   $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
   $("model-warnings").hidden = !warnings.length;
@@ -483,12 +509,14 @@ function markStale(stale) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
-  $("text").addEventListener("input", () => {
-    if (state.scoredText !== undefined) markStale($("text").value !== state.scoredText);
-  });
-  $("text").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
-  });
+  for (const id of ["text", "text-pair"]) {
+    $(id).addEventListener("input", () => {
+      if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
+    });
+    $(id).addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+    });
+  }
   $("key-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const given = $("key").value.trim();
