@@ -354,6 +354,32 @@ def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(brow
     assert widest <= box, (widest, box)
 
 
+def test_a_right_to_left_text_reads_right_to_left(browser, server):
+    """An Arabic text was laid out left to right: its closing full stop stood at the right, after the first
+    word. Its words still line up with the API's offsets, and the left arrow goes to the next word."""
+    text = "مرحبا بالعالم، كيف حالك اليوم؟ هذا نص عربي (مع أقواس) وأرقام 123."
+    open_page(browser, server)
+    submit(browser, text)
+    wait_visible(browser, "detect")
+    marked = browser.find_element("id", "marked")
+    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "rtl"
+    assert (
+        browser.execute_script(
+            "return getComputedStyle(arguments[0]).direction", browser.find_element("id", "text")
+        )
+        == "rtl"
+    )
+    words = api_detect(server, text, 0.5)["words"]
+    assert [s[0] for s in shading(browser)] == [w["text"] for w in words] and marked.text == text
+    first = browser.find_element("css selector", "#marked .w")
+    first.click()
+    first.send_keys(Keys.ARROW_LEFT)
+    assert browser.switch_to.active_element.text == words[1]["text"]
+    # A left-to-right text in the same box is laid out left to right again.
+    submit(browser, SENTENCE)
+    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "ltr"
+
+
 def test_empty_text_shows_the_apis_error(browser, server):
     open_page(browser, server)
     submit(browser, SENTENCE)

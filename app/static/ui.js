@@ -398,7 +398,10 @@ function onMarkedKey(e) {
   const span = e.target.closest(".w");
   if (!span) return;
   const i = state.spans.indexOf(span);
-  const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[e.key];
+  // A right-to-left text (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
+  const ahead = getComputedStyle($("marked")).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
+  const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
+  const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
   if (step) moveFocus(i, i + step);
   else if (e.key === "Home") moveFocus(i, 0);
   else if (e.key === "End") moveFocus(i, state.spans.length - 1);
