@@ -540,6 +540,8 @@ def test_refusals_say_what_to_do_and_the_page_goes_on(browser, tmp_path):
 
 
 def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, tmp_path):
+    import shutil
+
     port = free_port()
     for run in ("first", "again"):  # the same port, so a log folder each
         (tmp_path / run).mkdir()
@@ -552,6 +554,19 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
     with run_server(MODELS, log_dir=tmp_path / "again", port=port):
         submit(browser, SENTENCE)
         wait_visible(browser, "detect")
+        assert not browser.find_element("id", "error").is_displayed()
+    # Started again without the detector the page had chosen: the 404 brings the list of models up to date
+    # (it kept offering the detector, refused at every Check).
+    (tmp_path / "sentiment-only").mkdir()
+    shutil.copytree(MODELS / "sentiment", tmp_path / "classifier-only" / "sentiment")
+    with run_server(tmp_path / "classifier-only", log_dir=tmp_path / "sentiment-only", port=port):
+        submit(browser, SENTENCE)
+        head, _, todo = error_shown(browser)
+        assert "404" in head and "unknown_model" in head and "models have changed" in todo
+        model = Select(browser.find_element("id", "model"))
+        assert [o.get_attribute("value") for o in model.options] == ["sentiment"]
+        submit(browser, "a gorgeous, witty, seductive movie")
+        wait_visible(browser, "classify")
         assert not browser.find_element("id", "error").is_displayed()
 
 

@@ -84,7 +84,10 @@ function advice(err) {
     const second = /^pairs\[\d+\]\[1\]$/.test(err.field || "");
     return "Type or paste some text into the " + (second ? "second text box" : "text box") + ", then press Check.";
   }
-  if (err.type === "unknown_model") return "The server no longer serves this model: reload the page for the models it serves.";
+  if (err.type === "unknown_model" || err.type === "wrong_model_kind") {
+    return "The server's models have changed since the page opened: the list now shows those it serves. "
+      + "Pick one and press Check.";
+  }
   if (err.status === 413) return "Shorten the text, or check it a part at a time.";
   if (err.status === 429 || err.status === 503) return "The server is busy: press Check again " + wait + ".";
   if (err.status === 408) return "The text took too long to reach the server: press Check to send it again.";
@@ -204,6 +207,8 @@ async function score(model) {
     $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
   } catch (err) {
     $("status").textContent = "";
+    // The server was started again with other bundles: the page's list of models is out of date.
+    if ((err.type === "unknown_model" || err.type === "wrong_model_kind") && await loadModels()) syncControls();
     showError(err);
   }
 }
