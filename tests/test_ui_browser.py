@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -168,6 +169,34 @@ def shading(driver) -> list[tuple[str, float, bool]]:
     ]
 
 
+def text_contrast(driver, element) -> float:
+    """WCAG contrast ratio of `element` as drawn on screen: its most common colour (the background) against
+    its darkest (the core of its letters). Read from a screenshot, so filters and opacity count."""
+    rgba = driver.execute_async_script(
+        """const [b64, done] = arguments, img = new Image();
+           img.onload = () => {
+             const c = document.createElement('canvas');
+             [c.width, c.height] = [img.width, img.height];
+             const g = c.getContext('2d');
+             g.drawImage(img, 0, 0);
+             done(Array.from(g.getImageData(0, 0, c.width, c.height).data));
+           };
+           img.src = 'data:image/png;base64,' + b64;""",
+        element.screenshot_as_base64,
+    )
+    pixels = [tuple(rgba[i : i + 3]) for i in range(0, len(rgba), 4)]
+
+    def luminance(rgb):
+        r, g, b = (
+            c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (v / 255 for v in rgb)
+        )
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    background = Counter(pixels).most_common(1)[0][0]
+    darkest = min(pixels, key=luminance)
+    return (luminance(background) + 0.05) / (luminance(darkest) + 0.05)
+
+
 def pct(p: float) -> str:
     return f"{100 * p:.1f}%"
 
@@ -295,9 +324,17 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     # An edited text's result is marked as out of date until the next Check.
     stale = browser.find_element("css selector", "#detect .stale-note")
     assert not stale.is_displayed()
+    hottest = browser.execute_script(
+        "return [...document.querySelectorAll('#marked .w')].sort((a, b) => b.dataset.prob - a.dataset.prob)[0]"
+    )
+    browser.execute_script("document.activeElement.blur()")  # no focus ring in the picture
+    assert text_contrast(browser, hottest) >= 4.5  # the darkest shade keeps its text readable (WCAG AA)
     browser.find_element("id", "text").send_keys(" more")
     assert stale.is_displayed()
     assert "stale" in browser.find_element("id", "detect").get_attribute("class")
+    # Greyed, still readable: faded to opacity .55, its text stood at 3.4:1.
+    browser.execute_script("document.activeElement.blur()")
+    assert text_contrast(browser, hottest) >= 4.5
     # Another model hides this result; choosing the detector again shows it again, as it still holds.
     model = Select(browser.find_element("id", "model"))
     detector = model.first_selected_option.get_attribute("value")
