@@ -168,9 +168,11 @@ def run_server(
     cwd: Path = REPO,
     preexec_fn=None,
     env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[Server]:
-    """Start `python -m app` on a free port and wait for /ready; terminate it afterwards."""
-    port = free_port()
+    """Start `python -m app` on a free port (or `port`: a server started again where a client had the
+    last one) and wait for /ready; terminate it afterwards."""
+    port = port or free_port()
     log_path = log_dir / f"server-{port}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(

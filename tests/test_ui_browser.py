@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,9 +25,9 @@ from app.http.ui import _FILES
 from app.settings import Settings
 
 try:
-    from app_fixtures import REPO, Server, run_server
+    from app_fixtures import REPO, Server, free_port, run_server, wait_for
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import REPO, Server, run_server
+    from tests.app_fixtures import REPO, Server, free_port, run_server, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -142,8 +144,8 @@ def submit(driver, text: str, model: str | None = None, *, keyboard: bool = Fals
         driver.find_element("id", "run").click()
     WebDriverWait(driver, WAIT_S).until(
         lambda d: (
-            d.find_element("id", "status").text not in ("waiting", "Scoring…")
-            and not d.find_element("id", "run").get_attribute("disabled")
+            d.find_element("id", "status").text not in ("waiting", "Scoring…", "Loading the models…")
+            and not d.find_element("id", "run").get_attribute("aria-disabled")
         )
     )
 
@@ -165,6 +167,34 @@ def shading(driver) -> list[tuple[str, float, bool]]:
                  return [e.textContent, m.length > 3 ? m[3] : '1', e.classList.contains('over')]; });"""
         )
     ]
+
+
+def text_contrast(driver, element) -> float:
+    """WCAG contrast ratio of `element` as drawn on screen: its most common colour (the background) against
+    its darkest (the core of its letters). Read from a screenshot, so filters and opacity count."""
+    rgba = driver.execute_async_script(
+        """const [b64, done] = arguments, img = new Image();
+           img.onload = () => {
+             const c = document.createElement('canvas');
+             [c.width, c.height] = [img.width, img.height];
+             const g = c.getContext('2d');
+             g.drawImage(img, 0, 0);
+             done(Array.from(g.getImageData(0, 0, c.width, c.height).data));
+           };
+           img.src = 'data:image/png;base64,' + b64;""",
+        element.screenshot_as_base64,
+    )
+    pixels = [tuple(rgba[i : i + 3]) for i in range(0, len(rgba), 4)]
+
+    def luminance(rgb):
+        r, g, b = (
+            c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (v / 255 for v in rgb)
+        )
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    background = Counter(pixels).most_common(1)[0][0]
+    darkest = min(pixels, key=luminance)
+    return (luminance(background) + 0.05) / (luminance(darkest) + 0.05)
 
 
 def pct(p: float) -> str:
@@ -294,9 +324,17 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     # An edited text's result is marked as out of date until the next Check.
     stale = browser.find_element("css selector", "#detect .stale-note")
     assert not stale.is_displayed()
+    hottest = browser.execute_script(
+        "return [...document.querySelectorAll('#marked .w')].sort((a, b) => b.dataset.prob - a.dataset.prob)[0]"
+    )
+    browser.execute_script("document.activeElement.blur()")  # no focus ring in the picture
+    assert text_contrast(browser, hottest) >= 4.5  # the darkest shade keeps its text readable (WCAG AA)
     browser.find_element("id", "text").send_keys(" more")
     assert stale.is_displayed()
     assert "stale" in browser.find_element("id", "detect").get_attribute("class")
+    # Greyed, still readable: faded to opacity .55, its text stood at 3.4:1.
+    browser.execute_script("document.activeElement.blur()")
+    assert text_contrast(browser, hottest) >= 4.5
     # Another model hides this result; choosing the detector again shows it again, as it still holds.
     model = Select(browser.find_element("id", "model"))
     detector = model.first_selected_option.get_attribute("value")
@@ -353,6 +391,32 @@ def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(brow
     assert widest <= box, (widest, box)
 
 
+def test_a_right_to_left_text_reads_right_to_left(browser, server):
+    """An Arabic text was laid out left to right: its closing full stop stood at the right, after the first
+    word. Its words still line up with the API's offsets, and the left arrow goes to the next word."""
+    text = "مرحبا بالعالم، كيف حالك اليوم؟ هذا نص عربي (مع أقواس) وأرقام 123."
+    open_page(browser, server)
+    submit(browser, text)
+    wait_visible(browser, "detect")
+    marked = browser.find_element("id", "marked")
+    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "rtl"
+    assert (
+        browser.execute_script(
+            "return getComputedStyle(arguments[0]).direction", browser.find_element("id", "text")
+        )
+        == "rtl"
+    )
+    words = api_detect(server, text, 0.5)["words"]
+    assert [s[0] for s in shading(browser)] == [w["text"] for w in words] and marked.text == text
+    first = browser.find_element("css selector", "#marked .w")
+    first.click()
+    first.send_keys(Keys.ARROW_LEFT)
+    assert browser.switch_to.active_element.text == words[1]["text"]
+    # A left-to-right text in the same box is laid out left to right again.
+    submit(browser, SENTENCE)
+    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "ltr"
+
+
 def test_empty_text_shows_the_apis_error(browser, server):
     open_page(browser, server)
     submit(browser, SENTENCE)
@@ -395,21 +459,32 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     open_page(browser, keyed_server)
     wait_visible(browser, "key-form")
     assert browser.switch_to.active_element.get_attribute("id") == "key"
+    # A first visit is asked for the key, not shown an error (it said "Error 401 ... send `authorization:
+    # Bearer KEY`", at the foot of the page).
+    assert not browser.find_element("id", "error").is_displayed()
+    assert not browser.find_element("id", "key-error").is_displayed()
     key = browser.find_element("id", "key")
     key.send_keys("wrong")
     browser.find_element("id", "key-use").click()
-    wait_visible(browser, "error")
-    assert "API key" in browser.find_element("id", "error").text
+    # A refused key is said under the box it was typed in, which is marked invalid and keeps the focus.
+    wait_visible(browser, "key-error")
+    assert "refused this key" in browser.find_element("id", "key-error").text
+    assert key.get_attribute("aria-invalid") == "true"
+    assert browser.switch_to.active_element.get_attribute("id") == "key"
+    assert not browser.find_element("id", "error").is_displayed()
     # A character no HTTP header carries: the page says so (it blamed the network, as fetch refused it).
     key.clear()
     key.send_keys("s€cret")
     browser.find_element("id", "key-use").click()
-    WebDriverWait(browser, WAIT_S).until(lambda d: "printable ASCII" in d.find_element("id", "error").text)
-    assert "reach the server" not in browser.find_element("id", "error").text
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: "printable ASCII" in d.find_element("id", "key-error").text
+    )
+    assert not browser.find_element("id", "error").is_displayed()
     key.clear()
     key.send_keys(KEY)
     browser.find_element("id", "key-use").click()
     WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_element("id", "key-form").is_displayed())
+    assert key.get_attribute("aria-invalid") is None
     # With the key, as without: the slider at the detector's own threshold (it stayed at 0.50).
     with keyed_server.client() as c:
         detector = next(
@@ -447,6 +522,206 @@ def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
         broken = browser.find_element("id", "broken-models")
         assert broken.is_displayed() and "Not served: sentiment (" in broken.text, broken.text
     assert "weak: the detector barely tells swapped words" in weak.log()  # and the server's log, by name
+
+
+def error_shown(driver) -> tuple[str, str, str]:
+    """(heading, the server's message, the page's advice) of the error on screen, once one is."""
+    wait_visible(driver, "error")
+    box = driver.find_element("id", "error")
+    advice = box.find_elements("css selector", ".advice")
+    return (
+        box.find_element("css selector", "strong").text,
+        box.find_element("css selector", ".message").text,
+        advice[0].text if advice else "",
+    )
+
+
+def test_refusals_say_what_to_do_and_the_page_goes_on(browser, tmp_path):
+    """Each refusal shows the server's message and, for the person at the page, what to do (the server's
+    own advice is an operator's: "split it or raise the limit (--max-text-tokens)"); a 429's Retry-After
+    is said; the next good text is scored and the error goes."""
+    poison = "church"  # one token of the shipped vocabulary: a batch holding it fails (--inject-faults)
+    flags = ("--max-text-tokens", "64", "--queue-size", "1", "--runners", "1", "--solo-threads", "1",
+             "--max-wait-ms", "2000", "--inject-faults", f"poison={poison}")  # fmt: skip
+    with run_server(MODELS, *flags, log_dir=tmp_path) as strict:
+        open_page(browser, strict)
+        browser.set_window_size(390, 640)  # a phone: the box below the text box starts out of sight
+        submit(browser, "word " * 100)
+        head, message, todo = error_shown(browser)
+        assert "413" in head and "64" in message and todo.startswith("Shorten the text")
+        top, bottom, height = browser.execute_script(
+            "const r = document.getElementById('error').getBoundingClientRect();"
+            "return [r.top, r.bottom, window.innerHeight];"
+        )
+        assert top >= 0 and bottom <= height + 1, (top, bottom, height)
+        browser.set_window_size(1280, 900)
+        submit(browser, " \u200b ")
+        head, _, todo = error_shown(browser)
+        assert "422" in head and "into the text box" in todo
+        submit(browser, f"The {poison} bell rang.")
+        head, message, todo = error_shown(browser)
+        assert "500" in head and "inference_failed" in head and todo.startswith("Press Check to try again")
+        # A full queue: one request waits there (--max-wait-ms) while the page asks.
+        with strict.client() as c, ThreadPoolExecutor(1) as pool:
+            held = pool.submit(c.post, "/detect", json={"text": SENTENCE})
+            wait_for(
+                lambda: strict.metric("electra_queue_depth", model="detector") == 1, what="a queued request"
+            )
+            submit(browser, SENTENCE)
+            head, _, todo = error_shown(browser)
+            assert "429" in head and todo == "The server is busy: press Check again in 1 s."
+            assert held.result().status_code == 200
+        submit(browser, SENTENCE)
+        wait_visible(browser, "detect")
+        assert not browser.find_element("id", "error").is_displayed()
+
+
+def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, tmp_path):
+    import shutil
+
+    port = free_port()
+    for run in ("first", "again"):  # the same port, so a log folder each
+        (tmp_path / run).mkdir()
+    with run_server(MODELS, log_dir=tmp_path / "first", port=port) as first:
+        open_page(browser, first)
+    submit(browser, SENTENCE)
+    head, message, todo = error_shown(browser)
+    assert message.startswith(f"Could not reach the server at 127.0.0.1:{port}")
+    assert todo.startswith("Check that the server is running")
+    with run_server(MODELS, log_dir=tmp_path / "again", port=port):
+        submit(browser, SENTENCE)
+        wait_visible(browser, "detect")
+        assert not browser.find_element("id", "error").is_displayed()
+    # Started again without the detector the page had chosen: the 404 brings the list of models up to date
+    # (it kept offering the detector, refused at every Check).
+    (tmp_path / "sentiment-only").mkdir()
+    shutil.copytree(MODELS / "sentiment", tmp_path / "classifier-only" / "sentiment")
+    with run_server(tmp_path / "classifier-only", log_dir=tmp_path / "sentiment-only", port=port):
+        submit(browser, SENTENCE)
+        head, _, todo = error_shown(browser)
+        assert "404" in head and "unknown_model" in head and "models have changed" in todo
+        model = Select(browser.find_element("id", "model"))
+        assert [o.get_attribute("value") for o in model.options] == ["sentiment"]
+        submit(browser, "a gorgeous, witty, seductive movie")
+        wait_visible(browser, "classify")
+        assert not browser.find_element("id", "error").is_displayed()
+
+
+def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
+    """The list of models failed to load (the server unreachable for that one request): the select said
+    "loading…" for ever and Check did nothing, with no word; now Check loads the list and scores. The
+    browser's own request blocking stands for the network: the server cannot fail /models alone."""
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/models"]})
+    try:
+        browser.get(server.url + "/")
+        _, message, todo = error_shown(browser)
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+        browser.execute_cdp_cmd("Network.disable", {})
+    assert message.startswith("Could not reach the server") and "press Check to try again" in todo
+    model = browser.find_element("id", "model")
+    assert not model.is_enabled() and model.text == "not loaded"
+    submit(browser, SENTENCE)
+    wait_visible(browser, "detect")
+    assert model.is_enabled() and not browser.find_element("id", "error").is_displayed()
+    with server.client() as c:
+        detector = next(m for m in c.get("/models").json()["models"] if m["kind"] == "detector")
+    assert float(browser.find_element("id", "threshold").get_attribute("value")) == pytest.approx(
+        detector["threshold"]
+    )
+
+
+def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
+    """/classify refused the page's single text for a model fine-tuned on pairs (422 "send `pairs`"): the
+    page could not use such a model at all. It now shows a second text box for it, and sends the pair; for
+    a model whose training is not recorded (an import takes either) the box is optional."""
+    import json
+    import shutil
+
+    models = tmp_path / "models"
+    for name in ("detector", "sentiment"):
+        shutil.copytree(MODELS / name, models / name)
+    # The shipped classifier, as if fine-tuned on pairs: /models' trained_on reads the recipe's pair column.
+    shutil.copytree(MODELS / "sentiment", models / "entailment")
+    manifest = json.loads((models / "entailment" / "manifest.json").read_text())
+    manifest["source"]["training"]["config"]["text_pair_column"] = "hypothesis"
+    (models / "entailment" / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copytree(MODELS / "sentiment", models / "imported")
+    manifest = json.loads((models / "imported" / "manifest.json").read_text())
+    del manifest["source"]["training"]
+    (models / "imported" / "manifest.json").write_text(json.dumps(manifest))
+    first, second = "A man plays football in a park.", "A man is outside."
+    with run_server(models, log_dir=tmp_path) as s:
+        with s.client() as c:
+            trained_on = {m["name"]: m["trained_on"] for m in c.get("/models").json()["models"]}
+            assert trained_on == {
+                "detector": None,
+                "entailment": "pairs",
+                "imported": None,
+                "sentiment": "texts",
+            }
+            result = c.post("/classify", json={"model": "entailment", "pairs": [[first, second]]}).json()
+            alone = c.post("/classify", json={"model": "imported", "text": first}).json()
+        open_page(browser, s)
+        Select(browser.find_element("id", "model")).select_by_value("sentiment")
+        assert not browser.find_element("id", "pair-box").is_displayed()
+        assert browser.find_element("id", "text-label").text == "Text"
+        Select(browser.find_element("id", "model")).select_by_value("entailment")
+        pair = browser.find_element("id", "text-pair")
+        assert pair.is_displayed() and pair.get_attribute("aria-required") == "true"
+        assert browser.find_element("id", "text-label").text == "First text"
+        assert "pairs of texts" in browser.find_element("id", "pair-help").text
+        pair.send_keys(second)
+        submit(browser, first)
+        wait_visible(browser, "classify")
+        shown = browser.execute_script(
+            "return [...document.querySelectorAll('#bars li')].map(li => "
+            "[li.querySelector('.label').textContent, li.querySelector('.pct').textContent]);"
+        )
+        probs = result["results"][0]["probs"]
+        assert [label for label, _ in shown] == sorted(probs, key=probs.get, reverse=True)
+        for label, pct_text in shown:
+            assert abs(float(pct_text.rstrip("%")) - 100 * probs[label]) <= 0.1
+        # An edited second text makes the result out of date, as an edited first text does.
+        stale = browser.find_element("css selector", "#classify .stale-note")
+        assert not stale.is_displayed()
+        pair.send_keys(" Indeed.")
+        assert stale.is_displayed()
+        # An empty second text: the advice names the box to fill in.
+        pair.clear()
+        submit(browser, first)
+        head, _, todo = error_shown(browser)
+        assert "422" in head and "second text box" in todo
+        # A model that takes either: the second text is optional, and left empty the text goes alone.
+        Select(browser.find_element("id", "model")).select_by_value("imported")
+        assert pair.is_displayed() and pair.get_attribute("aria-required") == "false"
+        assert browser.find_element("id", "pair-help").text.startswith("Optional")
+        submit(browser, first)
+        wait_visible(browser, "classify")
+        top = alone["results"][0]["label"]
+        assert browser.find_element("css selector", "#bars li.top .label").text == top
+
+
+def test_keyboard_check_keeps_the_focus_and_reaches_the_table(browser, server):
+    """Enter on Check left the focus on <body> (the button was disabled while scoring); the table's box,
+    which scrolls, is reached with Tab; the shaded text is not described by a word's tooltip as a whole."""
+    open_page(browser, server)
+    box = browser.find_element("id", "text")
+    box.clear()
+    box.send_keys(SENTENCE, Keys.TAB)
+    assert browser.switch_to.active_element.get_attribute("id") == "run"
+    browser.execute_script("document.getElementById('status').textContent = 'waiting';")
+    browser.switch_to.active_element.send_keys(Keys.ENTER)
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    assert browser.switch_to.active_element.get_attribute("id") == "run"
+    assert browser.find_element("id", "marked").get_attribute("aria-describedby") is None
+    browser.find_element("css selector", "input[name=view][value=table]").click()
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    table = browser.switch_to.active_element
+    assert table.get_attribute("id") == "table-view" and table.get_attribute("role") == "region"
+    assert browser.find_element("id", table.get_attribute("aria-labelledby")).text.startswith("Sorted by")
+    browser.find_element("css selector", "input[name=view][value=text]").click()
 
 
 def test_phone_width_and_screenshots(browser, server, tmp_path):

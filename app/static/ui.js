@@ -8,6 +8,7 @@ const state = {
   models: [],
   detect: null, // {text, result, cps}: the last /detect answer and the text it was for
   spans: [], // rendered span elements of the text view, in text order
+  busy: false, // a Check is under way: another is ignored until it ends
 };
 
 // ------------------------------------------------------------------ HTTP
@@ -27,7 +28,7 @@ async function api(path, body) {
     res = await fetch(path, { method: body === undefined ? "GET" : "POST", headers,
       body: body === undefined ? undefined : JSON.stringify(body) });
   } catch (e) {
-    throw new ApiError(0, "network", "Could not reach the server (" + e.message + ").", null);
+    throw new ApiError(0, "network", "Could not reach the server at " + location.host + " (" + e.message + ").", null);
   }
   let data = null;
   try { data = await res.json(); } catch (e) { /* not JSON: reported below */ }
@@ -42,26 +43,67 @@ async function api(path, body) {
 }
 
 function showError(err) {
+  if (err.status === 401) {
+    // The key form says what to do, beside the box to type it in: not an error box further down the page.
+    // A first 401 only asks for the key; one after a key was given says that key was refused.
+    clearError();
+    askForKey(state.apiKey
+      ? "The server refused this key (401). Check it, paste it again and press Use key." : "");
+    return;
+  }
   const box = $("error");
   box.replaceChildren();
   const head = document.createElement("strong");
   head.textContent = err.status ? "Error " + err.status + " (" + err.type + ")" : "Error";
   const msg = document.createElement("span");
   msg.className = "message";
-  let text = err.message;
-  if (err.retryAfter) text = text.replace(/[.!?]?$/, (end) => end || ".") + " Try again in " + err.retryAfter + " s.";
-  msg.textContent = text;
+  msg.textContent = err.message;
   box.append(head, msg);
+  const todo = advice(err);
+  if (todo) {
+    const what = document.createElement("span");
+    what.className = "advice";
+    what.textContent = todo;
+    box.append(what);
+  }
   box.hidden = false;
   $("detect").hidden = true;
   $("classify").hidden = true;
-  if (err.status === 401) askForKey();
+  // On a phone the box can be below the fold, under the text box and its keyboard.
+  box.scrollIntoView({ block: "nearest" });
+}
+
+// What a user of this page can do about an error. The server's message is written for API clients and
+// operators (it names flags such as --max-text-tokens); this line is written for the person at the page.
+function advice(err) {
+  const wait = err.retryAfter ? "in " + err.retryAfter + " s" : "in a moment";
+  if (err.type === "network") {
+    return "Check that the server is running and that this device can reach it, then press Check to try again.";
+  }
+  if (err.type === "empty_text") {
+    const second = /^pairs\[\d+\]\[1\]$/.test(err.field || "");
+    return "Type or paste some text into the " + (second ? "second text box" : "text box") + ", then press Check.";
+  }
+  if (err.type === "unknown_model" || err.type === "wrong_model_kind") {
+    return "The server's models have changed since the page opened: the list now shows those it serves. "
+      + "Pick one and press Check.";
+  }
+  if (err.status === 413) return "Shorten the text, or check it a part at a time.";
+  if (err.status === 429 || err.status === 503) return "The server is busy: press Check again " + wait + ".";
+  if (err.status === 408) return "The text took too long to reach the server: press Check to send it again.";
+  if (err.status >= 500) return "Press Check to try again; if it fails again, the server's log says why.";
+  return "";
 }
 
 function clearError() { $("error").hidden = true; }
 
 // ------------------------------------------------------------------ models and the key
-function askForKey() {
+// The key form, with `problem` (what is wrong with the key given, and what to do) under the box, or none.
+function askForKey(problem) {
+  $("key-error").textContent = problem;
+  $("key-error").hidden = !problem;
+  if (problem) $("key").setAttribute("aria-invalid", "true");
+  else $("key").removeAttribute("aria-invalid");
   $("key-form").hidden = false;
   $("key").focus();
 }
@@ -73,6 +115,7 @@ async function loadModels() {
     state.models = data.models;
     showBroken(data.broken || {});
   } catch (err) {
+    if (!state.models.length) select.firstElementChild.textContent = "not loaded";
     showError(err);
     return false;
   }
@@ -115,15 +158,35 @@ function selectedModel() { return state.models.find((m) => m.name === $("model")
 
 // ------------------------------------------------------------------ scoring
 async function run() {
-  const model = selectedModel();
   const button = $("run");
-  if (!model || button.disabled) return;
-  const text = $("text").value;
-  button.disabled = true;
+  // aria-disabled, not disabled: a disabled button loses the keyboard focus, and the next Tab starts over.
+  if (state.busy) return;
+  state.busy = true;
+  button.setAttribute("aria-disabled", "true");
   $("status").textContent = "Scoring…";
   try {
+    // The list of models did not load (the server was down or busy when the page opened): try again now.
+    if (!state.models.length) {
+      $("status").textContent = "Loading the models…";
+      if (!(await loadModels())) { $("status").textContent = ""; return; }
+      syncControls();
+      $("status").textContent = "Scoring…";
+    }
+    await score(selectedModel());
+  } finally {
+    state.busy = false;
+    button.removeAttribute("aria-disabled");
+  }
+}
+
+async function score(model) {
+  const text = $("text").value;
+  const pair = takesPairs(model) ? $("text-pair").value : "";
+  try {
     if (model.kind === "classifier") {
-      const { data, ms } = await api("classify", { model: model.name, text });
+      // A model fine-tuned on pairs gets one; one that may take either gets one when a second text is given.
+      const input = model.trained_on === "pairs" || pair.trim() ? { pairs: [[text, pair]] } : { text };
+      const { data, ms } = await api("classify", { model: model.name, ...input });
       if (switchedAway(model)) return;
       clearError();
       renderClassify(model, data.results[0]);
@@ -137,18 +200,25 @@ async function run() {
       renderDetect();
       $("status").textContent = done(ms);
     }
-    state.scoredText = text;
+    state.scoredInput = inputNow();
     state.scoredWith = model.name;
     markStale(false);
     // The result may start below the fold (a laptop's 800 px): bring its top into view.
     $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
   } catch (err) {
     $("status").textContent = "";
+    // The server was started again with other bundles: the page's list of models is out of date.
+    if ((err.type === "unknown_model" || err.type === "wrong_model_kind") && await loadModels()) syncControls();
     showError(err);
-  } finally {
-    button.disabled = false;
   }
 }
+
+// /classify takes `pairs` for a model fine-tuned on them, and for one whose training is not recorded (an
+// imported model takes either); /models' trained_on says which.
+function takesPairs(model) { return !!model && model.kind === "classifier" && model.trained_on !== "texts"; }
+
+// What a result was scored from: the text, and the second text where the model takes one.
+function inputNow() { return $("text").value + (takesPairs(selectedModel()) ? "\u0000" + $("text-pair").value : ""); }
 
 // Another model was chosen while this one scored: its answer is not the chosen model's, and is dropped.
 function switchedAway(model) {
@@ -333,7 +403,10 @@ function onMarkedKey(e) {
   const span = e.target.closest(".w");
   if (!span) return;
   const i = state.spans.indexOf(span);
-  const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[e.key];
+  // A right-to-left text (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
+  const ahead = getComputedStyle($("marked")).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
+  const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
+  const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
   if (step) moveFocus(i, i + step);
   else if (e.key === "Home") moveFocus(i, 0);
   else if (e.key === "End") moveFocus(i, state.spans.length - 1);
@@ -404,6 +477,19 @@ function syncControls() {
   } else if (model && state.scoredWith === model.name && $("error").hidden) {
     $(model.kind === "classifier" ? "classify" : "detect").hidden = false;
   }
+  const pairs = takesPairs(model);
+  $("pair-box").hidden = !pairs;
+  if (pairs) {
+    const required = model.trained_on === "pairs";
+    $("text-pair").setAttribute("aria-required", String(required));
+    $("pair-help").textContent = required
+      ? "This model was fine-tuned on pairs of texts: it scores the text above together with this one."
+      : "Optional: this model may take a pair of texts. Leave it empty to score the text above alone.";
+    $("text-label").textContent = "First text";
+  } else {
+    $("text-label").textContent = "Text";
+  }
+  if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
   const warnings = (model && model.warnings) || [];
   $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
   $("model-warnings").hidden = !warnings.length;
@@ -431,25 +517,29 @@ function markStale(stale) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
-  $("text").addEventListener("input", () => {
-    if (state.scoredText !== undefined) markStale($("text").value !== state.scoredText);
-  });
-  $("text").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
-  });
+  for (const id of ["text", "text-pair"]) {
+    $(id).addEventListener("input", () => {
+      if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
+    });
+    $(id).addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+    });
+  }
   $("key-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const given = $("key").value.trim();
     if (!/^[\x20-\x7e]*$/.test(given)) {
       // The browser refuses such a header before anything is sent: not a server it could not reach.
-      showError(new ApiError(0, "bad_key", "An API key holds printable ASCII only: this one has another "
-        + "character (a pasted space or quote?). Paste the key again.", "key"));
+      askForKey("An API key holds printable ASCII only: this one has another character (a pasted space or "
+        + "quote?). Paste the key again.");
       return;
     }
     state.apiKey = given || null;
     if (await loadModels()) {
       syncControls(); // the slider starts at the model's threshold, as it does without a key
       $("key-form").hidden = true;
+      $("key-error").hidden = true;
+      $("key").removeAttribute("aria-invalid");
       $("key").value = ""; // kept in the script's state only, not in the page for anything that reads it
       $("status").textContent = "Key accepted.";
       $("text").focus();
