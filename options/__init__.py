@@ -23,7 +23,9 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
+import time
 import tomllib
 import types
 import typing
@@ -57,8 +59,22 @@ class UsageExit(SystemExit):
 
 
 def usage_exit(message: str) -> typing.NoReturn:
+    after_rank_0()
     print(message, file=sys.stderr, flush=True)
     raise UsageExit(message)
+
+
+# Under torchrun the first worker to exit is the failure's "root cause" in torchrun's report, and torchrun
+# then stops the others with SIGTERM. A refusal every rank reaches (an option, a path) is rank 0's to say:
+# the other ranks give it this head start, and are mostly stopped before they say the same line again.
+# A refusal only they reach (a file missing on one machine) is still said, this much later.
+RANK_0_HEAD_START_S = 3.0
+
+
+def after_rank_0() -> None:
+    """Wait RANK_0_HEAD_START_S in a torchrun worker other than rank 0; return at once anywhere else."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
+        time.sleep(RANK_0_HEAD_START_S)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -445,6 +446,19 @@ def test_workers_whose_torchrun_is_killed_outright_stop_and_save(tmp_path, small
             os.kill(int(pid), signal.SIGKILL)
     assert "SIGTERM: the ranks stop together" in said and "saved; go on with: torchrun" in said, said[-3000:]
     assert (run / "checkpoints" / "latest").is_file()
+
+
+def test_a_refusal_under_torchrun_is_said_once_and_is_rank_0s(tmp_path, small_corpus, small_tokenizer):
+    """Every rank refuses a bad option; rank 0 alone says so, and torchrun names its exit 2 the root cause
+    (the others wait for it: options.after_rank_0)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "training.pretrain", *tiny_args(tmp_path / "run", small_corpus, small_tokenizer, "--lr", "abc")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    said = run.stdout + run.stderr
+    assert run.returncode != 0 and said.count("error: --lr: expected float, got 'abc'") == 1, said[-3000:]
+    cause = said[said.index("Root Cause") :]
+    assert re.search(r"rank\s*: 0 .*\n.*exitcode\s*: 2", cause), cause
 
 
 def _running(pid: str) -> bool:
