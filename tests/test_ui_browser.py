@@ -757,3 +757,16 @@ def test_phone_width_and_screenshots(browser, server, tmp_path):
             width > 600,
         )
         assert browser.save_screenshot(str(out / name))
+        _as_palette(out / name)
+
+
+def _as_palette(png: Path) -> None:
+    """A 256-colour palette: a page's flat colours lose nothing visible, and the picture takes less than
+    half the bytes (the tracked tree must fit a GPU loan's copy: tests/test_repo_size.py)."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        small = im.convert("RGB").quantize(
+            colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
+        )
+    small.save(png, optimize=True)
