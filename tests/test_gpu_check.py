@@ -175,14 +175,26 @@ def test_the_guard_hides_what_a_gpu_node_lacks(tmp_path):
 def test_wheels_that_leave_a_serving_package_out_are_named_before_any_step(tmp_path):
     """--wheels installs what the folder holds and trusts the machine for the rest; a serving package
     that then still does not import stops the check, named, before it trains for minutes."""
-    from benchmarks.gpucheck.environment import guard_env, install_wheels
+    from benchmarks.gpucheck.environment import WheelsError, guard_env, install_wheels
 
     (tmp_path / "wheels").mkdir()
     bare = guard_env(tmp_path, {"PATH": "/usr/bin:/bin"})  # the serving packages hidden, as on a bare node
     with pytest.raises(
-        SystemExit, match="msgspec, litestar, uvicorn, httptools, uvloop, prometheus_client still"
+        WheelsError, match="msgspec, litestar, uvicorn, httptools, uvloop, prometheus_client still"
     ):
         install_wheels(tmp_path / "wheels", tmp_path, bare)
+
+
+def test_wheels_pip_cannot_install_stop_the_check_with_status_2_and_say_so_in_results(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "msgspec-0.0.1-py3-none-any.whl").write_bytes(b"not a zip")  # a download cut short
+    done = gpu_check("--device", "cpu", "--quick", "--only", "pretrain", "--wheels", str(wheels),
+                     "--out", str(tmp_path / "out"), timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "pip could not install its wheels offline" in done.stderr and "no step ran" in done.stderr
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["steps"] == {} and "pip could not install" in report["problems"][0]
 
 
 def test_no_cuda_stops_before_any_step_and_says_why(tmp_path):

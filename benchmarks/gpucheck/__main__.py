@@ -4,7 +4,8 @@
     scripts/gpu-check --out results/ --only claim            # one step (a later call of a short loan)
     scripts/gpu-check --device cpu --quick --out /tmp/gc     # every step at toy sizes: CI runs this
 
-Steps, cheapest proof first: pretrain, torchrun, resume, graphs, throughput, export, detect, claim, variants.
+Steps, cheapest proof first: pretrain, torchrun, resume, graphs, throughput, export, detect, claim, variants;
+then detector (the GPU detector run, docs/detector-gpu.md).
 results.json and results.md in --out are rewritten after every step. Exit status: 0 all ran or were
 skipped with a reason, 1 a step failed, 2 the environment lacks what the steps need (nothing ran).
 """
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.gpucheck.environment import environment, guard_env, install_wheels
+from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
 from benchmarks.gpucheck.report import write_report
 from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
 from benchmarks.speed.train_variants import variant_names
@@ -123,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.wheels:
-        serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
+        try:
+            serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
+        except WheelsError as e:  # in results.json too: on a loan, that file is what comes back
+            report["problems"] = [str(e)]
+            write_report(out, report)
+            print(f"gpu-check: {e}; no step ran", file=sys.stderr)
+            return 2
     train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
     facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
     report.update(environment=facts, problems=problems)

@@ -93,6 +93,10 @@ def wheel_project(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "_", wheel.name.split("-")[0]).lower()
 
 
+class WheelsError(RuntimeError):
+    """--wheels could not give the serving packages: the environment lacks what the steps need."""
+
+
 def install_wheels(wheels: Path, work: Path, env: dict[str, str]) -> dict[str, str]:
     """Install every project in a directory of wheels, offline, into work/site; `env` with it on
     PYTHONPATH. An air-gapped node gets them the way its users would: `pip download` elsewhere
@@ -104,12 +108,12 @@ def install_wheels(wheels: Path, work: Path, env: dict[str, str]) -> dict[str, s
            str(wheels), "--target", str(site), *projects]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True) if projects else None
     if done and done.returncode != 0:
-        raise SystemExit(f"gpu-check: --wheels {wheels}: pip could not install its wheels offline:\n"
+        raise WheelsError(f"--wheels {wheels}: pip could not install its wheels offline:\n"
                          f"{done.stderr[-2000:]}")  # fmt: skip
     env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(site)) if p)}
     missing = [m for m, probe in import_probes(SERVING_PACKAGES, env).items() if probe.wait() != 0]
     if missing:
-        raise SystemExit(f"gpu-check: --wheels {wheels}: {', '.join(missing)} still do not import; add their "
+        raise WheelsError(f"--wheels {wheels}: {', '.join(missing)} still do not import; add their "
                          "wheels and their dependencies' (docs/gpu.md)")  # fmt: skip
     return env
 
