@@ -694,3 +694,37 @@ def test_a_huge_line_is_rejected_too_long_without_being_read_whole(tmp_path, reg
     ]  # fmt: skip
     assert docs[1].detail.startswith(f"a line of {len(huge) + 1:,} bytes, past the 1,060,576 a document of")
     assert docs[3].size == len(huge) and sum(d.size for d in docs) == path.stat().st_size
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and file permissions as Linux has them")
+def test_a_line_shard_is_opened_once_at_planning_and_one_that_cannot_be_fails_there_by_name(tmp_path):
+    """Planning opened a small JSONL shard three times (its encoding, a JSON array, "readable at all"),
+    each a round trip on a network file system. It opens each JSONL or text shard once, whatever its size
+    or what it turns out to be, and a shard that cannot be opened still fails there, by name."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "small.jsonl", [{"text": "one"}, {"text": "two"}])
+    lines(corpus / "big.jsonl", [{"text": f"document {i}"} for i in range(200)])
+    (corpus / "lines.txt").write_text("a line\nanother\n")
+    (corpus / "array.json").write_text(" \n" * 40_000 + '[{"text": "x"}]')  # past the first bytes read
+    (corpus / "wide.jsonl").write_bytes(b"\xff\xfe" + '{"text": "x"}\n'.encode("utf-16-le"))
+    for locked in ("locked.jsonl", "locked.txt"):
+        (corpus / locked).write_text('{"text": "behind mode 000"}\n')
+        (corpus / locked).chmod(0o000)
+    code = ("import collections, json, sys; from bulk.inputs import plan, shards\n"
+            "root, files, _ = shards(sys.argv[1], 'auto'); opened = collections.Counter()\n"
+            "sys.addaudithook(lambda event, args: event == 'open' and opened.update([str(args[0])]))\n"
+            "parts, failed = plan(root, files, 'auto', 1024)\n"
+            "print(json.dumps([[p.name for p in parts], failed, {f.name: opened[str(f)] for f in files}]))")  # fmt: skip
+    done = run_python(code, str(corpus))
+    assert done.returncode == 0, done.stderr
+    names, failed, opened = json.loads(done.stdout)
+    assert opened == dict.fromkeys(["array.json", "big.jsonl", "lines.txt", "locked.jsonl", "locked.txt",
+                                    "small.jsonl", "wide.jsonl"], 1)  # fmt: skip
+    assert names.count("big.jsonl") > 2 and names.count("small.jsonl") == names.count("lines.txt") == 1
+    assert sorted(failed) == ["array.json", "locked.jsonl", "locked.txt", "wide.jsonl"]
+    assert "it is one JSON array" in failed["array.json"] and "it is UTF-16" in failed["wide.jsonl"]
+    for locked in ("locked.jsonl", "locked.txt"):
+        assert (
+            failed[locked].startswith("PermissionError: [Errno 13] Permission denied")
+            and locked in failed[locked]
+        )
