@@ -294,7 +294,14 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     another directory, must continue the job `corpus` started rather than be refused as other settings;
     so must a job.json written before INPUT was kept absolute, resumed from where it started. A glob stays
     a glob, with its trailing separator; `..` stays (past a link, the kernel's parent is another)."""
-    from bulk.fingerprint import check_fingerprint
+    from bulk.fingerprint import read_fingerprint, write_fingerprint
+
+    def resume(cfg, root: Path) -> tuple[int | None, Path | None]:
+        """What a run reads of job.json (job.run), and what it writes back once every check passed
+        (job.prepare)."""
+        part_bytes, kept, pending = read_fingerprint(cfg, "ab", root)
+        write_fingerprint(cfg, pending)
+        return part_bytes, kept
 
     (tmp_path / "corpus").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -314,7 +321,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     (tmp_path / "o" / "job.json").write_text(json.dumps(old))
     # resumed, not refused; what the earlier version left unsaid is saved as it was: no Parquet part
     # finished (so Parquet files may join), and, nothing being named yet, this run's root
-    assert check_fingerprint(configs[1], "ab", [], tmp_path / "corpus") == (4096, tmp_path / "corpus")
+    assert resume(configs[1], tmp_path / "corpus") == (4096, tmp_path / "corpus")
     saved = json.loads((tmp_path / "o" / "job.json").read_text())
     assert saved["parquet_parts"] == "rows" and saved["input_root"] == str(tmp_path / "corpus")
 
@@ -331,7 +338,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     entry = {"part": "a.jsonl#0", "input": str(tmp_path / "g" / "x" / "a.jsonl"), "name": "a.jsonl", "index": 0,
              "output": "scores/a.parquet", "sha256": None}  # fmt: skip
     (tmp_path / "og" / "manifest.jsonl").write_text(json.dumps(entry) + "\n")
-    assert check_fingerprint(glob_job, "ab", [], tmp_path / "g") == (4096, tmp_path / "g" / "x")
+    assert resume(glob_job, tmp_path / "g") == (4096, tmp_path / "g" / "x")
     assert json.loads((tmp_path / "og" / "job.json").read_text())["input_root"] == str(tmp_path / "g" / "x")
 
 
