@@ -40,10 +40,13 @@ class Output:
     """A benchmark's results option; `settle` it right after parsing."""
 
     program: str
-    dest: str  # its attribute in the parsed arguments
-    flag: str
+    dest: str  # its attribute in the parsed arguments, and its option's name: --out, --results
     default_file: str | None  # the file's name in the run folder; None: the option is a folder
     files: Callable[[Path, argparse.Namespace], Iterable[Path]]  # what a run writes, from the option's value
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.dest}"
 
     def settle(self, p: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
         """The option's value, the new run folder (or a file in it) when none was given; exit 2 when the
@@ -90,7 +93,7 @@ def add_out_file(
     def files(out: Path, args) -> list[Path]:
         return [out, *(out.with_suffix(s) for s in beside), *(Path(f) for f in more(args) if f)]
 
-    return Output(program, "out", "--out", name, files)
+    return Output(program, "out", name, files)
 
 
 def add_out_folder(
@@ -100,7 +103,7 @@ def add_out_folder(
     p.add_argument("--out", type=cli.out_folder, default=None,
                    help=f"{help}: {', '.join(names)} (default: a new folder runs/bench/{program}-TIME-PID/)")  # fmt: skip
     _force(p)
-    return Output(program, "out", "--out", None, lambda out, args: [out / n for n in names])
+    return Output(program, "out", None, lambda out, args: [out / n for n in names])
 
 
 def add_results(p: argparse.ArgumentParser, program: str) -> Output:
@@ -113,7 +116,7 @@ def add_results(p: argparse.ArgumentParser, program: str) -> Output:
     def files(folder: Path, args) -> list[Path]:
         return [folder / f"{args.name}.json", folder / f"{args.name}.md"]
 
-    return Output(program, "results", "--results", None, files)
+    return Output(program, "results", None, files)
 
 
 def show_config(name: str, args) -> dict:

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.cli import existing, positive_int
-from benchmarks.output import add_out_file, write_json
+from benchmarks.output import add_out_file, show_config, write_json
 from training.checkpoint import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -309,17 +309,16 @@ def main(argv: list[str] | None = None) -> int:
     out = add_out_file(p, "training_faults", "training_faults.json")
     args = p.parse_args(argv)
     out.settle(p, args)
-    args.out = str(args.out)  # the config is printed and saved as JSON text
     only = [c for c in args.only.split(",") if c]
     if unknown := [c for c in only if c not in CHECKS]:
         p.error(f"--only: unknown check {unknown[0]!r}; choose from {', '.join(CHECKS)}")
     args.data_dir = args.data_dir or os.environ.get("ELECTRA_DATA_DIR")  # resolved, as printed and saved
-    print(f"training_faults configuration: {json.dumps(vars(args))}", flush=True)
+    config = show_config("training_faults", args)
     # SIGTERM (a timeout, a scheduler) as an exit: the tmpfs is unmounted and the runs started are ended
     # on the way out, where they once stayed behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        return _checks(args, only)
+        return _checks(args, only, config)
     finally:
         for proc in _STARTED:
             if proc.poll() is None:
@@ -327,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait()
 
 
-def _checks(args, only: list[str]) -> int:
+def _checks(args, only: list[str], config: dict) -> int:
     r = Run(Path(args.work).resolve(), args.data_dir)
     r.work.mkdir(parents=True, exist_ok=True)
     reference = r.ensure_reference()
@@ -344,7 +343,7 @@ def _checks(args, only: list[str]) -> int:
         kept = {True: "yes", False: "**no**", None: "skipped"}[res["ok"]]
         shown = {k: v for k, v in res.items() if k not in ("ok", "runs", "kills")}
         print(f"| {name} | {kept} | {json.dumps(shown)} |")
-    write_json(Path(args.out), {"config": vars(args), "reference": reference, "results": rows})
+    write_json(args.out, {"config": config, "reference": reference, "results": rows})
     return 0 if all(res["ok"] is not False for res in rows.values()) else 1
 
 

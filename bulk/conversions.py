@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import BinaryIO
 
 from bulk.reading import BOM
 
@@ -42,11 +43,20 @@ def csv_hint(path: Path) -> str:
             f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
 
 
-def encoding_hint(path: Path) -> str | None:
+def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
+    """Why a JSONL or text shard cannot be read as it is (`encoding_hint`, `json_array_hint`), from `f`, the
+    shard opened once at planning (inputs.plan): None, it can. Reads its first bytes, and leaves `f` at its
+    start for the cut."""
+    head = f.read(1 << 16)
+    hint = encoding_hint(path, head) or (json_array_hint(path, head, f) if kind == "jsonl" else None)
+    f.seek(0)
+    return hint
+
+
+def encoding_hint(path: Path, head: bytes) -> str | None:
     """Why a JSONL or text shard cannot be read, when it starts with a UTF-16 or UTF-32 byte-order mark;
-    None: it does not. iconv reads the mark for the byte order, and writes UTF-8 without one."""
-    with path.open("rb") as f:
-        head = f.read(4)
+    None: it does not. `head`: its first bytes (4 or more, or all of it). iconv reads the mark for the byte
+    order, and writes UTF-8 without one."""
     for bom, encoding in WIDE_BOMS:
         if head.startswith(bom):
             here, utf8 = shlex.quote(str(path)), shlex.quote(f"{path}.utf8")
@@ -56,15 +66,15 @@ def encoding_hint(path: Path) -> str | None:
     return None
 
 
-def json_array_hint(path: Path) -> str | None:
+def json_array_hint(path: Path, head: bytes, f: BinaryIO) -> str | None:
     """Why a .json/.jsonl shard cannot be read, when it is one JSON array (json.dump(docs, f, indent=2))
-    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not."""
+    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not. `head`: its
+    first bytes; read on from `f` (past them) while they are all white space."""
     if type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
         return None
-    with path.open("rb") as f:  # its first character that is not white space (past a byte-order mark)
-        head = f.read(len(BOM)).removeprefix(BOM)
-        while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
-            pass
+    head = head.removeprefix(BOM)  # its first character that is not white space (past a byte-order mark)
+    while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
+        pass
     if not first.startswith(b"["):
         return None
     lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))

@@ -42,18 +42,6 @@ def recorded_cuts(entries: list[dict], job_bytes: int | None) -> dict[str, int]:
     return cuts
 
 
-def check_fingerprint(
-    cfg: BulkConfig, bundle_sha: str, files: list[Path], root: Path | None = None,
-    own_threshold: float | None = None,
-) -> tuple[int, Path | None]:  # fmt: skip
-    """read_fingerprint, and job.json written where it asks (a new job's part size for `files`)."""
-    part_bytes, kept, pending = read_fingerprint(cfg, bundle_sha, root, own_threshold)
-    if part_bytes is None:
-        part_bytes = pending["part_bytes"] = part_size(cfg, files, cfg.worker_count())
-    write_fingerprint(cfg, pending)
-    return part_bytes, kept
-
-
 def write_fingerprint(cfg: BulkConfig, pending: dict | None) -> None:
     if pending is not None:
         cfg.out.mkdir(parents=True, exist_ok=True)

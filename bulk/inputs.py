@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -17,8 +18,7 @@ from bulk.conversions import (
     CSV,
     compressed_hint,
     csv_hint,
-    encoding_hint,
-    json_array_hint,
+    line_file_hint,
     type_suffix,
 )
 from bulk.reading import BOM
@@ -343,58 +343,56 @@ def plan(
         if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
             failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
             continue
+        size = (cuts or {}).get(name, part_bytes)
         try:
-            # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
-            if kind in ("jsonl", "text") and (hint := encoding_hint(path)):
-                failed[name] = hint
-                continue
-            if kind == "jsonl" and (hint := json_array_hint(path)):
-                failed[name] = hint
-                continue
-            # Taken before the shard is cut, and compared as each part is read (`_check_unchanged`).
-            st = path.stat()
-            stat = (st.st_size, st.st_mtime_ns)
-            cut, size = (
-                _parquet_parts if kind == "parquet" else _line_parts,
-                (cuts or {}).get(name, part_bytes),
-            )
+            if kind == "parquet":
+                # Taken before the shard is cut, and compared as each part is read (reading's fstat).
+                st = path.stat()
+                cut = list(_parquet_parts(path, name, kind, size))
+            else:
+                # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
+                # planning; the stat is of the file read; a shard on a network file system costs one open.
+                with path.open("rb") as f:
+                    # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
+                    if hint := line_file_hint(path, kind, f):
+                        failed[name] = hint
+                        continue
+                    st = os.fstat(f.fileno())
+                    cut = list(_line_parts(f, path, name, kind, size, st.st_size))
             # All of a shard's parts, or none.
-            parts.extend(
-                [replace(p, stat=stat, part_bytes=size) for p in cut(path, name, kind, size, st.st_size)]
-            )
+            stat = (st.st_size, st.st_mtime_ns)
+            parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
         except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
             failed[name] = f"{type(e).__name__}: {e}"
     return parts, failed
 
 
-def _line_parts(path: Path, name: str, kind: str, part_bytes: int, size: int) -> Iterator[Part]:
-    """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned)."""
+def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int) -> Iterator[Part]:
+    """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned), read from `f` (the
+    shard, open at its start): a shard of one part is not read."""
     if size <= part_bytes:
-        with path.open("rb"):  # readable at all: an unreadable shard fails here, at planning
-            pass
         yield Part(str(path), name, 0, kind, 0, size, 1, size)
         return
     # Cut at the first line end after every part_bytes, counting lines on the way so each part knows
     # the number of its first line: one sequential pass, SCAN_BYTES at a time.
     start, first, line, index, pos = 0, 1, 1, 0, 0  # line: the number of the line at `pos + offset`
-    with path.open("rb") as f:
-        while block := f.read(SCAN_BYTES):
-            offset = 0
-            while (want := start + part_bytes - pos) < len(block):
-                nl = block.find(b"\n", max(offset, want))
-                if nl < 0:
-                    break
-                line += block.count(b"\n", offset, nl + 1)
-                end = pos + nl + 1
-                yield Part(str(path), name, index, kind, start, end, first, end - start)
-                start, first, offset, index = end, line, nl + 1, index + 1
-            line += block.count(b"\n", offset)
-            pos += len(block)
+    while block := f.read(SCAN_BYTES):
+        offset = 0
+        while (want := start + part_bytes - pos) < len(block):
+            nl = block.find(b"\n", max(offset, want))
+            if nl < 0:
+                break
+            line += block.count(b"\n", offset, nl + 1)
+            end = pos + nl + 1
+            yield Part(str(path), name, index, kind, start, end, first, end - start)
+            start, first, offset, index = end, line, nl + 1, index + 1
+        line += block.count(b"\n", offset)
+        pos += len(block)
     if start < size:
         yield Part(str(path), name, index, kind, start, size, first, size - start)
 
 
-def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int, _size: int = 0) -> Iterator[Part]:
+def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
     """Row ranges of about part_bytes (uncompressed, from the row groups' sizes): small row groups run
     together, and a large one is cut. pyarrow writes up to a million rows as one row group, and a part
     per row group left a whole file to one worker, with nothing kept if it was killed."""

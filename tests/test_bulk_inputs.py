@@ -294,7 +294,14 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     another directory, must continue the job `corpus` started rather than be refused as other settings;
     so must a job.json written before INPUT was kept absolute, resumed from where it started. A glob stays
     a glob, with its trailing separator; `..` stays (past a link, the kernel's parent is another)."""
-    from bulk.fingerprint import check_fingerprint
+    from bulk.fingerprint import read_fingerprint, write_fingerprint
+
+    def resume(cfg, root: Path) -> tuple[int | None, Path | None]:
+        """What a run reads of job.json (job.run), and what it writes back once every check passed
+        (job.prepare)."""
+        part_bytes, kept, pending = read_fingerprint(cfg, "ab", root)
+        write_fingerprint(cfg, pending)
+        return part_bytes, kept
 
     (tmp_path / "corpus").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -314,7 +321,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     (tmp_path / "o" / "job.json").write_text(json.dumps(old))
     # resumed, not refused; what the earlier version left unsaid is saved as it was: no Parquet part
     # finished (so Parquet files may join), and, nothing being named yet, this run's root
-    assert check_fingerprint(configs[1], "ab", [], tmp_path / "corpus") == (4096, tmp_path / "corpus")
+    assert resume(configs[1], tmp_path / "corpus") == (4096, tmp_path / "corpus")
     saved = json.loads((tmp_path / "o" / "job.json").read_text())
     assert saved["parquet_parts"] == "rows" and saved["input_root"] == str(tmp_path / "corpus")
 
@@ -331,7 +338,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
     entry = {"part": "a.jsonl#0", "input": str(tmp_path / "g" / "x" / "a.jsonl"), "name": "a.jsonl", "index": 0,
              "output": "scores/a.parquet", "sha256": None}  # fmt: skip
     (tmp_path / "og" / "manifest.jsonl").write_text(json.dumps(entry) + "\n")
-    assert check_fingerprint(glob_job, "ab", [], tmp_path / "g") == (4096, tmp_path / "g" / "x")
+    assert resume(glob_job, tmp_path / "g") == (4096, tmp_path / "g" / "x")
     assert json.loads((tmp_path / "og" / "job.json").read_text())["input_root"] == str(tmp_path / "g" / "x")
 
 
@@ -694,3 +701,37 @@ def test_a_huge_line_is_rejected_too_long_without_being_read_whole(tmp_path, reg
     ]  # fmt: skip
     assert docs[1].detail.startswith(f"a line of {len(huge) + 1:,} bytes, past the 1,060,576 a document of")
     assert docs[3].size == len(huge) and sum(d.size for d in docs) == path.stat().st_size
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and file permissions as Linux has them")
+def test_a_line_shard_is_opened_once_at_planning_and_one_that_cannot_be_fails_there_by_name(tmp_path):
+    """Planning opened a small JSONL shard three times (its encoding, a JSON array, "readable at all"),
+    each a round trip on a network file system. It opens each JSONL or text shard once, whatever its size
+    or what it turns out to be, and a shard that cannot be opened still fails there, by name."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "small.jsonl", [{"text": "one"}, {"text": "two"}])
+    lines(corpus / "big.jsonl", [{"text": f"document {i}"} for i in range(200)])
+    (corpus / "lines.txt").write_text("a line\nanother\n")
+    (corpus / "array.json").write_text(" \n" * 40_000 + '[{"text": "x"}]')  # past the first bytes read
+    (corpus / "wide.jsonl").write_bytes(b"\xff\xfe" + '{"text": "x"}\n'.encode("utf-16-le"))
+    for locked in ("locked.jsonl", "locked.txt"):
+        (corpus / locked).write_text('{"text": "behind mode 000"}\n')
+        (corpus / locked).chmod(0o000)
+    code = ("import collections, json, sys; from bulk.inputs import plan, shards\n"
+            "root, files, _ = shards(sys.argv[1], 'auto'); opened = collections.Counter()\n"
+            "sys.addaudithook(lambda event, args: event == 'open' and opened.update([str(args[0])]))\n"
+            "parts, failed = plan(root, files, 'auto', 1024)\n"
+            "print(json.dumps([[p.name for p in parts], failed, {f.name: opened[str(f)] for f in files}]))")  # fmt: skip
+    done = run_python(code, str(corpus))
+    assert done.returncode == 0, done.stderr
+    names, failed, opened = json.loads(done.stdout)
+    assert opened == dict.fromkeys(["array.json", "big.jsonl", "lines.txt", "locked.jsonl", "locked.txt",
+                                    "small.jsonl", "wide.jsonl"], 1)  # fmt: skip
+    assert names.count("big.jsonl") > 2 and names.count("small.jsonl") == names.count("lines.txt") == 1
+    assert sorted(failed) == ["array.json", "locked.jsonl", "locked.txt", "wide.jsonl"]
+    assert "it is one JSON array" in failed["array.json"] and "it is UTF-16" in failed["wide.jsonl"]
+    for locked in ("locked.jsonl", "locked.txt"):
+        assert (
+            failed[locked].startswith("PermissionError: [Errno 13] Permission denied")
+            and locked in failed[locked]
+        )

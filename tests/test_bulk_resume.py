@@ -177,7 +177,8 @@ def test_a_worker_killed_mid_job_costs_only_a_rerun_of_its_parts(tmp_path, corpu
     assert rows(out) == rows(reference[0])
     assert summary(out)["parts"]["failed"] == 0
     assert "a worker process died while it scored" in err and "it runs again" in err, err
-    # The progress (and this run's rate) counts each document once: the dead attempts' reports taken back.
+    # The progress (and this run's rate) counts each document once: the dead attempts' reports taken back,
+    # and none lost of a part recorded just before the pool broke (its worker, ended then, had them queued).
     this_run = summary(out)["this_run"]
     assert this_run["documents"] == this_run["documents_recorded"] == len(rows(out)), this_run
 

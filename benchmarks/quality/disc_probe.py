@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file
+from benchmarks.output import add_out_file, show_config
 
 
 def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
@@ -183,8 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     out_option = add_out_file(p, "disc_probe", "disc_probe.json")
     args = p.parse_args(argv)
     out_option.settle(p, args)
-    args.out = str(args.out)  # the config is saved as JSON text
-    print(f"config: {json.dumps(vars(args))}", flush=True)
+    config = show_config("disc_probe", args)
 
     others = [Path(c) for c in args.replacements_from]
     results = probe_checkpoints(checkpoints(Path(args.path)), args.rows, args.seed, others)
@@ -204,9 +203,9 @@ def main(argv: list[str] | None = None) -> None:
         for r in results:
             for label, auc in r["auc_replacements_from"].items():
                 print(f"| {r['checkpoint']} | {label} | {auc:.3f} |")
-    out = Path(args.out)
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "results": results}, indent=2) + "\n")
+    out.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
     print(f"\nwrote {out}")
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file
+from benchmarks.output import add_out_file, show_config
 
 SOURCES = ("commons", "wikitext2")
 # Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
@@ -191,8 +191,6 @@ def parse(argv):
                        more=lambda args: [args.examples], help="the summary; the reliability plot goes beside it, as .png")  # fmt: skip
     args = p.parse_args(argv)
     out.settle(p, args)
-    args.out = str(args.out)  # the config is saved as JSON text
-    args.examples = str(args.examples) if args.examples else None
     return args
 
 
@@ -214,7 +212,7 @@ def make_pickers(args, tokenizer, reference) -> dict:
 
 def main(argv=None) -> None:
     args = parse(argv)
-    print(f"config: {json.dumps(vars(args))}", flush=True)
+    config = show_config("user_sentences", args)
     from tokenizers import Tokenizer
 
     from app.machine import cpu
@@ -272,19 +270,17 @@ def main(argv=None) -> None:
         "cpu": cpu(),
         "summary": {"all": summarise(swapped, clean), **{k: summarise([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "breakdowns": {"all": breakdowns(swapped, clean, summarise), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean, summarise) for k in kinds}},
-        "config": vars(args),
+        "config": config,
     }  # fmt: skip
-    out = Path(args.out)
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     if args.examples:
         examples = [
             {k: v for k, v in x.items() if k not in ("token_probs", "token_labels", "target")} for x in items
         ]
-        Path(args.examples).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.examples).write_text(
-            json.dumps({"config": vars(args), "examples": examples}, indent=1) + "\n"
-        )
+        args.examples.parent.mkdir(parents=True, exist_ok=True)
+        args.examples.write_text(json.dumps({"config": config, "examples": examples}, indent=1) + "\n")
         print(f"wrote every sentence's scores to {args.examples}")
     reliability_plot(items, kinds, out.with_suffix(".png"), f"{Path(args.bundle).name} on {args.source}")
     print_report(report)
