@@ -48,25 +48,42 @@ def test_page_is_served_and_no_ui_turns_it_off():
     static = REPO / "app" / "static"
     html = (static / "index.html").read_text()
     # Offline: nothing the page loads comes from another host.
-    for name in ("index.html", "ui.css", "ui.js"):
-        assert not re.search(r"(src|href)=[\"']?(https?:)?//", (static / name).read_text()), name
-    for ref in re.findall(r'(?:src|href)="ui/([^"]+)"', html):
+    for name in ("index.html", *_FILES):
+        assert not re.search(r"(src|href|from)[= ][\"']?(https?:)?//", (static / name).read_text()), name
+    # Every file the page loads (index.html's links, then the modules' imports) is on the allow-list, and
+    # the allow-list is exactly those files: app/static holds nothing else.
+    loaded, todo = set(), re.findall(r'(?:src|href)="ui/([^"]+)"', html)
+    while todo:
+        ref = todo.pop()
         assert (static / ref).is_file() and ref in _FILES, ref
+        if ref.endswith(".js") and ref not in loaded:
+            todo += re.findall(r'^import .* from "\./([^"/]+)";$', (static / ref).read_text(), re.M)
+        loaded.add(ref)
+    assert loaded == set(_FILES)
+    assert {p.name for p in static.iterdir()} == {"index.html", *_FILES}
 
 
 def test_the_pages_files_are_served_and_nothing_else_under_ui(server):
     """A general static router answered a NUL, an over-long name or a path through a file with a 500 and
     a traceback in the log (public even with --api-key), and served index.html again without the page's
     security headers; each file is revalidated by its ETag."""
+    static = REPO / "app" / "static"
     with server.client() as c:
-        js = c.get("/ui/ui.js")
-        assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
-        assert js.headers["x-content-type-options"] == "nosniff"
-        assert c.get("/ui/ui.js", headers={"if-none-match": js.headers["etag"]}).status_code == 304
+        etags = set()
+        for name in _FILES:
+            r = c.get(f"/ui/{name}")
+            # A browser runs a module script only when it is served as JavaScript.
+            kind = "text/javascript" if name.endswith(".js") else "text/css"
+            assert r.status_code == 200 and r.headers["content-type"].startswith(kind), name
+            assert r.content == (static / name).read_bytes(), name
+            assert r.headers["x-content-type-options"] == "nosniff"
+            assert c.get(f"/ui/{name}", headers={"if-none-match": r.headers["etag"]}).status_code == 304
+            etags.add(r.headers["etag"])
+        assert len(etags) == len(_FILES)
         for path in (
-            "/ui/ui.js%00.css",
+            "/ui/main.js%00.css",
             "/ui/" + "a" * 300,
-            "/ui/ui.js/x",
+            "/ui/main.js/x",
             "/ui/index.html",
             "/ui/../app/errors.py",
         ):
@@ -101,6 +118,7 @@ def browser(tmp_path_factory):
                     "(run .ci/machine-deps)")  # fmt: skip
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console_errors() reads the console
     for flag in (
         "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -197,12 +215,19 @@ def text_contrast(driver, element) -> float:
     return (luminance(background) + 0.05) / (luminance(darkest) + 0.05)
 
 
+def console_errors(driver) -> list[str]:
+    """The console's errors since the last call (a refused script, a CSP violation, an uncaught exception).
+    A failed request is one too, so only a test whose every request succeeds can expect none."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
 def pct(p: float) -> str:
     return f"{100 * p:.1f}%"
 
 
 # ------------------------------------------------------------------------------ browser tests
 def test_top_word_shaded_most_and_first_in_table(browser, server):
+    console_errors(browser)  # an earlier test's
     open_page(browser, server)
     submit(browser, SENTENCE, keyboard=True)  # Ctrl+Enter
     wait_visible(browser, "detect")
@@ -252,6 +277,7 @@ def test_top_word_shaded_most_and_first_in_table(browser, server):
     # Tokens instead of words: one span per token, the word's pieces.
     browser.find_element("css selector", "input[name=unit][value=tokens]").click()
     assert [s[0] for s in shading(browser)] == [t["text"] for t in answer["tokens"]]
+    assert console_errors(browser) == []
 
 
 def test_slider_starts_at_the_detectors_own_threshold(browser, server):

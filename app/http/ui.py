@@ -1,6 +1,7 @@
-"""The page at `/` (issue 14): plain HTML, CSS and one script from app/static, served as they are (no
-build step, nothing fetched from elsewhere, so it works offline). The page and its files are public even
-with --api-key: the page asks for the key and sends it with its own API calls. --no-ui leaves them out."""
+"""The page at `/` (issue 14): plain HTML, CSS and a few ES module scripts from app/static, served as they
+are (no build step, nothing fetched from elsewhere, so it works offline). The page and its files are
+public even with --api-key: the page asks for the key and sends it with its own API calls. --no-ui leaves
+them out."""
 
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ async def index() -> Response[bytes]:
 
 # The page's own files, and nothing else under /ui: a general static router answered a NUL or an
 # over-long name there with a 500 and a traceback (public, even with --api-key), and served index.html
-# a second time without the page's headers.
-_FILES = {"ui.js": "text/javascript", "ui.css": "text/css"}
+# a second time without the page's headers. index.html loads main.js as a module, and it imports the rest;
+# a browser runs a module script only when it is served as JavaScript.
+_FILES = {
+    "main.js": "text/javascript",
+    "state.js": "text/javascript",
+    "api.js": "text/javascript",
+    "render.js": "text/javascript",
+    "controls.js": "text/javascript",
+    "ui.css": "text/css",
+}
 
 
 @cache

@@ -1,0 +1,101 @@
+// The server's API as this page calls it (relative URLs, same origin), and what the page shows when a call
+// fails: the server's message, a line on what to do about it, or the key form for a 401.
+
+import { $, state } from "./state.js";
+
+// ------------------------------------------------------------------ HTTP
+export class ApiError extends Error {
+  constructor(status, type, message, field, retryAfter) {
+    super(message);
+    Object.assign(this, { status, type, field, retryAfter });
+  }
+}
+
+export async function api(path, body) {
+  const headers = { accept: "application/json" };
+  if (body !== undefined) headers["content-type"] = "application/json";
+  if (state.apiKey) headers.authorization = "Bearer " + state.apiKey;
+  let res;
+  try {
+    res = await fetch(path, { method: body === undefined ? "GET" : "POST", headers,
+      body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    throw new ApiError(0, "network", "Could not reach the server at " + location.host + " (" + e.message + ").", null);
+  }
+  let data = null;
+  try { data = await res.json(); } catch (e) { /* not JSON: reported below */ }
+  if (!res.ok) {
+    const err = data && data.error;
+    throw new ApiError(res.status, err ? err.type : "http_" + res.status,
+      err ? err.message : "The server answered " + res.status + " " + res.statusText + ".",
+      err ? err.field : null, res.headers.get("retry-after"));
+  }
+  if (data === null) throw new ApiError(res.status, "bad_response", "The server's answer was not JSON.", null);
+  return { data, ms: res.headers.get("x-total-time") };
+}
+
+export function showError(err) {
+  if (err.status === 401) {
+    // The key form says what to do, beside the box to type it in: not an error box further down the page.
+    // A first 401 only asks for the key; one after a key was given says that key was refused.
+    clearError();
+    askForKey(state.apiKey
+      ? "The server refused this key (401). Check it, paste it again and press Use key." : "");
+    return;
+  }
+  const box = $("error");
+  box.replaceChildren();
+  const head = document.createElement("strong");
+  head.textContent = err.status ? "Error " + err.status + " (" + err.type + ")" : "Error";
+  const msg = document.createElement("span");
+  msg.className = "message";
+  msg.textContent = err.message;
+  box.append(head, msg);
+  const todo = advice(err);
+  if (todo) {
+    const what = document.createElement("span");
+    what.className = "advice";
+    what.textContent = todo;
+    box.append(what);
+  }
+  box.hidden = false;
+  $("detect").hidden = true;
+  $("classify").hidden = true;
+  // On a phone the box can be below the fold, under the text box and its keyboard.
+  box.scrollIntoView({ block: "nearest" });
+}
+
+// What a user of this page can do about an error. The server's message is written for API clients and
+// operators (it names flags such as --max-text-tokens); this line is written for the person at the page.
+function advice(err) {
+  const wait = err.retryAfter ? "in " + err.retryAfter + " s" : "in a moment";
+  if (err.type === "network") {
+    return "Check that the server is running and that this device can reach it, then press Check to try again.";
+  }
+  if (err.type === "empty_text") {
+    const second = /^pairs\[\d+\]\[1\]$/.test(err.field || "");
+    return "Type or paste some text into the " + (second ? "second text box" : "text box") + ", then press Check.";
+  }
+  if (err.type === "unknown_model" || err.type === "wrong_model_kind") {
+    return "The server's models have changed since the page opened: the list now shows those it serves. "
+      + "Pick one and press Check.";
+  }
+  if (err.status === 413) return "Shorten the text, or check it a part at a time.";
+  if (err.status === 429 || err.status === 503) return "The server is busy: press Check again " + wait + ".";
+  if (err.status === 408) return "The text took too long to reach the server: press Check to send it again.";
+  if (err.status >= 500) return "Press Check to try again; if it fails again, the server's log says why.";
+  return "";
+}
+
+export function clearError() { $("error").hidden = true; }
+
+// ------------------------------------------------------------------ the key
+// The key form, with `problem` (what is wrong with the key given, and what to do) under the box, or none.
+export function askForKey(problem) {
+  $("key-error").textContent = problem;
+  $("key-error").hidden = !problem;
+  if (problem) $("key").setAttribute("aria-invalid", "true");
+  else $("key").removeAttribute("aria-invalid");
+  $("key-form").hidden = false;
+  $("key").focus();
+}

@@ -1,0 +1,99 @@
+// The form's controls: the list of models, and what follows the chosen model (the threshold slider, the
+// second text box, the notes on the model, whether a shown result is still the text's).
+
+import { $, state, selectedModel, takesPairs } from "./state.js";
+import { ApiError, api, clearError, showError } from "./api.js";
+import { remark } from "./render.js";
+
+// ------------------------------------------------------------------ models
+export async function loadModels() {
+  const select = $("model");
+  try {
+    const { data } = await api("models");
+    state.models = data.models;
+    showBroken(data.broken || {});
+  } catch (err) {
+    if (!state.models.length) select.firstElementChild.textContent = "not loaded";
+    showError(err);
+    return false;
+  }
+  clearError();
+  select.replaceChildren();
+  const groups = { detector: "Replaced-word detectors", classifier: "Classifiers" };
+  for (const [kind, title] of Object.entries(groups)) {
+    const ms = state.models.filter((m) => m.kind === kind);
+    if (!ms.length) continue;
+    const group = document.createElement("optgroup");
+    group.label = title;
+    for (const m of ms) {
+      const opt = document.createElement("option");
+      opt.value = m.name;
+      opt.textContent = m.name + " (" + m.kind + ", " + m.precision + ")";
+      group.append(opt);
+    }
+    select.append(group);
+  }
+  if (!state.models.length) {
+    showError(new ApiError(0, "no_models", "This server serves no models.", null));
+    return false;
+  }
+  const first = state.models.find((m) => m.kind === "detector" && m.default) || state.models[0];
+  select.value = first.name;
+  select.disabled = false;
+  return true;
+}
+
+// Bundles in the models directory that failed their checks or their loading: not in the list, so say so.
+function showBroken(broken) {
+  const names = Object.keys(broken).sort();
+  $("broken-models").textContent = names.length
+    ? "Not served: " + names.map((n) => n + " (" + broken[n] + ")").join("; ")
+    : "";
+  $("broken-models").hidden = !names.length;
+}
+
+// ------------------------------------------------------------------ the chosen model
+// A model was picked (or the page loaded): the slider starts at that detector's own default threshold,
+// the one /detect uses when a request names none (0.5 for a bundle exported before calibration).
+export function syncControls() {
+  const model = selectedModel();
+  const slider = $("threshold");
+  slider.disabled = !!model && model.kind !== "detector";
+  // Another model's result is not this one's: a result stays only with the model that gave it, and
+  // is shown again when that model is chosen again (unless an error has taken its place since).
+  if (model && state.scoredWith && state.scoredWith !== model.name) {
+    $("detect").hidden = true;
+    $("classify").hidden = true;
+  } else if (model && state.scoredWith === model.name && $("error").hidden) {
+    $(model.kind === "classifier" ? "classify" : "detect").hidden = false;
+  }
+  const pairs = takesPairs(model);
+  $("pair-box").hidden = !pairs;
+  if (pairs) {
+    const required = model.trained_on === "pairs";
+    $("text-pair").setAttribute("aria-required", String(required));
+    $("pair-help").textContent = required
+      ? "This model was fine-tuned on pairs of texts: it scores the text above together with this one."
+      : "Optional: this model may take a pair of texts. Leave it empty to score the text above alone.";
+    $("text-label").textContent = "First text";
+  } else {
+    $("text-label").textContent = "Text";
+  }
+  if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
+  const warnings = (model && model.warnings) || [];
+  $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
+  $("model-warnings").hidden = !warnings.length;
+  if (model && model.kind === "detector" && typeof model.threshold === "number") {
+    slider.value = String(model.threshold);
+    remark();
+  }
+}
+
+// Results of a text since edited are kept, marked as such, until the next Check.
+export function markStale(stale) {
+  for (const note of document.querySelectorAll(".stale-note")) note.hidden = !stale;
+  for (const id of ["detect", "classify"]) $(id).classList.toggle("stale", stale);
+}
+
+// What a result was scored from: the text, and the second text where the model takes one.
+export function inputNow() { return $("text").value + (takesPairs(selectedModel()) ? "\u0000" + $("text-pair").value : ""); }

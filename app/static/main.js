@@ -1,0 +1,140 @@
+// The page at `/`: calls the server's own /models, /detect and /classify (relative URLs, same origin).
+// No framework, no build step. User text is only ever inserted with textContent.
+// This module checks a text and wires the page's events; state.js, api.js, render.js and controls.js do
+// the rest. ES modules from this server, loaded by index.html: nothing to build.
+
+import { $, state, selectedModel, takesPairs } from "./state.js";
+import { api, askForKey, clearError, showError } from "./api.js";
+import { hideTip, onMarkedKey, remark, renderClassify, renderDetect, showTip } from "./render.js";
+import { inputNow, loadModels, markStale, syncControls } from "./controls.js";
+
+// ------------------------------------------------------------------ scoring
+async function run() {
+  const button = $("run");
+  // aria-disabled, not disabled: a disabled button loses the keyboard focus, and the next Tab starts over.
+  if (state.busy) return;
+  state.busy = true;
+  button.setAttribute("aria-disabled", "true");
+  $("status").textContent = "Scoring…";
+  try {
+    // The list of models did not load (the server was down or busy when the page opened): try again now.
+    if (!state.models.length) {
+      $("status").textContent = "Loading the models…";
+      if (!(await loadModels())) { $("status").textContent = ""; return; }
+      syncControls();
+      $("status").textContent = "Scoring…";
+    }
+    await score(selectedModel());
+  } finally {
+    state.busy = false;
+    button.removeAttribute("aria-disabled");
+  }
+}
+
+async function score(model) {
+  const text = $("text").value;
+  const pair = takesPairs(model) ? $("text-pair").value : "";
+  try {
+    if (model.kind === "classifier") {
+      // A model fine-tuned on pairs gets one; one that may take either gets one when a second text is given.
+      const input = model.trained_on === "pairs" || pair.trim() ? { pairs: [[text, pair]] } : { text };
+      const { data, ms } = await api("classify", { model: model.name, ...input });
+      if (switchedAway(model)) return;
+      clearError();
+      renderClassify(model, data.results[0]);
+      $("status").textContent = done(ms);
+    } else {
+      const threshold = Number($("threshold").value);
+      const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" });
+      if (switchedAway(model)) return;
+      clearError();
+      state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
+      renderDetect();
+      $("status").textContent = done(ms);
+    }
+    state.scoredInput = inputNow();
+    state.scoredWith = model.name;
+    markStale(false);
+    // The result may start below the fold (a laptop's 800 px): bring its top into view.
+    $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
+  } catch (err) {
+    $("status").textContent = "";
+    // The server was started again with other bundles: the page's list of models is out of date.
+    if ((err.type === "unknown_model" || err.type === "wrong_model_kind") && await loadModels()) syncControls();
+    showError(err);
+  }
+}
+
+// Another model was chosen while this one scored: its answer is not the chosen model's, and is dropped.
+function switchedAway(model) {
+  if (selectedModel() && selectedModel().name === model.name) return false;
+  $("status").textContent = "";
+  return true;
+}
+
+function done(ms) { return ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored."; }
+
+// The API's offsets count code points (Python str indices); JS strings index UTF-16 units.
+function codePointIndex(text) {
+  const idx = [0];
+  let u = 0;
+  for (const ch of text) { u += ch.length; idx.push(u); }
+  return idx;
+}
+
+// ------------------------------------------------------------------ wiring
+document.addEventListener("DOMContentLoaded", () => {
+  $("form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  for (const id of ["text", "text-pair"]) {
+    $(id).addEventListener("input", () => {
+      if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
+    });
+    $(id).addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+    });
+  }
+  $("key-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const given = $("key").value.trim();
+    if (!/^[\x20-\x7e]*$/.test(given)) {
+      // The browser refuses such a header before anything is sent: not a server it could not reach.
+      askForKey("An API key holds printable ASCII only: this one has another character (a pasted space or "
+        + "quote?). Paste the key again.");
+      return;
+    }
+    state.apiKey = given || null;
+    if (await loadModels()) {
+      syncControls(); // the slider starts at the model's threshold, as it does without a key
+      $("key-form").hidden = true;
+      $("key-error").hidden = true;
+      $("key").removeAttribute("aria-invalid");
+      $("key").value = ""; // kept in the script's state only, not in the page for anything that reads it
+      $("status").textContent = "Key accepted.";
+      $("text").focus();
+    }
+  });
+  $("model").addEventListener("change", syncControls);
+  $("threshold").addEventListener("input", remark);
+  for (const radio of document.querySelectorAll("input[name=unit]")) {
+    radio.addEventListener("change", () => { if (state.detect) renderDetect(); hideTip(); });
+  }
+  for (const radio of document.querySelectorAll("input[name=view]")) {
+    radio.addEventListener("change", () => {
+      const table = document.querySelector("input[name=view]:checked").value === "table";
+      $("table-view").hidden = !table;
+      $("text-view").hidden = table;
+      hideTip();
+    });
+  }
+  const marked = $("marked");
+  marked.addEventListener("mouseover", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
+  marked.addEventListener("mouseleave", hideTip);
+  marked.addEventListener("focusin", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
+  marked.addEventListener("focusout", hideTip);
+  marked.addEventListener("keydown", onMarkedKey);
+  marked.addEventListener("scroll", hideTip);
+  // The tip is placed in the window: once the page scrolls or resizes, it would point at nothing.
+  window.addEventListener("scroll", hideTip, { passive: true });
+  window.addEventListener("resize", hideTip);
+  loadModels().then(syncControls);
+});

@@ -1,0 +1,240 @@
+// Draws an answer: the shaded text, its table and summary, the tooltip and the arrow keys over the words
+// (/detect), and a classifier's bars (/classify). User text is only ever inserted with textContent.
+
+import { $, state, selectedModel } from "./state.js";
+
+// ------------------------------------------------------------------ detector
+const pct = (p) => (100 * p).toFixed(1) + "%";
+// sqrt: a weak detector's 5-15% stays visible while the order of the shades is the order of the probabilities.
+// At most 0.75: the darkest shade keeps the text at 5:1 contrast (WCAG AA; 0.85 gave 4.3:1).
+const shade = (p) => "rgba(var(--hot), " + (0.75 * Math.sqrt(Math.min(1, Math.max(0, p)))).toFixed(4) + ")";
+
+function unit() { return document.querySelector("input[name=unit]:checked").value; }
+function items() {
+  const r = state.detect.result;
+  return unit() === "words" ? r.words : r.tokens;
+}
+
+export function renderDetect() {
+  const { text, cps } = state.detect;
+  const marked = $("marked");
+  const list = items();
+  const frag = document.createDocumentFragment();
+  state.spans = [];
+  let at = 0; // UTF-16 index written so far
+  list.forEach((it, i) => {
+    const start = cps[it.start], end = cps[it.end];
+    if (start < at) {
+      // Pieces of one character (a Hangul syllable is several) share its offsets: it shows the most probable.
+      const last = state.spans[state.spans.length - 1];
+      if (last && it.prob > Number(last.dataset.prob)) {
+        last.dataset.i = i;
+        last.dataset.prob = it.prob;
+        last.style.backgroundColor = shade(it.prob);
+      }
+      return;
+    }
+    if (start > at) frag.append(text.slice(at, start));
+    const span = document.createElement("span");
+    span.className = "w";
+    span.textContent = text.slice(start, end);
+    span.dataset.i = i;
+    span.dataset.prob = it.prob;
+    span.tabIndex = -1;
+    span.style.backgroundColor = shade(it.prob);
+    frag.append(span);
+    state.spans.push(span);
+    at = end;
+  });
+  if (at < text.length) frag.append(text.slice(at));
+  marked.replaceChildren(frag);
+  if (state.spans.length) state.spans[0].tabIndex = 0;
+  $("unit-h").textContent = unit() === "words" ? "Word" : "Token";
+  renderTable();
+  remark();
+  $("detect").hidden = false;
+  $("classify").hidden = true;
+}
+
+function renderTable() {
+  const r = state.detect.result;
+  const list = items();
+  const order = list.map((it, i) => i).sort((a, b) => list[b].prob - list[a].prob || a - b);
+  const body = document.createDocumentFragment();
+  order.forEach((i, rank) => {
+    const it = list[i];
+    const tr = document.createElement("tr");
+    tr.dataset.i = i;
+    tr.dataset.prob = it.prob;
+    const cells = [String(rank + 1), it.text, pct(it.prob), "", pieces(it, r), it.start + "–" + it.end];
+    const classes = ["", "item", "p", "flag", "pieces", "chars"];
+    cells.forEach((c, k) => {
+      const td = document.createElement(k === 1 ? "th" : "td");
+      if (k === 1) td.scope = "row";
+      td.className = classes[k];
+      td.textContent = c;
+      tr.append(td);
+    });
+    body.append(tr);
+  });
+  $("table").tBodies[0].replaceChildren(body);
+}
+
+// A word's pieces, or for a token the word it belongs to.
+function pieces(it, r) {
+  if (it.tokens) return it.tokens.map((t) => r.tokens[t].token + " " + pct(r.tokens[t].prob)).join(", ");
+  const w = r.words[it.word];
+  return "in “" + w.text + "” " + pct(w.prob);
+}
+
+// As the server's spans: at or above the threshold, and not punctuation (no letter or digit).
+const HAS_LETTER_OR_DIGIT = /[\p{L}\p{N}]/u;
+function over(it, t) { return it.prob >= t && HAS_LETTER_OR_DIGIT.test(it.text); }
+
+// Threshold moved: re-mark spans, table and summary from the answer we have; no request.
+export function remark() {
+  const t = Number($("threshold").value);
+  $("threshold-out").textContent = t.toFixed(2);
+  noteDefault(t);
+  if (!state.detect) return;
+  const list = items();
+  for (const span of state.spans) span.classList.toggle("over", over(list[Number(span.dataset.i)], t));
+  for (const tr of $("table").tBodies[0].rows) {
+    const o = over(list[Number(tr.dataset.i)], t);
+    tr.classList.toggle("over", o);
+    tr.cells[3].textContent = o ? "yes" : "no";
+  }
+  const r = state.detect.result, s = r.summary;
+  // As the server's replaced_fraction: punctuation is never a span, so it is not counted as a word either.
+  const words = r.words.filter((w) => HAS_LETTER_OR_DIGIT.test(w.text)).length;
+  const overWords = r.words.filter((w) => over(w, t)).length;
+  const rows = [
+    ["Highest", pct(s.max_prob)],
+    ["Mean", pct(s.mean_prob)],
+    ["Replaced at " + t.toFixed(2), overWords + " of " + words + " words (" +
+      pct(words ? overWords / words : 0) + ")"],
+    ["Tokens", String(s.num_tokens)],
+    ["Windows", String(s.windows)],
+  ];
+  const dl = $("summary");
+  dl.replaceChildren(...rows.map(([k, v]) => {
+    const div = document.createElement("div");
+    const dt = document.createElement("dt"), dd = document.createElement("dd");
+    dt.textContent = k;
+    dd.textContent = v;
+    div.append(dt, dd);
+    return div;
+  }));
+  if (!$("tip").hidden && document.activeElement && document.activeElement.classList.contains("w")) {
+    showTip(document.activeElement);
+  }
+}
+
+// Says whether the slider is at the model's own threshold, and which that is once moved away from it.
+function noteDefault(t) {
+  const model = selectedModel();
+  const note = $("threshold-note");
+  if (!model || model.kind !== "detector" || typeof model.threshold !== "number") { note.textContent = ""; return; }
+  const suffix = model.calibrated ? "" : ", not calibrated";
+  note.textContent = Math.abs(t - model.threshold) < 0.005 ? "model default" + (suffix ? " (" + suffix.slice(2) + ")" : "") :
+    "(model default " + model.threshold.toFixed(2) + suffix + ")";
+}
+
+// ------------------------------------------------------------------ tooltip and keyboard
+export function showTip(span) {
+  const r = state.detect.result;
+  const it = items()[Number(span.dataset.i)];
+  const t = Number($("threshold").value);
+  const tip = $("tip");
+  const head = document.createElement("div");
+  const b = document.createElement("b");
+  b.textContent = pct(it.prob);
+  head.append("“" + it.text + "”: ", b, " replaced" + (over(it, t) ? " (at or above the threshold)" : ""));
+  const more = document.createElement("div");
+  more.textContent = (it.tokens ? "pieces: " : "token " + it.token + ", ") + pieces(it, r);
+  tip.replaceChildren(head, more);
+  tip.hidden = false;
+  // A screen reader says the focused word's probability with it, as the tip shows it.
+  for (const s of state.spans) if (s !== span) s.removeAttribute("aria-describedby");
+  span.setAttribute("aria-describedby", "tip");
+  const box = span.getBoundingClientRect();
+  const w = tip.offsetWidth, h = tip.offsetHeight;
+  const left = Math.max(4, Math.min(box.left, window.innerWidth - w - 4));
+  const top = box.bottom + 6 + h < window.innerHeight ? box.bottom + 6 : Math.max(4, box.top - h - 6);
+  tip.style.left = left + "px";
+  tip.style.top = top + "px";
+}
+
+export function hideTip() { $("tip").hidden = true; }
+
+function moveFocus(from, to) {
+  const spans = state.spans;
+  if (!spans.length) return;
+  to = Math.max(0, Math.min(spans.length - 1, to));
+  if (from >= 0) spans[from].tabIndex = -1;
+  spans[to].tabIndex = 0;
+  spans[to].focus();
+}
+
+export function onMarkedKey(e) {
+  const span = e.target.closest(".w");
+  if (!span) return;
+  const i = state.spans.indexOf(span);
+  // A right-to-left text (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
+  const ahead = getComputedStyle($("marked")).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
+  const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
+  const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
+  if (step) moveFocus(i, i + step);
+  else if (e.key === "Home") moveFocus(i, 0);
+  else if (e.key === "End") moveFocus(i, state.spans.length - 1);
+  else if (e.key === "Escape") hideTip();
+  else return;
+  e.preventDefault();
+}
+
+// ------------------------------------------------------------------ classifier
+// Percentages rounded to 0.1 that still add up to 100.0 (largest remainder).
+function roundedPercents(values) {
+  const tenths = values.map((v) => v * 1000);
+  const floors = tenths.map(Math.floor);
+  let left = 1000 - floors.reduce((a, b) => a + b, 0);
+  const byRemainder = tenths.map((v, i) => i).sort((a, b) => (tenths[b] - floors[b]) - (tenths[a] - floors[a]));
+  for (const i of byRemainder) { if (left <= 0) break; floors[i] += 1; left -= 1; }
+  return floors.map((f) => f / 10);
+}
+
+export function renderClassify(model, result) {
+  const entries = Object.entries(result.probs).sort((a, b) => b[1] - a[1]);
+  const list = $("bars");
+  const note = $("classify-note");
+  list.replaceChildren();
+  const regression = model.problem_type === "regression";
+  const multi = model.problem_type === "multi_label_classification";
+  note.textContent = regression ? "A regression model: the raw predicted value." :
+    multi ? "Each label is scored on its own: the bars need not add up to 100%." :
+    "Probabilities of the labels (they add up to 100%)" + (result.truncated ? "; the text was cut to the model's maximum length." : ".");
+  const shown = regression || multi ? entries.map(([, v]) => Math.round(v * 1000) / 10) :
+    roundedPercents(entries.map(([, v]) => v));
+  entries.forEach(([label, v], k) => {
+    const li = document.createElement("li");
+    if (label === result.label) li.className = "top";
+    const name = document.createElement("span");
+    name.className = "label";
+    name.textContent = label;
+    const track = document.createElement("span");
+    track.className = "track";
+    track.setAttribute("aria-hidden", "true");
+    const fill = document.createElement("span");
+    fill.className = "fill";
+    fill.style.display = "block";
+    fill.style.width = regression ? "0" : Math.max(0, Math.min(100, 100 * v)) + "%";
+    track.append(fill);
+    const value = document.createElement("span");
+    value.className = "pct";
+    value.textContent = regression ? v.toPrecision(4) : shown[k].toFixed(1) + "%";
+    li.append(name, track, value);
+    list.append(li);
+  });
+  $("classify").hidden = false;
+  $("detect").hidden = true;
+}
