@@ -3,6 +3,7 @@ tensor larger than a shard is split by rows), and what comes back is the packed 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -11,6 +12,12 @@ import torch
 from tests.helpers_models import save_detector, train_tokenizer
 from training.checkpoint import load_model
 from training.handoff import HEADER_ROOM, main
+
+WORDS = "electra.embeddings.word_embeddings.weight"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +88,38 @@ def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path
                 assert f"--out {disk} is a mount point, which cannot be replaced" in capsys.readouterr().err
     except PermissionError as e:
         pytest.skip(str(e))
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        # A name joined to the run: it wrote /tmp/escaped.txt, outside --out.
+        (lambda i: i["files"].update({"run/../../escaped.txt": {"text": "x", "sha256": sha("x")}}),
+         "holds 'run/../../escaped.txt', which pack does not carry"),
+        (lambda i: i.pop("shards"), '"shards" is not a list'),  # KeyError: 'shards'
+        (lambda i: i["shards"][0].update(file="/etc/hostname"), '"shards" is not a list'),  # read as a shard
+        (lambda i: i.pop("dtype"), "dtype None"),  # KeyError after the run was written
+        (lambda i: i["tensors"][WORDS].update(parts=[]), f"tensor {WORDS}: not"),  # torch.cat([]) ValueError
+        (lambda i: i["tensors"][WORDS].update(parts=[[i["shards"][0]["file"], "nokey"]]),
+         f"{WORDS}: its parts in handoff.json do not read from the shards"),  # SafetensorError
+        (lambda i: i["files"].pop("checkpoint/tokenizer.json"), '"files" lacks checkpoint/tokenizer.json'),
+        (lambda i: i["files"].update({"checkpoint/trainer_state.json": {"text": "[]", "sha256": sha("[]")}}),
+         "checkpoint/trainer_state.json has no step"),  # AttributeError
+        (lambda i: i["tensors"].pop(WORDS), "do not make the model its config.json describes"),  # a temp dir named
+    ],
+)  # fmt: skip
+def test_a_handoff_json_edited_by_hand_is_refused_naming_the_field(detector, tmp_path, capsys, edit, said):
+    """Every field of handoff.json was trusted: a file name with ../ in it was written outside --out, and a
+    missing or mistyped field ended in a traceback (one of them after the run was written)."""
+    packed = tmp_path / "deep" / "p"
+    assert main(["pack", str(detector), "--out", str(packed)]) == 0
+    index = json.loads((packed / "handoff.json").read_text())
+    edit(index)
+    (packed / "handoff.json").write_text(json.dumps(index))
+    capsys.readouterr()
+    out = tmp_path / "deep" / "run"
+    assert main(["unpack", str(packed), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert said in err and "copy handoff.json again" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["p"]  # no run, no temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]  # nothing escaped

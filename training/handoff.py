@@ -224,8 +224,10 @@ def verify(directory: Path) -> dict:
         index = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
-    if index.get("format") != FORMAT:
-        raise HandoffError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        found = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise HandoffError(f"{path}: format {found!r}, expected {FORMAT!r}")
+    _check_index(index, path)
     for s in index["shards"]:
         shard = directory / s["file"]
         if not shard.is_file():
@@ -241,18 +243,78 @@ def verify(directory: Path) -> dict:
     return index
 
 
+# What unpack writes from handoff.json's "files", and where: only these names, so an edited handoff.json
+# cannot have a file written outside the run ("run/../x") or over what unpack writes itself.
+CARRIED = {f"checkpoint/{n}" for n in (*CHECKPOINT_FILES, "trainer_state.json")} | {
+    f"run/{n}" for n in (*RUN_FILES, "train.log")
+}
+
+
+def _check_index(index: dict, path: Path) -> None:
+    """handoff.json as pack writes it, or a HandoffError naming the first field that is not (an edit by
+    hand): every name in it is joined to a directory, and every field is read by unpack, so a wrong one
+    would read or write outside the handoff or the run, or end in a traceback after the checks."""
+
+    def bad(what: str) -> HandoffError:
+        return HandoffError(f"{path}: {what}, not as pack writes it; copy {INDEX} again from the machine that "
+                            "packed it")  # fmt: skip
+
+    if index.get("dtype") not in DTYPES:
+        raise bad(f"dtype {index.get('dtype')!r} (one of {', '.join(DTYPES)})")
+    shards = index.get("shards")
+    if not isinstance(shards, list) or not shards or not all(
+        isinstance(s, dict) and _plain(s.get("file")) and isinstance(s.get("sha256"), str)
+        and type(s.get("bytes")) is int for s in shards
+    ):  # fmt: skip
+        raise bad('"shards" is not a list of {"file": NAME, "bytes": N, "sha256": HEX}')
+    names = {s["file"] for s in shards}
+    tensors = index.get("tensors")
+    if not isinstance(tensors, dict) or not tensors:
+        raise bad('"tensors" is not an object of the tensors')
+    for name, e in tensors.items():
+        parts = e.get("parts") if isinstance(e, dict) else None
+        shape = e.get("shape") if isinstance(e, dict) else None
+        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+                and isinstance(parts, list) and parts and all(isinstance(p, list) and len(p) == 2
+                and p[0] in names and isinstance(p[1], str) for p in parts)):  # fmt: skip
+            raise bad(f'tensor {name}: not {{"shape": [N, ...], "parts": [[SHARD, KEY], ...]}} with shards '
+                      f'that "shards" lists')  # fmt: skip
+    files = index.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("sha256"), str)
+        for f in files.values()
+    ):
+        raise bad('"files" is not an object of {"text": TEXT, "sha256": HEX}')
+    unknown = sorted(set(files) - CARRIED)
+    if unknown:
+        raise bad(f'"files" holds {unknown[0]!r}, which pack does not carry (it carries {sorted(CARRIED)})')
+    missing = [n for n in ("checkpoint/config.json", "checkpoint/tokenizer.json") if n not in files]
+    if missing:
+        raise bad(f'"files" lacks {", ".join(missing)}')
+
+
+def _plain(name: object) -> bool:
+    """A file name without a directory in it: a shard's name is joined to the handoff's directory."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def _weights(directory: Path, index: dict) -> dict:
     """Every tensor reassembled from its parts, widened to fp32 (bf16 and fp16 widen exactly)."""
     import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     opened = {s["file"]: safe_open(str(directory / s["file"]), "pt") for s in index["shards"]}
     out = {}
     for name, entry in index["tensors"].items():
-        parts = [opened[file].get_tensor(key) for file, key in entry["parts"]]
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        try:
+            parts = [opened[file].get_tensor(key) for file, key in entry["parts"]]
+            t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        except (SafetensorError, RuntimeError) as e:  # a key or a part that handoff.json names wrongly
+            raise HandoffError(f"{name}: its parts in {INDEX} do not read from the shards ({str(e)[:200]}); copy "
+                               f"{INDEX} again from the machine that packed it") from None  # fmt: skip
         if list(t.shape) != entry["shape"]:
-            raise HandoffError(f"{name}: reassembled as {list(t.shape)}, {INDEX} says {entry['shape']}")
+            raise HandoffError(f"{name}: reassembled as {list(t.shape)}, {INDEX} says {entry['shape']}; copy "
+                               f"{INDEX} again from the machine that packed it")  # fmt: skip
         out[name] = t.float() if t.is_floating_point() else t
     return out
 
@@ -267,8 +329,12 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
     weights = _weights(src, index)
-    state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
-    step_dir = f"step-{int(state.get('step', 0)):08d}"
+    try:
+        state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
+        step_dir = f"step-{int(state.get('step', 0)):08d}"
+    except (ValueError, TypeError, AttributeError) as e:  # its sha256 matched: edited with it, by hand
+        raise HandoffError(f"{src / INDEX}: checkpoint/trainer_state.json has no step ({e}); copy {INDEX} "
+                           "again from the machine that packed it") from None  # fmt: skip
 
     def fill(tmp: Path) -> None:
         ckpt = tmp / "checkpoints" / step_dir
@@ -282,7 +348,12 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
             json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1)
         )
         options.save(cfg, tmp / "unpack_config.json")
-        load_model(ckpt)  # the reassembled weights fit the config: fail here, not in the next command
+        try:  # the reassembled weights fit the config: fail here, not in the next command
+            load_model(ckpt)
+        except CheckpointError as e:  # named by the temporary directory, which is removed: say the handoff
+            raise HandoffError(f"{src / INDEX}: the tensors it lists do not make the model its config.json "
+                               f"describes ({str(e).removeprefix(f'{ckpt}: ').replace(str(tmp), str(out))}); "
+                               f"copy {INDEX} again from the machine that packed it") from None  # fmt: skip
 
     write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
