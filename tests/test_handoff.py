@@ -47,7 +47,7 @@ def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, dtype)
 
 def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path, capsys):
     assert main(["pack", str(detector), "--out", str(tmp_path / "a"), "--max-shard-mib", "0.1",
-                 "--max-files", "2"]) == 1  # fmt: skip
+                 "--max-files", "2"]) == 2  # fmt: skip
     assert "exceed --max-files 2" in capsys.readouterr().err
     big = tmp_path / "big"
     big.mkdir()
@@ -59,7 +59,7 @@ def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path,
     weights = load_file(big / "model.safetensors")
     weights["discriminator_predictions.dense.bias"][0] = 1e6
     save_file(weights, big / "model.safetensors")
-    assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 1
+    assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 2
     assert "discriminator_predictions.dense.bias holds values beyond fp16's range" in capsys.readouterr().err
     assert HEADER_ROOM < 0.1 * 2**20
 
@@ -84,7 +84,7 @@ def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path
             (disk / "lost+found").mkdir()  # as a volume's root holds: said a mount point, not "not empty"
             for argv in (["pack", str(detector), "--out", str(disk)],  # the mount point itself
                          ["unpack", str(packed), "--out", str(disk)]):  # fmt: skip
-                assert main(argv) == 1, argv
+                assert main(argv) == 2, argv
                 assert f"--out {disk} is a mount point, which cannot be replaced" in capsys.readouterr().err
     except PermissionError as e:
         pytest.skip(str(e))
@@ -118,8 +118,35 @@ def test_a_handoff_json_edited_by_hand_is_refused_naming_the_field(detector, tmp
     (packed / "handoff.json").write_text(json.dumps(index))
     capsys.readouterr()
     out = tmp_path / "deep" / "run"
-    assert main(["unpack", str(packed), "--out", str(out)]) == 1
+    assert main(["unpack", str(packed), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert said in err and "copy handoff.json again" in err and "Traceback" not in err, err
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["p"]  # no run, no temporary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]  # nothing escaped
+
+
+def test_an_out_that_cannot_be_written_or_must_not_be_replaced_is_refused(detector, tmp_path, capsys):
+    """A file as --out (or on its way) gave a NotADirectoryError traceback; unpack --force took the handoff's
+    own directory, or the run it was packed from (optimizer, generator, data), and replaced it whole."""
+    packed, run = tmp_path / "p", tmp_path / "run"
+    assert main(["pack", str(detector), "--out", str(packed)]) == 0
+    (tmp_path / "file").write_text("mine")
+    for argv, said in [
+        (["pack", str(detector), "--out", str(tmp_path / "file")], "is a file; give a directory"),
+        (["unpack", str(packed), "--out", str(tmp_path / "file" / "run")], "is a file, not a directory"),
+        (["unpack", str(packed), "--out", str(packed), "--force"], "holds the handoff being unpacked"),
+        (["unpack", str(packed), "--out", str(tmp_path), "--force"], "holds the handoff being unpacked"),
+        (["unpack", str(packed), "--out", str(detector), "--force"], "never another run or other files"),
+    ]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+    assert (packed / "handoff.json").is_file() and (detector / "generator").is_dir()
+    assert main(["unpack", str(packed), "--out", str(run)]) == 0
+    assert main(["unpack", str(packed), "--out", str(run), "--force"]) == 0  # an earlier unpack: replaced
+    (run / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["unpack", str(packed), "--out", str(run), "--force"]) == 2
+    assert "holds notes.txt besides an unpacked run's own files" in capsys.readouterr().err
+    assert (run / "notes.txt").read_text() == "mine"

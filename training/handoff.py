@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import options
 from options import check_choices, option
 from training.data.registry import sha256_file
-from training.errors import CheckpointError, DiskFullError, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
 
 INDEX = "handoff.json"
 FORMAT = "electra-serve handoff 1"
@@ -84,7 +85,7 @@ class UnpackConfig:
 
     handoff: str = option(help=f"directory holding {INDEX} and the shards it lists", positional=True)
     out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
-    force: bool = option(False, "replace --out if it exists")
+    force: bool = option(False, "replace an earlier unpack at --out (never another run)")
 
 
 # ------------------------------------------------------------------------------------------------ pack
@@ -152,6 +153,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
     from training.checkpoint import read_weights, save_tensors, write_atomically
 
     run, out = Path(cfg.run), Path(cfg.out)
+    _refuse_file(out)
     refuse_mount_point(out, "--out ")
     if out.exists() and any(out.iterdir()):
         raise HandoffError(f"--out {out} is not empty; give a new directory")
@@ -248,6 +250,13 @@ def verify(directory: Path) -> dict:
 CARRIED = {f"checkpoint/{n}" for n in (*CHECKPOINT_FILES, "trainer_state.json")} | {
     f"run/{n}" for n in (*RUN_FILES, "train.log")
 }
+# What unpack writes at the top of a run: all that --force may replace.
+UNPACKED = {
+    "checkpoints",
+    INDEX,
+    "unpack_config.json",
+    *(n.partition("/")[2] for n in CARRIED if n.startswith("run/")),
+}
 
 
 def _check_index(index: dict, path: Path) -> None:
@@ -322,9 +331,22 @@ def _weights(directory: Path, index: dict) -> dict:
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
     src, out = Path(cfg.handoff), Path(cfg.out)
+    _refuse_file(out)
     refuse_mount_point(out, "--out ")  # first: a volume's root holds lost+found, and --force would not help
-    if out.exists() and any(out.iterdir()) and not cfg.force:
+    here = Path(os.path.realpath(src))
+    if Path(os.path.realpath(out)) in (here, *here.parents):  # --force would delete the shards it reads
+        raise HandoffError(f"--out {out} holds the handoff being unpacked ({src}); give another directory")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held and not cfg.force:
         raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
+    # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
+    # and data, and a process still training into it would write into a directory swapped away.
+    if held and not (out / INDEX).is_file():
+        raise HandoffError(f"--out {out} holds {', '.join(held[:4])} and no {INDEX}: --force replaces a run "
+                           "unpacked from a handoff, never another run or other files; give a new directory")  # fmt: skip
+    if others := [n for n in held if n not in UNPACKED]:
+        raise HandoffError(f"--out {out} holds {', '.join(others[:4])} besides an unpacked run's own files, and "
+                           "--force replaces the directory whole: move them out, or give a new directory")  # fmt: skip
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
@@ -361,6 +383,14 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     return out / "checkpoints" / step_dir
 
 
+def _refuse_file(out: Path) -> None:
+    """A HandoffError where --out, or a directory on its way, is a file: making it would fail at the write
+    with a bare NotADirectoryError or FileExistsError."""
+    if out.exists() and not out.is_dir():
+        raise HandoffError(f"--out {out} is a file; give a directory")
+    refuse_file_in_path(out, "--out ")
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 COMMANDS = {"pack": PackConfig, "unpack": UnpackConfig}
@@ -386,9 +416,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
         else:
             unpack(cfg)
-    except (HandoffError, CheckpointError, DiskFullError) as e:
+    except DiskFullError as e:  # before OSError, which it is: the disk to make room on, while it ran
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
+    except (HandoffError, CheckpointError) as e:  # a run, a handoff or an --out to change (the README's 2)
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
+        print(f"{prog}: {e.filename or cfg.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 
