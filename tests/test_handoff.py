@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers_models import save_detector, train_tokenizer
+from tests.helpers_models import save_classifier, save_detector, train_tokenizer
 from training.checkpoint import load_model
 from training.handoff import HEADER_ROOM, main
 
@@ -48,7 +48,12 @@ def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, dtype)
 def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path, capsys):
     assert main(["pack", str(detector), "--out", str(tmp_path / "a"), "--max-shard-mib", "0.1",
                  "--max-files", "2"]) == 2  # fmt: skip
-    assert "exceed --max-files 2" in capsys.readouterr().err
+    err = capsys.readouterr().err  # and what to pass instead
+    assert "exceed --max-files 2; pass --max-files " in err and "or a larger --max-shard-mib" in err, err
+    enough = err.split("pass --max-files ")[1].split(",")[0]
+    assert main(["pack", str(detector), "--out", str(tmp_path / "a"), "--max-shard-mib", "0.1",
+                 "--max-files", enough]) == 0  # fmt: skip
+    assert len(list((tmp_path / "a").iterdir())) == int(enough)
     big = tmp_path / "big"
     big.mkdir()
     for f in detector.iterdir():
@@ -150,3 +155,13 @@ def test_an_out_that_cannot_be_written_or_must_not_be_replaced_is_refused(detect
     assert main(["unpack", str(packed), "--out", str(run), "--force"]) == 2
     assert "holds notes.txt besides an unpacked run's own files" in capsys.readouterr().err
     assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_a_fine_tuned_classifier_is_refused_saying_what_to_do_instead(tmp_path, capsys):
+    """It said "a ElectraForSequenceClassification; pack carries a discriminator" and exit 1: not what to do."""
+    tok = train_tokenizer(tmp_path / "tok")
+    classifier = save_classifier(tmp_path / "cls", tok)
+    assert main(["pack", str(classifier), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json says ElectraForSequenceClassification" in err and "finetune --init" in err, err
+    assert not (tmp_path / "p").exists()

@@ -97,7 +97,10 @@ def _discriminator(run: Path) -> Path:
     ckpt = resolve_checkpoint(run)
     _, arch = read_config(ckpt)
     if arch != "ElectraForPreTraining":
-        raise HandoffError(f"{ckpt}: a {arch}; pack carries a discriminator (ElectraForPreTraining)")
+        raise HandoffError(f"{ckpt}: config.json says {arch}; pack carries a pretraining run's discriminator "
+                           "(ElectraForPreTraining): give the run python -m training.pretrain wrote. A fine-tuned "
+                           "classifier is not packed: fine-tune it here from the unpacked run (finetune --init), "
+                           "or export it where it was trained (python -m export)")  # fmt: skip
     return ckpt
 
 
@@ -165,7 +168,9 @@ def pack(cfg: PackConfig, log=print) -> dict:
     if len(shards) + 1 > cfg.max_files:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
         raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
-                           f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}")  # fmt: skip
+                           f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}; pass "
+                           f"--max-files {len(shards) + 1}, or a larger --max-shard-mib (a GPU call returns at most "
+                           "8 files of 16 MiB)")  # fmt: skip
     index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
                    "files": _small_files(ckpt, run, cfg.log), "pack_config": options.as_dict(cfg)}  # fmt: skip
 
