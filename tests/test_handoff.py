@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -165,3 +166,38 @@ def test_a_fine_tuned_classifier_is_refused_saying_what_to_do_instead(tmp_path, 
     err = capsys.readouterr().err
     assert "config.json says ElectraForSequenceClassification" in err and "finetune --init" in err, err
     assert not (tmp_path / "p").exists()
+
+
+def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
+    """SIGTERM (a GPU call's time running out) ended pack where it stood: a hidden directory of half the
+    shards stayed beside --out. Now it stops as Ctrl-C does, removing it, and says so."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    tok = train_tokenizer(tmp_path / "tok")
+    src = save_detector(tmp_path / "det", tok, hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
+    parent = tmp_path / "home"
+    for _ in range(5):  # until the signal is seen to land mid-write (the write takes a tenth of a second)
+        parent.mkdir()
+        cmd = [sys.executable, "-m", "training.handoff", "pack", str(src), "--out", str(parent / "p"),
+               "--max-shard-mib", "0.1", "--max-files", "1000"]  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        while proc.poll() is None and not any(parent.iterdir()):
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGSTOP)  # held where it is, to look
+        midway = any(parent.iterdir()) and not (parent / "p").exists()
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGCONT)
+        err = proc.communicate(timeout=120)[1]
+        if midway:
+            break
+        shutil.rmtree(parent)
+    else:
+        pytest.fail("the signal never landed while the shards were written")
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert f"stopped by SIGTERM: nothing was written at --out {parent / 'p'}" in err, err
+    assert list(parent.iterdir()) == []

@@ -24,12 +24,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import options
 from options import check_choices, option
+from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
 from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
 
@@ -415,12 +418,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"electra-serve handoff {command}\n{options.describe(cfg)}", flush=True)
+    started = time.time()
     try:
-        if command == "pack":
-            index = pack(cfg)
-            print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
-        else:
-            unpack(cfg)
+        # SIGTERM (a GPU call's time running out, a job cancelled) as Ctrl-C: the temporary directory the
+        # output is built in is removed on the way out; the default action left it, half written, beside --out.
+        with ctrl_c_on_term():
+            if command == "pack":
+                index = pack(cfg)
+                print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
+            else:
+                unpack(cfg)
+    except KeyboardInterrupt as stop:
+        sig = signal.Signals(signal_number(stop)).name
+        index = Path(cfg.out) / INDEX  # written last, inside the directory renamed into place: whole if new
+        whole = index.is_file() and index.stat().st_mtime >= started
+        said = (
+            f"--out {cfg.out} was written whole before it"
+            if whole
+            else f"nothing was written at --out {cfg.out}"
+        )
+        print(f"\n{prog}: stopped by {sig}: {said}", file=sys.stderr)
+        return 128 + signal_number(stop)
     except DiskFullError as e:  # before OSError, which it is: the disk to make room on, while it ran
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
