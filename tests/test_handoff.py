@@ -201,3 +201,43 @@ def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert f"stopped by SIGTERM: nothing was written at --out {parent / 'p'}" in err, err
     assert list(parent.iterdir()) == []
+
+
+def test_a_run_still_training_packs_from_whole_checkpoints(tmp_path, small_corpus, small_tokenizer, capsys):
+    """Packed while pretraining saved every step and kept one: the checkpoint latest named was removed
+    while pack read it, and pack said it "has no tokenizer.json" (4 packs in 150). Now it reads the newer
+    one, and every pack is of one whole checkpoint."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).parents[1]
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.pretrain", "--config", str(repo / "configs" / "tiny.toml"), "--out",
+           str(run), "--corpus", str(small_corpus), "--tokenizer", str(small_tokenizer), "--threads", "1",
+           "--max-steps", "100000", "--save-every", "1", "--keep-checkpoints", "1", "--eval-every", "100000",
+           "--log-every", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while (
+            not (run / "checkpoints" / "latest").is_file() and proc.poll() is None and time.time() < deadline
+        ):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        steps = set()
+        for n in range(300):
+            out = tmp_path / f"p{n}"
+            assert main(["pack", str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+            index = json.loads((out / "handoff.json").read_text())
+            state = json.loads(index["files"]["checkpoint/trainer_state.json"]["text"])
+            assert index["source"].endswith(f"step-{state['step']:08d}")  # one checkpoint's files
+            assert index["files"]["run/metrics.jsonl"]["text"].endswith("\n")  # whole lines
+            steps.add(state["step"])
+            shutil.rmtree(out)
+        assert len(steps) > 10  # packed across many saves
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)

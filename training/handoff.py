@@ -156,17 +156,16 @@ def pack(cfg: PackConfig, log=print) -> dict:
     """Write the shards and handoff.json into cfg.out; returns the index."""
     import torch
 
-    from training.checkpoint import read_weights, save_tensors, write_atomically
+    from training.checkpoint import save_tensors, write_atomically
 
     run, out = Path(cfg.run), Path(cfg.out)
     _refuse_file(out)
     refuse_mount_point(out, "--out ")
     if out.exists() and any(out.iterdir()):
         raise HandoffError(f"--out {out} is not empty; give a new directory")
-    ckpt = _discriminator(run)
+    ckpt, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
-    weights = read_weights(ckpt)
     shards = _shards(_pieces(weights, dtype, limit - HEADER_ROOM), limit - HEADER_ROOM)
     if len(shards) + 1 > cfg.max_files:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
@@ -175,7 +174,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
                            f"--max-files {len(shards) + 1}, or a larger --max-shard-mib (a GPU call returns at most "
                            "8 files of 16 MiB)")  # fmt: skip
     index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
-                   "files": _small_files(ckpt, run, cfg.log), "pack_config": options.as_dict(cfg)}  # fmt: skip
+                   "files": files, "pack_config": options.as_dict(cfg)}  # fmt: skip
 
     def fill(tmp: Path) -> None:
         for n, shard in enumerate(shards, 1):
@@ -200,6 +199,33 @@ def pack(cfg: PackConfig, log=print) -> dict:
     return index
 
 
+READS = 5  # tries at reading a checkpoint that a run still training keeps replacing
+
+
+def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]:
+    """The checkpoint `run` names, with its weights and small files, all read from that one checkpoint.
+    A run still training removes its older checkpoints as it saves (--keep-checkpoints): the one
+    checkpoints/latest named can go, a file at a time, while it is read (pack said it had no tokenizer.json),
+    and is then read again from the newer one. A checkpoint is written whole and never changed, only
+    removed, so one whose files are all still there after the read was read whole."""
+    from training.checkpoint import LATEST, read_weights
+
+    latest = run / "checkpoints" / LATEST
+    for _ in range(READS):
+        named = latest.read_text() if latest.is_file() else None
+        try:
+            ckpt = _discriminator(run)
+            there = [p.name for p in ckpt.iterdir()]
+            weights, files = read_weights(ckpt), _small_files(ckpt, run, log_file)
+            if all((ckpt / name).exists() for name in there):
+                return ckpt, weights, files
+        except (HandoffError, CheckpointError, OSError):
+            if named is None or not latest.is_file() or latest.read_text() == named:
+                raise  # not a checkpoint replaced while read: the message stands
+    raise HandoffError(f"{run}: its newest checkpoint was removed while it was read, {READS} times running; "
+                       "pack it again, or pack one of its checkpoints (RUN/checkpoints/step-N)")  # fmt: skip
+
+
 def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]:
     """The text files a run needs besides its weights, with their sha256, keyed by their place in the
     unpacked run: checkpoint/... and run/..."""
@@ -210,6 +236,9 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
         files["checkpoint/trainer_state.json"] = json.dumps(kept, indent=2)
     if (run / "checkpoints").is_dir():
         files.update({f"run/{n}": (run / n).read_text() for n in RUN_FILES if (run / n).is_file()})
+        if "run/metrics.jsonl" in files:  # a run still training may be writing its last line
+            text = files["run/metrics.jsonl"]
+            files["run/metrics.jsonl"] = text[: text.rfind("\n") + 1]
     if log_file:
         text = Path(log_file).read_text(errors="replace")
         files["run/train.log"] = text[-LOG_TAIL:]
