@@ -241,3 +241,28 @@ def test_a_run_still_training_packs_from_whole_checkpoints(tmp_path, small_corpu
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
+
+
+def test_a_long_runs_metrics_are_carried_from_their_end_within_a_shards_size(detector, tmp_path, capsys):
+    """handoff.json holds metrics.jsonl whole, and was never held to --max-shard-mib: a run logging every
+    step for long enough made it larger than a GPU call returns (22 MiB for 20 MiB of metrics)."""
+    run = tmp_path / "run"
+    shutil.copytree(detector, run / "checkpoints" / "step-00000001")
+    (run / "checkpoints" / "latest").write_text("step-00000001")
+    lines = [json.dumps({"step": n, "split": "train", "loss": 1.0 / (n + 1)}) + "\n" for n in range(40_000)]
+    (run / "metrics.jsonl").write_text("".join(lines))  # 1.9 MiB
+    limit = 0.5
+    assert main(["pack", str(run), "--out", str(tmp_path / "p"), "--max-shard-mib", str(limit),
+                 "--max-files", "8"]) == 0  # fmt: skip
+    assert "lines left out, for handoff.json to fit a shard's 0.5 MiB" in capsys.readouterr().out
+    assert all(f.stat().st_size <= limit * 2**20 for f in (tmp_path / "p").iterdir())
+    carried = json.loads((tmp_path / "p" / "handoff.json").read_text())["files"]["run/metrics.jsonl"]
+    assert carried["lines_left_out"] > 0 and carried["text"] == "".join(lines[carried["lines_left_out"] :])
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "back")]) == 0
+    assert (tmp_path / "back" / "metrics.jsonl").read_text() == carried["text"]  # the end of the run
+    (tmp_path / "train.log").write_text("x" * 300_000)  # its last 200,000 characters are carried
+    assert main(["pack", str(run), "--out", str(tmp_path / "q"), "--max-shard-mib", "0.15", "--max-files", "64",
+                 "--log", str(tmp_path / "train.log")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "handoff.json would be 0.2" in err and "(its largest files: run/train.log" in err, err
+    assert not (tmp_path / "q").exists()

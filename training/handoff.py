@@ -189,7 +189,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
                     tensor, {"shape": list(weights[tensor].shape), "parts": []}
                 )
                 entry["parts"].append([name, key])
-        (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+        (tmp / INDEX).write_text(_index_text(index, limit, log))
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
@@ -197,6 +197,33 @@ def pack(cfg: PackConfig, log=print) -> dict:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
     log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
     return index
+
+
+def _index_text(index: dict, limit: int, log) -> str:
+    """handoff.json's text, within the shard limit, which binds it as it binds the shards (a GPU call
+    returns no larger file): a long run's metrics.jsonl (a line a logged step) is carried from its end, whole
+    lines, as much as fits, and says how many lines it left out; the training log is carried so already."""
+    text = json.dumps(index, indent=1) + "\n"
+    over = len(text.encode()) - limit
+    metrics = index["files"].get("run/metrics.jsonl")
+    if over > 0 and metrics:
+        lines = metrics["text"].splitlines(keepends=True)
+        cut = 0
+        while cut < len(lines) and over > 0:  # a string's JSON escapes are its characters' own: sizes add up
+            over -= len(json.dumps(lines[cut]).encode()) - 2
+            cut += 1
+        kept = "".join(lines[cut:])
+        metrics.update(text=kept, sha256=hashlib.sha256(kept.encode()).hexdigest(), lines_left_out=cut)
+        text = json.dumps(index, indent=1) + "\n"
+        if over <= 0:
+            log(f"run/metrics.jsonl: its first {cut} of {len(lines)} lines left out, for {INDEX} to fit a "
+                f"shard's {limit / 2**20:g} MiB")  # fmt: skip
+    if len(text.encode()) > limit:
+        largest = sorted(index["files"], key=lambda n: -len(index["files"][n]["text"]))[:3]
+        raise HandoffError(f"{INDEX} would be {len(text.encode()) / 2**20:.2f} MiB, over --max-shard-mib "
+                           f"{limit / 2**20:g} (its largest files: {', '.join(largest)}); pass a larger "
+                           "--max-shard-mib where larger files can be carried")  # fmt: skip
+    return text
 
 
 READS = 5  # tries at reading a checkpoint that a run still training keeps replacing
