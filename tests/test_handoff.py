@@ -266,3 +266,16 @@ def test_a_long_runs_metrics_are_carried_from_their_end_within_a_shards_size(det
     err = capsys.readouterr().err
     assert "handoff.json would be 0.2" in err and "(its largest files: run/train.log" in err, err
     assert not (tmp_path / "q").exists()
+
+
+def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
+    """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike."""
+    (tmp_path / "p").mkdir()
+    monkeypatch.chdir(tmp_path / "p")
+    assert main(["pack", str(detector), "--out", "."]) == 0
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    assert main(["unpack", str(tmp_path / "p"), "--out", "."]) == 0
+    assert (tmp_path / "p" / "handoff.json").is_file() and (
+        tmp_path / "run" / "checkpoints" / "latest"
+    ).is_file()

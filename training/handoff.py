@@ -158,7 +158,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
 
     from training.checkpoint import save_tensors, write_atomically
 
-    run, out = Path(cfg.run), Path(cfg.out)
+    run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
     _refuse_file(out)
     refuse_mount_point(out, "--out ")
     if out.exists() and any(out.iterdir()):
@@ -394,7 +394,7 @@ def _weights(directory: Path, index: dict) -> dict:
 
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
-    src, out = Path(cfg.handoff), Path(cfg.out)
+    src, out = Path(cfg.handoff), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
     _refuse_file(out)
     refuse_mount_point(out, "--out ")  # first: a volume's root holds lost+found, and --force would not help
     here = Path(os.path.realpath(src))
@@ -486,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                 unpack(cfg)
     except KeyboardInterrupt as stop:
         sig = signal.Signals(signal_number(stop)).name
-        index = Path(cfg.out) / INDEX  # written last, inside the directory renamed into place: whole if new
+        # handoff.json is in the directory renamed into place at the end: newer than the start once it is whole
+        index = Path(cfg.out) / INDEX
         whole = index.is_file() and index.stat().st_mtime >= started
         said = (
             f"--out {cfg.out} was written whole before it"
