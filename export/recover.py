@@ -163,18 +163,24 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     it (`config`, as recover_config.json); returns what was checked."""
     from training import checkpoint as ckpt
     from training.errors import check_room
-    from training.model import ElectraConfig, ElectraForPreTraining
+    from training.model import ElectraForPreTraining
 
     out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
     _check_out(out)
     read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
-        raise InputError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered")
+        raise InputError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered (a "
+                         "classifier's head and labels are not read back): export the classifier's checkpoint "
+                         "again, or fine-tune one afresh from a detector's (python -m training.finetune --init)")  # fmt: skip
     _check_recoverable(bundle, manifest)
-    cfg = ElectraConfig.from_dict(manifest["source"]["config"])
+    graph = onnx.load(str(bundle / "model.onnx"))
+    cfg = _manifest_config(bundle, manifest, graph)
     projected = cfg.embedding_size != cfg.hidden_size
-    weights = recover_weights(onnx.load(str(bundle / "model.onnx")), cfg.num_hidden_layers, projected)
+    try:
+        weights = recover_weights(graph, cfg.num_hidden_layers, projected)
+    except ValueError as e:  # steps other than the config's: it, or the graph, is not as export wrote them
+        raise InputError(f"{bundle}: {e}; {_RESTORE}") from None
     disc = ElectraForPreTraining(cfg)  # with cfg.quantization (int8 compute), its Int8Linear are attached
     own = disc.state_dict()
     missing = sorted(set(own) - set(weights))
@@ -182,7 +188,14 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
         raise ValueError(f"{bundle}: the graph has no tensor for {missing[:5]} ({len(missing)} in all)")
     import torch
 
-    disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
+    try:
+        disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
+    except RuntimeError as e:  # a size of manifest.json's config (hidden_size, vocab_size) not the graph's
+        mismatch = next(
+            (line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e)[:300]
+        )
+        raise InputError(f"{bundle}: the graph's tensors are not the sizes of manifest.json's source.config "
+                         f"({mismatch}); {_RESTORE}") from None  # fmt: skip
     # Before the parity check (seconds): its result could not be written anyway.
     check_room(out, sum(t.numel() * t.element_size() for t in own.values()) + 2**20, "the checkpoint")
     check = _check_against_bundle(disc, bundle, manifest)
@@ -220,9 +233,46 @@ _NOT_RECOVERABLE = {
 }  # fmt: skip
 
 
+_RESTORE = "restore manifest.json from the export that wrote the bundle, or export the checkpoint again"
+
+
+def _manifest_config(bundle: Path, manifest: dict, graph: onnx.ModelProto):
+    """The model manifest.json says the graph is (source.config), and the inputs and calibration the check
+    against the bundle reads from it, or an InputError naming the field: the server reads none of them, so
+    its reader (read_bundle) passes a manifest edited there, which ended here in a KeyError, AttributeError
+    or size-mismatch traceback."""
+    from export.calibration import LengthMap
+    from training.model import ElectraConfig
+
+    config = manifest.get("source", {}).get("config")
+    if not isinstance(config, dict):
+        raise InputError(f"{bundle}/manifest.json has no source.config, the model the graph is; {_RESTORE}")
+    try:
+        cfg = ElectraConfig.from_dict(config)
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{bundle}/manifest.json: source.config: {e}; {_RESTORE}") from None
+    inputs, graph_inputs = manifest.get("inputs"), sorted(i.name for i in graph.graph.input)
+    if not isinstance(inputs, list) or sorted(map(str, inputs)) != graph_inputs:
+        raise InputError(
+            f"{bundle}/manifest.json: inputs {inputs!r}, and the graph takes {graph_inputs}; {_RESTORE}"
+        )
+    if manifest.get("calibration"):
+        try:
+            LengthMap.from_manifest(manifest["calibration"])
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise InputError(f"{bundle}/manifest.json: calibration does not read as a length map "
+                             f"({type(e).__name__}: {e}); {_RESTORE}") from None  # fmt: skip
+    return cfg
+
+
 def _check_recoverable(bundle: Path, manifest: dict) -> None:
     """An InputError (exit 2) for a bundle of an --int8 method whose graph is not one this reads."""
-    method = ((manifest.get("optimizations") or {}).get("int8") or {}).get("method")
+    optimizations = manifest.get("optimizations") or {}
+    int8 = optimizations.get("int8") if isinstance(optimizations, dict) else None
+    if optimizations and (not isinstance(optimizations, dict) or (int8 and not isinstance(int8, dict))):
+        raise InputError(f"{bundle}/manifest.json: optimizations {str(optimizations)[:80]!r} is not as export "
+                         f"writes it; {_RESTORE}")  # fmt: skip
+    method = (int8 or {}).get("method")
     if method in _NOT_RECOVERABLE:
         name, why = _NOT_RECOVERABLE[method]
         raise InputError(f"{bundle} was exported with --int8 {name} (manifest optimizations.int8.method {method}): "

@@ -462,10 +462,13 @@ def test_recovered_checkpoint_is_the_bundles_discriminator_and_warm_starts(tmp_p
 
 
 def test_recover_refuses_a_classifier_bundle(tmp_path, classifier_dir):
+    """And says what to do instead (it said only that detectors are recovered)."""
     from export.recover import recover
 
     export(classifier_dir, tmp_path / "b", precision="fp32")
-    with pytest.raises(ValueError, match="only detector bundles"):
+    with pytest.raises(
+        ValueError, match=r"only detector bundles .*: export the classifier's checkpoint again"
+    ):
         recover(tmp_path / "b", tmp_path / "ckpt")
 
 

@@ -56,3 +56,60 @@ def test_an_onnxruntime_dynamic_int8_bundle_is_refused_naming_the_method(
         "--int8 dynamic (manifest optimizations.int8.method onnxruntime.quantization.quantize_dynamic)" in err
     )
     assert "--int8 weights or compute, are recovered" in err and not (tmp_path / "ckpt").exists()
+
+
+@pytest.fixture(scope="module")
+def fp32_bundle(tmp_path_factory, detector_dir):
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    export(detector_dir, out, precision="fp32", calibrate=False)
+    return out
+
+
+def _set(path: str, value):
+    """An edit of manifest.json: the field at a dotted path set to `value` (None: removed)."""
+
+    def edit(manifest: dict) -> None:
+        *parents, last = path.split(".")
+        for key in parents:
+            manifest = manifest[key]
+        if value is None:
+            manifest.pop(last)
+        else:
+            manifest[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        (_set("source", None), "has no source.config"),  # KeyError: 'source'
+        (_set("source.config.hidden_size", 48), "are not the sizes of manifest.json's source.config"),  # size mismatch
+        (_set("source.config.num_hidden_layers", 3), "are not a 3-layer detector's"),  # exit 1
+        (_set("inputs", None), "inputs None, and the graph takes"),  # KeyError: 'inputs'
+        (_set("inputs", ["text"]), "inputs ['text'], and the graph takes"),  # AttributeError
+        (_set("calibration", {"method": "platt"}), "calibration does not read as a length map"),  # KeyError
+        (_set("optimizations", "none"), "optimizations 'none' is not as export writes it"),  # AttributeError
+    ],
+)  # fmt: skip
+def test_a_manifest_edited_where_the_server_does_not_read_is_refused_naming_the_field(
+    tmp_path, fp32_bundle, capsys, edit, said
+):
+    """The server's reader passes a manifest whose source.config, inputs, calibration or optimizations were
+    edited (it reads none of them); recover ended in a KeyError, AttributeError or size-mismatch traceback."""
+    import json
+    import shutil
+
+    from export.recover import main
+
+    bundle = shutil.copytree(fp32_bundle, tmp_path / "b")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    edit(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit) as e:
+        main([str(bundle), "--out", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and "restore manifest.json" in err and "Traceback" not in err, (
+        err
+    )
+    assert not (tmp_path / "ckpt").exists()

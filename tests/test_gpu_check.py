@@ -302,10 +302,10 @@ def test_a_corrupt_or_missing_shard_is_refused_by_name(cpu_run, tmp_path):
     data[len(data) // 2] ^= 0xFF
     (corrupt / shard).write_bytes(bytes(data))
     done = handoff("unpack", str(corrupt), "--out", str(tmp_path / "run"))
-    assert done.returncode == 1 and f"shard {shard} is corrupt" in done.stderr, done.stderr
+    assert done.returncode == 2 and f"shard {shard} is corrupt" in done.stderr, done.stderr
     (corrupt / shard).unlink()
     done = handoff("unpack", str(corrupt), "--out", str(tmp_path / "run"))
-    assert done.returncode == 1 and f"shard {shard} is missing" in done.stderr, done.stderr
+    assert done.returncode == 2 and f"shard {shard} is missing" in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 

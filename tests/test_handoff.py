@@ -3,14 +3,22 @@ tensor larger than a shard is split by rows), and what comes back is the packed 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 
 import pytest
 import torch
 
-from tests.helpers_models import save_detector, train_tokenizer
+from tests.helpers_models import save_classifier, save_detector, train_tokenizer
 from training.checkpoint import load_model
 from training.handoff import HEADER_ROOM, main
+
+WORDS = "electra.embeddings.word_embeddings.weight"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,13 @@ def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, dtype)
 
 def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path, capsys):
     assert main(["pack", str(detector), "--out", str(tmp_path / "a"), "--max-shard-mib", "0.1",
-                 "--max-files", "2"]) == 1  # fmt: skip
-    assert "exceed --max-files 2" in capsys.readouterr().err
+                 "--max-files", "2"]) == 2  # fmt: skip
+    err = capsys.readouterr().err  # and what to pass instead
+    assert "exceed --max-files 2; pass --max-files " in err and "or a larger --max-shard-mib" in err, err
+    enough = err.split("pass --max-files ")[1].split(",")[0]
+    assert main(["pack", str(detector), "--out", str(tmp_path / "a"), "--max-shard-mib", "0.1",
+                 "--max-files", enough]) == 0  # fmt: skip
+    assert len(list((tmp_path / "a").iterdir())) == int(enough)
     big = tmp_path / "big"
     big.mkdir()
     for f in detector.iterdir():
@@ -52,7 +65,7 @@ def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path,
     weights = load_file(big / "model.safetensors")
     weights["discriminator_predictions.dense.bias"][0] = 1e6
     save_file(weights, big / "model.safetensors")
-    assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 1
+    assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 2
     assert "discriminator_predictions.dense.bias holds values beyond fp16's range" in capsys.readouterr().err
     assert HEADER_ROOM < 0.1 * 2**20
 
@@ -77,7 +90,192 @@ def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path
             (disk / "lost+found").mkdir()  # as a volume's root holds: said a mount point, not "not empty"
             for argv in (["pack", str(detector), "--out", str(disk)],  # the mount point itself
                          ["unpack", str(packed), "--out", str(disk)]):  # fmt: skip
-                assert main(argv) == 1, argv
+                assert main(argv) == 2, argv
                 assert f"--out {disk} is a mount point, which cannot be replaced" in capsys.readouterr().err
     except PermissionError as e:
         pytest.skip(str(e))
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        # A name joined to the run: it wrote /tmp/escaped.txt, outside --out.
+        (lambda i: i["files"].update({"run/../../escaped.txt": {"text": "x", "sha256": sha("x")}}),
+         "holds 'run/../../escaped.txt', which pack does not carry"),
+        (lambda i: i.pop("shards"), '"shards" is not a list'),  # KeyError: 'shards'
+        (lambda i: i["shards"][0].update(file="/etc/hostname"), '"shards" is not a list'),  # read as a shard
+        (lambda i: i.pop("dtype"), "dtype None"),  # KeyError after the run was written
+        (lambda i: i["tensors"][WORDS].update(parts=[]), f"tensor {WORDS}: not"),  # torch.cat([]) ValueError
+        (lambda i: i["tensors"][WORDS].update(parts=[[i["shards"][0]["file"], "nokey"]]),
+         f"{WORDS}: its parts in handoff.json do not read from the shards"),  # SafetensorError
+        (lambda i: i["files"].pop("checkpoint/tokenizer.json"), '"files" lacks checkpoint/tokenizer.json'),
+        (lambda i: i["files"].update({"checkpoint/trainer_state.json": {"text": "[]", "sha256": sha("[]")}}),
+         "checkpoint/trainer_state.json has no step"),  # AttributeError
+        (lambda i: i["tensors"].pop(WORDS), "do not make the model its config.json describes"),  # a temp dir named
+    ],
+)  # fmt: skip
+def test_a_handoff_json_edited_by_hand_is_refused_naming_the_field(detector, tmp_path, capsys, edit, said):
+    """Every field of handoff.json was trusted: a file name with ../ in it was written outside --out, and a
+    missing or mistyped field ended in a traceback (one of them after the run was written)."""
+    packed = tmp_path / "deep" / "p"
+    assert main(["pack", str(detector), "--out", str(packed)]) == 0
+    index = json.loads((packed / "handoff.json").read_text())
+    edit(index)
+    (packed / "handoff.json").write_text(json.dumps(index))
+    capsys.readouterr()
+    out = tmp_path / "deep" / "run"
+    assert main(["unpack", str(packed), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "copy handoff.json again" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["p"]  # no run, no temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]  # nothing escaped
+
+
+def test_an_out_that_cannot_be_written_or_must_not_be_replaced_is_refused(detector, tmp_path, capsys):
+    """A file as --out (or on its way) gave a NotADirectoryError traceback; unpack --force took the handoff's
+    own directory, or the run it was packed from (optimizer, generator, data), and replaced it whole."""
+    packed, run = tmp_path / "p", tmp_path / "run"
+    assert main(["pack", str(detector), "--out", str(packed)]) == 0
+    (tmp_path / "file").write_text("mine")
+    for argv, said in [
+        (["pack", str(detector), "--out", str(tmp_path / "file")], "is a file; give a directory"),
+        (["unpack", str(packed), "--out", str(tmp_path / "file" / "run")], "is a file, not a directory"),
+        (["unpack", str(packed), "--out", str(packed), "--force"], "holds the handoff being unpacked"),
+        (["unpack", str(packed), "--out", str(tmp_path), "--force"], "holds the handoff being unpacked"),
+        (["unpack", str(packed), "--out", str(detector), "--force"], "never another run or other files"),
+    ]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+    assert (packed / "handoff.json").is_file() and (detector / "generator").is_dir()
+    assert main(["unpack", str(packed), "--out", str(run)]) == 0
+    assert main(["unpack", str(packed), "--out", str(run), "--force"]) == 0  # an earlier unpack: replaced
+    (run / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["unpack", str(packed), "--out", str(run), "--force"]) == 2
+    assert "holds notes.txt besides an unpacked run's own files" in capsys.readouterr().err
+    assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_a_fine_tuned_classifier_is_refused_saying_what_to_do_instead(tmp_path, capsys):
+    """It said "a ElectraForSequenceClassification; pack carries a discriminator" and exit 1: not what to do."""
+    tok = train_tokenizer(tmp_path / "tok")
+    classifier = save_classifier(tmp_path / "cls", tok)
+    assert main(["pack", str(classifier), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json says ElectraForSequenceClassification" in err and "finetune --init" in err, err
+    assert not (tmp_path / "p").exists()
+
+
+def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
+    """SIGTERM (a GPU call's time running out) ended pack where it stood: a hidden directory of half the
+    shards stayed beside --out. Now it stops as Ctrl-C does, removing it, and says so."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    tok = train_tokenizer(tmp_path / "tok")
+    src = save_detector(tmp_path / "det", tok, hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
+    parent = tmp_path / "home"
+    for _ in range(5):  # until the signal is seen to land mid-write (the write takes a tenth of a second)
+        parent.mkdir()
+        cmd = [sys.executable, "-m", "training.handoff", "pack", str(src), "--out", str(parent / "p"),
+               "--max-shard-mib", "0.1", "--max-files", "1000"]  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        while proc.poll() is None and not any(parent.iterdir()):
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGSTOP)  # held where it is, to look
+        midway = any(parent.iterdir()) and not (parent / "p").exists()
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGCONT)
+        err = proc.communicate(timeout=120)[1]
+        if midway:
+            break
+        shutil.rmtree(parent)
+    else:
+        pytest.fail("the signal never landed while the shards were written")
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert f"stopped by SIGTERM: nothing was written at --out {parent / 'p'}" in err, err
+    assert list(parent.iterdir()) == []
+
+
+def test_a_run_still_training_packs_from_whole_checkpoints(tmp_path, small_corpus, small_tokenizer, capsys):
+    """Packed while pretraining saved every step and kept one: the checkpoint latest named was removed
+    while pack read it, and pack said it "has no tokenizer.json" (4 packs in 150). Now it reads the newer
+    one, and every pack is of one whole checkpoint."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).parents[1]
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.pretrain", "--config", str(repo / "configs" / "tiny.toml"), "--out",
+           str(run), "--corpus", str(small_corpus), "--tokenizer", str(small_tokenizer), "--threads", "1",
+           "--max-steps", "100000", "--save-every", "1", "--keep-checkpoints", "1", "--eval-every", "100000",
+           "--log-every", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while (
+            not (run / "checkpoints" / "latest").is_file() and proc.poll() is None and time.time() < deadline
+        ):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        steps = set()
+        for n in range(300):
+            out = tmp_path / f"p{n}"
+            assert main(["pack", str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+            index = json.loads((out / "handoff.json").read_text())
+            state = json.loads(index["files"]["checkpoint/trainer_state.json"]["text"])
+            assert index["source"].endswith(f"step-{state['step']:08d}")  # one checkpoint's files
+            assert index["files"]["run/metrics.jsonl"]["text"].endswith("\n")  # whole lines
+            steps.add(state["step"])
+            shutil.rmtree(out)
+        assert len(steps) > 10  # packed across many saves
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+
+
+def test_a_long_runs_metrics_are_carried_from_their_end_within_a_shards_size(detector, tmp_path, capsys):
+    """handoff.json holds metrics.jsonl whole, and was never held to --max-shard-mib: a run logging every
+    step for long enough made it larger than a GPU call returns (22 MiB for 20 MiB of metrics)."""
+    run = tmp_path / "run"
+    shutil.copytree(detector, run / "checkpoints" / "step-00000001")
+    (run / "checkpoints" / "latest").write_text("step-00000001")
+    lines = [json.dumps({"step": n, "split": "train", "loss": 1.0 / (n + 1)}) + "\n" for n in range(40_000)]
+    (run / "metrics.jsonl").write_text("".join(lines))  # 1.9 MiB
+    limit = 0.5
+    assert main(["pack", str(run), "--out", str(tmp_path / "p"), "--max-shard-mib", str(limit),
+                 "--max-files", "8"]) == 0  # fmt: skip
+    assert "lines left out, for handoff.json to fit a shard's 0.5 MiB" in capsys.readouterr().out
+    assert all(f.stat().st_size <= limit * 2**20 for f in (tmp_path / "p").iterdir())
+    carried = json.loads((tmp_path / "p" / "handoff.json").read_text())["files"]["run/metrics.jsonl"]
+    assert carried["lines_left_out"] > 0 and carried["text"] == "".join(lines[carried["lines_left_out"] :])
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "back")]) == 0
+    assert (tmp_path / "back" / "metrics.jsonl").read_text() == carried["text"]  # the end of the run
+    (tmp_path / "train.log").write_text("x" * 300_000)  # its last 200,000 characters are carried
+    assert main(["pack", str(run), "--out", str(tmp_path / "q"), "--max-shard-mib", "0.15", "--max-files", "64",
+                 "--log", str(tmp_path / "train.log")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "handoff.json would be 0.2" in err and "(its largest files: run/train.log" in err, err
+    assert not (tmp_path / "q").exists()
+
+
+def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
+    """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike."""
+    (tmp_path / "p").mkdir()
+    monkeypatch.chdir(tmp_path / "p")
+    assert main(["pack", str(detector), "--out", "."]) == 0
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    assert main(["unpack", str(tmp_path / "p"), "--out", "."]) == 0
+    assert (tmp_path / "p" / "handoff.json").is_file() and (
+        tmp_path / "run" / "checkpoints" / "latest"
+    ).is_file()

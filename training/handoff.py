@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import options
 from options import check_choices, option
+from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
-from training.errors import CheckpointError, DiskFullError, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
 
 INDEX = "handoff.json"
 FORMAT = "electra-serve handoff 1"
@@ -84,7 +88,7 @@ class UnpackConfig:
 
     handoff: str = option(help=f"directory holding {INDEX} and the shards it lists", positional=True)
     out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
-    force: bool = option(False, "replace --out if it exists")
+    force: bool = option(False, "replace an earlier unpack at --out (never another run)")
 
 
 # ------------------------------------------------------------------------------------------------ pack
@@ -96,7 +100,10 @@ def _discriminator(run: Path) -> Path:
     ckpt = resolve_checkpoint(run)
     _, arch = read_config(ckpt)
     if arch != "ElectraForPreTraining":
-        raise HandoffError(f"{ckpt}: a {arch}; pack carries a discriminator (ElectraForPreTraining)")
+        raise HandoffError(f"{ckpt}: config.json says {arch}; pack carries a pretraining run's discriminator "
+                           "(ElectraForPreTraining): give the run python -m training.pretrain wrote. A fine-tuned "
+                           "classifier is not packed: fine-tune it here from the unpacked run (finetune --init), "
+                           "or export it where it was trained (python -m export)")  # fmt: skip
     return ckpt
 
 
@@ -149,23 +156,25 @@ def pack(cfg: PackConfig, log=print) -> dict:
     """Write the shards and handoff.json into cfg.out; returns the index."""
     import torch
 
-    from training.checkpoint import read_weights, save_tensors, write_atomically
+    from training.checkpoint import save_tensors, write_atomically
 
-    run, out = Path(cfg.run), Path(cfg.out)
+    run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
+    _refuse_file(out)
     refuse_mount_point(out, "--out ")
     if out.exists() and any(out.iterdir()):
         raise HandoffError(f"--out {out} is not empty; give a new directory")
-    ckpt = _discriminator(run)
+    ckpt, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
-    weights = read_weights(ckpt)
     shards = _shards(_pieces(weights, dtype, limit - HEADER_ROOM), limit - HEADER_ROOM)
     if len(shards) + 1 > cfg.max_files:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
         raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
-                           f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}")  # fmt: skip
+                           f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}; pass "
+                           f"--max-files {len(shards) + 1}, or a larger --max-shard-mib (a GPU call returns at most "
+                           "8 files of 16 MiB)")  # fmt: skip
     index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
-                   "files": _small_files(ckpt, run, cfg.log), "pack_config": options.as_dict(cfg)}  # fmt: skip
+                   "files": files, "pack_config": options.as_dict(cfg)}  # fmt: skip
 
     def fill(tmp: Path) -> None:
         for n, shard in enumerate(shards, 1):
@@ -180,7 +189,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
                     tensor, {"shape": list(weights[tensor].shape), "parts": []}
                 )
                 entry["parts"].append([name, key])
-        (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+        (tmp / INDEX).write_text(_index_text(index, limit, log))
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
@@ -188,6 +197,60 @@ def pack(cfg: PackConfig, log=print) -> dict:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
     log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
     return index
+
+
+def _index_text(index: dict, limit: int, log) -> str:
+    """handoff.json's text, within the shard limit, which binds it as it binds the shards (a GPU call
+    returns no larger file): a long run's metrics.jsonl (a line a logged step) is carried from its end, whole
+    lines, as much as fits, and says how many lines it left out; the training log is carried so already."""
+    text = json.dumps(index, indent=1) + "\n"
+    over = len(text.encode()) - limit
+    metrics = index["files"].get("run/metrics.jsonl")
+    if over > 0 and metrics:
+        lines = metrics["text"].splitlines(keepends=True)
+        cut = 0
+        while cut < len(lines) and over > 0:  # a string's JSON escapes are its characters' own: sizes add up
+            over -= len(json.dumps(lines[cut]).encode()) - 2
+            cut += 1
+        kept = "".join(lines[cut:])
+        metrics.update(text=kept, sha256=hashlib.sha256(kept.encode()).hexdigest(), lines_left_out=cut)
+        text = json.dumps(index, indent=1) + "\n"
+        if over <= 0:
+            log(f"run/metrics.jsonl: its first {cut} of {len(lines)} lines left out, for {INDEX} to fit a "
+                f"shard's {limit / 2**20:g} MiB")  # fmt: skip
+    if len(text.encode()) > limit:
+        largest = sorted(index["files"], key=lambda n: -len(index["files"][n]["text"]))[:3]
+        raise HandoffError(f"{INDEX} would be {len(text.encode()) / 2**20:.2f} MiB, over --max-shard-mib "
+                           f"{limit / 2**20:g} (its largest files: {', '.join(largest)}); pass a larger "
+                           "--max-shard-mib where larger files can be carried")  # fmt: skip
+    return text
+
+
+READS = 5  # tries at reading a checkpoint that a run still training keeps replacing
+
+
+def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]:
+    """The checkpoint `run` names, with its weights and small files, all read from that one checkpoint.
+    A run still training removes its older checkpoints as it saves (--keep-checkpoints): the one
+    checkpoints/latest named can go, a file at a time, while it is read (pack said it had no tokenizer.json),
+    and is then read again from the newer one. A checkpoint is written whole and never changed, only
+    removed, so one whose files are all still there after the read was read whole."""
+    from training.checkpoint import LATEST, read_weights
+
+    latest = run / "checkpoints" / LATEST
+    for _ in range(READS):
+        named = latest.read_text() if latest.is_file() else None
+        try:
+            ckpt = _discriminator(run)
+            there = [p.name for p in ckpt.iterdir()]
+            weights, files = read_weights(ckpt), _small_files(ckpt, run, log_file)
+            if all((ckpt / name).exists() for name in there):
+                return ckpt, weights, files
+        except (HandoffError, CheckpointError, OSError):
+            if named is None or not latest.is_file() or latest.read_text() == named:
+                raise  # not a checkpoint replaced while read: the message stands
+    raise HandoffError(f"{run}: its newest checkpoint was removed while it was read, {READS} times running; "
+                       "pack it again, or pack one of its checkpoints (RUN/checkpoints/step-N)")  # fmt: skip
 
 
 def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]:
@@ -200,6 +263,9 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
         files["checkpoint/trainer_state.json"] = json.dumps(kept, indent=2)
     if (run / "checkpoints").is_dir():
         files.update({f"run/{n}": (run / n).read_text() for n in RUN_FILES if (run / n).is_file()})
+        if "run/metrics.jsonl" in files:  # a run still training may be writing its last line
+            text = files["run/metrics.jsonl"]
+            files["run/metrics.jsonl"] = text[: text.rfind("\n") + 1]
     if log_file:
         text = Path(log_file).read_text(errors="replace")
         files["run/train.log"] = text[-LOG_TAIL:]
@@ -224,8 +290,10 @@ def verify(directory: Path) -> dict:
         index = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
-    if index.get("format") != FORMAT:
-        raise HandoffError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        found = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise HandoffError(f"{path}: format {found!r}, expected {FORMAT!r}")
+    _check_index(index, path)
     for s in index["shards"]:
         shard = directory / s["file"]
         if not shard.is_file():
@@ -241,34 +309,118 @@ def verify(directory: Path) -> dict:
     return index
 
 
+# What unpack writes from handoff.json's "files", and where: only these names, so an edited handoff.json
+# cannot have a file written outside the run ("run/../x") or over what unpack writes itself.
+CARRIED = {f"checkpoint/{n}" for n in (*CHECKPOINT_FILES, "trainer_state.json")} | {
+    f"run/{n}" for n in (*RUN_FILES, "train.log")
+}
+# What unpack writes at the top of a run: all that --force may replace.
+UNPACKED = {
+    "checkpoints",
+    INDEX,
+    "unpack_config.json",
+    *(n.partition("/")[2] for n in CARRIED if n.startswith("run/")),
+}
+
+
+def _check_index(index: dict, path: Path) -> None:
+    """handoff.json as pack writes it, or a HandoffError naming the first field that is not (an edit by
+    hand): every name in it is joined to a directory, and every field is read by unpack, so a wrong one
+    would read or write outside the handoff or the run, or end in a traceback after the checks."""
+
+    def bad(what: str) -> HandoffError:
+        return HandoffError(f"{path}: {what}, not as pack writes it; copy {INDEX} again from the machine that "
+                            "packed it")  # fmt: skip
+
+    if index.get("dtype") not in DTYPES:
+        raise bad(f"dtype {index.get('dtype')!r} (one of {', '.join(DTYPES)})")
+    shards = index.get("shards")
+    if not isinstance(shards, list) or not shards or not all(
+        isinstance(s, dict) and _plain(s.get("file")) and isinstance(s.get("sha256"), str)
+        and type(s.get("bytes")) is int for s in shards
+    ):  # fmt: skip
+        raise bad('"shards" is not a list of {"file": NAME, "bytes": N, "sha256": HEX}')
+    names = {s["file"] for s in shards}
+    tensors = index.get("tensors")
+    if not isinstance(tensors, dict) or not tensors:
+        raise bad('"tensors" is not an object of the tensors')
+    for name, e in tensors.items():
+        parts = e.get("parts") if isinstance(e, dict) else None
+        shape = e.get("shape") if isinstance(e, dict) else None
+        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+                and isinstance(parts, list) and parts and all(isinstance(p, list) and len(p) == 2
+                and p[0] in names and isinstance(p[1], str) for p in parts)):  # fmt: skip
+            raise bad(f'tensor {name}: not {{"shape": [N, ...], "parts": [[SHARD, KEY], ...]}} with shards '
+                      f'that "shards" lists')  # fmt: skip
+    files = index.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("sha256"), str)
+        for f in files.values()
+    ):
+        raise bad('"files" is not an object of {"text": TEXT, "sha256": HEX}')
+    unknown = sorted(set(files) - CARRIED)
+    if unknown:
+        raise bad(f'"files" holds {unknown[0]!r}, which pack does not carry (it carries {sorted(CARRIED)})')
+    missing = [n for n in ("checkpoint/config.json", "checkpoint/tokenizer.json") if n not in files]
+    if missing:
+        raise bad(f'"files" lacks {", ".join(missing)}')
+
+
+def _plain(name: object) -> bool:
+    """A file name without a directory in it: a shard's name is joined to the handoff's directory."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def _weights(directory: Path, index: dict) -> dict:
     """Every tensor reassembled from its parts, widened to fp32 (bf16 and fp16 widen exactly)."""
     import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     opened = {s["file"]: safe_open(str(directory / s["file"]), "pt") for s in index["shards"]}
     out = {}
     for name, entry in index["tensors"].items():
-        parts = [opened[file].get_tensor(key) for file, key in entry["parts"]]
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        try:
+            parts = [opened[file].get_tensor(key) for file, key in entry["parts"]]
+            t = parts[0] if len(parts) == 1 else torch.cat(parts)
+        except (SafetensorError, RuntimeError) as e:  # a key or a part that handoff.json names wrongly
+            raise HandoffError(f"{name}: its parts in {INDEX} do not read from the shards ({str(e)[:200]}); copy "
+                               f"{INDEX} again from the machine that packed it") from None  # fmt: skip
         if list(t.shape) != entry["shape"]:
-            raise HandoffError(f"{name}: reassembled as {list(t.shape)}, {INDEX} says {entry['shape']}")
+            raise HandoffError(f"{name}: reassembled as {list(t.shape)}, {INDEX} says {entry['shape']}; copy "
+                               f"{INDEX} again from the machine that packed it")  # fmt: skip
         out[name] = t.float() if t.is_floating_point() else t
     return out
 
 
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
-    src, out = Path(cfg.handoff), Path(cfg.out)
+    src, out = Path(cfg.handoff), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
+    _refuse_file(out)
     refuse_mount_point(out, "--out ")  # first: a volume's root holds lost+found, and --force would not help
-    if out.exists() and any(out.iterdir()) and not cfg.force:
+    here = Path(os.path.realpath(src))
+    if Path(os.path.realpath(out)) in (here, *here.parents):  # --force would delete the shards it reads
+        raise HandoffError(f"--out {out} holds the handoff being unpacked ({src}); give another directory")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held and not cfg.force:
         raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
+    # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
+    # and data, and a process still training into it would write into a directory swapped away.
+    if held and not (out / INDEX).is_file():
+        raise HandoffError(f"--out {out} holds {', '.join(held[:4])} and no {INDEX}: --force replaces a run "
+                           "unpacked from a handoff, never another run or other files; give a new directory")  # fmt: skip
+    if others := [n for n in held if n not in UNPACKED]:
+        raise HandoffError(f"--out {out} holds {', '.join(others[:4])} besides an unpacked run's own files, and "
+                           "--force replaces the directory whole: move them out, or give a new directory")  # fmt: skip
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
     weights = _weights(src, index)
-    state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
-    step_dir = f"step-{int(state.get('step', 0)):08d}"
+    try:
+        state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
+        step_dir = f"step-{int(state.get('step', 0)):08d}"
+    except (ValueError, TypeError, AttributeError) as e:  # its sha256 matched: edited with it, by hand
+        raise HandoffError(f"{src / INDEX}: checkpoint/trainer_state.json has no step ({e}); copy {INDEX} "
+                           "again from the machine that packed it") from None  # fmt: skip
 
     def fill(tmp: Path) -> None:
         ckpt = tmp / "checkpoints" / step_dir
@@ -282,12 +434,25 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
             json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1)
         )
         options.save(cfg, tmp / "unpack_config.json")
-        load_model(ckpt)  # the reassembled weights fit the config: fail here, not in the next command
+        try:  # the reassembled weights fit the config: fail here, not in the next command
+            load_model(ckpt)
+        except CheckpointError as e:  # named by the temporary directory, which is removed: say the handoff
+            raise HandoffError(f"{src / INDEX}: the tensors it lists do not make the model its config.json "
+                               f"describes ({str(e).removeprefix(f'{ckpt}: ').replace(str(tmp), str(out))}); "
+                               f"copy {INDEX} again from the machine that packed it") from None  # fmt: skip
 
     write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
         f"{state.get('step', '?')}")  # fmt: skip
     return out / "checkpoints" / step_dir
+
+
+def _refuse_file(out: Path) -> None:
+    """A HandoffError where --out, or a directory on its way, is a file: making it would fail at the write
+    with a bare NotADirectoryError or FileExistsError."""
+    if out.exists() and not out.is_dir():
+        raise HandoffError(f"--out {out} is a file; give a directory")
+    refuse_file_in_path(out, "--out ")
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -309,15 +474,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"electra-serve handoff {command}\n{options.describe(cfg)}", flush=True)
+    started = time.time()
     try:
-        if command == "pack":
-            index = pack(cfg)
-            print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
-        else:
-            unpack(cfg)
-    except (HandoffError, CheckpointError, DiskFullError) as e:
+        # SIGTERM (a GPU call's time running out, a job cancelled) as Ctrl-C: the temporary directory the
+        # output is built in is removed on the way out; the default action left it, half written, beside --out.
+        with ctrl_c_on_term():
+            if command == "pack":
+                index = pack(cfg)
+                print(f"wrote {cfg.out}: {len(index['shards'])} shards and {INDEX}", flush=True)
+            else:
+                unpack(cfg)
+    except KeyboardInterrupt as stop:
+        sig = signal.Signals(signal_number(stop)).name
+        # handoff.json is in the directory renamed into place at the end: newer than the start once it is whole
+        index = Path(cfg.out) / INDEX
+        whole = index.is_file() and index.stat().st_mtime >= started
+        said = (
+            f"--out {cfg.out} was written whole before it"
+            if whole
+            else f"nothing was written at --out {cfg.out}"
+        )
+        print(f"\n{prog}: stopped by {sig}: {said}", file=sys.stderr)
+        return 128 + signal_number(stop)
+    except DiskFullError as e:  # before OSError, which it is: the disk to make room on, while it ran
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
+    except (HandoffError, CheckpointError) as e:  # a run, a handoff or an --out to change (the README's 2)
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
+        print(f"{prog}: {e.filename or cfg.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 
