@@ -53,8 +53,10 @@ def _score(part: Part, attempt: int) -> dict:
 def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
     on_progress(docs, tokens, bytes, attempt) as workers report (attempt: "part key@n"), and
-    on_progress(0, 0, 0, attempt, True) where an attempt's reports no longer count (its worker died). Once on_result returns True (a full disk) or
-    stopping() does (Ctrl-C), the parts not yet started are not started; those running finish and report.
+    on_progress(0, 0, 0, attempt, True) where an attempt's reports no longer count (its worker died): from
+    two threads (the reports' listener and this one), so it must be thread-safe. Once on_result returns
+    True (a full disk) or stopping() does (Ctrl-C), the parts not yet started are not started; those
+    running finish and report.
     A KeyboardInterrupt (the same signal again) kills the workers and goes on up.
 
     A worker that dies (killed, out of memory) breaks its pool: the parts it and the others were running
@@ -65,19 +67,24 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     # A SimpleQueue, whose put writes in the caller's thread: a part's reports are in the pipe before its
     # result is sent. A Queue's feeder thread wrote them later, and a broken pool's workers, ended with
     # SIGTERM, lost what it held: reports of parts already recorded (a job counted 233 of 240 documents).
+    # Only workers write to it: a worker killed while it holds the queue's write lock (a broken pool's
+    # SIGTERM, the OOM killer) leaves that lock taken for good, and a driver writing there would hang.
     queue = ctx.SimpleQueue()
-    listener = threading.Thread(target=_listen, args=(queue, on_progress), daemon=True)
+    ended = threading.Event()
+    listener = threading.Thread(target=_listen, args=(queue, on_progress, ended), daemon=True)
     listener.start()
     todo, charged = list(parts), {p.key: 0 for p in parts}
     try:
         while todo and not stopping():
-            todo = _pool(todo, cfg, queue, on_result, stopping, charged)
+            todo = _pool(todo, cfg, queue, on_result, on_progress, stopping, charged)
     finally:
-        queue.put(None)
+        ended.set()  # every worker has exited: what they wrote is in the pipe, read to its end
         listener.join(timeout=5)
 
 
-def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charged: dict) -> list[Part]:
+def _pool(
+    parts: list[Part], cfg: BulkConfig, queue, on_result, on_progress, stopping, charged: dict
+) -> list[Part]:
     """One pool over `parts`; returns those to run in another (a worker died), none once stopped. A part
     is handed out only when a worker is free: the executor queues one call beyond its workers, and a part
     queued so would still start after a stop."""
@@ -100,7 +107,7 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charge
         deaths += 1
         # What this attempt reported, and what it may still report (a worker the broken pool ends later
         # than the one that died may have reports in flight), counts for nothing.
-        queue.put((0, 0, 0, f"{part.key}@{charged[part.key]}", True))
+        on_progress(0, 0, 0, f"{part.key}@{charged[part.key]}", True)
         if stopped or stopping():
             # A stop (a SIGTERM to the whole group ends the workers with the driver): nothing runs again in
             # this run, and the death is not the part's to be charged for.
@@ -158,6 +165,12 @@ def _pool(parts: list[Part], cfg: BulkConfig, queue, on_result, stopping, charge
     return [] if stopped else again
 
 
-def _listen(queue, on_progress) -> None:
-    while (counts := queue.get()) is not None:
-        on_progress(*counts)
+def _listen(queue, on_progress, ended: threading.Event) -> None:
+    """The workers' reports, counted as they come, until `ended` and none are left to read."""
+    while True:
+        if not queue.empty():
+            on_progress(*queue.get())
+        elif ended.is_set():
+            return
+        else:
+            ended.wait(0.05)

@@ -25,7 +25,7 @@ class Progress:
         self._taken_back: set[str] = set()  # attempts whose later reports (still in flight) count for nothing
         self.start = self._drawn = time.perf_counter()
         self._tty = enabled and stream.isatty()
-        self._lock = threading.Lock()  # the local runner reports from a listener thread
+        self._lock = threading.Lock()  # the local runner reports from a listener thread and its driver's
 
     def update(
         self, docs: int, tokens: int, nbytes: int, part: str | None = None, retract: bool = False
