@@ -273,9 +273,10 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
         refused = server.metric("electra_rejected_requests_total", reason="connection_limit")
         idle += [_connect(server), _connect(server)]
         with _connect(server) as s:
-            s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
+            s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
             answer = s.recv(4096)
         assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
+        assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer but the parser's
         assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
         # The probes are answered still: a flood of idle connections once failed liveness too; and the
         # metrics scrape, which shows the flood.

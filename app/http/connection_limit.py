@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from app import request_context
 from app.errors import ErrorType
 from app.metrics import Metrics
 from app.scheduling.server_load import ServerLoad
@@ -22,14 +23,17 @@ def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
     message = f"the server holds its --limit-concurrency of {limit} open connections; retry shortly"
     body = json.dumps({"error": {"type": ErrorType.UNAVAILABLE.value, "message": message, "field": None}})
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", b"1"), (b"connection", b"close")]  # fmt: skip
+            (b"retry-after", b"1"), (b"connection", b"close"), (b"x-content-type-options", b"nosniff")]  # fmt: skip
 
     async def limited(scope, receive, send) -> None:
         if scope["type"] != "http" or load.connections < limit or scope["path"] in PROBES:
             return await app(scope, receive, send)
         metrics.requests.labels("other", "", "503").inc()
         metrics.rejected.labels(reason="connection_limit").inc()
-        await send({"type": "http.response.start", "status": 503, "headers": head})
+        # Its x-request-id as every routed answer's (this one never reaches the router's middleware): the
+        # client's log line and the server's can be matched. No line is written of it but the counters.
+        rid = (b"x-request-id", request_context.incoming_id(scope))
+        await send({"type": "http.response.start", "status": 503, "headers": [*head, rid]})
         await send({"type": "http.response.body", "body": body.encode()})
 
     return limited
