@@ -633,6 +633,29 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
         assert not browser.find_element("id", "error").is_displayed()
 
 
+def test_a_model_the_server_found_broken_is_said_so_not_busy(browser, tmp_path):
+    """Started again with the page's model broken (its model.onnx damaged): the 503 is not a busy server,
+    so the page does not say to wait; it names the model unusable and brings its list up to date."""
+    import shutil
+
+    port, models = free_port(), tmp_path / "models"
+    for run in ("first", "again"):
+        (tmp_path / run).mkdir()
+    shutil.copytree(MODELS, models)
+    with run_server(models, log_dir=tmp_path / "first", port=port) as first:
+        open_page(browser, first)
+    onnx = models / "detector" / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:-64] + bytes(64))  # its sha256 no longer the manifest's
+    with run_server(models, log_dir=tmp_path / "again", port=port):
+        submit(browser, SENTENCE)
+        head, message, todo = error_shown(browser)
+        assert "503" in head and "is broken" in message and "Pick another" in todo, (head, message, todo)
+        assert "busy" not in todo
+        model = Select(browser.find_element("id", "model"))
+        assert [o.get_attribute("value") for o in model.options] == ["sentiment"]
+        assert "detector" in browser.find_element("id", "broken-models").text
+
+
 def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
     """The list of models failed to load (the server unreachable for that one request): the select said
     "loading…" for ever and Check did nothing, with no word; now Check loads the list and scores. The

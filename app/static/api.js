@@ -80,11 +80,27 @@ function advice(err) {
     return "The server's models have changed since the page opened: the list now shows those it serves. "
       + "Pick one and press Check.";
   }
+  if (modelBroken(err)) {
+    return "The server could not load this model, so it cannot score with it: the list now shows the models "
+      + "it serves. Pick another, or ask whoever runs the server to fix or replace it.";
+  }
   if (err.status === 413) return "Shorten the text, or check it a part at a time.";
-  if (err.status === 429 || err.status === 503) return "The server is busy: press Check again " + wait + ".";
+  // A 503 with Retry-After is a full queue, a model still loading or a server draining: waiting helps.
+  if (err.status === 429 || (err.status === 503 && err.retryAfter)) {
+    return "The server is busy: press Check again " + wait + ".";
+  }
+  if (err.status === 503) return "The server is not scoring now (it is stopping): press Check again once it is back.";
   if (err.status === 408) return "The text took too long to reach the server: press Check to send it again.";
   if (err.status >= 500) return "Press Check to try again; if it fails again, the server's log says why.";
   return "";
+}
+
+// The model the page chose is one the server found broken at start-up (a 503 naming the model field).
+function modelBroken(err) { return err.status === 503 && err.field === "model"; }
+
+// The server no longer serves the chosen model as the page knows it: its list of models is out of date.
+export function modelsChanged(err) {
+  return err.type === "unknown_model" || err.type === "wrong_model_kind" || modelBroken(err);
 }
 
 export function clearError() { $("error").hidden = true; }

@@ -4,7 +4,7 @@
 // the rest. ES modules from this server, loaded by index.html: nothing to build.
 
 import { $, state, selectedModel, takesPairs } from "./state.js";
-import { api, askForKey, clearError, showError } from "./api.js";
+import { api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import { hideTip, onMarkedKey, remark, renderClassify, renderDetect, showTip } from "./render.js";
 import { inputNow, loadModels, markStale, syncControls } from "./controls.js";
 
@@ -59,8 +59,8 @@ async function score(model) {
     $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
   } catch (err) {
     $("status").textContent = "";
-    // The server was started again with other bundles: the page's list of models is out of date.
-    if ((err.type === "unknown_model" || err.type === "wrong_model_kind") && await loadModels()) syncControls();
+    // The server was started again with other bundles, or found this one broken: the list is out of date.
+    if (modelsChanged(err) && await loadModels()) syncControls();
     showError(err);
   }
 }
