@@ -268,6 +268,26 @@ def test_a_long_runs_metrics_are_carried_from_their_end_within_a_shards_size(det
     assert not (tmp_path / "q").exists()
 
 
+def test_metrics_fit_at_every_shard_limit_as_much_as_fits(detector, tmp_path):
+    """The lines to leave out were counted before "lines_left_out" was added to the entry, and its bytes not
+    at all: about one limit in three that the metrics fit was refused ("handoff.json would be 0.50 MiB,
+    over --max-shard-mib"). Now every limit packs, within it, one line short of over it."""
+    run = tmp_path / "run"
+    shutil.copytree(detector, run / "checkpoints" / "step-00000001")
+    (run / "checkpoints" / "latest").write_text("step-00000001")
+    lines = [json.dumps({"step": n, "split": "train", "loss": 1.0 / (n + 1)}) + "\n" for n in range(40_000)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    for n in range(40):  # a step of 3.7 KiB: about 50 lines of metrics
+        limit = round(0.4 + n * 0.0036, 4)
+        out = tmp_path / f"p{n}"
+        assert main(["pack", str(run), "--out", str(out), "--max-shard-mib", str(limit)]) == 0, limit
+        carried = json.loads((out / "handoff.json").read_text())["files"]["run/metrics.jsonl"]
+        left_out = carried["lines_left_out"]
+        room = int(limit * 2**20) - (out / "handoff.json").stat().st_size
+        assert 0 <= room < len(json.dumps(lines[left_out - 1])), (limit, room)  # the next line did not fit
+        shutil.rmtree(out)
+
+
 def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
     """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike."""
     (tmp_path / "p").mkdir()
