@@ -294,7 +294,7 @@ def verify(directory: Path) -> dict:
         raise HandoffError(f"{directory}: no {INDEX}; it lists the shards and their checksums")
     try:
         index = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested deep
         raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         found = index.get("format") if isinstance(index, dict) else type(index).__name__
@@ -338,6 +338,11 @@ def _check_index(index: dict, path: Path) -> None:
         return HandoffError(f"{path}: {what}, not as pack writes it; copy {INDEX} again from the machine that "
                             "packed it")  # fmt: skip
 
+    try:  # JSON's \ud800 reads as a lone surrogate, which no text written from it can hold
+        json.dumps(index, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        raise bad(f"a string holding {e.object[e.start : e.end]!r}, which UTF-8 cannot encode (after "
+                  f"{e.object[max(0, e.start - 40) : e.start]!r})") from None  # fmt: skip
     if index.get("dtype") not in DTYPES:
         raise bad(f"dtype {index.get('dtype')!r} (one of {', '.join(DTYPES)})")
     shards = index.get("shards")
@@ -370,6 +375,23 @@ def _check_index(index: dict, path: Path) -> None:
     missing = [n for n in ("checkpoint/config.json", "checkpoint/tokenizer.json") if n not in files]
     if missing:
         raise bad(f'"files" lacks {", ".join(missing)}')
+    _step(index, bad)
+
+
+def _step(index: dict, bad=HandoffError) -> int:
+    """The packed checkpoint's step, which names the unpacked one (checkpoints/step-N): its
+    trainer_state.json's, or 0 where it had none (pack carries one only where the checkpoint held it)."""
+    state = index["files"].get("checkpoint/trainer_state.json")
+    if state is None:
+        return 0
+    try:
+        step = json.loads(state["text"]).get("step")
+        found = f"step {step!r}"
+    except (ValueError, AttributeError, RecursionError) as e:  # not JSON, or not an object
+        step, found = None, f"{type(e).__name__}: {e}"
+    if type(step) is not int or step < 0:  # {"step": Infinity} ended in an OverflowError; {} was step 0
+        raise bad(f"checkpoint/trainer_state.json has no step, a whole number from 0 ({found[:200]})")
+    return step
 
 
 def _plain(name: object) -> bool:
@@ -382,7 +404,14 @@ def _weights(directory: Path, index: dict) -> dict:
     import torch
     from safetensors import SafetensorError, safe_open
 
-    opened = {s["file"]: safe_open(str(directory / s["file"]), "pt") for s in index["shards"]}
+    opened = {}
+    for s in index["shards"]:
+        try:
+            opened[s["file"]] = safe_open(str(directory / s["file"]), "pt")
+        except SafetensorError as e:  # its sha256 matched: another file, with handoff.json edited to match
+            raise HandoffError(f"shard {s['file']} does not read as safetensors ({str(e)[:200]}), and {INDEX} "
+                               f"lists its sha256; copy {INDEX} again from the machine that packed it, and "
+                               "the shards") from None  # fmt: skip
     out = {}
     for name, entry in index["tensors"].items():
         try:
@@ -421,12 +450,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
     weights = _weights(src, index)
-    try:
-        state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
-        step_dir = f"step-{int(state.get('step', 0)):08d}"
-    except (ValueError, TypeError, AttributeError) as e:  # its sha256 matched: edited with it, by hand
-        raise HandoffError(f"{src / INDEX}: checkpoint/trainer_state.json has no step ({e}); copy {INDEX} "
-                           "again from the machine that packed it") from None  # fmt: skip
+    step = _step(index)  # checked by verify
+    step_dir = f"step-{step:08d}"
 
     def fill(tmp: Path) -> None:
         ckpt = tmp / "checkpoints" / step_dir
@@ -449,7 +474,7 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
 
     write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
-        f"{state.get('step', '?')}")  # fmt: skip
+        f"{step}")  # fmt: skip
     return out / "checkpoints" / step_dir
 
 
