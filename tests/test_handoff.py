@@ -231,14 +231,17 @@ def test_a_run_still_training_packs_from_whole_checkpoints(tmp_path, small_corpu
            str(run), "--corpus", str(small_corpus), "--tokenizer", str(small_tokenizer), "--threads", "1",
            "--max-steps", "100000", "--save-every", "1", "--keep-checkpoints", "1", "--eval-every", "100000",
            "--log-every", "1"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its log into a file: a pipe nobody reads until the end fills (64 KiB of progress bars) and stalls training.
+    log = tmp_path / "pretrain.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.time() + 120
         while (
             not (run / "checkpoints" / "latest").is_file() and proc.poll() is None and time.time() < deadline
         ):
             time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert proc.poll() is None, log.read_text()[-2000:]
         steps = set()
         for n in range(300):
             out = tmp_path / f"p{n}"
