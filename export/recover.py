@@ -244,7 +244,11 @@ def _manifest_config(bundle: Path, manifest: dict, graph: onnx.ModelProto):
     from export.calibration import LengthMap
     from training.model import ElectraConfig
 
-    config = manifest.get("source", {}).get("config")
+    source = manifest.get("source", {})
+    if not isinstance(source, dict):  # read_bundle refuses it first today; here not an AttributeError either
+        raise InputError(f"{bundle}/manifest.json: source {str(source)[:80]!r} is not as export writes it; "
+                         f"{_RESTORE}")  # fmt: skip
+    config = source.get("config")
     if not isinstance(config, dict):
         raise InputError(f"{bundle}/manifest.json has no source.config, the model the graph is; {_RESTORE}")
     try:

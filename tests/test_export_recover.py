@@ -113,3 +113,27 @@ def test_a_manifest_edited_where_the_server_does_not_read_is_refused_naming_the_
         err
     )
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_source_that_is_not_an_object_is_refused_by_field(tmp_path, fp32_bundle, capsys):
+    """manifest.get("source", {}).get("config") was an AttributeError traceback where source is not an
+    object. The bundle's reader refuses such a manifest first (its Manifest.source is a dict); the reading
+    of source.config refuses it too, by field, should that reader ever take one."""
+    import json
+    import shutil
+
+    import onnx
+
+    from export.recover import InputError, _manifest_config, main
+
+    bundle = shutil.copytree(fp32_bundle, tmp_path / "b")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["source"] = "x"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit) as e:
+        main([str(bundle), "--out", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "at `$.source`" in err and "Traceback" not in err, err
+    with pytest.raises(InputError, match="manifest.json: source 'x' is not as export writes it; restore"):
+        _manifest_config(bundle, manifest, onnx.load(str(bundle / "model.onnx")))
+    assert not (tmp_path / "ckpt").exists()

@@ -17,10 +17,6 @@ from training.handoff import HEADER_ROOM, main
 WORDS = "electra.embeddings.word_embeddings.weight"
 
 
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 @pytest.fixture(scope="module")
 def detector(tmp_path_factory):
     tok = train_tokenizer(tmp_path_factory.mktemp("tok"))
@@ -96,22 +92,38 @@ def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path
         pytest.skip(str(e))
 
 
+def carried(name: str, text: str):
+    """An edit of handoff.json: the file `name` carried with `text`, and the sha256 edited with it."""
+    digest = hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()
+    return lambda i, _: i["files"].update({name: {"text": text, "sha256": digest}})
+
+
+def swap_shard(index: dict, packed) -> None:
+    """The first shard's bytes swapped for others, and handoff.json's sha256 edited with them."""
+    shard = packed / index["shards"][0]["file"]
+    shard.write_bytes(b"not a safetensors file")
+    index["shards"][0]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+
+
 @pytest.mark.parametrize(
     "edit, said",
     [
         # A name joined to the run: it wrote /tmp/escaped.txt, outside --out.
-        (lambda i: i["files"].update({"run/../../escaped.txt": {"text": "x", "sha256": sha("x")}}),
-         "holds 'run/../../escaped.txt', which pack does not carry"),
-        (lambda i: i.pop("shards"), '"shards" is not a list'),  # KeyError: 'shards'
-        (lambda i: i["shards"][0].update(file="/etc/hostname"), '"shards" is not a list'),  # read as a shard
-        (lambda i: i.pop("dtype"), "dtype None"),  # KeyError after the run was written
-        (lambda i: i["tensors"][WORDS].update(parts=[]), f"tensor {WORDS}: not"),  # torch.cat([]) ValueError
-        (lambda i: i["tensors"][WORDS].update(parts=[[i["shards"][0]["file"], "nokey"]]),
+        (carried("run/../../escaped.txt", "x"), "holds 'run/../../escaped.txt', which pack does not carry"),
+        (lambda i, _: i.pop("shards"), '"shards" is not a list'),  # KeyError: 'shards'
+        (lambda i, _: i["shards"][0].update(file="/etc/hostname"), '"shards" is not a list'),  # read as a shard
+        (lambda i, _: i.pop("dtype"), "dtype None"),  # KeyError after the run was written
+        (lambda i, _: i["tensors"][WORDS].update(parts=[]), f"tensor {WORDS}: not"),  # torch.cat([]) ValueError
+        (lambda i, _: i["tensors"][WORDS].update(parts=[[i["shards"][0]["file"], "nokey"]]),
          f"{WORDS}: its parts in handoff.json do not read from the shards"),  # SafetensorError
-        (lambda i: i["files"].pop("checkpoint/tokenizer.json"), '"files" lacks checkpoint/tokenizer.json'),
-        (lambda i: i["files"].update({"checkpoint/trainer_state.json": {"text": "[]", "sha256": sha("[]")}}),
-         "checkpoint/trainer_state.json has no step"),  # AttributeError
-        (lambda i: i["tensors"].pop(WORDS), "do not make the model its config.json describes"),  # a temp dir named
+        (lambda i, _: i["files"].pop("checkpoint/tokenizer.json"), '"files" lacks checkpoint/tokenizer.json'),
+        (carried("checkpoint/trainer_state.json", "[]"), "checkpoint/trainer_state.json has no step"),  # AttributeError
+        (carried("checkpoint/trainer_state.json", '{"step": Infinity}'), "has no step, a whole number from 0 (step inf)"),  # OverflowError
+        (carried("checkpoint/trainer_state.json", "{}"), "has no step, a whole number from 0 (step None)"),  # unpacked as step 0
+        (carried("checkpoint/trainer_state.json", '{"step": -1}'), "has no step, a whole number from 0 (step -1)"),  # step--0000001
+        (carried("checkpoint/vocab.txt", "[PAD]\ud800"), """UTF-8 cannot encode (after ' "checkpoint/vocab.txt": {"text": "[PAD]')"""),  # UnicodeEncodeError
+        (swap_shard, "does not read as safetensors"),  # SafetensorError
+        (lambda i, _: i["tensors"].pop(WORDS), "do not make the model its config.json describes"),  # a temp dir named
     ],
 )  # fmt: skip
 def test_a_handoff_json_edited_by_hand_is_refused_naming_the_field(detector, tmp_path, capsys, edit, said):
@@ -120,7 +132,7 @@ def test_a_handoff_json_edited_by_hand_is_refused_naming_the_field(detector, tmp
     packed = tmp_path / "deep" / "p"
     assert main(["pack", str(detector), "--out", str(packed)]) == 0
     index = json.loads((packed / "handoff.json").read_text())
-    edit(index)
+    edit(index, packed)
     (packed / "handoff.json").write_text(json.dumps(index))
     capsys.readouterr()
     out = tmp_path / "deep" / "run"
@@ -219,14 +231,17 @@ def test_a_run_still_training_packs_from_whole_checkpoints(tmp_path, small_corpu
            str(run), "--corpus", str(small_corpus), "--tokenizer", str(small_tokenizer), "--threads", "1",
            "--max-steps", "100000", "--save-every", "1", "--keep-checkpoints", "1", "--eval-every", "100000",
            "--log-every", "1"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its log into a file: a pipe nobody reads until the end fills (64 KiB of progress bars) and stalls training.
+    log = tmp_path / "pretrain.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.time() + 120
         while (
             not (run / "checkpoints" / "latest").is_file() and proc.poll() is None and time.time() < deadline
         ):
             time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert proc.poll() is None, log.read_text()[-2000:]
         steps = set()
         for n in range(300):
             out = tmp_path / f"p{n}"
@@ -266,6 +281,26 @@ def test_a_long_runs_metrics_are_carried_from_their_end_within_a_shards_size(det
     err = capsys.readouterr().err
     assert "handoff.json would be 0.2" in err and "(its largest files: run/train.log" in err, err
     assert not (tmp_path / "q").exists()
+
+
+def test_metrics_fit_at_every_shard_limit_as_much_as_fits(detector, tmp_path):
+    """The lines to leave out were counted before "lines_left_out" was added to the entry, and its bytes not
+    at all: about one limit in three that the metrics fit was refused ("handoff.json would be 0.50 MiB,
+    over --max-shard-mib"). Now every limit packs, within it, one line short of over it."""
+    run = tmp_path / "run"
+    shutil.copytree(detector, run / "checkpoints" / "step-00000001")
+    (run / "checkpoints" / "latest").write_text("step-00000001")
+    lines = [json.dumps({"step": n, "split": "train", "loss": 1.0 / (n + 1)}) + "\n" for n in range(40_000)]
+    (run / "metrics.jsonl").write_text("".join(lines))
+    for n in range(40):  # a step of 3.7 KiB: about 50 lines of metrics
+        limit = round(0.4 + n * 0.0036, 4)
+        out = tmp_path / f"p{n}"
+        assert main(["pack", str(run), "--out", str(out), "--max-shard-mib", str(limit)]) == 0, limit
+        carried = json.loads((out / "handoff.json").read_text())["files"]["run/metrics.jsonl"]
+        left_out = carried["lines_left_out"]
+        room = int(limit * 2**20) - (out / "handoff.json").stat().st_size
+        assert 0 <= room < len(json.dumps(lines[left_out - 1])), (limit, room)  # the next line did not fit
+        shutil.rmtree(out)
 
 
 def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):

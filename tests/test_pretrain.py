@@ -483,6 +483,26 @@ def test_interrupted_save_leaves_previous_checkpoint_intact(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
+def test_interrupted_as_its_temporary_directory_is_made_leaves_nothing(tmp_path):
+    """A SIGTERM (Ctrl-C's exception, options.stopping) that landed as the temporary directory was made,
+    before write_atomically held its name, left it beside the target while the command said nothing was
+    written (handoff pack's SIGTERM test failed 1 run in 6). Here the signal is sent as mkdir returns."""
+    from options.stopping import Stopped, ctrl_c_on_term
+
+    def at_mkdir(frame, event, arg) -> None:
+        if event == "c_return" and arg is os.mkdir and any(tmp_path.glob(".out.pid*")):
+            sys.setprofile(None)
+            signal.raise_signal(signal.SIGTERM)  # its handler raises Stopped here, after the mkdir
+
+    with ctrl_c_on_term(), pytest.raises(Stopped):
+        sys.setprofile(at_mkdir)
+        try:
+            write_atomically(tmp_path / "out", lambda d: (d / "model.safetensors").write_text("new"))
+        finally:
+            sys.setprofile(None)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_directory_is_replaced_in_one_step_or_put_back_after_a_kill_between_two(tmp_path, monkeypatch):
     """Replacing a directory: swapped with its new copy in one step where Linux can; else set aside and
     renamed over, and a kill between the two renames (the target gone, its old copy beside it) is

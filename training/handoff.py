@@ -35,18 +35,21 @@ from options import check_choices, option
 from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
 from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
+from training.handoff_index import (
+    CHECKPOINT_FILES,
+    DTYPES,
+    FORMAT,
+    INDEX,
+    RUN_FILES,
+    UNPACKED,
+    HandoffError,
+    index_text,
+    packed_step,
+    verify,
+)
 
-INDEX = "handoff.json"
-FORMAT = "electra-serve handoff 1"
-DTYPES = ("bf16", "fp16")
 HEADER_ROOM = 1 << 16  # bytes kept free in each shard for its safetensors header (names, shapes, offsets)
 LOG_TAIL = 200_000  # characters of the training log carried back: its end says how the run finished
-CHECKPOINT_FILES = ("config.json", "tokenizer.json", "vocab.txt")
-RUN_FILES = ("config.json", "metrics.jsonl")
-
-
-class HandoffError(ValueError):
-    """A handoff that cannot be written or read back; the message names the file and what to do."""
 
 
 @dataclass
@@ -189,7 +192,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
                     tensor, {"shape": list(weights[tensor].shape), "parts": []}
                 )
                 entry["parts"].append([name, key])
-        (tmp / INDEX).write_text(_index_text(index, limit, log))
+        (tmp / INDEX).write_text(index_text(index, limit, log))
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
@@ -197,33 +200,6 @@ def pack(cfg: PackConfig, log=print) -> dict:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
     log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
     return index
-
-
-def _index_text(index: dict, limit: int, log) -> str:
-    """handoff.json's text, within the shard limit, which binds it as it binds the shards (a GPU call
-    returns no larger file): a long run's metrics.jsonl (a line a logged step) is carried from its end, whole
-    lines, as much as fits, and says how many lines it left out; the training log is carried so already."""
-    text = json.dumps(index, indent=1) + "\n"
-    over = len(text.encode()) - limit
-    metrics = index["files"].get("run/metrics.jsonl")
-    if over > 0 and metrics:
-        lines = metrics["text"].splitlines(keepends=True)
-        cut = 0
-        while cut < len(lines) and over > 0:  # a string's JSON escapes are its characters' own: sizes add up
-            over -= len(json.dumps(lines[cut]).encode()) - 2
-            cut += 1
-        kept = "".join(lines[cut:])
-        metrics.update(text=kept, sha256=hashlib.sha256(kept.encode()).hexdigest(), lines_left_out=cut)
-        text = json.dumps(index, indent=1) + "\n"
-        if over <= 0:
-            log(f"run/metrics.jsonl: its first {cut} of {len(lines)} lines left out, for {INDEX} to fit a "
-                f"shard's {limit / 2**20:g} MiB")  # fmt: skip
-    if len(text.encode()) > limit:
-        largest = sorted(index["files"], key=lambda n: -len(index["files"][n]["text"]))[:3]
-        raise HandoffError(f"{INDEX} would be {len(text.encode()) / 2**20:.2f} MiB, over --max-shard-mib "
-                           f"{limit / 2**20:g} (its largest files: {', '.join(largest)}); pass a larger "
-                           "--max-shard-mib where larger files can be carried")  # fmt: skip
-    return text
 
 
 READS = 5  # tries at reading a checkpoint that a run still training keeps replacing
@@ -280,103 +256,19 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
 # ---------------------------------------------------------------------------------------------- unpack
 
 
-def verify(directory: Path) -> dict:
-    """The index, after every shard it lists is found with its sha256; HandoffError naming the first
-    shard that is missing or differs (or a small file whose text was changed)."""
-    path = directory / INDEX
-    if not path.is_file():
-        raise HandoffError(f"{directory}: no {INDEX}; it lists the shards and their checksums")
-    try:
-        index = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        found = index.get("format") if isinstance(index, dict) else type(index).__name__
-        raise HandoffError(f"{path}: format {found!r}, expected {FORMAT!r}")
-    _check_index(index, path)
-    for s in index["shards"]:
-        shard = directory / s["file"]
-        if not shard.is_file():
-            raise HandoffError(f"shard {s['file']} is missing from {directory} ({INDEX} lists "
-                               f"{len(index['shards'])} shards): copy it back from the machine that packed it")  # fmt: skip
-        actual = sha256_file(shard)
-        if actual != s["sha256"]:
-            raise HandoffError(f"shard {s['file']} is corrupt: sha256 {actual}, {INDEX} says {s['sha256']} "
-                               f"({shard.stat().st_size} bytes, packed {s['bytes']}); copy it again")  # fmt: skip
-    for name, f in index["files"].items():
-        if hashlib.sha256(f["text"].encode()).hexdigest() != f["sha256"]:
-            raise HandoffError(f"{path}: the text of {name} does not match its sha256; copy {INDEX} again")
-    return index
-
-
-# What unpack writes from handoff.json's "files", and where: only these names, so an edited handoff.json
-# cannot have a file written outside the run ("run/../x") or over what unpack writes itself.
-CARRIED = {f"checkpoint/{n}" for n in (*CHECKPOINT_FILES, "trainer_state.json")} | {
-    f"run/{n}" for n in (*RUN_FILES, "train.log")
-}
-# What unpack writes at the top of a run: all that --force may replace.
-UNPACKED = {
-    "checkpoints",
-    INDEX,
-    "unpack_config.json",
-    *(n.partition("/")[2] for n in CARRIED if n.startswith("run/")),
-}
-
-
-def _check_index(index: dict, path: Path) -> None:
-    """handoff.json as pack writes it, or a HandoffError naming the first field that is not (an edit by
-    hand): every name in it is joined to a directory, and every field is read by unpack, so a wrong one
-    would read or write outside the handoff or the run, or end in a traceback after the checks."""
-
-    def bad(what: str) -> HandoffError:
-        return HandoffError(f"{path}: {what}, not as pack writes it; copy {INDEX} again from the machine that "
-                            "packed it")  # fmt: skip
-
-    if index.get("dtype") not in DTYPES:
-        raise bad(f"dtype {index.get('dtype')!r} (one of {', '.join(DTYPES)})")
-    shards = index.get("shards")
-    if not isinstance(shards, list) or not shards or not all(
-        isinstance(s, dict) and _plain(s.get("file")) and isinstance(s.get("sha256"), str)
-        and type(s.get("bytes")) is int for s in shards
-    ):  # fmt: skip
-        raise bad('"shards" is not a list of {"file": NAME, "bytes": N, "sha256": HEX}')
-    names = {s["file"] for s in shards}
-    tensors = index.get("tensors")
-    if not isinstance(tensors, dict) or not tensors:
-        raise bad('"tensors" is not an object of the tensors')
-    for name, e in tensors.items():
-        parts = e.get("parts") if isinstance(e, dict) else None
-        shape = e.get("shape") if isinstance(e, dict) else None
-        if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
-                and isinstance(parts, list) and parts and all(isinstance(p, list) and len(p) == 2
-                and p[0] in names and isinstance(p[1], str) for p in parts)):  # fmt: skip
-            raise bad(f'tensor {name}: not {{"shape": [N, ...], "parts": [[SHARD, KEY], ...]}} with shards '
-                      f'that "shards" lists')  # fmt: skip
-    files = index.get("files")
-    if not isinstance(files, dict) or not all(
-        isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("sha256"), str)
-        for f in files.values()
-    ):
-        raise bad('"files" is not an object of {"text": TEXT, "sha256": HEX}')
-    unknown = sorted(set(files) - CARRIED)
-    if unknown:
-        raise bad(f'"files" holds {unknown[0]!r}, which pack does not carry (it carries {sorted(CARRIED)})')
-    missing = [n for n in ("checkpoint/config.json", "checkpoint/tokenizer.json") if n not in files]
-    if missing:
-        raise bad(f'"files" lacks {", ".join(missing)}')
-
-
-def _plain(name: object) -> bool:
-    """A file name without a directory in it: a shard's name is joined to the handoff's directory."""
-    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
-
-
 def _weights(directory: Path, index: dict) -> dict:
     """Every tensor reassembled from its parts, widened to fp32 (bf16 and fp16 widen exactly)."""
     import torch
     from safetensors import SafetensorError, safe_open
 
-    opened = {s["file"]: safe_open(str(directory / s["file"]), "pt") for s in index["shards"]}
+    opened = {}
+    for s in index["shards"]:
+        try:
+            opened[s["file"]] = safe_open(str(directory / s["file"]), "pt")
+        except SafetensorError as e:  # its sha256 matched: another file, with handoff.json edited to match
+            raise HandoffError(f"shard {s['file']} does not read as safetensors ({str(e)[:200]}), and {INDEX} "
+                               f"lists its sha256; copy {INDEX} again from the machine that packed it, and "
+                               "the shards") from None  # fmt: skip
     out = {}
     for name, entry in index["tensors"].items():
         try:
@@ -415,12 +307,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
     weights = _weights(src, index)
-    try:
-        state = json.loads(index["files"].get("checkpoint/trainer_state.json", {}).get("text", "{}"))
-        step_dir = f"step-{int(state.get('step', 0)):08d}"
-    except (ValueError, TypeError, AttributeError) as e:  # its sha256 matched: edited with it, by hand
-        raise HandoffError(f"{src / INDEX}: checkpoint/trainer_state.json has no step ({e}); copy {INDEX} "
-                           "again from the machine that packed it") from None  # fmt: skip
+    step = packed_step(index)  # checked by verify
+    step_dir = f"step-{step:08d}"
 
     def fill(tmp: Path) -> None:
         ckpt = tmp / "checkpoints" / step_dir
@@ -443,7 +331,7 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
 
     write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
-        f"{state.get('step', '?')}")  # fmt: skip
+        f"{step}")  # fmt: skip
     return out / "checkpoints" / step_dir
 
 
