@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,45 @@ def test_vary_origin_joins_what_an_answer_already_varies_by():
     assert _varying_by_origin([(b"Vary", b"Accept-Encoding")]) == [(b"vary", b"Accept-Encoding, Origin")]
     kept = [(b"vary", b"accept, origin")]
     assert _varying_by_origin(kept) == kept
+
+
+def test_no_request_waits_on_litestars_worker_threads(bundles_dir: Path):
+    """Litestar runs a sync hook or guard on a worker thread: a hand-off there and back for every answer.
+    Ours are coroutines, so a scoring request, a probe and the 404 the after-request hook rewrites (with
+    --api-key, whose guard sees every request) never touch Litestar's executor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from litestar.concurrency import set_asyncio_executor
+    from litestar.testing import TestClient
+
+    from app.http.server import create_app
+    from app.settings import Settings
+
+    class Counting(ThreadPoolExecutor):
+        calls = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            Counting.calls += 1
+            return super().submit(fn, *args, **kwargs)
+
+    executor = Counting(max_workers=1)
+    set_asyncio_executor(executor)
+    try:
+        app = create_app(Settings(models_dir=bundles_dir, api_key="k", ui=False))
+        with TestClient(app) as c:
+            c.headers["x-api-key"] = "k"
+            for _ in range(300):
+                if c.get("/ready").status_code == 200:
+                    break
+                time.sleep(0.1)
+            assert c.post("/detect", json={"text": "a cat sat"}).status_code == 200
+            assert c.post("/classify", json={"texts": ["a cat", "a dog"]}).status_code == 200
+            assert c.get("/health").status_code == 200
+            missing = c.get("/schema/nothing-here")
+            assert missing.status_code == 404 and missing.headers["content-type"].startswith(
+                "application/json"
+            )
+        assert Counting.calls == 0
+    finally:
+        set_asyncio_executor(None)
+        executor.shutdown()

@@ -13,7 +13,8 @@ from app.errors import AppError, ErrorType
 DOCS = "/schema"  # Litestar's OpenAPI path (app/http/server.py)
 
 
-def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    # Async: Litestar runs a sync guard on a worker thread, a hand-off for every request (server.py).
     # /schema: the page links to it, and a link cannot carry the key; it describes the API, nothing served.
     path = connection.scope["path"]
     if handler.opt.get("public") or path == DOCS or path.startswith(DOCS + "/") or has_api_key(connection):

@@ -87,8 +87,10 @@ def create_app(settings: Settings) -> Litestar:
     return app
 
 
-def _schema_not_found_as_json(response: Response) -> Response:
-    """Litestar answers an unknown path under /schema with an HTML page of its own: every 404 is JSON here."""
+async def _schema_not_found_as_json(response: Response) -> Response:
+    """Litestar answers an unknown path under /schema with an HTML page of its own: every 404 is JSON here.
+    Async, as every hook and guard here: Litestar runs a sync one on a worker thread, and that hand-off
+    there and back cost each answer 0.13-0.15 ms (docs/benchmarks.md, "Around inference")."""
     if response.status_code == 404 and response.media_type == MediaType.HTML:
         return error_response(AppError(ErrorType.NOT_FOUND, SCHEMA_NOT_FOUND))
     return response
