@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -219,9 +220,12 @@ def build_shards(
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built under a temporary name beside the target and renamed into place: a killed build leaves no
     # directory that a later run would mistake for complete.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the shards are meant to be shared by every rank and user
+    # Named before it is made, and made inside the try: a Ctrl-C (or SIGTERM raised as one) as mkdtemp
+    # returned left a directory nothing had a name for, so nothing removed it.
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
+        tmp.mkdir()
+        tmp.chmod(0o755)  # not the umask's: the shards are meant to be shared by every rank and user
         info = _write_rows(documents, tok, seq_len, tmp, desc, batch_size, mix)
         info = replace(info, path=str(out), source=source or "")
         meta = {k: v for k, v in asdict(info).items() if k != "path"}
