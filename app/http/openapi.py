@@ -11,6 +11,7 @@ from litestar.openapi.spec import OpenAPIHeader, OpenAPIMediaType, OpenAPIRespon
 
 from app import schemas
 from app.errors import STATUS, ErrorType
+from app.http.scoring import STAGES
 
 # A field `X | None` becomes oneOf [X, null]; msgspec's bounds of X (minItems, items, minimum, ...) land
 # beside that oneOf, where they apply to null too and code generators drop them. They belong to X.
@@ -68,7 +69,7 @@ _HEADERS = {
                     "queue, a model loading, a server draining)."),
     "www-authenticate": ("string", "`Bearer`: the API key goes in `authorization: Bearer KEY` (or x-api-key)."),
     **{f"x-{stage}-time": ("string", f"Milliseconds spent on {stage}, as a decimal.")
-       for stage in ("tokenization", "queue", "inference", "total")},
+       for stage in STAGES},
 }  # fmt: skip
 
 
@@ -99,7 +100,7 @@ def _describe_operation(responses: dict, timed: bool) -> None:
         if int(code) == STATUS[ErrorType.UNAUTHORIZED]:
             names.append("www-authenticate")
         if timed and code == "200":
-            names += [name for name in _HEADERS if name.endswith("-time")]
+            names += [f"x-{stage}-time" for stage in STAGES]
         answer.headers = {
             **(answer.headers or {}),
             **{n: Reference(ref=f"#/components/headers/{n}") for n in names},

@@ -31,6 +31,10 @@ async def offload(fn: Callable[[], T], chars: int) -> T:
     return fn() if chars <= OFFLOAD_ABOVE_CHARS else await asyncio.to_thread(fn)
 
 
+# Each stage's header, x-STAGE-time (ms), on every scored answer; the OpenAPI document names them from here.
+STAGES = ("tokenization", "queue", "inference", "total")
+
+
 @dataclass
 class Timings:
     start: float = field(default_factory=time.perf_counter)
