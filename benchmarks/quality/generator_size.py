@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.output import add_out_folder
+from benchmarks.output import add_out_folder, show_config
 from benchmarks.quality.pretrainkit import (
     latest_state,
     run_logged,
@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"config: {json.dumps(vars(args), default=str)}", flush=True)
-    (work / "generator_size_config.json").write_text(json.dumps(vars(args), indent=2, default=str) + "\n")
+    config = show_config("generator_size", args)
+    (work / "generator_size_config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer = shared_tokenizer("train", base, work, args.data_dir)
     vocab = tokenizer_info(tokenizer, base.lowercase)["vocab_size"]
     if args.skip_pretrain:
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     machine = {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "load_average_end": list(os.getloadavg())}  # fmt: skip
-    result = {"config": vars(args), "base_config": args.model_config, "machine": machine, "arms": rows}
+    result = {"config": config, "base_config": args.model_config, "machine": machine, "arms": rows}
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / "table.md").write_text(md)
     print(f"wrote {out / 'results.json'} and {out / 'table.md'}")

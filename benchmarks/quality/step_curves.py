@@ -16,7 +16,6 @@ Writes results.json, table.md and curves.png to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.output import add_out_folder, write_json
+from benchmarks.output import add_out_folder, show_config, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
 from training.config import PretrainConfig
@@ -169,7 +168,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"step_curves configuration: {json.dumps(vars(args), default=str)}", flush=True)
+    config = show_config("step_curves", args)
     base = resolve(PretrainConfig, ["--config", args.config])
     tokenizer = shared_tokenizer(base.tokenizer, base, work, args.data_dir)
     trees = {"baseline": baseline_tree(args.baseline_rev, work), "current": REPO}
@@ -177,7 +176,7 @@ def main(argv=None) -> dict:
         arm: {s: curves(train(arm, trees[arm], s, tokenizer, args, work)) for s in args.seeds} for arm in ARMS
     }
     summary = compare(runs)
-    result = {"args": vars(args) | {"out": str(out)}, "runs": runs, "summary": summary,
+    result = {"args": config, "runs": runs, "summary": summary,
               "within_baseline_spread": {f: sum(r["within_baseline_spread"] for r in by.values()) / len(by)
                                          for f, by in summary.items()}}  # fmt: skip
     write_json(out / "results.json", result)

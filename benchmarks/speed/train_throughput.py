@@ -33,7 +33,7 @@ import torch
 
 from app.machine import cpu, describe_cpu
 from benchmarks import cli
-from benchmarks.output import add_out_file
+from benchmarks.output import add_out_file, show_config
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
@@ -382,7 +382,7 @@ def main(argv=None) -> None:
             config(VARIANTS[n], args.layers, args.seq_len, device)
     except ConfigError as e:
         p.error(str(e))
-    print(f"config: {json.dumps(vars(args), default=str)}", flush=True)
+    resolved = show_config("train_throughput", args)
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 64  # one compiled graph per variant, all in this process
     # The ceilings the chosen variants are read against, and only those: a CPU without native bf16 takes
@@ -404,7 +404,7 @@ def main(argv=None) -> None:
 
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)
-        out.write_text(json.dumps({"config": vars(args) | {"out": str(out)}, "shape": timed_shape, "device": where, "torch": torch.__version__,
+        out.write_text(json.dumps({"config": resolved, "shape": timed_shape, "device": where, "torch": torch.__version__,
                                    "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
                                    "complete": complete, "results": summary}, indent=2))  # fmt: skip
         return summary
