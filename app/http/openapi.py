@@ -88,13 +88,12 @@ def _describe_answers(app: Litestar) -> None:
 
 
 def _describe_operation(responses: dict, timed: bool) -> None:
-    for error in _ANY_PATH:
-        _add_error(responses, STATUS[error], error.value)
+    # The answers only the HTTP parser gives (made here, not by a route): they come before any request id.
+    by_parser = {code for e in _ANY_PATH if (code := _add_error(responses, STATUS[e], e.value))}
     for code, answer in responses.items():
         if not isinstance(answer, OpenAPIResponse):
             continue
-        only_parser = answer.description in {"error types: " + e.value for e in _ANY_PATH}
-        names = [] if only_parser else ["x-request-id"]
+        names = [] if code in by_parser else ["x-request-id"]
         if int(code) in _RETRY_AFTER and _is_error_body(answer):
             names.append("retry-after")
         if int(code) == STATUS[ErrorType.UNAUTHORIZED]:
@@ -107,8 +106,9 @@ def _describe_operation(responses: dict, timed: bool) -> None:
         }
 
 
-def _add_error(responses: dict, status: int, error: str) -> None:
-    """Adds `error` to the answer for `status`, making that answer (the one error shape) if there is none."""
+def _add_error(responses: dict, status: int, error: str) -> str | None:
+    """Adds `error` to the answer for `status`, making that answer (the one error shape) if there is none;
+    the status made, or None."""
     answer = responses.get(str(status))
     if isinstance(answer, OpenAPIResponse) and _is_error_body(answer):
         answer.description += ", " + error
@@ -117,6 +117,8 @@ def _add_error(responses: dict, status: int, error: str) -> None:
         responses[str(status)] = OpenAPIResponse(
             description="error types: " + error, content={"application/json": body}
         )
+        return str(status)
+    return None
 
 
 def _is_error_body(answer: OpenAPIResponse) -> bool:
