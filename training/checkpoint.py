@@ -12,7 +12,6 @@ import ctypes
 import errno
 import json
 import os
-import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from training.errors import (
     out_of_space,
     refuse_mount_point,
     remove_orphans,
+    sibling_temporary,
     write_text_atomically,
 )
 from training.model import (
@@ -438,10 +438,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     try:  # a disk with no block left fails already here, at the temporary directory
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(target)
-        # Named, and the name held, before the directory is made: with mkdtemp, a stop (SIGTERM raised as
-        # Ctrl-C, options.stopping) as it returned left a directory this had no name for, beside the target,
-        # while the command said nothing was written. 64 random bits: no other writer's name.
-        tmp = target.parent / f".{target.name}.pid{os.getpid()}.{secrets.token_hex(8)}"
+        tmp = sibling_temporary(target)
         # 0777 less the umask, not mkdtemp's private 0700: the result should read like any directory made
         # here (a bundle copied into an image is read by the server's own unprivileged user).
         tmp.mkdir()

@@ -12,6 +12,7 @@ import errno
 import glob
 import os
 import re
+import secrets
 import shutil
 from pathlib import Path
 
@@ -92,6 +93,14 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # it runs, as another user
         pass
     return True
+
+
+def sibling_temporary(target: Path) -> Path:
+    """The name of a directory to build `target` in, beside it: `.NAME.pidPID.HEX` (remove_orphans reads
+    the pid; 64 random bits make it no other writer's). Named before it is made, inside the caller's try:
+    with mkdtemp, a stop (SIGTERM raised as Ctrl-C, options.stopping) as it returned left a directory the
+    caller had no name for, and so never removed."""
+    return target.parent / f".{target.name}.pid{os.getpid()}.{secrets.token_hex(8)}"
 
 
 def remove_orphans(directory: Path, prefix: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -34,7 +33,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from training.data.tokenizer import special_ids, tokenizer_sha256
-from training.errors import disk_full, out_of_space
+from training.errors import disk_full, out_of_space, sibling_temporary
 
 __all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards", "rows_digest"]
 
@@ -220,9 +219,7 @@ def build_shards(
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built under a temporary name beside the target and renamed into place: a killed build leaves no
     # directory that a later run would mistake for complete.
-    # Named before it is made, and made inside the try: a Ctrl-C (or SIGTERM raised as one) as mkdtemp
-    # returned left a directory nothing had a name for, so nothing removed it.
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = sibling_temporary(out)
     try:
         tmp.mkdir()
         tmp.chmod(0o755)  # not the umask's: the shards are meant to be shared by every rank and user
