@@ -139,8 +139,7 @@ def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> Pretraini
     if env.agree(failure is not None):
         if failure is not None:
             raise failure
-        options.after_rank_0()
-        sys.exit(1)  # rank 0 says why
+        env.exit_behind_rank_0(1)  # rank 0 says why
     env.barrier()
     # Every rank reads what rank 0 wrote: on another node, only through storage they share.
     unseen = [p for p in (tok_dir / "tokenizer.json", run / "data" / "train") if not p.exists()]

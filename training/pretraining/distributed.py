@@ -6,10 +6,12 @@ import ctypes
 import os
 import signal
 import sys
+import typing
 
 import torch
 import torch.distributed as dist
 
+import options
 from training.config import ConfigError
 from training.run_dir import launch_command
 
@@ -37,6 +39,12 @@ class Dist:
     def launch_command(self) -> str:
         """The command that starts this run's processes again (torchrun's nodes and processes per node)."""
         return launch_command()
+
+    def exit_behind_rank_0(self, code: int) -> typing.NoReturn:
+        """Leave with `code` where rank 0 says why: after its head start (options.after_rank_0), so that
+        torchrun's report names rank 0's failure, with its message."""
+        options.after_rank_0()
+        sys.exit(code)
 
     def barrier(self) -> None:
         if self.world > 1:

@@ -307,8 +307,7 @@ class Trainer:
                 env.close()  # together, every rank
                 if failed is not None:
                     raise failed
-                options.after_rank_0()
-                sys.exit(1)  # rank 0 says why
+                env.exit_behind_rank_0(1)  # rank 0 says why
             reseed(cfg, env.rank, step)
         if self.evals_step == step and env.main:  # said after the save: the save matters more than the line
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
@@ -522,8 +521,7 @@ def setup(argv: list[str] | None) -> Trainer:
     if env.agree(problem is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
         env.close()
         if problem is None:
-            options.after_rank_0()
-            sys.exit(options.EXIT_USAGE)  # rank 0 says why
+            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
         options.usage_exit(f"error: {problem}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -577,8 +575,7 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.agree(full is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
             env.close()
             if full is None:
-                options.after_rank_0()
-                sys.exit(1)  # rank 0 says why
+                env.exit_behind_rank_0(1)  # rank 0 says why
             raise full
     except (CorpusError, ShardsError, TokenizerError, CheckpointError) as e:
         # The user's text (too little of it), tokenizer or checkpoint: an input to change, as fine-tuning's.
@@ -701,8 +698,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     if env.agree(problem is not None):
         env.close()
         if problem is None:
-            options.after_rank_0()
-            sys.exit(options.EXIT_USAGE)  # rank 0 says why
+            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
         options.usage_exit(f"error: --resume: {problem}; then resume")
     bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
