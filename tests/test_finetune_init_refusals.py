@@ -47,6 +47,9 @@ def edited(tiny_init: Path, where: Path, **fields) -> Path:
         ({"max_position_embeddings": 8}, "size mismatch for electra.embeddings.position_embeddings"),
         ({"layer_norm_eps": "x"}, "config.json: layer_norm_eps must be a number, got 'x'"),
         ({"embedding_size": None}, "config.json: embedding_size must be a whole number, got None"),
+        # Read off the annotations: the fields that may be null are checked too when they are not.
+        ({"quantization": 3}, "config.json: quantization must be an object, got 3"),
+        ({"problem_type": 1}, "config.json: problem_type must be text, got 1"),
         ({"type_vocab_size": 0}, "config.json: type_vocab_size must be positive, got 0"),
     ],
     ids=[
@@ -55,6 +58,8 @@ def edited(tiny_init: Path, where: Path, **fields) -> Path:
         "max_position_embeddings",
         "layer_norm_eps",
         "embedding_size null",
+        "quantization not an object",
+        "problem_type not text",
         "type_vocab_size 0",
     ],  # fmt: skip
 )

@@ -10,6 +10,9 @@ Shapes in comments: B batch, T sequence, E embedding size, H hidden size, nh hea
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -39,7 +42,7 @@ class ElectraConfig:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
-    pad_token_id: int = 0
+    pad_token_id: int | None = 0  # null in some Hugging Face configs: no padding embedding
     # Only used by sequence classification.
     id2label: dict[int, str] = field(default_factory=lambda: {0: "LABEL_0", 1: "LABEL_1"})
     problem_type: str | None = None  # single_label_classification | multi_label_classification | regression
@@ -74,17 +77,17 @@ class ElectraConfig:
     def _check_types(self) -> None:
         """Each field of the type its annotation says: a config.json edited by hand ("layer_norm_eps": "x",
         "embedding_size": null) failed at the first step, or in a comparison, far from the field."""
-        for f in fields(self):
-            value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
-            if kind is None or (value is None and f.name in _MAY_BE_NONE):
+        for name, (kind, may_be_none) in _field_types().items():
+            value = getattr(self, name)
+            if value is None and may_be_none:
                 continue
             whole = isinstance(value, int) and not isinstance(value, bool)
             if kind is int and not whole:
-                raise ValueError(f"{f.name} must be a whole number, got {value!r}")
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
             if kind is float and not (whole or isinstance(value, float)):
-                raise ValueError(f"{f.name} must be a number, got {value!r}")
+                raise ValueError(f"{name} must be a number, got {value!r}")
             if kind in (str, dict) and not isinstance(value, kind):
-                raise ValueError(f"{f.name} must be {'text' if kind is str else 'an object'}, got {value!r}")
+                raise ValueError(f"{name} must be {'text' if kind is str else 'an object'}, got {value!r}")
 
     @property
     def num_labels(self) -> int:
@@ -117,18 +120,18 @@ class ElectraConfig:
         )
 
 
-_INTS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-         "intermediate_size", "max_position_embeddings", "type_vocab_size", "pad_token_id", "trained_positions",
-         "fine_tuned_length")  # fmt: skip
-_FLOATS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range",
-           "classifier_dropout")  # fmt: skip
-_FIELD_TYPES = {
-    **dict.fromkeys(_INTS, int),
-    **dict.fromkeys(_FLOATS, float),
-    "hidden_act": str,
-    "id2label": dict,
-}
-_MAY_BE_NONE = ("pad_token_id", "trained_positions", "fine_tuned_length", "classifier_dropout")
+@functools.cache
+def _field_types() -> dict[str, tuple[type, bool]]:
+    """Each field's type as its annotation says it (dict[int, str] read as dict), and whether it may be
+    None: read off the class, so a field added there is checked without a table to keep beside it."""
+    out = {}
+    for name, hint in typing.get_type_hints(ElectraConfig).items():
+        kinds = (
+            typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        )
+        kind = next(k for k in kinds if k is not type(None))
+        out[name] = (typing.get_origin(kind) or kind, type(None) in kinds)
+    return out
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
