@@ -60,6 +60,10 @@ def test_page_is_served_and_no_ui_turns_it_off():
             todo += re.findall(r'^import .* from "\./([^"/]+)";$', (static / ref).read_text(), re.M)
         loaded.add(ref)
     assert loaded == set(_FILES)
+    # main.js's imports are preloaded beside it, all of them: one forgotten costs a round trip after
+    # main.js is parsed (two, for an import of an import) before the page can run.
+    preloaded = set(re.findall(r'<link rel="modulepreload" href="ui/([^"]+)">', html))
+    assert preloaded == {f for f in loaded if f.endswith(".js")} - {"main.js"}
     assert {p.name for p in static.iterdir()} == {"index.html", *_FILES}
 
 
