@@ -21,7 +21,7 @@ from export.config import ExportConfig
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
-from export.workdirs import work_dir
+from export.workdirs import temporaries_in, work_dir
 from options import ConfigError
 
 
@@ -99,7 +99,7 @@ def _export(src: _Source, log) -> dict:
 
     def fill(tmp: Path) -> None:
         nonlocal src
-        with work_dir("graphs") as work:
+        with work_dir("graphs") as work, temporaries_in(work):
             tokenizer_note = bundle_writer.write_tokenizer(src.ckpt, tmp / bundle_writer.TOKENIZER)
             _check_vocabulary(tmp / bundle_writer.TOKENIZER, src)
             src.precision.prepare(src, tmp / bundle_writer.TOKENIZER)

@@ -24,3 +24,17 @@ def work_dir(kind: str) -> Iterator[Path]:
     remove_orphans(root, PREFIX)
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}pid{os.getpid()}.{kind}-", dir=root) as d:
         yield Path(d)
+
+
+@contextlib.contextmanager
+def temporaries_in(directory: Path) -> Iterator[None]:
+    """Python's temporary directory is `directory` while the block runs. onnxruntime's quantizers write
+    the model again, and the calibration's augmented copy, into `ort.quant.*` directories of their own
+    in it: killed outright, an export left those in /tmp for good (a model's size or twice it each).
+    Inside a work_dir they go with it, at the next export."""
+    before = tempfile.tempdir
+    tempfile.tempdir = str(directory)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before

@@ -173,3 +173,33 @@ def test_a_killed_exports_scratch_directories_go_at_the_next_export(tmp_path, de
     ours = [n for n in seen if n.startswith("electra-export-")]  # the killed export's already gone
     assert ours and all(n.startswith(f"electra-export-pid{os.getpid()}.") for n in ours), seen
     assert [p.name for p in scratch.iterdir() if p.name.startswith("electra-export-")] == []
+
+
+@pytest.mark.parametrize("int8", ["dynamic", "static"])
+def test_onnxruntimes_quantizer_writes_its_copies_in_the_exports_scratch_directory(
+    tmp_path, detector_dir, monkeypatch, int8
+):
+    """onnxruntime's quantizers write the model again (static: and its calibration copy) into ort.quant.*
+    directories of their own in Python's temporary directory: an export killed there left them in /tmp
+    for good. They are made inside the export's pid-named scratch directory, which the next one sweeps."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    made: list[Path] = []
+    watching = True
+
+    def mkdirs(event: str, args: tuple) -> None:  # an audit hook stays for the process: inert after
+        if watching and event == "os.mkdir":
+            made.append(Path(os.fsdecode(args[0])))
+
+    sys.addaudithook(mkdirs)
+    try:
+        export(detector_dir, tmp_path / "b", precision="int8", int8=int8, calibrate=False)
+    finally:
+        watching = False
+    quantizers = [p for p in made if p.name.startswith(("ort.quant.", "pre.quant."))]
+    assert quantizers, made
+    for p in quantizers:
+        assert p.parent.parent == scratch, p
+        assert p.parent.name.startswith(f"electra-export-pid{os.getpid()}.graphs-"), p
+    assert [p.name for p in scratch.iterdir()] == []
