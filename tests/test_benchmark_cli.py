@@ -280,6 +280,26 @@ def test_a_load_step_that_mostly_failed_is_named_and_a_mix_names_its_endpoints()
     assert loadkit.mix_paths("detect:1,classify:0") == ["/detect"]
 
 
+@pytest.mark.parametrize(
+    "mix, says",
+    [
+        ("detect:1,search:2", "unknown request kind 'search'"),
+        ("detect:x", "weight of detect is not a number: 'x'"),
+        ("detect:-1,classify:1", "weight of detect must be >= 0, got -1"),
+        ("detect:nan", "weight of detect must be >= 0, got nan"),
+        ("detect:0,classify:0", "no request kind has a positive weight"),
+    ],
+)
+def test_a_bad_mix_is_refused_before_any_server_starts(mix, says, capsys):
+    """One reader for the drivers and the locustfile: a negative or all-zero --mix was found only by
+    locust's workers, after the models were built and the server was up."""
+    from benchmarks.load import soak
+
+    with pytest.raises(SystemExit) as refused:
+        soak.main(["--mix", mix])
+    assert refused.value.code == 2 and f"--mix: {says}" in capsys.readouterr().err
+
+
 def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):
     from benchmarks.load import load_profile, loadkit
 

@@ -25,6 +25,8 @@ import psutil
 
 from benchmarks.cli import detector_models, existing, positive_ints
 from benchmarks.load.loadmodels import REPO, WORK
+from benchmarks.load.mix import STANDARD as STANDARD_MIX  # noqa: F401 (the drivers' lk.STANDARD_MIX)
+from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (lk.mix_paths)
 from options import usage_exit
 
 LOCUSTFILE = REPO / "benchmarks" / "load" / "locustfile.py"
@@ -276,26 +278,9 @@ class Sampler:
 # ---------------------------------------------------------------------------------------------- locust
 
 
-STANDARD_MIX = "detect:6,detect_batch:2,classify:1,classify_batch:1"
-MIX_KINDS = ("detect", "detect_batch", "classify", "classify_batch")  # as in locustfile.KINDS
-
-
 def check_mix(spec: str) -> None:
     """Fail on a bad --mix before any server starts (importing the locustfile would patch with gevent)."""
-    for part in spec.split(","):
-        name, _, weight = part.strip().partition(":")
-        if name not in MIX_KINDS:
-            raise ValueError(f"--mix: unknown request kind {name!r}; known: {', '.join(MIX_KINDS)}")
-        try:
-            float(weight or 1)
-        except ValueError:
-            raise ValueError(f"--mix: weight of {name} is not a number: {weight!r}") from None
-
-
-def mix_paths(spec: str) -> list[str]:
-    """The endpoints a --mix sends to (kinds of weight 0 send nothing)."""
-    kinds = [part.strip().partition(":") for part in spec.split(",")]
-    return sorted({"/" + name.split("_")[0] for name, _, weight in kinds if float(weight or 1) > 0})
+    parse_mix(spec)
 
 
 API_KEY_ENV = "ELECTRA_API_KEY"  # the server's variable; the locustfile reads it too, to send the key

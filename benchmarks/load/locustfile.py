@@ -19,7 +19,7 @@ non-2xx answer (or a connection error, or an empty body) fails the request. `--u
 (the offered load is users x R while the server keeps up), each user on its own schedule with a random
 phase; 0, the default, sends the next request as soon as the last one is answered (closed loop: the
 server's saturation).
-Only stdlib and locust are imported here.
+Only stdlib, locust and benchmarks/load/mix.py (stdlib) are imported here.
 """
 
 from __future__ import annotations
@@ -33,12 +33,8 @@ from pathlib import Path
 import gevent
 from locust import FastHttpUser, events, task
 
-KINDS = {
-    "detect": ("/detect", False),
-    "detect_batch": ("/detect", True),
-    "classify": ("/classify", False),
-    "classify_batch": ("/classify", True),
-}
+from benchmarks.load.mix import KINDS, parse_mix  # run from the repository root, as the drivers do
+
 _SENTENCES: list[str] = []
 _MIX: list[tuple[str, float]] = []
 
@@ -63,22 +59,6 @@ def _arguments(parser) -> None:
     group.add_argument(
         "--spawned-file", default="", help="write the time (unix s) every user was spawned, once they are"
     )
-
-
-def parse_mix(spec: str) -> list[tuple[str, float]]:
-    out = []
-    for part in spec.split(","):
-        name, _, weight = part.strip().partition(":")
-        if name not in KINDS:
-            raise ValueError(f"--mix: unknown request kind {name!r}; known: {', '.join(KINDS)}")
-        w = float(weight or 1)
-        if w < 0:
-            raise ValueError(f"--mix: weight of {name} must be >= 0, got {w}")
-        if w > 0:
-            out.append((name, w))
-    if not out:
-        raise ValueError("--mix: no request kind has a positive weight")
-    return out
 
 
 @events.init.add_listener
