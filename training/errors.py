@@ -122,14 +122,15 @@ def refuse_mount_point(target: Path, label: str = "") -> None:
 
 
 def refuse_file_in_path(target: Path, label: str = "") -> None:
-    """A CheckpointError where a file stands where one of `target`'s parent directories would be: making
-    them (mkdir parents=True) fails there with a bare FileExistsError or NotADirectoryError, found only at
-    the write, after the work."""
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise CheckpointError(f"{label}{target}: {parent} is a file, not a directory; choose another "
-                                      f"{label.strip() or 'directory'}")  # fmt: skip
+    """A CheckpointError where a file stands at `target`, or where one of its parent directories would be:
+    making them (mkdir parents=True) or renaming a directory into its place fails there with a bare
+    FileExistsError or NotADirectoryError, found only at the write, after the work."""
+    instead = f"choose another {label.strip() or 'directory'}"
+    for path in (target, *target.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == target else f": {path}"
+                raise CheckpointError(f"{label}{target}{where} is a file, not a directory; {instead}")
             return
 
 
