@@ -191,9 +191,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     try:
         disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
     except RuntimeError as e:  # a size of manifest.json's config (hidden_size, vocab_size) not the graph's
-        mismatch = next(
-            (line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e)[:300]
-        )
+        mismatch = (ckpt.size_mismatches(e) or [str(e)[:300]])[0]
         raise InputError(f"{bundle}: the graph's tensors are not the sizes of manifest.json's source.config "
                          f"({mismatch}); {_RESTORE}") from None  # fmt: skip
     # Before the parity check (seconds): its result could not be written anyway.
