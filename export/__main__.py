@@ -21,11 +21,10 @@ from export.bundle_writer import (
     MANIFEST,
     TRITON_CONFIG,
     TRITON_FILES,
-    others_in,
 )
 from export.config import ExportConfig
 from options.stopping import signal_number, stop_as_ctrl_c
-from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, check_replaceable
 
 PROG = "python -m export"
 
@@ -43,10 +42,9 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         cfg.triton = cfg.out + "-triton"
     if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
         cfg.triton = os.path.abspath(cfg.triton)
-        repo = Path(cfg.triton)
-        if repo.exists() and not repo.is_dir():
-            raise options.ConfigError(f"--triton {repo} is a file; a Triton model repository is a directory: "
-                                      "choose another --triton")  # fmt: skip
+        repo = Path(
+            cfg.triton
+        )  # a file there is said by _check_replaceable, on the way to the model directory
         model_dir = repo / out.name
         if _overlap(model_dir, out) or _overlap(repo, out):
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
@@ -63,33 +61,12 @@ def _check_replaceable(
     target: Path, flag: str, cfg: ExportConfig, own: tuple, marker: str, what: str
 ) -> None:
     """`target` may be written (built beside it, swapped into its place): new, empty, or with --force an
-    earlier export's `what` holding only its `own` files. A file on the way, a mount point, or the checkpoint
-    inside it would only be found at the write, after the work, or be deleted by it."""
-    if target.exists() and not target.is_dir():  # --force replaces a bundle, never a file
-        raise options.ConfigError(f"{flag} {target} is a file, where the {what} (a directory) would be written: "
-                                  f"choose another {flag}")  # fmt: skip
+    earlier export's `what` holding only its `own` files, and not the checkpoint being exported."""
     try:
-        refuse_file_in_path(target, f"{flag} ")
-        # And before "not empty": a volume's root holds lost+found, and --force would not help.
-        refuse_mount_point(target, f"{flag} ")
+        check_replaceable(target, flag, what, own, force=cfg.force, marker=marker,
+                          source=(Path(cfg.checkpoint), "the checkpoint being exported"))  # fmt: skip
     except CheckpointError as e:
         raise options.ConfigError(str(e)) from None
-    here = Path(cfg.checkpoint).resolve()
-    if target.resolve() == here or target.resolve() in here.parents:  # --force would delete what is exported
-        raise options.ConfigError(f"{flag} {target} holds the checkpoint being exported ({cfg.checkpoint}): "
-                                  f"choose another {flag}")  # fmt: skip
-    held = ", ".join(sorted(p.name for p in target.iterdir())[:4]) if target.is_dir() else ""
-    if held and not cfg.force:
-        raise options.ConfigError(
-            f"{flag} {target} is not empty (it holds {held}); pass --force to replace it"
-        )
-    if held and not (target / marker).is_file():
-        raise options.ConfigError(f"{flag} {target} holds {held} and no {what} (no {marker}): --force replaces "
-                                  f"a {what}, never other files; choose another {flag}")  # fmt: skip
-    if held and (others := others_in(target, own)):
-        raise options.ConfigError(f"{flag} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
-                                  f"({', '.join(f for f in own if '/' not in f)}), and --force replaces the "
-                                  f"directory whole: move them out, or choose another {flag}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

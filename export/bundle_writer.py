@@ -14,7 +14,7 @@ FORMAT_VERSION = 1
 MODEL, TOKENIZER, MANIFEST = FILES
 EXPORT_CONFIG = "export_config.json"
 # Everything an export writes into --out and into a Triton model directory: --force replaces these and
-# nothing else (others_in).
+# nothing else (training.errors.check_replaceable, others_in).
 BUNDLE_FILES = (*FILES, EXPORT_CONFIG)
 TRITON_CONFIG = "config.pbtxt"
 TRITON_FILES = (TRITON_CONFIG, TOKENIZER, "1", f"1/{MODEL}")
@@ -22,24 +22,7 @@ TRITON_FILES = (TRITON_CONFIG, TOKENIZER, "1", f"1/{MODEL}")
 # the message must say so (python -m export's main).
 BUNDLE_WRITTEN = "bundle_written"
 
-__all__ = ["BundleError", "others_in", "verify_bundle", "write_manifest", "write_tokenizer", "write_triton"]
-
-
-def others_in(directory: Path, own: tuple[str, ...]) -> list[str]:
-    """What `directory` holds besides `own` (paths relative to it, a foreign directory named once): what
-    --force must not replace. The directory is written whole (built beside it, swapped into its place), so
-    anything left here would be deleted with the old bundle."""
-    if not directory.is_dir():
-        return []
-    found, todo = [], [directory]
-    while todo:
-        for p in sorted(todo.pop().iterdir()):
-            rel = p.relative_to(directory).as_posix()
-            if rel not in own:
-                found.append(rel)
-            elif p.is_dir() and not p.is_symlink():
-                todo.append(p)
-    return sorted(found)
+__all__ = ["BundleError", "verify_bundle", "write_manifest", "write_tokenizer", "write_triton"]
 
 
 def verify_bundle(directory: str | Path) -> dict:

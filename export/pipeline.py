@@ -93,6 +93,7 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
 
 def _export(src: _Source, log) -> dict:
     from training.checkpoint import write_atomically
+    from training.errors import others_in
 
     cfg = src.cfg
     result: dict = {}
@@ -138,7 +139,7 @@ def _export(src: _Source, log) -> dict:
         (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(_portable(resolved), indent=2) + "\n")
         # Checked at the start (python -m export); again at the last moment before the swap, which deletes
         # whatever the old directory holds: a file put there during the minutes of the export.
-        if others := bundle_writer.others_in(Path(cfg.out), bundle_writer.BUNDLE_FILES):
+        if others := others_in(Path(cfg.out), bundle_writer.BUNDLE_FILES):
             raise ConfigError(f"--out {cfg.out} holds {', '.join(others[:5])}, put there during the export, and the "
                               "bundle replaces --out whole: move them out and export again")  # fmt: skip
 

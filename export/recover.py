@@ -32,7 +32,7 @@ from app.model.bundle import BundleError, read_bundle
 from export.optimize import QUANTIZE_DYNAMIC, QUANTIZE_STATIC
 from options import option
 from options.stopping import signal_number, stop_as_ctrl_c
-from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, check_replaceable
 
 
 class InputError(ValueError):
@@ -166,7 +166,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     from training.model import ElectraForPreTraining
 
     out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
-    _check_out(out)
+    _check_out(out, bundle)
     read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
@@ -191,9 +191,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     try:
         disc.load_state_dict({k: torch.tensor(weights[k]) for k in own})
     except RuntimeError as e:  # a size of manifest.json's config (hidden_size, vocab_size) not the graph's
-        mismatch = next(
-            (line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e)[:300]
-        )
+        mismatch = (ckpt.size_mismatches(e) or [str(e)[:300]])[0]
         raise InputError(f"{bundle}: the graph's tensors are not the sizes of manifest.json's source.config "
                          f"({mismatch}); {_RESTORE}") from None  # fmt: skip
     # Before the parity check (seconds): its result could not be written anyway.
@@ -284,19 +282,14 @@ def _check_recoverable(bundle: Path, manifest: dict) -> None:
                          "recovered: export the checkpoint so, or recover another bundle of it")  # fmt: skip
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, bundle: Path) -> None:
     """--out is replaced whole (built beside it, renamed into its place): only where it holds nothing but an
-    earlier recovery's files, and is not a mount point (which cannot be renamed)."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a directory")
-    refuse_file_in_path(out, "--out ")  # a CheckpointError, as below
-    if not out.is_dir():
-        return
-    refuse_mount_point(out, "--out ")  # a CheckpointError: a ValueError, as the others here
-    others = sorted(p.name for p in out.iterdir() if p.name not in RECOVERED_FILES)
-    if others:
-        raise InputError(f"--out {out} holds {', '.join(others[:3])}, not a recovered checkpoint's; writing it would "
-                         "replace them: give a new directory")  # fmt: skip
+    earlier recovery's files, which are replaced unasked (there is no --force), and not the bundle."""
+    try:
+        check_replaceable(out, "--out", "recovered checkpoint", RECOVERED_FILES, force=True, force_flag=None,
+                          source=(bundle, "the bundle being recovered"))  # fmt: skip
+    except CheckpointError as e:
+        raise InputError(str(e)) from None
 
 
 def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:

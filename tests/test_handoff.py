@@ -150,11 +150,11 @@ def test_an_out_that_cannot_be_written_or_must_not_be_replaced_is_refused(detect
     assert main(["pack", str(detector), "--out", str(packed)]) == 0
     (tmp_path / "file").write_text("mine")
     for argv, said in [
-        (["pack", str(detector), "--out", str(tmp_path / "file")], "is a file; give a directory"),
+        (["pack", str(detector), "--out", str(tmp_path / "file")], "is a file, not a directory"),
         (["unpack", str(packed), "--out", str(tmp_path / "file" / "run")], "is a file, not a directory"),
         (["unpack", str(packed), "--out", str(packed), "--force"], "holds the handoff being unpacked"),
         (["unpack", str(packed), "--out", str(tmp_path), "--force"], "holds the handoff being unpacked"),
-        (["unpack", str(packed), "--out", str(detector), "--force"], "never another run or other files"),
+        (["unpack", str(packed), "--out", str(detector), "--force"], "and no unpacked run (no handoff.json)"),
     ]:
         capsys.readouterr()
         assert main(argv) == 2, argv
@@ -166,7 +166,7 @@ def test_an_out_that_cannot_be_written_or_must_not_be_replaced_is_refused(detect
     (run / "notes.txt").write_text("mine")
     capsys.readouterr()
     assert main(["unpack", str(packed), "--out", str(run), "--force"]) == 2
-    assert "holds notes.txt besides an unpacked run's own files" in capsys.readouterr().err
+    assert "holds notes.txt besides the unpacked run's own files" in capsys.readouterr().err
     assert (run / "notes.txt").read_text() == "mine"
 
 

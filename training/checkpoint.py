@@ -292,13 +292,20 @@ def load_weights_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], origi
         )
 
 
+def size_mismatches(e: RuntimeError) -> list[str]:
+    """The lines of load_state_dict's RuntimeError that name a tensor of another shape than the model's
+    ("size mismatch for NAME: copying a param with shape ..."): torch puts every one in a single message,
+    a line each, under a header naming the model class."""
+    return [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+
+
 def _load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], origin: str) -> tuple[list, list]:
     """load_state_dict(strict=False)'s (missing, unexpected); a CheckpointError naming the tensors whose
     shape config.json does not give (an edited intermediate_size, vocab_size, max_position_embeddings)."""
     try:
         return model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # a tensor of another shape: torch lists every one, a line each
-        shapes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        shapes = size_mismatches(e)
         if not shapes:
             raise
         hint = (" (a classifier's head has a row per label: config.json's id2label and num_labels must "

@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -122,15 +123,80 @@ def refuse_mount_point(target: Path, label: str = "") -> None:
 
 
 def refuse_file_in_path(target: Path, label: str = "") -> None:
-    """A CheckpointError where a file stands where one of `target`'s parent directories would be: making
-    them (mkdir parents=True) fails there with a bare FileExistsError or NotADirectoryError, found only at
-    the write, after the work."""
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise CheckpointError(f"{label}{target}: {parent} is a file, not a directory; choose another "
-                                      f"{label.strip() or 'directory'}")  # fmt: skip
+    """A CheckpointError where a file stands at `target`, or where one of its parent directories would be:
+    making them (mkdir parents=True) or renaming a directory into its place fails there with a bare
+    FileExistsError or NotADirectoryError, found only at the write, after the work."""
+    instead = f"choose another {label.strip() or 'directory'}"
+    for path in (target, *target.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == target else f": {path}"
+                raise CheckpointError(f"{label}{target}{where} is a file, not a directory; {instead}")
             return
+
+
+def others_in(directory: Path, own: Collection[str]) -> list[str]:
+    """What `directory` holds besides `own` (paths relative to it, a foreign directory named once): what
+    replacing it whole (built beside it, swapped into its place) would delete. A directory named in `own`
+    is the tool's whole (an unpacked run's checkpoints/), unless `own` names paths inside it (a Triton
+    model's 1/model.onnx): then what else it holds is named too."""
+    if not directory.is_dir():
+        return []
+    found, todo = [], [directory]
+    while todo:
+        for p in sorted(todo.pop().iterdir()):
+            rel = p.relative_to(directory).as_posix()
+            if rel not in own:
+                found.append(rel)
+            elif p.is_dir() and not p.is_symlink() and any(o.startswith(f"{rel}/") for o in own):
+                todo.append(p)
+    return sorted(found)
+
+
+def check_replaceable(
+    target: Path,
+    option: str,
+    what: str,
+    own: Collection[str] = (),
+    *,
+    force: bool = False,
+    force_flag: str | None = "--force",
+    marker: str | None = None,
+    source: tuple[Path, str] | None = None,
+) -> None:
+    """A CheckpointError unless `target`, given as `option` ("--out"), may be written whole: built beside
+    it and renamed into its place, which deletes all it held. It may be absent or empty; or, with `force`,
+    hold an earlier `what` (a "bundle") with its `marker` file and nothing besides its `own` files.
+    `force_flag` is the option that asks for that; None where the command has none: with `force`, it
+    replaces its own earlier output unasked (export.recover), without, it writes only where nothing is
+    (handoff pack). `source` is what the command reads, with the words that name it ("the checkpoint being
+    exported"): the target must not hold it. Checked at the start: found at the write, each of these would
+    cost the work, or delete what the target held."""
+    instead = f"choose another {option}"
+    refuse_file_in_path(target, f"{option} ")
+    # Before "not empty": a volume's root holds lost+found, and --force would not help.
+    refuse_mount_point(target, f"{option} ")
+    if source is not None:
+        read = Path(os.path.realpath(source[0]))
+        if Path(os.path.realpath(target)) in (read, *read.parents):  # the swap would delete what is read
+            raise CheckpointError(f"{option} {target} holds {source[1]} ({source[0]}): {instead}")
+    held = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+    if not held:
+        return
+    shown = ", ".join(held[:4])
+    if not force:
+        asked = f"pass {force_flag} to replace it" if force_flag else instead
+        raise CheckpointError(f"{option} {target} is not empty (it holds {shown}); {asked}")
+    replaces = force_flag or f"writing the {what}"
+    if marker is not None and not (target / marker).is_file():
+        a = "an" if what[:1].lower() in "aeiou" else "a"
+        raise CheckpointError(f"{option} {target} holds {shown} and no {what} (no {marker}): {replaces} "
+                              f"replaces {a} {what}, never other files; {instead}")  # fmt: skip
+    if others := others_in(target, own):
+        named = ", ".join(sorted(f for f in own if "/" not in f))
+        raise CheckpointError(f"{option} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
+                              f"({named}), and {replaces} replaces the directory whole: move them out, or "
+                              f"{instead}")  # fmt: skip
 
 
 def link_or_copy(src: str, dst: str) -> None:

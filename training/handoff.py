@@ -34,7 +34,7 @@ import options
 from options import check_choices, option
 from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
-from training.errors import CheckpointError, DiskFullError, refuse_file_in_path, refuse_mount_point
+from training.errors import CheckpointError, DiskFullError, check_replaceable
 from training.handoff_index import (
     CHECKPOINT_FILES,
     DTYPES,
@@ -162,10 +162,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
     from training.checkpoint import save_tensors, write_atomically
 
     run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
-    _refuse_file(out)
-    refuse_mount_point(out, "--out ")
-    if out.exists() and any(out.iterdir()):
-        raise HandoffError(f"--out {out} is not empty; give a new directory")
+    _check_out(out, "handoff", force_flag=None)  # no --force: a handoff is written only where none is
     ckpt, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
@@ -287,22 +284,10 @@ def _weights(directory: Path, index: dict) -> dict:
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
     src, out = Path(cfg.handoff), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
-    _refuse_file(out)
-    refuse_mount_point(out, "--out ")  # first: a volume's root holds lost+found, and --force would not help
-    here = Path(os.path.realpath(src))
-    if Path(os.path.realpath(out)) in (here, *here.parents):  # --force would delete the shards it reads
-        raise HandoffError(f"--out {out} holds the handoff being unpacked ({src}); give another directory")
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if held and not cfg.force:
-        raise HandoffError(f"--out {out} is not empty; pass --force to replace it")
     # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
     # and data, and a process still training into it would write into a directory swapped away.
-    if held and not (out / INDEX).is_file():
-        raise HandoffError(f"--out {out} holds {', '.join(held[:4])} and no {INDEX}: --force replaces a run "
-                           "unpacked from a handoff, never another run or other files; give a new directory")  # fmt: skip
-    if others := [n for n in held if n not in UNPACKED]:
-        raise HandoffError(f"--out {out} holds {', '.join(others[:4])} besides an unpacked run's own files, and "
-                           "--force replaces the directory whole: move them out, or give a new directory")  # fmt: skip
+    _check_out(out, "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
+               source=(src, "the handoff being unpacked"))  # fmt: skip
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
@@ -335,12 +320,12 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     return out / "checkpoints" / step_dir
 
 
-def _refuse_file(out: Path) -> None:
-    """A HandoffError where --out, or a directory on its way, is a file: making it would fail at the write
-    with a bare NotADirectoryError or FileExistsError."""
-    if out.exists() and not out.is_dir():
-        raise HandoffError(f"--out {out} is a file; give a directory")
-    refuse_file_in_path(out, "--out ")
+def _check_out(out: Path, what: str, own=(), **how) -> None:
+    """A HandoffError where --out cannot be written whole (training.errors.check_replaceable says why)."""
+    try:
+        check_replaceable(out, "--out", what, own, **how)
+    except CheckpointError as e:
+        raise HandoffError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -7,10 +7,9 @@ asked, the last what a flood of connections looks like while it lasts."""
 
 from __future__ import annotations
 
-import json
-
 from app import request_context
 from app.errors import ErrorType
+from app.http.errors import send_refusal
 from app.metrics import Metrics
 from app.scheduling.server_load import ServerLoad
 
@@ -21,19 +20,17 @@ def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
     """`app` wrapped: a request on a connection that brings the open ones to `limit` (its own counted)
     gets the 503, as uvicorn's limit did; every other scope passes through."""
     message = f"the server holds its --limit-concurrency of {limit} open connections; retry shortly"
-    body = json.dumps({"error": {"type": ErrorType.UNAVAILABLE.value, "message": message, "field": None}})
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", b"1"), (b"connection", b"close"), (b"x-content-type-options", b"nosniff")]  # fmt: skip
+    # Outside every middleware: what server._observe gives the others (nosniff, x-request-id) is sent here.
+    head = ((b"retry-after", b"1"), (b"connection", b"close"), (b"x-content-type-options", b"nosniff"))
 
     async def limited(scope, receive, send) -> None:
         if scope["type"] != "http" or load.connections < limit or scope["path"] in PROBES:
             return await app(scope, receive, send)
         metrics.requests.labels("other", "", "503").inc()
-        metrics.rejected.labels(reason="connection_limit").inc()
         # Its x-request-id as every routed answer's (this one never reaches the router's middleware): the
         # client's log line and the server's can be matched. No line is written of it but the counters.
         rid = (b"x-request-id", request_context.incoming_id(scope))
-        await send({"type": "http.response.start", "status": 503, "headers": [*head, rid]})
-        await send({"type": "http.response.body", "body": body.encode()})
+        await send_refusal(send, metrics, ErrorType.UNAVAILABLE, message, None, reason="connection_limit",
+                           headers=(*head, rid))  # fmt: skip
 
     return limited

@@ -35,13 +35,25 @@ def error_response(err: AppError) -> Response[dict[str, Any]]:
     return Response(body, status_code=STATUS[err.type], headers=err.headers, media_type="application/json")
 
 
-async def send_refusal(send, metrics, kind: ErrorType, message: str, field: str | None) -> None:
+async def send_refusal(
+    send,
+    metrics,
+    kind: ErrorType,
+    message: str,
+    field: str | None,
+    *,
+    reason: str | None = None,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
     """The one error shape, sent as raw ASGI messages and counted by reason: for what is answered ahead of
-    Litestar's router (a CORS preflight, a Host header), where no exception handler runs."""
-    metrics.rejected.labels(reason=kind.value).inc()
+    Litestar's router (a CORS preflight, a Host header, the connection limit), where no exception handler
+    runs. `reason` is the label it is counted under where `kind` says too little (connection_limit, an
+    unavailable); `headers` go after content-type and content-length, for what no middleware around the
+    sender adds (the connection limit answers outside them all)."""
+    metrics.rejected.labels(reason=reason or kind.value).inc()
     error = {"type": kind.value, "message": message, "field": field}
     body = json.dumps({"error": error}, separators=(",", ":")).encode()
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     await send({"type": "http.response.start", "status": STATUS[kind], "headers": head})
     await send({"type": "http.response.body", "body": body})
 

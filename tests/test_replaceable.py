@@ -1,0 +1,102 @@
+"""training.errors.check_replaceable: the one check of "may this directory be written whole (built beside
+it and renamed into its place)?" that python -m export (--out, --triton), export.recover and
+training.handoff (pack, unpack) make before any work. Each refusal once, on a real file system; a mount
+point is tested through export (test_export_refuses_a_mount_point_as_out_before_any_work), the callers'
+own wording in their tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.errors import CheckpointError, check_replaceable, others_in
+
+OWN = ("manifest.json", "model.onnx", "1", "1/model.onnx")
+
+
+def _refusal(target: Path, **how) -> str:
+    with pytest.raises(CheckpointError) as e:
+        check_replaceable(target, "--out", "bundle", OWN, **how)
+    return str(e.value)
+
+
+def test_a_file_at_the_target_or_on_its_way_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    said = _refusal(tmp_path / "afile", force=True)
+    assert said == f"--out {tmp_path / 'afile'} is a file, not a directory; choose another --out"
+    said = _refusal(tmp_path / "afile" / "b" / "c")
+    assert said == (f"--out {tmp_path / 'afile' / 'b' / 'c'}: {tmp_path / 'afile'} is a file, not a directory; "
+                    "choose another --out")  # fmt: skip
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_target_holding_what_is_read_is_refused_even_with_force(tmp_path):
+    """The swap would delete what the command reads: the directory itself, or one above it."""
+    source = tmp_path / "run" / "checkpoints"
+    source.mkdir(parents=True)
+    for target in (source, tmp_path / "run"):
+        said = _refusal(target, force=True, source=(source, "the checkpoint being exported"))
+        assert said == f"--out {target} holds the checkpoint being exported ({source}): choose another --out"
+
+
+def test_a_directory_with_anything_in_it_is_refused_without_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    said = _refusal(out)
+    assert said == f"--out {out} is not empty (it holds manifest.json); pass --force to replace it"
+    # A command with no --force that replaces nothing (handoff pack).
+    said = _refusal(out, force_flag=None)
+    assert said == f"--out {out} is not empty (it holds manifest.json); choose another --out"
+
+
+def test_force_replaces_only_an_earlier_output_of_the_same_kind(tmp_path):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "thesis.txt").write_text("precious")
+    said = _refusal(out, force=True, marker="manifest.json")
+    assert said == (f"--out {out} holds thesis.txt and no bundle (no manifest.json): --force replaces a bundle, "
+                    "never other files; choose another --out")  # fmt: skip
+    with pytest.raises(CheckpointError, match="and no unpacked run .*: --force replaces an unpacked run,"):
+        check_replaceable(out, "--out", "unpacked run", force=True, marker="handoff.json")
+
+
+def test_files_besides_its_own_are_refused_even_with_force(tmp_path):
+    """Named to the depth the command's own files go: inside 1/, whose model.onnx is its own."""
+    out = tmp_path / "out"
+    (out / "1").mkdir(parents=True)
+    for name in ("manifest.json", "model.onnx", "1/model.onnx", "NOTES.md", "1/extra.bin"):
+        (out / name).write_text("x")
+    said = _refusal(out, force=True, marker="manifest.json")
+    assert said == (f"--out {out} holds 1/extra.bin, NOTES.md besides the bundle's own files (1, manifest.json, "
+                    "model.onnx), and --force replaces the directory whole: move them out, or choose another "
+                    "--out")  # fmt: skip
+    # No --force (export.recover): an earlier output is replaced unasked, and nothing else.
+    with pytest.raises(CheckpointError, match="and writing the bundle replaces the directory whole"):
+        check_replaceable(out, "--out", "bundle", OWN, force=True, force_flag=None)
+    assert (out / "NOTES.md").read_text() == "x"
+
+
+def test_what_may_be_written_passes(tmp_path):
+    absent, empty, earlier = tmp_path / "new" / "out", tmp_path / "empty", tmp_path / "earlier"
+    empty.mkdir()
+    (earlier / "1").mkdir(parents=True)
+    for name in ("manifest.json", "model.onnx", "1/model.onnx"):
+        (earlier / name).write_text("x")
+    check_replaceable(
+        absent, "--out", "bundle", OWN, source=(tmp_path / "run", "the checkpoint being exported")
+    )
+    check_replaceable(empty, "--out", "bundle", OWN)
+    check_replaceable(earlier, "--out", "bundle", OWN, force=True, marker="manifest.json")
+    check_replaceable(earlier, "--out", "bundle", OWN, force=True, force_flag=None)
+
+
+def test_a_directory_among_own_names_is_owned_whole_unless_paths_inside_it_are_named(tmp_path):
+    """An unpacked run's checkpoints/ holds step directories no list can name; Triton's 1/ holds
+    model.onnx and nothing else of ours."""
+    (tmp_path / "checkpoints" / "step-00000010").mkdir(parents=True)
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.onnx").write_text("x")
+    (tmp_path / "1" / "theirs").write_text("x")
+    assert others_in(tmp_path, {"checkpoints", "1", "1/model.onnx"}) == ["1/theirs"]
