@@ -42,9 +42,8 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         cfg.triton = cfg.out + "-triton"
     if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
         cfg.triton = os.path.abspath(cfg.triton)
-        repo = Path(
-            cfg.triton
-        )  # a file there is said by _check_replaceable, on the way to the model directory
+        # A file here is refused by _check_replaceable, as one on the way to the model directory.
+        repo = Path(cfg.triton)
         model_dir = repo / out.name
         if _overlap(model_dir, out) or _overlap(repo, out):
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
