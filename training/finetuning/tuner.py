@@ -31,7 +31,7 @@ from training import finetune as entry
 from training import quantization, run_dir
 from training.config import FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
-from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
+from training.data.tokenizer import TokenizerError, fits_model, save_tokenizer, special_ids
 from training.errors import (
     DiskFullError,
     check_room,
@@ -61,8 +61,9 @@ from training.finetuning.metrics import (
     scalars,
     selection_key,
 )
+from training.finetuning.model import ARCH, init_classifier, init_tokenizer, refuse_other_families
 from training.finetuning.resume import EARLIER_SPELLING
-from training.model import ElectraForSequenceClassification, count_parameters, init_weights
+from training.model import ElectraForSequenceClassification, count_parameters
 from training.optim import (
     autocast_for,
     decays,
@@ -75,7 +76,6 @@ from training.optim import (
 from training.progress import progress_bar
 from training.report import MetricsLog, precision_reason
 
-ARCH = "ElectraForSequenceClassification"
 # What a run writes into --out; --overwrite replaces exactly these, never anything else. The progress files
 # go at the start; the model's stay until the final write replaces them, so a run that fails leaves the
 # previous model whole.
@@ -140,71 +140,6 @@ def layerwise_param_groups(
 # ------------------------------------------------------------------------------------ initialisation
 
 
-def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
-    """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
-    K = 1 if data.problem_type == REGRESSION else len(data.labels)
-    model, cfg, src = ckpt.load_model(init, architecture=ARCH, num_labels=K, fresh_head=True)
-    _, arch = ckpt.read_config(src)
-    notes = []
-    new_labels = dict(enumerate(data.labels))
-    if arch != ARCH:
-        notes.append(f"encoder from {src} ({arch}); new classification head with {K} output(s)")
-    elif cfg.num_labels != K:
-        old = cfg.num_labels
-        cfg.id2label = new_labels
-        model = ElectraForSequenceClassification(cfg)
-        init_weights(model, cfg.initializer_range)
-        encoder = {k: v for k, v in ckpt.read_weights(src).items() if k.startswith("electra.")}
-        ckpt.load_weights_into(
-            model.electra, {k.removeprefix("electra."): v for k, v in encoder.items()}, str(src)
-        )
-        notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
-                     "(classifier.*), keeping the encoder")  # fmt: skip
-    else:
-        old_names = list(cfg.id2label.values())
-        if set(old_names) == set(data.labels) and old_names != list(data.labels):
-            # Same classes, another order: permute the output rows so each label keeps what it learnt.
-            perm = torch.tensor([old_names.index(name) for name in data.labels])
-            with torch.no_grad():
-                model.classifier.out_proj.weight.copy_(model.classifier.out_proj.weight[perm])
-                model.classifier.out_proj.bias.copy_(model.classifier.out_proj.bias[perm])
-            notes.append(
-                f"kept the head of {src}, its outputs reordered from {old_names} to {list(data.labels)}"
-            )
-        elif old_names != list(data.labels):
-            notes.append(
-                f"kept the {K}-output head of {src}; its labels {old_names} are renamed {list(data.labels)}"
-            )
-        else:
-            notes.append(f"continuing from the classifier in {src} (same labels)")
-    cfg.id2label = new_labels
-    cfg.problem_type = data.problem_type
-    return model, src, notes
-
-
-def refuse_other_families(init: str) -> None:
-    """A ConfigError for an --init that pretraining takes and fine-tuning does not: a BERT-family encoder
-    (a directory, or a registry name). Fine-tuning builds an ELECTRA classifier on the weights as they are;
-    pretraining's --init maps such an encoder onto ELECTRA's shape, and its run is then a start here."""
-    from training.data.registry import REGISTRY
-
-    path = Path(init).expanduser()
-    if not path.exists() and any(name.startswith(f"{init}/") for name in REGISTRY):
-        what = f"{init} is a registry encoder, a start for pretraining"
-    else:
-        try:
-            model_type = ckpt.read_config_json(ckpt.resolve_checkpoint(path)).get("model_type", "electra")
-        except ckpt.CheckpointError:
-            return  # the load says what is wrong with it
-        if model_type == "electra":
-            return
-        what = f"{path}'s config.json has model_type {model_type!r}"
-    raise ConfigError(f"--init: {what}; fine-tuning takes ELECTRA checkpoints only (a run of ours, or a Hugging "
-                      "Face ELECTRA directory). Warm-start an ELECTRA pretraining run from it first: "
-                      f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune "
-                      "with --init RUN")  # fmt: skip
-
-
 def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[str]):
     """An init with int8 ranges in its config.json (a quantization-aware run, or a detector recovered from
     an int8 bundle) builds a model that simulates int8 whatever --qat said, and the fp32 export of it was
@@ -223,10 +158,6 @@ def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[st
     notes.append(f"the int8 ranges of {src} are dropped (--qat false): fine-tuning in fp32; an int8 export "
                  "calibrates its own")  # fmt: skip
     return plain
-
-
-def init_tokenizer(src: Path):
-    return load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
 
 
 # -------------------------------------------------------------------------------------- evaluation
