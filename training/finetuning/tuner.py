@@ -1,7 +1,9 @@
 """The fine-tuning run behind `python -m training.finetune` (training/finetune.py, whose docstring tells what
 it does and writes): options, data, model and tokenizer resolved, the FineTuner built by `setup`, and the
 loop of `run`. Apart from the entry point so that its --help and a mistyped flag answer without importing
-torch (what needs the other sources or several options, the resolved config, comes after)."""
+torch (what needs the other sources or several options, the resolved config, comes after). The model --init
+gives is model.py's, the learning rate of each layer layerwise_lr.py's, what the run writes into --out
+outputs.py's and its resume/ resume.py's."""
 
 from __future__ import annotations
 
