@@ -19,8 +19,9 @@ from training.checkpoint import commit_checkpoint, load_model
 from training.data.tokenizer import load_tokenizer
 from training.finetune import main as finetune
 from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.finetuning.layerwise_lr import layerwise_param_groups
 from training.finetuning.metrics import selection_key
-from training.finetuning.tuner import init_classifier, layerwise_param_groups
+from training.finetuning.model import init_classifier
 from training.model import (
     ElectraConfig,
     ElectraForSequenceClassification,

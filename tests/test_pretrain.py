@@ -197,7 +197,7 @@ def test_the_disk_check_counts_the_checkpoints_held_at_once(
     tmp_path, step, max_steps, save_every, keep, on_disk, more
 ):
     from training.config import PretrainConfig
-    from training.pretraining.trainer import checkpoints_to_fit
+    from training.pretraining.resume import checkpoints_to_fit
 
     for i in range(on_disk):
         (tmp_path / f"step-{i:08d}").mkdir()

@@ -351,7 +351,7 @@ def test_the_resumed_run_is_the_last_out_given_in_either_spelling(tmp_path):
 def test_out_is_kept_whole_and_a_resume_of_nothing_says_so(
     tmp_path, monkeypatch, small_corpus, small_tokenizer
 ):
-    from training.pretraining.trainer import resolve_config
+    from training.pretraining.run_config import resolve_config
 
     monkeypatch.chdir(tmp_path)
     assert resolve_config(["--out", "runs/a"])[0].out == str(tmp_path / "runs" / "a")

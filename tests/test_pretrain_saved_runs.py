@@ -43,7 +43,7 @@ def refused(argv: list[str], capsys) -> str:
 
 
 def test_the_saved_config_given_back_as_config_resolves_to_the_same_run(finished, tmp_path):
-    from training.pretraining.trainer import resolve_config
+    from training.pretraining.run_config import resolve_config
 
     saved = json.loads((finished / "config.json").read_text())
     again, _ = resolve_config(["--config", str(finished / "config.json"), "--out", str(tmp_path / "again")])

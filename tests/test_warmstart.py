@@ -144,7 +144,7 @@ def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
     with pytest.raises(CheckpointError, match=r"gpt/config\.json: model_type 'gpt2' is not supported"):
         resolve_warm_start(PretrainConfig(init=str(gpt)))
     # From the command line: a message and exit 2 (an --init to change), no traceback.
-    from training.pretraining.trainer import resolve_config
+    from training.pretraining.run_config import resolve_config
 
     with pytest.raises(SystemExit) as e:
         resolve_config(["--init", str(gpt), "--out", str(tmp_path / "run")])

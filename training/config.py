@@ -482,7 +482,9 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     lr: float = option(
         3e-4, "peak learning rate of the classifier head; lower layers get less (layerwise_lr_decay)"
     )
-    layerwise_lr_decay: float = option(0.8, "1.0 turns it off; see training/finetuning/tuner.py for the rule")
+    layerwise_lr_decay: float = option(
+        0.8, "1.0 turns it off; see training/finetuning/layerwise_lr.py for the rule"
+    )
     warmup_fraction: float = option(0.1, "of all training steps, then linear decay to zero")
     sort_by_length: bool = option(
         False, "batch similar lengths together (less padding; order still shuffled)"

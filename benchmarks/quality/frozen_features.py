@@ -138,7 +138,7 @@ def diagnose(checkpoint: str, data, max_seq_len: int, device: str = "cpu") -> di
     statistics and the probe on the CPU."""
     import torch
 
-    from training.finetuning.tuner import init_classifier, init_tokenizer
+    from training.finetuning.model import init_classifier, init_tokenizer
 
     torch.manual_seed(0)  # the classification head is built and never used: its draw must not vary
     model, src, _ = init_classifier(checkpoint, data)

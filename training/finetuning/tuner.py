@@ -1,17 +1,16 @@
 """The fine-tuning run behind `python -m training.finetune` (training/finetune.py, whose docstring tells what
 it does and writes): options, data, model and tokenizer resolved, the FineTuner built by `setup`, and the
 loop of `run`. Apart from the entry point so that its --help and a mistyped flag answer without importing
-torch (what needs the other sources or several options, the resolved config, comes after)."""
+torch (what needs the other sources or several options, the resolved config, comes after). The model --init
+gives is model.py's, the learning rate of each layer layerwise_lr.py's, what the run writes into --out
+outputs.py's and its resume/ resume.py's."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import random
-import re
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -31,15 +30,8 @@ from training import finetune as entry
 from training import quantization, run_dir
 from training.config import FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
-from training.data.tokenizer import TokenizerError, fits_model, load_tokenizer, save_tokenizer, special_ids
-from training.errors import (
-    DiskFullError,
-    check_room,
-    disk_full,
-    link_or_copy,
-    out_of_space,
-    refuse_mount_point,
-)
+from training.data.tokenizer import TokenizerError, fits_model, special_ids
+from training.errors import DiskFullError, disk_full, out_of_space
 from training.finetuning import resume
 from training.finetuning.data import (
     CLASSIFICATION,
@@ -52,20 +44,21 @@ from training.finetuning.data import (
     overlap_warnings,
     typed_special_tokens,
 )
+from training.finetuning.layerwise_lr import layerwise_param_groups
 from training.finetuning.metrics import (
     classification_metrics,
     format_report,
-    json_safe,
     regression_metrics,
     resolve_metric,
     scalars,
     selection_key,
 )
+from training.finetuning.model import init_classifier, init_tokenizer, refuse_other_families
+from training.finetuning.outputs import check_model_fits, check_out, prepare_out, write_outputs
 from training.finetuning.resume import EARLIER_SPELLING
-from training.model import ElectraForSequenceClassification, count_parameters, init_weights
+from training.model import ElectraForSequenceClassification, count_parameters
 from training.optim import (
     autocast_for,
-    decays,
     deterministic_kernels,
     full_fp32,
     hardware_as_run,
@@ -75,134 +68,7 @@ from training.optim import (
 from training.progress import progress_bar
 from training.report import MetricsLog, precision_reason
 
-ARCH = "ElectraForSequenceClassification"
-# What a run writes into --out; --overwrite replaces exactly these, never anything else. The progress files
-# go at the start; the model's stay until the final write replaces them, so a run that fails leaves the
-# previous model whole.
-PROGRESS = ("finetune_config.json", "metrics.jsonl")
-MODEL_OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
-                 "eval_dev.json", "eval_test.json", "predictions_dev.jsonl", "predictions_test.jsonl")  # fmt: skip
-OUTPUTS = MODEL_OUTPUTS + PROGRESS
-
-
-# ------------------------------------------------------------------------------ layer-wise lr decay
-
-
-def lr_depth(name: str, num_layers: int) -> int:
-    """The power of `layerwise_lr_decay` that scales parameter `name`'s learning rate.
-
-    ELECTRA counts the task-specific head as one more layer on top of the L transformer layers and decays
-    by one power per layer going down (google-research/electra, model/optimization.py `_get_layer_lrs`):
-
-        classifier.* (dense + out_proj, the whole fresh head)   decay^0   full lr
-        encoder layer l (0-based, top is L-1)                   decay^(L - l)   top layer: decay^1
-        embeddings and embeddings_project                       decay^(L + 1)
-
-    The released code gives the head depth L+2 rather than L+1, so its top layer gets decay^2, its
-    embeddings decay^(L+2), and no parameter gets decay^1. The author confirmed this is a mistake
-    (google-research/electra issue #51, also #64): it is left over from a pretrained pooler that once sat
-    between the top layer and the head (pooler decay^1) and was removed with next-sentence prediction
-    without renumbering. Our head's `dense` layer is freshly initialised, like the rest of the task head,
-    so it is not a pretrained pooler and gets the full rate; the top encoder layer then gets decay^1 as
-    the author intended. (For Small, L=12, decay 0.8: embeddings get 0.8^13 = 0.055 of the peak lr, vs.
-    0.044 in the released code.)
-    """
-    if name.startswith("classifier."):
-        return 0
-    m = re.match(r"electra\.encoder\.layer\.(\d+)\.", name)
-    if m:
-        return num_layers - int(m.group(1))
-    if name.startswith(("electra.embeddings.", "electra.embeddings_project.")):
-        return num_layers + 1
-    raise AssertionError(f"no learning-rate depth for parameter {name!r}")
-
-
-def layerwise_param_groups(
-    model: torch.nn.Module, lr: float, decay: float, weight_decay: float
-) -> list[dict]:
-    """AdamW groups: one per (depth, decays?). No weight decay on biases and LayerNorm (BERT, ELECTRA).
-    Each group's `base_lr` is its peak; the schedule multiplies it."""
-    L = model.config.num_hidden_layers
-    groups: dict[tuple[int, bool], dict] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        depth = lr_depth(name, L)
-        decayed = decays(name, p)
-        g = groups.setdefault((depth, decayed), {"params": [], "weight_decay": weight_decay if decayed else 0.0,
-                                                "base_lr": lr * decay**depth, "depth": depth})  # fmt: skip
-        g["params"].append(p)
-    for g in groups.values():
-        g["lr"] = g["base_lr"]
-    return [groups[k] for k in sorted(groups)]
-
-
 # ------------------------------------------------------------------------------------ initialisation
-
-
-def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
-    """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
-    K = 1 if data.problem_type == REGRESSION else len(data.labels)
-    model, cfg, src = ckpt.load_model(init, architecture=ARCH, num_labels=K, fresh_head=True)
-    _, arch = ckpt.read_config(src)
-    notes = []
-    new_labels = dict(enumerate(data.labels))
-    if arch != ARCH:
-        notes.append(f"encoder from {src} ({arch}); new classification head with {K} output(s)")
-    elif cfg.num_labels != K:
-        old = cfg.num_labels
-        cfg.id2label = new_labels
-        model = ElectraForSequenceClassification(cfg)
-        init_weights(model, cfg.initializer_range)
-        encoder = {k: v for k, v in ckpt.read_weights(src).items() if k.startswith("electra.")}
-        ckpt.load_weights_into(
-            model.electra, {k.removeprefix("electra."): v for k, v in encoder.items()}, str(src)
-        )
-        notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
-                     "(classifier.*), keeping the encoder")  # fmt: skip
-    else:
-        old_names = list(cfg.id2label.values())
-        if set(old_names) == set(data.labels) and old_names != list(data.labels):
-            # Same classes, another order: permute the output rows so each label keeps what it learnt.
-            perm = torch.tensor([old_names.index(name) for name in data.labels])
-            with torch.no_grad():
-                model.classifier.out_proj.weight.copy_(model.classifier.out_proj.weight[perm])
-                model.classifier.out_proj.bias.copy_(model.classifier.out_proj.bias[perm])
-            notes.append(
-                f"kept the head of {src}, its outputs reordered from {old_names} to {list(data.labels)}"
-            )
-        elif old_names != list(data.labels):
-            notes.append(
-                f"kept the {K}-output head of {src}; its labels {old_names} are renamed {list(data.labels)}"
-            )
-        else:
-            notes.append(f"continuing from the classifier in {src} (same labels)")
-    cfg.id2label = new_labels
-    cfg.problem_type = data.problem_type
-    return model, src, notes
-
-
-def refuse_other_families(init: str) -> None:
-    """A ConfigError for an --init that pretraining takes and fine-tuning does not: a BERT-family encoder
-    (a directory, or a registry name). Fine-tuning builds an ELECTRA classifier on the weights as they are;
-    pretraining's --init maps such an encoder onto ELECTRA's shape, and its run is then a start here."""
-    from training.data.registry import REGISTRY
-
-    path = Path(init).expanduser()
-    if not path.exists() and any(name.startswith(f"{init}/") for name in REGISTRY):
-        what = f"{init} is a registry encoder, a start for pretraining"
-    else:
-        try:
-            model_type = ckpt.read_config_json(ckpt.resolve_checkpoint(path)).get("model_type", "electra")
-        except ckpt.CheckpointError:
-            return  # the load says what is wrong with it
-        if model_type == "electra":
-            return
-        what = f"{path}'s config.json has model_type {model_type!r}"
-    raise ConfigError(f"--init: {what}; fine-tuning takes ELECTRA checkpoints only (a run of ours, or a Hugging "
-                      "Face ELECTRA directory). Warm-start an ELECTRA pretraining run from it first: "
-                      f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune "
-                      "with --init RUN")  # fmt: skip
 
 
 def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[str]):
@@ -223,10 +89,6 @@ def _quantization_as_asked(cfg: FinetuneConfig, model, src: Path, notes: list[st
     notes.append(f"the int8 ranges of {src} are dropped (--qat false): fine-tuning in fp32; an int8 export "
                  "calibrates its own")  # fmt: skip
     return plain
-
-
-def init_tokenizer(src: Path):
-    return load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
 
 
 # -------------------------------------------------------------------------------------- evaluation
@@ -275,89 +137,6 @@ def figures(preds: np.ndarray, loss: float, items, data: TaskData, positive: int
     else:
         m = classification_metrics(truth.astype(np.int64), preds, data.labels, positive)
     return {**m, "loss": loss}
-
-
-# ------------------------------------------------------------------------------------------- outputs
-
-
-def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
-    """The outputs --out already holds (to replace with --overwrite, or to go on from with --resume); a
-    ConfigError where it cannot be one."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} is a file; choose a directory")
-    try:  # found at the final write instead, it would cost the whole training
-        refuse_mount_point(out)
-    except ckpt.CheckpointError as e:
-        raise ConfigError(f"--out: {e}") from None
-    if (out / "checkpoints" / ckpt.LATEST).exists():  # --overwrite would replace its config.json and metrics
-        raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
-                          "would break its --resume: choose another --out")  # fmt: skip
-    present = [f for f in OUTPUTS if (out / f).exists()]
-    if present and not (out / "finetune_config.json").is_file():  # every run of ours writes it first
-        what = "an exported bundle (manifest.json)" if (out / "manifest.json").exists() else "another model"
-        raise ConfigError(f"--out: {out} holds {what}'s files ({', '.join(present)}), not a fine-tuning run's; "
-                          "--overwrite replaces only a fine-tuning run: choose another --out")  # fmt: skip
-    if present and not overwrite and not resuming:
-        raise ConfigError(f"--out: {out} already holds {', '.join(present)}"
-                          + ("; its run was stopped: pass --resume to go on with it," if resume.stopped(out) else ";")
-                          + " pass --overwrite to replace it, or choose another --out")  # fmt: skip
-    return present
-
-
-def check_model_fits(out: Path, model: torch.nn.Module) -> None:
-    """A ConfigError now where --out's disk cannot hold the fine-tuned model: found full at the end, after
-    the training, it would cost the whole run. The final write copies --out beside itself (a previous
-    model's files left out: they go only once the new ones are in place), then adds the weights and about
-    a megabyte of tokenizer and reports."""
-    needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
-    needed += 2 * resume.resume_bytes(model)  # resume/, replaced whole at each dev evaluation: two at once
-    # resume/ is linked into the final write, not copied; its own room is counted above.
-    files = [f for f in out.rglob("*") if f.is_file() and f.relative_to(out).parts[0] != resume.RESUME_DIR]
-    needed += sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() not in MODEL_OUTPUTS)
-    try:
-        check_room(out, needed, "the fine-tuned model")
-    except DiskFullError as e:
-        raise ConfigError(f"--out: {e}: free some space or choose another --out") from None
-
-
-def prepare_out(out: Path, overwrite: bool) -> None:
-    for f in check_out(out, overwrite):
-        if f in PROGRESS:  # the previous model's files stay until the final write replaces them
-            (out / f).unlink()
-    if overwrite:  # a stopped run's state goes with its progress
-        shutil.rmtree(out / resume.RESUME_DIR, ignore_errors=True)
-
-
-def write_outputs(
-    out: Path, model, tok, state: dict, evals: dict[str, dict], predictions: dict | None = None,
-    keep_resume: bool = False,
-) -> None:  # fmt: skip
-    """The whole of `out` (progress files included) is rebuilt in a temporary sibling and renamed into
-    place, so `python -m export <out>` sees either no model or the complete one. A stopped run's resume/
-    is kept (`keep_resume`: linked, not copied); a finished run's goes."""
-
-    def fill(d: Path) -> None:
-        # Not copied: resume/ (linked below, or gone with a finished run), and a previous model's files (a
-        # run with --overwrite: this one's replace them, and one it does not write, eval_test.json, goes).
-        left_out = {resume.RESUME_DIR, *MODEL_OUTPUTS}
-
-        def ignored(src: str, names: list[str]) -> set[str]:  # and a killed resume/ write's temporaries
-            top = Path(src) == out
-            return {n for n in names if top and (n in left_out or n.startswith(f".{resume.RESUME_DIR}."))}
-
-        shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=ignored)
-        if keep_resume and (out / resume.RESUME_DIR).is_dir():
-            shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=link_or_copy)
-        ckpt.save_model(model, d, ARCH)
-        save_tokenizer(tok, d)
-        (d / "trainer_state.json").write_text(json.dumps(json_safe(state), indent=2) + "\n")
-        for split, m in evals.items():
-            (d / f"eval_{split}.json").write_text(json.dumps(json_safe(m), indent=2) + "\n")
-        for split, rows in (predictions or {}).items():
-            with (d / f"predictions_{split}.jsonl").open("w") as f:
-                f.writelines(json.dumps(json_safe(r), ensure_ascii=False) + "\n" for r in rows)
-
-    ckpt.write_atomically(out, fill)
 
 
 # ----------------------------------------------------------------------------------------------- run

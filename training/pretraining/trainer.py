@@ -1,7 +1,8 @@
 """The pretraining run behind `python -m training.pretrain` (training/pretrain.py, whose docstring tells the
-set-up in order): the options resolved, the Trainer built by `setup`, and the loop of `train`. Apart from
-the entry point so that its --help and a mistyped flag answer without importing torch (what needs the
-other sources or several options, the resolved config, comes after)."""
+set-up in order): the Trainer built by `setup`, and the loop of `train`. Apart from the entry point so that
+its --help and a mistyped flag answer without importing torch (what needs the other sources or several
+options, the resolved config, comes after: run_config.py). The checkpoints it writes and resumes from are
+resume.py's."""
 
 from __future__ import annotations
 
@@ -16,46 +17,45 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tqdm import tqdm
 
 import options
-from options import ConfigError, describe, flag
+from options import ConfigError, describe
 from options.stopping import GracefulStop
 from training import checkpoint as ckpt
-from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import COMPILE_MODES, PretrainConfig, absolute_out, absolute_paths, inert_options
+from training.config import COMPILE_MODES, PretrainConfig
 from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
-from training.data.tokenizer import TOKENIZER_FILES, TokenizerError, copy_tokenizer
-from training.errors import DiskFullError, check_room, disk_full
+from training.data.tokenizer import TokenizerError
+from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
 from training.optim import (
     autocast_for,
     decays,
     deterministic_kernels,
-    hardware_as_run,
     linear_schedule,
     matmul_precision,
 )
 from training.pretraining.corruption import build_corruption
-from training.pretraining.data import PretrainingData, build_data, lowercases, with_given_tokenizer
+from training.pretraining.data import PretrainingData, build_data
 from training.pretraining.distributed import Dist
 from training.pretraining.evaluate import evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
-from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
-from training.pretraining.warmstart import (
-    INIT_DECIDED,
-    WarmStart,
-    pinned_init,
-    resolve_warm_start,
-    saved_warm_start,
-    unpinned_as_pinned,
+from training.pretraining.resume import (
+    check_resume_point,
+    checkpoint_bytes,
+    checkpoints_to_fit,
+    damaged,
+    restore,
+    save,
+    saved_quantization,
 )
+from training.pretraining.run_config import as_run, inert_notes, resolve_config, save_config, schedule_notes
+from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
 from training.progress import progress_bar
 from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
 
@@ -92,105 +92,6 @@ def added(total: torch.Tensor | None, count: torch.Tensor) -> torch.Tensor:
 
 def reseed(cfg: PretrainConfig, rank: int, step: int) -> None:
     torch.manual_seed(hash((cfg.seed, rank, step)) & 0x7FFF_FFFF)
-
-
-def save(
-    run: Path, step: int, tokens: int, objective, opt, batches, cfg, tokenizer_dir: Path, evals, rng=None,
-    world: int = 1, as_run: dict | None = None, warm_names: set[str] | None = None, data_identity: dict | None = None,
-) -> None:  # fmt: skip
-    """A checkpoint; one between the --save-every points (a stop, the last step) is interim, and carries the
-    random state (`rng`) of every rank."""
-
-    def fill(d: Path) -> None:
-        for sub, (model, architecture) in objective.checkpoint_parts().items():
-            (d / sub).mkdir(exist_ok=True)
-            ckpt.save_model(model, d / sub, architecture)
-            copy_tokenizer(tokenizer_dir, d / sub)  # each part loads on its own, tokenizer included
-        tensors, opt_meta = ckpt.flatten_optimizer(opt)
-        ckpt.save_tensors(tensors, d / "optimizer.safetensors")
-        state = {"step": step, "tokens": tokens, "batches": batches.state_dict(), "optimizer": opt_meta,
-                 "config": cfg.__dict__, "eval": evals, "objective": cfg.objective, "processes": world,
-                 "as_run": as_run or {}, "warm_names": sorted(warm_names or ()),
-                 "data": data_identity or {}}  # fmt: skip
-        (d / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        if rng is not None:  # between --save-every points: the generators as the step left them
-            ckpt.save_tensors(rng, d / RNG_FILE)
-
-    ckpt.commit_checkpoint(run, step, fill, keep=cfg.keep_checkpoints, interim=step % cfg.save_every != 0)
-
-
-def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
-    """About what one checkpoint takes on disk (what `save` writes): each part's weights (tied embeddings
-    in both) and tokenizer files, AdamW's two fp32 moments per trained parameter, and 64 KiB of JSON."""
-    parts = objective.checkpoint_parts().values()
-    # A tensor tied within a part (the generator's output layer and its embeddings) is stored once.
-    weights = sum(t.numel() * t.element_size() for model, _ in parts
-                  for t in {t.data_ptr(): t for t in model.state_dict().values()}.values())  # fmt: skip
-    tokenizer = sum((tokenizer_dir / f).stat().st_size for f in TOKENIZER_FILES)
-    moments = 2 * sum(p.numel() * 4 for p in objective.parameters() if p.requires_grad)
-    return weights + len(parts) * tokenizer + moments + 2**16
-
-
-def checkpoints_to_fit(cfg: PretrainConfig, step: int, checkpoints: Path) -> int:
-    """How many checkpoints beyond those on disk now the run will hold at once, from `step` on: the newest
-    --keep-checkpoints, and the next one, which is written before the oldest goes. Keeping every one (0),
-    two: a run cut by --max-minutes never writes the rest, and a long one is for its user to size."""
-    points = range((step // cfg.save_every + 1) * cfg.save_every, cfg.max_steps + 1, cfg.save_every)
-    saves = len(points) + (cfg.max_steps % cfg.save_every != 0 and step < cfg.max_steps)  # the last step
-    if saves == 0:
-        return 0
-    existing = sum(1 for p in checkpoints.glob("step-*") if p.is_dir())
-    if cfg.keep_checkpoints == 0:
-        return min(saves, 2)
-    # At each save the disk holds the kept ones (or all there were, at the first save of a resume) and the new.
-    return max(existing, min(cfg.keep_checkpoints, existing + saves - 1)) + 1 - existing
-
-
-def restore(run: Path, objective, opt, batches) -> tuple[int, int]:
-    d = ckpt.resolve_checkpoint(run)
-    state = read_trainer_state(run, d)
-    for sub, (model, _) in objective.checkpoint_parts().items():
-        try:
-            ckpt.load_weights_into(model, ckpt.read_weights(d / sub), str(d / sub))
-        except (CheckpointError, OSError) as e:
-            raise damaged(run, d, str(e)) from None
-    optimizer = d / "optimizer.safetensors"
-    try:
-        ckpt.unflatten_optimizer(opt, load_file(optimizer), state["optimizer"])
-    except Exception as e:  # missing, cut short, or other parameters than the run's
-        raise damaged(run, d, f"{optimizer} does not read ({type(e).__name__}: {str(e)[:200]})") from None
-    batches.load_state_dict(state["batches"])
-    return state["step"], state["tokens"]
-
-
-def saved_quantization(run: Path) -> dict:
-    """A --qat run's int8 ranges, as its latest checkpoint's config.json holds them."""
-    d = ckpt.resolve_checkpoint(run)
-    spec = ckpt.read_config_json(d).get("quantization")
-    if not isinstance(spec, dict) or "activations" not in spec:
-        raise damaged(run, d, f"{d / 'config.json'} holds no int8 ranges (quantization) for this --qat run")
-    return spec
-
-
-def read_trainer_state(run: Path, d: Path) -> dict:
-    path = d / "trainer_state.json"
-    try:
-        state = json.loads(path.read_text())
-        missing = [k for k in ("step", "tokens", "batches", "optimizer") if k not in state]
-    except (OSError, ValueError) as e:
-        raise damaged(run, d, f"{path} does not read ({type(e).__name__}: {str(e)[:200]})") from None
-    if missing:
-        raise damaged(run, d, f"{path} lacks {', '.join(missing)}")
-    return state
-
-
-def damaged(run: Path, d: Path, what: str) -> CheckpointError:
-    """A checkpoint a resume cannot read: what is wrong, and how to go on from another one."""
-    others = sorted(p.name for p in (run / "checkpoints").glob("step-*") if p.is_dir() and p.name != d.name)
-    fix = (f"resume from an earlier one (it is kept: {', '.join(others)}) by writing its name into "
-           f"{run / 'checkpoints' / ckpt.LATEST}, or restore the file" if others else
-           "restore the file, or start again with another --out")  # fmt: skip
-    return CheckpointError(f"--resume: checkpoint {d.name} is damaged: {what}; {fix}")
 
 
 @dataclasses.dataclass
@@ -311,174 +212,6 @@ class Trainer:
             reseed(cfg, env.rank, step)
         if self.evals_step == step and env.main:  # said after the save: the save matters more than the line
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
-
-
-def save_config(cfg: PretrainConfig, path: Path, as_run: dict | None = None) -> None:
-    """options.save, a full disk said as the checkpoints and shards say it (which disk, how much is free)."""
-    try:
-        options.save(cfg, path, as_run=as_run)
-    except OSError as e:
-        if ckpt.out_of_space(e):
-            raise disk_full(path) from e
-        raise
-
-
-def inert_notes(cfg: PretrainConfig) -> list[str]:
-    """Options given (by a flag, a --config file, the environment) that this run does not use."""
-    given, defaults = options.sources(cfg), {f.name: f.default for f in dataclasses.fields(cfg)}
-    return [f"{given[name]} sets {name} {getattr(cfg, name)!r}, which changes nothing: {why}"
-            for name, why in inert_options(options.as_dict(cfg)).items()
-            if name in given and given[name] != "the saved config" and getattr(cfg, name) != defaults[name]]  # fmt: skip
-
-
-def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | None, compiled: bool,
-           use_bf16: bool, capacity: int) -> dict:  # fmt: skip
-    """What the options resolved to on this machine, where they leave it to the run (device "auto", bf16
-    on hardware without it, compile by default, --max-predictions' default) or the sources decide (the
-    tokenizer's size and case, --init's generator): printed, and saved beside the options in config.json
-    and in each checkpoint (a bundle's manifest carries it)."""
-    ran = {**hardware_as_run(env.device, use_bf16, cfg.tf32), "processes": env.world,
-           "step": f"compiled ({cfg.compile_mode})" if compiled else "eager",
-           "max_predictions_per_micro_batch": capacity,
-           "vocab_size": data.specials.vocab_size, "lowercase": lowercases(data.tokenizer)}  # fmt: skip
-    if cfg.objective == "electra":
-        gen = objective.generator.config
-        source = str(warm.gen.directory) if warm is not None and warm.gen is not None else "fresh"
-        if warm is not None and warm.generator_from is not None:  # resumed from the run's own record
-            source = warm.generator_from
-        ran["generator"] = {"from": source, "hidden_size": gen.hidden_size,
-                            "num_layers": gen.num_hidden_layers, "num_heads": gen.num_attention_heads}  # fmt: skip
-    return ran
-
-
-def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
-    """Settings that run, but not as their names suggest."""
-    notes = []
-    if cfg.warmup_steps >= cfg.max_steps:
-        notes.append(f"--warmup-steps {cfg.warmup_steps} is not below --max-steps {cfg.max_steps}: the learning "
-                     f"rate never reaches --lr {cfg.lr:g}")  # fmt: skip
-    held_out = data.valid_batches()
-    per_pass = max(1, len(held_out.dataset) // held_out.global_batch)
-    if cfg.eval_batches > per_pass:
-        notes.append(f"--eval-batches {cfg.eval_batches}: the held-out data makes {per_pass} batch(es) of "
-                     f"{held_out.global_batch} rows; each evaluation reads them "
-                     f"{cfg.eval_batches / per_pass:.1f} times over, masked anew each time")  # fmt: skip
-    return notes
-
-
-def resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
-    """The run's options; --out made whole, as fine-tuning's: it is saved, shown in a bundle's provenance and
-    in the resume command this run prints."""
-    cfg, warm = _resolve_config(argv)
-    return options.replace(cfg, out=absolute_out(cfg.out)), warm
-
-
-def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart | None]:
-    try:
-        # A resumed run keeps its own settings; flags given now (say a larger --max-steps) still win, but
-        # only those that leave its model, data and step as they were.
-        then = run_dir.resumed_settings(argv)
-        cfg = options.resolve(PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then)
-        if cfg.resume and then is None:  # --out from --config: its settings are read once it is known
-            then = run_dir.resumed_settings(argv, Path(cfg.out))
-            if then is not None:
-                cfg = options.resolve(
-                    PretrainConfig, argv, prog=entry.PROG, description=entry.__doc__, base=then
-                )
-        if cfg.resume and then is not None:
-            # The first command again, with --resume: its --init RUN means the start the run saved.
-            cfg = pinned_init(cfg, then)
-            try:
-                cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
-            except CheckpointError as e:
-                warm = saved_warm_start(Path(cfg.out))  # the run's own record of its start
-                if warm is None:
-                    raise CheckpointError(f"--resume: the run started from --init {cfg.init}, which a resume of a run "
-                                          f"saved by an earlier version reads again (its shape, tokenizer and "
-                                          f"warm-started tensors) and cannot now: {e}; restore it (a run given as "
-                                          "--init keeps only --keep-checkpoints of its own)") from None  # fmt: skip
-                print(f"note: --init {cfg.init} cannot be read ({e}); the run resumes from its own record of that "
-                      "start (shapes, tokenizer and the tensors it loaded)", file=sys.stderr, flush=True)  # fmt: skip
-                # --init decides these, as saved: a flag saying otherwise is refused, as it is while --init is
-                # there; a --config file's gives way (it may carry a shape for runs from scratch).
-                given = options.sources(cfg)
-                against = [
-                    k
-                    for k in INIT_DECIDED
-                    if k in then and given.get(k) == flag(k) and getattr(cfg, k) != then[k]
-                ]
-                if against:
-                    raise ConfigError(f"{flag(against[0])} {getattr(cfg, against[0])}: the run has {then[against[0]]} "
-                                      "from its --init start; drop the flag") from None  # fmt: skip
-                cfg = options.replace(cfg, **{k: then[k] for k in INIT_DECIDED if k in then})
-            cfg = with_given_tokenizer(cfg)
-            # JSON values, as config.json holds them
-            check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
-            return cfg, warm
-        cfg, warm = resolve_warm_start(cfg)
-        return with_given_tokenizer(cfg), warm
-    except ConfigError as e:
-        options.usage_exit(f"error: {e}")
-    except (CheckpointError, TokenizerError) as e:  # --init or --tokenizer to change
-        options.usage_exit(f"error: {e}")
-    except DatasetError as e:  # a download, a disk
-        sys.exit(f"error: {e}")
-
-
-# What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and evaluates.
-# Not --save-every: the dropout generator is reseeded at each save point, so other points are another run.
-RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
-                     "max_minutes", "log_every", "eval_every", "eval_batches", "keep_checkpoints", "data_dir",
-                     "resume", "out")  # fmt: skip
-
-
-def check_resumable(then: dict, now: dict) -> None:
-    """Refuses a --resume that changes what the checkpoint was trained as (a shape, the data, the
-    tokenizer, the recipe): it would fail to load, or go on as another run while saying it resumed."""
-    then = {**then, **absolute_paths(then)}  # a run saved before paths were kept absolute: as typed here
-    # Options that trained nothing (--sentence-rows with packed rows) may differ: the run is the same.
-    inert = inert_options(then).keys() & inert_options(now).keys()
-    then, now = ({k: v for k, v in d.items() if k not in inert} for d in (then, now))
-    # A given tokenizer (or --init's) decides vocab_size and lowercase: runs saved before they were filled in
-    # hold the options' values, the tokenizer (compared as a path) is the same.
-    given = now.get("tokenizer", "train") != "train"
-    decided = ("lowercase",) + (() if now.get("init") else ("vocab_size",)) if given else ()
-    now = {**now, **{name: then[name] for name in decided if name in then}}
-    options.refuse_resume_changes(then, now, RESUMABLE_CHANGES, "another --out, --init from this one")
-
-
-def check_resume_point(run: Path, env: Dist, max_steps: int) -> dict:
-    """What a resume can check from the checkpoint alone, before any data or model is read.
-
-    Another number of processes would change the global batch (--batch-size rows per process) and the
-    data each process reads: refused, naming the command that resumes it. A --max-steps below the
-    checkpoint's step (or at it, when the run had further to go) is refused too: it would train nothing and
-    save itself as the run's target, after which a plain --resume would never train again. Said once."""
-    d = ckpt.resolve_checkpoint(run)
-    state = read_trainer_state(run, d)
-    step, world = state["step"], env.world
-    # Equal to the step of a run that had further to go: the same, in effect (it once rewrote 400 as 105).
-    target = (state.get("config") or {}).get("max_steps", step)
-    if max_steps < step or (max_steps == step < target):
-        _refuse(env, f"--resume: {run} is at step {step} ({d.name}) of its {target}; --max-steps {max_steps} would "
-                     f"train nothing and end it there: give a --max-steps above {step}, or leave it out")  # fmt: skip
-    then = state.get("processes")
-    if then is not None and then != world:
-        how = (
-            f"torchrun --nproc_per_node {then} -m training.pretrain"
-            if then > 1
-            else "python -m training.pretrain"
-        )
-        _refuse(env, f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
-                     f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
-    return state
-
-
-def _refuse(env: Dist, message: str) -> None:
-    """Exit 2 on every rank, the message said once (by rank 0)."""
-    if env.main:
-        options.usage_exit(f"error: {message}")
-    sys.exit(options.EXIT_USAGE)
 
 
 def setup(argv: list[str] | None) -> Trainer:

@@ -1,0 +1,87 @@
+"""The classifier to fine-tune and its tokenizer, from --init: an ELECTRA checkpoint's encoder under a
+classification head, fresh or kept (`init_classifier`), and the refusal of an --init that pretraining takes
+and fine-tuning does not (`refuse_other_families`). --qat against an init's int8 ranges is tuner.py's, where
+the options are resolved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from options import ConfigError
+from training import checkpoint as ckpt
+from training.data.tokenizer import load_tokenizer
+from training.finetuning.data import REGRESSION, TaskData
+from training.model import ElectraForSequenceClassification, init_weights
+
+ARCH = "ElectraForSequenceClassification"
+
+
+def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
+    """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
+    K = 1 if data.problem_type == REGRESSION else len(data.labels)
+    model, cfg, src = ckpt.load_model(init, architecture=ARCH, num_labels=K, fresh_head=True)
+    _, arch = ckpt.read_config(src)
+    notes = []
+    new_labels = dict(enumerate(data.labels))
+    if arch != ARCH:
+        notes.append(f"encoder from {src} ({arch}); new classification head with {K} output(s)")
+    elif cfg.num_labels != K:
+        old = cfg.num_labels
+        cfg.id2label = new_labels
+        model = ElectraForSequenceClassification(cfg)
+        init_weights(model, cfg.initializer_range)
+        encoder = {k: v for k, v in ckpt.read_weights(src).items() if k.startswith("electra.")}
+        ckpt.load_weights_into(
+            model.electra, {k.removeprefix("electra."): v for k, v in encoder.items()}, str(src)
+        )
+        notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
+                     "(classifier.*), keeping the encoder")  # fmt: skip
+    else:
+        old_names = list(cfg.id2label.values())
+        if set(old_names) == set(data.labels) and old_names != list(data.labels):
+            # Same classes, another order: permute the output rows so each label keeps what it learnt.
+            perm = torch.tensor([old_names.index(name) for name in data.labels])
+            with torch.no_grad():
+                model.classifier.out_proj.weight.copy_(model.classifier.out_proj.weight[perm])
+                model.classifier.out_proj.bias.copy_(model.classifier.out_proj.bias[perm])
+            notes.append(
+                f"kept the head of {src}, its outputs reordered from {old_names} to {list(data.labels)}"
+            )
+        elif old_names != list(data.labels):
+            notes.append(
+                f"kept the {K}-output head of {src}; its labels {old_names} are renamed {list(data.labels)}"
+            )
+        else:
+            notes.append(f"continuing from the classifier in {src} (same labels)")
+    cfg.id2label = new_labels
+    cfg.problem_type = data.problem_type
+    return model, src, notes
+
+
+def refuse_other_families(init: str) -> None:
+    """A ConfigError for an --init that pretraining takes and fine-tuning does not: a BERT-family encoder
+    (a directory, or a registry name). Fine-tuning builds an ELECTRA classifier on the weights as they are;
+    pretraining's --init maps such an encoder onto ELECTRA's shape, and its run is then a start here."""
+    from training.data.registry import REGISTRY
+
+    path = Path(init).expanduser()
+    if not path.exists() and any(name.startswith(f"{init}/") for name in REGISTRY):
+        what = f"{init} is a registry encoder, a start for pretraining"
+    else:
+        try:
+            model_type = ckpt.read_config_json(ckpt.resolve_checkpoint(path)).get("model_type", "electra")
+        except ckpt.CheckpointError:
+            return  # the load says what is wrong with it
+        if model_type == "electra":
+            return
+        what = f"{path}'s config.json has model_type {model_type!r}"
+    raise ConfigError(f"--init: {what}; fine-tuning takes ELECTRA checkpoints only (a run of ours, or a Hugging "
+                      "Face ELECTRA directory). Warm-start an ELECTRA pretraining run from it first: "
+                      f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune "
+                      "with --init RUN")  # fmt: skip
+
+
+def init_tokenizer(src: Path):
+    return load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
