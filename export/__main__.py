@@ -42,8 +42,10 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         cfg.triton = cfg.out + "-triton"
     if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
         cfg.triton = os.path.abspath(cfg.triton)
-        # A file here is refused by _check_replaceable, as one on the way to the model directory.
         repo = Path(cfg.triton)
+        if repo.exists() and not repo.is_dir():  # named as given, not as the model directory's parent
+            raise options.ConfigError(f"--triton {repo} is a file; a Triton model repository is a directory: "
+                                      "choose another --triton")  # fmt: skip
         model_dir = repo / out.name
         if _overlap(model_dir, out) or _overlap(repo, out):
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "

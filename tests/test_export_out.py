@@ -113,7 +113,8 @@ def test_triton_is_checked_before_any_work(tmp_path, capsys):
     model directory there was overwritten without --force."""
     (tmp_path / "afile").write_text("mine")
     argv = [str(tmp_path / "no-such-run"), "--out", str(tmp_path / "b")]
-    assert "--triton" in _refused([*argv, "--triton", str(tmp_path / "afile")], capsys)
+    said = _refused([*argv, "--triton", str(tmp_path / "afile")], capsys)
+    assert f"--triton {tmp_path / 'afile'} is a file; a Triton model repository is a directory" in said, said
     model_dir = tmp_path / "repo" / "b"
     model_dir.mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text("theirs")

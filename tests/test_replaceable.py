@@ -92,11 +92,18 @@ def test_what_may_be_written_passes(tmp_path):
     check_replaceable(earlier, "--out", "bundle", OWN, force=True, force_flag=None)
 
 
-def test_a_directory_among_own_names_is_owned_whole_unless_paths_inside_it_are_named(tmp_path):
-    """An unpacked run's checkpoints/ holds step directories no list can name; Triton's 1/ holds
-    model.onnx and nothing else of ours."""
+def test_only_a_directory_named_whole_is_not_looked_inside(tmp_path):
+    """An unpacked run's checkpoints/ holds step directories no list can name: it is named whole. Any
+    other directory is looked inside, own-named or not: a user's model.onnx/ (where a bundle has a file)
+    holding their thesis is not the bundle's, and --force must not delete it."""
     (tmp_path / "checkpoints" / "step-00000010").mkdir(parents=True)
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / "model.onnx").write_text("x")
     (tmp_path / "1" / "theirs").write_text("x")
-    assert others_in(tmp_path, {"checkpoints", "1", "1/model.onnx"}) == ["1/theirs"]
+    (tmp_path / "model.onnx").mkdir()
+    (tmp_path / "model.onnx" / "thesis.tex").write_text("x")
+    own = {"checkpoints/", "1", "1/model.onnx", "model.onnx"}
+    assert others_in(tmp_path, own) == ["1/theirs", "model.onnx/thesis.tex"]
+    (tmp_path / "checkpoints").rename(tmp_path / "elsewhere")
+    (tmp_path / "checkpoints").write_text("a file where the run has a directory")
+    assert "checkpoints" in others_in(tmp_path, own)

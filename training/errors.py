@@ -137,18 +137,22 @@ def refuse_file_in_path(target: Path, label: str = "") -> None:
 
 def others_in(directory: Path, own: Collection[str]) -> list[str]:
     """What `directory` holds besides `own` (paths relative to it, a foreign directory named once): what
-    replacing it whole (built beside it, swapped into its place) would delete. A directory named in `own`
-    is the tool's whole (an unpacked run's checkpoints/), unless `own` names paths inside it (a Triton
-    model's 1/model.onnx): then what else it holds is named too."""
+    replacing it whole (built beside it, swapped into its place) would delete. A name in `own` ending in
+    "/" is a directory that is the tool's whole (an unpacked run's checkpoints/, whose step directories
+    no list can name); any other directory is looked inside, own-named or not: a directory where the
+    tool writes a file (a model.onnx/ of the user's) is not the tool's."""
     if not directory.is_dir():
         return []
     found, todo = [], [directory]
     while todo:
         for p in sorted(todo.pop().iterdir()):
             rel = p.relative_to(directory).as_posix()
+            tree = p.is_dir() and not p.is_symlink()
+            if tree and f"{rel}/" in own:
+                continue
             if rel not in own:
                 found.append(rel)
-            elif p.is_dir() and not p.is_symlink() and any(o.startswith(f"{rel}/") for o in own):
+            elif tree:
                 todo.append(p)
     return sorted(found)
 
@@ -193,7 +197,7 @@ def check_replaceable(
         raise CheckpointError(f"{option} {target} holds {shown} and no {what} (no {marker}): {replaces} "
                               f"replaces {a} {what}, never other files; {instead}")  # fmt: skip
     if others := others_in(target, own):
-        named = ", ".join(sorted(f for f in own if "/" not in f))
+        named = ", ".join(sorted({f.rstrip("/") for f in own if "/" not in f.rstrip("/")}))
         raise CheckpointError(f"{option} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
                               f"({named}), and {replaces} replaces the directory whole: move them out, or "
                               f"{instead}")  # fmt: skip

@@ -89,9 +89,9 @@ def verify(directory: Path) -> dict:
 CARRIED = {f"checkpoint/{n}" for n in (*CHECKPOINT_FILES, "trainer_state.json")} | {
     f"run/{n}" for n in (*RUN_FILES, "train.log")
 }
-# What unpack writes at the top of a run: all that --force may replace.
+# What unpack writes at the top of a run: all that --force may replace (checkpoints/ whole: others_in).
 UNPACKED = {
-    "checkpoints",
+    "checkpoints/",
     INDEX,
     "unpack_config.json",
     *(n.partition("/")[2] for n in CARRIED if n.startswith("run/")),

@@ -130,7 +130,10 @@ def _field_types() -> dict[str, tuple[type, bool]]:
             typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
         )
         kind = next(k for k in kinds if k is not type(None))
-        out[name] = (typing.get_origin(kind) or kind, type(None) in kinds)
+        kind = typing.get_origin(kind) or kind
+        # A field of another type would pass unchecked: _check_types must learn it first.
+        assert kind in (int, float, str, dict), f"ElectraConfig.{name}: no type check for {kind}"
+        out[name] = (kind, type(None) in kinds)
     return out
 
 
