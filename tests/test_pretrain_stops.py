@@ -116,3 +116,38 @@ def test_a_time_cap_stop_says_the_schedule_is_unfinished_and_how_to_go_on(
         f"next: python -m export {run} --out BUNDLE (a detector), or python -m training.finetune --init {run}"
         in out
     )
+
+
+def test_a_worker_whose_launcher_died_while_it_started_stops(tmp_path, small_corpus, small_tokenizer):
+    """PR_SET_PDEATHSIG is asked for once torch is up (seconds after the start): a torchrun killed before
+    that sent no signal, and its worker trained on alone. Here the launcher leaves once the worker has
+    begun to load torch."""
+    log = tmp_path / "worker.log"
+    launcher = (
+        "import subprocess, sys, time\n"
+        f"worker = subprocess.Popen({command(tmp_path / 'run', small_corpus, small_tokenizer)!r},"
+        f" stdout=open({str(log)!r}, 'w'), stderr=subprocess.STDOUT)\n"
+        "while 'libtorch' not in open(f'/proc/{worker.pid}/maps').read():\n"
+        "    time.sleep(0.01)\n"
+        "print(worker.pid)\n"
+    )
+    started = subprocess.run([sys.executable, "-c", launcher], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, timeout=60, check=True)  # fmt: skip
+    pid = int(started.stdout)
+    deadline = time.time() + 90
+    while time.time() < deadline and _running(pid):
+        time.sleep(0.1)
+    if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"the orphaned worker trained on: {log.read_text()[-2000:]}")
+    said = log.read_text()
+    assert "the launcher that started this worker" in said and "ended while the worker started" in said, said
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an orphan's new parent (init in a container) may never reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
