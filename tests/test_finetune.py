@@ -223,6 +223,19 @@ def test_hf_classifier_with_another_label_count_starts_a_fresh_head(tiny_init, t
     assert (tmp_path / "out" / "tokenizer.json").is_file()  # built from the HF dir's vocab.txt
 
 
+def test_a_fresh_head_for_another_label_count_keeps_the_encoder_as_trained(tiny_init, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf_dir = save_hf_classifier(tmp_path, tiny_init, ("negative", "positive"))
+    model, _, notes = init_classifier(str(hf_dir), TaskData(None, CLASSIFICATION, ("bad", "meh", "good"), {}))
+    assert "starting a fresh head" in notes[0] and model.classifier.out_proj.out_features == 3
+    ids = torch.randint(5, 200, (3, 9))
+    with torch.no_grad():
+        ours = model.eval().electra(ids)
+        hf = transformers.ElectraForSequenceClassification.from_pretrained(hf_dir).eval()
+        theirs = hf.electra(ids).last_hidden_state
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_hf_classifier_with_the_same_labels_in_another_order_keeps_its_head(tiny_init, tmp_path):
     transformers = pytest.importorskip("transformers")
     hf_dir = save_hf_classifier(tmp_path, tiny_init, ("negative", "positive"))

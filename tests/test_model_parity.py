@@ -84,6 +84,26 @@ def test_transformers_shards_and_pickles_load_alike(tmp_path, weights):
             load_model(tmp_path)
 
 
+@pytest.mark.parametrize("zipped", [True, False], ids=["pickle", "pickle before torch 1.6"])
+def test_a_pickle_whose_config_names_no_architectures_loads_as_its_weights_say(tmp_path, zipped):
+    """Without `architectures` the head is told by the tensors' names: a pickle's are read from its
+    record (the tensors mapped, not read), or from the whole file where it is too old to be mapped."""
+    import json
+
+    torch.manual_seed(4)
+    hf = transformers.ElectraForSequenceClassification(
+        transformers.ElectraConfig(**TINY, num_labels=3)
+    ).eval()
+    hf.config.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("architectures", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=zipped)
+    ours, _, _ = load_model(tmp_path)
+    assert isinstance(ours, ElectraForSequenceClassification)
+    assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
+
+
 @pytest.mark.parametrize("ours_cls,arch", PAIRS)
 def test_ours_to_transformers(tmp_path, ours_cls, arch):
     torch.manual_seed(1)

@@ -175,8 +175,11 @@ def architecture_of(ckpt: Path, raw: dict) -> str:
 
 
 def weight_names(ckpt: Path) -> list[str]:
-    """The names of the checkpoint's tensors: safetensors' header or the shard index alone, without reading
-    any tensor (a pickle, pytorch_model.bin, is read whole); none where there are no weights."""
+    """The names of the checkpoint's tensors, without reading any tensor: safetensors' header, the shard
+    index, or a pickle's record of its tensors; none where there are no weights. Where config.json names
+    no architectures (architecture_of), export asks before the load, the load asks, and fine-tuning asks
+    once more after it: each asking must cost a header, not a pass over the weights (docs/benchmarks.md,
+    "Reading a checkpoint at export")."""
     from safetensors import safe_open
 
     if (ckpt / "model.safetensors").is_file():
@@ -190,7 +193,17 @@ def weight_names(ckpt: Path) -> list[str]:
             return list(json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"])
         except (ValueError, KeyError, TypeError):
             return []
-    return list(read_weights(ckpt)) if (ckpt / "pytorch_model.bin").is_file() else []
+    return _pickle_names(ckpt) if (ckpt / "pytorch_model.bin").is_file() else []
+
+
+def _pickle_names(ckpt: Path) -> list[str]:
+    """pytorch_model.bin's tensor names. Mapped (mmap), only the pickle's record of its tensors is read,
+    not the tensors, where the file is a zip archive (what torch.save has written since torch 1.6); an
+    older pickle cannot be mapped and is read whole, here and again at the load."""
+    try:
+        return list(torch.load(ckpt / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True))
+    except Exception:  # mmap refuses a pre-1.6 pickle with a RuntimeError; anything else read_weights names
+        return list(read_weights(ckpt))
 
 
 def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:

@@ -28,14 +28,13 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
     if arch != ARCH:
         notes.append(f"encoder from {src} ({arch}); new classification head with {K} output(s)")
     elif cfg.num_labels != K:
-        old = cfg.num_labels
+        old, loaded = cfg.num_labels, model
         cfg.id2label = new_labels
         model = ElectraForSequenceClassification(cfg)
-        init_weights(model, cfg.initializer_range)
-        encoder = {k: v for k, v in ckpt.read_weights(src).items() if k.startswith("electra.")}
-        ckpt.load_weights_into(
-            model.electra, {k.removeprefix("electra."): v for k, v in encoder.items()}, str(src)
-        )
+        init_weights(model, cfg.initializer_range)  # drawn as before, so a seed gives the head it gave
+        # The encoder as load_model just read it: reading the weights again cost a second pass over the
+        # file (a base model's 418 MiB) for the same tensors.
+        model.electra.load_state_dict(loaded.electra.state_dict())
         notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
                      "(classifier.*), keeping the encoder")  # fmt: skip
     else:
