@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from app.model.tokenization import is_blank
+from app.model.tokenization import is_blank, lone_surrogate_at
 
 if TYPE_CHECKING:
     from bulk.inputs import Part
@@ -158,22 +158,11 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
             return Doc(line, ident, None, Reason.MISSING_ID, f"no usable {id_field!r}")
         # A lone surrogate ("\ud800", which Python's json reads where msgspec refused the line: _fallback)
         # cannot be written as UTF-8: as an id it failed the whole part, every run.
-        if (bad := _surrogate_at(value)) is not None:
+        if (bad := lone_surrogate_at(value)) is not None:
             return Doc(line, ident, None, Reason.NOT_UTF8, f"{id_field!r}: character {bad}: {LONE}")
         ident = value
     # The text is checked the same way (_checked), whichever parser read the line.
     return _text_doc(line, ident, obj.get(text_field, _MISSING), text_field, max_chars)
-
-
-def _surrogate_at(text: str) -> int | None:
-    """Where `text` holds a lone surrogate (no UTF-8 holds it), or None."""
-    if text.isascii():
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
 
 
 def _fallback(decoded: str, e: msgspec.DecodeError):
@@ -203,7 +192,7 @@ def _python_json(decoded: str):
 def _holds_lone_surrogate(value) -> bool:
     """Whether a parsed JSON value holds a lone surrogate in any string, key or value."""
     if isinstance(value, str):
-        return _surrogate_at(value) is not None
+        return lone_surrogate_at(value) is not None
     if isinstance(value, dict):
         return any(_holds_lone_surrogate(k) or _holds_lone_surrogate(v) for k, v in value.items())
     if isinstance(value, list):
@@ -246,7 +235,7 @@ def _text_doc(line: int, ident: str, value, text_field: str, max_chars: int) -> 
 def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     if len(text) > max_chars:  # first: a length is free, and nothing longer is read further
         return Doc(line, ident, None, Reason.TOO_LONG, f"{len(text)} characters; the limit is {max_chars}")
-    if (bad := _surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
+    if (bad := lone_surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
         return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: {LONE}")
     if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
         return Doc(

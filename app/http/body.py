@@ -22,6 +22,7 @@ from litestar.utils.scope.state import ScopeState
 
 from app.errors import AppError, ErrorType, clip
 from app.http.errors import from_msgspec
+from app.model.tokenization import lone_surrogate_at
 
 
 def _charset(ctype: str) -> str:
@@ -99,11 +100,9 @@ def _not_json(body: bytes, e: msgspec.DecodeError) -> AppError:
     except ValueError:
         return from_msgspec(e)
     for field, text in _strings(value, ""):
-        try:  # the parser joined each high-low pair into one character: a surrogate left is a lone one
-            text.encode("utf-8")
-        except UnicodeEncodeError as lone:
-            msg = (f"request body is not valid JSON: lone UTF-16 surrogate escape \\u{ord(text[lone.start]):04x} "
-                   f"in {field or 'a key'} at character {lone.start} (a surrogate must come in a high-low pair)")  # fmt: skip
+        if (at := lone_surrogate_at(text)) is not None:
+            msg = (f"request body is not valid JSON: lone UTF-16 surrogate escape \\u{ord(text[at]):04x} in "
+                   f"{field or 'a key'} at character {at} (a surrogate must come in a high-low pair)")  # fmt: skip
             return AppError(ErrorType.INVALID_JSON, msg, field=field or "body")
     return from_msgspec(e)
 

@@ -63,6 +63,19 @@ def is_blank(text: str) -> bool:
     return not stripped or _KEPT.search(stripped) is None
 
 
+def lone_surrogate_at(text: str) -> int | None:
+    """Where `text` holds a lone UTF-16 surrogate, or None: what a JSON escape (\\ud800) decodes to in
+    Python's parser, which joins each high-low pair into one character, and what no UTF-8 can hold. The
+    server names it in a request (a 400) and bulk rejects its line (not_utf8). At C speed: one encode."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 class ClassifyEncoding(NamedTuple):
     row: Row
     truncated: bool  # the text (or pair) was cut to max_length
