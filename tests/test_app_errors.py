@@ -146,6 +146,42 @@ def test_a_lone_surrogate_is_named_as_such(server, body):
     assert error["field"] == ("texts[1]" if b"texts" in body else "body" if b"key" in body else "text"), error
 
 
+@pytest.mark.parametrize(
+    "body, field, says",
+    [
+        (
+            b'{"pairs": [["ok", "a\\udc00"]]}',
+            "pairs[0][1]",
+            "lone UTF-16 surrogate escape \\udc00 in pairs[0][1] at",
+        ),
+        (
+            b'{"texts": [' + b"0," * 100_000 + b'"\\ud800"]}',
+            "texts[100000]",
+            "escape \\ud800 in texts[100000]",
+        ),
+        # Echoed clipped, as every other error echoes what it was sent.
+        (
+            b'{"' + b"k" * 900_000 + b'": "\\ud800"}',
+            "k" * 64 + "... (900000 characters)",
+            "(900000 characters)",
+        ),
+        # UTF-16 that reads as UTF-8 (its code units all ASCII, one U+755C spelling the bytes of a \\u):
+        # msgspec's own account, not a surrogate found by a parser guessing the encoding.
+        ('{"text":"\\ud800\u755c"}'.encode("utf-16-le"), "body", "object keys must be strings"),
+    ],
+    ids=["nested", "after 100k numbers", "a 900 KB field name", "UTF-16"],
+)
+def test_a_lone_surrogates_field_is_named_clipped(body, field, says):
+    import msgspec
+
+    from app.http.body import _not_json
+
+    with pytest.raises(msgspec.DecodeError) as refused:
+        msgspec.json.decode(body)
+    said = _not_json(body, refused.value)
+    assert said.field == field and says in str(said) and len(str(said)) < 300, str(said)[:300]
+
+
 def test_a_lone_surrogate_after_a_megabyte_of_escaped_backslashes_is_found():
     """benchmarks/load/hostile.py's body: 149,000 escaped backslashes before the letters ud800, then one
     real lone escape. Its search in the raw bytes held the event loop 130 ms (the benchmark's table shows

@@ -127,12 +127,13 @@ def test_a_worker_whose_launcher_died_while_it_started_stops(tmp_path, small_cor
         "import subprocess, sys, time\n"
         f"worker = subprocess.Popen({command(tmp_path / 'run', small_corpus, small_tokenizer)!r},"
         f" stdout=open({str(log)!r}, 'w'), stderr=subprocess.STDOUT)\n"
-        "while 'libtorch' not in open(f'/proc/{worker.pid}/maps').read():\n"
+        "while worker.poll() is None and 'libtorch' not in open(f'/proc/{worker.pid}/maps').read():\n"
         "    time.sleep(0.01)\n"
-        "print(worker.pid)\n"
+        "print(worker.pid if worker.poll() is None else '')\n"
     )
     started = subprocess.run([sys.executable, "-c", launcher], cwd=REPO, capture_output=True, text=True,
                              env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, timeout=60, check=True)  # fmt: skip
+    assert started.stdout.strip(), log.read_text()[-2000:]  # the worker ended before it loaded torch
     pid = int(started.stdout)
     deadline = time.time() + 90
     while time.time() < deadline and _running(pid):

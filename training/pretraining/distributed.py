@@ -101,7 +101,8 @@ def stop_with_launcher() -> None:
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         print(f"warning: prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}: if torchrun is killed "
               "outright, stop this worker by hand", file=sys.stderr)  # fmt: skip
-    elif os.getppid() != STARTED_BY:  # it died before the request: no signal will come
-        print(f"error: the launcher that started this worker (pid {STARTED_BY}) ended while the worker started; "
+    # The launcher died before the request (while torch loaded): no signal will come.
+    elif STARTED_BY[0] == os.getpid() and os.getppid() != STARTED_BY[1]:
+        print(f"error: the launcher that started this worker (pid {STARTED_BY[1]}) ended while the worker started; "
               "nothing was trained: the same command starts it again", file=sys.stderr, flush=True)  # fmt: skip
         sys.exit(128 + signal.SIGTERM)  # as the signal it would have sent
