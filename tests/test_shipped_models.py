@@ -178,3 +178,15 @@ def test_the_length_aware_calibration_flags_more_swaps_in_short_everyday_sentenc
     old = span_figures(before, BEFORE_ISSUE_36["threshold"])
     assert new["recall"] >= old["recall"] + 0.05, (new, old)
     assert new["clean_with_span"] <= EVERYDAY_CLEAN_WITH_SPAN and new["precision"] >= 0.8, new
+
+
+def test_the_shipped_manifests_are_written_as_export_writes_them():
+    """One list of plain values a line (export.bundle_writer.manifest_text): the detector's int8 ranges
+    written a number a line made its manifest 700 KB, and the tracked tree has a size limit (the GPU
+    call carries it whole)."""
+    from export.bundle_writer import manifest_text
+
+    for bundle in ("detector", "sentiment"):
+        text = (MODELS / bundle / "manifest.json").read_text()
+        assert text == manifest_text(json.loads(text)), bundle
+        assert len(text) < 500_000, (bundle, len(text))
