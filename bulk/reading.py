@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from app.model.tokenization import is_blank, lone_surrogate_at
+from app.model.tokenization import is_blank, lone_surrogate_at, lone_surrogate_in
 
 if TYPE_CHECKING:
     from bulk.inputs import Part
@@ -173,7 +173,9 @@ def _fallback(decoded: str, e: msgspec.DecodeError):
     text and the --id-field are checked for one (not_utf8: no UTF-8 holds it); elsewhere it harms nothing."""
     obj = _python_json(decoded)
     said = str(e)
-    return obj if "out of range" in said or "surrogate" in said or _holds_lone_surrogate(obj) else None
+    return (
+        obj if "out of range" in said or "surrogate" in said or lone_surrogate_in(obj) is not None else None
+    )
 
 
 def _not_json(constant: str):
@@ -187,17 +189,6 @@ def _python_json(decoded: str):
         return json.loads(decoded, parse_constant=_not_json)
     except (ValueError, RecursionError):
         return None
-
-
-def _holds_lone_surrogate(value) -> bool:
-    """Whether a parsed JSON value holds a lone surrogate in any string, key or value."""
-    if isinstance(value, str):
-        return lone_surrogate_at(value) is not None
-    if isinstance(value, dict):
-        return any(_holds_lone_surrogate(k) or _holds_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(map(_holds_lone_surrogate, value))
-    return False
 
 
 _MISSING = object()

@@ -23,7 +23,7 @@ from litestar.utils.scope.state import ScopeState
 from app.errors import AppError, ErrorType, clip
 from app.http.errors import from_msgspec
 from app.http.scoring import offload
-from app.model.tokenization import lone_surrogate_at
+from app.model.tokenization import lone_surrogate_in
 
 
 def _charset(ctype: str) -> str:
@@ -56,7 +56,7 @@ def strict_json(kind: type[msgspec.Struct]):
         if not body.strip():
             raise AppError(ErrorType.VALIDATION, "request body is required (a JSON object)", field="body")
         try:
-            body.decode("utf-8")
+            text = body.decode("utf-8")
         except UnicodeDecodeError:
             # RFC 8259: JSON between systems is UTF-8, and a charset parameter changes nothing (an ASCII body
             # labelled us-ascii is UTF-8 too); a body that is not UTF-8 and says which it is hears what to do.
@@ -77,10 +77,10 @@ def strict_json(kind: type[msgspec.Struct]):
             ):  # JSON, with a number past float's range: the typed error names it
                 pass
             except msgspec.DecodeError as syntax:
-                raise await _said(body, syntax) from None
+                raise await _said(body, text, syntax) from None
             raise from_msgspec(e) from None
         except msgspec.DecodeError as e:
-            raise await _said(body, e) from None
+            raise await _said(body, text, e) from None
         if _may_repeat_a_key(body, quoted_keys):
             _refuse_duplicate_keys(body)
         ScopeState.from_scope(request.scope).json = value  # Request.json() returns this: no second parse
@@ -88,58 +88,36 @@ def strict_json(kind: type[msgspec.Struct]):
     return hook
 
 
-async def _said(body: bytes, e: msgspec.DecodeError) -> AppError:
-    """_not_json, off the event loop for a large body: a second parse of up to a MiB, by Python's parser,
-    costs up to about 100 ms, which every other request would wait behind."""
-    return await offload(lambda: _not_json(body, e), len(body))
+async def _said(body: bytes, text: str, e: msgspec.DecodeError) -> AppError:
+    """The 400 for a body msgspec could not read. Where it may hold a lone surrogate escape, that is looked
+    for off the event loop for a large body: a second parse of up to a MiB, by Python's parser, costs up
+    to about 100 ms, which every other request would wait behind."""
+    if not _SURROGATE_ESCAPE.search(body):  # the usual malformed body: msgspec's account, no thread hop
+        return from_msgspec(e)
+    return await offload(lambda: _not_json(text, e), len(body))
 
 
 # Where a surrogate escape may be (an escaped backslash before the letters passes too: only slower).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _not_json(body: bytes, e: msgspec.DecodeError) -> AppError:
+def _not_json(text: str, e: msgspec.DecodeError) -> AppError:
     """400 invalid_json: msgspec's account of where the syntax breaks, or a lone surrogate escape named as
     such, with the field that holds it: msgspec refuses one (and reports it as "truncated" at times)
     where the body is otherwise JSON. Found in what Python's parser decoded, whose every surrogate left
     is a lone one (it joins each high-low pair into one character): a search of the raw bytes, telling
     an escaped backslash before the letters ud800 from the escape, took 130 ms for a hostile 1 MB body."""
-    if not _SURROGATE_ESCAPE.search(body):
-        return from_msgspec(e)
-    try:  # decoded first: from bytes, Python's parser would guess the encoding (UTF-16 too)
-        value = json.loads(body.decode("utf-8"))
+    try:  # the body decoded as UTF-8: from bytes, Python's parser would guess the encoding (UTF-16 too)
+        value = json.loads(text)
     except (ValueError, RecursionError):
         return from_msgspec(e)
-    if (found := _lone_surrogate(value)) is None:
+    if (found := lone_surrogate_in(value)) is None:
         return from_msgspec(e)
-    path, text, at = found
+    path, holder, at = found
     field = clip("".join(reversed(path)).removeprefix(".")) if path is not None else ""
-    msg = (f"request body is not valid JSON: lone UTF-16 surrogate escape \\u{ord(text[at]):04x} in "
+    msg = (f"request body is not valid JSON: lone UTF-16 surrogate escape \\u{ord(holder[at]):04x} in "
            f"{field or 'a key'} at character {at} (a surrogate must come in a high-low pair)")  # fmt: skip
     return AppError(ErrorType.INVALID_JSON, msg, field=field or "body")
-
-
-def _lone_surrogate(value: Any) -> tuple[list[str] | None, str, int] | None:
-    """The first lone surrogate in a decoded body, keys before values: where it stands, innermost first
-    (["[1]", ".texts"]; None for a key), its string, and its place there. Numbers, and the path's text,
-    cost nothing until one is found: a body of a million items is walked in milliseconds."""
-    if isinstance(value, str):
-        at = lone_surrogate_at(value)
-        return None if at is None else ([], value, at)
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        if isinstance(key, str) and (at := lone_surrogate_at(key)) is not None:
-            return None, key, at
-        if isinstance(item, (str, list, dict)) and (found := _lone_surrogate(item)) is not None:
-            if found[0] is not None:
-                found[0].append(f"[{key}]" if isinstance(key, int) else f".{key}")
-            return found
-    return None
 
 
 def _may_repeat_a_key(body: bytes, quoted_keys: tuple[bytes, ...]) -> bool:
