@@ -493,6 +493,21 @@ def test_shards_round_trip(trained, valid_docs, tmp_path):
     assert 1 <= inner_seps <= len(expected) - 1
 
 
+def test_a_killed_builds_temporary_directory_goes_at_the_next_build(trained, valid_docs, tmp_path):
+    """A build killed outright (SIGKILL, OOM) left `.shards.pidPID.HEX` beside the data for good: its
+    name carried the pid, but no build looked for it. A rebuild over old shards sets them aside under
+    such a name too, not a mkdtemp one no one would sweep."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    (tmp_path / f".shards.pid{dead}.0123456789abcdef").mkdir()
+    build_shards(valid_docs[:3], trained, 64, tmp_path / "shards")
+    build_shards(valid_docs[3:6], trained, 64, tmp_path / "shards")  # other text: rebuilt over the first
+    assert [p.name for p in tmp_path.iterdir()] == ["shards"]
+
+
 def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(trained, valid_docs, tmp_path, monkeypatch):
     """A corpus of one 27 MB line peaked at 4.4 GB encoded whole (1.1 GB in pieces: measured with
     /usr/bin/time -v on a 30 MB line). Cut just before whitespace, the pieces give the ids the whole

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
@@ -33,7 +32,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from training.data.tokenizer import special_ids, tokenizer_sha256
-from training.errors import disk_full, out_of_space, sibling_temporary
+from training.errors import disk_full, out_of_space, remove_orphans, sibling_temporary
 
 __all__ = ["Batches", "PackedDataset", "ShardInfo", "build_shards", "rows_digest"]
 
@@ -219,6 +218,7 @@ def build_shards(
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built under a temporary name beside the target and renamed into place: a killed build leaves no
     # directory that a later run would mistake for complete.
+    remove_orphans(out.parent, f".{out.name}.")  # a build killed outright (SIGKILL, OOM) left its own
     tmp = sibling_temporary(out)
     try:
         tmp.mkdir()
@@ -406,8 +406,10 @@ def _replace_dir(new: Path, target: Path) -> None:
         return
     # A directory cannot be os.replace()d over a non-empty one: move the stale one aside first, so the
     # target is missing only for the instant between two renames, and never half-written.
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.rename(target, old / target.name)
+    # Named with this process's pid: set aside by a build killed between the renames, the next build's
+    # remove_orphans takes it away (a mkdtemp name was left for good).
+    old = sibling_temporary(target)
+    os.rename(target, old)
     os.rename(new, target)
     shutil.rmtree(old, ignore_errors=True)
 
