@@ -32,9 +32,9 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
         cfg.id2label = new_labels
         model = ElectraForSequenceClassification(cfg)
         init_weights(model, cfg.initializer_range)  # drawn as before, so a seed gives the head it gave
-        # The encoder as load_model just read it: reading the weights again cost a second pass over the
-        # file (a base model's 418 MiB) for the same tensors.
-        model.electra.load_state_dict(loaded.electra.state_dict())
+        # The encoder load_model just read, itself: reading the weights again cost a second pass over the
+        # file (a base model's 418 MiB), and copying them a second copy in memory.
+        model.electra = loaded.electra
         notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
                      "(classifier.*), keeping the encoder")  # fmt: skip
     else:
