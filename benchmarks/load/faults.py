@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"--faults: unknown fault {unknown[0]!r}; choose from {', '.join(PROMISES)}")
     try:
-        lk.check_mix(args.mix)
+        lk.parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     return args

@@ -58,7 +58,7 @@ class ProfileConfig:
             raise ValueError(f"--batch-texts must be >= 1, got {self.batch_texts}")
         if sum(x is not None for x in (self.model, self.bundle, self.url)) > 1:
             raise ValueError("give at most one of --model, --bundle and --url")
-        lk.check_mix(self.mix)
+        lk.parse_mix(self.mix)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ import psutil
 from benchmarks.cli import detector_models, existing, positive_ints
 from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.load.mix import STANDARD as STANDARD_MIX  # noqa: F401 (the drivers' lk.STANDARD_MIX)
-from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (lk.mix_paths)
+from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (the drivers' lk.mix_paths, lk.parse_mix)
 from options import usage_exit
 
 LOCUSTFILE = REPO / "benchmarks" / "load" / "locustfile.py"
@@ -276,11 +276,6 @@ class Sampler:
 
 
 # ---------------------------------------------------------------------------------------------- locust
-
-
-def check_mix(spec: str) -> None:
-    """Fail on a bad --mix before any server starts (importing the locustfile would patch with gevent)."""
-    parse_mix(spec)
 
 
 API_KEY_ENV = "ELECTRA_API_KEY"  # the server's variable; the locustfile reads it too, to send the key

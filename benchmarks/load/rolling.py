@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--drain-delay-s must cover {checks} health checks of --check-inter-ms, or the balancer "
                 "still sends to a closed port")  # fmt: skip
     try:
-        lk.check_mix(args.mix)
+        lk.parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     print(json.dumps({"rolling": vars(args)}, default=str), flush=True)

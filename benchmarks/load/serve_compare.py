@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.users) < 1 or args.run_time < 1 or args.rounds < 1:
         p.error("--users and --rounds must be positive and --run-time at least 1 s")
     try:
-        lk.check_mix(args.mix)
+        lk.parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     if (

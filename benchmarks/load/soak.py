@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             p.error(msg)
     try:
-        lk.check_mix(args.mix)
+        lk.parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     print(json.dumps({"soak": vars(args)}, default=str), flush=True)
