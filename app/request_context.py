@@ -23,6 +23,13 @@ def incoming_id(scope) -> bytes:
     return uuid.uuid4().hex.encode()
 
 
+def answer_headers(rid: bytes) -> tuple[tuple[bytes, bytes], ...]:
+    """What every answer carries, routed or not (app/http/server.py's middleware, the connection limit's
+    503 outside it): its request id, so a client's log line and the server's can be matched, and nosniff,
+    so that no answer of ours is read as another type than it says (JSON as HTML)."""
+    return (b"x-request-id", rid), (b"x-content-type-options", b"nosniff")
+
+
 def access_line(scope, status: int, elapsed_s: float | None, model: str, rid: str) -> str:
     """--access-log's line: client, method, path, status, time (unknown for a request no route took),
     model and x-request-id."""

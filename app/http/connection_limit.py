@@ -20,17 +20,16 @@ def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
     """`app` wrapped: a request on a connection that brings the open ones to `limit` (its own counted)
     gets the 503, as uvicorn's limit did; every other scope passes through."""
     message = f"the server holds its --limit-concurrency of {limit} open connections; retry shortly"
-    # Outside every middleware: what server._observe gives the others (nosniff, x-request-id) is sent here.
-    head = ((b"retry-after", b"1"), (b"connection", b"close"), (b"x-content-type-options", b"nosniff"))
+    head = ((b"retry-after", b"1"), (b"connection", b"close"))
 
     async def limited(scope, receive, send) -> None:
         if scope["type"] != "http" or load.connections < limit or scope["path"] in PROBES:
             return await app(scope, receive, send)
         metrics.requests.labels("other", "", "503").inc()
-        # Its x-request-id as every routed answer's (this one never reaches the router's middleware): the
-        # client's log line and the server's can be matched. No line is written of it but the counters.
-        rid = (b"x-request-id", request_context.incoming_id(scope))
+        # Outside every middleware: the headers server.py's gives every other answer are sent here. No line
+        # is written of it but the counters.
+        rid = request_context.incoming_id(scope)
         await send_refusal(send, metrics, ErrorType.UNAVAILABLE, message, None, reason="connection_limit",
-                           headers=(*head, rid))  # fmt: skip
+                           headers=(*head, *request_context.answer_headers(rid)))  # fmt: skip
 
     return limited

@@ -171,12 +171,7 @@ def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = Fal
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    # nosniff: no answer of ours is to be read as another type than it says (JSON as HTML).
-                    headers = [
-                        *message.get("headers", ()),
-                        (b"x-request-id", rid),
-                        (b"x-content-type-options", b"nosniff"),
-                    ]
+                    headers = [*message.get("headers", ()), *request_context.answer_headers(rid)]
                     if vary_origin:
                         headers = _varying_by_origin(headers)
                     message = {**message, "headers": headers}
