@@ -175,7 +175,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
                          "again, or fine-tune one afresh from a detector's (python -m training.finetune --init)")  # fmt: skip
     _check_recoverable(bundle, manifest)
     graph = onnx.load(str(bundle / "model.onnx"))
-    cfg = _manifest_config(bundle, manifest, graph)
+    cfg, lengths = _manifest_config(bundle, manifest, graph)
     projected = cfg.embedding_size != cfg.hidden_size
     try:
         weights = recover_weights(graph, cfg.num_hidden_layers, projected)
@@ -196,7 +196,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
                          f"({mismatch}); {_RESTORE}") from None  # fmt: skip
     # Before the parity check (seconds): its result could not be written anyway.
     check_room(out, sum(t.numel() * t.element_size() for t in own.values()) + 2**20, "the checkpoint")
-    check = _check_against_bundle(disc, bundle, manifest)
+    check = _check_against_bundle(disc, lengths, bundle, manifest)
     report = {"bundle": str(bundle), "model_sha256": manifest.get("model_sha256"), "check": check,
               "calibration_left_out": manifest.get("calibration"), "source": manifest["source"].get("checkpoint"),
               "training": manifest["source"].get("training")}  # fmt: skip
@@ -235,8 +235,8 @@ _RESTORE = "restore manifest.json from the export that wrote the bundle, or expo
 
 
 def _manifest_config(bundle: Path, manifest: dict, graph: onnx.ModelProto):
-    """The model manifest.json says the graph is (source.config), and the inputs and calibration the check
-    against the bundle reads from it, or an InputError naming the field: the server reads none of them, so
+    """The model manifest.json says the graph is (source.config) and its calibration's length map (None
+    where it has none), the inputs checked against the graph's, or an InputError naming the field: the server reads none of them, so
     its reader (read_bundle) passes a manifest edited there, which ended here in a KeyError, AttributeError
     or size-mismatch traceback."""
     from export.calibration import LengthMap
@@ -258,13 +258,14 @@ def _manifest_config(bundle: Path, manifest: dict, graph: onnx.ModelProto):
         raise InputError(
             f"{bundle}/manifest.json: inputs {inputs!r}, and the graph takes {graph_inputs}; {_RESTORE}"
         )
+    lengths = None
     if manifest.get("calibration"):
         try:
-            LengthMap.from_manifest(manifest["calibration"])
+            lengths = LengthMap.from_manifest(manifest["calibration"])
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise InputError(f"{bundle}/manifest.json: calibration does not read as a length map "
                              f"({type(e).__name__}: {e}); {_RESTORE}") from None  # fmt: skip
-    return cfg
+    return cfg, lengths
 
 
 def _check_recoverable(bundle: Path, manifest: dict) -> None:
@@ -292,20 +293,17 @@ def _check_out(out: Path, bundle: Path) -> None:
         raise InputError(str(e)) from None
 
 
-def _check_against_bundle(disc, bundle: Path, manifest: dict) -> dict:
+def _check_against_bundle(disc, lengths, bundle: Path, manifest: dict) -> dict:
     """The recovered model, through the bundle's calibration, against the bundle: the export's own
     parity check (random-length padded batches, real positions only, the server's session options)."""
     from export import parity
     from export.calibrate import MAX_DEVIATION
-    from export.calibration import LengthMap
     from export.onnx import CalibratedLogits
     from export.optimize import session
 
-    cal = manifest.get("calibration")
-    model = CalibratedLogits(disc, LengthMap.from_manifest(cal)) if cal else disc
-    config = manifest["source"]["config"]
-    batches = parity.random_batches(config["vocab_size"], min(manifest["max_length"], 128),
-                                    type_vocab_size=config.get("type_vocab_size", 2))  # fmt: skip
+    model = CalibratedLogits(disc, lengths) if lengths is not None else disc
+    batches = parity.random_batches(disc.config.vocab_size, min(manifest["max_length"], 128),
+                                    type_vocab_size=disc.config.type_vocab_size)  # fmt: skip
     diff = parity.max_abs_diff(model.eval(), session(bundle / "model.onnx"), "detector", None, batches,
                                manifest["inputs"])  # fmt: skip
     # An int8-compute bundle is held to its simulated forward within the export's per-token gate (int8
