@@ -26,12 +26,11 @@ import argparse
 import json
 import math
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file
+from benchmarks.output import add_out_file, show_config
 
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
 ENDS = 3  # texts kept from each end of the first direction
@@ -220,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     out = add_out_file(p, "frozen_features", "frozen_features.json")
     args = p.parse_args(argv)
     out.settle(p, args)
-    print(f"frozen_features: {vars(args)}", flush=True)
+    config = show_config("frozen_features", args)
 
     import torch
 
@@ -238,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results[-1]), flush=True)
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                    "torch": torch.__version__, "cpu": cpu(), "results": results}, indent=1) + "\n")  # fmt: skip
+    args.out.write_text(json.dumps({"config": config, "torch": torch.__version__, "cpu": cpu(),
+                                    "results": results}, indent=1) + "\n")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 
