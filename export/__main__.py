@@ -63,11 +63,8 @@ def _check_replaceable(
 ) -> None:
     """`target` may be written (built beside it, swapped into its place): new, empty, or with --force an
     earlier export's `what` holding only its `own` files, and not the checkpoint being exported."""
-    try:
-        check_replaceable(target, flag, what, own, force=cfg.force, marker=marker,
-                          source=(Path(cfg.checkpoint), "the checkpoint being exported"))  # fmt: skip
-    except CheckpointError as e:
-        raise options.ConfigError(str(e)) from None
+    check_replaceable(target, flag, what, own, force=cfg.force, marker=marker,
+                      source=(Path(cfg.checkpoint), "the checkpoint being exported"), error=options.ConfigError)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,7 +166,9 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     from training.model import ElectraForPreTraining
 
     out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
-    _check_out(out, bundle)
+    # Replaced whole, and unasked where it holds only an earlier recovery's files (there is no --force).
+    check_replaceable(out, "--out", "recovered checkpoint", RECOVERED_FILES, force=True, force_flag=None,
+                      source=(bundle, "the bundle being recovered"), error=InputError)  # fmt: skip
     read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
@@ -281,16 +283,6 @@ def _check_recoverable(bundle: Path, manifest: dict) -> None:
         raise InputError(f"{bundle} was exported with --int8 {name} (manifest optimizations.int8.method {method}): "
                          f"{why}. Bundles of --precision fp32 or fp16, or --int8 weights or compute, are "
                          "recovered: export the checkpoint so, or recover another bundle of it")  # fmt: skip
-
-
-def _check_out(out: Path, bundle: Path) -> None:
-    """--out is replaced whole (built beside it, renamed into its place): only where it holds nothing but an
-    earlier recovery's files, which are replaced unasked (there is no --force), and not the bundle."""
-    try:
-        check_replaceable(out, "--out", "recovered checkpoint", RECOVERED_FILES, force=True, force_flag=None,
-                          source=(bundle, "the bundle being recovered"))  # fmt: skip
-    except CheckpointError as e:
-        raise InputError(str(e)) from None
 
 
 def _check_against_bundle(disc, lengths, bundle: Path, manifest: dict) -> dict:

@@ -167,8 +167,9 @@ def check_replaceable(
     force_flag: str | None = "--force",
     marker: str | None = None,
     source: tuple[Path, str] | None = None,
+    error: type[Exception] = CheckpointError,
 ) -> None:
-    """A CheckpointError unless `target`, given as `option` ("--out"), may be written whole: built beside
+    """An `error` (the command's own kind: CheckpointError unless given) unless `target`, given as `option` ("--out"), may be written whole: built beside
     it and renamed into its place, which deletes all it held. It may be absent or empty; or, with `force`,
     hold an earlier `what` (a "bundle") with its `marker` file and nothing besides its `own` files.
     `force_flag` is the option that asks for that; None where the command has none: with `force`, it
@@ -177,30 +178,32 @@ def check_replaceable(
     exported"): the target must not hold it. Checked at the start: found at the write, each of these would
     cost the work, or delete what the target held."""
     instead = f"choose another {option}"
-    refuse_file_in_path(target, f"{option} ")
-    # Before "not empty": a volume's root holds lost+found, and --force would not help.
-    refuse_mount_point(target, f"{option} ")
+    try:
+        refuse_file_in_path(target, f"{option} ")
+        # Before "not empty": a volume's root holds lost+found, and --force would not help.
+        refuse_mount_point(target, f"{option} ")
+    except CheckpointError as e:
+        raise error(str(e)) from None
     if source is not None:
         read = Path(os.path.realpath(source[0]))
         if Path(os.path.realpath(target)) in (read, *read.parents):  # the swap would delete what is read
-            raise CheckpointError(f"{option} {target} holds {source[1]} ({source[0]}): {instead}")
+            raise error(f"{option} {target} holds {source[1]} ({source[0]}): {instead}")
     held = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
     if not held:
         return
     shown = ", ".join(held[:4])
     if not force:
         asked = f"pass {force_flag} to replace it" if force_flag else instead
-        raise CheckpointError(f"{option} {target} is not empty (it holds {shown}); {asked}")
+        raise error(f"{option} {target} is not empty (it holds {shown}); {asked}")
     replaces = force_flag or f"writing the {what}"
     if marker is not None and not (target / marker).is_file():
         a = "an" if what[:1].lower() in "aeiou" else "a"
-        raise CheckpointError(f"{option} {target} holds {shown} and no {what} (no {marker}): {replaces} "
-                              f"replaces {a} {what}, never other files; {instead}")  # fmt: skip
+        raise error(f"{option} {target} holds {shown} and no {what} (no {marker}): {replaces} replaces {a} "
+                    f"{what}, never other files; {instead}")  # fmt: skip
     if others := others_in(target, own):
         named = ", ".join(sorted({f.rstrip("/") for f in own if "/" not in f.rstrip("/")}))
-        raise CheckpointError(f"{option} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
-                              f"({named}), and {replaces} replaces the directory whole: move them out, or "
-                              f"{instead}")  # fmt: skip
+        raise error(f"{option} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
+                    f"({named}), and {replaces} replaces the directory whole: move them out, or {instead}")  # fmt: skip
 
 
 def link_or_copy(src: str, dst: str) -> None:

@@ -162,7 +162,8 @@ def pack(cfg: PackConfig, log=print) -> dict:
     from training.checkpoint import save_tensors, write_atomically
 
     run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
-    _check_out(out, "handoff", force_flag=None)  # no --force: a handoff is written only where none is
+    # No --force: a handoff is written only where none is.
+    check_replaceable(out, "--out", "handoff", force_flag=None, error=HandoffError)
     ckpt, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
@@ -286,8 +287,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     src, out = Path(cfg.handoff), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
     # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
     # and data, and a process still training into it would write into a directory swapped away.
-    _check_out(out, "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
-               source=(src, "the handoff being unpacked"))  # fmt: skip
+    check_replaceable(out, "--out", "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
+                      source=(src, "the handoff being unpacked"), error=HandoffError)  # fmt: skip
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
     from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
 
@@ -318,14 +319,6 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
         f"{step}")  # fmt: skip
     return out / "checkpoints" / step_dir
-
-
-def _check_out(out: Path, what: str, own=(), **how) -> None:
-    """A HandoffError where --out cannot be written whole (training.errors.check_replaceable says why)."""
-    try:
-        check_replaceable(out, "--out", what, own, **how)
-    except CheckpointError as e:
-        raise HandoffError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------ main
