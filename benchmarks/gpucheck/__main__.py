@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
 from benchmarks.gpucheck.report import write_report
 from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
+from benchmarks.output import show_config
 from benchmarks.speed.train_variants import variant_names
 
 
@@ -108,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"gpu-check configuration: {json.dumps(vars(args))}", flush=True)
     report = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "config": vars(args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
+              "config": show_config("gpu-check", args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
     sizes = sizes_for(args)
     claim_pflop = args.claim_pflop or sizes.claim_pflop
     # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
@@ -118,26 +118,21 @@ def main(argv: list[str] | None = None) -> int:
     planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop)
     refused = claim_refuses(planned) if "claim" in args.only else None
     if refused:
-        report["problems"] = [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
-        write_report(out, report)
-        print(f"gpu-check: {report['problems'][0]}; no step ran", file=sys.stderr)
-        return 2
+        return refuse(
+            out, report, [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
+        )
     serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.wheels:
         try:
             serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
-        except WheelsError as e:  # in results.json too: on a loan, that file is what comes back
-            report["problems"] = [str(e)]
-            write_report(out, report)
-            print(f"gpu-check: {e}; no step ran", file=sys.stderr)
-            return 2
+        except WheelsError as e:
+            return refuse(out, report, [str(e)])
     train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
     facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
-    report.update(environment=facts, problems=problems)
-    write_report(out, report)
+    report["environment"] = facts
     if problems:
-        print("gpu-check: the environment cannot run the steps:\n  " + "\n  ".join(problems), file=sys.stderr)
-        return 2
+        return refuse(out, report, problems)
+    write_report(out, report)
     # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
                   args.detector_minutes, tuple(args.only),
@@ -146,6 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         return run_steps(ctx, args.only, report, out, work)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)
         ctx.stop_runs_beside()
+
+
+def refuse(out: Path, report: dict, problems: list[str]) -> int:
+    """Exit status 2, nothing ran: the reasons go into results.json and results.md as well as stderr,
+    since on a loan those files are what comes back."""
+    report["problems"] = problems
+    write_report(out, report)
+    print("gpu-check: no step ran:\n  " + "\n  ".join(problems), file=sys.stderr)
+    return 2
 
 
 def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path) -> int:
