@@ -39,15 +39,10 @@ async def index() -> Response[bytes]:
 # The page's own files, and nothing else under /ui: a general static router answered a NUL or an
 # over-long name there with a 500 and a traceback (public, even with --api-key), and served index.html
 # a second time without the page's headers. index.html loads main.js as a module, and it imports the rest;
-# a browser runs a module script only when it is served as JavaScript.
-_FILES = {
-    "main.js": "text/javascript",
-    "state.js": "text/javascript",
-    "api.js": "text/javascript",
-    "render.js": "text/javascript",
-    "controls.js": "text/javascript",
-    "ui.css": "text/css",
-}
+# a browser runs a module script only when it is served as JavaScript. The list is app/static's scripts and
+# styles, read once at import: a file added there is served without a second list to keep.
+_TYPES = {".js": "text/javascript", ".css": "text/css"}
+_FILES = {p.name: _TYPES[p.suffix] for p in sorted(STATIC.iterdir()) if p.suffix in _TYPES}
 
 
 @cache

@@ -79,7 +79,7 @@ export function syncControls() {
   } else {
     $("text-label").textContent = "Text";
   }
-  if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
+  markStaleIfEdited();
   const warnings = (model && model.warnings) || [];
   $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
   $("model-warnings").hidden = !warnings.length;
@@ -90,6 +90,10 @@ export function syncControls() {
 }
 
 // Results of a text since edited are kept, marked as such, until the next Check.
+export function markStaleIfEdited() {
+  if (state.scoredInput !== null) markStale(inputNow() !== state.scoredInput);
+}
+
 export function markStale(stale) {
   for (const note of document.querySelectorAll(".stale-note")) note.hidden = !stale;
   for (const id of ["detect", "classify"]) $(id).classList.toggle("stale", stale);

@@ -6,7 +6,7 @@
 import { $, state, selectedModel, takesPairs } from "./state.js";
 import { api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import { hideTip, onMarkedKey, remark, renderClassify, renderDetect, showTip } from "./render.js";
-import { inputNow, loadModels, markStale, syncControls } from "./controls.js";
+import { inputNow, loadModels, markStale, markStaleIfEdited, syncControls } from "./controls.js";
 
 // ------------------------------------------------------------------ scoring
 async function run() {
@@ -87,7 +87,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
   for (const id of ["text", "text-pair"]) {
     $(id).addEventListener("input", () => {
-      if (state.scoredInput !== undefined) markStale(inputNow() !== state.scoredInput);
+      markStaleIfEdited();
     });
     $(id).addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
