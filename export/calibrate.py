@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from export import calibration as cal
+from export import evaldata
 from export.evaluation.items import MIN_SENTENCES, CalibrationDataError, Texts, build_texts, fitting
 from export.evaluation.scoring import score
 from export.parity import ParityError, deviation, roc_auc
@@ -35,13 +36,9 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
     """Score the calibration sentences with the uncalibrated fp32 graph, fit the map; returns the
     export source with the map in its graph (and in the torch side parity compares with)."""
     from export.onnx import CalibratedLogits
-    from training.checkpoint import load_model
 
     cfg = src.cfg
-    generator = None
-    if (src.ckpt / "generator").is_dir():
-        generator, _, _ = load_model(src.ckpt / "generator", "ElectraForMaskedLM")
-        generator.eval()
+    generator = evaldata.run_generator(src.ckpt)
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
     # The long quiet stretches of an export (the swaps here, the int8 check, the threshold's scoring: 15,
     # 9 and 7 s for the tiny config on 2 cores, minutes for a larger model on a busy machine) each say

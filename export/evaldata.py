@@ -135,6 +135,17 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     return Batch(ids, mask, types), (special == 1) | (mask == 0)
 
 
+def run_generator(ckpt: Path):
+    """The pretraining run's generator in eval mode, or None (a fine-tuned model, an imported discriminator):
+    calibration swaps words with it, and the int8 check corrupts held-out text with it."""
+    if not (ckpt / "generator").is_dir():
+        return None
+    from training.checkpoint import load_model
+
+    generator, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
+    return generator.eval()
+
+
 def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: int = 0):
     """(corrupted Batch, labels (B, T) bool, how) with training.pretraining.objective's masking and sampling."""
     from training.pretraining.masking import Corruption, draw_noise

@@ -217,8 +217,6 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     reference: the fp32 session, or a parity.TorchReference."""
     from tokenizers import Tokenizer
 
-    from training.checkpoint import load_model
-
     cfg, ckpt, kind, ptype = src.cfg, src.ckpt, src.kind, src.ptype
     src.log("int8 accuracy: scoring held-out data with the int8 model and its reference ...")
     data_dir = optional_path(cfg.data_dir)
@@ -249,10 +247,8 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
 
     lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
     data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
-    generator = None
-    if (ckpt / "generator").is_dir():
-        generator, _, _ = load_model(ckpt / "generator", "ElectraForMaskedLM")
-        generator.eval()
-    fake, labels, how = evaldata.corrupt(data, special, generator, tok.token_to_id("[MASK]") or 0, cfg.seed)
+    fake, labels, how = evaldata.corrupt(
+        data, special, evaldata.run_generator(ckpt), tok.token_to_id("[MASK]") or 0, cfg.seed
+    )
     figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special)
     return {**figures, "corruption": how, "data": where}
