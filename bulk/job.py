@@ -145,15 +145,16 @@ class _Stopped(Exception):
         self.status = status
 
 
-def _join_ray(cfg: BulkConfig) -> None:
-    """Start or join the Ray cluster the parts will run on (_Stopped by a stop meanwhile). Before our signal
-    handlers go in: ray.init sets a SIGTERM handler of its own (sys.exit), which would otherwise replace the
-    one that lets the job stop as the next part finishes."""
+def _join_ray(cfg: BulkConfig) -> str | None:
+    """Start or join the Ray cluster the parts will run on (_Stopped by a stop meanwhile); the session
+    directory of an instance of the job's own (--ray alone). Before our signal handlers go in: ray.init sets
+    a SIGTERM handler of its own (sys.exit), which would otherwise replace the one that lets the job stop as
+    the next part finishes."""
     from bulk import on_ray
 
     before = signal.getsignal(signal.SIGTERM)
     try:
-        on_ray.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
+        own_instance = on_ray.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
     except on_ray.JoinError as e:
         raise JobError(str(e)) from None
     except SystemExit as e:  # ray.init's SIGTERM handler, there before ours: a stop, not a crash
@@ -166,6 +167,7 @@ def _join_ray(cfg: BulkConfig) -> None:
     # (config.json, job.json): the one before it stands until the job's own go in.
     if before is not None:  # None: a handler not set from Python, which Ray's replaced for good
         signal.signal(signal.SIGTERM, before)
+    return own_instance
 
 
 class Workers:
@@ -253,20 +255,16 @@ def run(cfg: BulkConfig) -> int:
     stale = _stale_in(parts)
     finished = {k: e for k, e in finished.items() if not stale(e)}
     todo = [p for p in parts if p.key not in finished]
+    own_instance = None
     # The last refusal, a Ray cluster that cannot be joined: nothing in --out was written before it.
     if todo:
         try:
             if cfg.ray:
-                _join_ray(cfg)
+                own_instance = _join_ray(cfg)
             # What the runners start: --workers 0 resolved here, a cluster's CPUs too (config.json keeps 0).
             run_cfg = options.replace(cfg, workers=workers())
         except _Stopped as e:
             return e.status
-    own_instance = None
-    if todo and cfg.ray == "local":
-        from bulk import on_ray
-
-        own_instance = on_ray.own_session()
     prepare(cfg, pending, parts, own_instance)
     report_failures(failed_shards)
     for note in left_out_notes(left_out):  # on every run, resumes too: they are left out of each

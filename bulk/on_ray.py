@@ -54,33 +54,26 @@ class ScoreParts:
         return {"result": [json.dumps(r) for r in results]}
 
 
-_OWN_SESSION: str | None = None  # the session directory of the instance connect() started, if it did
-
-
-def own_session() -> str | None:
-    """The session directory of the instance this job started (--ray alone), which the job records in --out:
-    a kill -9 leaves some of its processes, and the next run ends them (bulk/own_ray.py)."""
-    return _OWN_SESSION
-
-
-def connect(address: str, cpus: int) -> None:
+def connect(address: str, cpus: int) -> str | None:
+    """Start (address "local") or join the Ray cluster. Returns the session directory of an instance this
+    call started, which the job records in --out: a kill -9 leaves some of its processes, and the next run
+    ends them (bulk/own_ray.py)."""
     import ray
 
     os.environ.update(WORKER_ENV)  # the instance `ray.init` starts reads it from our environment
     if ray.is_initialized():
-        return
+        return None
     runtime_env = {"env_vars": WORKER_ENV}
     if address == "local":  # an instance of our own on this machine, ended with the job
         started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
                            include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
-        global _OWN_SESSION
-        _OWN_SESSION = started.address_info.get("session_dir")
-    else:
-        _check_reachable(address)
-        try:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-        except ConnectionError as e:
-            raise JoinError(_join_failed(address, e)) from None
+        return started.address_info.get("session_dir")
+    _check_reachable(address)
+    try:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+    except ConnectionError as e:
+        raise JoinError(_join_failed(address, e)) from None
+    return None
 
 
 def cluster_cpus() -> int:
