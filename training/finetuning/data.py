@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from training.config import ConfigError
 from training.finetuning.coverage import missing_classes
 
-__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "load_task_data",
+__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "label_names", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
 
 SPLIT_SEED = 20240607  # the dev split of user data and the --max-*-examples samples; keep it fixed
@@ -279,6 +279,11 @@ def label_name(value) -> str:
     return text
 
 
+def label_names(spec: str) -> tuple[str, ...]:
+    """The classes --labels lists, in id order, each read as the data's labels are ("1.0" is "1")."""
+    return tuple(label_name(s) for s in spec.split(","))
+
+
 def _sort_key(name: str):
     # Total, so the order never follows the set's hash order: only ASCII integers sort as numbers (int()
     # also reads "1_0" as 10, a tie with "10"), and the name breaks any tie.
@@ -354,7 +359,7 @@ def _user_files(cfg) -> TaskData:
     else:
         seen = {label_name(v) for v in values}
         if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
-            labels = tuple(label_name(s) for s in cfg.labels.split(","))
+            labels = label_names(cfg.labels)
             if len(set(labels)) != len(labels) or not all(labels):
                 same = next((n for n in labels if labels.count(n) > 1), None)
                 raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}"
