@@ -274,6 +274,22 @@ def test_a_positive_label_on_a_regression_says_it_is_for_binary_classification(t
     )
 
 
+@pytest.mark.parametrize("metric", ["f1", "macro_f1"])
+def test_a_classification_metric_on_a_regression_names_the_regression_figures(
+    tiny_init, tmp_path, capsys, metric
+):
+    """--metric f1 said "use macro_f1", which was then refused with "use pearson or spearman"."""
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps({"text": f"a film {i}", "score": i / 7}) + "\n" for i in range(30)))
+    with pytest.raises(SystemExit):
+        finetune(["--init", str(tiny_init), "--train", str(data), "--label-column", "score", "--metric", metric,
+                  "--out", str(tmp_path / "out")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"--metric {metric}: a classification figure, and this data is a regression" in err, err
+    assert "use pearson or spearman" in err and "use macro_f1" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_threads_0_is_every_core_and_cuda_without_a_gpu_leaves_out_untouched(tmp_path, capsys):
     """--threads 0 was refused ("must be positive") where pretraining takes it as every core; --device cuda
     on a machine without one was refused after --out was created and locked."""

@@ -434,7 +434,8 @@ def unused_data_options(values: dict) -> dict[str, object]:
 
 
 PROBLEM_TYPES = ("auto", "classification", "regression")
-SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
+CLASSIFICATION_METRICS = ("accuracy", "macro_f1", "mcc", "f1")
+SELECTION_METRICS = ("auto", *CLASSIFICATION_METRICS, "pearson", "spearman")
 
 
 @dataclass
@@ -565,7 +566,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         for name in ("eval_every", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}")  # fmt: skip
-        if self.problem_type == "regression" and self.metric in ("accuracy", "macro_f1", "mcc", "f1"):
+        if self.problem_type == "regression" and self.metric in CLASSIFICATION_METRICS:
             raise ConfigError(f"--metric {self.metric}: a classification figure; use pearson or spearman")
         if self.problem_type == "classification" and self.metric in ("pearson", "spearman"):
             raise ConfigError(f"--metric {self.metric}: a regression figure; use accuracy, macro_f1, mcc, f1")
