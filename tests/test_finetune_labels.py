@@ -126,6 +126,24 @@ def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_p
     assert load(tmp_path, path, problem_type="classification").labels == ("0,5", "1,5", "2,5")  # as asked
 
 
+def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_path):
+    """JSON's Infinity (or "1e400" in a CSV) among 0/1 labels became a third class, "inf" or "1e400"; only
+    among fractional labels was it refused."""
+    rows = [{"text": f"film {i}", "label": i % 2} for i in range(30)]
+    rows[6]["label"] = float("inf")
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes inf as Infinity
+    with pytest.raises(DataError, match=r"t.jsonl row 7: label Infinity is not a finite number, and the other "
+                       r"labels are whole numbers \(classes\): fix or drop its row"):  # fmt: skip
+        load(tmp_path, path)
+    table = write(tmp_path / "t.csv", [(f"film {i}", "1e400" if i == 3 else i % 2) for i in range(30)])
+    with pytest.raises(DataError, match=r"t.csv row 4: label '1e400' is not a finite number"):
+        load(tmp_path, table)
+    assert load(tmp_path, table, problem_type="classification").labels == ("0", "1", "1e400")  # as asked
+    words = write(tmp_path / "w.csv", [(f"film {i}", ["0", "1", "inf", "other"][i % 4]) for i in range(40)])
+    assert load(tmp_path, words).labels == ("0", "1", "inf", "other")  # not all numbers: names
+
+
 @pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
 def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     """It trained on the label as its text: a model that reads the answer from its input."""

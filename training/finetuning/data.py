@@ -292,15 +292,19 @@ def _sort_key(name: str):
     return (1, 0, name)
 
 
-def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> None:
-    """Fractional labels make a regression; one inf or nan among them made every value a class name (an
-    11-class classifier from 10 targets and an inf), silently."""
-    odd = [v for v, x in zip(values, numbers, strict=True) if x is None]
-    if not odd or not any(x is not None and not x.is_integer() for x in numbers):
+def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: str) -> None:
+    """One inf among numeric labels (JSON's Infinity, or "1e400", past a float's range) made every value a
+    class name (an 11-class classifier from 10 regression targets and an inf), or a class "inf" beside
+    "0" and "1", silently."""
+    odd = [n for n, x in enumerate(numbers, 1) if x is None]
+    if not odd or len(odd) == len(values) or not all(_is_float_text(values[n - 1]) for n in odd):
         return
-    if all(as_float(v) is None and _is_float_text(v) for v in odd):
-        raise DataError(f"--train: label {odd[0]!r} is not a finite number, and the other labels are fractional "
-                        "numbers (a regression target): fix or drop its row, or give --problem-type classification")  # fmt: skip
+    n, value = odd[0], values[odd[0] - 1]
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
+    kind = ("fractional numbers (a regression target)" if any(x is not None and not x.is_integer() for x in numbers)
+            else "whole numbers (classes)")  # fmt: skip
+    raise DataError(f"--train: {path} row {n}: label {shown} is not a finite number, and the other labels are {kind}: "
+                    "fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
 
 
 _COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
@@ -334,7 +338,7 @@ def _user_files(cfg) -> TaskData:
     numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
     if problem == "auto":
-        _refuse_non_finite_targets(values, numbers)
+        _refuse_non_finite_targets(values, numbers, cfg.train)
         _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
