@@ -183,6 +183,23 @@ def test_a_column_name_with_spaces_around_it_is_shown_so(tmp_path):
         read_labelled(train)
 
 
+def test_a_jsonl_file_whose_first_row_lacks_a_key_names_that_row(tmp_path):
+    """Columns were taken from the first row alone: a first row without "label" made the whole file "no
+    column 'label' (columns: 'text')"."""
+    rows = [{"text": f"film {i}", "label": "ab"[i % 2]} for i in range(20)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "no label yet"}, *rows]))
+    with pytest.raises(DataError, match=r"t.jsonl row 1 has no value in the label column 'label'"):
+        load(tmp_path, path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"label": "a"}, *rows]))
+    with pytest.raises(DataError, match=r"t.jsonl row 1 has no 'text'"):
+        load(tmp_path, path)
+    path.write_text("".join(json.dumps({"text": r["text"], **({"note": 1} if i else {})}) + "\n"
+                            for i, r in enumerate(rows)))  # fmt: skip
+    with pytest.raises(DataError, match=r"no column 'label' in .*t.jsonl \(columns: 'text', 'note'\)"):
+        load(tmp_path, path)
+
+
 def test_every_class_of_two_rows_or_more_is_in_the_dev_split(tmp_path):
     """300 'maj' and 3 'min' rows gave a dev split of 30 'maj' and no 'min' (0.3 rounds to 0), unsaid: every
     evaluation scored macro F1 1.0, and the run stopped early on it. The split stays seeded: the same file

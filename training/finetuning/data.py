@@ -207,8 +207,10 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
     if not rows:
         raise DataError(f"{flag}: {path} holds no rows")
     for opt, col in _columns(cfg).items():
-        if col not in rows[0]:
-            columns = list(map(str, rows[0]))
+        # A JSONL row may leave a key out: the column is missing only if no row has it (else the row that
+        # lacks it is named below), and the columns shown are every row's.
+        if col not in rows[0] and not any(col in row for row in rows):
+            columns = list(map(str, dict.fromkeys(key for row in rows for key in row)))
             one = columns[0] if len(columns) == 1 else ""
             spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
