@@ -155,6 +155,19 @@ def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
         load(tmp_path, train, **{option: "label"})
 
 
+def test_a_text_pair_column_that_is_the_text_column_is_refused(tmp_path):
+    """It trained every text paired with itself, and the served model then expected such pairs."""
+    from training.config import ConfigError
+
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
+    with pytest.raises(
+        ConfigError, match="--text-pair-column and --text-column: both name 'text'; a pair's second"
+    ):
+        load(tmp_path, train, text_pair_column="text")
+    with pytest.raises(ConfigError, match="both name 'review'"):
+        load(tmp_path, train, text_column="review", text_pair_column="review")
+
+
 def test_json_texts_that_are_not_strings_are_refused_and_booleans_are_spelled_as_json(tmp_path):
     """true became the text "True" and 0 the text "0" (pretraining refuses them, /classify answers 422);
     a true label was class "True", apart from "true"."""
