@@ -144,6 +144,51 @@ def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_pat
     assert load(tmp_path, words).labels == ("0", "1", "inf", "other")  # not all numbers: names
 
 
+def test_several_labels_in_one_cell_are_refused_as_multi_label_not_made_classes(tmp_path):
+    """ "sport,politics" beside "sport" and "politics" became a third class; mostly "0,1" was called numbers
+    with a decimal comma, whose advice (--problem-type classification) trained a class per combination."""
+    words = write(tmp_path / "w.csv", [(f"film {i}", f'"{["sport", "politics", "sport,politics"][i % 3]}"')
+                                       for i in range(30)])  # fmt: skip
+    with pytest.raises(DataError) as e:
+        load(tmp_path, words)
+    assert ("w.csv row 3: label 'sport,politics' looks like several labels in one row ('sport', 'politics', each "
+            "also a label of other rows; 10 of 30 rows are such lists): fine-tuning learns one label per text, and "
+            "multi-label classification is not supported") in str(e.value)  # fmt: skip
+    assert "--problem-type classification if each combination is meant as a class" in str(e.value)
+    assert load(tmp_path, words, problem_type="classification").labels == (
+        "politics",
+        "sport",
+        "sport,politics",
+    )
+    ids = write(
+        tmp_path / "ids.csv",
+        [(f"film {i}", f'"{["0", "1", "0,1", "0,1", "0,1"][i % 5]}"') for i in range(50)],
+    )
+    with pytest.raises(
+        DataError, match=r"row 3: label '0,1' looks like several labels in one row \('0', '1', each"
+    ):
+        load(tmp_path, ids)
+    only_lists = write(tmp_path / "lists.csv", [(f"film {i}", f'"{["0,1", "1;2", "0, 2", "0|1|2", "3"][i % 5]}"')
+                                                for i in range(50)])  # fmt: skip
+    with pytest.raises(
+        DataError, match=r"row 1: label '0,1' looks like several labels .* 40 of 50 rows are such"
+    ):
+        load(tmp_path, only_lists)
+
+
+def test_decimal_commas_and_labels_that_merely_hold_commas_are_not_taken_for_several_labels(tmp_path):
+    halves = ["1", "2", "3", "4", "5"] + ["1,5", "2,5", "3,5", "4,5"] * 2  # every part a label: still numbers
+    ratings = write(tmp_path / "r.csv", [(f"film {i}", f'"{halves[i % 13]}"') for i in range(52)])
+    with pytest.raises(DataError, match=r"32 of 52 labels are numbers written with a comma \('1,5'\)"):
+        load(tmp_path, ratings)
+    mixed = write(tmp_path / "m.csv", [(f"film {i}", f'"{["2,3", "4,1", "0,5"][i % 3]}"') for i in range(30)])
+    with pytest.raises(DataError, match=r"30 of 30 labels are numbers written with a comma \('2,3'\)"):
+        load(tmp_path, mixed)
+    names = ["Washington, D.C.", "Paris", "yes, but no", "no"]
+    places = write(tmp_path / "p.csv", [(f"film {i}", f'"{names[i % 4]}"') for i in range(40)])
+    assert load(tmp_path, places).labels == ("Paris", "Washington, D.C.", "no", "yes, but no")
+
+
 @pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
 def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     """It trained on the label as its text: a model that reads the answer from its input."""

@@ -20,6 +20,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -323,6 +324,56 @@ def _refuse_comma_numbers(values: list) -> None:
                         "classification to keep them as class names")  # fmt: skip
 
 
+_SEPARATOR = re.compile(r"\s*[,;|]\s*")
+_ID = re.compile(r"0|[1-9][0-9]*")  # a class number as a list of them writes it
+_DECIMAL_PAIR = re.compile(r"[0-9]+,[0-9]+")  # "2,5": a number with a decimal comma, or classes 2 and 5
+
+
+def _parts(value) -> list[str] | None:
+    """The labels a value lists ("sport,politics", "0;2", "1 | 3"); None where it holds no separator."""
+    if not isinstance(value, str) or not _SEPARATOR.search(value):
+        return None
+    parts = _SEPARATOR.split(value.strip())
+    return parts if len(parts) >= 2 and all(parts) else None
+
+
+def _ids(parts: list[str]) -> bool:
+    """Class numbers as a list of labels writes them: no leading zeros, each once, in increasing order."""
+    return all(_ID.fullmatch(p) for p in parts) and all(int(a) < int(b) for a, b in pairwise(parts))
+
+
+def _refuse_label_lists(values: list, path: str) -> None:
+    """Several labels in one cell ("sport,politics" beside "sport" and "politics", or mostly "0,1") made a
+    class of each combination, or "0,1" was taken for a number with a decimal comma. A value whose parts
+    are all labels of other rows is such a list, and so are most values being lists of class numbers.
+    "2,5" may be either: where such pairs read as decimals (a part with a leading zero, a first part not
+    below the second, or one second part common to them all: "1,5", "2,5", "3,5"), they are numbers."""
+    listed = [(n, v, parts) for n, v in enumerate(values, 1) if (parts := _parts(v))]
+    if not listed:
+        return
+    singles = {label_name(v) for v in values if _parts(v) is None}
+    pairs = {v.strip() for _, v, _ in listed if _DECIMAL_PAIR.fullmatch(v.strip())}
+    decimals = any(not _ids(v.split(",")) for v in pairs) or (
+        len(pairs) >= 2 and len({v.split(",")[1] for v in pairs}) == 1
+    )
+    if decimals:
+        listed = [(n, v, parts) for n, v, parts in listed if v.strip() not in pairs]
+    of_labels = [row for row in listed if all(label_name(p) in singles for p in row[2])]
+    ids = [row for row in listed if _ids(row[2])]
+    found = of_labels or (ids if len(ids) * 2 > len(values) else [])
+    if not found:
+        return
+    n, value, parts = found[0]
+    also = ", each also a label of other rows" if of_labels else ""
+    comma = ("; if they are numbers written with a decimal comma, write a decimal point ('2.5')"
+             if _DECIMAL_PAIR.fullmatch(value.strip()) else "")  # fmt: skip
+    raise DataError(f"--train: {path} row {n}: label {value!r} looks like several labels in one row "
+                    f"({', '.join(map(repr, parts))}{also}; {len(found)} of {len(values)} rows are such lists): "
+                    "fine-tuning learns one label per text, and multi-label classification is not supported: "
+                    "give each row a single label, or give --problem-type classification if each combination is "
+                    f"meant as a class of its own{comma}")  # fmt: skip
+
+
 def _is_float_text(value) -> bool:
     try:
         float(value)
@@ -341,6 +392,9 @@ def _user_files(cfg) -> TaskData:
     problem = cfg.problem_type
     if problem == "auto":
         _refuse_non_finite_targets(values, numbers, cfg.train)
+        _refuse_label_lists(
+            values, cfg.train
+        )  # first: "0,1" is a list of labels, not a decimal comma's number
         _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
