@@ -29,11 +29,11 @@ from tokenizers import Tokenizer
 
 from training.config import ConfigError
 from training.finetuning.coverage import missing_classes
+from training.finetuning.sets import SPLIT_SEED
 
 __all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "label_names", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
 
-SPLIT_SEED = 20240607  # the dev split of user data and the --max-*-examples samples; keep it fixed
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
 
 
