@@ -126,6 +126,69 @@ def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_p
     assert load(tmp_path, path, problem_type="classification").labels == ("0,5", "1,5", "2,5")  # as asked
 
 
+def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_path):
+    """JSON's Infinity (or "1e400" in a CSV) among 0/1 labels became a third class, "inf" or "1e400"; only
+    among fractional labels was it refused."""
+    rows = [{"text": f"film {i}", "label": i % 2} for i in range(30)]
+    rows[6]["label"] = float("inf")
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes inf as Infinity
+    with pytest.raises(DataError, match=r"t.jsonl row 7: label Infinity is not a finite number, and the other "
+                       r"labels are whole numbers \(classes\): fix or drop its row"):  # fmt: skip
+        load(tmp_path, path)
+    table = write(tmp_path / "t.csv", [(f"film {i}", "1e400" if i == 3 else i % 2) for i in range(30)])
+    with pytest.raises(DataError, match=r"t.csv row 4: label '1e400' is not a finite number"):
+        load(tmp_path, table)
+    assert load(tmp_path, table, problem_type="classification").labels == ("0", "1", "1e400")  # as asked
+    words = write(tmp_path / "w.csv", [(f"film {i}", ["0", "1", "inf", "other"][i % 4]) for i in range(40)])
+    assert load(tmp_path, words).labels == ("0", "1", "inf", "other")  # not all numbers: names
+
+
+def test_several_labels_in_one_cell_are_refused_as_multi_label_not_made_classes(tmp_path):
+    """ "sport,politics" beside "sport" and "politics" became a third class; mostly "0,1" was called numbers
+    with a decimal comma, whose advice (--problem-type classification) trained a class per combination."""
+    words = write(tmp_path / "w.csv", [(f"film {i}", f'"{["sport", "politics", "sport,politics"][i % 3]}"')
+                                       for i in range(30)])  # fmt: skip
+    with pytest.raises(DataError) as e:
+        load(tmp_path, words)
+    assert ("w.csv row 3: label 'sport,politics' looks like several labels in one row ('sport', 'politics', each "
+            "also a label of other rows; 10 of 30 rows are such lists): fine-tuning learns one label per text, and "
+            "multi-label classification is not supported") in str(e.value)  # fmt: skip
+    assert "--problem-type classification if each combination is meant as a class" in str(e.value)
+    assert load(tmp_path, words, problem_type="classification").labels == (
+        "politics",
+        "sport",
+        "sport,politics",
+    )
+    ids = write(
+        tmp_path / "ids.csv",
+        [(f"film {i}", f'"{["0", "1", "0,1", "0,1", "0,1"][i % 5]}"') for i in range(50)],
+    )
+    with pytest.raises(
+        DataError, match=r"row 3: label '0,1' looks like several labels in one row \('0', '1', each"
+    ):
+        load(tmp_path, ids)
+    only_lists = write(tmp_path / "lists.csv", [(f"film {i}", f'"{["0,1", "1;2", "0, 2", "0|1|2", "3"][i % 5]}"')
+                                                for i in range(50)])  # fmt: skip
+    with pytest.raises(
+        DataError, match=r"row 1: label '0,1' looks like several labels .* 40 of 50 rows are such"
+    ):
+        load(tmp_path, only_lists)
+
+
+def test_decimal_commas_and_labels_that_merely_hold_commas_are_not_taken_for_several_labels(tmp_path):
+    halves = ["1", "2", "3", "4", "5"] + ["1,5", "2,5", "3,5", "4,5"] * 2  # every part a label: still numbers
+    ratings = write(tmp_path / "r.csv", [(f"film {i}", f'"{halves[i % 13]}"') for i in range(52)])
+    with pytest.raises(DataError, match=r"32 of 52 labels are numbers written with a comma \('1,5'\)"):
+        load(tmp_path, ratings)
+    mixed = write(tmp_path / "m.csv", [(f"film {i}", f'"{["2,3", "4,1", "0,5"][i % 3]}"') for i in range(30)])
+    with pytest.raises(DataError, match=r"30 of 30 labels are numbers written with a comma \('2,3'\)"):
+        load(tmp_path, mixed)
+    names = ["Washington, D.C.", "Paris", "yes, but no", "no"]
+    places = write(tmp_path / "p.csv", [(f"film {i}", f'"{names[i % 4]}"') for i in range(40)])
+    assert load(tmp_path, places).labels == ("Paris", "Washington, D.C.", "no", "yes, but no")
+
+
 @pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
 def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     """It trained on the label as its text: a model that reads the answer from its input."""
@@ -135,6 +198,19 @@ def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     flag = "--" + option.replace("_", "-")
     with pytest.raises(ConfigError, match=f"{flag} and --label-column: both name 'label'"):
         load(tmp_path, train, **{option: "label"})
+
+
+def test_a_text_pair_column_that_is_the_text_column_is_refused(tmp_path):
+    """It trained every text paired with itself, and the served model then expected such pairs."""
+    from training.config import ConfigError
+
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
+    with pytest.raises(
+        ConfigError, match="--text-pair-column and --text-column: both name 'text'; a pair's second"
+    ):
+        load(tmp_path, train, text_pair_column="text")
+    with pytest.raises(ConfigError, match="both name 'review'"):
+        load(tmp_path, train, text_column="review", text_pair_column="review")
 
 
 def test_json_texts_that_are_not_strings_are_refused_and_booleans_are_spelled_as_json(tmp_path):
@@ -163,6 +239,23 @@ def test_a_column_name_with_spaces_around_it_is_shown_so(tmp_path):
 
     with pytest.raises(EvalDataError, match=re.escape("(it holds: 'text ', '  label')")):
         read_labelled(train)
+
+
+def test_a_jsonl_file_whose_first_row_lacks_a_key_names_that_row(tmp_path):
+    """Columns were taken from the first row alone: a first row without "label" made the whole file "no
+    column 'label' (columns: 'text')"."""
+    rows = [{"text": f"film {i}", "label": "ab"[i % 2]} for i in range(20)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "no label yet"}, *rows]))
+    with pytest.raises(DataError, match=r"t.jsonl row 1 has no value in the label column 'label'"):
+        load(tmp_path, path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"label": "a"}, *rows]))
+    with pytest.raises(DataError, match=r"t.jsonl row 1 has no 'text'"):
+        load(tmp_path, path)
+    path.write_text("".join(json.dumps({"text": r["text"], **({"note": 1} if i else {})}) + "\n"
+                            for i, r in enumerate(rows)))  # fmt: skip
+    with pytest.raises(DataError, match=r"no column 'label' in .*t.jsonl \(columns: 'text', 'note'\)"):
+        load(tmp_path, path)
 
 
 def test_every_class_of_two_rows_or_more_is_in_the_dev_split(tmp_path):

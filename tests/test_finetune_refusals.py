@@ -274,6 +274,22 @@ def test_a_positive_label_on_a_regression_says_it_is_for_binary_classification(t
     )
 
 
+@pytest.mark.parametrize("metric", ["f1", "macro_f1"])
+def test_a_classification_metric_on_a_regression_names_the_regression_figures(
+    tiny_init, tmp_path, capsys, metric
+):
+    """--metric f1 said "use macro_f1", which was then refused with "use pearson or spearman"."""
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps({"text": f"a film {i}", "score": i / 7}) + "\n" for i in range(30)))
+    with pytest.raises(SystemExit):
+        finetune(["--init", str(tiny_init), "--train", str(data), "--label-column", "score", "--metric", metric,
+                  "--out", str(tmp_path / "out")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"--metric {metric}: a classification figure, and this data is a regression" in err, err
+    assert "use pearson or spearman" in err and "use macro_f1" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_threads_0_is_every_core_and_cuda_without_a_gpu_leaves_out_untouched(tmp_path, capsys):
     """--threads 0 was refused ("must be positive") where pretraining takes it as every core; --device cuda
     on a machine without one was refused after --out was created and locked."""
@@ -323,3 +339,26 @@ def test_a_resume_whose_saved_data_dir_is_gone_goes_on(stopped, tmp_path, monkey
     finetune(["--out", str(out), "--resume"])
     assert json.loads((out / "trainer_state.json").read_text())["interrupted"] is False
     assert f"note: the run's data_dir {tmp_path / 'gone'} does not exist here" in capsys.readouterr().err
+
+
+def test_the_original_command_resumes_when_it_spelled_its_labels_otherwise_than_the_data(tiny_init, tmp_path):
+    """A run started with --positive-label 1.0 saved the class it names, "1": the same command with --resume
+    was refused as changing it ("--positive-label '1' then, '1.0' now"); so was --labels spelled otherwise."""
+    import options
+    from training.config import FinetuneConfig
+    from training.finetuning import tuner
+    from training.finetuning.resume import resumed_config
+
+    data, out = tmp_path / "r.csv", tmp_path / "out"
+    data.write_text(
+        "review,verdict\n" + "".join(f"film {i} {'good' if i % 2 else 'bad'},{i % 2}\n" for i in range(40))
+    )
+    args = [*args_for(tiny_init, data, out), "--positive-label", "1.0", "--labels", "0.0, 1"]
+    t = tuner.setup(args)
+    tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    respelled = ["--out", str(out), "--resume", "--labels", "0,1.0", "--positive-label", "+1"]
+    cfg, _ = resumed_config(options.resolve(FinetuneConfig, respelled), respelled, "finetune", "")
+    assert (cfg.labels, cfg.positive_label) == ("0.0, 1", "1")  # the run's own record is kept
+    finetune([*args, "--resume"])  # the original command, --resume added
+    assert json.loads((out / "trainer_state.json").read_text())["interrupted"] is False
+    assert json.loads((out / "eval_dev.json").read_text())["positive_label"] == "1"

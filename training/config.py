@@ -434,7 +434,8 @@ def unused_data_options(values: dict) -> dict[str, object]:
 
 
 PROBLEM_TYPES = ("auto", "classification", "regression")
-SELECTION_METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "pearson", "spearman")
+CLASSIFICATION_METRICS = ("accuracy", "macro_f1", "mcc", "f1")
+SELECTION_METRICS = ("auto", *CLASSIFICATION_METRICS, "pearson", "spearman")
 
 
 @dataclass
@@ -544,6 +545,10 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             if not self.task and getattr(self, name) == self.label_column:  # it would learn to copy the label
                 raise ConfigError(f"--{name.replace('_', '-')} and --label-column: both name {self.label_column!r}; "
                                   "the model would read each label from its text: name the text's own column")  # fmt: skip
+        if not self.task and self.text_pair_column == self.text_column:  # each pair would be a text twice
+            raise ConfigError(f"--text-pair-column and --text-column: both name {self.text_column!r}; a pair's second "
+                              "text is another column: name that one, or drop --text-pair-column to train on "
+                              "single texts")  # fmt: skip
         if not self.task and self.dev is None and not 0.0 < self.dev_fraction < 1.0:
             raise ConfigError(f"--dev-fraction: must lie in (0, 1), got {self.dev_fraction}")
         shares(self, "qat_smoothing")
@@ -565,7 +570,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         for name in ("eval_every", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must not be negative, got {getattr(self, name)}")  # fmt: skip
-        if self.problem_type == "regression" and self.metric in ("accuracy", "macro_f1", "mcc", "f1"):
+        if self.problem_type == "regression" and self.metric in CLASSIFICATION_METRICS:
             raise ConfigError(f"--metric {self.metric}: a classification figure; use pearson or spearman")
         if self.problem_type == "classification" and self.metric in ("pearson", "spearman"):
             raise ConfigError(f"--metric {self.metric}: a regression figure; use accuracy, macro_f1, mcc, f1")

@@ -10,8 +10,9 @@ every epoch (or every --eval-every steps), keeps the best model and stops early 
 evaluations without a better dev --metric; a run stopped by Ctrl-C or SIGTERM goes on with
 `--out DIR --resume` (training/finetuning/resume.py). `<out>/` then holds the best model in the Hugging Face
 ElectraForSequenceClassification layout (written atomically), eval_dev.json, eval_test.json,
-predictions_dev.jsonl and predictions_test.jsonl (every example with the best model's label and
-probabilities: what its bundle should answer), finetune_config.json and metrics.jsonl.
+predictions_dev.jsonl and predictions_test.jsonl (every example scored, the --max-eval-examples sample
+where one is given, with the best model's label and probabilities: what its bundle should answer),
+finetune_config.json and metrics.jsonl.
 
 It runs in one process: torchrun is refused.
 """

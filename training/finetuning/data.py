@@ -20,6 +20,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,11 +29,11 @@ from tokenizers import Tokenizer
 
 from training.config import ConfigError
 from training.finetuning.coverage import missing_classes
+from training.finetuning.sets import SPLIT_SEED
 
-__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "load_task_data",
+__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "label_names", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
 
-SPLIT_SEED = 20240607  # the dev split of user data and the --max-*-examples samples; keep it fixed
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
 
 
@@ -207,8 +208,10 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
     if not rows:
         raise DataError(f"{flag}: {path} holds no rows")
     for opt, col in _columns(cfg).items():
-        if col not in rows[0]:
-            columns = list(map(str, rows[0]))
+        # A JSONL row may leave a key out: the column is missing only if no row has it (else the row that
+        # lacks it is named below), and the columns shown are every row's.
+        if col not in rows[0] and not any(col in row for row in rows):
+            columns = list(map(str, dict.fromkeys(key for row in rows for key in row)))
             one = columns[0] if len(columns) == 1 else ""
             spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
@@ -279,6 +282,11 @@ def label_name(value) -> str:
     return text
 
 
+def label_names(spec: str) -> tuple[str, ...]:
+    """The classes --labels lists, in id order, each read as the data's labels are ("1.0" is "1")."""
+    return tuple(label_name(s) for s in spec.split(","))
+
+
 def _sort_key(name: str):
     # Total, so the order never follows the set's hash order: only ASCII integers sort as numbers (int()
     # also reads "1_0" as 10, a tie with "10"), and the name breaks any tie.
@@ -287,15 +295,19 @@ def _sort_key(name: str):
     return (1, 0, name)
 
 
-def _refuse_non_finite_targets(values: list, numbers: list[float | None]) -> None:
-    """Fractional labels make a regression; one inf or nan among them made every value a class name (an
-    11-class classifier from 10 targets and an inf), silently."""
-    odd = [v for v, x in zip(values, numbers, strict=True) if x is None]
-    if not odd or not any(x is not None and not x.is_integer() for x in numbers):
+def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: str) -> None:
+    """One inf among numeric labels (JSON's Infinity, or "1e400", past a float's range) made every value a
+    class name (an 11-class classifier from 10 regression targets and an inf), or a class "inf" beside
+    "0" and "1", silently."""
+    odd = [n for n, x in enumerate(numbers, 1) if x is None]
+    if not odd or len(odd) == len(values) or not all(_is_float_text(values[n - 1]) for n in odd):
         return
-    if all(as_float(v) is None and _is_float_text(v) for v in odd):
-        raise DataError(f"--train: label {odd[0]!r} is not a finite number, and the other labels are fractional "
-                        "numbers (a regression target): fix or drop its row, or give --problem-type classification")  # fmt: skip
+    n, value = odd[0], values[odd[0] - 1]
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
+    kind = ("fractional numbers (a regression target)" if any(x is not None and not x.is_integer() for x in numbers)
+            else "whole numbers (classes)")  # fmt: skip
+    raise DataError(f"--train: {path} row {n}: label {shown} is not a finite number, and the other labels are {kind}: "
+                    "fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
 
 
 _COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
@@ -310,6 +322,56 @@ def _refuse_comma_numbers(values: list) -> None:
                         f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
                         "them with a decimal point ('2.3') and no thousands separator, or give --problem-type "
                         "classification to keep them as class names")  # fmt: skip
+
+
+_SEPARATOR = re.compile(r"\s*[,;|]\s*")
+_ID = re.compile(r"0|[1-9][0-9]*")  # a class number as a list of them writes it
+_DECIMAL_PAIR = re.compile(r"[0-9]+,[0-9]+")  # "2,5": a number with a decimal comma, or classes 2 and 5
+
+
+def _parts(value) -> list[str] | None:
+    """The labels a value lists ("sport,politics", "0;2", "1 | 3"); None where it holds no separator."""
+    if not isinstance(value, str) or not _SEPARATOR.search(value):
+        return None
+    parts = _SEPARATOR.split(value.strip())
+    return parts if len(parts) >= 2 and all(parts) else None
+
+
+def _ids(parts: list[str]) -> bool:
+    """Class numbers as a list of labels writes them: no leading zeros, each once, in increasing order."""
+    return all(_ID.fullmatch(p) for p in parts) and all(int(a) < int(b) for a, b in pairwise(parts))
+
+
+def _refuse_label_lists(values: list, path: str) -> None:
+    """Several labels in one cell ("sport,politics" beside "sport" and "politics", or mostly "0,1") made a
+    class of each combination, or "0,1" was taken for a number with a decimal comma. A value whose parts
+    are all labels of other rows is such a list, and so are most values being lists of class numbers.
+    "2,5" may be either: where such pairs read as decimals (a part with a leading zero, a first part not
+    below the second, or one second part common to them all: "1,5", "2,5", "3,5"), they are numbers."""
+    listed = [(n, v, parts) for n, v in enumerate(values, 1) if (parts := _parts(v))]
+    if not listed:
+        return
+    singles = {label_name(v) for v in values if _parts(v) is None}
+    pairs = {v.strip() for _, v, _ in listed if _DECIMAL_PAIR.fullmatch(v.strip())}
+    decimals = any(not _ids(v.split(",")) for v in pairs) or (
+        len(pairs) >= 2 and len({v.split(",")[1] for v in pairs}) == 1
+    )
+    if decimals:
+        listed = [(n, v, parts) for n, v, parts in listed if v.strip() not in pairs]
+    of_labels = [row for row in listed if all(label_name(p) in singles for p in row[2])]
+    ids = [row for row in listed if _ids(row[2])]
+    found = of_labels or (ids if len(ids) * 2 > len(values) else [])
+    if not found:
+        return
+    n, value, parts = found[0]
+    also = ", each also a label of other rows" if of_labels else ""
+    comma = ("; if they are numbers written with a decimal comma, write a decimal point ('2.5')"
+             if _DECIMAL_PAIR.fullmatch(value.strip()) else "")  # fmt: skip
+    raise DataError(f"--train: {path} row {n}: label {value!r} looks like several labels in one row "
+                    f"({', '.join(map(repr, parts))}{also}; {len(found)} of {len(values)} rows are such lists): "
+                    "fine-tuning learns one label per text, and multi-label classification is not supported: "
+                    "give each row a single label, or give --problem-type classification if each combination is "
+                    f"meant as a class of its own{comma}")  # fmt: skip
 
 
 def _is_float_text(value) -> bool:
@@ -329,7 +391,10 @@ def _user_files(cfg) -> TaskData:
     numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
     if problem == "auto":
-        _refuse_non_finite_targets(values, numbers)
+        _refuse_non_finite_targets(values, numbers, cfg.train)
+        _refuse_label_lists(
+            values, cfg.train
+        )  # first: "0,1" is a list of labels, not a decimal comma's number
         _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
@@ -354,7 +419,7 @@ def _user_files(cfg) -> TaskData:
     else:
         seen = {label_name(v) for v in values}
         if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
-            labels = tuple(label_name(s) for s in cfg.labels.split(","))
+            labels = label_names(cfg.labels)
             if len(set(labels)) != len(labels) or not all(labels):
                 same = next((n for n in labels if labels.count(n) > 1), None)
                 raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}"

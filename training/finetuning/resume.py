@@ -26,6 +26,7 @@ from training import checkpoint as ckpt
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
+from training.finetuning.data import label_name, label_names
 from training.pretraining.stopping import capture_rng
 from training.report import MetricsError, rows_until
 
@@ -81,6 +82,13 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> tu
         now, **{k: then[k] for k in ("metric", "problem_type") if getattr(now, k) == "auto"}
     )
     compared = options.as_dict(now)
+    # The run saved --positive-label as the class it names ("1.0" as "1"), and --labels as typed: a spelling
+    # that names the same classes is the same run, and the saved spelling stays its record.
+    for key, names in (("positive_label", label_name), ("labels", label_names)):
+        given, saved_value = getattr(now, key), base.get(key)
+        if given is not None and saved_value is not None and names(given) == names(saved_value):
+            compared[key] = saved_value
+            now = options.replace(now, **{key: saved_value})
     load_from = now.init
     if _same_run(then["init"], now.init):  # its --init: the pretraining run the saved checkpoint is in
         compared["init"] = then["init"]

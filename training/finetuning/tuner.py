@@ -28,7 +28,7 @@ from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization, run_dir
-from training.config import FinetuneConfig, check_data_dir
+from training.config import CLASSIFICATION_METRICS, FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model, special_ids
 from training.errors import DiskFullError, disk_full, out_of_space
@@ -197,6 +197,10 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     if given is not None and len(data.labels) != 2:
         raise ConfigError(f"--positive-label: applies to binary classification only; this data has "
                           f"{len(data.labels)} classes: drop it")  # fmt: skip
+    # Before the binary check: a regression has one "label" too, and "use macro_f1" was then refused.
+    if data.problem_type == REGRESSION and cfg.metric in CLASSIFICATION_METRICS:
+        raise ConfigError(f"--metric {cfg.metric}: a classification figure, and this data is a regression (a number "
+                          f"to predict in {cfg.label_column!r}); use pearson or spearman")  # fmt: skip
     if cfg.metric == "f1" and len(data.labels) != 2:
         raise ConfigError("--metric f1: the F1 of one class is for binary tasks; use macro_f1")
     counts = data.label_counts() if data.problem_type == CLASSIFICATION else None
