@@ -392,9 +392,8 @@ def _user_files(cfg) -> TaskData:
     problem = cfg.problem_type
     if problem == "auto":
         _refuse_non_finite_targets(values, numbers, cfg.train)
-        _refuse_label_lists(
-            values, cfg.train
-        )  # first: "0,1" is a list of labels, not a decimal comma's number
+        # Before the comma numbers: "0,1" beside "0" and "1" is a list of labels, not a decimal comma's number.
+        _refuse_label_lists(values, cfg.train)
         _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
