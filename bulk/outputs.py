@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -69,8 +70,34 @@ def safe(name: str) -> str:
     return f"%{ord(escaped[0]):02X}{escaped[1:]}" if escaped[:1] in (".", "_") else escaped
 
 
+# The longest part file name kept whole: its temporary name, ".NAME.tmp-PID-XXXXXXXX" with a pid of up to 7
+# digits, is then within the 255 bytes a file name may take (ext4, XFS, btrfs). A relative shard path of
+# about 215 bytes (70 characters of CJK) failed every part with "File name too long".
+NAME_BYTES = 233
+SHORTENED = "%~"  # never in safe()'s output, whose "%" always starts an escape of two hex digits
+
+
 def _part_file(name: str, index: int, ext: str) -> str:
-    return f"{safe(name)}.part-{index:05d}.{ext}"
+    """A part's file name: the shard's path as `safe` writes it; past NAME_BYTES, the end of that path (as
+    much as fits, from a directory's start where one does) and a hash of all of it, one-to-one still. The
+    manifest records each part's file, so nothing reads the name back."""
+    suffix = f".part-{index:05d}.{ext}"
+    whole = safe(name) + suffix
+    if _bytes(whole) <= NAME_BYTES:
+        return whole
+    digest = SHORTENED + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    room = NAME_BYTES - len(suffix) - len(digest) - 2  # 2: a leading "." or "_" escaped takes 3 bytes
+    start, used = len(name), 0
+    while start > 0 and used + (n := 3 if name[start - 1] in "%/" else _bytes(name[start - 1])) <= room:
+        start, used = start - 1, used + n
+    tail = name[start:]
+    if "/" in tail[:-1]:  # from a directory's start, not the middle of its name
+        tail = tail[tail.index("/") + 1 :]
+    return safe(tail) + digest + suffix
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
 
 
 def score_path(out: Path, part: Part) -> Path:

@@ -361,9 +361,38 @@ def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_t
     write_jsonl(folder / "a.jsonl", paragraphs[:4])
     assert run_bulk(folder, tmp_path / "od", "detector", "--workers", "1").returncode == 0
     pq.write_table(pa.table({"text": paragraphs[10:13]}), folder / "t.parquet")
+    # A shard whose path under INPUT is longer than a file name may be: every one of its parts failed
+    # (OSError: File name too long); its files are named by the path's end and a hash of the whole path.
+    deep = write_jsonl(
+        folder / ("語" * 70) / ("a-long-directory-name-" * 5) / "shard.jsonl", paragraphs[20:22]
+    )
+    with deep.open("a") as f:
+        f.write('{"id": "没有文字"}\n')  # a reject: its rejects file is named so too
     mixed = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")
-    assert mixed.returncode == 0 and "1 already finished" in mixed.stdout, mixed.stderr
-    assert summary(tmp_path / "od")["documents"] == 7
+    assert mixed.returncode == 3 and "1 already finished" in mixed.stdout, mixed.stderr
+    assert summary(tmp_path / "od")["documents"] == 7 + 2 and summary(tmp_path / "od")["rejected"] == 1
+    assert (
+        len(
+            list(
+                (tmp_path / "od" / "scores").glob(
+                    "a-long-directory-name-*%2Fshard.jsonl%~*.part-00000.parquet"
+                )
+            )
+        )
+        == 1
+    )
+    assert (
+        len(
+            list(
+                (tmp_path / "od" / "rejects").glob(
+                    "a-long-directory-name-*%2Fshard.jsonl%~*.part-00000.jsonl"
+                )
+            )
+        )
+        == 1
+    )
+    again = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")  # found again by the manifest
+    assert again.returncode == 3 and "3 already finished" in again.stdout, again.stdout + again.stderr
 
 
 def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dying(tmp_path, paragraphs):

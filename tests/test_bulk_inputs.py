@@ -18,8 +18,8 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, LeftOut, id_column, plan, shards
-from bulk.outputs import safe
+from bulk.inputs import InputError, LeftOut, Part, id_column, plan, shards
+from bulk.outputs import NAME_BYTES, rejects_path, safe, score_path, temporary
 from bulk.reading import Reason, read
 from options import ConfigError
 from tests.unprivileged import run_python
@@ -48,6 +48,28 @@ def test_output_file_names_are_one_to_one_and_visible_to_parquet_readers():
     assert len(set(written)) == len(names), written
     assert not any(w.startswith((".", "_")) or "/" in w for w in written), written
     assert safe("plain.jsonl") == "plain.jsonl" and safe("sub/x.jsonl") == "sub%2Fx.jsonl"
+
+    # A path under INPUT too long for one file name with its suffix and temporary prefix (255 bytes): the
+    # end of it and a hash of all of it. Every shorter one keeps its name, which a resume looks for.
+    def paths(name: str) -> list[Path]:
+        part = Part("/i", name, 12, "jsonl", 0, 1, 1, 1)
+        return [score_path(Path("/o"), part), rejects_path(Path("/o"), part)]
+
+    assert paths("sub/x.jsonl") == [Path("/o/scores/sub%2Fx.jsonl.part-00012.parquet"),
+                                    Path("/o/rejects/sub%2Fx.jsonl.part-00012.jsonl")]  # fmt: skip
+    kept = "d/" * 51 + "wxyz.jsonl"  # its name takes NAME_BYTES, just
+    assert paths(kept)[0].name == safe(kept) + ".part-00012.parquet"
+    longer = paths(kept + "l")
+    assert "%~" in longer[0].name and longer[1].name == safe(kept + "l") + ".part-00012.jsonl"
+    long = [kept + "lll", "語" * 70 + "/" + "d" * 110 + "/shard.jsonl", "語" * 71 + "/" + "d" * 110 + "/shard.jsonl",
+            "_" + "語" * 100, "." + "語" * 100, "x/" * 200 + "y.jsonl"]  # fmt: skip
+    names = [p.name for name in long for p in paths(name)]
+    assert len(set(names)) == len(names), names
+    for n in names:
+        assert len(n.encode()) <= NAME_BYTES and len(temporary(Path(n)).name.encode()) <= 255, n
+        assert "%~" in n and not n.startswith((".", "_")) and "/" not in n, n
+    # The path's end, from a directory's start.
+    assert names[2].startswith("d" * 110 + "%2Fshard.jsonl%~"), names
 
 
 def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_outputs(tmp_path):
