@@ -589,11 +589,22 @@ def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_ent
     (corpus / "b_ext").symlink_to(tmp_path / "ext", target_is_directory=True)
     (corpus / "a_ext").symlink_to(tmp_path / "ext", target_is_directory=True)  # first by name: this one
     (corpus / "z_deep").symlink_to(tmp_path / "ext" / "deep", target_is_directory=True)  # entered via a_ext
-    want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
+    # A linked file beside its target, or leading to one found by its own path elsewhere: not a shard of its
+    # own (each document was scored twice). One to a file not listed otherwise (hidden here) is the shard.
+    (corpus / "v1" / "latest.jsonl").symlink_to("x.jsonl")
+    (corpus / "sub" / "y-again.jsonl").symlink_to(corpus / "sub" / "y.jsonl")
+    (corpus / "sub" / "f-too.jsonl").symlink_to(
+        tmp_path / "ext" / "deep" / "f.jsonl"
+    )  # found as a_ext/deep/f
+    lines(corpus / "sub" / ".draft.jsonl", [{"text": "hidden, linked"}])
+    (corpus / "sub" / "draft.jsonl").symlink_to(".draft.jsonl")
+    want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/draft.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
     for spec in (str(corpus), f"{corpus}/**/*.jsonl", f"{corpus}/**"):
         root, files, unlisted = shards(spec, "auto")
         assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
-    assert sorted(d.text for d in docs_of(corpus)) == ["beside it", "deep outside", "outside", "versioned"]
+    assert sorted(d.text for d in docs_of(corpus)) == [
+        "beside it", "deep outside", "hidden, linked", "outside", "versioned"
+    ]  # fmt: skip
     # A glob whose own directories pass through the link reads through it: it is the root there.
     root, files, _ = shards(f"{corpus}/latest/*.jsonl", "auto")
     assert root == corpus / "latest" and files == [corpus / "latest" / "x.jsonl"]
