@@ -489,12 +489,55 @@ def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_p
     said = failed["docs.json"]
     assert "one JSON array (its first character is '[')" in said and "not JSON Lines" in said, said
     assert str(tmp_path / "spaced.lines.jsonl") in failed["spaced.jsonl"]  # never over the file itself
-    command = said.split("give that instead: ")[1]
+    for failing in (
+        "docs.json",
+        "spaced.jsonl",
+    ):  # the second past a byte-order mark, which json.load refuses
+        command = failed[failing].split("give that instead: ")[1]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    for converted in ("docs.jsonl", "spaced.lines.jsonl"):
+        assert [(d.id, d.text) for d in docs_of(tmp_path / converted, id_field="id")] == [
+            ("1", "first document"), ("2", "second document")
+        ]  # fmt: skip
+
+
+def test_a_pretty_printed_json_object_fails_by_name_and_json_lines_starting_with_one_are_read(tmp_path):
+    """A metadata.json or dataset_info.json beside the shards (json.dump(info, f, indent=2)) was read as JSON
+    Lines: each of its lines rejected not_json, and every run of the job ended with exit 3 and a rejects.jsonl
+    full of it. A file whose first line starts with '{' but is not a whole JSON object fails by name, as a
+    JSON array does; JSON Lines are read as before, whatever their first line holds."""
+    import subprocess
+
+    corpus = tmp_path / "corpus"
+    lines(corpus / "train.jsonl", [{"text": "a document"}, {"text": "another"}])
+    (corpus / "dataset_info.json").write_text(
+        json.dumps({"features": {"text": "string"}, "splits": 1}, indent=2)
+    )
+    (corpus / "metadata.json").write_bytes(
+        b"\xef\xbb\xbf\n\n  " + json.dumps({"text": "one"}, indent=4).encode()
+    )
+    # JSON Lines: a first line past the first bytes read, one NaN can not be read from, a last line without
+    # its line end, bytes that are not UTF-8, or a broken second line: read, the bad lines rejected alone.
+    (corpus / "long.jsonl").write_text(json.dumps({"text": "x " * 60_000}) + "\n" + '{"text": "next"}\n')
+    (corpus / "nan.jsonl").write_text('{"text": "NaN is not JSON", "score": NaN}\n{"text": "fine"}\n')
+    (corpus / "one.json").write_text('{"text": "a single line, no line end"}')
+    (corpus / "latin.jsonl").write_bytes('{"text": "caf\u00e9"}\n{"text": "fine"}\n'.encode("latin-1"))
+    (corpus / "broken.jsonl").write_text('{"text": "fine"}\n{"text": \n')
+    root, files, _ = shards(str(corpus), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert sorted(failed) == ["dataset_info.json", "metadata.json"], failed
+    assert sorted(p.name for p in parts) == ["broken.jsonl", "latin.jsonl", "long.jsonl", "nan.jsonl", "one.json",
+                                             "train.jsonl"]  # fmt: skip
+    said = failed["dataset_info.json"]
+    assert "its first line starts with '{' but is not a whole JSON object" in said, said
+    assert "move it out of INPUT, or give a glob that leaves it out" in said and "not JSON Lines" in said, (
+        said
+    )
+    command = failed["metadata.json"].split("give that instead: ")[1].split('". ')[0] + '"'
     done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert [(d.id, d.text) for d in docs_of(tmp_path / "docs.jsonl", id_field="id")] == [
-        ("1", "first document"), ("2", "second document")
-    ]  # fmt: skip
+    assert [d.text for d in docs_of(corpus / "metadata.jsonl")] == ["one"]
 
 
 def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_named_or_globbed(tmp_path):
