@@ -124,7 +124,7 @@ def _write_text(path: Path, text: str) -> None:
     """`text` into `path` through a temporary file, which a failed write (a full disk) removes."""
     tmp = temporary(path)
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
         _publish(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -190,7 +190,7 @@ def stage_rejects(path: Path, rejects: list[dict]) -> tuple[Path, str] | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary(path)
     try:
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects), encoding="utf-8")
         with tmp.open("rb+") as f:
             os.fsync(f.fileno())
     except BaseException:
@@ -252,7 +252,7 @@ class Manifest:
         """Every whole line, as written: what the parts were named and read from (outputs not checked)."""
         if not self.path.is_file():
             return
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 yield json.loads(line)
             except json.JSONDecodeError:
@@ -328,6 +328,6 @@ def merge_rejects(out: Path, entries: list[dict]) -> int:
     lines = []
     for e in entries:
         if e.get("rejects_file"):
-            lines.append((out / e["rejects_file"]).read_text())
+            lines.append((out / e["rejects_file"]).read_text(encoding="utf-8"))
     _write_text(out / "rejects.jsonl", "".join(lines))
     return sum(text.count("\n") for text in lines)

@@ -103,11 +103,19 @@ def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragr
 def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, paragraphs):
     src = tmp_path / "docs.jsonl"
     lines = [json.dumps({"doc": f"d{i}", "text": t}) for i, t in enumerate(paragraphs[:5])]
-    src.write_text("\n".join([*lines, json.dumps({"text": paragraphs[5]})]) + "\n")  # the last has no id
+    lines.append(json.dumps({"text": paragraphs[5]}))  # no id
+    lines.append(json.dumps({"doc": "文書-7", "text": ""}))  # rejected, with an id that is not ASCII
+    src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    done = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--tokens")
+    # Under a locale whose encoding is not UTF-8 (ASCII here): a reject whose id is not ASCII failed its
+    # part, its file written in the locale's encoding.
+    ascii_locale = {"LC_ALL": "C", "PYTHONUTF8": "0"}
+    done = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--tokens", **ascii_locale)
     assert done.returncode == 3, done.stderr
-    assert summary(out)["rejects_by_reason"] == {"missing_id": 1}
+    assert summary(out)["rejects_by_reason"] == {"missing_id": 1, "empty_text": 1}
+    assert [json.loads(line)["id"] for line in (out / "rejects.jsonl").read_text(encoding="utf-8").splitlines()] == [
+        "docs.jsonl:6", "文書-7"
+    ]  # fmt: skip
     got = rows(out)
     assert [r["id"] for r in got] == [f"d{i}" for i in range(5)]
     text = paragraphs[0]
