@@ -250,7 +250,8 @@ def run(cfg: BulkConfig) -> int:
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
     stats = shard_stats(parts)
-    gone = check_unchanged(finished, stats)
+    # A shard there still but failing at planning has no parts either: it is named under the failures.
+    gone = [name for name in check_unchanged(finished, stats) if name not in failed_shards]
     # A line names its part by number: it counts only for a planned part of the same extent.
     stale = _stale_in(parts)
     finished = {k: e for k, e in finished.items() if not stale(e)}

@@ -401,6 +401,14 @@ def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_t
     )
     again = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")  # found again by the manifest
     assert again.returncode == 3 and "3 already finished" in again.stdout, again.stdout + again.stderr
+    # A shard with finished parts, there still but failing at planning now (rewritten as a JSON array): it
+    # was said to be "no longer in INPUT" as well as failed.
+    (folder / "a.jsonl").write_text(json.dumps([{"text": t} for t in paragraphs[:4]], indent=2))
+    failing = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")
+    assert failing.returncode == 4 and "bulk: not scored: a.jsonl: it is one JSON array" in failing.stderr, (
+        failing.stderr
+    )
+    assert "no longer in INPUT" not in failing.stderr, failing.stderr
 
 
 def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dying(tmp_path, paragraphs):
