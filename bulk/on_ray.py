@@ -23,6 +23,7 @@ import time
 import warnings
 
 import options
+from bulk import outputs
 from bulk.config import BulkConfig, from_dict
 from bulk.inputs import Part
 from bulk.local import ATTEMPTS
@@ -109,9 +110,8 @@ def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
         while not done.wait(every_s):
             signum = signalled()
             if signum and instance_gone() and not done.is_set():  # not once the job has ended its own way
-                for stale in ("rejects.jsonl", "summary.json"):  # an earlier run's: not this one's figures
-                    with contextlib.suppress(OSError):
-                        (out / stale).unlink()
+                with contextlib.suppress(OSError):  # on the way out: nothing to say of a failure here
+                    outputs.remove_figures(out)
                 os.write(2, f"\nbulk: {signal.Signals(signum).name} ended this job's own Ray instance too (it "
                             "reached the whole process group): the finished parts are kept, the running ones are "
                             "scored again by the next run; run the same command again\n".encode())  # fmt: skip

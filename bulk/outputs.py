@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.model.bundle import sha256_file
-from bulk.inputs import Part
 from options.locking import DirectoryHeld, hold_directory
 
 SPAN = pa.struct([("text", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("prob", pa.float64())])
@@ -100,12 +99,25 @@ def _bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogateescape"))
 
 
-def score_path(out: Path, part: Part) -> Path:
-    return out / "scores" / _part_file(part.name, part.index, "parquet")
+def score_path(out: Path, name: str, index: int) -> Path:
+    """Where part `index` of the shard `name` puts its rows."""
+    return out / "scores" / _part_file(name, index, "parquet")
 
 
-def rejects_path(out: Path, part: Part) -> Path:
-    return out / "rejects" / _part_file(part.name, part.index, "jsonl")
+def rejects_path(out: Path, name: str, index: int) -> Path:
+    """Where part `index` of the shard `name` puts its rejects, when it has any."""
+    return out / "rejects" / _part_file(name, index, "jsonl")
+
+
+FIGURES = ("summary.json", "rejects.jsonl")
+
+
+def remove_figures(out: Path) -> None:
+    """Remove summary.json and rejects.jsonl, an earlier run's figures: written at a run's end, they stop
+    matching the manifest as soon as a part is recorded, and a run that ends without writing its own (a
+    kill, a full disk, its Ray instance or cluster lost) must not leave them to be read as its figures."""
+    for name in FIGURES:
+        (out / name).unlink(missing_ok=True)
 
 
 def temporary(path: Path) -> Path:
@@ -206,7 +218,7 @@ def publish(out: Path, result: dict) -> None:
     for final, tmp in result["staged"].items():
         os.replace(out / tmp, out / final)  # atomic: readers see the old file or the complete new one
     if not result.get("rejects_file"):
-        (out / "rejects" / _part_file(result["name"], result["index"], "jsonl")).unlink(missing_ok=True)
+        rejects_path(out, result["name"], result["index"]).unlink(missing_ok=True)
 
 
 def unpublish(out: Path, result: dict) -> None:

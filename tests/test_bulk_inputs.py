@@ -18,7 +18,7 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, LeftOut, Part, id_column, plan, shards
+from bulk.inputs import InputError, LeftOut, id_column, plan, shards
 from bulk.outputs import NAME_BYTES, rejects_path, safe, score_path, temporary
 from bulk.reading import Reason, read
 from options import ConfigError
@@ -52,8 +52,7 @@ def test_output_file_names_are_one_to_one_and_visible_to_parquet_readers():
     # A path under INPUT too long for one file name with its suffix and temporary prefix (255 bytes): the
     # end of it and a hash of all of it. Every shorter one keeps its name, which a resume looks for.
     def paths(name: str) -> list[Path]:
-        part = Part("/i", name, 12, "jsonl", 0, 1, 1, 1)
-        return [score_path(Path("/o"), part), rejects_path(Path("/o"), part)]
+        return [score_path(Path("/o"), name, 12), rejects_path(Path("/o"), name, 12)]
 
     assert paths("sub/x.jsonl") == [Path("/o/scores/sub%2Fx.jsonl.part-00012.parquet"),
                                     Path("/o/rejects/sub%2Fx.jsonl.part-00012.jsonl")]  # fmt: skip
