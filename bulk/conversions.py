@@ -4,6 +4,7 @@ job that scored nothing)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import BinaryIO
@@ -44,11 +45,11 @@ def csv_hint(path: Path) -> str:
 
 
 def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
-    """Why a JSONL or text shard cannot be read as it is (`encoding_hint`, `json_array_hint`), from `f`, the
-    shard opened once at planning (inputs.plan): None, it can. Reads its first bytes, and leaves `f` at its
-    start for the cut."""
+    """Why a JSONL or text shard cannot be read as it is (`encoding_hint`, `json_document_hint`), from `f`,
+    the shard opened once at planning (inputs.plan): None, it can. Reads its first bytes, and leaves `f` at
+    its start for the cut."""
     head = f.read(1 << 16)
-    hint = encoding_hint(path, head) or (json_array_hint(path, head, f) if kind == "jsonl" else None)
+    hint = encoding_hint(path, head) or (json_document_hint(path, head, f) if kind == "jsonl" else None)
     f.seek(0)
     return hint
 
@@ -66,20 +67,54 @@ def encoding_hint(path: Path, head: bytes) -> str | None:
     return None
 
 
-def json_array_hint(path: Path, head: bytes, f: BinaryIO) -> str | None:
-    """Why a .json/.jsonl shard cannot be read, when it is one JSON array (json.dump(docs, f, indent=2))
-    rather than JSON Lines: read line by line, every line was rejected not_json. None: it is not. `head`: its
-    first bytes; read on from `f` (past them) while they are all white space."""
+# How far the first line of a file starting with '{' is read to see whether it is a whole JSON object: a
+# pretty-printed one's first line is short, and a JSON Lines document longer than this is not judged.
+FIRST_LINE_BYTES = 1 << 20
+
+
+def json_document_hint(path: Path, head: bytes, f: BinaryIO) -> str | None:
+    """Why a .json/.jsonl shard cannot be read, when it is one JSON document written over several lines
+    rather than JSON Lines: read line by line, every line was rejected not_json (exit 3 on every run). A
+    JSON array (json.dump(docs, f, indent=2)), or a file whose first line starts with '{' but is not a whole
+    JSON object (a pretty-printed metadata.json or dataset_info.json beside the shards). None: it is
+    neither. `head`: its first bytes; read on from `f` (past them) while they are all white space, and
+    while the first line has not ended."""
     if type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
         return None
     head = head.removeprefix(BOM)  # its first character that is not white space (past a byte-order mark)
     while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
         pass
-    if not first.startswith(b"["):
-        return None
     lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))
     if lines == str(path):
         lines = str(path.parent / (path.name.split(".")[0] + ".lines.jsonl"))
-    return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
-            'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
-            f"{str(path)!r})); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) for d in docs)\"")  # fmt: skip
+    # utf-8-sig in the conversions: json.load refuses a byte-order mark, which bulk reads past.
+    if first.startswith(b"["):
+        return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
+                'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
+                f"{str(path)!r}, encoding='utf-8-sig')); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) "
+                'for d in docs)"')  # fmt: skip
+    if first.startswith(b"{") and not _whole_object_first(first, f):
+        return ("its first line starts with '{' but is not a whole JSON object: it is one JSON document written "
+                "over several lines (json.dump(obj, f, indent=2): a metadata.json or dataset_info.json beside the "
+                "shards?), not JSON Lines (one object a line), which bulk reads. Not documents: move it out of "
+                "INPUT, or give a glob that leaves it out. One document: put it on one line, then give that "
+                f'instead: python -c "import json; open({lines!r}, \'w\').write(json.dumps(json.load(open('
+                f"{str(path)!r}, encoding='utf-8-sig'))) + chr(10))\". JSON Lines whose first line is broken: mend "
+                "or remove that line")  # fmt: skip
+    return None
+
+
+def _whole_object_first(first: bytes, f: BinaryIO) -> bool:
+    """Whether the line `first` starts (read on from `f` to its end) is a whole JSON object, as the reader
+    would take it: its bytes not UTF-8, or nested too deeply, reject that line alone, and are no reason to
+    fail the file. True where the line runs past FIRST_LINE_BYTES: not judged."""
+    while b"\n" not in first and len(first) < FIRST_LINE_BYTES and (more := f.read(1 << 16)):
+        first += more
+    if b"\n" not in first and len(first) >= FIRST_LINE_BYTES:
+        return True
+    try:
+        return isinstance(json.loads(first.split(b"\n", 1)[0].decode("utf-8", "replace")), dict)
+    except RecursionError:
+        return True
+    except ValueError:
+        return False

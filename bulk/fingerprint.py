@@ -67,7 +67,7 @@ def read_fingerprint(
     recorded = lambda: sum(1 for _ in outputs.Manifest(cfg.out).entries())  # noqa: E731
     if path.is_file():
         try:
-            have = json.loads(path.read_text())
+            have = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             have = e
         if not isinstance(have, dict) or not isinstance(have.get("part_bytes"), int):

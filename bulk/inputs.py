@@ -228,7 +228,7 @@ def shards(
                 f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
             )
         _add(left_out, left)
-        return root, sorted(files), unlisted
+        return root, sorted(_not_linked_twice(files)), unlisted
     matches, foreign = [], []
     found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
@@ -250,7 +250,16 @@ def shards(
     _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
     # would rename every shard of a resumed job (its finished parts scored again, under new names).
-    return root, sorted(matches), unlisted
+    return root, sorted(_not_linked_twice(matches)), unlisted
+
+
+def _not_linked_twice(files: list[Path]) -> list[Path]:
+    """`files` less the linked files whose real path is that of a file listed by its own path (not a link):
+    `latest.jsonl -> v1.jsonl` beside v1.jsonl scored each document twice, as a linked directory leading
+    under INPUT did (bulk/walk.py). A link to a file not listed otherwise (a Hugging Face snapshot's, into
+    its blobs; one to a hidden file) is the shard, named by the link."""
+    own = {os.path.realpath(f) for f in files if not f.is_symlink()}
+    return [f for f in files if not (f.is_symlink() and os.path.realpath(f) in own)]
 
 
 def left_out_notes(left: LeftOut) -> list[str]:

@@ -87,11 +87,7 @@ def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_sessio
         own_ray.record(cfg.out, ray_session)
         write_fingerprint(cfg, pending)
         outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
-        # An earlier run's figures, which stop matching the manifest as soon as a part is recorded: a run
-        # that ends without writing its own (a kill, a crash, a lost Ray cluster) must not leave them to be
-        # read as this one's. They are written again at the end.
-        for stale in ("summary.json", "rejects.jsonl"):
-            (cfg.out / stale).unlink(missing_ok=True)
+        outputs.remove_figures(cfg.out)  # written again at the end
         outputs.remove_temporaries(cfg.out)
         entries = list(outputs.Manifest(cfg.out).entries())  # read under the lock: none appended since
         dropped = {id(e) for e in stale_lines(entries, parts)}
@@ -250,7 +246,8 @@ def run(cfg: BulkConfig) -> int:
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
     stats = shard_stats(parts)
-    gone = check_unchanged(finished, stats)
+    # A shard there still but failing at planning has no parts either: it is named under the failures.
+    gone = [name for name in check_unchanged(finished, stats) if name not in failed_shards]
     # A line names its part by number: it counts only for a planned part of the same extent.
     stale = _stale_in(parts)
     finished = {k: e for k, e in finished.items() if not stale(e)}
@@ -382,8 +379,7 @@ def run(cfg: BulkConfig) -> int:
     except OSError as e:
         if not outputs.out_of_space(e):
             raise
-        for stale in ("rejects.jsonl", "summary.json"):  # an earlier run's: not this one's figures
-            (cfg.out / stale).unlink(missing_ok=True)
+        outputs.remove_figures(cfg.out)  # one of them may have been written
         print(_closing(summary, None), flush=True)
         print(f"bulk: {outputs.disk_full(cfg.out)}: rejects.jsonl and summary.json were not written (nor is an "
               "earlier run's left); free some space and run the same command again (the finished parts are "

@@ -9,7 +9,8 @@ import multiprocessing as mp
 import signal
 import sys
 import threading
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 import options
@@ -30,8 +31,9 @@ def _init(cfg_values: dict, queue) -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     # Ctrl-C reaches the whole process group: the driver decides (finish the parts running, or on a second
-    # Ctrl-C kill these processes), so a worker finishes its part. Not SIGTERM: the executor ends the
-    # workers of a broken pool with it, and a worker that ignored it kept the job waiting for ever.
+    # Ctrl-C kill these processes), so a worker finishes its part. Not SIGTERM: it is how a worker is ended
+    # from outside (a stop sent to the whole group, an executor ending a broken pool's workers), and a
+    # worker that ignored it once kept the job waiting for ever.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from bulk.shard import Scorer
 
@@ -54,59 +56,33 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
     on_progress(docs, tokens, bytes, attempt) as workers report (attempt: "part key@n"), and
     on_progress(0, 0, 0, attempt, True) where an attempt's reports no longer count (its worker died): from
-    two threads (the reports' listener and this one), so it must be thread-safe. Once on_result returns
+    several threads (the reports' listeners and this one), so it must be thread-safe. Once on_result returns
     True (a full disk) or stopping() does (Ctrl-C), the parts not yet started are not started; those
     running finish and report.
     A KeyboardInterrupt (the same signal again) kills the workers and goes on up.
 
-    A worker that dies (killed, out of memory) breaks its pool: the parts it and the others were running
-    are charged an attempt and, with attempts left, run again in a new pool with those never handed out
-    (uncharged). A part fails when it has been running ATTEMPTS times as a pool died."""
-    # spawn: the driver never loads ONNX Runtime, and a forked copy of its threads would be unsafe anyway.
-    ctx = mp.get_context("spawn")
-    # A SimpleQueue, whose put writes in the caller's thread: a part's reports are in the pipe before its
-    # result is sent. A Queue's feeder thread wrote them later, and a broken pool's workers, ended with
-    # SIGTERM, lost what it held: reports of parts already recorded (a job counted 233 of 240 documents).
-    # Only workers write to it: a worker killed while it holds the queue's write lock (a broken pool's
-    # SIGTERM, the OOM killer) leaves that lock taken for good, and a driver writing there would hang.
-    queue = ctx.SimpleQueue()
-    ended = threading.Event()
-    listener = threading.Thread(target=_listen, args=(queue, on_progress, ended), daemon=True)
-    listener.start()
-    todo, charged = list(parts), {p.key: 0 for p in parts}
-    try:
-        while todo and not stopping():
-            todo = _pool(todo, cfg, queue, on_result, on_progress, stopping, charged)
-    finally:
-        ended.set()  # every worker has exited: what they wrote is in the pipe, read to its end
-        listener.join(timeout=5)
-
-
-def _pool(
-    parts: list[Part], cfg: BulkConfig, queue, on_result, on_progress, stopping, charged: dict
-) -> list[Part]:
-    """One pool over `parts`; returns those to run in another (a worker died), none once stopped. A part
-    is handed out only when a worker is free: the executor queues one call beyond its workers, and a part
-    queued so would still start after a stop."""
-    again: list[Part] = []
-    stopped = broken = False
-    workers = min(cfg.worker_count(), max(1, len(parts)))
-    args = (options.as_dict(cfg), queue)
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=args)
-    todo = iter(parts)
-    running: dict = {}
+    A worker that dies (killed, out of memory) costs only the part it was running: that part is charged an
+    attempt and, with attempts left, runs again in a new worker; the other workers' parts go on. A part
+    fails when its worker died ATTEMPTS times as it ran."""
+    todo = deque(parts)
+    charged = {p.key: 0 for p in parts}
+    count = min(cfg.worker_count(), max(1, len(parts)))
+    values = options.as_dict(cfg)
+    started: list[_Worker] = []  # every worker not yet closed
+    idle: list[_Worker] = []
+    running: dict[Future, tuple[_Worker, Part]] = {}
+    stopped = False
 
     def record(result: dict) -> None:
         nonlocal stopped
         stopped = on_result(result) or stopped
 
-    deaths = 0
+    def retire(worker: _Worker) -> None:
+        started.remove(worker)
+        worker.close()
 
-    def died(part: Part, e: BaseException) -> None:  # it was running when its pool broke
-        nonlocal deaths
-        deaths += 1
-        # What this attempt reported, and what it may still report (a worker the broken pool ends later
-        # than the one that died may have reports in flight), counts for nothing.
+    def died(part: Part, e: BaseException) -> None:  # its worker died as it ran: no other part's did
+        # What this attempt reported, and what it may still report, counts for nothing.
         on_progress(0, 0, 0, f"{part.key}@{charged[part.key]}", True)
         if stopped or stopping():
             # A stop (a SIGTERM to the whole group ends the workers with the driver): nothing runs again in
@@ -121,48 +97,92 @@ def _pool(
         if charged[part.key] >= ATTEMPTS:
             record(part.failure(f"its worker process died {charged[part.key]} times while it ran: {e}"))
         else:
-            again.append(part)
+            todo.appendleft(part)
 
     try:
         while True:
-            while not (stopped or broken or stopping()) and len(running) < workers:
-                part = next(todo, None)
-                if part is None:
-                    break
+            # A part is handed out only when a worker is free: an executor queues calls beyond its workers,
+            # and a part queued so would still start after a stop.
+            while not (stopped or stopping()) and todo and len(running) < count:
+                part = todo.popleft()
+                if idle:
+                    worker = idle.pop()
+                else:
+                    worker = _Worker(values, on_progress)
+                    started.append(worker)
                 try:
-                    running[pool.submit(_score, part, charged[part.key])] = part
-                except BrokenProcessPool:  # not started: it goes on, uncharged, with the rest
-                    broken = True
-                    again.append(part)
+                    running[worker.submit(part, charged[part.key])] = (worker, part)
+                except BrokenProcessPool:  # it died idle, between two parts: this one did not start
+                    retire(worker)
+                    todo.appendleft(part)
             if not running:
                 break
             # A short wait, not as_completed: a stop asked for by a signal is acted on within POLL_S.
             done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
             for fut in done:
-                part = running.pop(fut)
+                worker, part = running.pop(fut)
                 try:
-                    record(fut.result())
+                    result = fut.result()
                 except BrokenProcessPool as e:
-                    broken = True
+                    retire(worker)
                     died(part, e)
+                    continue
+                idle.append(worker)
+                record(result)
             stopped = stopped or stopping()
-        if broken and not stopped:
-            again += list(todo)  # never handed out: uncharged
-            if not deaths:  # broken with no part running: another pool would break the same way, for ever
-                for part in again:
-                    record(part.failure("the worker pool broke before any part started"))
-                return []
     except KeyboardInterrupt:
-        # Stop now: leaving the pool normally would wait for the parts the workers hold.
-        pool.shutdown(wait=False, cancel_futures=True)
+        # Stop now: closing the workers normally would wait for the parts they hold.
+        for worker in started:
+            worker.close(wait=False)
         for child in mp.active_children():
             child.kill()
         raise
     except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
+        _close_all(started)
         raise
-    pool.shutdown(wait=True)
-    return [] if stopped else again
+    _close_all(started)
+
+
+class _Worker:
+    """One worker process, a process pool of its own: its death breaks that pool alone, so the part it held
+    is the one charged, and the other workers' parts go on (one pool of them all charged every part running
+    in it, a healthy one beside a part that killed its worker failing too).
+    Its reports come through a queue of its own, read by a listener thread of its own. A SimpleQueue, whose
+    put writes in the caller's thread: a part's reports are in the pipe before its result is sent (a Queue's
+    feeder thread wrote them later, and lost what it held when its worker was ended). A worker killed while
+    it writes there (the OOM killer) leaves the queue's write lock taken for good: a worker after it writing
+    to the same queue would hang, so no queue outlives its worker, and the driver never writes to one."""
+
+    def __init__(self, cfg_values: dict, on_progress) -> None:
+        # spawn: the driver never loads ONNX Runtime, and a forked copy of its threads would be unsafe anyway.
+        ctx = mp.get_context("spawn")
+        self.queue = ctx.SimpleQueue()
+        self.ended = threading.Event()
+        self.listener = threading.Thread(
+            target=_listen, args=(self.queue, on_progress, self.ended), daemon=True
+        )
+        self.listener.start()
+        self.pool = ProcessPoolExecutor(
+            1, mp_context=ctx, initializer=_init, initargs=(cfg_values, self.queue)
+        )
+
+    def submit(self, part: Part, attempt: int) -> Future:
+        return self.pool.submit(_score, part, attempt)
+
+    def close(self, wait: bool = True) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=True)
+        self.ended.set()  # its process has exited (wait): what it wrote is in the pipe, read to its end
+        if wait:
+            self.listener.join(timeout=5)
+
+
+def _close_all(workers: list[_Worker]) -> None:
+    """Close the workers side by side: each waits for its process to exit."""
+    closing = [threading.Thread(target=w.close) for w in workers]
+    for t in closing:
+        t.start()
+    for t in closing:
+        t.join()
 
 
 def _listen(queue, on_progress, ended: threading.Event) -> None:

@@ -1,8 +1,9 @@
 """Run the shard function on Ray: the same `score_part`, in Ray Data actors (ActorPoolStrategy through
 `compute=`, Ray 2.60's public API), each holding one Scorer for the whole job. Ray restarts an actor whose
-worker or node died and runs its part again (Ray Data sets max_restarts and max_task_retries to -1 for
-actor pools); the part's output name is fixed and written under a temporary name, and only the driver
-writes the manifest, once per part, so a part run twice is still there exactly once.
+worker or node died (Ray Data's max_restarts=-1 for actor pools) and runs its part again, once: a part
+whose actor died each time it ran fails alone, as on local workers. The part's output name is fixed and
+written under a temporary name, and only the driver writes the manifest, once per part, so a part run
+twice is still there exactly once.
 
 Every node reads INPUT and --models, and writes --out, at the same paths: a shared file system.
 Ray's usage statistics are turned off (RAY_USAGE_STATS_ENABLED=0) for the instance a job starts and for
@@ -19,10 +20,13 @@ import signal
 import socket
 import threading
 import time
+import warnings
 
 import options
+from bulk import outputs
 from bulk.config import BulkConfig, from_dict
 from bulk.inputs import Part
+from bulk.local import ATTEMPTS
 
 # A job's objects are part descriptions and results of a few kB: Ray's default store (30% of memory)
 # would only take memory from the workers.
@@ -106,9 +110,8 @@ def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
         while not done.wait(every_s):
             signum = signalled()
             if signum and instance_gone() and not done.is_set():  # not once the job has ended its own way
-                for stale in ("rejects.jsonl", "summary.json"):  # an earlier run's: not this one's figures
-                    with contextlib.suppress(OSError):
-                        (out / stale).unlink()
+                with contextlib.suppress(OSError):  # on the way out: nothing to say of a failure here
+                    outputs.remove_figures(out)
                 os.write(2, f"\nbulk: {signal.Signals(signum).name} ended this job's own Ray instance too (it "
                             "reached the whole process group): the finished parts are kept, the running ones are "
                             "scored again by the next run; run the same command again\n".encode())  # fmt: skip
@@ -213,18 +216,41 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False  # ours is on stderr already
     ctx.print_on_execution_start = False
+    # A part whose task Ray gave up on (below) is dropped, and the others go on: by default its error
+    # ended the whole execution, with a traceback and exit 1, and every run of the job ended the same way.
+    ctx.max_errored_blocks = -1
     items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.map_batches(
-        ScoreParts,
-        fn_constructor_kwargs={"cfg": options.as_dict(cfg)},
-        batch_size=1,
-        compute=ActorPoolStrategy(size=min(workers, max(1, len(parts)))),
-        num_cpus=cfg.threads,
-    )
+    with warnings.catch_warnings():
+        # max_task_retries has no named parameter in Ray 2.60 (the version pinned): only ray_remote_args,
+        # which it warns will go in 2.64. The warning said so on every run, to users who can do nothing.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(
+            ScoreParts,
+            fn_constructor_kwargs={"cfg": options.as_dict(cfg)},
+            batch_size=1,
+            # One part at a time on an actor, as on a local worker (Ray Data queues two): a part queued on an
+            # actor that dies is charged a retry too, and one queued behind a part that kills its actor
+            # would fail with it.
+            compute=ActorPoolStrategy(size=min(workers, max(1, len(parts))), max_tasks_in_flight_per_actor=1),
+            num_cpus=cfg.threads,
+            # A part runs ATTEMPTS times at most, as on local workers: with Ray Data's default (-1, retried
+            # for ever) a part that kills its actor (a document that runs it out of memory) kept the job
+            # running for ever. The actor itself is still restarted without end (max_restarts=-1): a node
+            # lost takes its actors, whose later parts must run somewhere.
+            max_task_retries=ATTEMPTS - 1,
+        )
     sizes = {p.key: p.size for p in parts}
+    answered: set[str] = set()
     for row in ds.iter_rows():  # as parts finish, in any order
         result = json.loads(row["result"])
+        answered.add(result["part"])
         on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
         if on_result(result) or stopping():  # leaving the iterator shuts the dataset's execution down
-            break
+            return
+    # Every part ran to its end or was dropped: those without a result are the dropped ones.
+    for p in parts:
+        if p.key not in answered:
+            on_result(p.failure(f"Ray gave up on it: its actor died each of the {ATTEMPTS} times it ran it, or "
+                                "its task failed (Ray Data logged the error, also in logs/ray-data/ray-data.log "
+                                "in the Ray session's directory)"))  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +32,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.model.bundle import sha256_file
-from bulk.inputs import Part
 from options.locking import DirectoryHeld, hold_directory
 
 SPAN = pa.struct([("text", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("prob", pa.float64())])
@@ -69,16 +69,55 @@ def safe(name: str) -> str:
     return f"%{ord(escaped[0]):02X}{escaped[1:]}" if escaped[:1] in (".", "_") else escaped
 
 
+# The longest part file name kept whole: its temporary name, ".NAME.tmp-PID-XXXXXXXX" with a pid of up to 7
+# digits, is then within the 255 bytes a file name may take (ext4, XFS, btrfs). A relative shard path of
+# about 215 bytes (70 characters of CJK) failed every part with "File name too long".
+NAME_BYTES = 233
+SHORTENED = "%~"  # never in safe()'s output, whose "%" always starts an escape of two hex digits
+
+
 def _part_file(name: str, index: int, ext: str) -> str:
-    return f"{safe(name)}.part-{index:05d}.{ext}"
+    """A part's file name: the shard's path as `safe` writes it; past NAME_BYTES, the end of that path (as
+    much as fits, from a directory's start where one does) and a hash of all of it, one-to-one still. The
+    manifest records each part's file, so nothing reads the name back."""
+    suffix = f".part-{index:05d}.{ext}"
+    whole = safe(name) + suffix
+    if _bytes(whole) <= NAME_BYTES:
+        return whole
+    digest = SHORTENED + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    room = NAME_BYTES - len(suffix) - len(digest) - 2  # 2: a leading "." or "_" escaped takes 3 bytes
+    start, used = len(name), 0
+    while start > 0 and used + (n := 3 if name[start - 1] in "%/" else _bytes(name[start - 1])) <= room:
+        start, used = start - 1, used + n
+    tail = name[start:]
+    if "/" in tail[:-1]:  # from a directory's start, not the middle of its name
+        tail = tail[tail.index("/") + 1 :]
+    return safe(tail) + digest + suffix
 
 
-def score_path(out: Path, part: Part) -> Path:
-    return out / "scores" / _part_file(part.name, part.index, "parquet")
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
 
 
-def rejects_path(out: Path, part: Part) -> Path:
-    return out / "rejects" / _part_file(part.name, part.index, "jsonl")
+def score_path(out: Path, name: str, index: int) -> Path:
+    """Where part `index` of the shard `name` puts its rows."""
+    return out / "scores" / _part_file(name, index, "parquet")
+
+
+def rejects_path(out: Path, name: str, index: int) -> Path:
+    """Where part `index` of the shard `name` puts its rejects, when it has any."""
+    return out / "rejects" / _part_file(name, index, "jsonl")
+
+
+FIGURES = ("summary.json", "rejects.jsonl")
+
+
+def remove_figures(out: Path) -> None:
+    """Remove summary.json and rejects.jsonl, an earlier run's figures: written at a run's end, they stop
+    matching the manifest as soon as a part is recorded, and a run that ends without writing its own (a
+    kill, a full disk, its Ray instance or cluster lost) must not leave them to be read as its figures."""
+    for name in FIGURES:
+        (out / name).unlink(missing_ok=True)
 
 
 def temporary(path: Path) -> Path:
@@ -97,7 +136,7 @@ def _write_text(path: Path, text: str) -> None:
     """`text` into `path` through a temporary file, which a failed write (a full disk) removes."""
     tmp = temporary(path)
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
         _publish(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -163,7 +202,7 @@ def stage_rejects(path: Path, rejects: list[dict]) -> tuple[Path, str] | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary(path)
     try:
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects), encoding="utf-8")
         with tmp.open("rb+") as f:
             os.fsync(f.fileno())
     except BaseException:
@@ -179,7 +218,7 @@ def publish(out: Path, result: dict) -> None:
     for final, tmp in result["staged"].items():
         os.replace(out / tmp, out / final)  # atomic: readers see the old file or the complete new one
     if not result.get("rejects_file"):
-        (out / "rejects" / _part_file(result["name"], result["index"], "jsonl")).unlink(missing_ok=True)
+        rejects_path(out, result["name"], result["index"]).unlink(missing_ok=True)
 
 
 def unpublish(out: Path, result: dict) -> None:
@@ -225,7 +264,7 @@ class Manifest:
         """Every whole line, as written: what the parts were named and read from (outputs not checked)."""
         if not self.path.is_file():
             return
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 yield json.loads(line)
             except json.JSONDecodeError:
@@ -301,6 +340,6 @@ def merge_rejects(out: Path, entries: list[dict]) -> int:
     lines = []
     for e in entries:
         if e.get("rejects_file"):
-            lines.append((out / e["rejects_file"]).read_text())
+            lines.append((out / e["rejects_file"]).read_text(encoding="utf-8"))
     _write_text(out / "rejects.jsonl", "".join(lines))
     return sum(text.count("\n") for text in lines)

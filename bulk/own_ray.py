@@ -78,7 +78,7 @@ def end_session(session_dir: str, wait_s: float = 10.0) -> int:
 def _running(pid: int) -> bool:
     """There and not a zombie (one whose parent was the killed job is reaped by init, in its own time)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:  # its name: any bytes
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
@@ -90,14 +90,14 @@ def record(out: Path, session_dir: str | None) -> None:
     if session_dir is None:
         path.unlink(missing_ok=True)
     else:
-        path.write_text(session_dir + "\n")
+        path.write_text(session_dir + "\n", encoding="utf-8")
 
 
 def end_recorded(out: Path) -> tuple[str, int] | None:
     """End what the instance recorded in --out left running: (its session, how many processes), or None
     where none is recorded. The caller holds --out's lock, so the job that started it is over."""
     try:
-        session = (out / SESSION_FILE).read_text().strip()
+        session = (out / SESSION_FILE).read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
     return session, end_session(session) if session else 0

@@ -112,7 +112,7 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
     Returns what the manifest and the summary record of it; a part that cannot be read or scored
     returns its error instead (the other parts go on)."""
     cfg, t0, started_at = scorer.cfg, time.perf_counter(), time.time()
-    path = outputs.score_path(cfg.out, part)
+    path = outputs.score_path(cfg.out, part.name, part.index)
     result = part.record()
     # wrapped: lines of a .txt file right after a non-blank line (the job's blank-lines note reads it).
     stats = {"rows": 0, "tokens": 0, "windows": 0, "blank": 0, "wrapped": 0, "reasons": {}, "labels": {},
@@ -168,7 +168,7 @@ def score_part(part: Part, scorer: Scorer, report: Report | None = None) -> dict
         sha = writer.close()
         if report and part.size > done_bytes:  # Parquet documents carry no size: the part's all at once
             report(0, 0, part.size - done_bytes)
-        rpath = outputs.rejects_path(cfg.out, part)
+        rpath = outputs.rejects_path(cfg.out, part.name, part.index)
         staged_rejects = outputs.stage_rejects(rpath, rejects)
     except Exception as e:  # this part fails alone, named in the summary; the job goes on
         if writer is not None:

@@ -54,3 +54,52 @@ def rows(out: Path) -> list[dict]:
 
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
+
+
+# A sitecustomize (imported by every Python process started with it on PYTHONPATH: local workers and Ray's
+# actors alike) that wraps bulk.shard.score_part as the module is imported, so that a worker that starts one
+# of the parts named dies there at once, by SIGKILL, as the kernel's out-of-memory killer ends a process. A
+# local worker dies at the worst moment: holding the write lock of the queue its reports go through.
+_DIE_ON = """
+import importlib.machinery, os, signal, sys
+
+DIE_ON = set(os.environ.get("BULK_TEST_DIE_ON", "").split(","))
+
+
+class _DieOn:
+    def find_spec(self, name, path=None, target=None):
+        if name != "bulk.shard":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            score_part = module.score_part
+
+            def dying(part, *args, **kwargs):
+                if part.key in DIE_ON:
+                    local = sys.modules.get("bulk.local")
+                    if local is not None and local._QUEUE is not None:
+                        local._QUEUE._wlock.acquire()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return score_part(part, *args, **kwargs)
+
+            module.score_part = dying
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _DieOn())
+"""
+
+
+def dying_on(tmp: Path, *keys: str) -> dict[str, str]:
+    """Environment (for run_bulk, bulk_argv's Popen) in which a worker that starts scoring one of the parts
+    `keys` ("name#index") is killed: the sitecustomize above, in `tmp`, ahead of the rest of PYTHONPATH."""
+    site = tmp / "die-on"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_DIE_ON)
+    path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "BULK_TEST_DIE_ON": ",".join(keys)}

@@ -103,11 +103,19 @@ def test_classifier_rows_carry_labels_bundle_sha256_and_version(tmp_path, paragr
 def test_ids_from_a_field_and_a_resume_with_other_settings_is_refused(tmp_path, paragraphs):
     src = tmp_path / "docs.jsonl"
     lines = [json.dumps({"doc": f"d{i}", "text": t}) for i, t in enumerate(paragraphs[:5])]
-    src.write_text("\n".join([*lines, json.dumps({"text": paragraphs[5]})]) + "\n")  # the last has no id
+    lines.append(json.dumps({"text": paragraphs[5]}))  # no id
+    lines.append(json.dumps({"doc": "文書-7", "text": ""}))  # rejected, with an id that is not ASCII
+    src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    done = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--tokens")
+    # Under a locale whose encoding is not UTF-8 (ASCII here): a reject whose id is not ASCII failed its
+    # part, its file written in the locale's encoding.
+    ascii_locale = {"LC_ALL": "C", "PYTHONUTF8": "0"}
+    done = run_bulk(src, out, "detector", "--workers", "1", "--id-field", "doc", "--tokens", **ascii_locale)
     assert done.returncode == 3, done.stderr
-    assert summary(out)["rejects_by_reason"] == {"missing_id": 1}
+    assert summary(out)["rejects_by_reason"] == {"missing_id": 1, "empty_text": 1}
+    assert [json.loads(line)["id"] for line in (out / "rejects.jsonl").read_text(encoding="utf-8").splitlines()] == [
+        "docs.jsonl:6", "文書-7"
+    ]  # fmt: skip
     got = rows(out)
     assert [r["id"] for r in got] == [f"d{i}" for i in range(5)]
     text = paragraphs[0]
@@ -361,9 +369,46 @@ def test_files_added_under_a_glob_or_beside_a_directorys_shards_are_scored_and_t
     write_jsonl(folder / "a.jsonl", paragraphs[:4])
     assert run_bulk(folder, tmp_path / "od", "detector", "--workers", "1").returncode == 0
     pq.write_table(pa.table({"text": paragraphs[10:13]}), folder / "t.parquet")
+    # A shard whose path under INPUT is longer than a file name may be: every one of its parts failed
+    # (OSError: File name too long); its files are named by the path's end and a hash of the whole path.
+    deep = write_jsonl(
+        folder / ("語" * 70) / ("a-long-directory-name-" * 5) / "shard.jsonl", paragraphs[20:22]
+    )
+    with deep.open("a") as f:
+        f.write('{"id": "没有文字"}\n')  # a reject: its rejects file is named so too
     mixed = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")
-    assert mixed.returncode == 0 and "1 already finished" in mixed.stdout, mixed.stderr
-    assert summary(tmp_path / "od")["documents"] == 7
+    assert mixed.returncode == 3 and "1 already finished" in mixed.stdout, mixed.stderr
+    assert summary(tmp_path / "od")["documents"] == 7 + 2 and summary(tmp_path / "od")["rejected"] == 1
+    assert (
+        len(
+            list(
+                (tmp_path / "od" / "scores").glob(
+                    "a-long-directory-name-*%2Fshard.jsonl%~*.part-00000.parquet"
+                )
+            )
+        )
+        == 1
+    )
+    assert (
+        len(
+            list(
+                (tmp_path / "od" / "rejects").glob(
+                    "a-long-directory-name-*%2Fshard.jsonl%~*.part-00000.jsonl"
+                )
+            )
+        )
+        == 1
+    )
+    again = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")  # found again by the manifest
+    assert again.returncode == 3 and "3 already finished" in again.stdout, again.stdout + again.stderr
+    # A shard with finished parts, there still but failing at planning now (rewritten as a JSON array): it
+    # was said to be "no longer in INPUT" as well as failed.
+    (folder / "a.jsonl").write_text(json.dumps([{"text": t} for t in paragraphs[:4]], indent=2))
+    failing = run_bulk(folder, tmp_path / "od", "detector", "--workers", "1")
+    assert failing.returncode == 4 and "bulk: not scored: a.jsonl: it is one JSON array" in failing.stderr, (
+        failing.stderr
+    )
+    assert "no longer in INPUT" not in failing.stderr, failing.stderr
 
 
 def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dying(tmp_path, paragraphs):

@@ -19,7 +19,7 @@ import pytest
 import app
 from bulk.config import resolve
 from bulk.inputs import InputError, LeftOut, id_column, plan, shards
-from bulk.outputs import safe
+from bulk.outputs import NAME_BYTES, rejects_path, safe, score_path, temporary
 from bulk.reading import Reason, read
 from options import ConfigError
 from tests.unprivileged import run_python
@@ -48,6 +48,27 @@ def test_output_file_names_are_one_to_one_and_visible_to_parquet_readers():
     assert len(set(written)) == len(names), written
     assert not any(w.startswith((".", "_")) or "/" in w for w in written), written
     assert safe("plain.jsonl") == "plain.jsonl" and safe("sub/x.jsonl") == "sub%2Fx.jsonl"
+
+    # A path under INPUT too long for one file name with its suffix and temporary prefix (255 bytes): the
+    # end of it and a hash of all of it. Every shorter one keeps its name, which a resume looks for.
+    def paths(name: str) -> list[Path]:
+        return [score_path(Path("/o"), name, 12), rejects_path(Path("/o"), name, 12)]
+
+    assert paths("sub/x.jsonl") == [Path("/o/scores/sub%2Fx.jsonl.part-00012.parquet"),
+                                    Path("/o/rejects/sub%2Fx.jsonl.part-00012.jsonl")]  # fmt: skip
+    kept = "d/" * 51 + "wxyz.jsonl"  # its name takes NAME_BYTES, just
+    assert paths(kept)[0].name == safe(kept) + ".part-00012.parquet"
+    longer = paths(kept + "l")
+    assert "%~" in longer[0].name and longer[1].name == safe(kept + "l") + ".part-00012.jsonl"
+    long = [kept + "lll", "語" * 70 + "/" + "d" * 110 + "/shard.jsonl", "語" * 71 + "/" + "d" * 110 + "/shard.jsonl",
+            "_" + "語" * 100, "." + "語" * 100, "x/" * 200 + "y.jsonl"]  # fmt: skip
+    names = [p.name for name in long for p in paths(name)]
+    assert len(set(names)) == len(names), names
+    for n in names:
+        assert len(n.encode()) <= NAME_BYTES and len(temporary(Path(n)).name.encode()) <= 255, n
+        assert "%~" in n and not n.startswith((".", "_")) and "/" not in n, n
+    # The path's end, from a directory's start.
+    assert names[2].startswith("d" * 110 + "%2Fshard.jsonl%~"), names
 
 
 def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_outputs(tmp_path):
@@ -467,12 +488,55 @@ def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_p
     said = failed["docs.json"]
     assert "one JSON array (its first character is '[')" in said and "not JSON Lines" in said, said
     assert str(tmp_path / "spaced.lines.jsonl") in failed["spaced.jsonl"]  # never over the file itself
-    command = said.split("give that instead: ")[1]
+    for failing in (
+        "docs.json",
+        "spaced.jsonl",
+    ):  # the second past a byte-order mark, which json.load refuses
+        command = failed[failing].split("give that instead: ")[1]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    for converted in ("docs.jsonl", "spaced.lines.jsonl"):
+        assert [(d.id, d.text) for d in docs_of(tmp_path / converted, id_field="id")] == [
+            ("1", "first document"), ("2", "second document")
+        ]  # fmt: skip
+
+
+def test_a_pretty_printed_json_object_fails_by_name_and_json_lines_starting_with_one_are_read(tmp_path):
+    """A metadata.json or dataset_info.json beside the shards (json.dump(info, f, indent=2)) was read as JSON
+    Lines: each of its lines rejected not_json, and every run of the job ended with exit 3 and a rejects.jsonl
+    full of it. A file whose first line starts with '{' but is not a whole JSON object fails by name, as a
+    JSON array does; JSON Lines are read as before, whatever their first line holds."""
+    import subprocess
+
+    corpus = tmp_path / "corpus"
+    lines(corpus / "train.jsonl", [{"text": "a document"}, {"text": "another"}])
+    (corpus / "dataset_info.json").write_text(
+        json.dumps({"features": {"text": "string"}, "splits": 1}, indent=2)
+    )
+    (corpus / "metadata.json").write_bytes(
+        b"\xef\xbb\xbf\n\n  " + json.dumps({"text": "one"}, indent=4).encode()
+    )
+    # JSON Lines: a first line past the first bytes read, one NaN can not be read from, a last line without
+    # its line end, bytes that are not UTF-8, or a broken second line: read, the bad lines rejected alone.
+    (corpus / "long.jsonl").write_text(json.dumps({"text": "x " * 60_000}) + "\n" + '{"text": "next"}\n')
+    (corpus / "nan.jsonl").write_text('{"text": "NaN is not JSON", "score": NaN}\n{"text": "fine"}\n')
+    (corpus / "one.json").write_text('{"text": "a single line, no line end"}')
+    (corpus / "latin.jsonl").write_bytes('{"text": "caf\u00e9"}\n{"text": "fine"}\n'.encode("latin-1"))
+    (corpus / "broken.jsonl").write_text('{"text": "fine"}\n{"text": \n')
+    root, files, _ = shards(str(corpus), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert sorted(failed) == ["dataset_info.json", "metadata.json"], failed
+    assert sorted(p.name for p in parts) == ["broken.jsonl", "latin.jsonl", "long.jsonl", "nan.jsonl", "one.json",
+                                             "train.jsonl"]  # fmt: skip
+    said = failed["dataset_info.json"]
+    assert "its first line starts with '{' but is not a whole JSON object" in said, said
+    assert "move it out of INPUT, or give a glob that leaves it out" in said and "not JSON Lines" in said, (
+        said
+    )
+    command = failed["metadata.json"].split("give that instead: ")[1].split('". ')[0] + '"'
     done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert [(d.id, d.text) for d in docs_of(tmp_path / "docs.jsonl", id_field="id")] == [
-        ("1", "first document"), ("2", "second document")
-    ]  # fmt: skip
+    assert [d.text for d in docs_of(corpus / "metadata.jsonl")] == ["one"]
 
 
 def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_named_or_globbed(tmp_path):
@@ -567,11 +631,22 @@ def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_ent
     (corpus / "b_ext").symlink_to(tmp_path / "ext", target_is_directory=True)
     (corpus / "a_ext").symlink_to(tmp_path / "ext", target_is_directory=True)  # first by name: this one
     (corpus / "z_deep").symlink_to(tmp_path / "ext" / "deep", target_is_directory=True)  # entered via a_ext
-    want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
+    # A linked file beside its target, or leading to one found by its own path elsewhere: not a shard of its
+    # own (each document was scored twice). One to a file not listed otherwise (hidden here) is the shard.
+    (corpus / "v1" / "latest.jsonl").symlink_to("x.jsonl")
+    (corpus / "sub" / "y-again.jsonl").symlink_to(corpus / "sub" / "y.jsonl")
+    (corpus / "sub" / "f-too.jsonl").symlink_to(
+        tmp_path / "ext" / "deep" / "f.jsonl"
+    )  # found as a_ext/deep/f
+    lines(corpus / "sub" / ".draft.jsonl", [{"text": "hidden, linked"}])
+    (corpus / "sub" / "draft.jsonl").symlink_to(".draft.jsonl")
+    want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/draft.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
     for spec in (str(corpus), f"{corpus}/**/*.jsonl", f"{corpus}/**"):
         root, files, unlisted = shards(spec, "auto")
         assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
-    assert sorted(d.text for d in docs_of(corpus)) == ["beside it", "deep outside", "outside", "versioned"]
+    assert sorted(d.text for d in docs_of(corpus)) == [
+        "beside it", "deep outside", "hidden, linked", "outside", "versioned"
+    ]  # fmt: skip
     # A glob whose own directories pass through the link reads through it: it is the root there.
     root, files, _ = shards(f"{corpus}/latest/*.jsonl", "auto")
     assert root == corpus / "latest" and files == [corpus / "latest" / "x.jsonl"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from app_fixtures import wait_for
-from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
+from bulk_helpers import REPO, bulk_argv, dying_on, env, rows, run_bulk, summary, wiki, write_jsonl
 
 from benchmarks.speed.own_ray import stop_own_ray
 
@@ -103,6 +103,28 @@ def test_a_local_ray_instance_stops_at_a_full_disk_and_the_job_ends_with_every_d
             assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
     except PermissionError as e:
         pytest.skip(str(e))
+
+
+def test_a_part_that_kills_its_actor_each_time_fails_alone_and_the_job_ends(tmp_path, corpus, ray_env):
+    """Ray Data retries a task whose actor died for ever (max_task_retries=-1): a part that kills its actor
+    (a document that runs it out of memory) kept the job running for ever. It runs twice at most, as on
+    local workers, then fails alone, named on stderr and in summary.json (exit 4); the parts beside it,
+    on the same actors, are scored."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        shutil.copy(corpus / f"shard-{i:02d}.jsonl", src)
+    out = tmp_path / "out"
+    poison = "shard-02.jsonl#0"
+    job_env = {**ray_env, **dying_on(tmp_path, poison)}
+    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=150, **job_env)
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"bulk: part {poison} failed: Ray gave up on it: its actor died each of the 2 times" in done.stderr
+    s = summary(out)
+    assert list(s["failures"]["parts"]) == [poison]
+    assert s["parts"] == {"total": 6, "finished": 5, "failed": 1, "not_started": 0}, s["parts"]
+    assert sorted({r["file"] for r in rows(out)}) == [f"shard-{i:02d}.jsonl" for i in (0, 1, 3, 4, 5)]
+    assert s["documents"] == 5 * 8
 
 
 def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_finishes_it(

@@ -5,6 +5,7 @@ it, and nothing half-written is trusted."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -13,9 +14,10 @@ import subprocess
 import time
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 from app_fixtures import wait_for
-from bulk_helpers import REPO, bulk_argv, env, rows, run_bulk, summary, wiki, write_jsonl
+from bulk_helpers import REPO, bulk_argv, dying_on, env, rows, run_bulk, summary, wiki, write_jsonl
 
 pytestmark = pytest.mark.slow
 KILLS = 3
@@ -153,8 +155,8 @@ def test_ctrl_c_keeps_the_parts_running_and_twice_stops_at_once_then_the_same_co
 
 
 def test_a_worker_killed_mid_job_costs_only_a_rerun_of_its_parts(tmp_path, corpus, reference):
-    """As the kernel's out-of-memory killer would: one worker dies. The parts running then run again in a
-    new pool, those never handed out go on uncharged, and the job ends with the uninterrupted rows."""
+    """As the kernel's out-of-memory killer would: one worker dies. The part it was running runs again in a
+    new worker, the other worker's go on, and the job ends with the uninterrupted rows."""
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
     proc = subprocess.Popen(bulk_argv(corpus, out, "detector", *FLAGS), cwd=REPO, env=env(),
@@ -177,9 +179,38 @@ def test_a_worker_killed_mid_job_costs_only_a_rerun_of_its_parts(tmp_path, corpu
     assert rows(out) == rows(reference[0])
     assert summary(out)["parts"]["failed"] == 0
     assert "a worker process died while it scored" in err and "it runs again" in err, err
-    # The progress (and this run's rate) counts each document once: the dead attempts' reports taken back,
-    # and none lost of a part recorded just before the pool broke (its worker, ended then, had them queued).
+    # The progress (and this run's rate) counts each document once: the dead attempt's reports taken back.
     this_run = summary(out)["this_run"]
+    assert this_run["documents"] == this_run["documents_recorded"] == len(rows(out)), this_run
+
+
+def test_a_part_that_kills_its_worker_fails_alone_and_the_parts_beside_it_are_scored(
+    tmp_path, corpus, reference
+):
+    """One part kills every worker that scores it (as a document that makes it run out of memory would).
+    Its death broke the pool of all the workers, and every part running in it was charged: a healthy part
+    beside it failed too ("its worker process died 2 times"). Each worker is a process pool of its own: the
+    part that kills it is charged, runs once more, and fails alone; the others are scored, once each.
+    It dies holding the write lock of the queue its reports go through, which stays taken: the workers
+    after it wrote to that same queue and hung, and the job with them. Each worker has a queue of its own."""
+    out = tmp_path / "out"
+    poison = "big.jsonl#3"
+    done = run_bulk(corpus, out, "detector", *FLAGS, timeout=120, **dying_on(tmp_path, poison))
+    assert done.returncode == 4, done.stderr
+    s = summary(out)
+    assert list(s["failures"]["parts"]) == [poison], s["failures"]
+    assert "its worker process died 2 times while it ran" in s["failures"]["parts"][poison]
+    assert s["parts"]["finished"] == s["parts"]["total"] - 1 and s["parts"]["not_started"] == 0, s["parts"]
+    assert done.stderr.count("a worker process died while it scored") == 2, done.stderr
+    assert f"a worker process died while it scored {poison} " in done.stderr
+    # Every row of the uninterrupted run but those of the part that failed.
+    ref_out = reference[0]
+    entry = next(e for e in map(json.loads, (ref_out / "manifest.jsonl").read_text().splitlines())
+                 if e["part"] == poison)  # fmt: skip
+    lost = {(r["file"], r["line"]) for r in pq.read_table(ref_out / entry["output"]).to_pylist()}
+    assert lost
+    assert rows(out) == [r for r in rows(ref_out) if (r["file"], r["line"]) not in lost]
+    this_run = s["this_run"]
     assert this_run["documents"] == this_run["documents_recorded"] == len(rows(out)), this_run
 
 
