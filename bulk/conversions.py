@@ -67,8 +67,8 @@ def encoding_hint(path: Path, head: bytes) -> str | None:
     return None
 
 
-# How far the first line of a file starting with '{' is read to see whether it is a whole JSON object: a
-# pretty-printed one's first line is short, and a JSON Lines document longer than this is not judged.
+# How far a file starting with '{' is read to see whether its first two lines hold a whole JSON object: a
+# pretty-printed one's first lines are short, and a JSON Lines document longer than this is not judged.
 FIRST_LINE_BYTES = 1 << 20
 
 
@@ -93,27 +93,34 @@ def json_document_hint(path: Path, head: bytes, f: BinaryIO) -> str | None:
                 'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
                 f"{str(path)!r}, encoding='utf-8-sig')); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) "
                 'for d in docs)"')  # fmt: skip
-    if first.startswith(b"{") and not _whole_object_first(first, f):
+    if first.startswith(b"{") and not _reads_as_json_lines(first, f):
         return ("its first line starts with '{' but is not a whole JSON object: it is one JSON document written "
                 "over several lines (json.dump(obj, f, indent=2): a metadata.json or dataset_info.json beside the "
                 "shards?), not JSON Lines (one object a line), which bulk reads. Not documents: move it out of "
                 "INPUT, or give a glob that leaves it out. One document: put it on one line, then give that "
                 f'instead: python -c "import json; open({lines!r}, \'w\').write(json.dumps(json.load(open('
-                f"{str(path)!r}, encoding='utf-8-sig'))) + chr(10))\". JSON Lines whose first line is broken: mend "
-                "or remove that line")  # fmt: skip
+                f"{str(path)!r}, encoding='utf-8-sig'))) + chr(10))\". JSON Lines whose first two lines are "
+                "broken: mend or remove them")  # fmt: skip
     return None
 
 
-def _whole_object_first(first: bytes, f: BinaryIO) -> bool:
-    """Whether the line `first` starts (read on from `f` to its end) is a whole JSON object, as the reader
-    would take it: its bytes not UTF-8, or nested too deeply, reject that line alone, and are no reason to
-    fail the file. True where the line runs past FIRST_LINE_BYTES: not judged."""
-    while b"\n" not in first and len(first) < FIRST_LINE_BYTES and (more := f.read(1 << 16)):
+def _reads_as_json_lines(first: bytes, f: BinaryIO) -> bool:
+    """Whether a file whose first line (`first`, read on from `f`) starts with '{' is JSON Lines: its first
+    or second line, not blank, is a whole JSON object. A pretty-printed object's second line never is (a
+    key, or its closing brace), and JSON Lines with one broken first line keep it a reject of its own. Bytes
+    that are not UTF-8, or nesting too deep, reject that line alone, and are no reason to fail the file;
+    a line running past FIRST_LINE_BYTES is not judged."""
+    while first.count(b"\n") < 2 and len(first) < FIRST_LINE_BYTES and (more := f.read(1 << 16)):
         first += more
-    if b"\n" not in first and len(first) >= FIRST_LINE_BYTES:
-        return True
+    lines = [line for line in first[:FIRST_LINE_BYTES].split(b"\n") if line.strip()]
+    if b"\n" not in first[:FIRST_LINE_BYTES]:  # the first line alone, and perhaps not all of it
+        return len(first) >= FIRST_LINE_BYTES or _whole_object(lines[0])
+    return any(_whole_object(line) for line in lines[:2])
+
+
+def _whole_object(line: bytes) -> bool:
     try:
-        return isinstance(json.loads(first.split(b"\n", 1)[0].decode("utf-8", "replace")), dict)
+        return isinstance(json.loads(line.decode("utf-8", "replace")), dict)
     except RecursionError:
         return True
     except ValueError:
