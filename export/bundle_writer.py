@@ -37,7 +37,7 @@ def verify_bundle(directory: str | Path) -> dict:
 def write_tokenizer(ckpt: Path, dst: Path) -> str:
     """Copy tokenizer.json, or write it as training reads it where that differs; build one from vocab.txt
     for HF directories that ship only that."""
-    from training.data.tokenizer import load_tokenizer, vocab_normalisation
+    from training.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, vocab_normalisation
 
     if (ckpt / TOKENIZER).is_file():
         tok = load_tokenizer(ckpt)
@@ -50,9 +50,12 @@ def write_tokenizer(ckpt: Path, dst: Path) -> str:
     if not (ckpt / "vocab.txt").is_file():
         raise BundleError(f"{ckpt}: neither tokenizer.json nor vocab.txt; the bundle needs the tokenizer")
 
-    load_tokenizer(ckpt).save(str(dst))  # vocab.txt, normalised as tokenizer_config.json says
+    tok = load_tokenizer(ckpt)  # vocab.txt, normalised as tokenizer_config.json says, with its added tokens
+    tok.save(str(dst))
     said = ", ".join(f"{k}={v}" for k, v in vocab_normalisation(ckpt).items())
-    return f"built from vocab.txt by training.data.tokenizer ({said})"
+    added = [t.content for t in tok.get_added_tokens_decoder().values() if t.content not in SPECIAL_TOKENS]
+    more = f"; added tokens {', '.join(added[:10])}{' ...' if len(added) > 10 else ''}" if added else ""
+    return f"built from vocab.txt by training.data.tokenizer ({said}{more})"
 
 
 def _as_read(ckpt: Path, tok) -> list[str]:

@@ -135,10 +135,11 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     return Batch(ids, mask, types), (special == 1) | (mask == 0)
 
 
-def run_generator(ckpt: Path):
+def run_generator(ckpt: Path, tok):
     """The pretraining run's generator in eval mode, or None (a fine-tuned model, an imported discriminator):
-    calibration swaps words with it, and the int8 check corrupts held-out text with it."""
-    if not (ckpt / "generator").is_dir():
+    calibration swaps words with it, and the int8 check corrupts held-out text with it. None too where `tok`
+    (the bundle's tokenizer) has no [MASK]: a generator predicts the words put in its place."""
+    if not (ckpt / "generator").is_dir() or tok.token_to_id("[MASK]") is None:
         return None
     from training.checkpoint import load_model
 
@@ -168,8 +169,9 @@ def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: in
         u = masked.at_slots(noise.sample)
         fake = replace_with_samples(masked, torch.searchsorted(cdf, u.double()).clamp_(max=vocab - 1))
         how = (
-            "unigram: no generator/ in the checkpoint; 15% of tokens replaced by samples from the "
-            "held-out text's own unigram distribution (easier to detect than generator samples)"
+            "unigram: no generator/ in the checkpoint (or no [MASK] in its vocabulary to feed one); 15% of "
+            "tokens replaced by samples from the held-out text's own unigram distribution (easier to detect "
+            "than generator samples)"
         )
     out = Batch(fake.input_ids.numpy(), batch.attention_mask, batch.token_type_ids)
     return out, fake.is_replaced.numpy(), how

@@ -248,7 +248,7 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
     data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
     fake, labels, how = evaldata.corrupt(
-        data, special, evaldata.run_generator(ckpt), tok.token_to_id("[MASK]") or 0, cfg.seed
+        data, special, evaldata.run_generator(ckpt, tok), tok.token_to_id("[MASK]") or 0, cfg.seed
     )
     figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special)
     return {**figures, "corruption": how, "data": where}
