@@ -155,3 +155,38 @@ def test_a_vocabulary_without_mask_exports_and_its_generator_is_left_out(tmp_pat
     with pytest.raises(TokenizerError, match=rf"{src}/vocab.txt lacks the special token\(s\) \[MASK\], needed "
                                              r"because pretraining masks.*add them to its vocabulary"):  # fmt: skip
         special_ids(load_tokenizer(src), src / "vocab.txt")
+
+
+def test_relative_position_embeddings_are_refused_at_every_entry_point_by_one_message(
+    tmp_path, tokenizer_dir, capsys
+):
+    """A transformers-4 checkpoint of position_embedding_type relative_key holds distance_embedding weights:
+    export and fine-tuning refused it as "weights do not match the config; missing [], unexpected
+    [...distance_embedding...]", naming no cause; only pretraining's --init said why."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from export.__main__ import main
+    from training.checkpoint import CheckpointError, load_model
+    from training.pretraining.warmstart import resolve_source
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir)
+    _edit_config(src, position_embedding_type="relative_key")
+    weights = load_file(src / "model.safetensors")
+    for layer in range(hm.TINY["num_hidden_layers"]):
+        rows, width = (
+            2 * hm.TINY["max_position_embeddings"] - 1,
+            hm.TINY["hidden_size"] // hm.TINY["num_attention_heads"],
+        )
+        weights[f"electra.encoder.layer.{layer}.attention.self.distance_embedding.weight"] = torch.zeros(
+            rows, width
+        )
+    save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
+
+    said = f"{src}/config.json: position_embedding_type is 'relative_key': the model's attention was trained with relative"
+    assert main([str(src), "--out", str(tmp_path / "b"), "--precision", "fp32"]) == 2
+    assert said in capsys.readouterr().err
+    for entry in (load_model, resolve_source):  # fine-tuning's load, and pretraining's --init
+        with pytest.raises(CheckpointError, match="position_embedding_type is 'relative_key'") as e:
+            entry(str(src))
+        assert str(e.value).startswith(said)

@@ -124,6 +124,14 @@ def read_config_json(ckpt: Path) -> dict:
                               "its source") from None  # fmt: skip
     if not isinstance(raw, dict):
         raise CheckpointError(f"{ckpt}/config.json is not a JSON object")
+    # Here, where every entry point reads config.json (export, fine-tuning, --init): the load would otherwise
+    # refuse such weights as a list of unexpected distance_embedding tensors, naming no cause.
+    position = raw.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise CheckpointError(f"{ckpt}/config.json: position_embedding_type is {position!r}: the model's attention was "
+                              "trained with relative position distances (its distance_embedding weights), which "
+                              "this ELECTRA does not compute, nor does transformers since version 5; only 'absolute' "
+                              "position embeddings are supported: use a checkpoint trained with them")  # fmt: skip
     return raw
 
 
