@@ -182,7 +182,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     the same formats, checks and label names), from the columns the checkpoint was fine-tuned with (its
     trainer_state.json: a pair model's two texts as a (text, text_pair) input), unless `cfg` (an
     ExportConfig) names others; else `text` and `label`."""
-    from training.finetuning.data import DataError, label_name, missing, read_rows
+    from training.finetuning.data import DataError, label_name, missing, read_rows, row_columns
 
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read
@@ -192,8 +192,9 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         raise EvalDataError(str(e)) from None
     if not rows:
         raise EvalDataError(f"--eval-data {path}: no labelled rows in it (a header alone?)")
-    if any(c not in rows[0] for c in wanted):
-        held = ", ".join(map(repr, rows[0]))  # repr: spaces around a name show
+    columns = row_columns(rows)  # not the first row's: a JSONL row may leave a key out (named below)
+    if any(c not in columns for c in wanted):
+        held = ", ".join(map(repr, columns))  # repr: spaces around a name show
         named = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(cfg, n, None)]
         recipe = trainer_state(ckpt).get("config") or {}
         fine_tuned = "text_column" in recipe or "label_column" in recipe

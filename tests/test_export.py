@@ -512,6 +512,14 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
         label_ids([("a", "0")], {0: "1", 1: "2"}, "single_label_classification")
     with pytest.raises(EvalDataError, match="expected columns 'review' and 'stars'"):
         read_labelled(tmp_path / "dev.jsonl", ckpt)
+    # The columns are every row's: a first row without a label was taken for a file without the column.
+    (tmp_path / "first.jsonl").write_text('{"text": "a"}\n{"text": "b", "label": 0}\n{"note": "c"}\n')
+    with pytest.raises(EvalDataError, match=r"first.jsonl row 1 has no 'label'"):
+        read_labelled(tmp_path / "first.jsonl")
+    with pytest.raises(
+        EvalDataError, match=r"expected columns 'review' and 'stars'.*\(it holds: 'text', 'label', 'note'\)"
+    ):
+        read_labelled(tmp_path / "first.jsonl", ckpt)
     (tmp_path / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": }\n')
     with pytest.raises(EvalDataError, match="bad.jsonl line 2 is not JSON"):
         read_labelled(tmp_path / "bad.jsonl")
