@@ -208,6 +208,12 @@ def test_parity_failure_raises_and_writes_nothing(tmp_path, detector_dir, monkey
     with pytest.raises(parity.ParityError, match="differs from PyTorch"):
         export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
     assert not (tmp_path / "b").exists()
+    # Nor the directories made to hold --out (they were left behind, empty); one that holds something stays.
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(parity.ParityError, match="differs from PyTorch"):
+        export(detector_dir, tmp_path / "kept" / "new" / "dirs" / "b", precision="fp32", calibrate=False)
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 def test_vocab_only_dir_gets_a_tokenizer_and_triton_repo(tmp_path, detector_dir, tokenizer_dir, eval_text):

@@ -480,6 +480,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
         target = Path(os.path.realpath(target))
     refuse_mount_point(target)
     tmp = None
+    created = _missing_dirs(target.parent)
     try:  # a disk with no block left fails already here, at the temporary directory
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(target)
@@ -503,14 +504,31 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        if out_of_space(e):
-            raise disk_full(target, needed_bytes) from e
-        # A mount that os.path.ismount cannot see (a bind mount within one filesystem): only the rename says it.
-        if isinstance(e, OSError) and e.errno == errno.EBUSY:
-            raise CheckpointError(f"{target} cannot be replaced: the system holds it busy, as it holds a mount "
-                                  "point; give a new directory inside it") from e  # fmt: skip
-        raise
+        try:
+            if out_of_space(e):
+                raise disk_full(target, needed_bytes) from e
+            # A mount that os.path.ismount cannot see (a bind mount within one filesystem): only the rename says it.
+            if isinstance(e, OSError) and e.errno == errno.EBUSY:
+                raise CheckpointError(f"{target} cannot be replaced: the system holds it busy, as it holds a mount "
+                                      "point; give a new directory inside it") from e  # fmt: skip
+            raise
+        finally:  # after disk_full, which measures the disk at the target's directory
+            # A failure writes nothing (what export says): not even the directories made to hold the target.
+            for d in created:
+                try:
+                    d.rmdir()
+                except OSError:  # something else was put there meanwhile: it stays, with its parents
+                    break
     return given
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 INTERIM = "interim"  # the marker file of a checkpoint written between a run's regular ones (a stop)
