@@ -88,13 +88,18 @@ def test_detector_bundle_matches_transformers(tmp_path, detector_dir):
 def test_classifier_bundle_matches_transformers(tmp_path, classifier_dir):
     import torch
 
-    export(classifier_dir, tmp_path / "b", precision="fp32")
+    export(classifier_dir, tmp_path / "b", precision="fp32", triton=str(tmp_path / "repo"))
     manifest, _, got, logits = run_both(tmp_path / "b", classifier_dir, TEXTS)
     assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-4
     assert np.allclose(got.sum(-1), 1.0, atol=1e-5)
     assert manifest["kind"] == "classifier" and manifest["output"] == "probs"
     assert manifest["labels"] == ["neg", "neutral", "pos"]
     assert manifest["problem_type"] == "single_label_classification"
+    # Triton's repository names the classes by output column (its classification extension reads them).
+    model_dir = tmp_path / "repo" / "b"
+    assert (model_dir / "labels.txt").read_text() == "neg\nneutral\npos\n"
+    assert 'dims: [ 3 ], label_filename: "labels.txt" }' in (model_dir / "config.pbtxt").read_text()
+    assert (model_dir / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
 
 
 def test_fp16_bundle_keeps_float32_io(tmp_path, classifier_dir):
@@ -239,6 +244,11 @@ def test_vocab_only_dir_gets_a_tokenizer_and_triton_repo(tmp_path, detector_dir,
         and "dynamic_batching" in config
     )
     assert (tmp_path / "repo" / "b" / "1" / "model.onnx").is_file()
+    # What a Triton client needs besides the graph (max_length, a threshold): the manifest, beside it.
+    assert (tmp_path / "repo" / "b" / "manifest.json").read_bytes() == (
+        tmp_path / "b" / "manifest.json"
+    ).read_bytes()
+    assert "label_filename" not in config and not (tmp_path / "repo" / "b" / "labels.txt").exists()
 
 
 def test_cli_rejects_unknown_flag(capsys):
