@@ -18,7 +18,8 @@ EXPORT_CONFIG = "export_config.json"
 # nothing else (training.errors.check_replaceable, others_in).
 BUNDLE_FILES = (*FILES, EXPORT_CONFIG)
 TRITON_CONFIG = "config.pbtxt"
-TRITON_FILES = (TRITON_CONFIG, TOKENIZER, "1", f"1/{MODEL}")
+TRITON_LABELS = "labels.txt"
+TRITON_FILES = (TRITON_CONFIG, TOKENIZER, MANIFEST, TRITON_LABELS, "1", f"1/{MODEL}")
 # Set (True) on an exception raised while the Triton repository was written: the bundle already was, and
 # the message must say so (python -m export's main).
 BUNDLE_WRITTEN = "bundle_written"
@@ -37,7 +38,7 @@ def verify_bundle(directory: str | Path) -> dict:
 def write_tokenizer(ckpt: Path, dst: Path) -> str:
     """Copy tokenizer.json, or write it as training reads it where that differs; build one from vocab.txt
     for HF directories that ship only that."""
-    from training.data.tokenizer import load_tokenizer, vocab_normalisation
+    from training.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, vocab_normalisation
 
     if (ckpt / TOKENIZER).is_file():
         tok = load_tokenizer(ckpt)
@@ -50,9 +51,12 @@ def write_tokenizer(ckpt: Path, dst: Path) -> str:
     if not (ckpt / "vocab.txt").is_file():
         raise BundleError(f"{ckpt}: neither tokenizer.json nor vocab.txt; the bundle needs the tokenizer")
 
-    load_tokenizer(ckpt).save(str(dst))  # vocab.txt, normalised as tokenizer_config.json says
+    tok = load_tokenizer(ckpt)  # vocab.txt, normalised as tokenizer_config.json says, with its added tokens
+    tok.save(str(dst))
     said = ", ".join(f"{k}={v}" for k, v in vocab_normalisation(ckpt).items())
-    return f"built from vocab.txt by training.data.tokenizer ({said})"
+    added = [t.content for t in tok.get_added_tokens_decoder().values() if t.content not in SPECIAL_TOKENS]
+    more = f"; added tokens {', '.join(added[:10])}{' ...' if len(added) > 10 else ''}" if added else ""
+    return f"built from vocab.txt by training.data.tokenizer ({said}{more})"
 
 
 def _as_read(ckpt: Path, tok) -> list[str]:
@@ -110,7 +114,7 @@ platform: "onnxruntime_onnx"
 max_batch_size: {max_batch}
 {inputs}
 output [
-  {{ name: "{output}", data_type: TYPE_FP32, dims: [ {out_dims} ] }}
+  {{ name: "{output}", data_type: TYPE_FP32, dims: [ {out_dims} ]{label_file} }}
 ]
 dynamic_batching {{
   max_queue_delay_microseconds: 2000
@@ -128,12 +132,19 @@ def write_triton(repo: Path, name: str, bundle: Path, manifest: dict, max_batch:
         f'  {{ name: "{n}", data_type: TYPE_INT64, dims: [ -1 ] }}' for n in manifest["inputs"]
     )
     detector = manifest["kind"] == "detector"
+    # A class's name by its output column, for Triton's classification extension (and its clients): a
+    # regression's one column is no class, and a name with a line break cannot be a line of the file
+    # (manifest.json, copied beside it, names them all in any case).
+    labels = manifest.get("labels") if manifest.get("problem_type") != "regression" else None
+    if labels and any("\n" in n or "\r" in n for n in labels):
+        labels = None
     text = _TRITON.format(
         name=name,
         max_batch=max_batch,
         inputs=f"input [\n{inputs}\n]",
         output=manifest["output"],
         out_dims="-1" if detector else str(len(manifest.get("labels") or [1])),
+        label_file=f', label_filename: "{TRITON_LABELS}"' if labels else "",
         device="KIND_GPU" if manifest["precision"] == "fp16" else "KIND_CPU",
     )
 
@@ -141,6 +152,11 @@ def write_triton(repo: Path, name: str, bundle: Path, manifest: dict, max_batch:
         (model_dir / "1").mkdir()
         shutil.copyfile(bundle / MODEL, model_dir / "1" / MODEL)
         shutil.copyfile(bundle / TOKENIZER, model_dir / TOKENIZER)  # clients tokenize; keep it with the model
+        # What clients must apply that the graph does not: max_length (longer texts are cut, or a detector's
+        # scored in windows), a detector's threshold, the labels and problem type.
+        shutil.copyfile(bundle / MANIFEST, model_dir / MANIFEST)
+        if labels:
+            (model_dir / TRITON_LABELS).write_text("".join(f"{n}\n" for n in labels), encoding="utf-8")
         (model_dir / TRITON_CONFIG).write_text(text)
 
     return write_atomically(repo / name, fill)

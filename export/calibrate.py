@@ -35,10 +35,12 @@ class Calibration:
 def fit(src, fp32_onnx: Path, tokenizer: Path):
     """Score the calibration sentences with the uncalibrated fp32 graph, fit the map; returns the
     export source with the map in its graph (and in the torch side parity compares with)."""
+    from tokenizers import Tokenizer
+
     from export.onnx import CalibratedLogits
 
     cfg = src.cfg
-    generator = evaldata.run_generator(src.ckpt)
+    generator = evaldata.run_generator(src.ckpt, Tokenizer.from_file(str(tokenizer)))
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
     # The long quiet stretches of an export (the swaps here, the int8 check, the threshold's scoring: 15,
     # 9 and 7 s for the tiny config on 2 cores, minutes for a larger model on a busy machine) each say
@@ -48,8 +50,6 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
     texts = build_texts(
         tokenizer, generator, cfg.calibration_text, data_dir, cfg.calibration_sentences, cfg.seed
     )
-    from tokenizers import Tokenizer
-
     built, texts = len(texts.texts), fitting(texts, Tokenizer.from_file(str(tokenizer)), src.max_length)
     if len(texts.texts) < built:
         src.log(f"calibration: {built - len(texts.texts)} of {built} sentences left out: longer than one row of "

@@ -135,10 +135,11 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     return Batch(ids, mask, types), (special == 1) | (mask == 0)
 
 
-def run_generator(ckpt: Path):
+def run_generator(ckpt: Path, tok):
     """The pretraining run's generator in eval mode, or None (a fine-tuned model, an imported discriminator):
-    calibration swaps words with it, and the int8 check corrupts held-out text with it."""
-    if not (ckpt / "generator").is_dir():
+    calibration swaps words with it, and the int8 check corrupts held-out text with it. None too where `tok`
+    (the bundle's tokenizer) has no [MASK]: a generator predicts the words put in its place."""
+    if not (ckpt / "generator").is_dir() or tok.token_to_id("[MASK]") is None:
         return None
     from training.checkpoint import load_model
 
@@ -168,8 +169,9 @@ def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: in
         u = masked.at_slots(noise.sample)
         fake = replace_with_samples(masked, torch.searchsorted(cdf, u.double()).clamp_(max=vocab - 1))
         how = (
-            "unigram: no generator/ in the checkpoint; 15% of tokens replaced by samples from the "
-            "held-out text's own unigram distribution (easier to detect than generator samples)"
+            "unigram: no generator/ in the checkpoint (or no [MASK] in its vocabulary to feed one); 15% of "
+            "tokens replaced by samples from the held-out text's own unigram distribution (easier to detect "
+            "than generator samples)"
         )
     out = Batch(fake.input_ids.numpy(), batch.attention_mask, batch.token_type_ids)
     return out, fake.is_replaced.numpy(), how
@@ -180,7 +182,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     the same formats, checks and label names), from the columns the checkpoint was fine-tuned with (its
     trainer_state.json: a pair model's two texts as a (text, text_pair) input), unless `cfg` (an
     ExportConfig) names others; else `text` and `label`."""
-    from training.finetuning.data import DataError, label_name, missing, read_rows
+    from training.finetuning.data import DataError, label_name, missing, read_rows, row_columns
 
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read
@@ -190,8 +192,9 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         raise EvalDataError(str(e)) from None
     if not rows:
         raise EvalDataError(f"--eval-data {path}: no labelled rows in it (a header alone?)")
-    if any(c not in rows[0] for c in wanted):
-        held = ", ".join(map(repr, rows[0]))  # repr: spaces around a name show
+    columns = row_columns(rows)  # not the first row's: a JSONL row may leave a key out (named below)
+    if any(c not in columns for c in wanted):
+        held = ", ".join(map(repr, columns))  # repr: spaces around a name show
         named = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(cfg, n, None)]
         recipe = trainer_state(ckpt).get("config") or {}
         fine_tuned = "text_column" in recipe or "label_column" in recipe

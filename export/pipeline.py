@@ -115,7 +115,7 @@ def _export(src: _Source, log) -> dict:
             extra = _portable(calibrate.finish(calibration, tmp, src)) if calibration else {}
             if src.precision.load_check:
                 extra["load_check"] = _load_check(src, fp32, tmp)
-            if cfg.precision != "int8" and src.mcfg.quantization is not None:
+            if cfg.precision != "int8" and src.quantization_aware:
                 warning = (f"the checkpoint was trained quantization-aware, and this {cfg.precision} bundle "
                            "computes without the int8 rounding it was trained with, so its answers are not the "
                            "trained model's: export --precision int8 for those")  # fmt: skip
@@ -220,7 +220,11 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
                           "of --eval-data has one label, and the model answers yes or no for each): it measures "
                           "how often int8 and fp32 disagree on held-out text (--eval-text); drop --eval-data")  # fmt: skip
-    quantization_aware = mcfg.quantization is not None
+    from training.quantization import trained_quantization_aware
+
+    # Not merely ranges in config.json: a checkpoint recovered from an int8-compute bundle of a model trained
+    # without them keeps the ranges that export calibrated, and was still not trained with them.
+    quantization_aware = trained_quantization_aware(mcfg.quantization)
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
                    quantization_aware)  # fmt: skip

@@ -134,6 +134,7 @@ def _calibrate_ranges(src, tokenizer: Path) -> None:
     import torch
     from tokenizers import Tokenizer
 
+    from training.quantization import CALIBRATED_AT_EXPORT
     from training.quantization import calibrate as calibrate_ranges
 
     lines, where = _calibration_inputs(src, eval_data_first=False)
@@ -144,7 +145,7 @@ def _calibrate_ranges(src, tokenizer: Path) -> None:
     spec = calibrate_ranges(src.model, src.graph.encoder.electra, feeds)
     src.mcfg.quantization = {
         **spec,
-        "origin": f"calibrated at export on {len(data.input_ids)} rows of {where}",
+        "origin": f"{CALIBRATED_AT_EXPORT} on {len(data.input_ids)} rows of {where}",
     }
     src.log(f"int8 compute: {src.mcfg.quantization['origin']} (not quantization-aware: the gate may fail; "
             "train with --qat)")  # fmt: skip
@@ -248,7 +249,7 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
     data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
     fake, labels, how = evaldata.corrupt(
-        data, special, evaldata.run_generator(ckpt), tok.token_to_id("[MASK]") or 0, cfg.seed
+        data, special, evaldata.run_generator(ckpt, tok), tok.token_to_id("[MASK]") or 0, cfg.seed
     )
     figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special)
     return {**figures, "corruption": how, "data": where}

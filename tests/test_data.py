@@ -463,7 +463,9 @@ def test_an_evaluation_corpus_is_refused_for_training_saying_so():
 
 def test_bad_tokenizer_files(tmp_path):
     (tmp_path / "vocab.txt").write_text("a\nb\n")
-    with pytest.raises(TokenizerError, match=r"lacks the special token\(s\) \[PAD\]"):
+    with pytest.raises(
+        TokenizerError, match=rf"{tmp_path}/vocab.txt lacks the special token\(s\) \[UNK\], \[CLS\], \[SEP\]"
+    ):
         load_tokenizer(tmp_path)
     with pytest.raises(TokenizerError, match="no tokenizer at"):
         load_tokenizer(tmp_path / "nope.json")

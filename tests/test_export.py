@@ -88,13 +88,18 @@ def test_detector_bundle_matches_transformers(tmp_path, detector_dir):
 def test_classifier_bundle_matches_transformers(tmp_path, classifier_dir):
     import torch
 
-    export(classifier_dir, tmp_path / "b", precision="fp32")
+    export(classifier_dir, tmp_path / "b", precision="fp32", triton=str(tmp_path / "repo"))
     manifest, _, got, logits = run_both(tmp_path / "b", classifier_dir, TEXTS)
     assert np.abs(got - torch.softmax(logits, -1).numpy()).max() <= 1e-4
     assert np.allclose(got.sum(-1), 1.0, atol=1e-5)
     assert manifest["kind"] == "classifier" and manifest["output"] == "probs"
     assert manifest["labels"] == ["neg", "neutral", "pos"]
     assert manifest["problem_type"] == "single_label_classification"
+    # Triton's repository names the classes by output column (its classification extension reads them).
+    model_dir = tmp_path / "repo" / "b"
+    assert (model_dir / "labels.txt").read_text() == "neg\nneutral\npos\n"
+    assert 'dims: [ 3 ], label_filename: "labels.txt" }' in (model_dir / "config.pbtxt").read_text()
+    assert (model_dir / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
 
 
 def test_fp16_bundle_keeps_float32_io(tmp_path, classifier_dir):
@@ -208,6 +213,12 @@ def test_parity_failure_raises_and_writes_nothing(tmp_path, detector_dir, monkey
     with pytest.raises(parity.ParityError, match="differs from PyTorch"):
         export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
     assert not (tmp_path / "b").exists()
+    # Nor the directories made to hold --out (they were left behind, empty); one that holds something stays.
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(parity.ParityError, match="differs from PyTorch"):
+        export(detector_dir, tmp_path / "kept" / "new" / "dirs" / "b", precision="fp32", calibrate=False)
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 def test_vocab_only_dir_gets_a_tokenizer_and_triton_repo(tmp_path, detector_dir, tokenizer_dir, eval_text):
@@ -233,6 +244,11 @@ def test_vocab_only_dir_gets_a_tokenizer_and_triton_repo(tmp_path, detector_dir,
         and "dynamic_batching" in config
     )
     assert (tmp_path / "repo" / "b" / "1" / "model.onnx").is_file()
+    # What a Triton client needs besides the graph (max_length, a threshold): the manifest, beside it.
+    assert (tmp_path / "repo" / "b" / "manifest.json").read_bytes() == (
+        tmp_path / "b" / "manifest.json"
+    ).read_bytes()
+    assert "label_filename" not in config and not (tmp_path / "repo" / "b" / "labels.txt").exists()
 
 
 def test_cli_rejects_unknown_flag(capsys):
@@ -512,6 +528,14 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
         label_ids([("a", "0")], {0: "1", 1: "2"}, "single_label_classification")
     with pytest.raises(EvalDataError, match="expected columns 'review' and 'stars'"):
         read_labelled(tmp_path / "dev.jsonl", ckpt)
+    # The columns are every row's: a first row without a label was taken for a file without the column.
+    (tmp_path / "first.jsonl").write_text('{"text": "a"}\n{"text": "b", "label": 0}\n{"note": "c"}\n')
+    with pytest.raises(EvalDataError, match=r"first.jsonl row 1 has no 'label'"):
+        read_labelled(tmp_path / "first.jsonl")
+    with pytest.raises(
+        EvalDataError, match=r"expected columns 'review' and 'stars'.*\(it holds: 'text', 'label', 'note'\)"
+    ):
+        read_labelled(tmp_path / "first.jsonl", ckpt)
     (tmp_path / "bad.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": }\n')
     with pytest.raises(EvalDataError, match="bad.jsonl line 2 is not JSON"):
         read_labelled(tmp_path / "bad.jsonl")

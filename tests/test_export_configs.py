@@ -1,9 +1,12 @@
 """Hugging Face configs export once failed on at the end of the work, or refused for no good reason: one
-token type, labels not numbered from 0, no `architectures`; and --eval-data a multi-label model ignored."""
+token type, labels not numbered from 0, no `architectures`, a vocabulary without [MASK]; --eval-data a
+multi-label model ignored; and tokenizer files of a vocab.txt-only directory read in part (added tokens) or
+read as BERT's where they say otherwise."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -85,3 +88,105 @@ def test_a_multi_label_model_refuses_eval_data_it_would_not_read(tmp_path, token
     manifest = export(src, tmp_path / "b", eval_text=str(eval_text), eval_sequences=16)
     note = manifest["parity"]["int8_accuracy"]["note"]
     assert "--eval-data" not in note and "multi-label" in note, note
+
+
+def _vocab_only(tokenizer_dir, directory):
+    """A Hugging Face directory's tokenizer files as many ship them: vocab.txt, no tokenizer.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tokenizer_dir / "vocab.txt", directory / "vocab.txt")
+    return directory
+
+
+def test_a_vocab_only_directory_keeps_its_added_tokens_and_refuses_other_tokenizers(
+    tmp_path, tokenizer_dir, capsys
+):
+    """added_tokens.json and additional_special_tokens were ignored: an added word was split into pieces
+    (ids the model was never fed for it), silently. A tokenizer_config.json saying the vocabulary is not read
+    as BERT's WordPiece (another tokenizer_class, do_basic_tokenize false) was exported as BERT's, silently."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, ElectraForPreTraining
+
+    from export.__main__ import main
+
+    src = _vocab_only(tokenizer_dir, tmp_path / "src")
+    V = hm.vocab_size(tokenizer_dir)
+    ElectraForPreTraining(hm._hf_config(V + 2)).eval().save_pretrained(src)
+    (src / "added_tokens.json").write_text(json.dumps({"lobsterpot": V}))
+    config = {
+        "tokenizer_class": "ElectraTokenizer",
+        "do_lower_case": True,
+        "additional_special_tokens": ["<ent>"],
+    }
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = export(src, tmp_path / "b", precision="fp32", calibrate=False)
+
+    text = "The LobsterPot held <ent> and a lobsterpot, not <Ent>."
+    theirs = AutoTokenizer.from_pretrained(src)(text)["input_ids"]
+    ours = Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).encode(text).ids
+    assert ours == theirs and theirs.count(V) == 2 and theirs.count(V + 1) == 1, (ours, theirs)
+    assert "added tokens lobsterpot, <ent>" in manifest["source"]["tokenizer"]
+
+    for said, key in (({"tokenizer_class": "BertJapaneseTokenizer", "word_tokenizer_type": "mecab"}, "tokenizer_class"),
+                      ({"tokenizer_class": "BertTokenizer", "do_basic_tokenize": False}, "do_basic_tokenize")):  # fmt: skip
+        (src / "tokenizer_config.json").write_text(json.dumps(said))
+        assert main([str(src), "--out", str(tmp_path / "x"), "--precision", "fp32"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{src}/tokenizer_config.json: {key} is" in err
+            and "save the model's own tokenizer as a tokenizer.json" in err
+        ), err
+        assert not (tmp_path / "x").exists()
+
+
+def test_a_vocabulary_without_mask_exports_and_its_generator_is_left_out(tmp_path, tokenizer_dir, eval_text):
+    """Export and the server never use [MASK], yet a vocabulary without it was refused ("tokenizer lacks the
+    special token(s) [MASK]", naming no file). It exports; the int8 check, which would feed the generator
+    [MASK], corrupts with sampled tokens instead."""
+    from training.data.tokenizer import TokenizerError, load_tokenizer, special_ids
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir, with_generator=True)
+    for d in (src, src / "generator"):
+        (d / "tokenizer.json").unlink()
+        (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]\n", "[unused0]\n"))
+    manifest = export(src, tmp_path / "b", precision="int8", eval_text=str(eval_text), eval_sequences=16,
+                      calibrate=False)  # fmt: skip
+    assert manifest["parity"]["int8_accuracy"]["corruption"].startswith("unigram")
+    # Pretraining masks with it: there it is still required, naming the file and what to add.
+    with pytest.raises(TokenizerError, match=rf"{src}/vocab.txt lacks the special token\(s\) \[MASK\], needed "
+                                             r"because pretraining masks.*add them to its vocabulary"):  # fmt: skip
+        special_ids(load_tokenizer(src), src / "vocab.txt")
+
+
+def test_relative_position_embeddings_are_refused_at_every_entry_point_by_one_message(
+    tmp_path, tokenizer_dir, capsys
+):
+    """A transformers-4 checkpoint of position_embedding_type relative_key holds distance_embedding weights:
+    export and fine-tuning refused it as "weights do not match the config; missing [], unexpected
+    [...distance_embedding...]", naming no cause; only pretraining's --init said why."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from export.__main__ import main
+    from training.checkpoint import CheckpointError, load_model
+    from training.pretraining.warmstart import resolve_source
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir)
+    _edit_config(src, position_embedding_type="relative_key")
+    weights = load_file(src / "model.safetensors")
+    for layer in range(hm.TINY["num_hidden_layers"]):
+        rows, width = (
+            2 * hm.TINY["max_position_embeddings"] - 1,
+            hm.TINY["hidden_size"] // hm.TINY["num_attention_heads"],
+        )
+        weights[f"electra.encoder.layer.{layer}.attention.self.distance_embedding.weight"] = torch.zeros(
+            rows, width
+        )
+    save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
+
+    said = f"{src}/config.json: position_embedding_type is 'relative_key': the model's attention was trained with relative"
+    assert main([str(src), "--out", str(tmp_path / "b"), "--precision", "fp32"]) == 2
+    assert said in capsys.readouterr().err
+    for entry in (load_model, resolve_source):  # fine-tuning's load, and pretraining's --init
+        with pytest.raises(CheckpointError, match="position_embedding_type is 'relative_key'") as e:
+            entry(str(src))
+        assert str(e.value).startswith(said)

@@ -140,7 +140,7 @@ def test_a_triton_repository_that_cannot_be_written_leaves_none_and_says_the_bun
             assert main(argv) == 1
             err = capsys.readouterr().err
             assert "no space left" in err and f"the bundle at --out {tmp_path / 'b'} was written" in err, err
-            assert list((disk / "repo").iterdir()) == []
+            assert not (disk / "repo").exists()  # made for the model directory, and empty: removed with it
     except PermissionError as e:
         pytest.skip(str(e))
     assert (tmp_path / "b" / "manifest.json").is_file()

@@ -137,3 +137,34 @@ def test_a_source_that_is_not_an_object_is_refused_by_field(tmp_path, fp32_bundl
     with pytest.raises(InputError, match="manifest.json: source 'x' is not as export writes it; restore"):
         _manifest_config(bundle, manifest, onnx.load(str(bundle / "model.onnx")))
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_checkpoint_recovered_from_ranges_calibrated_at_export_is_not_taken_for_quantization_aware(
+    tmp_path, detector_dir, eval_text, monkeypatch
+):
+    """An int8-compute bundle of a model not trained quantization-aware holds ranges its export calibrated; the
+    checkpoint recovered from it keeps them, and its exports took it for quantization-aware: an fp32 bundle
+    warned it was "trained quantization-aware", and int8 chose compute, gated against its own simulation."""
+    from export import calibrate
+    from export.recover import recover
+
+    monkeypatch.setattr(
+        calibrate, "MAX_DEVIATION_P99", 0.05
+    )  # an untrained model's int8 is not what is tested
+    export(
+        detector_dir,
+        tmp_path / "b",
+        int8="compute",
+        eval_text=str(eval_text),
+        eval_sequences=16,
+        calibrate=False,
+    )
+    recover(tmp_path / "b", tmp_path / "ckpt")
+    said = []
+    manifest = export(tmp_path / "ckpt", tmp_path / "again", precision="fp32", calibrate=False)
+    assert not any("quantization-aware" in w for w in manifest.get("warnings", [])), manifest["warnings"]
+    assert manifest["source"]["config"]["quantization"]["origin"].startswith("calibrated at export")
+    again = export(tmp_path / "ckpt", tmp_path / "int8", precision="int8", eval_text=str(eval_text),
+                   eval_sequences=16, calibrate=False, log=said.append)  # fmt: skip
+    assert again["optimizations"]["int8"]["method"] != "compute", again["optimizations"]["int8"]
+    assert any(line.startswith("int8: weights (not a quantization-aware checkpoint") for line in said), said

@@ -57,10 +57,13 @@ def test_transformers_to_ours(tmp_path, ours_cls, arch):
     assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
 
 
-@pytest.mark.parametrize("weights", ["sharded", "pytorch_model.bin"])
+@pytest.mark.parametrize("weights", ["sharded", "pytorch_model.bin", "sharded pickles"])
 def test_transformers_shards_and_pickles_load_alike(tmp_path, weights):
     """transformers writes a model above its shard size as shards with an index, and older checkpoints
-    as a pickle: both load (the pickle with weights_only) to the same weights."""
+    as a pickle, or (transformers 4) as pickles with pytorch_model.bin.index.json, once taken for a directory
+    that "holds no checkpoint": all load (pickles with weights_only) to the same weights."""
+    import json
+
     torch.manual_seed(2)
     hf = transformers.ElectraForPreTraining(transformers.ElectraConfig(**TINY)).eval()
     if weights == "sharded":
@@ -68,19 +71,28 @@ def test_transformers_shards_and_pickles_load_alike(tmp_path, weights):
         assert (tmp_path / "model.safetensors.index.json").is_file() and len(
             list(tmp_path.glob("*.safetensors"))
         ) > 2
+    elif weights == "sharded pickles":  # as transformers 4 wrote them (5 writes safetensors only)
+        hf.config.save_pretrained(tmp_path)
+        names = list(hf.state_dict())
+        shards = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+        for shard, held in shards.items():
+            torch.save({n: hf.state_dict()[n] for n in held}, tmp_path / shard)
+        weight_map = {n: shard for shard, held in shards.items() for n in held}
+        (tmp_path / "pytorch_model.bin.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map})
+        )
     else:
         hf.config.save_pretrained(tmp_path)
         torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
     ours, _, _ = load_model(tmp_path)
     assert compare(ours.eval(), hf, *padded_batch()) <= 1e-5
-    if weights == "sharded":  # a shard gone is named, not the index that lists it
+    if weights.startswith("sharded"):  # a shard gone is named, not the index that lists it
         from training.errors import CheckpointError
 
-        gone = sorted(tmp_path.glob("model-*.safetensors"))[1]
+        index = next(tmp_path.glob("*.index.json")).name
+        gone = sorted(p for p in tmp_path.iterdir() if "-0000" in p.name)[1]
         gone.unlink()
-        with pytest.raises(
-            CheckpointError, match=f"{gone.name}, a shard model.safetensors.index.json lists, is missing"
-        ):
+        with pytest.raises(CheckpointError, match=f"{gone.name}, a shard {index} lists, is missing"):
             load_model(tmp_path)
 
 

@@ -69,13 +69,15 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; {_from_a_bundle(p)}")
     raise CheckpointError(
         f"{p} holds no checkpoint: expected config.json with model.safetensors (or {SHARD_INDEX} and its "
-        "shards, or pytorch_model.bin), "
+        f"shards, or pytorch_model.bin, or {BIN_SHARD_INDEX} and its shards), "
         f"or a run directory with checkpoints/{LATEST}"
     )
 
 
-# transformers writes a model larger than its shard size as shards listed in this index.
+# transformers writes a model larger than its shard size as shards listed in this index; before version 5
+# it wrote pickles by default, sharded under the second.
 SHARD_INDEX = "model.safetensors.index.json"
+BIN_SHARD_INDEX = "pytorch_model.bin.index.json"
 
 
 def _from_a_bundle(bundle: Path) -> str:
@@ -94,7 +96,10 @@ def _from_a_bundle(bundle: Path) -> str:
 
 
 def _has_weights(p: Path) -> bool:
-    return any((p / name).is_file() for name in ("model.safetensors", SHARD_INDEX, "pytorch_model.bin"))
+    return any(
+        (p / name).is_file()
+        for name in ("model.safetensors", SHARD_INDEX, "pytorch_model.bin", BIN_SHARD_INDEX)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -124,6 +129,14 @@ def read_config_json(ckpt: Path) -> dict:
                               "its source") from None  # fmt: skip
     if not isinstance(raw, dict):
         raise CheckpointError(f"{ckpt}/config.json is not a JSON object")
+    # Here, where every entry point reads config.json (export, fine-tuning, --init): the load would otherwise
+    # refuse such weights as a list of unexpected distance_embedding tensors, naming no cause.
+    position = raw.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise CheckpointError(f"{ckpt}/config.json: position_embedding_type is {position!r}: the model's attention was "
+                              "trained with relative position distances (its distance_embedding weights), which "
+                              "this ELECTRA does not compute, nor does transformers since version 5; only 'absolute' "
+                              "position embeddings are supported: use a checkpoint trained with them")  # fmt: skip
     return raw
 
 
@@ -189,11 +202,17 @@ def weight_names(ckpt: Path) -> list[str]:
         except Exception:  # cut short or foreign: read_weights names the file and what to do
             return []
     if (ckpt / SHARD_INDEX).is_file():
-        try:
-            return list(json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"])
-        except (ValueError, KeyError, TypeError):
-            return []
-    return _pickle_names(ckpt) if (ckpt / "pytorch_model.bin").is_file() else []
+        return _index_names(ckpt / SHARD_INDEX)
+    if (ckpt / "pytorch_model.bin").is_file():
+        return _pickle_names(ckpt)
+    return _index_names(ckpt / BIN_SHARD_INDEX) if (ckpt / BIN_SHARD_INDEX).is_file() else []
+
+
+def _index_names(index: Path) -> list[str]:
+    try:
+        return list(json.loads(index.read_text())["weight_map"])
+    except (ValueError, KeyError, TypeError):  # read_weights names the file and what to do
+        return []
 
 
 def _pickle_names(ckpt: Path) -> list[str]:
@@ -251,14 +270,17 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
             return load_file(path)
         if (ckpt / SHARD_INDEX).is_file():
             path = ckpt / SHARD_INDEX
-            return _read_shards(ckpt)
-        # Older HF checkpoints ship only a pickle; weights_only refuses anything but tensors.
+            return _read_shards(ckpt, SHARD_INDEX, load_file)
+        # Older HF checkpoints ship only a pickle (or pickles, sharded); weights_only refuses anything but
+        # tensors.
         path = ckpt / "pytorch_model.bin"
+        if not path.is_file() and (ckpt / BIN_SHARD_INDEX).is_file():
+            path = ckpt / BIN_SHARD_INDEX
+            return _read_shards(ckpt, BIN_SHARD_INDEX, _read_pickle)
         if not path.is_file():
-            raise CheckpointError(
-                f"{ckpt} holds no weights (model.safetensors, {SHARD_INDEX} or pytorch_model.bin)"
-            )
-        return torch.load(path, map_location="cpu", weights_only=True)
+            raise CheckpointError(f"{ckpt} holds no weights (model.safetensors, {SHARD_INDEX}, pytorch_model.bin or "
+                                  f"{BIN_SHARD_INDEX})")  # fmt: skip
+        return _read_pickle(path)
     except CheckpointError:
         raise
     except Exception as e:  # safetensors' and torch's own errors for a truncated or foreign file
@@ -269,27 +291,30 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
                               ) from None  # fmt: skip
 
 
-def _read_shards(ckpt: Path) -> dict[str, torch.Tensor]:
-    """Every tensor the index maps, from its shard; a shard that lacks one it is said to hold is an error."""
-    weight_map = json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"]
+def _read_pickle(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _read_shards(ckpt: Path, index: str, read: Callable[[Path], dict]) -> dict[str, torch.Tensor]:
+    """Every tensor the index maps, from its shard (each read by `read`); a shard that lacks one it is said to
+    hold is an error."""
+    weight_map = json.loads((ckpt / index).read_text())["weight_map"]
     out: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         try:
-            tensors = load_file(ckpt / shard)
+            tensors = read(ckpt / shard)
         except Exception as e:  # missing, cut short, not safetensors: name the shard, not the index
             what = (
                 "is missing"
                 if not (ckpt / shard).exists()
                 else f"does not read as weights ({type(e).__name__}: {str(e)[:200]})"
             )
-            raise CheckpointError(f"{ckpt / shard}, a shard {SHARD_INDEX} lists, {what}: restore it from the "
+            raise CheckpointError(f"{ckpt / shard}, a shard {index} lists, {what}: restore it from the "
                                   "checkpoint's source") from None  # fmt: skip
         wanted = [name for name, file in weight_map.items() if file == shard]
         lacking = [name for name in wanted if name not in tensors]
         if lacking:
-            raise CheckpointError(
-                f"{ckpt / shard} lacks {', '.join(lacking[:3])}, which {SHARD_INDEX} puts there"
-            )
+            raise CheckpointError(f"{ckpt / shard} lacks {', '.join(lacking[:3])}, which {index} puts there")
         out.update({name: tensors[name] for name in wanted})
     return out
 
@@ -455,6 +480,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
         target = Path(os.path.realpath(target))
     refuse_mount_point(target)
     tmp = None
+    created = _missing_dirs(target.parent)
     try:  # a disk with no block left fails already here, at the temporary directory
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(target)
@@ -478,14 +504,31 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        if out_of_space(e):
-            raise disk_full(target, needed_bytes) from e
-        # A mount that os.path.ismount cannot see (a bind mount within one filesystem): only the rename says it.
-        if isinstance(e, OSError) and e.errno == errno.EBUSY:
-            raise CheckpointError(f"{target} cannot be replaced: the system holds it busy, as it holds a mount "
-                                  "point; give a new directory inside it") from e  # fmt: skip
-        raise
+        try:
+            if out_of_space(e):
+                raise disk_full(target, needed_bytes) from e
+            # A mount that os.path.ismount cannot see (a bind mount within one filesystem): only the rename says it.
+            if isinstance(e, OSError) and e.errno == errno.EBUSY:
+                raise CheckpointError(f"{target} cannot be replaced: the system holds it busy, as it holds a mount "
+                                      "point; give a new directory inside it") from e  # fmt: skip
+            raise
+        finally:  # after disk_full, which measures the disk at the target's directory
+            # A failure writes nothing (what export says): not even the directories made to hold the target.
+            for d in created:
+                try:
+                    d.rmdir()
+                except OSError:  # something else was put there meanwhile: it stays, with its parents
+                    break
     return given
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 INTERIM = "interim"  # the marker file of a checkpoint written between a run's regular ones (a stop)

@@ -48,6 +48,17 @@ CALIBRATION_BATCHES = 16
 STORAGE_MIN_SIZE = 4096
 
 
+# How export records ranges it calibrated for int8 compute on a model trained without them (the start of the
+# spec's "origin"): export.recover keeps them in the checkpoint it writes, which was still not trained so.
+CALIBRATED_AT_EXPORT = "calibrated at export"
+
+
+def trained_quantization_aware(spec: dict | None) -> bool:
+    """Whether a config's quantization spec is one the model was trained with (--qat), not post-training
+    ranges an int8-compute export calibrated (and a recovered checkpoint of its bundle kept)."""
+    return spec is not None and not str(spec.get("origin", "")).startswith(CALIBRATED_AT_EXPORT)
+
+
 def weight_scales(weight: torch.Tensor) -> torch.Tensor:
     """One scale per output channel (row of an nn.Linear weight): |w| max maps to WEIGHT_MAX."""
     return (weight.detach().abs().amax(dim=1).float() / WEIGHT_MAX).clamp(min=1e-12)

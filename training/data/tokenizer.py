@@ -26,9 +26,11 @@ from training.errors import write_text_atomically
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "TEXT_TOKENS",
     "SpecialIds",
     "TokenizerError",
     "load_tokenizer",
+    "require_tokens",
     "save_tokenizer",
     "special_ids",
     "tokenizer_sha256",
@@ -39,6 +41,10 @@ __all__ = [
 # The order gives a trained vocab [PAD]=0 .. [MASK]=4. [PAD]=0 matches BERT (and pad_token_id=0 in
 # ElectraConfig); the others sit at 100..103 in Google's vocab, which is fine: we always look them up.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# What tokenizing a text needs at all: words the vocabulary lacks become [UNK], each text is framed
+# [CLS] ... [SEP]. Export and the server need no more (they pad with id 0 where [PAD] is missing), so a
+# model whose vocabulary has no [MASK] can be exported; pretraining needs every SPECIAL_TOKENS entry.
+TEXT_TOKENS = ("[UNK]", "[CLS]", "[SEP]")
 
 
 class TokenizerError(ValueError):
@@ -67,11 +73,11 @@ def _configure(
 
 
 def _add_post_processor(tok: Tokenizer) -> Tokenizer:
-    ids = special_ids(tok)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids.cls), ("[SEP]", ids.sep)],
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
     return tok
 
@@ -170,17 +176,118 @@ def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, 
     for i, token in enumerate(lines):
         if vocab[token] != i:
             vocab[f"[vocab.txt line {i + 1}, repeated on line {vocab[token] + 1}]"] = i
-    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
-    if missing:
-        raise TokenizerError(
-            f"{path} lacks the special token(s) {', '.join(missing)}; is it a BERT vocab.txt?"
-        )
     model = models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##")
     tok = _configure(Tokenizer(model), lowercase, strip_accents, chinese_chars)
+    require_tokens(tok, TEXT_TOKENS, path, _TEXT_TOKENS_WHY)
     # Registering them as special (ids unchanged, they are in the vocab) makes "[MASK]" in text one
-    # token and lets decode() skip them, as the trainer does for a vocabulary it builds.
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    # token and lets decode() skip them, as the trainer does for a vocabulary it builds. Only those the
+    # vocabulary has: registering a missing one would add it under a new id, a row the model lacks.
+    tok.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
     return _add_post_processor(tok)
+
+
+def _json_file(path: Path, default):
+    """A JSON file of a Hugging Face directory, `default` where it is absent; a TokenizerError naming it."""
+    import json
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else default
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path} does not read as JSON ({e})") from None
+    except OSError as e:
+        raise TokenizerError(f"{path} cannot be read ({e.strerror or e}); make it readable") from None
+    if not isinstance(raw, dict):
+        raise TokenizerError(f"{path} is not a JSON object")
+    return raw
+
+
+# The tokenizers a directory's vocab.txt is rebuilt as: BERT's WordPiece, after its splitting at white space
+# and punctuation. transformers' ELECTRA tokenizers are BERT's under another name.
+_WORDPIECE_CLASSES = ("BertTokenizer", "BertTokenizerFast", "ElectraTokenizer", "ElectraTokenizerFast")
+_SAVE_TOKENIZER_JSON = ("save the model's own tokenizer as a tokenizer.json beside it (python -c \"from transformers "
+                        "import AutoTokenizer; AutoTokenizer.from_pretrained('DIR').save_pretrained('DIR')\", where "
+                        "its tokenizer has a fast version) and export again; a model whose tokenizer has none "
+                        "cannot be exported")  # fmt: skip
+
+
+def _check_wordpiece(directory: Path) -> None:
+    """A TokenizerError where the directory's tokenizer_config.json says its vocab.txt is not read as BERT reads
+    one: built as BERT's, the bundle's tokenizer would split text otherwise than the model was trained on,
+    and nothing downstream would notice."""
+    cfg_file = directory / "tokenizer_config.json"
+    cfg = _json_file(cfg_file, {})
+    cls = cfg.get("tokenizer_class")
+    if cls is not None and cls not in _WORDPIECE_CLASSES:
+        raise TokenizerError(f"{cfg_file}: tokenizer_class is {cls!r}, which does not tokenize as BERT's WordPiece "
+                             f"({', '.join(_WORDPIECE_CLASSES)}), the only tokenizer a vocab.txt is read as here; "
+                             f"{_SAVE_TOKENIZER_JSON}")  # fmt: skip
+    if cfg.get("do_basic_tokenize", True) is False:
+        raise TokenizerError(f"{cfg_file}: do_basic_tokenize is false, so the model's texts were not split at white "
+                             "space and punctuation before WordPiece, as a tokenizer read from vocab.txt here "
+                             f"always splits them; {_SAVE_TOKENIZER_JSON}")  # fmt: skip
+
+
+class _Added(NamedTuple):
+    token: object  # tokenizers.AddedToken
+    id: int | None  # as the file gives it; None: the next free id
+    where: str  # the file and key, for an error
+
+
+def _added_tokens(directory: Path) -> list[_Added]:
+    """The tokens a Hugging Face directory adds to its vocab.txt, as transformers reads them: its
+    tokenizer_config.json's added_tokens_decoder (every added token, with its id and flags) where it has one,
+    else added_tokens.json (token: id; matched after normalisation, as transformers adds them); and the
+    additional special tokens of tokenizer_config.json and special_tokens_map.json (matched as typed)."""
+    from tokenizers import AddedToken
+
+    cfg_file, map_file, json_file = (directory / n for n in ("tokenizer_config.json", "special_tokens_map.json",
+                                                             "added_tokens.json"))  # fmt: skip
+    cfg = _json_file(cfg_file, {})
+    flags = ("single_word", "lstrip", "rstrip", "normalized", "special")
+    added: dict[str, _Added] = {}
+    decoder = cfg.get("added_tokens_decoder")
+    if decoder:
+        where = f"{cfg_file}'s added_tokens_decoder"
+        try:
+            for i, entry in decoder.items():
+                kw = {k: bool(entry[k]) for k in flags if k in entry}
+                added[entry["content"]] = _Added(AddedToken(entry["content"], **kw), int(i), where)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            raise TokenizerError(f"{where} is not id: {{\"content\": TOKEN, ...}} entries; restore it from the "
+                                 "model's source") from None  # fmt: skip
+    else:
+        for token, i in _json_file(json_file, {}).items():
+            if not isinstance(token, str) or not isinstance(i, int):
+                raise TokenizerError(f"{json_file}: {token!r}: {i!r} is not a token and its id; restore it from "
+                                     "the model's source")  # fmt: skip
+            added[token] = _Added(AddedToken(token, normalized=True, special=False), i, str(json_file))
+    for file, said in ((cfg_file, cfg), (map_file, _json_file(map_file, {}))):
+        for key in ("additional_special_tokens", "extra_special_tokens"):
+            listed = said.get(key) or []
+            for entry in listed.values() if isinstance(listed, dict) else listed:
+                token = entry.get("content") if isinstance(entry, dict) else entry
+                if not isinstance(token, str):
+                    raise TokenizerError(f"{file}: {key} holds {entry!r}, not a token; restore it from the model's "
+                                         "source")  # fmt: skip
+                known = added.get(token)
+                added[token] = _Added(AddedToken(token, normalized=False, special=True),
+                                      known.id if known else None, f"{file}'s {key}")  # fmt: skip
+    return sorted(added.values(), key=lambda a: (a.id is None, a.id or 0))
+
+
+def _with_added_tokens(tok: Tokenizer, directory: Path) -> Tokenizer:
+    """`tok` (the directory's vocab.txt) with the tokens it adds (_added_tokens) under the ids the model's
+    embedding rows follow. A token of the vocabulary keeps its id; a new one takes the next, in id order, as
+    transformers gives them: where a file says otherwise, no tokenizer built here would match the model."""
+    for a in _added_tokens(directory):
+        (tok.add_special_tokens if a.token.special else tok.add_tokens)([a.token])
+        got = tok.token_to_id(a.token.content)
+        if a.id is not None and got != a.id:
+            raise TokenizerError(f"{a.where} gives {a.token.content!r} the id {a.id}, but read with "
+                                 f"{directory / 'vocab.txt'} it takes {got} (a token of the vocabulary keeps its "
+                                 "line, an added one the next free id, in id order); correct the id, or "
+                                 f"{_SAVE_TOKENIZER_JSON}")  # fmt: skip
+    return tok
 
 
 def vocab_normalisation(directory: Path, lowercase: bool = True) -> dict:
@@ -188,17 +295,7 @@ def vocab_normalisation(directory: Path, lowercase: bool = True) -> dict:
     where a tokenizer_config.json is beside it): its tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads
     them (BERT's defaults where it says nothing: `lowercase`, accents stripped with lowercasing, CJK
     characters split apart)."""
-    import json
-
-    cfg_file = directory / "tokenizer_config.json"
-    try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{cfg_file} does not read as JSON ({e})") from None
-    except OSError as e:
-        raise TokenizerError(f"{cfg_file} cannot be read ({e.strerror or e}); make it readable") from None
-    if not isinstance(cfg, dict):
-        raise TokenizerError(f"{cfg_file} is not a JSON object")
+    cfg = _json_file(directory / "tokenizer_config.json", {})
     strip = cfg.get("strip_accents")
     return {
         "lowercase": bool(cfg.get("do_lower_case", lowercase)),
@@ -219,7 +316,8 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
         if (p / "tokenizer.json").is_file():
             return _as_config_says(load_tokenizer(p / "tokenizer.json"), p)
         if (p / "vocab.txt").is_file():
-            return _from_vocab(p / "vocab.txt", **vocab_normalisation(p, lowercase))
+            _check_wordpiece(p)
+            return _with_added_tokens(_from_vocab(p / "vocab.txt", **vocab_normalisation(p, lowercase)), p)
         raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
     if not p.is_file():
         raise TokenizerError(
@@ -231,7 +329,7 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
             tok = Tokenizer.from_file(str(p))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
             raise TokenizerError(f"{p} is not a `tokenizers` tokenizer.json ({e})") from e
-        special_ids(tok)  # fail at load time, naming the file, rather than deep inside training
+        require_tokens(tok, TEXT_TOKENS, p, _TEXT_TOKENS_WHY)  # at load time, naming the file
         # Hugging Face tokenizer.json files often carry truncation and fixed padding (all-MiniLM-L6-v2's
         # pads and cuts every text to 128): corpus tokenization and the server need neither.
         tok.no_truncation()
@@ -293,12 +391,31 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike[str]) -> Path:
     return d
 
 
-def special_ids(tok: Tokenizer) -> SpecialIds:
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    missing = [t for t, i in ids.items() if i is None]
+_TEXT_TOKENS_WHY = "every text is framed by [CLS] and [SEP], and a word the vocabulary lacks becomes [UNK]"
+
+
+def require_tokens(
+    tok: Tokenizer, tokens: Iterable[str], where: str | os.PathLike[str] | None, why: str
+) -> list[int]:
+    """The ids of `tokens`, or a TokenizerError naming `where` (the tokenizer's file), what lacks, `why` it is
+    needed and how to add it."""
+    tokens = list(tokens)
+    ids = [tok.token_to_id(t) for t in tokens]
+    missing = [t for t, i in zip(tokens, ids, strict=True) if i is None]
     if missing:
-        raise TokenizerError(f"tokenizer lacks the special token(s) {', '.join(missing)}")
-    return SpecialIds(*(ids[t] for t in SPECIAL_TOKENS))
+        raise TokenizerError(
+            f"{where or 'the tokenizer'} lacks the special token(s) {', '.join(missing)}, needed because {why}: "
+            "add them to its vocabulary (a line each in vocab.txt; in a tokenizer.json, in model.vocab and "
+            "added_tokens), in place of unused entries such as [unused0] where a model's embedding rows follow "
+            "its ids, or give a tokenizer that has them"
+        )
+    return ids
+
+
+def special_ids(tok: Tokenizer, where: str | os.PathLike[str] | None = None) -> SpecialIds:
+    """All of SPECIAL_TOKENS' ids: pretraining's needs (`where`: the tokenizer's file, for the error)."""
+    why = "pretraining masks words with [MASK], pads rows with [PAD] and frames texts by [CLS] and [SEP]"
+    return SpecialIds(*require_tokens(tok, SPECIAL_TOKENS, where, why))
 
 
 def punctuation_ids(tok: Tokenizer) -> list[int]:

@@ -203,15 +203,20 @@ def _columns(cfg) -> dict[str, str]:
     return cols
 
 
+def row_columns(rows: list[dict]) -> list[str]:
+    """The columns of a file's rows: every row's keys, in the order first met. A JSONL row may leave a key out,
+    so the first row's keys are not the file's: a column is missing only if no row has it (the row that lacks
+    it is then named where its value is read)."""
+    return list(map(str, dict.fromkeys(key for row in rows for key in row)))
+
+
 def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, object]]:
     rows = read_rows(path, flag, tuple(_columns(cfg).values()))
     if not rows:
         raise DataError(f"{flag}: {path} holds no rows")
+    columns = row_columns(rows)
     for opt, col in _columns(cfg).items():
-        # A JSONL row may leave a key out: the column is missing only if no row has it (else the row that
-        # lacks it is named below), and the columns shown are every row's.
-        if col not in rows[0] and not any(col in row for row in rows):
-            columns = list(map(str, dict.fromkeys(key for row in rows for key in row)))
+        if col not in columns:
             one = columns[0] if len(columns) == 1 else ""
             spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else

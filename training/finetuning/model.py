@@ -11,7 +11,7 @@ import torch
 
 from options import ConfigError
 from training import checkpoint as ckpt
-from training.data.tokenizer import load_tokenizer
+from training.data.tokenizer import load_tokenizer, require_tokens
 from training.finetuning.data import REGRESSION, TaskData
 from training.model import ElectraForSequenceClassification, init_weights
 
@@ -83,4 +83,7 @@ def refuse_other_families(init: str) -> None:
 
 
 def init_tokenizer(src: Path):
-    return load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
+    tok = load_tokenizer(src)  # a Hugging Face dir with only vocab.txt: as its tokenizer_config.json says
+    # Loading asks only what tokenizing needs: fine-tuning pads its batches with [PAD] too ([MASK] it needs not).
+    require_tokens(tok, ["[PAD]"], src, "fine-tuning pads its batches with [PAD]")
+    return tok

@@ -30,7 +30,7 @@ from training import finetune as entry
 from training import quantization, run_dir
 from training.config import CLASSIFICATION_METRICS, FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
-from training.data.tokenizer import TokenizerError, fits_model, special_ids
+from training.data.tokenizer import TokenizerError, fits_model
 from training.errors import DiskFullError, disk_full, out_of_space
 from training.finetuning import resume
 from training.finetuning.data import (
@@ -419,7 +419,9 @@ def setup(argv: list[str] | None) -> FineTuner:
     # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
     # is untouched).
     if cfg.qat:
-        sample = batches(encoded["train"], cfg.batch_size, special_ids(tok).pad, random.Random(cfg.seed + 1))
+        sample = batches(
+            encoded["train"], cfg.batch_size, tok.token_to_id("[PAD]"), random.Random(cfg.seed + 1)
+        )
         print(
             "quantization-aware: "
             + quantization.prepare(
@@ -439,7 +441,7 @@ def setup(argv: list[str] | None) -> FineTuner:
           f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
     positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
-    t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, special_ids(tok).pad, positive,
+    t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, tok.token_to_id("[PAD]"), positive,
                   steps_per_epoch, total, warmup, as_run=ran)  # fmt: skip
     if cfg.resume:
         try:

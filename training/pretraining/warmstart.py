@@ -94,11 +94,6 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
             f"{config_path}: architectures {arch!r} is not supported for --init; expected one of "
             f"{', '.join(_BERT_ARCHITECTURES + _ELECTRA_ARCHITECTURES)}"
         )
-    if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise ckpt.CheckpointError(
-            f"{config_path}: position_embedding_type {raw['position_embedding_type']!r} is not supported; "
-            f"only 'absolute' position embeddings"
-        )
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "intermediate_size", "max_position_embeddings") if not isinstance(raw.get(k), int)]  # fmt: skip
     if missing:
