@@ -131,7 +131,7 @@ def read_config_json(ckpt: Path) -> dict:
         raise CheckpointError(f"{ckpt}/config.json is not a JSON object")
     # Here, where every entry point reads config.json (export, fine-tuning, --init): the load would otherwise
     # refuse such weights as a list of unexpected distance_embedding tensors, naming no cause.
-    position = raw.get("position_embedding_type", "absolute")
+    position = raw.get("position_embedding_type") or "absolute"  # absent (transformers 5) or null: absolute
     if position != "absolute":
         raise CheckpointError(f"{ckpt}/config.json: position_embedding_type is {position!r}: the model's attention was "
                               "trained with relative position distances (its distance_embedding weights), which "
