@@ -1,9 +1,10 @@
 """Run the shard function on Ray: the same `score_part`, in Ray Data actors (ActorPoolStrategy through
 `compute=`, Ray 2.60's public API), each holding one Scorer for the whole job. Ray restarts an actor whose
-worker or node died (Ray Data's max_restarts=-1 for actor pools) and runs its part again, once: a part
-whose actor died each time it ran fails alone, as on local workers. The part's output name is fixed and
-written under a temporary name, and only the driver writes the manifest, once per part, so a part run
-twice is still there exactly once.
+worker or node died and runs its part again (Ray Data's max_restarts and max_task_retries are -1 for actor
+pools); each start of a part is counted in --out (ATTEMPTS_DIR), and a part whose actor died ATTEMPTS times
+as it ran fails alone, as on local workers. The part's output name is fixed and written under a temporary
+name, and only the driver writes the manifest, once per part, so a part run twice is still there exactly
+once.
 
 Every node reads INPUT and --models, and writes --out, at the same paths: a shared file system.
 Ray's usage statistics are turned off (RAY_USAGE_STATS_ENABLED=0) for the instance a job starts and for
@@ -14,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
 import time
-import warnings
+from pathlib import Path
 
 import options
 from bulk import outputs
@@ -32,6 +35,11 @@ from bulk.local import ATTEMPTS
 # would only take memory from the workers.
 OBJECT_STORE_BYTES = 128 << 20
 WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+# In --out, for one run: a file for each start of a part on an actor. Ray's own retry count cannot bound a
+# part that kills its actor: a node lost fails the tasks sent to its actors at once, twice or more before
+# the node is known dead, and a bound there dropped healthy parts; a start is counted only once the part
+# runs. On the shared file system every node writes --out to.
+ATTEMPTS_DIR = ".ray-attempts"
 
 
 class ScoreParts:
@@ -40,6 +48,7 @@ class ScoreParts:
     def __init__(self, cfg: dict) -> None:
         from bulk.shard import Scorer
 
+        self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
         # A bundle this node cannot load (the load check refused it on this CPU, a broken file): every part
         # says so, as the local workers' do, instead of an actor that dies and takes the driver with it.
         try:
@@ -51,11 +60,29 @@ class ScoreParts:
         from bulk.shard import score_part
 
         parts = [Part(**json.loads(p)) for p in batch["part"]]
-        if isinstance(self.scorer, Exception):
-            results = [p.unloadable(self.scorer) for p in parts]
-        else:
-            results = [score_part(p, self.scorer) for p in parts]
+        results = []
+        for p in parts:
+            if (attempt := _begin(self.attempts, p.key)) > ATTEMPTS:
+                results.append(p.failure(f"its Ray worker died {attempt - 1} times while it ran (a document that "
+                                         "runs it out of memory, or nodes lost)"))  # fmt: skip
+            elif isinstance(self.scorer, Exception):
+                results.append(p.unloadable(self.scorer))
+            else:
+                results.append(score_part(p, self.scorer))
         return {"result": [json.dumps(r) for r in results]}
+
+
+def _begin(attempts: Path, key: str) -> int:
+    """Count a start of part `key`: which start this is in this run (1 the first). A file created
+    exclusively for each, so two actors racing on one part (a node thought lost) count two."""
+    name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    n = 1
+    while True:
+        try:
+            os.close(os.open(attempts / f"{name}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return n
+        except FileExistsError:
+            n += 1
 
 
 def connect(address: str, cpus: int) -> str | None:
@@ -216,41 +243,36 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False  # ours is on stderr already
     ctx.print_on_execution_start = False
-    # A part whose task Ray gave up on (below) is dropped, and the others go on: by default its error
-    # ended the whole execution, with a traceback and exit 1, and every run of the job ended the same way.
+    # A part whose task failed in Ray itself is dropped, and the others go on: by default its error ended
+    # the whole execution, with a traceback and exit 1, and every run of the job ended the same way.
     ctx.max_errored_blocks = -1
+    attempts = cfg.out / ATTEMPTS_DIR  # an earlier run's counts are not this run's: its parts start afresh
+    shutil.rmtree(attempts, ignore_errors=True)
+    attempts.mkdir(parents=True)
     items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    with warnings.catch_warnings():
-        # max_task_retries has no named parameter in Ray 2.60 (the version pinned): only ray_remote_args,
-        # which it warns will go in 2.64. The warning said so on every run, to users who can do nothing.
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = ds.map_batches(
-            ScoreParts,
-            fn_constructor_kwargs={"cfg": options.as_dict(cfg)},
-            batch_size=1,
-            # One part at a time on an actor, as on a local worker (Ray Data queues two): a part queued on an
-            # actor that dies is charged a retry too, and one queued behind a part that kills its actor
-            # would fail with it.
-            compute=ActorPoolStrategy(size=min(workers, max(1, len(parts))), max_tasks_in_flight_per_actor=1),
-            num_cpus=cfg.threads,
-            # A part runs ATTEMPTS times at most, as on local workers: with Ray Data's default (-1, retried
-            # for ever) a part that kills its actor (a document that runs it out of memory) kept the job
-            # running for ever. The actor itself is still restarted without end (max_restarts=-1): a node
-            # lost takes its actors, whose later parts must run somewhere.
-            max_task_retries=ATTEMPTS - 1,
-        )
+    ds = ds.map_batches(
+        ScoreParts,
+        fn_constructor_kwargs={"cfg": options.as_dict(cfg)},
+        batch_size=1,
+        # One part at a time on an actor, as on a local worker (Ray Data queues two): a part is started when
+        # an actor is free for it, not queued behind a part that may kill the actor.
+        compute=ActorPoolStrategy(size=min(workers, max(1, len(parts))), max_tasks_in_flight_per_actor=1),
+        num_cpus=cfg.threads,
+    )
     sizes = {p.key: p.size for p in parts}
     answered: set[str] = set()
-    for row in ds.iter_rows():  # as parts finish, in any order
-        result = json.loads(row["result"])
-        answered.add(result["part"])
-        on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
-        if on_result(result) or stopping():  # leaving the iterator shuts the dataset's execution down
-            return
+    try:
+        for row in ds.iter_rows():  # as parts finish, in any order
+            result = json.loads(row["result"])
+            answered.add(result["part"])
+            on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
+            if on_result(result) or stopping():  # leaving the iterator shuts the dataset's execution down
+                return
+    finally:
+        shutil.rmtree(attempts, ignore_errors=True)
     # Every part ran to its end or was dropped: those without a result are the dropped ones.
     for p in parts:
         if p.key not in answered:
-            on_result(p.failure(f"Ray gave up on it: its actor died each of the {ATTEMPTS} times it ran it, or "
-                                "its task failed (Ray Data logged the error, also in logs/ray-data/ray-data.log "
-                                "in the Ray session's directory)"))  # fmt: skip
+            on_result(p.failure("its task failed in Ray (Ray Data logged the error, also in "
+                                "logs/ray-data/ray-data.log in the Ray session's directory)"))  # fmt: skip
