@@ -168,3 +168,13 @@ def test_a_checkpoint_recovered_from_ranges_calibrated_at_export_is_not_taken_fo
                    eval_sequences=16, calibrate=False, log=said.append)  # fmt: skip
     assert again["optimizations"]["int8"]["method"] != "compute", again["optimizations"]["int8"]
     assert any(line.startswith("int8: weights (not a quantization-aware checkpoint") for line in said), said
+    # Trained on from that checkpoint with its ranges (fine-tuning's default for an init that has them), the
+    # model is quantization-aware: its ranges' origin says so, and its exports take it so.
+    from training import quantization
+    from training.checkpoint import load_model
+
+    model, _, _ = load_model(tmp_path / "ckpt")
+    quantization.prepare(model, [])
+    origin = model.config.quantization["origin"]
+    assert origin.startswith("quantization-aware training, ranges kept") and "calibrated at export" in origin
+    assert quantization.trained_quantization_aware(model.config.quantization)

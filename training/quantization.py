@@ -376,6 +376,12 @@ def prepare(
     record); `alpha`: SmoothQuant smoothing (see `calibrate`). Returns a line for the log."""
     if model.config.quantization is not None:
         attach_storage(model)
+        spec = model.config.quantization
+        if not trained_quantization_aware(spec):  # trained with them from here on: export must know it so
+            model.config.quantization = {
+                **spec,
+                "origin": f"quantization-aware training, ranges kept from the initial checkpoint ({spec.get('origin')})",
+            }
         return "int8 simulation on, activation ranges kept from the initial checkpoint"
     taken = list(itertools.islice(batches, count))  # a small data set has fewer: the record says how many
     spec = calibrate(model, model.electra, taken, alpha=alpha)
