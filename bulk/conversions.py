@@ -112,10 +112,12 @@ def _reads_as_json_lines(first: bytes, f: BinaryIO) -> bool:
     a line running past FIRST_LINE_BYTES is not judged."""
     while first.count(b"\n") < 2 and len(first) < FIRST_LINE_BYTES and (more := f.read(1 << 16)):
         first += more
+    if b"\n" not in first[:FIRST_LINE_BYTES] and len(first) >= FIRST_LINE_BYTES:
+        return True  # a first line too long to judge
     lines = [line for line in first[:FIRST_LINE_BYTES].split(b"\n") if line.strip()]
-    if b"\n" not in first[:FIRST_LINE_BYTES]:  # the first line alone, and perhaps not all of it
-        return len(first) >= FIRST_LINE_BYTES or _whole_object(lines[0])
-    return any(_whole_object(line) for line in lines[:2])
+    # One line alone, broken (a file cut short): a reject of its own, as before; a pretty-printed object
+    # takes two lines or more.
+    return len(lines) < 2 or any(_whole_object(line) for line in lines[:2])
 
 
 def _whole_object(line: bytes) -> bool:

@@ -67,6 +67,7 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     todo = deque(parts)
     charged = {p.key: 0 for p in parts}
     count = min(cfg.worker_count(), max(1, len(parts)))
+    _allow_descriptors(count)
     values = options.as_dict(cfg)
     started: list[_Worker] = []  # every worker not yet closed
     idle: list[_Worker] = []
@@ -141,6 +142,25 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
         _close_all(started)
         raise
     _close_all(started)
+
+
+# Open files the driver holds for each worker: its executor's queues, pipes and process sentinel, and its
+# report queue (about 10 measured on Python 3.11), with room to spare.
+DESCRIPTORS_PER_WORKER = 16
+
+
+def _allow_descriptors(workers: int) -> None:
+    """Raise this process's soft limit on open files towards the hard one where `workers` need more: a
+    worker count of a large machine's cores (96 and more) passed 1,024, the soft limit many systems set,
+    and a worker could not start."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 256 + DESCRIPTORS_PER_WORKER * workers
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
 
 
 class _Worker:

@@ -271,6 +271,8 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
                 return
     finally:
         shutil.rmtree(attempts, ignore_errors=True)
+    if stopping():  # a part dropped as the job stops is the next run's, not a failure
+        return
     # Every part ran to its end or was dropped: those without a result are the dropped ones.
     for p in parts:
         if p.key not in answered:

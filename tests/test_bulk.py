@@ -779,3 +779,23 @@ def test_what_a_killed_jobs_own_ray_instance_left_is_ended_by_its_session_and_no
             p.wait()
     refused = own_ray(out)
     assert refused.returncode == 2 and "records no Ray instance of a job's own" in refused.stderr
+
+
+def test_many_local_workers_get_the_open_files_they_need():
+    """Each local worker is a process pool of its own: about 10 open files in the driver. A worker count of a
+    large machine's cores passed the soft limit of 1,024 many systems set, and a worker could not start."""
+    import resource
+
+    from bulk.local import DESCRIPTORS_PER_WORKER, _allow_descriptors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    workers = 128
+    needed = 256 + DESCRIPTORS_PER_WORKER * workers
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"this machine's hard limit on open files ({hard}) is below {needed}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        _allow_descriptors(workers)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= needed
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -523,14 +523,14 @@ def test_a_pretty_printed_json_object_fails_by_name_and_json_lines_starting_with
     (corpus / "one.json").write_text('{"text": "a single line, no line end"}')
     (corpus / "latin.jsonl").write_bytes('{"text": "caf\u00e9"}\n{"text": "fine"}\n'.encode("latin-1"))
     (corpus / "broken.jsonl").write_text('{"text": "fine"}\n{"text": \n')
-    (corpus / "first_broken.jsonl").write_text(
-        '{"text": "cut \n{"text": "fine"}\n'
-    )  # a reject, not a failure
+    # A broken first line beside a whole second one, or one line alone: rejects, not a failure.
+    (corpus / "first_broken.jsonl").write_text('{"text": "cut \n{"text": "fine"}\n')
+    (corpus / "cut.jsonl").write_text('{"text": "a file cut sho\n\n')
     root, files, _ = shards(str(corpus), "auto")
     parts, failed = plan(root, files, "auto", 1 << 20)
     assert sorted(failed) == ["dataset_info.json", "metadata.json"], failed
-    assert sorted(p.name for p in parts) == ["broken.jsonl", "first_broken.jsonl", "latin.jsonl", "long.jsonl",
-                                             "nan.jsonl", "one.json", "train.jsonl"]  # fmt: skip
+    assert sorted(p.name for p in parts) == ["broken.jsonl", "cut.jsonl", "first_broken.jsonl", "latin.jsonl",
+                                             "long.jsonl", "nan.jsonl", "one.json", "train.jsonl"]  # fmt: skip
     said = failed["dataset_info.json"]
     assert "its first line starts with '{' but is not a whole JSON object" in said, said
     assert "move it out of INPUT, or give a glob that leaves it out" in said and "not JSON Lines" in said, (

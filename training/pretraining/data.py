@@ -178,9 +178,8 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
         tok = corpus_tokenizer(cfg.corpus, cfg.vocab_size, cfg.lowercase, cfg.data_dir, **_user_options(cfg))
     else:
         tok = load_tokenizer(cfg.tokenizer, lowercase=cfg.lowercase)
-        special_ids(
-            tok, cfg.tokenizer
-        )  # loading asks only what tokenizing needs; pretraining needs [MASK] too
+        # Loading asks only what tokenizing needs; pretraining needs [PAD] and [MASK] too.
+        special_ids(tok, cfg.tokenizer)
     if cfg.tokenizer == "train" and not cfg.resume and tok.get_vocab_size() > cfg.vocab_size:
         print(f"note: the trained vocabulary holds {tok.get_vocab_size()} tokens, more than --vocab-size {cfg.vocab_size}: "
               "WordPiece keeps every character the corpus uses; the model takes them all", file=sys.stderr, flush=True)  # fmt: skip

@@ -114,15 +114,11 @@ def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
 
 
 def _tokenizer_source(directory: Path) -> Path:
-    # A Hugging Face directory's tokenizer_config.json says how its tokenizer normalises text: the
-    # directory is read whole (training.data.tokenizer.load_tokenizer), as fine-tuning and export read it.
-    if (directory / "tokenizer_config.json").is_file() and any(
-        (directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")
-    ):
+    # The directory, read whole (training.data.tokenizer.load_tokenizer) as fine-tuning and export read it:
+    # its tokenizer_config.json says how the tokenizer normalises text, and added_tokens.json and
+    # special_tokens_map.json add tokens to a vocab.txt (named alone, it was read without them).
+    if any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
         return directory
-    for name in ("tokenizer.json", "vocab.txt"):
-        if (directory / name).is_file():
-            return directory / name
     raise ckpt.CheckpointError(
         f"{directory} holds no tokenizer.json or vocab.txt: the tokenizer must come with the weights "
         f"(the embedding rows are indexed by its ids)"
@@ -134,8 +130,12 @@ def _check_vocab(tokenizer: Path, config: ElectraConfig, config_path: Path) -> N
 
     size = load_tokenizer(tokenizer).get_vocab_size()
     if size != config.vocab_size:
+        # The file the tokens come from: a directory reads tokenizer.json before vocab.txt.
+        read = next(
+            (tokenizer / n for n in ("tokenizer.json", "vocab.txt") if (tokenizer / n).is_file()), tokenizer
+        )
         raise ckpt.CheckpointError(
-            f"{tokenizer} has {size} tokens but {config_path} says vocab_size {config.vocab_size}: "
+            f"{read} has {size} tokens but {config_path} says vocab_size {config.vocab_size}: "
             f"the tokenizer does not belong to these weights"
         )
 
