@@ -49,6 +49,7 @@ class ScoreParts:
         from bulk.shard import Scorer
 
         self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
+        self.attempts.mkdir(parents=True, exist_ok=True)  # the driver's (run) unless the actor is run alone
         # A bundle this node cannot load (the load check refused it on this CPU, a broken file): every part
         # says so, as the local workers' do, instead of an actor that dies and takes the driver with it.
         try:
