@@ -139,13 +139,22 @@ def jobs_note(names: list[str]) -> str:
             "directory")  # fmt: skip
 
 
+def links_note(names: list[str]) -> str:
+    """What a run says of the linked files it left out as duplicates of shards listed under their own names."""
+    return (f"{len(names)} linked file(s) under INPUT left out, as each leads to a file INPUT lists under its own "
+            f"name, which is scored once, under that name: {_listed(names)}. Rows an earlier run scored under a "
+            "link's name stay in scores/ but are not counted")  # fmt: skip
+
+
 @dataclass
 class LeftOut:
-    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`) and other
-    jobs' --out directories (`jobs_note`), relative to the input root, sorted."""
+    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`), other jobs'
+    --out directories (`jobs_note`) and links to listed files (`links_note`), relative to the input root,
+    sorted."""
 
     csvs: list[str] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
 
 
 def _refuse_foreign(found: list[str], out: Path) -> None:
@@ -227,8 +236,9 @@ def shards(
             raise InputError(
                 f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
             )
+        files = _not_linked_twice(files, root, left)
         _add(left_out, left)
-        return root, sorted(_not_linked_twice(files)), unlisted
+        return root, sorted(files), unlisted
     matches, foreign = [], []
     found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
@@ -247,30 +257,38 @@ def shards(
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )
+    matches = _not_linked_twice(matches, root, left)
     _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
     # would rename every shard of a resumed job (its finished parts scored again, under new names).
-    return root, sorted(_not_linked_twice(matches)), unlisted
+    return root, sorted(matches), unlisted
 
 
-def _not_linked_twice(files: list[Path]) -> list[Path]:
-    """`files` less the linked files whose real path is that of a file listed by its own path (not a link):
-    `latest.jsonl -> v1.jsonl` beside v1.jsonl scored each document twice, as a linked directory leading
-    under INPUT did (bulk/walk.py). A link to a file not listed otherwise (a Hugging Face snapshot's, into
-    its blobs; one to a hidden file) is the shard, named by the link."""
+def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path]:
+    """`files` less the linked files whose real path is that of a file listed by its own path (not a link),
+    named in `left.links`: `latest.jsonl -> v1.jsonl` beside v1.jsonl scored each document twice, as a
+    linked directory leading under INPUT did (bulk/walk.py). A link to a file not listed otherwise (a Hugging
+    Face snapshot's, into its blobs; one to a hidden file) is the shard, named by the link."""
     own = {os.path.realpath(f) for f in files if not f.is_symlink()}
-    return [f for f in files if not (f.is_symlink() and os.path.realpath(f) in own)]
+    twice = [f for f in files if f.is_symlink() and os.path.realpath(f) in own]
+    left.links += sorted(shard_name(f, root) for f in twice)
+    return [f for f in files if f not in twice]
 
 
 def left_out_notes(left: LeftOut) -> list[str]:
     """The notes a run prints of what INPUT left out (and a refusal for no input adds)."""
-    return ([csv_note(left.csvs)] if left.csvs else []) + ([jobs_note(left.jobs)] if left.jobs else [])
+    return (
+        ([csv_note(left.csvs)] if left.csvs else [])
+        + ([jobs_note(left.jobs)] if left.jobs else [])
+        + ([links_note(left.links)] if left.links else [])
+    )
 
 
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
         into.csvs += left.csvs
         into.jobs += sorted(left.jobs)
+        into.links += left.links
 
 
 def _fixed_part(spec: str) -> str:

@@ -246,8 +246,9 @@ def run(cfg: BulkConfig) -> int:
     manifest = outputs.Manifest(cfg.out)
     finished = manifest.finished()
     stats = shard_stats(parts)
-    # A shard there still but failing at planning has no parts either: it is named under the failures.
-    gone = [name for name in check_unchanged(finished, stats) if name not in failed_shards]
+    # A shard there still but failing at planning has no parts either: it is named under the failures; and a
+    # link left out as another shard's duplicate, in the note of what INPUT left out.
+    gone = [n for n in check_unchanged(finished, stats) if n not in failed_shards and n not in left_out.links]
     # A line names its part by number: it counts only for a planned part of the same extent.
     stale = _stale_in(parts)
     finished = {k: e for k, e in finished.items() if not stale(e)}

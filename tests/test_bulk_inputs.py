@@ -18,7 +18,7 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, LeftOut, id_column, plan, shards
+from bulk.inputs import InputError, LeftOut, id_column, left_out_notes, plan, shards
 from bulk.outputs import NAME_BYTES, rejects_path, safe, score_path, temporary
 from bulk.reading import Reason, read
 from options import ConfigError
@@ -645,8 +645,13 @@ def test_a_link_to_a_directory_under_input_is_not_entered_and_one_outside_is_ent
     (corpus / "sub" / "draft.jsonl").symlink_to(".draft.jsonl")
     want = ["a_ext/deep/f.jsonl", "a_ext/e.jsonl", "sub/draft.jsonl", "sub/y.jsonl", "v1/x.jsonl"]
     for spec in (str(corpus), f"{corpus}/**/*.jsonl", f"{corpus}/**"):
-        root, files, unlisted = shards(spec, "auto")
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", left_out=left)
         assert [f.relative_to(root).as_posix() for f in files] == want and not unlisted, spec
+        # Named on every run: a job that scored one of them before (a link to a file outside INPUT, its
+        # target moved in since) is told where its rows went, not that the shard is gone.
+        assert left.links == ["sub/f-too.jsonl", "sub/y-again.jsonl", "v1/latest.jsonl"], (spec, left.links)
+        assert "3 linked file(s) under INPUT left out" in left_out_notes(left)[0]
     assert sorted(d.text for d in docs_of(corpus)) == [
         "beside it", "deep outside", "hidden, linked", "outside", "versioned"
     ]  # fmt: skip
