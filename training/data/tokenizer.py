@@ -210,12 +210,10 @@ _SAVE_TOKENIZER_JSON = ("save the model's own tokenizer as a tokenizer.json besi
                         "cannot be exported")  # fmt: skip
 
 
-def _check_wordpiece(directory: Path) -> None:
-    """A TokenizerError where the directory's tokenizer_config.json says its vocab.txt is not read as BERT reads
-    one: built as BERT's, the bundle's tokenizer would split text otherwise than the model was trained on,
-    and nothing downstream would notice."""
-    cfg_file = directory / "tokenizer_config.json"
-    cfg = _json_file(cfg_file, {})
+def _check_wordpiece(cfg: dict, cfg_file: Path) -> None:
+    """A TokenizerError where the directory's tokenizer_config.json (`cfg`, read from `cfg_file`) says its
+    vocab.txt is not read as BERT reads one: built as BERT's, the bundle's tokenizer would split text
+    otherwise than the model was trained on, and nothing downstream would notice."""
     cls = cfg.get("tokenizer_class")
     if cls is not None and cls not in _WORDPIECE_CLASSES:
         raise TokenizerError(f"{cfg_file}: tokenizer_class is {cls!r}, which does not tokenize as BERT's WordPiece "
@@ -233,16 +231,16 @@ class _Added(NamedTuple):
     where: str  # the file and key, for an error
 
 
-def _added_tokens(directory: Path) -> list[_Added]:
+def _added_tokens(directory: Path, cfg: dict) -> list[_Added]:
     """The tokens a Hugging Face directory adds to its vocab.txt, as transformers reads them: its
     tokenizer_config.json's added_tokens_decoder (every added token, with its id and flags) where it has one,
     else added_tokens.json (token: id; matched after normalisation, as transformers adds them); and the
-    additional special tokens of tokenizer_config.json and special_tokens_map.json (matched as typed)."""
+    additional special tokens of tokenizer_config.json (`cfg`, as read) and special_tokens_map.json (matched
+    as typed)."""
     from tokenizers import AddedToken
 
     cfg_file, map_file, json_file = (directory / n for n in ("tokenizer_config.json", "special_tokens_map.json",
                                                              "added_tokens.json"))  # fmt: skip
-    cfg = _json_file(cfg_file, {})
     flags = ("single_word", "lstrip", "rstrip", "normalized", "special")
     added: dict[str, _Added] = {}
     decoder = cfg.get("added_tokens_decoder")
@@ -275,11 +273,11 @@ def _added_tokens(directory: Path) -> list[_Added]:
     return sorted(added.values(), key=lambda a: (a.id is None, a.id or 0))
 
 
-def _with_added_tokens(tok: Tokenizer, directory: Path) -> Tokenizer:
+def _with_added_tokens(tok: Tokenizer, directory: Path, cfg: dict) -> Tokenizer:
     """`tok` (the directory's vocab.txt) with the tokens it adds (_added_tokens) under the ids the model's
     embedding rows follow. A token of the vocabulary keeps its id; a new one takes the next, in id order, as
     transformers gives them: where a file says otherwise, no tokenizer built here would match the model."""
-    for a in _added_tokens(directory):
+    for a in _added_tokens(directory, cfg):
         (tok.add_special_tokens if a.token.special else tok.add_tokens)([a.token])
         got = tok.token_to_id(a.token.content)
         if a.id is not None and got != a.id:
@@ -295,7 +293,10 @@ def vocab_normalisation(directory: Path, lowercase: bool = True) -> dict:
     where a tokenizer_config.json is beside it): its tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads
     them (BERT's defaults where it says nothing: `lowercase`, accents stripped with lowercasing, CJK
     characters split apart)."""
-    cfg = _json_file(directory / "tokenizer_config.json", {})
+    return _normalisation(_json_file(directory / "tokenizer_config.json", {}), lowercase)
+
+
+def _normalisation(cfg: dict, lowercase: bool) -> dict:
     strip = cfg.get("strip_accents")
     return {
         "lowercase": bool(cfg.get("do_lower_case", lowercase)),
@@ -316,8 +317,9 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
         if (p / "tokenizer.json").is_file():
             return _as_config_says(load_tokenizer(p / "tokenizer.json"), p)
         if (p / "vocab.txt").is_file():
-            _check_wordpiece(p)
-            return _with_added_tokens(_from_vocab(p / "vocab.txt", **vocab_normalisation(p, lowercase)), p)
+            cfg = _json_file(p / "tokenizer_config.json", {})  # read once: what splits, normalises and adds
+            _check_wordpiece(cfg, p / "tokenizer_config.json")
+            return _with_added_tokens(_from_vocab(p / "vocab.txt", **_normalisation(cfg, lowercase)), p, cfg)
         raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
     if not p.is_file():
         raise TokenizerError(
