@@ -238,9 +238,9 @@ _RESTORE = "restore manifest.json from the export that wrote the bundle, or expo
 
 def _manifest_config(bundle: Path, manifest: dict, graph: onnx.ModelProto):
     """The model manifest.json says the graph is (source.config) and its calibration's length map (None
-    where it has none), the inputs checked against the graph's, or an InputError naming the field: the server reads none of them, so
-    its reader (read_bundle) passes a manifest edited there, which ended here in a KeyError, AttributeError
-    or size-mismatch traceback."""
+    where it has none), the inputs checked against the graph's, or an InputError naming the field: the
+    server reads none of them, so its reader (read_bundle) passes a manifest edited there, which ended here
+    in a KeyError, AttributeError or size-mismatch traceback."""
     from export.calibration import LengthMap
     from training.model import ElectraConfig
 

@@ -169,10 +169,11 @@ def check_replaceable(
     source: tuple[Path, str] | None = None,
     error: type[Exception] = CheckpointError,
 ) -> None:
-    """An `error` (the command's own kind: CheckpointError unless given) unless `target`, given as `option` ("--out"), may be written whole: built beside
-    it and renamed into its place, which deletes all it held. It may be absent or empty; or, with `force`,
-    hold an earlier `what` (a "bundle") with its `marker` file and nothing besides its `own` files.
-    `force_flag` is the option that asks for that; None where the command has none: with `force`, it
+    """An `error` (the command's own kind: CheckpointError unless given) unless `target`, given as `option`
+    ("--out"), may be written whole: built beside it and renamed into its place, which deletes all it held.
+    It may be absent or empty; or, with `force`, hold an earlier `what` (a "bundle") with its `marker` file
+    and nothing besides its `own` files. `force_flag` is the option that asks for that; None where the
+    command has none: with `force`, it
     replaces its own earlier output unasked (export.recover), without, it writes only where nothing is
     (handoff pack). `source` is what the command reads, with the words that name it ("the checkpoint being
     exported"): the target must not hold it. Checked at the start: found at the write, each of these would
