@@ -173,11 +173,10 @@ def check_replaceable(
     ("--out"), may be written whole: built beside it and renamed into its place, which deletes all it held.
     It may be absent or empty; or, with `force`, hold an earlier `what` (a "bundle") with its `marker` file
     and nothing besides its `own` files. `force_flag` is the option that asks for that; None where the
-    command has none: with `force`, it
-    replaces its own earlier output unasked (export.recover), without, it writes only where nothing is
-    (handoff pack). `source` is what the command reads, with the words that name it ("the checkpoint being
-    exported"): the target must not hold it. Checked at the start: found at the write, each of these would
-    cost the work, or delete what the target held."""
+    command has none: with `force`, it replaces its own earlier output unasked (export.recover), without, it
+    writes only where nothing is (handoff pack). `source` is what the command reads, with the words that
+    name it ("the checkpoint being exported"): the target must not hold it. Checked at the start: found at
+    the write, each of these would cost the work, or delete what the target held."""
     instead = f"choose another {option}"
     try:
         refuse_file_in_path(target, f"{option} ")
