@@ -406,6 +406,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
+    pad = tok.token_to_id("[PAD]")  # there: init_tokenizer required it
     n_typed, typed = typed_special_tokens(tok, data.splits["train"])
     if n_typed:
         print(f"note: {n_typed} training text(s) hold {', '.join(typed)}: read as text, as the server reads it (two "
@@ -419,9 +420,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
     # is untouched).
     if cfg.qat:
-        sample = batches(
-            encoded["train"], cfg.batch_size, tok.token_to_id("[PAD]"), random.Random(cfg.seed + 1)
-        )
+        sample = batches(encoded["train"], cfg.batch_size, pad, random.Random(cfg.seed + 1))
         print(
             "quantization-aware: "
             + quantization.prepare(
@@ -441,7 +440,7 @@ def setup(argv: list[str] | None) -> FineTuner:
           f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
     positive = data.labels.index(cfg.positive_label) if cfg.positive_label else 1
-    t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, tok.token_to_id("[PAD]"), positive,
+    t = FineTuner(cfg, data, model, tok, encoded, opt, device, autocast, pad, positive,
                   steps_per_epoch, total, warmup, as_run=ran)  # fmt: skip
     if cfg.resume:
         try:
