@@ -63,7 +63,8 @@ class HttpSettings:
     )
     limit_concurrency: int = option(
         1024,
-        "open connections at which a request is answered 503 at once (not /health, /ready, /metrics)",
+        "open connections served; a request on one more is answered 503 at once (not /health, /ready, "
+        "/metrics)",
         env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(

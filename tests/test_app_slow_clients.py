@@ -262,31 +262,33 @@ def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
 
 
 def test_connections_beyond_the_limit_are_refused_at_once(server):
-    idle = [_connect(server) for _ in range(LIMIT - 2)]
-    try:
-        # The server counts a connection once it has accepted it, and refuses a request once LIMIT are
-        # open, its own included: with LIMIT - 2 idle ones accepted, the metrics request is the one more
-        # it still answers. Connections after that are accepted in order, so the last two idle ones are
-        # counted before the probe arrives.
-        opened = lambda: server.metric("electra_open_connections")  # noqa: E731
-        wait_for(lambda: opened() == LIMIT - 1, what=f"{LIMIT - 2} idle connections")
-        refused = server.metric("electra_rejected_requests_total", reason="connection_limit")
-        idle += [_connect(server), _connect(server)]
-        with _connect(server) as s:
-            s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
-            answer = s.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
-        assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer but the parser's
-        assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
-        # The probes are answered still: a flood of idle connections once failed liveness too; and the
-        # metrics scrape, which shows the flood.
-        for probe in (b"/health", b"/ready", b"/metrics"):
+    """--limit-concurrency N serves N connections, the one a request came on counted (the N-th was once
+    refused too)."""
+    with server.client() as kept:  # one connection, read through: its own scrape counts no other
+        idle = [_connect(server) for _ in range(LIMIT - 2)]
+        try:
+            opened = lambda: server.metric("electra_open_connections", via=kept)  # noqa: E731
+            wait_for(lambda: opened() == LIMIT - 1, what=f"{LIMIT - 2} idle connections and the client's")
+            refused = server.metric("electra_rejected_requests_total", reason="connection_limit", via=kept)
+            # The LIMIT-th connection is served; it stays open, so the one after it is past the limit.
+            idle.append(_connect(server))
+            idle[-1].sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert idle[-1].recv(4096).startswith(b"HTTP/1.1 200")
             with _connect(server) as s:
-                s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
-                assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
-    finally:
-        for s in idle:
-            s.close()
+                s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
+                answer = s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
+            assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer but the parser's
+            assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
+            # The probes are answered still: a flood of idle connections once failed liveness too; and the
+            # metrics scrape, which shows the flood.
+            for probe in (b"/health", b"/ready", b"/metrics"):
+                with _connect(server) as s:
+                    s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+                    assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
+        finally:
+            for s in idle:
+                s.close()
 
     def below_the_limit() -> bool:
         r = httpx.get(server.url + "/metrics", timeout=10)
@@ -297,3 +299,15 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
     assert counted == refused + 1
     with server.client() as c:
         assert c.get("/health").status_code == 200
+
+
+def test_a_limit_of_one_connection_serves_that_connection(bundles_dir, tmp_path):
+    """--limit-concurrency 1 was accepted, then answered every request 503 while /ready said 200."""
+    with run_server(bundles_dir, "--limit-concurrency", "1", log_dir=tmp_path) as s, s.client() as c:
+        # The readiness polls' connections close first: then the client's is the one open.
+        wait_for(lambda: s.metric("electra_open_connections", via=c) == 1, what="one connection open")
+        assert c.get("/models").status_code == 200
+        assert c.post("/detect", json={"text": "one client, one connection"}).status_code == 200
+        with _connect(s) as other:  # a second one while the client's stays open
+            other.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert other.recv(4096).startswith(b"HTTP/1.1 503")
