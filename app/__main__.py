@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level,
         log_config=None,  # one format: uvicorn's loggers propagate to the root handler set up above
         access_log=False,  # --access-log: the app's own line, with time, model and x-request-id (http/server.py)
-        timeout_graceful_shutdown=(
+        timeout_graceful_shutdown=(  # --graceful-timeout-s 0: no limit, as the help says
             settings.graceful_timeout_s + DEADLINE_MARGIN_S if settings.graceful_timeout_s else None
         ),
         lifespan="on",

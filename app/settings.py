@@ -78,8 +78,12 @@ class HttpSettings:
         env="ELECTRA_API_KEY",
         secret=True,
     )
+    # 0 is no limit, as for --read-timeout-s: a drain that waits for every admitted request (a pod's
+    # terminationGracePeriodSeconds then bounds it), not one that answers them all 503 at once.
     graceful_timeout_s: float = option(
-        30.0, "after SIGTERM, how long in-flight requests may take", env="ELECTRA_GRACEFUL_TIMEOUT_S"
+        30.0,
+        "after SIGTERM, how long in-flight requests may take before they are answered 503; 0: no limit",
+        env="ELECTRA_GRACEFUL_TIMEOUT_S",
     )
     # Behind a load balancer, a replica must leave rotation before it stops listening, or the requests
     # the balancer sends between SIGTERM and its next health check fail (deploy/, docs/deploy.md).
