@@ -4,6 +4,7 @@ line names the requests it failed, as their answers do. And the one --access-log
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from contextvars import ContextVar
@@ -11,6 +12,9 @@ from contextvars import ContextVar
 from app.errors import for_log
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
+# --access-log's lines have a logger of their own, which app/__main__.py sets to INFO whatever --log-level
+# says: under "app", --log-level warning dropped every one of them, in silence, though they were asked for.
+access_log = logging.getLogger("app.access")
 _PLAIN_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 

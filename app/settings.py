@@ -97,7 +97,9 @@ class HttpSettings:
     )
     # Off by default: a log line per request costs the event loop more than routing it does, and
     # /metrics already counts and times every request by endpoint, model and status.
-    access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
+    access_log: bool = option(
+        False, "log one line per request, whatever --log-level says", env="ELECTRA_ACCESS_LOG"
+    )
     ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
     ready_when_degraded: bool = option(
         True,
