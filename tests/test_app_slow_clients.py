@@ -69,6 +69,7 @@ def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, r
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head, answer
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", head), head  # a new one: no header was read
     error = json.loads(body)["error"]
     assert error["type"] == "invalid_http" and "not valid HTTP/1.1" in error["message"], error
     assert server.metric("electra_rejected_requests_total", reason="invalid_http") == before + 1
@@ -107,6 +108,7 @@ def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served
     assert time.monotonic() - t0 < 10
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431") and b"content-type: application/json" in head, answer[:300]
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", head), head
     error = json.loads(body)["error"]
     assert error["type"] == "headers_too_large" and "64 KiB" in error["message"], error
     wait_for(lambda: server.metric("electra_rejected_requests_total", reason="headers_too_large") == before + 1,
@@ -203,12 +205,13 @@ def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
                                                              status=status)  # fmt: skip
     before = {s: count(s) for s in ("400", "499")} | {"other": count("400", "other")}
     with _connect(server) as s:
-        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: chunk-1\r\n"
                   b"transfer-encoding: chunked\r\n\r\n5\r\n{\"tex\r\nzz-not-hex\r\n")  # fmt: skip
         answer = b""
         while chunk := s.recv(4096):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 400") and b"malformed chunk" in answer, answer
+    assert b"\r\nx-request-id: chunk-1\r\n" in answer, answer  # its headers were read: the client's id
     wait_for(lambda: count("400") == before["400"] + 1, what="the request to be counted")
     assert count("499") == before["499"] and count("400", "other") == before["other"]
 
@@ -220,6 +223,7 @@ def test_a_slowloris_on_headers_is_cut_off_with_408(server):
         elapsed, answer = _drip(s, headers, every=0.25, limit=READ_TIMEOUT + 5)
     assert READ_TIMEOUT - 0.5 <= elapsed <= READ_TIMEOUT + 2, elapsed
     assert answer.startswith(b"HTTP/1.1 408") and b"--read-timeout-s" in answer, answer
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", answer), answer  # the head never came whole
     assert server.metric("electra_requests_total", endpoint="other", status="408") == before + 1
 
 
@@ -229,13 +233,15 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     timeouts = server.metric("electra_rejected_requests_total", reason="read_timeout")
     gone = server.metric("electra_rejected_requests_total", reason="client_gone")
     head = (
-        b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n"
+        b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n"
+        b"x-request-id: slow-1\r\n\r\n"
     )
     with _connect(server) as s:
         s.sendall(head)
         elapsed, answer = _drip(s, b'{"text": "' + b"a" * 300, every=0.25, limit=READ_TIMEOUT + 5)
     assert elapsed <= READ_TIMEOUT + 2, elapsed
     assert answer.startswith(b"HTTP/1.1 408") and b'"read_timeout"' in answer, answer
+    assert b"\r\nx-request-id: slow-1\r\n" in answer, answer  # the id its handler's log lines have
     count = lambda: server.metric("electra_requests_total", endpoint="/detect", status="408")  # noqa: E731
     wait_for(lambda: count() >= before + 1, what="the cut-off request to be counted")
     assert count() == before + 1
@@ -278,7 +284,7 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
                 s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
                 answer = s.recv(4096)
             assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
-            assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer but the parser's
+            assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer
             assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
             # The probes are answered still: a flood of idle connections once failed liveness too; and the
             # metrics scrape, which shows the flood.
