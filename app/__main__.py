@@ -13,6 +13,7 @@ import sys
 import uvicorn
 
 from app.model.bundle import BundleError
+from app.request_context import access_log
 from app.settings import Settings, SettingsError
 from options import EXIT_USAGE
 
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper() if settings.log_level != "trace" else 5,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if settings.access_log:  # asked for, the access lines are written whatever --log-level says
+        access_log.setLevel(logging.INFO)
     # The tokenizers library would tokenize a batch of texts on a thread pool of its own, one thread
     # per core; on a serving machine the cores belong to inference, and a request holds at most
     # --max-batch-size short texts. A user who wants it back sets TOKENIZERS_PARALLELISM=true.
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level,
         log_config=None,  # one format: uvicorn's loggers propagate to the root handler set up above
         access_log=False,  # --access-log: the app's own line, with time, model and x-request-id (http/server.py)
-        timeout_graceful_shutdown=(
+        timeout_graceful_shutdown=(  # --graceful-timeout-s 0: no limit, as the help says
             settings.graceful_timeout_s + DEADLINE_MARGIN_S if settings.graceful_timeout_s else None
         ),
         lifespan="on",

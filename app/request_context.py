@@ -4,6 +4,7 @@ line names the requests it failed, as their answers do. And the one --access-log
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from contextvars import ContextVar
@@ -11,6 +12,9 @@ from contextvars import ContextVar
 from app.errors import for_log
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
+# --access-log's lines have a logger of their own, which app/__main__.py sets to INFO whatever --log-level
+# says: under "app", --log-level warning dropped every one of them, in silence, though they were asked for.
+access_log = logging.getLogger("app.access")
 _PLAIN_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
@@ -20,12 +24,17 @@ def incoming_id(scope) -> bytes:
     for name, value in scope["headers"]:
         if name == b"x-request-id" and _PLAIN_ID.fullmatch(value):
             return value
+    return new_id()
+
+
+def new_id() -> bytes:
+    """An id for an answer whose request sent none (or whose headers were never read whole)."""
     return uuid.uuid4().hex.encode()
 
 
 def answer_headers(rid: bytes) -> tuple[tuple[bytes, bytes], ...]:
     """What every answer carries, routed or not (app/http/server.py's middleware, the connection limit's
-    503 outside it): its request id, so a client's log line and the server's can be matched, and nosniff,
+    503 outside it, the protocol's 400, 408 and 431 written before a request is read whole): its request id, so a client's log line and the server's can be matched, and nosniff,
     so that no answer of ours is read as another type than it says (JSON as HTML)."""
     return (b"x-request-id", rid), (b"x-content-type-options", b"nosniff")
 

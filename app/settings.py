@@ -63,7 +63,8 @@ class HttpSettings:
     )
     limit_concurrency: int = option(
         1024,
-        "open connections at which a request is answered 503 at once (not /health, /ready, /metrics)",
+        "open connections served; a request on one more is answered 503 at once (not /health, /ready, "
+        "/metrics)",
         env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(
@@ -77,8 +78,12 @@ class HttpSettings:
         env="ELECTRA_API_KEY",
         secret=True,
     )
+    # 0 is no limit, as for --read-timeout-s: a drain that waits for every admitted request (a pod's
+    # terminationGracePeriodSeconds then bounds it), not one that answers them all 503 at once.
     graceful_timeout_s: float = option(
-        30.0, "after SIGTERM, how long in-flight requests may take", env="ELECTRA_GRACEFUL_TIMEOUT_S"
+        30.0,
+        "after SIGTERM, how long in-flight requests may take before they are answered 503; 0: no limit",
+        env="ELECTRA_GRACEFUL_TIMEOUT_S",
     )
     # Behind a load balancer, a replica must leave rotation before it stops listening, or the requests
     # the balancer sends between SIGTERM and its next health check fail (deploy/, docs/deploy.md).
@@ -92,7 +97,9 @@ class HttpSettings:
     )
     # Off by default: a log line per request costs the event loop more than routing it does, and
     # /metrics already counts and times every request by endpoint, model and status.
-    access_log: bool = option(False, "log one line per request", env="ELECTRA_ACCESS_LOG")
+    access_log: bool = option(
+        False, "log one line per request, whatever --log-level says", env="ELECTRA_ACCESS_LOG"
+    )
     ui: bool = option(True, "serve the web page at / (--no-ui: the API only)", env="ELECTRA_UI")
     ready_when_degraded: bool = option(
         True,

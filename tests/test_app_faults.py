@@ -43,7 +43,10 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
     poisoned = "The army marched past the church toward the island."
     word = single_token_word(bundles_dir / "detector", poisoned)
     # One runner that waits for its batch to fill, no solo session: the eight requests share one batch.
+    # --log-level warning: the access lines, asked for, are written still (they once went with the INFO lines).
     flags = (
+        "--log-level",
+        "warning",
         "--inject-faults",
         f"poison={word}",
         "--runners",
@@ -76,6 +79,7 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         said = "detector: a request failed again alone; answered 500 inference_failed (x-request-id trace-3)"
         assert said in server.log()
         assert "POST /detect 500" in server.log() and "x-request-id=trace-3" in server.log()  # the access log
+        assert "loaded and warmed up" not in server.log()  # an INFO line: --log-level warning holds for them
         assert "Traceback" in server.log() and "InjectedFault" in server.log()
         # A path's CR LF (percent-encoded, decoded by the server) cannot begin a line of its own in the log.
         assert client.get("/x%0d%0a2026-01-01 00:00:00,000 INFO app: forged%1b[31m").status_code == 404

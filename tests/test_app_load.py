@@ -177,7 +177,9 @@ def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_di
 def test_a_second_ctrl_c_during_the_drain_delay_still_finishes_the_requests_in_flight(bundles_dir, tmp_path):
     # The second Ctrl-C drains at once; the delay's own drain, when it came due, used to count as a third:
     # uvicorn then quit at once, without the request in flight (waiting 6 s for company) or the shutdown.
-    flags = ("--drain-delay-s", "1", "--queue-size", "64", "--max-wait-ms", "6000")
+    # --graceful-timeout-s 0 is no limit (as the help says): the request is answered, not refused 503.
+    flags = ("--drain-delay-s", "1", "--queue-size", "64", "--max-wait-ms", "6000",
+             "--graceful-timeout-s", "0")  # fmt: skip
     with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
         with ThreadPoolExecutor(1) as pool:
 

@@ -4,6 +4,7 @@ The budget's arithmetic, the cgroup files, and a real server on the shipped mode
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,50 @@ def test_a_request_that_could_never_fit_is_413_naming_the_limit():
     assert too_big.value.type is ErrorType.TOO_MANY_TOKENS and "600 MiB" in too_big.value.message
 
 
+@pytest.mark.parametrize(("limit_mib", "fits"), [(560, "none"), (600, "some"), (640, "some"), (700, "all")])
+def test_the_most_tokens_a_request_may_have_is_the_last_that_reserve_takes(limit_mib, fits):
+    b = budget(limit_mib, 500, per_token=30_123.7)  # a 4096-token batch: ~118 MiB, more than 600's room
+    b.interactive_tokens = 256
+    most = b.most_tokens(4096)
+    assert (most is None) == (fits == "all") and (most is not None and most <= 256) == (fits == "none")
+    if most is None:  # a whole batch fits, and no request reserves more
+        b.release(b.reserve("m", 100_000, 4096))
+        return
+    if most > 256:
+        b.release(b.reserve("m", most, 4096))
+    with pytest.raises(AppError) as too_big:
+        b.reserve("m", max(most, 256) + 1, 4096)
+    assert too_big.value.type is ErrorType.TOO_MANY_TOKENS
+
+
+def _texts_of(model_tokens: int, word: str = "river") -> list[str]:
+    """Texts of a one-token word whose rows (one each, [CLS] and [SEP] added) hold `model_tokens` in all."""
+    rows = -(-model_tokens // 512)
+    each, extra = divmod(model_tokens - 2 * rows, rows)
+    return [" ".join([word] * (each + (i < extra))) for i in range(rows)]
+
+
+def test_the_start_warning_names_the_size_past_which_large_requests_get_413(tmp_path):
+    """It said every request over --interactive-tokens would be refused once one full bulk batch did not
+    fit, while smaller bulk requests reserve less and were served (at 700 MiB, texts of 3,000 tokens)."""
+    from app.model.tokenization import TextTokenizer
+
+    tokenizer = TextTokenizer(REPO / "models" / "detector" / "tokenizer.json", 512, 32)
+    # 600 MiB plans for 540 (HEADROOM); the shipped models keep 370-500 resident, and the room above them
+    # holds a few hundred tokens' batches (~17 MiB) and not one of 4096 (~275 MiB) for anything from 265 to 523.
+    flags = ("--memory-limit-mb", "600", "--interactive-tokens", "256")
+    with run_server(REPO / "models", *flags, log_dir=tmp_path) as server, server.client() as c:
+        said = re.search(r"requests over (\d+) model-input tokens will be refused \(413\)", server.log())
+        assert said, server.log()
+        most = int(said.group(1))
+        assert "those over --interactive-tokens (256) up to" in server.log()
+        for tokens, status in ((most, 200), (most + 1, 413)):
+            texts = _texts_of(tokens)
+            assert sum(len(r.ids) for e in tokenizer.encode_detect(texts) for r in e.rows) == tokens
+            r = c.post("/detect", json={"texts": texts})
+            assert r.status_code == status, (tokens, r.text)
+
+
 def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(tmp_path):
     # The shipped models need ~500 MiB resident: 300 MiB leaves nothing for a large request's batches.
     with (
@@ -91,7 +136,7 @@ def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(t
         assert "send at most 2048 model-input tokens per request" in message, message
         assert "limit (--memory-limit-mb) raised" in message and "fewer or shorter" not in message, message
         assert server.metric("electra_memory_bytes", what="limit") == 300 * MIB
-        assert "will be refused (413)" in server.log()
+        assert "requests over --interactive-tokens (2048) will be refused (413)" in server.log()
         # Interactive batches, which reserve nothing, are cut to a row of the longest model at a time.
         assert "interactive batches are cut at 512 tokens" in server.log()
         assert "memory: limit 300 MiB (--memory-limit-mb); loading 2 model(s)" in server.log()

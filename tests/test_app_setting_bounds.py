@@ -68,3 +68,14 @@ def test_the_bounds_themselves_and_0_for_auto_are_taken():
     assert auto.threads_per_runner() == max(1, CORES // 2)
     assert resolved("--max-wait-ms", "29999").max_wait_ms == 29999
     assert resolved("--drain-delay-s", "300").drain_delay_s == 300
+
+
+def test_every_timeout_says_in_the_help_that_0_is_no_limit():
+    """--graceful-timeout-s 0 waited for ever, as --read-timeout-s 0 does, while its help read as if 0
+    answered every request in flight 503 at once."""
+    r = start_app("--help")
+    said = " ".join(r.stdout.split())  # argparse wraps the help
+    assert r.returncode == 0, r.stderr
+    for timeout in ("--read-timeout-s", "--graceful-timeout-s"):
+        help_text = said.split(f"{timeout} VALUE ", 1)[1].split(" (env ", 1)[0]
+        assert help_text.endswith("0: no limit"), (timeout, help_text)

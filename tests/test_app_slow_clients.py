@@ -69,6 +69,7 @@ def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, r
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head, answer
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", head), head  # a new one: no header was read
     error = json.loads(body)["error"]
     assert error["type"] == "invalid_http" and "not valid HTTP/1.1" in error["message"], error
     assert server.metric("electra_rejected_requests_total", reason="invalid_http") == before + 1
@@ -107,6 +108,7 @@ def test_a_request_head_past_the_limit_gets_431_and_a_big_one_under_it_is_served
     assert time.monotonic() - t0 < 10
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431") and b"content-type: application/json" in head, answer[:300]
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", head), head
     error = json.loads(body)["error"]
     assert error["type"] == "headers_too_large" and "64 KiB" in error["message"], error
     wait_for(lambda: server.metric("electra_rejected_requests_total", reason="headers_too_large") == before + 1,
@@ -203,12 +205,13 @@ def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
                                                              status=status)  # fmt: skip
     before = {s: count(s) for s in ("400", "499")} | {"other": count("400", "other")}
     with _connect(server) as s:
-        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: chunk-1\r\n"
                   b"transfer-encoding: chunked\r\n\r\n5\r\n{\"tex\r\nzz-not-hex\r\n")  # fmt: skip
         answer = b""
         while chunk := s.recv(4096):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 400") and b"malformed chunk" in answer, answer
+    assert b"\r\nx-request-id: chunk-1\r\n" in answer, answer  # its headers were read: the client's id
     wait_for(lambda: count("400") == before["400"] + 1, what="the request to be counted")
     assert count("499") == before["499"] and count("400", "other") == before["other"]
 
@@ -220,6 +223,7 @@ def test_a_slowloris_on_headers_is_cut_off_with_408(server):
         elapsed, answer = _drip(s, headers, every=0.25, limit=READ_TIMEOUT + 5)
     assert READ_TIMEOUT - 0.5 <= elapsed <= READ_TIMEOUT + 2, elapsed
     assert answer.startswith(b"HTTP/1.1 408") and b"--read-timeout-s" in answer, answer
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", answer), answer  # the head never came whole
     assert server.metric("electra_requests_total", endpoint="other", status="408") == before + 1
 
 
@@ -229,13 +233,15 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     timeouts = server.metric("electra_rejected_requests_total", reason="read_timeout")
     gone = server.metric("electra_rejected_requests_total", reason="client_gone")
     head = (
-        b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n"
+        b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 400\r\n"
+        b"x-request-id: slow-1\r\n\r\n"
     )
     with _connect(server) as s:
         s.sendall(head)
         elapsed, answer = _drip(s, b'{"text": "' + b"a" * 300, every=0.25, limit=READ_TIMEOUT + 5)
     assert elapsed <= READ_TIMEOUT + 2, elapsed
     assert answer.startswith(b"HTTP/1.1 408") and b'"read_timeout"' in answer, answer
+    assert b"\r\nx-request-id: slow-1\r\n" in answer, answer  # the id its handler's log lines have
     count = lambda: server.metric("electra_requests_total", endpoint="/detect", status="408")  # noqa: E731
     wait_for(lambda: count() >= before + 1, what="the cut-off request to be counted")
     assert count() == before + 1
@@ -262,31 +268,33 @@ def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
 
 
 def test_connections_beyond_the_limit_are_refused_at_once(server):
-    idle = [_connect(server) for _ in range(LIMIT - 2)]
-    try:
-        # The server counts a connection once it has accepted it, and refuses a request once LIMIT are
-        # open, its own included: with LIMIT - 2 idle ones accepted, the metrics request is the one more
-        # it still answers. Connections after that are accepted in order, so the last two idle ones are
-        # counted before the probe arrives.
-        opened = lambda: server.metric("electra_open_connections")  # noqa: E731
-        wait_for(lambda: opened() == LIMIT - 1, what=f"{LIMIT - 2} idle connections")
-        refused = server.metric("electra_rejected_requests_total", reason="connection_limit")
-        idle += [_connect(server), _connect(server)]
-        with _connect(server) as s:
-            s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
-            answer = s.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
-        assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer but the parser's
-        assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
-        # The probes are answered still: a flood of idle connections once failed liveness too; and the
-        # metrics scrape, which shows the flood.
-        for probe in (b"/health", b"/ready", b"/metrics"):
+    """--limit-concurrency N serves N connections, the one a request came on counted (the N-th was once
+    refused too)."""
+    with server.client() as kept:  # one connection, read through: its own scrape counts no other
+        idle = [_connect(server) for _ in range(LIMIT - 2)]
+        try:
+            opened = lambda: server.metric("electra_open_connections", via=kept)  # noqa: E731
+            wait_for(lambda: opened() == LIMIT - 1, what=f"{LIMIT - 2} idle connections and the client's")
+            refused = server.metric("electra_rejected_requests_total", reason="connection_limit", via=kept)
+            # The LIMIT-th connection is served; it stays open, so the one after it is past the limit.
+            idle.append(_connect(server))
+            idle[-1].sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert idle[-1].recv(4096).startswith(b"HTTP/1.1 200")
             with _connect(server) as s:
-                s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
-                assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
-    finally:
-        for s in idle:
-            s.close()
+                s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
+                answer = s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer
+            assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer
+            assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
+            # The probes are answered still: a flood of idle connections once failed liveness too; and the
+            # metrics scrape, which shows the flood.
+            for probe in (b"/health", b"/ready", b"/metrics"):
+                with _connect(server) as s:
+                    s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+                    assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
+        finally:
+            for s in idle:
+                s.close()
 
     def below_the_limit() -> bool:
         r = httpx.get(server.url + "/metrics", timeout=10)
@@ -297,3 +305,15 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
     assert counted == refused + 1
     with server.client() as c:
         assert c.get("/health").status_code == 200
+
+
+def test_a_limit_of_one_connection_serves_that_connection(bundles_dir, tmp_path):
+    """--limit-concurrency 1 was accepted, then answered every request 503 while /ready said 200."""
+    with run_server(bundles_dir, "--limit-concurrency", "1", log_dir=tmp_path) as s, s.client() as c:
+        # The readiness polls' connections close first: then the client's is the one open.
+        wait_for(lambda: s.metric("electra_open_connections", via=c) == 1, what="one connection open")
+        assert c.get("/models").status_code == 200
+        assert c.post("/detect", json={"text": "one client, one connection"}).status_code == 200
+        with _connect(s) as other:  # a second one while the client's stays open
+            other.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert other.recv(4096).startswith(b"HTTP/1.1 503")

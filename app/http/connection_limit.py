@@ -17,13 +17,15 @@ PROBES = frozenset({"/health", "/ready", "/metrics"})
 
 
 def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
-    """`app` wrapped: a request on a connection that brings the open ones to `limit` (its own counted)
-    gets the 503, as uvicorn's limit did; every other scope passes through."""
-    message = f"the server holds its --limit-concurrency of {limit} open connections; retry shortly"
+    """`app` wrapped: a request on a connection beyond the `limit` open ones (its own counted) gets the
+    503; every other scope passes through."""
+    message = f"the server has more open connections than its --limit-concurrency of {limit}; retry shortly"
     head = ((b"retry-after", b"1"), (b"connection", b"close"))
 
     async def limited(scope, receive, send) -> None:
-        if scope["type"] != "http" or load.connections < limit or scope["path"] in PROBES:
+        # `connections` counts the one this request came on: `limit` of them are served. uvicorn's own
+        # check (`<`) served one fewer, and --limit-concurrency 1 answered every request 503.
+        if scope["type"] != "http" or load.connections <= limit or scope["path"] in PROBES:
             return await app(scope, receive, send)
         metrics.requests.labels("other", "", "503").inc()
         # Outside every middleware: the headers server.py's gives every other answer are sent here. No line

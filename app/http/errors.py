@@ -93,7 +93,7 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
             rid = request_context.incoming_id(request.scope)  # nor gave it its x-request-id
             err = _unrouted(err, request, rid, getattr(settings, "ui", False))
             if getattr(settings, "access_log", False):  # nor its access-log line (app/http/server.py)
-                log.info(
+                request_context.access_log.info(
                     "%s", request_context.access_line(request.scope, STATUS[err.type], None, "", rid.decode())
                 )
     return error_response(err)

@@ -55,7 +55,7 @@ def _only(field: str, inputs: tuple[str, ...]) -> Schema:
 
 
 # The HTTP layer refuses these on any path, before routing (app/http/protocol.py, app/http/host.py).
-_ANY_PATH = (ErrorType.INVALID_HTTP, ErrorType.HEADERS_TOO_LARGE)
+_ANY_PATH = (ErrorType.INVALID_HTTP, ErrorType.READ_TIMEOUT, ErrorType.HEADERS_TOO_LARGE)
 # A client that honours retry-after backs off as the server asks; those answers carry it.
 _RETRY_AFTER = {STATUS[ErrorType.OVERLOADED], STATUS[ErrorType.UNAVAILABLE]}
 _ERROR_BODY = "#/components/schemas/ErrorBody"
@@ -63,8 +63,8 @@ _TIMED = ("/detect", "/classify")  # answers with each stage's time (app/http/sc
 _HEADERS = {
     "x-request-id": ("string", "The client's x-request-id when it is a plain token (letters, digits, ._:-, up "
                      "to 128), else a new one. The server's log lines about the request name it. On every "
-                     "answer but the HTTP parser's (invalid_http, headers_too_large), given before the "
-                     "request's headers are read."),
+                     "answer; a new one on those given before the request's headers were read whole "
+                     "(invalid_http, read_timeout, headers_too_large)."),
     "retry-after": ("integer", "Seconds to wait before retrying, on the answers where waiting helps (a full "
                     "queue, a model loading, a server draining)."),
     "www-authenticate": ("string", "`Bearer`: the API key goes in `authorization: Bearer KEY` (or x-api-key)."),
@@ -88,12 +88,12 @@ def _describe_answers(app: Litestar) -> None:
 
 
 def _describe_operation(responses: dict, timed: bool) -> None:
-    # The answers only the HTTP parser gives (made here, not by a route): they come before any request id.
-    by_parser = {code for e in _ANY_PATH if (code := _add_error(responses, STATUS[e], e.value))}
+    for e in _ANY_PATH:  # the answers the HTTP layer gives on any path: no route documents them
+        _add_error(responses, STATUS[e], e.value)
     for code, answer in responses.items():
         if not isinstance(answer, OpenAPIResponse):
             continue
-        names = [] if code in by_parser else ["x-request-id"]
+        names = ["x-request-id"]
         if int(code) in _RETRY_AFTER and _is_error_body(answer):
             names.append("retry-after")
         if int(code) == STATUS[ErrorType.UNAUTHORIZED]:

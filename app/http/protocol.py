@@ -30,6 +30,7 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app import request_context
 from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
@@ -250,12 +251,23 @@ class _BoundedRead(HttpToolsProtocol):
 
     def _write_error(self, status: str, kind: str, msg: str) -> None:
         """An error answer written straight to the transport (no request cycle to answer through), then
-        the connection closes."""
+        the connection closes. It carries what every answer does (request_context.answer_headers)."""
         body = json.dumps({"error": {"type": kind, "message": msg, "field": None}}).encode()
         head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                f"content-length: {len(body)}\r\n\r\n")  # fmt: skip
-        self.transport.write(head.encode() + body)
+                f"content-length: {len(body)}\r\n").encode()  # fmt: skip
+        head += b"".join(
+            k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(self._answer_id())
+        )
+        self.transport.write(head + b"\r\n" + body)
         self.transport.close()
+
+    def _answer_id(self) -> bytes:
+        """The x-request-id of an answer written here: where the request's headers were read (its body or
+        trailers cut off), the id its handler and log lines have; else, the head unread, a new one."""
+        cycle = self.cycle
+        if cycle is None or cycle is not self._receiving:  # self.cycle may be an earlier, answered request
+            return request_context.new_id()
+        return cycle.scope.get("state", {}).get("request_id") or request_context.incoming_id(cycle.scope)
 
     def _timed_out(self) -> None:
         self._deadline = None

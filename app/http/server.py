@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -30,8 +29,6 @@ from app.model.bundle import discover
 from app.model.engine import providers
 from app.scheduling.registry import Registry
 from app.settings import Settings
-
-log = logging.getLogger("app")
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -186,7 +183,7 @@ def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = Fal
                 elapsed = time.perf_counter() - start
                 metrics.request_latency.labels(*labels).observe(elapsed)
                 if access_log:
-                    log.info(
+                    request_context.access_log.info(
                         "%s", request_context.access_line(scope, status, elapsed, labels[1], rid.decode())
                     )
 

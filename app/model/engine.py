@@ -184,6 +184,11 @@ class Engine:
         for i, r in enumerate(rows):
             n = len(r.ids)
             ids[i, :n], types[i, :n], mask[i, :n] = r.ids, r.type_ids, 1
+        return self.feeds(ids, mask, types)
+
+    def feeds(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, np.ndarray]:
+        """A padded batch as this graph's inputs: the ones it takes, whatever the manifest lists (the
+        load-time check feeds its rows through here too, so a bundle is checked as it is served)."""
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {k: feeds[k] for k in self.input_names}
 

@@ -29,13 +29,19 @@ def run(engine: Engine, bundle: Bundle, cpu: dict) -> dict | None:
     check = bundle.manifest.load_check
     if not check:
         return None
-    feeds = {name: np.asarray(check["inputs"][name], np.int64) for name in bundle.manifest.inputs}
-    got = engine.run(feeds)
+    # Fed as the engine feeds a batch: what the graph takes, not what the manifest lists (a bundle whose
+    # manifest named an input its graph lacks, or left one out, failed here and would have served). The
+    # check holds the inputs its export's graph took: token_type_ids it lacks are a text's zeros, and
+    # without an attention_mask every position is real.
+    given = {name: np.asarray(rows, np.int64) for name, rows in check["inputs"].items()}
+    ids = given["input_ids"]
+    mask = given.get("attention_mask", np.ones_like(ids))
+    got = engine.run(engine.feeds(ids, mask, given.get("token_type_ids", np.zeros_like(ids))))
     expected = np.asarray(check["expected"], np.float32)
     if got.shape != expected.shape:
         raise EngineCheckError(f"check output has shape {got.shape}, the bundle expects {expected.shape}")
     gate = check["gate"]
-    figures = {**deviation(got, expected, feeds["attention_mask"]), "gate": gate,
+    figures = {**deviation(got, expected, mask), "gate": gate,
                "reference": check.get("reference"), "machine": cpu}  # fmt: skip
     figures["within_gate"] = figures["p99"] <= gate["p99"] and figures["max"] <= gate["max"]
     return figures

@@ -102,6 +102,21 @@ class MemoryBudget:
     def room(self) -> int:
         return int(HEADROOM * self.limit) - self.baseline
 
+    def most_tokens(self, batch_tokens: int) -> int | None:
+        """The most model-input tokens a bulk request may have and still fit the room alone, as `reserve`
+        counts them (a request refused 413 has more); None when every size fits (one batch of
+        `batch_tokens` does: a request never reserves more)."""
+        if self.cost(batch_tokens, batch_tokens) <= self.room:
+            return None
+        if self.room < 0 or self.price <= 0:
+            return 0
+        most = int(self.room / self.price)  # then made exact against cost()'s rounding down
+        while most > 0 and self.cost(most, batch_tokens) > self.room:
+            most -= 1
+        while self.cost(most + 1, batch_tokens) <= self.room:
+            most += 1
+        return most
+
     def reserve(self, model: str, tokens: int, batch_tokens: int) -> int:
         """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
         changes once the server settles); 413 or 429 where they do not fit."""
@@ -163,13 +178,18 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
     metrics.memory.labels("limit").set(memory.limit)
     metrics.memory.labels("baseline").set(memory.baseline)
     log.info("memory: %s", memory.describe())
-    one_batch = memory.cost(settings.bulk_batch_budget, settings.bulk_batch_budget)
-    if one_batch > memory.room:
+    most = memory.most_tokens(settings.bulk_batch_budget)
+    if most is not None:
+        # A bulk request smaller than one full batch reserves less: only those past `most` get the 413.
+        interactive = settings.interactive_tokens
+        refused = (f"requests over --interactive-tokens ({interactive}) will be refused (413)" if most <= interactive
+                   else f"requests over {most} model-input tokens will be refused (413); those over "
+                        f"--interactive-tokens ({interactive}) up to {most} are served as bulk")  # fmt: skip
+        one_batch = memory.cost(settings.bulk_batch_budget, settings.bulk_batch_budget)
         log.warning("memory: one bulk batch of %d tokens (--bulk-batch-tokens, at most --batch-token-budget) "
-                    "needs about %.0f MiB, more than the %.0f MiB the limit leaves: requests over "
-                    "--interactive-tokens (%d) will be refused (413); raise the limit or lower "
-                    "--bulk-batch-tokens", settings.bulk_batch_budget, one_batch / 2**20,
-                    max(0, memory.room) / 2**20, settings.interactive_tokens)  # fmt: skip
+                    "needs about %.0f MiB, more than the %.0f MiB the limit leaves: %s; raise the limit or lower "
+                    "--bulk-batch-tokens", settings.bulk_batch_budget, one_batch / MIB,
+                    max(0, memory.room) / MIB, refused)  # fmt: skip
 
 
 def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:

@@ -187,7 +187,7 @@ class Registry:
         self.lifecycle.drain()
         # Called from a signal handler: hand over to the loop. The deadline answers what is still
         # waiting with a JSON 503 *before* uvicorn's own timeout (a little later, see __main__) would
-        # cancel those handlers and send a plain-text 500.
+        # cancel those handlers and send a plain-text 500. --graceful-timeout-s 0: no deadline at all.
         if self._loop is not None and self.settings.graceful_timeout_s > 0:
             self._loop.call_soon_threadsafe(
                 self._loop.call_later, self.settings.graceful_timeout_s, self._drain_deadline
