@@ -34,8 +34,9 @@ def new_id() -> bytes:
 
 def answer_headers(rid: bytes) -> tuple[tuple[bytes, bytes], ...]:
     """What every answer carries, routed or not (app/http/server.py's middleware, the connection limit's
-    503 outside it, the protocol's 400, 408 and 431 written before a request is read whole): its request id, so a client's log line and the server's can be matched, and nosniff,
-    so that no answer of ours is read as another type than it says (JSON as HTML)."""
+    503 outside it, the protocol's 400, 408 and 431 written before a request is read whole): its request
+    id, so a client's log line and the server's can be matched, and nosniff, so that no answer of ours is
+    read as another type than it says (JSON as HTML)."""
     return (b"x-request-id", rid), (b"x-content-type-options", b"nosniff")
 
 
