@@ -289,7 +289,7 @@ def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, sm
     pretrain(tiny(tmp_path / "run", small_corpus, "train", "--vocab-size", "10", "--eval-batches", "500",
                   "--max-steps", "2", "--eval-every", "2", "--save-every", "2"))  # fmt: skip
     err = capsys.readouterr().err
-    assert "--warmup-steps 10 is not below --max-steps 2: the learning rate never reaches" in err
+    assert "--warmup-steps 10 is above --max-steps 2: the learning rate never reaches" in err
     assert "--eval-batches 500: the held-out data makes" in err
     assert "more than --vocab-size 10" in err
 

@@ -74,8 +74,9 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
 def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
     """Settings that run, but not as their names suggest."""
     notes = []
-    if cfg.warmup_steps >= cfg.max_steps:
-        notes.append(f"--warmup-steps {cfg.warmup_steps} is not below --max-steps {cfg.max_steps}: the learning "
+    # The last step (max_steps - 1) takes (step + 1) / warmup of --lr: all of it where the two are equal.
+    if cfg.warmup_steps > cfg.max_steps:
+        notes.append(f"--warmup-steps {cfg.warmup_steps} is above --max-steps {cfg.max_steps}: the learning "
                      f"rate never reaches --lr {cfg.lr:g}")  # fmt: skip
     held_out = data.valid_batches()
     per_pass = max(1, len(held_out.dataset) // held_out.global_batch)

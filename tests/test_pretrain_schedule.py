@@ -1,0 +1,63 @@
+"""What a pretraining run's schedule and log say, and what a resume does to them: a --max-steps changed on a
+resume is said and recorded (it once changed the learning rate in silence, and config.json then claimed a
+schedule the weights never had); a recipe file's max_steps leaves a resumed run's own; a finished run
+resumed leaves its files as they were (it lost its last evaluation); a warm-up as long as the run reaches
+--lr; tokens/s counts training time only; options that change nothing are noted and may differ on a resume.
+One 10-step run, copied for each resume."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+from training.pretrain import main as pretrain
+from training.report import read_metrics
+
+try:
+    from test_pretrain_refusals import tiny
+except ImportError:  # tests/ made a package
+    from tests.test_pretrain_refusals import tiny
+
+LR = 2e-3  # configs/tiny.toml's, as its warmup_steps 10
+
+
+class Ran:
+    def __init__(self, run: Path, err: str) -> None:
+        self.run, self.err = run, err
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory, small_corpus, small_tokenizer) -> Ran:
+    """10 steps (as long as tiny.toml's warm-up), checkpoints at 5 and 10, evaluations at 4, 8 and 10 (the
+    last), each of 24 batches (long beside a step, as a real run's are); a JSONL key and a compile mode
+    given to a CPU run of a .txt corpus."""
+    run, err = tmp_path_factory.mktemp("schedule") / "run", io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        pretrain(tiny(run, small_corpus, small_tokenizer, "--max-steps", 10, "--save-every", 5, "--eval-every", 4,
+                      "--log-every", 1, "--eval-batches", 24, "--text-field", "body", "--compile-mode",
+                      "cuda-graphs"))  # fmt: skip
+    return Ran(run, err.getvalue())
+
+
+def copy_of(ran: Ran, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(ran.run, run, copy_function=shutil.copy)
+    (run / ".lock").unlink(missing_ok=True)
+    return run
+
+
+def rows(run: Path, split: str) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if r["split"] == split}
+
+
+def saved_files(run: Path) -> dict[str, bytes]:
+    return {name: (run / name).read_bytes() for name in ("metrics.jsonl", "curves.png", "config.json")}
+
+
+def test_a_warmup_as_long_as_the_run_reaches_lr_without_a_note(ran):
+    assert "never reaches" not in ran.err, ran.err
+    assert rows(ran.run, "train")[10]["lr"] == pytest.approx(LR)
