@@ -61,3 +61,12 @@ def saved_files(run: Path) -> dict[str, bytes]:
 def test_a_warmup_as_long_as_the_run_reaches_lr_without_a_note(ran):
     assert "never reaches" not in ran.err, ran.err
     assert rows(ran.run, "train")[10]["lr"] == pytest.approx(LR)
+
+
+def test_a_finished_run_resumed_leaves_its_files_as_they_were(ran, tmp_path, capsys):
+    run = copy_of(ran, tmp_path)
+    assert sorted(rows(run, "eval")) == [4, 8, 10]
+    before = saved_files(run)
+    pretrain(["--out", str(run), "--resume", "--threads", "2"])  # as_run's threads would differ
+    assert "nothing to train" in capsys.readouterr().err
+    assert saved_files(run) == before

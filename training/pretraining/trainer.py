@@ -353,7 +353,8 @@ def setup(argv: list[str] | None) -> Trainer:
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
         try:
-            save_config(cfg, run / "config.json", as_run=ran)
+            if step < cfg.max_steps:  # a finished run resumed (nothing to train) keeps its files as they were
+                save_config(cfg, run / "config.json", as_run=ran)
         except DiskFullError as e:  # before any step: nothing is lost but the start
             sys.exit(_disk_full(e))
         print(f"as run: {json.dumps(ran)}", flush=True)
@@ -422,9 +423,9 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     """The steps to --max-steps; the number of the signal that stopped it before then, else None."""
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
-    problem = None
+    problem, finished = None, t.step >= cfg.max_steps  # finished: resumed with nothing to train
     try:  # a resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows
-        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
+        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=None if finished else t.step,
                          evaluated=t.step % cfg.eval_every == 0)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
@@ -482,7 +483,8 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
             break
     bar.close()
     if env.main:
-        plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
+        if not finished:  # a finished run's curves stay as drawn
+            plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
         summary = {
             "step": t.step,
             "tokens": t.settle_tokens(),
