@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,11 @@ def test_a_finished_run_resumed_leaves_its_files_as_they_were(ran, tmp_path, cap
     pretrain(["--out", str(run), "--resume", "--threads", "2"])  # as_run's threads would differ
     assert "nothing to train" in capsys.readouterr().err
     assert saved_files(run) == before
+
+
+def test_tokens_per_s_leaves_out_evaluation_and_checkpoint_time(ran):
+    """The step after an evaluation (4, 8) or a save (5) was counted with its time: a quarter of the rate."""
+    tps = {step: r["tokens_per_s"] for step, r in rows(ran.run, "train").items()}
+    after = {5, 6, 9}
+    usual = statistics.median(v for step, v in tps.items() if step not in after and step > 1)
+    assert all(tps[step] > 0.4 * usual for step in after), " ".join(f"{s}:{v:.0f}" for s, v in tps.items())

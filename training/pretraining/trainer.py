@@ -174,9 +174,9 @@ class Trainer:
         self.step += 1
         return sums, norm
 
-    def evaluate_and_save(self, log: MetricsLog, done: bool, stopped: bool = False) -> None:
+    def evaluate_and_save(self, log: MetricsLog, done: bool, stopped: bool = False) -> bool:
         """Evaluate and save on schedule; at the end of the run (`done`) both; on a stop by a signal,
-        save only, at once."""
+        save only, at once. Whether it did either."""
         cfg, env, step = self.cfg, self.env, self.step
         saving = step % cfg.save_every == 0 or done or stopped
         # Evaluation draws from its own seeded generators, not these. Every rank takes part in the gather:
@@ -212,6 +212,7 @@ class Trainer:
             reseed(cfg, env.rank, step)
         if self.evals_step == step and env.main:  # said after the save: the save matters more than the line
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
+        return saving or self.evals_step == step
 
 
 def setup(argv: list[str] | None) -> Trainer:
@@ -470,7 +471,12 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
             late, signalled = env.agree_max(late, signalled) if logging_now else (False, 0)
         # One signal for every rank (the agreed one), and none once the time cap ends the run anyway.
         stopped_by = int(signalled) if signalled and not late and t.step < cfg.max_steps else None
-        t.evaluate_and_save(log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None)
+        if t.evaluate_and_save(
+            log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None
+        ):
+            # tokens/s is training's: the window starts again after an evaluation or a save (which waited
+            # for the device), not to count them as a quarter of the rate at the next log.
+            window_t, window_start = time.time(), t.settle_tokens()
         if late:
             if env.main and t.step < cfg.max_steps:  # saved, and not finished: a plain exit 0 looked finished
                 tqdm.write(time_cap_stop(t, env.launch_command), file=sys.stderr)
