@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 import statistics
 from pathlib import Path
 
 import pytest
 
+from training.optim import linear_schedule
 from training.pretrain import main as pretrain
 from training.report import read_metrics
 
 try:
-    from test_pretrain_refusals import tiny
+    from test_pretrain_refusals import REPO, tiny
 except ImportError:  # tests/ made a package
-    from tests.test_pretrain_refusals import tiny
+    from tests.test_pretrain_refusals import REPO, tiny
 
 LR = 2e-3  # configs/tiny.toml's, as its warmup_steps 10
 
@@ -79,3 +81,38 @@ def test_tokens_per_s_leaves_out_evaluation_and_checkpoint_time(ran):
     after = {5, 6, 9}
     usual = statistics.median(v for step, v in tps.items() if step not in after and step > 1)
     assert all(tps[step] > 0.4 * usual for step in after), " ".join(f"{s}:{v:.0f}" for s, v in tps.items())
+
+
+def test_max_steps_changed_on_a_resume_is_said_and_recorded(ran, tmp_path, capsys):
+    run = copy_of(ran, tmp_path)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "12"])
+    err = capsys.readouterr().err
+    new_lr = LR * linear_schedule(10, 12, 10)
+    said = (f"--max-steps 12 replaces the run's 10 from step 11: the learning rate at step 11 is {new_lr:.3g} (a "
+            f"12-step schedule), not 0 (the 10-step schedule's, which ended at step 10 with {LR:.3g})")  # fmt: skip
+    assert said in err, err
+    assert rows(run, "train")[11]["lr"] == pytest.approx(new_lr)
+    change = [{"step": 10, "from": 10, "to": 12}]
+    state = json.loads((run / "checkpoints" / "step-00000012" / "trainer_state.json").read_text())
+    assert state["as_run"]["schedule_changes"] == change
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["max_steps"] == 12 and saved["as_run"]["schedule_changes"] == change
+    assert 10 in rows(run, "eval")  # the 10-step schedule's last evaluation stays: it measured these weights
+
+    # Its options given again as --config make a 12-step schedule throughout, which the run never had.
+    from training.pretraining.run_config import replay_notes, resolve_config
+
+    again, _ = resolve_config(["--config", str(run / "config.json"), "--out", str(tmp_path / "again")])
+    (note,) = replay_notes(again)
+    assert "changed its --max-steps on a resume (10 to 12 at step 10)" in note, note
+
+
+def test_a_recipe_files_max_steps_leaves_a_resumed_runs_own(ran, tmp_path, capsys):
+    """Resumed with the recipe it started from, a run took the file's max_steps (60) for its own 10."""
+    run = copy_of(ran, tmp_path)
+    recipe = str(REPO / "configs" / "tiny.toml")
+    pretrain(["--config", recipe, "--out", str(run), "--resume", "--save-every", "5"])
+    err = capsys.readouterr().err
+    assert f"{recipe} sets max_steps 60; the resumed run keeps its own 10 (--max-steps 60 changes it)" in err
+    assert "nothing to train" in err
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 10

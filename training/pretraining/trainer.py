@@ -53,8 +53,18 @@ from training.pretraining.resume import (
     restore,
     save,
     saved_quantization,
+    schedule_change,
+    schedule_change_note,
+    schedule_changes,
 )
-from training.pretraining.run_config import as_run, inert_notes, resolve_config, save_config, schedule_notes
+from training.pretraining.run_config import (
+    as_run,
+    inert_notes,
+    replay_notes,
+    resolve_config,
+    save_config,
+    schedule_notes,
+)
 from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
 from training.progress import progress_bar
 from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
@@ -263,7 +273,7 @@ def setup(argv: list[str] | None) -> Trainer:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
-        for note in inert_notes(cfg):
+        for note in inert_notes(cfg) + replay_notes(cfg):
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
@@ -330,6 +340,8 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.main:
             print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
                   + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip
+            if change := schedule_change(resumed, cfg.max_steps):
+                print(f"note: {schedule_change_note(cfg, change)}", file=sys.stderr, flush=True)
             if step >= cfg.max_steps:
                 print(f"note: step {step} is already at --max-steps {cfg.max_steps}: nothing to train; give a larger "
                       "--max-steps to go on", file=sys.stderr, flush=True)  # fmt: skip
@@ -350,6 +362,8 @@ def setup(argv: list[str] | None) -> Trainer:
     matmuls = matmul_precision(env.device, cfg.tf32)
     capacity = corruption.capacity(cfg.batch_size, cfg.seq_len)
     ran = as_run(cfg, env, data, objective, warm, compiled, use_bf16, capacity)
+    if resumed and (changes := schedule_changes(resumed, cfg.max_steps)):
+        ran["schedule_changes"] = changes
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
@@ -425,9 +439,12 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
     problem, finished = None, t.step >= cfg.max_steps  # finished: resumed with nothing to train
-    try:  # a resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows
+    # A resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows; the
+    # last of a schedule that ended here (a longer --max-steps now) stays, as it measured these weights.
+    ended = any(c["step"] == c["from"] == t.step for c in t.as_run.get("schedule_changes", ()))
+    try:
         log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=None if finished else t.step,
-                         evaluated=t.step % cfg.eval_every == 0)  # fmt: skip
+                         evaluated=t.step % cfg.eval_every == 0 or ended)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
     if env.agree(problem is not None):
