@@ -116,3 +116,14 @@ def test_a_recipe_files_max_steps_leaves_a_resumed_runs_own(ran, tmp_path, capsy
     assert f"{recipe} sets max_steps 60; the resumed run keeps its own 10 (--max-steps 60 changes it)" in err
     assert "nothing to train" in err
     assert json.loads((run / "config.json").read_text())["max_steps"] == 10
+
+
+def test_options_that_change_nothing_are_noted_and_may_differ_on_a_resume(ran, tmp_path, capsys):
+    assert "--text-field sets text_field 'body', which changes nothing: the corpus has no .jsonl" in ran.err
+    assert (
+        "--compile-mode sets compile_mode 'cuda-graphs', which changes nothing: the step is not compiled"
+        in ran.err
+    )
+    run = copy_of(ran, tmp_path)
+    pretrain(["--out", str(run), "--resume", "--text-field", "text"])  # was refused as another corpus
+    assert "nothing to train" in capsys.readouterr().err

@@ -353,6 +353,20 @@ def _corpus_files(path: Path) -> list[Path]:
     return [path]
 
 
+def reads_jsonl(source: str) -> bool:
+    """Whether a --corpus has .jsonl files (whose key for the text --text-field names); True where a path of
+    it cannot be listed here (a resumed run's corpus not on this machine): the option may then matter."""
+    for part in (p.strip() for p in source.split(",")):
+        if not part or part in REGISTRY_CORPORA:
+            continue
+        try:
+            if any(f.name.endswith(JSONL_SUFFIXES) for f in _corpus_files(Path(part).expanduser())):
+                return True
+        except CorpusError:
+            return True
+    return False
+
+
 def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text") -> Iterator[str]:
     """All documents under a user path, in a fixed order.
 

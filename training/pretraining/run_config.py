@@ -45,11 +45,12 @@ def save_config(cfg: PretrainConfig, path: Path, as_run: dict | None = None) -> 
         raise
 
 
-def inert_notes(cfg: PretrainConfig) -> list[str]:
-    """Options given (by a flag, a --config file, the environment) that this run does not use."""
+def inert_notes(cfg: PretrainConfig, compiled: bool) -> list[str]:
+    """Options given (by a flag, a --config file, the environment) that this run does not use (`compiled`:
+    whether its step is)."""
     given, defaults = options.sources(cfg), {f.name: f.default for f in dataclasses.fields(cfg)}
     return [f"{given[name]} sets {name} {getattr(cfg, name)!r}, which changes nothing: {why}"
-            for name, why in inert_options(options.as_dict(cfg)).items()
+            for name, why in inert_options(options.as_dict(cfg), compiled).items()
             if name in given and given[name] != "the saved config" and getattr(cfg, name) != defaults[name]]  # fmt: skip
 
 

@@ -269,11 +269,18 @@ def setup(argv: list[str] | None) -> Trainer:
         options.usage_exit(f"error: {problem}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
+    # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
+    # two graphs). Request-shaped rows are trimmed to each batch's longest, a new shape for every length,
+    # each a compilation of its own: those train eager unless --compile says otherwise.
+    compiled = (
+        cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
+    )
     if env.main:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
-        for note in inert_notes(cfg) + replay_notes(cfg):
+        for note in inert_notes(cfg, compiled) + replay_notes(cfg):
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
@@ -346,13 +353,6 @@ def setup(argv: list[str] | None) -> Trainer:
                 print(f"note: step {step} is already at --max-steps {cfg.max_steps}: nothing to train; give a larger "
                       "--max-steps to go on", file=sys.stderr, flush=True)  # fmt: skip
 
-    # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
-    # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
-    # two graphs). Request-shaped rows are trimmed to each batch's longest, a new shape for every length,
-    # each a compilation of its own: those train eager unless --compile says otherwise.
-    compiled = (
-        cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
-    )
     model = torch.compile(objective, mode=COMPILE_MODES[cfg.compile_mode]) if compiled else objective
     if env.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
