@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -292,6 +293,18 @@ def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, sm
     assert "--warmup-steps 10 is above --max-steps 2: the learning rate never reaches" in err
     assert "--eval-batches 500: the held-out data makes" in err
     assert "more than --vocab-size 10" in err
+    # Each pass over the corpus has its bar, one after another: tokenizing sat at "0doc" through the
+    # held-out split's hashing, and counting the vocabulary's words showed nothing.
+    bars = [line.rsplit(": ", 1)[0] for line in err.splitlines() if re.search(r": \d+doc \[", line)]
+    held_out = f"choosing held-out documents of {small_corpus.name}"
+    assert [b for i, b in enumerate(bars) if bars[i - 1 : i] != [b]] == [
+        held_out,
+        "counting words for the vocabulary",
+        held_out,
+        "tokenizing train",
+        held_out,
+        "tokenizing valid",
+    ], bars
 
 
 def test_a_run_saved_before_a_recipe_check_resumes_as_it_trained():

@@ -464,20 +464,22 @@ def read_corpus(
     *,
     text_field: str = "text",
     valid_fraction: float = 0.01,
+    progress: bool = False,
 ) -> Iterator[str]:
     """Documents of ``split`` from a registry corpus name (``wikitext2``) or a user path.
 
     For user paths, ``valid`` is the ~``valid_fraction`` of documents whose text hashes lowest, and never
     empty: if no document falls under the threshold (tiny corpora), the lowest-hashing one is held out.
-    A corpus needs at least 2 documents. Costs one extra hashing pass over the files.
+    A corpus needs at least 2 documents. Costs one extra hashing pass over the files, shown as a progress
+    bar with ``progress``.
     """
     if "," in source:  # several corpora: one after the other
         parts = [p.strip() for p in source.split(",") if p.strip()]
         # Each checked now (a bad path, a split it lacks), as one alone is; each read only when iterated.
-        readers = [read_corpus(p, split, data_dir, text_field=text_field, valid_fraction=valid_fraction)
-                   for p in parts]  # fmt: skip
+        readers = [read_corpus(p, split, data_dir, text_field=text_field, valid_fraction=valid_fraction,
+                               progress=progress) for p in parts]  # fmt: skip
         if sum(p not in REGISTRY_CORPORA for p in parts) > 1:
-            return _listed(parts, readers, split, text_field, valid_fraction)
+            return _listed(parts, readers, split, text_field, valid_fraction, progress)
         return (doc for reader in readers for doc in reader)
     if source in REGISTRY_CORPORA:
         splits = REGISTRY_CORPORA[source]
@@ -504,7 +506,7 @@ def read_corpus(
     if not 0.0 < valid_fraction < 1.0:
         raise CorpusError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
     _corpus_files(Path(source).expanduser())  # fail now, not at first iteration, on a bad path
-    return _user_split(source, split, text_field, valid_fraction)
+    return _user_split(source, split, text_field, valid_fraction, progress)
 
 
 class _Hashes(NamedTuple):
@@ -521,13 +523,19 @@ class _Hashes(NamedTuple):
         return self.count >= 2 and self.at_lowest != self.count
 
 
-def _hashes(source: str, text_field: str, valid_fraction: float) -> _Hashes:
+def _hashes(source: str, text_field: str, valid_fraction: float, progress: bool) -> _Hashes:
     # Only counts, so memory stays flat however large the corpus.
+    from training.progress import progress_bar
+
     count, below, lowest, at_lowest = 0, 0, 1.0, 0
-    for text in iter_text_documents(source, text_field=text_field):
-        h = _unit_hash(text)
-        count, below = count + 1, below + (h < valid_fraction)
-        lowest, at_lowest = (h, 1) if h < lowest else (lowest, at_lowest + (h == lowest))
+    with progress_bar(
+        desc=f"choosing held-out documents of {Path(source).name}", unit="doc", disable=not progress
+    ) as bar:
+        for text in iter_text_documents(source, text_field=text_field):
+            h = _unit_hash(text)
+            count, below = count + 1, below + (h < valid_fraction)
+            lowest, at_lowest = (h, 1) if h < lowest else (lowest, at_lowest + (h == lowest))
+            bar.update(1)
     return _Hashes(count, below, lowest, at_lowest)
 
 
@@ -564,19 +572,21 @@ def _held_out(source: str, split: str, text_field: str, cut: float) -> Iterator[
             yield text
 
 
-def _user_split(source: str, split: str, text_field: str, valid_fraction: float) -> Iterator[str]:
-    h = _hashes(source, text_field, valid_fraction)
+def _user_split(
+    source: str, split: str, text_field: str, valid_fraction: float, progress: bool
+) -> Iterator[str]:
+    h = _hashes(source, text_field, valid_fraction, progress)
     yield from _held_out(source, split, text_field, _cut(source, h, split, valid_fraction))
 
 
-def _listed(parts: list[str], readers: list[Iterator[str]], split: str, text_field: str,
-            valid_fraction: float) -> Iterator[str]:  # fmt: skip
+def _listed(parts: list[str], readers: list[Iterator[str]], split: str, text_field: str, valid_fraction: float,
+            progress: bool) -> Iterator[str]:  # fmt: skip
     """The documents of a --corpus list of several of the user's files or directories. Each is split on its
     own where each can be, as lists have always been (a run made from one resumes on the same rows);
     where one cannot (a file of one document), they are split as one corpus, as a directory of the same
     files is. Registry corpora keep their own splits (`readers`) either way."""
     own = [p for p in parts if p not in REGISTRY_CORPORA]
-    hashes = [_hashes(p, text_field, valid_fraction) for p in own]
+    hashes = [_hashes(p, text_field, valid_fraction, progress) for p in own]
     if all(h.splits for h in hashes):
         cuts = {p: _cut(p, h, split, valid_fraction) for p, h in zip(own, hashes, strict=True)}
     else:
