@@ -355,6 +355,28 @@ def test_user_split_is_deterministic_disjoint_and_never_empty(tmp_path):
         list(read_corpus(str(tmp_path / "one.txt"), "valid"))
 
 
+def test_a_list_of_files_one_of_which_cannot_be_split_alone_splits_as_their_directory(tmp_path):
+    """--corpus big.txt,one.txt was refused for one.txt's single document (each file was split on its own,
+    and the message said to edit it), where a directory of the same files trains. A list whose files each
+    split alone keeps each one's split: the runs made from it resume on the same rows."""
+    folder, other = tmp_path / "folder", tmp_path / "other"
+    folder.mkdir(), other.mkdir()
+    (folder / "big.txt").write_text("\n\n".join(f"document number {i}" for i in range(300)))
+    (folder / "one.txt").write_text("a single document")
+    listed = f"{folder / 'big.txt'},{folder / 'one.txt'}"
+    for split in ("train", "valid"):
+        assert list(read_corpus(listed, split)) == list(read_corpus(str(folder), split))
+    (other / "two.txt").write_text("first of two\n\nsecond of two")  # alone: one of them held out
+    listed = f"{folder / 'big.txt'},{other / 'two.txt'}"
+    for split in ("train", "valid"):
+        alone = [d for p in (folder / "big.txt", other / "two.txt") for d in read_corpus(str(p), split)]
+        assert list(read_corpus(listed, split)) == alone
+    shutil.copy(folder / "big.txt", other)  # split as one corpus, two.txt's texts would both train
+    assert list(read_corpus(listed, "valid")) != list(read_corpus(str(other), "valid"))
+    with pytest.raises(CorpusError, match="are all the same text"):
+        list(read_corpus(f"{folder / 'one.txt'},{folder / 'one.txt'}", "valid"))
+
+
 # --- tokenizers -------------------------------------------------------------------------------------
 
 

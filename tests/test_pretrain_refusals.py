@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -289,9 +290,21 @@ def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, sm
     pretrain(tiny(tmp_path / "run", small_corpus, "train", "--vocab-size", "10", "--eval-batches", "500",
                   "--max-steps", "2", "--eval-every", "2", "--save-every", "2"))  # fmt: skip
     err = capsys.readouterr().err
-    assert "--warmup-steps 10 is not below --max-steps 2: the learning rate never reaches" in err
+    assert "--warmup-steps 10 is above --max-steps 2: the learning rate never reaches" in err
     assert "--eval-batches 500: the held-out data makes" in err
     assert "more than --vocab-size 10" in err
+    # Each pass over the corpus has its bar, one after another: tokenizing sat at "0doc" through the
+    # held-out split's hashing, and counting the vocabulary's words showed nothing.
+    bars = [line.rsplit(": ", 1)[0] for line in err.splitlines() if re.search(r": \d+doc \[", line)]
+    held_out = f"choosing held-out documents of {small_corpus.name}"
+    assert [b for i, b in enumerate(bars) if bars[i - 1 : i] != [b]] == [
+        held_out,
+        "counting words for the vocabulary",
+        held_out,
+        "tokenizing train",
+        held_out,
+        "tokenizing valid",
+    ], bars
 
 
 def test_a_run_saved_before_a_recipe_check_resumes_as_it_trained():
@@ -426,7 +439,8 @@ def test_the_saved_config_says_what_ran_and_options_that_change_nothing_are_note
     (run / "config.json").write_text(json.dumps({**saved, "lowercase": False, "vocab_size": 2000}))
     pretrain(["--out", str(run), "--resume", "--max-steps", "3", "--sentence-rows", "0.4"])  # nothing changed
     resumed = json.loads((run / "config.json").read_text())
-    assert resumed["as_run"] == ran and resumed["lowercase"] is True and resumed["vocab_size"] == 1000
+    assert resumed["as_run"] == {**ran, "schedule_changes": [{"step": 2, "from": 2, "to": 3}]}
+    assert resumed["lowercase"] is True and resumed["vocab_size"] == 1000
 
     # The generator comes with --init RUN: --generator-fraction cannot size it.
     with pytest.raises(SystemExit, match=r"--generator-fraction sets generator_fraction 1.0, and the generator "

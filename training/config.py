@@ -405,10 +405,17 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError("--init-generator: only for --objective electra (mlm trains no generator)")
 
 
-def inert_options(values: dict) -> dict[str, str]:
+def inert_options(values: dict, compiled: bool | None = None) -> dict[str, str]:
     """Pretraining options that change nothing given the others (`values`: a config as JSON, saved or
-    resolved), with why: the start notes any given one; a resume lets them differ, as they trained nothing."""
+    resolved; `compiled`: whether the step is, where known), with why: the start notes any given one; a
+    resume lets them differ, as they trained nothing."""
+    from training.data.corpus import reads_jsonl
+
     why = {}
+    if compiled is False or values.get("compile") is False:
+        why["compile_mode"] = "the step is not compiled (--compile: by default only on CUDA, for packed rows)"
+    if values.get("corpus") and not reads_jsonl(values["corpus"]):
+        why["text_field"] = "the corpus has no .jsonl files, whose key for the text it names"
     if values.get("rows") == "packed":
         for name in ("sentence_rows", "few_sentence_rows"):
             why[name] = "it shapes request rows (--rows requests), and this run packs its rows"

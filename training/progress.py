@@ -5,7 +5,9 @@ and the whole bar: a 1,500-step run left 720 of them in 78 lines. There, a line 
 
 from __future__ import annotations
 
+import itertools
 import sys
+from collections.abc import Iterable, Iterator
 
 from tqdm import tqdm
 
@@ -38,3 +40,15 @@ def progress_bar(**kwargs) -> tqdm:
     if stream.isatty():
         return tqdm(file=stream, dynamic_ncols=True, **kwargs)
     return tqdm(file=_Lines(stream), mininterval=LOG_EVERY_S, ncols=120, **kwargs)
+
+
+def started(items: Iterable) -> Iterator:
+    """`items` with its first item already drawn. A bar over a generator that first reads its whole source
+    (a user corpus's held-out split hashes every document, under a bar of its own) opens after that pass,
+    not at 0 for its whole length."""
+    items = iter(items)
+    first = next(items, _NOTHING)
+    return items if first is _NOTHING else itertools.chain([first], items)
+
+
+_NOTHING = object()

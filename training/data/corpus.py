@@ -26,6 +26,7 @@ import sys
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from training.data.more_corpora import iter_gcide_definitions, iter_trec_questions, iter_wordnet_glosses
 from training.data.registry import fetch
@@ -353,6 +354,20 @@ def _corpus_files(path: Path) -> list[Path]:
     return [path]
 
 
+def reads_jsonl(source: str) -> bool:
+    """Whether a --corpus has .jsonl files (whose key for the text --text-field names); True where a path of
+    it cannot be listed here (a resumed run's corpus not on this machine): the option may then matter."""
+    for part in (p.strip() for p in source.split(",")):
+        if not part or part in REGISTRY_CORPORA:
+            continue
+        try:
+            if any(f.name.endswith(JSONL_SUFFIXES) for f in _corpus_files(Path(part).expanduser())):
+                return True
+        except CorpusError:
+            return True
+    return False
+
+
 def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text") -> Iterator[str]:
     """All documents under a user path, in a fixed order.
 
@@ -449,17 +464,22 @@ def read_corpus(
     *,
     text_field: str = "text",
     valid_fraction: float = 0.01,
+    progress: bool = False,
 ) -> Iterator[str]:
     """Documents of ``split`` from a registry corpus name (``wikitext2``) or a user path.
 
     For user paths, ``valid`` is the ~``valid_fraction`` of documents whose text hashes lowest, and never
     empty: if no document falls under the threshold (tiny corpora), the lowest-hashing one is held out.
-    A corpus needs at least 2 documents. Costs one extra hashing pass over the files.
+    A corpus needs at least 2 documents. Costs one extra hashing pass over the files, shown as a progress
+    bar with ``progress``.
     """
-    if "," in source:  # several corpora: each one's split, one after the other
+    if "," in source:  # several corpora: one after the other
         parts = [p.strip() for p in source.split(",") if p.strip()]
-        readers = [read_corpus(p, split, data_dir, text_field=text_field, valid_fraction=valid_fraction)
-                   for p in parts]  # fmt: skip
+        # Each checked now (a bad path, a split it lacks), as one alone is; each read only when iterated.
+        readers = [read_corpus(p, split, data_dir, text_field=text_field, valid_fraction=valid_fraction,
+                               progress=progress) for p in parts]  # fmt: skip
+        if sum(p not in REGISTRY_CORPORA for p in parts) > 1:
+            return _listed(parts, readers, split, text_field, valid_fraction, progress)
         return (doc for reader in readers for doc in reader)
     if source in REGISTRY_CORPORA:
         splits = REGISTRY_CORPORA[source]
@@ -486,31 +506,90 @@ def read_corpus(
     if not 0.0 < valid_fraction < 1.0:
         raise CorpusError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
     _corpus_files(Path(source).expanduser())  # fail now, not at first iteration, on a bad path
-    return _user_split(source, split, text_field, valid_fraction)
+    return _user_split(source, split, text_field, valid_fraction, progress)
 
 
-def _user_split(source: str, split: str, text_field: str, valid_fraction: float) -> Iterator[str]:
-    # First pass: only counts, so memory stays flat however large the corpus.
+class _Hashes(NamedTuple):
+    """A user corpus's documents as the held-out split counts them: how many, how many hash below the
+    held-out share, the lowest hash and how many documents have it."""
+
+    count: int
+    below: int
+    lowest: float
+    at_lowest: int
+
+    @property
+    def splits(self) -> bool:
+        return self.count >= 2 and self.at_lowest != self.count
+
+
+def _hashes(source: str, text_field: str, valid_fraction: float, progress: bool) -> _Hashes:
+    # Only counts, so memory stays flat however large the corpus.
+    from training.progress import progress_bar
+
     count, below, lowest, at_lowest = 0, 0, 1.0, 0
-    for text in iter_text_documents(source, text_field=text_field):
-        h = _unit_hash(text)
-        count, below = count + 1, below + (h < valid_fraction)
-        lowest, at_lowest = (h, 1) if h < lowest else (lowest, at_lowest + (h == lowest))
-    if count < 2:
+    with progress_bar(
+        desc=f"choosing held-out documents of {Path(source).name}", unit="doc", disable=not progress
+    ) as bar:
+        for text in iter_text_documents(source, text_field=text_field):
+            h = _unit_hash(text)
+            count, below = count + 1, below + (h < valid_fraction)
+            lowest, at_lowest = (h, 1) if h < lowest else (lowest, at_lowest + (h == lowest))
+            bar.update(1)
+    return _Hashes(count, below, lowest, at_lowest)
+
+
+def _joined(parts: list[_Hashes]) -> _Hashes:
+    """The counts of several corpora's documents taken as one corpus's."""
+    lowest = min(h.lowest for h in parts)
+    return _Hashes(sum(h.count for h in parts), sum(h.below for h in parts), lowest,
+                   sum(h.at_lowest for h in parts if h.lowest == lowest))  # fmt: skip
+
+
+def _cut(source: str, h: _Hashes, split: str, valid_fraction: float) -> float:
+    """The hash below which a document is held out."""
+    if h.count < 2:
         raise CorpusError(
-            f"{source} holds {count} document(s); at least 2 are needed to hold one out for "
+            f"{source} holds {h.count} document(s); at least 2 are needed to hold one out for "
             f"validation (separate documents with a blank line)"
         )
-    if at_lowest == count:  # the split goes by each text's hash: copies of one text go to one side
-        raise CorpusError(f"{source}: its {count} documents are all the same text; at least 2 different ones are "
+    if not h.splits:  # the split goes by each text's hash: copies of one text go to one side
+        raise CorpusError(f"{source}: its {h.count} documents are all the same text; at least 2 different ones are "
                           "needed to hold one out for validation")  # fmt: skip
     # Tiny corpora (no document, or every one, under the threshold): hold out the lowest-hashing
     # document so neither split is empty. Still deterministic: it depends only on the texts.
-    cut = valid_fraction if 0 < below < count else math.nextafter(lowest, 2.0)
-    if cut != valid_fraction and at_lowest > 1 and split == "train":
-        print(f"note: {source}: {at_lowest} of its {count} documents are held out for validation: copies of the one "
-              "text held out (copies of a text always go to the same side)", file=sys.stderr, flush=True)  # fmt: skip
+    cut = valid_fraction if 0 < h.below < h.count else math.nextafter(h.lowest, 2.0)
+    if cut != valid_fraction and h.at_lowest > 1 and split == "train":
+        print(f"note: {source}: {h.at_lowest} of its {h.count} documents are held out for validation: copies of the "
+              "one text held out (copies of a text always go to the same side)", file=sys.stderr, flush=True)  # fmt: skip
+    return cut
+
+
+def _held_out(source: str, split: str, text_field: str, cut: float) -> Iterator[str]:
     want_valid = split == "valid"
     for text in iter_text_documents(source, text_field=text_field):
         if (_unit_hash(text) < cut) == want_valid:
             yield text
+
+
+def _user_split(
+    source: str, split: str, text_field: str, valid_fraction: float, progress: bool
+) -> Iterator[str]:
+    h = _hashes(source, text_field, valid_fraction, progress)
+    yield from _held_out(source, split, text_field, _cut(source, h, split, valid_fraction))
+
+
+def _listed(parts: list[str], readers: list[Iterator[str]], split: str, text_field: str, valid_fraction: float,
+            progress: bool) -> Iterator[str]:  # fmt: skip
+    """The documents of a --corpus list of several of the user's files or directories. Each is split on its
+    own where each can be, as lists have always been (a run made from one resumes on the same rows);
+    where one cannot (a file of one document), they are split as one corpus, as a directory of the same
+    files is. Registry corpora keep their own splits (`readers`) either way."""
+    own = [p for p in parts if p not in REGISTRY_CORPORA]
+    hashes = [_hashes(p, text_field, valid_fraction, progress) for p in own]
+    if all(h.splits for h in hashes):
+        cuts = {p: _cut(p, h, split, valid_fraction) for p, h in zip(own, hashes, strict=True)}
+    else:
+        cuts = dict.fromkeys(own, _cut(",".join(own), _joined(hashes), split, valid_fraction))
+    for part, reader in zip(parts, readers, strict=True):
+        yield from _held_out(part, split, text_field, cuts[part]) if part in cuts else reader

@@ -255,7 +255,7 @@ def _reusable(out: Path, sha: str, seq_len: int, layout: str, source: str | None
 def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, batch_size: int,
                 mix: RowMix | None) -> ShardInfo:  # fmt: skip
     """Tokenize the documents into rows in tmp/tokens.bin; the ShardInfo describing them."""
-    from training.progress import progress_bar
+    from training.progress import progress_bar, started
 
     ids = special_ids(tok)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -264,6 +264,7 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
               else _Packer(seq_len, ids.cls, ids.sep, ids.pad, dtype))  # fmt: skip
     n_docs = n_tokens = n_rows = 0
     total = len(documents) if hasattr(documents, "__len__") else None  # type: ignore[arg-type]
+    documents = started(documents)
     with open(tmp / TOKENS_FILE, "wb") as raw, progress_bar(total=total, desc=desc, unit="doc") as bar:
         f = _Digesting(raw)
         for batch in _batched(documents, batch_size):

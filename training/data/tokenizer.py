@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -105,7 +106,7 @@ def train_wordpiece(
             f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
         )
     tok = _configure(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
-    words = _count_words(tok, texts)
+    words = _count_words(tok, texts, show_progress)
     # limit_alphabet's own cut sorts equal counts in hash order: cut here (ties by code point) and
     # hand the trainer exactly the kept characters.
     chars: Counter[str] = Counter()
@@ -126,7 +127,8 @@ def train_wordpiece(
         limit_alphabet=len(alphabet),
         initial_alphabet=alphabet,
         continuing_subword_prefix="##",
-        show_progress=show_progress,
+        # The trainer's own bars (Rust's): on a terminal only, where they redraw in place.
+        show_progress=show_progress and sys.stderr.isatty(),
     )
     # Train on the words themselves (already normalized and split by `tok`) so that the suffixes
     # above are computed from exactly what the trainer sees.
@@ -143,14 +145,20 @@ def train_wordpiece(
     return _add_post_processor(tok)
 
 
-def _count_words(tok: Tokenizer, texts: Iterable[str]) -> Counter[str]:
+def _count_words(tok: Tokenizer, texts: Iterable[str], show_progress: bool) -> Counter[str]:
     """How often each word occurs once ``tok`` has normalized and pre-tokenized ``texts``, as the
     trainer counts them, but in Python: the trainer's own count is a hash map whose (per-process
-    random) order decides ids and ties, see :func:`train_wordpiece`."""
+    random) order decides ids and ties, see :func:`train_wordpiece`. The pass over the corpus: the
+    longest part of training a vocabulary."""
+    from training.progress import progress_bar, started
+
     normalize, split = tok.normalizer.normalize_str, tok.pre_tokenizer.pre_tokenize_str
     words: Counter[str] = Counter()
-    for text in texts:
-        words.update(w for w, _ in split(normalize(text)))
+    texts = started(texts) if show_progress else texts
+    with progress_bar(desc="counting words for the vocabulary", unit="doc", disable=not show_progress) as bar:
+        for text in texts:
+            words.update(w for w, _ in split(normalize(text)))
+            bar.update(1)
     return words
 
 

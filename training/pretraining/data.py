@@ -52,7 +52,7 @@ class PretrainingData(NamedTuple):
 def _documents(cfg, split: str):
     """The corpus's documents, opened only when read: shards already built the same way (carried to an
     offline machine: benchmarks/gpucheck/detector.py) are reused without the corpus files being there."""
-    yield from read_corpus(cfg.corpus, split, data_dir=cfg.data_dir, **_user_options(cfg))
+    yield from read_corpus(cfg.corpus, split, data_dir=cfg.data_dir, progress=True, **_user_options(cfg))
 
 
 def _user_options(cfg) -> dict:
@@ -97,8 +97,8 @@ def corpus_tokenizer(corpus: str, vocab_size: int, lowercase: bool, data_dir: st
 
     def train() -> Tokenizer:
         print(f"training a {vocab_size}-token WordPiece vocabulary on {corpus} ...", flush=True)
-        docs = read_corpus(corpus, "train", data_dir=data_dir, **user_options)
-        return train_wordpiece(docs, vocab_size=vocab_size, lowercase=lowercase)
+        docs = read_corpus(corpus, "train", data_dir=data_dir, progress=True, **user_options)
+        return train_wordpiece(docs, vocab_size=vocab_size, lowercase=lowercase, show_progress=True)
 
     return derived.trained_tokenizer(corpus, vocab_size, lowercase, train)
 

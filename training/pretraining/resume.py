@@ -17,6 +17,7 @@ from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.config import PretrainConfig, absolute_paths, inert_options
 from training.data.tokenizer import TOKENIZER_FILES, copy_tokenizer
+from training.optim import linear_schedule
 from training.pretraining.distributed import Dist
 from training.pretraining.stopping import RNG_FILE
 
@@ -167,6 +168,35 @@ def check_resume_point(run: Path, env: Dist, max_steps: int) -> dict:
         _refuse(env, f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
                      f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
     return state
+
+
+def schedule_change(state: dict, max_steps: int) -> dict | None:
+    """The --max-steps change a resume from the checkpoint (its trainer_state.json) makes, if it makes one:
+    from that step on the learning rate follows another schedule, so the run is neither the uninterrupted
+    run of its first --max-steps nor one of its new."""
+    then = (state.get("config") or {}).get("max_steps", max_steps)
+    return {"step": state["step"], "from": then, "to": max_steps} if then != max_steps else None
+
+
+def schedule_changes(state: dict, max_steps: int) -> list[dict]:
+    """Every --max-steps change of the run, this resume's last. Saved in as_run (config.json, each
+    checkpoint, a bundle's manifest) so that none of them claims one schedule for the weights."""
+    change = schedule_change(state, max_steps)
+    return [*(state.get("as_run") or {}).get("schedule_changes", []), *([change] if change else [])]
+
+
+def schedule_change_note(cfg: PretrainConfig, change: dict) -> str:
+    """What a resume that changes --max-steps does to the learning rate, said once at its start."""
+    step, then, now = change["step"], change["from"], change["to"]
+    after = cfg.lr * linear_schedule(step, now, cfg.warmup_steps)
+    before = cfg.lr * linear_schedule(step, then, cfg.warmup_steps)
+    ended = (
+        f", which ended at step {step} with {cfg.lr * linear_schedule(step - 1, then, cfg.warmup_steps):.3g}"
+    )
+    return (f"--max-steps {now} replaces the run's {then} from step {step + 1}: the learning rate at step {step + 1} "
+            f"is {after:.3g} (a {now}-step schedule), not {before:.3g} (the {then}-step schedule's"
+            f"{ended if step >= then else ''}); the run is now neither a {then}- nor a {now}-step run, and its "
+            "config.json and checkpoints record the change (schedule_changes, under as_run)")  # fmt: skip
 
 
 def _refuse(env: Dist, message: str) -> None:

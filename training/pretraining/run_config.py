@@ -6,6 +6,8 @@ options given that change nothing or run otherwise than their names suggest."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,12 +45,43 @@ def save_config(cfg: PretrainConfig, path: Path, as_run: dict | None = None) -> 
         raise
 
 
-def inert_notes(cfg: PretrainConfig) -> list[str]:
-    """Options given (by a flag, a --config file, the environment) that this run does not use."""
+def inert_notes(cfg: PretrainConfig, compiled: bool) -> list[str]:
+    """Options given (by a flag, a --config file, the environment) that this run does not use (`compiled`:
+    whether its step is)."""
     given, defaults = options.sources(cfg), {f.name: f.default for f in dataclasses.fields(cfg)}
     return [f"{given[name]} sets {name} {getattr(cfg, name)!r}, which changes nothing: {why}"
-            for name, why in inert_options(options.as_dict(cfg)).items()
+            for name, why in inert_options(options.as_dict(cfg), compiled).items()
             if name in given and given[name] != "the saved config" and getattr(cfg, name) != defaults[name]]  # fmt: skip
+
+
+def replay_notes(cfg: PretrainConfig) -> list[str]:
+    """A new run from a run's config.json (--config), where that run's --max-steps changed on a resume: these
+    options train one schedule from the first step, which that run never had."""
+    if cfg.resume:
+        return []
+    notes = []
+    for where in sorted({w for w in options.sources(cfg).values() if w.lower().endswith(".json")}):
+        try:
+            changes = (json.loads(Path(where).read_text()).get("as_run") or {}).get("schedule_changes")
+        except (OSError, ValueError, AttributeError):  # read once already: what is there to say is said
+            continue
+        if changes:
+            steps = "; ".join(f"{c['from']} to {c['to']} at step {c['step']}" for c in changes)
+            notes.append(f"{where}: that run changed its --max-steps on a resume ({steps}); these options train "
+                         f"one {cfg.max_steps}-step schedule from the start, so they do not make that run again")  # fmt: skip
+    return notes
+
+
+def own_max_steps(cfg: PretrainConfig, then: dict) -> PretrainConfig:
+    """A resumed run keeps its own max_steps against a --config file's (the recipe it started from, say,
+    before a --max-steps of its own): only the flag, typed, changes the schedule of a run under way."""
+    where, own = options.sources(cfg).get("max_steps"), then.get("max_steps", cfg.max_steps)
+    if where in (None, flag("max_steps"), "the saved config") or own == cfg.max_steps:
+        return cfg
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
+        print(f"note: {where} sets max_steps {cfg.max_steps}; the resumed run keeps its own {own} (--max-steps "
+              f"{cfg.max_steps} changes it)", file=sys.stderr, flush=True)  # fmt: skip
+    return options.replace(cfg, max_steps=own)
 
 
 def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | None, compiled: bool,
@@ -74,8 +107,9 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
 def schedule_notes(cfg: PretrainConfig, data) -> list[str]:
     """Settings that run, but not as their names suggest."""
     notes = []
-    if cfg.warmup_steps >= cfg.max_steps:
-        notes.append(f"--warmup-steps {cfg.warmup_steps} is not below --max-steps {cfg.max_steps}: the learning "
+    # The last step (max_steps - 1) takes (step + 1) / warmup of --lr: all of it where the two are equal.
+    if cfg.warmup_steps > cfg.max_steps:
+        notes.append(f"--warmup-steps {cfg.warmup_steps} is above --max-steps {cfg.max_steps}: the learning "
                      f"rate never reaches --lr {cfg.lr:g}")  # fmt: skip
     held_out = data.valid_batches()
     per_pass = max(1, len(held_out.dataset) // held_out.global_batch)
@@ -107,7 +141,7 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                 )
         if cfg.resume and then is not None:
             # The first command again, with --resume: its --init RUN means the start the run saved.
-            cfg = pinned_init(cfg, then)
+            cfg = pinned_init(own_max_steps(cfg, then), then)
             try:
                 cfg, warm = resolve_warm_start(cfg)  # what config.json holds: --init's shape and tokenizer in
             except CheckpointError as e:

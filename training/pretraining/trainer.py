@@ -53,8 +53,18 @@ from training.pretraining.resume import (
     restore,
     save,
     saved_quantization,
+    schedule_change,
+    schedule_change_note,
+    schedule_changes,
 )
-from training.pretraining.run_config import as_run, inert_notes, resolve_config, save_config, schedule_notes
+from training.pretraining.run_config import (
+    as_run,
+    inert_notes,
+    replay_notes,
+    resolve_config,
+    save_config,
+    schedule_notes,
+)
 from training.pretraining.stopping import RNG_FILE, by_rank, capture_rng, restore_rng
 from training.progress import progress_bar
 from training.report import MetricsError, MetricsLog, plot_curves, precision_reason, time_cap_warning
@@ -174,9 +184,9 @@ class Trainer:
         self.step += 1
         return sums, norm
 
-    def evaluate_and_save(self, log: MetricsLog, done: bool, stopped: bool = False) -> None:
+    def evaluate_and_save(self, log: MetricsLog, done: bool, stopped: bool = False) -> bool:
         """Evaluate and save on schedule; at the end of the run (`done`) both; on a stop by a signal,
-        save only, at once."""
+        save only, at once. Whether it did either."""
         cfg, env, step = self.cfg, self.env, self.step
         saving = step % cfg.save_every == 0 or done or stopped
         # Evaluation draws from its own seeded generators, not these. Every rank takes part in the gather:
@@ -212,6 +222,7 @@ class Trainer:
             reseed(cfg, env.rank, step)
         if self.evals_step == step and env.main:  # said after the save: the save matters more than the line
             tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.evals.items()))
+        return saving or self.evals_step == step
 
 
 def setup(argv: list[str] | None) -> Trainer:
@@ -258,11 +269,18 @@ def setup(argv: list[str] | None) -> Trainer:
         options.usage_exit(f"error: {problem}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
+    # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
+    # two graphs). Request-shaped rows are trimmed to each batch's longest, a new shape for every length,
+    # each a compilation of its own: those train eager unless --compile says otherwise.
+    compiled = (
+        cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
+    )
     if env.main:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
-        for note in inert_notes(cfg):
+        for note in inert_notes(cfg, compiled) + replay_notes(cfg):
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
@@ -329,17 +347,12 @@ def setup(argv: list[str] | None) -> Trainer:
         if env.main:
             print(f"resumed at step {step} of {cfg.max_steps} from {checkpoint}"
                   + (" (saved between --save-every points, with its random state)" if exact else ""), flush=True)  # fmt: skip
+            if change := schedule_change(resumed, cfg.max_steps):
+                print(f"note: {schedule_change_note(cfg, change)}", file=sys.stderr, flush=True)
             if step >= cfg.max_steps:
                 print(f"note: step {step} is already at --max-steps {cfg.max_steps}: nothing to train; give a larger "
                       "--max-steps to go on", file=sys.stderr, flush=True)  # fmt: skip
 
-    # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
-    # shapes depend only on the batch's, so packed rows never recompile (a padded and an unpadded batch:
-    # two graphs). Request-shaped rows are trimmed to each batch's longest, a new shape for every length,
-    # each a compilation of its own: those train eager unless --compile says otherwise.
-    compiled = (
-        cfg.compile if cfg.compile is not None else (env.device.type == "cuda" and cfg.rows == "packed")
-    )
     model = torch.compile(objective, mode=COMPILE_MODES[cfg.compile_mode]) if compiled else objective
     if env.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
@@ -349,11 +362,14 @@ def setup(argv: list[str] | None) -> Trainer:
     matmuls = matmul_precision(env.device, cfg.tf32)
     capacity = corruption.capacity(cfg.batch_size, cfg.seq_len)
     ran = as_run(cfg, env, data, objective, warm, compiled, use_bf16, capacity)
+    if resumed and (changes := schedule_changes(resumed, cfg.max_steps)):
+        ran["schedule_changes"] = changes
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
         try:
-            save_config(cfg, run / "config.json", as_run=ran)
+            if step < cfg.max_steps:  # a finished run resumed (nothing to train) keeps its files as they were
+                save_config(cfg, run / "config.json", as_run=ran)
         except DiskFullError as e:  # before any step: nothing is lost but the start
             sys.exit(_disk_full(e))
         print(f"as run: {json.dumps(ran)}", flush=True)
@@ -422,10 +438,13 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     """The steps to --max-steps; the number of the signal that stopped it before then, else None."""
     cfg, env = t.cfg, t.env
     flops_tok = t.objective.flops_per_token(cfg.seq_len, cfg.mask_prob)
-    problem = None
-    try:  # a resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows
-        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
-                         evaluated=t.step % cfg.eval_every == 0)  # fmt: skip
+    problem, finished = None, t.step >= cfg.max_steps  # finished: resumed with nothing to train
+    # A resume: a stop's evaluation where none was due (a --max-minutes cut) goes with the later rows; the
+    # last of a schedule that ended here (a longer --max-steps now) stays, as it measured these weights.
+    ended = any(c["step"] == c["from"] == t.step for c in t.as_run.get("schedule_changes", ()))
+    try:
+        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=None if finished else t.step,
+                         evaluated=t.step % cfg.eval_every == 0 or ended)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
     if env.agree(problem is not None):
@@ -469,7 +488,12 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
             late, signalled = env.agree_max(late, signalled) if logging_now else (False, 0)
         # One signal for every rank (the agreed one), and none once the time cap ends the run anyway.
         stopped_by = int(signalled) if signalled and not late and t.step < cfg.max_steps else None
-        t.evaluate_and_save(log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None)
+        if t.evaluate_and_save(
+            log, done=t.step == cfg.max_steps or bool(late), stopped=stopped_by is not None
+        ):
+            # tokens/s is training's: the window starts again after an evaluation or a save (which waited
+            # for the device), not to count them as a quarter of the rate at the next log.
+            window_t, window_start = time.time(), t.settle_tokens()
         if late:
             if env.main and t.step < cfg.max_steps:  # saved, and not finished: a plain exit 0 looked finished
                 tqdm.write(time_cap_stop(t, env.launch_command), file=sys.stderr)
@@ -482,7 +506,8 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
             break
     bar.close()
     if env.main:
-        plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
+        if not finished:  # a finished run's curves stay as drawn
+            plot_curves(t.run / "metrics.jsonl", t.run / "curves.png")
         summary = {
             "step": t.step,
             "tokens": t.settle_tokens(),
