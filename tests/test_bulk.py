@@ -638,8 +638,10 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
     documents went missing, or scores/ held two models' rows, with exit 0. A manifest without its job.json
     is refused now, and a manifest line counts only for a part of the same extent as the plan's."""
     src = tmp_path / "in"
+    # 40 paragraphs a shard (about 20 kB): still two parts each at the smallest part size, 160 documents
+    # to score instead of the 400 that 100 a shard took, twice over.
     for i in range(4):
-        write_jsonl(src / f"s{i}.jsonl", paragraphs[100 * i : 100 * (i + 1)])
+        write_jsonl(src / f"s{i}.jsonl", paragraphs[40 * i : 40 * (i + 1)])
     out = tmp_path / "out"
     first = run_bulk(src, out, "detector", "--workers", "2")
     assert first.returncode == 0, first.stderr
@@ -664,8 +666,8 @@ def test_a_manifest_without_its_job_json_is_refused_and_a_part_of_another_extent
     again = run_bulk(src, out, "detector", "--workers", "1")
     assert again.returncode == 0, again.stderr
     got = rows(out)
-    assert len(got) == len({(r["file"], r["line"]) for r in got}) == 400
-    assert summary(out)["documents"] == 400
+    assert len(got) == len({(r["file"], r["line"]) for r in got}) == 160
+    assert summary(out)["documents"] == 160
 
     # A manifest written before lines kept their extent resumes by part number, as it did (job.json keeps
     # the part size, and the shards' sizes and times are checked).
