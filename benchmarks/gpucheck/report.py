@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from benchmarks.output import write_json
+from training.errors import write_text_atomically
 
 # The figures each step's row shows in results.md (all of them are in results.json).
 HEADLINE = {
@@ -69,4 +70,4 @@ def markdown(report: dict) -> str:
 
 def write_report(out: Path, report: dict) -> None:
     write_json(out / "results.json", report)
-    (out / "results.md").write_text(markdown(report))
+    write_text_atomically(out / "results.md", markdown(report))
