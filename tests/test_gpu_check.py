@@ -2,6 +2,7 @@
 takes except for the device, with the training steps limited to the packages a bare GPU node has. The
 table it prints is the CI log's record of the run (docs/gpu.md)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -132,6 +133,41 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     while processes_naming(work) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_naming(work) == []
+
+
+# A step started as gpu-check starts one (benchmarks/gpucheck/processes.py): argv[1] the work directory,
+# the rest the step's `python` arguments.
+STEP_DRIVER = """
+import os, sys
+from pathlib import Path
+from benchmarks.gpucheck.processes import start
+process = start(Path(sys.argv[1]), sys.argv[2:], "step", {**os.environ, "PYTHONUNBUFFERED": "1"})
+print(process.proc.pid, flush=True)
+process.finish()
+"""
+
+
+def test_a_step_goes_with_a_check_killed_outright(tmp_path):
+    """The device tool's hard limit SIGKILLs gpu-check, and its step processes, each in a session of its
+    own, were left running on the still-warm machine, beside the next call's. Now they get SIGTERM."""
+    marker, step = str(tmp_path / "a step that sleeps"), None
+    driver = subprocess.Popen([sys.executable, "-c", STEP_DRIVER, str(tmp_path), "-c", "import time; time.sleep(300)",
+                               marker], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        step = int(driver.stdout.readline())
+        assert any(marker in p for p in processes_naming(tmp_path))
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while processes_naming(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_naming(tmp_path) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if step is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(step, signal.SIGKILL)
 
 
 def test_an_interrupted_steps_note_shows_the_log_it_wrote_last(tmp_path):

@@ -4,7 +4,8 @@ under --work, and how a step ends them.
 Each runs in a session of its own (so SIGINT reaches gpu-check alone) and is stopped with everything it
 started: torchrun's worker and the claim's fine-tuning runs go with it, whether the step failed, ran past
 its time or was stopped. torchrun starts its worker in a session of its own, so the tree is found
-through /proc, not the process group."""
+through /proc, not the process group. A step's process also gets SIGTERM when gpu-check itself dies
+(options.stopping.die_with_parent): killed outright, it leaves nothing training."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from options.stopping import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +110,7 @@ def start(work: Path, argv: list[str], log: str, env: dict[str, str]) -> Process
     path = work / f"{log}.log"
     with path.open("w") as f:
         proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
     return Process(proc, path, argv)
 
 
