@@ -135,16 +135,50 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     assert processes_naming(work) == []
 
 
-# A step started as gpu-check starts one (benchmarks/gpucheck/processes.py): argv[1] the work directory,
-# the rest the step's `python` arguments.
+# A step started as gpu-check starts one (benchmarks/gpucheck/processes.py), SIGINT handled as gpu-check
+# handles it: argv[1] the work directory, the rest the step's `python` arguments.
 STEP_DRIVER = """
 import os, sys
 from pathlib import Path
-from benchmarks.gpucheck.processes import start
+from benchmarks.gpucheck.processes import start, stop_on_sigint
+stop_on_sigint()
 process = start(Path(sys.argv[1]), sys.argv[2:], "step", {**os.environ, "PYTHONUNBUFFERED": "1"})
 print(process.proc.pid, flush=True)
 process.finish()
 """
+
+
+def test_a_training_step_stopped_by_sigint_saves_the_step_it_was_on(tmp_path, small_corpus, small_tokenizer):
+    """`timeout -s INT` ends a call: the step's training run gets SIGTERM, saves after its current step and
+    exits, inside the grace. (It was SIGKILLed: every step since its last save was lost, and a claim's job
+    runner never passed the stop on to its runs.)"""
+    from benchmarks.gpucheck.processes import GRACE_S
+    from training.checkpoint import resolve_checkpoint
+
+    run = tmp_path / "run"
+    argv = ["-m", "training.pretrain", "--config", "configs/tiny.toml", "--out", str(run), "--corpus", str(small_corpus),
+            "--tokenizer", str(small_tokenizer), "--device", "cpu", "--threads", "1", "--max-steps", "100000",
+            "--save-every", "100000", "--eval-every", "100000", "--log-every", "1"]  # fmt: skip
+    driver = subprocess.Popen([sys.executable, "-c", STEP_DRIVER, str(tmp_path), *argv], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run / "metrics.jsonl"
+        while (metrics.read_text().count('"train"') if metrics.is_file() else 0) < 2:
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "step.log").read_text()
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        driver.wait(timeout=GRACE_S + 30)
+        took = time.monotonic() - sent
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    said = (tmp_path / "step.log").read_text()
+    step = json.loads((resolve_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    assert step >= 2 and f"stopped at step {step} of 100000 by SIGTERM, saved" in said, said[-2000:]
+    assert took < GRACE_S, took  # it exited by itself: not the SIGKILL at the grace's end
+    assert processes_naming(run) == []
 
 
 def test_a_step_goes_with_a_check_killed_outright(tmp_path):

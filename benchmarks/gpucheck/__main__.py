@@ -17,12 +17,12 @@ import dataclasses
 import datetime
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
+from benchmarks.gpucheck.processes import stop_on_sigint
 from benchmarks.gpucheck.report import write_report
 from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
 from benchmarks.output import show_config
@@ -102,10 +102,7 @@ def interrupted_note(work: Path, step: str, since: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # A shell without job control starts a background command with SIGINT ignored, and Python leaves it
-    # so: `(timeout -s INT 470 scripts/gpu-check ...) &` in a device call would run on past its timeout,
-    # into the call's hard limit, and lose the step in progress. Catch SIGINT whatever was inherited.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_sigint()
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
