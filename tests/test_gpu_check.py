@@ -75,6 +75,15 @@ def test_every_step_runs_on_cpu(cpu_run, record_property):
     assert len(frozen) == 3 and "random weights" in frozen
     assert all(0 < f["cls_top_pc_share"] <= 1 and 0 < f["probe_cls"] <= 1 for f in frozen.values())
     assert "ELECTRA vs MLM" in (out / "results.md").read_text()
+    # Each step's log comes back, in one file (--work stays on the GPU machine): the claim's two pretraining
+    # runs' too, whose tokens/s docs/gpu.md says to read.
+    logs = (out / "logs.txt").read_text()
+    work = Path(report["config"]["work"])
+    for log in ("pretrain", "torchrun", "resume-killed", "resume", "throughput", "export", "claim", "variants",
+                "detector"):  # fmt: skip
+        assert f"===== {log}.log (" in logs and (work / f"{log}.log").read_text()[-200:] in logs, log
+    assert "/pretrain/electra.log (" in logs and "/pretrain/mlm.log (" in logs
+    assert "tok_s=" in logs
 
 
 def test_a_second_check_on_the_same_machine_repeats_the_steps(cpu_run, tmp_path):
@@ -129,6 +138,7 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     log = work / f"{name}.log"
     assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
     assert f"| {name} | interrupted |" in (out / "results.md").read_text()
+    assert log.read_text()[-300:] in (out / "logs.txt").read_text()  # it comes back with the call
     deadline = time.monotonic() + 10  # a SIGKILLed process can take a moment to go
     while processes_naming(work) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -352,7 +362,7 @@ def test_the_recipe_runs_and_its_shards_fit_what_a_call_returns(cpu_run):
     assert figures["steps"] == 4 and figures["tokens_seen"] > 0 and figures["unique_tokens"] > 10_000
     assert figures["disc_auc"][-1][1] > 0.9  # the shipped detector's skill came along through recovery
     files = sorted(packed.iterdir())
-    assert len(files) + 2 <= 8  # results.json and results.md come back beside them
+    assert len(files) + 3 <= 8  # results.json, results.md and logs.txt come back beside them
     assert all(f.stat().st_size <= 16 * MIB for f in files), [(f.name, f.stat().st_size) for f in files]
     index = json.loads((packed / "handoff.json").read_text())
     assert index["dtype"] == "fp16" and not any(name.startswith("generator") for name in index["tensors"])
