@@ -314,6 +314,8 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     [
         ((), None),
         (("--batch-size", "1024", "--lr", "2e-3"), None),  # the next loan's call 1
+        (("--batch-size", "1024", "--lr", "2e-3", "--embedding-grads", "autograd"), None),  # its fallback
+        (("--embedding-grads", "atem"), "--embedding-grads: one of aten, autograd, not 'atem'"),
         (("--batch-size", "0"), "--batch-size: must be positive, got 0"),  # the pretraining config's rule
         (("--max-steps", "9"), "--pretrain-args: --max-steps is set by the benchmark"),  # the benchmark's
         (("--qat",), "--qat: quantizes the discriminator; it needs --objective electra"),  # the MLM run's
