@@ -62,7 +62,7 @@ class HardwareOptions:
     embedding_grads: str = option(
         "aten",
         "the embedding tables' gradients: aten (one aten kernel each, kept whole by torch.compile; "
-        "training/embedding_grad.py) or autograd (nn.Embedding's, which inductor decomposes: the step before "
+        "training/embedding_grad.py) or autograd (nn.Embedding's, which inductor decomposes, as before "
         "2026-11-27); the same numbers in eager mode",
         choices=EMBEDDING_GRADS,
     )
