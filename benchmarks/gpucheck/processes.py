@@ -37,7 +37,7 @@ class Skipped(RuntimeError):
 
 
 # SIGTERM to SIGKILL. A training step at batch 1024 and its save take a second or two on a GPU, and a
-# claim's runs stop side by side; the plan's calls leave about 40 s between `timeout -s INT` and the
+# claim's runs stop side by side; the plan's calls leave at least 30 s between `timeout -s INT` and the
 # device tool's hard limit (docs/gpu.md), in which this grace, the kill and the results' last write fit.
 GRACE_S = 15.0
 _live: list[Process] = []  # started by this process and not yet stopped, for terminate_all
