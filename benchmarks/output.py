@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import cli
+from training.errors import write_text_atomically
 
 COMMITTED = Path(__file__).resolve().parent / "results"
 RUNS = Path("runs") / "bench"
@@ -137,5 +138,7 @@ def _plain(v):
 def write_json(path: Path, result: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    # Whole or not at all: a results file rewritten as a run goes (gpu-check's after every step) and
+    # killed mid-write would otherwise be left empty, the results before it lost with it.
+    write_text_atomically(path, json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")

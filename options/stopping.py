@@ -1,7 +1,7 @@
 """Stopping a long job on Ctrl-C or SIGTERM (a preempted machine, a scheduler's stop; for training, SIGHUP
 too: a closed SSH session) without losing its work: the first signal asks the job to stop at its next safe point (a training step, a corpus part), and
-the same signal again stops at once. Standard library only: pretraining, fine-tuning and corpus scoring
-use it."""
+the same signal again stops at once; and a child process that is stopped so when its parent dies. Standard
+library only: pretraining, fine-tuning, corpus scoring and the benchmarks' job runners use it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,32 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+
+
+def _prctl():
+    """libc's prctl, looked up in the parent: a child between fork and exec should not import (another
+    thread of the parent may have held the import lock at the fork). None off Linux."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+_PRCTL = _prctl()
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In a child, before it runs (subprocess's preexec_fn): SIGTERM when its parent dies, however that
+    happens (a SIGKILL at a call's time limit included), so no run keeps training behind a stopped parent,
+    or beside the next call's resumed one. SIGTERM, not SIGKILL: a training run then saves its step, and a
+    launcher (torchrun, a benchmark's job runner) ends what it started in turn. The parent is the thread
+    that started the child: start children from a thread that outlives them. Linux's
+    prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Stopped(KeyboardInterrupt):

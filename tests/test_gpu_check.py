@@ -2,6 +2,7 @@
 takes except for the device, with the training steps limited to the packages a bare GPU node has. The
 table it prints is the CI log's record of the run (docs/gpu.md)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,6 +75,15 @@ def test_every_step_runs_on_cpu(cpu_run, record_property):
     assert len(frozen) == 3 and "random weights" in frozen
     assert all(0 < f["cls_top_pc_share"] <= 1 and 0 < f["probe_cls"] <= 1 for f in frozen.values())
     assert "ELECTRA vs MLM" in (out / "results.md").read_text()
+    # Each step's log comes back, in one file (--work stays on the GPU machine): the claim's two pretraining
+    # runs' too, whose tokens/s docs/gpu.md says to read.
+    logs = (out / "logs.txt").read_text()
+    work = Path(report["config"]["work"])
+    for log in ("pretrain", "torchrun", "resume-killed", "resume", "throughput", "export", "claim", "variants",
+                "detector"):  # fmt: skip
+        assert f"===== {log}.log (" in logs and (work / f"{log}.log").read_text()[-200:] in logs, log
+    assert "/pretrain/electra.log (" in logs and "/pretrain/mlm.log (" in logs
+    assert "tok_s=" in logs
 
 
 def test_a_second_check_on_the_same_machine_repeats_the_steps(cpu_run, tmp_path):
@@ -128,10 +138,80 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     log = work / f"{name}.log"
     assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
     assert f"| {name} | interrupted |" in (out / "results.md").read_text()
+    assert log.read_text()[-300:] in (out / "logs.txt").read_text()  # it comes back with the call
     deadline = time.monotonic() + 10  # a SIGKILLed process can take a moment to go
     while processes_naming(work) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_naming(work) == []
+
+
+# A step started as gpu-check starts one (benchmarks/gpucheck/processes.py), SIGINT handled as gpu-check
+# handles it: argv[1] the work directory, the rest the step's `python` arguments.
+STEP_DRIVER = """
+import os, sys
+from pathlib import Path
+from benchmarks.gpucheck.processes import start, stop_on_sigint
+stop_on_sigint()
+process = start(Path(sys.argv[1]), sys.argv[2:], "step", {**os.environ, "PYTHONUNBUFFERED": "1"})
+print(process.proc.pid, flush=True)
+process.finish()
+"""
+
+
+def test_a_training_step_stopped_by_sigint_saves_the_step_it_was_on(tmp_path, small_corpus, small_tokenizer):
+    """`timeout -s INT` ends a call: the step's training run gets SIGTERM, saves after its current step and
+    exits, inside the grace. (It was SIGKILLed: every step since its last save was lost, and a claim's job
+    runner never passed the stop on to its runs.)"""
+    from benchmarks.gpucheck.processes import GRACE_S
+    from training.checkpoint import resolve_checkpoint
+
+    run = tmp_path / "run"
+    argv = ["-m", "training.pretrain", "--config", "configs/tiny.toml", "--out", str(run), "--corpus", str(small_corpus),
+            "--tokenizer", str(small_tokenizer), "--device", "cpu", "--threads", "1", "--max-steps", "100000",
+            "--save-every", "100000", "--eval-every", "100000", "--log-every", "1"]  # fmt: skip
+    driver = subprocess.Popen([sys.executable, "-c", STEP_DRIVER, str(tmp_path), *argv], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run / "metrics.jsonl"
+        while (metrics.read_text().count('"train"') if metrics.is_file() else 0) < 2:
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "step.log").read_text()
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        driver.wait(timeout=GRACE_S + 30)
+        took = time.monotonic() - sent
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    said = (tmp_path / "step.log").read_text()
+    step = json.loads((resolve_checkpoint(run) / "trainer_state.json").read_text())["step"]
+    assert step >= 2 and f"stopped at step {step} of 100000 by SIGTERM, saved" in said, said[-2000:]
+    assert took < GRACE_S, took  # it exited by itself: not the SIGKILL at the grace's end
+    assert processes_naming(run) == []
+
+
+def test_a_step_goes_with_a_check_killed_outright(tmp_path):
+    """The device tool's hard limit SIGKILLs gpu-check, and its step processes, each in a session of its
+    own, were left running on the still-warm machine, beside the next call's. Now they get SIGTERM."""
+    marker, step = str(tmp_path / "a step that sleeps"), None
+    driver = subprocess.Popen([sys.executable, "-c", STEP_DRIVER, str(tmp_path), "-c", "import time; time.sleep(300)",
+                               marker], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        step = int(driver.stdout.readline())
+        assert any(marker in p for p in processes_naming(tmp_path))
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while processes_naming(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_naming(tmp_path) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if step is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(step, signal.SIGKILL)
 
 
 def test_an_interrupted_steps_note_shows_the_log_it_wrote_last(tmp_path):
@@ -234,6 +314,8 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     [
         ((), None),
         (("--batch-size", "1024", "--lr", "2e-3"), None),  # the next loan's call 1
+        (("--batch-size", "1024", "--lr", "2e-3", "--embedding-grads", "autograd"), None),  # its fallback
+        (("--embedding-grads", "atem"), "--embedding-grads: one of aten, autograd, not 'atem'"),
         (("--batch-size", "0"), "--batch-size: must be positive, got 0"),  # the pretraining config's rule
         (("--max-steps", "9"), "--pretrain-args: --max-steps is set by the benchmark"),  # the benchmark's
         (("--qat",), "--qat: quantizes the discriminator; it needs --objective electra"),  # the MLM run's
@@ -282,7 +364,7 @@ def test_the_recipe_runs_and_its_shards_fit_what_a_call_returns(cpu_run):
     assert figures["steps"] == 4 and figures["tokens_seen"] > 0 and figures["unique_tokens"] > 10_000
     assert figures["disc_auc"][-1][1] > 0.9  # the shipped detector's skill came along through recovery
     files = sorted(packed.iterdir())
-    assert len(files) + 2 <= 8  # results.json and results.md come back beside them
+    assert len(files) + 3 <= 8  # results.json, results.md and logs.txt come back beside them
     assert all(f.stat().st_size <= 16 * MIB for f in files), [(f.name, f.stat().st_size) for f in files]
     index = json.loads((packed / "handoff.json").read_text())
     assert index["dtype"] == "fp16" and not any(name.startswith("generator") for name in index["tensors"])

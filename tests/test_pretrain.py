@@ -278,6 +278,36 @@ def test_mlm_baseline_checkpoints_its_own_layout_and_resumes(tmp_path, small_cor
     assert train_losses(resumed) == train_losses(whole)
 
 
+def test_a_resume_may_switch_the_embedding_gradients_and_lands_on_the_same_weights(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """--embedding-grads autograd, the way out if the custom op fails on a GPU, reaches every gather of
+    rows, and a run stopped there can go on with it: in eager mode (a CPU's) both compute the same aten
+    kernels, and the resumed run lands on the uninterrupted one's weights bit for bit. (Compiled on CUDA
+    they differ by rounding, as --compile-mode does, which a resume may change too.)"""
+    import shutil
+
+    fallback = setup(
+        tiny_args(tmp_path / "set-up", small_corpus, small_tokenizer, "--embedding-grads", "autograd")
+    )
+    switches = [m.opaque_grad for m in fallback.objective.modules() if hasattr(m, "opaque_grad")]
+    assert len(switches) >= 4 and not any(switches)  # the tables of both models and the generator's gather
+    args = ("--max-steps", 6, "--save-every", 3, "--log-every", 1, "--eval-every", 3)
+    whole = tmp_path / "whole"
+    pretrain(tiny_args(whole, small_corpus, small_tokenizer, *args))
+    assert json.loads((whole / "config.json").read_text())["embedding_grads"] == "aten"
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-00000006")
+    (resumed / "checkpoints" / "latest").write_text("step-00000003")
+    pretrain(["--out", str(resumed), "--resume", "--embedding-grads", "autograd"])
+    assert json.loads((resumed / "config.json").read_text())["embedding_grads"] == "autograd"
+    assert train_losses(resumed) == train_losses(whole)
+    wa = load_file(resolve_checkpoint(whole) / "model.safetensors")
+    wb = load_file(resolve_checkpoint(resumed) / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_a_disk_that_fills_under_torchrun_stops_every_rank_with_one_message(
     tmp_path, small_corpus, small_tokenizer
 ):

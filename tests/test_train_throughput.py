@@ -1,6 +1,8 @@
 """benchmarks/speed/train_throughput.py refuses what it cannot time before it measures anything (its runs
 themselves are gpu-check's throughput and variants steps: tests/test_gpu_check.py)."""
 
+import os
+
 import pytest
 
 from benchmarks.speed.train_throughput import main
@@ -24,3 +26,31 @@ def test_bad_options_are_refused_naming_the_option(args, message, tmp_path, caps
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+class _FirstProduct(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("variants", "fixed"), [("eager fp32", True), ("eager fp32, nondeterministic", False)]
+)
+def test_the_cublas_workspace_is_fixed_before_the_first_matrix_product(
+    variants, fixed, tmp_path, monkeypatch
+):
+    """PyTorch reads CUBLAS_WORKSPACE_CONFIG at the process's first cuBLAS call: the matrix peak's products
+    came before any variant asked for deterministic kernels, so theirs ran without the fixed workspace. A
+    set of nondeterministic variants alone is left as training leaves --no-deterministic."""
+    import benchmarks.speed.train_throughput as tt
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+
+    def first_product(*args):
+        seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        raise _FirstProduct
+
+    monkeypatch.setattr(tt, "matmul_peak", first_product)
+    with pytest.raises(_FirstProduct):
+        main(["--device", "cpu", "--variants", variants, "--out", str(tmp_path / "t.json")])
+    assert seen == [":4096:8" if fixed else None]

@@ -15,6 +15,7 @@ from typing import ClassVar
 from options import ConfigError, check_choices, option
 
 DEVICES = ("auto", "cpu", "cuda")
+EMBEDDING_GRADS = ("aten", "autograd")
 ROUNDINGS = ("nearest", "stochastic")  # training/quantization.py: why nearest is the default
 # How a compiled step runs, with torch.compile's mode for each: measured in benchmarks/speed/train_throughput.py.
 COMPILE_MODES = {"fused": "default", "cuda-graphs": "reduce-overhead"}
@@ -56,6 +57,14 @@ class HardwareOptions:
     )
     tf32: bool = option(
         True, "fp32 matrix products on CUDA use TF32 tensor cores (10-bit mantissa inputs, fp32 sums)"
+    )
+    # A way out, without a code change, if the custom op fails on a GPU: it has never run on one (2026-11).
+    embedding_grads: str = option(
+        "aten",
+        "the embedding tables' gradients: aten (one aten kernel each, kept whole by torch.compile; "
+        "training/embedding_grad.py) or autograd (nn.Embedding's, which inductor decomposes, as before "
+        "2026-11-27); the same numbers in eager mode",
+        choices=EMBEDDING_GRADS,
     )
 
 

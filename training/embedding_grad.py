@@ -62,7 +62,8 @@ class Embedding(nn.Embedding):
     """nn.Embedding (same parameters, same state dict) with its gradient computed by `embedding_backward`.
     Where no gradient is taken (evaluation, ONNX export) it is the same plain lookup as nn.Embedding's."""
 
-    opaque_grad = True  # False: autograd's embedding backward, which inductor decomposes (a benchmark lever)
+    # False: autograd's embedding backward, which inductor decomposes (training's --embedding-grads autograd)
+    opaque_grad = True
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.opaque_grad or self.max_norm is not None or self.scale_grad_by_freq or self.sparse:

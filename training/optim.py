@@ -64,6 +64,13 @@ def full_fp32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
+def fixed_cublas_workspace() -> None:
+    """The cuBLAS workspace deterministic kernels need (one reduction order). PyTorch reads the variable
+    once per process, at its first cuBLAS call: a process that multiplies on CUDA before it chooses its
+    kernels (a benchmark measuring its matrix peak first) sets it at its start, or it is set too late."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
 def deterministic_kernels(on: bool) -> None:
     """Make CUDA's kernels as reproducible as CPU's: PyTorch's deterministic algorithms (the embedding
     gradient without atomic adds, attention's backward without split keys) and a fixed cuBLAS workspace,
@@ -72,7 +79,7 @@ def deterministic_kernels(on: bool) -> None:
     itself (with a warning instead, attention's backward had stayed nondeterministic). On CPU it changes
     nothing we use: those kernels are deterministic already."""
     if on:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        fixed_cublas_workspace()
     torch.use_deterministic_algorithms(on)
     # Strict mode would also fill every new tensor with NaN, to expose reads of uninitialised memory: a
     # write over each allocation that doubles the traffic of elementwise kernels. It is a debugging aid,

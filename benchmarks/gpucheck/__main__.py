@@ -6,7 +6,8 @@
 
 Steps, cheapest proof first: pretrain, torchrun, resume, graphs, throughput, export, detect, claim, variants;
 then detector (the GPU detector run, docs/detector-gpu.md).
-results.json and results.md in --out are rewritten after every step. Exit status: 0 all ran or were
+results.json, results.md and logs.txt (the end of each log the call wrote in --work, which stays on the
+machine) in --out are rewritten after every step. Exit status: 0 all ran or were
 skipped with a reason, 1 a step failed, 2 the environment lacks what the steps need (nothing ran).
 """
 
@@ -17,12 +18,12 @@ import dataclasses
 import datetime
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
+from benchmarks.gpucheck.processes import stop_on_sigint
 from benchmarks.gpucheck.report import write_report
 from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
 from benchmarks.output import show_config
@@ -92,20 +93,19 @@ def sizes_for(args: argparse.Namespace) -> Sizes:
 def interrupted_note(work: Path, step: str, since: float) -> str:
     """How far a step got before it was stopped: the end of the newest log it wrote since `since` (a step
     may write two: the resume step's killed run, the throughput step's warm-up), which stays on the
-    machine. Logs of an earlier call in the same --work are not this step's."""
+    machine (logs.txt in --out has its end too). Logs of an earlier call in the same --work are not this
+    step's."""
     logs = [p for p in [*work.glob(f"{step}.log"), *work.glob(f"{step}-*.log")] if p.stat().st_mtime >= since]
     if not logs:
         return f"stopped before it finished, before it wrote a log in {work}"
     log = max(logs, key=lambda p: p.stat().st_mtime)
-    return f"stopped before it finished; the end of {log}:\n{log.read_text(errors='replace')[-1500:]}"
+    return f"stopped before it finished; the end of {log} (more in logs.txt):\n{log.read_text(errors='replace')[-1500:]}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # A shell without job control starts a background command with SIGINT ignored, and Python leaves it
-    # so: `(timeout -s INT 470 scripts/gpu-check ...) &` in a device call would run on past its timeout,
-    # into the call's hard limit, and lose the step in progress. Catch SIGINT whatever was inherited.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_sigint()
+    called = time.time()  # the logs written since are this call's
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                   args.detector_minutes, tuple(args.only),
                   imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
     try:
-        return run_steps(ctx, args.only, report, out, work)
+        return run_steps(ctx, args.only, report, out, work, called)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)
         ctx.stop_runs_beside()
 
@@ -152,7 +152,7 @@ def refuse(out: Path, report: dict, problems: list[str]) -> int:
     return 2
 
 
-def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path) -> int:
+def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path, called: float) -> int:
     for name in steps:
         print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
         started, since = time.monotonic(), time.time()
@@ -166,12 +166,12 @@ def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Pat
         except KeyboardInterrupt:  # SIGINT: `timeout -s INT` inside a call's time limit, or Ctrl-C
             report["steps"][name] = {"status": "interrupted", "seconds": round(time.monotonic() - started, 1),
                                      "figures": {}, "note": interrupted_note(work, name, since)}  # fmt: skip
-            write_report(out, report)
+            write_report(out, report, (work, called))
             print(f"{name}: interrupted; results so far in {out / 'results.md'}", flush=True)
             return 1
         seconds = round(time.monotonic() - started, 1)
         report["steps"][name] = {"status": status, "seconds": seconds, "figures": figures, "note": note}
-        write_report(out, report)
+        write_report(out, report, (work, called))
         print(f"{name}: {status} in {seconds}s {json.dumps(figures) if figures else note}", flush=True)
     failed = [n for n, s in report["steps"].items() if s["status"] == "failed"]
     print(

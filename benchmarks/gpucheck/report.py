@@ -1,4 +1,4 @@
-"""results.json and results.md of scripts/gpu-check, rewritten after every step."""
+"""results.json, results.md and logs.txt of scripts/gpu-check, rewritten after every step."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from benchmarks.output import write_json
+from training.errors import write_text_atomically
 
 # The figures each step's row shows in results.md (all of them are in results.json).
 HEADLINE = {
@@ -67,6 +68,32 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, report: dict) -> None:
+# Characters kept of each log's end: a CPU run's logs are 1-5 kB each (training writes its progress bar
+# as a line at most every 30 s to a file), a 500-step GPU run's a few more; a long traceback fits.
+LOG_TAIL = 48_000
+
+
+def call_logs(work: Path, since: float) -> list[Path]:
+    """The logs this call wrote (modified since `since`; an earlier call's in the same --work are not its),
+    oldest first: every step's in --work, and the claim's two pretraining runs' (their tokens/s). The
+    claim's fine-tuning runs are left out: claim.log has a line for each, and a failed one's end."""
+    logs = [*work.glob("*.log"), *work.glob("claim-*/pretrain/*.log")]
+    return sorted((p for p in logs if p.stat().st_mtime >= since), key=lambda p: p.stat().st_mtime)
+
+
+def logs_text(work: Path, since: float) -> str:
+    parts = []
+    for log in call_logs(work, since):
+        text = log.read_text(errors="replace")
+        cut = f"; its last {LOG_TAIL:,} characters" if len(text) > LOG_TAIL else ""
+        parts.append(f"===== {log.relative_to(work)} ({log.stat().st_size:,} bytes{cut})\n{text[-LOG_TAIL:]}")
+    return "\n".join(parts)
+
+
+def write_report(out: Path, report: dict, logs: tuple[Path, float] | None = None) -> None:
+    """`logs` (--work, the call's start): the ends of the logs the call wrote, into logs.txt beside the
+    results. --work stays on the GPU machine; one file, for a call returns at most 8."""
     write_json(out / "results.json", report)
-    (out / "results.md").write_text(markdown(report))
+    write_text_atomically(out / "results.md", markdown(report))
+    if logs is not None:
+        write_text_atomically(out / "logs.txt", logs_text(*logs))

@@ -99,8 +99,12 @@ class Context:
     beside: dict[str, Process] = field(default_factory=dict)  # runs started early, by the step that owns them
     imports: dict[tuple[str, bool], bool] = field(default_factory=dict)  # importable()'s answers so far
 
-    def stop_runs_beside(self) -> None:
-        for process in self.beside.values():
+    def stop_runs_beside(self, *also: Process) -> None:
+        """Stop the runs started early (and `also`), their graces running together."""
+        stopping = [*also, *self.beside.values()]
+        for process in stopping:
+            process.terminate()
+        for process in stopping:
             process.stop()
         self.beside.clear()
 
@@ -195,8 +199,7 @@ def step_pretrain(ctx: Context) -> dict:
                 ctx.beside[name] = START_BESIDE[name](ctx)
         figures = training_figures(ctx.pretrain_run, process.finish())
     except BaseException:  # failed or stopped: the runs beside it would compare against nothing
-        process.stop()
-        ctx.stop_runs_beside()
+        ctx.stop_runs_beside(process)
         raise
     if ctx.beside:  # its tokens/s was shared with them; the throughput step times the step alone
         figures["beside"] = ", ".join(ctx.beside)

@@ -12,6 +12,7 @@ import math
 import statistics
 from pathlib import Path
 
+from training.errors import write_text_atomically
 from training.report import pyplot_or_none, save_png
 
 OBJECTIVES = ("electra", "mlm")
@@ -191,9 +192,11 @@ def write(results: dict, out: Path, final: bool) -> str:
     """results.json and table.md (after every finished run, so a cut-off call leaves what it had), and
     plot.png once every run is in."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    # Each whole or not at all: a call's hard kill between truncating and writing would leave them empty,
+    # every finished run's result with them.
+    write_text_atomically(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
     text = table(results)
-    (out / "table.md").write_text(text)
+    write_text_atomically(out / "table.md", text)
     if final:
         plot(results, out / "plot.png")
     return text

@@ -26,11 +26,11 @@ from training.config import FinetuneConfig, PretrainConfig
 # Fields that do not change what a pretraining run learns: a run differing only in these is reused.
 BOOKKEEPING = ("out", "threads", "device", "resume", "max_minutes", "bf16", "compile", "log_every",
                "eval_every", "eval_batches", "save_every", "keep_checkpoints", "data_dir", "tf32",
-               "fused_qkv", "deterministic")  # fmt: skip
+               "fused_qkv", "deterministic", "embedding_grads")  # fmt: skip
 # Fine-tuning settings that do not change the result (or that setup() resolves from "auto"/None, below):
 # a finished run differing only in these is kept.
 FT_IGNORED = ("init", "out", "overwrite", "threads", "device", "data_dir", "bf16", "log_every",
-              "deterministic")  # fmt: skip
+              "deterministic", "embedding_grads")  # fmt: skip
 FT_RESOLVED = {"problem_type": "auto", "metric": "auto", "positive_label": None}
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import cli
+from options.stopping import die_with_parent
 from training.config import PretrainConfig
 
 
@@ -120,18 +121,6 @@ class Job:
     threads: int | None
     finished: Callable[[float], str]
     progress: Callable[[], str | None] | None = None
-
-
-def die_with_parent() -> None:
-    """In a child, before it runs: SIGTERM when its parent dies, however that happens (a SIGKILL at a call's
-    time limit included), so no run keeps training behind a stopped benchmark, or beside the next call's
-    resumed one. Linux's prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _interrupt(signum, frame):

@@ -42,8 +42,15 @@ from options import ConfigError
 from training.config import PretrainConfig
 from training.dropout import bit_mask_dropout
 from training.embedding_grad import opaque_embedding_grads
+from training.errors import write_text_atomically
 from training.model import fuse_qkv
-from training.optim import autocast_for, cpu_has_native_bf16, deterministic_kernels, matmul_precision
+from training.optim import (
+    autocast_for,
+    cpu_has_native_bf16,
+    deterministic_kernels,
+    fixed_cublas_workspace,
+    matmul_precision,
+)
 from training.pretraining.masking import Corruption
 from training.pretraining.model import build_objective
 from training.pretraining.trainer import Trainer, param_groups
@@ -383,6 +390,10 @@ def main(argv=None) -> None:
     except ConfigError as e:
         p.error(str(e))
     resolved = show_config("train_throughput", args)
+    # Before the matrix peak's products below: cuBLAS's workspace is fixed at the process's first one. A
+    # set that mixes both kinds runs its nondeterministic variants in it too: one process, one workspace.
+    if any(VARIANTS[n].deterministic for n in names):
+        fixed_cublas_workspace()
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 64  # one compiled graph per variant, all in this process
     # The ceilings the chosen variants are read against, and only those: a CPU without native bf16 takes
@@ -404,7 +415,7 @@ def main(argv=None) -> None:
 
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)
-        out.write_text(json.dumps({"config": resolved, "shape": timed_shape, "device": where, "torch": torch.__version__,
+        write_text_atomically(out, json.dumps({"config": resolved, "shape": timed_shape, "device": where, "torch": torch.__version__,
                                    "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
                                    "complete": complete, "results": summary}, indent=2))  # fmt: skip
         return summary

@@ -42,7 +42,7 @@ EARLIER_SPELLING = (
 )
 # What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
 # (the data, the model, the recipe) would make it another run while it said it resumed.
-RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "eval_batch_size", "log_every",
+RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "embedding_grads", "eval_batch_size", "log_every",
                      "data_dir", "resume", "out")  # fmt: skip
 
 

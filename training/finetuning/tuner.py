@@ -31,6 +31,7 @@ from training import quantization, run_dir
 from training.config import CLASSIFICATION_METRICS, FinetuneConfig, check_data_dir
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError, fits_model
+from training.embedding_grad import opaque_embedding_grads
 from training.errors import DiskFullError, disk_full, out_of_space
 from training.finetuning import resume
 from training.finetuning.data import (
@@ -430,6 +431,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         )
         quantization.set_rounding(model, cfg.qat_rounding)
     model.to(device).train()
+    opaque_embedding_grads(model, cfg.embedding_grads == "aten")
     steps_per_epoch = math.ceil(len(encoded["train"]) / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
     warmup = round(cfg.warmup_fraction * total)

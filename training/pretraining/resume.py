@@ -123,7 +123,7 @@ def damaged(run: Path, d: Path, what: str) -> CheckpointError:
 
 # What a resumed run may be given anew: where and how fast it runs, how long, how often it logs and evaluates.
 # Not --save-every: the dropout generator is reseeded at each save point, so other points are another run.
-RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "compile", "compile_mode", "max_steps",
+RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "embedding_grads", "compile", "compile_mode", "max_steps",
                      "max_minutes", "log_every", "eval_every", "eval_batches", "keep_checkpoints", "data_dir",
                      "resume", "out")  # fmt: skip
 

@@ -30,6 +30,7 @@ from training.data.corpus import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
+from training.embedding_grad import opaque_embedding_grads
 from training.errors import DiskFullError, check_room
 from training.model import count_parameters, fuse_qkv
 from training.optim import (
@@ -299,6 +300,7 @@ def setup(argv: list[str] | None) -> Trainer:
         objective.to(env.device)
         objective.corruption = corruption.to(env.device)
         fuse_qkv(objective, cfg.fused_qkv)
+        opaque_embedding_grads(objective, cfg.embedding_grads == "aten")
         warm_scale = (cfg.init_lr or cfg.lr) / cfg.lr
         # Fused AdamW (one kernel over all parameters) on CPU too: 6% of a small-config step on 2 cores.
         groups = param_groups(objective, cfg.weight_decay, warm_names, warm_scale)
