@@ -122,7 +122,7 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
             "map": "sigmoid(scale * logit + bias), the scale and bias of the row's length bucket (its "
             "attention mask's token count, [CLS] and [SEP] included), in the graph before its output Sigmoid",
             "buckets": c.cmap.to_manifest(),
-            "operating_point": cal.OPERATING_POINT,
+            "operating_point": operating_point(c.texts),
             "in_words": in_words(chosen),
             "data": c.texts.where,
             "sentences": c.texts.counts(),
@@ -180,6 +180,42 @@ def _no_nan(figures):
     if isinstance(figures, dict):
         return {k: _no_nan(v) for k, v in figures.items()}
     return None if isinstance(figures, float) and figures != figures else figures
+
+
+SWAP_NAMES = {"generator": "generator", "frequency": "similar-frequency", "pos": "same-part-of-speech"}
+
+
+def operating_point(texts: Texts) -> str:
+    """What the map and threshold were fitted on, from the calibration sentences themselves: the swaps
+    made, and each source's shape of text. It once said "short everyday ones of 6-14 words and long ones"
+    whatever was given, also for a --calibration-text of the user's own."""
+    from export.evaluation.items import MAX_WORDS, MIN_WORDS
+    from export.sentence_sources import SHORT_WORDS, SOURCES
+
+    swaps = [SWAP_NAMES.get(k, k) for k in texts.counts() if k != "clean"]
+    shares = " in equal shares" if len(swaps) > 1 else ""
+    short, long, own = [], [], []
+    for name in texts.source_counts():
+        source = SOURCES.get(name)
+        if source is None:  # a file or directory of the user's
+            own.append(name)
+        else:
+            (short if source.words == SHORT_WORDS else long).append(source)
+    shapes = []
+    if short:
+        lo, hi = short[0].words
+        shapes.append(f"short everyday ones of {lo}-{hi} words ({', '.join(s.name for s in short)})")
+    if long:
+        lo, hi = long[0].words
+        shapes.append(f"long ones of {lo}-{hi} words ({', '.join(s.name for s in long)})")
+    if own:
+        shapes.append(f"sentences of {MIN_WORDS}-{MAX_WORDS} words from your own text ({', '.join(own)})")
+    return (f"held-out sentences, half with one word swapped ({_listed(swaps)} swaps{shares}), half clean: "
+            + " and ".join(shapes))  # fmt: skip
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def in_words(chosen: dict) -> str:

@@ -1,5 +1,5 @@
 """Held-out sentences with one word swapped, beside clean ones: the calibration set of a detector export
-(at export.calibration.OPERATING_POINT: half swapped, half clean) and the item sets the quality
+(export.calibrate.operating_point: half swapped, half clean) and the item sets the quality
 benchmarks and tests score (export/evaluation/scoring.py)."""
 
 from __future__ import annotations
