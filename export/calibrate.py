@@ -16,6 +16,7 @@ from export.evaluation.items import MIN_SENTENCES, CalibrationDataError, Texts, 
 from export.evaluation.scoring import score
 from export.parity import ParityError, deviation, roc_auc
 from export.wordscores import WordScorer
+from training.progress import progress_bar
 
 # Per-token |int8 - fp32| of the calibrated probability, on the calibration sentences: the gate beside
 # the AUC drop. AUC hides a token whose probability moves by 0.2 as long as the ranking over many tokens
@@ -48,7 +49,13 @@ def fit(src, fp32_onnx: Path, tokenizer: Path):
     src.log("calibration: swapping words in held-out sentences" + (" with the run's generator" if generator else "")
             + ", by frequency and by part of speech ...")  # fmt: skip
     texts = build_texts(
-        tokenizer, generator, cfg.calibration_text, data_dir, cfg.calibration_sentences, cfg.seed
+        tokenizer,
+        generator,
+        cfg.calibration_text,
+        data_dir,
+        cfg.calibration_sentences,
+        cfg.seed,
+        progress=True,
     )
     built, texts = len(texts.texts), fitting(texts, Tokenizer.from_file(str(tokenizer)), src.max_length)
     if len(texts.texts) < built:
@@ -99,7 +106,8 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     src.log(
         f"default threshold: scoring the {len(c.texts.texts)} calibration sentences with the bundle's model ..."
     )
-    sentences, probs, labels, lengths = score(scorer, c.texts)
+    with progress_bar(total=len(c.texts.texts), desc="default threshold", unit="sentence") as bar:
+        sentences, probs, labels, lengths = score(scorer, c.texts, bar=bar)
     chosen = cal.choose_threshold(sentences)
     shown = json.dumps(_no_nan(chosen), default=lambda v: v.item() if hasattr(v, "item") else str(v))
     src.log(f"default threshold: {shown}")  # JSON, as the lines beside it
@@ -114,7 +122,7 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
             "map": "sigmoid(scale * logit + bias), the scale and bias of the row's length bucket (its "
             "attention mask's token count, [CLS] and [SEP] included), in the graph before its output Sigmoid",
             "buckets": c.cmap.to_manifest(),
-            "operating_point": cal.OPERATING_POINT,
+            "operating_point": operating_point(c.texts),
             "in_words": in_words(chosen),
             "data": c.texts.where,
             "sentences": c.texts.counts(),
@@ -174,6 +182,42 @@ def _no_nan(figures):
     return None if isinstance(figures, float) and figures != figures else figures
 
 
+SWAP_NAMES = {"generator": "generator", "frequency": "similar-frequency", "pos": "same-part-of-speech"}
+
+
+def operating_point(texts: Texts) -> str:
+    """What the map and threshold were fitted on, from the calibration sentences themselves: the swaps
+    made, and each source's shape of text. It once said "short everyday ones of 6-14 words and long ones"
+    whatever was given, also for a --calibration-text of the user's own."""
+    from export.evaluation.items import MAX_WORDS, MIN_WORDS
+    from export.sentence_sources import SHORT_WORDS, SOURCES
+
+    swaps = [SWAP_NAMES.get(k, k) for k in texts.counts() if k != "clean"]
+    shares = " in equal shares" if len(swaps) > 1 else ""
+    short, long, own = [], [], []
+    for name in texts.source_counts():
+        source = SOURCES.get(name)
+        if source is None:  # a file or directory of the user's
+            own.append(name)
+        else:
+            (short if source.words == SHORT_WORDS else long).append(source)
+    shapes = []
+    if short:
+        lo, hi = short[0].words
+        shapes.append(f"short everyday ones of {lo}-{hi} words ({', '.join(s.name for s in short)})")
+    if long:
+        lo, hi = long[0].words
+        shapes.append(f"long ones of {lo}-{hi} words ({', '.join(s.name for s in long)})")
+    if own:
+        shapes.append(f"sentences of {MIN_WORDS}-{MAX_WORDS} words from your own text ({', '.join(own)})")
+    return (f"held-out sentences, half with one word swapped ({_listed(swaps)} swaps{shares}), half clean: "
+            + " and ".join(shapes))  # fmt: skip
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def in_words(chosen: dict) -> str:
     """The operating point as a user reads it, from the calibration sentences' own figures."""
 
@@ -202,8 +246,10 @@ def token_deviation(
     """p50 / p99 / max of |int8 - reference| over every token of the calibration sentences, through the
     server's word scoring; `reference` is the fp32 graph's path or a session (parity.TorchReference).
     ParityError beyond the gate, naming `instead` (check_deviation's) to export in its place."""
-    a = WordScorer(reference, tokenizer, max_length).results(texts.texts)
-    b = WordScorer(int8, tokenizer, max_length).results(texts.texts)
+    # Part of the int8 check's quiet stretch: its bar counts the sentences once for each model.
+    with progress_bar(total=2 * len(texts.texts), desc="int8 token deviation", unit="sentence") as bar:
+        a = WordScorer(reference, tokenizer, max_length).results(texts.texts, bar=bar)
+        b = WordScorer(int8, tokenizer, max_length).results(texts.texts, bar=bar)
     figures = deviation([t.prob for r in a for t in r.tokens], [t.prob for r in b for t in r.tokens])
     return check_deviation(
         figures, "the calibration sentences", quantization_aware, instead=instead or INT8_WEIGHTS

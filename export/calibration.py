@@ -40,7 +40,6 @@ from training.stats import fit_logistic_1d
 __all__ = [
     "LENGTH_EDGES",
     "LengthMap",
-    "OPERATING_POINT",
     "SentenceScores",
     "choose_threshold",
     "expected_calibration_error",
@@ -49,10 +48,6 @@ __all__ = [
     "span_figures",
 ]
 
-OPERATING_POINT = (
-    "held-out sentences, half with one word swapped (generator, similar-frequency and same-part-of-speech "
-    "swaps in equal shares), half clean: short everyday ones of 6-14 words and long ones of 8-30 words"
-)
 TARGET_PRECISION = 0.8
 EVERYDAY_MAX_WORDS = 14  # a sentence of at most this many words counts as short and everyday
 EVERYDAY_CLEAN_WITH_SPAN = 0.05  # at most this share of clean short sentences may get a span

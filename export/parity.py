@@ -98,11 +98,14 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return stats.roc_auc(scores, pos)
 
 
-def run_batched(sess, inputs: list[str], b: Batch, rows: int = 16) -> np.ndarray:
+def run_batched(sess, inputs: list[str], b: Batch, rows: int = 16, bar=None) -> np.ndarray:
+    """`sess` on `b`, `rows` at a time; `bar` (a progress bar, or None) advances by each part's rows."""
     parts = []
     for i in range(0, len(b.input_ids), rows):
         sub = Batch(b.input_ids[i : i + rows], b.attention_mask[i : i + rows], b.token_type_ids[i : i + rows])
         parts.append(sess.run(None, sub.feed(inputs))[0])
+        if bar is not None:
+            bar.update(len(sub.input_ids))
     return np.concatenate(parts)
 
 
@@ -146,12 +149,14 @@ class TorchReference:
             return [self.graph(*args).numpy()]
 
 
-def detector_auc_drop(fp32, int8, inputs: list[str], data: Batch, labels: np.ndarray, scored) -> dict:
+def detector_auc_drop(
+    fp32, int8, inputs: list[str], data: Batch, labels: np.ndarray, scored, bar=None
+) -> dict:
     """AUC of fp32 and int8 on the same corrupted tokens; `scored` marks positions that count. Also
     the per-token deviation between the two (informative here; compute int8 gates on it)."""
     auc, probs = {}, {}
     for name, sess in (("fp32", fp32), ("int8", int8)):
-        probs[name] = run_batched(sess, inputs, data)
+        probs[name] = run_batched(sess, inputs, data, bar=bar)
         auc[name] = roc_auc(probs[name][scored], labels[scored])
     drop = auc["fp32"] - auc["int8"]
     if not drop <= MAX_AUC_DROP:
@@ -181,11 +186,12 @@ def classifier_drop(
     labels: np.ndarray | None,
     ptype,
     give: str | None = "--eval-data FILE",
+    bar=None,
 ) -> dict:
     """Accuracy drop with labels; argmax disagreement without (regression: mean abs diff, not gated). `give`:
     the labelled data to give, in the messages without labels (None: a multi-label model, which none can
     check)."""
-    p32, p8 = run_batched(fp32, inputs, data), run_batched(int8, inputs, data)
+    p32, p8 = run_batched(fp32, inputs, data, bar=bar), run_batched(int8, inputs, data, bar=bar)
     if ptype == "regression":
         return {"metric": "mean_abs_diff_vs_fp32", "value": float(np.abs(p32 - p8).mean()), "rows": len(p32)}
     if ptype == "multi_label_classification":

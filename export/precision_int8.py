@@ -232,7 +232,11 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
         if rows is not None and ptype != "multi_label_classification":
             data, _ = evaldata.encode(tok, [x for x, _ in rows], seq_len, len(rows), min_tokens=1)
             labels = evaldata.label_ids(rows, src.mcfg.id2label, ptype)
-            return {**parity.classifier_drop(sess32, sess8, inputs, data, labels, ptype), "data": where}
+            with _scoring_bar(data) as bar:
+                return {
+                    **parity.classifier_drop(sess32, sess8, inputs, data, labels, ptype, bar=bar),
+                    "data": where,
+                }
         lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
         # A multi-label model is checked on this text in any case: there is no labelled data to ask for.
         give = "--eval-data FILE" if ptype != "multi_label_classification" else None
@@ -244,12 +248,25 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
                 src.log(f"int8 accuracy: the model was fine-tuned on text pairs, and no labelled pairs were given "
                         f"or found with its run: checked on {where}; give {give}")  # fmt: skip
         data, _ = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
-        return {**parity.classifier_drop(sess32, sess8, inputs, data, None, ptype, give), "data": where}
+        with _scoring_bar(data) as bar:
+            return {
+                **parity.classifier_drop(sess32, sess8, inputs, data, None, ptype, give, bar=bar),
+                "data": where,
+            }
 
     lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir)
     data, special = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)
     fake, labels, how = evaldata.corrupt(
         data, special, evaldata.run_generator(ckpt, tok), tok.token_to_id("[MASK]") or 0, cfg.seed
     )
-    figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special)
+    with _scoring_bar(fake) as bar:
+        figures = parity.detector_auc_drop(sess32, sess8, inputs, fake, labels, ~special, bar=bar)
     return {**figures, "corruption": how, "data": where}
+
+
+def _scoring_bar(data):
+    """The int8 check's bar: each row of `data` run once by the reference and once by the int8 model (a
+    minute and more of silence without it, on a larger model)."""
+    from training.progress import progress_bar
+
+    return progress_bar(total=2 * len(data.input_ids), desc="int8 accuracy", unit="row")

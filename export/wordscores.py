@@ -30,8 +30,9 @@ class WordScorer:
             self.session = ort_session(model, threads, providers_setting="cpu", quiet=True)
             self.inputs = [i.name for i in self.session.get_inputs()]
 
-    def _run(self, encodings, batch_size: int = 32) -> list[list[np.ndarray]]:
-        """Per text, the graph's output for each of its windows (special tokens included)."""
+    def _run(self, encodings, batch_size: int = 32, bar=None) -> list[list[np.ndarray]]:
+        """Per text, the graph's output for each of its windows (special tokens included); `bar` (a
+        progress bar, or None) advances by each batch's rows."""
         rows = [(t, w, row) for t, enc in enumerate(encodings) for w, row in enumerate(enc.rows)]
         rows.sort(key=lambda r: len(r[2].ids))
         out: list[list[np.ndarray]] = [[None] * len(enc.rows) for enc in encodings]  # type: ignore[list-item]
@@ -48,12 +49,15 @@ class WordScorer:
             probs = self.session.run(None, {k: feeds[k] for k in self.inputs})[0]  # a bundle has one output
             for i, (t, w, row) in enumerate(chunk):
                 out[t][w] = probs[i, : len(row.ids)]
+            if bar is not None:
+                bar.update(len(chunk))
         return out
 
-    def results(self, texts: list[str], threshold: float = 0.5) -> list[DetectResult]:
-        """Per text, what /detect returns for it at `threshold`, with words and tokens."""
+    def results(self, texts: list[str], threshold: float = 0.5, bar=None) -> list[DetectResult]:
+        """Per text, what /detect returns for it at `threshold`, with words and tokens; `bar`: as _run's
+        (one row a text, for texts that fit one window)."""
         encodings = self.tokenizer.encode_detect(texts)
-        outputs = self._run(encodings)
+        outputs = self._run(encodings, bar=bar)
         return [
             detect_result(text, enc, outs, threshold, "both")
             for text, enc, outs in zip(texts, encodings, outputs, strict=True)

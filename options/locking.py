@@ -20,6 +20,26 @@ class DirectoryHeld(Exception):
         self.pid = pid
 
 
+def holder(directory: Path) -> str | None:
+    """The pid (or "?") of another process holding `directory`, None when none does (or this one does);
+    takes nothing. For the checks that come before the lock is taken, so that they do not refuse in words
+    that send the user to a second refusal (the run's own files, written by the process that holds them)."""
+    if os.path.realpath(directory) in _held:
+        return None
+    try:
+        import fcntl
+
+        f = open(directory / LOCK)  # noqa: SIM115 (closed below)
+    except (ImportError, OSError):  # no lock file (or no flock): nobody holds it
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as the file closes
+        except BlockingIOError:
+            return f.read().strip() or "?"
+    return None
+
+
 def hold_directory(directory: Path) -> None:
     """Lock `directory` (which must exist) for this process; again from this process: nothing to do.
     DirectoryHeld when another process holds it; OSError when its lock file cannot be written."""

@@ -159,3 +159,30 @@ def test_a_detector_near_chance_on_its_own_task_is_warned_of():
     )
     assert _near_chance_on_held_out({"int8_accuracy": {**report["int8_accuracy"], "fp32": 0.8}}, []) is None
     assert _near_chance_on_held_out({"int8_accuracy": {"metric": "dev_accuracy", "fp32": 0.5}}, []) is None
+
+
+def test_the_operating_point_says_what_the_calibration_sentences_were():
+    """It said "short everyday ones of 6-14 words and long ones of 8-30 words" also for an export
+    calibrated on --calibration-text of the user's own, while in_words adapted."""
+    from export.calibrate import operating_point
+    from export.evaluation.items import Texts
+
+    def texts(kinds: list[str], sources: list[str]) -> Texts:
+        n = len(kinds)
+        return Texts(["a b c d e f."] * n, [None] * n, kinds, ",".join(dict.fromkeys(sources)), sources)
+
+    default = operating_point(texts(["generator", "frequency", "pos", "clean", "clean", "clean"],
+                                    ["wikitext2", "news", "chat", "trec", "trec", "trec"]))  # fmt: skip
+    assert default == (
+        "held-out sentences, half with one word swapped (generator, similar-frequency and same-part-of-speech "
+        "swaps in equal shares), half clean: short everyday ones of 6-14 words (chat, trec) and long ones of "
+        "8-30 words (wikitext2, news)"
+    )
+    # The user's own text, and a checkpoint without a generator: no "everyday", no generator swaps.
+    own = operating_point(texts(["frequency", "pos", "clean", "clean"], ["my_texts/a.txt"] * 4))
+    assert own == (
+        "held-out sentences, half with one word swapped (similar-frequency and same-part-of-speech swaps in "
+        "equal shares), half clean: sentences of 6-30 words from your own text (my_texts/a.txt)"
+    )
+    # Long sources alone (--calibration-text wikitext2,news) are not called everyday either.
+    assert "everyday" not in operating_point(texts(["pos", "clean"], ["wikitext2", "news"]))

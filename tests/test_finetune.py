@@ -623,9 +623,18 @@ def test_ctrl_c_keeps_the_best_model_so_far_and_says_the_run_is_not_complete(tin
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + signal.Signals[sig], said[-3000:]
-    assert "Traceback" not in said and f"stopped by {sig}, so the run is not complete" in said, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["interrupted"] is True and state["global_step"] < 200 * 15
+    # The best step, and the stop step of the run's whole length (it once said "of" the stop step).
+    said_stop = re.search(
+        rf"best at step (\d+); stopped at step (\d+) of (\d+) by {sig}, so the run is not complete", said
+    )
+    assert said_stop, said[-3000:]
+    best, stopped, of = map(int, said_stop.groups())
+    assert (best, stopped) == (state["step"], state["global_step"]) and of % 200 == 0 and of > stopped, said[
+        -3000:
+    ]
     assert load_model(out)[0] is not None  # the best model so far, readable
 
 

@@ -54,6 +54,42 @@ def damaged_copy(finished: Path, tmp_path: Path, damage) -> Path:
     return run
 
 
+def test_a_run_held_by_a_live_process_is_refused_naming_it_before_what_it_holds(
+    tmp_path, finished, small_corpus, small_tokenizer
+):
+    """Its checkpoints were refused first ("already holds a run; pass --resume"), and following that
+    advice met the lock ("is in use ... pid N"): the live process is named at once, with or without
+    --resume, and once it has ended the run's own refusal is back."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run, copy_function=shutil.copy)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
+                               "time.sleep(120)", str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        in_use = f"is in use: another training process (pid {holder.pid})"
+        for argv in (
+            tiny(run, small_corpus, small_tokenizer),
+            ["--out", str(run), "--resume", "--max-steps", "6"],
+        ):
+            assert "already holds a run" not in refused(argv, in_use)
+        # Under torchrun rank 0 looks and every rank stops with it, the refusal said once (rank 1 looking
+        # too could find rank 0's own lock, taken just after).
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                    "training.pretrain", "--out", str(run), "--resume", "--max-steps", "6"]  # fmt: skip
+        done = subprocess.run(torchrun, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        said = done.stdout + done.stderr
+        assert done.returncode != 0 and said.count(in_use) == 1, said[-3000:]
+        assert re.search(r"exitcode\s*: 2 ", said[said.index("Root Cause") :]), said[
+            -3000:
+        ]  # rank 0's refusal
+    finally:
+        holder.kill()
+        holder.wait()
+    refused(tiny(run, small_corpus, small_tokenizer), "already holds a run; pass --resume")
+
+
 def truncate(path: Path, size: int) -> None:
     with open(path, "r+b") as f:
         f.truncate(size)

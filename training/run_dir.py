@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from options import ConfigError
-from options.locking import DirectoryHeld, hold_directory
+from options.locking import DirectoryHeld, hold_directory, holder
 
 HANDOFF = "handoff.json"  # what training.handoff unpack writes at the top of the run it makes
 LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume continues from
@@ -88,8 +88,20 @@ def hold(out: Path) -> None:
             f"--out: cannot write in {out} ({e.strerror or e}); give a directory you can write"
         ) from None
     except DirectoryHeld as e:
-        raise ConfigError(f"--out: {out} is in use: another training process (pid {e.pid}) writes into it; wait "
-                          "for it to end or stop it, or give another --out") from None  # fmt: skip
+        raise _in_use(out, e.pid) from None
+
+
+def check_not_held(out: Path) -> None:
+    """ConfigError naming the pid when another process holds --out; takes nothing (hold does, later). Before
+    the checks of what --out holds: a live run's own checkpoints were refused as "already holds a run; pass
+    --resume", and that advice then met the lock."""
+    if (pid := holder(out)) is not None:
+        raise _in_use(out, pid)
+
+
+def _in_use(out: Path, pid: str) -> ConfigError:
+    return ConfigError(f"--out: {out} is in use: another training process (pid {pid}) writes into it; wait for "
+                       "it to end or stop it, or give another --out")  # fmt: skip
 
 
 def check_writable(directory: Path) -> None:

@@ -1,5 +1,5 @@
 """Held-out sentences with one word swapped, beside clean ones: the calibration set of a detector export
-(at export.calibration.OPERATING_POINT: half swapped, half clean) and the item sets the quality
+(export.calibrate.operating_point: half swapped, half clean) and the item sets the quality
 benchmarks and tests score (export/evaluation/scoring.py)."""
 
 from __future__ import annotations
@@ -115,15 +115,23 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
 
 
 def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Path | None, per_kind: int,
-                seed: int) -> Texts:  # fmt: skip
+                seed: int, progress: bool = False) -> Texts:  # fmt: skip
     """From each source, `per_kind` sentences for each kind of swap the checkpoint allows, and as many
-    clean ones, each sentence used once."""
+    clean ones, each sentence used once. `progress`: a bar over the swaps (an export's longest quiet
+    stretch: a generator swap runs the generator on its sentence)."""
     from tokenizers import Tokenizer
+
+    from training.progress import progress_bar
 
     by_source = held_out_sources(text, data_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     pickers = swap_pickers(tokenizer, data_dir, generator)
-    parts = [swapped_and_clean(tokenizer, s, pickers, per_kind, seed) for s in by_source.values()]
+    # The most swaps swapped_and_clean makes; a source whose sentences refuse swaps ends the bar short.
+    total = sum(len(pickers) * min(per_kind, len(s) // (2 * len(pickers))) for s in by_source.values())
+    with progress_bar(total=total, desc="calibration swaps", unit="sentence", disable=not progress) as bar:
+        parts = [
+            swapped_and_clean(tokenizer, s, pickers, per_kind, seed, bar=bar) for s in by_source.values()
+        ]
     return Texts(
         [t for p in parts for t in p.texts],
         [sp for p in parts for sp in p.spans],
@@ -149,14 +157,15 @@ def swap_pickers(tokenizer, data_dir: Path | None, generator=None) -> dict:
 
 
 def swapped_and_clean(
-    tokenizer, sentences: list[str], pickers: dict, per_kind: int, seed: int, paired: bool = False
+    tokenizer, sentences: list[str], pickers: dict, per_kind: int, seed: int, paired: bool = False, bar=None
 ) -> Texts:
     """Up to `per_kind` sentences swapped by each picker, and clean ones.
 
     Unpaired (calibration, the measurement sets): from a seeded shuffle, each sentence used once, as
     many clean as swapped. Paired (the item sets of benchmarks.quality.user_sentences): every picker
     tries the same sentences in their given order, each with its own seeded RNG, and the first
-    `per_kind` sentences are the clean ones: a swapped sentence's clean self is among them."""
+    `per_kind` sentences are the clean ones: a swapped sentence's clean self is among them. `bar`: a
+    progress bar (or None), advanced by each swap made unpaired."""
     from training.data.swaps import Swapper
 
     swapper = Swapper(tokenizer)
@@ -194,6 +203,8 @@ def swapped_and_clean(
             if swap is not None:
                 add(swap.text, (swap.start, swap.end), kind, swap.original, swap.replacement, sentence)
                 count += 1
+                if bar is not None:
+                    bar.update()
             if count == share:
                 break
     n_swapped = len(made["texts"])

@@ -14,13 +14,13 @@ from export.evaluation.items import Texts
 LENGTHS = (("<=10", 0, 10), ("11-20", 11, 20), (">20", 21, 10**9))
 
 
-def score(scorer, texts: Texts) -> tuple[list[SentenceScores], np.ndarray, np.ndarray, np.ndarray]:
+def score(scorer, texts: Texts, bar=None) -> tuple[list[SentenceScores], np.ndarray, np.ndarray, np.ndarray]:
     """(sentences for threshold choice, token probabilities, token labels, each token's row length in
-    tokens, special tokens included) from one scoring pass."""
+    tokens, special tokens included) from one scoring pass; `bar`: a progress bar over the sentences."""
     from app.model.postprocess import is_punctuation
 
     sentences, probs, labels, lengths = [], [], [], []
-    for text, res, span in zip(texts.texts, scorer.results(texts.texts), texts.spans, strict=True):
+    for text, res, span in zip(texts.texts, scorer.results(texts.texts, bar=bar), texts.spans, strict=True):
         words = res.words
         assert res.summary.windows == 1, "calibration sentences fit one window"
         target = None if span is None else next(i for i, w in enumerate(words) if (w.start, w.end) == span)

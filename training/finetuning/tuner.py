@@ -478,9 +478,11 @@ def train_and_save(t: FineTuner) -> dict:
         # What stopped the training, not a signal that came while the finished run's model was written.
         if evals.pop("interrupted", False):
             # On stderr, beside the signal's own line: `| tee` stopped by the same Ctrl-C takes stdout with it.
-            print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}: stopped by {stop.name}, so the "
-                  f"run is not complete; go on with: {entry.PROG} --out {t.cfg.out} --resume)", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            # The best step and the stop step of the run's whole total, as early_stop_line says them ("of
+            # {t.step}" read as the run's length: "step 5 of 6" for a stop at 6 of 20).
+            print(f"model: {t.cfg.out} (best at step {t.best['step']}; stopped at step {t.step} of {t.total} by "
+                  f"{stop.name}, so the run is not complete; go on with: {entry.PROG} --out {t.cfg.out} --resume)",
+                  file=sys.stderr, flush=True)  # fmt: skip
             sys.exit(128 + stop.signal)
     except OSError as e:  # the disk filled up during the run (check_model_fits found room at its start)
         if not out_of_space(e):

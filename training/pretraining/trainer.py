@@ -236,6 +236,19 @@ def setup(argv: list[str] | None) -> Trainer:
     except ConfigError as e:  # --device cuda where there is none
         options.usage_exit(f"error: {e}")
     run = Path(cfg.out)
+    # A live process's lock first: what --out holds is that process's to change. Rank 0 looks (the others
+    # could see rank 0's own lock, taken below), and every rank stops with it.
+    held = None
+    if env.main:
+        try:
+            run_dir.check_not_held(run)
+        except ConfigError as e:
+            held = e
+    if env.agree(held is not None):
+        env.close()
+        if held is None:
+            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
+        options.usage_exit(f"error: {held}")
     has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
     if cfg.resume and not has_ckpt:
         if not run.exists():
