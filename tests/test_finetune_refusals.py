@@ -362,3 +362,21 @@ def test_the_original_command_resumes_when_it_spelled_its_labels_otherwise_than_
     finetune([*args, "--resume"])  # the original command, --resume added
     assert json.loads((out / "trainer_state.json").read_text())["interrupted"] is False
     assert json.loads((out / "eval_dev.json").read_text())["positive_label"] == "1"
+
+
+def test_an_out_held_by_a_live_run_is_refused_naming_it_before_what_it_holds(stopped, tmp_path):
+    """Its files were refused first ("already holds ...; pass --resume"), advice that then met the lock:
+    the live process is named at once, with or without --resume."""
+    out = copy_of(stopped, tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
+                               "time.sleep(120)", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        in_use = f"is in use: another training process (pid {holder.pid})"
+        for argv in (stopped[1][:-1] + [str(out)], ["--out", str(out), "--resume"]):
+            assert "already holds" not in refused(argv, in_use)
+    finally:
+        holder.kill()
+        holder.wait()
+    refused(stopped[1][:-1] + [str(out)], "already holds", "pass --resume")

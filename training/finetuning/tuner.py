@@ -154,6 +154,9 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     if cfg.device == "cuda" and not torch.cuda.is_available():  # before --out is created and locked
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
     out = Path(cfg.out).resolve()
+    # A live run's --out named as such first: its files were refused as "already holds ...; pass --resume
+    # or --overwrite", advice that then met the lock.
+    run_dir.check_not_held(out)
     check_out(out, cfg.overwrite, cfg.resume)  # fails at once, before any data is read
     refuse_other_families(load_from)
     try:
