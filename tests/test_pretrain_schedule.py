@@ -46,6 +46,17 @@ def ran(tmp_path_factory, small_corpus, small_tokenizer) -> Ran:
     return Ran(run, err.getvalue())
 
 
+@pytest.fixture(scope="module")
+def past_warmup(tmp_path_factory, small_corpus, small_tokenizer) -> Ran:
+    """8 steps, 4 of them warm-up, checkpoints and evaluations at 4 and 8: steps trained at rates that
+    depend on --max-steps."""
+    run, err = tmp_path_factory.mktemp("past-warmup") / "run", io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        pretrain(tiny(run, small_corpus, small_tokenizer, "--max-steps", 8, "--warmup-steps", 4, "--save-every", 4,
+                      "--eval-every", 4))  # fmt: skip
+    return Ran(run, err.getvalue())
+
+
 def copy_of(ran: Ran, tmp_path: Path) -> Path:
     run = tmp_path / "run"
     shutil.copytree(ran.run, run, copy_function=shutil.copy)
@@ -80,31 +91,46 @@ def test_tokens_per_s_leaves_out_evaluation_and_checkpoint_time(ran):
     tps = {step: r["tokens_per_s"] for step, r in rows(ran.run, "train").items()}
     after = {5, 6, 9}
     usual = statistics.median(v for step, v in tps.items() if step not in after and step > 1)
-    assert all(tps[step] > 0.4 * usual for step in after), " ".join(f"{s}:{v:.0f}" for s, v in tps.items())
+    # Counted with them, each such step read 0.13-0.27 of the usual rate. The median of the three, so that
+    # one step slowed by a busy machine (steps take milliseconds here) does not fail it.
+    assert statistics.median(tps[step] for step in after) > 0.4 * usual, " ".join(
+        f"{s}:{v:.0f}" for s, v in tps.items()
+    )
 
 
-def test_max_steps_changed_on_a_resume_is_said_and_recorded(ran, tmp_path, capsys):
-    run = copy_of(ran, tmp_path)
-    pretrain(["--out", str(run), "--resume", "--max-steps", "12"])
+def test_max_steps_changed_on_a_resume_is_said_and_recorded(past_warmup, tmp_path, capsys):
+    run = copy_of(past_warmup, tmp_path)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "12", "--log-every", "1"])
     err = capsys.readouterr().err
-    new_lr = LR * linear_schedule(10, 12, 10)
-    said = (f"--max-steps 12 replaces the run's 10 from step 11: the learning rate at step 11 is {new_lr:.3g} (a "
-            f"12-step schedule), not 0 (the 10-step schedule's, which ended at step 10 with {LR:.3g})")  # fmt: skip
+    new_lr, last = LR * linear_schedule(8, 12, 4), LR * linear_schedule(7, 8, 4)
+    said = (f"--max-steps 12 replaces the run's 8 from step 9: the learning rate at step 9 is {new_lr:.3g} (a "
+            f"12-step schedule), not 0 (the 8-step schedule's, which ended at step 8 with {last:.3g})")  # fmt: skip
     assert said in err, err
-    assert rows(run, "train")[11]["lr"] == pytest.approx(new_lr)
-    change = [{"step": 10, "from": 10, "to": 12}]
+    assert rows(run, "train")[9]["lr"] == pytest.approx(new_lr)
+    change = [{"step": 8, "from": 8, "to": 12}]
     state = json.loads((run / "checkpoints" / "step-00000012" / "trainer_state.json").read_text())
     assert state["as_run"]["schedule_changes"] == change
     saved = json.loads((run / "config.json").read_text())
     assert saved["max_steps"] == 12 and saved["as_run"]["schedule_changes"] == change
-    assert 10 in rows(run, "eval")  # the 10-step schedule's last evaluation stays: it measured these weights
+    assert 8 in rows(run, "eval")  # the 8-step schedule's last evaluation stays: it measured these weights
 
     # Its options given again as --config make a 12-step schedule throughout, which the run never had.
     from training.pretraining.run_config import replay_notes, resolve_config
 
     again, _ = resolve_config(["--config", str(run / "config.json"), "--out", str(tmp_path / "again")])
     (note,) = replay_notes(again)
-    assert "changed its --max-steps on a resume (10 to 12 at step 10)" in note, note
+    assert "changed its --max-steps on a resume (8 to 12 at step 8)" in note, note
+
+
+def test_max_steps_changed_within_warmup_changes_no_schedule(ran, tmp_path, capsys):
+    """Every step so far at the warm-up's rate, which --max-steps does not change: the run is the 12-step
+    run, and neither the note nor the record said otherwise."""
+    run = copy_of(ran, tmp_path)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "12"])
+    assert "replaces the run's" not in capsys.readouterr().err
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["max_steps"] == 12 and "schedule_changes" not in saved["as_run"]
+    assert rows(run, "train")[11]["lr"] == pytest.approx(LR * linear_schedule(10, 12, 10))
 
 
 def test_a_recipe_files_max_steps_leaves_a_resumed_runs_own(ran, tmp_path, capsys):

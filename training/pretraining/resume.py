@@ -173,14 +173,22 @@ def check_resume_point(run: Path, env: Dist, max_steps: int) -> dict:
 def schedule_change(state: dict, max_steps: int) -> dict | None:
     """The --max-steps change a resume from the checkpoint (its trainer_state.json) makes, if it makes one:
     from that step on the learning rate follows another schedule, so the run is neither the uninterrupted
-    run of its first --max-steps nor one of its new."""
-    then = (state.get("config") or {}).get("max_steps", max_steps)
-    return {"step": state["step"], "from": then, "to": max_steps} if then != max_steps else None
+    run of its first --max-steps nor one of its new. None where every step trained so far had the same
+    rate under both (all of them in warm-up, whose ramp does not depend on --max-steps): the run is then
+    the uninterrupted run of the new --max-steps, bit for bit."""
+    config = state.get("config") or {}
+    then, step = config.get("max_steps", max_steps), state["step"]
+    warmup = config.get("warmup_steps", 0)
+    # Past warm-up the two decays differ at every step but the first (both at the peak there): a short loop.
+    differs = any(
+        linear_schedule(s, then, warmup) != linear_schedule(s, max_steps, warmup) for s in range(step)
+    )
+    return {"step": step, "from": then, "to": max_steps} if then != max_steps and differs else None
 
 
 def schedule_changes(state: dict, max_steps: int) -> list[dict]:
     """Every --max-steps change of the run, this resume's last. Saved in as_run (config.json, each
-    checkpoint, a bundle's manifest) so that none of them claims one schedule for the weights."""
+    checkpoint's trainer_state.json) so that none of them claims one schedule for the weights."""
     change = schedule_change(state, max_steps)
     return [*(state.get("as_run") or {}).get("schedule_changes", []), *([change] if change else [])]
 
