@@ -267,7 +267,12 @@ class _BoundedRead(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or cycle is not self._receiving:  # self.cycle may be an earlier, answered request
             return request_context.new_id()
-        return cycle.scope.get("state", {}).get("request_id") or request_context.incoming_id(cycle.scope)
+        # Kept in the scope: when the head and a broken chunk come in one read, this answer is written before
+        # the handler's middleware runs, and that then takes this id for its log lines rather than a second.
+        state = cycle.scope.setdefault("state", {})
+        if not state.get("request_id"):
+            state["request_id"] = request_context.incoming_id(cycle.scope)
+        return state["request_id"]
 
     def _timed_out(self) -> None:
         self._deadline = None

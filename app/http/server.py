@@ -160,7 +160,10 @@ def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = Fal
                 await app(scope, receive, send)
                 return
             start = scope["state"]["t0"] = time.perf_counter()  # x-total-time starts here too
-            rid = scope["state"]["request_id"] = request_context.incoming_id(scope)
+            # The protocol may have answered already (a broken chunk in the head's read), naming an id.
+            rid = scope["state"]["request_id"] = scope["state"].get(
+                "request_id"
+            ) or request_context.incoming_id(scope)
             context = request_context.request_id.set(rid.decode())
             status = 500
 
