@@ -84,6 +84,13 @@ def test_a_finished_run_resumed_leaves_its_files_as_they_were(ran, tmp_path, cap
     pretrain(["--out", str(run), "--resume", "--threads", "2"])  # as_run's threads would differ
     assert "nothing to train" in capsys.readouterr().err
     assert saved_files(run) == before
+    # As a resume to 12 steps leaves it when killed before its first checkpoint: the run is still at 10 of 10.
+    stale = json.loads((run / "config.json").read_text())
+    stale["max_steps"], stale["as_run"]["schedule_changes"] = 12, [{"step": 10, "from": 10, "to": 12}]
+    (run / "config.json").write_text(json.dumps(stale))
+    pretrain(["--out", str(run), "--resume", "--max-steps", "10"])
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["max_steps"] == 10 and "schedule_changes" not in saved["as_run"], saved
 
 
 def test_tokens_per_s_leaves_out_evaluation_and_checkpoint_time(ran):

@@ -226,6 +226,15 @@ class Trainer:
         return saving or self.evals_step == step
 
 
+def _schedule_of(config_json: Path) -> tuple | None:
+    """The max_steps and schedule changes a run's config.json claims; None where it does not read."""
+    try:
+        saved = json.loads(config_json.read_text())
+        return saved.get("max_steps"), (saved.get("as_run") or {}).get("schedule_changes")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def setup(argv: list[str] | None) -> Trainer:
     """Config, processes, data, models (fresh, warm-started or restored) and optimizer; prints the
     resolved configuration and saves it beside the run."""
@@ -383,7 +392,12 @@ def setup(argv: list[str] | None) -> Trainer:
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
     if env.main:
         try:
-            if step < cfg.max_steps:  # a finished run resumed (nothing to train) keeps its files as they were
+            # A finished run resumed (nothing to train) keeps its files as they were, unless its config.json
+            # claims another schedule: written by a longer resume killed before its first checkpoint.
+            if step < cfg.max_steps or _schedule_of(run / "config.json") != (
+                cfg.max_steps,
+                ran.get("schedule_changes"),
+            ):
                 save_config(cfg, run / "config.json", as_run=ran)
         except DiskFullError as e:  # before any step: nothing is lost but the start
             sys.exit(_disk_full(e))
