@@ -475,7 +475,7 @@ def test_the_saved_config_says_what_ran_and_options_that_change_nothing_are_note
     (run / "config.json").write_text(json.dumps({**saved, "lowercase": False, "vocab_size": 2000}))
     pretrain(["--out", str(run), "--resume", "--max-steps", "3", "--sentence-rows", "0.4"])  # nothing changed
     resumed = json.loads((run / "config.json").read_text())
-    assert resumed["as_run"] == {**ran, "schedule_changes": [{"step": 2, "from": 2, "to": 3}]}
+    assert resumed["as_run"] == ran  # 2 steps of tiny's 10 of warm-up: --max-steps 3 changed no rate
     assert resumed["lowercase"] is True and resumed["vocab_size"] == 1000
 
     # The generator comes with --init RUN: --generator-fraction cannot size it.

@@ -188,7 +188,8 @@ def schedule_change(state: dict, max_steps: int) -> dict | None:
 
 def schedule_changes(state: dict, max_steps: int) -> list[dict]:
     """Every --max-steps change of the run, this resume's last. Saved in as_run (config.json, each
-    checkpoint's trainer_state.json) so that none of them claims one schedule for the weights."""
+    checkpoint's trainer_state.json, and from it a bundle's manifest) so that none of them claims one
+    schedule for the weights."""
     change = schedule_change(state, max_steps)
     return [*(state.get("as_run") or {}).get("schedule_changes", []), *([change] if change else [])]
 
