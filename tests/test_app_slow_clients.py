@@ -64,9 +64,7 @@ def test_what_the_http_parser_refuses_gets_the_json_400_and_is_counted(server, r
     before = server.metric("electra_rejected_requests_total", reason="invalid_http")
     with _connect(server) as s:
         s.sendall(request_bytes)
-        answer = b""
-        while chunk := s.recv(4096):
-            answer += chunk
+        answer = _read_answers(s)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head, answer
     assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", head), head  # a new one: no header was read
@@ -207,9 +205,7 @@ def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
     with _connect(server) as s:
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: chunk-1\r\n"
                   b"transfer-encoding: chunked\r\n\r\n5\r\n{\"tex\r\nzz-not-hex\r\n")  # fmt: skip
-        answer = b""
-        while chunk := s.recv(4096):
-            answer += chunk
+        answer = _read_answers(s)
     assert answer.startswith(b"HTTP/1.1 400") and b"malformed chunk" in answer, answer
     assert b"\r\nx-request-id: chunk-1\r\n" in answer, answer  # its headers were read: the client's id
     wait_for(lambda: count("400") == before["400"] + 1, what="the request to be counted")
@@ -219,9 +215,7 @@ def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
     with _connect(server) as s:
         s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                   b"transfer-encoding: chunked\r\n\r\n5\r\n{\"tex\r\nzz-not-hex\r\n")  # fmt: skip
-        answer = b""
-        while chunk := s.recv(4096):
-            answer += chunk
+        answer = _read_answers(s)
     rid = re.search(rb"\r\nx-request-id: ([0-9a-f]{32})\r\n", answer)
     assert answer.startswith(b"HTTP/1.1 400") and rid, answer
     wait_for(

@@ -19,8 +19,10 @@ from training.finetune import main as finetune
 
 try:
     from test_finetune import write_csv
+    from test_pretrain_refusals import held_elsewhere
 except ImportError:  # tests/ made a package
     from tests.test_finetune import write_csv
+    from tests.test_pretrain_refusals import held_elsewhere
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -368,15 +370,8 @@ def test_an_out_held_by_a_live_run_is_refused_naming_it_before_what_it_holds(sto
     """Its files were refused first ("already holds ...; pass --resume"), advice that then met the lock:
     the live process is named at once, with or without --resume."""
     out = copy_of(stopped, tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
-                               "time.sleep(120)", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        in_use = f"is in use: another training process (pid {holder.pid})"
+    with held_elsewhere(out) as pid:
+        in_use = f"is in use: another training process (pid {pid})"
         for argv in (stopped[1][:-1] + [str(out)], ["--out", str(out), "--resume"]):
             assert "already holds" not in refused(argv, in_use)
-    finally:
-        holder.kill()
-        holder.wait()
     refused(stopped[1][:-1] + [str(out)], "already holds", "pass --resume")

@@ -5,12 +5,14 @@ of copies, quoted numbers in a --config file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,20 @@ def damaged_copy(finished: Path, tmp_path: Path, damage) -> Path:
     return run
 
 
+@contextlib.contextmanager
+def held_elsewhere(out: Path) -> Iterator[int]:
+    """`out` locked by another live process (training.run_dir.hold, as a training run holds it); its pid."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
+                               "time.sleep(120)", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_run_held_by_a_live_process_is_refused_naming_it_before_what_it_holds(
     tmp_path, finished, small_corpus, small_tokenizer
 ):
@@ -62,12 +78,8 @@ def test_a_run_held_by_a_live_process_is_refused_naming_it_before_what_it_holds(
     --resume, and once it has ended the run's own refusal is back."""
     run = tmp_path / "run"
     shutil.copytree(finished, run, copy_function=shutil.copy)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
-                               "time.sleep(120)", str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        in_use = f"is in use: another training process (pid {holder.pid})"
+    with held_elsewhere(run) as pid:
+        in_use = f"is in use: another training process (pid {pid})"
         for argv in (
             tiny(run, small_corpus, small_tokenizer),
             ["--out", str(run), "--resume", "--max-steps", "6"],
@@ -84,9 +96,6 @@ def test_a_run_held_by_a_live_process_is_refused_naming_it_before_what_it_holds(
         assert re.search(r"exitcode\s*: 2 ", said[said.index("Root Cause") :]), said[
             -3000:
         ]  # rank 0's refusal
-    finally:
-        holder.kill()
-        holder.wait()
     refused(tiny(run, small_corpus, small_tokenizer), "already holds a run; pass --resume")
 
 

@@ -235,6 +235,16 @@ def _schedule_of(config_json: Path) -> tuple | None:
         return None
 
 
+def _stop_with_rank_0(env: Dist, problem: Exception | None, message: str) -> None:
+    """Every rank exits 2 when rank 0 (which alone looked) found `problem`, the `message` said once, by it:
+    a rank that went on would wait in the step's collectives for ever."""
+    if env.agree(problem is not None):
+        env.close()
+        if problem is None:
+            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
+        options.usage_exit(message)
+
+
 def setup(argv: list[str] | None) -> Trainer:
     """Config, processes, data, models (fresh, warm-started or restored) and optimizer; prints the
     resolved configuration and saves it beside the run."""
@@ -253,11 +263,7 @@ def setup(argv: list[str] | None) -> Trainer:
             run_dir.check_not_held(run)
         except ConfigError as e:
             held = e
-    if env.agree(held is not None):
-        env.close()
-        if held is None:
-            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
-        options.usage_exit(f"error: {held}")
+    _stop_with_rank_0(env, held, f"error: {held}")
     has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
     if cfg.resume and not has_ckpt:
         if not run.exists():
@@ -476,11 +482,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
                          evaluated=t.step % cfg.eval_every == 0 or ended)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
-    if env.agree(problem is not None):
-        env.close()
-        if problem is None:
-            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
-        options.usage_exit(f"error: --resume: {problem}; then resume")
+    _stop_with_rank_0(env, problem, f"error: --resume: {problem}; then resume")
     bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None
