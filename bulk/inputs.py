@@ -270,7 +270,9 @@ def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path
     linked directory leading under INPUT did (bulk/walk.py). A link to a file not listed otherwise (a Hugging
     Face snapshot's, into its blobs; one to a hidden file) is the shard, named by the link."""
     own = {os.path.realpath(f) for f in files if not f.is_symlink()}
-    twice = [f for f in files if f.is_symlink() and os.path.realpath(f) in own]
+    twice = {
+        f for f in files if f.is_symlink() and os.path.realpath(f) in own
+    }  # a set: checked per file below
     left.links += sorted(shard_name(f, root) for f in twice)
     return [f for f in files if f not in twice]
 
