@@ -303,6 +303,7 @@ def resolve(
             given[name] = var
     values.update(flags)
     given.update({name: flag(name) for name in flags})
+    _check_no_shortened_paths(values, given, fields, args.config if config_file else None)
     for name, value in values.items():
         _check_choice(fields[name], value)
     missing = [n.upper() if spec_of(f).positional else flag(n)
@@ -317,6 +318,19 @@ def resolve(
         raise ConfigError(str(e)) from None
     _remember(resolved, given)
     return resolved
+
+
+def _check_no_shortened_paths(values: dict, given: dict, fields: dict, config: str | None) -> None:
+    """A bundle's export_config.json travels with the bundle, so a path outside the directory the export
+    ran in is saved as ".../" and its last three parts (export/pipeline.py `_portable`): replayed from
+    that file, it would fail later as a directory that does not exist."""
+    for name, value in values.items():
+        if given.get(name) == config and isinstance(value, str) and value.startswith(".../"):
+            shown = name.upper() if spec_of(fields[name]).positional else flag(name)
+            raise ConfigError(
+                f"--config {config}: {name} is {value!r}, a path shortened where it was saved (a bundle keeps "
+                f"no absolute path of the machine that wrote it): give {shown} on the command line"
+            )
 
 
 def _config_file(path: Path, cls) -> dict:

@@ -273,9 +273,10 @@ def test_a_bundle_too_long_for_the_batch_budget_fails_alone(bundles_dir, tmp_pat
 
 
 def test_a_window_stride_past_half_a_window_is_said_at_load(bundles_dir, tmp_path):
-    """It was cut to half a window in silence."""
+    """It was cut to half a window in silence; and said of classifiers too, which never use windows."""
     with run_server(bundles_dir, "--window-stride", "600", log_dir=tmp_path) as s:
         assert "detector: --window-stride 600 is more than half its window" in s.log()
+        assert "sentiment: --window-stride" not in s.log()
 
 
 def test_models_lists_a_quantized_bundles_long_vectors_by_count():

@@ -204,3 +204,22 @@ def test_onnxruntimes_quantizer_writes_its_copies_in_the_exports_scratch_directo
         assert p.parent.parent == scratch, p
         assert p.parent.name.startswith(f"electra-export-pid{os.getpid()}.graphs-"), p
     assert [p.name for p in scratch.iterdir()] == []
+
+
+def test_a_bundles_saved_options_replay_and_name_the_paths_shortened_for_travel(
+    tmp_path, detector_dir, capsys, monkeypatch
+):
+    """A bundle keeps no absolute path of the machine that wrote it (export_config.json says .../ and the
+    last three parts): replayed with --config, the export failed on ".../x/y/z: no such directory". It
+    names the option to give again, and given, the same options export again."""
+    export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
+    saved = tmp_path / "b" / "export_config.json"
+    monkeypatch.chdir(tmp_path)  # not under tmp_path's parents: the checkpoint's path was shortened
+    err = _refused(["--config", str(saved), "--out", str(tmp_path / "again")], capsys)
+    assert f"--config {saved}: checkpoint is '.../" in err and "give CHECKPOINT on the command line" in err, (
+        err
+    )
+    from export.__main__ import main
+
+    assert main(["--config", str(saved), str(detector_dir), "--out", str(tmp_path / "again")]) in (0, None)
+    assert (tmp_path / "again" / "manifest.json").is_file()

@@ -506,7 +506,10 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     sort_by_length: bool = option(
         False, "batch similar lengths together (less padding; order still shuffled)"
     )
-    seed: int = option(1337, "seeds the head, data order and dropout")
+    seed: int = option(
+        1337,
+        "seeds the head, data order and dropout; not the dev split cut from --train without --dev, which has a fixed seed so runs of other seeds are scored on the same rows",
+    )
     # Evaluation and model selection.
     eval_every: int = option(0, "steps between dev evaluations; 0: at the end of every epoch")
     patience: int = option(

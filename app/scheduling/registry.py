@@ -277,7 +277,8 @@ def _load_and_warm(
     thread's work, off the event loop. EngineCheckError when --load-check refuses the bundle."""
     m = bundle.manifest
     tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, settings.window_stride)
-    if note := tokenizer.stride_note():  # half a window at most: a window must move on
+    # Only /detect scores in windows; a classifier truncates, and the stride is nothing to it.
+    if m.kind == "detector" and (note := tokenizer.stride_note()):  # half a window at most
         # The default on a short-windowed model (configs/tiny.toml's 64 tokens) is nothing to warn about;
         # a stride someone chose is.
         asked = settings.window_stride != DEFAULT_WINDOW_STRIDE
