@@ -103,7 +103,9 @@ def connect(address: str, cpus: int) -> str | None:
     _check_reachable(address)
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-    except ConnectionError as e:
+    # ValueError: an address Ray reads otherwise than BulkConfig's check (which refuses the forms known
+    # to reach it); still the cluster named cannot be joined, not a fault of the job.
+    except (ConnectionError, ValueError) as e:
         raise JoinError(_join_failed(address, e)) from None
     return None
 
