@@ -151,6 +151,21 @@ def refused_while_parsing(module: str, argv: list[str], capsys) -> str:
     return err
 
 
+def test_classify_accuracy_refuses_a_detector_and_a_task_of_other_labels_before_serving(
+    registry_data, capsys
+):
+    """A detector got a 400 from /classify, a task of other labels a KeyError on the first answer: each
+    a traceback (exit 1) after the server had started. Now one error line each, exit 2, from the bundle's
+    manifest and the task's labels."""
+    module, models = "benchmarks.quality.classify_accuracy", str(REPO / "models")
+    err = refused_while_parsing(module, ["--models", models, "--model", "detector", "--limit", "5"], capsys)
+    assert "--model detector is a detector bundle" in err and "holds sentiment" in err
+    argv = ["--models", models, "--model", "sentiment", "--task", "trec", "--data-dir", str(registry_data)]
+    err = refused_while_parsing(module, [*argv, "--limit", "5"], capsys)
+    assert "sentiment predicts negative, positive, and --task trec is labelled" in err
+    assert "fine-tuned on --task rotten_tomatoes" in err
+
+
 def test_bf16_lever_measures_openvino_only_where_it_is_installed(capsys):
     """Without onnxruntime-openvino the "OpenVINO" sessions ran on the CPU provider, labelled OpenVINO."""
     import onnxruntime
