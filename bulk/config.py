@@ -72,7 +72,7 @@ class BulkConfig:
     ray: str | None = option(
         None,
         "run on Ray: --ray alone starts an instance for this job here; --ray auto joins the one `ray start` made "
-        "here; --ray HOST:PORT joins that cluster",
+        "here; --ray HOST:PORT joins that cluster (ray://HOST:PORT: through Ray Client)",
         bare="local",
     )
     progress: bool = option(True, "a progress line on stderr (documents/s, tokens/s, ETA)")
@@ -93,6 +93,8 @@ class BulkConfig:
             raise ConfigError("INPUT must not be empty: give a file, a directory or a quoted glob")
         if not self.text_field:
             raise ConfigError(f"{flag('text_field')} must not be empty")
+        if self.ray is not None:
+            check_ray_address(self.ray)
 
     @property
     def bundle_dir(self) -> Path:
@@ -113,6 +115,38 @@ class BulkConfig:
     def fingerprint(self) -> dict:
         values = options.as_dict(self)
         return {name: values[name] for name in FINGERPRINT}
+
+
+# What --ray takes, as ray.init reads it: "local" (--ray alone: an instance of the job's own), "auto" (the
+# cluster `ray start` made on this machine), HOST:PORT (a cluster's head, as `ray start` prints it), and a
+# Ray Client address, ray://HOST:PORT. Anything else reached ray.init, which raised a ValueError (a
+# traceback, exit 1), or was taken as a cluster joined by the driver and as none by the runners.
+RAY_FORMS = "HOST:PORT (the head `ray start --head` printed), auto, ray://HOST:PORT, or --ray alone"
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse (ConfigError) a --ray value that names no cluster Ray can join, before any work."""
+    if not address.strip():  # `--ray "$ADDR"` with ADDR unset: neither a cluster nor "start one"
+        raise ConfigError(f"--ray is empty (an unset variable?): give {RAY_FORMS} for a Ray instance of "
+                          "the job's own; leave --ray out to score with local processes")  # fmt: skip
+    if address in ("local", "auto"):
+        return
+    scheme, sep, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    well_formed = (
+        (not sep or scheme == "ray")
+        and host
+        and not any(c.isspace() or c in "/'\"@" for c in host)
+        and port.isdigit()
+        and 0 < int(port) < 65536
+    )
+    if not well_formed:
+        hint = (
+            f" ({scheme}:// is a web address, the dashboard's; the head's takes none)"
+            if sep and scheme != "ray"
+            else ""
+        )
+        raise ConfigError(f"--ray {address!r} is no address Ray can join{hint}. Give {RAY_FORMS}")
 
 
 DESCRIPTION = (

@@ -163,6 +163,10 @@ def _join_ray(cfg: BulkConfig) -> str | None:
     # (config.json, job.json): the one before it stands until the job's own go in.
     if before is not None:  # None: a handler not set from Python, which Ray's replaced for good
         signal.signal(signal.SIGTERM, before)
+    # A cluster joined: an actor of more threads than any node's CPUs never starts. The job's own instance
+    # is sized for its workers' threads (connect), so it always holds one.
+    if cfg.ray != "local" and (why := on_ray.threads_refusal(on_ray.node_cpus(), cfg.threads, cfg.ray)):
+        raise JobError(why)
     return own_instance
 
 
@@ -181,9 +185,10 @@ class Workers:
         elif not self._count:
             from bulk import on_ray
 
-            _join_ray(cfg)
-            cpus = on_ray.cluster_cpus()
-            self._count = max(1, cpus // cfg.threads)
+            _join_ray(cfg)  # refuses --threads beyond every node's CPUs
+            nodes = on_ray.node_cpus()
+            cpus = sum(nodes)
+            self._count = max(1, on_ray.actors_that_fit(nodes, cfg.threads))
             print(f"bulk: the Ray cluster at {cfg.ray} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
                   "thread(s) (--workers 0; give --workers to run another number)", flush=True)  # fmt: skip
         return self._count

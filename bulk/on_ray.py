@@ -103,7 +103,9 @@ def connect(address: str, cpus: int) -> str | None:
     _check_reachable(address)
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-    except ConnectionError as e:
+    # ValueError: an address Ray reads otherwise than BulkConfig's check (which refuses the forms known
+    # to reach it); still the cluster named cannot be joined, not a fault of the job.
+    except (ConnectionError, ValueError) as e:
         raise JoinError(_join_failed(address, e)) from None
     return None
 
@@ -113,6 +115,42 @@ def cluster_cpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("CPU", 0))
+
+
+def node_cpus() -> list[int]:
+    """The CPUs of each live node of the cluster joined; the cluster's total as one node where Ray does not
+    say (ray.nodes() through Ray Client, another version)."""
+    import ray
+
+    try:
+        nodes = ray.nodes()
+        cpus = [int(n.get("Resources", {}).get("CPU", 0)) for n in nodes if n.get("Alive")]
+    except Exception:
+        cpus = []
+    return cpus or [cluster_cpus()]
+
+
+def actors_that_fit(cpus: list[int], threads: int) -> int:
+    """How many actors of `threads` CPUs each the nodes hold: an actor runs on one node, so two nodes of 3
+    CPUs hold two actors of 2 threads, not three."""
+    return sum(c // threads for c in cpus)
+
+
+def threads_refusal(cpus: list[int], threads: int, address: str) -> str | None:
+    """Why no actor of --threads CPUs can start on these nodes (each actor asks num_cpus=--threads, on one
+    node), or None. Ray keeps such an actor pending for ever: the job hung, and a SIGTERM then waited for a
+    part that never started."""
+    largest = max(cpus, default=0)
+    if threads <= largest:
+        return None
+    if largest == 0:
+        return (f"the Ray cluster at {address} (--ray) has no CPU for a worker (its head was started with "
+                "--num-cpus 0 and no node with CPUs has joined): start one (ray start --address ... "
+                "--num-cpus N), or leave --ray out to score here")  # fmt: skip
+    return (f"--threads {threads} is more than any node of the Ray cluster at {address} (--ray) has: its "
+            f"largest has {largest} CPU(s), and a worker runs on one node, so none could start (Ray would "
+            f"wait for one for ever). Give --threads {largest} or fewer, or add a node with {threads} CPUs "
+            f"or more (ray start --num-cpus {threads})")  # fmt: skip
 
 
 def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:

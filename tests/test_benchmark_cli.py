@@ -151,6 +151,44 @@ def refused_while_parsing(module: str, argv: list[str], capsys) -> str:
     return err
 
 
+def test_classify_accuracy_refuses_a_detector_and_a_task_of_other_labels_before_serving(
+    registry_data, capsys
+):
+    """A detector got a 400 from /classify, a task of other labels a KeyError on the first answer: each
+    a traceback (exit 1) after the server had started. Now one error line each, exit 2, from the bundle's
+    manifest and the task's labels."""
+    module, models = "benchmarks.quality.classify_accuracy", str(REPO / "models")
+    err = refused_while_parsing(module, ["--models", models, "--model", "detector", "--limit", "5"], capsys)
+    assert "--model detector is a detector bundle" in err and "holds sentiment" in err
+    argv = ["--models", models, "--model", "sentiment", "--task", "trec", "--data-dir", str(registry_data)]
+    err = refused_while_parsing(module, [*argv, "--limit", "5"], capsys)
+    assert "sentiment predicts negative, positive, and --task trec is labelled" in err
+    assert "fine-tuned on --task rotten_tomatoes" in err
+
+
+def test_a_detector_bundle_alone_gets_the_default_mix_less_classify_and_a_mix_sending_it_is_refused(
+    tmp_path, capsys
+):
+    """load_profile --bundle models/detector (which --help accepts) failed every run of the default mix:
+    its /classify requests, with no classifier served, exit 1 without an `error:` line."""
+    from benchmarks.load import load_profile
+    from benchmarks.load.loadmodels import prepare, served_mix
+    from benchmarks.load.mix import STANDARD
+
+    detector = prepare(None, str(REPO / "models/detector"), "int8", None, False, work=tmp_path)
+    assert served_mix(detector, None) == "detect:6,detect_batch:2"
+    assert "serves nothing for /classify: the default --mix leaves it out" in capsys.readouterr().out
+    assert served_mix(detector, "detect:1") == "detect:1"
+    both = prepare(None, str(REPO / "models"), "int8", None, True, work=tmp_path)
+    assert served_mix(both, None) == STANDARD and served_mix(both, "classify:1") == "classify:1"
+    argv = ["--bundle", str(REPO / "models/detector"), "--mix", "detect:1,classify:1", "--users", "1",
+            "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")]  # fmt: skip
+    assert cli.run(load_profile.main, argv) == 2  # refused before any server starts
+    err = capsys.readouterr().err
+    assert err.startswith("error: --mix detect:1,classify:1 sends /classify") and "Traceback" not in err
+    assert not (tmp_path / "results").exists()
+
+
 def test_bf16_lever_measures_openvino_only_where_it_is_installed(capsys):
     """Without onnxruntime-openvino the "OpenVINO" sessions ran on the CPU provider, labelled OpenVINO."""
     import onnxruntime

@@ -445,6 +445,24 @@ def test_a_ray_address_where_nothing_listens_ends_the_job_at_once(tmp_path, para
     assert f"nothing answers at 127.0.0.1:{port} (--ray)" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_threads_beyond_every_nodes_cpus_are_refused_and_workers_count_what_each_node_holds():
+    """An actor asks --threads CPUs on one node: on nodes of 2 CPUs, --threads 4 never started (Ray waited
+    for ever) while the job said "4 CPU(s): 1 worker(s) of 4 thread(s)". The real cluster's refusal:
+    test_bulk_ray's cluster-lost test."""
+    from bulk.on_ray import actors_that_fit, threads_refusal
+
+    assert threads_refusal([2, 2], 2, "h:1") is None
+    said = threads_refusal([2, 2], 4, "h:1")
+    assert (
+        "--threads 4 is more than any node of the Ray cluster at h:1" in said
+        and "--threads 2 or fewer" in said
+    )
+    assert "no CPU for a worker" in threads_refusal([0], 1, "h:1")  # a head of --num-cpus 0 alone
+    assert (
+        actors_that_fit([3, 3], 2) == 2 and actors_that_fit([8, 2], 4) == 2 and actors_that_fit([4], 1) == 4
+    )
+
+
 def test_a_window_stride_cut_to_half_a_window_is_said_as_the_server_says_it(tmp_path):
     src = write_jsonl(tmp_path / "docs.jsonl", ["A short document."])
     done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--window-stride", "600")

@@ -289,10 +289,30 @@ def test_a_parquet_file_with_an_unnamed_column_is_read_as_any_other(tmp_path):
     (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb: expected a finite number"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "0"], "--part-mb must be > 0"),
     (["in", "--out", "o", "--model", "m", "--workers", "-1"], "^--workers must be >= 0, got -1$"),
+    # ray.init raised a ValueError for these (a traceback, exit 1); "" started an instance to count CPUs,
+    # then scored on local processes.
+    (["in", "--out", "o", "--model", "m", "--ray", ""], "^--ray is empty .*or --ray alone for a Ray instance"),
+    (["in", "--out", "o", "--model", "m", "--ray", " "], "^--ray is empty"),
+    (["in", "--out", "o", "--model", "m", "--ray", "foo"], "^--ray 'foo' is no address Ray can join"),
+    (["in", "--out", "o", "--model", "m", "--ray", "''"], "is no address Ray can join. Give HOST:PORT"),
+    (["in", "--out", "o", "--model", "m", "--ray", "http://127.0.0.2:16900"], "http:// is a web address"),
+    (["in", "--out", "o", "--model", "m", "--ray", "127.0.0.2:99999"], "is no address Ray can join"),
 ])  # fmt: skip
 def test_options_that_would_score_the_wrong_thing_are_refused(argv, says):
     with pytest.raises(ConfigError, match=says):
         resolve(argv)
+
+
+def test_the_ray_addresses_ray_takes_pass_and_an_empty_one_exits_2_before_ray_starts(capsys):
+    from bulk.__main__ import main
+
+    for given, kept in ((["--ray"], "local"), (["--ray", "auto"], "auto"),
+                        (["--ray", "127.0.0.2:16900"], "127.0.0.2:16900"),
+                        (["--ray", "ray://head.example:10001"], "ray://head.example:10001")):  # fmt: skip
+        assert resolve(["in", "--out", "o", "--model", "m", *given]).ray == kept
+    assert main(["in", "--out", "o", "--model", "m", "--ray", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m bulk: --ray is empty") and "Traceback" not in err
 
 
 def test_a_glob_that_matches_nothing_says_so(tmp_path):

@@ -266,6 +266,15 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
             "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]  # fmt: skip
     subprocess.run(head, env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)
     address = f"127.0.0.2:{port}"
+    # More threads than the node has CPUs: Ray kept the actor pending for ever (the job hung, a SIGTERM
+    # then waited for a part that never started). Refused once joined, before anything is written.
+    wide = tmp_path / "wide"
+    refused = run_bulk(corpus, wide, "detector", "--ray", address, "--workers", "1", "--threads", str(cpus + 1),
+                       timeout=120, **ray_env)  # fmt: skip
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert f"--threads {cpus + 1} is more than any node of the Ray cluster at {address}" in refused.stderr
+    assert f"Give --threads {cpus} or fewer" in refused.stderr
+    assert not wide.exists() or not any(wide.iterdir())
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
     # Ray ends a driver whose head has not answered for this long (60 s unless told); the job says so at

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
-from benchmarks.load.loadmodels import WORK, prepare, require_classifier, write_sentences
+from benchmarks.load.loadmodels import WORK, prepare, served_mix, write_sentences
 from benchmarks.output import add_results
 
 
@@ -39,7 +40,8 @@ class ProfileConfig:
     precision: str = "int8"  # of the exported bundles
     users: tuple[int, ...] = (1, 16, 64)  # concurrency steps, each its own locust run
     run_time: float = 60.0  # seconds of measured load per step
-    mix: str = lk.STANDARD_MIX  # locustfile --mix
+    # locustfile --mix; None: the standard mix, less the endpoints the served bundles do not answer
+    mix: str | None = None
     batch_texts: int = 8  # texts per batched request
     data_dir: str | None = None  # WikiText-2 files (default $ELECTRA_DATA_DIR)
     server_args: str = ""  # extra flags for `python -m app`, e.g. "--max-wait-ms 2"
@@ -58,7 +60,8 @@ class ProfileConfig:
             raise ValueError(f"--batch-texts must be >= 1, got {self.batch_texts}")
         if sum(x is not None for x in (self.model, self.bundle, self.url)) > 1:
             raise ValueError("give at most one of --model, --bundle and --url")
-        lk.parse_mix(self.mix)
+        if self.mix is not None:
+            lk.parse_mix(self.mix)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         "--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
     )
     p.add_argument("--run-time", type=cli.positive_float, default=60.0, help="seconds of load per step")
-    p.add_argument("--mix", default=lk.STANDARD_MIX, help="request kinds and weights (see locustfile)")
+    p.add_argument(
+        "--mix",
+        default=None,
+        help=f"request kinds and weights (see locustfile); default {lk.STANDARD_MIX}, less what the bundles "
+        "served do not answer (/classify for a detector bundle alone)",
+    )
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     results = add_results(p, "load_profile")
@@ -97,16 +105,17 @@ def run(cfg: ProfileConfig) -> int:
     work = Path(cfg.work)
     run_dir = work / "runs" / f"{lk.stamp()}-{cfg.name}"
     machine = lk.machine()
-    classify = "classify" in cfg.mix
+    classify = "classify" in (cfg.mix or lk.STANDARD_MIX)
     models = None
     if cfg.url is not None:
+        cfg = dataclasses.replace(cfg, mix=cfg.mix or lk.STANDARD_MIX)
         # Before anything is written: a server that refuses the traffic would give a report of failures.
         lk.check_answers(cfg.url.rstrip("/"), lk.mix_paths(cfg.mix), cfg.api_key)
     else:
         models = prepare(
             cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work
         )
-        require_classifier(models, cfg.mix)
+        cfg = dataclasses.replace(cfg, mix=served_mix(models, cfg.mix))  # the report names what was sent
     tokenizer = models.bundle / "tokenizer.json" if models else None
     sentences = write_sentences(work / "sentences.txt", cfg.data_dir, tokenizer)
     api_key = cfg.api_key if cfg.url else None  # a server started here has none

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from app.model.bundle import BundleError, discover
 from benchmarks import cli
+from benchmarks.load.mix import KINDS, STANDARD, mix_paths, parse_mix
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".cache" / "bench"  # .cache/ is git-ignored: models, sentence files, locust CSV/HTML
@@ -126,16 +127,27 @@ def export_bundle(checkpoint: Path, out: Path, precision: str, data_dir: str | N
     return out
 
 
-def require_classifier(models: Models, mix: str) -> None:
-    """A mix with /classify needs a classifier among the served bundles; say so before any load runs."""
-    if "classify" not in mix:
-        return
+def served_mix(models: Models, mix: str | None) -> str:
+    """The --mix to send: as given, refused (exit 2) when it sends an endpoint none of the served bundles
+    answer; not given, the standard mix less those endpoints, saying so. A detector bundle alone (which
+    --bundle accepts) failed every run of the default mix, whose /classify it cannot answer."""
     served, _ = discover(models.models_dir)  # what the server will serve, each bundle read once
-    if not any(b.manifest.kind == "classifier" for b in served):
-        raise SystemExit(
-            f"--mix {mix} sends /classify but {models.models_dir} serves no classifier: "
-            "drop classify from --mix, or pass --bundle with a models directory that holds one"
+    kinds = {b.manifest.kind for b in served}
+    answered = {
+        path for path, kind in (("/detect", "detector"), ("/classify", "classifier")) if kind in kinds
+    }
+    unanswered = [p for p in mix_paths(mix or STANDARD) if p not in answered]
+    if not unanswered:
+        return mix or STANDARD
+    if mix is not None:
+        raise cli.UsageError(
+            f"--mix {mix} sends {', '.join(unanswered)}, and {models.models_dir} serves no bundle that answers "
+            f"it: leave those kinds out of --mix, or pass --bundle a models directory that holds one"
         )
+    kept = [(name, w) for name, w in parse_mix(STANDARD) if KINDS[name][0] in answered]
+    print(f"note: {models.models_dir} serves nothing for {', '.join(unanswered)}: the default --mix leaves it "
+          "out", flush=True)  # fmt: skip
+    return ",".join(f"{name}:{w:g}" for name, w in kept)
 
 
 def _key(path: Path) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
-from benchmarks.load.loadmodels import prepare, require_classifier, write_sentences
+from benchmarks.load.loadmodels import prepare, served_mix, write_sentences
 from benchmarks.output import add_results
 
 MB = 1 << 20
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=None, help="default: min(120 s, a quarter of the soak)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--max-growth", type=float, default=5.0, help="pass if RSS grows less (percent)")
-    p.add_argument("--mix", default=lk.STANDARD_MIX)
+    p.add_argument(
+        "--mix", default=None, help=f"default {lk.STANDARD_MIX}, less what the bundles served do not answer"
+    )
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     results = add_results(p, "soak")
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             p.error(msg)
     try:
-        lk.parse_mix(args.mix)
+        if args.mix is not None:
+            lk.parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     print(json.dumps({"soak": vars(args)}, default=str), flush=True)
@@ -72,8 +75,9 @@ def run(args) -> int:
     work = Path(args.work)
     run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
     machine = lk.machine()
-    models = prepare(args.model, args.bundle, args.precision, args.data_dir, "classify" in args.mix, work)
-    require_classifier(models, args.mix)
+    classify = "classify" in (args.mix or lk.STANDARD_MIX)
+    models = prepare(args.model, args.bundle, args.precision, args.data_dir, classify, work)
+    args.mix = served_mix(models, args.mix)  # the report names what was sent
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.probe_time)
 

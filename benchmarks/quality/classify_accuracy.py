@@ -10,6 +10,7 @@ sha256 and the CPU beside it (int8 scores can differ in their last digits betwee
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
@@ -48,6 +49,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def refuse_unusable_bundle(args: argparse.Namespace):
+    """The bundle's manifest (its files hash-checked, as the server will), or exit 2 for a bundle that
+    /classify does not serve."""
+    from app.model.bundle import bundle_names, read_bundle
+
+    manifest = read_bundle(args.models / args.model, args.model).manifest  # BundleError: one error line
+    if manifest.kind != "classifier":
+        others = [n for n in bundle_names(args.models) if _kind(args.models / n) == "classifier"]
+        held = f"{args.models} holds {', '.join(others)}" if others else f"{args.models} holds no classifier"
+        usage_exit(f"error: --model {args.model} is a {manifest.kind} bundle, and POST /classify serves "
+                   f"classifiers alone: give --model a classifier bundle ({held})")  # fmt: skip
+    return manifest
+
+
+def _kind(bundle: Path) -> str | None:
+    try:
+        return json.loads((bundle / "manifest.json").read_text()).get("kind")
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     config = show_config("classify_accuracy", args)
@@ -59,9 +81,18 @@ def main(argv: list[str] | None = None) -> dict:
     from app.machine import cpu
     from benchmarks.load import loadkit as lk
     from training.finetuning.metrics import classification_metrics, format_report
-    from training.finetuning.sets import load_labelled
+    from training.finetuning.sets import LABELLED_SETS, load_labelled
 
+    # Both refusals before the server starts: a detector got a 400 from /classify (a traceback), and a
+    # task of other labels a KeyError on the first answer, each after the server had loaded.
+    manifest = refuse_unusable_bundle(args)
     data = load_labelled(args.task, args.data_dir)
+    if sorted(manifest.labels) != sorted(data.labels):
+        trained = (manifest.source.get("training") or {}).get("task")
+        hint = f" (it was fine-tuned on --task {trained})" if trained in LABELLED_SETS else ""
+        usage_exit(f"error: {args.model} predicts {', '.join(manifest.labels)}, and --task {args.task} is labelled "
+                   f"{', '.join(data.labels)}: give a --task labelled as the model is{hint}, or a --model "
+                   "fine-tuned on that task")  # fmt: skip
     items = data[args.split][: args.limit or None]
     label_ids = {name: i for i, name in enumerate(data.labels)}
     predicted: list[int] = []
