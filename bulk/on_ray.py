@@ -212,6 +212,12 @@ def watch_cluster(address: str, failed_status: int, every_s: float = 2.0) -> thr
         grace = LOST_AFTER * float(os.environ.get(RECONNECT_ENV, "60"))
     except ValueError:
         grace = LOST_AFTER * 60
+    # The head is asked at least ten times within the grace: the job says so between the grace and Ray's
+    # own exit, which is only a quarter of the timeout later. At 2 s a look, a timeout set to 8 s (a grace
+    # of 6) had the job look again at 8 s, when Ray may already have ended it. The default's 45 s grace
+    # keeps its look every 2 s.
+    if grace > 0:
+        every_s = min(every_s, grace / 10)
     grace = max(grace, 3 * every_s)  # a timeout set to 0 or less: still more than one missed answer
 
     def answers() -> bool:

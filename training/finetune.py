@@ -27,6 +27,7 @@ import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig, check_data_dir
+from training.run_dir import check_not_held
 
 PROG = "python -m training.finetune"
 
@@ -47,6 +48,12 @@ def _main(argv: list[str] | None) -> dict:
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     _one_process()
+    # A live run's lock too: the tuner looks again, but a second command into a run's --out is told at
+    # once, not after torch has loaded.
+    try:
+        check_not_held(Path(cfg.out).resolve())
+    except options.ConfigError as e:
+        options.usage_exit(f"error: {e}")
     try:
         from training.finetuning.tuner import run
 

@@ -21,7 +21,7 @@ import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import PretrainConfig, check_data_dir
-from training.run_dir import launch_command, resumed_settings
+from training.run_dir import check_not_held, launch_command, resumed_settings
 
 PROG = "python -m training.pretrain"
 
@@ -42,6 +42,11 @@ def _main(argv: list[str] | None) -> None:
         cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
         if note := check_data_dir(cfg):
             print(f"note: {note}", file=sys.stderr, flush=True)
+        # A live run's lock too, in a process of its own: the set-up looks again (under torchrun rank 0
+        # alone looks, and every rank stops with it), but a second command into a training run's --out
+        # is told at once, not after torch has loaded.
+        if os.environ.get("WORLD_SIZE", "1") == "1":
+            check_not_held(Path(cfg.out))
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:
