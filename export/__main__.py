@@ -23,7 +23,9 @@ from export.bundle_writer import (
     TRITON_FILES,
 )
 from export.config import ExportConfig
+from options.installs import training_install
 from options.stopping import signal_number, stop_as_ctrl_c
+from training.config import check_data_dir
 from training.errors import CheckpointError, DiskFullError, check_replaceable
 
 PROG = "python -m export"
@@ -31,6 +33,10 @@ PROG = "python -m export"
 
 def resolve(argv: list[str] | None = None) -> ExportConfig:
     cfg = options.resolve(ExportConfig, argv, prog=PROG, description=__doc__.split("\n\n")[1])
+    # As training's: ELECTRA_DATA_DIR named as such (it read "--data-dir" when only the variable was set),
+    # and a saved config's directory gone on this machine a note, its files fetched into the cache.
+    if note := check_data_dir(cfg):
+        print(f"note: {note}", file=sys.stderr, flush=True)
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.
@@ -75,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
     stop_as_ctrl_c()
 
-    from export.bundle_writer import BundleError
-    from export.evaldata import EvalDataError
-    from export.evaluation.items import CalibrationDataError
-    from export.parity import ParityError
-    from export.pipeline import run_export
-    from training.data.tokenizer import TokenizerError
+    with training_install(PROG):
+        from export.bundle_writer import BundleError
+        from export.evaldata import EvalDataError
+        from export.evaluation.items import CalibrationDataError
+        from export.parity import ParityError
+        from export.pipeline import run_export
+        from training.data.tokenizer import TokenizerError
 
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))

@@ -96,7 +96,8 @@ class ExportConfig:
         columns = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(self, n) is not None]
         if columns and not self.eval_data:
             raise ValueError(f"{', '.join(columns)}: name columns of --eval-data; give --eval-data FILE")
-        for flag in ("eval_text", "eval_data", "data_dir"):
+        # data_dir: checked where it is resolved (export/__main__.py), naming where it came from
+        for flag in ("eval_text", "eval_data"):
             value = getattr(self, flag)
             if value is not None and not Path(value).exists():
                 raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")

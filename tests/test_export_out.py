@@ -223,3 +223,26 @@ def test_a_bundles_saved_options_replay_and_name_the_paths_shortened_for_travel(
 
     assert main(["--config", str(saved), str(detector_dir), "--out", str(tmp_path / "again")]) in (0, None)
     assert (tmp_path / "again" / "manifest.json").is_file()
+
+
+def test_a_data_dir_that_is_not_there_is_named_as_it_was_given(tmp_path, capsys, monkeypatch):
+    """Only ELECTRA_DATA_DIR was set, and export said "--data-dir: ... does not exist"; training named the
+    variable. Both are refused before any work, each by its own name."""
+    argv = [str(tmp_path / "no-such-run"), "--out", str(tmp_path / "b")]
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(tmp_path / "gone"))
+    assert f"ELECTRA_DATA_DIR: {tmp_path / 'gone'} does not exist" in _refused(argv, capsys)
+    said = _refused([*argv, "--data-dir", str(tmp_path / "also-gone")], capsys)
+    assert f"--data-dir: {tmp_path / 'also-gone'} does not exist" in said, said
+
+
+def test_without_the_training_install_the_export_says_how_to_install_it(tmp_path):
+    """scripts/serve's .venv has no torch: the export ended in a ModuleNotFoundError traceback (exit 1)."""
+    run = (
+        "import sys; sys.modules['torch'] = None\n"  # as in a serving install: `import torch` fails
+        "from export.__main__ import main\n"
+        f"sys.exit(main([{str(tmp_path / 'run')!r}, '--out', {str(tmp_path / 'b')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "error: torch is not installed, and this command needs the training install" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "b").exists()
