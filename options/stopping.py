@@ -39,6 +39,14 @@ def die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _outlive_parent() -> None:
+    """A job already stopping at its next safe point is let finish it when its parent dies: gpu-check's
+    SIGTERM, then gpu-check killed at its call's limit within the grace it gives, had the kernel's SIGTERM
+    (die_with_parent) land as the second signal, "stop now", and the save that grace was for was cut."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, 0)
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised where the program stands as Ctrl-C's KeyboardInterrupt is."""
 
@@ -136,6 +144,7 @@ class GracefulStop:
         if self.signal is not None:  # another kind (a parent's SIGTERM after Ctrl-C): already stopping
             return
         self.signal, self._first_at = signum, time.monotonic()
+        _outlive_parent()
         if not self.announce:
             return
         # os.write, not print: the signal may land inside a print of the main thread, and a buffered
