@@ -27,6 +27,7 @@ import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig, check_data_dir
+from training.finetuning.out_checks import check_out, saved_settings
 from training.run_dir import check_not_held
 
 PROG = "python -m training.finetune"
@@ -48,10 +49,16 @@ def _main(argv: list[str] | None) -> dict:
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     _one_process()
-    # A live run's lock too: the tuner looks again, but a second command into a run's --out is told at
-    # once, not after torch has loaded.
+    # What --out alone decides too: a live run's lock (first, as the tuner names it before what --out
+    # holds); for a --resume, the stopped run's settings to go on with (the tuner's first look); for a new
+    # run, --out free of another model's files and of a run to replace or go on with. The tuner looks
+    # again, but the command is told at once, not after torch has loaded.
     try:
         check_not_held(Path(cfg.out).resolve())
+        if cfg.resume:
+            saved_settings(Path(cfg.out))
+        else:
+            check_out(Path(cfg.out).resolve(), cfg.overwrite)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:

@@ -20,8 +20,8 @@ from pathlib import Path
 import options
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import PretrainConfig, check_data_dir
-from training.run_dir import check_not_held, launch_command, resumed_settings
+from training.config import PretrainConfig, absolute_out, check_data_dir
+from training.run_dir import check_out_before_setup, launch_command, resumed_settings
 
 PROG = "python -m training.pretrain"
 
@@ -42,11 +42,14 @@ def _main(argv: list[str] | None) -> None:
         cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
         if note := check_data_dir(cfg):
             print(f"note: {note}", file=sys.stderr, flush=True)
-        # A live run's lock too, in a process of its own: the set-up looks again (under torchrun rank 0
-        # alone looks, and every rank stops with it), but a second command into a training run's --out
-        # is told at once, not after torch has loaded.
+        # What --out alone decides too, in a process of its own: a live run's lock, a --resume with nothing
+        # to go on from (or a new run into a run), a new run's --out inside its corpus or among other files.
+        # Told at once, not after torch has loaded, and so before what only the set-up judges (--init, a
+        # given tokenizer, --device cuda), which a command aimed at the wrong --out changes anyway. The
+        # set-up looks again, in this order, --out made whole as here (under torchrun it alone looks, rank 0
+        # where only it may, and every rank stops with it).
         if os.environ.get("WORLD_SIZE", "1") == "1":
-            check_not_held(Path(cfg.out))
+            check_out_before_setup(Path(absolute_out(cfg.out)), cfg.resume, cfg.corpus)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:

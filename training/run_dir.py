@@ -32,6 +32,31 @@ def launch_command() -> str:
     return f"torchrun{nodes} --nproc_per_node {local} -m training.pretrain"
 
 
+def check_run_point(out: Path, resume: bool) -> None:
+    """--out against --resume: a resume goes on from the run's checkpoints/latest, and a new run would write
+    its checkpoints over another's."""
+    has_checkpoint = (out / "checkpoints" / LATEST).is_file()
+    if resume and not has_checkpoint:
+        if not out.exists():
+            raise ConfigError(f"--resume: {out} does not exist; give the --out of the run to go on (a path relative "
+                              "to where it started, or its whole path)")  # fmt: skip
+        raise ConfigError(f"--resume: {out} has no checkpoint yet; drop --resume to start a new run")
+    if not resume and has_checkpoint:
+        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def check_out_before_setup(out: Path, resume: bool, corpus: str) -> None:
+    """What the set-up (training/pretraining/trainer.py) refuses of --out from the file system alone, in its
+    order: a live process's lock, the run point, and a new run's --out (outside the corpus, holding nothing
+    but a run of ours). For the entry point of a process of its own, before torch loads: the set-up looks
+    again, and under torchrun only it looks (rank 0 for what it alone may see), every rank stopping together."""
+    check_not_held(out)
+    check_run_point(out, resume)
+    if not resume:
+        check_out_outside_corpus(out, corpus)
+        check_new_pretraining_out(out)
+
+
 def check_new_pretraining_out(out: Path) -> None:
     """--out of a new pretraining run: absent, empty, or holding only what a run of ours writes (one stopped
     before its first checkpoint; its config.json a pretraining config). Anything else (a model directory,

@@ -1,7 +1,7 @@
 """What a fine-tuning run writes into --out, and the checks before it does: --out holds nothing of
-another kind (a pretraining run, a bundle, another model), its disk has room for the model, and the final
-write replaces the whole of it at once, so that `python -m export <out>` sees either no model or the
-complete one. Its resume/ is resume.py's."""
+another kind (a pretraining run, a bundle, another model: out_checks.py, which needs no torch), its disk
+has room for the model, and the final write replaces the whole of it at once, so that `python -m export
+<out>` sees either no model or the complete one. Its resume/ is resume.py's."""
 
 from __future__ import annotations
 
@@ -14,42 +14,11 @@ import torch
 from options import ConfigError
 from training import checkpoint as ckpt
 from training.data.tokenizer import save_tokenizer
-from training.errors import DiskFullError, check_room, link_or_copy, refuse_mount_point
+from training.errors import DiskFullError, check_room, link_or_copy
 from training.finetuning import resume
 from training.finetuning.metrics import json_safe
 from training.finetuning.model import ARCH
-
-# What a run writes into --out; --overwrite replaces exactly these, never anything else. The progress files
-# go at the start; the model's stay until the final write replaces them, so a run that fails leaves the
-# previous model whole.
-PROGRESS = ("finetune_config.json", "metrics.jsonl")
-MODEL_OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "trainer_state.json",
-                 "eval_dev.json", "eval_test.json", "predictions_dev.jsonl", "predictions_test.jsonl")  # fmt: skip
-OUTPUTS = MODEL_OUTPUTS + PROGRESS
-
-
-def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
-    """The outputs --out already holds (to replace with --overwrite, or to go on from with --resume); a
-    ConfigError where it cannot be one."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} is a file; choose a directory")
-    try:  # found at the final write instead, it would cost the whole training
-        refuse_mount_point(out)
-    except ckpt.CheckpointError as e:
-        raise ConfigError(f"--out: {e}") from None
-    if (out / "checkpoints" / ckpt.LATEST).exists():  # --overwrite would replace its config.json and metrics
-        raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{ckpt.LATEST}); fine-tuning into it "
-                          "would break its --resume: choose another --out")  # fmt: skip
-    present = [f for f in OUTPUTS if (out / f).exists()]
-    if present and not (out / "finetune_config.json").is_file():  # every run of ours writes it first
-        what = "an exported bundle (manifest.json)" if (out / "manifest.json").exists() else "another model"
-        raise ConfigError(f"--out: {out} holds {what}'s files ({', '.join(present)}), not a fine-tuning run's; "
-                          "--overwrite replaces only a fine-tuning run: choose another --out")  # fmt: skip
-    if present and not overwrite and not resuming:
-        raise ConfigError(f"--out: {out} already holds {', '.join(present)}"
-                          + ("; its run was stopped: pass --resume to go on with it," if resume.stopped(out) else ";")
-                          + " pass --overwrite to replace it, or choose another --out")  # fmt: skip
-    return present
+from training.finetuning.out_checks import MODEL_OUTPUTS, PROGRESS, RESUME_DIR, check_out
 
 
 def check_model_fits(out: Path, model: torch.nn.Module) -> None:
@@ -60,7 +29,7 @@ def check_model_fits(out: Path, model: torch.nn.Module) -> None:
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 2**20
     needed += 2 * resume.resume_bytes(model)  # resume/, replaced whole at each dev evaluation: two at once
     # resume/ is linked into the final write, not copied; its own room is counted above.
-    files = [f for f in out.rglob("*") if f.is_file() and f.relative_to(out).parts[0] != resume.RESUME_DIR]
+    files = [f for f in out.rglob("*") if f.is_file() and f.relative_to(out).parts[0] != RESUME_DIR]
     needed += sum(f.stat().st_size for f in files if f.relative_to(out).as_posix() not in MODEL_OUTPUTS)
     try:
         check_room(out, needed, "the fine-tuned model")
@@ -73,7 +42,7 @@ def prepare_out(out: Path, overwrite: bool) -> None:
         if f in PROGRESS:  # the previous model's files stay until the final write replaces them
             (out / f).unlink()
     if overwrite:  # a stopped run's state goes with its progress
-        shutil.rmtree(out / resume.RESUME_DIR, ignore_errors=True)
+        shutil.rmtree(out / RESUME_DIR, ignore_errors=True)
 
 
 def write_outputs(
@@ -87,15 +56,15 @@ def write_outputs(
     def fill(d: Path) -> None:
         # Not copied: resume/ (linked below, or gone with a finished run), and a previous model's files (a
         # run with --overwrite: this one's replace them, and one it does not write, eval_test.json, goes).
-        left_out = {resume.RESUME_DIR, *MODEL_OUTPUTS}
+        left_out = {RESUME_DIR, *MODEL_OUTPUTS}
 
         def ignored(src: str, names: list[str]) -> set[str]:  # and a killed resume/ write's temporaries
             top = Path(src) == out
-            return {n for n in names if top and (n in left_out or n.startswith(f".{resume.RESUME_DIR}."))}
+            return {n for n in names if top and (n in left_out or n.startswith(f".{RESUME_DIR}."))}
 
         shutil.copytree(out, d, dirs_exist_ok=True, symlinks=True, ignore=ignored)
-        if keep_resume and (out / resume.RESUME_DIR).is_dir():
-            shutil.copytree(out / resume.RESUME_DIR, d / resume.RESUME_DIR, copy_function=link_or_copy)
+        if keep_resume and (out / RESUME_DIR).is_dir():
+            shutil.copytree(out / RESUME_DIR, d / RESUME_DIR, copy_function=link_or_copy)
         ckpt.save_model(model, d, ARCH)
         save_tokenizer(tok, d)
         (d / "trainer_state.json").write_text(json.dumps(json_safe(state), indent=2) + "\n")

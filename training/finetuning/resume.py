@@ -27,13 +27,12 @@ from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unus
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
 from training.finetuning.data import label_name, label_names
+from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings
 from training.pretraining.stopping import capture_rng
 from training.report import MetricsError, rows_until
 
-RESUME_DIR = "resume"
 # What reading a file of resume/ raises when it is missing, cut short or not in its format.
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, SafetensorError)
-STATE = "state.json"
 # Runs stopped under versions before 2026-11-29 named some labels otherwise (JSON true/false "True"/"False",
 # "+1" and "1" two classes): their resume meets other labels, said with its refusal.
 EARLIER_SPELLING = (
@@ -46,31 +45,12 @@ RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "embe
                      "data_dir", "resume", "out")  # fmt: skip
 
 
-def stopped(out: Path) -> bool:
-    """Whether `out` holds a stopped run's state to go on from."""
-    return (out / RESUME_DIR / STATE).is_file()
-
-
 def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> tuple[FinetuneConfig, str]:
     """The run's own config (finetune_config.json in --out) under the flags given now, and the checkpoint
     to read the model's shape and tokenizer from: the run's start, or where that is gone, the --init given
     now (the config keeps the start: it is the run's record). ConfigError where there is nothing to resume
     or a flag would change what the run trains."""
-    out = Path(cfg.out)
-    saved = out / "finetune_config.json"
-    if not saved.is_file():
-        raise ConfigError(f"--resume: {out} holds no fine-tuning run; give the --out of a stopped one")
-    if not stopped(out):
-        raise ConfigError(f"--resume: {out} holds no resume state: its run finished, or was killed before its "
-                          "first dev evaluation; run its command with --overwrite to train it again")  # fmt: skip
-    try:
-        then = json.loads(saved.read_text())
-    except (OSError, ValueError) as e:  # emptied, cut short, not text
-        raise ConfigError(f"--resume: {saved} does not read ({type(e).__name__}: {str(e)[:160]}); it holds the run's "
-                          "settings: restore it, or train the run again with its command and --overwrite") from None  # fmt: skip
-    if not isinstance(then, dict) or not then.get("init"):
-        raise ConfigError(f"--resume: {saved} holds no run settings (no init); restore it, or train the run again "
-                          "with its command and --overwrite")  # fmt: skip
+    then = saved_settings(Path(cfg.out))
     # A run saved before paths were kept absolute: its paths as typed here.
     then = {**then, **absolute_paths(then, FINETUNE_PATHS)}
     # A run started with --overwrite saved it; on a resume it would clash with --resume. Options its data

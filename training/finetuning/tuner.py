@@ -55,7 +55,8 @@ from training.finetuning.metrics import (
     selection_key,
 )
 from training.finetuning.model import init_classifier, init_tokenizer, refuse_other_families
-from training.finetuning.outputs import check_model_fits, check_out, prepare_out, write_outputs
+from training.finetuning.out_checks import check_out, stopped
+from training.finetuning.outputs import check_model_fits, prepare_out, write_outputs
 from training.finetuning.resume import EARLIER_SPELLING
 from training.model import ElectraForSequenceClassification, count_parameters
 from training.optim import (
@@ -493,7 +494,7 @@ def train_and_save(t: FineTuner) -> dict:
         full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
         again = (
             f"go on with {entry.PROG} --out {t.cfg.out} --resume"
-            if resume.stopped(Path(t.cfg.out))
+            if stopped(Path(t.cfg.out))
             else "run it again"
         )
         sys.exit(f"error: {full}; the fine-tuned model was not written (--out {t.cfg.out} keeps its config "

@@ -264,16 +264,10 @@ def setup(argv: list[str] | None) -> Trainer:
         except ConfigError as e:
             held = e
     _stop_with_rank_0(env, held, f"error: {held}")
-    has_ckpt = (run / "checkpoints" / ckpt.LATEST).is_file()
-    if cfg.resume and not has_ckpt:
-        if not run.exists():
-            options.usage_exit(f"error: --resume: {run} does not exist; give the --out of the run to go on (a path "
-                               "relative to where it started, or its whole path)")  # fmt: skip
-        options.usage_exit(f"error: --resume: {run} has no checkpoint yet; drop --resume to start a new run")
-    if not cfg.resume and has_ckpt:
-        options.usage_exit(
-            f"error: {run} already holds a run; pass --resume to continue it or choose another --out"
-        )
+    try:  # every rank looks: the same files, and each must stop
+        run_dir.check_run_point(run, cfg.resume)
+    except ConfigError as e:
+        options.usage_exit(f"error: {e}")
     resumed = None  # the checkpoint's trainer_state.json, read once
     if cfg.resume:
         try:
