@@ -259,3 +259,21 @@ def test_a_negative_value_in_scientific_notation_is_read_as_the_value():
     with pytest.raises(options.ConfigError, match="--lr: must be positive, got -0.001"):
         options.resolve(PretrainConfig, ["--lr", "-1e-3"])
     assert options.resolve(Settings, ["--memory-limit-mb", "-1"]).memory_limit_mb == -1  # as before
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [("training.pretrain", ["--config", "configs/tiny.toml"]),
+     ("training.finetune", ["--init", "models", "--task", "trec"])],
+)  # fmt: skip
+def test_without_the_training_install_training_says_how_to_install_it(module, args, tmp_path):
+    """scripts/serve's .venv is the serving install: training there ended in a ModuleNotFoundError
+    traceback (exit 1)."""
+    blocked = "import sys; sys.modules['torch'] = None\n" + PROBE  # `import torch` fails, as without it
+    argv = [*args, "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-c", blocked, module, *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert "error: torch is not installed, and this command needs the training install" in done.stderr, (
+        done.stderr
+    )
+    assert re.search(r"^exit 2$", done.stderr, re.M) and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import options
+from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig, check_data_dir
@@ -62,7 +63,8 @@ def _main(argv: list[str] | None) -> dict:
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:
-        from training.finetuning.tuner import run
+        with training_install(PROG):  # the serving install (scripts/serve's .venv) has no torch
+            from training.finetuning.tuner import run
 
         with ctrl_c_on_term():  # SIGTERM while reading or tokenizing: Ctrl-C's message and exit
             return run(argv)

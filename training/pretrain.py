@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import options
+from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import PretrainConfig, absolute_out, check_data_dir
@@ -53,7 +54,8 @@ def _main(argv: list[str] | None) -> None:
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     try:
-        from training.pretraining.trainer import run
+        with training_install(PROG):  # the serving install (scripts/serve's .venv) has no torch
+            from training.pretraining.trainer import run
 
         # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed.
         with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
