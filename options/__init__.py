@@ -303,7 +303,10 @@ def resolve(
             given[name] = var
     values.update(flags)
     given.update({name: flag(name) for name in flags})
-    _check_no_shortened_paths(values, given, fields, args.config if config_file else None)
+    # As `given` names it: Path's spelling (./b/x.json reads b/x.json), which the check compares against.
+    _check_no_shortened_paths(
+        values, given, fields, str(Path(args.config)) if config_file and args.config else None
+    )
     for name, value in values.items():
         _check_choice(fields[name], value)
     missing = [n.upper() if spec_of(f).positional else flag(n)
