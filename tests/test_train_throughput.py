@@ -43,7 +43,10 @@ def test_the_cublas_workspace_is_fixed_before_the_first_matrix_product(
     set of nondeterministic variants alone is left as training leaves --no-deterministic."""
     import benchmarks.speed.train_throughput as tt
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    # Set, then removed: monkeypatch then restores the variable as it was, where a delenv of one not set
+    # records nothing, and the value the benchmark sets stayed for the tests after it.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     seen = []
 
     def first_product(*args):
