@@ -88,9 +88,12 @@ def test_a_finished_run_resumed_leaves_its_files_as_they_were(ran, tmp_path, cap
     stale = json.loads((run / "config.json").read_text())
     stale["max_steps"], stale["as_run"]["schedule_changes"] = 12, [{"step": 10, "from": 10, "to": 12}]
     (run / "config.json").write_text(json.dumps(stale))
+    with open(run / "metrics.jsonl", "a") as f:  # and the row it logged at step 11
+        f.write(json.dumps({**rows(run, "train")[10], "step": 11}) + "\n")
     pretrain(["--out", str(run), "--resume", "--max-steps", "10"])
     saved = json.loads((run / "config.json").read_text())
     assert saved["max_steps"] == 10 and "schedule_changes" not in saved["as_run"], saved
+    assert (run / "metrics.jsonl").read_bytes() == before["metrics.jsonl"]
 
 
 def test_tokens_per_s_leaves_out_evaluation_and_checkpoint_time(ran):

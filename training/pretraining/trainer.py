@@ -472,8 +472,10 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     # last of a schedule that ended here (a longer --max-steps now) stays, as it measured these weights.
     ended = any(c["step"] == c["from"] == t.step for c in t.as_run.get("schedule_changes", ()))
     try:
-        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=None if finished else t.step,
-                         evaluated=t.step % cfg.eval_every == 0 or ended)  # fmt: skip
+        # A finished run keeps its last evaluation (it was due: the run's end), and loses the rows a longer
+        # resume of it wrote before it was killed, ahead of any checkpoint.
+        log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
+                         evaluated=finished or t.step % cfg.eval_every == 0 or ended)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
     _stop_with_rank_0(env, problem, f"error: --resume: {problem}; then resume")
