@@ -107,6 +107,14 @@ class HttpSettings:
         "rollout whose new replicas hold a broken bundle stops",
         env="ELECTRA_READY_WHEN_DEGRADED",
     )
+    # A replica whose engine fails every request must leave rotation; requests alone cannot tell a broken
+    # engine from a client resending a text that breaks it, so /ready then probes (app/scheduling/health.py).
+    unready_after_failures: int = option(
+        3,
+        "inference runs of a model failing in a row after which /ready runs a one-row probe of it, and answers "
+        '"failing" (503 when no other bundle serves) until a probe or a request succeeds; 0: never',
+        env="ELECTRA_UNREADY_AFTER_FAILURES",
+    )
 
 
 @dataclass(frozen=True)
@@ -214,8 +222,8 @@ class ModelSettings:
     )
     inject_faults: str = option(
         "",
-        "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
-        "(every batch holding WORD); app/model/faults.py",
+        "testing only: make inference fail on purpose: every=N (every Nth run), first=N (the first N runs) "
+        "and/or poison=WORD (every batch holding WORD); app/model/faults.py",
         env="ELECTRA_INJECT_FAULTS",
     )
 
@@ -238,7 +246,8 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
         timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
-        for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
+        for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", "unready_after_failures",
+                     *timeouts):  # fmt: skip
             if getattr(self, name) < 0:
                 raise SettingsError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
         wait_cap = min(MAX_WAIT_CAP_MS, self.read_timeout_s * 1000 or MAX_WAIT_CAP_MS)
