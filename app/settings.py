@@ -4,7 +4,9 @@ into a frozen dataclass."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,52 @@ PLACEHOLDER_API_KEY = "change-me"  # deploy/secret.yaml's value, refused
 MAX_WAIT_CAP_MS = 60_000.0
 # --drain-delay-s past this is no balancer's health-check interval (seconds); 1e308 drained forever.
 DRAIN_DELAY_CAP_S = 300.0
+
+
+# Kubernetes gives every container, for each Service of its namespace (enableServiceLinks, on by default),
+# variables named after the Service: a Service `electra-serve` sets ELECTRA_SERVE_SERVICE_HOST,
+# ELECTRA_SERVE_PORT=tcp://10.0.0.1:80, ELECTRA_SERVE_PORT_80_TCP_ADDR... which share the settings' prefix.
+# Each is told by its name and value together, and only beside its Service's *_SERVICE_HOST (the kubelet
+# always sets that one), so a typo of a setting (ELECTRA_SERVE_PORT=8000) still gets its warning.
+_LINK_URL = re.compile(r"(tcp|udp|sctp)://\S+:(\d+)")
+_LINK_NAMES = re.compile(r"SERVICE_PORT(_\w+)?|PORT|PORT_(\d+)_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?")
+
+
+def service_links(env: Mapping[str, str]) -> set[str]:
+    """The ELECTRA_* variables in `env` that are Kubernetes service links (see above), not settings."""
+    services = {k.removesuffix("_SERVICE_HOST") for k, v in env.items()
+                if k.startswith(ENV_PREFIX) and k.endswith("_SERVICE_HOST") and _is_address(v)}  # fmt: skip
+    links = {f"{svc}_SERVICE_HOST" for svc in services}
+    for key, value in env.items():
+        for svc in services:
+            match = _LINK_NAMES.fullmatch(key.removeprefix(svc + "_")) if key.startswith(svc + "_") else None
+            if match is None:
+                continue
+            port, proto, part = match.group(2), match.group(3), match.group(4)
+            if match.group(0).startswith("SERVICE_PORT"):
+                ok = value.isdigit()
+            elif part == "_PROTO":
+                ok = value == proto.lower()
+            elif part == "_PORT":
+                ok = value == port
+            elif part == "_ADDR":
+                ok = _is_address(value)
+            else:  # SVC_PORT or SVC_PORT_<n>_<PROTO>: proto://address:port
+                url = _LINK_URL.fullmatch(value)
+                ok = url is not None and (
+                    proto is None or (url.group(1) == proto.lower() and url.group(2) == port)
+                )
+            if ok:
+                links.add(key)
+    return links
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 # A setting that cannot be used; the message names the flag or variable. One error type for the options
@@ -309,13 +357,20 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         flag fails, naming it. An unknown ELECTRA_* variable only warns (returned for printing): the prefix
         is shared with export/ and training/ (ELECTRA_DATA_DIR)."""
         env = os.environ if env is None else env
+        links = service_links(env)
+        known_vars = {options.spec_of(f).env for f in dataclasses.fields(cls)}
+        # A Service named `electra` would set ELECTRA_PORT=tcp://...: not the port to listen on.
+        shadowed = {k: env[k] for k in sorted(links & known_vars)}
+        env = {k: v for k, v in env.items() if k not in shadowed}
         settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
         settings, warnings = settings.fit_cores(available_cores())
-        known = ", ".join(sorted(options.spec_of(f).env for f in dataclasses.fields(cls)))
+        warnings += [f"ignoring {key}={value}: a Kubernetes service link (another Service's address), not this "
+                     "setting; set `enableServiceLinks: false` in the pod spec" for key, value in shadowed.items()]  # fmt: skip
+        known = ", ".join(sorted(known_vars))
         warnings += [
             f"ignoring {key}: not a server setting (those are {known})"
             for key in options.unknown_variables(cls, env, ENV_PREFIX)
-            if key not in SHARED_VARIABLES
+            if key not in SHARED_VARIABLES and key not in links
         ]
         return settings, warnings
 
