@@ -109,6 +109,16 @@ class HttpSettings:
         "seconds to receive a whole request (headers and body); 0: no limit",
         env="ELECTRA_READ_TIMEOUT_S",
     )
+    # uvicorn's default is 5 s. A balancer keeps its idle connections to a backend longer (AWS ALB and
+    # ingress-nginx 60 s) and may send a request on one just as the server closes it: a 502 the client sees.
+    # The server must be the one that waits longer. Drains are not held up by it: at SIGTERM idle connections
+    # are closed, and each answer after it closes its own (docs/deploy.md).
+    keep_alive_timeout_s: float = option(
+        75.0,
+        "seconds an idle connection is kept open for its next request; keep it above your load balancer's "
+        "idle timeout for its connections to the server (60 s: AWS ALB, ingress-nginx)",
+        env="ELECTRA_KEEP_ALIVE_TIMEOUT_S",
+    )
     limit_concurrency: int = option(
         1024,
         "open connections served; a request on one more is answered 503 at once (not /health, /ready, "
@@ -291,6 +301,10 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
+        if self.keep_alive_timeout_s <= 0:
+            raise SettingsError(
+                f"{flag('keep_alive_timeout_s')} must be > 0 (seconds), got {self.keep_alive_timeout_s:g}"
+            )
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
         timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
