@@ -283,6 +283,11 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
             assert ready.status_code == 200 and ready.json()["status"] == "ready"
             # The API's documentation, which the page links to (a link cannot carry the key).
             assert c.get("/schema").status_code == 200 and c.get("/schema/openapi.json").status_code == 200
+            # A CORS preflight never carries the key (browsers send none): without --cors-origins it gets the
+            # README's 204 without CORS headers (it got 401), so the browser keeps the page out.
+            preflight = {"origin": "https://x.example", "access-control-request-method": "POST"}
+            r = c.options("/detect", headers=preflight)
+            assert r.status_code == 204 and "access-control-allow-origin" not in r.headers, r.text
             for method, path in [
                 ("GET", "/models"),
                 ("GET", "/metrics"),
