@@ -429,5 +429,27 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         return wanted if wanted > self.threads_per_runner() else 0
 
     def describe(self) -> str:
-        """One line per setting for the start-up log, with the API key masked."""
-        return "settings:\n" + options.describe(self)
+        """One line per setting for the start-up log, with the API key masked, and beside each 0 that means
+        "decide here" what it came to on this machine (each model's log line says it again, later)."""
+        notes = self._auto()
+        lines = []
+        for line in options.describe(self).splitlines():
+            name = line.split("=", 1)[0].strip()
+            lines.append(f"{line} ({notes[name]})" if name in notes else line)
+        return "settings:\n" + "\n".join(lines)
+
+    def _auto(self) -> dict[str, str]:
+        from app.scheduling.memory import MIB, cgroup_limit  # as budget_for reads it
+
+        notes = {}
+        if self.intra_op_threads == 0:
+            notes["intra_op_threads"] = f"auto: {self.threads_per_runner()} per runner"
+        if self.solo_threads == 0:
+            alone = self.threads_when_alone()
+            notes["solo_threads"] = (f"auto: {alone}, every core" if alone else
+                                     "auto: off, a runner has every core already")  # fmt: skip
+        if self.memory_limit_mb == 0:
+            limit = cgroup_limit()
+            notes["memory_limit_mb"] = ("auto: none, no cgroup limit" if limit is None else
+                                        f"auto: the cgroup's, {limit / MIB:.0f}")  # fmt: skip
+        return notes

@@ -301,6 +301,17 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
             assert ok.status_code == 200
         log = s.log()
     assert key not in log and "api_key" in log  # settings printed, key masked
+    # Each 0 that the server decides with what it came to here: once only a model's later line said it.
+    import re
+
+    from app.machine import available_cores
+
+    per_runner = max(1, available_cores() // 2)
+    assert re.search(rf"intra_op_threads +\= 0 \(auto: {per_runner} per runner\)\n", log), log
+    assert re.search(
+        r"solo_threads +\= 0 \(auto: (\d+, every core|off, a runner has every core already)\)\n", log
+    )
+    assert re.search(r"memory_limit_mb +\= 0 \(auto: (none, no cgroup limit|the cgroup's, \d+)\)\n", log)
 
 
 def test_bad_settings_fail_naming_the_option(bundles_dir):
