@@ -134,7 +134,8 @@ class Registry:
     @property
     def failing(self) -> dict[str, str]:
         """Served bundles whose engine fails, by name, with why (as the last check_engines found)."""
-        return {name: health.failing for name, health in self.health.items() if health.failing}
+        # `suspect` too: a request that ran since ends it at once, before the next /ready says so.
+        return {name: h.failing for name, h in self.health.items() if h.failing and h.suspect}
 
     def readiness(self) -> tuple[str, str | None]:
         """(status, detail): "failing" when every served model's engine fails (check_engines); "degraded"
