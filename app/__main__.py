@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             registry.lifecycle,
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # above a balancer's own idle timeout (settings.py)
         ws="none",  # no WebSocket routes: an upgrade request is answered as plain HTTP, in JSON (app/http/protocol.py)
         host=settings.host,
         port=settings.port,

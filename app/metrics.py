@@ -119,8 +119,8 @@ class Metrics:
             ("model",), registry=r,
         )  # fmt: skip
         self.engine_failures = Counter(
-            PREFIX + "engine_failures", "session.run calls that raised: a batch, or a request retried alone "
-            "after its batch failed", ("model", "run"), registry=r,
+            PREFIX + "engine_failures", "session.run calls that raised: a batch, a request retried alone "
+            "after its batch failed, or /ready's probe of an engine that kept failing", ("model", "run"), registry=r,
         )  # fmt: skip
         self.retried_requests = Counter(
             PREFIX + "retried_requests", "Requests run again alone after their batch failed, by outcome",
@@ -141,6 +141,10 @@ class Metrics:
         self.bundle_broken = Gauge(
             PREFIX + "bundle_broken", "1 for a bundle in the models directory that is not served: it failed its "
             "checks or its loading (GET /models says why)", ("model",), registry=r,
+        )  # fmt: skip
+        self.bundle_failing = Gauge(
+            PREFIX + "bundle_failing", "1 while a served bundle's engine fails: --unready-after-failures runs "
+            "in a row and /ready's one-row probe (/ready and GET /models say why)", ("model",), registry=r,
         )  # fmt: skip
         self.load_check_within_gate = Gauge(
             PREFIX + "load_check_within_gate", "1 when the load-time check is within the bundle's gate",

@@ -178,17 +178,22 @@ class ModelInfo(msgspec.Struct):
     ] = None
 
 
+_FAILING = "served bundles whose engine fails (runs in a row and /ready's probe), by name, with the error"
+
+
 class ModelsResponse(msgspec.Struct):
     models: list[ModelInfo]
     broken: Annotated[dict[str, str], _doc("bundles not served, by name, with the reason")] = msgspec.field(
         default_factory=dict
     )
+    failing: Annotated[dict[str, str], _doc(_FAILING)] = msgspec.field(default_factory=dict)
 
 
 class Status(msgspec.Struct):
     status: str
     detail: str | None = None
     broken: Annotated[dict[str, str] | None, _doc("bundles not served, by name, with the reason")] = None
+    failing: Annotated[dict[str, str] | None, _doc(_FAILING)] = None
 
 
 class ErrorDetail(msgspec.Struct):

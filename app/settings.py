@@ -4,7 +4,9 @@ into a frozen dataclass."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,52 @@ MAX_WAIT_CAP_MS = 60_000.0
 DRAIN_DELAY_CAP_S = 300.0
 
 
+# Kubernetes gives every container, for each Service of its namespace (enableServiceLinks, on by default),
+# variables named after the Service: a Service `electra-serve` sets ELECTRA_SERVE_SERVICE_HOST,
+# ELECTRA_SERVE_PORT=tcp://10.0.0.1:80, ELECTRA_SERVE_PORT_80_TCP_ADDR... which share the settings' prefix.
+# Each is told by its name and value together, and only beside its Service's *_SERVICE_HOST (the kubelet
+# always sets that one), so a typo of a setting (ELECTRA_SERVE_PORT=8000) still gets its warning.
+_LINK_URL = re.compile(r"(tcp|udp|sctp)://\S+:(\d+)")
+_LINK_NAMES = re.compile(r"SERVICE_PORT(_\w+)?|PORT|PORT_(\d+)_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?")
+
+
+def service_links(env: Mapping[str, str]) -> set[str]:
+    """The ELECTRA_* variables in `env` that are Kubernetes service links (see above), not settings."""
+    services = {k.removesuffix("_SERVICE_HOST") for k, v in env.items()
+                if k.startswith(ENV_PREFIX) and k.endswith("_SERVICE_HOST") and _is_address(v)}  # fmt: skip
+    links = {f"{svc}_SERVICE_HOST" for svc in services}
+    for key, value in env.items():
+        for svc in services:
+            match = _LINK_NAMES.fullmatch(key.removeprefix(svc + "_")) if key.startswith(svc + "_") else None
+            if match is None:
+                continue
+            port, proto, part = match.group(2), match.group(3), match.group(4)
+            if match.group(0).startswith("SERVICE_PORT"):
+                ok = value.isdigit()
+            elif part == "_PROTO":
+                ok = value == proto.lower()
+            elif part == "_PORT":
+                ok = value == port
+            elif part == "_ADDR":
+                ok = _is_address(value)
+            else:  # SVC_PORT or SVC_PORT_<n>_<PROTO>: proto://address:port
+                url = _LINK_URL.fullmatch(value)
+                ok = url is not None and (
+                    proto is None or (url.group(1) == proto.lower() and url.group(2) == port)
+                )
+            if ok:
+                links.add(key)
+    return links
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
 # A setting that cannot be used; the message names the flag or variable. One error type for the options
 # of every entry point (options/).
 SettingsError = ConfigError
@@ -60,6 +108,16 @@ class HttpSettings:
         30.0,
         "seconds to receive a whole request (headers and body); 0: no limit",
         env="ELECTRA_READ_TIMEOUT_S",
+    )
+    # uvicorn's default is 5 s. A balancer keeps its idle connections to a backend longer (AWS ALB and
+    # ingress-nginx 60 s) and may send a request on one just as the server closes it: a 502 the client sees.
+    # The server must be the one that waits longer. Drains are not held up by it: at SIGTERM idle connections
+    # are closed, and each answer after it closes its own (docs/deploy.md).
+    keep_alive_timeout_s: float = option(
+        75.0,
+        "seconds an idle connection is kept open for its next request; keep it above your load balancer's "
+        "idle timeout for its connections to the server (60 s: AWS ALB, ingress-nginx)",
+        env="ELECTRA_KEEP_ALIVE_TIMEOUT_S",
     )
     limit_concurrency: int = option(
         1024,
@@ -106,6 +164,14 @@ class HttpSettings:
         '/ready answers 200 "degraded" while some bundles are broken and the others serve; false: 503, so a '
         "rollout whose new replicas hold a broken bundle stops",
         env="ELECTRA_READY_WHEN_DEGRADED",
+    )
+    # A replica whose engine fails every request must leave rotation; requests alone cannot tell a broken
+    # engine from a client resending a text that breaks it, so /ready then probes (app/scheduling/health.py).
+    unready_after_failures: int = option(
+        3,
+        "inference runs of a model failing in a row after which /ready runs a one-row probe of it, and answers "
+        '"failing" (503 when no other bundle serves) until a probe or a request succeeds; 0: never',
+        env="ELECTRA_UNREADY_AFTER_FAILURES",
     )
 
 
@@ -214,8 +280,8 @@ class ModelSettings:
     )
     inject_faults: str = option(
         "",
-        "testing only: make inference fail on purpose: every=N (every Nth batch) and/or poison=WORD "
-        "(every batch holding WORD); app/model/faults.py",
+        "testing only: make inference fail on purpose: every=N (every Nth run), first=N (the first N runs) "
+        "and/or poison=WORD (every batch holding WORD); app/model/faults.py",
         env="ELECTRA_INJECT_FAULTS",
     )
 
@@ -235,10 +301,15 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
+        if self.keep_alive_timeout_s <= 0:
+            raise SettingsError(
+                f"{flag('keep_alive_timeout_s')} must be > 0 (seconds), got {self.keep_alive_timeout_s:g}"
+            )
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
         timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
-        for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", *timeouts):
+        for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", "unready_after_failures",
+                     *timeouts):  # fmt: skip
             if getattr(self, name) < 0:
                 raise SettingsError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
         wait_cap = min(MAX_WAIT_CAP_MS, self.read_timeout_s * 1000 or MAX_WAIT_CAP_MS)
@@ -300,13 +371,20 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         flag fails, naming it. An unknown ELECTRA_* variable only warns (returned for printing): the prefix
         is shared with export/ and training/ (ELECTRA_DATA_DIR)."""
         env = os.environ if env is None else env
+        links = service_links(env)
+        known_vars = {options.spec_of(f).env for f in dataclasses.fields(cls)}
+        # A Service named `electra` would set ELECTRA_PORT=tcp://...: not the port to listen on.
+        shadowed = {k: env[k] for k in sorted(links & known_vars)}
+        env = {k: v for k, v in env.items() if k not in shadowed}
         settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
         settings, warnings = settings.fit_cores(available_cores())
-        known = ", ".join(sorted(options.spec_of(f).env for f in dataclasses.fields(cls)))
+        warnings += [f"ignoring {key}={value}: a Kubernetes service link (another Service's address), not this "
+                     "setting; set `enableServiceLinks: false` in the pod spec" for key, value in shadowed.items()]  # fmt: skip
+        known = ", ".join(sorted(known_vars))
         warnings += [
             f"ignoring {key}: not a server setting (those are {known})"
             for key in options.unknown_variables(cls, env, ENV_PREFIX)
-            if key not in SHARED_VARIABLES
+            if key not in SHARED_VARIABLES and key not in links
         ]
         return settings, warnings
 
@@ -351,5 +429,27 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         return wanted if wanted > self.threads_per_runner() else 0
 
     def describe(self) -> str:
-        """One line per setting for the start-up log, with the API key masked."""
-        return "settings:\n" + options.describe(self)
+        """One line per setting for the start-up log, with the API key masked, and beside each 0 that means
+        "decide here" what it came to on this machine (each model's log line says it again, later)."""
+        notes = self._auto()
+        lines = []
+        for line in options.describe(self).splitlines():
+            name = line.split("=", 1)[0].strip()
+            lines.append(f"{line} ({notes[name]})" if name in notes else line)
+        return "settings:\n" + "\n".join(lines)
+
+    def _auto(self) -> dict[str, str]:
+        from app.scheduling.memory import MIB, cgroup_limit  # as budget_for reads it
+
+        notes = {}
+        if self.intra_op_threads == 0:
+            notes["intra_op_threads"] = f"auto: {self.threads_per_runner()} per runner"
+        if self.solo_threads == 0:
+            alone = self.threads_when_alone()
+            notes["solo_threads"] = (f"auto: {alone}, every core" if alone else
+                                     "auto: off, a runner has every core already")  # fmt: skip
+        if self.memory_limit_mb == 0:
+            limit = cgroup_limit()
+            notes["memory_limit_mb"] = ("auto: none, no cgroup limit" if limit is None else
+                                        f"auto: the cgroup's, {limit / MIB:.0f}")  # fmt: skip
+        return notes

@@ -283,6 +283,11 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
             assert ready.status_code == 200 and ready.json()["status"] == "ready"
             # The API's documentation, which the page links to (a link cannot carry the key).
             assert c.get("/schema").status_code == 200 and c.get("/schema/openapi.json").status_code == 200
+            # A CORS preflight never carries the key (browsers send none): without --cors-origins it gets the
+            # README's 204 without CORS headers (it got 401), so the browser keeps the page out.
+            preflight = {"origin": "https://x.example", "access-control-request-method": "POST"}
+            r = c.options("/detect", headers=preflight)
+            assert r.status_code == 204 and "access-control-allow-origin" not in r.headers, r.text
             for method, path in [
                 ("GET", "/models"),
                 ("GET", "/metrics"),
@@ -296,6 +301,17 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
             assert ok.status_code == 200
         log = s.log()
     assert key not in log and "api_key" in log  # settings printed, key masked
+    # Each 0 that the server decides with what it came to here: once only a model's later line said it.
+    import re
+
+    from app.machine import available_cores
+
+    per_runner = max(1, available_cores() // 2)
+    assert re.search(rf"intra_op_threads +\= 0 \(auto: {per_runner} per runner\)\n", log), log
+    assert re.search(
+        r"solo_threads +\= 0 \(auto: (\d+, every core|off, a runner has every core already)\)\n", log
+    )
+    assert re.search(r"memory_limit_mb +\= 0 \(auto: (none, no cgroup limit|the cgroup's, \d+)\)\n", log)
 
 
 def test_bad_settings_fail_naming_the_option(bundles_dir):
@@ -429,3 +445,36 @@ def test_a_mistyped_variable_warns_and_the_data_tools_variables_do_not():
     assert len(warnings) == 1 and warnings[0].startswith(
         "ignoring ELECTRA_MAX_BACH_SIZE: not a server setting"
     )
+
+
+def test_kubernetes_service_links_are_not_taken_for_settings_and_the_deployment_turns_them_off():
+    """The kubelet gives a pod variables for each Service (enableServiceLinks defaults to true): for ours,
+    named electra-serve, eight ELECTRA_SERVE_*, and the server warned of each as a mistyped setting. A
+    Service named `electra` sets ELECTRA_PORT=tcp://..., which the server tried to listen on. A setting's
+    typo that looks like one (ELECTRA_SERVE_PORT=8000, no Service beside it) still warns."""
+    import yaml
+
+    from app.settings import Settings
+
+    ip = "10.96.0.12"
+    env = {
+        "ELECTRA_SERVE_SERVICE_HOST": ip, "ELECTRA_SERVE_SERVICE_PORT": "80", "ELECTRA_SERVE_SERVICE_PORT_HTTP": "80",
+        "ELECTRA_SERVE_PORT": f"tcp://{ip}:80", "ELECTRA_SERVE_PORT_80_TCP": f"tcp://{ip}:80",
+        "ELECTRA_SERVE_PORT_80_TCP_PROTO": "tcp", "ELECTRA_SERVE_PORT_80_TCP_PORT": "80",
+        "ELECTRA_SERVE_PORT_80_TCP_ADDR": ip, "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+    }  # fmt: skip
+    settings, warnings = Settings.from_sources([], env=env)
+    assert warnings == []
+    other = {
+        "ELECTRA_SERVICE_HOST": "fd00::1",
+        "ELECTRA_SERVICE_PORT": "9000",
+        "ELECTRA_PORT": "tcp://[fd00::1]:9000",
+    }
+    settings, warnings = Settings.from_sources([], env={**env, **other})
+    assert settings.port == 8000 and len(warnings) == 1
+    assert warnings[0].startswith("ignoring ELECTRA_PORT=tcp://[fd00::1]:9000: a Kubernetes service link")
+    for typo in ({"ELECTRA_SERVE_PORT": "8000"}, {**env, "ELECTRA_SERVE_PORT": "8000"}):
+        _, warnings = Settings.from_sources([], env=typo)
+        assert [w.split(":")[0] for w in warnings] == ["ignoring ELECTRA_SERVE_PORT"]
+    deployment = yaml.safe_load((REPO / "deploy" / "deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False

@@ -14,9 +14,9 @@ from app.model.faults import FaultSpec, FaultSpecError
 from app.settings import Settings, SettingsError
 
 try:
-    from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
+    from app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.app_fixtures import bundles_dir, run_server  # noqa: F401
+    from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
 
 TEXTS = [
     "The chef cooked the meal in the old kitchen.",
@@ -89,6 +89,13 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         # The server goes on serving, and the requests' queue is empty again.
         assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200
         assert server.metric("electra_queue_depth", model="detector") == 0
+        # A client resending the text that breaks the engine fails run after run (4 in a row here), but
+        # /ready's probe, a clean row, runs: the replica stays in rotation for everyone else.
+        assert [client.post("/detect", json={"text": poisoned}).status_code for _ in range(2)] == [500, 500]
+        ready = client.get("/ready")
+        assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
+        assert server.metric("electra_engine_failures_total", model="detector", run="probe") == 0
+        assert "/ready's one-row probe ran: the engine works" in server.log()
 
 
 def test_a_transient_fault_is_retried_and_no_client_sees_it(bundles_dir: Path, tmp_path):
@@ -100,14 +107,44 @@ def test_a_transient_fault_is_retried_and_no_client_sees_it(bundles_dir: Path, t
         assert server.metric("electra_retried_requests_total", model="detector", outcome="answered") >= 2
 
 
-def test_a_fault_that_persists_fails_each_request_with_a_json_500(bundles_dir: Path, tmp_path):
-    flags = ("--inject-faults", "every=1", "--solo-threads", "1")
-    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as client:
+def test_a_fault_that_persists_takes_the_replica_out_of_readiness_until_the_engine_runs_again(
+    bundles_dir: Path, tmp_path
+):
+    """Every request fails with a JSON 500, and past --unready-after-failures (3) failed runs in a row /ready
+    probes the engine itself: 503 "failing" while the probe fails too, at most one probe a second however
+    often /ready is asked, and ready again once a probe runs. It stayed 200 "ready" while every request
+    failed, and a balancer kept sending the replica its traffic. /health (liveness) stays 200."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "detector").symlink_to(bundles_dir / "detector")  # one model: every served one fails
+    # Runs 1-4: two requests, each failing in its batch and alone; 5: the first probe; 6 on: no fault.
+    flags = ("--inject-faults", "first=5", "--solo-threads", "1")
+    with run_server(models, *flags, log_dir=tmp_path) as server, server.client() as client:
         r = client.post("/detect", json={"text": TEXTS[0]})
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "inference_failed" and "twice" in r.json()["error"]["message"]
-        assert client.get("/health").status_code == 200  # the server goes on
+        assert client.get("/ready").json()["status"] == "ready"  # 2 failures: a bad input can do that much
+        assert client.post("/detect", json={"text": TEXTS[1]}).status_code == 500
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "failing", ready.text
+        assert (
+            "InjectedFault" in ready.json()["failing"]["detector"]
+            and "probe" in ready.json()["failing"]["detector"]
+        )
+        for _ in range(5):  # within the second: the last probe's verdict, no new probe
+            assert client.get("/ready").status_code == 503
+        assert server.metric("electra_engine_failures_total", model="detector", run="probe") == 1
+        assert server.metric("electra_bundle_failing", model="detector") == 1
+        assert "detector" in client.get("/models").json()["failing"]
+        assert client.get("/health").status_code == 200  # alive: out of rotation, not restarted
         assert "answered 500 inference_failed" in server.log()
+        # The fault clears; no request comes (out of rotation): /ready's next probe brings it back.
+        wait_for(lambda: client.get("/ready").status_code == 200, timeout=10, what="/ready 200 again")
+        assert client.get("/ready").json()["status"] == "ready"
+        assert server.metric("electra_bundle_failing", model="detector") == 0
+        assert "detector: failing, /ready leaves rotation" in server.log()
+        assert "detector: the engine runs again" in server.log()
+        assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200
 
 
 @pytest.mark.parametrize("spec", ["every=0", "poison=", "sometimes", "every=x"])

@@ -21,12 +21,14 @@ except ImportError:  # tests/ made a package
     from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
 
 READ_TIMEOUT = 2.0
+KEEP_ALIVE = 1.0  # short, to be seen in a test; the default is 75 s
 LIMIT = 12
 
 
 @pytest.fixture(scope="module")
 def server(bundles_dir: Path, tmp_path_factory):
-    flags = ("--read-timeout-s", str(READ_TIMEOUT), "--limit-concurrency", str(LIMIT), "--access-log")
+    flags = ("--read-timeout-s", str(READ_TIMEOUT), "--limit-concurrency", str(LIMIT), "--access-log",
+             "--keep-alive-timeout-s", str(KEEP_ALIVE))  # fmt: skip
     with run_server(bundles_dir, *flags, log_dir=tmp_path_factory.mktemp("logs")) as s:
         yield s
 
@@ -254,6 +256,29 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     assert count() == before + 1
     assert server.metric("electra_rejected_requests_total", reason="read_timeout") == timeouts + 1
     assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
+
+
+def test_an_idle_connection_is_kept_for_the_keep_alive_timeout_then_closed(server, tmp_path):
+    """--keep-alive-timeout-s reaches uvicorn, which kept its own 5 s: below a balancer's idle timeout (60 s
+    for AWS ALB and ingress-nginx), which then sent requests on connections the server was closing (502s)."""
+    from app.settings import Settings
+
+    with _connect(server) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        t0 = time.monotonic()
+        assert s.recv(4096) == b""  # closed by the server, idle
+        elapsed = time.monotonic() - t0
+    assert KEEP_ALIVE - 0.2 <= elapsed <= KEEP_ALIVE + 1.5, elapsed
+    assert Settings.from_sources([], env={})[0].keep_alive_timeout_s == 75  # above those balancers'
+    (tmp_path / "s.toml").write_text("keep_alive_timeout_s = 90\n")
+    assert Settings.from_sources(["--config", str(tmp_path / "s.toml")], env={})[0].keep_alive_timeout_s == 90
+    for bad in ("0", "-1"):
+        with pytest.raises(ValueError, match="--keep-alive-timeout-s must be > 0"):
+            Settings.from_sources([], env={"ELECTRA_KEEP_ALIVE_TIMEOUT_S": bad})
 
 
 def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):

@@ -1,5 +1,5 @@
 """The API key (--api-key): every route but the public ones (/health, /ready, the page, the API's own
-documentation under /schema) needs it."""
+documentation under /schema) needs it, and no OPTIONS request does."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ async def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler)
     # /schema: the page links to it, and a link cannot carry the key; it describes the API, nothing served.
     path = connection.scope["path"]
     if handler.opt.get("public") or path == DOCS or path.startswith(DOCS + "/") or has_api_key(connection):
+        return
+    # OPTIONS: a browser's CORS preflight never carries credentials (Fetch standard), and the answer says only
+    # which methods a path takes. With --cors-origins a preflight is answered before routing, without a key
+    # (app/http/preflight.py); without it, Litestar's own OPTIONS answer (204) reaches this guard.
+    if connection.scope["method"] == "OPTIONS":
         return
     raise AppError(
         ErrorType.UNAUTHORIZED,

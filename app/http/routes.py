@@ -134,7 +134,7 @@ READ_METHODS = ["GET", "HEAD"]
 )
 async def models(request: Request) -> ModelsResponse:
     registry = _registry(request)
-    return ModelsResponse(models=registry.describe(), broken=dict(registry.broken))
+    return ModelsResponse(models=registry.describe(), broken=dict(registry.broken), failing=registry.failing)
 
 
 @route("/health", http_method=READ_METHODS, opt={"public": True}, summary="Alive (never needs the API key)")
@@ -146,21 +146,24 @@ async def health() -> Status:
     "/ready",
     http_method=READ_METHODS,
     opt={"public": True},
-    responses={503: ResponseSpec(Status, description="loading, failed or draining", generate_examples=False)},
-    summary="Models loaded and warmed up (200 `degraded`: some bundles are broken, the others serve)",
+    responses={
+        503: ResponseSpec(Status, description="loading, failed, failing or draining", generate_examples=False)
+    },
+    summary="Models loaded and warmed up, and their engines run (200 `degraded`: some bundles are broken or "
+    "failing, the others serve)",
 )
 async def ready(request: Request) -> Response[Status]:
     # Public, for load balancers and probes, which cannot carry a secret; the details (which bundles
     # are broken and why) only with the API key.
     registry = _registry(request)
+    await registry.check_engines()  # an engine that keeps failing is probed (app/scheduling/health.py)
     status, detail = registry.readiness()
     serving = status == "ready" or (status == "degraded" and registry.settings.ready_when_degraded)
     code = 200 if serving else 503
     if not has_api_key(request):
         return Response(Status(status=status), status_code=code)
-    return Response(
-        Status(status=status, detail=detail, broken=dict(registry.broken) or None), status_code=code
-    )
+    broken, failing = dict(registry.broken) or None, registry.failing or None
+    return Response(Status(status=status, detail=detail, broken=broken, failing=failing), status_code=code)
 
 
 @route(

@@ -147,6 +147,11 @@ class Engine:
                 stop_spinning_after_run=True, quiet=True,
             )  # fmt: skip
         self.faults: FaultInjector | None = None  # --inject-faults, set once the engine is warm
+        # Runs that raised since the last one that did not, and the last one's error: a replica whose engine
+        # fails every run leaves readiness on it (app/scheduling/health.py). Written by the runners' threads
+        # without a lock: a count one short for a moment only delays that by a run.
+        self.failures_in_a_row = 0
+        self.last_failure = ""
         self._shrink: ort.RunOptions | None = None
         if arena == "shrink":
             self._shrink = ort.RunOptions()
@@ -197,10 +202,16 @@ class Engine:
         caller knows nothing else runs; the wider session is used when there is one."""
         assert not solo or self.solo is not None, "placement chose the solo session of an engine without one"
         sess = self.solo if solo else self.session
-        if self.faults is not None:
-            self.faults.check(feeds)
         big = self._shrink is not None and next(iter(feeds.values())).size > SHRINK_TOKENS
-        out = sess.run([self.output_name], feeds, self._shrink if big else None)[0]
+        try:
+            if self.faults is not None:
+                self.faults.check(feeds)
+            out = sess.run([self.output_name], feeds, self._shrink if big else None)[0]
+        except Exception as e:
+            self.failures_in_a_row += 1
+            self.last_failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            raise
+        self.failures_in_a_row = 0
         if big and _LIBC is not None:
             _LIBC.malloc_trim(0)  # after the arena shrank: give the freed pages back
         return out

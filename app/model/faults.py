@@ -1,8 +1,11 @@
 """--inject-faults: inference that fails on purpose, to see what clients get when ONNX Runtime fails
 (benchmarks/load/faults.py, tests/test_app_faults.py). Off by default; never for production.
 
-Two kinds, comma-separated:
+Three kinds, comma-separated:
 - `every=N`: every Nth session.run raises, whatever it holds: a transient fault.
+- `first=N`: the first N session.runs raise, then none: a fault that holds every run for a while and then
+  clears (a device reset, a volume back), to see a replica leave readiness and come back
+  (app/scheduling/health.py).
 - `poison=WORD`: every session.run whose batch holds a text with WORD raises: a row that breaks the
   engine. Its batch-mates must still be answered (app/scheduling/scheduler.py retries them without it).
 """
@@ -27,20 +30,23 @@ class FaultSpecError(ValueError):
 class FaultSpec:
     every: int = 0  # 0: off
     poison: str | None = None
+    first: int = 0  # 0: off
 
     @classmethod
     def parse(cls, spec: str) -> FaultSpec | None:
         """None for an empty spec; FaultSpecError, naming the part, for a bad one."""
-        every, poison = 0, None
+        every, poison, first = 0, None, 0
         for part in (p.strip() for p in spec.split(",") if p.strip()):
             key, _, value = part.partition("=")
             if key == "every" and value.isdigit() and int(value) > 0:
                 every = int(value)
+            elif key == "first" and value.isdigit() and int(value) > 0:
+                first = int(value)
             elif key == "poison" and value and not value.isspace():
                 poison = value
             else:
-                raise FaultSpecError(f"{part!r}: expected every=N (N > 0) or poison=WORD")
-        return cls(every, poison) if every or poison else None
+                raise FaultSpecError(f"{part!r}: expected every=N, first=N (N > 0) or poison=WORD")
+        return cls(every, poison, first) if every or poison or first else None
 
 
 class FaultInjector:
@@ -65,6 +71,10 @@ class FaultInjector:
 
     def check(self, feeds: dict[str, np.ndarray]) -> None:
         run = next(self._runs)
+        if run <= self.spec.first:
+            raise InjectedFault(
+                f"injected fault in session.run #{run} (--inject-faults first={self.spec.first})"
+            )
         if self.spec.every and run % self.spec.every == 0:
             raise InjectedFault(
                 f"injected fault in session.run #{run} (--inject-faults every={self.spec.every})"

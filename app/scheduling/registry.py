@@ -18,6 +18,7 @@ from app.model.engine import Engine
 from app.model.faults import FaultInjector, FaultSpec
 from app.model.tokenization import TextTokenizer
 from app.scheduling.admission import Admission
+from app.scheduling.health import EngineHealth
 from app.scheduling.lifecycle import Lifecycle, Phase
 from app.scheduling.memory import MemoryBudget, budget_for, peak_during, rss, settle
 from app.scheduling.scheduler import Scheduler
@@ -65,6 +66,7 @@ class Registry:
         self.server_load = ServerLoad()
         self.lifecycle = Lifecycle()
         self.models: dict[str, Model] = {}
+        self.health: dict[str, EngineHealth] = {}  # of each model's engine: app/scheduling/health.py
         self.state = "loading"  # loading -> ready, or failed; draining is the lifecycle's
         self.detail: str | None = None
         self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
@@ -124,16 +126,34 @@ class Registry:
             raise AppError(ErrorType.UNAVAILABLE, f"no {kind} is served; broken: {reasons}", field="model")
         raise AppError(ErrorType.UNKNOWN_MODEL, f"no {kind} is served; see GET /models", field="model")
 
+    async def check_engines(self) -> None:
+        """/ready's: probe the engines that keep failing (app/scheduling/health.py), off the event loop."""
+        if self.state == "ready" and self.lifecycle.phase is Phase.SERVING:
+            await asyncio.gather(*(health.check() for health in self.health.values()))
+
+    @property
+    def failing(self) -> dict[str, str]:
+        """Served bundles whose engine fails, by name, with why (as the last check_engines found)."""
+        # `suspect` too: a request that ran since ends it at once, before the next /ready says so.
+        return {name: h.failing for name, h in self.health.items() if h.failing and h.suspect}
+
     def readiness(self) -> tuple[str, str | None]:
-        """(status, detail): "degraded" when some models serve and others are broken; "draining" from
-        the moment SIGTERM arrives, so a load balancer takes the replica out before its work ends."""
+        """(status, detail): "failing" when every served model's engine fails (check_engines); "degraded"
+        when some models serve and others are broken or failing; "draining" from the moment SIGTERM arrives,
+        so a load balancer takes the replica out before its work ends."""
         if self.lifecycle.phase is Phase.LEAVING:
             return "draining", "shutting down: out of rotation, still answering until --drain-delay-s ends"
         if self.lifecycle.phase is not Phase.SERVING:
             return "draining", "shutting down: finishing the requests already admitted"
-        if self.state == "ready" and self.broken:
-            names = ", ".join(sorted(self.broken))
-            return "degraded", f"broken bundle(s), not served: {names}; see GET /models for why"
+        failing = self.failing
+        if self.state == "ready" and failing and len(failing) == len(self.models):
+            names = ", ".join(sorted(failing))
+            return "failing", f"inference fails on every served bundle: {names}; see `failing` for why"
+        if self.state == "ready" and (self.broken or failing):
+            said = [f"broken bundle(s), not served: {', '.join(sorted(self.broken))}"] if self.broken else []
+            if failing:
+                said.append(f"failing bundle(s), their inference fails: {', '.join(sorted(failing))}")
+            return "degraded", f"{'; '.join(said)}; see GET /models for why"
         return self.state, self.detail
 
     def describe(self) -> list[ModelInfo]:
@@ -160,6 +180,11 @@ class Registry:
                 log.exception("starting the schedulers failed")
                 return
             self.models[bundle.name] = Model(bundle, tokenizer, engine, scheduler)
+            self.health[bundle.name] = EngineHealth(
+                bundle.name, engine, engine.pad([tokenizer.warmup_row(8)], tokenizer.pad_id),
+                self.settings.unready_after_failures, self.metrics.engine_failures.labels(bundle.name, "probe"),
+                self.metrics.bundle_failing.labels(bundle.name),
+            )  # fmt: skip
             self.load_checks[bundle.name] = check
             if check is not None:
                 self.metrics.record_load_check(bundle.name, check)
