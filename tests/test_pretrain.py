@@ -93,12 +93,12 @@ def test_ctrl_c_outside_a_step_says_what_is_kept_not_a_traceback(tmp_path, monke
     import training.pretraining.trainer as trainer
 
     def interrupted(argv):
+        if saved:  # the run saved a checkpoint before the Ctrl-C (one there at the start refuses a new run)
+            (tmp_path / "checkpoints").mkdir()
+            (tmp_path / "checkpoints" / "latest").write_text("step-00000010\n")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer, "run", interrupted)
-    if saved:
-        (tmp_path / "checkpoints").mkdir()
-        (tmp_path / "checkpoints" / "latest").write_text("step-00000010\n")
     with pytest.raises(SystemExit) as stop:
         pretrain(["--out", str(tmp_path)])
     assert stop.value.code == 130
