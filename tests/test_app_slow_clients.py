@@ -82,6 +82,18 @@ def _send_until_closed(s: socket.socket, piece: bytes, times: int) -> None:
         pass
 
 
+def _get(s: socket.socket, path: bytes) -> bytes:
+    """One GET on a kept-alive connection, its answer read whole (by content-length)."""
+    s.sendall(b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += s.recv(65536)
+    length = int(re.search(rb"\r\ncontent-length: (\d+)", answer, re.I).group(1))
+    while len(answer.partition(b"\r\n\r\n")[2]) < length:
+        answer += s.recv(65536)
+    return answer
+
+
 def _read_answers(s: socket.socket) -> bytes:
     answer = b""
     try:
@@ -276,7 +288,7 @@ def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
 
 def test_connections_beyond_the_limit_are_refused_at_once(server):
     """--limit-concurrency N serves N connections, the one a request came on counted (the N-th was once
-    refused too)."""
+    refused too), and those N stay served however many more are opened."""
     with server.client() as kept:  # one connection, read through: its own scrape counts no other
         idle = [_connect(server) for _ in range(LIMIT - 2)]
         try:
@@ -285,8 +297,7 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
             refused = server.metric("electra_rejected_requests_total", reason="connection_limit", via=kept)
             # The LIMIT-th connection is served; it stays open, so the one after it is past the limit.
             idle.append(_connect(server))
-            idle[-1].sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert idle[-1].recv(4096).startswith(b"HTTP/1.1 200")
+            assert _get(idle[-1], b"/models").startswith(b"HTTP/1.1 200")
             with _connect(server) as s:
                 s.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\nx-request-id: flood-1\r\n\r\n")
                 answer = s.recv(4096)
@@ -299,6 +310,17 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
                 with _connect(server) as s:
                     s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
                     assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
+            # Connections past the limit held open refuse no connection served before them: the open
+            # count was checked at each request, and one idle connection too many got every client 503s.
+            idle.append(_connect(server))
+            wait_for(lambda: opened() == LIMIT + 1, what="one idle connection past the limit")
+            assert kept.get("/models").status_code == 200
+            assert _get(idle[-2], b"/models").startswith(b"HTTP/1.1 200")
+            # A served connection closed: the next one takes its place, the unserved one still open.
+            idle.pop(0).close()
+            wait_for(lambda: opened() == LIMIT, what="a served connection to close")
+            with _connect(server) as s:
+                assert _get(s, b"/models").startswith(b"HTTP/1.1 200")
         finally:
             for s in idle:
                 s.close()

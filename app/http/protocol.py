@@ -8,7 +8,8 @@ not: the handler waiting for the body sees a disconnect, and the scope's READ_TI
 counted as the 408 it was, under its endpoint, not as a client's abort (499).
 
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
-event loop itself, app/scheduling/placement.py), closes each connection after its response once the replica
+event loop itself, app/scheduling/placement.py) and admits each under --limit-concurrency (its requests'
+scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after its response once the replica
 leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each response's head and body in one write
 (_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two. A
 response sent before its request's body was all in (413) closes only once the rest is read and dropped,
@@ -32,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app import request_context
 from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT
+from app.http.connection_limit import OVER_LIMIT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
 from app.scheduling.server_load import ServerLoad
@@ -61,6 +63,7 @@ class _BoundedRead(HttpToolsProtocol):
     lifecycle: Lifecycle  # out of rotation: each response closes its connection
     _deadline: asyncio.TimerHandle | None = None
     _counted = False
+    _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
     _lingered = 0
     _receiving = None  # the request cycle whose body is still coming in
@@ -76,7 +79,7 @@ class _BoundedRead(HttpToolsProtocol):
     _head_refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.load.connection_opened()
+        self._served = self.load.connection_opened()  # under --limit-concurrency (connection_limit.py)
         self._counted = True
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is cut off too
@@ -92,6 +95,9 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if not self._served:  # a place may have freed since it opened (it has asked only for probes)
+            self._served = self.load.admit_connection()
+        self.scope[OVER_LIMIT] = not self._served  # the scope the request cycle about to start gets
         super().on_headers_complete()
         cycle = self.cycle
         self._receiving = cycle  # its body is being read until on_message_complete
@@ -221,7 +227,7 @@ class _BoundedRead(HttpToolsProtocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.load.connection_closed()
+            self.load.connection_closed(self._served)
 
     def _arm(self) -> None:
         if self._deadline is None and self.read_timeout_s > 0:
