@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -67,6 +68,7 @@ class _BoundedRead(HttpToolsProtocol):
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
     _lingered = 0
     _receiving = None  # the request cycle whose body is still coming in
+    _cycles: deque  # the connection's request cycles, oldest first, from the one being answered on
     _in_message = False  # between a request's first byte and its last
     _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
     _in_head = False  # between a request's first byte and the end of its headers
@@ -81,6 +83,7 @@ class _BoundedRead(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._served = self.load.connection_opened()  # under --limit-concurrency (connection_limit.py)
         self._counted = True
+        self._cycles = deque()
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is cut off too
 
@@ -100,6 +103,8 @@ class _BoundedRead(HttpToolsProtocol):
         self.scope[OVER_LIMIT] = not self._served  # the scope the request cycle about to start gets
         super().on_headers_complete()
         cycle = self.cycle
+        if cycle is not None and (not self._cycles or self._cycles[-1] is not cycle):
+            self._cycles.append(cycle)
         self._receiving = cycle  # its body is being read until on_message_complete
         if cycle is not None and not self.lifecycle.keeps_connections:
             cycle.keep_alive = False  # uvicorn then sends `connection: close` and closes after the response
@@ -180,6 +185,8 @@ class _BoundedRead(HttpToolsProtocol):
         self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg)
 
     def on_response_complete(self) -> None:
+        while self._cycles and self._cycles[0].response_complete:  # answered in order
+            self._cycles.popleft()
         # uvicorn starts the next queued request here, if any: the 431 waits for its answer too, unless it is
         # the refused one itself (trailers: it waits for a body end that will never be read).
         started = self.pipeline[-1][0] if self.pipeline else None
@@ -207,7 +214,21 @@ class _BoundedRead(HttpToolsProtocol):
         self._disarm()
         if self._linger is not None:
             self._linger.cancel()
+        # uvicorn tells only the last request parsed (self.cycle) that its client left: one being answered
+        # with another pipelined behind it never heard it, ran its inference to the end, was counted a 200
+        # and wrote to the closed transport (an ERROR and a traceback). Every unanswered one is told.
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        queued = list(reversed(self.pipeline))  # oldest first (uvicorn appends on the left)
+        self.pipeline.clear()
         super().connection_lost(exc)
+        # The pipelined requests whose turn never came are still run, each as told its client left: a
+        # route that reads a body counts it an abort (499 client_gone) at once, as README says of a
+        # client that leaves mid-request, and not one of them goes uncounted (nor without its access line).
+        for cycle, app in queued:
+            self._start_asgi_task(cycle, app)
 
     def handle_websocket_upgrade(self) -> None:
         # Only where uvicorn runs with WebSockets on (app/__main__.py turns them off): it hands the transport
@@ -264,7 +285,8 @@ class _BoundedRead(HttpToolsProtocol):
         head += b"".join(
             k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(self._answer_id())
         )
-        self.transport.write(head + b"\r\n" + body)
+        if not self.transport.is_closing():  # uvloop raises on a write to a closed transport
+            self.transport.write(head + b"\r\n" + body)
         self.transport.close()
 
     def _answer_id(self) -> bytes:
@@ -316,6 +338,10 @@ class _HeadWithBody:
         self._head_seen = False
 
     def write(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            # Its client gone (or a 408 written and the connection closing): nobody reads it, and uvloop
+            # raises on a write to a closed transport, which the handler would report as its own failure.
+            return
         if self._cycle.response_started and not self._head_seen:
             self._head_seen = True  # the cycle writes the head first, once
             if self._cycle.scope["method"] != "HEAD":
@@ -327,8 +353,9 @@ class _HeadWithBody:
 
     def close(self) -> None:
         if self._head is not None:  # a response that started and broke off: its head still goes out
-            self._transport.write(self._head)
-            self._head = None
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
         if self._cycle.more_body and self._cycle.response_complete:  # answered before its body was in
             self._linger_then_close()
         else:
