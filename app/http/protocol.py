@@ -51,9 +51,10 @@ HEAD_LIMIT = 64 << 10
 
 
 def bounded_protocol(
-    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle
+    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle, access_log: bool = False
 ) -> type[HttpToolsProtocol]:
-    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle}
+    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle,
+             "access_lines": access_log}  # fmt: skip
     return type("BoundedHttpToolsProtocol", (_BoundedRead,), attrs)
 
 
@@ -62,6 +63,9 @@ class _BoundedRead(HttpToolsProtocol):
     metrics: Metrics
     load: ServerLoad  # its connection count tells placement when one client is all there is
     lifecycle: Lifecycle  # out of rotation: each response closes its connection
+    # --access-log: the answers written here that no handler logs get their line here (uvicorn's own
+    # `access_log`, an instance attribute, is its access logger's switch, off: app/__main__.py)
+    access_lines: bool
     _deadline: asyncio.TimerHandle | None = None
     _counted = False
     _served = False  # admitted under --limit-concurrency: its requests are answered
@@ -179,10 +183,8 @@ class _BoundedRead(HttpToolsProtocol):
             msg = (
                 f"the request's trailers (after its chunked body) passed {HEAD_LIMIT // 1024} KiB; send none"
             )
-        else:
-            self.metrics.requests.labels("other", "", "431").inc()
-            self.metrics.rejected.labels(reason="headers_too_large").inc()
-        self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg)
+        self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg,
+                          unrouted=cycle is None or cycle is not self._receiving)  # fmt: skip
 
     def on_response_complete(self) -> None:
         while self._cycles and self._cycles[0].response_complete:  # answered in order
@@ -264,7 +266,8 @@ class _BoundedRead(HttpToolsProtocol):
         chunk of a body): the API's JSON error shape and its counters, where uvicorn sends plain text that
         no metric counts."""
         cycle = self.cycle
-        if cycle is not None and cycle is self._receiving and not cycle.response_complete:
+        handled = cycle is not None and cycle is self._receiving and not cycle.response_complete
+        if handled:
             # Its handler, waiting for the body, sees the connection go: it counts the request, as this 400.
             cycle.scope[BODY_UNPARSABLE] = True
             msg = ("the request body is not valid HTTP/1.1 (a malformed chunk of a chunked body); send the body "
@@ -272,19 +275,28 @@ class _BoundedRead(HttpToolsProtocol):
         else:
             msg = ("the request is not valid HTTP/1.1 (its request line, a header or the method could not be "
                    "parsed); send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
-            self.metrics.requests.labels("other", "", "400").inc()
-            self.metrics.rejected.labels(reason="invalid_http").inc()
-        self._write_error("400 Bad Request", "invalid_http", msg)
+        self._write_error("400 Bad Request", "invalid_http", msg, unrouted=not handled)
 
-    def _write_error(self, status: str, kind: str, msg: str) -> None:
+    def _write_error(self, status: str, kind: str, msg: str, unrouted: bool = False) -> None:
         """An error answer written straight to the transport (no request cycle to answer through), then
-        the connection closes. It carries what every answer does (request_context.answer_headers)."""
+        the connection closes. It carries what every answer does (request_context.answer_headers).
+
+        `unrouted`: no handler runs for it (the request's head was never read whole), so it is counted here,
+        under endpoint "other" with `kind` as the rejected reason, and given its --access-log line here;
+        method and path unknown ("-"), as the time is for every request no route took."""
+        rid = self._answer_id()
         body = json.dumps({"error": {"type": kind, "message": msg, "field": None}}).encode()
         head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
                 f"content-length: {len(body)}\r\n").encode()  # fmt: skip
-        head += b"".join(
-            k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(self._answer_id())
-        )
+        head += b"".join(k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(rid))
+        if unrouted:
+            code = int(status.split()[0])
+            self.metrics.requests.labels("other", "", str(code)).inc()
+            self.metrics.rejected.labels(reason=kind).inc()
+            if self.access_lines:
+                scope = {"client": self.client, "method": "-", "path": "-"}
+                line = request_context.access_line(scope, code, None, "", rid.decode())
+                request_context.access_log.info("%s", line)
         if not self.transport.is_closing():  # uvloop raises on a write to a closed transport
             self.transport.write(head + b"\r\n" + body)
         self.transport.close()
@@ -316,11 +328,8 @@ class _BoundedRead(HttpToolsProtocol):
         msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
         if handler_running:
             cycle.scope[READ_TIMED_OUT] = True
-        else:
-            self.metrics.requests.labels("other", "", "408").inc()
-            self.metrics.rejected.labels(reason="read_timeout").inc()
         # The raw transport: the handler (blocked on its body until the connection is lost) writes nothing.
-        self._write_error("408 Request Timeout", "read_timeout", msg)
+        self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running)
 
 
 class _HeadWithBody:
