@@ -2,18 +2,21 @@
 the last byte of its request. uvicorn has none (its keep-alive timer stops at the first byte of a new
 request), so a client trickling one header byte every few seconds held its connection forever.
 
-Either way the client gets a JSON 408 and the connection is closed. Headers not complete by then:
-counted here (endpoint "other", status 408, rejected reason "read_timeout"). Headers complete but the body
-not: the handler waiting for the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it
-counted as the 408 it was, under its endpoint, not as a client's abort (499).
+Either way the client gets a JSON 408 and the connection is closed, once what the client is still
+sending has been read and dropped (bounded, as after a 413 below; closed at once, a client still
+uploading got a reset instead of the 408). Headers not complete by then: counted here (endpoint "other",
+status 408, rejected reason "read_timeout"). Headers complete but the body not: the handler waiting for
+the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it counted as the 408 it was, under
+its endpoint, not as a client's abort (499).
 
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
 event loop itself, app/scheduling/placement.py) and admits each under --limit-concurrency (its requests'
-scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after its response once the replica
-leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each response's head and body in one write
-(_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two. A
-response sent before its request's body was all in (413) closes only once the rest is read and dropped,
-bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset.
+scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after
+its response once the replica leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each
+response's head and body in one write (_HeadWithBody), where uvicorn makes two: one send and one wake-up
+of the client instead of two. A response sent before its request's body was all in (413) closes only
+once the rest is read and dropped, bounded (LINGER_S, LINGER_BYTES), so every client sees the answer
+instead of a reset.
 
 A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
@@ -83,6 +86,7 @@ class _BoundedRead(HttpToolsProtocol):
     _read_ended = False  # a request ended within the read being parsed (the rest may begin another)
     # Past HEAD_LIMIT: what the client sends next is dropped, and a 431 is (or will be) sent.
     _head_refused = False
+    _timed_out_408 = False  # a 408 is out: what the client still sends is dropped until the linger ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._served = self.load.connection_opened()  # under --limit-concurrency (connection_limit.py)
@@ -133,8 +137,8 @@ class _BoundedRead(HttpToolsProtocol):
             if self._lingered > LINGER_BYTES:
                 self.transport.close()
                 return
-        if self._head_refused:
-            return  # the rest of a refused head: dropped unparsed
+        if self._head_refused or self._timed_out_408:
+            return  # the rest of a refused head, or of a request past its deadline: dropped unparsed
         self._begins_counted = not self._in_message
         if not self._in_message or self._in_head:
             # Counted before the parser sees them: a head that ends within this read, with the body behind
@@ -277,9 +281,17 @@ class _BoundedRead(HttpToolsProtocol):
                    "parsed); send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
         self._write_error("400 Bad Request", "invalid_http", msg, unrouted=not handled)
 
-    def _write_error(self, status: str, kind: str, msg: str, unrouted: bool = False) -> None:
+    def _write_error(
+        self, status: str, kind: str, msg: str, unrouted: bool = False, linger: bool = False
+    ) -> None:
         """An error answer written straight to the transport (no request cycle to answer through), then
         the connection closes. It carries what every answer does (request_context.answer_headers).
+
+        `linger`: the client may still be sending (a body past --read-timeout-s). Closed at once with its
+        bytes unread, the kernel answers them with a reset, and a client that writes before it reads
+        reported the reset, not the answer. So the answer is followed by our FIN (a client reading as it
+        sends sees the answer end at once), and the rest is read and dropped until the client closes, or
+        LINGER_S or LINGER_BYTES pass, as after a 413 (linger_then_close).
 
         `unrouted`: no handler runs for it (the request's head was never read whole), so it is counted here,
         under endpoint "other" with `kind` as the rejected reason, and given its --access-log line here;
@@ -297,9 +309,15 @@ class _BoundedRead(HttpToolsProtocol):
                 scope = {"client": self.client, "method": "-", "path": "-"}
                 line = request_context.access_line(scope, code, None, "", rid.decode())
                 request_context.access_log.info("%s", line)
-        if not self.transport.is_closing():  # uvloop raises on a write to a closed transport
-            self.transport.write(head + b"\r\n" + body)
-        self.transport.close()
+        if self.transport.is_closing():  # uvloop raises on a write to a closed transport
+            return
+        self.transport.write(head + b"\r\n" + body)
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._linger = self.loop.call_later(LINGER_S, self.transport.close)
+            self.flow.resume_reading()  # paused while a handler's body buffer was full
+        else:
+            self.transport.close()
 
     def _answer_id(self) -> bytes:
         """The x-request-id of an answer written here: where the request's headers were read (its body or
@@ -316,8 +334,8 @@ class _BoundedRead(HttpToolsProtocol):
 
     def _timed_out(self) -> None:
         self._deadline = None
-        if self.transport.is_closing():
-            return
+        if self.transport.is_closing() or self._linger is not None:
+            return  # already answered (a 413 whose body is being dropped): the linger closes it
         cycle = self.cycle
         handler_running = cycle is not None and not cycle.response_complete
         # A 408 is written only where it cannot cut into another answer: none is on its way, and the
@@ -327,9 +345,16 @@ class _BoundedRead(HttpToolsProtocol):
             return
         msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
         if handler_running:
+            # Its handler, waiting for the body, is told now, not when the linger ends: it counts this 408
+            # and sends nothing (uvicorn drops what a disconnected cycle sends).
             cycle.scope[READ_TIMED_OUT] = True
-        # The raw transport: the handler (blocked on its body until the connection is lost) writes nothing.
-        self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running)
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._timed_out_408 = True
+        # The raw transport, followed by what the client is still sending, read and dropped.
+        self._write_error(
+            "408 Request Timeout", "read_timeout", msg, unrouted=not handler_running, linger=True
+        )
 
 
 class _HeadWithBody:
