@@ -351,10 +351,10 @@ class _BoundedRead(HttpToolsProtocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self._timed_out_408 = True
-        # The raw transport, followed by what the client is still sending, read and dropped.
-        self._write_error(
-            "408 Request Timeout", "read_timeout", msg, unrouted=not handler_running, linger=True
-        )
+        # The raw transport, followed by what the client is still sending, read and dropped: where it is
+        # mid-request. One that never sent a byte has nothing on its way, and is closed at once.
+        self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running,
+                          linger=self._in_message)  # fmt: skip
 
 
 class _HeadWithBody:
