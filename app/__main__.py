@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             app.state.metrics,
             registry.server_load,
             registry.lifecycle,
+            access_log=settings.access_log,  # the 400, 408 and 431 it writes with no handler: their lines
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
         timeout_keep_alive=settings.keep_alive_timeout_s,  # above a balancer's own idle timeout (settings.py)

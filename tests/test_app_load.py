@@ -4,8 +4,10 @@ A long max wait keeps admitted requests queued long enough to observe each behav
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -77,6 +79,27 @@ def test_request_of_a_client_that_left_is_dropped_before_inference(slow_server):
     with httpx.Client(base_url=slow_server.url, timeout=10) as c:  # and the server is fine
         assert c.post("/detect", json={"text": "still here"}).status_code == 200
     assert slow_server.metric("electra_batch_size_sum", model="detector") == rows + 1  # one row ran, not two
+
+
+def test_pipelined_requests_of_a_client_that_left_are_each_counted_as_an_abort(slow_server):
+    """Two /detect requests pipelined on one connection, the client gone 50 ms later: the one being
+    answered never heard it (only the last request parsed was told), ran its inference, was counted a 200
+    and wrote to the closed transport (an ERROR with a traceback); the one behind it was never counted."""
+    count = lambda status: slow_server.metric("electra_requests_total", endpoint="/detect", status=status)  # noqa: E731
+    before = {status: count(status) for status in ("200", "499", "500")}
+    rows = slow_server.metric("electra_batch_size_sum", model="detector")
+    body = json.dumps({"text": "nobody will read this either"}).encode()
+    request = (b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+               % len(body)) + body  # fmt: skip
+    with socket.create_connection(slow_server.address(), timeout=10) as s:
+        s.sendall(request * 2)
+        time.sleep(0.05)  # the first waits in the queue for company (--max-wait-ms)
+    wait_for(lambda: count("499") >= before["499"] + 2, what="both requests counted as aborts")
+    time.sleep(WAIT_MS / 1000)  # past the first one's batch, had it run
+    assert count("499") == before["499"] + 2
+    assert [count("200"), count("500")] == [before["200"], before["500"]]
+    assert slow_server.metric("electra_batch_size_sum", model="detector") == rows  # no inference for them
+    assert "Exception in ASGI application" not in slow_server.log()
 
 
 def refusing_new_work(url: str) -> bool:

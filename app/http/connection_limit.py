@@ -1,5 +1,9 @@
-"""--limit-concurrency: past that many open connections a request is answered at once with a JSON 503,
-counted (rejected reason "connection_limit"), and its connection closed to free a place. uvicorn's own
+"""--limit-concurrency N: the first N open connections are served; a request on a connection past them is
+answered at once with a JSON 503, counted (rejected reason "connection_limit"), and its connection closed.
+Admission is per connection (ServerLoad.admit_connection, asked by app/http/protocol.py when a connection
+opens, and again at each request of one not yet admitted): a served connection stays served, and once one
+closes, the next connection (or request of an unserved one) takes its place. Checked on the open count at
+each request, a client holding N + 1 idle connections got every request of every other client refused. uvicorn's own
 limit answered every path alike, probes included, with a plain-text 503 no metric saw: a flood of idle
 connections then failed the liveness probe, and a restart was all the replica got. /health, /ready and
 /metrics are answered whatever the count: they cost little (a few hundred series) and say what they are
@@ -14,18 +18,20 @@ from app.metrics import Metrics
 from app.scheduling.server_load import ServerLoad
 
 PROBES = frozenset({"/health", "/ready", "/metrics"})
+# Set in a request's scope by app/http/protocol.py: True where its connection is past the limit.
+OVER_LIMIT = "electra.over_connection_limit"
 
 
 def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
-    """`app` wrapped: a request on a connection beyond the `limit` open ones (its own counted) gets the
-    503; every other scope passes through."""
+    """`app` wrapped: a request on a connection not admitted under `limit` gets the 503; every other scope
+    passes through. `load` is told the limit: the protocol admits connections through it."""
+    load.connection_limit = limit
     message = f"the server has more open connections than its --limit-concurrency of {limit}; retry shortly"
     head = ((b"retry-after", b"1"), (b"connection", b"close"))
 
     async def limited(scope, receive, send) -> None:
-        # `connections` counts the one this request came on: `limit` of them are served. uvicorn's own
-        # check (`<`) served one fewer, and --limit-concurrency 1 answered every request 503.
-        if scope["type"] != "http" or load.connections <= limit or scope["path"] in PROBES:
+        # No mark: a server other than app/http/protocol.py's (a test client), which admits none.
+        if scope["type"] != "http" or not scope.get(OVER_LIMIT) or scope["path"] in PROBES:
             return await app(scope, receive, send)
         metrics.requests.labels("other", "", "503").inc()
         # Outside every middleware: the headers server.py's gives every other answer are sent here. No line

@@ -2,17 +2,21 @@
 the last byte of its request. uvicorn has none (its keep-alive timer stops at the first byte of a new
 request), so a client trickling one header byte every few seconds held its connection forever.
 
-Either way the client gets a JSON 408 and the connection is closed. Headers not complete by then:
-counted here (endpoint "other", status 408, rejected reason "read_timeout"). Headers complete but the body
-not: the handler waiting for the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it
-counted as the 408 it was, under its endpoint, not as a client's abort (499).
+Either way the client gets a JSON 408 and the connection is closed, once what the client is still
+sending has been read and dropped (bounded, as after a 413 below; closed at once, a client still
+uploading got a reset instead of the 408). Headers not complete by then: counted here (endpoint "other",
+status 408, rejected reason "read_timeout"). Headers complete but the body not: the handler waiting for
+the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it counted as the 408 it was, under
+its endpoint, not as a client's abort (499).
 
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
-event loop itself, app/scheduling/placement.py), closes each connection after its response once the replica
-leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each response's head and body in one write
-(_HeadWithBody), where uvicorn makes two: one send and one wake-up of the client instead of two. A
-response sent before its request's body was all in (413) closes only once the rest is read and dropped,
-bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset.
+event loop itself, app/scheduling/placement.py) and admits each under --limit-concurrency (its requests'
+scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after
+its response once the replica leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each
+response's head and body in one write (_HeadWithBody), where uvicorn makes two: one send and one wake-up
+of the client instead of two. A response sent before its request's body was all in (413) closes only
+once the rest is read and dropped, bounded (LINGER_S, LINGER_BYTES), so every client sees the answer
+instead of a reset.
 
 A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
@@ -27,11 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app import request_context
 from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT
+from app.http.connection_limit import OVER_LIMIT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
 from app.scheduling.server_load import ServerLoad
@@ -48,9 +54,10 @@ HEAD_LIMIT = 64 << 10
 
 
 def bounded_protocol(
-    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle
+    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle, access_log: bool = False
 ) -> type[HttpToolsProtocol]:
-    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle}
+    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle,
+             "access_lines": access_log}  # fmt: skip
     return type("BoundedHttpToolsProtocol", (_BoundedRead,), attrs)
 
 
@@ -59,11 +66,16 @@ class _BoundedRead(HttpToolsProtocol):
     metrics: Metrics
     load: ServerLoad  # its connection count tells placement when one client is all there is
     lifecycle: Lifecycle  # out of rotation: each response closes its connection
+    # --access-log: the answers written here that no handler logs get their line here (uvicorn's own
+    # `access_log`, an instance attribute, is its access logger's switch, off: app/__main__.py)
+    access_lines: bool
     _deadline: asyncio.TimerHandle | None = None
     _counted = False
+    _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
     _lingered = 0
     _receiving = None  # the request cycle whose body is still coming in
+    _cycles: deque  # the connection's request cycles, oldest first, from the one being answered on
     _in_message = False  # between a request's first byte and its last
     _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
     _in_head = False  # between a request's first byte and the end of its headers
@@ -74,10 +86,12 @@ class _BoundedRead(HttpToolsProtocol):
     _read_ended = False  # a request ended within the read being parsed (the rest may begin another)
     # Past HEAD_LIMIT: what the client sends next is dropped, and a 431 is (or will be) sent.
     _head_refused = False
+    _timed_out_408 = False  # a 408 is out: what the client still sends is dropped until the linger ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.load.connection_opened()
+        self._served = self.load.connection_opened()  # under --limit-concurrency (connection_limit.py)
         self._counted = True
+        self._cycles = deque()
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is cut off too
 
@@ -92,8 +106,13 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if not self._served:  # a place may have freed since it opened (it has asked only for probes)
+            self._served = self.load.admit_connection()
+        self.scope[OVER_LIMIT] = not self._served  # the scope the request cycle about to start gets
         super().on_headers_complete()
         cycle = self.cycle
+        if cycle is not None and (not self._cycles or self._cycles[-1] is not cycle):
+            self._cycles.append(cycle)
         self._receiving = cycle  # its body is being read until on_message_complete
         if cycle is not None and not self.lifecycle.keeps_connections:
             cycle.keep_alive = False  # uvicorn then sends `connection: close` and closes after the response
@@ -118,8 +137,8 @@ class _BoundedRead(HttpToolsProtocol):
             if self._lingered > LINGER_BYTES:
                 self.transport.close()
                 return
-        if self._head_refused:
-            return  # the rest of a refused head: dropped unparsed
+        if self._head_refused or self._timed_out_408:
+            return  # the rest of a refused head, or of a request past its deadline: dropped unparsed
         self._begins_counted = not self._in_message
         if not self._in_message or self._in_head:
             # Counted before the parser sees them: a head that ends within this read, with the body behind
@@ -168,12 +187,12 @@ class _BoundedRead(HttpToolsProtocol):
             msg = (
                 f"the request's trailers (after its chunked body) passed {HEAD_LIMIT // 1024} KiB; send none"
             )
-        else:
-            self.metrics.requests.labels("other", "", "431").inc()
-            self.metrics.rejected.labels(reason="headers_too_large").inc()
-        self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg)
+        self._write_error("431 Request Header Fields Too Large", "headers_too_large", msg,
+                          unrouted=cycle is None or cycle is not self._receiving)  # fmt: skip
 
     def on_response_complete(self) -> None:
+        while self._cycles and self._cycles[0].response_complete:  # answered in order
+            self._cycles.popleft()
         # uvicorn starts the next queued request here, if any: the 431 waits for its answer too, unless it is
         # the refused one itself (trailers: it waits for a body end that will never be read).
         started = self.pipeline[-1][0] if self.pipeline else None
@@ -201,7 +220,21 @@ class _BoundedRead(HttpToolsProtocol):
         self._disarm()
         if self._linger is not None:
             self._linger.cancel()
+        # uvicorn tells only the last request parsed (self.cycle) that its client left: one being answered
+        # with another pipelined behind it never heard it, ran its inference to the end, was counted a 200
+        # and wrote to the closed transport (an ERROR and a traceback). Every unanswered one is told.
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        queued = list(reversed(self.pipeline))  # oldest first (uvicorn appends on the left)
+        self.pipeline.clear()
         super().connection_lost(exc)
+        # The pipelined requests whose turn never came are still run, each as told its client left: a
+        # route that reads a body counts it an abort (499 client_gone) at once, as README says of a
+        # client that leaves mid-request, and not one of them goes uncounted (nor without its access line).
+        for cycle, app in queued:
+            self._start_asgi_task(cycle, app)
 
     def handle_websocket_upgrade(self) -> None:
         # Only where uvicorn runs with WebSockets on (app/__main__.py turns them off): it hands the transport
@@ -221,7 +254,7 @@ class _BoundedRead(HttpToolsProtocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.load.connection_closed()
+            self.load.connection_closed(self._served)
 
     def _arm(self) -> None:
         if self._deadline is None and self.read_timeout_s > 0:
@@ -237,7 +270,8 @@ class _BoundedRead(HttpToolsProtocol):
         chunk of a body): the API's JSON error shape and its counters, where uvicorn sends plain text that
         no metric counts."""
         cycle = self.cycle
-        if cycle is not None and cycle is self._receiving and not cycle.response_complete:
+        handled = cycle is not None and cycle is self._receiving and not cycle.response_complete
+        if handled:
             # Its handler, waiting for the body, sees the connection go: it counts the request, as this 400.
             cycle.scope[BODY_UNPARSABLE] = True
             msg = ("the request body is not valid HTTP/1.1 (a malformed chunk of a chunked body); send the body "
@@ -245,21 +279,45 @@ class _BoundedRead(HttpToolsProtocol):
         else:
             msg = ("the request is not valid HTTP/1.1 (its request line, a header or the method could not be "
                    "parsed); send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
-            self.metrics.requests.labels("other", "", "400").inc()
-            self.metrics.rejected.labels(reason="invalid_http").inc()
-        self._write_error("400 Bad Request", "invalid_http", msg)
+        self._write_error("400 Bad Request", "invalid_http", msg, unrouted=not handled)
 
-    def _write_error(self, status: str, kind: str, msg: str) -> None:
+    def _write_error(
+        self, status: str, kind: str, msg: str, unrouted: bool = False, linger: bool = False
+    ) -> None:
         """An error answer written straight to the transport (no request cycle to answer through), then
-        the connection closes. It carries what every answer does (request_context.answer_headers)."""
+        the connection closes. It carries what every answer does (request_context.answer_headers).
+
+        `linger`: the client may still be sending (a body past --read-timeout-s). Closed at once with its
+        bytes unread, the kernel answers them with a reset, and a client that writes before it reads
+        reported the reset, not the answer. So the answer is followed by our FIN (a client reading as it
+        sends sees the answer end at once), and the rest is read and dropped until the client closes, or
+        LINGER_S or LINGER_BYTES pass, as after a 413 (linger_then_close).
+
+        `unrouted`: no handler runs for it (the request's head was never read whole), so it is counted here,
+        under endpoint "other" with `kind` as the rejected reason, and given its --access-log line here;
+        method and path unknown ("-"), as the time is for every request no route took."""
+        rid = self._answer_id()
         body = json.dumps({"error": {"type": kind, "message": msg, "field": None}}).encode()
         head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
                 f"content-length: {len(body)}\r\n").encode()  # fmt: skip
-        head += b"".join(
-            k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(self._answer_id())
-        )
+        head += b"".join(k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(rid))
+        if unrouted:
+            code = int(status.split()[0])
+            self.metrics.requests.labels("other", "", str(code)).inc()
+            self.metrics.rejected.labels(reason=kind).inc()
+            if self.access_lines:
+                scope = {"client": self.client, "method": "-", "path": "-"}
+                line = request_context.access_line(scope, code, None, "", rid.decode())
+                request_context.access_log.info("%s", line)
+        if self.transport.is_closing():  # uvloop raises on a write to a closed transport
+            return
         self.transport.write(head + b"\r\n" + body)
-        self.transport.close()
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._linger = self.loop.call_later(LINGER_S, self.transport.close)
+            self.flow.resume_reading()  # paused while a handler's body buffer was full
+        else:
+            self.transport.close()
 
     def _answer_id(self) -> bytes:
         """The x-request-id of an answer written here: where the request's headers were read (its body or
@@ -276,8 +334,8 @@ class _BoundedRead(HttpToolsProtocol):
 
     def _timed_out(self) -> None:
         self._deadline = None
-        if self.transport.is_closing():
-            return
+        if self.transport.is_closing() or self._linger is not None:
+            return  # already answered (a 413 whose body is being dropped): the linger closes it
         cycle = self.cycle
         handler_running = cycle is not None and not cycle.response_complete
         # A 408 is written only where it cannot cut into another answer: none is on its way, and the
@@ -287,12 +345,16 @@ class _BoundedRead(HttpToolsProtocol):
             return
         msg = f"request not received within --read-timeout-s {self.read_timeout_s:g}"
         if handler_running:
+            # Its handler, waiting for the body, is told now, not when the linger ends: it counts this 408
+            # and sends nothing (uvicorn drops what a disconnected cycle sends).
             cycle.scope[READ_TIMED_OUT] = True
-        else:
-            self.metrics.requests.labels("other", "", "408").inc()
-            self.metrics.rejected.labels(reason="read_timeout").inc()
-        # The raw transport: the handler (blocked on its body until the connection is lost) writes nothing.
-        self._write_error("408 Request Timeout", "read_timeout", msg)
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._timed_out_408 = True
+        # The raw transport, followed by what the client is still sending, read and dropped: where it is
+        # mid-request. One that never sent a byte has nothing on its way, and is closed at once.
+        self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running,
+                          linger=self._in_message)  # fmt: skip
 
 
 class _HeadWithBody:
@@ -310,6 +372,10 @@ class _HeadWithBody:
         self._head_seen = False
 
     def write(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            # Its client gone (or a 408 written and the connection closing): nobody reads it, and uvloop
+            # raises on a write to a closed transport, which the handler would report as its own failure.
+            return
         if self._cycle.response_started and not self._head_seen:
             self._head_seen = True  # the cycle writes the head first, once
             if self._cycle.scope["method"] != "HEAD":
@@ -321,8 +387,9 @@ class _HeadWithBody:
 
     def close(self) -> None:
         if self._head is not None:  # a response that started and broke off: its head still goes out
-            self._transport.write(self._head)
-            self._head = None
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
         if self._cycle.more_body and self._cycle.response_complete:  # answered before its body was in
             self._linger_then_close()
         else:

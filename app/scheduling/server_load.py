@@ -1,6 +1,7 @@
 """What the whole server is doing right now, over every model: the one input of placement
 (app/scheduling/placement.py). Changed only on the event loop's thread: by admission (requests), by the runners
-(batches in session.run) and by the HTTP protocol (open connections)."""
+(batches in session.run) and by the HTTP protocol (open connections, and which of them --limit-concurrency
+serves)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ class ServerLoad:
         self._requests = 0  # admitted and not yet answered
         self._running = 0  # batches inside session.run; one may still run after its clients left
         self._connections = 0  # client connections open (0 when another server runs the app)
+        self._served = 0  # of those, the ones admitted under the limit
+        # --limit-concurrency (set by app/http/connection_limit.py); None: every connection is served
+        self.connection_limit: int | None = None
 
     @property
     def requests(self) -> int:
@@ -37,9 +41,23 @@ class ServerLoad:
         assert self._running > 0, "a batch finished twice"
         self._running -= 1
 
-    def connection_opened(self) -> None:
+    def connection_opened(self) -> bool:
+        """A new connection, counted; True where it is served (admit_connection)."""
         self._connections += 1
+        return self.admit_connection()
 
-    def connection_closed(self) -> None:
+    def admit_connection(self) -> bool:
+        """Whether a connection is served: while fewer than the limit are, it is, for as long as it stays
+        open. Decided per connection, not on the open count at each request: a client holding idle
+        connections past the limit once got every other client refused, those already served included."""
+        if self.connection_limit is not None and self._served >= self.connection_limit:
+            return False
+        self._served += 1
+        return True
+
+    def connection_closed(self, served: bool) -> None:
         assert self._connections > 0, "a connection closed twice"
         self._connections -= 1
+        if served:
+            assert self._served > 0, "a served connection closed twice"
+            self._served -= 1
