@@ -94,7 +94,7 @@ def test_one_client_on_one_connection_runs_inline_until_a_second_connection_open
             s.sendall(UPGRADE)
             answer = s.recv(4096)
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(
-            b'{"status":"ok","detail":null,"broken":null}'
+            b'{"status":"ok","detail":null,"broken":null,"failing":null}'
         )
         deadline = time.monotonic() + 10
         before = inline()
