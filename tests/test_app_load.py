@@ -81,10 +81,11 @@ def test_request_of_a_client_that_left_is_dropped_before_inference(slow_server):
     assert slow_server.metric("electra_batch_size_sum", model="detector") == rows + 1  # one row ran, not two
 
 
-def test_pipelined_requests_of_a_client_that_left_are_each_counted_as_an_abort(slow_server):
+def test_a_pipelined_request_of_a_client_that_left_is_counted_as_an_abort(slow_server):
     """Two /detect requests pipelined on one connection, the client gone 50 ms later: the one being
     answered never heard it (only the last request parsed was told), ran its inference, was counted a 200
-    and wrote to the closed transport (an ERROR with a traceback); the one behind it was never counted."""
+    and wrote to the closed transport (an ERROR with a traceback). The one behind it never starts, and is
+    not counted (run, a flood of them held the event loop)."""
     count = lambda status: slow_server.metric("electra_requests_total", endpoint="/detect", status=status)  # noqa: E731
     before = {status: count(status) for status in ("200", "499", "500")}
     rows = slow_server.metric("electra_batch_size_sum", model="detector")
@@ -94,9 +95,9 @@ def test_pipelined_requests_of_a_client_that_left_are_each_counted_as_an_abort(s
     with socket.create_connection(slow_server.address(), timeout=10) as s:
         s.sendall(request * 2)
         time.sleep(0.05)  # the first waits in the queue for company (--max-wait-ms)
-    wait_for(lambda: count("499") >= before["499"] + 2, what="both requests counted as aborts")
+    wait_for(lambda: count("499") >= before["499"] + 1, what="the running request counted as an abort")
     time.sleep(WAIT_MS / 1000)  # past the first one's batch, had it run
-    assert count("499") == before["499"] + 2
+    assert count("499") == before["499"] + 1
     assert [count("200"), count("500")] == [before["200"], before["500"]]
     assert slow_server.metric("electra_batch_size_sum", model="detector") == rows  # no inference for them
     assert "Exception in ASGI application" not in slow_server.log()

@@ -227,14 +227,11 @@ class _BoundedRead(HttpToolsProtocol):
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
-        queued = list(reversed(self.pipeline))  # oldest first (uvicorn appends on the left)
-        self.pipeline.clear()
+        # The pipelined requests whose turn never came are not run, nor counted: run, thousands queued by one
+        # read of small GETs (256 KiB) ran at once when their client left and held the event loop for 20 s;
+        # and a connection the server closed (a 503 past --limit-concurrency, a drain) had them counted as
+        # answered.
         super().connection_lost(exc)
-        # The pipelined requests whose turn never came are still run, each as told its client left: a
-        # route that reads a body counts it an abort (499 client_gone) at once, as README says of a
-        # client that leaves mid-request, and not one of them goes uncounted (nor without its access line).
-        for cycle, app in queued:
-            self._start_asgi_task(cycle, app)
 
     def handle_websocket_upgrade(self) -> None:
         # Only where uvicorn runs with WebSockets on (app/__main__.py turns them off): it hands the transport

@@ -54,6 +54,8 @@ class EngineHealth:
     async def check(self) -> str | None:
         """Why the engine does not serve (the bundle is failing), or None. Probes when due (see above)."""
         if not self.suspect:  # a request, or the last probe, succeeded since
+            if self._probe is not None and self._probe.done():  # one that timed out: its verdict is stale
+                self._probe = None
             return self._set(None)
         now = time.monotonic()
         if self._probe is None and now - self._probed >= PROBE_INTERVAL_S:
