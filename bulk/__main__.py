@@ -12,6 +12,7 @@ from app.model.bundle import BundleError
 from bulk.config import EXIT_USAGE, resolve
 from bulk.inputs import InputError
 from options import ConfigError
+from options.installs import needs_install
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,15 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m bulk: {e}", file=sys.stderr)
         return EXIT_USAGE
     # --help and option errors answer in the serving install too; the job itself needs the bulk extra.
-    try:
+    with needs_install(("pyarrow", "ray"), "python -m bulk: {name} is not installed, and the corpus job needs it: "
+                       "install the bulk extra (pip install -e '.[cpu,bulk]' in the repository; the serving "
+                       "install leaves it out)"):  # fmt: skip
         from bulk import job
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] not in ("pyarrow", "ray"):  # the extra's packages; else a real bug
-            raise
-        print(f"python -m bulk: {e.name} is not installed, and the corpus job needs it: install the bulk "
-              "extra (pip install -e '.[cpu,bulk]' in the repository; the serving install leaves it out)",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_USAGE
     print("python -m bulk, resolved options:\n" + options.describe(cfg), flush=True)
     try:
         return job.run(cfg)
