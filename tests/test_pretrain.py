@@ -475,6 +475,7 @@ def test_workers_whose_torchrun_is_killed_outright_stop_and_save(tmp_path, small
         for pid in filter(_running, workers):
             os.kill(int(pid), signal.SIGKILL)
     assert "SIGTERM: the ranks stop together" in said and "saved; go on with: torchrun" in said, said[-3000:]
+    assert "Timeout (" not in said, "a worker's teardown hung; where it waited: " + said[-6000:]  # Dist.close
     assert (run / "checkpoints" / "latest").is_file()
 
 

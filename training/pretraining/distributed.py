@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -78,6 +79,12 @@ class Dist:
         gloo's teardown ("terminate called without an active exception", SIGABRT: seen in 1 of 12
         two-rank runs), failing the launch although every rank finished its work."""
         if self.world > 1 and dist.is_initialized():
+            # Every caller ends the process next. One that hangs instead (workers whose torchrun was
+            # killed outright were still alive two minutes after their save, once, in a full test-suite
+            # run) would hold the run's GPUs and lock for ever: after TEARDOWN_LIMIT_S, each thread's
+            # stack is printed, to say where it waited, and the process exits 1. Not cancelled: the
+            # exit is covered too. The barrier waits for rank 0's last writes (curves.png), seconds.
+            faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True, file=2)
             dist.barrier()
             dist.destroy_process_group()
 
@@ -87,6 +94,7 @@ class Dist:
         return t
 
 
+TEARDOWN_LIMIT_S = 120
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
