@@ -4,7 +4,6 @@ session with --threads threads) for the whole job, parts handed out as workers f
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing as mp
 import signal
 import sys
@@ -16,10 +15,10 @@ from concurrent.futures.process import BrokenProcessPool
 import options
 from bulk.config import BulkConfig, from_dict
 from bulk.inputs import Part
+from options.stopping import on_parent_death
 
 _SCORER = None
 _QUEUE = None
-PR_SET_PDEATHSIG = 1  # prctl(2)
 ATTEMPTS = 2  # a part running when its worker process died (killed, out of memory) runs once more
 POLL_S = 0.2  # how often the driver looks for a stop while it waits for parts
 
@@ -28,8 +27,7 @@ def _init(cfg_values: dict, queue) -> None:
     global _SCORER, _QUEUE
     # A worker must not outlive a job killed with kill -9: the kernel sends it SIGKILL when we die.
     # Not Linux: no prctl, and a killed job's workers finish their part and exit.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    on_parent_death(signal.SIGKILL)
     # Ctrl-C reaches the whole process group: the driver decides (finish the parts running, or on a second
     # Ctrl-C kill these processes), so a worker finishes its part. Not SIGTERM: it is how a worker is ended
     # from outside (a stop sent to the whole group, an executor ending a broken pool's workers), and a

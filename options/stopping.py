@@ -14,18 +14,30 @@ from collections.abc import Iterator
 
 
 def _prctl():
-    """libc's prctl, looked up in the parent: a child between fork and exec should not import (another
-    thread of the parent may have held the import lock at the fork). None off Linux."""
+    """libc's prctl and ctypes' errno reader, looked up in the parent: a child between fork and exec
+    should not import (another thread of the parent may have held the import lock at the fork). None off
+    Linux."""
     try:
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).prctl
+        return ctypes.CDLL(None, use_errno=True).prctl, ctypes.get_errno
     except (OSError, AttributeError, TypeError):
-        return None
+        return None, None
 
 
-_PRCTL = _prctl()
+_PRCTL, _get_errno = _prctl()
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def on_parent_death(signum: int) -> str | None:
+    """Linux sends this process `signum` when the thread that started it ends (0: nothing). None once
+    asked, or where there is no asking (off Linux); else why prctl refused. It imports nothing, so a
+    child may call it between fork and exec."""
+    if _PRCTL is None:
+        return None
+    if _PRCTL(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        return os.strerror(_get_errno())
+    return None
 
 
 def die_with_parent() -> None:
@@ -35,16 +47,14 @@ def die_with_parent() -> None:
     launcher (torchrun, a benchmark's job runner) ends what it started in turn. The parent is the thread
     that started the child: start children from a thread that outlives them. Linux's
     prctl(PR_SET_PDEATHSIG); elsewhere nothing."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    on_parent_death(signal.SIGTERM)
 
 
 def _outlive_parent() -> None:
     """A job already stopping at its next safe point is let finish it when its parent dies: gpu-check's
     SIGTERM, then gpu-check killed at its call's limit within the grace it gives, had the kernel's SIGTERM
     (die_with_parent) land as the second signal, "stop now", and the save that grace was for was cut."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, 0)
+    on_parent_death(0)
 
 
 class Stopped(KeyboardInterrupt):

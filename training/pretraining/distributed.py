@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import os
 import signal
@@ -13,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import options
+from options.stopping import on_parent_death
 from training import STARTED_BY
 from training.config import ConfigError
 from training.run_dir import launch_command
@@ -95,7 +95,6 @@ class Dist:
 
 
 TEARDOWN_LIMIT_S = 120
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def stop_with_launcher() -> None:
@@ -105,10 +104,9 @@ def stop_with_launcher() -> None:
     together at the next log step and save, as on a Ctrl-C, and `--resume` goes on from there."""
     if sys.platform != "linux":
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        print(f"warning: prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}: if torchrun is killed "
-              "outright, stop this worker by hand", file=sys.stderr)  # fmt: skip
+    if refused := on_parent_death(signal.SIGTERM):
+        print(f"warning: prctl(PR_SET_PDEATHSIG): {refused}: if torchrun is killed outright, stop this worker "
+              "by hand", file=sys.stderr)  # fmt: skip
     # The launcher died before the request (while torch loaded): no signal will come.
     elif STARTED_BY[0] == os.getpid() and os.getppid() != STARTED_BY[1]:
         print(f"error: the launcher that started this worker (pid {STARTED_BY[1]}) ended while the worker started; "
