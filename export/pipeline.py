@@ -42,6 +42,7 @@ class _Source:
     precision: Precision  # the strategy of --precision (and --int8): export/precision.py
     quantization_aware: bool = False  # trained with --qat: int8 compute is held to its int8-simulated forward
     shown: Path | None = None  # the checkpoint as the manifest names it, where `ckpt` is its pinned copy
+    warnings: tuple[str, ...] = ()  # said while loading, for the manifest's warnings (/models shows them)
 
 
 @dataclass
@@ -120,6 +121,8 @@ def _export(src: _Source, log) -> dict:
                            "computes without the int8 rounding it was trained with, so its answers are not the "
                            "trained model's: export --precision int8 for those")  # fmt: skip
                 log(f"warning: {warning}")
+                extra["warnings"] = [*extra.get("warnings", []), warning]
+            for warning in src.warnings:  # logged when said
                 extra["warnings"] = [*extra.get("warnings", []), warning]
             if stopped := _stopped_run(src.ckpt):
                 log(f"warning: {stopped}")
@@ -205,9 +208,11 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ConfigError(f"--eval-data is read by the int8 accuracy check; a --precision {cfg.precision} export "
                           "is checked against PyTorch's outputs instead, and answers as the model does: drop "
                           "--eval-data (the fine-tuning run's eval_dev.json holds the model's accuracy)")  # fmt: skip
+    warnings = []
     if cfg.max_length and trained and cfg.max_length > trained:
-        log(f"warning: --max-length {cfg.max_length}: positions past the {trained} training used were never "
-            "trained; texts that long are scored with them as initialized")  # fmt: skip
+        warnings.append(f"--max-length {cfg.max_length}: positions past the {trained} training used were never "
+                        "trained; texts that long are scored with them as initialized")  # fmt: skip
+        log(f"warning: {warnings[-1]}")
     if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
                           "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip
@@ -227,7 +232,7 @@ def _load(cfg: ExportConfig, log) -> _Source:
     quantization_aware = trained_quantization_aware(mcfg.quantization)
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
-                   quantization_aware)  # fmt: skip
+                   quantization_aware, warnings=tuple(warnings))  # fmt: skip
 
 
 def _fp32_graph(src: _Source, work: Path) -> _Fp32:

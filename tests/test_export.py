@@ -754,10 +754,16 @@ def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_d
     cfg = ExportConfig(
         checkpoint=str(src), out=str(tmp_path / "c"), precision="fp32", calibrate=False, max_length=48
     )
-    assert run_export(cfg, log=said.append)["max_length"] == 48
+    manifest = run_export(cfg, log=said.append)
+    assert manifest["max_length"] == 48
     assert "warning: --max-length 48: positions past the 32 training used were never trained" in "\n".join(
         said
     )
+    # In the manifest's warnings as the export's others are: it was only logged, and /models never said it.
+    from app.model.bundle import read_bundle
+
+    assert any(w.startswith("--max-length 48: positions past the 32") for w in manifest["warnings"]), manifest
+    assert list(read_bundle(tmp_path / "c").warnings) == manifest["warnings"]
 
 
 def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_work(tmp_path, detector_dir):
