@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from export.sentence_sources import calibration_text_problem
 from options import check_choices, option
 
 PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
@@ -101,3 +102,5 @@ class ExportConfig:
             value = getattr(self, flag)
             if value is not None and not Path(value).exists():
                 raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
+        if self.calibration_text is not None and (problem := calibration_text_problem(self.calibration_text)):
+            raise ValueError(problem)
