@@ -23,7 +23,7 @@ from export.bundle_writer import (
     TRITON_CONFIG,
     TRITON_FILES,
 )
-from export.config import ExportConfig
+from export.config import ExportConfig, check_read
 from options.installs import training_install
 from options.stopping import signal_number, stop_as_ctrl_c
 from training.config import check_data_dir
@@ -38,6 +38,8 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     # and a saved config's directory gone on this machine a note, its files fetched into the cache.
     if note := check_data_dir(cfg):
         print(f"note: {note}", file=sys.stderr, flush=True)
+    # Options that --precision or --no-calibrate leave unread; those the model's kind does, at its load.
+    check_read(cfg)
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.

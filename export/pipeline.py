@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import options
 from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity
-from export.config import ExportConfig
+from export.config import ExportConfig, check_read, unread
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
@@ -59,7 +60,8 @@ class _Fp32:
 
 def run_export(cfg: ExportConfig, log=print) -> dict:
     with _pinned(cfg.checkpoint) as (pinned, shown):
-        src = _load(dataclasses.replace(cfg, checkpoint=str(pinned)), log)
+        # options.replace: where each option came from goes along (check_read reads it).
+        src = _load(options.replace(cfg, checkpoint=str(pinned)), log)
         return _export(dataclasses.replace(src, cfg=cfg, shown=shown), log)
 
 
@@ -135,8 +137,9 @@ def _export(src: _Source, log) -> dict:
                 tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
             )
         )
-        # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint.
-        resolved = {**asdict(cfg), "max_length": src.max_length}
+        # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint;
+        # what this export did not read is null (replayed, it is left unset), not recorded as if it ran.
+        resolved = {**asdict(cfg), "max_length": src.max_length, **dict.fromkeys(unread(cfg, src.kind))}
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
         (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(_portable(resolved), indent=2) + "\n")
@@ -202,6 +205,7 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ConfigError(
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
+    check_read(cfg, kind, log)  # options this export would not read: refused given, noted from a file
     if kind == "detector" and cfg.eval_data:
         raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
     if cfg.eval_data and cfg.precision != "int8":  # recorded in export_config.json, it would read as checked
