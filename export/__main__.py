@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import options
@@ -22,7 +23,7 @@ from export.bundle_writer import (
     TRITON_CONFIG,
     TRITON_FILES,
 )
-from export.config import ExportConfig
+from export.config import ExportConfig, check_read
 from options.installs import training_install
 from options.stopping import signal_number, stop_as_ctrl_c
 from training.config import check_data_dir
@@ -37,6 +38,8 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     # and a saved config's directory gone on this machine a note, its files fetched into the cache.
     if note := check_data_dir(cfg):
         print(f"note: {note}", file=sys.stderr, flush=True)
+    # Options that --precision or --no-calibrate leave unread; those the model's kind does, at its load.
+    check_read(cfg)
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.
@@ -44,6 +47,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     out = Path(cfg.out)
     # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
     _check_replaceable(out, "--out", cfg, BUNDLE_FILES, MANIFEST, "bundle")
+    _check_writable(out, "--out", "bundle")
     if cfg.triton == "":
         cfg.triton = cfg.out + "-triton"
     if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
@@ -57,7 +61,25 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
                                       f"{model_dir}): each is replaced whole; choose a --triton apart from --out")  # fmt: skip
         _check_replaceable(model_dir, "--triton", cfg, TRITON_FILES, TRITON_CONFIG, "Triton model directory")
+        _check_writable(model_dir, "--triton", "Triton model directory", shown=repo)
     return cfg
+
+
+def _check_writable(target: Path, flag: str, what: str, shown: Path | None = None) -> None:
+    """`target` is filled in a new directory beside it (write_atomically), its missing parents made first:
+    the nearest directory of those that exists must take one. Tried, not asked of os.access: root passes
+    that everywhere, yet /proc takes nothing, and `--out /proc/x` failed after the model's load, naming
+    the hidden scratch directory. The trial directory is named as write_atomically's are (pid first), so
+    one left by a kill here goes at the next write."""
+    real = Path(os.path.realpath(target))  # a link's directory is built beside the one it points to
+    there = real.parent
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    try:
+        Path(tempfile.mkdtemp(prefix=f".{real.name}.pid{os.getpid()}.write-check-", dir=there)).rmdir()
+    except OSError as e:
+        raise options.ConfigError(f"{flag} {shown or target}: cannot write in {there} ({e.strerror or e}), where the "
+                                  f"{what} is built: choose a {flag} you can write to") from None  # fmt: skip
 
 
 def _overlap(a: Path, b: Path) -> bool:
@@ -105,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)
         return options.EXIT_USAGE
     except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
-        print(f"export failed: {e.filename or cfg.out}: {e.strerror or e}; {_what_was_written(e, cfg)}",
+        print(f"export failed: {_failed_path(e, cfg)}: {e.strerror or e}; {_what_was_written(e, cfg)}",
               file=sys.stderr)  # fmt: skip
         return options.EXIT_USAGE
     except (ParityError, ValueError) as e:
@@ -119,6 +141,24 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
     )
     return 0
+
+
+def _failed_path(e: OSError, cfg: ExportConfig) -> str:
+    """The path an OSError names, as the user gave it: the bundle and the Triton model directory are built
+    in hidden directories beside them (.NAME.pidPID.HEX, training.errors.sibling_temporary), which mean
+    nothing to the user, and a failure in one of those is --out's (or --triton's)."""
+    if not e.filename:
+        return f"--out {cfg.out}"
+    failed = Path(os.path.realpath(e.filename))
+    targets = [(Path(cfg.out), f"--out {cfg.out}")]
+    if cfg.triton:
+        targets.append((Path(cfg.triton) / Path(cfg.out).name, f"--triton {cfg.triton}"))
+    for target, named in targets:
+        real = Path(os.path.realpath(target))
+        for part in (failed, *failed.parents):
+            if part.parent == real.parent and part.name.startswith(f".{real.name}.pid"):
+                return named
+    return str(e.filename)
 
 
 def _what_was_written(e: BaseException, cfg: ExportConfig) -> str:

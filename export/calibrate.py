@@ -130,8 +130,8 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
             "ece_uncalibrated": c.ece_before,
             "ece": cal.expected_calibration_error(probs, labels),
             "threshold_rule": f"the highest recall whose spans keep a precision of at least {cal.TARGET_PRECISION} "
-            f"and give a span to at most {cal.EVERYDAY_CLEAN_WITH_SPAN:.0%} of clean sentences of "
-            f"{cal.EVERYDAY_MAX_WORDS} words or fewer",
+            f"(on at least {cal.MIN_SPANS} spans) and give a span to at most {cal.EVERYDAY_CLEAN_WITH_SPAN:.0%} "
+            f"of clean sentences of {cal.EVERYDAY_MAX_WORDS} words or fewer",
             "at_threshold": _no_nan({k: v for k, v in chosen.items() if k != "threshold"}),
             "spans": "words with a letter or digit; punctuation keeps its probability but is never a span",
         },
@@ -170,8 +170,8 @@ def quality_warnings(auc: float, chosen: dict) -> list[str]:
             "clean_with_span"
         ]  # the rule's clean sentences: the short ones
         out.append(f"the default threshold {chosen['threshold']} misses the rule ({chosen['note']}): at it, "
-                   f"{chosen['precision']:.0%} of spans are swapped words and {clean:.0%} of clean short "
-                   "sentences get one")  # fmt: skip
+                   f"{chosen['precision']:.0%} of its {chosen['spans']} spans are swapped words and {clean:.0%} "
+                   "of clean short sentences get one")  # fmt: skip
     return out
 
 
@@ -227,8 +227,11 @@ def in_words(chosen: dict) -> str:
     def said(f: dict, what: str) -> str:
         if not f["spans"]:
             return f"{what}: no word reaches the threshold"
+        # A share of a handful of flagged words is mostly luck: "about 10 in 10" of one word says so.
+        few = (f" (of only {f['spans']} flagged word{'s' if f['spans'] > 1 else ''}: too few to go by)"
+               if f["spans"] < cal.MIN_SPANS else "")  # fmt: skip
         return (f"{what}: about {round(10 * f['recall'])} in 10 swapped words are flagged, about "
-                f"{round(10 * f['precision'])} in 10 of the words flagged are swapped, and about "
+                f"{round(10 * f['precision'])} in 10 of the words flagged are swapped{few}, and about "
                 f"{round(100 * f['clean_with_span'])} in 100 sentences with no swap get a span")  # fmt: skip
 
     if "everyday" not in chosen:

@@ -25,7 +25,8 @@ of similar frequency, a word of the same part of speech, in equal shares), half 
 words from encyclopedic and news text, short everyday ones of 6-14 words (chit-chat messages, questions;
 export/sentence_sources.py). The default threshold is the lowest at which at most 5% of the clean short
 everyday sentences get a span while spans keep a precision of at least 0.8 over every calibration
-sentence; where no threshold meets both, the highest recall at that precision.
+sentence, measured on at least MIN_SPANS spans; where no threshold meets both, the highest recall at that
+precision.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from training.stats import fit_logistic_1d
 __all__ = [
     "LENGTH_EDGES",
     "LengthMap",
+    "MIN_SPANS",
     "SentenceScores",
     "choose_threshold",
     "expected_calibration_error",
@@ -49,6 +51,12 @@ __all__ = [
 ]
 
 TARGET_PRECISION = 0.8
+# A threshold meets the rule only on at least this many spans: a precision measured on n spans has a
+# standard error of sqrt(p(1 - p) / n), 0.05 at n = 64 around the target 0.8, so a threshold that reaches
+# 0.8 there is not merely one lucky word. One span once "met" it at precision 1/1 (recall 0.007), and the
+# manifest then told users that about 10 in 10 of the words flagged are swapped. The shipped detector's
+# threshold rests on 1,632 spans.
+MIN_SPANS = 64
 EVERYDAY_MAX_WORDS = 14  # a sentence of at most this many words counts as short and everyday
 EVERYDAY_CLEAN_WITH_SPAN = 0.05  # at most this share of clean short sentences may get a span
 # Upper token counts (special tokens included) of every length bucket but the last: with about 1.15
@@ -195,23 +203,25 @@ def span_figures(sentences: Sequence[SentenceScores], threshold: float) -> dict[
 
 
 def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TARGET_PRECISION,
-                     everyday_clean: float = EVERYDAY_CLEAN_WITH_SPAN) -> dict:  # fmt: skip
+                     everyday_clean: float = EVERYDAY_CLEAN_WITH_SPAN, min_spans: int = MIN_SPANS) -> dict:  # fmt: skip
     """The threshold (two decimals, as a user would type it) with the highest recall whose spans keep at
-    least `precision` over all sentences and give a span to at most `everyday_clean` of the clean short
-    everyday ones (no such sentences: no such condition); ties go to the higher threshold. If none meets
-    both, the highest recall at `precision`; if none reaches that, the most precise one among those that
-    keep the clean short sentences quiet (a weak model then underlines little, not half of all text), and
-    only if there is none of those, the most precise one."""
+    least `precision` over all sentences, measured on at least `min_spans` spans, and give a span to at most
+    `everyday_clean` of the clean short everyday ones (no such sentences: no such condition); ties go to the
+    higher threshold. If none meets both, the highest recall at `precision`; if none reaches that, the most
+    precise one among those that keep the clean short sentences quiet (a weak model then underlines little,
+    not half of all text), preferring a precision measured on `min_spans` spans to one measured on fewer,
+    and only if there is none of those, the most precise one."""
     everyday = [s for s in sentences if s.everyday]
     best = None
     for t in np.round(np.arange(0.01, 1.0, 0.01), 2):
         fig = span_figures(sentences, float(t))
         if fig["spans"] == 0:
             continue
-        ok = fig["precision"] >= precision
+        measured = fig["spans"] >= min_spans
+        ok = measured and fig["precision"] >= precision
         short = span_figures(everyday, float(t)) if everyday else None
         quiet = short is None or not short["clean_with_span"] > everyday_clean
-        key = (ok, quiet, fig["recall"] if ok else fig["precision"], t)
+        key = (ok, quiet, measured, fig["recall"] if ok else fig["precision"], t)
         if best is None or key > best[0]:
             best = (key, {"threshold": float(t), **fig})
     if best is None:
@@ -228,7 +238,8 @@ def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TAR
             if everyday and best[0][1]
             else ""
         )
-        result["note"] = f"no threshold reaches precision {precision}; the most precise one{kept} was taken"
+        result["note"] = (f"no threshold reaches precision {precision} on at least {min_spans} spans; the most "
+                          f"precise one{kept} was taken")  # fmt: skip
     elif not best[0][1]:
         result["note"] = (f"no threshold keeps clean short sentences under {everyday_clean:.0%} with "
                           f"spans at precision {precision}; the highest recall at that precision was taken")  # fmt: skip

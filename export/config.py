@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from options import check_choices, option
+import options
+from export.sentence_sources import calibration_text_problem
+from options import ConfigError, check_choices, option
 
 PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
 INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
@@ -101,3 +105,52 @@ class ExportConfig:
             value = getattr(self, flag)
             if value is not None and not Path(value).exists():
                 raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
+        if self.calibration_text is not None and (problem := calibration_text_problem(self.calibration_text)):
+            raise ValueError(problem)
+
+
+def unread(cfg: ExportConfig, kind: str | None = None) -> dict[str, tuple[str, str | None]]:
+    """The options this export does not read: option -> (why, as the user is told it; what to do instead
+    where giving it is refused, else None). `kind` is the model's (detector or classifier) once it is
+    loaded, None before. Refused: an option that says what to do (an int8 method, the text to calibrate
+    on), which a user expects to have run. Accepted: a size of a step the export does not take, or a step
+    switched off that it does not have, which a script may pass to every export (tests/test_int8_compute.py
+    passes --eval-sequences to its fp32 and fp16 exports alike). Neither is recorded in export_config.json."""
+    out: dict[str, tuple[str, str | None]] = {}
+    if cfg.precision != "int8":
+        out["int8"] = (f"a --precision {cfg.precision} export has no int8 method to choose",
+                       "drop --int8, or export --precision int8")  # fmt: skip
+        out["eval_sequences"] = (f"it sizes the int8 accuracy check, and a --precision {cfg.precision} export "
+                                 "is checked against PyTorch's outputs instead", None)  # fmt: skip
+    if kind == "classifier":
+        why = "a classifier is not calibrated: the calibration and its default threshold are a detector's"
+        out["calibrate"] = (why, None)
+        out["calibration_text"] = (why, "drop --calibration-text")
+        out["calibration_sentences"] = (why, None)
+    elif not cfg.calibrate:
+        why = "--no-calibrate leaves the probabilities as the model gives them (threshold 0.5)"
+        out["calibration_text"] = (why, "drop --calibration-text, or calibrate")
+        out["calibration_sentences"] = (why, None)
+    return out
+
+
+def check_read(cfg: ExportConfig, kind: str | None = None, log: Callable[[str], None] | None = None) -> None:
+    """ConfigError for an option `unread` refuses that the user gave: on the command line, or to
+    run_export directly (a value other than its default). The same option from a --config file (a
+    bundle's export_config.json replayed with another --precision, a recipe's TOML) was not typed for this
+    export: with `log`, a note says it is left out, as it says of an accepted one given."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    given = options.sources(cfg) or {  # run_export's callers build the config without resolve
+        name: options.flag(name) for name, f in fields.items() if getattr(cfg, name) != f.default
+    }
+    for name, (why, instead) in unread(cfg, kind).items():
+        where, value = given.get(name), getattr(cfg, name)
+        typed = where == options.flag(name)
+        if typed:
+            said = f"--no-{name.replace('_', '-')}" if value is False else f"{where} {value}"
+        else:
+            said = f"{where} sets {name} {value!r}"
+        if instead is not None and typed:
+            raise ConfigError(f"{said}: {why}; {instead}")
+        if log is not None and where is not None and (typed or value != fields[name].default):
+            log(f"note: {said}, which this export does not read ({why}): left out of its export_config.json")

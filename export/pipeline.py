@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import options
 from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity
-from export.config import ExportConfig
+from export.config import ExportConfig, check_read, unread
 from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
@@ -42,6 +43,7 @@ class _Source:
     precision: Precision  # the strategy of --precision (and --int8): export/precision.py
     quantization_aware: bool = False  # trained with --qat: int8 compute is held to its int8-simulated forward
     shown: Path | None = None  # the checkpoint as the manifest names it, where `ckpt` is its pinned copy
+    warnings: tuple[str, ...] = ()  # said while loading, for the manifest's warnings (/models shows them)
 
 
 @dataclass
@@ -58,7 +60,8 @@ class _Fp32:
 
 def run_export(cfg: ExportConfig, log=print) -> dict:
     with _pinned(cfg.checkpoint) as (pinned, shown):
-        src = _load(dataclasses.replace(cfg, checkpoint=str(pinned)), log)
+        # options.replace: where each option came from goes along (check_read reads it).
+        src = _load(options.replace(cfg, checkpoint=str(pinned)), log)
         return _export(dataclasses.replace(src, cfg=cfg, shown=shown), log)
 
 
@@ -121,6 +124,8 @@ def _export(src: _Source, log) -> dict:
                            "trained model's: export --precision int8 for those")  # fmt: skip
                 log(f"warning: {warning}")
                 extra["warnings"] = [*extra.get("warnings", []), warning]
+            for warning in src.warnings:  # logged when said
+                extra["warnings"] = [*extra.get("warnings", []), warning]
             if stopped := _stopped_run(src.ckpt):
                 log(f"warning: {stopped}")
                 extra["warnings"] = [*extra.get("warnings", []), stopped]
@@ -132,8 +137,9 @@ def _export(src: _Source, log) -> dict:
                 tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
             )
         )
-        # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint.
-        resolved = {**asdict(cfg), "max_length": src.max_length}
+        # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint;
+        # what this export did not read is null (replayed, it is left unset), not recorded as if it ran.
+        resolved = {**asdict(cfg), "max_length": src.max_length, **dict.fromkeys(unread(cfg, src.kind))}
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
         (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(_portable(resolved), indent=2) + "\n")
@@ -199,15 +205,18 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ConfigError(
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
+    check_read(cfg, kind, log)  # options this export would not read: refused given, noted from a file
     if kind == "detector" and cfg.eval_data:
         raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
     if cfg.eval_data and cfg.precision != "int8":  # recorded in export_config.json, it would read as checked
         raise ConfigError(f"--eval-data is read by the int8 accuracy check; a --precision {cfg.precision} export "
                           "is checked against PyTorch's outputs instead, and answers as the model does: drop "
                           "--eval-data (the fine-tuning run's eval_dev.json holds the model's accuracy)")  # fmt: skip
+    warnings = []
     if cfg.max_length and trained and cfg.max_length > trained:
-        log(f"warning: --max-length {cfg.max_length}: positions past the {trained} training used were never "
-            "trained; texts that long are scored with them as initialized")  # fmt: skip
+        warnings.append(f"--max-length {cfg.max_length}: positions past the {trained} training used were never "
+                        "trained; texts that long are scored with them as initialized")  # fmt: skip
+        log(f"warning: {warnings[-1]}")
     if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
                           "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip
@@ -227,7 +236,7 @@ def _load(cfg: ExportConfig, log) -> _Source:
     quantization_aware = trained_quantization_aware(mcfg.quantization)
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
-                   quantization_aware)  # fmt: skip
+                   quantization_aware, warnings=tuple(warnings))  # fmt: skip
 
 
 def _fp32_graph(src: _Source, work: Path) -> _Fp32:

@@ -55,6 +55,22 @@ SOURCES = {
 }
 
 
+def calibration_text_problem(text: str) -> str | None:
+    """Why --calibration-text `text` will not do, when it is neither a file or directory that exists nor
+    sources with a calibration part; None when it may. Checked while the options are parsed
+    (export/config.py): found where the sentences are read, it cost the model's load, export and parity
+    check first (minutes for a real model)."""
+    if not text or Path(text).exists():
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    usable = [n for n, source in SOURCES.items() if source.calibration]
+    if unknown := [n for n in names if n not in usable]:
+        return (f"--calibration-text {text}: {', '.join(unknown)} is neither a file nor a source of calibration "
+                f"sentences; name a file or directory of your own text, or sources from {', '.join(usable)} "
+                f"(default: {','.join(CALIBRATION_SOURCES)})")  # fmt: skip
+    return None
+
+
 def _documents(source: str, split: str, data_dir: Path | None):
     from training.data.corpus import read_corpus
     from training.data.more_corpora import untokenize_ptb

@@ -79,9 +79,9 @@ def _sentences(word_probs: list[list[float]], swapped: list[int | None], words: 
 
 def test_threshold_rule_keeps_clean_short_sentences_quiet():
     """At 0.40 every swapped word is a span at precision 0.91, but one clean short sentence in ten gets a
-    span; the rule gives up recall for at most 5% of them."""
-    swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 10, [0, 0, 0] * 10, words=8)
-    clean = _sentences([[0.45, 0.1]] * 3 + [[0.1, 0.1]] * 27, [None] * 30, words=8)
+    span; the rule gives up recall for at most 5% of them (80 spans at 0.60: enough to measure)."""
+    swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 40, [0, 0, 0] * 40, words=8)
+    clean = _sentences([[0.45, 0.1]] * 12 + [[0.1, 0.1]] * 108, [None] * 120, words=8)
     chosen = choose_threshold(swapped + clean)
     assert chosen["threshold"] == 0.6  # the highest of the thresholds with the same recall, 0.46-0.60
     assert chosen["everyday"]["clean_with_span"] == 0.0 and chosen["recall"] == pytest.approx(2 / 3)
@@ -121,9 +121,43 @@ def test_a_model_that_never_reaches_the_precision_still_keeps_clean_sentences_qu
     assert in_words(chosen).startswith("one swapped word in a short sentence (6-14 words): about ")
 
 
+def test_a_precision_measured_on_a_handful_of_spans_does_not_meet_the_rule():
+    """A tiny detector's threshold 0.24 "met" the rule at precision 1/1 (recall 0.007), and /models then said
+    about 10 in 10 of the words flagged are swapped. Too few spans to measure a precision miss the rule, with
+    its warning; where enough spans are quiet too, those are taken over the lucky few."""
+    from export.calibrate import in_words, quality_warnings
+    from export.calibration import MIN_SPANS
+
+    # Above 0.5 only the one confident word is a span; at or below it every sentence has a false one.
+    lucky = _sentences([[0.97, 0.1]], [0], words=8)
+    swapped = _sentences([[0.3, 0.5]] * 100, [0] * 100, words=8)
+    clean = _sentences([[0.5, 0.1]] * 100, [None] * 100, words=8)
+    chosen = choose_threshold(lucky + swapped + clean)
+    assert chosen["spans"] == 1 and chosen["precision"] == 1.0  # the quietest there is, still the one taken
+    assert f"no threshold reaches precision 0.8 on at least {MIN_SPANS} spans" in chosen["note"], chosen
+    said = quality_warnings(0.9, chosen)
+    assert len(said) == 1 and said[0].startswith(
+        f"the default threshold {chosen['threshold']} misses the rule"
+    )
+    assert "100% of its 1 spans are swapped words" in said[0], said
+    assert "10 in 10 of the words flagged are swapped (of only 1 flagged word: too few to go by)" in in_words(
+        chosen
+    )
+
+    # Enough spans at a quiet threshold: a precision of 0.6 measured on them is taken over 1/1.
+    measured = _sentences([[0.8, 0.1]] * 60 + [[0.1, 0.8]] * 40, [0] * 100, words=8)
+    chosen = choose_threshold(lucky + measured + clean)
+    assert chosen["threshold"] == 0.8 and chosen["spans"] == 101 and "note" in chosen, chosen
+    assert "too few" not in in_words(chosen)
+    # And at MIN_SPANS spans a precision that reaches 0.8 meets the rule, as before.
+    enough = _sentences([[0.8, 0.1]] * MIN_SPANS, [0] * MIN_SPANS, words=8)
+    chosen = choose_threshold(enough + clean)
+    assert chosen["threshold"] == 0.8 and chosen["spans"] == MIN_SPANS and "note" not in chosen, chosen
+
+
 def test_threshold_rule_ignores_long_sentences_for_the_quiet_condition():
-    swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 10, [0, 0, 0] * 10, words=25)
-    clean = _sentences([[0.45, 0.1]] * 3 + [[0.1, 0.1]] * 27, [None] * 30, words=25)
+    swapped = _sentences([[0.9, 0.1], [0.6, 0.1], [0.4, 0.1]] * 40, [0, 0, 0] * 40, words=25)
+    clean = _sentences([[0.45, 0.1]] * 12 + [[0.1, 0.1]] * 108, [None] * 120, words=25)
     chosen = choose_threshold(swapped + clean)
     assert "everyday" not in chosen and chosen["threshold"] == 0.4
 

@@ -95,7 +95,7 @@ def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
 
 def test_an_out_that_cannot_be_written_is_named_as_a_path_to_change(tmp_path, detector_dir):
     """A read-only directory above --out (met as an ordinary user: root writes anywhere) ended the export
-    in a PermissionError traceback."""
+    in a PermissionError traceback; then in "export failed" after the model's load. Refused at the start."""
     from tests.unprivileged import run_python
 
     sealed = tmp_path / "sealed"
@@ -104,8 +104,42 @@ def test_an_out_that_cannot_be_written_is_named_as_a_path_to_change(tmp_path, de
     done = run_python(code, str(detector_dir), "--out", str(sealed / "b"), *FAST)
     sealed.chmod(0o755)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert f"export failed: {sealed}/" in done.stderr and "Permission denied" in done.stderr, done.stderr
-    assert list(sealed.iterdir()) == []
+    assert f"--out {sealed / 'b'}: cannot write in {sealed} (Permission denied)" in done.stderr, done.stderr
+    assert "electra-serve export" not in done.stdout and list(sealed.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where nothing can be made")
+def test_an_out_where_nothing_can_be_made_is_refused_before_any_work_and_named_as_given(
+    tmp_path, detector_dir, capsys
+):
+    """`--out /proc/x` passes every permission check as root, and failed after the model's load with
+    "export failed: /proc/.x.pid4015.79f3a9be06af406b: No such file or directory", naming the hidden
+    directory the bundle is built in. It is refused before any work, naming --out (and --triton alike);
+    where a write fails later all the same, the message names --out, not the hidden directory."""
+    from export.__main__ import _failed_path, main
+    from export.config import ExportConfig
+
+    for argv, says in [
+        (["--out", "/proc/x"], "--out /proc/x: cannot write in /proc (No such file or directory), where the bundle "
+                               "is built: choose a --out you can write to"),
+        (["--out", "/proc/a/b"], "--out /proc/a/b: cannot write in /proc"),  # its parents would be made there
+        (["--out", str(tmp_path / "b"), "--triton", "/proc/repo"], "--triton /proc/repo: cannot write in /proc"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main([str(detector_dir), *argv, *FAST])
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and says in err and "electra-serve export" not in out, err
+    assert not (tmp_path / "b").exists()
+
+    # run_export's own callers skip the command's checks: the write itself fails, in the hidden directory.
+    cfg = ExportConfig(checkpoint=str(detector_dir), out="/proc/x", precision="fp32", calibrate=False)
+    with pytest.raises(OSError) as failed:
+        export(detector_dir, "/proc/x", precision="fp32", calibrate=False)
+    assert failed.value.filename.startswith("/proc/.x.pid"), failed.value
+    assert _failed_path(failed.value, cfg) == "--out /proc/x"
+    assert _failed_path(OSError(13, "Permission denied", str(tmp_path / "data.txt")), cfg) == str(
+        tmp_path / "data.txt"
+    )  # a path of the user's own is named as it is
 
 
 def test_triton_is_checked_before_any_work(tmp_path, capsys):

@@ -82,7 +82,7 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
     """Calibration sentences by source: the calibration parts of registry sources
     (export/sentence_sources.py; default: all of CALIBRATION_SOURCES), or a file or directory of the
     user's, read as one source."""
-    from export.sentence_sources import CALIBRATION_SOURCES, SOURCES, SourceError, sentences
+    from export.sentence_sources import CALIBRATION_SOURCES, SourceError, calibration_text_problem, sentences
     from training.data.corpus import CorpusError
     from training.data.registry import DatasetError
 
@@ -90,13 +90,8 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
         found = {str(text): own_sentences(text)}
     else:
         names = [n.strip() for n in text.split(",") if n.strip()] if text else list(CALIBRATION_SOURCES)
-        usable = [n for n, source in SOURCES.items() if source.calibration]
-        if unknown := [n for n in names if n not in usable]:
-            raise CalibrationDataError(
-                f"--calibration-text {text}: {', '.join(unknown)} is neither a file nor a source of calibration "
-                f"sentences; name a file or directory of your own text, or sources from {', '.join(usable)} "
-                f"(default: {','.join(CALIBRATION_SOURCES)})"
-            )
+        if problem := calibration_text_problem(text or ""):  # export checks at its start; other callers here
+            raise CalibrationDataError(problem)
         try:
             found = {n: sentences(n, "calibration", data_dir) for n in names}
         except (CorpusError, DatasetError, SourceError, OSError) as e:

@@ -1,0 +1,129 @@
+"""Options of `python -m export` refused before any work, and options that cannot apply to the export
+asked for: refused when given, never recorded in export_config.json as if they had run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+try:
+    from export_fixtures import classifier_dir, detector_dir, eval_text, export, tokenizer_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.export_fixtures import classifier_dir, detector_dir, eval_text, export, tokenizer_dir  # noqa: F401
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.timeout(120)
+
+
+def _refused_while_parsing(argv: list[str], capsys) -> str:
+    """python -m export's stderr, where it refuses `argv` (exit 2) before it has even said its options,
+    let alone loaded the model."""
+    from export.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2, err
+    assert "electra-serve export" not in out, out
+    return err
+
+
+def test_a_calibration_text_that_is_neither_a_file_nor_a_source_is_refused_before_any_work(
+    tmp_path, detector_dir, capsys
+):
+    """--calibration-text wordnet (measured only: no calibration part) or a file that is not there failed
+    after the model was loaded, exported and parity-checked (~7 s for the tiny model, minutes for a real
+    one); --eval-text was already checked while parsing."""
+    argv = [str(detector_dir), "--out", str(tmp_path / "b"), "--precision", "fp32"]
+    for given, says in [
+        ("wordnet", "wordnet is neither a file nor a source of calibration sentences; name a file or directory "
+                    "of your own text, or sources from wikitext2, news, chat, trec, sms_spam"),
+        (str(tmp_path / "calib.txt"), f"{tmp_path / 'calib.txt'} is neither a file nor a source"),
+        ("trec,no-such-source", "no-such-source is neither a file nor a source"),
+    ]:  # fmt: skip
+        err = _refused_while_parsing([*argv, "--calibration-text", given], capsys)
+        assert f"--calibration-text {given}: " in err and says in err, err
+        assert not (tmp_path / "b").exists()
+
+
+def test_options_an_export_would_not_read_are_refused_when_given(
+    tmp_path, detector_dir, classifier_dir, eval_text, capsys
+):
+    """`--precision fp32 --int8 compute` recorded "int8": "compute" in an fp32 bundle's export_config.json;
+    --calibration-text with --no-calibrate, or for a classifier, was recorded as if calibrated on. Refused
+    as --eval-data is where it cannot apply: before any work where the options say so, at the model's load
+    where its kind does."""
+    from export.__main__ import main
+    from options import ConfigError
+
+    out = tmp_path / "b"
+    for flags, says in [
+        (["--precision", "fp32", "--int8", "compute"], "--int8 compute: a --precision fp32 export has no int8 "
+                                                       "method to choose; drop --int8, or export --precision int8"),
+        (["--precision", "fp16", "--int8", "auto"], "--int8 auto: a --precision fp16 export"),  # the default, typed
+        (["--no-calibrate", "--calibration-text", str(eval_text)],
+         f"--calibration-text {eval_text}: --no-calibrate leaves the probabilities as the model gives them "
+         "(threshold 0.5); drop --calibration-text, or calibrate"),
+    ]:  # fmt: skip
+        err = _refused_while_parsing([str(detector_dir), "--out", str(out), *flags], capsys)
+        assert says in err, err
+    assert (
+        main(
+            [
+                str(classifier_dir),
+                "--out",
+                str(out),
+                "--precision",
+                "fp32",
+                "--calibration-text",
+                str(eval_text),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert (f"--calibration-text {eval_text}: a classifier is not calibrated: the calibration and its default "
+            "threshold are a detector's; drop --calibration-text") in err, err  # fmt: skip
+    with pytest.raises(ConfigError, match="--calibration-text .*: a classifier is not calibrated"):
+        export(
+            classifier_dir, out, precision="fp32", calibration_text=str(eval_text)
+        )  # run_export's callers too
+    assert not out.exists()
+
+
+def test_an_export_saves_only_the_options_it_read_and_its_saved_options_replay(
+    tmp_path, classifier_dir, capsys, monkeypatch
+):
+    """A classifier's export_config.json kept calibration_text (a path, shortened for travel), and replaying
+    it was refused until --calibration-text was given again, though a classifier never reads it. What the
+    export did not read is null, and a saved file's option that this export would not read (an int8
+    bundle's method, replayed as fp32) is noted and left out, not refused: the user did not type it."""
+    from export.__main__ import main
+
+    monkeypatch.chdir(tmp_path)  # paths under it are saved relative, and replay as they are
+    argv = [str(classifier_dir), "--out", "b", "--precision", "fp32", "--no-calibrate", "--eval-sequences", "32",
+            "--calibration-sentences", "50"]  # fmt: skip
+    assert main(argv) == 0  # sizes of steps it does not take, switched off: accepted, and said
+    out = capsys.readouterr().out
+    for said in ("note: --eval-sequences 32, which this export does not read (it sizes the int8 accuracy check",
+                 "note: --calibration-sentences 50, which this export does not read (a classifier is not calibrated",
+                 "note: --no-calibrate, which this export does not read"):  # fmt: skip
+        assert said in out, out
+    saved = json.loads((tmp_path / "b" / "export_config.json").read_text())
+    unread = ("int8", "eval_sequences", "calibrate", "calibration_text", "calibration_sentences")
+    assert {k: saved[k] for k in unread} == dict.fromkeys(unread), saved
+    assert saved["precision"] == "fp32" and saved["opset"] == 17
+
+    # As an int8 bundle's file says it (its method resolved, calibration options at their values).
+    as_int8 = {**saved, "precision": "int8", "int8": "weights", "calibration_sentences": 50,
+               "checkpoint": str(classifier_dir)}  # fmt: skip
+    (tmp_path / "int8.json").write_text(json.dumps(as_int8))
+    assert main(["--config", "int8.json", "--out", "again", "--precision", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "note: int8.json sets int8 'weights', which this export does not read" in out, out
+    assert "note: int8.json sets calibration_sentences 50" in out, out
+    again = json.loads((tmp_path / "again" / "export_config.json").read_text())
+    assert again["int8"] is None and again["calibration_sentences"] is None, again
+    assert main(["--config", "b/export_config.json", str(classifier_dir), "--out", "third"]) == 0
+    assert json.loads((tmp_path / "third" / "export_config.json").read_text())["precision"] == "fp32"
