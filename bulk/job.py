@@ -165,8 +165,12 @@ def _join_ray(cfg: BulkConfig) -> str | None:
         signal.signal(signal.SIGTERM, before)
     # A cluster joined: an actor of more threads than any node's CPUs never starts. The job's own instance
     # is sized for its workers' threads (connect), so it always holds one.
-    if cfg.ray != "local" and (why := on_ray.threads_refusal(on_ray.node_cpus(), cfg.threads, cfg.ray)):
-        raise JobError(why)
+    if cfg.ray != "local":
+        nodes = on_ray.node_cpus()
+        if why := on_ray.threads_refusal(nodes, cfg.threads, cfg.ray):
+            raise JobError(why)
+        if cfg.workers and (note := on_ray.workers_note(nodes, cfg.threads, cfg.workers, cfg.ray)):
+            print(f"bulk: {note}", file=sys.stderr, flush=True)
     return own_instance
 
 

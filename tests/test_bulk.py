@@ -449,7 +449,7 @@ def test_threads_beyond_every_nodes_cpus_are_refused_and_workers_count_what_each
     """An actor asks --threads CPUs on one node: on nodes of 2 CPUs, --threads 4 never started (Ray waited
     for ever) while the job said "4 CPU(s): 1 worker(s) of 4 thread(s)". The real cluster's refusal:
     test_bulk_ray's cluster-lost test."""
-    from bulk.on_ray import actors_that_fit, threads_refusal
+    from bulk.on_ray import actors_that_fit, threads_refusal, workers_note
 
     assert threads_refusal([2, 2], 2, "h:1") is None
     said = threads_refusal([2, 2], 4, "h:1")
@@ -461,6 +461,9 @@ def test_threads_beyond_every_nodes_cpus_are_refused_and_workers_count_what_each
     assert (
         actors_that_fit([3, 3], 2) == 2 and actors_that_fit([8, 2], 4) == 2 and actors_that_fit([4], 1) == 4
     )
+    # An explicit --workers beyond them runs on those that fit, and says so (the job said "6 worker(s)").
+    assert workers_note([3, 3], 2, 2, "h:1") is None
+    assert "holds 2 worker(s) of 2 thread(s), not --workers 3" in workers_note([3, 3], 2, 3, "h:1")
 
 
 def test_a_window_stride_cut_to_half_a_window_is_said_as_the_server_says_it(tmp_path):
