@@ -302,6 +302,25 @@ def test_user_corpora(tmp_path):
         read_corpus(str(tmp_path / "missing.txt"), "train")
 
 
+def test_a_byte_order_mark_is_read_past_not_taken_for_text(tmp_path):
+    """A .jsonl saved with a byte-order mark was refused ("not valid JSON (Unexpected UTF-8 BOM)"), and in a
+    .txt the mark was the first document's first character, which moved that document's hash (its side of
+    the held-out split). Fine-tuning, bulk and export --eval-text read past it; so does the corpus now."""
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    plain.mkdir(), marked.mkdir()
+    texts = {"a.txt": "first doc\nstill first\n\nsecond doc\n", "b.jsonl": '{"text": "third doc"}\n'}
+    for name, text in texts.items():
+        for directory, mark in ((plain, b""), (marked, b"\xef\xbb\xbf")):
+            (directory / name).write_bytes(mark + text.encode())
+            with gzip.open(directory / f"{name}.gz", "wb") as f:
+                f.write(mark + text.encode())
+    docs = list(iter_text_documents(marked))
+    assert docs == list(iter_text_documents(plain)) and not any("\ufeff" in d for d in docs)
+    assert docs[0] == "first doc\nstill first"
+    for split in ("train", "valid"):  # the same documents: the same split
+        assert list(read_corpus(str(marked), split)) == list(read_corpus(str(plain), split))
+
+
 def test_text_that_is_not_utf8_is_named_by_its_byte_offset_and_line_in_the_file(tmp_path):
     """The offset said was the decoder's, within the chunk it was reading ("byte offset 7515 of what was
     read"), not the file's: of no use to find the byte."""
