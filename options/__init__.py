@@ -8,8 +8,9 @@ variable. `resolve` fills the dataclass the same way everywhere:
     defaults < `base` (a saved run's config) < `--config FILE` < environment < command-line flags
 
 and `--help` is generated from the declarations. `--config` reads a TOML file, or the JSON of the options
-a command saved (`save`: a run's config.json) without the keys that were that run's own (`as_run`, and
-the options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it.
+a command saved (`save`: the file the dataclass names in its `SAVED_AS`, a pretraining run's config.json,
+a fine-tuning run's finetune_config.json) without the keys that were that run's own (`as_run`, and the
+options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it.
 An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
 with a `ConfigError` naming the option. A boolean is a switch: `--qat` alone means true, `--qat false`
 and `--no-qat` false. The dataclass's `__post_init__` checks what involves several options.
@@ -224,6 +225,24 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def saved_as(cls) -> str | None:
+    """The file name `cls`'s entry point saves its options under (`SAVED_AS`); "" where it saves none,
+    None where the dataclass does not say. Each entry point names its own: a fine-tuning run's config.json
+    is the model's (Hugging Face's), its options are in finetune_config.json."""
+    return getattr(cls, "SAVED_AS", None)
+
+
+def _config_help(cls) -> str:
+    saved = saved_as(cls)
+    if saved == "":
+        what = "options from a TOML file"
+    elif saved:
+        what = f"options from a TOML file, or the {saved} a run of this command saved, to run it again"
+    else:
+        what = "options from a TOML file, or the JSON of the options a run of this command saved, to run it again"
+    return f"{what}; flags given here override it"
+
+
 def parser(
     cls, prog: str | None = None, description: str = "", config_file: bool = True
 ) -> argparse.ArgumentParser:
@@ -233,9 +252,7 @@ def parser(
     p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config_file:
-        p.add_argument("--config", metavar="FILE", action=_Once,
-                       help="options from a TOML file, or the JSON of the options a run saved (its config.json) "
-                            "to run it again; flags given here override it")  # fmt: skip
+        p.add_argument("--config", metavar="FILE", action=_Once, help=_config_help(cls))
     for f in dataclasses.fields(cls):
         spec = spec_of(f)
         text = help_line(f).replace("%", "%%")  # argparse formats help with %
@@ -340,8 +357,8 @@ def _config_file(path: Path, cls) -> dict:
     """The options of a --config file: TOML, or (a name ending in .json) the options a run saved, less
     what was that run's own (module docstring); a null there leaves the option unset, as it was saved."""
     if path.is_dir():
-        raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml) or a run's "
-                          "saved config.json")  # fmt: skip
+        saved = f" or a run's saved {saved_as(cls)}" if saved_as(cls) else ""
+        raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml){saved}")
     if not path.is_file():
         raise ConfigError(f"--config: {path} does not exist")
     saved = path.suffix.lower() == ".json"
@@ -360,9 +377,36 @@ def _config_file(path: Path, cls) -> dict:
         raise ConfigError(f"--config {path}: holds no options (a JSON object of them, as a run saves)")
     if not saved:
         return raw
+    if "architectures" in raw and "architectures" not in {f.name for f in dataclasses.fields(cls)}:
+        raise ConfigError(_model_config_given(path, raw, cls))
     # `as_run` is what the options came to where that run ran; --out and the like are where it wrote.
     own = ("as_run", *getattr(cls, "RUN_ONLY", ()))
     return {k: v for k, v in raw.items() if k not in own and v is not None}
+
+
+def _model_config_given(path: Path, raw: dict, cls) -> str:
+    """What to give instead of a model's config.json (Hugging Face's, naming its architectures): it sits
+    beside the options file in a fine-tuning run's --out, and in a pretraining run's checkpoints, and read
+    as options it failed on its first key ("unknown option 'architectures'")."""
+    said = (
+        f"--config {path}: a model's config.json (Hugging Face's: architectures {raw['architectures']}), not "
+    )
+    saved = saved_as(cls)
+    if saved == "":  # the command saves no options
+        return said + "options: give a TOML file"
+    # Beside it (a fine-tuning run's --out), or in the run directory of a pretraining checkpoint's
+    # (RUN/checkpoints/step-N/config.json); named as the user did (abspath keeps links).
+    here = Path(os.path.abspath(path)).parent
+    places = [here, here.parent.parent] if here.parent.name == "checkpoints" else [here]
+    near = saved and next((d / saved for d in places
+                           if (d / saved).is_file() and (d / saved).resolve() != path.resolve()), None)  # fmt: skip
+    instead = (f"give {near}, that run's options" if near else f"give the {saved} a run of this command saved"
+               if saved else "give the JSON of the options a run of this command saved")  # fmt: skip
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    model = next((n.upper() if spec_of(fields[n]).positional else flag(n)
+                  for n in ("init", "checkpoint") if n in fields), None)  # fmt: skip
+    start = f"; to start from that model, give its directory as {model}" if model else ""
+    return f"{said}the options a run saved: {instead}{start}"
 
 
 def _remember(cfg, given: dict[str, str]) -> None:

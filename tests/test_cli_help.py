@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import typing
@@ -235,6 +236,28 @@ def test_an_out_that_decides_the_refusal_alone_answers_before_torch_loads(tmp_pa
                               text=True, timeout=60)  # fmt: skip
         assert done.stdout.strip().splitlines()[-1:] == ["False"], (module, args, done.stderr[-2000:])
         assert said in done.stderr and re.search(r"^exit 2$", done.stderr, re.M), (module, args, done.stderr[-2000:])  # fmt: skip
+
+
+def test_config_names_the_file_each_command_saves_and_a_models_config_json_is_refused_naming_it(
+    tiny_init, tmp_path
+):
+    """--config's help said "the JSON of the options a run saved (its config.json)" for every command: a
+    fine-tuning run's config.json is its model's (Hugging Face's), and given as --config it failed on
+    "unknown option 'architectures'"; the server saves no options at all."""
+    assert "or the finetune_config.json a run of this command saved" in help_text("training.finetune")
+    assert "or the config.json a run of this command saved" in help_text("training.pretrain")
+    assert "--config FILE options from a TOML file; flags given here override it" in help_text("app")
+    out = tmp_path / "finetuned"  # as a fine-tuning run leaves it: the model's config.json beside the options
+    out.mkdir()
+    shutil.copy(tiny_init / "config.json", out)
+    (out / FinetuneConfig.SAVED_AS).write_text("{}")
+    with pytest.raises(options.ConfigError) as refused:
+        options.resolve(FinetuneConfig, ["--config", str(out / "config.json")], env={})
+    assert str(refused.value) == (
+        f"--config {out / 'config.json'}: a model's config.json (Hugging Face's: architectures "
+        f"['ElectraForPreTraining']), not the options a run saved: give {out / 'finetune_config.json'}, that "
+        "run's options; to start from that model, give its directory as --init"
+    )
 
 
 def test_choice_options_list_their_values():

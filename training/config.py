@@ -172,6 +172,7 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
 
 @dataclass
 class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    SAVED_AS: ClassVar[str] = "config.json"  # in the run directory, beside checkpoints/
     # A saved config.json given as --config: where that run wrote, and that it resumed, are its own.
     RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume")
 
@@ -456,6 +457,8 @@ SELECTION_METRICS = ("auto", *CLASSIFICATION_METRICS, "pearson", "spearman")
 
 @dataclass
 class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    # In --out, beside the model's own config.json (Hugging Face's), which holds no options.
+    SAVED_AS: ClassVar[str] = "finetune_config.json"
     # A saved finetune_config.json given as --config: where that run wrote, and how, are its own.
     RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume", "overwrite")
 

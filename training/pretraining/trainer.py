@@ -307,7 +307,7 @@ def setup(argv: list[str] | None) -> Trainer:
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
-            save_config(cfg, run / "config.json")
+            save_config(cfg, run / cfg.SAVED_AS)
         trained_on = resumed.get("data") if resumed else None
         data = build_data(cfg, run, env, trained_on)
         if env.main:
@@ -398,7 +398,7 @@ def setup(argv: list[str] | None) -> Trainer:
                 cfg.max_steps,
                 ran.get("schedule_changes"),
             ):
-                save_config(cfg, run / "config.json", as_run=ran)
+                save_config(cfg, run / cfg.SAVED_AS, as_run=ran)
         except DiskFullError as e:  # before any step: nothing is lost but the start
             sys.exit(_disk_full(e))
         print(f"as run: {json.dumps(ran)}", flush=True)
