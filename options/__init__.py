@@ -13,7 +13,7 @@ a fine-tuning run's finetune_config.json) without the keys that were that run's 
 options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it.
 An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
 with a `ConfigError` naming the option. A boolean is a switch: `--qat` alone means true, `--qat false`
-and `--no-qat` false. The dataclass's `__post_init__` checks what involves several options.
+and `--no-qat` false. An option that may be unset is unset by an empty value, and a number by `none` too. The dataclass's `__post_init__` checks what involves several options.
 
 Standard library only: the serving install (app/) uses it too, without torch.
 """
@@ -133,9 +133,7 @@ def coerce(name: str, value, annotation, source: str | None = None):
     """`value` (a flag's or variable's string, or a TOML value) as the option's type."""
     where = source or flag(name)
     kind = _kind(annotation)
-    if value is None or (
-        isinstance(value, str) and value == "" and _optional(annotation) and kind is not str
-    ):
+    if value is None or (isinstance(value, str) and _optional(annotation) and _unset(value, kind)):
         if _optional(annotation):
             return None
         raise ConfigError(f"{where}: a value is required")
@@ -176,6 +174,12 @@ def coerce(name: str, value, annotation, source: str | None = None):
             raise ConfigError(f"{where}: expected text, got {type(value).__name__} {value!r}")
         return value
     raise TypeError(f"{name}: options of type {annotation} are not supported")
+
+
+def _unset(text: str, kind: type) -> bool:
+    """Whether `text` leaves an option that may be unset (`int | None`) unset: empty, or for a number "none"
+    (--threads none, as its help says; any other word is a typo). Text and paths keep "none" as a name."""
+    return kind is not str and (text == "" or (kind in (int, float) and text.strip().lower() == "none"))
 
 
 def _shown(value) -> str:
@@ -306,7 +310,8 @@ def resolve(
                     f"{', '.join(sorted(fields))}"
                 )
             kind = _kind(hints[key])
-            if isinstance(value, str) and value.strip() and kind in (int, float, bool):
+            unset = isinstance(value, str) and _optional(hints[key]) and _unset(value, kind)
+            if isinstance(value, str) and value.strip() and kind in (int, float, bool) and not unset:
                 # TOML has numbers and booleans: a quoted one is a slip (and "false" would read as true
                 # to anything else that reads the file).
                 raise ConfigError(f"{path}: {key}: expected {kind.__name__}, got the text {value!r}; write it "

@@ -166,6 +166,24 @@ def test_unknown_and_ill_typed_options_fail_naming_them(module, tmp_path):
             options.resolve(cls, [*required, options.flag(number), "many"], env={})
 
 
+@pytest.mark.parametrize("module", PROGRAMS)
+def test_an_optional_number_is_unset_by_none_from_a_flag_or_a_file(module, tmp_path):
+    """--threads' help says "0 or none: every core", and --threads none answered "expected int, got 'none'"."""
+    cls, required = PROGRAMS[module]
+    hints = typing.get_type_hints(cls)
+    unsettable = [f.name for f in dataclasses.fields(cls)
+                  if options._optional(hints[f.name]) and options._kind(hints[f.name]) in (int, float)]  # fmt: skip
+    for name in unsettable:
+        toml = tmp_path / f"{name}.toml"
+        toml.write_text(f'{name} = "None"\n')
+        for args in ([options.flag(name), "none"], ["--config", str(toml)]):
+            assert getattr(options.resolve(cls, [*required, *args], env={}), name) is None, (name, args)
+    if module == "training.pretrain":
+        assert "threads" in unsettable and "(0 or none: every core)" in help_text(module)
+        with pytest.raises(options.ConfigError, match="--threads: expected int, got 'nones'"):
+            options.resolve(cls, ["--threads", "nones"], env={})
+
+
 # Run as `python -m MODULE ARGS`, then tells how it ended and whether torch was imported.
 PROBE = """import runpy, sys
 module, sys.argv[1:] = sys.argv[1], sys.argv[2:]
