@@ -21,7 +21,7 @@ from bulk.config import BulkConfig
 from export.config import ExportConfig
 from export.recover import RecoverConfig
 from training.config import FinetuneConfig, PretrainConfig
-from training.data.corpus import REGISTRY_CORPORA
+from training.data.corpus import JSONL_SUFFIXES, REGISTRY_CORPORA, TEXT_SUFFIXES
 from training.finetuning.sets import LABELLED_SETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -282,6 +282,13 @@ def test_choice_options_list_their_values():
     pretrain, finetune = help_text("training.pretrain"), help_text("training.finetune")
     assert all(name in pretrain for name in REGISTRY_CORPORA)
     assert all(name in finetune for name in LABELLED_SETS)
+
+
+def test_the_readme_names_every_kind_of_corpus_file_read():
+    """.txt.gz and .jsonl.gz corpora were read, and the README's Data section named only .txt and .jsonl."""
+    data = (REPO / "README.md").read_text().split("- **Data.**")[1].split("- **")[0]
+    assert all(f"`{suffix}`" in data for suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
+    assert "or a path (.txt, .jsonl, either .gz, a dir of them)" in help_text("training.pretrain")
 
 
 def test_unknown_corpus_is_a_message(tmp_path):

@@ -185,7 +185,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     corpus: str = option(
         "wikitext2",
         "wikitext2, news, chat, trec, wordnet_glosses, gcide, wordnet (usage examples, which evaluation reads; "
-        "commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several",
+        "commons: evaluation only), or a path (.txt, .jsonl, either .gz, a dir of them); a,b: several",
     )
     text_field: str = option("text", "the key holding each document's text in a corpus path's .jsonl files")
     valid_fraction: float = option(
