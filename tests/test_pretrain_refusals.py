@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import options
+from training.config import PretrainConfig
 from training.pretrain import main as pretrain
 
 REPO = Path(__file__).resolve().parent.parent
@@ -222,6 +223,23 @@ def test_a_corpus_of_one_text_copied_is_named_as_such(tmp_path, small_tokenizer)
     copies = tmp_path / "copies.txt"
     copies.write_text("\n\n".join(["the cat sat on the mat and looked at the dog."] * 500) + "\n")
     refused(tiny(tmp_path / "x", copies, small_tokenizer), "all the same text")
+
+
+def test_a_corpus_file_with_a_comma_in_its_name_is_refused_saying_commas_separate_corpora(
+    tmp_path, small_corpus
+):
+    """It said "--corpus '/tmp/my': neither a registry corpus ... nor a file or directory that exists", of a
+    file that exists, and nothing of the comma."""
+    named = tmp_path / "my,corpus.txt"
+    shutil.copy(small_corpus, named)
+    with pytest.raises(options.ConfigError) as refused:
+        options.resolve(PretrainConfig, ["--corpus", str(named)], env={})
+    assert str(refused.value) == (
+        f"--corpus {str(named)!r}: a comma separates corpora, and one of those it names, {str(tmp_path / 'my')!r}, "
+        f"does not exist; the file {str(named)!r} cannot be named in --corpus: rename it without the comma, or "
+        "give the directory it is in (each corpus file there is read)"
+    )
+    assert options.resolve(PretrainConfig, ["--corpus", str(tmp_path)], env={}).corpus == str(tmp_path)
 
 
 def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):

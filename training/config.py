@@ -354,6 +354,16 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             for c in self.corpus.split(",")
             if c.strip() not in REGISTRY_CORPORA and not Path(c.strip()).exists()
         ]
+        whole = Path(self.corpus.strip()).expanduser()
+        if unknown and whole.exists():  # a name with a comma in it: commas separate corpora
+            what, instead = (
+                ("directory", "")
+                if whole.is_dir()
+                else ("file", ", or give the directory it is in (each corpus file there is read)")
+            )
+            raise ConfigError(f"--corpus {self.corpus!r}: a comma separates corpora, and one of those it names, "
+                              f"{unknown[0].strip()!r}, does not exist; the {what} {self.corpus!r} cannot be named in "
+                              f"--corpus: rename it without the comma{instead}")  # fmt: skip
         if unknown:
             raise ConfigError(
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
