@@ -242,6 +242,17 @@ def test_a_corpus_file_with_a_comma_in_its_name_is_refused_saying_commas_separat
     assert options.resolve(PretrainConfig, ["--corpus", str(tmp_path)], env={}).corpus == str(tmp_path)
 
 
+def test_a_corpus_file_named_twice_is_refused_for_a_new_run_not_for_a_resume(tmp_path, small_corpus):
+    """It was read twice, in silence. A run that trained so resumes as it trained."""
+    twice = f"{tmp_path},{small_corpus},{small_corpus}"
+    shutil.copy(small_corpus, tmp_path / "wiki.txt")
+    with pytest.raises(options.ConfigError, match=re.escape(
+            f"--corpus: {small_corpus} is named twice, so its documents would train twice as often as the "
+            "others': name each once")):  # fmt: skip
+        options.resolve(PretrainConfig, ["--corpus", twice], env={})
+    assert options.resolve(PretrainConfig, ["--resume"], env={}, base={"corpus": twice}).corpus == twice
+
+
 def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text('num_layers = "2"\n')

@@ -345,7 +345,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             )
 
     def _check_data(self) -> None:
-        from training.data.corpus import REGISTRY_CORPORA
+        from training.data.corpus import REGISTRY_CORPORA, repeated_file
 
         if any(not c.strip() for c in self.corpus.split(",")):  # Path("") is the current directory
             raise ConfigError(f"--corpus {self.corpus!r}: an empty name; give registry corpora or paths")
@@ -369,6 +369,10 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
                 f"file or directory that exists"
             )
+        # A run that trained so resumes as it trained.
+        if not self.resume and "," in self.corpus and (twice := repeated_file(self.corpus)):
+            raise ConfigError(f"--corpus: {twice}, so its documents would train twice as often as the others': "
+                              "name each once")  # fmt: skip
         own = [c.strip() for c in self.corpus.split(",") if c.strip() not in REGISTRY_CORPORA]
         if not own:
             # Registry corpora come with their own splits and fields: the options would change nothing.
