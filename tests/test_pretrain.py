@@ -931,3 +931,29 @@ def test_the_ranks_shares_of_a_held_out_batch_cover_its_rows_once_in_order(rows,
     assert [i for s in shares for i in range(rows)[s]] == list(range(rows))
     assert max(s.stop - s.start for s in shares) - min(s.stop - s.start for s in shares) <= 1
     assert shares[0].stop > shares[0].start  # rank 0, which writes the figures, always scores some rows
+
+
+def test_an_evaluation_that_measures_no_auc_says_why_and_its_nan_reads_back(tmp_path):
+    """A held-out split of 2 tokens (a tiny corpus, --batch-size 1) wrote "disc_auc": NaN into metrics.jsonl
+    and trainer_state.json with nothing to say that the evaluation had measured nothing. The run now warns
+    once, with this; the NaN stays, as every reader of metrics.jsonl here reads it back."""
+    import math
+
+    import numpy as np
+
+    from training.pretraining.evaluate import auc_unmeasured, replaced_token_metrics
+    from training.report import MetricsLog
+
+    probs = np.array([0.2, 0.7, 0.4])
+    none_replaced = replaced_token_metrics(probs, np.zeros(3, dtype=np.int64))
+    why = auc_unmeasured(none_replaced, 2)
+    assert why is not None and "of the held-out tokens it scored, none of them was replaced" in why
+    assert "holds 2 tokens of text, too few" in why and "--valid-fraction" in why and "--eval-batches" in why
+    assert "every one of them was replaced" in auc_unmeasured(
+        replaced_token_metrics(probs, np.ones(3, np.int64)), 2
+    )
+    assert auc_unmeasured(replaced_token_metrics(probs, np.array([0, 1, 0])), 2) is None
+    assert auc_unmeasured({"loss": 1.0, "mlm_accuracy": 0.5}, 2) is None  # --objective mlm: no discriminator
+    MetricsLog(tmp_path / "metrics.jsonl").write(2, 76, "eval", none_replaced)
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert math.isnan(row["disc_auc"]) and row["replaced_share"] == 0.0
