@@ -10,7 +10,9 @@ variable. `resolve` fills the dataclass the same way everywhere:
 and `--help` is generated from the declarations. `--config` reads a TOML file, or the JSON of the options
 a command saved (`save`: the file the dataclass names in its `SAVED_AS`, a pretraining run's config.json,
 a fine-tuning run's finetune_config.json) without the keys that were that run's own (`as_run`, and the
-options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it.
+options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it; where
+--out is among them, it must then be given: a replay never writes into that run, nor in silence into a
+default.
 An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
 with a `ConfigError` naming the option. A boolean is a switch: `--qat` alone means true, `--qat false`
 and `--no-qat` false. An option that may be unset is unset by an empty value, and a number by `none` too. The dataclass's `__post_init__` checks what involves several options.
@@ -302,7 +304,7 @@ def resolve(
             given[key] = "the saved config"
     if config_file and args.config:
         path = Path(args.config)
-        raw = _config_file(path, cls)
+        raw, own = _config_file(path, cls)
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(
@@ -325,6 +327,13 @@ def resolve(
             given[name] = var
     values.update(flags)
     given.update({name: flag(name) for name in flags})
+    if config_file and args.config and "out" in own and "out" not in given:
+        # Not the default (pretraining's runs/small, where a replay went in silence), nor that run's own.
+        if flags.get("resume"):
+            raise ConfigError(f"--out: required with --config {args.config}, a run's saved options; to go on with that "
+                              f"run, give --out {own['out']} --resume (a resume reads the run's own settings)")  # fmt: skip
+        raise ConfigError(f"--out: required with --config {args.config}, a run's saved options: a run of them never "
+                          f"writes into that run's directory ({own['out']}); give the new run's --out")  # fmt: skip
     # As `given` names it: Path's spelling (./b/x.json reads b/x.json), which the check compares against.
     _check_no_shortened_paths(
         values, given, fields, str(Path(args.config)) if config_file and args.config else None
@@ -358,9 +367,10 @@ def _check_no_shortened_paths(values: dict, given: dict, fields: dict, config: s
             )
 
 
-def _config_file(path: Path, cls) -> dict:
+def _config_file(path: Path, cls) -> tuple[dict, dict]:
     """The options of a --config file: TOML, or (a name ending in .json) the options a run saved, less
-    what was that run's own (module docstring); a null there leaves the option unset, as it was saved."""
+    what was that run's own (module docstring; returned apart: its out, say); a null there leaves the option
+    unset, as it was saved."""
     if path.is_dir():
         saved = f" or a run's saved {saved_as(cls)}" if saved_as(cls) else ""
         raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml){saved}")
@@ -381,12 +391,14 @@ def _config_file(path: Path, cls) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"--config {path}: holds no options (a JSON object of them, as a run saves)")
     if not saved:
-        return raw
+        return raw, {}
     if "architectures" in raw and "architectures" not in {f.name for f in dataclasses.fields(cls)}:
         raise ConfigError(_model_config_given(path, raw, cls))
     # `as_run` is what the options came to where that run ran; --out and the like are where it wrote.
     own = ("as_run", *getattr(cls, "RUN_ONLY", ()))
-    return {k: v for k, v in raw.items() if k not in own and v is not None}
+    return {k: v for k, v in raw.items() if k not in own and v is not None}, {
+        k: raw[k] for k in own if k in raw
+    }
 
 
 def _model_config_given(path: Path, raw: dict, cls) -> str:
