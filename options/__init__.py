@@ -530,7 +530,8 @@ def refuse_resume_changes(then: Mapping, now: Mapping, may_change: Sequence[str]
     resumed. `new_run` says how to start one instead ("another --out")."""
     changed = [k for k in now if k in then and k not in may_change and now[k] != then[k]]
     if changed:
-        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
+        # Named as an option and as its flag: a --config file's key changes it as well as the flag does.
+        shown = "; ".join(f"{k} ({flag(k)}) {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
         allowed = ", ".join(flag(k) for k in may_change if k not in ("resume", "out"))
         raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only {allowed} may "
                           f"change on a resume; start a new run ({new_run}) to change the others")  # fmt: skip

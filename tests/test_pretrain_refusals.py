@@ -381,6 +381,19 @@ def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, sm
     ], bars
 
 
+def test_a_resume_that_changes_a_setting_names_it_as_a_key_and_a_flag(tmp_path):
+    """A seq_len changed in a TOML file was called a flag: "--seq-len 64 then, 32 now"."""
+    from training.pretraining.resume import check_resumable
+
+    saved = options.as_dict(options.resolve(PretrainConfig, ["--seq-len", "64"], env={}))
+    (tmp_path / "run.toml").write_text("seq_len = 32\n")
+    now = options.as_dict(options.resolve(PretrainConfig, ["--config", str(tmp_path / "run.toml")], env={}))
+    with pytest.raises(
+        options.ConfigError, match=re.escape("these differ: seq_len (--seq-len) 64 then, 32 now.")
+    ):
+        check_resumable(saved, now)
+
+
 def test_a_run_saved_before_a_recipe_check_resumes_as_it_trained():
     """The recipe checks judge a new run; a saved one that trained with --init-lr and no --init, or with
     --disc-weight 0, resumes (it could not otherwise: neither may change on a resume)."""
