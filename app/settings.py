@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import options
 from app.machine import available_cores
@@ -290,6 +291,8 @@ class ModelSettings:
 class Settings(ModelSettings, SchedulingSettings, HttpSettings):
     """Every setting of the server. Each is declared once (options/) in the group it belongs to, with its
     flag, ELECTRA_* variable, type, default, allowed values and the help `python -m app --help` shows."""
+
+    SAVED_AS: ClassVar[str] = ""  # the server saves no options
 
     def __post_init__(self) -> None:
         options.check_choices(self)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import options
 from app.machine import available_cores
@@ -27,6 +28,8 @@ EXIT_USAGE = (
 @dataclass(frozen=True)
 class BulkConfig:
     """Every option of `python -m bulk INPUT --out DIR --model NAME`."""
+
+    SAVED_AS: ClassVar[str] = "config.json"  # in --out (job.py)
 
     input: str = option(
         help="a file, a directory (every .jsonl, .json, .ndjson, .parquet and .txt file under it) or a quoted "

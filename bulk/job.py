@@ -86,7 +86,7 @@ def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_sessio
                   f"left running ({left[0]})", file=sys.stderr, flush=True)  # fmt: skip
         own_ray.record(cfg.out, ray_session)
         write_fingerprint(cfg, pending)
-        outputs.write_json(cfg.out / "config.json", options.as_dict(cfg))
+        outputs.write_json(cfg.out / cfg.SAVED_AS, options.as_dict(cfg))
         outputs.remove_figures(cfg.out)  # written again at the end
         outputs.remove_temporaries(cfg.out)
         entries = list(outputs.Manifest(cfg.out).entries())  # read under the lock: none appended since

@@ -8,11 +8,14 @@ variable. `resolve` fills the dataclass the same way everywhere:
     defaults < `base` (a saved run's config) < `--config FILE` < environment < command-line flags
 
 and `--help` is generated from the declarations. `--config` reads a TOML file, or the JSON of the options
-a command saved (`save`: a run's config.json) without the keys that were that run's own (`as_run`, and
-the options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it.
+a command saved (`save`: the file the dataclass names in its `SAVED_AS`, a pretraining run's config.json,
+a fine-tuning run's finetune_config.json) without the keys that were that run's own (`as_run`, and the
+options the dataclass lists in its `RUN_ONLY`, such as --out), so the same command reproduces it; where
+--out is among them, it must then be given: a replay never writes into that run, nor in silence into a
+default.
 An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
 with a `ConfigError` naming the option. A boolean is a switch: `--qat` alone means true, `--qat false`
-and `--no-qat` false. The dataclass's `__post_init__` checks what involves several options.
+and `--no-qat` false. An option that may be unset is unset by an empty value, and a number by `none` too. The dataclass's `__post_init__` checks what involves several options.
 
 Standard library only: the serving install (app/) uses it too, without torch.
 """
@@ -132,9 +135,7 @@ def coerce(name: str, value, annotation, source: str | None = None):
     """`value` (a flag's or variable's string, or a TOML value) as the option's type."""
     where = source or flag(name)
     kind = _kind(annotation)
-    if value is None or (
-        isinstance(value, str) and value == "" and _optional(annotation) and kind is not str
-    ):
+    if value is None or (isinstance(value, str) and _optional(annotation) and _unset(value, kind)):
         if _optional(annotation):
             return None
         raise ConfigError(f"{where}: a value is required")
@@ -175,6 +176,12 @@ def coerce(name: str, value, annotation, source: str | None = None):
             raise ConfigError(f"{where}: expected text, got {type(value).__name__} {value!r}")
         return value
     raise TypeError(f"{name}: options of type {annotation} are not supported")
+
+
+def _unset(text: str, kind: type) -> bool:
+    """Whether `text` leaves an option that may be unset (`int | None`) unset: empty, or for a number "none"
+    (--threads none, as its help says; any other word is a typo). Text and paths keep "none" as a name."""
+    return kind is not str and (text == "" or (kind in (int, float) and text.strip().lower() == "none"))
 
 
 def _shown(value) -> str:
@@ -224,6 +231,24 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def saved_as(cls) -> str | None:
+    """The file name `cls`'s entry point saves its options under (`SAVED_AS`); "" where it saves none,
+    None where the dataclass does not say. Each entry point names its own: a fine-tuning run's config.json
+    is the model's (Hugging Face's), its options are in finetune_config.json."""
+    return getattr(cls, "SAVED_AS", None)
+
+
+def _config_help(cls) -> str:
+    saved = saved_as(cls)
+    if saved == "":
+        what = "options from a TOML file"
+    elif saved:
+        what = f"options from a TOML file, or the {saved} a run of this command saved, to run it again"
+    else:
+        what = "options from a TOML file, or the JSON of the options a run of this command saved, to run it again"
+    return f"{what}; flags given here override it"
+
+
 def parser(
     cls, prog: str | None = None, description: str = "", config_file: bool = True
 ) -> argparse.ArgumentParser:
@@ -233,9 +258,7 @@ def parser(
     p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     if config_file:
-        p.add_argument("--config", metavar="FILE", action=_Once,
-                       help="options from a TOML file, or the JSON of the options a run saved (its config.json) "
-                            "to run it again; flags given here override it")  # fmt: skip
+        p.add_argument("--config", metavar="FILE", action=_Once, help=_config_help(cls))
     for f in dataclasses.fields(cls):
         spec = spec_of(f)
         text = help_line(f).replace("%", "%%")  # argparse formats help with %
@@ -281,7 +304,7 @@ def resolve(
             given[key] = "the saved config"
     if config_file and args.config:
         path = Path(args.config)
-        raw = _config_file(path, cls)
+        raw, own = _config_file(path, cls)
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(
@@ -289,7 +312,8 @@ def resolve(
                     f"{', '.join(sorted(fields))}"
                 )
             kind = _kind(hints[key])
-            if isinstance(value, str) and value.strip() and kind in (int, float, bool):
+            unset = isinstance(value, str) and _optional(hints[key]) and _unset(value, kind)
+            if isinstance(value, str) and value.strip() and kind in (int, float, bool) and not unset:
                 # TOML has numbers and booleans: a quoted one is a slip (and "false" would read as true
                 # to anything else that reads the file).
                 raise ConfigError(f"{path}: {key}: expected {kind.__name__}, got the text {value!r}; write it "
@@ -303,6 +327,13 @@ def resolve(
             given[name] = var
     values.update(flags)
     given.update({name: flag(name) for name in flags})
+    if config_file and args.config and "out" in own and "out" not in given:
+        # Not the default (pretraining's runs/small, where a replay went in silence), nor that run's own.
+        if flags.get("resume"):
+            raise ConfigError(f"--out: required with --config {args.config}, a run's saved options; to go on with that "
+                              f"run, give --out {own['out']} --resume (a resume reads the run's own settings)")  # fmt: skip
+        raise ConfigError(f"--out: required with --config {args.config}, a run's saved options: a run of them never "
+                          f"writes into that run's directory ({own['out']}); give the new run's --out")  # fmt: skip
     # As `given` names it: Path's spelling (./b/x.json reads b/x.json), which the check compares against.
     _check_no_shortened_paths(
         values, given, fields, str(Path(args.config)) if config_file and args.config else None
@@ -336,12 +367,13 @@ def _check_no_shortened_paths(values: dict, given: dict, fields: dict, config: s
             )
 
 
-def _config_file(path: Path, cls) -> dict:
+def _config_file(path: Path, cls) -> tuple[dict, dict]:
     """The options of a --config file: TOML, or (a name ending in .json) the options a run saved, less
-    what was that run's own (module docstring); a null there leaves the option unset, as it was saved."""
+    what was that run's own (module docstring; returned apart: its out, say); a null there leaves the option
+    unset, as it was saved."""
     if path.is_dir():
-        raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml) or a run's "
-                          "saved config.json")  # fmt: skip
+        saved = f" or a run's saved {saved_as(cls)}" if saved_as(cls) else ""
+        raise ConfigError(f"--config: {path} is a directory; give a TOML file (configs/*.toml){saved}")
     if not path.is_file():
         raise ConfigError(f"--config: {path} does not exist")
     saved = path.suffix.lower() == ".json"
@@ -359,10 +391,39 @@ def _config_file(path: Path, cls) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"--config {path}: holds no options (a JSON object of them, as a run saves)")
     if not saved:
-        return raw
+        return raw, {}
+    if "architectures" in raw and "architectures" not in {f.name for f in dataclasses.fields(cls)}:
+        raise ConfigError(_model_config_given(path, raw, cls))
     # `as_run` is what the options came to where that run ran; --out and the like are where it wrote.
     own = ("as_run", *getattr(cls, "RUN_ONLY", ()))
-    return {k: v for k, v in raw.items() if k not in own and v is not None}
+    return {k: v for k, v in raw.items() if k not in own and v is not None}, {
+        k: raw[k] for k in own if k in raw
+    }
+
+
+def _model_config_given(path: Path, raw: dict, cls) -> str:
+    """What to give instead of a model's config.json (Hugging Face's, naming its architectures): it sits
+    beside the options file in a fine-tuning run's --out, and in a pretraining run's checkpoints, and read
+    as options it failed on its first key ("unknown option 'architectures'")."""
+    said = (
+        f"--config {path}: a model's config.json (Hugging Face's: architectures {raw['architectures']}), not "
+    )
+    saved = saved_as(cls)
+    if saved == "":  # the command saves no options
+        return said + "options: give a TOML file"
+    # Beside it (a fine-tuning run's --out), or in the run directory of a pretraining checkpoint's
+    # (RUN/checkpoints/step-N/config.json); named as the user did (abspath keeps links).
+    here = Path(os.path.abspath(path)).parent
+    places = [here, here.parent.parent] if here.parent.name == "checkpoints" else [here]
+    near = saved and next((d / saved for d in places
+                           if (d / saved).is_file() and (d / saved).resolve() != path.resolve()), None)  # fmt: skip
+    instead = (f"give {near}, that run's options" if near else f"give the {saved} a run of this command saved"
+               if saved else "give the JSON of the options a run of this command saved")  # fmt: skip
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    model = next((n.upper() if spec_of(fields[n]).positional else flag(n)
+                  for n in ("init", "checkpoint") if n in fields), None)  # fmt: skip
+    start = f"; to start from that model, give its directory as {model}" if model else ""
+    return f"{said}the options a run saved: {instead}{start}"
 
 
 def _remember(cfg, given: dict[str, str]) -> None:
@@ -469,7 +530,8 @@ def refuse_resume_changes(then: Mapping, now: Mapping, may_change: Sequence[str]
     resumed. `new_run` says how to start one instead ("another --out")."""
     changed = [k for k in now if k in then and k not in may_change and now[k] != then[k]]
     if changed:
-        shown = "; ".join(f"{flag(k)} {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
+        # Named as an option and as its flag: a --config file's key changes it as well as the flag does.
+        shown = "; ".join(f"{k} ({flag(k)}) {then[k]!r} then, {now[k]!r} now" for k in changed[:4])
         allowed = ", ".join(flag(k) for k in may_change if k not in ("resume", "out"))
         raise ConfigError(f"--resume keeps the run's own settings, and these differ: {shown}. Only {allowed} may "
                           f"change on a resume; start a new run ({new_run}) to change the others")  # fmt: skip

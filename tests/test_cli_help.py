@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import typing
@@ -20,7 +21,7 @@ from bulk.config import BulkConfig
 from export.config import ExportConfig
 from export.recover import RecoverConfig
 from training.config import FinetuneConfig, PretrainConfig
-from training.data.corpus import REGISTRY_CORPORA
+from training.data.corpus import JSONL_SUFFIXES, REGISTRY_CORPORA, TEXT_SUFFIXES
 from training.finetuning.sets import LABELLED_SETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +166,24 @@ def test_unknown_and_ill_typed_options_fail_naming_them(module, tmp_path):
             options.resolve(cls, [*required, options.flag(number), "many"], env={})
 
 
+@pytest.mark.parametrize("module", PROGRAMS)
+def test_an_optional_number_is_unset_by_none_from_a_flag_or_a_file(module, tmp_path):
+    """--threads' help says "0 or none: every core", and --threads none answered "expected int, got 'none'"."""
+    cls, required = PROGRAMS[module]
+    hints = typing.get_type_hints(cls)
+    unsettable = [f.name for f in dataclasses.fields(cls)
+                  if options._optional(hints[f.name]) and options._kind(hints[f.name]) in (int, float)]  # fmt: skip
+    for name in unsettable:
+        toml = tmp_path / f"{name}.toml"
+        toml.write_text(f'{name} = "None"\n')
+        for args in ([options.flag(name), "none"], ["--config", str(toml)]):
+            assert getattr(options.resolve(cls, [*required, *args], env={}), name) is None, (name, args)
+    if module == "training.pretrain":
+        assert "threads" in unsettable and "(0 or none: every core)" in help_text(module)
+        with pytest.raises(options.ConfigError, match="--threads: expected int, got 'nones'"):
+            options.resolve(cls, ["--threads", "nones"], env={})
+
+
 # Run as `python -m MODULE ARGS`, then tells how it ended and whether torch was imported.
 PROBE = """import runpy, sys
 module, sys.argv[1:] = sys.argv[1], sys.argv[2:]
@@ -237,10 +256,39 @@ def test_an_out_that_decides_the_refusal_alone_answers_before_torch_loads(tmp_pa
         assert said in done.stderr and re.search(r"^exit 2$", done.stderr, re.M), (module, args, done.stderr[-2000:])  # fmt: skip
 
 
+def test_config_names_the_file_each_command_saves_and_a_models_config_json_is_refused_naming_it(
+    tiny_init, tmp_path
+):
+    """--config's help said "the JSON of the options a run saved (its config.json)" for every command: a
+    fine-tuning run's config.json is its model's (Hugging Face's), and given as --config it failed on
+    "unknown option 'architectures'"; the server saves no options at all."""
+    assert "or the finetune_config.json a run of this command saved" in help_text("training.finetune")
+    assert "or the config.json a run of this command saved" in help_text("training.pretrain")
+    assert "--config FILE options from a TOML file; flags given here override it" in help_text("app")
+    out = tmp_path / "finetuned"  # as a fine-tuning run leaves it: the model's config.json beside the options
+    out.mkdir()
+    shutil.copy(tiny_init / "config.json", out)
+    (out / FinetuneConfig.SAVED_AS).write_text("{}")
+    with pytest.raises(options.ConfigError) as refused:
+        options.resolve(FinetuneConfig, ["--config", str(out / "config.json")], env={})
+    assert str(refused.value) == (
+        f"--config {out / 'config.json'}: a model's config.json (Hugging Face's: architectures "
+        f"['ElectraForPreTraining']), not the options a run saved: give {out / 'finetune_config.json'}, that "
+        "run's options; to start from that model, give its directory as --init"
+    )
+
+
 def test_choice_options_list_their_values():
     pretrain, finetune = help_text("training.pretrain"), help_text("training.finetune")
     assert all(name in pretrain for name in REGISTRY_CORPORA)
     assert all(name in finetune for name in LABELLED_SETS)
+
+
+def test_the_readme_names_every_kind_of_corpus_file_read():
+    """.txt.gz and .jsonl.gz corpora were read, and the README's Data section named only .txt and .jsonl."""
+    data = (REPO / "README.md").read_text().split("- **Data.**")[1].split("- **")[0]
+    assert all(f"`{suffix}`" in data for suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
+    assert "or a path (.txt, .jsonl, either .gz, a dir of them)" in help_text("training.pretrain")
 
 
 def test_unknown_corpus_is_a_message(tmp_path):

@@ -23,10 +23,12 @@ from tests.unprivileged import run_python
 from training.data import registry
 from training.data.corpus import (
     CorpusError,
+    corpus_files_note,
     corpus_key,
     detokenize_wikitext,
     iter_text_documents,
     read_corpus,
+    repeated_file,
 )
 from training.data.registry import (
     REGISTRY,
@@ -302,6 +304,25 @@ def test_user_corpora(tmp_path):
         read_corpus(str(tmp_path / "missing.txt"), "train")
 
 
+def test_a_byte_order_mark_is_read_past_not_taken_for_text(tmp_path):
+    """A .jsonl saved with a byte-order mark was refused ("not valid JSON (Unexpected UTF-8 BOM)"), and in a
+    .txt the mark was the first document's first character, which moved that document's hash (its side of
+    the held-out split). Fine-tuning, bulk and export --eval-text read past it; so does the corpus now."""
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    plain.mkdir(), marked.mkdir()
+    texts = {"a.txt": "first doc\nstill first\n\nsecond doc\n", "b.jsonl": '{"text": "third doc"}\n'}
+    for name, text in texts.items():
+        for directory, mark in ((plain, b""), (marked, b"\xef\xbb\xbf")):
+            (directory / name).write_bytes(mark + text.encode())
+            with gzip.open(directory / f"{name}.gz", "wb") as f:
+                f.write(mark + text.encode())
+    docs = list(iter_text_documents(marked))
+    assert docs == list(iter_text_documents(plain)) and not any("\ufeff" in d for d in docs)
+    assert docs[0] == "first doc\nstill first"
+    for split in ("train", "valid"):  # the same documents: the same split
+        assert list(read_corpus(str(marked), split)) == list(read_corpus(str(plain), split))
+
+
 def test_text_that_is_not_utf8_is_named_by_its_byte_offset_and_line_in_the_file(tmp_path):
     """The offset said was the decoder's, within the chunk it was reading ("byte offset 7515 of what was
     read"), not the file's: of no use to find the byte."""
@@ -329,6 +350,38 @@ def test_a_corpus_directory_is_read_through_its_links_each_directory_once(tmp_pa
     (corpus / "data-again").symlink_to(elsewhere / "deep")  # a link into it: read once
     (elsewhere / "up").symlink_to(corpus)  # a loop back to the corpus
     assert list(iter_text_documents(corpus)) == ["own doc", "linked doc"]
+
+
+def test_what_a_corpus_directory_leaves_out_is_named_links_to_nothing_too(tmp_path):
+    """A *.txt link whose target had moved was left out, and the note naming what is left out did not say
+    so; nor was any note given for a directory in a --corpus list."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("own doc\n")
+    (corpus / "notes.md").write_text("not read")
+    (corpus / "gone.txt").symlink_to(tmp_path / "moved" / "gone.txt")
+    note = (f"1 file(s) read from {corpus}; 1 left out, not .txt/.txt.gz/.jsonl/.jsonl.gz: notes.md; 1 left out, "
+            f"links to nothing: gone.txt -> {tmp_path / 'moved' / 'gone.txt'}")  # fmt: skip
+    assert corpus_files_note(str(corpus)) == note
+    assert corpus_files_note(f"wikitext2,{corpus},{corpus / 'a.txt'}") == note
+    assert corpus_files_note(str(corpus / "a.txt")) is None
+    assert list(iter_text_documents(corpus)) == ["own doc"]
+
+
+def test_a_file_named_twice_in_a_corpus_list_is_found_however_it_is_named(tmp_path):
+    """`--corpus a.txt,a.txt` read the file twice, without a word: its documents trained twice as often."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("doc a\n")
+    (corpus / "b.txt").write_text("doc b\n")
+    (tmp_path / "link.txt").symlink_to(corpus / "a.txt")
+    a = corpus / "a.txt"
+    assert repeated_file(f"{a},{a}") == f"{a} is named twice"
+    assert repeated_file(f"{corpus},{tmp_path / 'link.txt'}") == (
+        f"{a} is read twice: as {corpus} (its a.txt) and as {tmp_path / 'link.txt'}"
+    )
+    assert repeated_file("wikitext2,news,wikitext2") == "wikitext2 is named twice"
+    assert repeated_file(f"{a},{corpus / 'b.txt'},wikitext2") is None
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="setpriv and directory permissions as Linux has them")

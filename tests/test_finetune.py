@@ -811,7 +811,7 @@ def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path,
     (out / "resume" / "state.json").write_text("{}")  # as a stopped run leaves it, for the options' check
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume", "--lr", "1e-3"])
-    assert "--lr 0.0003 then, 0.001 now" in capsys.readouterr().err
+    assert "lr (--lr) 0.0003 then, 0.001 now" in capsys.readouterr().err
 
 
 def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path, capsys):

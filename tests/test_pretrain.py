@@ -687,7 +687,9 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
         tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 2, "--save-every", 2, "--eval-every", 2)
     )
     before = (run / "config.json").read_text()
-    with pytest.raises(SystemExit, match=r"--resume keeps the run's own settings.*--seq-len 64 then, 32 now"):
+    with pytest.raises(
+        SystemExit, match=r"--resume keeps the run's own settings.*seq_len \(--seq-len\) 64 then, 32 now"
+    ):
         pretrain(["--out", str(run), "--resume", "--seq-len", "32"])
     assert (run / "config.json").read_text() == before
     pretrain(["--out", str(run), "--resume", "--max-steps", "3"])  # a longer schedule may be asked for
@@ -931,3 +933,29 @@ def test_the_ranks_shares_of_a_held_out_batch_cover_its_rows_once_in_order(rows,
     assert [i for s in shares for i in range(rows)[s]] == list(range(rows))
     assert max(s.stop - s.start for s in shares) - min(s.stop - s.start for s in shares) <= 1
     assert shares[0].stop > shares[0].start  # rank 0, which writes the figures, always scores some rows
+
+
+def test_an_evaluation_that_measures_no_auc_says_why_and_its_nan_reads_back(tmp_path):
+    """A held-out split of 2 tokens (a tiny corpus, --batch-size 1) wrote "disc_auc": NaN into metrics.jsonl
+    and trainer_state.json with nothing to say that the evaluation had measured nothing. The run now warns
+    once, with this; the NaN stays, as every reader of metrics.jsonl here reads it back."""
+    import math
+
+    import numpy as np
+
+    from training.pretraining.evaluate import auc_unmeasured, replaced_token_metrics
+    from training.report import MetricsLog
+
+    probs = np.array([0.2, 0.7, 0.4])
+    none_replaced = replaced_token_metrics(probs, np.zeros(3, dtype=np.int64))
+    why = auc_unmeasured(none_replaced, 2)
+    assert why is not None and "of the held-out tokens it scored, none of them was replaced" in why
+    assert "holds 2 tokens of text, too few" in why and "--valid-fraction" in why and "--eval-batches" in why
+    assert "every one of them was replaced" in auc_unmeasured(
+        replaced_token_metrics(probs, np.ones(3, np.int64)), 2
+    )
+    assert auc_unmeasured(replaced_token_metrics(probs, np.array([0, 1, 0])), 2) is None
+    assert auc_unmeasured({"loss": 1.0, "mlm_accuracy": 0.5}, 2) is None  # --objective mlm: no discriminator
+    MetricsLog(tmp_path / "metrics.jsonl").write(2, 76, "eval", none_replaced)
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert math.isnan(row["disc_auc"]) and row["replaced_share"] == 0.0

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import options
+from training.config import PretrainConfig
 from training.pretrain import main as pretrain
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,6 +225,34 @@ def test_a_corpus_of_one_text_copied_is_named_as_such(tmp_path, small_tokenizer)
     refused(tiny(tmp_path / "x", copies, small_tokenizer), "all the same text")
 
 
+def test_a_corpus_file_with_a_comma_in_its_name_is_refused_saying_commas_separate_corpora(
+    tmp_path, small_corpus
+):
+    """It said "--corpus '/tmp/my': neither a registry corpus ... nor a file or directory that exists", of a
+    file that exists, and nothing of the comma."""
+    named = tmp_path / "my,corpus.txt"
+    shutil.copy(small_corpus, named)
+    with pytest.raises(options.ConfigError) as refused:
+        options.resolve(PretrainConfig, ["--corpus", str(named)], env={})
+    assert str(refused.value) == (
+        f"--corpus {str(named)!r}: a comma separates corpora, and one of those it names, {str(tmp_path / 'my')!r}, "
+        f"does not exist; the file {str(named)!r} cannot be named in --corpus: rename it without the comma, or "
+        "give the directory it is in (each corpus file there is read)"
+    )
+    assert options.resolve(PretrainConfig, ["--corpus", str(tmp_path)], env={}).corpus == str(tmp_path)
+
+
+def test_a_corpus_file_named_twice_is_refused_for_a_new_run_not_for_a_resume(tmp_path, small_corpus):
+    """It was read twice, in silence. A run that trained so resumes as it trained."""
+    twice = f"{tmp_path},{small_corpus},{small_corpus}"
+    shutil.copy(small_corpus, tmp_path / "wiki.txt")
+    with pytest.raises(options.ConfigError, match=re.escape(
+            f"--corpus: {small_corpus} is named twice, so its documents would train twice as often as the "
+            "others': name each once")):  # fmt: skip
+        options.resolve(PretrainConfig, ["--corpus", twice], env={})
+    assert options.resolve(PretrainConfig, ["--resume"], env={}, base={"corpus": twice}).corpus == twice
+
+
 def test_a_quoted_number_in_a_config_file_is_refused(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text('num_layers = "2"\n')
@@ -350,6 +379,19 @@ def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, sm
         held_out,
         "tokenizing valid",
     ], bars
+
+
+def test_a_resume_that_changes_a_setting_names_it_as_a_key_and_a_flag(tmp_path):
+    """A seq_len changed in a TOML file was called a flag: "--seq-len 64 then, 32 now"."""
+    from training.pretraining.resume import check_resumable
+
+    saved = options.as_dict(options.resolve(PretrainConfig, ["--seq-len", "64"], env={}))
+    (tmp_path / "run.toml").write_text("seq_len = 32\n")
+    now = options.as_dict(options.resolve(PretrainConfig, ["--config", str(tmp_path / "run.toml")], env={}))
+    with pytest.raises(
+        options.ConfigError, match=re.escape("these differ: seq_len (--seq-len) 64 then, 32 now.")
+    ):
+        check_resumable(saved, now)
 
 
 def test_a_run_saved_before_a_recipe_check_resumes_as_it_trained():

@@ -6,6 +6,7 @@ refused, while a resume whose saved data_dir is gone on this machine goes on, sa
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -51,6 +52,44 @@ def test_the_saved_config_given_back_as_config_resolves_to_the_same_run(finished
         k: v for k, v in saved.items() if k not in ("out", "as_run")
     }
     assert again.out == str(tmp_path / "again")  # where that run wrote is its own
+
+
+def test_the_saved_config_given_back_without_out_is_refused_not_trained_into_runs_small(finished, tmp_path):
+    """`--config RUN/config.json` alone trained into ./runs/small, the default, in silence: the run's own out
+    is left out of a replay (it must never write into that run), and --out had a default. Fine-tuning's
+    --out has none, and export's saved one was asked for again: pretraining's is asked for too."""
+    from training.config import FinetuneConfig
+    from training.pretraining.run_config import resolve_config
+
+    config = finished / "config.json"
+    with pytest.raises(SystemExit, match=re.escape(
+            f"--out: required with --config {config}, a run's saved options: a run of them never writes into that "
+            f"run's directory ({finished}); give the new run's --out")):  # fmt: skip
+        resolve_config(["--config", str(config)])
+    with pytest.raises(
+        SystemExit, match=re.escape(f"to go on with that run, give --out {finished} --resume")
+    ):
+        resolve_config(["--config", str(config), "--resume"])
+    saved = tmp_path / "finetune_config.json"
+    saved.write_text(json.dumps({"init": str(finished), "out": str(tmp_path / "ft"), "task": "trec"}))
+    with pytest.raises(options.ConfigError, match=re.escape(f"that run's directory ({tmp_path / 'ft'})")):
+        options.resolve(FinetuneConfig, ["--config", str(saved)], env={})
+    assert (
+        options.resolve(FinetuneConfig, ["--config", str(saved), "--out", str(tmp_path / "b")], env={}).task
+        == "trec"
+    )
+
+
+def test_a_checkpoints_model_config_given_as_config_names_the_runs_options_file(finished):
+    """RUN/checkpoints/step-N/config.json is the model's (Hugging Face's); as --config it failed on "unknown
+    option 'architectures'", which said nothing of the run's own config.json two directories up."""
+    from training.pretraining.run_config import resolve_config
+
+    model_config = finished / "checkpoints" / "step-00000004" / "config.json"
+    with pytest.raises(SystemExit, match=re.escape(f"not the options a run saved: give {finished / 'config.json'}, "
+                                                   "that run's options; to start from that model, give its "
+                                                   "directory as --init")):  # fmt: skip
+        resolve_config(["--config", str(model_config), "--out", str(finished.parent / "again")])
 
 
 def test_an_unpacked_handoff_cannot_be_resumed_and_says_to_go_on_with_init(finished, tmp_path, capsys):

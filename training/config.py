@@ -172,6 +172,7 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
 
 @dataclass
 class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    SAVED_AS: ClassVar[str] = "config.json"  # in the run directory, beside checkpoints/
     # A saved config.json given as --config: where that run wrote, and that it resumed, are its own.
     RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume")
 
@@ -184,7 +185,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     corpus: str = option(
         "wikitext2",
         "wikitext2, news, chat, trec, wordnet_glosses, gcide, wordnet (usage examples, which evaluation reads; "
-        "commons: evaluation only), or a path (.txt, .jsonl, a dir); a,b: several",
+        "commons: evaluation only), or a path (.txt, .jsonl, either .gz, a dir of them); a,b: several",
     )
     text_field: str = option("text", "the key holding each document's text in a corpus path's .jsonl files")
     valid_fraction: float = option(
@@ -344,7 +345,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             )
 
     def _check_data(self) -> None:
-        from training.data.corpus import REGISTRY_CORPORA
+        from training.data.corpus import REGISTRY_CORPORA, repeated_file
 
         if any(not c.strip() for c in self.corpus.split(",")):  # Path("") is the current directory
             raise ConfigError(f"--corpus {self.corpus!r}: an empty name; give registry corpora or paths")
@@ -353,11 +354,25 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             for c in self.corpus.split(",")
             if c.strip() not in REGISTRY_CORPORA and not Path(c.strip()).exists()
         ]
+        whole = Path(self.corpus.strip()).expanduser()
+        if unknown and whole.exists():  # a name with a comma in it: commas separate corpora
+            what, instead = (
+                ("directory", "")
+                if whole.is_dir()
+                else ("file", ", or give the directory it is in (each corpus file there is read)")
+            )
+            raise ConfigError(f"--corpus {self.corpus!r}: a comma separates corpora, and one of those it names, "
+                              f"{unknown[0].strip()!r}, does not exist; the {what} {self.corpus!r} cannot be named in "
+                              f"--corpus: rename it without the comma{instead}")  # fmt: skip
         if unknown:
             raise ConfigError(
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
                 f"file or directory that exists"
             )
+        # A run that trained so resumes as it trained.
+        if not self.resume and "," in self.corpus and (twice := repeated_file(self.corpus)):
+            raise ConfigError(f"--corpus: {twice}, so its documents would train twice as often as the others': "
+                              "name each once")  # fmt: skip
         own = [c.strip() for c in self.corpus.split(",") if c.strip() not in REGISTRY_CORPORA]
         if not own:
             # Registry corpora come with their own splits and fields: the options would change nothing.
@@ -456,6 +471,8 @@ SELECTION_METRICS = ("auto", *CLASSIFICATION_METRICS, "pearson", "spearman")
 
 @dataclass
 class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
+    # In --out, beside the model's own config.json (Hugging Face's), which holds no options.
+    SAVED_AS: ClassVar[str] = "finetune_config.json"
     # A saved finetune_config.json given as --config: where that run wrote, and how, are its own.
     RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume", "overwrite")
 

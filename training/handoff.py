@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import options
 from options import check_choices, option
@@ -55,6 +56,8 @@ LOG_TAIL = 200_000  # characters of the training log carried back: its end says 
 @dataclass
 class PackConfig:
     """The options of `python -m training.handoff pack`."""
+
+    SAVED_AS: ClassVar[str] = ""  # kept inside handoff.json, beside the file list: not a file of options
 
     run: str = option(
         help="a run directory (its checkpoints/latest) or a checkpoint directory", positional=True
@@ -88,6 +91,8 @@ class PackConfig:
 @dataclass
 class UnpackConfig:
     """The options of `python -m training.handoff unpack`."""
+
+    SAVED_AS: ClassVar[str] = "unpack_config.json"
 
     handoff: str = option(help=f"directory holding {INDEX} and the shards it lists", positional=True)
     out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
@@ -307,7 +312,7 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
         (tmp / "handoff.json").write_text(
             json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1)
         )
-        options.save(cfg, tmp / "unpack_config.json")
+        options.save(cfg, tmp / cfg.SAVED_AS)
         try:  # the reassembled weights fit the config: fail here, not in the next command
             load_model(ckpt)
         except CheckpointError as e:  # named by the temporary directory, which is removed: say the handoff

@@ -244,9 +244,12 @@ _FILES = {"wikitext2": ("wikitext2-{split}",), "news": ("news",), "commons": ("c
 
 
 def _open_text(path: Path):
+    # utf-8-sig, as fine-tuning, bulk and export --eval-text read: an editor's byte-order mark is not text
+    # (json.loads refuses it, and in a .txt it was the first document's first character). A file without
+    # one reads the same either way, so its documents, and the split their hashes make, do not change.
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline=None)
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline=None)
+    return open(path, encoding="utf-8-sig")
 
 
 def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
@@ -289,9 +292,10 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 yield text.strip()
 
 
-def _files_under(path: Path) -> list[Path]:
+def _files_under(path: Path, dangling: list[Path] | None = None) -> list[Path]:
     """Every file under `path`, through linked directories too (a corpus of links to datasets elsewhere),
-    each directory once. A directory that cannot be listed is an error, not text left out in silence."""
+    each directory once. A directory that cannot be listed is an error, not text left out in silence;
+    links to nothing are added to `dangling`, for the note that names what is left out."""
 
     def unlistable(e: OSError) -> None:
         raise CorpusError(f"{e.filename}: cannot list this directory of the corpus ({e.strerror or e}); "
@@ -312,6 +316,8 @@ def _files_under(path: Path) -> list[Path]:
             try:
                 if file.is_file():
                     files.append(file)
+                elif dangling is not None and file.is_symlink() and not file.exists():
+                    dangling.append(file)
             except OSError as e:  # a directory listed but not searchable (mode 644)
                 raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
     return files
@@ -322,18 +328,57 @@ def _read_as_corpus(file: Path) -> bool:
 
 
 def corpus_files_note(source: str) -> str | None:
-    """For a directory corpus, how many files are read and which are left out (by their names' endings),
-    so that a CSV or a binary file in it is not skipped in silence; None for one file or a registry corpus."""
-    path = Path(source).expanduser()
-    if source in REGISTRY_CORPORA or not path.is_dir():
-        return None
-    files = sorted(_files_under(path))
-    left = [f.relative_to(path).as_posix() for f in files if not _read_as_corpus(f)]
-    note = f"{len(files) - len(left)} file(s) read from {path}"
-    if left:
-        note += (f"; {len(left)} left out, not {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}: "
-                 + ", ".join(left[:5]) + (", ..." if len(left) > 5 else ""))  # fmt: skip
-    return note
+    """For each directory of a corpus, how many files are read and which are left out (by their names'
+    endings, or as links to nothing), so that a CSV, a binary file or a link to a dataset moved away is not
+    skipped in silence; None where the corpus has no directory (files, registry corpora)."""
+    notes = []
+    for part in (p.strip() for p in source.split(",")):
+        path = Path(part).expanduser()
+        if part in REGISTRY_CORPORA or not path.is_dir():
+            continue
+        dangling: list[Path] = []
+        files = sorted(_files_under(path, dangling))
+        left = [f.relative_to(path).as_posix() for f in files if not _read_as_corpus(f)]
+        note = f"{len(files) - len(left)} file(s) read from {path}"
+        if left:
+            note += f"; {len(left)} left out, not {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}: {_some(left)}"
+        if dangling:
+            gone = sorted(f"{f.relative_to(path).as_posix()} -> {os.readlink(f)}" for f in dangling)
+            note += f"; {len(gone)} left out, links to nothing: {_some(gone)}"
+        notes.append(note)
+    return "; ".join(notes) or None
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def repeated_file(source: str) -> str | None:
+    """Where a --corpus list names one file more than once (two spellings of it, a link to it, a file and a
+    directory holding it, a registry corpus twice): which, and how; None where each is named once. Each
+    naming reads the file again, so its documents would train twice as often as the others'. A path that
+    cannot be listed is left to the read, which says why."""
+    seen: dict[str, str] = {}
+    for part in (p.strip() for p in source.split(",") if p.strip()):
+        if part in REGISTRY_CORPORA:
+            named = {part: part}
+        else:
+            path = Path(part).expanduser()
+            try:
+                files = _corpus_files(path)
+            except (CorpusError, OSError):
+                continue
+            named = {os.path.realpath(f): part if f == path else f"{part} (its {f.relative_to(path).as_posix()})"
+                     for f in files}  # fmt: skip
+        for key, how in named.items():
+            if key in seen:
+                return (
+                    f"{key} is named twice"
+                    if seen[key] == how
+                    else f"{key} is read twice: as {seen[key]} and as {how}"
+                )
+            seen[key] = how
+    return None
 
 
 def _corpus_files(path: Path) -> list[Path]:

@@ -397,7 +397,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
     print(f"precision: {precision_reason(cfg.bf16, device.type, use_bf16)}; {matmuls}; the final "
           f"predictions and eval_*.json in fp32, as an fp32 export computes", flush=True)  # fmt: skip
-    options.save(cfg, out / "finetune_config.json", as_run=ran)
+    options.save(cfg, out / cfg.SAVED_AS, as_run=ran)  # the name --help gives
     for note in notes:
         print(f"init: {note}", flush=True)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in data.splits.items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -21,6 +23,24 @@ def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: flo
         "disc_f1": f1,
         "replaced_share": float(labels.mean()),
     }
+
+
+def auc_unmeasured(evals: dict, held_out_tokens: int) -> str | None:
+    """Why an evaluation's disc_auc is NaN, and what to do about it; None where it measured one, or where
+    the objective has no discriminator. NaN is what Python's json writes and reads back (training/report.py,
+    the benchmarks' readers and the plot, which leaves it out), so it stays in metrics.jsonl: this says
+    once what a bare NaN there did not."""
+    auc = evals.get("disc_auc")
+    if auc is None or not math.isnan(auc):
+        return None
+    which = (
+        "none of them was replaced" if evals.get("replaced_share") == 0 else "every one of them was replaced"
+    )
+    return (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
+            f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no replaced token to rank "
+            f"against an original one. The held-out split holds {held_out_tokens:,} tokens of text, too few to measure "
+            f"the discriminator on: hold out more (more documents, a larger --valid-fraction), or raise "
+            f"--eval-batches")  # fmt: skip
 
 
 @torch.no_grad()

@@ -43,7 +43,7 @@ from training.optim import (
 from training.pretraining.corruption import build_corruption
 from training.pretraining.data import PretrainingData, build_data
 from training.pretraining.distributed import Dist
-from training.pretraining.evaluate import evaluate
+from training.pretraining.evaluate import auc_unmeasured, evaluate
 from training.pretraining.masking import draw_noise
 from training.pretraining.model import build_model
 from training.pretraining.resume import (
@@ -123,6 +123,7 @@ class Trainer:
     warm_names: set[str] = dataclasses.field(default_factory=set)  # the parameters --init loaded
     evals: dict = dataclasses.field(default_factory=dict)
     evals_step: int | None = None  # the step `evals` were measured at (a stop adds no evaluation)
+    said_auc_unmeasured: bool = False  # said once: every later evaluation of so little text is the same
     # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
     # that did not fit a micro-batch's slots. Reading them is a wait for the device, so that happens only
     # when a count is needed (logging, checkpoints).
@@ -200,6 +201,12 @@ class Trainer:
             self.evals_step = step
             if env.main:
                 log.write(step, self.settle_tokens(), "eval", self.evals)
+                if not self.said_auc_unmeasured and math.isnan(self.evals.get("disc_auc", 0.0)):
+                    held_out = self.data.valid_batches().dataset.info.tokens
+                    tqdm.write(
+                        f"warning: step {step}: {auc_unmeasured(self.evals, held_out)}", file=sys.stderr
+                    )
+                    self.said_auc_unmeasured = True
         if saving:
             # Never a checkpoint of weights that are no longer finite (the loss is read only at log steps):
             # the run stops with its previous checkpoint intact. The same on every rank (DDP keeps the
@@ -307,7 +314,7 @@ def setup(argv: list[str] | None) -> Trainer:
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
-            save_config(cfg, run / "config.json")
+            save_config(cfg, run / cfg.SAVED_AS)
         trained_on = resumed.get("data") if resumed else None
         data = build_data(cfg, run, env, trained_on)
         if env.main:
@@ -398,7 +405,7 @@ def setup(argv: list[str] | None) -> Trainer:
                 cfg.max_steps,
                 ran.get("schedule_changes"),
             ):
-                save_config(cfg, run / "config.json", as_run=ran)
+                save_config(cfg, run / cfg.SAVED_AS, as_run=ran)
         except DiskFullError as e:  # before any step: nothing is lost but the start
             sys.exit(_disk_full(e))
         print(f"as run: {json.dumps(ran)}", flush=True)
