@@ -431,3 +431,13 @@ def test_the_detector_steps_row_shows_its_figures():
     row = next(line for line in markdown(report).splitlines() if line.startswith("| detector |"))
     assert "steps 4" in row and "tokens_per_s 950" in row and "passes 0.41" in row
     assert "disc_auc 0.93 at step 4" in row and "loss 8.7 at step 4" in row
+
+
+def test_variants_given_with_quick_keep_its_toy_sizes():
+    """--variants swaps the set and nothing else: with --quick it ran 12 layers at length 128 on a CPU."""
+    from benchmarks.gpucheck.__main__ import parse_args, sizes_for
+
+    chosen = "eager fp32;eager fp32, nondeterministic"
+    quick = sizes_for(parse_args(["--out", "o", "--quick", "--only", "variants", "--variants", chosen]))
+    assert quick.variants == ("--variants", chosen, *SIZES["quick"].variants[2:])
+    assert sizes_for(parse_args(["--out", "o", "--variants", chosen])).variants == ("--variants", chosen)

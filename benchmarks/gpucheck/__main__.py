@@ -79,8 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def sizes_for(args: argparse.Namespace) -> Sizes:
     """The mode's sizes with the call's --variants, --claim-seeds and --claim-pretrain-args."""
     sizes = SIZES["quick" if args.quick else "full"]
-    if args.variants:
-        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants))
+    if args.variants:  # the set alone: --quick's toy sizes (layers, batch, length, steps) stay
+        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants, *sizes.variants[2:]))
     if args.claim_seeds:
         sizes = dataclasses.replace(sizes, claim_seeds=args.claim_seeds)
     if args.claim_pretrain_args:

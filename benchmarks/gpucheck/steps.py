@@ -41,7 +41,10 @@ class Sizes:
     claim_pflop: float
     claim_seeds: str
     finetune: tuple[str, ...] = ()  # the claim's fine-tuning runs
-    variants: tuple[str, ...] = ("--variants", "all")
+    variants: tuple[str, ...] = (
+        "--variants",
+        "all",
+    )  # "--variants", the set, then the sizes (gpu-check --variants swaps the set)
     claim_pretrain: tuple[str, ...] = ()  # the claim's two pretraining runs, both alike
     claim_points: str = "0.25,0.5,1"  # fractions of claim_pflop where each run is fine-tuned
     claim_jobs: int = 1  # runs side by side
