@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, claim_refuses
+from benchmarks.gpucheck.steps import SIZES, STEPS, Context, claim_argv, claim_refuses
 from tests.app_fixtures import run_server
 from tests.realdata import real_data_dir
 
@@ -314,7 +314,10 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     [
         ((), None),
         (("--batch-size", "1024", "--lr", "2e-3"), None),  # the next loan's call 1
-        (("--batch-size", "1024", "--lr", "2e-3", "--embedding-grads", "autograd"), None),  # its fallback
+        (
+            ("--batch-size", "1024", "--lr", "2e-3", "--embedding-grads", "autograd"),
+            None,
+        ),  # as gpu-check's own option
         (("--embedding-grads", "atem"), "--embedding-grads: one of aten, autograd, not 'atem'"),
         (("--batch-size", "0"), "--batch-size: must be positive, got 0"),  # the pretraining config's rule
         (("--max-steps", "9"), "--pretrain-args: --max-steps is set by the benchmark"),  # the benchmark's
@@ -441,3 +444,31 @@ def test_variants_given_with_quick_keep_its_toy_sizes():
     quick = sizes_for(parse_args(["--out", "o", "--quick", "--only", "variants", "--variants", chosen]))
     assert quick.variants == ("--variants", chosen, *SIZES["quick"].variants[2:])
     assert sizes_for(parse_args(["--out", "o", "--variants", chosen])).variants == ("--variants", chosen)
+
+
+def test_embedding_grads_reaches_every_training_run_the_call_starts(tmp_path):
+    """docs/gpu.md's way back if the custom op fails on a GPU is one gpu-check option: it must reach the
+    pretrain, torchrun, resume and graphs runs, the detector's, and the claim's pretraining and
+    fine-tuning runs (the fine-tuning's had no way in: it kept the op whatever the call said)."""
+    from benchmarks.gpucheck.detector import detector_argv
+    from benchmarks.quality.claim_runs import finetune_job, run_config
+    from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
+    from options import resolve
+    from training.config import FinetuneConfig, PretrainConfig
+
+    ctx = Context("cuda", SIZES["full"], tmp_path / "work", tmp_path / "out", real_data_dir(), {}, {}, 10.0,
+                  embedding_grads="autograd")  # fmt: skip
+    runs = {"pretrain": ctx.pretrain_cmd(tmp_path / "run"),
+            "detector": detector_argv(ctx, tmp_path / "recovered", tmp_path / "run", real_data_dir())}  # fmt: skip
+    for name, argv in runs.items():
+        assert resolve(PretrainConfig, argv[2:]).embedding_grads == "autograd", name
+    args = claim_args(claim_argv(ctx)[2:])
+    plan = {"save_every": 10, "keep_checkpoints": 3, "steps": 30, "warmup_steps": 3}
+    pretraining = run_config(args, "mlm", plan, tmp_path / "mlm", tmp_path / "tokenizer.json", None)
+    assert pretraining.embedding_grads == "autograd"
+    point = {"fraction": 1.0, "checkpoint": str(tmp_path / "ck"), "step": 30, "flops": 1e15}
+    job = finetune_job(
+        args, {"electra": {"points": [point]}}, (1, 0, "trec", "electra"), tmp_path, None, print
+    )
+    assert job.cmd[1:3] == ["-m", "training.finetune"]
+    assert resolve(FinetuneConfig, job.cmd[3:]).embedding_grads == "autograd"

@@ -28,6 +28,7 @@ from benchmarks.gpucheck.report import write_report
 from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
 from benchmarks.output import show_config
 from benchmarks.speed.train_variants import variant_names
+from training.config import EMBEDDING_GRADS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,6 +54,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
     p.add_argument("--claim-pretrain-args", default="", help="more training.pretrain flags for the claim's "
                    "two runs, after the mode's own: --claim-pretrain-args='--batch-size 1024 --lr 2e-3'")  # fmt: skip
+    p.add_argument("--embedding-grads", choices=EMBEDDING_GRADS, default="aten", help="the embedding tables' "
+                   "gradients in every training run the call starts, pretraining and fine-tuning, the claim's "
+                   "included (their --embedding-grads; default aten): autograd is the way back if the custom op "
+                   "fails on a GPU (docs/gpu.md). The throughput and variants steps' variants name their own")  # fmt: skip
     p.add_argument("--claim-seeds", help="the claim's fine-tuning seeds (default: 1,2,3; --quick: 1)")
     p.add_argument("--variants", help="the variants step's set or names separated by ';' (default: levers; "
                    "train_throughput --list shows them), to fit a short call")  # fmt: skip
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     claim_pflop = args.claim_pflop or sizes.claim_pflop
     # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
     # will check them (they do not depend on the machine).
-    planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop)
+    planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop,
+                      embedding_grads=args.embedding_grads)  # fmt: skip
     refused = claim_refuses(planned) if "claim" in args.only else None
     if refused:
         return refuse(
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     write_report(out, report)
     # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
-                  args.detector_minutes, tuple(args.only),
+                  args.detector_minutes, args.embedding_grads, tuple(args.only),
                   imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
     try:
         return run_steps(ctx, args.only, report, out, work, called)
