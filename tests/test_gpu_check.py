@@ -138,6 +138,7 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     log = work / f"{name}.log"
     assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
     assert f"| {name} | interrupted |" in (out / "results.md").read_text()
+    assert log.read_text()[-300:].rstrip() in (out / "results.md").read_text()  # the log's end, not a heading
     assert log.read_text()[-300:] in (out / "logs.txt").read_text()  # it comes back with the call
     deadline = time.monotonic() + 10  # a SIGKILLed process can take a moment to go
     while processes_naming(work) and time.monotonic() < deadline:
@@ -472,3 +473,41 @@ def test_embedding_grads_reaches_every_training_run_the_call_starts(tmp_path):
     )
     assert job.cmd[1:3] == ["-m", "training.finetune"]
     assert resolve(FinetuneConfig, job.cmd[3:]).embedding_grads == "autograd"
+
+
+def test_a_step_that_raises_a_bug_is_a_failed_row_and_the_call_goes_on(tmp_path):
+    """A step that raises what no step means to (gpu-check's own bug) ended the call: no row, logs.txt not
+    written, the later steps not run, the traceback on stderr alone. Now it is a failed step whose
+    traceback comes back in results.md and logs.txt, its process is stopped, and the next step runs. A
+    claim cut short shows the table of the runs it finished (results.md showed only a finished claim's)."""
+    from benchmarks.gpucheck.__main__ import run_steps
+    from benchmarks.gpucheck.processes import start
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    (out / "claim").mkdir(parents=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = []
+
+    def claim(ctx):
+        """A claim whose code hits a bug after its first fine-tuning runs, with a run still going."""
+        (ctx.out / "claim" / "table.md").write_text("| task | ELECTRA | MLM |\n| trec | 31.0 | 70.2 |\n")
+        started.append(start(ctx.work, ["-c", "import time; time.sleep(300)"], "claim", ctx.train_env))
+        return {"rows": []}["figures"]
+
+    ctx = Context("cpu", SIZES["quick"], work, out, real_data_dir(), env, env, 2e-5)
+    report = {"started": "now", "config": {"device": "cpu", "quick": True}, "environment": {}, "problems": [],
+              "steps": {}}  # fmt: skip
+    assert (
+        run_steps(ctx, {"claim": claim, "graphs": STEPS["graphs"]}, report, out, work, time.time() - 1) == 1
+    )
+    assert started[0].proc.poll() is not None  # stopped, not left beside the next step
+    assert {n: s["status"] for n, s in report["steps"].items()} == {"claim": "failed", "graphs": "skipped"}
+    note = report["steps"]["claim"]["note"]
+    assert "a bug" in note and note.rstrip().endswith("KeyError: 'figures'")
+    assert "KeyError: 'figures'" in (out / "logs.txt").read_text()
+    assert json.loads((out / "results.json").read_text())["steps"]["claim"]["status"] == "failed"
+    md = (out / "results.md").read_text()
+    assert "| claim | failed |" in md and "(its end below)" in md
+    assert "## claim: failed" in md and note.rstrip().splitlines()[-1] in md.split("## claim: failed")[1]
+    assert "## ELECTRA vs MLM at equal compute (the claim failed" in md and "| trec | 31.0 | 70.2 |" in md

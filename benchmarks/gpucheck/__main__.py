@@ -20,12 +20,23 @@ import json
 import os
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
-from benchmarks.gpucheck.processes import stop_on_sigint
+from benchmarks.gpucheck.processes import stop_all_but, stop_on_sigint
 from benchmarks.gpucheck.report import write_report
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
+from benchmarks.gpucheck.steps import (
+    SIZES,
+    STEPS,
+    Context,
+    Failed,
+    Sizes,
+    Skipped,
+    claim_refuses,
+    cut_short_figures,
+)
 from benchmarks.output import show_config
 from benchmarks.speed.train_variants import variant_names
 from training.config import EMBEDDING_GRADS
@@ -107,6 +118,16 @@ def interrupted_note(work: Path, step: str, since: float) -> str:
     return f"stopped before it finished; the end of {log} (more in logs.txt):\n{log.read_text(errors='replace')[-1500:]}"
 
 
+def bug_note(work: Path, step: str, error: Exception) -> str:
+    """A step that raised what no step means to (not Failed or Skipped): gpu-check's own bug. Its traceback
+    goes to stderr and to work/<step>-traceback.log, so logs.txt brings it back; the note has its end."""
+    trace = "".join(traceback.format_exception(error))
+    log = work / f"{step}-traceback.log"
+    log.write_text(trace)
+    print(trace, file=sys.stderr, flush=True)
+    return f"gpu-check's own code raised {type(error).__name__} (a bug; the call went on to its next step); {log}:\n{trace[-2500:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_on_sigint()
@@ -144,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                   args.detector_minutes, args.embedding_grads, tuple(args.only),
                   imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
     try:
-        return run_steps(ctx, args.only, report, out, work, called)
+        return run_steps(ctx, {name: STEPS[name] for name in args.only}, report, out, work, called)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)
         ctx.stop_runs_beside()
 
@@ -158,27 +179,32 @@ def refuse(out: Path, report: dict, problems: list[str]) -> int:
     return 2
 
 
-def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path, called: float) -> int:
-    for name in steps:
-        print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
+def run_steps(ctx: Context, steps: dict[str, Callable[[Context], dict]], report: dict, out: Path, work: Path,
+              called: float) -> int:  # fmt: skip
+    for name, step in steps.items():
+        print(f"\n== {name}: {step.__doc__.split(chr(10))[0]}", flush=True)
         started, since = time.monotonic(), time.time()
         try:
-            figures, status, note = STEPS[name](ctx), "ok", ""
+            figures, status, note = step(ctx), "ok", ""
             ctx.done[name] = figures
         except Skipped as e:
             figures, status, note = {}, "skipped", str(e)
         except Failed as e:
-            figures, status, note = {}, "failed", str(e)
+            figures, status, note = cut_short_figures(ctx, name, called), "failed", str(e)
+        except Exception as e:  # noqa: BLE001 -- a bug in the step must not cost the call's other steps
+            figures, status, note = cut_short_figures(ctx, name, called), "failed", bug_note(work, name, e)
+            stop_all_but(list(ctx.beside.values()))  # its runs; those started for later steps go on
         except KeyboardInterrupt:  # SIGINT: `timeout -s INT` inside a call's time limit, or Ctrl-C
             report["steps"][name] = {"status": "interrupted", "seconds": round(time.monotonic() - started, 1),
-                                     "figures": {}, "note": interrupted_note(work, name, since)}  # fmt: skip
+                                     "figures": cut_short_figures(ctx, name, called),
+                                     "note": interrupted_note(work, name, since)}  # fmt: skip
             write_report(out, report, (work, called))
             print(f"{name}: interrupted; results so far in {out / 'results.md'}", flush=True)
             return 1
         seconds = round(time.monotonic() - started, 1)
         report["steps"][name] = {"status": status, "seconds": seconds, "figures": figures, "note": note}
         write_report(out, report, (work, called))
-        print(f"{name}: {status} in {seconds}s {json.dumps(figures) if figures else note}", flush=True)
+        print(f"{name}: {status} in {seconds}s {json.dumps(figures) if status == 'ok' else note}", flush=True)
     failed = [n for n, s in report["steps"].items() if s["status"] == "failed"]
     print(
         f"\nresults: {out / 'results.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True

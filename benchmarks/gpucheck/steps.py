@@ -514,6 +514,15 @@ def step_claim(ctx: Context) -> dict:
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip
 
 
+def cut_short_figures(ctx: Context, name: str, since: float) -> dict:
+    """What a step that failed or was interrupted left worth reading: the claim's table.md, rewritten after
+    every fine-tuning run it finished, when written since `since` (an earlier call's in --out is not)."""
+    table = ctx.out / "claim" / "table.md"
+    if name == "claim" and table.is_file() and table.stat().st_mtime >= since:
+        return {"table": str(table)}
+    return {}
+
+
 def step_detector(ctx: Context) -> dict:
     """configs/detector-gpu.toml from the recovered shipped detector, stopped in time to pack it into shards
     a call can return (issue 46; benchmarks/gpucheck/detector.py, beside the tool that makes its rows)."""
