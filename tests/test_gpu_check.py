@@ -286,6 +286,10 @@ def test_no_cuda_stops_before_any_step_and_says_why(tmp_path):
     assert "sees no CUDA device" in done.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["steps"] == {} and report["problems"]
+    assert (
+        "no step ran" in (tmp_path / "logs.txt").read_text()
+        and "sees no CUDA device" in (tmp_path / "logs.txt").read_text()
+    )
 
 
 def test_missing_data_is_named(tmp_path):
@@ -307,6 +311,7 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     assert said in done.stderr and "no step ran" in done.stderr
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["steps"] == {} and said in report["problems"][0]
+    assert said in (tmp_path / "out" / "logs.txt").read_text()  # every call returns the three files
     assert not (work / "pretrain.log").exists()
 
 

@@ -145,21 +145,20 @@ def main(argv: list[str] | None = None) -> int:
                       embedding_grads=args.embedding_grads)  # fmt: skip
     refused = claim_refuses(planned) if "claim" in args.only else None
     if refused:
-        return refuse(
-            out, report, [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
-        )
+        claim_args = "the claim's arguments (--claim-seeds, --claim-pretrain-args)"
+        return refuse(out, report, [f"{claim_args}: {refused}"], (work, called))
     serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.wheels:
         try:
             serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
         except WheelsError as e:
-            return refuse(out, report, [str(e)])
+            return refuse(out, report, [str(e)], (work, called))
     train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
     facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
     report["environment"] = facts
     if problems:
-        return refuse(out, report, problems)
-    write_report(out, report)
+        return refuse(out, report, problems, (work, called))
+    write_report(out, report, (work, called))  # logs.txt too: every call past its options returns the three
     # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
                   args.detector_minutes, args.embedding_grads, tuple(args.only),
@@ -170,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx.stop_runs_beside()
 
 
-def refuse(out: Path, report: dict, problems: list[str]) -> int:
-    """Exit status 2, nothing ran: the reasons go into results.json and results.md as well as stderr,
-    since on a loan those files are what comes back."""
+def refuse(out: Path, report: dict, problems: list[str], logs: tuple[Path, float]) -> int:
+    """Exit status 2, nothing ran: the reasons go into results.json, results.md and logs.txt as well as
+    stderr, since on a loan those files are what comes back."""
     report["problems"] = problems
-    write_report(out, report)
+    write_report(out, report, logs)
     print("gpu-check: no step ran:\n  " + "\n  ".join(problems), file=sys.stderr)
     return 2
 

@@ -101,5 +101,6 @@ def write_report(out: Path, report: dict, logs: tuple[Path, float] | None = None
     results. --work stays on the GPU machine; one file, for a call returns at most 8."""
     write_json(out / "results.json", report)
     write_text_atomically(out / "results.md", markdown(report))
-    if logs is not None:
-        write_text_atomically(out / "logs.txt", logs_text(*logs))
+    if logs is not None:  # a refused call's reasons first: its logs, if any, are of what it tried
+        refused = "".join(f"gpu-check: no step ran: {p}\n" for p in report["problems"])
+        write_text_atomically(out / "logs.txt", refused + logs_text(*logs))
