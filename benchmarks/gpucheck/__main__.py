@@ -125,7 +125,8 @@ def bug_note(work: Path, step: str, error: Exception) -> str:
     log = work / f"{step}-traceback.log"
     log.write_text(trace)
     print(trace, file=sys.stderr, flush=True)
-    return f"gpu-check's own code raised {type(error).__name__} (a bug; the call went on to its next step); {log}:\n{trace[-2500:]}"
+    said = f"gpu-check's own code raised {type(error).__name__} (a bug; the call went on to its next step)"
+    return f"{said}; {log}:\n{trace[-2500:]}"
 
 
 def main(argv: list[str] | None = None) -> int:
