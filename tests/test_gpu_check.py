@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, claim_refuses
+from benchmarks.gpucheck.steps import SIZES, STEPS, Context, claim_argv, claim_refuses
 from tests.app_fixtures import run_server
 from tests.realdata import real_data_dir
 
@@ -138,6 +138,7 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     log = work / f"{name}.log"
     assert str(log) in step["note"] and step["note"].endswith(log.read_text()[-300:])
     assert f"| {name} | interrupted |" in (out / "results.md").read_text()
+    assert log.read_text()[-300:].rstrip() in (out / "results.md").read_text()  # the log's end, not a heading
     assert log.read_text()[-300:] in (out / "logs.txt").read_text()  # it comes back with the call
     deadline = time.monotonic() + 10  # a SIGKILLed process can take a moment to go
     while processes_naming(work) and time.monotonic() < deadline:
@@ -285,6 +286,10 @@ def test_no_cuda_stops_before_any_step_and_says_why(tmp_path):
     assert "sees no CUDA device" in done.stderr
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["steps"] == {} and report["problems"]
+    assert (
+        "no step ran" in (tmp_path / "logs.txt").read_text()
+        and "sees no CUDA device" in (tmp_path / "logs.txt").read_text()
+    )
 
 
 def test_missing_data_is_named(tmp_path):
@@ -306,6 +311,7 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     assert said in done.stderr and "no step ran" in done.stderr
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["steps"] == {} and said in report["problems"][0]
+    assert said in (tmp_path / "out" / "logs.txt").read_text()  # every call returns the three files
     assert not (work / "pretrain.log").exists()
 
 
@@ -314,7 +320,10 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     [
         ((), None),
         (("--batch-size", "1024", "--lr", "2e-3"), None),  # the next loan's call 1
-        (("--batch-size", "1024", "--lr", "2e-3", "--embedding-grads", "autograd"), None),  # its fallback
+        (
+            ("--batch-size", "1024", "--lr", "2e-3", "--embedding-grads", "autograd"),
+            None,
+        ),  # as gpu-check's own option
         (("--embedding-grads", "atem"), "--embedding-grads: one of aten, autograd, not 'atem'"),
         (("--batch-size", "0"), "--batch-size: must be positive, got 0"),  # the pretraining config's rule
         (("--max-steps", "9"), "--pretrain-args: --max-steps is set by the benchmark"),  # the benchmark's
@@ -431,3 +440,79 @@ def test_the_detector_steps_row_shows_its_figures():
     row = next(line for line in markdown(report).splitlines() if line.startswith("| detector |"))
     assert "steps 4" in row and "tokens_per_s 950" in row and "passes 0.41" in row
     assert "disc_auc 0.93 at step 4" in row and "loss 8.7 at step 4" in row
+
+
+def test_variants_given_with_quick_keep_its_toy_sizes():
+    """--variants swaps the set and nothing else: with --quick it ran 12 layers at length 128 on a CPU."""
+    from benchmarks.gpucheck.__main__ import parse_args, sizes_for
+
+    chosen = "eager fp32;eager fp32, nondeterministic"
+    quick = sizes_for(parse_args(["--out", "o", "--quick", "--only", "variants", "--variants", chosen]))
+    assert quick.variants == ("--variants", chosen, *SIZES["quick"].variants[2:])
+    assert sizes_for(parse_args(["--out", "o", "--variants", chosen])).variants == ("--variants", chosen)
+
+
+def test_embedding_grads_reaches_every_training_run_the_call_starts(tmp_path):
+    """docs/gpu.md's way back if the custom op fails on a GPU is one gpu-check option: it must reach the
+    pretrain, torchrun, resume and graphs runs, the detector's, and the claim's pretraining and
+    fine-tuning runs (the fine-tuning's had no way in: it kept the op whatever the call said)."""
+    from benchmarks.gpucheck.detector import detector_argv
+    from benchmarks.quality.claim_runs import finetune_job, run_config
+    from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
+    from options import resolve
+    from training.config import FinetuneConfig, PretrainConfig
+
+    ctx = Context("cuda", SIZES["full"], tmp_path / "work", tmp_path / "out", real_data_dir(), {}, {}, 10.0,
+                  embedding_grads="autograd")  # fmt: skip
+    runs = {"pretrain": ctx.pretrain_cmd(tmp_path / "run"),
+            "detector": detector_argv(ctx, tmp_path / "recovered", tmp_path / "run", real_data_dir())}  # fmt: skip
+    for name, argv in runs.items():
+        assert resolve(PretrainConfig, argv[2:]).embedding_grads == "autograd", name
+    args = claim_args(claim_argv(ctx)[2:])
+    plan = {"save_every": 10, "keep_checkpoints": 3, "steps": 30, "warmup_steps": 3}
+    pretraining = run_config(args, "mlm", plan, tmp_path / "mlm", tmp_path / "tokenizer.json", None)
+    assert pretraining.embedding_grads == "autograd"
+    point = {"fraction": 1.0, "checkpoint": str(tmp_path / "ck"), "step": 30, "flops": 1e15}
+    job = finetune_job(
+        args, {"electra": {"points": [point]}}, (1, 0, "trec", "electra"), tmp_path, None, print
+    )
+    assert job.cmd[1:3] == ["-m", "training.finetune"]
+    assert resolve(FinetuneConfig, job.cmd[3:]).embedding_grads == "autograd"
+
+
+def test_a_step_that_raises_a_bug_is_a_failed_row_and_the_call_goes_on(tmp_path):
+    """A step that raises what no step means to (gpu-check's own bug) ended the call: no row, logs.txt not
+    written, the later steps not run, the traceback on stderr alone. Now it is a failed step whose
+    traceback comes back in results.md and logs.txt, its process is stopped, and the next step runs. A
+    claim cut short shows the table of the runs it finished (results.md showed only a finished claim's)."""
+    from benchmarks.gpucheck.__main__ import run_steps
+    from benchmarks.gpucheck.processes import start
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    (out / "claim").mkdir(parents=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = []
+
+    def claim(ctx):
+        """A claim whose code hits a bug after its first fine-tuning runs, with a run still going."""
+        (ctx.out / "claim" / "table.md").write_text("| task | ELECTRA | MLM |\n| trec | 31.0 | 70.2 |\n")
+        started.append(start(ctx.work, ["-c", "import time; time.sleep(300)"], "claim", ctx.train_env))
+        return {"rows": []}["figures"]
+
+    ctx = Context("cpu", SIZES["quick"], work, out, real_data_dir(), env, env, 2e-5)
+    report = {"started": "now", "config": {"device": "cpu", "quick": True}, "environment": {}, "problems": [],
+              "steps": {}}  # fmt: skip
+    assert (
+        run_steps(ctx, {"claim": claim, "graphs": STEPS["graphs"]}, report, out, work, time.time() - 1) == 1
+    )
+    assert started[0].proc.poll() is not None  # stopped, not left beside the next step
+    assert {n: s["status"] for n, s in report["steps"].items()} == {"claim": "failed", "graphs": "skipped"}
+    note = report["steps"]["claim"]["note"]
+    assert "a bug" in note and note.rstrip().endswith("KeyError: 'figures'")
+    assert "KeyError: 'figures'" in (out / "logs.txt").read_text()
+    assert json.loads((out / "results.json").read_text())["steps"]["claim"]["status"] == "failed"
+    md = (out / "results.md").read_text()
+    assert "| claim | failed |" in md and "(its end below)" in md
+    assert "## claim: failed" in md and note.rstrip().splitlines()[-1] in md.split("## claim: failed")[1]
+    assert "## ELECTRA vs MLM at equal compute (the claim failed" in md and "| trec | 31.0 | 70.2 |" in md

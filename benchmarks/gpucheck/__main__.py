@@ -20,14 +20,26 @@ import json
 import os
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
-from benchmarks.gpucheck.processes import stop_on_sigint
+from benchmarks.gpucheck.processes import stop_all_but, stop_on_sigint
 from benchmarks.gpucheck.report import write_report
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, Failed, Sizes, Skipped, claim_refuses
+from benchmarks.gpucheck.steps import (
+    SIZES,
+    STEPS,
+    Context,
+    Failed,
+    Sizes,
+    Skipped,
+    claim_refuses,
+    cut_short_figures,
+)
 from benchmarks.output import show_config
 from benchmarks.speed.train_variants import variant_names
+from training.config import EMBEDDING_GRADS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,6 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
     p.add_argument("--claim-pretrain-args", default="", help="more training.pretrain flags for the claim's "
                    "two runs, after the mode's own: --claim-pretrain-args='--batch-size 1024 --lr 2e-3'")  # fmt: skip
+    p.add_argument("--embedding-grads", choices=EMBEDDING_GRADS, default="aten", help="the embedding tables' "
+                   "gradients in every training run the call starts, pretraining and fine-tuning, the claim's "
+                   "included (their --embedding-grads; default aten): autograd is the way back if the custom op "
+                   "fails on a GPU (docs/gpu.md). The throughput and variants steps' variants name their own")  # fmt: skip
     p.add_argument("--claim-seeds", help="the claim's fine-tuning seeds (default: 1,2,3; --quick: 1)")
     p.add_argument("--variants", help="the variants step's set or names separated by ';' (default: levers; "
                    "train_throughput --list shows them), to fit a short call")  # fmt: skip
@@ -79,8 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def sizes_for(args: argparse.Namespace) -> Sizes:
     """The mode's sizes with the call's --variants, --claim-seeds and --claim-pretrain-args."""
     sizes = SIZES["quick" if args.quick else "full"]
-    if args.variants:
-        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants))
+    if args.variants:  # the set alone: --quick's toy sizes (layers, batch, length, steps) stay
+        sizes = dataclasses.replace(sizes, variants=("--variants", args.variants, *sizes.variants[2:]))
     if args.claim_seeds:
         sizes = dataclasses.replace(sizes, claim_seeds=args.claim_seeds)
     if args.claim_pretrain_args:
@@ -102,6 +118,17 @@ def interrupted_note(work: Path, step: str, since: float) -> str:
     return f"stopped before it finished; the end of {log} (more in logs.txt):\n{log.read_text(errors='replace')[-1500:]}"
 
 
+def bug_note(work: Path, step: str, error: Exception) -> str:
+    """A step that raised what no step means to (not Failed or Skipped): gpu-check's own bug. Its traceback
+    goes to stderr and to work/<step>-traceback.log, so logs.txt brings it back; the note has its end."""
+    trace = "".join(traceback.format_exception(error))
+    log = work / f"{step}-traceback.log"
+    log.write_text(trace)
+    print(trace, file=sys.stderr, flush=True)
+    said = f"gpu-check's own code raised {type(error).__name__} (a bug; the call went on to its next step)"
+    return f"{said}; {log}:\n{trace[-2500:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_on_sigint()
@@ -115,64 +142,69 @@ def main(argv: list[str] | None = None) -> int:
     claim_pflop = args.claim_pflop or sizes.claim_pflop
     # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
     # will check them (they do not depend on the machine).
-    planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop)
+    planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop,
+                      embedding_grads=args.embedding_grads)  # fmt: skip
     refused = claim_refuses(planned) if "claim" in args.only else None
     if refused:
-        return refuse(
-            out, report, [f"the claim's arguments (--claim-seeds, --claim-pretrain-args): {refused}"]
-        )
+        claim_args = "the claim's arguments (--claim-seeds, --claim-pretrain-args)"
+        return refuse(out, report, [f"{claim_args}: {refused}"], (work, called))
     serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.wheels:
         try:
             serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
         except WheelsError as e:
-            return refuse(out, report, [str(e)])
+            return refuse(out, report, [str(e)], (work, called))
     train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
     facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
     report["environment"] = facts
     if problems:
-        return refuse(out, report, problems)
-    write_report(out, report)
+        return refuse(out, report, problems, (work, called))
+    write_report(out, report, (work, called))  # logs.txt too: every call past its options returns the three
     # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
     ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
-                  args.detector_minutes, tuple(args.only),
+                  args.detector_minutes, args.embedding_grads, tuple(args.only),
                   imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
     try:
-        return run_steps(ctx, args.only, report, out, work, called)
+        return run_steps(ctx, {name: STEPS[name] for name in args.only}, report, out, work, called)
     finally:  # a run started early for a step that never came (a failure or SIGINT before it)
         ctx.stop_runs_beside()
 
 
-def refuse(out: Path, report: dict, problems: list[str]) -> int:
-    """Exit status 2, nothing ran: the reasons go into results.json and results.md as well as stderr,
-    since on a loan those files are what comes back."""
+def refuse(out: Path, report: dict, problems: list[str], logs: tuple[Path, float]) -> int:
+    """Exit status 2, nothing ran: the reasons go into results.json, results.md and logs.txt as well as
+    stderr, since on a loan those files are what comes back."""
     report["problems"] = problems
-    write_report(out, report)
+    write_report(out, report, logs)
     print("gpu-check: no step ran:\n  " + "\n  ".join(problems), file=sys.stderr)
     return 2
 
 
-def run_steps(ctx: Context, steps: list[str], report: dict, out: Path, work: Path, called: float) -> int:
-    for name in steps:
-        print(f"\n== {name}: {STEPS[name].__doc__.split(chr(10))[0]}", flush=True)
+def run_steps(ctx: Context, steps: dict[str, Callable[[Context], dict]], report: dict, out: Path, work: Path,
+              called: float) -> int:  # fmt: skip
+    for name, step in steps.items():
+        print(f"\n== {name}: {step.__doc__.split(chr(10))[0]}", flush=True)
         started, since = time.monotonic(), time.time()
         try:
-            figures, status, note = STEPS[name](ctx), "ok", ""
+            figures, status, note = step(ctx), "ok", ""
             ctx.done[name] = figures
         except Skipped as e:
             figures, status, note = {}, "skipped", str(e)
         except Failed as e:
-            figures, status, note = {}, "failed", str(e)
+            figures, status, note = cut_short_figures(ctx, name, called), "failed", str(e)
+        except Exception as e:  # noqa: BLE001 -- a bug in the step must not cost the call's other steps
+            figures, status, note = cut_short_figures(ctx, name, called), "failed", bug_note(work, name, e)
+            stop_all_but(list(ctx.beside.values()))  # its runs; those started for later steps go on
         except KeyboardInterrupt:  # SIGINT: `timeout -s INT` inside a call's time limit, or Ctrl-C
             report["steps"][name] = {"status": "interrupted", "seconds": round(time.monotonic() - started, 1),
-                                     "figures": {}, "note": interrupted_note(work, name, since)}  # fmt: skip
+                                     "figures": cut_short_figures(ctx, name, called),
+                                     "note": interrupted_note(work, name, since)}  # fmt: skip
             write_report(out, report, (work, called))
             print(f"{name}: interrupted; results so far in {out / 'results.md'}", flush=True)
             return 1
         seconds = round(time.monotonic() - started, 1)
         report["steps"][name] = {"status": status, "seconds": seconds, "figures": figures, "note": note}
         write_report(out, report, (work, called))
-        print(f"{name}: {status} in {seconds}s {json.dumps(figures) if figures else note}", flush=True)
+        print(f"{name}: {status} in {seconds}s {json.dumps(figures) if status == 'ok' else note}", flush=True)
     failed = [n for n, s in report["steps"].items() if s["status"] == "failed"]
     print(
         f"\nresults: {out / 'results.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True

@@ -77,10 +77,7 @@ def train_and_pack(ctx: Context) -> dict:
                   "--data-dir", str(ctx.data_dir), *QUICK[:2]], "detector-data", ctx.serve_env)  # fmt: skip
     corpus = QUICK[1] if quick else tomllib.loads((REPO / RECIPE).read_text())["corpus"]
     restore_shards(data_dir, run_dir, corpus)
-    argv = ["-m", "training.pretrain", "--config", RECIPE, "--init", str(recovered), "--out", str(run_dir),
-            "--device", ctx.device, "--data-dir", str(data_dir),
-            *(QUICK if quick else ("--max-minutes", str(ctx.detector_minutes)))]  # fmt: skip
-    stdout = run(ctx, argv, "detector", ctx.train_env)
+    stdout = run(ctx, detector_argv(ctx, recovered, run_dir, data_dir), "detector", ctx.train_env)
     figures = run_figures(run_dir, stdout)
     packed = ctx.out / "detector"
     shutil.rmtree(packed, ignore_errors=True)
@@ -94,6 +91,13 @@ def train_and_pack(ctx: Context) -> dict:
     }
     figures["handoff"]["handoff.json"] = {"mib": round((packed / "handoff.json").stat().st_size / 2**20, 2)}
     return figures
+
+
+def detector_argv(ctx: Context, recovered: Path, run_dir: Path, data_dir: Path) -> list[str]:
+    """The recipe's training run, from the recovered detector, on the rows restored into run_dir."""
+    return ["-m", "training.pretrain", "--config", RECIPE, "--init", str(recovered), "--out", str(run_dir),
+            "--device", ctx.device, "--embedding-grads", ctx.embedding_grads, "--data-dir", str(data_dir),
+            *(QUICK if ctx.sizes == SIZES["quick"] else ("--max-minutes", str(ctx.detector_minutes)))]  # fmt: skip
 
 
 def run_figures(run_dir: Path, stdout: str) -> dict:

@@ -171,6 +171,17 @@ def start(work: Path, argv: list[str], log: str, env: dict[str, str]) -> Process
     return process
 
 
+def stop_all_but(keep: list[Process]) -> None:
+    """Stop every process started here and still running, but those in `keep`, their graces together: what
+    a step that ended on a bug of gpu-check's own left running would share the device with the next."""
+    kept = {id(p) for p in keep}
+    stopping = [p for p in _live if id(p) not in kept and p.proc.poll() is None]
+    for process in stopping:
+        process.terminate()
+    for process in stopping:
+        process.stop()
+
+
 def terminate_all() -> None:
     """SIGTERM every process started here and still running, at once: stopped one after another, each
     would have a grace of its own, and a call's seconds after its SIGINT are few."""

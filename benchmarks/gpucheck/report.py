@@ -57,14 +57,20 @@ def markdown(report: dict) -> str:
     if report["problems"]:
         lines += ["Stopped before any step:", "", *(f"- {p}" for p in report["problems"]), ""]
     lines += ["| step | status | seconds | figures |", "|---|---|---|---|"]
+    ends = []  # a failed or interrupted step's note after its first line: a log's end, a traceback's
     for name, s in report["steps"].items():
-        text = (
-            _cell(s["figures"], HEADLINE.get(name, ())) if s["status"] == "ok" else s["note"].splitlines()[0]
-        )
+        first, _, rest = (s["note"] or "").partition("\n")
+        text = _cell(s["figures"], HEADLINE.get(name, ())) if s["status"] == "ok" else first
+        if s["status"] != "ok" and rest.strip():
+            text = f"{text.rstrip(':')} (its end below)"
+            ends += ["", f"## {name}: {s['status']}", "", first, "", "````text", rest.rstrip(), "````"]
         lines.append(f"| {name} | {s['status']} | {s['seconds']} | {text.replace('|', '/')} |")
-    table = Path(report["steps"].get("claim", {}).get("figures", {}).get("table", ""))
-    if table.is_file():
-        lines += ["", "## ELECTRA vs MLM at equal compute", "", table.read_text()]
+    lines += ends
+    claim = report["steps"].get("claim", {})
+    table = Path(claim.get("figures", {}).get("table", ""))
+    if table.is_file():  # an interrupted or failed claim's too: the table of the runs it finished
+        cut = "" if claim["status"] == "ok" else f" (the claim {claim['status']}: the runs it finished)"
+        lines += ["", f"## ELECTRA vs MLM at equal compute{cut}", "", table.read_text()]
     return "\n".join(lines) + "\n"
 
 
@@ -95,5 +101,6 @@ def write_report(out: Path, report: dict, logs: tuple[Path, float] | None = None
     results. --work stays on the GPU machine; one file, for a call returns at most 8."""
     write_json(out / "results.json", report)
     write_text_atomically(out / "results.md", markdown(report))
-    if logs is not None:
-        write_text_atomically(out / "logs.txt", logs_text(*logs))
+    if logs is not None:  # a refused call's reasons first: its logs, if any, are of what it tried
+        refused = "".join(f"gpu-check: no step ran: {p}\n" for p in report["problems"])
+        write_text_atomically(out / "logs.txt", refused + logs_text(*logs))

@@ -41,6 +41,7 @@ class Sizes:
     claim_pflop: float
     claim_seeds: str
     finetune: tuple[str, ...] = ()  # the claim's fine-tuning runs
+    # "--variants", the set, then the sizes: gpu-check --variants swaps the set alone
     variants: tuple[str, ...] = ("--variants", "all")
     claim_pretrain: tuple[str, ...] = ()  # the claim's two pretraining runs, both alike
     claim_points: str = "0.25,0.5,1"  # fractions of claim_pflop where each run is fine-tuned
@@ -94,6 +95,9 @@ class Context:
     serve_env: dict[str, str]  # plus the serving packages (--wheels), for export and /detect
     claim_pflop: float
     detector_minutes: float = 7.0  # the detector step's training time (issue 46)
+    # Every training run's --embedding-grads (pretraining and fine-tuning, the claim's too): autograd is the
+    # way back, one edit of the call, if the custom op fails on a GPU, where it has never run (2026-11)
+    embedding_grads: str = "aten"
     planned: tuple[str, ...] = ()  # the steps of this call, in order
     done: dict[str, dict] = field(default_factory=dict)  # the figures of the steps finished so far
     beside: dict[str, Process] = field(default_factory=dict)  # runs started early, by the step that owns them
@@ -116,7 +120,8 @@ class Context:
         return ["-m", "training.pretrain", "--config", self.sizes.config, "--out", str(out),
                 "--max-steps", str(steps or self.sizes.steps), "--save-every", str(self.sizes.save_every),
                 "--eval-every", str(self.sizes.save_every), "--device", self.device, "--seed", "1",
-                "--data-dir", str(self.data_dir), *self.sizes.pretrain, *extra]  # fmt: skip
+                "--embedding-grads", self.embedding_grads, "--data-dir", str(self.data_dir), *self.sizes.pretrain,
+                *extra]  # fmt: skip
 
     def importable(self, module: str, serving: bool = False) -> bool:
         """Whether `module` imports as the steps see it; asked once per call (a process start each)."""
@@ -440,7 +445,7 @@ def claim_argv(ctx: Context) -> list[str]:
     # No deterministic kernels: the claim compares means over seeds, not bit-exact runs, so CUDA may pick
     # its fastest kernels (atomic adds in the embedding gradient, any attention backward), and no op can
     # stop a 9-minute run for want of a deterministic kernel. On CPU it changes nothing.
-    common = ("--device", ctx.device, "--no-deterministic")
+    common = ("--device", ctx.device, "--no-deterministic", "--embedding-grads", ctx.embedding_grads)
     return ["-m", "benchmarks.quality.electra_vs_mlm", "--budget-pflop", f"{ctx.claim_pflop:g}",
             "--points", ctx.sizes.claim_points, "--model-config", ctx.sizes.claim_config,
             "--tasks", ctx.sizes.claim_tasks, "--seeds", ctx.sizes.claim_seeds,
@@ -507,6 +512,15 @@ def step_claim(ctx: Context) -> dict:
             "diagnosis_errors": results.get("diagnosis_errors", {}),
             "electra_ahead_in_test_accuracy": f"{ahead}/{cells} (point, task) means",
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip
+
+
+def cut_short_figures(ctx: Context, name: str, since: float) -> dict:
+    """What a step that failed or was interrupted left worth reading: the claim's table.md, rewritten after
+    every fine-tuning run it finished, when written since `since` (an earlier call's in --out is not)."""
+    table = ctx.out / "claim" / "table.md"
+    if name == "claim" and table.is_file() and table.stat().st_mtime >= since:
+        return {"table": str(table)}
+    return {}
 
 
 def step_detector(ctx: Context) -> dict:
