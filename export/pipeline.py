@@ -59,6 +59,10 @@ class _Fp32:
 
 
 def run_export(cfg: ExportConfig, log=print) -> dict:
+    from training.checkpoint import resolve_checkpoint
+
+    # On the checkpoint as the user named it, not its pinned copy: a refusal may name the run above it.
+    check_exportable(resolve_checkpoint(cfg.checkpoint))
     with _pinned(cfg.checkpoint) as (pinned, shown):
         # options.replace: where each option came from goes along (check_read reads it).
         src = _load(options.replace(cfg, checkpoint=str(pinned)), log)
@@ -180,9 +184,8 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
 
 
 def _load(cfg: ExportConfig, log) -> _Source:
-    from training.checkpoint import load_model, resolve_checkpoint
+    from training.checkpoint import load_model
 
-    check_exportable(resolve_checkpoint(cfg.checkpoint))
     model, mcfg, ckpt = load_model(cfg.checkpoint)
     model.eval()
     graph, kind, output = graph_for(model)
