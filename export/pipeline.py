@@ -20,6 +20,7 @@ from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity
 from export.config import ExportConfig, check_read, unread
 from export.evaldata import optional_path
+from export.evaluation.items import swap_data
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
 from export.workdirs import temporaries_in, work_dir
@@ -104,6 +105,8 @@ def _export(src: _Source, log) -> dict:
 
     cfg = src.cfg
     result: dict = {}
+    if src.kind == "detector" and cfg.calibrate:  # what the swaps read, fetched (or refused) before any work
+        swap_data(Path(cfg.data_dir) if cfg.data_dir else None)
 
     def fill(tmp: Path) -> None:
         nonlocal src
