@@ -111,7 +111,8 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
     chosen = cal.choose_threshold(sentences)
     shown = json.dumps(_no_nan(chosen), default=lambda v: v.item() if hasattr(v, "item") else str(v))
     src.log(f"default threshold: {shown}")  # JSON, as the lines beside it
-    warnings = quality_warnings(ranking_auc(probs, labels, c.cmap.bucket(lengths)), chosen)
+    unlike = unlike_training(src.ckpt, src.cfg.calibration_text)
+    warnings = quality_warnings(ranking_auc(probs, labels, c.cmap.bucket(lengths)), chosen, unlike)
     for warning in warnings:
         src.log(f"warning: {warning}")
     return {
@@ -139,7 +140,56 @@ def finish(c: Calibration, bundle_dir: Path, src) -> dict:
 
 
 NEAR_CHANCE_AUC = 0.6  # word-level ROC AUC under which a detector's scores say little (0.5: chance)
+# Under this the ranking is reversed, not weak: a few hundred sentences a kind put chance within about
+# 0.02 of 0.5. A detector trained on a user's corpus gave 0.05 on the default calibration sentences and
+# 0.54 on text of its own kind: "barely tells" and "train it longer" sent its user the wrong way.
+REVERSED_AUC = 0.45
 NEAR_CHANCE = "the detector barely tells"  # how each near-chance warning begins (one is enough)
+REVERSED = "the detector ranks"  # how each reversed-ranking warning begins
+WEAK_RANKING = (NEAR_CHANCE, REVERSED)
+
+
+def ranking_warning(auc: float, what: str, others: str, on: str, instead: str) -> str | None:
+    """A warning for a detector whose ranking says little or runs backwards on `on` (the text scored):
+    `what` are the tokens it should put above `others` ("swapped words", "the rest"), `instead` the option
+    that scores text of the user's own kind (--calibration-text, --eval-text). None from NEAR_CHANCE_AUC up."""
+    figure = f"ROC AUC {auc:.2f} on {on}; 0.5 is chance"
+    if auc < REVERSED_AUC:
+        return (f"{REVERSED} {what} below {others} ({figure}, and under it the ranking is reversed, not "
+                f"weak): on this text its probabilities point the wrong way. A detector does that on text unlike "
+                f"what it trained on: export again with {instead} FILE, held-out text of the kind it trained on and "
+                "will score; if it stays under 0.5 there, train it longer or on more text")  # fmt: skip
+    if auc < NEAR_CHANCE_AUC:
+        return (f"{NEAR_CHANCE} {what} from {others} ({figure}): its probabilities say little. "
+                "Train it longer or on more text")  # fmt: skip
+    return None
+
+
+def unlike_training(ckpt: Path, calibration_text: str | None) -> str | None:
+    """A warning where a pretraining run's corpus (its trainer_state.json) and the registry sources it is
+    calibrated on share no source: a detector trained on a user's corpus, calibrated on the default
+    sentences, is fitted to text of another kind (and can rank it backwards). None for a checkpoint from
+    elsewhere, or text of the user's own (--calibration-text FILE: theirs to choose)."""
+    from export.sentence_sources import CALIBRATION_SOURCES
+    from training.data.corpus import REGISTRY_CORPORA
+
+    config = evaldata.trainer_state(ckpt).get("config")
+    corpus = config.get("corpus") if isinstance(config, dict) else None
+    if not isinstance(corpus, str) or (calibration_text and Path(calibration_text).exists()):
+        return None
+    trained = [c.strip() for c in corpus.split(",") if c.strip()]
+    given = [n.strip() for n in calibration_text.split(",") if n.strip()] if calibration_text else []
+    sources = given or list(CALIBRATION_SOURCES)
+    if not trained or set(trained) & set(sources):
+        return None
+    # A path by its name alone: the manifest, which carries this warning, travels to other machines.
+    named = ", ".join(c if c in REGISTRY_CORPORA else Path(c).name for c in trained)
+    which = ", ".join(sources) if given else f"the default sources, {', '.join(sources)}"
+    return (f"the calibration sentences ({which}) come from none of the corpora the detector trained on "
+            f"({named}): its map, default threshold and the figures at it are fitted to them, and where its own "
+            "text is of another kind they do not hold for it (a detector can even rank such text backwards). "
+            "Export with --calibration-text FILE: held-out text like its training corpus (documents it did not "
+            "train on; plain text, blank lines between documents)")  # fmt: skip
 
 
 def ranking_auc(probs: np.ndarray, labels: np.ndarray, buckets: np.ndarray) -> float:
@@ -155,14 +205,15 @@ def ranking_auc(probs: np.ndarray, labels: np.ndarray, buckets: np.ndarray) -> f
     return weighted / total if total else roc_auc(probs, labels)
 
 
-def quality_warnings(auc: float, chosen: dict) -> list[str]:
-    """What a user must hear before serving the bundle: a detector near chance, and a default threshold
+def quality_warnings(auc: float, chosen: dict, unlike: str | None = None) -> list[str]:
+    """What a user must hear before serving the bundle: calibration text unlike the training corpus
+    (`unlike`, from unlike_training), a detector near chance or ranking backwards, and a default threshold
     that misses the rule it was chosen by (the export still writes it; a weak model is a valid bundle)."""
-    out = []
-    if auc < NEAR_CHANCE_AUC:
-        out.append(f"{NEAR_CHANCE} swapped words from the rest (ROC AUC {auc:.2f} on the calibration "
-                   "sentences; 0.5 is chance): its probabilities and spans say little. Train it longer or on "
-                   "more text")  # fmt: skip
+    out = [unlike] if unlike else []
+    if weak := ranking_warning(
+        auc, "swapped words", "the rest", "the calibration sentences", "--calibration-text"
+    ):
+        out.append(weak)
     if "note" in chosen and "precision" not in chosen:  # not one span at any threshold
         out.append(f"the default threshold {chosen['threshold']} is a guess: {chosen['note']}")
     elif "note" in chosen:

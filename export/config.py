@@ -80,7 +80,9 @@ class ExportConfig:
         None,
         "detectors: held-out text to calibrate on (a file or directory; documents separated by blank lines), "
         "or sentence sources (default: wikitext2,news,chat,trec, their held-out parts; "
-        "export/sentence_sources.py)",
+        "export/sentence_sources.py). Its word swaps read two registry files, for your own text too: "
+        "WikiText-2 train's word frequencies and TextBlob's part-of-speech lexicon (--data-dir, else fetched "
+        "once; docs/calibration.md)",
     )
     calibration_sentences: int = option(
         300, "detectors: sentences per kind of swap and source, and as many clean"

@@ -144,22 +144,54 @@ _TAKES = {
 EXPORTABLE = " or ".join(f"{arch} ({what})" for arch, what in _TAKES.items())
 
 
-def check_exportable(ckpt) -> None:
+def check_exportable(ckpt: Path) -> None:
     """Refuse, before the weights are read, a checkpoint whose config.json names another architecture."""
     from training.checkpoint import architecture_of, read_config_json
     from training.errors import CheckpointError
 
     arch = architecture_of(ckpt, read_config_json(ckpt))
-    if arch not in _TAKES:
-        hints = {
-            "ElectraForMaskedLM": " (a generator, which predicts masked words: a run's generator/ is exported "
-            "through the checkpoint directory above it, which holds the discriminator; a Hugging Face "
-            "generator's discriminator is published beside it, as *-discriminator)",
+    if arch in _TAKES:
+        return
+    if arch == "ElectraForMaskedLM" and _objective(ckpt) == "mlm":
+        # An MLM run's checkpoint is a generator-shaped model at its top: no discriminator anywhere, so the
+        # generator/ advice below would send the user looking for one.
+        run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
+        raise CheckpointError(
+            f"{run} is an MLM run (--objective mlm, the masked-language-model baseline): it trains no "
+            "discriminator, so it has no detector to export. Fine-tune it into a classifier, then export that: "
+            f"python -m training.finetune --init {run} --task TASK --out DIR, then python -m export DIR --out BUNDLE"
+        )
+    if arch == "ElectraForMaskedLM" and ckpt.name == "generator" and _objective(ckpt.parent) == "electra":
+        hint = (f" (the generator of an ELECTRA run, which predicts masked words: export the checkpoint "
+                f"directory above it, {ckpt.parent}, which holds the run's discriminator)")  # fmt: skip
+    else:
+        hint = {
+            "ElectraForMaskedLM": " (a generator or masked-language model, which predicts masked words: an "
+            "ELECTRA discriminator is published beside its generator, as *-discriminator, and a pretraining run "
+            "exports through its checkpoint directory, above generator/; a masked-language model has no "
+            "detector, and is fine-tuned into a classifier with python -m training.finetune --init DIR)",
             "ElectraModel": " (an encoder without a head: fine-tune it into a classifier with python -m "
             "training.finetune --init DIR, or train a detector from it with python -m training.pretrain --init DIR)",
-        }
-        hint = hints.get(arch, "")
-        raise CheckpointError(f"{ckpt}/config.json: cannot export {arch}{hint}; expected {EXPORTABLE}")
+        }.get(arch, "")
+    raise CheckpointError(f"{ckpt}/config.json: cannot export {arch}{hint}; expected {EXPORTABLE}")
+
+
+def _objective(ckpt: Path) -> str | None:
+    """The pretraining objective (electra or mlm) of one of our runs' checkpoints: its trainer_state.json,
+    else the run's config.json two levels up; None for a checkpoint from elsewhere."""
+    import json
+
+    places = [ckpt / "trainer_state.json"]
+    if ckpt.parent.name == "checkpoints":
+        places.append(ckpt.parent.parent / "config.json")
+    for path in places:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(saved, dict) and saved.get("objective") in ("electra", "mlm"):
+            return saved["objective"]
+    return None
 
 
 def graph_for(model: nn.Module) -> tuple[nn.Module, str, str]:

@@ -106,6 +106,14 @@ def test_a_model_that_never_reaches_the_precision_still_keeps_clean_sentences_qu
         and f"the default threshold {chosen['threshold']} misses the rule" in said[1]
     )
     assert quality_warnings(0.9, {"threshold": 0.5}) == []
+    # Far under 0.5 the ranking is reversed, which "barely tells ... train it longer" misread: a detector
+    # trained on a user's corpus gave 0.05 on the default sentences and 0.54 on text of its own kind.
+    (reversed_,) = quality_warnings(0.05, {"threshold": 0.5})
+    assert reversed_.startswith("the detector ranks swapped words below the rest (ROC AUC 0.05"), reversed_
+    assert "the ranking is reversed" in reversed_ and "export again with --calibration-text FILE" in reversed_
+    assert quality_warnings(0.5, {"threshold": 0.5})[0].startswith(
+        "the detector barely tells"
+    )  # chance itself
     nothing = quality_warnings(
         0.9, {"threshold": 0.5, "note": "no threshold gives any span on the calibration set"}
     )
@@ -191,8 +199,28 @@ def test_a_detector_near_chance_on_its_own_task_is_warned_of():
     assert (
         _near_chance_on_held_out(report, ["the detector barely tells swapped words (ROC AUC 0.55)"]) is None
     )
+    backwards = {"int8_accuracy": {**report["int8_accuracy"], "fp32": 0.1}}
+    said = _near_chance_on_held_out(backwards, [])
+    assert said.startswith("the detector ranks the generator's replacements below the original tokens (ROC AUC "
+                           "0.10 on held-out text") and "--eval-text FILE" in said, said  # fmt: skip
+    assert _near_chance_on_held_out(report, ["the detector ranks swapped words below the rest (...)"]) is None
     assert _near_chance_on_held_out({"int8_accuracy": {**report["int8_accuracy"], "fp32": 0.8}}, []) is None
     assert _near_chance_on_held_out({"int8_accuracy": {"metric": "dev_accuracy", "fp32": 0.5}}, []) is None
+
+
+def test_calibration_on_a_corpus_the_run_trained_on_is_not_warned_of(tmp_path):
+    """The warning that the calibration sentences are none of the training corpora stays off where they share
+    one (the shipped detector trained on wikitext2 and news) and for a checkpoint without a recipe."""
+    import json
+
+    from export.calibrate import unlike_training
+
+    assert unlike_training(tmp_path, None) is None  # a Hugging Face checkpoint: no trainer_state.json
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"config": {"corpus": "wikitext2,news"}}))
+    assert unlike_training(tmp_path, None) is None and unlike_training(tmp_path, "news,chat") is None
+    assert "(chat, trec) come from none of the corpora the detector trained on (wikitext2, news)" in (
+        unlike_training(tmp_path, "chat,trec")
+    )
 
 
 def test_the_operating_point_says_what_the_calibration_sentences_were():

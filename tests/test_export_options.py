@@ -127,3 +127,39 @@ def test_an_export_saves_only_the_options_it_read_and_its_saved_options_replay(
     assert again["int8"] is None and again["calibration_sentences"] is None, again
     assert main(["--config", "b/export_config.json", str(classifier_dir), "--out", "third"]) == 0
     assert json.loads((tmp_path / "third" / "export_config.json").read_text())["precision"] == "fp32"
+
+
+def test_calibrating_on_your_own_text_offline_needs_two_registry_files_and_says_so_before_any_work(
+    tmp_path, detector_dir, eval_text, registry_data, capsys, monkeypatch
+):
+    """--calibration-text and --eval-text of the user's own with an empty cache, offline, fetched WikiText-2
+    train and TextBlob's lexicon for the swaps late in the export, and failed there with a traceback. It
+    now asks first, names both files and how to have them, and with a --data-dir holding those two files
+    alone it exports, fetching nothing more."""
+    import shutil
+
+    from export.__main__ import main
+    from training.data.registry import fetch
+
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    monkeypatch.setenv("ELECTRA_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip cannot reach an index: offline, whatever the machine has
+    argv = [str(detector_dir), "--precision", "fp32", "--calibration-text", str(eval_text), "--eval-text",
+            str(eval_text), "--calibration-sentences", "20"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "offline")]) == 2
+    out, err = capsys.readouterr()
+    assert "the swaps read two registry files: wikitext2-train.raw.gz" in err and "en-lexicon.txt" in err, err
+    assert "fetch('wikitext2-train'); fetch('pos-lexicon')" in err and "--data-dir DIR" in err, err
+    assert "Traceback" not in err and "parity" not in out, out  # refused before the graph was exported
+    assert not (tmp_path / "offline").exists()
+
+    two = tmp_path / "two-files"
+    two.mkdir()
+    for name in ("wikitext2-train", "pos-lexicon"):
+        # Fetched here with the machine's own data (this test's offline settings set aside for it).
+        with monkeypatch.context() as m:
+            m.delenv("PIP_NO_INDEX")
+            m.delenv("ELECTRA_CACHE_DIR")
+            shutil.copy(fetch(name, data_dir=registry_data), two)
+    assert main([*argv, "--out", str(tmp_path / "b"), "--data-dir", str(two)]) == 0, capsys.readouterr().err
+    assert not any((tmp_path / "empty-cache").iterdir())  # nothing fetched (the refused try made it)

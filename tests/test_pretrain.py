@@ -45,7 +45,7 @@ def until_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: float 
         time.sleep(0.01)
 
 
-def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_tokenizer):
+def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_tokenizer, capfd):
     run = tmp_path / "run"
     pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 80, "--eval-every", 40))
     losses = list(train_losses(run).values())
@@ -60,6 +60,11 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
     assert json.loads((run / "config.json").read_text())["max_steps"] == 80
     # The positions it trained (--seq-len), for export's default --max-length; fine-tuning carries it on.
     assert json.loads((ckpt / "config.json").read_text())["trained_positions"] == 64
+    # Its generator/ given to export is refused naming the directory that holds the discriminator.
+    from export.__main__ import main as export
+
+    assert export([str(ckpt / "generator"), "--out", str(tmp_path / "bundle")]) == 2
+    assert f"export the checkpoint directory above it, {ckpt}, which holds" in capfd.readouterr().err
 
     # The context probe reads the same run: figures of the right shape, and the same verdict as the
     # run's own evaluation (the young generator's samples are easy to flag). Replacements by a named
@@ -268,6 +273,17 @@ def test_mlm_baseline_checkpoints_its_own_layout_and_resumes(tmp_path, small_cor
     ckpt = resolve_checkpoint(whole)
     assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["ElectraForMaskedLM"]
     assert not (ckpt / "generator").exists()
+    # Given to export, it is named an MLM run, with the way on that the run's `next:` line gives: an MLM
+    # run has no discriminator, so the generator/ advice for other generators would mislead.
+    from export.__main__ import main as export
+
+    for given in (whole, ckpt):
+        assert export([str(given), "--out", str(tmp_path / "bundle")]) == 2
+        err = capsys.readouterr().err
+        assert f"{whole} is an MLM run (--objective mlm" in err and "no detector to export" in err, err
+        assert f"python -m training.finetune --init {whole} --task TASK" in err and "generator/" not in err, (
+            err
+        )
     rows = read_metrics(whole / "metrics.jsonl")
     assert all("disc_loss" not in r and "disc_auc" not in r for r in rows)  # nothing invented
     resumed = tmp_path / "resumed"

@@ -37,6 +37,19 @@ def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, sma
     bundle = tmp_path / "bundle"
     manifest = run_export(ExportConfig(checkpoint=str(run), out=str(bundle), precision="fp32",
                                        data_dir=str(registry_data), calibration_sentences=20), log=lambda _: None)  # fmt: skip
+    # Trained on a file of the user's, calibrated on the default sources: the manifest says they are none of
+    # its corpora and how to calibrate on text like it (a path by its name: the manifest travels).
+    assert any(w.startswith("the calibration sentences (the default sources, wikitext2, news, chat, trec) come from "
+                            f"none of the corpora the detector trained on ({small_corpus.name})")
+               and "--calibration-text FILE" in w and str(small_corpus) not in w
+               for w in manifest["warnings"]), manifest["warnings"]  # fmt: skip
+    from export.calibrate import unlike_training
+    from training.checkpoint import resolve_checkpoint
+
+    assert (
+        unlike_training(resolve_checkpoint(run), str(small_corpus)) is None
+    )  # their own text: theirs to choose
+    assert "sentences (trec) come from none" in unlike_training(resolve_checkpoint(run), "trec")
     out, per_sentence = tmp_path / "us.json", tmp_path / "us_examples.json"
     measure(["--bundle", str(bundle), "--generator", str(run), "--sentences", "15", "--reference-text",
              str(small_corpus), "--data-dir", str(registry_data), "--out", str(out),

