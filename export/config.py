@@ -7,8 +7,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import options
+from export.bundle_writer import EXPORT_CONFIG
 from export.sentence_sources import calibration_text_problem
 from options import ConfigError, check_choices, option
 
@@ -24,6 +26,8 @@ MIN_MAX_LENGTH = 8  # the int8 and load checks score held-out rows of 8 tokens
 class ExportConfig:
     """The options of `python -m export`, declared once (options.option): the CLI, --help and
     run_export's callers all read them from here."""
+
+    SAVED_AS: ClassVar[str] = EXPORT_CONFIG  # in the bundle, beside its manifest
 
     checkpoint: str = option(help="run dir, checkpoint dir or Hugging Face ELECTRA dir", positional=True)
     out: str = option(help="bundle directory to write; must be new or empty unless --force")

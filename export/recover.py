@@ -22,6 +22,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -210,7 +211,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
         if not int8_ranges:
             drop_int8_ranges(tmp)
         if config is not None:
-            options.save(config, tmp / "recover_config.json")
+            options.save(config, tmp / RecoverConfig.SAVED_AS)
 
     ckpt.write_atomically(out, fill)
     return report
@@ -221,7 +222,7 @@ RECOVERED_FILES = (
     "model.safetensors",
     "tokenizer.json",
     "recovered.json",
-    "recover_config.json",
+    "recover_config.json",  # RecoverConfig.SAVED_AS
 )
 
 
@@ -325,6 +326,8 @@ def drop_int8_ranges(checkpoint: Path) -> None:
 @dataclass
 class RecoverConfig:
     """The options of `python -m export.recover` (options/: declared once, resolved as everywhere)."""
+
+    SAVED_AS: ClassVar[str] = "recover_config.json"  # in --out, beside the checkpoint it writes
 
     bundle: Path = option(help="a detector bundle directory (model.onnx + manifest.json)", positional=True)
     out: Path = option(help="checkpoint directory to write (config.json, model.safetensors, tokenizer.json)")

@@ -264,6 +264,7 @@ def test_config_names_the_file_each_command_saves_and_a_models_config_json_is_re
     "unknown option 'architectures'"; the server saves no options at all."""
     assert "or the finetune_config.json a run of this command saved" in help_text("training.finetune")
     assert "or the config.json a run of this command saved" in help_text("training.pretrain")
+    assert "or the export_config.json a run of this command saved" in help_text("export")
     assert "--config FILE options from a TOML file; flags given here override it" in help_text("app")
     out = tmp_path / "finetuned"  # as a fine-tuning run leaves it: the model's config.json beside the options
     out.mkdir()
