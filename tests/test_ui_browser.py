@@ -279,8 +279,14 @@ def test_top_word_shaded_most_and_first_in_table(browser, server):
     assert tip.is_displayed() and pct(words[1]["prob"]) in tip.text and words[1]["text"] in tip.text
 
     # Tokens instead of words: one span per token, the word's pieces.
+    pieces = browser.find_element("id", "pieces-h")  # the table's column, hidden here: its textContent
+    assert pieces.get_attribute("textContent") == "Pieces"
     browser.find_element("css selector", "input[name=unit][value=tokens]").click()
     assert [s[0] for s in shading(browser)] == [t["text"] for t in answer["tokens"]]
+    # A token's row names the word it is in, and the column says so (it said "Pieces").
+    assert pieces.get_attribute("textContent") == "In word"
+    cell = browser.find_element("css selector", "#table tbody tr td.pieces").get_attribute("textContent")
+    assert cell.startswith("in “"), cell
     assert console_errors(browser) == []
 
 
