@@ -172,6 +172,26 @@ def submit(driver, text: str, model: str | None = None, *, keyboard: bool = Fals
     )
 
 
+def hold_requests(driver) -> None:
+    """The page's requests wait in the page until release_requests(): a slow server, answering when the
+    test says, with no clock to race."""
+    driver.execute_script(
+        "window.__held = []; const f = window.__unheld = window.fetch;"
+        "window.fetch = (...a) => new Promise((go) => window.__held.push(go)).then(() => f(...a));"
+    )
+
+
+def release_requests(driver, n: int) -> None:
+    """Once the page has made `n` requests since hold_requests() (not fewer, not more), sends them all, in
+    the order they were made; later requests are sent at once."""
+    WebDriverWait(driver, 5).until(lambda d: d.execute_script("return window.__held.length") >= n)
+    held = driver.execute_script(
+        "window.fetch = window.__unheld; const n = window.__held.length;"
+        "window.__held.forEach((go) => go()); return n;"
+    )
+    assert held == n
+
+
 def api_detect(server: Server, text: str, threshold: float) -> dict:
     with server.client() as c:
         r = c.post("/detect", json={"text": text, "threshold": threshold, "return": "both"})
@@ -379,6 +399,15 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     assert not browser.find_element("id", "detect").is_displayed()
     model.select_by_value(detector)
     assert browser.find_element("id", "detect").is_displayed()
+    # An edit made while the text is scored leaves its answer stale: the answer is the sent text's (the
+    # page recorded the box's text when the answer came, and showed it as current, with no note).
+    hold_requests(browser)
+    browser.find_element("id", "run").click()
+    browser.find_element("id", "text").send_keys(" again")
+    release_requests(browser, 1)
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    assert browser.find_element("id", "marked").text == SENTENCE + " more"
+    assert stale.is_displayed()
 
 
 def test_long_text_is_one_shaded_text(browser, server):
@@ -742,10 +771,19 @@ def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
         assert [label for label, _ in shown] == sorted(probs, key=probs.get, reverse=True)
         for label, pct_text in shown:
             assert abs(float(pct_text.rstrip("%")) - 100 * probs[label]) <= 0.1
-        # An edited second text makes the result out of date, as an edited first text does.
+        # An edited second text makes the result out of date, as an edited first text does, and so does
+        # one edited while the pair is scored.
         stale = browser.find_element("css selector", "#classify .stale-note")
         assert not stale.is_displayed()
         pair.send_keys(" Indeed.")
+        assert stale.is_displayed()
+        hold_requests(browser)
+        browser.find_element("id", "run").click()
+        pair.send_keys(" Yes.")
+        release_requests(browser, 1)
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d: d.find_element("id", "status").text.startswith("Scored")
+        )
         assert stale.is_displayed()
         # An empty second text: the advice names the box to fill in.
         pair.clear()

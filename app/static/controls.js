@@ -94,10 +94,11 @@ export function markStaleIfEdited() {
   if (state.scoredInput !== null) markStale(inputNow() !== state.scoredInput);
 }
 
-export function markStale(stale) {
+function markStale(stale) {
   for (const note of document.querySelectorAll(".stale-note")) note.hidden = !stale;
   for (const id of ["detect", "classify"]) $(id).classList.toggle("stale", stale);
 }
 
-// What a result was scored from: the text, and the second text where the model takes one.
-export function inputNow() { return $("text").value + (takesPairs(selectedModel()) ? "\u0000" + $("text-pair").value : ""); }
+// What a result is scored from: the text, and the second text where the model takes one.
+export function inputOf(model, text, pair) { return text + (takesPairs(model) ? "\u0000" + pair : ""); }
+export function inputNow() { return inputOf(selectedModel(), $("text").value, $("text-pair").value); }

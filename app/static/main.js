@@ -6,7 +6,7 @@
 import { $, state, selectedModel, takesPairs } from "./state.js";
 import { api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import { hideTip, onMarkedKey, remark, renderClassify, renderDetect, showTip } from "./render.js";
-import { inputNow, loadModels, markStale, markStaleIfEdited, syncControls } from "./controls.js";
+import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
 // ------------------------------------------------------------------ scoring
 async function run() {
@@ -52,9 +52,10 @@ async function score(model) {
       renderDetect();
       $("status").textContent = done(ms);
     }
-    state.scoredInput = inputNow();
+    // What was sent, not what the boxes hold now: an edit made while it scored leaves the result stale.
+    state.scoredInput = inputOf(model, text, pair);
     state.scoredWith = model.name;
-    markStale(false);
+    markStaleIfEdited();
     // The result may start below the fold (a laptop's 800 px): bring its top into view.
     $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
   } catch (err) {
