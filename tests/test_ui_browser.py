@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -167,7 +168,7 @@ def submit(driver, text: str, model: str | None = None, *, keyboard: bool = Fals
     WebDriverWait(driver, WAIT_S).until(
         lambda d: (
             d.find_element("id", "status").text not in ("waiting", "Scoring…", "Loading the models…")
-            and not d.find_element("id", "run").get_attribute("aria-disabled")
+            and "busy" not in d.find_element("id", "run").get_attribute("class")
         )
     )
 
@@ -408,6 +409,17 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
     assert browser.find_element("id", "marked").text == SENTENCE + " more"
     assert stale.is_displayed()
+    # Check pressed while another is under way, with another model chosen: the newer Check wins (it was
+    # ignored, and the first answer then dropped as another model's: the status went blank, nothing shown).
+    hold_requests(browser)
+    browser.find_element("id", "run").click()
+    model.select_by_value(other)
+    browser.find_element("id", "run").click()
+    release_requests(browser, 2)  # the first is sent too, after the second Check aborted it
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    assert browser.find_element("id", "classify").is_displayed()
+    assert not browser.find_element("id", "detect").is_displayed()
+    assert not browser.find_element("id", "error").is_displayed()
 
 
 def test_long_text_is_one_shaded_text(browser, server):
@@ -653,7 +665,26 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
     head, message, todo = error_shown(browser)
     assert message.startswith(f"Could not reach the server at 127.0.0.1:{port}")
     assert todo.startswith("Check that the server is running")
-    with run_server(MODELS, log_dir=tmp_path / "again", port=port):
+    with run_server(MODELS, log_dir=tmp_path / "again", port=port) as again:
+        # Stopped, the server takes the request and never answers: the status says so, then the page gives
+        # up once its time limit is past (the page's timers run 60 times faster here). It said "Scoring…"
+        # for ever, and Check did nothing.
+        browser.execute_script(
+            "const st = window.setTimeout; window.setTimeout = (f, ms, ...a) => st(f, ms / 60, ...a);"
+        )
+        again.proc.send_signal(signal.SIGSTOP)
+        try:
+            browser.find_element("id", "run").click()
+            WebDriverWait(browser, WAIT_S, poll_frequency=0.05).until(
+                lambda d: d.find_element("id", "status").text.startswith("Still waiting for the server")
+            )
+            _, message, todo = error_shown(browser)
+        finally:
+            again.proc.send_signal(signal.SIGCONT)
+        assert (
+            message == "The server did not answer in 120 s." and "press Check to send the text again" in todo
+        )
+        assert browser.find_element("id", "status").text == ""
         submit(browser, SENTENCE)
         wait_visible(browser, "detect")
         assert not browser.find_element("id", "error").is_displayed()

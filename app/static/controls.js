@@ -2,17 +2,19 @@
 // second text box, the notes on the model, whether a shown result is still the text's).
 
 import { $, state, selectedModel, takesPairs } from "./state.js";
-import { ApiError, api, clearError, showError } from "./api.js";
+import { ApiError, REPLACED, api, clearError, showError } from "./api.js";
 import { remark } from "./render.js";
 
 // ------------------------------------------------------------------ models
-export async function loadModels() {
+// `signal`: a Check's (main.js), which a newer Check or its time limit aborts.
+export async function loadModels(signal) {
   const select = $("model");
   try {
-    const { data } = await api("models");
+    const { data } = await api("models", undefined, signal);
     state.models = data.models;
     showBroken(data.broken || {});
   } catch (err) {
+    if (err === REPLACED) return false;
     if (!state.models.length) select.firstElementChild.textContent = "not loaded";
     showError(err);
     return false;

@@ -9,7 +9,6 @@ export const state = {
   spans: [], // rendered span elements of the text view, in text order
   scoredInput: null, // the input the shown result was scored from (inputOf): an edit since marks it stale
   scoredWith: null, // the name of the model that gave the shown result
-  busy: false, // a Check is under way: another is ignored until it ends
 };
 
 export function selectedModel() { return state.models.find((m) => m.name === $("model").value); }
