@@ -466,6 +466,28 @@ def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(brow
         table,
     )
     assert widest <= box, (widest, box)
+    # Half of a UTF-16 surrogate pair, alone, is sent as U+FFFD: one UTF-16 unit and one code point, as it
+    # was, so the words still fall on the text. The server refused the JSON escape of it (400
+    # invalid_json, with no advice). The status says what was mended; the result is not marked edited.
+    browser.execute_script(
+        "document.getElementById('text').value = 'A broken ' + String.fromCharCode(0xd83d) + ' banana pie.';"
+    )
+    browser.find_element("css selector", "input[name=unit][value=words]").click()
+    browser.find_element("id", "run").click()
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    mended = "A broken \ufffd banana pie."
+    assert [s[0] for s in shading(browser)] == [w["text"] for w in api_detect(server, mended, 0.5)["words"]]
+    assert browser.find_element("id", "marked").get_attribute("textContent") == mended
+    assert browser.find_element("id", "status").text.endswith("was scored as \ufffd.")
+    assert not browser.find_element("css selector", "#detect .stale-note").is_displayed()
+    # A body the server cannot read (here one cut short on its way) is said, with what to do about it.
+    browser.execute_script(
+        "const f = window.fetch;"
+        "window.fetch = (url, o) => f(url, o && o.body ? { ...o, body: o.body.slice(1) } : o);"
+    )
+    browser.find_element("id", "run").click()
+    head, _, todo = error_shown(browser)
+    assert "400" in head and "invalid_json" in head and todo.startswith("The server could not read"), head
 
 
 def test_a_right_to_left_text_reads_right_to_left(browser, server):

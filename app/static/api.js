@@ -80,6 +80,12 @@ function advice(err) {
     return "It may be stopped, or busy with a long queue: press Check to send the text again. If it still does "
       + "not answer, whoever runs the server can find why in its log.";
   }
+  // This page mends what JSON cannot carry (main.js): such a body came from an older copy of the page, or
+  // was changed on the way.
+  if (err.type === "invalid_json") {
+    return "The server could not read what the page sent: reload the page and press Check again. If it fails "
+      + "again, whoever runs the server can find why in its log.";
+  }
   if (err.type === "network") {
     return "Check that the server is running and that this device can reach it, then press Check to try again.";
   }

@@ -61,8 +61,10 @@ async function run() {
 }
 
 async function score(model, signal) {
-  const text = $("text").value;
-  const pair = takesPairs(model) ? $("text-pair").value : "";
+  const typed = $("text").value;
+  const typedPair = takesPairs(model) ? $("text-pair").value : "";
+  const text = wellFormed(typed), pair = wellFormed(typedPair);
+  const mended = text !== typed || pair !== typedPair;
   try {
     if (model.kind === "classifier") {
       // A model fine-tuned on pairs gets one; one that may take either gets one when a second text is given.
@@ -71,7 +73,7 @@ async function score(model, signal) {
       if (switchedAway(model)) return;
       clearError();
       renderClassify(model, data.results[0]);
-      $("status").textContent = done(ms);
+      $("status").textContent = done(ms, mended);
     } else {
       const threshold = Number($("threshold").value);
       const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" }, signal);
@@ -79,10 +81,11 @@ async function score(model, signal) {
       clearError();
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
-      $("status").textContent = done(ms);
+      $("status").textContent = done(ms, mended);
     }
     // What was sent, not what the boxes hold now: an edit made while it scored leaves the result stale.
-    state.scoredInput = inputOf(model, text, pair);
+    // (As typed: a mended character is not an edit.)
+    state.scoredInput = inputOf(model, typed, typedPair);
     state.scoredWith = model.name;
     markStaleIfEdited();
     // The result may start below the fold (a laptop's 800 px): bring its top into view.
@@ -106,7 +109,16 @@ function switchedAway(model) {
   return true;
 }
 
-function done(ms) { return ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored."; }
+function done(ms, mended) {
+  return (ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored.")
+    + (mended ? " A broken character (half of a UTF-16 surrogate pair) was scored as \uFFFD." : "");
+}
+
+// A lone UTF-16 surrogate (half of a pair: a bad paste, a script) is no character, and the server refuses
+// the JSON escape that JSON.stringify writes for it (400 invalid_json). U+FFFD takes its place: one UTF-16
+// unit and one code point, as the lone half is, so the answer's offsets still fall on the typed text.
+const PAIR_OR_LONE = /[\uD800-\uDBFF][\uDC00-\uDFFF]|[\uD800-\uDFFF]/g;
+function wellFormed(s) { return s.replace(PAIR_OR_LONE, (m) => (m.length === 2 ? m : "\uFFFD")); }
 
 // The API's offsets count code points (Python str indices); JS strings index UTF-16 units.
 function codePointIndex(text) {
