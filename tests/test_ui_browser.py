@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -167,9 +168,29 @@ def submit(driver, text: str, model: str | None = None, *, keyboard: bool = Fals
     WebDriverWait(driver, WAIT_S).until(
         lambda d: (
             d.find_element("id", "status").text not in ("waiting", "Scoring…", "Loading the models…")
-            and not d.find_element("id", "run").get_attribute("aria-disabled")
+            and "busy" not in d.find_element("id", "run").get_attribute("class")
         )
     )
+
+
+def hold_requests(driver) -> None:
+    """The page's requests wait in the page until release_requests(): a slow server, answering when the
+    test says, with no clock to race."""
+    driver.execute_script(
+        "window.__held = []; const f = window.__unheld = window.fetch;"
+        "window.fetch = (...a) => new Promise((go) => window.__held.push(go)).then(() => f(...a));"
+    )
+
+
+def release_requests(driver, n: int) -> None:
+    """Once the page has made `n` requests since hold_requests() (not fewer, not more), sends them all, in
+    the order they were made; later requests are sent at once."""
+    WebDriverWait(driver, 5).until(lambda d: d.execute_script("return window.__held.length") >= n)
+    held = driver.execute_script(
+        "window.fetch = window.__unheld; const n = window.__held.length;"
+        "window.__held.forEach((go) => go()); return n;"
+    )
+    assert held == n
 
 
 def api_detect(server: Server, text: str, threshold: float) -> dict:
@@ -279,8 +300,14 @@ def test_top_word_shaded_most_and_first_in_table(browser, server):
     assert tip.is_displayed() and pct(words[1]["prob"]) in tip.text and words[1]["text"] in tip.text
 
     # Tokens instead of words: one span per token, the word's pieces.
+    pieces = browser.find_element("id", "pieces-h")  # the table's column, hidden here: its textContent
+    assert pieces.get_attribute("textContent") == "Pieces"
     browser.find_element("css selector", "input[name=unit][value=tokens]").click()
     assert [s[0] for s in shading(browser)] == [t["text"] for t in answer["tokens"]]
+    # A token's row names the word it is in, and the column says so (it said "Pieces").
+    assert pieces.get_attribute("textContent") == "In word"
+    cell = browser.find_element("css selector", "#table tbody tr td.pieces").get_attribute("textContent")
+    assert cell.startswith("in “"), cell
     assert console_errors(browser) == []
 
 
@@ -373,6 +400,26 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     assert not browser.find_element("id", "detect").is_displayed()
     model.select_by_value(detector)
     assert browser.find_element("id", "detect").is_displayed()
+    # An edit made while the text is scored leaves its answer stale: the answer is the sent text's (the
+    # page recorded the box's text when the answer came, and showed it as current, with no note).
+    hold_requests(browser)
+    browser.find_element("id", "run").click()
+    browser.find_element("id", "text").send_keys(" again")
+    release_requests(browser, 1)
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    assert browser.find_element("id", "marked").text == SENTENCE + " more"
+    assert stale.is_displayed()
+    # Check pressed while another is under way, with another model chosen: the newer Check wins (it was
+    # ignored, and the first answer then dropped as another model's: the status went blank, nothing shown).
+    hold_requests(browser)
+    browser.find_element("id", "run").click()
+    model.select_by_value(other)
+    browser.find_element("id", "run").click()
+    release_requests(browser, 2)  # the first is sent too, after the second Check aborted it
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    assert browser.find_element("id", "classify").is_displayed()
+    assert not browser.find_element("id", "detect").is_displayed()
+    assert not browser.find_element("id", "error").is_displayed()
 
 
 def test_long_text_is_one_shaded_text(browser, server):
@@ -419,6 +466,28 @@ def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(brow
         table,
     )
     assert widest <= box, (widest, box)
+    # Half of a UTF-16 surrogate pair, alone, is sent as U+FFFD: one UTF-16 unit and one code point, as it
+    # was, so the words still fall on the text. The server refused the JSON escape of it (400
+    # invalid_json, with no advice). The status says what was mended; the result is not marked edited.
+    browser.execute_script(
+        "document.getElementById('text').value = 'A broken ' + String.fromCharCode(0xd83d) + ' banana pie.';"
+    )
+    browser.find_element("css selector", "input[name=unit][value=words]").click()
+    browser.find_element("id", "run").click()
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element("id", "status").text.startswith("Scored"))
+    mended = "A broken \ufffd banana pie."
+    assert [s[0] for s in shading(browser)] == [w["text"] for w in api_detect(server, mended, 0.5)["words"]]
+    assert browser.find_element("id", "marked").get_attribute("textContent") == mended
+    assert browser.find_element("id", "status").text.endswith("was scored as \ufffd.")
+    assert not browser.find_element("css selector", "#detect .stale-note").is_displayed()
+    # A body the server cannot read (here one cut short on its way) is said, with what to do about it.
+    browser.execute_script(
+        "const f = window.fetch;"
+        "window.fetch = (url, o) => f(url, o && o.body ? { ...o, body: o.body.slice(1) } : o);"
+    )
+    browser.find_element("id", "run").click()
+    head, _, todo = error_shown(browser)
+    assert "400" in head and "invalid_json" in head and todo.startswith("The server could not read"), head
 
 
 def test_a_right_to_left_text_reads_right_to_left(browser, server):
@@ -618,7 +687,26 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
     head, message, todo = error_shown(browser)
     assert message.startswith(f"Could not reach the server at 127.0.0.1:{port}")
     assert todo.startswith("Check that the server is running")
-    with run_server(MODELS, log_dir=tmp_path / "again", port=port):
+    with run_server(MODELS, log_dir=tmp_path / "again", port=port) as again:
+        # Stopped, the server takes the request and never answers: the status says so, then the page gives
+        # up once its time limit is past (the page's timers run 60 times faster here). It said "Scoring…"
+        # for ever, and Check did nothing.
+        browser.execute_script(
+            "const st = window.setTimeout; window.setTimeout = (f, ms, ...a) => st(f, ms / 60, ...a);"
+        )
+        again.proc.send_signal(signal.SIGSTOP)
+        try:
+            browser.find_element("id", "run").click()
+            WebDriverWait(browser, WAIT_S, poll_frequency=0.05).until(
+                lambda d: d.find_element("id", "status").text.startswith("Still waiting for the server")
+            )
+            _, message, todo = error_shown(browser)
+        finally:
+            again.proc.send_signal(signal.SIGCONT)
+        assert (
+            message == "The server did not answer in 120 s." and "press Check to send the text again" in todo
+        )
+        assert browser.find_element("id", "status").text == ""
         submit(browser, SENTENCE)
         wait_visible(browser, "detect")
         assert not browser.find_element("id", "error").is_displayed()
@@ -736,10 +824,19 @@ def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
         assert [label for label, _ in shown] == sorted(probs, key=probs.get, reverse=True)
         for label, pct_text in shown:
             assert abs(float(pct_text.rstrip("%")) - 100 * probs[label]) <= 0.1
-        # An edited second text makes the result out of date, as an edited first text does.
+        # An edited second text makes the result out of date, as an edited first text does, and so does
+        # one edited while the pair is scored.
         stale = browser.find_element("css selector", "#classify .stale-note")
         assert not stale.is_displayed()
         pair.send_keys(" Indeed.")
+        assert stale.is_displayed()
+        hold_requests(browser)
+        browser.find_element("id", "run").click()
+        pair.send_keys(" Yes.")
+        release_requests(browser, 1)
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d: d.find_element("id", "status").text.startswith("Scored")
+        )
         assert stale.is_displayed()
         # An empty second text: the advice names the box to fill in.
         pair.clear()

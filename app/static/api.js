@@ -11,19 +11,25 @@ export class ApiError extends Error {
   }
 }
 
-export async function api(path, body) {
+// A request given up for a newer Check (main.js): not an error, and nothing to show for it.
+export const REPLACED = new ApiError(0, "replaced", "A newer Check replaced this one.", null);
+
+// `signal` aborts the request; its reason is what is thrown then (REPLACED, or the Check's time limit).
+export async function api(path, body, signal) {
   const headers = { accept: "application/json" };
   if (body !== undefined) headers["content-type"] = "application/json";
   if (state.apiKey) headers.authorization = "Bearer " + state.apiKey;
   let res;
   try {
-    res = await fetch(path, { method: body === undefined ? "GET" : "POST", headers,
+    res = await fetch(path, { method: body === undefined ? "GET" : "POST", headers, signal,
       body: body === undefined ? undefined : JSON.stringify(body) });
   } catch (e) {
+    if (signal && signal.aborted) throw signal.reason;
     throw new ApiError(0, "network", "Could not reach the server at " + location.host + " (" + e.message + ").", null);
   }
   let data = null;
   try { data = await res.json(); } catch (e) { /* not JSON: reported below */ }
+  if (signal && signal.aborted) throw signal.reason; // mid-body: not a body that is not JSON
   if (!res.ok) {
     const err = data && data.error;
     throw new ApiError(res.status, err ? err.type : "http_" + res.status,
@@ -35,6 +41,7 @@ export async function api(path, body) {
 }
 
 export function showError(err) {
+  if (err === REPLACED) return;
   if (err.status === 401) {
     // The key form says what to do, beside the box to type it in: not an error box further down the page.
     // A first 401 only asks for the key; one after a key was given says that key was refused.
@@ -69,6 +76,16 @@ export function showError(err) {
 // operators (it names flags such as --max-text-tokens); this line is written for the person at the page.
 function advice(err) {
   const wait = err.retryAfter ? "in " + err.retryAfter + " s" : "in a moment";
+  if (err.type === "timeout") {
+    return "It may be stopped, or busy with a long queue: press Check to send the text again. If it still does "
+      + "not answer, whoever runs the server can find why in its log.";
+  }
+  // This page mends what JSON cannot carry (main.js): such a body came from an older copy of the page, or
+  // was changed on the way.
+  if (err.type === "invalid_json") {
+    return "The server could not read what the page sent: reload the page and press Check again. If it fails "
+      + "again, whoever runs the server can find why in its log.";
+  }
   if (err.type === "network") {
     return "Check that the server is running and that this device can reach it, then press Check to try again.";
   }

@@ -2,17 +2,19 @@
 // second text box, the notes on the model, whether a shown result is still the text's).
 
 import { $, state, selectedModel, takesPairs } from "./state.js";
-import { ApiError, api, clearError, showError } from "./api.js";
+import { ApiError, REPLACED, api, clearError, showError } from "./api.js";
 import { remark } from "./render.js";
 
 // ------------------------------------------------------------------ models
-export async function loadModels() {
+// `signal`: a Check's (main.js), which a newer Check or its time limit aborts.
+export async function loadModels(signal) {
   const select = $("model");
   try {
-    const { data } = await api("models");
+    const { data } = await api("models", undefined, signal);
     state.models = data.models;
     showBroken(data.broken || {});
   } catch (err) {
+    if (err === REPLACED) return false;
     if (!state.models.length) select.firstElementChild.textContent = "not loaded";
     showError(err);
     return false;
@@ -94,10 +96,11 @@ export function markStaleIfEdited() {
   if (state.scoredInput !== null) markStale(inputNow() !== state.scoredInput);
 }
 
-export function markStale(stale) {
+function markStale(stale) {
   for (const note of document.querySelectorAll(".stale-note")) note.hidden = !stale;
   for (const id of ["detect", "classify"]) $(id).classList.toggle("stale", stale);
 }
 
-// What a result was scored from: the text, and the second text where the model takes one.
-export function inputNow() { return $("text").value + (takesPairs(selectedModel()) ? "\u0000" + $("text-pair").value : ""); }
+// What a result is scored from: the text, and the second text where the model takes one.
+export function inputOf(model, text, pair) { return text + (takesPairs(model) ? "\u0000" + pair : ""); }
+export function inputNow() { return inputOf(selectedModel(), $("text").value, $("text-pair").value); }

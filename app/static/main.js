@@ -4,75 +4,121 @@
 // the rest. ES modules from this server, loaded by index.html: nothing to build.
 
 import { $, state, selectedModel, takesPairs } from "./state.js";
-import { api, askForKey, clearError, modelsChanged, showError } from "./api.js";
+import { ApiError, REPLACED, api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import { hideTip, onMarkedKey, remark, renderClassify, renderDetect, showTip } from "./render.js";
-import { inputNow, loadModels, markStale, markStaleIfEdited, syncControls } from "./controls.js";
+import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
 // ------------------------------------------------------------------ scoring
+// How long a Check waits for an answer before it says the server did not answer. The server sets no limit
+// of its own on an admitted request: it gives a client --read-timeout-s (30 s by default) to send one,
+// lets a lone one wait under a minute (--max-wait-ms) for others to batch with, and scores a text at its
+// token limit (--max-text-tokens, 8,192) in about 2 s on two busy CPU cores. 120 s is past all of these
+// together, so a healthy server is not cut off; only a long queue ahead of the text, or a server that is
+// stopped or hung, takes longer, and a Check pressed again gives up on it sooner.
+const ANSWER_LIMIT_S = 120;
+// After this long the status says the server is slow, and that Check sends the text again.
+const SLOW_S = 10;
+let checking = null; // the AbortController of the Check under way: a newer Check aborts it
+
 async function run() {
+  // A Check pressed while another is under way replaces it: the text or the model may have changed since,
+  // or the server may not be answering (it was ignored, and the running one's answer then dropped as
+  // another model's: nothing shown, no word). The request given up is aborted; the server counts it as
+  // a 499.
+  if (checking) checking.abort(REPLACED);
+  const check = new AbortController();
+  checking = check;
+  const limit = setTimeout(() => check.abort(new ApiError(0, "timeout",
+    "The server did not answer in " + ANSWER_LIMIT_S + " s.", null)), ANSWER_LIMIT_S * 1000);
+  const slow = setTimeout(() => {
+    if (checking === check) $("status").textContent = "Still waiting for the server… press Check to send it again.";
+  }, SLOW_S * 1000);
   const button = $("run");
-  // aria-disabled, not disabled: a disabled button loses the keyboard focus, and the next Tab starts over.
-  if (state.busy) return;
-  state.busy = true;
-  button.setAttribute("aria-disabled", "true");
+  // Not disabled, nor aria-disabled: pressed again it sends the text again (and a disabled button loses
+  // the keyboard focus, so the next Tab starts over).
+  button.classList.add("busy");
+  clearError(); // the last Check's error is not this one's
   $("status").textContent = "Scoring…";
   try {
     // The list of models did not load (the server was down or busy when the page opened): try again now.
     if (!state.models.length) {
       $("status").textContent = "Loading the models…";
-      if (!(await loadModels())) { $("status").textContent = ""; return; }
+      const loaded = await loadModels(check.signal);
+      if (check.signal.reason === REPLACED) return;
+      if (!loaded) { $("status").textContent = ""; return; }
       syncControls();
       $("status").textContent = "Scoring…";
     }
-    await score(selectedModel());
+    await score(selectedModel(), check.signal);
   } finally {
-    state.busy = false;
-    button.removeAttribute("aria-disabled");
+    clearTimeout(limit);
+    clearTimeout(slow);
+    if (checking === check) {
+      checking = null;
+      button.classList.remove("busy");
+    }
   }
 }
 
-async function score(model) {
-  const text = $("text").value;
-  const pair = takesPairs(model) ? $("text-pair").value : "";
+async function score(model, signal) {
+  const typed = $("text").value;
+  const typedPair = takesPairs(model) ? $("text-pair").value : "";
+  const text = wellFormed(typed), pair = wellFormed(typedPair);
+  const mended = text !== typed || pair !== typedPair;
   try {
     if (model.kind === "classifier") {
       // A model fine-tuned on pairs gets one; one that may take either gets one when a second text is given.
       const input = model.trained_on === "pairs" || pair.trim() ? { pairs: [[text, pair]] } : { text };
-      const { data, ms } = await api("classify", { model: model.name, ...input });
+      const { data, ms } = await api("classify", { model: model.name, ...input }, signal);
       if (switchedAway(model)) return;
       clearError();
       renderClassify(model, data.results[0]);
-      $("status").textContent = done(ms);
+      $("status").textContent = done(ms, mended);
     } else {
       const threshold = Number($("threshold").value);
-      const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" });
+      const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" }, signal);
       if (switchedAway(model)) return;
       clearError();
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
-      $("status").textContent = done(ms);
+      $("status").textContent = done(ms, mended);
     }
-    state.scoredInput = inputNow();
+    // What was sent, not what the boxes hold now: an edit made while it scored leaves the result stale.
+    // (As typed: a mended character is not an edit.)
+    state.scoredInput = inputOf(model, typed, typedPair);
     state.scoredWith = model.name;
-    markStale(false);
+    markStaleIfEdited();
     // The result may start below the fold (a laptop's 800 px): bring its top into view.
     $(model.kind === "classifier" ? "classify" : "detect").scrollIntoView({ block: "nearest" });
   } catch (err) {
+    if (err === REPLACED) return; // the newer Check says what happens
     $("status").textContent = "";
     // The server was started again with other bundles, or found this one broken: the list is out of date.
     if (modelsChanged(err) && await loadModels()) syncControls();
-    showError(err);
+    if (signal.reason !== REPLACED) showError(err); // a Check pressed while the list loaded has its own say
   }
 }
 
-// Another model was chosen while this one scored: its answer is not the chosen model's, and is dropped.
+// Another model was chosen while this one scored, and Check not pressed again: its answer is not the
+// chosen model's, and is not shown. The status says so, or the page would just go quiet.
 function switchedAway(model) {
-  if (selectedModel() && selectedModel().name === model.name) return false;
-  $("status").textContent = "";
+  const now = selectedModel();
+  if (now && now.name === model.name) return false;
+  $("status").textContent = "Another model was chosen while " + model.name + " scored: press Check to score "
+    + "with " + (now ? now.name : "it") + ".";
   return true;
 }
 
-function done(ms) { return ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored."; }
+function done(ms, mended) {
+  return (ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored.")
+    + (mended ? " A broken character (half of a UTF-16 surrogate pair) was scored as \uFFFD." : "");
+}
+
+// A lone UTF-16 surrogate (half of a pair: a bad paste, a script) is no character, and the server refuses
+// the JSON escape that JSON.stringify writes for it (400 invalid_json). U+FFFD takes its place: one UTF-16
+// unit and one code point, as the lone half is, so the answer's offsets still fall on the typed text.
+const PAIR_OR_LONE = /[\uD800-\uDBFF][\uDC00-\uDFFF]|[\uD800-\uDFFF]/g;
+function wellFormed(s) { return s.replace(PAIR_OR_LONE, (m) => (m.length === 2 ? m : "\uFFFD")); }
 
 // The API's offsets count code points (Python str indices); JS strings index UTF-16 units.
 function codePointIndex(text) {

@@ -49,7 +49,10 @@ export function renderDetect() {
   if (at < text.length) frag.append(text.slice(at));
   marked.replaceChildren(frag);
   if (state.spans.length) state.spans[0].tabIndex = 0;
-  $("unit-h").textContent = unit() === "words" ? "Word" : "Token";
+  const words = unit() === "words";
+  $("unit-h").textContent = words ? "Word" : "Token";
+  // A token's row holds the word it is part of, not pieces of its own (pieces()).
+  $("pieces-h").textContent = words ? "Pieces" : "In word";
   renderTable();
   remark();
   $("detect").hidden = false;

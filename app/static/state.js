@@ -7,9 +7,8 @@ export const state = {
   models: [],
   detect: null, // {text, result, cps}: the last /detect answer and the text it was for
   spans: [], // rendered span elements of the text view, in text order
-  scoredInput: null, // inputNow() when the shown result was scored: an edit since marks it stale
+  scoredInput: null, // the input the shown result was scored from (inputOf): an edit since marks it stale
   scoredWith: null, // the name of the model that gave the shown result
-  busy: false, // a Check is under way: another is ignored until it ends
 };
 
 export function selectedModel() { return state.models.find((m) => m.name === $("model").value); }
