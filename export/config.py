@@ -44,7 +44,9 @@ class ExportConfig:
     )
     opset: int = option(17, "ONNX opset, 13 to 20 (17: LayerNormalization is one op)")
     max_length: int | None = option(
-        None, "longest input, special tokens included (default: the model's limit)"
+        None,
+        "longest input, special tokens included (default: the positions training used, or a fine-tuned model's "
+        "--max-seq-len, within the model's limit)",
     )
     eval_text: str | None = option(
         None, "held-out text file for the int8 check, one text a line (default: WikiText-2 valid)"
