@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from app.model.bundle import Manifest, read_bundle
 from tests.helpers_models import TINY_ENCODER as TINY
@@ -156,6 +157,25 @@ def test_output_loads_in_transformers_with_the_same_logits(spam_run, registry_da
             input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"]
         )
     assert (a - h.logits).abs().max().item() <= 1e-5
+
+
+def test_a_text_that_fits_exactly_is_not_counted_as_truncated_as_the_server_says():
+    """The start-up count of texts "truncated to L tokens" took every text of L tokens for cut, one that fit
+    exactly too; the server's `truncated` (tokens left over) is what it means."""
+    from app.model.tokenization import TextTokenizer
+
+    path = Path(__file__).parents[1] / "models" / "detector" / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    served = TextTokenizer(path, max_length=8, stride=0)
+    # [CLS] + 6 words + [SEP] is 8 tokens; a pair has three special tokens.
+    inputs = ["a b c d e f", "a b c d e f g", ("a b c", "d e"), ("a b c", "d e f"), "a b"]
+    items = encode(tok, [Example(x, None, 0) if isinstance(x, str) else Example(*x, 0) for x in inputs], 8)
+    assert [len(e.ids) for e in items] == [8, 8, 8, 8, 4]
+    assert [e.truncated for e in items] == [False, True, False, True, False]
+    as_served = [
+        e.truncated for e in served.encode_classify([x if isinstance(x, str) else list(x) for x in inputs])
+    ]
+    assert as_served == [e.truncated for e in items]
 
 
 # ------------------------------------------------------------------------------------------- user data

@@ -51,6 +51,9 @@ class Encoded(NamedTuple):
     ids: list[int]  # [CLS] A [SEP] (B [SEP]), truncated to max_seq_len
     type_ids: list[int]
     label: int | float
+    # Cut to max_seq_len: tokens were left over (what the server's `truncated` says), not a length at the
+    # limit, which a text that fits exactly has too.
+    truncated: bool = False
 
 
 @dataclass
@@ -548,7 +551,8 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[En
     t.encode_special_tokens = True
     inputs = [ex.text if ex.pair is None else (ex.text, ex.pair) for ex in examples]
     return [
-        Encoded(e.ids, e.type_ids, ex.label) for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
+        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0)
+        for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
     ]
 
 

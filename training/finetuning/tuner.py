@@ -441,7 +441,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     warmup = round(cfg.warmup_fraction * total)
     groups = layerwise_param_groups(model, cfg.lr, cfg.layerwise_lr_decay, cfg.weight_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=cuda)
-    truncated = sum(len(e.ids) == cfg.max_seq_len for e in encoded["train"])
+    truncated = sum(e.truncated for e in encoded["train"])
     print(f"parameters: {count_parameters(model) / 1e6:.2f}M; {total} steps ({cfg.epochs} epochs of "
           f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
