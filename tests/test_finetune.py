@@ -582,7 +582,11 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
     common = ["--train", train, "--text-column", "review", "--label-column", "verdict", "--epochs", 1,
               "--batch-size", 8]  # fmt: skip
     run("--init", tiny_init, *common, "--out", tmp_path / "qat", "--qat")
-    capsys.readouterr()
+    # Its figures include the simulated int8 rounding: they were announced as an fp32 export's.
+    assert (
+        "eval_*.json in fp32 with the int8 rounding simulated (--qat), as its default export (--int8 compute)"
+        in (capsys.readouterr().out)
+    )
     run("--init", tmp_path / "qat", *common, "--out", tmp_path / "follows")
     assert (
         "is quantization-aware (int8 ranges in its config.json): fine-tuning it so too"
@@ -591,7 +595,9 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
     assert json.loads((tmp_path / "follows" / "finetune_config.json").read_text())["qat"] is True
     assert "quantization" in json.loads((tmp_path / "follows" / "config.json").read_text())
     run("--init", tmp_path / "qat", *common, "--out", tmp_path / "fp32", "--qat", "false")
-    assert "are dropped (--qat false): fine-tuning in fp32" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "are dropped (--qat false): fine-tuning in fp32" in said
+    assert "eval_*.json in fp32, as an fp32 export computes" in said
     assert json.loads((tmp_path / "fp32" / "config.json").read_text()).get("quantization") is None
     model, _, _ = load_model(tmp_path / "fp32")
     assert not any(type(m).__name__.startswith(("Int8", "StoredInt8")) for m in model.modules())

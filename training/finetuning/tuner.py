@@ -337,7 +337,7 @@ class FineTuner:
         the split's figures."""
         probs: list = []
         # In fp32 whatever the run trained in (bf16 on CUDA and AMX): the bundle's arithmetic, so that it
-        # answers as these files say.
+        # answers as these files say (a --qat model's int8 rounding included: its int8 bundle's).
         preds, loss = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id,
                               self.device, full_fp32, probs)  # fmt: skip
         labels, regression = self.data.labels, self.data.problem_type == REGRESSION
@@ -395,8 +395,13 @@ def setup(argv: list[str] | None) -> FineTuner:
     ran = hardware_as_run(device, use_bf16, cfg.tf32)
 
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
+    # A --qat model's forward rounds its projections' inputs and weights as the int8 bundle does: its final
+    # figures are that bundle's, and an fp32 export of it answers otherwise (not by much, but not as said).
+    computes = ("in fp32 with the int8 rounding simulated (--qat), as its default export (--int8 compute) "
+                "computes; a --precision fp32 export of it answers otherwise" if cfg.qat else
+                "in fp32, as an fp32 export computes")  # fmt: skip
     print(f"precision: {precision_reason(cfg.bf16, device.type, use_bf16)}; {matmuls}; the final "
-          f"predictions and eval_*.json in fp32, as an fp32 export computes", flush=True)  # fmt: skip
+          f"predictions and eval_*.json {computes}", flush=True)  # fmt: skip
     options.save(cfg, out / cfg.SAVED_AS, as_run=ran)  # the name --help gives
     for note in notes:
         print(f"init: {note}", flush=True)
