@@ -530,7 +530,7 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
         read_labelled(tmp_path / "dev.jsonl", ckpt)
     # The columns are every row's: a first row without a label was taken for a file without the column.
     (tmp_path / "first.jsonl").write_text('{"text": "a"}\n{"text": "b", "label": 0}\n{"note": "c"}\n')
-    with pytest.raises(EvalDataError, match=r"first.jsonl row 1 has no 'label'"):
+    with pytest.raises(EvalDataError, match=r"first.jsonl line 1 has no 'label'"):
         read_labelled(tmp_path / "first.jsonl")
     with pytest.raises(
         EvalDataError, match=r"expected columns 'review' and 'stars'.*\(it holds: 'text', 'label', 'note'\)"

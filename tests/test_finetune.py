@@ -389,7 +389,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "semicolons-only.csv": "text;label\n" + "\n".join(g.replace(",", ";") for g in good) + "\n",
         # DictReader keeps a name's last column: it trained on the ids.
         "twice.csv": "text,label,text\n" + "\n".join(f"{g},id{i}" for i, g in enumerate(good)) + "\n",
-        "nulls.jsonl": "\n".join(
+        "nulls.jsonl": "\n\n"
+        + "\n".join(  # blank lines: rows are named by their line
             json.dumps({"text": None if i == 4 else g.split(",")[0], "label": g.split(",")[1]})
             for i, g in enumerate(good)
         )
@@ -415,8 +416,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "semicolons.csv": "the header is one field with semicolons: write the file comma-separated",
         "semicolons-only.csv": "it looks semicolon-separated: write the file comma-separated",
         "twice.csv": "header names 'text' 2 times (columns 1, 3); give each column its own name",
-        "nulls.jsonl": "row 5 has no 'text'",
-        "multilabel.jsonl": "row 3: the label is a JSON list",
+        "nulls.jsonl": "line 7 has no 'text'",
+        "multilabel.jsonl": "line 3: the label is a JSON list",
         "latin1.csv": "is not UTF-8",
     }
     for name, says in cases.items():
