@@ -285,9 +285,12 @@ def test_same_seed_same_model_and_early_stopping(tiny_init, tmp_path, capsys):
     # A learning rate of ~0 never improves on the first evaluation: stop two evaluations later.
     assert state["stopped_early"] and state["step"] == 3 and state["global_step"] == 9
     metric, value = state["best_metric"], state["eval"]["dev"][state["best_metric"]]
-    assert f"early stop at step 9 of 40: dev {metric} has not risen above {value:.4f} in 2 evaluations" in (
-        capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert (
+        f"early stop at step 9 of 40: dev {metric} has not risen above {value:.4f} in 2 evaluations" in said
     )
+    # The last line said "step 3 of 9": the best of the steps run, read as a run of 9 steps.
+    assert f"model: {outs[1]} (best at step 3; stopped early at step 9 of 40 (--patience); " in said
 
 
 def test_patience_spent_at_the_last_evaluation_is_no_early_stop(tiny_init, tmp_path, capsys):
@@ -302,7 +305,9 @@ def test_patience_spent_at_the_last_evaluation_is_no_early_stop(tiny_init, tmp_p
     dev = [r for r in read_metrics(tmp_path / "out" / "metrics.jsonl") if r["split"] == "dev"]
     assert len(dev) == 2 and dev[1][state["best_metric"]] == dev[0][state["best_metric"]]  # patience spent
     assert dev[1]["step"] == state["global_step"] and state["stopped_early"] is False
-    assert "early stop" not in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "early stop" not in said
+    assert f"(best at step {state['step']}; all {state['global_step']} steps run; " in said
 
 
 def test_a_lower_loss_at_the_same_figure_is_kept_but_not_called_an_improvement(tiny_init, tmp_path, capsys):

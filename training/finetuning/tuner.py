@@ -510,7 +510,11 @@ def train_and_save(t: FineTuner) -> dict:
         sys.exit(f"error: {e}; the fine-tuned model was not written")
     except ConfigError as e:  # metrics.jsonl of the run resumed, damaged
         options.usage_exit(f"error: {e}")
-    print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
+    # As the interrupted run's line says them: "step 2 of 4" after an early stop at step 4 of 35 read as a
+    # run of 4 steps.
+    ran = (f"stopped early at step {t.step} of {t.total} (--patience)" if t.step < t.total else
+           f"all {t.total} steps run")  # fmt: skip
+    print(f"model: {t.cfg.out} (best at step {t.best['step']}; {ran}; {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
     return evals
 
