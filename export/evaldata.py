@@ -324,7 +324,7 @@ def _run_data(config: dict):
     if config.get("task") or not config.get("train") or not Path(config["train"]).is_file():
         return None
     try:
-        return load_task_data(SimpleNamespace(**config))
+        return load_task_data(SimpleNamespace(**config), reread_by="export")
     except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
         return None
 

@@ -301,3 +301,27 @@ def test_a_class_a_split_or_sample_leaves_out_is_warned_of_with_what_to_do(tmp_p
     assert "the --dev-fraction 0.6 split holds out every row of class 'c' (1 row in the dev split)" in held[0]
     setup(["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"])
     assert "warning: the dev split holds no row of class 'c'" in capsys.readouterr().err
+
+
+def test_export_rereading_a_runs_training_file_names_it_as_the_runs(tmp_path, capsys):
+    """Export rebuilds a run's dev split from its --train file, and warned "--train: ... has 1 row(s) with
+    empty text ...; they are kept, and teach the model ...": a flag export does not have, and advice for a
+    run already made."""
+    import dataclasses
+
+    from export.evaldata import run_dev_rows
+
+    rows = [(f"film {i}", "ab"[i % 2]) for i in range(20)]
+    train = write(tmp_path / "t.csv", [*rows[:2], ("", "a"), *rows[2:]])
+    cfg = dataclasses.asdict(FinetuneConfig(train=str(train), init=str(tmp_path), out=str(tmp_path / "out")))
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps({"problem_type": "single_label_classification", "config": cfg})
+    )
+    dev, where = run_dev_rows(tmp_path)
+    assert dev and "the run's dev split" in where
+    said = capsys.readouterr().err
+    assert (
+        f"warning: the fine-tuning run's --train file {train}, as export re-reads it, has 1 row(s) with empty "
+        "text (row 3); kept, as the run kept them" in said
+    ), said
+    assert "--train:" not in said

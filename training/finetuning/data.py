@@ -75,9 +75,11 @@ class TaskData:
 # ------------------------------------------------------------------------------------------- loading
 
 
-def load_task_data(cfg) -> TaskData:
-    """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples."""
-    data = _registry(cfg) if cfg.task else _user_files(cfg)
+def load_task_data(cfg, reread_by: str | None = None) -> TaskData:
+    """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples. `reread_by`: the
+    program that reads a finished run's files again (export), which has no --train of its own: what it
+    says of them names the run's."""
+    data = _registry(cfg) if cfg.task else _user_files(cfg, reread_by)
     classes = _classes(data.splits["train"]) if data.problem_type == CLASSIFICATION else 0
     _need_two_classes(classes, "--train: the training data holds")
     unsampled = {split: class_counts(rows) for split, rows in data.splits.items()}
@@ -236,7 +238,9 @@ def row_columns(rows: list[dict]) -> list[str]:
     return list(map(str, dict.fromkeys(key for row in rows for key in row)))
 
 
-def _raw_examples(path: str, flag: str, cfg) -> tuple[list[tuple[str, str | None, object]], Rows]:
+def _raw_examples(
+    path: str, flag: str, cfg, reread_by: str | None = None
+) -> tuple[list[tuple[str, str | None, object]], Rows]:
     """(text, pair, label) of each row of the file, and the rows as read (which name each row's place)."""
     read = read_rows(path, flag, tuple(_columns(cfg).values()))
     rows = read.rows
@@ -279,7 +283,11 @@ def _raw_examples(path: str, flag: str, cfg) -> tuple[list[tuple[str, str | None
         for i, (text, pair, _) in enumerate(out)
         if not text.strip() or (pair is not None and not pair.strip())
     ]
-    if empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
+    if empty and reread_by:  # the model trained on them: nothing to change now but the file, for a next run
+        print(f"warning: the fine-tuning run's {flag} file {path}, as {reread_by} re-reads it, has {len(empty)} "
+              f"row(s) with empty text ({read.places(empty)}); kept, as the run kept them", file=sys.stderr,
+              flush=True)  # fmt: skip
+    elif empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
         print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text ({read.places(empty)}); they are "
               "kept, and teach the model its label for no text", file=sys.stderr, flush=True)  # fmt: skip
     return out, read
@@ -415,11 +423,11 @@ def _is_float_text(value) -> bool:
     return not isinstance(value, bool)
 
 
-def _user_files(cfg) -> TaskData:
+def _user_files(cfg, reread_by: str | None = None) -> TaskData:
     raw, read = {}, {}
     for split, path in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)):
         if path:
-            raw[split], read[split] = _raw_examples(path, f"--{split}", cfg)
+            raw[split], read[split] = _raw_examples(path, f"--{split}", cfg, reread_by)
     values = [lab for _, _, lab in raw["train"]]
     numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
