@@ -221,6 +221,28 @@ def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
     hf = transformers.ElectraForSequenceClassification.from_pretrained(out)
     assert hf.config.problem_type == "regression" and hf.config.num_labels == 1
     assert json.loads((out / "finetune_config.json").read_text())["metric"] == "spearman"
+    # Served, it answers the predicted value under the target's name, and refuses top_k, which ranks labels
+    # (it was dropped in silence, the value read as a label's probability).
+    from litestar.testing import TestClient
+
+    from app.http.server import create_app
+    from app.settings import Settings
+    from export.__main__ import main as export
+    from tests.app_fixtures import wait_for
+
+    assert (
+        export([str(out), "--out", str(tmp_path / "models" / "sts"), "--precision", "fp32", "--no-calibrate"])
+        == 0
+    )
+    dev = json.loads((out / "predictions_dev.jsonl").read_text().splitlines()[0])
+    with TestClient(create_app(Settings(models_dir=tmp_path / "models", ui=False))) as c:
+        wait_for(lambda: c.get("/ready").status_code == 200, what="the regression model loaded")
+        refused = c.post("/classify", json={"text": dev["text"], "top_k": 1})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "top_k", refused.text
+        assert "top_k applies to classification models; model 'sts' is a regression" in refused.text
+        got = c.post("/classify", json={"text": dev["text"]}).json()["results"][0]
+    assert got["label"] == "score" and got["probs"] == {"score": got["score"]} and "top_k" not in got
+    assert got["score"] == pytest.approx(dev["predicted"], abs=1e-4)
 
 
 def save_hf_classifier(tmp_path: Path, tiny_init: Path, labels: tuple[str, ...]) -> Path:
