@@ -17,7 +17,9 @@ Threshold = Annotated[
     msgspec.Meta(ge=0.0, le=1.0, description="flag words with prob >= threshold",
                  extra_json_schema={"extra": {"minimum": 0.0}}),
 ]  # fmt: skip
-TopK = Annotated[int, msgspec.Meta(ge=1, description="return the k most probable labels")]
+TopK = Annotated[
+    int, msgspec.Meta(ge=1, description="return the k most probable labels (classification models only)")
+]
 Pair = Annotated[list[str], msgspec.Meta(min_length=2, max_length=2, description="[text, text_pair]")]
 # The per-request maximum is a setting (max_batch_size), checked in check_inputs, not in the schema.
 Texts = Annotated[list[str], msgspec.Meta(min_length=1, description="a batch of texts")]
@@ -131,8 +133,8 @@ class LabelScore(msgspec.Struct):
 
 
 class ClassifyResult(msgspec.Struct, omit_defaults=True):
-    label: Annotated[str, _doc("the most probable label")]
-    score: float
+    label: Annotated[str, _doc("the most probable label (a regression model: the name of its target)")]
+    score: Annotated[float, _doc("that label's probability (a regression model: the predicted value)")]
     probs: Annotated[dict[str, float], _doc("every label of the manifest (the raw value for regression)")]
     truncated: Annotated[bool, _doc("the input was longer than max_length and was cut to fit")]
     top_k: Annotated[list[LabelScore], _doc("the top_k labels, most probable first")] | None = None

@@ -13,9 +13,10 @@ from bulk.reading import BOM
 
 # A compressed shard is read as what it holds by no reader here: it fails, saying so, and is never skipped.
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
-# Not read (a quoted field may span lines). Named outright or matched by a glob, one fails by name with the
-# conversion to Parquet (inputs.plan). Under a directory it is left out with a note naming it (inputs.shards):
-# it may be a sidecar (metadata.csv beside the shards), and failing it failed every run of the job.
+# Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
+# Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards). Under
+# a directory it is left out with a note naming it (inputs.shards): it may be a sidecar (metadata.csv beside
+# the shards), and failing it failed every run of the job.
 CSV = (".csv", ".tsv")
 # Byte-order marks of the encodings other than UTF-8 a text file may be saved in (Windows' "Unicode" is
 # UTF-16 LE): read as UTF-8, every line of such a JSONL file was rejected, and a .txt file's scored as text

@@ -181,6 +181,10 @@ def shards(
     mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
     left = LeftOut()
     if path.is_file():
+        # Refused before --out is made, as a directory holding only such files is: failed as a shard, it
+        # exited 4 ("a shard failed") with a job.json, manifest and summary written for nothing to score.
+        if why := not_read_by_suffix(path, fmt):
+            raise InputError(f"{spec}: {why}")
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
@@ -334,6 +338,24 @@ def format_of(path: Path, fmt: str) -> str:
     return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
 
 
+def not_read_by_suffix(path: Path, fmt: str) -> str | None:
+    """Why bulk reads no file of `path`'s suffix without a --format (a CSV, compressed or not; another file
+    type's, .md or .md5), with what to do; None: it reads it, or a --format says how. A compressed file of
+    a type it reads is not refused here: it fails as a shard wherever it is found (`plan`)."""
+    if fmt != "auto":
+        return None
+    if type_suffix(path) in CSV:
+        return csv_hint(path)
+    suffix = path.suffix.lower()
+    if suffix and suffix not in COMPRESSED and not suffix[1:].isdigit() and suffix not in SUFFIXES:
+        # Read as JSONL, a CSV was 100% rejects. A numbered suffix (shard.00001) or none (part-00000, as
+        # Spark writes) is still JSONL.
+        known = ", ".join(sorted(SUFFIXES))
+        return (f"{path.suffix} is not a format bulk reads by its suffix ({known}); convert it, or give --format "
+                "jsonl, parquet or text to read it as one")  # fmt: skip
+    return None
+
+
 def plan(
     root: Path,
     files: list[Path],
@@ -354,19 +376,11 @@ def plan(
             shown = name.encode("utf-8", "backslashreplace").decode()
             failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
             continue
-        if fmt == "auto" and type_suffix(path) in CSV:
-            failed[name] = csv_hint(path)
+        if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
+            failed[name] = why
             continue
         if path.suffix.lower() in COMPRESSED:
             failed[name] = compressed_hint(path)
-            continue
-        suffix = path.suffix.lower()
-        if fmt == "auto" and suffix and not suffix[1:].isdigit() and suffix not in SUFFIXES:
-            # A file type's suffix (.csv, .md, .md5) bulk does not read: read as JSONL, a CSV was 100%
-            # rejects. A numbered one (shard.00001) or none (part-00000, as Spark writes) is still JSONL.
-            known = ", ".join(sorted(SUFFIXES))
-            failed[name] = (f"{path.suffix} is not a format bulk reads by its suffix ({known}); convert it, or "
-                            "give --format jsonl, parquet or text to read it as one")  # fmt: skip
             continue
         kind = format_of(path, fmt)
         if kind == "text" and id_field:  # its documents are lines, with no field to take an id from

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 # One bundle reader: app.model.bundle (the server's) defines what a bundle is and checks it; export writes
@@ -123,9 +124,16 @@ instance_group [ {{ count: 1, kind: {device} }} ]
 """
 
 
-def write_triton(repo: Path, name: str, bundle: Path, manifest: dict, max_batch: int = 64) -> Path:
+def write_triton(
+    repo: Path,
+    name: str,
+    bundle: Path,
+    manifest: dict,
+    max_batch: int = 64,
+    log: Callable[[str], None] = print,
+) -> Path:
     """<repo>/<name> written whole or not at all (write_atomically, as the bundle is): a stop or a full disk
-    leaves an earlier model directory there as it was."""
+    leaves an earlier model directory there as it was. `log` says what it leaves out."""
     from training.checkpoint import write_atomically
 
     inputs = ",\n".join(
@@ -136,7 +144,11 @@ def write_triton(repo: Path, name: str, bundle: Path, manifest: dict, max_batch:
     # regression's one column is no class, and a name with a line break cannot be a line of the file
     # (manifest.json, copied beside it, names them all in any case).
     labels = manifest.get("labels") if manifest.get("problem_type") != "regression" else None
-    if labels and any("\n" in n or "\r" in n for n in labels):
+    if labels and (broken := next((n for n in labels if "\n" in n or "\r" in n), None)) is not None:
+        # Said: a client of Triton's classification extension then gets class indices, not names.
+        log(f"warning: --triton: the label {broken!r} holds a line break, which {TRITON_LABELS} (a class a line) "
+            f"cannot hold: the Triton model has no {TRITON_LABELS} and no label_filename, so its classification "
+            "extension answers class indices; the labels, in output order, are in its manifest.json")  # fmt: skip
         labels = None
     text = _TRITON.format(
         name=name,

@@ -64,7 +64,9 @@ class ExportConfig:
         "--eval-data's second text of a pair (the model's own for a pair model; a model from elsewhere: "
         "checked on pairs)",
     )
-    label_column: str | None = option(None, "--eval-data's label column (else label)")
+    label_column: str | None = option(
+        None, "--eval-data's label column (default: the model's own, else label)"
+    )
     data_dir: str | None = option(
         None,
         "directory already holding the registry's data files (else fetched and cached)",

@@ -187,9 +187,10 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read
     try:
-        rows = read_rows(str(path), "--eval-data", wanted)
+        read = read_rows(str(path), "--eval-data", wanted)
     except DataError as e:
         raise EvalDataError(str(e)) from None
+    rows = read.rows
     if not rows:
         raise EvalDataError(f"--eval-data {path}: no labelled rows in it (a header alone?)")
     columns = row_columns(rows)  # not the first row's: a JSONL row may leave a key out (named below)
@@ -213,12 +214,12 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         raise EvalDataError(f"--eval-data: {path}: expected columns {cols.names()}{what}, {whose} (it holds: "
                             f"{held}); {flags} name others")  # fmt: skip
     out: list[tuple[Input, str]] = []
-    for n, r in enumerate(rows, 1):
+    for i, r in enumerate(rows):
         gone = next((c for c in (cols.text, cols.pair) if c and r.get(c) is None), None)
         if gone is None and missing(r.get(cols.label)):
             gone = cols.label
         if gone is not None:
-            raise EvalDataError(f"--eval-data: {path} row {n} has no {gone!r}")
+            raise EvalDataError(f"--eval-data: {path} {read.place(i)} has no {gone!r}")
         text = str(r[cols.text])
         out.append(((text, str(r[cols.pair])) if cols.pair else text, label_name(r[cols.label])))
     return out
@@ -323,7 +324,7 @@ def _run_data(config: dict):
     if config.get("task") or not config.get("train") or not Path(config["train"]).is_file():
         return None
     try:
-        return load_task_data(SimpleNamespace(**config))
+        return load_task_data(SimpleNamespace(**config), reread_by="export")
     except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
         return None
 

@@ -159,7 +159,7 @@ def _export(src: _Source, log) -> dict:
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:
         try:
-            model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result)
+            model_dir = bundle_writer.write_triton(Path(cfg.triton), out.name, out, result, log=log)
         except BaseException as e:
             # A stop or a full disk here: the bundle is written, and the message must say so.
             setattr(e, bundle_writer.BUNDLE_WRITTEN, True)

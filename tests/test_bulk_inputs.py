@@ -208,31 +208,42 @@ def test_a_nan_or_infinite_id_is_no_id(tmp_path):
     ]  # fmt: skip
 
 
-def test_a_file_named_outright_in_a_format_bulk_does_not_read_fails_by_name(tmp_path):
-    """A CSV given as INPUT was read as JSONL: every row rejected not_json, and the job 'finished'."""
+def test_a_file_named_outright_in_a_format_bulk_does_not_read_is_refused_as_bad_input(tmp_path, capsys):
+    """A CSV given as INPUT was read as JSONL: every row rejected not_json, and the job 'finished'. Then it
+    failed as a shard: exit 4, with --out made and a job.json, manifest and summary written for nothing to
+    score, where a directory holding only it was refused (exit 2, nothing written). Named outright it is
+    refused so too, naming the conversion; a --format says how to read it, and no suffix or a numbered one
+    is JSONL."""
+    from bulk.__main__ import main
+
     (tmp_path / "reviews.csv").write_text("review,stars\ngreat,5\n")
     (tmp_path / "part-00000").write_text('{"text": "no suffix: JSONL, as a Spark job writes it"}\n')
     (tmp_path / "shard.00001").write_text('{"text": "a numbered suffix: JSONL"}\n')
     (tmp_path / "shard.jsonl.md5").write_text("d41d8cd98f00b204e9800998ecf8427e  shard.jsonl\n")
-    root, files, _ = shards(str(tmp_path / "shard.jsonl.md5"), "auto")
-    assert ".md5 is not a format bulk reads" in plan(root, files, "auto", 1 << 20)[1]["shard.jsonl.md5"]
-    cases = [
-        ("reviews.csv", "auto"),
-        ("part-00000", "auto"),
-        ("shard.00001", "auto"),
-        ("reviews.csv", "text"),
-    ]
-    for name, format_ in cases:
+    with pytest.raises(
+        InputError, match=r"shard\.jsonl\.md5: \.md5 is not a format bulk reads .* give --format"
+    ):
+        shards(str(tmp_path / "shard.jsonl.md5"), "auto")
+    with pytest.raises(InputError, match=r"reviews\.csv: bulk does not read CSV") as refused:
+        shards(str(tmp_path / "reviews.csv"), "auto")
+    assert "convert it once to Parquet" in str(refused.value) and "--format" not in str(refused.value)
+    for name, format_ in [("part-00000", "auto"), ("shard.00001", "auto"), ("reviews.csv", "text"),
+                          ("shard.jsonl.md5", "text")]:  # fmt: skip
         root, files, _ = shards(str(tmp_path / name), format_)
         parts, failed = plan(root, files, format_, 1 << 20)
-        if (name, format_) == ("reviews.csv", "auto"):
-            assert not parts and "bulk does not read CSV" in failed["reviews.csv"]
-            assert (
-                "convert it once to Parquet" in failed["reviews.csv"]
-                and "--format" not in failed["reviews.csv"]
-            )
-        else:
-            assert len(parts) == 1 and not failed
+        assert len(parts) == 1 and not failed, (name, failed)
+    out = tmp_path / "out"
+    argv = [
+        str(tmp_path / "reviews.csv"),
+        "--out",
+        str(out),
+        "--model",
+        "detector",
+        "--models",
+        str(REPO / "models"),
+    ]
+    assert main([*argv, "--no-progress"]) == 2
+    assert "bulk does not read CSV" in capsys.readouterr().err and not out.exists()  # nothing written
 
 
 @pytest.mark.parametrize("row_group_size", [None, 7, 300])
@@ -566,7 +577,8 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
     """A directory INPUT dropped .csv and .tsv files (compressed or not) without a word; then they were
     planned and failed, so a sidecar metadata.csv beside the shards made every run exit 4, resumes of a
     finished job too. Under a directory they are left out and named (the run says how to have them scored);
-    named outright, or matched by a glob, one fails by name with the conversion to Parquet, as before."""
+    matched by a glob, one fails by name with the conversion to Parquet, as before; named outright, it is
+    refused with it."""
     corpus = tmp_path / "corpus"
     lines(corpus / "a.jsonl", [{"text": "read"}])
     (corpus / "sub").mkdir()
@@ -580,13 +592,12 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
     parts, failed = plan(root, files, "auto", 1 << 20)
     assert [p.name for p in parts] == ["a.jsonl"] and not failed and not unlisted, failed
     assert left.csvs == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"] and not left.jobs
-    for spec in (f"{corpus}/**/*.*", str(corpus / "tabs.tsv")):
-        root, files, _ = shards(spec, "auto")
-        failed = plan(root, files, "auto", 1 << 20)[1]
-        assert all("bulk does not read CSV" in why for why in failed.values()) and "tabs.tsv" in failed, (
-            failed
-        )
-        assert "delimiter='\\t'" in failed["tabs.tsv"]
+    root, files, _ = shards(f"{corpus}/**/*.*", "auto")
+    failed = plan(root, files, "auto", 1 << 20)[1]
+    assert all("bulk does not read CSV" in why for why in failed.values()) and "tabs.tsv" in failed, failed
+    assert "delimiter='\\t'" in failed["tabs.tsv"]
+    with pytest.raises(InputError, match=r"bulk does not read CSV.*delimiter='\\t'"):  # named: refused
+        shards(str(corpus / "tabs.tsv"), "auto")
     _, failed = plan(*shards(f"{corpus}/**/*.*", "auto")[:2], "auto", 1 << 20)
     assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
     # A directory of CSVs alone has no input: the refusal names them, and how to have them scored.

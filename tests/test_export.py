@@ -102,6 +102,26 @@ def test_classifier_bundle_matches_transformers(tmp_path, classifier_dir):
     assert (model_dir / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
 
 
+def test_a_label_with_a_line_break_leaves_the_triton_model_without_labels_txt_and_says_so(tmp_path, capsys):
+    """labels.txt holds a class a line: a label with a line break cannot be one, and the file and its
+    label_filename were left out in silence (Triton's classification extension then answers indices)."""
+    from export.bundle_writer import write_triton
+
+    bundle = REPO / "models" / "sentiment"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    model_dir = write_triton(tmp_path / "repo", "as-shipped", bundle, manifest)
+    assert (model_dir / "labels.txt").read_text() == "negative\npositive\n" and not capsys.readouterr().out
+    manifest["labels"] = ["nega\ntive", "positive"]
+    model_dir = write_triton(tmp_path / "repo", "broken", bundle, manifest)
+    assert (
+        not (model_dir / "labels.txt").exists()
+        and "label_filename" not in (model_dir / "config.pbtxt").read_text()
+    )
+    said = capsys.readouterr().out
+    assert "warning: --triton: the label 'nega\\ntive' holds a line break, which labels.txt" in said, said
+    assert "the labels, in output order, are in its manifest.json" in said
+
+
 def test_fp16_bundle_keeps_float32_io(tmp_path, classifier_dir):
     import torch
 
@@ -530,7 +550,7 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
         read_labelled(tmp_path / "dev.jsonl", ckpt)
     # The columns are every row's: a first row without a label was taken for a file without the column.
     (tmp_path / "first.jsonl").write_text('{"text": "a"}\n{"text": "b", "label": 0}\n{"note": "c"}\n')
-    with pytest.raises(EvalDataError, match=r"first.jsonl row 1 has no 'label'"):
+    with pytest.raises(EvalDataError, match=r"first.jsonl line 1 has no 'label'"):
         read_labelled(tmp_path / "first.jsonl")
     with pytest.raises(
         EvalDataError, match=r"expected columns 'review' and 'stars'.*\(it holds: 'text', 'label', 'note'\)"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from app.model.bundle import Manifest, read_bundle
 from tests.helpers_models import TINY_ENCODER as TINY
@@ -158,6 +159,25 @@ def test_output_loads_in_transformers_with_the_same_logits(spam_run, registry_da
     assert (a - h.logits).abs().max().item() <= 1e-5
 
 
+def test_a_text_that_fits_exactly_is_not_counted_as_truncated_as_the_server_says():
+    """The start-up count of texts "truncated to L tokens" took every text of L tokens for cut, one that fit
+    exactly too; the server's `truncated` (tokens left over) is what it means."""
+    from app.model.tokenization import TextTokenizer
+
+    path = Path(__file__).parents[1] / "models" / "detector" / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    served = TextTokenizer(path, max_length=8, stride=0)
+    # [CLS] + 6 words + [SEP] is 8 tokens; a pair has three special tokens.
+    inputs = ["a b c d e f", "a b c d e f g", ("a b c", "d e"), ("a b c", "d e f"), "a b"]
+    items = encode(tok, [Example(x, None, 0) if isinstance(x, str) else Example(*x, 0) for x in inputs], 8)
+    assert [len(e.ids) for e in items] == [8, 8, 8, 8, 4]
+    assert [e.truncated for e in items] == [False, True, False, True, False]
+    as_served = [
+        e.truncated for e in served.encode_classify([x if isinstance(x, str) else list(x) for x in inputs])
+    ]
+    assert as_served == [e.truncated for e in items]
+
+
 # ------------------------------------------------------------------------------------------- user data
 
 
@@ -201,6 +221,28 @@ def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
     hf = transformers.ElectraForSequenceClassification.from_pretrained(out)
     assert hf.config.problem_type == "regression" and hf.config.num_labels == 1
     assert json.loads((out / "finetune_config.json").read_text())["metric"] == "spearman"
+    # Served, it answers the predicted value under the target's name, and refuses top_k, which ranks labels
+    # (it was dropped in silence, the value read as a label's probability).
+    from litestar.testing import TestClient
+
+    from app.http.server import create_app
+    from app.settings import Settings
+    from export.__main__ import main as export
+    from tests.app_fixtures import wait_for
+
+    assert (
+        export([str(out), "--out", str(tmp_path / "models" / "sts"), "--precision", "fp32", "--no-calibrate"])
+        == 0
+    )
+    dev = json.loads((out / "predictions_dev.jsonl").read_text().splitlines()[0])
+    with TestClient(create_app(Settings(models_dir=tmp_path / "models", ui=False))) as c:
+        wait_for(lambda: c.get("/ready").status_code == 200, what="the regression model loaded")
+        refused = c.post("/classify", json={"text": dev["text"], "top_k": 1})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "top_k", refused.text
+        assert "top_k applies to classification models; model 'sts' is a regression" in refused.text
+        got = c.post("/classify", json={"text": dev["text"]}).json()["results"][0]
+    assert got["label"] == "score" and got["probs"] == {"score": got["score"]} and "top_k" not in got
+    assert got["score"] == pytest.approx(dev["predicted"], abs=1e-4)
 
 
 def save_hf_classifier(tmp_path: Path, tiny_init: Path, labels: tuple[str, ...]) -> Path:
@@ -265,9 +307,12 @@ def test_same_seed_same_model_and_early_stopping(tiny_init, tmp_path, capsys):
     # A learning rate of ~0 never improves on the first evaluation: stop two evaluations later.
     assert state["stopped_early"] and state["step"] == 3 and state["global_step"] == 9
     metric, value = state["best_metric"], state["eval"]["dev"][state["best_metric"]]
-    assert f"early stop at step 9 of 40: dev {metric} has not risen above {value:.4f} in 2 evaluations" in (
-        capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert (
+        f"early stop at step 9 of 40: dev {metric} has not risen above {value:.4f} in 2 evaluations" in said
     )
+    # The last line said "step 3 of 9": the best of the steps run, read as a run of 9 steps.
+    assert f"model: {outs[1]} (best at step 3; stopped early at step 9 of 40 (--patience); " in said
 
 
 def test_patience_spent_at_the_last_evaluation_is_no_early_stop(tiny_init, tmp_path, capsys):
@@ -282,7 +327,9 @@ def test_patience_spent_at_the_last_evaluation_is_no_early_stop(tiny_init, tmp_p
     dev = [r for r in read_metrics(tmp_path / "out" / "metrics.jsonl") if r["split"] == "dev"]
     assert len(dev) == 2 and dev[1][state["best_metric"]] == dev[0][state["best_metric"]]  # patience spent
     assert dev[1]["step"] == state["global_step"] and state["stopped_early"] is False
-    assert "early stop" not in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "early stop" not in said
+    assert f"(best at step {state['step']}; all {state['global_step']} steps run; " in said
 
 
 def test_a_lower_loss_at_the_same_figure_is_kept_but_not_called_an_improvement(tiny_init, tmp_path, capsys):
@@ -369,7 +416,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "semicolons-only.csv": "text;label\n" + "\n".join(g.replace(",", ";") for g in good) + "\n",
         # DictReader keeps a name's last column: it trained on the ids.
         "twice.csv": "text,label,text\n" + "\n".join(f"{g},id{i}" for i, g in enumerate(good)) + "\n",
-        "nulls.jsonl": "\n".join(
+        "nulls.jsonl": "\n\n"
+        + "\n".join(  # blank lines: rows are named by their line
             json.dumps({"text": None if i == 4 else g.split(",")[0], "label": g.split(",")[1]})
             for i, g in enumerate(good)
         )
@@ -395,8 +443,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "semicolons.csv": "the header is one field with semicolons: write the file comma-separated",
         "semicolons-only.csv": "it looks semicolon-separated: write the file comma-separated",
         "twice.csv": "header names 'text' 2 times (columns 1, 3); give each column its own name",
-        "nulls.jsonl": "row 5 has no 'text'",
-        "multilabel.jsonl": "row 3: the label is a JSON list",
+        "nulls.jsonl": "line 7 has no 'text'",
+        "multilabel.jsonl": "line 3: the label is a JSON list",
         "latin1.csv": "is not UTF-8",
     }
     for name, says in cases.items():
@@ -562,7 +610,11 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
     common = ["--train", train, "--text-column", "review", "--label-column", "verdict", "--epochs", 1,
               "--batch-size", 8]  # fmt: skip
     run("--init", tiny_init, *common, "--out", tmp_path / "qat", "--qat")
-    capsys.readouterr()
+    # Its figures include the simulated int8 rounding: they were announced as an fp32 export's.
+    assert (
+        "eval_*.json in fp32 with the int8 rounding simulated (--qat), as its default export (--int8 compute)"
+        in (capsys.readouterr().out)
+    )
     run("--init", tmp_path / "qat", *common, "--out", tmp_path / "follows")
     assert (
         "is quantization-aware (int8 ranges in its config.json): fine-tuning it so too"
@@ -571,7 +623,9 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
     assert json.loads((tmp_path / "follows" / "finetune_config.json").read_text())["qat"] is True
     assert "quantization" in json.loads((tmp_path / "follows" / "config.json").read_text())
     run("--init", tmp_path / "qat", *common, "--out", tmp_path / "fp32", "--qat", "false")
-    assert "are dropped (--qat false): fine-tuning in fp32" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "are dropped (--qat false): fine-tuning in fp32" in said
+    assert "eval_*.json in fp32, as an fp32 export computes" in said
     assert json.loads((tmp_path / "fp32" / "config.json").read_text()).get("quantization") is None
     model, _, _ = load_model(tmp_path / "fp32")
     assert not any(type(m).__name__.startswith(("Int8", "StoredInt8")) for m in model.modules())

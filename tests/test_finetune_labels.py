@@ -133,7 +133,7 @@ def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_pat
     rows[6]["label"] = float("inf")
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes inf as Infinity
-    with pytest.raises(DataError, match=r"t.jsonl row 7: label Infinity is not a finite number, and the other "
+    with pytest.raises(DataError, match=r"t.jsonl line 7: label Infinity is not a finite number, and the other "
                        r"labels are whole numbers \(classes\): fix or drop its row"):  # fmt: skip
         load(tmp_path, path)
     table = write(tmp_path / "t.csv", [(f"film {i}", "1e400" if i == 3 else i % 2) for i in range(30)])
@@ -224,7 +224,9 @@ def test_json_texts_that_are_not_strings_are_refused_and_booleans_are_spelled_as
     for value, kind in [(True, "boolean (true)"), (0, "number (0)"), (["a"], 'list (["a"])')]:
         bad = rows[:5] + [{"text": value, "label": "true"}] + rows[5:]
         path.write_text("".join(json.dumps(r) + "\n" for r in bad))
-        with pytest.raises(DataError, match=re.escape(f"t.jsonl row 6: 'text' is a JSON {kind}, not a text")):
+        with pytest.raises(
+            DataError, match=re.escape(f"t.jsonl line 6: 'text' is a JSON {kind}, not a text")
+        ):
             load(tmp_path, path)
 
 
@@ -241,17 +243,22 @@ def test_a_column_name_with_spaces_around_it_is_shown_so(tmp_path):
         read_labelled(train)
 
 
-def test_a_jsonl_file_whose_first_row_lacks_a_key_names_that_row(tmp_path):
+def test_a_jsonl_file_whose_first_row_lacks_a_key_names_that_row_by_its_line(tmp_path, capsys):
     """Columns were taken from the first row alone: a first row without "label" made the whole file "no
-    column 'label' (columns: 'text')"."""
+    column 'label' (columns: 'text')". A row is named by its line, as a line that is not JSON is: counted
+    in rows, blank lines skipped, the third line was "row 1", and the warning of empty texts so too."""
     rows = [{"text": f"film {i}", "label": "ab"[i % 2]} for i in range(20)]
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "no label yet"}, *rows]))
-    with pytest.raises(DataError, match=r"t.jsonl row 1 has no value in the label column 'label'"):
+    path.write_text("\n\n" + "".join(json.dumps(r) + "\n" for r in [{"text": "no label yet"}, *rows]))
+    with pytest.raises(DataError, match=r"t.jsonl line 3 has no value in the label column 'label'"):
         load(tmp_path, path)
     path.write_text("".join(json.dumps(r) + "\n" for r in [{"label": "a"}, *rows]))
-    with pytest.raises(DataError, match=r"t.jsonl row 1 has no 'text'"):
+    with pytest.raises(DataError, match=r"t.jsonl line 1 has no 'text'"):
         load(tmp_path, path)
+    blank = [*rows[:4], {"text": " ", "label": "a"}, *rows[4:]]
+    path.write_text("\n".join(json.dumps(r) + ("\n" if i == 2 else "") for i, r in enumerate(blank)) + "\n")
+    load(tmp_path, path)
+    assert "t.jsonl has 1 row(s) with empty text (line 6); they are kept" in capsys.readouterr().err
     path.write_text("".join(json.dumps({"text": r["text"], **({"note": 1} if i else {})}) + "\n"
                             for i, r in enumerate(rows)))  # fmt: skip
     with pytest.raises(DataError, match=r"no column 'label' in .*t.jsonl \(columns: 'text', 'note'\)"):
@@ -294,3 +301,27 @@ def test_a_class_a_split_or_sample_leaves_out_is_warned_of_with_what_to_do(tmp_p
     assert "the --dev-fraction 0.6 split holds out every row of class 'c' (1 row in the dev split)" in held[0]
     setup(["--init", str(tiny_init), "--train", str(train), "--out", str(tmp_path / "out"), "--threads", "1"])
     assert "warning: the dev split holds no row of class 'c'" in capsys.readouterr().err
+
+
+def test_export_rereading_a_runs_training_file_names_it_as_the_runs(tmp_path, capsys):
+    """Export rebuilds a run's dev split from its --train file, and warned "--train: ... has 1 row(s) with
+    empty text ...; they are kept, and teach the model ...": a flag export does not have, and advice for a
+    run already made."""
+    import dataclasses
+
+    from export.evaldata import run_dev_rows
+
+    rows = [(f"film {i}", "ab"[i % 2]) for i in range(20)]
+    train = write(tmp_path / "t.csv", [*rows[:2], ("", "a"), *rows[2:]])
+    cfg = dataclasses.asdict(FinetuneConfig(train=str(train), init=str(tmp_path), out=str(tmp_path / "out")))
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps({"problem_type": "single_label_classification", "config": cfg})
+    )
+    dev, where = run_dev_rows(tmp_path)
+    assert dev and "the run's dev split" in where
+    said = capsys.readouterr().err
+    assert (
+        f"warning: the fine-tuning run's --train file {train}, as export re-reads it, has 1 row(s) with empty "
+        "text (row 3); kept, as the run kept them" in said
+    ), said
+    assert "--train:" not in said

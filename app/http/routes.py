@@ -105,7 +105,16 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier")
     _check_trained_on(model.name, model.bundle.manifest, field)
+    _check_top_k(model.name, model.bundle.manifest, data.top_k)
     return await _score(request, model, scoring.Classify(data.top_k), field, items)
+
+
+def _check_top_k(name: str, manifest: Manifest, top_k: int | None) -> None:
+    """A regression model answers one number, not labels to rank: top_k was dropped in silence, and a
+    client asking for the top labels read a value as a label's probability."""
+    if top_k is not None and manifest.problem_type == "regression":
+        raise AppError(ErrorType.VALIDATION, f"top_k applies to classification models; model {name!r} is a "
+                       "regression (its `score` is the predicted value): leave top_k out", field="top_k")  # fmt: skip
 
 
 def _check_trained_on(name: str, manifest: Manifest, field: str) -> None:

@@ -31,7 +31,7 @@ from training.config import ConfigError
 from training.finetuning.coverage import missing_classes
 from training.finetuning.sets import SPLIT_SEED
 
-__all__ = ["DataError", "Encoded", "Example", "TaskData", "batches", "encode", "as_float", "label_name", "label_names", "load_task_data",
+__all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "encode", "as_float", "label_name", "label_names", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
 
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
@@ -51,6 +51,9 @@ class Encoded(NamedTuple):
     ids: list[int]  # [CLS] A [SEP] (B [SEP]), truncated to max_seq_len
     type_ids: list[int]
     label: int | float
+    # Cut to max_seq_len: tokens were left over (what the server's `truncated` says), not a length at the
+    # limit, which a text that fits exactly has too.
+    truncated: bool = False
 
 
 @dataclass
@@ -72,9 +75,11 @@ class TaskData:
 # ------------------------------------------------------------------------------------------- loading
 
 
-def load_task_data(cfg) -> TaskData:
-    """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples."""
-    data = _registry(cfg) if cfg.task else _user_files(cfg)
+def load_task_data(cfg, reread_by: str | None = None) -> TaskData:
+    """The splits that `cfg` (a FinetuneConfig) asks for, sampled to --max-*-examples. `reread_by`: the
+    program that reads a finished run's files again (export), which has no --train of its own: what it
+    says of them names the run's."""
+    data = _registry(cfg) if cfg.task else _user_files(cfg, reread_by)
     classes = _classes(data.splits["train"]) if data.problem_type == CLASSIFICATION else 0
     _need_two_classes(classes, "--train: the training data holds")
     unsampled = {split: class_counts(rows) for split, rows in data.splits.items()}
@@ -120,7 +125,26 @@ def _registry(cfg) -> TaskData:
 csv.field_size_limit(2**31 - 1)
 
 
-def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> list[dict]:
+class Rows(NamedTuple):
+    """A file's rows, and how a message names each: a JSONL file by its line (blank lines are skipped, so
+    the n-th row may be a later line; its parse errors say "line" too), a table by its data row (from 1,
+    after the header: a quoted field may span lines)."""
+
+    rows: list[dict]
+    unit: str  # "line" or "row"
+    numbers: list[int]  # each row's number in `unit`
+
+    def place(self, i: int) -> str:
+        """Row i's (from 0) as a message names it: "line 64", "row 61"."""
+        return f"{self.unit} {self.numbers[i]}"
+
+    def places(self, indices: list[int], most: int = 5) -> str:
+        """The first `most` of some rows (from 0): "line 3, 7, ..."."""
+        shown = ", ".join(str(self.numbers[i]) for i in indices[:most])
+        return f"{self.unit} {shown}{', ...' if len(indices) > most else ''}"
+
+
+def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> Rows:
     """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it. One of
     `columns` (those to be read) named twice in a table's header is refused."""
     p = Path(path)
@@ -132,14 +156,17 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> list[dict]
     if suffix not in (".csv", ".tsv", ".jsonl"):
         raise DataError(f"{flag}: {p} has an unsupported type {suffix!r}; use .csv, .tsv or .jsonl")
     try:
-        return _jsonl_rows(p, flag) if suffix == ".jsonl" else _table_rows(p, flag, suffix == ".tsv", columns)
+        if suffix == ".jsonl":
+            return _jsonl_rows(p, flag)
+        rows = _table_rows(p, flag, suffix == ".tsv", columns)
+        return Rows(rows, "row", list(range(1, len(rows) + 1)))
     except UnicodeDecodeError as e:
         raise DataError(f"{flag}: {p} is not UTF-8 (byte {e.object[e.start : e.start + 1]!r} at offset "
                         f"{e.start}); save it as UTF-8") from None  # fmt: skip
 
 
-def _jsonl_rows(p: Path, flag: str) -> list[dict]:
-    rows = []
+def _jsonl_rows(p: Path, flag: str) -> Rows:
+    rows, numbers = [], []
     # Lines end at "\n" alone (read_text makes "\r\n" and "\r" one): splitlines() also splits at U+2028,
     # U+2029 and U+0085, which JSON strings may hold unescaped, and cut such a row in two.
     for n, line in enumerate(p.read_text(encoding="utf-8-sig").split("\n"), 1):
@@ -151,7 +178,8 @@ def _jsonl_rows(p: Path, flag: str) -> list[dict]:
             if not isinstance(row, dict):
                 raise DataError(f"{flag}: {p} line {n} is not a JSON object")
             rows.append(row)
-    return rows
+            numbers.append(n)
+    return Rows(rows, "line", numbers)
 
 
 def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) -> list[dict]:
@@ -210,8 +238,12 @@ def row_columns(rows: list[dict]) -> list[str]:
     return list(map(str, dict.fromkeys(key for row in rows for key in row)))
 
 
-def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, object]]:
-    rows = read_rows(path, flag, tuple(_columns(cfg).values()))
+def _raw_examples(
+    path: str, flag: str, cfg, reread_by: str | None = None
+) -> tuple[list[tuple[str, str | None, object]], Rows]:
+    """(text, pair, label) of each row of the file, and the rows as read (which name each row's place)."""
+    read = read_rows(path, flag, tuple(_columns(cfg).values()))
+    rows = read.rows
     if not rows:
         raise DataError(f"{flag}: {path} holds no rows")
     columns = row_columns(rows)
@@ -226,35 +258,39 @@ def _raw_examples(path: str, flag: str, cfg) -> list[tuple[str, str | None, obje
                 f"{opt}: no column {col!r} in {path} (columns: {', '.join(map(repr, columns))}){hint}"
             )
     out = []
-    for n, row in enumerate(rows, 1):
+    for i, row in enumerate(rows):
+        at = read.place(i)
         label = row.get(cfg.label_column)
         if missing(label):
-            raise DataError(f"{flag}: {path} row {n} has no value in the label column {cfg.label_column!r}"
+            raise DataError(f"{flag}: {path} {at} has no value in the label column {cfg.label_column!r}"
                             + (f" ({label!r})" if label is not None and str(label).strip() else ""))  # fmt: skip
         if isinstance(label, (list, dict)):  # its repr would become a class name, one per combination
-            raise DataError(f"{flag}: {path} row {n}: the label is a JSON {'list' if isinstance(label, list) else 'object'} "
+            raise DataError(f"{flag}: {path} {at}: the label is a JSON {'list' if isinstance(label, list) else 'object'} "
                             f"({json.dumps(label)[:80]}); fine-tuning learns one label (or one number) per text, "
                             "and multi-label classification is not supported: give each row a single label")  # fmt: skip
         for col in filter(None, (cfg.text_column, cfg.text_pair_column)):
             if row.get(col) is None:  # a JSON row without the key, or null: not an empty text to train on
-                raise DataError(f"{flag}: {path} row {n} has no {col!r} (a JSON row without it, or null)")
+                raise DataError(f"{flag}: {path} {at} has no {col!r} (a JSON row without it, or null)")
             if not isinstance(
                 row[col], str
             ):  # str() made true "True" and 0 "0"; /classify refuses them (422)
-                raise DataError(f"{flag}: {path} row {n}: {col!r} is a JSON {_json_type(row[col])} "
+                raise DataError(f"{flag}: {path} {at}: {col!r} is a JSON {_json_type(row[col])} "
                                 f"({json.dumps(row[col])[:40]}), not a text; write texts as JSON strings")  # fmt: skip
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
     empty = [
-        n
-        for n, (text, pair, _) in enumerate(out, 1)
+        i
+        for i, (text, pair, _) in enumerate(out)
         if not text.strip() or (pair is not None and not pair.strip())
     ]
-    if empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
-        print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text (row {', '.join(map(str, empty[:5]))}"
-              f"{', ...' if len(empty) > 5 else ''}); they are kept, and teach the model its label for no text",
-              file=sys.stderr, flush=True)  # fmt: skip
-    return out
+    if empty and reread_by:  # the model trained on them: nothing to change now but the file, for a next run
+        print(f"warning: the fine-tuning run's {flag} file {path}, as {reread_by} re-reads it, has {len(empty)} "
+              f"row(s) with empty text ({read.places(empty)}); kept, as the run kept them", file=sys.stderr,
+              flush=True)  # fmt: skip
+    elif empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
+        print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text ({read.places(empty)}); they are "
+              "kept, and teach the model its label for no text", file=sys.stderr, flush=True)  # fmt: skip
+    return out, read
 
 
 def as_float(value) -> float | None:
@@ -300,7 +336,7 @@ def _sort_key(name: str):
     return (1, 0, name)
 
 
-def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: str) -> None:
+def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: str, read: Rows) -> None:
     """One inf among numeric labels (JSON's Infinity, or "1e400", past a float's range) made every value a
     class name (an 11-class classifier from 10 regression targets and an inf), or a class "inf" beside
     "0" and "1", silently."""
@@ -311,7 +347,7 @@ def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: 
     shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
     kind = ("fractional numbers (a regression target)" if any(x is not None and not x.is_integer() for x in numbers)
             else "whole numbers (classes)")  # fmt: skip
-    raise DataError(f"--train: {path} row {n}: label {shown} is not a finite number, and the other labels are {kind}: "
+    raise DataError(f"--train: {path} {read.place(n - 1)}: label {shown} is not a finite number, and the other labels are {kind}: "
                     "fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
 
 
@@ -347,7 +383,7 @@ def _ids(parts: list[str]) -> bool:
     return all(_ID.fullmatch(p) for p in parts) and all(int(a) < int(b) for a, b in pairwise(parts))
 
 
-def _refuse_label_lists(values: list, path: str) -> None:
+def _refuse_label_lists(values: list, path: str, read: Rows) -> None:
     """Several labels in one cell ("sport,politics" beside "sport" and "politics", or mostly "0,1") made a
     class of each combination, or "0,1" was taken for a number with a decimal comma. A value whose parts
     are all labels of other rows is such a list, and so are most values being lists of class numbers.
@@ -372,7 +408,7 @@ def _refuse_label_lists(values: list, path: str) -> None:
     also = ", each also a label of other rows" if of_labels else ""
     comma = ("; if they are numbers written with a decimal comma, write a decimal point ('2.5')"
              if _DECIMAL_PAIR.fullmatch(value.strip()) else "")  # fmt: skip
-    raise DataError(f"--train: {path} row {n}: label {value!r} looks like several labels in one row "
+    raise DataError(f"--train: {path} {read.place(n - 1)}: label {value!r} looks like several labels in one row "
                     f"({', '.join(map(repr, parts))}{also}; {len(found)} of {len(values)} rows are such lists): "
                     "fine-tuning learns one label per text, and multi-label classification is not supported: "
                     "give each row a single label, or give --problem-type classification if each combination is "
@@ -387,18 +423,18 @@ def _is_float_text(value) -> bool:
     return not isinstance(value, bool)
 
 
-def _user_files(cfg) -> TaskData:
-    raw = {"train": _raw_examples(cfg.train, "--train", cfg)}
-    for split, path in (("dev", cfg.dev), ("test", cfg.test)):
+def _user_files(cfg, reread_by: str | None = None) -> TaskData:
+    raw, read = {}, {}
+    for split, path in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)):
         if path:
-            raw[split] = _raw_examples(path, f"--{split}", cfg)
+            raw[split], read[split] = _raw_examples(path, f"--{split}", cfg, reread_by)
     values = [lab for _, _, lab in raw["train"]]
     numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
     if problem == "auto":
-        _refuse_non_finite_targets(values, numbers, cfg.train)
+        _refuse_non_finite_targets(values, numbers, cfg.train, read["train"])
         # Before the comma numbers: "0,1" beside "0" and "1" is a list of labels, not a decimal comma's number.
-        _refuse_label_lists(values, cfg.train)
+        _refuse_label_lists(values, cfg.train, read["train"])
         _refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
@@ -548,7 +584,8 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[En
     t.encode_special_tokens = True
     inputs = [ex.text if ex.pair is None else (ex.text, ex.pair) for ex in examples]
     return [
-        Encoded(e.ids, e.type_ids, ex.label) for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
+        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0)
+        for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
     ]
 
 

@@ -337,7 +337,7 @@ class FineTuner:
         the split's figures."""
         probs: list = []
         # In fp32 whatever the run trained in (bf16 on CUDA and AMX): the bundle's arithmetic, so that it
-        # answers as these files say.
+        # answers as these files say (a --qat model's int8 rounding included: its int8 bundle's).
         preds, loss = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id,
                               self.device, full_fp32, probs)  # fmt: skip
         labels, regression = self.data.labels, self.data.problem_type == REGRESSION
@@ -395,8 +395,13 @@ def setup(argv: list[str] | None) -> FineTuner:
     ran = hardware_as_run(device, use_bf16, cfg.tf32)
 
     print(f"electra-serve fine-tuning on {device}\n{describe(cfg)}", flush=True)
+    # A --qat model's forward rounds its projections' inputs and weights as the int8 bundle does: its final
+    # figures are that bundle's, and an fp32 export of it answers otherwise (not by much, but not as said).
+    computes = ("in fp32 with the int8 rounding simulated (--qat), as its default export (--int8 compute) "
+                "computes; a --precision fp32 export of it answers otherwise" if cfg.qat else
+                "in fp32, as an fp32 export computes")  # fmt: skip
     print(f"precision: {precision_reason(cfg.bf16, device.type, use_bf16)}; {matmuls}; the final "
-          f"predictions and eval_*.json in fp32, as an fp32 export computes", flush=True)  # fmt: skip
+          f"predictions and eval_*.json {computes}", flush=True)  # fmt: skip
     options.save(cfg, out / cfg.SAVED_AS, as_run=ran)  # the name --help gives
     for note in notes:
         print(f"init: {note}", flush=True)
@@ -441,7 +446,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     warmup = round(cfg.warmup_fraction * total)
     groups = layerwise_param_groups(model, cfg.lr, cfg.layerwise_lr_decay, cfg.weight_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr, eps=cfg.adam_eps, fused=cuda)
-    truncated = sum(len(e.ids) == cfg.max_seq_len for e in encoded["train"])
+    truncated = sum(e.truncated for e in encoded["train"])
     print(f"parameters: {count_parameters(model) / 1e6:.2f}M; {total} steps ({cfg.epochs} epochs of "
           f"{steps_per_epoch}), warmup {warmup}; {truncated} training texts truncated to {cfg.max_seq_len} "
           f"tokens; best model by dev {cfg.metric}", flush=True)  # fmt: skip
@@ -505,7 +510,11 @@ def train_and_save(t: FineTuner) -> dict:
         sys.exit(f"error: {e}; the fine-tuned model was not written")
     except ConfigError as e:  # metrics.jsonl of the run resumed, damaged
         options.usage_exit(f"error: {e}")
-    print(f"model: {t.cfg.out} (step {t.best['step']} of {t.step}, {(time.time() - started) / 60:.1f} min)",
+    # As the interrupted run's line says them: "step 2 of 4" after an early stop at step 4 of 35 read as a
+    # run of 4 steps.
+    ran = (f"stopped early at step {t.step} of {t.total} (--patience)" if t.step < t.total else
+           f"all {t.total} steps run")  # fmt: skip
+    print(f"model: {t.cfg.out} (best at step {t.best['step']}; {ran}; {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
     return evals
 
