@@ -288,8 +288,11 @@ def resolve(
     prog: str | None = None,
     description: str = "",
     config_file: bool = True,
+    template: bool = False,
 ):
-    """`cls` filled from defaults < `base` < --config TOML < environment < flags (module docstring)."""
+    """`cls` filled from defaults < `base` < --config TOML < environment < flags (module docstring).
+    `template`: the config is a base for runs that each get their own --out (a benchmark's), so a run's
+    saved options replay without one."""
     import os
 
     env = os.environ if env is None else env
@@ -327,16 +330,24 @@ def resolve(
             given[name] = var
     values.update(flags)
     given.update({name: flag(name) for name in flags})
-    if config_file and args.config and "out" in own and "out" not in given:
+    if config_file and args.config and "out" in own and "out" not in given and not template:
         # Not the default (pretraining's runs/small, where a replay went in silence), nor that run's own.
         if flags.get("resume"):
+            # The run as it is now: the directory the file is in, where a copied or moved run has its own
+            # checkpoints (the saved out may be another run, or gone).
+            here = Path(args.config).parent
+            run = here if (here / "checkpoints" / "latest").is_file() else own["out"]
             raise ConfigError(f"--out: required with --config {args.config}, a run's saved options; to go on with that "
-                              f"run, give --out {own['out']} --resume (a resume reads the run's own settings)")  # fmt: skip
+                              f"run, give --out {run} --resume (a resume reads the run's own settings)")  # fmt: skip
         raise ConfigError(f"--out: required with --config {args.config}, a run's saved options: a run of them never "
                           f"writes into that run's directory ({own['out']}); give the new run's --out")  # fmt: skip
     # As `given` names it: Path's spelling (./b/x.json reads b/x.json), which the check compares against.
     _check_no_shortened_paths(
-        values, given, fields, str(Path(args.config)) if config_file and args.config else None
+        values,
+        given,
+        fields,
+        str(Path(args.config)) if config_file and args.config else None,
+        later=getattr(cls, "SHORTENED_CHECKED_LATER", ()),
     )
     for name, value in values.items():
         _check_choice(fields[name], value)
@@ -354,17 +365,39 @@ def resolve(
     return resolved
 
 
-def _check_no_shortened_paths(values: dict, given: dict, fields: dict, config: str | None) -> None:
+def _check_no_shortened_paths(
+    values: dict, given: dict, fields: dict, config: str | None, later: Sequence[str] = ()
+) -> None:
     """A bundle's export_config.json travels with the bundle, so a path outside the directory the export
     ran in is saved as ".../" and its last three parts (export/pipeline.py `_portable`): replayed from
-    that file, it would fail later as a directory that does not exist."""
+    that file, it would fail later as a directory that does not exist. The options the dataclass names in
+    its SHORTENED_CHECKED_LATER are the entry point's to check (check_shortened), once it knows whether it
+    reads them: an old classifier bundle's file kept a calibration text it never read."""
     for name, value in values.items():
-        if given.get(name) == config and isinstance(value, str) and value.startswith(".../"):
-            shown = name.upper() if spec_of(fields[name]).positional else flag(name)
-            raise ConfigError(
-                f"--config {config}: {name} is {value!r}, a path shortened where it was saved (a bundle keeps "
-                f"no absolute path of the machine that wrote it): give {shown} on the command line"
-            )
+        if name not in later and given.get(name) == config and _shortened(value):
+            raise ConfigError(_shortened_said(config, name, value, fields[name]))
+
+
+def check_shortened(cfg, names: Sequence[str]) -> None:
+    """_check_no_shortened_paths for `names`, on a resolved config: the options of a --config file an entry
+    point found it reads after all."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    for name in names:
+        where, value = sources(cfg).get(name), getattr(cfg, name)
+        if where is not None and where != flag(name) and _shortened(value):
+            raise ConfigError(_shortened_said(where, name, value, fields[name]))
+
+
+def _shortened(value) -> bool:
+    return isinstance(value, str) and value.startswith(".../")
+
+
+def _shortened_said(config: str, name: str, value: str, field: dataclasses.Field) -> str:
+    shown = name.upper() if spec_of(field).positional else flag(name)
+    return (
+        f"--config {config}: {name} is {value!r}, a path shortened where it was saved (a bundle keeps no "
+        f"absolute path of the machine that wrote it): give {shown} on the command line"
+    )
 
 
 def _config_file(path: Path, cls) -> tuple[dict, dict]:

@@ -90,6 +90,16 @@ def test_options_an_export_would_not_read_are_refused_when_given(
             classifier_dir, out, precision="fp32", calibration_text=str(eval_text)
         )  # run_export's callers too
     assert not out.exists()
+    # A replayed file's shortened calibration text is refused where it would be read: a detector's, at its
+    # load (a classifier's is left out: test_an_export_saves_only_the_options_it_read...).
+    replayed = tmp_path / "replayed.json"
+    replayed.write_text(json.dumps({"calibration_text": ".../elsewhere/texts/own.txt", "precision": "fp32"}))
+    assert main(["--config", str(replayed), str(detector_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--config {replayed}: calibration_text is '.../elsewhere/texts/own.txt', a path shortened" in err
+    ), err
+    assert not out.exists()
 
 
 def test_an_export_saves_only_the_options_it_read_and_its_saved_options_replay(
@@ -115,14 +125,16 @@ def test_an_export_saves_only_the_options_it_read_and_its_saved_options_replay(
     assert {k: saved[k] for k in unread} == dict.fromkeys(unread), saved
     assert saved["precision"] == "fp32" and saved["opset"] == 17
 
-    # As an int8 bundle's file says it (its method resolved, calibration options at their values).
+    # As an int8 bundle's file says it (its method resolved, calibration options at their values; an older
+    # export kept even the calibration text it never read, shortened: it was refused whatever was typed).
     as_int8 = {**saved, "precision": "int8", "int8": "weights", "calibration_sentences": 50,
-               "checkpoint": str(classifier_dir)}  # fmt: skip
+               "calibration_text": ".../elsewhere/texts/own.txt", "checkpoint": str(classifier_dir)}  # fmt: skip
     (tmp_path / "int8.json").write_text(json.dumps(as_int8))
     assert main(["--config", "int8.json", "--out", "again", "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
     assert "note: int8.json sets int8 'weights', which this export does not read" in out, out
     assert "note: int8.json sets calibration_sentences 50" in out, out
+    assert "note: int8.json sets calibration_text '.../elsewhere/texts/own.txt'" in out, out
     again = json.loads((tmp_path / "again" / "export_config.json").read_text())
     assert again["int8"] is None and again["calibration_sentences"] is None, again
     assert main(["--config", "b/export_config.json", str(classifier_dir), "--out", "third"]) == 0

@@ -58,7 +58,7 @@ def test_the_saved_config_given_back_without_out_is_refused_not_trained_into_run
     """`--config RUN/config.json` alone trained into ./runs/small, the default, in silence: the run's own out
     is left out of a replay (it must never write into that run), and --out had a default. Fine-tuning's
     --out has none, and export's saved one was asked for again: pretraining's is asked for too."""
-    from training.config import FinetuneConfig
+    from training.config import FinetuneConfig, PretrainConfig
     from training.pretraining.run_config import resolve_config
 
     config = finished / "config.json"
@@ -70,6 +70,14 @@ def test_the_saved_config_given_back_without_out_is_refused_not_trained_into_run
         SystemExit, match=re.escape(f"to go on with that run, give --out {finished} --resume")
     ):
         resolve_config(["--config", str(config), "--resume"])
+    moved = tmp_path / "moved"  # a copy of the run: its own checkpoints are the ones to go on from
+    (moved / "checkpoints").mkdir(parents=True)
+    (moved / "checkpoints" / "latest").write_text("step-00000001\n")
+    shutil.copy(config, moved)
+    with pytest.raises(SystemExit, match=re.escape(f"give --out {moved} --resume")):
+        resolve_config(["--config", str(moved / "config.json"), "--resume"])
+    # A benchmark's base config (each of its runs gets its own --out) takes a run's saved options as they are.
+    assert options.resolve(PretrainConfig, ["--config", str(config)], env={}, template=True).max_steps > 0
     saved = tmp_path / "finetune_config.json"
     saved.write_text(json.dumps({"init": str(finished), "out": str(tmp_path / "ft"), "task": "trec"}))
     with pytest.raises(options.ConfigError, match=re.escape(f"that run's directory ({tmp_path / 'ft'})")):

@@ -198,7 +198,9 @@ def parse_args(argv):
 
 
 def base_config(args) -> PretrainConfig:
-    return resolve(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
+    return resolve(
+        PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)], template=True
+    )
 
 
 def uses_cuda(base: PretrainConfig) -> bool:

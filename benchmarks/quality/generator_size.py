@@ -254,7 +254,9 @@ def table(rows: list[dict], minutes: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        base = resolve(PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)])
+        base = resolve(
+            PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)], template=True
+        )
     except ConfigError as e:
         raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
     work, out = Path(args.work), Path(args.out)

@@ -169,7 +169,7 @@ def main(argv=None) -> dict:
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     config = show_config("step_curves", args)
-    base = resolve(PretrainConfig, ["--config", args.config])
+    base = resolve(PretrainConfig, ["--config", args.config], template=True)
     tokenizer = shared_tokenizer(base.tokenizer, base, work, args.data_dir)
     trees = {"baseline": baseline_tree(args.baseline_rev, work), "current": REPO}
     runs = {
