@@ -203,17 +203,25 @@ def graph_for(model: nn.Module) -> tuple[nn.Module, str, str]:
     raise ValueError(f"cannot export {type(model).__name__}: expected {EXPORTABLE}")
 
 
+def dummy_inputs(graph: nn.Module, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
+    """(input ids, attention mask, token type ids) to trace `graph` with. The ids are drawn below the
+    model's vocabulary size (a draw up to a fixed bound indexed past a small vocabulary's embedding table)
+    from a seeded generator, so an export traces the same inputs every time; the second row is padded."""
+    vocab = next(m.num_embeddings for n, m in graph.named_modules() if n.endswith("word_embeddings"))
+    low = min(5, vocab - 1)  # past the special tokens where the vocabulary has room
+    ids = torch.randint(low, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1:, length // 2 :] = 0  # trace with padding present so nothing specialises on a full mask
+    return ids, mask, torch.zeros(batch, length, dtype=torch.long)
+
+
 def export_onnx(graph: nn.Module, output_name: str, path: Path, opset: int = 17) -> None:
     """Write `graph` as ONNX with dynamic batch and sequence axes.
 
     The TorchScript exporter (dynamo=False), not the dynamo one: only its graphs got the Attention and
     EmbedLayerNormalization fusions from ORT's optimizer when we measured (torch 2.13, ORT 1.31).
     """
-    B, T = 2, 8
-    ids = torch.randint(5, 100, (B, T))
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, T // 2 :] = 0  # trace with padding present so nothing specialises on a full mask
-    types = torch.zeros(B, T, dtype=torch.long)
+    ids, mask, types = dummy_inputs(graph)
     out_axes = {0: "batch", 1: "sequence"} if output_name == DETECTOR_OUTPUT else {0: "batch"}
     axes = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES} | {output_name: out_axes}
     import warnings

@@ -400,6 +400,27 @@ def test_export_refuses_a_non_empty_out_without_force(tmp_path, capsys):
     assert (other / "thesis.txt").read_text() == "precious" and (run / "checkpoints").is_dir()
 
 
+def test_a_model_of_a_small_vocabulary_exports_and_traces_the_same_inputs_every_time(tmp_path):
+    """The trace's dummy ids were drawn in [5, 100) from the global generator: a vocabulary under 100 tokens
+    indexed past its embedding table (IndexError, as the draw fell), and no two exports traced alike."""
+    import torch
+
+    from export.onnx import dummy_inputs, export_onnx, graph_for
+    from training.model import ElectraConfig, ElectraForPreTraining
+
+    cfg = ElectraConfig(vocab_size=30, embedding_size=16, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)  # fmt: skip
+    torch.manual_seed(0)
+    graph, _, output = graph_for(ElectraForPreTraining(cfg).eval())
+    ids = dummy_inputs(graph)[0]
+    assert int(ids.min()) >= 5 and int(ids.max()) < 30
+    assert all(torch.equal(a, b) for a, b in zip(dummy_inputs(graph), dummy_inputs(graph), strict=True))
+    export_onnx(graph, output, tmp_path / "model.onnx")
+    assert (tmp_path / "model.onnx").stat().st_size > 0
+    cfg.vocab_size = 3  # fewer tokens than the usual specials: the ids still fit
+    assert int(dummy_inputs(graph_for(ElectraForPreTraining(cfg).eval())[0])[0].max()) < 3
+
+
 @pytest.mark.parametrize("arch", ["ElectraModel", "ElectraForMaskedLM", None])
 def test_export_refuses_what_it_cannot_export_as_an_input_to_change(tmp_path, capsys, arch):
     """Exit 2, as every entry point's input errors; the message lists only what export takes."""

@@ -452,6 +452,21 @@ def test_variants_given_with_quick_keep_its_toy_sizes():
     assert sizes_for(parse_args(["--out", "o", "--variants", chosen])).variants == ("--variants", chosen)
 
 
+def test_a_quick_call_with_variants_is_still_quick_for_the_detector_step(tmp_path):
+    """--quick --variants X keeps quick's sizes but not SIZES["quick"] itself: the detector step took such a
+    call for a full one and ran the recipe's corpus for --max-minutes on a CPU."""
+    from benchmarks.gpucheck.__main__ import parse_args, sizes_for
+    from benchmarks.gpucheck.detector import QUICK, detector_argv
+
+    for argv, quick in [(["--quick", "--variants", "levers"], True), (["--quick"], True), ([], False),
+                        (["--variants", "levers"], False)]:  # fmt: skip
+        sizes = sizes_for(parse_args(["--out", "o", *argv]))
+        assert sizes.quick is quick, argv
+        ctx = Context("cpu", sizes, tmp_path, tmp_path, tmp_path, {}, {}, 2e-5)
+        tail = detector_argv(ctx, tmp_path / "recovered", tmp_path / "run", tmp_path / "data")[-len(QUICK) :]
+        assert (tail == list(QUICK)) is quick and ("--max-minutes" in tail) is not quick, argv
+
+
 def test_embedding_grads_reaches_every_training_run_the_call_starts(tmp_path):
     """docs/gpu.md's way back if the custom op fails on a GPU is one gpu-check option: it must reach the
     pretrain, torchrun, resume and graphs runs, the detector's, and the claim's pretraining and

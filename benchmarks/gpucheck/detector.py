@@ -22,7 +22,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from benchmarks.gpucheck.steps import REPO, SIZES, Context, Failed, Skipped, fresh, run, train_rows
+from benchmarks.gpucheck.steps import REPO, Context, Failed, Skipped, fresh, run, train_rows
 from training.data.registry import sha256_file
 
 RECIPE = "configs/detector-gpu.toml"
@@ -65,7 +65,7 @@ def train_and_pack(ctx: Context) -> dict:
     unpacked again as a check."""
     # The export package reads bundles as the server does (msgspec): recovery needs that much of --wheels.
     ctx.require_serving("recovering the shipped detector from its bundle", ("msgspec",))
-    quick = ctx.sizes == SIZES["quick"]
+    quick = ctx.sizes.quick
     work = fresh(ctx, "detector")
     recovered, run_dir = work / "recovered", work / "run"
     run(ctx, ["-m", "export.recover", "models/detector", "--out", str(recovered), "--no-int8-ranges"],
@@ -97,7 +97,7 @@ def detector_argv(ctx: Context, recovered: Path, run_dir: Path, data_dir: Path) 
     """The recipe's training run, from the recovered detector, on the rows restored into run_dir."""
     return ["-m", "training.pretrain", "--config", RECIPE, "--init", str(recovered), "--out", str(run_dir),
             "--device", ctx.device, "--embedding-grads", ctx.embedding_grads, "--data-dir", str(data_dir),
-            *(QUICK if ctx.sizes == SIZES["quick"] else ("--max-minutes", str(ctx.detector_minutes)))]  # fmt: skip
+            *(QUICK if ctx.sizes.quick else ("--max-minutes", str(ctx.detector_minutes)))]  # fmt: skip
 
 
 def run_figures(run_dir: Path, stdout: str) -> dict:

@@ -50,6 +50,9 @@ class Sizes:
     claim_frozen_examples: int = TRAIN_EXAMPLES  # training texts of the claim's frozen-encoder probe
     claim_threads: int | None = None  # torch threads of each run and of the probes after them (None: shared)
     pretrain: tuple[str, ...] = ()  # more training.pretrain flags for the pretrain, torchrun and resume steps
+    # --quick's mode, carried: a call's sizes are SIZES["quick"] with its --variants and such swapped in, so
+    # comparing them with SIZES["quick"] does not tell a quick call
+    quick: bool = False
 
 
 SIZES = {
@@ -80,7 +83,7 @@ SIZES = {
                     "32", "--steps", "2", "--warmup", "1"),
                    claim_points="1", claim_jobs=3, claim_tasks="sms_spam", claim_frozen_examples=200, claim_threads=1,
                    pretrain=("--corpus", "trec", "--threads", "1"),
-                   claim_pretrain=("--corpus", "trec")),
+                   claim_pretrain=("--corpus", "trec"), quick=True),
 }  # fmt: skip
 
 
