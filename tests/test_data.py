@@ -381,6 +381,7 @@ def test_a_file_named_twice_in_a_corpus_list_is_found_however_it_is_named(tmp_pa
         f"{a} is read twice: as {corpus} (its a.txt) and as {tmp_path / 'link.txt'}"
     )
     assert repeated_file("wikitext2,news,wikitext2") == "wikitext2 is named twice"
+    assert repeated_file(f"{corpus},{corpus}/") == f"{corpus}/ is named twice"  # the directory, not a.txt
     assert repeated_file(f"{a},{corpus / 'b.txt'},wikitext2") is None
 
 

@@ -359,7 +359,14 @@ def repeated_file(source: str) -> str | None:
     naming reads the file again, so its documents would train twice as often as the others'. A path that
     cannot be listed is left to the read, which says why."""
     seen: dict[str, str] = {}
+    parts: set[str] = set()
     for part in (p.strip() for p in source.split(",") if p.strip()):
+        # The same corpus spelled twice (a directory too: not one of its files) is said as given; a link
+        # and its target are told apart below, file by file.
+        whole = part if part in REGISTRY_CORPORA else os.path.abspath(Path(part).expanduser())
+        if whole in parts:
+            return f"{part} is named twice"
+        parts.add(whole)
         if part in REGISTRY_CORPORA:
             named = {part: part}
         else:
