@@ -28,7 +28,7 @@ class ExportConfig:
     run_export's callers all read them from here."""
 
     SAVED_AS: ClassVar[str] = EXPORT_CONFIG  # in the bundle, beside its manifest
-    # A replayed file's shortened path here is refused only where this export reads it (pipeline._load):
+    # A replayed file's shortened path here is refused only where this export reads it (check_read):
     # older bundles' files kept the calibration text of a classifier or of --no-calibrate, never read.
     SHORTENED_CHECKED_LATER: ClassVar[tuple[str, ...]] = ("calibration_text",)
 
@@ -120,7 +120,9 @@ class ExportConfig:
                 raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
         if (
             self.calibration_text is not None
-            and not self.calibration_text.startswith(".../")  # a replayed file's: see SHORTENED_CHECKED_LATER
+            and not options.shortened_path(
+                self.calibration_text
+            )  # a replayed file's: SHORTENED_CHECKED_LATER
             and (problem := calibration_text_problem(self.calibration_text))
         ):
             raise ValueError(problem)
@@ -155,12 +157,14 @@ def check_read(cfg: ExportConfig, kind: str | None = None, log: Callable[[str], 
     """ConfigError for an option `unread` refuses that the user gave: on the command line, or to
     run_export directly (a value other than its default). The same option from a --config file (a
     bundle's export_config.json replayed with another --precision, a recipe's TOML) was not typed for this
-    export: with `log`, a note says it is left out, as it says of an accepted one given."""
+    export: with `log`, a note says it is left out, as it says of an accepted one given. With `kind`, a
+    replayed file's shortened path among SHORTENED_CHECKED_LATER that the export does read is refused."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     given = options.sources(cfg) or {  # run_export's callers build the config without resolve
         name: options.flag(name) for name, f in fields.items() if getattr(cfg, name) != f.default
     }
-    for name, (why, instead) in unread(cfg, kind).items():
+    skipped = unread(cfg, kind)
+    for name, (why, instead) in skipped.items():
         where, value = given.get(name), getattr(cfg, name)
         typed = where == options.flag(name)
         if typed:
@@ -171,3 +175,5 @@ def check_read(cfg: ExportConfig, kind: str | None = None, log: Callable[[str], 
             raise ConfigError(f"{said}: {why}; {instead}")
         if log is not None and where is not None and (typed or value != fields[name].default):
             log(f"note: {said}, which this export does not read ({why}): left out of its export_config.json")
+    if kind is not None:  # what it does read of a replayed file's shortened paths: SHORTENED_CHECKED_LATER
+        options.check_shortened(cfg, [n for n in cfg.SHORTENED_CHECKED_LATER if n not in skipped])

@@ -10,6 +10,7 @@ training/model.py keeps its numerics; the two paths agree to float rounding (che
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -181,17 +182,14 @@ def _objective(ckpt: Path) -> str | None:
     else the run's config.json two levels up; None for a checkpoint from elsewhere."""
     import json
 
-    places = [ckpt / "trainer_state.json"]
+    from export.evaldata import trainer_state
+
+    saved = [trainer_state(ckpt)]
     if ckpt.parent.name == "checkpoints":
-        places.append(ckpt.parent.parent / "config.json")
-    for path in places:
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(saved, dict) and saved.get("objective") in ("electra", "mlm"):
-            return saved["objective"]
-    return None
+        with contextlib.suppress(OSError, ValueError):
+            saved.append(json.loads((ckpt.parent.parent / "config.json").read_text()))
+    return next((s["objective"] for s in saved if isinstance(s, dict) and s.get("objective") in ("electra", "mlm")),
+                None)  # fmt: skip
 
 
 def graph_for(model: nn.Module) -> tuple[nn.Module, str, str]:

@@ -212,7 +212,6 @@ def _load(cfg: ExportConfig, log) -> _Source:
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
     check_read(cfg, kind, log)  # options this export would not read: refused given, noted from a file
-    options.check_shortened(cfg, [n for n in cfg.SHORTENED_CHECKED_LATER if n not in unread(cfg, kind)])
     if kind == "detector" and cfg.eval_data:
         raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
     if cfg.eval_data and cfg.precision != "int8":  # recorded in export_config.json, it would read as checked

@@ -374,7 +374,7 @@ def _check_no_shortened_paths(
     its SHORTENED_CHECKED_LATER are the entry point's to check (check_shortened), once it knows whether it
     reads them: an old classifier bundle's file kept a calibration text it never read."""
     for name, value in values.items():
-        if name not in later and given.get(name) == config and _shortened(value):
+        if name not in later and given.get(name) == config and shortened_path(value):
             raise ConfigError(_shortened_said(config, name, value, fields[name]))
 
 
@@ -384,11 +384,12 @@ def check_shortened(cfg, names: Sequence[str]) -> None:
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     for name in names:
         where, value = sources(cfg).get(name), getattr(cfg, name)
-        if where is not None and where != flag(name) and _shortened(value):
+        if where is not None and where != flag(name) and shortened_path(value):
             raise ConfigError(_shortened_said(where, name, value, fields[name]))
 
 
-def _shortened(value) -> bool:
+def shortened_path(value) -> bool:
+    """A path as a bundle's export_config.json saves one from outside its export's directory."""
     return isinstance(value, str) and value.startswith(".../")
 
 

@@ -367,23 +367,20 @@ def repeated_file(source: str) -> str | None:
         if whole in parts:
             return f"{part} is named twice"
         parts.add(whole)
-        if part in REGISTRY_CORPORA:
-            named = {part: part}
-        else:
-            path = Path(part).expanduser()
-            try:
-                files = _corpus_files(path)
-            except (CorpusError, OSError):
-                continue
-            named = {os.path.realpath(f): part if f == path else f"{part} (its {f.relative_to(path).as_posix()})"
-                     for f in files}  # fmt: skip
-        for key, how in named.items():
-            if key in seen:
-                return (
-                    f"{key} is named twice"
-                    if seen[key] == how
-                    else f"{key} is read twice: as {seen[key]} and as {how}"
-                )
+        if part in REGISTRY_CORPORA:  # twice is caught above; a name is no file's path
+            continue
+        path = Path(part).expanduser()
+        try:
+            files = _corpus_files(path)
+        except (CorpusError, OSError):
+            continue
+        for f in files:
+            key, how = (
+                os.path.realpath(f),
+                part if f == path else f"{part} (its {f.relative_to(path).as_posix()})",
+            )
+            if key in seen:  # named otherwise (a link, a directory holding it): one spelling twice is above
+                return f"{key} is read twice: as {seen[key]} and as {how}"
             seen[key] = how
     return None
 
