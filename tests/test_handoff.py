@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,14 +182,24 @@ def test_a_fine_tuned_classifier_is_refused_saying_what_to_do_instead(tmp_path, 
     assert not (tmp_path / "p").exists()
 
 
+def _wait_until_stopped(proc) -> None:
+    """Until SIGSTOP has taken hold. kill() returns before it has: a process inside a system call (pack's
+    fsync) stops only on its way out of it, so what the test saw on disk could be older than where it
+    stopped. Linux's /proc/PID/stat: the state after the name, T once stopped."""
+    stat = Path(f"/proc/{proc.pid}/stat")
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        if stat.read_text().rpartition(")")[2].split()[0] == "T":
+            return
+        time.sleep(0.001)
+
+
 def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
     """SIGTERM (a GPU call's time running out) ended pack where it stood: a hidden directory of half the
     shards stayed beside --out. Now it stops as Ctrl-C does, removing it, and says so."""
     import signal
     import subprocess
     import sys
-    import time
-    from pathlib import Path
 
     tok = train_tokenizer(tmp_path / "tok")
     src = save_detector(tmp_path / "det", tok, hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
@@ -201,6 +213,7 @@ def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
         while proc.poll() is None and not any(parent.iterdir()):
             time.sleep(0.001)
         proc.send_signal(signal.SIGSTOP)  # held where it is, to look
+        _wait_until_stopped(proc)
         midway = any(parent.iterdir()) and not (parent / "p").exists()
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGCONT)
@@ -210,8 +223,9 @@ def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
         shutil.rmtree(parent)
     else:
         pytest.fail("the signal never landed while the shards were written")
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert f"stopped by SIGTERM: nothing was written at --out {parent / 'p'}" in err, err
+    seen = f"exit {proc.returncode}, {sorted(p.name for p in parent.iterdir())}, stderr: {err!r}"
+    assert proc.returncode == 128 + signal.SIGTERM, seen
+    assert f"stopped by SIGTERM: nothing was written at --out {parent / 'p'}" in err, seen
     assert list(parent.iterdir()) == []
 
 
