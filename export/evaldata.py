@@ -315,18 +315,30 @@ def run_train_inputs(ckpt: Path) -> tuple[list[Input], str] | None:
     return [_input(ex) for ex in data.splits["train"]], f"the run's train split ({data.source['train']})"
 
 
+_RUN_DATA: dict[str, object] = {}
+
+
 def _run_data(config: dict):
-    """Fine-tuning's own reading and split of the run's --train (and --dev) files; None where it has none."""
+    """Fine-tuning's own reading and split of the run's --train (and --dev) files; None where it has none.
+    Read once per export: an int8 pair model wants both its train inputs (ranges) and its dev rows
+    (threshold), and reading twice printed each of the reader's warnings twice."""
     from types import SimpleNamespace
 
     from training.finetuning.data import DataError, load_task_data
 
     if config.get("task") or not config.get("train") or not Path(config["train"]).is_file():
         return None
-    try:
-        return load_task_data(SimpleNamespace(**config), reread_by="export")
-    except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
-        return None
+    # Keyed by the files' sizes and times too: a process exporting again (a test, a notebook) after the
+    # files changed reads them again.
+    files = [Path(config[k]) for k in ("train", "dev") if config.get(k) and Path(config[k]).is_file()]
+    key = json.dumps([config, [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]],
+                     sort_keys=True, default=str)  # fmt: skip
+    if key not in _RUN_DATA:
+        try:
+            _RUN_DATA[key] = load_task_data(SimpleNamespace(**config), reread_by="export")
+        except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
+            _RUN_DATA[key] = None
+    return _RUN_DATA[key]
 
 
 def _input(ex) -> Input:

@@ -309,7 +309,7 @@ def test_export_rereading_a_runs_training_file_names_it_as_the_runs(tmp_path, ca
     run already made."""
     import dataclasses
 
-    from export.evaldata import run_dev_rows
+    from export.evaldata import run_dev_rows, run_train_inputs
 
     rows = [(f"film {i}", "ab"[i % 2]) for i in range(20)]
     train = write(tmp_path / "t.csv", [*rows[:2], ("", "a"), *rows[2:]])
@@ -325,3 +325,8 @@ def test_export_rereading_a_runs_training_file_names_it_as_the_runs(tmp_path, ca
         "text (row 3); kept, as the run kept them" in said
     ), said
     assert "--train:" not in said
+    # An int8 pair export reads the run's train inputs too (its ranges): the same reading, said once.
+    assert run_train_inputs(tmp_path)[0] and "re-reads it" not in capsys.readouterr().err
+    with train.open("a") as f:  # the file changed since: read again
+        f.write("film 99,b\n")
+    assert len(run_train_inputs(tmp_path)[0]) > len(dev) and "re-reads it" in capsys.readouterr().err
