@@ -26,7 +26,7 @@ from training import checkpoint as ckpt
 from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import COMPILE_MODES, PretrainConfig
-from training.data.corpus import CorpusError
+from training.data.corpus_sources import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
