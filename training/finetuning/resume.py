@@ -27,7 +27,7 @@ from training.atomic_dirs import write_atomically
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
-from training.finetuning.data import label_name, label_names
+from training.finetuning.labels import label_name, label_names
 from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings
 from training.pretraining.stopping import capture_rng
 from training.report import MetricsError, rows_until
