@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.cli import existing, positive_int
 from benchmarks.output import add_out_file, show_config, write_json
-from training.checkpoint import directory_size
+from training.atomic_dirs import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, SAVE_EVERY = 150, 25  # long enough that most random kills land while it trains

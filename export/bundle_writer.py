@@ -134,7 +134,7 @@ def write_triton(
 ) -> Path:
     """<repo>/<name> written whole or not at all (write_atomically, as the bundle is): a stop or a full disk
     leaves an earlier model directory there as it was. `log` says what it leaves out."""
-    from training.checkpoint import write_atomically
+    from training.atomic_dirs import write_atomically
 
     inputs = ",\n".join(
         f'  {{ name: "{n}", data_type: TYPE_INT64, dims: [ -1 ] }}' for n in manifest["inputs"]

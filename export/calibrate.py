@@ -171,7 +171,7 @@ def unlike_training(ckpt: Path, calibration_text: str | None) -> str | None:
     sentences, is fitted to text of another kind (and can rank it backwards). None for a checkpoint from
     elsewhere, or text of the user's own (--calibration-text FILE: theirs to choose)."""
     from export.sentence_sources import CALIBRATION_SOURCES
-    from training.data.corpus import REGISTRY_CORPORA
+    from training.data.corpus_sources import REGISTRY_CORPORA
 
     config = evaldata.trainer_state(ckpt).get("config")
     corpus = config.get("corpus") if isinstance(config, dict) else None

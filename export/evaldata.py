@@ -182,7 +182,8 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     the same formats, checks and label names), from the columns the checkpoint was fine-tuned with (its
     trainer_state.json: a pair model's two texts as a (text, text_pair) input), unless `cfg` (an
     ExportConfig) names others; else `text` and `label`."""
-    from training.finetuning.data import DataError, label_name, missing, read_rows, row_columns
+    from training.finetuning.data import DataError, missing, read_rows, row_columns
+    from training.finetuning.labels import label_name
 
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read
@@ -240,13 +241,13 @@ def trainer_state(ckpt: Path | None) -> dict:
 def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str) -> np.ndarray:
     """Label column -> class index (by name, else by number) or float for regression."""
     if ptype == "regression":
-        from training.finetuning.data import as_float  # fine-tuning's rule: finite numbers only
+        from training.finetuning.labels import as_float  # fine-tuning's rule: finite numbers only
 
         bad = next((lab for _, lab in rows if as_float(lab) is None), None)
         if bad is not None:
             raise EvalDataError(f"--eval-data: label {bad!r} is not a number, and the model is a regression")
         return np.array([as_float(lab) for _, lab in rows])
-    from training.finetuning.data import as_float, label_name  # fine-tuning's spellings: "1.0" is "1"
+    from training.finetuning.labels import as_float, label_name  # fine-tuning's spellings: "1.0" is "1"
 
     by_name = {label_name(v): k for k, v in id2label.items()}
     # A number names a class by its index only for a model whose labels are not numbers themselves

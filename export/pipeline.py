@@ -100,7 +100,7 @@ def _pinned(checkpoint: str) -> Iterator[tuple[Path, Path]]:
 
 
 def _export(src: _Source, log) -> dict:
-    from training.checkpoint import write_atomically
+    from training.atomic_dirs import write_atomically
     from training.errors import others_in
 
     cfg = src.cfg

@@ -163,6 +163,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     """Write the checkpoint to `out` whole or not at all (a full disk, a kill), with the options that made
     it (`config`, as recover_config.json); returns what was checked."""
     from training import checkpoint as ckpt
+    from training.atomic_dirs import write_atomically
     from training.errors import check_room
     from training.model import ElectraForPreTraining
 
@@ -213,7 +214,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
         if config is not None:
             options.save(config, tmp / RecoverConfig.SAVED_AS)
 
-    ckpt.write_atomically(out, fill)
+    write_atomically(out, fill)
     return report
 
 

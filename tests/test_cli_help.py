@@ -21,7 +21,7 @@ from bulk.config import BulkConfig
 from export.config import ExportConfig
 from export.recover import RecoverConfig
 from training.config import FinetuneConfig, PretrainConfig
-from training.data.corpus import JSONL_SUFFIXES, REGISTRY_CORPORA, TEXT_SUFFIXES
+from training.data.corpus_sources import JSONL_SUFFIXES, REGISTRY_CORPORA, TEXT_SUFFIXES
 from training.finetuning.sets import LABELLED_SETS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,15 +21,8 @@ import pytest
 
 from tests.unprivileged import run_python
 from training.data import registry
-from training.data.corpus import (
-    CorpusError,
-    corpus_files_note,
-    corpus_key,
-    detokenize_wikitext,
-    iter_text_documents,
-    read_corpus,
-    repeated_file,
-)
+from training.data.corpus import corpus_key, detokenize_wikitext, read_corpus
+from training.data.corpus_sources import CorpusError, corpus_files_note, iter_text_documents, repeated_file
 from training.data.registry import (
     REGISTRY,
     ChecksumError,
@@ -391,7 +384,7 @@ def test_a_corpus_directory_that_cannot_be_listed_fails_naming_it(tmp_path):
     (tmp_path / "ok.txt").write_text("a doc\n")
     (tmp_path / "locked" / "hidden.txt").write_text("a doc never read\n")
     (tmp_path / "locked").chmod(0o000)
-    code = "import sys; from training.data.corpus import iter_text_documents; list(iter_text_documents(sys.argv[1]))"
+    code = "import sys; from training.data.corpus_sources import iter_text_documents; list(iter_text_documents(sys.argv[1]))"
     try:
         done = run_python(code, str(tmp_path))
     finally:

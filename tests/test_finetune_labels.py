@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from training.config import FinetuneConfig
-from training.finetuning.data import DataError, _sort_key, load_task_data
+from training.finetuning.data import DataError, load_task_data
+from training.finetuning.labels import _sort_key
 
 
 def load(tmp_path: Path, train: Path, **options):

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.quality.disc_probe import load_generators
-from training.checkpoint import resolve_checkpoint, state_dict_for_save, write_atomically
+from training.atomic_dirs import write_atomically
+from training.checkpoint import resolve_checkpoint, state_dict_for_save
 from training.data.corpus import corpus_key
 from training.pretrain import main as pretrain
 from training.pretraining.trainer import setup
@@ -554,11 +555,11 @@ def test_a_directory_is_replaced_in_one_step_or_put_back_after_a_kill_between_tw
     """Replacing a directory: swapped with its new copy in one step where Linux can; else set aside and
     renamed over, and a kill between the two renames (the target gone, its old copy beside it) is
     repaired by the next write, which used to leave the old copy there for good."""
-    import training.checkpoint as ckpt
+    import training.atomic_dirs as atomic_dirs
 
     swapped = []
-    exchange = ckpt._exchange
-    monkeypatch.setattr(ckpt, "_exchange", lambda a, b: swapped.append(exchange(a, b)) or swapped[-1])
+    exchange = atomic_dirs._exchange
+    monkeypatch.setattr(atomic_dirs, "_exchange", lambda a, b: swapped.append(exchange(a, b)) or swapped[-1])
     target = tmp_path / "bundle"
     write_atomically(target, lambda d: (d / "model.onnx").write_text("one"))
     write_atomically(target, lambda d: (d / "model.onnx").write_text("two"))
@@ -568,10 +569,10 @@ def test_a_directory_is_replaced_in_one_step_or_put_back_after_a_kill_between_tw
 
     # As a writer killed between its two renames leaves it:
     target.rename(tmp_path / ".bundle.old")
-    ckpt._remove_stale_temporaries(target)
+    atomic_dirs._remove_stale_temporaries(target)
     assert (target / "model.onnx").read_text() == "two" and [p.name for p in tmp_path.iterdir()] == ["bundle"]
 
-    monkeypatch.setattr(ckpt, "_exchange", lambda a, b: False)  # a filesystem that cannot swap
+    monkeypatch.setattr(atomic_dirs, "_exchange", lambda a, b: False)  # a filesystem that cannot swap
     write_atomically(target, lambda d: (d / "model.onnx").write_text("three"))
     assert (target / "model.onnx").read_text() == "three" and [p.name for p in tmp_path.iterdir()] == [
         "bundle"

@@ -148,7 +148,7 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
     """The corpus paths and the file options `names` of `values` (a config's fields) made absolute:
     registry names, --tokenizer train and paths that do not exist (an error said elsewhere) stay as
     they are."""
-    from training.data.corpus import REGISTRY_CORPORA
+    from training.data.corpus_sources import REGISTRY_CORPORA
 
     def absolute(p: str) -> str:
         # pathlib drops "./" and doubled separators but keeps "..": past a link, the kernel's parent is
@@ -345,7 +345,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             )
 
     def _check_data(self) -> None:
-        from training.data.corpus import REGISTRY_CORPORA, repeated_file
+        from training.data.corpus_sources import REGISTRY_CORPORA, repeated_file
 
         if any(not c.strip() for c in self.corpus.split(",")):  # Path("") is the current directory
             raise ConfigError(f"--corpus {self.corpus!r}: an empty name; give registry corpora or paths")
@@ -433,7 +433,7 @@ def inert_options(values: dict, compiled: bool | None = None) -> dict[str, str]:
     """Pretraining options that change nothing given the others (`values`: a config as JSON, saved or
     resolved; `compiled`: whether the step is, where known), with why: the start notes any given one; a
     resume lets them differ, as they trained nothing."""
-    from training.data.corpus import reads_jsonl
+    from training.data.corpus_sources import reads_jsonl
 
     why = {}
     if compiled is False or values.get("compile") is False:

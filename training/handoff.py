@@ -164,7 +164,8 @@ def pack(cfg: PackConfig, log=print) -> dict:
     """Write the shards and handoff.json into cfg.out; returns the index."""
     import torch
 
-    from training.checkpoint import save_tensors, write_atomically
+    from training.atomic_dirs import write_atomically
+    from training.checkpoint import save_tensors
 
     run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
     # No --force: a handoff is written only where none is.
@@ -295,7 +296,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     check_replaceable(out, "--out", "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
                       source=(src, "the handoff being unpacked"), error=HandoffError)  # fmt: skip
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)
-    from training.checkpoint import LATEST, load_model, save_tensors, write_atomically
+    from training.atomic_dirs import write_atomically
+    from training.checkpoint import LATEST, load_model, save_tensors
 
     weights = _weights(src, index)
     step = packed_step(index)  # checked by verify

@@ -209,6 +209,7 @@ def random_weights(run: Path, out: Path) -> dict:
     started from --init's weights gets random weights of its shape. Remade each time, in seconds, the
     same bytes for the same run; a record shaped like a pretraining run's with one point at 0 FLOPs."""
     from training import checkpoint as ckpt
+    from training.atomic_dirs import write_atomically
     from training.data.tokenizer import copy_tokenizer
     from training.model import count_parameters
     from training.pretraining.model import initial_objective
@@ -220,7 +221,7 @@ def random_weights(run: Path, out: Path) -> dict:
         ckpt.save_model(disc, d, "ElectraForPreTraining")
         copy_tokenizer(run / "tokenizer", d)
 
-    ckpt.write_atomically(out, fill)
+    write_atomically(out, fill)
     at = {"fraction": 0.0, "step": 0, "tokens": 0, "flops": 0.0, "checkpoint": str(out)}
     return {"run": str(run), "seed": cfg.seed, "checkpoint": str(out), "params_encoder": count_parameters(disc.electra),
             "points": [at], "tokenizer": tok}  # fmt: skip

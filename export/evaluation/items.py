@@ -64,7 +64,7 @@ def fitting(texts: Texts, tokenizer, max_length: int) -> Texts:
 def own_sentences(path: str) -> list[str]:
     """Sentences of MIN_WORDS..MAX_WORDS words from a file or directory of the user's (every document is
     held-out text)."""
-    from training.data.corpus import CorpusError, iter_text_documents
+    from training.data.corpus_sources import CorpusError, iter_text_documents
     from training.data.sentences import iter_sentences
 
     try:
@@ -83,7 +83,7 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
     (export/sentence_sources.py; default: all of CALIBRATION_SOURCES), or a file or directory of the
     user's, read as one source."""
     from export.sentence_sources import CALIBRATION_SOURCES, SourceError, calibration_text_problem, sentences
-    from training.data.corpus import CorpusError
+    from training.data.corpus_sources import CorpusError
     from training.data.registry import DatasetError
 
     if text and Path(text).exists():

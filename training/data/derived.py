@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from training.data.corpus import REGISTRY_CORPORA
+from training.data.corpus_sources import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
 from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256

@@ -1,6 +1,7 @@
-"""Three more registry corpora to pretrain on (training/data/corpus.py registers them): GCIDE's definitions,
-WordNet's glosses and TREC's questions. Each document is one dictionary entry, one synset or one question,
-so no row pretends that two unrelated texts continue each other.
+"""Three more registry corpora to pretrain on (training/data/corpus_sources.py names them,
+training/data/corpus.py reads them): GCIDE's definitions, WordNet's glosses and TREC's questions. Each
+document is one dictionary entry, one synset or one question, so no row pretends that two unrelated texts
+continue each other.
 
 What is left out, and why:
 - GCIDE's paragraphs that came from WordNet 1.5 (tagged "WordNet 1.5"): they hold WordNet's usage examples,

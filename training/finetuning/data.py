@@ -15,12 +15,10 @@ import csv
 import json
 import math
 import random
-import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,9 +27,19 @@ from tokenizers import Tokenizer
 
 from training.config import ConfigError
 from training.finetuning.coverage import missing_classes
+from training.finetuning.labels import (
+    _COMMA_NUMBER,
+    _refuse_comma_numbers,
+    _refuse_label_lists,
+    _refuse_non_finite_targets,
+    _sort_key,
+    as_float,
+    label_name,
+    label_names,
+)
 from training.finetuning.sets import SPLIT_SEED
 
-__all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "encode", "as_float", "label_name", "label_names", "load_task_data",
+__all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "encode", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
 
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
@@ -291,136 +299,6 @@ def _raw_examples(
         print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text ({read.places(empty)}); they are "
               "kept, and teach the model its label for no text", file=sys.stderr, flush=True)  # fmt: skip
     return out, read
-
-
-def as_float(value) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-# "1", "+1", "-0", "1.0", "1.00", "007.0"; not "007": a code's leading zeros are its name ("001", "002").
-_WHOLE_NUMBER = re.compile(r"[+-]?(?:0|[1-9][0-9]*)|[+-]?[0-9]+\.0*")
-_INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole number
-
-
-def label_name(value) -> str:
-    """The class a label value names. A whole number names the class of its integer: 1.0 in JSON, "1.0" in
-    a CSV (pandas writes an integer column with a missing value as floats) and "+1" are class "1". Leading
-    zeros are kept ("01", "007"): codes such as "001" are named so, and /classify answers with the name. A
-    JSON boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True")."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    text = str(value).strip()
-    if _WHOLE_NUMBER.fullmatch(text):
-        return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
-    return text
-
-
-def label_names(spec: str) -> tuple[str, ...]:
-    """The classes --labels lists, in id order, each read as the data's labels are ("1.0" is "1")."""
-    return tuple(label_name(s) for s in spec.split(","))
-
-
-def _sort_key(name: str):
-    # Total, so the order never follows the set's hash order: only ASCII integers sort as numbers (int()
-    # also reads "1_0" as 10, a tie with "10"), and the name breaks any tie.
-    if _INTEGER.fullmatch(name):
-        return (0, int(name), name)
-    return (1, 0, name)
-
-
-def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: str, read: Rows) -> None:
-    """One inf among numeric labels (JSON's Infinity, or "1e400", past a float's range) made every value a
-    class name (an 11-class classifier from 10 regression targets and an inf), or a class "inf" beside
-    "0" and "1", silently."""
-    odd = [n for n, x in enumerate(numbers, 1) if x is None]
-    if not odd or len(odd) == len(values) or not all(_is_float_text(values[n - 1]) for n in odd):
-        return
-    n, value = odd[0], values[odd[0] - 1]
-    shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
-    kind = ("fractional numbers (a regression target)" if any(x is not None and not x.is_integer() for x in numbers)
-            else "whole numbers (classes)")  # fmt: skip
-    raise DataError(f"--train: {path} {read.place(n - 1)}: label {shown} is not a finite number, and the other labels are {kind}: "
-                    "fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
-
-
-_COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
-
-
-def _refuse_comma_numbers(values: list) -> None:
-    """Targets written with a decimal comma ("2,3", as a German or French spreadsheet saves them) are not
-    numbers to float(): they silently made a classifier of one class per value."""
-    comma = [v for v in values if isinstance(v, str) and _COMMA_NUMBER.fullmatch(v.strip())]
-    if len(comma) * 2 > len(values):
-        raise DataError(f"--train: {len(comma)} of {len(values)} labels are numbers written with a comma "
-                        f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
-                        "them with a decimal point ('2.3') and no thousands separator, or give --problem-type "
-                        "classification to keep them as class names")  # fmt: skip
-
-
-_SEPARATOR = re.compile(r"\s*[,;|]\s*")
-_ID = re.compile(r"0|[1-9][0-9]*")  # a class number as a list of them writes it
-_DECIMAL_PAIR = re.compile(r"[0-9]+,[0-9]+")  # "2,5": a number with a decimal comma, or classes 2 and 5
-
-
-def _parts(value) -> list[str] | None:
-    """The labels a value lists ("sport,politics", "0;2", "1 | 3"); None where it holds no separator."""
-    if not isinstance(value, str) or not _SEPARATOR.search(value):
-        return None
-    parts = _SEPARATOR.split(value.strip())
-    return parts if len(parts) >= 2 and all(parts) else None
-
-
-def _ids(parts: list[str]) -> bool:
-    """Class numbers as a list of labels writes them: no leading zeros, each once, in increasing order."""
-    return all(_ID.fullmatch(p) for p in parts) and all(int(a) < int(b) for a, b in pairwise(parts))
-
-
-def _refuse_label_lists(values: list, path: str, read: Rows) -> None:
-    """Several labels in one cell ("sport,politics" beside "sport" and "politics", or mostly "0,1") made a
-    class of each combination, or "0,1" was taken for a number with a decimal comma. A value whose parts
-    are all labels of other rows is such a list, and so are most values being lists of class numbers.
-    "2,5" may be either: where such pairs read as decimals (a part with a leading zero, a first part not
-    below the second, or one second part common to them all: "1,5", "2,5", "3,5"), they are numbers."""
-    listed = [(n, v, parts) for n, v in enumerate(values, 1) if (parts := _parts(v))]
-    if not listed:
-        return
-    singles = {label_name(v) for v in values if _parts(v) is None}
-    pairs = {v.strip() for _, v, _ in listed if _DECIMAL_PAIR.fullmatch(v.strip())}
-    decimals = any(not _ids(v.split(",")) for v in pairs) or (
-        len(pairs) >= 2 and len({v.split(",")[1] for v in pairs}) == 1
-    )
-    if decimals:
-        listed = [(n, v, parts) for n, v, parts in listed if v.strip() not in pairs]
-    of_labels = [row for row in listed if all(label_name(p) in singles for p in row[2])]
-    ids = [row for row in listed if _ids(row[2])]
-    found = of_labels or (ids if len(ids) * 2 > len(values) else [])
-    if not found:
-        return
-    n, value, parts = found[0]
-    also = ", each also a label of other rows" if of_labels else ""
-    comma = ("; if they are numbers written with a decimal comma, write a decimal point ('2.5')"
-             if _DECIMAL_PAIR.fullmatch(value.strip()) else "")  # fmt: skip
-    raise DataError(f"--train: {path} {read.place(n - 1)}: label {value!r} looks like several labels in one row "
-                    f"({', '.join(map(repr, parts))}{also}; {len(found)} of {len(values)} rows are such lists): "
-                    "fine-tuning learns one label per text, and multi-label classification is not supported: "
-                    "give each row a single label, or give --problem-type classification if each combination is "
-                    f"meant as a class of its own{comma}")  # fmt: skip
-
-
-def _is_float_text(value) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(value, bool)
 
 
 def _user_files(cfg, reread_by: str | None = None) -> TaskData:

@@ -13,6 +13,7 @@ import torch
 
 from options import ConfigError
 from training import checkpoint as ckpt
+from training.atomic_dirs import write_atomically
 from training.data.tokenizer import save_tokenizer
 from training.errors import DiskFullError, check_room, link_or_copy
 from training.finetuning import resume
@@ -74,4 +75,4 @@ def write_outputs(
             with (d / f"predictions_{split}.jsonl").open("w") as f:
                 f.writelines(json.dumps(json_safe(r), ensure_ascii=False) + "\n" for r in rows)
 
-    ckpt.write_atomically(out, fill)
+    write_atomically(out, fill)

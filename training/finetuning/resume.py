@@ -23,10 +23,11 @@ from safetensors.torch import load_file
 import options
 from options import ConfigError
 from training import checkpoint as ckpt
+from training.atomic_dirs import write_atomically
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
-from training.finetuning.data import label_name, label_names
+from training.finetuning.labels import label_name, label_names
 from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings
 from training.pretraining.stopping import capture_rng
 from training.report import MetricsError, rows_until
@@ -127,7 +128,7 @@ def save(t, position: dict) -> None:
         # Python's JSON (NaN and infinities included, as Python reads them back): figures come back exact.
         (d / STATE).write_text(json.dumps(state, default=lambda o: o.tolist()))
 
-    ckpt.write_atomically(Path(t.cfg.out) / RESUME_DIR, fill)
+    write_atomically(Path(t.cfg.out) / RESUME_DIR, fill)
 
 
 def restore(t) -> dict:

@@ -40,11 +40,11 @@ from training.finetuning.data import (
     TaskData,
     batches,
     encode,
-    label_name,
     load_task_data,
     overlap_warnings,
     typed_special_tokens,
 )
+from training.finetuning.labels import label_name
 from training.finetuning.layerwise_lr import layerwise_param_groups
 from training.finetuning.metrics import (
     classification_metrics,

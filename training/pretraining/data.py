@@ -13,7 +13,8 @@ from tokenizers import Tokenizer
 
 import options
 from training.data import derived
-from training.data.corpus import corpus_files_note, corpus_key, read_corpus
+from training.data.corpus import corpus_key, read_corpus
+from training.data.corpus_sources import corpus_files_note
 from training.data.shards import (
     META_FILE,
     Batches,

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import options
 from options import ConfigError, flag
-from training import checkpoint as ckpt
 from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import PretrainConfig, absolute_out, inert_options
 from training.data.registry import DatasetError
 from training.data.tokenizer import TokenizerError
-from training.errors import disk_full
+from training.errors import disk_full, out_of_space
 from training.optim import hardware_as_run
 from training.pretraining.data import lowercases, with_given_tokenizer
 from training.pretraining.distributed import Dist
@@ -40,7 +39,7 @@ def save_config(cfg: PretrainConfig, path: Path, as_run: dict | None = None) -> 
     try:
         options.save(cfg, path, as_run=as_run)
     except OSError as e:
-        if ckpt.out_of_space(e):
+        if out_of_space(e):
             raise disk_full(path) from e
         raise
 

@@ -26,12 +26,12 @@ from training import checkpoint as ckpt
 from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import COMPILE_MODES, PretrainConfig
-from training.data.corpus import CorpusError
+from training.data.corpus_sources import CorpusError
 from training.data.registry import DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
 from training.embedding_grad import opaque_embedding_grads
-from training.errors import DiskFullError, check_room
+from training.errors import DiskFullError, check_room, out_of_space
 from training.model import count_parameters, fuse_qkv
 from training.optim import (
     autocast_for,
@@ -452,7 +452,7 @@ def run(argv: list[str] | None = None) -> None:
         )
         sys.exit(f"error: {e}{kept}")
     except OSError as e:
-        if not ckpt.out_of_space(e):
+        if not out_of_space(e):
             raise
         latest = t.run / "checkpoints" / ckpt.LATEST
         kept = (
