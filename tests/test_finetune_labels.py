@@ -14,7 +14,7 @@ import pytest
 
 from training.config import FinetuneConfig
 from training.finetuning.data import DataError, load_task_data
-from training.finetuning.labels import _sort_key
+from training.finetuning.labels import class_sort_key
 
 
 def load(tmp_path: Path, train: Path, **options):
@@ -46,7 +46,9 @@ def test_whole_numbers_are_one_class_and_codes_keep_their_zeros(tmp_path):
 def test_names_that_read_as_one_integer_sort_the_same_in_any_order():
     names = ["10", "1_0", "9", "b", "a"]  # int() reads "1_0" as 10 too; such names stay apart, in one order
     assert (
-        sorted(names, key=_sort_key) == sorted(reversed(names), key=_sort_key) == ["9", "10", "1_0", "a", "b"]
+        sorted(names, key=class_sort_key)
+        == sorted(reversed(names), key=class_sort_key)
+        == ["9", "10", "1_0", "a", "b"]
     )
 
 

@@ -17,6 +17,13 @@ import shutil
 from collections.abc import Collection
 from pathlib import Path
 
+from options import ConfigError
+
+
+class DataError(ConfigError):
+    """Fine-tuning data that cannot be used as given; the message names the file and the option to change.
+    Here, not in training.finetuning.data: its label checks (labels.py), which data.py imports, raise it."""
+
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be used; the message says what is wrong and what to do."""

@@ -25,17 +25,17 @@ from typing import NamedTuple
 import torch
 from tokenizers import Tokenizer
 
-from training.config import ConfigError
+from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
 from training.finetuning.labels import (
-    _COMMA_NUMBER,
-    _refuse_comma_numbers,
-    _refuse_label_lists,
-    _refuse_non_finite_targets,
-    _sort_key,
+    COMMA_NUMBER,
     as_float,
+    class_sort_key,
     label_name,
     label_names,
+    refuse_comma_numbers,
+    refuse_label_lists,
+    refuse_non_finite_targets,
 )
 from training.finetuning.sets import SPLIT_SEED
 
@@ -43,10 +43,6 @@ __all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "en
            "missing", "read_rows"]  # fmt: skip
 
 CLASSIFICATION, REGRESSION = "single_label_classification", "regression"  # Hugging Face's problem_type names
-
-
-class DataError(ConfigError):
-    """Data that cannot be used as given; the message names the file and the option to change."""
 
 
 class Example(NamedTuple):
@@ -310,10 +306,10 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
     numbers = [as_float(v) for v in values]
     problem = cfg.problem_type
     if problem == "auto":
-        _refuse_non_finite_targets(values, numbers, cfg.train, read["train"])
+        refuse_non_finite_targets(values, numbers, cfg.train, read["train"])
         # Before the comma numbers: "0,1" beside "0" and "1" is a list of labels, not a decimal comma's number.
-        _refuse_label_lists(values, cfg.train, read["train"])
-        _refuse_comma_numbers(values)
+        refuse_label_lists(values, cfg.train, read["train"])
+        refuse_comma_numbers(values)
         fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
         problem = "regression" if fractional else "classification"
     if problem == "regression":
@@ -325,7 +321,7 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
             if bad is not None:
                 comma = (
                     " (write a decimal point: '2.3', not '2,3')"
-                    if _COMMA_NUMBER.fullmatch(str(bad).strip())
+                    if COMMA_NUMBER.fullmatch(str(bad).strip())
                     else ""
                 )
                 raise DataError(
@@ -343,7 +339,7 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
                 raise DataError(f"--labels: names must be distinct and non-empty, got {cfg.labels!r}"
                                 + (f"; more than one names class {same!r}" if same else ""))  # fmt: skip
         else:
-            labels = tuple(sorted(seen, key=_sort_key))
+            labels = tuple(sorted(seen, key=class_sort_key))
         index = {name: i for i, name in enumerate(labels)}
         splits = {}
         for split, rows in raw.items():

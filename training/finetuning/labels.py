@@ -1,6 +1,6 @@
 """What a label value names, and the label columns fine-tuning refuses. label_name reads a value as a
 class name ("1.0", 1.0 and "+1" are class "1"; "01" keeps its zero), as_float as a finite number, and
-_sort_key orders class names (integers numerically); the _refuse_* checks stop a --train label column that
+class_sort_key orders class names (integers numerically); the refuse_* checks stop a --train label column that
 would otherwise make the wrong task in silence (an inf among numbers, decimal commas, several labels in
 one cell). Fine-tuning's data, its resume check and export's --eval-data read labels through here, so each
 spells a class as the others do; nothing in it needs torch.
@@ -13,6 +13,8 @@ import math
 import re
 from itertools import pairwise
 from typing import TYPE_CHECKING
+
+from training.errors import DataError
 
 if TYPE_CHECKING:  # for the annotations only: data.py imports this module
     from training.finetuning.data import Rows
@@ -53,7 +55,7 @@ def label_names(spec: str) -> tuple[str, ...]:
     return tuple(label_name(s) for s in spec.split(","))
 
 
-def _sort_key(name: str):
+def class_sort_key(name: str):
     # Total, so the order never follows the set's hash order: only ASCII integers sort as numbers (int()
     # also reads "1_0" as 10, a tie with "10"), and the name breaks any tie.
     if _INTEGER.fullmatch(name):
@@ -61,11 +63,10 @@ def _sort_key(name: str):
     return (1, 0, name)
 
 
-def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: str, read: Rows) -> None:
+def refuse_non_finite_targets(values: list, numbers: list[float | None], path: str, read: Rows) -> None:
     """One inf among numeric labels (JSON's Infinity, or "1e400", past a float's range) made every value a
     class name (an 11-class classifier from 10 regression targets and an inf), or a class "inf" beside
     "0" and "1", silently."""
-    from training.finetuning.data import DataError  # not at the top: data.py imports this module
 
     odd = [n for n, x in enumerate(numbers, 1) if x is None]
     if not odd or len(odd) == len(values) or not all(_is_float_text(values[n - 1]) for n in odd):
@@ -78,15 +79,14 @@ def _refuse_non_finite_targets(values: list, numbers: list[float | None], path: 
                     "fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
 
 
-_COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
+COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
 
 
-def _refuse_comma_numbers(values: list) -> None:
+def refuse_comma_numbers(values: list) -> None:
     """Targets written with a decimal comma ("2,3", as a German or French spreadsheet saves them) are not
     numbers to float(): they silently made a classifier of one class per value."""
-    from training.finetuning.data import DataError  # not at the top: data.py imports this module
 
-    comma = [v for v in values if isinstance(v, str) and _COMMA_NUMBER.fullmatch(v.strip())]
+    comma = [v for v in values if isinstance(v, str) and COMMA_NUMBER.fullmatch(v.strip())]
     if len(comma) * 2 > len(values):
         raise DataError(f"--train: {len(comma)} of {len(values)} labels are numbers written with a comma "
                         f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
@@ -112,13 +112,12 @@ def _ids(parts: list[str]) -> bool:
     return all(_ID.fullmatch(p) for p in parts) and all(int(a) < int(b) for a, b in pairwise(parts))
 
 
-def _refuse_label_lists(values: list, path: str, read: Rows) -> None:
+def refuse_label_lists(values: list, path: str, read: Rows) -> None:
     """Several labels in one cell ("sport,politics" beside "sport" and "politics", or mostly "0,1") made a
     class of each combination, or "0,1" was taken for a number with a decimal comma. A value whose parts
     are all labels of other rows is such a list, and so are most values being lists of class numbers.
     "2,5" may be either: where such pairs read as decimals (a part with a leading zero, a first part not
     below the second, or one second part common to them all: "1,5", "2,5", "3,5"), they are numbers."""
-    from training.finetuning.data import DataError  # not at the top: data.py imports this module
 
     listed = [(n, v, parts) for n, v in enumerate(values, 1) if (parts := _parts(v))]
     if not listed:
