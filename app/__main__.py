@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             registry.server_load,
             registry.lifecycle,
             access_log=settings.access_log,  # the 400, 408 and 431 it writes with no handler: their lines
+            send_timeout_s=settings.send_timeout_s,
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
         timeout_keep_alive=settings.keep_alive_timeout_s,  # above a balancer's own idle timeout (settings.py)

@@ -110,6 +110,17 @@ class HttpSettings:
         "seconds to receive a whole request (headers and body); 0: no limit",
         env="ELECTRA_READ_TIMEOUT_S",
     )
+    # The write side's: a client that stopped reading held its connection, its place under
+    # --limit-concurrency and (with a request pipelined behind) a handler waiting to write, for good. It
+    # runs from when the kernel takes no more of what is written until it has taken all of it
+    # (app/http/protocol.py): the kernel's buffers take hundreds of KB at once (an answer at the default
+    # limits is under 1 MB), so a client that reads at all, even over a slow link, is far from it.
+    send_timeout_s: float = option(
+        30.0,
+        "seconds a client has to take the rest of an answer once the server must wait for it to read; past "
+        "it the connection is cut (counted as the client's abort, 499); 0: no limit",
+        env="ELECTRA_SEND_TIMEOUT_S",
+    )
     # uvicorn's default is 5 s. A balancer keeps its idle connections to a backend longer (AWS ALB and
     # ingress-nginx 60 s) and may send a request on one just as the server closes it: a 502 the client sees.
     # The server must be the one that waits longer. Drains are not held up by it: at SIGTERM idle connections
@@ -310,7 +321,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             )
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
-        timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
+        timeouts = ("graceful_timeout_s", "read_timeout_s", "send_timeout_s", "drain_delay_s")
         for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", "unready_after_failures",
                      *timeouts):  # fmt: skip
             if getattr(self, name) < 0:

@@ -22,13 +22,14 @@ except ImportError:  # tests/ made a package
 
 READ_TIMEOUT = 2.0
 KEEP_ALIVE = 1.0  # short, to be seen in a test; the default is 75 s
+SEND_TIMEOUT = 2.0
 LIMIT = 12
 
 
 @pytest.fixture(scope="module")
 def server(bundles_dir: Path, tmp_path_factory):
     flags = ("--read-timeout-s", str(READ_TIMEOUT), "--limit-concurrency", str(LIMIT), "--access-log",
-             "--keep-alive-timeout-s", str(KEEP_ALIVE))  # fmt: skip
+             "--keep-alive-timeout-s", str(KEEP_ALIVE), "--send-timeout-s", str(SEND_TIMEOUT))  # fmt: skip
     with run_server(bundles_dir, *flags, log_dir=tmp_path_factory.mktemp("logs")) as s:
         yield s
 
@@ -290,6 +291,52 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     assert count() == before + 1
     assert server.metric("electra_rejected_requests_total", reason="read_timeout") == timeouts + 1
     assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
+
+
+def test_a_client_that_stops_reading_is_cut_off_at_the_send_timeout_and_counted_as_gone(server):
+    """A client that stopped reading held its connection, its place under --limit-concurrency and a handler
+    waiting in uvicorn's send for good: it never drains, so no close completes. One answer fits in the
+    kernel's buffers (they take a few MB), so the client pipelines /detect requests with big answers behind
+    it, as a client that sends and never reads does. --send-timeout-s after the kernel takes no more, the
+    connection is reset, the answer stuck is counted as the client's abort (499), and others are served
+    meanwhile."""
+    body = json.dumps({"texts": ["the " * 4000] * 2, "return": "words"}).encode()  # an answer of ~0.7 MB
+    request = (b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+    count = lambda status: server.metric("electra_requests_total", endpoint="/detect", status=status)  # noqa: E731
+    before = {
+        "499": count("499"),
+        "gone": server.metric("electra_rejected_requests_total", reason="client_gone"),
+    }
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # the kernel's answers pile up on the server
+    s.connect(server.address())
+    try:
+        t0 = time.monotonic()
+        s.sendall(request * 10)  # ~7 MB of answers: more than the kernel holds
+        with server.client() as c:  # served meanwhile
+            assert c.post("/detect", json={"text": "another client"}).status_code == 200
+        wait_for(lambda: count("499") == before["499"] + 1, timeout=SEND_TIMEOUT + 20,
+                 what="the stuck answer to be counted as an abort")  # fmt: skip
+        elapsed = time.monotonic() - t0
+        assert elapsed >= SEND_TIMEOUT, elapsed  # not before its deadline
+        assert server.metric("electra_rejected_requests_total", reason="client_gone") == before["gone"] + 1
+        s.settimeout(10)
+        got, reset = 0, False
+        try:
+            while chunk := s.recv(1 << 20):  # what the kernel had taken, then the reset
+                got += len(chunk)
+        except ConnectionResetError:
+            reset = True
+        assert reset and got < len(request) * 10, (reset, got)
+    finally:
+        s.close()
+    with server.client() as c:
+        assert c.post("/detect", json={"text": "after"}).status_code == 200
+        # Only this client's connection is open: the cut one is closed and uncounted.
+        wait_for(lambda: server.metric("electra_open_connections", via=c) == 1, what="one connection open")
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log
 
 
 def test_an_idle_connection_is_kept_for_the_keep_alive_timeout_then_closed(server, tmp_path):

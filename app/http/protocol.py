@@ -9,6 +9,13 @@ status 408, rejected reason "read_timeout"). Headers complete but the body not: 
 the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it counted as the 408 it was, under
 its endpoint, not as a client's abort (499).
 
+And a send deadline: from when the kernel takes no more of what is written to a client (pause_writing)
+until it has taken all of it (resume_writing), --send-timeout-s. A client that stopped reading held its
+connection for good (a close waits for the unsent bytes), its place under --limit-concurrency, and a
+handler waiting in uvicorn's send for the buffer to drain (a request pipelined behind a big answer); at a
+drain the shutdown waited out its whole timeout for it. Past the deadline the connection is reset, and a
+request still being answered on it is counted as the client's abort (499 client_gone).
+
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
 event loop itself, app/scheduling/placement.py) and admits each under --limit-concurrency (its requests'
 scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after
@@ -30,13 +37,16 @@ being answered, reading stops and the 431 follows that answer (it would otherwis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import struct
 from collections import deque
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app import request_context
-from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT
+from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, SEND_TIMED_OUT
 from app.http.connection_limit import OVER_LIMIT
 from app.metrics import Metrics
 from app.scheduling.lifecycle import Lifecycle
@@ -54,15 +64,21 @@ HEAD_LIMIT = 64 << 10
 
 
 def bounded_protocol(
-    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle, access_log: bool = False
+    read_timeout_s: float,
+    metrics: Metrics,
+    load: ServerLoad,
+    lifecycle: Lifecycle,
+    access_log: bool = False,
+    send_timeout_s: float = 0.0,
 ) -> type[HttpToolsProtocol]:
-    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle,
-             "access_lines": access_log}  # fmt: skip
+    attrs = {"read_timeout_s": read_timeout_s, "send_timeout_s": send_timeout_s, "metrics": metrics, "load": load,
+             "lifecycle": lifecycle, "access_lines": access_log}  # fmt: skip
     return type("BoundedHttpToolsProtocol", (_BoundedRead,), attrs)
 
 
 class _BoundedRead(HttpToolsProtocol):
     read_timeout_s: float
+    send_timeout_s: float  # how long bytes of ours may wait for the client to take them; 0: no limit
     metrics: Metrics
     load: ServerLoad  # its connection count tells placement when one client is all there is
     lifecycle: Lifecycle  # out of rotation: each response closes its connection
@@ -70,6 +86,7 @@ class _BoundedRead(HttpToolsProtocol):
     # `access_log`, an instance attribute, is its access logger's switch, off: app/__main__.py)
     access_lines: bool
     _deadline: asyncio.TimerHandle | None = None
+    _send_deadline: asyncio.TimerHandle | None = None  # set while writing is paused (pause_writing)
     _counted = False
     _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
@@ -93,6 +110,10 @@ class _BoundedRead(HttpToolsProtocol):
         self._counted = True
         self._cycles = deque()
         super().connection_made(transport)
+        # Any byte the kernel will not take pauses writing (pause_writing), and the send deadline runs until
+        # the last one has gone: with asyncio's default (64 KiB) a client that stopped reading with less
+        # than that unsent held its connection for good, as a close waits for the buffer to empty.
+        transport.set_write_buffer_limits(high=0)
         self._arm()  # a connection that never sends a byte is cut off too
 
     def on_message_begin(self) -> None:
@@ -218,6 +239,9 @@ class _BoundedRead(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._uncount()
         self._disarm()
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
         if self._linger is not None:
             self._linger.cancel()
         # uvicorn tells only the last request parsed (self.cycle) that its client left: one being answered
@@ -247,6 +271,35 @@ class _BoundedRead(HttpToolsProtocol):
         # a WebSocket client). uvicorn would log two warnings a client can set off at will, one of them
         # telling the operator to install a WebSocket library this server has no use for.
         pass
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_deadline is None and self.send_timeout_s > 0:
+            self._send_deadline = self.loop.call_later(self.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+    def _send_timed_out(self) -> None:
+        """--send-timeout-s passed between the kernel taking no more of what was written (pause_writing)
+        and its taking all of it (resume_writing): the client has stopped reading. A close would wait for
+        those bytes for good, holding the connection, its place under --limit-concurrency and any handler
+        waiting to write (uvicorn waits for the buffer to drain before each write); so the connection is
+        reset, what it still held dropped. A handler still answering is told its client left
+        (connection_lost) and counted as the abort it is (499 client_gone, app/http/server.py); an answer
+        written whole before was counted as what it was when it was."""
+        self._send_deadline = None
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.scope[SEND_TIMED_OUT] = True
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: else the kernel keeps what it holds (MBs) and probes the client
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def _uncount(self) -> None:
         if self._counted:
