@@ -293,6 +293,39 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
 
 
+def test_an_answer_before_the_body_is_in_is_the_only_answer_and_closes_the_connection(server):
+    """A 413 on a body's content-length, to a keep-alive client still uploading: the connection was kept, the
+    rest of the body was read as if a next request were coming, and at --read-timeout-s the same request got
+    a second answer, a 408, counted too. Now the 413 says `connection: close`, and the connection closes once
+    the rest is read and dropped (bounded: LINGER_S)."""
+    from app.http.protocol import LINGER_S
+
+    count = lambda endpoint, status: server.metric("electra_requests_total", endpoint=endpoint, status=status)  # noqa: E731
+    before = {"413": count("/detect", "413"), "408": count("other", "408") + count("/detect", "408")}
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 2000000\r\n\r\n" + b"a" * 1000)  # fmt: skip
+        s.settimeout(0.1)
+        answer, t0 = b"", time.monotonic()
+        while time.monotonic() - t0 < READ_TIMEOUT + LINGER_S + 1:  # uploading on, as a client does
+            try:
+                s.sendall(b"a" * 1000)
+                chunk = s.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            answer += chunk
+        else:
+            raise AssertionError(f"still open after {time.monotonic() - t0:.1f} s: {answer[:300]!r}")
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 413"), answer
+    assert b"\r\nconnection: close\r\n" in answer.partition(b"\r\n\r\n")[0] + b"\r\n", answer
+    wait_for(lambda: count("/detect", "413") == before["413"] + 1, what="the 413 to be counted")
+    assert count("other", "408") + count("/detect", "408") == before["408"]
+
+
 def test_a_client_that_stops_reading_is_cut_off_at_the_send_timeout_and_counted_as_gone(server):
     """A client that stopped reading held its connection, its place under --limit-concurrency and a handler
     waiting in uvicorn's send for good: it never drains, so no close completes. One answer fits in the

@@ -21,9 +21,11 @@ event loop itself, app/scheduling/placement.py) and admits each under --limit-co
 scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after
 its response once the replica leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each
 response's head and body in one write (_HeadWithBody), where uvicorn makes two: one send and one wake-up
-of the client instead of two. A response sent before its request's body was all in (413) closes only
-once the rest is read and dropped, bounded (LINGER_S, LINGER_BYTES), so every client sees the answer
-instead of a reset.
+of the client instead of two. A response sent before its request's body was all in (a 413 on its
+content-length) says `connection: close`, and the connection closes once the rest is read and dropped,
+bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset; kept alive, as it
+once was, the rest was read as if a next request were coming, and at --read-timeout-s the same request
+got a second answer.
 
 A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
@@ -387,6 +389,10 @@ class _BoundedRead(HttpToolsProtocol):
         if self.transport.is_closing() or self._linger is not None:
             return  # already answered (a 413 whose body is being dropped): the linger closes it
         cycle = self.cycle
+        if cycle is not None and cycle is self._receiving and cycle.response_complete:
+            # Answered before its body was in, and counted then: no second answer, nor a second count.
+            self.transport.close()
+            return
         handler_running = cycle is not None and not cycle.response_complete
         # A 408 is written only where it cannot cut into another answer: none is on its way, and the
         # running handler (if any) is the one still waiting for its body. Else the connection just closes.
@@ -428,6 +434,12 @@ class _HeadWithBody:
             return
         if self._cycle.response_started and not self._head_seen:
             self._head_seen = True  # the cycle writes the head first, once
+            if self._cycle.more_body and self._cycle.keep_alive:
+                # Answered before its body is all in (a 413 on its content-length, a 401): the connection
+                # closes once the rest is dropped (close, linger_then_close). Kept alive, the rest was read
+                # as if the next request were coming, and at --read-timeout-s it got a second answer (408).
+                self._cycle.keep_alive = False  # uvicorn closes after the answer (close, below)
+                data = data[:-2] + b"connection: close\r\n\r\n"  # the head ends in its blank line
             if self._cycle.scope["method"] != "HEAD":
                 self._head = data
                 return
