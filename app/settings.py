@@ -103,7 +103,7 @@ class HttpSettings:
     host: str = option("127.0.0.1", "bind address (loopback, as the API key is optional)", env="ELECTRA_HOST")
     port: int = option(8000, "TCP port", env="ELECTRA_PORT")
     max_body_bytes: int = option(1 << 20, "larger request bodies get 413", env="ELECTRA_MAX_BODY_BYTES")
-    # A client has this long from its first byte to the last byte of its body (uvicorn has no read
+    # A client has this long from its request's first byte to the last of its body (uvicorn has no read
     # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
     read_timeout_s: float = option(
         30.0,
@@ -127,8 +127,9 @@ class HttpSettings:
     # are closed, and each answer after it closes its own (docs/deploy.md).
     keep_alive_timeout_s: float = option(
         75.0,
-        "seconds an idle connection is kept open for its next request; keep it above your load balancer's "
-        "idle timeout for its connections to the server (60 s: AWS ALB, ingress-nginx)",
+        "seconds an idle connection (one that has sent no request yet too) is kept open for its next request; "
+        "keep it above your load balancer's idle timeout for its connections to the server (60 s: AWS ALB, "
+        "ingress-nginx)",
         env="ELECTRA_KEEP_ALIVE_TIMEOUT_S",
     )
     limit_concurrency: int = option(

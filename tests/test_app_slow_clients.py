@@ -21,7 +21,9 @@ except ImportError:  # tests/ made a package
     from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
 
 READ_TIMEOUT = 2.0
-KEEP_ALIVE = 1.0  # short, to be seen in a test; the default is 75 s
+# Short, to be seen in a test (the default is 75 s), and past READ_TIMEOUT: a connection that sends nothing
+# is idle, closed at this, not cut off at the read deadline.
+KEEP_ALIVE = 3.0
 SEND_TIMEOUT = 2.0
 LIMIT = 12
 
@@ -291,6 +293,24 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     assert count() == before + 1
     assert server.metric("electra_rejected_requests_total", reason="read_timeout") == timeouts + 1
     assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
+
+
+def test_a_connection_that_sends_nothing_is_idle_closed_in_silence_not_a_408(server):
+    """A connection that never sent a byte got an unasked-for 408 at --read-timeout-s, counted as a failed
+    request (endpoint "other", rejected read_timeout): an idle connection, as a balancer's pool keeps, is
+    closed after --keep-alive-timeout-s, unanswered and uncounted. And one that sends only blank lines
+    (which begin no request) is idle too, not held for good."""
+    timeouts = server.metric("electra_rejected_requests_total", reason="read_timeout")
+    other = server.metric("electra_requests_total", endpoint="other", status="408")
+    with _connect(server) as silent, _connect(server) as blank:
+        t0 = time.monotonic()
+        blank.sendall(b"\r\n")
+        answers = [_read_answers(silent), _read_answers(blank)]
+        elapsed = time.monotonic() - t0
+    assert answers == [b"", b""], answers
+    assert KEEP_ALIVE - 0.2 <= elapsed <= KEEP_ALIVE + 1.5, elapsed  # past READ_TIMEOUT
+    assert server.metric("electra_rejected_requests_total", reason="read_timeout") == timeouts
+    assert server.metric("electra_requests_total", endpoint="other", status="408") == other
 
 
 def test_an_answer_before_the_body_is_in_is_the_only_answer_and_closes_the_connection(server):

@@ -1,6 +1,6 @@
-"""uvicorn's HTTP protocol with a read deadline: a client gets --read-timeout-s from its first byte to
-the last byte of its request. uvicorn has none (its keep-alive timer stops at the first byte of a new
-request), so a client trickling one header byte every few seconds held its connection forever.
+"""uvicorn's HTTP protocol with a read deadline: a client gets --read-timeout-s from its request's first
+byte to its last. uvicorn has none (its keep-alive timer stops at the first byte of a new request), so a
+client trickling one header byte every few seconds held its connection forever.
 
 Either way the client gets a JSON 408 and the connection is closed, once what the client is still
 sending has been read and dropped (bounded, as after a 413 below; closed at once, a client still
@@ -8,6 +8,10 @@ uploading got a reset instead of the 408). Headers not complete by then: counted
 status 408, rejected reason "read_timeout"). Headers complete but the body not: the handler waiting for
 the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it counted as the 408 it was, under
 its endpoint, not as a client's abort (499).
+
+A connection that has sent nothing yet, or nothing since its last answer but blank lines, is idle, not
+slow: it is closed in silence after --keep-alive-timeout-s, as uvicorn closes one between requests,
+unanswered and uncounted (it once got a 408 at --read-timeout-s, counted as a failed request).
 
 And a send deadline: from when the kernel takes no more of what is written to a client (pause_writing)
 until it has taken all of it (resume_writing), --send-timeout-s. A client that stopped reading held its
@@ -116,7 +120,9 @@ class _BoundedRead(HttpToolsProtocol):
         # the last one has gone: with asyncio's default (64 KiB) a client that stopped reading with less
         # than that unsent held its connection for good, as a close waits for the buffer to empty.
         transport.set_write_buffer_limits(high=0)
-        self._arm()  # a connection that never sends a byte is cut off too
+        # Idle until its first byte: closed in silence after --keep-alive-timeout-s, as between requests;
+        # the read deadline starts with the request (on_message_begin).
+        self._wait_idle()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -184,6 +190,14 @@ class _BoundedRead(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT:
                 self._refuse_head()
+        # uvicorn stops its keep-alive timer at every read: one of blank lines alone (which the parser skips,
+        # and which begin no request, so no read deadline) left the connection open for good.
+        if (
+            not self._in_message
+            and not self.pipeline
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            self._wait_idle()
 
     def _refuse_head(self) -> None:
         self._head_refused = True
@@ -273,6 +287,14 @@ class _BoundedRead(HttpToolsProtocol):
         # a WebSocket client). uvicorn would log two warnings a client can set off at will, one of them
         # telling the operator to install a WebSocket library this server has no use for.
         pass
+
+    def _wait_idle(self) -> None:
+        """(Re)start uvicorn's keep-alive timer: an idle connection closes after --keep-alive-timeout-s,
+        unanswered and uncounted (no request was made on it)."""
+        if self.timeout_keep_alive_task is None and not self.transport.is_closing():
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -407,10 +429,10 @@ class _BoundedRead(HttpToolsProtocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self._timed_out_408 = True
-        # The raw transport, followed by what the client is still sending, read and dropped: where it is
-        # mid-request. One that never sent a byte has nothing on its way, and is closed at once.
+        # The raw transport, followed by what the client is still sending, read and dropped: the deadline
+        # runs only from a request's first byte to its last, so the client is mid-request.
         self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running,
-                          linger=self._in_message)  # fmt: skip
+                          linger=True)  # fmt: skip
 
 
 class _HeadWithBody:
