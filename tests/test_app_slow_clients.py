@@ -493,3 +493,30 @@ def test_a_limit_of_one_connection_serves_that_connection(bundles_dir, tmp_path)
         with _connect(s) as other:  # a second one while the client's stays open
             other.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
             assert other.recv(4096).startswith(b"HTTP/1.1 503")
+
+
+def test_the_open_files_limit_is_raised_and_a_limit_concurrency_past_it_is_warned_of(
+    server, bundles_dir, tmp_path
+):
+    """With `ulimit -n 200` and the default --limit-concurrency (1024), 220 idle connections made /health and
+    /metrics fail with no answer and no log line (accept() had no descriptor left). The server raises its
+    soft RLIMIT_NOFILE to the hard limit at start, and says so where --limit-concurrency does not fit under
+    that, naming both and what to do."""
+    import resource
+
+    limits = Path(f"/proc/{server.proc.pid}/limits")
+    if not limits.exists():
+        pytest.skip("no /proc here")
+    assert "RLIMIT_NOFILE" not in server.log()  # --limit-concurrency 12: it fits
+
+    def low_limit() -> None:  # as `ulimit -Sn 128 && ulimit -Hn 256` before it starts
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 256))
+
+    with run_server(bundles_dir, "--limit-concurrency", "400", log_dir=tmp_path, preexec_fn=low_limit) as s:
+        said = Path(f"/proc/{s.proc.pid}/limits").read_text()
+        assert re.search(r"^Max open files\s+256\s+256\s", said, re.M), said  # raised to the hard limit
+        log = " ".join(s.log().split())
+        assert "warning: --limit-concurrency 400 " in log and "this process may open 256" in log, log
+        assert "Raise the limit to 464 or more" in log and "--limit-concurrency 192 or less" in log, log
+        with s.client() as c:
+            assert c.get("/health").status_code == 200
