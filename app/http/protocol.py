@@ -31,6 +31,9 @@ bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a r
 once was, the rest was read as if a next request were coming, and at --read-timeout-s the same request
 got a second answer.
 
+Each request's scope is marked with whether its head came in before a drain began: such a request is
+admitted once its body is in (app/scheduling/lifecycle.py).
+
 A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
 pieces are joined as they come, which costs time in the square of its length: a client sending megabytes
@@ -55,7 +58,7 @@ from app import request_context
 from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, SEND_TIMED_OUT
 from app.http.connection_limit import OVER_LIMIT
 from app.metrics import Metrics
-from app.scheduling.lifecycle import Lifecycle
+from app.scheduling.lifecycle import ARRIVED_BEFORE_DRAIN, Lifecycle
 from app.scheduling.server_load import ServerLoad
 
 # After an early answer (a 413 for a body over --max-body-bytes), how much of the rest of the request's
@@ -135,6 +138,8 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        # Its head came in before the drain: admitted when its body is in, whenever that is (lifecycle.py).
+        self.scope[ARRIVED_BEFORE_DRAIN] = self.lifecycle.admits_new
         if not self._served:  # a place may have freed since it opened (it has asked only for probes)
             self._served = self.load.admit_connection()
         self.scope[OVER_LIMIT] = not self._served  # the scope the request cycle about to start gets
