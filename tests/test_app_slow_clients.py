@@ -1,7 +1,9 @@
 """Slow and vanishing clients (issue 12, item 5): a slowloris is cut off after --read-timeout-s with a
 408, on its headers or its body, a client that drops mid-body is counted as an abort (499 client_gone) without an ERROR or a traceback,
 and requests beyond --limit-concurrency open connections are refused at once (JSON 503), the probes
-excepted."""
+excepted. A connection that sends nothing is idle (closed in silence after --keep-alive-timeout-s), an
+answer before the body is in is the only one, and a client that stops reading is cut off after
+--send-timeout-s (499)."""
 
 from __future__ import annotations
 
