@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -101,6 +103,42 @@ def bind_problem(host: str, port: int) -> str | None:
 
 # uvicorn cancels handlers this long after our own drain deadline has answered them with a JSON 503.
 DEADLINE_MARGIN_S = 2.0
+# File descriptors the server holds beside its clients' connections: the listening socket, the logs, the
+# models' files while they load, asyncio's and ONNX Runtime's own (a started server holds about 16).
+FD_HEADROOM = 64
+
+
+def open_files_problem(limit_concurrency: int) -> str | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (a shell's default soft limit is often 1024, the
+    default --limit-concurrency alone), and say so where --limit-concurrency and FD_HEADROOM still do not
+    fit under it: past it accept() fails, and new connections (the probes' too) are dropped unanswered
+    and unlogged (asyncio's log of it fails for want of a descriptor too). Warned, not mended by lowering
+    the limit: connections past --limit-concurrency take a descriptor each as well (they are accepted, so
+    that the probes and a JSON 503 can be answered), so a lower limit would not keep the descriptors from
+    running out, only refuse clients the operator meant to serve; the cure is the descriptor limit."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:  # Linux allows no more than fs.nr_open
+        with contextlib.suppress(OSError, ValueError):
+            hard = int(Path("/proc/sys/fs/nr_open").read_text())
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            soft = hard
+    needed = limit_concurrency + FD_HEADROOM
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return None
+    return (
+        f"--limit-concurrency {limit_concurrency} serves that many connections, a file descriptor each, and "
+        f"the server needs about {FD_HEADROOM} more of its own, {needed} in all, but this process may open "
+        f"{soft} (RLIMIT_NOFILE, at its hard limit); past it new connections, the probes' too, are dropped "
+        f"unanswered. Raise the limit to {needed} or more (ulimit -n {needed}; docker run --ulimit "
+        f"nofile={needed}; systemd LimitNOFILE={needed}) or give --limit-concurrency "
+        f"{max(1, soft - FD_HEADROOM)} or less"
+    )
 
 
 def _stop_while_starting(sig, frame) -> None:
@@ -119,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(settings.describe(), flush=True)
-    for warning in warnings:
+    problem = open_files_problem(settings.limit_concurrency)
+    for warning in [*warnings, *([problem] if problem else [])]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     logging.basicConfig(
         level=settings.log_level.upper() if settings.log_level != "trace" else 5,
@@ -160,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             registry.server_load,
             registry.lifecycle,
             access_log=settings.access_log,  # the 400, 408 and 431 it writes with no handler: their lines
+            send_timeout_s=settings.send_timeout_s,
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
         timeout_keep_alive=settings.keep_alive_timeout_s,  # above a balancer's own idle timeout (settings.py)

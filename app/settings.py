@@ -103,12 +103,23 @@ class HttpSettings:
     host: str = option("127.0.0.1", "bind address (loopback, as the API key is optional)", env="ELECTRA_HOST")
     port: int = option(8000, "TCP port", env="ELECTRA_PORT")
     max_body_bytes: int = option(1 << 20, "larger request bodies get 413", env="ELECTRA_MAX_BODY_BYTES")
-    # A client has this long from its first byte to the last byte of its body (uvicorn has no read
+    # A client has this long from its request's first byte to the last of its body (uvicorn has no read
     # timeout of its own: a slowloris trickling headers held a connection forever). 1 MiB at 1 Mbit/s: 8 s.
     read_timeout_s: float = option(
         30.0,
         "seconds to receive a whole request (headers and body); 0: no limit",
         env="ELECTRA_READ_TIMEOUT_S",
+    )
+    # The write side's: a client that stopped reading held its connection, its place under
+    # --limit-concurrency and (with a request pipelined behind) a handler waiting to write, for good. It
+    # runs from when the kernel takes no more of what is written until it has taken all of it
+    # (app/http/protocol.py): the kernel's buffers take hundreds of KB at once (an answer at the default
+    # limits is under 1 MB), so a client that reads at all, even over a slow link, is far from it.
+    send_timeout_s: float = option(
+        30.0,
+        "seconds a client has to take the rest of an answer once the server must wait for it to read; past "
+        "it the connection is cut (counted as the client's abort, 499); 0: no limit",
+        env="ELECTRA_SEND_TIMEOUT_S",
     )
     # uvicorn's default is 5 s. A balancer keeps its idle connections to a backend longer (AWS ALB and
     # ingress-nginx 60 s) and may send a request on one just as the server closes it: a 502 the client sees.
@@ -116,8 +127,9 @@ class HttpSettings:
     # are closed, and each answer after it closes its own (docs/deploy.md).
     keep_alive_timeout_s: float = option(
         75.0,
-        "seconds an idle connection is kept open for its next request; keep it above your load balancer's "
-        "idle timeout for its connections to the server (60 s: AWS ALB, ingress-nginx)",
+        "seconds an idle connection (one that has sent no request yet too) is kept open for its next request; "
+        "keep it above your load balancer's idle timeout for its connections to the server (60 s: AWS ALB, "
+        "ingress-nginx)",
         env="ELECTRA_KEEP_ALIVE_TIMEOUT_S",
     )
     limit_concurrency: int = option(
@@ -310,7 +322,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             )
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
-        timeouts = ("graceful_timeout_s", "read_timeout_s", "drain_delay_s")
+        timeouts = ("graceful_timeout_s", "read_timeout_s", "send_timeout_s", "drain_delay_s")
         for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", "unready_after_failures",
                      *timeouts):  # fmt: skip
             if getattr(self, name) < 0:

@@ -76,6 +76,6 @@ def test_every_timeout_says_in_the_help_that_0_is_no_limit():
     r = start_app("--help")
     said = " ".join(r.stdout.split())  # argparse wraps the help
     assert r.returncode == 0, r.stderr
-    for timeout in ("--read-timeout-s", "--graceful-timeout-s"):
+    for timeout in ("--read-timeout-s", "--send-timeout-s", "--graceful-timeout-s"):
         help_text = said.split(f"{timeout} VALUE ", 1)[1].split(" (env ", 1)[0]
         assert help_text.endswith("0: no limit"), (timeout, help_text)

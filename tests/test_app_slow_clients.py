@@ -1,7 +1,9 @@
 """Slow and vanishing clients (issue 12, item 5): a slowloris is cut off after --read-timeout-s with a
 408, on its headers or its body, a client that drops mid-body is counted as an abort (499 client_gone) without an ERROR or a traceback,
 and requests beyond --limit-concurrency open connections are refused at once (JSON 503), the probes
-excepted."""
+excepted. A connection that sends nothing is idle (closed in silence after --keep-alive-timeout-s), an
+answer before the body is in is the only one, and a client that stops reading is cut off after
+--send-timeout-s (499)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,17 @@ except ImportError:  # tests/ made a package
     from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
 
 READ_TIMEOUT = 2.0
-KEEP_ALIVE = 1.0  # short, to be seen in a test; the default is 75 s
+# Short, to be seen in a test (the default is 75 s), and past READ_TIMEOUT: a connection that sends nothing
+# is idle, closed at this, not cut off at the read deadline.
+KEEP_ALIVE = 3.0
+SEND_TIMEOUT = 2.0
 LIMIT = 12
 
 
 @pytest.fixture(scope="module")
 def server(bundles_dir: Path, tmp_path_factory):
     flags = ("--read-timeout-s", str(READ_TIMEOUT), "--limit-concurrency", str(LIMIT), "--access-log",
-             "--keep-alive-timeout-s", str(KEEP_ALIVE))  # fmt: skip
+             "--keep-alive-timeout-s", str(KEEP_ALIVE), "--send-timeout-s", str(SEND_TIMEOUT))  # fmt: skip
     with run_server(bundles_dir, *flags, log_dir=tmp_path_factory.mktemp("logs")) as s:
         yield s
 
@@ -292,6 +297,103 @@ def test_a_slow_body_is_cut_off_with_408_and_counted_as_a_timeout_not_an_abort(s
     assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
 
 
+def test_a_connection_that_sends_nothing_is_idle_closed_in_silence_not_a_408(server):
+    """A connection that never sent a byte got an unasked-for 408 at --read-timeout-s, counted as a failed
+    request (endpoint "other", rejected read_timeout): an idle connection, as a balancer's pool keeps, is
+    closed after --keep-alive-timeout-s, unanswered and uncounted. And one that sends only blank lines
+    (which begin no request) is idle too, not held for good."""
+    timeouts = server.metric("electra_rejected_requests_total", reason="read_timeout")
+    other = server.metric("electra_requests_total", endpoint="other", status="408")
+    with _connect(server) as silent, _connect(server) as blank:
+        t0 = time.monotonic()
+        blank.sendall(b"\r\n")
+        answers = [_read_answers(silent), _read_answers(blank)]
+        elapsed = time.monotonic() - t0
+    assert answers == [b"", b""], answers
+    assert KEEP_ALIVE - 0.2 <= elapsed <= KEEP_ALIVE + 1.5, elapsed  # past READ_TIMEOUT
+    assert server.metric("electra_rejected_requests_total", reason="read_timeout") == timeouts
+    assert server.metric("electra_requests_total", endpoint="other", status="408") == other
+
+
+def test_an_answer_before_the_body_is_in_is_the_only_answer_and_closes_the_connection(server):
+    """A 413 on a body's content-length, to a keep-alive client still uploading: the connection was kept, the
+    rest of the body was read as if a next request were coming, and at --read-timeout-s the same request got
+    a second answer, a 408, counted too. Now the 413 says `connection: close`, and the connection closes once
+    the rest is read and dropped (bounded: LINGER_S)."""
+    from app.http.protocol import LINGER_S
+
+    count = lambda endpoint, status: server.metric("electra_requests_total", endpoint=endpoint, status=status)  # noqa: E731
+    before = {"413": count("/detect", "413"), "408": count("other", "408") + count("/detect", "408")}
+    with _connect(server) as s:
+        s.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 2000000\r\n\r\n" + b"a" * 1000)  # fmt: skip
+        s.settimeout(0.1)
+        answer, t0 = b"", time.monotonic()
+        while time.monotonic() - t0 < READ_TIMEOUT + LINGER_S + 1:  # uploading on, as a client does
+            try:
+                s.sendall(b"a" * 1000)
+                chunk = s.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            answer += chunk
+        else:
+            raise AssertionError(f"still open after {time.monotonic() - t0:.1f} s: {answer[:300]!r}")
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 413"), answer
+    assert b"\r\nconnection: close\r\n" in answer.partition(b"\r\n\r\n")[0] + b"\r\n", answer
+    wait_for(lambda: count("/detect", "413") == before["413"] + 1, what="the 413 to be counted")
+    assert count("other", "408") + count("/detect", "408") == before["408"]
+
+
+def test_a_client_that_stops_reading_is_cut_off_at_the_send_timeout_and_counted_as_gone(server):
+    """A client that stopped reading held its connection, its place under --limit-concurrency and a handler
+    waiting in uvicorn's send for good: it never drains, so no close completes. One answer fits in the
+    kernel's buffers (they take a few MB), so the client pipelines /detect requests with big answers behind
+    it, as a client that sends and never reads does. --send-timeout-s after the kernel takes no more, the
+    connection is reset, the answer stuck is counted as the client's abort (499), and others are served
+    meanwhile."""
+    body = json.dumps({"texts": ["the " * 4000] * 2, "return": "words"}).encode()  # an answer of ~0.7 MB
+    request = (b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+    count = lambda status: server.metric("electra_requests_total", endpoint="/detect", status=status)  # noqa: E731
+    before = {
+        "499": count("499"),
+        "gone": server.metric("electra_rejected_requests_total", reason="client_gone"),
+    }
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # the kernel's answers pile up on the server
+    s.connect(server.address())
+    try:
+        t0 = time.monotonic()
+        s.sendall(request * 10)  # ~7 MB of answers: more than the kernel holds
+        with server.client() as c:  # served meanwhile
+            assert c.post("/detect", json={"text": "another client"}).status_code == 200
+        wait_for(lambda: count("499") == before["499"] + 1, timeout=SEND_TIMEOUT + 20,
+                 what="the stuck answer to be counted as an abort")  # fmt: skip
+        elapsed = time.monotonic() - t0
+        assert elapsed >= SEND_TIMEOUT, elapsed  # not before its deadline
+        assert server.metric("electra_rejected_requests_total", reason="client_gone") == before["gone"] + 1
+        s.settimeout(10)
+        got, reset = 0, False
+        try:
+            while chunk := s.recv(1 << 20):  # what the kernel had taken, then the reset
+                got += len(chunk)
+        except ConnectionResetError:
+            reset = True
+        assert reset and got < len(request) * 10, (reset, got)
+    finally:
+        s.close()
+    with server.client() as c:
+        assert c.post("/detect", json={"text": "after"}).status_code == 200
+        # Only this client's connection is open: the cut one is closed and uncounted.
+        wait_for(lambda: server.metric("electra_open_connections", via=c) == 1, what="one connection open")
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log
+
+
 def test_an_idle_connection_is_kept_for_the_keep_alive_timeout_then_closed(server, tmp_path):
     """--keep-alive-timeout-s reaches uvicorn, which kept its own 5 s: below a balancer's idle timeout (60 s
     for AWS ALB and ingress-nginx), which then sent requests on connections the server was closing (502s)."""
@@ -393,3 +495,30 @@ def test_a_limit_of_one_connection_serves_that_connection(bundles_dir, tmp_path)
         with _connect(s) as other:  # a second one while the client's stays open
             other.sendall(b"GET /models HTTP/1.1\r\nhost: x\r\n\r\n")
             assert other.recv(4096).startswith(b"HTTP/1.1 503")
+
+
+def test_the_open_files_limit_is_raised_and_a_limit_concurrency_past_it_is_warned_of(
+    server, bundles_dir, tmp_path
+):
+    """With `ulimit -n 200` and the default --limit-concurrency (1024), 220 idle connections made /health and
+    /metrics fail with no answer and no log line (accept() had no descriptor left). The server raises its
+    soft RLIMIT_NOFILE to the hard limit at start, and says so where --limit-concurrency does not fit under
+    that, naming both and what to do."""
+    import resource
+
+    limits = Path(f"/proc/{server.proc.pid}/limits")
+    if not limits.exists():
+        pytest.skip("no /proc here")
+    assert "RLIMIT_NOFILE" not in server.log()  # --limit-concurrency 12: it fits
+
+    def low_limit() -> None:  # as `ulimit -Sn 128 && ulimit -Hn 256` before it starts
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 256))
+
+    with run_server(bundles_dir, "--limit-concurrency", "400", log_dir=tmp_path, preexec_fn=low_limit) as s:
+        said = Path(f"/proc/{s.proc.pid}/limits").read_text()
+        assert re.search(r"^Max open files\s+256\s+256\s", said, re.M), said  # raised to the hard limit
+        log = " ".join(s.log().split())
+        assert "warning: --limit-concurrency 400 " in log and "this process may open 256" in log, log
+        assert "Raise the limit to 464 or more" in log and "--limit-concurrency 192 or less" in log, log
+        with s.client() as c:
+            assert c.get("/health").status_code == 200

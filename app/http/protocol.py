@@ -1,6 +1,6 @@
-"""uvicorn's HTTP protocol with a read deadline: a client gets --read-timeout-s from its first byte to
-the last byte of its request. uvicorn has none (its keep-alive timer stops at the first byte of a new
-request), so a client trickling one header byte every few seconds held its connection forever.
+"""uvicorn's HTTP protocol with a read deadline: a client gets --read-timeout-s from its request's first
+byte to its last. uvicorn has none (its keep-alive timer stops at the first byte of a new request), so a
+client trickling one header byte every few seconds held its connection forever.
 
 Either way the client gets a JSON 408 and the connection is closed, once what the client is still
 sending has been read and dropped (bounded, as after a 413 below; closed at once, a client still
@@ -9,14 +9,30 @@ status 408, rejected reason "read_timeout"). Headers complete but the body not: 
 the body sees a disconnect, and the scope's READ_TIMED_OUT mark has it counted as the 408 it was, under
 its endpoint, not as a client's abort (499).
 
+A connection that has sent nothing yet, or nothing since its last answer but blank lines, is idle, not
+slow: it is closed in silence after --keep-alive-timeout-s, as uvicorn closes one between requests,
+unanswered and uncounted (it once got a 408 at --read-timeout-s, counted as a failed request).
+
+And a send deadline: from when the kernel takes no more of what is written to a client (pause_writing)
+until it has taken all of it (resume_writing), --send-timeout-s. A client that stopped reading held its
+connection for good (a close waits for the unsent bytes), its place under --limit-concurrency, and a
+handler waiting in uvicorn's send for the buffer to drain (a request pipelined behind a big answer); at a
+drain the shutdown waited out its whole timeout for it. Past the deadline the connection is reset, and a
+request still being answered on it is counted as the client's abort (499 client_gone).
+
 It counts the open connections for placement (ServerLoad: with one, a lone request may run on the
 event loop itself, app/scheduling/placement.py) and admits each under --limit-concurrency (its requests'
 scopes say whether: app/http/connection_limit.py answers those past it), closes each connection after
 its response once the replica leaves a balancer's rotation (app/scheduling/lifecycle.py), and sends each
 response's head and body in one write (_HeadWithBody), where uvicorn makes two: one send and one wake-up
-of the client instead of two. A response sent before its request's body was all in (413) closes only
-once the rest is read and dropped, bounded (LINGER_S, LINGER_BYTES), so every client sees the answer
-instead of a reset.
+of the client instead of two. A response sent before its request's body was all in (a 413 on its
+content-length) says `connection: close`, and the connection closes once the rest is read and dropped,
+bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a reset; kept alive, as it
+once was, the rest was read as if a next request were coming, and at --read-timeout-s the same request
+got a second answer.
+
+Each request's scope is marked with whether its head came in before a drain began: such a request is
+admitted once its body is in (app/scheduling/lifecycle.py).
 
 A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
@@ -30,16 +46,19 @@ being answered, reading stops and the 431 follows that answer (it would otherwis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import struct
 from collections import deque
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app import request_context
-from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT
+from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, SEND_TIMED_OUT
 from app.http.connection_limit import OVER_LIMIT
 from app.metrics import Metrics
-from app.scheduling.lifecycle import Lifecycle
+from app.scheduling.lifecycle import ARRIVED_BEFORE_DRAIN, Lifecycle
 from app.scheduling.server_load import ServerLoad
 
 # After an early answer (a 413 for a body over --max-body-bytes), how much of the rest of the request's
@@ -54,15 +73,21 @@ HEAD_LIMIT = 64 << 10
 
 
 def bounded_protocol(
-    read_timeout_s: float, metrics: Metrics, load: ServerLoad, lifecycle: Lifecycle, access_log: bool = False
+    read_timeout_s: float,
+    metrics: Metrics,
+    load: ServerLoad,
+    lifecycle: Lifecycle,
+    access_log: bool = False,
+    send_timeout_s: float = 0.0,
 ) -> type[HttpToolsProtocol]:
-    attrs = {"read_timeout_s": read_timeout_s, "metrics": metrics, "load": load, "lifecycle": lifecycle,
-             "access_lines": access_log}  # fmt: skip
+    attrs = {"read_timeout_s": read_timeout_s, "send_timeout_s": send_timeout_s, "metrics": metrics, "load": load,
+             "lifecycle": lifecycle, "access_lines": access_log}  # fmt: skip
     return type("BoundedHttpToolsProtocol", (_BoundedRead,), attrs)
 
 
 class _BoundedRead(HttpToolsProtocol):
     read_timeout_s: float
+    send_timeout_s: float  # how long bytes of ours may wait for the client to take them; 0: no limit
     metrics: Metrics
     load: ServerLoad  # its connection count tells placement when one client is all there is
     lifecycle: Lifecycle  # out of rotation: each response closes its connection
@@ -70,6 +95,7 @@ class _BoundedRead(HttpToolsProtocol):
     # `access_log`, an instance attribute, is its access logger's switch, off: app/__main__.py)
     access_lines: bool
     _deadline: asyncio.TimerHandle | None = None
+    _send_deadline: asyncio.TimerHandle | None = None  # set while writing is paused (pause_writing)
     _counted = False
     _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
@@ -93,7 +119,13 @@ class _BoundedRead(HttpToolsProtocol):
         self._counted = True
         self._cycles = deque()
         super().connection_made(transport)
-        self._arm()  # a connection that never sends a byte is cut off too
+        # Any byte the kernel will not take pauses writing (pause_writing), and the send deadline runs until
+        # the last one has gone: with asyncio's default (64 KiB) a client that stopped reading with less
+        # than that unsent held its connection for good, as a close waits for the buffer to empty.
+        transport.set_write_buffer_limits(high=0)
+        # Idle until its first byte: closed in silence after --keep-alive-timeout-s, as between requests;
+        # the read deadline starts with the request (on_message_begin).
+        self._wait_idle()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -106,6 +138,8 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        # Its head came in before the drain: admitted when its body is in, whenever that is (lifecycle.py).
+        self.scope[ARRIVED_BEFORE_DRAIN] = self.lifecycle.admits_new
         if not self._served:  # a place may have freed since it opened (it has asked only for probes)
             self._served = self.load.admit_connection()
         self.scope[OVER_LIMIT] = not self._served  # the scope the request cycle about to start gets
@@ -161,6 +195,14 @@ class _BoundedRead(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT:
                 self._refuse_head()
+        # uvicorn stops its keep-alive timer at every read: one of blank lines alone (which the parser skips,
+        # and which begin no request, so no read deadline) left the connection open for good.
+        if (
+            not self._in_message
+            and not self.pipeline
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            self._wait_idle()
 
     def _refuse_head(self) -> None:
         self._head_refused = True
@@ -218,6 +260,9 @@ class _BoundedRead(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._uncount()
         self._disarm()
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
         if self._linger is not None:
             self._linger.cancel()
         # uvicorn tells only the last request parsed (self.cycle) that its client left: one being answered
@@ -247,6 +292,43 @@ class _BoundedRead(HttpToolsProtocol):
         # a WebSocket client). uvicorn would log two warnings a client can set off at will, one of them
         # telling the operator to install a WebSocket library this server has no use for.
         pass
+
+    def _wait_idle(self) -> None:
+        """(Re)start uvicorn's keep-alive timer: an idle connection closes after --keep-alive-timeout-s,
+        unanswered and uncounted (no request was made on it)."""
+        if self.timeout_keep_alive_task is None and not self.transport.is_closing():
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_deadline is None and self.send_timeout_s > 0:
+            self._send_deadline = self.loop.call_later(self.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+    def _send_timed_out(self) -> None:
+        """--send-timeout-s passed between the kernel taking no more of what was written (pause_writing)
+        and its taking all of it (resume_writing): the client has stopped reading. A close would wait for
+        those bytes for good, holding the connection, its place under --limit-concurrency and any handler
+        waiting to write (uvicorn waits for the buffer to drain before each write); so the connection is
+        reset, what it still held dropped. A handler still answering is told its client left
+        (connection_lost) and counted as the abort it is (499 client_gone, app/http/server.py); an answer
+        written whole before was counted as what it was when it was."""
+        self._send_deadline = None
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.scope[SEND_TIMED_OUT] = True
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: else the kernel keeps what it holds (MBs) and probes the client
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def _uncount(self) -> None:
         if self._counted:
@@ -334,6 +416,10 @@ class _BoundedRead(HttpToolsProtocol):
         if self.transport.is_closing() or self._linger is not None:
             return  # already answered (a 413 whose body is being dropped): the linger closes it
         cycle = self.cycle
+        if cycle is not None and cycle is self._receiving and cycle.response_complete:
+            # Answered before its body was in, and counted then: no second answer, nor a second count.
+            self.transport.close()
+            return
         handler_running = cycle is not None and not cycle.response_complete
         # A 408 is written only where it cannot cut into another answer: none is on its way, and the
         # running handler (if any) is the one still waiting for its body. Else the connection just closes.
@@ -348,10 +434,10 @@ class _BoundedRead(HttpToolsProtocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self._timed_out_408 = True
-        # The raw transport, followed by what the client is still sending, read and dropped: where it is
-        # mid-request. One that never sent a byte has nothing on its way, and is closed at once.
+        # The raw transport, followed by what the client is still sending, read and dropped: the deadline
+        # runs only from a request's first byte to its last, so the client is mid-request.
         self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running,
-                          linger=self._in_message)  # fmt: skip
+                          linger=True)  # fmt: skip
 
 
 class _HeadWithBody:
@@ -375,6 +461,12 @@ class _HeadWithBody:
             return
         if self._cycle.response_started and not self._head_seen:
             self._head_seen = True  # the cycle writes the head first, once
+            if self._cycle.more_body and self._cycle.keep_alive:
+                # Answered before its body is all in (a 413 on its content-length, a 401): the connection
+                # closes once the rest is dropped (close, linger_then_close). Kept alive, the rest was read
+                # as if the next request were coming, and at --read-timeout-s it got a second answer (408).
+                self._cycle.keep_alive = False  # uvicorn closes after the answer (close, below)
+                data = data[:-2] + b"connection: close\r\n\r\n"  # the head ends in its blank line
             if self._cycle.scope["method"] != "HEAD":
                 self._head = data
                 return

@@ -13,6 +13,7 @@ from app.http.auth import has_api_key
 from app.http.body import strict_json
 from app.metrics import CONTENT_TYPE
 from app.model.bundle import Manifest
+from app.scheduling.lifecycle import ARRIVED_BEFORE_DRAIN
 from app.scheduling.registry import Registry
 from app.schemas import (
     ClassifyRequest,
@@ -67,8 +68,15 @@ async def _score(request: Request, model, kind: scoring.Kind, field: str, items:
     settings = request.app.state.settings
     _label(request, model.name)
     limits = scoring.Limits(settings.max_text_tokens, settings.max_request_tokens)
-    body = await scoring.score(model, kind, items, field, limits, request.receive, timings)
+    body = await scoring.score(
+        model, kind, items, field, limits, request.receive, timings, _arrived_before_drain(request)
+    )
     return Response(body, headers=timings.headers())
+
+
+def _arrived_before_drain(request: Request) -> bool:
+    """Its head came in while the server took new requests (app/http/protocol.py): admitted during a drain."""
+    return bool(request.scope.get(ARRIVED_BEFORE_DRAIN))
 
 
 def _label(request: Request, model: str) -> None:
@@ -87,7 +95,7 @@ def _label(request: Request, model: str) -> None:
 )
 async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[DetectResponse]:
     field, texts = check_inputs(request.app.state.settings.max_batch_size, data.text, data.texts)
-    model = _registry(request).resolve(data.model, "detector")
+    model = _registry(request).resolve(data.model, "detector", _arrived_before_drain(request))
     threshold = model.threshold if data.threshold is None else data.threshold + 0.0  # -0.0 answers as 0.0
     return await _score(request, model, scoring.Detect(threshold, data.return_ or "both"), field, texts)
 
@@ -103,7 +111,7 @@ async def detect(data: JSONBody[DetectRequest], request: Request) -> Response[De
 async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Response[ClassifyResponse]:
     max_batch = request.app.state.settings.max_batch_size
     field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
-    model = _registry(request).resolve(data.model, "classifier")
+    model = _registry(request).resolve(data.model, "classifier", _arrived_before_drain(request))
     _check_trained_on(model.name, model.bundle.manifest, field)
     _check_top_k(model.name, model.bundle.manifest, data.top_k)
     return await _score(request, model, scoring.Classify(data.top_k), field, items)

@@ -133,8 +133,11 @@ def _chars(items: list) -> int:
     return sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in items)
 
 
-async def score(model, kind: Kind, items: list, field: str, limits: Limits, receive: Receive, t: Timings):
-    with model.scheduler.request():
+async def score(
+    model, kind: Kind, items: list, field: str, limits: Limits, receive: Receive, t: Timings,
+    arrived_before_drain: bool = False,
+):  # fmt: skip
+    with model.scheduler.request(arrived_before_drain):
         t0 = time.perf_counter()
         chars = _chars(items)
         count = limits.while_encoding(field)

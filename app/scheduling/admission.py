@@ -34,9 +34,10 @@ class Admission:
         self.bulk_batch_tokens = bulk_batch_tokens
 
     @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        """Hold a place for one request from tokenization to answer; refuse at once when full."""
-        self.lifecycle.check_admission()
+    def request(self, arrived_before_drain: bool = False) -> Iterator[None]:
+        """Hold a place for one request from tokenization to answer; refuse at once when full.
+        `arrived_before_drain`: Lifecycle.check_admission's."""
+        self.lifecycle.check_admission(arrived_before_drain)
         if self.admitted >= self.queue_size:
             queued = f"{self.queue_size} request{'s' if self.queue_size != 1 else ''}"
             msg = f"model {self.name!r} has {queued} queued (the limit, --queue-size); retry later"

@@ -1,13 +1,20 @@
 """The server's one lifecycle: serving -> leaving (SIGTERM with --drain-delay-s: /ready answers 503 so
 load balancers take the replica out of rotation, while requests are still admitted and every response
 closes its connection) -> draining (no new requests, admitted ones finish; uvicorn stops listening) ->
-stopped (the graceful timeout passed, or shutdown: whatever still waits is answered 503 with why)."""
+stopped (the graceful timeout passed, or shutdown: whatever still waits is answered 503 with why).
+
+A request is new when its head arrives, not when its body has: one whose head came in while the server
+still took new requests is admitted once its body is in, even if the drain began while it was uploading
+(app/http/protocol.py marks its scope with ARRIVED_BEFORE_DRAIN)."""
 
 from __future__ import annotations
 
 import enum
 
 from app.errors import AppError, ErrorType
+
+# In a request's ASGI scope: True where its head was read whole while the server took new requests.
+ARRIVED_BEFORE_DRAIN = "electra.arrived_before_drain"
 
 
 class Phase(enum.Enum):
@@ -39,9 +46,17 @@ class Lifecycle:
         response, so the client's next request opens a connection the balancer sends elsewhere."""
         return self.phase is Phase.SERVING
 
-    def check_admission(self) -> None:
-        """A new request: while serving, and while leaving rotation (the balancer may still send some)."""
-        if self.phase not in (Phase.SERVING, Phase.LEAVING):
+    @property
+    def admits_new(self) -> bool:
+        """New requests are taken: while serving, and while leaving rotation (the balancer may still send
+        some)."""
+        return self.phase in (Phase.SERVING, Phase.LEAVING)
+
+    def check_admission(self, arrived_before_drain: bool = False) -> None:
+        """A request whose body is in: admitted while new ones are taken, and while draining if its head
+        arrived before the drain began (a client mid-upload at SIGTERM was refused 503 once its body was in,
+        though it had started in time); refused once stopped."""
+        if not (self.admits_new or (arrived_before_drain and self.phase is Phase.DRAINING)):
             raise AppError(ErrorType.UNAVAILABLE, "server is shutting down", headers={"retry-after": "5"})
 
     def check_work(self) -> None:

@@ -89,8 +89,9 @@ class Registry:
         names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
         return names[0] if names else None
 
-    def resolve(self, name: str | None, kind: str) -> Model:
-        """The model a request names (or the default of its kind), or the 4xx/503 saying why not."""
+    def resolve(self, name: str | None, kind: str, arrived_before_drain: bool = False) -> Model:
+        """The model a request names (or the default of its kind), or the 4xx/503 saying why not.
+        `arrived_before_drain`: its head came in before the drain began (Lifecycle.check_admission)."""
         if name is None:
             name = self.default(kind)
             if name is None:
@@ -109,7 +110,7 @@ class Registry:
             endpoint = "/detect" if bundle.manifest.kind == "detector" else "/classify"
             msg = f"model {name!r} is a {bundle.manifest.kind}, not a {kind}; use {endpoint}"
             raise AppError(ErrorType.WRONG_MODEL_KIND, msg, field="model")
-        self.lifecycle.check_admission()
+        self.lifecycle.check_admission(arrived_before_drain)
         model = self.models.get(name)
         if model is None:
             raise AppError(

@@ -70,10 +70,10 @@ class Scheduler:
         self.running = BatchRunner(engine, pad_id, admission, load, runners)
         self._tasks: list[asyncio.Task] = []
 
-    def request(self):
+    def request(self, arrived_before_drain: bool = False):
         """A place for one request from tokenization to answer (the admission this scheduler owns); 429
         at once when there is none."""
-        return self.admission.request()
+        return self.admission.request(arrived_before_drain)
 
     @property
     def series(self):
