@@ -88,13 +88,13 @@ def _csv_left_out(path: Path, fmt: str) -> bool:
     return fmt == "auto" and type_suffix(path) in CSV
 
 
-def _listed(names: list[str], most: int = 5) -> str:
+def listed(names: list[str], most: int = 5) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def csv_note(names: list[str]) -> str:
     """What a run says of the CSVs a directory INPUT left out: which, and how to have them scored."""
-    return (f"{len(names)} CSV file(s) under INPUT left out, as bulk does not read CSV: {_listed(names)}. To "
+    return (f"{len(names)} CSV file(s) under INPUT left out, as bulk does not read CSV: {listed(names)}. To "
             "score one, convert it to Parquet (name the CSV as INPUT and bulk prints the one-line conversion): "
             "give the .parquet as INPUT, or write it under INPUT and the next run takes it")  # fmt: skip
 
@@ -135,14 +135,14 @@ def holds_job_outputs(directory: str) -> bool:
 def jobs_note(names: list[str]) -> str:
     """What a run says of the directories under INPUT it left out as other jobs' outputs."""
     return (f"{len(names)} director{'y' if len(names) == 1 else 'ies'} under INPUT left out, as each holds a bulk "
-            f"job's outputs (its job.json): {_listed(names)}. To score a file there, move it out of that "
+            f"job's outputs (its job.json): {listed(names)}. To score a file there, move it out of that "
             "directory")  # fmt: skip
 
 
 def links_note(names: list[str]) -> str:
     """What a run says of the linked files it left out as duplicates of shards listed under their own names."""
     return (f"{len(names)} linked file(s) under INPUT left out, as each leads to a file INPUT lists under its own "
-            f"name, which is scored once, under that name: {_listed(names)}. Rows an earlier run scored under a "
+            f"name, which is scored once, under that name: {listed(names)}. Rows an earlier run scored under a "
             "link's name stay in scores/ but are not counted")  # fmt: skip
 
 
@@ -159,7 +159,7 @@ class LeftOut:
 
 def _refuse_foreign(found: list[str], out: Path) -> None:
     if found:
-        shown = _listed(found)
+        shown = listed(found)
         raise InputError(
             f"--out {out} lies inside INPUT and holds files that look like input but are not this job's "
             f"outputs: {shown}. Nothing under --out is input, so they would not be scored: move them out of "

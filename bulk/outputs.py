@@ -13,7 +13,9 @@ has scores/ and rejects/: a worker leaves a part's files under their temporary n
 renames them just before it appends the part's line. A worker that finishes after its job stopped (on Ray,
 a part dropped at a stop) leaves only temporaries, which the next start removes; what a kill between a
 rename and its line leaves, or an earlier version, is removed at the next start too (`remove_unrecorded`),
-so that nothing under scores/ is read as the job's unless the manifest records it.
+so that no part file under scores/ is read as the job's unless the manifest records it; a file not named as
+a part's is not the job's, and is left where it is, and named. A new job starts only in a new or empty
+--out (bulk/job.py), so config.json, summary.json and the rest never replace a file of someone else's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -239,8 +242,10 @@ class OutHeld(Exception):
 
 
 def hold(out: Path) -> None:
-    """Lock --out for this process's job. A second job on it would remove, as unrecorded, the part files
-    this one has put in place and is about to record, and append to the same manifest."""
+    """Lock --out for this process's job, before anything there is read: a second job on it would remove, as
+    unrecorded, the part files this one has put in place and is about to record, and append to the same
+    manifest; and one that read job.json before this one wrote its own would write its fingerprint over it
+    (two INPUTs' rows under one job.json). OSError when it cannot be made or written."""
     out.mkdir(parents=True, exist_ok=True)
     try:
         hold_directory(out)
@@ -314,25 +319,39 @@ def remove_temporaries(out: Path) -> int:
     return n
 
 
-def remove_unrecorded(out: Path, entries: list[dict]) -> int:
-    """Remove the files in scores/ and rejects/ that no manifest line names (as its output or its rejects
-    file), and return how many. pq.read_table(DIR/scores) reads every file there: one the manifest does
-    not record (a kill between a part's rename and its line, a part a Ray worker finished after its job
-    stopped under an earlier version, a shard cut into fewer parts since) would be read as the job's, and
-    stay after its shard left INPUT. Its part, if still in INPUT, is scored again."""
+# A part's file as _part_file names it: what remove_unrecorded may remove. Five digits or more (a shard of
+# 100,000 parts and more).
+PART_FILES = {
+    "scores": re.compile(r".+\.part-\d{5,}\.parquet"),
+    "rejects": re.compile(r".+\.part-\d{5,}\.jsonl"),
+}
+
+
+def remove_unrecorded(out: Path, entries: list[dict]) -> tuple[int, list[str]]:
+    """Remove the part files in scores/ and rejects/ that no manifest line names (as its output or its
+    rejects file): how many, and what else is there, left in place (relative to `out`, sorted).
+    pq.read_table(DIR/scores) reads every file there: one the manifest does not record (a kill between a
+    part's rename and its line, a part a Ray worker finished after its job stopped under an earlier version,
+    a shard cut into fewer parts since) would be read as the job's, and stay after its shard left INPUT. Its
+    part, if still in INPUT, is scored again. Only files named as a part's are removed: anything else (a
+    user's notes, ratings put beside the scores) is not the job's to delete, and is named instead."""
     named = {e.get(k) for e in entries for k in ("output", "rejects_file")}
-    n = 0
-    for sub in ("scores", "rejects"):
+    n, others = 0, []
+    for sub, part_file in PART_FILES.items():
         d = out / sub
         if not d.is_dir():
             continue
-        for p in d.iterdir():
+        for p in sorted(d.iterdir()):
             if p.name.startswith("."):  # temporaries: remove_temporaries'; other hidden files no reader reads
                 continue
-            if f"{sub}/{p.name}" not in named and (p.is_file() or p.is_symlink()):
+            if f"{sub}/{p.name}" in named:
+                continue
+            if part_file.fullmatch(p.name) and (p.is_file() or p.is_symlink()):
                 p.unlink(missing_ok=True)
                 n += 1
-    return n
+            else:
+                others.append(f"{sub}/{p.name}" + ("/" if p.is_dir() else ""))
+    return n, others
 
 
 def merge_rejects(out: Path, entries: list[dict]) -> int:
