@@ -22,7 +22,7 @@ from bulk.conversions import (
     type_suffix,
 )
 from bulk.reading import BOM
-from bulk.walk import glob_files, under, walk
+from bulk.walk import broken_link, glob_files, under, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
@@ -171,7 +171,7 @@ def shards(
     spec: str, fmt: str, out: Path | None = None, left_out: LeftOut | None = None
 ) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
-    could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
+    could not be listed, or is a broken link (path -> reason), which fails as a shard would. Paths are absolute but not
     resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
     it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
     score its outputs when resumed; nor is anything in another job's --out (`holds_job_outputs`). What a
@@ -186,6 +186,10 @@ def shards(
         if why := not_read_by_suffix(path, fmt):
             raise InputError(f"{spec}: {why}")
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
+    if why := broken_link(
+        spec.rstrip(os.sep) or spec
+    ):  # named outright: not "no such file", which sends the user to its name
+        raise InputError(f"{spec}: {why}")
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
                          "reads them again when resumed; write the input to a file first")  # fmt: skip
@@ -230,6 +234,8 @@ def shards(
                             foreign.append(_shown(f, root))
                     elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
+                    elif not is_file and not mine(d) and (why := broken_link(str(f))):
+                        unlisted[_shown(f, root)] = why  # a shard, or a directory of them, not there now
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
@@ -253,6 +259,10 @@ def shards(
                     matches.append(Path(os.path.abspath(p)))
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
+            elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
+                unlisted[_shown(Path(os.path.abspath(p)), root)] = (
+                    why  # by its shard's name, as a resume knows it
+                )
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)

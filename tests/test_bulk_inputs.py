@@ -162,6 +162,35 @@ def test_directories_that_cannot_be_listed_fail_by_name_and_are_never_skipped(tm
     assert only_locked[0] == [] and list(only_locked[1]) == [f"{corpus}/locked"]
 
 
+def test_broken_links_fail_by_name_and_are_never_skipped(tmp_path):
+    """A link to a shard or a directory of shards on a disk not mounted was a name that no file test found:
+    left out in silence, exit 0. Each fails by its shard's name now (as a resume names the shard it
+    finished parts of), from a directory or a glob, and INPUT named outright is refused saying so."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "ok.jsonl", [{"text": "fine"}])
+    (corpus / "gone.jsonl").symlink_to("/nonexistent/disk3/gone.jsonl")
+    (corpus / "disk3").symlink_to("/nonexistent/disk3", target_is_directory=True)
+    (corpus / "loop.jsonl").symlink_to("loop.jsonl")
+    (corpus / ".hidden.jsonl").symlink_to("/nonexistent/hidden.jsonl")  # hidden: no input, as ever
+    said = "a broken link (-> {}): mount or restore it, or remove the link".format
+    root, files, unlisted = shards(str(corpus), "auto")
+    assert [f.name for f in files] == ["ok.jsonl"]
+    assert unlisted == {"disk3": said("/nonexistent/disk3"), "gone.jsonl": said("/nonexistent/disk3/gone.jsonl"),
+                        "loop.jsonl": said("loop.jsonl")}  # fmt: skip
+    _, files, unlisted = shards(f"{corpus}/**/*.jsonl", "auto")
+    assert [f.name for f in files] == ["ok.jsonl"]
+    assert unlisted == {f"{corpus}/disk3": said("/nonexistent/disk3"), "loop.jsonl": said("loop.jsonl"),
+                        "gone.jsonl": said("/nonexistent/disk3/gone.jsonl")}  # fmt: skip
+    assert shards(f"{corpus}/*.jsonl", "auto")[2].keys() == {"gone.jsonl", "loop.jsonl"}
+    assert shards(f"{corpus}/disk3/*.jsonl", "auto")[1:] == (
+        [],
+        {f"{corpus}/disk3": said("/nonexistent/disk3")},
+    )
+    for named in ("gone.jsonl", "disk3"):
+        with pytest.raises(InputError, match=f"^{corpus}/{named}: a broken link"):
+            shards(str(corpus / named), "auto")
+
+
 def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tmp_path):
     src = tmp_path / "odd.jsonl"
     deep = '{"text": "deep", "x": ' + "[" * 1100 + "]" * 1100 + "}"
