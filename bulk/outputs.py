@@ -355,10 +355,26 @@ def remove_unrecorded(out: Path, entries: list[dict]) -> tuple[int, list[str]]:
 
 
 def merge_rejects(out: Path, entries: list[dict]) -> int:
-    """rejects.jsonl: every part's rejects, in input order (entries are in plan order)."""
-    lines = []
-    for e in entries:
-        if e.get("rejects_file"):
-            lines.append((out / e["rejects_file"]).read_text(encoding="utf-8"))
-    _write_text(out / "rejects.jsonl", "".join(lines))
-    return sum(text.count("\n") for text in lines)
+    """rejects.jsonl: every part's rejects, in input order (entries are in plan order), and how many. Each
+    part's file is copied through in blocks, its lines counted on the way: read whole, every part's rejects
+    at once, the driver held all of them (635 MB for a rejects.jsonl of 186 MB). Written under a temporary
+    name and renamed, as every file here."""
+    path = out / "rejects.jsonl"
+    tmp = temporary(path)
+    lines = 0
+    try:
+        with tmp.open("wb") as merged:
+            for e in entries:
+                if e.get("rejects_file"):
+                    with (out / e["rejects_file"]).open("rb") as part:
+                        while block := part.read(COPY_BYTES):
+                            merged.write(block)
+                            lines += block.count(b"\n")
+        _publish(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return lines
+
+
+COPY_BYTES = 1 << 20

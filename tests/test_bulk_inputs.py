@@ -191,6 +191,36 @@ def test_broken_links_fail_by_name_and_are_never_skipped(tmp_path):
             shards(str(corpus / named), "auto")
 
 
+def test_rejects_are_merged_through_a_block_at_a_time_in_part_order(tmp_path):
+    """merge_rejects read every part's rejects file whole and joined them: the driver held all of them
+    twice over (635 MB for a rejects.jsonl of 186 MB). Now each is copied through, a block at a time."""
+    import tracemalloc
+
+    from bulk.outputs import COPY_BYTES, merge_rejects
+
+    entries, want = [], b""
+    for i in range(3):
+        text = "".join(json.dumps({"id": f"s.jsonl:{i}-{k}", "reason": "not_json", "x": "é" * 60}) + "\n"
+                       for k in range(40_000))  # fmt: skip
+        (tmp_path / "rejects").mkdir(exist_ok=True)
+        (tmp_path / "rejects" / f"s.jsonl.part-{i:05d}.jsonl").write_text(text, encoding="utf-8")
+        entries += [
+            {"part": f"s.jsonl#{i}"},
+            {"part": f"s.jsonl#{i}", "rejects_file": f"rejects/s.jsonl.part-{i:05d}.jsonl"},
+        ]
+        want += text.encode()
+    assert len(want) > 8 * COPY_BYTES
+    tracemalloc.start()
+    try:
+        n = merge_rejects(tmp_path, entries)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 120_000 and (tmp_path / "rejects.jsonl").read_bytes() == want
+    assert peak < 3 * COPY_BYTES, peak
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
 def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tmp_path):
     src = tmp_path / "odd.jsonl"
     deep = '{"text": "deep", "x": ' + "[" * 1100 + "]" * 1100 + "}"
