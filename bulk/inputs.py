@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -373,56 +373,68 @@ def plan(
     part_bytes: int,
     id_field: str = "",
     cuts: dict[str, int] | None = None,
+    seen: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Part], dict[str, str]]:
     """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone. A shard
-    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had)."""
+    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had).
+    seen(shards, bytes), if given, as it goes: each shard once planned (or failed), and the bytes read to
+    cut one larger than a part as they are read (progress.Stage's update)."""
     parts: list[Part] = []
     failed: dict[str, str] = {}
     for path in files:
-        name = shard_name(path, root)
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
-            shown = name.encode("utf-8", "backslashreplace").decode()
-            failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
-            continue
-        if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
-            failed[name] = why
-            continue
-        if path.suffix.lower() in COMPRESSED:
-            failed[name] = compressed_hint(path)
-            continue
-        kind = format_of(path, fmt)
-        if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
-            failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
-            continue
-        size = (cuts or {}).get(name, part_bytes)
-        try:
-            if kind == "parquet":
-                # Taken before the shard is cut, and compared as each part is read (reading's fstat).
-                st = path.stat()
-                cut = list(_parquet_parts(path, name, kind, size))
-            else:
-                # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
-                # planning; the stat is of the file read; a shard on a network file system costs one open.
-                with path.open("rb") as f:
-                    # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
-                    if hint := line_file_hint(path, kind, f):
-                        failed[name] = hint
-                        continue
-                    st = os.fstat(f.fileno())
-                    cut = list(_line_parts(f, path, name, kind, size, st.st_size))
-            # All of a shard's parts, or none.
-            stat = (st.st_size, st.st_mtime_ns)
-            parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
-        except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
-            failed[name] = f"{type(e).__name__}: {e}"
+        _plan_shard(root, path, fmt, part_bytes, id_field, cuts, seen, parts, failed)
+        if seen is not None:
+            seen(1, 0)
     return parts, failed
 
 
-def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int) -> Iterator[Part]:
+def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str, cuts: dict[str, int] | None,
+                seen: Callable[[int, int], None] | None, parts: list[Part], failed: dict[str, str]) -> None:  # fmt: skip
+    """plan's work on one shard: its parts added to `parts`, or its name and reason to `failed`."""
+    name = shard_name(path, root)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
+        shown = name.encode("utf-8", "backslashreplace").decode()
+        failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
+        return
+    if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
+        failed[name] = why
+        return
+    if path.suffix.lower() in COMPRESSED:
+        failed[name] = compressed_hint(path)
+        return
+    kind = format_of(path, fmt)
+    if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
+        failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
+        return
+    size = (cuts or {}).get(name, part_bytes)
+    try:
+        if kind == "parquet":
+            # Taken before the shard is cut, and compared as each part is read (reading's fstat).
+            st = path.stat()
+            cut = list(_parquet_parts(path, name, kind, size))
+        else:
+            # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
+            # planning; the stat is of the file read; a shard on a network file system costs one open.
+            with path.open("rb") as f:
+                # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
+                if hint := line_file_hint(path, kind, f):
+                    failed[name] = hint
+                    return
+                st = os.fstat(f.fileno())
+                cut = list(_line_parts(f, path, name, kind, size, st.st_size, seen))
+        # All of a shard's parts, or none.
+        stat = (st.st_size, st.st_mtime_ns)
+        parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
+    except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
+        failed[name] = f"{type(e).__name__}: {e}"
+
+
+def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int,
+                seen: Callable[[int, int], None] | None = None) -> Iterator[Part]:  # fmt: skip
     """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned), read from `f` (the
-    shard, open at its start): a shard of one part is not read."""
+    shard, open at its start): a shard of one part is not read. seen(0, bytes) as it reads."""
     if size <= part_bytes:
         yield Part(str(path), name, 0, kind, 0, size, 1, size)
         return
@@ -430,6 +442,8 @@ def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, 
     # the number of its first line: one sequential pass, SCAN_BYTES at a time.
     start, first, line, index, pos = 0, 1, 1, 0, 0  # line: the number of the line at `pos + offset`
     while block := f.read(SCAN_BYTES):
+        if seen is not None:
+            seen(0, len(block))
         offset = 0
         while (want := start + part_bytes - pos) < len(block):
             nl = block.find(b"\n", max(offset, want))

@@ -20,7 +20,7 @@ from bulk import outputs, own_ray
 from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
 from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, listed, plan, shard_name, shards
-from bulk.progress import Progress
+from bulk.progress import Progress, Stage
 from options.locking import LOCK, release_directory
 from options.stopping import GracefulStop
 
@@ -283,7 +283,14 @@ def plan_job(
     if job_bytes is None:  # a new job: job.json keeps its part size, for lines that do not say theirs
         assert pending is not None
         job_bytes = pending["part_bytes"] = fresh
-    return plan(root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts)
+    # Every shard larger than a part is read through to cut it at line ends, on every start: a large corpus
+    # said nothing for minutes. (A resume could take a finished shard's cut from its manifest lines instead,
+    # but they keep no part's first line number, and a shard partly finished is read anyway.)
+    stage = Stage("reading INPUT to cut it into parts", len(files), "shard(s)", cfg.progress)
+    try:
+        return plan(root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts, stage.update)
+    finally:
+        stage.close()
 
 
 def run(cfg: BulkConfig) -> int:
@@ -334,7 +341,12 @@ def _plan_held(cfg: BulkConfig, bundle, root: Path, files: list[Path], unlisted:
         return e.status
     failed_shards |= unlisted
     manifest = outputs.Manifest(cfg.out)
-    finished = manifest.finished()
+    lines = sum(1 for _ in manifest.entries())
+    stage = Stage("checking the finished parts' files (sha256)", lines, "part(s)", cfg.progress and lines > 0)
+    try:
+        finished = manifest.finished(stage.update)
+    finally:
+        stage.close()
     stats = shard_stats(parts)
     # A shard there still but failing at planning has no parts either: it is named under the failures; and a
     # link left out as another shard's duplicate, in the note of what INPUT left out.

@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -275,17 +275,21 @@ class Manifest:
             except json.JSONDecodeError:
                 continue  # the last line of a killed job, cut short: that part is scored again
 
-    def finished(self) -> dict[str, dict]:
+    def finished(self, seen: Callable[[int, int], None] | None = None) -> dict[str, dict]:
         """Finished parts by key: those whose line is whole and whose outputs (scores, and rejects if it
-        had any) are there with their sha256."""
+        had any) are there with their sha256. seen(1, bytes hashed), if given, as each line is checked
+        (progress.Stage's update: every file is read)."""
         done: dict[str, dict] = {}
         out = self.path.parent
         for entry in self.entries():
-            if _intact(out / entry["output"], entry["sha256"]) and (
+            read = [0]
+            if _intact(out / entry["output"], entry["sha256"], read) and (
                 not entry.get("rejects_file")
-                or _intact(out / entry["rejects_file"], entry.get("rejects_sha256"))
+                or _intact(out / entry["rejects_file"], entry.get("rejects_sha256"), read)
             ):
                 done[entry["part"]] = entry
+            if seen is not None:
+                seen(1, read[0])
         return done
 
     def append(self, entry: dict) -> None:
@@ -302,9 +306,16 @@ class Manifest:
             os.fsync(f.fileno())
 
 
-def _intact(path: Path, sha256: str | None) -> bool:
-    """There, and with its recorded sha256 (a manifest line from before rejects had one: there)."""
-    return path.is_file() and (sha256 is None or sha256_file(path) == sha256)
+def _intact(path: Path, sha256: str | None, read: list[int] | None = None) -> bool:
+    """There, and with its recorded sha256 (a manifest line from before rejects had one: there). `read`'s
+    one number counts the bytes hashed."""
+    if not path.is_file():
+        return False
+    if sha256 is None:
+        return True
+    if read is not None:
+        read[0] += path.stat().st_size
+    return sha256_file(path) == sha256
 
 
 def remove_temporaries(out: Path) -> int:

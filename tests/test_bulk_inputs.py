@@ -221,6 +221,69 @@ def test_rejects_are_merged_through_a_block_at_a_time_in_part_order(tmp_path):
     assert not list(tmp_path.glob(".*.tmp-*"))
 
 
+def test_planning_and_the_check_of_finished_parts_say_how_far_they_are(tmp_path, monkeypatch):
+    """Every start reads each shard larger than a part through (to cut it at line ends) and hashes every
+    finished part's files: on a large corpus, minutes of silence before a resume began. Both report as they
+    go now, and a step that lasts says so on stderr (bulk.progress.Stage); one over at once says nothing."""
+    import hashlib
+    import io
+
+    import bulk.progress
+    from bulk.outputs import Manifest
+    from bulk.progress import Stage
+
+    corpus = tmp_path / "corpus"
+    big = lines(corpus / "big.jsonl", [{"text": f"document {i} " + "x" * 100} for i in range(4000)])
+    lines(corpus / "small.jsonl", [{"text": "one"}])
+    (corpus / "table.csv").write_text("a,b\n")  # left out, no shard
+    (corpus / "gone.jsonl.gz").write_bytes(b"")  # a shard that fails at planning is counted too
+    root, files, _ = shards(str(corpus), "auto")
+    reports = []
+    parts, failed = plan(root, files, "auto", 64 << 10, seen=lambda n, b: reports.append((n, b)))
+    assert len(parts) > 4 and list(failed) == ["gone.jsonl.gz"]
+    assert sum(n for n, _ in reports) == len(files) == 3
+    assert sum(b for _, b in reports) == big.stat().st_size  # read through once; the small one not at all
+
+    out = tmp_path / "out"
+    (out / "scores").mkdir(parents=True)
+    manifest = Manifest(out)
+    for i, size in enumerate((1000, 3000)):
+        (out / "scores" / f"p{i}").write_bytes(b"r" * size)
+        manifest.append(
+            {
+                "part": f"p#{i}",
+                "output": f"scores/p{i}",
+                "sha256": hashlib.sha256(b"r" * size).hexdigest(),
+            }
+        )
+    checked = []
+    assert set(manifest.finished(lambda n, b: checked.append((n, b)))) == {"p#0", "p#1"}
+    assert checked == [(1, 1000), (1, 3000)]
+
+    quick = io.StringIO()
+    stage = Stage("checking", 2, "part(s)", stream=quick)
+    stage.update(1, 10)
+    stage.close()
+    assert quick.getvalue() == ""  # over before FIRST_S
+    monkeypatch.setattr(bulk.progress, "FIRST_S", 0.0)
+    slow = io.StringIO()
+    stage = Stage("reading INPUT to cut it into parts", 3, "shard(s)", stream=slow)
+    stage.update(1, 20_000_000)
+    stage.update(1, 0)  # within LOG_EVERY_S of the line before: not written
+    stage.update(1, 5_000_000)
+    stage.close()
+    said = slow.getvalue().splitlines()
+    assert [line.rsplit(",", 1)[0] for line in said] == [
+        "bulk: reading INPUT to cut it into parts: 1 of 3 shard(s), 20.0 MB read",
+        "bulk: reading INPUT to cut it into parts: 3 of 3 shard(s), 25.0 MB read",
+    ]
+    off = io.StringIO()
+    stage = Stage("checking", 1, "part(s)", enabled=False, stream=off)
+    stage.update(1, 1)
+    stage.close()
+    assert off.getvalue() == ""  # --no-progress
+
+
 def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tmp_path):
     src = tmp_path / "odd.jsonl"
     deep = '{"text": "deep", "x": ' + "[" * 1100 + "]" * 1100 + "}"
