@@ -78,7 +78,11 @@ class BulkConfig:
         "here; --ray HOST:PORT joins that cluster (ray://HOST:PORT: through Ray Client)",
         bare="local",
     )
-    progress: bool = option(True, "a progress line on stderr (documents/s, tokens/s, ETA)")
+    progress: bool = option(
+        True,
+        "progress lines on stderr: documents/s, tokens/s and ETA; planning and the "
+        "check of finished parts, when they last",
+    )
 
     def __post_init__(self) -> None:
         options.check_choices(self)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -22,7 +22,7 @@ from bulk.conversions import (
     type_suffix,
 )
 from bulk.reading import BOM
-from bulk.walk import glob_files, under, walk
+from bulk.walk import broken_link, glob_files, under, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
@@ -88,13 +88,13 @@ def _csv_left_out(path: Path, fmt: str) -> bool:
     return fmt == "auto" and type_suffix(path) in CSV
 
 
-def _listed(names: list[str], most: int = 5) -> str:
+def listed(names: list[str], most: int = 5) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def csv_note(names: list[str]) -> str:
     """What a run says of the CSVs a directory INPUT left out: which, and how to have them scored."""
-    return (f"{len(names)} CSV file(s) under INPUT left out, as bulk does not read CSV: {_listed(names)}. To "
+    return (f"{len(names)} CSV file(s) under INPUT left out, as bulk does not read CSV: {listed(names)}. To "
             "score one, convert it to Parquet (name the CSV as INPUT and bulk prints the one-line conversion): "
             "give the .parquet as INPUT, or write it under INPUT and the next run takes it")  # fmt: skip
 
@@ -135,14 +135,14 @@ def holds_job_outputs(directory: str) -> bool:
 def jobs_note(names: list[str]) -> str:
     """What a run says of the directories under INPUT it left out as other jobs' outputs."""
     return (f"{len(names)} director{'y' if len(names) == 1 else 'ies'} under INPUT left out, as each holds a bulk "
-            f"job's outputs (its job.json): {_listed(names)}. To score a file there, move it out of that "
+            f"job's outputs (its job.json): {listed(names)}. To score a file there, move it out of that "
             "directory")  # fmt: skip
 
 
 def links_note(names: list[str]) -> str:
     """What a run says of the linked files it left out as duplicates of shards listed under their own names."""
     return (f"{len(names)} linked file(s) under INPUT left out, as each leads to a file INPUT lists under its own "
-            f"name, which is scored once, under that name: {_listed(names)}. Rows an earlier run scored under a "
+            f"name, which is scored once, under that name: {listed(names)}. Rows an earlier run scored under a "
             "link's name stay in scores/ but are not counted")  # fmt: skip
 
 
@@ -159,7 +159,7 @@ class LeftOut:
 
 def _refuse_foreign(found: list[str], out: Path) -> None:
     if found:
-        shown = _listed(found)
+        shown = listed(found)
         raise InputError(
             f"--out {out} lies inside INPUT and holds files that look like input but are not this job's "
             f"outputs: {shown}. Nothing under --out is input, so they would not be scored: move them out of "
@@ -171,7 +171,7 @@ def shards(
     spec: str, fmt: str, out: Path | None = None, left_out: LeftOut | None = None
 ) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
-    could not be listed (path -> reason), which fails as a shard would. Paths are absolute but not
+    could not be listed, or is a broken link (path -> reason), which fails as a shard would. Paths are absolute but not
     resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
     it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
     score its outputs when resumed; nor is anything in another job's --out (`holds_job_outputs`). What a
@@ -186,6 +186,10 @@ def shards(
         if why := not_read_by_suffix(path, fmt):
             raise InputError(f"{spec}: {why}")
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
+    if why := broken_link(
+        spec.rstrip(os.sep) or spec
+    ):  # named outright: not "no such file", which sends the user to its name
+        raise InputError(f"{spec}: {why}")
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
                          "reads them again when resumed; write the input to a file first")  # fmt: skip
@@ -230,6 +234,8 @@ def shards(
                             foreign.append(_shown(f, root))
                     elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
+                    elif not is_file and not mine(d) and (why := broken_link(str(f))):
+                        unlisted[_shown(f, root)] = why  # a shard, or a directory of them, not there now
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
@@ -253,6 +259,10 @@ def shards(
                     matches.append(Path(os.path.abspath(p)))
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
+            elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
+                unlisted[_shown(Path(os.path.abspath(p)), root)] = (
+                    why  # by its shard's name, as a resume knows it
+                )
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
@@ -363,56 +373,68 @@ def plan(
     part_bytes: int,
     id_field: str = "",
     cuts: dict[str, int] | None = None,
+    seen: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Part], dict[str, str]]:
     """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone. A shard
-    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had)."""
+    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had).
+    seen(shards, bytes), if given, as it goes: each shard once planned (or failed), and the bytes read to
+    cut one larger than a part as they are read (progress.Stage's update)."""
     parts: list[Part] = []
     failed: dict[str, str] = {}
     for path in files:
-        name = shard_name(path, root)
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
-            shown = name.encode("utf-8", "backslashreplace").decode()
-            failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
-            continue
-        if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
-            failed[name] = why
-            continue
-        if path.suffix.lower() in COMPRESSED:
-            failed[name] = compressed_hint(path)
-            continue
-        kind = format_of(path, fmt)
-        if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
-            failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
-            continue
-        size = (cuts or {}).get(name, part_bytes)
-        try:
-            if kind == "parquet":
-                # Taken before the shard is cut, and compared as each part is read (reading's fstat).
-                st = path.stat()
-                cut = list(_parquet_parts(path, name, kind, size))
-            else:
-                # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
-                # planning; the stat is of the file read; a shard on a network file system costs one open.
-                with path.open("rb") as f:
-                    # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
-                    if hint := line_file_hint(path, kind, f):
-                        failed[name] = hint
-                        continue
-                    st = os.fstat(f.fileno())
-                    cut = list(_line_parts(f, path, name, kind, size, st.st_size))
-            # All of a shard's parts, or none.
-            stat = (st.st_size, st.st_mtime_ns)
-            parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
-        except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
-            failed[name] = f"{type(e).__name__}: {e}"
+        _plan_shard(root, path, fmt, part_bytes, id_field, cuts, seen, parts, failed)
+        if seen is not None:
+            seen(1, 0)
     return parts, failed
 
 
-def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int) -> Iterator[Part]:
+def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str, cuts: dict[str, int] | None,
+                seen: Callable[[int, int], None] | None, parts: list[Part], failed: dict[str, str]) -> None:  # fmt: skip
+    """plan's work on one shard: its parts added to `parts`, or its name and reason to `failed`."""
+    name = shard_name(path, root)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
+        shown = name.encode("utf-8", "backslashreplace").decode()
+        failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
+        return
+    if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
+        failed[name] = why
+        return
+    if path.suffix.lower() in COMPRESSED:
+        failed[name] = compressed_hint(path)
+        return
+    kind = format_of(path, fmt)
+    if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
+        failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
+        return
+    size = (cuts or {}).get(name, part_bytes)
+    try:
+        if kind == "parquet":
+            # Taken before the shard is cut, and compared as each part is read (reading's fstat).
+            st = path.stat()
+            cut = list(_parquet_parts(path, name, kind, size))
+        else:
+            # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
+            # planning; the stat is of the file read; a shard on a network file system costs one open.
+            with path.open("rb") as f:
+                # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
+                if hint := line_file_hint(path, kind, f):
+                    failed[name] = hint
+                    return
+                st = os.fstat(f.fileno())
+                cut = list(_line_parts(f, path, name, kind, size, st.st_size, seen))
+        # All of a shard's parts, or none.
+        stat = (st.st_size, st.st_mtime_ns)
+        parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
+    except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
+        failed[name] = f"{type(e).__name__}: {e}"
+
+
+def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int,
+                seen: Callable[[int, int], None] | None = None) -> Iterator[Part]:  # fmt: skip
     """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned), read from `f` (the
-    shard, open at its start): a shard of one part is not read."""
+    shard, open at its start): a shard of one part is not read. seen(0, bytes) as it reads."""
     if size <= part_bytes:
         yield Part(str(path), name, 0, kind, 0, size, 1, size)
         return
@@ -420,6 +442,8 @@ def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, 
     # the number of its first line: one sequential pass, SCAN_BYTES at a time.
     start, first, line, index, pos = 0, 1, 1, 0, 0  # line: the number of the line at `pos + offset`
     while block := f.read(SCAN_BYTES):
+        if seen is not None:
+            seen(0, len(block))
         offset = 0
         while (want := start + part_bytes - pos) < len(block):
             nl = block.find(b"\n", max(offset, want))

@@ -3,6 +3,7 @@ to Ray, record each part once as it finishes, and write the summary and the merg
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import signal
 import sys
@@ -18,8 +19,9 @@ from app.model.tokenization import TextTokenizer
 from bulk import outputs, own_ray
 from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
-from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, plan, shard_name, shards
-from bulk.progress import Progress
+from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, listed, plan, shard_name, shards
+from bulk.progress import Progress, Stage
+from options.locking import LOCK, release_directory
 from options.stopping import GracefulStop
 
 # Exit statuses: a script can tell a clean run from one that needs a look.
@@ -73,13 +75,13 @@ def _stale_in(parts: list[Part]):
 
 
 def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_session: str | None = None) -> None:
-    """Once every check passed (a refused run changes nothing in --out): job.json written where it asks,
-    config.json written, and what this run replaces or must not read removed (the files of manifest lines
-    that no longer count for a part of `parts`: `stale_lines`), and what a killed run's own Ray instance
-    left running ended (`ray_session`: this run's own instance's, recorded for the next). An --out that
-    cannot be written stops the job here, before any part is scored, with what to do."""
+    """Once every check passed (a refused run changes nothing in --out), under the lock (`OutLock`): job.json
+    written where it asks, config.json written, and what this run replaces or must not read removed (the
+    part files of manifest lines that no longer count for a part of `parts`: `stale_lines`), and what a
+    killed run's own Ray instance left running ended (`ray_session`: this run's own instance's, recorded for
+    the next). An --out that cannot be written stops the job here, before any part is scored, with what to
+    do."""
     try:
-        outputs.hold(cfg.out)  # before anything there is written or removed
         # Held: the run that recorded the instance is over, and what of it still runs is left behind.
         if (left := own_ray.end_recorded(cfg.out)) and left[1]:
             print(f"bulk: ended {left[1]} process(es) that the Ray instance of a run of this job killed before "
@@ -91,20 +93,84 @@ def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_sessio
         outputs.remove_temporaries(cfg.out)
         entries = list(outputs.Manifest(cfg.out).entries())  # read under the lock: none appended since
         dropped = {id(e) for e in stale_lines(entries, parts)}
-        if n := outputs.remove_unrecorded(cfg.out, [e for e in entries if id(e) not in dropped]):
+        n, others = outputs.remove_unrecorded(cfg.out, [e for e in entries if id(e) not in dropped])
+        if n:
             print(f"bulk: removed {n} file(s) under scores/ and rejects/ that no line of manifest.jsonl records "
                   "(written as a job was stopped or killed, or by parts a shard no longer has or that are cut "
                   "otherwise now); their parts, if still in INPUT, are scored again", file=sys.stderr,
                   flush=True)  # fmt: skip
-    except outputs.OutHeld as e:
-        raise JobError(str(e)) from None
+        if others:
+            print(f"bulk: note: {len(others)} file(s) under scores/ and rejects/ are not this job's part files, and "
+                  f"are left as they are: {listed(others)}. A reader of the whole directory (pq.read_table on "
+                  "scores/) reads them too: move them out of --out", file=sys.stderr, flush=True)  # fmt: skip
     except OSError as e:
-        if outputs.out_of_space(e):
-            raise JobError(f"{outputs.disk_full(cfg.out)}: free some space, then run the same command") from e
+        raise _unwritable(cfg.out, e) from e
+
+
+def _unwritable(out: Path, e: OSError) -> JobError:
+    if outputs.out_of_space(e):
+        return JobError(f"{outputs.disk_full(out)}: free some space, then run the same command")
+    return JobError(f"--out {out}: cannot write there ({e.strerror or e}: {e.filename}); choose a directory "
+                    "this user can create and write")  # fmt: skip
+
+
+class OutLock:
+    """--out, locked for this job (`outputs.hold`) before anything in it is read: job.json and the manifest
+    are read, checked and written by one job at a time. A second job on it is refused naming the first's
+    process, not told, by what the first is writing, that --out holds another job's outputs; and two new
+    jobs on one --out no longer both read "no job.json", the one that planned longer then writing its
+    fingerprint over the other's. Until `keep` (the job's first write: `prepare`), leaving the block
+    undoes what the lock made: a refused or stopped run leaves --out as it found it (no directory made for
+    it, no lock file left in one that had none)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.kept = out, False
+        self.made = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
+        self.new_lock = not os.path.lexists(out / LOCK)
+
+    def __enter__(self) -> OutLock:
+        try:
+            outputs.hold(self.out)
+        except outputs.OutHeld as e:
+            raise JobError(str(e)) from None
+        except OSError as e:
+            self.undo()
+            raise _unwritable(self.out, e) from e
+        return self
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def __exit__(self, *exc) -> None:
+        if not self.kept:
+            self.undo()
+
+    def undo(self) -> None:
+        release_directory(self.out, remove=self.new_lock)
+        for d in self.made:
+            try:
+                d.rmdir()
+            except OSError:  # not empty (a job's first write made it so): kept, and the ones above it
+                break
+
+
+def check_new_out(out: Path) -> None:
+    """A new job (no job.json in --out) writes config.json, summary.json, rejects.jsonl, scores/ and rejects/
+    there, and removes what it finds under scores/ and rejects/ that no line of its manifest records: into a
+    directory of other files (a pretraining run's, with a config.json of its own; ratings put beside scores)
+    it replaced or deleted them. Refused unless --out is new or empty, but for what a job killed before its
+    job.json leaves (its lock, its Ray session, a temporary)."""
+    theirs = sorted(
+        p.name + ("/" if p.is_dir() else "")
+        for p in out.iterdir()
+        if p.name not in (LOCK, own_ray.SESSION_FILE) and not fnmatch.fnmatchcase(p.name, ".*.tmp-*")
+    )
+    if theirs:
         raise JobError(
-            f"--out {cfg.out}: cannot write there ({e.strerror or e}: {e.filename}); choose a directory this "
-            "user can create and write"
-        ) from e
+            f"--out {out} is not empty, and it holds no job.json of a bulk job to resume: {listed(theirs)}. A new "
+            "job writes config.json, summary.json, manifest.jsonl, rejects.jsonl, scores/ and rejects/ there, and "
+            "would replace or remove files of those names: give a new or empty --out"
+        )
 
 
 def report_failures(failed: dict[str, str], limit: int = 20) -> None:
@@ -217,7 +283,14 @@ def plan_job(
     if job_bytes is None:  # a new job: job.json keeps its part size, for lines that do not say theirs
         assert pending is not None
         job_bytes = pending["part_bytes"] = fresh
-    return plan(root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts)
+    # Every shard larger than a part is read through to cut it at line ends, on every start: a large corpus
+    # said nothing for minutes. (A resume could take a finished shard's cut from its manifest lines instead,
+    # but they keep no part's first line number, and a shard partly finished is read anyway.)
+    stage = Stage("reading INPUT to cut it into parts", len(files), "shard(s)", cfg.progress)
+    try:
+        return plan(root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts, stage.update)
+    finally:
+        stage.close()
 
 
 def run(cfg: BulkConfig) -> int:
@@ -241,10 +314,25 @@ def run(cfg: BulkConfig) -> int:
     left_out = LeftOut()
     root, files, unlisted = shards(cfg.input, cfg.format, cfg.out, left_out)
     own_threshold = default_threshold(bundle.manifest) if bundle.manifest.kind == "detector" else None
+    with OutLock(cfg.out) as lock:  # every check of what --out holds, and the first write, under the lock
+        planned = _plan_held(cfg, bundle, root, files, unlisted, left_out, own_threshold)
+        if isinstance(planned, int):  # stopped as Ray started
+            return planned
+        lock.keep()
+    return _score(cfg, bundle, t0, files, left_out, *planned)
+
+
+def _plan_held(cfg: BulkConfig, bundle, root: Path, files: list[Path], unlisted: dict[str, str],
+               left_out: LeftOut, own_threshold: float | None):  # fmt: skip
+    """run's checks and plan, --out held: (parts, the shards that failed, the finished parts, what is left to
+    score, the shards' stats, the resolved config) once `prepare` wrote the job's first files; or the exit
+    status of a job stopped as Ray started, nothing written."""
     try:
         job_bytes, kept, pending = read_fingerprint(cfg, bundle.manifest.model_sha256, root, own_threshold)
     except OSError as e:  # job.json there but unreadable (permissions)
         raise JobError(f"--out {cfg.out}: cannot read its job.json ({e.strerror or e}: {e.filename})") from e
+    if not (cfg.out / "job.json").is_file():
+        check_new_out(cfg.out)
     root = kept or root
     workers = Workers(cfg)
     try:
@@ -253,7 +341,12 @@ def run(cfg: BulkConfig) -> int:
         return e.status
     failed_shards |= unlisted
     manifest = outputs.Manifest(cfg.out)
-    finished = manifest.finished()
+    lines = sum(1 for _ in manifest.entries())
+    stage = Stage("checking the finished parts' files (sha256)", lines, "part(s)", cfg.progress and lines > 0)
+    try:
+        finished = manifest.finished(stage.update)
+    finally:
+        stage.close()
     stats = shard_stats(parts)
     # A shard there still but failing at planning has no parts either: it is named under the failures; and a
     # link left out as another shard's duplicate, in the note of what INPUT left out.
@@ -272,7 +365,17 @@ def run(cfg: BulkConfig) -> int:
             run_cfg = options.replace(cfg, workers=workers())
         except _Stopped as e:
             return e.status
+    else:
+        run_cfg = cfg
     prepare(cfg, pending, parts, own_instance)
+    return parts, failed_shards, finished, todo, stats, run_cfg, gone
+
+
+def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: LeftOut, parts: list[Part],
+           failed_shards: dict[str, str], finished: dict[str, dict], todo: list[Part], stats: dict,
+           run_cfg: BulkConfig, gone: list[str]) -> int:  # fmt: skip
+    """run's scoring of `todo`, --out held and prepared, and its summary: the exit status."""
+    manifest = outputs.Manifest(cfg.out)
     report_failures(failed_shards)
     for note in left_out_notes(left_out):  # on every run, resumes too: they are left out of each
         print(f"bulk: note: {note}", file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -23,11 +24,17 @@ ATTEMPTS = 2  # a part running when its worker process died (killed, out of memo
 POLL_S = 0.2  # how often the driver looks for a stop while it waits for parts
 
 
-def _init(cfg_values: dict, queue) -> None:
+def _init(cfg_values: dict, queue, driver: int) -> None:
     global _SCORER, _QUEUE
     # A worker must not outlive a job killed with kill -9: the kernel sends it SIGKILL when we die.
     # Not Linux: no prctl, and a killed job's workers finish their part and exit.
     on_parent_death(signal.SIGKILL)
+    # Asked only now, after the interpreter's start and the imports that unpickling this call took: a driver
+    # killed before (a kill -9 as the workers start) sent no signal, and this worker, its model loaded, waited
+    # for parts for ever on a queue it holds both ends of. Its parent is then another process (init, or a
+    # subreaper): `driver` is the pid of the one that started it.
+    if os.getppid() != driver:
+        os._exit(1)
     # Ctrl-C reaches the whole process group: the driver decides (finish the parts running, or on a second
     # Ctrl-C kill these processes), so a worker finishes its part. Not SIGTERM: it is how a worker is ended
     # from outside (a stop sent to the whole group, an executor ending a broken pool's workers), and a
@@ -181,7 +188,7 @@ class _Worker:
         )
         self.listener.start()
         self.pool = ProcessPoolExecutor(
-            1, mp_context=ctx, initializer=_init, initargs=(cfg_values, self.queue)
+            1, mp_context=ctx, initializer=_init, initargs=(cfg_values, self.queue, os.getpid())
         )
 
     def submit(self, part: Part, attempt: int) -> Future:

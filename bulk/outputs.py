@@ -13,7 +13,9 @@ has scores/ and rejects/: a worker leaves a part's files under their temporary n
 renames them just before it appends the part's line. A worker that finishes after its job stopped (on Ray,
 a part dropped at a stop) leaves only temporaries, which the next start removes; what a kill between a
 rename and its line leaves, or an earlier version, is removed at the next start too (`remove_unrecorded`),
-so that nothing under scores/ is read as the job's unless the manifest records it.
+so that no part file under scores/ is read as the job's unless the manifest records it; a file not named as
+a part's is not the job's, and is left where it is, and named. A new job starts only in a new or empty
+--out (bulk/job.py), so config.json, summary.json and the rest never replace a file of someone else's.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -239,8 +242,10 @@ class OutHeld(Exception):
 
 
 def hold(out: Path) -> None:
-    """Lock --out for this process's job. A second job on it would remove, as unrecorded, the part files
-    this one has put in place and is about to record, and append to the same manifest."""
+    """Lock --out for this process's job, before anything there is read: a second job on it would remove, as
+    unrecorded, the part files this one has put in place and is about to record, and append to the same
+    manifest; and one that read job.json before this one wrote its own would write its fingerprint over it
+    (two INPUTs' rows under one job.json). OSError when it cannot be made or written."""
     out.mkdir(parents=True, exist_ok=True)
     try:
         hold_directory(out)
@@ -270,17 +275,21 @@ class Manifest:
             except json.JSONDecodeError:
                 continue  # the last line of a killed job, cut short: that part is scored again
 
-    def finished(self) -> dict[str, dict]:
+    def finished(self, seen: Callable[[int, int], None] | None = None) -> dict[str, dict]:
         """Finished parts by key: those whose line is whole and whose outputs (scores, and rejects if it
-        had any) are there with their sha256."""
+        had any) are there with their sha256. seen(1, bytes hashed), if given, as each line is checked
+        (progress.Stage's update: every file is read)."""
         done: dict[str, dict] = {}
         out = self.path.parent
         for entry in self.entries():
-            if _intact(out / entry["output"], entry["sha256"]) and (
+            read = [0]
+            if _intact(out / entry["output"], entry["sha256"], read) and (
                 not entry.get("rejects_file")
-                or _intact(out / entry["rejects_file"], entry.get("rejects_sha256"))
+                or _intact(out / entry["rejects_file"], entry.get("rejects_sha256"), read)
             ):
                 done[entry["part"]] = entry
+            if seen is not None:
+                seen(1, read[0])
         return done
 
     def append(self, entry: dict) -> None:
@@ -297,9 +306,16 @@ class Manifest:
             os.fsync(f.fileno())
 
 
-def _intact(path: Path, sha256: str | None) -> bool:
-    """There, and with its recorded sha256 (a manifest line from before rejects had one: there)."""
-    return path.is_file() and (sha256 is None or sha256_file(path) == sha256)
+def _intact(path: Path, sha256: str | None, read: list[int] | None = None) -> bool:
+    """There, and with its recorded sha256 (a manifest line from before rejects had one: there). `read`'s
+    one number counts the bytes hashed."""
+    if not path.is_file():
+        return False
+    if sha256 is None:
+        return True
+    if read is not None:
+        read[0] += path.stat().st_size
+    return sha256_file(path) == sha256
 
 
 def remove_temporaries(out: Path) -> int:
@@ -314,32 +330,62 @@ def remove_temporaries(out: Path) -> int:
     return n
 
 
-def remove_unrecorded(out: Path, entries: list[dict]) -> int:
-    """Remove the files in scores/ and rejects/ that no manifest line names (as its output or its rejects
-    file), and return how many. pq.read_table(DIR/scores) reads every file there: one the manifest does
-    not record (a kill between a part's rename and its line, a part a Ray worker finished after its job
-    stopped under an earlier version, a shard cut into fewer parts since) would be read as the job's, and
-    stay after its shard left INPUT. Its part, if still in INPUT, is scored again."""
+# A part's file as _part_file names it: what remove_unrecorded may remove. Five digits or more (a shard of
+# 100,000 parts and more).
+PART_FILES = {
+    "scores": re.compile(r".+\.part-\d{5,}\.parquet"),
+    "rejects": re.compile(r".+\.part-\d{5,}\.jsonl"),
+}
+
+
+def remove_unrecorded(out: Path, entries: list[dict]) -> tuple[int, list[str]]:
+    """Remove the part files in scores/ and rejects/ that no manifest line names (as its output or its
+    rejects file): how many, and what else is there, left in place (relative to `out`, sorted).
+    pq.read_table(DIR/scores) reads every file there: one the manifest does not record (a kill between a
+    part's rename and its line, a part a Ray worker finished after its job stopped under an earlier version,
+    a shard cut into fewer parts since) would be read as the job's, and stay after its shard left INPUT. Its
+    part, if still in INPUT, is scored again. Only files named as a part's are removed: anything else (a
+    user's notes, ratings put beside the scores) is not the job's to delete, and is named instead."""
     named = {e.get(k) for e in entries for k in ("output", "rejects_file")}
-    n = 0
-    for sub in ("scores", "rejects"):
+    n, others = 0, []
+    for sub, part_file in PART_FILES.items():
         d = out / sub
         if not d.is_dir():
             continue
-        for p in d.iterdir():
+        for p in sorted(d.iterdir()):
             if p.name.startswith("."):  # temporaries: remove_temporaries'; other hidden files no reader reads
                 continue
-            if f"{sub}/{p.name}" not in named and (p.is_file() or p.is_symlink()):
+            if f"{sub}/{p.name}" in named:
+                continue
+            if part_file.fullmatch(p.name) and (p.is_file() or p.is_symlink()):
                 p.unlink(missing_ok=True)
                 n += 1
-    return n
+            else:
+                others.append(f"{sub}/{p.name}" + ("/" if p.is_dir() else ""))
+    return n, others
 
 
 def merge_rejects(out: Path, entries: list[dict]) -> int:
-    """rejects.jsonl: every part's rejects, in input order (entries are in plan order)."""
-    lines = []
-    for e in entries:
-        if e.get("rejects_file"):
-            lines.append((out / e["rejects_file"]).read_text(encoding="utf-8"))
-    _write_text(out / "rejects.jsonl", "".join(lines))
-    return sum(text.count("\n") for text in lines)
+    """rejects.jsonl: every part's rejects, in input order (entries are in plan order), and how many. Each
+    part's file is copied through in blocks, its lines counted on the way: read whole, every part's rejects
+    at once, the driver held all of them (635 MB for a rejects.jsonl of 186 MB). Written under a temporary
+    name and renamed, as every file here."""
+    path = out / "rejects.jsonl"
+    tmp = temporary(path)
+    lines = 0
+    try:
+        with tmp.open("wb") as merged:
+            for e in entries:
+                if e.get("rejects_file"):
+                    with (out / e["rejects_file"]).open("rb") as part:
+                        while block := part.read(COPY_BYTES):
+                            merged.write(block)
+                            lines += block.count(b"\n")
+        _publish(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return lines
+
+
+COPY_BYTES = 1 << 20

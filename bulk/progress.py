@@ -1,5 +1,6 @@
 """The progress line on stderr: documents/s, tokens/s and the ETA, from what the workers report after each
-chunk. Redrawn in place on a terminal; elsewhere (a log file, CI) one line every LOG_EVERY_S seconds."""
+chunk. Redrawn in place on a terminal; elsewhere (a log file, CI) one line every LOG_EVERY_S seconds. And
+the steps before the scoring that read much (planning, the check of finished parts): `Stage`."""
 
 from __future__ import annotations
 
@@ -74,3 +75,50 @@ class Progress:
         if self.enabled:
             self.stream.write(self.line() + (CLEAR_TO_EOL if self._tty else "") + "\n")
             self.stream.flush()
+
+
+FIRST_S = 2.0  # a step before scoring that ends sooner says nothing
+
+
+def _size(n: int) -> str:
+    return next((f"{n / 10**p:.1f} {unit}" for p, unit in ((9, "GB"), (6, "MB"), (3, "kB")) if n >= 10**p),
+                f"{n} bytes")  # fmt: skip
+
+
+class Stage:
+    """A step before the scoring that reads much, on stderr: "bulk: DOING: 120 of 340 UNIT, 12.1 GB read,
+    0m42s". Planning reads every shard larger than a part to cut it at line ends, and checking the finished
+    parts hashes every file they wrote: on a large corpus, minutes that said nothing before a resume began.
+    Nothing for a step over within FIRST_S; past it, redrawn in place on a terminal, elsewhere a line every
+    LOG_EVERY_S, and a last line as it ends (how long it took)."""
+
+    def __init__(self, doing: str, total: int, unit: str, enabled: bool = True, stream=sys.stderr) -> None:
+        self.doing, self.total, self.unit, self.enabled, self.stream = doing, total, unit, enabled, stream
+        self.done = self.bytes = 0
+        self.start = time.perf_counter()
+        self._drawn: float | None = None  # when the line was last written; None: not yet
+        self._tty = enabled and stream.isatty()
+
+    def update(self, items: int = 0, nbytes: int = 0) -> None:
+        """`items` more of the `total` done, `nbytes` more read."""
+        self.done, self.bytes = self.done + items, self.bytes + nbytes
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self.start < FIRST_S:
+            return
+        if self._drawn is None or now - self._drawn >= (REDRAW_S if self._tty else LOG_EVERY_S):
+            self._drawn = now
+            self.stream.write(self.line(now) + (CLEAR_TO_EOL + "\r" if self._tty else "\n"))
+            self.stream.flush()
+
+    def line(self, now: float | None = None) -> str:
+        took = (now or time.perf_counter()) - self.start
+        return (f"bulk: {self.doing}: {self.done:,} of {self.total:,} {self.unit}, {_size(self.bytes)} read, "
+                f"{_duration(took)}")  # fmt: skip
+
+    def close(self) -> None:
+        if self._drawn is not None:  # said while it ran: say it ended, the line left whole
+            self.stream.write(self.line() + (CLEAR_TO_EOL if self._tty else "") + "\n")
+            self.stream.flush()
+            self._drawn = None

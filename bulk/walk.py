@@ -9,6 +9,7 @@ ever; so a glob is matched here, on the same walk, as glob.glob(recursive=True) 
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 from collections.abc import Callable, Iterator
@@ -20,6 +21,27 @@ def magic(part: str) -> bool:
 
 def reason(e: OSError) -> str:
     return f"{type(e).__name__}: {e.strerror or e}"
+
+
+def broken_link(path: str) -> str | None:
+    """Why `path` fails, where it is a link that leads nowhere (its target gone, on a disk not mounted, or a
+    loop of links); None where it is no link, or one that leads to something. A walk lists such a link as a
+    name, and a file test finds no file there: the shard, or the directory of shards, it stood for was left
+    out in silence, with exit 0."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not a link (or gone since)
+        return None
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        if e.errno != errno.ELOOP:  # it leads somewhere this user may not look (the caller's to say)
+            return None
+    else:
+        return None
+    return f"a broken link (-> {target}): mount or restore it, or remove the link"
 
 
 def _ancestors(real: str) -> frozenset[str]:
@@ -68,7 +90,9 @@ def walk(top: str, onerror: Callable[[OSError], None] | None = None) -> Iterator
         dirs, names = {}, []  # a sub-directory's name -> whether it is a link
         for e in entries:
             try:
-                is_dir = e.is_dir()  # through a link, as os.walk(followlinks=True); a broken link is a name
+                # Through a link, as os.walk(followlinks=True). A broken link is a name, which the callers
+                # fail by name (`broken_link`): a linked shard or directory on a disk not mounted.
+                is_dir = e.is_dir()
             except OSError:
                 is_dir = False
             if is_dir:
@@ -119,9 +143,10 @@ def _matches(rel: list[str], pattern: list[str]) -> bool:
 def glob_files(
     spec: str, skip: Callable[[str, list[str]], bool] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The files a glob matches (paths as spelled from it, as glob.glob gives them), and the directories it
-    would have looked in but could not list (path -> reason): glob.glob passes over those in silence, and
-    the files in them would be left out of the job without a word. A directory for which skip(path, its
+    """The files a glob matches (paths as spelled from it, as glob.glob gives them; broken links matching it
+    among them), and the directories it would have looked in but could not list, or that are broken links
+    (path -> reason): glob.glob passes over those in silence, and the files in them would be left out of
+    the job without a word. A directory for which skip(path, its
     file names) is true is left out with all under it (the caller names it)."""
     parts = spec.split(os.sep)
     fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
@@ -134,7 +159,11 @@ def glob_files(
     failed: dict[str, str] = {}
 
     def unreadable(e: OSError) -> None:
-        if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # nothing there to leave out
+        if why := broken_link(
+            e.filename or top
+        ):  # the glob's fixed directories, a link to a disk not mounted
+            failed[e.filename or top] = why
+        elif not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # nothing there to leave out
             failed[e.filename or top] = reason(e)
 
     for d, subdirs, names in walk(top, onerror=unreadable):
@@ -149,5 +178,10 @@ def glob_files(
             continue
         rel = list(os.path.relpath(d, top).split(os.sep)) if d != top else []
         subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
-        found += [os.path.join(d, n) if d != "." else n for n in names if _matches([*rel, n], pattern)]
+        for n in names:
+            path = os.path.join(d, n) if d != "." else n
+            if _matches([*rel, n], pattern):
+                found.append(path)  # a broken link too: the caller fails it by its shard's name
+            elif _may_lead_to_match([*rel, n], pattern) and (why := broken_link(path)):
+                failed[path] = why  # a link to a directory, gone: the files the glob would find there
     return found, failed

@@ -64,3 +64,14 @@ def hold_directory(directory: Path) -> None:
     f.write(f"{os.getpid()}\n")
     f.flush()
     _held[key] = f
+
+
+def release_directory(directory: Path, remove: bool = False) -> None:
+    """Unlock `directory`, held by this process (else nothing to do); with `remove`, its lock file goes too,
+    taken away while still locked (a process that opens it meanwhile is refused, as before, naming us)."""
+    f = _held.pop(os.path.realpath(directory), None)
+    if f is None:
+        return
+    if remove:
+        (directory / LOCK).unlink(missing_ok=True)
+    f.close()

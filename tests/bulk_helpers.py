@@ -103,3 +103,37 @@ def dying_on(tmp: Path, *keys: str) -> dict[str, str]:
     (site / "sitecustomize.py").write_text(_DIE_ON)
     path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
     return {"PYTHONPATH": path, "BULK_TEST_DIE_ON": ",".join(keys)}
+
+
+# A sitecustomize that holds a driver in bulk.inputs.plan (its reading of INPUT to cut the parts) until the
+# file `go` appears in BULK_TEST_PAUSE_PLAN, saying so by the file `planning` there: a job planning a large
+# INPUT, for as long as a test needs one.
+_PAUSE_PLAN = """
+import os, sys, time
+
+PAUSE = os.environ.get("BULK_TEST_PAUSE_PLAN")
+if PAUSE and "--multiprocessing-fork" not in sys.argv:
+    import bulk.inputs
+
+    _plan = bulk.inputs.plan
+
+    def plan(*args, **kwargs):
+        open(os.path.join(PAUSE, "planning"), "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(PAUSE, "go")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return _plan(*args, **kwargs)
+
+    bulk.inputs.plan = plan
+"""
+
+
+def pausing_plan(tmp: Path, pause: Path) -> dict[str, str]:
+    """Environment in which a driver waits in its planning until `pause`/go exists (`pause`/planning says it
+    is there): the sitecustomize above, in `tmp`."""
+    site = tmp / "pause-plan"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_PAUSE_PLAN)
+    pause.mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "BULK_TEST_PAUSE_PLAN": str(pause)}

@@ -491,9 +491,11 @@ def test_a_resume_compares_the_threshold_the_spans_use_not_the_option_as_given(t
     assert other.returncode == 2 and f"threshold: {own!r} then, 0.9 now" in other.stderr, other.stderr
 
 
-def _tree(d: Path) -> dict[str, tuple[bytes, int]]:
+def _tree(d: Path, lock: bool = False) -> dict[str, tuple[bytes, int]]:
+    """Every file under `d`, with its bytes and time; the lock file only with `lock`: a run that checks --out
+    does so holding it, and it then names that run's process."""
     return {p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
-            if p.is_file()}  # fmt: skip
+            if p.is_file() and (lock or p.name != ".lock")}  # fmt: skip
 
 
 def test_a_refused_resume_changes_nothing_in_out(tmp_path, paragraphs):
@@ -539,9 +541,110 @@ def test_a_second_job_on_an_out_another_process_holds_is_refused_and_removes_not
     assert second.returncode == 2 and f"another bulk job (process {holder.pid})" in second.stderr, (
         second.stderr
     )
-    assert {k: v for k, v in _tree(out).items() if k != ".lock"} == {
-        k: v for k, v in before.items() if k != ".lock"
-    }
+    assert _tree(out) == before
+
+
+def test_a_job_holds_its_out_before_it_reads_it_so_a_second_is_told_the_first_runs(tmp_path):
+    """The lock was taken after job.json and the manifest were read and INPUT planned: two new jobs of two
+    INPUTs on one --out both read "no job.json", and the one that planned longer then wrote its fingerprint
+    over the first's, whose rows stayed under it; a job of other settings beside a running one was told to
+    remove the directory the running one writes. A job planning (a large INPUT) now holds --out: the second
+    is told which process runs there, and a run stopped before it wrote anything leaves no --out behind."""
+    import os
+    import signal
+    import subprocess
+
+    from app_fixtures import wait_for
+    from bulk_helpers import REPO, bulk_argv, env, pausing_plan
+
+    a = write_jsonl(tmp_path / "a" / "a.jsonl", [f"document {i} of the first input" for i in range(5)])
+    b = write_jsonl(tmp_path / "b" / "b.jsonl", [f"document {i} of the second input" for i in range(5)])
+    out, pause = tmp_path / "out", tmp_path / "pause"
+    paused = env(**pausing_plan(tmp_path, pause))
+
+    def planning(*flags: str, into: Path = out) -> subprocess.Popen:
+        for name in ("planning", "go"):
+            (pause / name).unlink(missing_ok=True)
+        job = subprocess.Popen(bulk_argv(b, into, "detector", "--workers", "1", *flags), cwd=REPO, env=paused,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_for(lambda: (pause / "planning").exists() or job.poll() is not None, timeout=60, what="planning")
+        assert job.poll() is None, job.communicate()
+        return job
+
+    def finish(job: subprocess.Popen) -> tuple[str, str]:
+        (pause / "go").touch()
+        said = job.communicate(timeout=120)
+        assert job.returncode == 0, said
+        return said
+
+    slow = planning()
+    try:
+        first = run_bulk(a, out, "detector", "--workers", "1")
+        assert first.returncode == 2, first.stderr
+        assert f"--out {out}: another bulk job (process {slow.pid}) is scoring into it" in first.stderr
+        finish(slow)
+    finally:
+        slow.kill()
+    assert {r["file"] for r in rows(out)} == {"b.jsonl"}
+    assert json.loads((out / "job.json").read_text())["input"] == str(b)
+
+    resumed = planning()
+    try:
+        other = run_bulk(b, out, "detector", "--workers", "1", "--tokens")
+        assert other.returncode == 2 and f"another bulk job (process {resumed.pid})" in other.stderr, (
+            other.stderr
+        )
+        assert "other settings" not in other.stderr and "remove that directory" not in other.stderr
+        assert "1 already finished" in finish(resumed)[0]
+    finally:
+        resumed.kill()
+
+    new = tmp_path / "new" / "out"
+    stopped = planning(into=new)
+    try:
+        os.kill(stopped.pid, signal.SIGINT)
+        stopped.communicate(timeout=60)
+    finally:
+        stopped.kill()
+    assert stopped.returncode == 128 + signal.SIGINT
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_new_job_refuses_an_out_that_holds_files_and_a_resume_removes_only_its_own_part_files(tmp_path):
+    """A new job into a directory holding files of its own (a pretraining run's config.json, ratings put in
+    scores/, a README in rejects/) replaced config.json and deleted the rest as "unrecorded". It is refused
+    now, naming them; an empty directory takes a job; and a resume removes only the part files no manifest
+    line records, naming what else it finds there."""
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", [f"document number {i}" for i in range(6)])
+    out = tmp_path / "out"
+    theirs = {"config.json": '{"objective": "electra"}', "scores/human_ratings.csv": "id,rating\n",
+              "rejects/README.txt": "why these were rejected"}  # fmt: skip
+    for name, text in theirs.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    before = _tree(out, lock=True)
+    refused = run_bulk(src, out, "detector", "--workers", "1")
+    assert refused.returncode == 2, refused.stderr
+    assert f"--out {out} is not empty" in refused.stderr and "give a new or empty --out" in refused.stderr
+    assert "config.json, rejects/, scores/" in refused.stderr
+    assert _tree(out, lock=True) == before  # no lock file left either
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_bulk(src, empty, "detector", "--workers", "1").returncode == 0
+    for name, text in theirs.items():
+        if name != "config.json":
+            (empty / name).parent.mkdir(exist_ok=True)
+            (empty / name).write_text(text)
+    (empty / "scores" / "a.jsonl.part-00007.parquet").write_bytes(b"a part no line records")
+    again = run_bulk(src, empty, "detector", "--workers", "1")
+    assert again.returncode == 0, again.stderr
+    assert "removed 1 file(s) under scores/ and rejects/" in again.stderr
+    assert "2 file(s) under scores/ and rejects/ are not this job's part files, and are left as they are: " \
+        "scores/human_ratings.csv, rejects/README.txt" in again.stderr, again.stderr  # fmt: skip
+    assert (empty / "scores" / "human_ratings.csv").read_text() == "id,rating\n"
+    assert (empty / "rejects" / "README.txt").exists()
+    assert not (empty / "scores" / "a.jsonl.part-00007.parquet").exists()
 
 
 def test_files_no_manifest_line_records_are_removed_before_the_run_and_never_read_as_the_jobs(

@@ -162,6 +162,128 @@ def test_directories_that_cannot_be_listed_fail_by_name_and_are_never_skipped(tm
     assert only_locked[0] == [] and list(only_locked[1]) == [f"{corpus}/locked"]
 
 
+def test_broken_links_fail_by_name_and_are_never_skipped(tmp_path):
+    """A link to a shard or a directory of shards on a disk not mounted was a name that no file test found:
+    left out in silence, exit 0. Each fails by its shard's name now (as a resume names the shard it
+    finished parts of), from a directory or a glob, and INPUT named outright is refused saying so."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "ok.jsonl", [{"text": "fine"}])
+    (corpus / "gone.jsonl").symlink_to("/nonexistent/disk3/gone.jsonl")
+    (corpus / "disk3").symlink_to("/nonexistent/disk3", target_is_directory=True)
+    (corpus / "loop.jsonl").symlink_to("loop.jsonl")
+    (corpus / ".hidden.jsonl").symlink_to("/nonexistent/hidden.jsonl")  # hidden: no input, as ever
+    said = "a broken link (-> {}): mount or restore it, or remove the link".format
+    root, files, unlisted = shards(str(corpus), "auto")
+    assert [f.name for f in files] == ["ok.jsonl"]
+    assert unlisted == {"disk3": said("/nonexistent/disk3"), "gone.jsonl": said("/nonexistent/disk3/gone.jsonl"),
+                        "loop.jsonl": said("loop.jsonl")}  # fmt: skip
+    _, files, unlisted = shards(f"{corpus}/**/*.jsonl", "auto")
+    assert [f.name for f in files] == ["ok.jsonl"]
+    assert unlisted == {f"{corpus}/disk3": said("/nonexistent/disk3"), "loop.jsonl": said("loop.jsonl"),
+                        "gone.jsonl": said("/nonexistent/disk3/gone.jsonl")}  # fmt: skip
+    assert shards(f"{corpus}/*.jsonl", "auto")[2].keys() == {"gone.jsonl", "loop.jsonl"}
+    assert shards(f"{corpus}/disk3/*.jsonl", "auto")[1:] == (
+        [],
+        {f"{corpus}/disk3": said("/nonexistent/disk3")},
+    )
+    for named in ("gone.jsonl", "disk3"):
+        with pytest.raises(InputError, match=f"^{corpus}/{named}: a broken link"):
+            shards(str(corpus / named), "auto")
+
+
+def test_rejects_are_merged_through_a_block_at_a_time_in_part_order(tmp_path):
+    """merge_rejects read every part's rejects file whole and joined them: the driver held all of them
+    twice over (635 MB for a rejects.jsonl of 186 MB). Now each is copied through, a block at a time."""
+    import tracemalloc
+
+    from bulk.outputs import COPY_BYTES, merge_rejects
+
+    entries, want = [], b""
+    for i in range(3):
+        text = "".join(json.dumps({"id": f"s.jsonl:{i}-{k}", "reason": "not_json", "x": "é" * 60}) + "\n"
+                       for k in range(40_000))  # fmt: skip
+        (tmp_path / "rejects").mkdir(exist_ok=True)
+        (tmp_path / "rejects" / f"s.jsonl.part-{i:05d}.jsonl").write_text(text, encoding="utf-8")
+        entries += [
+            {"part": f"s.jsonl#{i}"},
+            {"part": f"s.jsonl#{i}", "rejects_file": f"rejects/s.jsonl.part-{i:05d}.jsonl"},
+        ]
+        want += text.encode()
+    assert len(want) > 8 * COPY_BYTES
+    tracemalloc.start()
+    try:
+        n = merge_rejects(tmp_path, entries)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 120_000 and (tmp_path / "rejects.jsonl").read_bytes() == want
+    assert peak < 3 * COPY_BYTES, peak
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_planning_and_the_check_of_finished_parts_say_how_far_they_are(tmp_path, monkeypatch):
+    """Every start reads each shard larger than a part through (to cut it at line ends) and hashes every
+    finished part's files: on a large corpus, minutes of silence before a resume began. Both report as they
+    go now, and a step that lasts says so on stderr (bulk.progress.Stage); one over at once says nothing."""
+    import hashlib
+    import io
+
+    import bulk.progress
+    from bulk.outputs import Manifest
+    from bulk.progress import Stage
+
+    corpus = tmp_path / "corpus"
+    big = lines(corpus / "big.jsonl", [{"text": f"document {i} " + "x" * 100} for i in range(4000)])
+    lines(corpus / "small.jsonl", [{"text": "one"}])
+    (corpus / "table.csv").write_text("a,b\n")  # left out, no shard
+    (corpus / "gone.jsonl.gz").write_bytes(b"")  # a shard that fails at planning is counted too
+    root, files, _ = shards(str(corpus), "auto")
+    reports = []
+    parts, failed = plan(root, files, "auto", 64 << 10, seen=lambda n, b: reports.append((n, b)))
+    assert len(parts) > 4 and list(failed) == ["gone.jsonl.gz"]
+    assert sum(n for n, _ in reports) == len(files) == 3
+    assert sum(b for _, b in reports) == big.stat().st_size  # read through once; the small one not at all
+
+    out = tmp_path / "out"
+    (out / "scores").mkdir(parents=True)
+    manifest = Manifest(out)
+    for i, size in enumerate((1000, 3000)):
+        (out / "scores" / f"p{i}").write_bytes(b"r" * size)
+        manifest.append(
+            {
+                "part": f"p#{i}",
+                "output": f"scores/p{i}",
+                "sha256": hashlib.sha256(b"r" * size).hexdigest(),
+            }
+        )
+    checked = []
+    assert set(manifest.finished(lambda n, b: checked.append((n, b)))) == {"p#0", "p#1"}
+    assert checked == [(1, 1000), (1, 3000)]
+
+    quick = io.StringIO()
+    stage = Stage("checking", 2, "part(s)", stream=quick)
+    stage.update(1, 10)
+    stage.close()
+    assert quick.getvalue() == ""  # over before FIRST_S
+    monkeypatch.setattr(bulk.progress, "FIRST_S", 0.0)
+    slow = io.StringIO()
+    stage = Stage("reading INPUT to cut it into parts", 3, "shard(s)", stream=slow)
+    stage.update(1, 20_000_000)
+    stage.update(1, 0)  # within LOG_EVERY_S of the line before: not written
+    stage.update(1, 5_000_000)
+    stage.close()
+    said = slow.getvalue().splitlines()
+    assert [line.rsplit(",", 1)[0] for line in said] == [
+        "bulk: reading INPUT to cut it into parts: 1 of 3 shard(s), 20.0 MB read",
+        "bulk: reading INPUT to cut it into parts: 3 of 3 shard(s), 25.0 MB read",
+    ]
+    off = io.StringIO()
+    stage = Stage("checking", 1, "part(s)", enabled=False, stream=off)
+    stage.update(1, 1)
+    stage.close()
+    assert off.getvalue() == ""  # --no-progress
+
+
 def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tmp_path):
     src = tmp_path / "odd.jsonl"
     deep = '{"text": "deep", "x": ' + "[" * 1100 + "]" * 1100 + "}"

@@ -304,3 +304,49 @@ def test_a_sigterm_to_the_whole_group_says_the_next_run_scores_the_parts_held(tm
     resumed = run_bulk(corpus, out, "detector", *FLAGS)
     assert resumed.returncode == 0, resumed.stderr
     assert rows(out) == rows(reference[0])
+
+
+# A sitecustomize that holds each spawned worker process at its interpreter's start, before it unpickles its
+# initializer (and so before it asks to die with its parent), and says so by a file named by its pid.
+_SLOW_START = """
+import os, sys, time
+
+if "--multiprocessing-fork" in sys.argv and os.environ.get("BULK_TEST_SLOW_START"):
+    open(os.path.join(os.environ["BULK_TEST_SLOW_START"], str(os.getpid())), "w").close()
+    time.sleep(float(os.environ["BULK_TEST_SLOW_START_S"]))
+"""
+
+
+def test_a_job_killed_as_its_workers_start_leaves_none_of_them_running(tmp_path):
+    """A worker asks the kernel to kill it with its driver only once started (its imports done): a driver
+    killed with kill -9 before that left it, its model loaded (about 250 MB), waiting for parts for ever."""
+    site, started = tmp_path / "site", tmp_path / "started"
+    site.mkdir()
+    started.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_START)
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", [f"a short document, number {i}" for i in range(40)])
+    hold_s = 2.0
+    extra = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p),
+             "BULK_TEST_SLOW_START": str(started), "BULK_TEST_SLOW_START_S": str(hold_s)}  # fmt: skip
+    argv = bulk_argv(src, tmp_path / "out", "detector", "--workers", "2", "--part-mb", "0.001")
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env(**extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    workers: list[psutil.Process] = []
+    try:
+        wait_for(
+            lambda: any(started.iterdir()) or proc.poll() is not None, timeout=60, what="a worker's start"
+        )
+        assert proc.poll() is None, proc.stderr.read().decode()
+        workers = [psutil.Process(int(p.name)) for p in started.iterdir()]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(workers, timeout=hold_s + 15)
+        assert not alive, f"workers outlived the job killed as they started: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for w in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                w.kill()
