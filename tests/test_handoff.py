@@ -17,6 +17,17 @@ from training.checkpoint import load_model
 from training.handoff import HEADER_ROOM, main
 
 WORDS = "electra.embeddings.word_embeddings.weight"
+QUERY, KEY = (f"electra.encoder.layer.0.attention.self.{n}.weight" for n in ("query", "key"))
+
+
+def swap_parts(a: str, b: str):
+    """An edit of handoff.json: tensors `a` and `b` (of one shape) read from each other's keys."""
+
+    def edit(index: dict, _) -> None:
+        t = index["tensors"]
+        t[a]["parts"], t[b]["parts"] = t[b]["parts"], t[a]["parts"]
+
+    return edit
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +128,7 @@ def swap_shard(index: dict, packed) -> None:
         (lambda i, _: i.pop("dtype"), "dtype None"),  # KeyError after the run was written
         (lambda i, _: i["tensors"][WORDS].update(parts=[]), f"tensor {WORDS}: not"),  # torch.cat([]) ValueError
         (lambda i, _: i["tensors"][WORDS].update(parts=[[i["shards"][0]["file"], "nokey"]]),
-         f"{WORDS}: its parts in handoff.json do not read from the shards"),  # SafetensorError
+         f"tensor {WORDS}: its parts are read from the keys ['nokey'], not its own"),  # SafetensorError
         (lambda i, _: i["files"].pop("checkpoint/tokenizer.json"), '"files" lacks checkpoint/tokenizer.json'),
         (carried("checkpoint/trainer_state.json", "[]"), "checkpoint/trainer_state.json has no step"),  # AttributeError
         (carried("checkpoint/trainer_state.json", '{"step": Infinity}'), "has no step, a whole number from 0 (step inf)"),  # OverflowError
@@ -125,6 +136,10 @@ def swap_shard(index: dict, packed) -> None:
         (carried("checkpoint/trainer_state.json", '{"step": -1}'), "has no step, a whole number from 0 (step -1)"),  # step--0000001
         (carried("checkpoint/vocab.txt", "[PAD]\ud800"), """UTF-8 cannot encode (after ' "checkpoint/vocab.txt": {"text": "[PAD]')"""),  # UnicodeEncodeError
         (swap_shard, "does not read as safetensors"),  # SafetensorError
+        # The shards' sha256 all match: it unpacked, exit 0, with the query's weights where the key's belong.
+        (swap_parts(QUERY, KEY), f"tensor {KEY}: its parts are read from the keys ['{QUERY}'], not its own"),
+        (lambda i, _: i["tensors"][WORDS].update(parts=[[i["shards"][0]["file"], WORDS]] * 2),
+         f"tensor {WORDS}: its parts are read from the keys ['{WORDS}', '{WORDS}'], not its own ['{WORDS}#0'"),
         (lambda i, _: i["tensors"].pop(WORDS), "do not make the model its config.json describes"),  # a temp dir named
     ],
 )  # fmt: skip
@@ -143,6 +158,23 @@ def test_a_handoff_json_edited_by_hand_is_refused_naming_the_field(detector, tmp
     assert said in err and "copy handoff.json again" in err and "Traceback" not in err, err
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["p"]  # no run, no temporary
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]  # nothing escaped
+
+
+def test_a_part_said_to_be_in_another_shard_is_refused(detector, tmp_path, capsys):
+    """Its key is the tensor's own (the check above passes it): the shard named does not hold it."""
+    packed = tmp_path / "p"
+    assert (
+        main(["pack", str(detector), "--out", str(packed), "--max-shard-mib", "0.1", "--max-files", "8"]) == 0
+    )
+    index = json.loads((packed / "handoff.json").read_text())
+    part = index["tensors"][WORDS]["parts"][0]
+    part[0] = next(s["file"] for s in index["shards"] if s["file"] != part[0])
+    (packed / "handoff.json").write_text(json.dumps(index))
+    capsys.readouterr()
+    assert main(["unpack", str(packed), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"{WORDS}: its parts in handoff.json do not read from the shards" in err, err
+    assert "copy handoff.json again" in err and not (tmp_path / "run").exists()
 
 
 def test_an_out_that_cannot_be_written_or_must_not_be_replaced_is_refused(detector, tmp_path, capsys):

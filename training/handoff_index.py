@@ -124,6 +124,7 @@ def _check_index(index: dict, path: Path) -> None:
     tensors = index.get("tensors")
     if not isinstance(tensors, dict) or not tensors:
         raise bad('"tensors" is not an object of the tensors')
+    used: dict[str, str] = {}  # a key of a shard: the tensor it is a part of
     for name, e in tensors.items():
         parts = e.get("parts") if isinstance(e, dict) else None
         shape = e.get("shape") if isinstance(e, dict) else None
@@ -132,6 +133,18 @@ def _check_index(index: dict, path: Path) -> None:
                 and p[0] in names and isinstance(p[1], str) for p in parts)):  # fmt: skip
             raise bad(f'tensor {name}: not {{"shape": [N, ...], "parts": [[SHARD, KEY], ...]}} with shards '
                       f'that "shards" lists')  # fmt: skip
+        # The shards' sha256 say their bytes are as packed, not which tensor a key holds: a key is the tensor's
+        # own name, or name#0, name#1, ... for its row blocks in order (pack's _pieces), so a part swapped for
+        # another tensor's (of the same shape) is seen here, not loaded as the wrong weights.
+        keys = [p[1] for p in parts]
+        expected = [name] if len(parts) == 1 else [f"{name}#{i}" for i in range(len(parts))]
+        if keys != expected:
+            raise bad(f"tensor {name}: its parts are read from the keys {_few(keys)}, not its own "
+                      f"{_few(expected)}")  # fmt: skip
+        for key in keys:
+            if key in used:
+                raise bad(f"tensor {name}: its part {key!r} is also a part of {used[key]}")
+            used[key] = name
     files = index.get("files")
     if not isinstance(files, dict) or not all(
         isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("sha256"), str)
@@ -162,6 +175,12 @@ def packed_step(index: dict, bad=HandoffError) -> int:
     if type(step) is not int or step < 0:  # {"step": Infinity} ended in an OverflowError; {} was step 0
         raise bad(f"checkpoint/trainer_state.json has no step, a whole number from 0 ({found[:200]})")
     return step
+
+
+def _few(keys: list[str]) -> str:
+    """Keys as said in a message: the first three, and how many more."""
+    shown = ", ".join(repr(k) for k in keys[:3])
+    return f"[{shown}{f', ... ({len(keys)} in all)' if len(keys) > 3 else ''}]"
 
 
 def _plain(name: object) -> bool:
