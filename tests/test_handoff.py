@@ -349,6 +349,28 @@ def test_metrics_fit_at_every_shard_limit_as_much_as_fits(detector, tmp_path):
         shutil.rmtree(out)
 
 
+def test_an_ascii_locale_packs_and_unpacks_the_utf8_files(detector, tmp_path):
+    """tokenizer.json holds non-ASCII words, and its text was read and written in the locale's encoding:
+    under LC_ALL=C (PYTHONUTF8=0), a UnicodeDecodeError traceback at pack."""
+    import os
+    import subprocess
+    import sys
+
+    assert any(b > 127 for b in (detector / "tokenizer.json").read_bytes())  # else this proves nothing
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONIOENCODING"} | {
+        "LC_ALL": "C",
+        "PYTHONUTF8": "0",
+    }
+    for argv in (["pack", str(detector), "--out", str(tmp_path / "p")],
+                 ["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run")]):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "training.handoff", *argv], cwd=Path(__file__).parents[1],
+                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    unpacked = (tmp_path / "run" / "checkpoints" / "latest").read_text()
+    back = tmp_path / "run" / "checkpoints" / unpacked / "tokenizer.json"
+    assert back.read_bytes() == (detector / "tokenizer.json").read_bytes()
+
+
 def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
     """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike."""
     (tmp_path / "p").mkdir()

@@ -195,7 +195,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
                     tensor, {"shape": list(weights[tensor].shape), "parts": []}
                 )
                 entry["parts"].append([name, key])
-        (tmp / INDEX).write_text(index_text(index, limit, log))
+        (tmp / INDEX).write_text(index_text(index, limit, log), encoding="utf-8")
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
@@ -218,7 +218,7 @@ def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]
 
     latest = run / "checkpoints" / LATEST
     for _ in range(READS):
-        named = latest.read_text() if latest.is_file() else None
+        named = latest.read_text(encoding="utf-8") if latest.is_file() else None
         try:
             ckpt = _discriminator(run)
             there = [p.name for p in ckpt.iterdir()]
@@ -226,7 +226,7 @@ def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]
             if all((ckpt / name).exists() for name in there):
                 return ckpt, weights, files
         except (HandoffError, CheckpointError, OSError):
-            if named is None or not latest.is_file() or latest.read_text() == named:
+            if named is None or not latest.is_file() or latest.read_text(encoding="utf-8") == named:
                 raise  # not a checkpoint replaced while read: the message stands
     raise HandoffError(f"{run}: its newest checkpoint was removed while it was read, {READS} times running; "
                        "pack it again, or pack one of its checkpoints (RUN/checkpoints/step-N)")  # fmt: skip
@@ -235,18 +235,18 @@ def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]
 def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]:
     """The text files a run needs besides its weights, with their sha256, keyed by their place in the
     unpacked run: checkpoint/... and run/..."""
-    files = {f"checkpoint/{n}": (ckpt / n).read_text() for n in CHECKPOINT_FILES if (ckpt / n).is_file()}
+    files = {f"checkpoint/{n}": _text(ckpt / n) for n in CHECKPOINT_FILES if (ckpt / n).is_file()}
     state = ckpt / "trainer_state.json"
     if state.is_file():  # no optimizer, no data position: a handed-off run is a start, not a resume
-        kept = {k: v for k, v in json.loads(state.read_text()).items() if k not in ("optimizer", "batches")}
+        kept = {k: v for k, v in json.loads(_text(state)).items() if k not in ("optimizer", "batches")}
         files["checkpoint/trainer_state.json"] = json.dumps(kept, indent=2)
     if (run / "checkpoints").is_dir():
-        files.update({f"run/{n}": (run / n).read_text() for n in RUN_FILES if (run / n).is_file()})
+        files.update({f"run/{n}": _text(run / n) for n in RUN_FILES if (run / n).is_file()})
         if "run/metrics.jsonl" in files:  # a run still training may be writing its last line
             text = files["run/metrics.jsonl"]
             files["run/metrics.jsonl"] = text[: text.rfind("\n") + 1]
     if log_file:
-        text = Path(log_file).read_text(errors="replace")
+        text = Path(log_file).read_text(encoding="utf-8", errors="replace")
         files["run/train.log"] = text[-LOG_TAIL:]
     if "checkpoint/tokenizer.json" not in files:
         raise HandoffError(f"{ckpt} has no tokenizer.json; every checkpoint of a run carries one")
@@ -254,6 +254,15 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
         name: {"sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
         for name, text in files.items()
     }
+
+
+def _text(path: Path) -> str:
+    """A carried file's text, read as UTF-8 whatever the locale (tokenizer.json holds non-ASCII words, and
+    LC_ALL=C read it as ASCII: a UnicodeDecodeError traceback)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise HandoffError(f"{path} is not UTF-8 text ({e}); restore it from the run or its source") from None
 
 
 # ---------------------------------------------------------------------------------------------- unpack
@@ -307,10 +316,10 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
         save_tensors(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
         for name, f in index["files"].items():
             where, _, file = name.partition("/")
-            (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"])
-        (tmp / "checkpoints" / LATEST).write_text(step_dir)
+            (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"], encoding="utf-8")
+        (tmp / "checkpoints" / LATEST).write_text(step_dir, encoding="utf-8")
         (tmp / "handoff.json").write_text(
-            json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1)
+            json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1), encoding="utf-8"
         )
         options.save(cfg, tmp / cfg.SAVED_AS)
         try:  # the reassembled weights fit the config: fail here, not in the next command

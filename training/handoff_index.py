@@ -62,7 +62,7 @@ def verify(directory: Path) -> dict:
     if not path.is_file():
         raise HandoffError(f"{directory}: no {INDEX}; it lists the shards and their checksums")
     try:
-        index = json.loads(path.read_text())
+        index = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested deep
         raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
