@@ -371,6 +371,63 @@ def test_an_ascii_locale_packs_and_unpacks_the_utf8_files(detector, tmp_path):
     assert back.read_bytes() == (detector / "tokenizer.json").read_bytes()
 
 
+def test_help_prints_the_usage_and_exits_0(capsys):
+    """--help and -h were taken for an unknown command: "give a command", exit 2."""
+    for flag in ("--help", "-h"):
+        assert main([flag]) == 0
+        out = capsys.readouterr().out
+        assert "python -m training.handoff pack RUN --out DIR" in out and "unpack DIR --out RUN" in out, out
+    assert main([]) == 2 and "give a command" in capsys.readouterr().err
+
+
+def test_paths_are_saved_absolute(detector, tmp_path, monkeypatch):
+    """pack_config (in handoff.json) and unpack_config.json kept the paths as typed, relative to a directory
+    they do not name; a training run's config.json keeps them absolute."""
+    shutil.copytree(detector, tmp_path / "det")
+    (tmp_path / "train.log").write_text("done\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["pack", "det", "--out", "p", "--log", "train.log"]) == 0
+    saved = json.loads((tmp_path / "p" / "handoff.json").read_text())["pack_config"]
+    assert (saved["run"], saved["out"], saved["log"]) == tuple(
+        str(tmp_path / n) for n in ("det", "p", "train.log")
+    )
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert main(["unpack", "../p", "--out", "../run"]) == 0
+    saved = json.loads((tmp_path / "run" / "unpack_config.json").read_text())
+    assert saved["handoff"] == str(tmp_path / "sub" / ".." / "p") and saved["out"] == str(tmp_path / "run")
+
+
+def test_a_path_that_is_not_utf8_is_refused_before_anything_is_written(detector, tmp_path, capsys):
+    """A byte not UTF-8 in --out, --log or the run's path was saved in handoff.json as a lone surrogate:
+    pack said nothing, and every unpack refused that handoff.json ("copy handoff.json again" could not help)."""
+    import os
+
+    odd = os.fsdecode(b"odd\xffname")  # a lone surrogate in the text, as Python reads such a name
+    os.symlink(detector, tmp_path / odd)
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / odd).write_text("done\n")
+    packed = tmp_path / "p"
+    assert main(["pack", str(detector), "--out", str(packed)]) == 0
+    for argv, flag in [
+        (["pack", str(detector), "--out", str(tmp_path / odd)], "--out"),
+        (
+            ["pack", str(detector), "--out", str(tmp_path / "q"), "--log", str(tmp_path / "log" / odd)],
+            "--log",
+        ),
+        (["pack", str(tmp_path / odd), "--out", str(tmp_path / "q")], "RUN"),
+        (["unpack", str(packed), "--out", str(tmp_path / odd / "run")], "--out"),
+        (["unpack", str(tmp_path / odd), "--out", str(tmp_path / "run")], "HANDOFF"),
+    ]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"error: {flag} {tmp_path}/" in err and "odd\\xffname" in err, err
+        assert "the path holds bytes that are not UTF-8 (b'\\xff')" in err, err
+        assert "rename the file or directory that holds them" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["log", odd, "p"])  # nothing written
+
+
 def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
     """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike."""
     (tmp_path / "p").mkdir()

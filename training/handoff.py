@@ -78,6 +78,7 @@ class PackConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        _absolute_paths(self, {"run": "RUN", "out": "--out", "log": "--log"}, f"{INDEX} (pack_config)")
         if self.max_shard_mib <= HEADER_ROOM / 2**20:
             raise options.ConfigError(
                 f"--max-shard-mib: must exceed {HEADER_ROOM / 2**20:g}, got {self.max_shard_mib}"
@@ -97,6 +98,43 @@ class UnpackConfig:
     handoff: str = option(help=f"directory holding {INDEX} and the shards it lists", positional=True)
     out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
     force: bool = option(False, "replace an earlier unpack at --out (never another run)")
+
+    def __post_init__(self) -> None:
+        _absolute_paths(self, {"handoff": "HANDOFF", "out": "--out"}, self.SAVED_AS)
+
+
+def _absolute_paths(cfg, flags: dict[str, str], saved_in: str) -> None:
+    """The paths `flags` names ({field: how the command line names it}) made absolute, as a training run's
+    config.json keeps its own (training/config.py): what is saved says where, whichever directory it was
+    run from. --out as os.path.abspath makes it (`--out .` and `x/..` need a name to build it beside);
+    a path read from, as the kernel finds it (past a link, `..` is not the parent in the text).
+    A path whose bytes are not UTF-8 is refused here: it was saved as a lone surrogate, which no JSON
+    reader takes back (pack succeeded, and every unpack of it refused the handoff.json it wrote)."""
+    for field, flag in flags.items():
+        value = getattr(cfg, field)
+        if value is None:
+            continue
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError:  # ~user of no such user: said where it is read or written
+            path = Path(value)
+        value = os.path.abspath(path) if field == "out" else str(Path.cwd() / path)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(value)
+            shown = raw.decode("utf-8", "backslashreplace")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise options.ConfigError(f"{flag} {shown}: the path holds bytes that are not UTF-8 "
+                                          f"({raw[e.start : e.end]!r}), and {saved_in} keeps paths as UTF-8 text; "
+                                          "rename the file or directory that holds them, or give another path"
+                                          ) from None  # fmt: skip
+            raise options.ConfigError(f"{flag} {shown}: the locale's encoding ({sys.getfilesystemencoding()}) "
+                                      f"cannot hold the path's characters as text, and {saved_in} keeps paths as "
+                                      "UTF-8 text; run with PYTHONUTF8=1 (or a UTF-8 locale)") from None  # fmt: skip
+        setattr(cfg, field, value)
 
 
 # ------------------------------------------------------------------------------------------------ pack
@@ -166,7 +204,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
 
     from training.checkpoint import save_tensors, write_atomically
 
-    run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
+    run, out = Path(cfg.run), Path(cfg.out)  # absolute (PackConfig): `--out .` has a name to build it beside
     # No --force: a handoff is written only where none is.
     check_replaceable(out, "--out", "handoff", force_flag=None, error=HandoffError)
     ckpt, weights, files = _read_checkpoint(run, cfg.log)
@@ -298,7 +336,7 @@ def _weights(directory: Path, index: dict) -> dict:
 
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
-    src, out = Path(cfg.handoff), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
+    src, out = Path(cfg.handoff), Path(cfg.out)  # absolute (UnpackConfig): `--out .` has a name
     # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
     # and data, and a process still training into it would write into a directory swapped away.
     check_replaceable(out, "--out", "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
@@ -342,6 +380,13 @@ COMMANDS = {"pack": PackConfig, "unpack": UnpackConfig}
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (
+        ["-h"],
+        ["--help"],
+    ):  # asked for: the usage on stdout, exit 0 (it was "give a command", 2)
+        print(__doc__.split("\n\n")[1])
+        print(f"python -m training.handoff COMMAND --help: the options of a command ({', '.join(COMMANDS)})")
+        return 0
     if not argv or argv[0] not in COMMANDS:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         print(f"python -m training.handoff: give a command: {' | '.join(COMMANDS)}", file=sys.stderr)
