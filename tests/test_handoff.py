@@ -38,7 +38,7 @@ def detector(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, dtype):
-    limit_mib = 0.1  # the word embeddings (1000 x 32 fp32: 125 KiB) cannot fit one shard whole
+    limit_mib = 0.05  # the word embeddings (1000 x 32 in fp16: 62.5 KiB) cannot fit one shard whole
     assert main(["pack", str(detector), "--out", str(tmp_path / "p"), "--dtype", dtype,
                  "--max-shard-mib", str(limit_mib), "--max-files", "8"]) == 0  # fmt: skip
     index = json.loads((tmp_path / "p" / "handoff.json").read_text())
@@ -77,6 +77,37 @@ def test_too_many_files_and_a_tensor_beyond_fp16_are_refused(detector, tmp_path,
     assert main(["pack", str(big), "--out", str(tmp_path / "b")]) == 2
     assert "discriminator_predictions.dense.bias holds values beyond fp16's range" in capsys.readouterr().err
     assert HEADER_ROOM < 0.1 * 2**20
+
+
+def test_a_shard_of_many_small_tensors_keeps_within_the_limit_with_its_header(tmp_path, capsys):
+    """A fixed 64 KiB was kept for each shard's header: 120 layers of small tensors (names of 50 characters,
+    an entry of about 150 bytes each, 2,000 of them) overran it, and pack ended in an AssertionError
+    traceback. Each tensor's entry is counted now, as its bytes are."""
+    tok = train_tokenizer(tmp_path / "tok")
+    det = save_detector(tmp_path / "det", tok, hidden_size=16, num_attention_heads=1, intermediate_size=16,
+                        embedding_size=16, num_hidden_layers=120)  # fmt: skip
+    limit_mib = 0.5  # the index of 2,000 tensors takes 0.3 MiB of handoff.json
+    assert main(["pack", str(det), "--out", str(tmp_path / "p"), "--max-shard-mib", str(limit_mib),
+                 "--max-files", "8"]) == 0  # fmt: skip
+    shards = list((tmp_path / "p").glob("*.safetensors"))
+    assert len(shards) > 1 and all(f.stat().st_size <= limit_mib * 2**20 for f in shards)
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run")]) == 0
+    original, _, _ = load_model(det)
+    back, _, _ = load_model(tmp_path / "run")
+    for name, t in original.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t.half().float()), name
+    # A shard too small for one row of a tensor and its entry: said, with what to pass.
+    capsys.readouterr()
+    assert main(["pack", str(det), "--out", str(tmp_path / "q"), "--max-shard-mib", "0.004"]) == 2
+    err = capsys.readouterr().err
+    assert ": one row of it is" in err and "pass a larger --max-shard-mib" in err, err
+    # At 0.1 MiB, as found: the list of its 2,000 tensors outgrows handoff.json, and says so.
+    assert (
+        main(["pack", str(det), "--out", str(tmp_path / "q"), "--max-shard-mib", "0.1", "--max-files", "64"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "over --max-shard-mib 0.1 (its list of 1929 tensors: 0.40 MiB" in err, err
 
 
 def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path, capsys):
@@ -325,7 +356,8 @@ def test_a_long_runs_metrics_are_carried_from_their_end_within_a_shards_size(det
     assert main(["pack", str(run), "--out", str(tmp_path / "q"), "--max-shard-mib", "0.15", "--max-files", "64",
                  "--log", str(tmp_path / "train.log")]) == 2  # fmt: skip
     err = capsys.readouterr().err
-    assert "handoff.json would be 0.2" in err and "(its largest files: run/train.log" in err, err
+    assert "handoff.json would be 0.2" in err and "over --max-shard-mib 0.15 (its list of" in err, err
+    assert "; its largest files: run/train.log" in err, err
     assert not (tmp_path / "q").exists()
 
 

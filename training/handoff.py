@@ -49,7 +49,10 @@ from training.handoff_index import (
     verify,
 )
 
-HEADER_ROOM = 1 << 16  # bytes kept free in each shard for its safetensors header (names, shapes, offsets)
+# Bytes kept free in each shard besides its tensors' own header entries (_entry_bytes): the header's
+# length (8 bytes), its metadata, braces and padding to 8 bytes. A fixed 64 KiB for the whole header was
+# overrun by a shard of hundreds of small tensors (an AssertionError after the shards were written).
+HEADER_ROOM = 1 << 12
 LOG_TAIL = 200_000  # characters of the training log carried back: its end says how the run finished
 
 
@@ -153,48 +156,62 @@ def _discriminator(run: Path) -> Path:
     return ckpt
 
 
+def _entry_bytes(key: str, shape) -> int:
+    """At least the bytes of a tensor's entry in its shard's safetensors header, which is compact JSON:
+    "KEY":{"dtype":"BF16","shape":[...],"data_offsets":[A,B]}, (json.dumps escapes as much as it or more,
+    and puts spaces in the shape it does not; 96 holds the rest, offsets of 20 digits each included)."""
+    return len(json.dumps(key)) + len(json.dumps(list(shape))) + 96
+
+
 def _pieces(weights: dict, dtype, budget: int) -> list[tuple[str, str, object]]:
-    """(tensor name, key in a shard, tensor) for every tensor in `dtype`; one larger than `budget` bytes is
-    cut into row blocks that each fit, keyed name#0, name#1, ... (put back together in that order)."""
+    """(tensor name, key in a shard, tensor) for every tensor in `dtype`; one larger than `budget` bytes
+    (its header entry counted) is cut into row blocks that each fit, keyed name#0, name#1, ... (put back
+    together in that order)."""
     import torch
 
     out = []
     for name in sorted(weights):
         t = weights[name]
         if t.is_floating_point():
-            if dtype == torch.float16 and t.abs().max() > torch.finfo(torch.float16).max:
+            if dtype == torch.float16 and t.numel() and t.abs().max() > torch.finfo(torch.float16).max:
                 raise HandoffError(
                     f"{name} holds values beyond fp16's range ({float(t.abs().max()):.3g}); pack --dtype bf16"
                 )
             t = t.to(dtype)
         t = t.contiguous()
         size = t.numel() * t.element_size()
-        if size <= budget or t.dim() == 0:
+        if size + _entry_bytes(name, t.shape) <= budget or t.dim() == 0:
             out.append((name, name, t))
             continue
-        rows = max(1, budget // (size // t.shape[0]))
+        row = size // t.shape[0]
+        rows = (budget - _entry_bytes(f"{name}#{t.shape[0]}", t.shape)) // row
+        if rows < 1:
+            raise HandoffError(f"{name}: one row of it is {row} bytes, and a shard of --max-shard-mib holds "
+                               f"{budget} bytes of tensors and their header entries; pass a larger "
+                               "--max-shard-mib")  # fmt: skip
         for i, start in enumerate(range(0, t.shape[0], rows)):
             out.append((name, f"{name}#{i}", t[start : start + rows].clone()))
     return out
 
 
 def _shards(pieces: list, budget: int) -> list[list]:
-    """Pieces into shards of at most `budget` bytes of data, largest first into the first shard with room
-    (first-fit decreasing: within 11/9 of the fewest shards possible); each shard's pieces by name."""
+    """Pieces into shards of at most `budget` bytes of data and header entries, largest first into the
+    first shard with room (first-fit decreasing: within 11/9 of the fewest shards possible); each shard's
+    pieces by name."""
 
-    def nbytes(piece) -> int:
-        return piece[2].numel() * piece[2].element_size()
+    def cost(piece) -> int:
+        return piece[2].numel() * piece[2].element_size() + _entry_bytes(piece[1], piece[2].shape)
 
     shards: list[list] = []
     room: list[int] = []
-    for piece in sorted(pieces, key=lambda p: (-nbytes(p), p[1])):
-        fits = next((i for i, r in enumerate(room) if nbytes(piece) <= r), None)
+    for piece in sorted(pieces, key=lambda p: (-cost(p), p[1])):
+        fits = next((i for i, r in enumerate(room) if cost(piece) <= r), None)
         if fits is None:
             shards.append([])
             room.append(budget)
             fits = len(shards) - 1
         shards[fits].append(piece)
-        room[fits] -= nbytes(piece)
+        room[fits] -= cost(piece)
     return [sorted(s, key=lambda p: p[1]) for s in shards]
 
 
@@ -225,7 +242,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
             name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
             save_tensors({key: t for _, key, t in shard}, tmp / name, metadata={"format": "pt"})
             size = (tmp / name).stat().st_size
-            if size > limit:  # HEADER_ROOM is ours to keep large enough
+            if size > limit:  # _shards counts every header entry, and HEADER_ROOM holds the rest: never
                 raise AssertionError(f"{name} is {size} bytes, over {limit}")
             index["shards"].append({"file": name, "bytes": size, "sha256": sha256_file(tmp / name)})
             for tensor, key, _ in shard:

@@ -49,9 +49,12 @@ def index_text(index: dict, limit: int, log) -> str:
                 f"shard's {limit / 2**20:g} MiB")  # fmt: skip
     if len(text.encode()) > limit:
         largest = sorted(index["files"], key=lambda n: -len(index["files"][n]["text"]))[:3]
+        # A model of thousands of small tensors is listed in thousands of entries: said, as the files are.
+        listed = len(json.dumps(index["tensors"], indent=1).encode()) / 2**20
         raise HandoffError(f"{INDEX} would be {len(text.encode()) / 2**20:.2f} MiB, over --max-shard-mib "
-                           f"{limit / 2**20:g} (its largest files: {', '.join(largest)}); pass a larger "
-                           "--max-shard-mib where larger files can be carried")  # fmt: skip
+                           f"{limit / 2**20:.3g} (its list of {len(index['tensors'])} tensors: {listed:.2f} MiB; its "
+                           f"largest files: {', '.join(largest)}); pass a larger --max-shard-mib where larger "
+                           "files can be carried")  # fmt: skip
     return text
 
 
