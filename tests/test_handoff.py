@@ -37,19 +37,30 @@ def detector(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, dtype):
+def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, capsys, dtype):
     limit_mib = 0.05  # the word embeddings (1000 x 32 in fp16: 62.5 KiB) cannot fit one shard whole
     assert main(["pack", str(detector), "--out", str(tmp_path / "p"), "--dtype", dtype,
                  "--max-shard-mib", str(limit_mib), "--max-files", "8"]) == 0  # fmt: skip
     index = json.loads((tmp_path / "p" / "handoff.json").read_text())
     assert all(s["bytes"] <= limit_mib * 2**20 for s in index["shards"]) and len(index["shards"]) > 1
     assert len(index["tensors"]["electra.embeddings.word_embeddings.weight"]["parts"]) > 1
+    packed = capsys.readouterr().out
     assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run")]) == 0
+    unpacked = capsys.readouterr().out
     original, _, _ = load_model(detector)
     back, _, _ = load_model(tmp_path / "run")
     cast = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     for name, t in original.state_dict().items():
         assert torch.equal(back.state_dict()[name], t.to(cast).float()), name
+    # The rounding, said and kept: it was only "(fp16)", and the docstring read as lossless.
+    changes = {name: float((t.to(cast).float() - t).abs().max()) for name, t in original.state_dict().items()}
+    largest = max(changes, key=changes.get)
+    assert (
+        index["rounding"]["max_abs"] == changes[largest] > 0
+        and index["rounding"]["max_abs_tensor"] == largest
+    )
+    said = f"rounding to {dtype}: the weights changed by at most {changes[largest]:.2g} ({largest})"
+    assert said in packed and f"as packed: {said}" in unpacked, (packed, unpacked)
     assert (detector / "generator").is_dir() and not list(
         (tmp_path / "run").rglob("generator")
     )  # left behind
@@ -110,6 +121,42 @@ def test_a_shard_of_many_small_tensors_keeps_within_the_limit_with_its_header(tm
     assert "over --max-shard-mib 0.1 (its list of 1929 tensors: 0.40 MiB" in err, err
 
 
+def test_weights_not_finite_are_refused_and_values_that_become_0_are_counted(detector, tmp_path, capsys):
+    """NaN and infinity packed and unpacked without a word (only overflow was checked), and a value that
+    fp16 flushes to 0 was not counted anywhere."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    shutil.copytree(detector, run, ignore=shutil.ignore_patterns("generator"))
+    weights = load_file(detector / "model.safetensors")
+    name = "electra.encoder.layer.1.output.dense.bias"
+    for bad in (float("nan"), float("inf")):
+        weights[name][3] = bad
+        save_file(weights, run / "model.safetensors")
+        capsys.readouterr()
+        assert main(["pack", str(run), "--out", str(tmp_path / "p")]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{name} holds 1 of 64 values that are not finite (NaN or infinity): the run diverged" in err
+        ), err
+        assert not (tmp_path / "p").exists()
+    weights[name][3] = 1e-9  # under fp16's smallest (6e-8): 0
+    weights[name][4] = 0.0  # 0 already: not counted
+    save_file(weights, run / "model.safetensors")
+    assert main(["pack", str(run), "--out", str(tmp_path / "p")]) == 0
+    rounding = json.loads((tmp_path / "p" / "handoff.json").read_text())["rounding"]
+    assert (
+        rounding["to_zero"] >= 1 and 0 < rounding["max_rel"] < 1
+    )  # relative: of the values that stay nonzero
+    nonzero = sum(int((t != 0).sum()) for t in weights.values() if t.is_floating_point())
+    assert rounding["nonzero"] == nonzero
+    zeroed = sum(int(((t != 0) & (t.half() == 0)).sum()) for t in weights.values() if t.is_floating_point())
+    assert (
+        rounding["to_zero"] == zeroed
+        and f"{zeroed:,} of {nonzero:,} nonzero values became 0" in capsys.readouterr().out
+    )
+
+
 def test_a_full_disk_is_named_and_leaves_nothing_half_written(detector, tmp_path, capsys):
     from benchmarks.training_faults import tmpfs
 
@@ -166,6 +213,7 @@ def swap_shard(index: dict, packed) -> None:
         (carried("checkpoint/trainer_state.json", "{}"), "has no step, a whole number from 0 (step None)"),  # unpacked as step 0
         (carried("checkpoint/trainer_state.json", '{"step": -1}'), "has no step, a whole number from 0 (step -1)"),  # step--0000001
         (carried("checkpoint/vocab.txt", "[PAD]\ud800"), """UTF-8 cannot encode (after ' "checkpoint/vocab.txt": {"text": "[PAD]')"""),  # UnicodeEncodeError
+        (lambda i, _: i.update(rounding={"max_abs": "big"}), '"rounding" is not'),  # said by unpack: a TypeError
         (swap_shard, "does not read as safetensors"),  # SafetensorError
         # The shards' sha256 all match: it unpacked, exit 0, with the query's weights where the key's belong.
         (swap_parts(QUERY, KEY), f"tensor {KEY}: its parts are read from the keys ['{QUERY}'], not its own"),

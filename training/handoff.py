@@ -6,17 +6,20 @@
 Why: the GPU machines this project borrows are offline and hand back at most 8 files of at most 16 MiB
 each (docs/gpu.md). A run directory holds the generator, the optimizer's moments and fp32 weights: far
 more than that. `pack` writes only what the next steps need:
-- the discriminator's weights in fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib;
-  a tensor larger than a shard (the word embeddings) is split by rows;
+- the discriminator's weights rounded to fp16 (or bf16) as safetensors shards, none larger than
+  --max-shard-mib; a tensor larger than a shard (the word embeddings) is split by rows. The rounding
+  loses what fp32 held beyond 16 bits (up to 0.05% of a weight's value in fp16, 0.4% in bf16; more for
+  the smallest values, and the very smallest become 0): pack says by how much, and handoff.json keeps it
+  ("rounding"). A weight that is not finite (a diverged run) is refused;
 - handoff.json: the sha256 of every shard, and the small files inside it: config.json (with the int8
   ranges of a quantization-aware run), tokenizer.json, vocab.txt, the run's config, metrics.jsonl,
   trainer_state.json (without the optimizer) and the end of the training log.
 The generator is left out: export does not read it, and a warm start trains a fresh one.
 
 `unpack` checks every shard against handoff.json before it writes anything, and refuses a missing or
-corrupt shard by name. It writes a run directory (checkpoints/latest, fp32 weights: fp16 and bf16 widen exactly)
-that `python -m export`, `python -m training.pretrain --init` and `python -m training.finetune --init`
-take as they take any run.
+corrupt shard by name. It writes a run directory (checkpoints/latest) of the packed weights widened to
+fp32: the widening is exact, the rounding at pack stays, and unpack says it again. `python -m export`,
+`python -m training.pretrain --init` and `python -m training.finetune --init` take it as they take any run.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from training.handoff_index import (
     HandoffError,
     index_text,
     packed_step,
+    rounding_text,
     verify,
 )
 
@@ -163,22 +167,61 @@ def _entry_bytes(key: str, shape) -> int:
     return len(json.dumps(key)) + len(json.dumps(list(shape))) + 96
 
 
-def _pieces(weights: dict, dtype, budget: int) -> list[tuple[str, str, object]]:
-    """(tensor name, key in a shard, tensor) for every tensor in `dtype`; one larger than `budget` bytes
-    (its header entry counted) is cut into row blocks that each fit, keyed name#0, name#1, ... (put back
-    together in that order)."""
+def _cast(weights: dict, dtype, dtype_name: str) -> tuple[dict, dict]:
+    """Every tensor in `dtype` (its floating ones: rounded), and what the rounding did, over them all:
+    the largest absolute and relative change (relative among values that stay nonzero, each with its
+    tensor), and how many nonzero values became 0. A value not finite, or one that `dtype` cannot hold,
+    is refused naming its tensor: it would pack and unpack as it is, or as infinity, without a word."""
     import torch
 
+    cast: dict = {}
+    worst = {"abs": (0.0, None), "rel": (0.0, None)}
+    to_zero = nonzero = 0
+    for name in sorted(weights):
+        t = weights[name]
+        if not t.is_floating_point() or not t.numel():
+            cast[name] = t.contiguous()
+            continue
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise HandoffError(f"{name} holds {bad} of {t.numel()} values that are not finite (NaN or infinity): "
+                               "the run diverged before this checkpoint was saved. Pack an earlier checkpoint "
+                               "of it (RUN/checkpoints/step-N), or train again with a lower --lr")  # fmt: skip
+        c = t.to(dtype).contiguous()
+        if not bool(torch.isfinite(c).all()):
+            beyond = float(t.abs().max())
+            if dtype == torch.float16:
+                raise HandoffError(
+                    f"{name} holds values beyond fp16's range ({beyond:.3g}); pack --dtype bf16"
+                )
+            raise HandoffError(f"{name} holds values beyond {dtype_name}'s range ({beyond:.3g})")
+        # In fp32 (or wider): exact, as a 16-bit value is within a factor of 2 of the one it rounds (or 0).
+        wide = t.to(torch.promote_types(t.dtype, torch.float32))
+        back = c.to(wide.dtype)
+        change = (back - wide).abs()
+        nonzero_here = wide != 0
+        kept = nonzero_here & (back != 0)
+        to_zero += int((nonzero_here & (back == 0)).sum())
+        nonzero += int(nonzero_here.sum())
+        measured = {"abs": float(change.max())}
+        if bool(kept.any()):
+            measured["rel"] = float((change[kept] / wide[kept].abs()).max())
+        for what, value in measured.items():
+            if value > worst[what][0]:
+                worst[what] = (value, name)
+        cast[name] = c
+    rounding = {"max_abs": worst["abs"][0], "max_abs_tensor": worst["abs"][1], "max_rel": worst["rel"][0],
+                "max_rel_tensor": worst["rel"][1], "to_zero": to_zero, "nonzero": nonzero}  # fmt: skip
+    return cast, rounding
+
+
+def _pieces(weights: dict, budget: int) -> list[tuple[str, str, object]]:
+    """(tensor name, key in a shard, tensor) for every tensor; one larger than `budget` bytes (its header
+    entry counted) is cut into row blocks that each fit, keyed name#0, name#1, ... (put back together in
+    that order)."""
     out = []
     for name in sorted(weights):
         t = weights[name]
-        if t.is_floating_point():
-            if dtype == torch.float16 and t.numel() and t.abs().max() > torch.finfo(torch.float16).max:
-                raise HandoffError(
-                    f"{name} holds values beyond fp16's range ({float(t.abs().max()):.3g}); pack --dtype bf16"
-                )
-            t = t.to(dtype)
-        t = t.contiguous()
         size = t.numel() * t.element_size()
         if size + _entry_bytes(name, t.shape) <= budget or t.dim() == 0:
             out.append((name, name, t))
@@ -227,15 +270,16 @@ def pack(cfg: PackConfig, log=print) -> dict:
     ckpt, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
-    shards = _shards(_pieces(weights, dtype, limit - HEADER_ROOM), limit - HEADER_ROOM)
+    packed, rounding = _cast(weights, dtype, cfg.dtype)
+    shards = _shards(_pieces(packed, limit - HEADER_ROOM), limit - HEADER_ROOM)
     if len(shards) + 1 > cfg.max_files:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
         raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
                            f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}; pass "
                            f"--max-files {len(shards) + 1}, or a larger --max-shard-mib (a GPU call returns at most "
                            "8 files of 16 MiB)")  # fmt: skip
-    index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
-                   "files": files, "pack_config": options.as_dict(cfg)}  # fmt: skip
+    index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "rounding": rounding, "shards": [],
+                   "tensors": {}, "files": files, "pack_config": options.as_dict(cfg)}  # fmt: skip
 
     def fill(tmp: Path) -> None:
         for n, shard in enumerate(shards, 1):
@@ -257,6 +301,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
     for s in index["shards"]:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
     log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
+    log(rounding_text(rounding, cfg.dtype))
     return index
 
 
@@ -324,7 +369,7 @@ def _text(path: Path) -> str:
 
 
 def _weights(directory: Path, index: dict) -> dict:
-    """Every tensor reassembled from its parts, widened to fp32 (bf16 and fp16 widen exactly)."""
+    """Every tensor reassembled from its parts, widened to fp32 (exactly: the weights as packed)."""
     import torch
     from safetensors import SafetensorError, safe_open
 
@@ -387,6 +432,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
         f"{step}")  # fmt: skip
+    if "rounding" in index:  # a handoff packed before pack measured it has none
+        log(f"as packed: {rounding_text(index['rounding'], index['dtype'])}")
     return out / "checkpoints" / step_dir
 
 

@@ -58,6 +58,15 @@ def index_text(index: dict, limit: int, log) -> str:
     return text
 
 
+def rounding_text(r: dict, dtype: str) -> str:
+    """pack's measure of its rounding to `dtype` (its "rounding" in handoff.json), in a line."""
+    if not (r["max_abs"] or r["to_zero"]):
+        return f"rounding to {dtype}: no weight changed (each was exact in {dtype} already)"
+    return (f"rounding to {dtype}: the weights changed by at most {r['max_abs']:.2g} ({r['max_abs_tensor']}) and "
+            f"{r['max_rel']:.2%} of their value ({r['max_rel_tensor']}); {r['to_zero']:,} of {r['nonzero']:,} "
+            "nonzero values became 0")  # fmt: skip
+
+
 def verify(directory: Path) -> dict:
     """The index, after every shard it lists is found with its sha256; HandoffError naming the first
     shard that is missing or differs (or a small file whose text was changed)."""
@@ -148,6 +157,13 @@ def _check_index(index: dict, path: Path) -> None:
             if key in used:
                 raise bad(f"tensor {name}: its part {key!r} is also a part of {used[key]}")
             used[key] = name
+    rounding = index.get("rounding", {})  # absent from a handoff packed before pack measured it
+    if "rounding" in index and not (isinstance(rounding, dict) and all(
+        type(rounding.get(k)) in (int, float) and 0 <= rounding[k] < float("inf") for k in ("max_abs", "max_rel")
+    ) and all(type(rounding.get(k)) is int and rounding[k] >= 0 for k in ("to_zero", "nonzero")) and all(
+        rounding.get(k) is None or isinstance(rounding[k], str) for k in ("max_abs_tensor", "max_rel_tensor")
+    )):  # fmt: skip
+        raise bad('"rounding" is not {"max_abs": X, "max_rel": X, "to_zero": N, "nonzero": N, ...}')
     files = index.get("files")
     if not isinstance(files, dict) or not all(
         isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("sha256"), str)
