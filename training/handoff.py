@@ -1,4 +1,4 @@
-"""A trained discriminator carried home from an offline machine in a few small files, and back into a run.
+"""A pretraining run's model carried home from an offline machine in a few small files, and back into a run.
 
     python -m training.handoff pack RUN --out DIR [--dtype fp16|bf16] [--max-shard-mib 16] [--max-files 6]
     python -m training.handoff unpack DIR --out RUN
@@ -6,20 +6,21 @@
 Why: the GPU machines this project borrows are offline and hand back at most 8 files of at most 16 MiB
 each (docs/gpu.md). A run directory holds the generator, the optimizer's moments and fp32 weights: far
 more than that. `pack` writes only what the next steps need:
-- the discriminator's weights rounded to fp16 (or bf16) as safetensors shards, none larger than
-  --max-shard-mib; a tensor larger than a shard (the word embeddings) is split by rows. The rounding
+- the model's weights, the discriminator's (or an --objective mlm run's masked-language model's), rounded
+  to fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib; a tensor larger than a shard (the word embeddings) is split by rows. The rounding
   loses what fp32 held beyond 16 bits (up to 0.05% of a weight's value in fp16, 0.4% in bf16; more for
   the smallest values, and the very smallest become 0): pack says by how much, and handoff.json keeps it
   ("rounding"). A weight that is not finite (a diverged run) is refused;
 - handoff.json: the sha256 of every shard, and the small files inside it: config.json (with the int8
   ranges of a quantization-aware run), tokenizer.json, vocab.txt, the run's config, metrics.jsonl,
   trainer_state.json (without the optimizer) and the end of the training log.
-The generator is left out: export does not read it, and a warm start trains a fresh one.
+An ELECTRA run's generator is left out: export does not read it, and a warm start trains a fresh one.
 
 `unpack` checks every shard against handoff.json before it writes anything, and refuses a missing or
 corrupt shard by name. It writes a run directory (checkpoints/latest) of the packed weights widened to
 fp32: the widening is exact, the rounding at pack stays, and unpack says it again. `python -m export`,
-`python -m training.pretrain --init` and `python -m training.finetune --init` take it as they take any run.
+`python -m training.pretrain --init` and `python -m training.finetune --init` take it as they take any run
+(export refuses an MLM run's, as it refuses any: it has no detector; fine-tune it).
 """
 
 from __future__ import annotations
@@ -147,17 +148,32 @@ def _absolute_paths(cfg, flags: dict[str, str], saved_in: str) -> None:
 # ------------------------------------------------------------------------------------------------ pack
 
 
-def _discriminator(run: Path) -> Path:
+# What pack carries, by config.json's architecture: the model a pretraining run's checkpoint holds at its
+# top, and the name of its shards.
+PACKED = {
+    "ElectraForPreTraining": ("discriminator", "the discriminator"),  # --objective electra (not generator/)
+    "ElectraForMaskedLM": ("mlm", "the masked-language model"),  # --objective mlm: the baseline
+}
+
+
+def _checkpoint(run: Path) -> tuple[Path, str]:
+    """The checkpoint `run` names, and its architecture: one of PACKED's, or a HandoffError saying what
+    to do instead."""
     from training.checkpoint import read_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(run)
     _, arch = read_config(ckpt)
-    if arch != "ElectraForPreTraining":
-        raise HandoffError(f"{ckpt}: config.json says {arch}; pack carries a pretraining run's discriminator "
-                           "(ElectraForPreTraining): give the run python -m training.pretrain wrote. A fine-tuned "
+    if arch == "ElectraForMaskedLM" and ckpt.name == "generator" and (ckpt.parent / "config.json").is_file():
+        raise HandoffError(f"{ckpt} is the generator of an ELECTRA run's checkpoint, which the next steps do not "
+                           f"read (a warm start trains a fresh one): pack the checkpoint above it, {ckpt.parent}, "
+                           "or the run, for its discriminator")  # fmt: skip
+    if arch not in PACKED:
+        raise HandoffError(f"{ckpt}: config.json says {arch}; pack carries what a pretraining run trains, a "
+                           "discriminator (ElectraForPreTraining) or, with --objective mlm, a masked-language model "
+                           "(ElectraForMaskedLM): give the run python -m training.pretrain wrote. A fine-tuned "
                            "classifier is not packed: fine-tune it here from the unpacked run (finetune --init), "
                            "or export it where it was trained (python -m export)")  # fmt: skip
-    return ckpt
+    return ckpt, arch
 
 
 def _entry_bytes(key: str, shape) -> int:
@@ -267,14 +283,14 @@ def pack(cfg: PackConfig, log=print) -> dict:
     run, out = Path(cfg.run), Path(cfg.out)  # absolute (PackConfig): `--out .` has a name to build it beside
     # No --force: a handoff is written only where none is.
     check_replaceable(out, "--out", "handoff", force_flag=None, error=HandoffError)
-    ckpt, weights, files = _read_checkpoint(run, cfg.log)
+    ckpt, arch, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
     packed, rounding = _cast(weights, dtype, cfg.dtype)
     shards = _shards(_pieces(packed, limit - HEADER_ROOM), limit - HEADER_ROOM)
     if len(shards) + 1 > cfg.max_files:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
-        raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
+        raise HandoffError(f"{PACKED[arch][1]} is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
                            f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}; pass "
                            f"--max-files {len(shards) + 1}, or a larger --max-shard-mib (a GPU call returns at most "
                            "8 files of 16 MiB)")  # fmt: skip
@@ -283,7 +299,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
 
     def fill(tmp: Path) -> None:
         for n, shard in enumerate(shards, 1):
-            name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
+            name = f"{PACKED[arch][0]}-{n:05d}-of-{len(shards):05d}.safetensors"
             save_tensors({key: t for _, key, t in shard}, tmp / name, metadata={"format": "pt"})
             size = (tmp / name).stat().st_size
             if size > limit:  # _shards counts every header entry, and HEADER_ROOM holds the rest: never
@@ -308,8 +324,9 @@ def pack(cfg: PackConfig, log=print) -> dict:
 READS = 5  # tries at reading a checkpoint that a run still training keeps replacing
 
 
-def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]:
-    """The checkpoint `run` names, with its weights and small files, all read from that one checkpoint.
+def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, str, dict, dict]:
+    """The checkpoint `run` names and its architecture, with its weights and small files, all read from
+    that one checkpoint.
     A run still training removes its older checkpoints as it saves (--keep-checkpoints): the one
     checkpoints/latest named can go, a file at a time, while it is read (pack said it had no tokenizer.json),
     and is then read again from the newer one. A checkpoint is written whole and never changed, only
@@ -320,11 +337,11 @@ def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]
     for _ in range(READS):
         named = latest.read_text(encoding="utf-8") if latest.is_file() else None
         try:
-            ckpt = _discriminator(run)
+            ckpt, arch = _checkpoint(run)
             there = [p.name for p in ckpt.iterdir()]
             weights, files = read_weights(ckpt), _small_files(ckpt, run, log_file)
             if all((ckpt / name).exists() for name in there):
-                return ckpt, weights, files
+                return ckpt, arch, weights, files
         except (HandoffError, CheckpointError, OSError):
             if named is None or not latest.is_file() or latest.read_text(encoding="utf-8") == named:
                 raise  # not a checkpoint replaced while read: the message stands
