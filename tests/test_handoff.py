@@ -1,5 +1,6 @@
-"""python -m training.handoff on a tiny discriminator: the limits a GPU call's return sets are kept (a
-tensor larger than a shard is split by rows), and what comes back is the packed weights exactly."""
+"""python -m training.handoff on tiny models (a discriminator, an MLM run's model): the limits a GPU call's
+return sets are kept (a tensor larger than a shard is split by rows, each header entry counted), and what
+comes back is the packed weights exactly, with the rounding that packing did said."""
 
 from __future__ import annotations
 
