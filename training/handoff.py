@@ -7,20 +7,24 @@ Why: the GPU machines this project borrows are offline and hand back at most 8 f
 each (docs/gpu.md). A run directory holds the generator, the optimizer's moments and fp32 weights: far
 more than that. `pack` writes only what the next steps need:
 - the model's weights, the discriminator's (or an --objective mlm run's masked-language model's), rounded
-  to fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib; a tensor larger than a shard (the word embeddings) is split by rows. The rounding
-  loses what fp32 held beyond 16 bits (up to 0.05% of a weight's value in fp16, 0.4% in bf16; more for
-  the smallest values, and the very smallest become 0): pack says by how much, and handoff.json keeps it
-  ("rounding"). A weight that is not finite (a diverged run) is refused;
-- handoff.json: the sha256 of every shard, and the small files inside it: config.json (with the int8
+  to fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib (each tensor's header entry
+  counted); a tensor larger than a shard (the word embeddings) is split by rows. The rounding loses what
+  fp32 held beyond 16 bits (up to 0.05% of a weight's value in fp16, 0.4% in bf16; more for the smallest
+  values, and the very smallest become 0): pack says by how much, and handoff.json keeps it ("rounding").
+  A weight that is not finite (a diverged run) is refused;
+- handoff.json: the sha256 of every shard, the shard and key of each tensor's parts (its own name, or
+  name#0, name#1, ... for its row blocks), and the small files inside it: config.json (with the int8
   ranges of a quantization-aware run), tokenizer.json, vocab.txt, the run's config, metrics.jsonl,
   trainer_state.json (without the optimizer) and the end of the training log.
 An ELECTRA run's generator is left out: export does not read it, and a warm start trains a fresh one.
 
-`unpack` checks every shard against handoff.json before it writes anything, and refuses a missing or
-corrupt shard by name. It writes a run directory (checkpoints/latest) of the packed weights widened to
-fp32: the widening is exact, the rounding at pack stays, and unpack says it again. `python -m export`,
-`python -m training.pretrain --init` and `python -m training.finetune --init` take it as they take any run
-(export refuses an MLM run's, as it refuses any: it has no detector; fine-tune it).
+`unpack` checks every field of handoff.json and every shard against its sha256 before it writes
+anything, and refuses a missing or corrupt shard, or a tensor read from another's key, by name. It
+writes a run directory (checkpoints/latest) of the packed weights widened to fp32: the widening is exact,
+the rounding at pack stays, and unpack says it again. `python -m export`,
+`python -m training.pretrain --init` and `python -m training.finetune --init` take it as they take any
+run (export refuses an MLM run's, as it refuses any: it has no detector; fine-tune it). The paths either
+command saves (pack_config in handoff.json, unpack_config.json) are absolute, and must be UTF-8.
 """
 
 from __future__ import annotations
