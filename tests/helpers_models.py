@@ -93,6 +93,35 @@ def save_detector(
     return out_dir
 
 
+def save_mlm_run(out_dir: Path, tokenizer_dir: Path, seed: int = 0, step: int = 3) -> Path:
+    """A run directory as `python -m training.pretrain --objective mlm` leaves it, at toy size: its
+    checkpoint is an ElectraForMaskedLM (ours, saved as pretraining saves it: the output layer tied to the
+    word embeddings, stored once), with the trainer_state.json and config.json that say --objective mlm."""
+    import json
+
+    import torch
+
+    from training.checkpoint import save_model
+    from training.data.tokenizer import copy_tokenizer
+    from training.model import ElectraConfig, ElectraForMaskedLM, init_weights
+
+    torch.manual_seed(seed)
+    model = ElectraForMaskedLM(
+        ElectraConfig(vocab_size=vocab_size(tokenizer_dir), trained_positions=64, **TINY)
+    )
+    init_weights(model, TINY["initializer_range"])
+    ckpt = out_dir / "checkpoints" / f"step-{step:08d}"
+    ckpt.mkdir(parents=True)
+    save_model(model, ckpt, "ElectraForMaskedLM")
+    copy_tokenizer(tokenizer_dir, ckpt)
+    state = {"step": step, "tokens": 512 * step, "objective": "mlm", "optimizer": {}, "batches": {}}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    (out_dir / "checkpoints" / "latest").write_text(ckpt.name)
+    (out_dir / "config.json").write_text(json.dumps({"objective": "mlm", "max_steps": step}))
+    (out_dir / "metrics.jsonl").write_text(json.dumps({"step": step, "split": "train", "loss": 6.8}) + "\n")
+    return out_dir
+
+
 def save_classifier(
     out_dir: Path,
     tokenizer_dir: Path,

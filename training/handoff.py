@@ -1,4 +1,4 @@
-"""A trained discriminator carried home from an offline machine in a few small files, and back into a run.
+"""A pretraining run's model carried home from an offline machine in a few small files, and back into a run.
 
     python -m training.handoff pack RUN --out DIR [--dtype fp16|bf16] [--max-shard-mib 16] [--max-files 6]
     python -m training.handoff unpack DIR --out RUN
@@ -6,17 +6,25 @@
 Why: the GPU machines this project borrows are offline and hand back at most 8 files of at most 16 MiB
 each (docs/gpu.md). A run directory holds the generator, the optimizer's moments and fp32 weights: far
 more than that. `pack` writes only what the next steps need:
-- the discriminator's weights in fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib;
-  a tensor larger than a shard (the word embeddings) is split by rows;
-- handoff.json: the sha256 of every shard, and the small files inside it: config.json (with the int8
+- the model's weights, the discriminator's (or an --objective mlm run's masked-language model's), rounded
+  to fp16 (or bf16) as safetensors shards, none larger than --max-shard-mib (each tensor's header entry
+  counted); a tensor larger than a shard (the word embeddings) is split by rows. The rounding loses what
+  fp32 held beyond 16 bits (up to 0.05% of a weight's value in fp16, 0.4% in bf16; more for the smallest
+  values, and the very smallest become 0): pack says by how much, and handoff.json keeps it ("rounding").
+  A weight that is not finite (a diverged run) is refused;
+- handoff.json: the sha256 of every shard, the shard and key of each tensor's parts (its own name, or
+  name#0, name#1, ... for its row blocks), and the small files inside it: config.json (with the int8
   ranges of a quantization-aware run), tokenizer.json, vocab.txt, the run's config, metrics.jsonl,
   trainer_state.json (without the optimizer) and the end of the training log.
-The generator is left out: export does not read it, and a warm start trains a fresh one.
+An ELECTRA run's generator is left out: export does not read it, and a warm start trains a fresh one.
 
-`unpack` checks every shard against handoff.json before it writes anything, and refuses a missing or
-corrupt shard by name. It writes a run directory (checkpoints/latest, fp32 weights: fp16 and bf16 widen exactly)
-that `python -m export`, `python -m training.pretrain --init` and `python -m training.finetune --init`
-take as they take any run.
+`unpack` checks every field of handoff.json and every shard against its sha256 before it writes
+anything, and refuses a missing or corrupt shard, or a tensor read from another's key, by name. It
+writes a run directory (checkpoints/latest) of the packed weights widened to fp32: the widening is exact,
+the rounding at pack stays, and unpack says it again. `python -m export`,
+`python -m training.pretrain --init` and `python -m training.finetune --init` take it as they take any
+run (export refuses an MLM run's, as it refuses any: it has no detector; fine-tune it). The paths either
+command saves (pack_config in handoff.json, unpack_config.json) are absolute, and must be UTF-8.
 """
 
 from __future__ import annotations
@@ -46,10 +54,14 @@ from training.handoff_index import (
     HandoffError,
     index_text,
     packed_step,
+    rounding_text,
     verify,
 )
 
-HEADER_ROOM = 1 << 16  # bytes kept free in each shard for its safetensors header (names, shapes, offsets)
+# Bytes kept free in each shard besides its tensors' own header entries (_entry_bytes): the header's
+# length (8 bytes), its metadata, braces and padding to 8 bytes. A fixed 64 KiB for the whole header was
+# overrun by a shard of hundreds of small tensors (an AssertionError after the shards were written).
+HEADER_ROOM = 1 << 12
 LOG_TAIL = 200_000  # characters of the training log carried back: its end says how the run finished
 
 
@@ -78,6 +90,7 @@ class PackConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        _absolute_paths(self, {"run": "RUN", "out": "--out", "log": "--log"}, f"{INDEX} (pack_config)")
         if self.max_shard_mib <= HEADER_ROOM / 2**20:
             raise options.ConfigError(
                 f"--max-shard-mib: must exceed {HEADER_ROOM / 2**20:g}, got {self.max_shard_mib}"
@@ -98,65 +111,180 @@ class UnpackConfig:
     out: str = option(help="run directory to write (checkpoints/latest, config.json, metrics.jsonl)")
     force: bool = option(False, "replace an earlier unpack at --out (never another run)")
 
+    def __post_init__(self) -> None:
+        _absolute_paths(self, {"handoff": "HANDOFF", "out": "--out"}, self.SAVED_AS)
+
+
+def _absolute_paths(cfg, flags: dict[str, str], saved_in: str) -> None:
+    """The paths `flags` names ({field: how the command line names it}) made absolute, as a training run's
+    config.json keeps its own (training/config.py): what is saved says where, whichever directory it was
+    run from. --out as os.path.abspath makes it (`--out .` and `x/..` need a name to build it beside);
+    a path read from, as the kernel finds it (past a link, `..` is not the parent in the text).
+    A path whose bytes are not UTF-8 is refused here: it was saved as a lone surrogate, which no JSON
+    reader takes back (pack succeeded, and every unpack of it refused the handoff.json it wrote)."""
+    for field, flag in flags.items():
+        value = getattr(cfg, field)
+        if value is None:
+            continue
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError:  # ~user of no such user: said where it is read or written
+            path = Path(value)
+        value = os.path.abspath(path) if field == "out" else str(Path.cwd() / path)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(value)
+            shown = raw.decode("utf-8", "backslashreplace")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise options.ConfigError(f"{flag} {shown}: the path holds bytes that are not UTF-8 "
+                                          f"({raw[e.start : e.end]!r}), and {saved_in} keeps paths as UTF-8 text; "
+                                          "rename the file or directory that holds them, or give another path"
+                                          ) from None  # fmt: skip
+            raise options.ConfigError(f"{flag} {shown}: the locale's encoding ({sys.getfilesystemencoding()}) "
+                                      f"cannot hold the path's characters as text, and {saved_in} keeps paths as "
+                                      "UTF-8 text; run with PYTHONUTF8=1 (or a UTF-8 locale)") from None  # fmt: skip
+        setattr(cfg, field, value)
+
 
 # ------------------------------------------------------------------------------------------------ pack
 
 
-def _discriminator(run: Path) -> Path:
+# What pack carries, by config.json's architecture: the model a pretraining run's checkpoint holds at its
+# top, and the name of its shards.
+PACKED = {
+    "ElectraForPreTraining": ("discriminator", "the discriminator"),  # --objective electra (not generator/)
+    "ElectraForMaskedLM": ("mlm", "the masked-language model"),  # --objective mlm: the baseline
+}
+
+
+def _checkpoint(run: Path) -> tuple[Path, str]:
+    """The checkpoint `run` names, and its architecture: one of PACKED's, or a HandoffError saying what
+    to do instead."""
     from training.checkpoint import read_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(run)
     _, arch = read_config(ckpt)
-    if arch != "ElectraForPreTraining":
-        raise HandoffError(f"{ckpt}: config.json says {arch}; pack carries a pretraining run's discriminator "
-                           "(ElectraForPreTraining): give the run python -m training.pretrain wrote. A fine-tuned "
+    if arch == "ElectraForMaskedLM" and ckpt.name == "generator" and (ckpt.parent / "config.json").is_file():
+        raise HandoffError(f"{ckpt} is the generator of an ELECTRA run's checkpoint, which the next steps do not "
+                           f"read (a warm start trains a fresh one): pack the checkpoint above it, {ckpt.parent}, "
+                           "or the run, for its discriminator")  # fmt: skip
+    if arch not in PACKED:
+        raise HandoffError(f"{ckpt}: config.json says {arch}; pack carries what a pretraining run trains, a "
+                           "discriminator (ElectraForPreTraining) or, with --objective mlm, a masked-language model "
+                           "(ElectraForMaskedLM): give the run python -m training.pretrain wrote. A fine-tuned "
                            "classifier is not packed: fine-tune it here from the unpacked run (finetune --init), "
                            "or export it where it was trained (python -m export)")  # fmt: skip
-    return ckpt
+    return ckpt, arch
 
 
-def _pieces(weights: dict, dtype, budget: int) -> list[tuple[str, str, object]]:
-    """(tensor name, key in a shard, tensor) for every tensor in `dtype`; one larger than `budget` bytes is
-    cut into row blocks that each fit, keyed name#0, name#1, ... (put back together in that order)."""
+def _entry_bytes(key: str, shape) -> int:
+    """At least the bytes of a tensor's entry in its shard's safetensors header, which is compact JSON:
+    "KEY":{"dtype":"BF16","shape":[...],"data_offsets":[A,B]}, (json.dumps escapes as much as it or more,
+    and puts spaces in the shape it does not; 96 holds the rest, offsets of 20 digits each included)."""
+    return len(json.dumps(key)) + len(json.dumps(list(shape))) + 96
+
+
+def _cast(weights: dict, dtype, dtype_name: str) -> tuple[dict, dict]:
+    """Every tensor in `dtype` (its floating ones: rounded), and what the rounding did, over them all:
+    the largest absolute and relative change (relative among values that stay nonzero, each with its
+    tensor), and how many nonzero values became 0. A value not finite, or one that `dtype` cannot hold,
+    is refused naming its tensor: it would pack and unpack as it is, or as infinity, without a word."""
+    import numpy as np
     import torch
 
+    cast: dict = {}
+    worst = {"abs": (0.0, None), "rel": (0.0, None)}
+    to_zero = nonzero = 0
+    for name in sorted(weights):
+        t = weights[name]
+        if not t.is_floating_point() or not t.numel():
+            cast[name] = t.contiguous()
+            continue
+        c = t.to(dtype).contiguous()
+        # Measured in numpy, in fp32 (or wider): exact, as a 16-bit value is within a factor of 2 of the one
+        # it rounds (or 0). Torch's own elementwise operations were 10 times slower on a busy 2-core machine
+        # (their threads waiting on each other, a dozen small operations a tensor).
+        measure_in = torch.float64 if t.dtype == torch.float64 else torch.float32
+        wide, back = t.to(measure_in).numpy(), c.to(measure_in).numpy()
+        with np.errstate(all="ignore"):
+            change = np.abs(back - wide)
+            largest = float(change.max())  # NaN or infinity in the weights, or a value `dtype` cannot hold
+            if not np.isfinite(largest):
+                _not_finite(name, wide, dtype, dtype_name)
+            nonzero_here, kept = wide != 0, back != 0
+            to_zero += int(np.count_nonzero(nonzero_here & ~kept))
+            nonzero += int(np.count_nonzero(nonzero_here))
+            measured = {"abs": largest}
+            if kept.any():
+                measured["rel"] = float((change[kept] / np.abs(wide[kept])).max())
+        for what, value in measured.items():
+            if value > worst[what][0]:
+                worst[what] = (value, name)
+        cast[name] = c
+    rounding = {"max_abs": worst["abs"][0], "max_abs_tensor": worst["abs"][1], "max_rel": worst["rel"][0],
+                "max_rel_tensor": worst["rel"][1], "to_zero": to_zero, "nonzero": nonzero}  # fmt: skip
+    return cast, rounding
+
+
+def _not_finite(name: str, values, dtype, dtype_name: str) -> None:
+    """The HandoffError for a tensor that holds NaN or infinity, or a value beyond `dtype`'s range."""
+    import numpy as np
+    import torch
+
+    bad = int(np.count_nonzero(~np.isfinite(values)))
+    if bad:
+        raise HandoffError(f"{name} holds {bad} of {values.size} values that are not finite (NaN or infinity): "
+                           "the run diverged before this checkpoint was saved. Pack an earlier checkpoint of it "
+                           "(RUN/checkpoints/step-N), or train again with a lower --lr")  # fmt: skip
+    beyond = float(np.abs(values).max())
+    if dtype == torch.float16:
+        raise HandoffError(f"{name} holds values beyond fp16's range ({beyond:.3g}); pack --dtype bf16")
+    raise HandoffError(f"{name} holds values beyond {dtype_name}'s range ({beyond:.3g})")
+
+
+def _pieces(weights: dict, budget: int) -> list[tuple[str, str, object]]:
+    """(tensor name, key in a shard, tensor) for every tensor; one larger than `budget` bytes (its header
+    entry counted) is cut into row blocks that each fit, keyed name#0, name#1, ... (put back together in
+    that order)."""
     out = []
     for name in sorted(weights):
         t = weights[name]
-        if t.is_floating_point():
-            if dtype == torch.float16 and t.abs().max() > torch.finfo(torch.float16).max:
-                raise HandoffError(
-                    f"{name} holds values beyond fp16's range ({float(t.abs().max()):.3g}); pack --dtype bf16"
-                )
-            t = t.to(dtype)
-        t = t.contiguous()
         size = t.numel() * t.element_size()
-        if size <= budget or t.dim() == 0:
+        if size + _entry_bytes(name, t.shape) <= budget or t.dim() == 0:
             out.append((name, name, t))
             continue
-        rows = max(1, budget // (size // t.shape[0]))
+        row = size // t.shape[0]
+        rows = (budget - _entry_bytes(f"{name}#{t.shape[0]}", t.shape)) // row
+        if rows < 1:
+            raise HandoffError(f"{name}: one row of it is {row} bytes, and a shard of --max-shard-mib holds "
+                               f"{budget} bytes of tensors and their header entries; pass a larger "
+                               "--max-shard-mib")  # fmt: skip
         for i, start in enumerate(range(0, t.shape[0], rows)):
             out.append((name, f"{name}#{i}", t[start : start + rows].clone()))
     return out
 
 
 def _shards(pieces: list, budget: int) -> list[list]:
-    """Pieces into shards of at most `budget` bytes of data, largest first into the first shard with room
-    (first-fit decreasing: within 11/9 of the fewest shards possible); each shard's pieces by name."""
+    """Pieces into shards of at most `budget` bytes of data and header entries, largest first into the
+    first shard with room (first-fit decreasing: within 11/9 of the fewest shards possible); each shard's
+    pieces by name."""
 
-    def nbytes(piece) -> int:
-        return piece[2].numel() * piece[2].element_size()
+    def cost(piece) -> int:
+        return piece[2].numel() * piece[2].element_size() + _entry_bytes(piece[1], piece[2].shape)
 
     shards: list[list] = []
     room: list[int] = []
-    for piece in sorted(pieces, key=lambda p: (-nbytes(p), p[1])):
-        fits = next((i for i, r in enumerate(room) if nbytes(piece) <= r), None)
+    for piece in sorted(pieces, key=lambda p: (-cost(p), p[1])):
+        fits = next((i for i, r in enumerate(room) if cost(piece) <= r), None)
         if fits is None:
             shards.append([])
             room.append(budget)
             fits = len(shards) - 1
         shards[fits].append(piece)
-        room[fits] -= nbytes(piece)
+        room[fits] -= cost(piece)
     return [sorted(s, key=lambda p: p[1]) for s in shards]
 
 
@@ -167,28 +295,29 @@ def pack(cfg: PackConfig, log=print) -> dict:
     from training.atomic_dirs import write_atomically
     from training.checkpoint import save_tensors
 
-    run, out = Path(cfg.run), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
+    run, out = Path(cfg.run), Path(cfg.out)  # absolute (PackConfig): `--out .` has a name to build it beside
     # No --force: a handoff is written only where none is.
     check_replaceable(out, "--out", "handoff", force_flag=None, error=HandoffError)
-    ckpt, weights, files = _read_checkpoint(run, cfg.log)
+    ckpt, arch, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
-    shards = _shards(_pieces(weights, dtype, limit - HEADER_ROOM), limit - HEADER_ROOM)
+    packed, rounding = _cast(weights, dtype, cfg.dtype)
+    shards = _shards(_pieces(packed, limit - HEADER_ROOM), limit - HEADER_ROOM)
     if len(shards) + 1 > cfg.max_files:
         total = sum(p[2].numel() * p[2].element_size() for s in shards for p in s) / 2**20
-        raise HandoffError(f"the discriminator is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
+        raise HandoffError(f"{PACKED[arch][1]} is {total:.1f} MiB in {cfg.dtype}: {len(shards)} shards of at most "
                            f"{cfg.max_shard_mib:g} MiB and {INDEX} exceed --max-files {cfg.max_files}; pass "
                            f"--max-files {len(shards) + 1}, or a larger --max-shard-mib (a GPU call returns at most "
                            "8 files of 16 MiB)")  # fmt: skip
-    index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "shards": [], "tensors": {},
-                   "files": files, "pack_config": options.as_dict(cfg)}  # fmt: skip
+    index: dict = {"format": FORMAT, "dtype": cfg.dtype, "source": str(ckpt), "rounding": rounding, "shards": [],
+                   "tensors": {}, "files": files, "pack_config": options.as_dict(cfg)}  # fmt: skip
 
     def fill(tmp: Path) -> None:
         for n, shard in enumerate(shards, 1):
-            name = f"discriminator-{n:05d}-of-{len(shards):05d}.safetensors"
+            name = f"{PACKED[arch][0]}-{n:05d}-of-{len(shards):05d}.safetensors"
             save_tensors({key: t for _, key, t in shard}, tmp / name, metadata={"format": "pt"})
             size = (tmp / name).stat().st_size
-            if size > limit:  # HEADER_ROOM is ours to keep large enough
+            if size > limit:  # _shards counts every header entry, and HEADER_ROOM holds the rest: never
                 raise AssertionError(f"{name} is {size} bytes, over {limit}")
             index["shards"].append({"file": name, "bytes": size, "sha256": sha256_file(tmp / name)})
             for tensor, key, _ in shard:
@@ -196,21 +325,23 @@ def pack(cfg: PackConfig, log=print) -> dict:
                     tensor, {"shape": list(weights[tensor].shape), "parts": []}
                 )
                 entry["parts"].append([name, key])
-        (tmp / INDEX).write_text(index_text(index, limit, log))
+        (tmp / INDEX).write_text(index_text(index, limit, log), encoding="utf-8")
 
     # Whole or not at all: a pack cut short (a full disk, a kill) leaves no half a handoff to copy back.
     write_atomically(out, fill, sum(p[2].numel() * p[2].element_size() for s in shards for p in s))
     for s in index["shards"]:
         log(f"{s['file']}: {s['bytes'] / 2**20:.2f} MiB, sha256 {s['sha256']}")
     log(f"{INDEX}: {(out / INDEX).stat().st_size / 2**20:.2f} MiB, sha256 {sha256_file(out / INDEX)}")
+    log(rounding_text(rounding, cfg.dtype))
     return index
 
 
 READS = 5  # tries at reading a checkpoint that a run still training keeps replacing
 
 
-def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]:
-    """The checkpoint `run` names, with its weights and small files, all read from that one checkpoint.
+def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, str, dict, dict]:
+    """The checkpoint `run` names and its architecture, with its weights and small files, all read from
+    that one checkpoint.
     A run still training removes its older checkpoints as it saves (--keep-checkpoints): the one
     checkpoints/latest named can go, a file at a time, while it is read (pack said it had no tokenizer.json),
     and is then read again from the newer one. A checkpoint is written whole and never changed, only
@@ -219,15 +350,15 @@ def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]
 
     latest = run / "checkpoints" / LATEST
     for _ in range(READS):
-        named = latest.read_text() if latest.is_file() else None
+        named = latest.read_text(encoding="utf-8") if latest.is_file() else None
         try:
-            ckpt = _discriminator(run)
+            ckpt, arch = _checkpoint(run)
             there = [p.name for p in ckpt.iterdir()]
             weights, files = read_weights(ckpt), _small_files(ckpt, run, log_file)
             if all((ckpt / name).exists() for name in there):
-                return ckpt, weights, files
+                return ckpt, arch, weights, files
         except (HandoffError, CheckpointError, OSError):
-            if named is None or not latest.is_file() or latest.read_text() == named:
+            if named is None or not latest.is_file() or latest.read_text(encoding="utf-8") == named:
                 raise  # not a checkpoint replaced while read: the message stands
     raise HandoffError(f"{run}: its newest checkpoint was removed while it was read, {READS} times running; "
                        "pack it again, or pack one of its checkpoints (RUN/checkpoints/step-N)")  # fmt: skip
@@ -236,18 +367,18 @@ def _read_checkpoint(run: Path, log_file: str | None) -> tuple[Path, dict, dict]
 def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]:
     """The text files a run needs besides its weights, with their sha256, keyed by their place in the
     unpacked run: checkpoint/... and run/..."""
-    files = {f"checkpoint/{n}": (ckpt / n).read_text() for n in CHECKPOINT_FILES if (ckpt / n).is_file()}
+    files = {f"checkpoint/{n}": _text(ckpt / n) for n in CHECKPOINT_FILES if (ckpt / n).is_file()}
     state = ckpt / "trainer_state.json"
     if state.is_file():  # no optimizer, no data position: a handed-off run is a start, not a resume
-        kept = {k: v for k, v in json.loads(state.read_text()).items() if k not in ("optimizer", "batches")}
+        kept = {k: v for k, v in json.loads(_text(state)).items() if k not in ("optimizer", "batches")}
         files["checkpoint/trainer_state.json"] = json.dumps(kept, indent=2)
     if (run / "checkpoints").is_dir():
-        files.update({f"run/{n}": (run / n).read_text() for n in RUN_FILES if (run / n).is_file()})
+        files.update({f"run/{n}": _text(run / n) for n in RUN_FILES if (run / n).is_file()})
         if "run/metrics.jsonl" in files:  # a run still training may be writing its last line
             text = files["run/metrics.jsonl"]
             files["run/metrics.jsonl"] = text[: text.rfind("\n") + 1]
     if log_file:
-        text = Path(log_file).read_text(errors="replace")
+        text = Path(log_file).read_text(encoding="utf-8", errors="replace")
         files["run/train.log"] = text[-LOG_TAIL:]
     if "checkpoint/tokenizer.json" not in files:
         raise HandoffError(f"{ckpt} has no tokenizer.json; every checkpoint of a run carries one")
@@ -257,11 +388,20 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
     }
 
 
+def _text(path: Path) -> str:
+    """A carried file's text, read as UTF-8 whatever the locale (tokenizer.json holds non-ASCII words, and
+    LC_ALL=C read it as ASCII: a UnicodeDecodeError traceback)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise HandoffError(f"{path} is not UTF-8 text ({e}); restore it from the run or its source") from None
+
+
 # ---------------------------------------------------------------------------------------------- unpack
 
 
 def _weights(directory: Path, index: dict) -> dict:
-    """Every tensor reassembled from its parts, widened to fp32 (bf16 and fp16 widen exactly)."""
+    """Every tensor reassembled from its parts, widened to fp32 (exactly: the weights as packed)."""
     import torch
     from safetensors import SafetensorError, safe_open
 
@@ -290,7 +430,7 @@ def _weights(directory: Path, index: dict) -> dict:
 
 def unpack(cfg: UnpackConfig, log=print) -> Path:
     """Write the run directory; returns its checkpoint directory."""
-    src, out = Path(cfg.handoff), Path(os.path.abspath(cfg.out))  # `--out .` has no name to build it beside
+    src, out = Path(cfg.handoff), Path(cfg.out)  # absolute (UnpackConfig): `--out .` has a name
     # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
     # and data, and a process still training into it would write into a directory swapped away.
     check_replaceable(out, "--out", "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
@@ -309,10 +449,10 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
         save_tensors(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
         for name, f in index["files"].items():
             where, _, file = name.partition("/")
-            (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"])
-        (tmp / "checkpoints" / LATEST).write_text(step_dir)
+            (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"], encoding="utf-8")
+        (tmp / "checkpoints" / LATEST).write_text(step_dir, encoding="utf-8")
         (tmp / "handoff.json").write_text(
-            json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1)
+            json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1), encoding="utf-8"
         )
         options.save(cfg, tmp / cfg.SAVED_AS)
         try:  # the reassembled weights fit the config: fail here, not in the next command
@@ -325,6 +465,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     write_atomically(out, fill)  # an earlier run at --out (--force) is replaced only once this one is whole
     log(f"wrote {out}: {len(weights)} tensors from {len(index['shards'])} shards ({index['dtype']}), step "
         f"{step}")  # fmt: skip
+    if "rounding" in index:  # a handoff packed before pack measured it has none
+        log(f"as packed: {rounding_text(index['rounding'], index['dtype'])}")
     return out / "checkpoints" / step_dir
 
 
@@ -335,6 +477,13 @@ COMMANDS = {"pack": PackConfig, "unpack": UnpackConfig}
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (
+        ["-h"],
+        ["--help"],
+    ):  # asked for: the usage on stdout, exit 0 (it was "give a command", 2)
+        print(__doc__.split("\n\n")[1])
+        print(f"python -m training.handoff COMMAND --help: the options of a command ({', '.join(COMMANDS)})")
+        return 0
     if not argv or argv[0] not in COMMANDS:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         print(f"python -m training.handoff: give a command: {' | '.join(COMMANDS)}", file=sys.stderr)

@@ -49,10 +49,22 @@ def index_text(index: dict, limit: int, log) -> str:
                 f"shard's {limit / 2**20:g} MiB")  # fmt: skip
     if len(text.encode()) > limit:
         largest = sorted(index["files"], key=lambda n: -len(index["files"][n]["text"]))[:3]
+        # A model of thousands of small tensors is listed in thousands of entries: said, as the files are.
+        listed = len(json.dumps(index["tensors"], indent=1).encode()) / 2**20
         raise HandoffError(f"{INDEX} would be {len(text.encode()) / 2**20:.2f} MiB, over --max-shard-mib "
-                           f"{limit / 2**20:g} (its largest files: {', '.join(largest)}); pass a larger "
-                           "--max-shard-mib where larger files can be carried")  # fmt: skip
+                           f"{limit / 2**20:.3g} (its list of {len(index['tensors'])} tensors: {listed:.2f} MiB; its "
+                           f"largest files: {', '.join(largest)}); pass a larger --max-shard-mib where larger "
+                           "files can be carried")  # fmt: skip
     return text
+
+
+def rounding_text(r: dict, dtype: str) -> str:
+    """pack's measure of its rounding to `dtype` (its "rounding" in handoff.json), in a line."""
+    if not (r["max_abs"] or r["to_zero"]):
+        return f"rounding to {dtype}: no weight changed (each was exact in {dtype} already)"
+    return (f"rounding to {dtype}: the weights changed by at most {r['max_abs']:.2g} ({r['max_abs_tensor']}) and "
+            f"{r['max_rel']:.2%} of their value ({r['max_rel_tensor']}); {r['to_zero']:,} of {r['nonzero']:,} "
+            "nonzero values became 0")  # fmt: skip
 
 
 def verify(directory: Path) -> dict:
@@ -62,7 +74,7 @@ def verify(directory: Path) -> dict:
     if not path.is_file():
         raise HandoffError(f"{directory}: no {INDEX}; it lists the shards and their checksums")
     try:
-        index = json.loads(path.read_text())
+        index = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested deep
         raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
@@ -124,6 +136,7 @@ def _check_index(index: dict, path: Path) -> None:
     tensors = index.get("tensors")
     if not isinstance(tensors, dict) or not tensors:
         raise bad('"tensors" is not an object of the tensors')
+    used: dict[str, str] = {}  # a key of a shard: the tensor it is a part of
     for name, e in tensors.items():
         parts = e.get("parts") if isinstance(e, dict) else None
         shape = e.get("shape") if isinstance(e, dict) else None
@@ -132,6 +145,25 @@ def _check_index(index: dict, path: Path) -> None:
                 and p[0] in names and isinstance(p[1], str) for p in parts)):  # fmt: skip
             raise bad(f'tensor {name}: not {{"shape": [N, ...], "parts": [[SHARD, KEY], ...]}} with shards '
                       f'that "shards" lists')  # fmt: skip
+        # The shards' sha256 say their bytes are as packed, not which tensor a key holds: a key is the tensor's
+        # own name, or name#0, name#1, ... for its row blocks in order (pack's _pieces), so a part swapped for
+        # another tensor's (of the same shape) is seen here, not loaded as the wrong weights.
+        keys = [p[1] for p in parts]
+        expected = [name] if len(parts) == 1 else [f"{name}#{i}" for i in range(len(parts))]
+        if keys != expected:
+            raise bad(f"tensor {name}: its parts are read from the keys {_few(keys)}, not its own "
+                      f"{_few(expected)}")  # fmt: skip
+        for key in keys:
+            if key in used:
+                raise bad(f"tensor {name}: its part {key!r} is also a part of {used[key]}")
+            used[key] = name
+    rounding = index.get("rounding", {})  # absent from a handoff packed before pack measured it
+    if "rounding" in index and not (isinstance(rounding, dict) and all(
+        type(rounding.get(k)) in (int, float) and 0 <= rounding[k] < float("inf") for k in ("max_abs", "max_rel")
+    ) and all(type(rounding.get(k)) is int and rounding[k] >= 0 for k in ("to_zero", "nonzero")) and all(
+        rounding.get(k) is None or isinstance(rounding[k], str) for k in ("max_abs_tensor", "max_rel_tensor")
+    )):  # fmt: skip
+        raise bad('"rounding" is not {"max_abs": X, "max_rel": X, "to_zero": N, "nonzero": N, ...}')
     files = index.get("files")
     if not isinstance(files, dict) or not all(
         isinstance(f, dict) and isinstance(f.get("text"), str) and isinstance(f.get("sha256"), str)
@@ -162,6 +194,12 @@ def packed_step(index: dict, bad=HandoffError) -> int:
     if type(step) is not int or step < 0:  # {"step": Infinity} ended in an OverflowError; {} was step 0
         raise bad(f"checkpoint/trainer_state.json has no step, a whole number from 0 ({found[:200]})")
     return step
+
+
+def _few(keys: list[str]) -> str:
+    """Keys as said in a message: the first three, and how many more."""
+    shown = ", ".join(repr(k) for k in keys[:3])
+    return f"[{shown}{f', ... ({len(keys)} in all)' if len(keys) > 3 else ''}]"
 
 
 def _plain(name: object) -> bool:
