@@ -335,6 +335,7 @@ def _run_data(config: dict):
     key = json.dumps([config, [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]],
                      sort_keys=True, default=str)  # fmt: skip
     if key not in _RUN_DATA:
+        _RUN_DATA.clear()  # the last run's data only: a notebook exporting run after run keeps one
         try:
             _RUN_DATA[key] = load_task_data(SimpleNamespace(**config), reread_by="export")
         except (DataError, TypeError, AttributeError):  # files edited since, or a config of another version
