@@ -315,6 +315,44 @@ def test_a_connection_that_sends_nothing_is_idle_closed_in_silence_not_a_408(ser
     assert server.metric("electra_requests_total", endpoint="other", status="408") == other
 
 
+def _blank_lines_until_closed(s: socket.socket, every: float, limit: float) -> float:
+    """Send a blank line every `every` s until the server closes; the seconds that took."""
+    t0 = time.monotonic()
+    s.settimeout(every)
+    while time.monotonic() - t0 < limit:
+        try:
+            s.sendall(b"\r\n")
+            if s.recv(4096) == b"":
+                break
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    else:
+        raise AssertionError(f"still open after {limit} s of blank lines")
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("answered_first", [False, True])
+def test_blank_lines_more_often_than_the_keep_alive_timeout_do_not_hold_an_idle_connection(
+    server, answered_first
+):
+    """uvicorn stops its keep-alive timer at every read, and the idle wait was restarted whole after each:
+    a client sending a blank line every second (under --keep-alive-timeout-s) held its connection for good.
+    The connection closes --keep-alive-timeout-s after it went idle (opened, or its last answer sent),
+    whatever blank lines come meanwhile."""
+    with _connect(server) as s:
+        if answered_first:
+            s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"}"):
+                answer += s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        elapsed = _blank_lines_until_closed(s, every=KEEP_ALIVE / 4, limit=KEEP_ALIVE * 4)
+    assert elapsed <= KEEP_ALIVE + 1.5, elapsed
+    assert elapsed >= KEEP_ALIVE - KEEP_ALIVE / 4 - 0.3, elapsed
+
+
 def test_an_answer_before_the_body_is_in_is_the_only_answer_and_closes_the_connection(server):
     """A 413 on a body's content-length, to a keep-alive client still uploading: the connection was kept, the
     rest of the body was read as if a next request were coming, and at --read-timeout-s the same request got

@@ -96,6 +96,11 @@ class _BoundedRead(HttpToolsProtocol):
     access_lines: bool
     _deadline: asyncio.TimerHandle | None = None
     _send_deadline: asyncio.TimerHandle | None = None  # set while writing is paused (pause_writing)
+    # The loop's time at which an idle connection closes: set when it goes idle (opened, or its last answer
+    # sent with nothing pipelined), cleared when a request begins. uvicorn's keep-alive timer is stopped at
+    # every read, and rearmed for this same moment: a client sending a blank line more often than
+    # --keep-alive-timeout-s would hold its connection for good on a timer restarted at each.
+    _idle_deadline: float | None = None
     _counted = False
     _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
@@ -125,11 +130,13 @@ class _BoundedRead(HttpToolsProtocol):
         transport.set_write_buffer_limits(high=0)
         # Idle until its first byte: closed in silence after --keep-alive-timeout-s, as between requests;
         # the read deadline starts with the request (on_message_begin).
+        self._idle_deadline = self.loop.time() + self.timeout_keep_alive
         self._wait_idle()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message, self._in_head, self._head_bytes = True, True, 0
+        self._idle_deadline = None  # not idle: the read deadline runs (_arm)
         if self._begins_counted:  # the read began this request: its count so far is this head's
             self._begins_counted = False
         else:  # begun within a read (pipelined): counted from the next read on (a read is 256 KiB at most)
@@ -239,6 +246,8 @@ class _BoundedRead(HttpToolsProtocol):
         # the refused one itself (trailers: it waits for a body end that will never be read).
         started = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # nothing pipelined: idle from now, uvicorn's timer set
+            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
         if not self._head_refused:
             return
         if (
@@ -294,11 +303,14 @@ class _BoundedRead(HttpToolsProtocol):
         pass
 
     def _wait_idle(self) -> None:
-        """(Re)start uvicorn's keep-alive timer: an idle connection closes after --keep-alive-timeout-s,
-        unanswered and uncounted (no request was made on it)."""
+        """(Re)arm uvicorn's keep-alive timer for the idle deadline: an idle connection closes
+        --keep-alive-timeout-s after it went idle, whatever blank lines it sends meanwhile, unanswered and
+        uncounted (no request was made on it)."""
         if self.timeout_keep_alive_task is None and not self.transport.is_closing():
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            if self._idle_deadline is None:
+                self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+            self.timeout_keep_alive_task = self.loop.call_at(
+                self._idle_deadline, self.timeout_keep_alive_handler
             )
 
     def pause_writing(self) -> None:
