@@ -432,6 +432,63 @@ def test_a_client_that_stops_reading_is_cut_off_at_the_send_timeout_and_counted_
     assert "Traceback" not in log and " ERROR " not in log
 
 
+def test_the_send_deadline_is_on_progress_so_a_slow_steady_reader_is_not_cut():
+    """The send deadline ran from the pause of writing until the buffer was empty, whatever the client took
+    meanwhile: one reading steadily but slower than an answer's size over --send-timeout-s (a 1.73 MB
+    answer at 100 KB/s past a 64 KiB send buffer, --send-timeout-s 3) was reset mid-answer. It is a deadline
+    on progress: each byte taken pushes it out, and only --send-timeout-s without one resets. Run on the
+    protocol itself, with a transport whose unsent bytes shrink as the test says."""
+    import asyncio
+    from collections import deque
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+
+    from app.http.protocol import _BoundedRead
+
+    class Transport:
+        unsent, aborted = 1_000_000, None
+
+        def get_write_buffer_size(self) -> int:
+            return self.unsent
+
+        def get_extra_info(self, name):
+            return None
+
+        def abort(self) -> None:
+            self.aborted = time.monotonic()
+
+        def is_closing(self) -> bool:
+            return self.aborted is not None
+
+    timeout = 0.4
+
+    async def run() -> tuple[float, float | None]:
+        p = _BoundedRead.__new__(_BoundedRead)
+        p.loop, p.transport, p.send_timeout_s, p._cycles = (
+            asyncio.get_running_loop(),
+            Transport(),
+            timeout,
+            deque(),
+        )
+        p.flow = FlowControl(p.transport)
+        p.pause_writing()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout * 4:  # a steady reader, for four times the timeout
+            await asyncio.sleep(0.05)
+            assert p.transport.aborted is None, (
+                f"cut after {p.transport.aborted - t0:.2f} s of steady reading"
+            )
+            p.transport.unsent -= 1000
+        last = time.monotonic()  # then it stops reading
+        while p.transport.aborted is None and time.monotonic() - last < timeout * 4:
+            await asyncio.sleep(0.02)
+        return last, p.transport.aborted
+
+    last, aborted = asyncio.run(run())
+    assert aborted is not None, "a client that stopped reading was not cut"
+    assert timeout - 0.05 <= aborted - last <= timeout + timeout / 4 + 0.2, aborted - last
+
+
 def test_an_idle_connection_is_kept_for_the_keep_alive_timeout_then_closed(server, tmp_path):
     """--keep-alive-timeout-s reaches uvicorn, which kept its own 5 s: below a balancer's idle timeout (60 s
     for AWS ALB and ingress-nginx), which then sent requests on connections the server was closing (502s)."""
