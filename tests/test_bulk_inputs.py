@@ -222,6 +222,23 @@ def test_a_broken_link_is_taken_as_a_file_of_its_name_would_be(tmp_path):
     assert shards(f"{tmp_path}/c*/NOTES.md/*.jsonl", "auto")[2] == {f"{corpus}/NOTES.md": said("NOTES.md")}
 
 
+def test_a_stale_part_of_a_shard_named_with_a_newline_is_removed(tmp_path):
+    """The part-file patterns matched no name holding a newline ('.' stops at one): a stale part of a shard
+    named so was kept, read as the job's, and reported as not this job's."""
+    from bulk.outputs import remove_unrecorded
+
+    for path in (score_path(tmp_path, "a\nb.jsonl", 0), rejects_path(tmp_path, "a\nb.jsonl", 0)):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"stale")
+    assert "\n" in score_path(tmp_path, "a\nb.jsonl", 0).name
+    (tmp_path / "scores" / "notes\n.txt").write_text("a user's")
+    assert remove_unrecorded(tmp_path, []) == (2, ["scores/notes\n.txt"])
+    assert (
+        not score_path(tmp_path, "a\nb.jsonl", 0).exists()
+        and not rejects_path(tmp_path, "a\nb.jsonl", 0).exists()
+    )
+
+
 def test_rejects_are_merged_through_a_block_at_a_time_in_part_order(tmp_path):
     """merge_rejects read every part's rejects file whole and joined them: the driver held all of them
     twice over (635 MB for a rejects.jsonl of 186 MB). Now each is copied through, a block at a time."""
