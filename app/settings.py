@@ -111,14 +111,16 @@ class HttpSettings:
         env="ELECTRA_READ_TIMEOUT_S",
     )
     # The write side's: a client that stopped reading held its connection, its place under
-    # --limit-concurrency and (with a request pipelined behind) a handler waiting to write, for good. It
-    # runs from when the kernel takes no more of what is written until it has taken all of it
-    # (app/http/protocol.py): the kernel's buffers take hundreds of KB at once (an answer at the default
-    # limits is under 1 MB), so a client that reads at all, even over a slow link, is far from it.
+    # --limit-concurrency and (with a request pipelined behind) a handler waiting to write, for good. It is
+    # a deadline on progress (app/http/protocol.py): while the kernel takes no more of what is written, the
+    # connection is cut once it has taken no byte for this long. Not one on the whole answer: one 8,000-token
+    # /detect answers 1.73 MB, which a client reading steadily at 100 KB/s takes 17 s to read, past a
+    # kernel buffer of 64 KiB; it was cut mid-answer (and the answer logged a 200).
     send_timeout_s: float = option(
         30.0,
-        "seconds a client has to take the rest of an answer once the server must wait for it to read; past "
-        "it the connection is cut (counted as the client's abort, 499); 0: no limit",
+        "seconds a client may go without taking a byte of an answer the server is waiting to send (no "
+        "progress for this long); past it the connection is cut (counted as the client's abort, 499); 0: no "
+        "limit",
         env="ELECTRA_SEND_TIMEOUT_S",
     )
     # uvicorn's default is 5 s. A balancer keeps its idle connections to a backend longer (AWS ALB and

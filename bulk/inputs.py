@@ -235,7 +235,13 @@ def shards(
                     elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
                     elif not is_file and not mine(d) and (why := broken_link(str(f))):
-                        unlisted[_shown(f, root)] = why  # a shard, or a directory of them, not there now
+                        # A shard, or a directory of them, not there now; taken as a file of its name would
+                        # be: it fails where that is input, or where it has no suffix (a directory's name,
+                        # as a rule); one a CSV's name is noted, and others (NOTES.md) are no input.
+                        if _wanted(f, fmt) or not f.suffix:
+                            unlisted[_shown(f, root)] = why
+                        elif _csv_left_out(f, fmt):
+                            left.csvs.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)

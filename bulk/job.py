@@ -159,12 +159,17 @@ def check_new_out(out: Path) -> None:
     there, and removes what it finds under scores/ and rejects/ that no line of its manifest records: into a
     directory of other files (a pretraining run's, with a config.json of its own; ratings put beside scores)
     it replaced or deleted them. Refused unless --out is new or empty, but for what a job killed before its
-    job.json leaves (its lock, its Ray session, a temporary)."""
-    theirs = sorted(
-        p.name + ("/" if p.is_dir() else "")
-        for p in out.iterdir()
-        if p.name not in (LOCK, own_ray.SESSION_FILE) and not fnmatch.fnmatchcase(p.name, ".*.tmp-*")
-    )
+    job.json leaves (its lock, its Ray session, a temporary), a fresh file system's lost+found/ (a volume's
+    root) and hidden files (.gitkeep), which a job neither writes nor removes. Except the one hidden name it
+    does remove whole: a Ray run's attempts directory, refused as any other file."""
+    from bulk.on_ray import ATTEMPTS_DIR  # bulk.on_ray is imported where Ray runs: its constant alone here
+
+    def ours_or_nobodys(p: Path) -> bool:
+        if p.name in (LOCK, own_ray.SESSION_FILE) or fnmatch.fnmatchcase(p.name, ".*.tmp-*"):
+            return True  # a killed job's: its lock, its Ray session, a temporary (removed as one)
+        return (p.name.startswith(".") and p.name != ATTEMPTS_DIR) or (p.name == "lost+found" and p.is_dir())
+
+    theirs = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not ours_or_nobodys(p))
     if theirs:
         raise JobError(
             f"--out {out} is not empty, and it holds no job.json of a bulk job to resume: {listed(theirs)}. A new "

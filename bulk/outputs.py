@@ -331,10 +331,10 @@ def remove_temporaries(out: Path) -> int:
 
 
 # A part's file as _part_file names it: what remove_unrecorded may remove. Five digits or more (a shard of
-# 100,000 parts and more).
+# 100,000 parts and more). DOTALL: a shard's name may hold a newline, which its part's file name keeps.
 PART_FILES = {
-    "scores": re.compile(r".+\.part-\d{5,}\.parquet"),
-    "rejects": re.compile(r".+\.part-\d{5,}\.jsonl"),
+    "scores": re.compile(r".+\.part-\d{5,}\.parquet", re.DOTALL),
+    "rejects": re.compile(r".+\.part-\d{5,}\.jsonl", re.DOTALL),
 }
 
 

@@ -13,6 +13,7 @@ import errno
 import fnmatch
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 def magic(part: str) -> bool:
@@ -182,6 +183,10 @@ def glob_files(
             path = os.path.join(d, n) if d != "." else n
             if _matches([*rel, n], pattern):
                 found.append(path)  # a broken link too: the caller fails it by its shard's name
-            elif _may_lead_to_match([*rel, n], pattern) and (why := broken_link(path)):
+            elif (
+                _may_lead_to_match([*rel, n], pattern)
+                and (not Path(n).suffix or n in pattern)  # a directory's name: none, or the pattern's own
+                and (why := broken_link(path))
+            ):
                 failed[path] = why  # a link to a directory, gone: the files the glob would find there
     return found, failed

@@ -315,6 +315,44 @@ def test_a_connection_that_sends_nothing_is_idle_closed_in_silence_not_a_408(ser
     assert server.metric("electra_requests_total", endpoint="other", status="408") == other
 
 
+def _blank_lines_until_closed(s: socket.socket, every: float, limit: float) -> float:
+    """Send a blank line every `every` s until the server closes; the seconds that took."""
+    t0 = time.monotonic()
+    s.settimeout(every)
+    while time.monotonic() - t0 < limit:
+        try:
+            s.sendall(b"\r\n")
+            if s.recv(4096) == b"":
+                break
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    else:
+        raise AssertionError(f"still open after {limit} s of blank lines")
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("answered_first", [False, True])
+def test_blank_lines_more_often_than_the_keep_alive_timeout_do_not_hold_an_idle_connection(
+    server, answered_first
+):
+    """uvicorn stops its keep-alive timer at every read, and the idle wait was restarted whole after each:
+    a client sending a blank line every second (under --keep-alive-timeout-s) held its connection for good.
+    The connection closes --keep-alive-timeout-s after it went idle (opened, or its last answer sent),
+    whatever blank lines come meanwhile."""
+    with _connect(server) as s:
+        if answered_first:
+            s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"}"):
+                answer += s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        elapsed = _blank_lines_until_closed(s, every=KEEP_ALIVE / 4, limit=KEEP_ALIVE * 4)
+    assert elapsed <= KEEP_ALIVE + 1.5, elapsed
+    assert elapsed >= KEEP_ALIVE - KEEP_ALIVE / 4 - 0.3, elapsed
+
+
 def test_an_answer_before_the_body_is_in_is_the_only_answer_and_closes_the_connection(server):
     """A 413 on a body's content-length, to a keep-alive client still uploading: the connection was kept, the
     rest of the body was read as if a next request were coming, and at --read-timeout-s the same request got
@@ -392,6 +430,63 @@ def test_a_client_that_stops_reading_is_cut_off_at_the_send_timeout_and_counted_
         wait_for(lambda: server.metric("electra_open_connections", via=c) == 1, what="one connection open")
     log = server.log()
     assert "Traceback" not in log and " ERROR " not in log
+
+
+def test_the_send_deadline_is_on_progress_so_a_slow_steady_reader_is_not_cut():
+    """The send deadline ran from the pause of writing until the buffer was empty, whatever the client took
+    meanwhile: one reading steadily but slower than an answer's size over --send-timeout-s (a 1.73 MB
+    answer at 100 KB/s past a 64 KiB send buffer, --send-timeout-s 3) was reset mid-answer. It is a deadline
+    on progress: each byte taken pushes it out, and only --send-timeout-s without one resets. Run on the
+    protocol itself, with a transport whose unsent bytes shrink as the test says."""
+    import asyncio
+    from collections import deque
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+
+    from app.http.protocol import _BoundedRead
+
+    class Transport:
+        unsent, aborted = 1_000_000, None
+
+        def get_write_buffer_size(self) -> int:
+            return self.unsent
+
+        def get_extra_info(self, name):
+            return None
+
+        def abort(self) -> None:
+            self.aborted = time.monotonic()
+
+        def is_closing(self) -> bool:
+            return self.aborted is not None
+
+    timeout = 0.4
+
+    async def run() -> tuple[float, float | None]:
+        p = _BoundedRead.__new__(_BoundedRead)
+        p.loop, p.transport, p.send_timeout_s, p._cycles = (
+            asyncio.get_running_loop(),
+            Transport(),
+            timeout,
+            deque(),
+        )
+        p.flow = FlowControl(p.transport)
+        p.pause_writing()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout * 4:  # a steady reader, for four times the timeout
+            await asyncio.sleep(0.05)
+            assert p.transport.aborted is None, (
+                f"cut after {p.transport.aborted - t0:.2f} s of steady reading"
+            )
+            p.transport.unsent -= 1000
+        last = time.monotonic()  # then it stops reading
+        while p.transport.aborted is None and time.monotonic() - last < timeout * 4:
+            await asyncio.sleep(0.02)
+        return last, p.transport.aborted
+
+    last, aborted = asyncio.run(run())
+    assert aborted is not None, "a client that stopped reading was not cut"
+    assert timeout - 0.05 <= aborted - last <= timeout + timeout / 4 + 0.2, aborted - last
 
 
 def test_an_idle_connection_is_kept_for_the_keep_alive_timeout_then_closed(server, tmp_path):

@@ -610,6 +610,30 @@ def test_a_job_holds_its_out_before_it_reads_it_so_a_second_is_told_the_first_ru
     assert not (tmp_path / "new").exists()
 
 
+def test_a_new_job_takes_an_out_holding_only_lost_and_found_or_hidden_files(tmp_path):
+    """A fresh ext4 volume's root holds lost+found/, and a directory kept in git a .gitkeep: a new job refused
+    either as "not empty". Neither is a name the job writes or removes; the hidden one it does remove whole (a
+    Ray run's attempts directory) is still refused, and a file named lost+found is a file like any other."""
+    from bulk.fingerprint import JobError
+    from bulk.job import check_new_out
+    from bulk.on_ray import ATTEMPTS_DIR
+
+    out = tmp_path / "out"
+    (out / "lost+found").mkdir(parents=True)
+    (out / ".gitkeep").write_text("")
+    (out / ".lock").write_text("")
+    (out / ".summary.json.tmp-1-abcd").write_text("")
+    check_new_out(out)
+    (out / ATTEMPTS_DIR).mkdir()
+    with pytest.raises(JobError, match=rf"is not empty, .*: {ATTEMPTS_DIR}/\. A new job"):
+        check_new_out(out)
+    (out / ATTEMPTS_DIR).rmdir()
+    (out / "lost+found").rmdir()
+    (out / "lost+found").write_text("")
+    with pytest.raises(JobError, match=r"is not empty, .*: lost\+found\. A new job"):
+        check_new_out(out)
+
+
 def test_a_new_job_refuses_an_out_that_holds_files_and_a_resume_removes_only_its_own_part_files(tmp_path):
     """A new job into a directory holding files of its own (a pretraining run's config.json, ratings put in
     scores/, a README in rejects/) replaced config.json and deleted the rest as "unrecorded". It is refused

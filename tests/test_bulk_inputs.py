@@ -191,6 +191,54 @@ def test_broken_links_fail_by_name_and_are_never_skipped(tmp_path):
             shards(str(corpus / named), "auto")
 
 
+def test_a_broken_link_is_taken_as_a_file_of_its_name_would_be(tmp_path):
+    """Any broken link under a directory INPUT failed the job (exit 4), NOTES.md -> /nonexistent and
+    old.csv -> /nonexistent too, where files of those names are no input (or a CSV left out, noted). A
+    broken link fails where its name would be read (by suffix, or any with --format) or has no suffix (a
+    directory's name, as a rule); from a glob, one its pattern passes through as a directory likewise."""
+    corpus = tmp_path / "corpus"
+    lines(corpus / "ok.jsonl", [{"text": "fine"}])
+    for name in ("NOTES.md", "old.csv", "gone.jsonl.gz", "disk", "shard.00001"):
+        (corpus / name).symlink_to(f"/nonexistent/{name}")
+    said = "a broken link (-> /nonexistent/{}): mount or restore it, or remove the link".format
+    left = LeftOut()
+    root, files, unlisted = shards(str(corpus), "auto", left_out=left)
+    assert [f.name for f in files] == ["ok.jsonl"]
+    assert unlisted == {n: said(n) for n in ("disk", "gone.jsonl.gz")}
+    assert left.csvs == ["old.csv"]  # noted as a CSV file of that name is
+    # With --format every file of the directory is input: every broken link fails.
+    assert shards(str(corpus), "jsonl", left_out=LeftOut())[2].keys() == {
+        "NOTES.md",
+        "old.csv",
+        "gone.jsonl.gz",
+        "disk",
+        "shard.00001",
+    }
+    # A glob: a link the pattern would match fails (its match is the shard); one it could only pass through
+    # as a directory fails when it has a directory's name, or the pattern names it.
+    assert shards(f"{corpus}/**/*.jsonl", "auto")[2] == {f"{corpus}/disk": said("disk")}
+    assert shards(f"{corpus}/*/*.jsonl", "auto")[2] == {f"{corpus}/disk": said("disk")}
+    assert shards(f"{corpus}/*/x/*.jsonl", "auto")[2] == {f"{corpus}/disk": said("disk")}
+    assert shards(f"{tmp_path}/c*/NOTES.md/*.jsonl", "auto")[2] == {f"{corpus}/NOTES.md": said("NOTES.md")}
+
+
+def test_a_stale_part_of_a_shard_named_with_a_newline_is_removed(tmp_path):
+    """The part-file patterns matched no name holding a newline ('.' stops at one): a stale part of a shard
+    named so was kept, read as the job's, and reported as not this job's."""
+    from bulk.outputs import remove_unrecorded
+
+    for path in (score_path(tmp_path, "a\nb.jsonl", 0), rejects_path(tmp_path, "a\nb.jsonl", 0)):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"stale")
+    assert "\n" in score_path(tmp_path, "a\nb.jsonl", 0).name
+    (tmp_path / "scores" / "notes\n.txt").write_text("a user's")
+    assert remove_unrecorded(tmp_path, []) == (2, ["scores/notes\n.txt"])
+    assert (
+        not score_path(tmp_path, "a\nb.jsonl", 0).exists()
+        and not rejects_path(tmp_path, "a\nb.jsonl", 0).exists()
+    )
+
+
 def test_rejects_are_merged_through_a_block_at_a_time_in_part_order(tmp_path):
     """merge_rejects read every part's rejects file whole and joined them: the driver held all of them
     twice over (635 MB for a rejects.jsonl of 186 MB). Now each is copied through, a block at a time."""

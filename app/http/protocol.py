@@ -13,8 +13,9 @@ A connection that has sent nothing yet, or nothing since its last answer but bla
 slow: it is closed in silence after --keep-alive-timeout-s, as uvicorn closes one between requests,
 unanswered and uncounted (it once got a 408 at --read-timeout-s, counted as a failed request).
 
-And a send deadline: from when the kernel takes no more of what is written to a client (pause_writing)
-until it has taken all of it (resume_writing), --send-timeout-s. A client that stopped reading held its
+And a send deadline on progress: while the kernel takes no more of what is written to a client
+(pause_writing, until resume_writing), --send-timeout-s with not a byte of it taken (checked every
+min(1 s, a quarter of it); each byte taken pushes the deadline out). A client that stopped reading held its
 connection for good (a close waits for the unsent bytes), its place under --limit-concurrency, and a
 handler waiting in uvicorn's send for the buffer to drain (a request pipelined behind a big answer); at a
 drain the shutdown waited out its whole timeout for it. Past the deadline the connection is reset, and a
@@ -96,6 +97,13 @@ class _BoundedRead(HttpToolsProtocol):
     access_lines: bool
     _deadline: asyncio.TimerHandle | None = None
     _send_deadline: asyncio.TimerHandle | None = None  # set while writing is paused (pause_writing)
+    _send_left = 0  # bytes still unsent at the last check of a paused connection's progress
+    _send_moved = 0.0  # the loop's time when those last shrank (or writing paused)
+    # The loop's time at which an idle connection closes: set when it goes idle (opened, or its last answer
+    # sent with nothing pipelined), cleared when a request begins. uvicorn's keep-alive timer is stopped at
+    # every read, and rearmed for this same moment: a client sending a blank line more often than
+    # --keep-alive-timeout-s would hold its connection for good on a timer restarted at each.
+    _idle_deadline: float | None = None
     _counted = False
     _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
@@ -120,16 +128,18 @@ class _BoundedRead(HttpToolsProtocol):
         self._cycles = deque()
         super().connection_made(transport)
         # Any byte the kernel will not take pauses writing (pause_writing), and the send deadline runs until
-        # the last one has gone: with asyncio's default (64 KiB) a client that stopped reading with less
+        # the last one has gone, pushed out by each one that goes: with asyncio's default (64 KiB) a client that stopped reading with less
         # than that unsent held its connection for good, as a close waits for the buffer to empty.
         transport.set_write_buffer_limits(high=0)
         # Idle until its first byte: closed in silence after --keep-alive-timeout-s, as between requests;
         # the read deadline starts with the request (on_message_begin).
+        self._idle_deadline = self.loop.time() + self.timeout_keep_alive
         self._wait_idle()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message, self._in_head, self._head_bytes = True, True, 0
+        self._idle_deadline = None  # not idle: the read deadline runs (_arm)
         if self._begins_counted:  # the read began this request: its count so far is this head's
             self._begins_counted = False
         else:  # begun within a read (pipelined): counted from the next read on (a read is 256 KiB at most)
@@ -239,6 +249,8 @@ class _BoundedRead(HttpToolsProtocol):
         # the refused one itself (trailers: it waits for a body end that will never be read).
         started = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # nothing pipelined: idle from now, uvicorn's timer set
+            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
         if not self._head_refused:
             return
         if (
@@ -294,17 +306,39 @@ class _BoundedRead(HttpToolsProtocol):
         pass
 
     def _wait_idle(self) -> None:
-        """(Re)start uvicorn's keep-alive timer: an idle connection closes after --keep-alive-timeout-s,
-        unanswered and uncounted (no request was made on it)."""
+        """(Re)arm uvicorn's keep-alive timer for the idle deadline: an idle connection closes
+        --keep-alive-timeout-s after it went idle, whatever blank lines it sends meanwhile, unanswered and
+        uncounted (no request was made on it)."""
         if self.timeout_keep_alive_task is None and not self.transport.is_closing():
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            if self._idle_deadline is None:
+                self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+            self.timeout_keep_alive_task = self.loop.call_at(
+                self._idle_deadline, self.timeout_keep_alive_handler
             )
 
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._send_deadline is None and self.send_timeout_s > 0:
-            self._send_deadline = self.loop.call_later(self.send_timeout_s, self._send_timed_out)
+            self._send_left, self._send_moved = self.transport.get_write_buffer_size(), self.loop.time()
+            self._send_deadline = self.loop.call_later(self._send_check_every(), self._send_check)
+
+    def _send_check_every(self) -> float:
+        return min(1.0, self.send_timeout_s / 4)
+
+    def _send_check(self) -> None:
+        """While writing is paused: the deadline is on progress, not on the whole answer. Each byte the
+        kernel took since the last check (the unsent bytes fewer) pushes it out to --send-timeout-s from
+        now; a client reading steadily, if slower than an answer's size over --send-timeout-s (a 1.73 MB
+        answer at 100 KB/s), was cut off mid-answer when it ran from the pause to the buffer's emptying."""
+        now, left = self.loop.time(), self.transport.get_write_buffer_size()
+        if left < self._send_left:
+            self._send_moved = now
+        self._send_left = left  # more written meanwhile is no progress, but what goes of it next is
+        wait = self._send_moved + self.send_timeout_s - now
+        if wait <= 0:
+            self._send_timed_out()
+        else:
+            self._send_deadline = self.loop.call_later(min(self._send_check_every(), wait), self._send_check)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -313,8 +347,8 @@ class _BoundedRead(HttpToolsProtocol):
             self._send_deadline = None
 
     def _send_timed_out(self) -> None:
-        """--send-timeout-s passed between the kernel taking no more of what was written (pause_writing)
-        and its taking all of it (resume_writing): the client has stopped reading. A close would wait for
+        """--send-timeout-s passed, while writing was paused (pause_writing: the kernel takes no more of
+        what was written), without the kernel taking a byte of it: the client has stopped reading. A close would wait for
         those bytes for good, holding the connection, its place under --limit-concurrency and any handler
         waiting to write (uvicorn waits for the buffer to drain before each write); so the connection is
         reset, what it still held dropped. A handler still answering is told its client left
