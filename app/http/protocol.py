@@ -41,8 +41,9 @@ pieces are joined as they come, which costs time in the square of its length: a 
 of headers grew the process by hundreds of MB, never given back, and pinned the event loop (the liveness
 probe failed). What is counted: a request's head up to its blank line, before it is parsed (so a head
 that ends in the read its body comes in counts too), and the bytes of every read that carries none of a
-body, from a request's first byte to its end, since the last read that did (a chunked body's trailers). Where an earlier request on the connection is still
-being answered, reading stops and the 431 follows that answer (it would otherwise be taken for it)."""
+body, from a request's first byte to its end, since the last read that did (a chunked body's trailers).
+Where an earlier request on the connection is still being answered, reading stops and the 431 follows
+that answer (it would otherwise be taken for it)."""
 
 from __future__ import annotations
 
@@ -128,8 +129,9 @@ class _BoundedRead(HttpToolsProtocol):
         self._cycles = deque()
         super().connection_made(transport)
         # Any byte the kernel will not take pauses writing (pause_writing), and the send deadline runs until
-        # the last one has gone, pushed out by each one that goes: with asyncio's default (64 KiB) a client that stopped reading with less
-        # than that unsent held its connection for good, as a close waits for the buffer to empty.
+        # the last one has gone, pushed out by each one that goes: with asyncio's default (64 KiB) a client
+        # that stopped reading with less than that unsent held its connection for good, as a close waits
+        # for the buffer to empty.
         transport.set_write_buffer_limits(high=0)
         # Idle until its first byte: closed in silence after --keep-alive-timeout-s, as between requests;
         # the read deadline starts with the request (on_message_begin).
@@ -348,10 +350,10 @@ class _BoundedRead(HttpToolsProtocol):
 
     def _send_timed_out(self) -> None:
         """--send-timeout-s passed, while writing was paused (pause_writing: the kernel takes no more of
-        what was written), without the kernel taking a byte of it: the client has stopped reading. A close would wait for
-        those bytes for good, holding the connection, its place under --limit-concurrency and any handler
-        waiting to write (uvicorn waits for the buffer to drain before each write); so the connection is
-        reset, what it still held dropped. A handler still answering is told its client left
+        what was written), without the kernel taking a byte of it: the client has stopped reading. A close
+        would wait for those bytes for good, holding the connection, its place under --limit-concurrency and
+        any handler waiting to write (uvicorn waits for the buffer to drain before each write); so the
+        connection is reset, what it still held dropped. A handler still answering is told its client left
         (connection_lost) and counted as the abort it is (499 client_gone, app/http/server.py); an answer
         written whole before was counted as what it was when it was."""
         self._send_deadline = None
