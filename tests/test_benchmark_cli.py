@@ -355,3 +355,11 @@ def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, ca
     assert stopped.value.code == 2
     assert "nothing answers there" in capsys.readouterr().err
     assert not (tmp_path / "results").exists() and not (tmp_path / "sentences.txt").exists()
+
+
+def test_load_reports_are_written_whole(tmp_path):
+    from benchmarks.load.loadkit import write_report
+
+    js, md = write_report("x", {"a": 1}, "| a |", tmp_path / "r")
+    assert json.loads(js.read_text()) == {"a": 1} and md.read_text() == "| a |\n"
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["x.json", "x.md"]  # no temporary left

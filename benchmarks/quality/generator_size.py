@@ -51,6 +51,7 @@ from benchmarks.quality.pretrainkit import (
 )
 from options import ConfigError, resolve
 from training.config import PretrainConfig
+from training.errors import write_text_atomically
 
 # Set by the program for every arm alike (or by its own options).
 RESERVED = ("--generator-fraction", "--out", "--tokenizer", "--max-steps", "--warmup-steps", "--max-minutes",
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     config = show_config("generator_size", args)
-    (work / "generator_size_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_text_atomically(work / "generator_size_config.json", json.dumps(config, indent=2) + "\n")
     tokenizer = shared_tokenizer("train", base, work, args.data_dir)
     vocab = tokenizer_info(tokenizer, base.lowercase)["vocab_size"]
     if args.skip_pretrain:
@@ -282,8 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     machine = {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "load_average_end": list(os.getloadavg())}  # fmt: skip
     result = {"config": config, "base_config": args.model_config, "machine": machine, "arms": rows}
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (out / "table.md").write_text(md)
+    write_text_atomically(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
+    write_text_atomically(out / "table.md", md)
     print(f"wrote {out / 'results.json'} and {out / 'table.md'}")
 
 

@@ -27,6 +27,7 @@ from benchmarks.output import add_out_folder, show_config, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
 from training.config import PretrainConfig
+from training.errors import write_text_atomically
 from training.report import pyplot_or_none, read_metrics, save_png
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,7 +182,7 @@ def main(argv=None) -> dict:
                                          for f, by in summary.items()}}  # fmt: skip
     write_json(out / "results.json", result)
     text = table(summary, args)
-    (out / "table.md").write_text(text)
+    write_text_atomically(out / "table.md", text)
     plot(runs, out / "curves.png")
     print("\n" + text, flush=True)
     return result

@@ -36,6 +36,7 @@ import numpy as np
 
 from benchmarks import cli
 from benchmarks.output import add_out_file, show_config
+from training.errors import write_text_atomically
 
 SOURCES = ("commons", "wikitext2")
 # Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
@@ -274,13 +275,15 @@ def main(argv=None) -> None:
     }  # fmt: skip
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_text_atomically(out, json.dumps(report, indent=1) + "\n")
     if args.examples:
         examples = [
             {k: v for k, v in x.items() if k not in ("token_probs", "token_labels", "target")} for x in items
         ]
         args.examples.parent.mkdir(parents=True, exist_ok=True)
-        args.examples.write_text(json.dumps({"config": config, "examples": examples}, indent=1) + "\n")
+        write_text_atomically(
+            args.examples, json.dumps({"config": config, "examples": examples}, indent=1) + "\n"
+        )
         print(f"wrote every sentence's scores to {args.examples}")
     reliability_plot(items, kinds, out.with_suffix(".png"), f"{Path(args.bundle).name} on {args.source}")
     print_report(report)
