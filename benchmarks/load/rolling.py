@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--between-s", type=cli.non_negative_float, default=10.0, help="load between two restarts")
     p.add_argument("--after-s", type=cli.positive_float, default=20.0, help="load after the last restart")
     p.add_argument("--drain-delay-s", type=float, default=2.0, help="each replica's --drain-delay-s")
-    p.add_argument("--check-inter-ms", type=int, default=500, help="HAProxy's health-check interval")
+    p.add_argument(
+        "--check-inter-ms", type=cli.positive_int, default=500, help="HAProxy's health-check interval"
+    )
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument(
         "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"

@@ -43,11 +43,18 @@ def parse_args(argv):
     p.add_argument("--baseline-rev", default="ba7f3c1", help="the revision to compare with (default: the "
                    "step before issue 44)")  # fmt: skip
     p.add_argument("--config", default="configs/mini.toml", help="the pretraining config both arms run")
-    p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds, each run by both arms")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps of every run")
-    p.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations")
     p.add_argument(
-        "--threads", type=int, default=None, help="torch threads of every run (default: all cores)"
+        "--seeds", type=cli.seeds, default="1,2,3", help="comma-separated seeds, each run by both arms"
+    )
+    p.add_argument("--steps", type=cli.positive_int, default=300, help="optimizer steps of every run")
+    p.add_argument(
+        "--eval-every", type=cli.positive_int, default=50, help="steps between held-out evaluations"
+    )
+    p.add_argument(
+        "--threads",
+        type=cli.positive_int,
+        default=None,
+        help="torch threads of every run (default: all cores)",
     )
     p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
     p.add_argument(
@@ -56,7 +63,7 @@ def parse_args(argv):
     out = add_out_folder(p, "step_curves", ("results.json", "table.md", "curves.png"))
     args = p.parse_args(argv)
     out.settle(p, args)
-    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run per arm
     return args
 
 
