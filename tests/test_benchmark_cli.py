@@ -124,6 +124,7 @@ REFUSED = [
     ("benchmarks.load.faults", ["--memory-limits", ","]),
     ("benchmarks.load.faults", ["--memory-limits", "1024,0"]),
     ("benchmarks.load.rolling", ["--check-inter-ms", "0"]),
+    ("benchmarks.load.serve_compare", ["--run-time", "3", "--rounds", "4"]),  # under a second a round
     ("benchmarks.quality.step_curves", ["--seeds", "abc"]),
     ("benchmarks.quality.step_curves", ["--seeds", "1,-1"]),
     ("benchmarks.quality.step_curves", ["--steps", "0"]),
@@ -378,6 +379,36 @@ def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, ca
     assert stopped.value.code == 2
     assert "nothing answers there" in capsys.readouterr().err
     assert not (tmp_path / "results").exists() and not (tmp_path / "sentences.txt").exists()
+
+
+def test_percentiles_are_nearest_rank():
+    """hostile's (and memory_limit's) p99 was one rank too high: the p99 of 1..100 read 100."""
+    from benchmarks.load.hostile import pct
+
+    values = list(range(1, 101))
+    assert (pct(values, 0.99), pct(values, 0.5), pct(values, 0.07), pct(values, 1.0)) == (99, 50, 7, 100)
+    assert pct([5.0], 0.99) == 5.0 and pct([3, 1, 2], 0.0) == 1
+    assert pct([], 0.5) != pct([], 0.5)  # NaN
+
+
+def test_a_phases_rate_is_over_its_own_length():
+    """req/s was divided by the span from a phase's first request to its last: two requests a second
+    apart in a 10 s phase read 2 req/s, not 0.2."""
+    from benchmarks.load.rolling import phase_bounds, phase_figures
+
+    clock = {"started": 95.0, "spawned": 100.0, "stopped": 140.0}
+    restarts = [{"sigterm_at": 110.0, "back_in_rotation_at": 115.0},
+                {"sigterm_at": 120.0, "back_in_rotation_at": 125.0}]  # fmt: skip
+    rows = [(t, 5.0, 1) for t in (99.0, 104.0, 105.0, 110.0, 111.0, 130.0, 131.0)]
+    assert phase_bounds(rows, restarts, clock) == {
+        "spawning": (95.0, 100.0), "before": (100.0, 110.0), "during": (110.0, 125.0), "after": (125.0, 140.0)
+    }  # fmt: skip
+    figures = phase_figures(rows, restarts, clock)
+    assert {k: (f["requests"], f["seconds"], f.get("rps")) for k, f in figures.items()} == {
+        "spawning": (1, 5.0, 0.2), "before": (2, 10.0, 0.2), "during": (2, 15.0, 0.1), "after": (2, 15.0, 0.1)
+    }  # fmt: skip
+    late = phase_bounds([*rows, (141.5, 5.0, 1)], restarts, clock)["after"]  # one in flight at the stop
+    assert late == (125.0, 141.5)
 
 
 def test_a_reference_that_is_not_the_bundles_source_is_refused_before_any_work(tmp_path, capsys):

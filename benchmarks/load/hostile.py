@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import time
 from pathlib import Path
 
@@ -120,8 +121,13 @@ async def slow_client(port: int, until: float, out: list) -> None:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least a share q of the values at or below
+    it (rank ceil(q n)), so the p99 of 1..100 is 99, not 100. NaN for no values."""
     values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+    if not values:
+        return float("nan")
+    rank = math.ceil(round(q * len(values), 9))  # rounded: 0.07 * 100 is 7.000000000000001 in floats
+    return values[min(len(values), max(1, rank)) - 1]
 
 
 async def drive(url: str, port: int, args) -> dict:

@@ -31,13 +31,13 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from app.machine import cpu, describe_cpu
 from benchmarks import cli
 from benchmarks.output import add_out_folder, show_config
 from benchmarks.quality.pretrainkit import (
@@ -277,11 +277,13 @@ def main(argv: list[str] | None = None) -> None:
         pretrain_all(arms, work)
     common = Path(arms[max(arms)]["config"].out)  # the largest generator: the hardest common swaps
     rows = [measure(args, f, arm, work, common) for f, arm in arms.items()]
-    md = table(rows, args.minutes)
+    # The step times are speed figures: the CPU's model and features beside them (app.machine.cpu, as the
+    # speed benchmarks record it), and the cores of the whole machine, which the arms shared.
+    facts = cpu()
+    md = table(rows, args.minutes) + f"\nMachine: {describe_cpu(facts)}.\n"
     print("\n" + md)
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "load_average_end": list(os.getloadavg())}  # fmt: skip
+    machine = {**facts, "cpu_count": os.cpu_count(), "load_average_end": list(os.getloadavg())}
     result = {"config": config, "base_config": args.model_config, "machine": machine, "arms": rows}
     write_text_atomically(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
     write_text_atomically(out / "table.md", md)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.machine import cpu
 from benchmarks import cli
 from benchmarks.output import add_out_folder, show_config, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
@@ -184,7 +185,10 @@ def main(argv=None) -> dict:
         arm: {s: curves(train(arm, trees[arm], s, tokenizer, args, work)) for s in args.seeds} for arm in ARMS
     }
     summary = compare(runs)
-    result = {"args": config, "runs": runs, "summary": summary,
+    # Each run's tokens_per_s is a speed figure: the CPU's model and features beside it (app.machine.cpu,
+    # as the speed benchmarks record it). The machine of this call: a run kept from an earlier call on
+    # another machine keeps that one's figure.
+    result = {"args": config, "machine": cpu(), "runs": runs, "summary": summary,
               "within_baseline_spread": {f: sum(r["within_baseline_spread"] for r in by.values()) / len(by)
                                          for f, by in summary.items()}}  # fmt: skip
     write_json(out / "results.json", result)
