@@ -481,6 +481,29 @@ def test_an_empty_slice_or_no_swap_is_refused_before_scoring():
     enough_items([{"kind": "clean"}, {"kind": "pos"}], "--items x.json")
 
 
+def test_hostile_keeps_the_servers_log_under_work_not_where_it_runs(tmp_path, monkeypatch):
+    """The log went to runs/bench-logs/ under the current directory, whatever --results said."""
+    from benchmarks.load import hostile
+    from benchmarks.load import loadkit as lk
+
+    class Started(Exception):
+        pass
+
+    seen = []
+
+    def serve(name, argv_for, log_dir, *a, **k):
+        seen.append(log_dir)
+        raise Started
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(lk, "machine", lambda: {})
+    monkeypatch.setattr(lk, "serve", serve)
+    with pytest.raises(Started):
+        hostile.main(["--work", str(tmp_path / "work"), "--results", str(tmp_path / "res")])
+    assert seen[0].parent == tmp_path / "work" / "runs" and seen[0].name.endswith("-hostile")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_load_reports_are_written_whole(tmp_path):
     from benchmarks.load.loadkit import write_report
 

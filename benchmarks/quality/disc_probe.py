@@ -20,7 +20,8 @@ WikiText-2 rows, for a checkpoint (or every checkpoint of a run):
     python -m benchmarks.quality.disc_probe runs/default/pretrain/checkpoints/step-00004000
     python -m benchmarks.quality.disc_probe RUN_A/checkpoints/step-00000400 --replacements-from RUN_B/checkpoints/step-00000400
 
-Prints a table and writes JSON (default benchmarks/results/disc_probe.json).
+Prints a table and writes JSON (--out; default: a new folder runs/bench/disc_probe-TIME-PID/ holding
+disc_probe.json).
 """
 
 from __future__ import annotations

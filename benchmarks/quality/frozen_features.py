@@ -17,7 +17,8 @@ on a fine-tuning task's texts:
     python -m benchmarks.quality.frozen_features RUN/checkpoints/step-00000546 OTHER_RUN --task trec \
         --data-dir ../shared/data --max-train-examples 2000
 
-Prints a table and writes JSON (default benchmarks/results/frozen_features.json).
+Prints a table and writes JSON (--out; default: a new folder runs/bench/frozen_features-TIME-PID/ holding
+frozen_features.json).
 """
 
 from __future__ import annotations
