@@ -179,6 +179,19 @@ def positive_ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def seeds(text: str) -> tuple[int, ...]:
+    """Comma-separated seeds, one at least: whole numbers in [0, 2**63), as numpy's and torch's generators
+    take them (training.config.check_seed), so a bad one is refused before the runs of the seeds before it."""
+    values = tuple(
+        _number(int, x.strip(), lambda v: 0 <= v < 2**63, "a seed: a whole number in [0, 2**63)")
+        for x in text.split(",")
+        if x.strip()
+    )
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seeds, got {text!r}")
+    return values
+
+
 def positive_ints_or_none(text: str) -> tuple[int, ...]:
     """positive_ints, where an empty text means none: '--rss-mb ""' leaves a figure out."""
     return positive_ints(text) if text.strip() else ()

@@ -36,6 +36,10 @@ MISSING = "/nonexistent-benchmark-input"
         (cli.positive_ints, "1,0,4"),
         (cli.existing_path, MISSING),
         (cli.positive_ints_or_none, "abc"),
+        (cli.seeds, "abc"),
+        (cli.seeds, "1,-2"),
+        (cli.seeds, ","),
+        (cli.seeds, str(2**63)),
         (cli.detector_models, str(REPO / "models/sentiment")),  # a classifier: /detect answers 404
         (cli.detector_models, str(REPO)),  # no bundle at all
         (cli.bundles_in(REPO / "models"), "detector,nosuch"),
@@ -53,6 +57,7 @@ def test_usable_values_pass():
     assert cli.positive_ints("1, 16,64") == (1, 16, 64)
     assert cli.existing_path(str(REPO)) == REPO
     assert cli.positive_ints_or_none(" ") == () and cli.positive_ints_or_none("10,100") == (10, 100)
+    assert cli.seeds("0, 1,2") == (0, 1, 2)
     assert cli.bundles_in(REPO / "models")("detector, sentiment") == ("detector", "sentiment")
     assert cli.detector_models(str(REPO / "models")) == REPO / "models"  # a detector beside a classifier
     assert cli.detector_models(str(REPO / "models/detector")) == REPO / "models/detector"
@@ -114,6 +119,25 @@ REFUSED = [
     ("benchmarks.load.rolling", ["--before-s", "0"]),
     ("benchmarks.load.rolling", ["--before-s", "0.2"]),  # under one request per user at 3 req/s each
     ("benchmarks.training_faults", ["--kills", "0"]),
+    # Each read only when its part of the run came, after minutes of work: a traceback, and no report.
+    ("benchmarks.load.faults", ["--memory-limits", "1024,abc"]),
+    ("benchmarks.load.faults", ["--memory-limits", ","]),
+    ("benchmarks.load.faults", ["--memory-limits", "1024,0"]),
+    ("benchmarks.load.rolling", ["--check-inter-ms", "0"]),
+    ("benchmarks.load.serve_compare", ["--run-time", "3", "--rounds", "4"]),  # under a second a round
+    ("benchmarks.quality.step_curves", ["--seeds", "abc"]),
+    ("benchmarks.quality.step_curves", ["--seeds", "1,-1"]),
+    ("benchmarks.quality.step_curves", ["--steps", "0"]),
+    ("benchmarks.quality.step_curves", ["--eval-every", "-5"]),
+    ("benchmarks.quality.step_curves", ["--threads", "0"]),
+    # No sentence has 10 words or more and 5 or fewer: it crashed in the plot, after the scoring.
+    (
+        "benchmarks.quality.user_sentences",
+        ["--bundle", str(REPO / "models/detector"), "--min-words", "10", "--max-words", "5"],
+    ),  # fmt: skip
+    # A FileNotFoundError and a FileExistsError traceback.
+    ("benchmarks.speed.avx2_path", ["--", "no-such-command-anywhere"]),
+    ("benchmarks.speed.avx2_path", ["--work", str(REPO / "README.md"), "--", "true"]),
     # A --data-dir that is not there was ignored: the registry's own search found other files, or none.
     *(
         (m, [*a, "--data-dir", MISSING])
@@ -355,3 +379,134 @@ def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, ca
     assert stopped.value.code == 2
     assert "nothing answers there" in capsys.readouterr().err
     assert not (tmp_path / "results").exists() and not (tmp_path / "sentences.txt").exists()
+
+
+def test_percentiles_are_nearest_rank():
+    """hostile's (and memory_limit's) p99 was one rank too high: the p99 of 1..100 read 100."""
+    from benchmarks.load.hostile import pct
+
+    values = list(range(1, 101))
+    assert (pct(values, 0.99), pct(values, 0.5), pct(values, 0.07), pct(values, 1.0)) == (99, 50, 7, 100)
+    assert pct([5.0], 0.99) == 5.0 and pct([3, 1, 2], 0.0) == 1
+    assert pct([], 0.5) != pct([], 0.5)  # NaN
+
+
+def test_a_phases_rate_is_over_its_own_length():
+    """req/s was divided by the span from a phase's first request to its last: two requests a second
+    apart in a 10 s phase read 2 req/s, not 0.2."""
+    from benchmarks.load.rolling import phase_bounds, phase_figures
+
+    clock = {"started": 95.0, "spawned": 100.0, "stopped": 140.0}
+    restarts = [{"sigterm_at": 110.0, "back_in_rotation_at": 115.0},
+                {"sigterm_at": 120.0, "back_in_rotation_at": 125.0}]  # fmt: skip
+    rows = [(t, 5.0, 1) for t in (99.0, 104.0, 105.0, 110.0, 111.0, 130.0, 131.0)]
+    assert phase_bounds(rows, restarts, clock) == {
+        "spawning": (95.0, 100.0), "before": (100.0, 110.0), "during": (110.0, 125.0), "after": (125.0, 140.0)
+    }  # fmt: skip
+    figures = phase_figures(rows, restarts, clock)
+    assert {k: (f["requests"], f["seconds"], f.get("rps")) for k, f in figures.items()} == {
+        "spawning": (1, 5.0, 0.2), "before": (2, 10.0, 0.2), "during": (2, 15.0, 0.1), "after": (2, 15.0, 0.1)
+    }  # fmt: skip
+    late = phase_bounds([*rows, (141.5, 5.0, 1)], restarts, clock)["after"]  # one in flight at the stop
+    assert late == (125.0, 141.5)
+
+
+def test_a_reference_that_is_not_the_bundles_source_is_refused_before_any_work(tmp_path, capsys):
+    """A checkpoint of another vocabulary ended in an IndexError from the embedding, after the sentences
+    were made: now one error line, exit 2, from its config.json against the bundle's manifest."""
+    from benchmarks.quality import int8_agreement
+    from benchmarks.quality.int8_agreement import mismatch
+
+    bundle = REPO / "models" / "detector"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    source = manifest["source"]["config"]
+    assert mismatch(manifest, dict(source), 30522) is None
+    assert "vocab_size 1000 (the bundle's: 30522)" in mismatch(
+        manifest, {**source, "vocab_size": 1000}, 30522
+    )
+    assert "fewer than the bundle's tokenizer's 30522" in mismatch({}, {"vocab_size": 1000}, 30522)
+    assert "num_hidden_layers 2" in mismatch(manifest, {**source, "num_hidden_layers": 2}, 30522)
+
+    ckpt = tmp_path / "other"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({**source, "vocab_size": 1000}))
+    (ckpt / "model.safetensors").write_bytes(b"")  # never read: refused from its config.json
+    out = tmp_path / "a.json"
+    assert (
+        cli.run(int8_agreement.main, ["--bundle", str(bundle), "--reference", str(ckpt), "--out", str(out)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert f"error: --reference {ckpt} is not the checkpoint --bundle {bundle} was exported from" in err
+    assert "pass the checkpoint the bundle was exported from" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('{"not": "it"}', "no summary in it"),
+        ("{", "does not read as JSON"),
+        ("[1, 2]", "holds a JSON list"),
+        ('{"summary": {"all": {"sentences": "many"}}}', "summary > all > sentences is 'many', not a number"),
+    ],
+)
+def test_an_odd_results_file_is_named_with_what_is_wrong(content, says, tmp_path, capsys):
+    """A KeyError or a JSONDecodeError traceback, naming no file; now the file and why, exit 2."""
+    from benchmarks.quality.compare_detectors import main
+
+    (tmp_path / "user_sentences.json").write_text(content)
+    assert cli.run(main, [f"odd={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'user_sentences.json'}: " in err and says in err and "Traceback" not in err
+
+
+def test_an_empty_slice_or_no_swap_is_refused_before_scoring():
+    from argparse import Namespace
+
+    from benchmarks.quality.user_sentences import enough_items, the_slice
+
+    args = Namespace(seed=0, slice="dev", source="commons", min_words=5, max_words=40)
+    with pytest.raises(
+        cli.UsageError, match="the dev slice of commons's held-out sentences is empty: 3 sentences"
+    ):
+        the_slice(["a.", "b.", "c."], args)
+    assert sorted(the_slice(["a.", "b.", "c."], Namespace(**{**vars(args), "slice": "test"}))) == [
+        "a.",
+        "b.",
+        "c.",
+    ]
+    with pytest.raises(cli.UsageError, match="no swapped sentence to score"):
+        enough_items([{"kind": "clean"}], "--items x.json")
+    enough_items([{"kind": "clean"}, {"kind": "pos"}], "--items x.json")
+
+
+def test_hostile_keeps_the_servers_log_under_work_not_where_it_runs(tmp_path, monkeypatch):
+    """The log went to runs/bench-logs/ under the current directory, whatever --results said."""
+    from benchmarks.load import hostile
+    from benchmarks.load import loadkit as lk
+
+    class Started(Exception):
+        pass
+
+    seen = []
+
+    def serve(name, argv_for, log_dir, *a, **k):
+        seen.append(log_dir)
+        raise Started
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(lk, "machine", lambda: {})
+    monkeypatch.setattr(lk, "serve", serve)
+    with pytest.raises(Started):
+        hostile.main(["--work", str(tmp_path / "work"), "--results", str(tmp_path / "res")])
+    assert seen[0].parent == tmp_path / "work" / "runs" and seen[0].name.endswith("-hostile")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_load_reports_are_written_whole(tmp_path):
+    from benchmarks.load.loadkit import write_report
+
+    js, md = write_report("x", {"a": 1}, "| a |", tmp_path / "r")
+    assert json.loads(js.read_text()) == {"a": 1} and md.read_text() == "| a |\n"
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["x.json", "x.md"]  # no temporary left

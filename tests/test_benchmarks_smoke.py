@@ -163,6 +163,41 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
     assert median_round(rounds[:2])["rps"] == 150.0  # an even count takes the lower middle
 
 
+def test_the_median_rounds_error_rate_and_messages_are_every_rounds():
+    """The failures and requests were summed over the rounds but the error rate kept the median round's:
+    "300/3600 (0.00%)"."""
+    from benchmarks.load.loadkit import load_row
+    from benchmarks.load.serve_compare import median_round
+
+    def r(rps, requests, failures, messages=()):
+        return {"rps": rps, "texts_per_s": rps, "p50_ms": 5, "p95_ms": 9, "p99_ms": 10, "p99_over_p50": 2.0,
+                "failures": failures, "requests": requests, "error_rate": failures / requests,
+                "failure_messages": list(messages), "run_time_s": 3, "cpu_pct": {}}  # fmt: skip
+
+    m = median_round([r(100, 1000, 300, ["300x POST detect x1: HTTP 503"]), r(120, 1200, 0), r(140, 1400, 0)])
+    assert (m["rps"], m["failures"], m["requests"]) == (120, 300, 3600)
+    assert m["error_rate"] == 300 / 3600
+    assert "300/3600 (8.33%)" in load_row(m)
+    assert m["failure_messages"] == ["round 1: 300x POST detect x1: HTTP 503"]  # though round 2 is shown
+    assert m["load_s"] == 9
+
+
+def test_rounds_are_whole_seconds_that_add_up_to_the_run_time(capsys):
+    """Each round's time was rounded to a second (locust takes whole seconds): --run-time 10 --rounds 4
+    gave four rounds of 2 s, 8 s of load, while the report said 10."""
+    from benchmarks import cli
+    from benchmarks.load.serve_compare import load_s, main, round_times
+
+    assert round_times(10, 4) == [3, 3, 2, 2]
+    assert round_times(60, 3) == [20, 20, 20]
+    assert round_times(10.4, 3) == [4, 3, 3]
+    sat = {"ours": [{"users": 1, "load_s": 10}], "unbatched": [{"users": 1, "load_s": 10}]}
+    assert load_s({"config": {"run_time": 10.0}, "saturation": sat}) == 10
+    with pytest.raises(SystemExit) as refused:
+        cli.run(main, ["--run-time", "2", "--rounds", "4"])
+    assert refused.value.code == 2 and "each round needs at least 1 s" in capsys.readouterr().err
+
+
 def test_a_target_no_run_measured_is_marked_not_measured():
     """With one users step and --offered-rps none nothing ran below saturation, and the target once read
     "yes" all the same."""

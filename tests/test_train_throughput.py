@@ -57,3 +57,14 @@ def test_the_cublas_workspace_is_fixed_before_the_first_matrix_product(
     with pytest.raises(_FirstProduct):
         main(["--device", "cpu", "--variants", variants, "--out", str(tmp_path / "t.json")])
     assert seen == [":4096:8" if fixed else None]
+
+
+def test_exactly_the_steps_asked_for_are_timed():
+    """--steps 1 with a GPU's --round 20 timed 20 steps, --steps 50 timed 40, while the results said 1
+    and 50: the rest now goes in a shorter last round."""
+    from benchmarks.speed.train_throughput import round_sizes
+
+    assert round_sizes(1, 20) == [1]
+    assert round_sizes(50, 20) == [20, 20, 10]
+    assert round_sizes(60, 20) == [20, 20, 20]
+    assert round_sizes(6, 1) == [1] * 6

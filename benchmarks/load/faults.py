@@ -100,8 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--image", default="localhost/electra-serve:ci", help="memory-limit: the server image")
     p.add_argument(
         "--memory-limits",
+        type=cli.positive_ints,
         default="1024,768,640,512,384",
-        help="memory-limit: MiB, tried from the largest down until one does not serve",
+        help="memory-limit: MiB, comma-separated, tried from the largest down until one does not serve",
     )
     args = p.parse_args(argv)
     results.settle(p, args)
@@ -373,7 +374,7 @@ def client_resets(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
 def memory_limit(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
     from benchmarks.load import memory_limit as ml
 
-    limits = [int(x) for x in args.memory_limits.split(",") if x]
+    limits = list(args.memory_limits)  # parsed and checked with the other arguments, before any work
     try:
         found = ml.measure(args.image, limits, timing.hostile_s, str(os.getpid()))
     except ml.Unavailable as e:

@@ -9,7 +9,8 @@ Starts `python -m app` on --models (default: the shipped bundles) and, for --sec
   asking: the 413 names the limit), with 100k-character texts and ~1 MiB batches mixed in;
 - --slow-clients connections that send headers and half a body, then one byte every few seconds.
 The server's resident memory is sampled every second. Prints a table, writes <--results>/<--name>.json
-and .md (default: a new folder under runs/bench/).
+and .md (default: a new folder under runs/bench/), and keeps the server's log in a new folder under
+<--work>/runs/ (default: .cache/bench/ in the repository), as the other load programs keep theirs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import httpx
 from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
-from benchmarks.load.loadmodels import REPO
+from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.output import add_results, show_config
 
 SENTENCE = "the chef cooked a delicious meal for the guests at the {}th table"
@@ -120,8 +122,13 @@ async def slow_client(port: int, until: float, out: list) -> None:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least a share q of the values at or below
+    it (rank ceil(q n)), so the p99 of 1..100 is 99, not 100. NaN for no values."""
     values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+    if not values:
+        return float("nan")
+    rank = math.ceil(round(q * len(values), 9))  # rounded: 0.07 * 100 is 7.000000000000001 in floats
+    return values[min(len(values), max(1, rank)) - 1]
 
 
 async def drive(url: str, port: int, args) -> dict:
@@ -191,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-clients", type=cli.non_negative_int, default=2)
     p.add_argument("--slow-clients", type=cli.non_negative_int, default=20)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
+    p.add_argument("--work", default=str(WORK), help="the server's log goes in a new folder under WORK/runs/")
     results = add_results(p, "hostile")
     args = p.parse_args(argv)
     results.settle(p, args)
@@ -203,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             "ours", port, models_dir=args.models, bundle=args.models, hf_dir=args.models, extra=extra
         )
 
-    log_dir = Path("runs/bench-logs")
+    # As the other load programs keep theirs: a folder of this run's own under --work (not under the
+    # directory the benchmark runs in), named in the results.
+    log_dir = Path(args.work) / "runs" / f"{lk.stamp()}-{args.name}"
     with lk.serve("hostile", argv_for, log_dir) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with lk.Sampler({"server": server.proc.pid}) as sampler:
@@ -213,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             raw["metrics_tail"] = httpx.get(server.url + "/metrics", timeout=5).text[-4000:]
     result = summarize(raw, sampler.samples, t0)
     result |= {"seconds": args.seconds, "rps": args.rps, "big_clients": args.big_clients,
-               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": machine, "config": config}  # fmt: skip
+               "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": machine, "config": config,
+               "logs": str(log_dir)}  # fmt: skip
     n, r = result["normal"], result["rss_mb"]
     rows = [["normal /detect", n["requests"], n["failures"], f"{n['p50_ms']:.0f}", f"{n['p99_ms']:.0f}"]]
     for kind, h in result["heavy"].items():
@@ -237,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(md)
     js, mdp = lk.write_report(args.name, result, md, args.results)
-    print(f"wrote {js} and {mdp}")
+    print(f"wrote {js} and {mdp}; the server's log in {log_dir}")
     return 0
 
 

@@ -28,6 +28,7 @@ from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
 from benchmarks.load.loadmodels import REPO, WORK, write_sentences
 from benchmarks.output import add_results
+from training.errors import write_text_atomically
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--between-s", type=cli.non_negative_float, default=10.0, help="load between two restarts")
     p.add_argument("--after-s", type=cli.positive_float, default=20.0, help="load after the last restart")
     p.add_argument("--drain-delay-s", type=float, default=2.0, help="each replica's --drain-delay-s")
-    p.add_argument("--check-inter-ms", type=int, default=500, help="HAProxy's health-check interval")
+    p.add_argument(
+        "--check-inter-ms", type=cli.positive_int, default=500, help="HAProxy's health-check interval"
+    )
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument(
         "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
@@ -150,25 +153,27 @@ def run(args) -> int:
         for r in reps:
             r.wait_ready()
         with haproxy({r.name: r.port for r in reps}, run_dir, HealthCheck(args.check_inter_ms)) as lb:
-            restarts, spawned = drive(args, reps, lb, load, run_dir)
+            restarts, clock = drive(args, reps, lb, load, run_dir)
     finally:
         for r in reps:
             if r.proc is not None:
                 lk.stop(r.proc)
-    data = report_data(args, restarts, spawned, run_dir, sentences, machine)
+    data = report_data(args, restarts, clock, run_dir, sentences, machine)
     md = markdown(data)
     js, mdp = lk.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
     return 0 if data["failed"] == 0 and all(r["exit_code"] == 0 for r in restarts) else 1
 
 
-def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[list[dict], float]:
-    """(restarts, the time locust had spawned every user): --before-s of load counts from there."""
+def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[list[dict], dict[str, float]]:
+    """(restarts, clock): clock holds when locust started, when it had spawned every user (--before-s of
+    load counts from there) and when it was told to stop: the phases' outer edges."""
     prefix, spawned_file = run_dir / "locust", run_dir / "spawned.txt"
     cmd = lk.locust_command(lb.url, args.users, load, prefix, user_rate=args.user_rate)
     cmd += ["--request-log", str(run_dir / "requests.log"), "--spawned-file", str(spawned_file)]
     restarts = []
     with StatusWatch(lb.stats_url) as watch, (run_dir / "locust.log").open("w") as log:
+        started = time.time()
         locust = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             spawned = wait_spawned(locust, spawned_file, run_dir / "locust.log")
@@ -180,9 +185,10 @@ def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[
                 print(f"restart {i + 1}: {json.dumps(restarts[-1])}", flush=True)
             time.sleep(args.after_s)
         finally:
+            stopped = time.time()
             lk.stop(locust, grace=30)  # locust writes its summary and the request log on SIGTERM
-    (run_dir / "haproxy-status.json").write_text(json.dumps(watch.changes))
-    return restarts, spawned
+    write_text_atomically(run_dir / "haproxy-status.json", json.dumps(watch.changes))
+    return restarts, {"started": started, "spawned": spawned, "stopped": stopped}
 
 
 def wait_spawned(locust: subprocess.Popen, spawned_file: Path, log: Path, timeout: float = 120) -> float:
@@ -198,7 +204,7 @@ def wait_spawned(locust: subprocess.Popen, spawned_file: Path, log: Path, timeou
 
 
 def report_data(
-    args, restarts: list[dict], spawned: float, run_dir: Path, sentences: dict, machine: dict
+    args, restarts: list[dict], clock: dict[str, float], run_dir: Path, sentences: dict, machine: dict
 ) -> dict:
     log = run_dir / "requests.log"
     if not log.is_file():
@@ -211,7 +217,7 @@ def report_data(
         "failed": sum(1 for r in rows if not r[2]),
         "requests": len(rows),
         "failure_messages": json.loads((run_dir / "locust_summary.json").read_text())["errors"],
-        "phases": {name: figures(rs) for name, rs in phases(rows, restarts, spawned).items()},
+        "phases": phase_figures(rows, restarts, clock),
         "restarts": restarts,
         "logs": str(run_dir),
     }
@@ -230,16 +236,42 @@ def phases(rows: list[tuple], restarts: list[dict], spawned: float) -> dict[str,
     }
 
 
-def figures(rows: list[tuple]) -> dict:
+def phase_bounds(rows: list[tuple], restarts: list[dict], clock: dict[str, float]) -> dict[str, tuple]:
+    """Each phase's start and end, as phases() splits the requests: locust's start (or the first request,
+    if earlier), the last user spawned, the first SIGTERM, the last replica back in rotation, and locust
+    told to stop (or the last request, if later: one in flight then ends after it)."""
+    ends = [r[0] for r in rows]
+    start, stop = min([clock["started"], *ends]), max([clock["stopped"], *ends])
+    first = restarts[0]["sigterm_at"] if restarts else stop
+    last = restarts[-1]["back_in_rotation_at"] if restarts else stop
+    spawned = clock["spawned"]
+    return {
+        "spawning": (start, spawned),
+        "before": (spawned, first),
+        "during": (first, last),
+        "after": (last, stop),
+    }
+
+
+def phase_figures(rows: list[tuple], restarts: list[dict], clock: dict[str, float]) -> dict[str, dict]:
+    bounds = phase_bounds(rows, restarts, clock)
+    return {name: figures(rs, *bounds[name]) for name, rs in phases(rows, restarts, clock["spawned"]).items()}
+
+
+def figures(rows: list[tuple], start: float, end: float) -> dict:
+    """A phase's figures; req/s over the phase's own length, from `start` to `end` (not from its first
+    request to its last: a phase with few requests, or a pause in answering at its edge, would read as
+    a higher rate than was served)."""
     ms = sorted(r[1] for r in rows)
+    seconds = end - start
     if not ms:
-        return {"requests": 0}
-    span = (max(r[0] for r in rows) - min(r[0] for r in rows)) or 1.0
+        return {"requests": 0, "seconds": round(seconds, 2)}
     q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [ms[0]] * 99
     return {
         "requests": len(ms),
+        "seconds": round(seconds, 2),
         "failed": sum(1 for r in rows if not r[2]),
-        "rps": round(len(ms) / span, 1),
+        "rps": round(len(ms) / seconds, 1) if seconds > 0 else None,
         "p50_ms": round(q[49], 1),
         "p99_ms": round(q[98], 1),
         "max_ms": round(ms[-1], 1),
@@ -259,10 +291,11 @@ def markdown(d: dict) -> str:
         f"**Failed requests: {d['failed']} of {d['requests']}.**",
         "",
         lk.table(
-            ["phase", "requests", "failed", "req/s", "p50 ms", "p99 ms", "max ms"],
+            ["phase", "s", "requests", "failed", "req/s", "p50 ms", "p99 ms", "max ms"],
             [
                 [
                     n,
+                    f.get("seconds"),
                     f.get("requests"),
                     f.get("failed"),
                     f.get("rps"),

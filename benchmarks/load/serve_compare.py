@@ -10,8 +10,9 @@ behind a minimal Litestar endpoint (benchmarks/load/baselines/transformers_serve
 same weights: (c) loads the HF directory the bundle was exported from.
 
 Phase 1, saturation: closed loop, each users step. The servers run side by side (an idle one costs no
-CPU) and take turns in --rounds interleaved rounds of run-time/rounds seconds each, order reversed every
-round; each figure is the round with the median req/s. On a shared 2-core VM the same server measured
+CPU) and take turns in --rounds interleaved rounds of run-time/rounds seconds each (whole seconds, as
+locust times them: 10 s in 4 rounds are 3, 3, 2 and 2 s), order reversed every round; each figure is the
+round with the median req/s. On a shared 2-core VM the same server measured
 120 and 206 req/s at one user twenty minutes apart: rounds make every server meet the same drift, where
 one long run per server after another compared each with a different machine. Phase 2, equal offered load:
 each server at the same request rate (default: 70% of the slowest server's throughput at the top step,
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -121,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--fraction must be in (0, 1), got {args.fraction}")
     if min(args.users) < 1 or args.run_time < 1 or args.rounds < 1:
         p.error("--users and --rounds must be positive and --run-time at least 1 s")
+    if round(args.run_time) < args.rounds:
+        p.error(
+            f"--run-time {args.run_time:g} in --rounds {args.rounds}: each round needs at least 1 s of load "
+            "(locust times whole seconds); give a longer --run-time or fewer --rounds"
+        )
     try:
         lk.parse_mix(args.mix)
     except ValueError as e:
@@ -217,9 +224,7 @@ def run(args) -> int:
 def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, list[dict]], dict]:
     """Phase 1: every server up at once, each users step measured in interleaved rounds; first, each
     peer's answers checked against ours."""
-    per_round = lk.Load(
-        load.sentences, load.mix, load.batch_texts, load.run_time_s / args.rounds, load.detect_return
-    )
+    per_round = [dataclasses.replace(load, run_time_s=t) for t in round_times(load.run_time_s, args.rounds)]
     saturation: dict[str, list[dict]] = {kind: [] for kind in args.servers}
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -243,7 +248,7 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, li
                         for other, s in servers.items():
                             lk.pause(s, paused=other != kind)
                     prefix = run_dir / f"{kind}-u{users}-r{i}"
-                    rounds[kind].append(lk.run_locust(server.url, users, per_round, prefix,
+                    rounds[kind].append(lk.run_locust(server.url, users, per_round[i], prefix,
                                                       watch={"server": server.proc.pid}))  # fmt: skip
             for kind, rs in rounds.items():
                 r = median_round(rs)
@@ -283,16 +288,36 @@ def describe(kind: str, args) -> str:
     return lk.SERVERS[kind]
 
 
+def round_times(run_time_s: float, rounds: int) -> list[int]:
+    """Each round's seconds of load: whole seconds, as locust's --run-time takes them (it reads "2500ms"
+    or "2.5s" as no time span), adding up to the run time (rounded to a second), the longer rounds
+    first. Round i is as long for every server, so the rounds the ratios pair are alike."""
+    total = max(rounds, round(run_time_s))
+    return [total // rounds + (i < total % rounds) for i in range(rounds)]
+
+
 def median_round(rounds: list[dict]) -> dict:
     """The round with the median req/s (the lower middle one for an even count), with every round's
-    req/s beside it; failures are summed over the rounds, so none is hidden."""
+    req/s beside it; failures are summed over the rounds, so none is hidden, and so are the error rate
+    (of the summed counts, not the median round's own) and locust's error messages (each round's)."""
     ranked = sorted(rounds, key=lambda r: r["rps"])
     middle = ranked[(len(ranked) - 1) // 2]
+    timed = [r["run_time_s"] for r in rounds if "run_time_s" in r]
+    failures = sum(r["failures"] for r in rounds)
+    requests = sum(r["requests"] for r in rounds)
+    messages = [
+        f"round {i + 1}: {m}" if len(rounds) > 1 else m
+        for i, r in enumerate(rounds)
+        for m in r.get("failure_messages") or ()
+    ]
     return {
         **middle,
-        "failures": sum(r["failures"] for r in rounds),
-        "requests": sum(r["requests"] for r in rounds),
+        "failures": failures,
+        "requests": requests,
+        "error_rate": failures / requests if requests else 0.0,
+        **({"failure_messages": messages} if "failure_messages" in middle else {}),
         "rounds_rps": [round(r["rps"], 1) for r in rounds],
+        **({"load_s": sum(timed)} if len(timed) == len(rounds) else {}),
     }
 
 
@@ -370,6 +395,15 @@ def targets(sat: dict, equal: dict, top: int) -> list[dict]:
     return out
 
 
+def load_s(data: dict) -> float:
+    """The seconds of load each server had at each step: the rounds' own (whole seconds each), where the
+    results hold them, else the --run-time asked for."""
+    rows = [r for rs in data["saturation"].values() for r in rs]
+    if rows and all("load_s" in r for r in rows):
+        return rows[0]["load_s"]
+    return data["config"]["run_time"]
+
+
 def markdown(data: dict) -> str:
     cfg, s, m = data["config"], data["sentences"], data["machine"]
     lines = [
@@ -377,7 +411,7 @@ def markdown(data: dict) -> str:
         "",
         f"- model: {data['model']}",
         f"- traffic: mix `{cfg['mix']}`; {s['source']}, mean {s['mean_words']} words, "
-        f"{s.get('mean_scored_tokens', '?')} scored tokens; {cfg['run_time']:.0f} s of load per server "
+        f"{s.get('mean_scored_tokens', '?')} scored tokens; {load_s(data):g} s of load per server "
         f"and step, in {cfg.get('rounds', 1)} interleaved rounds (each figure: the median round)",
         f"- machine: {m['cpu']}, {m['cores']} cores, int8 kernels {m['int8_kernel_path']}, load average at start {m['load_avg_at_start']}",
         *[f"- {k}: {v}" for k, v in data["servers"].items()],

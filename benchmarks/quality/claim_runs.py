@@ -22,6 +22,7 @@ from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.pretrainkit import Job, latest_state, step_seconds, to_toml, tokenizer_info
 from options import ConfigError, resolve
 from training.config import FinetuneConfig, PretrainConfig
+from training.errors import write_text_atomically
 
 # Fields that do not change what a pretraining run learns: a run differing only in these is reused.
 BOOKKEEPING = ("out", "threads", "device", "resume", "max_minutes", "bf16", "compile", "log_every",
@@ -133,7 +134,7 @@ def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int |
 
     def finished(wall: float) -> str:
         before = json.loads(timing.read_text())["wall_s"] if state and timing.is_file() else 0.0
-        timing.write_text(json.dumps({"wall_s": before + wall}) + "\n")
+        write_text_atomically(timing, json.dumps({"wall_s": before + wall}) + "\n")  # read when resumed
         return (
             f"{NAMES[objective]} pretrained: {cfg.max_steps} steps in {wall:.0f} s; log {work / 'pretrain'}"
         )

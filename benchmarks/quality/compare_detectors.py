@@ -1,7 +1,9 @@
 """Detectors side by side, from the JSON the quality benchmarks wrote for each (one directory per bundle:
 user_sentences*.json, everyday_sentences.json, and sentiment_classify_test.json when the classifier
 fine-tuned from it was measured). Prints a markdown table, one column per directory; a file a directory
-lacks leaves its cells empty.
+lacks leaves its cells empty. A file there that does not read as what its benchmark writes (not JSON, a
+figure missing or not a number) ends the program with one line naming the file and what is wrong, exit 2:
+a column left empty on its account would read as a result not measured.
 
     python -m benchmarks.quality.compare_detectors shipped=results/shipped gpu=results/gpu-trained > comparison.md
 """
@@ -23,9 +25,59 @@ EVERYDAY_METRICS = ["swapped", "top1", "recall", "precision", "clean_with_span",
 CLASSIFY_METRICS = ["n", "accuracy", "macro_f1", "mcc"]
 
 
-def read(directory: Path, name: str) -> dict | None:
+Found = tuple[Path, dict]  # a results file, and what it holds
+
+
+def read(directory: Path, name: str) -> Found | None:
+    """The results file `name` in `directory`, None where there is none; a UsageError where it is not a
+    JSON object."""
     path = directory / name
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and json's JSONDecodeError are ValueErrors
+        raise cli.UsageError(f"{path}: does not read as JSON ({e}); {FIX}") from None
+    if not isinstance(data, dict):
+        raise cli.UsageError(
+            f"{path}: holds a JSON {type(data).__name__}, not the object its benchmark writes; {FIX}"
+        )
+    return path, data
+
+
+FIX = "rewrite it with its benchmark, or leave its directory out"
+
+
+def walk(found: Found, keys: tuple[str, ...], optional: int | None = None):
+    """What found holds at keys; keys from index `optional` on may be missing (None). A UsageError naming
+    the file where one is missing."""
+    path, x = found
+    for i, k in enumerate(keys):
+        if not isinstance(x, dict) or k not in x:
+            if optional is not None and i >= optional and isinstance(x, dict):
+                return None
+            raise cli.UsageError(
+                f"{path}: no {' > '.join(keys[: i + 1])} in it, as its benchmark writes; {FIX}"
+            )
+        x = x[k]
+    return x
+
+
+def value(found: Found | None, *keys: str, optional: int | None = None) -> float | None:
+    """found's figure at keys, None where there is no file (or, from index `optional` on, no such key); a
+    UsageError naming the file where a figure is missing or not a number."""
+    x = None if found is None else walk(found, keys, optional)
+    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+        raise cli.UsageError(f"{found[0]}: {' > '.join(keys)} is {x!r}, not a number; {FIX}")
+    return x
+
+
+def section(found: Found, *keys: str) -> dict:
+    """found's object at keys; a UsageError naming the file where it is missing or no object."""
+    x = walk(found, keys)
+    if not isinstance(x, dict):
+        raise cli.UsageError(f"{found[0]}: {' > '.join(keys)} is {x!r}, not an object; {FIX}")
+    return x
 
 
 def cell(value) -> str:
@@ -37,19 +89,19 @@ def rows(columns: dict[str, Path]) -> list[list[str]]:
     for label, name in SENTENCE_SETS:
         data = {c: read(d, name) for c, d in columns.items()}
         for metric in SENTENCE_METRICS:
-            out.append([label, metric, *(cell(x and x["summary"]["all"][metric]) for x in data.values())])
-        out.append([label, "threshold", *(cell(x and x["threshold"]) for x in data.values())])
+            out.append([label, metric, *(cell(value(x, "summary", "all", metric)) for x in data.values())])
+        out.append([label, "threshold", *(cell(value(x, "threshold")) for x in data.values())])
     everyday = {c: read(d, "everyday_sentences.json") for c, d in columns.items()}
-    sources = next((x["bundle"]["sources"] for x in everyday.values() if x), {})
+    sources = {s: None for x in everyday.values() if x for s in section(x, "bundle", "sources")}
     for source in sources:
-        for metric in EVERYDAY_METRICS:
-            values = (x and x["bundle"]["sources"].get(source, {}).get(metric) for x in everyday.values())
+        for metric in EVERYDAY_METRICS:  # another bundle may have been measured on other sources
+            values = (value(x, "bundle", "sources", source, metric, optional=2) for x in everyday.values())
             out.append([f"everyday {source}", metric, *(cell(v) for v in values)])
     classify = {c: read(d, "sentiment_classify_test.json") for c, d in columns.items()}
     if any(classify.values()):
         for metric in CLASSIFY_METRICS:
             out.append(
-                ["sentiment via /classify", metric, *(cell(x and x[metric]) for x in classify.values())]
+                ["sentiment via /classify", metric, *(cell(value(x, metric)) for x in classify.values())]
             )
     return out
 

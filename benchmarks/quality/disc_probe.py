@@ -20,20 +20,20 @@ WikiText-2 rows, for a checkpoint (or every checkpoint of a run):
     python -m benchmarks.quality.disc_probe runs/default/pretrain/checkpoints/step-00004000
     python -m benchmarks.quality.disc_probe RUN_A/checkpoints/step-00000400 --replacements-from RUN_B/checkpoints/step-00000400
 
-Prints a table and writes JSON (default benchmarks/results/disc_probe.json).
+Prints a table and writes JSON (--out; default: a new folder runs/bench/disc_probe-TIME-PID/ holding
+disc_probe.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config
+from benchmarks.output import add_out_file, show_config, write_json
 
 
 def attention_entropy(encoder, x, attn_mask, torch) -> list[float]:
@@ -203,10 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in results:
             for label, auc in r["auc_replacements_from"].items():
                 print(f"| {r['checkpoint']} | {label} | {auc:.3f} |")
-    out = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    print()
+    write_json(args.out, {"config": config, "results": results})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ on a fine-tuning task's texts:
     python -m benchmarks.quality.frozen_features RUN/checkpoints/step-00000546 OTHER_RUN --task trec \
         --data-dir ../shared/data --max-train-examples 2000
 
-Prints a table and writes JSON (default benchmarks/results/frozen_features.json).
+Prints a table and writes JSON (--out; default: a new folder runs/bench/frozen_features-TIME-PID/ holding
+frozen_features.json).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections import Counter
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config
+from benchmarks.output import add_out_file, show_config, write_json
 
 PROBE_L2 = 1e-3  # on standardized features: enough to keep L-BFGS finite on separable data
 ENDS = 3  # texts kept from each end of the first direction
@@ -236,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(diagnose(ck, data, args.max_seq_len))
         print(json.dumps(results[-1]), flush=True)
     print(table(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": config, "torch": torch.__version__, "cpu": cpu(),
-                                    "results": results}, indent=1) + "\n")  # fmt: skip
-    print(f"wrote {args.out}")
+    write_json(args.out, {"config": config, "torch": torch.__version__, "cpu": cpu(), "results": results})
     return 0
 
 

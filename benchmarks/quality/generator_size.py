@@ -31,13 +31,13 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from app.machine import cpu, describe_cpu
 from benchmarks import cli
 from benchmarks.output import add_out_folder, show_config
 from benchmarks.quality.pretrainkit import (
@@ -51,6 +51,7 @@ from benchmarks.quality.pretrainkit import (
 )
 from options import ConfigError, resolve
 from training.config import PretrainConfig
+from training.errors import write_text_atomically
 
 # Set by the program for every arm alike (or by its own options).
 RESERVED = ("--generator-fraction", "--out", "--tokenizer", "--max-steps", "--warmup-steps", "--max-minutes",
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     config = show_config("generator_size", args)
-    (work / "generator_size_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_text_atomically(work / "generator_size_config.json", json.dumps(config, indent=2) + "\n")
     tokenizer = shared_tokenizer("train", base, work, args.data_dir)
     vocab = tokenizer_info(tokenizer, base.lowercase)["vocab_size"]
     if args.skip_pretrain:
@@ -276,14 +277,16 @@ def main(argv: list[str] | None = None) -> None:
         pretrain_all(arms, work)
     common = Path(arms[max(arms)]["config"].out)  # the largest generator: the hardest common swaps
     rows = [measure(args, f, arm, work, common) for f, arm in arms.items()]
-    md = table(rows, args.minutes)
+    # The step times are speed figures: the CPU's model and features beside them (app.machine.cpu, as the
+    # speed benchmarks record it), and the cores of the whole machine, which the arms shared.
+    facts = cpu()
+    md = table(rows, args.minutes) + f"\nMachine: {describe_cpu(facts)}.\n"
     print("\n" + md)
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "load_average_end": list(os.getloadavg())}  # fmt: skip
+    machine = {**facts, "cpu_count": os.cpu_count(), "load_average_end": list(os.getloadavg())}
     result = {"config": config, "base_config": args.model_config, "machine": machine, "arms": rows}
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (out / "table.md").write_text(md)
+    write_text_atomically(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
+    write_text_atomically(out / "table.md", md)
     print(f"wrote {out / 'results.json'} and {out / 'table.md'}")
 
 

@@ -22,6 +22,46 @@ import numpy as np
 from benchmarks import cli
 from benchmarks.output import add_out_file, show_config
 
+# The model's shape: a checkpoint that differs from the bundle's source in any of these is not the one the
+# bundle was exported from (a bigger vocabulary of the bundle's tokenizer once ended the run in an
+# IndexError from the embedding, after the sentences were made).
+SHAPE = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "intermediate_size", "max_position_embeddings", "type_vocab_size")  # fmt: skip
+
+
+def mismatch(manifest: dict, model_config: dict, tokenizer_vocab: int) -> str | None:
+    """How the checkpoint whose config.json is `model_config` differs from the bundle of `manifest` and of a
+    tokenizer of `tokenizer_vocab` tokens; None where it could be the bundle's source."""
+    model_config = {"embedding_size": model_config.get("hidden_size"), **model_config}
+    source = (manifest.get("source") or {}).get("config") or {}
+    differ = [f"{k} {model_config[k]} (the bundle's: {source[k]})" for k in SHAPE
+              if k in source and k in model_config and model_config[k] != source[k]]  # fmt: skip
+    vocab = model_config.get("vocab_size")
+    if isinstance(vocab, int) and tokenizer_vocab > vocab:
+        differ.append(
+            f"a vocabulary of {vocab} tokens, fewer than the bundle's tokenizer's {tokenizer_vocab}"
+        )
+    return "; ".join(differ) or None
+
+
+def check_reference(bundle: Path, manifest: dict, checkpoint: str) -> None:
+    """A UsageError now, before any sentence is made or scored, where the --reference checkpoint cannot be
+    the bundle's source: its config.json read against the manifest and the bundle's tokenizer."""
+    from tokenizers import Tokenizer
+
+    from training.checkpoint import read_config_json, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    vocab = Tokenizer.from_file(str(bundle / "tokenizer.json")).get_vocab_size()
+    differs = mismatch(manifest, read_config_json(ckpt), vocab)
+    if differs:
+        source = (manifest.get("source") or {}).get("checkpoint")
+        raise cli.UsageError(
+            f"--reference {checkpoint} is not the checkpoint --bundle {bundle} was exported from: it has "
+            f"{differs}; pass the checkpoint the bundle was exported from"
+            + (f" (its manifest names {source})" if source else "")
+        )
+
 
 def reference_scorer(bundle: Path, checkpoint: str, fp32: bool):
     from export.calibration import LengthMap
@@ -88,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out.settle(p, args)
     config = show_config("int8_agreement", args)
     manifest = json.loads((args.bundle / "manifest.json").read_text())
+    check_reference(args.bundle, manifest, args.reference)
     threshold = manifest.get("threshold") or 0.5
     texts = {name: t.texts for name, t in items(args.bundle, args.data_dir, args.per_kind, args.seed).items()}
     bundle = WordScorer(args.bundle / "model.onnx", args.bundle / "tokenizer.json", manifest["max_length"])

@@ -23,6 +23,7 @@ from pathlib import Path
 from benchmarks import cli
 from options.stopping import die_with_parent
 from training.config import PretrainConfig
+from training.errors import write_text_atomically
 
 
 def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: str | None) -> Path:
@@ -44,7 +45,7 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
         return d / "tokenizer.json"
     print(f"one {base.vocab_size}-token WordPiece vocabulary on {base.corpus} for every arm", flush=True)
     save_tokenizer(corpus_tokenizer(base.corpus, base.vocab_size, base.lowercase, data_dir, **own), d)
-    (d / "made_from.json").write_text(json.dumps(want) + "\n")
+    write_text_atomically(d / "made_from.json", json.dumps(want) + "\n")  # read by the next run
     return d / "tokenizer.json"
 
 

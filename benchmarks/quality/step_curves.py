@@ -22,11 +22,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.machine import cpu
 from benchmarks import cli
 from benchmarks.output import add_out_folder, show_config, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
 from training.config import PretrainConfig
+from training.errors import write_text_atomically
 from training.report import pyplot_or_none, read_metrics, save_png
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +44,18 @@ def parse_args(argv):
     p.add_argument("--baseline-rev", default="ba7f3c1", help="the revision to compare with (default: the "
                    "step before issue 44)")  # fmt: skip
     p.add_argument("--config", default="configs/mini.toml", help="the pretraining config both arms run")
-    p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds, each run by both arms")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps of every run")
-    p.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations")
     p.add_argument(
-        "--threads", type=int, default=None, help="torch threads of every run (default: all cores)"
+        "--seeds", type=cli.seeds, default="1,2,3", help="comma-separated seeds, each run by both arms"
+    )
+    p.add_argument("--steps", type=cli.positive_int, default=300, help="optimizer steps of every run")
+    p.add_argument(
+        "--eval-every", type=cli.positive_int, default=50, help="steps between held-out evaluations"
+    )
+    p.add_argument(
+        "--threads",
+        type=cli.positive_int,
+        default=None,
+        help="torch threads of every run (default: all cores)",
     )
     p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
     p.add_argument(
@@ -55,7 +64,7 @@ def parse_args(argv):
     out = add_out_folder(p, "step_curves", ("results.json", "table.md", "curves.png"))
     args = p.parse_args(argv)
     out.settle(p, args)
-    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run per arm
     return args
 
 
@@ -176,12 +185,15 @@ def main(argv=None) -> dict:
         arm: {s: curves(train(arm, trees[arm], s, tokenizer, args, work)) for s in args.seeds} for arm in ARMS
     }
     summary = compare(runs)
-    result = {"args": config, "runs": runs, "summary": summary,
+    # Each run's tokens_per_s is a speed figure: the CPU's model and features beside it (app.machine.cpu,
+    # as the speed benchmarks record it). The machine of this call: a run kept from an earlier call on
+    # another machine keeps that one's figure.
+    result = {"args": config, "machine": cpu(), "runs": runs, "summary": summary,
               "within_baseline_spread": {f: sum(r["within_baseline_spread"] for r in by.values()) / len(by)
                                          for f, by in summary.items()}}  # fmt: skip
     write_json(out / "results.json", result)
     text = table(summary, args)
-    (out / "table.md").write_text(text)
+    write_text_atomically(out / "table.md", text)
     plot(runs, out / "curves.png")
     print("\n" + text, flush=True)
     return result

@@ -36,6 +36,7 @@ import numpy as np
 
 from benchmarks import cli
 from benchmarks.output import add_out_file, show_config
+from training.errors import write_text_atomically
 
 SOURCES = ("commons", "wikitext2")
 # Where each slice starts in the seeded shuffle of the source's sentences: the published figures use the
@@ -190,8 +191,36 @@ def parse(argv):
     out = add_out_file(p, "user_sentences", "user_sentences.json", beside=(".png",),
                        more=lambda args: [args.examples], help="the summary; the reliability plot goes beside it, as .png")  # fmt: skip
     args = p.parse_args(argv)
+    if args.min_words > args.max_words:
+        p.error(f"--min-words {args.min_words} is more than --max-words {args.max_words}: no sentence fits")
     out.settle(p, args)
     return args
+
+
+def the_slice(sentences: list[str], args) -> list[str]:
+    """The --slice of the held-out sentences, in their seeded shuffle; a UsageError where it holds none
+    (found now, not as a crash in the plot after the bigram count and the scoring)."""
+    sentences = list(sentences)
+    random.Random(args.seed).shuffle(sentences)
+    start = SLICE_START[args.slice]
+    if len(sentences) <= start:
+        raise cli.UsageError(
+            f"the {args.slice} slice of {args.source}'s held-out sentences is empty: {len(sentences)} "
+            f"sentences have {args.min_words} to {args.max_words} words and end a sentence, and the slice "
+            f"starts at sentence {start}; widen --min-words/--max-words or choose another --slice"
+        )
+    return sentences[start:]
+
+
+def enough_items(items: list[dict], where: str) -> None:
+    """A UsageError before scoring where there is no swapped or no clean sentence to score: every figure
+    compares the two."""
+    for what, some in (("swapped", [x for x in items if x["kind"] != "clean"]),
+                       ("clean", [x for x in items if x["kind"] == "clean"])):  # fmt: skip
+        if not some:
+            raise cli.UsageError(
+                f"{where}: no {what} sentence to score; the figures compare swapped with clean"
+            )
 
 
 def make_pickers(args, tokenizer, reference) -> dict:
@@ -236,20 +265,23 @@ def main(argv=None) -> None:
     # Read now, not after the bigram count: a wrong one is refused before minutes of work.
     members = [read_bundle(Path(b)) for b in args.ensemble.split(",") if b.strip()]
     tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
-    print(f"counting word bigrams of {args.reference_text} train ...", flush=True)
-    reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
     if args.items:
         items = reused_items(Path(args.items))
+        enough_items(items, f"--items {args.items}")
         kinds = list(dict.fromkeys(x["kind"] for x in items if x["kind"] != "clean"))
-    else:
-        sentences = held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words)
-        random.Random(args.seed).shuffle(sentences)
-        sentences = sentences[SLICE_START[args.slice] :]
+    else:  # the slice before the bigram count: an empty one is refused before minutes of work
+        sentences = the_slice(
+            held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words), args
+        )
         print(f"{len(sentences)} sentences in the {args.slice} slice", flush=True)
+    print(f"counting word bigrams of {args.reference_text} train ...", flush=True)
+    reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
+    if not args.items:
         pickers = make_pickers(args, tokenizer, reference)
         items = as_items(
             swapped_and_clean(tokenizer, sentences, pickers, args.sentences, args.seed, paired=True)
         )
+        enough_items(items, f"the {args.slice} slice of {args.source}")
         kinds = list(pickers)
     scorer = WordScorer(bundle.model_path, bundle.tokenizer_path, m.max_length)
     if members:
@@ -274,13 +306,15 @@ def main(argv=None) -> None:
     }  # fmt: skip
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_text_atomically(out, json.dumps(report, indent=1) + "\n")
     if args.examples:
         examples = [
             {k: v for k, v in x.items() if k not in ("token_probs", "token_labels", "target")} for x in items
         ]
         args.examples.parent.mkdir(parents=True, exist_ok=True)
-        args.examples.write_text(json.dumps({"config": config, "examples": examples}, indent=1) + "\n")
+        write_text_atomically(
+            args.examples, json.dumps({"config": config, "examples": examples}, indent=1) + "\n"
+        )
         print(f"wrote every sentence's scores to {args.examples}")
     reliability_plot(items, kinds, out.with_suffix(".png"), f"{Path(args.bundle).name} on {args.source}")
     print_report(report)

@@ -26,6 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import cli
+from options import EXIT_USAGE
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).with_name("cpuid_mask.c")
 CPUID, TRAP = b"\x0f\xa2", b"\x0f\x0b"
@@ -84,6 +87,11 @@ def build(work: Path) -> dict[str, str]:
     with open(work / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: the second waits, then uses what the first built
         if not (stamp.exists() and stamp.read_text().startswith(key + "\n") and preload.exists()):
+            missing = [tool for tool in ("gcc", "objdump") if shutil.which(tool) is None]
+            if missing:
+                print(f"error: building the CPUID mask needs gcc and objdump (binutils); {' and '.join(missing)} "
+                      "not found on PATH", file=sys.stderr)  # fmt: skip
+                raise SystemExit(EXIT_USAGE)
             shutil.rmtree(site, ignore_errors=True)  # only what this wrote: --work may hold other things
             addresses = patch_copy(package, site / "onnxruntime")
             subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(preload), str(SOURCE), "-ldl"],
@@ -141,12 +149,19 @@ def probe(env: dict[str, str] | None = None) -> tuple[bool, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", type=Path, default=REPO / ".cache" / "avx2-path")
+    # A file, or a place that cannot be written, refused here (cli.out_folder), not as a traceback from
+    # the build; the command likewise, before the build's minute.
+    p.add_argument("--work", type=cli.out_folder, default=REPO / ".cache" / "avx2-path",
+                   help="the patched onnxruntime and the mask library (default: .cache/avx2-path/)")  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give the command to run after --")
+    if command[0] in ("python", "python3"):
+        command = [sys.executable, *command[1:]]
+    if shutil.which(command[0]) is None:
+        p.error(f"{command[0]}: no such command (not on PATH, or not an executable file)")
     env = build(args.work)
     saturates, answered = probe(env)
     if not (saturates and answered):
@@ -154,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
                          f"by the mask: {answered}. Both are needed for the AVX2 kernels; nothing was run")  # fmt: skip
     print(f"avx2_path: ONNX Runtime on its AVX2 kernels (probe: u8 x s8 saturates, {answered} CPUIDs masked); "
           f"running {' '.join(command)}", file=sys.stderr, flush=True)  # fmt: skip
-    if command[0] in ("python", "python3"):
-        command = [sys.executable, *command[1:]]
-    return subprocess.run(command, env=env).returncode
+    try:
+        return subprocess.run(command, env=env).returncode
+    except OSError as e:  # found above, but gone or not runnable since (a script without its interpreter)
+        print(f"error: {command[0]}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

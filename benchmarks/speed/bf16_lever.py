@@ -27,6 +27,7 @@ import numpy as np
 from benchmarks import cli
 from benchmarks.output import add_out_file, show_config
 from options import usage_exit
+from training.errors import write_text_atomically
 
 SHAPES = [(1, 16), (8, 64), (32, 128)]
 ROWS_NEEDED = max(b for b, _ in SHAPES)  # measure times its largest batch on that many held-out rows
@@ -68,7 +69,9 @@ def prepare(checkpoint: str, work: Path, data_dir: Path | None, rows: int, confi
     with q.simulated(model, False):
         fp32, bf16 = probs(False), probs(True)
     np.savez(work / "rows.npz", fp32=fp32, torch_bf16=bf16, **{n: getattr(data, n) for n in INPUTS})
-    (work / "prepare.json").write_text(json.dumps(config, indent=2) + "\n")  # measure's JSON carries it
+    write_text_atomically(
+        work / "prepare.json", json.dumps(config, indent=2) + "\n"
+    )  # measure's JSON carries it
     print(f"PyTorch bf16 autocast against fp32: {deviation(bf16, fp32, data.attention_mask)}")
     print(f"wrote {work}: fused.onnx, unfused.onnx, rows.npz ({len(data.input_ids)} held-out rows)")
 

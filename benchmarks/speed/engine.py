@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import tempfile
@@ -26,7 +25,7 @@ import numpy as np
 from app.machine import cpu, describe_cpu
 from app.model.engine import PROVIDERS, session
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config
+from benchmarks.output import add_out_file, show_config, write_json
 
 SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
 
@@ -350,12 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         },  # fmt: skip
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     load = os.getloadavg()[0]
     note = "another process competed: rerun on a quiet machine" if load > args.threads + 0.5 else "quiet"
     print(f"\nload average after the run: {load:.1f} ({note})")
-    print(f"wrote {args.out}")
+    write_json(Path(args.out), result)
     return 0
 
 

@@ -253,6 +253,13 @@ def timed_steps(runner: Runner, n: int) -> list[float]:
     return [a.elapsed_time(b) / 1000 for a, b in itertools.pairwise(events)]
 
 
+def round_sizes(steps: int, per_round: int) -> list[int]:
+    """Each round's timed steps per variant: --round of them, and the rest in a shorter last round, so
+    every variant is timed for exactly --steps steps (--steps 1 with the GPU's --round 20 once timed 20,
+    --steps 50 with it 40, while the results said 1 and 50)."""
+    return [per_round] * (steps // per_round) + ([steps % per_round] if steps % per_round else [])
+
+
 def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
     """First step (compilation), warm-up, syncs and memory, one variant at a time; then the timed steps
     in interleaved rounds. `report(results)` is called after each variant and each round, so a run cut
@@ -274,10 +281,9 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
         results[name] = {"first_step_s": first, "syncs_per_step": syncs, **memory, "times": []}
         print(f"  {name}: first step {first:.1f} s, {syncs} host syncs a step", flush=True)
         report(results)
-    rounds = max(1, args.steps // args.round)
-    for _ in range(rounds):
+    for n in round_sizes(args.steps, args.round):
         for name, r in runners.items():
-            results[name]["times"] += timed_steps(r, args.round)
+            results[name]["times"] += timed_steps(r, n)
         report(results)
     for name, r in runners.items() if args.profile else ():
         r.apply_globals()
