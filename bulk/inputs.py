@@ -171,11 +171,12 @@ def shards(
     spec: str, fmt: str, out: Path | None = None, left_out: LeftOut | None = None
 ) -> tuple[Path, list[Path], dict[str, str]]:
     """The input root (what shard names are relative to), the shard files (sorted), and what under INPUT
-    could not be listed, or is a broken link (path -> reason), which fails as a shard would. Paths are absolute but not
-    resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name and the suffix
-    it has here. Nothing inside `out` is input: a job writing into its own input directory would otherwise
-    score its outputs when resumed; nor is anything in another job's --out (`holds_job_outputs`). What a
-    directory or glob leaves out to be named (CSVs, other jobs' outputs) is added to `left_out`."""
+    could not be listed, or is a broken link (path -> reason), which fails as a shard would. Paths are
+    absolute but not resolved: a shard linked from elsewhere (a Hugging Face cache snapshot) keeps the name
+    and the suffix it has here. Nothing inside `out` is input: a job writing into its own input directory
+    would otherwise score its outputs when resumed; nor is anything in another job's --out
+    (`holds_job_outputs`). What a directory or glob leaves out to be named (CSVs, other jobs' outputs) is
+    added to `left_out`."""
     path, unlisted = Path(spec), {}
     real_out = os.path.realpath(out) if out is not None else None
     mine = lambda p: _inside(os.path.realpath(p), real_out)  # noqa: E731
@@ -186,9 +187,8 @@ def shards(
         if why := not_read_by_suffix(path, fmt):
             raise InputError(f"{spec}: {why}")
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
-    if why := broken_link(
-        spec.rstrip(os.sep) or spec
-    ):  # named outright: not "no such file", which sends the user to its name
+    # Named outright, a broken link says so: not "no such file", which sends the user to its name.
+    if why := broken_link(spec.rstrip(os.sep) or spec):
         raise InputError(f"{spec}: {why}")
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
@@ -266,9 +266,8 @@ def shards(
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
             elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
-                unlisted[_shown(Path(os.path.abspath(p)), root)] = (
-                    why  # by its shard's name, as a resume knows it
-                )
+                # By its shard's name, as a resume knows it.
+                unlisted[_shown(Path(os.path.abspath(p)), root)] = why
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
