@@ -565,8 +565,11 @@ def test_a_job_holds_its_out_before_it_reads_it_so_a_second_is_told_the_first_ru
     def planning(*flags: str, into: Path = out) -> subprocess.Popen:
         for name in ("planning", "go"):
             (pause / name).unlink(missing_ok=True)
+        # SIGINT not ignored, whatever the test process does with it: a child inherits an ignored SIGINT, and
+        # in one suite run the Ctrl-C below did nothing for 60 s (test_bulk_resume's start does the same).
         job = subprocess.Popen(bulk_argv(b, into, "detector", "--workers", "1", *flags), cwd=REPO, env=paused,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         wait_for(lambda: (pause / "planning").exists() or job.poll() is not None, timeout=60, what="planning")
         assert job.poll() is None, job.communicate()
         return job
