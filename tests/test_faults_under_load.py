@@ -26,7 +26,11 @@ def test_sigkill_behind_haproxy_and_an_engine_fault_keep_their_promises(tmp_path
     assert report.is_file(), run.stdout[-3000:] + run.stderr[-3000:]
     rows = {r["fault"]: r for r in json.loads(report.read_text())["rows"]}
     kill, engine = rows["replica-sigkill"], rows["engine-fault"]
-    assert kill["sent"] > 0 and kill["failed"] == 0
+    # What failed is in the locust files under --work (replica-sigkill-locust_failures.csv), named here.
+    assert kill["sent"] > 0 and kill["failed"] == 0, (
+        kill,
+        sorted((tmp_path / "work" / "runs").glob("*/replica-*")),
+    )
     assert kill["restarted"] == 1 and kill["recovery_s"] > 0  # the supervisor brought it back into rotation
     assert engine["sent"] > 0 and engine["failed"] == 0  # none of the mix failed beside the poisoned requests
     assert engine["poisoned"]["sent"] > 0 and engine["poisoned"]["json_500"] == engine["poisoned"]["sent"]
