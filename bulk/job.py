@@ -165,7 +165,7 @@ def check_new_out(out: Path) -> None:
     from bulk.on_ray import ATTEMPTS_DIR  # bulk.on_ray is imported where Ray runs: its constant alone here
 
     def ours_or_nobodys(p: Path) -> bool:
-        if p.name in (LOCK, own_ray.SESSION_FILE) or fnmatch.fnmatchcase(p.name, ".*.tmp-*"):
+        if p.name in (LOCK, own_ray.SESSION_FILE) or fnmatch.fnmatchcase(p.name, outputs.TEMPORARY):
             return True  # a killed job's: its lock, its Ray session, a temporary (removed as one)
         return (p.name.startswith(".") and p.name != ATTEMPTS_DIR) or (p.name == "lost+found" and p.is_dir())
 

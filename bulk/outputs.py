@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.model.bundle import sha256_file
+from bulk.progress import size_text
 from options.locking import DirectoryHeld, hold_directory
 
 SPAN = pa.struct([("text", pa.string()), ("start", pa.int32()), ("end", pa.int32()), ("prob", pa.float64())])
@@ -156,12 +157,7 @@ def out_of_space(e: BaseException) -> bool:
 def disk_full(out: Path) -> str:
     """What to say of --out's disk once a write found it full (worded as training's checkpoints say it)."""
     usage = shutil.disk_usage(out)
-    return f"no space left on the disk holding --out {out} ({_size(usage.free)} free of {_size(usage.total)})"
-
-
-def _size(n: int) -> str:
-    return next((f"{n / 10**p:.1f} {unit}" for p, unit in ((9, "GB"), (6, "MB"), (3, "kB")) if n >= 10**p),
-                f"{n} bytes")  # fmt: skip
+    return f"no space left on the disk holding --out {out} ({size_text(usage.free)} free of {size_text(usage.total)})"
 
 
 class PartWriter:
@@ -318,13 +314,17 @@ def _intact(path: Path, sha256: str | None, read: list[int] | None = None) -> bo
     return sha256_file(path) == sha256
 
 
+# What a write in progress is named (beside its final name) until it is published.
+TEMPORARY = ".*.tmp-*"
+
+
 def remove_temporaries(out: Path) -> int:
     """Files a killed job (or a dead Ray worker) left half-written; none of them is in the manifest."""
     n = 0
     for sub in ("scores", "rejects", "."):
         d = out / sub
         if d.is_dir():
-            for p in d.glob(".*.tmp-*"):
+            for p in d.glob(TEMPORARY):
                 p.unlink(missing_ok=True)
                 n += 1
     return n

@@ -80,7 +80,8 @@ class Progress:
 FIRST_S = 2.0  # a step before scoring that ends sooner says nothing
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count as people read it: 12.1 GB, 640.0 kB, 12 bytes."""
     return next((f"{n / 10**p:.1f} {unit}" for p, unit in ((9, "GB"), (6, "MB"), (3, "kB")) if n >= 10**p),
                 f"{n} bytes")  # fmt: skip
 
@@ -114,7 +115,7 @@ class Stage:
 
     def line(self, now: float | None = None) -> str:
         took = (now or time.perf_counter()) - self.start
-        return (f"bulk: {self.doing}: {self.done:,} of {self.total:,} {self.unit}, {_size(self.bytes)} read, "
+        return (f"bulk: {self.doing}: {self.done:,} of {self.total:,} {self.unit}, {size_text(self.bytes)} read, "
                 f"{_duration(took)}")  # fmt: skip
 
     def close(self) -> None:

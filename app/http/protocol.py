@@ -274,9 +274,7 @@ class _BoundedRead(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._uncount()
         self._disarm()
-        if self._send_deadline is not None:
-            self._send_deadline.cancel()
-            self._send_deadline = None
+        self._stop_send_deadline()
         if self._linger is not None:
             self._linger.cancel()
         # uvicorn tells only the last request parsed (self.cycle) that its client left: one being answered
@@ -324,6 +322,11 @@ class _BoundedRead(HttpToolsProtocol):
             self._send_left, self._send_moved = self.transport.get_write_buffer_size(), self.loop.time()
             self._send_deadline = self.loop.call_later(self._send_check_every(), self._send_check)
 
+    def _stop_send_deadline(self) -> None:
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
     def _send_check_every(self) -> float:
         return min(1.0, self.send_timeout_s / 4)
 
@@ -344,9 +347,7 @@ class _BoundedRead(HttpToolsProtocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._send_deadline is not None:
-            self._send_deadline.cancel()
-            self._send_deadline = None
+        self._stop_send_deadline()
 
     def _send_timed_out(self) -> None:
         """--send-timeout-s passed, while writing was paused (pause_writing: the kernel takes no more of
