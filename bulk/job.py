@@ -74,7 +74,8 @@ def _stale_in(parts: list[Part]):
     )
 
 
-def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_session: str | None = None) -> None:
+def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], entries: list[dict],
+            ray_session: str | None = None) -> None:  # fmt: skip
     """Once every check passed (a refused run changes nothing in --out), under the lock (`OutLock`): job.json
     written where it asks, config.json written, and what this run replaces or must not read removed (the
     part files of manifest lines that no longer count for a part of `parts`: `stale_lines`), and what a
@@ -91,7 +92,6 @@ def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], ray_sessio
         outputs.write_json(cfg.out / cfg.SAVED_AS, options.as_dict(cfg))
         outputs.remove_figures(cfg.out)  # written again at the end
         outputs.remove_temporaries(cfg.out)
-        entries = list(outputs.Manifest(cfg.out).entries())  # read under the lock: none appended since
         dropped = {id(e) for e in stale_lines(entries, parts)}
         n, others = outputs.remove_unrecorded(cfg.out, [e for e in entries if id(e) not in dropped])
         if n:
@@ -276,13 +276,14 @@ def plan_job(
     job_bytes: int | None,
     pending: dict | None,
     workers: Workers,
+    entries: list[dict],
 ) -> tuple[list[Part], dict[str, str]]:
     """The parts and the shards that fail. A shard with manifest lines is cut with the part size they
     record, so that they count for the parts planned; the others with the larger of the job's part size
     (job.json's) and what a new job of those shards alone would get: a 100 MB shard added to a job begun on
     a small input was cut in thousands of that input's 16 kB parts. A resumed job with the same workers
     cuts as the first run did (a new job of part of the input gets no larger parts than of all of it)."""
-    cuts = recorded_cuts(list(outputs.Manifest(cfg.out).entries()), job_bytes)
+    cuts = recorded_cuts(entries, job_bytes)
     new = [f for f in files if shard_name(f, root) not in cuts]
     fresh = part_size(cfg, new, workers()) if new or job_bytes is None else 0
     if job_bytes is None:  # a new job: job.json keeps its part size, for lines that do not say theirs
@@ -340,16 +341,17 @@ def _plan_held(cfg: BulkConfig, bundle, root: Path, files: list[Path], unlisted:
         check_new_out(cfg.out)
     root = kept or root
     workers = Workers(cfg)
+    # The manifest's lines, read once: --out is held, so none is appended until this run's own.
+    entries = list(outputs.Manifest(cfg.out).entries())
     try:
-        parts, failed_shards = plan_job(cfg, root, files, job_bytes, pending, workers)
+        parts, failed_shards = plan_job(cfg, root, files, job_bytes, pending, workers, entries)
     except _Stopped as e:
         return e.status
     failed_shards |= unlisted
-    manifest = outputs.Manifest(cfg.out)
-    lines = sum(1 for _ in manifest.entries())
+    lines = len(entries)
     stage = Stage("checking the finished parts' files (sha256)", lines, "part(s)", cfg.progress and lines > 0)
     try:
-        finished = manifest.finished(stage.update)
+        finished = outputs.Manifest(cfg.out).finished(stage.update, entries)
     finally:
         stage.close()
     stats = shard_stats(parts)
@@ -372,7 +374,7 @@ def _plan_held(cfg: BulkConfig, bundle, root: Path, files: list[Path], unlisted:
             return e.status
     else:
         run_cfg = cfg
-    prepare(cfg, pending, parts, own_instance)
+    prepare(cfg, pending, parts, entries, own_instance)
     return parts, failed_shards, finished, todo, stats, run_cfg, gone
 
 

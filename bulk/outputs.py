@@ -271,13 +271,14 @@ class Manifest:
             except json.JSONDecodeError:
                 continue  # the last line of a killed job, cut short: that part is scored again
 
-    def finished(self, seen: Callable[[int, int], None] | None = None) -> dict[str, dict]:
+    def finished(self, seen: Callable[[int, int], None] | None = None,
+                 entries: list[dict] | None = None) -> dict[str, dict]:  # fmt: skip
         """Finished parts by key: those whose line is whole and whose outputs (scores, and rejects if it
         had any) are there with their sha256. seen(1, bytes hashed), if given, as each line is checked
-        (progress.Stage's update: every file is read)."""
+        (progress.Stage's update: every file is read). `entries`: the lines, where the caller read them."""
         done: dict[str, dict] = {}
         out = self.path.parent
-        for entry in self.entries():
+        for entry in self.entries() if entries is None else entries:
             read = [0]
             if _intact(out / entry["output"], entry["sha256"], read) and (
                 not entry.get("rejects_file")
