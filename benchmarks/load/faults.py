@@ -34,7 +34,6 @@ import os
 import random
 import signal
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -198,9 +197,7 @@ def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Itera
 
 def p99_ms(rows: list, start: float, end: float) -> float | None:
     during = sorted(ms for t, ms, _ in rows if start <= t <= end)
-    if len(during) < 2:
-        return during[0] if during else None
-    return round(statistics.quantiles(during, n=100, method="inclusive")[98], 1)
+    return round(lk.percentile(during, 0.99), 1) if during else None
 
 
 def row(fault: str, rows: list, start: float, end: float, recovery_s: float | None, **more) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import time
 from pathlib import Path
 
@@ -121,16 +120,6 @@ async def slow_client(port: int, until: float, out: list) -> None:
         out.append((time.perf_counter() - t, type(e).__name__))
 
 
-def pct(values: list[float], q: float) -> float:
-    """The nearest-rank percentile: the smallest value with at least a share q of the values at or below
-    it (rank ceil(q n)), so the p99 of 1..100 is 99, not 100. NaN for no values."""
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    rank = math.ceil(round(q * len(values), 9))  # rounded: 0.07 * 100 is 7.000000000000001 in floats
-    return values[min(len(values), max(1, rank)) - 1]
-
-
 async def drive(url: str, port: int, args) -> dict:
     limits = httpx.Limits(max_connections=1000)
     async with httpx.AsyncClient(base_url=url, limits=limits) as client:
@@ -158,12 +147,16 @@ def summarize(raw: dict, samples: list[dict], t0: float) -> dict:
         "normal": {
             "requests": len(raw["normal"]),
             "failures": len(raw["normal"]) - len(ok),
-            "p50_ms": 1000 * pct(ok, 0.5),
-            "p99_ms": 1000 * pct(ok, 0.99),
+            "p50_ms": 1000 * lk.percentile(ok, 0.5),
+            "p99_ms": 1000 * lk.percentile(ok, 0.99),
             "max_ms": 1000 * max(ok, default=float("nan")),
         },
         "heavy": {
-            k: {"statuses": v["statuses"], "p50_s": pct(v["seconds"], 0.5), "max_s": max(v["seconds"])}
+            k: {
+                "statuses": v["statuses"],
+                "p50_s": lk.percentile(v["seconds"], 0.5),
+                "max_s": max(v["seconds"]),
+            }
             for k, v in heavy.items()
         },
         "slow_clients": {

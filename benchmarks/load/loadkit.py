@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -422,6 +423,16 @@ def _figures(f: dict) -> dict:
         "mean_ms": round(f["mean_ms"], 1),
         "max_ms": f["max_ms"],
     }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least a share q of the values at or below
+    it (rank ceil(q n)), so the p99 of 1..100 is 99, not 100. NaN for no values."""
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    rank = math.ceil(round(q * len(values), 9))  # rounded: 0.07 * 100 is 7.000000000000001 in floats
+    return values[min(len(values), max(1, rank)) - 1]
 
 
 def table(headers: list[str], rows: list[list]) -> str:

@@ -102,7 +102,7 @@ def one_limit(image: str, mib: int, seconds: float, tag: str) -> dict:
                 for _kind, _t, code in raw["heavy"]:
                     heavy[str(code)] = heavy.get(str(code), 0) + 1
                 result |= {"normal_sent": len(raw["normal"]), "normal_failed": len(raw["normal"]) - len(ok),
-                           "normal_p99_ms": round(1000 * hostile.pct(ok, 0.99), 1) if ok else None,
+                           "normal_p99_ms": round(1000 * lk.percentile(ok, 0.99), 1) if ok else None,
                            "heavy_statuses": heavy}  # fmt: skip
             result["peak_mib"] = peak_mib(name)
         result |= inspect(name)

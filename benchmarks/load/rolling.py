@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -266,14 +265,13 @@ def figures(rows: list[tuple], start: float, end: float) -> dict:
     seconds = end - start
     if not ms:
         return {"requests": 0, "seconds": round(seconds, 2)}
-    q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else [ms[0]] * 99
     return {
         "requests": len(ms),
         "seconds": round(seconds, 2),
         "failed": sum(1 for r in rows if not r[2]),
         "rps": round(len(ms) / seconds, 1) if seconds > 0 else None,
-        "p50_ms": round(q[49], 1),
-        "p99_ms": round(q[98], 1),
+        "p50_ms": round(lk.percentile(ms, 0.5), 1),
+        "p99_ms": round(lk.percentile(ms, 0.99), 1),
         "max_ms": round(ms[-1], 1),
     }
 
