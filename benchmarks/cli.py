@@ -22,6 +22,7 @@ from pathlib import Path
 
 from options import EXIT_USAGE
 from options.stopping import ctrl_c_on_term, signal_number
+from training.config import SEED_END
 
 
 def _number(kind: type, text: str, ok: Callable[[float], bool], what: str):
@@ -183,7 +184,7 @@ def seeds(text: str) -> tuple[int, ...]:
     """Comma-separated seeds, one at least: whole numbers in [0, 2**63), as numpy's and torch's generators
     take them (training.config.check_seed), so a bad one is refused before the runs of the seeds before it."""
     values = tuple(
-        _number(int, x.strip(), lambda v: 0 <= v < 2**63, "a seed: a whole number in [0, 2**63)")
+        _number(int, x.strip(), lambda v: 0 <= v < SEED_END, "a seed: a whole number in [0, 2**63)")
         for x in text.split(",")
         if x.strip()
     )

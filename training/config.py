@@ -126,8 +126,11 @@ def check_data_dir(cfg) -> str | None:
                       "leave it unset to fetch them into the cache")  # fmt: skip
 
 
+SEED_END = 2**63  # numpy's and torch's generators take a non-negative 64-bit seed
+
+
 def check_seed(seed: int) -> None:
-    if not 0 <= seed < 2**63:  # numpy's and torch's generators take a non-negative 64-bit seed
+    if not 0 <= seed < SEED_END:
         raise ConfigError(f"--seed: must lie in [0, 2**63), got {seed}")
 
 
