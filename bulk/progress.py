@@ -13,6 +13,15 @@ LOG_EVERY_S = 30.0
 CLEAR_TO_EOL = "\x1b[K"
 
 
+def _write(stream, text: str, tty: bool, last: bool = False) -> None:
+    """One status line. On a terminal it is redrawn over the last one: erase what is left of that one past
+    the new line's end (ESC [ K, to the end of the line), or a shorter line shows the longer one's tail;
+    the `last` is left whole. Elsewhere (a log file, CI) each is a line of its own."""
+    end = (CLEAR_TO_EOL + ("\n" if last else "\r")) if tty else "\n"
+    stream.write(text + end)
+    stream.flush()
+
+
 def _duration(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -46,7 +55,7 @@ class Progress:
             now = time.perf_counter()
             if self.enabled and now - self._drawn >= (REDRAW_S if self._tty else LOG_EVERY_S):
                 self._drawn = now
-                self._draw(now)
+                _write(self.stream, self.line(now), self._tty)
 
     def take_back(self, part: str) -> None:
         """Forget what `part` reported: its worker died, and it runs again (or fails) from its start."""
@@ -64,17 +73,9 @@ class Progress:
             f"{100 * done:5.1f}%  ETA {_duration(eta) if eta == eta else '?'}"
         )
 
-    def _draw(self, now: float) -> None:
-        # On a terminal the line is redrawn over the last one: erase what is left of that one past the new
-        # line's end (ESC [ K, to the end of the line), or a shorter line shows the longer one's tail.
-        end = CLEAR_TO_EOL + "\r" if self._tty else "\n"
-        self.stream.write(self.line(now) + end)
-        self.stream.flush()
-
     def close(self) -> None:
         if self.enabled:
-            self.stream.write(self.line() + (CLEAR_TO_EOL if self._tty else "") + "\n")
-            self.stream.flush()
+            _write(self.stream, self.line(), self._tty, last=True)
 
 
 FIRST_S = 2.0  # a step before scoring that ends sooner says nothing
@@ -110,8 +111,7 @@ class Stage:
             return
         if self._drawn is None or now - self._drawn >= (REDRAW_S if self._tty else LOG_EVERY_S):
             self._drawn = now
-            self.stream.write(self.line(now) + (CLEAR_TO_EOL + "\r" if self._tty else "\n"))
-            self.stream.flush()
+            _write(self.stream, self.line(now), self._tty)
 
     def line(self, now: float | None = None) -> str:
         took = (now or time.perf_counter()) - self.start
@@ -120,6 +120,5 @@ class Stage:
 
     def close(self) -> None:
         if self._drawn is not None:  # said while it ran: say it ended, the line left whole
-            self.stream.write(self.line() + (CLEAR_TO_EOL if self._tty else "") + "\n")
-            self.stream.flush()
+            _write(self.stream, self.line(), self._tty, last=True)
             self._drawn = None

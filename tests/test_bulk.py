@@ -733,7 +733,7 @@ def test_the_progress_line_on_a_terminal_leaves_nothing_of_a_longer_one():
     import os
     import select
 
-    from bulk.progress import Progress
+    from bulk.progress import Progress, _write
 
     master, slave = os.openpty()
     try:
@@ -744,7 +744,7 @@ def test_the_progress_line_on_a_terminal_leaves_nothing_of_a_longer_one():
             for after in (0.001, 50.0, 3.0):  # a fast start (long figures), then slower (shorter ones)
                 now = progress.start + after
                 drawn.append(progress.line(now))
-                progress._draw(now)
+                _write(stream, progress.line(now), progress._tty)
             progress.close()
         written = b""
         while select.select([master], [], [], 0.5)[0] and (chunk := os.read(master, 65536)):
