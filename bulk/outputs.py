@@ -136,15 +136,22 @@ def _publish(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)  # atomic: readers see the old file or the complete new one
 
 
-def _write_text(path: Path, text: str) -> None:
-    """`text` into `path` through a temporary file, which a failed write (a full disk) removes."""
+@contextlib.contextmanager
+def _written_in_place(path: Path) -> Iterator[Path]:
+    """A temporary name to write `path` under, renamed to `path` once the block ends; a failed write (a
+    full disk) removes it instead."""
     tmp = temporary(path)
     try:
-        tmp.write_text(text, encoding="utf-8")
+        yield tmp
         _publish(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    with _written_in_place(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def out_of_space(e: BaseException) -> bool:
@@ -371,21 +378,14 @@ def merge_rejects(out: Path, entries: list[dict]) -> int:
     part's file is copied through in blocks, its lines counted on the way: read whole, every part's rejects
     at once, the driver held all of them (635 MB for a rejects.jsonl of 186 MB). Written under a temporary
     name and renamed, as every file here."""
-    path = out / "rejects.jsonl"
-    tmp = temporary(path)
     lines = 0
-    try:
-        with tmp.open("wb") as merged:
-            for e in entries:
-                if e.get("rejects_file"):
-                    with (out / e["rejects_file"]).open("rb") as part:
-                        while block := part.read(COPY_BYTES):
-                            merged.write(block)
-                            lines += block.count(b"\n")
-        _publish(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _written_in_place(out / "rejects.jsonl") as tmp, tmp.open("wb") as merged:
+        for e in entries:
+            if e.get("rejects_file"):
+                with (out / e["rejects_file"]).open("rb") as part:
+                    while block := part.read(COPY_BYTES):
+                        merged.write(block)
+                        lines += block.count(b"\n")
     return lines
 
 
