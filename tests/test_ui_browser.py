@@ -553,6 +553,27 @@ def test_classifier_bars_sum_to_100(browser, server):
         assert abs(float(shown.rstrip("%")) - 100 * result["probs"][label]) <= 0.1
 
 
+def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):
+    """The page said a text was cut to the model's maximum length only for single-label classifiers: a
+    multi-label (or regression) model's scores of a text's start read as the whole text's."""
+    import json
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "sentiment", models / "tags")
+    manifest = json.loads((models / "tags" / "manifest.json").read_text())
+    manifest["problem_type"] = "multi_label_classification"
+    (models / "tags" / "manifest.json").write_text(json.dumps(manifest))
+    with run_server(models, log_dir=tmp_path) as s:
+        open_page(browser, s)
+        for text, cut in ((" ".join([SENTENCE] * 60), True), (SENTENCE, False)):
+            submit(browser, text, model="tags")
+            wait_visible(browser, "classify")
+            note = browser.find_element("id", "classify-note").text
+            assert note.startswith("Each label is scored on its own"), note
+            assert ("cut to the model's maximum length" in note) is cut, note
+
+
 def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     assert httpx.get(keyed_server.url + "/").status_code == 200  # the page itself is public
     open_page(browser, keyed_server)

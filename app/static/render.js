@@ -213,9 +213,11 @@ export function renderClassify(model, result) {
   list.replaceChildren();
   const regression = model.problem_type === "regression";
   const multi = model.problem_type === "multi_label_classification";
-  note.textContent = regression ? "A regression model: the raw predicted value." :
-    multi ? "Each label is scored on its own: the bars need not add up to 100%." :
-    "Probabilities of the labels (they add up to 100%)" + (result.truncated ? "; the text was cut to the model's maximum length." : ".");
+  // Whatever the model's kind, a text cut to its maximum length is said: the scores are of its start.
+  note.textContent = (regression ? "A regression model: the raw predicted value" :
+    multi ? "Each label is scored on its own: the bars need not add up to 100%" :
+    "Probabilities of the labels (they add up to 100%)") +
+    (result.truncated ? "; the text was cut to the model's maximum length." : ".");
   const shown = regression || multi ? entries.map(([, v]) => Math.round(v * 1000) / 10) :
     roundedPercents(entries.map(([, v]) => v));
   entries.forEach(([label, v], k) => {
