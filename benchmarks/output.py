@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -135,10 +136,27 @@ def _plain(v):
     return v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
 
 
+def results_json(data, indent: int | None = 2) -> str:
+    """`data` as JSON that every reader takes: a figure with no value (NaN, an infinity: an ECE of no
+    sentences) as null, where json.dumps wrote NaN, which strict readers (jq, JavaScript, Go) refuse;
+    anything else not JSON (a Path) as its text."""
+    return json.dumps(_finite(data), indent=indent, default=str, allow_nan=False)
+
+
+def _finite(v):
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def write_json(path: Path, result: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Whole or not at all: a results file rewritten as a run goes (gpu-check's after every step) and
     # killed mid-write would otherwise be left empty, the results before it lost with it.
-    write_text_atomically(path, json.dumps(result, indent=2) + "\n")
+    write_text_atomically(path, results_json(result) + "\n")
     print(f"wrote {path}")

@@ -295,6 +295,17 @@ def test_config_is_saved_as_json_has_it():
     json.dumps(config)
 
 
+def test_results_files_are_json_every_reader_takes(tmp_path):
+    """everyday_sentences wrote "ece": NaN for a kind with no sentences: Python reads it, jq, JavaScript and
+    Go refuse the whole file. A figure with no value is written null."""
+    from benchmarks.output import write_json
+
+    write_json(tmp_path / "r.json", {"ece": float("nan"), "rows": [1.5, float("inf"), (2, -float("inf"))]})
+    text = (tmp_path / "r.json").read_text()
+    refuse = lambda constant: pytest.fail(f"{constant} in {text}")  # noqa: E731
+    assert json.loads(text, parse_constant=refuse) == {"ece": None, "rows": [1.5, None, [2, None]]}
+
+
 def test_servers_get_absolute_paths(tmp_path, monkeypatch):
     """The server runs in the repository (or serve_compare's --variant-checkout): a path relative to the
     user's directory would name another directory there."""

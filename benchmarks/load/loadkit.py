@@ -28,6 +28,7 @@ from benchmarks.cli import detector_models, existing, positive_ints
 from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.load.mix import STANDARD as STANDARD_MIX  # noqa: F401 (the drivers' lk.STANDARD_MIX)
 from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (the drivers' lk.mix_paths, lk.parse_mix)
+from benchmarks.output import results_json
 from options import usage_exit
 from training.errors import write_text_atomically
 
@@ -498,7 +499,7 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path) -> tuple[P
     js, md = out_dir / f"{name}.json", out_dir / f"{name}.md"
     # Whole or not at all, as benchmarks.output.write_json writes: a run stopped mid-write (a signal, a full
     # disk) leaves the results file of an earlier run with this name as it was, not half of this one's.
-    write_text_atomically(js, json.dumps(data, indent=2, default=str) + "\n")
+    write_text_atomically(js, results_json(data) + "\n")
     write_text_atomically(md, markdown + "\n")
     return js, md
 

@@ -7,11 +7,11 @@ both objectives have at least one finished seed in it.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 
+from benchmarks.output import results_json
 from training.errors import write_text_atomically
 from training.report import pyplot_or_none, save_png
 
@@ -194,7 +194,7 @@ def write(results: dict, out: Path, final: bool) -> str:
     out.mkdir(parents=True, exist_ok=True)
     # Each whole or not at all: a call's hard kill between truncating and writing would leave them empty,
     # every finished run's result with them.
-    write_text_atomically(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    write_text_atomically(out / "results.json", results_json(results) + "\n")
     text = table(results)
     write_text_atomically(out / "table.md", text)
     if final:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from app.machine import cpu, describe_cpu
 from benchmarks import cli
-from benchmarks.output import add_out_folder, show_config
+from benchmarks.output import add_out_folder, results_json, show_config
 from benchmarks.quality.pretrainkit import (
     latest_state,
     run_logged,
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     machine = {**facts, "cpu_count": os.cpu_count(), "load_average_end": list(os.getloadavg())}
     result = {"config": config, "base_config": args.model_config, "machine": machine, "arms": rows}
-    write_text_atomically(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
+    write_text_atomically(out / "results.json", results_json(result) + "\n")
     write_text_atomically(out / "table.md", md)
     print(f"wrote {out / 'results.json'} and {out / 'table.md'}")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config
+from benchmarks.output import add_out_file, results_json, show_config
 from training.errors import write_text_atomically
 
 SOURCES = ("commons", "wikitext2")
@@ -306,7 +306,7 @@ def main(argv=None) -> None:
     }  # fmt: skip
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out, json.dumps(report, indent=1) + "\n")
+    write_text_atomically(out, results_json(report, indent=1) + "\n")
     if args.examples:
         examples = [
             {k: v for k, v in x.items() if k not in ("token_probs", "token_labels", "target")} for x in items
