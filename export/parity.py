@@ -98,11 +98,17 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return stats.roc_auc(scores, pos)
 
 
-def run_batched(sess, inputs: list[str], b: Batch, rows: int = 16, bar=None) -> np.ndarray:
-    """`sess` on `b`, `rows` at a time; `bar` (a progress bar, or None) advances by each part's rows."""
+def run_batched(
+    sess, inputs: list[str], b: Batch, rows: int = 16, bar=None, per_text: bool = False
+) -> np.ndarray:
+    """`sess` on `b`, `rows` at a time; `bar` (a progress bar, or None) advances by each part's rows.
+    `per_text`: the output is a row per text (a classifier's), so each part is cut to its longest text:
+    `b` is padded to its longest text of all, up to a model's 512 tokens, and the padding is only cost."""
     parts = []
     for i in range(0, len(b.input_ids), rows):
-        sub = Batch(b.input_ids[i : i + rows], b.attention_mask[i : i + rows], b.token_type_ids[i : i + rows])
+        mask = b.attention_mask[i : i + rows]
+        end = int(mask.sum(axis=1).max()) if per_text else mask.shape[1]
+        sub = Batch(b.input_ids[i : i + rows, :end], mask[:, :end], b.token_type_ids[i : i + rows, :end])
         parts.append(sess.run(None, sub.feed(inputs))[0])
         if bar is not None:
             bar.update(len(sub.input_ids))
@@ -191,7 +197,8 @@ def classifier_drop(
     """Accuracy drop with labels; argmax disagreement without (regression: mean abs diff, not gated). `give`:
     the labelled data to give, in the messages without labels (None: a multi-label model, which none can
     check)."""
-    p32, p8 = run_batched(fp32, inputs, data, bar=bar), run_batched(int8, inputs, data, bar=bar)
+    p32 = run_batched(fp32, inputs, data, bar=bar, per_text=True)
+    p8 = run_batched(int8, inputs, data, bar=bar, per_text=True)
     if ptype == "regression":
         return {"metric": "mean_abs_diff_vs_fp32", "value": float(np.abs(p32 - p8).mean()), "rows": len(p32)}
     if ptype == "multi_label_classification":
@@ -233,4 +240,5 @@ def classifier_drop(
         "drop": acc32 - acc8,
         "max_drop": MAX_ACCURACY_DROP,
         "rows": len(labels),
+        "longest_text_tokens": data.input_ids.shape[1],
     }

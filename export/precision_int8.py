@@ -230,7 +230,9 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
         elif found := evaldata.registry_dev_rows(ckpt, data_dir) or evaldata.run_dev_rows(ckpt):
             rows, where = found
         if rows is not None and ptype != "multi_label_classification":
-            data, _ = evaldata.encode(tok, [x for x, _ in rows], seq_len, len(rows), min_tokens=1)
+            # The dev rows at the model's own length, as fine-tuning scored them (eval_dev.json): cut to
+            # 128 tokens, the gate's fp32 accuracy was not the run's, and int8 error past 128 went unseen.
+            data, _ = evaldata.encode(tok, [x for x, _ in rows], src.max_length, len(rows), min_tokens=1)
             labels = evaldata.label_ids(rows, src.mcfg.id2label, ptype)
             with _scoring_bar(data) as bar:
                 return {

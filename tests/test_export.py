@@ -199,6 +199,44 @@ def test_int8_classifier_records_accuracy_drop(tmp_path, classifier_dir, monkeyp
     assert acc["drop"] == pytest.approx(acc["fp32"] - acc["int8"])
 
 
+def test_int8_accuracy_is_measured_at_the_models_own_length(tmp_path, tokenizer_dir, monkeypatch):
+    """The gate cut every dev text to 128 tokens whatever the model's length: a model fine-tuned at 256 had
+    its fp32 accuracy measured on other inputs than fine-tuning's, and int8 error past 128 went unseen."""
+    from export import parity
+
+    monkeypatch.setattr(parity, "MAX_ACCURACY_DROP", 1.0)  # untrained: near ties (see the test above)
+    model = hm.save_classifier(
+        tmp_path / "cls", tokenizer_dir, labels=("neg", "pos"), max_position_embeddings=256
+    )
+    lines = hm.text_lines(60, split="valid")
+    dev = tmp_path / "dev.csv"
+    with open(dev, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows((" ".join(lines[i : i + 8]), ["neg", "pos"][i % 2]) for i in range(0, 60, 3))
+    acc = export(model, tmp_path / "b", precision="int8", eval_data=str(dev))["parity"]["int8_accuracy"]
+    assert acc["metric"] == "dev_accuracy" and acc["rows"] == 20
+    assert 128 < acc["longest_text_tokens"] <= 256
+
+
+def test_scoring_per_text_cuts_padding_and_not_answers():
+    """run_batched(per_text=True) runs each part cut to its longest text: the same answers as padded."""
+    from tokenizers import Tokenizer
+
+    from export import evaldata, optimize, parity
+
+    bundle = Path(__file__).resolve().parents[1] / "models" / "sentiment"
+    sess = optimize.session(bundle / "model.onnx")
+    inputs = [i.name for i in sess.get_inputs()]
+    texts = [" ".join(hm.text_lines(40, split="valid")[: 1 + i % 7]) for i in range(40)]
+    data, _ = evaldata.encode(
+        Tokenizer.from_file(str(bundle / "tokenizer.json")), texts, 256, 40, min_tokens=1
+    )
+    padded = parity.run_batched(sess, inputs, data, rows=8)
+    cut = parity.run_batched(sess, inputs, data, rows=8, per_text=True)
+    np.testing.assert_allclose(cut, padded, atol=1e-5)
+
+
 def test_int8_accuracy_gate_refuses_and_writes_nothing(tmp_path, classifier_dir, monkeypatch):
     from export import parity
 
