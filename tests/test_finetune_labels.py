@@ -147,6 +147,31 @@ def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_pat
     assert load(tmp_path, words).labels == ("0", "1", "inf", "other")  # not all numbers: names
 
 
+def test_a_missing_value_written_as_a_word_among_numbers_is_named_not_made_a_class(tmp_path):
+    """R's write.csv writes a missing value NA: one among star ratings 1 to 5 in halves made a 10-class
+    classifier, "N/A" a class, where the same file without it trained a regression."""
+    stars = [1 + (i % 9) / 2 for i in range(60)]
+    rows = [(f"film {i}", "N/A" if i == 56 else s) for i, s in enumerate(stars)]
+    with pytest.raises(DataError, match=r"t.csv row 57: label 'N/A' is not a number \(a missing value\?\), and the "
+                       r"other labels are fractional numbers \(a regression target\): fix or drop its row"):  # fmt: skip
+        load(tmp_path, write(tmp_path / "t.csv", rows))
+    rows[3] = ("film 3", "unrated")  # among fractions, any rare word is one: both named
+    with pytest.raises(DataError, match=r"row 4 \(and 1 more row\(s\)\): label 'unrated'"):
+        load(tmp_path, write(tmp_path / "u.csv", rows))
+    classes = [(f"film {i}", "NA" if i == 5 else i % 2) for i in range(30)]  # a marker among classes too
+    with pytest.raises(DataError, match=r"row 6: label 'NA' is not a number .* whole numbers \(classes\)"):
+        load(tmp_path, write(tmp_path / "c.csv", classes))
+    named = [
+        (f"film {i}", "other" if i == 5 else i % 2) for i in range(30)
+    ]  # a class name among classes: kept
+    assert load(tmp_path, write(tmp_path / "n.csv", named)).labels == ("0", "1", "other")
+    assert load(tmp_path, write(tmp_path / "k.csv", classes), problem_type="classification").labels == (
+        "0",
+        "1",
+        "NA",
+    )
+
+
 def test_several_labels_in_one_cell_are_refused_as_multi_label_not_made_classes(tmp_path):
     """ "sport,politics" beside "sport" and "politics" became a third class; mostly "0,1" was called numbers
     with a decimal comma, whose advice (--problem-type classification) trained a class per combination."""

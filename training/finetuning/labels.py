@@ -63,20 +63,36 @@ def class_sort_key(name: str):
     return (1, 0, name)
 
 
+# How R, spreadsheets and databases write a missing value (blank and NaN are `missing` already).
+MISSING_MARKERS = frozenset({"na", "n/a", "#n/a", "null", "none", "nil", "-", "?"})
+
+
 def refuse_non_finite_targets(values: list, numbers: list[float | None], path: str, read: Rows) -> None:
     """One inf among numeric labels (JSON's Infinity, or "1e400", past a float's range) made every value a
     class name (an 11-class classifier from 10 regression targets and an inf), or a class "inf" beside
-    "0" and "1", silently."""
+    "0" and "1", silently. So did a missing value written as a word among numbers (R's write.csv writes
+    NA): a 10-class classifier, "N/A" one class, from star ratings 1 to 5 in halves."""
 
     odd = [n for n, x in enumerate(numbers, 1) if x is None]
-    if not odd or len(odd) == len(values) or not all(_is_float_text(values[n - 1]) for n in odd):
+    if not odd or len(odd) == len(values):
+        return
+    fractional = any(x is not None and not x.is_integer() for x in numbers)
+
+    def refused(value) -> bool:  # an inf or a missing marker; anything else, among fractions, if rare
+        text = value.strip().lower() if isinstance(value, str) else None
+        return (
+            _is_float_text(value) or text in MISSING_MARKERS or (fractional and len(odd) * 10 <= len(values))
+        )
+
+    if not all(refused(values[n - 1]) for n in odd):
         return
     n, value = odd[0], values[odd[0] - 1]
     shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
-    kind = ("fractional numbers (a regression target)" if any(x is not None and not x.is_integer() for x in numbers)
-            else "whole numbers (classes)")  # fmt: skip
-    raise DataError(f"--train: {path} {read.place(n - 1)}: label {shown} is not a finite number, and the other labels are {kind}: "
-                    "fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
+    kind = "fractional numbers (a regression target)" if fractional else "whole numbers (classes)"
+    others = f" (and {len(odd) - 1} more row(s))" if len(odd) > 1 else ""
+    what = "is not a finite number" if _is_float_text(value) else "is not a number (a missing value?)"
+    raise DataError(f"--train: {path} {read.place(n - 1)}{others}: label {shown} {what}, and the other labels are "
+                    f"{kind}: fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
 
 
 COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
