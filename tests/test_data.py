@@ -530,6 +530,18 @@ def test_a_tokenizer_file_that_cannot_be_read_is_said_so(tmp_path, trained):
         ), done.stdout + done.stderr
 
 
+def test_a_vocab_txt_that_is_not_utf8_is_said_so(tmp_path, trained):
+    """A vocab.txt saved as Latin-1 was a UnicodeDecodeError: a traceback from fine-tuning, and from export
+    "export failed: 'utf-8' codec can't decode byte 0xe9", naming no file (exit 1, not 2)."""
+    save_tokenizer(trained, tmp_path)
+    vocab = tmp_path / "vocab.txt"
+    lines = vocab.read_bytes().split(b"\n")
+    vocab.write_bytes(b"\n".join([*lines[:40], "caf\u00e9".encode("latin-1"), *lines[40:]]))
+    with pytest.raises(TokenizerError, match=rf"{vocab} is not UTF-8 \(line 41, byte \d+: invalid continuation byte\)"
+                       "; save it as UTF-8"):  # fmt: skip
+        load_tokenizer(vocab)
+
+
 def test_an_evaluation_corpus_is_refused_for_training_saying_so():
     with pytest.raises(
         CorpusError, match=r"commons is for evaluation only \(its split: test\).*train on another"

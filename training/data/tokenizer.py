@@ -175,8 +175,13 @@ def _readable(path: Path) -> None:
 
 def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, chinese_chars: bool = True):
     _readable(path)
-    with open(path, encoding="utf-8") as f:
-        lines = [line.rstrip("\r\n") for line in f]
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\r\n") for line in f]
+    except UnicodeDecodeError as e:  # a ValueError, but one that names neither the file nor what to do
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise TokenizerError(f"{path} is not UTF-8 (line {line}, byte {e.start}: {e.reason}); save it as UTF-8, "
+                             "as Hugging Face writes vocab.txt") from None  # fmt: skip
     # A token's id is its line number, and a token listed twice takes its last line, as Hugging Face's
     # load_vocab reads the file: the model's embedding rows follow those ids. The line left behind keeps
     # its id under a name no text can produce (white space splits it), so the ids stay contiguous.
