@@ -5,6 +5,7 @@ fingerprint (job.json), and a resumed job must match it."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -167,8 +168,12 @@ def resolve(argv: list[str] | None) -> BulkConfig:
     # Absolute paths: Ray workers on other nodes and worker processes resolve nothing against our cwd. INPUT
     # is made absolute, not resolved (a glob stays a glob, a link keeps its name): job.json fingerprints it,
     # so `in`, `./in` and `/home/me/in` must resume the same job, from any directory.
+    spec = cfg.input
+    if spec.startswith("~"):  # ~/corpus/**/ : the home directory's, with the rest as typed (a glob's end)
+        home, sep, rest = spec.partition(os.sep)
+        spec = str(options.expand_user(Path(home), "INPUT")) + sep + rest
     return options.replace(
-        cfg, input=absolute_spec(cfg.input), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
+        cfg, input=absolute_spec(spec), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
     )
 
 

@@ -43,7 +43,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.
-    cfg.out = os.path.abspath(cfg.out)
+    cfg.out = os.path.abspath(options.expand_user(Path(cfg.out), "--out"))
     out = Path(cfg.out)
     # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
     _check_replaceable(out, "--out", cfg, BUNDLE_FILES, MANIFEST, "bundle")
@@ -51,7 +51,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     if cfg.triton == "":
         cfg.triton = cfg.out + "-triton"
     if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
-        cfg.triton = os.path.abspath(cfg.triton)
+        cfg.triton = os.path.abspath(options.expand_user(Path(cfg.triton), "--triton"))
         repo = Path(cfg.triton)
         if repo.exists() and not repo.is_dir():  # named as given, not as the model directory's parent
             raise options.ConfigError(f"--triton {repo} is a file; a Triton model repository is a directory: "

@@ -159,7 +159,7 @@ def coerce(name: str, value, annotation, source: str | None = None):
     if kind is Path:
         if not isinstance(value, (str, Path)) or str(value) == "":  # Path("") would be the current directory
             raise ConfigError(f"{where}: expected a path, got {value!r}")
-        return Path(value)
+        return expand_user(Path(value), where)
     if kind in (int, float):
         if isinstance(value, bool) or (isinstance(value, float) and kind is int):
             raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
@@ -175,6 +175,16 @@ def coerce(name: str, value, annotation, source: str | None = None):
             raise ConfigError(f"{where}: expected text, got {type(value).__name__} {value!r}")
         return value
     raise TypeError(f"{name}: options of type {annotation} are not supported")
+
+
+def expand_user(path: Path, where: str) -> Path:
+    """`path` with a leading ~ or ~user made that home directory, as a shell would: a --config file's
+    `out = "~/x"`, `--out=~/x` (no shell expands after =) or a quoted ELECTRA_MODELS_DIR='~/models' was
+    a directory named ~ in the current one. A ConfigError naming `where` for a ~user of no such user."""
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        raise ConfigError(f"{where}: {str(path)!r}: there is no such user's home directory") from None
 
 
 def _unset(text: str, kind: type) -> bool:

@@ -279,6 +279,31 @@ def test_config_names_the_file_each_command_saves_and_a_models_config_json_is_re
     )
 
 
+def test_a_tilde_in_a_path_is_the_home_directory_wherever_it_is_given(tmp_path, monkeypatch):
+    """`out = "~/x"` in a --config file, `--out=~/x` (no shell expands after =) and a quoted
+    ELECTRA_MODELS_DIR='~/models' were a directory named ~ in the current one; training expanded ~, bulk,
+    export and the server did not."""
+    from bulk.config import resolve as bulk_resolve
+    from export.__main__ import resolve as export_resolve
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    settings = options.resolve(Settings, [], env={"ELECTRA_MODELS_DIR": "~/models"}, config_file=False)
+    assert settings.models_dir == home / "models"
+    toml = tmp_path / "b.toml"
+    toml.write_text('out = "~/scores"\nmodel = "sentiment"\n')
+    cfg = bulk_resolve(["~/corpus/**/", "--config", str(toml), "--models=~/models"])
+    assert (cfg.input, cfg.out, cfg.models_dir) == (f"{home}/corpus/**/", home / "scores", home / "models")
+    with pytest.raises(
+        options.ConfigError, match=r"--out: '~no-such-user-here/x': there is no such user's home"
+    ):
+        bulk_resolve(["in.jsonl", "--out=~no-such-user-here/x", "--model", "m"])
+    exported = export_resolve([str(tmp_path / "ckpt"), "--out=~/bundle", "--triton=~/triton"])
+    assert (exported.out, exported.triton) == (str(home / "bundle"), str(home / "triton"))
+    assert not (tmp_path / "~").exists()
+
+
 def test_choice_options_list_their_values():
     pretrain, finetune = help_text("training.pretrain"), help_text("training.finetune")
     assert all(name in pretrain for name in REGISTRY_CORPORA)
