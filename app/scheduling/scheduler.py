@@ -9,7 +9,8 @@ and the queue is short of the budget does it wait, at most until the oldest requ
 app/scheduling/running.py. What is decided elsewhere: admission (app/scheduling/admission.py), which rows form a batch and
 which lane goes first (app/scheduling/forming.py), where a batch runs (app/scheduling/placement.py), the lifecycle
 (app/scheduling/lifecycle.py). At most --runners - 1 runners run bulk batches at once (with one runner, it
-runs them too), so a one-sentence request waits for at most one small batch, not for a long text's windows.
+runs them too), so a one-sentence request waits for at most one bulk batch, not for a long text's windows;
+behind other interactive requests it waits for their batches, each up to the token budget.
 """
 
 from __future__ import annotations
