@@ -194,6 +194,24 @@ def test_a_run_started_with_relative_paths_resumes_from_any_directory(
               "--corpus", str(tmp_path / "here" / "corpus.txt")])  # fmt: skip
 
 
+def test_a_run_whose_corpus_is_gone_resumes_from_its_own_shards(tmp_path, small_corpus, small_tokenizer):
+    """A resume trains on the run's data/ shards and never reads its corpus, yet one whose corpus file was
+    deleted was refused: "neither a registry corpus ... nor a file or directory that exists". With the
+    shards gone too, which would be made again from it, it says so."""
+    corpus = tmp_path / "gone.txt"
+    shutil.copy(small_corpus, corpus)
+    run = tmp_path / "run"
+    args = tiny(run, corpus, small_tokenizer)
+    args[args.index("--max-steps") + 1] = "2"
+    pretrain(args)
+    corpus.unlink()
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3"])
+    assert json.loads((run / "checkpoints" / "step-00000003" / "trainer_state.json").read_text())["step"] == 3
+    shutil.rmtree(run / "data")
+    refused(["--out", str(run), "--resume", "--max-steps", "4"], f"--corpus '{corpus}' does not exist",
+            f"{run / 'data'} does not hold the run's shards", "restore the corpus")  # fmt: skip
+
+
 def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finished, tmp_path):
     """--valid-fraction was refused as a change to a registry corpus (the default's), not to the run's."""
     run = damaged_copy(finished, tmp_path, lambda run, d: None)

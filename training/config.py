@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from options import ConfigError, check_choices, option
+from training.run_dir import LATEST, has_shards
 
 DEVICES = ("auto", "cpu", "cuda")
 EMBEDDING_GRADS = ("aten", "autograd")
@@ -367,6 +368,14 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--corpus {self.corpus!r}: a comma separates corpora, and one of those it names, "
                               f"{unknown[0].strip()!r}, does not exist; the {what} {self.corpus!r} cannot be named in "
                               f"--corpus: rename it without the comma{instead}")  # fmt: skip
+        if unknown and self.resume and (Path(self.out) / "checkpoints" / LATEST).is_file():
+            # A resume trains on the run's own shards (data/): the corpus is read only to make them again.
+            if not has_shards(Path(self.out)):
+                raise ConfigError(f"--corpus {unknown[0].strip()!r} does not exist, and {Path(self.out) / 'data'} does "
+                                  "not hold the run's shards either, which a resume makes again from it: restore the "
+                                  "corpus the run started with (the same text), or start a new run with another "
+                                  "--out")  # fmt: skip
+            unknown = []
         if unknown:
             raise ConfigError(
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
