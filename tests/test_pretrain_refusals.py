@@ -212,6 +212,29 @@ def test_a_run_whose_corpus_is_gone_resumes_from_its_own_shards(tmp_path, small_
             f"{run / 'data'} does not hold the run's shards", "restore the corpus")  # fmt: skip
 
 
+def test_a_resume_given_its_corpus_by_another_path_is_the_same_run(
+    tmp_path, monkeypatch, small_corpus, small_tokenizer
+):
+    """`--corpus ../corpus.txt` from a subdirectory names the file the run saved as D/corpus.txt, yet the
+    two texts were compared and the resume refused as a change of corpus ("start a new run"). The run's
+    config.json keeps its own spelling; another file is still refused."""
+    (tmp_path / "sub").mkdir()
+    shutil.copy(small_corpus, tmp_path / "corpus.txt")
+    shutil.copy(small_corpus, tmp_path / "other.txt")
+    monkeypatch.chdir(tmp_path)
+    args = tiny("run", "corpus.txt", small_tokenizer)
+    args[args.index("--max-steps") + 1] = "2"
+    pretrain(args)
+    monkeypatch.chdir(tmp_path / "sub")
+    pretrain(["--out", "../run", "--resume", "--max-steps", "3", "--corpus", "../corpus.txt"])
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["corpus"] == str(
+        tmp_path / "corpus.txt"
+    )
+    with pytest.raises(SystemExit) as stop:
+        pretrain(["--out", "../run", "--resume", "--max-steps", "4", "--corpus", "../other.txt"])
+    assert stop.value.code == 2
+
+
 def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finished, tmp_path):
     """--valid-fraction was refused as a change to a registry corpus (the default's), not to the run's."""
     run = damaged_copy(finished, tmp_path, lambda run, d: None)

@@ -174,6 +174,31 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
     return out
 
 
+def same_files(then: dict, now: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
+    """The corpus and the file options `names` of `now` that name the files `then` names by other text
+    (`../corpus.txt` from a subdirectory, a link), as `then` spells them: compared as text, a resume given
+    the run's own corpus so was refused as a change of corpus. Each path is resolved as the kernel finds
+    it, `..` after the links; a file that is gone, by its text made absolute here."""
+
+    def where(p: str) -> Path:
+        try:
+            return (Path.cwd() / Path(p).expanduser()).resolve()
+        except RuntimeError:  # ~user of no such user: the text alone
+            return Path(p)
+
+    same = {}
+    for name in ("corpus", *names):
+        a, b = then.get(name), now.get(name)
+        if not isinstance(a, str) or not isinstance(b, str) or a == b:
+            continue
+        ours, given = ([c.strip() for c in v.split(",")] for v in (a, b))
+        if len(ours) == len(given) and all(
+            x == y or where(x) == where(y) for x, y in zip(ours, given, strict=True)
+        ):
+            same[name] = a
+    return same
+
+
 @dataclass
 class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     SAVED_AS: ClassVar[str] = "config.json"  # in the run directory, beside checkpoints/
