@@ -527,6 +527,17 @@ def test_a_resume_reads_metrics_as_the_uninterrupted_run_wrote_them(finished, tm
         MetricsLog(rows, truncate_after=2)
 
 
+def test_a_resume_with_another_eval_every_keeps_the_checkpoints_evaluation(finished, tmp_path):
+    """Whether the checkpoint's step had been evaluated was decided by the --eval-every given now: a resume
+    from step 4 (evaluated, --eval-every 4) with --eval-every 3 dropped that evaluation's row."""
+    from training.report import read_metrics
+
+    run = damaged_copy(finished, tmp_path, lambda run, d: None)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "7", "--eval-every", "3"])
+    rows = [(r["step"], r["split"]) for r in read_metrics(run / "metrics.jsonl")]
+    assert (4, "eval") in rows and (6, "eval") in rows and (7, "eval") in rows, rows
+
+
 def test_a_plot_that_cannot_be_written_leaves_the_finished_run_finished(finished, tmp_path, capsys):
     """curves.png on a full disk once failed a run whose last checkpoint was saved: exit 1, "stopped", and a
     --resume that failed the same way."""

@@ -123,6 +123,9 @@ class Trainer:
     warm_names: set[str] = dataclasses.field(default_factory=set)  # the parameters --init loaded
     evals: dict = dataclasses.field(default_factory=dict)
     evals_step: int | None = None  # the step `evals` were measured at (a stop adds no evaluation)
+    # The --eval-every the resumed checkpoint was saved under: whether its step was evaluated is its own
+    # schedule's to say, not one given now (which dropped that evaluation's row from metrics.jsonl).
+    eval_every_then: int | None = None
     said_auc_unmeasured: bool = False  # said once: every later evaluation of so little text is the same
     # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
     # that did not fit a micro-batch's slots. Reading them is a wait for the device, so that happens only
@@ -396,7 +399,8 @@ def setup(argv: list[str] | None) -> Trainer:
     if resumed and (changes := schedule_changes(resumed, cfg.max_steps)):
         ran["schedule_changes"] = changes
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
-                      autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
+                      autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names,
+                      eval_every_then=((resumed or {}).get("config") or {}).get("eval_every", cfg.eval_every))  # fmt: skip
     if env.main:
         try:
             # A finished run resumed (nothing to train) keeps its files as they were, unless its config.json
@@ -482,7 +486,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         # A finished run keeps its last evaluation (it was due: the run's end), and loses the rows a longer
         # resume of it wrote before it was killed, ahead of any checkpoint.
         log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
-                         evaluated=finished or t.step % cfg.eval_every == 0 or ended)  # fmt: skip
+                         evaluated=finished or t.step % (t.eval_every_then or cfg.eval_every) == 0 or ended)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
     _stop_with_rank_0(env, problem, f"error: --resume: {problem}; then resume")
