@@ -460,6 +460,27 @@ def test_a_path_through_a_link_and_up_keeps_naming_the_same_file(tmp_path, monke
     assert got["corpus"].startswith("wikitext2,") and got["tokenizer"] == "~nosuchuser/t.json"
 
 
+@pytest.mark.parametrize("name", ["out", "corpus", "tokenizer", "init", "init_generator", "data_dir"])
+def test_a_home_of_no_such_user_is_refused_naming_its_flag(name, monkeypatch, tmp_path):
+    """`~nosuchuser/x` in a path option ended in pathlib's RuntimeError ("Could not determine home
+    directory"), a traceback from wherever the path was first read; now a ConfigError naming the flag."""
+    from training.config import FinetuneConfig, check_data_dir
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--init", "base"] if name == "init_generator" else []
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(options.ConfigError, match=f"^{flag}.*no user 'nosuchuser'"):
+        check_data_dir(options.resolve(PretrainConfig, [*argv, flag, "~nosuchuser/x"], env={}))
+    with pytest.raises(options.ConfigError, match="^--train ~nosuchuser/t.csv: there is no user"):
+        options.resolve(
+            FinetuneConfig, ["--init", "base", "--train", "~nosuchuser/t.csv", "--out", "o"], env={}
+        )
+
+
+def test_out_of_no_such_users_home_exits_2_without_a_traceback(tmp_path):
+    refused(["--out", "~nosuchuser/run", "--max-steps", "1"], "--out ~nosuchuser/run: there is no user")
+
+
 def test_file_options_are_made_absolute_beside_the_corpus(tmp_path, monkeypatch):
     from training.config import FINETUNE_PATHS, absolute_paths
 

@@ -115,9 +115,16 @@ def check_data_dir(cfg) -> str | None:
     from options import sources
 
     where = sources(cfg).get("data_dir")
-    if cfg.data_dir is None or where is None or Path(cfg.data_dir).expanduser().is_dir():
+    if cfg.data_dir is None or where is None:
         return None
-    what = "is not a directory" if Path(cfg.data_dir).expanduser().exists() else "does not exist"
+    try:
+        path = Path(cfg.data_dir).expanduser()
+    except RuntimeError:  # ~user of no such user (pathlib's RuntimeError wherever it is read)
+        what = f"does not exist (there is no user {cfg.data_dir.split('/')[0][1:]!r} on this machine)"
+    else:
+        if path.is_dir():
+            return None
+        what = "is not a directory" if path.exists() else "does not exist"
     if where == "the saved config" or where.lower().endswith(".json"):
         whose = "the run's" if where == "the saved config" else f"{where}'s"
         return (f"{whose} data_dir {cfg.data_dir} {what} here: registry files come from the cache (or are "
@@ -141,11 +148,28 @@ _PATH_OPTIONS = ("tokenizer", "init", "init_generator")
 FINETUNE_PATHS = ("init", "train", "dev", "test")
 
 
-def absolute_out(out: str) -> str:
+def home_of(flag: str, value: str) -> Path:
+    """`value` with its ~ or ~user expanded; ConfigError naming `flag` where ~user names no user of this
+    machine, which pathlib raises as a RuntimeError wherever the path is read or written (a traceback)."""
     try:
-        return str(Path.cwd() / Path(out).expanduser())
-    except RuntimeError:  # ~user of no such user: refused where --out is created
-        return out
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise ConfigError(f"{flag} {value}: there is no user {value.split('/')[0][1:]!r} on this machine, whose "
+                          "home ~ would name; give the path in full") from None  # fmt: skip
+
+
+def check_homes(cfg, names: tuple[str, ...]) -> None:
+    """Every path option `names` of `cfg` (a corpus: each of its paths) expands its ~user here, or is refused
+    naming its flag: one check for every place that reads them."""
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, str):
+            for part in value.split(",") if name == "corpus" else (value,):
+                home_of("--" + name.replace("_", "-"), part.strip())
+
+
+def absolute_out(out: str) -> str:
+    return str(Path.cwd() / home_of("--out", out))
 
 
 def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
@@ -159,7 +183,9 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
         # not the one in the text (os.path.abspath would name another file).
         try:
             path = Path(p).expanduser()
-        except RuntimeError:  # the home of a user who does not exist: said where the path is read
+        except (
+            RuntimeError
+        ):  # the home of a user who does not exist: refused by check_homes (a saved run's, kept)
             return p
         return str(Path.cwd() / path) if path.exists() else p
 
@@ -324,6 +350,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_homes(self, ("out", "corpus", *_PATH_OPTIONS))
         for name, value in absolute_paths(self.__dict__).items():
             setattr(self, name, value)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
@@ -586,6 +613,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_seed(self.seed)
         if not self.out:
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
+        check_homes(self, ("out", *FINETUNE_PATHS))
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
         for name, value in absolute_paths(self.__dict__, FINETUNE_PATHS).items():

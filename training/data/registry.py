@@ -335,8 +335,11 @@ def fetch(
     if data_dir is None and os.environ.get(DATA_DIR_ENV):
         data_dir = os.environ[DATA_DIR_ENV]
     if data_dir is not None:
-        candidate = Path(data_dir).expanduser() / entry.filename
-        if candidate.is_file():
+        try:
+            candidate = Path(data_dir).expanduser() / entry.filename
+        except RuntimeError:  # a resumed run's ~user of another machine: noted by check_data_dir, the cache's
+            candidate = None
+        if candidate is not None and candidate.is_file():
             # A copy the user handed us is never "repaired": refusing it is the only honest answer.
             _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}")
             return candidate
