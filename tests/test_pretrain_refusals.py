@@ -130,6 +130,27 @@ def test_a_damaged_checkpoint_names_the_file_and_the_kept_one_to_resume_from(
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
+        (lambda run, d: (run / "checkpoints" / "latest").write_text("\n"), "checkpoints/latest is empty"),
+        (lambda run, d: shutil.rmtree(d), "names step-00000004, which is gone (no "),
+        (lambda run, d: (d / "config.json").unlink(), "names step-00000004, but"),
+    ],
+    ids=["latest empty", "latest's checkpoint gone", "its config.json gone"],
+)
+def test_a_latest_that_names_no_checkpoint_says_which_way_and_what_is_kept(finished, tmp_path, damage, says):
+    """checkpoints/latest empty, or naming a checkpoint directory that is gone, was said as "holds no
+    config.json" (the checkpoints directory's, or the gone one's), and the checkpoints kept went unnamed."""
+    run = damaged_copy(finished, tmp_path, damage)
+    refused(["--out", str(run), "--resume", "--max-steps", "6"], says, "kept checkpoint (step-00000002")
+    named = (run / "checkpoints" / "latest").read_text().strip()
+    for d in (run / "checkpoints").glob("step-*"):
+        if d.name != named:
+            shutil.rmtree(d)
+    refused(["--out", str(run), "--resume", "--max-steps", "6"], says, "no checkpoint (step-*) is kept")
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
         (lambda run, d: (run / "config.json").write_text("{bad"), "config.json does not read"),
         (lambda run, d: (run / "config.json").unlink(), "config.json is missing"),
     ],
