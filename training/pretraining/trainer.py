@@ -401,6 +401,10 @@ def setup(argv: list[str] | None) -> Trainer:
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
                       autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names,
                       eval_every_then=((resumed or {}).get("config") or {}).get("eval_every", cfg.eval_every))  # fmt: skip
+    if resumed and step >= cfg.max_steps:
+        # A finished run: its last evaluation, due at its end and saved with its checkpoint, is its final
+        # line's (the line said none was made).
+        trainer.evals, trainer.evals_step = dict(resumed.get("eval") or {}), step
     if env.main:
         try:
             # A finished run resumed (nothing to train) keeps its files as they were, unless its config.json
@@ -490,7 +494,8 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
     _stop_with_rank_0(env, problem, f"error: --resume: {problem}; then resume")
-    bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main, desc="pretrain")
+    # A finished run has no steps to show: its bar, full from the start, was drawn twice (opened and closed).
+    bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main or finished, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None
     while t.step < cfg.max_steps:
