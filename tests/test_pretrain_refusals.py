@@ -498,6 +498,15 @@ def test_a_home_of_no_such_user_is_refused_naming_its_flag(name, monkeypatch, tm
         )
 
 
+def test_an_empty_out_is_refused_not_trained_into_the_current_directory(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """`--out ""` was taken as the current directory, and a run trained there among the user's files."""
+    refused(tiny("", small_corpus, small_tokenizer), "--out: must not be empty")
+    with pytest.raises(options.ConfigError, match="--out: must not be empty"):
+        options.resolve(PretrainConfig, ["--out", ""], env={})
+
+
 def test_out_of_no_such_users_home_exits_2_without_a_traceback(tmp_path):
     refused(["--out", "~nosuchuser/run", "--max-steps", "1"], "--out ~nosuchuser/run: there is no user")
 

@@ -350,6 +350,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if not self.out:  # Path("") is the current directory: the run's files would land among the user's
+            raise ConfigError("--out: must not be empty; give the run directory (a new or empty one)")
         check_homes(self, ("out", "corpus", *_PATH_OPTIONS))
         for name, value in absolute_paths(self.__dict__).items():
             setattr(self, name, value)
