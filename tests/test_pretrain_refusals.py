@@ -498,6 +498,18 @@ def test_a_home_of_no_such_user_is_refused_naming_its_flag(name, monkeypatch, tm
         )
 
 
+def test_a_data_dir_file_that_is_not_the_published_one_exits_2(tmp_path, registry_data, small_tokenizer):
+    """A registry file in --data-dir whose sha256 is not the published one is an input to change (exit 2,
+    as the README says of a data file); it exited 1, as a failure while running."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wikitext2-train.raw.gz").write_bytes(
+        (registry_data / "wikitext2-train.raw.gz").read_bytes() + b"x"
+    )
+    refused([*tiny(tmp_path / "run", "wikitext2", small_tokenizer), "--data-dir", str(data)],
+            "wikitext2-train.raw.gz in", "expected", prefix=("env", f"ELECTRA_CACHE_DIR={tmp_path / 'cache'}"))  # fmt: skip
+
+
 def test_an_empty_out_is_refused_not_trained_into_the_current_directory(
     tmp_path, small_corpus, small_tokenizer
 ):
