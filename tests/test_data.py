@@ -591,6 +591,20 @@ def test_user_split_is_deterministic_disjoint_and_never_empty(tmp_path):
         list(read_corpus(str(tmp_path / "one.txt"), "valid"))
 
 
+def test_too_few_documents_are_advised_on_as_the_files_type_holds_them(tmp_path):
+    """An empty .jsonl corpus was told to "separate documents with a blank line", a .txt file's way."""
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "one.txt").write_text("only one")
+    with pytest.raises(
+        CorpusError, match=r"\(in a \.jsonl file, one JSON object a line, its text under --text-field\)"
+    ):
+        list(read_corpus(str(tmp_path / "empty.jsonl"), "valid"))
+    with pytest.raises(CorpusError, match=r"\(in a \.txt file, separate documents with a blank line\)"):
+        list(read_corpus(str(tmp_path / "one.txt"), "valid"))
+    with pytest.raises(CorpusError, match="blank line; in a .jsonl file"):  # a directory of both: both ways
+        list(read_corpus(str(tmp_path), "valid"))
+
+
 def test_a_list_of_files_one_of_which_cannot_be_split_alone_splits_as_their_directory(tmp_path):
     """--corpus big.txt,one.txt was refused for one.txt's single document (each file was split on its own,
     and the message said to edit it), where a directory of the same files trains. A list whose files each

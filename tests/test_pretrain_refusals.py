@@ -130,6 +130,27 @@ def test_a_damaged_checkpoint_names_the_file_and_the_kept_one_to_resume_from(
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
+        (lambda run, d: (run / "checkpoints" / "latest").write_text("\n"), "checkpoints/latest is empty"),
+        (lambda run, d: shutil.rmtree(d), "names step-00000004, which is gone (no "),
+        (lambda run, d: (d / "config.json").unlink(), "names step-00000004, but"),
+    ],
+    ids=["latest empty", "latest's checkpoint gone", "its config.json gone"],
+)
+def test_a_latest_that_names_no_checkpoint_says_which_way_and_what_is_kept(finished, tmp_path, damage, says):
+    """checkpoints/latest empty, or naming a checkpoint directory that is gone, was said as "holds no
+    config.json" (the checkpoints directory's, or the gone one's), and the checkpoints kept went unnamed."""
+    run = damaged_copy(finished, tmp_path, damage)
+    refused(["--out", str(run), "--resume", "--max-steps", "6"], says, "kept checkpoint (step-00000002")
+    named = (run / "checkpoints" / "latest").read_text().strip()
+    for d in (run / "checkpoints").glob("step-*"):
+        if d.name != named:
+            shutil.rmtree(d)
+    refused(["--out", str(run), "--resume", "--max-steps", "6"], says, "no checkpoint (step-*) is kept")
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
         (lambda run, d: (run / "config.json").write_text("{bad"), "config.json does not read"),
         (lambda run, d: (run / "config.json").unlink(), "config.json is missing"),
     ],
@@ -192,6 +213,47 @@ def test_a_run_started_with_relative_paths_resumes_from_any_directory(
     pretrain(["--out", str(tmp_path / "here" / "run"), "--resume", "--max-steps", "3"])
     pretrain(["--out", str(tmp_path / "here" / "run"), "--resume", "--max-steps", "4",
               "--corpus", str(tmp_path / "here" / "corpus.txt")])  # fmt: skip
+
+
+def test_a_run_whose_corpus_is_gone_resumes_from_its_own_shards(tmp_path, small_corpus, small_tokenizer):
+    """A resume trains on the run's data/ shards and never reads its corpus, yet one whose corpus file was
+    deleted was refused: "neither a registry corpus ... nor a file or directory that exists". With the
+    shards gone too, which would be made again from it, it says so."""
+    corpus = tmp_path / "gone.txt"
+    shutil.copy(small_corpus, corpus)
+    run = tmp_path / "run"
+    args = tiny(run, corpus, small_tokenizer)
+    args[args.index("--max-steps") + 1] = "2"
+    pretrain(args)
+    corpus.unlink()
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3"])
+    assert json.loads((run / "checkpoints" / "step-00000003" / "trainer_state.json").read_text())["step"] == 3
+    shutil.rmtree(run / "data")
+    refused(["--out", str(run), "--resume", "--max-steps", "4"], f"--corpus '{corpus}' does not exist",
+            f"{run / 'data'} does not hold the run's shards", "restore the corpus")  # fmt: skip
+
+
+def test_a_resume_given_its_corpus_by_another_path_is_the_same_run(
+    tmp_path, monkeypatch, small_corpus, small_tokenizer
+):
+    """`--corpus ../corpus.txt` from a subdirectory names the file the run saved as D/corpus.txt, yet the
+    two texts were compared and the resume refused as a change of corpus ("start a new run"). The run's
+    config.json keeps its own spelling; another file is still refused."""
+    (tmp_path / "sub").mkdir()
+    shutil.copy(small_corpus, tmp_path / "corpus.txt")
+    shutil.copy(small_corpus, tmp_path / "other.txt")
+    monkeypatch.chdir(tmp_path)
+    args = tiny("run", "corpus.txt", small_tokenizer)
+    args[args.index("--max-steps") + 1] = "2"
+    pretrain(args)
+    monkeypatch.chdir(tmp_path / "sub")
+    pretrain(["--out", "../run", "--resume", "--max-steps", "3", "--corpus", "../corpus.txt"])
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["corpus"] == str(
+        tmp_path / "corpus.txt"
+    )
+    with pytest.raises(SystemExit) as stop:
+        pretrain(["--out", "../run", "--resume", "--max-steps", "4", "--corpus", "../other.txt"])
+    assert stop.value.code == 2
 
 
 def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finished, tmp_path):
@@ -419,6 +481,48 @@ def test_a_path_through_a_link_and_up_keeps_naming_the_same_file(tmp_path, monke
     assert got["corpus"].startswith("wikitext2,") and got["tokenizer"] == "~nosuchuser/t.json"
 
 
+@pytest.mark.parametrize("name", ["out", "corpus", "tokenizer", "init", "init_generator", "data_dir"])
+def test_a_home_of_no_such_user_is_refused_naming_its_flag(name, monkeypatch, tmp_path):
+    """`~nosuchuser/x` in a path option ended in pathlib's RuntimeError ("Could not determine home
+    directory"), a traceback from wherever the path was first read; now a ConfigError naming the flag."""
+    from training.config import FinetuneConfig, check_data_dir
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--init", "base"] if name == "init_generator" else []
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(options.ConfigError, match=f"^{flag}.*no user 'nosuchuser'"):
+        check_data_dir(options.resolve(PretrainConfig, [*argv, flag, "~nosuchuser/x"], env={}))
+    with pytest.raises(options.ConfigError, match="^--train ~nosuchuser/t.csv: there is no user"):
+        options.resolve(
+            FinetuneConfig, ["--init", "base", "--train", "~nosuchuser/t.csv", "--out", "o"], env={}
+        )
+
+
+def test_a_data_dir_file_that_is_not_the_published_one_exits_2(tmp_path, registry_data, small_tokenizer):
+    """A registry file in --data-dir whose sha256 is not the published one is an input to change (exit 2,
+    as the README says of a data file); it exited 1, as a failure while running."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wikitext2-train.raw.gz").write_bytes(
+        (registry_data / "wikitext2-train.raw.gz").read_bytes() + b"x"
+    )
+    refused([*tiny(tmp_path / "run", "wikitext2", small_tokenizer), "--data-dir", str(data)],
+            "wikitext2-train.raw.gz in", "expected", prefix=("env", f"ELECTRA_CACHE_DIR={tmp_path / 'cache'}"))  # fmt: skip
+
+
+def test_an_empty_out_is_refused_not_trained_into_the_current_directory(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """`--out ""` was taken as the current directory, and a run trained there among the user's files."""
+    refused(tiny("", small_corpus, small_tokenizer), "--out: must not be empty")
+    with pytest.raises(options.ConfigError, match="--out: must not be empty"):
+        options.resolve(PretrainConfig, ["--out", ""], env={})
+
+
+def test_out_of_no_such_users_home_exits_2_without_a_traceback(tmp_path):
+    refused(["--out", "~nosuchuser/run", "--max-steps", "1"], "--out ~nosuchuser/run: there is no user")
+
+
 def test_file_options_are_made_absolute_beside_the_corpus(tmp_path, monkeypatch):
     from training.config import FINETUNE_PATHS, absolute_paths
 
@@ -484,6 +588,17 @@ def test_a_resume_reads_metrics_as_the_uninterrupted_run_wrote_them(finished, tm
     rows.write_text('{"step": 1, "split": "train"}\n{"st\n{"step": 2, "split": "train"}\n')
     with pytest.raises(MetricsError, match="line 2 of .* is not JSON"):
         MetricsLog(rows, truncate_after=2)
+
+
+def test_a_resume_with_another_eval_every_keeps_the_checkpoints_evaluation(finished, tmp_path):
+    """Whether the checkpoint's step had been evaluated was decided by the --eval-every given now: a resume
+    from step 4 (evaluated, --eval-every 4) with --eval-every 3 dropped that evaluation's row."""
+    from training.report import read_metrics
+
+    run = damaged_copy(finished, tmp_path, lambda run, d: None)
+    pretrain(["--out", str(run), "--resume", "--max-steps", "7", "--eval-every", "3"])
+    rows = [(r["step"], r["split"]) for r in read_metrics(run / "metrics.jsonl")]
+    assert (4, "eval") in rows and (6, "eval") in rows and (7, "eval") in rows, rows
 
 
 def test_a_plot_that_cannot_be_written_leaves_the_finished_run_finished(finished, tmp_path, capsys):

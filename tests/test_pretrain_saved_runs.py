@@ -170,3 +170,15 @@ def test_a_resume_of_shards_older_than_their_digest_hashes_each_token_file_once(
     state = {s: json.loads((run / "checkpoints" / s / "trainer_state.json").read_text())["data"]
              for s in ("step-00000004", "step-00000005")}  # fmt: skip
     assert state["step-00000005"] == state["step-00000004"]  # the same rows, known by the same digest
+
+
+def test_a_finished_run_resumed_says_its_final_evaluation_and_draws_no_progress(finished, tmp_path, capsys):
+    """Resumed with nothing to train, its final: line lacked the evaluation its checkpoint holds (the one
+    made at its end), and its progress bar, full from the start, was drawn twice."""
+    run = copy_of(finished, tmp_path)
+    state = json.loads((run / "checkpoints" / "step-00000004" / "trainer_state.json").read_text())
+    pretrain(["--out", str(run), "--resume"])
+    said = capsys.readouterr()
+    final = json.loads(next(line for line in said.out.splitlines() if line.startswith("final: "))[7:])
+    assert final["eval_step"] == 4 and final["loss"] == round(state["eval"]["loss"], 4), final
+    assert "pretrain:" not in said.err, said.err

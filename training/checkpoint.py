@@ -52,11 +52,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         return p
     latest = p / "checkpoints" / LATEST
     if latest.is_file():
-        target = p / "checkpoints" / latest.read_text().strip()
-        if (target / "config.json").is_file():
+        name = latest.read_text().strip()
+        target = p / "checkpoints" / name
+        if name and (target / "config.json").is_file():
             return target
-        raise CheckpointError(f"{latest} names {target.name}, but {target} holds no config.json: point at another "
-                              "checkpoint under checkpoints/, or write its name into checkpoints/latest")  # fmt: skip
+        raise CheckpointError(_latest_unusable(latest, name, target))
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
     if (p / "manifest.json").is_file() and (p / "model.onnx").is_file():
@@ -65,6 +65,24 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         f"{p} holds no checkpoint: expected config.json with model.safetensors (or {SHARD_INDEX} and its "
         f"shards, or pytorch_model.bin, or {BIN_SHARD_INDEX} and its shards), "
         f"or a run directory with checkpoints/{LATEST}"
+    )
+
+
+def _latest_unusable(latest: Path, name: str, target: Path) -> str:
+    """What is wrong with checkpoints/latest (empty, naming a checkpoint that is gone, or one without its
+    config.json), and the checkpoints still kept that it could name instead."""
+    if not name:  # the checkpoints directory itself, which was said to hold no config.json
+        what = f"{latest} is empty"
+    elif not target.exists():
+        what = f"{latest} names {name}, which is gone (no {target})"
+    else:
+        what = f"{latest} names {name}, but {target} holds no config.json"
+    kept = sorted(d.name for d in latest.parent.glob("step-*") if d.is_dir() and d.name != name)
+    if kept:
+        restore = ", or restore the one it names" if name else ""
+        return f"{what}: write the name of a kept checkpoint ({', '.join(kept)}) into it to go on from there{restore}"
+    return (
+        f"{what}, and no checkpoint (step-*) is kept beside it: restore it, or start again with another --out"
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from options import ConfigError, check_choices, option
+from training.run_dir import LATEST, has_shards
 
 DEVICES = ("auto", "cpu", "cuda")
 EMBEDDING_GRADS = ("aten", "autograd")
@@ -114,9 +115,16 @@ def check_data_dir(cfg) -> str | None:
     from options import sources
 
     where = sources(cfg).get("data_dir")
-    if cfg.data_dir is None or where is None or Path(cfg.data_dir).expanduser().is_dir():
+    if cfg.data_dir is None or where is None:
         return None
-    what = "is not a directory" if Path(cfg.data_dir).expanduser().exists() else "does not exist"
+    try:
+        path = Path(cfg.data_dir).expanduser()
+    except RuntimeError:  # ~user of no such user (pathlib's RuntimeError wherever it is read)
+        what = f"does not exist (there is no user {cfg.data_dir.split('/')[0][1:]!r} on this machine)"
+    else:
+        if path.is_dir():
+            return None
+        what = "is not a directory" if path.exists() else "does not exist"
     if where == "the saved config" or where.lower().endswith(".json"):
         whose = "the run's" if where == "the saved config" else f"{where}'s"
         return (f"{whose} data_dir {cfg.data_dir} {what} here: registry files come from the cache (or are "
@@ -140,11 +148,28 @@ _PATH_OPTIONS = ("tokenizer", "init", "init_generator")
 FINETUNE_PATHS = ("init", "train", "dev", "test")
 
 
-def absolute_out(out: str) -> str:
+def home_of(flag: str, value: str) -> Path:
+    """`value` with its ~ or ~user expanded; ConfigError naming `flag` where ~user names no user of this
+    machine, which pathlib raises as a RuntimeError wherever the path is read or written (a traceback)."""
     try:
-        return str(Path.cwd() / Path(out).expanduser())
-    except RuntimeError:  # ~user of no such user: refused where --out is created
-        return out
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise ConfigError(f"{flag} {value}: there is no user {value.split('/')[0][1:]!r} on this machine, whose "
+                          "home ~ would name; give the path in full") from None  # fmt: skip
+
+
+def check_homes(cfg, names: tuple[str, ...]) -> None:
+    """Every path option `names` of `cfg` (a corpus: each of its paths) expands its ~user here, or is refused
+    naming its flag: one check for every place that reads them."""
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, str):
+            for part in value.split(",") if name == "corpus" else (value,):
+                home_of("--" + name.replace("_", "-"), part.strip())
+
+
+def absolute_out(out: str) -> str:
+    return str(Path.cwd() / home_of("--out", out))
 
 
 def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
@@ -158,7 +183,7 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
         # not the one in the text (os.path.abspath would name another file).
         try:
             path = Path(p).expanduser()
-        except RuntimeError:  # the home of a user who does not exist: said where the path is read
+        except RuntimeError:  # a home of no such user: refused by check_homes (a saved run's is kept)
             return p
         return str(Path.cwd() / path) if path.exists() else p
 
@@ -171,6 +196,31 @@ def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict
         if isinstance(value, str) and value and not (name == "tokenizer" and value == "train"):
             out[name] = absolute(value)
     return out
+
+
+def same_files(then: dict, now: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
+    """The corpus and the file options `names` of `now` that name the files `then` names by other text
+    (`../corpus.txt` from a subdirectory, a link), as `then` spells them: compared as text, a resume given
+    the run's own corpus so was refused as a change of corpus. Each path is resolved as the kernel finds
+    it, `..` after the links; a file that is gone, by its text made absolute here."""
+
+    def where(p: str) -> Path:
+        try:
+            return (Path.cwd() / Path(p).expanduser()).resolve()
+        except RuntimeError:  # ~user of no such user: the text alone
+            return Path(p)
+
+    same = {}
+    for name in ("corpus", *names):
+        a, b = then.get(name), now.get(name)
+        if not isinstance(a, str) or not isinstance(b, str) or a == b:
+            continue
+        ours, given = ([c.strip() for c in v.split(",")] for v in (a, b))
+        if len(ours) == len(given) and all(
+            x == y or where(x) == where(y) for x, y in zip(ours, given, strict=True)
+        ):
+            same[name] = a
+    return same
 
 
 @dataclass
@@ -298,6 +348,9 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if not self.out:  # Path("") is the current directory: the run's files would land among the user's
+            raise ConfigError("--out: must not be empty; give the run directory (a new or empty one)")
+        check_homes(self, ("out", "corpus", *_PATH_OPTIONS))
         for name, value in absolute_paths(self.__dict__).items():
             setattr(self, name, value)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
@@ -367,6 +420,14 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
             raise ConfigError(f"--corpus {self.corpus!r}: a comma separates corpora, and one of those it names, "
                               f"{unknown[0].strip()!r}, does not exist; the {what} {self.corpus!r} cannot be named in "
                               f"--corpus: rename it without the comma{instead}")  # fmt: skip
+        if unknown and self.resume and (Path(self.out) / "checkpoints" / LATEST).is_file():
+            # A resume trains on the run's own shards (data/): the corpus is read only to make them again.
+            if not has_shards(Path(self.out)):
+                raise ConfigError(f"--corpus {unknown[0].strip()!r} does not exist, and {Path(self.out) / 'data'} does "
+                                  "not hold the run's shards either, which a resume makes again from it: restore the "
+                                  "corpus the run started with (the same text), or start a new run with another "
+                                  "--out")  # fmt: skip
+            unknown = []
         if unknown:
             raise ConfigError(
                 f"--corpus {unknown[0]!r}: neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a "
@@ -552,6 +613,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_seed(self.seed)
         if not self.out:
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
+        check_homes(self, ("out", *FINETUNE_PATHS))
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
         for name, value in absolute_paths(self.__dict__, FINETUNE_PATHS).items():

@@ -21,6 +21,12 @@ LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume con
 RUN_ENTRIES = frozenset({"config.json", "metrics.jsonl", "curves.png", "data", "tokenizer", "checkpoints"})
 
 
+def has_shards(out: Path) -> bool:
+    """Whether the run in `out` holds its train and valid shards (data/, each with the meta.json that
+    training/data/shards.py writes last): a resume trains on them without its corpus."""
+    return all((out / "data" / split / "meta.json").is_file() for split in ("train", "valid"))
+
+
 def launch_command() -> str:
     """The command that starts this pretraining run's processes again, from torchrun's environment (its
     nodes and processes per node), or a single process's."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training.data.corpus_sources import (
+    JSONL_SUFFIXES,
     REGISTRY_CORPORA,
     CorpusError,
     _corpus_files,
@@ -350,12 +351,24 @@ def _joined(parts: list[_Hashes]) -> _Hashes:
                    sum(h.at_lowest for h in parts if h.lowest == lowest))  # fmt: skip
 
 
+def _how_documents_part(source: str) -> str:
+    """How the corpus's files hold documents apart, by their type: the blank line of a .txt file was
+    advised for an empty .jsonl one too, whose documents are its lines."""
+    files = [f for p in source.split(",") if p.strip() not in REGISTRY_CORPORA
+             for f in _corpus_files(Path(p.strip()).expanduser())]  # fmt: skip
+    jsonl = [f for f in files if f.name.endswith(JSONL_SUFFIXES)]
+    hints = ["in a .jsonl file, one JSON object a line, its text under --text-field"] if jsonl else []
+    if len(jsonl) < len(files) or not files:
+        hints.insert(0, "in a .txt file, separate documents with a blank line")
+    return "; ".join(hints)
+
+
 def _cut(source: str, h: _Hashes, split: str, valid_fraction: float) -> float:
     """The hash below which a document is held out."""
     if h.count < 2:
         raise CorpusError(
             f"{source} holds {h.count} document(s); at least 2 are needed to hold one out for "
-            f"validation (separate documents with a blank line)"
+            f"validation ({_how_documents_part(source)})"
         )
     if not h.splits:  # the split goes by each text's hash: copies of one text go to one side
         raise CorpusError(f"{source}: its {h.count} documents are all the same text; at least 2 different ones are "

@@ -351,7 +351,12 @@ def fetch(
 def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
     if data_dir is None and os.environ.get(DATA_DIR_ENV):
         data_dir = os.environ[DATA_DIR_ENV]
-    return Path(data_dir).expanduser() if data_dir is not None else None
+    if data_dir is None:
+        return None
+    try:
+        return Path(data_dir).expanduser()
+    except RuntimeError:  # a resumed run's ~user of another machine: noted by check_data_dir, the cache's
+        return None
 
 
 def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None, searched: Path | None) -> Path:

@@ -16,8 +16,8 @@ from options import ConfigError, flag
 from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import PretrainConfig, absolute_out, inert_options
-from training.data.registry import DatasetError
+from training.config import PretrainConfig, absolute_out, inert_options, same_files
+from training.data.registry import ChecksumError, DatasetError
 from training.data.tokenizer import TokenizerError
 from training.errors import disk_full, out_of_space
 from training.optim import hardware_as_run
@@ -166,13 +166,17 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                 cfg = options.replace(cfg, **{k: then[k] for k in INIT_DECIDED if k in then})
             cfg = with_given_tokenizer(cfg)
             # JSON values, as config.json holds them
-            check_resumable(unpinned_as_pinned(then, cfg), options.as_dict(cfg))
+            then = unpinned_as_pinned(then, cfg)
+            # The run's own files named by another path: its record keeps its spelling.
+            cfg = options.replace(cfg, **same_files(then, options.as_dict(cfg)))
+            check_resumable(then, options.as_dict(cfg))
             return cfg, warm
         cfg, warm = resolve_warm_start(cfg)
         return with_given_tokenizer(cfg), warm
     except ConfigError as e:
         options.usage_exit(f"error: {e}")
-    except (CheckpointError, TokenizerError) as e:  # --init or --tokenizer to change
+    # --init, --tokenizer or a registry file (in --data-dir, say) to change
+    except (CheckpointError, TokenizerError, ChecksumError) as e:
         options.usage_exit(f"error: {e}")
     except DatasetError as e:  # a download, a disk
         sys.exit(f"error: {e}")

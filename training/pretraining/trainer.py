@@ -27,7 +27,7 @@ from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import COMPILE_MODES, PretrainConfig
 from training.data.corpus_sources import CorpusError
-from training.data.registry import DatasetError
+from training.data.registry import ChecksumError, DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
 from training.embedding_grad import opaque_embedding_grads
@@ -123,6 +123,9 @@ class Trainer:
     warm_names: set[str] = dataclasses.field(default_factory=set)  # the parameters --init loaded
     evals: dict = dataclasses.field(default_factory=dict)
     evals_step: int | None = None  # the step `evals` were measured at (a stop adds no evaluation)
+    # The --eval-every the resumed checkpoint was saved under: whether its step was evaluated is its own
+    # schedule's to say, not one given now (which dropped that evaluation's row from metrics.jsonl).
+    eval_every_then: int | None = None
     said_auc_unmeasured: bool = False  # said once: every later evaluation of so little text is the same
     # Counted on the device since they were last read, over all ranks: real tokens, and masked positions
     # that did not fit a micro-batch's slots. Reading them is a wait for the device, so that happens only
@@ -359,8 +362,9 @@ def setup(argv: list[str] | None) -> Trainer:
             if full is None:
                 env.exit_behind_rank_0(1)  # rank 0 says why
             raise full
-    except (CorpusError, ShardsError, TokenizerError, CheckpointError) as e:
-        # The user's text (too little of it), tokenizer or checkpoint: an input to change, as fine-tuning's.
+    except (CorpusError, ShardsError, TokenizerError, CheckpointError, ChecksumError) as e:
+        # The user's text (too little of it), tokenizer or checkpoint, or a registry file that is not the
+        # published one (in --data-dir, say): an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
     except DiskFullError as e:  # config.json, the tokenizer, the shards or the room for a checkpoint
         sys.exit(_disk_full(e))
@@ -396,7 +400,12 @@ def setup(argv: list[str] | None) -> Trainer:
     if resumed and (changes := schedule_changes(resumed, cfg.max_steps)):
         ran["schedule_changes"] = changes
     trainer = Trainer(cfg=cfg, env=env, run=run, data=data, objective=objective, model=model, opt=opt,
-                      autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names)  # fmt: skip
+                      autocast=autocast, step=step, tokens=tokens, as_run=ran, warm_names=warm_names,
+                      eval_every_then=((resumed or {}).get("config") or {}).get("eval_every", cfg.eval_every))  # fmt: skip
+    if resumed and step >= cfg.max_steps:
+        # A finished run: its last evaluation, due at its end and saved with its checkpoint, is its final
+        # line's (the line said none was made).
+        trainer.evals, trainer.evals_step = dict(resumed.get("eval") or {}), step
     if env.main:
         try:
             # A finished run resumed (nothing to train) keeps its files as they were, unless its config.json
@@ -482,11 +491,12 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
         # A finished run keeps its last evaluation (it was due: the run's end), and loses the rows a longer
         # resume of it wrote before it was killed, ahead of any checkpoint.
         log = MetricsLog(t.run / "metrics.jsonl", enabled=env.main, truncate_after=t.step,
-                         evaluated=finished or t.step % cfg.eval_every == 0 or ended)  # fmt: skip
+                         evaluated=finished or t.step % (t.eval_every_then or cfg.eval_every) == 0 or ended)  # fmt: skip
     except MetricsError as e:  # rank 0 reads it: every rank stops, or the others would wait in the step
         problem = e
     _stop_with_rank_0(env, problem, f"error: --resume: {problem}; then resume")
-    bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main, desc="pretrain")
+    # A finished run has no steps to show: its bar, full from the start, was drawn twice (opened and closed).
+    bar = progress_bar(total=cfg.max_steps, initial=t.step, disable=not env.main or finished, desc="pretrain")
     started, window_t, window_start, first_step = time.time(), time.time(), t.tokens, t.step
     stopped_by = None
     while t.step < cfg.max_steps:
