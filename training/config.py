@@ -146,6 +146,9 @@ def check_seed(seed: int) -> None:
 # the same files (and the same text typed from elsewhere is not taken for a change of corpus).
 _PATH_OPTIONS = ("tokenizer", "init", "init_generator")
 FINETUNE_PATHS = ("init", "train", "dev", "test")
+# The data directory too (saved relative, a resume from elsewhere lost it, and fetched from the network
+# instead); it may change on a resume, and a saved one gone is a note (check_data_dir), not a refusal.
+_DATA_DIR = ("data_dir",)
 
 
 def home_of(flag: str, value: str) -> Path:
@@ -351,7 +354,7 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         if not self.out:  # Path("") is the current directory: the run's files would land among the user's
             raise ConfigError("--out: must not be empty; give the run directory (a new or empty one)")
         check_homes(self, ("out", "corpus", *_PATH_OPTIONS))
-        for name, value in absolute_paths(self.__dict__).items():
+        for name, value in absolute_paths(self.__dict__, (*_PATH_OPTIONS, *_DATA_DIR)).items():
             setattr(self, name, value)
         positive(self, "vocab_size", "seq_len", "embedding_size", "hidden_size", "num_layers", "num_heads",
                  "intermediate_size", "batch_size", "grad_accum", "max_steps", "lr", "temperature",
@@ -616,7 +619,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_homes(self, ("out", *FINETUNE_PATHS))
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
-        for name, value in absolute_paths(self.__dict__, FINETUNE_PATHS).items():
+        for name, value in absolute_paths(self.__dict__, (*FINETUNE_PATHS, *_DATA_DIR)).items():
             setattr(self, name, value)
         check_threads(self.threads)
         if self.resume and not (self.init and (self.task or self.train)):

@@ -349,8 +349,10 @@ def fetch(
 
 
 def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
-    if data_dir is None and os.environ.get(DATA_DIR_ENV):
-        data_dir = os.environ[DATA_DIR_ENV]
+    # Empty is unset, as ELECTRA_DATA_DIR= is: --data-dir "" (or an empty TOML value) was the current
+    # directory, whose own files of the registry's names were refused as corrupt copies.
+    if not data_dir:
+        data_dir = os.environ.get(DATA_DIR_ENV) or None
     if data_dir is None:
         return None
     try:
