@@ -120,8 +120,16 @@ def test_a_run_started_with_relative_paths_resumes_from_another_directory(tiny_i
         os.chdir(cwd)
     saved = json.loads((here / "out" / "finetune_config.json").read_text())
     assert (saved["init"], saved["train"]) == (str(here / "init"), str(here / "r.csv"))
-    finetune(["--out", str(here / "out"), "--resume"])
+    # Its --train given again from a subdirectory, as ../r.csv: the same file, not a change of data (the
+    # texts were compared, and the resume refused).
+    (here / "sub").mkdir()
+    os.chdir(here / "sub")
+    try:
+        finetune(["--out", "../out", "--resume", "--train", "../r.csv"])
+    finally:
+        os.chdir(cwd)
     assert json.loads((here / "out" / "trainer_state.json").read_text())["interrupted"] is False
+    assert json.loads((here / "out" / "finetune_config.json").read_text())["train"] == str(here / "r.csv")
 
 
 def test_threads_beyond_the_machine_are_refused(tmp_path):

@@ -24,7 +24,7 @@ import options
 from options import ConfigError
 from training import checkpoint as ckpt
 from training.atomic_dirs import write_atomically
-from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, unused_data_options
+from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, same_files, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
 from training.finetuning.labels import label_name, label_names
@@ -70,6 +70,11 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> tu
         if given is not None and saved_value is not None and names(given) == names(saved_value):
             compared[key] = saved_value
             now = options.replace(now, **{key: saved_value})
+    # Its files given by another path (../train.csv from a subdirectory, a link) are its files: compared as
+    # text, the resume was refused as a change of data. The saved spelling stays the run's record.
+    same = same_files(then, compared, ("train", "dev", "test"))
+    compared.update(same)
+    now = options.replace(now, **same)
     load_from = now.init
     if _same_run(then["init"], now.init):  # its --init: the pretraining run the saved checkpoint is in
         compared["init"] = then["init"]
