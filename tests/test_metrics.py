@@ -1,0 +1,57 @@
+"""What /metrics says about a real server process: its series follow what the server does, in labels an operator
+can act on. Servers on fixed ports (8760-8790), one at a time."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+
+try:
+    from app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401
+
+LONG = " ".join(["the river flows past the old mill"] * 5)  # ~37 model-input tokens: bulk past 16
+
+
+def test_each_429_is_counted_under_the_limit_that_refused_it(bundles_dir: Path, tmp_path):
+    """A full queue (--queue-size) and the bulk token limit (--max-bulk-tokens) both answer 429 `overloaded`,
+    and both were counted as rejected reason "overloaded": an operator could not tell which limit to raise.
+    The answer keeps its type; the counter names the limit (the memory limit's: tests/test_app_memory.py)."""
+    flags = (
+        "--queue-size", "3", "--max-wait-ms", "6000", "--interactive-tokens", "16",
+        "--max-request-tokens", "64", "--max-bulk-tokens", "64", "--runners", "1",
+    )  # fmt: skip
+    with run_server(bundles_dir, *flags, log_dir=tmp_path, port=8761) as server, server.client() as c:
+        held = []
+
+        def send(text: str) -> None:  # held by the runner's --max-wait-ms: a place, and bulk tokens
+            held.append(httpx.post(server.url + "/detect", json={"text": text}, timeout=30))
+
+        # The one runner gathers company for the short request; the long one (bulk) waits behind it.
+        waiting = []
+        for depth, text in enumerate(("a short one", LONG), 1):
+            waiting.append(threading.Thread(target=send, args=(text,)))
+            waiting[-1].start()
+            wait_for(
+                lambda d=depth: server.metric("electra_queue_depth", model="detector") == d, what="admitted"
+            )
+        assert server.metric("electra_bulk_tokens", model="detector") > 32
+        bulk = c.post("/detect", json={"text": LONG})  # a place is free; 2 x ~37 bulk tokens are not
+        assert bulk.status_code == 429 and bulk.json()["error"]["type"] == "overloaded", bulk.text
+        assert "--max-bulk-tokens" in bulk.json()["error"]["message"]
+        third = threading.Thread(target=send, args=("another short one",))
+        third.start()
+        waiting.append(third)
+        wait_for(lambda: server.metric("electra_queue_depth", model="detector") == 3, what="three admitted")
+        full = c.post("/detect", json={"text": "one more"})
+        assert full.status_code == 429 and full.json()["error"]["type"] == "overloaded", full.text
+        assert "--queue-size" in full.json()["error"]["message"]
+        assert server.metric("electra_rejected_requests_total", reason="bulk_tokens") == 1
+        assert server.metric("electra_rejected_requests_total", reason="queue_full") == 1
+        assert server.metric("electra_rejected_requests_total", reason="overloaded") == 0
+        for t in waiting:
+            t.join()
+        assert [r.status_code for r in held] == [200] * 3
