@@ -55,3 +55,23 @@ def test_each_429_is_counted_under_the_limit_that_refused_it(bundles_dir: Path, 
         for t in waiting:
             t.join()
         assert [r.status_code for r in held] == [200] * 3
+
+
+def test_a_batch_of_a_thousand_short_texts_lands_in_a_bucket_of_its_size(bundles_dir: Path, tmp_path):
+    """The default --batch-token-budget 16384 lets a batch hold thousands of short rows, and electra_batch_size's
+    buckets stopped at 512: such batches were counted in +Inf only, and a dashboard's quantiles read the
+    ceiling. The buckets now reach the largest batch the budget allows."""
+    flags = ("--max-batch-size", "1000", "--interactive-tokens", "8192")  # one request, one interactive batch
+    with run_server(bundles_dir, *flags, log_dir=tmp_path, port=8762) as server, server.client() as c:
+        r = c.post("/classify", json={"texts": ["good"] * 1000})
+        assert r.status_code == 200 and len(r.json()["results"]) == 1000, r.text[:300]
+        assert server.metric("electra_batch_size_sum", model="sentiment") == 1000
+        assert server.metric("electra_batch_size_count", model="sentiment") == 1
+        assert server.metric("electra_batch_size_bucket", model="sentiment", le="512.0") == 0
+        assert server.metric("electra_batch_size_bucket", model="sentiment", le="1024.0") == 1
+        bounds = [
+            float(line.split('le="')[1].split('"')[0])
+            for line in c.get("/metrics").text.splitlines()
+            if line.startswith("electra_batch_size_bucket{") and 'model="sentiment"' in line
+        ]
+        assert max(b for b in bounds if b != float("inf")) >= 16384  # a row of one token: the budget's rows
