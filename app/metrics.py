@@ -163,7 +163,8 @@ class Metrics:
         )  # fmt: skip
         self.bundle_failing = Gauge(
             PREFIX + "bundle_failing", "1 while a served bundle's engine fails: --unready-after-failures runs "
-            "in a row and /ready's one-row probe (/ready and GET /models say why)", ("model",), registry=r,
+            "in a row and the one-row probe that /ready and a /metrics scrape run, until a run succeeds "
+            "(/ready and GET /models say why)", ("model",), registry=r,
         )  # fmt: skip
         self.load_check_within_gate = Gauge(
             PREFIX + "load_check_within_gate", "1 when the load-time check is within the bundle's gate",

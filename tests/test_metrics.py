@@ -75,3 +75,25 @@ def test_a_batch_of_a_thousand_short_texts_lands_in_a_bucket_of_its_size(bundles
             if line.startswith("electra_batch_size_bucket{") and 'model="sentiment"' in line
         ]
         assert max(b for b in bounds if b != float("inf")) >= 16384  # a row of one token: the budget's rows
+
+
+def test_bundle_failing_follows_the_engine_without_a_ready_to_set_it(bundles_dir: Path, tmp_path):
+    """electra_bundle_failing was written only by /ready's check: where nothing polled /ready it stayed 0 while
+    every request failed, and once /ready had set it, it stayed 1 after requests ran again, until the next
+    /ready. A scrape now probes an engine whose runs keep failing, and the gauge reads the live state."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "detector").symlink_to(bundles_dir / "detector")
+    # Runs 1-4: two requests, each failing in its batch and alone; 5: the scrape's probe; 6-7: a third request.
+    flags = ("--inject-faults", "first=7", "--solo-threads", "1")
+    with run_server(models, *flags, log_dir=tmp_path, port=8763) as server, server.client() as c:
+        assert [c.post("/detect", json={"text": "a text"}).status_code for _ in range(2)] == [500, 500]
+        assert server.metric("electra_bundle_failing", model="detector") == 1  # no /ready asked
+        assert server.metric("electra_engine_failures_total", model="detector", run="probe") == 1
+        assert c.get("/ready").json()["status"] == "failing"
+        codes = []
+        while 200 not in codes and len(codes) < 5:  # the fault clears: a request runs
+            codes.append(c.post("/detect", json={"text": "a text"}).status_code)
+        assert codes[-1] == 200, codes
+        assert server.metric("electra_bundle_failing", model="detector") == 0  # no /ready since
+        assert not c.get("/models").json().get("failing")
