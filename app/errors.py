@@ -83,12 +83,17 @@ class AppError(Exception):
         message: str,
         field: str | None = None,
         headers: dict[str, str] | None = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.type = type
         self.message = message
         self.field = field
         self.headers = headers or {}
+        # The electra_rejected_requests_total label, where the type alone does not say what to do: three
+        # limits answer 429 `overloaded` (clients retry on that type), and an operator raises a different
+        # one for each. A constant of the code, never the client's input: the label's values stay few.
+        self.reason = reason or type.value
 
 
 def clip(text: str, limit: int = 64) -> str:

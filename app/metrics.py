@@ -48,17 +48,36 @@ STAGE_BUCKETS = (
     60.0,
     120.0,
 )
-BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-BATCH_TOKENS_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+# Rows and padded tokens per batch: doublings up to the largest batch the token budget allows. A row
+# holds at least one token, so a batch of short texts has up to --batch-token-budget rows (16384 by
+# default, ~4096 of 4-token texts in practice); buckets that stopped at 512 put most of such batches in +Inf.
+DEFAULT_BATCH_TOKEN_BUDGET = 16384
+
+
+def doublings(first: int, last: int) -> tuple[int, ...]:
+    """first, 2 * first, ... up to the first value >= last."""
+    out = [first]
+    while out[-1] < last:
+        out.append(out[-1] * 2)
+    return tuple(out)
+
+
+def batch_rows_buckets(batch_token_budget: int = DEFAULT_BATCH_TOKEN_BUDGET) -> tuple[int, ...]:
+    return doublings(1, batch_token_budget)
+
+
+def batch_tokens_buckets(batch_token_budget: int = DEFAULT_BATCH_TOKEN_BUDGET) -> tuple[int, ...]:
+    return doublings(64, max(batch_token_budget, 65536))
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, batch_token_budget: int = DEFAULT_BATCH_TOKEN_BUDGET) -> None:
+        """`batch_token_budget`: the server's --batch-token-budget, which bounds a batch's rows and tokens."""
         # `*_created` timestamp series double the exposition for nothing a dashboard uses.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests(self.registry)
-        self._batches(self.registry)
+        self._batches(self.registry, batch_token_budget)
         self._health(self.registry)
         # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ...: what an
         # operator's dashboards expect of any process (empty where /proc is not there).
@@ -99,15 +118,15 @@ class Metrics:
             registry=r,
         )  # fmt: skip
 
-    def _batches(self, r: CollectorRegistry) -> None:
+    def _batches(self, r: CollectorRegistry, batch_token_budget: int) -> None:
         """Per inference batch: its size, where it ran, and failures."""
         self.batch_size = Histogram(
             PREFIX + "batch_size", "Rows (texts or windows) per inference batch", ("model",),
-            buckets=BATCH_ROWS_BUCKETS, registry=r,
+            buckets=batch_rows_buckets(batch_token_budget), registry=r,
         )  # fmt: skip
         self.batch_tokens = Histogram(
             PREFIX + "batch_tokens", "Tokens per inference batch, padding included (rows * longest)", ("model",),
-            buckets=BATCH_TOKENS_BUCKETS, registry=r,
+            buckets=batch_tokens_buckets(batch_token_budget), registry=r,
         )  # fmt: skip
         self.solo_batches = Counter(
             PREFIX + "solo_batches", "Batches run on every core because no other request was in flight",
@@ -144,7 +163,8 @@ class Metrics:
         )  # fmt: skip
         self.bundle_failing = Gauge(
             PREFIX + "bundle_failing", "1 while a served bundle's engine fails: --unready-after-failures runs "
-            "in a row and /ready's one-row probe (/ready and GET /models say why)", ("model",), registry=r,
+            "in a row and the one-row probe that /ready and a /metrics scrape run, until a run succeeds "
+            "(/ready and GET /models say why)", ("model",), registry=r,
         )  # fmt: skip
         self.load_check_within_gate = Gauge(
             PREFIX + "load_check_within_gate", "1 when the load-time check is within the bundle's gate",

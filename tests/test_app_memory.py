@@ -50,6 +50,8 @@ def test_large_requests_reserve_room_and_give_it_back():
     with pytest.raises(AppError) as busy:
         b.reserve("m", 10_000, 4096)
     assert busy.value.type is ErrorType.OVERLOADED and busy.value.headers["retry-after"]
+    # Counted as rejected reason "memory", not "overloaded" as a full queue and the bulk token limit were too.
+    assert busy.value.reason == "memory"
     b.release(held.pop())
     b.reserve("m", 10_000, 4096)
 

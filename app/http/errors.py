@@ -84,7 +84,7 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
                       for_log(_path(request)), rid, exc_info=exc)  # fmt: skip
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
-        metrics.rejected.labels(reason=err.type.value).inc()
+        metrics.rejected.labels(reason=err.reason).inc()
         # No route matched (404), none for the method (405), or the router refused the Host header (400):
         # Litestar never ran the route's middleware that counts requests (it sets t0), so count them here,
         # under endpoint "other".

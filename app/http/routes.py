@@ -191,6 +191,10 @@ async def ready(request: Request) -> Response[Status]:
     summary="Prometheus metrics",
 )
 async def metrics(request: Request) -> Response[bytes]:
+    # electra_bundle_failing must not wait for a /ready to find an engine failing: where nothing polls
+    # /ready it stayed 0 through every failure, on the dashboard meant to alert on it. The same probe, at
+    # most once a second per model, and only of an engine whose runs keep failing: otherwise nothing.
+    await _registry(request).check_engines()
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -35,7 +35,7 @@ def create_app(settings: Settings) -> Litestar:
     """Reads and hash-checks every bundle now: a broken one is left out (and reported), and when none
     can be served this fails before the port opens."""
     providers(settings.providers)  # --providers cuda without CUDA: an error now, before the port opens
-    metrics = Metrics()
+    metrics = Metrics(settings.batch_token_budget)
     bundles, broken = discover(settings.models_dir)
     registry = Registry(bundles, settings, metrics, broken)
     metrics.open_connections.set_function(lambda: registry.server_load.connections)

@@ -41,7 +41,7 @@ class Admission:
         if self.admitted >= self.queue_size:
             queued = f"{self.queue_size} request{'s' if self.queue_size != 1 else ''}"
             msg = f"model {self.name!r} has {queued} queued (the limit, --queue-size); retry later"
-            raise AppError(ErrorType.OVERLOADED, msg, headers={"retry-after": "1"})
+            raise AppError(ErrorType.OVERLOADED, msg, headers={"retry-after": "1"}, reason="queue_full")
         self.admitted += 1
         self.load.request_admitted()
         self.series.queue_depth.set(self.admitted)
@@ -67,7 +67,9 @@ class Admission:
                 f"model {self.name!r} is busy with {self.bulk_tokens} tokens of large requests; this one's "
                 f"{tokens} would pass the limit of {self.max_bulk_tokens} (--max-bulk-tokens); retry later"
             )
-            raise AppError(ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"})
+            raise AppError(
+                ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"}, reason="bulk_tokens"
+            )
         reserved = (
             0 if self.memory is None else self.memory.reserve(self.name, tokens, self.bulk_batch_tokens)
         )

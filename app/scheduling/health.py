@@ -8,7 +8,8 @@ row through that engine itself (the probe, as text-embeddings-inference's /healt
 bundle is "failing" while the probe fails too, and /ready says so (503 when nothing else serves). Out of
 rotation no request arrives to show the engine is back, so the probe runs again at each /ready, at most
 once every PROBE_INTERVAL_S per model (/ready is public), off the event loop; the first probe or request
-that succeeds brings the replica back."""
+that succeeds brings the replica back. A /metrics scrape runs the same check, so that electra_bundle_failing
+says it where nothing polls /ready."""
 
 from __future__ import annotations
 
@@ -45,7 +46,15 @@ class EngineHealth:
         self.failing: str | None = None  # why, while the probe fails too
         self._probed = -PROBE_INTERVAL_S  # monotonic time of the last probe's start
         self._probe: asyncio.Future | None = None
-        gauge.set(0)  # present from the start, for an alert's expression
+        # Read at each scrape, so it follows `now`: set only where /ready's check ran, it stayed 1 after
+        # requests had run again, until the next /ready. Two attribute reads per scrape.
+        gauge.set_function(lambda: 0.0 if self.now is None else 1.0)
+
+    @property
+    def now(self) -> str | None:
+        """Why the bundle fails now, or None: the last check's verdict, unless a run succeeded since (a
+        request that ran ends it at once, before the next check says so)."""
+        return self.failing if self.suspect else None
 
     @property
     def suspect(self) -> bool:
@@ -102,5 +111,4 @@ class EngineHealth:
         elif failing is None and self.failing is not None:
             log.warning("%s: the engine runs again (a request or /ready's probe succeeded): ready", self.name)
         self.failing = failing
-        self.gauge.set(0 if failing is None else 1)
         return failing

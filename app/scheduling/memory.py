@@ -140,7 +140,7 @@ class MemoryBudget:
             raise AppError(ErrorType.OVERLOADED,
                            f"model {model!r}: large requests in flight already hold {self.reserved / MIB:.0f} of the "
                            f"{self.room / MIB:.0f} MiB this server's memory limit leaves them; retry later",
-                           field="tokens", headers={"retry-after": "1"})  # fmt: skip
+                           field="tokens", headers={"retry-after": "1"}, reason="memory")  # fmt: skip
         self.reserved += need
         self._show()
         return need

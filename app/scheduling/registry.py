@@ -128,15 +128,14 @@ class Registry:
         raise AppError(ErrorType.UNKNOWN_MODEL, f"no {kind} is served; see GET /models", field="model")
 
     async def check_engines(self) -> None:
-        """/ready's: probe the engines that keep failing (app/scheduling/health.py), off the event loop."""
+        """/ready's and /metrics': probe the engines that keep failing (app/scheduling/health.py), off the event loop."""
         if self.state == "ready" and self.lifecycle.phase is Phase.SERVING:
             await asyncio.gather(*(health.check() for health in self.health.values()))
 
     @property
     def failing(self) -> dict[str, str]:
-        """Served bundles whose engine fails, by name, with why (as the last check_engines found)."""
-        # `suspect` too: a request that ran since ends it at once, before the next /ready says so.
-        return {name: h.failing for name, h in self.health.items() if h.failing and h.suspect}
+        """Served bundles whose engine fails, by name, with why (EngineHealth.now)."""
+        return {name: why for name, h in self.health.items() if (why := h.now)}
 
     def readiness(self) -> tuple[str, str | None]:
         """(status, detail): "failing" when every served model's engine fails (check_engines); "degraded"
