@@ -1,5 +1,5 @@
 """What /metrics says about a real server process: its series follow what the server does, in labels an operator
-can act on. Servers on fixed ports (8760-8790), one at a time."""
+can act on."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_each_429_is_counted_under_the_limit_that_refused_it(bundles_dir: Path, 
         "--queue-size", "3", "--max-wait-ms", "6000", "--interactive-tokens", "16",
         "--max-request-tokens", "64", "--max-bulk-tokens", "64", "--runners", "1",
     )  # fmt: skip
-    with run_server(bundles_dir, *flags, log_dir=tmp_path, port=8761) as server, server.client() as c:
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as c:
         held = []
 
         def send(text: str) -> None:  # held by the runner's --max-wait-ms: a place, and bulk tokens
@@ -62,7 +62,7 @@ def test_a_batch_of_a_thousand_short_texts_lands_in_a_bucket_of_its_size(bundles
     buckets stopped at 512: such batches were counted in +Inf only, and a dashboard's quantiles read the
     ceiling. The buckets now reach the largest batch the budget allows."""
     flags = ("--max-batch-size", "1000", "--interactive-tokens", "8192")  # one request, one interactive batch
-    with run_server(bundles_dir, *flags, log_dir=tmp_path, port=8762) as server, server.client() as c:
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as server, server.client() as c:
         r = c.post("/classify", json={"texts": ["good"] * 1000})
         assert r.status_code == 200 and len(r.json()["results"]) == 1000, r.text[:300]
         assert server.metric("electra_batch_size_sum", model="sentiment") == 1000
@@ -86,7 +86,7 @@ def test_bundle_failing_follows_the_engine_without_a_ready_to_set_it(bundles_dir
     (models / "detector").symlink_to(bundles_dir / "detector")
     # Runs 1-4: two requests, each failing in its batch and alone; 5: the scrape's probe; 6-7: a third request.
     flags = ("--inject-faults", "first=7", "--solo-threads", "1")
-    with run_server(models, *flags, log_dir=tmp_path, port=8763) as server, server.client() as c:
+    with run_server(models, *flags, log_dir=tmp_path) as server, server.client() as c:
         assert [c.post("/detect", json={"text": "a text"}).status_code for _ in range(2)] == [500, 500]
         assert server.metric("electra_bundle_failing", model="detector") == 1  # no /ready asked
         assert server.metric("electra_engine_failures_total", model="detector", run="probe") == 1
