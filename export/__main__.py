@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         from export.evaluation.items import CalibrationDataError
         from export.parity import ParityError
         from export.pipeline import run_export
+        from training.data.registry import ChecksumError, DatasetError
         from training.data.tokenizer import TokenizerError
 
     try:
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         TokenizerError,
         EvalDataError,
         CalibrationDataError,
+        ChecksumError,  # a registry file in --data-dir that is not the published one
         options.ConfigError,  # an option the model does not allow (--max-length past its positions)
     ) as e:  # the checkpoint, data or option to change
         print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export failed: {_failed_path(e, cfg)}: {e.strerror or e}; {_what_was_written(e, cfg)}",
               file=sys.stderr)  # fmt: skip
         return options.EXIT_USAGE
-    except (ParityError, ValueError) as e:
+    except (ParityError, ValueError, DatasetError) as e:  # DatasetError: a download that failed
         print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # the bundle is filled under a temporary name, removed on the way out

@@ -459,6 +459,30 @@ def test_a_model_of_a_small_vocabulary_exports_and_traces_the_same_inputs_every_
     assert int(dummy_inputs(graph_for(ElectraForPreTraining(cfg).eval())[0])[0].max()) < 3
 
 
+def test_a_registry_file_in_the_data_dir_that_is_not_the_published_one_is_an_input_to_change(
+    tmp_path, tokenizer_dir, capsys, monkeypatch
+):
+    """A classifier fine-tuned on a registry task is checked on that task's dev rows: a trec.csv in the data
+    dir that was not the published one ended export in a ChecksumError traceback (exit 1)."""
+    import json
+
+    from export.__main__ import main
+
+    src = hm.save_classifier(
+        tmp_path / "cls", tokenizer_dir, labels=("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
+    )
+    (src / "trainer_state.json").write_text(
+        json.dumps({"task": "trec", "problem_type": "single_label_classification"})
+    )
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "trec.csv").write_text("not the published file\n")
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(tmp_path / "data"))
+    assert main([str(src), "--out", str(tmp_path / "bundle")]) == 2
+    err = capsys.readouterr().err
+    assert "export failed: trec.csv in " in err and "Delete it (or point the data dir elsewhere)" in err, err
+    assert not (tmp_path / "bundle").exists()
+
+
 @pytest.mark.parametrize("arch", ["ElectraModel", "ElectraForMaskedLM", None])
 def test_export_refuses_what_it_cannot_export_as_an_input_to_change(tmp_path, capsys, arch):
     """Exit 2, as every entry point's input errors; the message lists only what export takes."""
