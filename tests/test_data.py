@@ -383,12 +383,25 @@ def test_what_a_killed_fetch_left_goes_at_the_next_fetch(fake_wheel, tmp_path, m
     left = sorted(p.name for p in [*cache.iterdir(), *tmp.iterdir()])
     assert len(left) == 2 and left[0].startswith(".a.txt.pid") and left[0].endswith(".part"), left
     assert left[1].startswith("electra-wheel-pid"), left
+    old = time.time() - 2 * registry.PART_IDLE_S  # the kill was a while ago
+    os.utime(cache / left[0], (old, old))
     alive = cache / f".a.txt.pid{os.getpid()}.0123456789abcdef.part"  # a fetch still writing: kept
     alive.write_text("")
+    # A pid not alive here, written just now: another machine's fetch into a cache on a shared home. Kept:
+    # removed, that fetch failed at its rename ("No such file or directory").
+    elsewhere = cache / f".a.txt.pid{_dead_pid()}.fedcba9876543210.part"
+    elsewhere.write_text("")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     assert fetch("a", cache_dir=cache).read_text() == "alpha\n"
-    assert sorted(p.name for p in cache.iterdir()) == [alive.name, "a.txt", "b.txt"]
+    assert sorted(p.name for p in cache.iterdir()) == sorted([alive.name, elsewhere.name, "a.txt", "b.txt"])
     assert list(tmp.iterdir()) == []
+
+
+def _dead_pid() -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(done.stdout)
 
 
 @pytest.mark.slow

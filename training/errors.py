@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Collection
 from pathlib import Path
 
@@ -112,14 +113,18 @@ def sibling_temporary(target: Path) -> Path:
     return target.parent / f".{target.name}.pid{os.getpid()}.{secrets.token_hex(8)}"
 
 
-def remove_orphans(directory: Path, prefix: str) -> None:
+def remove_orphans(directory: Path, prefix: str, idle_s: float = 0.0) -> None:
     """Temporary directories and files named `<prefix>pid<PID>...` whose writer no longer runs (killed:
     SIGKILL, OOM): it will never finish them, so they go. What cannot be removed (another user's, a
-    read-only disk) stays, as it would have."""
+    read-only disk) stays, as it would have. `idle_s`: and not modified for that long, where `directory`
+    may be shared with other machines (a cache on a network home), whose pids mean nothing here."""
     for tmp in directory.glob(glob.escape(prefix) + "pid*"):
         pid = re.match(r"\d+", tmp.name[len(prefix) + 3 :])
         if not pid or process_alive(int(pid.group())):
             continue
+        with contextlib.suppress(OSError):
+            if idle_s and time.time() - tmp.lstat().st_mtime < idle_s:
+                continue
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         else:

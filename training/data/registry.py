@@ -124,7 +124,6 @@ def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
 def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None, searched: Path | None) -> Path:
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cached = cache / entry.filename
-    _sweep(cache)
     if cached.is_file() and sha256_file(cached) == entry.sha256:
         return cached
     try:
@@ -132,6 +131,7 @@ def _from_cache(entry: DatasetEntry, cache_dir: str | os.PathLike[str] | None, s
     except OSError as e:
         raise _cache_error(entry, cache, "create", e) from e
     with _cache_lock(cache):
+        _sweep(cache)  # under the lock, which every writer of a .part holds
         # Only a holder of the lock replaces or removes a cache file, so the file hashed here is the one
         # removed. Unlocked, a process that hashed the corrupt copy removed the good one another had just
         # put in its place, or failed removing what the other had removed already.
@@ -173,13 +173,15 @@ def _cache_lock(cache: Path) -> Iterator[None]:
 
 
 _WHEEL_DIRS = "electra-wheel-"  # in the temporary directory: .../electra-wheel-pidPID-XXXX/
+PART_IDLE_S = 600.0  # a .part this long unwritten, by a pid not alive here: its writer is gone
 
 
 def _sweep(cache: Path) -> None:
     """What fetches killed outright (SIGKILL, OOM) left: `.NAME.pidPID.HEX.part` files in the cache and
     wheel directories of tens of MB in /tmp. Their writers will never finish or remove them."""
     for target in {cache / e.filename for e in REGISTRY.values()}:
-        remove_orphans(target.parent, f".{target.name}.")
+        # Idle for a while too: a cache on a shared home may hold another machine's live writer.
+        remove_orphans(target.parent, f".{target.name}.", idle_s=PART_IDLE_S)
     remove_orphans(Path(tempfile.gettempdir()), _WHEEL_DIRS)
 
 
