@@ -772,9 +772,13 @@ def test_a_vocab_txt_that_is_not_utf8_is_said_so(tmp_path, trained):
     save_tokenizer(trained, tmp_path)
     vocab = tmp_path / "vocab.txt"
     lines = vocab.read_bytes().split(b"\n")
-    vocab.write_bytes(b"\n".join([*lines[:40], "caf\u00e9".encode("latin-1"), *lines[40:]]))
-    with pytest.raises(TokenizerError, match=rf"{vocab} is not UTF-8 \(line 41, byte \d+: invalid continuation byte\)"
-                       "; save it as UTF-8"):  # fmt: skip
+    # Far into the file: the reader decodes it 8 KB at a time, and its error's offset is the chunk's.
+    at = len(lines) - 5
+    vocab.write_bytes(b"\n".join([*lines[:at], "caf\u00e9".encode("latin-1"), *lines[at:]]))
+    byte = len(b"\n".join(lines[:at])) + 1 + len(b"caf")
+    assert byte > 8192, byte
+    with pytest.raises(TokenizerError, match=rf"{vocab} is not UTF-8 \(line {at + 1}, byte {byte}: invalid continuation "
+                       r"byte\); save it as UTF-8"):  # fmt: skip
         load_tokenizer(vocab)
 
 
