@@ -165,6 +165,9 @@ def test_a_missing_value_written_as_a_word_among_numbers_is_named_not_made_a_cla
         (f"film {i}", "other" if i == 5 else i % 2) for i in range(30)
     ]  # a class name among classes: kept
     assert load(tmp_path, write(tmp_path / "n.csv", named)).labels == ("0", "1", "other")
+    # A marker word in a fifth of the rows is no slip: a class of its own, as it was.
+    none = [(f"film {i}", "none" if i % 5 == 0 else i % 4) for i in range(40)]
+    assert load(tmp_path, write(tmp_path / "none.csv", none)).labels == ("0", "1", "2", "3", "none")
     assert load(tmp_path, write(tmp_path / "k.csv", classes), problem_type="classification").labels == (
         "0",
         "1",
