@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         from export.evaluation.items import CalibrationDataError
         from export.parity import ParityError
         from export.pipeline import run_export
-        from training.data.registry import ChecksumError, DatasetError
+        from training.data.registry import DataDirChecksumError, DatasetError
         from training.data.tokenizer import TokenizerError
 
     try:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         TokenizerError,
         EvalDataError,
         CalibrationDataError,
-        ChecksumError,  # a registry file in --data-dir that is not the published one
+        DataDirChecksumError,  # a registry file in --data-dir that is not the published one
         options.ConfigError,  # an option the model does not allow (--max-length past its positions)
     ) as e:  # the checkpoint, data or option to change
         print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)

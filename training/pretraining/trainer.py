@@ -27,7 +27,7 @@ from training import run_dir
 from training.checkpoint import CheckpointError
 from training.config import COMPILE_MODES, PretrainConfig
 from training.data.corpus_sources import CorpusError
-from training.data.registry import ChecksumError, DatasetError
+from training.data.registry import DataDirChecksumError, DatasetError
 from training.data.shards import ShardsError
 from training.data.tokenizer import TokenizerError
 from training.embedding_grad import opaque_embedding_grads
@@ -362,7 +362,7 @@ def setup(argv: list[str] | None) -> Trainer:
             if full is None:
                 env.exit_behind_rank_0(1)  # rank 0 says why
             raise full
-    except (CorpusError, ShardsError, TokenizerError, CheckpointError, ChecksumError) as e:
+    except (CorpusError, ShardsError, TokenizerError, CheckpointError, DataDirChecksumError) as e:
         # The user's text (too little of it), tokenizer or checkpoint, or a registry file that is not the
         # published one (in --data-dir, say): an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
