@@ -178,13 +178,20 @@ def coerce(name: str, value, annotation, source: str | None = None):
 
 
 def expand_user(path: Path, where: str) -> Path:
-    """`path` with a leading ~ or ~user made that home directory, as a shell would: a --config file's
-    `out = "~/x"`, `--out=~/x` (no shell expands after =) or a quoted ELECTRA_MODELS_DIR='~/models' was
-    a directory named ~ in the current one. A ConfigError naming `where` for a ~user of no such user."""
+    """`path` with a leading ~ or ~user made that home directory: a --config file's `out = "~/x"`,
+    `--out=~/x` (no shell expands after =) or a quoted ELECTRA_MODELS_DIR='~/models' was a directory named
+    ~ in the current one. A ~user of no such user: the path as typed where a file or directory named ~user
+    is here (a shell leaves it as typed), else a ConfigError naming `where` (pathlib's RuntimeError wherever the
+    path was read: a traceback)."""
     try:
         return path.expanduser()
     except RuntimeError:
-        raise ConfigError(f"{where}: {str(path)!r}: there is no such user's home directory") from None
+        first = str(path).split("/")[0]
+        if Path(first).exists():  # ~name is a file or directory here (--out ~name/x: x made inside it)
+            return path
+        user = first[1:]
+        raise ConfigError(f"{where} {path}: there is no user {user!r} on this machine, whose home ~ would name; "
+                          "give the path in full") from None  # fmt: skip
 
 
 def _unset(text: str, kind: type) -> bool:

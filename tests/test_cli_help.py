@@ -296,9 +296,12 @@ def test_a_tilde_in_a_path_is_the_home_directory_wherever_it_is_given(tmp_path, 
     cfg = bulk_resolve(["~/corpus/**/", "--config", str(toml), "--models=~/models"])
     assert (cfg.input, cfg.out, cfg.models_dir) == (f"{home}/corpus/**/", home / "scores", home / "models")
     with pytest.raises(
-        options.ConfigError, match=r"--out: '~no-such-user-here/x': there is no such user's home"
+        options.ConfigError, match=r"--out ~no-such-user-here/x: there is no user 'no-such-user-here'"
     ):
         bulk_resolve(["in.jsonl", "--out=~no-such-user-here/x", "--model", "m"])
+    (tmp_path / "~no-such-user-here").mkdir()  # a directory of that name here: the path as typed, as a shell
+    literal = bulk_resolve(["in.jsonl", "--out=~no-such-user-here/x", "--model", "m"]).out
+    assert literal == tmp_path / "~no-such-user-here" / "x"
     exported = export_resolve([str(tmp_path / "ckpt"), "--out=~/bundle", "--triton=~/triton"])
     assert (exported.out, exported.triton) == (str(home / "bundle"), str(home / "triton"))
     assert not (tmp_path / "~").exists()

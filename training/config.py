@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from options import ConfigError, check_choices, option
+from options import ConfigError, check_choices, expand_user, option
 from training.run_dir import LATEST, has_shards
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -152,13 +152,9 @@ _DATA_DIR = ("data_dir",)
 
 
 def home_of(flag: str, value: str) -> Path:
-    """`value` with its ~ or ~user expanded; ConfigError naming `flag` where ~user names no user of this
-    machine, which pathlib raises as a RuntimeError wherever the path is read or written (a traceback)."""
-    try:
-        return Path(value).expanduser()
-    except RuntimeError:
-        raise ConfigError(f"{flag} {value}: there is no user {value.split('/')[0][1:]!r} on this machine, whose "
-                          "home ~ would name; give the path in full") from None  # fmt: skip
+    """`value` with its ~ or ~user expanded (options.expand_user: a ConfigError naming `flag` for a ~user of
+    no such user)."""
+    return expand_user(Path(value), flag)
 
 
 def check_homes(cfg, names: tuple[str, ...]) -> None:
