@@ -9,10 +9,17 @@ import shlex
 from pathlib import Path
 from typing import BinaryIO
 
+from bulk.compressed import (
+    COMPRESSED,
+    READERS,
+    STREAM_ERRORS,
+    broken_stream,
+    compression,
+    decompress_first,
+    decompressed,
+)
 from bulk.reading import BOM
 
-# A compressed shard is read as what it holds by no reader here: it fails, saying so, and is never skipped.
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip")
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
 # Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards). Under
 # a directory it is left out with a note naming it (inputs.shards): it may be a sidecar (metadata.csv beside
@@ -31,8 +38,18 @@ def type_suffix(path: Path) -> str:
     return Path(path.stem).suffix.lower() if last in COMPRESSED else last
 
 
-def compressed_hint(path: Path) -> str:
-    return f"compressed ({path.suffix}): decompress it first (e.g. gunzip, zstd -d); it was not read"
+def compressed_hint(path: Path, kind: str) -> str | None:
+    """Why a compressed shard is not read (bulk/compressed.py: a compression of no reader here, or a Parquet
+    file, compressed inside already), never skipped; None: it is read through its decompression."""
+    said = ", ".join(f"{kind} ({suffix})" for suffix, (kind, _) in READERS.items())
+    if compression(path) is None:
+        return (f"compressed ({path.suffix}), which bulk does not read (it reads {said} compressed JSONL and "
+                "text): decompress it first (e.g. zstd -d, lz4 -d, unzip), or recompress it as .gz; it was not "
+                "read")  # fmt: skip
+    if kind == "parquet":
+        return (f"a compressed Parquet file ({path.suffix}): Parquet compresses inside, and bulk reads it only "
+                "as it is: decompress it first (e.g. gunzip -k); it was not read")  # fmt: skip
+    return None
 
 
 # A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
@@ -47,8 +64,22 @@ def csv_hint(path: Path) -> str:
 
 def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
     """Why a JSONL or text shard cannot be read as it is (`encoding_hint`, `json_document_hint`), from `f`,
-    the shard opened once at planning (inputs.plan): None, it can. Reads its first bytes, and leaves `f` at
+    the shard opened once at planning (inputs.plan): None, it can. Reads its first bytes (a compressed
+    shard's first bytes decompressed: a .jsonl.gz in UTF-16 is named as the .jsonl is), and leaves `f` at
     its start for the cut."""
+    if (suffix := compression(path)) is None:
+        return _line_file_hint(path, kind, f)
+    try:
+        # Its head alone: a shard with a sound start and a damaged end fails its part as it is read.
+        hint = _line_file_hint(path.with_suffix(""), kind, decompressed(suffix, f))
+        return hint and decompress_first(path, suffix, hint)
+    except STREAM_ERRORS as e:  # not gzip at all, or cut short within its head
+        return broken_stream(str(path), suffix, e)
+    finally:
+        f.seek(0)
+
+
+def _line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
     head = f.read(1 << 16)
     hint = encoding_hint(path, head) or (json_document_hint(path, head, f) if kind == "jsonl" else None)
     f.seek(0)

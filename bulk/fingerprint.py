@@ -88,7 +88,7 @@ def read_fingerprint(
             want["parquet_parts"] = "rows"
         said = "; ".join(f"{k}: {have.get(k)!r} then, {want[k]!r} now" for k in diff)
         if diff and not recorded():
-            # Nothing of it to mix with: its every shard failed (compressed, a CSV, a JSON array), and the
+            # Nothing of it to mix with: its every shard failed (a .zst, a CSV, a JSON array), and the
             # command that follows the hint (the file converted) was refused as other settings.
             print(f"bulk: note: {cfg.out} holds the job.json of a job with other settings ({said}) that "
                   "finished no part: starting a new job there with these", file=sys.stderr, flush=True)  # fmt: skip

@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 import msgspec
 
+from bulk.compressed import STREAM_ERRORS, compression, decompressed
 from bulk.conversions import (
     COMPRESSED,
     CSV,
@@ -350,13 +351,14 @@ shard_name = _shown  # a shard's name: what its parts, rows and output files are
 
 
 def format_of(path: Path, fmt: str) -> str:
-    return fmt if fmt != "auto" else SUFFIXES.get(path.suffix.lower(), "jsonl")
+    return fmt if fmt != "auto" else SUFFIXES.get(type_suffix(path), "jsonl")  # a.jsonl.gz: JSONL
 
 
 def not_read_by_suffix(path: Path, fmt: str) -> str | None:
     """Why bulk reads no file of `path`'s suffix without a --format (a CSV, compressed or not; another file
     type's, .md or .md5), with what to do; None: it reads it, or a --format says how. A compressed file of
-    a type it reads is not refused here: it fails as a shard wherever it is found (`plan`)."""
+    a type it reads is not refused here: read (.gz, .bz2, .xz), or failing as a shard wherever it is found
+    (`plan`)."""
     if fmt != "auto":
         return None
     if type_suffix(path) in CSV:
@@ -406,10 +408,10 @@ def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str
     if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
         failed[name] = why
         return
-    if path.suffix.lower() in COMPRESSED:
-        failed[name] = compressed_hint(path)
-        return
     kind = format_of(path, fmt)
+    if path.suffix.lower() in COMPRESSED and (why := compressed_hint(path, kind)):
+        failed[name] = why
+        return
     if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
         failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
         return
@@ -428,7 +430,10 @@ def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str
                     failed[name] = hint
                     return
                 st = os.fstat(f.fileno())
-                cut = list(_line_parts(f, path, name, kind, size, st.st_size, seen))
+                if compression(path):  # not read here: a compressed stream cannot be cut at an offset
+                    cut = [Part(str(path), name, 0, kind, 0, st.st_size, 1, st.st_size)]
+                else:
+                    cut = list(_line_parts(f, path, name, kind, size, st.st_size, seen))
         # All of a shard's parts, or none.
         stat = (st.st_size, st.st_mtime_ns)
         parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
@@ -498,7 +503,8 @@ def id_column(part: Part) -> str | None:
 
             names = set(pq.read_schema(part.shard).names)
         elif part.format == "jsonl":
-            with open(part.shard, "rb") as f:
+            with open(part.shard, "rb") as raw:
+                f = decompressed(suffix, raw) if (suffix := compression(part.shard)) else raw
                 f.seek(part.start)
                 # At most 1 MB of each line: a file that is one huge line is not read whole here.
                 lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
@@ -507,6 +513,6 @@ def id_column(part: Part) -> str | None:
             names = set(obj) if isinstance(obj, dict) else set()
         else:
             return None
-    except (OSError, ValueError, msgspec.DecodeError):  # the job reports an unreadable part itself
+    except (*STREAM_ERRORS, ValueError, msgspec.DecodeError):  # the job reports an unreadable part itself
         return None
     return next((n for n in ID_NAMES if n in names), None)

@@ -10,11 +10,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import msgspec
 
 from app.model.tokenization import is_blank, lone_surrogate_at, lone_surrogate_in
+from bulk.compressed import STREAM_ERRORS, BrokenStream, broken_stream, compression, decompressed
 
 if TYPE_CHECKING:
     from bulk.inputs import Part
@@ -51,30 +52,47 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
     if part.format == "parquet":
         yield from _parquet_docs(part, text_field, id_field, max_chars)
         return
+    with open(part.shard, "rb") as raw:
+        _check_unchanged(part, raw)
+        if (suffix := compression(part.shard)) is None:
+            raw.seek(part.start)
+            yield from _line_docs(part, raw, raw, part.end, text_field, id_field, max_chars)
+        else:  # one part, the whole shard, from its start (inputs.plan)
+            try:
+                with decompressed(suffix, raw) as f:
+                    yield from _line_docs(part, f, raw, math.inf, text_field, id_field, max_chars)
+            except STREAM_ERRORS as e:
+                _check_unchanged(part, raw)  # a shard cut short while read: say that, not "damaged"
+                raise BrokenStream(broken_stream(part.shard, suffix, e)) from e
+        _check_unchanged(part, raw)  # after: a shard cut short while read ends early, as at its end
+
+
+def _line_docs(part: Part, f: BinaryIO, raw: BinaryIO, end: float, text_field: str, id_field: str,
+               max_chars: int) -> Iterator[Doc]:  # fmt: skip
+    """The documents of `f` (the shard, or what it holds decompressed) from the part's start to `end` (in
+    `f`'s bytes). A document's size is the bytes of `raw` (the file on disk) read for it, so that a
+    compressed part's progress adds up to the size it was planned with; through a decompressor's buffer
+    they come in blocks, and most documents weigh nothing."""
     limit = line_limit(max_chars)
-    with open(part.shard, "rb") as f:
-        _check_unchanged(part, f)
-        f.seek(part.start)
-        pos, line = part.start, part.first_line
-        while pos < part.end:
-            raw = f.readline(limit)  # bounded: a 200 MB line was read whole (1 GB resident) to be rejected
-            if not raw:
-                break
-            if len(raw) == limit and not raw.endswith(b"\n"):
-                n = limit + _skip_rest_of_line(f)
-                yield Doc(line, _identity(part, line), None, Reason.TOO_LONG,
-                          f"a line of {n:,} bytes, past the {limit:,} a document of --max-document-chars "
-                          f"{max_chars:,} may take; not read", size=n)  # fmt: skip
-                pos, line = pos + n, line + 1
-                continue
+    pos, line, was = part.start, part.first_line, raw.tell()
+    while pos < end:
+        got = f.readline(limit)  # bounded: a 200 MB line was read whole (1 GB resident) to be rejected
+        if not got:
+            break
+        if len(got) == limit and not got.endswith(b"\n"):
+            n = limit + _skip_rest_of_line(f)
+            doc = Doc(line, _identity(part, line), None, Reason.TOO_LONG,
+                      f"a line of {n:,} bytes, past the {limit:,} a document of --max-document-chars "
+                      f"{max_chars:,} may take; not read")  # fmt: skip
+        else:
+            n = len(got)
             # A byte-order mark belongs to the file, not to its first document's text.
-            text = raw[len(BOM) :] if pos == 0 and raw.startswith(BOM) else raw
-            pos += len(raw)
+            text = got[len(BOM) :] if pos == 0 and got.startswith(BOM) else got
             doc = _line_doc(part, line, text.rstrip(b"\r\n"), text_field, id_field, max_chars)
-            doc.size = len(raw)
-            yield doc
-            line += 1
-        _check_unchanged(part, f)  # after: a shard cut short while read ends early, as at its end
+        now = raw.tell()
+        doc.size, was = now - was, now
+        yield doc
+        pos, line = pos + n, line + 1
 
 
 # The bytes a line may take and still hold a text of --max-document-chars characters: 12 per character
@@ -88,15 +106,16 @@ def line_limit(max_chars: int) -> int:
     return BYTES_PER_CHAR * max_chars + OTHER_FIELDS
 
 
-def _skip_rest_of_line(f, block: int = 1 << 20) -> int:
-    """Read past the rest of the current line, its line end included, a block at a time; how many bytes."""
+def _skip_rest_of_line(f, block: int = 1 << 16) -> int:
+    """Read past the rest of the current line, its line end included, a block at a time; how many bytes.
+    Line by line, never a seek back: a decompressor goes back by reading again from the file's start. The
+    blocks are small: a line read in several pieces is joined at the end, so memory is twice a block."""
     skipped = 0
-    while chunk := f.read(block):
-        if (nl := chunk.find(b"\n")) >= 0:
-            f.seek(nl + 1 - len(chunk), os.SEEK_CUR)  # back to just after the line end
-            return skipped + nl + 1
+    while chunk := f.readline(block):
         skipped += len(chunk)
-    return skipped  # the file's last line, without a line end
+        if chunk.endswith(b"\n"):
+            break
+    return skipped  # the file's last line may have no line end
 
 
 class ShardChanged(Exception):

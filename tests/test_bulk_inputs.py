@@ -25,6 +25,7 @@ from options import ConfigError
 from tests.unprivileged import run_python
 
 REPO = Path(__file__).resolve().parents[1]
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a zstd frame's first bytes: refused by its suffix, never read
 
 
 def lines(path: Path, objs: list) -> Path:
@@ -79,6 +80,7 @@ def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_ou
     pq.write_table(pa.table({"text": ["a row"]}), corpus / "rows.PARQUET")
     with gzip.open(corpus / "packed.jsonl.gz", "wt") as f:
         f.write(json.dumps({"text": "compressed"}) + "\n")
+    (corpus / "packed.jsonl.zst").write_bytes(ZSTD_MAGIC + b"never read")
     (corpus / "notes.md").write_text("not input")
     # Hidden files and directories are not input (a notebook's checkpoint copies would score twice).
     lines(corpus / ".ipynb_checkpoints" / "sub__x-checkpoint.jsonl", [{"text": "a copy"}])
@@ -99,17 +101,18 @@ def test_a_directory_gives_each_input_once_by_its_own_name_and_never_the_jobs_ou
         "UPPER.JSONL",
         "linked.jsonl",
         "packed.jsonl.gz",
+        "packed.jsonl.zst",
         "rows.PARQUET",
         "sub/x.jsonl",
         "sub__x.jsonl",
     ]
     parts, failed = plan(root, files, "auto", 1 << 20)
-    assert list(failed) == ["packed.jsonl.gz"] and "decompress" in failed["packed.jsonl.gz"]
+    assert list(failed) == ["packed.jsonl.zst"] and "decompress" in failed["packed.jsonl.zst"]
     assert {p.name: p.format for p in parts} == {"UPPER.JSONL": "jsonl", "linked.jsonl": "jsonl",
-                                                 "rows.PARQUET": "parquet", "sub/x.jsonl": "jsonl",
-                                                 "sub__x.jsonl": "jsonl"}  # fmt: skip
+                                                 "packed.jsonl.gz": "jsonl", "rows.PARQUET": "parquet",
+                                                 "sub/x.jsonl": "jsonl", "sub__x.jsonl": "jsonl"}  # fmt: skip
     texts = [d.text for p in parts for d in read(p, "text", "", 1000)]
-    assert texts == ["upper case suffix", "linked", "a row", "nested", "flat"]
+    assert texts == ["upper case suffix", "linked", "compressed", "a row", "nested", "flat"]
     # The same from a glob, and from the linked file alone.
     _, globbed, _ = shards(str(corpus / "**" / "*.jsonl"), "auto", out)
     assert [f.name for f in globbed] == ["linked.jsonl", "x.jsonl", "sub__x.jsonl"]
@@ -284,11 +287,11 @@ def test_planning_and_the_check_of_finished_parts_say_how_far_they_are(tmp_path,
     big = lines(corpus / "big.jsonl", [{"text": f"document {i} " + "x" * 100} for i in range(4000)])
     lines(corpus / "small.jsonl", [{"text": "one"}])
     (corpus / "table.csv").write_text("a,b\n")  # left out, no shard
-    (corpus / "gone.jsonl.gz").write_bytes(b"")  # a shard that fails at planning is counted too
+    (corpus / "gone.jsonl.zst").write_bytes(b"")  # a shard that fails at planning is counted too
     root, files, _ = shards(str(corpus), "auto")
     reports = []
     parts, failed = plan(root, files, "auto", 64 << 10, seen=lambda n, b: reports.append((n, b)))
-    assert len(parts) > 4 and list(failed) == ["gone.jsonl.gz"]
+    assert len(parts) > 4 and list(failed) == ["gone.jsonl.zst"]
     assert sum(n for n, _ in reports) == len(files) == 3
     assert sum(b for _, b in reports) == big.stat().st_size  # read through once; the small one not at all
 

@@ -128,6 +128,43 @@ def test_a_part_that_kills_its_actor_each_time_fails_alone_and_the_job_ends(tmp_
     assert s["documents"] == 5 * 8
 
 
+def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
+    tmp_path, corpus, local_rows, ray_env
+):
+    """Ray's actors read compressed shards through the same reader as local workers (bulk/reading.py):
+    shards gzipped, bzip2'd and xz'd score to the local run's rows of their plain copies, and a .gz cut
+    short fails its part alone, naming the file."""
+    import bz2
+    import gzip
+    import lzma
+
+    src = tmp_path / "in"
+    src.mkdir()
+    packed = {}
+    for i, (suffix, pack) in enumerate(
+        ((".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress))
+    ):
+        name = f"shard-{i:02d}.jsonl"
+        (src / (name + suffix)).write_bytes(pack((corpus / name).read_bytes()))
+        packed[name + suffix] = name
+    # Its head whole (planning takes it), its end gone: it fails on its actor. Lines of no text field,
+    # rejected unscored.
+    filler = "".join(json.dumps({"body": os.urandom(60).hex()}) + "\n" for _ in range(4000))
+    whole = gzip.compress(filler.encode())
+    (src / "cut.jsonl.gz").write_bytes(whole[: len(whole) * 3 // 4])
+    out = tmp_path / "out"
+    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=150, **ray_env)
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        f"part cut.jsonl.gz#0 failed: BrokenStream: {src / 'cut.jsonl.gz'} does not read as gzip"
+        in done.stderr
+    )
+    got = [r | {"file": packed[r["file"]], "id": packed[r["file"]] + r["id"].removeprefix(r["file"])}
+           for r in rows(out)]  # fmt: skip
+    want = [r for r in local_rows if r["file"] in packed.values()]
+    assert len(want) == 24 and sorted(got, key=lambda r: (r["file"], r["line"])) == want
+
+
 def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_finishes_it(
     tmp_path, corpus, local_rows, ray_env
 ):
