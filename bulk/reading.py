@@ -108,8 +108,8 @@ def line_limit(max_chars: int) -> int:
 
 def _skip_rest_of_line(f, block: int = 1 << 16) -> int:
     """Read past the rest of the current line, its line end included, a block at a time; how many bytes.
-    Line by line, never a seek back: a decompressor goes back by reading again from the file's start. The
-    blocks are small: a line read in several pieces is joined at the end, so memory is twice a block."""
+    Line by line, never a seek back: a decompressor goes back by reading again from the file's start. Each
+    block is dropped once counted: memory is one block, whatever the line's length."""
     skipped = 0
     while chunk := f.readline(block):
         skipped += len(chunk)
