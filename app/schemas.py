@@ -44,9 +44,12 @@ class DetectRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     text: Annotated[str, _doc("one text")] | None = None
     texts: Texts | None = None
-    model: Annotated[str, _doc("a detector from GET /models; default: the first detector by name")] | None = (
-        None
-    )
+    model: (
+        Annotated[
+            str, _doc("a detector from GET /models; default: --default-detector, else the first by name")
+        ]
+        | None
+    ) = None
     threshold: Annotated[Threshold, _doc("default: the model's own (GET /models)")] | None = None
     # null as the default, as `threshold` and `model` take it (a client that always sends every field).
     return_: (
@@ -60,7 +63,12 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     text: Annotated[str, _doc("one text")] | None = None
     texts: Texts | None = None
     pairs: Pairs | None = None
-    model: Annotated[str, _doc("a classifier from GET /models; default: the first by name")] | None = None
+    model: (
+        Annotated[
+            str, _doc("a classifier from GET /models; default: --default-classifier, else the first by name")
+        ]
+        | None
+    ) = None
     top_k: TopK | None = None
 
 

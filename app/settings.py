@@ -270,6 +270,16 @@ class ModelSettings:
         env="ELECTRA_MODELS_DIR",
         aliases=("--models",),
     )
+    # Each endpoint's model for a request that names none. The first by name was the only rule: a bundle of
+    # one's own named "mysent" beside the shipped "sentiment" took over every /classify without a model.
+    default_detector: str | None = option(
+        None, "the detector /detect uses when a request names no model (default: the first by name)",
+        env="ELECTRA_DEFAULT_DETECTOR",
+    )  # fmt: skip
+    default_classifier: str | None = option(
+        None, "the classifier /classify uses when a request names no model (default: the first by name)",
+        env="ELECTRA_DEFAULT_CLASSIFIER",
+    )  # fmt: skip
     providers: str = option(
         "auto",
         "ONNX Runtime providers: auto (CUDA when onnxruntime offers it, else CPU), cpu or cuda",

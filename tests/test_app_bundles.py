@@ -291,3 +291,31 @@ def test_models_lists_a_quantized_bundles_long_vectors_by_count():
     listed = msgspec.json.encode(describe({b.name: b for b in bundles}, {"detector", "sentiment"}))
     assert len(listed) < 100_000, len(listed)
     assert b"numbers (in the bundle's manifest.json)" in listed
+
+
+def test_a_request_naming_no_model_goes_to_the_default_the_operator_set(bundles_dir, tmp_path):
+    """The first bundle by name was the only rule: a classifier of one's own named "mysent" beside the shipped
+    "sentiment" took every /classify that named no model. --default-classifier (and --default-detector)
+    say which; one that is not served stops the start, naming what is."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name, bundle in (("detector", "detector"), ("sentiment", "sentiment"), ("mysent", "sentiment")):
+        (models / name).symlink_to(bundles_dir / bundle)
+    with run_server(models, log_dir=tmp_path) as s, s.client() as c:
+        assert c.post("/classify", json={"text": "a fine film"}).json()["model"] == "mysent"  # by name
+    flags = ("--default-classifier", "sentiment")
+    with run_server(models, *flags, log_dir=tmp_path) as s, s.client() as c:
+        assert c.post("/classify", json={"text": "a fine film"}).json()["model"] == "sentiment"
+        assert c.post("/detect", json={"text": "a fine film"}).json()["model"] == "detector"
+        defaults = {m["name"]: m["default"] for m in c.get("/models").json()["models"]}
+        assert defaults == {"detector": True, "mysent": False, "sentiment": True}
+    r = start_app("--models", str(models), "--default-classifier", "detector")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (
+        "--default-classifier 'detector': a detector, not a classifier; its classifiers: mysent, sentiment"
+        in r.stderr
+    )
+    r = start_app("--models", str(models), "--default-detector", "nope")
+    assert r.returncode == 2 and f"--default-detector 'nope': no model of {models}" in r.stderr, r.stderr[
+        -2000:
+    ]

@@ -27,6 +27,7 @@ from app.schemas import ModelInfo
 from app.settings import DEFAULT_WINDOW_STRIDE, Settings, SettingsError
 
 log = logging.getLogger("app")
+ENDPOINTS = {"detector": "/detect", "classifier": "/classify"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ class Registry:
         self.broken_kinds = {n: k for n in self.broken if (k := manifest_kind(settings.models_dir / n))}
         self.on_nothing_served = None  # called when no bundle loaded: __main__ stops the server (exit 1)
         self.settings = settings
+        for kind in ENDPOINTS:
+            self._check_default(kind)
+        said = ", ".join(
+            f"{endpoint} {n!r}" for kind, endpoint in ENDPOINTS.items() if (n := self.default(kind))
+        )
+        if said:
+            log.info(
+                "a request that names no model goes to: %s (--default-detector, --default-classifier)", said
+            )
         self.metrics = metrics
         # Over all models: a lone request runs on every core (app/scheduling/placement.py).
         self.server_load = ServerLoad()
@@ -86,8 +96,25 @@ class Registry:
                 log.warning("%s: %s", bundle.name, warning)
 
     def default(self, kind: str) -> str | None:
+        """--default-KIND (broken, it is answered 503 as a request naming it is), else the first served
+        bundle of the kind by name."""
+        if name := getattr(self.settings, f"default_{kind}"):
+            return name
         names = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
         return names[0] if names else None
+
+    def _check_default(self, kind: str) -> None:
+        """--default-KIND names a bundle of that kind in the models directory (or one whose manifest could
+        not be read): a SettingsError before the port opens otherwise."""
+        name = getattr(self.settings, f"default_{kind}")
+        if name is None:
+            return
+        found = self.bundles[name].manifest.kind if name in self.bundles else self.broken_kinds.get(name)
+        if found == kind or (found is None and name in self.broken):
+            return
+        ours = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
+        why = f"a {found}, not a {kind}" if found else f"no model of {self.settings.models_dir}"
+        raise SettingsError(f"--default-{kind} {name!r}: {why}; its {kind}s: {', '.join(ours) or 'none'}")
 
     def resolve(self, name: str | None, kind: str, arrived_before_drain: bool = False) -> Model:
         """The model a request names (or the default of its kind), or the 4xx/503 saying why not.
