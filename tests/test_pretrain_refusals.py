@@ -428,7 +428,7 @@ def test_a_vocabulary_smaller_than_asked_is_noted_once(tmp_path, capsys):
     import random
 
     pick = random.Random(0).choice
-    words = ["the", "cat", "sat", "on", "a", "mat", "and", "a", "dog", "ran", "to", "the", "big", "red", "house"]
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house"]
     corpus = tmp_path / "few-words.txt"
     corpus.write_text("\n\n".join("\n".join(" ".join(pick(words) for _ in range(12)) + " ." for _ in range(8))
                                    for _ in range(60)) + "\n")  # fmt: skip
