@@ -61,7 +61,7 @@ from training.finetuning.model import (
     untrained_positions,
 )
 from training.finetuning.out_checks import check_out, stopped
-from training.finetuning.outputs import check_model_fits, prepare_out, write_outputs
+from training.finetuning.outputs import check_model_fits, next_line, prepare_out, write_outputs
 from training.finetuning.resume import EARLIER_SPELLING
 from training.model import ElectraForSequenceClassification, count_parameters
 from training.optim import (
@@ -525,6 +525,7 @@ def train_and_save(t: FineTuner) -> dict:
            f"all {t.total} steps run")  # fmt: skip
     print(f"model: {t.cfg.out} (best at step {t.best['step']}; {ran}; {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
+    print(next_line(Path(t.cfg.out)), flush=True)
     return evals
 
 
