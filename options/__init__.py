@@ -14,7 +14,8 @@ options the dataclass lists in its `RUN_ONLY`, such as --out), so the same comma
 --out is among them, it must then be given: a replay never writes into that run, nor in silence into a
 default.
 An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
-with a `ConfigError` naming the option. A boolean is a switch: `--qat` alone means true, `--qat false`
+with a `ConfigError` naming the option; an unknown one with the closest known ones, or for a flag the
+dataclass names in its `FLAG_HINTS`, what to give instead. A boolean is a switch: `--qat` alone means true, `--qat false`
 and `--no-qat` false. An option that may be unset is unset by an empty value, and a number by `none` too. The dataclass's `__post_init__` checks what involves several options.
 
 Standard library only: the serving install (app/) uses it too, without torch.
@@ -243,8 +244,46 @@ class _Once(argparse.Action):
 
 
 class _Parser(argparse.ArgumentParser):
+    # A flag this command lacks that a user is likely to try, with what to give instead (a class's
+    # `FLAG_HINTS`): the closest spelling can be an unrelated option.
+    hints: Mapping[str, str] = {}
+
     def error(self, message: str):  # argparse names the flag; raise, so callers decide how to exit
         raise ConfigError(message)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse's own refusal of an unknown flag ("unrecognized arguments: --max-steps 10") says no more;
+        # a TOML key that is unknown gets a "did you mean", and so does a flag.
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{_unknown_flags(self, extras)}")
+        return namespace
+
+
+def _unknown_flags(p: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """What to say after argparse's "unrecognized arguments": each unknown flag's closest known ones, or
+    the command's hint for it, or where the options are listed."""
+    import difflib
+
+    known = sorted({s for a in p._actions if a.help != argparse.SUPPRESS for s in a.option_strings
+                    if s.startswith("--")})  # fmt: skip
+    hints = getattr(p, "hints", {})
+    said, lost = [], False
+    for given in dict.fromkeys(a.split("=", 1)[0] for a in extras if a.startswith("-") and not _negative(a)):
+        if given in hints:
+            said.append(f"{given}: {hints[given]}.")
+            continue
+        ratio = {k: difflib.SequenceMatcher(None, given, k).ratio() for k in known}
+        close = difflib.get_close_matches(given, known, n=3, cutoff=0.6)
+        # The runners-up only where nearly as close: --precison is --precision, not --triton too.
+        close = [k for k in close if ratio[k] >= ratio[close[0]] - 0.1]
+        if close:
+            said.append(f"{given}: did you mean {' or '.join(close)}?")
+        else:
+            lost = True
+    if lost or not said:  # a flag like nothing known, or a stray word with no flag before it
+        said.append(f"{p.prog} --help lists the options.")
+    return " (" + " ".join(said).removesuffix(".") + ")"
 
 
 def saved_as(cls) -> str | None:
@@ -273,6 +312,7 @@ def parser(
     reads_env = any(spec_of(f).env for f in dataclasses.fields(cls))
     p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.hints = getattr(cls, "FLAG_HINTS", {})
     if config_file:
         p.add_argument("--config", metavar="FILE", action=_Once, help=_config_help(cls))
     for f in dataclasses.fields(cls):

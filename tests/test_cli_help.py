@@ -167,6 +167,37 @@ def test_unknown_and_ill_typed_options_fail_naming_them(module, tmp_path):
 
 
 @pytest.mark.parametrize("module", PROGRAMS)
+def test_a_mistyped_flag_is_told_the_closest_and_a_strange_one_the_help(module):
+    """An unknown flag got argparse's bare "unrecognized arguments: --max-step 10", where a TOML key that
+    is unknown gets "did you mean"."""
+    cls, required = PROGRAMS[module]
+    for f in dataclasses.fields(cls):
+        if options.spec_of(f).positional or "_" not in f.name:
+            continue
+        meant = options.flag(f.name)  # a long one, missing its last letter
+        near = f"{meant[:-1]}: did you mean (--[a-z-]+ or )*{re.escape(meant)}[? ]"  # among the closest
+        with pytest.raises(options.ConfigError, match=near):
+            options.resolve(cls, [*required, meant[:-1], "1"], env={})
+    for stray in (["--qqqqqq", "1"], ["stray"]):
+        with pytest.raises(options.ConfigError, match=f"python -m {module} --help lists the options"):
+            options.resolve(cls, [*required, *stray], env={}, prog=f"python -m {module}")
+
+
+def test_finetune_max_steps_says_how_to_make_a_quick_run():
+    """--max-steps, a natural thing to try (pretraining has it), was refused with nothing about what fine-tuning
+    takes instead; its closest spelling, --max-seq-len, shortens the texts, not the run."""
+    cls, required = PROGRAMS["training.finetune"]
+    with pytest.raises(options.ConfigError) as refused:
+        options.resolve(cls, [*required, "--max-steps", "10"], env={})
+    said = str(refused.value)
+    assert "--epochs 1" in said and "--max-seq-len" not in said, said
+    named = re.findall(r"--[a-z-]+", said.split("(", 1)[1])
+    known = {options.flag(f.name) for f in dataclasses.fields(cls)}
+    assert set(named) - {"--max-steps"} <= known, named  # the quick run it gives can be run
+    options.resolve(cls, [*required, *said.split("give ", 1)[1].rstrip(")").split()], env={})
+
+
+@pytest.mark.parametrize("module", PROGRAMS)
 def test_an_optional_number_is_unset_by_none_from_a_flag_or_a_file(module, tmp_path):
     """--threads' help says "0 or none: every core", and --threads none answered "expected int, got 'none'"."""
     cls, required = PROGRAMS[module]

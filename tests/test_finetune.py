@@ -601,6 +601,53 @@ def test_the_exported_bundle_answers_as_the_runs_predictions_for_long_texts_and_
         np.testing.assert_allclose([got.probs[label] for label in bundle.manifest.labels], want, atol=1e-5)
 
 
+def test_a_max_seq_len_past_the_positions_pretraining_trained_is_warned_at_the_start(
+    tiny_init, tmp_path, capsys
+):
+    """The default --max-seq-len 128 on a model pretrained at --seq-len 64 said nothing: positions 64-127 kept
+    their initial values (but for the few texts that long), which only export noted afterwards."""
+    long = " ".join([WORDS["good"]] * 30)  # past 64 tokens
+    rows = [f"{WORDS[('good', 'bad')[i % 2]]} {i},{('good', 'bad')[i % 2]}" for i in range(40)]
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join([*rows, *[f"{long},good"] * 3]) + "\n")
+    (tmp_path / "dev.csv").write_text("text,label\n" + "\n".join(rows[:10]) + "\n")
+    data = [
+        "--train",
+        tmp_path / "train.csv",
+        "--dev",
+        tmp_path / "dev.csv",
+        "--epochs",
+        1,
+        "--batch-size",
+        16,
+    ]
+    capsys.readouterr()
+    run("--init", tiny_init, "--out", tmp_path / "past", *data)  # the default --max-seq-len, 128
+    err = capsys.readouterr().err
+    assert "warning: --max-seq-len 128 goes past the 64 positions pretraining trained (its --seq-len): 3 of the " \
+           "43 training texts are longer than 64 tokens" in err, err  # fmt: skip
+    assert "give --max-seq-len 64, or pretrain at a longer --seq-len" in err
+    run("--init", tiny_init, "--out", tmp_path / "within", *data, "--max-seq-len", 64)
+    assert "positions pretraining trained" not in capsys.readouterr().err
+
+
+def test_a_finished_run_ends_with_the_next_step_and_that_step_runs(tiny_init, tmp_path, registry_data, capsys,
+                                                                   monkeypatch):  # fmt: skip
+    """Fine-tuning ended at "model: DIR (...)", where pretraining ends with the commands that come next."""
+    from export.__main__ import main as export
+
+    run("--init", tiny_init, "--out", tmp_path / "sentiment", "--train", write_csv(tmp_path / "r.csv", 30),
+        "--text-column", "review", "--label-column", "verdict", "--epochs", 1)  # fmt: skip
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"next: python -m export {tmp_path / 'sentiment'} --out bundles/sentiment (a classifier "
+        "bundle), then python -m app --models bundles serves it as 'sentiment' at /classify"
+    ), last
+    monkeypatch.chdir(tmp_path)  # the command as printed, with what the test machine needs besides
+    export([*last.split("python -m export ", 1)[1].split(" (", 1)[0].split(), "--precision", "fp32",
+            "--data-dir", str(registry_data)])  # fmt: skip
+    assert read_bundle(tmp_path / "bundles" / "sentiment").manifest.kind == "classifier"
+
+
 def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path, capsys):
     """An init with int8 ranges (a --qat run, or a detector recovered from its int8 bundle) simulated int8
     in training whatever --qat said, while the printed options read qat = false: its fp32 export was then

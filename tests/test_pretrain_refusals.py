@@ -422,6 +422,25 @@ def test_a_second_config_file_is_refused_not_dropped(tmp_path):
     refused(["--config", str(a), "--config", str(b), "--out", str(tmp_path / "x")], "--config given twice")
 
 
+def test_a_vocabulary_smaller_than_asked_is_noted_once(tmp_path, capsys):
+    """configs/tiny.toml on a small corpus said "training a 2000-token WordPiece vocabulary", printed and saved
+    vocab_size = 2000, and only the as_run line showed that the model had far fewer tokens."""
+    import random
+
+    pick = random.Random(0).choice
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "house"]
+    corpus = tmp_path / "few-words.txt"
+    corpus.write_text("\n\n".join("\n".join(" ".join(pick(words) for _ in range(12)) + " ." for _ in range(8))
+                                   for _ in range(60)) + "\n")  # fmt: skip
+    pretrain(
+        tiny(tmp_path / "run", corpus, "train", "--max-steps", "2", "--eval-every", "2", "--save-every", "2")
+    )
+    size = json.loads((tmp_path / "run" / "config.json").read_text())["as_run"]["vocab_size"]
+    err = capsys.readouterr().err
+    said = f"note: the trained vocabulary holds {size} tokens, fewer than --vocab-size 2000: the corpus has too few"
+    assert size < 2000 and err.count(said) == 1, err[-3000:]
+
+
 def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, small_tokenizer, capsys):
     pretrain(tiny(tmp_path / "run", small_corpus, "train", "--vocab-size", "10", "--eval-batches", "500",
                   "--max-steps", "2", "--eval-every", "2", "--save-every", "2"))  # fmt: skip

@@ -538,6 +538,12 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     SAVED_AS: ClassVar[str] = "finetune_config.json"
     # A saved finetune_config.json given as --config: where that run wrote, and how, are its own.
     RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "resume", "overwrite")
+    # Pretraining's --max-steps is the flag a quick run reaches for here, and its closest spelling
+    # (--max-seq-len) would shorten the texts, not the run.
+    FLAG_HINTS: ClassVar[dict[str, str]] = {
+        "--max-steps": "fine-tuning counts --epochs, not steps; for a quick run, give --epochs 1 "
+        "--max-train-examples 200 --max-eval-examples 200",
+    }
 
     init: str | None = option(
         None, "our run dir or checkpoint dir, or a Hugging Face ELECTRA directory (required)"

@@ -1,6 +1,7 @@
 """The classifier to fine-tune and its tokenizer, from --init: an ELECTRA checkpoint's encoder under a
 classification head, fresh or kept (`init_classifier`), and the refusal of an --init that pretraining takes
-and fine-tuning does not (`refuse_other_families`). --qat against an init's int8 ranges is tuner.py's, where
+and fine-tuning does not (`refuse_other_families`), and what a --max-seq-len past the positions pretraining
+trained leaves untrained (`untrained_positions`). --qat against an init's int8 ranges is tuner.py's, where
 the options are resolved."""
 
 from __future__ import annotations
@@ -87,3 +88,20 @@ def init_tokenizer(src: Path):
     # Loading asks only what tokenizing needs: fine-tuning pads its batches with [PAD] too ([MASK] it needs not).
     require_tokens(tok, ["[PAD]"], src, "fine-tuning pads its batches with [PAD]")
     return tok
+
+
+def untrained_positions(trained: int | None, max_seq_len: int, lengths: list[int]) -> str | None:
+    """The warning for a --max-seq-len past the `trained` positions of the model's pretraining (its
+    config.json's trained_positions: the run's --seq-len, what export's max_length note reads too), given
+    the training texts' lengths in tokens; None when it is not past them, or it is not known (a Hugging
+    Face directory)."""
+    if trained is None or max_seq_len <= trained:
+        return None
+    longer = sum(n > trained for n in lengths)
+    reach = (f"{longer} of the {len(lengths)} training texts are longer than {trained} tokens, so only they train "
+             f"positions {trained}-{max_seq_len - 1}" if longer else
+             f"none of the {len(lengths)} training texts is longer than {trained} tokens, so positions "
+             f"{trained}-{max_seq_len - 1} stay as initialized")  # fmt: skip
+    return (f"--max-seq-len {max_seq_len} goes past the {trained} positions pretraining trained (its --seq-len): "
+            f"{reach}, and the model's bundle scores longer texts with them; give --max-seq-len {trained}, or "
+            f"pretrain at a longer --seq-len")  # fmt: skip

@@ -22,6 +22,13 @@ from training.finetuning.model import ARCH
 from training.finetuning.out_checks import MODEL_OUTPUTS, PROGRESS, RESUME_DIR, check_out
 
 
+def next_line(out: Path) -> str:
+    """What to run after a finished run, as pretraining's last line says it (training/pretraining/trainer.py):
+    the export, and the server, which serves each bundle of a directory by its sub-directory's name."""
+    return (f"next: python -m export {out} --out bundles/{out.name} (a classifier bundle), then python -m app "
+            f"--models bundles serves it as {out.name!r} at /classify")  # fmt: skip
+
+
 def check_model_fits(out: Path, model: torch.nn.Module) -> None:
     """A ConfigError now where --out's disk cannot hold the fine-tuned model: found full at the end, after
     the training, it would cost the whole run. The final write copies --out beside itself (a previous

@@ -54,9 +54,14 @@ from training.finetuning.metrics import (
     scalars,
     selection_key,
 )
-from training.finetuning.model import init_classifier, init_tokenizer, refuse_other_families
+from training.finetuning.model import (
+    init_classifier,
+    init_tokenizer,
+    refuse_other_families,
+    untrained_positions,
+)
 from training.finetuning.out_checks import check_out, stopped
-from training.finetuning.outputs import check_model_fits, prepare_out, write_outputs
+from training.finetuning.outputs import check_model_fits, next_line, prepare_out, write_outputs
 from training.finetuning.resume import EARLIER_SPELLING
 from training.model import ElectraForSequenceClassification, count_parameters
 from training.optim import (
@@ -422,6 +427,10 @@ def setup(argv: list[str] | None) -> FineTuner:
         print(f"note: {n_typed} training text(s) hold {', '.join(typed)}: read as text, as the server reads it (two "
               "sentences joined by [SEP] are one text to the model; --text-pair-column trains pairs)",
               file=sys.stderr, flush=True)  # fmt: skip
+    # Before trained_positions takes the fine-tuning rows in: what pretraining alone trained.
+    lengths = [len(e.ids) for e in encoded["train"]]
+    if warning := untrained_positions(model.config.trained_positions, cfg.max_seq_len, lengths):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     # Known (a run of ours): the positions trained now reach its longest training row too.
     if model.config.trained_positions is not None:
         longest = max(len(e.ids) for e in encoded["train"])
@@ -516,6 +525,7 @@ def train_and_save(t: FineTuner) -> dict:
            f"all {t.total} steps run")  # fmt: skip
     print(f"model: {t.cfg.out} (best at step {t.best['step']}; {ran}; {(time.time() - started) / 60:.1f} min)",
           flush=True)  # fmt: skip
+    print(next_line(Path(t.cfg.out)), flush=True)
     return evals
 
 

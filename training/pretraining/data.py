@@ -184,6 +184,13 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
     if cfg.tokenizer == "train" and not cfg.resume and tok.get_vocab_size() > cfg.vocab_size:
         print(f"note: the trained vocabulary holds {tok.get_vocab_size()} tokens, more than --vocab-size {cfg.vocab_size}: "
               "WordPiece keeps every character the corpus uses; the model takes them all", file=sys.stderr, flush=True)  # fmt: skip
+    if cfg.tokenizer == "train" and not cfg.resume and tok.get_vocab_size() < cfg.vocab_size:
+        # Said here, once: the options printed at start and saved keep the size asked for, and only the
+        # as_run line showed the model's.
+        print(f"note: the trained vocabulary holds {tok.get_vocab_size()} tokens, fewer than --vocab-size {cfg.vocab_size}: "
+              "the corpus has too few distinct words for more (WordPiece makes tokens of the pieces a corpus repeats, "
+              f"and ran out of them); the model takes {tok.get_vocab_size()} (as_run's vocab_size in config.json), and a larger "
+              "corpus gives more", file=sys.stderr, flush=True)  # fmt: skip
     save_tokenizer(tok, tok_dir)
     for split in ("train", "valid"):
         made = not (run / "data" / split / META_FILE).is_file()
