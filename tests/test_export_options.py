@@ -175,3 +175,54 @@ def test_calibrating_on_your_own_text_offline_needs_two_registry_files_and_says_
             shutil.copy(fetch(name, data_dir=registry_data), two)
     assert main([*argv, "--out", str(tmp_path / "b"), "--data-dir", str(two)]) == 0, capsys.readouterr().err
     assert not any((tmp_path / "empty-cache").iterdir())  # nothing fetched (the refused try made it)
+
+
+def test_a_bundles_saved_options_replay_from_another_directory_without_the_variables_it_ran_with(
+    tmp_path, detector_dir, eval_text, registry_data, capsys, monkeypatch
+):
+    """export_config.json kept each path relative to the directory the export ran in, or (outside it)
+    shortened to ".../" and its last three parts: `--config BUNDLE/export_config.json` refused the
+    calibration text, then the data dir that had come from ELECTRA_DATA_DIR, then, run from another
+    directory, failed on "runs/tiny: no such directory" (CHECKPOINT as typed). The paths are now saved
+    absolute, as a run's config.json saves its own, and the file alone replays the export."""
+    import shutil
+
+    from export.__main__ import main
+
+    here = tmp_path / "here"
+    shutil.copytree(detector_dir, here / "runs" / "tiny")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(registry_data))
+    argv = ["runs/tiny", "--out", "b", "--precision", "fp32", "--calibration-text", str(eval_text),
+            "--calibration-sentences", "20"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    saved = json.loads((here / "b" / "export_config.json").read_text())
+    assert saved["checkpoint"] == str(here / "runs" / "tiny"), saved
+    assert saved["calibration_text"] == str(eval_text) and saved["data_dir"] == str(registry_data), saved
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("ELECTRA_DATA_DIR")
+    capsys.readouterr()
+    assert main(["--config", str(here / "b" / "export_config.json"), "--out", "again"]) == 0, (
+        capsys.readouterr().err
+    )
+    again = json.loads((elsewhere / "again" / "export_config.json").read_text())
+    assert {**again, "out": None} == {**saved, "out": None}, again
+    same = json.loads((here / "b" / "manifest.json").read_text())["calibration"]
+    assert json.loads((elsewhere / "again" / "manifest.json").read_text())["calibration"] == same
+
+
+def test_a_replay_names_every_path_that_is_no_longer_there_in_one_error(tmp_path, capsys):
+    """A bundle's export_config.json replayed where its files are gone (another machine, a moved run) was
+    refused one path a run: --eval-text, then --calibration-text, then CHECKPOINT at the model's load. All
+    are named at once, each as the flag that gives it again."""
+    gone = tmp_path / "gone"
+    saved = tmp_path / "export_config.json"
+    saved.write_text(json.dumps({"checkpoint": str(gone / "run"), "precision": "int8", "eval_text": str(gone / "x.txt"),
+                                 "calibration_text": str(gone / "cal.txt")}))  # fmt: skip
+    said = _refused_while_parsing(["--config", str(saved), "--out", str(tmp_path / "b")], capsys)
+    for what in (f"CHECKPOINT {gone / 'run'}: no such directory", f"--eval-text: {gone / 'x.txt'} does not exist",
+                 f"--calibration-text {gone / 'cal.txt'}: "):  # fmt: skip
+        assert what in said, said
