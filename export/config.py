@@ -13,7 +13,7 @@ import options
 from export.bundle_writer import EXPORT_CONFIG
 from export.sentence_sources import calibration_text_problem
 from options import ConfigError, check_choices, option
-from training.config import absolute_paths
+from training.config import absolute_paths, check_threads
 
 # Options naming files or directories: kept absolute in export_config.json, as a run's config.json keeps
 # its own, so that `--config BUNDLE/export_config.json` replays the export from any directory (saved
@@ -105,6 +105,11 @@ class ExportConfig:
     calibration_sentences: int = option(
         300, "detectors: sentences per kind of swap and source, and as many clean"
     )
+    # As training's --threads (training/config.py HardwareOptions), and for ONNX Runtime's sessions too:
+    # the export's checks run both, each on every core unless told (README "CPUs").
+    threads: int | None = option(
+        None, "threads for torch and for each ONNX Runtime session the export opens (0 or none: every core)"
+    )
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -118,6 +123,7 @@ class ExportConfig:
                              f"checks score), got {self.max_length}")  # fmt: skip
         if self.eval_sequences < 8:
             raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
+        check_threads(self.threads)
         if self.calibration_sentences < 20:
             raise ValueError(f"--calibration-sentences must be at least 20, got {self.calibration_sentences}")
         columns = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(self, n) is not None]

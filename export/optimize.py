@@ -7,7 +7,9 @@ while choosing them"). Int8 that computes in int8 is export/int8_compute.py (doc
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -251,9 +253,39 @@ def to_fp16(src: Path, dst: Path) -> dict:
     return {"method": "OnnxModel.convert_float_to_float16", "keep_io_types": True}
 
 
-def session(path: Path, threads: int = 0, providers: str = "cpu"):
-    """The server's session (app.model.engine.session, torch-free) for the export's checks; `threads` 0 lets
-    ORT pick. CPU by default: parity is measured where the int8 and fp32 bundles are served."""
+# --threads of the export running now (`thread_count`), for every session `session` opens: ONNX Runtime
+# takes its thread count session by session, and the export opens them deep in its checks (parity,
+# calibration, the int8 gates), as torch's count (torch.set_num_threads) is the process's. 0: ORT picks.
+_threads = 0
+
+
+@contextlib.contextmanager
+def thread_count(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads and those of every session opened here at `threads` for the block (0 or
+    None: every core, as without); as before on the way out, since the tests run many exports in one
+    process."""
+    global _threads
+    if not threads:
+        yield
+        return
+    import torch
+
+    before = _threads, torch.get_num_threads()
+    _threads = threads
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        _threads = before[0]
+        torch.set_num_threads(before[1])
+
+
+def session(path: Path, threads: int | None = None, providers: str = "cpu"):
+    """The server's session (app.model.engine.session, torch-free) for the export's checks, on `threads`
+    (None: the export's --threads, `thread_count`; 0 lets ORT pick). CPU by default: parity is measured
+    where the int8 and fp32 bundles are served."""
     from app.model.engine import session as ort_session
 
-    return ort_session(path, threads, providers_setting=providers, quiet=True)
+    return ort_session(
+        path, _threads if threads is None else threads, providers_setting=providers, quiet=True
+    )

@@ -64,7 +64,7 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
 
     # On the checkpoint as the user named it, not its pinned copy: a refusal may name the run above it.
     check_exportable(resolve_checkpoint(cfg.checkpoint))
-    with _pinned(cfg.checkpoint) as (pinned, shown):
+    with optimize.thread_count(cfg.threads), _pinned(cfg.checkpoint) as (pinned, shown):
         # options.replace: where each option came from goes along (check_read reads it).
         src = _load(options.replace(cfg, checkpoint=str(pinned)), log)
         return _export(dataclasses.replace(src, cfg=cfg, shown=shown), log)

@@ -4,6 +4,7 @@ asked for: refused when given, never recorded in export_config.json as if they h
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -226,3 +227,36 @@ def test_a_replay_names_every_path_that_is_no_longer_there_in_one_error(tmp_path
     for what in (f"CHECKPOINT {gone / 'run'}: no such directory", f"--eval-text: {gone / 'x.txt'} does not exist",
                  f"--calibration-text {gone / 'cal.txt'}: "):  # fmt: skip
         assert what in said, said
+
+
+def test_threads_holds_torch_and_every_onnx_runtime_session_the_export_opens(
+    tmp_path, detector_dir, eval_text, registry_data, capsys, monkeypatch
+):
+    """`--threads 1` was "unrecognized arguments" (README's "CPUs" tells users to share cores with it): the
+    export ran torch and each of its ONNX Runtime sessions (parity, calibration, the int8 checks, the
+    load check) on every core. It is printed and saved like every option, and the process's torch count
+    is as before once the export is over."""
+    import onnxruntime
+    import torch
+
+    from export.__main__ import main
+
+    opened = []  # (ORT's intra-op threads, torch's) at each session the export opens
+    real = onnxruntime.InferenceSession
+
+    def recorded(path, sess_options=None, **kw):
+        opened.append((sess_options.intra_op_num_threads, torch.get_num_threads()))
+        return real(path, sess_options=sess_options, **kw)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recorded)
+    before = torch.get_num_threads()
+    argv = [str(detector_dir), "--out", str(tmp_path / "b"), "--eval-text", str(eval_text), "--eval-sequences", "32",
+            "--calibration-text", str(eval_text), "--calibration-sentences", "20", "--data-dir", str(registry_data)]  # fmt: skip
+    assert main([*argv, "--threads", "1"]) == 0, capsys.readouterr().err
+    assert re.search(r"^  threads += 1$", capsys.readouterr().out, re.M)  # the resolved options
+    assert len(opened) >= 5 and set(opened) == {(1, 1)}, opened
+    assert json.loads((tmp_path / "b" / "export_config.json").read_text())["threads"] == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(SystemExit):  # as training's: a count past 4x the cores would crash torch's pools
+        main([*argv, "--threads", "100000"])
+    assert "--threads: 100000 is more than 4x this machine's" in capsys.readouterr().err
