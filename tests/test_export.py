@@ -459,6 +459,36 @@ def test_a_model_of_a_small_vocabulary_exports_and_traces_the_same_inputs_every_
     assert int(dummy_inputs(graph_for(ElectraForPreTraining(cfg).eval())[0])[0].max()) < 3
 
 
+def test_a_vocabulary_smaller_than_the_position_table_fuses_without_a_warning_that_reads_as_an_error(
+    tmp_path, caplog
+):
+    """Every export of a model whose vocabulary is smaller than its position table printed, twice,
+    onnxruntime's "word_embedding_table (...) size 168 <= position_embedding_table (...) size 512", which
+    read as an error though the fusion went ahead. That line is left out; the fusion still happens, and
+    the fusion's other messages still go through."""
+    import logging
+
+    import torch
+
+    from export.onnx import export_onnx, graph_for
+    from export.optimize import _quiet_table_sizes, fuse
+    from training.model import ElectraConfig, ElectraForPreTraining
+
+    cfg = ElectraConfig(vocab_size=168, embedding_size=16, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=512)  # fmt: skip
+    torch.manual_seed(0)
+    graph, _, output = graph_for(ElectraForPreTraining(cfg).eval())
+    export_onnx(graph, output, tmp_path / "raw.onnx")
+    with caplog.at_level(logging.INFO):
+        fusions = fuse(tmp_path / "raw.onnx", tmp_path / "fused.onnx", 2, 16)
+    assert fusions.get("EmbedLayerNormalization") == 1, fusions
+    assert not [r for r in caplog.records if "embedding_table" in r.getMessage()], caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO), _quiet_table_sizes():
+        logging.getLogger("fusion_embedlayer").warning("Cannot fuse EmbedLayerNormalization: a real reason")
+    assert "a real reason" in caplog.text
+
+
 def test_a_registry_file_in_the_data_dir_that_is_not_the_published_one_is_an_input_to_change(
     tmp_path, tokenizer_dir, capsys, monkeypatch
 ):
