@@ -13,6 +13,13 @@ import options
 from export.bundle_writer import EXPORT_CONFIG
 from export.sentence_sources import calibration_text_problem
 from options import ConfigError, check_choices, option
+from training.config import absolute_paths, check_threads
+
+# Options naming files or directories: kept absolute in export_config.json, as a run's config.json keeps
+# its own, so that `--config BUNDLE/export_config.json` replays the export from any directory (saved
+# relative, or shortened to ".../" and three parts, a replay failed on each path in turn). --out and
+# --triton are made absolute where they are checked (export/__main__.py).
+PATH_OPTIONS = ("checkpoint", "eval_text", "eval_data", "data_dir", "calibration_text")
 
 PRECISIONS = ("int8", "fp32", "fp16")  # export/precision.py: one strategy each
 INT8_METHODS = ("auto", "compute", "weights", "static", "dynamic")
@@ -98,9 +105,17 @@ class ExportConfig:
     calibration_sentences: int = option(
         300, "detectors: sentences per kind of swap and source, and as many clean"
     )
+    # As training's --threads (training/config.py HardwareOptions), and for ONNX Runtime's sessions too:
+    # the export's checks run both, each on every core unless told (README "CPUs").
+    threads: int | None = option(
+        None, "threads for torch and for each ONNX Runtime session the export opens (0 or none: every core)"
+    )
 
     def __post_init__(self) -> None:
         check_choices(self)
+        # What does not exist (or names sentence sources) stays as given: it is refused, or read, below.
+        for name, value in absolute_paths(self.__dict__, PATH_OPTIONS).items():
+            setattr(self, name, value)
         if not 13 <= self.opset <= 20:
             raise ValueError(f"--opset must be between 13 and 20 (the exporter's range), got {self.opset}")
         if self.max_length is not None and self.max_length < MIN_MAX_LENGTH:
@@ -108,16 +123,18 @@ class ExportConfig:
                              f"checks score), got {self.max_length}")  # fmt: skip
         if self.eval_sequences < 8:
             raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
+        check_threads(self.threads)
         if self.calibration_sentences < 20:
             raise ValueError(f"--calibration-sentences must be at least 20, got {self.calibration_sentences}")
         columns = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(self, n) is not None]
         if columns and not self.eval_data:
             raise ValueError(f"{', '.join(columns)}: name columns of --eval-data; give --eval-data FILE")
-        # data_dir: checked where it is resolved (export/__main__.py), naming where it came from
-        for flag in ("eval_text", "eval_data"):
-            value = getattr(self, flag)
-            if value is not None and not Path(value).exists():
-                raise ValueError(f"--{flag.replace('_', '-')}: {value} does not exist")
+        # data_dir: checked where it is resolved (export/__main__.py), naming where it came from.
+        # Every path that is not there, in one error: a bundle's export_config.json replayed on another
+        # machine names several, and each was refused in a run of its own.
+        gone = [f"--{flag.replace('_', '-')}: {getattr(self, flag)} does not exist"
+                for flag in ("eval_text", "eval_data")
+                if getattr(self, flag) is not None and not Path(getattr(self, flag)).exists()]  # fmt: skip
         if (
             self.calibration_text is not None
             and not options.shortened_path(
@@ -125,7 +142,13 @@ class ExportConfig:
             )  # a replayed file's: SHORTENED_CHECKED_LATER
             and (problem := calibration_text_problem(self.calibration_text))
         ):
-            raise ValueError(problem)
+            gone.append(problem)
+        # The checkpoint alone is refused at its load, which says more (a bundle given, checkpoints/latest
+        # naming a checkpoint that is gone); beside the others, it is named with them.
+        if gone and not options.shortened_path(self.checkpoint) and not Path(self.checkpoint).exists():
+            gone.insert(0, f"CHECKPOINT {self.checkpoint}: no such directory")
+        if gone:
+            raise ValueError("; ".join(gone))
 
 
 def unread(cfg: ExportConfig, kind: str | None = None) -> dict[str, tuple[str, str | None]]:

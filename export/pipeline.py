@@ -64,7 +64,7 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
 
     # On the checkpoint as the user named it, not its pinned copy: a refusal may name the run above it.
     check_exportable(resolve_checkpoint(cfg.checkpoint))
-    with _pinned(cfg.checkpoint) as (pinned, shown):
+    with optimize.thread_count(cfg.threads), _pinned(cfg.checkpoint) as (pinned, shown):
         # options.replace: where each option came from goes along (check_read reads it).
         src = _load(options.replace(cfg, checkpoint=str(pinned)), log)
         return _export(dataclasses.replace(src, cfg=cfg, shown=shown), log)
@@ -149,7 +149,9 @@ def _export(src: _Source, log) -> dict:
         resolved = {**asdict(cfg), "max_length": src.max_length, **dict.fromkeys(unread(cfg, src.kind))}
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
-        (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(_portable(resolved), indent=2) + "\n")
+        # Not _portable, unlike the manifest (which the server shows): the file exists to replay the export,
+        # and its paths were absolute on this machine from the start (export/config.py PATH_OPTIONS).
+        (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(resolved, indent=2) + "\n")
         # Checked at the start (python -m export); again at the last moment before the swap, which deletes
         # whatever the old directory holds: a file put there during the minutes of the export.
         if others := others_in(Path(cfg.out), bundle_writer.BUNDLE_FILES):

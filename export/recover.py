@@ -30,9 +30,10 @@ from onnx import numpy_helper
 
 import options
 from app.model.bundle import BundleError, read_bundle
-from export.optimize import QUANTIZE_DYNAMIC, QUANTIZE_STATIC
+from export.optimize import QUANTIZE_DYNAMIC, QUANTIZE_STATIC, thread_count
 from options import option
 from options.stopping import signal_number, stop_as_ctrl_c
+from training.config import check_threads
 from training.errors import CheckpointError, DiskFullError, check_replaceable
 
 
@@ -337,6 +338,12 @@ class RecoverConfig:
         "keep an int8-compute bundle's activation ranges in config.json (training goes on quantization-aware); "
         "false: the same weights train in fp32, and a later --qat sets ranges afresh",
     )
+    threads: int | None = option(
+        None, "threads for torch and for the ONNX Runtime session of its check (0 or none: every core)"
+    )
+
+    def __post_init__(self) -> None:
+        check_threads(self.threads)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -349,7 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"electra-serve export.recover\n{options.describe(cfg)}", flush=True)
     stop_as_ctrl_c()
     try:
-        report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)
+        with thread_count(cfg.threads):
+            report = recover(cfg.bundle, cfg.out, cfg.int8_ranges, cfg)
     except KeyboardInterrupt as e:  # written under a temporary name, removed on the way out
         sig = signal_number(e)
         print(f"\nexport.recover stopped by {signal.Signals(sig).name}: nothing was written at --out {cfg.out}",

@@ -1,5 +1,6 @@
 """A detector graph's word probabilities for many texts, through the server's own code: its tokenizer
-(app.model.tokenization), its session options (app.model.engine.session) and its post-processing (app.model.postprocess).
+(app.model.tokenization), its session options (app.model.engine.session, through export.optimize.session:
+on the export's --threads) and its post-processing (app.model.postprocess).
 
 What calibration fits and what the quality benchmark measures is then exactly what `/detect` returns.
 Texts are run in batches of similar length; the int8 graph is static (scales fixed at export), so a
@@ -12,22 +13,23 @@ from pathlib import Path
 
 import numpy as np
 
-from app.model.engine import session as ort_session
 from app.model.postprocess import detect_result
 from app.model.tokenization import TextTokenizer
 from app.schemas import DetectResult
+from export import optimize
 
 __all__ = ["WordScorer"]
 
 
 class WordScorer:
-    def __init__(self, model, tokenizer: Path, max_length: int, threads: int = 0) -> None:
-        """`model`: a graph's path, or anything answering `run` as a session does (parity.TorchReference)."""
+    def __init__(self, model, tokenizer: Path, max_length: int, threads: int | None = None) -> None:
+        """`model`: a graph's path, or anything answering `run` as a session does (parity.TorchReference);
+        `threads` as export.optimize.session's."""
         self.tokenizer = TextTokenizer(tokenizer, max_length, stride=32)
         if hasattr(model, "run"):
             self.session, self.inputs = model, model.inputs
         else:
-            self.session = ort_session(model, threads, providers_setting="cpu", quiet=True)
+            self.session = optimize.session(model, threads)
             self.inputs = [i.name for i in self.session.get_inputs()]
 
     def _run(self, encodings, batch_size: int = 32, bar=None) -> list[list[np.ndarray]]:

@@ -21,37 +21,52 @@ from options import ConfigError, flag, saved_as, sources, spec_of
 def _check_no_shortened_paths(
     values: dict, given: dict, fields: dict, config: str | None, later: Sequence[str] = ()
 ) -> None:
-    """A bundle's export_config.json travels with the bundle, so a path outside the directory the export
-    ran in is saved as ".../" and its last three parts (export/pipeline.py `_portable`): replayed from
-    that file, it would fail later as a directory that does not exist. The options the dataclass names in
-    its SHORTENED_CHECKED_LATER are the entry point's to check (check_shortened), once it knows whether it
-    reads them: an old classifier bundle's file kept a calibration text it never read."""
-    for name, value in values.items():
-        if name not in later and given.get(name) == config and shortened_path(value):
-            raise ConfigError(_shortened_said(config, name, value, fields[name]))
+    """A bundle's export_config.json written before its paths were saved absolute (export/config.py
+    PATH_OPTIONS) holds each path outside the directory the export ran in as ".../" and its last three
+    parts: replayed from that file, it would fail later as a directory that does not exist. All of them are
+    named in one error (one a run, a user gave CHECKPOINT, then --data-dir, then --calibration-text). The
+    options the dataclass names in its SHORTENED_CHECKED_LATER are the entry point's to check
+    (check_shortened), once it knows whether it reads them: an old classifier bundle's file kept a
+    calibration text it never read; they are named here too, as what to give where it is read."""
+    shortened = [n for n, v in values.items() if given.get(n) == config and shortened_path(v)]
+    now = [n for n in shortened if n not in later]
+    if now:
+        maybe = [n for n in shortened if n in later]
+        raise ConfigError(_shortened_said(config, now, values, fields, maybe))
 
 
 def check_shortened(cfg, names: Sequence[str]) -> None:
     """_check_no_shortened_paths for `names`, on a resolved config: the options of a --config file an entry
     point found it reads after all."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
-    for name in names:
-        where, value = sources(cfg).get(name), getattr(cfg, name)
-        if where is not None and where != flag(name) and shortened_path(value):
-            raise ConfigError(_shortened_said(where, name, value, fields[name]))
+    given = sources(cfg)
+    values = {n: getattr(cfg, n) for n in names}
+    found = [n for n in names if given.get(n) not in (None, flag(n)) and shortened_path(values[n])]
+    if found:
+        raise ConfigError(_shortened_said(given[found[0]], found, values, fields))
 
 
 def shortened_path(value) -> bool:
-    """A path as a bundle's export_config.json saves one from outside its export's directory."""
+    """A path as a bundle's export_config.json saved one from outside its export's directory."""
     return isinstance(value, str) and value.startswith(".../")
 
 
-def _shortened_said(config: str, name: str, value: str, field: dataclasses.Field) -> str:
-    shown = name.upper() if spec_of(field).positional else flag(name)
-    return (
-        f"--config {config}: {name} is {value!r}, a path shortened where it was saved (a bundle keeps no "
-        f"absolute path of the machine that wrote it): give {shown} on the command line"
+def _shortened_said(
+    config: str, names: list[str], values: dict, fields: dict, maybe: Sequence[str] = ()
+) -> str:
+    def shown(name: str) -> str:
+        return name.upper() if spec_of(fields[name]).positional else flag(name)
+
+    listed = ", ".join(f"{n} is {values[n]!r}" for n in [*names, *maybe])
+    what = (
+        ", a path shortened where it was saved"
+        if len(names) + len(maybe) == 1
+        else (": paths shortened where they were saved")
     )
+    where_read = f" (and {' and '.join(map(shown, maybe))}, where this export reads it)" if maybe else ""
+    return (f"--config {config}: {listed}{what} (a bundle exported before paths were saved whole kept no absolute "
+            f"path of the machine that wrote it): give {' and '.join(map(shown, names))} on the command line"
+            f"{where_read}")  # fmt: skip
 
 
 def _config_file(path: Path, cls) -> tuple[dict, dict]:

@@ -4,6 +4,7 @@ asked for: refused when given, never recorded in export_config.json as if they h
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -175,3 +176,87 @@ def test_calibrating_on_your_own_text_offline_needs_two_registry_files_and_says_
             shutil.copy(fetch(name, data_dir=registry_data), two)
     assert main([*argv, "--out", str(tmp_path / "b"), "--data-dir", str(two)]) == 0, capsys.readouterr().err
     assert not any((tmp_path / "empty-cache").iterdir())  # nothing fetched (the refused try made it)
+
+
+def test_a_bundles_saved_options_replay_from_another_directory_without_the_variables_it_ran_with(
+    tmp_path, detector_dir, eval_text, registry_data, capsys, monkeypatch
+):
+    """export_config.json kept each path relative to the directory the export ran in, or (outside it)
+    shortened to ".../" and its last three parts: `--config BUNDLE/export_config.json` refused the
+    calibration text, then the data dir that had come from ELECTRA_DATA_DIR, then, run from another
+    directory, failed on "runs/tiny: no such directory" (CHECKPOINT as typed). The paths are now saved
+    absolute, as a run's config.json saves its own, and the file alone replays the export."""
+    import shutil
+
+    from export.__main__ import main
+
+    here = tmp_path / "here"
+    shutil.copytree(detector_dir, here / "runs" / "tiny")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(registry_data))
+    argv = ["runs/tiny", "--out", "b", "--precision", "fp32", "--calibration-text", str(eval_text),
+            "--calibration-sentences", "20"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    saved = json.loads((here / "b" / "export_config.json").read_text())
+    assert saved["checkpoint"] == str(here / "runs" / "tiny"), saved
+    assert saved["calibration_text"] == str(eval_text) and saved["data_dir"] == str(registry_data), saved
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("ELECTRA_DATA_DIR")
+    capsys.readouterr()
+    assert main(["--config", str(here / "b" / "export_config.json"), "--out", "again"]) == 0, (
+        capsys.readouterr().err
+    )
+    again = json.loads((elsewhere / "again" / "export_config.json").read_text())
+    assert {**again, "out": None} == {**saved, "out": None}, again
+    same = json.loads((here / "b" / "manifest.json").read_text())["calibration"]
+    assert json.loads((elsewhere / "again" / "manifest.json").read_text())["calibration"] == same
+
+
+def test_a_replay_names_every_path_that_is_no_longer_there_in_one_error(tmp_path, capsys):
+    """A bundle's export_config.json replayed where its files are gone (another machine, a moved run) was
+    refused one path a run: --eval-text, then --calibration-text, then CHECKPOINT at the model's load. All
+    are named at once, each as the flag that gives it again."""
+    gone = tmp_path / "gone"
+    saved = tmp_path / "export_config.json"
+    saved.write_text(json.dumps({"checkpoint": str(gone / "run"), "precision": "int8", "eval_text": str(gone / "x.txt"),
+                                 "calibration_text": str(gone / "cal.txt")}))  # fmt: skip
+    said = _refused_while_parsing(["--config", str(saved), "--out", str(tmp_path / "b")], capsys)
+    for what in (f"CHECKPOINT {gone / 'run'}: no such directory", f"--eval-text: {gone / 'x.txt'} does not exist",
+                 f"--calibration-text {gone / 'cal.txt'}: "):  # fmt: skip
+        assert what in said, said
+
+
+def test_threads_holds_torch_and_every_onnx_runtime_session_the_export_opens(
+    tmp_path, detector_dir, eval_text, registry_data, capsys, monkeypatch
+):
+    """`--threads 1` was "unrecognized arguments" (README's "CPUs" tells users to share cores with it): the
+    export ran torch and each of its ONNX Runtime sessions (parity, calibration, the int8 checks, the
+    load check) on every core. It is printed and saved like every option, and the process's torch count
+    is as before once the export is over."""
+    import onnxruntime
+    import torch
+
+    from export.__main__ import main
+
+    opened = []  # (ORT's intra-op threads, torch's) at each session the export opens
+    real = onnxruntime.InferenceSession
+
+    def recorded(path, sess_options=None, **kw):
+        opened.append((sess_options.intra_op_num_threads, torch.get_num_threads()))
+        return real(path, sess_options=sess_options, **kw)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recorded)
+    before = torch.get_num_threads()
+    argv = [str(detector_dir), "--out", str(tmp_path / "b"), "--eval-text", str(eval_text), "--eval-sequences", "32",
+            "--calibration-text", str(eval_text), "--calibration-sentences", "20", "--data-dir", str(registry_data)]  # fmt: skip
+    assert main([*argv, "--threads", "1"]) == 0, capsys.readouterr().err
+    assert re.search(r"^  threads += 1$", capsys.readouterr().out, re.M)  # the resolved options
+    assert len(opened) >= 5 and set(opened) == {(1, 1)}, opened
+    assert json.loads((tmp_path / "b" / "export_config.json").read_text())["threads"] == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(SystemExit):  # as training's: a count past 4x the cores would crash torch's pools
+        main([*argv, "--threads", "100000"])
+    assert "--threads: 100000 is more than 4x this machine's" in capsys.readouterr().err

@@ -4,6 +4,7 @@ at the next one."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -240,21 +241,42 @@ def test_onnxruntimes_quantizer_writes_its_copies_in_the_exports_scratch_directo
     assert [p.name for p in scratch.iterdir()] == []
 
 
-def test_a_bundles_saved_options_replay_and_name_the_paths_shortened_for_travel(
+def test_an_older_bundles_saved_options_name_every_path_shortened_for_travel_at_once(
     tmp_path, detector_dir, capsys, monkeypatch
 ):
-    """A bundle keeps no absolute path of the machine that wrote it (export_config.json says .../ and the
-    last three parts): replayed with --config, the export failed on ".../x/y/z: no such directory". It
-    names the option to give again, and given, the same options export again."""
-    export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
-    saved = tmp_path / "b" / "export_config.json"
-    monkeypatch.chdir(tmp_path)  # not under tmp_path's parents: the checkpoint's path was shortened
-    for given in (str(saved), "./b/export_config.json"):  # Path spells the second b/export_config.json
-        said = _refused(["--config", given, "--out", str(tmp_path / "again")], capsys)
-        assert "checkpoint is '.../" in said and "give CHECKPOINT on the command line" in said, said
+    """Bundles exported before paths were saved absolute kept none of the machine that wrote them
+    (export_config.json says .../ and the last three parts). Replayed with --config, the export first failed
+    on ".../x/y/z: no such directory", then named one such path a run: CHECKPOINT, then --data-dir, then
+    --calibration-text at the model's load. All are named in the first error (the calibration text as what
+    a detector's export reads), and given, the same options export again."""
     from export.__main__ import main
 
-    assert main(["--config", str(saved), str(detector_dir), "--out", str(tmp_path / "again")]) in (0, None)
+    export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
+    saved = tmp_path / "b" / "export_config.json"
+    older = {**json.loads(saved.read_text()), "checkpoint": ".../exporting/machine/run", "calibrate": True,
+             "data_dir": ".../exporting/machine/data", "calibration_text": ".../exporting/machine/own.txt"}  # fmt: skip
+    saved.write_text(json.dumps(older))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    for given in (str(saved), "./b/export_config.json"):  # Path spells the second b/export_config.json
+        said = _refused(["--config", given, "--out", str(tmp_path / "again")], capsys)
+        for name in ("checkpoint", "data_dir", "calibration_text"):
+            assert f"{name} is '.../exporting/machine/" in said, said
+        assert "give CHECKPOINT and --data-dir on the command line (and --calibration-text, where" in said, (
+            said
+        )
+    assert main(
+        [
+            "--config",
+            str(saved),
+            str(detector_dir),
+            "--data-dir",
+            str(tmp_path),
+            "--no-calibrate",
+            "--out",
+            str(tmp_path / "again"),
+        ]
+    ) in (0, None)  # fmt: skip (no calibration: no text to give)
     assert (tmp_path / "again" / "manifest.json").is_file()
 
 

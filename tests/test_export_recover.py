@@ -3,6 +3,8 @@ exit 2, naming the method, those of onnxruntime's own quantizers."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests import helpers_models as hm
@@ -178,3 +180,27 @@ def test_a_checkpoint_recovered_from_ranges_calibrated_at_export_is_not_taken_fo
     origin = model.config.quantization["origin"]
     assert origin.startswith("quantization-aware training, ranges kept") and "calibrated at export" in origin
     assert quantization.trained_quantization_aware(model.config.quantization)
+
+
+def test_threads_holds_torch_and_the_session_of_recovers_check(tmp_path, fp32_bundle, capsys, monkeypatch):
+    """export.recover had no --threads ("unrecognized arguments"): its check ran torch and ONNX Runtime on
+    every core. It is printed and saved in recover_config.json, as its other options are."""
+    import json
+
+    import onnxruntime
+    import torch
+
+    from export.recover import main
+
+    opened = []
+    real = onnxruntime.InferenceSession
+
+    def recorded(path, sess_options=None, **kw):
+        opened.append((sess_options.intra_op_num_threads, torch.get_num_threads()))
+        return real(path, sess_options=sess_options, **kw)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recorded)
+    main([str(fp32_bundle), "--out", str(tmp_path / "ckpt"), "--threads", "1"])
+    assert re.search(r"^  threads += 1$", capsys.readouterr().out, re.M)  # the resolved options
+    assert opened and set(opened) == {(1, 1)}, opened
+    assert json.loads((tmp_path / "ckpt" / "recover_config.json").read_text())["threads"] == 1
