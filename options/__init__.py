@@ -181,18 +181,14 @@ def coerce(name: str, value, annotation, source: str | None = None):
 def expand_user(path: Path, where: str) -> Path:
     """`path` with a leading ~ or ~user made that home directory: a --config file's `out = "~/x"`,
     `--out=~/x` (no shell expands after =) or a quoted ELECTRA_MODELS_DIR='~/models' was a directory named
-    ~ in the current one. A ~user of no such user: the path as typed where a file or directory named ~user
-    is here (a shell leaves it as typed), else a ConfigError naming `where` (pathlib's RuntimeError wherever the
-    path was read: a traceback)."""
+    ~ in the current one. A ConfigError naming `where` for a ~user of no such user (pathlib's RuntimeError
+    wherever the path was read: a traceback); a file named so is given by its absolute path."""
     try:
         return path.expanduser()
     except RuntimeError:
-        first = str(path).split("/")[0]
-        if Path(first).exists():  # ~name is a file or directory here (--out ~name/x: x made inside it)
-            return path
-        user = first[1:]
+        user = str(path).split("/")[0][1:]
         raise ConfigError(f"{where} {path}: there is no user {user!r} on this machine, whose home ~ would name; "
-                          "give the path in full") from None  # fmt: skip
+                          "give the path in full (a file named so: its absolute path)") from None  # fmt: skip
 
 
 def _unset(text: str, kind: type) -> bool:

@@ -330,9 +330,12 @@ def test_a_tilde_in_a_path_is_the_home_directory_wherever_it_is_given(tmp_path, 
         options.ConfigError, match=r"--out ~no-such-user-here/x: there is no user 'no-such-user-here'"
     ):
         bulk_resolve(["in.jsonl", "--out=~no-such-user-here/x", "--model", "m"])
-    (tmp_path / "~no-such-user-here").mkdir()  # a directory of that name here: the path as typed, as a shell
-    literal = bulk_resolve(["in.jsonl", "--out=~no-such-user-here/x", "--model", "m"]).out
-    assert literal == tmp_path / "~no-such-user-here" / "x"
+    from training.config import FinetuneConfig
+
+    tuned = options.resolve(FinetuneConfig, ["--out=~/ft", "--init", "x", "--task", "trec"], env={})
+    assert tuned.out == str(home / "ft")  # was ./~/ft: fine-tuning kept --out as typed
+    named_so = tmp_path / "~no-such-user-here" / "x"  # a directory named so: by its absolute path
+    assert bulk_resolve(["in.jsonl", f"--out={named_so}", "--model", "m"]).out == named_so
     exported = export_resolve([str(tmp_path / "ckpt"), "--out=~/bundle", "--triton=~/triton"])
     assert (exported.out, exported.triton) == (str(home / "bundle"), str(home / "triton"))
     assert not (tmp_path / "~").exists()

@@ -619,6 +619,9 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         if not self.out:
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
         check_homes(self, ("out", *FINETUNE_PATHS))
+        # Expanded here (pretraining's is, by absolute_out): --out=~/ft (no shell expands after =) or a
+        # TOML `out = "~/ft"` wrote into a directory named ~ in the current one.
+        self.out = str(home_of("--out", self.out))
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
         for name, value in absolute_paths(self.__dict__, (*FINETUNE_PATHS, *_DATA_DIR)).items():

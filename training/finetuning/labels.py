@@ -78,15 +78,16 @@ def refuse_non_finite_targets(values: list, numbers: list[float | None], path: s
         return
     fractional = any(x is not None and not x.is_integer() for x in numbers)
     # Rare: a missing value is a slip in a few rows. A word in more of them is a class of its own ("none"
-    # beside 0-3 in a fifth of the rows), kept as before.
-    rare = len(odd) * 10 <= len(values)
+    # beside 0-3 in a fifth of the rows), kept as before. Counted over the words alone: an inf is no word.
+    words = [n for n in odd if not _is_float_text(values[n - 1])]
+    rare = len(words) * 10 <= len(values)
 
     def refused(value) -> bool:  # an inf; a rare missing marker; among fractions, any rare word
         text = value.strip().lower() if isinstance(value, str) else None
         return _is_float_text(value) or (rare and (text in MISSING_MARKERS or fractional))
 
     if not all(refused(values[n - 1]) for n in odd):
-        return
+        return  # words of classes among the numbers: class names all (an "inf" among them too)
     n, value = odd[0], values[odd[0] - 1]
     shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
     kind = "fractional numbers (a regression target)" if fractional else "whole numbers (classes)"
