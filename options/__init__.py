@@ -261,11 +261,13 @@ def _unknown_flags(p: argparse.ArgumentParser, extras: Sequence[str]) -> str:
     the command's hint for it, or where the options are listed."""
     import difflib
 
-    known = sorted({s for a in p._actions if a.help != argparse.SUPPRESS for s in a.option_strings
-                    if s.startswith("--")})  # fmt: skip
+    # Every long flag, the --no- forms of switches too (--no-qatt is --no-qat, not its opposite --qat);
+    # not --help, which is said below where nothing is close.
+    known = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help"})
     hints = getattr(p, "hints", {})
     said, lost = [], False
-    for given in dict.fromkeys(a.split("=", 1)[0] for a in extras if a.startswith("-") and not _negative(a)):
+    flags = (a.split("=", 1)[0] for a in extras if a.startswith("-") and a != "--" and not _negative(a))
+    for given in dict.fromkeys(flags):
         if given in hints:
             said.append(f"{given}: {hints[given]}.")
             continue

@@ -178,9 +178,14 @@ def test_a_mistyped_flag_is_told_the_closest_and_a_strange_one_the_help(module):
         near = f"{meant[:-1]}: did you mean (--[a-z-]+ or )*{re.escape(meant)}[? ]"  # among the closest
         with pytest.raises(options.ConfigError, match=near):
             options.resolve(cls, [*required, meant[:-1], "1"], env={})
-    for stray in (["--qqqqqq", "1"], ["stray"]):
+    for stray in (["--qqqqqq", "1"], ["stray"], ["--", "-x"]):  # "--" is no flag to match
         with pytest.raises(options.ConfigError, match=f"python -m {module} --help lists the options"):
             options.resolve(cls, [*required, *stray], env={}, prog=f"python -m {module}")
+    switch = next((f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")), None)
+    if switch:  # its --no- form misspelled: that form, not the switch, which means the opposite
+        no = "--no-" + switch.replace("_", "-")
+        with pytest.raises(options.ConfigError, match=f"{no}x: did you mean {re.escape(no)}[? ]"):
+            options.resolve(cls, [*required, no + "x"], env={})
 
 
 def test_finetune_max_steps_says_how_to_make_a_quick_run():
