@@ -16,7 +16,6 @@ import numpy as np
 from app.model.postprocess import detect_result
 from app.model.tokenization import TextTokenizer
 from app.schemas import DetectResult
-from export import optimize
 
 __all__ = ["WordScorer"]
 
@@ -29,6 +28,10 @@ class WordScorer:
         if hasattr(model, "run"):
             self.session, self.inputs = model, model.inputs
         else:
+            from export import (
+                optimize,
+            )  # here: it imports onnx (the training install's), the scorer needs not
+
             self.session = optimize.session(model, threads)
             self.inputs = [i.name for i in self.session.get_inputs()]
 

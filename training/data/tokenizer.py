@@ -178,15 +178,15 @@ def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, 
     try:
         with open(path, encoding="utf-8") as f:
             lines = [line.rstrip("\r\n") for line in f]
-    except UnicodeDecodeError:  # a ValueError, but one that names neither the file nor what to do
+    except UnicodeDecodeError as e:  # a ValueError, but one that names neither the file nor what to do
         # Its offset is within the chunk the reader decoded (8 KB), not the file: decoded whole, it is.
-        data = path.read_bytes()
+        data, bad = path.read_bytes(), e
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as whole:
-            e = whole
-        line = data[: e.start].count(b"\n") + 1
-        raise TokenizerError(f"{path} is not UTF-8 (line {line}, byte {e.start}: {e.reason}); save it as UTF-8, "
+            bad = whole
+        line = data[: bad.start].count(b"\n") + 1
+        raise TokenizerError(f"{path} is not UTF-8 (line {line}, byte {bad.start}: {bad.reason}); save it as UTF-8, "
                              "as Hugging Face writes vocab.txt") from None  # fmt: skip
     # A token's id is its line number, and a token listed twice takes its last line, as Hugging Face's
     # load_vocab reads the file: the model's embedding rows follow those ids. The line left behind keeps
