@@ -35,6 +35,9 @@ class ExportConfig:
     run_export's callers all read them from here."""
 
     SAVED_AS: ClassVar[str] = EXPORT_CONFIG  # in the bundle, beside its manifest
+    # A replay writes a new bundle, never in silence over the one it came from: --out must be given, and a
+    # saved --force (the shipped bundles' files hold one) is not carried along.
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("out", "force")
     # A replayed file's shortened path here is refused only where this export reads it (check_read):
     # older bundles' files kept the calibration text of a classifier or of --no-calibrate, never read.
     SHORTENED_CHECKED_LATER: ClassVar[tuple[str, ...]] = ("calibration_text",)

@@ -141,7 +141,11 @@ def _export(src: _Source, log) -> dict:
                 extra["warnings"] = [*extra.get("warnings", []), weak]
         result.update(
             bundle_writer.write_manifest(
-                tmp, {**_manifest(src, fp32, optimizations, tokenizer_note), **extra}
+                # All of it through _portable: the checks name their data (--eval-text, --eval-data, the
+                # load check's text), absolute since export_config.json keeps paths so, and GET /models
+                # serves the manifest to anyone.
+                tmp,
+                _portable({**_manifest(src, fp32, optimizations, tokenizer_note), **extra}),
             )
         )
         # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint;

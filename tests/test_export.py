@@ -163,6 +163,9 @@ def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text, metho
     acc = manifest["parity"]["int8_accuracy"]
     assert acc["metric"] == "replaced_token_roc_auc"
     assert acc["corruption"].startswith("generator")  # the checkpoint ships generator/
+    # GET /models serves the manifest: the checks name their data without the exporting machine's paths.
+    written = (tmp_path / "b" / "manifest.json").read_text()
+    assert str(eval_text.parent) not in written and eval_text.name in written
     assert acc["drop"] <= 0.01 and acc["replaced"] > 50
     int8 = manifest["optimizations"]["int8"]
     assert manifest["precision"] == "int8" and int8["batch_independent"] is True

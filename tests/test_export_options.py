@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -260,3 +261,17 @@ def test_threads_holds_torch_and_every_onnx_runtime_session_the_export_opens(
     with pytest.raises(SystemExit):  # as training's: a count past 4x the cores would crash torch's pools
         main([*argv, "--threads", "100000"])
     assert "--threads: 100000 is more than 4x this machine's" in capsys.readouterr().err
+
+
+def test_a_replayed_export_config_writes_a_new_bundle_never_the_one_it_came_from():
+    """ExportConfig named no run-only options: `--config BUNDLE/export_config.json` without --out rebuilt
+    the bundle the file came from in place, and a saved force (the shipped bundles' files hold one) let
+    it replace that bundle without asking."""
+    import options
+    from export.config import ExportConfig
+
+    shipped = Path(__file__).resolve().parents[1] / "models" / "detector" / "export_config.json"
+    with pytest.raises(options.ConfigError, match="--out: required with --config"):
+        options.resolve(ExportConfig, ["--config", str(shipped)], env={})
+    replay = options.resolve(ExportConfig, ["--config", str(shipped), "--out", "elsewhere"], env={})
+    assert replay.out == "elsewhere" and replay.force is False
