@@ -28,6 +28,12 @@ COMPRESSED = tuple(READERS) + NOT_READ
 STREAM_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
 
 
+def damaged(e: BaseException) -> bool:
+    """Whether `e` (one of STREAM_ERRORS) says the stream is damaged, not that the disk failed: an OSError of
+    the system (EIO, ESTALE: it carries an errno) is said as itself, not as a file cut short."""
+    return not (isinstance(e, OSError) and e.errno is not None)
+
+
 def compression(path: Path | str) -> str | None:
     """The suffix of the compression a shard is read through (.gz, .bz2, .xz), or None: read as it is."""
     suffix = Path(path).suffix.lower()

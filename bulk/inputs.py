@@ -363,12 +363,14 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
         return None
     if type_suffix(path) in CSV:
         return csv_hint(path)
-    suffix = path.suffix.lower()
+    # Of a compressed file, the suffix of what it holds: app.log.gz and c.tar.gz were read as JSONL, every
+    # line a not_json reject, where app.log is refused.
+    suffix = type_suffix(path)
     if suffix and suffix not in COMPRESSED and not suffix[1:].isdigit() and suffix not in SUFFIXES:
         # Read as JSONL, a CSV was 100% rejects. A numbered suffix (shard.00001) or none (part-00000, as
         # Spark writes) is still JSONL.
         known = ", ".join(sorted(SUFFIXES))
-        return (f"{path.suffix} is not a format bulk reads by its suffix ({known}); convert it, or give --format "
+        return (f"{suffix} is not a format bulk reads by its suffix ({known}); convert it, or give --format "
                 "jsonl, parquet or text to read it as one")  # fmt: skip
     return None
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import msgspec
 
 from app.model.tokenization import is_blank, lone_surrogate_at, lone_surrogate_in
-from bulk.compressed import STREAM_ERRORS, BrokenStream, broken_stream, compression, decompressed
+from bulk.compressed import STREAM_ERRORS, BrokenStream, broken_stream, compression, damaged, decompressed
 
 if TYPE_CHECKING:
     from bulk.inputs import Part
@@ -63,6 +63,8 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
                     yield from _line_docs(part, f, raw, math.inf, text_field, id_field, max_chars)
             except STREAM_ERRORS as e:
                 _check_unchanged(part, raw)  # a shard cut short while read: say that, not "damaged"
+                if not damaged(e):
+                    raise
                 raise BrokenStream(broken_stream(part.shard, suffix, e)) from e
         _check_unchanged(part, raw)  # after: a shard cut short while read ends early, as at its end
 

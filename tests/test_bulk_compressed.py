@@ -103,6 +103,18 @@ def test_what_a_compressed_shard_holds_is_judged_at_planning_by_its_decompressed
     assert "Parquet compresses inside" in failed["rows.parquet.gz"]
 
 
+def test_a_compressed_file_of_a_type_bulk_does_not_read_is_refused_as_its_plain_copy(tmp_path):
+    """app.log is refused (not a format read by its suffix); app.log.gz, and a c.tar.gz, were read as JSONL,
+    every line a not_json reject. A shard named by a number, or by nothing, compressed or not, is JSONL."""
+    from bulk.inputs import not_read_by_suffix
+
+    for name in ("app.log.gz", "c.tar.gz", "notes.md.xz"):
+        assert "is not a format bulk reads by its suffix" in not_read_by_suffix(tmp_path / name, "auto"), name
+        assert not_read_by_suffix(tmp_path / name, "jsonl") is None  # --format says how
+    for name in ("shard.00001.gz", "part-00000.gz", "a.jsonl.bz2", "a.txt.gz"):
+        assert not_read_by_suffix(tmp_path / name, "auto") is None, name
+
+
 def test_a_compressed_shard_cut_short_past_its_head_fails_as_read_naming_the_file(tmp_path):
     """A download that stopped: its head decompresses, so planning takes it, and its part fails as it is
     read, naming the file (not an EOFError alone, nor a part recorded short); a shard rewritten after
