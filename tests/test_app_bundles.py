@@ -301,7 +301,8 @@ def test_a_request_naming_no_model_goes_to_the_default_the_operator_set(bundles_
     models.mkdir()
     for name, bundle in (("detector", "detector"), ("sentiment", "sentiment"), ("mysent", "sentiment")):
         (models / name).symlink_to(bundles_dir / bundle)
-    with run_server(models, log_dir=tmp_path) as s, s.client() as c:
+    # Empty (ELECTRA_DEFAULT_CLASSIFIER= from a template) is unset: the first by name.
+    with run_server(models, "--default-classifier", "", log_dir=tmp_path) as s, s.client() as c:
         assert c.post("/classify", json={"text": "a fine film"}).json()["model"] == "mysent"  # by name
     flags = ("--default-classifier", "sentiment")
     with run_server(models, *flags, log_dir=tmp_path) as s, s.client() as c:

@@ -574,6 +574,21 @@ def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):
             assert ("cut to the model's maximum length" in note) is cut, note
 
 
+def test_the_page_starts_on_the_servers_default_model(browser, tmp_path):
+    """The page took the default detector, else the first model listed: on a server of classifiers only,
+    with --default-classifier naming one, it started on another."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("mysent", "sentiment"):
+        (models / name).symlink_to(MODELS / "sentiment")
+    with run_server(models, "--default-classifier", "sentiment", log_dir=tmp_path) as s:
+        open_page(browser, s)
+        assert (
+            Select(browser.find_element("id", "model")).first_selected_option.get_attribute("value")
+            == "sentiment"
+        )
+
+
 def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     assert httpx.get(keyed_server.url + "/").status_code == 200  # the page itself is public
     open_page(browser, keyed_server)

@@ -107,7 +107,7 @@ class Registry:
         """--default-KIND names a bundle of that kind in the models directory (or one whose manifest could
         not be read): a SettingsError before the port opens otherwise."""
         name = getattr(self.settings, f"default_{kind}")
-        if name is None:
+        if not name:  # unset, or empty (ELECTRA_DEFAULT_DETECTOR= from a template): the first by name
             return
         found = self.bundles[name].manifest.kind if name in self.bundles else self.broken_kinds.get(name)
         if found == kind or (found is None and name in self.broken):

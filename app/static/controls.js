@@ -39,7 +39,10 @@ export async function loadModels(signal) {
     showError(new ApiError(0, "no_models", "This server serves no models.", null));
     return false;
   }
-  const first = state.models.find((m) => m.kind === "detector" && m.default) || state.models[0];
+  // The default detector, else the default classifier (a server of classifiers only), else the first
+  // detector (the default one broken): as the API picks for a request that names no model.
+  const first = state.models.find((m) => m.kind === "detector" && m.default) ||
+    state.models.find((m) => m.default) || state.models.find((m) => m.kind === "detector") || state.models[0];
   select.value = first.name;
   select.disabled = false;
   return true;
