@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-TREE_LIMIT_BYTES = 55_000_000
+TREE_LIMIT_BYTES = 56_000_000  # + 9.5 MB of gpu-check's pack: 65.5 of the 67.1 MB (64 MiB) carried
 RESULTS_LIMIT_BYTES = 3_000_000
 
 
@@ -32,7 +32,7 @@ def _check(sizes: dict[Path, int], limit: int, what: str) -> None:
     )
 
 
-def test_tracked_tree_within_55_mb():
+def test_tracked_tree_within_56_mb():
     _check(_tracked_sizes(), TREE_LIMIT_BYTES, "tracked tree")
 
 
