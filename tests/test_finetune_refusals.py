@@ -54,6 +54,26 @@ def refused(argv: list[str], *says: str, cwd: Path = REPO) -> str:
     return done.stderr
 
 
+def test_a_registry_task_whose_data_cannot_be_fetched_is_a_failure_not_an_input_to_change(
+    tiny_init, tmp_path
+):
+    """Every DatasetError was exit 2, "--task trec (or --data-dir): ...": a network outage or a cache that
+    cannot be written read as a wrong --task. A data dir's wrong copy is still the user's to change (2)."""
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache directory should be")
+    env = {k: v for k, v in os.environ.items() if k != "ELECTRA_DATA_DIR"}
+    argv = ["--init", str(tiny_init), "--task", "trec", "--out", str(tmp_path / "out")]
+    done = subprocess.run([sys.executable, "-m", "training.finetune", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**env, "PYTHONPATH": str(REPO), "ELECTRA_CACHE_DIR": str(cache)})  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert (
+        "error: --task trec: cannot create the data cache" in done.stderr and "Traceback" not in done.stderr
+    )
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "trec.csv").write_text("not the published file\n")
+    refused([*argv, "--data-dir", str(tmp_path / "data")], "--task trec (or --data-dir): trec.csv in ")
+
+
 def copy_of(stopped, tmp_path: Path) -> Path:
     out = tmp_path / "out"
     shutil.copytree(stopped[0], out, copy_function=shutil.copy)

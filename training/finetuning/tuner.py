@@ -29,7 +29,7 @@ from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization, run_dir
 from training.config import CLASSIFICATION_METRICS, FinetuneConfig, check_data_dir
-from training.data.registry import DatasetError
+from training.data.registry import ChecksumError, DataDirChecksumError, DatasetError, DownloadError
 from training.data.tokenizer import TokenizerError, fits_model
 from training.embedding_grad import opaque_embedding_grads
 from training.errors import DiskFullError, disk_full, out_of_space
@@ -168,6 +168,12 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     try:
         data = load_task_data(cfg)
     except DatasetError as e:
+        # A download or the cache that failed is a failure while running (exit 1), as pretraining's: said
+        # as an input to change (exit 2), a network outage read as a wrong --task.
+        if isinstance(e, DownloadError) or (
+            isinstance(e, ChecksumError) and not isinstance(e, DataDirChecksumError)
+        ):
+            sys.exit(f"error: --task {cfg.task}: {e}")
         raise ConfigError(f"--task {cfg.task} (or --data-dir): {e}") from None
     torch.manual_seed(cfg.seed)  # the fresh head's initial weights
     try:
