@@ -16,6 +16,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.settings import SchedulingSettings
+
 PREFIX = "electra_"
 # Without its charset: Litestar appends "; charset=utf-8" to every text/* media type by itself.
 CONTENT_TYPE = CONTENT_TYPE_LATEST.replace("; charset=utf-8", "")
@@ -51,7 +53,7 @@ STAGE_BUCKETS = (
 # Rows and padded tokens per batch: doublings up to the largest batch the token budget allows. A row
 # holds at least one token, so a batch of short texts has up to --batch-token-budget rows (16384 by
 # default, ~4096 of 4-token texts in practice); buckets that stopped at 512 put most of such batches in +Inf.
-DEFAULT_BATCH_TOKEN_BUDGET = 16384
+DEFAULT_BATCH_TOKEN_BUDGET = SchedulingSettings.batch_token_budget  # the setting's default
 
 
 def doublings(first: int, last: int) -> tuple[int, ...]:
@@ -60,14 +62,6 @@ def doublings(first: int, last: int) -> tuple[int, ...]:
     while out[-1] < last:
         out.append(out[-1] * 2)
     return tuple(out)
-
-
-def batch_rows_buckets(batch_token_budget: int = DEFAULT_BATCH_TOKEN_BUDGET) -> tuple[int, ...]:
-    return doublings(1, batch_token_budget)
-
-
-def batch_tokens_buckets(batch_token_budget: int = DEFAULT_BATCH_TOKEN_BUDGET) -> tuple[int, ...]:
-    return doublings(64, max(batch_token_budget, 65536))
 
 
 class Metrics:
@@ -122,11 +116,11 @@ class Metrics:
         """Per inference batch: its size, where it ran, and failures."""
         self.batch_size = Histogram(
             PREFIX + "batch_size", "Rows (texts or windows) per inference batch", ("model",),
-            buckets=batch_rows_buckets(batch_token_budget), registry=r,
+            buckets=doublings(1, batch_token_budget), registry=r,
         )  # fmt: skip
         self.batch_tokens = Histogram(
             PREFIX + "batch_tokens", "Tokens per inference batch, padding included (rows * longest)", ("model",),
-            buckets=batch_tokens_buckets(batch_token_budget), registry=r,
+            buckets=doublings(64, max(batch_token_budget, 65536)), registry=r,
         )  # fmt: skip
         self.solo_batches = Counter(
             PREFIX + "solo_batches", "Batches run on every core because no other request was in flight",

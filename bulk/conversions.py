@@ -41,7 +41,7 @@ def type_suffix(path: Path) -> str:
 def compressed_hint(path: Path, kind: str) -> str | None:
     """Why a compressed shard is not read (bulk/compressed.py: a compression of no reader here, or a Parquet
     file, compressed inside already), never skipped; None: it is read through its decompression."""
-    said = ", ".join(f"{kind} ({suffix})" for suffix, (kind, _) in READERS.items())
+    said = ", ".join(f"{tool} ({suffix})" for suffix, (tool, _) in READERS.items())
     if compression(path) is None:
         return (f"compressed ({path.suffix}), which bulk does not read (it reads {said} compressed JSONL and "
                 "text): decompress it first (e.g. zstd -d, lz4 -d, unzip), or recompress it as .gz; it was not "

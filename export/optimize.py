@@ -34,7 +34,7 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, for_gpu: bool =
 
     options = FusionOptions("bert")
     options.enable_skip_layer_norm = for_gpu
-    with _quiet_table_sizes():
+    with _dropped(_TABLE_SIZES, *_FUSION_LOGGERS):
         model = optimize_model(
             str(src),
             model_type="bert",
@@ -142,10 +142,7 @@ def quantize_int8(src: Path, dst: Path, settings: dict | None = None) -> dict:
     s = {**INT8_SETTINGS, **(settings or {})}
     # The quantizer always advises (on the root logger) its pre-processing pass: shape inference and an
     # ORT graph optimization, which the BERT optimizer has already done for this graph.
-    root = logging.getLogger()
-    quiet = _DropMessage("pre-processing before quantization")
-    root.addFilter(quiet)
-    try:
+    with _dropped(re.escape("pre-processing before quantization"), ""):
         quantize_dynamic(
             str(src),
             str(dst),
@@ -156,8 +153,6 @@ def quantize_int8(src: Path, dst: Path, settings: dict | None = None) -> dict:
             # shape inference cannot type; without a default the quantizer stops on their outputs.
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-    finally:
-        root.removeFilter(quiet)
     return {**s, "method": QUANTIZE_DYNAMIC}
 
 
@@ -188,10 +183,7 @@ def quantize_int8_static(
     # (per-channel), 0.012 (per-channel, percentile calibration); with these 7 MatMuls fp32, 0.002. They
     # cost 10 MB of file and some speed, so the export asks for them only when the gate fails.
     fp32_nodes = after_activation_matmuls(onnx.load(str(src))) if fp32_after_activation else []
-    root = logging.getLogger()
-    quiet = _DropMessage("pre-processing")  # as in quantize_int8: shape inference is done already
-    root.addFilter(quiet)
-    try:
+    with _dropped("pre-processing", ""):  # as in quantize_int8: shape inference is done already
         quantize_static(
             str(src),
             str(dst),
@@ -206,8 +198,6 @@ def quantize_int8_static(
             nodes_to_exclude=fp32_nodes,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-    finally:
-        root.removeFilter(quiet)
     return {
         "method": QUANTIZE_STATIC,
         "format": "QDQ",
@@ -241,37 +231,34 @@ def after_activation_matmuls(model) -> list[str]:
 # the graph's shape, not their sizes (the sizes are only its guess that they were found right), and the
 # parity check right after the fusion would fail on tables taken one for the other: the line says
 # nothing a user can act on, and read as an error twice an export. Its other messages go through.
-_TABLE_SIZES = re.compile(r"^\w+_embedding_table \(.*\) size \d+ <= \w+_embedding_table \(.*\) size \d+$")
+_TABLE_SIZES = r"^\w+_embedding_table \(.*\) size \d+ <= \w+_embedding_table \(.*\) size \d+$"
 # The optimizer imports its fusions by their bare names (onnxruntime/transformers on sys.path); the
 # package's name too, should a later version import them so.
 _FUSION_LOGGERS = ("fusion_embedlayer", "onnxruntime.transformers.fusion_embedlayer")
 
 
-class _DropTableSizes(logging.Filter):
+class _DropMessage(logging.Filter):
+    def __init__(self, pattern: str):
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not _TABLE_SIZES.match(record.getMessage())
+        return not self.pattern.search(record.getMessage())
 
 
 @contextlib.contextmanager
-def _quiet_table_sizes() -> Iterator[None]:
-    quiet = _DropTableSizes()
-    loggers = [logging.getLogger(name) for name in _FUSION_LOGGERS]
-    for logger in loggers:
+def _dropped(pattern: str, *loggers: str) -> Iterator[None]:
+    """The messages matching `pattern` of the loggers named ("": the root logger) left out for the block;
+    their other messages go through."""
+    quiet = _DropMessage(pattern)
+    held = [logging.getLogger(name or None) for name in loggers]
+    for logger in held:
         logger.addFilter(quiet)
     try:
         yield
     finally:
-        for logger in loggers:
+        for logger in held:
             logger.removeFilter(quiet)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
 
 
 def to_fp16(src: Path, dst: Path) -> dict:

@@ -256,7 +256,7 @@ class _Parser(argparse.ArgumentParser):
         return namespace
 
 
-def _unknown_flags(p: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+def _unknown_flags(p: _Parser, extras: Sequence[str]) -> str:
     """What to say after argparse's "unrecognized arguments": each unknown flag's closest known ones, or
     the command's hint for it, or where the options are listed."""
     import difflib
@@ -264,16 +264,15 @@ def _unknown_flags(p: argparse.ArgumentParser, extras: Sequence[str]) -> str:
     # Every long flag, the --no- forms of switches too (--no-qatt is --no-qat, not its opposite --qat);
     # not --help, which is said below where nothing is close.
     known = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help"})
-    hints = getattr(p, "hints", {})
     said, lost = [], False
     flags = (a.split("=", 1)[0] for a in extras if a.startswith("-") and a != "--" and not _negative(a))
     for given in dict.fromkeys(flags):
-        if given in hints:
-            said.append(f"{given}: {hints[given]}.")
+        if given in p.hints:
+            said.append(f"{given}: {p.hints[given]}.")
             continue
-        ratio = {k: difflib.SequenceMatcher(None, given, k).ratio() for k in known}
         close = difflib.get_close_matches(given, known, n=3, cutoff=0.6)
         # The runners-up only where nearly as close: --precison is --precision, not --triton too.
+        ratio = {k: difflib.SequenceMatcher(None, given, k).ratio() for k in close}
         close = [k for k in close if ratio[k] >= ratio[close[0]] - 0.1]
         if close:
             said.append(f"{given}: did you mean {' or '.join(close)}?")

@@ -61,7 +61,7 @@ def _shortened_said(
     what = (
         ", a path shortened where it was saved"
         if len(names) + len(maybe) == 1
-        else (": paths shortened where they were saved")
+        else ": paths shortened where they were saved"
     )
     where_read = f" (and {' and '.join(map(shown, maybe))}, where this export reads it)" if maybe else ""
     return (f"--config {config}: {listed}{what} (a bundle exported before paths were saved whole kept no absolute "

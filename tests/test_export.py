@@ -474,7 +474,7 @@ def test_a_vocabulary_smaller_than_the_position_table_fuses_without_a_warning_th
     import torch
 
     from export.onnx import export_onnx, graph_for
-    from export.optimize import _quiet_table_sizes, fuse
+    from export.optimize import _FUSION_LOGGERS, _TABLE_SIZES, _dropped, fuse
     from training.model import ElectraConfig, ElectraForPreTraining
 
     cfg = ElectraConfig(vocab_size=168, embedding_size=16, hidden_size=16, num_hidden_layers=1,
@@ -487,7 +487,7 @@ def test_a_vocabulary_smaller_than_the_position_table_fuses_without_a_warning_th
     assert fusions.get("EmbedLayerNormalization") == 1, fusions
     assert not [r for r in caplog.records if "embedding_table" in r.getMessage()], caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO), _quiet_table_sizes():
+    with caplog.at_level(logging.INFO), _dropped(_TABLE_SIZES, *_FUSION_LOGGERS):
         logging.getLogger("fusion_embedlayer").warning("Cannot fuse EmbedLayerNormalization: a real reason")
     assert "a real reason" in caplog.text
 

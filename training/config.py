@@ -151,12 +151,6 @@ FINETUNE_PATHS = ("init", "train", "dev", "test")
 _DATA_DIR = ("data_dir",)
 
 
-def home_of(flag: str, value: str) -> Path:
-    """`value` with its ~ or ~user expanded (options.expand_user: a ConfigError naming `flag` for a ~user of
-    no such user)."""
-    return expand_user(Path(value), flag)
-
-
 def check_homes(cfg, names: tuple[str, ...]) -> None:
     """Every path option `names` of `cfg` (a corpus: each of its paths) expands its ~user here, or is refused
     naming its flag: one check for every place that reads them."""
@@ -164,11 +158,11 @@ def check_homes(cfg, names: tuple[str, ...]) -> None:
         value = getattr(cfg, name)
         if isinstance(value, str):
             for part in value.split(",") if name == "corpus" else (value,):
-                home_of("--" + name.replace("_", "-"), part.strip())
+                expand_user(Path(part.strip()), "--" + name.replace("_", "-"))
 
 
 def absolute_out(out: str) -> str:
-    return str(Path.cwd() / home_of("--out", out))
+    return str(Path.cwd() / expand_user(Path(out), "--out"))
 
 
 def absolute_paths(values: dict, names: tuple[str, ...] = _PATH_OPTIONS) -> dict:
@@ -618,10 +612,10 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_seed(self.seed)
         if not self.out:
             raise ConfigError("--out: required; the directory that will hold the fine-tuned model")
-        check_homes(self, ("out", *FINETUNE_PATHS))
+        check_homes(self, FINETUNE_PATHS)
         # Expanded here (pretraining's is, by absolute_out): --out=~/ft (no shell expands after =) or a
         # TOML `out = "~/ft"` wrote into a directory named ~ in the current one.
-        self.out = str(home_of("--out", self.out))
+        self.out = str(expand_user(Path(self.out), "--out"))
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite: give one; --overwrite starts the run again")
         for name, value in absolute_paths(self.__dict__, (*FINETUNE_PATHS, *_DATA_DIR)).items():

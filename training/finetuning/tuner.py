@@ -29,7 +29,7 @@ from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization, run_dir
 from training.config import CLASSIFICATION_METRICS, FinetuneConfig, check_data_dir
-from training.data.registry import ChecksumError, DataDirChecksumError, DatasetError, DownloadError
+from training.data.registry import DataDirChecksumError, DatasetError, UnknownDatasetError
 from training.data.tokenizer import TokenizerError, fits_model
 from training.embedding_grad import opaque_embedding_grads
 from training.errors import DiskFullError, disk_full, out_of_space
@@ -167,14 +167,12 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     refuse_other_families(load_from)
     try:
         data = load_task_data(cfg)
+    except (DataDirChecksumError, UnknownDatasetError) as e:  # the data dir's copy, or the name: to change
+        raise ConfigError(f"--task {cfg.task} (or --data-dir): {e}") from None
     except DatasetError as e:
         # A download or the cache that failed is a failure while running (exit 1), as pretraining's: said
         # as an input to change (exit 2), a network outage read as a wrong --task.
-        if isinstance(e, DownloadError) or (
-            isinstance(e, ChecksumError) and not isinstance(e, DataDirChecksumError)
-        ):
-            sys.exit(f"error: --task {cfg.task}: {e}")
-        raise ConfigError(f"--task {cfg.task} (or --data-dir): {e}") from None
+        sys.exit(f"error: --task {cfg.task}: {e}")
     torch.manual_seed(cfg.seed)  # the fresh head's initial weights
     try:
         model, src, notes = init_classifier(load_from, data)
@@ -439,8 +437,7 @@ def setup(argv: list[str] | None) -> FineTuner:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     # Known (a run of ours): the positions trained now reach its longest training row too.
     if model.config.trained_positions is not None:
-        longest = max(len(e.ids) for e in encoded["train"])
-        model.config.trained_positions = max(model.config.trained_positions, longest)
+        model.config.trained_positions = max([model.config.trained_positions, *lengths])
     model.config.fine_tuned_length = cfg.max_seq_len  # what the bundle truncates at by default
     # Quantization-aware: ranges from a shuffled sample of the training texts (their own seed: data order
     # is untouched).
