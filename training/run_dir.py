@@ -12,6 +12,7 @@ from pathlib import Path
 
 from options import ConfigError
 from options.locking import DirectoryHeld, hold_directory, holder
+from training.data.shards import META_FILE
 
 HANDOFF = "handoff.json"  # what training.handoff unpack writes at the top of the run it makes
 LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume continues from
@@ -24,7 +25,7 @@ RUN_ENTRIES = frozenset({"config.json", "metrics.jsonl", "curves.png", "data", "
 def has_shards(out: Path) -> bool:
     """Whether the run in `out` holds its train and valid shards (data/, each with the meta.json that
     training/data/shards.py writes last): a resume trains on them without its corpus."""
-    return all((out / "data" / split / "meta.json").is_file() for split in ("train", "valid"))
+    return all((out / "data" / split / META_FILE).is_file() for split in ("train", "valid"))
 
 
 def launch_command() -> str:
