@@ -282,11 +282,19 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
 def _join_failed(address: str, e: Exception) -> str:
     msg = (f"could not join the Ray cluster at {address} (--ray): {e}. Check that `ray start` runs there and "
            "that this machine reaches its port")  # fmt: skip
+    # Ray 2.60's clusters want a token, and its retries only log "InvalidAuthToken" before failing: the
+    # error it raises seldom says that the token was missing or wrong.
     if not os.environ.get("RAY_AUTH_TOKEN"):
-        # Ray 2.60's clusters want a token, and its retries only log "InvalidAuthToken" before failing.
         msg += (
             ". Ray 2.60 clusters use token authentication: give the job the cluster's token, "
             "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... (a head started without one keeps it in ~/.ray/auth_token)"
+        )
+    else:
+        refused = any(word in str(e) for word in ("InvalidAuthToken", "Unauthenticated", "UNAUTHENTICATED"))
+        msg += (
+            f". {'The cluster refused' if refused else 'Ray 2.60 clusters check'} the job's token "
+            "(RAY_AUTH_TOKEN, set here): it may not be this cluster's; compare it with the head's "
+            "(RAY_AUTH_TOKEN where `ray start --head` ran, else ~/.ray/auth_token on the head)"
         )
     return msg
 

@@ -148,3 +148,19 @@ def test_a_job_json_of_before_resumes_on_model_onnx_alone_then_holds_every_files
         in said
     )
     assert "manifest.json" not in said and "Restore the bundle" in said
+
+
+def test_a_join_with_a_token_set_that_fails_says_the_token_may_be_wrong(monkeypatch):
+    """The authentication hint was given only without RAY_AUTH_TOKEN: a wrong one got no hint at all."""
+    from bulk.on_ray import _join_failed
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-clusters")
+    said = _join_failed("10.0.0.1:6379", ConnectionError("GCS said InvalidAuthToken"))
+    assert (
+        "The cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this cluster's" in said
+    )
+    said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
+    assert "Ray 2.60 clusters check the job's token" in said and "may not be this cluster's" in said
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
+    assert "give the job the cluster's token" in said and "may not be" not in said
