@@ -18,6 +18,9 @@ from bulk.inputs import absolute_spec, format_of
 # 20 MB file would otherwise keep one worker busy and the others idle.
 PARTS_PER_WORKER = 4
 MIN_PART_BYTES = 16 << 10
+# job.json's key for the sha256 of each of the bundle's files: its manifest.json (max_length, labels) and
+# tokenizer.json shape the rows as much as model.onnx (bundle_sha256) does.
+BUNDLE_FILES = "bundle_files_sha256"
 
 
 class JobError(ValueError):
@@ -49,16 +52,23 @@ def write_fingerprint(cfg: BulkConfig, pending: dict | None) -> None:
 
 
 def read_fingerprint(
-    cfg: BulkConfig, bundle_sha: str, root: Path | None = None, own_threshold: float | None = None
+    cfg: BulkConfig,
+    bundle_sha: str,
+    root: Path | None = None,
+    own_threshold: float | None = None,
+    bundle_files: dict[str, str] | None = None,
 ) -> tuple[int | None, Path | None, dict | None]:
     """A resumed job must score as the first run did: same bundle, same options that shape a row. Returns
     the part size of its first run (None for a new job: the caller puts a fresh plan's in job.json), the
     root its shards are named from (`root` for a new job; job.json's for a resumed one), and what job.json
     is to hold (None: it stands). Writes nothing: a run refused after this (INPUT changed) leaves --out as
     it found it. `own_threshold`: a detector's own threshold (the bundle's), which a run without
-    --threshold scores with. A job.json of other settings whose job finished no part is a new job's."""
+    --threshold scores with. `bundle_files`: the sha256 of each of the bundle's files as read
+    (Bundle.sha256_as_read). A job.json of other settings whose job finished no part is a new job's."""
     path = cfg.out / "job.json"
     want = {"bundle_sha256": bundle_sha, "version": app.__version__, **cfg.fingerprint()}
+    if bundle_files is not None:
+        want[BUNDLE_FILES] = bundle_files
     # The threshold the spans use, not as given: `--threshold 0.58` where the bundle's own is 0.58 scores
     # the rows a run without it scored, and resumes it (a job.json of before kept None for "not given").
     if want["threshold"] is None:
@@ -80,28 +90,40 @@ def read_fingerprint(
             have["input"] = absolute_spec(have["input"])
         if have.get("threshold") is None:  # not given then: the bundle's own (the same bundle, or refused)
             have["threshold"] = own_threshold
-        diff = sorted(k for k in want if have.get(k) != want[k])
+        # A job.json of before 2026-12-02 recorded model.onnx's sha256 alone: compared on what it recorded.
+        diff = sorted(k for k in want if have.get(k) != want[k] and (k != BUNDLE_FILES or k in have))
+        if BUNDLE_FILES in diff and "bundle_sha256" in diff:  # the files' line names model.onnx already
+            diff.remove("bundle_sha256")
         if have.get("parquet_parts") != "rows" and _finished_parquet(cfg):
             # Parquet parts were runs of row groups until 2026-11-29, and are row ranges now: a part's
             # number names other rows, so a job that finished some before cannot be resumed by this version.
             diff.append("parquet_parts")
             want["parquet_parts"] = "rows"
-        said = "; ".join(f"{k}: {have.get(k)!r} then, {want[k]!r} now" for k in diff)
+        said = "; ".join(_difference(k, have.get(k), want[k]) for k in diff)
         if diff and not recorded():
             # Nothing of it to mix with: its every shard failed (a .zst, a CSV, a JSON array), and the
             # command that follows the hint (the file converted) was refused as other settings.
             print(f"bulk: note: {cfg.out} holds the job.json of a job with other settings ({said}) that "
                   "finished no part: starting a new job there with these", file=sys.stderr, flush=True)  # fmt: skip
         elif diff:
+            restore = (
+                f"Restore the bundle {cfg.bundle_dir} as it was, use"
+                if {"bundle_sha256", BUNDLE_FILES} & set(diff)
+                else "Use"
+            )
             raise JobError(
                 f"{cfg.out} holds the outputs of a job with other settings ({said}); resuming would mix the two. "
-                "Use another --out, or remove that directory to start again"
+                f"{restore} another --out, or remove that directory to start again"
             )
         else:
             # A job begun by an earlier version: what it left unsaid is saved now, as it was then.
             added = {}
             if "parquet_parts" not in have:  # no Parquet part of it finished (else refused above)
                 added["parquet_parts"] = "rows"
+            if BUNDLE_FILES in want and BUNDLE_FILES not in have:
+                # model.onnx matched; what its other files were then is unknown, but from this run on a
+                # resume with other ones is refused.
+                added[BUNDLE_FILES] = want[BUNDLE_FILES]
             if not isinstance(have.get("input_root"), str) and (
                 named := _root_named_by_manifest(cfg) or root
             ):
@@ -123,6 +145,16 @@ def read_fingerprint(
     if root is not None:
         want["input_root"] = str(root)
     return None, root, want
+
+
+def _difference(key: str, then, now) -> str:
+    """One setting that differs from job.json's, as the refusal says it; for the bundle, which files."""
+    if key != BUNDLE_FILES:
+        return f"{key}: {then!r} then, {now!r} now"
+    then = then if isinstance(then, dict) else {}
+    files = [f"{name} (sha256 {then.get(name)} then, {now.get(name)} now)"
+             for name in sorted(set(then) | set(now)) if then.get(name) != now.get(name)]  # fmt: skip
+    return f"the bundle's files differ: {', '.join(files)}"
 
 
 def _root_named_by_manifest(cfg: BulkConfig) -> Path | None:

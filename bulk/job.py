@@ -334,7 +334,9 @@ def _plan_held(cfg: BulkConfig, bundle, root: Path, files: list[Path], unlisted:
     score, the shards' stats, the resolved config) once `prepare` wrote the job's first files; or the exit
     status of a job stopped as Ray started, nothing written."""
     try:
-        job_bytes, kept, pending = read_fingerprint(cfg, bundle.manifest.model_sha256, root, own_threshold)
+        job_bytes, kept, pending = read_fingerprint(
+            cfg, bundle.manifest.model_sha256, root, own_threshold, bundle.sha256_as_read
+        )
     except OSError as e:  # job.json there but unreadable (permissions)
         raise JobError(f"--out {cfg.out}: cannot read its job.json ({e.strerror or e}: {e.filename})") from e
     if not (cfg.out / "job.json").is_file():
@@ -475,7 +477,10 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             elif cfg.ray:  # a cluster joined: losing it ends the job with our status and what to do
                 watch = runner.watch_cluster(cfg.ray, EXIT_FAILED)
             try:
-                runner.run(todo, run_cfg, on_result, progress.update, lambda: interrupt.stopping)
+                # The bundle as this driver read it: a worker that reads another (swapped under --models as
+                # the job ran) fails its parts rather than mix two models' rows in scores/.
+                runner.run(todo, run_cfg, bundle.sha256_as_read, on_result, progress.update,
+                           lambda: interrupt.stopping)  # fmt: skip
             finally:
                 if watch is not None:
                     watch.set()

@@ -24,7 +24,7 @@ ATTEMPTS = 2  # a part running when its worker process died (killed, out of memo
 POLL_S = 0.2  # how often the driver looks for a stop while it waits for parts
 
 
-def _init(cfg_values: dict, queue, driver: int) -> None:
+def _init(cfg_values: dict, job_bundle: dict[str, str], queue, driver: int) -> None:
     global _SCORER, _QUEUE
     # A worker must not outlive a job killed with kill -9: the kernel sends it SIGKILL when we die.
     # Not Linux: no prctl, and a killed job's workers finish their part and exit.
@@ -44,8 +44,8 @@ def _init(cfg_values: dict, queue, driver: int) -> None:
 
     _QUEUE = queue
     try:
-        _SCORER = Scorer(from_dict(cfg_values))
-    except Exception as e:  # e.g. the load check refused the bundle: every part says so, none hangs
+        _SCORER = Scorer(from_dict(cfg_values), job_bundle)
+    except Exception as e:  # the load check refused the bundle, or it changed: every part says so, none hangs
         _SCORER = e
 
 
@@ -57,8 +57,11 @@ def _score(part: Part, attempt: int) -> dict:
     return score_part(part, _SCORER, lambda *counts: _QUEUE.put((*counts, f"{part.key}@{attempt}")))
 
 
-def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
-    """Score `parts`, calling on_result(result) for each finished or failed part (in this thread) and
+def run(
+    parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
+) -> None:
+    """Score `parts` with the bundle whose files' sha256 are `job_bundle` (a worker that reads another fails
+    each part it takes), calling on_result(result) for each finished or failed part (in this thread) and
     on_progress(docs, tokens, bytes, attempt) as workers report (attempt: "part key@n"), and
     on_progress(0, 0, 0, attempt, True) where an attempt's reports no longer count (its worker died): from
     several threads (the reports' listeners and this one), so it must be thread-safe. Once on_result returns
@@ -114,7 +117,7 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
                 if idle:
                     worker = idle.pop()
                 else:
-                    worker = _Worker(values, on_progress)
+                    worker = _Worker(values, job_bundle, on_progress)
                     started.append(worker)
                 try:
                     running[worker.submit(part, charged[part.key])] = (worker, part)
@@ -178,7 +181,7 @@ class _Worker:
     it writes there (the OOM killer) leaves the queue's write lock taken for good: a worker after it writing
     to the same queue would hang, so no queue outlives its worker, and the driver never writes to one."""
 
-    def __init__(self, cfg_values: dict, on_progress) -> None:
+    def __init__(self, cfg_values: dict, job_bundle: dict[str, str], on_progress) -> None:
         # spawn: the driver never loads ONNX Runtime, and a forked copy of its threads would be unsafe anyway.
         ctx = mp.get_context("spawn")
         self.queue = ctx.SimpleQueue()
@@ -188,7 +191,7 @@ class _Worker:
         )
         self.listener.start()
         self.pool = ProcessPoolExecutor(
-            1, mp_context=ctx, initializer=_init, initargs=(cfg_values, self.queue, os.getpid())
+            1, mp_context=ctx, initializer=_init, initargs=(cfg_values, job_bundle, self.queue, os.getpid())
         )
 
     def submit(self, part: Part, attempt: int) -> Future:

@@ -45,15 +45,16 @@ ATTEMPTS_DIR = ".ray-attempts"
 class ScoreParts:
     """A Ray Data actor: one Scorer, then one part per call (batch_size=1)."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, job_bundle: dict[str, str]) -> None:
         from bulk.shard import Scorer
 
         self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
         self.attempts.mkdir(parents=True, exist_ok=True)  # the driver's (run) unless the actor is run alone
-        # A bundle this node cannot load (the load check refused it on this CPU, a broken file): every part
-        # says so, as the local workers' do, instead of an actor that dies and takes the driver with it.
+        # A bundle this node cannot load (the load check refused it on this CPU, a broken file) or that is not
+        # the driver's (another node's copy, or one replaced since): every part says so, as the local workers'
+        # do, instead of an actor that dies and takes the driver with it.
         try:
-            self.scorer: Scorer | Exception = Scorer(from_dict(cfg))
+            self.scorer: Scorer | Exception = Scorer(from_dict(cfg), job_bundle)
         except Exception as e:
             self.scorer = e
 
@@ -281,16 +282,26 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
 def _join_failed(address: str, e: Exception) -> str:
     msg = (f"could not join the Ray cluster at {address} (--ray): {e}. Check that `ray start` runs there and "
            "that this machine reaches its port")  # fmt: skip
+    # Ray 2.60's clusters want a token, and its retries only log "InvalidAuthToken" before failing: the
+    # error it raises seldom says that the token was missing or wrong.
     if not os.environ.get("RAY_AUTH_TOKEN"):
-        # Ray 2.60's clusters want a token, and its retries only log "InvalidAuthToken" before failing.
         msg += (
             ". Ray 2.60 clusters use token authentication: give the job the cluster's token, "
             "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... (a head started without one keeps it in ~/.ray/auth_token)"
         )
+    else:
+        refused = any(word in str(e) for word in ("InvalidAuthToken", "Unauthenticated", "UNAUTHENTICATED"))
+        msg += (
+            f". {'The cluster refused' if refused else 'Ray 2.60 clusters check'} the job's token "
+            "(RAY_AUTH_TOKEN, set here): it may not be this cluster's; compare it with the head's "
+            "(RAY_AUTH_TOKEN where `ray start --head` ran, else ~/.ray/auth_token on the head)"
+        )
     return msg
 
 
-def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) -> None:
+def run(
+    parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
+) -> None:
     """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes: the
     parts still running on the cluster are dropped, and a later run scores them again."""
     import ray
@@ -311,7 +322,7 @@ def run(parts: list[Part], cfg: BulkConfig, on_result, on_progress, stopping) ->
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         ScoreParts,
-        fn_constructor_kwargs={"cfg": options.as_dict(cfg)},
+        fn_constructor_kwargs={"cfg": options.as_dict(cfg), "job_bundle": job_bundle},
         batch_size=1,
         # One part at a time on an actor, as on a local worker (Ray Data queues two): a part is started when
         # an actor is free for it, not queued behind a part that may kill the actor.

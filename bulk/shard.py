@@ -19,7 +19,7 @@ import numpy as np
 import app
 from app.machine import cpu
 from app.model import load_check
-from app.model.bundle import read_bundle
+from app.model.bundle import Bundle, BundleError, read_bundle
 from app.model.engine import Engine
 from app.model.scoring import Classify, Detect, run_rows
 from app.model.tokenization import TextTokenizer
@@ -38,9 +38,13 @@ Report = Callable[[int, int, int], None]  # (documents, tokens, bytes) just done
 class Scorer:
     """One bundle's tokenizer and session, held by one worker for the whole job."""
 
-    def __init__(self, cfg: BulkConfig) -> None:
+    def __init__(self, cfg: BulkConfig, job_bundle: dict[str, str]) -> None:
+        """`job_bundle`: the sha256 of each of the bundle's files as the driver read them at the job's start
+        (Bundle.sha256_as_read). A worker reads --models again (one started late, or again after its
+        process died): a bundle changed meanwhile is refused, or its rows would be mixed with the others'."""
         self.cfg = cfg
         self.bundle = bundle = read_bundle(cfg.bundle_dir, cfg.model)
+        check_same_bundle(bundle, job_bundle)
         m = bundle.manifest
         self.detector = m.kind == "detector"
         self.tokenizer = TextTokenizer(bundle.tokenizer_path, m.max_length, cfg.window_stride)
@@ -98,6 +102,19 @@ class Scorer:
         for label in self.bundle.manifest.labels:
             cols[f"prob_{label}"] = [r.probs[label] for r in results]
         return cols
+
+
+def check_same_bundle(bundle: Bundle, job_bundle: dict[str, str]) -> None:
+    """BundleError naming each file whose sha256 differs from the job's, and what to do."""
+    now = bundle.sha256_as_read
+    changed = [f"{name}: sha256 {job_bundle.get(name)} at the job's start, {now.get(name)} now"
+               for name in sorted(set(job_bundle) | set(now)) if job_bundle.get(name) != now.get(name)]  # fmt: skip
+    if changed:
+        raise BundleError(
+            f"the bundle {bundle.path} changed since the job started ({'; '.join(changed)}): its rows would mix "
+            "with those of the bundle the job began with. Restore that bundle and run the same command again, "
+            "or start a new --out to score with this one"
+        )
 
 
 def _chunks(docs: Iterable[Doc], n: int) -> Iterator[list[Doc]]:

@@ -425,7 +425,7 @@ def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dyin
         [str(src), "--out", str(tmp_path / "out"), "--model", "broken", "--models", str(tmp_path / "models")]
     )
     parts, _ = plan(*shards(str(src), "auto")[:2], "auto", 1 << 20)
-    actor = ScoreParts(as_dict(cfg))
+    actor = ScoreParts(as_dict(cfg), {})  # no bundle read by a driver: it cannot be
     results = [json.loads(r) for r in actor({"part": [json.dumps(p.__dict__) for p in parts]})["result"]]
     assert [r["part"] for r in results] == ["a.jsonl#0"]
     assert "could not load the model" in results[0]["error"], results

@@ -243,6 +243,7 @@ def test_a_gz_cut_short_fails_naming_it_and_a_zst_by_name_while_the_others_are_s
 def test_progress_on_a_compressed_part_counts_its_bytes_on_disk_to_exactly_100_percent(tmp_path, packed):
     """The plan totals a compressed shard by its size on disk: its part reports the compressed bytes it
     read, never more (counted decompressed, the bar passed 100% and the ETA went wrong), and all of them."""
+    from app.model.bundle import read_bundle
     from bulk.config import resolve
     from bulk.progress import Progress
     from bulk.shard import Scorer, score_part
@@ -258,7 +259,7 @@ def test_progress_on_a_compressed_part_counts_its_bytes_on_disk_to_exactly_100_p
         progress.update(docs, tokens, nbytes, "t.txt.gz#0@1")
         seen.append(progress.bytes)
 
-    result = score_part(part, Scorer(cfg), report)
+    result = score_part(part, Scorer(cfg, read_bundle(cfg.bundle_dir).sha256_as_read), report)
     assert result["rows"] == 10 and "error" not in result
     assert seen == sorted(seen) and max(seen) == seen[-1] == part.size
     assert " 100.0%" in progress.line()

@@ -83,6 +83,10 @@ class Bundle:
     path: Path
     manifest: Manifest
     warnings: tuple[str, ...] = field(default=())
+    # The sha256 of each of FILES as read here, manifest.json's own bytes included (`verified` cannot hold
+    # it: the manifest cannot vouch for itself). Its max_length, labels or kind change the numbers as much as
+    # model.onnx does, so a job that loads the bundle again elsewhere (bulk's workers) compares all three.
+    sha256_as_read: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def verified(self) -> dict[str, str]:
@@ -114,13 +118,15 @@ def file_hashes(path: Path) -> dict[str, str]:
     return {fname: sha256_file(path / fname) for fname in HASHED}
 
 
-def _check_hash(path: Path, fname: str, expected: str) -> None:
+def _check_hash(path: Path, fname: str, expected: str) -> str:
+    """The file's sha256, refused (BundleError) unless it is the one its manifest records."""
     actual = sha256_file(path / fname)
     if actual != expected.lower():
         raise BundleError(
             f"{path / fname} does not match its manifest (sha256 mismatch: manifest says {expected}, file is "
             f"{actual}): the file was modified or replaced; export the bundle again"
         )
+    return actual
 
 
 def read_bundle(path: Path, name: str | None = None) -> Bundle:
@@ -138,8 +144,9 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         if not (path / fname).is_file():
             raise BundleError(f"{path / fname}: missing (a bundle needs {', '.join(FILES)})")
     manifest_path = path / "manifest.json"
+    raw = manifest_path.read_bytes()  # hashed as decoded: no later copy of the file can slip in between
     try:
-        manifest = msgspec.json.decode(manifest_path.read_bytes(), type=Manifest)
+        manifest = msgspec.json.decode(raw, type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise BundleError(f"{manifest_path}: {e}") from None
     if manifest.format_version != 1:
@@ -152,10 +159,12 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         raise BundleError(f"{manifest_path}: max_length {manifest.max_length} is too small")
     warnings: tuple[str, ...] = tuple(manifest.warnings)  # logged by the server at load, not here: the
     # export reads its bundle back from a temporary directory, whose name the log would carry
+    as_read = {"manifest.json": hashlib.sha256(raw).hexdigest()}
     if manifest.files is None:
         # Accepted, not refused: bundles exported before per-file hashes would otherwise stop serving on
         # upgrade. Only model.onnx is checked; /models and the log say so until the bundle is re-exported.
-        _check_hash(path, "model.onnx", manifest.model_sha256)
+        as_read["model.onnx"] = _check_hash(path, "model.onnx", manifest.model_sha256)
+        as_read["tokenizer.json"] = sha256_file(path / "tokenizer.json")  # unchecked, but still known
         old = (
             "old bundle: its manifest has no `files` sha256 list, so tokenizer.json is not checked; "
             "export it again (python -m export) to have every file hash-checked"
@@ -169,8 +178,9 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         if manifest.files["model.onnx"].lower() != manifest.model_sha256.lower():
             raise BundleError(f"{manifest_path}: `model_sha256` and `files` disagree about model.onnx")
         for fname in HASHED:
-            _check_hash(path, fname, manifest.files[fname])
-    return Bundle(name=name or path.resolve().name, path=path, manifest=manifest, warnings=warnings)
+            as_read[fname] = _check_hash(path, fname, manifest.files[fname])
+    return Bundle(name=name or path.resolve().name, path=path, manifest=manifest, warnings=warnings,
+                  sha256_as_read=as_read)  # fmt: skip
 
 
 def _entry_kind(p: Path) -> str | None:

@@ -1,0 +1,166 @@
+"""One job, one bundle: a worker that reads another bundle than the driver did (the directory swapped under
+--models as the job ran, then a worker restarted) fails its parts instead of mixing two models' rows in
+scores/, and a resume whose bundle differs in any file (manifest.json's max_length, tokenizer.json), not
+only model.onnx, is refused as other settings are."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from bulk_helpers import MODELS, run_bulk, write_jsonl
+
+import app
+from app.model.bundle import BundleError, read_bundle
+from bulk.config import resolve
+from bulk.fingerprint import BUNDLE_FILES, JobError, read_fingerprint
+
+DOCS = ["The cat sat on the mat.", "A second document, of a few more words than the first one."]
+
+
+def _models(tmp_path: Path) -> Path:
+    """A --models holding a copy of the shipped detector, free to be changed."""
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "detector", models / "detector")
+    return models
+
+
+def _swap_for_the_classifier(models: Path) -> None:
+    """The detector's directory replaced by the sentiment bundle, as `mv` or a sync would."""
+    shutil.rmtree(models / "detector")
+    shutil.copytree(MODELS / "sentiment", models / "detector")
+
+
+def _cfg(tmp_path: Path, models: Path, src: Path | None = None):
+    src = src or write_jsonl(tmp_path / "in" / "a.jsonl", DOCS)
+    return resolve([str(src), "--out", str(tmp_path / "out"), "--model", "detector", "--models", str(models),
+                    "--threads", "1", "--workers", "1"])  # fmt: skip
+
+
+def test_a_scorer_whose_bundle_is_not_the_jobs_refuses_it_naming_both_sha256(tmp_path):
+    from bulk.shard import Scorer
+
+    models = _models(tmp_path)
+    cfg = _cfg(tmp_path, models)
+    at_start = read_bundle(cfg.bundle_dir).sha256_as_read
+    assert set(at_start) == {"model.onnx", "tokenizer.json", "manifest.json"}
+    _swap_for_the_classifier(models)
+    now = read_bundle(cfg.bundle_dir).sha256_as_read
+    with pytest.raises(BundleError) as refused:
+        Scorer(cfg, at_start)
+    said = str(refused.value)
+    assert "changed since the job started" in said and "Restore that bundle" in said and "new --out" in said
+    for name in ("model.onnx", "manifest.json"):  # the tokenizer is the same file in both bundles
+        assert f"{name}: sha256 {at_start[name]} at the job's start, {now[name]} now" in said, said
+    assert "tokenizer.json" not in said
+
+
+def test_a_local_worker_that_loads_another_bundle_fails_its_parts_and_scores_none(tmp_path):
+    """The reviewer's case, a worker (re)started once the bundle was swapped: its parts fail by name, and
+    nothing of the classifier's reaches the job (before, it scored them with the classifier: exit 0)."""
+    from bulk import local
+    from bulk.inputs import plan, shards
+
+    models = _models(tmp_path)
+    src = tmp_path / "in"
+    for name in ("a", "b"):
+        write_jsonl(src / f"{name}.jsonl", DOCS)
+    cfg = _cfg(tmp_path, models, src)
+    at_start = read_bundle(cfg.bundle_dir).sha256_as_read
+    _swap_for_the_classifier(models)
+    parts, _ = plan(*shards(str(src), "auto")[:2], "auto", 1 << 20)
+    results: list[dict] = []
+    local.run(parts, cfg, at_start, lambda r: results.append(r) and False, lambda *a: None, lambda: False)
+    assert sorted(r["part"] for r in results) == ["a.jsonl#0", "b.jsonl#0"]
+    for r in results:
+        assert "output" not in r and "changed since the job started" in r["error"], r
+        assert at_start["model.onnx"] in r["error"] and "Restore that bundle" in r["error"]
+    assert not list((tmp_path / "out").glob("**/*.parquet"))  # not even under a temporary name
+
+
+def test_a_ray_actor_that_loads_another_bundle_fails_its_parts(tmp_path):
+    """The actor class Ray Data runs (restarted by Ray after its worker died), run here without Ray."""
+    from bulk.inputs import plan, shards
+    from bulk.on_ray import ScoreParts
+    from options import as_dict
+
+    models = _models(tmp_path)
+    cfg = _cfg(tmp_path, models)
+    at_start = read_bundle(cfg.bundle_dir).sha256_as_read
+    _swap_for_the_classifier(models)
+    parts, _ = plan(*shards(cfg.input, "auto")[:2], "auto", 1 << 20)
+    actor = ScoreParts(as_dict(cfg), at_start)
+    (result,) = [json.loads(r) for r in actor({"part": [json.dumps(p.__dict__) for p in parts]})["result"]]
+    assert "output" not in result and "changed since the job started" in result["error"], result
+
+
+def test_a_resume_with_another_manifest_json_is_refused_naming_the_file(tmp_path):
+    """Same model.onnx, max_length 512 -> 128: the first run's rows had one window where the resume's
+    would have several. Refused (exit 2), naming manifest.json and how to go on; --out left as it was."""
+    models = _models(tmp_path)
+    src = write_jsonl(tmp_path / "in" / "x.jsonl", DOCS)
+    out = tmp_path / "out"
+    flags = ("--models", str(models), "--workers", "1")
+    first = run_bulk(src.parent, out, "detector", *flags, timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    job = json.loads((out / "job.json").read_text())
+    assert job[BUNDLE_FILES] == read_bundle(models / "detector").sha256_as_read
+    manifest = models / "detector" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"max_length": 512', '"max_length": 128', 1))
+    write_jsonl(tmp_path / "in" / "y.jsonl", DOCS)
+    files = lambda: {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}  # noqa: E731
+    before = files()  # but the lock, which holds the pid of the run holding --out
+
+    again = run_bulk(src.parent, out, "detector", *flags, timeout=120)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "the bundle's files differ: manifest.json (sha256 " in again.stderr, again.stderr
+    assert "model.onnx" not in again.stderr.split("other settings")[1].split("resuming")[0]
+    assert f"Restore the bundle {models / 'detector'} as it was, use another --out" in again.stderr
+    assert files() == before
+
+
+def test_a_job_json_of_before_resumes_on_model_onnx_alone_then_holds_every_files_sha256(tmp_path):
+    """A job.json that recorded model.onnx's sha256 alone is compared on that: its resume is accepted and
+    job.json then records every file, so that a later resume with another tokenizer.json is refused."""
+    models = _models(tmp_path)
+    cfg = _cfg(tmp_path, models)
+    bundle = read_bundle(cfg.bundle_dir)
+    sha, files = bundle.manifest.model_sha256, bundle.sha256_as_read
+    cfg.out.mkdir()
+    old = {**json.loads(json.dumps(cfg.fingerprint())), "bundle_sha256": sha, "version": app.__version__,
+           "part_bytes": 4096, "parquet_parts": "rows", "input_root": str(tmp_path / "in")}  # fmt: skip
+    (cfg.out / "job.json").write_text(json.dumps(old))
+    (cfg.out / "manifest.jsonl").write_text("{}\n")  # a finished part: other settings are refused, not new
+    threshold = bundle.manifest.threshold
+
+    part_bytes, _, pending = read_fingerprint(cfg, sha, None, threshold, files)
+    assert part_bytes == 4096 and pending is not None and pending[BUNDLE_FILES] == files
+    (cfg.out / "job.json").write_text(json.dumps(pending))
+
+    other = files | {"tokenizer.json": "0" * 64}
+    with pytest.raises(JobError) as refused:
+        read_fingerprint(cfg, sha, None, threshold, other)
+    said = str(refused.value)
+    assert (
+        f"the bundle's files differ: tokenizer.json (sha256 {files['tokenizer.json']} then, {'0' * 64} now)"
+        in said
+    )
+    assert "manifest.json" not in said and "Restore the bundle" in said
+
+
+def test_a_join_with_a_token_set_that_fails_says_the_token_may_be_wrong(monkeypatch):
+    """The authentication hint was given only without RAY_AUTH_TOKEN: a wrong one got no hint at all."""
+    from bulk.on_ray import _join_failed
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-clusters")
+    said = _join_failed("10.0.0.1:6379", ConnectionError("GCS said InvalidAuthToken"))
+    assert (
+        "The cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this cluster's" in said
+    )
+    said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
+    assert "Ray 2.60 clusters check the job's token" in said and "may not be this cluster's" in said
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
+    assert "give the job the cluster's token" in said and "may not be" not in said
