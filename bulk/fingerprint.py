@@ -90,7 +90,7 @@ def read_fingerprint(
             have["input"] = absolute_spec(have["input"])
         if have.get("threshold") is None:  # not given then: the bundle's own (the same bundle, or refused)
             have["threshold"] = own_threshold
-        # A job.json of before 2026-12-02 recorded model.onnx's sha256 alone: compared on what it recorded.
+        # A job.json of before 2026-11-30 recorded model.onnx's sha256 alone: compared on what it recorded.
         diff = sorted(k for k in want if have.get(k) != want[k] and (k != BUNDLE_FILES or k in have))
         if BUNDLE_FILES in diff and "bundle_sha256" in diff:  # the files' line names model.onnx already
             diff.remove("bundle_sha256")
