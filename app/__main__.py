@@ -34,17 +34,17 @@ class _DrainingServer(uvicorn.Server):
         self._leaving = False
 
     def handle_exit(self, sig, frame) -> None:
+        # Only a server a balancer may be sending to waits out the delay: while the models load (or after
+        # none could), /ready has answered 503 all along, and the delay would only hold a stop back.
+        in_rotation = self.started and self._registry.state == "ready"
+        delay = self._drain_delay_s if in_rotation else 0.0
         if not self.should_exit and not self._leaving:
-            delay = (
-                f"out of rotation for --drain-delay-s {self._drain_delay_s}, then "
-                if self._drain_delay_s
-                else ""
-            )
-            _say(f"{signal.Signals(sig).name}: shutting down: {delay}finishing the requests admitted")
-        if self._drain_delay_s > 0 and not self._leaving and self.started:
+            said = f"out of rotation for --drain-delay-s {delay}, then " if delay else ""
+            _say(f"{signal.Signals(sig).name}: shutting down: {said}finishing the requests admitted")
+        if delay > 0 and not self._leaving:
             self._leaving = True
             self._registry.leave_rotation()
-            if self._registry.call_later(self._drain_delay_s, self._drain_after_delay, sig, frame):
+            if self._registry.call_later(delay, self._drain_after_delay, sig, frame):
                 return
         self._drain(sig, frame)  # no delay, or a second signal: drain now
 

@@ -262,3 +262,34 @@ def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_
             assert "--graceful-timeout-s" in r.json()["error"]["message"]
         assert s.proc.wait(timeout=60) == 1, s.log()  # not a clean drain: say so
     assert "Traceback" not in s.log()
+
+
+def test_sigterm_while_the_models_load_skips_the_drain_delay(tmp_path):
+    """A replica stopped before it was ever ready (/ready 503 all along) is in no balancer's rotation:
+    waiting out --drain-delay-s there held the stop back for nothing. The shipped models under a memory
+    limit (loaded one at a time, each batch measured: the pod manifest's way) leave seconds to stop in."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "app", "--models", str(REPO / "models"), "--port", str(port),
+           "--drain-delay-s", "60", "--memory-limit-mb", "1024"]  # fmt: skip
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=app_env(), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(url + "/health"), timeout=60, what="the server to listen")
+        assert httpx.get(url + "/ready", timeout=5).json()["status"] == "loading", log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = log.read_text()
+    assert "SIGTERM: shutting down: finishing" in said and "out of rotation" not in said, said
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
