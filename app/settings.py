@@ -147,7 +147,7 @@ class HttpSettings:
     )
     api_key: str | None = option(
         None,
-        "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready)",
+        "require `authorization: Bearer KEY` or `x-api-key` (not on /health, /ready, the page /, /schema, OPTIONS)",
         env="ELECTRA_API_KEY",
         secret=True,
     )
