@@ -40,6 +40,12 @@ EARLIER_SPELLING = (
     "; a run stopped under an earlier version may also have read its labels otherwise (JSON booleans as "
     "'True'/'False', '+1' apart from '1'): finish it with that version, or start again with --overwrite"
 )
+# Runs stopped under versions before 2026-11-30 held out their dev split from --train by class index, not
+# name (training/finetuning/data.py, _hold_out): the same file gives other dev rows now.
+EARLIER_SPLIT = (
+    "; a run stopped under an earlier version (before 2026-11-30) also held out other dev rows from --train: "
+    "finish it with that version, or start again with --overwrite"
+)
 # What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
 # (the data, the model, the recipe) would make it another run while it said it resumed.
 RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "embedding_grads", "eval_batch_size", "log_every",
@@ -162,7 +168,7 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
                           "(a file changed since it stopped); put the data back, or start a new run (--overwrite)"
-                          + EARLIER_SPELLING)  # fmt: skip
+                          + EARLIER_SPELLING + (EARLIER_SPLIT if t.cfg.train and not t.cfg.dev else ""))  # fmt: skip
     if state.get("tokenizer", tokenizer_sha256(t.tok)) != tokenizer_sha256(t.tok):  # absent: saved before
         raise ConfigError(f"--resume: the tokenizer --init gives ({t.cfg.init}) numbers tokens otherwise than the one "
                           "the run trained with; give --init the checkpoint the run began from")  # fmt: skip
