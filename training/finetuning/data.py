@@ -38,6 +38,7 @@ from training.finetuning.labels import (
     refuse_non_finite_targets,
 )
 from training.finetuning.sets import SPLIT_SEED
+from training.finetuning.text_heads import text_heads
 
 __all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "encode", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
@@ -463,17 +464,27 @@ def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, 
 
 def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[Encoded]:
     """Token ids with [CLS]/[SEP] (the tokenizer's post-processor), pairs truncated longest-first."""
+    t, counting = tokenizer_copy(tok, max_seq_len), tokenizer_copy(tok)
+    heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) for ex in examples]
+    inputs = [text if pair is None else (text, pair) for text, pair in heads]
+    return [
+        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
+        for e, ex, (text, pair) in zip(t.encode_batch(inputs), examples, heads, strict=True)
+    ]
+
+
+def tokenizer_copy(tok: Tokenizer, max_seq_len: int | None = None) -> Tokenizer:
+    """`tok` unpadded, cutting at max_seq_len (None: not at all), reading special tokens' spellings as text."""
     t = Tokenizer.from_str(tok.to_str())  # a copy: truncation must not leak into the saved tokenizer.json
     t.no_padding()
-    t.enable_truncation(max_length=max_seq_len)
+    if max_seq_len is None:
+        t.no_truncation()
+    else:
+        t.enable_truncation(max_length=max_seq_len)
     # "[SEP]" or "[MASK]" in a user's text is text, as the server reads it (app/model/tokenization.py):
     # trained as the control token, the model would answer those texts otherwise once served.
     t.encode_special_tokens = True
-    inputs = [ex.text if ex.pair is None else (ex.text, ex.pair) for ex in examples]
-    return [
-        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0)
-        for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
-    ]
+    return t
 
 
 def collate(items: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
