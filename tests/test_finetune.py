@@ -916,14 +916,23 @@ def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path,
 
 
 def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path, capsys):
+    """And test data: read at the start, scored at the end, an edited --test file went unnoticed, and the
+    resumed run's test figures were not the run's. A run saved before the test's fingerprint still resumes."""
     import time
 
     from training.finetuning import tuner
 
-    data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
-    t = tuner.setup(["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column",
-                     "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1", "--out", str(out)])  # fmt: skip
+    data, test, out = write_csv(tmp_path / "r.csv", 60), write_csv(tmp_path / "t.csv", 10), tmp_path / "out"
+    t = tuner.setup(["--init", str(tiny_init), "--train", str(data), "--test", str(test), "--text-column", "review",
+                     "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
+                     "--out", str(out)])  # fmt: skip
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    kept = test.read_bytes()
+    write_csv(test, 10, seed=1)
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(out), "--resume"])
+    assert "the test data differ from what the run" in capsys.readouterr().err
+    test.write_bytes(kept)
     write_csv(data, 60, seed=1)  # other numbers in the texts
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume"])
@@ -931,6 +940,13 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
     assert "the training or dev data differ from what the run" in err
     assert "a run stopped under an earlier version may also have read its labels otherwise" in err
     assert "is damaged" not in err  # it was also said to be, with advice that threw the resume state away
+    write_csv(data, 60)
+    state = json.loads((out / "resume" / "state.json").read_text())
+    del state["test_data"]  # as a run saved before it kept one: not refused
+    (out / "resume" / "state.json").write_text(json.dumps(state))
+    write_csv(test, 10, seed=1)
+    finetune(["--out", str(out), "--resume"])
+    assert json.loads((out / "trainer_state.json").read_text())["stopped_early"] is False
 
 
 def test_overwrite_keeps_the_previous_model_until_the_new_one_is_written(tiny_init, tmp_path):
