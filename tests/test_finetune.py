@@ -680,17 +680,28 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
 
 def test_ctrl_c_before_training_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys):
     """Ctrl-C while the data is read and tokenized (before the graceful stop watches): exit 130 and what
-    to run again."""
+    to run again, as --out holds it: it said to add --overwrite to a command that ran as it was, where --out
+    held only the run's lock."""
     import training.finetuning.tuner as tuner
 
+    out = tmp_path / "out"
+    writes: list[str] = []
+
     def interrupted(argv):
+        out.mkdir(exist_ok=True)
+        for name in (".lock", *writes):
+            (out / name).write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(tuner, "run", interrupted)
-    with pytest.raises(SystemExit) as stop:
-        finetune(["--init", str(tmp_path), "--task", "trec", "--out", str(tmp_path / "out")])
-    assert stop.value.code == 130
-    assert "stopped at once, before the fine-tuned model was written" in capsys.readouterr().err
+    for wrote, again in [([], "the same command runs it again"),
+                         (["finetune_config.json"], "the same command with --overwrite runs it again")]:  # fmt: skip
+        writes[:] = wrote
+        with pytest.raises(SystemExit) as stop:
+            finetune(["--init", str(tmp_path), "--task", "trec", "--out", str(out)])
+        assert stop.value.code == 130
+        err = capsys.readouterr().err
+        assert f"stopped at once, before the fine-tuned model was written; {again}" in err, err
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
