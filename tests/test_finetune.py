@@ -680,17 +680,28 @@ def test_a_quantization_aware_init_is_fine_tuned_as_qat_says(tiny_init, tmp_path
 
 def test_ctrl_c_before_training_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys):
     """Ctrl-C while the data is read and tokenized (before the graceful stop watches): exit 130 and what
-    to run again."""
+    to run again, as --out holds it: it said to add --overwrite to a command that ran as it was, where --out
+    held only the run's lock."""
     import training.finetuning.tuner as tuner
 
+    out = tmp_path / "out"
+    writes: list[str] = []
+
     def interrupted(argv):
+        out.mkdir(exist_ok=True)
+        for name in (".lock", *writes):
+            (out / name).write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(tuner, "run", interrupted)
-    with pytest.raises(SystemExit) as stop:
-        finetune(["--init", str(tmp_path), "--task", "trec", "--out", str(tmp_path / "out")])
-    assert stop.value.code == 130
-    assert "stopped at once, before the fine-tuned model was written" in capsys.readouterr().err
+    for wrote, again in [([], "the same command runs it again"),
+                         (["finetune_config.json"], "the same command with --overwrite runs it again")]:  # fmt: skip
+        writes[:] = wrote
+        with pytest.raises(SystemExit) as stop:
+            finetune(["--init", str(tmp_path), "--task", "trec", "--out", str(out)])
+        assert stop.value.code == 130
+        err = capsys.readouterr().err
+        assert f"stopped at once, before the fine-tuned model was written; {again}" in err, err
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
@@ -916,14 +927,23 @@ def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path,
 
 
 def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path, capsys):
+    """And test data: read at the start, scored at the end, an edited --test file went unnoticed, and the
+    resumed run's test figures were not the run's. A run saved before the test's fingerprint still resumes."""
     import time
 
     from training.finetuning import tuner
 
-    data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
-    t = tuner.setup(["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column",
-                     "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1", "--out", str(out)])  # fmt: skip
+    data, test, out = write_csv(tmp_path / "r.csv", 60), write_csv(tmp_path / "t.csv", 10), tmp_path / "out"
+    t = tuner.setup(["--init", str(tiny_init), "--train", str(data), "--test", str(test), "--text-column", "review",
+                     "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
+                     "--out", str(out)])  # fmt: skip
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
+    kept = test.read_bytes()
+    write_csv(test, 10, seed=1)
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(out), "--resume"])
+    assert "the test data differ from what the run" in capsys.readouterr().err
+    test.write_bytes(kept)
     write_csv(data, 60, seed=1)  # other numbers in the texts
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume"])
@@ -931,6 +951,13 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
     assert "the training or dev data differ from what the run" in err
     assert "a run stopped under an earlier version may also have read its labels otherwise" in err
     assert "is damaged" not in err  # it was also said to be, with advice that threw the resume state away
+    write_csv(data, 60)
+    state = json.loads((out / "resume" / "state.json").read_text())
+    del state["test_data"]  # as a run saved before it kept one: not refused
+    (out / "resume" / "state.json").write_text(json.dumps(state))
+    write_csv(test, 10, seed=1)
+    finetune(["--out", str(out), "--resume"])
+    assert json.loads((out / "trainer_state.json").read_text())["stopped_early"] is False
 
 
 def test_overwrite_keeps_the_previous_model_until_the_new_one_is_written(tiny_init, tmp_path):

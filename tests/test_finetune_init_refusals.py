@@ -106,3 +106,18 @@ def test_a_bert_family_encoder_is_refused_saying_to_pretrain_from_it_first(tiny_
         refused(["--init", init, "--train", train, "--text-column", "review", "--label-column", "verdict",
                  "--out", tmp_path / "out"], capsys, "fine-tuning takes ELECTRA checkpoints only",
                 f"python -m training.pretrain --init {init} --corpus CORPUS --out RUN, then fine-tune with --init RUN")  # fmt: skip
+
+
+def test_an_init_run_whose_latest_checkpoint_is_gone_says_to_give_another(tiny_init, tmp_path, capsys):
+    """An --init run whose checkpoints/latest named a deleted checkpoint, none kept beside it, was told
+    "restore it, or start again with another --out": pretraining's advice for its own run, not an --init."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_init, run / "checkpoints" / "step-00000004")
+    (run / "checkpoints" / "latest").write_text("step-00000008")
+    train = write_csv(tmp_path / "r.csv", 30)
+    refused(["--init", run, "--train", train, "--text-column", "review", "--label-column", "verdict",
+             "--out", tmp_path / "out"], capsys, "names step-00000008, which is gone",
+            "write the name of a kept checkpoint (step-00000004)")  # fmt: skip
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    refused(["--init", run, "--train", train, "--text-column", "review", "--label-column", "verdict",
+             "--out", tmp_path / "out"], capsys, "restore it, or give --init another checkpoint or run")  # fmt: skip

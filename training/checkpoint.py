@@ -45,8 +45,10 @@ ARCHITECTURES = {
 # ---------------------------------------------------------------------------------------------- paths
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory from a checkpoint, a run directory (through checkpoints/latest) or an HF dir."""
+def resolve_checkpoint(path: str | os.PathLike, given_as: str | None = None) -> Path:
+    """A checkpoint directory from a checkpoint, a run directory (through checkpoints/latest) or an HF dir.
+    `given_as`: the option that named another run's directory (--init), for what to do when its latest is
+    unusable; None: the run's own (its --resume)."""
     p = Path(path)
     if (p / "config.json").is_file() and _has_weights(p):
         return p
@@ -56,7 +58,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         target = p / "checkpoints" / name
         if name and (target / "config.json").is_file():
             return target
-        raise CheckpointError(_latest_unusable(latest, name, target))
+        raise CheckpointError(_latest_unusable(latest, name, target, given_as))
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
     if (p / "manifest.json").is_file() and (p / "model.onnx").is_file():
@@ -68,9 +70,10 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-def _latest_unusable(latest: Path, name: str, target: Path) -> str:
+def _latest_unusable(latest: Path, name: str, target: Path, given_as: str | None = None) -> str:
     """What is wrong with checkpoints/latest (empty, naming a checkpoint that is gone, or one without its
-    config.json), and the checkpoints still kept that it could name instead."""
+    config.json), and the checkpoints still kept that it could name instead. `given_as`: see
+    resolve_checkpoint; starting again in another --out is advice for the run's own directory only."""
     if not name:  # the checkpoints directory itself, which was said to hold no config.json
         what = f"{latest} is empty"
     elif not target.exists():
@@ -81,9 +84,10 @@ def _latest_unusable(latest: Path, name: str, target: Path) -> str:
     if kept:
         restore = ", or restore the one it names" if name else ""
         return f"{what}: write the name of a kept checkpoint ({', '.join(kept)}) into it to go on from there{restore}"
-    return (
-        f"{what}, and no checkpoint (step-*) is kept beside it: restore it, or start again with another --out"
+    instead = (
+        "start again with another --out" if given_as is None else f"give {given_as} another checkpoint or run"
     )
+    return f"{what}, and no checkpoint (step-*) is kept beside it: restore it, or {instead}"
 
 
 # transformers writes a model larger than its shard size as shards listed in this index; before version 5
@@ -370,14 +374,16 @@ def load_model(
     architecture: str | None = None,
     num_labels: int | None = None,
     fresh_head: bool = False,
+    given_as: str | None = None,
 ) -> tuple[torch.nn.Module, ElectraConfig, Path]:
     """Load a checkpoint as `architecture` (default: what config.json says).
 
     With `fresh_head`, asking for ElectraForSequenceClassification from weights without a classifier head
     (a pretraining checkpoint) takes their encoder and starts a fresh head: that is how fine-tuning begins.
     Anywhere else (export) such weights are an error: a random head would be exported as the model.
+    `given_as`: the option that named `path` (resolve_checkpoint).
     """
-    ckpt = resolve_checkpoint(path)
+    ckpt = resolve_checkpoint(path, given_as)
     cfg, arch = read_config(ckpt)
     sd = read_weights(ckpt)
     if arch == ENCODER:

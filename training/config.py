@@ -588,7 +588,7 @@ class FinetuneConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
     )
     seed: int = option(
         1337,
-        "seeds the head, data order and dropout; not the dev split cut from --train without --dev, which has a fixed seed so runs of other seeds are scored on the same rows",
+        "seeds the head, data order and dropout; not the dev split cut from --train without --dev, which has a fixed seed so runs of other seeds (or label orders) are scored on the same rows",
     )
     # Evaluation and model selection.
     eval_every: int = option(0, "steps between dev evaluations; 0: at the end of every epoch")

@@ -28,7 +28,7 @@ from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import FinetuneConfig, check_data_dir
-from training.finetuning.out_checks import check_out, saved_settings
+from training.finetuning.out_checks import check_out, outputs_in, saved_settings, stopped
 from training.run_dir import check_not_held
 
 PROG = "python -m training.finetune"
@@ -69,11 +69,22 @@ def _main(argv: list[str] | None) -> dict:
         with ctrl_c_on_term():  # SIGTERM while reading or tokenizing: Ctrl-C's message and exit
             return run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
-        saved = (Path(cfg.out) / "resume" / "state.json").is_file()  # training/finetuning/resume.py
-        again = (f"its last dev evaluation is kept: go on with {PROG} --out {cfg.out} --resume" if saved
-                 else "the same command with --overwrite runs it again")  # fmt: skip
-        print(f"\n{PROG}: stopped at once, before the fine-tuned model was written; {again}", file=sys.stderr)
+        print(
+            f"\n{PROG}: stopped at once, before the fine-tuned model was written; {_again(cfg)}",
+            file=sys.stderr,
+        )
         sys.exit(128 + signal_number(stop))
+
+
+def _again(cfg: FinetuneConfig) -> str:
+    """How to run a run stopped before it trained again, as --out now holds it: a stop while the data was
+    read leaves no file of the run (only its lock), and the same command runs it as it stands."""
+    out = Path(cfg.out)
+    if stopped(out):
+        return f"its last dev evaluation is kept: go on with {PROG} --out {cfg.out} --resume"
+    if outputs_in(out) and not cfg.overwrite:
+        return "the same command with --overwrite runs it again"
+    return "the same command runs it again"
 
 
 def _one_process() -> None:

@@ -6,7 +6,7 @@ Label names are part of the model (config.json's id2label), so they are decided 
 non-integer value is a regression target.
 
 Splits that the user does not give are made with a fixed seed, independent of `--seed`: runs that differ
-only in their training seed are scored on the same dev examples.
+only in their training seed, or in the order of their labels, are scored on the same dev examples.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from training.finetuning.labels import (
     refuse_non_finite_targets,
 )
 from training.finetuning.sets import SPLIT_SEED
+from training.finetuning.text_heads import text_heads
 
 __all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "encode", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
@@ -359,7 +360,8 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
     if "dev" not in splits:
         classes = _classes(splits["train"]) if ptype == CLASSIFICATION else 0
         _need_two_classes(classes, "--train: the training data holds")  # the file's own, before the split
-        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, ptype == CLASSIFICATION,
+        by_class = labels if ptype == CLASSIFICATION else None
+        splits["train"], splits["dev"] = _hold_out(splits["train"], cfg.dev_fraction, by_class,
                                                    _numbers_as_classes(cfg, labels))  # fmt: skip
         if ptype == CLASSIFICATION:
             _need_two_classes(_classes(splits["train"]), f"--dev-fraction: holding out {cfg.dev_fraction} of "
@@ -392,19 +394,15 @@ def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
 
 
 def _hold_out(
-    rows: list[Example], fraction: float, stratify: bool, hint: str = ""
+    rows: list[Example], fraction: float, labels: tuple[str, ...] | None, hint: str = ""
 ) -> tuple[list[Example], list[Example]]:
-    """(train, dev): `fraction` of each class held out (of all rows for regression; `_dev_rows`), file
-    order kept. `hint`: what to add when no class has rows enough to give one."""
-    rng = random.Random(SPLIT_SEED)
-    groups: dict[object, list[int]] = defaultdict(list)
-    for i, ex in enumerate(rows):
-        groups[ex.label if stratify else 0].append(i)
+    """(train, dev): `fraction` of each class held out (of all rows for regression, `labels` None;
+    `_dev_rows`), file order kept. `hint`: what to add when no class has rows enough to give one."""
+    groups = _split_groups(rows, labels)
     dev: set[int] = set()
-    for key in sorted(groups, key=str):
-        idx = groups[key]
-        rng.shuffle(idx)
-        dev.update(idx[: _dev_rows(len(idx), fraction, stratify)])
+    for name, idx in groups.items():  # in any order: each class draws from its own generator
+        _split_rng(name).shuffle(idx)
+        dev.update(idx[: _dev_rows(len(idx), fraction, labels is not None)])
     if len(dev) == len(rows):
         raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no training data; lower it or "
                         "give a --dev file")  # fmt: skip
@@ -416,6 +414,22 @@ def _hold_out(
         raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows rounds to no dev row; give more rows, "
                         "a larger --dev-fraction or a --dev file")  # fmt: skip
     return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
+
+
+def _split_groups(rows: list[Example], labels: tuple[str, ...] | None) -> dict[str | None, list[int]]:
+    """Row indices by class name (one group, None, for a regression). By name, not by class index: the
+    index follows --labels' order (and an --init head's), which must not move a row between the splits."""
+    groups: dict[str | None, list[int]] = defaultdict(list)
+    for i, ex in enumerate(rows):
+        groups[None if labels is None else labels[ex.label]].append(i)
+    return groups
+
+
+def _split_rng(name: str | None) -> random.Random:
+    """A class's own generator, seeded by its name: which of its rows go to dev depends on its rows alone,
+    not on which classes (or how many) were shuffled before it. A regression's one group keeps the seed
+    its split always had. (A str seed is hashed with sha512, the same in every process.)"""
+    return random.Random(SPLIT_SEED if name is None else f"{SPLIT_SEED}:{name}")
 
 
 def _dev_rows(n: int, fraction: float, stratify: bool) -> int:
@@ -450,17 +464,27 @@ def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, 
 
 def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[Encoded]:
     """Token ids with [CLS]/[SEP] (the tokenizer's post-processor), pairs truncated longest-first."""
+    t, counting = tokenizer_copy(tok, max_seq_len), tokenizer_copy(tok)
+    heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) for ex in examples]
+    inputs = [text if pair is None else (text, pair) for text, pair in heads]
+    return [
+        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
+        for e, ex, (text, pair) in zip(t.encode_batch(inputs), examples, heads, strict=True)
+    ]
+
+
+def tokenizer_copy(tok: Tokenizer, max_seq_len: int | None = None) -> Tokenizer:
+    """`tok` unpadded, cutting at max_seq_len (None: not at all), reading special tokens' spellings as text."""
     t = Tokenizer.from_str(tok.to_str())  # a copy: truncation must not leak into the saved tokenizer.json
     t.no_padding()
-    t.enable_truncation(max_length=max_seq_len)
+    if max_seq_len is None:
+        t.no_truncation()
+    else:
+        t.enable_truncation(max_length=max_seq_len)
     # "[SEP]" or "[MASK]" in a user's text is text, as the server reads it (app/model/tokenization.py):
     # trained as the control token, the model would answer those texts otherwise once served.
     t.encode_special_tokens = True
-    inputs = [ex.text if ex.pair is None else (ex.text, ex.pair) for ex in examples]
-    return [
-        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0)
-        for e, ex in zip(t.encode_batch(inputs), examples, strict=True)
-    ]
+    return t
 
 
 def collate(items: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:

@@ -22,7 +22,9 @@ ARCH = "ElectraForSequenceClassification"
 def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
     """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
     K = 1 if data.problem_type == REGRESSION else len(data.labels)
-    model, cfg, src = ckpt.load_model(init, architecture=ARCH, num_labels=K, fresh_head=True)
+    model, cfg, src = ckpt.load_model(
+        init, architecture=ARCH, num_labels=K, fresh_head=True, given_as="--init"
+    )
     _, arch = ckpt.read_config(src)
     notes = []
     new_labels = dict(enumerate(data.labels))

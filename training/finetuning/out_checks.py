@@ -36,7 +36,7 @@ def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
     if (out / "checkpoints" / LATEST).exists():  # --overwrite would replace its config.json and metrics
         raise ConfigError(f"--out: {out} is a pretraining run (checkpoints/{LATEST}); fine-tuning into it "
                           "would break its --resume: choose another --out")  # fmt: skip
-    present = [f for f in OUTPUTS if (out / f).exists()]
+    present = outputs_in(out)
     if present and not (out / "finetune_config.json").is_file():  # every run of ours writes it first
         what = "an exported bundle (manifest.json)" if (out / "manifest.json").exists() else "another model"
         raise ConfigError(f"--out: {out} holds {what}'s files ({', '.join(present)}), not a fine-tuning run's; "
@@ -46,6 +46,11 @@ def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
                           + ("; its run was stopped: pass --resume to go on with it," if stopped(out) else ";")
                           + " pass --overwrite to replace it, or choose another --out")  # fmt: skip
     return present
+
+
+def outputs_in(out: Path) -> list[str]:
+    """The files a run writes that `out` holds: what a new run there needs --overwrite for."""
+    return [f for f in OUTPUTS if (out / f).exists()]
 
 
 def stopped(out: Path) -> bool:

@@ -40,6 +40,12 @@ EARLIER_SPELLING = (
     "; a run stopped under an earlier version may also have read its labels otherwise (JSON booleans as "
     "'True'/'False', '+1' apart from '1'): finish it with that version, or start again with --overwrite"
 )
+# Runs stopped under versions before 2026-11-30 held out their dev split from --train by class index, not
+# name (training/finetuning/data.py, _hold_out): the same file gives other dev rows now.
+EARLIER_SPLIT = (
+    "; a run stopped under an earlier version (before 2026-11-30) also held out other dev rows from --train: "
+    "finish it with that version, or start again with --overwrite"
+)
 # What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
 # (the data, the model, the recipe) would make it another run while it said it resumed.
 RESUMABLE_CHANGES = ("device", "threads", "deterministic", "bf16", "tf32", "embedding_grads", "eval_batch_size", "log_every",
@@ -104,14 +110,20 @@ def resume_bytes(model: torch.nn.Module) -> int:
     return 2 * weights + moments + 2**20
 
 
-def data_fingerprint(t) -> str:
-    """sha256 of the training and dev examples as read (texts, pairs, labels): a file edited between the
-    stop and the resume would go on with other data while the run said it resumed."""
+def data_fingerprint(t, splits: tuple[str, ...] = ("train", "dev")) -> str:
+    """sha256 of the examples of `splits` as read (texts, pairs, labels): a file edited between the stop and
+    the resume would go on with other data while the run said it resumed. The test split is read at the
+    start too, and scored at the end: its own fingerprint (`fingerprint_of_test`), apart, so that runs saved
+    before it was kept still resume."""
     h = hashlib.sha256(json.dumps(list(t.data.labels)).encode())
-    for split in ("train", "dev"):
-        for ex in t.data.splits[split]:
+    for split in splits:
+        for ex in t.data.splits.get(split, []):
             h.update(json.dumps([split, ex.text, ex.pair, ex.label], default=str).encode())
     return h.hexdigest()
+
+
+def fingerprint_of_test(t) -> str:
+    return data_fingerprint(t, ("test",))
 
 
 def save(t, position: dict) -> None:
@@ -127,7 +139,7 @@ def save(t, position: dict) -> None:
         ckpt.save_tensors(tensors, d / "optimizer.safetensors")
         ckpt.save_tensors(capture_rng(t.device), d / "rng.safetensors")
         state = {"step": t.step, "tokens": t.tokens, "stale": t.stale, "optimizer": meta, **position,
-                 "data": data_fingerprint(t), "tokenizer": tokenizer_sha256(t.tok),
+                 "data": data_fingerprint(t), "test_data": fingerprint_of_test(t), "tokenizer": tokenizer_sha256(t.tok),
                  "best": {"score": list(best["score"]), "metrics": best["metrics"], "step": best["step"],
                           "epoch": best["epoch"]} if best["state"] is not None else None}  # fmt: skip
         # Python's JSON (NaN and infinities included, as Python reads them back): figures come back exact.
@@ -162,7 +174,11 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
                           "(a file changed since it stopped); put the data back, or start a new run (--overwrite)"
-                          + EARLIER_SPELLING)  # fmt: skip
+                          + EARLIER_SPELLING + (EARLIER_SPLIT if t.cfg.train and not t.cfg.dev else ""))  # fmt: skip
+    if state.get("test_data", fingerprint_of_test(t)) != fingerprint_of_test(t):  # absent: saved before
+        raise ConfigError(f"--resume: the test data differ from what the run in {t.cfg.out} read when it started "
+                          "(a file changed since it stopped): its test figures would not be the run's; put the "
+                          "data back, or start a new run (--overwrite)")  # fmt: skip
     if state.get("tokenizer", tokenizer_sha256(t.tok)) != tokenizer_sha256(t.tok):  # absent: saved before
         raise ConfigError(f"--resume: the tokenizer --init gives ({t.cfg.init}) numbers tokens otherwise than the one "
                           "the run trained with; give --init the checkpoint the run began from")  # fmt: skip

@@ -68,14 +68,15 @@ def _short(names: list[str], n: int = 6) -> str:
     return "[" + ", ".join(names[:n]) + (", ..." if len(names) > n else "") + "]"
 
 
-def resolve_source(spec: str, data_dir: str | None = None) -> InitSource:
-    """A directory, a run directory, or a registry model name -> an InitSource (fails naming the file)."""
+def resolve_source(spec: str, data_dir: str | None = None, given_as: str = "--init") -> InitSource:
+    """A directory, a run directory, or a registry model name -> an InitSource (fails naming the file);
+    `given_as`: the option that named it."""
     from training.data.registry import REGISTRY, fetch_model
 
     path = Path(spec).expanduser()
     if not path.exists() and any(name.startswith(f"{spec}/") for name in REGISTRY):
         path = fetch_model(spec, data_dir)
-    directory = ckpt.resolve_checkpoint(path)
+    directory = ckpt.resolve_checkpoint(path, given_as)
     config_path = directory / "config.json"
     raw = ckpt.read_config_json(directory)
     model_type = raw.get("model_type")
@@ -265,7 +266,8 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     gen_spec = cfg.init_generator or (
         str(disc.generator) if disc.generator and cfg.objective == "electra" else None
     )
-    gen = resolve_source(gen_spec, cfg.data_dir) if gen_spec else None
+    gen_flag = "--init-generator" if cfg.init_generator else "--init"
+    gen = resolve_source(gen_spec, cfg.data_dir, gen_flag) if gen_spec else None
     if gen is not None:
         check_generator_fits(gen, disc.config)
         if not cfg.resume:  # a run begun before the refusal resumes with its first command
