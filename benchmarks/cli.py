@@ -198,6 +198,31 @@ def positive_ints_or_none(text: str) -> tuple[int, ...]:
     return positive_ints(text) if text.strip() else ()
 
 
+def parse_args(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """p.parse_args(argv), where an option passing flags on to another program (--server-args,
+    --variant-args, --pretrain-args: any option ending in -args) takes a value starting with "-" as given."""
+    return p.parse_args(flag_values_joined(p, argv))
+
+
+def flag_values_joined(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> list[str]:
+    """`--server-args --access-log` as `--server-args=--access-log`: argparse reads a value starting with
+    "-" as an option of its own (unless it looks like a negative number), and then said the option
+    "expected one argument". Nothing after a `--` is touched."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passing = {o for a in p._actions if a.nargs is None for o in a.option_strings if o.endswith("-args")}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] in passing and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 class UsageError(Exception):
     """A benchmark's own refusal of an input its user gave (a run made with other settings, a bundle of
     the wrong kind): run prints it as one `error:` line and exits 2."""

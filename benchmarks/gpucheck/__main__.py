@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
 from benchmarks.gpucheck.processes import stop_all_but, stop_on_sigint
 from benchmarks.gpucheck.report import write_report
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="training steps cannot import what a bare GPU node lacks (sklearn, matplotlib, ...)",
     )
-    p.add_argument("--claim-pflop", type=float, help="training PFLOP per encoder in the claim step "
+    p.add_argument("--claim-pflop", type=cli.positive_float, help="training PFLOP per encoder in the claim step "
                    "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
     p.add_argument("--claim-pretrain-args", default="", help="more training.pretrain flags for the claim's "
                    "two runs, after the mode's own: --claim-pretrain-args='--batch-size 1024 --lr 2e-3'")  # fmt: skip
@@ -72,9 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--claim-seeds", help="the claim's fine-tuning seeds (default: 1,2,3; --quick: 1)")
     p.add_argument("--variants", help="the variants step's set or names separated by ';' (default: levers; "
                    "train_throughput --list shows them), to fit a short call")  # fmt: skip
-    p.add_argument("--detector-minutes", type=float, default=7.0, help="the detector step's training minutes "
+    p.add_argument("--detector-minutes", type=cli.positive_float, default=7.0, help="the detector step's training minutes "
                    "(default 7, inside `timeout -s INT 560`); less to fit a call beside others")  # fmt: skip
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     args.only = [s for s in args.only.split(",") if s]
     unknown = [s for s in args.only if s not in STEPS]
     if unknown:

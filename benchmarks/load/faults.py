@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="1024,768,640,512,384",
         help="memory-limit: MiB, comma-separated, tried from the largest down until one does not serve",
     )
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     results.settle(p, args)
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.faults = [f for f in args.faults.split(",") if f]

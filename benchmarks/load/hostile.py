@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     p.add_argument("--work", default=str(WORK), help="the server's log goes in a new folder under WORK/runs/")
     results = add_results(p, "hostile")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     results.settle(p, args)
     config = show_config("hostile", args)
     machine = lk.machine()  # its load average is the one before the run

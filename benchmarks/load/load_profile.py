@@ -39,7 +39,7 @@ class ProfileConfig:
     url: str | None = None  # drive a running server instead of starting one
     precision: str = "int8"  # of the exported bundles
     users: tuple[int, ...] = (1, 16, 64)  # concurrency steps, each its own locust run
-    run_time: float = 60.0  # seconds of measured load per step
+    run_time: float = 60.0  # seconds of locust's run per step, spawning included (at least lk.MIN_RUN_S)
     # locustfile --mix; None: the standard mix, less the endpoints the served bundles do not answer
     mix: str | None = None
     batch_texts: int = 8  # texts per batched request
@@ -54,8 +54,8 @@ class ProfileConfig:
     def __post_init__(self) -> None:
         if not self.users or min(self.users) < 1:
             raise ValueError(f"--users must be positive integers, got {self.users}")
-        if self.run_time < 1:
-            raise ValueError(f"--run-time must be >= 1 s, got {self.run_time}")
+        if self.run_time < lk.MIN_RUN_S:
+            raise ValueError(f"--run-time must be >= {lk.MIN_RUN_S} s, got {self.run_time}")
         if self.batch_texts < 1:
             raise ValueError(f"--batch-texts must be >= 1, got {self.batch_texts}")
         if sum(x is not None for x in (self.model, self.bundle, self.url)) > 1:
@@ -81,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
     )
-    p.add_argument("--run-time", type=cli.positive_float, default=60.0, help="seconds of load per step")
+    p.add_argument(
+        "--run-time",
+        type=lk.run_seconds,
+        default=60.0,
+        help=f"seconds of each step's locust run, spawning included (at least {lk.MIN_RUN_S}); the report "
+        "gives the window measured",
+    )
     p.add_argument(
         "--mix",
         default=None,
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     results = add_results(p, "load_profile")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     results.settle(p, args)
     try:
         cfg = ProfileConfig(**vars(args))
@@ -128,7 +134,7 @@ def run(cfg: ProfileConfig) -> int:
             )
             steps.append(r)
             print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
-                  f"{r['failures']} failed", flush=True)  # fmt: skip
+                  f"{r['failures']} failed, over {lk.seconds(r.get('measured_s'))}", flush=True)  # fmt: skip
     data = {
         "config": {**shown(cfg), "users": list(cfg.users)},
         "model": models.description if models else cfg.url,
@@ -173,7 +179,8 @@ def markdown(data: dict) -> str:
         f"- traffic: mix `{cfg['mix']}` ({cfg['batch_texts']} texts per batched request); {s['count']} "
         f"{s['source']}, mean {s['mean_words']} words"
         + (f", {s['mean_scored_tokens']} scored tokens" if "mean_scored_tokens" in s else ""),
-        f"- each step: {cfg['run_time']:.0f} s of closed-loop load after all users are spawned; "
+        f"- each step: a {cfg['run_time']:.0f}-s locust run of closed-loop load, measured "
+        f"{lk.measured_range(data['steps'])} (from the last user spawned to the last request); "
         # With --url the server may run elsewhere: what was measured here is the load generator's machine.
         + ("load generator's machine (the server's is not known here): " if cfg.get("url") else "machine: ")
         + f"{describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.cli import detector_models, existing, positive_ints
+from benchmarks.cli import detector_models, existing, positive_float, positive_ints
 from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.load.mix import STANDARD as STANDARD_MIX  # noqa: F401 (the drivers' lk.STANDARD_MIX)
 from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (the drivers' lk.mix_paths, lk.parse_mix)
@@ -250,6 +250,7 @@ class Sampler:
         cpu = psutil.cpu_times()
         row: dict = {
             "t": time.monotonic(),
+            "wall": time.time(),  # the clock of locust's stats window (window_cpu)
             "busy": sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0),
             "cpu": {},
             "rss": {},
@@ -261,21 +262,30 @@ class Sampler:
                 row["rss"][name] = sum(q.memory_info().rss for q in tree)
         self.samples.append(row)
 
-    def cpu_share(self, skip_head: float = 0.0, skip_tail: float = 0.0) -> dict:
-        """Percent of the whole machine (100 = every core busy) per process, and the machine's total,
-        between skip_head seconds after the first sample and skip_tail before the last."""
-        if len(self.samples) < 2:
-            return {}
-        t0, t1 = self.samples[0]["t"] + skip_head, self.samples[-1]["t"] - skip_tail
-        window = [s for s in self.samples if t0 <= s["t"] <= t1]
-        if len(window) < 2:
-            window = [self.samples[0], self.samples[-1]]
-        a, b = window[0], window[-1]
-        capacity = (b["t"] - a["t"]) * (os.cpu_count() or 1)
-        out = {n: 100 * (b["cpu"][n] - a["cpu"][n]) / capacity for n in b["cpu"] if n in a["cpu"]}
-        out["machine"] = 100 * (b["busy"] - a["busy"]) / capacity
-        out["others"] = max(0.0, out["machine"] - sum(v for k, v in out.items() if k != "machine"))
-        return {k: round(v, 1) for k, v in out.items()}
+
+def cpu_share(samples: list[dict], start: float, end: float, cores: int | None = None) -> dict:
+    """Percent of the whole machine (100 = every core busy) per process, and the machine's total, over
+    the samples taken between the wall-clock times start and end: a window inside locust's stats window,
+    so that the CPU and the rates it is divided by describe the same load. {} (not measured) when fewer
+    than two samples fall inside it: a figure from a wider window would count locust's start-up."""
+    window = [s for s in samples if start <= s["wall"] <= end]
+    if len(window) < 2:
+        return {}
+    a, b = window[0], window[-1]
+    capacity = (b["t"] - a["t"]) * (cores or os.cpu_count() or 1)
+    out = {n: 100 * (b["cpu"][n] - a["cpu"][n]) / capacity for n in b["cpu"] if n in a["cpu"]}
+    out["machine"] = 100 * (b["busy"] - a["busy"]) / capacity
+    out["others"] = max(0.0, out["machine"] - sum(v for k, v in out.items() if k != "machine"))
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def cpu_ms_per_text(cpu_pct: dict, texts_per_s: float, cores: int | None = None) -> float | None:
+    """The server's CPU time per answered text, in ms: what batching should lower, and less sensitive
+    than req/s to whatever else runs on the machine. None when either side was not measured."""
+    server_pct = cpu_pct.get("server")
+    if server_pct is None or not texts_per_s:
+        return None
+    return round(server_pct / 100 * (cores or os.cpu_count() or 1) * 1000 / texts_per_s, 2)
 
 
 # ---------------------------------------------------------------------------------------------- locust
@@ -303,6 +313,22 @@ def locust_env(load: Load) -> dict[str, str]:
 
 # Options and parsing the load programs share (load_profile, serve_compare, soak).
 parse_users = positive_ints  # --users 1,16,64: each a locust run, so none may be 0 and one must be given
+
+# The shortest locust run that measures anything. Its --run-time clock starts before the users are
+# spawned, and --reset-stats drops what came before the last one (up to about a second); the CPU is
+# sampled once a second inside what is left. A 2-s run measured 0.8-1.5 s, its CPU from another window.
+MIN_RUN_S = 5
+
+
+def run_seconds(text: str) -> float:
+    """An argparse type: the seconds of one locust run, at least MIN_RUN_S."""
+    value = positive_float(text)
+    if value < MIN_RUN_S:
+        raise argparse.ArgumentTypeError(
+            f"expected at least {MIN_RUN_S} s, got {text!r}: locust measures only from the last user "
+            "spawned (up to about a second in), and the CPU is sampled once a second within that"
+        )
+    return value
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -374,21 +400,27 @@ def run_locust(
         users=users,
         user_rate=user_rate or None,
         offered_rps=round(users * user_rate, 2) if user_rate else None,
-        run_time_s=run_time,
-        cpu_pct=sampler.cpu_share(skip_head=3, skip_tail=1),  # locust start-up and spawning left out
+        run_time_s=run_time,  # asked; measured_s is what locust's figures cover
         csv=f"{prefix}_stats.csv",
         html=f"{prefix}.html",
     )
-    server_pct = result["cpu_pct"].get("server")
-    # Server CPU time per answered text: what batching should lower, and less sensitive than req/s to
-    # whatever else runs on the machine.
-    result["server_cpu_ms_per_text"] = (
-        round(server_pct / 100 * (os.cpu_count() or 1) * 1000 / result["texts_per_s"], 2)
-        if server_pct is not None and result["texts_per_s"]
-        else None
-    )
+    result.update(window_cpu(result, sampler.samples))
     result["samples"] = sampler.samples if full_history else None
     return result
+
+
+def window_cpu(result: dict, samples: list[dict], cores: int | None = None) -> dict:
+    """cpu_pct and server_cpu_ms_per_text over locust's stats window (parse_summary's "window"), the one
+    its rates cover; not measured ({} and None) where no window or too few samples in it."""
+    window = result.get("window") or {}
+    if window.get("start") is None or window.get("end") is None:
+        cpu_pct = {}
+    else:
+        cpu_pct = cpu_share(samples, window["start"], window["end"], cores)
+    return {
+        "cpu_pct": cpu_pct,
+        "server_cpu_ms_per_text": cpu_ms_per_text(cpu_pct, result["texts_per_s"], cores),
+    }
 
 
 def parse_summary(path: Path) -> dict:
@@ -402,9 +434,14 @@ def parse_summary(path: Path) -> dict:
     for name, f in raw["per_name"].items():
         k = int(name.rsplit(" x", 1)[1]) if " x" in name else 1
         texts_per_s += (f["rps"] * (1 - f["failures"] / f["requests"])) * k  # answered texts only
+    window = raw.get("window") or {}
+    start, end = window.get("start"), window.get("end")
     return {
         **_figures(raw["total"]),
         "texts_per_s": round(texts_per_s, 1),
+        # What locust's rates are over: from its stats reset (the last user spawned) to the last request.
+        "window": {"start": start, "end": end},
+        "measured_s": round(end - start, 2) if start is not None and end is not None else None,
         "per_name": {name: _figures(f) for name, f in raw["per_name"].items()},
         "failure_messages": raw["errors"],
     }
@@ -464,6 +501,7 @@ def load_row(r: dict) -> list:
         r.get("server_cpu_ms_per_text"),
         cpu.get("locust"),
         cpu.get("others"),
+        r.get("measured_s"),
     ]
 
 
@@ -479,10 +517,26 @@ LOAD_HEADERS = [
     "server CPU ms/text",
     "locust CPU%",
     "other CPU%",
+    "measured s",
 ]
 CPU_NOTE = (
-    "CPU% is of the whole machine (100 = all cores busy); 'other' is everything else running meanwhile."
+    "CPU% is of the whole machine (100 = all cores busy); 'other' is everything else running meanwhile. "
+    "'measured s' is the window every figure of a row covers: from the last user spawned (locust's stats "
+    "reset) to the last request; CPU is sampled once a second inside it, '-' where too short to sample."
 )
+
+
+def seconds(value: float | None) -> str:
+    return "an unmeasured window" if value is None else f"{value:.1f} s"
+
+
+def measured_range(runs: Iterable[dict]) -> str:
+    """The windows locust measured in these runs, as text: "58.9 s", "58.7-59.1 s", "no window"."""
+    measured = [r["measured_s"] for r in runs if r.get("measured_s") is not None]
+    if not measured:
+        return "no window"
+    low, high = min(measured), max(measured)
+    return f"{low:.1f} s" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f} s"
 
 
 def failure_notes(runs: list[tuple[str, dict]]) -> list[str]:

@@ -39,6 +39,15 @@ _SENTENCES: list[str] = []
 _MIX: list[tuple[str, float]] = []
 
 
+def _rate(text: str) -> float:
+    """A finite rate, 0 or more: NaN or an infinity paces nothing (benchmarks.cli's non_negative_float,
+    which this file cannot import: its imports are stdlib, locust and mix.py only)."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"expected a number, 0 or more, got {text!r}")
+    return value
+
+
 @events.init_command_line_parser.add_listener
 def _arguments(parser) -> None:
     group = parser.add_argument_group("electra-serve traffic")
@@ -47,7 +56,7 @@ def _arguments(parser) -> None:
         "--mix", default="detect:1", help="request kinds and weights, e.g. detect:6,detect_batch:2,classify:1"
     )
     group.add_argument("--batch-texts", type=int, default=8, help="texts per *_batch request")
-    group.add_argument("--user-rate", type=float, default=0.0, help="requests/s per user; 0: no pause")
+    group.add_argument("--user-rate", type=_rate, default=0.0, help="requests/s per user; 0: no pause")
     group.add_argument("--detect-return", default="both", help='/detect "return": tokens, words or both')
     group.add_argument("--seed", type=int, default=0, help="per-user sentence choice is seeded from this")
     group.add_argument(
@@ -129,6 +138,9 @@ def _summary(environment, **_kw) -> None:
     stats = environment.stats
     errors = sorted(stats.errors.values(), key=lambda x: -x.occurrences)
     summary = {
+        # The window locust's rates divide by (unix s): from its stats reset, once every user is spawned
+        # (--reset-stats), to the last request; null end when no request came.
+        "window": {"start": stats.total.start_time, "end": stats.total.last_request_timestamp},
         "total": figures(stats.total),
         "per_name": {e.name: figures(e) for e in stats.entries.values() if e.num_requests},
         "errors": [f"{x.occurrences}x {x.name}: {str(x.error)[:160]}" for x in errors[:5]],

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="load before the first restart, once every user is spawned")  # fmt: skip
     p.add_argument("--between-s", type=cli.non_negative_float, default=10.0, help="load between two restarts")
     p.add_argument("--after-s", type=cli.positive_float, default=20.0, help="load after the last restart")
-    p.add_argument("--drain-delay-s", type=float, default=2.0, help="each replica's --drain-delay-s")
+    p.add_argument(
+        "--drain-delay-s", type=cli.non_negative_float, default=2.0, help="each replica's --drain-delay-s"
+    )
     p.add_argument(
         "--check-inter-ms", type=cli.positive_int, default=500, help="HAProxy's health-check interval"
     )
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--work", default=str(WORK))
     results = add_results(p, "rolling")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     results.settle(p, args)
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts

@@ -11,9 +11,10 @@ same weights: (c) loads the HF directory the bundle was exported from.
 
 Phase 1, saturation: closed loop, each users step. The servers run side by side (an idle one costs no
 CPU) and take turns in --rounds interleaved rounds of run-time/rounds seconds each (whole seconds, as
-locust times them: 10 s in 4 rounds are 3, 3, 2 and 2 s), order reversed every round; each figure is the
-round with the median req/s. On a shared 2-core VM the same server measured
-120 and 206 req/s at one user twenty minutes apart: rounds make every server meet the same drift, where
+locust times them, at least 5 each: 22 s in 4 rounds are 6, 6, 5 and 5 s), order reversed every round;
+each figure is the round with the median req/s, over the window locust measured (from the last user
+spawned to the last request: up to about a second less than the round). On a shared 2-core VM the same
+server measured 120 and 206 req/s at one user twenty minutes apart: rounds make every server meet the same drift, where
 one long run per server after another compared each with a different machine. Phase 2, equal offered load:
 each server at the same request rate (default: 70% of the slowest server's throughput at the top step,
 so every server is below saturation), paced by the locustfile's --user-rate. Prints and writes the
@@ -64,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps")
     p.add_argument(
-        "--run-time", type=cli.positive_float, default=60.0, help="seconds of load per server and users step"
+        "--run-time",
+        type=cli.positive_float,
+        default=60.0,
+        help=f"seconds of locust runs per server and users step, spawning included (at least {lk.MIN_RUN_S} "
+        "a round); the report gives the window measured",
     )
     p.add_argument(
         "--rounds", type=cli.positive_int, default=3, help="interleaved rounds the run time is split into"
@@ -74,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="phase 2 rates, comma-separated: numbers and/or 'auto'; 'none' skips phase 2",
     )
-    p.add_argument("--fraction", type=float, default=0.7, help="'auto': this share of the slowest throughput")
+    p.add_argument(
+        "--fraction",
+        type=cli.positive_float,
+        default=0.7,
+        help="'auto': this share of the slowest throughput",
+    )
     p.add_argument("--mix", default="detect:1", help="locustfile --mix; the baselines serve /detect only")
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument(
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         help="leave servers running while others take their turn (default: SIGSTOP them: idle polling costs CPU)",
     )
     results = add_results(p, "serve_compare")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     results.settle(p, args)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     bad = [s for s in servers if s not in SERVERS]
@@ -114,19 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--servers: the peers are checked against ours before timing; include ours")
     args.offered_rps = [] if args.offered_rps == "none" else [x.strip() for x in args.offered_rps.split(",")]
     for x in args.offered_rps:
-        try:
-            if x != "auto" and float(x) <= 0:
-                raise ValueError
-        except ValueError:
-            p.error(f"--offered-rps: {x!r} is neither a positive number nor 'auto'")
+        if x != "auto":
+            try:
+                cli.positive_float(x)
+            except argparse.ArgumentTypeError:
+                p.error(f"--offered-rps: {x!r} is neither a positive number nor 'auto'")
     if not 0 < args.fraction < 1:
         p.error(f"--fraction must be in (0, 1), got {args.fraction}")
-    if min(args.users) < 1 or args.run_time < 1 or args.rounds < 1:
-        p.error("--users and --rounds must be positive and --run-time at least 1 s")
-    if round(args.run_time) < args.rounds:
+    if round(args.run_time) < args.rounds * lk.MIN_RUN_S:
         p.error(
-            f"--run-time {args.run_time:g} in --rounds {args.rounds}: each round needs at least 1 s of load "
-            "(locust times whole seconds); give a longer --run-time or fewer --rounds"
+            f"--run-time {args.run_time:g} in --rounds {args.rounds}: each round needs at least {lk.MIN_RUN_S} s "
+            f"(locust measures from its last user spawned, up to about a second in); give --run-time "
+            f"{args.rounds * lk.MIN_RUN_S} or more, or fewer --rounds"
         )
     try:
         lk.parse_mix(args.mix)
@@ -302,7 +311,7 @@ def median_round(rounds: list[dict]) -> dict:
     (of the summed counts, not the median round's own) and locust's error messages (each round's)."""
     ranked = sorted(rounds, key=lambda r: r["rps"])
     middle = ranked[(len(ranked) - 1) // 2]
-    timed = [r["run_time_s"] for r in rounds if "run_time_s" in r]
+    measured = [r["measured_s"] for r in rounds if r.get("measured_s") is not None]
     failures = sum(r["failures"] for r in rounds)
     requests = sum(r["requests"] for r in rounds)
     messages = [
@@ -317,7 +326,8 @@ def median_round(rounds: list[dict]) -> dict:
         "error_rate": failures / requests if requests else 0.0,
         **({"failure_messages": messages} if "failure_messages" in middle else {}),
         "rounds_rps": [round(r["rps"], 1) for r in rounds],
-        **({"load_s": sum(timed)} if len(timed) == len(rounds) else {}),
+        # The seconds locust measured over every round; none where a round has no window.
+        **({"measured_load_s": round(sum(measured), 2)} if len(measured) == len(rounds) else {}),
     }
 
 
@@ -395,13 +405,15 @@ def targets(sat: dict, equal: dict, top: int) -> list[dict]:
     return out
 
 
-def load_s(data: dict) -> float:
-    """The seconds of load each server had at each step: the rounds' own (whole seconds each), where the
-    results hold them, else the --run-time asked for."""
+def load_s(data: dict) -> str:
+    """The seconds of load each server had at each step, as text: what locust measured over its rounds
+    (from each round's last user spawned to its last request), with the --run-time asked beside it."""
     rows = [r for rs in data["saturation"].values() for r in rs]
-    if rows and all("load_s" in r for r in rows):
-        return rows[0]["load_s"]
-    return data["config"]["run_time"]
+    asked = f"{data['config']['run_time']:g} s asked"
+    if not rows or any(r.get("measured_load_s") is None for r in rows):
+        return f"{asked}, measured: not known"
+    measured = [{"measured_s": r["measured_load_s"]} for r in rows]
+    return f"{lk.measured_range(measured)} measured ({asked})"
 
 
 def markdown(data: dict) -> str:
@@ -411,7 +423,7 @@ def markdown(data: dict) -> str:
         "",
         f"- model: {data['model']}",
         f"- traffic: mix `{cfg['mix']}`; {s['source']}, mean {s['mean_words']} words, "
-        f"{s.get('mean_scored_tokens', '?')} scored tokens; {load_s(data):g} s of load per server "
+        f"{s.get('mean_scored_tokens', '?')} scored tokens; {load_s(data)} of load per server "
         f"and step, in {cfg.get('rounds', 1)} interleaved rounds (each figure: the median round)",
         f"- machine: {m['cpu']}, {m['cores']} cores, int8 kernels {m['int8_kernel_path']}, load average at start {m['load_avg_at_start']}",
         *[f"- {k}: {v}" for k, v in data["servers"].items()],

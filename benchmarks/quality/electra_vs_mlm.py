@@ -105,20 +105,20 @@ POINT_DENOMINATOR = 100  # points are read as k/d, d <= this: each run is a whol
 # (flag, type, default, help); --budget-pflop and --minutes exclude each other.
 OPTIONS = [
     ("--work", str, "runs/electra_vs_mlm", "the tokenizer, pretraining runs and fine-tuned models go here"),
-    ("--budget-pflop", float, None, "training FLOPs per encoder, in PFLOP (default 0.016)"),
-    ("--minutes", float, None, "budget = this many minutes of ELECTRA training at a quickly measured speed"),
+    ("--budget-pflop", cli.positive_float, None, "training FLOPs per encoder, in PFLOP (default 0.016)"),
+    ("--minutes", cli.positive_float, None, "budget = this many minutes of ELECTRA training at a quickly measured speed"),
     ("--points", str, "0.25,0.5,1", "fractions of the budget where each run's checkpoint is fine-tuned; the "
      "largest is 1"),
     ("--model-config", str, "configs/mini.toml", "pretraining TOML: shape, batch, lr, masking, ..."),
     ("--pretrain-args", str, "", "more training.pretrain flags for both runs: --pretrain-args='--num-layers 4'"),
-    ("--warmup-fraction", float, 0.1, "warmup steps as a share of each run's steps"),
+    ("--warmup-fraction", cli.non_negative_float, 0.1, "warmup steps as a share of each run's steps"),
     ("--mlm-masking", str, "config", "config: ELECTRA's masking (as google-research/electra's own BERT "
      "baseline); bert: 80%% [MASK], 10%% random, 10%% kept"),
     ("--tokenizer", str, "train", "'train' one on the corpus for both runs, or a tokenizer.json / vocab.txt"),
     ("--tasks", str, "rotten_tomatoes,trec", "comma-separated fine-tuning tasks"),
     ("--seeds", str, "1,2,3", "comma-separated fine-tuning seeds"),
     ("--finetune-epochs", int, 2, "epochs of every fine-tuning run"),
-    ("--finetune-lr", float, 3e-4, "peak learning rate of every fine-tuning run"),
+    ("--finetune-lr", cli.positive_float, 3e-4, "peak learning rate of every fine-tuning run"),
     ("--finetune-args", str, "", "more training.finetune flags: --finetune-args='--batch-size 16'"),
     ("--data-dir", cli.existing, None, "directory holding the registry files, e.g. ../shared/data"),
     ("--jobs", int, None, f"runs at a time, each its own process and log (default 1 on CPU, {CUDA_JOBS} on CUDA)"),
@@ -153,7 +153,7 @@ def parse_args(argv):
     p.add_argument("--skip-pretrain", action="store_true", help="use the pretraining runs already in --work")
     p.add_argument("--plan-only", action="store_true", help="print FLOPs, steps and tokens, then stop")
     out = add_out_folder(p, "electra_vs_mlm", ("results.json", "table.md", "plot.png"))
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     out.settle(p, args)
     args.out = str(args.out)  # printed and saved as JSON text
     if args.budget_pflop is None and args.minutes is None:

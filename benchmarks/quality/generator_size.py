@@ -65,10 +65,17 @@ def parse_args(argv):
     p.add_argument(
         "--fractions", default="0.25,0.5,1.0", help="generator widths as a share of the discriminator's"
     )
-    p.add_argument("--minutes", type=float, default=30.0, help="wall time of every arm (they run at once)")
+    p.add_argument(
+        "--minutes", type=cli.positive_float, default=30.0, help="wall time of every arm (they run at once)"
+    )
     p.add_argument("--model-config", default="configs/default.toml", help="the from-scratch recipe")
     p.add_argument("--pretrain-args", default="", help="more training.pretrain flags for every arm")
-    p.add_argument("--warmup-fraction", type=float, default=0.1, help="warmup steps as a share of each arm's")
+    p.add_argument(
+        "--warmup-fraction",
+        type=cli.non_negative_float,
+        default=0.1,
+        help="warmup steps as a share of each arm's",
+    )
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the arms share")
     p.add_argument("--sentences", type=int, default=200, help="swapped WikiText-2 test sentences per kind")
     p.add_argument("--work", default="runs/generator_size", help="tokenizer, runs and bundles")
@@ -78,7 +85,7 @@ def parse_args(argv):
         "--data-dir", type=cli.existing, default=os.environ.get("ELECTRA_DATA_DIR"), help="registry files"
     )
     p.add_argument("--skip-pretrain", action="store_true", help="measure the runs already in --work")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv)
     out.settle(p, args)
     try:
         args.fractions = sorted({float(f) for f in args.fractions.split(",") if f})

@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
+        "--alpha",
+        type=cli.non_negative_float,
+        default=None,
+        help="SmoothQuant alpha for calibrated ranges (default none)",
     )
     out = add_out_file(p, "int8_sensitivity", "sensitivity.json")
     args = p.parse_args(argv)

@@ -179,7 +179,10 @@ def parse(argv):
     p.add_argument("--min-words", type=cli.positive_int, default=5)
     p.add_argument("--max-words", type=cli.positive_int, default=40)
     p.add_argument(
-        "--threshold", type=float, default=None, help="default: the bundle's own (0.5 if it has none)"
+        "--threshold",
+        type=cli.non_negative_float,
+        default=None,
+        help="default: the bundle's own (0.5 if it has none)",
     )
     p.add_argument(
         "--reference-text",

@@ -1,13 +1,15 @@
 """Engine sweep: PyTorch eager (transformers) vs our ONNX fp32 vs our int8, on the ELECTRA-Small shape
 (or a run's shape with --shape-from).
 
-    python -m benchmarks.speed.engine [--threads 2] [--explore] [--out benchmarks/results/engine.json]
+    python -m benchmarks.speed.engine [--threads 2] [--explore] [--shapes 1x16,8x64] [--out FILE]
 
 Latency (median ms) and throughput (tokens/s) per batch x length, ratios to transformers, and the share of
 this machine's matrix-multiply peak each engine reaches. The peak is measured in the same run with ONNX
 Runtime itself (a MatMul graph for fp32, a MatMulInteger graph, uint8 x int8, for int8), so the shares
 say how far each engine is from what this CPU's GEMM kernels can do. Random weights: speed does not
-depend on them. `--explore` adds the variants the export choices were decided on.
+depend on them. `--explore` adds the variants the export choices were decided on. The JSON is written
+after every shape, `"complete": false` until the last one, so a run stopped part way keeps the shapes it
+finished.
 """
 
 from __future__ import annotations
@@ -27,7 +29,27 @@ from app.model.engine import PROVIDERS, session
 from benchmarks import cli
 from benchmarks.output import add_out_file, show_config, write_json
 
-SHAPES = [(1, 16), (1, 64), (8, 64), (32, 128)]
+SHAPES = ((1, 16), (1, 64), (8, 64), (32, 128))
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """An argparse type: comma-separated BATCHxLENGTH shapes, '1x16,8x64'."""
+    shapes = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        batch, sep, length = part.lower().partition("x")
+        try:
+            if not sep:
+                raise argparse.ArgumentTypeError("")
+            shapes.append((cli.positive_int(batch), cli.positive_int(length)))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"expected BATCHxLENGTH shapes of whole numbers of at least 1, e.g. 1x16,8x64; got {part!r}"
+            ) from None
+    if not shapes:
+        raise argparse.ArgumentTypeError(f"expected BATCHxLENGTH shapes, e.g. 1x16,8x64; got {text!r}")
+    if len(set(shapes)) < len(shapes):
+        raise argparse.ArgumentTypeError(f"a shape is given twice in {text!r}; give each once")
+    return tuple(shapes)
 
 
 def interleaved(
@@ -247,6 +269,14 @@ def parse_args(argv):
     p.add_argument("--threads", type=cli.positive_int, default=2)
     p.add_argument("--providers", default="auto", choices=PROVIDERS, help="as the server's --providers")
     p.add_argument("--explore", action="store_true", help="also time the variants the export rejected")
+    p.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=SHAPES,
+        help="batch x length shapes to time, in order (default: "
+        + ",".join(f"{b}x{t}" for b, t in SHAPES)
+        + ")",
+    )
     out = add_out_file(p, "engine", "engine.json")
     p.add_argument(
         "--shape-from",
@@ -258,14 +288,15 @@ def parse_args(argv):
     return args
 
 
-def time_shapes(sessions: dict, hf, cfg, peak: dict) -> list[dict]:
-    """Every engine on every shape, interleaved; one row per (shape, engine)."""
+def time_shapes(sessions: dict, hf, cfg, peak: dict, shapes, finished=lambda rows: None) -> list[dict]:
+    """Every engine on every shape, interleaved; one row per (shape, engine). finished(rows so far) is
+    called after each shape."""
     import torch
 
     from training.model import flops_per_token
 
     rows = []
-    for B, T in SHAPES:
+    for B, T in shapes:
         rng = np.random.default_rng(0)
         feed = {
             "input_ids": rng.integers(5, cfg.vocab_size, (B, T)).astype(np.int64),
@@ -291,7 +322,17 @@ def time_shapes(sessions: dict, hf, cfg, peak: dict) -> list[dict]:
                          "speedup_vs_transformers": base / s, "peak_share": gflop / s / peak[kind],
                          "peak_kind": kind})  # fmt: skip
         print(f"  {B}x{T} done", flush=True)
+        finished(rows)
     return rows
+
+
+def write_progress(out: Path, result: dict, rows: list[dict], shapes) -> None:
+    """The results file as it stands: the rows of the shapes finished so far, `complete` once every shape
+    of the run is there. Written whole (write_json), so a run stopped while it writes keeps the last one."""
+    done = sorted({(r["batch"], r["length"]) for r in rows}, key=list(shapes).index)
+    complete = len(done) == len(shapes)
+    write_json(out, {**result, "complete": complete, "shapes_done": [f"{b}x{t}" for b, t in done],
+                     "shapes": [f"{b}x{t}" for b, t in shapes], "rows": rows})  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,39 +361,34 @@ def main(argv: list[str] | None = None) -> int:
             sessions["int8, no spinning"] = session(
                 variants["onnx int8"], args.threads, spinning=False, **opts
             )
-        rows = time_shapes(sessions, hf, cfg, peak)
+        result = {
+            "options": config,
+            "model": f"{args.shape_from or 'ELECTRA-Small'} shape, random weights",
+            "config": cfg.to_dict(),
+            "forward_flop_per_token_at_128": flops_per_token(cfg, 128) / 3,
+            "threads": args.threads,
+            "gemm_peak": {"fp32_gflops": peak["fp32"], "int8_gops": peak["int8"], "how": "ORT MatMul / MatMulInteger"},
+            "machine": cpu(),
+            "versions": {
+                "torch": torch.__version__,
+                "onnxruntime": onnxruntime.__version__,
+                "transformers": transformers.__version__,
+            },
+        }  # fmt: skip
+        rows = time_shapes(sessions, hf, cfg, peak, args.shapes,
+                           lambda rows: write_progress(Path(args.out), result, rows, args.shapes))  # fmt: skip
 
     print(f"\n{args.threads} threads on {describe_cpu()}")
     print(f"{'shape':>7} {'engine':<26} {'ms':>8} {'tokens/s':>9} {'x eager':>8} {'% peak':>7}")
     for r in rows:
         print(f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<26} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
               f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})")  # fmt: skip
-    result = {
-        "options": config,
-        "model": f"{args.shape_from or 'ELECTRA-Small'} shape, random weights",
-        "config": cfg.to_dict(),
-        "forward_flop_per_token_at_128": flops_per_token(cfg, 128) / 3,
-        "threads": args.threads,
-        "gemm_peak": {
-            "fp32_gflops": peak["fp32"],
-            "int8_gops": peak["int8"],
-            "how": "ORT MatMul / MatMulInteger",
-        },
-        "machine": {
-            **cpu(),
-            "load_average_after": os.getloadavg(),
-        },  # load > threads: another process competed
-        "versions": {
-            "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__,
-            "transformers": transformers.__version__,
-        },  # fmt: skip
-        "rows": rows,
-    }
+    # load > threads: another process competed
+    result["machine"]["load_average_after"] = os.getloadavg()
     load = os.getloadavg()[0]
     note = "another process competed: rerun on a quiet machine" if load > args.threads + 0.5 else "quiet"
     print(f"\nload average after the run: {load:.1f} ({note})")
-    write_json(Path(args.out), result)
+    write_progress(Path(args.out), result, rows, args.shapes)
     return 0
 
 

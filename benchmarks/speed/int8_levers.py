@@ -148,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=cli.positive_int, default=128, help="held-out rows for the deviation")
     p.add_argument("--data-dir", type=cli.existing_path, default=None)
     p.add_argument(
-        "--alpha", type=float, default=None, help="SmoothQuant alpha for calibrated ranges (default none)"
+        "--alpha",
+        type=cli.non_negative_float,
+        default=None,
+        help="SmoothQuant alpha for calibrated ranges (default none)",
     )
     out = add_out_file(p, "int8_levers", "int8_levers.json")
     args = p.parse_args(argv)

@@ -7,7 +7,7 @@ import argparse
 import msgspec
 from litestar import get
 
-from benchmarks.cli import detector_bundle
+from benchmarks.cli import detector_bundle, non_negative_float, non_negative_int
 
 
 class DetectRequest(msgspec.Struct):
@@ -46,7 +46,11 @@ def peer_parser(prog: str, what: str, wait_flag: str, wait_default: float) -> ar
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per worker")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument(
-        wait_flag, type=type(wait_default), default=wait_default, help="longest wait for a batch to fill"
+        wait_flag,
+        # mosec takes whole milliseconds, LitServe any
+        type=non_negative_int if isinstance(wait_default, int) else non_negative_float,
+        default=wait_default,
+        help="longest wait for a batch to fill",
     )
     return p
 
