@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from options import EXIT_USAGE
+from options.command_line import values_joined
 from options.stopping import ctrl_c_on_term, signal_number
 from training.config import SEED_END
 
@@ -208,19 +209,8 @@ def flag_values_joined(p: argparse.ArgumentParser, argv: Sequence[str] | None) -
     """`--server-args --access-log` as `--server-args=--access-log`: argparse reads a value starting with
     "-" as an option of its own (unless it looks like a negative number), and then said the option
     "expected one argument". Nothing after a `--` is touched."""
-    argv = list(sys.argv[1:] if argv is None else argv)
     passing = {o for a in p._actions if a.nargs is None for o in a.option_strings if o.endswith("-args")}
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--":
-            return out + argv[i:]
-        if argv[i] in passing and i + 1 < len(argv):
-            out.append(f"{argv[i]}={argv[i + 1]}")
-            i += 2
-        else:
-            out.append(argv[i])
-            i += 1
-    return out
+    return values_joined(argv, lambda flag, _value: flag in passing)
 
 
 class UsageError(Exception):

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import sys
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from options import ConfigError, _check_choice, _kind, coerce, default_of, flag, saved_as, spec_of
 
@@ -154,10 +154,21 @@ def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespac
 def _negative_values(argv: Sequence[str] | None) -> list[str]:
     """`--lr -1e-3` as `--lr=-1e-3`: argparse takes a value starting with "-" for a flag unless it looks
     like a plain negative number (-1e-3 does not), and the option then said it expected one argument."""
+    return values_joined(
+        argv, lambda flag, value: flag.startswith("--") and "=" not in flag and _negative(value)
+    )
+
+
+def values_joined(argv: Sequence[str] | None, joins: Callable[[str, str], bool]) -> list[str]:
+    """`argv` (sys.argv's where None) with each `FLAG VALUE` for which joins(FLAG, VALUE) holds written
+    `FLAG=VALUE`, which argparse reads as the flag's value whatever it starts with. Nothing after a `--`
+    is touched: those are values, not flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out, i = [], 0
     while i < len(argv):
-        if argv[i].startswith("--") and "=" not in argv[i] and i + 1 < len(argv) and _negative(argv[i + 1]):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if i + 1 < len(argv) and joins(argv[i], argv[i + 1]):
             out.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
         else:
