@@ -119,10 +119,20 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     """Tokenize as fine-tuning and the server do (special tokens by the tokenizer's own post-processor, a
     pair as [CLS] A [SEP] B [SEP] with its type ids, cut longest first; "[SEP]" in a text is text), pad;
     (Batch, special mask)."""
+    from training.finetuning.data import tokenizer_copy
+    from training.finetuning.text_heads import text_heads
+
     tokenizer.enable_truncation(max_len, strategy="longest_first")
     tokenizer.no_padding()
     tokenizer.encode_special_tokens = True
-    encs = [e for e in tokenizer.encode_batch(texts[: limit * 2]) if len(e.ids) >= min_tokens][:limit]
+    # Each text cut to the start its tokens come from, as fine-tuning cuts it: the tokenizer builds every
+    # overflow window of what it is given, and an --eval-data row may hold a whole document.
+    counting = tokenizer_copy(tokenizer)
+    heads = [
+        text_heads(counting, *(x if isinstance(x, tuple) else (x, None)), max_len) for x in texts[: limit * 2]
+    ]
+    inputs = [text if pair is None else (text, pair) for text, pair in heads]
+    encs = [e for e in tokenizer.encode_batch(inputs) if len(e.ids) >= min_tokens][:limit]
     if not encs:
         raise EvalDataError(
             f"no held-out text of {min_tokens} tokens or more to evaluate on (--eval-text, --eval-data)"
