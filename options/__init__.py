@@ -70,8 +70,27 @@ RANK_0_HEAD_START_S = 3.0
 
 def after_rank_0() -> None:
     """Wait RANK_0_HEAD_START_S in a torchrun worker other than rank 0; return at once anywhere else."""
-    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
+    if "TORCHELASTIC_RUN_ID" in os.environ and not is_rank_0():
         time.sleep(RANK_0_HEAD_START_S)
+
+
+def failure_exit(message: str) -> typing.NoReturn:
+    """usage_exit's order for a failure while running (exit 1): rank 0 says it, the others only after."""
+    after_rank_0()
+    sys.exit(message)
+
+
+def is_rank_0() -> bool:
+    """Whether this process speaks for the run: the only one, or torchrun's rank 0 (RANK is read, not a
+    process group: the options are resolved before torch loads)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def say_once(line: str, *, file: typing.TextIO | None = None) -> None:
+    """Print `line` (flushed; stderr unless `file`) on rank 0 alone: a note every rank would reach alike
+    (an option given that the run overrides, what --init loaded) is said once, not once per process."""
+    if is_rank_0():
+        print(line, file=file or sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)

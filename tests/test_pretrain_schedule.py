@@ -128,8 +128,31 @@ def test_max_steps_changed_on_a_resume_is_said_and_recorded(past_warmup, tmp_pat
     from training.pretraining.run_config import replay_notes, resolve_config
 
     again, _ = resolve_config(["--config", str(run / "config.json"), "--out", str(tmp_path / "again")])
-    (note,) = replay_notes(again)
+    (note,) = replay_notes(again, 1)
     assert "changed its --max-steps on a resume (8 to 12 at step 8)" in note, note
+
+
+def test_a_replay_on_fewer_processes_says_its_global_batch_differs(ran, tmp_path):
+    """A torchrun run's config.json given as --config to one process trained half the global batch (each
+    process takes --batch-size rows) in silence."""
+    from training.pretraining.run_config import replay_notes, resolve_config
+
+    saved = json.loads((ran.run / "config.json").read_text())
+    saved["as_run"]["processes"] = 2  # as torchrun --nproc_per_node 2 records it
+    replayed = tmp_path / "config.json"
+    replayed.write_text(json.dumps(saved))
+    again, _ = resolve_config(["--config", str(replayed), "--out", str(tmp_path / "again")])
+    b, tokens = saved["batch_size"], saved["batch_size"] * saved["seq_len"]
+    (note,) = replay_notes(again, 1)
+    assert (
+        f"that run took {2 * tokens} tokens per step on 2 process(es), this one takes {tokens} on 1" in note
+    )
+    assert f"torchrun --nproc_per_node 2, or give --batch-size {2 * b} (the same global batch)" in note, note
+    assert replay_notes(again, 2) == []  # under torchrun with as many
+    doubled, _ = resolve_config(
+        ["--config", str(replayed), "--out", str(tmp_path / "b"), "--batch-size", str(2 * b)]
+    )
+    assert replay_notes(doubled, 1) == []  # made up for
 
 
 def test_max_steps_changed_within_warmup_changes_no_schedule(ran, tmp_path, capsys):

@@ -95,7 +95,7 @@ def _one_process() -> None:
         return
     message = (f"error: fine-tuning runs in one process, and torchrun started {world} (WORLD_SIZE); run {PROG} "
                "without torchrun: it uses every core, or the GPU it is given")  # fmt: skip
-    if os.environ.get("RANK", "0") != "0":  # said once, by rank 0
+    if not options.is_rank_0():  # said once, by rank 0
         raise options.UsageExit(message)
     options.usage_exit(message)
 

@@ -42,7 +42,7 @@ def _main(argv: list[str] | None) -> None:
         then = resumed_settings(argv)  # a resume's flags are judged against the run's settings
         cfg = options.resolve(PretrainConfig, argv, prog=PROG, description=__doc__, base=then)
         if note := check_data_dir(cfg):
-            print(f"note: {note}", file=sys.stderr, flush=True)
+            options.say_once(f"note: {note}")
         # What --out alone decides too, in a process of its own: a live run's lock, a --resume with nothing
         # to go on from (or a new run into a run), a new run's --out inside its corpus or among other files.
         # Told at once, not after torch has loaded, and so before what only the set-up judges (--init, a
@@ -61,7 +61,7 @@ def _main(argv: list[str] | None) -> None:
         with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
             run(argv)
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
+        if options.is_rank_0():  # under torchrun, said once
             latest = Path(cfg.out) / "checkpoints" / "latest"
             kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {launch_command()} --out {cfg.out} "
                     "--resume" if latest.is_file() else "no checkpoint was saved; the same command starts again")  # fmt: skip

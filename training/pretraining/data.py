@@ -82,12 +82,12 @@ def with_given_tokenizer(cfg):
     lowercase = lowercases(tok)
     size = cfg.vocab_size if cfg.init else tok.get_vocab_size()  # --init's size came with its shape
     if size != cfg.vocab_size and given.get("vocab_size") == "--vocab-size":
-        print(f"note: --vocab-size {cfg.vocab_size} sizes a vocabulary the run trains; --tokenizer "
-              f"{cfg.tokenizer} has {size} tokens, which the model takes", file=sys.stderr, flush=True)  # fmt: skip
+        options.say_once(f"note: --vocab-size {cfg.vocab_size} sizes a vocabulary the run trains; --tokenizer "
+                         f"{cfg.tokenizer} has {size} tokens, which the model takes")  # fmt: skip
     if lowercase != cfg.lowercase and given.get("lowercase") not in (None, "the saved config"):
-        print(f"note: {given['lowercase']} sets lowercase {str(cfg.lowercase).lower()}, which is not used: the "
-              f"tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as its own settings say, and the "
-              "run follows it", file=sys.stderr, flush=True)  # fmt: skip
+        options.say_once(f"note: {given['lowercase']} sets lowercase {str(cfg.lowercase).lower()}, which is not "
+                         f"used: the tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as its own "
+                         "settings say, and the run follows it")  # fmt: skip
     return options.replace(cfg, lowercase=lowercase, vocab_size=size)
 
 
@@ -137,19 +137,13 @@ def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> Pretraini
             identity = _tokenizer_and_shards(cfg, run, env, tok_dir, mix, trained_on)
         except Exception as e:  # said by setup; the other ranks stop too, not wait at the barrier for ever
             failure = e
-    if env.agree(failure is not None):
+    # The others wait here for as long as rank 0 takes (Dist.patient): the all-reduce ends only once rank 0
+    # has written what they read, so it stands for a barrier too.
+    if env.agree(failure is not None, patient=True):
         if failure is not None:
             raise failure
         env.exit_behind_rank_0(1)  # rank 0 says why
-    env.barrier()
-    # Every rank reads what rank 0 wrote: on another node, only through storage they share.
-    unseen = [p for p in (tok_dir / "tokenizer.json", run / "data" / "train") if not p.exists()]
-    if env.agree(bool(unseen)):
-        if unseen:
-            raise ShardsError(f"process {env.rank} cannot see {unseen[0]}, which process 0 wrote: every process "
-                              "of a run reads --out, so on several machines it must be on storage they all mount "
-                              "(a shared filesystem)")  # fmt: skip
-        sys.exit(1)  # the rank that cannot see it says why
+    env.stop_together(_unseen_by(env, tok_dir, run), options.EXIT_USAGE)
     tok = load_tokenizer(tok_dir / "tokenizer.json")
     ids = special_ids(tok)
     specials = Specials(ids.pad, ids.cls, ids.sep, ids.mask, tok.get_vocab_size())
@@ -163,6 +157,20 @@ def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> Pretraini
         )
 
     return PretrainingData(tok_dir, tok, specials, train, valid_batches, identity)
+
+
+def _unseen_by(env, tok_dir: Path, run: Path) -> str | None:
+    """The refusal where a process cannot see what rank 0 wrote (None where every one can), for rank 0 to
+    say: every rank reads --out, on another node only through storage they share."""
+    missing = [p for p in (tok_dir / "tokenizer.json", run / "data" / "train") if not p.exists()]
+    unseen = env.gather(str(missing[0]) if missing else None)
+    blind = [str(rank) for rank, path in enumerate(unseen) if path]
+    if not blind:
+        return None
+    who = f"process {blind[0]}" if len(blind) == 1 else f"processes {', '.join(blind)}"
+    return (f"error: {who} cannot see {next(p for p in unseen if p)}, which process 0 wrote: every process of a run "
+            "reads --out, so on several machines it must be on storage they all mount (a shared filesystem); "
+            "give such a --out")  # fmt: skip
 
 
 def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: dict | None) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import faulthandler
 import os
 import signal
@@ -33,8 +34,15 @@ class Dist:
             torch.cuda.set_device(self.device)
         if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (or another elastic agent)
             stop_with_launcher()
+        self.patient = None  # the group of the waits for rank 0's preparation of the data (agree_max)
         if self.world > 1:
             dist.init_process_group(backend="nccl" if cuda else "gloo")
+            # Rank 0 alone trains the vocabulary and tokenizes the corpus (hours, for a large one) while the
+            # others wait in a collective, which the default group would end at torch's timeout (30 min on
+            # gloo, 10 on NCCL) with a traceback. Those waits go through a group of their own that waits as
+            # long as a preparation may take; the training steps keep the default, so a hung rank is still
+            # found in minutes. Gloo on CUDA too: the wait is a flag, on the host.
+            self.patient = dist.new_group(backend="gloo", timeout=PREPARATION_WAIT)
         self.main = self.rank == 0
 
     @property
@@ -52,18 +60,35 @@ class Dist:
         if self.world > 1:
             dist.barrier()
 
-    def agree(self, flag: bool) -> bool:
+    def agree(self, flag: bool, *, patient: bool = False) -> bool:
         """True on every rank when it is true on any. A decision that changes which collective calls
-        follow (stop and save, or train on) must be the same everywhere, or one rank waits forever."""
-        return bool(self.agree_max(float(flag))[0])
+        follow (stop and save, or train on) must be the same everywhere, or one rank waits forever.
+        `patient`: the others wait for rank 0's preparation of the data, up to PREPARATION_WAIT."""
+        return bool(self.agree_max(float(flag), patient=patient)[0])
 
-    def agree_max(self, *values: float) -> list[float]:
+    def agree_max(self, *values: float, patient: bool = False) -> list[float]:
         """Each value's maximum over the ranks, in one collective (a wait for the device on CUDA)."""
         if self.world == 1:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float32, device=self.device)  # flags, signal numbers: exact
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        device = "cpu" if patient else self.device  # the patient group is gloo's
+        t = torch.tensor(values, dtype=torch.float32, device=device)  # flags, signal numbers: exact
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.patient if patient else None)
         return t.tolist()
+
+    def stop_together(self, problem: str | None, code: int) -> None:
+        """Return where no rank has a `problem` (a message); else every rank exits `code` (EXIT_USAGE, or 1
+        for a failure), and rank 0 alone says why: its own problem, or the first other rank's. Rank 0's
+        exit comes first, the root cause in torchrun's report. Every rank must call it (a collective)."""
+        problems = self.gather(problem)
+        if not any(problems):
+            return
+        self.close()  # leaving with the group up may abort in gloo's teardown (see close)
+        if not self.main:
+            self.exit_behind_rank_0(code)
+        message = problem or next(p for p in problems if p)
+        if code == options.EXIT_USAGE:
+            options.usage_exit(message)
+        sys.exit(message)
 
     def gather(self, obj: object) -> list[object]:
         """Every rank's `obj`, in rank order, on every rank (pickled, and copied to each rank: RNG states,
@@ -95,6 +120,10 @@ class Dist:
 
 
 TEARDOWN_LIMIT_S = 120
+# How long the other ranks wait for rank 0's preparation of the data (Dist.patient): a vocabulary and the
+# shards of a corpus of many GB, on a slow disk. Only a rank 0 that hangs (not one that dies: gloo sees
+# its connection close) is waited on this long.
+PREPARATION_WAIT = datetime.timedelta(hours=24)
 
 
 def stop_with_launcher() -> None:

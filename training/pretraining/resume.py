@@ -7,7 +7,6 @@ a stop between --save-every points is stopping.py's."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -152,12 +151,19 @@ def check_resume_point(run: Path, env: Dist, max_steps: int) -> dict:
     save itself as the run's target, after which a plain --resume would never train again. Said once."""
     d = ckpt.resolve_checkpoint(run)
     state = read_trainer_state(run, d)
-    step, world = state["step"], env.world
+    problem = _resume_point_problem(run, d.name, state, env.world, max_steps)
+    env.stop_together(problem and f"error: {problem}", options.EXIT_USAGE)  # said once, by rank 0
+    return state
+
+
+def _resume_point_problem(run: Path, name: str, state: dict, world: int, max_steps: int) -> str | None:
+    """check_resume_point's refusal, if any: the same on every rank (the same checkpoint, the same world)."""
+    step = state["step"]
     # Equal to the step of a run that had further to go: the same, in effect (it once rewrote 400 as 105).
     target = (state.get("config") or {}).get("max_steps", step)
     if max_steps < step or (max_steps == step < target):
-        _refuse(env, f"--resume: {run} is at step {step} ({d.name}) of its {target}; --max-steps {max_steps} would "
-                     f"train nothing and end it there: give a --max-steps above {step}, or leave it out")  # fmt: skip
+        return (f"--resume: {run} is at step {step} ({name}) of its {target}; --max-steps {max_steps} would train "
+                f"nothing and end it there: give a --max-steps above {step}, or leave it out")  # fmt: skip
     then = state.get("processes")
     if then is not None and then != world:
         how = (
@@ -165,9 +171,9 @@ def check_resume_point(run: Path, env: Dist, max_steps: int) -> dict:
             if then > 1
             else "python -m training.pretrain"
         )
-        _refuse(env, f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
-                     f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
-    return state
+        return (f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
+                f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
+    return None
 
 
 def schedule_change(state: dict, max_steps: int) -> dict | None:
@@ -206,10 +212,3 @@ def schedule_change_note(cfg: PretrainConfig, change: dict) -> str:
             f"is {after:.3g} (a {now}-step schedule), not {before:.3g} (the {then}-step schedule's"
             f"{ended if step >= then else ''}); the run is now neither a {then}- nor a {now}-step run, and its "
             "config.json and checkpoints record the change (schedule_changes, under as_run)")  # fmt: skip
-
-
-def _refuse(env: Dist, message: str) -> None:
-    """Exit 2 on every rank, the message said once (by rank 0)."""
-    if env.main:
-        options.usage_exit(f"error: {message}")
-    sys.exit(options.EXIT_USAGE)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import sys
 from pathlib import Path
 
 import options
@@ -53,22 +51,42 @@ def inert_notes(cfg: PretrainConfig, compiled: bool) -> list[str]:
             if name in given and given[name] != "the saved config" and getattr(cfg, name) != defaults[name]]  # fmt: skip
 
 
-def replay_notes(cfg: PretrainConfig) -> list[str]:
-    """A new run from a run's config.json (--config), where that run's --max-steps changed on a resume: these
-    options train one schedule from the first step, which that run never had."""
+def replay_notes(cfg: PretrainConfig, world: int) -> list[str]:
+    """A new run from a run's config.json (--config) that will not train as that run did: its --max-steps
+    changed on a resume (these options train one schedule from the first step, which that run never had),
+    or it ran on another number of processes (`world` here), which changes the global batch."""
     if cfg.resume:
         return []
     notes = []
     for where in sorted({w for w in options.sources(cfg).values() if w.lower().endswith(".json")}):
         try:
-            changes = (json.loads(Path(where).read_text()).get("as_run") or {}).get("schedule_changes")
+            saved = json.loads(Path(where).read_text())
+            changes = (saved.get("as_run") or {}).get("schedule_changes")
         except (OSError, ValueError, AttributeError):  # read once already: what is there to say is said
             continue
         if changes:
             steps = "; ".join(f"{c['from']} to {c['to']} at step {c['step']}" for c in changes)
             notes.append(f"{where}: that run changed its --max-steps on a resume ({steps}); these options train "
                          f"one {cfg.max_steps}-step schedule from the start, so they do not make that run again")  # fmt: skip
+        if note := _global_batch_note(cfg, world, where, saved):
+            notes.append(note)
     return notes
+
+
+def _global_batch_note(cfg: PretrainConfig, world: int, where: str, saved: dict) -> str | None:
+    """A replay on another number of processes than the run's: --batch-size is each process's, so the
+    global batch (tokens per step) changes with them."""
+    then = (saved.get("as_run") or {}).get("processes")
+    rows = saved.get("batch_size", cfg.batch_size) * saved.get("grad_accum", cfg.grad_accum)
+    if not isinstance(then, int) or then == world or rows * then == cfg.batch_size * cfg.grad_accum * world:
+        return None  # the same processes, or a --batch-size (--grad-accum) given that makes up for them
+    tokens_then = rows * then * saved.get("seq_len", cfg.seq_len)
+    tokens_now = cfg.batch_size * cfg.grad_accum * world * cfg.seq_len
+    same = f"run it under torchrun --nproc_per_node {then}" if then > 1 else "run it in one process"
+    if rows * then % (world * cfg.grad_accum) == 0:
+        same += f", or give --batch-size {rows * then // (world * cfg.grad_accum)} (the same global batch)"
+    return (f"{where}: that run took {tokens_then} tokens per step on {then} process(es), this one takes "
+            f"{tokens_now} on {world} (--batch-size is each process's): to train as it did, {same}")  # fmt: skip
 
 
 def own_max_steps(cfg: PretrainConfig, then: dict) -> PretrainConfig:
@@ -77,9 +95,8 @@ def own_max_steps(cfg: PretrainConfig, then: dict) -> PretrainConfig:
     where, own = options.sources(cfg).get("max_steps"), then.get("max_steps", cfg.max_steps)
     if where in (None, flag("max_steps"), "the saved config") or own == cfg.max_steps:
         return cfg
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, said once
-        print(f"note: {where} sets max_steps {cfg.max_steps}; the resumed run keeps its own {own} (--max-steps "
-              f"{cfg.max_steps} changes it)", file=sys.stderr, flush=True)  # fmt: skip
+    options.say_once(f"note: {where} sets max_steps {cfg.max_steps}; the resumed run keeps its own {own} "
+                     f"(--max-steps {cfg.max_steps} changes it)")  # fmt: skip
     return options.replace(cfg, max_steps=own)
 
 
@@ -150,8 +167,8 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
                                           f"saved by an earlier version reads again (its shape, tokenizer and "
                                           f"warm-started tensors) and cannot now: {e}; restore it (a run given as "
                                           "--init keeps only --keep-checkpoints of its own)") from None  # fmt: skip
-                print(f"note: --init {cfg.init} cannot be read ({e}); the run resumes from its own record of that "
-                      "start (shapes, tokenizer and the tensors it loaded)", file=sys.stderr, flush=True)  # fmt: skip
+                options.say_once(f"note: --init {cfg.init} cannot be read ({e}); the run resumes from its own "
+                                 "record of that start (shapes, tokenizer and the tensors it loaded)")  # fmt: skip
                 # --init decides these, as saved: a flag saying otherwise is refused, as it is while --init is
                 # there; a --config file's gives way (it may carry a shape for runs from scratch).
                 given = options.sources(cfg)
@@ -179,4 +196,4 @@ def _resolve_config(argv: list[str] | None) -> tuple[PretrainConfig, WarmStart |
     except (CheckpointError, TokenizerError, DataDirChecksumError) as e:
         options.usage_exit(f"error: {e}")
     except DatasetError as e:  # a download, a disk
-        sys.exit(f"error: {e}")
+        options.failure_exit(f"error: {e}")

@@ -248,11 +248,7 @@ def _schedule_of(config_json: Path) -> tuple | None:
 def _stop_with_rank_0(env: Dist, problem: Exception | None, message: str) -> None:
     """Every rank exits 2 when rank 0 (which alone looked) found `problem`, the `message` said once, by it:
     a rank that went on would wait in the step's collectives for ever."""
-    if env.agree(problem is not None):
-        env.close()
-        if problem is None:
-            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
-        options.usage_exit(message)
+    env.stop_together(message if problem is not None else None, options.EXIT_USAGE)
 
 
 def setup(argv: list[str] | None) -> Trainer:
@@ -295,11 +291,7 @@ def setup(argv: list[str] | None) -> Trainer:
                 run_dir.check_writable(run / "checkpoints")
         except ConfigError as e:
             problem = e
-    if env.agree(problem is not None):  # every rank stops: alone, rank 0's exit would leave the rest waiting
-        env.close()
-        if problem is None:
-            env.exit_behind_rank_0(options.EXIT_USAGE)  # rank 0 says why
-        options.usage_exit(f"error: {problem}")
+    _stop_with_rank_0(env, problem, f"error: {problem}")  # alone, rank 0's exit would leave the rest waiting
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # One graph for the whole forward: masking, generator, sampling, discriminator and loss sums. Its
@@ -313,7 +305,7 @@ def setup(argv: list[str] | None) -> Trainer:
         print(
             f"electra-serve pretraining, {env.world} process(es) on {env.device}\n{describe(cfg)}", flush=True
         )
-        for note in inert_notes(cfg, compiled) + replay_notes(cfg):
+        for note in inert_notes(cfg, compiled) + replay_notes(cfg, env.world):
             print(f"note: {note}", file=sys.stderr, flush=True)
     try:
         if env.main and not cfg.resume:  # a resumed run's is written once its checkpoint is back
@@ -367,9 +359,9 @@ def setup(argv: list[str] | None) -> Trainer:
         # published one (in --data-dir, say): an input to change, as fine-tuning's.
         options.usage_exit(f"error: {e}")
     except DiskFullError as e:  # config.json, the tokenizer, the shards or the room for a checkpoint
-        sys.exit(_disk_full(e))
+        options.failure_exit(_disk_full(e))
     except (DatasetError, OSError) as e:  # a download, a disk: the message names the file and what to do
-        sys.exit(f"error: {e}")
+        options.failure_exit(f"error: {e}")
     reseed(cfg, env.rank, step)
     if cfg.resume:
         checkpoint = ckpt.resolve_checkpoint(run)
@@ -452,14 +444,15 @@ def run(argv: list[str] | None = None) -> None:
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
             sys.exit(128 + stopped_by)
-    except Diverged as e:
-        latest = t.run / "checkpoints" / ckpt.LATEST
+    except Diverged as e:  # on every rank at once: the losses are all-reduced, the weights the same
         kept = (
-            f"; the checkpoints before it are intact ({latest.read_text().strip()} is the last)"
-            if latest.is_file()
-            else ""
+            f"; the checkpoints before it are intact ({last} is the last)" if (last := _latest(t.run)) else ""
         )
-        sys.exit(f"error: {e}{kept}")
+        t.env.stop_together(f"error: {e}{kept}", 1)
+    except RuntimeError as e:
+        if not _another_process_ended(t.env, e):
+            raise
+        options.failure_exit(_another_process_ended_message(t))  # each survivor: rank 0 first
     except OSError as e:
         if not out_of_space(e):
             raise
@@ -477,6 +470,31 @@ def run(argv: list[str] | None = None) -> None:
         sys.exit(
             f"error: stopped at step {t.step}: {e}. {kept}free space (or choose another --out) and run {again}"
         )
+
+
+def _latest(run: Path) -> str | None:
+    """The name of the checkpoint a resume would go on from (checkpoints/latest), None before the first."""
+    latest = run / "checkpoints" / ckpt.LATEST
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+def _another_process_ended(env: Dist, e: RuntimeError) -> bool:
+    """Whether `e` is a collective that failed because another process of the run is gone (killed by the
+    OOM killer, say) or hangs: gloo raises a plain RuntimeError ("Connection closed by peer", "Timed out")
+    naming its own sources, NCCL one of torch's DistError. In one process there are no collectives: every
+    error is the run's own, and keeps its traceback."""
+    return env.world > 1 and (isinstance(e, torch.distributed.DistError) or "gloo" in str(e))
+
+
+def _another_process_ended_message(t: Trainer) -> str:
+    """What a surviving rank says: one line, with the way on (the others' exit status, which says why,
+    is torchrun's report's; this process cannot know it)."""
+    last = _latest(t.run)
+    kept = f"checkpoints/latest is {last}" if last else "no checkpoint was saved yet"
+    again = f"{t.env.launch_command} --out {t.run} --resume" if last else "the same command"
+    return (f"error: stopped at step {t.step}: another process of the run ended, or stopped answering (its exit "
+            f"status is in torchrun's report: -9 is SIGKILL, often the out-of-memory killer); {kept}; go on with: "
+            f"{again}")  # fmt: skip
 
 
 def train(t: Trainer, stop: GracefulStop) -> int | None:

@@ -19,7 +19,6 @@ named with the config field that decides it).
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -347,7 +346,7 @@ def _check_shape_options(cfg: PretrainConfig, shape: dict, source: Path) -> None
         said = f"{where} sets {name} {getattr(cfg, name)}, and {source} has {value}"
         if where == flag(name):
             raise ConfigError(f"{said}: the shape comes with --init; drop {where}, or start without --init")
-        print(f"note: {said}; the run takes the shape of --init", file=sys.stderr, flush=True)
+        options.say_once(f"note: {said}; the run takes the shape of --init")
 
 
 def _check_generator_fraction(cfg: PretrainConfig, gen: InitSource) -> None:
@@ -360,7 +359,7 @@ def _check_generator_fraction(cfg: PretrainConfig, gen: InitSource) -> None:
             f"({gen.directory}: hidden {gen.config.hidden_size}, {gen.config.num_hidden_layers} layers)")  # fmt: skip
     if where == flag("generator_fraction"):
         raise ConfigError(f"{said}: drop {where}, or give --init-generator another generator")
-    print(f"note: {said}; the run trains that generator", file=sys.stderr, flush=True)
+    options.say_once(f"note: {said}; the run trains that generator")
 
 
 def load_warm_start(objective, warm: WarmStart) -> set[str]:
@@ -375,8 +374,11 @@ def load_warm_start(objective, warm: WarmStart) -> set[str]:
         gen_report = load_into(objective.generator, warm.gen.directory, skip_prefixes=("electra.embeddings.",),
                                label="--init-generator")  # fmt: skip
         reports.append(("generator.", gen_report))
-    elif "generator" in objective.checkpoint_parts():
-        tqdm.write("generator: fresh, at --generator-fraction of the discriminator, sharing its embeddings")
-    for _, report in reports:
-        tqdm.write(report.summary())
+    if options.is_rank_0():  # every rank loads the same tensors: said once
+        if warm.gen is None and "generator" in objective.checkpoint_parts():
+            tqdm.write(
+                "generator: fresh, at --generator-fraction of the discriminator, sharing its embeddings"
+            )
+        for _, report in reports:
+            tqdm.write(report.summary())
     return warm_parameter_names(objective, reports)

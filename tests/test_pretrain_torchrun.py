@@ -1,0 +1,212 @@
+"""Pretraining under torchrun says each thing once, rank 0's exit first (torchrun's "root cause"), and
+waits for rank 0's preparation of the data however long it takes: notes every rank reached were said by
+each, a rank that could not see --out was stopped before its message, a refused resume or a diverged run
+exited on rank 1 first, the others timed out while rank 0 tokenized a large corpus, and a worker killed
+outright left the survivor's gloo traceback. Two torchrun launches; the rest as functions."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import options
+from training.pretraining import trainer
+from training.pretraining.distributed import Dist
+from training.run_dir import launch_command
+
+try:
+    from test_pretrain import tiny_args, until_step
+except ImportError:  # tests/ made a package
+    from tests.test_pretrain import tiny_args, until_step
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+# Rank 0's preparation of the data outlasts the default group's timeout (2 s here, standing in for torch's
+# 30 minutes on gloo), and rank 1 gets an --out of its own: a node that does not mount rank 0's.
+SLOW_PREPARATION = """
+import datetime, os, runpy, sys, time
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from training.pretraining import data
+
+init, prepare = dist.init_process_group, data._tokenizer_and_shards
+
+def init_with_short_timeout(*args, **kwargs):
+    init(*args, **kwargs)
+    c10d._set_pg_timeout(datetime.timedelta(seconds=2))
+
+def slow_prepare(*args, **kwargs):
+    time.sleep(5)
+    return prepare(*args, **kwargs)
+
+dist.init_process_group, data._tokenizer_and_shards = init_with_short_timeout, slow_prepare
+if os.environ["RANK"] == "1":
+    sys.argv[sys.argv.index("--out") + 1] += "-elsewhere"
+sys.argv[0] = "training.pretrain"
+runpy.run_module("training.pretrain", run_name="__main__", alter_sys=True)
+"""
+
+
+def _root_cause(said: str) -> str:
+    return said[said.index("Root Cause") :] if "Root Cause" in said else said[-3000:]
+
+
+def test_the_ranks_wait_out_a_long_preparation_and_rank_0_says_what_one_cannot_see(
+    tmp_path, small_corpus, small_tokenizer
+):
+    script = tmp_path / "slow_preparation.py"
+    script.write_text(SLOW_PREPARATION)
+    args = tiny_args(tmp_path / "run", small_corpus, small_tokenizer, "--max-steps", 4, "--vocab-size", 999)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([*TORCHRUN, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert "Timed out" not in said, said[-3000:]  # gloo's, on rank 1, while rank 0 prepared the data
+    assert "[rank1]:" not in said, said[-3000:]  # a worker's traceback
+    assert said.count("error: process 1 cannot see") == 1, said[-3000:]
+    assert "storage they all mount" in said and "give such a --out" in said
+    assert said.count("note: --vocab-size 999 sizes a vocabulary the run trains") == 1, said[-3000:]
+    assert re.search(r"rank\s*: 0 .*\n.*exitcode\s*: 2", _root_cause(said)), _root_cause(said)
+
+
+def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """The OOM killer's SIGKILL: the survivor's collective fails; it says so in a line, not gloo's traceback."""
+    run = tmp_path / "run"
+    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 2,
+                     "--save-every", 4, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*TORCHRUN, "-m", "training.pretrain", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        until_step(proc, run / "metrics.jsonl", 6)
+        workers = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        (rank_1,) = [pid for pid in workers if b"\0RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes()]
+        os.kill(int(rank_1), signal.SIGKILL)
+        said = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert proc.returncode != 0
+    assert said.count("another process of the run ended") == 1, said[-3000:]
+    assert (f"checkpoints/latest is {latest}; go on with: torchrun --nproc_per_node 2 -m training.pretrain "
+            f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
+    assert "Connection closed by peer" not in said, said[-3000:]
+
+
+def test_a_note_is_said_by_rank_0_alone(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    options.say_once("note: once")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    options.say_once("note: once")
+    assert capsys.readouterr().err == "note: once\n"
+
+
+def _two_ranks(monkeypatch, rank: int, problems: list[str | None]) -> tuple[Dist, list[str]]:
+    """A Dist as rank `rank` of 2 sees it, whose ranks found `problems`, without a process group."""
+    env = Dist("cpu")
+    env.world, env.rank, env.main = 2, rank, rank == 0
+    closed: list[str] = []
+    monkeypatch.setattr(env, "gather", lambda problem: problems)
+    monkeypatch.setattr(env, "close", lambda: closed.append("closed"))
+    monkeypatch.setattr(options, "after_rank_0", lambda: closed.append("after rank 0"))
+    return env, closed
+
+
+@pytest.mark.parametrize("code", [options.EXIT_USAGE, 1])
+def test_a_stop_every_rank_reaches_is_said_by_rank_0_and_every_rank_closes(monkeypatch, capsys, code):
+    """A refused resume (2), a diverged run (1): rank 1 exited at once, first, and without closing the group
+    (a SIGABRT in gloo's teardown, 2 runs in 10); every rank printed a diverged run's error."""
+    env, closed = _two_ranks(monkeypatch, 1, ["error: the same", "error: the same"])
+    with pytest.raises(SystemExit) as stopped:
+        env.stop_together("error: the same", code)
+    assert stopped.value.code == code and closed == ["closed", "after rank 0"]
+    assert capsys.readouterr().err == ""
+
+    env, closed = _two_ranks(monkeypatch, 0, ["error: the same", "error: the same"])
+    with pytest.raises(SystemExit) as stopped:
+        env.stop_together("error: the same", code)
+    said = capsys.readouterr().err + (stopped.value.code if isinstance(stopped.value.code, str) else "")
+    assert said.strip() == "error: the same" and closed[0] == "closed"
+
+
+def test_rank_0_says_another_ranks_problem_and_nothing_stops_where_there_is_none(monkeypatch, capsys):
+    env, closed = _two_ranks(monkeypatch, 0, [None, "error: process 1 cannot see X"])
+    with pytest.raises(SystemExit) as stopped:
+        env.stop_together(None, options.EXIT_USAGE)
+    assert stopped.value.code == 2 and "error: process 1 cannot see X" in capsys.readouterr().err
+    env, closed = _two_ranks(monkeypatch, 0, [None, None])
+    env.stop_together(None, options.EXIT_USAGE)
+    assert closed == []
+
+
+def test_only_a_failed_collective_of_several_processes_is_another_process_ending():
+    env = Dist("cpu")
+    gone = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    assert not trainer._another_process_ended(env, gone)  # one process: its own error, with its traceback
+    env.world = 2
+    assert trainer._another_process_ended(env, gone)
+    assert trainer._another_process_ended(env, torch.distributed.DistBackendError("NCCL error"))
+    assert not trainer._another_process_ended(env, RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+@pytest.mark.parametrize(
+    ("environment", "command"),
+    [
+        ({}, "python -m training.pretrain"),
+        ({"TORCHELASTIC_RUN_ID": "5f0c-uuid", "MASTER_PORT": "40921"}, "torchrun --nproc_per_node 2 -m"),
+        ({"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}, "torchrun --nproc_per_node 2 -m"),
+        (
+            {"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "18811"},
+            "torchrun <the rendezvous options you gave",
+        ),
+        (
+            {"TORCHELASTIC_RUN_ID": "5f0c-uuid", "LOCAL_WORLD_SIZE": "1"},
+            "torchrun --nnodes 2 <the rendezvous",
+        ),
+    ],
+)
+def test_the_resume_command_asks_for_the_rendezvous_options_it_cannot_give_back(
+    monkeypatch, environment, command
+):
+    """--master_port 18811 (29500 in use), or several nodes: the command printed dropped them."""
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    if environment:
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert launch_command().startswith(command), launch_command()
+    assert launch_command().endswith("-m training.pretrain")
+
+
+def test_the_kill_message_names_the_latest_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "5f0c-uuid")
+    (tmp_path / "checkpoints").mkdir()
+
+    class Stub:
+        run, step, env = tmp_path, 7, type("E", (), {"launch_command": launch_command()})
+
+    assert (
+        "no checkpoint was saved yet; go on with: the same command"
+        in trainer._another_process_ended_message(Stub)
+    )
+    (tmp_path / "checkpoints" / "latest").write_text("step-00000006\n")
+    said = trainer._another_process_ended_message(Stub)
+    assert said.startswith("error: stopped at step 7: another process of the run ended")
+    assert f"checkpoints/latest is step-00000006; go on with: torchrun --nproc_per_node 2 -m training.pretrain " \
+           f"--out {tmp_path} --resume" in said  # fmt: skip
