@@ -13,7 +13,7 @@ import pytest
 from bulk_helpers import MODELS, run_bulk, write_jsonl
 
 import app
-from app.model.bundle import BundleError, read_bundle
+from app.model.bundle import ROW_SETTINGS, BundleError, read_bundle
 from bulk.config import resolve
 from bulk.fingerprint import BUNDLE_FILES, JobError, read_fingerprint
 
@@ -45,14 +45,14 @@ def test_a_scorer_whose_bundle_is_not_the_jobs_refuses_it_naming_both_sha256(tmp
     models = _models(tmp_path)
     cfg = _cfg(tmp_path, models)
     at_start = read_bundle(cfg.bundle_dir).sha256_as_read
-    assert set(at_start) == {"model.onnx", "tokenizer.json", "manifest.json"}
+    assert set(at_start) == {"model.onnx", "tokenizer.json", ROW_SETTINGS}
     _swap_for_the_classifier(models)
     now = read_bundle(cfg.bundle_dir).sha256_as_read
     with pytest.raises(BundleError) as refused:
         Scorer(cfg, at_start)
     said = str(refused.value)
     assert "changed since the job started" in said and "Restore that bundle" in said and "new --out" in said
-    for name in ("model.onnx", "manifest.json"):  # the tokenizer is the same file in both bundles
+    for name in ("model.onnx", ROW_SETTINGS):  # the tokenizer is the same file in both bundles
         assert f"{name}: sha256 {at_start[name]} at the job's start, {now[name]} now" in said, said
     assert "tokenizer.json" not in said
 
@@ -115,10 +115,26 @@ def test_a_resume_with_another_manifest_json_is_refused_naming_the_file(tmp_path
 
     again = run_bulk(src.parent, out, "detector", *flags, timeout=120)
     assert again.returncode == 2, again.stderr[-2000:]
-    assert "the bundle's files differ: manifest.json (sha256 " in again.stderr, again.stderr
+    assert "the bundle's files differ: manifest.json's row settings (sha256 " in again.stderr, again.stderr
     assert "model.onnx" not in again.stderr.split("other settings")[1].split("resuming")[0]
     assert f"Restore the bundle {models / 'detector'} as it was, use another --out" in again.stderr
     assert files() == before
+
+
+def test_a_manifest_that_differs_only_in_what_an_export_again_changes_is_the_same_bundle(tmp_path):
+    """The same checkpoint exported again writes another date, versions and checks into manifest.json, and
+    every answer the same: a job resumed on it, or a worker reading it, goes on."""
+    models = _models(tmp_path)
+    before = read_bundle(models / "detector").sha256_as_read
+    manifest = models / "detector" / "manifest.json"
+    again = json.loads(manifest.read_text()) | {
+        "created_at": "2030-01-01T00:00:00Z",
+        "versions": {"onnx": "9"},
+    }
+    manifest.write_text(json.dumps(again | {"parity": {}, "load_check": None}))
+    assert read_bundle(models / "detector").sha256_as_read == before
+    manifest.write_text(json.dumps(again | {"threshold": 0.9}))  # the spans' default: another bundle
+    assert read_bundle(models / "detector").sha256_as_read != before
 
 
 def test_a_job_json_of_before_resumes_on_model_onnx_alone_then_holds_every_files_sha256(tmp_path):

@@ -83,9 +83,10 @@ class Bundle:
     path: Path
     manifest: Manifest
     warnings: tuple[str, ...] = field(default=())
-    # The sha256 of each of FILES as read here, manifest.json's own bytes included (`verified` cannot hold
-    # it: the manifest cannot vouch for itself). Its max_length, labels or kind change the numbers as much as
-    # model.onnx does, so a job that loads the bundle again elsewhere (bulk's workers) compares all three.
+    # The sha256 of model.onnx and tokenizer.json as read here, and of what in manifest.json shapes an
+    # answer (ROW_SETTINGS; `verified` cannot hold it: the manifest cannot vouch for itself). Its max_length,
+    # labels or kind change the numbers as much as model.onnx does, so a job that loads the bundle again
+    # elsewhere (bulk's workers) compares all three.
     sha256_as_read: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -129,6 +130,18 @@ def _check_hash(path: Path, fname: str, expected: str) -> str:
     return actual
 
 
+# What of manifest.json shapes an answer: not its date, versions or the checks the export ran, which an
+# export of the same checkpoint again changes while every answer stays the same.
+ROW_SETTINGS = "manifest.json's row settings"
+ROW_FIELDS = ("kind", "max_length", "output", "inputs", "problem_type", "labels", "threshold", "trained_on",
+              "one_token_type")  # fmt: skip
+
+
+def row_settings_sha256(manifest: Manifest) -> str:
+    values = {name: getattr(manifest, name) for name in ROW_FIELDS}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+
 def read_bundle(path: Path, name: str | None = None) -> Bundle:
     """The bundle in `path`, every file checked against its manifest; BundleError saying what is wrong,
     a file this user cannot read included."""
@@ -144,9 +157,8 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         if not (path / fname).is_file():
             raise BundleError(f"{path / fname}: missing (a bundle needs {', '.join(FILES)})")
     manifest_path = path / "manifest.json"
-    raw = manifest_path.read_bytes()  # hashed as decoded: no later copy of the file can slip in between
     try:
-        manifest = msgspec.json.decode(raw, type=Manifest)
+        manifest = msgspec.json.decode(manifest_path.read_bytes(), type=Manifest)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise BundleError(f"{manifest_path}: {e}") from None
     if manifest.format_version != 1:
@@ -159,7 +171,7 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         raise BundleError(f"{manifest_path}: max_length {manifest.max_length} is too small")
     warnings: tuple[str, ...] = tuple(manifest.warnings)  # logged by the server at load, not here: the
     # export reads its bundle back from a temporary directory, whose name the log would carry
-    as_read = {"manifest.json": hashlib.sha256(raw).hexdigest()}
+    as_read = {ROW_SETTINGS: row_settings_sha256(manifest)}
     if manifest.files is None:
         # Accepted, not refused: bundles exported before per-file hashes would otherwise stop serving on
         # upgrade. Only model.onnx is checked; /models and the log say so until the bundle is re-exported.
