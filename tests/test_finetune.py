@@ -950,6 +950,7 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
     err = capsys.readouterr().err
     assert "the training or dev data differ from what the run" in err
     assert "a run stopped under an earlier version may also have read its labels otherwise" in err
+    assert "also held out other dev rows from --train" in err  # a classification's split changed 2026-11-30
     assert "is damaged" not in err  # it was also said to be, with advice that threw the resume state away
     write_csv(data, 60)
     state = json.loads((out / "resume" / "state.json").read_text())

@@ -27,6 +27,7 @@ from training.atomic_dirs import write_atomically
 from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, same_files, unused_data_options
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
+from training.finetuning.data import REGRESSION
 from training.finetuning.labels import label_name, label_names
 from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings
 from training.pretraining.stopping import capture_rng
@@ -122,6 +123,12 @@ def data_fingerprint(t, splits: tuple[str, ...] = ("train", "dev")) -> str:
     return h.hexdigest()
 
 
+def _split_changed(t) -> bool:
+    """Whether the run's dev split is one that changed on 2026-11-30: held out from --train (no --dev) by
+    class; a regression's one group kept its rows."""
+    return bool(t.cfg.train) and not t.cfg.dev and t.data.problem_type != REGRESSION
+
+
 def fingerprint_of_test(t) -> str:
     return data_fingerprint(t, ("test",))
 
@@ -174,7 +181,7 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
     if state["data"] != data_fingerprint(t):
         raise ConfigError(f"--resume: the training or dev data differ from what the run in {t.cfg.out} trained on "
                           "(a file changed since it stopped); put the data back, or start a new run (--overwrite)"
-                          + EARLIER_SPELLING + (EARLIER_SPLIT if t.cfg.train and not t.cfg.dev else ""))  # fmt: skip
+                          + EARLIER_SPELLING + (EARLIER_SPLIT if _split_changed(t) else ""))  # fmt: skip
     if state.get("test_data", fingerprint_of_test(t)) != fingerprint_of_test(t):  # absent: saved before
         raise ConfigError(f"--resume: the test data differ from what the run in {t.cfg.out} read when it started "
                           "(a file changed since it stopped): its test figures would not be the run's; put the "
