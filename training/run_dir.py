@@ -41,23 +41,16 @@ def launch_command() -> str:
     )
 
 
-# Where the processes met is torchrun's own option, which its workers' environment does not give back:
-# MASTER_PORT is the port they met on, also where torchrun chose it (--standalone, --rdzv-endpoint).
+# Where the processes met is torchrun's own option, which its workers' environment does not give back.
+# On one node none is needed: torchrun alone meets on a free port of its own (torch 2.13's run.py).
 RENDEZVOUS_GIVEN = (
     " <the rendezvous options you gave torchrun: --master_addr/--master_port, --rdzv-*, --node_rank>"
 )
-DEFAULT_MASTER_PORT = "29500"  # torchrun's own, with no rendezvous option given
 
 
 def _rendezvous_options(several_nodes: bool) -> str:
-    """A stand-in for the rendezvous options the command needs again, where it needs any: on several nodes,
-    and on one where they met otherwise than by torchrun's defaults or --standalone (which gives each run
-    an id of its own; the default's is "none")."""
-    own = (
-        os.environ.get("MASTER_PORT") == DEFAULT_MASTER_PORT
-        or os.environ.get("TORCHELASTIC_RUN_ID") != "none"
-    )
-    return RENDEZVOUS_GIVEN if several_nodes or not own else ""
+    """A stand-in for the rendezvous options the command needs again: on several nodes only."""
+    return RENDEZVOUS_GIVEN if several_nodes else ""
 
 
 def check_run_point(out: Path, resume: bool) -> None:

@@ -137,9 +137,8 @@ def build_data(cfg, run: Path, env, trained_on: dict | None = None) -> Pretraini
             identity = _tokenizer_and_shards(cfg, run, env, tok_dir, mix, trained_on)
         except Exception as e:  # said by setup; the other ranks stop too, not wait at the barrier for ever
             failure = e
-    # The others wait here for as long as rank 0 takes (Dist.patient): the all-reduce ends only once rank 0
-    # has written what they read, so it stands for a barrier too.
-    if env.agree(failure is not None, patient=True):
+    # The others wait here for as long as rank 0 takes, until it has written what they read: a barrier too.
+    if env.rank_0_failed(failure is not None):
         if failure is not None:
             raise failure
         env.exit_behind_rank_0(1)  # rank 0 says why

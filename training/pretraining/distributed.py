@@ -34,15 +34,8 @@ class Dist:
             torch.cuda.set_device(self.device)
         if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (or another elastic agent)
             stop_with_launcher()
-        self.patient = None  # the group of the waits for rank 0's preparation of the data (agree_max)
         if self.world > 1:
             dist.init_process_group(backend="nccl" if cuda else "gloo")
-            # Rank 0 alone trains the vocabulary and tokenizes the corpus (hours, for a large one) while the
-            # others wait in a collective, which the default group would end at torch's timeout (30 min on
-            # gloo, 10 on NCCL) with a traceback. Those waits go through a group of their own that waits as
-            # long as a preparation may take; the training steps keep the default, so a hung rank is still
-            # found in minutes. Gloo on CUDA too: the wait is a flag, on the host.
-            self.patient = dist.new_group(backend="gloo", timeout=PREPARATION_WAIT)
         self.main = self.rank == 0
 
     @property
@@ -60,20 +53,34 @@ class Dist:
         if self.world > 1:
             dist.barrier()
 
-    def agree(self, flag: bool, *, patient: bool = False) -> bool:
+    def agree(self, flag: bool) -> bool:
         """True on every rank when it is true on any. A decision that changes which collective calls
-        follow (stop and save, or train on) must be the same everywhere, or one rank waits forever.
-        `patient`: the others wait for rank 0's preparation of the data, up to PREPARATION_WAIT."""
-        return bool(self.agree_max(float(flag), patient=patient)[0])
+        follow (stop and save, or train on) must be the same everywhere, or one rank waits forever."""
+        return bool(self.agree_max(float(flag))[0])
 
-    def agree_max(self, *values: float, patient: bool = False) -> list[float]:
+    def agree_max(self, *values: float) -> list[float]:
         """Each value's maximum over the ranks, in one collective (a wait for the device on CUDA)."""
         if self.world == 1:
             return list(values)
-        device = "cpu" if patient else self.device  # the patient group is gloo's
-        t = torch.tensor(values, dtype=torch.float32, device=device)  # flags, signal numbers: exact
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.patient if patient else None)
+        t = torch.tensor(values, dtype=torch.float32, device=self.device)  # flags, signal numbers: exact
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
+
+    def rank_0_failed(self, failed: bool) -> bool:
+        """Whether rank 0 failed at what it alone does (the data's preparation: `failed` on rank 0), on every
+        rank, once it is done. Rank 0 trains the vocabulary and tokenizes the corpus (hours, for a large
+        one) while the others wait; a collective would end their wait at torch's timeout (30 min on gloo,
+        10 on NCCL) with a traceback. The rendezvous store's wait takes a timeout of its own, and needs no
+        connection but the one every rank has already (a gloo group for it made NCCL runs across nodes
+        depend on gloo's networking as well)."""
+        if self.world == 1:
+            return failed
+        store = dist.distributed_c10d._get_default_store()
+        if self.main:
+            store.set(DATA_PREPARED, "failed" if failed else "done")
+            return failed
+        store.wait([DATA_PREPARED], PREPARATION_WAIT)
+        return store.get(DATA_PREPARED) == b"failed"
 
     def stop_together(self, problem: str | None, code: int) -> None:
         """Return where no rank has a `problem` (a message); else every rank exits `code` (EXIT_USAGE, or 1
@@ -120,10 +127,11 @@ class Dist:
 
 
 TEARDOWN_LIMIT_S = 120
-# How long the other ranks wait for rank 0's preparation of the data (Dist.patient): a vocabulary and the
-# shards of a corpus of many GB, on a slow disk. Only a rank 0 that hangs (not one that dies: gloo sees
-# its connection close) is waited on this long.
+# How long the other ranks wait for rank 0's preparation of the data (Dist.rank_0_failed): a vocabulary
+# and the shards of a corpus of many GB, on a slow disk. Only a rank 0 that hangs is waited on this long:
+# one that dies ends the run (torchrun stops the others).
 PREPARATION_WAIT = datetime.timedelta(hours=24)
+DATA_PREPARED = "electra-serve/data-prepared"  # the store's key: one launch, one preparation
 
 
 def stop_with_launcher() -> None:

@@ -452,7 +452,7 @@ def run(argv: list[str] | None = None) -> None:
     except RuntimeError as e:
         if not _another_process_ended(t.env, e):
             raise
-        options.failure_exit(_another_process_ended_message(t))  # each survivor: rank 0 first
+        options.failure_exit(_another_process_ended_message(t, e))  # each survivor: rank 0 first
     except OSError as e:
         if not out_of_space(e):
             raise
@@ -486,15 +486,17 @@ def _another_process_ended(env: Dist, e: RuntimeError) -> bool:
     return env.world > 1 and (isinstance(e, torch.distributed.DistError) or "gloo" in str(e))
 
 
-def _another_process_ended_message(t: Trainer) -> str:
+def _another_process_ended_message(t: Trainer, e: RuntimeError) -> str:
     """What a surviving rank says: one line, with the way on (the others' exit status, which says why,
-    is torchrun's report's; this process cannot know it)."""
+    is torchrun's report's; this process cannot know it), and the collective's own error, which may be
+    this process's (an NCCL error of its own GPU) rather than a peer's."""
     last = _latest(t.run)
     kept = f"checkpoints/latest is {last}" if last else "no checkpoint was saved yet"
     again = f"{t.env.launch_command} --out {t.run} --resume" if last else "the same command"
-    return (f"error: stopped at step {t.step}: another process of the run ended, or stopped answering (its exit "
-            f"status is in torchrun's report: -9 is SIGKILL, often the out-of-memory killer); {kept}; go on with: "
-            f"{again}")  # fmt: skip
+    said = (str(e).strip().splitlines() or [""])[0][:300]
+    return (f"error: stopped at step {t.step}: a collective failed ({type(e).__name__}: {said}): most often "
+            "another process of the run ended, or stopped answering (its exit status is in torchrun's report: -9 "
+            f"is SIGKILL, often the out-of-memory killer); {kept}; go on with: {again}")  # fmt: skip
 
 
 def train(t: Trainer, stop: GracefulStop) -> int | None:
