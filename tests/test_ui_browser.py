@@ -247,7 +247,9 @@ def console_errors(driver) -> list[str]:
 
 
 def pct(p: float) -> str:
-    return f"{100 * p:.1f}%"
+    """As the page writes a probability: to 0.1%, and ">99.9%" / "<0.1%" for one that only rounds to 100 / 0."""
+    s = f"{100 * p:.1f}"
+    return ">99.9%" if s == "100.0" and p < 1 else "<0.1%" if s == "0.0" and p > 0 else s + "%"
 
 
 # ------------------------------------------------------------------------------ browser tests
@@ -281,7 +283,7 @@ def test_top_word_shaded_most_and_first_in_table(browser, server):
     first = rows[0].find_elements("css selector", "th, td")
     assert first[1].text in {w["text"] for w in words if w["prob"] == top}
     assert first[2].text == pct(top)
-    shown = [float(r.find_elements("css selector", "td")[1].text.rstrip("%")) for r in rows]
+    shown = [float(r.find_elements("css selector", "td")[1].text.strip("<>%")) for r in rows]
     assert shown == sorted(shown, reverse=True)
 
     # Keyboard only: Tab to the shaded text, arrows move, the focused word's probability shows as text.
@@ -527,6 +529,64 @@ def test_empty_text_shows_the_apis_error(browser, server):
     shown = browser.find_element("id", "error").text
     assert err["message"] in shown and err["type"] in shown
     assert not browser.find_element("id", "detect").is_displayed()  # no stale result beside the error
+
+
+def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser, tmp_path):
+    """A bundle's threshold between the slider's 0.01 steps (0.575) was snapped to 0.58, shown as 0.58
+    ("model default 0.57") and sent so; a classifier's error stayed on screen once the detector was chosen
+    again, hiding its last result; 0.9996 read "100.0%", and a fast answer "Scored in 0 ms"."""
+    import json
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(MODELS / "detector", models / "detector")
+    manifest = json.loads((models / "detector" / "manifest.json").read_text())
+    manifest["threshold"] = 0.575
+    (models / "detector" / "manifest.json").write_text(json.dumps(manifest))
+    (models / "sentiment").symlink_to(MODELS / "sentiment")
+    with run_server(models, log_dir=tmp_path) as s:
+        open_page(browser, s)
+        slider = browser.find_element("id", "threshold")
+        out, note = (browser.find_element("id", i) for i in ("threshold-out", "threshold-note"))
+        assert slider.get_attribute("value") == "0.575"
+        assert out.get_attribute("textContent") == "0.575"
+        assert note.get_attribute("textContent").startswith("model default")
+        browser.execute_script(
+            "window.__sent = []; const f = window.fetch;"
+            "window.fetch = (u, o) => { if (o && o.body) window.__sent.push(JSON.parse(o.body)); return f(u, o); };"
+        )
+        submit(browser, SENTENCE)
+        wait_visible(browser, "detect")
+        # Untouched, the slider names no threshold: the server uses the bundle's own, and the page marks
+        # what the API's default answer does.
+        assert "threshold" not in browser.execute_script("return window.__sent.pop()")
+        with s.client() as c:
+            words = c.post("/detect", json={"text": SENTENCE}).json()["results"][0]["words"]
+        assert [over for _, _, over in shading(browser)] == [
+            w["prob"] >= 0.575 and any(ch.isalnum() for ch in w["text"]) for w in words
+        ]
+        assert re.fullmatch(r"Scored in (under 1|[1-9]\d*) ms\.", browser.find_element("id", "status").text)
+        # The arrow keys still move it by 0.01, onto the grid, and the note names the default exactly.
+        slider.send_keys(Keys.ARROW_RIGHT)
+        assert slider.get_attribute("value") == "0.58" and out.text == "0.58"
+        assert note.text == "(model default 0.575)"
+        slider.send_keys(Keys.ARROW_LEFT)
+        assert slider.get_attribute("value") == "0.57"
+        submit(browser, SENTENCE)
+        assert browser.execute_script("return window.__sent.pop()")["threshold"] == 0.57
+        # The classifier's 422 goes once the detector is chosen again, and the detector's result is back,
+        # marked as another text's (the box was emptied since).
+        submit(browser, "", model="sentiment")
+        assert "422" in error_shown(browser)[0]
+        Select(browser.find_element("id", "model")).select_by_value("detector")
+        assert not browser.find_element("id", "error").is_displayed()
+        assert browser.find_element("id", "detect").is_displayed()
+        assert browser.find_element("css selector", "#detect .stale-note").is_displayed()
+        shown = browser.execute_async_script(
+            "const done = arguments[0]; import('./ui/render.js').then((m) => done("
+            "[0.9996, 1, 0.0004, 0, 0.5].map(m.pct).concat(['0.420', '12.6'].map(m.took))));"
+        )
+        assert shown == [">99.9%", "100.0%", "<0.1%", "0.0%", "50.0%", "under 1 ms", "13 ms"]
 
 
 def test_classifier_bars_sum_to_100(browser, server):

@@ -40,7 +40,8 @@ export async function api(path, body, signal) {
   return { data, ms: res.headers.get("x-total-time") };
 }
 
-export function showError(err) {
+// `model`: the name of the model whose Check this is, if any: choosing another model clears it (controls.js).
+export function showError(err, model = null) {
   if (err === REPLACED) return;
   if (err.status === 401) {
     // The key form says what to do, beside the box to type it in: not an error box further down the page.
@@ -66,6 +67,7 @@ export function showError(err) {
     box.append(what);
   }
   box.hidden = false;
+  state.errorFor = model;
   $("detect").hidden = true;
   $("classify").hidden = true;
   // On a phone the box can be below the fold, under the text box and its keyboard.
@@ -120,7 +122,10 @@ export function modelsChanged(err) {
   return err.type === "unknown_model" || err.type === "wrong_model_kind" || modelBroken(err);
 }
 
-export function clearError() { $("error").hidden = true; }
+export function clearError() {
+  $("error").hidden = true;
+  state.errorFor = null;
+}
 
 // ------------------------------------------------------------------ the key
 // The key form, with `problem` (what is wrong with the key given, and what to do) under the box, or none.

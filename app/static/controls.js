@@ -64,8 +64,11 @@ export function syncControls() {
   const model = selectedModel();
   const slider = $("threshold");
   slider.disabled = !!model && model.kind !== "detector";
+  // Another model's error is not this one's either (a classifier's 422 said "second text box" under a
+  // detector): it goes, and this model's last result shows again.
+  if (model && state.errorFor && state.errorFor !== model.name) clearError();
   // Another model's result is not this one's: a result stays only with the model that gave it, and
-  // is shown again when that model is chosen again (unless an error has taken its place since).
+  // is shown again when that model is chosen again (unless an error of its own has taken its place since).
   if (model && state.scoredWith && state.scoredWith !== model.name) {
     $("detect").hidden = true;
     $("classify").hidden = true;

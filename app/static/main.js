@@ -5,7 +5,9 @@
 
 import { $, state, selectedModel, takesPairs } from "./state.js";
 import { ApiError, REPLACED, api, askForKey, clearError, modelsChanged, showError } from "./api.js";
-import { hideTip, onMarkedKey, remark, renderClassify, renderDetect, showTip } from "./render.js";
+import {
+  atDefault, hideTip, onMarkedKey, renderClassify, renderDetect, showTip, thresholdMoved, thresholdNow, took,
+} from "./render.js";
 import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
 // ------------------------------------------------------------------ scoring
@@ -75,8 +77,11 @@ async function score(model, signal) {
       renderClassify(model, data.results[0]);
       $("status").textContent = done(ms, mended);
     } else {
-      const threshold = Number($("threshold").value);
-      const { data, ms } = await api("detect", { model: model.name, text, threshold, return: "both" }, signal);
+      // At the model's own threshold the request names none: the server uses the model's, as it does for
+      // any client that names none (the slider once sent 0.58 for a bundle's 0.575).
+      const t = thresholdNow();
+      const threshold = atDefault(t) ? {} : { threshold: t };
+      const { data, ms } = await api("detect", { model: model.name, text, ...threshold, return: "both" }, signal);
       if (switchedAway(model)) return;
       clearError();
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
@@ -95,7 +100,8 @@ async function score(model, signal) {
     $("status").textContent = "";
     // The server was started again with other bundles, or found this one broken: the list is out of date.
     if (modelsChanged(err) && await loadModels()) syncControls();
-    if (signal.reason !== REPLACED) showError(err); // a Check pressed while the list loaded has its own say
+    // A Check pressed while the list loaded has its own say.
+    if (signal.reason !== REPLACED) showError(err, model.name);
   }
 }
 
@@ -110,7 +116,7 @@ function switchedAway(model) {
 }
 
 function done(ms, mended) {
-  return (ms ? "Scored in " + Math.round(Number(ms)) + " ms." : "Scored.")
+  return (ms ? "Scored in " + took(ms) + "." : "Scored.")
     + (mended ? " A broken character (half of a UTF-16 surrogate pair) was scored as \uFFFD." : "");
 }
 
@@ -160,7 +166,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $("model").addEventListener("change", syncControls);
-  $("threshold").addEventListener("input", remark);
+  $("threshold").addEventListener("input", thresholdMoved);
   for (const radio of document.querySelectorAll("input[name=unit]")) {
     radio.addEventListener("change", () => { if (state.detect) renderDetect(); hideTip(); });
   }

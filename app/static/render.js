@@ -4,7 +4,19 @@
 import { $, state, selectedModel } from "./state.js";
 
 // ------------------------------------------------------------------ detector
-const pct = (p) => (100 * p).toFixed(1) + "%";
+// A probability in percent, to 0.1. Where that rounds to 100.0% or 0.0% but the probability is not 1 or 0,
+// it says so: a word at 0.9996 is not certain.
+export function pct(p) {
+  const s = (100 * p).toFixed(1);
+  if (s === "100.0" && p < 1) return ">99.9%";
+  if (s === "0.0" && p > 0) return "<0.1%";
+  return s + "%";
+}
+// How long the server took (its x-total-time, in ms): a fast answer is not "0 ms".
+export function took(ms) {
+  const n = Number(ms);
+  return n < 1 ? "under 1 ms" : Math.round(n) + " ms";
+}
 // sqrt: a weak detector's 5-15% stays visible while the order of the shades is the order of the probabilities.
 // At most 0.75: the darkest shade keeps the text at 5:1 contrast (WCAG AA; 0.85 gave 4.3:1).
 const shade = (p) => "rgba(var(--hot), " + (0.75 * Math.sqrt(Math.min(1, Math.max(0, p)))).toFixed(4) + ")";
@@ -94,10 +106,43 @@ function pieces(it, r) {
 const HAS_LETTER_OR_DIGIT = /[\p{L}\p{N}]/u;
 function over(it, t) { return it.prob >= t && HAS_LETTER_OR_DIGIT.test(it.text); }
 
+// ------------------------------------------------------------------ threshold
+// The slider's threshold: the model's own exactly while it is there (a bundle's may be 0.575, between the
+// 0.01 steps a user moves it by), else where the user put it.
+export function thresholdNow() {
+  const t = Number($("threshold").value);
+  return atDefault(t) ? selectedModel().threshold : t;
+}
+
+// The chosen detector's own threshold (the one /detect uses when a request names none) is `t`.
+export function atDefault(t) {
+  const model = selectedModel();
+  return !!model && model.kind === "detector" && typeof model.threshold === "number"
+    && Math.abs(t - model.threshold) < 1e-9;
+}
+
+// As a user would type it: two decimals, or all of them for a threshold off that grid (0.575, not 0.58).
+export function thresholdText(t) {
+  const two = t.toFixed(2);
+  return Number(two) === t ? two : String(t);
+}
+
+// The user moved the slider (step="any", so that it can start at 0.575): the threshold goes on the 0.01
+// grid. A tie goes back toward where it was, so that an arrow key from 0.575 (to 0.585) reaches 0.58.
+let lastThreshold = null;
+export function thresholdMoved() {
+  const slider = $("threshold");
+  const v = Number(slider.value);
+  const was = lastThreshold === null ? v : lastThreshold;
+  slider.value = String(Math.round(100 * v + (v > was ? -1e-6 : 1e-6)) / 100);
+  remark();
+}
+
 // Threshold moved: re-mark spans, table and summary from the answer we have; no request.
 export function remark() {
-  const t = Number($("threshold").value);
-  $("threshold-out").textContent = t.toFixed(2);
+  const t = thresholdNow();
+  lastThreshold = t;
+  $("threshold-out").textContent = thresholdText(t);
   noteDefault(t);
   if (!state.detect) return;
   const list = items();
@@ -114,7 +159,7 @@ export function remark() {
   const rows = [
     ["Highest", pct(s.max_prob)],
     ["Mean", pct(s.mean_prob)],
-    ["Replaced at " + t.toFixed(2), overWords + " of " + words + " words (" +
+    ["Replaced at " + thresholdText(t), overWords + " of " + words + " words (" +
       pct(words ? overWords / words : 0) + ")"],
     ["Tokens", String(s.num_tokens)],
     ["Windows", String(s.windows)],
@@ -139,15 +184,15 @@ function noteDefault(t) {
   const note = $("threshold-note");
   if (!model || model.kind !== "detector" || typeof model.threshold !== "number") { note.textContent = ""; return; }
   const suffix = model.calibrated ? "" : ", not calibrated";
-  note.textContent = Math.abs(t - model.threshold) < 0.005 ? "model default" + (suffix ? " (" + suffix.slice(2) + ")" : "") :
-    "(model default " + model.threshold.toFixed(2) + suffix + ")";
+  note.textContent = atDefault(t) ? "model default" + (suffix ? " (" + suffix.slice(2) + ")" : "") :
+    "(model default " + thresholdText(model.threshold) + suffix + ")";
 }
 
 // ------------------------------------------------------------------ tooltip and keyboard
 export function showTip(span) {
   const r = state.detect.result;
   const it = items()[Number(span.dataset.i)];
-  const t = Number($("threshold").value);
+  const t = thresholdNow();
   const tip = $("tip");
   const head = document.createElement("div");
   const b = document.createElement("b");

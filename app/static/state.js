@@ -9,6 +9,7 @@ export const state = {
   spans: [], // rendered span elements of the text view, in text order
   scoredInput: null, // the input the shown result was scored from (inputOf): an edit since marks it stale
   scoredWith: null, // the name of the model that gave the shown result
+  errorFor: null, // the name of the model whose Check gave the error shown (null: no model's, or none)
 };
 
 export function selectedModel() { return state.models.find((m) => m.name === $("model").value); }
