@@ -2,8 +2,10 @@
 the two objectives a pretraining run trains: ELECTRA's generator-discriminator pair and the MLM baseline.
 
 An objective's forward masks the batch (masking.py), runs its models and returns loss *sums* with their
-counts; the caller divides by the global counts (all ranks' masked positions and real tokens), which
-keeps the losses exact under DDP's gradient averaging and keeps the collective out of the forward. Every
+counts; the caller divides by the global counts (all ranks' masked positions and real tokens of the
+micro-batch), which keeps the losses exact under DDP's gradient averaging and keeps the collective out of
+the forward. With gradient accumulation a step's loss is the mean of its micro-batches' means (as
+nanoGPT's is): a micro-batch with fewer masked positions weighs its MLM tokens a little more. Every
 tensor in the forward has a shape fixed by the batch's shape, so it compiles to one graph and never
 waits on the host.
 """

@@ -172,7 +172,8 @@ class Trainer:
             with sync:
                 with self.autocast():
                     out = self.model(batch, noise, padded=padded)
-                # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean.
+                # Global counts make the per-rank losses sum (after DDP's averaging) to the global mean of this
+                # micro-batch; the A micro-batches' means weigh equally (objective.py's docstring).
                 counts = env.all_sum(
                     torch.stack([out.n_masked, out.n_tokens.float(), out.masked.dropped.float()])
                 )
