@@ -421,9 +421,9 @@ def flops_per_token(cfg: ElectraConfig, seq_len: int, lm_head_fraction: float | 
     Counts the matrix multiplies: embedding projection, attention projections and scores, FFN, and the
     output head. `lm_head_fraction` is the share of positions that go through the V-wide MLM output
     layer (the mask rate for our generator; None for a discriminator, whose head is H x H + H x 1). The
-    step runs that layer on every slot of its fixed capacity of masked positions (about 17-23% of positions with the
-    shipped configs), padding slots included: metrics.jsonl's `tflops` counts the useful work, a little
-    under what the device computed.
+    step runs that layer on every slot of its fixed capacity of masked positions (about 17-23% of positions
+    with the shipped configs), padding slots included: metrics.jsonl's `tflops` counts the useful work, a
+    little under what the device computed.
     """
     H, E, L, V = cfg.hidden_size, cfg.embedding_size, cfg.num_hidden_layers, cfg.vocab_size
     per_layer = 4 * H * H + 2 * H * cfg.intermediate_size + 2 * H * seq_len  # q,k,v,o + FFN + QK^T and AV
