@@ -27,7 +27,7 @@ from export.config import ExportConfig, check_read
 from options.installs import training_install
 from options.stopping import signal_number, stop_as_ctrl_c
 from training.config import check_data_dir
-from training.errors import CheckpointError, DiskFullError, check_replaceable
+from training.errors import CheckpointError, DiskFullError, check_replaceable, refuse_inside_checkpoints
 
 PROG = "python -m export"
 
@@ -45,6 +45,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     # resolve): write_atomically replaces the directory a link points to.
     cfg.out = os.path.abspath(options.expand_user(Path(cfg.out), "--out"))
     out = Path(cfg.out)
+    refuse_inside_checkpoints(out, "--out", "bundle", error=options.ConfigError)
     # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
     _check_replaceable(out, "--out", cfg, BUNDLE_FILES, MANIFEST, "bundle")
     _check_writable(out, "--out", "bundle")
@@ -57,6 +58,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
             raise options.ConfigError(f"--triton {repo} is a file; a Triton model repository is a directory: "
                                       "choose another --triton")  # fmt: skip
         model_dir = repo / out.name
+        refuse_inside_checkpoints(model_dir, "--triton", "Triton model directory", error=options.ConfigError)
         if _overlap(model_dir, out) or _overlap(repo, out):
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
                                       f"{model_dir}): each is replaced whole; choose a --triton apart from --out")  # fmt: skip

@@ -194,6 +194,7 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
 
 def _load(cfg: ExportConfig, log) -> _Source:
     from training.checkpoint import load_model
+    from training.data.tokenizer import transformers_reads_otherwise
 
     model, mcfg, ckpt = load_model(cfg.checkpoint)
     model.eval()
@@ -228,6 +229,9 @@ def _load(cfg: ExportConfig, log) -> _Source:
     if cfg.max_length and trained and cfg.max_length > trained:
         warnings.append(f"--max-length {cfg.max_length}: positions past the {trained} training used were never "
                         "trained; texts that long are scored with them as initialized")  # fmt: skip
+        log(f"warning: {warnings[-1]}")
+    if differs := transformers_reads_otherwise(ckpt):  # the bundle is right for our older cased checkpoints
+        warnings.append(differs)
         log(f"warning: {warnings[-1]}")
     if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
@@ -402,7 +406,7 @@ def _stopped_run(ckpt: Path) -> str | None:
 
 def _portable(value):
     """A manifest travels with its bundle: an absolute path of the exporting machine means nothing there.
-    Paths under the working directory are kept relative to it (runs/detector/...), others by their
+    Paths under the working directory (not / itself) are kept relative to it (runs/detector/...), others by their
     last three parts after ".../" (so that they do not read as relative); keys too (calibration's
     sentence counts by source); everything else passes through."""
     if isinstance(value, dict):
@@ -410,11 +414,11 @@ def _portable(value):
     if isinstance(value, list):
         return [_portable(v) for v in value]
     if isinstance(value, str) and value.startswith("/"):
-        path = Path(value)
-        try:
-            return str(path.relative_to(Path.cwd()))
-        except ValueError:
-            return str(Path("...", *path.parts[1:][-3:]))  # parts[0] is the root "/"
+        path, cwd = Path(value), Path.cwd()
+        # Every path is under "/": relative to it, a path would read as relative to wherever it is read.
+        if cwd != Path(cwd.anchor) and path.is_relative_to(cwd):
+            return str(path.relative_to(cwd))
+        return str(Path("...", *path.parts[1:][-3:]))  # parts[0] is the root "/"
     return value
 
 

@@ -33,8 +33,8 @@ from app.model.bundle import BundleError, read_bundle
 from export.optimize import QUANTIZE_DYNAMIC, QUANTIZE_STATIC, thread_count
 from options import option
 from options.stopping import signal_number, stop_as_ctrl_c
-from training.config import check_threads
-from training.errors import CheckpointError, DiskFullError, check_replaceable
+from training.config import absolute_paths, check_threads
+from training.errors import CheckpointError, DiskFullError, check_replaceable, refuse_inside_checkpoints
 
 
 class InputError(ValueError):
@@ -165,13 +165,20 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     it (`config`, as recover_config.json); returns what was checked."""
     from training import checkpoint as ckpt
     from training.atomic_dirs import write_atomically
+    from training.data.tokenizer import load_tokenizer, write_tokenizer_config
     from training.errors import check_room
     from training.model import ElectraForPreTraining
 
     out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
+    bundle = Path(os.path.abspath(bundle))  # recovered.json names it so, to be found from anywhere
+    refuse_inside_checkpoints(out, "--out", "recovered checkpoint", error=InputError)
     # Replaced whole, and unasked where it holds only an earlier recovery's files (there is no --force).
     check_replaceable(out, "--out", "recovered checkpoint", RECOVERED_FILES, force=True, force_flag=None,
                       source=(bundle, "the bundle being recovered"), error=InputError)  # fmt: skip
+    if not bundle.is_dir():
+        raise InputError(f"{bundle}: {'not a directory' if bundle.exists() else 'no such directory'}; give a "
+                         "bundle directory (model.onnx, tokenizer.json, manifest.json), as python -m export "
+                         "writes it")  # fmt: skip
     read_bundle(bundle)  # a BundleError naming what is missing or altered, before any work
     manifest = json.loads((bundle / "manifest.json").read_text())
     if manifest.get("kind") != "detector":
@@ -209,6 +216,8 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     def fill(tmp: Path) -> None:
         ckpt.save_model(disc, tmp, "ElectraForPreTraining")
         shutil.copy(bundle / "tokenizer.json", tmp / "tokenizer.json")
+        # As a checkpoint of ours carries it: without it transformers would lowercase a cased tokenizer.
+        write_tokenizer_config(load_tokenizer(tmp / "tokenizer.json"), tmp)
         (tmp / "recovered.json").write_text(json.dumps(report, indent=2))
         if not int8_ranges:
             drop_int8_ranges(tmp)
@@ -223,6 +232,7 @@ RECOVERED_FILES = (
     "config.json",
     "model.safetensors",
     "tokenizer.json",
+    "tokenizer_config.json",  # training.data.tokenizer.TOKENIZER_CONFIG
     "recovered.json",
     "recover_config.json",  # RecoverConfig.SAVED_AS
 )
@@ -344,6 +354,11 @@ class RecoverConfig:
 
     def __post_init__(self) -> None:
         check_threads(self.threads)
+        # Absolute, as export_config.json keeps its paths (export/config.py PATH_OPTIONS), so that
+        # `--config DIR/recover_config.json` replays from any directory; a bundle not there stays as given,
+        # to be refused naming it.
+        self.bundle = Path(absolute_paths({"bundle": str(self.bundle)}, ("bundle",))["bundle"])
+        self.out = Path(os.path.abspath(options.expand_user(Path(self.out), "--out")))
 
 
 def main(argv: list[str] | None = None) -> None:

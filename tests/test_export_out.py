@@ -301,3 +301,12 @@ def test_without_the_training_install_the_export_says_how_to_install_it(tmp_path
     assert done.returncode == 2, done.stderr
     assert "error: torch is not installed, and this command needs the training install" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "b").exists()
+
+
+def test_an_out_inside_a_runs_checkpoints_is_refused_naming_a_place_beside_the_run(tmp_path, capsys):
+    """A bundle written in a step directory went with it when the run pruned old checkpoints."""
+    step = tmp_path / "run" / "checkpoints" / "step-00000030"
+    step.mkdir(parents=True)
+    (step.parent / "latest").write_text(step.name)
+    err = _refused([str(step), "--out", str(step / "b"), *FAST], capsys)
+    assert f"write it beside the run instead, e.g. --out {tmp_path / 'run-b'}" in err, err

@@ -53,7 +53,10 @@ def checkpoint_bytes(objective, tokenizer_dir: Path) -> int:
     # A tensor tied within a part (the generator's output layer and its embeddings) is stored once.
     weights = sum(t.numel() * t.element_size() for model, _ in parts
                   for t in {t.data_ptr(): t for t in model.state_dict().values()}.values())  # fmt: skip
-    tokenizer = sum((tokenizer_dir / f).stat().st_size for f in TOKENIZER_FILES)
+    # A run's tokenizer saved before tokenizer_config.json was written lacks it (a few hundred bytes).
+    tokenizer = sum(
+        (tokenizer_dir / f).stat().st_size for f in TOKENIZER_FILES if (tokenizer_dir / f).is_file()
+    )
     moments = 2 * sum(p.numel() * 4 for p in objective.parameters() if p.requires_grad)
     return weights + len(parts) * tokenizer + moments + 2**16
 
