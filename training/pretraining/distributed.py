@@ -76,11 +76,14 @@ class Dist:
         if self.world == 1:
             return failed
         store = dist.distributed_c10d._get_default_store()
+        # One key per attempt: a store that outlives a restart of the workers (torchrun --max-restarts) must
+        # not hand the new attempt the word of the old one before its own rank 0 has written anything.
+        key = f"{DATA_PREPARED}/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         if self.main:
-            store.set(DATA_PREPARED, "failed" if failed else "done")
+            store.set(key, "failed" if failed else "done")
             return failed
-        store.wait([DATA_PREPARED], PREPARATION_WAIT)
-        return store.get(DATA_PREPARED) == b"failed"
+        store.wait([key], PREPARATION_WAIT)
+        return store.get(key) == b"failed"
 
     def stop_together(self, problem: str | None, code: int) -> None:
         """Return where no rank has a `problem` (a message); else every rank exits `code` (EXIT_USAGE, or 1
@@ -131,7 +134,7 @@ TEARDOWN_LIMIT_S = 120
 # and the shards of a corpus of many GB, on a slow disk. Only a rank 0 that hangs is waited on this long:
 # one that dies ends the run (torchrun stops the others).
 PREPARATION_WAIT = datetime.timedelta(hours=24)
-DATA_PREPARED = "electra-serve/data-prepared"  # the store's key: one launch, one preparation
+DATA_PREPARED = "electra-serve/data-prepared"  # the store's key, one per attempt of a launch
 
 
 def stop_with_launcher() -> None:
