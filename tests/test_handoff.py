@@ -62,6 +62,9 @@ def test_small_shards_come_back_as_the_packed_weights(detector, tmp_path, capsys
     )
     said = f"rounding to {dtype}: the weights changed by at most {changes[largest]:.2g} ({largest})"
     assert said in packed and f"as packed: {said}" in unpacked, (packed, unpacked)
+    # Carried, so that transformers reads the unpacked checkpoint's tokenizer as the run did.
+    (step,) = (tmp_path / "run" / "checkpoints").glob("step-*")
+    assert (step / "tokenizer_config.json").read_text() == (detector / "tokenizer_config.json").read_text()
     assert (detector / "generator").is_dir() and not list(
         (tmp_path / "run").rglob("generator")
     )  # left behind

@@ -43,6 +43,7 @@ import options
 from options import check_choices, option
 from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
+from training.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer, write_tokenizer_config
 from training.errors import CheckpointError, DiskFullError, check_replaceable
 from training.handoff_index import (
     CHECKPOINT_FILES,
@@ -450,6 +451,8 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
         for name, f in index["files"].items():
             where, _, file = name.partition("/")
             (ckpt / file if where == "checkpoint" else tmp / file).write_text(f["text"], encoding="utf-8")
+        if not (ckpt / TOKENIZER_CONFIG).is_file():  # packed before checkpoints carried one
+            write_tokenizer_config(load_tokenizer(ckpt / "tokenizer.json"), ckpt)
         (tmp / "checkpoints" / LATEST).write_text(step_dir, encoding="utf-8")
         (tmp / "handoff.json").write_text(
             json.dumps({k: v for k, v in index.items() if k != "files"}, indent=1), encoding="utf-8"

@@ -14,7 +14,7 @@ INDEX = "handoff.json"
 FORMAT = "electra-serve handoff 1"
 DTYPES = ("bf16", "fp16")
 # The small files carried in it besides trainer_state.json and the log's end: of the checkpoint, of the run.
-CHECKPOINT_FILES = ("config.json", "tokenizer.json", "vocab.txt")
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json")
 RUN_FILES = ("config.json", "metrics.jsonl")
 
 
