@@ -7,7 +7,9 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 import typing
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -34,8 +36,16 @@ class Dist:
             torch.cuda.set_device(self.device)
         if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (or another elastic agent)
             stop_with_launcher()
+        self.launch_id = "single"
         if self.world > 1:
             dist.init_process_group(backend="nccl" if cuda else "gloo")
+            # This start of the processes, named alike on every rank (rank 0's name), for the keys it puts
+            # in the rendezvous store: that store may outlive a restart of the workers (torchrun
+            # --max-restarts) with the keys of the attempt before, and each node's agent counts its own
+            # restarts, so TORCHELASTIC_RESTART_COUNT may differ between nodes.
+            named = [uuid.uuid4().hex if self.rank == 0 else None]
+            dist.broadcast_object_list(named, src=0)
+            self.launch_id = named[0]
         self.main = self.rank == 0
 
     @property
@@ -76,14 +86,16 @@ class Dist:
         if self.world == 1:
             return failed
         store = dist.distributed_c10d._get_default_store()
-        # One key per attempt: a store that outlives a restart of the workers (torchrun --max-restarts) must
-        # not hand the new attempt the word of the old one before its own rank 0 has written anything.
-        key = f"{DATA_PREPARED}/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        key = f"{DATA_PREPARED}/{self.launch_id}"  # not a word left by an earlier attempt (__init__)
         if self.main:
             store.set(key, "failed" if failed else "done")
+            if failed:  # launched without torchrun, rank 0 hosts the store: it stays until the others read
+                _wait_for_count(store, f"{key}/read", self.world - 1, TEARDOWN_LIMIT_S)
             return failed
         store.wait([key], PREPARATION_WAIT)
-        return store.get(key) == b"failed"
+        said = store.get(key)
+        store.add(f"{key}/read", 1)
+        return said == b"failed"
 
     def stop_together(self, problem: str | None, code: int) -> None:
         """Return where no rank has a `problem` (a message); else every rank exits `code` (EXIT_USAGE, or 1
@@ -130,11 +142,20 @@ class Dist:
 
 
 TEARDOWN_LIMIT_S = 120
+
+
+def _wait_for_count(store, key: str, count: int, limit_s: float) -> None:
+    """Until the store's counter `key` reaches `count`, or `limit_s` passed (a rank that died reads nothing)."""
+    deadline = time.monotonic() + limit_s
+    while store.add(key, 0) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 # How long the other ranks wait for rank 0's preparation of the data (Dist.rank_0_failed): a vocabulary
 # and the shards of a corpus of many GB, on a slow disk. Only a rank 0 that hangs is waited on this long:
 # one that dies ends the run (torchrun stops the others).
 PREPARATION_WAIT = datetime.timedelta(hours=24)
-DATA_PREPARED = "electra-serve/data-prepared"  # the store's key, one per attempt of a launch
+DATA_PREPARED = "electra-serve/data-prepared"  # the store's key, with the launch's id
 
 
 def stop_with_launcher() -> None:
