@@ -171,8 +171,11 @@ def test_only_a_failed_collective_of_several_processes_is_another_process_ending
         ({}, "python -m training.pretrain"),
         ({"TORCHELASTIC_RUN_ID": "5f0c-uuid", "MASTER_PORT": "40921"}, "torchrun --nproc_per_node 2 -m"),
         ({"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}, "torchrun --nproc_per_node 2 -m"),
-        # A port given on one node: the plain command meets on a free one of torchrun's own.
-        ({"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "18811"}, "torchrun --nproc_per_node 2 -m"),
+        # A port given on one node (29500 in use): given again, as an older torch's torchrun needs it.
+        (
+            {"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "18811"},
+            "torchrun --master_port 18811 --nproc_per_node 2 -m",
+        ),
         (
             {"TORCHELASTIC_RUN_ID": "5f0c-uuid", "LOCAL_WORLD_SIZE": "1"},
             "torchrun --nnodes 2 <the rendezvous",
@@ -182,7 +185,8 @@ def test_only_a_failed_collective_of_several_processes_is_another_process_ending
 def test_the_resume_command_asks_for_the_rendezvous_options_it_cannot_give_back(
     monkeypatch, environment, command
 ):
-    """Several nodes: the command printed dropped the options they met by, which only the user knows."""
+    """The command printed dropped the options the processes met by: a port given on one node is given again
+    (an older torch's plain torchrun meets on 29500); on several nodes only the user knows them."""
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     if environment:

@@ -42,15 +42,21 @@ def launch_command() -> str:
 
 
 # Where the processes met is torchrun's own option, which its workers' environment does not give back.
-# On one node none is needed: torchrun alone meets on a free port of its own (torch 2.13's run.py).
 RENDEZVOUS_GIVEN = (
     " <the rendezvous options you gave torchrun: --master_addr/--master_port, --rdzv-*, --node_rank>"
 )
+DEFAULT_MASTER_PORT = "29500"  # where a plain single-node torchrun met before torch 2.13 chose a free port
 
 
 def _rendezvous_options(several_nodes: bool) -> str:
-    """A stand-in for the rendezvous options the command needs again: on several nodes only."""
-    return RENDEZVOUS_GIVEN if several_nodes else ""
+    """The rendezvous options the command needs again: on several nodes a stand-in (only the user knows
+    them); on one, the port the processes met on where it was given (--master_port, or an --rdzv-endpoint
+    without an id: the run id is then "none"), which an older torch's plain torchrun would not take."""
+    if several_nodes:
+        return RENDEZVOUS_GIVEN
+    port = os.environ.get("MASTER_PORT")
+    given = os.environ.get("TORCHELASTIC_RUN_ID") == "none" and port not in (None, DEFAULT_MASTER_PORT)
+    return f" --master_port {port}" if given else ""
 
 
 def check_run_point(out: Path, resume: bool) -> None:
