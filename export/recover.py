@@ -357,7 +357,9 @@ class RecoverConfig:
         # Absolute, as export_config.json keeps its paths (export/config.py PATH_OPTIONS), so that
         # `--config DIR/recover_config.json` replays from any directory; a bundle not there stays as given,
         # to be refused naming it.
-        self.bundle = Path(absolute_paths({"bundle": str(self.bundle)}, ("bundle",))["bundle"])
+        self.bundle = Path(
+            absolute_paths({"bundle": str(self.bundle)}, ("bundle",)).get("bundle", self.bundle)
+        )
         self.out = Path(os.path.abspath(options.expand_user(Path(self.out), "--out")))
 
 

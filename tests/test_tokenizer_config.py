@@ -124,3 +124,7 @@ def test_out_inside_a_runs_checkpoints_is_refused(tmp_path):
     refuse_inside_checkpoints(
         tmp_path / "checkpoints" / "b", "--out", "bundle", error=ConfigError
     )  # no run's
+    notes = tmp_path / "mine" / "checkpoints"
+    notes.mkdir(parents=True)
+    (notes / "step-1k-notes.txt").write_text("a user's own folder, not a run's checkpoints")
+    refuse_inside_checkpoints(notes / "bundles" / "det", "--out", "bundle", error=ConfigError)

@@ -180,13 +180,14 @@ def refuse_inside_checkpoints(
     target: Path, option: str, what: str, error: type[Exception] = CheckpointError
 ) -> None:
     """An `error` where `target` (given as `option`, to hold a `what`) lies in a run's checkpoints/ directory
-    (one holding `latest` or step-* directories): a later save of that run (--keep-checkpoints) deletes the
+    (one holding `latest`, or step-* directories with a config.json: a user's own folder named checkpoints,
+    with notes named step-*, is none): a later save of that run (--keep-checkpoints) deletes the
     step directory it is in, and what was written there with it."""
     from training.run_dir import LATEST
 
     for form in (Path(os.path.abspath(target)), Path(os.path.realpath(target))):
         for d in (form, *form.parents):
-            if d.name == "checkpoints" and ((d / LATEST).is_file() or any(d.glob("step-*"))):
+            if d.name == "checkpoints" and ((d / LATEST).is_file() or any(d.glob("step-*/config.json"))):
                 raise error(f"{option} {target} is inside {d}, a run's checkpoints: the run's later saves delete "
                             f"old step directories (--keep-checkpoints), and the {what} with them; write it beside "
                             f"the run instead, e.g. {option} {d.parent.parent / (d.parent.name + '-' + form.name)}")  # fmt: skip
