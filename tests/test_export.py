@@ -626,7 +626,7 @@ def test_recover_refuses_a_classifier_bundle(tmp_path, classifier_dir):
 
 @pytest.mark.parametrize(
     "bundle, out, said",
-    [("absent", "ckpt", "missing (a bundle needs"), ("models/sentiment", "ckpt", "only detector bundles"),
+    [("absent", "ckpt", "absent: no such directory; give a bundle directory"), ("models/sentiment", "ckpt", "only detector bundles"),
      ("models/detector", "taken", "besides the recovered checkpoint's own files")],
 )  # fmt: skip
 def test_recover_says_what_to_give_instead_with_exit_2(tmp_path, bundle, out, said):
