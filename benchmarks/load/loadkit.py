@@ -382,15 +382,17 @@ def run_locust(
         cmd.append("--csv-full-history")
     with open(f"{prefix}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=locust_env(load), stdout=log, stderr=subprocess.STDOUT)
-        with Sampler({**(watch or {}), "locust": proc.pid}, every=sample_every) as sampler:
-            try:
-                proc.wait(timeout=run_time + 90)
-            except subprocess.TimeoutExpired:
-                stop(proc, grace=10)
-                raise SystemExit(f"locust did not finish in {run_time + 90}s; see {prefix}.log") from None
-            except BaseException:  # Ctrl-C or SIGTERM (benchmarks.cli): locust must not go on alone
-                stop(proc, grace=10)
-                raise
+        # Ctrl-C or SIGTERM (benchmarks.cli) from here on, even while the sampler starts (a SIGTERM sent as
+        # soon as locust appears landed there): locust must not go on alone.
+        try:
+            with Sampler({**(watch or {}), "locust": proc.pid}, every=sample_every) as sampler:
+                try:
+                    proc.wait(timeout=run_time + 90)
+                except subprocess.TimeoutExpired:
+                    raise SystemExit(f"locust did not finish in {run_time + 90}s; see {prefix}.log") from None
+        except BaseException:
+            stop(proc, grace=10)
+            raise
     if proc.returncode != 0:
         raise SystemExit(
             f"locust exited with {proc.returncode}:\n{Path(f'{prefix}.log').read_text()[-3000:]}"
