@@ -419,7 +419,7 @@ def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_ret
         f"stopped at {stopped_at}: not a log step between saves"
     )
     assert (
-        f"stopped at step {stopped_at} of 30 by SIGINT, saved; go on with: torchrun --nproc_per_node 2 "
+        f"stopped at step {stopped_at} of 30 by SIGINT, saved; go on with: torchrun --standalone --nproc_per_node 2 "
         in said
     )
     assert said.count("SIGINT: the ranks stop together") == 1, said[-3000:]

@@ -101,7 +101,8 @@ def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
     latest = (run / "checkpoints" / "latest").read_text().strip()
     assert proc.returncode != 0
     assert said.count("another process of the run ended") == 1, said[-3000:]
-    assert (f"checkpoints/latest is {latest}; go on with: torchrun --nproc_per_node 2 -m training.pretrain "
+    # --standalone given again: read from torchrun's own command line.
+    assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
             f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
     assert "Traceback" not in said.split("another process of the run ended")[0], said[
         -3000:
@@ -171,10 +172,11 @@ def test_only_a_failed_collective_of_several_processes_is_another_process_ending
         ({}, "python -m training.pretrain"),
         ({"TORCHELASTIC_RUN_ID": "5f0c-uuid", "MASTER_PORT": "40921"}, "torchrun --nproc_per_node 2 -m"),
         ({"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}, "torchrun --nproc_per_node 2 -m"),
-        # A port given on one node (29500 in use): given again, as an older torch's torchrun needs it.
+        # A port the processes met on, given by the user, where torchrun's command line is not at hand:
+        # --master_port or a c10d --rdzv_endpoint (whose MASTER_PORT is another, random one), not told apart.
         (
             {"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "18811"},
-            "torchrun --master_port 18811 --nproc_per_node 2 -m",
+            "torchrun <the rendezvous options you gave",
         ),
         (
             {"TORCHELASTIC_RUN_ID": "5f0c-uuid", "LOCAL_WORLD_SIZE": "1"},
@@ -185,8 +187,8 @@ def test_only_a_failed_collective_of_several_processes_is_another_process_ending
 def test_the_resume_command_asks_for_the_rendezvous_options_it_cannot_give_back(
     monkeypatch, environment, command
 ):
-    """The command printed dropped the options the processes met by: a port given on one node is given again
-    (an older torch's plain torchrun meets on 29500); on several nodes only the user knows them."""
+    """Where torchrun's command line cannot be read (pytest is this process's parent): a stand-in for the
+    options the processes met by, where they may have been given."""
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     if environment:
@@ -195,6 +197,29 @@ def test_the_resume_command_asks_for_the_rendezvous_options_it_cannot_give_back(
         monkeypatch.setenv(name, value)
     assert launch_command().startswith(command), launch_command()
     assert launch_command().endswith("-m training.pretrain")
+
+
+@pytest.mark.parametrize(
+    ("argv", "given"),
+    [
+        (["python", "-m", "torch.distributed.run", "--master_port", "18811", "--nproc_per_node", "2", "-m",
+          "training.pretrain", "--out", "x"], ["--master_port 18811"]),
+        (["python", "/venv/bin/torchrun", "--standalone", "--nproc_per_node", "2", "-m", "training.pretrain"],
+         ["--standalone"]),
+        # c10d's MASTER_PORT is a random one of its own: the endpoint is what to give again.
+        (["python", "/venv/bin/torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29411",
+          "--nproc_per_node", "2", "run.py", "--master_port", "1"], ["--rdzv_backend c10d", "--rdzv_endpoint localhost:29411"]),
+        (["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+          "--nproc_per_node", "8", "-m", "training.pretrain"], ["--master_addr 10.0.0.1", "--node_rank 1"]),
+        (["python", "-m", "pytest", "-q"], None),  # not torchrun: the environment's stand-in instead
+    ],
+)  # fmt: skip
+def test_the_resume_command_gives_torchrun_its_rendezvous_options_again(argv, given):
+    """Read from torchrun's own command line: the worker's environment cannot tell --master_port from a
+    c10d --rdzv-endpoint (both run id "none"), and an older torch's plain torchrun meets on 29500."""
+    from training.run_dir import rendezvous_given
+
+    assert rendezvous_given(argv) == given
 
 
 def test_the_kill_message_names_the_latest_checkpoint(tmp_path, monkeypatch):

@@ -4,6 +4,8 @@ metrics.jsonl rows and checkpoints while each said it was fine."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from options import ConfigError
 from options.locking import DirectoryHeld, hold_directory, holder
+from training import STARTED_BY
 from training.data.shards import META_FILE
 
 HANDOFF = "handoff.json"  # what training.handoff unpack writes at the top of the run it makes
@@ -41,22 +44,59 @@ def launch_command() -> str:
     )
 
 
-# Where the processes met is torchrun's own option, which its workers' environment does not give back.
+# Where the processes met is torchrun's own option, which its workers' environment does not say: read from
+# torchrun's command line where it can be (Linux), else a stand-in where one may be needed.
 RENDEZVOUS_GIVEN = (
     " <the rendezvous options you gave torchrun: --master_addr/--master_port, --rdzv-*, --node_rank>"
 )
-DEFAULT_MASTER_PORT = "29500"  # where a plain single-node torchrun met before torch 2.13 chose a free port
+# torchrun's options that say where and how its processes meet, by their argparse names, as given again.
+RENDEZVOUS_OPTIONS = {"standalone": "--standalone", "rdzv_backend": "--rdzv_backend", "rdzv_endpoint": "--rdzv_endpoint",
+                      "rdzv_id": "--rdzv_id", "rdzv_conf": "--rdzv_conf", "master_addr": "--master_addr",
+                      "master_port": "--master_port", "node_rank": "--node_rank"}  # fmt: skip
 
 
 def _rendezvous_options(several_nodes: bool) -> str:
-    """The rendezvous options the command needs again: on several nodes a stand-in (only the user knows
-    them); on one, the port the processes met on where it was given (--master_port, or an --rdzv-endpoint
-    without an id: the run id is then "none"), which an older torch's plain torchrun would not take."""
-    if several_nodes:
-        return RENDEZVOUS_GIVEN
-    port = os.environ.get("MASTER_PORT")
-    given = os.environ.get("TORCHELASTIC_RUN_ID") == "none" and port not in (None, DEFAULT_MASTER_PORT)
-    return f" --master_port {port}" if given else ""
+    """The rendezvous options given to torchrun, to give again: as its command line has them, or where it
+    cannot be read, a stand-in on several nodes or where the processes met on a port of the user's (run id
+    "none": --master_port, or an --rdzv-endpoint, which alone tells a static rendezvous from c10d's)."""
+    given = rendezvous_given(_launcher_argv())
+    if given is not None:
+        return "".join(f" {option}" for option in given)
+    chosen = os.environ.get("TORCHELASTIC_RUN_ID") == "none" and os.environ.get("MASTER_PORT") != "29500"
+    return RENDEZVOUS_GIVEN if several_nodes or chosen else ""
+
+
+def _launcher_argv() -> list[str]:
+    """The command line of the process that started this one (torchrun's, under torchrun), where /proc
+    has it; [] elsewhere."""
+    try:
+        raw = Path(f"/proc/{STARTED_BY[1]}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def rendezvous_given(argv: list[str]) -> list[str] | None:
+    """The rendezvous options in torchrun's command line `argv` that differ from torchrun's defaults, each
+    as "--name value" (or "--standalone"); None where `argv` is not torchrun's or does not parse."""
+    start = next((i + 1 for i, a in enumerate(argv[:3]) if a == "torch.distributed.run" or Path(a).name == "torchrun"),
+                 None)  # fmt: skip
+    if start is None:
+        return None
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage lines, not the user's to read
+            args = parser.parse_args(argv[start:])
+    except SystemExit:  # argparse's refusal: not a command line torchrun ran
+        return None
+    given = []
+    for name, option in RENDEZVOUS_OPTIONS.items():
+        value = getattr(args, name, None)
+        if value != parser.get_default(name):
+            given.append(option if value is True else f"{option} {value}")
+    return given
 
 
 def check_run_point(out: Path, resume: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import functools
 import os
 import signal
 import sys
@@ -47,10 +48,12 @@ class Dist:
             dist.broadcast_object_list(named, src=0)
             self.launch_id = named[0]
         self.main = self.rank == 0
+        _ = self.launch_command  # read torchrun's command line now, while nothing is failing
 
-    @property
+    @functools.cached_property
     def launch_command(self) -> str:
-        """The command that starts this run's processes again (torchrun's nodes and processes per node)."""
+        """The command that starts this run's processes again (torchrun's nodes, processes per node and
+        rendezvous options). Kept from its first use: said again as a peer dies, it must not be slow then."""
         return launch_command()
 
     def exit_behind_rank_0(self, code: int) -> typing.NoReturn:
