@@ -565,3 +565,22 @@ def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
     assert (tmp_path / "p" / "handoff.json").is_file() and (
         tmp_path / "run" / "checkpoints" / "latest"
     ).is_file()
+
+
+def test_a_handoff_of_format_1_unpacks_with_a_tokenizer_config_made_for_it(detector, tmp_path, capsys):
+    """Format 1 carried no tokenizer_config.json: still read, the unpacked checkpoint getting one made from
+    its tokenizer.json. A format this version does not know is refused by its format."""
+    assert main(["pack", str(detector), "--out", str(tmp_path / "p")]) == 0
+    index_path = tmp_path / "p" / "handoff.json"
+    index = json.loads(index_path.read_text())
+    assert (
+        index["format"] == "electra-serve handoff 2" and "checkpoint/tokenizer_config.json" in index["files"]
+    )
+    del index["files"]["checkpoint/tokenizer_config.json"]
+    index_path.write_text(json.dumps({**index, "format": "electra-serve handoff 1"}))
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run")]) == 0
+    (step,) = (tmp_path / "run" / "checkpoints").glob("step-*")
+    assert (step / "tokenizer_config.json").read_text() == (detector / "tokenizer_config.json").read_text()
+    index_path.write_text(json.dumps({**index, "format": "electra-serve handoff 3"}))
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run2")]) != 0
+    assert "format 'electra-serve handoff 3', expected one of" in capsys.readouterr().err

@@ -11,7 +11,10 @@ from pathlib import Path
 from training.data.registry import sha256_file
 
 INDEX = "handoff.json"
-FORMAT = "electra-serve handoff 1"
+# 2 carries the checkpoint's tokenizer_config.json: an unpacker of format 1 refuses it by its format, not by
+# a file it does not know (whose message said to copy handoff.json again). Format 1 is still read.
+FORMAT = "electra-serve handoff 2"
+READ_FORMATS = ("electra-serve handoff 1", FORMAT)
 DTYPES = ("bf16", "fp16")
 # The small files carried in it besides trainer_state.json and the log's end: of the checkpoint, of the run.
 CHECKPOINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json")
@@ -77,9 +80,10 @@ def verify(directory: Path) -> dict:
         index = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested deep
         raise HandoffError(f"{path} is not valid JSON ({e}): copy it again") from None
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
+    if not isinstance(index, dict) or index.get("format") not in READ_FORMATS:
         found = index.get("format") if isinstance(index, dict) else type(index).__name__
-        raise HandoffError(f"{path}: format {found!r}, expected {FORMAT!r}")
+        raise HandoffError(f"{path}: format {found!r}, expected one of {', '.join(map(repr, READ_FORMATS))} (a "
+                           "later format is a newer electra-serve's: unpack with that version)")  # fmt: skip
     _check_index(index, path)
     for s in index["shards"]:
         shard = directory / s["file"]
