@@ -33,7 +33,7 @@ def has_shards(out: Path) -> bool:
 
 def launch_command() -> str:
     """The command that starts this pretraining run's processes again, from torchrun's environment (its
-    nodes and processes per node), or a single process's."""
+    nodes and processes per node) and command line (its rendezvous options), or a single process's."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return "python -m training.pretrain"
