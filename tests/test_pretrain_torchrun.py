@@ -211,6 +211,8 @@ def test_the_resume_command_asks_for_the_rendezvous_options_it_cannot_give_back(
           "--nproc_per_node", "2", "run.py", "--master_port", "1"], ["--rdzv_backend c10d", "--rdzv_endpoint localhost:29411"]),
         (["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
           "--nproc_per_node", "8", "-m", "training.pretrain"], ["--master_addr 10.0.0.1", "--node_rank 1"]),
+        (["python", "-u", "-m", "torch.distributed.run", "--rdzv_id", "my job", "--nproc_per_node", "2", "run.py"],
+         ["--rdzv_id 'my job'"]),  # the interpreter's flags before -m; a value quoted for the shell
         (["python", "-m", "pytest", "-q"], None),  # not torchrun: the environment's stand-in instead
     ],
 )  # fmt: skip
@@ -220,6 +222,27 @@ def test_the_resume_command_gives_torchrun_its_rendezvous_options_again(argv, gi
     from training.run_dir import rendezvous_given
 
     assert rendezvous_given(argv) == given
+
+
+def test_on_several_nodes_the_command_leaves_each_node_its_own_rank(monkeypatch):
+    """Printed by rank 0's node, its own command (no --node_rank, perhaps no --master_addr) started every
+    node as rank 0; a c10d rendezvous's options are every node's alike."""
+    from training import run_dir
+
+    static = ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--master_port", "19521", "--nproc_per_node",
+              "1", "-m", "training.pretrain"]  # fmt: skip
+    monkeypatch.setattr(run_dir, "_launcher_argv", lambda: static)
+    assert run_dir._rendezvous_options(several_nodes=True) == (
+        " --master_port 19521 --master_addr <the address of rank 0's node> --node_rank <each node's own: 0 on rank "
+        "0's node>"
+    )  # fmt: skip
+    c10d = ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            "head:29400", "--rdzv_id", "7", "--nproc_per_node", "1", "run.py"]  # fmt: skip
+    monkeypatch.setattr(run_dir, "_launcher_argv", lambda: c10d)
+    assert (
+        run_dir._rendezvous_options(several_nodes=True)
+        == " --rdzv_backend c10d --rdzv_endpoint head:29400 --rdzv_id 7"
+    )
 
 
 def test_the_kill_message_names_the_latest_checkpoint(tmp_path, monkeypatch):

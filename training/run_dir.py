@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -60,10 +61,21 @@ def _rendezvous_options(several_nodes: bool) -> str:
     cannot be read, a stand-in on several nodes or where the processes met on a port of the user's (run id
     "none": --master_port, or an --rdzv-endpoint, which alone tells a static rendezvous from c10d's)."""
     given = rendezvous_given(_launcher_argv())
-    if given is not None:
-        return "".join(f" {option}" for option in given)
-    chosen = os.environ.get("TORCHELASTIC_RUN_ID") == "none" and os.environ.get("MASTER_PORT") != "29500"
-    return RENDEZVOUS_GIVEN if several_nodes or chosen else ""
+    if given is None:
+        chosen = os.environ.get("TORCHELASTIC_RUN_ID") == "none" and os.environ.get("MASTER_PORT") != "29500"
+        return RENDEZVOUS_GIVEN if several_nodes or chosen else ""
+    if several_nodes and not any(o.startswith("--rdzv_backend") for o in given):
+        given = _each_nodes_own(given)
+    return "".join(f" {option}" for option in given)
+
+
+def _each_nodes_own(given: list[str]) -> list[str]:
+    """A static rendezvous's options on several nodes, as every node gives them: this node's --node_rank is
+    its alone, and rank 0's node may have met on its default address, which the others cannot use."""
+    kept = [o for o in given if not o.startswith("--node_rank")]
+    if not any(o.startswith("--master_addr") for o in kept):
+        kept.append("--master_addr <the address of rank 0's node>")
+    return [*kept, "--node_rank <each node's own: 0 on rank 0's node>"]
 
 
 def _launcher_argv() -> list[str]:
@@ -78,25 +90,37 @@ def _launcher_argv() -> list[str]:
 
 def rendezvous_given(argv: list[str]) -> list[str] | None:
     """The rendezvous options in torchrun's command line `argv` that differ from torchrun's defaults, each
-    as "--name value" (or "--standalone"); None where `argv` is not torchrun's or does not parse."""
-    start = next((i + 1 for i, a in enumerate(argv[:3]) if a == "torch.distributed.run" or Path(a).name == "torchrun"),
-                 None)  # fmt: skip
-    if start is None:
+    as "--name value" (or "--standalone"), the value quoted for a shell; None where `argv` is not torchrun's
+    or does not parse, or torch is not loaded yet (a Ctrl-C during its import: importing it again there
+    fails)."""
+    start = _torchrun_options_start(argv)
+    if start is None or "torch.distributed" not in sys.modules:
         return None
-    from torch.distributed.run import get_args_parser
-
-    parser = get_args_parser()
     try:
+        from torch.distributed.run import get_args_parser
+
+        parser = get_args_parser()
         with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage lines, not the user's to read
             args = parser.parse_args(argv[start:])
-    except SystemExit:  # argparse's refusal: not a command line torchrun ran
+    except (Exception, SystemExit):  # argparse's refusal, or anything else: the stand-in, never a crash
         return None
     given = []
     for name, option in RENDEZVOUS_OPTIONS.items():
         value = getattr(args, name, None)
         if value != parser.get_default(name):
-            given.append(option if value is True else f"{option} {value}")
+            given.append(option if value is True else f"{option} {shlex.quote(str(value))}")
     return given
+
+
+def _torchrun_options_start(argv: list[str]) -> int | None:
+    """Where torchrun's own options begin in `argv`: after `-m torch.distributed.run` (the interpreter's
+    own flags may come before it) or after a `torchrun` script; None where it is neither."""
+    for i, arg in enumerate(argv[:8]):
+        if arg == "torch.distributed.run" and i > 0 and argv[i - 1] == "-m":
+            return i + 1
+        if i <= 1 and Path(arg).name == "torchrun":
+            return i + 1
+    return None
 
 
 def check_run_point(out: Path, resume: bool) -> None:
