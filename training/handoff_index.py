@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from training.data.registry import sha256_file
+from training.data.tokenizer import TOKENIZER_FILES
 
 INDEX = "handoff.json"
 # 2 carries the checkpoint's tokenizer_config.json: an unpacker of format 1 refuses it by its format, not by
@@ -17,7 +18,7 @@ FORMAT = "electra-serve handoff 2"
 READ_FORMATS = ("electra-serve handoff 1", FORMAT)
 DTYPES = ("bf16", "fp16")
 # The small files carried in it besides trainer_state.json and the log's end: of the checkpoint, of the run.
-CHECKPOINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json")
+CHECKPOINT_FILES = ("config.json", *TOKENIZER_FILES)
 RUN_FILES = ("config.json", "metrics.jsonl")
 
 

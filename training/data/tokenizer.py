@@ -14,6 +14,7 @@ Padding and truncation are deliberately not stored in the file: they are decisio
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from collections import Counter
@@ -210,8 +211,6 @@ def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, 
 
 def _json_file(path: Path, default):
     """A JSON file of a Hugging Face directory, `default` where it is absent; a TokenizerError naming it."""
-    import json
-
     try:
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else default
     except (ValueError, UnicodeDecodeError) as e:
@@ -369,8 +368,6 @@ def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:
     has a tokenizer_config.json, that file's do_lower_case, strip_accents and tokenize_chinese_chars, with
     BERT's defaults for what it leaves out, replace its BertNormalizer's (transformers rebuilds the
     normalizer so, and the model was trained on what that gives). Without one, the file as it is."""
-    import json
-
     state = json.loads(tok.to_str()).get("normalizer") or {}
     if not (directory / "tokenizer_config.json").is_file() or state.get("type") != "BertNormalizer":
         return tok
@@ -389,8 +386,6 @@ def transformers_reads_otherwise(directory: Path) -> str | None:
     tokenizer_config.json beside it, training takes the file as it is (our checkpoints saved before they
     carried one, cased ones included, were trained so), while transformers reads it as BERT's tokenizer with
     BERT's defaults (lowercased, accents stripped, CJK characters split), whatever the file's normalizer."""
-    import json
-
     if not (directory / "tokenizer.json").is_file() or (directory / TOKENIZER_CONFIG).is_file():
         return None
     norm = json.loads(load_tokenizer(directory / "tokenizer.json").to_str()).get("normalizer") or {}
@@ -406,8 +401,7 @@ def transformers_reads_otherwise(directory: Path) -> str | None:
         keeps.append("CJK characters unsplit")
     if not keeps:
         return None
-    cfg = {"do_lower_case": norm["lowercase"], "strip_accents": norm["strip_accents"],
-           "tokenize_chinese_chars": norm["handle_chinese_chars"]}  # fmt: skip
+    cfg = _config_fields(norm)
     return (f"tokenizer.json keeps {' and '.join(keeps)}, and no tokenizer_config.json is beside it: the bundle "
             "tokenizes as the file says (as training read it), while transformers' AutoTokenizer reads that "
             "directory with BERT's defaults (lowercased, accents stripped), so its ids differ from the bundle's "
@@ -459,8 +453,6 @@ def write_tokenizer_config(tok: Tokenizer, directory: Path) -> None:
     """``tokenizer_config.json`` for `tok` in `directory`: without one, transformers reads a directory whose
     config.json is ELECTRA's with BERT's tokenizer and do_lower_case true, rebuilding the normalizer, so a
     cased tokenizer.json came out lowercased there and a checkpoint did not load in transformers unchanged."""
-    import json
-
     write_text_atomically(directory / TOKENIZER_CONFIG, json.dumps(transformers_config(tok), indent=2) + "\n")
 
 
@@ -474,17 +466,18 @@ def transformers_config(tok: Tokenizer) -> dict:
     rebuilds BERT's tokenizer from the vocabulary and the normalisation said here, so it is named only for a
     tokenizer of that shape; any other is named PreTrainedTokenizerFast, which takes tokenizer.json as it is.
     The normalisation is written either way: our own reader (_as_config_says) follows it."""
-    import json
-
     state = json.loads(tok.to_str())
     norm = state.get("normalizer") or {}
-    said = {}
-    if norm.get("type") == "BertNormalizer":
-        said = {"do_lower_case": norm["lowercase"], "strip_accents": norm["strip_accents"],
-                "tokenize_chinese_chars": norm["handle_chinese_chars"]}  # fmt: skip
+    said = _config_fields(norm) if norm.get("type") == "BertNormalizer" else {}
     specials = {name: t for name, t in _SPECIAL_NAMES.items() if tok.token_to_id(t) is not None}
     cls = "ElectraTokenizer" if said and _bert_shaped(state) else "PreTrainedTokenizerFast"
     return {"tokenizer_class": cls, **said, **specials}
+
+
+def _config_fields(norm: dict) -> dict:
+    """A BertNormalizer's settings (its JSON state) under tokenizer_config.json's names for them."""
+    return {"do_lower_case": norm["lowercase"], "strip_accents": norm["strip_accents"],
+            "tokenize_chinese_chars": norm["handle_chinese_chars"]}  # fmt: skip
 
 
 def _bert_shaped(state: dict) -> bool:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from options import ConfigError
-from training.data.tokenizer import TOKENIZER_CONFIG
+from training.data.tokenizer import TOKENIZER_FILES
 from training.errors import CheckpointError, refuse_mount_point
 from training.run_dir import LATEST
 
@@ -20,7 +20,7 @@ STATE = "state.json"
 # go at the start; the model's stay until the final write replaces them, so a run that fails leaves the
 # previous model whole.
 PROGRESS = ("finetune_config.json", "metrics.jsonl")
-MODEL_OUTPUTS = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", TOKENIZER_CONFIG, "trainer_state.json",
+MODEL_OUTPUTS = ("config.json", "model.safetensors", *TOKENIZER_FILES, "trainer_state.json",
                  "eval_dev.json", "eval_test.json", "predictions_dev.jsonl", "predictions_test.jsonl")  # fmt: skip
 OUTPUTS = MODEL_OUTPUTS + PROGRESS
 

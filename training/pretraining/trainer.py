@@ -457,17 +457,9 @@ def run(argv: list[str] | None = None) -> None:
     except OSError as e:
         if not out_of_space(e):
             raise
-        latest = t.run / "checkpoints" / ckpt.LATEST
-        kept = (
-            f"checkpoints/latest still points at {latest.read_text().strip()}, which is intact; "
-            if latest.is_file()
-            else ""
-        )
-        again = (
-            "the same command with --resume"
-            if latest.is_file()
-            else "the same command (no checkpoint was saved yet)"
-        )
+        last = _latest(t.run)
+        kept = f"checkpoints/latest still points at {last}, which is intact; " if last else ""
+        again = "the same command with --resume" if last else "the same command (no checkpoint was saved yet)"
         sys.exit(
             f"error: stopped at step {t.step}: {e}. {kept}free space (or choose another --out) and run {again}"
         )
