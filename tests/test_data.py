@@ -115,17 +115,27 @@ def test_data_dir_from_env_and_unknown_name(data_dir, monkeypatch):
         fetch("wikitext3")
 
 
-def test_an_empty_data_dir_is_unset_not_the_current_directory(data_dir, tmp_path, monkeypatch):
-    """--data-dir "" (or ELECTRA_DATA_DIR= through the options) was Path(""), the current directory: a
-    user's own trec.csv there was refused as a corrupt copy of the registry's, told to delete it."""
+def test_an_empty_data_dir_is_none_not_the_current_directory_nor_the_environments(
+    data_dir, tmp_path, monkeypatch
+):
+    """--data-dir "" was Path(""), the current directory: a user's own trec.csv there was refused as a
+    corrupt copy of the registry's, told to delete it. Then it was $ELECTRA_DATA_DIR's, which it was given
+    to override: now it is none, the cache alone."""
+    import shutil
+
     from training.config import FinetuneConfig
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "trec.csv").write_text("the user's own file\n")
     monkeypatch.setenv("ELECTRA_DATA_DIR", str(data_dir))
-    assert fetch("trec", data_dir="") == data_dir / "trec.csv"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shutil.copy(data_dir / "trec.csv", cache / "trec.csv")
+    assert fetch("trec", data_dir="", cache_dir=cache) == cache / "trec.csv"
+    assert fetch("trec", cache_dir=cache) == data_dir / "trec.csv"  # not given: the environment's
+    monkeypatch.setenv("ELECTRA_CACHE_DIR", str(cache))
     cfg = FinetuneConfig(init="x", out="o", task="trec", data_dir="")
-    assert load_labelled("trec", cfg.data_dir).labels  # read from ELECTRA_DATA_DIR, not from here
+    assert load_labelled("trec", cfg.data_dir).labels  # read from the cache, not from here
 
 
 def test_a_relative_data_dir_is_saved_absolute(data_dir, tmp_path, monkeypatch):

@@ -98,13 +98,13 @@ def test_a_time_cap_stop_says_the_schedule_is_unfinished_and_how_to_go_on(
     finished run; nothing said that a plain --resume runs under the saved --max-minutes again."""
     from training.pretrain import main as pretrain
 
-    run = tmp_path / "run"
+    run = tmp_path / "my run"  # said shell-quoted, to paste
     pretrain(command(run, small_corpus, small_tokenizer, "--max-minutes", 0.01, "--eval-every", 1000)[3:])
     out, err = capsys.readouterr()
     step = json.loads((resolve_checkpoint(run) / "trainer_state.json").read_text())["step"]
     assert (
         f"stopped at step {step}: --max-minutes 0.01 reached, saved; the schedule is at {step} of 100000 "
-        f"steps; go on with: python -m training.pretrain --out {run} --resume (another 0.01 minutes, as "
+        f"steps; go on with: python -m training.pretrain --out '{run}' --resume (another 0.01 minutes, as "
         "saved; --max-minutes N for another limit, --max-minutes '' for none)"
     ) in err, err[-2000:]
     assert "next: " not in out
@@ -113,7 +113,7 @@ def test_a_time_cap_stop_says_the_schedule_is_unfinished_and_how_to_go_on(
     out = capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["max_minutes"] is None
     assert (
-        f"next: python -m export {run} --out BUNDLE (a detector), or python -m training.finetune --init {run}"
+        f"next: python -m export '{run}' --out BUNDLE (a detector), or python -m training.finetune --init '{run}'"
         in out
     )
 

@@ -20,6 +20,7 @@ It runs in one process: torchrun is refused.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def _again(cfg: FinetuneConfig) -> str:
     read leaves no file of the run (only its lock), and the same command runs it as it stands."""
     out = Path(cfg.out)
     if stopped(out):
-        return f"its last dev evaluation is kept: go on with {PROG} --out {cfg.out} --resume"
+        return f"its last dev evaluation is kept: go on with {PROG} --out {shlex.quote(cfg.out)} --resume"
     if outputs_in(out) and not cfg.overwrite:
         return "the same command with --overwrite runs it again"
     return "the same command runs it again"

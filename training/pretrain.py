@@ -14,6 +14,7 @@ word swaps, protected tokens); then the optimizer, a restored checkpoint on --re
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def _main(argv: list[str] | None) -> None:
     except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM) before training began, or twice while it ran
         if options.is_rank_0():  # under torchrun, said once
             latest = Path(cfg.out) / "checkpoints" / "latest"
-            kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {launch_command()} --out {cfg.out} "
+            kept = (f"checkpoints/latest in {cfg.out} is kept; go on with: {launch_command()} --out {shlex.quote(cfg.out)} "
                     "--resume" if latest.is_file() else "no checkpoint was saved; the same command starts again")  # fmt: skip
             print(f"\n{PROG}: stopped at once; {kept}", file=sys.stderr)
         sys.exit(128 + signal_number(stop))

@@ -115,11 +115,12 @@ def fetch(
 
 
 def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
-    # Empty is unset, as ELECTRA_DATA_DIR= is: --data-dir "" (or an empty TOML value) was the current
-    # directory, whose own files of the registry's names were refused as corrupt copies.
-    if not data_dir:
-        data_dir = os.environ.get(DATA_DIR_ENV) or None
+    # None is not given: $ELECTRA_DATA_DIR then, its empty value unset. An empty one given (--data-dir "", an
+    # empty TOML value) says "none", over the environment's; as a path it was the current directory, whose own
+    # files of the registry's names were refused as corrupt copies.
     if data_dir is None:
+        data_dir = os.environ.get(DATA_DIR_ENV) or None
+    if not data_dir:
         return None
     try:
         return Path(data_dir).expanduser()

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -502,7 +503,7 @@ def train_and_save(t: FineTuner) -> dict:
             # The best step and the stop step of the run's whole total, as early_stop_line says them ("of
             # {t.step}" read as the run's length: "step 5 of 6" for a stop at 6 of 20).
             print(f"model: {t.cfg.out} (best at step {t.best['step']}; stopped at step {t.step} of {t.total} by "
-                  f"{stop.name}, so the run is not complete; go on with: {entry.PROG} --out {t.cfg.out} --resume)",
+                  f"{stop.name}, so the run is not complete; go on with: {entry.PROG} --out {shlex.quote(t.cfg.out)} --resume)",
                   file=sys.stderr, flush=True)  # fmt: skip
             sys.exit(128 + stop.signal)
     except OSError as e:  # the disk filled up during the run (check_model_fits found room at its start)
@@ -510,7 +511,7 @@ def train_and_save(t: FineTuner) -> dict:
             raise
         full = e if isinstance(e, DiskFullError) else disk_full(Path(t.cfg.out) / "metrics.jsonl")
         again = (
-            f"go on with {entry.PROG} --out {t.cfg.out} --resume"
+            f"go on with {entry.PROG} --out {shlex.quote(t.cfg.out)} --resume"
             if stopped(Path(t.cfg.out))
             else "run it again"
         )

@@ -7,6 +7,7 @@ a stop between --save-every points is stopping.py's."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -175,7 +176,7 @@ def _resume_point_problem(run: Path, name: str, state: dict, world: int, max_ste
             else "python -m training.pretrain"
         )
         return (f"--resume: {run} trained on {then} process(es), this is {world}: the global batch "
-                f"(--batch-size x processes) would change; resume with {how} --out {run} --resume")  # fmt: skip
+                f"(--batch-size x processes) would change; resume with {how} --out {shlex.quote(str(run))} --resume")  # fmt: skip
     return None
 
 

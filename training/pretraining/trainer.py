@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import shlex
 import signal
 import sys
 import time
@@ -485,7 +486,7 @@ def _another_process_ended_message(t: Trainer, e: RuntimeError) -> str:
     this process's (an NCCL error of its own GPU) rather than a peer's."""
     last = _latest(t.run)
     kept = f"checkpoints/latest is {last}" if last else "no checkpoint was saved yet"
-    again = f"{t.env.launch_command} --out {t.run} --resume" if last else "the same command"
+    again = f"{t.env.launch_command} --out {shlex.quote(str(t.run))} --resume" if last else "the same command"
     said = (str(e).strip().splitlines() or [""])[0][:300]
     return (f"error: stopped at step {t.step}: a collective failed ({type(e).__name__}: {said}): most often "
             "another process of the run ended, or stopped answering (its exit status is in torchrun's report: -9 "
@@ -559,7 +560,7 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
             # On stderr, beside the signal's own line: `| tee` stopped by the Ctrl-C takes stdout.
             if env.main:
                 tqdm.write(f"stopped at step {t.step} of {cfg.max_steps} by {signal.Signals(stopped_by).name}, saved; "
-                           f"go on with: {env.launch_command} --out {t.run} --resume", file=sys.stderr)  # fmt: skip
+                           f"go on with: {env.launch_command} --out {shlex.quote(str(t.run))} --resume", file=sys.stderr)  # fmt: skip
             break
     bar.close()
     if env.main:
@@ -576,10 +577,10 @@ def train(t: Trainer, stop: GracefulStop) -> int | None:
                                       for k, v in summary.items()}), flush=True)  # fmt: skip
         print(f"checkpoint: {ckpt.resolve_checkpoint(t.run)}", flush=True)
         if t.step >= cfg.max_steps:
-            classifier = f"python -m training.finetune --init {t.run} --task TASK --out DIR (a classifier)"
+            classifier = f"python -m training.finetune --init {shlex.quote(str(t.run))} --task TASK --out DIR (a classifier)"
             # An MLM run's checkpoint is a generator: export takes a detector (a discriminator) only.
             print(f"next: {classifier}" if cfg.objective == "mlm" else
-                  f"next: python -m export {t.run} --out BUNDLE (a detector), or {classifier}", flush=True)  # fmt: skip
+                  f"next: python -m export {shlex.quote(str(t.run))} --out BUNDLE (a detector), or {classifier}", flush=True)  # fmt: skip
     env.close()
     return stopped_by
 
@@ -589,7 +590,7 @@ def time_cap_stop(t: Trainer, launch: str) -> str:
     counts from each start, and a resume keeps the saved one unless given another."""
     minutes = f"{t.cfg.max_minutes:g}"
     return (f"stopped at step {t.step}: --max-minutes {minutes} reached, saved; the schedule is at {t.step} of "
-            f"{t.cfg.max_steps} steps; go on with: {launch} --out {t.run} --resume (another {minutes} minutes, "
+            f"{t.cfg.max_steps} steps; go on with: {launch} --out {shlex.quote(str(t.run))} --resume (another {minutes} minutes, "
             "as saved; --max-minutes N for another limit, --max-minutes '' for none)")  # fmt: skip
 
 
