@@ -102,17 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve(argv)
     except options.ConfigError as e:
         options.usage_exit(f"{PROG}: error: {e}")
-    print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
-    stop_as_ctrl_c()
-
-    with training_install(PROG):
-        from export.bundle_writer import BundleError
-        from export.evaldata import EvalDataError
-        from export.evaluation.items import CalibrationDataError
-        from export.parity import ParityError
-        from export.pipeline import run_export
-        from training.data.registry import DataDirChecksumError, DatasetError
-        from training.data.tokenizer import TokenizerError
+    try:  # the seconds of torch's import, where a Ctrl-C was a traceback
+        print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
+        stop_as_ctrl_c()
+        with training_install(PROG):
+            from export.bundle_writer import BundleError
+            from export.evaldata import EvalDataError
+            from export.evaluation.items import CalibrationDataError
+            from export.parity import ParityError
+            from export.pipeline import run_export
+            from training.data.registry import DataDirChecksumError, DatasetError
+            from training.data.tokenizer import TokenizerError
+    except KeyboardInterrupt as e:
+        return _stopped(e, cfg)
 
     try:
         manifest = run_export(cfg, log=lambda msg: print(msg, flush=True))
@@ -138,13 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export failed: {e}{_if_written(e, cfg)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # the bundle is filled under a temporary name, removed on the way out
-        sig = signal_number(e)
-        print(f"\nexport stopped by {signal.Signals(sig).name}: {_what_was_written(e, cfg)}", file=sys.stderr)
-        return 128 + sig
+        return _stopped(e, cfg)
     print(
         f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
     )
     return 0
+
+
+def _stopped(e: KeyboardInterrupt, cfg: ExportConfig) -> int:
+    sig = signal_number(e)
+    print(f"\nexport stopped by {signal.Signals(sig).name}: {_what_was_written(e, cfg)}", file=sys.stderr)
+    return 128 + sig
 
 
 def _failed_path(e: OSError, cfg: ExportConfig) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import options
 from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity
-from export.config import ExportConfig, check_read, unread
+from export.config import MIN_MAX_LENGTH, ExportConfig, check_read, unread
 from export.evaldata import optional_path
 from export.evaluation.items import swap_data
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
@@ -192,6 +192,21 @@ def _check_vocabulary(tokenizer: Path, src: _Source) -> None:
                          "that tokenizer is not this model's; put the model's own tokenizer beside it")  # fmt: skip
 
 
+def tokenizer_max_length(ckpt: Path, positions: int) -> int | None:
+    """An outside directory's tokenizer_config.json model_max_length, where it is under the model's positions:
+    the length its makers fine-tuned and ran it at, which transformers' truncation cuts texts to. None where
+    it is absent, unset (transformers' 1e30 stand-in) or no shorter."""
+    try:
+        said = json.loads((ckpt / "tokenizer_config.json").read_text()).get("model_max_length")
+    except (OSError, ValueError, AttributeError):  # none, or not JSON: the tokenizer's own check says so
+        return None
+    return (
+        said
+        if isinstance(said, int) and not isinstance(said, bool) and MIN_MAX_LENGTH <= said < positions
+        else None
+    )
+
+
 def _load(cfg: ExportConfig, log) -> _Source:
     from training.checkpoint import load_model
     from training.data.tokenizer import transformers_reads_otherwise
@@ -201,10 +216,16 @@ def _load(cfg: ExportConfig, log) -> _Source:
     graph, kind, output = graph_for(model)
     trained = mcfg.trained_positions
     tuned = mcfg.fine_tuned_length if kind == "classifier" else None
+    said = None if tuned or trained else tokenizer_max_length(ckpt, mcfg.max_position_embeddings)
     max_length = cfg.max_length or min(
-        mcfg.max_position_embeddings, tuned or trained or mcfg.max_position_embeddings
+        mcfg.max_position_embeddings, tuned or trained or said or mcfg.max_position_embeddings
     )
-    if not cfg.max_length and tuned:
+    if not cfg.max_length and said:
+        longer = "scored in windows" if kind == "detector" else "truncated"
+        log(f"max_length {max_length}: tokenizer_config.json's model_max_length, where transformers' truncation "
+            f"cuts (of the model's {mcfg.max_position_embeddings} positions); longer texts are {longer}; "
+            "--max-length to choose")  # fmt: skip
+    elif not cfg.max_length and tuned:
         untrained = (
             f" (positions past {trained} were never trained)" if trained and max_length > trained else ""
         )

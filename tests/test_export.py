@@ -990,6 +990,22 @@ def test_sigterm_stops_an_export_as_ctrl_c_does_leaving_nothing(tmp_path, detect
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
 
 
+def test_ctrl_c_while_torch_loads_says_what_a_later_one_does(tmp_path, detector_dir):
+    """The imports after the configuration is printed take seconds (torch): a Ctrl-C there was a
+    KeyboardInterrupt traceback, not the stop's line and status 130."""
+    import signal
+
+    out = tmp_path / "b"
+    cmd = [sys.executable, "-m", "export", str(detector_dir), "--out", str(out), "--precision", "fp32"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline().startswith("electra-serve export")  # printed just before the imports
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGINT, rest
+    assert "Traceback" not in rest and "export stopped by SIGINT: nothing was written" in rest, rest
+    assert not out.exists()
+
+
 def test_a_max_length_that_leaves_too_few_calibration_sentences_is_refused(
     tmp_path, detector_dir, registry_data
 ):

@@ -190,3 +190,20 @@ def test_relative_position_embeddings_are_refused_at_every_entry_point_by_one_me
         with pytest.raises(CheckpointError, match="position_embedding_type is 'relative_key'") as e:
             entry(str(src))
         assert str(e.value).startswith(said)
+
+
+def test_a_tokenizers_model_max_length_under_the_positions_is_the_bundles_length(tmp_path, tokenizer_dir):
+    """tokenizer_config.json's model_max_length 16 of 64 positions, the length transformers' truncation cuts
+    to, was ignored: longer texts were scored whole, unlike the model's own runs. transformers' 1e30 stand-in
+    for "unset" leaves the positions."""
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, max_position_embeddings=64)
+    config = src / "tokenizer_config.json"
+    said = json.loads(config.read_text()) if config.is_file() else {}
+    config.write_text(json.dumps({**said, "model_max_length": 16}))
+    logged = []
+    export(src, tmp_path / "b16", logged.append, precision="fp32")
+    assert json.loads((tmp_path / "b16" / "manifest.json").read_text())["max_length"] == 16
+    assert any("max_length 16: tokenizer_config.json's model_max_length" in line for line in logged), logged
+    config.write_text(json.dumps({**said, "model_max_length": int(1e30)}))
+    export(src, tmp_path / "b64", precision="fp32")
+    assert json.loads((tmp_path / "b64" / "manifest.json").read_text())["max_length"] == 64

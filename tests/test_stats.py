@@ -68,3 +68,13 @@ def test_logistic_fit_matches_sklearn(rng, separable):
     else:
         assert slope == pytest.approx(ref.coef_[0, 0], rel=1e-4)
         assert intercept == pytest.approx(ref.intercept_[0], rel=1e-4, abs=1e-4)
+
+
+def test_the_majority_baseline_is_the_training_datas_most_common_class():
+    """It was this split's own most common class: the best constant answer in hindsight, which a dev set
+    whose balance differs from training's overstates."""
+    from training.finetuning.metrics import classification_metrics
+
+    y = np.array([0, 1, 1, 1])  # 1 leads here; 0 led in training
+    assert classification_metrics(y, y, ("a", "b"), majority=0)["majority_baseline_accuracy"] == 0.25
+    assert classification_metrics(y, y, ("a", "b"))["majority_baseline_accuracy"] == 0.75

@@ -13,9 +13,15 @@ __all__ = ["classification_metrics", "format_report", "regression_metrics", "res
 
 
 def classification_metrics(
-    y_true: np.ndarray, y_pred: np.ndarray, labels: tuple[str, ...], positive: int = 1
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    labels: tuple[str, ...],
+    positive: int = 1,
+    majority: int | None = None,
 ) -> dict:
-    """`positive`: for binary tasks, the class whose F1 is reported as `f1` (spam, not ham)."""
+    """`positive`: for binary tasks, the class whose F1 is reported as `f1` (spam, not ham). `majority`: the
+    training data's most common class, whose constant answer is the baseline; None, this set's own (the best
+    any constant answer could do here, which a baseline learned from training data does not know)."""
     cm = confusion_matrix(y_true, y_pred, len(labels))  # rows true, columns predicted
     p, r, f1, support = precision_recall_f1(cm)
     counts = np.bincount(y_true, minlength=len(labels))
@@ -26,7 +32,9 @@ def classification_metrics(
         # from a small dev split (a label with one example) would otherwise cap macro-F1 below 1.
         "macro_f1": float(f1[(cm.sum(axis=0) + cm.sum(axis=1)) > 0].mean()) if len(y_true) else 0.0,
         "mcc": matthews_corrcoef(cm),
-        "majority_baseline_accuracy": float(counts.max() / max(1, counts.sum())),
+        "majority_baseline_accuracy": float(
+            (counts.max() if majority is None else counts[majority]) / max(1, counts.sum())
+        ),
         "per_class": {
             name: {
                 "precision": float(p[i]),

@@ -143,7 +143,8 @@ def figures(preds: np.ndarray, loss: float, items, data: TaskData, positive: int
     if data.problem_type == REGRESSION:
         m = regression_metrics(truth.astype(np.float64), preds)
     else:
-        m = classification_metrics(truth.astype(np.int64), preds, data.labels, positive)
+        majority = int(np.argmax(data.label_counts("train")))  # the constant answer training data teaches
+        m = classification_metrics(truth.astype(np.int64), preds, data.labels, positive, majority)
     return {**m, "loss": loss}
 
 
