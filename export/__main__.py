@@ -141,8 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as e:  # the bundle is filled under a temporary name, removed on the way out
         return _stopped(e, cfg)
+    # The step again, and the warnings' count, last: the lines between (fusions, parity, calibration) push
+    # the first ones (a part-trained checkpoint's) out of sight.
+    step = (manifest.get("source") or {}).get("step")
+    of_step = f", step {step}" if step is not None else ""
+    warned = len(manifest.get("warnings", []))
+    warnings = f"; {warned} warning{'s' * (warned > 1)}, above and in manifest.json" if warned else ""
     print(
         f"wrote {cfg.out}: {manifest['kind']} {manifest['precision']}, sha256 {manifest['model_sha256'][:12]}"
+        f"{of_step}{warnings}"
     )
     return 0
 

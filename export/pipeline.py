@@ -17,7 +17,7 @@ from pathlib import Path
 
 import options
 from app.model import load_check
-from export import bundle_writer, calibrate, evaldata, optimize, parity
+from export import bundle_writer, calibrate, evaldata, optimize, parity, run_progress
 from export.config import MIN_MAX_LENGTH, ExportConfig, check_read, unread
 from export.evaldata import optional_path
 from export.evaluation.items import swap_data
@@ -63,11 +63,21 @@ def run_export(cfg: ExportConfig, log=print) -> dict:
     from training.checkpoint import resolve_checkpoint
 
     # On the checkpoint as the user named it, not its pinned copy: a refusal may name the run above it.
-    check_exportable(resolve_checkpoint(cfg.checkpoint))
+    ckpt = resolve_checkpoint(cfg.checkpoint)
+    check_exportable(ckpt)
+    # Said first, before minutes of work: an intermediate checkpoint is a legitimate export, unknowingly
+    # shipped as the run's model it is not.
+    if stands := run_progress.progress(ckpt):
+        log(stands.line)
+        if stands.note:
+            log(f"note: {stands.note}")
     with optimize.thread_count(cfg.threads), _pinned(cfg.checkpoint) as (pinned, shown):
         # options.replace: where each option came from goes along (check_read reads it).
         src = _load(options.replace(cfg, checkpoint=str(pinned)), log)
-        return _export(dataclasses.replace(src, cfg=cfg, shown=shown), log)
+        part_trained = (stands.warning,) if stands and stands.warning else ()
+        return _export(
+            dataclasses.replace(src, cfg=cfg, shown=shown, warnings=src.warnings + part_trained), log
+        )
 
 
 @contextlib.contextmanager

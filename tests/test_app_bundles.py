@@ -320,3 +320,36 @@ def test_a_request_naming_no_model_goes_to_the_default_the_operator_set(bundles_
     assert r.returncode == 2 and f"--default-detector 'nope': no model of {models}" in r.stderr, r.stderr[
         -2000:
     ]
+
+
+def test_a_training_run_among_the_models_is_named_one_with_its_export(tmp_path):
+    """`--models runs`: a fine-tuning run (its tokenizer.json) was "no manifest.json beside its files (copied
+    in part?)", a pretraining run went unmentioned. Each is said to be a run, with the export that makes its
+    bundle; beside bundles it is not a broken one (/ready stays ok)."""
+    from app.model.bundle import discover
+
+    runs = tmp_path / "runs"
+    (runs / "sent").mkdir(parents=True)
+    for name in ("finetune_config.json", "metrics.jsonl", "tokenizer.json"):
+        (runs / "sent" / name).write_text("{}")
+    (runs / "long" / "checkpoints").mkdir(parents=True)
+    (runs / "long" / "config.json").write_text("{}")
+    (runs / "ckpt").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (runs / "ckpt" / name).write_text("{}")
+    with pytest.raises(BundleError) as refused:
+        discover(runs)
+    assert str(refused.value).splitlines() == [
+        f"{runs / what} is {kind}, not a bundle: export it (python -m export {runs / what} --out bundles/{what}) "
+        "and serve the bundles (--models bundles)"
+        for what, kind in (
+            ("ckpt", "a checkpoint"),
+            ("long", "a pretraining run"),
+            ("sent", "a fine-tuning run"),
+        )
+    ]
+    with pytest.raises(BundleError, match=f"^{runs / 'sent'} is a fine-tuning run, not a bundle"):
+        discover(runs / "sent")
+    (runs / "detector").symlink_to(REPO / "models" / "detector")
+    bundles, broken = discover(runs)
+    assert [b.name for b in bundles] == ["detector"] and broken == {}

@@ -107,3 +107,27 @@ def test_only_a_directory_named_whole_is_not_looked_inside(tmp_path):
     (tmp_path / "checkpoints").rename(tmp_path / "elsewhere")
     (tmp_path / "checkpoints").write_text("a file where the run has a directory")
     assert "checkpoints" in others_in(tmp_path, own)
+
+
+def test_a_directory_of_outputs_is_refused_naming_one_inside_it_never_advising_force(tmp_path):
+    """`--out bundles`, which holds other bundles: "not empty; pass --force", and --force then refused it
+    for holding bundles. Where --force would be refused, it is not advised."""
+    bundles = tmp_path / "bundles"
+    for name in ("detector", "sentiment"):
+        (bundles / name).mkdir(parents=True)
+        (bundles / name / "manifest.json").write_text("{}")
+    source = (tmp_path / "runs" / "sent" / "checkpoints" / "step-00000010", "the checkpoint being exported")
+    for force in (False, True):
+        said = _refusal(bundles, force=force, marker="manifest.json", source=source)
+        assert said == (f"--out {bundles} is a directory of bundles (detector, sentiment), not a bundle: --out names "
+                        "the bundle's own directory, which is written whole; give a new one inside it, e.g. "
+                        f"--out {bundles / 'sent'}")  # fmt: skip
+    # Other files, or an earlier bundle with files besides its own: --force is refused, so not advised.
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "thesis.txt").write_text("precious")
+    assert "--force replaces a bundle, never other files" in _refusal(
+        tmp_path / "thesis", marker="manifest.json"
+    )
+    (bundles / "detector" / "NOTES.md").write_text("x")
+    said = _refusal(bundles / "detector", marker="manifest.json")
+    assert "holds NOTES.md besides the bundle's own files" in said and "pass --force" not in said

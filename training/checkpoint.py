@@ -30,7 +30,7 @@ from training.model import (
     ElectraForSequenceClassification,
     init_weights,
 )
-from training.run_dir import LATEST
+from training.run_dir import LATEST, unsaved_run
 
 # Transformers' ElectraModel: the encoder alone, its tensors without the `electra.` prefix. A start for
 # fine-tuning (a fresh head on it), nothing to load as it is.
@@ -63,6 +63,8 @@ def resolve_checkpoint(path: str | os.PathLike, given_as: str | None = None) -> 
         raise CheckpointError(f"{p}: no such directory")
     if (p / "manifest.json").is_file() and (p / "model.onnx").is_file():
         raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; {_from_a_bundle(p)}")
+    if unsaved := unsaved_run(p):
+        raise CheckpointError(unsaved)
     raise CheckpointError(
         f"{p} holds no checkpoint: expected config.json with model.safetensors (or {SHARD_INDEX} and its "
         f"shards, or pytorch_model.bin, or {BIN_SHARD_INDEX} and its shards), "

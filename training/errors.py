@@ -228,18 +228,41 @@ def check_replaceable(
     if not held:
         return
     shown = ", ".join(held[:4])
-    if not force:
+    replaces = force_flag or f"writing the {what}"
+    # The refusals below stand with or without force: advising `force_flag` where it too would be refused
+    # sent the user to a second refusal.
+    a = "an" if what[:1].lower() in "aeiou" else "a"
+    # `--out bundles`, a directory of earlier outputs: the new one is meant to go beside them.
+    if kept := _outputs_inside(target, marker):
+        inside = target / (_run_name(source[0]) if source is not None else "NAME")
+        raise error(f"{option} {target} is a directory of {what}s ({', '.join(kept[:4])}), not {a} {what}: "
+                    f"{option} names the {what}'s own directory, which is written whole; give a new one inside "
+                    f"it, e.g. {option} {inside}")  # fmt: skip
+    if not force and (marker is None or ((target / marker).is_file() and not others_in(target, own))):
         asked = f"pass {force_flag} to replace it" if force_flag else instead
         raise error(f"{option} {target} is not empty (it holds {shown}); {asked}")
-    replaces = force_flag or f"writing the {what}"
     if marker is not None and not (target / marker).is_file():
-        a = "an" if what[:1].lower() in "aeiou" else "a"
         raise error(f"{option} {target} holds {shown} and no {what} (no {marker}): {replaces} replaces {a} "
                     f"{what}, never other files; {instead}")  # fmt: skip
     if others := others_in(target, own):
         named = ", ".join(sorted({f.rstrip("/") for f in own if "/" not in f.rstrip("/")}))
         raise error(f"{option} {target} holds {', '.join(others[:5])} besides the {what}'s own files "
                     f"({named}), and {replaces} replaces the directory whole: move them out, or {instead}")  # fmt: skip
+
+
+def _outputs_inside(target: Path, marker: str | None) -> list[str]:
+    """The sub-directories of `target` that are outputs of their own (each with its `marker`), where
+    `target` is none itself."""
+    if marker is None or (target / marker).is_file():
+        return []
+    return sorted(p.name for p in target.iterdir() if p.is_dir() and (p / marker).is_file())
+
+
+def _run_name(read: Path) -> str:
+    """The name of what a command reads, for an output beside others: a run's (runs/long), not its
+    checkpoint's (runs/long/checkpoints/step-00001300)."""
+    read = Path(os.path.abspath(read))
+    return (read.parent.parent.name if read.parent.name == "checkpoints" else read.name) or "NAME"
 
 
 def link_or_copy(src: str, dst: str) -> None:

@@ -178,11 +178,48 @@ def check_out_outside_corpus(out: Path, corpus: str) -> None:
 
 
 def _is_pretraining_config(path: Path) -> bool:
+    return _pretraining_config(path) is not None
+
+
+def _pretraining_config(path: Path) -> dict | None:
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(saved, dict) and "objective" in saved and "max_steps" in saved
+        return None
+    return saved if isinstance(saved, dict) and "objective" in saved and "max_steps" in saved else None
+
+
+def unsaved_run(run: Path) -> str | None:
+    """Why `run`, a training run's --out that holds no checkpoint (or model) yet, has none to read, for a
+    command given it as a checkpoint (export, --init); None where it is no run of ours. Its config.json (the
+    run's options, written at its start) was read as a model's and refused as "holds no checkpoint",
+    which sent the user looking for a file that the run had not written yet."""
+    from training.finetuning.out_checks import stopped  # it imports this module
+
+    pid = holder(run)
+    quoted = shlex.quote(str(run))
+    if (run / "finetune_config.json").is_file():  # every fine-tuning run writes it first
+        if pid is not None:
+            return (f"{run} is a fine-tuning run that has written no model yet: it is still training (pid {pid}), "
+                    "and writes its best model when it ends or is stopped (Ctrl-C): try again then")  # fmt: skip
+        again = (f"go on with python -m training.finetune --out {quoted} --resume" if stopped(run) else
+                 f"run it again (python -m training.finetune --config {shlex.quote(str(run / 'finetune_config.json'))} "
+                 f"--out {quoted} --overwrite)")  # fmt: skip
+        return (f"{run} is a fine-tuning run that wrote no model: it ended before writing one (stopped before it "
+                f"trained, or killed); {again}")  # fmt: skip
+    saved = _pretraining_config(run / "config.json")
+    if saved is None:
+        return None
+    every, steps = saved.get("save_every"), saved.get("max_steps")
+    due = ""
+    if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (every, steps)):
+        due = f" (at step {min(every, steps)}: save_every {every} in its config.json)"
+    if pid is not None:
+        return (f"{run} is a pretraining run with no checkpoint saved yet: it is still training (pid {pid}), and "
+                f"saves its first{due}: try again once that is written")  # fmt: skip
+    return (f"{run} is a pretraining run that stopped before it saved its first checkpoint{due}, so it holds no "
+            f"model: train it again (python -m training.pretrain --config {shlex.quote(str(run / 'config.json'))} "
+            f"--out {quoted}) and try again once it has saved one")  # fmt: skip
 
 
 def hold(out: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -196,9 +197,10 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
 
 
 def _entry_kind(p: Path) -> str | None:
-    """What an entry of the models directory is: "bundle" (a sub-directory with a manifest), the reason it
-    is broken (bundle files without a manifest, or a directory that cannot be looked into), or None (a file,
-    a foreign directory, the lost+found of a volume mounted there, a hidden entry)."""
+    """What an entry of the models directory is: "bundle" (a sub-directory with a manifest), "run" (a
+    training run's output, to export: training_run), the reason it is broken (bundle files without a
+    manifest, or a directory that cannot be looked into), or None (a file, a foreign directory, the
+    lost+found of a volume mounted there, a hidden entry)."""
     # Hidden: an export in progress (or one killed) fills its bundle under `.NAME.pid...` beside NAME, and
     # puts a bundle it replaces aside under a hidden name: neither is a model to serve, nor a broken one.
     if p.name == "lost+found" or p.name.startswith("."):
@@ -206,6 +208,8 @@ def _entry_kind(p: Path) -> str | None:
     try:
         if (p / "manifest.json").is_file():
             return "bundle"
+        if p.is_dir() and training_run(p):
+            return "run"
         if p.is_dir() and any((p / f).exists() for f in FILES):
             return (
                 f"{p}: no manifest.json beside its files (copied in part?); export it again or copy it whole"
@@ -213,6 +217,38 @@ def _entry_kind(p: Path) -> str | None:
     except OSError as e:
         return f"{p}: cannot be read ({e.strerror or e}); check its owner and permissions"
     return None
+
+
+# What a training command leaves in its --out, by file alone (app/ imports nothing of training/): a
+# fine-tuning run's tokenizer.json was taken for a bundle copied in part ("no manifest.json beside its
+# files"), and a pretraining run went unmentioned.
+_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def training_run(p: Path) -> str | None:
+    """What `p` is when it is a training run's output rather than a bundle: "a pretraining run" (its
+    checkpoints/, or its config.json and metrics.jsonl before the first save), "a fine-tuning run" (its
+    finetune_config.json), "a checkpoint" (config.json with weights); None otherwise."""
+    if (p / "finetune_config.json").is_file():
+        return "a fine-tuning run"
+    if (p / "checkpoints").is_dir() or ((p / "config.json").is_file() and (p / "metrics.jsonl").is_file()):
+        return "a pretraining run"
+    if (p / "config.json").is_file() and any((p / f).is_file() for f in _WEIGHTS):
+        return "a checkpoint"
+    return None
+
+
+def not_a_bundle(p: Path, what: str) -> str:
+    """A training run's line, with the export that makes its bundle (beside the others in bundles/, as
+    fine-tuning's and pretraining's `next:` lines put it)."""
+    out = f"bundles/{p.name}"
+    return (f"{p} is {what}, not a bundle: export it (python -m export {shlex.quote(str(p))} --out "
+            f"{shlex.quote(out)}) and serve the bundles (--models bundles)")  # fmt: skip
 
 
 def bundle_names(models_dir: Path) -> list[str]:
@@ -240,19 +276,29 @@ def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
     try:
         if (models_dir / "manifest.json").is_file():
             return [read_bundle(models_dir)], {}
+        if what := training_run(models_dir):
+            raise BundleError(not_a_bundle(models_dir, what))
         entries = sorted(models_dir.iterdir())
     except OSError as e:
         raise BundleError(f"{models_dir}: models directory cannot be read ({e.strerror or e})") from None
-    dirs, broken = [], {}
+    dirs, broken, runs = [], {}, []
     for p in entries:
         kind = _entry_kind(p)
         if kind == "bundle":
             dirs.append(p)
+        elif kind == "run":  # not a broken bundle (/ready stays "ok"), but surely meant to be served
+            runs.append(not_a_bundle(p, training_run(p)))
         elif kind is not None:
             broken[p.name] = kind
             log.error("bundle %s is broken and will not be served: %s", p.name, kind)
     if not dirs and not broken:
-        raise BundleError(f"{models_dir}: no bundle found (no sub-directory holds a manifest.json)")
+        raise BundleError(
+            "\n".join(runs)
+            if runs
+            else f"{models_dir}: no bundle found (no sub-directory holds a manifest.json)"
+        )
+    for line in runs:  # said once: in the refusal where nothing else is found
+        log.warning("%s", line)
     bundles = []
     for p in dirs:
         try:
@@ -261,5 +307,5 @@ def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
             broken[p.name] = str(e)
             log.error("bundle %s is broken and will not be served: %s", p.name, e)
     if not bundles:
-        raise BundleError("no bundle can be served:\n" + "\n".join(broken.values()))
+        raise BundleError("no bundle can be served:\n" + "\n".join([*broken.values(), *runs]))
     return bundles, broken

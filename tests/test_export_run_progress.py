@@ -1,0 +1,127 @@
+"""What export and --init say of a training run's state: the step of how many a checkpoint is (a run still
+training, or stopped before its schedule ended, was exported as "wrote ..." alone), and a run with no
+checkpoint saved yet ("holds no checkpoint: expected config.json with model.safetensors", beside the run's
+own config.json)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from export.run_progress import progress
+from training.checkpoint import CheckpointError, resolve_checkpoint
+
+try:
+    from export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401 (fixture)
+except ImportError:  # tests/ made a package
+    from tests.export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def held_elsewhere(run: Path) -> Iterator[int]:
+    """`run` locked by another live process, as a training run holds its --out; its pid."""
+    code = ("import sys, time; from pathlib import Path; from options.locking import hold_directory; "
+            "hold_directory(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _pretraining_run(run: Path, step: int, max_steps: int, model: Path | None = None) -> Path:
+    """A pretraining run's directory with its checkpoint at `step` (the weights copied from `model`; only
+    the JSON where none is given)."""
+    ckpt = run / "checkpoints" / f"step-{step:08d}"
+    if model is not None:
+        shutil.copytree(model, ckpt)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "config": {"max_steps": max_steps, "save_every": 5}, "processes": 1}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    (run / "checkpoints" / "latest").write_text(ckpt.name)
+    (run / "config.json").write_text(
+        json.dumps({"objective": "electra", "max_steps": max_steps, "save_every": 5})
+    )
+    return ckpt
+
+
+def test_a_checkpoint_says_its_step_of_how_many_and_why_the_run_is_unfinished(tmp_path):
+    run = tmp_path / "long"
+    ckpt = _pretraining_run(run, 1300, 4000)
+    stopped = progress(ckpt)
+    assert stopped.line == f"exporting step 1300 of 4000 of {run}"
+    assert f"{run} stopped at step 1300, before its schedule's 4000 steps" in stopped.note
+    assert f"python -m training.pretrain --out {run} --resume" in stopped.note
+    assert stopped.warning.startswith("the checkpoint is step 1300 of its pretraining run's 4000")
+    with held_elsewhere(run) as pid:
+        live = progress(ckpt)
+    assert live.note.startswith(f"{run} is still training (pid {pid}): this is its checkpoint at step 1300")
+    assert live.warning == stopped.warning  # the bundle's model is part-trained either way
+    later = _pretraining_run(run, 1500, 4000)  # the run went on: the checkpoint named is an earlier one
+    assert (
+        progress(ckpt).note == f"{ckpt.name} is an earlier checkpoint of {run}, whose latest is {later.name}"
+    )
+    finished = _pretraining_run(tmp_path / "done", 4000, 4000)
+    assert progress(finished) == type(stopped)(f"exporting step 4000 of 4000 of {tmp_path / 'done'}")
+
+
+def test_export_of_a_stopped_run_says_so_and_warns_in_the_manifest(tmp_path, detector_dir, capsys):
+    from export.__main__ import main
+
+    run = tmp_path / "long"
+    _pretraining_run(run, 3, 10, model=detector_dir)
+    assert main([str(run), "--out", str(tmp_path / "b"), "--precision", "fp32", "--no-calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert f"exporting step 3 of 10 of {run}\nnote: {run} stopped at step 3" in out, out
+    assert out.rstrip().endswith(", step 3; 1 warning, above and in manifest.json"), out
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["warnings"] == ["the checkpoint is step 3 of its pretraining run's 10: the run had not finished "
+                                    "its schedule, so this is a part-trained model"]  # fmt: skip
+
+
+def test_a_run_with_no_checkpoint_yet_is_said_to_be_one(tmp_path):
+    """Export and --init read a run directory through resolve_checkpoint: its config.json (the run's
+    options) is not a model's, and the refusal says what the run is doing instead."""
+    run = tmp_path / "fresh2"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"objective": "electra", "max_steps": 4000, "save_every": 500})
+    )
+    with held_elsewhere(run) as pid, pytest.raises(CheckpointError) as live:
+        resolve_checkpoint(run)
+    assert str(live.value) == (f"{run} is a pretraining run with no checkpoint saved yet: it is still training "
+                               f"(pid {pid}), and saves its first (at step 500: save_every 500 in its config.json): "
+                               "try again once that is written")  # fmt: skip
+    with pytest.raises(CheckpointError) as stopped:
+        resolve_checkpoint(run, given_as="--init")
+    assert str(stopped.value).startswith(f"{run} is a pretraining run that stopped before it saved its first")
+    assert f"python -m training.pretrain --config {run / 'config.json'} --out {run})" in str(stopped.value)
+
+    tuned = tmp_path / "sent"
+    tuned.mkdir()
+    (tuned / "finetune_config.json").write_text("{}")
+    with held_elsewhere(tuned) as pid, pytest.raises(CheckpointError, match=rf"still training \(pid {pid}\)"):
+        resolve_checkpoint(tuned)
+    (tuned / "config.json").write_text(json.dumps({"architectures": ["ElectraForSequenceClassification"]}))
+    with pytest.raises(
+        CheckpointError, match="is a fine-tuning run that wrote no model: it ended before writing"
+    ):
+        resolve_checkpoint(tuned)
+    # Anything else is still "holds no checkpoint".
+    (run / "config.json").write_text(json.dumps({"architectures": ["ElectraForPreTraining"]}))
+    with pytest.raises(CheckpointError, match="holds no checkpoint: expected config.json"):
+        resolve_checkpoint(run)
