@@ -98,7 +98,7 @@ def load_task_data(cfg, reread_by: str | None = None) -> TaskData:
         _need_two_classes(_classes(data.splits["train"]), f"--max-train-examples: a sample of {n} training "
                           f"row(s) (the training data holds {classes} classes) holds", "; raise it")  # fmt: skip
         sampled = {split: class_counts(rows) for split, rows in data.splits.items()}
-        data.warnings = missing_classes(data.labels, unsampled, sampled, cfg)
+        data.warnings += missing_classes(data.labels, unsampled, sampled, cfg)
     return data
 
 
@@ -368,7 +368,20 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
                               f"each of the {classes} classes of --train leaves its training rows",
                               "; lower it or give a --dev file")  # fmt: skip
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
-    return TaskData(None, ptype, labels, splits, source)
+        said = _dev_share_note(splits, cfg.dev_fraction, len(labels) if ptype == CLASSIFICATION else 0)
+    return TaskData(None, ptype, labels, splits, source, warnings=[said] if "dev" not in raw and said else [])
+
+
+def _dev_share_note(splits: dict[str, list[Example]], fraction: float, classes: int) -> str:
+    """The split gives dev a row of every class of two or more (_dev_rows): with many small classes that is
+    far more than --dev-fraction (each class of two rows gave one: half the file held out, in silence)."""
+    dev, total = len(splits["dev"]), len(splits["dev"]) + len(splits["train"])
+    if not classes or dev <= 1.5 * fraction * total or dev - fraction * total < 5:
+        return ""
+    return (f"the --dev-fraction {fraction} split holds out {dev} of the {total} rows ({dev / total:.0%}): it keeps "
+            f"at least one row of each class that has two, and the {classes} classes average "
+            f"{total / classes:.1f} rows; give a --dev file to choose the dev rows, or fewer classes with more "
+            "rows each")  # fmt: skip
 
 
 def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
