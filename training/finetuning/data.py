@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
+from training.finetuning.csv_quotes import refuse_merged_rows, unclosed_quote
 from training.finetuning.labels import (
     COMMA_NUMBER,
     as_float,
@@ -193,7 +194,7 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     sep = "a tab" if tsv else "a comma (quote such texts)"
     with open(p, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, **kwargs)
-        rows = []
+        rows, ends = [], []  # ends: each row's last line in the file
         try:
             header = reader.fieldnames or []
             twice = sorted({name for name in header if name in columns and header.count(name) > 1})
@@ -206,13 +207,20 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                 # values: either way its text and label would be other columns' values.
                 if None in row or None in row.values():
                     header = reader.fieldnames or []
+                    quoted = None if tsv else unclosed_quote(p, flag, [*row.values(), *row.get(None, [])],
+                                                             reader.line_num)  # fmt: skip
+                    if quoted:  # the line the quote opened on, not the end of what it swallowed
+                        raise DataError(quoted)
                     why = (f"a text holding {sep}?" if not (len(header) == 1 and ";" in header[0]) else
                            "the header is one field with semicolons: write the file comma-separated")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
+                ends.append(reader.line_num)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
+    if not tsv:
+        refuse_merged_rows(p, flag, rows, ends, reader.fieldnames or [], columns)
     return rows
 
 
