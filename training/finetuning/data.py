@@ -31,12 +31,16 @@ from training.finetuning.csv_quotes import refuse_merged_rows, unclosed_quote
 from training.finetuning.labels import (
     COMMA_NUMBER,
     as_float,
+    case_variants,
     class_sort_key,
+    is_float_text,
     label_name,
     label_names,
+    missing_marker_labels,
     refuse_comma_numbers,
     refuse_label_lists,
     refuse_non_finite_targets,
+    written_as_float,
 )
 from training.finetuning.sets import SPLIT_SEED
 from training.finetuning.text_heads import text_heads
@@ -319,28 +323,37 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
         # Before the comma numbers: "0,1" beside "0" and "1" is a list of labels, not a decimal comma's number.
         refuse_label_lists(values, cfg.train, read["train"])
         refuse_comma_numbers(values)
-        fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
+        # A number written as a measurement (1.5e+20, whole-valued) is no class id: a regression's too.
+        fractional = all(x is not None for x in numbers) and any(
+            not x.is_integer() or written_as_float(v) for x, v in zip(numbers, values, strict=True)
+        )
         problem = "regression" if fractional else "classification"
+    said: list[str | None] = []  # warnings said at the start of the run; None: nothing to say
     if problem == "regression":
         if cfg.labels:
             raise DataError("--labels: only for classification, not with a regression target")
         splits = {}
+        # Named as the choice was made: the flag, or the --train labels that read as numbers (auto), so that
+        # a message never names a flag the user did not give.
+        why = ("--problem-type regression" if cfg.problem_type == "regression" else
+               "the --train labels read as numbers, so this is a regression (--problem-type auto)")  # fmt: skip
         for split, rows in raw.items():
-            bad = next((lab for _, _, lab in rows if as_float(lab) is None), None)
+            bad = next((i for i, (_, _, lab) in enumerate(rows) if as_float(lab) is None), None)
             if bad is not None:
-                comma = (
-                    " (write a decimal point: '2.3', not '2,3')"
-                    if COMMA_NUMBER.fullmatch(str(bad).strip())
-                    else ""
-                )
-                raise DataError(
-                    f"--problem-type regression: label {bad!r} in --{split} is not a number{comma}"
-                )
+                label = rows[bad][2]
+                comma = (" (write a decimal point: '2.3', not '2,3')" if COMMA_NUMBER.fullmatch(str(label).strip())
+                         else "")  # fmt: skip
+                what = "is not a finite number" if is_float_text(label) else "is not a number"
+                raise DataError(f"{why}: label {label!r} in --{split} {what}{comma} ({getattr(cfg, split)} "
+                                f"{read[split].place(bad)}): fix or drop its row")  # fmt: skip
             splits[split] = [Example(t, p, float(lab)) for t, p, lab in rows]
         labels: tuple[str, ...] = (cfg.label_column,)
         ptype = REGRESSION
     else:
-        seen = {label_name(v) for v in values}
+        listed = label_names(cfg.labels) if cfg.labels else ()
+        said.append(missing_marker_labels(values, listed, cfg.train, read["train"]))
+        seen = Counter(label_name(v) for v in values)
+        said.append(case_variants(seen, listed))
         if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
             labels = label_names(cfg.labels)
             if len(set(labels)) != len(labels) or not all(labels):
@@ -376,8 +389,8 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
                               f"each of the {classes} classes of --train leaves its training rows",
                               "; lower it or give a --dev file")  # fmt: skip
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
-        said = _dev_share_note(splits, cfg.dev_fraction, len(labels) if ptype == CLASSIFICATION else 0)
-    return TaskData(None, ptype, labels, splits, source, warnings=[said] if "dev" not in raw and said else [])
+        said.append(_dev_share_note(splits, cfg.dev_fraction, len(labels) if ptype == CLASSIFICATION else 0))
+    return TaskData(None, ptype, labels, splits, source, warnings=[w for w in said if w])
 
 
 def _dev_share_note(splits: dict[str, list[Example]], fraction: float, classes: int) -> str:
