@@ -35,6 +35,11 @@ def test_classification_figures(rng):
         np.testing.assert_allclose(a, b)
     assert stats.matthews_corrcoef(cm) == pytest.approx(metrics.matthews_corrcoef(y_true, y_pred))
     assert stats.matthews_corrcoef(stats.confusion_matrix(y_true, np.zeros(300, int), 4)) == 0.0
+    # The same figures without the matrix (what a many-class run computes):
+    counts = stats.class_counts(y_true, y_pred, 4)
+    for a, b in zip(stats.precision_recall_f1_counts(*counts), ours, strict=True):
+        np.testing.assert_allclose(a, b)
+    assert stats.matthews_corrcoef_counts(*counts) == pytest.approx(stats.matthews_corrcoef(cm))
 
 
 def test_macro_f1_is_over_the_classes_present_as_sklearns(rng):

@@ -12,11 +12,14 @@ import numpy as np
 
 __all__ = [
     "average_ranks",
+    "class_counts",
     "confusion_matrix",
     "fit_logistic_1d",
     "matthews_corrcoef",
+    "matthews_corrcoef_counts",
     "pearson",
     "precision_recall_f1",
+    "precision_recall_f1_counts",
     "roc_auc",
     "spearman",
 ]
@@ -57,7 +60,24 @@ def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int) -> 
 def precision_recall_f1(cm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per class (precision, recall, F1, support) from a confusion matrix; 0 where undefined."""
     cm = np.asarray(cm, dtype=np.float64)
-    tp, predicted, support = np.diag(cm), cm.sum(axis=0), cm.sum(axis=1)
+    return precision_recall_f1_counts(np.diag(cm), cm.sum(axis=0), cm.sum(axis=1))
+
+
+def class_counts(
+    y_true: np.ndarray, y_pred: np.ndarray, n_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(true positives, predicted, support) per class: a confusion matrix's diagonal and sums without the
+    matrix, whose n_classes**2 cells (10,000 classes: 800 MB) a many-class run cannot afford."""
+    y_true, y_pred = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
+    tp = np.bincount(y_true[y_true == y_pred], minlength=n_classes)
+    return tp, np.bincount(y_pred, minlength=n_classes), np.bincount(y_true, minlength=n_classes)
+
+
+def precision_recall_f1_counts(
+    tp: np.ndarray, predicted: np.ndarray, support: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """precision_recall_f1 from class_counts' figures."""
+    tp, predicted, support = (np.asarray(a, dtype=np.float64) for a in (tp, predicted, support))
     with np.errstate(divide="ignore", invalid="ignore"):
         precision = np.where(predicted > 0, tp / predicted, 0.0)
         recall = np.where(support > 0, tp / support, 0.0)
@@ -68,8 +88,13 @@ def precision_recall_f1(cm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 def matthews_corrcoef(cm: np.ndarray) -> float:
     """Multiclass Matthews correlation (Gorodkin's R_K) from a confusion matrix; 0 when undefined."""
     cm = np.asarray(cm, dtype=np.float64)
-    t, p = cm.sum(axis=1), cm.sum(axis=0)
-    correct, n = np.trace(cm), cm.sum()
+    return matthews_corrcoef_counts(np.diag(cm), cm.sum(axis=0), cm.sum(axis=1))
+
+
+def matthews_corrcoef_counts(tp: np.ndarray, predicted: np.ndarray, support: np.ndarray) -> float:
+    """matthews_corrcoef from class_counts' figures: it needs only the diagonal and the sums."""
+    t, p = np.asarray(support, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    correct, n = float(np.sum(tp)), t.sum()
     cov_tp = correct * n - t @ p
     denom = np.sqrt((n * n - p @ p) * (n * n - t @ t))
     return float(cov_tp / denom) if denom > 0 else 0.0

@@ -27,15 +27,20 @@ from tokenizers import Tokenizer
 
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
+from training.finetuning.csv_quotes import refuse_merged_rows, unclosed_quote
 from training.finetuning.labels import (
     COMMA_NUMBER,
     as_float,
+    case_variants,
     class_sort_key,
+    is_float_text,
     label_name,
     label_names,
+    missing_marker_labels,
     refuse_comma_numbers,
     refuse_label_lists,
     refuse_non_finite_targets,
+    written_as_float,
 )
 from training.finetuning.sets import SPLIT_SEED
 from training.finetuning.text_heads import text_heads
@@ -98,7 +103,7 @@ def load_task_data(cfg, reread_by: str | None = None) -> TaskData:
         _need_two_classes(_classes(data.splits["train"]), f"--max-train-examples: a sample of {n} training "
                           f"row(s) (the training data holds {classes} classes) holds", "; raise it")  # fmt: skip
         sampled = {split: class_counts(rows) for split, rows in data.splits.items()}
-        data.warnings = missing_classes(data.labels, unsampled, sampled, cfg)
+        data.warnings += missing_classes(data.labels, unsampled, sampled, cfg)
     return data
 
 
@@ -193,7 +198,7 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     sep = "a tab" if tsv else "a comma (quote such texts)"
     with open(p, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, **kwargs)
-        rows = []
+        rows, ends = [], []  # ends: each row's last line in the file
         try:
             header = reader.fieldnames or []
             twice = sorted({name for name in header if name in columns and header.count(name) > 1})
@@ -206,13 +211,20 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                 # values: either way its text and label would be other columns' values.
                 if None in row or None in row.values():
                     header = reader.fieldnames or []
+                    quoted = None if tsv else unclosed_quote(p, flag, [*row.values(), *row.get(None, [])],
+                                                             reader.line_num)  # fmt: skip
+                    if quoted:  # the line the quote opened on, not the end of what it swallowed
+                        raise DataError(quoted)
                     why = (f"a text holding {sep}?" if not (len(header) == 1 and ";" in header[0]) else
                            "the header is one field with semicolons: write the file comma-separated")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
+                ends.append(reader.line_num)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
+    if not tsv:
+        refuse_merged_rows(p, flag, rows, ends, reader.fieldnames or [], columns)
     return rows
 
 
@@ -311,28 +323,37 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
         # Before the comma numbers: "0,1" beside "0" and "1" is a list of labels, not a decimal comma's number.
         refuse_label_lists(values, cfg.train, read["train"])
         refuse_comma_numbers(values)
-        fractional = all(x is not None for x in numbers) and any(not x.is_integer() for x in numbers)
+        # A number written as a measurement (1.5e+20, whole-valued) is no class id: a regression's too.
+        fractional = all(x is not None for x in numbers) and any(
+            not x.is_integer() or written_as_float(v) for x, v in zip(numbers, values, strict=True)
+        )
         problem = "regression" if fractional else "classification"
+    said: list[str | None] = []  # warnings said at the start of the run; None: nothing to say
     if problem == "regression":
         if cfg.labels:
             raise DataError("--labels: only for classification, not with a regression target")
         splits = {}
+        # Named as the choice was made: the flag, or the --train labels that read as numbers (auto), so that
+        # a message never names a flag the user did not give.
+        why = ("--problem-type regression" if cfg.problem_type == "regression" else
+               "the --train labels read as numbers, so this is a regression (--problem-type auto)")  # fmt: skip
         for split, rows in raw.items():
-            bad = next((lab for _, _, lab in rows if as_float(lab) is None), None)
+            bad = next((i for i, (_, _, lab) in enumerate(rows) if as_float(lab) is None), None)
             if bad is not None:
-                comma = (
-                    " (write a decimal point: '2.3', not '2,3')"
-                    if COMMA_NUMBER.fullmatch(str(bad).strip())
-                    else ""
-                )
-                raise DataError(
-                    f"--problem-type regression: label {bad!r} in --{split} is not a number{comma}"
-                )
+                label = rows[bad][2]
+                comma = (" (write a decimal point: '2.3', not '2,3')" if COMMA_NUMBER.fullmatch(str(label).strip())
+                         else "")  # fmt: skip
+                what = "is not a finite number" if is_float_text(label) else "is not a number"
+                raise DataError(f"{why}: label {label!r} in --{split} {what}{comma} ({getattr(cfg, split)} "
+                                f"{read[split].place(bad)}): fix or drop its row")  # fmt: skip
             splits[split] = [Example(t, p, float(lab)) for t, p, lab in rows]
         labels: tuple[str, ...] = (cfg.label_column,)
         ptype = REGRESSION
     else:
-        seen = {label_name(v) for v in values}
+        listed = label_names(cfg.labels) if cfg.labels else ()
+        said.append(missing_marker_labels(values, listed, cfg.train, read["train"]))
+        seen = Counter(label_name(v) for v in values)
+        said.append(case_variants(seen, listed))
         if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
             labels = label_names(cfg.labels)
             if len(set(labels)) != len(labels) or not all(labels):
@@ -368,7 +389,20 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
                               f"each of the {classes} classes of --train leaves its training rows",
                               "; lower it or give a --dev file")  # fmt: skip
         source["dev"] = f"{cfg.dev_fraction:.0%} of {cfg.train} (seed {SPLIT_SEED})"
-    return TaskData(None, ptype, labels, splits, source)
+        said.append(_dev_share_note(splits, cfg.dev_fraction, len(labels) if ptype == CLASSIFICATION else 0))
+    return TaskData(None, ptype, labels, splits, source, warnings=[w for w in said if w])
+
+
+def _dev_share_note(splits: dict[str, list[Example]], fraction: float, classes: int) -> str:
+    """The split gives dev a row of every class of two or more (_dev_rows): with many small classes that is
+    far more than --dev-fraction (each class of two rows gave one: half the file held out, in silence)."""
+    dev, total = len(splits["dev"]), len(splits["dev"]) + len(splits["train"])
+    if not classes or dev <= 1.5 * fraction * total or dev - fraction * total < 5:
+        return ""
+    return (f"the --dev-fraction {fraction} split holds out {dev} of the {total} rows ({dev / total:.0%}): it keeps "
+            f"at least one row of each class that has two, and the {classes} classes average "
+            f"{total / classes:.1f} rows; give a --dev file to choose the dev rows, or fewer classes with more "
+            "rows each")  # fmt: skip
 
 
 def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:

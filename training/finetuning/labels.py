@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
+from decimal import Decimal
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,8 @@ def as_float(value) -> float | None:
 # "1", "+1", "-0", "1.0", "1.00", "007.0"; not "007": a code's leading zeros are its name ("001", "002").
 _WHOLE_NUMBER = re.compile(r"[+-]?(?:0|[1-9][0-9]*)|[+-]?[0-9]+\.0*")
 _INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole number
+# "1e3", "1.5E+20": a number in exponent notation, as pandas writes a float column's large values.
+_EXPONENT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+")
 
 
 def label_name(value) -> str:
@@ -47,7 +51,26 @@ def label_name(value) -> str:
     text = str(value).strip()
     if _WHOLE_NUMBER.fullmatch(text):
         return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
+    if (
+        _EXPONENT.fullmatch(text) and as_float(text) is not None
+    ):  # "1e3" is 1000 as JSON's 1e3 is; not "1e400"
+        exact = Decimal(text)  # exact: "1.5e+20" is 150000000000000000000, where a float is not
+        if exact == exact.to_integral_value():
+            return str(int(exact))
     return text
+
+
+def written_as_float(value) -> bool:
+    """A whole number past 2**53 written as a float ("1.5e+20", "2.0e16", a JSON float), where floats stop
+    being exact integers: a measurement (pandas writes a float column's large values so), not a class id.
+    A column of them made a classifier of one class per value (7 classes from a regression target). Smaller
+    ones ("1e3", "1.0") stay class ids, as pandas writes an integer column with a missing value."""
+    x = as_float(value)
+    if x is None or abs(x) < 2**53:
+        return False
+    return isinstance(value, float) or (
+        isinstance(value, str) and not _INTEGER.fullmatch(value.strip().lstrip("+"))
+    )
 
 
 def label_names(spec: str) -> tuple[str, ...]:
@@ -79,12 +102,12 @@ def refuse_non_finite_targets(values: list, numbers: list[float | None], path: s
     fractional = any(x is not None and not x.is_integer() for x in numbers)
     # Rare: a missing value is a slip in a few rows. A word in more of them is a class of its own ("none"
     # beside 0-3 in a fifth of the rows), kept as before. Counted over the words alone: an inf is no word.
-    words = [n for n in odd if not _is_float_text(values[n - 1])]
+    words = [n for n in odd if not is_float_text(values[n - 1])]
     rare = len(words) * 10 <= len(values)
 
     def refused(value) -> bool:  # an inf; a rare missing marker; among fractions, any rare word
         text = value.strip().lower() if isinstance(value, str) else None
-        return _is_float_text(value) or (rare and (text in MISSING_MARKERS or fractional))
+        return is_float_text(value) or (rare and (text in MISSING_MARKERS or fractional))
 
     if not all(refused(values[n - 1]) for n in odd):
         return  # words of classes among the numbers: class names all (an "inf" among them too)
@@ -92,7 +115,7 @@ def refuse_non_finite_targets(values: list, numbers: list[float | None], path: s
     shown = repr(value) if isinstance(value, str) else json.dumps(value)  # JSON's own spelling: Infinity
     kind = "fractional numbers (a regression target)" if fractional else "whole numbers (classes)"
     others = f" (and {len(odd) - 1} more row(s))" if len(odd) > 1 else ""
-    what = "is not a finite number" if _is_float_text(value) else "is not a number (a missing value?)"
+    what = "is not a finite number" if is_float_text(value) else "is not a number (a missing value?)"
     raise DataError(f"--train: {path} {read.place(n - 1)}{others}: label {shown} {what}, and the other labels are "
                     f"{kind}: fix or drop its row, or give --problem-type classification to keep it as a class name")  # fmt: skip
 
@@ -163,7 +186,47 @@ def refuse_label_lists(values: list, path: str, read: Rows) -> None:
                     f"meant as a class of its own{comma}")  # fmt: skip
 
 
-def _is_float_text(value) -> bool:
+def missing_marker_labels(values: list, listed: tuple[str, ...], path: str, read: Rows) -> str | None:
+    """A few "NA" or "null" labels among class names (R's write.csv writes NA) made a class of their own in
+    silence. In under a tenth of the rows they are missing labels, refused as an empty label cell is; in more
+    they may be a class ("none" of an intent set), kept and said: the returned warning. A name --labels lists
+    is a class, said or not. Among numbers refuse_non_finite_targets decides."""
+
+    def marker(v) -> bool:
+        return isinstance(v, str) and v.strip().lower() in MISSING_MARKERS and label_name(v) not in listed
+
+    rows = [n for n, v in enumerate(values) if marker(v)]
+    others = [v for v in values if not marker(v)]
+    if not rows or not others or all(as_float(v) is not None for v in others):
+        return None
+    names = Counter(label_name(values[n]) for n in rows)
+    shown = ", ".join(f"{name!r} ({k} row{'s' * (k != 1)})" for name, k in names.most_common())
+    if len(rows) * 10 <= len(values):
+        first = names.most_common(1)[0][0]
+        raise DataError(f"--train: {path} {read.places(rows)}: the label is a missing value's mark, not a class "
+                        f"({shown} of {len(values)} rows): fill in those rows' labels or drop them; if {first!r} "
+                        "is a class, list the classes in --labels")  # fmt: skip
+    return (f"--train: labels {shown} of {len(values)} rows read as missing values, but are too many to be a slip: "
+            "kept as classes; if they are missing labels, fill them in or drop those rows")  # fmt: skip
+
+
+def case_variants(counts: Counter, listed: tuple[str, ...]) -> str | None:
+    """Class names that differ only in case ("Negative" beside "negative", a JSONL "False" beside false):
+    separate classes, as the names are exact, but likelier one class written two ways. Said, naming them
+    and their rows, unless --labels lists the spellings (then they are meant)."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(counts, key=class_sort_key):
+        groups.setdefault(name.casefold(), []).append(name)
+    clashes = [names for names in groups.values() if len(names) > 1 and not set(names) <= set(listed)]
+    if not clashes:
+        return None
+    shown = "; ".join(" and ".join(f"{n!r} ({counts[n]} rows)" for n in names) for names in clashes[:5])
+    more = f" and {len(clashes) - 5} more such groups" if len(clashes) > 5 else ""
+    return (f"--train: labels that differ only in case are separate classes: {shown}{more}; if each group is "
+            "one class, write its labels alike in the file; if they are meant apart, list them in --labels")  # fmt: skip
+
+
+def is_float_text(value) -> bool:
     try:
         float(value)
     except (TypeError, ValueError):

@@ -7,9 +7,21 @@ import math
 
 import numpy as np
 
-from training.stats import confusion_matrix, matthews_corrcoef, pearson, precision_recall_f1, spearman
+from training.stats import (
+    class_counts,
+    confusion_matrix,
+    matthews_corrcoef_counts,
+    pearson,
+    precision_recall_f1_counts,
+    spearman,
+)
 
 __all__ = ["classification_metrics", "format_report", "regression_metrics", "resolve_metric", "scalars"]
+
+# A confusion matrix grows with the square of the classes: 10,000 classes made 100M cells, which a run
+# computed at every dev evaluation, printed and wrote to eval_dev.json (700 MB of log, 8 GB, no model).
+SAVED_MATRIX_CLASSES = 100  # eval_*.json holds the matrix up to this many classes (10,000 cells)
+PRINTED_CLASSES = 20  # the report's per-class rows, and the classes up to which it prints the matrix
 
 
 def classification_metrics(
@@ -22,18 +34,18 @@ def classification_metrics(
     """`positive`: for binary tasks, the class whose F1 is reported as `f1` (spam, not ham). `majority`: the
     training data's most common class, whose constant answer is the baseline; None, this set's own (the best
     any constant answer could do here, which a baseline learned from training data does not know)."""
-    cm = confusion_matrix(y_true, y_pred, len(labels))  # rows true, columns predicted
-    p, r, f1, support = precision_recall_f1(cm)
-    counts = np.bincount(y_true, minlength=len(labels))
+    K = len(labels)
+    tp, predicted, support = class_counts(y_true, y_pred, K)  # O(rows + classes), never K * K
+    p, r, f1, support = precision_recall_f1_counts(tp, predicted, support)
     out = {
         "n": len(y_true),
         "accuracy": float((y_true == y_pred).mean()),
         # Over the classes this set has or the model predicts, as scikit-learn's default: a class absent
         # from a small dev split (a label with one example) would otherwise cap macro-F1 below 1.
-        "macro_f1": float(f1[(cm.sum(axis=0) + cm.sum(axis=1)) > 0].mean()) if len(y_true) else 0.0,
-        "mcc": matthews_corrcoef(cm),
+        "macro_f1": float(f1[(predicted + support) > 0].mean()) if len(y_true) else 0.0,
+        "mcc": matthews_corrcoef_counts(tp, predicted, support),
         "majority_baseline_accuracy": float(
-            (counts.max() if majority is None else counts[majority]) / max(1, counts.sum())
+            (support.max() if majority is None else support[majority]) / max(1, support.sum())
         ),
         "per_class": {
             name: {
@@ -45,8 +57,15 @@ def classification_metrics(
             for i, name in enumerate(labels)
         },
         "labels": list(labels),
-        "confusion_matrix": cm.tolist(),
     }
+    if K <= SAVED_MATRIX_CLASSES:
+        out["confusion_matrix"] = confusion_matrix(y_true, y_pred, K).tolist()  # rows true, columns predicted
+    else:
+        out["confusion_matrix"] = None
+        out["confusion_matrix_omitted"] = (
+            f"{K} classes: a confusion matrix is kept up to {SAVED_MATRIX_CLASSES} classes (this one has "
+            f"{K * K:,} cells); predictions_*.jsonl holds each row's label and prediction to count it from"
+        )
     if len(labels) == 2:
         out["f1"] = float(f1[positive])
         out["positive_label"] = labels[positive]
@@ -106,8 +125,10 @@ def json_safe(obj):
     return obj
 
 
-def format_report(m: dict, title: str) -> str:
-    """Headline figures, then per-class precision/recall/F1 and the confusion matrix (classification)."""
+def format_report(m: dict, title: str, full_in: str | None = None) -> str:
+    """Headline figures, then per-class precision/recall/F1 and the confusion matrix (classification). Past
+    PRINTED_CLASSES classes, only the most frequent classes' rows, and no matrix: `full_in` names the file
+    that holds them all."""
 
     def fmt(v) -> str:
         return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
@@ -118,13 +139,24 @@ def format_report(m: dict, title: str) -> str:
             for name in names if name in m]  # fmt: skip
     lines = [f"{title} (n={m['n']}): " + ", ".join(head)]
     if "per_class" in m:
-        labels = m["labels"]
-        w = max(8, *(len(s) for s in labels))
-        lines.append(f"  {'class':<{w}}  precision  recall      f1  support")
-        for name, c in m["per_class"].items():
+        labels, per_class = m["labels"], m["per_class"]
+        many = len(labels) > PRINTED_CLASSES
+        # The most frequent in this split first, the worst F1 first among equals: what the figures rest on.
+        shown = (sorted(labels, key=lambda n: (-per_class[n]["support"], per_class[n]["f1"]))[:PRINTED_CLASSES]
+                 if many else labels)  # fmt: skip
+        w = max(8, *(len(s) for s in shown))
+        most = f" ({PRINTED_CLASSES} most frequent of {len(labels)})" if many else ""
+        lines.append(f"  {'class':<{w}}  precision  recall      f1  support{most}")
+        for name in shown:
+            c = per_class[name]
             lines.append(
                 f"  {name:<{w}}  {c['precision']:9.4f}  {c['recall']:6.4f}  {c['f1']:6.4f}  {c['support']:7d}"
             )
+        if many:
+            where = f"all in {full_in}" if full_in else "not shown"
+            lines.append(f"  ... and {len(labels) - len(shown)} more classes, {where}; no confusion matrix printed "
+                         f"past {PRINTED_CLASSES} classes")  # fmt: skip
+            return "\n".join(lines)
         cw = max(6, *(len(s) for s in labels))
         lines.append(
             f"  confusion (rows true, columns predicted):\n  {'':<{w}}  "

@@ -48,6 +48,7 @@ from training.finetuning.data import (
 from training.finetuning.labels import label_name
 from training.finetuning.layerwise_lr import layerwise_param_groups
 from training.finetuning.metrics import (
+    PRINTED_CLASSES,
     classification_metrics,
     format_report,
     regression_metrics,
@@ -122,10 +123,26 @@ def predict(
         out = logits.squeeze(-1) if regression else logits.argmax(-1)
         preds[idx] = out.cpu().numpy()
         if probs is not None and not regression:
-            for i, row in zip(idx, logits.softmax(-1).cpu().tolist(), strict=True):
+            for i, row in zip(idx, _class_probs(logits.softmax(-1)), strict=True):
                 probs[i] = row
     model.train()
     return preds, loss_sum / max(1, len(items))
+
+
+# Every class's probability for every row is rows x classes: 10,000 classes made predictions_dev.jsonl 100M
+# numbers. Past this many classes a row keeps its TOP_PROBS most probable.
+ALL_PROBS_CLASSES, TOP_PROBS = 100, 10
+
+
+def _class_probs(probs: torch.Tensor) -> list[list[tuple[int, float]]]:
+    """Each row's (class id, probability) pairs: all of them in class order, or past ALL_PROBS_CLASSES
+    classes the TOP_PROBS most probable, most probable first."""
+    if probs.shape[-1] <= ALL_PROBS_CLASSES:
+        return [list(enumerate(row)) for row in probs.cpu().tolist()]
+    values, ids = probs.topk(TOP_PROBS, dim=-1)
+    return [
+        list(zip(i, v, strict=True)) for i, v in zip(ids.cpu().tolist(), values.cpu().tolist(), strict=True)
+    ]
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
@@ -328,9 +345,6 @@ class FineTuner:
         for split, m in evals.items():
             where = {"task": data.task, "source": data.source.get(split)}
             m.update(split=split, step=best["step"], metric=cfg.metric, **where)
-            print(format_report(m, f"{split} @ step {best['step']} (best dev {cfg.metric})"), flush=True)
-        if note := _one_class_note(predictions["dev"], data):
-            print(f"warning: {note}", file=sys.stderr, flush=True)
         state = {"task": data.task, "data": data.source, "step": best["step"], "epoch": best["epoch"],
                  "global_step": self.step, "stopped_early": stopped_early, "interrupted": interrupted,
                  "best_metric": cfg.metric,
@@ -338,9 +352,15 @@ class FineTuner:
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
                  "config": dataclasses.asdict(cfg), "as_run": self.as_run,
                  "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
+        # The model first, the reports after: what is printed must never stand between a run and its model.
         write_outputs(
             Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions, keep_resume=interrupted
         )
+        for split, m in evals.items():
+            title = f"{split} @ step {best['step']} (best dev {cfg.metric})"
+            print(format_report(m, title, str(Path(cfg.out) / f"eval_{split}.json")), flush=True)
+        if note := _one_class_note(predictions["dev"], data):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
         return evals
 
     def predictions(self, split: str) -> tuple[list[dict], dict]:
@@ -359,7 +379,7 @@ class FineTuner:
                 row |= {"label": float(ex.label), "predicted": float(preds[i])}
             else:
                 row |= {"label": labels[ex.label], "predicted": labels[int(preds[i])],
-                        "probs": dict(zip(labels, probs[i], strict=True))}  # fmt: skip
+                        "probs": {labels[j]: q for j, q in probs[i]}}  # fmt: skip
             rows.append(row)
         return rows, figures(preds, loss, self.encoded[split], self.data, self.positive)
 
@@ -386,6 +406,18 @@ def _one_class_note(rows: list[dict], data: TaskData) -> str | None:
         f"the model answers {next(iter(answered))!r} for every dev text, whatever the text; "
         "train longer (--epochs), with another --lr, or from a better --init"
     )
+
+
+def _labels_said(data: TaskData) -> str:
+    """The labels and their training rows, as the start of a run shows them: past PRINTED_CLASSES classes the
+    most frequent alone (10,000 classes made a line of 200 KB)."""
+    if data.problem_type == REGRESSION:
+        return f"labels {list(data.labels)}"
+    counts = dict(zip(data.labels, data.label_counts(), strict=True))
+    if len(counts) <= PRINTED_CLASSES:
+        return f"labels {list(data.labels)}, train class counts {counts}"
+    top = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:PRINTED_CLASSES])
+    return f"{len(counts)} labels; train class counts of the {PRINTED_CLASSES} most frequent {top}, the rest not shown"
 
 
 def setup(argv: list[str] | None) -> FineTuner:
@@ -417,12 +449,7 @@ def setup(argv: list[str] | None) -> FineTuner:
     for note in notes:
         print(f"init: {note}", flush=True)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in data.splits.items())
-    dist = (
-        f", train class counts {dict(zip(data.labels, data.label_counts(), strict=True))}"
-        if cfg.problem_type != "regression"
-        else ""
-    )
-    print(f"data: {sizes} ({data.task or cfg.train}); labels {list(data.labels)}{dist}", flush=True)
+    print(f"data: {sizes} ({data.task or cfg.train}); {_labels_said(data)}", flush=True)
     for warning in [*data.warnings, *overlap_warnings(data.splits)]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 

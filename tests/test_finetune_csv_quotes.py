@@ -1,0 +1,59 @@
+"""A CSV quote that opens a field where the writer meant a literal quote: the rows up to the next quote were
+one text (56 of 60 rows gone, in silence), or, never closed, the error named the file's last line. Refused
+naming the line the quote opened on; quoted texts that hold line breaks (valid CSV) still read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.config import FinetuneConfig
+from training.finetuning.data import DataError, load_task_data
+
+ROWS = [f"text {i},{'pos' if i % 2 else 'neg'}" for i in range(1, 61)]  # row n is file line n + 1
+
+
+def load(tmp_path: Path, lines: list[str], newline: str = "\n"):
+    train = tmp_path / "t.csv"
+    train.write_bytes(newline.join(["text,label", *lines, ""]).encode())
+    return load_task_data(FinetuneConfig(train=str(train), init=str(tmp_path), out=str(tmp_path / "out")))
+
+
+def rows(data) -> int:
+    return len(data.splits["train"]) + len(data.splits["dev"])
+
+
+def test_a_quote_opening_a_text_and_closed_rows_later_is_refused_naming_its_line(tmp_path):
+    lines = list(ROWS)
+    lines[9], lines[14] = '"He said hi,pos', 'she said "wow" loudly,neg'
+    with pytest.raises(DataError) as e:
+        load(tmp_path, lines)
+    said = str(e.value)
+    assert "t.csv line 11: a quote opens the 'text' field" in said and "lines 11-16" in said, said
+    assert '""' in said and "JSONL" in said
+
+
+@pytest.mark.parametrize("end", ["\n", ""])
+def test_a_quote_never_closed_is_named_where_it_opened_not_at_the_end(tmp_path, end):
+    lines = list(ROWS)
+    lines[9] = '"He said hi,pos'
+    train = tmp_path / "t.csv"
+    train.write_text("\n".join(["text,label", *lines]) + end)
+    with pytest.raises(DataError) as e:
+        load_task_data(FinetuneConfig(train=str(train), init=str(tmp_path), out=str(tmp_path / "out")))
+    said = str(e.value)
+    assert "t.csv line 11: a quote opens a field there" in said and "lines 11-61" in said, said
+    assert "fewer fields" not in said
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_quoted_texts_with_line_breaks_and_quotes_inside_a_text_still_read(tmp_path, newline):
+    lines = list(ROWS)
+    lines[5] = f'"a paragraph, first line{newline}second line, with a comma{newline}third line{newline}",pos'
+    lines[20] = f'"one{newline}{newline}two ""quoted"", neg",neg'
+    lines[13] = 'text 14 the "end" bad,neg'  # a quote inside an unquoted field is a character of it
+    data = load(tmp_path, lines, newline)
+    assert rows(data) == 60
+    texts = {ex.text for split in data.splits.values() for ex in split}
+    assert 'text 14 the "end" bad' in texts and f'one{newline}{newline}two "quoted", neg' in texts

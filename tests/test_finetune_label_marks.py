@@ -1,0 +1,95 @@
+"""Label cells that made the wrong classes in silence: a missing value's mark ("NA") among class names, one
+class written in two cases, a whole number in exponent notation, and a regression target as pandas writes
+large floats; and a regression's refusal naming where the choice of regression came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.config import FinetuneConfig
+from training.finetuning.data import DataError, load_task_data
+from training.finetuning.labels import label_name
+
+
+def load(tmp_path: Path, values: list, suffix: str = ".csv", **options):
+    train = tmp_path / f"t{suffix}"
+    if suffix == ".jsonl":
+        train.write_text(
+            "".join(json.dumps({"text": f"film {i}", "label": y}) + "\n" for i, y in enumerate(values))
+        )
+    else:
+        train.write_text("text,label\n" + "".join(f"film {i},{y}\n" for i, y in enumerate(values)))
+    return load_task_data(
+        FinetuneConfig(train=str(train), init=str(tmp_path), out=str(tmp_path / "out"), **options)
+    )
+
+
+def test_a_few_missing_value_marks_among_class_names_are_refused_naming_their_rows(tmp_path):
+    labels = ["NA" if i % 25 == 0 else ["pos", "neg"][i % 2] for i in range(1, 101)]
+    with pytest.raises(
+        DataError, match=r"t.csv row 25, 50, 75, 100: the label is a missing value's mark.*'NA' \(4 rows\)"
+    ):
+        load(tmp_path, labels)
+    for mark in ("N/A", "null", "None"):
+        with pytest.raises(DataError, match="missing value's mark"):
+            load(tmp_path, [mark if i == 7 else ["pos", "neg"][i % 2] for i in range(60)])
+    assert load(tmp_path, labels, labels="neg,pos,NA").labels == ("neg", "pos", "NA")  # a class, as stated
+    many = load(tmp_path, ["none" if i % 3 == 0 else ["pos", "neg"][i % 2] for i in range(90)])
+    assert "none" in many.labels and any(
+        "'none' (30 rows) of 90 rows read as missing" in w for w in many.warnings
+    )
+
+
+def test_labels_that_differ_only_in_case_are_said_with_their_rows(tmp_path):
+    data = load(
+        tmp_path, [["negative", "Negative", "POSITIVE", "positive", "negative"][i % 5] for i in range(100)]
+    )
+    assert len(data.labels) == 4  # names are exact: kept apart, but said
+    said = [w for w in data.warnings if "differ only in case" in w]
+    assert said and "'Negative' (20 rows) and 'negative' (40 rows)" in said[0], data.warnings
+    assert "'POSITIVE' (20 rows) and 'positive' (20 rows)" in said[0]
+    jsonl = load(tmp_path, [[True, "true", False, "False"][i % 4] for i in range(80)], ".jsonl")
+    assert jsonl.labels == ("False", "false", "true")
+    assert any("'False' (20 rows) and 'false' (20 rows)" in w for w in jsonl.warnings), jsonl.warnings
+    listed = load(tmp_path, [["a", "A"][i % 2] for i in range(40)], labels="a,A")
+    assert not [w for w in listed.warnings if "case" in w]  # --labels says they are meant apart
+
+
+def test_a_whole_number_in_exponent_notation_names_its_integer(tmp_path):
+    assert [label_name(v) for v in ("1e3", "1E+03", "1.5e3", "-2e2", 1e3)] == [
+        "1000",
+        "1000",
+        "1500",
+        "-200",
+        "1000",
+    ]
+    assert [label_name(v) for v in ("1.25e1", "1e-3", "1e400")] == ["1.25e1", "1e-3", "1e400"]  # not whole
+    data = load(tmp_path, [["1e3", "1000", "5"][i % 3] for i in range(60)])
+    assert data.labels == ("5", "1000")
+
+
+def test_a_regression_target_written_as_pandas_writes_large_floats_is_a_regression(tmp_path):
+    """1.5e+20, 2.5e+20, ...: whole-valued, so they were a 7-class classifier."""
+    data = load(tmp_path, [f"{k}.5e+20" for k in range(1, 8)] * 10)
+    assert data.problem_type == "regression"
+    assert (
+        load(tmp_path, [float(f"{k}.5e20") for k in range(1, 8)] * 10, ".jsonl").problem_type == "regression"
+    )
+    codes = load(tmp_path, [f"{k}00000000000000000000" for k in range(1, 8)] * 10)  # written as integers: ids
+    assert codes.problem_type == "single_label_classification"
+
+
+def test_a_regression_refusal_names_where_regression_came_from(tmp_path):
+    test = tmp_path / "test.csv"
+    test.write_text("text,label\nfilm a,1.5\nfilm b,inf\n")
+    labels = [f"{k / 3:.3f}" for k in range(60)]
+    with pytest.raises(DataError) as e:
+        load(tmp_path, labels, test=str(test))
+    said = str(e.value)
+    assert said.startswith("the --train labels read as numbers, so this is a regression"), said
+    assert "label 'inf' in --test is not a finite number" in said and "test.csv row 2" in said
+    with pytest.raises(DataError, match=r"^--problem-type regression: label 'inf' in --test"):
+        load(tmp_path, labels, test=str(test), problem_type="regression")
