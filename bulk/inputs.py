@@ -194,9 +194,15 @@ def shards(
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
                          "reads them again when resumed; write the input to a file first")  # fmt: skip
-    input_in_out = out is not None and mine(_fixed_part(spec))  # all of INPUT is under --out: none of it read
-    inside_out = (f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
-                  if input_in_out else "")  # fmt: skip
+    # All of INPUT under --out: none of it is read, so the files there were said to be none ("no input
+    # files" beside a directory full of them). Said for what it is, before a file is looked at.
+    if out is not None and mine(fixed := _fixed_part(spec)):
+        if os.path.realpath(fixed) == real_out:
+            raise InputError(f"{spec}: --out {out} is the input directory itself; a job writes its outputs there, "
+                             "and nothing under --out is read as input. Choose another --out: a new directory, "
+                             "beside INPUT or inside it")  # fmt: skip
+        raise InputError(f"{spec}: it lies inside --out {out}, and nothing under --out is input: choose an --out "
+                         "outside it")  # fmt: skip
     root = Path(os.path.abspath(path)) if path.is_dir() else glob_root(spec)
 
     def another_jobs(d: str, names: list[str]) -> bool:
@@ -229,9 +235,7 @@ def shards(
                     if is_file and _wanted(f, fmt):
                         if not mine(f):
                             files.append(f)
-                        elif not input_in_out and not _own_output(
-                            os.path.relpath(os.path.realpath(f), real_out)
-                        ):
+                        elif not _own_output(os.path.relpath(os.path.realpath(f), real_out)):
                             foreign.append(_shown(f, root))
                     elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
@@ -250,9 +254,7 @@ def shards(
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
             said = "".join(f"; {note}" for note in left_out_notes(left))
-            raise InputError(
-                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
-            )
+            raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){said}")
         files = _not_linked_twice(files, root, left)
         _add(left_out, left)
         return root, sorted(files), unlisted
@@ -264,7 +266,7 @@ def shards(
             if Path(p).is_file():
                 if not mine(p):
                     matches.append(Path(os.path.abspath(p)))
-                elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
+                elif not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
             elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
                 # By its shard's name, as a resume knows it.
@@ -274,9 +276,7 @@ def shards(
     _refuse_foreign(foreign, out)
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
-        raise InputError(
-            f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
-        )
+        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{said}")
     matches = _not_linked_twice(matches, root, left)
     _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and

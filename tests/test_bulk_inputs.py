@@ -516,9 +516,15 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
             shards(str(spec), "auto")
     # INPUT under --out (nothing there is input), and a pipe: each said for what it is.
     lines(tmp_path / "wk" / "corpus" / "a.jsonl", [{"text": "a line"}])
-    for spec in (tmp_path / "wk" / "corpus", tmp_path / "wk" / "**" / "*.jsonl"):
-        with pytest.raises(InputError, match="it lies inside --out .*nothing under --out is input"):
-            shards(str(spec), "auto", tmp_path / "wk")
+    with pytest.raises(InputError, match="it lies inside --out .*nothing under --out is input"):
+        shards(str(tmp_path / "wk" / "corpus"), "auto", tmp_path / "wk")
+    # --out the input directory itself: its files were said to be none ("no input files", "it lies inside").
+    corpus = tmp_path / "wk" / "corpus"
+    for spec in (corpus, f"{corpus}/*.jsonl", f"{corpus}/", f"{corpus}/**/*.jsonl"):
+        with pytest.raises(
+            InputError, match=f"--out {corpus} is the input directory itself.*Choose another --out"
+        ):
+            shards(str(spec), "auto", corpus)
     os.mkfifo(tmp_path / "pipe.jsonl")
     with pytest.raises(InputError, match="is not a regular file \\(a pipe or a device\\?\\)"):
         shards(str(tmp_path / "pipe.jsonl"), "auto")
