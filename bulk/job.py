@@ -19,7 +19,18 @@ from app.model.tokenization import TextTokenizer
 from bulk import outputs, own_ray
 from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
-from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, listed, plan, shard_name, shards
+from bulk.inputs import (
+    LeftOut,
+    Part,
+    format_of,
+    id_column,
+    largest_first,
+    left_out_notes,
+    listed,
+    plan,
+    shard_name,
+    shards,
+)
 from bulk.progress import Progress, Stage
 from options.locking import LOCK, release_directory
 from options.stopping import GracefulStop
@@ -479,7 +490,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             try:
                 # The bundle as this driver read it: a worker that reads another (swapped under --models as
                 # the job ran) fails its parts rather than mix two models' rows in scores/.
-                runner.run(todo, run_cfg, bundle.sha256_as_read, on_result, progress.update,
+                runner.run(largest_first(todo), run_cfg, bundle.sha256_as_read, on_result, progress.update,
                            lambda: interrupt.stopping)  # fmt: skip
             finally:
                 if watch is not None:
@@ -568,7 +579,8 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
         "documents": total("rows"), "rejected": total("rejects"), "blank_lines_skipped": total("blank"),
         "tokens": total("tokens"), **({"windows": total("windows")} if detector else {}),
         "rejects_by_reason": dict(sorted(reasons.items())),
-        "failures": {"shards": failed_shards, "parts": failed_parts},
+        # Failed parts in the plan's order, not as they ended (which the workers' timing decides).
+        "failures": {"shards": failed_shards, "parts": _in_plan_order(failed_parts, parts)},
         "parts": {"total": len(parts), "finished": len(entries), "failed": len(failed_parts)},
         "this_run": {"wall_s": round(wall, 3), "documents": progress.docs, "tokens": progress.tokens,
                      "docs_per_s": round(progress.docs / wall, 1), "tokens_per_s": round(progress.tokens / wall, 1)},
@@ -580,6 +592,11 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
         **({"threshold": cfg.spans_threshold(m)} if detector else {}),
         "version": app.__version__, "machine": cpu(), "options": options.as_dict(cfg),
     }  # fmt: skip
+
+
+def _in_plan_order(failed: dict[str, str], parts: list[Part]) -> dict[str, str]:
+    planned = {p.key: failed[p.key] for p in parts if p.key in failed}
+    return planned | failed  # any not planned (none expected) after them
 
 
 def _closing(s: dict, summary_path: Path | None) -> str:
