@@ -512,22 +512,27 @@ ID_NAMES = ("id", "_id", "doc_id", "uuid")
 def id_column(part: Part) -> str | None:
     """A field of the first document (or a column) whose name says it is an id: a job without --id-field
     names rows file:line, which a user with ids of their own would not expect."""
+    names = first_fields(part) or []
+    return next((n for n in ID_NAMES if n in names), None)
+
+
+def first_fields(part: Part) -> list[str] | None:
+    """The fields of the part's first document (a Parquet file's columns), in their order; None where it
+    cannot be read here (the job reports an unreadable part itself) or is no JSON object."""
     try:
         if part.format == "parquet":
             import pyarrow.parquet as pq
 
-            names = set(pq.read_schema(part.shard).names)
-        elif part.format == "jsonl":
-            with open(part.shard, "rb") as raw:
-                f = decompressed(suffix, raw) if (suffix := compression(part.shard)) else raw
-                f.seek(part.start)
-                # At most 1 MB of each line: a file that is one huge line is not read whole here.
-                lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
-                first = next((line for line in lines if line.strip()), b"")
-            obj = msgspec.json.decode(first) if first else None
-            names = set(obj) if isinstance(obj, dict) else set()
-        else:
+            return list(pq.read_schema(part.shard).names)
+        if part.format != "jsonl":
             return None
-    except (*STREAM_ERRORS, ValueError, msgspec.DecodeError):  # the job reports an unreadable part itself
+        with open(part.shard, "rb") as raw:
+            f = decompressed(suffix, raw) if (suffix := compression(part.shard)) else raw
+            f.seek(part.start)
+            # At most 1 MB of each line: a file that is one huge line is not read whole here.
+            lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
+            first = next((line for line in lines if line.strip()), b"")
+        obj = msgspec.json.decode(first) if first else None
+    except (*STREAM_ERRORS, ValueError, msgspec.DecodeError):
         return None
-    return next((n for n in ID_NAMES if n in names), None)
+    return list(obj) if isinstance(obj, dict) else None

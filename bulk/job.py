@@ -22,6 +22,7 @@ from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cut
 from bulk.inputs import (
     LeftOut,
     Part,
+    first_fields,
     format_of,
     id_column,
     largest_first,
@@ -535,8 +536,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
               "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
               "JSONL", file=sys.stderr)  # fmt: skip
     if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get("missing_text"):
-        print(f"bulk: no document had a {cfg.text_field!r} field; name the one holding the text with --text-field "
-              f"(rejects.jsonl shows each line's reason)", file=sys.stderr)  # fmt: skip
+        print(no_text_field(cfg, parts), file=sys.stderr)
     if interrupted:
         print(
             f"bulk: stopped by {interrupt.name}; run the same command again to score the rest",
@@ -546,6 +546,17 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     if failed_shards or failed_parts or stopped:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def no_text_field(cfg: BulkConfig, parts: list[Part]) -> str:
+    """What a job none of whose documents had --text-field says: the fields they have, to choose from, and
+    a new --out, since a resume here with another --text-field is refused as other settings (this --out
+    holds the job that rejected them, and its rejects stay the user's to remove)."""
+    fields = next((f for p in parts if (f := first_fields(p))), None)
+    have = f"; the first document's fields: {', '.join(map(repr, fields[:12]))}" if fields else ""
+    return (f"bulk: no document had a {cfg.text_field!r} field{have}. Name the one holding the text with "
+            f"--text-field, and give a new --out (this one holds this job, which a run with another "
+            f"--text-field does not resume; or remove {cfg.out}); rejects.jsonl shows each line's reason")  # fmt: skip
 
 
 def scoring_rate(scored: list[dict]) -> dict:
