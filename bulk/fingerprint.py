@@ -106,15 +106,7 @@ def read_fingerprint(
             print(f"bulk: note: {cfg.out} holds the job.json of a job with other settings ({said}) that "
                   "finished no part: starting a new job there with these", file=sys.stderr, flush=True)  # fmt: skip
         elif diff:
-            restore = (
-                f"Restore the bundle {cfg.bundle_dir} as it was, use"
-                if {"bundle_sha256", BUNDLE_FILES} & set(diff)
-                else "Use"
-            )
-            raise JobError(
-                f"{cfg.out} holds the outputs of a job with other settings ({said}); resuming would mix the two. "
-                f"{restore} another --out, or remove that directory to start again"
-            )
+            raise JobError(_refusal(cfg, have, want, diff, said))
         else:
             # A job begun by an earlier version: what it left unsaid is saved now, as it was then.
             added = {}
@@ -145,6 +137,30 @@ def read_fingerprint(
     if root is not None:
         want["input_root"] = str(root)
     return None, root, want
+
+
+def _refusal(cfg: BulkConfig, have: dict, want: dict, diff: list[str], said: str) -> str:
+    """Why --out, holding a job with finished parts, is not resumed with these settings, led by what the
+    user most likely did: another model or INPUT is another job (nothing was changed: the sha256 pairs of
+    two bundles and "restore the bundle" sent users looking for a change), and a job that scored no
+    document (each rejected: --text-field named no field they have) has nothing to keep."""
+    if "model" in diff or "input" in diff:
+        named = dict.fromkeys("the bundle" if k in ("bundle_sha256", BUNDLE_FILES) else k for k in diff)
+        return (f"{cfg.out} holds another job ({have.get('model')} on {have.get('input')}), not this one "
+                f"({want['model']} on {want['input']}): use a new --out, or remove that directory to start "
+                f"again (they differ in {', '.join(named)})")  # fmt: skip
+    entries = list(outputs.Manifest(cfg.out).entries())
+    if not any(e.get("rows") for e in entries) and any(e.get("rejects") for e in entries):
+        return (f"{cfg.out} holds a job with other settings ({said}) that scored no document: each was rejected "
+                "(rejects.jsonl says why). Its files are left as they are; use a new --out, or remove that "
+                "directory to start again")  # fmt: skip
+    restore = (
+        f"Restore the bundle {cfg.bundle_dir} as it was, use"
+        if {"bundle_sha256", BUNDLE_FILES} & set(diff)
+        else "Use"
+    )
+    return (f"{cfg.out} holds the outputs of a job with other settings ({said}); resuming would mix the two. "
+            f"{restore} another --out, or remove that directory to start again")  # fmt: skip
 
 
 def _difference(key: str, then, now) -> str:

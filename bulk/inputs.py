@@ -74,6 +74,19 @@ class Part:
         return self.failure(f"the worker could not load the model: {type(e).__name__}: {e}")
 
 
+# A compressed part's size is its bytes on disk, and it holds several times that in text (JSON Lines shrink
+# 4 to 10 times under gzip, more under xz); it is also never cut, so it is often a job's largest part.
+COMPRESSED_WORK = 4
+
+
+def largest_first(parts: list[Part]) -> list[Part]:
+    """The order parts start in: the most work first (bytes, a compressed part's counted COMPRESSED_WORK
+    times), ties in plan order. In shard-name order an unsplittable c.jsonl.gz, the largest part, started
+    last and ran alone while the other workers idled; under repeated kills it never finished. Outputs do
+    not depend on it: each part writes its own files, and the summary and rejects.jsonl list the plan's order."""
+    return sorted(parts, key=lambda p: -p.size * (COMPRESSED_WORK if compression(p.shard) else 1))
+
+
 class InputError(ValueError):
     """INPUT names nothing that can be read; the message says what was looked for."""
 
@@ -194,9 +207,15 @@ def shards(
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
                          "reads them again when resumed; write the input to a file first")  # fmt: skip
-    input_in_out = out is not None and mine(_fixed_part(spec))  # all of INPUT is under --out: none of it read
-    inside_out = (f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
-                  if input_in_out else "")  # fmt: skip
+    # All of INPUT under --out: none of it is read, so the files there were said to be none ("no input
+    # files" beside a directory full of them). Said for what it is, before a file is looked at.
+    if out is not None and mine(fixed := _fixed_part(spec)):
+        if os.path.realpath(fixed) == real_out:
+            raise InputError(f"{spec}: --out {out} is the input directory itself; a job writes its outputs there, "
+                             "and nothing under --out is read as input. Choose another --out: a new directory, "
+                             "beside INPUT or inside it")  # fmt: skip
+        raise InputError(f"{spec}: it lies inside --out {out}, and nothing under --out is input: choose an --out "
+                         "outside it")  # fmt: skip
     root = Path(os.path.abspath(path)) if path.is_dir() else glob_root(spec)
 
     def another_jobs(d: str, names: list[str]) -> bool:
@@ -229,9 +248,7 @@ def shards(
                     if is_file and _wanted(f, fmt):
                         if not mine(f):
                             files.append(f)
-                        elif not input_in_out and not _own_output(
-                            os.path.relpath(os.path.realpath(f), real_out)
-                        ):
+                        elif not _own_output(os.path.relpath(os.path.realpath(f), real_out)):
                             foreign.append(_shown(f, root))
                     elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
@@ -250,9 +267,7 @@ def shards(
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
             said = "".join(f"; {note}" for note in left_out_notes(left))
-            raise InputError(
-                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
-            )
+            raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){said}")
         files = _not_linked_twice(files, root, left)
         _add(left_out, left)
         return root, sorted(files), unlisted
@@ -264,7 +279,7 @@ def shards(
             if Path(p).is_file():
                 if not mine(p):
                     matches.append(Path(os.path.abspath(p)))
-                elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
+                elif not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
             elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
                 # By its shard's name, as a resume knows it.
@@ -274,9 +289,7 @@ def shards(
     _refuse_foreign(foreign, out)
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
-        raise InputError(
-            f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
-        )
+        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{said}")
     matches = _not_linked_twice(matches, root, left)
     _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
@@ -499,22 +512,27 @@ ID_NAMES = ("id", "_id", "doc_id", "uuid")
 def id_column(part: Part) -> str | None:
     """A field of the first document (or a column) whose name says it is an id: a job without --id-field
     names rows file:line, which a user with ids of their own would not expect."""
+    names = first_fields(part) or []
+    return next((n for n in ID_NAMES if n in names), None)
+
+
+def first_fields(part: Part) -> list[str] | None:
+    """The fields of the part's first document (a Parquet file's columns), in their order; None where it
+    cannot be read here (the job reports an unreadable part itself) or is no JSON object."""
     try:
         if part.format == "parquet":
             import pyarrow.parquet as pq
 
-            names = set(pq.read_schema(part.shard).names)
-        elif part.format == "jsonl":
-            with open(part.shard, "rb") as raw:
-                f = decompressed(suffix, raw) if (suffix := compression(part.shard)) else raw
-                f.seek(part.start)
-                # At most 1 MB of each line: a file that is one huge line is not read whole here.
-                lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
-                first = next((line for line in lines if line.strip()), b"")
-            obj = msgspec.json.decode(first) if first else None
-            names = set(obj) if isinstance(obj, dict) else set()
-        else:
+            return list(pq.read_schema(part.shard).names)
+        if part.format != "jsonl":
             return None
-    except (*STREAM_ERRORS, ValueError, msgspec.DecodeError):  # the job reports an unreadable part itself
+        with open(part.shard, "rb") as raw:
+            f = decompressed(suffix, raw) if (suffix := compression(part.shard)) else raw
+            f.seek(part.start)
+            # At most 1 MB of each line: a file that is one huge line is not read whole here.
+            lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
+            first = next((line for line in lines if line.strip()), b"")
+        obj = msgspec.json.decode(first) if first else None
+    except (*STREAM_ERRORS, ValueError, msgspec.DecodeError):
         return None
-    return next((n for n in ID_NAMES if n in names), None)
+    return list(obj) if isinstance(obj, dict) else None

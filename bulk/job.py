@@ -19,7 +19,19 @@ from app.model.tokenization import TextTokenizer
 from bulk import outputs, own_ray
 from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
-from bulk.inputs import LeftOut, Part, format_of, id_column, left_out_notes, listed, plan, shard_name, shards
+from bulk.inputs import (
+    LeftOut,
+    Part,
+    first_fields,
+    format_of,
+    id_column,
+    largest_first,
+    left_out_notes,
+    listed,
+    plan,
+    shard_name,
+    shards,
+)
 from bulk.progress import Progress, Stage
 from options.locking import LOCK, release_directory
 from options.stopping import GracefulStop
@@ -479,7 +491,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             try:
                 # The bundle as this driver read it: a worker that reads another (swapped under --models as
                 # the job ran) fails its parts rather than mix two models' rows in scores/.
-                runner.run(todo, run_cfg, bundle.sha256_as_read, on_result, progress.update,
+                runner.run(largest_first(todo), run_cfg, bundle.sha256_as_read, on_result, progress.update,
                            lambda: interrupt.stopping)  # fmt: skip
             finally:
                 if watch is not None:
@@ -524,8 +536,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
               "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
               "JSONL", file=sys.stderr)  # fmt: skip
     if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get("missing_text"):
-        print(f"bulk: no document had a {cfg.text_field!r} field; name the one holding the text with --text-field "
-              f"(rejects.jsonl shows each line's reason)", file=sys.stderr)  # fmt: skip
+        print(no_text_field(cfg, parts), file=sys.stderr)
     if interrupted:
         print(
             f"bulk: stopped by {interrupt.name}; run the same command again to score the rest",
@@ -535,6 +546,17 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     if failed_shards or failed_parts or stopped:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def no_text_field(cfg: BulkConfig, parts: list[Part]) -> str:
+    """What a job none of whose documents had --text-field says: the fields they have, to choose from, and
+    a new --out, since a resume here with another --text-field is refused as other settings (this --out
+    holds the job that rejected them, and its rejects stay the user's to remove)."""
+    fields = next((f for p in parts if (f := first_fields(p))), None)
+    have = f"; the first document's fields: {', '.join(map(repr, fields[:12]))}" if fields else ""
+    return (f"bulk: no document had a {cfg.text_field!r} field{have}. Name the one holding the text with "
+            f"--text-field, and give a new --out (this one holds this job, which a run with another "
+            f"--text-field does not resume; or remove {cfg.out}); rejects.jsonl shows each line's reason")  # fmt: skip
 
 
 def scoring_rate(scored: list[dict]) -> dict:
@@ -568,7 +590,8 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
         "documents": total("rows"), "rejected": total("rejects"), "blank_lines_skipped": total("blank"),
         "tokens": total("tokens"), **({"windows": total("windows")} if detector else {}),
         "rejects_by_reason": dict(sorted(reasons.items())),
-        "failures": {"shards": failed_shards, "parts": failed_parts},
+        # Failed parts in the plan's order, not as they ended (which the workers' timing decides).
+        "failures": {"shards": failed_shards, "parts": _in_plan_order(failed_parts, parts)},
         "parts": {"total": len(parts), "finished": len(entries), "failed": len(failed_parts)},
         "this_run": {"wall_s": round(wall, 3), "documents": progress.docs, "tokens": progress.tokens,
                      "docs_per_s": round(progress.docs / wall, 1), "tokens_per_s": round(progress.tokens / wall, 1)},
@@ -580,6 +603,11 @@ def summarize(cfg, bundle, parts: list[Part], entries: list[dict], failed_shards
         **({"threshold": cfg.spans_threshold(m)} if detector else {}),
         "version": app.__version__, "machine": cpu(), "options": options.as_dict(cfg),
     }  # fmt: skip
+
+
+def _in_plan_order(failed: dict[str, str], parts: list[Part]) -> dict[str, str]:
+    planned = {p.key: failed[p.key] for p in parts if p.key in failed}
+    return planned | failed  # any not planned (none expected) after them
 
 
 def _closing(s: dict, summary_path: Path | None) -> str:

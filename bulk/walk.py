@@ -40,9 +40,25 @@ def broken_link(path: str) -> str | None:
     except OSError as e:
         if e.errno != errno.ELOOP:  # it leads somewhere this user may not look (the caller's to say)
             return None
+        # Not a target gone: nothing to mount or restore (it was said so), the links lead round to themselves.
+        return f"a loop of links ({' -> '.join(_chain(path))}): point one at the file, or remove the links"
     else:
         return None
     return f"a broken link (-> {target}): mount or restore it, or remove the link"
+
+
+def _chain(path: str, most: int = 6) -> list[str]:
+    """The link and what each link on from it names, as written, until one comes round again."""
+    names, seen, at = [os.path.basename(path)], set(), path
+    while at not in seen and len(names) <= most:
+        seen.add(at)
+        try:
+            target = os.readlink(at)
+        except OSError:  # a loop through a directory's link, not this file's: the names so far
+            break
+        names.append(target)
+        at = os.path.normpath(os.path.join(os.path.dirname(at), target))
+    return names if at in seen else [*names, "..."]
 
 
 def _ancestors(real: str) -> frozenset[str]:

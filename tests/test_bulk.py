@@ -132,7 +132,9 @@ def test_a_corpus_whose_text_is_under_another_key_ends_with_a_hint(tmp_path, par
     src.write_text("".join(json.dumps({"body": t}) + "\n" for t in paragraphs[:3]))
     done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
     assert done.returncode == 3, done.stderr
-    assert "no document had a 'text' field; name the one holding the text with --text-field" in done.stderr
+    # The fields they do have, and a new --out: a rerun here with --text-field body is refused (other settings).
+    assert ("no document had a 'text' field; the first document's fields: 'body'. Name the one holding the text "
+            "with --text-field, and give a new --out") in done.stderr, done.stderr  # fmt: skip
 
 
 def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_path, paragraphs):
@@ -949,3 +951,36 @@ def test_many_local_workers_get_the_open_files_they_need():
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= needed
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_largest_parts_start_first_and_the_figures_keep_the_plans_order(tmp_path, monkeypatch):
+    """Parts ran in shard-name order: an unsplittable c.jsonl.gz, the largest, started last and ran alone
+    while the other worker idled (and under repeated kills never finished). The most work starts first now
+    (a compressed part's bytes counted several times); the summary lists failures in the plan's order still."""
+    import gzip
+
+    import bulk.local
+    from bulk.config import resolve
+    from bulk.job import run
+
+    corpus = tmp_path / "in"
+    write_jsonl(corpus / "a.jsonl", ["a small shard"] * 20)
+    write_jsonl(corpus / "b.jsonl", ["a larger shard, read in more than one part"] * 4000)
+    # About 50 kB on disk (under b's 100 kB parts), 500 kB of text: by its work, the largest part.
+    with gzip.open(corpus / "c.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": f"document {i}"}) + "\n" for i in range(20000))
+    started: list[str] = []
+
+    def fake_run(parts, cfg, job_bundle, on_result, on_progress, stopping):  # every part fails at once
+        for p in parts:
+            started.append(p.key)
+            on_result(p.failure("stand-in"))
+
+    monkeypatch.setattr(bulk.local, "run", fake_run)
+    cfg = resolve([str(corpus), "--out", str(tmp_path / "out"), "--model", "detector", "--models", str(MODELS),
+                   "--no-progress", "--part-mb", "0.1"])  # fmt: skip
+    assert run(cfg) == 4
+    planned = [*summary(tmp_path / "out")["failures"]["parts"]]
+    assert planned == sorted(planned, key=lambda k: (k.split("#")[0], int(k.split("#")[1])))
+    assert 40_000 < (corpus / "c.jsonl.gz").stat().st_size < 100_000
+    assert started[0] == "c.jsonl.gz#0" and started[-1] == "a.jsonl#0" and sorted(started) == sorted(planned)

@@ -180,3 +180,45 @@ def test_a_join_with_a_token_set_that_fails_says_the_token_may_be_wrong(monkeypa
     monkeypatch.delenv("RAY_AUTH_TOKEN")
     said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
     assert "give the job the cluster's token" in said and "may not be" not in said
+
+
+def _finished_job(tmp_path: Path, cfg, line: dict) -> None:
+    """--out holding `cfg`'s job.json and one finished part's manifest line."""
+    bundle = read_bundle(cfg.bundle_dir)
+    _, _, pending = read_fingerprint(cfg, bundle.manifest.model_sha256, tmp_path / "in",
+                                     bundle.manifest.threshold, bundle.sha256_as_read)  # fmt: skip
+    cfg.out.mkdir()
+    (cfg.out / "job.json").write_text(json.dumps(pending | {"part_bytes": 4096}))
+    (cfg.out / "manifest.jsonl").write_text(json.dumps(line) + "\n")
+
+
+def _refusal(cfg) -> str:
+    bundle = read_bundle(cfg.bundle_dir)
+    with pytest.raises(JobError) as refused:
+        own = bundle.manifest.threshold if bundle.manifest.kind == "detector" else None
+        read_fingerprint(cfg, bundle.manifest.model_sha256, None, own, bundle.sha256_as_read)
+    return str(refused.value)
+
+
+def test_an_out_holding_another_job_says_so_first_not_to_restore_a_bundle(tmp_path):
+    """A sentiment job on corpus B given the --out of a detector job on corpus A was told two sha256 pairs
+    and to restore the bundle as it was, though nothing had changed: the user picked another model."""
+    _finished_job(tmp_path, _cfg(tmp_path, MODELS), {"part": "a.jsonl#0", "rows": 3, "rejects": 0})
+    b = write_jsonl(tmp_path / "b" / "b.jsonl", DOCS)
+    cfg = resolve([str(b), "--out", str(tmp_path / "out"), "--model", "sentiment", "--models", str(MODELS)])
+    said = _refusal(cfg)
+    assert said.startswith(f"{cfg.out} holds another job (detector on {tmp_path / 'in' / 'a.jsonl'}), not this "
+                           f"one (sentiment on {b}): use a new --out"), said  # fmt: skip
+    assert "Restore" not in said and "sha256" not in said
+
+
+def test_an_out_whose_job_rejected_every_document_says_it_scored_none(tmp_path):
+    """Every document rejected for --text-field, the rerun with the right field on the same --out was told
+    only 'other settings (text_field ...)'."""
+    _finished_job(tmp_path, _cfg(tmp_path, MODELS), {"part": "a.jsonl#0", "rows": 0, "rejects": 3})
+    cfg = resolve([str(tmp_path / "in" / "a.jsonl"), "--out", str(tmp_path / "out"), "--model", "detector",
+                   "--models", str(MODELS), "--text-field", "review"])  # fmt: skip
+    said = _refusal(cfg)
+    assert said == (f"{cfg.out} holds a job with other settings (text_field: 'text' then, 'review' now) that scored "
+                    "no document: each was rejected (rejects.jsonl says why). Its files are left as they are; use "
+                    "a new --out, or remove that directory to start again")  # fmt: skip

@@ -176,13 +176,15 @@ def test_broken_links_fail_by_name_and_are_never_skipped(tmp_path):
     (corpus / "loop.jsonl").symlink_to("loop.jsonl")
     (corpus / ".hidden.jsonl").symlink_to("/nonexistent/hidden.jsonl")  # hidden: no input, as ever
     said = "a broken link (-> {}): mount or restore it, or remove the link".format
+    # A loop was said to be a broken link, to mount or restore: nothing is missing, the links lead round.
+    loop = "a loop of links (loop.jsonl -> loop.jsonl): point one at the file, or remove the links"
     root, files, unlisted = shards(str(corpus), "auto")
     assert [f.name for f in files] == ["ok.jsonl"]
     assert unlisted == {"disk3": said("/nonexistent/disk3"), "gone.jsonl": said("/nonexistent/disk3/gone.jsonl"),
-                        "loop.jsonl": said("loop.jsonl")}  # fmt: skip
+                        "loop.jsonl": loop}  # fmt: skip
     _, files, unlisted = shards(f"{corpus}/**/*.jsonl", "auto")
     assert [f.name for f in files] == ["ok.jsonl"]
-    assert unlisted == {f"{corpus}/disk3": said("/nonexistent/disk3"), "loop.jsonl": said("loop.jsonl"),
+    assert unlisted == {f"{corpus}/disk3": said("/nonexistent/disk3"), "loop.jsonl": loop,
                         "gone.jsonl": said("/nonexistent/disk3/gone.jsonl")}  # fmt: skip
     assert shards(f"{corpus}/*.jsonl", "auto")[2].keys() == {"gone.jsonl", "loop.jsonl"}
     assert shards(f"{corpus}/disk3/*.jsonl", "auto")[1:] == (
@@ -192,6 +194,14 @@ def test_broken_links_fail_by_name_and_are_never_skipped(tmp_path):
     for named in ("gone.jsonl", "disk3"):
         with pytest.raises(InputError, match=f"^{corpus}/{named}: a broken link"):
             shards(str(corpus / named), "auto")
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    (pair / "a.jsonl").symlink_to("b.jsonl")
+    (pair / "b.jsonl").symlink_to("a.jsonl")
+    assert shards(str(pair), "auto")[2] == {
+        "a.jsonl": "a loop of links (a.jsonl -> b.jsonl -> a.jsonl): point one at the file, or remove the links",
+        "b.jsonl": "a loop of links (b.jsonl -> a.jsonl -> b.jsonl): point one at the file, or remove the links",
+    }
 
 
 def test_a_broken_link_is_taken_as_a_file_of_its_name_would_be(tmp_path):
@@ -506,9 +516,15 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
             shards(str(spec), "auto")
     # INPUT under --out (nothing there is input), and a pipe: each said for what it is.
     lines(tmp_path / "wk" / "corpus" / "a.jsonl", [{"text": "a line"}])
-    for spec in (tmp_path / "wk" / "corpus", tmp_path / "wk" / "**" / "*.jsonl"):
-        with pytest.raises(InputError, match="it lies inside --out .*nothing under --out is input"):
-            shards(str(spec), "auto", tmp_path / "wk")
+    with pytest.raises(InputError, match="it lies inside --out .*nothing under --out is input"):
+        shards(str(tmp_path / "wk" / "corpus"), "auto", tmp_path / "wk")
+    # --out the input directory itself: its files were said to be none ("no input files", "it lies inside").
+    corpus = tmp_path / "wk" / "corpus"
+    for spec in (corpus, f"{corpus}/*.jsonl", f"{corpus}/", f"{corpus}/**/*.jsonl"):
+        with pytest.raises(
+            InputError, match=f"--out {corpus} is the input directory itself.*Choose another --out"
+        ):
+            shards(str(spec), "auto", corpus)
     os.mkfifo(tmp_path / "pipe.jsonl")
     with pytest.raises(InputError, match="is not a regular file \\(a pipe or a device\\?\\)"):
         shards(str(tmp_path / "pipe.jsonl"), "auto")

@@ -1,6 +1,7 @@
 """Which rows run together: rows sorted by length, cut where padding would cost more than another run.
 The server's lanes (app/scheduling/forming.py) and the corpus job (bulk/) form batches by this one rule,
-each within its own token budget (the server's lanes and bulk's --batch-tokens)."""
+each within its own token budget (the server's lanes and bulk's --batch-tokens), and every run within one
+bound on its attention scores."""
 
 from __future__ import annotations
 
@@ -8,11 +9,22 @@ from __future__ import annotations
 # engine benchmark's fit of run time against padded tokens: docs/benchmarks.md, "Micro-batching").
 RUN_OVERHEAD_TOKENS = 32
 
+# Attention holds rows x heads x length x length scores per layer, so a run's memory per padded token grows
+# with its rows' length: a token budget alone let 32 windows of 512 run at once (the detector's scores
+# [32, 12, 512, 512] floats, 400 MB; a bulk worker peaked at 1.34 GB on one long document, 0.57 GB at 8).
+# Every run's rows x length^2 stays within what the default budget (16,384 tokens) costs in rows of 128:
+# 8 rows of 512, 32 of 256; rows of 128 tokens and shorter are bound by the token budget alone. It is the
+# server's bulk batch (--bulk-batch-tokens 4,096 of 512-token windows), whose memory it measures at load
+# (app/scheduling/memory.py), so no interactive batch holds more attention than that one.
+ATTENTION_BUDGET = 16384 * 128
 
-def split_by_length(lengths: list[int], budget: int, overhead: int = RUN_OVERHEAD_TOKENS) -> list[int]:
+
+def split_by_length(
+    lengths: list[int], budget: int, overhead: int = RUN_OVERHEAD_TOKENS, attention: int = ATTENTION_BUDGET
+) -> list[int]:
     """Cut rows sorted by length into batches minimizing padded work: sum over batches of
-    (overhead + rows * longest row), each batch within `budget` padded tokens. Returns the cut indices
-    [0, ..., len(lengths)].
+    (overhead + rows * longest row), each batch within `budget` padded tokens and `attention` (rows *
+    longest row squared). Returns the cut indices [0, ..., len(lengths)].
 
     One batch padded to its longest row wastes most of its work when lengths vary; one batch per length
     pays the overhead too often. Cuts fall only where the length changes, so the dynamic programme runs
@@ -31,7 +43,7 @@ def split_by_length(lengths: list[int], budget: int, overhead: int = RUN_OVERHEA
         width = lengths[end - 1]
         for i in range(j - 1, -1, -1):  # the batch is rows[starts[i] : end]
             rows = end - starts[i]
-            if rows * width > budget and i < j - 1:
+            if (rows * width > budget or rows * width * width > attention) and i < j - 1:
                 break  # longer batches only get bigger; a single length group may exceed: it is cut below
             cost = best[i] + overhead + rows * width
             if cost < best[j]:
@@ -43,7 +55,8 @@ def split_by_length(lengths: list[int], budget: int, overhead: int = RUN_OVERHEA
     cuts.reverse()
     out = [0]
     for a, b in zip(cuts, cuts[1:], strict=False):
-        per = max(1, budget // lengths[b - 1])
+        width = lengths[b - 1]
+        per = max(1, min(budget // width, attention // (width * width)))
         out.extend(range(a + per, b, per))
         out.append(b)
     return out
