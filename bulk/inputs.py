@@ -207,15 +207,18 @@ def shards(
     if path.exists() and not path.is_dir():  # a pipe (`<(cat x.jsonl)`), a device, a socket
         raise InputError(f"{spec} is not a regular file (a pipe or a device?): a job cuts its files into parts and "
                          "reads them again when resumed; write the input to a file first")  # fmt: skip
-    # All of INPUT under --out: none of it is read, so the files there were said to be none ("no input
-    # files" beside a directory full of them). Said for what it is, before a file is looked at.
-    if out is not None and mine(fixed := _fixed_part(spec)):
-        if os.path.realpath(fixed) == real_out:
-            raise InputError(f"{spec}: --out {out} is the input directory itself; a job writes its outputs there, "
-                             "and nothing under --out is read as input. Choose another --out: a new directory, "
-                             "beside INPUT or inside it")  # fmt: skip
-        raise InputError(f"{spec}: it lies inside --out {out}, and nothing under --out is input: choose an --out "
-                         "outside it")  # fmt: skip
+    # All of INPUT under --out: none of its own files is read (links to files outside --out are), so where
+    # nothing else is found that is said for what it is, not as "no input files" beside a directory of them.
+    input_in_out = out is not None and mine(fixed := _fixed_part(spec))
+    if not input_in_out:
+        inside_out = ""
+    elif os.path.realpath(fixed) == real_out:
+        inside_out = (f": --out {out} is the input directory itself; a job writes its outputs there, and nothing "
+                      "under --out is read as input. Choose another --out: a new directory, beside INPUT or inside it")  # fmt: skip
+    else:
+        inside_out = (
+            f"; it lies inside --out {out}, and nothing under --out is input: choose an --out outside it"
+        )
     root = Path(os.path.abspath(path)) if path.is_dir() else glob_root(spec)
 
     def another_jobs(d: str, names: list[str]) -> bool:
@@ -248,7 +251,9 @@ def shards(
                     if is_file and _wanted(f, fmt):
                         if not mine(f):
                             files.append(f)
-                        elif not _own_output(os.path.relpath(os.path.realpath(f), real_out)):
+                        elif not input_in_out and not _own_output(
+                            os.path.relpath(os.path.realpath(f), real_out)
+                        ):
                             foreign.append(_shown(f, root))
                     elif is_file and _csv_left_out(f, fmt) and not mine(f):
                         left.csvs.append(_shown(f, root))
@@ -267,7 +272,11 @@ def shards(
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
             said = "".join(f"; {note}" for note in left_out_notes(left))
-            raise InputError(f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){said}")
+            if inside_out.startswith(":"):  # not "no input files": there are, and they are --out's
+                raise InputError(f"{spec}{inside_out}{said}")
+            raise InputError(
+                f"{spec}: no input files (looked for {', '.join(SUFFIXES)}, in any case){inside_out}{said}"
+            )
         files = _not_linked_twice(files, root, left)
         _add(left_out, left)
         return root, sorted(files), unlisted
@@ -279,7 +288,7 @@ def shards(
             if Path(p).is_file():
                 if not mine(p):
                     matches.append(Path(os.path.abspath(p)))
-                elif not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
+                elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
             elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
                 # By its shard's name, as a resume knows it.
@@ -289,7 +298,11 @@ def shards(
     _refuse_foreign(foreign, out)
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
-        raise InputError(f"{spec}: no such file or directory, and no file matches it as a glob{said}")
+        if inside_out.startswith(":"):
+            raise InputError(f"{spec}{inside_out}{said}")
+        raise InputError(
+            f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
+        )
     matches = _not_linked_twice(matches, root, left)
     _add(left_out, left)
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and

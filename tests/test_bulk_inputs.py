@@ -518,6 +518,11 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
     lines(tmp_path / "wk" / "corpus" / "a.jsonl", [{"text": "a line"}])
     with pytest.raises(InputError, match="it lies inside --out .*nothing under --out is input"):
         shards(str(tmp_path / "wk" / "corpus"), "auto", tmp_path / "wk")
+    # Its links to files outside --out are input, as they always were.
+    lines(tmp_path / "elsewhere" / "b.jsonl", [{"text": "a line"}])
+    (tmp_path / "wk" / "links").mkdir()
+    (tmp_path / "wk" / "links" / "b.jsonl").symlink_to(tmp_path / "elsewhere" / "b.jsonl")
+    assert [f.name for f in shards(str(tmp_path / "wk" / "links"), "auto", tmp_path / "wk")[1]] == ["b.jsonl"]
     # --out the input directory itself: its files were said to be none ("no input files", "it lies inside").
     corpus = tmp_path / "wk" / "corpus"
     for spec in (corpus, f"{corpus}/*.jsonl", f"{corpus}/", f"{corpus}/**/*.jsonl"):
