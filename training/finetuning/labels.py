@@ -188,9 +188,9 @@ def refuse_label_lists(values: list, path: str, read: Rows) -> None:
 
 def missing_marker_labels(values: list, listed: tuple[str, ...], path: str, read: Rows) -> str | None:
     """A few "NA" or "null" labels among class names (R's write.csv writes NA) made a class of their own in
-    silence. In under a tenth of the rows they are missing labels, refused as an empty label cell is; in more
-    they may be a class ("none" of an intent set), kept and said: the returned warning. A name --labels lists
-    is a class, said or not. Among numbers refuse_non_finite_targets decides."""
+    silence. They may be one ("None" of an intent set, "-" of a polarity set), and a run begun on them must
+    resume and export as it began, so they are kept and said, naming their rows: the returned warning. A
+    name --labels lists is a class, not said. Among numbers refuse_non_finite_targets decides."""
 
     def marker(v) -> bool:
         return isinstance(v, str) and v.strip().lower() in MISSING_MARKERS and label_name(v) not in listed
@@ -201,13 +201,10 @@ def missing_marker_labels(values: list, listed: tuple[str, ...], path: str, read
         return None
     names = Counter(label_name(values[n]) for n in rows)
     shown = ", ".join(f"{name!r} ({k} row{'s' * (k != 1)})" for name, k in names.most_common())
-    if len(rows) * 10 <= len(values):
-        first = names.most_common(1)[0][0]
-        raise DataError(f"--train: {path} {read.places(rows)}: the label is a missing value's mark, not a class "
-                        f"({shown} of {len(values)} rows): fill in those rows' labels or drop them; if {first!r} "
-                        "is a class, list the classes in --labels")  # fmt: skip
-    return (f"--train: labels {shown} of {len(values)} rows read as missing values, but are too many to be a slip: "
-            "kept as classes; if they are missing labels, fill them in or drop those rows")  # fmt: skip
+    where = f" ({path} {read.places(rows)})" if len(rows) * 10 <= len(values) else ""
+    return (f"--train: labels {shown} of {len(values)} rows{where} look like a missing value's mark, and are "
+            "trained as a class of their own: if they are missing labels, fill them in or drop those rows; if "
+            "they are a class, list the classes in --labels to say so")  # fmt: skip
 
 
 def case_variants(counts: Counter, listed: tuple[str, ...]) -> str | None:
