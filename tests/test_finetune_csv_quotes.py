@@ -30,7 +30,7 @@ def test_a_quote_opening_a_text_and_closed_rows_later_is_refused_naming_its_line
     with pytest.raises(DataError) as e:
         load(tmp_path, lines)
     said = str(e.value)
-    assert "t.csv line 11: a quote opens the 'text' field" in said and "lines 11-16" in said, said
+    assert "t.csv line 11: a quote opens a field there" in said and "lines 11-16" in said, said
     assert '""' in said and "JSONL" in said
 
 
@@ -57,3 +57,11 @@ def test_quoted_texts_with_line_breaks_and_quotes_inside_a_text_still_read(tmp_p
     assert rows(data) == 60
     texts = {ex.text for split in data.splits.values() for ex in split}
     assert 'text 14 the "end" bad' in texts and f'one{newline}{newline}two "quoted", neg' in texts
+    # Lines inside a quoted text that read as rows of the file (a rating "4,5", a "1,0"): valid CSV, read.
+    lines[30] = f'"Service: good{newline}Overall,pos{newline}1,0",neg'
+    lines[31] = '"loose" ,pos'  # a quote closed before a space, on its own line: read as before
+    data = load(tmp_path, lines, newline)
+    texts = {ex.text for split in data.splits.values() for ex in split}
+    assert (
+        rows(data) == 60 and f"Service: good{newline}Overall,pos{newline}1,0" in texts and "loose " in texts
+    )

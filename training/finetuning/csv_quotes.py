@@ -3,9 +3,11 @@ line breaks and commas, to the next quote anywhere in the file, and makes the ro
 `"He said hi,pos` on line 11, closed by a stray quote five lines on, merged them into one row in silence
 (and one never closed swallowed the rest of the file, then was named at its last line).
 
-A quoted text may hold line breaks (a paragraph is valid CSV), so a line break alone proves nothing. What
-does: a line inside a field that reads as a row of the file on its own, as many fields as the header, and
-a value in a read column (a label, most often) that other rows hold there.
+A quoted text may hold line breaks and lines that look like rows (a paragraph, a review quoting a rating
+"4,5"), so what such a field holds proves nothing. What does is the quoting itself: read strictly, a quote
+that closes a field must be followed by a delimiter or the line's end, and a file may not end inside one.
+A field that breaks that rule after running over several lines is a quote that swallowed rows; on its own
+line it is only a loose quote (`"abc" ,pos`), read as before.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import re
 from training.errors import DataError
 
 _BREAK = re.compile(r"\r\n|\r|\n")  # the csv module's lines, as a file opened with newline="" gives them
+
+_FIX = ("a quote inside a text must be doubled and the text quoted (\"He said \"\"hi\"\"\",pos), or write the "
+        "file as JSONL")  # fmt: skip
 
 
 def first_line(values, end: int) -> int:
@@ -38,38 +43,18 @@ def unclosed_quote(p, flag: str, values, end: int) -> str | None:
             f"lines {start}-{end} were read as one field; {_FIX}")  # fmt: skip
 
 
-_FIX = ("a quote inside a text must be doubled and the text quoted (\"He said \"\"hi\"\"\",pos), or write the "
-        "file as JSONL")  # fmt: skip
-
-
-def refuse_merged_rows(p, flag: str, rows: list[dict], ends: list[int], header: list[str],
-                       columns: tuple[str, ...]) -> None:  # fmt: skip
-    """Refuses the first record holding, inside a field, lines that read as rows of the file (see the
-    module's docstring), naming the line its quote opened on. `ends`: each record's last line."""
-    merged = [
-        i for i, row in enumerate(rows) if any(isinstance(v, str) and _BREAK.search(v) for v in row.values())
-    ]
-    if not merged:
-        return
-    read, skip = [c for c in dict.fromkeys(columns or header) if c in header], set(merged)
-    known = {c: {row[c] for i, row in enumerate(rows) if i not in skip} for c in read}
-    for i in merged:
-        for col, value in rows[i].items():
-            if not (isinstance(value, str) and _BREAK.search(value)):
-                continue
-            like = [line for line in _BREAK.split(value) if _reads_as_row(line, header, col, known)]
-            if like:
-                start, end = first_line(rows[i].values(), ends[i]), ends[i]
-                raise DataError(f"{flag}: {p} line {start}: a quote opens the {col!r} field there and the next "
-                                f"quote closes it on line {end}, so lines {start}-{end} were read as one row, "
-                                f"{len(like)} of them rows of their own ({like[0]!r}); {_FIX}")  # fmt: skip
-
-
-def _reads_as_row(line: str, header: list[str], col: str, known: dict[str, set]) -> bool:
-    try:
-        fields = next(csv.reader([line]), [])
-    except csv.Error:
-        return False
-    if len(fields) != len(header):
-        return False
-    return any(fields[j] in known[name] for j, name in enumerate(header) if name != col and name in known)
+def refuse_swallowing_quote(p, flag: str) -> None:
+    """Reads `p` (a CSV file) strictly, and refuses a record that breaks the quoting rule after running over
+    several lines (see the module's docstring), naming the line its quote opened on."""
+    with open(p, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f, strict=True)
+        ended = 0  # the line the last whole record ended on
+        try:
+            for _ in reader:
+                ended = reader.line_num
+        except csv.Error:
+            if reader.line_num > ended + 1:  # the failing record began on the line after the last one's end
+                start = ended + 1
+                raise DataError(f"{flag}: {p} line {start}: a quote opens a field there that no quote closes "
+                                f"where it should, so lines {start}-{reader.line_num} were read as one field; "
+                                f"{_FIX}") from None  # fmt: skip

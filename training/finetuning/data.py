@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
-from training.finetuning.csv_quotes import refuse_merged_rows, unclosed_quote
+from training.finetuning.csv_quotes import refuse_swallowing_quote, unclosed_quote
 from training.finetuning.labels import (
     COMMA_NUMBER,
     as_float,
@@ -196,9 +196,11 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
     kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
     sep = "a tab" if tsv else "a comma (quote such texts)"
+    if not tsv:
+        refuse_swallowing_quote(p, flag)
     with open(p, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, **kwargs)
-        rows, ends = [], []  # ends: each row's last line in the file
+        rows = []
         try:
             header = reader.fieldnames or []
             twice = sorted({name for name in header if name in columns and header.count(name) > 1})
@@ -220,11 +222,8 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
-                ends.append(reader.line_num)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
-    if not tsv:
-        refuse_merged_rows(p, flag, rows, ends, reader.fieldnames or [], columns)
     return rows
 
 
