@@ -143,3 +143,24 @@ def test_a_default_run_writes_its_run_folder_and_not_the_committed_file(tmp_path
         and "ELECTRA-Small joint" not in printed
     )
     assert (RESULTS / "train_throughput.json").read_bytes() == committed
+
+
+def test_a_load_above_the_threads_before_or_after_says_another_process_competed():
+    """train_throughput measured its matrix peak at 0.055 TFLOP/s on a busy machine (0.176-0.179 quiet)
+    and read every MFU against it, saying nothing; it now notes the load before and after, as engine did."""
+    from benchmarks.output import COMPETED, load_note
+
+    assert load_note(2, [1.9, 1.0, 1.0], [2.4, 1.0, 1.0]) == "quiet"
+    assert load_note(2, [3.1, 1.0, 1.0], [1.0, 1.0, 1.0]) == COMPETED  # busy at the start only
+    assert load_note(2, [1.0, 1.0, 1.0], [2.6, 1.0, 1.0]) == COMPETED
+    assert "another process competed: rerun" in COMPETED
+
+
+def test_versions_name_python_and_each_package_or_none():
+    import platform
+
+    from benchmarks.output import versions
+
+    v = versions("pytest", "no-such-package-here")
+    assert v["python"] == platform.python_version() and v["pytest"] == pytest.__version__
+    assert v["no-such-package-here"] is None
