@@ -135,13 +135,17 @@ def serve(
             start_new_session=True,  # its own process group: stop() takes any worker processes with it
         )
     server = Server(name, f"http://127.0.0.1:{port}", proc, log)
+    grace = STOP_GRACE_S
     try:
         wait_ready(name, proc, server.url + READY_PATH.get(name, "/ready"), timeout, server.tail)
         for i in range(8):  # first requests allocate and pick kernels; no client should pay for that
             post_json(server.url + warm_path, {"text": f"warm up request number {i} for the server"})
         yield server
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (benchmarks.cli): the benchmark itself stops
+        grace = STOPPING_GRACE_S
+        raise
     finally:
-        stop(proc, group=True)
+        stop(proc, grace=grace, group=True)
 
 
 def wait_ready(
@@ -191,7 +195,14 @@ def post_json(url: str, body: dict, timeout: float = 30) -> dict:
         return json.loads(r.read())
 
 
-def stop(proc: subprocess.Popen, grace: float = 20, group: bool = False) -> None:
+# How long a server may drain after SIGTERM before SIGKILL: at the end of a run, its requests finish. When
+# the benchmark itself is stopped (a signal) nothing waits for those answers, and a server draining a
+# client that holds a request open (hostile's slow clients) took the whole 20 s to go.
+STOP_GRACE_S = 20
+STOPPING_GRACE_S = 3
+
+
+def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after `grace` s. group: the process leads its own group (serve() starts
     servers so) and the signals go to the whole group: the peers' worker processes must not outlive a
     run, idle-polling a core."""
