@@ -164,3 +164,21 @@ def test_versions_name_python_and_each_package_or_none():
     v = versions("pytest", "no-such-package-here")
     assert v["python"] == platform.python_version() and v["pytest"] == pytest.__version__
     assert v["no-such-package-here"] is None
+
+
+def test_a_short_hostile_run_sends_every_heavy_kind_first_and_says_what_it_could_not_show():
+    """--seconds 20 sent only the 100k-character text (the rarer kinds came every 6th and 8th request) and
+    ended its slow clients at 22 s, before the server's 30-s read timeout, saying nothing of either."""
+    from benchmarks.load.hostile import HEAVY_KINDS, heavy_kind, read_timeout, skipped
+
+    assert {heavy_kind(i) for i in (1, 2, 3)} == set(HEAVY_KINDS) - {"largest admitted"}
+    assert [heavy_kind(i) for i in (4, 5, 6, 8)] == ["100k-char text", "largest admitted",
+                                                     "1 MB of escapes, not JSON", "1 MiB batch"]  # fmt: skip
+    assert read_timeout([]) == 30.0 and read_timeout(["--read-timeout-s", "10"]) == 10.0
+    sent = {"heavy": {k: {} for k in HEAVY_KINDS[:2]}}
+    short = skipped(sent, 20, 2, 20, 30.0)
+    assert set(short) == {*HEAVY_KINDS[2:], "slow clients cut off by the server"}
+    assert "--seconds 33 or more" in short["slow clients cut off by the server"]
+    whole = {"heavy": {k: {} for k in HEAVY_KINDS}}
+    assert skipped(whole, 120, 2, 20, 30.0) == {}
+    assert skipped(whole, 20, 2, 20, 10.0) == {}  # a server cutting off at 10 s shows it in 20
