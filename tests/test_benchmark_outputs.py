@@ -182,3 +182,20 @@ def test_a_short_hostile_run_sends_every_heavy_kind_first_and_says_what_it_could
     whole = {"heavy": {k: {} for k in HEAVY_KINDS}}
     assert skipped(whole, 120, 2, 20, 30.0) == {}
     assert skipped(whole, 20, 2, 20, 10.0) == {}  # a server cutting off at 10 s shows it in 20
+
+
+def test_a_replica_runs_in_a_session_of_its_own(tmp_path):
+    """faults and rolling started replicas in the benchmark's process group: a SIGINT to that group (a
+    script's `&` job, whose own SIGINT was ignored) killed the replicas alone, and faults reported its
+    replica-sigkill promise broken."""
+    import sys
+
+    from benchmarks.load.rolling import Replica
+
+    r = Replica("r0", 0, [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "r0.log")
+    r.start()
+    try:
+        assert os.getsid(r.proc.pid) == r.proc.pid != os.getsid(0)
+    finally:
+        r.proc.kill()
+        r.proc.wait(timeout=10)

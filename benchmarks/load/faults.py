@@ -178,7 +178,7 @@ def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Itera
     ]
     rows: list = []
     with (run_dir / f"{name}-locust.log").open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             # The fault comes once load is on: once the server has answered about a request per user
             # (locust's start-up takes from one to several seconds, by the machine's load).

@@ -392,7 +392,8 @@ def run_locust(
     if full_history:
         cmd.append("--csv-full-history")
     with open(f"{prefix}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=locust_env(load), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=locust_env(load), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # as the servers: the benchmark stops it  # fmt: skip
         # Ctrl-C or SIGTERM (benchmarks.cli) from here on, even while the sampler starts (a SIGTERM sent as
         # soon as locust appears landed there): locust must not go on alone.
         try:
