@@ -199,3 +199,34 @@ def test_a_replica_runs_in_a_session_of_its_own(tmp_path):
     finally:
         r.proc.kill()
         r.proc.wait(timeout=10)
+
+
+def test_a_missing_driver_or_peer_is_refused_before_any_server_starts(monkeypatch, capsys):
+    """Without locust the server started, then "locust exited with 1" and a traceback; without LitServe,
+    "litserve server exited with 1". Both are now one `error:` line naming the install, exit 2."""
+    import importlib.util
+
+    from benchmarks import cli
+    from benchmarks.load import serve_compare
+
+    real = importlib.util.find_spec
+    for absent, servers in (("locust", "ours"), ("litserve", "ours,litserve")):
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda m, absent=absent: None if m == absent else real(m)
+        )
+        assert cli.run(serve_compare.main, ["--servers", servers]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {absent} is not installed") and "pip install -e '.[bench]'" in err
+
+
+def test_engine_refuses_providers_cuda_without_cuda_before_timing(capsys):
+    import onnxruntime
+
+    from benchmarks import cli
+    from benchmarks.speed import engine
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: --providers cuda is no refusal here")
+    assert cli.run(engine.main, ["--providers", "cuda"]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("error: --providers cuda") and "GEMM peak" not in out.out

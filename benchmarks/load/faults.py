@@ -105,6 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = cli.parse_args(p, argv)
     results.settle(p, args)
+    lk.require()  # locust, before any server starts
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in args.faults if f not in PROMISES]

@@ -73,6 +73,19 @@ PEERS = ("litserve", "mosec")  # general-purpose servers a user would pick; /det
 READY_PATH = {"mosec": "/"}  # mosec has no route of ours for readiness; its root answers once workers run
 
 
+# What each server (beyond this project's own install) and the load driver import: checked before
+# anything starts (cli.require).
+NEEDS = {"transformers": ("transformers", "torch"), "litserve": ("litserve",), "mosec": ("mosec",)}
+DRIVER = ("locust",)
+
+
+def require(servers=()) -> None:
+    """Refuse a run whose servers or locust are not installed, before anything starts."""
+    from benchmarks.cli import require as require_modules
+
+    require_modules([*DRIVER, *(m for s in servers for m in NEEDS.get(s, ()))])
+
+
 def command(
     kind: str,
     port: int,

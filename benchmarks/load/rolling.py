@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     results = add_results(p, "rolling")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
+    lk.require()  # locust, before any server starts
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:

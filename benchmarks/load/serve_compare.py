@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from benchmarks import cli
@@ -158,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant_args is not None:
         servers.append(VARIANT)
     args.servers = servers
+    lk.require(servers)
     print(json.dumps({"serve_compare": vars(args)}, default=str), flush=True)
     return run(args)
 
@@ -169,10 +169,9 @@ def run(args) -> int:
     models = prepare(args.model, args.bundle, args.precision, args.data_dir, with_classifier=False, work=work)
     hf = Path(args.hf) if args.hf else models.hf_dir
     if "transformers" in args.servers and (hf is None or not (hf / "config.json").is_file()):
-        print(f"(c) needs the HF directory of the bundle's weights, and {hf or 'the manifest source'} has no "
-              "config.json: pass --hf DIR (or --model), or leave it out with --servers ours,unbatched",
-              file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)  # an option to change
+        raise cli.UsageError(f"--servers transformers needs the HF directory of the bundle's weights, and "
+                             f"{hf or 'the manifest source'} has no config.json: pass --hf DIR (or --model), "
+                             "or leave it out with --servers ours,unbatched")  # fmt: skip
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
     extra = args.server_args.split()

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from app.machine import cpu, describe_cpu
-from app.model.engine import PROVIDERS, session
+from app.model.engine import PROVIDERS, ProviderError, providers, session
 from benchmarks import cli
 from benchmarks.output import add_out_file, load_average, load_note, show_config, write_json
 
@@ -337,6 +337,10 @@ def write_progress(out: Path, result: dict, rows: list[dict], shapes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:  # before the GEMM peak's minute: --providers cuda on a machine without CUDA is refused at once
+        providers(args.providers)
+    except ProviderError as e:
+        raise cli.UsageError(str(e)) from None
     config = show_config("engine", args)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import onnxruntime
