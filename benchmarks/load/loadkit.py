@@ -28,7 +28,7 @@ from benchmarks.cli import detector_models, existing, positive_float, positive_i
 from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.load.mix import STANDARD as STANDARD_MIX  # noqa: F401 (the drivers' lk.STANDARD_MIX)
 from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (the drivers' lk.mix_paths, lk.parse_mix)
-from benchmarks.output import results_json
+from benchmarks.output import results_json, versions
 from options import usage_exit
 from training.errors import write_text_atomically
 
@@ -595,7 +595,7 @@ def machine() -> dict:
         **cpu(),
         "physical_cores": psutil.cpu_count(logical=False),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "python": sys.version.split()[0],
+        **versions("locust", "psutil"),  # and Python's; locust's pacing and percentiles are its version's
         # The module's version: onnxruntime-gpu and -openvino install it under other package names.
         "onnxruntime": onnxruntime.__version__,  # its kernels are what every figure times
     }
