@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -216,6 +217,18 @@ def flag_values_joined(p: argparse.ArgumentParser, argv: Sequence[str] | None) -
 class UsageError(Exception):
     """A benchmark's own refusal of an input its user gave (a run made with other settings, a bundle of
     the wrong kind): run prints it as one `error:` line and exits 2."""
+
+
+BENCH_INSTALL = "pip install -e '.[bench]'"
+
+
+def require(modules, install: str = BENCH_INSTALL) -> None:
+    """Refuse (UsageError: `error: ...`, exit 2) before anything starts when a module the run needs is not
+    installed; found only after a server had started, it was a traceback ("locust exited with 1")."""
+    missing = [m for m in dict.fromkeys(modules) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed, and this "
+                         f"run needs {'it' if len(missing) == 1 else 'them'}: {install}")  # fmt: skip
 
 
 # The project's own errors whose message names an input to change. Looked up only among the modules

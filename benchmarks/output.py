@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -160,3 +161,37 @@ def write_json(path: Path, result: dict) -> None:
     # killed mid-write would otherwise be left empty, the results before it lost with it.
     write_text_atomically(path, results_json(result) + "\n")
     print(f"wrote {path}")
+
+
+# -------------------------------------------------------------------------------- machine and versions
+
+
+def versions(*packages: str) -> dict[str, str | None]:
+    """Python's version and each installed package's (None where it is not installed), read from the
+    packages' metadata: nothing is imported, so asking costs no start-up and patches nothing (locust's
+    gevent)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def one(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), **{name: one(name) for name in packages}}
+
+
+def load_average() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages, rounded."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# The 1-minute load average above the threads a benchmark ran on by more than this: something else ran.
+COMPETED_MARGIN = 0.5
+COMPETED = "another process competed: rerun on a quiet machine"
+
+
+def load_note(threads: int, *loads: list[float]) -> str:
+    """COMPETED when any of the 1-minute load averages given (before, after) is above the threads the
+    benchmark used (plus COMPETED_MARGIN), else "quiet"."""
+    return COMPETED if any(load[0] > threads + COMPETED_MARGIN for load in loads) else "quiet"

@@ -32,8 +32,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from app.machine import cpu
 from benchmarks.cli import existing, positive_int
-from benchmarks.output import add_out_file, show_config, write_json
+from benchmarks.output import add_out_file, load_average, show_config, versions, write_json
 from training.atomic_dirs import directory_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -343,7 +344,9 @@ def _checks(args, only: list[str], config: dict) -> int:
         kept = {True: "yes", False: "**no**", None: "skipped"}[res["ok"]]
         shown = {k: v for k, v in res.items() if k not in ("ok", "runs", "kills")}
         print(f"| {name} | {kept} | {json.dumps(shown)} |")
-    write_json(args.out, {"config": config, "reference": reference, "results": rows})
+    write_json(args.out, {"config": config, "machine": {**cpu(), "load_avg_at_end": load_average()},
+                          "versions": versions("torch", "safetensors", "onnx", "onnxruntime"),
+                          "reference": reference, "results": rows})  # fmt: skip
     return 0 if all(res["ok"] is not False for res in rows.values()) else 1
 
 

@@ -143,3 +143,90 @@ def test_a_default_run_writes_its_run_folder_and_not_the_committed_file(tmp_path
         and "ELECTRA-Small joint" not in printed
     )
     assert (RESULTS / "train_throughput.json").read_bytes() == committed
+
+
+def test_a_load_above_the_threads_before_or_after_says_another_process_competed():
+    """train_throughput measured its matrix peak at 0.055 TFLOP/s on a busy machine (0.176-0.179 quiet)
+    and read every MFU against it, saying nothing; it now notes the load before and after, as engine did."""
+    from benchmarks.output import COMPETED, load_note
+
+    assert load_note(2, [1.9, 1.0, 1.0], [2.4, 1.0, 1.0]) == "quiet"
+    assert load_note(2, [3.1, 1.0, 1.0], [1.0, 1.0, 1.0]) == COMPETED  # busy at the start only
+    assert load_note(2, [1.0, 1.0, 1.0], [2.6, 1.0, 1.0]) == COMPETED
+    assert "another process competed: rerun" in COMPETED
+
+
+def test_versions_name_python_and_each_package_or_none():
+    import platform
+
+    from benchmarks.output import versions
+
+    v = versions("pytest", "no-such-package-here")
+    assert v["python"] == platform.python_version() and v["pytest"] == pytest.__version__
+    assert v["no-such-package-here"] is None
+
+
+def test_a_short_hostile_run_sends_every_heavy_kind_first_and_says_what_it_could_not_show():
+    """--seconds 20 sent only the 100k-character text (the rarer kinds came every 6th and 8th request) and
+    ended its slow clients at 22 s, before the server's 30-s read timeout, saying nothing of either."""
+    from benchmarks.load.hostile import HEAVY_KINDS, heavy_kind, read_timeout, skipped
+
+    assert {heavy_kind(i) for i in (1, 2, 3)} == set(HEAVY_KINDS) - {"largest admitted"}
+    assert [heavy_kind(i) for i in (4, 5, 6, 8)] == ["100k-char text", "largest admitted",
+                                                     "1 MB of escapes, not JSON", "1 MiB batch"]  # fmt: skip
+    assert read_timeout([]) == 30.0 and read_timeout(["--read-timeout-s", "10"]) == 10.0
+    sent = {"heavy": {k: {} for k in HEAVY_KINDS[:2]}}
+    short = skipped(sent, 20, 2, 20, 30.0)
+    assert set(short) == {*HEAVY_KINDS[2:], "slow clients cut off by the server"}
+    assert "--seconds 33 or more" in short["slow clients cut off by the server"]
+    whole = {"heavy": {k: {} for k in HEAVY_KINDS}}
+    assert skipped(whole, 120, 2, 20, 30.0) == {}
+    assert skipped(whole, 20, 2, 20, 10.0) == {}  # a server cutting off at 10 s shows it in 20
+
+
+def test_a_replica_runs_in_a_session_of_its_own(tmp_path):
+    """faults and rolling started replicas in the benchmark's process group: a SIGINT to that group (a
+    script's `&` job, whose own SIGINT was ignored) killed the replicas alone, and faults reported its
+    replica-sigkill promise broken."""
+    import sys
+
+    from benchmarks.load.rolling import Replica
+
+    r = Replica("r0", 0, [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "r0.log")
+    r.start()
+    try:
+        assert os.getsid(r.proc.pid) == r.proc.pid != os.getsid(0)
+    finally:
+        r.proc.kill()
+        r.proc.wait(timeout=10)
+
+
+def test_a_missing_driver_or_peer_is_refused_before_any_server_starts(monkeypatch, capsys):
+    """Without locust the server started, then "locust exited with 1" and a traceback; without LitServe,
+    "litserve server exited with 1". Both are now one `error:` line naming the install, exit 2."""
+    import importlib.util
+
+    from benchmarks import cli
+    from benchmarks.load import serve_compare
+
+    real = importlib.util.find_spec
+    for absent, servers in (("locust", "ours"), ("litserve", "ours,litserve")):
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda m, absent=absent: None if m == absent else real(m)
+        )
+        assert cli.run(serve_compare.main, ["--servers", servers]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {absent} is not installed") and "pip install -e '.[bench]'" in err
+
+
+def test_engine_refuses_providers_cuda_without_cuda_before_timing(capsys):
+    import onnxruntime
+
+    from benchmarks import cli
+    from benchmarks.speed import engine
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: --providers cuda is no refusal here")
+    assert cli.run(engine.main, ["--providers", "cuda"]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("error: --providers cuda") and "GEMM peak" not in out.out

@@ -160,14 +160,29 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
     ]
     r = median_round(rounds)
     assert (r["rps"], r["p50_ms"]) == (170.0, 6)  # one whole round's figures, not a mix of rounds
-    assert (r["failures"], r["requests"]) == (2, 5300)
+    assert (r["failures"], r["requests"], r["median_round"]) == (0, 1700, 3)  # that round's counts too
+    assert (r["all_rounds_failures"], r["all_rounds_requests"]) == (2, 5300)  # the others' beside them
     assert r["rounds_rps"] == [150.0, 210.0, 170.0]
     assert median_round(rounds[:2])["rps"] == 150.0  # an even count takes the lower middle
 
 
-def test_the_median_rounds_error_rate_and_messages_are_every_rounds():
+def test_an_even_rounds_figure_and_paired_ratio_take_the_same_middle():
+    """With --rounds 4 a server's figure was the lower middle round, while the paired ratio averaged the
+    two middle ratios: the two said different things of the same rounds."""
+    from benchmarks.load.serve_compare import median_round, paired
+
+    def rounds(*rps):
+        return median_round([{"rps": x, "failures": 0, "requests": 10} for x in rps])
+
+    ours, other = rounds(100.0, 120.0, 140.0, 160.0), rounds(100.0, 100.0, 100.0, 100.0)
+    assert ours["rps"] == 120.0  # the lower middle round
+    assert paired(ours, other) == "1.20 (ahead in 3 of 4)"  # not 1.30, the mean of 1.2 and 1.4
+
+
+def test_a_median_rows_counts_are_its_own_and_every_rounds_are_beside_them():
     """The failures and requests were summed over the rounds but the error rate kept the median round's:
-    "300/3600 (0.00%)"."""
+    "300/3600 (0.00%)"; then the rate was the sums', beside the median round's req/s, latencies and window.
+    A row is now one round throughout, the sums under all_rounds_* (and in the targets and notes)."""
     from benchmarks.load.loadkit import load_row
     from benchmarks.load.serve_compare import median_round
 
@@ -177,10 +192,12 @@ def test_the_median_rounds_error_rate_and_messages_are_every_rounds():
                 "failure_messages": list(messages), "run_time_s": 6, "measured_s": 4.9, "cpu_pct": {}}  # fmt: skip
 
     m = median_round([r(100, 1000, 300, ["300x POST detect x1: HTTP 503"]), r(120, 1200, 0), r(140, 1400, 0)])
-    assert (m["rps"], m["failures"], m["requests"]) == (120, 300, 3600)
-    assert m["error_rate"] == 300 / 3600
-    assert "300/3600 (8.33%)" in load_row(m)
-    assert m["failure_messages"] == ["round 1: 300x POST detect x1: HTTP 503"]  # though round 2 is shown
+    assert (m["rps"], m["failures"], m["requests"], m["error_rate"]) == (120, 0, 1200, 0.0)  # round 2's
+    assert "0/1200 (0.00%)" in load_row(m)
+    assert (m["all_rounds_failures"], m["all_rounds_requests"]) == (300, 3600)
+    assert m["all_rounds_error_rate"] == 300 / 3600
+    # though round 2 is shown
+    assert m["all_rounds_failure_messages"] == ["round 1: 300x POST detect x1: HTTP 503"]
     assert m["measured_load_s"] == 14.7  # what locust measured, not the 18 s asked
 
 
@@ -221,6 +238,8 @@ def test_a_target_no_run_measured_is_marked_not_measured():
     paced = {"offered_rps": 70.0, "failures": 0}
     assert below({"ours": [one_user, top]}, {"ours": [paced]}) == [False, True]
     assert below({"ours": [top]}, {"ours": [{**paced, "offered_rps": 99.0}]}) == [None, None]  # saturated
+    other_round = {**one_user, "failures": 0, "all_rounds_failures": 2}  # not in the median round
+    assert below({"ours": [other_round, top]}, {}) == [False, None]
 
 
 def test_bulk_is_compared_warm_with_warm_rivals_and_end_to_end():

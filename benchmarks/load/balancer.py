@@ -90,7 +90,8 @@ def haproxy(replicas: dict[str, int], work: Path, check: HealthCheck) -> Iterato
     cfg.write_text(config(port, stats_port, replicas, check))
     log = (work / "haproxy.log").open("w")
     # -db: stay in the foreground; -W: master-worker, so SIGTERM stops it cleanly.
-    proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(cfg)], stdout=log, stderr=log)
+    proc = subprocess.Popen([haproxy_binary(), "-W", "-db", "-f", str(cfg)], stdout=log, stderr=log,
+                            start_new_session=True)  # as every child of a benchmark (rolling.Replica)  # fmt: skip
     balancer = Balancer(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{stats_port}/stats;csv", proc)
     try:
         deadline = time.monotonic() + 30

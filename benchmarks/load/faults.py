@@ -105,6 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = cli.parse_args(p, argv)
     results.settle(p, args)
+    lk.require()  # locust, before any server starts
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in args.faults if f not in PROMISES]
@@ -178,7 +179,7 @@ def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Itera
     ]
     rows: list = []
     with (run_dir / f"{name}-locust.log").open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             # The fault comes once load is on: once the server has answered about a request per user
             # (locust's start-up takes from one to several seconds, by the machine's load).

@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 
 import httpx
 
 from app.machine import describe_cpu
+from app.settings import Settings
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.loadmodels import REPO, WORK
@@ -35,6 +37,7 @@ PARAGRAPH = (
     "rises and the meadows flood; children watch the herons from the bridge. "
 )
 MB = 1 << 20
+SLOW_BYTE_EVERY_S = 3.0  # a slow client's pace after half its body
 
 
 async def largest_request(client: httpx.AsyncClient) -> list[str]:
@@ -69,20 +72,33 @@ async def normal(client: httpx.AsyncClient, rps: float, until: float, out: list)
     await asyncio.gather(*tasks)
 
 
+HEAVY_KINDS = ("largest admitted", "100k-char text", "1 MB of escapes, not JSON", "1 MiB batch")
+
+
+def heavy_kind(i: int) -> str:
+    """The kind of a big client's i-th request (from 1): each of the rarer kinds once first, so a short
+    run sends every kind (--seconds 20 once sent the 100k-character text alone); then every fourth an
+    oversized text, every sixth 1 MB of escapes, every eighth ~1 MiB, the rest the largest admitted."""
+    if i <= 3:
+        return HEAVY_KINDS[4 - i]
+    return next((k for n, k in ((8, HEAVY_KINDS[3]), (6, HEAVY_KINDS[2]), (4, HEAVY_KINDS[1])) if i % n == 0),
+                HEAVY_KINDS[0])  # fmt: skip
+
+
 async def heavy(client: httpx.AsyncClient, big: list[str], until: float, out: list) -> None:
-    """Closed loop of maximum-size requests; every fourth an oversized text, every sixth 1 MB of escapes
-    that are not JSON (its error path once took seconds on the event loop), every eighth ~1 MiB."""
+    """Closed loop of maximum-size requests, with oversized texts, 1 MB of escapes that are not JSON (its
+    error path once took seconds on the event loop) and ~1 MiB batches mixed in (heavy_kind)."""
+    bodies = {
+        HEAVY_KINDS[0]: {"texts": big, "return": "words"},
+        HEAVY_KINDS[1]: {"text": "!" * 100_000},
+        HEAVY_KINDS[2]: b'{"text":"' + b"\\\\ud800" * 149_000 + b' \\ud800"}',
+        HEAVY_KINDS[3]: {"texts": [PARAGRAPH * 200] * 32},
+    }
     i = 0
     while time.perf_counter() < until:
         i += 1
-        if i % 8 == 0:
-            body, kind = {"texts": [PARAGRAPH * 200] * 32}, "1 MiB batch"
-        elif i % 6 == 0:
-            body, kind = b'{"text":"' + b"\\\\ud800" * 149_000 + b' \\ud800"}', "1 MB of escapes, not JSON"
-        elif i % 4 == 0:
-            body, kind = {"text": "!" * 100_000}, "100k-char text"
-        else:
-            body, kind = {"texts": big, "return": "words"}, "largest admitted"
+        kind = heavy_kind(i)
+        body = bodies[kind]
         t = time.perf_counter()
         try:
             sent = (
@@ -100,6 +116,7 @@ async def slow_client(port: int, until: float, out: list) -> None:
     """Headers and half the body, then a byte every 3 s; records how long the server kept it open."""
     body = b'{"text": "' + b"slow " * 200 + b'"}'
     t = time.perf_counter()
+    writer = None
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         head = f"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
@@ -108,16 +125,20 @@ async def slow_client(port: int, until: float, out: list) -> None:
         for b in body[len(body) // 2 :]:
             if time.perf_counter() > until:
                 break
-            await asyncio.sleep(3)
+            await asyncio.sleep(SLOW_BYTE_EVERY_S)
             writer.write(bytes([b]))
             await writer.drain()
             if reader.at_eof():
                 break
         status = (await asyncio.wait_for(reader.read(200), 1)).split(b" ")[1:2]
         out.append((time.perf_counter() - t, (status or [b"closed"])[0].decode()))
-        writer.close()
     except (TimeoutError, OSError, IndexError) as e:
         out.append((time.perf_counter() - t, type(e).__name__))
+    finally:
+        # Cancelled too (the benchmark stopped): a connection left open holds the server's drain, which
+        # waits for the request in flight on it.
+        if writer is not None:
+            writer.close()
 
 
 async def drive(url: str, port: int, args) -> dict:
@@ -133,6 +154,35 @@ async def drive(url: str, port: int, args) -> dict:
         jobs += [slow_client(port, until, slow_out) for _ in range(args.slow_clients)]
         await asyncio.gather(*jobs)
     return {"largest_admitted_texts": len(big), "normal": normal_out, "heavy": heavy_out, "slow": slow_out}
+
+
+def skipped(result: dict, seconds: float, big_clients: int, slow_clients: int, read_timeout_s: float) -> dict:
+    """What a run too short (or given no such clients) did not show, and why: a heavy kind no big client
+    reached, and slow clients the run itself ended before the server's read timeout could cut them off."""
+    out = {}
+    for kind in HEAVY_KINDS:
+        if kind not in result["heavy"]:
+            out[kind] = ("no --big-clients" if not big_clients else
+                         f"not reached in --seconds {seconds:g}: the big clients were still on the requests before it")  # fmt: skip
+    if slow_clients and read_timeout_s and seconds < read_timeout_s + SLOW_BYTE_EVERY_S:
+        out["slow clients cut off by the server"] = (
+            f"--seconds {seconds:g} ends the slow clients before the server's --read-timeout-s "
+            f"{read_timeout_s:g} (and a byte every {SLOW_BYTE_EVERY_S:g} s) could; give --seconds "
+            f"{read_timeout_s + SLOW_BYTE_EVERY_S:g} or more"
+        )
+    elif slow_clients and not read_timeout_s:
+        out["slow clients cut off by the server"] = "--read-timeout-s 0: the server has no read timeout"
+    return out
+
+
+def read_timeout(server_args: list[str]) -> float:
+    """The server's --read-timeout-s, as --server-args sets it, else its default."""
+    for i, a in enumerate(server_args):
+        if a == "--read-timeout-s" and i + 1 < len(server_args):
+            return float(server_args[i + 1])
+        if a.startswith("--read-timeout-s="):
+            return float(a.split("=", 1)[1])
+    return next(f.default for f in dataclasses.fields(Settings) if f.name == "read_timeout_s")
 
 
 def summarize(raw: dict, samples: list[dict], t0: float) -> dict:
@@ -215,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(Exception):
             raw["metrics_tail"] = httpx.get(server.url + "/metrics", timeout=5).text[-4000:]
     result = summarize(raw, sampler.samples, t0)
+    result["skipped"] = skipped(
+        result, args.seconds, args.big_clients, args.slow_clients, read_timeout(extra)
+    )
     result |= {"seconds": args.seconds, "rps": args.rps, "big_clients": args.big_clients,
                "slow_clients_started": args.slow_clients, "server_args": args.server_args, "machine": machine, "config": config,
                "logs": str(log_dir)}  # fmt: skip
@@ -239,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['largest_admitted_texts']} texts of ~1.3k tokens. {args.seconds:.0f} s on {describe_cpu(result['machine'])}, "
         f"load average at start {result['machine']['load_avg_at_start']}."
     )
+    if result["skipped"]:
+        md += "\n\nNot shown by this run:\n\n" + "\n".join(
+            f"- {k}: {why}" for k, why in result["skipped"].items()
+        )
     print(md)
     js, mdp = lk.write_report(args.name, result, md, args.results)
     print(f"wrote {js} and {mdp}; the server's log in {log_dir}")

@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     results = add_results(p, "load_profile")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
+    lk.require()  # locust, before any server starts
     try:
         cfg = ProfileConfig(**vars(args))
     except ValueError as e:

@@ -28,7 +28,7 @@ from benchmarks.cli import detector_models, existing, positive_float, positive_i
 from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.load.mix import STANDARD as STANDARD_MIX  # noqa: F401 (the drivers' lk.STANDARD_MIX)
 from benchmarks.load.mix import mix_paths, parse_mix  # noqa: F401 (the drivers' lk.mix_paths, lk.parse_mix)
-from benchmarks.output import results_json
+from benchmarks.output import results_json, versions
 from options import usage_exit
 from training.errors import write_text_atomically
 
@@ -71,6 +71,19 @@ SERVERS = {
 }
 PEERS = ("litserve", "mosec")  # general-purpose servers a user would pick; /detect with "text" only
 READY_PATH = {"mosec": "/"}  # mosec has no route of ours for readiness; its root answers once workers run
+
+
+# What each server (beyond this project's own install) and the load driver import: checked before
+# anything starts (cli.require).
+NEEDS = {"transformers": ("transformers", "torch"), "litserve": ("litserve",), "mosec": ("mosec",)}
+DRIVER = ("locust",)
+
+
+def require(servers=()) -> None:
+    """Refuse a run whose servers or locust are not installed, before anything starts."""
+    from benchmarks.cli import require as require_modules
+
+    require_modules([*DRIVER, *(m for s in servers for m in NEEDS.get(s, ()))])
 
 
 def command(
@@ -135,13 +148,17 @@ def serve(
             start_new_session=True,  # its own process group: stop() takes any worker processes with it
         )
     server = Server(name, f"http://127.0.0.1:{port}", proc, log)
+    grace = STOP_GRACE_S
     try:
         wait_ready(name, proc, server.url + READY_PATH.get(name, "/ready"), timeout, server.tail)
         for i in range(8):  # first requests allocate and pick kernels; no client should pay for that
             post_json(server.url + warm_path, {"text": f"warm up request number {i} for the server"})
         yield server
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (benchmarks.cli): the benchmark itself stops
+        grace = STOPPING_GRACE_S
+        raise
     finally:
-        stop(proc, group=True)
+        stop(proc, grace=grace, group=True)
 
 
 def wait_ready(
@@ -191,7 +208,14 @@ def post_json(url: str, body: dict, timeout: float = 30) -> dict:
         return json.loads(r.read())
 
 
-def stop(proc: subprocess.Popen, grace: float = 20, group: bool = False) -> None:
+# How long a server may drain after SIGTERM before SIGKILL: at the end of a run, its requests finish. When
+# the benchmark itself is stopped (a signal) nothing waits for those answers, and a server draining a
+# client that holds a request open (hostile's slow clients) took the whole 20 s to go.
+STOP_GRACE_S = 20
+STOPPING_GRACE_S = 3
+
+
+def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after `grace` s. group: the process leads its own group (serve() starts
     servers so) and the signals go to the whole group: the peers' worker processes must not outlive a
     run, idle-polling a core."""
@@ -381,7 +405,8 @@ def run_locust(
     if full_history:
         cmd.append("--csv-full-history")
     with open(f"{prefix}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=locust_env(load), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=locust_env(load), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # as the servers: the benchmark stops it  # fmt: skip
         # Ctrl-C or SIGTERM (benchmarks.cli) from here on, even while the sampler starts (a SIGTERM sent as
         # soon as locust appears landed there): locust must not go on alone.
         try:
@@ -570,7 +595,7 @@ def machine() -> dict:
         **cpu(),
         "physical_cores": psutil.cpu_count(logical=False),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "python": sys.version.split()[0],
+        **versions("locust", "psutil"),  # and Python's; locust's pacing and percentiles are its version's
         # The module's version: onnxruntime-gpu and -openvino install it under other package names.
         "onnxruntime": onnxruntime.__version__,  # its kernels are what every figure times
     }

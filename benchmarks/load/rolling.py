@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     results = add_results(p, "rolling")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
+    lk.require()  # locust, before any server starts
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:
@@ -90,9 +91,13 @@ class Replica:
 
     def start(self) -> None:
         with self.log.open("a") as f:
+            # A session of its own, as every child of a benchmark: a signal to the benchmark's process group
+            # (Ctrl-C; a SIGINT to a script that started it with &) reaches the benchmark alone, which
+            # stops its children itself; a replica killed by it behind the benchmark's back read as a fault.
             self.proc = subprocess.Popen(
-                self.argv, cwd=REPO, env=lk.server_env(), stdout=f, stderr=subprocess.STDOUT
-            )
+                self.argv, cwd=REPO, env=lk.server_env(), stdout=f, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
 
     def wait_ready(self, timeout: float = 120) -> None:
         url = f"http://127.0.0.1:{self.port}/ready"
@@ -175,7 +180,7 @@ def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[
     restarts = []
     with StatusWatch(lb.stats_url) as watch, (run_dir / "locust.log").open("w") as log:
         started = time.time()
-        locust = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        locust = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             spawned = wait_spawned(locust, spawned_file, run_dir / "locust.log")
             time.sleep(args.before_s)

@@ -12,7 +12,8 @@ same weights: (c) loads the HF directory the bundle was exported from.
 Phase 1, saturation: closed loop, each users step. The servers run side by side (an idle one costs no
 CPU) and take turns in --rounds interleaved rounds of run-time/rounds seconds each (whole seconds, as
 locust times them, at least 5 each: 22 s in 4 rounds are 6, 6, 5 and 5 s), order reversed every round;
-each figure is the round with the median req/s, over the window locust measured (from the last user
+each row is the round with the median req/s, whole (for an even --rounds the lower middle one, as the
+paired ratios take theirs), over the window locust measured (from the last user
 spawned to the last request: up to about a second less than the round). On a shared 2-core VM the same
 server measured 120 and 206 req/s at one user twenty minutes apart: rounds make every server meet the same drift, where
 one long run per server after another compared each with a different machine. Phase 2, equal offered load:
@@ -29,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from benchmarks import cli
@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         "a round); the report gives the window measured",
     )
     p.add_argument(
-        "--rounds", type=cli.positive_int, default=3, help="interleaved rounds the run time is split into"
+        "--rounds",
+        type=cli.positive_int,
+        default=3,
+        help="interleaved rounds the run time is split into; each figure is the median round's (for an "
+        "even count the lower middle one, as for the paired ratios)",
     )
     p.add_argument(
         "--offered-rps",
@@ -153,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant_args is not None:
         servers.append(VARIANT)
     args.servers = servers
+    lk.require(servers)
     print(json.dumps({"serve_compare": vars(args)}, default=str), flush=True)
     return run(args)
 
@@ -164,10 +169,9 @@ def run(args) -> int:
     models = prepare(args.model, args.bundle, args.precision, args.data_dir, with_classifier=False, work=work)
     hf = Path(args.hf) if args.hf else models.hf_dir
     if "transformers" in args.servers and (hf is None or not (hf / "config.json").is_file()):
-        print(f"(c) needs the HF directory of the bundle's weights, and {hf or 'the manifest source'} has no "
-              "config.json: pass --hf DIR (or --model), or leave it out with --servers ours,unbatched",
-              file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)  # an option to change
+        raise cli.UsageError(f"--servers transformers needs the HF directory of the bundle's weights, and "
+                             f"{hf or 'the manifest source'} has no config.json: pass --hf DIR (or --model), "
+                             "or leave it out with --servers ours,unbatched")  # fmt: skip
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
     extra = args.server_args.split()
@@ -263,7 +267,8 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, li
                 r = median_round(rs)
                 saturation[kind].append(r)
                 print(f"  {kind} {users:>3} users: {r['rps']:.1f} req/s (rounds {r['rounds_rps']}), "
-                      f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['failures']} failed", flush=True)  # fmt: skip
+                      f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['failures']} failed "
+                      f"({r['all_rounds_failures']} in all rounds)", flush=True)  # fmt: skip
     for kind, rows in saturation.items():
         for r in rows:
             r["idle_cpu_pct_of_core"] = idle[kind]
@@ -306,9 +311,11 @@ def round_times(run_time_s: float, rounds: int) -> list[int]:
 
 
 def median_round(rounds: list[dict]) -> dict:
-    """The round with the median req/s (the lower middle one for an even count), with every round's
-    req/s beside it; failures are summed over the rounds, so none is hidden, and so are the error rate
-    (of the summed counts, not the median round's own) and locust's error messages (each round's)."""
+    """The round with the median req/s (statistics.median_low: the lower middle one for an even count, as
+    `paired` takes its ratios), whole: its req/s, latencies, requests, failures, error rate, per-name
+    figures and window all describe that one round. Beside it, every round's req/s, and the counts over
+    all the rounds under keys of their own (all_rounds_*), so a failure in another round is not hidden:
+    the targets and the failure notes read those."""
     ranked = sorted(rounds, key=lambda r: r["rps"])
     middle = ranked[(len(ranked) - 1) // 2]
     measured = [r["measured_s"] for r in rounds if r.get("measured_s") is not None]
@@ -321,13 +328,23 @@ def median_round(rounds: list[dict]) -> dict:
     ]
     return {
         **middle,
-        "failures": failures,
-        "requests": requests,
-        "error_rate": failures / requests if requests else 0.0,
-        **({"failure_messages": messages} if "failure_messages" in middle else {}),
+        "median_round": rounds.index(middle) + 1,
         "rounds_rps": [round(r["rps"], 1) for r in rounds],
+        "all_rounds_requests": requests,
+        "all_rounds_failures": failures,
+        "all_rounds_error_rate": failures / requests if requests else 0.0,
+        "all_rounds_failure_messages": messages,
         # The seconds locust measured over every round; none where a round has no window.
         **({"measured_load_s": round(sum(measured), 2)} if len(measured) == len(rounds) else {}),
+    }
+
+
+def all_rounds(r: dict) -> dict:
+    """A saturation row's failures and requests over all its rounds (an equal-load run is one round)."""
+    return {
+        "failures": r.get("all_rounds_failures", r["failures"]),
+        "requests": r.get("all_rounds_requests", r.get("requests")),
+        "failure_messages": r.get("all_rounds_failure_messages", r.get("failure_messages") or []),
     }
 
 
@@ -352,13 +369,15 @@ def ratios(sat: dict[str, list[dict]], steps) -> list[dict]:
 
 def paired(ours: dict, other: dict) -> str | None:
     """Round i of each server ran back to back, so their ratio compares one state of a shared machine:
-    the median of those ratios, and in how many rounds ours was ahead."""
+    the median of those ratios (the lower middle one for an even count, as each server's figure is its
+    lower middle round), and in how many rounds ours was ahead."""
     pairs = [
         a / b for a, b in zip(ours.get("rounds_rps", []), other.get("rounds_rps", []), strict=False) if b
     ]
     if len(pairs) < 2:
         return None
-    return f"{statistics.median(pairs):.2f} (ahead in {sum(r > 1 for r in pairs)} of {len(pairs)})"
+    # median_low, as median_round picks a server's figure: with an even count both are the lower middle.
+    return f"{statistics.median_low(pairs):.2f} (ahead in {sum(r > 1 for r in pairs)} of {len(pairs)})"
 
 
 def targets(sat: dict, equal: dict, top: int) -> list[dict]:
@@ -399,7 +418,7 @@ def targets(sat: dict, equal: dict, top: int) -> list[dict]:
         ("at the lower users steps", lower),
         ("at an equal offered load below saturation", paced),
     ):
-        failed = sum(r["failures"] for r in runs)
+        failed = sum(all_rounds(r)["failures"] for r in runs)  # a failure in any round, not only the median
         out.append({"target": f"ours: no failed request {what}", "value": failed if runs else "no such run",
                     "met": failed == 0 if runs else None})  # fmt: skip
     return out
@@ -449,7 +468,15 @@ def markdown(data: dict) -> str:
     rounds = [f"{kind} x{r['users']}: {r['rounds_rps']}" for kind, rs in data["saturation"].items()
               for r in rs if "rounds_rps" in r]  # fmt: skip
     if rounds:
-        lines += ["", "Each round's req/s: " + "; ".join(rounds) + "."]
+        lines += ["", "Each round's req/s: " + "; ".join(rounds) + ". Every figure of a row is its median "
+                  "round's (the lower middle one for an even count)."]  # fmt: skip
+    failed = [f"{kind} x{r['users']}: {r['all_rounds_failures']} of {r['all_rounds_requests']}"
+              for kind, rs in data["saturation"].items() for r in rs if r.get("all_rounds_failures")]  # fmt: skip
+    if failed:
+        lines += [
+            "",
+            "Failed over all rounds (the table counts the median round's): " + "; ".join(failed) + ".",
+        ]
     if data["ratios"]:
         keys = [k for k in data["ratios"][0] if k != "users"]
         lines += [
@@ -477,7 +504,7 @@ def markdown(data: dict) -> str:
                 [[t["target"], t["value"], MET[t["met"]]] for t in data["targets"]],
             )
         )
-    runs = [(f"{k} at {r['users']} users", r) for k, rs in data["saturation"].items() for r in rs]
+    runs = [(f"{k} at {r['users']} users", all_rounds(r)) for k, rs in data["saturation"].items() for r in rs]
     runs += [(f"{k} at {r['offered_rps']} req/s", r) for k, rs in data["equal_load"].items() for r in rs]
     lines += ["", lk.CPU_NOTE, *lk.failure_notes(runs)]
     return "\n".join(lines)

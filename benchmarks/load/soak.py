@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     results = add_results(p, "soak")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
+    lk.require()  # locust, before any server starts
     seconds = args.minutes * 60
     if args.warmup_s is None:
         args.warmup_s = min(120.0, seconds / 4)

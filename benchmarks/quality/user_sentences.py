@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import cli
-from benchmarks.output import add_out_file, results_json, show_config
+from benchmarks.output import add_out_file, results_json, show_config, versions
 from training.errors import write_text_atomically
 
 SOURCES = ("commons", "wikitext2")
@@ -237,6 +237,9 @@ def make_pickers(args, tokenizer, reference) -> dict:
 
         generator, _, _ = load_model(resolve_checkpoint(args.generator) / "generator")
         pickers["generator"] = generator_picker(tokenizer, generator.eval())
+    else:  # the docs and the description say three: the run says which it left out, and why
+        print("swapping words two ways (frequency, pos): the third, the generator's, needs --generator RUN",
+              flush=True)  # fmt: skip
     pickers["frequency"] = frequency_picker(tokenizer, reference.unigrams)
     pickers["pos"] = pos_picker(tokenizer, read_lexicon(fetch("pos-lexicon", data_dir=args.data_dir)))
     return pickers
@@ -303,6 +306,8 @@ def main(argv=None) -> None:
         "threshold": threshold,
         "source": args.items or args.source,
         "cpu": cpu(),
+        "versions": versions("onnxruntime", "tokenizers", "numpy"),
+        "swaps": kinds,  # without --generator (and --items) two: the generator's needs a pretraining run
         "summary": {"all": summarise(swapped, clean), **{k: summarise([x for x in swapped if x["kind"] == k], clean) for k in kinds}},
         "breakdowns": {"all": breakdowns(swapped, clean, summarise), **{k: breakdowns([x for x in swapped if x["kind"] == k], clean, summarise) for k in kinds}},
         "config": config,
@@ -330,10 +335,11 @@ def print_report(report: dict) -> None:
     print(
         f"\n{report['bundle']} on {report['source']} at threshold {report['threshold']} ({report['cpu']['int8_kernel_path']})"
     )
-    print(f"{'swaps':<10}{'n':>5} " + " ".join(f"{c[:12]:>12}" for c in cols))
+    # Each column as wide as its name: cut to 12 characters, "span_precision" read "span_precisi".
+    print(f"{'swaps':<10}{'n':>5} " + " ".join(f"{c:>{max(12, len(c))}}" for c in cols))
     for kind, s in report["summary"].items():
         if s:
-            print(f"{kind:<10}{s['sentences']:>5} " + " ".join(f"{s[c]:>12.3f}" for c in cols))
+            print(f"{kind:<10}{s['sentences']:>5} " + " ".join(f"{s[c]:>{max(12, len(c))}.3f}" for c in cols))
     print("\nby length (all swaps): " + ", ".join(
         f"{k}: n={v['sentences']} top1={v.get('top1', float('nan')):.3f} recall={v.get('span_recall', float('nan')):.3f}"
         for k, v in report["breakdowns"]["all"]["by_length"].items()))  # fmt: skip

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from app.machine import cpu, describe_cpu
-from app.model.engine import PROVIDERS, session
+from app.model.engine import PROVIDERS, ProviderError, providers, session
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config, write_json
+from benchmarks.output import add_out_file, load_average, load_note, show_config, write_json
 
 SHAPES = ((1, 16), (1, 64), (8, 64), (32, 128))
 
@@ -337,6 +337,10 @@ def write_progress(out: Path, result: dict, rows: list[dict], shapes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:  # before the GEMM peak's minute: --providers cuda on a machine without CUDA is refused at once
+        providers(args.providers)
+    except ProviderError as e:
+        raise cli.UsageError(str(e)) from None
     config = show_config("engine", args)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import onnxruntime
@@ -384,10 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['batch']:>3}x{r['length']:<3} {r['engine']:<26} {r['ms']:8.2f} {r['tokens_per_s']:9.0f} "
               f"{r['speedup_vs_transformers']:8.2f} {100 * r['peak_share']:6.1f}% ({r['peak_kind']})")  # fmt: skip
     # load > threads: another process competed
-    result["machine"]["load_average_after"] = os.getloadavg()
-    load = os.getloadavg()[0]
-    note = "another process competed: rerun on a quiet machine" if load > args.threads + 0.5 else "quiet"
-    print(f"\nload average after the run: {load:.1f} ({note})")
+    after = result["machine"]["load_average_after"] = load_average()
+    print(f"\nload average after the run: {after[0]:.1f} ({load_note(args.threads, after)})")
     write_progress(Path(args.out), result, rows, args.shapes)
     return 0
 

@@ -33,7 +33,7 @@ import torch
 
 from app.machine import cpu, describe_cpu
 from benchmarks import cli
-from benchmarks.output import add_out_file, show_config
+from benchmarks.output import COMPETED, add_out_file, load_average, load_note, show_config, versions
 from benchmarks.speed.host_reads import syncs_in
 from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
@@ -413,6 +413,9 @@ def main(argv=None) -> None:
     # The ceilings the chosen variants are read against, and only those: a CPU without native bf16 takes
     # 3 s over its bf16 product alone. TF32 is a CUDA mode: on a CPU its ceiling is fp32's.
     used = {VARIANTS[n].precision for n in names}
+    # Before the peak's products and after the steps: on a busy CPU the peak is measured low (0.055
+    # TFLOP/s against 0.176-0.179 quiet, below) and every MFU read against it high.
+    load = {"start": load_average()}
     peaks = {}
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("tf32", torch.float32)):
         if precision in used:
@@ -422,6 +425,7 @@ def main(argv=None) -> None:
                 for n in names}  # fmt: skip
     runners = {n: Runner(v, args, device) for n, v in variants.items()}
     facts = {**cpu(), "amx_bf16": cpu_has_native_bf16()}
+    software = versions("torch", "transformers")
     where = torch.cuda.get_device_name(device) if gpu else f"{args.threads} threads of {describe_cpu(facts)}"
     timed_shape = shape(next(iter(runners.values())).cfg)
     out = Path(args.out)
@@ -430,7 +434,8 @@ def main(argv=None) -> None:
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)
         write_text_atomically(out, json.dumps({"config": resolved, "shape": timed_shape, "device": where, "torch": torch.__version__,
-                                   "cuda": torch.version.cuda, "machine": facts, "matmul_peak_tflops": peaks,
+                                   "cuda": torch.version.cuda, "machine": facts, "versions": software,
+                                   "load_average": load, "matmul_peak_tflops": peaks,
                                    "complete": complete, "results": summary}, indent=2))  # fmt: skip
         return summary
 
@@ -440,8 +445,16 @@ def main(argv=None) -> None:
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("tf32", torch.float32)):
         if precision in peaks:
             peaks[precision] = max(peaks[precision], matmul_peak(device, dtype, precision == "tf32" and gpu))
+    load["end"] = load_average()
+    # A GPU's peak is the GPU's: the host's load says nothing of it.
+    load["note"] = load_note(args.threads, load["start"], load["end"]) if not gpu else "not judged on a GPU"
     summary = report(results, complete=True)
     print_table(summary, where, peaks, timed_shape)
+    print(f"load average (1 min) at start {load['start'][0]:.1f}, at the end {load['end'][0]:.1f} on "
+          f"{args.threads} threads: {load['note']}")  # fmt: skip
+    if load["note"] == COMPETED:
+        print(f"warning: {COMPETED}: the matrix peak was measured while another process ran, so every MFU "
+              "above is read against too low a peak (too high); tokens/s between variants still compare")  # fmt: skip
     if any(r.get("mfu", 0) > 1 for r in summary.values()):
         print("note: MFU above 100%: the matrix peak was measured low (another process was busy?); compare "
               "tokens/s between variants instead, or run again on a quiet machine")  # fmt: skip
