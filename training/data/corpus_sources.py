@@ -75,7 +75,7 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 record = json.loads(line)
                 text = record[text_field]
             except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                raise CorpusError(f"{path}:{lineno}: {_json_problem(line, e)}") from None
             except (KeyError, TypeError):
                 # Naming the keys the line has: the usual cause is a corpus whose text is under another one.
                 has = (
@@ -91,6 +91,17 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 raise CorpusError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not text")
             if text.strip():
                 yield text.strip()
+
+
+def _json_problem(line: str, e: json.JSONDecodeError) -> str:
+    """What is wrong with a JSONL line, and where: json's own message ends in "at", its position cut off
+    ("Invalid control character at"), so the column is said here."""
+    problem = f"not valid JSON at column {e.colno}: {e.msg.removesuffix(' at')}"
+    if e.pos >= len(line.rstrip("\n")) and "control character" in e.msg:
+        # The line's own end met inside a string: the text of one object spread over several lines.
+        problem += (" (a string not closed before the line ends: each line must be one whole JSON object, "
+                    "with a line break inside text written as \\n)")  # fmt: skip
+    return problem
 
 
 def _files_under(path: Path, dangling: list[Path] | None = None) -> list[Path]:
