@@ -6,7 +6,30 @@ from __future__ import annotations
 
 import pytest
 
-from training.data.corpus_sources import CorpusError, iter_text_documents
+from training.data.corpus import corpus_key, read_corpus
+from training.data.corpus_sources import CorpusError, corpus_files_note, iter_text_documents
+
+
+def test_a_link_to_a_file_of_the_corpus_is_read_once_and_named(tmp_path):
+    """Linked directories were read once, but a file link beside its target (y.txt -> x.txt) was read twice:
+    every document of it trained twice as often, and no note said so."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "x.txt").write_text("first doc\n\nsecond doc\n")
+    (corpus / "a.txt").symlink_to(corpus / "x.txt")  # sorts first: the file itself is still the one kept
+    (corpus / "y.txt").symlink_to("x.txt")
+    (tmp_path / "outside.txt").write_text("a doc from elsewhere\n")
+    (corpus / "z.txt").symlink_to(tmp_path / "outside.txt")  # a link to a file read nowhere else: read
+    assert list(iter_text_documents(corpus)) == ["first doc", "second doc", "a doc from elsewhere"]
+    assert corpus_files_note(str(corpus)) == (
+        f"2 file(s) read from {corpus}; 2 left out, the same file as one read: a.txt (read as x.txt), "
+        "y.txt (read as x.txt)"
+    )
+    docs = sorted(d for split in ("train", "valid") for d in read_corpus(str(corpus), split))
+    assert docs == ["a doc from elsewhere", "first doc", "second doc"]
+    before = corpus_key(str(corpus), "train")
+    (corpus / "y.txt").unlink()  # a link left out is no text: the shards made before still hold
+    assert corpus_key(str(corpus), "train") == before
 
 
 @pytest.mark.parametrize(
