@@ -51,3 +51,27 @@ def test_a_jsonl_line_that_is_not_json_is_said_with_its_line_and_column(tmp_path
     with pytest.raises(CorpusError) as e:
         list(iter_text_documents(tmp_path / "bad.jsonl"))
     assert str(e.value) == f"{tmp_path}/{said}"
+
+
+def test_a_corpus_of_few_large_documents_is_told_how_much_of_it_validation_takes(tmp_path, capsys):
+    """3 documents of ~190 KB with --valid-fraction 0.01 held out 39% of the tokens, in silence: the split
+    takes whole documents, and never none."""
+    few = tmp_path / "few.txt"
+    few.write_text("\n\n".join(f"document {i}: " + "some words of a long text " * 400 for i in range(3)))
+    train = list(read_corpus(str(few), "train"))
+    held = list(read_corpus(str(few), "valid"))
+    share = sum(map(len, held)) / sum(map(len, train + held))
+    assert len(held) == 1 and share > 0.3
+    err = capsys.readouterr().err
+    assert (
+        f"note: {few}: {share:.0%} of its text is held out for validation, not the ~1% --valid-fraction asks"
+        in err
+    )
+    assert "1 of its 3 hold that much; to train on more of it, cut it into more, smaller documents" in err
+    assert err.count("held out for validation") == 1  # said once, for the train split
+    list(read_corpus(str(few), "train"))
+    assert capsys.readouterr().err == ""  # read again (a vocabulary, then shards): not said again
+    many = tmp_path / "many.txt"
+    many.write_text("\n\n".join(f"document number {i}" for i in range(500)))
+    list(read_corpus(str(many), "train"))
+    assert "held out" not in capsys.readouterr().err
