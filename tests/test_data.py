@@ -1028,6 +1028,9 @@ def test_resume_gives_the_same_next_batch(packed):
     # It named neither --seq-len nor --batch-size: a --seq-len too long for the text left one row.
     says = f"makes {len(packed)} rows of {packed.info.seq_len} tokens \\(--seq-len\\), fewer than one global batch"
     with pytest.raises(ValueError, match=says + ".*use a smaller --batch-size or --seq-len, or more text"):
+        Batches(packed, len(packed) + 1, seed=0)
+    with pytest.raises(ValueError, match=says + r".*use fewer processes \(torchrun --nproc_per_node\), a smaller "
+                       "--batch-size or --seq-len, or more text"):  # fmt: skip
         Batches(packed, len(packed), seed=0, world_size=2)
 
 

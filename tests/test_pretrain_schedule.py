@@ -147,7 +147,8 @@ def test_a_replay_on_fewer_processes_says_its_global_batch_differs(ran, tmp_path
     assert (
         f"that run took {2 * tokens} tokens per step on 2 process(es), this one takes {tokens} on 1" in note
     )
-    assert f"torchrun --nproc_per_node 2, or give --batch-size {2 * b} (the same global batch)" in note, note
+    assert f"torchrun --nproc_per_node 2; --batch-size {2 * b} gives the same global batch here: the same data " \
+           "and schedule, not the same weights bit for bit" in note, note  # fmt: skip
     assert replay_notes(again, 2) == []  # under torchrun with as many
     doubled, _ = resolve_config(
         ["--config", str(replayed), "--out", str(tmp_path / "b"), "--batch-size", str(2 * b)]

@@ -241,7 +241,8 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         None, "directory already holding the registry files (else fetched and cached)", env="ELECTRA_DATA_DIR"
     )
     tokenizer: str = option(
-        "train", '"train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path'
+        "train",
+        '"train" a WordPiece vocab on the corpus, or a vocab.txt / tokenizer.json path, or a run of ours',
     )
     # Warm start. With --init the discriminator's shape and the tokenizer come from the source, and the
     # shape and tokenizer options below are filled in from it (see training/pretraining/warmstart.py).

@@ -274,7 +274,8 @@ def read_corpus(
     """Documents of ``split`` from a registry corpus name (``wikitext2``) or a user path.
 
     For user paths, ``valid`` is the ~``valid_fraction`` of documents whose text hashes lowest, and never
-    empty: if no document falls under the threshold (tiny corpora), the lowest-hashing one is held out.
+    empty: if no document falls under the threshold (tiny corpora), the lowest-hashing one is held out
+    (where that is far more of the text than ``valid_fraction``, a note says so: _large_share).
     A corpus needs at least 2 documents. Costs one extra hashing pass over the files, shown as a progress
     bar with ``progress``.
     """
@@ -316,12 +317,16 @@ def read_corpus(
 
 class _Hashes(NamedTuple):
     """A user corpus's documents as the held-out split counts them: how many, how many hash below the
-    held-out share, the lowest hash and how many documents have it."""
+    held-out share, the lowest hash and how many documents have it; and their characters, all of them,
+    those below the share and those at the lowest hash (what each way of holding out takes)."""
 
     count: int
     below: int
     lowest: float
     at_lowest: int
+    chars: int = 0
+    chars_below: int = 0
+    chars_lowest: int = 0
 
     @property
     def splits(self) -> bool:
@@ -333,22 +338,29 @@ def _hashes(source: str, text_field: str, valid_fraction: float, progress: bool)
     from training.progress import progress_bar
 
     count, below, lowest, at_lowest = 0, 0, 1.0, 0
+    chars = chars_below = chars_lowest = 0
     with progress_bar(
         desc=f"choosing held-out documents of {Path(source).name}", unit="doc", disable=not progress
     ) as bar:
         for text in iter_text_documents(source, text_field=text_field):
             h = _unit_hash(text)
             count, below = count + 1, below + (h < valid_fraction)
-            lowest, at_lowest = (h, 1) if h < lowest else (lowest, at_lowest + (h == lowest))
+            chars, chars_below = chars + len(text), chars_below + len(text) * (h < valid_fraction)
+            if h < lowest:
+                lowest, at_lowest, chars_lowest = h, 1, len(text)
+            elif h == lowest:
+                at_lowest, chars_lowest = at_lowest + 1, chars_lowest + len(text)
             bar.update(1)
-    return _Hashes(count, below, lowest, at_lowest)
+    return _Hashes(count, below, lowest, at_lowest, chars, chars_below, chars_lowest)
 
 
 def _joined(parts: list[_Hashes]) -> _Hashes:
     """The counts of several corpora's documents taken as one corpus's."""
     lowest = min(h.lowest for h in parts)
     return _Hashes(sum(h.count for h in parts), sum(h.below for h in parts), lowest,
-                   sum(h.at_lowest for h in parts if h.lowest == lowest))  # fmt: skip
+                   sum(h.at_lowest for h in parts if h.lowest == lowest), sum(h.chars for h in parts),
+                   sum(h.chars_below for h in parts),
+                   sum(h.chars_lowest for h in parts if h.lowest == lowest))  # fmt: skip
 
 
 def _how_documents_part(source: str) -> str:
@@ -377,9 +389,35 @@ def _cut(source: str, h: _Hashes, split: str, valid_fraction: float) -> float:
     # document so neither split is empty. Still deterministic: it depends only on the texts.
     cut = valid_fraction if 0 < h.below < h.count else math.nextafter(h.lowest, 2.0)
     if cut != valid_fraction and h.at_lowest > 1 and split == "train":
-        print(f"note: {source}: {h.at_lowest} of its {h.count} documents are held out for validation: copies of the "
-              "one text held out (copies of a text always go to the same side)", file=sys.stderr, flush=True)  # fmt: skip
+        _note(f"note: {source}: {h.at_lowest} of its {h.count} documents are held out for validation: copies of the "
+              "one text held out (copies of a text always go to the same side)")  # fmt: skip
+    if split == "train" and (said := _large_share(source, h, cut == valid_fraction, valid_fraction)):
+        _note(said)
     return cut
+
+
+def _large_share(source: str, h: _Hashes, by_share: bool, valid_fraction: float) -> str | None:
+    """A note where the held-out documents are a share of the text far above --valid-fraction (None
+    otherwise): the split takes whole documents, at least one, so a corpus of a few large ones loses a
+    large part of its text to validation (3 of ~190 KB each at 0.01 held out 39% of the tokens)."""
+    held, docs = (h.chars_below, h.below) if by_share else (h.chars_lowest, h.at_lowest)
+    share = held / h.chars if h.chars else 0.0
+    if share <= max(3 * valid_fraction, 0.02):  # a few times the share asked, and a notable part of the text
+        return None
+    return (f"note: {source}: {share:.0%} of its text is held out for validation, not the ~{valid_fraction:.0%} "
+            f"--valid-fraction asks: the held-out split takes whole documents, at least one, and {docs} of its "
+            f"{h.count} hold that much; to train on more of it, cut it into more, smaller documents (a blank "
+            "line between them in a .txt file; one a line in a .jsonl)")  # fmt: skip
+
+
+_SAID: set[str] = set()
+
+
+def _note(line: str) -> None:
+    # Once per process: the train split is read twice where the run trains its vocabulary on it.
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _held_out(source: str, split: str, text_field: str, cut: float) -> Iterator[str]:

@@ -75,7 +75,7 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 record = json.loads(line)
                 text = record[text_field]
             except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                raise CorpusError(f"{path}:{lineno}: {_json_problem(line, e)}") from None
             except (KeyError, TypeError):
                 # Naming the keys the line has: the usual cause is a corpus whose text is under another one.
                 has = (
@@ -91,6 +91,17 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 raise CorpusError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not text")
             if text.strip():
                 yield text.strip()
+
+
+def _json_problem(line: str, e: json.JSONDecodeError) -> str:
+    """What is wrong with a JSONL line, and where: json's own message ends in "at", its position cut off
+    ("Invalid control character at"), so the column is said here."""
+    problem = f"not valid JSON at column {e.colno}: {e.msg.removesuffix(' at')}"
+    if e.pos >= len(line.rstrip("\n")) and "control character" in e.msg:
+        # The line's own end met inside a string: the text of one object spread over several lines.
+        problem += (" (a string not closed before the line ends: each line must be one whole JSON object, "
+                    "with a line break inside text written as \\n)")  # fmt: skip
+    return problem
 
 
 def _files_under(path: Path, dangling: list[Path] | None = None) -> list[Path]:
@@ -128,6 +139,18 @@ def _read_as_corpus(file: Path) -> bool:
     return file.name.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
 
 
+def _once_each(files: list[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """`files` (sorted), each real file once, as linked directories are walked: a link to a file read
+    already would train its documents twice as often. The file itself is kept rather than a link to it,
+    else the first by name; (left out, kept) for each one left out, for the note that names it."""
+    kept: dict[str, Path] = {}
+    for file in sorted(files, key=lambda f: (f.is_symlink(), f)):
+        kept.setdefault(os.path.realpath(file), file)
+    chosen = set(kept.values())
+    twice = [(f, kept[os.path.realpath(f)]) for f in files if f not in chosen]
+    return [f for f in files if f in chosen], twice
+
+
 def corpus_files_note(source: str) -> str | None:
     """For each directory of a corpus, how many files are read and which are left out (by their names'
     endings, or as links to nothing), so that a CSV, a binary file or a link to a dataset moved away is not
@@ -140,9 +163,16 @@ def corpus_files_note(source: str) -> str | None:
         dangling: list[Path] = []
         files = sorted(_files_under(path, dangling))
         left = [f.relative_to(path).as_posix() for f in files if not _read_as_corpus(f)]
-        note = f"{len(files) - len(left)} file(s) read from {path}"
+        _, twice = _once_each([f for f in files if _read_as_corpus(f)])
+        note = f"{len(files) - len(left) - len(twice)} file(s) read from {path}"
         if left:
             note += f"; {len(left)} left out, not {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}: {_some(left)}"
+        if twice:
+            same = [
+                f"{f.relative_to(path).as_posix()} (read as {k.relative_to(path).as_posix()})"
+                for f, k in twice
+            ]
+            note += f"; {len(twice)} left out, the same file as one read: {_some(same)}"
         if dangling:
             gone = sorted(f"{f.relative_to(path).as_posix()} -> {os.readlink(f)}" for f in dangling)
             note += f"; {len(gone)} left out, links to nothing: {_some(gone)}"
@@ -192,7 +222,7 @@ def _corpus_files(path: Path) -> list[Path]:
         files = sorted(f for f in _files_under(path) if _read_as_corpus(f))
         if not files:
             raise CorpusError(f"{path} holds no {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files")
-        return files
+        return _once_each(files)[0]
     if not path.exists():
         raise CorpusError(
             f"corpus {str(path)!r} is neither a registry corpus ({', '.join(REGISTRY_CORPORA)}) nor a path that exists"

@@ -491,9 +491,13 @@ class Batches:
         self.rank, self.world_size = rank, world_size
         self.global_batch = batch_size * world_size
         if len(dataset) < self.global_batch:
+            # --batch-size 1 can go no lower: then only fewer processes make the global batch smaller.
+            fix = "a smaller --batch-size or --seq-len" if batch_size > 1 else "a smaller --seq-len"
+            if world_size > 1:
+                fix = f"fewer processes (torchrun --nproc_per_node), {fix}"
             raise ShardsError(f"the data makes {len(dataset)} rows of {dataset.info.seq_len} tokens (--seq-len), fewer "
                               f"than one global batch of {self.global_batch} (--batch-size {batch_size} x "
-                              f"{world_size} process(es)): use a smaller --batch-size or --seq-len, or more text")  # fmt: skip
+                              f"{world_size} process(es)): use {fix}, or more text")  # fmt: skip
         self.group_by_length = group_by_length
         self.lengths = dataset.lengths() if group_by_length else None
         self.epoch = 0

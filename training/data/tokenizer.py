@@ -327,7 +327,8 @@ def _normalisation(cfg: dict, lowercase: bool) -> dict:
 
 
 def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> Tokenizer:
-    """Load a tokenizer.json, a vocab.txt, or a directory holding either (tokenizer.json preferred).
+    """Load a tokenizer.json, a vocab.txt, or a directory holding either (tokenizer.json preferred), or a
+    pretraining run's directory (its tokenizer/).
 
     ``lowercase`` only applies to a vocab.txt (a tokenizer.json carries its own normalizer): leave it True
     for uncased vocabularies such as bert-base-uncased, set it False for cased ones. A directory's
@@ -341,6 +342,10 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
             cfg = _json_file(p / "tokenizer_config.json", {})  # read once: what splits, normalises and adds
             _check_wordpiece(cfg, p / "tokenizer_config.json")
             return _with_added_tokens(_from_vocab(p / "vocab.txt", **_normalisation(cfg, lowercase)), p, cfg)
+        if _holds_a_tokenizer(
+            p / "tokenizer"
+        ):  # a pretraining run's directory: its tokenizer/ (as --init reads it)
+            return load_tokenizer(p / "tokenizer", lowercase=lowercase)
         raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
     if not p.is_file():
         raise TokenizerError(
@@ -361,6 +366,10 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
             _add_post_processor(tok)
         return tok
     return _from_vocab(p, lowercase)
+
+
+def _holds_a_tokenizer(directory: Path) -> bool:
+    return (directory / "tokenizer.json").is_file() or (directory / "vocab.txt").is_file()
 
 
 def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:

@@ -84,7 +84,11 @@ def _global_batch_note(cfg: PretrainConfig, world: int, where: str, saved: dict)
     tokens_now = cfg.batch_size * cfg.grad_accum * world * cfg.seq_len
     same = f"run it under torchrun --nproc_per_node {then}" if then > 1 else "run it in one process"
     if rows * then % (world * cfg.grad_accum) == 0:
-        same += f", or give --batch-size {rows * then // (world * cfg.grad_accum)} (the same global batch)"
+        # Not "as it did": each process draws its own dropout masks and gradients sum in another order, so
+        # only as many processes give its weights bit for bit.
+        same += (f"; --batch-size {rows * then // (world * cfg.grad_accum)} gives the same global batch here: the "
+                 "same data and schedule, not the same weights bit for bit (each process draws its own dropout "
+                 "masks)")  # fmt: skip
     return (f"{where}: that run took {tokens_then} tokens per step on {then} process(es), this one takes "
             f"{tokens_now} on {world} (--batch-size is each process's): to train as it did, {same}")  # fmt: skip
 

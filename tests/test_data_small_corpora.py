@@ -1,0 +1,58 @@
+"""What a run on little text, or on a vocabulary that does not fit it, is told: cheap, on shards of a few
+documents and a tokenizer trained on them in well under a second."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.data.shards import Batches, PackedDataset, ShardsError, build_shards
+from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
+
+TEXTS = [f"document {i}: the quick brown fox jumps over the lazy dog number {i}." for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_wordpiece(TEXTS, vocab_size=200)
+
+
+@pytest.fixture(scope="module")
+def few_rows(tokenizer, tmp_path_factory) -> PackedDataset:
+    out = tmp_path_factory.mktemp("few") / "train"
+    build_shards(TEXTS[:1], tokenizer, 64, out)  # one row
+    return PackedDataset(out)
+
+
+def test_a_corpus_smaller_than_a_batch_at_batch_size_1_is_told_fewer_processes(few_rows):
+    """Under torchrun with 2 processes, --batch-size 1 was told to "use a smaller --batch-size": there is
+    none. Fewer processes make the global batch smaller."""
+    assert len(few_rows) == 1
+    with pytest.raises(ShardsError) as e:
+        Batches(few_rows, 1, seed=0, rank=0, world_size=2)
+    assert "--batch-size 1 x 2 process(es)): use fewer processes (torchrun --nproc_per_node), a smaller --seq-len, " \
+           "or more text" in str(e.value)  # fmt: skip
+    assert "smaller --batch-size" not in str(e.value)
+
+
+def test_an_uncased_vocabulary_kept_cased_is_warned_of_by_its_share_of_unk(tokenizer, tmp_path):
+    """bert-base-uncased's vocab.txt with --lowercase false trained on 14.7% [UNK]s (0.03% lowercased), in
+    silence: every capitalised word is one."""
+    from training.pretraining.data import unk_share, unk_warning
+
+    save_tokenizer(tokenizer, tmp_path / "uncased")  # trained lowercased: no capital letter in it
+    text = [t.capitalize().replace("quick brown fox", "Quick Brown Fox") for t in TEXTS]
+    shares = {}
+    for lowercase in (True, False):
+        tok = load_tokenizer(tmp_path / "uncased" / "vocab.txt", lowercase=lowercase)
+        info = build_shards(text, tok, 64, tmp_path / f"lowercase-{lowercase}")
+        shares[lowercase] = unk_share(info, special_ids(tok).unk)
+        said = unk_warning(shares[lowercase], tok)
+        if lowercase:
+            assert shares[lowercase] == 0.0 and said is None
+        else:
+            assert 0.1 < shares[lowercase] < 0.5, shares
+            assert said.startswith(
+                f"warning: {shares[lowercase]:.1%} of the training text's tokens are [UNK]"
+            )
+            assert "the tokenizer keeps case but the vocabulary has no capital letters" in said
+            assert "give --lowercase true" in said
