@@ -65,3 +65,20 @@ def test_quoted_texts_with_line_breaks_and_quotes_inside_a_text_still_read(tmp_p
     assert (
         rows(data) == 60 and f"Service: good{newline}Overall,pos{newline}1,0" in texts and "loose " in texts
     )
+
+
+def test_a_loose_quote_early_does_not_hide_a_swallowing_one_later(tmp_path):
+    """The strict read stopped at its first error: a tolerated `"abc" ,pos` on line 2 let a quote that
+    swallowed lines 5-8 through, merged in silence."""
+    lines = list(ROWS)
+    lines[0], lines[3], lines[6] = '"abc" ,pos', '"He said hi,pos', 'She said "wow",neg'
+    with pytest.raises(DataError, match="t.csv line 5: a quote opens a field there.*lines 5-8"):
+        load(tmp_path, lines)
+
+
+def test_a_multi_line_text_closed_loosely_reads_as_before(tmp_path):
+    lines = list(ROWS)
+    lines[2] = '"para one\npara two" ,pos'
+    data = load(tmp_path, lines)
+    texts = {ex.text for split in data.splits.values() for ex in split}
+    assert rows(data) == 60 and "para one\npara two " in texts

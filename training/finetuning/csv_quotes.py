@@ -45,16 +45,47 @@ def unclosed_quote(p, flag: str, values, end: int) -> str | None:
 
 def refuse_swallowing_quote(p, flag: str) -> None:
     """Reads `p` (a CSV file) strictly, and refuses a record that breaks the quoting rule after running over
-    several lines (see the module's docstring), naming the line its quote opened on."""
+    several lines (see the module's docstring), naming the line its quote opened on. A loose quote (on its
+    own line, or closing a multi-line text before a space) is read as before, and the file read on past it:
+    one early in a file must not hide a swallowing quote later."""
     with open(p, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, strict=True)
+        lines = _Counted(f)
         ended = 0  # the line the last whole record ended on
-        try:
-            for _ in reader:
-                ended = reader.line_num
-        except csv.Error:
-            if reader.line_num > ended + 1:  # the failing record began on the line after the last one's end
-                start = ended + 1
-                raise DataError(f"{flag}: {p} line {start}: a quote opens a field there that no quote closes "
-                                f"where it should, so lines {start}-{reader.line_num} were read as one field; "
-                                f"{_FIX}") from None  # fmt: skip
+        while True:
+            try:
+                for _ in csv.reader(lines, strict=True):
+                    ended = lines.n
+                return
+            except csv.Error as e:
+                # The failing record began on the line after the last one's end; the reader dropped the
+                # rest of the failing line, and a new one goes on from the next.
+                if lines.n > ended + 1 and not _loose_close(lines.last, str(e)):
+                    start = ended + 1
+                    raise DataError(f"{flag}: {p} line {start}: a quote opens a field there that no quote closes "
+                                    f"where it should, so lines {start}-{lines.n} were read as one field; "
+                                    f"{_FIX}") from None  # fmt: skip
+                ended = lines.n
+
+
+class _Counted:
+    """The file's lines, counted, the last one kept: what csv.reader's own line_num loses with the reader."""
+
+    def __init__(self, f) -> None:
+        self.f, self.n, self.last = f, 0, ""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        self.last = next(self.f)
+        self.n += 1
+        return self.last
+
+
+# A quote closing a field, then blanks before the delimiter or the line's end (`para two" ,pos`): loose,
+# not a text's quote taken for the field's end, which letters follow (`She said "wow",neg`).
+_LOOSE_CLOSE = re.compile(r'"[ \t]+(?:,|$)')
+
+
+def _loose_close(line: str, error: str) -> bool:
+    return "expected after" in error and bool(_LOOSE_CLOSE.search(line.rstrip("\r\n")))
