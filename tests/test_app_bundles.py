@@ -333,7 +333,7 @@ def test_a_training_run_among_the_models_is_named_one_with_its_export(tmp_path):
     for name in ("finetune_config.json", "metrics.jsonl", "tokenizer.json"):
         (runs / "sent" / name).write_text("{}")
     (runs / "long" / "checkpoints").mkdir(parents=True)
-    (runs / "long" / "config.json").write_text("{}")
+    (runs / "long" / "checkpoints" / "latest").write_text("step-00000100")
     (runs / "ckpt").mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (runs / "ckpt" / name).write_text("{}")
@@ -353,3 +353,31 @@ def test_a_training_run_among_the_models_is_named_one_with_its_export(tmp_path):
     (runs / "detector").symlink_to(REPO / "models" / "detector")
     bundles, broken = discover(runs)
     assert [b.name for b in bundles] == ["detector"] and broken == {}
+
+
+def test_a_checkpoints_directory_beside_bundles_is_no_run(tmp_path):
+    """A checkpoints/ sub-directory directly in --models (even empty, beside valid bundles) made the models
+    directory itself "a pretraining run, not a bundle", and the server refused to start."""
+    from app.model.bundle import discover, training_run
+
+    models = tmp_path / "m2"
+    (models / "checkpoints").mkdir(parents=True)
+    (models / "detector").symlink_to(REPO / "models" / "detector")
+    assert training_run(models) is None  # an empty checkpoints/ is no run's
+    assert [b.name for b in discover(models)[0]] == ["detector"]
+    (models / "checkpoints" / "latest").write_text("step-00000100")  # a run's shape, but bundles beside it
+    assert training_run(models) == "a pretraining run"
+    assert [b.name for b in discover(models)[0]] == ["detector"]
+    (models / "detector").unlink()
+    with pytest.raises(BundleError, match=f"^{models} is a pretraining run, not a bundle"):
+        discover(models)
+    (models / "checkpoints" / "latest").unlink()
+    (models / "checkpoints" / "step-00000100").mkdir()
+    assert training_run(models) is None  # a step directory without its config.json is none either
+    (models / "checkpoints" / "step-00000100" / "config.json").write_text("{}")
+    assert training_run(models) == "a pretraining run"
+    assert training_run(tmp_path) is None
+    (tmp_path / "config.json").write_text(
+        '{"objective": "electra", "max_steps": 10}'
+    )  # before its first save
+    assert training_run(tmp_path) == "a pretraining run"

@@ -231,16 +231,33 @@ _WEIGHTS = (
 
 
 def training_run(p: Path) -> str | None:
-    """What `p` is when it is a training run's output rather than a bundle: "a pretraining run" (its
-    checkpoints/, or its config.json and metrics.jsonl before the first save), "a fine-tuning run" (its
-    finetune_config.json), "a checkpoint" (config.json with weights); None otherwise."""
+    """What `p` is when it is a training run's output rather than a bundle: "a pretraining run" (a saved
+    checkpoint in its checkpoints/: `latest` or a step-*/config.json; before the first save, its config.json:
+    a pretraining run's options, or any with metrics.jsonl beside it), "a fine-tuning run" (its
+    finetune_config.json), "a checkpoint" (config.json with weights); None otherwise. A directory merely named checkpoints/ (a user's
+    own, empty) is no run: taken for one, it kept the server from starting beside valid bundles."""
     if (p / "finetune_config.json").is_file():
         return "a fine-tuning run"
-    if (p / "checkpoints").is_dir() or ((p / "config.json").is_file() and (p / "metrics.jsonl").is_file()):
+    saved = p / "checkpoints"
+    if (saved / "latest").is_file() or any(saved.glob("step-*/config.json")):
+        return "a pretraining run"
+    if (p / "config.json").is_file() and (
+        (p / "metrics.jsonl").is_file() or _pretraining_config(p / "config.json")
+    ):
         return "a pretraining run"
     if (p / "config.json").is_file() and any((p / f).is_file() for f in _WEIGHTS):
         return "a checkpoint"
     return None
+
+
+def _pretraining_config(path: Path) -> bool:
+    """Whether `path` is a pretraining run's config.json (its options, with `objective` and `max_steps`),
+    as training/run_dir.py reads it; not a model's config.json."""
+    try:
+        saved = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "objective" in saved and "max_steps" in saved
 
 
 def not_a_bundle(p: Path, what: str) -> str:
@@ -276,9 +293,11 @@ def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
     try:
         if (models_dir / "manifest.json").is_file():
             return [read_bundle(models_dir)], {}
-        if what := training_run(models_dir):
-            raise BundleError(not_a_bundle(models_dir, what))
         entries = sorted(models_dir.iterdir())
+        # The directory itself a run only where it holds no bundle: a run's shape read alone (a checkpoints/
+        # among the bundles) refused to serve every bundle beside it.
+        if not any(_entry_kind(p) == "bundle" for p in entries) and (what := training_run(models_dir)):
+            raise BundleError(not_a_bundle(models_dir, what))
     except OSError as e:
         raise BundleError(f"{models_dir}: models directory cannot be read ({e.strerror or e})") from None
     dirs, broken, runs = [], {}, []
