@@ -125,3 +125,21 @@ def test_a_run_with_no_checkpoint_yet_is_said_to_be_one(tmp_path):
     (run / "config.json").write_text(json.dumps({"architectures": ["ElectraForPreTraining"]}))
     with pytest.raises(CheckpointError, match="holds no checkpoint: expected config.json"):
         resolve_checkpoint(run)
+
+
+def test_a_run_whose_latest_is_missing_is_not_told_to_train_again(tmp_path):
+    """A run with checkpoints/step-* kept but no checkpoints/latest was said to have stopped before its first
+    save and told to train again, which wrote over the checkpoints it kept."""
+    run = tmp_path / "my run"
+    ckpt = _pretraining_run(run, 200, 400)
+    (ckpt / "config.json").write_text("{}")
+    (run / "checkpoints" / "step-00000100" / "x").mkdir(parents=True)  # no config.json: not one kept
+    (run / "checkpoints" / "latest").unlink()
+    with pytest.raises(CheckpointError) as refused:
+        resolve_checkpoint(run)
+    step, latest = f"'{ckpt}'", f"'{run / 'checkpoints' / 'latest'}'"
+    assert str(refused.value) == (f"{run} is a pretraining run whose {run / 'checkpoints' / 'latest'} is missing, "
+                                  "though it keeps checkpoints (step-00000200): give one in its place, a step "
+                                  f"directory being a checkpoint (python -m export {step} --out BUNDLE, or --init "
+                                  f"{step}), or restore latest by writing the name of one into "
+                                  f"it (echo step-00000200 > {latest}) to read the run as a whole or resume it")  # fmt: skip
