@@ -79,6 +79,27 @@ def test_a_checkpoint_says_its_step_of_how_many_and_why_the_run_is_unfinished(tm
     assert progress(finished) == type(stopped)(f"exporting step 4000 of 4000 of {tmp_path / 'done'}")
 
 
+def test_a_fine_tuning_output_in_a_folder_named_checkpoints_is_no_pretraining_step(tmp_path):
+    """A fine-tuning --out inside a folder named checkpoints was read as a pretraining step, its folder's
+    parent as the run (whose config.json's max_steps was read). Its own marks are read first, and a
+    pretraining step needs its run's shape."""
+    tuned = tmp_path / "x" / "checkpoints" / "sentiment"
+    tuned.mkdir(parents=True)
+    (tuned / "finetune_config.json").write_text("{}")
+    (tuned / "trainer_state.json").write_text(json.dumps({"step": 30, "global_step": 90}))
+    (tmp_path / "x" / "config.json").write_text(json.dumps({"max_steps": 1000}))  # some other config.json
+    said = progress(tuned)
+    assert (
+        said.line == f"exporting step 30 (its best on dev) of fine-tuning run {tuned}, which trained 90 steps"
+    )
+    assert said.note is None and said.warning is None
+    # A step-* in a folder named checkpoints whose parent is no pretraining run: nothing said of its schedule.
+    step = tmp_path / "x" / "checkpoints" / "step-00000030"
+    step.mkdir()
+    (step / "trainer_state.json").write_text(json.dumps({"step": 30}))
+    assert progress(step) is None
+
+
 def test_export_of_a_stopped_run_says_so_and_warns_in_the_manifest(tmp_path, detector_dir, capsys):
     from export.__main__ import main
 
