@@ -82,7 +82,14 @@ def optional_path(p: str | None) -> Path | None:
     return Path(p) if p else None
 
 
-def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[str], str]:
+def data_dir_option(p: str | None) -> Path | str | None:
+    """--data-dir as the registry reads it (training/data/registry.py): None where it is not given
+    ($ELECTRA_DATA_DIR then), "" where given empty (no data directory, over $ELECTRA_DATA_DIR, as in
+    training), else the directory. optional_path made "" None, and the environment's directory was read."""
+    return Path(p) if p else p
+
+
+def held_out_text(eval_text: Path | None, data_dir: Path | str | None) -> tuple[list[str], str]:
     """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation.
     Read once per export: the int8 check, the activation ranges and the load-time check all ask."""
     lines, where = _read_held_out(eval_text, data_dir)
@@ -90,7 +97,7 @@ def held_out_text(eval_text: Path | None, data_dir: Path | None) -> tuple[list[s
 
 
 @functools.lru_cache(maxsize=4)
-def _read_held_out(eval_text: Path | None, data_dir: Path | None) -> tuple[tuple[str, ...], str]:
+def _read_held_out(eval_text: Path | None, data_dir: Path | str | None) -> tuple[tuple[str, ...], str]:
     if eval_text is not None:
         try:
             lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8-sig").splitlines()]
@@ -278,7 +285,7 @@ def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str)
 
 
 def registry_dev_rows(
-    ckpt: Path, data_dir: Path | None, split: str = "dev"
+    ckpt: Path, data_dir: Path | str | None, split: str = "dev"
 ) -> tuple[list[tuple[str, str]], str] | None:
     """A split (default dev) of the registry task named in trainer_state.json (`task`, or `config.task`)."""
     state = trainer_state(ckpt)

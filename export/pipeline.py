@@ -19,7 +19,7 @@ import options
 from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity, run_progress
 from export.config import MIN_MAX_LENGTH, ExportConfig, check_read, unread
-from export.evaldata import optional_path
+from export.evaldata import data_dir_option, optional_path
 from export.evaluation.items import swap_data
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
@@ -116,7 +116,7 @@ def _export(src: _Source, log) -> dict:
     cfg = src.cfg
     result: dict = {}
     if src.kind == "detector" and cfg.calibrate:  # what the swaps read, fetched (or refused) before any work
-        swap_data(Path(cfg.data_dir) if cfg.data_dir else None)
+        swap_data(data_dir_option(cfg.data_dir))
 
     def fill(tmp: Path) -> None:
         nonlocal src
@@ -324,7 +324,7 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
 
     try:
         lines, where = evaldata.held_out_text(
-            optional_path(src.cfg.eval_text), optional_path(src.cfg.data_dir)
+            optional_path(src.cfg.eval_text), data_dir_option(src.cfg.data_dir)
         )
         tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
         data, _ = evaldata.encode(tok, lines, min(src.max_length, 64), LOAD_CHECK_ROWS)

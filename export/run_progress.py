@@ -30,11 +30,21 @@ def progress(ckpt: Path) -> Progress | None:
     state = _json(ckpt / "trainer_state.json")
     if not isinstance(state.get("step"), int):
         return None
-    if ckpt.parent.name == "checkpoints":
-        return _pretraining(ckpt, ckpt.parent.parent, state)
-    if "global_step" in state:
-        return _fine_tuning(ckpt, state)
+    # A fine-tuning run's marks first: its --out inside a folder named checkpoints (runs/checkpoints/sent)
+    # was taken for a pretraining step, and the folder's parent for its run.
+    if (ckpt / "finetune_config.json").is_file() or "global_step" in state:
+        return _fine_tuning(ckpt, state) if "global_step" in state else None
+    run = ckpt.parent.parent
+    if ckpt.parent.name == "checkpoints" and ckpt.name.startswith("step-") and _is_pretraining_run(run):
+        return _pretraining(ckpt, run, state)
     return None
+
+
+def _is_pretraining_run(run: Path) -> bool:
+    """Whether `run` has a pretraining run's config.json (its options: objective and max_steps), as
+    training/run_dir.py reads it; not a model's, nor another folder's."""
+    saved = _json(run / "config.json")
+    return "objective" in saved and "max_steps" in saved
 
 
 def _pretraining(ckpt: Path, run: Path, state: dict) -> Progress:

@@ -71,7 +71,7 @@ def calibration_text_problem(text: str) -> str | None:
     return None
 
 
-def _documents(source: str, split: str, data_dir: Path | None):
+def _documents(source: str, split: str, data_dir: Path | str | None):
     from training.data.corpus import read_corpus
     from training.data.more_corpora import untokenize_ptb
     from training.finetuning.sets import LABELLED_SETS, load_labelled
@@ -85,7 +85,7 @@ def _documents(source: str, split: str, data_dir: Path | None):
     return docs
 
 
-def sentences(source: str, part: str, data_dir: Path | None = None) -> list[str]:
+def sentences(source: str, part: str, data_dir: Path | str | None = None) -> list[str]:
     """The sentences of `source`'s `part` ("calibration" or "measurement"): whole sentences (a final
     . ? or !) of the source's word range, each once, in the source's order."""
     from training.data.corpus import _unit_hash

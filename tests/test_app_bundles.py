@@ -333,23 +333,74 @@ def test_a_training_run_among_the_models_is_named_one_with_its_export(tmp_path):
     for name in ("finetune_config.json", "metrics.jsonl", "tokenizer.json"):
         (runs / "sent" / name).write_text("{}")
     (runs / "long" / "checkpoints").mkdir(parents=True)
-    (runs / "long" / "config.json").write_text("{}")
+    (runs / "long" / "checkpoints" / "latest").write_text("step-00000100")
     (runs / "ckpt").mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (runs / "ckpt" / name).write_text("{}")
     with pytest.raises(BundleError) as refused:
         discover(runs)
     assert str(refused.value).splitlines() == [
-        f"{runs / what} is {kind}, not a bundle: export it (python -m export {runs / what} --out bundles/{what}) "
-        "and serve the bundles (--models bundles)"
+        f"{runs / what} is {kind}, not a bundle: export it (python -m export {runs / what} --out "
+        f"{runs / what}-bundle) and restart the server on the same --models {runs}, which serves it beside the "
+        f"others; or move the run out of {runs}"
         for what, kind in (
             ("ckpt", "a checkpoint"),
             ("long", "a pretraining run"),
             ("sent", "a fine-tuning run"),
         )
     ]
-    with pytest.raises(BundleError, match=f"^{runs / 'sent'} is a fine-tuning run, not a bundle"):
+    with pytest.raises(BundleError) as alone:
         discover(runs / "sent")
+    assert str(alone.value) == (f"{runs / 'sent'} is a fine-tuning run, not a bundle: export it (python -m export "
+                                f"{runs / 'sent'} --out {runs / 'bundles' / 'sent'}) and serve its bundle "
+                                f"(--models {runs / 'bundles'})")  # fmt: skip
     (runs / "detector").symlink_to(REPO / "models" / "detector")
     bundles, broken = discover(runs)
     assert [b.name for b in bundles] == ["detector"] and broken == {}
+
+
+def test_a_runs_export_goes_beside_the_served_bundles_under_a_new_name(tmp_path, caplog):
+    """`--models bundles` with a run at bundles/ft-run was told `--out bundles/ft-run` (the run itself:
+    refused) and `--models bundles`; with `--models models`, to serve --models bundles, which would stop
+    the bundles in models/ being served. The bundle goes beside the served ones, under a new name, quoted."""
+    from app.model.bundle import discover
+
+    models = tmp_path / "my models"
+    (models / "ft-run").mkdir(parents=True)
+    (models / "ft-run" / "finetune_config.json").write_text("{}")
+    (models / "ft-run-bundle").mkdir()  # taken: the next name
+    (models / "detector").symlink_to(REPO / "models" / "detector")
+    with caplog.at_level("WARNING"):
+        assert [b.name for b in discover(models)[0]] == ["detector"]
+    q = f"'{models}"
+    assert (f"{models / 'ft-run'} is a fine-tuning run, not a bundle: export it (python -m export {q}/ft-run' "
+            f"--out {q}/ft-run-bundle-2') and restart the server on the same --models {q}', which serves it beside "
+            f"the others; or move the run out of {models}") in caplog.text  # fmt: skip
+
+
+def test_a_checkpoints_directory_beside_bundles_is_no_run(tmp_path):
+    """A checkpoints/ sub-directory directly in --models (even empty, beside valid bundles) made the models
+    directory itself "a pretraining run, not a bundle", and the server refused to start."""
+    from app.model.bundle import discover, training_run
+
+    models = tmp_path / "m2"
+    (models / "checkpoints").mkdir(parents=True)
+    (models / "detector").symlink_to(REPO / "models" / "detector")
+    assert training_run(models) is None  # an empty checkpoints/ is no run's
+    assert [b.name for b in discover(models)[0]] == ["detector"]
+    (models / "checkpoints" / "latest").write_text("step-00000100")  # a run's shape, but bundles beside it
+    assert training_run(models) == "a pretraining run"
+    assert [b.name for b in discover(models)[0]] == ["detector"]
+    (models / "detector").unlink()
+    with pytest.raises(BundleError, match=f"^{models} is a pretraining run, not a bundle"):
+        discover(models)
+    (models / "checkpoints" / "latest").unlink()
+    (models / "checkpoints" / "step-00000100").mkdir()
+    assert training_run(models) is None  # a step directory without its config.json is none either
+    (models / "checkpoints" / "step-00000100" / "config.json").write_text("{}")
+    assert training_run(models) == "a pretraining run"
+    assert training_run(tmp_path) is None
+    (tmp_path / "config.json").write_text(
+        '{"objective": "electra", "max_steps": 10}'
+    )  # before its first save
+    assert training_run(tmp_path) == "a pretraining run"

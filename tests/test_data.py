@@ -138,6 +138,30 @@ def test_an_empty_data_dir_is_none_not_the_current_directory_nor_the_environment
     assert load_labelled("trec", cfg.data_dir).labels  # read from the cache, not from here
 
 
+def test_export_reads_an_empty_data_dir_as_training_does(data_dir, tmp_path, monkeypatch):
+    """`python -m export ... --data-dir ""` was None by the time it reached the registry (optional_path,
+    calibrate's own test), and None is $ELECTRA_DATA_DIR's: export read the directory it was told to ignore."""
+    from types import SimpleNamespace
+
+    import options
+    from export.config import ExportConfig
+    from export.precision_int8 import _calibration_inputs
+
+    ignored = tmp_path / "ignored"
+    ignored.mkdir()
+    (ignored / "wikitext2-valid.raw.gz").write_bytes(gzip.compress(b"not the published file\n"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "wikitext2-valid.raw.gz").symlink_to(data_dir / "wikitext2-valid.raw.gz")
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(ignored))
+    monkeypatch.setenv("ELECTRA_CACHE_DIR", str(cache))
+    argv = [str(tmp_path), "--out", str(tmp_path / "b"), "--data-dir", ""]
+    cfg = options.resolve(ExportConfig, argv, env={"ELECTRA_DATA_DIR": str(ignored)})
+    assert cfg.data_dir == ""
+    lines, where = _calibration_inputs(SimpleNamespace(cfg=cfg, kind="detector", ckpt=tmp_path), False)
+    assert len(lines) > 100 and where == "wikitext2 valid"
+
+
 def test_a_relative_data_dir_is_saved_absolute(data_dir, tmp_path, monkeypatch):
     """config.json kept --data-dir as typed: a resume from another directory lost it, and fetched the files
     from the network (or failed, offline), as --init and --tokenizer, kept absolute, did not."""

@@ -79,6 +79,27 @@ def test_a_checkpoint_says_its_step_of_how_many_and_why_the_run_is_unfinished(tm
     assert progress(finished) == type(stopped)(f"exporting step 4000 of 4000 of {tmp_path / 'done'}")
 
 
+def test_a_fine_tuning_output_in_a_folder_named_checkpoints_is_no_pretraining_step(tmp_path):
+    """A fine-tuning --out inside a folder named checkpoints was read as a pretraining step, its folder's
+    parent as the run (whose config.json's max_steps was read). Its own marks are read first, and a
+    pretraining step needs its run's shape."""
+    tuned = tmp_path / "x" / "checkpoints" / "sentiment"
+    tuned.mkdir(parents=True)
+    (tuned / "finetune_config.json").write_text("{}")
+    (tuned / "trainer_state.json").write_text(json.dumps({"step": 30, "global_step": 90}))
+    (tmp_path / "x" / "config.json").write_text(json.dumps({"max_steps": 1000}))  # some other config.json
+    said = progress(tuned)
+    assert (
+        said.line == f"exporting step 30 (its best on dev) of fine-tuning run {tuned}, which trained 90 steps"
+    )
+    assert said.note is None and said.warning is None
+    # A step-* in a folder named checkpoints whose parent is no pretraining run: nothing said of its schedule.
+    step = tmp_path / "x" / "checkpoints" / "step-00000030"
+    step.mkdir()
+    (step / "trainer_state.json").write_text(json.dumps({"step": 30}))
+    assert progress(step) is None
+
+
 def test_export_of_a_stopped_run_says_so_and_warns_in_the_manifest(tmp_path, detector_dir, capsys):
     from export.__main__ import main
 
@@ -125,3 +146,21 @@ def test_a_run_with_no_checkpoint_yet_is_said_to_be_one(tmp_path):
     (run / "config.json").write_text(json.dumps({"architectures": ["ElectraForPreTraining"]}))
     with pytest.raises(CheckpointError, match="holds no checkpoint: expected config.json"):
         resolve_checkpoint(run)
+
+
+def test_a_run_whose_latest_is_missing_is_not_told_to_train_again(tmp_path):
+    """A run with checkpoints/step-* kept but no checkpoints/latest was said to have stopped before its first
+    save and told to train again, which wrote over the checkpoints it kept."""
+    run = tmp_path / "my run"
+    ckpt = _pretraining_run(run, 200, 400)
+    (ckpt / "config.json").write_text("{}")
+    (run / "checkpoints" / "step-00000100" / "x").mkdir(parents=True)  # no config.json: not one kept
+    (run / "checkpoints" / "latest").unlink()
+    with pytest.raises(CheckpointError) as refused:
+        resolve_checkpoint(run)
+    step, latest = f"'{ckpt}'", f"'{run / 'checkpoints' / 'latest'}'"
+    assert str(refused.value) == (f"{run} is a pretraining run whose {run / 'checkpoints' / 'latest'} is missing, "
+                                  "though it keeps checkpoints (step-00000200): give one in its place, a step "
+                                  f"directory being a checkpoint (python -m export {step} --out BUNDLE, or --init "
+                                  f"{step}), or restore latest by writing the name of one into "
+                                  f"it (echo step-00000200 > {latest}) to read the run as a whole or resume it")  # fmt: skip

@@ -122,6 +122,14 @@ def test_a_directory_of_outputs_is_refused_naming_one_inside_it_never_advising_f
         assert said == (f"--out {bundles} is a directory of bundles (detector, sentiment), not a bundle: --out names "
                         "the bundle's own directory, which is written whole; give a new one inside it, e.g. "
                         f"--out {bundles / 'sent'}")  # fmt: skip
+    # The run's own name taken by a bundle already, in a path with a space: the next free name, quoted.
+    spaced = tmp_path / "my bundles"
+    for name in ("sent", "sent-2"):
+        (spaced / name).mkdir(parents=True)
+        (spaced / name / "manifest.json").write_text("{}")
+    assert _refusal(spaced, marker="manifest.json", source=source).endswith(
+        f"e.g. --out '{spaced / 'sent-3'}'"
+    )
     # Other files, or an earlier bundle with files besides its own: --force is refused, so not advised.
     (tmp_path / "thesis").mkdir()
     (tmp_path / "thesis" / "thesis.txt").write_text("precious")

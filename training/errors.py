@@ -14,6 +14,7 @@ import glob
 import os
 import re
 import secrets
+import shlex
 import shutil
 import time
 from collections.abc import Collection
@@ -234,10 +235,16 @@ def check_replaceable(
     a = "an" if what[:1].lower() in "aeiou" else "a"
     # `--out bundles`, a directory of earlier outputs: the new one is meant to go beside them.
     if kept := _outputs_inside(target, marker):
-        inside = target / (_run_name(source[0]) if source is not None else "NAME")
+        # A name not taken yet (the run's own, as `ft` beside bundles/ft, was refused again: "not empty"),
+        # quoted for the shell it is pasted into.
+        name, n = (_run_name(source[0]) if source is not None else "NAME"), 1
+        inside = target / name
+        while inside.exists() or inside.is_symlink():
+            n += 1
+            inside = target / f"{name}-{n}"
         raise error(f"{option} {target} is a directory of {what}s ({', '.join(kept[:4])}), not {a} {what}: "
                     f"{option} names the {what}'s own directory, which is written whole; give a new one inside "
-                    f"it, e.g. {option} {inside}")  # fmt: skip
+                    f"it, e.g. {option} {shlex.quote(str(inside))}")  # fmt: skip
     if not force and (marker is None or ((target / marker).is_file() and not others_in(target, own))):
         asked = f"pass {force_flag} to replace it" if force_flag else instead
         raise error(f"{option} {target} is not empty (it holds {shown}); {asked}")

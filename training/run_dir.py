@@ -210,6 +210,14 @@ def unsaved_run(run: Path) -> str | None:
     saved = _pretraining_config(run / "config.json")
     if saved is None:
         return None
+    if kept := sorted(d.parent.name for d in (run / "checkpoints").glob("step-*/config.json")):
+        # Its checkpoints are there, `latest` alone gone: "train it again" would write over them.
+        latest, step = run / "checkpoints" / LATEST, shlex.quote(str(run / "checkpoints" / kept[-1]))
+        return (f"{run} is a pretraining run whose {latest} is missing, though it keeps checkpoints "
+                f"({', '.join(kept)}): give one in its place, a step directory being a checkpoint (python -m export {step} "
+                f"--out BUNDLE, or --init {step}), or restore {LATEST} by writing "
+                f"the name of one into it (echo {kept[-1]} > {shlex.quote(str(latest))}) to read the run as a "
+                "whole or resume it")  # fmt: skip
     every, steps = saved.get("save_every"), saved.get("max_steps")
     due = ""
     if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (every, steps)):

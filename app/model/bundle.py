@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,24 +232,65 @@ _WEIGHTS = (
 
 
 def training_run(p: Path) -> str | None:
-    """What `p` is when it is a training run's output rather than a bundle: "a pretraining run" (its
-    checkpoints/, or its config.json and metrics.jsonl before the first save), "a fine-tuning run" (its
-    finetune_config.json), "a checkpoint" (config.json with weights); None otherwise."""
+    """What `p` is when it is a training run's output rather than a bundle: "a pretraining run" (a saved
+    checkpoint in its checkpoints/: `latest` or a step-*/config.json; before the first save, its config.json:
+    a pretraining run's options, or any with metrics.jsonl beside it), "a fine-tuning run" (its
+    finetune_config.json), "a checkpoint" (config.json with weights); None otherwise. A directory merely named checkpoints/ (a user's
+    own, empty) is no run: taken for one, it kept the server from starting beside valid bundles."""
     if (p / "finetune_config.json").is_file():
         return "a fine-tuning run"
-    if (p / "checkpoints").is_dir() or ((p / "config.json").is_file() and (p / "metrics.jsonl").is_file()):
+    saved = p / "checkpoints"
+    if (saved / "latest").is_file() or any(saved.glob("step-*/config.json")):
+        return "a pretraining run"
+    if (p / "config.json").is_file() and (
+        (p / "metrics.jsonl").is_file() or _pretraining_config(p / "config.json")
+    ):
         return "a pretraining run"
     if (p / "config.json").is_file() and any((p / f).is_file() for f in _WEIGHTS):
         return "a checkpoint"
     return None
 
 
-def not_a_bundle(p: Path, what: str) -> str:
-    """A training run's line, with the export that makes its bundle (beside the others in bundles/, as
-    fine-tuning's and pretraining's `next:` lines put it)."""
-    out = f"bundles/{p.name}"
-    return (f"{p} is {what}, not a bundle: export it (python -m export {shlex.quote(str(p))} --out "
-            f"{shlex.quote(out)}) and serve the bundles (--models bundles)")  # fmt: skip
+def _pretraining_config(path: Path) -> bool:
+    """Whether `path` is a pretraining run's config.json (its options, with `objective` and `max_steps`),
+    as training/run_dir.py reads it; not a model's config.json."""
+    try:
+        saved = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "objective" in saved and "max_steps" in saved
+
+
+def not_a_bundle(p: Path, what: str, models_dir: Path) -> str:
+    """A training run's line, with the export that makes its bundle. A run inside the models directory
+    being served: its bundle beside the others there, under a name that is neither the run's own directory
+    (export refuses to write over what it reads) nor another entry, served on restarting with the same
+    --models. The models directory itself a run: its bundle in a directory of bundles beside it. Advising
+    bundles/NAME and --models bundles named the run itself (--models bundles) or stopped the bundles
+    already served (--models models) from being served."""
+    inside = p != models_dir
+    where = models_dir if inside else _beside(p) / "bundles"
+    out = _new_entry(where, f"{p.name}-bundle" if inside else p.name)
+    export = f"python -m export {shlex.quote(str(p))} --out {shlex.quote(str(out))}"
+    if inside:
+        return (f"{p} is {what}, not a bundle: export it ({export}) and restart the server on the same --models "
+                f"{shlex.quote(str(models_dir))}, which serves it beside the others; or move the run out of "
+                f"{models_dir}")  # fmt: skip
+    return f"{p} is {what}, not a bundle: export it ({export}) and serve its bundle (--models {shlex.quote(str(where))})"
+
+
+def _beside(p: Path) -> Path:
+    """The directory `p` lies in ("." and ".." have no name to put a sibling beside)."""
+    return p.parent if p.name else Path(os.path.abspath(p)).parent
+
+
+def _new_entry(where: Path, name: str) -> Path:
+    """where/name, or where/name-2, -3 ...: the first that does not exist yet."""
+    n, out = 1, where / name
+    while out.exists() or out.is_symlink():
+        n += 1
+        out = where / f"{name}-{n}"
+    return out
 
 
 def bundle_names(models_dir: Path) -> list[str]:
@@ -276,9 +318,11 @@ def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
     try:
         if (models_dir / "manifest.json").is_file():
             return [read_bundle(models_dir)], {}
-        if what := training_run(models_dir):
-            raise BundleError(not_a_bundle(models_dir, what))
         entries = sorted(models_dir.iterdir())
+        # The directory itself a run only where it holds no bundle: a run's shape read alone (a checkpoints/
+        # among the bundles) refused to serve every bundle beside it.
+        if not any(_entry_kind(p) == "bundle" for p in entries) and (what := training_run(models_dir)):
+            raise BundleError(not_a_bundle(models_dir, what, models_dir))
     except OSError as e:
         raise BundleError(f"{models_dir}: models directory cannot be read ({e.strerror or e})") from None
     dirs, broken, runs = [], {}, []
@@ -287,7 +331,7 @@ def discover(models_dir: Path) -> tuple[list[Bundle], dict[str, str]]:
         if kind == "bundle":
             dirs.append(p)
         elif kind == "run":  # not a broken bundle (/ready stays "ok"), but surely meant to be served
-            runs.append(not_a_bundle(p, training_run(p)))
+            runs.append(not_a_bundle(p, training_run(p), models_dir))
         elif kind is not None:
             broken[p.name] = kind
             log.error("bundle %s is broken and will not be served: %s", p.name, kind)

@@ -78,7 +78,7 @@ def own_sentences(path: str) -> list[str]:
         raise CalibrationDataError(f"--calibration-text {path} could not be read ({e})") from e
 
 
-def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[str]]:
+def held_out_sources(text: str | None, data_dir: Path | str | None) -> dict[str, list[str]]:
     """Calibration sentences by source: the calibration parts of registry sources
     (export/sentence_sources.py; default: all of CALIBRATION_SOURCES), or a file or directory of the
     user's, read as one source."""
@@ -109,7 +109,7 @@ def held_out_sources(text: str | None, data_dir: Path | None) -> dict[str, list[
     return found
 
 
-def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Path | None, per_kind: int,
+def build_texts(tokenizer_path: Path, generator, text: str | None, data_dir: Path | str | None, per_kind: int,
                 seed: int, progress: bool = False) -> Texts:  # fmt: skip
     """From each source, `per_kind` sentences for each kind of swap the checkpoint allows, and as many
     clean ones, each sentence used once. `progress`: a bar over the swaps (an export's longest quiet
@@ -145,7 +145,7 @@ SWAP_DATA = {
 }
 
 
-def swap_data(data_dir: Path | None) -> dict[str, Path]:
+def swap_data(data_dir: Path | str | None) -> dict[str, Path]:
     """SWAP_DATA's files, from --data-dir, the cache or the registry's download; CalibrationDataError saying
     what they are for and how to have them offline where one cannot be had. An export asks before any
     work on the model, so an offline machine hears it in seconds, not after the export and parity check."""
@@ -170,7 +170,7 @@ def swap_data(data_dir: Path | None) -> dict[str, Path]:
     return found
 
 
-def swap_pickers(tokenizer, data_dir: Path | None, generator=None) -> dict:
+def swap_pickers(tokenizer, data_dir: Path | str | None, generator=None) -> dict:
     """The kinds of swap, by name: the run's generator where there is one, a word of similar frequency
     (WikiText-2 train's counts) and a word of the same part of speech (the tagger lexicon)."""
     from training.data.swaps import frequency_picker, generator_picker, pos_picker, read_lexicon, word_counts
