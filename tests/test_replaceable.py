@@ -139,3 +139,18 @@ def test_a_directory_of_outputs_is_refused_naming_one_inside_it_never_advising_f
     (bundles / "detector" / "NOTES.md").write_text("x")
     said = _refusal(bundles / "detector", marker="manifest.json")
     assert "holds NOTES.md besides the bundle's own files" in said and "pass --force" not in said
+
+
+def test_a_resume_of_a_run_missing_latest_restores_it_rather_than_starting_again(tmp_path):
+    """--resume where checkpoints/latest alone is gone said "drop --resume to start a new run", over the
+    run's own checkpoints."""
+    from options import ConfigError
+    from training.run_dir import check_run_point
+
+    for step in ("step-00000010", "step-00000020"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+        (tmp_path / "checkpoints" / step / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"latest is missing, though the run keeps step-00000010, "
+                       r"step-00000020: .*echo step-00000020 >") as e:  # fmt: skip
+        check_run_point(tmp_path, resume=True)
+    assert "drop --resume" not in str(e.value)

@@ -191,7 +191,7 @@ def refuse_inside_checkpoints(
             if d.name == "checkpoints" and ((d / LATEST).is_file() or any(d.glob("step-*/config.json"))):
                 raise error(f"{option} {target} is inside {d}, a run's checkpoints: the run's later saves delete "
                             f"old step directories (--keep-checkpoints), and the {what} with them; write it beside "
-                            f"the run instead, e.g. {option} {d.parent.parent / (d.parent.name + '-' + form.name)}")  # fmt: skip
+                            f"the run instead, e.g. {option} {shlex.quote(str(d.parent.parent / (d.parent.name + '-' + form.name)))}")  # fmt: skip
 
 
 def check_replaceable(

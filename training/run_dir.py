@@ -131,6 +131,12 @@ def check_run_point(out: Path, resume: bool) -> None:
         if not out.exists():
             raise ConfigError(f"--resume: {out} does not exist; give the --out of the run to go on (a path relative "
                               "to where it started, or its whole path)")  # fmt: skip
+        if kept := sorted(d.parent.name for d in (out / "checkpoints").glob("step-*/config.json")):
+            # `latest` alone gone: "drop --resume" would have started the run again over its checkpoints.
+            latest = shlex.quote(str(out / "checkpoints" / LATEST))
+            raise ConfigError(f"--resume: {out}/checkpoints/{LATEST} is missing, though the run keeps "
+                              f"{', '.join(kept[-3:])}: write the name of the newest into it (echo {kept[-1]} > "
+                              f"{latest}) and resume again")  # fmt: skip
         raise ConfigError(f"--resume: {out} has no checkpoint yet; drop --resume to start a new run")
     if not resume and has_checkpoint:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
