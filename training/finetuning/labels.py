@@ -12,7 +12,6 @@ import json
 import math
 import re
 from collections import Counter
-from decimal import Decimal
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -35,8 +34,6 @@ def as_float(value) -> float | None:
 # "1", "+1", "-0", "1.0", "1.00", "007.0"; not "007": a code's leading zeros are its name ("001", "002").
 _WHOLE_NUMBER = re.compile(r"[+-]?(?:0|[1-9][0-9]*)|[+-]?[0-9]+\.0*")
 _INTEGER = re.compile(r"-?[0-9]+")  # a class name label_name made of a whole number
-# "1e3", "1.5E+20": a number in exponent notation, as pandas writes a float column's large values.
-_EXPONENT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+")
 
 
 def label_name(value) -> str:
@@ -51,12 +48,8 @@ def label_name(value) -> str:
     text = str(value).strip()
     if _WHOLE_NUMBER.fullmatch(text):
         return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
-    if (
-        _EXPONENT.fullmatch(text) and as_float(text) is not None
-    ):  # "1e3" is 1000 as JSON's 1e3 is; not "1e400"
-        exact = Decimal(text)  # exact: "1.5e+20" is 150000000000000000000, where a float is not
-        if exact == exact.to_integral_value():
-            return str(int(exact))
+    # Text in exponent notation ("1e3", "2E1") stays as written: a class code may read so, and renaming it
+    # would serve another name than the file's. A JSON number 1e3 is the float 1000.0, class "1000".
     return text
 
 
