@@ -997,7 +997,9 @@ def test_ctrl_c_while_torch_loads_says_what_a_later_one_does(tmp_path, detector_
 
     out = tmp_path / "b"
     cmd = [sys.executable, "-m", "export", str(detector_dir), "--out", str(out), "--precision", "fp32"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # SIGINT as a terminal's Ctrl-C gives it: pytest-xdist's workers ignore it, and their children with them.
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     assert proc.stdout.readline().startswith("electra-serve export")  # printed just before the imports
     proc.send_signal(signal.SIGINT)
     rest = proc.stdout.read()

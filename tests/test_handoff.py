@@ -375,7 +375,9 @@ def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGCONT)
         err = proc.communicate(timeout=120)[1]
-        if midway:
+        # Exit 0: Python ran its handler only after the with-block had put the default back, the pack whole
+        # by then (a loaded machine, once); that stop landed too late to show anything: try again.
+        if midway and proc.returncode != 0:
             break
         shutil.rmtree(parent)
     else:
