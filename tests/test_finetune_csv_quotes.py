@@ -82,3 +82,23 @@ def test_a_multi_line_text_closed_loosely_reads_as_before(tmp_path):
     data = load(tmp_path, lines)
     texts = {ex.text for split in data.splits.values() for ex in split}
     assert rows(data) == 60 and "para one\npara two " in texts
+
+
+def test_a_quote_closed_by_a_stray_one_before_blanks_is_still_a_swallowing_one(tmp_path):
+    """The loose-close rule looked for `" ,` anywhere on the failing line, not at the failing quote."""
+    lines = list(ROWS)
+    lines[0], lines[6] = '"He said hi,pos', 'she said "wow" ,neg'
+    with pytest.raises(DataError, match="t.csv line 2: a quote opens a field there.*lines 2-8"):
+        load(tmp_path, lines)
+
+
+def test_a_quote_opened_after_a_loose_one_on_its_line_is_read_on(tmp_path):
+    """The strict read went on from the next line, missing the quote `"a" ,"pos` opens: never closed it
+    swallowed the file into one row; closed lines later (`xyz"`), into a label."""
+    lines = list(ROWS)
+    lines[0] = '"a" ,"pos'
+    with pytest.raises(DataError, match="t.csv line 2: a quote opens a field there"):
+        load(tmp_path, lines)
+    lines[5] = 'xyz"'
+    with pytest.raises(DataError, match="t.csv row 1: the label holds a line break"):
+        load(tmp_path, lines)

@@ -45,11 +45,12 @@ def unclosed_quote(p, flag: str, values, end: int) -> str | None:
 
 def refuse_swallowing_quote(p, flag: str) -> None:
     """Reads `p` (a CSV file) strictly, and refuses a record that breaks the quoting rule after running over
-    several lines (see the module's docstring), naming the line its quote opened on. A loose quote (on its
-    own line, or closing a multi-line text before a space) is read as before, and the file read on past it:
-    one early in a file must not hide a swallowing quote later."""
+    several lines (see the module's docstring), naming the line its quote opened on. A loose quote (a quote
+    closing a field before blanks, `"abc" ,pos`; or any on a record of one line) is read as the csv module
+    reads it, and the strict read goes on from just after it: from the next line, it missed a quote the
+    rest of that line opened, and one early in a file hid a swallowing one later."""
     with open(p, newline="", encoding="utf-8-sig") as f:
-        lines = _Counted(f)
+        lines = _Lines(f)
         ended = 0  # the line the last whole record ended on
         while True:
             try:
@@ -57,35 +58,68 @@ def refuse_swallowing_quote(p, flag: str) -> None:
                     ended = lines.n
                 return
             except csv.Error as e:
-                # The failing record began on the line after the last one's end; the reader dropped the
-                # rest of the failing line, and a new one goes on from the next.
-                if lines.n > ended + 1 and not _loose_close(lines.last, str(e)):
+                several = lines.n > ended + 1  # the failing record began on the line after the last one's end
+                at = _failing_quote(lines.last, quoted=several) if "expected after" in str(e) else None
+                loose = at is not None and _BLANKS_THEN_END.match(lines.last, at + 1) is not None
+                if several and not loose and ("expected after" in str(e) or "end of data" in str(e)):
                     start = ended + 1
                     raise DataError(f"{flag}: {p} line {start}: a quote opens a field there that no quote closes "
                                     f"where it should, so lines {start}-{lines.n} were read as one field; "
                                     f"{_FIX}") from None  # fmt: skip
-                ended = lines.n
+                if at is None:  # another error (a NUL, a field past the limit): the main read reports it
+                    ended = lines.n
+                    continue
+                # On from just after the quote, within its line: the record's rest (`,"pos ...`) may open a
+                # quote of its own. It began on this line.
+                lines.push(lines.last[at + 1 :])
+                ended = lines.n - 1
 
 
-class _Counted:
-    """The file's lines, counted, the last one kept: what csv.reader's own line_num loses with the reader."""
+class _Lines:
+    """The file's lines, counted, the last one kept (csv.reader's own line_num goes with the reader), and
+    the rest of a line handed back to be read again (push: not counted as a line of its own)."""
 
     def __init__(self, f) -> None:
-        self.f, self.n, self.last = f, 0, ""
+        self.f, self.n, self.last, self.pushed = f, 0, "", None
 
     def __iter__(self):
         return self
 
     def __next__(self) -> str:
+        if self.pushed is not None:
+            self.last, self.pushed = self.pushed, None
+            return self.last
         self.last = next(self.f)
         self.n += 1
         return self.last
 
-
-# A quote closing a field, then blanks before the delimiter or the line's end (`para two" ,pos`): loose,
-# not a text's quote taken for the field's end, which letters follow (`She said "wow",neg`).
-_LOOSE_CLOSE = re.compile(r'"[ \t]+(?:,|$)')
+    def push(self, rest: str) -> None:
+        self.pushed = rest
 
 
-def _loose_close(line: str, error: str) -> bool:
-    return "expected after" in error and bool(_LOOSE_CLOSE.search(line.rstrip("\r\n")))
+_BLANKS_THEN_END = re.compile(r"[ \t]+(?:,|[\r\n]*$)")
+
+
+def _failing_quote(line: str, quoted: bool) -> int | None:
+    """Where in `line` a strict read fails: the quote that ends a quoted field and is followed by neither a
+    quote, the delimiter nor the line's end, read as the csv module reads (a doubled quote is a quote of the
+    text; a quote inside an unquoted field is a character). `quoted`: the line begins inside a quoted field
+    opened on an earlier line. None where there is none."""
+    state, i = ("quoted" if quoted else "start"), 0
+    while i < len(line):
+        c = line[i]
+        if state == "quoted":
+            if c == '"':
+                after = line[i + 1 : i + 2]
+                if after == '"':
+                    i += 1  # a doubled quote: the text's own
+                elif after in ("", ",", "\r", "\n"):
+                    state = "field"  # closed where it should be
+                else:
+                    return i
+        elif c == ",":
+            state = "start"
+        elif state == "start":
+            state = "quoted" if c == '"' else "field"
+        i += 1
+    return None
