@@ -5,6 +5,7 @@ per-file hashes are served with a warning."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -404,3 +405,19 @@ def test_a_checkpoints_directory_beside_bundles_is_no_run(tmp_path):
         '{"objective": "electra", "max_steps": 10}'
     )  # before its first save
     assert training_run(tmp_path) == "a pretraining run"
+
+
+def test_models_dot_inside_a_run_names_the_runs_bundle_by_its_directory(tmp_path, monkeypatch):
+    """`--models .` from inside a run suggested --out bundles (the folder itself: Path('.').name is '')."""
+    from app.model.bundle import BundleError, discover
+
+    run = tmp_path / "pt"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step-00000010")
+    monkeypatch.chdir(run)
+    out, where = re.escape(str(tmp_path / "bundles" / "pt")), re.escape(str(tmp_path / "bundles"))
+    with pytest.raises(BundleError, match=rf"--out {out}\) and serve its bundle \(--models {where}\)"):
+        discover(Path("."))
+    monkeypatch.chdir(run / "checkpoints")
+    with pytest.raises(BundleError, match=rf"--out {out}\)"):
+        discover(Path(".."))

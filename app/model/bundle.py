@@ -270,7 +270,8 @@ def not_a_bundle(p: Path, what: str, models_dir: Path) -> str:
     already served (--models models) from being served."""
     inside = p != models_dir
     where = models_dir if inside else _beside(p) / "bundles"
-    out = _new_entry(where, f"{p.name}-bundle" if inside else p.name)
+    name = Path(os.path.abspath(p)).name  # `--models .` or `..`: the directory's own name, not "" or ".."
+    out = _new_entry(where, f"{name}-bundle" if inside else name)
     export = f"python -m export {shlex.quote(str(p))} --out {shlex.quote(str(out))}"
     if inside:
         return (f"{p} is {what}, not a bundle: export it ({export}) and restart the server on the same --models "
@@ -280,8 +281,8 @@ def not_a_bundle(p: Path, what: str, models_dir: Path) -> str:
 
 
 def _beside(p: Path) -> Path:
-    """The directory `p` lies in ("." and ".." have no name to put a sibling beside)."""
-    return p.parent if p.name else Path(os.path.abspath(p)).parent
+    """The directory `p` lies in, by its whole path ("." and ".." name no sibling to put beside them)."""
+    return Path(os.path.abspath(p)).parent
 
 
 def _new_entry(where: Path, name: str) -> Path:
