@@ -6,7 +6,11 @@ these models tokenize real text the way production bundles do. Everything is see
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 try:
@@ -154,3 +158,18 @@ def hf_model(directory: Path):
 
     arch = json.loads((directory / "config.json").read_text())["architectures"][0]
     return getattr(transformers, arch).from_pretrained(directory).eval()
+
+
+@contextlib.contextmanager
+def held_elsewhere(out: Path) -> Iterator[int]:
+    """`out` locked by another live process (training.run_dir.hold, as a training run holds it); its pid."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
+                               "time.sleep(120)", str(out)], cwd=Path(__file__).parents[1], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()

@@ -5,17 +5,14 @@ own config.json)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from export.run_progress import progress
+from tests.helpers_models import held_elsewhere
 from training.checkpoint import CheckpointError, resolve_checkpoint
 
 try:
@@ -25,22 +22,6 @@ except ImportError:  # tests/ made a package
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
-
-
-@contextlib.contextmanager
-def held_elsewhere(run: Path) -> Iterator[int]:
-    """`run` locked by another live process, as a training run holds its --out; its pid."""
-    code = ("import sys, time; from pathlib import Path; from options.locking import hold_directory; "
-            "hold_directory(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)")  # fmt: skip
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        yield holder.pid
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def _pretraining_run(run: Path, step: int, max_steps: int, model: Path | None = None) -> Path:

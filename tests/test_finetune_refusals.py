@@ -19,10 +19,9 @@ from training.finetune import main as finetune
 
 try:
     from test_finetune import write_csv
-    from test_pretrain_refusals import held_elsewhere
 except ImportError:  # tests/ made a package
     from tests.test_finetune import write_csv
-    from tests.test_pretrain_refusals import held_elsewhere
+from tests.helpers_models import held_elsewhere
 
 REPO = Path(__file__).resolve().parents[1]
 

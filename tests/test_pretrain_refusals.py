@@ -5,19 +5,18 @@ of copies, quoted numbers in a --config file."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import options
+from tests.helpers_models import held_elsewhere
 from training.config import PretrainConfig
 from training.pretrain import main as pretrain
 
@@ -55,20 +54,6 @@ def damaged_copy(finished: Path, tmp_path: Path, damage) -> Path:
     (run / ".lock").unlink(missing_ok=True)
     damage(run, run / "checkpoints" / "step-00000004")
     return run
-
-
-@contextlib.contextmanager
-def held_elsewhere(out: Path) -> Iterator[int]:
-    """`out` locked by another live process (training.run_dir.hold, as a training run holds it); its pid."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from training.run_dir import hold; hold(Path(sys.argv[1])); print('held', flush=True); "
-                               "time.sleep(120)", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        yield holder.pid
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_run_held_by_a_live_process_is_refused_naming_it_before_what_it_holds(
