@@ -82,13 +82,6 @@ def optional_path(p: str | None) -> Path | None:
     return Path(p) if p else None
 
 
-def data_dir_option(p: str | None) -> Path | str | None:
-    """--data-dir as the registry reads it (training/data/registry.py): None where it is not given
-    ($ELECTRA_DATA_DIR then), "" where given empty (no data directory, over $ELECTRA_DATA_DIR, as in
-    training), else the directory. optional_path made "" None, and the environment's directory was read."""
-    return Path(p) if p else p
-
-
 def held_out_text(eval_text: Path | None, data_dir: Path | str | None) -> tuple[list[str], str]:
     """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation.
     Read once per export: the int8 check, the activation ranges and the load-time check all ask."""

@@ -19,7 +19,7 @@ import options
 from app.model import load_check
 from export import bundle_writer, calibrate, evaldata, optimize, parity, run_progress
 from export.config import MIN_MAX_LENGTH, ExportConfig, check_read, unread
-from export.evaldata import data_dir_option, optional_path
+from export.evaldata import optional_path
 from export.evaluation.items import swap_data
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.precision import Precision, choose
@@ -116,7 +116,7 @@ def _export(src: _Source, log) -> dict:
     cfg = src.cfg
     result: dict = {}
     if src.kind == "detector" and cfg.calibrate:  # what the swaps read, fetched (or refused) before any work
-        swap_data(data_dir_option(cfg.data_dir))
+        swap_data(cfg.data_dir)
 
     def fill(tmp: Path) -> None:
         nonlocal src
@@ -323,9 +323,7 @@ def _load_check(src: _Source, fp32: _Fp32, tmp: Path) -> dict:
     from tokenizers import Tokenizer
 
     try:
-        lines, where = evaldata.held_out_text(
-            optional_path(src.cfg.eval_text), data_dir_option(src.cfg.data_dir)
-        )
+        lines, where = evaldata.held_out_text(optional_path(src.cfg.eval_text), src.cfg.data_dir)
         tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
         data, _ = evaldata.encode(tok, lines, min(src.max_length, 64), LOAD_CHECK_ROWS)
         for i in range(len(data.input_ids)):  # row i keeps 6 + 8i tokens: each row a length of its own

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from export import bundle_writer, calibrate, evaldata, optimize, parity
-from export.evaldata import data_dir_option, optional_path
+from export.evaldata import optional_path
 from export.onnx import INPUT_NAMES
 from export.precision import Precision, _fused
 
@@ -202,13 +202,13 @@ def _calibration_inputs(src, eval_data_first: bool) -> tuple[list, str]:
 
     if classifier and eval_data_first and cfg.eval_data and not cfg.eval_text:  # no corpus needed
         return given()
-    if classifier and (task := evaldata.registry_dev_rows(src.ckpt, data_dir_option(cfg.data_dir), "train")):
+    if classifier and (task := evaldata.registry_dev_rows(src.ckpt, cfg.data_dir, "train")):
         return [x for x, _ in task[0]], task[1]
     if pairs and (own := evaldata.run_train_inputs(src.ckpt)):
         return own
     if pairs and cfg.eval_data:
         return given()
-    lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), data_dir_option(cfg.data_dir))
+    lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), cfg.data_dir)
     return (evaldata.as_pairs(lines), f"{where}, each two texts a pair") if pairs else (lines, where)
 
 
@@ -220,7 +220,7 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
 
     cfg, ckpt, kind, ptype = src.cfg, src.ckpt, src.kind, src.ptype
     src.log("int8 accuracy: scoring held-out data with the int8 model and its reference ...")
-    data_dir = data_dir_option(cfg.data_dir)
+    data_dir = cfg.data_dir
     tok = Tokenizer.from_file(str(tmp / bundle_writer.TOKENIZER))
     seq_len = min(src.max_length, 128)
     if kind == "classifier":

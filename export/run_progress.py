@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from options.locking import holder
+from training.run_dir import pretraining_config
 
 
 @dataclass(frozen=True)
@@ -35,22 +36,19 @@ def progress(ckpt: Path) -> Progress | None:
     if (ckpt / "finetune_config.json").is_file() or "global_step" in state:
         return _fine_tuning(ckpt, state) if "global_step" in state else None
     run = ckpt.parent.parent
-    if ckpt.parent.name == "checkpoints" and ckpt.name.startswith("step-") and _is_pretraining_run(run):
-        return _pretraining(ckpt, run, state)
+    if (
+        ckpt.parent.name == "checkpoints"
+        and ckpt.name.startswith("step-")
+        and (saved := pretraining_config(run / "config.json"))
+    ):
+        return _pretraining(ckpt, run, state, saved)
     return None
 
 
-def _is_pretraining_run(run: Path) -> bool:
-    """Whether `run` has a pretraining run's config.json (its options: objective and max_steps), as
-    training/run_dir.py reads it; not a model's, nor another folder's."""
-    saved = _json(run / "config.json")
-    return "objective" in saved and "max_steps" in saved
-
-
-def _pretraining(ckpt: Path, run: Path, state: dict) -> Progress:
+def _pretraining(ckpt: Path, run: Path, state: dict, saved: dict) -> Progress:
     step = state["step"]
     # The schedule as the checkpoint was saved under (a resume may change --max-steps), else the run's.
-    total = (state.get("config") or {}).get("max_steps") or _json(run / "config.json").get("max_steps")
+    total = (state.get("config") or {}).get("max_steps") or saved.get("max_steps")
     if not isinstance(total, int):
         return Progress(f"exporting step {step} of {run} (its schedule's length is not recorded)")
     line = f"exporting step {step} of {total} of {run}"

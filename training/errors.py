@@ -21,6 +21,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from options import ConfigError
+from options.paths import untaken
 
 
 class DataError(ConfigError):
@@ -237,11 +238,7 @@ def check_replaceable(
     if kept := _outputs_inside(target, marker):
         # A name not taken yet (the run's own, as `ft` beside bundles/ft, was refused again: "not empty"),
         # quoted for the shell it is pasted into.
-        name, n = (_run_name(source[0]) if source is not None else "NAME"), 1
-        inside = target / name
-        while inside.exists() or inside.is_symlink():
-            n += 1
-            inside = target / f"{name}-{n}"
+        inside = untaken(target, _run_name(source[0]) if source is not None else "NAME")
         raise error(f"{option} {target} is a directory of {what}s ({', '.join(kept[:4])}), not {a} {what}: "
                     f"{option} names the {what}'s own directory, which is written whole; give a new one inside "
                     f"it, e.g. {option} {shlex.quote(str(inside))}")  # fmt: skip

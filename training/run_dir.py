@@ -165,7 +165,7 @@ def check_new_pretraining_out(out: Path) -> None:
     entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     config = out / "config.json"
     foreign = [e for e in entries if e not in RUN_ENTRIES]
-    if foreign or (config.exists() and not _is_pretraining_config(config)):
+    if foreign or (config.exists() and pretraining_config(config) is None):
         shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
         raise ConfigError(f"--out: {out} holds {shown}, not a pretraining run's files: a run would replace its "
                           "config.json and write among them; give a new or empty directory")  # fmt: skip
@@ -183,11 +183,9 @@ def check_out_outside_corpus(out: Path, corpus: str) -> None:
                               "files (its tokenizer, metrics.jsonl) as text; give an --out outside it")  # fmt: skip
 
 
-def _is_pretraining_config(path: Path) -> bool:
-    return _pretraining_config(path) is not None
-
-
-def _pretraining_config(path: Path) -> dict | None:
+def pretraining_config(path: Path) -> dict | None:
+    """A pretraining run's config.json (its options: `objective` and `max_steps`) as a dict; None for any
+    other file (a model's config.json, a user's) or none."""
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -213,7 +211,7 @@ def unsaved_run(run: Path) -> str | None:
                  f"--out {quoted} --overwrite)")  # fmt: skip
         return (f"{run} is a fine-tuning run that wrote no model: it ended before writing one (stopped before it "
                 f"trained, or killed); {again}")  # fmt: skip
-    saved = _pretraining_config(run / "config.json")
+    saved = pretraining_config(run / "config.json")
     if saved is None:
         return None
     if kept := sorted(d.parent.name for d in (run / "checkpoints").glob("step-*/config.json")):

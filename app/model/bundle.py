@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from options.paths import untaken
+
 FILES = ("model.onnx", "tokenizer.json", "manifest.json")
 # Every file the manifest vouches for (it cannot hash itself); manifest["files"] maps each to its sha256.
 HASHED = ("model.onnx", "tokenizer.json")
@@ -271,7 +273,7 @@ def not_a_bundle(p: Path, what: str, models_dir: Path) -> str:
     inside = p != models_dir
     where = models_dir if inside else _beside(p) / "bundles"
     name = Path(os.path.abspath(p)).name  # `--models .` or `..`: the directory's own name, not "" or ".."
-    out = _new_entry(where, f"{name}-bundle" if inside else name)
+    out = untaken(where, f"{name}-bundle" if inside else name)
     export = f"python -m export {shlex.quote(str(p))} --out {shlex.quote(str(out))}"
     if inside:
         return (f"{p} is {what}, not a bundle: export it ({export}) and restart the server on the same --models "
@@ -283,15 +285,6 @@ def not_a_bundle(p: Path, what: str, models_dir: Path) -> str:
 def _beside(p: Path) -> Path:
     """The directory `p` lies in, by its whole path ("." and ".." name no sibling to put beside them)."""
     return Path(os.path.abspath(p)).parent
-
-
-def _new_entry(where: Path, name: str) -> Path:
-    """where/name, or where/name-2, -3 ...: the first that does not exist yet."""
-    n, out = 1, where / name
-    while out.exists() or out.is_symlink():
-        n += 1
-        out = where / f"{name}-{n}"
-    return out
 
 
 def bundle_names(models_dir: Path) -> list[str]:

@@ -19,7 +19,7 @@ from training.errors import DataError
 
 _BREAK = re.compile(r"\r\n|\r|\n")  # the csv module's lines, as a file opened with newline="" gives them
 
-_FIX = ("a quote inside a text must be doubled and the text quoted (\"He said \"\"hi\"\"\",pos), or write the "
+QUOTE_FIX = ("a quote inside a text must be doubled and the text quoted (\"He said \"\"hi\"\"\",pos), or write the "
         "file as JSONL")  # fmt: skip
 
 
@@ -39,8 +39,12 @@ def unclosed_quote(p, flag: str, values, end: int) -> str | None:
     texts = [v for v in values if isinstance(v, str)]
     # A quote never closed takes the file's last line break into its field: no line ends after the record.
     start = first_line(texts, end) + (None in values and bool(_BREAK.fullmatch(texts[-1][-1:])))
+    return _swallowed(p, flag, start, end)
+
+
+def _swallowed(p, flag: str, start: int, end: int) -> str:
     return (f"{flag}: {p} line {start}: a quote opens a field there that no quote closes where it should, so "
-            f"lines {start}-{end} were read as one field; {_FIX}")  # fmt: skip
+            f"lines {start}-{end} were read as one field; {QUOTE_FIX}")  # fmt: skip
 
 
 def refuse_swallowing_quote(p, flag: str) -> None:
@@ -63,9 +67,7 @@ def refuse_swallowing_quote(p, flag: str) -> None:
                 loose = at is not None and _BLANKS_THEN_END.match(lines.last, at + 1) is not None
                 if several and not loose and ("expected after" in str(e) or "end of data" in str(e)):
                     start = ended + 1
-                    raise DataError(f"{flag}: {p} line {start}: a quote opens a field there that no quote closes "
-                                    f"where it should, so lines {start}-{lines.n} were read as one field; "
-                                    f"{_FIX}") from None  # fmt: skip
+                    raise DataError(_swallowed(p, flag, start, lines.n)) from None
                 if at is None:  # another error (a NUL, a field past the limit): the main read reports it
                     ended = lines.n
                     continue

@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
-from training.finetuning.csv_quotes import refuse_swallowing_quote, unclosed_quote
+from training.finetuning.csv_quotes import QUOTE_FIX, refuse_swallowing_quote, unclosed_quote
 from training.finetuning.labels import (
     COMMA_NUMBER,
     as_float,
@@ -282,9 +282,7 @@ def _raw_examples(
                             + (f" ({label!r})" if label is not None and str(label).strip() else ""))  # fmt: skip
         if isinstance(label, str) and ("\n" in label or "\r" in label):  # no label holds a line break
             raise DataError(f"{flag}: {path} {at}: the label holds a line break ({label[:60]!r}...): a quote opened "
-                            "in its row and closed lines later took the rows between into it; a quote inside a text "
-                            "must be doubled and the text quoted (\"He said \"\"hi\"\"\",pos), or write the file "
-                            "as JSONL")  # fmt: skip
+                            f"in its row and closed lines later took the rows between into it; {QUOTE_FIX}")  # fmt: skip
         if isinstance(label, (list, dict)):  # its repr would become a class name, one per combination
             raise DataError(f"{flag}: {path} {at}: the label is a JSON {'list' if isinstance(label, list) else 'object'} "
                             f"({json.dumps(label)[:80]}); fine-tuning learns one label (or one number) per text, "
