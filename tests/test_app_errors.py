@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,7 @@ def test_an_unknown_path_gets_the_json_404(server, path):
     assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
     assert r.json()["error"]["type"] == "not_found" and "/schema" in r.json()["error"]["message"]
     assert len(r.headers["x-request-id"]) >= 8  # no route ran, and the answer still has its id
+    assert r.headers["x-content-type-options"] == "nosniff"  # as every answer of ours
 
 
 def test_a_method_a_route_does_not_take_gets_405_naming_those_it_does(server):
@@ -247,6 +249,20 @@ def test_a_compressed_body_is_refused_naming_the_encoding(server):
             assert err["field"] == "content-encoding" and f"Content-Encoding '{coding}'" in err["message"]
         headers = {"content-type": "application/json", "content-encoding": "identity"}
         assert c.post("/detect", content=body, headers=headers).status_code == 200
+
+
+def test_a_body_compressed_in_its_transfer_encoding_is_refused_naming_it(server):
+    """`Transfer-Encoding: gzip, chunked`: the HTTP layer undoes only the chunks, and the gzip body was
+    answered as bad UTF-8 (a plain one under that header, scored)."""
+    body = gzip.compress(b'{"text": "a"}')
+    head = b"POST /detect HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    with socket.create_connection(server.address(), timeout=10) as sock:
+        sock.sendall(
+            head + b"transfer-encoding: gzip, chunked\r\n\r\n%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+        )
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 415"), answer
+    assert b"Transfer-Encoding 'gzip' is not accepted" in answer and b'"field":"transfer-encoding"' in answer
 
 
 def test_huge_field_names_are_not_echoed(server):

@@ -50,6 +50,12 @@ def strict_json(kind: type[msgspec.Struct]):
         if coding not in ("", "identity"):  # read as it is, a compressed body would be garbage
             msg = f"Content-Encoding {clip(coding)!r} is not accepted; send the JSON body uncompressed"
             raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="content-encoding")
+        # A coding in Transfer-Encoding before its `chunked` (`gzip, chunked`) compresses the body as surely;
+        # the HTTP layer undoes only the chunking.
+        codings = [c.strip().lower() for c in request.headers.get("transfer-encoding", "").split(",")]
+        if other := [c for c in codings if c not in ("", "chunked", "identity")]:
+            msg = f"Transfer-Encoding {clip(', '.join(other))!r} is not accepted; send the JSON body uncompressed"
+            raise AppError(ErrorType.UNSUPPORTED_MEDIA_TYPE, msg, field="transfer-encoding")
         body = await request.body()
         # RFC 8259 lets a parser skip a byte-order mark, which some Windows clients write; bulk skips it too.
         body = body.removeprefix(b"\xef\xbb\xbf")

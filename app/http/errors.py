@@ -102,7 +102,10 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
 def _unrouted(err: AppError, request: Request, rid: bytes, ui: bool) -> AppError:
     """An error no route saw (Litestar's "Not Found", "Method Not Allowed", a refused Host), saying what to do
     instead, with the x-request-id."""
-    headers = {**(err.headers or {}), "x-request-id": rid.decode()}
+    headers = {
+        **(err.headers or {}),
+        **{k.decode(): v.decode() for k, v in request_context.answer_headers(rid)},
+    }
     where = f"{request.method} {clip(_path(request))}"
     if err.type is ErrorType.METHOD_NOT_ALLOWED:
         allowed = (err.headers or {}).get("allow", "")
