@@ -543,11 +543,12 @@ def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterato
 ID_NAMES = ("id", "_id", "doc_id", "uuid")
 
 
-def id_column(part: Part) -> str | None:
+def id_column(part: Part, text_field: str = "") -> str | None:
     """A field of the first document (or a column) whose name says it is an id: a job without --id-field
-    names rows file:line, which a user with ids of their own would not expect."""
+    names rows file:line, which a user with ids of their own would not expect. Never `text_field`, the one
+    scored as the text (`--text-field id` was told to give --id-field id)."""
     names = first_fields(part) or []
-    return next((n for n in ID_NAMES if n in names), None)
+    return next((n for n in ID_NAMES if n in names and n != text_field), None)
 
 
 def first_fields(part: Part) -> list[str] | None:

@@ -402,7 +402,13 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         print(f"bulk: note: {note}", file=sys.stderr, flush=True)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
     asked = "id_field" in options.sources(cfg)
-    if not cfg.id_field and not asked and not finished and parts and (named := id_column(parts[0])):
+    if (
+        not cfg.id_field
+        and not asked
+        and not finished
+        and parts
+        and (named := id_column(parts[0], cfg.text_field))
+    ):
         print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
               "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
     if gone:

@@ -158,6 +158,15 @@ def test_a_corpus_whose_ids_are_under_another_key_ends_with_a_hint(tmp_path, par
     )
 
 
+def test_the_field_scored_as_the_text_is_not_suggested_as_the_id(tmp_path, paragraphs):
+    """`--text-field id` was told "the documents have the field 'id'; give --id-field id" of its own text."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"id": t[:200]}) + "\n" for t in paragraphs[:2]))
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--text-field", "id")
+    assert done.returncode == 0 and summary(tmp_path / "out")["documents"] == 2, done.stderr
+    assert "the documents have the field" not in done.stderr, done.stderr
+
+
 def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_path, paragraphs):
     """Pretraining's .txt corpus (paragraphs between blank lines, lines wrapped) scored here is cut into its
     lines, which once went unsaid but for a count in summary.json."""

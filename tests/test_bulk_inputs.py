@@ -377,6 +377,11 @@ def test_a_field_named_like_an_id_is_found_for_the_hint(tmp_path):
     parts, _ = plan(root, files, "auto", 1 << 20)
     assert {p.name: id_column(p) for p in parts} == {"t.parquet": "doc_id", "a.jsonl": "uuid", "b.jsonl": None,
                                                       "c.txt": None}  # fmt: skip
+    # Never the field scored as the text (--text-field id): another id-like one, if any.
+    lines(tmp_path / "d.jsonl", [{"id": "the text", "_id": "k-1"}])
+    lines(tmp_path / "e.jsonl", [{"id": "the text"}])
+    (d, e), _ = plan(tmp_path, [tmp_path / "d.jsonl", tmp_path / "e.jsonl"], "auto", 1 << 20)
+    assert (id_column(d, "id"), id_column(e, "id"), id_column(e)) == ("_id", None, "id")
 
 
 def test_a_nan_or_infinite_id_is_no_id(tmp_path):
