@@ -21,9 +21,10 @@ from bulk.compressed import (
 from bulk.reading import BOM
 
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
-# Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards). Under
-# a directory it is left out with a note naming it (inputs.shards): it may be a sidecar (metadata.csv beside
-# the shards), and failing it failed every run of the job.
+# Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards), unless
+# --format says how to read it. Under a directory it is left out with a note naming it (inputs.shards),
+# --format or not: it may be a sidecar (metadata.csv beside the shards), and failing it failed every run of the
+# job.
 CSV = (".csv", ".tsv")
 # Byte-order marks of the encodings other than UTF-8 a text file may be saved in (Windows' "Unicode" is
 # UTF-16 LE): read as UTF-8, every line of such a JSONL file was rejected, and a .txt file's scored as text
@@ -32,10 +33,38 @@ WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (
              (b"\xfe\xff", "UTF-16"))  # fmt: skip
 
 
+# A Parquet file's first bytes. --format jsonl or text reads any file line by line: a Parquet file among a
+# directory's .txt files was scored as its bytes, binary garbage and not_utf8 rejects.
+PARQUET_MAGIC = b"PAR1"
+
+
 def type_suffix(path: Path) -> str:
     """The suffix that says what a file holds, in lower case: `.jsonl` of `a.jsonl` and of `a.jsonl.gz`."""
     last = path.suffix.lower()
     return Path(path.stem).suffix.lower() if last in COMPRESSED else last
+
+
+def is_parquet(path: Path, fmt: str) -> bool:
+    """Whether --format `fmt` (jsonl or text) would read a Parquet file's bytes as lines: `path` is one by
+    its suffix (.parquet, or .parquet.gz) or its first bytes. Never with --format parquet or auto, where a
+    Parquet file is read as one. A file that cannot be opened is not judged: it fails as a shard, by name."""
+    if fmt not in ("jsonl", "text"):
+        return False
+    if type_suffix(path) == ".parquet":
+        return True
+    if compression(path):  # its first bytes are the compressor's
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    except OSError:
+        return False
+
+
+def parquet_hint(path: Path, fmt: str) -> str:
+    how = "text, a document a line" if fmt == "text" else "JSON Lines"
+    return (f"it is a Parquet file, and --format {fmt} reads every file as {how}: its bytes would be scored as "
+            "documents. Score it in a job of its own, with --format parquet (or without --format, named .parquet)")  # fmt: skip
 
 
 def compressed_hint(path: Path, kind: str) -> str | None:

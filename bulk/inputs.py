@@ -19,7 +19,9 @@ from bulk.conversions import (
     CSV,
     compressed_hint,
     csv_hint,
+    is_parquet,
     line_file_hint,
+    parquet_hint,
     type_suffix,
 )
 from bulk.reading import BOM
@@ -92,14 +94,19 @@ class InputError(ValueError):
 
 
 def _wanted(path: Path, fmt: str) -> bool:
-    """Whether a file found under a directory is input: any file with --format given, else by suffix
-    (in any case; a compressed one too, so that it fails by name rather than vanishing; not a CSV)."""
+    """Whether a file found under a directory, and not left out by `_left_out_as` (asked first), is input:
+    any file with --format given, else by suffix (in any case; a compressed one too, so that it fails by name
+    rather than vanishing)."""
     return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
-def _csv_left_out(path: Path, fmt: str) -> bool:
-    """Whether a file found under a directory is a CSV it leaves out, to be named in a note."""
-    return fmt == "auto" and type_suffix(path) in CSV
+def _left_out_as(path: Path, fmt: str) -> str | None:
+    """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note:
+    a CSV whatever --format says (read as lines, its header was a document and a quoted field spanning lines
+    two), and a Parquet file where --format jsonl or text would read its bytes as lines. None: neither."""
+    if type_suffix(path) in CSV:
+        return "csvs"
+    return "parquets" if is_parquet(path, fmt) else None
 
 
 def listed(names: list[str], most: int = 5) -> str:
@@ -153,6 +160,13 @@ def jobs_note(names: list[str]) -> str:
             "directory")  # fmt: skip
 
 
+def parquet_note(names: list[str]) -> str:
+    """What a run says of the Parquet files a directory INPUT left out under --format jsonl or text."""
+    return (f"{len(names)} Parquet file(s) under INPUT left out, as --format reads every file as it says, and "
+            f"these are Parquet: {listed(names)}. To score them, give them to a job of their own with --format "
+            "parquet")  # fmt: skip
+
+
 def links_note(names: list[str]) -> str:
     """What a run says of the linked files it left out as duplicates of shards listed under their own names."""
     return (f"{len(names)} linked file(s) under INPUT left out, as each leads to a file INPUT lists under its own "
@@ -162,11 +176,12 @@ def links_note(names: list[str]) -> str:
 
 @dataclass
 class LeftOut:
-    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`), other jobs'
-    --out directories (`jobs_note`) and links to listed files (`links_note`), relative to the input root,
-    sorted."""
+    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`), Parquet files
+    under --format jsonl or text (`parquet_note`), other jobs' --out directories (`jobs_note`) and links to
+    listed files (`links_note`), relative to the input root, sorted."""
 
     csvs: list[str] = field(default_factory=list)
+    parquets: list[str] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
 
@@ -248,27 +263,30 @@ def shards(
                 f = Path(d) / n
                 try:
                     is_file = f.is_file()
-                    if is_file and _wanted(f, fmt):
+                    if is_file and (kind := _left_out_as(f, fmt)):
+                        if not mine(f):
+                            getattr(left, kind).append(_shown(f, root))
+                    elif is_file and _wanted(f, fmt):
                         if not mine(f):
                             files.append(f)
                         elif not input_in_out and not _own_output(
                             os.path.relpath(os.path.realpath(f), real_out)
                         ):
                             foreign.append(_shown(f, root))
-                    elif is_file and _csv_left_out(f, fmt) and not mine(f):
-                        left.csvs.append(_shown(f, root))
                     elif not is_file and not mine(d) and (why := broken_link(str(f))):
                         # A shard, or a directory of them, not there now; taken as a file of its name would
                         # be: it fails where that is input, or where it has no suffix (a directory's name,
-                        # as a rule); one a CSV's name is noted, and others (NOTES.md) are no input.
-                        if _wanted(f, fmt) or not f.suffix:
+                        # as a rule); one a CSV's name is noted (or a Parquet file's, under --format jsonl or
+                        # text), and others (NOTES.md) are no input.
+                        if kind := _left_out_as(f, fmt):
+                            getattr(left, kind).append(_shown(f, root))
+                        elif _wanted(f, fmt) or not f.suffix:
                             unlisted[_shown(f, root)] = why
-                        elif _csv_left_out(f, fmt):
-                            left.csvs.append(_shown(f, root))
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
         left.csvs.sort()
+        left.parquets.sort()
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
             said = "".join(f"; {note}" for note in left_out_notes(left))
@@ -327,6 +345,7 @@ def left_out_notes(left: LeftOut) -> list[str]:
     """The notes a run prints of what INPUT left out (and a refusal for no input adds)."""
     return (
         ([csv_note(left.csvs)] if left.csvs else [])
+        + ([parquet_note(left.parquets)] if left.parquets else [])
         + ([jobs_note(left.jobs)] if left.jobs else [])
         + ([links_note(left.links)] if left.links else [])
     )
@@ -335,6 +354,7 @@ def left_out_notes(left: LeftOut) -> list[str]:
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
         into.csvs += left.csvs
+        into.parquets += left.parquets
         into.jobs += sorted(left.jobs)
         into.links += left.links
 
@@ -384,9 +404,10 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
     """Why bulk reads no file of `path`'s suffix without a --format (a CSV, compressed or not; another file
     type's, .md or .md5), with what to do; None: it reads it, or a --format says how. A compressed file of
     a type it reads is not refused here: read (.gz, .bz2, .xz), or failing as a shard wherever it is found
-    (`plan`)."""
+    (`plan`). With --format jsonl or text, a Parquet file (by its suffix or first bytes) is refused all the
+    same: read as lines, its bytes were scored as documents."""
     if fmt != "auto":
-        return None
+        return parquet_hint(path, fmt) if is_parquet(path, fmt) else None
     if type_suffix(path) in CSV:
         return csv_hint(path)
     # Of a compressed file, the suffix of what it holds: app.log.gz and c.tar.gz were read as JSONL, every
@@ -522,11 +543,12 @@ def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterato
 ID_NAMES = ("id", "_id", "doc_id", "uuid")
 
 
-def id_column(part: Part) -> str | None:
+def id_column(part: Part, text_field: str = "") -> str | None:
     """A field of the first document (or a column) whose name says it is an id: a job without --id-field
-    names rows file:line, which a user with ids of their own would not expect."""
+    names rows file:line, which a user with ids of their own would not expect. Never `text_field`, the one
+    scored as the text (`--text-field id` was told to give --id-field id)."""
     names = first_fields(part) or []
-    return next((n for n in ID_NAMES if n in names), None)
+    return next((n for n in ID_NAMES if n in names and n != text_field), None)
 
 
 def first_fields(part: Part) -> list[str] | None:

@@ -402,7 +402,13 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         print(f"bulk: note: {note}", file=sys.stderr, flush=True)
     # Not on a resume (--id-field is part of the job's fingerprint), nor when --id-field "" was said.
     asked = "id_field" in options.sources(cfg)
-    if not cfg.id_field and not asked and not finished and parts and (named := id_column(parts[0])):
+    if (
+        not cfg.id_field
+        and not asked
+        and not finished
+        and parts
+        and (named := id_column(parts[0], cfg.text_field))
+    ):
         print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
               "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
     if gone:
@@ -535,8 +541,10 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         print(f"bulk: note: {blank:,} blank lines skipped: in a .txt file every line is a document (pretraining "
               "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
               "JSONL", file=sys.stderr)  # fmt: skip
-    if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get("missing_text"):
-        print(no_text_field(cfg, parts), file=sys.stderr)
+    # The id is read before the text: a wrong --id-field rejected every document missing_id, without a word.
+    for reason, option in (("missing_id", "--id-field"), ("missing_text", "--text-field")):
+        if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get(reason):
+            print(no_field(cfg, parts, option), file=sys.stderr)
     if interrupted:
         print(
             f"bulk: stopped by {interrupt.name}; run the same command again to score the rest",
@@ -548,15 +556,20 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     return EXIT_REJECTED if rejected else EXIT_OK
 
 
-def no_text_field(cfg: BulkConfig, parts: list[Part]) -> str:
-    """What a job none of whose documents had --text-field says: the fields they have, to choose from, and
-    a new --out, since a resume here with another --text-field is refused as other settings (this --out
-    holds the job that rejected them, and its rejects stay the user's to remove)."""
+def no_field(cfg: BulkConfig, parts: list[Part], option: str) -> str:
+    """What a job none of whose documents had --text-field (or a usable --id-field) says: the fields they
+    have, to choose from, and a new --out, since a resume here with another field is refused as other
+    settings (this --out holds the job that rejected them, and its rejects stay the user's to remove)."""
     fields = next((f for p in parts if (f := first_fields(p))), None)
     have = f"; the first document's fields: {', '.join(map(repr, fields[:12]))}" if fields else ""
-    return (f"bulk: no document had a {cfg.text_field!r} field{have}. Name the one holding the text with "
-            f"--text-field, and give a new --out (this one holds this job, which a run with another "
-            f"--text-field does not resume; or remove {cfg.out}); rejects.jsonl shows each line's reason")  # fmt: skip
+    if option == "--id-field":
+        said = f"a usable {cfg.id_field!r} field (--id-field)"
+        name = "the id with --id-field, or leave it out (a row's id is then file:line)"
+    else:
+        said, name = f"a {cfg.text_field!r} field", "the text with --text-field"
+    return (f"bulk: no document had {said}{have}. Name the one holding {name}, and give a new --out (this one "
+            f"holds this job, which a run with another {option} does not resume; or remove {cfg.out}); "
+            "rejects.jsonl shows each line's reason")  # fmt: skip
 
 
 def scoring_rate(scored: list[dict]) -> dict:

@@ -137,6 +137,36 @@ def test_a_corpus_whose_text_is_under_another_key_ends_with_a_hint(tmp_path, par
             "with --text-field, and give a new --out") in done.stderr, done.stderr  # fmt: skip
 
 
+def test_a_corpus_whose_ids_are_under_another_key_ends_with_a_hint(tmp_path, paragraphs):
+    """A wrong --id-field rejected every document missing_id, and the job ended exit 3 without a word of
+    why, where a wrong --text-field is told the fields the documents have."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(paragraphs[:2]))
+    )
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--id-field", "uid")
+    assert done.returncode == 3 and summary(tmp_path / "out")["rejects_by_reason"] == {"missing_id": 2}
+    assert ("no document had a usable 'uid' field (--id-field); the first document's fields: 'id', 'text'. Name "
+            "the one holding the id with --id-field") in done.stderr, done.stderr  # fmt: skip
+    assert "give a new --out" in done.stderr and "no document had a 'text' field" not in done.stderr
+    # The new --out it asks for: the same one, with the right field, is refused as other settings.
+    again = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--id-field", "id")
+    assert (
+        again.returncode == 2
+        and "that scored no document" in again.stderr
+        and "use a new --out" in again.stderr
+    )
+
+
+def test_the_field_scored_as_the_text_is_not_suggested_as_the_id(tmp_path, paragraphs):
+    """`--text-field id` was told "the documents have the field 'id'; give --id-field id" of its own text."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"id": t[:200]}) + "\n" for t in paragraphs[:2]))
+    done = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--text-field", "id")
+    assert done.returncode == 0 and summary(tmp_path / "out")["documents"] == 2, done.stderr
+    assert "the documents have the field" not in done.stderr, done.stderr
+
+
 def test_a_text_corpus_of_paragraphs_is_told_that_every_line_is_a_document(tmp_path, paragraphs):
     """Pretraining's .txt corpus (paragraphs between blank lines, lines wrapped) scored here is cut into its
     lines, which once went unsaid but for a count in summary.json."""

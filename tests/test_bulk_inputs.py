@@ -219,14 +219,16 @@ def test_a_broken_link_is_taken_as_a_file_of_its_name_would_be(tmp_path):
     assert [f.name for f in files] == ["ok.jsonl"]
     assert unlisted == {n: said(n) for n in ("disk", "gone.jsonl.gz")}
     assert left.csvs == ["old.csv"]  # noted as a CSV file of that name is
-    # With --format every file of the directory is input: every broken link fails.
-    assert shards(str(corpus), "jsonl", left_out=LeftOut())[2].keys() == {
+    # With --format every file of the directory is input but a CSV (left out, noted): every other broken
+    # link fails.
+    left = LeftOut()
+    assert shards(str(corpus), "jsonl", left_out=left)[2].keys() == {
         "NOTES.md",
-        "old.csv",
         "gone.jsonl.gz",
         "disk",
         "shard.00001",
     }
+    assert left.csvs == ["old.csv"]
     # A glob: a link the pattern would match fails (its match is the shard); one it could only pass through
     # as a directory fails when it has a directory's name, or the pattern names it.
     assert shards(f"{corpus}/**/*.jsonl", "auto")[2] == {f"{corpus}/disk": said("disk")}
@@ -375,6 +377,11 @@ def test_a_field_named_like_an_id_is_found_for_the_hint(tmp_path):
     parts, _ = plan(root, files, "auto", 1 << 20)
     assert {p.name: id_column(p) for p in parts} == {"t.parquet": "doc_id", "a.jsonl": "uuid", "b.jsonl": None,
                                                       "c.txt": None}  # fmt: skip
+    # Never the field scored as the text (--text-field id): another id-like one, if any.
+    lines(tmp_path / "d.jsonl", [{"id": "the text", "_id": "k-1"}])
+    lines(tmp_path / "e.jsonl", [{"id": "the text"}])
+    (d, e), _ = plan(tmp_path, [tmp_path / "d.jsonl", tmp_path / "e.jsonl"], "auto", 1 << 20)
+    assert (id_column(d, "id"), id_column(e, "id"), id_column(e)) == ("_id", None, "id")
 
 
 def test_a_nan_or_infinite_id_is_no_id(tmp_path):
@@ -802,6 +809,39 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
         InputError, match=r"no input files .*CSV file\(s\) under INPUT left out.*x/b\.csv.*Parquet"
     ):
         shards(str(only), "auto")
+
+
+def test_parquet_and_csv_under_a_directory_with_a_format_are_left_out_by_name_and_parquet_named_refused(
+    tmp_path,
+):
+    """`--format text` on a directory read every file as text: a Parquet file's bytes were scored as a
+    document (binary garbage, and not_utf8 rejects), a CSV's lines too, and nothing was said. Under a
+    directory a CSV is left out and named whatever --format says, and so is a Parquet file (by its suffix or
+    its first bytes) under --format jsonl or text; matched by a glob it fails by name, and named outright it
+    is refused. Any other file is read as --format says."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("a line of text\n")
+    (corpus / "README.md").write_text("read as text, as --format says\n")
+    (corpus / "e.csv").write_text("text,stars\ngreat,5\n")
+    pq.write_table(pa.table({"text": ["a row"]}), corpus / "p.parquet")
+    pq.write_table(pa.table({"text": ["a row"]}), corpus / "part-00000")  # Parquet by its first bytes alone
+    for fmt in ("text", "jsonl"):
+        left = LeftOut()
+        root, files, unlisted = shards(str(corpus), fmt, left_out=left)
+        assert [f.name for f in files] == ["README.md", "a.txt"] and not unlisted
+        assert left.parquets == ["p.parquet", "part-00000"] and left.csvs == ["e.csv"]
+        assert any(
+            "Parquet file(s) under INPUT left out" in n and "part-00000" in n for n in left_out_notes(left)
+        )
+        failed = plan(*shards(f"{corpus}/*", fmt)[:2], fmt, 1 << 20)[1]
+        assert "it is a Parquet file" in failed["p.parquet"] and "part-00000" in failed, failed
+        with pytest.raises(InputError, match=rf"p\.parquet: it is a Parquet file, and --format {fmt} reads"):
+            shards(str(corpus / "p.parquet"), fmt)
+    assert shards(str(corpus / "README.md"), "text")[1] == [corpus / "README.md"]  # named: read as said
+    # --format parquet reads them as Parquet.
+    parquet = plan(*shards(str(corpus), "parquet")[:2], "parquet", 1 << 20)[0]
+    assert sorted(p.name for p in parquet) == ["p.parquet", "part-00000"]
 
 
 def test_a_linked_directory_is_entered_alike_by_a_directory_and_a_glob_and_a_loop_is_not_gone_round(tmp_path):
