@@ -56,3 +56,17 @@ def test_an_uncased_vocabulary_kept_cased_is_warned_of_by_its_share_of_unk(token
             )
             assert "the tokenizer keeps case but the vocabulary has no capital letters" in said
             assert "give --lowercase true" in said
+
+
+def test_a_word_too_long_for_wordpiece_is_left_out_of_the_vocabulary(tokenizer, capsys):
+    """A word over 100 characters is [UNK] whole to the tokenizer, yet it went to the trainer, whose time
+    grows with its length squared: a 400k-character hex dump took 105 s, deaf to Ctrl-C. Its pieces were
+    taken into the vocabulary besides, tokens no text would ever be split into."""
+    import random
+
+    dump = "".join(random.Random(0).choices("0123456789abcdef", k=3000))
+    with_dump = train_wordpiece([*TEXTS, f"digest {dump}"], vocab_size=200, show_progress=True)
+    without = train_wordpiece([*TEXTS, "digest"], vocab_size=200)
+    assert with_dump.get_vocab() == without.get_vocab()
+    assert "1 distinct word(s) over 100 characters (the longest 3,000" in capsys.readouterr().err
+    assert with_dump.encode(f"fox {dump}").tokens == ["[CLS]", "fox", "[UNK]", "[SEP]"]

@@ -87,6 +87,10 @@ def _add_post_processor(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
+# WordPiece's max_input_chars_per_word, the tokenizers default every tokenizer made here keeps (BERT's).
+MAX_WORD_CHARS = 100
+
+
 def train_wordpiece(
     texts: Iterable[str],
     vocab_size: int = 30522,
@@ -111,6 +115,16 @@ def train_wordpiece(
         )
     tok = _configure(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
     words = _count_words(tok, texts, show_progress)
+    # A word longer than WordPiece's max_input_chars_per_word is [UNK] whole in the tokenizer made here, so
+    # it can give the vocabulary nothing; the trainer's time grows with its length squared (one 400k-character
+    # hex dump: 105 s, deaf to Ctrl-C inside Rust; a 3 MB one, hours).
+    long_words = [w for w in words if len(w) > MAX_WORD_CHARS]
+    for w in long_words:
+        del words[w]
+    if long_words and show_progress:
+        print(f"note: {len(long_words):,} distinct word(s) over {MAX_WORD_CHARS} characters (the longest "
+              f"{max(map(len, long_words)):,}: a hash, a hex or base64 dump?) left out of the vocabulary: "
+              "the tokenizer reads each as [UNK]", file=sys.stderr, flush=True)  # fmt: skip
     # limit_alphabet's own cut sorts equal counts in hash order: cut here (ties by code point) and
     # hand the trainer exactly the kept characters.
     chars: Counter[str] = Counter()
