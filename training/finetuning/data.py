@@ -211,6 +211,11 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
             for row in reader:
                 # A row with more fields than the header puts the rest under None, one with fewer gets None
                 # values: either way its text and label would be other columns' values.
+                # A line of spaces or tabs alone is blank, skipped as the csv module skips an empty one: it was
+                # refused as a row of fewer fields, "a text holding a comma?".
+                fields = [*(v for k, v in row.items() if k is not None and v is not None), *row.get(None, [])]
+                if (tsv or len(fields) == 1) and not any(v.strip() for v in fields):
+                    continue
                 if None in row or None in row.values():
                     header = reader.fieldnames or []
                     quoted = None if tsv else unclosed_quote(p, flag, [*row.values(), *row.get(None, [])],
