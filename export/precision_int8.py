@@ -244,9 +244,15 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
         give = "--eval-data FILE" if ptype != "multi_label_classification" else None
         if evaldata.takes_pairs(ckpt, cfg):  # a pair model is never fed one text: held-out texts, two a pair
             lines, where = evaldata.as_pairs(lines), f"{where}, each two texts a pair"
-            if give:  # (rows is None here, unless the model is multi-label: then give is None)
-                give = (f"--eval-data FILE with the columns {evaldata.eval_columns(ckpt, cfg).names()}: its text "
-                        "pairs and their labels")  # fmt: skip
+            columns = evaldata.eval_columns(ckpt, cfg).names()
+            if give and ptype == "regression":
+                # A regression's check wants no labels (its values' distance from fp32's): it said "no labelled
+                # pairs were given or found with its run", of a run whose dev split was there.
+                src.log(f"int8 accuracy: the model is a regression on text pairs, checked by how far its int8 values "
+                        f"are from fp32's (labels are not used, nor its run's dev split): on {where}; give "
+                        f"--eval-data FILE with the columns {columns} to check on text pairs of your own")  # fmt: skip
+            elif give:  # (rows is None here, unless the model is multi-label: then give is None)
+                give = f"--eval-data FILE with the columns {columns}: its text pairs and their labels"
                 src.log(f"int8 accuracy: the model was fine-tuned on text pairs, and no labelled pairs were given "
                         f"or found with its run: checked on {where}; give {give}")  # fmt: skip
         data, _ = evaldata.encode(tok, lines, seq_len, cfg.eval_sequences)

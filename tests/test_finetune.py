@@ -245,6 +245,32 @@ def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
     assert got["score"] == pytest.approx(dev["predicted"], abs=1e-4)
 
 
+def test_a_regressions_dev_figures_under_bf16_are_its_fp32_exports(tiny_init, tmp_path, monkeypatch):
+    """Under bf16 autocast (CUDA, AMX CPUs) the dev evaluations rounded a regression's single output to
+    8 bits of mantissa: Spearman 0.19 where fp32 read 0.57 on the same weights, and --patience stopped on
+    it. Dev is evaluated in fp32, as the bundle computes: the kept step's row is eval_dev.json's."""
+    from training.finetuning import tuner
+    from training.report import read_metrics
+
+    # bf16 autocast whatever this CPU is (without AMX it is slow, not wrong).
+    monkeypatch.setattr(tuner, "autocast_for",
+                        lambda device, want: (True, lambda: torch.autocast("cpu", dtype=torch.bfloat16)))  # fmt: skip
+    rng = random.Random(0)
+    rows = [{"sentence": f"{WORDS['good']} {i}", "score": round(rng.uniform(0, 5), 2)} for i in range(40)]
+    (tmp_path / "sts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    evals = run("--init", tiny_init, "--train", tmp_path / "sts.jsonl", "--text-column", "sentence",
+                "--label-column", "score", "--out", out, "--epochs", 1, "--batch-size", 8)  # fmt: skip
+    assert json.loads((out / "finetune_config.json").read_text())["as_run"]["precision"] == "bf16 autocast"
+    state = json.loads((out / "trainer_state.json").read_text())
+    (row,) = [
+        r for r in read_metrics(out / "metrics.jsonl") if r["split"] == "dev" and r["step"] == state["step"]
+    ]
+    for k in ("pearson", "spearman", "mse", "loss"):
+        assert row[k] == pytest.approx(evals["dev"][k], rel=1e-9, abs=1e-12), k
+    assert state["best_value"] == pytest.approx(evals["dev"]["spearman"], rel=1e-9, abs=1e-12)
+
+
 def save_hf_classifier(tmp_path: Path, tiny_init: Path, labels: tuple[str, ...]) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(3)

@@ -379,3 +379,46 @@ def test_export_rereading_a_runs_training_file_names_it_as_the_runs(tmp_path, ca
     with train.open("a") as f:  # the file changed since: read again
         f.write("film 99,b\n")
     assert len(run_train_inputs(tmp_path)[0]) > len(dev) and "re-reads it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_line_of_spaces_alone_is_blank_and_skipped(tmp_path, suffix):
+    """A line of spaces or tabs was refused as "line 4 has fewer fields than the header's 2; a text holding a
+    comma (quote such texts)?", advice that did not fit: it is skipped as an empty line is, and rows keep
+    their numbers (a table's rows are counted after the header, blank lines not)."""
+    sep = "\t" if suffix == ".tsv" else ","
+    lines = [f"film {i}{sep}{'ab'[i % 2]}" for i in range(20)]
+    path = tmp_path / f"t{suffix}"
+    path.write_text(f"text{sep}label\n" + "\n".join([*lines[:3], "   ", " \t ", "", *lines[3:], "  "]) + "\n")
+    data = load(tmp_path, path)
+    assert sum(data.label_counts()) + len(data.splits["dev"]) == 20
+    path.write_text(f"text{sep}label\n" + "\n".join([*lines[:3], "   ", "no label", *lines[3:]]) + "\n")
+    with pytest.raises(DataError, match=r"t\.\w+ line 6 has fewer fields than the header's 2"):
+        load(tmp_path, path)
+
+
+def test_a_table_without_a_header_row_is_said_so(tmp_path):
+    """A file without a header got "no column 'text' (columns: 'awful boring film', '0')" and no hint, where
+    a semicolon-separated one is told what to do: a header that reads as data (a number, a label naming its
+    own column, a text of several words) is said to be missing, with the row to add."""
+    rows = [(f"a dull awful boring mess {i}", "neg" if i % 2 else "pos") for i in range(20)]
+    numbers = write(
+        tmp_path / "n.csv", [(t, i % 2) for i, (t, _) in enumerate(rows)], header="a great film,1"
+    )
+    names = write(tmp_path / "w.csv", rows, header="fine,pos")
+    (tmp_path / "t.tsv").write_text("".join(f"{t}\t{y}\n" for t, y in rows))
+    for path, example in [
+        (numbers, "text,label"),
+        (names, "text,label"),
+        (tmp_path / "t.tsv", "text\tlabel"),
+    ]:
+        with pytest.raises(DataError) as e:
+            load(tmp_path, path)
+        said = str(e.value)
+        assert said.endswith(
+            f"the file seems to have no header row: add one naming the columns ({example})"
+        ), said
+    # A header of other names is no missing header.
+    with pytest.raises(DataError) as e:
+        load(tmp_path, write(tmp_path / "o.csv", rows, header="review,verdict"))
+    assert "(columns: 'review', 'verdict')" in str(e.value) and "header row" not in str(e.value)

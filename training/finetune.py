@@ -7,7 +7,8 @@
 Starts from our pretraining run/checkpoint (the discriminator's encoder) or a Hugging Face ELECTRA
 directory, trains with AdamW, warmup then linear decay and layer-wise learning-rate decay, evaluates on dev
 every epoch (or every --eval-every steps), keeps the best model and stops early after --patience
-evaluations without a better dev --metric; a run stopped by Ctrl-C or SIGTERM goes on with
+evaluations without a better dev --metric (dev evaluated in fp32, as an fp32 export computes, whatever
+the run trains in: under bf16 autocast a regression's one output was rounded to 8 bits); a run stopped by Ctrl-C or SIGTERM goes on with
 `--out DIR --resume` (training/finetuning/resume.py). `<out>/` then holds the best model in the Hugging Face
 ElectraForSequenceClassification layout (written atomically), eval_dev.json, eval_test.json,
 predictions_dev.jsonl and predictions_test.jsonl (every example scored, the --max-eval-examples sample

@@ -211,6 +211,11 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
             for row in reader:
                 # A row with more fields than the header puts the rest under None, one with fewer gets None
                 # values: either way its text and label would be other columns' values.
+                # A line of spaces or tabs alone is blank, skipped as the csv module skips an empty one: it was
+                # refused as a row of fewer fields, "a text holding a comma?".
+                fields = [*(v for k, v in row.items() if k is not None and v is not None), *row.get(None, [])]
+                if (tsv or len(fields) == 1) and not any(v.strip() for v in fields):
+                    continue
                 if None in row or None in row.values():
                     header = reader.fieldnames or []
                     quoted = None if tsv else unclosed_quote(p, flag, [*row.values(), *row.get(None, [])],
@@ -254,6 +259,21 @@ def row_columns(rows: list[dict]) -> list[str]:
     return list(map(str, dict.fromkeys(key for row in rows for key in row)))
 
 
+def _header_as_data(columns: list[str], rows: list[dict]) -> bool:
+    """Whether a table's header reads as a row of data: a column named by a number (a label or score), by a
+    value of its own column (a class name), or by a text of four words or more."""
+    return any(
+        as_float(c) is not None or len(c.split()) >= 4 or any(r.get(c) == c for r in rows[:1000])
+        for c in columns
+    )
+
+
+def _header_example(cfg, path: str) -> str:
+    """The header a file with the columns as given would need, in its own separator: "text,label"."""
+    sep = "\t" if Path(path).suffix.lower() == ".tsv" else ","
+    return sep.join(c for c in (cfg.text_column, cfg.text_pair_column, cfg.label_column) if c)
+
+
 def _raw_examples(
     path: str, flag: str, cfg, reread_by: str | None = None
 ) -> tuple[list[tuple[str, str | None, object]], Rows]:
@@ -269,7 +289,9 @@ def _raw_examples(
             spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
                     "; it looks semicolon-separated: write the file comma-separated" if ";" in one else
-                    f"; {spaced!r} has spaces around the name: remove them from the header" if spaced else "")  # fmt: skip
+                    f"; {spaced!r} has spaces around the name: remove them from the header" if spaced else
+                    f"; the file seems to have no header row: add one naming the columns ({_header_example(cfg, path)})"
+                    if read.unit == "row" and _header_as_data(columns, rows) else "")  # fmt: skip
             raise DataError(
                 f"{opt}: no column {col!r} in {path} (columns: {', '.join(map(repr, columns))}){hint}"
             )
