@@ -769,26 +769,6 @@ def test_a_pair_classifier_without_its_pairs_is_told_what_to_give(tmp_path, pair
     assert "give --eval-data FILE with the columns 'q1', 'q2' and 'lab'" in acc["note"]
 
 
-def test_a_pair_regression_is_told_its_check_wants_no_labels(tmp_path, tiny_init):
-    """A pair regression's int8 check (its values' distance from fp32's) reads no labels: it was told that
-    "no labelled pairs were given or found with its run", though its run's dev split was there."""
-    from training.finetune import main as finetune
-
-    rows = [{"q1": f"film {i}", "q2": f"a fine film {i}", "score": i % 5 + 0.5} for i in range(24)]
-    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    finetune(["--threads", "1", "--init", str(tiny_init), "--train", str(tmp_path / "t.jsonl"), "--text-column",
-              "q1", "--text-pair-column", "q2", "--label-column", "score", "--out", str(tmp_path / "run"),
-              "--epochs", "1"])  # fmt: skip
-    said = []
-    acc = export(
-        tmp_path / "run", tmp_path / "b", said.append, precision="int8", int8="weights", eval_sequences=16
-    )
-    assert acc["parity"]["int8_accuracy"]["metric"] == "mean_abs_diff_vs_fp32"
-    (line,) = [s for s in said if "int8 accuracy: the model" in s]
-    assert "no labelled pairs" not in line and "labels are not used, nor its run's dev split" in line, line
-    assert "give --eval-data FILE with the columns 'q1', 'q2' and 'score'" in line, line
-
-
 def test_eval_data_of_pairs_is_read_with_the_models_columns_or_those_named(tmp_path):
     from export.config import ExportConfig
     from export.evaldata import EvalDataError, read_labelled
