@@ -531,3 +531,39 @@ def test_a_step_that_raises_a_bug_is_a_failed_row_and_the_call_goes_on(tmp_path)
     assert "| claim | failed |" in md and "(its end below)" in md
     assert "## claim: failed" in md and note.rstrip().splitlines()[-1] in md.split("## claim: failed")[1]
     assert "## ELECTRA vs MLM at equal compute (the claim failed" in md and "| trec | 31.0 | 70.2 |" in md
+
+
+def test_a_variants_step_cut_short_keeps_the_variants_it_timed(tmp_path):
+    """train_throughput writes each variant's first round before the next one compiles; a call whose time
+    ran out in the second variant's compilation kept none of it in results.json (the claim's table alone
+    was kept). What it wrote, as train_throughput writes it:"""
+    from benchmarks.gpucheck.report import markdown
+    from benchmarks.gpucheck.steps import cut_short_figures
+
+    timed = {"syncs_per_step": 0, "first_step_s": 51.2, "peak_mib": 23000.0, "tokens_per_s": 496310.4,
+             "mfu": 0.044, "timed_in": "its first round, alone", "top_kernels": [{"name": "k", "share": 0.4}]}  # fmt: skip
+    compiling = {"syncs_per_step": 0, "first_step_s": 60.1, "peak_mib": 22000.0}
+    since = time.time() - 1
+    (tmp_path / "variants.json").write_text(json.dumps({"device": "NVIDIA H100", "matmul_peak_tflops": {"bf16": 790.0},
+                                                        "complete": False, "results": {"a": timed, "b": compiling}}))  # fmt: skip
+    ctx = Context("cuda", SIZES["full"], tmp_path, tmp_path, tmp_path, {}, {}, 10.0)
+    figures = cut_short_figures(ctx, "variants", since)
+    assert figures["a"]["tokens_per_s"] == 496310 and figures["a"]["timed_in"] == "its first round, alone"
+    assert figures["a"]["top_kernels"] and figures["b"] == {
+        "syncs": 0,
+        "first_step_s": 60.1,
+        "peak_mib": 22000,
+    }
+    assert (
+        cut_short_figures(ctx, "variants", time.time() + 1) == {}
+    )  # an earlier call's file is not this one's
+    step = {
+        "status": "interrupted",
+        "seconds": 170.0,
+        "figures": figures,
+        "note": "stopped before it finished",
+    }
+    report = {"started": "now", "environment": {}, "config": {"device": "cuda", "quick": False}, "problems": [],
+              "steps": {"variants": step}}  # fmt: skip
+    row = next(line for line in markdown(report).splitlines() if line.startswith("| variants |"))
+    assert "what it measured: a 496,310 tok/s" in row and "| b" not in row

@@ -64,6 +64,9 @@ def markdown(report: dict) -> str:
         if s["status"] != "ok" and rest.strip():
             text = f"{text.rstrip(':')} (its end below)"
             ends += ["", f"## {name}: {s['status']}", "", first, "", "````text", rest.rstrip(), "````"]
+        measured = _cell(s["figures"], HEADLINE.get(name, ())) if s["status"] != "ok" else ""
+        if measured:  # a variants step cut short: the variants it timed
+            text = f"{text}; what it measured: {measured}"
         lines.append(f"| {name} | {s['status']} | {s['seconds']} | {text.replace('|', '/')} |")
     lines += ends
     claim = report["steps"].get("claim", {})

@@ -518,11 +518,16 @@ def step_claim(ctx: Context) -> dict:
 
 
 def cut_short_figures(ctx: Context, name: str, since: float) -> dict:
-    """What a step that failed or was interrupted left worth reading: the claim's table.md, rewritten after
-    every fine-tuning run it finished, when written since `since` (an earlier call's in --out is not)."""
-    table = ctx.out / "claim" / "table.md"
+    """What a step that failed or was interrupted left worth reading, when written since `since` (an
+    earlier call's in --out is not): the claim's table.md, rewritten after every fine-tuning run it
+    finished; the throughput and variants steps' figures of each variant timed so far."""
+    from benchmarks.gpucheck.speed import variant_figures  # it reads the helpers above
+
+    table, timed = ctx.out / "claim" / "table.md", ctx.out / f"{name}.json"
     if name == "claim" and table.is_file() and table.stat().st_mtime >= since:
         return {"table": str(table)}
+    if name in ("throughput", "variants") and timed.is_file() and timed.stat().st_mtime >= since:
+        return variant_figures(json.loads(timed.read_text()))
     return {}
 
 
