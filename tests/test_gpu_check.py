@@ -130,7 +130,7 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == 130  # the shell's status for SIGINT: not a failed step's 1
     # The pretrain run may have finished by then (it has a head start); the step in progress is stopped.
     steps = json.loads((out / "results.json").read_text())["steps"]
     assert [s["status"] for s in steps.values()] in (["interrupted"], ["ok", "interrupted"])
@@ -531,6 +531,29 @@ def test_a_step_that_raises_a_bug_is_a_failed_row_and_the_call_goes_on(tmp_path)
     assert "| claim | failed |" in md and "(its end below)" in md
     assert "## claim: failed" in md and note.rstrip().splitlines()[-1] in md.split("## claim: failed")[1]
     assert "## ELECTRA vs MLM at equal compute (the claim failed" in md and "| trec | 31.0 | 70.2 |" in md
+
+
+def test_a_check_stopped_in_set_up_writes_its_results_and_exits_130(tmp_path):
+    """SIGINT while the environment is examined (torch loading, the import probes) ended the call with a
+    KeyboardInterrupt traceback and no results at all: a loan's call brought nothing back. Now the three
+    files say it was interrupted in set-up, and the status is 130."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--only", "pretrain",
+                             "--out", str(out), "--work", str(tmp_path / "work"), "--data-dir", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    # Its configuration is printed just before set-up; the environment's probes take seconds after it.
+    # (An empty --data-dir: were set-up over first, the call would stop there, refused, and train nothing.)
+    while "gpu-check configuration" not in proc.stdout.readline():
+        assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130 and "Traceback" not in said, said[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert report["interrupted"] == "in set-up, examining the environment, before any step ran"
+    assert report["steps"] == {} and report["problems"] == []
+    assert "Interrupted by SIGINT in set-up" in (out / "results.md").read_text()
+    assert "gpu-check: interrupted in set-up" in (out / "logs.txt").read_text()
 
 
 def test_a_variants_step_cut_short_keeps_the_variants_it_timed(tmp_path):
