@@ -590,3 +590,39 @@ def test_a_variants_step_cut_short_keeps_the_variants_it_timed(tmp_path):
               "steps": {"variants": step}}  # fmt: skip
     row = next(line for line in markdown(report).splitlines() if line.startswith("| variants |"))
     assert "what it measured: a 496,310 tok/s" in row and "| b" not in row
+
+
+def test_a_claim_refusal_names_the_gpu_check_option_to_change(tmp_path):
+    """--data-dir /nonexistent was blamed on "the claim's arguments (--claim-seeds, --claim-pretrain-args)"."""
+    ctx = Context("cuda", SIZES["full"], tmp_path, tmp_path, tmp_path / "gone", {}, {}, 10.0)
+    assert claim_refuses(ctx) == f"--data-dir: {tmp_path / 'gone'}: no such file or directory"
+    ctx = Context(
+        "cuda", replace(SIZES["full"], claim_seeds="1,x"), tmp_path, tmp_path, tmp_path, {}, {}, 10.0
+    )
+    assert claim_refuses(ctx) == "--claim-seeds: the claim's --seeds: comma-separated integers, got '1,x'"
+
+
+@pytest.mark.parametrize(
+    ("line", "precision"),
+    [
+        (
+            "precision: bf16 autocast (this CPU has native bf16: AMX); fp32 matrix products in fp32",
+            "bf16 autocast",
+        ),
+        ("precision: bf16 autocast (CUDA); TF32 matrix products", "bf16 autocast"),
+        (
+            "precision: fp32: this CPU has no native bf16 (AMX), where bf16 autocast is slower; configs ...",
+            "fp32",
+        ),
+    ],
+)
+def test_the_pretrain_rows_precision_is_not_cut_mid_bracket(line, precision, tmp_path):
+    """It was cut at the first colon: "bf16 autocast (this CPU has native bf16" in results.md."""
+    from benchmarks.gpucheck.steps import training_figures
+
+    rows = [
+        {"split": "train", "step": i, "loss": 10.0 - i, "tokens_per_s": 100, "tflops": 0.1} for i in range(4)
+    ]
+    rows.append({"split": "eval", "step": 3, "loss": 6.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert training_figures(tmp_path, f"loading\n{line}\n")["precision"] == precision

@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                           embedding_grads=args.embedding_grads)  # fmt: skip
         refused = claim_refuses(planned) if "claim" in args.only else None
         if refused:
-            claim_args = "the claim's arguments (--claim-seeds, --claim-pretrain-args)"
-            return refuse(out, report, [f"{claim_args}: {refused}"], (work, called))
+            return refuse(out, report, [refused], (work, called))
         serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if args.wheels:
             doing = "installing --wheels"
