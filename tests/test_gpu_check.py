@@ -626,3 +626,20 @@ def test_the_pretrain_rows_precision_is_not_cut_mid_bracket(line, precision, tmp
     rows.append({"split": "eval", "step": 3, "loss": 6.0})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert training_figures(tmp_path, f"loading\n{line}\n")["precision"] == precision
+
+
+def test_without_data_dir_the_data_is_found_where_the_tests_find_it(tmp_path, monkeypatch):
+    """docs/gpu.md's `scripts/gpu-check --device cpu --quick --out /tmp/gc` was refused, "data files missing
+    from ~/.cache/electra-serve/data", beside a ../shared/data that the tests and benchmarks read."""
+    from benchmarks.gpucheck.environment import data_files
+    from training.data.registry import local_data_dir
+
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    monkeypatch.setenv("ELECTRA_CACHE_DIR", str(tmp_path / "empty-cache"))
+    where, missing = data_files(None)
+    shared = local_data_dir()  # ../shared/data beside this clone, where there is one
+    assert where == (shared or tmp_path / "empty-cache")
+    if shared is not None and all((shared / f).is_file() for f in ("trec.csv", "sms-spam.csv")):
+        assert missing == []
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(real_data_dir()))
+    assert data_files(None) == (real_data_dir(), [])

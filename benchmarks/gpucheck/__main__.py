@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only", default=",".join(STEPS), help=f"comma-separated steps, in order: {', '.join(STEPS)}"
     )
     p.add_argument("--work", default="runs/gpu-check", help="runs, bundles and logs (default runs/gpu-check)")
-    p.add_argument("--data-dir", help="the registry files (default $ELECTRA_DATA_DIR, then the cache)")
+    p.add_argument("--data-dir", help="the registry files (default: as the tests find them, $ELECTRA_DATA_DIR, "
+                   "else ../shared/data beside the clone, then the cache ~/.cache/electra-serve/data)")  # fmt: skip
     p.add_argument("--wheels", help="a directory of wheels for the serving packages, installed offline")
     p.add_argument(
         "--guard-imports",

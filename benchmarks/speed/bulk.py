@@ -45,10 +45,9 @@ CLIENTS = 8  # requests in flight: both of the server's runners stay busy, with 
 
 def samples(wiki_docs: int, news_docs: int) -> dict[str, list[str]]:
     from training.data.corpus import iter_news_articles, iter_wikitext_articles
-    from training.data.registry import fetch
+    from training.data.registry import fetch, local_data_dir
 
-    local = REPO.parent / "shared" / "data"
-    data_dir = local if local.is_dir() else None
+    data_dir = local_data_dir()
     wiki = fetch("wikitext2-train", data_dir=data_dir)
     paragraphs = [p for a in iter_wikitext_articles(wiki) for p in a.split("\n") if len(p) >= 40]
     # Articles within the server's 8,192 tokens per text, so that /detect takes every one.
