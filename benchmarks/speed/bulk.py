@@ -4,7 +4,7 @@ at a time), for the shipped detector and classifier on samples of WikiText-2 and
 peak memory of a job over a large JSONL input (real corpus lines repeated into a temporary directory).
 
     python -m benchmarks.speed.bulk [--wiki-docs 600] [--news-docs 100] [--rss-mb 10,100,1024] [--rss-seconds 90]
-        [--out benchmarks/results/bulk.json]
+        [--out benchmarks/results/bulk.json --force]
 
 Tokens are counted alike for every method: the documents' tokens as bulk's outputs count them (text tokens
 for the detector, model-input tokens for the classifier). Bulk is timed end to end (`wall`: start-up of the
