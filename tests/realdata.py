@@ -11,12 +11,11 @@ registry's message saying what to do; they are not skipped.
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from training.data.registry import REGISTRY, DatasetError, fetch
+from training.data.registry import REGISTRY, DatasetError, fetch, local_data_dir
 
 REPO = Path(__file__).resolve().parent.parent
 # The data sets; entries named "model/file" belong to a registry model (fetch_model), not to a data dir.
@@ -24,11 +23,6 @@ DATASETS = [name for name in REGISTRY if "/" not in name]
 
 _resolved: Path | None = None
 _failure: DatasetError | None = None
-
-
-def local_data_dir() -> Path | None:
-    path = Path(os.environ.get("ELECTRA_DATA_DIR") or REPO.parent / "shared" / "data")
-    return path if path.is_dir() else None
 
 
 def real_data_dir() -> Path:

@@ -130,7 +130,7 @@ def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == 130  # the shell's status for SIGINT: not a failed step's 1
     # The pretrain run may have finished by then (it has a head start); the step in progress is stopped.
     steps = json.loads((out / "results.json").read_text())["steps"]
     assert [s["status"] for s in steps.values()] in (["interrupted"], ["ok", "interrupted"])
@@ -531,3 +531,115 @@ def test_a_step_that_raises_a_bug_is_a_failed_row_and_the_call_goes_on(tmp_path)
     assert "| claim | failed |" in md and "(its end below)" in md
     assert "## claim: failed" in md and note.rstrip().splitlines()[-1] in md.split("## claim: failed")[1]
     assert "## ELECTRA vs MLM at equal compute (the claim failed" in md and "| trec | 31.0 | 70.2 |" in md
+
+
+def test_a_check_stopped_in_set_up_writes_its_results_and_exits_130(tmp_path):
+    """SIGINT while the environment is examined (torch loading, the import probes) ended the call with a
+    KeyboardInterrupt traceback and no results at all: a loan's call brought nothing back. Now the three
+    files say it was interrupted in set-up, and the status is 130."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--only", "pretrain",
+                             "--out", str(out), "--work", str(tmp_path / "work"), "--data-dir", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    # Its configuration is printed just before set-up; the environment's probes take seconds after it.
+    # (An empty --data-dir: were set-up over first, the call would stop there, refused, and train nothing.)
+    while "gpu-check configuration" not in proc.stdout.readline():
+        assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130 and "Traceback" not in said, said[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert report["interrupted"] == "in set-up, examining the environment, before any step ran"
+    assert report["steps"] == {} and report["problems"] == []
+    assert "Interrupted by SIGINT in set-up" in (out / "results.md").read_text()
+    assert "gpu-check: interrupted in set-up" in (out / "logs.txt").read_text()
+
+
+def test_a_variants_step_cut_short_keeps_the_variants_it_timed(tmp_path):
+    """train_throughput writes each variant's first round before the next one compiles; a call whose time
+    ran out in the second variant's compilation kept none of it in results.json (the claim's table alone
+    was kept). What it wrote, as train_throughput writes it:"""
+    from benchmarks.gpucheck.report import markdown
+    from benchmarks.gpucheck.steps import cut_short_figures
+
+    timed = {"syncs_per_step": 0, "first_step_s": 51.2, "peak_mib": 23000.0, "tokens_per_s": 496310.4,
+             "mfu": 0.044, "timed_in": "its first round, alone", "top_kernels": [{"name": "k", "share": 0.4}]}  # fmt: skip
+    compiling = {"syncs_per_step": 0, "first_step_s": 60.1, "peak_mib": 22000.0}
+    since = time.time() - 1
+    (tmp_path / "variants.json").write_text(json.dumps({"device": "NVIDIA H100", "matmul_peak_tflops": {"bf16": 790.0},
+                                                        "complete": False, "results": {"a": timed, "b": compiling}}))  # fmt: skip
+    ctx = Context("cuda", SIZES["full"], tmp_path, tmp_path, tmp_path, {}, {}, 10.0)
+    figures = cut_short_figures(ctx, "variants", since)
+    assert figures["a"]["tokens_per_s"] == 496310 and figures["a"]["timed_in"] == "its first round, alone"
+    assert figures["a"]["top_kernels"] and figures["b"] == {
+        "syncs": 0,
+        "first_step_s": 60.1,
+        "peak_mib": 22000,
+    }
+    assert (
+        cut_short_figures(ctx, "variants", time.time() + 1) == {}
+    )  # an earlier call's file is not this one's
+    step = {
+        "status": "interrupted",
+        "seconds": 170.0,
+        "figures": figures,
+        "note": "stopped before it finished",
+    }
+    report = {"started": "now", "environment": {}, "config": {"device": "cuda", "quick": False}, "problems": [],
+              "steps": {"variants": step}}  # fmt: skip
+    row = next(line for line in markdown(report).splitlines() if line.startswith("| variants |"))
+    assert "what it measured: a 496,310 tok/s" in row and "| b" not in row
+
+
+def test_a_claim_refusal_names_the_gpu_check_option_to_change(tmp_path):
+    """--data-dir /nonexistent was blamed on "the claim's arguments (--claim-seeds, --claim-pretrain-args)"."""
+    ctx = Context("cuda", SIZES["full"], tmp_path, tmp_path, tmp_path / "gone", {}, {}, 10.0)
+    assert claim_refuses(ctx) == f"--data-dir: {tmp_path / 'gone'}: no such file or directory"
+    ctx = Context(
+        "cuda", replace(SIZES["full"], claim_seeds="1,x"), tmp_path, tmp_path, tmp_path, {}, {}, 10.0
+    )
+    assert claim_refuses(ctx) == "--claim-seeds: the claim's --seeds: comma-separated integers, got '1,x'"
+
+
+@pytest.mark.parametrize(
+    ("line", "precision"),
+    [
+        (
+            "precision: bf16 autocast (this CPU has native bf16: AMX); fp32 matrix products in fp32",
+            "bf16 autocast",
+        ),
+        ("precision: bf16 autocast (CUDA); TF32 matrix products", "bf16 autocast"),
+        (
+            "precision: fp32: this CPU has no native bf16 (AMX), where bf16 autocast is slower; configs ...",
+            "fp32",
+        ),
+    ],
+)
+def test_the_pretrain_rows_precision_is_not_cut_mid_bracket(line, precision, tmp_path):
+    """It was cut at the first colon: "bf16 autocast (this CPU has native bf16" in results.md."""
+    from benchmarks.gpucheck.steps import training_figures
+
+    rows = [
+        {"split": "train", "step": i, "loss": 10.0 - i, "tokens_per_s": 100, "tflops": 0.1} for i in range(4)
+    ]
+    rows.append({"split": "eval", "step": 3, "loss": 6.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert training_figures(tmp_path, f"loading\n{line}\n")["precision"] == precision
+
+
+def test_without_data_dir_the_data_is_found_where_the_tests_find_it(tmp_path, monkeypatch):
+    """docs/gpu.md's `scripts/gpu-check --device cpu --quick --out /tmp/gc` was refused, "data files missing
+    from ~/.cache/electra-serve/data", beside a ../shared/data that the tests and benchmarks read."""
+    from benchmarks.gpucheck.environment import data_files
+    from training.data.registry import local_data_dir
+
+    monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
+    monkeypatch.setenv("ELECTRA_CACHE_DIR", str(tmp_path / "empty-cache"))
+    where, missing = data_files(None)
+    shared = local_data_dir()  # ../shared/data beside this clone, where there is one
+    assert where == (shared or tmp_path / "empty-cache")
+    if shared is not None and all((shared / f).is_file() for f in ("trec.csv", "sms-spam.csv")):
+        assert missing == []
+    monkeypatch.setenv("ELECTRA_DATA_DIR", str(real_data_dir()))
+    assert data_files(None) == (real_data_dir(), [])

@@ -68,3 +68,30 @@ def test_exactly_the_steps_asked_for_are_timed():
     assert round_sizes(50, 20) == [20, 20, 10]
     assert round_sizes(60, 20) == [20, 20, 20]
     assert round_sizes(6, 1) == [1] * 6
+
+
+def test_each_variant_is_timed_before_the_next_one_compiles():
+    """A GPU call's time limit can fall in the second variant's compilation (46-67 s on the H100). Every
+    variant's timed steps came only after all of them had compiled, so such a cut left none timed; now
+    each variant's first round (and its profile, when asked) is written before the next one's first step,
+    and the interleaved rounds after them give the figures the variants are compared by. (No profile here:
+    the profiler's first use costs this test 4 s.)"""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmarks.speed.train_throughput import VARIANTS, Runner, measure, summarise
+
+    args = SimpleNamespace(layers=1, seq_len=16, steps=2, round=1, warmup=0, profile=0)
+    names = ("eager fp32", "eager fp32, nondeterministic")
+    runners = {n: Runner(dataclasses.replace(VARIANTS[n], batch=2), args, torch.device("cpu")) for n in names}
+    written = []
+    measure(runners, args, lambda results: written.append(summarise(results, runners, {"fp32": 1.0})))
+    before_second = written[0]  # as the JSON stood when the second variant's first step began
+    assert list(before_second) == ["eager fp32"]
+    alone = before_second["eager fp32"]
+    assert alone["timed_in"] == "its first round, alone" and alone["tokens_per_s"] > 0
+    last = written[-1]
+    assert {n: r["timed_in"] for n, r in last.items()} == dict.fromkeys(names, "interleaved rounds")
+    assert all(r["timed_steps"] == 1 and r["first_round_step_ms"] > 0 for r in last.values())

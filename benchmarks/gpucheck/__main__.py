@@ -7,8 +7,9 @@
 Steps, cheapest proof first: pretrain, torchrun, resume, graphs, throughput, export, detect, claim, variants;
 then detector (the GPU detector run, docs/detector-gpu.md).
 results.json, results.md and logs.txt (the end of each log the call wrote in --work, which stays on the
-machine) in --out are rewritten after every step. Exit status: 0 all ran or were
-skipped with a reason, 1 a step failed, 2 the environment lacks what the steps need (nothing ran).
+machine) in --out are rewritten after every step, and written when SIGINT (`timeout -s INT`) stops the
+call, in set-up too. Exit status: 0 all ran or were skipped with a reason, 1 a step failed, 2 the
+environment or an option refused (nothing ran), 130 interrupted by SIGINT.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ from benchmarks.output import show_config
 from benchmarks.speed.train_variants import variant_names
 from training.config import EMBEDDING_GRADS
 
+# The shell's status for a command ended by SIGINT: an interrupted call (`timeout -s INT`) is neither a
+# failed step (1) nor a refusal (2).
+INTERRUPTED = 130
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__,
@@ -55,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only", default=",".join(STEPS), help=f"comma-separated steps, in order: {', '.join(STEPS)}"
     )
     p.add_argument("--work", default="runs/gpu-check", help="runs, bundles and logs (default runs/gpu-check)")
-    p.add_argument("--data-dir", help="the registry files (default $ELECTRA_DATA_DIR, then the cache)")
+    p.add_argument("--data-dir", help="the registry files (default: as the tests find them, $ELECTRA_DATA_DIR, "
+                   "else ../shared/data beside the clone, then the cache ~/.cache/electra-serve/data)")  # fmt: skip
     p.add_argument("--wheels", help="a directory of wheels for the serving packages, installed offline")
     p.add_argument(
         "--guard-imports",
@@ -141,34 +147,46 @@ def main(argv: list[str] | None = None) -> int:
               "config": show_config("gpu-check", args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
     sizes = sizes_for(args)
     claim_pflop = args.claim_pflop or sizes.claim_pflop
-    # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
-    # will check them (they do not depend on the machine).
-    planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop,
-                      embedding_grads=args.embedding_grads)  # fmt: skip
-    refused = claim_refuses(planned) if "claim" in args.only else None
-    if refused:
-        claim_args = "the claim's arguments (--claim-seeds, --claim-pretrain-args)"
-        return refuse(out, report, [f"{claim_args}: {refused}"], (work, called))
-    serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if args.wheels:
-        try:
-            serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
-        except WheelsError as e:
-            return refuse(out, report, [str(e)], (work, called))
-    train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
-    facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
-    report["environment"] = facts
-    if problems:
-        return refuse(out, report, problems, (work, called))
-    write_report(out, report, (work, called))  # logs.txt too: every call past its options returns the three
-    # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
-    ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
-                  args.detector_minutes, args.embedding_grads, tuple(args.only),
-                  imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
+    doing = "checking the claim's arguments"  # what set-up was doing, should SIGINT stop it
     try:
-        return run_steps(ctx, {name: STEPS[name] for name in args.only}, report, out, work, called)
-    finally:  # a run started early for a step that never came (a failure or SIGINT before it)
-        ctx.stop_runs_beside()
+        # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
+        # will check them (they do not depend on the machine).
+        planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop,
+                          embedding_grads=args.embedding_grads)  # fmt: skip
+        refused = claim_refuses(planned) if "claim" in args.only else None
+        if refused:
+            return refuse(out, report, [refused], (work, called))
+        serve_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if args.wheels:
+            doing = "installing --wheels"
+            try:
+                serve_env = install_wheels(Path(args.wheels).resolve(), work, serve_env)
+            except WheelsError as e:
+                return refuse(out, report, [str(e)], (work, called))
+        doing = "examining the environment"
+        train_env = guard_env(work, serve_env) if args.guard_imports else serve_env
+        facts, problems = environment(args.device, Path(args.data_dir) if args.data_dir else None, train_env)
+        report["environment"] = facts
+        if problems:
+            return refuse(out, report, problems, (work, called))
+        write_report(
+            out, report, (work, called)
+        )  # logs.txt too: every call past its options returns the three
+        # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
+        ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
+                      args.detector_minutes, args.embedding_grads, tuple(args.only),
+                      imports={(m, False): ok for m, ok in facts["importable"].items()})  # fmt: skip
+        doing = ""
+        try:
+            return run_steps(ctx, {name: STEPS[name] for name in args.only}, report, out, work, called)
+        finally:  # a run started early for a step that never came (a failure or SIGINT before it)
+            ctx.stop_runs_beside()
+    except KeyboardInterrupt:  # SIGINT in set-up, or between two steps (one in a step is the step's row)
+        report["interrupted"] = f"in set-up, {doing}, before any step ran" if doing else "between two steps"
+        write_report(out, report, (work, called))
+        print(f"gpu-check: interrupted {report['interrupted']}; results so far in {out / 'results.md'}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return INTERRUPTED
 
 
 def refuse(out: Path, report: dict, problems: list[str], logs: tuple[Path, float]) -> int:
@@ -199,9 +217,10 @@ def run_steps(ctx: Context, steps: dict[str, Callable[[Context], dict]], report:
             report["steps"][name] = {"status": "interrupted", "seconds": round(time.monotonic() - started, 1),
                                      "figures": cut_short_figures(ctx, name, called),
                                      "note": interrupted_note(work, name, since)}  # fmt: skip
+            report["interrupted"] = f"in the {name} step"
             write_report(out, report, (work, called))
             print(f"{name}: interrupted; results so far in {out / 'results.md'}", flush=True)
-            return 1
+            return INTERRUPTED
         seconds = round(time.monotonic() - started, 1)
         report["steps"][name] = {"status": status, "seconds": seconds, "figures": figures, "note": note}
         write_report(out, report, (work, called))

@@ -146,14 +146,11 @@ def cpu_facts() -> dict:
 
 
 def data_files(data_dir: Path | None) -> tuple[Path | None, list[str]]:
-    """(the directory that holds them, the missing ones): --data-dir alone when given, else
-    $ELECTRA_DATA_DIR, then the cache."""
-    from training.data.registry import DATA_DIR_ENV, default_cache_dir
+    """(the directory that holds them, the missing ones): --data-dir alone when given, else where the tests
+    and benchmarks look ($ELECTRA_DATA_DIR, else ../shared/data beside the clone), then the cache."""
+    from training.data.registry import default_cache_dir, local_data_dir
 
-    if data_dir:
-        candidates = [data_dir]
-    else:
-        candidates = [Path(p) for p in (os.environ.get(DATA_DIR_ENV),) if p] + [default_cache_dir()]
+    candidates = [data_dir] if data_dir else [d for d in (local_data_dir(),) if d] + [default_cache_dir()]
     found = [d for d in candidates if all((d / f).is_file() for f in DATA_FILES)]
     where = found[0] if found else candidates[-1]
     return where, [f for f in DATA_FILES if not (where / f).is_file()]

@@ -56,6 +56,8 @@ def markdown(report: dict) -> str:
              if env else f"Device: {report['config']['device']}, not yet examined. {mode}", ""]  # fmt: skip
     if report["problems"]:
         lines += ["Stopped before any step:", "", *(f"- {p}" for p in report["problems"]), ""]
+    if report.get("interrupted"):
+        lines += [f"Interrupted by SIGINT {report['interrupted']}.", ""]
     lines += ["| step | status | seconds | figures |", "|---|---|---|---|"]
     ends = []  # a failed or interrupted step's note after its first line: a log's end, a traceback's
     for name, s in report["steps"].items():
@@ -64,6 +66,9 @@ def markdown(report: dict) -> str:
         if s["status"] != "ok" and rest.strip():
             text = f"{text.rstrip(':')} (its end below)"
             ends += ["", f"## {name}: {s['status']}", "", first, "", "````text", rest.rstrip(), "````"]
+        measured = _cell(s["figures"], HEADLINE.get(name, ())) if s["status"] != "ok" else ""
+        if measured:  # a variants step cut short: the variants it timed
+            text = f"{text}; what it measured: {measured}"
         lines.append(f"| {name} | {s['status']} | {s['seconds']} | {text.replace('|', '/')} |")
     lines += ends
     claim = report["steps"].get("claim", {})
@@ -101,6 +106,7 @@ def write_report(out: Path, report: dict, logs: tuple[Path, float] | None = None
     results. --work stays on the GPU machine; one file, for a call returns at most 8."""
     write_json(out / "results.json", report)
     write_text_atomically(out / "results.md", markdown(report))
-    if logs is not None:  # a refused call's reasons first: its logs, if any, are of what it tried
-        refused = "".join(f"gpu-check: no step ran: {p}\n" for p in report["problems"])
-        write_text_atomically(out / "logs.txt", refused + logs_text(*logs))
+    if logs is not None:  # a refused or interrupted call's reasons first: its logs are of what it tried
+        said = [f"gpu-check: no step ran: {p}" for p in report["problems"]]
+        said += [f"gpu-check: interrupted {report['interrupted']}"] if report.get("interrupted") else []
+        write_text_atomically(out / "logs.txt", "".join(f"{x}\n" for x in said) + logs_text(*logs))

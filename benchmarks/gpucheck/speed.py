@@ -20,16 +20,7 @@ def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...], profi
               *(("--profile", str(profile)) if profile else ())],
         name, ctx.train_env)  # fmt: skip
     result = json.loads(path.read_text())
-    figures = {n: {"tokens_per_s": round(r["tokens_per_s"]), "mfu": round(r["mfu"], 4),
-                   "syncs": r["syncs_per_step"], "first_step_s": round(r["first_step_s"], 1),
-                   **({"peak_mib": round(r["peak_mib"])} if r["peak_mib"] is not None else {}),
-                   **{k: round(r[k], 2) for k in ("vs_legacy", "vs_transformers") if k in r}}
-               for n, r in result["results"].items()}  # fmt: skip
-    for n, r in result["results"].items():
-        if r.get("top_kernels"):
-            figures[n]["top_kernels"] = r["top_kernels"][:8]
-    figures["device"] = result["device"]
-    figures["matmul_peak_tflops"] = {k: float(f"{v:.3g}") for k, v in result["matmul_peak_tflops"].items()}
+    figures = variant_figures(result)
     waits = {
         n: r["syncs_per_step"]
         for n, r in result["results"].items()
@@ -37,4 +28,22 @@ def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...], profi
     }
     if waits:
         raise Failed(f"our training step made the host wait for the device: {waits} syncs a step; {path}")
+    return figures
+
+
+def variant_figures(result: dict) -> dict:
+    """Each variant's figures from train_throughput's JSON, as far as it got: a run cut short (the call's
+    time limit) has the first round of each variant it reached, or only its first step and syncs."""
+    figures = {}
+    for n, r in result["results"].items():
+        figures[n] = {"syncs": r["syncs_per_step"], "first_step_s": round(r["first_step_s"], 1),
+                      **({"peak_mib": round(r["peak_mib"])} if r["peak_mib"] is not None else {})}  # fmt: skip
+        if "tokens_per_s" in r:
+            figures[n] = {"tokens_per_s": round(r["tokens_per_s"]), "mfu": round(r["mfu"], 4), **figures[n],
+                          **{k: round(r[k], 2) for k in ("vs_legacy", "vs_transformers") if k in r},
+                          "timed_in": r["timed_in"]}  # fmt: skip
+        if r.get("top_kernels"):
+            figures[n]["top_kernels"] = r["top_kernels"][:8]
+    figures["device"] = result["device"]
+    figures["matmul_peak_tflops"] = {k: float(f"{v:.3g}") for k, v in result["matmul_peak_tflops"].items()}
     return figures

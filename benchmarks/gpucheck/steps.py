@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import socket
 import statistics
@@ -185,8 +186,9 @@ def training_figures(run_dir: Path, stdout: str) -> dict:
     if peaks:
         figures["peak_gpu_mib"] = round(max(peaks))
     for line in stdout.splitlines():
-        if line.startswith("precision: "):  # "precision: fp32: why ..." -> "fp32"
-            figures["precision"] = line.removeprefix("precision: ").split(":")[0]
+        if line.startswith("precision: "):  # the precision before its reason: "bf16 autocast (CUDA); ..."
+            # or "fp32: this CPU has no ..." -> "bf16 autocast", "fp32" (the reason is in the log)
+            figures["precision"] = re.match(r"[^:;(]*", line.removeprefix("precision: ")).group().strip()
         elif line.startswith("electra-serve pretraining, "):  # "..., 1 process(es) on cuda:0"
             figures["processes"] = line.removeprefix("electra-serve pretraining, ")
     if not figures["loss_last"] < figures["loss_first"]:
@@ -459,10 +461,16 @@ def claim_argv(ctx: Context) -> list[str]:
             f"--finetune-args={' '.join((*common, *ctx.sizes.finetune))}"]  # fmt: skip
 
 
+# The claim's options that gpu-check's own set: a refusal names the option the user gave.
+CLAIM_OPTIONS = {"--data-dir": "--data-dir", "--seeds": "--claim-seeds", "--budget-pflop": "--claim-pflop",
+                 "--pretrain-args": "--claim-pretrain-args"}  # fmt: skip
+
+
 def claim_refuses(ctx: Context) -> str | None:
     """What the claim would refuse in its arguments (electra_vs_mlm's own checks, then the pretraining
-    config each objective's run resolves to), found before any step runs: a typo in --claim-seeds or
-    --claim-pretrain-args would otherwise end a call only after the cheap proofs had taken their minutes."""
+    config each objective's run resolves to), found before any step runs, naming the gpu-check option to
+    change: a typo in --claim-seeds or --claim-pretrain-args would otherwise end a call only after the cheap
+    proofs had taken their minutes."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
@@ -472,9 +480,14 @@ def claim_refuses(ctx: Context) -> str | None:
             objective_config(base, objective, args.mlm_masking)
     except SystemExit:
         lines = said.getvalue().strip().splitlines() or ["refused"]
-        return lines[-1].split(" error: ", 1)[-1]  # argparse's message, less its program name
-    except ConfigError as e:
-        return str(e)
+        # argparse's message, less its program name: "argument --seeds: ..." or "--seeds: ..."
+        message = lines[-1].split(" error: ", 1)[-1].removeprefix("argument ")
+        ours = CLAIM_OPTIONS.get(message.split(":")[0])
+        if ours is None:
+            return f"the claim's arguments (--claim-seeds, --claim-pretrain-args, --claim-pflop): {message}"
+        return message if message.startswith(f"{ours}:") else f"{ours}: the claim's {message}"
+    except ConfigError as e:  # a pretraining run's config: what --claim-pretrain-args added to the mode's
+        return f"--claim-pretrain-args: {e}"
     return None
 
 
@@ -518,11 +531,16 @@ def step_claim(ctx: Context) -> dict:
 
 
 def cut_short_figures(ctx: Context, name: str, since: float) -> dict:
-    """What a step that failed or was interrupted left worth reading: the claim's table.md, rewritten after
-    every fine-tuning run it finished, when written since `since` (an earlier call's in --out is not)."""
-    table = ctx.out / "claim" / "table.md"
+    """What a step that failed or was interrupted left worth reading, when written since `since` (an
+    earlier call's in --out is not): the claim's table.md, rewritten after every fine-tuning run it
+    finished; the throughput and variants steps' figures of each variant timed so far."""
+    from benchmarks.gpucheck.speed import variant_figures  # it reads the helpers above
+
+    table, timed = ctx.out / "claim" / "table.md", ctx.out / f"{name}.json"
     if name == "claim" and table.is_file() and table.stat().st_mtime >= since:
         return {"table": str(table)}
+    if name in ("throughput", "variants") and timed.is_file() and timed.stat().st_mtime >= since:
+        return variant_figures(json.loads(timed.read_text()))
     return {}
 
 

@@ -4,7 +4,7 @@ labels. The figure the README publishes for the sentiment bundle comes from here
 sha256 and the CPU beside it (int8 scores can differ in their last digits between kernel paths).
 
     python -m benchmarks.quality.classify_accuracy --models models --model sentiment \
-        --task rotten_tomatoes --split test --out benchmarks/results/sentiment_classify_test.json
+        --task rotten_tomatoes --split test --out benchmarks/results/sentiment_classify_test.json --force
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Two steps, each in its own environment:
 
     python -m benchmarks.speed.bf16_lever prepare --checkpoint RUN --work DIR   # the project's environment
     python -m venv .venv-openvino && .venv-openvino/bin/pip install onnxruntime-openvino msgspec tokenizers
-    .venv-openvino/bin/python -m benchmarks.speed.bf16_lever measure --work DIR --out benchmarks/results/int8/bf16_lever.json
+    .venv-openvino/bin/python -m benchmarks.speed.bf16_lever measure --work DIR --out benchmarks/results/int8/bf16_lever.json --force
 
 `prepare` exports the checkpoint's fp32 graph twice: unfused (standard ONNX ops, which OpenVINO reads) and
 fused (what the CPU provider serves). It also keeps held-out rows with the PyTorch fp32 probabilities, and

@@ -4,7 +4,7 @@ at a time), for the shipped detector and classifier on samples of WikiText-2 and
 peak memory of a job over a large JSONL input (real corpus lines repeated into a temporary directory).
 
     python -m benchmarks.speed.bulk [--wiki-docs 600] [--news-docs 100] [--rss-mb 10,100,1024] [--rss-seconds 90]
-        [--out benchmarks/results/bulk.json]
+        [--out benchmarks/results/bulk.json --force]
 
 Tokens are counted alike for every method: the documents' tokens as bulk's outputs count them (text tokens
 for the detector, model-input tokens for the classifier). Bulk is timed end to end (`wall`: start-up of the
@@ -45,10 +45,9 @@ CLIENTS = 8  # requests in flight: both of the server's runners stay busy, with 
 
 def samples(wiki_docs: int, news_docs: int) -> dict[str, list[str]]:
     from training.data.corpus import iter_news_articles, iter_wikitext_articles
-    from training.data.registry import fetch
+    from training.data.registry import fetch, local_data_dir
 
-    local = REPO.parent / "shared" / "data"
-    data_dir = local if local.is_dir() else None
+    data_dir = local_data_dir()
     wiki = fetch("wikitext2-train", data_dir=data_dir)
     paragraphs = [p for a in iter_wikitext_articles(wiki) for p in a.split("\n") if len(p) >= 40]
     # Articles within the server's 8,192 tokens per text, so that /detect takes every one.

@@ -9,8 +9,10 @@ what is timed is what `python -m training.pretrain` runs; the others are the ste
 For each variant: tokens/s over device-timed steps after warm-up (CUDA events on a GPU), the first
 step's time (compilation), achieved TFLOP/s and MFU against the matrix-product peak measured in the same
 run for the variant's precision, host syncs per step (PyTorch's sync debug mode on CUDA, a dispatch
-mode on CPU: benchmarks/speed/host_reads.py) and peak device memory. Variants are timed in interleaved
-rounds, so a noisy machine slows all alike. Prints a table and writes JSON.
+mode on CPU: benchmarks/speed/host_reads.py) and peak device memory. Each variant's first round of timed
+steps comes right after its warm-up, before the next variant compiles, so a run cut short keeps it; the
+rest are timed in interleaved rounds, so a noisy machine slows all alike, and the figures come from those.
+Prints a table and writes JSON, rewritten after each variant and each round.
 
     python -m benchmarks.speed.train_throughput --threads 2                        # CPU: the CPU set
     python -m benchmarks.speed.train_throughput --device cuda --variants key       # GPU: the headline four
@@ -261,14 +263,17 @@ def round_sizes(steps: int, per_round: int) -> list[int]:
 
 
 def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
-    """First step (compilation), warm-up, syncs and memory, one variant at a time; then the timed steps
-    in interleaved rounds. `report(results)` is called after each variant and each round, so a run cut
-    short still leaves what it measured."""
+    """One variant at a time: its first step (compilation), warm-up, syncs, memory, a first round of timed
+    steps and its profile, so that a run cut short in the next variant's compilation (a GPU call's time
+    limit) still leaves each variant before it timed. Then the rest of the timed steps in interleaved
+    rounds, so that a noisy machine slows every variant alike: the figures and ratios come from those once
+    they ran (summarise). `report(results)` is called after each variant and each round."""
+    first, *rest = round_sizes(args.steps, args.round)
     results = {}
     for name, r in runners.items():
         t = time.perf_counter()
         timed_steps(r, 1)
-        first = time.perf_counter() - t
+        first_s = time.perf_counter() - t
         timed_steps(r, args.warmup)
         syncs = syncs_in(r.one_step, r.device)
         memory = {"state_mib": state_mib(r.params, r.opt), "peak_mib": None}
@@ -278,41 +283,46 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
             timed_steps(r, 1)
             step_peak = (torch.cuda.max_memory_allocated(r.device) - resident) / 2**20
             memory["peak_mib"] = memory["state_mib"] + step_peak
-        results[name] = {"first_step_s": first, "syncs_per_step": syncs, **memory, "times": []}
-        print(f"  {name}: first step {first:.1f} s, {syncs} host syncs a step", flush=True)
+        results[name] = {"first_step_s": first_s, "syncs_per_step": syncs, **memory,
+                         "alone": timed_steps(r, first), "times": []}  # fmt: skip
+        print(f"  {name}: first step {first_s:.1f} s, {syncs} host syncs a step", flush=True)
+        if args.profile:
+            r.apply_globals()
+            results[name]["top_kernels"] = top_kernels(r.one_step, r.device, args.profile)
+            print_top(name, results[name]["top_kernels"])
         report(results)
-    for n in round_sizes(args.steps, args.round):
+    for n in rest:
         for name, r in runners.items():
             results[name]["times"] += timed_steps(r, n)
-        report(results)
-    for name, r in runners.items() if args.profile else ():
-        r.apply_globals()
-        results[name]["top_kernels"] = top_kernels(r.one_step, r.device, args.profile)
-        print_top(name, results[name]["top_kernels"])
         report(results)
     return results
 
 
 def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]) -> dict[str, dict]:
-    """Each variant's figures from its timed steps so far (those not timed yet: what is known of them)."""
+    """Each variant's figures from its timed steps so far (those not timed yet: what is known of them): from
+    the interleaved rounds once any ran, else from its first round, timed alone after its warm-up
+    (`timed_in` says which). Ratios only between variants timed alike."""
     out = {}
     for name, res in results.items():
         r = runners[name]
-        out[name] = {k: v for k, v in res.items() if k != "times"} | dataclasses.asdict(r.v)
-        if res["times"]:
-            med = statistics.median(res["times"])
+        out[name] = {k: v for k, v in res.items() if k not in ("alone", "times")} | dataclasses.asdict(r.v)
+        times = res["times"] or res["alone"]
+        if times:
+            med = statistics.median(times)
             tflops = r.tokens * r.flops_per_token / med / 1e12
-            out[name] |= {"timed_steps": len(res["times"]), "step_ms": med * 1000, "tokens_per_s": r.tokens / med,
-                          "tflops": tflops, "mfu": tflops / peaks[r.v.precision]}  # fmt: skip
+            out[name] |= {"timed_in": "interleaved rounds" if res["times"] else "its first round, alone",
+                          "timed_steps": len(times), "step_ms": med * 1000, "tokens_per_s": r.tokens / med,
+                          "tflops": tflops, "mfu": tflops / peaks[r.v.precision],
+                          "first_round_step_ms": statistics.median(res["alone"]) * 1000}  # fmt: skip
     for base in ("legacy", "transformers"):
         ref = {
-            x["precision"]: x["tokens_per_s"]
+            (x["precision"], x["timed_in"]): x["tokens_per_s"]
             for x in out.values()
             if x["step"] == base and "tokens_per_s" in x
         }
         for x in out.values():
-            if x["precision"] in ref and "tokens_per_s" in x:
-                x[f"vs_{base}"] = x["tokens_per_s"] / ref[x["precision"]]
+            if (x["precision"], x.get("timed_in")) in ref:
+                x[f"vs_{base}"] = x["tokens_per_s"] / ref[x["precision"], x["timed_in"]]
     return out
 
 
@@ -431,12 +441,18 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    first, *rest = round_sizes(args.steps, args.round)
+    timing = (f"each variant's first {first} timed steps right after its warm-up, alone (first_round_step_ms); "
+              f"then {sum(rest)} more in interleaved rounds with the others: step_ms, tokens_per_s, tflops, mfu "
+              "and the vs_ ratios come from these, or from the first round where the run stopped before them "
+              "(each variant's timed_in says which)")  # fmt: skip
+
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)
         write_text_atomically(out, json.dumps({"config": resolved, "shape": timed_shape, "device": where, "torch": torch.__version__,
                                    "cuda": torch.version.cuda, "machine": facts, "versions": software,
                                    "load_average": load, "matmul_peak_tflops": peaks,
-                                   "complete": complete, "results": summary}, indent=2))  # fmt: skip
+                                   "timing": timing, "complete": complete, "results": summary}, indent=2))  # fmt: skip
         return summary
 
     results = measure(runners, args, report)

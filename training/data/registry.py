@@ -40,6 +40,7 @@ __all__ = [
     "default_cache_dir",
     "fetch",
     "fetch_model",
+    "local_data_dir",
     "sha256_file",
 ]
 
@@ -79,6 +80,15 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def local_data_dir() -> Path | None:
+    """A directory of the registry's files kept beside the clone, where the tests, the benchmarks and
+    scripts/gpu-check look before the cache: $ELECTRA_DATA_DIR, else ../shared/data beside the repository
+    (a shared machine's one copy); None when that is not a directory. The entry points read
+    $ELECTRA_DATA_DIR alone (fetch)."""
+    path = Path(os.environ.get(DATA_DIR_ENV) or Path(__file__).resolve().parents[3] / "shared" / "data")
+    return path if path.is_dir() else None
 
 
 def default_cache_dir() -> Path:
