@@ -169,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         report["environment"] = facts
         if problems:
             return refuse(out, report, problems, (work, called))
-        write_report(
-            out, report, (work, called)
-        )  # logs.txt too: every call past its options returns the three
+        # logs.txt too: every call past its options returns the three
+        write_report(out, report, (work, called))
         # The environment's probes ran with train_env: the steps' own questions about those modules are answered.
         ctx = Context(args.device, sizes, work, out, Path(facts["data_dir"]), train_env, serve_env, claim_pflop,
                       args.detector_minutes, args.embedding_grads, tuple(args.only),
