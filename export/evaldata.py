@@ -119,8 +119,8 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     """Tokenize as fine-tuning and the server do (special tokens by the tokenizer's own post-processor, a
     pair as [CLS] A [SEP] B [SEP] with its type ids, cut longest first; "[SEP]" in a text is text), pad;
     (Batch, special mask)."""
+    from app.model.text_heads import text_heads
     from training.finetuning.data import tokenizer_copy
-    from training.finetuning.text_heads import text_heads
 
     tokenizer.enable_truncation(max_len, strategy="longest_first")
     tokenizer.no_padding()

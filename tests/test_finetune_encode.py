@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from app.model.text_heads import CHARS_PER_TOKEN, text_heads
 from training.finetuning.data import Example, encode, tokenizer_copy
-from training.finetuning.text_heads import CHARS_PER_TOKEN, text_heads
 
 # The committed detector's tokenizer: BERT's uncased WordPiece, which splits CJK characters apart.
 TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "detector" / "tokenizer.json"
@@ -75,3 +75,18 @@ def test_a_long_text_reaches_the_tokenizer_cut_to_its_start(tok):
     head, pair = text_heads(counting, text, text[:200_000], MAX_LEN)
     assert len(head) < 20 * CUT and len(pair) < 20 * CUT
     assert encode(tok, [Example(text, None, 0)], MAX_LEN)[0].truncated
+
+
+def test_the_server_cuts_a_pair_as_fine_tuning_does(tok):
+    """/classify cuts a pair with fine-tuning's own code (text_heads): the same ids, type ids and truncated
+    flag as the model was trained on, for pairs of short, long and unspaced texts, ties and odd budgets."""
+    from app.model.tokenization import TextTokenizer
+
+    long = [words(CUT * 2, 2), "a " * CUT + "東京" * 40, words(40 * CUT, 4), "東京都" * 400, "!?" * 400]
+    pairs = [(a, b) for a in long for b in long] + [(a, long[0]) for a in texts()[1:16:3]]
+    pairs += [(b, a) for a, b in pairs[-6:]] + [("word " * 7, "word " * 7), ("a b c", "\u0301")]
+    for max_len in (MAX_LEN, MAX_LEN + 1):
+        served = TextTokenizer(TOKENIZER, max_len, 0).encode_classify([list(p) for p in pairs])
+        trained = encode(tok, [Example(a, b, 1) for a, b in pairs], max_len)
+        got = [(e.row.ids.tolist(), e.row.type_ids.tolist(), e.truncated) for e in served]
+        assert got == [(e.ids, e.type_ids, e.truncated) for e in trained]

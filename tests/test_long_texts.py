@@ -140,3 +140,38 @@ def test_a_long_text_is_tokenized_with_the_gil_let_go(bundles_dir):
     longest = max(b - a for a, b in zip([start, *beats], [*beats, time.perf_counter()], strict=True))
     # Held, the GIL would leave one gap as long as the encode; let go, the gaps are the sleeps'.
     assert longest < took / 2, (longest, took)
+
+
+class _Seen:
+    """The server's truncating tokenizer, refusing what it should never be given: a text, or a half of a
+    pair, longer than `most` characters. It refuses before it encodes: given a long pair whole, the
+    tokenizer would build every pair of the halves' overflow windows (two 83 KB halves: 11 s, 6.3 GB)."""
+
+    def __init__(self, tokenizer, most: int) -> None:
+        self._tokenizer, self._most, self.halves = tokenizer, most, []
+
+    def encode_batch(self, inputs, **kw):
+        for x in inputs:
+            self.halves += [x] if isinstance(x, str) else list(x)
+            longest = max(map(len, [x] if isinstance(x, str) else x))
+            assert longest <= self._most, f"the truncating tokenizer was given {longest:,} characters"
+        return self._tokenizer.encode_batch(inputs, **kw)
+
+
+def test_a_long_pair_reaches_the_truncating_tokenizer_cut_to_its_starts():
+    """Each half of a /classify pair is cut to the start its kept tokens come from, as a single text is:
+    spaced words, CJK and punctuation (no space to cut at), and halves shorter than the first start tried
+    (4,000 characters of CJK are 4,000 tokens, 1,000 pairs of windows)."""
+    tok = TextTokenizer(SHIPPED / "sentiment" / "tokenizer.json", 128, STRIDE)
+    most = 16 * tok.max_length  # what a single text is cut to (`_head`)
+    tok._truncating = seen = _Seen(tok._truncating, most)
+    words = " ".join(["the", "quick", "brown", "fox", "jumps"] * 40_000)  # 1 MB
+    pairs = [
+        [words[:300_000], words[2:100_000]],  # a 400 KB pair
+        ["東京都" * 5_000, "日本語" * 1_000],
+        ["!?" * 2_000, ".," * 2_000],
+        ["naïve 👍🏽 " * 3_000, "[SEP] café" * 30],
+    ]
+    encoded = tok.encode_classify(pairs)
+    assert [len(e.row.ids) for e in encoded] == [128] * 4 and all(e.truncated for e in encoded)
+    assert len(seen.halves) == 8 and all(len(h) <= most for h in seen.halves)

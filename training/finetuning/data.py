@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 from tokenizers import Tokenizer
 
+from app.model.text_heads import text_heads
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
 from training.finetuning.csv_quotes import QUOTE_FIX, refuse_swallowing_quote, unclosed_quote
@@ -43,7 +44,6 @@ from training.finetuning.labels import (
     written_as_float,
 )
 from training.finetuning.sets import SPLIT_SEED
-from training.finetuning.text_heads import text_heads
 
 __all__ = ["DataError", "Encoded", "Example", "Rows", "TaskData", "batches", "encode", "load_task_data",
            "missing", "read_rows"]  # fmt: skip
