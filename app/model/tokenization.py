@@ -239,8 +239,7 @@ class TextTokenizer:
         """The starts of a pair's halves that truncation keeps its tokens from, counted by `_plain`: this
         tokenizer without truncation, special tokens' spellings read as text, as fine-tuning counts them
         (training/finetuning/data.py tokenizer_copy)."""
-        head, pair_head = text_heads(self._plain, pair[0], pair[1], self.max_length)
-        return head, pair_head
+        return text_heads(self._plain, pair[0], pair[1], self.max_length)
 
     def _empty_half(self, item, enc) -> int | None:
         """The text (0) or pair half (0, 1) the tokenizer kept nothing of, if any. A pair cut to max_length
