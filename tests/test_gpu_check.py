@@ -631,15 +631,16 @@ def test_the_pretrain_rows_precision_is_not_cut_mid_bracket(line, precision, tmp
 def test_without_data_dir_the_data_is_found_where_the_tests_find_it(tmp_path, monkeypatch):
     """docs/gpu.md's `scripts/gpu-check --device cpu --quick --out /tmp/gc` was refused, "data files missing
     from ~/.cache/electra-serve/data", beside a ../shared/data that the tests and benchmarks read."""
-    from benchmarks.gpucheck.environment import data_files
+    from benchmarks.gpucheck.environment import DATA_FILES, data_files
     from training.data.registry import local_data_dir
 
     monkeypatch.delenv("ELECTRA_DATA_DIR", raising=False)
     monkeypatch.setenv("ELECTRA_CACHE_DIR", str(tmp_path / "empty-cache"))
     where, missing = data_files(None)
-    shared = local_data_dir()  # ../shared/data beside this clone, where there is one
-    assert where == (shared or tmp_path / "empty-cache")
-    if shared is not None and all((shared / f).is_file() for f in ("trec.csv", "sms-spam.csv")):
-        assert missing == []
+    shared = local_data_dir()  # ../shared/data beside this clone, where there is one holding the files
+    if shared is not None and all((shared / f).is_file() for f in DATA_FILES):
+        assert (where, missing) == (shared, [])
+    else:
+        assert where == tmp_path / "empty-cache"
     monkeypatch.setenv("ELECTRA_DATA_DIR", str(real_data_dir()))
     assert data_files(None) == (real_data_dir(), [])

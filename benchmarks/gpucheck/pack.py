@@ -28,10 +28,12 @@ DEVICE_LIMIT = 64 * 2**20
 
 
 def copy_data(out: Path, data_dir: Path | None) -> int:
-    from training.data.registry import REGISTRY, fetch
+    from training.data.registry import REGISTRY, fetch, local_data_dir
 
     names = {e.filename: e.name for e in REGISTRY.values()}
     out.mkdir(parents=True, exist_ok=True)
+    # Where the tests and gpu-check look, before the cache (a file missing there is fetched into it).
+    data_dir = data_dir or local_data_dir()
     for filename in DATA_FILES:
         shutil.copy2(fetch(names[filename], data_dir), out / filename)
     return sum(f.stat().st_size for f in out.iterdir())

@@ -11,8 +11,8 @@ step's time (compilation), achieved TFLOP/s and MFU against the matrix-product p
 run for the variant's precision, host syncs per step (PyTorch's sync debug mode on CUDA, a dispatch
 mode on CPU: benchmarks/speed/host_reads.py) and peak device memory. Each variant's first round of timed
 steps comes right after its warm-up, before the next variant compiles, so a run cut short keeps it; the
-rest are timed in interleaved rounds, so a noisy machine slows all alike, and the figures come from those.
-Prints a table and writes JSON, rewritten after each variant and each round.
+rest in interleaved rounds, so a noisy machine slows all alike; the figures are the median of all of them.
+Prints a table and writes JSON, rewritten after each variant, profile and round.
 
     python -m benchmarks.speed.train_throughput --threads 2                        # CPU: the CPU set
     python -m benchmarks.speed.train_throughput --device cuda --variants key       # GPU: the headline four
@@ -263,11 +263,12 @@ def round_sizes(steps: int, per_round: int) -> list[int]:
 
 
 def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
-    """One variant at a time: its first step (compilation), warm-up, syncs, memory, a first round of timed
-    steps and its profile, so that a run cut short in the next variant's compilation (a GPU call's time
-    limit) still leaves each variant before it timed. Then the rest of the timed steps in interleaved
-    rounds, so that a noisy machine slows every variant alike: the figures and ratios come from those once
-    they ran (summarise). `report(results)` is called after each variant and each round."""
+    """One variant at a time: its first step (compilation), warm-up, syncs, memory and a first round of timed
+    steps, so that a run cut short in the next variant's compilation (a GPU call's time limit) still leaves
+    each variant before it timed. Then each variant's profile: after every first round, as the profiler may
+    leave CUPTI attached and slow the steps timed after it (pytorch#144455), which would slow the variants
+    after the first alone. Then the rest of the timed steps in interleaved rounds, so that a noisy machine
+    slows every variant alike. `report(results)` is called after each of these."""
     first, *rest = round_sizes(args.steps, args.round)
     results = {}
     for name, r in runners.items():
@@ -286,10 +287,11 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
         results[name] = {"first_step_s": first_s, "syncs_per_step": syncs, **memory,
                          "alone": timed_steps(r, first), "times": []}  # fmt: skip
         print(f"  {name}: first step {first_s:.1f} s, {syncs} host syncs a step", flush=True)
-        if args.profile:
-            r.apply_globals()
-            results[name]["top_kernels"] = top_kernels(r.one_step, r.device, args.profile)
-            print_top(name, results[name]["top_kernels"])
+        report(results)
+    for name, r in runners.items() if args.profile else ():
+        r.apply_globals()
+        results[name]["top_kernels"] = top_kernels(r.one_step, r.device, args.profile)
+        print_top(name, results[name]["top_kernels"])
         report(results)
     for n in rest:
         for name, r in runners.items():
@@ -299,20 +301,20 @@ def measure(runners: dict[str, Runner], args, report) -> dict[str, dict]:
 
 
 def summarise(results: dict, runners: dict[str, Runner], peaks: dict[str, float]) -> dict[str, dict]:
-    """Each variant's figures from its timed steps so far (those not timed yet: what is known of them): from
-    the interleaved rounds once any ran, else from its first round, timed alone after its warm-up
+    """Each variant's figures from its timed steps so far (those not timed yet: what is known of them): the
+    median of its first round and the interleaved rounds once any ran, else of its first round alone
     (`timed_in` says which). Ratios only between variants timed alike."""
     out = {}
     for name, res in results.items():
         r = runners[name]
         out[name] = {k: v for k, v in res.items() if k not in ("alone", "times")} | dataclasses.asdict(r.v)
-        times = res["times"] or res["alone"]
+        times = res["alone"] + res["times"]
         if times:
             med = statistics.median(times)
             tflops = r.tokens * r.flops_per_token / med / 1e12
-            out[name] |= {"timed_in": "interleaved rounds" if res["times"] else "its first round, alone",
-                          "timed_steps": len(times), "step_ms": med * 1000, "tokens_per_s": r.tokens / med,
-                          "tflops": tflops, "mfu": tflops / peaks[r.v.precision],
+            how = "its first round, then interleaved rounds" if res["times"] else "its first round, alone"
+            out[name] |= {"timed_in": how, "timed_steps": len(times), "step_ms": med * 1000,
+                          "tokens_per_s": r.tokens / med, "tflops": tflops, "mfu": tflops / peaks[r.v.precision],
                           "first_round_step_ms": statistics.median(res["alone"]) * 1000}  # fmt: skip
     for base in ("legacy", "transformers"):
         ref = {
@@ -370,8 +372,9 @@ def main(argv=None) -> None:
     p.add_argument(
         "--warmup", type=int, default=None, help="untimed steps after the first (default: 10 GPU, 1 CPU)"
     )
-    p.add_argument("--profile", type=int, default=0, help="after timing, profile this many steps of each "
-                   "variant: its kernels with the most self time, printed and in the JSON (default 0: none)")  # fmt: skip
+    p.add_argument("--profile", type=int, default=0, help="profile this many steps of each variant, after "
+                   "every variant's first timed round: its kernels with the most self time, printed and in the JSON "
+                   "(default 0: none)")  # fmt: skip
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when visible"
@@ -444,8 +447,8 @@ def main(argv=None) -> None:
     first, *rest = round_sizes(args.steps, args.round)
     timing = (f"each variant's first {first} timed steps right after its warm-up, alone (first_round_step_ms); "
               f"then {sum(rest)} more in interleaved rounds with the others: step_ms, tokens_per_s, tflops, mfu "
-              "and the vs_ ratios come from these, or from the first round where the run stopped before them "
-              "(each variant's timed_in says which)")  # fmt: skip
+              "and the vs_ ratios are the median of all of them, or of the first round where the run stopped "
+              "before the others (each variant's timed_in says which)")  # fmt: skip
 
     def report(results: dict, complete: bool = False) -> dict:
         summary = summarise(results, runners, peaks)

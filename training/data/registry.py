@@ -87,8 +87,12 @@ def local_data_dir() -> Path | None:
     scripts/gpu-check look before the cache: $ELECTRA_DATA_DIR, else ../shared/data beside the repository
     (a shared machine's one copy); None when that is not a directory. The entry points read
     $ELECTRA_DATA_DIR alone (fetch)."""
-    path = Path(os.environ.get(DATA_DIR_ENV) or Path(__file__).resolve().parents[3] / "shared" / "data")
-    return path if path.is_dir() else None
+    if os.environ.get(DATA_DIR_ENV):
+        path = _data_dir(None)
+    else:
+        parents = Path(__file__).resolve().parents
+        path = parents[3] / "shared" / "data" if len(parents) > 3 else None
+    return path if path is not None and path.is_dir() else None
 
 
 def default_cache_dir() -> Path:
