@@ -90,3 +90,27 @@ def test_the_server_cuts_a_pair_as_fine_tuning_does(tok):
         trained = encode(tok, [Example(a, b, 1) for a, b in pairs], max_len)
         got = [(e.row.ids.tolist(), e.row.type_ids.tolist(), e.truncated) for e in served]
         assert got == [(e.ids, e.type_ids, e.truncated) for e in trained]
+
+
+def test_a_character_normalised_into_several_words_is_never_cut_between_them():
+    """Under NFKC, `…` is three `.` words and U+FDFA four Arabic ones, each with the character's offsets: a
+    start cut at the offset of one but the first lost the character's earlier words, which the count held,
+    and the pair's halves were given the wrong shares (`x y` became `x`)."""
+    from tokenizers import normalizers
+
+    nfkc = Tokenizer.from_file(str(TOKENIZER))
+    nfkc.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.BertNormalizer(lowercase=True)])
+    nfkc.no_truncation()
+    nfkc.no_padding()
+    for max_len in range(5, 12):
+        cutting = Tokenizer.from_str(nfkc.to_str())
+        cutting.enable_truncation(max_len, strategy="longest_first")
+        for text, pair in [
+            ("a b c d e f", "x y…\t…z"),
+            ("a b " + "\ufdfa" * 20, None),
+            ("ab" + "…" * 50, None),
+        ]:
+            head, pair_head = text_heads(nfkc, text, pair, max_len)
+            whole = cutting.encode(text, pair) if pair else cutting.encode(text)
+            cut = cutting.encode(head, pair_head) if pair else cutting.encode(head)
+            assert cut.ids == whole.ids, (max_len, text, pair)

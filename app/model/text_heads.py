@@ -13,12 +13,14 @@ from collections.abc import Iterator
 
 from tokenizers import Tokenizer
 
-__all__ = ["CHARS_PER_TOKEN", "text_heads"]
+__all__ = ["CHARS_PER_TOKEN", "LONG_TEXT_CHARS", "encode_plain", "text_heads", "whole_words"]
 
 # Characters a token takes, at most, in all but odd texts: the first prefix of a long text tried.
 CHARS_PER_TOKEN = 32
 PIECE_CHARS = 1 << 16  # what a long text is counted in, piece by piece
-GIL_FREE_ABOVE_CHARS = 4096  # app/model/tokenization.py's LONG_TEXT_CHARS: below it, encode is cheaper
+# Above this many characters a text is encoded with the GIL let go (encode_plain); below it the hand-over
+# costs more than it frees.
+LONG_TEXT_CHARS = 4096
 
 
 def text_heads(counting: Tokenizer, text: str, pair: str | None, max_seq_len: int) -> tuple[str, str | None]:
@@ -52,7 +54,7 @@ def _head(counting: Tokenizer, text: str, more_than: int) -> str:
     # pair of two such halves made 1,000 pairs of overflow windows (450 MB) at max length 128.
     chars = max(more_than, 1) * CHARS_PER_TOKEN
     while True:
-        cut, n = _whole_words(counting, text[:chars], more_than + 1)
+        cut, n = whole_words(counting, text[:chars], more_than + 1)
         if n > more_than:
             return text[:cut]
         if chars >= len(text):
@@ -60,19 +62,21 @@ def _head(counting: Tokenizer, text: str, more_than: int) -> str:
         chars *= 2
 
 
-def _whole_words(counting: Tokenizer, start: str, enough: int | None = None) -> tuple[int, int]:
+def whole_words(counting: Tokenizer, start: str, enough: int | None = None) -> tuple[int, int]:
     """(characters, tokens) of the whole words in `start`, a start of a longer text: its own encoding less
     its last word, which the text may go on with. The tokenizer's pre-tokenizer says where words end (white
     space, punctuation of any script, each CJK character: cut at spaces only, a text of CJK or of
     punctuation was never cut, and a pair of two such 12 KB texts cost 15 s and 3.6 GB), and a word's
     tokens depend on the word alone, so these are the text's first tokens. The server cuts a single text
-    alike (app/model/tokenization.py `_whole_words`). No word ends in `start` (one long word, or a tokenizer
-    without a pre-tokenizer): no tokens.
+    with it too (app/model/tokenization.py `_head`). No word ends in `start` (one long word, or a tokenizer
+    without a pre-tokenizer): no tokens. Nor is a character cut whose normalised form is several words
+    (NFKC's `…` is three `.`, U+FDFA four Arabic words, each with the character's offsets): cut at the
+    offset of one but the first, the start lost the character's earlier words that the count held.
 
     With `enough`, only the words up to the one holding token number `enough`, where `start` has them: the
     start tried is 32 characters a token long, and a pair's two such starts of CJK (a character a token)
     made 32 x 32 pairs of overflow windows."""
-    enc = _encode(counting, start)
+    enc = encode_plain(counting, start)
     words = enc.word_ids
     whole = len(words)
     while whole > 0 and words[whole - 1] == words[-1]:
@@ -82,14 +86,17 @@ def _whole_words(counting: Tokenizer, start: str, enough: int | None = None) -> 
         n = enough
         while n < whole and words[n] == words[enough - 1]:
             n += 1
-    return (enc.offsets[n][0] if n < len(words) else len(start)), n
+    offsets = enc.offsets
+    while 0 < n < len(words) and (words[n] == words[n - 1] or offsets[n][0] < offsets[n - 1][1]):
+        n -= 1
+    return (offsets[n][0] if n < len(words) else len(start)), n
 
 
-def _encode(counting: Tokenizer, text: str):
+def encode_plain(counting: Tokenizer, text: str):
     """`text`'s tokens. A long text goes through encode_batch, which lets go of the GIL while it works: the
     server counts a /classify pair on a worker thread, and 64 K characters of CJK held its event loop for
     0.37 s through encode. The same tokens either way."""
-    if len(text) <= GIL_FREE_ABOVE_CHARS:
+    if len(text) <= LONG_TEXT_CHARS:
         return counting.encode(text, add_special_tokens=False)
     return counting.encode_batch([text], add_special_tokens=False)[0]
 
@@ -118,11 +125,11 @@ def _piece_counts(counting: Tokenizer, text: str) -> Iterator[int]:
     tokens held at once."""
     start, size = 0, PIECE_CHARS
     while len(text) - start > size:
-        cut, n = _whole_words(counting, text[start : start + size])
+        cut, n = whole_words(counting, text[start : start + size])
         if n == 0:  # one word longer than the piece: look further
             size *= 2
             continue
         yield n
         start, size = start + cut, PIECE_CHARS
     if start < len(text):
-        yield len(_encode(counting, text[start:]).ids)
+        yield len(encode_plain(counting, text[start:]).ids)

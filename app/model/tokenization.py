@@ -16,7 +16,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from app.model.text_heads import text_heads
+from app.model.text_heads import encode_plain, text_heads, whole_words
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,6 @@ class ClassifyEncoding(NamedTuple):
     empty_half: int | None  # the text (0) or pair half (0, 1) the tokenizer kept nothing of, if any
 
 
-# Above this many characters a text is encoded with the GIL let go (TextTokenizer._encode); below it the
-# hand-over costs more than it frees.
-LONG_TEXT_CHARS = 4096
-
-
 class TokenLimit(Protocol):
     """What a caller allows one request's texts: app/http/scoring.py's RequestCount."""
 
@@ -181,22 +176,14 @@ class TextTokenizer:
         for i, text in enumerate(texts):
             size = limit.per_text_chars if limit is not None else len(text)
             while size < len(text):  # ever longer prefixes: their whole words are the text's first tokens
-                limit.check_text(i, self._whole_words(text, size)[1], False)
+                limit.check_text(i, whole_words(self._plain, text[:size])[1], False)
                 size *= 4
-            enc = self._encode(text)
+            # The GIL let go for a long text: on a worker thread, a 1 MB word held the event loop 0.4 s.
+            enc = encode_plain(self._plain, text)
             if limit is not None:
                 limit.check_text(i, len(enc), True)
             out.append(self._detect_one(enc))
         return out
-
-    def _encode(self, text: str):
-        """`text`'s encoding without special tokens. A long text goes through encode_batch, which lets go of
-        the GIL while it works (encode keeps it): the server tokenizes long texts on a worker thread, and a
-        1 MB word held its event loop for 0.4 s (every /health waited), though the thread was meant to
-        keep the loop free."""
-        if len(text) <= LONG_TEXT_CHARS:
-            return self._plain.encode(text, add_special_tokens=False)
-        return self._plain.encode_batch([text], add_special_tokens=False)[0]
 
     def _detect_one(self, enc) -> DetectEncoding:
         ids = enc.ids
@@ -261,20 +248,8 @@ class TextTokenizer:
         size = 16 * self.max_length  # characters: a prefix this long nearly always overflows
         if len(text) <= size:
             return text
-        cut, tokens = self._whole_words(text, size)
+        cut, tokens = whole_words(self._plain, text[:size])
         return text[:cut] if tokens > self.max_length else text
-
-    def _whole_words(self, text: str, size: int) -> tuple[int, int]:
-        """(characters, tokens) of the whole words in text[:size]: its own encoding less its last word,
-        which the text may go on with. The tokenizer's pre-tokenizer says where words end (white space,
-        punctuation of any script, each CJK character), and a word's tokens depend on the word alone, so
-        these are the first tokens of the whole text."""
-        enc = self._encode(text[:size])
-        words = enc.word_ids
-        n = len(words)
-        while n > 0 and words[n - 1] == words[-1]:
-            n -= 1
-        return (enc.offsets[n][0] if n < len(words) else size), n
 
     def word_ids(self, word: str) -> list[int]:
         """The token ids of `word` alone, without special tokens."""
