@@ -21,10 +21,9 @@ from bulk.compressed import (
 from bulk.reading import BOM
 
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
-# Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards), unless
-# --format says how to read it. Under a directory it is left out with a note naming it (inputs.shards),
-# --format or not: it may be a sidecar (metadata.csv beside the shards), and failing it failed every run of the
-# job.
+# Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards). Under
+# a directory it is left out with a note naming it (inputs.shards): it may be a sidecar (metadata.csv beside
+# the shards), and failing it failed every run of the job. A --format says how to read it, wherever it is.
 CSV = (".csv", ".tsv")
 # Byte-order marks of the encodings other than UTF-8 a text file may be saved in (Windows' "Unicode" is
 # UTF-16 LE): read as UTF-8, every line of such a JSONL file was rejected, and a .txt file's scored as text

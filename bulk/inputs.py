@@ -101,10 +101,10 @@ def _wanted(path: Path, fmt: str) -> bool:
 
 
 def _left_out_as(path: Path, fmt: str) -> str | None:
-    """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note:
-    a CSV whatever --format says (read as lines, its header was a document and a quoted field spanning lines
-    two), and a Parquet file where --format jsonl or text would read its bytes as lines. None: neither."""
-    if type_suffix(path) in CSV:
+    """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note: a
+    CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
+    and a Parquet file where --format jsonl or text would read its bytes as lines. None: neither."""
+    if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
     return "parquets" if is_parquet(path, fmt) else None
 

@@ -541,9 +541,11 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         print(f"bulk: note: {blank:,} blank lines skipped: in a .txt file every line is a document (pretraining "
               "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
               "JSONL", file=sys.stderr)  # fmt: skip
-    # The id is read before the text: a wrong --id-field rejected every document missing_id, without a word.
-    for reason, option in (("missing_id", "--id-field"), ("missing_text", "--text-field")):
-        if entries and summary["documents"] == 0 and summary["rejects_by_reason"].get(reason):
+    # A wrong --id-field rejected every document missing_id, without a word. The id is read before the text:
+    # where some rows lacked one and the rest the other, neither "no document had" would be true.
+    why = summary["rejects_by_reason"]
+    for reason, other, option in (("missing_id", "missing_text", "--id-field"), ("missing_text", "missing_id", "--text-field")):  # fmt: skip
+        if entries and summary["documents"] == 0 and why.get(reason) and not why.get(other):
             print(no_field(cfg, parts, option), file=sys.stderr)
     if interrupted:
         print(

@@ -249,8 +249,8 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
                 # A regression's check wants no labels (its values' distance from fp32's): it said "no labelled
                 # pairs were given or found with its run", of a run whose dev split was there.
                 src.log(f"int8 accuracy: the model is a regression on text pairs, checked by how far its int8 values "
-                        f"are from fp32's (labels are not used, nor its run's dev split): on {where}; give "
-                        f"--eval-data FILE with the columns {columns} to check on text pairs of your own")  # fmt: skip
+                        f"are from fp32's, which needs no labelled pairs (nor its run's dev split): on {where}; to "
+                        f"check on text pairs of your own, give --eval-data FILE with the columns {columns}")  # fmt: skip
             elif give:  # (rows is None here, unless the model is multi-label: then give is None)
                 give = f"--eval-data FILE with the columns {columns}: its text pairs and their labels"
                 src.log(f"int8 accuracy: the model was fine-tuned on text pairs, and no labelled pairs were given "

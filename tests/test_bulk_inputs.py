@@ -219,16 +219,14 @@ def test_a_broken_link_is_taken_as_a_file_of_its_name_would_be(tmp_path):
     assert [f.name for f in files] == ["ok.jsonl"]
     assert unlisted == {n: said(n) for n in ("disk", "gone.jsonl.gz")}
     assert left.csvs == ["old.csv"]  # noted as a CSV file of that name is
-    # With --format every file of the directory is input but a CSV (left out, noted): every other broken
-    # link fails.
-    left = LeftOut()
-    assert shards(str(corpus), "jsonl", left_out=left)[2].keys() == {
+    # With --format every file of the directory is input: every broken link fails.
+    assert shards(str(corpus), "jsonl", left_out=LeftOut())[2].keys() == {
         "NOTES.md",
+        "old.csv",
         "gone.jsonl.gz",
         "disk",
         "shard.00001",
     }
-    assert left.csvs == ["old.csv"]
     # A glob: a link the pattern would match fails (its match is the shard); one it could only pass through
     # as a directory fails when it has a directory's name, or the pattern names it.
     assert shards(f"{corpus}/**/*.jsonl", "auto")[2] == {f"{corpus}/disk": said("disk")}
@@ -811,14 +809,12 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
         shards(str(only), "auto")
 
 
-def test_parquet_and_csv_under_a_directory_with_a_format_are_left_out_by_name_and_parquet_named_refused(
-    tmp_path,
-):
+def test_parquet_under_a_directory_with_a_format_is_left_out_by_name_and_refused_when_named(tmp_path):
     """`--format text` on a directory read every file as text: a Parquet file's bytes were scored as a
-    document (binary garbage, and not_utf8 rejects), a CSV's lines too, and nothing was said. Under a
-    directory a CSV is left out and named whatever --format says, and so is a Parquet file (by its suffix or
-    its first bytes) under --format jsonl or text; matched by a glob it fails by name, and named outright it
-    is refused. Any other file is read as --format says."""
+    document (binary garbage, and not_utf8 rejects), and nothing was said. Under a directory a Parquet file
+    (by its suffix or its first bytes) is left out and named under --format jsonl or text; matched by a glob
+    it fails by name, and named outright it is refused. Any other file, a CSV too, is read as --format says,
+    under a directory as where a glob matches it or INPUT names it."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("a line of text\n")
@@ -829,8 +825,8 @@ def test_parquet_and_csv_under_a_directory_with_a_format_are_left_out_by_name_an
     for fmt in ("text", "jsonl"):
         left = LeftOut()
         root, files, unlisted = shards(str(corpus), fmt, left_out=left)
-        assert [f.name for f in files] == ["README.md", "a.txt"] and not unlisted
-        assert left.parquets == ["p.parquet", "part-00000"] and left.csvs == ["e.csv"]
+        assert [f.name for f in files] == ["README.md", "a.txt", "e.csv"] and not unlisted
+        assert left.parquets == ["p.parquet", "part-00000"] and left.csvs == []
         assert any(
             "Parquet file(s) under INPUT left out" in n and "part-00000" in n for n in left_out_notes(left)
         )
