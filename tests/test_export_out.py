@@ -94,6 +94,62 @@ def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
     assert (tmp_path / "again" / "model.safetensors").is_file()
 
 
+def _hold_elsewhere(out: Path) -> subprocess.Popen:
+    """A process holding --out's lock, as a running export does."""
+    code = ("import sys; from pathlib import Path; from export.__main__ import _hold; "
+            f"_hold(Path({str(out)!r})); print('held', flush=True); sys.stdin.read()")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_second_export_to_the_same_out_is_refused_naming_the_first(tmp_path, capsys):
+    """Two exports to one new --out both passed the start's checks, both exited 0, and the second's swap
+    replaced the first's bundle unasked. The first holds --out's lock now, and the second is refused at
+    once naming its pid; a lock left by a SIGKILLed export blocks nobody."""
+    from export.__main__ import _hold, _release, resolve
+
+    out = tmp_path / "new" / "bundle"
+    first = _hold_elsewhere(out)
+    try:
+        err = _refused([str(tmp_path / "no-such-run"), "--out", str(out), *FAST], capsys)
+        assert f"--out {out} is in use: another export (pid {first.pid})" in err, err
+    finally:
+        first.kill()  # SIGKILL: no clean-up, its lock file stays
+        first.wait(timeout=30)
+        first.stdin.close()
+        first.stdout.close()
+    assert (tmp_path / "new" / ".bundle.lock").read_text() == f"{first.pid}\n"
+    cfg = resolve([str(tmp_path / "no-such-run"), "--out", str(out), *FAST])
+    created = _hold(Path(cfg.out))
+    assert (tmp_path / "new" / ".bundle.lock").read_text() == f"{os.getpid()}\n"
+    _release(Path(cfg.out), created)
+    assert os.listdir(tmp_path / "new") == []  # its lock file goes with it
+    other = tmp_path / "made" / "for" / "it"
+    _release(other, _hold(other))
+    assert not (tmp_path / "made").exists()  # directories made for the lock alone go too
+
+
+def test_a_bundle_written_at_out_during_an_export_is_not_replaced_without_force(tmp_path, detector_dir):
+    """The check before the swap looked only for files that are not a bundle's: a bundle written at a new
+    --out meanwhile (an export that took no lock: run directly, or on another machine) was replaced."""
+    from options import ConfigError
+
+    out = tmp_path / "bundle"
+
+    def meanwhile(msg: str) -> None:
+        if msg.startswith("fp32 parity"):
+            out.mkdir()
+            (out / "manifest.json").write_text("theirs")
+
+    with pytest.raises(ConfigError, match="holds manifest.json, written there during this export"):
+        export(detector_dir, out, log=meanwhile, precision="fp32", calibrate=False)
+    assert [p.name for p in out.iterdir()] == ["manifest.json"] and (
+        out / "manifest.json"
+    ).read_text() == "theirs"
+
+
 def test_an_out_that_cannot_be_written_is_named_as_a_path_to_change(tmp_path, detector_dir):
     """A read-only directory above --out (met as an ordinary user: root writes anywhere) ended the export
     in a PermissionError traceback; then in "export failed" after the model's load. Refused at the start."""
