@@ -33,6 +33,7 @@ from training.errors import (
     CheckpointError,
     DiskFullError,
     check_replaceable,
+    refuse_holding_cwd,
     refuse_inside_checkpoints,
 )
 
@@ -47,12 +48,15 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         print(f"note: {note}", file=sys.stderr, flush=True)
     # Options that --precision or --no-calibrate leave unread; those the model's kind does, at its load.
     check_read(cfg)
+    if not cfg.out.strip():  # an unset $OUT: made absolute, it named the current directory, replaced whole
+        raise options.ConfigError("--out is empty: name a directory for the bundle")
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.
     cfg.out = os.path.abspath(options.expand_user(Path(cfg.out), "--out"))
     out = Path(cfg.out)
     refuse_inside_checkpoints(out, "--out", "bundle", error=options.ConfigError)
+    refuse_holding_cwd(out, "--out", "bundle", error=options.ConfigError)
     # Before what --out holds: a running export's bundle, written as this one waits, is its to write.
     if (pid := file_holder(beside(out))) is not None:
         raise _in_use(out, pid)

@@ -67,11 +67,9 @@ def test_force_replaces_a_bundle_never_the_files_beside_it(tmp_path, detector_di
     assert (out / "late.txt").read_text() == "mine" and (out / "manifest.json").read_text() == manifest
 
 
-def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
-    tmp_path, detector_dir, capsys, monkeypatch
-):
-    """`--out afile/b` ended in a FileExistsError traceback after the work, and `--out .` in "PosixPath('.')
-    has an empty name" (export and export.recover alike)."""
+def test_an_out_under_a_file_is_refused(tmp_path, capsys):
+    """`--out afile/b` ended in a FileExistsError traceback after the work (export and export.recover
+    alike)."""
     from export.recover import main as recover
 
     (tmp_path / "afile").write_text("mine")
@@ -82,16 +80,42 @@ def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
     assert e.value.code == 2 and "afile is a file, not a directory" in capsys.readouterr().err
     assert (tmp_path / "afile").read_text() == "mine"
 
-    from export.__main__ import main
 
-    (tmp_path / "here").mkdir()
-    monkeypatch.chdir(tmp_path / "here")
-    assert main([str(detector_dir), "--out", ".", *FAST]) == 0
-    assert (tmp_path / "here" / "manifest.json").is_file()
-    (tmp_path / "again").mkdir()
-    monkeypatch.chdir(tmp_path / "again")
-    recover([str(tmp_path / "here"), "--out", "."])
-    assert (tmp_path / "again" / "model.safetensors").is_file()
+def test_an_out_that_is_or_holds_the_current_directory_or_is_empty_is_refused(tmp_path, capsys, monkeypatch):
+    """`--out .` (and `--out ""`, an unset $OUT) wrote the bundle, and the swap deleted the directory the
+    user's shell was in: `ls` there showed nothing, and the next command died on Path.cwd(). A parent of
+    the current directory the same. Refused at the start, suggesting a new directory inside it."""
+    from export.recover import main as recover
+
+    here = tmp_path / "work" / "here"
+    here.mkdir(parents=True)
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    run = str(tmp_path / "no-such-run")
+    err = _refused([run, "--out", ".", *FAST], capsys)
+    assert f"--out {here} is the current directory" in err and f"e.g. --out {here / 'bundle'}" in err, err
+    err = _refused([run, "--out", "..", "--force", *FAST], capsys)
+    assert f"--out {tmp_path / 'work'} is a directory above the current one" in err, err
+    assert "--out is empty: name a directory for the bundle" in _refused([run, "--out", "", *FAST], capsys)
+    with pytest.raises(SystemExit) as e:
+        recover([str(tmp_path / "no-such-bundle"), "--out", "."])
+    assert e.value.code == 2 and f"--out {here} is the current directory" in capsys.readouterr().err
+    assert Path.cwd() == here and os.listdir(here) == ["notes.txt"]
+
+
+def test_a_deleted_current_directory_is_said_not_a_traceback(tmp_path):
+    """After the above (a shell left in a deleted directory), the next command died in a FileNotFoundError
+    traceback at Path.cwd(); every entry point resolves its options first, and says so there."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = (f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); from export.__main__ import main; "
+            f"sys.exit(main([{str(tmp_path / 'run')!r}, '--out', 'b']))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PWD": str(gone)})  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"the current directory ({gone}) no longer exists" in done.stderr and "Traceback" not in done.stderr
+    )
 
 
 def _hold_elsewhere(out: Path) -> subprocess.Popen:
