@@ -25,9 +25,17 @@ from export.bundle_writer import (
 )
 from export.config import ExportConfig, check_read
 from options.installs import training_install
+from options.locking import DirectoryHeld, beside, file_holder, hold_file, release_file
 from options.stopping import signal_number, stop_as_ctrl_c
+from training.atomic_dirs import missing_dirs
 from training.config import check_data_dir
-from training.errors import CheckpointError, DiskFullError, check_replaceable, refuse_inside_checkpoints
+from training.errors import (
+    CheckpointError,
+    DiskFullError,
+    check_replaceable,
+    refuse_holding_cwd,
+    refuse_inside_checkpoints,
+)
 
 PROG = "python -m export"
 
@@ -40,12 +48,18 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         print(f"note: {note}", file=sys.stderr, flush=True)
     # Options that --precision or --no-calibrate leave unread; those the model's kind does, at its load.
     check_read(cfg)
+    if not cfg.out.strip():  # an unset $OUT: made absolute, it named the current directory, replaced whole
+        raise options.ConfigError("--out is empty: name a directory for the bundle")
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.
     cfg.out = os.path.abspath(options.expand_user(Path(cfg.out), "--out"))
     out = Path(cfg.out)
     refuse_inside_checkpoints(out, "--out", "bundle", error=options.ConfigError)
+    refuse_holding_cwd(out, "--out", "bundle", error=options.ConfigError)
+    # Before what --out holds: a running export's bundle, written as this one waits, is its to write.
+    if (pid := file_holder(beside(out))) is not None:
+        raise _in_use(out, pid)
     # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
     _check_replaceable(out, "--out", cfg, BUNDLE_FILES, MANIFEST, "bundle")
     _check_writable(out, "--out", "bundle")
@@ -65,6 +79,41 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         _check_replaceable(model_dir, "--triton", cfg, TRITON_FILES, TRITON_CONFIG, "Triton model directory")
         _check_writable(model_dir, "--triton", "Triton model directory", shown=repo)
     return cfg
+
+
+def _in_use(out: Path, pid: str) -> options.ConfigError:
+    return options.ConfigError(f"--out {out} is in use: another export (pid {pid}) writes its bundle there; wait "
+                               "for it to end or stop it, or give another --out")  # fmt: skip
+
+
+def _hold(out: Path) -> list[Path]:
+    """Lock --out for this export (options.locking: `.NAME.lock` beside it, as the bundle is swapped into
+    its place whole): two exports to one new --out both passed the start's checks, and the second's swap
+    replaced the first's bundle unasked. The directories made to hold the lock, deepest first, returned
+    for _release to remove again: a refused or failed export writes nothing."""
+    lock = beside(out)
+    created = missing_dirs(lock.parent)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        hold_file(lock)
+    except BaseException as e:
+        _release(out, created)
+        if isinstance(e, DirectoryHeld):
+            raise _in_use(out, e.pid) from None
+        if isinstance(e, OSError):
+            raise options.ConfigError(f"--out {out}: cannot write its lock file {lock} ({e.strerror or e}): "
+                                      "choose a --out you can write to") from None  # fmt: skip
+        raise
+    return created
+
+
+def _release(out: Path, created: list[Path]) -> None:
+    release_file(beside(out), remove=True)
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:  # it holds the bundle, or something else put there meanwhile
+            break
 
 
 def _check_writable(target: Path, flag: str, what: str, shown: Path | None = None) -> None:
@@ -100,8 +149,16 @@ def _check_replaceable(
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resolve(argv)
+        created = _hold(Path(cfg.out))
     except options.ConfigError as e:
         options.usage_exit(f"{PROG}: error: {e}")
+    try:
+        return _export(cfg)
+    finally:
+        _release(Path(cfg.out), created)
+
+
+def _export(cfg: ExportConfig) -> int:
     try:  # the seconds of torch's import, where a Ctrl-C was a traceback
         print(f"electra-serve export\n{options.describe(cfg)}", flush=True)
         stop_as_ctrl_c()

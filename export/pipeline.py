@@ -171,6 +171,17 @@ def _export(src: _Source, log) -> dict:
         if others := others_in(Path(cfg.out), bundle_writer.BUNDLE_FILES):
             raise ConfigError(f"--out {cfg.out} holds {', '.join(others[:5])}, put there during the export, and the "
                               "bundle replaces --out whole: move them out and export again")  # fmt: skip
+        # Without --force --out was new or empty at the start (python -m export refuses anything else): a
+        # bundle there now was written during this one (by an export that did not take --out's lock: one
+        # run directly, or on another machine), and the swap would have replaced it unasked.
+        if (
+            not cfg.force
+            and Path(cfg.out).is_dir()
+            and (held := sorted(p.name for p in Path(cfg.out).iterdir()))
+        ):
+            raise ConfigError(f"--out {cfg.out} holds {', '.join(held[:4])}, written there during this export (another "
+                              "export's bundle?), and this one would replace it: nothing was written; export again "
+                              "with --force to replace it, or choose another --out")  # fmt: skip
 
     out = write_atomically(Path(cfg.out), fill)
     if cfg.triton:

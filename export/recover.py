@@ -34,7 +34,13 @@ from export.optimize import QUANTIZE_DYNAMIC, QUANTIZE_STATIC, thread_count
 from options import option
 from options.stopping import signal_number, stop_as_ctrl_c
 from training.config import absolute_paths, check_threads
-from training.errors import CheckpointError, DiskFullError, check_replaceable, refuse_inside_checkpoints
+from training.errors import (
+    CheckpointError,
+    DiskFullError,
+    check_replaceable,
+    refuse_holding_cwd,
+    refuse_inside_checkpoints,
+)
 
 
 class InputError(ValueError):
@@ -172,6 +178,7 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     out = Path(os.path.abspath(out))  # `--out .` has no name to build the checkpoint beside
     bundle = Path(os.path.abspath(bundle))  # recovered.json names it so, to be found from anywhere
     refuse_inside_checkpoints(out, "--out", "recovered checkpoint", error=InputError)
+    refuse_holding_cwd(out, "--out", "recovered checkpoint", error=InputError)
     # Replaced whole, and unasked where it holds only an earlier recovery's files (there is no --force).
     check_replaceable(out, "--out", "recovered checkpoint", RECOVERED_FILES, force=True, force_flag=None,
                       source=(bundle, "the bundle being recovered"), error=InputError)  # fmt: skip

@@ -245,6 +245,7 @@ def resolve(
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     args, flags = _flags(cls, argv, prog, description, config_file)
+    check_current_directory()  # after --help, which reads no path
     values: dict = {}
     given: dict[str, str] = {}  # option -> where its value came from, for `sources`
     for key, value in (base or {}).items():
@@ -309,6 +310,22 @@ def resolve(
         raise ConfigError(str(e)) from None
     _remember(resolved, given)
     return resolved
+
+
+def check_current_directory() -> None:
+    """ConfigError where the current directory is gone (deleted, or replaced whole by a command that wrote
+    to it): every relative path, and the commands' own Path.cwd(), failed on it in a FileNotFoundError
+    traceback. Here, where every entry point resolves its options first."""
+    import os
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        pwd = os.environ.get("PWD")
+        gone = f"the current directory ({pwd})" if pwd else "the current directory"
+        raise ConfigError(f"{gone} no longer exists: it was deleted, or replaced by a new directory of its name; cd "
+                          "to a directory that exists (`cd \"$PWD\"` enters the one now at its path) and run the "
+                          "command again") from None  # fmt: skip
 
 
 def _remember(cfg, given: dict[str, str]) -> None:

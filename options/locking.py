@@ -1,6 +1,9 @@
 """One process at a time in an output directory: its `.lock` file, locked (flock) for the process's lifetime
-and naming its pid, so a second one is refused saying which process holds it. Standard library only:
-training and bulk use it."""
+and naming its pid, so a second one is refused saying which process holds it. An output written whole
+(built beside it and swapped into its place: an export's bundle) has its lock beside it instead,
+`.NAME.lock`, which the swap leaves alone. A killed process's lock goes with it (the kernel drops an
+flock as the process ends), so its file, left behind, blocks nobody. Standard library only: training,
+bulk and export use it."""
 
 from __future__ import annotations
 
@@ -20,16 +23,28 @@ class DirectoryHeld(Exception):
         self.pid = pid
 
 
+def beside(target: Path) -> Path:
+    """The lock file of `target`, an output written whole: `.NAME.lock` in the directory it is swapped
+    into (a link's, the directory it points to, as write_atomically replaces that one)."""
+    real = Path(os.path.realpath(target))
+    return real.parent / f".{real.name}{LOCK}"
+
+
 def holder(directory: Path) -> str | None:
     """The pid (or "?") of another process holding `directory`, None when none does (or this one does);
     takes nothing. For the checks that come before the lock is taken, so that they do not refuse in words
     that send the user to a second refusal (the run's own files, written by the process that holds them)."""
-    if os.path.realpath(directory) in _held:
+    return file_holder(directory / LOCK)
+
+
+def file_holder(lock: Path) -> str | None:
+    """holder's answer for the lock file `lock` itself."""
+    if _key(lock) in _held:
         return None
     try:
         import fcntl
 
-        f = open(directory / LOCK)  # noqa: SIM115 (closed below)
+        f = open(lock)  # noqa: SIM115 (closed below)
     except (ImportError, OSError):  # no lock file (or no flock): nobody holds it
         return None
     with f:
@@ -40,13 +55,22 @@ def holder(directory: Path) -> str | None:
     return None
 
 
+def _key(lock: Path) -> str:
+    return os.path.join(os.path.realpath(lock.parent), lock.name)
+
+
 def hold_directory(directory: Path) -> None:
     """Lock `directory` (which must exist) for this process; again from this process: nothing to do.
     DirectoryHeld when another process holds it; OSError when its lock file cannot be written."""
-    key = os.path.realpath(directory)
+    hold_file(directory / LOCK)
+
+
+def hold_file(lock: Path) -> None:
+    """hold_directory's lock, taken on the file `lock` (its directory must exist)."""
+    key = _key(lock)
     if key in _held:
         return
-    f = open(directory / LOCK, "a+")  # noqa: SIM115 (held open until the process ends)
+    f = open(lock, "a+")  # noqa: SIM115 (held open until the process ends)
     try:
         import fcntl
     except ImportError:  # not a POSIX system: no lock
@@ -59,6 +83,11 @@ def hold_directory(directory: Path) -> None:
         pid = f.read().strip() or "?"
         f.close()
         raise DirectoryHeld(pid) from None
+    if not _still_named(f, lock):
+        # Removed (release_file's `remove`) between our open and our lock: the file we locked is nobody's
+        # now, and the next process makes a new one. Ours is made the same way.
+        f.close()
+        return hold_file(lock)
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
@@ -66,12 +95,25 @@ def hold_directory(directory: Path) -> None:
     _held[key] = f
 
 
+def _still_named(f: IO, lock: Path) -> bool:
+    try:
+        now, ours = os.stat(lock), os.fstat(f.fileno())
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+
+
 def release_directory(directory: Path, remove: bool = False) -> None:
     """Unlock `directory`, held by this process (else nothing to do); with `remove`, its lock file goes too,
     taken away while still locked (a process that opens it meanwhile is refused, as before, naming us)."""
-    f = _held.pop(os.path.realpath(directory), None)
+    release_file(directory / LOCK, remove)
+
+
+def release_file(lock: Path, remove: bool = False) -> None:
+    """release_directory's, for the lock file `lock`."""
+    f = _held.pop(_key(lock), None)
     if f is None:
         return
     if remove:
-        (directory / LOCK).unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
     f.close()

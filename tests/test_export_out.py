@@ -67,11 +67,9 @@ def test_force_replaces_a_bundle_never_the_files_beside_it(tmp_path, detector_di
     assert (out / "late.txt").read_text() == "mine" and (out / "manifest.json").read_text() == manifest
 
 
-def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
-    tmp_path, detector_dir, capsys, monkeypatch
-):
-    """`--out afile/b` ended in a FileExistsError traceback after the work, and `--out .` in "PosixPath('.')
-    has an empty name" (export and export.recover alike)."""
+def test_an_out_under_a_file_is_refused(tmp_path, capsys):
+    """`--out afile/b` ended in a FileExistsError traceback after the work (export and export.recover
+    alike)."""
     from export.recover import main as recover
 
     (tmp_path / "afile").write_text("mine")
@@ -82,16 +80,98 @@ def test_an_out_under_a_file_is_refused_and_dot_is_the_current_directory(
     assert e.value.code == 2 and "afile is a file, not a directory" in capsys.readouterr().err
     assert (tmp_path / "afile").read_text() == "mine"
 
-    from export.__main__ import main
 
-    (tmp_path / "here").mkdir()
-    monkeypatch.chdir(tmp_path / "here")
-    assert main([str(detector_dir), "--out", ".", *FAST]) == 0
-    assert (tmp_path / "here" / "manifest.json").is_file()
-    (tmp_path / "again").mkdir()
-    monkeypatch.chdir(tmp_path / "again")
-    recover([str(tmp_path / "here"), "--out", "."])
-    assert (tmp_path / "again" / "model.safetensors").is_file()
+def test_an_out_that_is_or_holds_the_current_directory_or_is_empty_is_refused(tmp_path, capsys, monkeypatch):
+    """`--out .` (and `--out ""`, an unset $OUT) wrote the bundle, and the swap deleted the directory the
+    user's shell was in: `ls` there showed nothing, and the next command died on Path.cwd(). A parent of
+    the current directory the same. Refused at the start, suggesting a new directory inside it."""
+    from export.recover import main as recover
+
+    here = tmp_path / "work" / "here"
+    here.mkdir(parents=True)
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    run = str(tmp_path / "no-such-run")
+    err = _refused([run, "--out", ".", *FAST], capsys)
+    assert f"--out {here} is the current directory" in err and f"e.g. --out {here / 'bundle'}" in err, err
+    err = _refused([run, "--out", "..", "--force", *FAST], capsys)
+    assert f"--out {tmp_path / 'work'} is a directory above the current one" in err, err
+    assert "--out is empty: name a directory for the bundle" in _refused([run, "--out", "", *FAST], capsys)
+    with pytest.raises(SystemExit) as e:
+        recover([str(tmp_path / "no-such-bundle"), "--out", "."])
+    assert e.value.code == 2 and f"--out {here} is the current directory" in capsys.readouterr().err
+    assert Path.cwd() == here and os.listdir(here) == ["notes.txt"]
+
+
+def test_a_deleted_current_directory_is_said_not_a_traceback(tmp_path):
+    """After the above (a shell left in a deleted directory), the next command died in a FileNotFoundError
+    traceback at Path.cwd(); every entry point resolves its options first, and says so there."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = (f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); from export.__main__ import main; "
+            f"sys.exit(main([{str(tmp_path / 'run')!r}, '--out', 'b']))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PWD": str(gone)})  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"the current directory ({gone}) no longer exists" in done.stderr and "Traceback" not in done.stderr
+    )
+
+
+def _hold_elsewhere(out: Path) -> subprocess.Popen:
+    """A process holding --out's lock, as a running export does."""
+    code = ("import sys; from pathlib import Path; from export.__main__ import _hold; "
+            f"_hold(Path({str(out)!r})); print('held', flush=True); sys.stdin.read()")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_second_export_to_the_same_out_is_refused_naming_the_first(tmp_path, capsys):
+    """Two exports to one new --out both passed the start's checks, both exited 0, and the second's swap
+    replaced the first's bundle unasked. The first holds --out's lock now, and the second is refused at
+    once naming its pid; a lock left by a SIGKILLed export blocks nobody."""
+    from export.__main__ import _hold, _release, resolve
+
+    out = tmp_path / "new" / "bundle"
+    first = _hold_elsewhere(out)
+    try:
+        err = _refused([str(tmp_path / "no-such-run"), "--out", str(out), *FAST], capsys)
+        assert f"--out {out} is in use: another export (pid {first.pid})" in err, err
+    finally:
+        first.kill()  # SIGKILL: no clean-up, its lock file stays
+        first.wait(timeout=30)
+        first.stdin.close()
+        first.stdout.close()
+    assert (tmp_path / "new" / ".bundle.lock").read_text() == f"{first.pid}\n"
+    cfg = resolve([str(tmp_path / "no-such-run"), "--out", str(out), *FAST])
+    created = _hold(Path(cfg.out))
+    assert (tmp_path / "new" / ".bundle.lock").read_text() == f"{os.getpid()}\n"
+    _release(Path(cfg.out), created)
+    assert os.listdir(tmp_path / "new") == []  # its lock file goes with it
+    other = tmp_path / "made" / "for" / "it"
+    _release(other, _hold(other))
+    assert not (tmp_path / "made").exists()  # directories made for the lock alone go too
+
+
+def test_a_bundle_written_at_out_during_an_export_is_not_replaced_without_force(tmp_path, detector_dir):
+    """The check before the swap looked only for files that are not a bundle's: a bundle written at a new
+    --out meanwhile (an export that took no lock: run directly, or on another machine) was replaced."""
+    from options import ConfigError
+
+    out = tmp_path / "bundle"
+
+    def meanwhile(msg: str) -> None:
+        if msg.startswith("fp32 parity"):
+            out.mkdir()
+            (out / "manifest.json").write_text("theirs")
+
+    with pytest.raises(ConfigError, match="holds manifest.json, written there during this export"):
+        export(detector_dir, out, log=meanwhile, precision="fp32", calibrate=False)
+    assert [p.name for p in out.iterdir()] == ["manifest.json"] and (
+        out / "manifest.json"
+    ).read_text() == "theirs"
 
 
 def test_an_out_that_cannot_be_written_is_named_as_a_path_to_change(tmp_path, detector_dir):

@@ -77,7 +77,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
         target = Path(os.path.realpath(target))
     refuse_mount_point(target)
     tmp = None
-    created = _missing_dirs(target.parent)
+    created = missing_dirs(target.parent)
     try:  # a disk with no block left fails already here, at the temporary directory
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(target)
@@ -119,7 +119,7 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
     return given
 
 
-def _missing_dirs(path: Path) -> list[Path]:
+def missing_dirs(path: Path) -> list[Path]:
     """`path` and those of its parents that do not exist yet, deepest first."""
     missing = []
     while not path.exists() and path != path.parent:

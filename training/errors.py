@@ -195,6 +195,24 @@ def refuse_inside_checkpoints(
                             f"the run instead, e.g. {option} {shlex.quote(str(d.parent.parent / (d.parent.name + '-' + form.name)))}")  # fmt: skip
 
 
+def refuse_holding_cwd(
+    target: Path, option: str, what: str, error: type[Exception] = CheckpointError
+) -> None:
+    """An `error` where `target` (given as `option`, to hold a `what` written whole) is the current directory
+    or one above it: the swap put the new directory at its path and deleted the old one, which the user's
+    shell was still in (`ls` empty there, and the next command failing on its current directory)."""
+    try:
+        here = Path(os.getcwd())
+    except OSError:  # already gone: the command says so at its start (options.resolve)
+        return
+    real = Path(os.path.realpath(target))
+    if real == here or real in here.parents:
+        which = "the current directory" if real == here else f"a directory above the current one ({here})"
+        instead = shlex.quote(str(untaken(here, what.replace(" ", "-"))))
+        raise error(f"{option} {target} is {which}, and the {what} replaces {option} whole: the shell in it would be "
+                    f"left in a deleted directory; give a path to a new directory, e.g. {option} {instead}")  # fmt: skip
+
+
 def check_replaceable(
     target: Path,
     option: str,
