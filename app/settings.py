@@ -475,6 +475,8 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
             alone = self.threads_when_alone()
             notes["solo_threads"] = (f"auto: {alone}, every core" if alone else
                                      "auto: off, a runner has every core already")  # fmt: skip
+        elif not self.threads_when_alone():  # given, but no more than a runner has: no solo session
+            notes["solo_threads"] = "off, no more than a runner's threads"
         if self.memory_limit_mb == 0:
             limit = cgroup_limit()
             notes["memory_limit_mb"] = ("auto: none, no cgroup limit" if limit is None else

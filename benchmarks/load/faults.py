@@ -47,6 +47,7 @@ from pathlib import Path
 
 import psutil
 
+from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
@@ -419,7 +420,7 @@ def markdown(data: dict) -> str:
     return "\n".join([
         "# Faults under load", "",
         f"{data['config']['users']} users at {data['config']['user_rate']} req/s each, mix {data['config']['mix']}. "
-        f"CPU: {m['cpu']}, {m['cores']} cores, int8 kernels: {m['int8_kernel_path']}.", "",
+        f"CPU: {describe_cpu(m)}.", "",
         lk.table(head, rows), "",
         *(f"- {r['fault']}: " + json.dumps({k: v for k, v in r.items() if k not in
                                             ("fault", "sent", "failed", "promise", "kept", "recovery_s", "p99_ms")})

@@ -128,7 +128,7 @@ def run(cfg: ProfileConfig) -> int:
     api_key = cfg.api_key if cfg.url else None  # a server started here has none
     load = lk.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time, api_key=api_key)
     steps = []
-    with _server(cfg, models, run_dir) as (url, pid):
+    with _server(cfg, models, run_dir) as (url, pid, settings):
         for users in cfg.users:
             r = lk.run_locust(
                 url, users, load, run_dir / f"ours-u{users}", watch={"server": pid} if pid else {}
@@ -142,6 +142,8 @@ def run(cfg: ProfileConfig) -> int:
         "sentences": sentences,
         "machine": machine,
         "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
+        # What the server started here said at start it runs with (loadkit.printed_settings); null for --url.
+        "server_settings": settings,
         "steps": steps,
         "reports": str(run_dir),
     }
@@ -162,13 +164,14 @@ def shown(cfg: ProfileConfig) -> dict:
 
 
 @contextlib.contextmanager
-def _server(cfg: ProfileConfig, models, run_dir: Path) -> Iterator[tuple[str, int | None]]:
-    """(url, pid): our server started on a free port, or the --url given (pid None)."""
+def _server(cfg: ProfileConfig, models, run_dir: Path) -> Iterator[tuple[str, int | None, dict | None]]:
+    """(url, pid, settings): our server started on a free port with the settings it said it resolved, or
+    the --url given (pid and settings None: not known here)."""
     if cfg.url:
-        yield cfg.url.rstrip("/"), None
+        yield cfg.url.rstrip("/"), None, None
         return
     with lk.serve("ours", lk.ours(models, cfg.server_args), run_dir) as server:
-        yield server.url, server.proc.pid
+        yield server.url, server.proc.pid, lk.server_settings(server)
 
 
 def markdown(data: dict) -> str:
@@ -185,10 +188,18 @@ def markdown(data: dict) -> str:
         # With --url the server may run elsewhere: what was measured here is the load generator's machine.
         + ("load generator's machine (the server's is not known here): " if cfg.get("url") else "machine: ")
         + f"{describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
+        *(
+            [f"- server: {lk.describe_settings(data['server_settings']['resolved'])}"]
+            if data.get("server_settings")
+            else []
+        ),  # fmt: skip
         "",
-        lk.table(["users", *lk.LOAD_HEADERS], [[r["users"], *lk.load_row(r)] for r in data["steps"]]),
+        lk.table(
+            ["users", *lk.LOAD_HEADERS], [[lk.marked(r["users"], r), *lk.load_row(r)] for r in data["steps"]]
+        ),
         "",
         lk.CPU_NOTE,
+        *lk.warning_notes([(f"{r['users']} users", r) for r in data["steps"]]),
         *lk.failure_notes([(f"{r['users']} users", r) for r in data["steps"]]),
     ]
     last = data["steps"][-1]

@@ -6,10 +6,12 @@ and markdown tables. Every wait here has a deadline.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -132,12 +134,14 @@ def serve(
     timeout: float = 180,
     cwd: Path = REPO,
     warm_path: str = "/detect",
+    log_name: str | None = None,
 ) -> Iterator[Server]:
     """Start the server, wait until GET /ready answers 200, then warm it with a few requests to
-    `warm_path` (`/classify` when only classifiers are served)."""
+    `warm_path` (`/classify` when only classifiers are served). Its output goes to `log_name` in
+    `log_dir` (default `{name}-server.log`): a program that starts one kind twice names each its own."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}-server.log"
+    log = log_dir / (log_name or f"{name}-server.log")
     with log.open("w") as f:
         proc = subprocess.Popen(
             argv_for_port(port),
@@ -159,6 +163,85 @@ def serve(
         raise
     finally:
         stop(proc, grace=grace, group=True)
+
+
+# What decides a figure of ours, as the running server resolved it for this machine (its start-up
+# "settings:" block, printed before the models load, whatever --log-level says): 0 there means "decide
+# here", and the note beside it says what that came to.
+RESOLVED = ("runners", "threads_per_runner", "solo_threads", "max_wait_ms", "batch_token_budget")
+_SETTING = re.compile(r"^  (\w+) += (.*?)(?: \((.*)\))?$")
+
+
+def printed_settings(log_text: str) -> dict | None:
+    """Our server's settings as it printed them at start (python -m app: Settings.describe()), and the
+    ones a figure depends on as they were resolved on this machine (RESOLVED; None for one this
+    server's version did not say). None where the log holds no such block (not our server)."""
+    lines = log_text.splitlines()
+    try:
+        start = lines.index("settings:") + 1
+    except ValueError:
+        return None
+    values: dict = {}
+    notes: dict[str, str] = {}
+    for line in lines[start:]:
+        m = _SETTING.match(line)
+        if not m:
+            break
+        name, raw, note = m.groups()
+        if name == "api_key":  # masked by the server anyway; never worth a results file
+            continue
+        try:
+            values[name] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            values[name] = raw
+        if note:
+            notes[name] = note
+    if not values:
+        return None
+    return {"resolved": _resolved(values, notes), "printed": values, "notes": notes}
+
+
+def _resolved(values: dict, notes: dict[str, str]) -> dict:
+    def auto(name: str) -> int | None:
+        """The number an "auto: N ..." note gives; 0 for "off"; None where there is no such note."""
+        note = notes.get(name, "")
+        if "off" in note.split(",")[0]:
+            return 0
+        m = re.match(r"auto: (\d+)", note)
+        return int(m.group(1)) if m else None
+
+    threads = values.get("intra_op_threads") or auto("intra_op_threads")
+    solo = auto("solo_threads") if "solo_threads" in notes else values.get("solo_threads")
+    return {
+        "runners": values.get("runners"),
+        "threads_per_runner": threads,
+        "solo_threads": solo,  # 0: no solo session (a lone request runs on a runner's threads)
+        "max_wait_ms": values.get("max_wait_ms"),
+        "batch_token_budget": values.get("batch_token_budget"),
+    }
+
+
+def server_settings(server: Server) -> dict | None:
+    """What a running server said at start it runs with: ours its settings block (printed_settings), a
+    peer its one line (baselines.common.print_settings); None for a server that says nothing (the
+    unbatched and transformers baselines), or an older version of ours that printed no such block."""
+    from benchmarks.load.baselines.common import PEER_SETTINGS
+
+    text = server.log.read_text(errors="replace")
+    for line in text.splitlines():
+        if line.startswith(PEER_SETTINGS):
+            with contextlib.suppress(ValueError):
+                return {"resolved": json.loads(line[len(PEER_SETTINGS) :])}
+    return printed_settings(text)
+
+
+def describe_settings(resolved: dict) -> str:
+    """One line of a report: what a figure of ours depends on, as the server resolved it."""
+    shown = {k: "?" if resolved.get(k) is None else resolved[k] for k in RESOLVED}
+    solo = "off" if shown["solo_threads"] == 0 else f"{shown['solo_threads']} threads"
+    return (f"{shown['runners']} runners x {shown['threads_per_runner']} thread(s), a lone request on "
+            f"{solo} (solo), max_wait_ms {shown['max_wait_ms']}, batch token budget "
+            f"{shown['batch_token_budget']}")  # fmt: skip
 
 
 def wait_ready(
@@ -433,7 +516,46 @@ def run_locust(
     )
     result.update(window_cpu(result, sampler.samples))
     result["samples"] = sampler.samples if full_history else None
-    return result
+    return check_run(result)
+
+
+# A paced run that achieved less than this share of its offered rate did not measure that load: the
+# server (or the machine) could not keep up, and its latencies are of a lower rate.
+ACHIEVED_MIN = 0.95
+
+
+def stalled_after(run_time_s: float) -> float:
+    """The longest window a run of run_time_s may measure before it counts as stalled: locust's window is
+    up to about a second shorter than --run-time, and the requests in flight at the end may finish after
+    it (--stop-timeout); far longer means the machine stopped the run (26.6 s measured for 10 s asked)."""
+    return 1.2 * run_time_s + 1
+
+
+def check_run(r: dict) -> dict:
+    """r with `achieved_share` (req/s over the offered rate; None for a closed-loop run) and `warnings`:
+    a paced run below ACHIEVED_MIN of its offered load, a window much longer than the run time asked. A
+    table marks such a row and says why; a target does not count it as a run at its offered load."""
+    offered, measured, asked = r.get("offered_rps"), r.get("measured_s"), r.get("run_time_s")
+    share = round(r["rps"] / offered, 3) if offered else None
+    warnings = []
+    if share is not None and share < ACHIEVED_MIN:
+        warnings.append(f"achieved {r['rps']:g} of {offered:g} req/s offered ({share:.0%}): not that load")
+    if measured is not None and asked and measured > stalled_after(asked):
+        warnings.append(f"measured {measured:g} s for {asked:g} s asked: the run stalled (the machine?)")
+    return {**r, "achieved_share": share, "warnings": warnings}
+
+
+def marked(label, r: dict) -> str:
+    """A table's label cell, marked where the row has warnings (warning_notes says which)."""
+    return f"{label} (!)" if r.get("warnings") or r.get("all_rounds_warnings") else str(label)
+
+
+def warning_notes(runs: list[tuple[str, dict]]) -> list[str]:
+    """Markdown lines for the runs (label, figures) with warnings (check_run), the rows marked (!)."""
+    out = [
+        f"- {label}: {w}" for label, r in runs for w in r.get("all_rounds_warnings", r.get("warnings")) or ()
+    ]
+    return ["", "Warnings, rows marked (!):", "", *out] if out else []
 
 
 def window_cpu(result: dict, samples: list[dict], cores: int | None = None) -> dict:
@@ -546,11 +668,19 @@ LOAD_HEADERS = [
     "other CPU%",
     "measured s",
 ]
-CPU_NOTE = (
-    "CPU% is of the whole machine (100 = all cores busy); 'other' is everything else running meanwhile. "
-    "'measured s' is the window every figure of a row covers: from the last user spawned (locust's stats "
-    "reset) to the last request; CPU is sampled once a second inside it, '-' where too short to sample."
-)
+
+
+def cpu_note(sampled: str = "once a second") -> str:
+    """The note under a load table; `sampled` says how often its CPU was sampled (run_locust's
+    sample_every), "every 5 s" for soak's long run."""
+    return (
+        "CPU% is of the whole machine (100 = all cores busy); 'other' is everything else running meanwhile. "
+        "'measured s' is the window every figure of a row covers: from the last user spawned (locust's stats "
+        f"reset) to the last request; CPU is sampled {sampled} inside it, '-' where too short to sample."
+    )
+
+
+CPU_NOTE = cpu_note()
 
 
 def seconds(value: float | None) -> str:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
@@ -291,7 +292,7 @@ def markdown(d: dict) -> str:
         "",
         f"{c['users']} users at {c['user_rate']} req/s each, mix {c['mix']}; replicas with --drain-delay-s "
         f"{c['drain_delay_s']}, HAProxy checks /ready every {c['check_inter_ms']} ms (out after "
-        f"{c.get('check_fall', 1)} failures, back after {c.get('check_rise', 2)} passes). CPU: {m['cpu']}, {m['cores']} cores, int8 kernels: {m['int8_kernel_path']}.",
+        f"{c.get('check_fall', 1)} failures, back after {c.get('check_rise', 2)} passes). CPU: {describe_cpu(m)}.",
         "",
         f"**Failed requests: {d['failed']} of {d['requests']}.**",
         "",

@@ -32,6 +32,7 @@ import json
 import statistics
 from pathlib import Path
 
+from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import loadkit as lk
 from benchmarks.load import peer_check
@@ -174,22 +175,12 @@ def run(args) -> int:
                              "or leave it out with --servers ours,unbatched")  # fmt: skip
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.run_time, args.detect_return)
-    extra = args.server_args.split()
 
-    peer_flags = {"litserve": args.litserve_args.split(), "mosec": args.mosec_args.split()}
+    def start(kind: str, phase: str):
+        argv_for, cwd = launch(kind, args, models.bundle, hf)
+        return lk.serve(kind, argv_for, run_dir, cwd=cwd, log_name=f"{kind}-{phase}-server.log")
 
-    def argv_for(kind: str):
-        flags = (args.variant_args or "").split() if kind == VARIANT else peer_flags.get(kind, extra)
-        return lambda port: lk.command(
-            "ours" if kind == VARIANT else kind,
-            port,
-            models_dir=models.bundle,
-            bundle=models.bundle,
-            hf_dir=hf,
-            extra=flags,
-        )
-
-    saturation, correctness = saturate(args, argv_for, load, run_dir)
+    saturation, correctness, settings = saturate(args, start, load, run_dir)
 
     top = max(args.users)
     slowest = min(_at(saturation[k], top)["rps"] for k in args.servers)
@@ -200,23 +191,26 @@ def run(args) -> int:
     if levels:
         print(f"equal offered load: {levels} req/s from {top} users", flush=True)
     for kind in args.servers if levels else []:
-        with lk.serve(kind, argv_for(kind), run_dir) as server:
+        with start(kind, "equal") as server:
             equal[kind] = []
             for rate in levels:
                 r = lk.run_locust(
                     server.url, top, load, run_dir / f"{kind}-rate{rate:g}", user_rate=rate / top,
                     watch={"server": server.proc.pid},
                 )  # fmt: skip
-                r["offered_rps"] = rate  # users x per-user rate, without float noise
+                r = lk.check_run({**r, "offered_rps": rate})  # users x per-user rate, without float noise
                 equal[kind].append(r)
                 print(f"  {kind} at {rate:g}: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, "
-                      f"p99 {r['p99_ms']:.0f} ms", flush=True)  # fmt: skip
+                      f"p99 {r['p99_ms']:.0f} ms" + "".join(f"; {w}" for w in r["warnings"]), flush=True)  # fmt: skip
 
     data = {
         "config": {**vars(args), "users": list(args.users)},
         "model": models.description,
         "hf_dir": str(hf),
         "servers": {k: describe(k, args) for k in args.servers},
+        # What each server said at start it runs with (its defaults resolved on this machine): ours' and
+        # the variant's settings, the peers' workers, threads and batching; null where a server says none.
+        "server_settings": settings,
         "correctness": correctness,
         "sentences": sentences,
         "machine": machine,
@@ -234,17 +228,40 @@ def run(args) -> int:
     return 0
 
 
-def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, list[dict]], dict]:
+def launch(kind: str, args, bundle: Path, hf: Path | None):
+    """(port -> command line, directory to run in) of one server: 'ours-variant' runs our server with
+    --variant-args from --variant-checkout (its `python -m app` is that checkout's code), the peers with
+    their --*-args, every other server with --server-args from this repository. Both phases start their
+    servers through this, so that each measures the same code with the same flags."""
+    variant = kind == VARIANT
+    if variant:
+        flags = (args.variant_args or "").split()
+    else:
+        flags = {"litserve": args.litserve_args, "mosec": args.mosec_args}.get(kind, args.server_args).split()
+    cwd = Path(args.variant_checkout) if variant and args.variant_checkout else lk.REPO
+
+    def argv_for(port: int) -> list[str]:
+        return lk.command("ours" if variant else kind, port, models_dir=bundle, bundle=bundle, hf_dir=hf,
+                          extra=flags)  # fmt: skip
+
+    return argv_for, cwd
+
+
+def saturate(args, start, load: lk.Load, run_dir: Path) -> tuple[dict[str, list[dict]], dict, dict]:
     """Phase 1: every server up at once, each users step measured in interleaved rounds; first, each
-    peer's answers checked against ours."""
+    peer's answers checked against ours. Returns the rows, the peers' checks and what each server said
+    at start it runs with (loadkit.server_settings)."""
     per_round = [dataclasses.replace(load, run_time_s=t) for t in round_times(load.run_time_s, args.rounds)]
     saturation: dict[str, list[dict]] = {kind: [] for kind in args.servers}
     with contextlib.ExitStack() as stack:
         servers = {}
         for kind in args.servers:
             print(f"{kind}: {describe(kind, args)}", flush=True)
-            cwd = Path(args.variant_checkout) if kind == VARIANT and args.variant_checkout else lk.REPO
-            servers[kind] = stack.enter_context(lk.serve(kind, argv_for(kind), run_dir, cwd=cwd))
+            servers[kind] = stack.enter_context(start(kind, "saturation"))
+        settings = {kind: lk.server_settings(server) for kind, server in servers.items()}
+        for kind, said in settings.items():
+            if said and kind in ("ours", VARIANT):
+                print(f"  {kind} runs with {lk.describe_settings(said['resolved'])}", flush=True)
         texts = [t for t in load.sentences.read_text().splitlines() if t.strip()][:24]
         correctness = {}
         for kind in (k for k in args.servers if k in lk.PEERS):
@@ -272,7 +289,7 @@ def saturate(args, argv_for, load: lk.Load, run_dir: Path) -> tuple[dict[str, li
     for kind, rows in saturation.items():
         for r in rows:
             r["idle_cpu_pct_of_core"] = idle[kind]
-    return saturation, correctness
+    return saturation, correctness, settings
 
 
 def idle_cpu(servers: dict[str, lk.Server]) -> dict[str, float]:
@@ -297,8 +314,11 @@ def describe(kind: str, args) -> str:
     if kind in lk.PEERS:
         from importlib.metadata import version
 
-        flags = getattr(args, f"{kind}_args") or "its defaults here"
-        return f"{lk.SERVERS[kind]}; {kind} {version(kind)}, {flags}"
+        from benchmarks.load.baselines.common import peer_settings
+
+        flags = getattr(args, f"{kind}_args")
+        resolved = ", ".join(f"{k} {v}" for k, v in peer_settings(kind, flags.split()).items())
+        return f"{lk.SERVERS[kind]}; {kind} {version(kind)}, {flags or 'no flags'}: {resolved}"
     return lk.SERVERS[kind]
 
 
@@ -326,6 +346,11 @@ def median_round(rounds: list[dict]) -> dict:
         for i, r in enumerate(rounds)
         for m in r.get("failure_messages") or ()
     ]
+    warnings = [
+        f"round {i + 1}: {w}" if len(rounds) > 1 else w
+        for i, r in enumerate(rounds)
+        for w in r.get("warnings") or ()
+    ]
     return {
         **middle,
         "median_round": rounds.index(middle) + 1,
@@ -334,6 +359,7 @@ def median_round(rounds: list[dict]) -> dict:
         "all_rounds_failures": failures,
         "all_rounds_error_rate": failures / requests if requests else 0.0,
         "all_rounds_failure_messages": messages,
+        "all_rounds_warnings": warnings,  # loadkit.check_run's, of every round: a stalled one is said
         # The seconds locust measured over every round; none where a round has no window.
         **({"measured_load_s": round(sum(measured), 2)} if len(measured) == len(rounds) else {}),
     }
@@ -412,14 +438,19 @@ def targets(sat: dict, equal: dict, top: int) -> list[dict]:
     # Below saturation: the lower users steps, and the equal-load runs offered less than ours' saturation
     # (a run above it is saturated). Each its own row: with no such run (one users step; --offered-rps
     # none) the target was not measured, and a "yes" there would claim what no run showed.
+    # A paced run that missed its offered load (or stalled) measured some other load: left out, and said.
     lower = [r for r in sat["ours"] if r["users"] < top]
-    paced = [r for r in equal.get("ours", []) if r["offered_rps"] < 0.95 * ours["rps"]]
-    for what, runs in (
-        ("at the lower users steps", lower),
-        ("at an equal offered load below saturation", paced),
+    below = [r for r in equal.get("ours", []) if r["offered_rps"] < 0.95 * ours["rps"]]
+    paced = [r for r in below if not r.get("warnings")]
+    for what, runs, left in (
+        ("at the lower users steps", lower, 0),
+        ("at an equal offered load below saturation", paced, len(below) - len(paced)),
     ):
         failed = sum(all_rounds(r)["failures"] for r in runs)  # a failure in any round, not only the median
-        out.append({"target": f"ours: no failed request {what}", "value": failed if runs else "no such run",
+        value = failed if runs else "no such run"
+        if left:
+            value = f"{value} ({left} run(s) left out: missed the offered load or stalled, see the warnings)"
+        out.append({"target": f"ours: no failed request {what}", "value": value,
                     "met": failed == 0 if runs else None})  # fmt: skip
     return out
 
@@ -444,8 +475,13 @@ def markdown(data: dict) -> str:
         f"- traffic: mix `{cfg['mix']}`; {s['source']}, mean {s['mean_words']} words, "
         f"{s.get('mean_scored_tokens', '?')} scored tokens; {load_s(data)} of load per server "
         f"and step, in {cfg.get('rounds', 1)} interleaved rounds (each figure: the median round)",
-        f"- machine: {m['cpu']}, {m['cores']} cores, int8 kernels {m['int8_kernel_path']}, load average at start {m['load_avg_at_start']}",
+        f"- machine: {describe_cpu(m)}, load average at start {m['load_avg_at_start']}",
         *[f"- {k}: {v}" for k, v in data["servers"].items()],
+        *[
+            f"- {k} ran with: {lk.describe_settings(said['resolved'])}"
+            for k, said in (data.get("server_settings") or {}).items()
+            if said and k in ("ours", VARIANT)
+        ],  # fmt: skip
         "- idle CPU, % of one core with nobody sending (each alone): "
         + ", ".join(f"{k} {rs[0].get('idle_cpu_pct_of_core')}" for k, rs in data["saturation"].items())
         + ("; servers not in their turn are paused (SIGSTOP)" if not cfg.get("no_pause") else ""),
@@ -463,7 +499,11 @@ def markdown(data: dict) -> str:
         "### Saturation (closed loop)",
         "",
     ]
-    rows = [[kind, r["users"], *lk.load_row(r)] for kind, rs in data["saturation"].items() for r in rs]
+    rows = [
+        [lk.marked(kind, r), r["users"], *lk.load_row(r)]
+        for kind, rs in data["saturation"].items()
+        for r in rs
+    ]
     lines.append(lk.table(["server", "users", *lk.LOAD_HEADERS], rows))
     rounds = [f"{kind} x{r['users']}: {r['rounds_rps']}" for kind, rs in data["saturation"].items()
               for r in rs if "rounds_rps" in r]  # fmt: skip
@@ -478,24 +518,18 @@ def markdown(data: dict) -> str:
             "Failed over all rounds (the table counts the median round's): " + "; ".join(failed) + ".",
         ]
     if data["ratios"]:
-        keys = [k for k in data["ratios"][0] if k != "users"]
-        lines += [
-            "",
-            "Throughput ratios:",
-            "",
-            lk.table(["users", *keys], [[r["users"], *(r[k] for k in keys)] for r in data["ratios"]]),
-        ]
+        lines += ["", *ratio_table(data["ratios"])]
     if data["equal_load"]:
         levels = ", ".join(f"{x:g}" for x in data["offered_rps"])
         lines += ["", f"### Equal offered load: {levels} req/s", ""]
         rows = [
-            [kind, r["offered_rps"], *lk.load_row(r)]
+            [lk.marked(kind, r), r["offered_rps"], achieved(r), *lk.load_row(r)]
             for rate in data["offered_rps"]
             for kind, rs in data["equal_load"].items()
             for r in rs
             if r["offered_rps"] == rate
         ]
-        lines.append(lk.table(["server", "offered", *lk.LOAD_HEADERS], rows))
+        lines.append(lk.table(["server", "offered", "achieved", *lk.LOAD_HEADERS], rows))
     if data["targets"]:
         lines += ["", "### Targets", ""]
         lines.append(
@@ -504,10 +538,34 @@ def markdown(data: dict) -> str:
                 [[t["target"], t["value"], MET[t["met"]]] for t in data["targets"]],
             )
         )
-    runs = [(f"{k} at {r['users']} users", all_rounds(r)) for k, rs in data["saturation"].items() for r in rs]
-    runs += [(f"{k} at {r['offered_rps']} req/s", r) for k, rs in data["equal_load"].items() for r in rs]
-    lines += ["", lk.CPU_NOTE, *lk.failure_notes(runs)]
+    sat = [(f"{k} at {r['users']} users", r) for k, rs in data["saturation"].items() for r in rs]
+    paced = [(f"{k} at {r['offered_rps']} req/s", r) for k, rs in data["equal_load"].items() for r in rs]
+    failures = [(label, all_rounds(r)) for label, r in sat] + paced  # a failure in any round
+    lines += ["", lk.CPU_NOTE, *lk.warning_notes(sat + paced), *lk.failure_notes(failures)]
     return "\n".join(lines)
+
+
+def ratio_table(rows: list[dict]) -> list[str]:
+    """The throughput ratios, paired first: round i of each server ran back to back, so each of their
+    ratios compares one state of the machine, and the docs cite these. The ratio of the two median rows
+    divides rounds that ran at different times (each server's own median round), so it is labelled as
+    such and put last: beside the paired one it shows how far the machine drifted."""
+    kinds = [k.removeprefix("ours/") for k in rows[0] if k.startswith("ours/") and not k.endswith(", paired")]
+    headers = [f"ours / {k}, paired" for k in kinds]
+    headers += [f"ours / {k}, unpaired: median rows of different rounds" for k in kinds]
+    table = [[r["users"], *(r.get(f"ours/{k}, paired") for k in kinds), *(r.get(f"ours/{k}") for k in kinds)]
+             for r in rows]  # fmt: skip
+    return ["Throughput ratios:", "", lk.table(["users", *headers], table)]
+
+
+def achieved(r: dict) -> str:
+    """An equal-load row's req/s as a share of its offered rate, NO below loadkit.ACHIEVED_MIN."""
+    share = r.get("achieved_share")
+    if share is None:
+        share = r["rps"] / r["offered_rps"] if r.get("offered_rps") else None
+    if share is None:
+        return "-"
+    return f"{share:.0%}" + (" NO" if share < lk.ACHIEVED_MIN else "")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ def run(args) -> int:
 
     probe = None
     with lk.serve("ours", lk.ours(models, args.server_args), run_dir) as server:
+        settings = lk.server_settings(server)
         watch = {"server": server.proc.pid}
         if args.rps is None:
             probe = lk.run_locust(server.url, args.users, load, run_dir / "probe", watch=watch)
@@ -121,6 +122,8 @@ def run(args) -> int:
         "machine": machine,
         "probe": probe,
         "offered_rps": rps,
+        # What the server said at start it runs with, resolved on this machine (loadkit.printed_settings).
+        "server_settings": settings,
         "soak": soak,
         "memory": memory,
         "minutes": per_minute(Path(soak["csv"].replace("_stats.csv", "_stats_history.csv")), samples),
@@ -200,10 +203,12 @@ def markdown(data: dict) -> str:
         + (f"({cfg['fraction']:.0%} of the {probe['rps']:.1f} req/s probed)" if probe else "(--rps)"),
         f"- {cfg['minutes']:g} min, warm-up {mem.get('warmup_s', cfg['warmup_s']):.0f} s, RSS sampled every {cfg['sample_s']:g} s; "
         f"machine: {describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
+        *settings_line(data),
         "",
         lk.table(
             ["", *lk.LOAD_HEADERS],
-            [["soak", *lk.load_row(soak)]] + ([["probe", *lk.load_row(probe)]] if probe else []),
+            [[lk.marked("soak", soak), *lk.load_row(soak)]]
+            + ([[lk.marked("probe", probe), *lk.load_row(probe)]] if probe else []),
         ),
         "",
         lk.table(
@@ -238,8 +243,16 @@ def markdown(data: dict) -> str:
             for m in data["minutes"]
         ]
         lines.append(lk.table(["t s", "req/s", "p50 ms", "p99 ms", "failures so far", "RSS MB"], rows))
-    lines += ["", lk.CPU_NOTE, *lk.failure_notes([("soak", soak), *([("probe", probe)] if probe else [])])]
+    runs = [("soak", soak), *([("probe", probe)] if probe else [])]
+    # The probe's CPU is sampled once a second, the soak's every --sample-s (run_locust's sample_every).
+    every = f"every {cfg['sample_s']:g} s in the soak" + (", once a second in the probe" if probe else "")
+    lines += ["", lk.cpu_note(every), *lk.warning_notes(runs), *lk.failure_notes(runs)]
     return "\n".join(lines)
+
+
+def settings_line(data: dict) -> list[str]:
+    said = data.get("server_settings")
+    return [f"- server: {lk.describe_settings(said['resolved'])}"] if said else []
 
 
 if __name__ == "__main__":

@@ -266,13 +266,18 @@ def _ratios(r: dict) -> dict:
     start-up and a first batch), so bulk's steady rate is the like-for-like one; its wall rate also pays
     for starting its workers and loading the model, a fixed cost that a corpus of hours does not notice."""
     local2, ray2 = r["local_2"], r["ray_2"]
-    steady = local2["steady_tokens_per_s"] or 0
+    steady, ray_steady = local2["steady_tokens_per_s"], ray2["steady_tokens_per_s"]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        """None where a side was not measured: a rate over 1 is no ratio."""
+        return round(a / b, 2) if a and b else None
+
     return {"corpus": r["corpus"], "model": r["model"],
             "bulk_vs_server": round(local2["tokens_per_s"] / r["server"]["tokens_per_s"], 2),
-            "bulk_vs_server_steady": round(steady / r["server"]["tokens_per_s"], 2),
+            "bulk_vs_server_steady": ratio(steady, r["server"]["tokens_per_s"]),
             "bulk_vs_plain_loop": round(local2["tokens_per_s"] / r["plain_loop"]["tokens_per_s"], 2),
-            "bulk_vs_plain_loop_steady": round(steady / r["plain_loop"]["tokens_per_s"], 2),
-            "ray_vs_local_steady": round((ray2["steady_tokens_per_s"] or 0) / (steady or 1), 2),
+            "bulk_vs_plain_loop_steady": ratio(steady, r["plain_loop"]["tokens_per_s"]),
+            "ray_vs_local_steady": ratio(ray_steady, steady),
             "ray_vs_local_wall": round(ray2["tokens_per_s"] / local2["tokens_per_s"], 2)}  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import litserve as ls
 
-from benchmarks.load.baselines.common import peer_parser
+from benchmarks.load.baselines.common import peer_parser, print_settings
 
 
 class Detector(ls.LitAPI):
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     p = peer_parser(
         "python -m benchmarks.load.baselines.litserve_peer",
         __doc__.split("\n\n")[0],
-        "--batch-timeout-ms",
-        5.0,
+        "litserve",
     )
     args = p.parse_args(argv)
+    print_settings(args, "litserve")
     server = build_server(args.bundle, args.workers, args.threads, args.max_batch_size, args.batch_timeout_ms)
     server.run(host=args.host, port=args.port, log_level="warning", generate_client_file=False)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mosec import Server, Worker
 
-from benchmarks.load.baselines.common import peer_parser
+from benchmarks.load.baselines.common import peer_parser, print_settings
 
 
 class Detector(Worker):
@@ -34,10 +34,9 @@ class Detector(Worker):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = peer_parser(
-        "python -m benchmarks.load.baselines.mosec_peer", __doc__.split("\n\n")[0], "--max-wait-ms", 1
-    )
+    p = peer_parser("python -m benchmarks.load.baselines.mosec_peer", __doc__.split("\n\n")[0], "mosec")
     args = p.parse_args(argv)
+    print_settings(args, "mosec")
     # mosec reads its own flags from sys.argv (--port, --address); ours are consumed above.
     sys.argv = [sys.argv[0], "--port", str(args.port), "--address", args.host, "--log-level", "warning"]
     env = {"PEER_BUNDLE": str(args.bundle.resolve()), "PEER_THREADS": str(args.threads)}
