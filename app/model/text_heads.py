@@ -82,12 +82,19 @@ def whole_words(counting: Tokenizer, start: str, enough: int | None = None) -> t
     while whole > 0 and words[whole - 1] == words[-1]:
         whole -= 1
     n = whole
-    if enough is not None and 0 < enough <= whole:
-        n = enough
-        while n < whole and words[n] == words[enough - 1]:
-            n += 1
     offsets = enc.offsets
-    while 0 < n < len(words) and (words[n] == words[n - 1] or offsets[n][0] < offsets[n - 1][1]):
+
+    def inside(n: int) -> bool:  # a cut before token n would split a word, or a character's words
+        return words[n] == words[n - 1] or offsets[n][0] < offsets[n - 1][1]
+
+    if enough is not None and 0 < enough <= whole:
+        # On to the end of the word holding token number `enough`, and of its character's words: backed off
+        # to the character's start instead, a longer start tried next fell on the same character, and a
+        # text of `…` was never cut (a pair of two 3,000-character halves, 2 GB).
+        n = enough
+        while n < whole and inside(n):
+            n += 1
+    while 0 < n < len(words) and inside(n):  # the last word's first token may share a character too
         n -= 1
     return (offsets[n][0] if n < len(words) else len(start)), n
 
