@@ -869,6 +869,28 @@ def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
     )
 
 
+def test_a_script_that_did_not_load_is_said(browser, server):
+    """One of the page's modules failed to load (a --limit-concurrency 503, a dropped connection): no script
+    ran, the list said "loading…" for ever, and Check did nothing (the CSP blocks the form's own submit),
+    with no word. A note in the page says so, hidden by ui.css for its first seconds and removed by main.js
+    once it runs. Blocked by the browser, as the network would."""
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/ui/render.js"]})
+    try:
+        browser.get(server.url + "/")
+        note = browser.find_element("id", "load-failed")
+        # Its delay, not waited for: held hidden for the first seconds, then shown.
+        assert browser.execute_script("return arguments[0].getAnimations()[0].effect.getTiming().delay", note)
+        browser.execute_script("arguments[0].getAnimations().forEach((a) => a.finish())", note)
+        assert note.is_displayed() and "scripts have not loaded" in note.text and "reload" in note.text
+        assert browser.find_element("id", "model").text == "loading…"
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+        browser.execute_cdp_cmd("Network.disable", {})
+    open_page(browser, server)
+    assert not browser.find_elements("id", "load-failed")
+
+
 def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
     """/classify refused the page's single text for a model fine-tuned on pairs (422 "send `pairs`"): the
     page could not use such a model at all. It now shows a second text box for it, and sends the pair; for

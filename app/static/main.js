@@ -10,6 +10,9 @@ import {
 } from "./render.js";
 import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
+// Every module loaded (else none of this runs): the note that they did not goes (index.html).
+$("load-failed").remove();
+
 // ------------------------------------------------------------------ scoring
 // How long a Check waits for an answer before it says the server did not answer. The server sets no limit
 // of its own on an admitted request: it gives a client --read-timeout-s (30 s by default) to send one,
