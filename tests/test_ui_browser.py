@@ -696,6 +696,42 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     assert KEY not in stored
 
 
+def refuse_next_request(driver) -> None:
+    """The page's next request is answered 401, as by a server whose key was changed: the key form opens."""
+    driver.execute_script(
+        "const f = window.fetch; window.fetch = () => { window.fetch = f; return Promise.resolve(new Response("
+        "JSON.stringify({error: {type: 'unauthorized', message: 'wrong API key', field: 'authorization'}}),"
+        "{status: 401, headers: {'content-type': 'application/json'}})); };"
+    )
+
+
+def test_a_key_given_again_keeps_the_model_and_the_threshold(browser, server):
+    """The key given again (the server refused the one in use) loaded the list again and chose the default
+    detector: the classifier the user had chosen, and its result, were gone; a detector's slider went back
+    to its own threshold."""
+    open_page(browser, server)
+    submit(browser, "a gorgeous, witty, seductive movie", "sentiment")
+    wait_visible(browser, "classify")
+    for model in ("sentiment", "detector"):
+        Select(browser.find_element("id", "model")).select_by_value(model)
+        if model == "detector":  # the slider moved by the user, as by its arrow keys
+            browser.execute_script(
+                "const t = document.getElementById('threshold'); t.value = '0.9';"
+                "t.dispatchEvent(new Event('input'));"
+            )
+        refuse_next_request(browser)
+        browser.find_element("id", "run").click()
+        wait_visible(browser, "key-form")
+        browser.find_element("id", "key").send_keys("another key", Keys.ENTER)
+        WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_element("id", "key-form").is_displayed())
+        assert (
+            Select(browser.find_element("id", "model")).first_selected_option.get_attribute("value") == model
+        )
+    assert browser.find_element("id", "threshold").get_attribute("value") == "0.9"
+    Select(browser.find_element("id", "model")).select_by_value("sentiment")
+    assert browser.find_element("id", "classify").is_displayed()  # its result, kept with it
+
+
 def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
     """The export's warnings (a detector near chance, a threshold that misses its rule) were in /models
     only: the page showed such a model as it shows a good one."""

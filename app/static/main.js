@@ -159,7 +159,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     state.apiKey = given || null;
     if (await loadModels()) {
-      syncControls(); // the slider starts at the model's threshold, as it does without a key
+      syncControls(); // the model chosen before is kept where the server still serves it (controls.js)
       $("key-form").hidden = true;
       $("key-error").hidden = true;
       $("key").removeAttribute("aria-invalid");
