@@ -434,6 +434,21 @@ def test_long_text_is_one_shaded_text(browser, server):
     assert [s[0] for s in shading(browser)] == [w["text"] for w in answer["words"]]
     assert browser.find_element("id", "marked").text == text
     assert f"Windows\n{answer['summary']['windows']}" in browser.find_element("id", "summary").text
+    # A word reached with End or Home is scrolled to, and its tip stays beside it (the scroll hid it at once).
+    browser.find_element("css selector", "#marked .w").click()
+    for key, word in ((Keys.END, answer["words"][-1]), (Keys.HOME, answer["words"][0])):
+        browser.switch_to.active_element.send_keys(key)
+        gap = browser.execute_async_script(  # once the scroll events have run (the next frames)
+            """const done = arguments[0];
+               requestAnimationFrame(() => requestAnimationFrame(() => {
+                 const tip = document.getElementById('tip'), w = document.activeElement;
+                 if (tip.hidden) return done(null);
+                 const a = tip.getBoundingClientRect(), b = w.getBoundingClientRect();
+                 done(Math.min(Math.abs(a.top - b.bottom), Math.abs(b.top - a.bottom)));
+               }));"""
+        )
+        assert gap is not None and gap < 10, (word["text"], gap)
+        assert browser.find_element("id", "tip").text.startswith(f"“{word['text']}”")
 
 
 def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(browser, server):

@@ -6,7 +6,8 @@
 import { $, state, selectedModel, takesPairs } from "./state.js";
 import { ApiError, REPLACED, api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import {
-  atDefault, hideTip, onMarkedKey, renderClassify, renderDetect, showTip, thresholdMoved, thresholdNow, took,
+  atDefault, followTip, hideTip, hoverTip, onMarkedKey, renderClassify, renderDetect, showTip, thresholdMoved,
+  thresholdNow, took,
 } from "./render.js";
 import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
@@ -182,14 +183,15 @@ document.addEventListener("DOMContentLoaded", () => {
     });
   }
   const marked = $("marked");
-  marked.addEventListener("mouseover", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
+  marked.addEventListener("mousemove", hoverTip);
   marked.addEventListener("mouseleave", hideTip);
   marked.addEventListener("focusin", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
   marked.addEventListener("focusout", hideTip);
   marked.addEventListener("keydown", onMarkedKey);
-  marked.addEventListener("scroll", hideTip);
-  // The tip is placed in the window: once the page scrolls or resizes, it would point at nothing.
-  window.addEventListener("scroll", hideTip, { passive: true });
-  window.addEventListener("resize", hideTip);
+  // The tip is placed in the window: once the page scrolls or resizes, it would point at nothing. A focused
+  // word's follows it (render.js).
+  marked.addEventListener("scroll", followTip, { passive: true });
+  window.addEventListener("scroll", followTip, { passive: true });
+  window.addEventListener("resize", followTip);
   loadModels().then(syncControls);
 });

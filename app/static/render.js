@@ -189,7 +189,9 @@ function noteDefault(t) {
 }
 
 // ------------------------------------------------------------------ tooltip and keyboard
+let tipFor = null; // the word the tip was last shown for
 export function showTip(span) {
+  tipFor = span;
   const r = state.detect.result;
   const it = items()[Number(span.dataset.i)];
   const t = thresholdNow();
@@ -214,6 +216,26 @@ export function showTip(span) {
 }
 
 export function hideTip() { $("tip").hidden = true; }
+
+// The pointer moved onto a word: its tip. On a move, not on mouseover: a box scrolled under a still pointer
+// (End, Home: the focused word scrolled to) fires a mouseover on the word come under it, and that word's tip
+// took the place of the focused word's.
+export function hoverTip(e) {
+  const span = e.target.closest(".w");
+  if (span && (span !== tipFor || $("tip").hidden)) showTip(span);
+}
+
+// The page or the text's box scrolled, or the window resized: the tip would point at nothing. A focused
+// word's tip follows it while it is in view: focusing a word scrolls to it (End, Home, an arrow key at the
+// box's edge), and the tip the focus had just shown went at once. Any other tip (a hovered word's) goes.
+export function followTip() {
+  const span = document.activeElement;
+  if ($("tip").hidden || span !== tipFor || !state.spans.includes(span)) { hideTip(); return; }
+  const box = span.getBoundingClientRect(), view = $("marked").getBoundingClientRect();
+  const inView = box.bottom > Math.max(0, view.top) && box.top < Math.min(window.innerHeight, view.bottom);
+  if (inView) showTip(span);
+  else hideTip();
+}
 
 function moveFocus(from, to) {
   const spans = state.spans;
