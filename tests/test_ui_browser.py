@@ -580,7 +580,17 @@ def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser,
         assert [over for _, _, over in shading(browser)] == [
             w["prob"] >= 0.575 and any(ch.isalnum() for ch in w["text"]) for w in words
         ]
-        assert re.fullmatch(r"Scored in (under 1|[1-9]\d*) ms\.", browser.find_element("id", "status").text)
+        # The status line (a live region) says the answer, not only that one came: a screen reader heard
+        # "Scored in 12 ms." and nothing of the words.
+        hits = [w["text"] for w in words if w["prob"] >= 0.575 and any(ch.isalnum() for ch in w["text"])]
+        counted = sum(any(ch.isalnum() for ch in w["text"]) for w in words)
+        said = f"{len(hits)} of {counted} words at or above 0.575" + (
+            ": " + ", ".join(hits[:5]) if hits else ""
+        )
+        status = browser.find_element("id", "status").text
+        assert re.fullmatch(r"Scored in (under 1|[1-9]\d*) ms\. (.*)", status).group(2).startswith(said), (
+            status
+        )
         # The arrow keys still move it by 0.01, onto the grid, and the note names the default exactly.
         slider.send_keys(Keys.ARROW_RIGHT)
         assert slider.get_attribute("value") == "0.58" and out.text == "0.58"
@@ -626,6 +636,8 @@ def test_classifier_bars_sum_to_100(browser, server):
     assert abs(sum(r[2] / r[3] for r in rows) - 1.0) < 0.02
     for label, shown, _, _ in rows:
         assert abs(float(shown.rstrip("%")) - 100 * result["probs"][label]) <= 0.1
+    # The status line (a live region) says the top label, as its bar shows it.
+    assert browser.find_element("id", "status").text.endswith(f" {rows[0][0]}, {rows[0][1]}.")
 
 
 def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):

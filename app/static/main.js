@@ -6,8 +6,8 @@
 import { $, state, selectedModel, takesPairs } from "./state.js";
 import { ApiError, REPLACED, api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import {
-  atDefault, followTip, hideTip, hoverTip, onMarkedKey, renderClassify, renderDetect, showTip, thresholdMoved,
-  thresholdNow, took,
+  atDefault, detectSaid, followTip, hideTip, hoverTip, onMarkedKey, renderClassify, renderDetect, showTip,
+  thresholdMoved, thresholdNow, took,
 } from "./render.js";
 import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
@@ -78,8 +78,8 @@ async function score(model, signal) {
       const { data, ms } = await api("classify", { model: model.name, ...input }, signal);
       if (switchedAway(model)) return;
       clearError();
-      renderClassify(model, data.results[0]);
-      $("status").textContent = done(ms, mended);
+      const said = renderClassify(model, data.results[0]);
+      $("status").textContent = done(ms, mended, said);
     } else {
       // At the model's own threshold the request names none: the server uses the model's, as it does for
       // any client that names none (the slider once sent 0.58 for a bundle's 0.575).
@@ -90,7 +90,7 @@ async function score(model, signal) {
       clearError();
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
-      $("status").textContent = done(ms, mended);
+      $("status").textContent = done(ms, mended, detectSaid());
     }
     // What was sent, not what the boxes hold now: an edit made while it scored leaves the result stale.
     // (As typed: a mended character is not an edit.)
@@ -119,8 +119,9 @@ function switchedAway(model) {
   return true;
 }
 
-function done(ms, mended) {
-  return (ms ? "Scored in " + took(ms) + "." : "Scored.")
+// The status line is a live region: it says the answer (`said`), not only that one came.
+function done(ms, mended, said) {
+  return (ms ? "Scored in " + took(ms) + "." : "Scored.") + (said ? " " + said : "")
     + (mended ? " A broken character (half of a UTF-16 surrogate pair) was scored as \uFFFD." : "");
 }
 

@@ -178,6 +178,19 @@ export function remark() {
   }
 }
 
+// What a screen reader hears of an answer (main.js puts it in the status line, a polite live region): the
+// words at or above the threshold, the first few named. The shading and the table are seen, not said.
+const NAMED = 5;
+export function detectSaid() {
+  const t = thresholdNow();
+  const words = state.detect.result.words;
+  const counted = words.filter((w) => HAS_LETTER_OR_DIGIT.test(w.text)).length;
+  const hits = words.filter((w) => over(w, t)).map((w) => w.text);
+  const more = hits.length > NAMED ? " and " + (hits.length - NAMED) + " more" : "";
+  return hits.length + " of " + counted + " words at or above " + thresholdText(t)
+    + (hits.length ? ": " + hits.slice(0, NAMED).join(", ") + more : "") + ".";
+}
+
 // Says whether the slider is at the model's own threshold, and which that is once moved away from it.
 function noteDefault(t) {
   const model = selectedModel();
@@ -287,6 +300,9 @@ export function renderClassify(model, result) {
     (result.truncated ? "; the text was cut to the model's maximum length." : ".");
   const shown = regression || multi ? entries.map(([, v]) => Math.round(v * 1000) / 10) :
     roundedPercents(entries.map(([, v]) => v));
+  // What a screen reader hears of it (main.js: the status line): the top label and its value.
+  const said = !entries.length ? "" :
+    entries[0][0] + ", " + (regression ? entries[0][1].toPrecision(4) : shown[0].toFixed(1) + "%") + ".";
   entries.forEach(([label, v], k) => {
     const li = document.createElement("li");
     if (label === result.label) li.className = "top";
@@ -309,4 +325,5 @@ export function renderClassify(model, result) {
   });
   $("classify").hidden = false;
   $("detect").hidden = true;
+  return said;
 }
