@@ -7,6 +7,7 @@ replaced), never a fixed probability. Skipped, saying why, only when chromium or
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -544,13 +545,17 @@ def test_empty_text_shows_the_apis_error(browser, server):
     shown = browser.find_element("id", "error").text
     assert err["message"] in shown and err["type"] in shown
     assert not browser.find_element("id", "detect").is_displayed()  # no stale result beside the error
+    # A 200 that is not the server's JSON (a captive portal's login page): said, with what to do about it.
+    answer_next_request(browser, 200, "<html>Sign in to the Wi-Fi</html>", "text/html")
+    submit(browser, SENTENCE)
+    head, _, todo = error_shown(browser)
+    assert "200 (bad_response)" in head and "proxy or a login page" in todo
 
 
 def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser, tmp_path):
     """A bundle's threshold between the slider's 0.01 steps (0.575) was snapped to 0.58, shown as 0.58
     ("model default 0.57") and sent so; a classifier's error stayed on screen once the detector was chosen
     again, hiding its last result; 0.9996 read "100.0%", and a fast answer "Scored in 0 ms"."""
-    import json
     import shutil
 
     models = tmp_path / "models"
@@ -643,7 +648,6 @@ def test_classifier_bars_sum_to_100(browser, server):
 def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):
     """The page said a text was cut to the model's maximum length only for single-label classifiers: a
     multi-label (or regression) model's scores of a text's start read as the whole text's."""
-    import json
     import shutil
 
     models = tmp_path / "models"
@@ -723,13 +727,21 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     assert KEY not in stored
 
 
-def refuse_next_request(driver) -> None:
-    """The page's next request is answered 401, as by a server whose key was changed: the key form opens."""
+def answer_next_request(driver, status: int, body: str, media_type: str = "application/json") -> None:
+    """The page's next request is answered so, in the page, without reaching the server."""
     driver.execute_script(
         "const f = window.fetch; window.fetch = () => { window.fetch = f; return Promise.resolve(new Response("
-        "JSON.stringify({error: {type: 'unauthorized', message: 'wrong API key', field: 'authorization'}}),"
-        "{status: 401, headers: {'content-type': 'application/json'}})); };"
+        "arguments[1], {status: arguments[0], headers: {'content-type': arguments[2]}})); };",
+        status,
+        body,
+        media_type,
     )
+
+
+def refuse_next_request(driver) -> None:
+    """The page's next request is answered 401, as by a server whose key was changed: the key form opens."""
+    error = {"type": "unauthorized", "message": "wrong API key", "field": "authorization"}
+    answer_next_request(driver, 401, json.dumps({"error": error}))
 
 
 def test_a_key_given_again_keeps_the_model_and_the_threshold(browser, server):
@@ -762,7 +774,6 @@ def test_a_key_given_again_keeps_the_model_and_the_threshold(browser, server):
 def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
     """The export's warnings (a detector near chance, a threshold that misses its rule) were in /models
     only: the page showed such a model as it shows a good one."""
-    import json
     import shutil
 
     bundle = tmp_path / "models" / "weak"
@@ -958,7 +969,6 @@ def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
     """/classify refused the page's single text for a model fine-tuned on pairs (422 "send `pairs`"): the
     page could not use such a model at all. It now shows a second text box for it, and sends the pair; for
     a model whose training is not recorded (an import takes either) the box is optional."""
-    import json
     import shutil
 
     models = tmp_path / "models"
@@ -1024,6 +1034,10 @@ def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
         submit(browser, first)
         head, _, todo = error_shown(browser)
         assert "422" in head and "second text box" in todo
+        # An empty first text: the box labelled "First text" (the advice said "the text box").
+        submit(browser, "")
+        head, _, todo = error_shown(browser)
+        assert "422" in head and "into the first text box" in todo
         # A model that takes either: the second text is optional, and left empty the text goes alone.
         Select(browser.find_element("id", "model")).select_by_value("imported")
         assert pair.is_displayed() and pair.get_attribute("aria-required") == "false"
