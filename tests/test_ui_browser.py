@@ -516,7 +516,8 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
     submit(browser, text)
     wait_visible(browser, "detect")
     marked = browser.find_element("id", "marked")
-    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "rtl"
+    paragraph = "return getComputedStyle(document.querySelector('#marked .para')).direction"
+    assert browser.execute_script(paragraph) == "rtl"
     assert (
         browser.execute_script(
             "return getComputedStyle(arguments[0]).direction", browser.find_element("id", "text")
@@ -531,7 +532,30 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
     assert browser.switch_to.active_element.text == words[1]["text"]
     # A left-to-right text in the same box is laid out left to right again.
     submit(browser, SENTENCE)
-    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "ltr"
+    assert browser.execute_script(paragraph) == "ltr"
+    # Each paragraph in its own direction, as in the text box: the box took the first one's for all. The
+    # brackets of a left-to-right paragraph after a right-to-left one stay the right way round (not so
+    # with `unicode-bidi: plaintext` on the box, in Chromium).
+    mixed = "An English line (with brackets).\nمرحبا بالعالم (نص) اليوم.\n\nThe end (really) here."
+    submit(browser, mixed)
+    directions, bracket_left_of_word, shown = browser.execute_script(
+        """const dir = (w) => getComputedStyle(w).direction;
+           const spans = [...document.querySelectorAll('#marked .w')];
+           const word = spans.find((w) => w.textContent === 'really'), before = word.previousSibling;
+           const r = document.createRange();
+           r.setStart(before, before.length - 1);
+           r.setEnd(before, before.length);
+           return [['An', 'مرحبا', 'The'].map((t) => dir(spans.find((w) => w.textContent === t))),
+                   r.getBoundingClientRect().right <= word.getBoundingClientRect().left + 1,
+                   [...document.querySelectorAll('#marked .para')].map((p) => [p.textContent, p.offsetHeight])];"""
+    )
+    assert directions == ["ltr", "rtl", "ltr"] and bracket_left_of_word
+    # A paragraph a block, and an empty line one line high, as in the text.
+    assert [t for t, _ in shown] == mixed.split("\n") and len({h for _, h in shown}) == 1, shown
+    arabic = next(e for e in browser.find_elements("css selector", "#marked .w") if e.text == "مرحبا")
+    arabic.click()
+    arabic.send_keys(Keys.ARROW_LEFT)
+    assert browser.switch_to.active_element.text == "بالعالم"
 
 
 def test_empty_text_shows_the_apis_error(browser, server):

@@ -31,7 +31,24 @@ export function renderDetect() {
   const { text, cps } = state.detect;
   const marked = $("marked");
   const list = items();
-  const frag = document.createDocumentFragment();
+  // Each paragraph a block with a direction of its own (dir=auto): an Arabic line after an English one reads
+  // right to left, as in the text box (dir=auto took one direction for the whole box, from its first
+  // letter). Not `unicode-bidi: plaintext` on the box: Chromium then turned the brackets of a later
+  // paragraph around ("English )with Arabic (مرحبا here."). The blocks are the line breaks, so a copy of the
+  // text has one line break where the text has one; an empty line holds a <br>, and a last one is left out.
+  const paras = [];
+  let para;
+  const newPara = () => {
+    para = document.createElement("div");
+    para.className = "para";
+    para.dir = "auto";
+    paras.push(para);
+  };
+  const put = (s) => s.split(/\r?\n/).forEach((line, k) => {
+    if (k) newPara();
+    if (line) para.append(line);
+  });
+  newPara();
   state.spans = [];
   let at = 0; // UTF-16 index written so far
   list.forEach((it, i) => {
@@ -46,7 +63,7 @@ export function renderDetect() {
       }
       return;
     }
-    if (start > at) frag.append(text.slice(at, start));
+    if (start > at) put(text.slice(at, start));
     const span = document.createElement("span");
     span.className = "w";
     span.textContent = text.slice(start, end);
@@ -54,12 +71,14 @@ export function renderDetect() {
     span.dataset.prob = it.prob;
     span.tabIndex = -1;
     span.style.backgroundColor = shade(it.prob);
-    frag.append(span);
+    para.append(span);
     state.spans.push(span);
     at = end;
   });
-  if (at < text.length) frag.append(text.slice(at));
-  marked.replaceChildren(frag);
+  if (at < text.length) put(text.slice(at));
+  if (paras.length > 1 && !para.firstChild) paras.pop();
+  for (const p of paras) if (!p.firstChild) p.append(document.createElement("br"));
+  marked.replaceChildren(...paras);
   if (state.spans.length) state.spans[0].tabIndex = 0;
   const words = unit() === "words";
   $("unit-h").textContent = words ? "Word" : "Token";
@@ -263,8 +282,8 @@ export function onMarkedKey(e) {
   const span = e.target.closest(".w");
   if (!span) return;
   const i = state.spans.indexOf(span);
-  // A right-to-left text (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
-  const ahead = getComputedStyle($("marked")).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
+  // A right-to-left paragraph (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
+  const ahead = getComputedStyle(span).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
   const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
   const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
   if (step) moveFocus(i, i + step);
