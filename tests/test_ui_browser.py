@@ -1135,7 +1135,8 @@ def _as_palette(png: Path) -> None:
     from PIL import Image
 
     with Image.open(png) as im:
-        small = im.convert("RGB").quantize(
-            colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
-        )
-    small.save(png, optimize=True)
+        rgb = im.convert("RGB")
+    # Dithered to the median cut's palette: undithered, the legend's smooth scale came out as a few steps
+    # (quantize() dithers only to a palette it is given).
+    palette = rgb.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    rgb.quantize(palette=palette, dither=Image.Dither.FLOYDSTEINBERG).save(png, optimize=True)
