@@ -137,7 +137,7 @@ class HttpSettings:
     limit_concurrency: int = option(
         1024,
         "open connections served; a request on one more is answered 503 at once (not /health, /ready, "
-        "/metrics)",
+        "/metrics, nor the page at / and its files)",
         env="ELECTRA_LIMIT_CONCURRENCY",
     )
     cors_origins: tuple[str, ...] = option(

@@ -549,11 +549,16 @@ def test_connections_beyond_the_limit_are_refused_at_once(server):
             assert b"x-request-id: flood-1" in answer.lower(), answer  # as every answer
             assert b'"type":"unavailable"' in answer.replace(b" ", b"") and b"--limit-concurrency" in answer
             # The probes are answered still: a flood of idle connections once failed liveness too; and the
-            # metrics scrape, which shows the flood.
-            for probe in (b"/health", b"/ready", b"/metrics"):
+            # metrics scrape, which shows the flood. So is the page with its files: its four module scripts,
+            # asked for at once on connections past the limit, got the 503, and the page was dead.
+            for probe in (b"/health", b"/ready", b"/metrics", b"/", b"/ui/main.js"):
                 with _connect(server) as s:
                     s.sendall(b"GET " + probe + b" HTTP/1.1\r\nhost: x\r\n\r\n")
-                    assert s.recv(4096).startswith(b"HTTP/1.1 200"), probe
+                    answer = s.recv(4096)
+                    assert answer.startswith(b"HTTP/1.1 200"), probe
+                    # Closed after it, as after the 503: kept open, it took the page's next request (/models)
+                    # to a 503 too.
+                    assert b"\r\nconnection: close\r\n" in answer.lower(), (probe, answer[:300])
             # Connections past the limit held open refuse no connection served before them: the open
             # count was checked at each request, and one idle connection too many got every client 503s.
             idle.append(_connect(server))

@@ -7,6 +7,7 @@ replaced), never a fixed probability. Skipped, saying why, only when chromium or
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -434,6 +435,21 @@ def test_long_text_is_one_shaded_text(browser, server):
     assert [s[0] for s in shading(browser)] == [w["text"] for w in answer["words"]]
     assert browser.find_element("id", "marked").text == text
     assert f"Windows\n{answer['summary']['windows']}" in browser.find_element("id", "summary").text
+    # A word reached with End or Home is scrolled to, and its tip stays beside it (the scroll hid it at once).
+    browser.find_element("css selector", "#marked .w").click()
+    for key, word in ((Keys.END, answer["words"][-1]), (Keys.HOME, answer["words"][0])):
+        browser.switch_to.active_element.send_keys(key)
+        gap = browser.execute_async_script(  # once the scroll events have run (the next frames)
+            """const done = arguments[0];
+               requestAnimationFrame(() => requestAnimationFrame(() => {
+                 const tip = document.getElementById('tip'), w = document.activeElement;
+                 if (tip.hidden) return done(null);
+                 const a = tip.getBoundingClientRect(), b = w.getBoundingClientRect();
+                 done(Math.min(Math.abs(a.top - b.bottom), Math.abs(b.top - a.bottom)));
+               }));"""
+        )
+        assert gap is not None and gap < 10, (word["text"], gap)
+        assert browser.find_element("id", "tip").text.startswith(f"“{word['text']}”")
 
 
 def test_a_long_word_wraps_and_one_characters_pieces_show_the_most_probable(browser, server):
@@ -500,7 +516,8 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
     submit(browser, text)
     wait_visible(browser, "detect")
     marked = browser.find_element("id", "marked")
-    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "rtl"
+    paragraph = "return getComputedStyle(document.querySelector('#marked .para')).direction"
+    assert browser.execute_script(paragraph) == "rtl"
     assert (
         browser.execute_script(
             "return getComputedStyle(arguments[0]).direction", browser.find_element("id", "text")
@@ -515,7 +532,30 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
     assert browser.switch_to.active_element.text == words[1]["text"]
     # A left-to-right text in the same box is laid out left to right again.
     submit(browser, SENTENCE)
-    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", marked) == "ltr"
+    assert browser.execute_script(paragraph) == "ltr"
+    # Each paragraph in its own direction, as in the text box: the box took the first one's for all. The
+    # brackets of a left-to-right paragraph after a right-to-left one stay the right way round (not so
+    # with `unicode-bidi: plaintext` on the box, in Chromium).
+    mixed = "An English line (with brackets).\nمرحبا بالعالم (نص) اليوم.\n\nThe end (really) here."
+    submit(browser, mixed)
+    directions, bracket_left_of_word, shown = browser.execute_script(
+        """const dir = (w) => getComputedStyle(w).direction;
+           const spans = [...document.querySelectorAll('#marked .w')];
+           const word = spans.find((w) => w.textContent === 'really'), before = word.previousSibling;
+           const r = document.createRange();
+           r.setStart(before, before.length - 1);
+           r.setEnd(before, before.length);
+           return [['An', 'مرحبا', 'The'].map((t) => dir(spans.find((w) => w.textContent === t))),
+                   r.getBoundingClientRect().right <= word.getBoundingClientRect().left + 1,
+                   [...document.querySelectorAll('#marked .para')].map((p) => [p.textContent, p.offsetHeight])];"""
+    )
+    assert directions == ["ltr", "rtl", "ltr"] and bracket_left_of_word
+    # A paragraph a block, and an empty line one line high, as in the text.
+    assert [t for t, _ in shown] == mixed.split("\n") and len({h for _, h in shown}) == 1, shown
+    arabic = next(e for e in browser.find_elements("css selector", "#marked .w") if e.text == "مرحبا")
+    arabic.click()
+    arabic.send_keys(Keys.ARROW_LEFT)
+    assert browser.switch_to.active_element.text == "بالعالم"
 
 
 def test_empty_text_shows_the_apis_error(browser, server):
@@ -529,13 +569,17 @@ def test_empty_text_shows_the_apis_error(browser, server):
     shown = browser.find_element("id", "error").text
     assert err["message"] in shown and err["type"] in shown
     assert not browser.find_element("id", "detect").is_displayed()  # no stale result beside the error
+    # A 200 that is not the server's JSON (a captive portal's login page): said, with what to do about it.
+    answer_next_request(browser, 200, "<html>Sign in to the Wi-Fi</html>", "text/html")
+    submit(browser, SENTENCE)
+    head, _, todo = error_shown(browser)
+    assert "200 (bad_response)" in head and "proxy or a login page" in todo
 
 
 def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser, tmp_path):
     """A bundle's threshold between the slider's 0.01 steps (0.575) was snapped to 0.58, shown as 0.58
     ("model default 0.57") and sent so; a classifier's error stayed on screen once the detector was chosen
     again, hiding its last result; 0.9996 read "100.0%", and a fast answer "Scored in 0 ms"."""
-    import json
     import shutil
 
     models = tmp_path / "models"
@@ -565,7 +609,17 @@ def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser,
         assert [over for _, _, over in shading(browser)] == [
             w["prob"] >= 0.575 and any(ch.isalnum() for ch in w["text"]) for w in words
         ]
-        assert re.fullmatch(r"Scored in (under 1|[1-9]\d*) ms\.", browser.find_element("id", "status").text)
+        # The status line (a live region) says the answer, not only that one came: a screen reader heard
+        # "Scored in 12 ms." and nothing of the words.
+        hits = [w["text"] for w in words if w["prob"] >= 0.575 and any(ch.isalnum() for ch in w["text"])]
+        counted = sum(any(ch.isalnum() for ch in w["text"]) for w in words)
+        said = f"{len(hits)} of {counted} words at or above 0.575" + (
+            ": " + ", ".join(hits[:5]) if hits else ""
+        )
+        status = browser.find_element("id", "status").text
+        assert re.fullmatch(r"Scored in (under 1|[1-9]\d*) ms\. (.*)", status).group(2).startswith(said), (
+            status
+        )
         # The arrow keys still move it by 0.01, onto the grid, and the note names the default exactly.
         slider.send_keys(Keys.ARROW_RIGHT)
         assert slider.get_attribute("value") == "0.58" and out.text == "0.58"
@@ -611,12 +665,13 @@ def test_classifier_bars_sum_to_100(browser, server):
     assert abs(sum(r[2] / r[3] for r in rows) - 1.0) < 0.02
     for label, shown, _, _ in rows:
         assert abs(float(shown.rstrip("%")) - 100 * result["probs"][label]) <= 0.1
+    # The status line (a live region) says the top label, as its bar shows it.
+    assert browser.find_element("id", "status").text.endswith(f" {rows[0][0]}, {rows[0][1]}.")
 
 
 def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):
     """The page said a text was cut to the model's maximum length only for single-label classifiers: a
     multi-label (or regression) model's scores of a text's start read as the whole text's."""
-    import json
     import shutil
 
     models = tmp_path / "models"
@@ -696,10 +751,53 @@ def test_api_key_is_asked_for_and_kept_in_the_tab(browser, keyed_server):
     assert KEY not in stored
 
 
+def answer_next_request(driver, status: int, body: str, media_type: str = "application/json") -> None:
+    """The page's next request is answered so, in the page, without reaching the server."""
+    driver.execute_script(
+        "const f = window.fetch; window.fetch = () => { window.fetch = f; return Promise.resolve(new Response("
+        "arguments[1], {status: arguments[0], headers: {'content-type': arguments[2]}})); };",
+        status,
+        body,
+        media_type,
+    )
+
+
+def refuse_next_request(driver) -> None:
+    """The page's next request is answered 401, as by a server whose key was changed: the key form opens."""
+    error = {"type": "unauthorized", "message": "wrong API key", "field": "authorization"}
+    answer_next_request(driver, 401, json.dumps({"error": error}))
+
+
+def test_a_key_given_again_keeps_the_model_and_the_threshold(browser, server):
+    """The key given again (the server refused the one in use) loaded the list again and chose the default
+    detector: the classifier the user had chosen, and its result, were gone; a detector's slider went back
+    to its own threshold."""
+    open_page(browser, server)
+    submit(browser, "a gorgeous, witty, seductive movie", "sentiment")
+    wait_visible(browser, "classify")
+    for model in ("sentiment", "detector"):
+        Select(browser.find_element("id", "model")).select_by_value(model)
+        if model == "detector":  # the slider moved by the user, as by its arrow keys
+            browser.execute_script(
+                "const t = document.getElementById('threshold'); t.value = '0.9';"
+                "t.dispatchEvent(new Event('input'));"
+            )
+        refuse_next_request(browser)
+        browser.find_element("id", "run").click()
+        wait_visible(browser, "key-form")
+        browser.find_element("id", "key").send_keys("another key", Keys.ENTER)
+        WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_element("id", "key-form").is_displayed())
+        assert (
+            Select(browser.find_element("id", "model")).first_selected_option.get_attribute("value") == model
+        )
+    assert browser.find_element("id", "threshold").get_attribute("value") == "0.9"
+    Select(browser.find_element("id", "model")).select_by_value("sentiment")
+    assert browser.find_element("id", "classify").is_displayed()  # its result, kept with it
+
+
 def test_a_bundles_warnings_are_shown_beside_its_name(browser, tmp_path):
     """The export's warnings (a detector near chance, a threshold that misses its rule) were in /models
     only: the page showed such a model as it shows a good one."""
-    import json
     import shutil
 
     bundle = tmp_path / "models" / "weak"
@@ -869,11 +967,32 @@ def test_a_page_whose_models_did_not_load_loads_them_at_check(browser, server):
     )
 
 
+def test_a_script_that_did_not_load_is_said(browser, server):
+    """One of the page's modules failed to load (a --limit-concurrency 503, a dropped connection): no script
+    ran, the list said "loading…" for ever, and Check did nothing (the CSP blocks the form's own submit),
+    with no word. A note in the page says so, hidden by ui.css for its first seconds and removed by main.js
+    once it runs. Blocked by the browser, as the network would."""
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/ui/render.js"]})
+    try:
+        browser.get(server.url + "/")
+        note = browser.find_element("id", "load-failed")
+        # Its delay, not waited for: held hidden for the first seconds, then shown.
+        assert browser.execute_script("return arguments[0].getAnimations()[0].effect.getTiming().delay", note)
+        browser.execute_script("arguments[0].getAnimations().forEach((a) => a.finish())", note)
+        assert note.is_displayed() and "scripts have not loaded" in note.text and "reload" in note.text
+        assert browser.find_element("id", "model").text == "loading…"
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+        browser.execute_cdp_cmd("Network.disable", {})
+    open_page(browser, server)
+    assert not browser.find_elements("id", "load-failed")
+
+
 def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
     """/classify refused the page's single text for a model fine-tuned on pairs (422 "send `pairs`"): the
     page could not use such a model at all. It now shows a second text box for it, and sends the pair; for
     a model whose training is not recorded (an import takes either) the box is optional."""
-    import json
     import shutil
 
     models = tmp_path / "models"
@@ -939,6 +1058,10 @@ def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
         submit(browser, first)
         head, _, todo = error_shown(browser)
         assert "422" in head and "second text box" in todo
+        # An empty first text: the box labelled "First text" (the advice said "the text box").
+        submit(browser, "")
+        head, _, todo = error_shown(browser)
+        assert "422" in head and "into the first text box" in todo
         # A model that takes either: the second text is optional, and left empty the text goes alone.
         Select(browser.find_element("id", "model")).select_by_value("imported")
         assert pair.is_displayed() and pair.get_attribute("aria-required") == "false"
@@ -1012,7 +1135,8 @@ def _as_palette(png: Path) -> None:
     from PIL import Image
 
     with Image.open(png) as im:
-        small = im.convert("RGB").quantize(
-            colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
-        )
-    small.save(png, optimize=True)
+        rgb = im.convert("RGB")
+    # Dithered to the median cut's palette: undithered, the legend's smooth scale came out as a few steps
+    # (quantize() dithers only to a palette it is given).
+    palette = rgb.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    rgb.quantize(palette=palette, dither=Image.Dither.FLOYDSTEINBERG).save(png, optimize=True)

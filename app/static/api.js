@@ -1,7 +1,7 @@
 // The server's API as this page calls it (relative URLs, same origin), and what the page shows when a call
 // fails: the server's message, a line on what to do about it, or the key form for a 401.
 
-import { $, state } from "./state.js";
+import { $, state, selectedModel, takesPairs } from "./state.js";
 
 // ------------------------------------------------------------------ HTTP
 export class ApiError extends Error {
@@ -88,12 +88,21 @@ function advice(err) {
     return "The server could not read what the page sent: reload the page and press Check again. If it fails "
       + "again, whoever runs the server can find why in its log.";
   }
+  // A 200 that is not the server's JSON: something between the page and the server answered for it (a
+  // captive portal's or a proxy's login page, a cached page).
+  if (err.type === "bad_response") {
+    return "The answer was not the server's JSON: a proxy or a login page between this device and the server "
+      + "may have answered instead (sign in to the network, or open the server's address directly), then "
+      + "press Check again.";
+  }
   if (err.type === "network") {
     return "Check that the server is running and that this device can reach it, then press Check to try again.";
   }
   if (err.type === "empty_text") {
+    // The box as it is labelled: "Second text", or "First text" beside it (a model that takes pairs).
     const second = /^pairs\[\d+\]\[1\]$/.test(err.field || "");
-    return "Type or paste some text into the " + (second ? "second text box" : "text box") + ", then press Check.";
+    const box = second ? "second text box" : takesPairs(selectedModel()) ? "first text box" : "text box";
+    return "Type or paste some text into the " + box + ", then press Check.";
   }
   if (err.type === "unknown_model" || err.type === "wrong_model_kind") {
     return "The server's models have changed since the page opened: the list now shows those it serves. "

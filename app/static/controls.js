@@ -9,6 +9,7 @@ import { remark } from "./render.js";
 // `signal`: a Check's (main.js), which a newer Check or its time limit aborts.
 export async function loadModels(signal) {
   const select = $("model");
+  const chosen = selectedModel(); // before the list is replaced: the model the user has on screen
   try {
     const { data } = await api("models", undefined, signal);
     state.models = data.models;
@@ -39,9 +40,12 @@ export async function loadModels(signal) {
     showError(new ApiError(0, "no_models", "This server serves no models.", null));
     return false;
   }
-  // The default detector, else the default classifier (a server of classifiers only), else the first
-  // detector (the default one broken): as the API picks for a request that names no model.
-  const first = state.models.find((m) => m.kind === "detector" && m.default) ||
+  // The model chosen stays chosen while the server serves it (the list loaded again after a key was given, or
+  // after a model it no longer serves): it was set back to the default, and its result hidden. Else the
+  // default detector, else the default classifier (a server of classifiers only), else the first detector
+  // (the default one broken): as the API picks for a request that names no model.
+  const first = (chosen && state.models.find((m) => m.name === chosen.name)) ||
+    state.models.find((m) => m.kind === "detector" && m.default) ||
     state.models.find((m) => m.default) || state.models.find((m) => m.kind === "detector") || state.models[0];
   select.value = first.name;
   select.disabled = false;
@@ -60,6 +64,7 @@ function showBroken(broken) {
 // ------------------------------------------------------------------ the chosen model
 // A model was picked (or the page loaded): the slider starts at that detector's own default threshold,
 // the one /detect uses when a request names none (0.5 for a bundle exported before calibration).
+let sliderFor = null; // the detector (and its threshold) the slider was last set for
 export function syncControls() {
   const model = selectedModel();
   const slider = $("threshold");
@@ -91,10 +96,15 @@ export function syncControls() {
   const warnings = (model && model.warnings) || [];
   $("model-warnings").textContent = warnings.length ? "Note on this model: " + warnings.join(" ") : "";
   $("model-warnings").hidden = !warnings.length;
-  if (model && model.kind === "detector" && typeof model.threshold === "number") {
+  // A new model, or a new threshold of its own: the slider starts there. The same model again (the list
+  // loaded again after a key was given) keeps it where the user left it.
+  const own = model && model.kind === "detector" && typeof model.threshold === "number"
+    ? model.name + "\u0000" + model.threshold : null;
+  if (own && own !== sliderFor) {
     slider.value = String(model.threshold);
     remark();
   }
+  sliderFor = own;
 }
 
 // Results of a text since edited are kept, marked as such, until the next Check.

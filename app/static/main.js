@@ -6,9 +6,13 @@
 import { $, state, selectedModel, takesPairs } from "./state.js";
 import { ApiError, REPLACED, api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import {
-  atDefault, hideTip, onMarkedKey, renderClassify, renderDetect, showTip, thresholdMoved, thresholdNow, took,
+  atDefault, detectSaid, followTip, hideTip, hoverTip, onMarkedKey, renderClassify, renderDetect, showTip,
+  thresholdMoved, thresholdNow, took,
 } from "./render.js";
 import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
+
+// Every module loaded (else none of this runs): the note that they did not goes (index.html).
+$("load-failed").remove();
 
 // ------------------------------------------------------------------ scoring
 // How long a Check waits for an answer before it says the server did not answer. The server sets no limit
@@ -74,8 +78,8 @@ async function score(model, signal) {
       const { data, ms } = await api("classify", { model: model.name, ...input }, signal);
       if (switchedAway(model)) return;
       clearError();
-      renderClassify(model, data.results[0]);
-      $("status").textContent = done(ms, mended);
+      const said = renderClassify(model, data.results[0]);
+      $("status").textContent = done(ms, mended, said);
     } else {
       // At the model's own threshold the request names none: the server uses the model's, as it does for
       // any client that names none (the slider once sent 0.58 for a bundle's 0.575).
@@ -86,7 +90,7 @@ async function score(model, signal) {
       clearError();
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
-      $("status").textContent = done(ms, mended);
+      $("status").textContent = done(ms, mended, detectSaid());
     }
     // What was sent, not what the boxes hold now: an edit made while it scored leaves the result stale.
     // (As typed: a mended character is not an edit.)
@@ -115,8 +119,9 @@ function switchedAway(model) {
   return true;
 }
 
-function done(ms, mended) {
-  return (ms ? "Scored in " + took(ms) + "." : "Scored.")
+// The status line is a live region: it says the answer (`said`), not only that one came.
+function done(ms, mended, said) {
+  return (ms ? "Scored in " + took(ms) + "." : "Scored.") + (said ? " " + said : "")
     + (mended ? " A broken character (half of a UTF-16 surrogate pair) was scored as \uFFFD." : "");
 }
 
@@ -156,7 +161,7 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     state.apiKey = given || null;
     if (await loadModels()) {
-      syncControls(); // the slider starts at the model's threshold, as it does without a key
+      syncControls(); // the model chosen before is kept where the server still serves it (controls.js)
       $("key-form").hidden = true;
       $("key-error").hidden = true;
       $("key").removeAttribute("aria-invalid");
@@ -179,14 +184,15 @@ document.addEventListener("DOMContentLoaded", () => {
     });
   }
   const marked = $("marked");
-  marked.addEventListener("mouseover", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
+  marked.addEventListener("mousemove", hoverTip);
   marked.addEventListener("mouseleave", hideTip);
   marked.addEventListener("focusin", (e) => { const s = e.target.closest(".w"); if (s) showTip(s); });
   marked.addEventListener("focusout", hideTip);
   marked.addEventListener("keydown", onMarkedKey);
-  marked.addEventListener("scroll", hideTip);
-  // The tip is placed in the window: once the page scrolls or resizes, it would point at nothing.
-  window.addEventListener("scroll", hideTip, { passive: true });
-  window.addEventListener("resize", hideTip);
+  // The tip is placed in the window: once the page scrolls or resizes, it would point at nothing. A focused
+  // word's follows it (render.js).
+  marked.addEventListener("scroll", followTip, { passive: true });
+  window.addEventListener("scroll", followTip, { passive: true });
+  window.addEventListener("resize", followTip);
   loadModels().then(syncControls);
 });

@@ -31,7 +31,24 @@ export function renderDetect() {
   const { text, cps } = state.detect;
   const marked = $("marked");
   const list = items();
-  const frag = document.createDocumentFragment();
+  // Each paragraph a block with a direction of its own (dir=auto): an Arabic line after an English one reads
+  // right to left, as in the text box (dir=auto took one direction for the whole box, from its first
+  // letter). Not `unicode-bidi: plaintext` on the box: Chromium then turned the brackets of a later
+  // paragraph around ("English )with Arabic (مرحبا here."). The blocks are the line breaks, so a copy of the
+  // text has one line break where the text has one; an empty line holds a <br>, and a last one is left out.
+  const paras = [];
+  let para;
+  const newPara = () => {
+    para = document.createElement("div");
+    para.className = "para";
+    para.dir = "auto";
+    paras.push(para);
+  };
+  const put = (s) => s.split(/\r?\n/).forEach((line, k) => {
+    if (k) newPara();
+    if (line) para.append(line);
+  });
+  newPara();
   state.spans = [];
   let at = 0; // UTF-16 index written so far
   list.forEach((it, i) => {
@@ -46,7 +63,7 @@ export function renderDetect() {
       }
       return;
     }
-    if (start > at) frag.append(text.slice(at, start));
+    if (start > at) put(text.slice(at, start));
     const span = document.createElement("span");
     span.className = "w";
     span.textContent = text.slice(start, end);
@@ -54,12 +71,14 @@ export function renderDetect() {
     span.dataset.prob = it.prob;
     span.tabIndex = -1;
     span.style.backgroundColor = shade(it.prob);
-    frag.append(span);
+    para.append(span);
     state.spans.push(span);
     at = end;
   });
-  if (at < text.length) frag.append(text.slice(at));
-  marked.replaceChildren(frag);
+  if (at < text.length) put(text.slice(at));
+  if (paras.length > 1 && !para.firstChild) paras.pop();
+  for (const p of paras) if (!p.firstChild) p.append(document.createElement("br"));
+  marked.replaceChildren(...paras);
   if (state.spans.length) state.spans[0].tabIndex = 0;
   const words = unit() === "words";
   $("unit-h").textContent = words ? "Word" : "Token";
@@ -178,6 +197,19 @@ export function remark() {
   }
 }
 
+// What a screen reader hears of an answer (main.js puts it in the status line, a polite live region): the
+// words at or above the threshold, the first few named. The shading and the table are seen, not said.
+const NAMED = 5;
+export function detectSaid() {
+  const t = thresholdNow();
+  const words = state.detect.result.words;
+  const counted = words.filter((w) => HAS_LETTER_OR_DIGIT.test(w.text)).length;
+  const hits = words.filter((w) => over(w, t)).map((w) => w.text);
+  const more = hits.length > NAMED ? " and " + (hits.length - NAMED) + " more" : "";
+  return hits.length + " of " + counted + " words at or above " + thresholdText(t)
+    + (hits.length ? ": " + hits.slice(0, NAMED).join(", ") + more : "") + ".";
+}
+
 // Says whether the slider is at the model's own threshold, and which that is once moved away from it.
 function noteDefault(t) {
   const model = selectedModel();
@@ -189,7 +221,9 @@ function noteDefault(t) {
 }
 
 // ------------------------------------------------------------------ tooltip and keyboard
+let tipFor = null; // the word the tip was last shown for
 export function showTip(span) {
+  tipFor = span;
   const r = state.detect.result;
   const it = items()[Number(span.dataset.i)];
   const t = thresholdNow();
@@ -215,6 +249,26 @@ export function showTip(span) {
 
 export function hideTip() { $("tip").hidden = true; }
 
+// The pointer moved onto a word: its tip. On a move, not on mouseover: a box scrolled under a still pointer
+// (End, Home: the focused word scrolled to) fires a mouseover on the word come under it, and that word's tip
+// took the place of the focused word's.
+export function hoverTip(e) {
+  const span = e.target.closest(".w");
+  if (span && (span !== tipFor || $("tip").hidden)) showTip(span);
+}
+
+// The page or the text's box scrolled, or the window resized: the tip would point at nothing. A focused
+// word's tip follows it while it is in view: focusing a word scrolls to it (End, Home, an arrow key at the
+// box's edge), and the tip the focus had just shown went at once. Any other tip (a hovered word's) goes.
+export function followTip() {
+  const span = document.activeElement;
+  if ($("tip").hidden || span !== tipFor || !state.spans.includes(span)) { hideTip(); return; }
+  const box = span.getBoundingClientRect(), view = $("marked").getBoundingClientRect();
+  const inView = box.bottom > Math.max(0, view.top) && box.top < Math.min(window.innerHeight, view.bottom);
+  if (inView) showTip(span);
+  else hideTip();
+}
+
 function moveFocus(from, to) {
   const spans = state.spans;
   if (!spans.length) return;
@@ -228,8 +282,8 @@ export function onMarkedKey(e) {
   const span = e.target.closest(".w");
   if (!span) return;
   const i = state.spans.indexOf(span);
-  // A right-to-left text (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
-  const ahead = getComputedStyle($("marked")).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
+  // A right-to-left paragraph (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
+  const ahead = getComputedStyle(span).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
   const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
   const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
   if (step) moveFocus(i, i + step);
@@ -265,6 +319,9 @@ export function renderClassify(model, result) {
     (result.truncated ? "; the text was cut to the model's maximum length." : ".");
   const shown = regression || multi ? entries.map(([, v]) => Math.round(v * 1000) / 10) :
     roundedPercents(entries.map(([, v]) => v));
+  // What a screen reader hears of it (main.js: the status line): the top label and its value.
+  const said = !entries.length ? "" :
+    entries[0][0] + ", " + (regression ? entries[0][1].toPrecision(4) : shown[0].toFixed(1) + "%") + ".";
   entries.forEach(([label, v], k) => {
     const li = document.createElement("li");
     if (label === result.label) li.className = "top";
@@ -287,4 +344,5 @@ export function renderClassify(model, result) {
   });
   $("classify").hidden = false;
   $("detect").hidden = true;
+  return said;
 }
