@@ -403,7 +403,9 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         # A Service named `electra` would set ELECTRA_PORT=tcp://...: not the port to listen on.
         shadowed = {k: env[k] for k in sorted(links & known_vars)}
         env = {k: v for k, v in env.items() if k not in shadowed}
-        settings = options.resolve(cls, argv, env=env, prog="python -m app", description=DESCRIPTION)
+        settings = options.resolve(
+            cls, argv, env=env, prog="python -m app", description=DESCRIPTION, needs_cwd=False
+        )
         settings, warnings = settings.fit_cores(available_cores())
         warnings += [f"ignoring {key}={value}: a Kubernetes service link (another Service's address), not this "
                      "setting; set `enableServiceLinks: false` in the pod spec" for key, value in shadowed.items()]  # fmt: skip

@@ -179,4 +179,4 @@ def resolve(argv: list[str] | None) -> BulkConfig:
 
 def from_dict(values: dict) -> BulkConfig:
     """The config a worker receives (options.as_dict's JSON values) back as the dataclass."""
-    return options.resolve(BulkConfig, [], env={}, base=values, config_file=False)
+    return options.resolve(BulkConfig, [], env={}, base=values, config_file=False, needs_cwd=False)

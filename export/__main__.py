@@ -73,6 +73,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
                                       "choose another --triton")  # fmt: skip
         model_dir = repo / out.name
         refuse_inside_checkpoints(model_dir, "--triton", "Triton model directory", error=options.ConfigError)
+        refuse_holding_cwd(model_dir, "--triton", "Triton model directory", error=options.ConfigError)
         if _overlap(model_dir, out) or _overlap(repo, out):
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
                                       f"{model_dir}): each is replaced whole; choose a --triton apart from --out")  # fmt: skip

@@ -235,17 +235,21 @@ def resolve(
     description: str = "",
     config_file: bool = True,
     template: bool = False,
+    needs_cwd: bool = True,
 ):
     """`cls` filled from defaults < `base` < --config TOML < environment < flags (module docstring).
     `template`: the config is a base for runs that each get their own --out (a benchmark's), so a run's
-    saved options replay without one."""
+    saved options replay without one. `needs_cwd`: refuse to go on where the current directory is gone
+    (check_current_directory); False where every path is absolute already (a worker's copy of a job's
+    options) or the program needs none of its own (the server, given an absolute --models)."""
     import os
 
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     args, flags = _flags(cls, argv, prog, description, config_file)
-    check_current_directory()  # after --help, which reads no path
+    if needs_cwd:  # after --help, which reads no path
+        check_current_directory()
     values: dict = {}
     given: dict[str, str] = {}  # option -> where its value came from, for `sources`
     for key, value in (base or {}).items():

@@ -65,12 +65,20 @@ def hold_directory(directory: Path) -> None:
     hold_file(directory / LOCK)
 
 
-def hold_file(lock: Path) -> None:
+def hold_file(lock: Path, tries: int = 3) -> None:
     """hold_directory's lock, taken on the file `lock` (its directory must exist)."""
     key = _key(lock)
     if key in _held:
         return
-    f = open(lock, "a+")  # noqa: SIM115 (held open until the process ends)
+    try:
+        f = open(lock, "a+")  # noqa: SIM115 (held open until the process ends)
+    except PermissionError:
+        # Another user's, left by a killed process (mode 0644): read-only, it can still say whether anyone
+        # holds it; nobody does, so it is removed and made again (the directory is ours to write), as the
+        # process it named is gone. It was "cannot write its lock file", of a directory the user can write.
+        _refuse_if_held(lock)
+        lock.unlink(missing_ok=True)
+        f = open(lock, "a+")  # noqa: SIM115
     try:
         import fcntl
     except ImportError:  # not a POSIX system: no lock
@@ -83,16 +91,27 @@ def hold_file(lock: Path) -> None:
         pid = f.read().strip() or "?"
         f.close()
         raise DirectoryHeld(pid) from None
-    if not _still_named(f, lock):
+    if not _still_named(f, lock) and tries > 1:
         # Removed (release_file's `remove`) between our open and our lock: the file we locked is nobody's
         # now, and the next process makes a new one. Ours is made the same way.
         f.close()
-        return hold_file(lock)
+        return hold_file(lock, tries - 1)
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
     _held[key] = f
+
+
+def _refuse_if_held(lock: Path) -> None:
+    """DirectoryHeld where another process holds `lock`, read without write access."""
+    import fcntl
+
+    with open(lock) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DirectoryHeld(f.read().strip() or "?") from None
 
 
 def _still_named(f: IO, lock: Path) -> bool:
