@@ -620,9 +620,12 @@ def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser,
         assert re.fullmatch(r"Scored in (under 1|[1-9]\d*) ms\. (.*)", status).group(2).startswith(said), (
             status
         )
-        # The arrow keys still move it by 0.01, onto the grid, and the note names the default exactly.
+        # The arrow keys still move it by 0.01, onto the grid, and the note names the default exactly; the
+        # status line says the count at the slider's threshold (it kept the one scored at, beside a summary
+        # of another).
         slider.send_keys(Keys.ARROW_RIGHT)
         assert slider.get_attribute("value") == "0.58" and out.text == "0.58"
+        assert "words at or above 0.58" in browser.find_element("id", "status").text
         assert note.text == "(model default 0.575)"
         slider.send_keys(Keys.ARROW_LEFT)
         assert slider.get_attribute("value") == "0.57"

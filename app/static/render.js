@@ -195,6 +195,7 @@ export function remark() {
   if (!$("tip").hidden && document.activeElement && document.activeElement.classList.contains("w")) {
     showTip(document.activeElement);
   }
+  if (state.said && !$("detect").hidden) $("status").textContent = state.said(); // not of a result hidden
 }
 
 // What a screen reader hears of an answer (main.js puts it in the status line, a polite live region): the
