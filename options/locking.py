@@ -7,6 +7,7 @@ bulk and export use it."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import IO
@@ -72,13 +73,14 @@ def hold_file(lock: Path, tries: int = 3) -> None:
         return
     try:
         f = open(lock, "a+")  # noqa: SIM115 (held open until the process ends)
-    except PermissionError:
-        # Another user's, left by a killed process (mode 0644): read-only, it can still say whether anyone
-        # holds it; nobody does, so it is removed and made again (the directory is ours to write), as the
-        # process it named is gone. It was "cannot write its lock file", of a directory the user can write.
-        _refuse_if_held(lock)
-        lock.unlink(missing_ok=True)
-        f = open(lock, "a+")  # noqa: SIM115
+    except PermissionError as e:
+        if lock.is_file():
+            # Another user's, left by a process that ended (mode 0644): read-only, it still says whether
+            # anyone holds it. Not taken over: two processes doing so at once could both hold it.
+            _refuse_if_held(lock)
+            raise PermissionError(e.errno, "another user's lock file, left by a process that has ended: "
+                                  f"remove it (rm {lock}) and run the command again") from None  # fmt: skip
+        raise
     try:
         import fcntl
     except ImportError:  # not a POSIX system: no lock
@@ -91,10 +93,14 @@ def hold_file(lock: Path, tries: int = 3) -> None:
         pid = f.read().strip() or "?"
         f.close()
         raise DirectoryHeld(pid) from None
-    if not _still_named(f, lock) and tries > 1:
+    if not _still_named(f, lock):
         # Removed (release_file's `remove`) between our open and our lock: the file we locked is nobody's
         # now, and the next process makes a new one. Ours is made the same way.
         f.close()
+        if tries <= 1:
+            raise OSError(
+                errno.EAGAIN, "its lock file was removed each time it was taken: run the command again"
+            )
         return hold_file(lock, tries - 1)
     f.seek(0)
     f.truncate()
