@@ -209,14 +209,20 @@ def test_user_csv_with_custom_columns_keeps_label_names(tiny_init, tmp_path, giv
     assert manifest.trained_on == "pairs"
 
 
-def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
-    transformers = pytest.importorskip("transformers")
+def _regression_run(tiny_init, tmp_path) -> tuple[Path, dict]:
+    """A one-epoch fine-tuning run on 40 texts with float scores (a regression): its --out and figures."""
     rng = random.Random(0)
     rows = [{"sentence": f"{WORDS['good']} {i}", "score": round(rng.uniform(0, 5), 2)} for i in range(40)]
     (tmp_path / "sts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     evals = run("--init", tiny_init, "--train", tmp_path / "sts.jsonl", "--text-column", "sentence",
                 "--label-column", "score", "--out", out, "--epochs", 1, "--batch-size", 8)  # fmt: skip
+    return out, evals
+
+
+def test_float_labels_in_jsonl_make_a_regression(tiny_init, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out, evals = _regression_run(tiny_init, tmp_path)
     assert {"pearson", "spearman", "mse"} <= set(evals["dev"])
     hf = transformers.ElectraForSequenceClassification.from_pretrained(out)
     assert hf.config.problem_type == "regression" and hf.config.num_labels == 1
@@ -255,12 +261,7 @@ def test_a_regressions_dev_figures_under_bf16_are_its_fp32_exports(tiny_init, tm
     # bf16 autocast whatever this CPU is (without AMX it is slow, not wrong).
     monkeypatch.setattr(tuner, "autocast_for",
                         lambda device, want: (True, lambda: torch.autocast("cpu", dtype=torch.bfloat16)))  # fmt: skip
-    rng = random.Random(0)
-    rows = [{"sentence": f"{WORDS['good']} {i}", "score": round(rng.uniform(0, 5), 2)} for i in range(40)]
-    (tmp_path / "sts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "out"
-    evals = run("--init", tiny_init, "--train", tmp_path / "sts.jsonl", "--text-column", "sentence",
-                "--label-column", "score", "--out", out, "--epochs", 1, "--batch-size", 8)  # fmt: skip
+    out, evals = _regression_run(tiny_init, tmp_path)
     assert json.loads((out / "finetune_config.json").read_text())["as_run"]["precision"] == "bf16 autocast"
     state = json.loads((out / "trainer_state.json").read_text())
     (row,) = [
