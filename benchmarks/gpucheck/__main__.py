@@ -144,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     report = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "config": show_config("gpu-check", args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
-    sizes = sizes_for(args)
-    claim_pflop = args.claim_pflop or sizes.claim_pflop
-    doing = "checking the claim's arguments"  # what set-up was doing, should SIGINT stop it
+              "config": {}, "environment": {}, "problems": [], "steps": {}}  # fmt: skip
+    doing = "printing its configuration"  # what set-up was doing, should SIGINT stop it
     try:
+        # Inside: a SIGINT as the configuration's line is written (its reader may act on it at once) was a
+        # traceback with no results.
+        report["config"] = show_config("gpu-check", args)
+        sizes = sizes_for(args)
+        claim_pflop = args.claim_pflop or sizes.claim_pflop
+        doing = "checking the claim's arguments"
         # First of all, before the wheels and the environment's probes: the claim's arguments, as the claim
         # will check them (they do not depend on the machine).
         planned = Context(args.device, sizes, work, out, Path(args.data_dir or "."), {}, {}, claim_pflop,
