@@ -209,7 +209,12 @@ class TextTokenizer:
         of what it is given, and for a pair every combination of the halves' windows (two halves of 83 KB
         cost 11 s and 6.3 GB for 128 tokens kept). A pair is cut by fine-tuning's own code (text_heads),
         which keeps the longer half the longer one, as longest-first truncation needs."""
-        inputs = [self._pair_heads(x) if isinstance(x, list) else self._head(x) for x in items]
+        # A pair counted by _plain: this tokenizer without truncation, special tokens' spellings read as
+        # text, as fine-tuning counts them (training/finetuning/data.py tokenizer_copy).
+        inputs = [
+            text_heads(self._plain, *x, self.max_length) if isinstance(x, list) else self._head(x)
+            for x in items
+        ]
         out = []
         for x, given, enc in zip(
             inputs, items, self._truncating.encode_batch(inputs, add_special_tokens=True), strict=True
@@ -221,12 +226,6 @@ class TextTokenizer:
             cut = isinstance(x, tuple) and x != tuple(given)
             out.append(ClassifyEncoding(row, len(enc.overflowing) > 0 or cut, empty))
         return out
-
-    def _pair_heads(self, pair: list[str]) -> tuple[str, str]:
-        """The starts of a pair's halves that truncation keeps its tokens from, counted by `_plain`: this
-        tokenizer without truncation, special tokens' spellings read as text, as fine-tuning counts them
-        (training/finetuning/data.py tokenizer_copy)."""
-        return text_heads(self._plain, pair[0], pair[1], self.max_length)
 
     def _empty_half(self, item, enc) -> int | None:
         """The text (0) or pair half (0, 1) the tokenizer kept nothing of, if any. A pair cut to max_length
