@@ -122,9 +122,14 @@ def add_results(p: argparse.ArgumentParser, program: str) -> Output:
     return Output(program, "results", None, files)
 
 
+def config_of(args) -> dict:
+    """A benchmark's resolved options as its JSON records them."""
+    return {k: _plain(v) for k, v in vars(args).items()}
+
+
 def show_config(name: str, args) -> dict:
     """Print a benchmark's resolved options, as every entry point does, and return them for its JSON."""
-    config = {k: _plain(v) for k, v in vars(args).items()}
+    config = config_of(args)
     print(f"{name} configuration: {json.dumps(config)}", flush=True)
     return config
 

@@ -262,7 +262,9 @@ def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):
 def test_jobs_end_with_their_parent_even_when_it_is_killed(tmp_path):
     """A call's time limit may SIGKILL the benchmark: its runs must not keep training behind it (or beside
     the next call's resumed run)."""
-    child = f"import os, pathlib, time; pathlib.Path({str(tmp_path / 'pid')!r}).write_text(str(os.getpid())); time.sleep(60)"
+    # Written aside and renamed: the test must never read the file between its creation and its text.
+    pid_file, aside = str(tmp_path / "pid"), str(tmp_path / "pid.part")
+    child = f"import os, pathlib, time; pathlib.Path({aside!r}).write_text(str(os.getpid())); os.replace({aside!r}, {pid_file!r}); time.sleep(60)"
     parent = ("import sys; from pathlib import Path; from benchmarks.quality.pretrainkit import Job, run_jobs; "
               f"run_jobs([Job('sleeper', [sys.executable, '-c', {child!r}], Path({str(tmp_path / 'log')!r}), 1, str)], 1)")  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", parent], cwd=Path(__file__).resolve().parent.parent)

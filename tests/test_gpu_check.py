@@ -646,3 +646,33 @@ def test_without_data_dir_the_data_is_found_where_the_tests_find_it(tmp_path, mo
         assert where == tmp_path / "empty-cache"
     monkeypatch.setenv("ELECTRA_DATA_DIR", str(real_data_dir()))
     assert data_files(None) == (real_data_dir(), [])
+
+
+def test_a_sigint_as_the_configuration_is_printed_still_writes_a_readable_report(
+    tmp_path, monkeypatch, capsys
+):
+    """The SIGINT above lands mid-print now and then: results.md's header read a configuration that the
+    interrupted print had not yet stored, and the call ended in a KeyError with no results.md."""
+    import benchmarks.gpucheck.__main__ as gpucheck
+
+    def interrupted_print(name, args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpucheck, "show_config", interrupted_print)
+    out = tmp_path / "out"
+    argv = [
+        "--device",
+        "cpu",
+        "--quick",
+        "--only",
+        "pretrain",
+        "--out",
+        str(out),
+        "--work",
+        str(tmp_path / "w"),
+    ]
+    assert gpucheck.main(argv) == 130
+    md = (out / "results.md").read_text()
+    assert "Device: cpu, not yet examined. Mode: quick." in md
+    assert "Interrupted by SIGINT in set-up, printing its configuration" in md
+    assert json.loads((out / "results.json").read_text())["config"]["quick"] is True

@@ -39,7 +39,7 @@ from benchmarks.gpucheck.steps import (
     claim_refuses,
     cut_short_figures,
 )
-from benchmarks.output import show_config
+from benchmarks.output import config_of, show_config
 from benchmarks.speed.train_variants import variant_names
 from training.config import EMBEDDING_GRADS
 
@@ -144,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     report = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "config": {}, "environment": {}, "problems": [], "steps": {}}  # fmt: skip
+              "config": config_of(args), "environment": {}, "problems": [], "steps": {}}  # fmt: skip
     doing = "printing its configuration"  # what set-up was doing, should SIGINT stop it
     try:
         # Inside: a SIGINT as the configuration's line is written (its reader may act on it at once) was a
-        # traceback with no results.
-        report["config"] = show_config("gpu-check", args)
+        # traceback with no results; the report holds the configuration already, for results.md's header.
+        show_config("gpu-check", args)
         sizes = sizes_for(args)
         claim_pflop = args.claim_pflop or sizes.claim_pflop
         doing = "checking the claim's arguments"
