@@ -298,7 +298,7 @@ def kube_manifests(deploy: str, out: str, port: str, key: str, image: str) -> No
 
     import yaml
 
-    secret = yaml.safe_load((Path(deploy) / "secret.yaml").read_text())
+    secret = yaml.safe_load((Path(deploy) / "secret" / "secret.yaml").read_text())
     data = {k: base64.b64encode(key.encode()).decode() for k in secret["stringData"]}
     Path(out + ".secret.json").write_text(json.dumps(data))
     deployment = yaml.safe_load((Path(deploy) / "deployment.yaml").read_text())

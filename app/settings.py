@@ -34,7 +34,7 @@ CHECK_MODES = (
 PROVIDERS = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_WINDOW_STRIDE = 32  # tokens consecutive windows of a long text share
-PLACEHOLDER_API_KEY = "change-me"  # deploy/secret.yaml's value, refused
+PLACEHOLDER_API_KEY = "change-me"  # deploy/secret/secret.yaml's value, refused
 # --max-wait-ms is latency a quiet server adds to every request (under load batches fill while the runners
 # are busy anyway: docs/benchmarks.md, "Server settings"); 1e9 left every request of a quiet server waiting
 # while /ready said ready. It stays below a minute, and below --read-timeout-s, the time a client is given
@@ -368,9 +368,9 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
                 raise SettingsError(f"{flag('api_key')} is set but empty")
             if (
                 self.api_key == PLACEHOLDER_API_KEY
-            ):  # deploy/secret.yaml applied as shipped: a key anyone can read
+            ):  # deploy/secret/secret.yaml applied as shipped: a key anyone can read
                 raise SettingsError(
-                    f"{flag('api_key')} is {PLACEHOLDER_API_KEY!r}, deploy/secret.yaml's placeholder; replace it "
+                    f"{flag('api_key')} is {PLACEHOLDER_API_KEY!r}, deploy/secret/secret.yaml's placeholder; replace it "
                     "with a key of your own (e.g. kubectl create secret generic electra-serve "
                     '--from-literal=api-key="$(openssl rand -hex 32)")'
                 )

@@ -418,7 +418,7 @@ def test_a_body_far_over_the_limit_gets_the_413_in_a_client_that_writes_it_all_f
 
 def test_settings_that_start_a_server_no_client_can_use_are_refused_or_mended(tmp_path):
     """An API key with the newline a secret file ends in could never be matched; one outside ASCII neither
-    (headers are Latin-1); deploy/secret.yaml's placeholder is a key anyone can read. An empty ELECTRA_HOST bound every interface; an empty ELECTRA_MODELS_DIR meant
+    (headers are Latin-1); deploy/secret/secret.yaml's placeholder is a key anyone can read. An empty ELECTRA_HOST bound every interface; an empty ELECTRA_MODELS_DIR meant
     the current directory; --max-wait-ms inf left the first request waiting forever; a TOML value of the
     wrong type, or a config file that is not UTF-8, ended in a traceback."""
     from app.settings import Settings
@@ -433,7 +433,11 @@ def test_settings_that_start_a_server_no_client_can_use_are_refused_or_mended(tm
     (tmp_path / "latin1.toml").write_bytes('host = "caf\u00e9"\n'.encode("latin-1"))
     for argv, env, says in [
         ((), {"api_key": "cl\u00e9"}, "printable ASCII"),
-        ((), {"api_key": "change-me\n"}, "deploy/secret.yaml's placeholder"),  # the manifest as shipped
+        (
+            (),
+            {"api_key": "change-me\n"},
+            "deploy/secret/secret.yaml's placeholder",
+        ),  # the manifest as shipped
         ((), {"host": ""}, "--host is empty"),
         ((), {"models_dir": ""}, "expected a path"),
         (("--max-wait-ms", "inf"), {}, "finite number"),
