@@ -18,6 +18,7 @@ from bulk.compressed import (
     decompress_first,
     decompressed,
 )
+from bulk.converting import followed, json_lines_command, parquet_command
 from bulk.reading import BOM
 
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
@@ -60,6 +61,26 @@ def is_parquet(path: Path, fmt: str) -> bool:
         return False
 
 
+def not_parquet(path: Path, fmt: str) -> bool:
+    """Whether --format parquet would read a file that is no Parquet file: its first bytes are not Parquet's.
+    A compressed one is not judged here (`compressed_hint` says it); nor one that cannot be opened: it
+    fails as a shard, by name. A .jsonl under a directory failed with Arrow's "Parquet magic bytes not
+    found", not a word of --format."""
+    if fmt != "parquet" or path.suffix.lower() in COMPRESSED:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PARQUET_MAGIC)) != PARQUET_MAGIC
+    except OSError:
+        return False
+
+
+def not_parquet_hint(path: Path) -> str:
+    return ("it is not a Parquet file (its first bytes are not PAR1), and --format parquet reads every file as "
+            "Parquet. Score it in a job of its own, without --format (named .jsonl, .json, .ndjson or .txt) or "
+            "with --format jsonl or text")  # fmt: skip
+
+
 def parquet_hint(path: Path, fmt: str) -> str:
     how = "text, a document a line" if fmt == "text" else "JSON Lines"
     return (f"it is a Parquet file, and --format {fmt} reads every file as {how}: its bytes would be scored as "
@@ -83,11 +104,9 @@ def compressed_hint(path: Path, kind: str) -> str | None:
 # A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
 # Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
 def csv_hint(path: Path) -> str:
-    tab = ", parse_options=c.ParseOptions(delimiter='\\t')" if type_suffix(path) == ".tsv" else ""
-    parquet = str(path.parent / (path.name.split(".")[0] + ".parquet"))
+    into, command = parquet_command(path, tabs=type_suffix(path) == ".tsv")
     return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
-            'once to Parquet, then give that: python -c "import pyarrow.csv as c, pyarrow.parquet as p; '
-            f'p.write_table(c.read_csv({str(path)!r}{tab}), {parquet!r})"')  # fmt: skip
+            f"once to Parquet: {followed(path, into, command)}")  # fmt: skip
 
 
 def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
@@ -99,18 +118,22 @@ def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
         return _line_file_hint(path, kind, f)
     try:
         # Its head alone: a shard with a sound start and a damaged end fails its part as it is read.
-        hint = _line_file_hint(path.with_suffix(""), kind, decompressed(suffix, f))
-        return hint and decompress_first(path, suffix, hint)
+        return _line_file_hint(path, kind, decompressed(suffix, f), suffix)
     except STREAM_ERRORS as e:  # not gzip at all, or cut short within its head
         return broken_stream(str(path), suffix, e)
     finally:
         f.seek(0)
 
 
-def _line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
+def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = None) -> str | None:
+    """`suffix`: the compression `f` is read through. iconv converts the decompressed file, so its hint is
+    led by the command that decompresses; a JSON document's conversion reads the compressed file itself."""
     head = f.read(1 << 16)
-    hint = encoding_hint(path, head) or (json_document_hint(path, head, f) if kind == "jsonl" else None)
-    f.seek(0)
+    if hint := encoding_hint(path.with_suffix("") if suffix else path, head):
+        return decompress_first(path, suffix, hint) if suffix else hint
+    hint = json_document_hint(path, head, f) if kind == "jsonl" else None
+    if suffix is None:
+        f.seek(0)
     return hint
 
 
@@ -127,7 +150,7 @@ def encoding_hint(path: Path, head: bytes) -> str | None:
     return None
 
 
-# How far a file starting with '{' is read to see whether its first two lines hold a whole JSON object: a
+# How far a file starting with '{' or '[' is read to see whether its first two lines hold a whole JSON object: a
 # pretty-printed one's first lines are short, and a JSON Lines document longer than this is not judged.
 FIRST_LINE_BYTES = 1 << 20
 
@@ -135,33 +158,42 @@ FIRST_LINE_BYTES = 1 << 20
 def json_document_hint(path: Path, head: bytes, f: BinaryIO) -> str | None:
     """Why a .json/.jsonl shard cannot be read, when it is one JSON document written over several lines
     rather than JSON Lines: read line by line, every line was rejected not_json (exit 3 on every run). A
-    JSON array (json.dump(docs, f, indent=2)), or a file whose first line starts with '{' but is not a whole
-    JSON object (a pretty-printed metadata.json or dataset_info.json beside the shards). None: it is
-    neither. `head`: its first bytes; read on from `f` (past them) while they are all white space, and
-    while the first line has not ended."""
+    JSON array (json.dump(docs, f, indent=2), or on one line alone), or a file whose first line starts with
+    '{' but is not a whole JSON object (a pretty-printed metadata.json or dataset_info.json beside the
+    shards). None: it is neither. `head`: its first bytes; read on from `f` (past them) while they are all
+    white space, and while the first line has not ended. `path`: the shard (compressed or not)."""
     if type_suffix(path) not in (".json", ".jsonl", ".ndjson"):
         return None
     head = head.removeprefix(BOM)  # its first character that is not white space (past a byte-order mark)
     while (first := head.lstrip()) == b"" and (head := f.read(1 << 16)):
         pass
-    lines = str(path.parent / (path.name.split(".")[0] + ".jsonl"))
-    if lines == str(path):
-        lines = str(path.parent / (path.name.split(".")[0] + ".lines.jsonl"))
-    # utf-8-sig in the conversions: json.load refuses a byte-order mark, which bulk reads past.
-    if first.startswith(b"["):
+    if first.startswith(b"[") and not _array_then_lines(first, f):
+        into, command = json_lines_command(path)
         return ("it is one JSON array (its first character is '['), not JSON Lines (one object a line), which bulk "
-                'reads; convert it once, then give that instead: python -c "import json; docs = json.load(open('
-                f"{str(path)!r}, encoding='utf-8-sig')); open({lines!r}, 'w').writelines(json.dumps(d) + chr(10) "
-                'for d in docs)"')  # fmt: skip
+                f"reads; convert it once: {followed(path, into, command)}")  # fmt: skip
     if first.startswith(b"{") and not _reads_as_json_lines(first, f):
+        into, command = json_lines_command(path)
         return ("its first line starts with '{' but is not a whole JSON object: it is one JSON document written "
                 "over several lines (json.dump(obj, f, indent=2): a metadata.json or dataset_info.json beside the "
-                "shards?), not JSON Lines (one object a line), which bulk reads. Not documents: move it out of "
-                "INPUT, or give a glob that leaves it out. One document: put it on one line, then give that "
-                f'instead: python -c "import json; open({lines!r}, \'w\').write(json.dumps(json.load(open('
-                f"{str(path)!r}, encoding='utf-8-sig'))) + chr(10))\". JSON Lines whose first two lines are "
-                "broken: mend or remove them")  # fmt: skip
+                "shards?), not JSON Lines (one object a line), which bulk reads. JSON Lines whose first two lines "
+                "are broken: mend or remove them. Not documents: move it out of INPUT, or give a glob that leaves "
+                f"it out. One document: put it on one line: {followed(path, into, command)}")  # fmt: skip
     return None
+
+
+def _array_then_lines(first: bytes, f: BinaryIO) -> bool:
+    """Whether a file whose first line (`first`, read on from `f`) starts with '[' is JSON Lines whose first
+    line is an array (a reject of its own, the lines after it scored): that line is a whole JSON value, and
+    a line that is not blank follows it. One array, pretty-printed or on one line alone, is not; nor is a
+    first line running past FIRST_LINE_BYTES, an array as a rule (json.dump(docs, f) of a corpus)."""
+    while b"\n" not in first and len(first) < FIRST_LINE_BYTES and (more := f.read(1 << 16)):
+        first += more
+    line, _, rest = first.partition(b"\n")
+    if len(line) >= FIRST_LINE_BYTES or not _whole_value(line):
+        return False
+    while not rest.strip() and len(rest) < FIRST_LINE_BYTES and (more := f.read(1 << 16)):
+        rest += more
+    return bool(rest.strip())
 
 
 def _reads_as_json_lines(first: bytes, f: BinaryIO) -> bool:
@@ -187,3 +219,13 @@ def _whole_object(line: bytes) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _whole_value(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8", "replace"))
+    except RecursionError:  # nesting too deep: a reject of its own, as a line of JSON Lines
+        return True
+    except ValueError:
+        return False
+    return True

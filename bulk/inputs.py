@@ -21,11 +21,13 @@ from bulk.conversions import (
     csv_hint,
     is_parquet,
     line_file_hint,
+    not_parquet,
+    not_parquet_hint,
     parquet_hint,
     type_suffix,
 )
 from bulk.reading import BOM
-from bulk.walk import broken_link, glob_files, under, walk
+from bulk.walk import broken_link, glob_files, not_regular, under, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
@@ -103,10 +105,13 @@ def _wanted(path: Path, fmt: str) -> bool:
 def _left_out_as(path: Path, fmt: str) -> str | None:
     """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note: a
     CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
-    and a Parquet file where --format jsonl or text would read its bytes as lines. None: neither."""
+    a Parquet file where --format jsonl or text would read its bytes as lines, and a file that is none where
+    --format parquet would read it as one. None: none of these."""
     if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
-    return "parquets" if is_parquet(path, fmt) else None
+    if is_parquet(path, fmt):
+        return "parquets"
+    return "not_parquets" if not_parquet(path, fmt) else None
 
 
 def listed(names: list[str], most: int = 5) -> str:
@@ -167,6 +172,13 @@ def parquet_note(names: list[str]) -> str:
             "parquet")  # fmt: skip
 
 
+def not_parquet_note(names: list[str]) -> str:
+    """What a run says of the files a directory INPUT left out under --format parquet, not being Parquet."""
+    return (f"{len(names)} file(s) under INPUT left out, as --format parquet reads every file as Parquet, and "
+            f"these are not: {listed(names)}. To score them, give them to a job of their own without --format "
+            "(or with --format jsonl or text)")  # fmt: skip
+
+
 def links_note(names: list[str]) -> str:
     """What a run says of the linked files it left out as duplicates of shards listed under their own names."""
     return (f"{len(names)} linked file(s) under INPUT left out, as each leads to a file INPUT lists under its own "
@@ -182,6 +194,7 @@ class LeftOut:
 
     csvs: list[str] = field(default_factory=list)
     parquets: list[str] = field(default_factory=list)
+    not_parquets: list[str] = field(default_factory=list)  # under --format parquet (`not_parquet_note`)
     jobs: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
 
@@ -273,6 +286,8 @@ def shards(
                             os.path.relpath(os.path.realpath(f), real_out)
                         ):
                             foreign.append(_shown(f, root))
+                    elif not is_file and not mine(d) and _wanted(f, fmt) and (why := not_regular(str(f))):
+                        unlisted[_shown(f, root)] = why  # a pipe.jsonl: fails as a shard, by name
                     elif not is_file and not mine(d) and (why := broken_link(str(f))):
                         # A shard, or a directory of them, not there now; taken as a file of its name would
                         # be: it fails where that is input, or where it has no suffix (a directory's name,
@@ -287,6 +302,7 @@ def shards(
         _refuse_foreign(foreign, out)
         left.csvs.sort()
         left.parquets.sort()
+        left.not_parquets.sort()
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
             said = "".join(f"; {note}" for note in left_out_notes(left))
@@ -308,7 +324,7 @@ def shards(
                     matches.append(Path(os.path.abspath(p)))
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
                     foreign.append(p)
-            elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p)):
+            elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p) or not_regular(p)):
                 # By its shard's name, as a resume knows it.
                 unlisted[_shown(Path(os.path.abspath(p)), root)] = why
         except OSError as e:
@@ -346,6 +362,7 @@ def left_out_notes(left: LeftOut) -> list[str]:
     return (
         ([csv_note(left.csvs)] if left.csvs else [])
         + ([parquet_note(left.parquets)] if left.parquets else [])
+        + ([not_parquet_note(left.not_parquets)] if left.not_parquets else [])
         + ([jobs_note(left.jobs)] if left.jobs else [])
         + ([links_note(left.links)] if left.links else [])
     )
@@ -355,6 +372,7 @@ def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
         into.csvs += left.csvs
         into.parquets += left.parquets
+        into.not_parquets += left.not_parquets
         into.jobs += sorted(left.jobs)
         into.links += left.links
 
@@ -407,7 +425,9 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
     (`plan`). With --format jsonl or text, a Parquet file (by its suffix or first bytes) is refused all the
     same: read as lines, its bytes were scored as documents."""
     if fmt != "auto":
-        return parquet_hint(path, fmt) if is_parquet(path, fmt) else None
+        if is_parquet(path, fmt):
+            return parquet_hint(path, fmt)
+        return not_parquet_hint(path) if not_parquet(path, fmt) else None
     if type_suffix(path) in CSV:
         return csv_hint(path)
     # Of a compressed file, the suffix of what it holds: app.log.gz and c.tar.gz were read as JSONL, every
@@ -430,6 +450,7 @@ def plan(
     id_field: str = "",
     cuts: dict[str, int] | None = None,
     seen: Callable[[int, int], None] | None = None,
+    text_field: str = "text",
 ) -> tuple[list[Part], dict[str, str]]:
     """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone. A shard
     is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had).
@@ -438,16 +459,16 @@ def plan(
     parts: list[Part] = []
     failed: dict[str, str] = {}
     for path in files:
-        _plan_shard(root, path, fmt, part_bytes, id_field, cuts, seen, parts, failed)
+        _plan_shard(root, path, fmt, part_bytes, (text_field, id_field), cuts, seen, parts, failed)
         if seen is not None:
             seen(1, 0)
     return parts, failed
 
 
-def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str, cuts: dict[str, int] | None,
+def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, fields: tuple[str, str], cuts: dict[str, int] | None,
                 seen: Callable[[int, int], None] | None, parts: list[Part], failed: dict[str, str]) -> None:  # fmt: skip
     """plan's work on one shard: its parts added to `parts`, or its name and reason to `failed`."""
-    name = shard_name(path, root)
+    name, id_field = shard_name(path, root), fields[1]
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
@@ -469,6 +490,9 @@ def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str
         if kind == "parquet":
             # Taken before the shard is cut, and compared as each part is read (reading's fstat).
             st = path.stat()
+            if why := _named_twice(path, fields):
+                failed[name] = why
+                return
             cut = list(_parquet_parts(path, name, kind, size))
         else:
             # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
@@ -488,6 +512,20 @@ def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, id_field: str
         parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
     except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
         failed[name] = f"{type(e).__name__}: {e}"
+
+
+def _named_twice(path: Path, fields: tuple[str, str]) -> str | None:
+    """Why a Parquet shard cannot be read, where two of its columns or more bear the name of --text-field
+    or --id-field: each part failed with Arrow's raw `KeyError: 'Field "text" exists 2 times in schema'`."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    for column, option in zip(fields, ("--text-field", "--id-field"), strict=True):
+        if column and (n := names.count(column)) > 1:
+            return (f"{n} of its columns are named {column!r} ({option}), and bulk cannot tell which to read: "
+                    "rename all but one (pyarrow's Table.rename_columns) and write it again, then run the job "
+                    "again")  # fmt: skip
+    return None
 
 
 def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int,

@@ -306,7 +306,9 @@ def plan_job(
     # but they keep no part's first line number, and a shard partly finished is read anyway.)
     stage = Stage("reading INPUT to cut it into parts", len(files), "shard(s)", cfg.progress)
     try:
-        return plan(root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts, stage.update)
+        return plan(
+            root, files, cfg.format, max(job_bytes, fresh), cfg.id_field, cuts, stage.update, cfg.text_field
+        )
     finally:
         stage.close()
 
@@ -409,8 +411,10 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         and parts
         and (named := id_column(parts[0], cfg.text_field))
     ):
+        # A new --out: on this one, --id-field is another option than the job was begun with, refused.
         print(f"bulk: note: the documents have the field {named!r}; give --id-field {named} to name rows by it "
-              "(without it, a row's id is file:line)", file=sys.stderr, flush=True)  # fmt: skip
+              "(without it, a row's id is file:line), with a new --out: this job's options are fixed once it "
+              "starts", file=sys.stderr, flush=True)  # fmt: skip
     if gone:
         print(f"bulk: {len(gone)} shard(s) with finished parts are no longer in INPUT ({', '.join(gone[:5])}); "
               "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -45,6 +46,20 @@ def broken_link(path: str) -> str | None:
     else:
         return None
     return f"a broken link (-> {target}): mount or restore it, or remove the link"
+
+
+def not_regular(path: str) -> str | None:
+    """Why `path` fails, where it is there but neither a file nor a directory (a pipe, a socket, a device);
+    None otherwise. A walk lists it as a name, and a file test finds no file there: a pipe.jsonl under
+    INPUT was left out in silence, where named outright it is refused."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # gone, or a broken link (`broken_link` says which)
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("not a regular file (a pipe, a socket or a device): a job cuts its files into parts and reads them "
+            "again when resumed; write what it holds to a file, or move it out of INPUT")  # fmt: skip
 
 
 def _chain(path: str, most: int = 6) -> list[str]:

@@ -717,15 +717,15 @@ def test_a_json_array_file_fails_by_name_with_its_conversion_to_json_lines(tmp_p
     assert [p.name for p in parts] == ["fine.json"] and sorted(failed) == ["docs.json", "spaced.jsonl"]
     said = failed["docs.json"]
     assert "one JSON array (its first character is '[')" in said and "not JSON Lines" in said, said
-    assert str(tmp_path / "spaced.lines.jsonl") in failed["spaced.jsonl"]  # never over the file itself
+    assert f"writes {tmp_path / 'spaced.converted.jsonl'} " in failed["spaced.jsonl"]  # never the file itself
     for failing in (
         "docs.json",
         "spaced.jsonl",
     ):  # the second past a byte-order mark, which json.load refuses
-        command = failed[failing].split("give that instead: ")[1]
+        command = failed[failing].split("naming the new file where INPUT named this one: ")[1]
         done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-    for converted in ("docs.jsonl", "spaced.lines.jsonl"):
+    for converted in ("docs.jsonl", "spaced.converted.jsonl"):
         assert [(d.id, d.text) for d in docs_of(tmp_path / converted, id_field="id")] == [
             ("1", "first document"), ("2", "second document")
         ]  # fmt: skip
@@ -766,7 +766,7 @@ def test_a_pretty_printed_json_object_fails_by_name_and_json_lines_starting_with
     assert "move it out of INPUT, or give a glob that leaves it out" in said and "not JSON Lines" in said, (
         said
     )
-    command = failed["metadata.json"].split("give that instead: ")[1].split('". ')[0] + '"'
+    command = failed["metadata.json"].split("naming the new file where INPUT named this one: ")[1]
     done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert [d.text for d in docs_of(corpus / "metadata.jsonl")] == ["one"]
@@ -794,8 +794,8 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
     root, files, _ = shards(f"{corpus}/**/*.*", "auto")
     failed = plan(root, files, "auto", 1 << 20)[1]
     assert all("bulk does not read CSV" in why for why in failed.values()) and "tabs.tsv" in failed, failed
-    assert "delimiter='\\t'" in failed["tabs.tsv"]
-    with pytest.raises(InputError, match=r"bulk does not read CSV.*delimiter='\\t'"):  # named: refused
+    assert "delimiter=chr(9)" in failed["tabs.tsv"]  # no quote: the code is single-quoted for the shell
+    with pytest.raises(InputError, match=r"bulk does not read CSV.*delimiter=chr\(9\)"):  # named: refused
         shards(str(corpus / "tabs.tsv"), "auto")
     _, failed = plan(*shards(f"{corpus}/**/*.*", "auto")[:2], "auto", 1 << 20)
     assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
@@ -1079,3 +1079,63 @@ def test_a_line_shard_is_opened_once_at_planning_and_one_that_cannot_be_fails_th
             failed[locked].startswith("PermissionError: [Errno 13] Permission denied")
             and locked in failed[locked]
         )
+
+
+def test_json_lines_whose_first_line_is_an_array_are_read_and_that_line_alone_rejected(tmp_path):
+    """Its first character '[', a JSONL file was refused whole as "one JSON array" (exit 4, its good lines
+    lost, no reject), and the conversion it printed died on `Extra data`. One array, on one line or over
+    several, compressed or not, still fails by name."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "mixed.jsonl").write_text('["not","an","object"]\n\n{"text": "good"}\n{"text": "also good"}\n')
+    (corpus / "one_line.json").write_text(json.dumps([{"text": "a"}, {"text": "b"}]) + "\n\n")
+    (corpus / "pretty.jsonl").write_text('[{"text": "a"},\n {"text": "b"}]\n')
+    with gzip.open(corpus / "packed.jsonl.gz", "wt") as f:
+        f.write('[1, 2]\n{"text": "good"}\n')
+    root, files, _ = shards(str(corpus), "auto")
+    parts, failed = plan(root, files, "auto", 1 << 20)
+    assert sorted(failed) == ["one_line.json", "pretty.jsonl"], failed
+    args = {"text_field": "text", "id_field": "", "max_chars": 1000}
+    got = {p.name: [(d.line, d.text, d.reason) for d in read(p, **args) if d.text or d.reason] for p in parts}
+    assert got == {
+        "mixed.jsonl": [(1, None, Reason.NOT_JSON), (3, "good", None), (4, "also good", None)],
+        "packed.jsonl.gz": [(1, None, Reason.NOT_JSON), (2, "good", None)],
+    }
+
+
+def test_files_bulk_cannot_read_as_told_fail_or_are_noted_by_name_not_with_a_raw_error(tmp_path):
+    """A Parquet file with two `text` columns failed its part with Arrow's `KeyError: 'Field "text" exists 2
+    times in schema'`; --format parquet on a directory failed each .jsonl with "Parquet magic bytes not
+    found", not a word of --format; a pipe named pipe.jsonl under a directory was left out in silence."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["b"]), pa.array([1])], names=["text", "text", "id"]),
+                   corpus / "twice.parquet")  # fmt: skip
+    pq.write_table(pa.table({"text": ["fine"], "id": [1]}), corpus / "fine.parquet")
+    lines(corpus / "a.jsonl", [{"text": "a"}])
+    (corpus / "b.txt").write_text("b\n")
+    os.mkfifo(corpus / "pipe.jsonl")
+    # --format parquet: the other files are left out and named, as Parquet files are under --format jsonl.
+    left = LeftOut()
+    root, files, unlisted = shards(str(corpus), "parquet", left_out=left)
+    assert left.not_parquets == ["a.jsonl", "b.txt"] and [f.name for f in files] == [
+        "fine.parquet",
+        "twice.parquet",
+    ]
+    assert any("--format parquet reads every file as Parquet, and these are not: a.jsonl, b.txt" in n
+               for n in left_out_notes(left))  # fmt: skip
+    assert (
+        unlisted == {"pipe.jsonl": unlisted["pipe.jsonl"]} and "not a regular file" in unlisted["pipe.jsonl"]
+    )
+    parts, failed = plan(root, files, "parquet", 1 << 20)
+    assert [p.name for p in parts] == ["fine.parquet"]
+    assert failed["twice.parquet"].startswith("2 of its columns are named 'text' (--text-field)"), failed
+    # Named outright, or matched by a glob: refused, or failed by name.
+    with pytest.raises(InputError, match=r"a\.jsonl: it is not a Parquet file .* --format parquet reads"):
+        shards(str(corpus / "a.jsonl"), "parquet")
+    root, files, unlisted = shards(f"{corpus}/*", "parquet")
+    assert "not a regular file" in unlisted["pipe.jsonl"]
+    failed = plan(root, files, "parquet", 1 << 20, text_field="id")[1]
+    assert "it is not a Parquet file" in failed["b.txt"] and "twice.parquet" not in failed, failed
+    # Without --format, the pipe fails by name too.
+    assert "not a regular file" in shards(str(corpus), "auto")[2]["pipe.jsonl"]

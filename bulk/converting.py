@@ -1,0 +1,91 @@
+"""The commands the conversion hints print (bulk/conversions.py). Each writes what bulk reads to a new file
+beside the original, never over one (opened with mode 'x'), then moves the original into a hidden folder
+beside it: the same bulk command, run again, reads the new file and not the original, since a directory
+walk and a glob leave hidden names out. The converted file once landed inside a directory INPUT beside
+its original, which failed again on every run; and named by the original's name up to its first dot, it
+overwrote a real train.jsonl beside train.json, and shard.1.json and shard.2.json took one name.
+
+Paths travel as arguments, each shell-quoted, and the Python code is single-quoted and holds no single
+quote: paths written into the code with repr() inside a double-quoted `python -c "..."` broke the command
+on a path holding ', $, ` or "."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from bulk.compressed import COMPRESSED
+
+ASIDE = ".bulk-originals"  # hidden: neither a directory INPUT nor a glob reads what is in it
+# Suffixes that say what a file holds, stripped (after a compression's) to name its conversion.
+KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet")
+
+# A JSON array (its items, one a line) or one JSON object (one line); compressed or not, read as it is,
+# so that nothing decompressed lands under INPUT (`gzip -dk z.json.gz` wrote z.json, another array, there).
+# Everything is read before anything is written, and the original is moved only once its conversion is.
+_JSON_LINES = (
+    "import bz2, gzip, json, lzma, os, sys; src, dst, aside = sys.argv[1:]; "
+    'read = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(os.path.splitext(src)[1].lower(), open); '
+    'doc = json.load(read(src, "rt", encoding="utf-8-sig")); docs = doc if isinstance(doc, list) else [doc]; '
+    'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
+    'out = open(dst, "x", encoding="utf-8"); out.writelines(json.dumps(d) + chr(10) for d in docs); out.close(); '
+    "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
+)  # fmt: skip
+# pyarrow reads a compressed CSV too.
+_PARQUET = (
+    "import os, sys, pyarrow.csv as c, pyarrow.parquet as p; src, dst, aside = sys.argv[1:]; "
+    "table = c.read_csv(src{options}); "
+    'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
+    'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
+    "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
+)  # fmt: skip
+
+
+def target(path: Path, suffix: str) -> Path:
+    """A file beside `path` for its conversion to `suffix`: its whole name less the suffixes bulk knows
+    (shard.1.json -> shard.1.jsonl, z.json.gz -> z.jsonl), else with .converted (-2, -3...) before the
+    suffix; never `path` itself nor a file (or link) there now."""
+    base = path.name
+    if Path(base).suffix.lower() in COMPRESSED:
+        base = base[: -len(Path(base).suffix)]
+    if Path(base).suffix.lower() in KNOWN and Path(base).stem:
+        base = base[: -len(Path(base).suffix)]
+    names = (
+        f"{base}{suffix}",
+        f"{base}.converted{suffix}",
+        *(f"{base}.converted-{n}{suffix}" for n in range(2, 1000)),
+    )
+    return next(path.parent / n for n in names if n != path.name and not (path.parent / n).is_symlink()
+                and not (path.parent / n).exists())  # fmt: skip
+
+
+def aside(path: Path) -> Path:
+    """Where the original is moved: ASIDE beside it, under its own name (.2, .3... where that is taken)."""
+    names = (path.name, *(f"{path.name}.{n}" for n in range(2, 1000)))
+    return next(p for n in names if not (p := path.parent / ASIDE / n).exists() and not p.is_symlink())
+
+
+def _command(code: str, path: Path, into: Path) -> str:
+    assert "'" not in code  # the code is single-quoted for the shell
+    args = " ".join(shlex.quote(str(p)) for p in (path, into, aside(path)))
+    return f"python -c '{code}' {args}"
+
+
+def followed(path: Path, into: Path, command: str) -> str:
+    """What a hint says to do: what its command writes, where the original goes, and what then. The
+    command is last, so that it can be copied whole from the line's end."""
+    return (f"the command at the end writes {into} and moves the original into {path.parent / ASIDE}, which bulk "
+            f"does not read; then run the job again, naming the new file where INPUT named this one: {command}")  # fmt: skip
+
+
+def json_lines_command(path: Path) -> tuple[Path, str]:
+    """The file a JSON document (an array of documents, or one object) is converted into, and the command."""
+    into = target(path, ".jsonl")
+    return into, _command(_JSON_LINES, path, into)
+
+
+def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
+    """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
+    into = target(path, ".parquet")
+    options = ", parse_options=c.ParseOptions(delimiter=chr(9))" if tabs else ""
+    return into, _command(_PARQUET.format(options=options), path, into)

@@ -1,0 +1,110 @@
+"""The advice python -m bulk prints, followed literally: each conversion command is run through bash as
+printed, and the same bulk command run again then succeeds, with the user's other files as they were.
+Each once failed so: the command overwrote a real train.jsonl, broke on a path holding a quote, or wrote
+its output into a directory INPUT beside the original, which failed again on every run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bulk_helpers import rows, run_bulk, summary
+
+pytestmark = pytest.mark.slow
+
+MARK = "naming the new file where INPUT named this one: "
+# A directory name no shell takes as it is: every quote and expansion character.
+AWKWARD = "in $HOME 'q' `x` \"d\""
+
+
+def follow(stderr: str) -> list[str]:
+    """Runs every conversion command a run printed, through bash, as a user pasting it would; the names
+    of the shards they were printed for."""
+    said = [line for line in stderr.splitlines() if MARK in line]
+    # The python on PATH is the one bulk runs under (pyarrow for the CSV's conversion).
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    for line in said:
+        done = subprocess.run(["bash", "-c", line.split(MARK, 1)[1]], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PATH": path})  # fmt: skip
+        assert done.returncode == 0, (line, done.stderr)
+    return [line.split("not scored: ", 1)[1].split(": ", 1)[0] for line in said]
+
+
+def test_json_array_hints_followed_in_a_directory_keep_its_files_and_the_rerun_succeeds(tmp_path):
+    corpus = tmp_path / AWKWARD
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text('{"text": "precious"}\n')
+    (corpus / "train.json").write_text(json.dumps([{"text": "an array's document"}]))
+    for n in (1, 2):  # one leading name: once both converted into shard.jsonl, the second over the first
+        (corpus / f"shard.{n}.json").write_text(json.dumps([{"text": f"shard {n}"}], indent=2))
+    with gzip.open(corpus / "z.json.gz", "wt") as f:  # gzip -dk once wrote z.json, another array, here
+        json.dump([{"text": "compressed"}], f)
+    out = tmp_path / "out"
+    first = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert first.returncode == 4, first.stderr
+    assert sorted(follow(first.stderr)) == ["shard.1.json", "shard.2.json", "train.json", "z.json.gz"]
+    assert (corpus / "train.jsonl").read_text() == '{"text": "precious"}\n'
+    assert sorted(p.name for p in (corpus / ".bulk-originals").iterdir()) == [
+        "shard.1.json", "shard.2.json", "train.json", "z.json.gz"
+    ]  # fmt: skip
+    again = run_bulk(corpus, out, "detector", "--workers", "1")
+    assert again.returncode == 0, again.stderr
+    assert summary(out)["failures"] == {"shards": {}, "parts": {}}
+    assert {r["file"] for r in rows(out)} == {"train.jsonl", "train.converted.jsonl", "shard.1.jsonl",
+                                              "shard.2.jsonl", "z.jsonl"}  # fmt: skip
+    assert (corpus / "train.jsonl").read_text() == '{"text": "precious"}\n'
+
+
+def test_a_named_json_document_or_csv_converts_beside_itself_and_the_new_file_is_scored(tmp_path):
+    """Named outright, the new file is given instead (on the same --out: that job finished nothing)."""
+    src = tmp_path / AWKWARD
+    src.mkdir()
+    (src / "meta.json").write_text(json.dumps({"text": "one document"}, indent=2))
+    (src / "reviews.tsv").write_text("text\tstars\ngreat\t5\n")
+    (src / "reviews.parquet").write_bytes(b"the user's own, not to be overwritten")
+    out = tmp_path / "out"
+    failed = run_bulk(src / "meta.json", out, "detector", "--workers", "1")
+    assert failed.returncode == 4 and follow(failed.stderr) == ["meta.json"], failed.stderr
+    done = run_bulk(src / "meta.jsonl", out, "detector", "--workers", "1")
+    assert done.returncode == 0 and summary(out)["documents"] == 1, done.stderr
+    refused = run_bulk(src / "reviews.tsv", tmp_path / "out2", "detector")
+    assert refused.returncode == 2, refused.stderr
+    command = refused.stderr.split(MARK, 1)[1].strip()
+    subprocess.run(["bash", "-c", command], check=True, timeout=60,
+                   env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})  # fmt: skip
+    assert (src / "reviews.parquet").read_bytes() == b"the user's own, not to be overwritten"
+    done = run_bulk(src / "reviews.converted.parquet", tmp_path / "out2", "detector", "--workers", "1")
+    assert done.returncode == 0 and summary(tmp_path / "out2")["documents"] == 1, done.stderr
+
+
+def test_a_conversion_command_refuses_to_overwrite_a_file_that_appeared_since(tmp_path):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.json").write_text(json.dumps([{"text": "a"}]))
+    first = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "1")
+    (corpus / "a.jsonl").write_text('{"text": "written since"}\n')
+    command = first.stderr.split(MARK, 1)[1].splitlines()[0]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "FileExistsError" in done.stderr
+    assert (corpus / "a.jsonl").read_text() == '{"text": "written since"}\n' and (corpus / "a.json").exists()
+
+
+def test_the_id_field_note_asks_for_a_new_out_which_takes_it(tmp_path):
+    """Followed on the same --out, the note's --id-field was refused as other options."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document {i}"}) + "\n" for i in range(2)))
+    first = run_bulk(src, tmp_path / "out", "detector", "--workers", "1")
+    assert first.returncode == 0, first.stderr
+    assert (
+        "give --id-field id to name rows by it (without it, a row's id is file:line), with a new --out"
+        in (first.stderr)
+    )
+    same = run_bulk(src, tmp_path / "out", "detector", "--workers", "1", "--id-field", "id")
+    assert same.returncode == 2, same.stderr  # as the note says
+    new = run_bulk(src, tmp_path / "new", "detector", "--workers", "1", "--id-field", "id")
+    assert new.returncode == 0 and [r["id"] for r in rows(tmp_path / "new")] == ["d0", "d1"], new.stderr
