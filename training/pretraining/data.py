@@ -27,6 +27,9 @@ from training.data.shards import (
     rows_digest,
 )
 from training.data.tokenizer import (
+    CaseSetting,
+    TokenizerError,
+    case_setting,
     load_tokenizer,
     save_tokenizer,
     special_ids,
@@ -87,8 +90,8 @@ def with_given_tokenizer(cfg):
                          f"{cfg.tokenizer} has {size} tokens, which the model takes")  # fmt: skip
     if lowercase != cfg.lowercase and given.get("lowercase") not in (None, "the saved config"):
         options.say_once(f"note: {given['lowercase']} sets lowercase {str(cfg.lowercase).lower()}, which is not "
-                         f"used: the tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as its own "
-                         "settings say, and the run follows it")  # fmt: skip
+                         f"used: the tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as "
+                         f"{case_setting(path).says()} says, and the run follows it")  # fmt: skip
     return options.replace(cfg, lowercase=lowercase, vocab_size=size)
 
 
@@ -211,7 +214,8 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
         print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
               f"documents ({cfg.corpus})" + (f"; [UNK]: {unk:.2%} of them" if unk is not None else ""),
               flush=True)  # fmt: skip
-        if unk is not None and (warning := unk_warning(unk, tok)):
+        source = None if cfg.tokenizer == "train" else cfg.tokenizer
+        if unk is not None and (warning := unk_warning(unk, tok, source, cfg.resume)):
             print(warning, file=sys.stderr, flush=True)
         if split == "train" and info.tokens:
             seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
@@ -235,9 +239,12 @@ def unk_share(info: ShardInfo, unk: int) -> float:
     return count / info.tokens if info.tokens else 0.0
 
 
-def unk_warning(share: float, tok: Tokenizer) -> str | None:
+def unk_warning(share: float, tok: Tokenizer, source: str | None = None, resume: bool = False) -> str | None:
     """What to do where a share over UNK_WARN_SHARE of the training text is [UNK] (None below it), naming the
-    likely cause: a vocabulary cased one way and text normalised the other."""
+    likely cause: a vocabulary cased one way and text normalised the other. `source`: the tokenizer's path
+    as given (--tokenizer, or --init's; None: trained, or a vocab.txt), for the advice to name what decides
+    its case there (--lowercase, a tokenizer_config.json's do_lower_case or a tokenizer.json's normalizer);
+    `resume`: a resume, which keeps the run's own tokenizer, so the change is for a new run."""
     if share <= UNK_WARN_SHARE:
         return None
     words = [
@@ -247,14 +254,20 @@ def unk_warning(share: float, tok: Tokenizer) -> str | None:
     said = (
         f"warning: {share:.1%} of the training text's tokens are [UNK], words its vocabulary has no token for"
     )
-    if not lowercases(tok) and not cased:
+    if lowercases(tok) == cased:
+        try:  # on a resume the file given at the start may have moved since: the advice is a guess then
+            setting = case_setting(source) if source else CaseSetting("--lowercase")
+        except TokenizerError:
+            setting = CaseSetting("--lowercase")
+        fix = setting.advice(lowercase=not cased)
+        if resume:  # the run's tokenizer and shards stay as they are: --lowercase is refused, an edit unread
+            fix += (" to a new run (another --out)" if setting.by == "--lowercase" else
+                    ", then start a new run (another --out)") + ": a resume keeps the run's own tokenizer"  # fmt: skip
+        if cased:
+            return (f"{said}: the tokenizer lowercases but the vocabulary is cased (such as bert-base-cased): "
+                    f"{fix}")  # fmt: skip
         return (f"{said}: the tokenizer keeps case but the vocabulary has no capital letters (an uncased one, such "
-                "as bert-base-uncased): give --lowercase true (--lowercase applies to a vocab.txt; a "
-                "tokenizer_config.json beside it says do_lower_case)")  # fmt: skip
-    if lowercases(tok) and cased:
-        return (f"{said}: the tokenizer lowercases but the vocabulary is cased (such as bert-base-cased): give "
-                "--lowercase false (--lowercase applies to a vocab.txt; a tokenizer_config.json beside it says "
-                "do_lower_case)")  # fmt: skip
+                f"as bert-base-uncased): {fix}")  # fmt: skip
     return (f"{said}: it was made for other text (another language or script?): give a vocabulary made for "
             "this corpus, or train one on it (--tokenizer train)")  # fmt: skip
 
