@@ -736,3 +736,35 @@ def test_an_init_directorys_unk_warning_names_its_tokenizer_config_and_following
     config.write_text(json.dumps({**json.loads(config.read_text()), "do_lower_case": True}))  # as it says
     pretrain([*argv, "--out", str(tmp_path / "lowercased")])
     assert "are [UNK]" not in capsys.readouterr().err
+
+
+def test_a_resume_says_when_its_corpus_changed_and_keeps_training_on_its_stored_shards(
+    tmp_path, small_corpus, small_tokenizer, capsys
+):
+    """README said a change to a resumed run's data is refused, yet a corpus edited since the start was
+    passed over in silence: the run went on with its data/ shards (right for an exact resume). It says so
+    now, in a line, and which way trains on the edit; a run whose shards predate the record says nothing."""
+    corpus = tmp_path / "texts.txt"
+    shutil.copy(small_corpus, corpus)
+    run = tmp_path / "run"
+    args = tiny(run, corpus, small_tokenizer)
+    args[args.index("--max-steps") + 1] = "2"
+    pretrain(args)
+    meta = (run / "data" / "train" / "meta.json").read_text()
+    said = "note: --resume: the corpus files"
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3"])
+    assert said not in capsys.readouterr().err
+    corpus.write_text(corpus.read_text() + "\n\nA document written after the run started.\n")
+    pretrain(["--out", str(run), "--resume", "--max-steps", "4"])
+    err = capsys.readouterr().err
+    line = next((s for s in err.splitlines() if s.startswith(said)), err[-3000:])
+    assert line == (f"{said} ({corpus}) changed since the run built its shards (other files, or a size or "
+                    f"modification time differs); the run keeps training on its stored shards ({run / 'data'}), "
+                    "as it started: to train on the changed corpus, start a new run with another --out")  # fmt: skip
+    assert (run / "data" / "train" / "meta.json").read_text() == meta
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000004"
+    for split in ("train", "valid"):  # shards built before they recorded their source
+        path = run / "data" / split / "meta.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "source"}))
+    pretrain(["--out", str(run), "--resume", "--max-steps", "5"])
+    assert said not in capsys.readouterr().err

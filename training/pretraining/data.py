@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 import options
 from training.data import derived
-from training.data.corpus import corpus_key, read_corpus
+from training.data.corpus import CorpusError, corpus_key, read_corpus
 from training.data.corpus_sources import corpus_files_note
 from training.data.shards import (
     META_FILE,
@@ -179,7 +179,7 @@ def _unseen_by(env, tok_dir: Path, run: Path) -> str | None:
 def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: dict | None) -> dict:
     """Rank 0's part of build_data: the tokenizer saved in the run, and the train/valid shards; their
     shards_identity, taken once per split (shards older than the digest field hash all of tokens.bin)."""
-    identity = {}
+    identity, changed = {}, None
     if note := corpus_files_note(cfg.corpus):
         print(f"corpus: {note}", flush=True)
     # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
@@ -207,6 +207,8 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
         made = not (run / "data" / split / META_FILE).is_file()
         info = _shards(cfg, split, tok, run / "data" / split, mix)
         identity[split] = shards_identity(info)
+        if cfg.resume and not made and not changed and (changed := _corpus_changed(cfg, split, info)):
+            print(changed, file=sys.stderr, flush=True)
         if trained_on and split in trained_on:
             _check_same_rows(cfg, run / "data" / split, identity[split], trained_on[split], made)
         # The text a run learns from, and how many times the schedule shows it each token.
@@ -270,6 +272,25 @@ def unk_warning(share: float, tok: Tokenizer, source: str | None = None, resume:
                 f"as bert-base-uncased): {fix}")  # fmt: skip
     return (f"{said}: it was made for other text (another language or script?): give a vocabulary made for "
             "this corpus, or train one on it (--tokenizer train)")  # fmt: skip
+
+
+def _corpus_changed(cfg, split: str, info: ShardInfo) -> str | None:
+    """A resume's note where the --corpus files are not what the run's shards of `split` were built from (their
+    source: corpus_key, the files' paths, sizes and modification times): the run goes on with the shards it
+    stored, as it started, and only a new run reads the corpus as it is now. None where they are the same, the
+    shards predate the record, or the files cannot be looked at (gone: the shards are all a resume needs)."""
+    if not info.source:
+        return None
+    try:
+        now = corpus_key(cfg.corpus, split, **_user_options(cfg))
+    except (CorpusError, OSError):
+        return None
+    if now == info.source:
+        return None
+    return (f"note: --resume: the corpus files ({cfg.corpus}) changed since the run built its shards (other files, "
+            f"or a size or modification time differs); the run keeps training on its stored shards "
+            f"({Path(info.path).parent}), as it started: to train on the changed corpus, start a new run with "
+            "another --out")  # fmt: skip
 
 
 def _check_same_rows(cfg, directory: Path, now: dict, then: dict, made: bool) -> None:
