@@ -711,3 +711,60 @@ def test_pretraining_called_from_another_thread_runs(tmp_path):
     thread.start()
     thread.join(60)
     assert errors and "does not exist; give the --out of the run to go on" in errors[0], errors
+
+
+def test_an_init_directorys_unk_warning_names_its_tokenizer_config_and_following_it_ends_the_warning(
+    tmp_path, small_corpus, small_tokenizer, capsys
+):
+    """A Hugging Face directory whose tokenizer_config.json says do_lower_case false over an uncased
+    vocabulary was told "give --lowercase true"; given it, the run noted that --lowercase is not used there
+    and warned again, the same advice. It is told to set do_lower_case in that file, which ends it."""
+    from tests.helpers_models import save_detector
+
+    init = save_detector(tmp_path / "hf", small_tokenizer.parent)
+    config = init / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "do_lower_case": False}))
+    argv = ["--config", str(REPO / "configs" / "tiny.toml"), "--init", str(init), "--corpus", str(small_corpus),
+            "--threads", "1", "--max-steps", "2", "--save-every", "2", "--eval-every", "2"]  # fmt: skip
+    pretrain([*argv, "--out", str(tmp_path / "cased")])
+    err = capsys.readouterr().err
+    assert "of the training text's tokens are [UNK]" in err, err[-3000:]
+    assert f'the tokenizer keeps case but the vocabulary has no capital letters (an uncased one, such as bert-base-uncased): set "do_lower_case": true in {config}\n' in err  # fmt: skip
+    assert "--lowercase" not in err
+    pretrain([*argv, "--out", str(tmp_path / "given"), "--lowercase", "true"])  # what it used to say
+    assert f'keeps case as "do_lower_case" in {config} says' in capsys.readouterr().err
+    config.write_text(json.dumps({**json.loads(config.read_text()), "do_lower_case": True}))  # as it says
+    pretrain([*argv, "--out", str(tmp_path / "lowercased")])
+    assert "are [UNK]" not in capsys.readouterr().err
+
+
+def test_a_resume_says_when_its_corpus_changed_and_keeps_training_on_its_stored_shards(
+    tmp_path, small_corpus, small_tokenizer, capsys
+):
+    """README said a change to a resumed run's data is refused, yet a corpus edited since the start was
+    passed over in silence: the run went on with its data/ shards (right for an exact resume). It says so
+    now, in a line, and which way trains on the edit; a run whose shards predate the record says nothing."""
+    corpus = tmp_path / "texts.txt"
+    shutil.copy(small_corpus, corpus)
+    run = tmp_path / "run"
+    args = tiny(run, corpus, small_tokenizer)
+    args[args.index("--max-steps") + 1] = "2"
+    pretrain(args)
+    meta = (run / "data" / "train" / "meta.json").read_text()
+    said = "note: --resume: the corpus files"
+    pretrain(["--out", str(run), "--resume", "--max-steps", "3"])
+    assert said not in capsys.readouterr().err
+    corpus.write_text(corpus.read_text() + "\n\nA document written after the run started.\n")
+    pretrain(["--out", str(run), "--resume", "--max-steps", "4"])
+    err = capsys.readouterr().err
+    line = next((s for s in err.splitlines() if s.startswith(said)), err[-3000:])
+    assert line == (f"{said} ({corpus}) changed since the run built its shards (other files, or a size or "
+                    f"modification time differs); the run keeps training on its stored shards ({run / 'data'}), "
+                    "as it started: to train on the changed corpus, start a new run with another --out")  # fmt: skip
+    assert (run / "data" / "train" / "meta.json").read_text() == meta
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000004"
+    for split in ("train", "valid"):  # shards built before they recorded their source
+        path = run / "data" / split / "meta.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "source"}))
+    pretrain(["--out", str(run), "--resume", "--max-steps", "5"])
+    assert said not in capsys.readouterr().err

@@ -386,6 +386,59 @@ def _holds_a_tokenizer(directory: Path) -> bool:
     return (directory / "tokenizer.json").is_file() or (directory / "vocab.txt").is_file()
 
 
+class CaseSetting(NamedTuple):
+    """What decides whether load_tokenizer(path) lowercases text: "--lowercase" (its `lowercase` argument),
+    "do_lower_case" (a tokenizer_config.json's, `file`) or "normalizer" (a tokenizer.json's own, `file`)."""
+
+    by: str
+    file: Path | None = None
+    bert: bool = True  # for "normalizer": a BertNormalizer, whose "lowercase" field says it
+
+    def says(self) -> str:
+        """Where the setting is, for a sentence ("as ... says")."""
+        if self.by == "--lowercase":
+            return "--lowercase"
+        if self.by == "do_lower_case":
+            return f'"do_lower_case" in {self.file}'
+        return f'the "normalizer" of {self.file}' + (' (its "lowercase")' if self.bert else "")
+
+    def advice(self, lowercase: bool) -> str:
+        """What to change for the tokenizer to lowercase text (`lowercase`) or to keep its case."""
+        value = "true" if lowercase else "false"
+        if self.by == "--lowercase":
+            return f"give --lowercase {value}"
+        if self.by == "do_lower_case":
+            return f'set "do_lower_case": {value} in {self.file}'
+        if self.bert:
+            return f'set "lowercase": {value} in the "normalizer" of {self.file}'
+        return (f'give {self.file} a "normalizer" that lowercases (a Lowercase step)' if lowercase else
+                f'take the lowercasing out of the "normalizer" of {self.file}')  # fmt: skip
+
+
+def case_setting(path: str | os.PathLike[str]) -> CaseSetting:
+    """What decides whether load_tokenizer(path) lowercases, read the way it reads `path` (keep the two in
+    step): a vocab.txt, alone or in a directory whose tokenizer_config.json has no do_lower_case, takes
+    `lowercase` (--lowercase); that file's do_lower_case otherwise, and beside a tokenizer.json whose
+    normalizer is BERT's (_as_config_says); any other tokenizer.json, its own normalizer."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        config = p / TOKENIZER_CONFIG
+        if (p / "tokenizer.json").is_file():
+            norm = _json_file(p / "tokenizer.json", {}).get("normalizer") or {}
+            if config.is_file() and norm.get("type") == "BertNormalizer":
+                return CaseSetting("do_lower_case", config)
+            return CaseSetting("normalizer", p / "tokenizer.json", norm.get("type") == "BertNormalizer")
+        if (p / "vocab.txt").is_file():
+            said = "do_lower_case" in _json_file(config, {})
+            return CaseSetting("do_lower_case", config) if said else CaseSetting("--lowercase")
+        if _holds_a_tokenizer(p / "tokenizer"):
+            return case_setting(p / "tokenizer")
+    if p.suffix == ".json":
+        norm = _json_file(p, {}).get("normalizer") or {}
+        return CaseSetting("normalizer", p, norm.get("type") == "BertNormalizer")
+    return CaseSetting("--lowercase")
+
+
 def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:
     """`tok` (the directory's tokenizer.json) normalising text as transformers reads the directory: where it
     has a tokenizer_config.json, that file's do_lower_case, strip_accents and tokenize_chinese_chars, with

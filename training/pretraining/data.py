@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 import options
 from training.data import derived
-from training.data.corpus import corpus_key, read_corpus
+from training.data.corpus import CorpusError, corpus_key, read_corpus
 from training.data.corpus_sources import corpus_files_note
 from training.data.shards import (
     META_FILE,
@@ -27,6 +27,9 @@ from training.data.shards import (
     rows_digest,
 )
 from training.data.tokenizer import (
+    CaseSetting,
+    TokenizerError,
+    case_setting,
     load_tokenizer,
     save_tokenizer,
     special_ids,
@@ -87,8 +90,8 @@ def with_given_tokenizer(cfg):
                          f"{cfg.tokenizer} has {size} tokens, which the model takes")  # fmt: skip
     if lowercase != cfg.lowercase and given.get("lowercase") not in (None, "the saved config"):
         options.say_once(f"note: {given['lowercase']} sets lowercase {str(cfg.lowercase).lower()}, which is not "
-                         f"used: the tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as its own "
-                         "settings say, and the run follows it")  # fmt: skip
+                         f"used: the tokenizer {path} {'lowercases' if lowercase else 'keeps case'} as "
+                         f"{case_setting(path).says()} says, and the run follows it")  # fmt: skip
     return options.replace(cfg, lowercase=lowercase, vocab_size=size)
 
 
@@ -176,7 +179,7 @@ def _unseen_by(env, tok_dir: Path, run: Path) -> str | None:
 def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: dict | None) -> dict:
     """Rank 0's part of build_data: the tokenizer saved in the run, and the train/valid shards; their
     shards_identity, taken once per split (shards older than the digest field hash all of tokens.bin)."""
-    identity = {}
+    identity, changed = {}, None
     if note := corpus_files_note(cfg.corpus):
         print(f"corpus: {note}", flush=True)
     # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
@@ -204,6 +207,8 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
         made = not (run / "data" / split / META_FILE).is_file()
         info = _shards(cfg, split, tok, run / "data" / split, mix)
         identity[split] = shards_identity(info)
+        if cfg.resume and not made and not changed and (changed := _corpus_changed(cfg, split, info)):
+            print(changed, file=sys.stderr, flush=True)
         if trained_on and split in trained_on:
             _check_same_rows(cfg, run / "data" / split, identity[split], trained_on[split], made)
         # The text a run learns from, and how many times the schedule shows it each token.
@@ -211,7 +216,8 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
         print(f"{split} data: {info.tokens:,} tokens of text in {info.rows:,} rows from {info.documents:,} "
               f"documents ({cfg.corpus})" + (f"; [UNK]: {unk:.2%} of them" if unk is not None else ""),
               flush=True)  # fmt: skip
-        if unk is not None and (warning := unk_warning(unk, tok)):
+        source = None if cfg.tokenizer == "train" else cfg.tokenizer
+        if unk is not None and (warning := unk_warning(unk, tok, source, cfg.resume)):
             print(warning, file=sys.stderr, flush=True)
         if split == "train" and info.tokens:
             seen = cfg.max_steps * cfg.batch_size * cfg.grad_accum * env.world * info.tokens / info.rows
@@ -235,9 +241,12 @@ def unk_share(info: ShardInfo, unk: int) -> float:
     return count / info.tokens if info.tokens else 0.0
 
 
-def unk_warning(share: float, tok: Tokenizer) -> str | None:
+def unk_warning(share: float, tok: Tokenizer, source: str | None = None, resume: bool = False) -> str | None:
     """What to do where a share over UNK_WARN_SHARE of the training text is [UNK] (None below it), naming the
-    likely cause: a vocabulary cased one way and text normalised the other."""
+    likely cause: a vocabulary cased one way and text normalised the other. `source`: the tokenizer's path
+    as given (--tokenizer, or --init's; None: trained, or a vocab.txt), for the advice to name what decides
+    its case there (--lowercase, a tokenizer_config.json's do_lower_case or a tokenizer.json's normalizer);
+    `resume`: a resume, which keeps the run's own tokenizer, so the change is for a new run."""
     if share <= UNK_WARN_SHARE:
         return None
     words = [
@@ -247,16 +256,41 @@ def unk_warning(share: float, tok: Tokenizer) -> str | None:
     said = (
         f"warning: {share:.1%} of the training text's tokens are [UNK], words its vocabulary has no token for"
     )
-    if not lowercases(tok) and not cased:
+    if lowercases(tok) == cased:
+        try:  # on a resume the file given at the start may have moved since: the advice is a guess then
+            setting = case_setting(source) if source else CaseSetting("--lowercase")
+        except TokenizerError:
+            setting = CaseSetting("--lowercase")
+        fix = setting.advice(lowercase=not cased)
+        if resume:  # the run's tokenizer and shards stay as they are: --lowercase is refused, an edit unread
+            fix += (" to a new run (another --out)" if setting.by == "--lowercase" else
+                    ", then start a new run (another --out)") + ": a resume keeps the run's own tokenizer"  # fmt: skip
+        if cased:
+            return (f"{said}: the tokenizer lowercases but the vocabulary is cased (such as bert-base-cased): "
+                    f"{fix}")  # fmt: skip
         return (f"{said}: the tokenizer keeps case but the vocabulary has no capital letters (an uncased one, such "
-                "as bert-base-uncased): give --lowercase true (--lowercase applies to a vocab.txt; a "
-                "tokenizer_config.json beside it says do_lower_case)")  # fmt: skip
-    if lowercases(tok) and cased:
-        return (f"{said}: the tokenizer lowercases but the vocabulary is cased (such as bert-base-cased): give "
-                "--lowercase false (--lowercase applies to a vocab.txt; a tokenizer_config.json beside it says "
-                "do_lower_case)")  # fmt: skip
+                f"as bert-base-uncased): {fix}")  # fmt: skip
     return (f"{said}: it was made for other text (another language or script?): give a vocabulary made for "
             "this corpus, or train one on it (--tokenizer train)")  # fmt: skip
+
+
+def _corpus_changed(cfg, split: str, info: ShardInfo) -> str | None:
+    """A resume's note where the --corpus files are not what the run's shards of `split` were built from (their
+    source: corpus_key, the files' paths, sizes and modification times): the run goes on with the shards it
+    stored, as it started, and only a new run reads the corpus as it is now. None where they are the same, the
+    shards predate the record, or the files cannot be looked at (gone: the shards are all a resume needs)."""
+    if not info.source:
+        return None
+    try:
+        now = corpus_key(cfg.corpus, split, **_user_options(cfg))
+    except (CorpusError, OSError):
+        return None
+    if now == info.source:
+        return None
+    return (f"note: --resume: the corpus files ({cfg.corpus}) changed since the run built its shards (other files, "
+            f"or a size or modification time differs); the run keeps training on its stored shards "
+            f"({Path(info.path).parent}), as it started: to train on the changed corpus, start a new run with "
+            "another --out")  # fmt: skip
 
 
 def _check_same_rows(cfg, directory: Path, now: dict, then: dict, made: bool) -> None:
