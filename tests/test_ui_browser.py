@@ -97,7 +97,11 @@ def test_the_pages_files_are_served_and_nothing_else_under_ui(server):
             assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", (path, r.text[:200])
         # Every answer, JSON included, is read as the type it says; the page sends no referrer.
         assert c.post("/detect", json={"text": "a b"}).headers["x-content-type-options"] == "nosniff"
-        assert c.get("/").headers["referrer-policy"] == "no-referrer"
+        page = c.get("/")
+        assert page.headers["referrer-policy"] == "no-referrer"
+        assert page.content == (static / "index.html").read_bytes()
+        again = c.get("/", headers={"if-none-match": page.headers["etag"]})
+        assert again.status_code == 304 and "content-security-policy" in again.headers
     assert "Traceback" not in server.log()
 
 
