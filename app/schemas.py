@@ -83,6 +83,10 @@ Prob = Annotated[float, _doc("probability that it was replaced")]
 
 
 class Token(msgspec.Struct):
+    """Tokens come in order of `start`, which never goes back, but they need not be disjoint: several may
+    share a character's offsets (the pieces of a Hangul syllable, or of what a normalizer expands one
+    character to), and so overlap. Words never share a character."""
+
     text: Annotated[str, _doc("input[start:end]: the surface form, case and accents as sent")]
     token: Annotated[str, _doc('the vocabulary piece ("##ing", "[UNK]")')]
     start: Start

@@ -650,6 +650,35 @@ def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser,
         assert shown == [">99.9%", "100.0%", "<0.1%", "0.0%", "50.0%", "under 1 ms", "13 ms"]
 
 
+def test_overlapping_tokens_leave_no_character_outside_the_shading(browser, server):
+    """Tokens only go forward but may overlap (/detect: a Hangul syllable's pieces share its offsets, and
+    all take an accent after it). A token reaching past the span before it takes that span on to its end:
+    the page left the rest of it as plain text, outside every span."""
+    text = "\ud55c\u0301 x"
+    open_page(browser, server)
+    submit(browser, text)
+    wait_visible(browser, "detect")
+    browser.find_element("css selector", "input[name=unit][value=tokens]").click()
+    assert [s[0] for s in shading(browser)] == ["\ud55c\u0301", "x"]
+    # A made-up answer whose second token overlaps the first and goes on past it.
+    shown = browser.execute_async_script(
+        """const done = arguments[0];
+           Promise.all([import('./ui/state.js'), import('./ui/render.js')]).then(([s, r]) => {
+             const tok = (text, start, end, prob, word) => ({text, token: text, start, end, prob, word});
+             const words = [{text: "ab", start: 0, end: 2, prob: 0.9, tokens: [0, 1]},
+                            {text: "cd", start: 3, end: 5, prob: 0.1, tokens: [2]}];
+             s.state.detect = {text: "ab cd", cps: [0, 1, 2, 3, 4, 5], result: {
+               tokens: [tok("a", 0, 1, 0.2, 0), tok("ab", 0, 2, 0.9, 0), tok("cd", 3, 5, 0.1, 1)], words,
+               summary: {max_prob: 0.9, mean_prob: 0.4, replaced_fraction: 0.5, spans: [], num_tokens: 3,
+                         num_words: 2, windows: 1}}};
+             r.renderDetect();
+             done([...document.querySelectorAll('#marked .w')].map((e) => [e.textContent, e.dataset.i])
+                  .concat([document.getElementById('marked').textContent]));
+           });"""
+    )
+    assert shown == [["ab", "1"], ["cd", "2"], "ab cd"]
+
+
 def test_classifier_bars_sum_to_100(browser, server):
     with server.client() as c:
         models = c.get("/models").json()["models"]

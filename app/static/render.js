@@ -51,11 +51,18 @@ export function renderDetect() {
   newPara();
   state.spans = [];
   let at = 0; // UTF-16 index written so far
+  let lastStart = 0; // where the last span starts
   list.forEach((it, i) => {
     const start = cps[it.start], end = cps[it.end];
     if (start < at) {
       // Pieces of one character (a Hangul syllable is several) share its offsets: it shows the most probable.
+      // Tokens' offsets only go forward but may overlap; one reaching past the last span takes that span
+      // on to its end, so no character of it is left outside every span. (Words never share a character.)
       const last = state.spans[state.spans.length - 1];
+      if (last && end > at) {
+        last.textContent = text.slice(lastStart, end);
+        at = end;
+      }
       if (last && it.prob > Number(last.dataset.prob)) {
         last.dataset.i = i;
         last.dataset.prob = it.prob;
@@ -73,6 +80,7 @@ export function renderDetect() {
     span.style.backgroundColor = shade(it.prob);
     para.append(span);
     state.spans.push(span);
+    lastStart = start;
     at = end;
   });
   if (at < text.length) put(text.slice(at));
