@@ -110,6 +110,21 @@ def test_two_runners_on_one_job_count_its_inference_time_once():
     assert j.inference_s() == pytest.approx(2.0)
 
 
+def test_a_jobs_queue_time_counts_its_waits_between_batches_too():
+    """x-queue-time was the wait before the first batch alone: a bulk request whose later batches waited
+    behind interactive work had seconds in no header (total minus the three, up to a third of it)."""
+    j = job(3, 3)
+    j.enqueued -= 10.0  # submitted 10 s ago; its two batches ran 1 s each, 4 s apart
+    j.started = j.enqueued + 2.0
+    j.record(j.enqueued + 2.0, j.enqueued + 3.0)
+    j.record(j.enqueued + 7.0, j.enqueued + 8.0)
+    j.deliver(0, np.zeros(3))
+    j.deliver(1, np.zeros(3))
+    result = j.future.result()
+    assert result.inference_s == pytest.approx(2.0)
+    assert result.queue_s == pytest.approx(8.0, abs=0.1)  # 2 s before, 4 s between, 2 s since the last
+
+
 def test_interactive_work_goes_before_bulk_and_bulk_never_takes_the_last_runner():
     interactive, bulk = Lane(100, bulk=False), Lane(100, bulk=True)
     assert next_step(interactive, bulk, bulk_allowed=True) == (Step.WAIT, None)

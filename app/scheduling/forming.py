@@ -26,7 +26,10 @@ from app.model.batching import split_by_length
 @dataclass(frozen=True)
 class JobResult:
     outputs: list[np.ndarray]  # per row: [seq] probabilities (detector) or [num_labels] (classifier)
-    queue_s: float  # submit -> first batch with this job's rows starts
+    # submit -> answer, less `inference_s`: the wait before its first batch and between its batches (a bulk
+    # request's rows go in several, each after the interactive work that came meanwhile); the time to its
+    # first batch alone is the queue_seconds metric (running.py)
+    queue_s: float
     inference_s: float  # wall time while a batch with its rows ran (overlapping runners counted once)
 
 
@@ -65,7 +68,9 @@ class Job:
         self.outputs[row] = output
         self.done += 1
         if self.done == len(self.rows) and not self.future.done():
-            self.future.set_result(JobResult(self.outputs, self.started - self.enqueued, self.inference_s()))
+            ran = self.inference_s()
+            waited = max(0.0, time.perf_counter() - self.enqueued - ran)
+            self.future.set_result(JobResult(self.outputs, waited, ran))
 
     def inference_s(self) -> float:
         """Wall time during which at least one of its batches ran: two runners working on its rows at
