@@ -380,8 +380,8 @@ def step_export(ctx: Context) -> dict:
             "parity": parity, "model_mib": round((bundle / "model.onnx").stat().st_size / 2**20, 2)}  # fmt: skip
 
 
-# The HTTP helpers here use the standard library alone: benchmarks/load/loadkit.py has their kin, but it
-# imports psutil, which a bare GPU node does not have.
+# The HTTP helpers here use the standard library alone: benchmarks/load/serving.py has their kin, but it
+# imports psutil (cpu_sampling), which a bare GPU node does not have.
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
