@@ -10,6 +10,9 @@ from pathlib import Path
 from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load import serve_compare as sc
 from benchmarks.load.loadmodels import REPO
+from benchmarks.load.serve_compare_report import achieved, ratio_table
+from benchmarks.load.serve_compare_rounds import targets
+from benchmarks.load.serve_compare_servers import VARIANT, describe, launch
 
 
 def _args(tmp_path: Path, **kw) -> argparse.Namespace:
@@ -21,15 +24,15 @@ def _args(tmp_path: Path, **kw) -> argparse.Namespace:
 def test_each_server_runs_its_own_code_with_its_own_flags(tmp_path: Path):
     bundle = tmp_path / "bundle"
     cmd = {}
-    for kind in ("ours", sc.VARIANT, "litserve", "mosec"):
-        argv_for, cwd = sc.launch(kind, _args(tmp_path), bundle, None)
+    for kind in ("ours", VARIANT, "litserve", "mosec"):
+        argv_for, cwd = launch(kind, _args(tmp_path), bundle, None)
         cmd[kind] = (argv_for(19700), cwd)
-    assert cmd[sc.VARIANT][1] == tmp_path and cmd["ours"][1] == REPO and cmd["mosec"][1] == REPO
-    assert cmd[sc.VARIANT][0][2] == "app" and "--max-wait-ms" in cmd[sc.VARIANT][0]
-    assert "--access-log" in cmd["ours"][0] and "--access-log" not in cmd[sc.VARIANT][0]
+    assert cmd[VARIANT][1] == tmp_path and cmd["ours"][1] == REPO and cmd["mosec"][1] == REPO
+    assert cmd[VARIANT][0][2] == "app" and "--max-wait-ms" in cmd[VARIANT][0]
+    assert "--access-log" in cmd["ours"][0] and "--access-log" not in cmd[VARIANT][0]
     assert "--workers" in cmd["litserve"][0] and "--access-log" not in cmd["mosec"][0]
     # --variant-args alone: the same code, other flags
-    assert sc.launch(sc.VARIANT, _args(tmp_path, variant_checkout=None), bundle, None)[1] == REPO
+    assert launch(VARIANT, _args(tmp_path, variant_checkout=None), bundle, None)[1] == REPO
 
 
 def _row(users: int = 64, rps: float = 50.0, **kw) -> dict:
@@ -65,12 +68,12 @@ def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(
     monkeypatch.setattr(sc, "prepare", lambda *a, **k: Models)
     monkeypatch.setattr(sc, "write_sentences", lambda *a, **k: {"file": str(sentences), "source": "s",
                                                                  "mean_words": 2})  # fmt: skip
-    args = _args(tmp_path, servers=["ours", sc.VARIANT], work=str(tmp_path), name="t", results=str(tmp_path),
+    args = _args(tmp_path, servers=["ours", VARIANT], work=str(tmp_path), name="t", results=str(tmp_path),
                  model=None, bundle=None, precision="int8", data_dir=None, hf=None, mix="detect:1",
                  batch_texts=8, run_time=10.0, detect_return="both", rounds=2, users=(64,),
                  offered_rps=["auto"], fraction=0.7, no_pause=False)  # fmt: skip
     assert sc.run(args) == 0
-    variant = [(cwd, log) for name, cwd, log in started if name == sc.VARIANT]
+    variant = [(cwd, log) for name, cwd, log in started if name == VARIANT]
     assert variant == [
         (tmp_path, "ours-variant-saturation-server.log"),
         (tmp_path, "ours-variant-equal-server.log"),
@@ -86,16 +89,16 @@ def test_a_run_short_of_its_offered_load_or_stalled_is_flagged_and_not_counted_a
     assert locust_runs.check_run(_row(measured_s=30.0))["warnings"]  # a closed-loop run that stalled
     assert locust_runs.check_run(_row())["achieved_share"] is None
     sat = {"ours": [_row(rps=100.0)]}
-    below = sc.targets(sat, {"ours": [bad]}, 64)[-1]
+    below = targets(sat, {"ours": [bad]}, 64)[-1]
     assert below["met"] is None and "left out" in below["value"]
-    assert sc.targets(sat, {"ours": [good, bad]}, 64)[-1]["met"] is True
+    assert targets(sat, {"ours": [good, bad]}, 64)[-1]["met"] is True
     assert "(!)" in load_reports.marked("ours", bad) and load_reports.marked("ours", good) == "ours"
-    assert sc.achieved(bad) == "31% NO" and sc.achieved(good) == "100%"
+    assert achieved(bad) == "31% NO" and achieved(good) == "100%"
 
 
 def test_the_report_leads_with_the_paired_ratio_and_labels_the_other_unpaired():
     table = "\n".join(
-        sc.ratio_table([{"users": 1, "ours/mosec": 1.76, "ours/mosec, paired": "1.75 (ahead in 2 of 2)"}])
+        ratio_table([{"users": 1, "ours/mosec": 1.76, "ours/mosec, paired": "1.75 (ahead in 2 of 2)"}])
     )
     head = table.splitlines()[2]
     assert head.index("mosec, paired") < head.index("mosec, unpaired: median rows of different rounds")
@@ -140,7 +143,7 @@ def test_a_peer_without_flags_is_described_by_its_resolved_defaults():
 
     assert peer_settings("mosec", []) == {"workers": 2, "threads": 1, "max_batch_size": 16, "max_wait_ms": 1}
     assert peer_settings("litserve", ["--workers", "1", "--threads", "2"])["threads"] == 2
-    text = sc.describe("mosec", argparse.Namespace(mosec_args=""))
+    text = describe("mosec", argparse.Namespace(mosec_args=""))
     assert (
         "its defaults here" not in text and "workers 2, threads 1, max_batch_size 16, max_wait_ms 1" in text
     )

@@ -149,7 +149,7 @@ assert ScoringUser.wait_time(user) == 0.0  # closed loop
 
 
 def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
-    from benchmarks.load.serve_compare import median_round
+    from benchmarks.load.serve_compare_rounds import median_round
 
     rounds = [
         {"rps": 150.0, "p50_ms": 7, "failures": 0, "requests": 1500},
@@ -167,7 +167,7 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
 def test_an_even_rounds_figure_and_paired_ratio_take_the_same_middle():
     """With --rounds 4 a server's figure was the lower middle round, while the paired ratio averaged the
     two middle ratios: the two said different things of the same rounds."""
-    from benchmarks.load.serve_compare import median_round, paired
+    from benchmarks.load.serve_compare_rounds import median_round, paired
 
     def rounds(*rps):
         return median_round([{"rps": x, "failures": 0, "requests": 10} for x in rps])
@@ -182,7 +182,7 @@ def test_a_median_rows_counts_are_its_own_and_every_rounds_are_beside_them():
     "300/3600 (0.00%)"; then the rate was the sums', beside the median round's req/s, latencies and window.
     A row is now one round throughout, the sums under all_rounds_* (and in the targets and notes)."""
     from benchmarks.load.load_reports import load_row
-    from benchmarks.load.serve_compare import median_round
+    from benchmarks.load.serve_compare_rounds import median_round
 
     def r(rps, requests, failures, messages=()):
         return {"rps": rps, "texts_per_s": rps, "p50_ms": 5, "p95_ms": 9, "p99_ms": 10, "p99_over_p50": 2.0,
@@ -204,7 +204,9 @@ def test_rounds_are_whole_seconds_that_add_up_to_the_run_time(capsys):
     gave four rounds of 2 s, 8 s of load, while the report said 10. And the report said the time asked,
     where locust measured about a second less a round: it says what was measured now."""
     from benchmarks import cli
-    from benchmarks.load.serve_compare import load_s, main, round_times
+    from benchmarks.load.serve_compare import main
+    from benchmarks.load.serve_compare_report import load_s
+    from benchmarks.load.serve_compare_rounds import round_times
 
     assert round_times(10, 4) == [3, 3, 2, 2]
     assert round_times(60, 3) == [20, 20, 20]
@@ -224,7 +226,8 @@ def test_rounds_are_whole_seconds_that_add_up_to_the_run_time(capsys):
 def test_a_target_no_run_measured_is_marked_not_measured():
     """With one users step and --offered-rps none nothing ran below saturation, and the target once read
     "yes" all the same."""
-    from benchmarks.load.serve_compare import MET, targets
+    from benchmarks.load.serve_compare_report import MET
+    from benchmarks.load.serve_compare_rounds import targets
 
     top = {"users": 16, "rps": 100.0, "failures": 0, "requests": 1000, "p99_over_p50": 2.0}
 
