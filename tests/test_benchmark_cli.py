@@ -337,12 +337,12 @@ def test_results_files_are_json_every_reader_takes(tmp_path):
 def test_servers_get_absolute_paths(tmp_path, monkeypatch):
     """The server runs in the repository (or serve_compare's --variant-checkout): a path relative to the
     user's directory would name another directory there."""
-    from benchmarks.load import loadkit as lk
+    from benchmarks.load import serving
 
     monkeypatch.chdir(tmp_path)
-    argv = lk.command("ours", 8800, models_dir=Path("mymodels"))
+    argv = serving.command("ours", 8800, models_dir=Path("mymodels"))
     assert argv[argv.index("--models") + 1] == str(tmp_path / "mymodels")
-    argv = lk.command("unbatched", 8800, models_dir=Path("m"), bundle=Path("m/detector"))
+    argv = serving.command("unbatched", 8800, models_dir=Path("m"), bundle=Path("m/detector"))
     assert argv[argv.index("--bundle") + 1] == str(tmp_path / "m" / "detector")
 
 
@@ -360,7 +360,8 @@ def test_rolling_puts_every_request_in_one_phase():
 
 
 def test_a_load_step_that_mostly_failed_is_named_and_a_mix_names_its_endpoints():
-    from benchmarks.load import loadkit
+    from benchmarks.load import load_reports
+    from benchmarks.load.mix import mix_paths
 
     def step(requests: int, failures: int) -> dict:
         return {
@@ -369,16 +370,16 @@ def test_a_load_step_that_mostly_failed_is_named_and_a_mix_names_its_endpoints()
             "failure_messages": ["9x POST detect x1: HTTP 401"],
         }
 
-    failed = loadkit.mostly_failed(
+    failed = load_reports.mostly_failed(
         [("1 users", step(10, 5)), ("16 users", step(10, 6)), ("64 users", step(0, 0))]
     )
     assert failed == ["16 users: 6 of 10 requests failed (9x POST detect x1: HTTP 401)",
                       "64 users: 0 of 0 requests failed (9x POST detect x1: HTTP 401)"]  # fmt: skip
-    assert loadkit.mix_paths("detect:6,detect_batch:2,classify:1,classify_batch:1") == [
+    assert mix_paths("detect:6,detect_batch:2,classify:1,classify_batch:1") == [
         "/classify",
         "/detect",
     ]
-    assert loadkit.mix_paths("detect:1,classify:0") == ["/detect"]
+    assert mix_paths("detect:1,classify:0") == ["/detect"]
 
 
 @pytest.mark.parametrize(
@@ -402,9 +403,9 @@ def test_a_bad_mix_is_refused_before_any_server_starts(mix, says, capsys):
 
 
 def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):
-    from benchmarks.load import load_profile, loadkit
+    from benchmarks.load import load_profile, serving
 
-    port = loadkit.free_port()  # bound and released: nothing listens there
+    port = serving.free_port()  # bound and released: nothing listens there
     argv = [
         "--url",
         f"http://127.0.0.1:{port}",
@@ -423,7 +424,7 @@ def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, ca
 def test_percentiles_are_nearest_rank():
     """hostile's (and memory_limit's) p99 was one rank too high: the p99 of 1..100 read 100. faults and
     rolling interpolated instead; all now share one rule."""
-    from benchmarks.load.loadkit import percentile as pct
+    from benchmarks.load.load_reports import percentile as pct
 
     values = list(range(1, 101))
     assert (pct(values, 0.99), pct(values, 0.5), pct(values, 0.07), pct(values, 1.0)) == (99, 50, 7, 100)
@@ -523,8 +524,7 @@ def test_an_empty_slice_or_no_swap_is_refused_before_scoring():
 
 def test_hostile_keeps_the_servers_log_under_work_not_where_it_runs(tmp_path, monkeypatch):
     """The log went to runs/bench-logs/ under the current directory, whatever --results said."""
-    from benchmarks.load import hostile
-    from benchmarks.load import loadkit as lk
+    from benchmarks.load import hostile, load_reports, serving
 
     class Started(Exception):
         pass
@@ -536,8 +536,8 @@ def test_hostile_keeps_the_servers_log_under_work_not_where_it_runs(tmp_path, mo
         raise Started
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(lk, "machine", lambda: {})
-    monkeypatch.setattr(lk, "serve", serve)
+    monkeypatch.setattr(load_reports, "machine", lambda: {})
+    monkeypatch.setattr(serving, "serve", serve)
     with pytest.raises(Started):
         hostile.main(["--work", str(tmp_path / "work"), "--results", str(tmp_path / "res")])
     assert seen[0].parent == tmp_path / "work" / "runs" and seen[0].name.endswith("-hostile")
@@ -545,7 +545,7 @@ def test_hostile_keeps_the_servers_log_under_work_not_where_it_runs(tmp_path, mo
 
 
 def test_load_reports_are_written_whole(tmp_path):
-    from benchmarks.load.loadkit import write_report
+    from benchmarks.load.load_reports import write_report
 
     js, md = write_report("x", {"a": 1}, "| a |", tmp_path / "r")
     assert json.loads(js.read_text()) == {"a": 1} and md.read_text() == "| a |\n"

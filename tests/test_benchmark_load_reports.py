@@ -7,8 +7,12 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from benchmarks.load import loadkit as lk
+from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load import serve_compare as sc
+from benchmarks.load.loadmodels import REPO
+from benchmarks.load.serve_compare_report import achieved, ratio_table
+from benchmarks.load.serve_compare_rounds import targets
+from benchmarks.load.serve_compare_servers import VARIANT, describe, launch
 
 
 def _args(tmp_path: Path, **kw) -> argparse.Namespace:
@@ -20,15 +24,15 @@ def _args(tmp_path: Path, **kw) -> argparse.Namespace:
 def test_each_server_runs_its_own_code_with_its_own_flags(tmp_path: Path):
     bundle = tmp_path / "bundle"
     cmd = {}
-    for kind in ("ours", sc.VARIANT, "litserve", "mosec"):
-        argv_for, cwd = sc.launch(kind, _args(tmp_path), bundle, None)
+    for kind in ("ours", VARIANT, "litserve", "mosec"):
+        argv_for, cwd = launch(kind, _args(tmp_path), bundle, None)
         cmd[kind] = (argv_for(19700), cwd)
-    assert cmd[sc.VARIANT][1] == tmp_path and cmd["ours"][1] == lk.REPO and cmd["mosec"][1] == lk.REPO
-    assert cmd[sc.VARIANT][0][2] == "app" and "--max-wait-ms" in cmd[sc.VARIANT][0]
-    assert "--access-log" in cmd["ours"][0] and "--access-log" not in cmd[sc.VARIANT][0]
+    assert cmd[VARIANT][1] == tmp_path and cmd["ours"][1] == REPO and cmd["mosec"][1] == REPO
+    assert cmd[VARIANT][0][2] == "app" and "--max-wait-ms" in cmd[VARIANT][0]
+    assert "--access-log" in cmd["ours"][0] and "--access-log" not in cmd[VARIANT][0]
     assert "--workers" in cmd["litserve"][0] and "--access-log" not in cmd["mosec"][0]
     # --variant-args alone: the same code, other flags
-    assert sc.launch(sc.VARIANT, _args(tmp_path, variant_checkout=None), bundle, None)[1] == lk.REPO
+    assert launch(VARIANT, _args(tmp_path, variant_checkout=None), bundle, None)[1] == REPO
 
 
 def _row(users: int = 64, rps: float = 50.0, **kw) -> dict:
@@ -42,9 +46,9 @@ def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(
     started = []
 
     @contextlib.contextmanager
-    def serve(name, argv_for, log_dir, cwd=lk.REPO, log_name=None, **_):
+    def serve(name, argv_for, log_dir, cwd=REPO, log_name=None, **_):
         started.append((name, cwd, log_name))
-        yield lk.Server(
+        yield serving.Server(
             name, "http://127.0.0.1:19700", argparse.Namespace(pid=1), log_dir / (log_name or "x")
         )
 
@@ -53,23 +57,23 @@ def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(
 
     sentences = tmp_path / "s.txt"
     sentences.write_text("one sentence\n")
-    monkeypatch.setattr(lk, "serve", serve)
-    monkeypatch.setattr(lk, "machine", lambda: {"cpu": "c", "cores": 2, "int8_kernel_path": "AVX2",
+    monkeypatch.setattr(serving, "serve", serve)
+    monkeypatch.setattr(load_reports, "machine", lambda: {"cpu": "c", "cores": 2, "int8_kernel_path": "AVX2",
                                                 "features": ["avx2"], "load_avg_at_start": [0, 0, 0]})  # fmt: skip
-    monkeypatch.setattr(lk, "run_locust", lambda url, users, load, prefix, user_rate=0.0, **_: lk.check_run(
+    monkeypatch.setattr(locust_runs, "run_locust", lambda url, users, load, prefix, user_rate=0.0, **_: locust_runs.check_run(
         _row(users, offered_rps=round(users * user_rate, 2) if user_rate else None)))  # fmt: skip
-    monkeypatch.setattr(lk, "idle_cpu", lambda server: 0.1)
-    monkeypatch.setattr(lk, "pause", lambda server, paused: None)
-    monkeypatch.setattr(lk, "server_settings", lambda server: None)
+    monkeypatch.setattr(serving, "idle_cpu", lambda server: 0.1)
+    monkeypatch.setattr(serving, "pause", lambda server, paused: None)
+    monkeypatch.setattr(serving, "server_settings", lambda server: None)
     monkeypatch.setattr(sc, "prepare", lambda *a, **k: Models)
     monkeypatch.setattr(sc, "write_sentences", lambda *a, **k: {"file": str(sentences), "source": "s",
                                                                  "mean_words": 2})  # fmt: skip
-    args = _args(tmp_path, servers=["ours", sc.VARIANT], work=str(tmp_path), name="t", results=str(tmp_path),
+    args = _args(tmp_path, servers=["ours", VARIANT], work=str(tmp_path), name="t", results=str(tmp_path),
                  model=None, bundle=None, precision="int8", data_dir=None, hf=None, mix="detect:1",
                  batch_texts=8, run_time=10.0, detect_return="both", rounds=2, users=(64,),
                  offered_rps=["auto"], fraction=0.7, no_pause=False)  # fmt: skip
     assert sc.run(args) == 0
-    variant = [(cwd, log) for name, cwd, log in started if name == sc.VARIANT]
+    variant = [(cwd, log) for name, cwd, log in started if name == VARIANT]
     assert variant == [
         (tmp_path, "ours-variant-saturation-server.log"),
         (tmp_path, "ours-variant-equal-server.log"),
@@ -79,22 +83,22 @@ def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(
 
 def test_a_run_short_of_its_offered_load_or_stalled_is_flagged_and_not_counted_as_meeting_a_target():
     """The reviewer's run: 38 req/s offered, 11.7 achieved over 26.6 s for 10 s asked; its target read yes."""
-    bad = lk.check_run(_row(rps=11.7, offered_rps=38.0, measured_s=26.6, run_time_s=10))
-    good = lk.check_run(_row(rps=37.9, offered_rps=38.0, measured_s=9.8, run_time_s=10))
+    bad = locust_runs.check_run(_row(rps=11.7, offered_rps=38.0, measured_s=26.6, run_time_s=10))
+    good = locust_runs.check_run(_row(rps=37.9, offered_rps=38.0, measured_s=9.8, run_time_s=10))
     assert bad["achieved_share"] == 0.308 and len(bad["warnings"]) == 2 and good["warnings"] == []
-    assert lk.check_run(_row(measured_s=30.0))["warnings"]  # a closed-loop run that stalled
-    assert lk.check_run(_row())["achieved_share"] is None
+    assert locust_runs.check_run(_row(measured_s=30.0))["warnings"]  # a closed-loop run that stalled
+    assert locust_runs.check_run(_row())["achieved_share"] is None
     sat = {"ours": [_row(rps=100.0)]}
-    below = sc.targets(sat, {"ours": [bad]}, 64)[-1]
+    below = targets(sat, {"ours": [bad]}, 64)[-1]
     assert below["met"] is None and "left out" in below["value"]
-    assert sc.targets(sat, {"ours": [good, bad]}, 64)[-1]["met"] is True
-    assert "(!)" in lk.marked("ours", bad) and lk.marked("ours", good) == "ours"
-    assert sc.achieved(bad) == "31% NO" and sc.achieved(good) == "100%"
+    assert targets(sat, {"ours": [good, bad]}, 64)[-1]["met"] is True
+    assert "(!)" in load_reports.marked("ours", bad) and load_reports.marked("ours", good) == "ours"
+    assert achieved(bad) == "31% NO" and achieved(good) == "100%"
 
 
 def test_the_report_leads_with_the_paired_ratio_and_labels_the_other_unpaired():
     table = "\n".join(
-        sc.ratio_table([{"users": 1, "ours/mosec": 1.76, "ours/mosec, paired": "1.75 (ahead in 2 of 2)"}])
+        ratio_table([{"users": 1, "ours/mosec": 1.76, "ours/mosec, paired": "1.75 (ahead in 2 of 2)"}])
     )
     head = table.splitlines()[2]
     assert head.index("mosec, paired") < head.index("mosec, unpaired: median rows of different rounds")
@@ -115,14 +119,14 @@ LOG = """settings:
 
 
 def test_the_settings_a_server_resolved_are_read_from_what_it_printed():
-    said = lk.printed_settings(LOG)
+    said = serving.printed_settings(LOG)
     assert said["resolved"] == {"runners": 2, "threads_per_runner": 1, "solo_threads": 2, "max_wait_ms": 0.0,
                                 "batch_token_budget": 16384}  # fmt: skip
     assert "api_key" not in said["printed"] and said["printed"]["host"] == "127.0.0.1"
     off = LOG.replace("0 (auto: 2, every core)", "1 (off, no more than a runner's threads)")
-    assert lk.printed_settings(off)["resolved"]["solo_threads"] == 0
-    assert lk.printed_settings("no block here") is None
-    assert "2 runners x 1 thread(s)" in lk.describe_settings(said["resolved"])
+    assert serving.printed_settings(off)["resolved"]["solo_threads"] == 0
+    assert serving.printed_settings("no block here") is None
+    assert "2 runners x 1 thread(s)" in serving.describe_settings(said["resolved"])
 
 
 def test_an_explicit_solo_threads_that_turns_the_solo_session_off_is_said_at_start():
@@ -139,7 +143,7 @@ def test_a_peer_without_flags_is_described_by_its_resolved_defaults():
 
     assert peer_settings("mosec", []) == {"workers": 2, "threads": 1, "max_batch_size": 16, "max_wait_ms": 1}
     assert peer_settings("litserve", ["--workers", "1", "--threads", "2"])["threads"] == 2
-    text = sc.describe("mosec", argparse.Namespace(mosec_args=""))
+    text = describe("mosec", argparse.Namespace(mosec_args=""))
     assert (
         "its defaults here" not in text and "workers 2, threads 1, max_batch_size 16, max_wait_ms 1" in text
     )
@@ -148,14 +152,14 @@ def test_a_peer_without_flags_is_described_by_its_resolved_defaults():
 def test_soak_says_how_often_it_sampled_its_cpu_and_its_servers_settings():
     from benchmarks.load.soak import markdown
 
-    soak = lk.check_run(_row(users=64, rps=20.0, offered_rps=40.0, measured_s=59.0, run_time_s=60))
+    soak = locust_runs.check_run(_row(users=64, rps=20.0, offered_rps=40.0, measured_s=59.0, run_time_s=60))
     data = {"config": {"mix": "detect:1", "users": 64, "minutes": 1, "warmup_s": 15, "sample_s": 5.0,
                        "max_growth": 5.0, "fraction": 0.7},
             "sentences": {"source": "s"}, "model": "m", "probe": None, "offered_rps": 40.0, "soak": soak,
             "memory": {"warmup_s": 15}, "minutes": [], "passed": {"rss_growth": True, "no_failures": True},
             "machine": {"cpu": "c", "cores": 2, "int8_kernel_path": "AVX2", "features": ["avx2"],
                         "load_avg_at_start": [0, 0, 0]},
-            "server_settings": lk.printed_settings(LOG)}  # fmt: skip
+            "server_settings": serving.printed_settings(LOG)}  # fmt: skip
     text = markdown(data)
     assert "sampled every 5 s in the soak" in text and "once a second" not in text
     assert "2 runners x 1 thread(s)" in text and "soak (!)" in text and "achieved 20 of 40" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.load import loadkit as lk
+from benchmarks.load import cpu_sampling, load_options, load_reports, locust_runs
 
 SPAWNED, LAST_REQUEST = 1000.0, 1004.0  # locust's stats reset (the last user spawned), its last request
 
@@ -40,30 +40,34 @@ def samples(every: float = 1.0) -> list[dict]:
 def test_cpu_per_text_is_over_locusts_stats_window(tmp_path):
     """run_locust took the CPU over the sampler's whole span (start-up included) for a run under ~5 s,
     and divided it by texts/s of locust's stats window: 0.68-3.36 ms a text where it was ~10.9."""
-    result = lk.parse_summary(summary(tmp_path, 400, SPAWNED, LAST_REQUEST))
+    result = locust_runs.parse_summary(summary(tmp_path, 400, SPAWNED, LAST_REQUEST))
     assert result["measured_s"] == 4.0 and result["rps"] == 100.0  # 400 texts in the 4 s measured
-    figures = lk.window_cpu(result, samples(), cores=2)
+    figures = cpu_sampling.window_cpu(result, samples(), cores=2)
     assert figures["cpu_pct"]["server"] == 50.0  # one core of two, the idle start-up left out
     assert figures["server_cpu_ms_per_text"] == 10.0  # 1 core-second / 100 texts
 
 
 def test_a_window_too_short_to_sample_shows_no_cpu_figure(tmp_path):
     """Where no two samples fall in the window, no figure from another window: '-' in the table."""
-    result = lk.parse_summary(summary(tmp_path, 5, SPAWNED, SPAWNED + 0.8))
-    result |= lk.window_cpu(result, samples(), cores=2)
+    result = locust_runs.parse_summary(summary(tmp_path, 5, SPAWNED, SPAWNED + 0.8))
+    result |= cpu_sampling.window_cpu(result, samples(), cores=2)
     assert result["cpu_pct"] == {} and result["server_cpu_ms_per_text"] is None
-    no_request = lk.parse_summary(summary(tmp_path, 0, SPAWNED, None))
-    assert no_request["measured_s"] is None and lk.window_cpu(no_request, samples())["cpu_pct"] == {}
-    row = lk.table(["users", *lk.LOAD_HEADERS], [[1, *lk.load_row(result)]]).splitlines()[-1]
+    no_request = locust_runs.parse_summary(summary(tmp_path, 0, SPAWNED, None))
+    assert (
+        no_request["measured_s"] is None and cpu_sampling.window_cpu(no_request, samples())["cpu_pct"] == {}
+    )
+    row = load_reports.table(
+        ["users", *load_reports.LOAD_HEADERS], [[1, *load_reports.load_row(result)]]
+    ).splitlines()[-1]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[lk.LOAD_HEADERS.index("server CPU ms/text") + 1] == "-"
-    assert cells[lk.LOAD_HEADERS.index("measured s") + 1] == "0.80"
+    assert cells[load_reports.LOAD_HEADERS.index("server CPU ms/text") + 1] == "-"
+    assert cells[load_reports.LOAD_HEADERS.index("measured s") + 1] == "0.80"
 
 
 def test_a_load_run_too_short_to_measure_is_refused():
     with pytest.raises(Exception, match="at least 5 s"):
-        lk.run_seconds("4")
-    assert lk.run_seconds("5") == 5.0
+        load_options.run_seconds("4")
+    assert load_options.run_seconds("5") == 5.0
 
 
 def test_engine_shapes_are_parsed():

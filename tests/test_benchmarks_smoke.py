@@ -40,8 +40,7 @@ def bench(registry_data):
 
 
 def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Path, tmp_path: Path):
-    from benchmarks.load import loadkit as lk
-    from benchmarks.load import peer_check
+    from benchmarks.load import peer_check, serving
     from benchmarks.load.loadmodels import prepare
 
     hf = bundles_dir.parent / (bundles_dir.name + "-hf") / "detector"  # what app_fixtures exported from
@@ -49,20 +48,20 @@ def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Pa
     assert models.hf_dir == hf
 
     def argv(kind: str):
-        return lambda port: lk.command(
+        return lambda port: serving.command(
             kind, port, models_dir=models.bundle, bundle=models.bundle, hf_dir=models.hf_dir
         )
 
     texts = [TEXT, "short one", "A third text, of a length between the other two."]
-    with lk.serve("ours", argv("ours"), tmp_path, timeout=90) as ours_server:
+    with serving.serve("ours", argv("ours"), tmp_path, timeout=90) as ours_server:
         ours = peer_check.ours_tokens(ours_server.url, texts)
-        for kind in (k for k in lk.SERVERS if k != "ours"):
-            with lk.serve(kind, argv(kind), tmp_path, timeout=90) as server:
-                if kind in lk.PEERS:  # one text a request, alone and batched across requests
+        for kind in (k for k in serving.SERVERS if k != "ours"):
+            with serving.serve(kind, argv(kind), tmp_path, timeout=90) as server:
+                if kind in serving.PEERS:  # one text a request, alone and batched across requests
                     figures = peer_check.check(server.url, ours_server.url, texts)
                     assert figures["max_abs_diff_batched"] < 1e-4, kind
                     continue
-                answers = lk.post_json(server.url + "/detect", {"texts": texts})["results"]
+                answers = serving.post_json(server.url + "/detect", {"texts": texts})["results"]
             theirs = [(r["tokens"], r["probs"]) for r in answers]
             for (tok_a, p_a), (tok_b, p_b) in zip(ours, theirs, strict=True):
                 assert tok_a == tok_b, kind
@@ -99,18 +98,17 @@ def test_load_profile_on_a_url_sends_the_servers_api_key_and_refuses_without_it(
     """Against a server started with --api-key every request once failed with 401, and the run exited 0
     with its results written."""
     from benchmarks import cli
-    from benchmarks.load import load_profile
-    from benchmarks.load import loadkit as lk
+    from benchmarks.load import load_profile, serving
 
     monkeypatch.delenv("ELECTRA_API_KEY", raising=False)
-    key, port = "bench-key-0123456789", lk.free_port()
+    key, port = "bench-key-0123456789", serving.free_port()
     log = (tmp_path / "server.log").open("w")
     argv = [sys.executable, "-m", "app", "--models", str(bundles_dir), "--port", str(port), "--api-key", key,
             "--log-level", "warning"]  # fmt: skip
-    server = subprocess.Popen(argv, cwd=REPO, env=lk.server_env(), stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(argv, cwd=REPO, env=serving.server_env(), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        lk.wait_ready("keyed", server, url + "/ready", 90, lambda: (tmp_path / "server.log").read_text())
+        serving.wait_ready("keyed", server, url + "/ready", 90, lambda: (tmp_path / "server.log").read_text())
         common = ["--url", url, "--users", "1", "--run-time", "5", "--mix", "detect:2,classify:1",
                   "--data-dir", str(bench), "--work", str(tmp_path / "work"), "--name", "keyed"]  # fmt: skip
         for given, said in (([], "wants an API key"), (["--api-key", "not-the-key"], "to the API key given")):
@@ -120,7 +118,7 @@ def test_load_profile_on_a_url_sends_the_servers_api_key_and_refuses_without_it(
         assert not (tmp_path / "refused").exists()
         assert cli.run(load_profile.main, [*common, "--api-key", key, "--results", str(tmp_path)]) == 0
     finally:
-        lk.stop(server)
+        serving.stop(server)
         log.close()
     data = json.loads((tmp_path / "keyed.json").read_text())
     (step,) = data["steps"]
@@ -151,7 +149,7 @@ assert ScoringUser.wait_time(user) == 0.0  # closed loop
 
 
 def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
-    from benchmarks.load.serve_compare import median_round
+    from benchmarks.load.serve_compare_rounds import median_round
 
     rounds = [
         {"rps": 150.0, "p50_ms": 7, "failures": 0, "requests": 1500},
@@ -169,7 +167,7 @@ def test_interleaved_rounds_report_the_median_round_and_hide_no_failure():
 def test_an_even_rounds_figure_and_paired_ratio_take_the_same_middle():
     """With --rounds 4 a server's figure was the lower middle round, while the paired ratio averaged the
     two middle ratios: the two said different things of the same rounds."""
-    from benchmarks.load.serve_compare import median_round, paired
+    from benchmarks.load.serve_compare_rounds import median_round, paired
 
     def rounds(*rps):
         return median_round([{"rps": x, "failures": 0, "requests": 10} for x in rps])
@@ -183,8 +181,8 @@ def test_a_median_rows_counts_are_its_own_and_every_rounds_are_beside_them():
     """The failures and requests were summed over the rounds but the error rate kept the median round's:
     "300/3600 (0.00%)"; then the rate was the sums', beside the median round's req/s, latencies and window.
     A row is now one round throughout, the sums under all_rounds_* (and in the targets and notes)."""
-    from benchmarks.load.loadkit import load_row
-    from benchmarks.load.serve_compare import median_round
+    from benchmarks.load.load_reports import load_row
+    from benchmarks.load.serve_compare_rounds import median_round
 
     def r(rps, requests, failures, messages=()):
         return {"rps": rps, "texts_per_s": rps, "p50_ms": 5, "p95_ms": 9, "p99_ms": 10, "p99_over_p50": 2.0,
@@ -206,7 +204,9 @@ def test_rounds_are_whole_seconds_that_add_up_to_the_run_time(capsys):
     gave four rounds of 2 s, 8 s of load, while the report said 10. And the report said the time asked,
     where locust measured about a second less a round: it says what was measured now."""
     from benchmarks import cli
-    from benchmarks.load.serve_compare import load_s, main, round_times
+    from benchmarks.load.serve_compare import main
+    from benchmarks.load.serve_compare_report import load_s
+    from benchmarks.load.serve_compare_rounds import round_times
 
     assert round_times(10, 4) == [3, 3, 2, 2]
     assert round_times(60, 3) == [20, 20, 20]
@@ -226,7 +226,8 @@ def test_rounds_are_whole_seconds_that_add_up_to_the_run_time(capsys):
 def test_a_target_no_run_measured_is_marked_not_measured():
     """With one users step and --offered-rps none nothing ran below saturation, and the target once read
     "yes" all the same."""
-    from benchmarks.load.serve_compare import MET, targets
+    from benchmarks.load.serve_compare_report import MET
+    from benchmarks.load.serve_compare_rounds import targets
 
     top = {"users": 16, "rps": 100.0, "failures": 0, "requests": 1000, "p99_over_p50": 2.0}
 

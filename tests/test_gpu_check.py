@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpucheck.steps import SIZES, STEPS, Context, claim_argv, claim_refuses
+from benchmarks.gpucheck.claim_step import claim_argv, claim_refuses
+from benchmarks.gpucheck.context import SIZES, Context
+from benchmarks.gpucheck.steps import STEPS
 from tests.app_fixtures import run_server
 from tests.realdata import real_data_dir
 
@@ -233,7 +235,7 @@ def test_throughput_warmup_runs_each_variant_once(tmp_path):
     """On CUDA the throughput step's variants are compiled beside the pretrain run, one untimed step each,
     so that its timed run reads them from inductor's cache. Only a GPU can time what that saves; here, that
     the command it starts runs, with its step count overriding the mode's."""
-    from benchmarks.gpucheck.steps import Context, start_throughput_warmup
+    from benchmarks.gpucheck.training_steps import start_throughput_warmup
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     one = ("--variants", "eager fp32", *SIZES["quick"].throughput[2:])  # the quick mode's sizes, one variant
@@ -620,7 +622,7 @@ def test_a_claim_refusal_names_the_gpu_check_option_to_change(tmp_path):
 )
 def test_the_pretrain_rows_precision_is_not_cut_mid_bracket(line, precision, tmp_path):
     """It was cut at the first colon: "bf16 autocast (this CPU has native bf16" in results.md."""
-    from benchmarks.gpucheck.steps import training_figures
+    from benchmarks.gpucheck.training_steps import training_figures
 
     rows = [
         {"split": "train", "step": i, "loss": 10.0 - i, "tokens_per_s": 100, "tflops": 0.1} for i in range(4)

@@ -26,19 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import cli
+from benchmarks.gpucheck.claim_step import claim_refuses
+from benchmarks.gpucheck.context import SIZES, Context, Sizes
 from benchmarks.gpucheck.environment import WheelsError, environment, guard_env, install_wheels
-from benchmarks.gpucheck.processes import stop_all_but, stop_on_sigint
+from benchmarks.gpucheck.processes import Failed, Skipped, stop_all_but, stop_on_sigint
 from benchmarks.gpucheck.report import write_report
-from benchmarks.gpucheck.steps import (
-    SIZES,
-    STEPS,
-    Context,
-    Failed,
-    Sizes,
-    Skipped,
-    claim_refuses,
-    cut_short_figures,
-)
+from benchmarks.gpucheck.steps import STEPS, cut_short_figures
 from benchmarks.output import config_of, show_config
 from benchmarks.speed.train_variants import variant_names
 from training.config import EMBEDDING_GRADS

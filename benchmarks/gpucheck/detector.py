@@ -22,7 +22,9 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from benchmarks.gpucheck.steps import REPO, Context, Failed, Skipped, fresh, run, train_rows
+from benchmarks.gpucheck.context import Context, fresh, run
+from benchmarks.gpucheck.processes import REPO, Failed, Skipped
+from benchmarks.gpucheck.training_steps import train_rows
 from training.data.registry import sha256_file
 
 RECIPE = "configs/detector-gpu.toml"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.gpucheck.steps import Context, Failed, Skipped, run
+from benchmarks.gpucheck.context import Context, run
+from benchmarks.gpucheck.processes import Failed, Skipped
 
 
 def throughput_figures(ctx: Context, name: str, variants: tuple[str, ...], profile: int = 0) -> dict:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.load.loadkit import free_port, stop
+from benchmarks.load.serving import free_port, stop
 
 
 @dataclass(frozen=True)

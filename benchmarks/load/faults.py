@@ -49,9 +49,11 @@ import psutil
 
 from app.machine import describe_cpu
 from benchmarks import cli
-from benchmarks.load import loadkit as lk
+from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
 from benchmarks.load.loadmodels import REPO, WORK, write_sentences
+from benchmarks.load.mix import STANDARD as STANDARD_MIX
+from benchmarks.load.mix import parse_mix
 from benchmarks.load.rolling import Replica
 from benchmarks.output import add_results
 from options import usage_exit
@@ -90,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--user-rate", type=cli.non_negative_float, default=3.0, help="requests/s per user (0: closed loop)"
     )
-    p.add_argument("--mix", default=lk.STANDARD_MIX)
+    p.add_argument("--mix", default=STANDARD_MIX)
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument(
         "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
@@ -106,7 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = cli.parse_args(p, argv)
     results.settle(p, args)
-    lk.require()  # locust, before any server starts
+    serving.require()  # locust, before any server starts
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in args.faults if f not in PROMISES]
@@ -115,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"--faults: unknown fault {unknown[0]!r}; choose from {', '.join(PROMISES)}")
     try:
-        lk.parse_mix(args.mix)
+        parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -136,14 +138,14 @@ class Supervisor:
         try:
             self.replica.wait_ready()
         except BaseException:  # not ready, Ctrl-C or SIGTERM: __exit__ will not run, so stop it here
-            lk.stop(self.replica.proc)
+            serving.stop(self.replica.proc)
             raise
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        lk.stop(self.replica.proc)
+        serving.stop(self.replica.proc)
         self._thread.join(timeout=30)
 
     def _watch(self) -> None:
@@ -163,18 +165,18 @@ class Supervisor:
 
 
 def replica(args, run_dir: Path, name: str, extra: tuple[str, ...] = ()) -> Replica:
-    port = lk.free_port()
+    port = serving.free_port()
     argv = [sys.executable, "-m", "app", "--models", args.models, "--port", str(port), "--log-level", "warning",
             *args.server_args.split(), *extra]  # fmt: skip
     return Replica(name, port, argv, run_dir / f"{name}-server.log")
 
 
 @contextlib.contextmanager
-def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Iterator[list]:
+def under_load(url: str, args, load: locust_runs.Load, run_dir: Path, name: str) -> Iterator[list]:
     """Locust on `url` for as long as the block runs; afterwards the list holds (end time, ms, ok) per
     request."""
     prefix, log = run_dir / f"{name}-locust", run_dir / f"{name}-requests.log"
-    cmd = lk.locust_command(url, args.users, load, prefix, user_rate=args.user_rate) + [
+    cmd = locust_runs.locust_command(url, args.users, load, prefix, user_rate=args.user_rate) + [
         "--request-log",
         str(log),
     ]
@@ -191,7 +193,7 @@ def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Itera
                 raise SystemExit(f"locust exited at start-up; see {run_dir / f'{name}-locust.log'}")
             yield rows
         finally:
-            lk.stop(proc, grace=30)  # locust writes its request log on SIGTERM
+            serving.stop(proc, grace=30)  # locust writes its request log on SIGTERM
     if not log.is_file():
         raise SystemExit(f"locust wrote no request log; see {run_dir / f'{name}-locust.log'}")
     rows += [tuple(map(float, line.split())) for line in log.read_text().splitlines() if line.strip()]
@@ -199,7 +201,7 @@ def under_load(url: str, args, load: lk.Load, run_dir: Path, name: str) -> Itera
 
 def p99_ms(rows: list, start: float, end: float) -> float | None:
     during = sorted(ms for t, ms, _ in rows if start <= t <= end)
-    return round(lk.percentile(during, 0.99), 1) if during else None
+    return round(load_reports.percentile(during, 0.99), 1) if during else None
 
 
 def row(fault: str, rows: list, start: float, end: float, recovery_s: float | None, **more) -> dict:
@@ -245,7 +247,7 @@ def post(url: str, body: dict) -> tuple[int, bytes]:
 # ----------------------------------------------------------------------------------------------- faults
 
 
-def replica_sigkill(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
+def replica_sigkill(args, timing: Timing, load: locust_runs.Load, run_dir: Path) -> dict:
     reps = [replica(args, run_dir, f"r{i}") for i in range(2)]
     with (
         Supervisor(reps[0]) as victim,
@@ -266,12 +268,12 @@ def replica_sigkill(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
                note="recovery: SIGKILL to back in HAProxy's rotation")  # fmt: skip
 
 
-def only_replica_sigkill(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
+def only_replica_sigkill(args, timing: Timing, load: locust_runs.Load, run_dir: Path) -> dict:
     only = Supervisor(replica(args, run_dir, "only"))
     with only, under_load(only.url(), args, load, run_dir, "only-replica-sigkill") as rows:
         time.sleep(timing.before_s)
         killed = only.kill()
-        ready_s = wait_until(lambda: len(only.exits) == 1 and lk.is_ready(only.url("/ready")), 120,
+        ready_s = wait_until(lambda: len(only.exits) == 1 and serving.is_ready(only.url("/ready")), 120,
                              "the replica to be ready again")  # fmt: skip
         time.sleep(timing.after_s)
     return row("only-replica-sigkill", rows, killed, killed + ready_s, ready_s,
@@ -295,7 +297,7 @@ def poison_word(models: Path, sentences: Path) -> str:
     raise SystemExit(f"no word in {models}'s vocabulary is absent from the request sentences")
 
 
-def engine_fault(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
+def engine_fault(args, timing: Timing, load: locust_runs.Load, run_dir: Path) -> dict:
     word = poison_word(Path(args.models), load.sentences)
     poisoned = {"sent": 0, "json_500": 0, "other": []}
     stop = threading.Event()
@@ -345,7 +347,7 @@ def reset_connections(host: str, port: int, n: int, seed: int = 0) -> int:
     return n
 
 
-def client_resets(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
+def client_resets(args, timing: Timing, load: locust_runs.Load, run_dir: Path) -> dict:
     with Supervisor(replica(args, run_dir, "resets")) as srv:
         proc = psutil.Process(srv.replica.proc.pid)
         with under_load(srv.url(), args, load, run_dir, "client-resets") as rows:
@@ -370,7 +372,7 @@ def client_resets(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
                queue_depth_after=0, restarts=len(srv.exits))  # fmt: skip
 
 
-def memory_limit(args, timing: Timing, load: lk.Load, run_dir: Path) -> dict:
+def memory_limit(args, timing: Timing, load: locust_runs.Load, run_dir: Path) -> dict:
     from benchmarks.load import memory_limit as ml
 
     limits = list(args.memory_limits)  # parsed and checked with the other arguments, before any work
@@ -421,7 +423,7 @@ def markdown(data: dict) -> str:
         "# Faults under load", "",
         f"{data['config']['users']} users at {data['config']['user_rate']} req/s each, mix {data['config']['mix']}. "
         f"CPU: {describe_cpu(m)}.", "",
-        lk.table(head, rows), "",
+        load_reports.table(head, rows), "",
         *(f"- {r['fault']}: " + json.dumps({k: v for k, v in r.items() if k not in
                                             ("fault", "sent", "failed", "promise", "kept", "recovery_s", "p99_ms")})
           for r in data["rows"]),
@@ -432,13 +434,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.data_dir = args.data_dir or os.environ.get("ELECTRA_DATA_DIR")  # resolved, as printed and saved
     print(json.dumps({"faults": vars(args)}, default=str), flush=True)
-    machine = lk.machine()  # its load average is the one before the run
+    machine = load_reports.machine()  # its load average is the one before the run
     timing = TIMINGS["quick" if args.quick else "full"]
     work = Path(args.work)
-    run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
+    run_dir = work / "runs" / f"{load_reports.stamp()}-{args.name}"
     run_dir.mkdir(parents=True, exist_ok=True)
     sentences = write_sentences(work / "sentences.txt", args.data_dir)
-    load = lk.Load(Path(sentences["file"]), args.mix, 8, 24 * 3600)  # stopped by SIGTERM
+    load = locust_runs.Load(Path(sentences["file"]), args.mix, 8, 24 * 3600)  # stopped by SIGTERM
     rows = []
     for fault in args.faults:
         print(f"fault: {fault}", flush=True)
@@ -449,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {"config": vars(args), "machine": machine, "timing": dataclasses.asdict(timing), "rows": rows,
             "logs": str(run_dir)}  # fmt: skip
     md = markdown(data)
-    js, mdp = lk.write_report(args.name, data, md, Path(args.results))
+    js, mdp = load_reports.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
     return 0 if all(r["kept"] is not False for r in rows) else 1
 

@@ -27,7 +27,7 @@ import httpx
 from app.machine import describe_cpu
 from app.settings import Settings
 from benchmarks import cli
-from benchmarks.load import loadkit as lk
+from benchmarks.load import cpu_sampling, load_reports, serving
 from benchmarks.load.loadmodels import REPO, WORK
 from benchmarks.output import add_results, show_config
 
@@ -197,14 +197,14 @@ def summarize(raw: dict, samples: list[dict], t0: float) -> dict:
         "normal": {
             "requests": len(raw["normal"]),
             "failures": len(raw["normal"]) - len(ok),
-            "p50_ms": 1000 * lk.percentile(ok, 0.5),
-            "p99_ms": 1000 * lk.percentile(ok, 0.99),
+            "p50_ms": 1000 * load_reports.percentile(ok, 0.5),
+            "p99_ms": 1000 * load_reports.percentile(ok, 0.99),
             "max_ms": 1000 * max(ok, default=float("nan")),
         },
         "heavy": {
             k: {
                 "statuses": v["statuses"],
-                "p50_s": lk.percentile(v["seconds"], 0.5),
+                "p50_s": load_reports.percentile(v["seconds"], 0.5),
                 "max_s": max(v["seconds"]),
             }
             for k, v in heavy.items()
@@ -246,20 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(p, argv)
     results.settle(p, args)
     config = show_config("hostile", args)
-    machine = lk.machine()  # its load average is the one before the run
+    machine = load_reports.machine()  # its load average is the one before the run
     extra = args.server_args.split()
 
     def argv_for(port: int) -> list[str]:
-        return lk.command(
+        return serving.command(
             "ours", port, models_dir=args.models, bundle=args.models, hf_dir=args.models, extra=extra
         )
 
     # As the other load programs keep theirs: a folder of this run's own under --work (not under the
     # directory the benchmark runs in), named in the results.
-    log_dir = Path(args.work) / "runs" / f"{lk.stamp()}-{args.name}"
-    with lk.serve("hostile", argv_for, log_dir) as server:
+    log_dir = Path(args.work) / "runs" / f"{load_reports.stamp()}-{args.name}"
+    with serving.serve("hostile", argv_for, log_dir) as server:
         port = int(server.url.rsplit(":", 1)[1])
-        with lk.Sampler({"server": server.proc.pid}) as sampler:
+        with cpu_sampling.Sampler({"server": server.proc.pid}) as sampler:
             t0 = sampler.samples[0]["t"]
             raw = asyncio.run(drive(server.url, port, args))
         with contextlib.suppress(Exception):
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{1000 * h['max_s']:.0f} (max)",
             ]
         )
-    md = lk.table(["traffic", "requests", "failures / statuses", "p50 ms", "p99 ms"], rows)
+    md = load_reports.table(["traffic", "requests", "failures / statuses", "p50 ms", "p99 ms"], rows)
     md += (
         f"\n\nRSS: {r['start']:.0f} MB at start, {r['max']:.0f} MB max, {r['end']:.0f} MB at the end. "
         f"Slow clients: {result['slow_clients']['count']}, held at most {result['slow_clients']['held_s_max']:.0f} s, "
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             f"- {k}: {why}" for k, why in result["skipped"].items()
         )
     print(md)
-    js, mdp = lk.write_report(args.name, result, md, args.results)
+    js, mdp = load_reports.write_report(args.name, result, md, args.results)
     print(f"wrote {js} and {mdp}; the server's log in {log_dir}")
     return 0
 

@@ -27,8 +27,10 @@ from pathlib import Path
 
 from app.machine import describe_cpu
 from benchmarks import cli
-from benchmarks.load import loadkit as lk
+from benchmarks.load import load_options, load_reports, locust_runs, serving
 from benchmarks.load.loadmodels import WORK, prepare, served_mix, write_sentences
+from benchmarks.load.mix import STANDARD as STANDARD_MIX
+from benchmarks.load.mix import mix_paths, parse_mix
 from benchmarks.output import add_results
 
 
@@ -39,7 +41,9 @@ class ProfileConfig:
     url: str | None = None  # drive a running server instead of starting one
     precision: str = "int8"  # of the exported bundles
     users: tuple[int, ...] = (1, 16, 64)  # concurrency steps, each its own locust run
-    run_time: float = 60.0  # seconds of locust's run per step, spawning included (at least lk.MIN_RUN_S)
+    run_time: float = (
+        60.0  # seconds of locust's run per step, spawning included (at least load_options.MIN_RUN_S)
+    )
     # locustfile --mix; None: the standard mix, less the endpoints the served bundles do not answer
     mix: str | None = None
     batch_texts: int = 8  # texts per batched request
@@ -54,14 +58,14 @@ class ProfileConfig:
     def __post_init__(self) -> None:
         if not self.users or min(self.users) < 1:
             raise ValueError(f"--users must be positive integers, got {self.users}")
-        if self.run_time < lk.MIN_RUN_S:
-            raise ValueError(f"--run-time must be >= {lk.MIN_RUN_S} s, got {self.run_time}")
+        if self.run_time < load_options.MIN_RUN_S:
+            raise ValueError(f"--run-time must be >= {load_options.MIN_RUN_S} s, got {self.run_time}")
         if self.batch_texts < 1:
             raise ValueError(f"--batch-texts must be >= 1, got {self.batch_texts}")
         if sum(x is not None for x in (self.model, self.bundle, self.url)) > 1:
             raise ValueError("give at most one of --model, --bundle and --url")
         if self.mix is not None:
-            lk.parse_mix(self.mix)
+            parse_mix(self.mix)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,28 +74,28 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         allow_abbrev=False,
     )
-    lk.add_common(p)
+    load_options.add_common(p)
     p.add_argument("--url", default=None, help="drive this running server instead of starting one")
     p.add_argument(
         "--api-key",
-        default=os.environ.get(lk.API_KEY_ENV),
+        default=os.environ.get(locust_runs.API_KEY_ENV),
         help="with --url: the server's API key, sent with every request (default $ELECTRA_API_KEY; never "
         "printed or saved)",
     )
     p.add_argument(
-        "--users", type=lk.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
+        "--users", type=load_options.parse_users, default=(1, 16, 64), help="concurrency steps, e.g. 1,16,64"
     )
     p.add_argument(
         "--run-time",
-        type=lk.run_seconds,
+        type=load_options.run_seconds,
         default=60.0,
-        help=f"seconds of each step's locust run, spawning included (at least {lk.MIN_RUN_S}); the report "
+        help=f"seconds of each step's locust run, spawning included (at least {load_options.MIN_RUN_S}); the report "
         "gives the window measured",
     )
     p.add_argument(
         "--mix",
         default=None,
-        help=f"request kinds and weights (see locustfile); default {lk.STANDARD_MIX}, less what the bundles "
+        help=f"request kinds and weights (see locustfile); default {STANDARD_MIX}, less what the bundles "
         "served do not answer (/classify for a detector bundle alone)",
     )
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     results = add_results(p, "load_profile")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
-    lk.require()  # locust, before any server starts
+    serving.require()  # locust, before any server starts
     try:
         cfg = ProfileConfig(**vars(args))
     except ValueError as e:
@@ -110,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(cfg: ProfileConfig) -> int:
     work = Path(cfg.work)
-    run_dir = work / "runs" / f"{lk.stamp()}-{cfg.name}"
-    machine = lk.machine()
-    classify = "classify" in (cfg.mix or lk.STANDARD_MIX)
+    run_dir = work / "runs" / f"{load_reports.stamp()}-{cfg.name}"
+    machine = load_reports.machine()
+    classify = "classify" in (cfg.mix or STANDARD_MIX)
     models = None
     if cfg.url is not None:
-        cfg = dataclasses.replace(cfg, mix=cfg.mix or lk.STANDARD_MIX)
+        cfg = dataclasses.replace(cfg, mix=cfg.mix or STANDARD_MIX)
         # Before anything is written: a server that refuses the traffic would give a report of failures.
-        lk.check_answers(cfg.url.rstrip("/"), lk.mix_paths(cfg.mix), cfg.api_key)
+        load_options.check_answers(cfg.url.rstrip("/"), mix_paths(cfg.mix), cfg.api_key)
     else:
         models = prepare(
             cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work
@@ -126,31 +130,31 @@ def run(cfg: ProfileConfig) -> int:
     tokenizer = models.bundle / "tokenizer.json" if models else None
     sentences = write_sentences(work / "sentences.txt", cfg.data_dir, tokenizer)
     api_key = cfg.api_key if cfg.url else None  # a server started here has none
-    load = lk.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time, api_key=api_key)
+    load = locust_runs.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time, api_key=api_key)
     steps = []
     with _server(cfg, models, run_dir) as (url, pid, settings):
         for users in cfg.users:
-            r = lk.run_locust(
+            r = locust_runs.run_locust(
                 url, users, load, run_dir / f"ours-u{users}", watch={"server": pid} if pid else {}
             )
             steps.append(r)
             print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
-                  f"{r['failures']} failed, over {lk.seconds(r.get('measured_s'))}", flush=True)  # fmt: skip
+                  f"{r['failures']} failed, over {load_reports.seconds(r.get('measured_s'))}", flush=True)  # fmt: skip
     data = {
         "config": {**shown(cfg), "users": list(cfg.users)},
         "model": models.description if models else cfg.url,
         "sentences": sentences,
         "machine": machine,
         "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
-        # What the server started here said at start it runs with (loadkit.printed_settings); null for --url.
+        # What the server started here said at start it runs with (serving.printed_settings); null for --url.
         "server_settings": settings,
         "steps": steps,
         "reports": str(run_dir),
     }
     md = markdown(data)
-    js, mdp = lk.write_report(cfg.name, data, md, Path(cfg.results))
+    js, mdp = load_reports.write_report(cfg.name, data, md, Path(cfg.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
-    failed = lk.mostly_failed([(f"{r['users']} users", r) for r in steps])
+    failed = load_reports.mostly_failed([(f"{r['users']} users", r) for r in steps])
     if failed:  # exit 0 would pass these figures off as the server's
         print("error: most requests failed, so these figures measure the failures, not the server:\n  "
               + "\n  ".join(failed), file=sys.stderr)  # fmt: skip
@@ -170,8 +174,8 @@ def _server(cfg: ProfileConfig, models, run_dir: Path) -> Iterator[tuple[str, in
     if cfg.url:
         yield cfg.url.rstrip("/"), None, None
         return
-    with lk.serve("ours", lk.ours(models, cfg.server_args), run_dir) as server:
-        yield server.url, server.proc.pid, lk.server_settings(server)
+    with serving.serve("ours", serving.ours(models, cfg.server_args), run_dir) as server:
+        yield server.url, server.proc.pid, serving.server_settings(server)
 
 
 def markdown(data: dict) -> str:
@@ -184,23 +188,24 @@ def markdown(data: dict) -> str:
         f"{s['source']}, mean {s['mean_words']} words"
         + (f", {s['mean_scored_tokens']} scored tokens" if "mean_scored_tokens" in s else ""),
         f"- each step: a {cfg['run_time']:.0f}-s locust run of closed-loop load, measured "
-        f"{lk.measured_range(data['steps'])} (from the last user spawned to the last request); "
+        f"{load_reports.measured_range(data['steps'])} (from the last user spawned to the last request); "
         # With --url the server may run elsewhere: what was measured here is the load generator's machine.
         + ("load generator's machine (the server's is not known here): " if cfg.get("url") else "machine: ")
         + f"{describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
         *(
-            [f"- server: {lk.describe_settings(data['server_settings']['resolved'])}"]
+            [f"- server: {serving.describe_settings(data['server_settings']['resolved'])}"]
             if data.get("server_settings")
             else []
         ),  # fmt: skip
         "",
-        lk.table(
-            ["users", *lk.LOAD_HEADERS], [[lk.marked(r["users"], r), *lk.load_row(r)] for r in data["steps"]]
+        load_reports.table(
+            ["users", *load_reports.LOAD_HEADERS],
+            [[load_reports.marked(r["users"], r), *load_reports.load_row(r)] for r in data["steps"]],
         ),
         "",
-        lk.CPU_NOTE,
-        *lk.warning_notes([(f"{r['users']} users", r) for r in data["steps"]]),
-        *lk.failure_notes([(f"{r['users']} users", r) for r in data["steps"]]),
+        load_reports.CPU_NOTE,
+        *load_reports.warning_notes([(f"{r['users']} users", r) for r in data["steps"]]),
+        *load_reports.failure_notes([(f"{r['users']} users", r) for r in data["steps"]]),
     ]
     last = data["steps"][-1]
     if len(last["per_name"]) > 1:
@@ -209,7 +214,7 @@ def markdown(data: dict) -> str:
             [name, f["rps"], f["p50_ms"], f["p95_ms"], f["p99_ms"], f"{f['failures']}/{f['requests']}"]
             for name, f in sorted(last["per_name"].items())
         ]
-        lines.append(lk.table(["request", "req/s", "p50 ms", "p95 ms", "p99 ms", "failed"], rows))
+        lines.append(load_reports.table(["request", "req/s", "p50 ms", "p95 ms", "p99 ms", "failed"], rows))
     return "\n".join(lines)
 
 

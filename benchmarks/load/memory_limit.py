@@ -20,8 +20,7 @@ from argparse import Namespace
 
 import httpx
 
-from benchmarks.load import hostile
-from benchmarks.load import loadkit as lk
+from benchmarks.load import hostile, load_reports, serving
 
 # podman needs these where the default RLIMIT_NOFILE is refused (as .ci/real-engines runs it).
 PODMAN = ["podman", "--runtime", "runc"]
@@ -79,7 +78,7 @@ def ready(url: str, name: str, timeout: float) -> float | None:
 
 
 def one_limit(image: str, mib: int, seconds: float, tag: str) -> dict:
-    port, name = lk.free_port(), f"electra-memory-{tag}-{mib}"
+    port, name = serving.free_port(), f"electra-memory-{tag}-{mib}"
     subprocess.run([*PODMAN, "rm", "-f", name], capture_output=True)
     started = subprocess.run([*PODMAN, "run", "-d", "--name", name, *RUN_FLAGS, "--memory", f"{mib}m",
                               "--memory-swap", f"{mib}m", "-p", f"127.0.0.1:{port}:8000", image],
@@ -102,7 +101,7 @@ def one_limit(image: str, mib: int, seconds: float, tag: str) -> dict:
                 for _kind, _t, code in raw["heavy"]:
                     heavy[str(code)] = heavy.get(str(code), 0) + 1
                 result |= {"normal_sent": len(raw["normal"]), "normal_failed": len(raw["normal"]) - len(ok),
-                           "normal_p99_ms": round(1000 * lk.percentile(ok, 0.99), 1) if ok else None,
+                           "normal_p99_ms": round(1000 * load_reports.percentile(ok, 0.99), 1) if ok else None,
                            "heavy_statuses": heavy}  # fmt: skip
             result["peak_mib"] = peak_mib(name)
         result |= inspect(name)

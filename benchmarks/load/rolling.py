@@ -24,9 +24,11 @@ from pathlib import Path
 
 from app.machine import describe_cpu
 from benchmarks import cli
-from benchmarks.load import loadkit as lk
+from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
 from benchmarks.load.loadmodels import REPO, WORK, write_sentences
+from benchmarks.load.mix import STANDARD as STANDARD_MIX
+from benchmarks.load.mix import parse_mix
 from benchmarks.output import add_results
 from training.errors import write_text_atomically
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--user-rate", type=cli.non_negative_float, default=3.0, help="requests/s per user (0: closed loop)"
     )
-    p.add_argument("--mix", default=lk.STANDARD_MIX)
+    p.add_argument("--mix", default=STANDARD_MIX)
     p.add_argument("--before-s", type=cli.positive_float, default=20.0,
                    help="load before the first restart, once every user is spawned")  # fmt: skip
     p.add_argument("--between-s", type=cli.non_negative_float, default=10.0, help="load between two restarts")
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     results = add_results(p, "rolling")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
-    lk.require()  # locust, before any server starts
+    serving.require()  # locust, before any server starts
     args.models = str(args.models.absolute())  # the replicas run in the repository, the user may not
     args.restarts = args.replicas if args.restarts is None else args.restarts
     if args.replicas < 2:
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--drain-delay-s must cover {checks} health checks of --check-inter-ms, or the balancer "
                 "still sends to a closed port")  # fmt: skip
     try:
-        lk.parse_mix(args.mix)
+        parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     print(json.dumps({"rolling": vars(args)}, default=str), flush=True)
@@ -96,13 +98,13 @@ class Replica:
             # (Ctrl-C; a SIGINT to a script that started it with &) reaches the benchmark alone, which
             # stops its children itself; a replica killed by it behind the benchmark's back read as a fault.
             self.proc = subprocess.Popen(
-                self.argv, cwd=REPO, env=lk.server_env(), stdout=f, stderr=subprocess.STDOUT,
+                self.argv, cwd=REPO, env=serving.server_env(), stdout=f, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
 
     def wait_ready(self, timeout: float = 120) -> None:
         url = f"http://127.0.0.1:{self.port}/ready"
-        lk.wait_ready(
+        serving.wait_ready(
             self.name, self.proc, url, timeout, lambda: self.log.read_text(errors="replace")[-3000:]
         )
 
@@ -110,7 +112,7 @@ class Replica:
 def replicas(args, run_dir: Path) -> list[Replica]:
     out = []
     for i in range(args.replicas):
-        port = lk.free_port()
+        port = serving.free_port()
         argv = [
             sys.executable, "-m", "app", "--models", args.models, "--port", str(port),
             "--log-level", "warning", "--drain-delay-s", str(args.drain_delay_s), *args.server_args.split(),
@@ -148,11 +150,11 @@ def restart(replica: Replica, watch: StatusWatch) -> dict:
 
 def run(args) -> int:
     work = Path(args.work)
-    run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
+    run_dir = work / "runs" / f"{load_reports.stamp()}-{args.name}"
     run_dir.mkdir(parents=True, exist_ok=True)
     sentences = write_sentences(work / "sentences.txt", args.data_dir)
-    load = lk.Load(Path(sentences["file"]), args.mix, 8, 24 * 3600)  # stopped by SIGTERM below
-    machine = lk.machine()  # its load average is the one before the run
+    load = locust_runs.Load(Path(sentences["file"]), args.mix, 8, 24 * 3600)  # stopped by SIGTERM below
+    machine = load_reports.machine()  # its load average is the one before the run
     reps = replicas(args, run_dir)
     try:
         for r in reps:  # inside the try: a signal between two starts stops the first
@@ -164,19 +166,21 @@ def run(args) -> int:
     finally:
         for r in reps:
             if r.proc is not None:
-                lk.stop(r.proc)
+                serving.stop(r.proc)
     data = report_data(args, restarts, clock, run_dir, sentences, machine)
     md = markdown(data)
-    js, mdp = lk.write_report(args.name, data, md, Path(args.results))
+    js, mdp = load_reports.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; logs in {run_dir}")
     return 0 if data["failed"] == 0 and all(r["exit_code"] == 0 for r in restarts) else 1
 
 
-def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[list[dict], dict[str, float]]:
+def drive(
+    args, reps: list[Replica], lb, load: locust_runs.Load, run_dir: Path
+) -> tuple[list[dict], dict[str, float]]:
     """(restarts, clock): clock holds when locust started, when it had spawned every user (--before-s of
     load counts from there) and when it was told to stop: the phases' outer edges."""
     prefix, spawned_file = run_dir / "locust", run_dir / "spawned.txt"
-    cmd = lk.locust_command(lb.url, args.users, load, prefix, user_rate=args.user_rate)
+    cmd = locust_runs.locust_command(lb.url, args.users, load, prefix, user_rate=args.user_rate)
     cmd += ["--request-log", str(run_dir / "requests.log"), "--spawned-file", str(spawned_file)]
     restarts = []
     with StatusWatch(lb.stats_url) as watch, (run_dir / "locust.log").open("w") as log:
@@ -193,7 +197,7 @@ def drive(args, reps: list[Replica], lb, load: lk.Load, run_dir: Path) -> tuple[
             time.sleep(args.after_s)
         finally:
             stopped = time.time()
-            lk.stop(locust, grace=30)  # locust writes its summary and the request log on SIGTERM
+            serving.stop(locust, grace=30)  # locust writes its summary and the request log on SIGTERM
     write_text_atomically(run_dir / "haproxy-status.json", json.dumps(watch.changes))
     return restarts, {"started": started, "spawned": spawned, "stopped": stopped}
 
@@ -278,8 +282,8 @@ def figures(rows: list[tuple], start: float, end: float) -> dict:
         "seconds": round(seconds, 2),
         "failed": sum(1 for r in rows if not r[2]),
         "rps": round(len(ms) / seconds, 1) if seconds > 0 else None,
-        "p50_ms": round(lk.percentile(ms, 0.5), 1),
-        "p99_ms": round(lk.percentile(ms, 0.99), 1),
+        "p50_ms": round(load_reports.percentile(ms, 0.5), 1),
+        "p99_ms": round(load_reports.percentile(ms, 0.99), 1),
         "max_ms": round(ms[-1], 1),
     }
 
@@ -296,7 +300,7 @@ def markdown(d: dict) -> str:
         "",
         f"**Failed requests: {d['failed']} of {d['requests']}.**",
         "",
-        lk.table(
+        load_reports.table(
             ["phase", "s", "requests", "failed", "req/s", "p50 ms", "p99 ms", "max ms"],
             [
                 [
@@ -313,7 +317,7 @@ def markdown(d: dict) -> str:
             ],
         ),  # fmt: skip
         "",
-        lk.table(
+        load_reports.table(
             [
                 "restart",
                 "replica",

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from app.machine import describe_cpu
 from benchmarks import cli
-from benchmarks.load import loadkit as lk
+from benchmarks.load import load_options, load_reports, locust_runs, serving
 from benchmarks.load.loadmodels import prepare, served_mix, write_sentences
+from benchmarks.load.mix import STANDARD as STANDARD_MIX
+from benchmarks.load.mix import parse_mix
 from benchmarks.output import add_results
 
 MB = 1 << 20
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.load.soak", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
-    lk.add_common(p)
+    load_options.add_common(p)
     p.add_argument("--minutes", type=cli.positive_float, default=10.0, help="length of the steady load")
     p.add_argument(
         "--fraction", type=cli.positive_float, default=0.7, help="share of the probed saturation to offer"
@@ -40,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=cli.positive_int, default=64, help="users of the probe and of the soak")
     p.add_argument(
         "--probe-time",
-        type=lk.run_seconds,
+        type=load_options.run_seconds,
         default=30.0,
-        help=f"seconds of the saturation probe (at least {lk.MIN_RUN_S})",
+        help=f"seconds of the saturation probe (at least {load_options.MIN_RUN_S})",
     )
     p.add_argument(
         "--warmup-s",
@@ -55,14 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         "--max-growth", type=cli.positive_float, default=5.0, help="pass if RSS grows less (percent)"
     )
     p.add_argument(
-        "--mix", default=None, help=f"default {lk.STANDARD_MIX}, less what the bundles served do not answer"
+        "--mix", default=None, help=f"default {STANDARD_MIX}, less what the bundles served do not answer"
     )
     p.add_argument("--batch-texts", type=cli.positive_int, default=8)
     p.add_argument("--server-args", default="", help="extra flags for python -m app")
     results = add_results(p, "soak")
     args = cli.parse_args(p, argv)
     results.settle(p, args)
-    lk.require()  # locust, before any server starts
+    serving.require()  # locust, before any server starts
     seconds = args.minutes * 60
     if args.warmup_s is None:
         args.warmup_s = min(120.0, seconds / 4)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(msg)
     try:
         if args.mix is not None:
-            lk.parse_mix(args.mix)
+            parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
     print(json.dumps({"soak": vars(args)}, default=str), flush=True)
@@ -86,20 +88,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args) -> int:
     work = Path(args.work)
-    run_dir = work / "runs" / f"{lk.stamp()}-{args.name}"
-    machine = lk.machine()
-    classify = "classify" in (args.mix or lk.STANDARD_MIX)
+    run_dir = work / "runs" / f"{load_reports.stamp()}-{args.name}"
+    machine = load_reports.machine()
+    classify = "classify" in (args.mix or STANDARD_MIX)
     models = prepare(args.model, args.bundle, args.precision, args.data_dir, classify, work)
     args.mix = served_mix(models, args.mix)  # the report names what was sent
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
-    load = lk.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.probe_time)
+    load = locust_runs.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.probe_time)
 
     probe = None
-    with lk.serve("ours", lk.ours(models, args.server_args), run_dir) as server:
-        settings = lk.server_settings(server)
+    with serving.serve("ours", serving.ours(models, args.server_args), run_dir) as server:
+        settings = serving.server_settings(server)
         watch = {"server": server.proc.pid}
         if args.rps is None:
-            probe = lk.run_locust(server.url, args.users, load, run_dir / "probe", watch=watch)
+            probe = locust_runs.run_locust(server.url, args.users, load, run_dir / "probe", watch=watch)
             rps = round(args.fraction * probe["rps"], 2)
             print(
                 f"saturation probe: {probe['rps']:.1f} req/s at {args.users} users -> soak at {rps} req/s",
@@ -107,9 +109,9 @@ def run(args) -> int:
             )
         else:
             rps = args.rps
-        soak_load = lk.Load(load.sentences, load.mix, load.batch_texts, args.minutes * 60)
+        soak_load = locust_runs.Load(load.sentences, load.mix, load.batch_texts, args.minutes * 60)
         print(f"soak: {args.minutes:g} min at {rps} req/s ...", flush=True)
-        soak = lk.run_locust(
+        soak = locust_runs.run_locust(
             server.url, args.users, soak_load, run_dir / "soak", user_rate=rps / args.users, watch=watch,
             full_history=True, sample_every=args.sample_s,
         )  # fmt: skip
@@ -122,7 +124,7 @@ def run(args) -> int:
         "machine": machine,
         "probe": probe,
         "offered_rps": rps,
-        # What the server said at start it runs with, resolved on this machine (loadkit.printed_settings).
+        # What the server said at start it runs with, resolved on this machine (serving.printed_settings).
         "server_settings": settings,
         "soak": soak,
         "memory": memory,
@@ -134,7 +136,7 @@ def run(args) -> int:
         "reports": str(run_dir),
     }
     md = markdown(data)
-    js, mdp = lk.write_report(args.name, data, md, Path(args.results))
+    js, mdp = load_reports.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
     return 0 if all(data["passed"].values()) else 1
 
@@ -205,13 +207,13 @@ def markdown(data: dict) -> str:
         f"machine: {describe_cpu(data['machine'])}, load average at start {data['machine']['load_avg_at_start']}",
         *settings_line(data),
         "",
-        lk.table(
-            ["", *lk.LOAD_HEADERS],
-            [[lk.marked("soak", soak), *lk.load_row(soak)]]
-            + ([[lk.marked("probe", probe), *lk.load_row(probe)]] if probe else []),
+        load_reports.table(
+            ["", *load_reports.LOAD_HEADERS],
+            [[load_reports.marked("soak", soak), *load_reports.load_row(soak)]]
+            + ([[load_reports.marked("probe", probe), *load_reports.load_row(probe)]] if probe else []),
         ),
         "",
-        lk.table(
+        load_reports.table(
             [
                 "RSS start MB",
                 "after warm-up MB",
@@ -242,17 +244,24 @@ def markdown(data: dict) -> str:
             [m["t_s"], m["rps_10s"], m["p50_ms_10s"], m["p99_ms_10s"], m["failures_total"], m["rss_mb"]]
             for m in data["minutes"]
         ]
-        lines.append(lk.table(["t s", "req/s", "p50 ms", "p99 ms", "failures so far", "RSS MB"], rows))
+        lines.append(
+            load_reports.table(["t s", "req/s", "p50 ms", "p99 ms", "failures so far", "RSS MB"], rows)
+        )
     runs = [("soak", soak), *([("probe", probe)] if probe else [])]
     # The probe's CPU is sampled once a second, the soak's every --sample-s (run_locust's sample_every).
     every = f"every {cfg['sample_s']:g} s in the soak" + (", once a second in the probe" if probe else "")
-    lines += ["", lk.cpu_note(every), *lk.warning_notes(runs), *lk.failure_notes(runs)]
+    lines += [
+        "",
+        load_reports.cpu_note(every),
+        *load_reports.warning_notes(runs),
+        *load_reports.failure_notes(runs),
+    ]
     return "\n".join(lines)
 
 
 def settings_line(data: dict) -> list[str]:
     said = data.get("server_settings")
-    return [f"- server: {lk.describe_settings(said['resolved'])}"] if said else []
+    return [f"- server: {serving.describe_settings(said['resolved'])}"] if said else []
 
 
 if __name__ == "__main__":

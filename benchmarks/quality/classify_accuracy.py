@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--models",
         type=cli.existing_path,
         # As given (the report names it: "models/sentiment", no machine path); the server is handed it
-        # made absolute (loadkit.command), so it is read from where the user stands, as it is here.
+        # made absolute (serving.command), so it is read from where the user stands, as it is here.
         default="models",
         help="directory of bundles the server loads (default: ./models)",
     )
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from app.machine import cpu
-    from benchmarks.load import loadkit as lk
+    from benchmarks.load import serving
     from training.finetuning.metrics import classification_metrics, format_report
     from training.finetuning.sets import LABELLED_SETS, load_labelled
 
@@ -98,19 +98,19 @@ def main(argv: list[str] | None = None) -> dict:
     predicted: list[int] = []
     with (
         tempfile.TemporaryDirectory() as logs,
-        lk.serve(
+        serving.serve(
             "electra-serve",
-            lambda port: lk.command("ours", port, models_dir=args.models),
+            lambda port: serving.command("ours", port, models_dir=args.models),
             Path(logs),
             warm_path="/classify",
         ) as server,
     ):
-        listed = {m["name"]: m for m in lk.get_json(server.url + "/models")["models"]}
+        listed = {m["name"]: m for m in serving.get_json(server.url + "/models")["models"]}
         if args.model not in listed:
             raise cli.UsageError(f"the server loaded {', '.join(listed)}, not {args.model!r}")
         for i in tqdm(range(0, len(items), args.batch), desc="classify", unit="batch"):
             texts = [t for t, _ in items[i : i + args.batch]]
-            answer = lk.post_json(server.url + "/classify", {"model": args.model, "texts": texts}, 120)
+            answer = serving.post_json(server.url + "/classify", {"model": args.model, "texts": texts}, 120)
             predicted += [label_ids[r["label"]] for r in answer["results"]]
 
     truth = np.array([y for _, y in items], dtype=np.int64)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.load.loadkit import table
+from benchmarks.load.load_reports import table
 
 SENTENCE_SETS = [("Commons", "user_sentences.json"), ("WikiText-2 items", "user_sentences_wikitext2.json"),
                  ("hand-written", "user_sentences_handwritten.json")]  # fmt: skip

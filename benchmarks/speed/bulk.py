@@ -32,7 +32,8 @@ import numpy as np
 import psutil
 
 from benchmarks import cli
-from benchmarks.load.loadkit import free_port, serve, stop, table
+from benchmarks.load.load_reports import table
+from benchmarks.load.serving import free_port, serve, stop
 from benchmarks.output import add_out_file, show_config, write_json
 from benchmarks.speed.own_ray import stop_own_ray
 
