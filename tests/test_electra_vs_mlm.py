@@ -16,7 +16,8 @@ import pytest
 from benchmarks.quality import claim_report, claim_runs, pretrainkit
 from benchmarks.quality import electra_vs_mlm as bench
 from options import resolve
-from training.config import FinetuneConfig, PretrainConfig
+from training.finetuning.config import FinetuneConfig
+from training.pretraining.config import PretrainConfig
 
 POINT_SETS = ["0.25,0.5,1", "0.3,0.6,1", "0.333,0.667,1", "0.1,1"]
 

@@ -810,7 +810,7 @@ def test_whole_number_labels_written_as_decimals_are_the_same_classes(tmp_path):
     """pandas writes an integer label column that has a missing value as floats: a train CSV of "0.0" and
     "1.0" beside a dev CSV of "0" and "1" once made four classes, and the dev file failed as holding labels
     the training data lacks."""
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.data import load_task_data
 
     rows = [("a fine film", 1), ("a dull film", 0)] * 5

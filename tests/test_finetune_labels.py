@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import FinetuneConfig
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.data import DataError, load_task_data
 from training.finetuning.labels import class_sort_key
 
@@ -225,7 +225,7 @@ def test_decimal_commas_and_labels_that_merely_hold_commas_are_not_taken_for_sev
 @pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
 def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     """It trained on the label as its text: a model that reads the answer from its input."""
-    from training.config import ConfigError
+    from options import ConfigError
 
     train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
     flag = "--" + option.replace("_", "-")
@@ -235,7 +235,7 @@ def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
 
 def test_a_text_pair_column_that_is_the_text_column_is_refused(tmp_path):
     """It trained every text paired with itself, and the served model then expected such pairs."""
-    from training.config import ConfigError
+    from options import ConfigError
 
     train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
     with pytest.raises(

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.config import FinetuneConfig
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.data import load_task_data
 from training.finetuning.metrics import classification_metrics, format_report
 from training.finetuning.tuner import TOP_PROBS, _class_probs

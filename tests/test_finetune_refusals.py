@@ -243,7 +243,7 @@ def test_a_run_saved_with_options_its_data_left_unused_still_resumes(tiny_init, 
     """--text-column with --task (or --dev-fraction with --dev) was saved and ignored by the previous version,
     and is refused now: the run it saved resumed no more, the refusal naming a flag no one gave."""
     import options
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.resume import resumed_config
 
     out = tmp_path / "out"
@@ -325,7 +325,7 @@ def test_threads_0_is_every_core_and_cuda_without_a_gpu_leaves_out_untouched(tmp
     import torch
 
     import options
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
 
     argv = ["--init", str(tmp_path), "--task", "sms_spam", "--out", str(tmp_path / "out")]
     assert options.resolve(FinetuneConfig, [*argv, "--threads", "0"]).threads == 0
@@ -374,8 +374,8 @@ def test_the_original_command_resumes_when_it_spelled_its_labels_otherwise_than_
     """A run started with --positive-label 1.0 saved the class it names, "1": the same command with --resume
     was refused as changing it ("--positive-label '1' then, '1.0' now"); so was --labels spelled otherwise."""
     import options
-    from training.config import FinetuneConfig
     from training.finetuning import tuner
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.resume import resumed_config
 
     data, out = tmp_path / "r.csv", tmp_path / "out"

@@ -202,7 +202,7 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_the_first_step(
 def test_the_disk_check_counts_the_checkpoints_held_at_once(
     tmp_path, step, max_steps, save_every, keep, on_disk, more
 ):
-    from training.config import PretrainConfig
+    from training.pretraining.config import PretrainConfig
     from training.pretraining.resume import checkpoints_to_fit
 
     for i in range(on_disk):
@@ -840,7 +840,9 @@ def test_training_asks_cuda_for_deterministic_kernels_unless_told_not_to():
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True)
     # Strict: an operation without a deterministic kernel stops the run instead of warning.
     assert done.stdout.split() == ["None", "False", "False", ":4096:8", "True", "False"], done.stderr
-    from training.config import FinetuneConfig, HardwareOptions, PretrainConfig
+    from training.config import HardwareOptions
+    from training.finetuning.config import FinetuneConfig
+    from training.pretraining.config import PretrainConfig
 
     assert HardwareOptions().deterministic
     assert issubclass(PretrainConfig, HardwareOptions) and issubclass(FinetuneConfig, HardwareOptions)

@@ -29,7 +29,8 @@ import options
 from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import FinetuneConfig, check_data_dir
+from training.config import check_data_dir
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.out_checks import check_out, outputs_in, saved_settings, stopped
 from training.run_dir import check_not_held
 

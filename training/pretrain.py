@@ -22,7 +22,8 @@ import options
 from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import PretrainConfig, absolute_out, check_data_dir
+from training.config import absolute_out, check_data_dir
+from training.pretraining.config import PretrainConfig
 from training.run_dir import check_out_before_setup, launch_command, resumed_settings
 
 PROG = "python -m training.pretrain"

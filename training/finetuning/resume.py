@@ -24,9 +24,10 @@ import options
 from options import ConfigError
 from training import checkpoint as ckpt
 from training.atomic_dirs import write_atomically
-from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, same_files, unused_data_options
+from training.config import FINETUNE_PATHS, absolute_paths, same_files
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
+from training.finetuning.config import FinetuneConfig, unused_data_options
 from training.finetuning.data import REGRESSION
 from training.finetuning.labels import label_name, label_names
 from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings

@@ -29,12 +29,13 @@ from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import finetune as entry
 from training import quantization, run_dir
-from training.config import CLASSIFICATION_METRICS, FinetuneConfig, check_data_dir
+from training.config import check_data_dir
 from training.data.registry import DataDirChecksumError, DatasetError, UnknownDatasetError
 from training.data.tokenizer import TokenizerError, fits_model
 from training.embedding_grad import opaque_embedding_grads
 from training.errors import DiskFullError, disk_full, out_of_space
 from training.finetuning import resume
+from training.finetuning.config import CLASSIFICATION_METRICS, FinetuneConfig
 from training.finetuning.data import (
     CLASSIFICATION,
     REGRESSION,

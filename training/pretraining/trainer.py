@@ -26,7 +26,6 @@ from options.stopping import GracefulStop
 from training import checkpoint as ckpt
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import COMPILE_MODES, PretrainConfig
 from training.data.corpus_sources import CorpusError
 from training.data.registry import DataDirChecksumError, DatasetError
 from training.data.shards import ShardsError
@@ -41,6 +40,7 @@ from training.optim import (
     linear_schedule,
     matmul_precision,
 )
+from training.pretraining.config import COMPILE_MODES, PretrainConfig
 from training.pretraining.corruption import build_corruption
 from training.pretraining.data import PretrainingData, build_data
 from training.pretraining.distributed import Dist
