@@ -49,7 +49,7 @@ def _main(argv: list[str] | None) -> dict:
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
         cfg = options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
-        check_data_dir(cfg)  # a resumed run's saved one is checked once it is read (tuner.resolve)
+        check_data_dir(cfg)  # a resumed run's saved one is checked once it is read (start.resolve)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     _one_process()
