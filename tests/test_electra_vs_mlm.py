@@ -195,7 +195,7 @@ def test_the_control_is_the_electra_runs_first_weights(tmp_path, small_corpus, s
     from test_pretrain import tiny_args
 
     from training import checkpoint as ckpt
-    from training.pretraining.trainer import setup
+    from training.pretraining.start import setup
 
     run, control = tmp_path / "run", tmp_path / "control"
     t = setup(tiny_args(run, small_corpus, small_tokenizer, "--seed", "7"))

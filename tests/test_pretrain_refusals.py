@@ -677,14 +677,14 @@ def test_sigterm_before_training_stops_as_ctrl_c_does(tmp_path, monkeypatch, cap
     import signal
     import time
 
-    import training.pretraining.trainer as trainer
+    import training.pretraining.loop as loop
 
     def reading(argv):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler raises here
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(trainer, "run", reading)
+    monkeypatch.setattr(loop, "run", reading)
     with pytest.raises(SystemExit) as stop:
         pretrain(["--out", str(tmp_path / "run"), "--corpus", "wikitext2"])
     assert stop.value.code == 128 + signal.SIGTERM

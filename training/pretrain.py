@@ -57,7 +57,7 @@ def _main(argv: list[str] | None) -> None:
         options.usage_exit(f"error: {e}")
     try:
         with training_install(PROG):  # the serving install (scripts/serve's .venv) has no torch
-            from training.pretraining.trainer import run
+            from training.pretraining.loop import run
 
         # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed.
         with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):
