@@ -19,7 +19,8 @@ from tests.helpers_models import TINY_ENCODER as TINY
 from training.checkpoint import commit_checkpoint, load_model
 from training.data.tokenizer import load_tokenizer
 from training.finetune import main as finetune
-from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.finetuning.batches import collate, encode
+from training.finetuning.data import CLASSIFICATION, Example, TaskData
 from training.finetuning.layerwise_lr import layerwise_param_groups
 from training.finetuning.metrics import selection_key
 from training.finetuning.model import init_classifier

@@ -90,7 +90,7 @@ def features(model, tok, examples, max_seq_len: int):
     the CPU whatever device the model is on."""
     import torch
 
-    from training.finetuning.data import batches, encode
+    from training.finetuning.batches import batches, encode
 
     encoded = encode(tok, examples, max_seq_len)
     layers = model.electra.encoder.layer

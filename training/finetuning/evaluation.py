@@ -8,11 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.finetuning.data import (
-    REGRESSION,
-    TaskData,
-    batches,
-)
+from training.finetuning.batches import batches
+from training.finetuning.data import REGRESSION, TaskData
 from training.finetuning.metrics import (
     classification_metrics,
     regression_metrics,

@@ -17,10 +17,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from training.finetuning.config import FinetuneConfig
-from training.finetuning.data import (
-    REGRESSION,
-    TaskData,
-)
+from training.finetuning.data import REGRESSION, TaskData
 from training.finetuning.evaluation import evaluate, figures, loss_fn, predict
 from training.finetuning.metrics import (
     format_report,

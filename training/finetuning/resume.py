@@ -43,7 +43,7 @@ EARLIER_SPELLING = (
     "'True'/'False', '+1' apart from '1'): finish it with that version, or start again with --overwrite"
 )
 # Runs stopped under versions before 2026-11-30 held out their dev split from --train by class index, not
-# name (training/finetuning/data.py, _hold_out): the same file gives other dev rows now.
+# name (training/finetuning/splits.py, _hold_out): the same file gives other dev rows now.
 EARLIER_SPLIT = (
     "; a run stopped under an earlier version (before 2026-11-30) also held out other dev rows from --train: "
     "finish it with that version, or start again with --overwrite"

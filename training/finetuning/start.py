@@ -24,17 +24,9 @@ from training.data.registry import DataDirChecksumError, DatasetError, UnknownDa
 from training.data.tokenizer import TokenizerError, fits_model
 from training.embedding_grad import opaque_embedding_grads
 from training.finetuning import resume
+from training.finetuning.batches import batches, encode, typed_special_tokens
 from training.finetuning.config import CLASSIFICATION_METRICS, FinetuneConfig
-from training.finetuning.data import (
-    CLASSIFICATION,
-    REGRESSION,
-    TaskData,
-    batches,
-    encode,
-    load_task_data,
-    overlap_warnings,
-    typed_special_tokens,
-)
+from training.finetuning.data import CLASSIFICATION, REGRESSION, TaskData, load_task_data
 from training.finetuning.fine_tuner import FineTuner
 from training.finetuning.labels import label_name
 from training.finetuning.layerwise_lr import layerwise_param_groups
@@ -51,6 +43,7 @@ from training.finetuning.model import (
 from training.finetuning.out_checks import check_out
 from training.finetuning.outputs import check_model_fits, prepare_out
 from training.finetuning.resume import EARLIER_SPELLING
+from training.finetuning.splits import overlap_warnings
 from training.model import ElectraForSequenceClassification, count_parameters
 from training.optim import (
     autocast_for,

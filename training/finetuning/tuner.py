@@ -23,10 +23,8 @@ from training import checkpoint as ckpt
 from training import finetune as entry
 from training.errors import DiskFullError, disk_full, out_of_space
 from training.finetuning import resume
+from training.finetuning.batches import batches
 from training.finetuning.config import FinetuneConfig
-from training.finetuning.data import (
-    batches,
-)
 from training.finetuning.fine_tuner import FineTuner, early_stop_line
 from training.finetuning.out_checks import stopped
 from training.finetuning.outputs import next_line
