@@ -24,7 +24,7 @@ class EvalDataError(ValueError):
     """Held-out or labelled data that cannot be found or read; the message says which flag to use."""
 
 
-# One input of a classifier: a text, or a (text, text_pair) pair, as fine-tuning (training.finetuning.data.encode)
+# One input of a classifier: a text, or a (text, text_pair) pair, as fine-tuning (training.finetuning.batches.encode)
 # and the server (`pairs` of /classify) give the tokenizer a sentence pair.
 Input = str | tuple[str, str]
 
@@ -120,7 +120,7 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     pair as [CLS] A [SEP] B [SEP] with its type ids, cut longest first; "[SEP]" in a text is text), pad;
     (Batch, special mask)."""
     from app.model.text_heads import text_heads
-    from training.finetuning.data import tokenizer_copy
+    from training.finetuning.batches import tokenizer_copy
 
     tokenizer.enable_truncation(max_len, strategy="longest_first")
     tokenizer.no_padding()
@@ -192,8 +192,9 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     the same formats, checks and label names), from the columns the checkpoint was fine-tuned with (its
     trainer_state.json: a pair model's two texts as a (text, text_pair) input), unless `cfg` (an
     ExportConfig) names others; else `text` and `label`."""
-    from training.finetuning.data import DataError, missing, read_rows, row_columns
+    from training.finetuning.data import DataError
     from training.finetuning.labels import label_name
+    from training.finetuning.rows import missing, read_rows, row_columns
 
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read

@@ -20,9 +20,10 @@ from app.settings import Settings
 from bulk.config import BulkConfig
 from export.config import ExportConfig
 from export.recover import RecoverConfig
-from training.config import FinetuneConfig, PretrainConfig
 from training.data.corpus_sources import JSONL_SUFFIXES, REGISTRY_CORPORA, TEXT_SUFFIXES
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.sets import LABELLED_SETS
+from training.pretraining.config import PretrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 # Each program with the options it cannot run without.
@@ -335,7 +336,7 @@ def test_a_tilde_in_a_path_is_the_home_directory_wherever_it_is_given(tmp_path, 
         options.ConfigError, match=r"--out ~no-such-user-here/x: there is no user 'no-such-user-here'"
     ):
         bulk_resolve(["in.jsonl", "--out=~no-such-user-here/x", "--model", "m"])
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
 
     tuned = options.resolve(FinetuneConfig, ["--out=~/ft", "--init", "x", "--task", "trec"], env={})
     assert tuned.out == str(home / "ft")  # was ./~/ft: fine-tuning kept --out as typed

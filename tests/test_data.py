@@ -123,7 +123,7 @@ def test_an_empty_data_dir_is_none_not_the_current_directory_nor_the_environment
     to override: now it is none, the cache alone."""
     import shutil
 
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "trec.csv").write_text("the user's own file\n")
@@ -165,7 +165,8 @@ def test_export_reads_an_empty_data_dir_as_training_does(data_dir, tmp_path, mon
 def test_a_relative_data_dir_is_saved_absolute(data_dir, tmp_path, monkeypatch):
     """config.json kept --data-dir as typed: a resume from another directory lost it, and fetched the files
     from the network (or failed, offline), as --init and --tokenizer, kept absolute, did not."""
-    from training.config import FinetuneConfig, PretrainConfig
+    from training.finetuning.config import FinetuneConfig
+    from training.pretraining.config import PretrainConfig
 
     (tmp_path / "mydata").mkdir()
     monkeypatch.chdir(tmp_path)

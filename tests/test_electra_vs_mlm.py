@@ -16,7 +16,8 @@ import pytest
 from benchmarks.quality import claim_report, claim_runs, pretrainkit
 from benchmarks.quality import electra_vs_mlm as bench
 from options import resolve
-from training.config import FinetuneConfig, PretrainConfig
+from training.finetuning.config import FinetuneConfig
+from training.pretraining.config import PretrainConfig
 
 POINT_SETS = ["0.25,0.5,1", "0.3,0.6,1", "0.333,0.667,1", "0.1,1"]
 
@@ -194,7 +195,7 @@ def test_the_control_is_the_electra_runs_first_weights(tmp_path, small_corpus, s
     from test_pretrain import tiny_args
 
     from training import checkpoint as ckpt
-    from training.pretraining.trainer import setup
+    from training.pretraining.start import setup
 
     run, control = tmp_path / "run", tmp_path / "control"
     t = setup(tiny_args(run, small_corpus, small_tokenizer, "--seed", "7"))

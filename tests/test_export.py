@@ -590,7 +590,7 @@ def test_recovered_checkpoint_is_the_bundles_discriminator_and_warm_starts(tmp_p
     import torch
 
     from export.recover import recover
-    from training.config import PretrainConfig
+    from training.pretraining.config import PretrainConfig
     from training.pretraining.model import build_objective
     from training.pretraining.warmstart import load_warm_start, resolve_warm_start
 

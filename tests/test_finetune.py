@@ -19,7 +19,8 @@ from tests.helpers_models import TINY_ENCODER as TINY
 from training.checkpoint import commit_checkpoint, load_model
 from training.data.tokenizer import load_tokenizer
 from training.finetune import main as finetune
-from training.finetuning.data import CLASSIFICATION, Example, TaskData, collate, encode
+from training.finetuning.batches import collate, encode
+from training.finetuning.data import CLASSIFICATION, Example, TaskData
 from training.finetuning.layerwise_lr import layerwise_param_groups
 from training.finetuning.metrics import selection_key
 from training.finetuning.model import init_classifier
@@ -255,11 +256,11 @@ def test_a_regressions_dev_figures_under_bf16_are_its_fp32_exports(tiny_init, tm
     """Under bf16 autocast (CUDA, AMX CPUs) the dev evaluations rounded a regression's single output to
     8 bits of mantissa: Spearman 0.19 where fp32 read 0.57 on the same weights, and --patience stopped on
     it. Dev is evaluated in fp32, as the bundle computes: the kept step's row is eval_dev.json's."""
-    from training.finetuning import tuner
+    from training.finetuning import start
     from training.report import read_metrics
 
     # bf16 autocast whatever this CPU is (without AMX it is slow, not wrong).
-    monkeypatch.setattr(tuner, "autocast_for",
+    monkeypatch.setattr(start, "autocast_for",
                         lambda device, want: (True, lambda: torch.autocast("cpu", dtype=torch.bfloat16)))  # fmt: skip
     out, evals = _regression_run(tiny_init, tmp_path)
     assert json.loads((out / "finetune_config.json").read_text())["as_run"]["precision"] == "bf16 autocast"
@@ -362,10 +363,10 @@ def test_patience_spent_at_the_last_evaluation_is_no_early_stop(tiny_init, tmp_p
 def test_a_lower_loss_at_the_same_figure_is_kept_but_not_called_an_improvement(tiny_init, tmp_path, capsys):
     """Evaluations at a saturated dev figure were marked "* best" (a lower loss broke the tie) while the run
     then stopped for "no dev improvement" in as many evaluations."""
-    from training.finetuning import tuner
+    from training.finetuning import start
     from training.report import MetricsLog
 
-    t = tuner.setup(["--init", str(tiny_init), "--train", str(write_csv(tmp_path / "r.csv", 40)), "--text-column",
+    t = start.setup(["--init", str(tiny_init), "--train", str(write_csv(tmp_path / "r.csv", 40)), "--text-column",
                      "review", "--label-column", "verdict", "--out", str(tmp_path / "out"), "--patience", "1",
                      "--threads", "1"])  # fmt: skip
     figures = t.evaluate("dev")
@@ -783,15 +784,15 @@ def test_a_signal_while_the_finished_run_is_saved_does_not_unmake_it(tiny_init, 
     import os
     import signal
 
-    from training.finetuning import tuner
+    from training.finetuning import fine_tuner
 
-    save = tuner.FineTuner.save_best
+    save = fine_tuner.FineTuner.save_best
 
     def signalled(self, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # handled by the run's GracefulStop: noted, nothing stops
         return save(self, *args, **kwargs)
 
-    monkeypatch.setattr(tuner.FineTuner, "save_best", signalled)
+    monkeypatch.setattr(fine_tuner.FineTuner, "save_best", signalled)
     evals = run("--init", tiny_init, "--train", write_csv(tmp_path / "r.csv", 30), "--text-column", "review",
                 "--label-column", "verdict", "--epochs", 1, "--out", tmp_path / "out")  # fmt: skip
     assert "dev" in evals and "interrupted" not in evals
@@ -810,7 +811,7 @@ def test_whole_number_labels_written_as_decimals_are_the_same_classes(tmp_path):
     """pandas writes an integer label column that has a missing value as floats: a train CSV of "0.0" and
     "1.0" beside a dev CSV of "0" and "1" once made four classes, and the dev file failed as holding labels
     the training data lacks."""
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.data import load_task_data
 
     rows = [("a fine film", 1), ("a dull film", 0)] * 5
@@ -858,14 +859,14 @@ def test_a_disk_without_room_for_the_model_is_refused_before_training(tiny_init,
 
 def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_path):
     from benchmarks.training_faults import tmpfs
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     train = write_csv(tmp_path / "r.csv", 30)
     weights = (tiny_init / "model.safetensors").stat().st_size
     try:
         # Room at the start (check_model_fits: the model, and two resume/ at about four times it each)
         with tmpfs(tmp_path / "disk", 10 * weights + 2**23) as disk:
-            t = tuner.setup(["--threads", "1", "--init", str(tiny_init), "--out", str(disk / "out"), "--train",
+            t = start.setup(["--threads", "1", "--init", str(tiny_init), "--out", str(disk / "out"), "--train",
                              str(train), "--text-column", "review", "--label-column", "verdict", "--epochs", "1"])  # fmt: skip
             # Then another writer fills the disk.
             with (
@@ -897,7 +898,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
     metrics.jsonl rows and figures as the run never stopped; a finished run keeps no resume/."""
     import time
 
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
     from training.report import read_metrics
 
     data = write_csv(tmp_path / "r.csv", 120)
@@ -908,7 +909,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
                 "--out", str(out), *extra]  # fmt: skip
 
     finetune(args(tmp_path / "whole"))
-    t = tuner.setup(
+    t = start.setup(
         [*args(tmp_path / "stopped"), "--overwrite"]
     )  # saved in its config: no clash with --resume
     tuner._train(t, time.time(), stopping=lambda: t.step >= stop_at)  # as after Ctrl-C at that step
@@ -958,10 +959,10 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
     resumed run's test figures were not the run's. A run saved before the test's fingerprint still resumes."""
     import time
 
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     data, test, out = write_csv(tmp_path / "r.csv", 60), write_csv(tmp_path / "t.csv", 10), tmp_path / "out"
-    t = tuner.setup(["--init", str(tiny_init), "--train", str(data), "--test", str(test), "--text-column", "review",
+    t = start.setup(["--init", str(tiny_init), "--train", str(data), "--test", str(test), "--text-column", "review",
                      "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
                      "--out", str(out)])  # fmt: skip
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
@@ -991,14 +992,14 @@ def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path
 def test_overwrite_keeps_the_previous_model_until_the_new_one_is_written(tiny_init, tmp_path):
     """--overwrite deleted the previous model at the start: a run that then failed (a crash, a kill, a
     divergence) left --out with no model at all."""
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
     args = ["--init", str(tiny_init), "--train", str(data), "--text-column", "review", "--label-column", "verdict",
             "--epochs", "1", "--batch-size", "8", "--threads", "1", "--out", str(out)]  # fmt: skip
     finetune([*args, "--test", str(write_csv(tmp_path / "t.csv", 12))])
     before = (out / "model.safetensors").read_bytes()
-    t = tuner.setup([*args, "--overwrite", "--seed", "7"])  # as a run that then crashes leaves it
+    t = start.setup([*args, "--overwrite", "--seed", "7"])  # as a run that then crashes leaves it
     assert (out / "model.safetensors").read_bytes() == before and (out / "eval_test.json").is_file()
     assert not (out / "metrics.jsonl").exists()  # the previous run's progress goes at the start
     tuner.train_and_save(t)
@@ -1010,9 +1011,9 @@ def test_a_signal_during_the_last_step_leaves_a_finished_run_finished(tiny_init,
     """It was written as interrupted, with an older resume/ linked in, and told to --resume."""
     import time
 
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
-    t = tuner.setup(["--init", str(tiny_init), "--train", str(write_csv(tmp_path / "r.csv", 60)), "--text-column",
+    t = start.setup(["--init", str(tiny_init), "--train", str(write_csv(tmp_path / "r.csv", 60)), "--text-column",
                      "review", "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
                      "--out", str(tmp_path / "out")])  # fmt: skip
     evals = tuner._train(t, time.time(), stopping=lambda: t.step >= t.total)
@@ -1026,7 +1027,7 @@ def test_resume_after_the_pretraining_run_removed_the_checkpoint_it_began_from(t
     may be gone at its --resume. Its weights come from resume/; --init (the run) gives shape and tokenizer."""
     import time
 
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     run = tmp_path / "pretraining"
     shutil.copytree(tiny_init, run / "checkpoints" / "step-00000001")
@@ -1034,7 +1035,7 @@ def test_resume_after_the_pretraining_run_removed_the_checkpoint_it_began_from(t
     args = ["--init", str(run), "--train", str(write_csv(tmp_path / "r.csv", 60)), "--text-column", "review",
             "--label-column", "verdict", "--epochs", "2", "--batch-size", "8", "--threads", "1",
             "--out", str(tmp_path / "out")]  # fmt: skip
-    t = tuner.setup(args)
+    t = start.setup(args)
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
     (run / "checkpoints" / "step-00000001").rename(run / "checkpoints" / "step-00000002")
     (run / "checkpoints" / "latest").write_text("step-00000002\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import FinetuneConfig
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.data import DataError, load_task_data
 
 ROWS = [f"text {i},{'pos' if i % 2 else 'neg'}" for i in range(1, 61)]  # row n is file line n + 1

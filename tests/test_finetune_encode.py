@@ -10,7 +10,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from app.model.text_heads import CHARS_PER_TOKEN, text_heads
-from training.finetuning.data import Example, encode, tokenizer_copy
+from training.finetuning.batches import encode, tokenizer_copy
+from training.finetuning.data import Example
 
 # The committed detector's tokenizer: BERT's uncased WordPiece, which splits CJK characters apart.
 TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "detector" / "tokenizer.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import FinetuneConfig
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.data import DataError, load_task_data
 from training.finetuning.labels import label_name
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import FinetuneConfig
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.data import DataError, load_task_data
 from training.finetuning.labels import class_sort_key
 
@@ -74,7 +74,7 @@ def test_texts_holding_unicode_line_separators_are_read_whole(tmp_path, suffix):
 def test_labels_and_positive_label_are_read_as_the_datas_labels_are(tmp_path, tiny_init):
     """A file of 0.0/1.0 labels makes classes "0" and "1": --labels 0.0,1.0 was refused as not listing
     them, and --positive-label 1.0 as not one of them."""
-    from training.finetuning.tuner import resolve
+    from training.finetuning.start import resolve
 
     train = write(tmp_path / "t.csv", [(f"film {i}", f"{i % 2}.0") for i in range(40)])
     assert load(tmp_path, train, labels="1.0, 0.0").labels == ("1", "0")
@@ -225,7 +225,7 @@ def test_decimal_commas_and_labels_that_merely_hold_commas_are_not_taken_for_sev
 @pytest.mark.parametrize("option", ["text_column", "text_pair_column"])
 def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
     """It trained on the label as its text: a model that reads the answer from its input."""
-    from training.config import ConfigError
+    from options import ConfigError
 
     train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
     flag = "--" + option.replace("_", "-")
@@ -235,7 +235,7 @@ def test_a_text_column_that_is_the_label_column_is_refused(tmp_path, option):
 
 def test_a_text_pair_column_that_is_the_text_column_is_refused(tmp_path):
     """It trained every text paired with itself, and the served model then expected such pairs."""
-    from training.config import ConfigError
+    from options import ConfigError
 
     train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
     with pytest.raises(
@@ -334,7 +334,7 @@ def test_the_dev_split_is_the_same_rows_whatever_the_order_of_the_labels(tmp_pat
 def test_a_class_a_split_or_sample_leaves_out_is_warned_of_with_what_to_do(tmp_path, tiny_init, capsys):
     """A class of one row (it trains) had no dev row, and a --max-train-examples sample could drop a class
     from training, both in silence."""
-    from training.finetuning.tuner import setup
+    from training.finetuning.start import setup
 
     rows = [(f"film {i}", "ab"[i % 2]) for i in range(40)] + [("a lonely film", "c")]
     train = write(tmp_path / "t.csv", rows)

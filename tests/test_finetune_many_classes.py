@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.config import FinetuneConfig
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.data import load_task_data
+from training.finetuning.evaluation import TOP_PROBS, _class_probs
 from training.finetuning.metrics import classification_metrics, format_report
-from training.finetuning.tuner import TOP_PROBS, _class_probs
 
 
 def test_ten_thousand_classes_make_figures_a_short_report_and_a_small_json():

@@ -34,11 +34,11 @@ def args_for(init, data: Path, out: Path, *extra) -> list[str]:
 @pytest.fixture(scope="module")
 def stopped(tiny_init, tmp_path_factory) -> tuple[Path, list[str]]:
     """A run stopped at step 3 (as after Ctrl-C), its resume/ state written; and its command."""
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     where = tmp_path_factory.mktemp("stopped")
     args = args_for(tiny_init, write_csv(where / "r.csv", 60), where / "out")
-    t = tuner.setup(args)
+    t = start.setup(args)
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
     return where / "out", args
 
@@ -124,7 +124,7 @@ def test_resume_with_another_init_as_the_message_asks(stopped, tmp_path, tiny_in
 
 
 def test_a_run_started_with_relative_paths_resumes_from_another_directory(tiny_init, tmp_path):
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     here = tmp_path / "here"
     here.mkdir()
@@ -133,7 +133,7 @@ def test_a_run_started_with_relative_paths_resumes_from_another_directory(tiny_i
     cwd = Path.cwd()
     os.chdir(here)
     try:
-        t = tuner.setup(args_for("init", Path("r.csv"), Path("out")))
+        t = start.setup(args_for("init", Path("r.csv"), Path("out")))
         tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
     finally:
         os.chdir(cwd)
@@ -180,12 +180,12 @@ def test_a_text_pair_needs_room_for_both_texts(tmp_path):
 def test_a_resume_whose_init_tokenizer_now_numbers_otherwise_is_refused(tmp_path, tiny_init):
     """The tokenizer of the checkpoint a run began from, changed in place between the stop and the resume
     (the same size, two ids swapped): the run went on with other ids and said it resumed."""
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
 
     init = tmp_path / "init"
     shutil.copytree(tiny_init, init)
     args = args_for(init, write_csv(tmp_path / "r.csv", 60), tmp_path / "out")
-    t = tuner.setup(args)
+    t = start.setup(args)
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
     spec = json.loads((init / "tokenizer.json").read_text())
     vocab = spec["model"]["vocab"]
@@ -243,7 +243,7 @@ def test_a_run_saved_with_options_its_data_left_unused_still_resumes(tiny_init, 
     """--text-column with --task (or --dev-fraction with --dev) was saved and ignored by the previous version,
     and is refused now: the run it saved resumed no more, the refusal naming a flag no one gave."""
     import options
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.resume import resumed_config
 
     out = tmp_path / "out"
@@ -264,7 +264,7 @@ def test_a_model_that_answers_one_label_for_everything_is_warned_of():
     """A fine-tune that learnt only the majority class printed f1 0.92 for it, and nothing else."""
     from types import SimpleNamespace
 
-    from training.finetuning.tuner import _one_class_note
+    from training.finetuning.fine_tuner import _one_class_note
 
     data = SimpleNamespace(problem_type="classification")
     rows = [{"label": "junk", "predicted": "normal"}] + [{"label": "normal", "predicted": "normal"}] * 9
@@ -325,7 +325,7 @@ def test_threads_0_is_every_core_and_cuda_without_a_gpu_leaves_out_untouched(tmp
     import torch
 
     import options
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
 
     argv = ["--init", str(tmp_path), "--task", "sms_spam", "--out", str(tmp_path / "out")]
     assert options.resolve(FinetuneConfig, [*argv, "--threads", "0"]).threads == 0
@@ -374,8 +374,8 @@ def test_the_original_command_resumes_when_it_spelled_its_labels_otherwise_than_
     """A run started with --positive-label 1.0 saved the class it names, "1": the same command with --resume
     was refused as changing it ("--positive-label '1' then, '1.0' now"); so was --labels spelled otherwise."""
     import options
-    from training.config import FinetuneConfig
-    from training.finetuning import tuner
+    from training.finetuning import start, tuner
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.resume import resumed_config
 
     data, out = tmp_path / "r.csv", tmp_path / "out"
@@ -383,7 +383,7 @@ def test_the_original_command_resumes_when_it_spelled_its_labels_otherwise_than_
         "review,verdict\n" + "".join(f"film {i} {'good' if i % 2 else 'bad'},{i % 2}\n" for i in range(40))
     )
     args = [*args_for(tiny_init, data, out), "--positive-label", "1.0", "--labels", "0.0, 1"]
-    t = tuner.setup(args)
+    t = start.setup(args)
     tuner._train(t, time.time(), stopping=lambda: t.step >= 3)
     respelled = ["--out", str(out), "--resume", "--labels", "0,1.0", "--positive-label", "+1"]
     cfg, _ = resumed_config(options.resolve(FinetuneConfig, respelled), respelled, "finetune", "")

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.quality import generator_size as bench
 from options import resolve
-from training.config import PretrainConfig
+from training.pretraining.config import PretrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

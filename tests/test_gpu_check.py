@@ -477,7 +477,8 @@ def test_embedding_grads_reaches_every_training_run_the_call_starts(tmp_path):
     from benchmarks.quality.claim_runs import finetune_job, run_config
     from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
     from options import resolve
-    from training.config import FinetuneConfig, PretrainConfig
+    from training.finetuning.config import FinetuneConfig
+    from training.pretraining.config import PretrainConfig
 
     ctx = Context("cuda", SIZES["full"], tmp_path / "work", tmp_path / "out", real_data_dir(), {}, {}, 10.0,
                   embedding_grads="autograd")  # fmt: skip

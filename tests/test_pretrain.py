@@ -20,7 +20,7 @@ from training.atomic_dirs import write_atomically
 from training.checkpoint import resolve_checkpoint, state_dict_for_save
 from training.data.corpus import corpus_key
 from training.pretrain import main as pretrain
-from training.pretraining.trainer import setup
+from training.pretraining.start import setup
 from training.report import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,7 +96,7 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_to
 def test_ctrl_c_outside_a_step_says_what_is_kept_not_a_traceback(tmp_path, monkeypatch, capsys, saved):
     """Ctrl-C while the corpus is read (before any step), or a second one while a step runs: the run
     stops at once, exit 130, saying whether a checkpoint is there to resume."""
-    import training.pretraining.trainer as trainer
+    import training.pretraining.loop as loop
 
     def interrupted(argv):
         if saved:  # the run saved a checkpoint before the Ctrl-C (one there at the start refuses a new run)
@@ -104,7 +104,7 @@ def test_ctrl_c_outside_a_step_says_what_is_kept_not_a_traceback(tmp_path, monke
             (tmp_path / "checkpoints" / "latest").write_text("step-00000010\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "run", interrupted)
+    monkeypatch.setattr(loop, "run", interrupted)
     with pytest.raises(SystemExit) as stop:
         pretrain(["--out", str(tmp_path)])
     assert stop.value.code == 130
@@ -202,7 +202,7 @@ def test_a_disk_without_room_for_a_checkpoint_is_refused_before_the_first_step(
 def test_the_disk_check_counts_the_checkpoints_held_at_once(
     tmp_path, step, max_steps, save_every, keep, on_disk, more
 ):
-    from training.config import PretrainConfig
+    from training.pretraining.config import PretrainConfig
     from training.pretraining.resume import checkpoints_to_fit
 
     for i in range(on_disk):
@@ -840,7 +840,9 @@ def test_training_asks_cuda_for_deterministic_kernels_unless_told_not_to():
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True)
     # Strict: an operation without a deterministic kernel stops the run instead of warning.
     assert done.stdout.split() == ["None", "False", "False", ":4096:8", "True", "False"], done.stderr
-    from training.config import FinetuneConfig, HardwareOptions, PretrainConfig
+    from training.config import HardwareOptions
+    from training.finetuning.config import FinetuneConfig
+    from training.pretraining.config import PretrainConfig
 
     assert HardwareOptions().deterministic
     assert issubclass(PretrainConfig, HardwareOptions) and issubclass(FinetuneConfig, HardwareOptions)

@@ -17,8 +17,8 @@ import pytest
 
 import options
 from tests.helpers_models import held_elsewhere
-from training.config import PretrainConfig
 from training.pretrain import main as pretrain
+from training.pretraining.config import PretrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -394,7 +394,8 @@ def test_a_resume_whose_data_is_made_again_from_an_edited_corpus_is_refused_unti
 
 def test_a_second_config_file_is_refused_not_dropped(tmp_path):
     """argparse kept the last --config: `--config A --config B` ran without A's settings, and said nothing."""
-    from training.config import FinetuneConfig, PretrainConfig
+    from training.finetuning.config import FinetuneConfig
+    from training.pretraining.config import PretrainConfig
 
     a, b = tmp_path / "a.toml", tmp_path / "b.toml"
     a.write_text("num_layers = 3\n")
@@ -464,7 +465,7 @@ def test_a_run_saved_before_a_recipe_check_resumes_as_it_trained():
     """The recipe checks judge a new run; a saved one that trained with --init-lr and no --init, or with
     --disc-weight 0, resumes (it could not otherwise: neither may change on a resume)."""
     import options
-    from training.config import PretrainConfig
+    from training.pretraining.config import PretrainConfig
 
     saved = {"init_lr": 1e-4, "disc_weight": 0.0}
     cfg = options.resolve(PretrainConfig, ["--resume"], env={}, base=saved)
@@ -489,7 +490,8 @@ def test_a_path_through_a_link_and_up_keeps_naming_the_same_file(tmp_path, monke
 def test_a_home_of_no_such_user_is_refused_naming_its_flag(name, monkeypatch, tmp_path):
     """`~nosuchuser/x` in a path option ended in pathlib's RuntimeError ("Could not determine home
     directory"), a traceback from wherever the path was first read; now a ConfigError naming the flag."""
-    from training.config import FinetuneConfig, check_data_dir
+    from training.config import check_data_dir
+    from training.finetuning.config import FinetuneConfig
 
     monkeypatch.chdir(tmp_path)
     argv = ["--init", "base"] if name == "init_generator" else []
@@ -675,14 +677,14 @@ def test_sigterm_before_training_stops_as_ctrl_c_does(tmp_path, monkeypatch, cap
     import signal
     import time
 
-    import training.pretraining.trainer as trainer
+    import training.pretraining.loop as loop
 
     def reading(argv):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler raises here
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(trainer, "run", reading)
+    monkeypatch.setattr(loop, "run", reading)
     with pytest.raises(SystemExit) as stop:
         pretrain(["--out", str(tmp_path / "run"), "--corpus", "wikitext2"])
     assert stop.value.code == 128 + signal.SIGTERM

@@ -58,7 +58,8 @@ def test_the_saved_config_given_back_without_out_is_refused_not_trained_into_run
     """`--config RUN/config.json` alone trained into ./runs/small, the default, in silence: the run's own out
     is left out of a replay (it must never write into that run), and --out had a default. Fine-tuning's
     --out has none, and export's saved one was asked for again: pretraining's is asked for too."""
-    from training.config import FinetuneConfig, PretrainConfig
+    from training.finetuning.config import FinetuneConfig
+    from training.pretraining.config import PretrainConfig
     from training.pretraining.run_config import resolve_config
 
     config = finished / "config.json"

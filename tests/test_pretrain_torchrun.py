@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import options
-from training.pretraining import trainer
+from training.pretraining import loop
 from training.pretraining.distributed import Dist
 from training.run_dir import launch_command
 
@@ -159,11 +159,11 @@ def test_rank_0_says_another_ranks_problem_and_nothing_stops_where_there_is_none
 def test_only_a_failed_collective_of_several_processes_is_another_process_ending():
     env = Dist("cpu")
     gone = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
-    assert not trainer._another_process_ended(env, gone)  # one process: its own error, with its traceback
+    assert not loop._another_process_ended(env, gone)  # one process: its own error, with its traceback
     env.world = 2
-    assert trainer._another_process_ended(env, gone)
-    assert trainer._another_process_ended(env, torch.distributed.DistBackendError("NCCL error"))
-    assert not trainer._another_process_ended(env, RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert loop._another_process_ended(env, gone)
+    assert loop._another_process_ended(env, torch.distributed.DistBackendError("NCCL error"))
+    assert not loop._another_process_ended(env, RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
 @pytest.mark.parametrize(
@@ -256,12 +256,11 @@ def test_the_kill_message_names_the_latest_checkpoint(tmp_path, monkeypatch):
     gone = RuntimeError(
         "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234\nmore"
     )
-    assert (
-        "no checkpoint was saved yet; go on with: the same command"
-        in trainer._another_process_ended_message(Stub, gone)
+    assert "no checkpoint was saved yet; go on with: the same command" in loop._another_process_ended_message(
+        Stub, gone
     )
     (tmp_path / "checkpoints" / "latest").write_text("step-00000006\n")
-    said = trainer._another_process_ended_message(Stub, gone)
+    said = loop._another_process_ended_message(Stub, gone)
     assert said.startswith("error: stopped at step 7: a collective failed (RuntimeError: [../gloo/transport/tcp/"
                            "pair.cc:534] Connection closed by peer [127.0.0.1]:1234): most often another process")  # fmt: skip
     assert f"checkpoints/latest is step-00000006; go on with: torchrun --nproc_per_node 2 -m training.pretrain " \

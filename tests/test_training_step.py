@@ -10,7 +10,7 @@ from test_pretrain import tiny_args
 from benchmarks.speed.host_reads import HostReads
 from training.embedding_grad import opaque_embedding_grads
 from training.pretraining.masking import draw_noise
-from training.pretraining.trainer import setup
+from training.pretraining.start import setup
 
 # Every corruption a run can ask for: each row its own rate, content words masked more, punctuation
 # protected, word swaps from a table beside the generator's samples.

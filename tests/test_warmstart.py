@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from options import ConfigError
 from training.checkpoint import CheckpointError, resolve_checkpoint
-from training.config import ConfigError, PretrainConfig
 from training.pretrain import main as pretrain
+from training.pretraining.config import PretrainConfig
 from training.pretraining.model import build_objective
 from training.pretraining.trainer import param_groups
 from training.pretraining.warmstart import load_warm_start, resolve_warm_start

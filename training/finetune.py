@@ -29,7 +29,8 @@ import options
 from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import FinetuneConfig, check_data_dir
+from training.config import check_data_dir
+from training.finetuning.config import FinetuneConfig
 from training.finetuning.out_checks import check_out, outputs_in, saved_settings, stopped
 from training.run_dir import check_not_held
 
@@ -48,7 +49,7 @@ def _main(argv: list[str] | None) -> dict:
     # loads (3 s of a CPU core); the tuner resolves them again, the same way, and reads the rest.
     try:
         cfg = options.resolve(FinetuneConfig, argv, prog=PROG, description=__doc__)
-        check_data_dir(cfg)  # a resumed run's saved one is checked once it is read (tuner.resolve)
+        check_data_dir(cfg)  # a resumed run's saved one is checked once it is read (start.resolve)
     except options.ConfigError as e:
         options.usage_exit(f"error: {e}")
     _one_process()

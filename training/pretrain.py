@@ -22,7 +22,8 @@ import options
 from options.installs import training_install
 from options.output import output_may_vanish
 from options.stopping import ctrl_c_on_term, signal_number
-from training.config import PretrainConfig, absolute_out, check_data_dir
+from training.config import absolute_out, check_data_dir
+from training.pretraining.config import PretrainConfig
 from training.run_dir import check_out_before_setup, launch_command, resumed_settings
 
 PROG = "python -m training.pretrain"
@@ -56,7 +57,7 @@ def _main(argv: list[str] | None) -> None:
         options.usage_exit(f"error: {e}")
     try:
         with training_install(PROG):  # the serving install (scripts/serve's .venv) has no torch
-            from training.pretraining.trainer import run
+            from training.pretraining.loop import run
 
         # SIGTERM while reading a corpus: Ctrl-C's message and exit, the temporaries removed.
         with ctrl_c_on_term(enabled=os.environ.get("WORLD_SIZE", "1") == "1"):

@@ -143,7 +143,7 @@ def check_run_point(out: Path, resume: bool) -> None:
 
 
 def check_out_before_setup(out: Path, resume: bool, corpus: str) -> None:
-    """What the set-up (training/pretraining/trainer.py) refuses of --out from the file system alone, in its
+    """What the set-up (training/pretraining/start.py) refuses of --out from the file system alone, in its
     order: a live process's lock, the run point, and a new run's --out (outside the corpus, holding nothing
     but a run of ours). For the entry point of a process of its own, before torch loads: the set-up looks
     again, and under torchrun only it looks (rank 0 for what it alone may see), every rank stopping together."""

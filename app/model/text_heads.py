@@ -3,7 +3,7 @@ text: it builds every overflow window of what it is given, so a text cost memory
 its whole length though --max-seq-len tokens of it were kept (and a pair, in proportion to the product of
 its halves' lengths). Cut where a word ends (as the tokenizer's pre-tokenizer splits words), the start
 tokenizes as it does in the whole text: the ids kept are the same. One implementation for both sides:
-fine-tuning (training/finetuning/data.py), export's held-out check and the server's /classify pairs
+fine-tuning (training/finetuning/batches.py), export's held-out check and the server's /classify pairs
 (app/model/tokenization.py) cut a pair alike, so the served ids are the trained ones. Needs `tokenizers`
 only."""
 

@@ -210,7 +210,7 @@ class TextTokenizer:
         cost 11 s and 6.3 GB for 128 tokens kept). A pair is cut by fine-tuning's own code (text_heads),
         which keeps the longer half the longer one, as longest-first truncation needs."""
         # A pair counted by _plain: this tokenizer without truncation, special tokens' spellings read as
-        # text, as fine-tuning counts them (training/finetuning/data.py tokenizer_copy).
+        # text, as fine-tuning counts them (training/finetuning/batches.py tokenizer_copy).
         inputs = [
             text_heads(self._plain, *x, self.max_length) if isinstance(x, list) else self._head(x)
             for x in items

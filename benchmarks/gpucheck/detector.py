@@ -128,8 +128,8 @@ def make_data(out: Path, data_dir: Path | None, init: Path | None = None, corpus
     swaps read."""
     import options
     from export.recover import recover
-    from training.config import PretrainConfig
     from training.data.registry import fetch
+    from training.pretraining.config import PretrainConfig
     from training.pretraining.data import build_data
     from training.pretraining.distributed import Dist
     from training.pretraining.warmstart import resolve_warm_start

@@ -21,8 +21,9 @@ from benchmarks.quality import claim_report as report
 from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.pretrainkit import Job, latest_state, step_seconds, to_toml, tokenizer_info
 from options import ConfigError, resolve
-from training.config import FinetuneConfig, PretrainConfig
 from training.errors import write_text_atomically
+from training.finetuning.config import FinetuneConfig
+from training.pretraining.config import PretrainConfig
 
 # Fields that do not change what a pretraining run learns: a run differing only in these is reused.
 BOOKKEEPING = ("out", "threads", "device", "resume", "max_minutes", "bf16", "compile", "log_every",

@@ -79,7 +79,7 @@ from benchmarks.quality.claim_runs import (
 from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
 from benchmarks.quality.pretrainkit import run_jobs, shared_tokenizer, tokenizer_info
 from options import ConfigError, resolve
-from training.config import PretrainConfig
+from training.pretraining.config import PretrainConfig
 
 # Set by the benchmark for both runs alike; giving them in --pretrain-args would break equal compute (or
 # lose the checkpoints of the points).

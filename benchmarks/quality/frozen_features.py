@@ -90,7 +90,7 @@ def features(model, tok, examples, max_seq_len: int):
     the CPU whatever device the model is on."""
     import torch
 
-    from training.finetuning.data import batches, encode
+    from training.finetuning.batches import batches, encode
 
     encoded = encode(tok, examples, max_seq_len)
     layers = model.electra.encoder.layer
@@ -188,7 +188,7 @@ def table(results: list[dict]) -> str:
 def task_data(task: str, data_dir: str | None, max_train_examples: int, init: str):
     """The task's splits exactly as training.finetune reads them (a FinetuneConfig names an --init and an
     --out; neither is read here)."""
-    from training.config import FinetuneConfig
+    from training.finetuning.config import FinetuneConfig
     from training.finetuning.data import load_task_data
 
     return load_task_data(FinetuneConfig(init=init, out=".", task=task, data_dir=data_dir,

@@ -50,8 +50,8 @@ from benchmarks.quality.pretrainkit import (
     tokenizer_info,
 )
 from options import ConfigError, resolve
-from training.config import PretrainConfig
 from training.errors import write_text_atomically
+from training.pretraining.config import PretrainConfig
 
 # Set by the program for every arm alike (or by its own options).
 RESERVED = ("--generator-fraction", "--out", "--tokenizer", "--max-steps", "--warmup-steps", "--max-minutes",

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from benchmarks import cli
 from options.stopping import die_with_parent
-from training.config import PretrainConfig
 from training.errors import write_text_atomically
+from training.pretraining.config import PretrainConfig
 
 
 def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: str | None) -> Path:

@@ -27,8 +27,8 @@ from benchmarks import cli
 from benchmarks.output import add_out_folder, show_config, write_json
 from benchmarks.quality.pretrainkit import latest_state, run_logged, shared_tokenizer
 from options import resolve
-from training.config import PretrainConfig
 from training.errors import write_text_atomically
+from training.pretraining.config import PretrainConfig
 from training.report import pyplot_or_none, read_metrics, save_png
 
 REPO = Path(__file__).resolve().parents[2]

@@ -41,7 +41,6 @@ from benchmarks.speed.kernel_profile import print_top, top_kernels
 from benchmarks.speed.legacy_step import legacy_step, sample_cdf
 from benchmarks.speed.train_variants import SETS, VARIANTS, Variant, variant_names
 from options import ConfigError
-from training.config import PretrainConfig
 from training.dropout import bit_mask_dropout
 from training.embedding_grad import opaque_embedding_grads
 from training.errors import write_text_atomically
@@ -53,6 +52,7 @@ from training.optim import (
     fixed_cublas_workspace,
     matmul_precision,
 )
+from training.pretraining.config import PretrainConfig
 from training.pretraining.masking import Corruption
 from training.pretraining.model import build_objective
 from training.pretraining.trainer import Trainer, param_groups

@@ -4,7 +4,7 @@ list of these; this module walks the user's directories, says what a list names 
 leaves out (corpus_files_note), and reads each file's documents (iter_text_documents), with CorpusError
 saying what to change where one cannot be read. training/data/corpus.py reads the registry corpora and
 holds out the valid split of either kind (read_corpus); the options' checks of a --corpus
-(training/config.py) need only this module.
+(training/pretraining/config.py) need only this module.
 """
 
 from __future__ import annotations

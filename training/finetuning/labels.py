@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from training.errors import DataError
 
 if TYPE_CHECKING:  # for the annotations only: data.py imports this module
-    from training.finetuning.data import Rows
+    from training.finetuning.rows import Rows
 
 
 def as_float(value) -> float | None:

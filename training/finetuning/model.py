@@ -1,7 +1,7 @@
 """The classifier to fine-tune and its tokenizer, from --init: an ELECTRA checkpoint's encoder under a
 classification head, fresh or kept (`init_classifier`), and the refusal of an --init that pretraining takes
 and fine-tuning does not (`refuse_other_families`), and what a --max-seq-len past the positions pretraining
-trained leaves untrained (`untrained_positions`). --qat against an init's int8 ranges is tuner.py's, where
+trained leaves untrained (`untrained_positions`). --qat against an init's int8 ranges is start.py's, where
 the options are resolved."""
 
 from __future__ import annotations

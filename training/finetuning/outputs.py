@@ -24,7 +24,7 @@ from training.finetuning.out_checks import MODEL_OUTPUTS, PROGRESS, RESUME_DIR, 
 
 
 def next_line(out: Path) -> str:
-    """What to run after a finished run, as pretraining's last line says it (training/pretraining/trainer.py):
+    """What to run after a finished run, as pretraining's last line says it (training/pretraining/loop.py):
     the export, and the server, which serves each bundle of a directory by its sub-directory's name."""
     return (f"next: python -m export {shlex.quote(str(out))} --out {shlex.quote(f'bundles/{out.name}')} (a classifier bundle), then python -m app "
             f"--models bundles serves it as {out.name!r} at /classify")  # fmt: skip

@@ -24,9 +24,10 @@ import options
 from options import ConfigError
 from training import checkpoint as ckpt
 from training.atomic_dirs import write_atomically
-from training.config import FINETUNE_PATHS, FinetuneConfig, absolute_paths, same_files, unused_data_options
+from training.config import FINETUNE_PATHS, absolute_paths, same_files
 from training.data.tokenizer import tokenizer_sha256
 from training.errors import write_text_atomically
+from training.finetuning.config import FinetuneConfig, unused_data_options
 from training.finetuning.data import REGRESSION
 from training.finetuning.labels import label_name, label_names
 from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings
@@ -42,7 +43,7 @@ EARLIER_SPELLING = (
     "'True'/'False', '+1' apart from '1'): finish it with that version, or start again with --overwrite"
 )
 # Runs stopped under versions before 2026-11-30 held out their dev split from --train by class index, not
-# name (training/finetuning/data.py, _hold_out): the same file gives other dev rows now.
+# name (training/finetuning/splits.py, _hold_out): the same file gives other dev rows now.
 EARLIER_SPLIT = (
     "; a run stopped under an earlier version (before 2026-11-30) also held out other dev rows from --train: "
     "finish it with that version, or start again with --overwrite"

@@ -31,7 +31,7 @@ from training.data.registry import REGISTRY, fetch
 
 __all__ = ["LABELLED_SETS", "LabelledSet", "load_labelled"]
 
-# The registry sets' splits here, and (training/finetuning/data.py) the dev split of user data and the
+# The registry sets' splits here, and (training/finetuning/splits.py) the dev split of user data and the
 # --max-*-examples samples: changing it changes every reported dev/test figure: don't.
 SPLIT_SEED = 20240607
 Example = tuple[str, int]  # (text, label index into LabelledSet.labels)

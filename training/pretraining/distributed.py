@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 import options
+from options import ConfigError
 from options.stopping import on_parent_death
 from training import STARTED_BY
-from training.config import ConfigError
 from training.run_dir import launch_command
 
 

@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 import options
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
-from training.config import PretrainConfig, absolute_paths, inert_options
+from training.config import absolute_paths
 from training.data.tokenizer import TOKENIZER_FILES, copy_tokenizer
 from training.optim import linear_schedule
+from training.pretraining.config import PretrainConfig, inert_options
 from training.pretraining.distributed import Dist
 from training.pretraining.stopping import RNG_FILE
 

@@ -14,11 +14,12 @@ from options import ConfigError, flag
 from training import pretrain as entry
 from training import run_dir
 from training.checkpoint import CheckpointError
-from training.config import PretrainConfig, absolute_out, inert_options, same_files
+from training.config import absolute_out, same_files
 from training.data.registry import DataDirChecksumError, DatasetError
 from training.data.tokenizer import TokenizerError
 from training.errors import disk_full, out_of_space
 from training.optim import hardware_as_run
+from training.pretraining.config import PretrainConfig, inert_options
 from training.pretraining.data import lowercases, with_given_tokenizer
 from training.pretraining.distributed import Dist
 from training.pretraining.resume import check_resumable

@@ -27,10 +27,10 @@ import torch
 from tqdm import tqdm
 
 import options
-from options import flag
+from options import ConfigError, flag
 from training import checkpoint as ckpt
-from training.config import ConfigError, PretrainConfig
 from training.model import ElectraConfig
+from training.pretraining.config import PretrainConfig
 
 # config.json fields that decide each tensor's shape, to name in an error.
 _SHAPE_FIELDS = "vocab_size, embedding_size, hidden_size, intermediate_size, max_position_embeddings"

@@ -1,0 +1,132 @@
+"""Reading the user's CSV, TSV and JSONL files into rows (`read_rows`, each row's place kept for messages in
+`Rows`), a file's columns (`row_columns`) and what counts as a missing value (`missing`); errors name the
+file and the option that gave it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import NamedTuple
+
+from training.errors import DataError  # data errors are raised here and in labels.py
+from training.finetuning.csv_quotes import refuse_swallowing_quote, unclosed_quote
+
+__all__ = ["DataError", "Rows", "missing", "read_rows"]
+
+
+# A CSV field may hold a whole document: the csv module's default limit (128 KB) would stop at one.
+csv.field_size_limit(2**31 - 1)
+
+
+class Rows(NamedTuple):
+    """A file's rows, and how a message names each: a JSONL file by its line (blank lines are skipped, so
+    the n-th row may be a later line; its parse errors say "line" too), a table by its data row (from 1,
+    after the header: a quoted field may span lines)."""
+
+    rows: list[dict]
+    unit: str  # "line" or "row"
+    numbers: list[int]  # each row's number in `unit`
+
+    def place(self, i: int) -> str:
+        """Row i's (from 0) as a message names it: "line 64", "row 61"."""
+        return f"{self.unit} {self.numbers[i]}"
+
+    def places(self, indices: list[int], most: int = 5) -> str:
+        """The first `most` of some rows (from 0): "line 3, 7, ..."."""
+        shown = ", ".join(str(self.numbers[i]) for i in indices[:most])
+        return f"{self.unit} {shown}{', ...' if len(indices) > most else ''}"
+
+
+def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> Rows:
+    """Rows of a .csv, .tsv or .jsonl file as dicts; errors name the file and the option that gave it. One of
+    `columns` (those to be read) named twice in a table's header is refused."""
+    p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{flag}: {p} is a directory; name one .csv, .tsv or .jsonl file")
+    if not p.is_file():
+        raise DataError(f"{flag}: {p} does not exist")
+    suffix = p.suffix.lower()
+    if suffix not in (".csv", ".tsv", ".jsonl"):
+        raise DataError(f"{flag}: {p} has an unsupported type {suffix!r}; use .csv, .tsv or .jsonl")
+    try:
+        if suffix == ".jsonl":
+            return _jsonl_rows(p, flag)
+        rows = _table_rows(p, flag, suffix == ".tsv", columns)
+        return Rows(rows, "row", list(range(1, len(rows) + 1)))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{flag}: {p} is not UTF-8 (byte {e.object[e.start : e.start + 1]!r} at offset "
+                        f"{e.start}); save it as UTF-8") from None  # fmt: skip
+
+
+def _jsonl_rows(p: Path, flag: str) -> Rows:
+    rows, numbers = [], []
+    # Lines end at "\n" alone (read_text makes "\r\n" and "\r" one): splitlines() also splits at U+2028,
+    # U+2029 and U+0085, which JSON strings may hold unescaped, and cut such a row in two.
+    for n, line in enumerate(p.read_text(encoding="utf-8-sig").split("\n"), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{flag}: {p} line {n} is not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{flag}: {p} line {n} is not a JSON object")
+            rows.append(row)
+            numbers.append(n)
+    return Rows(rows, "line", numbers)
+
+
+def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) -> list[dict]:
+    # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
+    kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
+    sep = "a tab" if tsv else "a comma (quote such texts)"
+    if not tsv:
+        refuse_swallowing_quote(p, flag)
+    with open(p, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f, **kwargs)
+        rows = []
+        try:
+            header = reader.fieldnames or []
+            twice = sorted({name for name in header if name in columns and header.count(name) > 1})
+            if twice:  # DictReader keeps the last column of a name: the text or label could be another's
+                at = [i + 1 for i, name in enumerate(header) if name == twice[0]]
+                raise DataError(f"{flag}: {p}'s header names {twice[0]!r} {len(at)} times (columns "
+                                f"{', '.join(map(str, at))}); give each column its own name")  # fmt: skip
+            for row in reader:
+                # A row with more fields than the header puts the rest under None, one with fewer gets None
+                # values: either way its text and label would be other columns' values.
+                # A line of spaces or tabs alone is blank, skipped as the csv module skips an empty one: it was
+                # refused as a row of fewer fields, "a text holding a comma?".
+                fields = [*(v for k, v in row.items() if k is not None and v is not None), *row.get(None, [])]
+                if (tsv or len(fields) == 1) and not any(v.strip() for v in fields):
+                    continue
+                if None in row or None in row.values():
+                    header = reader.fieldnames or []
+                    quoted = None if tsv else unclosed_quote(p, flag, [*row.values(), *row.get(None, [])],
+                                                             reader.line_num)  # fmt: skip
+                    if quoted:  # the line the quote opened on, not the end of what it swallowed
+                        raise DataError(quoted)
+                    why = (f"a text holding {sep}?" if not (len(header) == 1 and ";" in header[0]) else
+                           "the header is one field with semicolons: write the file comma-separated")  # fmt: skip
+                    raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
+                                    f"fields than the header's {len(header)}; {why}")  # fmt: skip
+                rows.append(row)
+        except csv.Error as e:
+            raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
+    return rows
+
+
+def missing(value) -> bool:
+    """A label (or text) that is not there: absent, null, blank, or NaN (how pandas and JSON writers mark
+    a missing number)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return isinstance(value, str) and (not value.strip() or value.strip().lower() == "nan")
+
+
+def row_columns(rows: list[dict]) -> list[str]:
+    """The columns of a file's rows: every row's keys, in the order first met. A JSONL row may leave a key out,
+    so the first row's keys are not the file's: a column is missing only if no row has it (the row that lacks
+    it is then named where its value is read)."""
+    return list(map(str, dict.fromkeys(key for row in rows for key in row)))

@@ -1,0 +1,107 @@
+"""The splits of user data: the dev split held out of --train when no --dev is given (`_hold_out`, seeded
+independently of --seed, a row of every class of two or more kept), the seeded samples of
+--max-train-examples and --max-eval-examples (`_sample`), and the warnings of a dev split larger than asked
+or of texts shared between splits (`overlap_warnings`)."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from training.errors import DataError  # data errors are raised here and in labels.py
+from training.finetuning.labels import (
+    as_float,
+)
+from training.finetuning.sets import SPLIT_SEED
+
+if TYPE_CHECKING:  # data.py imports this module: Example only in annotations here
+    from training.finetuning.data import Example
+
+
+def _dev_share_note(splits: dict[str, list[Example]], fraction: float, classes: int) -> str:
+    """The split gives dev a row of every class of two or more (_dev_rows): with many small classes that is
+    far more than --dev-fraction (each class of two rows gave one: half the file held out, in silence)."""
+    dev, total = len(splits["dev"]), len(splits["dev"]) + len(splits["train"])
+    if not classes or dev <= 1.5 * fraction * total or dev - fraction * total < 5:
+        return ""
+    return (f"the --dev-fraction {fraction} split holds out {dev} of the {total} rows ({dev / total:.0%}): it keeps "
+            f"at least one row of each class that has two, and the {classes} classes average "
+            f"{total / classes:.1f} rows; give a --dev file to choose the dev rows, or fewer classes with more "
+            "rows each")  # fmt: skip
+
+
+def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
+    """The same file as --train and --dev (or copies of rows across them): the dev score picks the model on
+    texts it trained on and overstates it. Said, not refused: a few shared short texts can be genuine."""
+    trained = {(ex.text, ex.pair) for ex in splits["train"]}
+    said = []
+    for split in ("dev", "test"):
+        rows = splits.get(split, [])
+        if shared := sum((ex.text, ex.pair) in trained for ex in rows):
+            said.append(f"{shared} of {len(rows)} {split} texts are also training texts: its scores are measured "
+                        "partly on what the model trained on, and overstate it")  # fmt: skip
+    return said
+
+
+def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
+    """Why a class may have too few rows to split: fractional numbers made classes by --problem-type."""
+    numbers = [as_float(n) for n in labels]
+    if cfg.problem_type != "classification" or None in numbers or all(x.is_integer() for x in numbers):
+        return ""
+    return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
+            "a numeric target give --problem-type regression")  # fmt: skip
+
+
+def _hold_out(
+    rows: list[Example], fraction: float, labels: tuple[str, ...] | None, hint: str = ""
+) -> tuple[list[Example], list[Example]]:
+    """(train, dev): `fraction` of each class held out (of all rows for regression, `labels` None;
+    `_dev_rows`), file order kept. `hint`: what to add when no class has rows enough to give one."""
+    groups = _split_groups(rows, labels)
+    dev: set[int] = set()
+    for name, idx in groups.items():  # in any order: each class draws from its own generator
+        _split_rng(name).shuffle(idx)
+        dev.update(idx[: _dev_rows(len(idx), fraction, labels is not None)])
+    if len(dev) == len(rows):
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no training data; lower it or "
+                        "give a --dev file")  # fmt: skip
+    if not dev and len(groups) > 1:  # the split is stratified: too few rows in every class, not in the file
+        raise DataError(f"--dev-fraction: the dev split holds out {fraction} of each class, which rounds to no "
+                        f"row: the {len(rows)} rows hold {len(groups)} classes, the largest "
+                        f"{max(map(len, groups.values()))} rows; give a --dev file or more rows per class{hint}")  # fmt: skip
+    if not dev:
+        raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows rounds to no dev row; give more rows, "
+                        "a larger --dev-fraction or a --dev file")  # fmt: skip
+    return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
+
+
+def _split_groups(rows: list[Example], labels: tuple[str, ...] | None) -> dict[str | None, list[int]]:
+    """Row indices by class name (one group, None, for a regression). By name, not by class index: the
+    index follows --labels' order (and an --init head's), which must not move a row between the splits."""
+    groups: dict[str | None, list[int]] = defaultdict(list)
+    for i, ex in enumerate(rows):
+        groups[None if labels is None else labels[ex.label]].append(i)
+    return groups
+
+
+def _split_rng(name: str | None) -> random.Random:
+    """A class's own generator, seeded by its name: which of its rows go to dev depends on its rows alone,
+    not on which classes (or how many) were shuffled before it. A regression's one group keeps the seed
+    its split always had. (A str seed is hashed with sha512, the same in every process.)"""
+    return random.Random(SPLIT_SEED if name is None else f"{SPLIT_SEED}:{name}")
+
+
+def _dev_rows(n: int, fraction: float, stratify: bool) -> int:
+    """How many of a class's `n` rows go to dev: `fraction` of them, rounded, and at least one of two or
+    more. Rounded alone, a rare class got none (3 of 303 rows: 0.3 rounds to 0): no dev figure measured
+    it, so a model that never answered it scored macro F1 1.0 and stopped early on that."""
+    k = round(fraction * n)
+    return 1 if stratify and n >= 2 and k == 0 else k
+
+
+def _sample(rows: list[Example], limit: int | None) -> list[Example]:
+    if limit is None or limit >= len(rows):
+        return rows
+    keep = sorted(random.Random(SPLIT_SEED).sample(range(len(rows)), limit))
+    return [rows[i] for i in keep]
