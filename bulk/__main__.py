@@ -7,9 +7,8 @@ import logging
 import signal
 import sys
 
-import options
 from app.model.bundle import BundleError
-from bulk.config import EXIT_USAGE, resolve
+from bulk.config import EXIT_USAGE, describe, resolve
 from bulk.inputs import InputError
 from options import ConfigError
 from options.installs import needs_install
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                        "install the bulk extra (pip install -e '.[cpu,bulk]' in the repository; the serving "
                        "install leaves it out)"):  # fmt: skip
         from bulk import job
-    print("python -m bulk, resolved options:\n" + options.describe(cfg), flush=True)
+    print("python -m bulk, resolved options:\n" + describe(cfg), flush=True)
     try:
         return job.run(cfg)
     except (BundleError, InputError, job.JobError) as e:

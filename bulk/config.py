@@ -76,7 +76,8 @@ class BulkConfig:
     ray: str | None = option(
         None,
         "run on Ray: --ray alone starts an instance for this job here; --ray auto joins the one `ray start` made "
-        "here; --ray HOST:PORT joins that cluster (ray://HOST:PORT: through Ray Client)",
+        "here; --ray HOST:PORT joins that cluster, from a machine on its network (ray:// Ray Client addresses are "
+        "refused: run the job on a node of the cluster or beside it)",
         bare="local",
     )
     progress: bool = option(
@@ -126,10 +127,11 @@ class BulkConfig:
 
 
 # What --ray takes, as ray.init reads it: "local" (--ray alone: an instance of the job's own), "auto" (the
-# cluster `ray start` made on this machine), HOST:PORT (a cluster's head, as `ray start` prints it), and a
-# Ray Client address, ray://HOST:PORT. Anything else reached ray.init, which raised a ValueError (a
-# traceback, exit 1), or was taken as a cluster joined by the driver and as none by the runners.
-RAY_FORMS = "HOST:PORT (the head `ray start --head` printed), auto, ray://HOST:PORT, or --ray alone"
+# cluster `ray start` made on this machine), HOST:PORT (a cluster's head, as `ray start` prints it). Anything
+# else reached ray.init, which raised a ValueError (a traceback, exit 1), or was taken as a cluster joined by
+# the driver and as none by the runners. Not a Ray Client address (ray://HOST:PORT): it needs ray[client]
+# (grpcio), which the bulk extra does not install, and ray.init then failed with a hint about the token.
+RAY_FORMS = "HOST:PORT (the head `ray start --head` printed), auto, or --ray alone"
 
 
 def check_ray_address(address: str) -> None:
@@ -140,20 +142,22 @@ def check_ray_address(address: str) -> None:
     if address in ("local", "auto"):
         return
     scheme, sep, rest = address.rpartition("://")
+    if sep and scheme == "ray":
+        raise ConfigError(f"--ray {address!r}: Ray Client addresses (ray://) are not supported (they need "
+                          "ray[client], which the bulk extra does not install; and the driver must see INPUT and "
+                          "--out at the nodes' paths anyway). Run the job on a machine that is part of the cluster, or on "
+                          "its network, and give the head's HOST:PORT (the address `ray start --head` printed, "
+                          "--port 6379 by default), or --ray auto on a node of the cluster")  # fmt: skip
     host, _, port = rest.rpartition(":")
     well_formed = (
-        (not sep or scheme == "ray")
+        not sep
         and host
         and not any(c.isspace() or c in "/'\"@" for c in host)
         and port.isdigit()
         and 0 < int(port) < 65536
     )
     if not well_formed:
-        hint = (
-            f" ({scheme}:// is a web address, the dashboard's; the head's takes none)"
-            if sep and scheme != "ray"
-            else ""
-        )
+        hint = f" ({scheme}:// is a web address, the dashboard's; the head's takes none)" if sep else ""
         raise ConfigError(f"--ray {address!r} is no address Ray can join{hint}. Give {RAY_FORMS}")
 
 
@@ -175,6 +179,20 @@ def resolve(argv: list[str] | None) -> BulkConfig:
     return options.replace(
         cfg, input=absolute_spec(spec), out=cfg.out.resolve(), models_dir=cfg.models_dir.resolve()
     )
+
+
+def describe(cfg: BulkConfig) -> str:
+    """options.describe, with what --workers 0 (auto) comes to: here, this machine's cores over --threads; on a
+    cluster joined, its CPUs, said once it is joined (config.json keeps both: as given, and under as_run)."""
+    lines = options.describe(cfg).splitlines()
+    if cfg.workers == 0:
+        auto = (
+            f"auto: {cfg.worker_count()} here"
+            if cfg.ray in (None, "local")
+            else "auto: the Ray cluster's CPUs / --threads, counted once it is joined"
+        )
+        lines = [f"{line} ({auto})" if line.split("=")[0].strip() == "workers" else line for line in lines]
+    return "\n".join(lines)
 
 
 def from_dict(values: dict) -> BulkConfig:

@@ -87,13 +87,14 @@ def _stale_in(parts: list[Part]):
 
 
 def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], entries: list[dict],
-            ray_session: str | None = None) -> None:  # fmt: skip
+            ray_session: str | None = None, as_run: dict | None = None) -> None:  # fmt: skip
     """Once every check passed (a refused run changes nothing in --out), under the lock (`OutLock`): job.json
     written where it asks, config.json written, and what this run replaces or must not read removed (the
     part files of manifest lines that no longer count for a part of `parts`: `stale_lines`), and what a
     killed run's own Ray instance left running ended (`ray_session`: this run's own instance's, recorded for
-    the next). An --out that cannot be written stops the job here, before any part is scored, with what to
-    do."""
+    the next). config.json holds the options as given (--workers 0: auto) and, under `as_run`, what they came
+    to in this run (the worker count: this machine's cores, or the cluster's CPUs). An --out that cannot be
+    written stops the job here, before any part is scored, with what to do."""
     try:
         # Held: the run that recorded the instance is over, and what of it still runs is left behind.
         if (left := own_ray.end_recorded(cfg.out)) and left[1]:
@@ -101,7 +102,9 @@ def prepare(cfg: BulkConfig, pending: dict | None, parts: list[Part], entries: l
                   f"left running ({left[0]})", file=sys.stderr, flush=True)  # fmt: skip
         own_ray.record(cfg.out, ray_session)
         write_fingerprint(cfg, pending)
-        outputs.write_json(cfg.out / cfg.SAVED_AS, options.as_dict(cfg))
+        outputs.write_json(
+            cfg.out / cfg.SAVED_AS, options.as_dict(cfg) | ({"as_run": as_run} if as_run else {})
+        )
         outputs.remove_figures(cfg.out)  # written again at the end
         outputs.remove_temporaries(cfg.out)
         dropped = {id(e) for e in stale_lines(entries, parts)}
@@ -277,7 +280,8 @@ class Workers:
             cpus = sum(nodes)
             self._count = max(1, on_ray.actors_that_fit(nodes, cfg.threads))
             print(f"bulk: the Ray cluster at {cfg.ray} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
-                  "thread(s) (--workers 0; give --workers to run another number)", flush=True)  # fmt: skip
+                  f"thread(s) (workers = 0 (auto: {self._count} on this cluster), as config.json's as_run records; "
+                  "give --workers to run another number)", flush=True)  # fmt: skip
         return self._count
 
 
@@ -379,18 +383,21 @@ def _plan_held(cfg: BulkConfig, bundle, root: Path, files: list[Path], unlisted:
     finished = {k: e for k, e in finished.items() if not stale(e)}
     todo = [p for p in parts if p.key not in finished]
     own_instance = None
+    as_run = None
     # The last refusal, a Ray cluster that cannot be joined: nothing in --out was written before it.
     if todo:
         try:
             if cfg.ray:
                 own_instance = _join_ray(cfg)
-            # What the runners start: --workers 0 resolved here, a cluster's CPUs too (config.json keeps 0).
+            # What the runners start: --workers 0 resolved here, a cluster's CPUs too (config.json keeps the 0
+            # given, and the count under as_run).
             run_cfg = options.replace(cfg, workers=workers())
+            as_run = {"workers": run_cfg.workers}
         except _Stopped as e:
             return e.status
     else:
         run_cfg = cfg
-    prepare(cfg, pending, parts, entries, own_instance)
+    prepare(cfg, pending, parts, entries, own_instance, as_run)
     return parts, failed_shards, finished, todo, stats, run_cfg, gone
 
 
@@ -487,8 +494,8 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
         doing = (
-            "no more parts start; the job ends as the next part finishes, and the others running are scored "
-            "again by the next run"
+            "no more parts start; the job ends as the next part finishes (at once where none runs), and the "
+            "others running are scored again by the next run"
             if cfg.ray
             else "no more parts start; the running ones finish and are kept"
         )
@@ -503,6 +510,13 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
                 # the job ran) fails its parts rather than mix two models' rows in scores/.
                 runner.run(largest_first(todo), run_cfg, bundle.sha256_as_read, on_result, progress.update,
                            lambda: interrupt.stopping)  # fmt: skip
+            except Exception as e:
+                if not (cfg.ray and isinstance(e, runner.ClusterStop)):
+                    raise
+                # The cluster cannot run the job (no node can hold a worker, --out not shared): the finished
+                # parts are kept, the summary says so, exit 4, and the same command resumes.
+                print(f"\nbulk: {e}", file=sys.stderr, flush=True)
+                stopped.append(str(e))
             finally:
                 if watch is not None:
                     watch.set()

@@ -14,13 +14,18 @@ its workers; a cluster started with `ray start` needs it in that command's envir
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import json
+import logging
 import os
+import queue
+import secrets
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,16 +45,25 @@ WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 # the node is known dead, and a bound there dropped healthy parts; a start is counted only once the part
 # runs. On the shared file system every node writes --out to.
 ATTEMPTS_DIR = ".ray-attempts"
+# In ATTEMPTS_DIR: a token of the run's own, written by the driver before any actor starts. An actor that does
+# not read it there is on a node whose --out is not the driver's (a local disk, not the shared file system):
+# its parts would be scored, then fail to be renamed into place, leaving files on that node.
+OUT_MARKER = "driver"
 
 
 class ScoreParts:
     """A Ray Data actor: one Scorer, then one part per call (batch_size=1)."""
 
-    def __init__(self, cfg: dict, job_bundle: dict[str, str]) -> None:
+    def __init__(self, cfg: dict, job_bundle: dict[str, str], out_token: str | None = None) -> None:
         from bulk.shard import Scorer
 
         self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
-        self.attempts.mkdir(parents=True, exist_ok=True)  # the driver's (run) unless the actor is run alone
+        self.out_unseen = None
+        if out_token is None:  # the actor run alone (the tests), without a driver: its own --out
+            self.attempts.mkdir(parents=True, exist_ok=True)
+        elif why := out_unseen(Path(cfg["out"]), out_token):
+            self.out_unseen = why  # nothing created, nothing loaded: every part says so, and the job ends
+            return
         # A bundle this node cannot load (the load check refused it on this CPU, a broken file) or that is not
         # the driver's (another node's copy, or one replaced since): every part says so, as the local workers'
         # do, instead of an actor that dies and takes the driver with it.
@@ -62,6 +76,9 @@ class ScoreParts:
         from bulk.shard import score_part
 
         parts = [Part(**json.loads(p)) for p in batch["part"]]
+        if self.out_unseen:  # not started: not counted, nothing written
+            return {"result": [json.dumps({"part": p.key, "error": self.out_unseen, "out_unseen": True})
+                               for p in parts]}  # fmt: skip
         results = []
         for p in parts:
             if (attempt := _begin(self.attempts, p.key)) > ATTEMPTS:
@@ -74,10 +91,36 @@ class ScoreParts:
         return {"result": [json.dumps(r) for r in results]}
 
 
+def out_unseen(out: Path, token: str) -> str | None:
+    """Why this node does not see the driver's --out (its marker, `token`, is not there), or None. Reads only:
+    a missing --out is not created here, on this node's own disk."""
+    try:
+        seen = (out / ATTEMPTS_DIR / OUT_MARKER).read_text(encoding="utf-8").strip()
+    except OSError:
+        seen = None
+    if seen == token:
+        return None
+    found = "not there" if seen is None else "another run's"
+    node = socket.gethostname()
+    with contextlib.suppress(Exception):
+        import ray
+
+        node = f"{ray.util.get_node_ip_address()} ({node})"
+    return (f"--out {out} is not the driver's on node {node}: every node must see --out at the same path (a "
+            f"shared file system); the driver's {ATTEMPTS_DIR}/{OUT_MARKER} file is "
+            f"{found} on that node. Mount the "
+            "driver's --out there at the same path (or give an --out on the shared file system), then run the "
+            "same command again")  # fmt: skip
+
+
+def _attempt_name(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
 def _begin(attempts: Path, key: str) -> int:
     """Count a start of part `key`: which start this is in this run (1 the first). A file created
     exclusively for each, so two actors racing on one part (a node thought lost) count two."""
-    name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    name = _attempt_name(key)
     n = 1
     while True:
         try:
@@ -220,7 +263,7 @@ def watch_cluster(address: str, failed_status: int, every_s: float = 2.0) -> thr
     if target is None:  # `auto`: the head the job found
         with contextlib.suppress(Exception):
             target = _host_port(ray.get_runtime_context().gcs_address)
-    if target is None or address.startswith("ray://"):  # Ray Client: another port, other timing; its own
+    if target is None:
         return done
     try:
         grace = LOST_AFTER * float(os.environ.get(RECONNECT_ENV, "60"))
@@ -279,31 +322,191 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
                         f"(ray start --head --port {target[1]}), or give the address `ray start` printed") from None  # fmt: skip
 
 
-def _join_failed(address: str, e: Exception) -> str:
-    msg = (f"could not join the Ray cluster at {address} (--ray): {e}. Check that `ray start` runs there and "
-           "that this machine reaches its port")  # fmt: skip
-    # Ray 2.60's clusters want a token, and its retries only log "InvalidAuthToken" before failing: the
-    # error it raises seldom says that the token was missing or wrong.
-    if not os.environ.get("RAY_AUTH_TOKEN"):
-        msg += (
-            ". Ray 2.60 clusters use token authentication: give the job the cluster's token, "
-            "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... (a head started without one keeps it in ~/.ray/auth_token)"
+def _join_failed(address: str, e: BaseException) -> str:
+    """What to do about a ray.init that failed. Ray 2.60 raises the same ConnectionError ("Failed to connect
+    to Ray cluster at ...") whatever went wrong; the error it chains says which: an AuthenticationError
+    (InvalidAuthToken: a token missing or not the cluster's), or another (an RpcError with code 12, an
+    address that answers but is no head's GCS port: a node manager's, a worker's)."""
+    msg = f"could not join the Ray cluster at {address} (--ray)"
+    if _auth_error(e):
+        if not os.environ.get("RAY_AUTH_TOKEN"):
+            return msg + (": the cluster wants a token, and the job was given none. Ray 2.60 clusters use token "
+                          "authentication: give the job the cluster's token, RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... "
+                          "(a head started without one keeps it in ~/.ray/auth_token)")  # fmt: skip
+        return msg + (": the cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this "
+                      "cluster's; compare it with the head's (RAY_AUTH_TOKEN where `ray start --head` ran, else "
+                      "~/.ray/auth_token on the head)")  # fmt: skip
+    return msg + (f": {address} answers, but not as a Ray cluster's head (its GCS server): give the address "
+                  "`ray start --head` printed (HOST:PORT, its --port, 6379 by default), not another port of a "
+                  f"node (a node manager's, a worker's). Ray said: {_last_line(e)}")  # fmt: skip
+
+
+def _chain(e: BaseException | None) -> list[str]:
+    """The messages of `e` and of the errors it was raised from, outermost first."""
+    said, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        said.append(f"{type(e).__name__}: {e}".strip())
+        e = e.__cause__ or e.__context__
+    return said
+
+
+def _last_line(e: BaseException) -> str:
+    """The innermost error's last line (Ray chains a whole traceback as text)."""
+    lines = [line.strip() for line in _chain(e)[-1].splitlines() if line.strip()]
+    return (lines[-1] if lines else str(e))[:300]
+
+
+def _auth_error(e: BaseException) -> bool:
+    text = "\n".join(_chain(e))
+    return any(word in text for word in ("AuthenticationError", "InvalidAuthToken", "Unauthenticated",
+                                         "UNAUTHENTICATED"))  # fmt: skip
+
+
+class ClusterStop(Exception):
+    """The job cannot go on on this cluster (no live node can hold a worker, a node that does not see --out):
+    no more parts start, the finished ones are kept, and the message says what to do before running the same
+    command again."""
+
+
+POLL_S = 0.5  # how often the driver looks for a stop request while it waits for a part
+LOOK_EVERY_S = 2.0  # ... and at the cluster (its nodes, its free CPUs, the job's actors placed)
+WAIT_SAY_S = 10.0  # a job with fewer workers placed than it asked, no part finishing for this long: says so
+SAY_AGAIN_S = 30.0  # and again every so often while that lasts
+STRANDED_S = 10.0  # no live node can hold a worker for this long (nodes lost): the job ends (ClusterStop)
+
+
+class _Abandon(BaseException):
+    """Raised in the thread reading the dataset to end its iteration from the driver's: Ray Data's iterator
+    then shuts its execution (and its actors, placed or pending) down, as on leaving a for loop."""
+
+
+class _Rows:
+    """ds.iter_rows() read in a thread of its own, into a queue the driver polls: the driver then looks for a
+    stop request and at the cluster while no part finishes (a loop on iter_rows looked only as a row came:
+    with no worker placed, a SIGTERM waited for ever)."""
+
+    END = object()
+
+    def __init__(self, ds) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._read, args=(ds,), name="ray-rows", daemon=True)
+        self.thread.start()
+
+    def _read(self, ds) -> None:
+        try:
+            for row in ds.iter_rows():
+                self.queue.put(row)
+        except _Abandon:
+            pass
+        except BaseException as e:  # the driver raises it as before
+            self.queue.put(e)
+        finally:
+            self.queue.put(self.END)
+
+    def get(self, timeout: float):
+        try:
+            item = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """End the reading thread, Ray Data's execution with it (the actors it started)."""
+        if not self.thread.is_alive():
+            return
+        # Ray Data logs the execution it shuts down as "failed" (our exception): the job says why it ends.
+        logging.getLogger("ray.data._internal.execution.streaming_executor").setLevel(logging.WARNING)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self.thread.ident), ctypes.py_object(_Abandon)
         )
-    else:
-        refused = any(word in str(e) for word in ("InvalidAuthToken", "Unauthenticated", "UNAUTHENTICATED"))
-        msg += (
-            f". {'The cluster refused' if refused else 'Ray 2.60 clusters check'} the job's token "
-            "(RAY_AUTH_TOKEN, set here): it may not be this cluster's; compare it with the head's "
-            "(RAY_AUTH_TOKEN where `ray start --head` ran, else ~/.ray/auth_token on the head)"
-        )
-    return msg
+        self.thread.join(timeout=30)
+
+
+class _Cluster:
+    """What the driver sees of the cluster while no part finishes: how many of the job's actors are placed
+    (alive), the live nodes' CPUs and the free ones. Ray keeps an actor that no node can hold pending for ever,
+    without a word to the driver."""
+
+    def __init__(self, address: str, workers: int, threads: int) -> None:
+        import ray
+
+        self.address, self.workers, self.threads = address, workers, threads
+        self.job = ray.get_runtime_context().get_job_id()
+        self.looked = 0.0
+        self.last_news = time.monotonic()  # a part's result, or the job's start
+        self.said = None  # when the waiting line was last said
+        self.stranded_since = None
+
+    def placed(self) -> int | None:
+        """The job's scoring actors alive (constructed), or None where Ray does not say."""
+        try:
+            from ray._private import state  # the GCS's actor table: ray.util.state needs the dashboard
+
+            return sum(1 for a in state.actors().values()
+                       if a.get("JobID") == self.job and a.get("State") == "ALIVE"
+                       and "ScoreParts" in str(a.get("ActorClassName", "")))  # fmt: skip
+        except Exception:
+            return None
+
+    def news(self) -> None:
+        self.last_news, self.said = time.monotonic(), None
+
+    def look(self) -> int | None:
+        """Say that the job waits for workers (once WAIT_SAY_S passed without a part), and raise ClusterStop
+        where no live node can hold one any more. The actors placed, or None where unknown."""
+        import ray
+
+        now = time.monotonic()
+        if now - self.looked < LOOK_EVERY_S:
+            return None
+        self.looked = now
+        placed = self.placed()
+        try:
+            nodes = [int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive")]
+            free = int(ray.available_resources().get("CPU", 0))
+        except Exception:
+            return placed
+        if placed == 0 and max(nodes, default=0) < self.threads:
+            self.stranded_since = self.stranded_since or now
+            if now - self.stranded_since >= STRANDED_S:
+                largest = max(nodes, default=0)
+                raise ClusterStop(
+                    f"no live node of the Ray cluster at {self.address} (--ray) can hold a worker: a worker needs "
+                    f"{self.threads} CPU(s) on one node, and its {len(nodes)} live node(s) have {sum(nodes)} CPU(s) in "
+                    f"all, {largest} at most (nodes were lost, or the head alone is left, with --num-cpus 0). The "
+                    f"finished parts are kept: add a node (ray start --address ... --num-cpus {self.threads}), then "
+                    "run the same command again"
+                )
+        else:
+            self.stranded_since = None
+        waiting = placed is not None and placed < self.workers and now - self.last_news >= WAIT_SAY_S
+        if waiting and (self.said is None or now - self.said >= SAY_AGAIN_S):
+            self.said = now
+            print(f"bulk: waiting for the cluster: {placed} worker(s) of {self.workers} placed, needs {self.threads} "
+                  f"CPU(s) each on one node; the cluster has {free} free (of {sum(nodes)} on {len(nodes)} live "
+                  "node(s)). Ray starts the rest as CPUs free up or nodes join; Ctrl-C stops the job",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return placed
+
+
+def _running(attempts: Path, names: dict[str, str], answered: set[str]) -> set[str]:
+    """The parts started on an actor (counted in `attempts`) that have not answered: running, or lost with
+    their actor."""
+    with contextlib.suppress(OSError):
+        started = {names.get(f.name.rpartition(".")[0]) for f in attempts.iterdir()}
+        return {k for k in started if k is not None} - answered
+    return set()
 
 
 def run(
     parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
 ) -> None:
-    """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes: the
-    parts still running on the cluster are dropped, and a later run scores them again."""
+    """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes, or at once
+    where none runs (no worker placed, or none holding a part): the parts still running on the cluster are
+    dropped, and a later run scores them again. ClusterStop where the job cannot go on on this cluster."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -318,27 +521,44 @@ def run(
     attempts = cfg.out / ATTEMPTS_DIR  # an earlier run's counts are not this run's: its parts start afresh
     shutil.rmtree(attempts, ignore_errors=True)
     attempts.mkdir(parents=True)
+    token = secrets.token_hex(16)
+    (attempts / OUT_MARKER).write_text(token + "\n", encoding="utf-8")
     items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
+    pool = min(workers, max(1, len(parts)))
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         ScoreParts,
-        fn_constructor_kwargs={"cfg": options.as_dict(cfg), "job_bundle": job_bundle},
+        fn_constructor_kwargs={"cfg": options.as_dict(cfg), "job_bundle": job_bundle, "out_token": token},
         batch_size=1,
         # One part at a time on an actor, as on a local worker (Ray Data queues two): a part is started when
         # an actor is free for it, not queued behind a part that may kill the actor.
-        compute=ActorPoolStrategy(size=min(workers, max(1, len(parts))), max_tasks_in_flight_per_actor=1),
+        compute=ActorPoolStrategy(size=pool, max_tasks_in_flight_per_actor=1),
         num_cpus=cfg.threads,
     )
     sizes = {p.key: p.size for p in parts}
+    names = {_attempt_name(p.key): p.key for p in parts}
     answered: set[str] = set()
+    cluster = _Cluster(cfg.ray or "local", pool, cfg.threads)
+    rows = _Rows(ds)
     try:
-        for row in ds.iter_rows():  # as parts finish, in any order
+        while (row := rows.get(POLL_S)) is not rows.END:  # as parts finish, in any order
+            if row is None:  # none finished meanwhile: a stop with no part running ends the job now
+                if stopping() and not _running(attempts, names, answered):
+                    return
+                placed = cluster.look()  # says the job waits; ClusterStop where no node can hold a worker
+                if stopping() and placed == 0:  # parts started, their actors lost: none runs
+                    return
+                continue
+            cluster.news()
             result = json.loads(row["result"])
+            if result.get("out_unseen"):
+                raise ClusterStop(result["error"])
             answered.add(result["part"])
             on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
-            if on_result(result) or stopping():  # leaving the iterator shuts the dataset's execution down
+            if on_result(result) or stopping():  # leaving shuts the dataset's execution down (rows.close)
                 return
     finally:
+        rows.close()
         shutil.rmtree(attempts, ignore_errors=True)
     if stopping():  # a part dropped as the job stops is the next run's, not a failure
         return

@@ -1014,3 +1014,32 @@ def test_the_largest_parts_start_first_and_the_figures_keep_the_plans_order(tmp_
     assert planned == sorted(planned, key=lambda k: (k.split("#")[0], int(k.split("#")[1])))
     assert 40_000 < (corpus / "c.jsonl.gz").stat().st_size < 100_000
     assert started[0] == "c.jsonl.gz#0" and started[-1] == "a.jsonl#0" and sorted(started) == sorted(planned)
+
+
+def test_a_ray_actor_on_a_node_without_the_drivers_out_fails_at_once_creating_nothing(tmp_path, paragraphs):
+    """An --out the workers cannot see (a node's own disk, not the shared file system): the actor created it
+    there (mkdir), scored every part, and each failed to be renamed (ENOENT), leaving files on the node. The
+    actor checks the driver's marker in --out as it starts: another token (another driver's --out, or
+    none) answers every part with what to do, creating nothing and loading no model."""
+    from bulk.config import resolve
+    from bulk.inputs import plan, shards
+    from bulk.on_ray import ATTEMPTS_DIR, OUT_MARKER, ScoreParts
+    from options import as_dict
+
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])
+    parts, _ = plan(*shards(str(src), "auto")[:2], "auto", 1 << 20)
+    for out, token in ((tmp_path / "absent", None), (tmp_path / "other", "another run's")):
+        if token:
+            (out / ATTEMPTS_DIR).mkdir(parents=True)
+            (out / ATTEMPTS_DIR / OUT_MARKER).write_text(token)
+        cfg = resolve([str(src), "--out", str(out), "--model", "detector", "--models", str(MODELS)])
+        actor = ScoreParts(as_dict(cfg), {}, out_token="the driver's")
+        (result,) = [
+            json.loads(r) for r in actor({"part": [json.dumps(p.__dict__) for p in parts]})["result"]
+        ]
+        assert result["out_unseen"] and result["part"] == "a.jsonl#0", result
+        assert f"--out {out} is not the driver's on node " in result["error"]
+        assert "every node must see --out at the same path (a shared file system)" in result["error"]
+        assert (
+            out.exists() == bool(token) and not list(out.rglob("*.parquet")) and not (out / "scores").exists()
+        )

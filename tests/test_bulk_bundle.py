@@ -166,19 +166,39 @@ def test_a_job_json_of_before_resumes_on_model_onnx_alone_then_holds_every_files
     assert "manifest.json" not in said and "Restore the bundle" in said
 
 
-def test_a_join_with_a_token_set_that_fails_says_the_token_may_be_wrong(monkeypatch):
-    """The authentication hint was given only without RAY_AUTH_TOKEN: a wrong one got no hint at all."""
+def _ray_join_error(inner: str) -> ConnectionError:
+    """What ray.init 2.60 raises: one ConnectionError, whatever went wrong, from the RuntimeError that holds
+    the last attempt's traceback as text."""
+    try:
+        try:
+            raise RuntimeError(f"Failed to connect to GCS. Last connection error: Traceback ...\n{inner}\n")
+        except RuntimeError as e:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from e
+    except ConnectionError as e:
+        return e
+
+
+def test_a_join_that_fails_names_the_token_only_for_an_authentication_error(monkeypatch):
+    """The authentication hint was given only without RAY_AUTH_TOKEN: a wrong one got no hint at all; then
+    it was given with a token set whatever the error, an address that is no head's (a node manager's port)
+    told to compare tokens. Ray's error says which (its chained AuthenticationError, or another)."""
     from bulk.on_ray import _join_failed
 
+    refused = _ray_join_error("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication "
+                              "token is missing or incorrect")  # fmt: skip
+    not_a_head = _ray_join_error("ray.exceptions.RpcError: RPC error: ")
     monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-clusters")
-    said = _join_failed("10.0.0.1:6379", ConnectionError("GCS said InvalidAuthToken"))
+    said = _join_failed("10.0.0.1:6379", refused)
     assert (
-        "The cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this cluster's" in said
+        "the cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this cluster's" in said
     )
-    said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
-    assert "Ray 2.60 clusters check the job's token" in said and "may not be this cluster's" in said
-    monkeypatch.delenv("RAY_AUTH_TOKEN")
-    said = _join_failed("10.0.0.1:6379", ConnectionError("timed out"))
+    for token in ("not-the-clusters", None):
+        if token is None:
+            monkeypatch.delenv("RAY_AUTH_TOKEN")
+        said = _join_failed("10.0.0.1:6379", not_a_head)
+        assert "10.0.0.1:6379 answers, but not as a Ray cluster's head (its GCS server)" in said, said
+        assert "the address `ray start --head` printed" in said and "token" not in said.lower(), said
+    said = _join_failed("10.0.0.1:6379", refused)
     assert "give the job the cluster's token" in said and "may not be" not in said
 
 

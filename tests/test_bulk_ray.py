@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -338,3 +339,71 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
     resumed = run_bulk(corpus, out, "detector", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert rows(out) == local_rows
+
+
+HOG = """
+import ray, sys
+ray.init(address=sys.argv[1], namespace="bulk-test", log_to_driver=False)
+if sys.argv[2] == "hold":
+    @ray.remote(num_cpus=1)
+    class Hog:
+        def ping(self):
+            return 1
+    ray.get(Hog.options(name="hog", lifetime="detached").remote().ping.remote())
+else:
+    ray.kill(ray.get_actor("hog"))
+"""
+
+
+def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_once(
+    tmp_path, corpus, ray_env
+):
+    """Every CPU of the cluster held by another actor: the job printed its plan, then nothing, for ever,
+    and a SIGTERM waited for a part that never started (only a second one ended it, without a summary). It
+    says it waits for the cluster; a SIGTERM ends it at once (143, its summary written), and the same
+    command finishes it once the CPUs are free. Without --workers it runs the cluster's count, which
+    config.json records (as_run), beside the 0 given. And an address that answers but is no head's (the
+    node manager's port) is not blamed on the token the job was given."""
+    port = _port()
+    manager = _port(port + 1, port + 19)
+    subprocess.run([RAY, "start", "--head", "--port", str(port), "--node-manager-port", str(manager), "--num-cpus",
+                    "1", "--include-dashboard=false", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"],
+                   env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)  # fmt: skip
+    address = f"127.0.0.2:{port}"
+    wrong = run_bulk(corpus, tmp_path / "wrong", "detector", "--ray", f"127.0.0.2:{manager}", timeout=120,
+                     **ray_env, RAY_NUM_REDIS_GET_RETRIES="2")  # fmt: skip
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
+    assert f"127.0.0.2:{manager} answers, but not as a Ray cluster's head" in wrong.stderr, wrong.stderr[
+        -3000:
+    ]
+    assert "token" not in wrong.stderr.split("python -m bulk: ")[-1]
+    subprocess.run([sys.executable, "-c", HOG, address, "hold"], env=ray_env, check=True, timeout=120)
+    out = tmp_path / "out"
+    job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--ray", address), cwd=REPO, env=ray_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    said = []
+    threading.Thread(target=lambda: said.extend(job.stderr), daemon=True).start()
+    try:
+        wait_for(lambda: any("waiting for the cluster" in line for line in said) or job.poll() is not None,
+                 timeout=120, what="the job to say it waits")  # fmt: skip
+        assert job.poll() is None, "".join(said)[-3000:]
+        assert "bulk: waiting for the cluster: 0 worker(s) of 1 placed, needs 1 CPU(s) each on one node; the " \
+               "cluster has 0 free (of 1 on 1 live node(s))" in "".join(said)  # fmt: skip
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=15)  # at once: no part runs
+    finally:
+        if job.poll() is None:
+            job.kill()
+    printed = job.stdout.read()
+    assert job.returncode == 143, "".join(said)[-3000:]
+    assert re.search(
+        r"  workers +\= 0 \(auto: the Ray cluster's CPUs / --threads, counted once it is joined\)", printed
+    )
+    assert "(workers = 0 (auto: 1 on this cluster)" in printed, printed
+    assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] == 20
+    config = json.loads((out / "config.json").read_text())
+    assert config["workers"] == 0 and config["as_run"] == {"workers": 1}, config
+    subprocess.run([sys.executable, "-c", HOG, address, "free"], env=ray_env, check=True, timeout=120)
+    done = run_bulk(corpus, out, "detector", "--ray", address, timeout=300, **ray_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
