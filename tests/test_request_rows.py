@@ -8,9 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from training.data.batches import Batches, PackedDataset
 from training.data.corpus import read_corpus
+from training.data.packers import RowMix
 from training.data.sentences import split_sentences
-from training.data.shards import Batches, PackedDataset, RowMix, build_shards
+from training.data.shards import build_shards
 from training.data.tokenizer import load_tokenizer
 
 
