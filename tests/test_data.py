@@ -39,14 +39,10 @@ from training.data.registry import (
     sha256_file,
 )
 from training.data.shards import build_shards
-from training.data.tokenizer import (
-    TokenizerError,
-    load_tokenizer,
-    save_tokenizer,
-    special_ids,
-    tokenizer_sha256,
-    train_wordpiece,
-)
+from training.data.tokenizer import TokenizerError, special_ids, tokenizer_sha256
+from training.data.tokenizer_loading import load_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
+from training.data.tokenizer_training import train_wordpiece
 from training.finetuning.sets import load_labelled
 
 REPO = Path(__file__).resolve().parent.parent
@@ -790,7 +786,8 @@ def test_a_hugging_face_vocab_dir_tokenizes_as_transformers_reads_it(data_dir, t
 def test_a_tokenizer_file_that_cannot_be_read_is_said_so(tmp_path, trained):
     """It was "not a `tokenizers` tokenizer.json (Permission denied)" (and a vocab.txt, a traceback)."""
     save_tokenizer(trained, tmp_path)
-    code = ("import sys; from training.data.tokenizer import load_tokenizer, TokenizerError\n"
+    code = ("import sys; from training.data.tokenizer import TokenizerError\n"
+            "from training.data.tokenizer_loading import load_tokenizer\n"
             "try: load_tokenizer(sys.argv[1])\nexcept TokenizerError as e: print(e)")  # fmt: skip
     for name in ("tokenizer.json", "vocab.txt"):
         (tmp_path / name).chmod(0o000)
