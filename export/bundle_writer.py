@@ -39,7 +39,8 @@ def verify_bundle(directory: str | Path) -> dict:
 def write_tokenizer(ckpt: Path, dst: Path) -> str:
     """Copy tokenizer.json, or write it as training reads it where that differs; build one from vocab.txt
     for HF directories that ship only that."""
-    from training.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, vocab_normalisation
+    from training.data.tokenizer import SPECIAL_TOKENS
+    from training.data.tokenizer_loading import load_tokenizer, vocab_normalisation
 
     if (ckpt / TOKENIZER).is_file():
         tok = load_tokenizer(ckpt)
@@ -61,7 +62,7 @@ def write_tokenizer(ckpt: Path, dst: Path) -> str:
 
 
 def _as_read(ckpt: Path, tok) -> list[str]:
-    """How `tok` (training.data.tokenizer's reading of the directory) differs from its tokenizer.json file:
+    """How `tok` (training.data.tokenizer_loading's reading of the directory) differs from its tokenizer.json file:
     export's own tokenization (calibration, checks) and every consumer of the bundle must see the same."""
     from tokenizers import Tokenizer
 

@@ -230,7 +230,7 @@ def tokenizer_max_length(ckpt: Path, positions: int) -> int | None:
 
 def _load(cfg: ExportConfig, log) -> _Source:
     from training.checkpoint import load_model
-    from training.data.tokenizer import transformers_reads_otherwise
+    from training.data.tokenizer_saving import transformers_reads_otherwise
 
     model, mcfg, ckpt = load_model(cfg.checkpoint)
     model.eval()

@@ -171,7 +171,8 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     it (`config`, as recover_config.json); returns what was checked."""
     from training import checkpoint as ckpt
     from training.atomic_dirs import write_atomically
-    from training.data.tokenizer import load_tokenizer, write_tokenizer_config
+    from training.data.tokenizer_loading import load_tokenizer
+    from training.data.tokenizer_saving import write_tokenizer_config
     from training.errors import check_room
     from training.model import ElectraForPreTraining
 
@@ -239,7 +240,7 @@ RECOVERED_FILES = (
     "config.json",
     "model.safetensors",
     "tokenizer.json",
-    "tokenizer_config.json",  # training.data.tokenizer.TOKENIZER_CONFIG
+    "tokenizer_config.json",  # training.data.tokenizer_loading.TOKENIZER_CONFIG
     "recovered.json",
     "recover_config.json",  # RecoverConfig.SAVED_AS
 )

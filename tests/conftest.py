@@ -49,7 +49,8 @@ def small_corpus(registry_data, tmp_path_factory) -> Path:
 def small_tokenizer(small_corpus, tmp_path_factory) -> Path:
     """A 1,000-token WordPiece vocabulary trained on the small corpus: tokenizer.json."""
     from training.data.corpus import read_corpus
-    from training.data.tokenizer import save_tokenizer, train_wordpiece
+    from training.data.tokenizer_saving import save_tokenizer
+    from training.data.tokenizer_training import train_wordpiece
 
     tok = train_wordpiece(read_corpus(str(small_corpus), "train"), vocab_size=1000)
     return save_tokenizer(tok, tmp_path_factory.mktemp("tokenizer")) / "tokenizer.json"
@@ -63,7 +64,8 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
 
     from tests.helpers_models import TINY_ENCODER
     from training.checkpoint import save_model
-    from training.data.tokenizer import copy_tokenizer, load_tokenizer
+    from training.data.tokenizer_loading import load_tokenizer
+    from training.data.tokenizer_saving import copy_tokenizer
     from training.model import ElectraConfig, ElectraForPreTraining, init_weights
 
     d = tmp_path_factory.mktemp("tiny_init")

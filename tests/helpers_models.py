@@ -68,7 +68,7 @@ def _hf_config(vocab_size: int, **overrides):
 
 
 def _save(model, tokenizer_dir: Path, out_dir: Path) -> Path:
-    from training.data.tokenizer import copy_tokenizer
+    from training.data.tokenizer_saving import copy_tokenizer
 
     model.eval()
     model.save_pretrained(out_dir)
@@ -106,7 +106,7 @@ def save_mlm_run(out_dir: Path, tokenizer_dir: Path, seed: int = 0, step: int = 
     import torch
 
     from training.checkpoint import save_model
-    from training.data.tokenizer import copy_tokenizer
+    from training.data.tokenizer_saving import copy_tokenizer
     from training.model import ElectraConfig, ElectraForMaskedLM, init_weights
 
     torch.manual_seed(seed)

@@ -25,8 +25,10 @@ import pytest
 
 from tests.unprivileged import run_python
 from training.data import registry
+from training.data.batches import Batches, PackedDataset
 from training.data.corpus import corpus_key, detokenize_wikitext, read_corpus
 from training.data.corpus_sources import CorpusError, corpus_files_note, iter_text_documents, repeated_file
+from training.data.packers import RowMix
 from training.data.registry import (
     REGISTRY,
     ChecksumError,
@@ -36,15 +38,11 @@ from training.data.registry import (
     fetch_model,
     sha256_file,
 )
-from training.data.shards import Batches, PackedDataset, RowMix, build_shards
-from training.data.tokenizer import (
-    TokenizerError,
-    load_tokenizer,
-    save_tokenizer,
-    special_ids,
-    tokenizer_sha256,
-    train_wordpiece,
-)
+from training.data.shards import build_shards
+from training.data.tokenizer import TokenizerError, special_ids, tokenizer_sha256
+from training.data.tokenizer_loading import load_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
+from training.data.tokenizer_training import train_wordpiece
 from training.finetuning.sets import load_labelled
 
 REPO = Path(__file__).resolve().parent.parent
@@ -788,7 +786,8 @@ def test_a_hugging_face_vocab_dir_tokenizes_as_transformers_reads_it(data_dir, t
 def test_a_tokenizer_file_that_cannot_be_read_is_said_so(tmp_path, trained):
     """It was "not a `tokenizers` tokenizer.json (Permission denied)" (and a vocab.txt, a traceback)."""
     save_tokenizer(trained, tmp_path)
-    code = ("import sys; from training.data.tokenizer import load_tokenizer, TokenizerError\n"
+    code = ("import sys; from training.data.tokenizer import TokenizerError\n"
+            "from training.data.tokenizer_loading import load_tokenizer\n"
             "try: load_tokenizer(sys.argv[1])\nexcept TokenizerError as e: print(e)")  # fmt: skip
     for name in ("tokenizer.json", "vocab.txt"):
         (tmp_path / name).chmod(0o000)
@@ -877,21 +876,21 @@ def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(trained, valid_doc
     """A corpus of one 27 MB line peaked at 4.4 GB encoded whole (1.1 GB in pieces: measured with
     /usr/bin/time -v on a 30 MB line). Cut just before whitespace, the pieces give the ids the whole
     document gives, and so the same rows; a document under the piece size is encoded as it always was."""
-    import training.data.shards as shards
+    import training.data.document_encoding as document_encoding
 
     long = " ".join(d.replace("\n", " \n") for d in valid_docs[:8]) + "\tend"
     docs = ["A short one.", long, "", *HARD_STRINGS, long[:5000]]
     whole = build_shards(docs, trained, 64, tmp_path / "whole")
-    monkeypatch.setattr(shards, "PIECE_CHARS", 700)  # smaller than every document but the first
-    monkeypatch.setattr(shards, "BATCH_CHARS", 2000)  # and several encode_batch calls per batch
-    pieces = shards._pieces(long)
+    monkeypatch.setattr(document_encoding, "PIECE_CHARS", 700)  # smaller than every document but the first
+    monkeypatch.setattr(document_encoding, "BATCH_CHARS", 2000)  # and several encode_batch calls per batch
+    pieces = document_encoding._pieces(long)
     assert len(pieces) > 20 and "".join(pieces) == long and max(map(len, pieces)) <= 700
     assert all(p[0].isspace() for p in pieces[1:])  # each cut just before whitespace
     cut = build_shards(docs, trained, 64, tmp_path / "cut")
     assert (cut.rows, cut.tokens, cut.documents) == (whole.rows, whole.tokens, whole.documents)
     assert (tmp_path / "cut" / "tokens.bin").read_bytes() == (tmp_path / "whole" / "tokens.bin").read_bytes()
     # A stretch longer than a piece without whitespace is cut where the piece ends.
-    assert shards._pieces("x" * 1500) == ["x" * 700, "x" * 700, "x" * 100]
+    assert document_encoding._pieces("x" * 1500) == ["x" * 700, "x" * 700, "x" * 100]
 
 
 def test_shards_reused_or_rebuilt(trained, tmp_path):

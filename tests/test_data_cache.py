@@ -13,7 +13,8 @@ import pytest
 from training.data import derived
 from training.data.corpus import read_corpus
 from training.data.shards import build_shards
-from training.data.tokenizer import tokenizer_sha256, train_wordpiece
+from training.data.tokenizer import tokenizer_sha256
+from training.data.tokenizer_training import train_wordpiece
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from training.data.shards import Batches, PackedDataset, ShardsError, build_shards
-from training.data.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_wordpiece
+from training.data.batches import Batches, PackedDataset
+from training.data.shards import ShardsError, build_shards
+from training.data.tokenizer import special_ids
+from training.data.tokenizer_loading import load_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
+from training.data.tokenizer_training import train_wordpiece
 
 TEXTS = [f"document {i}: the quick brown fox jumps over the lazy dog number {i}." for i in range(12)]
 

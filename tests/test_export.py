@@ -957,7 +957,7 @@ def test_a_tokenizer_json_goes_into_the_bundle_as_transformers_reads_it(tmp_path
     ):
         assert said in note, note
     # What tokenizer_config.json leaves out takes BERT's defaults, as in transformers (lower-casing here).
-    from training.data.tokenizer import load_tokenizer
+    from training.data.tokenizer_loading import load_tokenizer
 
     raw = json.loads((detector_dir / "tokenizer.json").read_text())
     raw["normalizer"]["lowercase"] = False

@@ -142,7 +142,8 @@ def test_a_vocabulary_without_mask_exports_and_its_generator_is_left_out(tmp_pat
     """Export and the server never use [MASK], yet a vocabulary without it was refused ("tokenizer lacks the
     special token(s) [MASK]", naming no file). It exports; the int8 check, which would feed the generator
     [MASK], corrupts with sampled tokens instead."""
-    from training.data.tokenizer import TokenizerError, load_tokenizer, special_ids
+    from training.data.tokenizer import TokenizerError, special_ids
+    from training.data.tokenizer_loading import load_tokenizer
 
     src = hm.save_detector(tmp_path / "src", tokenizer_dir, with_generator=True)
     for d in (src, src / "generator"):

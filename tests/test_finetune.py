@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from app.model.bundle import Manifest, read_bundle
 from tests.helpers_models import TINY_ENCODER as TINY
 from training.checkpoint import commit_checkpoint, load_model
-from training.data.tokenizer import load_tokenizer
+from training.data.tokenizer_loading import load_tokenizer
 from training.finetune import main as finetune
 from training.finetuning.batches import collate, encode
 from training.finetuning.data import CLASSIFICATION, Example, TaskData

@@ -74,7 +74,7 @@ def test_text_pairs_on_a_model_with_one_token_type_are_refused(tiny_init, tmp_pa
     import torch
 
     from training.checkpoint import read_weights, save_model
-    from training.data.tokenizer import copy_tokenizer
+    from training.data.tokenizer_saving import copy_tokenizer
     from training.model import ElectraConfig, ElectraForPreTraining
 
     init = tmp_path / "one-type"

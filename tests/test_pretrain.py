@@ -759,7 +759,7 @@ def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_mess
     assert 120 < json.loads((fresh / "data" / "train" / "meta.json").read_text())["documents"] < 180
     args = [a if a != str(small_tokenizer) else "train" for a in tiny_args(fresh, other, small_tokenizer)]
     pretrain([*args, "--vocab-size", "120", "--max-steps", "1", "--eval-every", "1", "--save-every", "1"])
-    from training.data.tokenizer import load_tokenizer
+    from training.data.tokenizer_loading import load_tokenizer
 
     assert load_tokenizer(fresh / "tokenizer" / "tokenizer.json").get_vocab_size() <= 120  # not the old one's
 

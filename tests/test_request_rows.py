@@ -8,10 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from training.data.batches import Batches, PackedDataset
 from training.data.corpus import read_corpus
+from training.data.packers import RowMix
 from training.data.sentences import split_sentences
-from training.data.shards import Batches, PackedDataset, RowMix, build_shards
-from training.data.tokenizer import load_tokenizer
+from training.data.shards import build_shards
+from training.data.tokenizer_loading import load_tokenizer
 
 
 def test_sentences_split_where_a_reader_would():
@@ -45,7 +47,7 @@ def test_news_and_commons_read_clean(registry_data):
 
 @pytest.fixture(scope="module")
 def trained(registry_data):
-    from training.data.tokenizer import train_wordpiece
+    from training.data.tokenizer_training import train_wordpiece
 
     return train_wordpiece(read_corpus("wikitext2", "valid", data_dir=registry_data), vocab_size=2000)
 

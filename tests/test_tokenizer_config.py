@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 from tokenizers import pre_tokenizers
 
-from training.data.tokenizer import (
-    TOKENIZER_CONFIG,
-    copy_tokenizer,
-    load_tokenizer,
-    save_tokenizer,
-    train_wordpiece,
-    transformers_reads_otherwise,
-)
+from training.data.tokenizer_loading import TOKENIZER_CONFIG, load_tokenizer
+from training.data.tokenizer_saving import copy_tokenizer, save_tokenizer, transformers_reads_otherwise
+from training.data.tokenizer_training import train_wordpiece
 
 TEXTS = [
     "The Roman Empire ruled Rome, and the Romans ruled the empire.",

@@ -15,7 +15,8 @@ TRAIN = """
 import sys
 from training.config import PretrainConfig
 from training.data.corpus import read_corpus
-from training.data.tokenizer import save_tokenizer, train_wordpiece
+from training.data.tokenizer_saving import save_tokenizer
+from training.data.tokenizer_training import train_wordpiece
 
 cfg = PretrainConfig()
 docs = read_corpus(sys.argv[1], "train")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from training.data.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, train_wordpiece
+from training.data.tokenizer import TokenizerError
+from training.data.tokenizer_loading import load_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
+from training.data.tokenizer_training import train_wordpiece
 
 
 def test_a_pretraining_run_directory_gives_its_own_tokenizer(tmp_path):

@@ -325,7 +325,7 @@ def test_a_hugging_face_directorys_tokenizer_config_is_read_by_a_warm_start(tmp_
     weights were trained on. A run saved naming the file itself still resumes on that name."""
     import transformers
 
-    from training.data.tokenizer import load_tokenizer
+    from training.data.tokenizer_loading import load_tokenizer
 
     source = hf_bert("BertModel", tok_dir, tmp_path / "bert")
     raw = json.loads((source / "tokenizer.json").read_text())

@@ -43,7 +43,8 @@ import options
 from options import check_choices, option
 from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
-from training.data.tokenizer import TOKENIZER_CONFIG, load_tokenizer, write_tokenizer_config
+from training.data.tokenizer_loading import TOKENIZER_CONFIG, load_tokenizer
+from training.data.tokenizer_saving import write_tokenizer_config
 from training.errors import CheckpointError, DiskFullError, check_replaceable
 from training.handoff_index import (
     CHECKPOINT_FILES,

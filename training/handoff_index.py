@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from training.data.registry import sha256_file
-from training.data.tokenizer import TOKENIZER_FILES
+from training.data.tokenizer_saving import TOKENIZER_FILES
 
 INDEX = "handoff.json"
 # 2 carries the checkpoint's tokenizer_config.json: an unpacker of format 1 refuses it by its format, not by

@@ -84,7 +84,8 @@ def _random_checkpoint(out: Path, architecture: str, data_dir: str | None, like:
 
     from training.checkpoint import read_config, save_model
     from training.data.registry import fetch
-    from training.data.tokenizer import load_tokenizer, save_tokenizer
+    from training.data.tokenizer_loading import load_tokenizer
+    from training.data.tokenizer_saving import save_tokenizer
     from training.model import (
         ElectraConfig,
         ElectraForPreTraining,

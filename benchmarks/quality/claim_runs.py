@@ -212,7 +212,7 @@ def random_weights(run: Path, out: Path) -> dict:
     same bytes for the same run; a record shaped like a pretraining run's with one point at 0 FLOPs."""
     from training import checkpoint as ckpt
     from training.atomic_dirs import write_atomically
-    from training.data.tokenizer import copy_tokenizer
+    from training.data.tokenizer_saving import copy_tokenizer
     from training.model import count_parameters
     from training.pretraining.model import initial_objective
 

@@ -148,7 +148,7 @@ def probe_checkpoints(
     import torch
     from tokenizers import Tokenizer
 
-    from training.data.shards import PackedDataset, batch_tensors
+    from training.data.batches import PackedDataset, batch_tensors
 
     run = cks[0].parents[1] if cks[0].parent.name == "checkpoints" else None
     if run is None or not (run / "data" / "valid").is_dir():

@@ -31,7 +31,7 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
     runs with the same corpus and size); otherwise the tokenizer.json / vocab.txt path given."""
     if choice != "train":
         return Path(choice)
-    from training.data.tokenizer import save_tokenizer
+    from training.data.tokenizer_saving import save_tokenizer
     from training.pretraining.data import corpus_tokenizer
 
     d = work / "tokenizer"
@@ -50,7 +50,8 @@ def shared_tokenizer(choice: str, base: PretrainConfig, work: Path, data_dir: st
 
 
 def tokenizer_info(path: Path, lowercase: bool = True) -> dict:
-    from training.data.tokenizer import load_tokenizer, tokenizer_sha256
+    from training.data.tokenizer import tokenizer_sha256
+    from training.data.tokenizer_loading import load_tokenizer
 
     tok = load_tokenizer(path, lowercase=lowercase)
     return {"path": str(path), "vocab_size": tok.get_vocab_size(), "sha256": tokenizer_sha256(tok)}

@@ -77,7 +77,7 @@ def host_batch(B: int, T: int, padded: bool, token_types: bool) -> dict[str, tor
 
 
 class SameBatch:
-    """What the trainer reads its batches from (training/data/shards.Batches), serving one host batch."""
+    """What the trainer reads its batches from (training/data/batches.Batches), serving one host batch."""
 
     def __init__(self, batch: dict[str, torch.Tensor]):
         self.batch, self.padded = batch, not bool(batch["attention_mask"].all())

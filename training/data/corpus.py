@@ -7,7 +7,7 @@ Two kinds of source:
   have no published split, so a deterministic held-out ``valid`` split is carved out by hashing each
   document's text (see :func:`read_corpus`).
 
-Documents matter for pretraining because the packer (``training.data.shards``) puts ``[SEP]`` between them and
+Documents matter for pretraining because the packer (``training.data.packers``) puts ``[SEP]`` between them and
 never lets a row pretend two unrelated texts are one.
 """
 

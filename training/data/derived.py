@@ -37,7 +37,9 @@ from tokenizers import Tokenizer
 from training.data.corpus_sources import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
-from training.data.tokenizer import load_tokenizer, save_tokenizer, tokenizer_sha256
+from training.data.tokenizer import tokenizer_sha256
+from training.data.tokenizer_loading import load_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
 from training.errors import disk_full, link_or_copy, out_of_space, remove_orphans
 
 KEEP = 24  # entries kept; a WikiText-2 entry is 1-16 MB

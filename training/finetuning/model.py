@@ -12,7 +12,8 @@ import torch
 
 from options import ConfigError
 from training import checkpoint as ckpt
-from training.data.tokenizer import load_tokenizer, require_tokens
+from training.data.tokenizer import require_tokens
+from training.data.tokenizer_loading import load_tokenizer
 from training.finetuning.data import REGRESSION, TaskData
 from training.model import ElectraForSequenceClassification, init_weights
 

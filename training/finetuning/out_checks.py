@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from options import ConfigError
-from training.data.tokenizer import TOKENIZER_FILES
+from training.data.tokenizer_saving import TOKENIZER_FILES
 from training.errors import CheckpointError, refuse_mount_point
 from training.run_dir import LATEST
 

@@ -15,7 +15,7 @@ import torch
 from options import ConfigError
 from training import checkpoint as ckpt
 from training.atomic_dirs import write_atomically
-from training.data.tokenizer import save_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
 from training.errors import DiskFullError, check_room, link_or_copy
 from training.finetuning import resume
 from training.finetuning.metrics import json_safe

@@ -14,27 +14,15 @@ from tokenizers import Tokenizer
 
 import options
 from training.data import derived
+from training.data.batches import Batches, PackedDataset
 from training.data.corpus import CorpusError, corpus_key, read_corpus
 from training.data.corpus_sources import corpus_files_note
-from training.data.shards import (
-    META_FILE,
-    Batches,
-    PackedDataset,
-    RowMix,
-    ShardInfo,
-    ShardsError,
-    build_shards,
-    rows_digest,
-)
-from training.data.tokenizer import (
-    CaseSetting,
-    TokenizerError,
-    case_setting,
-    load_tokenizer,
-    save_tokenizer,
-    special_ids,
-    train_wordpiece,
-)
+from training.data.packers import RowMix
+from training.data.shards import META_FILE, ShardInfo, ShardsError, build_shards, rows_digest
+from training.data.tokenizer import TokenizerError, special_ids
+from training.data.tokenizer_loading import CaseSetting, case_setting, load_tokenizer
+from training.data.tokenizer_saving import save_tokenizer
+from training.data.tokenizer_training import train_wordpiece
 
 
 class Specials(NamedTuple):

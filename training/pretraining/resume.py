@@ -16,7 +16,7 @@ import options
 from training import checkpoint as ckpt
 from training.checkpoint import CheckpointError
 from training.config import absolute_paths
-from training.data.tokenizer import TOKENIZER_FILES, copy_tokenizer
+from training.data.tokenizer_saving import TOKENIZER_FILES, copy_tokenizer
 from training.optim import linear_schedule
 from training.pretraining.config import PretrainConfig, inert_options
 from training.pretraining.distributed import Dist

@@ -114,7 +114,7 @@ def resolve_source(spec: str, data_dir: str | None = None, given_as: str = "--in
 
 
 def _tokenizer_source(directory: Path) -> Path:
-    # The directory, read whole (training.data.tokenizer.load_tokenizer) as fine-tuning and export read it:
+    # The directory, read whole (training.data.tokenizer_loading.load_tokenizer) as fine-tuning and export read it:
     # its tokenizer_config.json says how the tokenizer normalises text, and added_tokens.json and
     # special_tokens_map.json add tokens to a vocab.txt (named alone, it was read without them).
     if any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
@@ -126,7 +126,7 @@ def _tokenizer_source(directory: Path) -> Path:
 
 
 def _check_vocab(tokenizer: Path, config: ElectraConfig, config_path: Path) -> None:
-    from training.data.tokenizer import load_tokenizer
+    from training.data.tokenizer_loading import load_tokenizer
 
     size = load_tokenizer(tokenizer).get_vocab_size()
     if size != config.vocab_size:
