@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 # What training.pretraining.data.build_data does for the default --tokenizer train, with the default options.
 TRAIN = """
 import sys
-from training.config import PretrainConfig
+from training.pretraining.config import PretrainConfig
 from training.data.corpus import read_corpus
 from training.data.tokenizer_saving import save_tokenizer
 from training.data.tokenizer_training import train_wordpiece
