@@ -131,6 +131,10 @@ class Metrics:
             "Batches run on the event loop's thread: one client on one connection, nothing else in flight",
             ("model",), registry=r,
         )  # fmt: skip
+        self.aged_bulk_batches = Counter(
+            PREFIX + "aged_bulk_batches", "Bulk batches run before waiting interactive work because the bulk "
+            "lane had waited --bulk-max-wait-ms without a batch claimed", ("model",), registry=r,
+        )  # fmt: skip
         self.engine_failures = Counter(
             PREFIX + "engine_failures", "session.run calls that raised: a batch, a request retried alone "
             "after its batch failed, or /ready's probe of an engine that kept failing", ("model", "run"), registry=r,
@@ -181,6 +185,7 @@ class Metrics:
             batch_tokens=self.batch_tokens.labels(name),
             solo_batches=self.solo_batches.labels(name),
             inline_batches=self.inline_batches.labels(name),
+            aged_bulk_batches=self.aged_bulk_batches.labels(name),
             queue_depth=self.queue_depth.labels(name),
             bulk_tokens=self.bulk_tokens.labels(name),
             batch_failed=self.engine_failures.labels(name, "batch"),
@@ -204,6 +209,7 @@ class ModelSeries:
     batch_tokens: Histogram
     solo_batches: Counter
     inline_batches: Counter
+    aged_bulk_batches: Counter
     queue_depth: Gauge
     bulk_tokens: Gauge
     batch_failed: Counter

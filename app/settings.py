@@ -225,6 +225,18 @@ class SchedulingSettings:
     interactive_tokens: int = option(
         2048, "requests up to this many model-input tokens go first", env="ELECTRA_INTERACTIVE_TOKENS"
     )
+    # Strict priority starved bulk work under a sustained interactive load (a reviewer's 16 closed-loop
+    # clients left a 2,400-word request 19 s in the queue). Past this wait without a bulk batch claimed, the
+    # next runner free to take bulk work takes it first; the clock starts again at each bulk claim, so a long
+    # request waits about this long before each of its batches. 1 s is a tenth of a 10-20 s client timeout
+    # for the first batch, and leaves interactive work all runners but one bulk batch a second
+    # (docs/deploy.md, "A long request under interactive load").
+    bulk_max_wait_ms: float = option(
+        1000.0,
+        "how long bulk work may wait behind interactive work without a batch of it run; past it the next "
+        "runner that may run bulk takes bulk work first; 0: never (interactive work always first)",
+        env="ELECTRA_BULK_MAX_WAIT_MS",
+    )
     # Bulk rows are long windows, whose attention scores grow with rows x length^2: a smaller budget for
     # them bounds the process's peak memory at no cost in speed (long rows are large matrix products
     # already; docs/benchmarks.md, "Memory").
@@ -335,7 +347,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         if self.limit_concurrency <= 0:
             raise SettingsError(f"{flag('limit_concurrency')} must be > 0, got {self.limit_concurrency}")
         timeouts = ("graceful_timeout_s", "read_timeout_s", "send_timeout_s", "drain_delay_s")
-        for name in ("max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", "unready_after_failures",
+        for name in ("max_wait_ms", "bulk_max_wait_ms", "intra_op_threads", "solo_threads", "window_stride", "unready_after_failures",
                      *timeouts):  # fmt: skip
             if getattr(self, name) < 0:
                 raise SettingsError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")

@@ -337,6 +337,8 @@ def test_bad_settings_fail_naming_the_option(bundles_dir):
     assert r.returncode == 2 and "ELECTRA_PORT" in r.stderr
     r = start_app("--models", str(bundles_dir), "--max-wait-ms", "-1")
     assert r.returncode == 2 and "--max-wait-ms" in r.stderr
+    r = start_app("--models", str(bundles_dir), "--bulk-max-wait-ms", "-1")
+    assert r.returncode == 2 and "--bulk-max-wait-ms must be >= 0" in r.stderr
     r = start_app("--models", str(bundles_dir), "--batch-token-budget", "16")
     assert r.returncode == 2 and "--batch-token-budget" in r.stderr
     r = start_app("--models", str(bundles_dir), "--access-log", "maybe")

@@ -143,6 +143,60 @@ def test_interactive_work_goes_before_bulk_and_bulk_never_takes_the_last_runner(
     assert next_step(interactive, bulk, bulk_allowed=True) == (Step.CLAIM, bulk)
 
 
+def test_bulk_work_waiting_past_its_bound_goes_first_but_never_on_the_last_runner():
+    """Strict priority starved a long request under a steady interactive load (19 s queued of 20 s)."""
+    interactive, bulk = Lane(100, bulk=False), Lane(100, bulk=True)
+    interactive.push(job(5))
+    bulk.push(job(50, 50, 50, bulk=True))  # three batches' worth
+    t0 = bulk.waiting_since
+    assert t0 == bulk.jobs[0].enqueued and not bulk.due(1.0, now=t0 + 0.5) and bulk.due(1.0, now=t0 + 1.0)
+    assert not bulk.due(0.0, now=t0 + 1e6)  # 0: never ages
+    # Due: bulk is formed, then claimed, before interactive work, formed or not.
+    assert next_step(interactive, bulk, bulk_allowed=True, bulk_due=True) == (Step.FORM, bulk)
+    assert next_step(interactive, bulk, bulk_allowed=True, gathering=True, bulk_due=True) == (Step.FORM, bulk)
+    bulk.take()
+    interactive.take()
+    assert next_step(interactive, bulk, bulk_allowed=True, bulk_due=True) == (Step.CLAIM, bulk)
+    # Not where bulk may not run: the last of several runners stays interactive's, due or not.
+    assert next_step(interactive, bulk, bulk_allowed=False, bulk_due=True) == (Step.CLAIM, interactive)
+    interactive.formed.clear()
+    assert next_step(interactive, bulk, bulk_allowed=False, bulk_due=True) == (Step.WAIT, None)
+
+
+def test_the_bulk_lanes_clock_starts_again_at_each_claim_and_stops_when_it_is_empty():
+    bulk = Lane(100, bulk=True)
+    assert bulk.waiting_since is None and not bulk.due(1.0, now=1e9)
+    bulk.push(long := job(50, 50, 50, bulk=True))
+    t0 = bulk.waiting_since
+    bulk.push(job(20, bulk=True))
+    assert bulk.waiting_since == t0  # work joining a waiting lane does not reset its age
+    bulk.take()
+    assert bulk.waiting_since == t0  # formed is not claimed
+    bulk.claim(now=t0 + 5.0)  # the long request's first batch, aged
+    assert bulk.waiting_since == t0 + 5.0 and long.taken == 2
+    assert not bulk.due(1.0, now=t0 + 5.5) and bulk.due(1.0, now=t0 + 6.0)  # its next batch ages from here
+    bulk.take()
+    while bulk.formed:
+        bulk.claim(now=t0 + 7.0)
+    assert not bulk.has_work and bulk.waiting_since is None and not bulk.due(1.0, now=1e9)
+    # A lane whose only clients left stops its clock when the take drops them.
+    bulk.push(gone := job(10, bulk=True))
+    gone.future.cancel()
+    assert bulk.take() == 0 and bulk.waiting_since is None
+
+
+def test_with_no_bound_the_old_order_holds():
+    """--bulk-max-wait-ms 0: Lane.due is never true, and next_step without `bulk_due` is strict priority."""
+    interactive, bulk = Lane(100, bulk=False), Lane(100, bulk=True)
+    interactive.push(job(5))
+    bulk.push(job(50, bulk=True))
+    due = bulk.due(0.0, now=bulk.waiting_since + 3600)
+    assert not due
+    assert next_step(interactive, bulk, bulk_allowed=True, bulk_due=due) == (Step.FORM, interactive)
+    interactive.take()
+    assert next_step(interactive, bulk, bulk_allowed=True, bulk_due=due) == (Step.CLAIM, interactive)
+
+
 def _load(requests=1, running=0, connections=1) -> ServerLoad:
     load = ServerLoad()
     for _ in range(requests):

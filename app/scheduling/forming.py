@@ -5,7 +5,9 @@ After text-embeddings-inference's queue (core/src/queue.rs): rows are taken FIFO
 that counts padding, a request whose client has gone is dropped before it costs inference, and a
 request too large for one batch continues in the next. Unlike TEI, a take is sorted by length and cut
 where padding would cost more than another run (`split_by_length`), and work comes in two lanes:
-interactive requests are formed and claimed before bulk ones (issue 12).
+interactive requests are formed and claimed before bulk ones (issue 12), unless the bulk lane has waited
+past --bulk-max-wait-ms without a batch of its claimed (`Lane.due`): then bulk work goes first, so a
+sustained interactive load cannot starve a long request.
 """
 
 from __future__ import annotations
@@ -106,10 +108,33 @@ class Lane:
         self.jobs: deque[Job] = deque()
         self.tokens = 0
         self.formed: deque[Batch] = deque()
+        # Since when this lane has had work and seen none of its batches claimed: the last claim, or the
+        # moment work came to an empty lane; None while it is empty. The bulk lane's age (`due`).
+        self.waiting_since: float | None = None
+
+    @property
+    def has_work(self) -> bool:
+        """Jobs queued or batches formed."""
+        return bool(self.jobs or self.formed)
 
     def push(self, job: Job) -> None:
+        if not self.has_work:
+            self.waiting_since = job.enqueued
         self.jobs.append(job)
         self.tokens += job.tokens
+
+    def claim(self, now: float | None = None) -> Batch:
+        """The next formed batch, for a runner: the lane's clock starts again (a long request's later
+        batches age from here, not from its arrival), or stops if nothing is left."""
+        batch = self.formed.popleft()
+        self.waiting_since = (time.perf_counter() if now is None else now) if self.has_work else None
+        return batch
+
+    def due(self, max_wait_s: float, now: float | None = None) -> bool:
+        """Has this lane waited `max_wait_s` or longer for a claim? Never when `max_wait_s` is 0."""
+        if not max_wait_s or self.waiting_since is None:
+            return False
+        return (time.perf_counter() if now is None else now) - self.waiting_since >= max_wait_s
 
     def take(self) -> int:
         """Form batches from the jobs FIFO, up to the budget, sorted by length and split; returns how
@@ -133,6 +158,8 @@ class Lane:
             if job.taken < len(job.rows):
                 break  # budget reached inside this job; the rest waits for the next batch
             self.jobs.popleft()
+        if not self.has_work:  # every job's client had left: nothing waits
+            self.waiting_since = None
         pool.sort(key=lambda item: len(item[0].rows[item[1]].ids))
         cuts = split_by_length([len(job.rows[i].ids) for job, i in pool], self.budget)
         batches = [Batch(pool[a:b], self.bulk) for a, b in zip(cuts, cuts[1:], strict=False)]
@@ -147,11 +174,18 @@ class Step(enum.Enum):
 
 
 def next_step(
-    interactive: Lane, bulk: Lane, bulk_allowed: bool, gathering: bool = False
+    interactive: Lane, bulk: Lane, bulk_allowed: bool, gathering: bool = False, bulk_due: bool = False
 ) -> tuple[Step, Lane | None]:
     """What a free runner does next: interactive work before bulk work, formed batches before forming
     new ones, and bulk work only when `bulk_allowed` (see Scheduler._claim). While another runner is
-    `gathering` the interactive lane's next batch, that work is its: this one takes bulk work or waits."""
+    `gathering` the interactive lane's next batch, that work is its: this one takes bulk work or waits.
+    When `bulk_due` (the bulk lane has waited past --bulk-max-wait-ms: `Lane.due`), bulk work goes first,
+    still only where `bulk_allowed`: aging never gives bulk work the last runner."""
+    if bulk_due and bulk_allowed:
+        if bulk.formed:
+            return Step.CLAIM, bulk
+        if bulk.jobs:
+            return Step.FORM, bulk
     if interactive.formed:
         return Step.CLAIM, interactive
     if bulk.formed and bulk_allowed:

@@ -290,7 +290,7 @@ def _scheduler(registry: Registry, name: str, tokenizer: TextTokenizer, engine: 
     scheduler = Scheduler(
         engine, tokenizer.pad_id, admission, registry.server_load, token_budget=st.batch_token_budget,
         bulk_token_budget=st.bulk_batch_budget, max_wait_ms=st.max_wait_ms,
-        runners=st.runners,
+        runners=st.runners, bulk_max_wait_ms=st.bulk_max_wait_ms,
     )  # fmt: skip
     scheduler.start()
     return scheduler

@@ -10,7 +10,11 @@ app/scheduling/running.py. What is decided elsewhere: admission (app/scheduling/
 which lane goes first (app/scheduling/forming.py), where a batch runs (app/scheduling/placement.py), the lifecycle
 (app/scheduling/lifecycle.py). At most --runners - 1 runners run bulk batches at once (with one runner, it
 runs them too), so a one-sentence request waits for at most one bulk batch, not for a long text's windows;
-behind other interactive requests it waits for their batches, each up to the token budget.
+behind other interactive requests it waits for their batches, each up to the token budget. Bulk work goes
+behind interactive work only until the bulk lane has waited --bulk-max-wait-ms without a claim; then the
+next runner free to take bulk work takes it first. No timer wakes a runner for that: a runner sleeps only
+when it may not take bulk work or there is none (next_step never answers WAIT otherwise), so the moment
+bulk falls due only matters to a runner that is busy, and it looks again when its batch ends.
 """
 
 from __future__ import annotations
@@ -58,11 +62,12 @@ class IdleRunners:
 class Scheduler:
     def __init__(
         self, engine: Engine, pad_id: int, admission: Admission, load: ServerLoad, *, token_budget: int,
-        bulk_token_budget: int, max_wait_ms: float, runners: int,
+        bulk_token_budget: int, max_wait_ms: float, runners: int, bulk_max_wait_ms: float = 0.0,
     ) -> None:  # fmt: skip
         self.engine, self.admission, self.load = engine, admission, load
         self.lanes = {False: Lane(token_budget, bulk=False), True: Lane(bulk_token_budget, bulk=True)}
         self.max_wait_s = max_wait_ms / 1000
+        self.bulk_max_wait_s = bulk_max_wait_ms / 1000  # 0: bulk never ages (strict priority)
         self.runners = runners
         self.bulk_running = 0  # runners busy with a bulk batch
         self.pending: set[Job] = set()  # submitted, not yet answered
@@ -135,13 +140,20 @@ class Scheduler:
                     self.idle.wake(1)  # a runner waiting for bulk work may take it now
 
     async def _claim(self) -> Batch:
+        interactive, bulk = self.lanes[False], self.lanes[True]
+        aged = False  # bulk work taken (formed or claimed) where strict priority would take interactive work
         while True:
             bulk_allowed = self.runners == 1 or self.bulk_running < self.runners - 1
             gathering = self._gathering is not None  # another runner forms the interactive batch
-            step, lane = next_step(self.lanes[False], self.lanes[True], bulk_allowed, gathering)
+            due = bulk.due(self.bulk_max_wait_s)
+            step, lane = next_step(interactive, bulk, bulk_allowed, gathering, bulk_due=due)
+            if due and lane is bulk:
+                aged = aged or next_step(interactive, bulk, bulk_allowed, gathering)[1] is not bulk
             if step is Step.CLAIM:
+                if lane.bulk and aged:
+                    self.series.aged_bulk_batches.inc()
                 self.bulk_running += lane.bulk
-                return lane.formed.popleft()
+                return lane.claim()
             if step is Step.FORM:
                 if not lane.bulk:
                     await self._gather(lane)
