@@ -185,6 +185,28 @@ def test_the_bulk_lanes_clock_starts_again_at_each_claim_and_stops_when_it_is_em
     assert bulk.take() == 0 and bulk.waiting_since is None
 
 
+def test_a_bulk_batch_longer_than_the_bound_leaves_the_lane_not_due_as_it_ends():
+    """The clock restarted at the claim alone: a bulk batch that ran past the bound ended with the lane due
+    already, and each batch of a backlog went before the interactive work waiting (one runner: a sentence
+    waited 9.6 s behind eight 1.2-s batches, with the default bound). The scheduler calls `ran` as each
+    bulk batch ends (Scheduler._runner)."""
+    interactive, bulk = Lane(100, bulk=False), Lane(100, bulk=True)
+    bulk.push(job(50, 50, 50, bulk=True))
+    t0 = bulk.waiting_since
+    bulk.take()
+    bulk.claim(now=t0 + 1.0)
+    interactive.push(job(5))  # a sentence comes while the bulk batch runs, 1.2 s
+    bulk.ran(now=t0 + 2.2)
+    due = bulk.due(1.0, now=t0 + 2.2)
+    assert not due
+    assert next_step(interactive, bulk, bulk_allowed=True, bulk_due=due) == (Step.FORM, interactive)
+    assert bulk.due(1.0, now=t0 + 3.2)  # and bulk's next batch ages from the end of its last
+    bulk.formed.clear()
+    bulk.jobs.clear()
+    bulk.ran(now=t0 + 4.0)
+    assert bulk.waiting_since is None  # nothing left: the clock stops
+
+
 def test_with_no_bound_the_old_order_holds():
     """--bulk-max-wait-ms 0: Lane.due is never true, and next_step without `bulk_due` is strict priority."""
     interactive, bulk = Lane(100, bulk=False), Lane(100, bulk=True)

@@ -130,6 +130,12 @@ class Lane:
         self.waiting_since = (time.perf_counter() if now is None else now) if self.has_work else None
         return batch
 
+    def ran(self, now: float | None = None) -> None:
+        """One of its batches has ended: the clock starts again here. Started at the claim alone, a bulk batch
+        that ran longer than the bound left the lane due already as it ended, and each of a backlog's batches
+        then went before the interactive work waiting (with one runner, a sentence waited for all of them)."""
+        self.waiting_since = (time.perf_counter() if now is None else now) if self.has_work else None
+
     def due(self, max_wait_s: float, now: float | None = None) -> bool:
         """Has this lane waited `max_wait_s` or longer for a claim? Never when `max_wait_s` is 0."""
         if not max_wait_s or self.waiting_since is None:

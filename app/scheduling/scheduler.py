@@ -137,6 +137,7 @@ class Scheduler:
             finally:
                 if batch.bulk:
                     self.bulk_running -= 1
+                    self.lanes[True].ran()  # the bound counts from here: interactive work goes next
                     self.idle.wake(1)  # a runner waiting for bulk work may take it now
 
     async def _claim(self) -> Batch:
