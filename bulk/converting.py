@@ -31,10 +31,16 @@ _JSON_LINES = (
     'out = open(dst, "x", encoding="utf-8"); out.writelines(json.dumps(d) + chr(10) for d in docs); out.close(); '
     "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
 )  # fmt: skip
-# pyarrow reads a compressed CSV too.
+# Read through the decompressor its suffix names (pyarrow guesses .gz and .bz2 by name, and read an .xz's
+# bytes as text). Every column as text: type inference made an id 007 the number 7, and --id-field then
+# named rows by other ids than the file's. `{delimiter}`: the TSV's, for both readers.
 _PARQUET = (
-    "import os, sys, pyarrow.csv as c, pyarrow.parquet as p; src, dst, aside = sys.argv[1:]; "
-    "table = c.read_csv(src{options}); "
+    "import bz2, csv, gzip, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
+    "src, dst, aside = sys.argv[1:]; "
+    'read = {{".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}}.get(os.path.splitext(src)[1].lower(), open); '
+    'names = next(csv.reader(io.TextIOWrapper(read(src, "rb"), encoding="utf-8-sig"){delimiter})); '
+    'table = c.read_csv(read(src, "rb"){options}, '
+    "convert_options=c.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))); "
     'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
     'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
     "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
@@ -88,4 +94,5 @@ def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
     options = ", parse_options=c.ParseOptions(delimiter=chr(9))" if tabs else ""
-    return into, _command(_PARQUET.format(options=options), path, into)
+    delimiter = ", delimiter=chr(9)" if tabs else ""
+    return into, _command(_PARQUET.format(options=options, delimiter=delimiter), path, into)

@@ -108,3 +108,24 @@ def test_the_id_field_note_asks_for_a_new_out_which_takes_it(tmp_path):
     assert same.returncode == 2, same.stderr  # as the note says
     new = run_bulk(src, tmp_path / "new", "detector", "--workers", "1", "--id-field", "id")
     assert new.returncode == 0 and [r["id"] for r in rows(tmp_path / "new")] == ["d0", "d1"], new.stderr
+
+
+def test_a_compressed_csvs_conversion_reads_it_whole_and_keeps_its_ids_as_written(tmp_path):
+    """The printed command read a .csv.xz's compressed bytes as text (pyarrow decompresses .gz and .bz2
+    alone) and failed; and typed by inference, the id 007 became the number 7."""
+    import lzma
+
+    src = tmp_path / "sms.csv.xz"
+    src.write_bytes(lzma.compress(b"id,text\n007,hello there\n0x1f,second one\n"))
+    refused = run_bulk(src, tmp_path / "out", "detector")
+    assert refused.returncode == 2, refused.stderr
+    command = refused.stderr.split(MARK, 1)[1].strip()
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    scored = run_bulk(
+        tmp_path / "sms.parquet", tmp_path / "out", "detector", "--workers", "1", "--id-field", "id"
+    )
+    assert scored.returncode == 0, scored.stderr
+    assert sorted(r["id"] for r in rows(tmp_path / "out")) == ["007", "0x1f"]
