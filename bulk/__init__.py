@@ -3,7 +3,8 @@
 It imports app/model/ (tokenization, windows, the engine, the batch cost rule, stitching and summaries)
 and nothing from app/http or app/scheduling, so a document gets the server's numbers without HTTP:
 - config.py: the options (options/); fingerprint.py: job.json, and the part size each shard is cut with;
-- inputs.py: INPUT -> shards -> parts; reading.py: a part -> its documents, with rejects and their reasons;
+- inputs.py: INPUT -> shards; left_out.py: what INPUT leaves out, named in notes;
+- parts.py: shards -> parts; reading.py: a part -> its documents, with rejects and their reasons;
 - shard.py: the shard function, one part -> its Parquet file (knows nothing of processes or Ray);
 - outputs.py: the Parquet schema, temporary-name-then-rename writes, the manifest;
 - local.py / on_ray.py: the shard function on worker processes, or on Ray actors;

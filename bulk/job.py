@@ -19,19 +19,9 @@ from app.model.tokenization import TextTokenizer
 from bulk import outputs, own_ray
 from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, part_size, read_fingerprint, recorded_cuts, write_fingerprint
-from bulk.inputs import (
-    LeftOut,
-    Part,
-    first_fields,
-    format_of,
-    id_column,
-    largest_first,
-    left_out_notes,
-    listed,
-    plan,
-    shard_name,
-    shards,
-)
+from bulk.inputs import format_of, shard_name, shards
+from bulk.left_out import LeftOut, left_out_notes, listed
+from bulk.parts import Part, first_fields, id_column, largest_first, plan
 from bulk.progress import Progress, Stage
 from options.locking import LOCK, release_directory
 from options.stopping import GracefulStop

@@ -33,8 +33,8 @@ from pathlib import Path
 import options
 from bulk import outputs
 from bulk.config import BulkConfig, from_dict
-from bulk.inputs import Part
 from bulk.local import ATTEMPTS
+from bulk.parts import Part
 
 # A job's objects are part descriptions and results of a few kB: Ray's default store (30% of memory)
 # would only take memory from the workers.

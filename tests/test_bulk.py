@@ -446,8 +446,9 @@ def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dyin
     import shutil
 
     from bulk.config import resolve
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
     from bulk.on_ray import ScoreParts
+    from bulk.parts import plan
     from options import as_dict
 
     shutil.copytree(MODELS / "detector", tmp_path / "models" / "broken")
@@ -1022,8 +1023,9 @@ def test_a_ray_actor_on_a_node_without_the_drivers_out_fails_at_once_creating_no
     actor checks the driver's marker in --out as it starts: another token (another driver's --out, or
     none) answers every part with what to do, creating nothing and loading no model."""
     from bulk.config import resolve
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
     from bulk.on_ray import ATTEMPTS_DIR, OUT_MARKER, ScoreParts
+    from bulk.parts import plan
     from options import as_dict
 
     src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])

@@ -61,7 +61,8 @@ def test_a_local_worker_that_loads_another_bundle_fails_its_parts_and_scores_non
     """The reviewer's case, a worker (re)started once the bundle was swapped: its parts fail by name, and
     nothing of the classifier's reaches the job (before, it scored them with the classifier: exit 0)."""
     from bulk import local
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
+    from bulk.parts import plan
 
     models = _models(tmp_path)
     src = tmp_path / "in"
@@ -82,8 +83,9 @@ def test_a_local_worker_that_loads_another_bundle_fails_its_parts_and_scores_non
 
 def test_a_ray_actor_that_loads_another_bundle_fails_its_parts(tmp_path):
     """The actor class Ray Data runs (restarted by Ray after its worker died), run here without Ray."""
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
     from bulk.on_ray import ScoreParts
+    from bulk.parts import plan
     from options import as_dict
 
     models = _models(tmp_path)

@@ -18,8 +18,10 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, LeftOut, id_column, left_out_notes, plan, shards
+from bulk.inputs import InputError, shards
+from bulk.left_out import LeftOut, left_out_notes
 from bulk.outputs import NAME_BYTES, rejects_path, safe, score_path, temporary
+from bulk.parts import id_column, plan
 from bulk.reading import Reason, read
 from options import ConfigError
 from tests.unprivileged import run_python
@@ -1065,7 +1067,7 @@ def test_a_line_shard_is_opened_once_at_planning_and_one_that_cannot_be_fails_th
     for locked in ("locked.jsonl", "locked.txt"):
         (corpus / locked).write_text('{"text": "behind mode 000"}\n')
         (corpus / locked).chmod(0o000)
-    code = ("import collections, json, sys; from bulk.inputs import plan, shards\n"
+    code = ("import collections, json, sys; from bulk.inputs import shards; from bulk.parts import plan\n"
             "root, files, _ = shards(sys.argv[1], 'auto'); opened = collections.Counter()\n"
             "sys.addaudithook(lambda event, args: event == 'open' and opened.update([str(args[0])]))\n"
             "parts, failed = plan(root, files, 'auto', 1024)\n"
