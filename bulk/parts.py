@@ -50,8 +50,8 @@ class Part:
     def same_extent(self, entry: dict) -> bool:
         """Whether a manifest line of this part's number covers what this part covers. A line written
         before lines kept their extent counts by number, as it did: its shard is cut with job.json's part
-        size (fingerprint.recorded_cuts), and the shard's size and time are checked (job.check_unchanged),
-        so the plan cuts the shard as then."""
+        size (fingerprint.recorded_cuts), and the shard's size and time are checked
+        (preparing.check_unchanged), so the plan cuts the shard as then."""
         if "start" not in entry:
             return True
         return (entry.get("start"), entry.get("end")) == (self.start, self.end)

@@ -648,8 +648,8 @@ def test_a_new_job_takes_an_out_holding_only_lost_and_found_or_hidden_files(tmp_
     either as "not empty". Neither is a name the job writes or removes; the hidden one it does remove whole (a
     Ray run's attempts directory) is still refused, and a file named lost+found is a file like any other."""
     from bulk.fingerprint import JobError
-    from bulk.job import check_new_out
     from bulk.on_ray import ATTEMPTS_DIR
+    from bulk.preparing import check_new_out
 
     out = tmp_path / "out"
     (out / "lost+found").mkdir(parents=True)

@@ -555,7 +555,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
 
     def resume(cfg, root: Path) -> tuple[int | None, Path | None]:
         """What a run reads of job.json (job.run), and what it writes back once every check passed
-        (job.prepare)."""
+        (preparing.prepare)."""
         part_bytes, kept, pending = read_fingerprint(cfg, "ab", root)
         write_fingerprint(cfg, pending)
         return part_bytes, kept
