@@ -56,12 +56,12 @@ def _join_ray(cfg: BulkConfig) -> str | None:
     directory of an instance of the job's own (--ray alone). Before our signal handlers go in: ray.init sets
     a SIGTERM handler of its own (sys.exit), which would otherwise replace the one that lets the job stop as
     the next part finishes."""
-    from bulk import on_ray
+    from bulk import ray_cluster
 
     before = signal.getsignal(signal.SIGTERM)
     try:
-        own_instance = on_ray.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
-    except on_ray.JoinError as e:
+        own_instance = ray_cluster.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
+    except ray_cluster.JoinError as e:
         raise JobError(str(e)) from None
     except SystemExit as e:  # ray.init's SIGTERM handler, there before ours: a stop, not a crash
         if e.code != signal.SIGTERM:
@@ -76,10 +76,10 @@ def _join_ray(cfg: BulkConfig) -> str | None:
     # A cluster joined: an actor of more threads than any node's CPUs never starts. The job's own instance
     # is sized for its workers' threads (connect), so it always holds one.
     if cfg.ray != "local":
-        nodes = on_ray.node_cpus()
-        if why := on_ray.threads_refusal(nodes, cfg.threads, cfg.ray):
+        nodes = ray_cluster.node_cpus()
+        if why := ray_cluster.threads_refusal(nodes, cfg.threads, cfg.ray):
             raise JobError(why)
-        if cfg.workers and (note := on_ray.workers_note(nodes, cfg.threads, cfg.workers, cfg.ray)):
+        if cfg.workers and (note := ray_cluster.workers_note(nodes, cfg.threads, cfg.workers, cfg.ray)):
             print(f"bulk: {note}", file=sys.stderr, flush=True)
     return own_instance
 
@@ -97,12 +97,12 @@ class Workers:
         if not self._count and (cfg.workers or cfg.ray in (None, "local")):
             self._count = cfg.worker_count()
         elif not self._count:
-            from bulk import on_ray
+            from bulk import ray_cluster
 
             _join_ray(cfg)  # refuses --threads beyond every node's CPUs
-            nodes = on_ray.node_cpus()
+            nodes = ray_cluster.node_cpus()
             cpus = sum(nodes)
-            self._count = max(1, on_ray.actors_that_fit(nodes, cfg.threads))
+            self._count = max(1, ray_cluster.actors_that_fit(nodes, cfg.threads))
             print(f"bulk: the Ray cluster at {cfg.ray} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
                   f"thread(s) (workers = 0 (auto: {self._count} on this cluster), as config.json's as_run records; "
                   "give --workers to run another number)", flush=True)  # fmt: skip

@@ -125,6 +125,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     if todo:
         if cfg.ray:
             from bulk import on_ray as runner  # joined above
+            from bulk import ray_cluster
         else:
             from bulk import local as runner  # type: ignore[no-redef]
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: no tokenizer pool
@@ -137,9 +138,9 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         with GracefulStop(True, doing) as interrupt:
             watch = None
             if cfg.ray == "local":
-                watch = runner.watch_own_instance(lambda: interrupt.signal, cfg.out)
+                watch = ray_cluster.watch_own_instance(lambda: interrupt.signal, cfg.out)
             elif cfg.ray:  # a cluster joined: losing it ends the job with our status and what to do
-                watch = runner.watch_cluster(cfg.ray, EXIT_FAILED)
+                watch = ray_cluster.watch_cluster(cfg.ray, EXIT_FAILED)
             try:
                 # The bundle as this driver read it: a worker that reads another (swapped under --models as
                 # the job ran) fails its parts rather than mix two models' rows in scores/.

@@ -479,7 +479,7 @@ def test_threads_beyond_every_nodes_cpus_are_refused_and_workers_count_what_each
     """An actor asks --threads CPUs on one node: on nodes of 2 CPUs, --threads 4 never started (Ray waited
     for ever) while the job said "4 CPU(s): 1 worker(s) of 4 thread(s)". The real cluster's refusal:
     test_bulk_ray's cluster-lost test."""
-    from bulk.on_ray import actors_that_fit, threads_refusal, workers_note
+    from bulk.ray_cluster import actors_that_fit, threads_refusal, workers_note
 
     assert threads_refusal([2, 2], 2, "h:1") is None
     said = threads_refusal([2, 2], 4, "h:1")

@@ -184,7 +184,7 @@ def test_a_join_that_fails_names_the_token_only_for_an_authentication_error(monk
     """The authentication hint was given only without RAY_AUTH_TOKEN: a wrong one got no hint at all; then
     it was given with a token set whatever the error, an address that is no head's (a node manager's port)
     told to compare tokens. Ray's error says which (its chained AuthenticationError, or another)."""
-    from bulk.on_ray import _join_failed
+    from bulk.ray_cluster import _join_failed
 
     refused = _ray_join_error("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication "
                               "token is missing or incorrect")  # fmt: skip
