@@ -1,5 +1,5 @@
 """`python -m bulk INPUT --out DIR --model NAME [--models DIR] [--ray [ADDRESS]]`: score a corpus with a
-bundle, with the server's numbers (docs/bulk.md). The exit status says how it went (bulk/job.py)."""
+bundle, with the server's numbers (docs/bulk.md). The exit status says how it went (bulk/scoring_run.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Compressed shards: gzip, bzip2 and xz files of JSONL or text, read as what they hold with the standard
 library (corpora are shipped so). A compressed stream cannot be entered at a byte offset, so such a shard
-is one part, read from its start (inputs.plan), and its progress is counted in compressed bytes: the size
+is one part, read from its start (parts.plan), and its progress is counted in compressed bytes: the size
 it was planned with. Other compressions have no reader in the standard library and fail by name."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ EXIT_USAGE = (
 class BulkConfig:
     """Every option of `python -m bulk INPUT --out DIR --model NAME`."""
 
-    SAVED_AS: ClassVar[str] = "config.json"  # in --out (job.py)
+    SAVED_AS: ClassVar[str] = "config.json"  # in --out (preparing.py)
 
     input: str = option(
         help="a file, a directory (every .jsonl, .json, .ndjson, .parquet and .txt file under it) or a quoted "

@@ -22,7 +22,7 @@ from bulk.converting import followed, json_lines_command, parquet_command
 from bulk.reading import BOM
 
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
-# Parquet (inputs.plan); named outright, it is refused with it, before --out is written (inputs.shards). Under
+# Parquet (parts.plan); named outright, it is refused with it, before --out is written (inputs.shards). Under
 # a directory it is left out with a note naming it (inputs.shards): it may be a sidecar (metadata.csv beside
 # the shards), and failing it failed every run of the job. A --format says how to read it, wherever it is.
 CSV = (".csv", ".tsv")
@@ -111,7 +111,7 @@ def csv_hint(path: Path) -> str:
 
 def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
     """Why a JSONL or text shard cannot be read as it is (`encoding_hint`, `json_document_hint`), from `f`,
-    the shard opened once at planning (inputs.plan): None, it can. Reads its first bytes (a compressed
+    the shard opened once at planning (parts.plan): None, it can. Reads its first bytes (a compressed
     shard's first bytes decompressed: a .jsonl.gz in UTF-16 is named as the .jsonl is), and leaves `f` at
     its start for the cut."""
     if (suffix := compression(path)) is None:

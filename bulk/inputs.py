@@ -1,94 +1,31 @@
-"""Input shards -> parts. A shard is one input file; a shard larger than --part-mb is cut into parts
-(line-aligned byte ranges of a JSONL or text file, row ranges of a Parquet file), so that a killed job
-loses at most one part's work per worker. A part's documents are read by bulk/reading.py."""
+"""INPUT -> shards. A shard is one input file: what a file, directory or glob INPUT names (never a file under
+--out, nor another job's outputs), with the input root their names are relative to, what fails as a shard
+(a directory that cannot be listed, a broken link) and what is left out with a note (bulk/left_out.py); and
+how a file's format is told (`format_of`, `not_read_by_suffix`). Shards are cut into parts by
+bulk/parts.py."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
 
-import msgspec
-
-from bulk.compressed import STREAM_ERRORS, compression, decompressed
 from bulk.conversions import (
     COMPRESSED,
     CSV,
-    compressed_hint,
     csv_hint,
     is_parquet,
-    line_file_hint,
     not_parquet,
     not_parquet_hint,
     parquet_hint,
     type_suffix,
 )
-from bulk.reading import BOM
+from bulk.left_out import LeftOut, left_out_notes, listed
 from bulk.walk import broken_link, glob_files, not_regular, under, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
-SCAN_BYTES = 1 << 24  # read this much at a time when looking for line ends
-
-
-@dataclass(frozen=True)
-class Part:
-    shard: str  # absolute path of the input file
-    name: str  # the shard's path relative to the input root: what rows and output files are named by
-    index: int  # the part's number within its shard
-    format: str  # jsonl | parquet | text
-    start: int  # first byte (JSONL, text) or row (Parquet, from 0)
-    end: int  # one past the last byte or row
-    first_line: int  # the line (or row) number, from 1, of the part's first document
-    size: int  # bytes, for progress and ETA
-    # The shard's [size, modification time in ns] when it was cut: the reader fails a part whose shard is
-    # not that file any more (written, truncated, replaced while the job ran). None: not checked.
-    stat: tuple[int, int] | None = None
-    part_bytes: int = 0  # the part size its shard was cut with: a resume cuts the shard so again
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}#{self.index}"
-
-    def record(self) -> dict:
-        """What the manifest and the summary name a part by, with its extent: a manifest line counts for
-        the planned part of its number only where the two cover the same bytes or rows (`same_extent`)."""
-        return {"part": self.key, "input": self.shard, "name": self.name, "index": self.index,
-                "start": self.start, "end": self.end, "size": self.size, "part_bytes": self.part_bytes}  # fmt: skip
-
-    def same_extent(self, entry: dict) -> bool:
-        """Whether a manifest line of this part's number covers what this part covers. A line written
-        before lines kept their extent counts by number, as it did: its shard is cut with job.json's part
-        size (fingerprint.recorded_cuts), and the shard's size and time are checked (job.check_unchanged),
-        so the plan cuts the shard as then."""
-        if "start" not in entry:
-            return True
-        return (entry.get("start"), entry.get("end")) == (self.start, self.end)
-
-    def failure(self, error: str) -> dict:
-        """What a worker returns for a part it could not score: the summary names it, the job goes on."""
-        return self.record() | {"error": error}
-
-    def unloadable(self, e: Exception) -> dict:
-        """The failure of a part whose worker could not load the bundle (a broken file, the load check)."""
-        return self.failure(f"the worker could not load the model: {type(e).__name__}: {e}")
-
-
-# A compressed part's size is its bytes on disk, and it holds several times that in text (JSON Lines shrink
-# 4 to 10 times under gzip, more under xz); it is also never cut, so it is often a job's largest part.
-COMPRESSED_WORK = 4
-
-
-def largest_first(parts: list[Part]) -> list[Part]:
-    """The order parts start in: the most work first (bytes, a compressed part's counted COMPRESSED_WORK
-    times), ties in plan order. In shard-name order an unsplittable c.jsonl.gz, the largest part, started
-    last and ran alone while the other workers idled; under repeated kills it never finished. Outputs do
-    not depend on it: each part writes its own files, and the summary and rejects.jsonl list the plan's order."""
-    return sorted(parts, key=lambda p: -p.size * (COMPRESSED_WORK if compression(p.shard) else 1))
 
 
 class InputError(ValueError):
@@ -112,17 +49,6 @@ def _left_out_as(path: Path, fmt: str) -> str | None:
     if is_parquet(path, fmt):
         return "parquets"
     return "not_parquets" if not_parquet(path, fmt) else None
-
-
-def listed(names: list[str], most: int = 5) -> str:
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def csv_note(names: list[str]) -> str:
-    """What a run says of the CSVs a directory INPUT left out: which, and how to have them scored."""
-    return (f"{len(names)} CSV file(s) under INPUT left out, as bulk does not read CSV: {listed(names)}. To "
-            "score one, convert it to Parquet (name the CSV as INPUT and bulk prints the one-line conversion): "
-            "give the .parquet as INPUT, or write it under INPUT and the next run takes it")  # fmt: skip
 
 
 def _inside(path: str, out: str | None) -> bool:
@@ -156,47 +82,6 @@ def holds_job_outputs(directory: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(have, dict) and isinstance(have.get("part_bytes"), int) and "bundle_sha256" in have
-
-
-def jobs_note(names: list[str]) -> str:
-    """What a run says of the directories under INPUT it left out as other jobs' outputs."""
-    return (f"{len(names)} director{'y' if len(names) == 1 else 'ies'} under INPUT left out, as each holds a bulk "
-            f"job's outputs (its job.json): {listed(names)}. To score a file there, move it out of that "
-            "directory")  # fmt: skip
-
-
-def parquet_note(names: list[str]) -> str:
-    """What a run says of the Parquet files a directory INPUT left out under --format jsonl or text."""
-    return (f"{len(names)} Parquet file(s) under INPUT left out, as --format reads every file as it says, and "
-            f"these are Parquet: {listed(names)}. To score them, give them to a job of their own with --format "
-            "parquet")  # fmt: skip
-
-
-def not_parquet_note(names: list[str]) -> str:
-    """What a run says of the files a directory INPUT left out under --format parquet, not being Parquet."""
-    return (f"{len(names)} file(s) under INPUT left out, as --format parquet reads every file as Parquet, and "
-            f"these are not: {listed(names)}. To score them, give them to a job of their own without --format "
-            "(or with --format jsonl or text)")  # fmt: skip
-
-
-def links_note(names: list[str]) -> str:
-    """What a run says of the linked files it left out as duplicates of shards listed under their own names."""
-    return (f"{len(names)} linked file(s) under INPUT left out, as each leads to a file INPUT lists under its own "
-            f"name, which is scored once, under that name: {listed(names)}. Rows an earlier run scored under a "
-            "link's name stay in scores/ but are not counted")  # fmt: skip
-
-
-@dataclass
-class LeftOut:
-    """What a directory or glob INPUT leaves out and a run names in a note: CSVs (`csv_note`), Parquet files
-    under --format jsonl or text (`parquet_note`), other jobs' --out directories (`jobs_note`) and links to
-    listed files (`links_note`), relative to the input root, sorted."""
-
-    csvs: list[str] = field(default_factory=list)
-    parquets: list[str] = field(default_factory=list)
-    not_parquets: list[str] = field(default_factory=list)  # under --format parquet (`not_parquet_note`)
-    jobs: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)
 
 
 def _refuse_foreign(found: list[str], out: Path) -> None:
@@ -357,17 +242,6 @@ def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path
     return [f for f in files if f not in twice]
 
 
-def left_out_notes(left: LeftOut) -> list[str]:
-    """The notes a run prints of what INPUT left out (and a refusal for no input adds)."""
-    return (
-        ([csv_note(left.csvs)] if left.csvs else [])
-        + ([parquet_note(left.parquets)] if left.parquets else [])
-        + ([not_parquet_note(left.not_parquets)] if left.not_parquets else [])
-        + ([jobs_note(left.jobs)] if left.jobs else [])
-        + ([links_note(left.links)] if left.links else [])
-    )
-
-
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
         into.csvs += left.csvs
@@ -440,172 +314,3 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
         return (f"{suffix} is not a format bulk reads by its suffix ({known}); convert it, or give --format "
                 "jsonl, parquet or text to read it as one")  # fmt: skip
     return None
-
-
-def plan(
-    root: Path,
-    files: list[Path],
-    fmt: str,
-    part_bytes: int,
-    id_field: str = "",
-    cuts: dict[str, int] | None = None,
-    seen: Callable[[int, int], None] | None = None,
-    text_field: str = "text",
-) -> tuple[list[Part], dict[str, str]]:
-    """Every shard's parts, and the shards that cannot be read (name -> reason): one fails alone. A shard
-    is cut at `part_bytes`, or at the size `cuts` gives for its name (the one its finished parts had).
-    seen(shards, bytes), if given, as it goes: each shard once planned (or failed), and the bytes read to
-    cut one larger than a part as they are read (progress.Stage's update)."""
-    parts: list[Part] = []
-    failed: dict[str, str] = {}
-    for path in files:
-        _plan_shard(root, path, fmt, part_bytes, (text_field, id_field), cuts, seen, parts, failed)
-        if seen is not None:
-            seen(1, 0)
-    return parts, failed
-
-
-def _plan_shard(root: Path, path: Path, fmt: str, part_bytes: int, fields: tuple[str, str], cuts: dict[str, int] | None,
-                seen: Callable[[int, int], None] | None, parts: list[Part], failed: dict[str, str]) -> None:  # fmt: skip
-    """plan's work on one shard: its parts added to `parts`, or its name and reason to `failed`."""
-    name, id_field = shard_name(path, root), fields[1]
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # the rows' `file` column is UTF-8: no row could name this shard
-        shown = name.encode("utf-8", "backslashreplace").decode()
-        failed[shown] = "its path is not valid UTF-8 (the rows name their file): rename it"
-        return
-    if why := not_read_by_suffix(path, fmt):  # matched by a glob (named outright, refused by `shards`)
-        failed[name] = why
-        return
-    kind = format_of(path, fmt)
-    if path.suffix.lower() in COMPRESSED and (why := compressed_hint(path, kind)):
-        failed[name] = why
-        return
-    if kind == "text" and id_field:  # its documents are lines, with no field to take an id from
-        failed[name] = f"plain text has no fields, so no {id_field!r} (--id-field): give JSONL or Parquet"
-        return
-    size = (cuts or {}).get(name, part_bytes)
-    try:
-        if kind == "parquet":
-            # Taken before the shard is cut, and compared as each part is read (reading's fstat).
-            st = path.stat()
-            if why := _named_twice(path, fields):
-                failed[name] = why
-                return
-            cut = list(_parquet_parts(path, name, kind, size))
-        else:
-            # Opened once, for the checks, the stat and the cut: an unreadable shard fails here, at
-            # planning; the stat is of the file read; a shard on a network file system costs one open.
-            with path.open("rb") as f:
-                # By name, as a CSV: not 100% not_json rejects (or text full of NULs) and a finished job.
-                if hint := line_file_hint(path, kind, f):
-                    failed[name] = hint
-                    return
-                st = os.fstat(f.fileno())
-                if compression(path):  # not read here: a compressed stream cannot be cut at an offset
-                    cut = [Part(str(path), name, 0, kind, 0, st.st_size, 1, st.st_size)]
-                else:
-                    cut = list(_line_parts(f, path, name, kind, size, st.st_size, seen))
-        # All of a shard's parts, or none.
-        stat = (st.st_size, st.st_mtime_ns)
-        parts.extend(replace(p, stat=stat, part_bytes=size) for p in cut)
-    except Exception as e:  # unreadable, not Parquet, permission denied: that shard alone fails
-        failed[name] = f"{type(e).__name__}: {e}"
-
-
-def _named_twice(path: Path, fields: tuple[str, str]) -> str | None:
-    """Why a Parquet shard cannot be read, where two of its columns or more bear the name of --text-field
-    or --id-field: each part failed with Arrow's raw `KeyError: 'Field "text" exists 2 times in schema'`."""
-    import pyarrow.parquet as pq
-
-    names = pq.read_schema(path).names
-    for column, option in zip(fields, ("--text-field", "--id-field"), strict=True):
-        if column and (n := names.count(column)) > 1:
-            return (f"{n} of its columns are named {column!r} ({option}), and bulk cannot tell which to read: "
-                    "rename all but one (pyarrow's Table.rename_columns) and write it again, then run the job "
-                    "again")  # fmt: skip
-    return None
-
-
-def _line_parts(f: BinaryIO, path: Path, name: str, kind: str, part_bytes: int, size: int,
-                seen: Callable[[int, int], None] | None = None) -> Iterator[Part]:  # fmt: skip
-    """Line-aligned byte ranges of the shard's first `size` bytes (its size as planned), read from `f` (the
-    shard, open at its start): a shard of one part is not read. seen(0, bytes) as it reads."""
-    if size <= part_bytes:
-        yield Part(str(path), name, 0, kind, 0, size, 1, size)
-        return
-    # Cut at the first line end after every part_bytes, counting lines on the way so each part knows
-    # the number of its first line: one sequential pass, SCAN_BYTES at a time.
-    start, first, line, index, pos = 0, 1, 1, 0, 0  # line: the number of the line at `pos + offset`
-    while block := f.read(SCAN_BYTES):
-        if seen is not None:
-            seen(0, len(block))
-        offset = 0
-        while (want := start + part_bytes - pos) < len(block):
-            nl = block.find(b"\n", max(offset, want))
-            if nl < 0:
-                break
-            line += block.count(b"\n", offset, nl + 1)
-            end = pos + nl + 1
-            yield Part(str(path), name, index, kind, start, end, first, end - start)
-            start, first, offset, index = end, line, nl + 1, index + 1
-        line += block.count(b"\n", offset)
-        pos += len(block)
-    if start < size:
-        yield Part(str(path), name, index, kind, start, size, first, size - start)
-
-
-def _parquet_parts(path: Path, name: str, kind: str, part_bytes: int) -> Iterator[Part]:
-    """Row ranges of about part_bytes (uncompressed, from the row groups' sizes): small row groups run
-    together, and a large one is cut. pyarrow writes up to a million rows as one row group, and a part
-    per row group left a whole file to one worker, with nothing kept if it was killed."""
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(path).metadata
-    index, start, size, row = 0, 0, 0, 0
-    for g in range(meta.num_row_groups):
-        rg = meta.row_group(g)
-        pieces = max(1, rg.total_byte_size // part_bytes)  # a group of n parts' bytes: n parts
-        for k in range(pieces):
-            end = row + rg.num_rows * (k + 1) // pieces
-            size += rg.total_byte_size // pieces
-            if size >= part_bytes and end > start:
-                yield Part(str(path), name, index, kind, start, end, start + 1, size)
-                index, start, size = index + 1, end, 0
-        row += rg.num_rows
-    if row > start or index == 0:  # the rest; and a file of no rows is one empty part, as an empty JSONL
-        yield Part(str(path), name, index, kind, start, row, start + 1, size)
-
-
-ID_NAMES = ("id", "_id", "doc_id", "uuid")
-
-
-def id_column(part: Part, text_field: str = "") -> str | None:
-    """A field of the first document (or a column) whose name says it is an id: a job without --id-field
-    names rows file:line, which a user with ids of their own would not expect. Never `text_field`, the one
-    scored as the text (`--text-field id` was told to give --id-field id)."""
-    names = first_fields(part) or []
-    return next((n for n in ID_NAMES if n in names and n != text_field), None)
-
-
-def first_fields(part: Part) -> list[str] | None:
-    """The fields of the part's first document (a Parquet file's columns), in their order; None where it
-    cannot be read here (the job reports an unreadable part itself) or is no JSON object."""
-    try:
-        if part.format == "parquet":
-            import pyarrow.parquet as pq
-
-            return list(pq.read_schema(part.shard).names)
-        if part.format != "jsonl":
-            return None
-        with open(part.shard, "rb") as raw:
-            f = decompressed(suffix, raw) if (suffix := compression(part.shard)) else raw
-            f.seek(part.start)
-            # At most 1 MB of each line: a file that is one huge line is not read whole here.
-            lines = (f.readline(1 << 20).removeprefix(BOM) for _ in range(1000))
-            first = next((line for line in lines if line.strip()), b"")
-        obj = msgspec.json.decode(first) if first else None
-    except (*STREAM_ERRORS, ValueError, msgspec.DecodeError):
-        return None
-    return list(obj) if isinstance(obj, dict) else None

@@ -15,7 +15,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import options
 from bulk.config import BulkConfig, from_dict
-from bulk.inputs import Part
+from bulk.parts import Part
 from options.stopping import on_parent_death
 
 _SCORER = None

@@ -7,8 +7,7 @@ name, and only the driver writes the manifest, once per part, so a part run twic
 once.
 
 Every node reads INPUT and --models, and writes --out, at the same paths: a shared file system.
-Ray's usage statistics are turned off (RAY_USAGE_STATS_ENABLED=0) for the instance a job starts and for
-its workers; a cluster started with `ray start` needs it in that command's environment too (docs/bulk.md).
+Starting or joining the cluster, sizing the job to it and watching it are bulk/ray_cluster.py's.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import os
 import queue
 import secrets
 import shutil
-import signal
 import socket
 import sys
 import threading
@@ -31,15 +29,11 @@ import time
 from pathlib import Path
 
 import options
-from bulk import outputs
 from bulk.config import BulkConfig, from_dict
-from bulk.inputs import Part
 from bulk.local import ATTEMPTS
+from bulk.parts import Part
+from bulk.ray_cluster import connect
 
-# A job's objects are part descriptions and results of a few kB: Ray's default store (30% of memory)
-# would only take memory from the workers.
-OBJECT_STORE_BYTES = 128 << 20
-WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 # In --out, for one run: a file for each start of a part on an actor. Ray's own retry count cannot bound a
 # part that kills its actor: a node lost fails the tasks sent to its actors at once, twice or more before
 # the node is known dead, and a bound there dropped healthy parts; a start is counted only once the part
@@ -128,239 +122,6 @@ def _begin(attempts: Path, key: str) -> int:
             return n
         except FileExistsError:
             n += 1
-
-
-def connect(address: str, cpus: int) -> str | None:
-    """Start (address "local") or join the Ray cluster. Returns the session directory of an instance this
-    call started, which the job records in --out: a kill -9 leaves some of its processes, and the next run
-    ends them (bulk/own_ray.py)."""
-    import ray
-
-    os.environ.update(WORKER_ENV)  # the instance `ray.init` starts reads it from our environment
-    if ray.is_initialized():
-        return None
-    runtime_env = {"env_vars": WORKER_ENV}
-    if address == "local":  # an instance of our own on this machine, ended with the job
-        started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
-                           include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
-        return started.address_info.get("session_dir")
-    _check_reachable(address)
-    try:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-    # ValueError: an address Ray reads otherwise than BulkConfig's check (which refuses the forms known
-    # to reach it); still the cluster named cannot be joined, not a fault of the job.
-    except (ConnectionError, ValueError) as e:
-        raise JoinError(_join_failed(address, e)) from None
-    return None
-
-
-def cluster_cpus() -> int:
-    """The CPUs of the cluster joined, all its nodes' (a head started with --num-cpus 0 counts none)."""
-    import ray
-
-    return int(ray.cluster_resources().get("CPU", 0))
-
-
-def node_cpus() -> list[int]:
-    """The CPUs of each live node of the cluster joined; the cluster's total as one node where Ray does not
-    say (ray.nodes() through Ray Client, another version)."""
-    import ray
-
-    try:
-        nodes = ray.nodes()
-        cpus = [int(n.get("Resources", {}).get("CPU", 0)) for n in nodes if n.get("Alive")]
-    except Exception:
-        cpus = []
-    return cpus or [cluster_cpus()]
-
-
-def actors_that_fit(cpus: list[int], threads: int) -> int:
-    """How many actors of `threads` CPUs each the nodes hold: an actor runs on one node, so two nodes of 3
-    CPUs hold two actors of 2 threads, not three."""
-    return sum(c // threads for c in cpus)
-
-
-def threads_refusal(cpus: list[int], threads: int, address: str) -> str | None:
-    """Why no actor of --threads CPUs can start on these nodes (each actor asks num_cpus=--threads, on one
-    node), or None. Ray keeps such an actor pending for ever: the job hung, and a SIGTERM then waited for a
-    part that never started."""
-    largest = max(cpus, default=0)
-    if threads <= largest:
-        return None
-    if largest == 0:
-        return (f"the Ray cluster at {address} (--ray) has no CPU for a worker (its head was started with "
-                "--num-cpus 0 and no node with CPUs has joined): start one (ray start --address ... "
-                "--num-cpus N), or leave --ray out to score here")  # fmt: skip
-    return (f"--threads {threads} is more than any node of the Ray cluster at {address} (--ray) has: its "
-            f"largest has {largest} CPU(s), and a worker runs on one node, so none could start (Ray would "
-            f"wait for one for ever). Give --threads {largest} or fewer, or add a node with {threads} CPUs "
-            f"or more (ray start --num-cpus {threads})")  # fmt: skip
-
-
-def workers_note(cpus: list[int], threads: int, workers: int, address: str) -> str | None:
-    """What to know when --workers asks more actors than the cluster's nodes hold: Ray Data runs the job
-    on those that fit (it did not wait for the rest: measured on a 2-CPU head with --workers 6), and starts
-    more only as nodes join; None where they all fit."""
-    fit = actors_that_fit(cpus, threads)
-    if fit >= workers:
-        return None
-    return (
-        f"note: the Ray cluster at {address} holds {fit} worker(s) of {threads} thread(s), not --workers "
-        f"{workers}: the job runs on those, and on more as nodes with free CPUs join (ray start --address ...)"
-    )
-
-
-def watch_own_instance(signalled, out, every_s: float = 0.1) -> threading.Event:
-    """For a job on an instance of its own (--ray without an address), whose GCS and raylet share the
-    job's process group: a SIGTERM sent to the whole group (systemd's default) ends them with the job, and
-    the driver would wait a minute for them, then exit 1. Once a signal came and one of them is gone, say
-    so and exit at once, with the signal's status. A race: Ray ends its driver with status 1 when it sees
-    its raylet gone first. Returns the event that ends the watch."""
-    done = threading.Event()
-
-    def instance_gone() -> bool:
-        try:  # Ray's node handle: no public API says whether the processes it started still run
-            import ray._private.worker as ray_worker
-
-            node = ray_worker._global_node
-            return node is not None and any(
-                kind in ("gcs_server", "raylet") for kind, _ in node.dead_processes()
-            )
-        except Exception:  # another Ray version: no watch, as before it
-            return False
-
-    def watch() -> None:
-        while not done.wait(every_s):
-            signum = signalled()
-            if signum and instance_gone() and not done.is_set():  # not once the job has ended its own way
-                with contextlib.suppress(OSError):  # on the way out: nothing to say of a failure here
-                    outputs.remove_figures(out)
-                os.write(2, f"\nbulk: {signal.Signals(signum).name} ended this job's own Ray instance too (it "
-                            "reached the whole process group): the finished parts are kept, the running ones are "
-                            "scored again by the next run; run the same command again\n".encode())  # fmt: skip
-                os._exit(128 + signum)  # Ray's exit handlers would wait a minute for the instance
-
-    threading.Thread(target=watch, name="ray-instance-watch", daemon=True).start()
-    return done
-
-
-# Ray ends a driver whose cluster's head (its GCS) has not answered for this long, with status 1 and only
-# its own errors; the job says so first, at LOST_AFTER of it (a head that comes back sooner is waited for).
-RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
-LOST_AFTER = 0.75
-
-
-def watch_cluster(address: str, failed_status: int, every_s: float = 2.0) -> threading.Event:
-    """For a job on a cluster it joined (--ray ADDRESS): once the head has not answered for LOST_AFTER of
-    Ray's own reconnect timeout (60 s unless RAY_gcs_rpc_server_reconnect_timeout_s says), say that the
-    cluster is lost, that the finished parts are kept and that the same command resumes, and exit with
-    `failed_status`, before Ray's own exit (status 1, a minute of raw errors). Returns the event that
-    ends the watch."""
-    import ray
-
-    done = threading.Event()
-    target = _host_port(address)
-    if target is None:  # `auto`: the head the job found
-        with contextlib.suppress(Exception):
-            target = _host_port(ray.get_runtime_context().gcs_address)
-    if target is None:
-        return done
-    try:
-        grace = LOST_AFTER * float(os.environ.get(RECONNECT_ENV, "60"))
-    except ValueError:
-        grace = LOST_AFTER * 60
-    # The head is asked at least ten times within the grace: the job says so between the grace and Ray's
-    # own exit, which is only a quarter of the timeout later. At 2 s a look, a timeout set to 8 s (a grace
-    # of 6) had the job look again at 8 s, when Ray may already have ended it. The default's 45 s grace
-    # keeps its look every 2 s.
-    if grace > 0:
-        every_s = min(every_s, grace / 10)
-    grace = max(grace, 3 * every_s)  # a timeout set to 0 or less: still more than one missed answer
-
-    def answers() -> bool:
-        try:
-            socket.create_connection(target, timeout=every_s).close()
-            return True
-        except OSError:
-            return False
-
-    def watch() -> None:
-        lost_since = None
-        while not done.wait(every_s):
-            if answers():
-                lost_since = None
-                continue
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since >= grace and not done.is_set():
-                os.write(2, f"\nbulk: lost the Ray cluster at {address} (--ray): its head ({target[0]}:{target[1]}) "
-                            f"has not answered for {grace:.0f} s. The finished parts are kept (manifest.jsonl); the "
-                            "parts that were running are scored again by the next run. Once the cluster is back "
-                            "(ray start), run the same command again to resume\n".encode())  # fmt: skip
-                os._exit(failed_status)  # Ray's exit handlers would wait for the head until its own timeout
-
-    threading.Thread(target=watch, name="ray-cluster-watch", daemon=True).start()
-    return done
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    host, _, port = address.rpartition("://")[2].rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else None
-
-
-class JoinError(ConnectionError):
-    """The cluster named by --ray could not be joined; the message says what to check."""
-
-
-def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """HOST:PORT must answer before ray.init is asked: where nothing listens, it retries for minutes."""
-    if (target := _host_port(address)) is None:  # "auto", or a form Ray reads its own way
-        return
-    try:
-        socket.create_connection(target, timeout=timeout_s).close()
-    except OSError as e:
-        raise JoinError(f"nothing answers at {address} (--ray): {e.strerror or e}. Start the cluster's head there "
-                        f"(ray start --head --port {target[1]}), or give the address `ray start` printed") from None  # fmt: skip
-
-
-def _join_failed(address: str, e: BaseException) -> str:
-    """What to do about a ray.init that failed. Ray 2.60 raises the same ConnectionError ("Failed to connect
-    to Ray cluster at ...") whatever went wrong; the error it chains says which: an AuthenticationError
-    (InvalidAuthToken: a token missing or not the cluster's), or another (an RpcError with code 12, an
-    address that answers but is no head's GCS port: a node manager's, a worker's)."""
-    msg = f"could not join the Ray cluster at {address} (--ray)"
-    if _auth_error(e):
-        if not os.environ.get("RAY_AUTH_TOKEN"):
-            return msg + (": the cluster wants a token, and the job was given none. Ray 2.60 clusters use token "
-                          "authentication: give the job the cluster's token, RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... "
-                          "(a head started without one keeps it in ~/.ray/auth_token)")  # fmt: skip
-        return msg + (": the cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this "
-                      "cluster's; compare it with the head's (RAY_AUTH_TOKEN where `ray start --head` ran, else "
-                      "~/.ray/auth_token on the head)")  # fmt: skip
-    return msg + (f": {address} answers, but not as a Ray cluster's head (its GCS server): give the address "
-                  "`ray start --head` printed (HOST:PORT, its --port, 6379 by default), not another port of a "
-                  f"node (a node manager's, a worker's). Ray said: {_last_line(e)}")  # fmt: skip
-
-
-def _chain(e: BaseException | None) -> list[str]:
-    """The messages of `e` and of the errors it was raised from, outermost first."""
-    said, seen = [], set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        said.append(f"{type(e).__name__}: {e}".strip())
-        e = e.__cause__ or e.__context__
-    return said
-
-
-def _last_line(e: BaseException) -> str:
-    """The innermost error's last line (Ray chains a whole traceback as text)."""
-    lines = [line.strip() for line in _chain(e)[-1].splitlines() if line.strip()]
-    return (lines[-1] if lines else str(e))[:300]
-
-
-def _auth_error(e: BaseException) -> bool:
-    text = "\n".join(_chain(e))
-    return any(word in text for word in ("AuthenticationError", "InvalidAuthToken", "Unauthenticated",
-                                         "UNAUTHENTICATED"))  # fmt: skip
 
 
 class ClusterStop(Exception):

@@ -15,7 +15,7 @@ a part dropped at a stop) leaves only temporaries, which the next start removes;
 rename and its line leaves, or an earlier version, is removed at the next start too (`remove_unrecorded`),
 so that no part file under scores/ is read as the job's unless the manifest records it; a file not named as
 a part's is not the job's, and is left where it is, and named. A new job starts only in a new or empty
---out (bulk/job.py), so config.json, summary.json and the rest never replace a file of someone else's.
+--out (bulk/preparing.py), so config.json, summary.json and the rest never replace a file of someone else's.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from app.model.tokenization import is_blank, lone_surrogate_at, lone_surrogate_i
 from bulk.compressed import STREAM_ERRORS, BrokenStream, broken_stream, compression, damaged, decompressed
 
 if TYPE_CHECKING:
-    from bulk.inputs import Part
+    from bulk.parts import Part
 
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors put first in a file
 LONE = "lone surrogate (escaped in the JSON, as \\ud800: no UTF-8 text holds one)"
@@ -57,7 +57,7 @@ def read(part: Part, text_field: str, id_field: str, max_chars: int) -> Iterator
         if (suffix := compression(part.shard)) is None:
             raw.seek(part.start)
             yield from _line_docs(part, raw, raw, part.end, text_field, id_field, max_chars)
-        else:  # one part, the whole shard, from its start (inputs.plan)
+        else:  # one part, the whole shard, from its start (parts.plan)
             try:
                 with decompressed(suffix, raw) as f:
                     yield from _line_docs(part, f, raw, math.inf, text_field, id_field, max_chars)

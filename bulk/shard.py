@@ -25,7 +25,7 @@ from app.model.scoring import Classify, Detect, run_rows
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
-from bulk.inputs import Part
+from bulk.parts import Part
 from bulk.reading import Doc, Reason, read
 
 log = logging.getLogger("bulk")

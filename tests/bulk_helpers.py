@@ -105,7 +105,7 @@ def dying_on(tmp: Path, *keys: str) -> dict[str, str]:
     return {"PYTHONPATH": path, "BULK_TEST_DIE_ON": ",".join(keys)}
 
 
-# A sitecustomize that holds a driver in bulk.inputs.plan (its reading of INPUT to cut the parts) until the
+# A sitecustomize that holds a driver in bulk.parts.plan (its reading of INPUT to cut the parts) until the
 # file `go` appears in BULK_TEST_PAUSE_PLAN, saying so by the file `planning` there: a job planning a large
 # INPUT, for as long as a test needs one.
 _PAUSE_PLAN = """
@@ -113,9 +113,9 @@ import os, sys, time
 
 PAUSE = os.environ.get("BULK_TEST_PAUSE_PLAN")
 if PAUSE and "--multiprocessing-fork" not in sys.argv:
-    import bulk.inputs
+    import bulk.parts
 
-    _plan = bulk.inputs.plan
+    _plan = bulk.parts.plan
 
     def plan(*args, **kwargs):
         open(os.path.join(PAUSE, "planning"), "w").close()
@@ -124,7 +124,7 @@ if PAUSE and "--multiprocessing-fork" not in sys.argv:
             time.sleep(0.02)
         return _plan(*args, **kwargs)
 
-    bulk.inputs.plan = plan
+    bulk.parts.plan = plan
 """
 
 

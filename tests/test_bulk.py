@@ -446,8 +446,9 @@ def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dyin
     import shutil
 
     from bulk.config import resolve
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
     from bulk.on_ray import ScoreParts
+    from bulk.parts import plan
     from options import as_dict
 
     shutil.copytree(MODELS / "detector", tmp_path / "models" / "broken")
@@ -478,7 +479,7 @@ def test_threads_beyond_every_nodes_cpus_are_refused_and_workers_count_what_each
     """An actor asks --threads CPUs on one node: on nodes of 2 CPUs, --threads 4 never started (Ray waited
     for ever) while the job said "4 CPU(s): 1 worker(s) of 4 thread(s)". The real cluster's refusal:
     test_bulk_ray's cluster-lost test."""
-    from bulk.on_ray import actors_that_fit, threads_refusal, workers_note
+    from bulk.ray_cluster import actors_that_fit, threads_refusal, workers_note
 
     assert threads_refusal([2, 2], 2, "h:1") is None
     said = threads_refusal([2, 2], 4, "h:1")
@@ -647,8 +648,8 @@ def test_a_new_job_takes_an_out_holding_only_lost_and_found_or_hidden_files(tmp_
     either as "not empty". Neither is a name the job writes or removes; the hidden one it does remove whole (a
     Ray run's attempts directory) is still refused, and a file named lost+found is a file like any other."""
     from bulk.fingerprint import JobError
-    from bulk.job import check_new_out
     from bulk.on_ray import ATTEMPTS_DIR
+    from bulk.preparing import check_new_out
 
     out = tmp_path / "out"
     (out / "lost+found").mkdir(parents=True)
@@ -1022,8 +1023,9 @@ def test_a_ray_actor_on_a_node_without_the_drivers_out_fails_at_once_creating_no
     actor checks the driver's marker in --out as it starts: another token (another driver's --out, or
     none) answers every part with what to do, creating nothing and loading no model."""
     from bulk.config import resolve
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
     from bulk.on_ray import ATTEMPTS_DIR, OUT_MARKER, ScoreParts
+    from bulk.parts import plan
     from options import as_dict
 
     src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])

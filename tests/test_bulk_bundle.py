@@ -61,7 +61,8 @@ def test_a_local_worker_that_loads_another_bundle_fails_its_parts_and_scores_non
     """The reviewer's case, a worker (re)started once the bundle was swapped: its parts fail by name, and
     nothing of the classifier's reaches the job (before, it scored them with the classifier: exit 0)."""
     from bulk import local
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
+    from bulk.parts import plan
 
     models = _models(tmp_path)
     src = tmp_path / "in"
@@ -82,8 +83,9 @@ def test_a_local_worker_that_loads_another_bundle_fails_its_parts_and_scores_non
 
 def test_a_ray_actor_that_loads_another_bundle_fails_its_parts(tmp_path):
     """The actor class Ray Data runs (restarted by Ray after its worker died), run here without Ray."""
-    from bulk.inputs import plan, shards
+    from bulk.inputs import shards
     from bulk.on_ray import ScoreParts
+    from bulk.parts import plan
     from options import as_dict
 
     models = _models(tmp_path)
@@ -182,7 +184,7 @@ def test_a_join_that_fails_names_the_token_only_for_an_authentication_error(monk
     """The authentication hint was given only without RAY_AUTH_TOKEN: a wrong one got no hint at all; then
     it was given with a token set whatever the error, an address that is no head's (a node manager's port)
     told to compare tokens. Ray's error says which (its chained AuthenticationError, or another)."""
-    from bulk.on_ray import _join_failed
+    from bulk.ray_cluster import _join_failed
 
     refused = _ray_join_error("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication "
                               "token is missing or incorrect")  # fmt: skip

@@ -16,7 +16,8 @@ import pytest
 from bulk_helpers import MODELS, dying_on, rows, run_bulk, summary, wiki, write_jsonl
 
 from bulk.compressed import BrokenStream
-from bulk.inputs import plan, shards
+from bulk.inputs import shards
+from bulk.parts import plan
 from bulk.reading import BOM, ShardChanged, read
 
 COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}

@@ -18,8 +18,10 @@ import pytest
 
 import app
 from bulk.config import resolve
-from bulk.inputs import InputError, LeftOut, id_column, left_out_notes, plan, shards
+from bulk.inputs import InputError, shards
+from bulk.left_out import LeftOut, left_out_notes
 from bulk.outputs import NAME_BYTES, rejects_path, safe, score_path, temporary
+from bulk.parts import id_column, plan
 from bulk.reading import Reason, read
 from options import ConfigError
 from tests.unprivileged import run_python
@@ -553,7 +555,7 @@ def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, 
 
     def resume(cfg, root: Path) -> tuple[int | None, Path | None]:
         """What a run reads of job.json (job.run), and what it writes back once every check passed
-        (job.prepare)."""
+        (preparing.prepare)."""
         part_bytes, kept, pending = read_fingerprint(cfg, "ab", root)
         write_fingerprint(cfg, pending)
         return part_bytes, kept
@@ -1065,7 +1067,7 @@ def test_a_line_shard_is_opened_once_at_planning_and_one_that_cannot_be_fails_th
     for locked in ("locked.jsonl", "locked.txt"):
         (corpus / locked).write_text('{"text": "behind mode 000"}\n')
         (corpus / locked).chmod(0o000)
-    code = ("import collections, json, sys; from bulk.inputs import plan, shards\n"
+    code = ("import collections, json, sys; from bulk.inputs import shards; from bulk.parts import plan\n"
             "root, files, _ = shards(sys.argv[1], 'auto'); opened = collections.Counter()\n"
             "sys.addaudithook(lambda event, args: event == 'open' and opened.update([str(args[0])]))\n"
             "parts, failed = plan(root, files, 'auto', 1024)\n"
