@@ -151,19 +151,28 @@ class _Rows:
 
     def __init__(self, ds) -> None:
         self.queue: queue.Queue = queue.Queue()
+        # True while the thread is inside the dataset's loop, the one place _Abandon may be raised in it:
+        # after the loop, the thread may end and its id go to another thread (Ray starts many).
+        self.reading = True
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, args=(ds,), name="ray-rows", daemon=True)
         self.thread.start()
 
     def _read(self, ds) -> None:
         try:
-            for row in ds.iter_rows():
-                self.queue.put(row)
-        except _Abandon:
+            try:
+                for row in ds.iter_rows():
+                    self.queue.put(row)
+            except _Abandon:
+                pass
+            except BaseException as e:  # the driver raises it as before
+                self.queue.put(e)
+            finally:
+                with self.lock:
+                    self.reading = False
+                self.queue.put(self.END)
+        except _Abandon:  # raised as the loop was ending, before `reading` said so: close() is waiting
             pass
-        except BaseException as e:  # the driver raises it as before
-            self.queue.put(e)
-        finally:
-            self.queue.put(self.END)
 
     def get(self, timeout: float):
         try:
@@ -176,13 +185,15 @@ class _Rows:
 
     def close(self) -> None:
         """End the reading thread, Ray Data's execution with it (the actors it started)."""
-        if not self.thread.is_alive():
-            return
-        # Ray Data logs the execution it shuts down as "failed" (our exception): the job says why it ends.
-        logging.getLogger("ray.data._internal.execution.streaming_executor").setLevel(logging.WARNING)
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(self.thread.ident), ctypes.py_object(_Abandon)
-        )
+        with self.lock:
+            if not self.reading:
+                return
+            # Ray Data logs the execution it shuts down as "failed" (our exception): the job says why it ends.
+            logging.getLogger("ray.data._internal.execution.streaming_executor").setLevel(logging.WARNING)
+            ident = ctypes.c_ulong(self.thread.ident)
+            if ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(_Abandon)) > 1:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, None)  # more than one thread: undone
+                return
         self.thread.join(timeout=30)
 
 

@@ -1045,3 +1045,42 @@ def test_a_ray_actor_on_a_node_without_the_drivers_out_fails_at_once_creating_no
         assert (
             out.exists() == bool(token) and not list(out.rglob("*.parquet")) and not (out / "scores").exists()
         )
+
+
+def test_the_ray_row_reader_ends_mid_loop_on_close_and_never_after_its_loop(monkeypatch):
+    """The Ray driver reads ds.iter_rows() in a thread and ends it from outside (an exception raised in
+    it). Raised once the loop was over, it escaped as a thread's traceback, or reached another thread
+    that had taken the ended one's id; now only a thread still in the loop gets it."""
+    import sys
+    import threading
+    import time
+
+    from bulk.on_ray import _Rows
+
+    class Rows:
+        def __init__(self, n: int, pause: float = 0.0) -> None:
+            self.n, self.pause = n, pause
+
+        def iter_rows(self):
+            for i in range(self.n):
+                time.sleep(self.pause)
+                yield {"i": i}
+
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: escaped.append(a.exc_type))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches everywhere, the loop's end included
+    try:
+        for _ in range(300):
+            reader = _Rows(Rows(3))
+            got = []
+            while (row := reader.get(5)) is not reader.END:
+                got.append(row)
+            reader.close()
+            assert len(got) == 3
+    finally:
+        sys.setswitchinterval(interval)
+    endless = _Rows(Rows(10**9, pause=0.01))
+    assert endless.get(5) == {"i": 0}
+    endless.close()
+    assert not endless.thread.is_alive() and escaped == []
