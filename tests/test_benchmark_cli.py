@@ -158,6 +158,10 @@ REFUSED = [
     ("benchmarks.quality.step_curves", ["--steps", "0"]),
     ("benchmarks.quality.step_curves", ["--eval-every", "-5"]),
     ("benchmarks.quality.step_curves", ["--threads", "0"]),
+    ("benchmarks.load.bulk_aging", ["--orders", "0,-5"]),
+    ("benchmarks.load.bulk_aging", ["--orders", "0,default,0"]),
+    ("benchmarks.load.bulk_aging", ["--seconds", "0"]),
+    ("benchmarks.load.bulk_aging", ["--server-args", "--bulk-max-wait-ms 5"]),
     # No sentence has 10 words or more and 5 or fewer: it crashed in the plot, after the scoring.
     (
         "benchmarks.quality.user_sentences",
@@ -173,6 +177,7 @@ REFUSED = [
             ("benchmarks.load.load_profile", ["--bundle", str(REPO / "models")]),
             ("benchmarks.load.rolling", []),
             ("benchmarks.load.faults", []),
+            ("benchmarks.load.bulk_aging", []),
             ("benchmarks.quality.user_sentences", ["--bundle", str(REPO / "models/detector")]),
             ("benchmarks.training_faults", []),
             ("benchmarks.quality.step_curves", []),

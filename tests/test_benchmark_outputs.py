@@ -47,6 +47,7 @@ COMMITTED = [
     ("benchmarks.load.rolling", ["--results", str(RESULTS)]),
     ("benchmarks.load.faults", ["--results", str(RESULTS)]),
     ("benchmarks.load.hostile", ["--results", str(RESULTS)]),
+    ("benchmarks.load.bulk_aging", ["--results", str(RESULTS), "--name", "bulk-aging-texts4"]),
     ("benchmarks.training_faults", ["--out", str(RESULTS / "training_faults.json")]),
 ]  # fmt: skip
 IDS = [f"{m.rsplit('.', 1)[1]} {' '.join(a[-2:])}" for m, a in COMMITTED]

@@ -5,6 +5,8 @@
    is between equals.
 2. load_profile drives our server with the realistic mix through locust and writes a table with no
    failed request; a SIGTERM to it stops the server it started.
+3. bulk_aging runs its workload against a server per order (strict, then aged) and writes each order's
+   figures, the aged-batch counter from /metrics among them, and the ratios to the strict order.
 """
 
 from __future__ import annotations
@@ -313,3 +315,36 @@ def test_sigterm_to_a_load_benchmark_stops_the_server_it_started(bench, bundles_
                 p.kill()
         proc.kill()
         proc.wait()
+
+
+def test_bulk_aging_runs_both_orders_and_reads_the_aged_counter(
+    registry_data, bundles_dir: Path, tmp_path: Path
+):
+    """Two seconds of each order on the tiny bundles: not a measurement, the fields the docs cite."""
+    if importlib.util.find_spec("psutil") is None:  # load_reports.machine()
+        pytest.skip("psutil is not installed (pip install -e .[bench])")
+    from benchmarks.load.bulk_aging import parse_orders
+
+    assert parse_orders("0, default,250.0") == ["0", "default", "250"]
+    env = {k: v for k, v in os.environ.items() if k != "ELECTRA_DATA_DIR"}
+    cmd = [
+        sys.executable, "-m", "benchmarks.load.bulk_aging", "--models", str(bundles_dir), "--mode", "sentence",
+        "--seconds", "2", "--clients", "2", "--bulk-every-s", "0.5", "--data-dir", str(registry_data),
+        "--work", str(tmp_path / "work"), "--results", str(tmp_path), "--name", "smoke",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "bulk_aging configuration: " in proc.stdout  # the resolved options, printed and saved
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert data["config"]["orders"] == ["0", "default"] and data["machine"]["features"] is not None
+    strict, aged = data["runs"]
+    assert (strict["bulk_max_wait_ms"], aged["bulk_max_wait_ms"]) == (0, 1000)  # the default, as printed
+    for run in (strict, aged):
+        assert run["interactive_answered"] > 0 and run["bulk_answered"] == run["bulk_sent"] > 0, run["errors"]
+        assert not run["errors"]
+        assert run["bulk_p50_s"] <= run["bulk_max_s"] and run["interactive_p50_s"] <= run["interactive_p99_s"]
+        assert isinstance(run["aged_bulk_batches"], int) and run["aged_bulk_batches"] >= 0
+        assert run["server_settings"]["printed"]["bulk_max_wait_ms"] == run["bulk_max_wait_ms"]
+    assert strict["aged_bulk_batches"] == 0  # 0: bulk work never goes first
+    assert set(data["ratios"]) == {"default"} and "interactive_p99_s" in data["ratios"]["default"]
+    assert (tmp_path / "smoke.md").read_text().startswith("## Bulk aging")

@@ -119,11 +119,13 @@ def serve(
     cwd: Path = REPO,
     warm_path: str = "/detect",
     log_name: str | None = None,
+    port: int | None = None,
 ) -> Iterator[Server]:
     """Start the server, wait until GET /ready answers 200, then warm it with a few requests to
     `warm_path` (`/classify` when only classifiers are served). Its output goes to `log_name` in
-    `log_dir` (default `{name}-server.log`): a program that starts one kind twice names each its own."""
-    port = free_port()
+    `log_dir` (default `{name}-server.log`): a program that starts one kind twice names each its own.
+    It listens on `port`, or (None) on a free one."""
+    port = port or free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / (log_name or f"{name}-server.log")
     with log.open("w") as f:
