@@ -31,15 +31,16 @@ _JSON_LINES = (
     'out = open(dst, "x", encoding="utf-8"); out.writelines(json.dumps(d) + chr(10) for d in docs); out.close(); '
     "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
 )  # fmt: skip
-# Read through the decompressor its suffix names (pyarrow guesses .gz and .bz2 by name, and read an .xz's
-# bytes as text). Every column as text: type inference made an id 007 the number 7, and --id-field then
-# named rows by other ids than the file's. `{delimiter}`: the TSV's, for both readers.
+# Read through the decompressor its suffix names: pyarrow's, which knows .gz, .bz2, .zst and .lz4 by name,
+# and lzma for .xz, which it read as text. Every column as text: type inference made an id 007 the number 7,
+# and --id-field then named rows by other ids than the file's. `{delimiter}`: the TSV's, for both readers.
 _PARQUET = (
-    "import bz2, csv, gzip, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
+    "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
     "src, dst, aside = sys.argv[1:]; "
-    'read = {{".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}}.get(os.path.splitext(src)[1].lower(), open); '
-    'names = next(csv.reader(io.TextIOWrapper(read(src, "rb"), encoding="utf-8-sig"){delimiter})); '
-    'table = c.read_csv(read(src, "rb"){options}, '
+    'read = lambda: lzma.open(src) if src.lower().endswith(".xz") else pa.input_stream(src, compression="detect"); '
+    'names = next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"){delimiter}), None); '
+    'names is None and sys.exit(src + ": empty, nothing to convert"); '
+    "table = c.read_csv(read(){options}, "
     "convert_options=c.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))); "
     'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
     'out = open(dst, "xb"); p.write_table(table, out); out.close(); '

@@ -129,3 +129,29 @@ def test_a_compressed_csvs_conversion_reads_it_whole_and_keeps_its_ids_as_writte
     )
     assert scored.returncode == 0, scored.stderr
     assert sorted(r["id"] for r in rows(tmp_path / "out")) == ["007", "0x1f"]
+
+
+def test_the_csv_conversion_reads_every_compression_bulk_names_and_says_an_empty_file_is_empty(tmp_path):
+    """Read by suffix through lzma and pyarrow alike (a .csv.zst's bytes reached csv.reader raw), and an empty
+    CSV ends with its name, not a bare StopIteration."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bulk.converting import parquet_command
+
+    data = b"id,text\n007,hello\n"
+    for kind, suffix in (("zstd", "zst"), ("lz4", "lz4"), ("gzip", "gz"), ("bz2", "bz2")):
+        with pa.CompressedOutputStream(str(tmp_path / f"{kind}.csv.{suffix}"), kind) as out:
+            out.write(data)
+    (tmp_path / "empty.csv").write_bytes(b"")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    for src in sorted(tmp_path.iterdir()):
+        into, command = parquet_command(src, tabs=False)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PATH": path})  # fmt: skip
+        if src.name == "empty.csv":
+            assert done.returncode == 1 and done.stderr.strip() == f"{src}: empty, nothing to convert"
+            assert src.exists() and not into.exists()
+        else:
+            assert done.returncode == 0, (src.name, done.stderr)
+            assert pq.read_table(into).to_pylist() == [{"id": "007", "text": "hello"}], src.name
