@@ -162,6 +162,8 @@ REFUSED = [
     ("benchmarks.load.bulk_aging", ["--orders", "0,default,0"]),
     ("benchmarks.load.bulk_aging", ["--seconds", "0"]),
     ("benchmarks.load.bulk_aging", ["--server-args", "--bulk-max-wait-ms 5"]),
+    ("benchmarks.load.bulk_aging", ["--orders", "0,inf"]),  # the server refused it, after a first run
+    ("benchmarks.load.bulk_aging", ["--port", "65535"]),  # the second order's port, after the first's run
     # No sentence has 10 words or more and 5 or fewer: it crashed in the plot, after the scoring.
     (
         "benchmarks.quality.user_sentences",

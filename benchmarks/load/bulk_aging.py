@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ def parse_orders(text: str) -> list[str]:
                 value = float(part)
             except ValueError:
                 value = -1.0
-            if not value >= 0 or value != value:
+            if not (math.isfinite(value) and value >= 0):  # inf passed here, and the server refused it
                 raise argparse.ArgumentTypeError(f"expected ms >= 0 or {DEFAULT!r}, got {part!r}")
             part = f"{value:g}"
         if part in out:
@@ -340,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(p, argv)
     if "--bulk-max-wait-ms" in args.server_args:
         p.error("--server-args: give --bulk-max-wait-ms through --orders")
+    if args.port and args.port + len(args.orders) - 1 > 65535:  # found after the first order's run, lost
+        p.error(f"--port {args.port}: its {len(args.orders)} orders need ports up to "
+                f"{args.port + len(args.orders) - 1}, past 65535")  # fmt: skip
     results.settle(p, args)
     config = show_config("bulk_aging", args)
     sentences, words = wikitext(args.data_dir)
