@@ -20,6 +20,11 @@ ASIDE = ".bulk-originals"  # hidden: neither a directory INPUT nor a glob reads 
 # Suffixes that say what a file holds, stripped (after a compression's) to name its conversion.
 KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet")
 
+# Both commands' ends: nothing written where the original would be moved to, and the original moved into
+# ASIDE only once its conversion is written.
+_REFUSE_ASIDE = 'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
+_MOVE_ASIDE = "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
+
 # A JSON array (its items, one a line) or one JSON object (one line); compressed or not, read as it is,
 # so that nothing decompressed lands under INPUT (`gzip -dk z.json.gz` wrote z.json, another array, there).
 # Everything is read before anything is written, and the original is moved only once its conversion is.
@@ -27,9 +32,9 @@ _JSON_LINES = (
     "import bz2, gzip, json, lzma, os, sys; src, dst, aside = sys.argv[1:]; "
     'read = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(os.path.splitext(src)[1].lower(), open); '
     'doc = json.load(read(src, "rt", encoding="utf-8-sig")); docs = doc if isinstance(doc, list) else [doc]; '
-    'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
-    'out = open(dst, "x", encoding="utf-8"); out.writelines(json.dumps(d) + chr(10) for d in docs); out.close(); '
-    "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
+    + _REFUSE_ASIDE
+    + 'out = open(dst, "x", encoding="utf-8"); out.writelines(json.dumps(d) + chr(10) for d in docs); out.close(); '
+    + _MOVE_ASIDE
 )  # fmt: skip
 # Read through the decompressor its suffix names: pyarrow's, which knows .gz, .bz2, .zst and .lz4 by name,
 # and lzma for .xz, which it read as text. Every column as text: type inference made an id 007 the number 7,
@@ -42,9 +47,9 @@ _PARQUET = (
     'names is None and sys.exit(src + ": empty, nothing to convert"); '
     "table = c.read_csv(read(){options}, "
     "convert_options=c.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))); "
-    'os.path.lexists(aside) and sys.exit(aside + " exists: not overwritten"); '
-    'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
-    "os.makedirs(os.path.dirname(aside), exist_ok=True); os.rename(src, aside)"
+    + _REFUSE_ASIDE
+    + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
+    + _MOVE_ASIDE
 )  # fmt: skip
 
 

@@ -48,22 +48,22 @@ def detect_result(
     words: list[Word] = []
     last = -1  # the tokenizer's word of the token before
     for i, tok in enumerate(tokens):
-        if tok.word != last:
-            last = tok.word
-            if not words or not (
+        starts = tok.word != last and not (
+            words
+            and (
                 tok.start < words[-1].end
                 or (marks and tok.start == words[-1].end and _marks_only(text, offsets, enc.words, i))
-            ):
-                words.append(Word(text="", start=tok.start, end=tok.end, prob=tok.prob, tokens=[i]))
-                if tok.word != len(words) - 1:
-                    tok.word = len(words) - 1
-                continue
-        if tok.word != len(words) - 1:
-            tok.word = len(words) - 1
-        w = words[-1]
-        w.start, w.end = min(w.start, tok.start), max(w.end, tok.end)
-        w.prob = max(w.prob, tok.prob)
-        w.tokens.append(i)
+            )
+        )
+        last = tok.word
+        if starts:
+            words.append(Word(text="", start=tok.start, end=tok.end, prob=tok.prob, tokens=[i]))
+        else:
+            w = words[-1]
+            w.start, w.end = min(w.start, tok.start), max(w.end, tok.end)
+            w.prob = max(w.prob, tok.prob)
+            w.tokens.append(i)
+        tok.word = len(words) - 1
     for w in words:
         w.text = text[w.start : w.end]
     # Punctuation keeps its probability in `words` and `tokens` but is never a span: no swap a user makes

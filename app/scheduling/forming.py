@@ -127,13 +127,17 @@ class Lane:
         """The next formed batch, for a runner: the lane's clock starts again (a long request's later
         batches age from here, not from its arrival), or stops if nothing is left."""
         batch = self.formed.popleft()
-        self.waiting_since = (time.perf_counter() if now is None else now) if self.has_work else None
+        self._restart_clock(now)
         return batch
 
     def ran(self, now: float | None = None) -> None:
         """One of its batches has ended: the clock starts again here. Started at the claim alone, a bulk batch
         that ran longer than the bound left the lane due already as it ended, and each of a backlog's batches
         then went before the interactive work waiting (with one runner, a sentence waited for all of them)."""
+        self._restart_clock(now)
+
+    def _restart_clock(self, now: float | None) -> None:
+        """The lane's age counts from `now` (the clock's time if None), or not at all once it is empty."""
         self.waiting_since = (time.perf_counter() if now is None else now) if self.has_work else None
 
     def due(self, max_wait_s: float, now: float | None = None) -> bool:
