@@ -187,6 +187,37 @@ def _normalisation(cfg: dict, lowercase: bool) -> dict:
     }
 
 
+class _Source(NamedTuple):
+    """The file a tokenizer is read from, and the Hugging Face directory it was found in (None: given as a
+    file, so no tokenizer_config.json speaks for it)."""
+
+    file: Path
+    directory: Path | None
+
+    @property
+    def is_json(self) -> bool:
+        return self.file.suffix == ".json"  # found in a directory: its tokenizer.json, else its vocab.txt
+
+
+def _source(path: str | os.PathLike[str]) -> _Source:
+    """Where load_tokenizer reads `path` from: a tokenizer.json or vocab.txt given as a file; a directory's
+    tokenizer.json, else its vocab.txt; a pretraining run's directory's tokenizer/ (as --init reads it).
+    The one walk both load_tokenizer and case_setting take, so that what one loads the other describes."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (p / name).is_file():
+                return _Source(p / name, p)
+        if _holds_a_tokenizer(p / "tokenizer"):
+            return _source(p / "tokenizer")
+        raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
+    if not p.is_file():
+        raise TokenizerError(
+            f"no tokenizer at {p}: give a tokenizer.json, a vocab.txt or a directory with one"
+        )
+    return _Source(p, None)
+
+
 def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> Tokenizer:
     """Load a tokenizer.json, a vocab.txt, or a directory holding either (tokenizer.json preferred), or a
     pretraining run's directory (its tokenizer/).
@@ -195,38 +226,31 @@ def load_tokenizer(path: str | os.PathLike[str], *, lowercase: bool = True) -> T
     for uncased vocabularies such as bert-base-uncased, set it False for cased ones. A directory's
     tokenizer_config.json, where it has one, says instead (vocab_normalisation).
     """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        if (p / "tokenizer.json").is_file():
-            return _as_config_says(load_tokenizer(p / "tokenizer.json"), p)
-        if (p / "vocab.txt").is_file():
-            cfg = _json_file(p / "tokenizer_config.json", {})  # read once: what splits, normalises and adds
-            _check_wordpiece(cfg, p / "tokenizer_config.json")
-            return _with_added_tokens(_from_vocab(p / "vocab.txt", **_normalisation(cfg, lowercase)), p, cfg)
-        if _holds_a_tokenizer(
-            p / "tokenizer"
-        ):  # a pretraining run's directory: its tokenizer/ (as --init reads it)
-            return load_tokenizer(p / "tokenizer", lowercase=lowercase)
-        raise TokenizerError(f"{p} holds neither tokenizer.json nor vocab.txt")
-    if not p.is_file():
-        raise TokenizerError(
-            f"no tokenizer at {p}: give a tokenizer.json, a vocab.txt or a directory with one"
-        )
-    if p.suffix == ".json":
-        _readable(p)
-        try:
-            tok = Tokenizer.from_file(str(p))
-        except Exception as e:  # tokenizers raises a bare Exception on malformed files
-            raise TokenizerError(f"{p} is not a `tokenizers` tokenizer.json ({e})") from e
-        require_tokens(tok, TEXT_TOKENS, p, _TEXT_TOKENS_WHY)  # at load time, naming the file
-        # Hugging Face tokenizer.json files often carry truncation and fixed padding (all-MiniLM-L6-v2's
-        # pads and cuts every text to 128): corpus tokenization and the server need neither.
-        tok.no_truncation()
-        tok.no_padding()
-        if tok.post_processor is None:  # transformers' BERT tokenizers add [CLS] and [SEP] without one
-            _add_post_processor(tok)
-        return tok
-    return _from_vocab(p, lowercase)
+    src = _source(path)
+    if src.is_json:
+        tok = _read_tokenizer_json(src.file)
+        return tok if src.directory is None else _as_config_says(tok, src.directory)
+    if src.directory is None:
+        return _from_vocab(src.file, lowercase)
+    cfg = _json_file(src.directory / TOKENIZER_CONFIG, {})  # read once: what splits, normalises and adds
+    _check_wordpiece(cfg, src.directory / TOKENIZER_CONFIG)
+    return _with_added_tokens(_from_vocab(src.file, **_normalisation(cfg, lowercase)), src.directory, cfg)
+
+
+def _read_tokenizer_json(p: Path) -> Tokenizer:
+    _readable(p)
+    try:
+        tok = Tokenizer.from_file(str(p))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise TokenizerError(f"{p} is not a `tokenizers` tokenizer.json ({e})") from e
+    require_tokens(tok, TEXT_TOKENS, p, _TEXT_TOKENS_WHY)  # at load time, naming the file
+    # Hugging Face tokenizer.json files often carry truncation and fixed padding (all-MiniLM-L6-v2's
+    # pads and cuts every text to 128): corpus tokenization and the server need neither.
+    tok.no_truncation()
+    tok.no_padding()
+    if tok.post_processor is None:  # transformers' BERT tokenizers add [CLS] and [SEP] without one
+        _add_post_processor(tok)
+    return tok
 
 
 def _holds_a_tokenizer(directory: Path) -> bool:
@@ -263,27 +287,30 @@ class CaseSetting(NamedTuple):
 
 
 def case_setting(path: str | os.PathLike[str]) -> CaseSetting:
-    """What decides whether load_tokenizer(path) lowercases, read the way it reads `path` (keep the two in
-    step): a vocab.txt, alone or in a directory whose tokenizer_config.json has no do_lower_case, takes
-    `lowercase` (--lowercase); that file's do_lower_case otherwise, and beside a tokenizer.json whose
-    normalizer is BERT's (_as_config_says); any other tokenizer.json, its own normalizer."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        config = p / TOKENIZER_CONFIG
-        if (p / "tokenizer.json").is_file():
-            norm = _json_file(p / "tokenizer.json", {}).get("normalizer") or {}
-            if config.is_file() and norm.get("type") == "BertNormalizer":
-                return CaseSetting("do_lower_case", config)
-            return CaseSetting("normalizer", p / "tokenizer.json", norm.get("type") == "BertNormalizer")
-        if (p / "vocab.txt").is_file():
-            said = "do_lower_case" in _json_file(config, {})
-            return CaseSetting("do_lower_case", config) if said else CaseSetting("--lowercase")
-        if _holds_a_tokenizer(p / "tokenizer"):
-            return case_setting(p / "tokenizer")
-    if p.suffix == ".json":
-        norm = _json_file(p, {}).get("normalizer") or {}
-        return CaseSetting("normalizer", p, norm.get("type") == "BertNormalizer")
+    """What decides whether load_tokenizer(path) lowercases, found by its walk (_source): a vocab.txt, alone
+    or in a directory whose tokenizer_config.json has no do_lower_case, takes `lowercase` (--lowercase);
+    that file's do_lower_case otherwise, and beside a tokenizer.json whose normalizer is BERT's
+    (_config_decides); any other tokenizer.json, its own normalizer. No tokenizer there: --lowercase."""
+    try:
+        src = _source(path)
+    except TokenizerError:
+        return CaseSetting("--lowercase")
+    config = None if src.directory is None else src.directory / TOKENIZER_CONFIG
+    if src.is_json:
+        norm = _json_file(src.file, {}).get("normalizer") or {}
+        if _config_decides(src.directory, norm):
+            return CaseSetting("do_lower_case", config)
+        return CaseSetting("normalizer", src.file, norm.get("type") == "BertNormalizer")
+    if config is not None and "do_lower_case" in _json_file(config, {}):
+        return CaseSetting("do_lower_case", config)
     return CaseSetting("--lowercase")
+
+
+def _config_decides(directory: Path | None, normalizer: dict) -> bool:
+    """Whether the tokenizer_config.json of `directory` overrides its tokenizer.json's `normalizer` (its
+    JSON state), as transformers reads such a directory: only a BertNormalizer, and only beside that file."""
+    return (directory is not None and (directory / TOKENIZER_CONFIG).is_file()
+            and normalizer.get("type") == "BertNormalizer")  # fmt: skip
 
 
 def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:
@@ -292,7 +319,7 @@ def _as_config_says(tok: Tokenizer, directory: Path) -> Tokenizer:
     BERT's defaults for what it leaves out, replace its BertNormalizer's (transformers rebuilds the
     normalizer so, and the model was trained on what that gives). Without one, the file as it is."""
     state = json.loads(tok.to_str()).get("normalizer") or {}
-    if not (directory / "tokenizer_config.json").is_file() or state.get("type") != "BertNormalizer":
+    if not _config_decides(directory, state):
         return tok
     said = vocab_normalisation(directory)
     want = {"lowercase": said["lowercase"], "strip_accents": said["strip_accents"],
