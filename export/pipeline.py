@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -448,18 +449,30 @@ def _portable(value):
     """A manifest travels with its bundle: an absolute path of the exporting machine means nothing there.
     Paths under the working directory (not / itself) are kept relative to it (runs/detector/...), others by their
     last three parts after ".../" (so that they do not read as relative); keys too (calibration's
-    sentence counts by source); everything else passes through."""
+    sentence counts by source), and paths inside a sentence ("10% of /home/me/train.csv (seed 1)", as a
+    fine-tuning run names the dev share it held out); everything else passes through."""
     if isinstance(value, dict):
         return {_portable(k): _portable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_portable(v) for v in value]
     if isinstance(value, str) and value.startswith("/"):
-        path, cwd = Path(value), Path.cwd()
-        # Every path is under "/": relative to it, a path would read as relative to wherever it is read.
-        if cwd != Path(cwd.anchor) and path.is_relative_to(cwd):
-            return str(path.relative_to(cwd))
-        return str(Path("...", *path.parts[1:][-3:]))  # parts[0] is the root "/"
+        return _portable_path(value)
+    if isinstance(value, str):
+        return _PATH_IN_SENTENCE.sub(lambda m: _portable_path(m.group()), value)
     return value
+
+
+# An absolute path of two parts or more after a space or "(" (not a URL's, not "POST /detect"), up to
+# white space or a parenthesis: a path holding a space keeps the words after it, none of them absolute.
+_PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)+")
+
+
+def _portable_path(value: str) -> str:
+    path, cwd = Path(value), Path.cwd()
+    # Every path is under "/": relative to it, a path would read as relative to wherever it is read.
+    if cwd != Path(cwd.anchor) and path.is_relative_to(cwd):
+        return str(path.relative_to(cwd))
+    return str(Path("...", *path.parts[1:][-3:]))  # parts[0] is the root "/"
 
 
 # Resume bookkeeping, not recipe: left out of the manifest.

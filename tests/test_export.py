@@ -243,10 +243,18 @@ def test_scoring_per_text_cuts_padding_and_not_answers():
 def test_int8_accuracy_gate_refuses_and_writes_nothing(tmp_path, classifier_dir, monkeypatch):
     from export import parity
 
-    monkeypatch.setattr(parity, "MAX_ACCURACY_DROP", -1.0)  # any result fails the gate
+    monkeypatch.setattr(parity, "drop_limit", lambda rows: -1.0)  # any result fails the gate
     with pytest.raises(parity.ParityError, match="accuracy points.*--precision fp32"):
         export(classifier_dir, tmp_path / "b", precision="int8", eval_data=_dev_csv(tmp_path / "dev.csv"))
     assert not (tmp_path / "b").exists()
+
+
+def test_the_int8_gate_allows_one_text_where_the_dev_data_cannot_resolve_half_a_point():
+    """A user's 24-text dev split failed the export on one flipped prediction (4.2 points)."""
+    from export import parity
+
+    assert parity.drop_limit(24) == 1 / 24 and parity.drop_limit(200) == parity.MAX_ACCURACY_DROP
+    assert parity.drop_limit(5000) == parity.MAX_ACCURACY_DROP and parity.drop_limit(0) == 1.0
 
 
 @pytest.mark.parametrize("problem", ["regression", "single_label_classification"])
@@ -926,6 +934,22 @@ def test_a_manifests_paths_say_where_they_were_cut(monkeypatch, tmp_path):
     assert got == {"data": ".../team/walk/corpus.txt", "sources": {".../team/walk/corpus.txt": 40, "wikitext2": 80},
                    "ckpt": "runs/a"}  # fmt: skip
     assert _portable(["/data/calib.txt", "/x"]) == [".../data/calib.txt", ".../x"]  # short ones too
+
+
+def test_a_path_inside_a_manifests_sentence_is_cut_too(monkeypatch, tmp_path):
+    """A fine-tuning run names its held-out dev share in a sentence ("10% of /home/... (seed N)"), and the
+    int8 check names its data so: GET /models showed the exporting machine's whole path there, while the
+    same path alone beside it was cut."""
+    from export.pipeline import _portable
+
+    monkeypatch.chdir(tmp_path)
+    got = _portable({"dev": "10% of /home/ana/labels/2026/train.csv (seed 20240607)",
+                     "data": "the run's dev split (10% of /home/ana/labels/2026/train.csv (seed 1))",
+                     "mine": f"the run's --dev file {tmp_path}/runs/dev.csv",
+                     "kept": "POST /detect and http://host/a/b stay"})  # fmt: skip
+    assert got == {"dev": "10% of .../labels/2026/train.csv (seed 20240607)",
+                   "data": "the run's dev split (10% of .../labels/2026/train.csv (seed 1))",
+                   "mine": "the run's --dev file runs/dev.csv", "kept": "POST /detect and http://host/a/b stay"}  # fmt: skip
 
 
 def test_a_tokenizer_json_goes_into_the_bundle_as_transformers_reads_it(tmp_path, detector_dir):
