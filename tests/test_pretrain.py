@@ -364,6 +364,27 @@ def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     assert "rank 0: True" in proc.stdout and "rank 1: True" in proc.stdout, proc.stdout
 
 
+def test_one_process_under_torchrun_joins_a_process_group(tmp_path):
+    # One GPU cannot hold two NCCL ranks, so gpu-check's one-process torchrun is the only proof of the
+    # collectives and DDP a GPU loan gives: a process that skipped the group would prove neither.
+    script = tmp_path / "alone.py"
+    script.write_text("import torch.distributed as dist\nfrom training.pretraining.distributed import Dist\n"
+                      "env = Dist('cpu')\nprint(env.grouped, env.backend, dist.is_initialized(), env.agree(True),"
+                      " env.gather(7), flush=True)\nenv.close()\n")  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        str(script),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "gloo", "True", "True", "[7]"], proc.stdout
+
+
 def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, small_tokenizer):
     # Rank 0 alone evaluates every step, so the ranks reach the cap at different moments.
     run = tmp_path / "ddp"

@@ -93,13 +93,18 @@ def start_torchrun(ctx: Context) -> Process:
 
 
 def step_torchrun(ctx: Context) -> dict:
-    """The same run through torchrun, one process (NCCL on CUDA, gloo on CPU). Same seed, same data, and
-    deterministic kernels (training's default, on CUDA too): it must land on the same weights, bit for bit."""
+    """The same run through torchrun, one process in a process group (NCCL on CUDA, gloo on CPU), its model
+    in DDP: the collectives and DDP a multi-GPU run takes. Same seed, same data, and deterministic kernels
+    (training's default, on CUDA too): it must land on the same weights, bit for bit."""
     reference = reference_run(ctx)  # before a minute of training that would have nothing to compare with
     stdout = (ctx.beside.pop("torchrun", None) or start_torchrun(ctx)).finish()
     out = ctx.work / "torchrun"
     figures = training_figures(out, stdout)
-    figures["backend"] = "nccl" if ctx.device == "cuda" else "gloo"
+    # As the run recorded it: a run that skipped the process group would prove nothing of NCCL or DDP.
+    figures["backend"] = json.loads((out / "config.json").read_text()).get("as_run", {}).get("process_group")
+    if figures["backend"] is None:
+        raise Failed("the torchrun run joined no process group (as_run.process_group in its config.json): its "
+                     "collectives and DDP went untested")  # fmt: skip
     figures["weights_max_abs_diff_vs_single_process"] = weight_difference(reference, out)
     figures["eval_loss_diff_vs_single_process"] = eval_loss_difference(reference, out)
     if figures["weights_max_abs_diff_vs_single_process"] or figures["eval_loss_diff_vs_single_process"]:

@@ -23,7 +23,11 @@ from training.run_dir import launch_command
 
 
 class Dist:
-    """Rank, world size and device, from torchrun's environment (or a single process)."""
+    """Rank, world size and device, from torchrun's environment (or a single process). Started by torchrun,
+    a process joins a process group even alone (`grouped`): one GPU then runs the collectives, NCCL and
+    DDP exactly as a multi-GPU run does (two processes cannot share one GPU under NCCL), and a one-process
+    torchrun proves that path instead of skipping it. DDP over one rank changes no bit (its average
+    divides by 1)."""
 
     def __init__(self, device_pref: str):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -35,11 +39,15 @@ class Dist:
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         if cuda:
             torch.cuda.set_device(self.device)
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun (or another elastic agent)
+        launched = "TORCHELASTIC_RUN_ID" in os.environ  # started by torchrun (or another elastic agent)
+        if launched:
             stop_with_launcher()
+        self.grouped = self.world > 1 or launched
+        self.backend: str | None = None  # the process group's, once joined
         self.launch_id = "single"
-        if self.world > 1:
-            dist.init_process_group(backend="nccl" if cuda else "gloo")
+        if self.grouped:
+            self.backend = "nccl" if cuda else "gloo"
+            dist.init_process_group(backend=self.backend)
             # This start of the processes, named alike on every rank (rank 0's name), for the keys it puts
             # in the rendezvous store: that store may outlive a restart of the workers (torchrun
             # --max-restarts) with the keys of the attempt before, and each node's agent counts its own
@@ -63,7 +71,7 @@ class Dist:
         sys.exit(code)
 
     def barrier(self) -> None:
-        if self.world > 1:
+        if self.grouped:
             dist.barrier()
 
     def agree(self, flag: bool) -> bool:
@@ -73,7 +81,7 @@ class Dist:
 
     def agree_max(self, *values: float) -> list[float]:
         """Each value's maximum over the ranks, in one collective (a wait for the device on CUDA)."""
-        if self.world == 1:
+        if not self.grouped:
             return list(values)
         t = torch.tensor(values, dtype=torch.float32, device=self.device)  # flags, signal numbers: exact
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -118,7 +126,7 @@ class Dist:
     def gather(self, obj: object) -> list[object]:
         """Every rank's `obj`, in rank order, on every rank (pickled, and copied to each rank: RNG states,
         an evaluation's per-token scores, a few MB at most)."""
-        if self.world == 1:
+        if not self.grouped:
             return [obj]
         out: list[object] = [None] * self.world
         dist.all_gather_object(out, obj)
@@ -128,7 +136,7 @@ class Dist:
         """Leave the process group together. A rank that exits with the group still up may abort in
         gloo's teardown ("terminate called without an active exception", SIGABRT: seen in 1 of 12
         two-rank runs), failing the launch although every rank finished its work."""
-        if self.world > 1 and dist.is_initialized():
+        if self.grouped and dist.is_initialized():
             # Every caller ends the process next. One that hangs instead (workers whose torchrun was
             # killed outright were still alive two minutes after their save, once, in a full test-suite
             # run) would hold the run's GPUs and lock for ever: after TEARDOWN_LIMIT_S, each thread's
@@ -139,7 +147,7 @@ class Dist:
             dist.destroy_process_group()
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
+        if self.grouped:
             dist.all_reduce(t)
         return t
 

@@ -76,11 +76,8 @@ def evaluate(objective, batches, n_batches: int, seed: int, device, autocast, en
             probs.append(torch.sigmoid(logits.float())[real].cpu().numpy())
             labels.append(is_replaced[real].cpu().numpy())
     objective.train()
-    shares = (
-        env.gather((sums, probs, labels, mlm_correct, mlm_total))
-        if world > 1
-        else [(sums, probs, labels, mlm_correct, mlm_total)]
-    )
+    mine = (sums, probs, labels, mlm_correct, mlm_total)
+    shares = env.gather(mine) if env is not None else [mine]
     if template is None:  # only a rank with no rows at all; rank 0 always has some
         return {}
     losses = []

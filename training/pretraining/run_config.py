@@ -112,6 +112,7 @@ def as_run(cfg: PretrainConfig, env: Dist, data, objective, warm: WarmStart | No
     tokenizer's size and case, --init's generator): printed, and saved beside the options in config.json
     and in each checkpoint (a bundle's manifest carries it)."""
     ran = {**hardware_as_run(env.device, use_bf16, cfg.tf32), "processes": env.world,
+           "process_group": env.backend,
            "step": f"compiled ({cfg.compile_mode})" if compiled else "eager",
            "max_predictions_per_micro_batch": capacity,
            "vocab_size": data.specials.vocab_size, "lowercase": lowercases(data.tokenizer)}  # fmt: skip

@@ -202,7 +202,7 @@ def setup(argv: list[str] | None) -> Trainer:
                       "--max-steps to go on", file=sys.stderr, flush=True)  # fmt: skip
 
     model = torch.compile(objective, mode=COMPILE_MODES[cfg.compile_mode]) if compiled else objective
-    if env.world > 1:
+    if env.grouped:  # under torchrun, even alone: see Dist
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None
         )
