@@ -13,7 +13,7 @@ import options
 from export.bundle_writer import EXPORT_CONFIG
 from export.sentence_sources import calibration_text_problem
 from options import ConfigError, check_choices, option
-from training.config import absolute_paths, check_threads
+from training.config import absolute_paths, check_seed, check_threads
 
 # Options naming files or directories: kept absolute in export_config.json, as a run's config.json keeps
 # its own, so that `--config BUNDLE/export_config.json` replays the export from any directory (saved
@@ -127,6 +127,7 @@ class ExportConfig:
         if self.eval_sequences < 8:
             raise ValueError(f"--eval-sequences must be at least 8, got {self.eval_sequences}")
         check_threads(self.threads)
+        check_seed(self.seed)  # as training's: a negative one failed after the export's minutes, unnamed
         if self.calibration_sentences < 20:
             raise ValueError(f"--calibration-sentences must be at least 20, got {self.calibration_sentences}")
         columns = [f"--{n.replace('_', '-')}" for n in COLUMN_OPTIONS if getattr(self, n) is not None]

@@ -159,9 +159,12 @@ def _export(src: _Source, log) -> dict:
                 _portable({**_manifest(src, fp32, optimizations, tokenizer_note), **extra}),
             )
         )
-        # As resolved: the length chosen from the positions trained, the int8 mode chosen for the checkpoint;
-        # what this export did not read is null (replayed, it is left unset), not recorded as if it ran.
-        resolved = {**asdict(cfg), "max_length": src.max_length, **dict.fromkeys(unread(cfg, src.kind))}
+        # As resolved: the checkpoint a run directory named (replayed after the run trained on, the run's
+        # directory exported its later step without a word), the length chosen from the positions trained,
+        # the int8 mode chosen for the checkpoint; what this export did not read is null (replayed, it is
+        # left unset), not recorded as if it ran.
+        resolved = {**asdict(cfg), "checkpoint": str((src.shown or src.ckpt).absolute()),
+                    "max_length": src.max_length, **dict.fromkeys(unread(cfg, src.kind))}  # fmt: skip
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
         # Not _portable, unlike the manifest (which the server shows): the file exists to replay the export,

@@ -216,6 +216,23 @@ def test_a_bundles_saved_options_replay_from_another_directory_without_the_varia
     assert json.loads((elsewhere / "again" / "manifest.json").read_text())["calibration"] == same
 
 
+def test_a_run_directorys_export_saves_the_checkpoint_it_read(tmp_path, detector_dir, capsys):
+    """export_config.json kept the run directory as given: replayed after the run had trained on, it
+    exported the run's later step without a word. It now names the step the export read."""
+    import shutil
+
+    from export.__main__ import main
+
+    run = tmp_path / "run"
+    shutil.copytree(detector_dir, run / "checkpoints" / "step-00000003")
+    (run / "checkpoints" / "latest").write_text("step-00000003")
+    assert main([str(run), "--out", str(tmp_path / "b"), "--precision", "fp32", "--no-calibrate"]) == 0, (
+        capsys.readouterr().err
+    )
+    saved = json.loads((tmp_path / "b" / "export_config.json").read_text())
+    assert saved["checkpoint"] == str(run / "checkpoints" / "step-00000003"), saved["checkpoint"]
+
+
 def test_a_replay_names_every_path_that_is_no_longer_there_in_one_error(tmp_path, capsys):
     """A bundle's export_config.json replayed where its files are gone (another machine, a moved run) was
     refused one path a run: --eval-text, then --calibration-text, then CHECKPOINT at the model's load. All
@@ -275,3 +292,11 @@ def test_a_replayed_export_config_writes_a_new_bundle_never_the_one_it_came_from
         options.resolve(ExportConfig, ["--config", str(shipped)], env={})
     replay = options.resolve(ExportConfig, ["--config", str(shipped), "--out", "elsewhere"], env={})
     assert replay.out == "elsewhere" and replay.force is False
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63)])
+def test_a_seed_out_of_trainings_range_is_refused_while_parsing(tmp_path, seed, capsys):
+    """--seed -1 failed after the model's export and parity check, exit 1, as "expected non-negative
+    integer" naming no option."""
+    err = _refused_while_parsing([str(tmp_path), "--out", str(tmp_path / "b"), "--seed", seed], capsys)
+    assert "--seed: must lie in [0, 2**63)" in err, err
