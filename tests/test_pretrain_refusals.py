@@ -253,6 +253,7 @@ def test_a_resume_checks_flags_against_the_runs_settings_not_the_defaults(finish
     [
         (["--seed", "-1"], "--seed: must lie in [0, 2**63), got -1"),
         (["--seed", str(2**64)], "--seed: must lie in [0, 2**63)"),
+        (["--max-steps", str(10**23)], "--max-steps: at most 99,999,999"),  # overflowed after tokenizing
         (["--disc-weight", "-1"], "--disc-weight: must not be negative"),
         (["--gen-weight", "-0.5"], "--gen-weight: must not be negative"),
         (["--disc-weight", "0"], "--objective mlm"),

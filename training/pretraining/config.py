@@ -29,6 +29,9 @@ from training.run_dir import LATEST, has_shards
 # How a compiled step runs, with torch.compile's mode for each: measured in benchmarks/speed/train_throughput.py.
 COMPILE_MODES = {"fused": "default", "cuda-graphs": "reduce-overhead"}
 
+# Checkpoint directories are named step-%08d and found by sorting their names.
+MAX_STEPS = 10**8 - 1
+
 
 @dataclass
 class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
@@ -169,6 +172,9 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay: must not be negative, got {self.weight_decay}")
         check_seed(self.seed)
+        if self.max_steps > MAX_STEPS:  # a huge one overflowed the save plan, after the corpus was tokenized
+            raise ConfigError(f"--max-steps: at most {MAX_STEPS:,} (checkpoints are named by their step in 8 "
+                              f"digits, and sorted so), got {self.max_steps:,}")  # fmt: skip
         if self.keep_checkpoints < 0:
             raise ConfigError(
                 f"--keep-checkpoints: must not be negative (0 keeps them all), got {self.keep_checkpoints}"
