@@ -17,6 +17,8 @@ from bulk.inputs import absolute_spec
 from options import ConfigError, flag, option
 
 FORMATS = ("auto", "jsonl", "parquet", "text")
+# A billion characters (a GB or more of text in one document); one larger overflowed the line reader.
+MAX_DOCUMENT_CHARS = 10**9
 # The options a finished part's rows depend on: resuming with another value of any of them would mix
 # two kinds of rows in one output directory.
 FINGERPRINT = ("input", "model", "format", "text_field", "id_field", "threshold", "tokens",
@@ -94,6 +96,14 @@ class BulkConfig:
         for name in ("workers", "window_stride"):  # 0 workers: cores / --threads; stride 0: no overlap
             if getattr(self, name) < 0:
                 raise ConfigError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.ray is None and self.threads > 4 * (cores := available_cores()):
+            # As training's --threads: 100,000 hung for minutes, then said "a worker process died". On Ray the
+            # workers run on the cluster's nodes, each sized by its own CPUs.
+            raise ConfigError(f"{flag('threads')}: {self.threads} is more than 4x the {cores} cores this process "
+                              "may use; give at most the cores")  # fmt: skip
+        if self.max_document_chars > MAX_DOCUMENT_CHARS:  # a larger one overflowed the reader, exit 4
+            raise ConfigError(f"{flag('max_document_chars')} must be at most {MAX_DOCUMENT_CHARS:,}, got "
+                              f"{self.max_document_chars:,}")  # fmt: skip
         if self.part_mb <= 0:  # nan and inf are refused for every float option (options.coerce)
             raise ConfigError(f"{flag('part_mb')} must be > 0, got {self.part_mb}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:

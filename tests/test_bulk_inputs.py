@@ -490,6 +490,10 @@ def test_a_parquet_file_with_an_unnamed_column_is_read_as_any_other(tmp_path):
     (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb: expected a finite number"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "0"], "--part-mb must be > 0"),
     (["in", "--out", "o", "--model", "m", "--workers", "-1"], "^--workers must be >= 0, got -1$"),
+    # --threads 100000 hung for minutes, then said "a worker process died"; the size overflowed the reader.
+    (["in", "--out", "o", "--model", "m", "--threads", "100000"], "^--threads: 100000 is more than 4x the"),
+    (["in", "--out", "o", "--model", "m", "--max-document-chars", str(10**23)],
+     "^--max-document-chars must be at most 1,000,000,000"),
     # ray.init raised a ValueError for these (a traceback, exit 1); "" started an instance to count CPUs,
     # then scored on local processes.
     (["in", "--out", "o", "--model", "m", "--ray", ""], "^--ray is empty .*or --ray alone for a Ray instance"),
