@@ -31,6 +31,9 @@ def check_model_named(cfg: BulkConfig) -> None:
     models = cfg.models_dir
     if cfg.bundle_dir.is_dir():
         return
+    if models.exists() and not models.is_dir():
+        raise JobError(f"{models} (--models) is a file; give the directory that holds the bundles (as the repository's models/ holds "
+                       "detector/ and sentiment/)")  # fmt: skip
     if not models.is_dir():
         raise JobError(f"{models}: no such models directory (--models; a relative one is read from the "
                        "directory the job starts in)")  # fmt: skip

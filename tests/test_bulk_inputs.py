@@ -637,6 +637,10 @@ def test_a_model_that_is_not_there_is_answered_with_the_bundles_that_are(tmp_pat
     )
     assert main([*job, "--models", str(tmp_path / "elsewhere")]) == 2
     assert "no such models directory (--models" in capsys.readouterr().err
+    assert main([*job, "--models", str(tmp_path / "in.jsonl")]) == 2  # said to be missing, though it is there
+    assert (
+        "in.jsonl (--models) is a file; give the directory that holds the bundles" in capsys.readouterr().err
+    )
     assert not (tmp_path / "o").exists()  # refused before the job wrote anything
 
 
