@@ -828,7 +828,10 @@ def test_whole_number_labels_written_as_decimals_are_the_same_classes(tmp_path):
     assert [ex.label for ex in data.splits["dev"]] == [ex.label for ex in data.splits["train"]] == [1, 0] * 5
     assert [ex.label for ex in data.splits["test"]] == [1, 0] * 5
     # Text labels that only look like numbers keep their names.
-    (tmp_path / "versions.csv").write_text("text,label\n" + "".join(f"{t},v{y}.0\n" for t, y in rows * 4))
+    versions = "".join(
+        f"{t} {i},v{y}.0\n" for i, (t, y) in enumerate(rows * 4)
+    )  # distinct texts: a dev split
+    (tmp_path / "versions.csv").write_text("text,label\n" + versions)
     assert load_task_data(FinetuneConfig(train=str(tmp_path / "versions.csv"), **where)).labels == (
         "v0.0",
         "v1.0",

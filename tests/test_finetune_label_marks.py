@@ -85,3 +85,32 @@ def test_a_regression_refusal_names_where_regression_came_from(tmp_path):
     assert "label 'inf' in --test is not a finite number" in said and "test.csv row 2" in said
     with pytest.raises(DataError, match=r"^--problem-type regression: label 'inf' in --test"):
         load(tmp_path, labels, test=str(test), problem_type="regression")
+
+
+def test_a_label_in_decomposed_unicode_is_the_class_of_its_composed_spelling(tmp_path):
+    """ "négatif" typed with a combining accent (e + U+0301) beside "négatif" with "é" made two classes that
+    printed alike (a 3-output head), and a --test so typed was refused beside a --train typed the other way."""
+    nfc, nfd = "n\u00e9gatif", "ne\u0301gatif"
+    data = load(tmp_path, [[nfc, nfd, "positif"][i % 3] for i in range(60)])
+    assert data.labels == (nfc, "positif") and not data.warnings
+    test = tmp_path / "test.csv"
+    test.write_text("text,label\n" + "".join(f"film {i},{[nfd, 'positif'][i % 2]}\n" for i in range(10)))
+    both = load(tmp_path, [[nfc, "positif"][i % 2] for i in range(40)], test=str(test))
+    assert both.labels == (nfc, "positif") and both.label_counts("test") == [5, 5]
+    assert (
+        load(tmp_path, [[nfc, "positif"][i % 2] for i in range(40)], labels=f"{nfd},positif").labels[0] == nfc
+    )
+
+
+def test_labels_alike_but_for_their_width_are_said_not_merged(tmp_path):
+    """A full-width "ｆｒｅｓｈ" (as an East Asian input method types it) beside "fresh" is another name, kept
+    apart, but said as a case difference is, saying what differs."""
+    wide = "\uff46\uff52\uff45\uff53\uff48"
+    data = load(tmp_path, [["fresh", wide, "rotten"][i % 3] for i in range(60)])
+    assert len(data.labels) == 3
+    said = [w for w in data.warnings if "differ only in case or in character width" in w]
+    assert said and f"'fresh' (20 rows) and '{wide}' (20 rows) (width or compatibility form)" in said[0], (
+        data.warnings
+    )
+    assert not [w for w in load(tmp_path, [["fresh", wide][i % 2] for i in range(40)], labels=f"fresh,{wide}").warnings
+                if "width" in w]  # fmt: skip

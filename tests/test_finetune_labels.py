@@ -422,3 +422,88 @@ def test_a_table_without_a_header_row_is_said_so(tmp_path):
     with pytest.raises(DataError) as e:
         load(tmp_path, write(tmp_path / "o.csv", rows, header="review,verdict"))
     assert "(columns: 'review', 'verdict')" in str(e.value) and "header row" not in str(e.value)
+
+
+def test_the_dev_split_holds_no_copy_of_a_training_text(tmp_path):
+    """A --train with duplicate rows (a spam file's copies of one message) put copies of training texts in
+    the dev split held out of it: its score, which picks the checkpoint and stops the run early, was
+    measured partly on what the model trained on. Copies go to one side together; the split stays the same
+    for the same file, close to --dev-fraction of each class, and a file without copies splits as before."""
+    rows = [(f"film {i}", "ab"[i % 2]) for i in range(200)]
+    rows += [(f"film {i}", "ab"[i % 2]) for i in range(0, 200, 3)] + [("film 7", "b")] * 5
+    random.Random(3).shuffle(rows)
+    train = write(tmp_path / "t.csv", rows)
+    data = load(tmp_path, train)
+    trained = {ex.text for ex in data.splits["train"]}
+    assert not [ex.text for ex in data.splits["dev"] if ex.text in trained]
+    assert len(data.splits["dev"]) == 27 and min(data.label_counts("dev")) > 8  # 10% of 272 rows
+    assert data.splits == load(tmp_path, train).splits
+    copies = write(tmp_path / "copies.csv", [("a fine film", "a"), ("a dull film", "b")] * 20)
+    with pytest.raises(DataError, match="the 40 rows hold 2 distinct texts in 2 class"):
+        load(tmp_path, copies)  # no dev row but a copy of a training text: said so, not "rounds to no row"
+    once = write(tmp_path / "once.csv", list(dict.fromkeys(rows)))  # no copies: the rows drawn before
+    assert [ex.text for ex in load(tmp_path, once).splits["dev"]] == [
+        f"film {i}" for i in (176, 134, 112, 56, 128, 143, 23, 97, 32, 102, 110, 35, 74, 19, 123, 5, 59, 184, 151, 77)
+    ]  # fmt: skip
+
+
+def test_dev_texts_that_are_training_texts_are_said_with_what_to_do():
+    from training.finetuning.data import Example
+    from training.finetuning.splits import overlap_warnings
+
+    rows = [Example(f"film {i}", None, i % 2) for i in range(10)]
+    said = overlap_warnings({"train": rows, "dev": rows[:4], "test": rows[8:]})
+    assert said[0].startswith("4 of 4 dev texts are also training texts") and "remove those rows" in said[0]
+    assert "or give another --dev" in said[0] and "or give another --test" in said[1]
+
+
+def test_a_jsonl_labels_line_break_at_its_end_is_white_space_and_one_inside_is_refused_for_jsonl(tmp_path):
+    """ "fresh\\n" in a JSON Lines file was refused with a CSV quote's explanation ("or write the file as
+    JSONL"), though "fresh " was stripped: at a label's ends a line break is white space too. One inside it
+    is refused, with no word of CSV quotes; a table's is still a quote's doing."""
+    rows = [{"text": f"film {i}", "label": ["fresh", "rotten"][i % 2]} for i in range(20)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({**r, "label": r["label"] + "\n"} if i == 5 else r) + "\n"
+                            for i, r in enumerate(rows)))  # fmt: skip
+    assert load(tmp_path, path).labels == ("fresh", "rotten")
+    path.write_text(
+        "".join(json.dumps({**r, "label": "fre\nsh"} if i == 5 else r) + "\n" for i, r in enumerate(rows))
+    )
+    with pytest.raises(DataError) as e:
+        load(tmp_path, path)
+    assert "t.jsonl line 6: the label holds a line break ('fre\\nsh')" in str(e.value)
+    assert "quote" not in str(e.value) and "JSONL" not in str(e.value)
+    (tmp_path / "t.csv").write_text('text,label\nfilm 1,"fresh\n"\nfilm 2,rotten\n')
+    with pytest.raises(DataError, match="a quote opened in its row"):
+        load(tmp_path, tmp_path / "t.csv")
+
+
+def test_a_text_the_server_refuses_as_blank_is_warned_of(tmp_path, capsys):
+    """A text of a zero-width space alone trained in silence, while /classify answers it 422 empty_text:
+    blank is the server's rule (app/model/tokenization.py is_blank), white space or what the tokenizer drops."""
+    rows = [(f"film {i}", "ab"[i % 2]) for i in range(20)] + [("\u200b", "a"), ("\ufeff\u200b ", "b")]
+    load(tmp_path, write(tmp_path / "t.csv", rows))
+    assert "t.csv has 2 row(s) with empty text (row 21, 22); they are kept" in capsys.readouterr().err
+
+
+def test_a_header_whose_names_differ_in_case_says_the_options_that_read_it(tmp_path):
+    """ "Text,Label" gave "no column 'text' (columns: 'Text', 'Label')" and no hint."""
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)], header="Text,Label")
+    with pytest.raises(DataError) as e:
+        load(tmp_path, train)
+    assert "give --text-column 'Text' --label-column 'Label', or rename the columns in the header" in str(
+        e.value
+    )
+    assert load(tmp_path, train, text_column="Text", label_column="Label").labels == ("a", "b")
+
+
+def test_rows_ending_in_empty_fields_are_said_so_not_a_comma_in_a_text(tmp_path):
+    """ "text,label,," as a spreadsheet saves a row was refused as "a text holding a comma (quote such
+    texts)?", wrong where the text was quoted."""
+    rows = "".join(f'"film, {i}",{"ab"[i % 2]}{",," if i == 3 else ""}\n' for i in range(20))
+    (tmp_path / "t.csv").write_text("text,label\n" + rows)
+    with pytest.raises(DataError) as e:
+        load(tmp_path, tmp_path / "t.csv")
+    assert "t.csv line 5 has more fields than the header's 2; its last 2 field(s) are empty" in str(e.value)
+    assert "delete the trailing commas from such rows, or name those columns in the header" in str(e.value)
+    assert "a text holding" not in str(e.value)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from app.model.tokenization import is_blank  # the server's rule: app/model/ loads no web framework
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.coverage import missing_classes
 from training.finetuning.csv_quotes import QUOTE_FIX
@@ -144,6 +145,16 @@ def _header_example(cfg, path: str) -> str:
     return sep.join(c for c in (cfg.text_column, cfg.text_pair_column, cfg.label_column) if c)
 
 
+def _case_fixes(cfg, columns: list[str]) -> str:
+    """The options that name the header's columns where the ones given differ from them in case alone ("Text"
+    for "text"): "--text-column 'Text' --label-column 'Label'", or "" where none does."""
+    fixes = []
+    for opt, col in _columns(cfg).items():
+        cased = [c for c in columns if c.casefold() == col.casefold()]
+        fixes += [f"{opt} {cased[0]!r}"] if cased and col not in columns else []
+    return " ".join(fixes)
+
+
 def _raw_examples(
     path: str, flag: str, cfg, reread_by: str | None = None
 ) -> tuple[list[tuple[str, str | None, object]], Rows]:
@@ -157,9 +168,12 @@ def _raw_examples(
         if col not in columns:
             one = columns[0] if len(columns) == 1 else ""
             spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
+            cased = _case_fixes(cfg, columns)
             hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
                     "; it looks semicolon-separated: write the file comma-separated" if ";" in one else
                     f"; {spaced!r} has spaces around the name: remove them from the header" if spaced else
+                    f"; names are exact, and the header spells them in another case: give {cased}, or rename "
+                    "the columns in the header" if cased else
                     f"; the file seems to have no header row: add one naming the columns ({_header_example(cfg, path)})"
                     if read.unit == "row" and _header_as_data(columns, rows) else "")  # fmt: skip
             raise DataError(
@@ -172,9 +186,7 @@ def _raw_examples(
         if missing(label):
             raise DataError(f"{flag}: {path} {at} has no value in the label column {cfg.label_column!r}"
                             + (f" ({label!r})" if label is not None and str(label).strip() else ""))  # fmt: skip
-        if isinstance(label, str) and ("\n" in label or "\r" in label):  # no label holds a line break
-            raise DataError(f"{flag}: {path} {at}: the label holds a line break ({label[:60]!r}...): a quote opened "
-                            f"in its row and closed lines later took the rows between into it; {QUOTE_FIX}")  # fmt: skip
+        _refuse_line_break(label, read, f"{flag}: {path} {at}")
         if isinstance(label, (list, dict)):  # its repr would become a class name, one per combination
             raise DataError(f"{flag}: {path} {at}: the label is a JSON {'list' if isinstance(label, list) else 'object'} "
                             f"({json.dumps(label)[:80]}); fine-tuning learns one label (or one number) per text, "
@@ -189,10 +201,10 @@ def _raw_examples(
                                 f"({json.dumps(row[col])[:40]}), not a text; write texts as JSON strings")  # fmt: skip
         pair = row[cfg.text_pair_column] if cfg.text_pair_column else None
         out.append((str(row[cfg.text_column]), None if pair is None else str(pair), label))
+    # Blank as the server counts it: white space, or only what its tokenizer drops (a zero-width space), which
+    # /classify answers 422 empty_text.
     empty = [
-        i
-        for i, (text, pair, _) in enumerate(out)
-        if not text.strip() or (pair is not None and not pair.strip())
+        i for i, (text, pair, _) in enumerate(out) if is_blank(text) or (pair is not None and is_blank(pair))
     ]
     if empty and reread_by:  # the model trained on them: nothing to change now but the file, for a next run
         print(f"warning: the fine-tuning run's {flag} file {path}, as {reread_by} re-reads it, has {len(empty)} "
@@ -202,6 +214,21 @@ def _raw_examples(
         print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text ({read.places(empty)}); they are "
               "kept, and teach the model its label for no text", file=sys.stderr, flush=True)  # fmt: skip
     return out, read
+
+
+def _refuse_line_break(label, read: Rows, where: str) -> None:
+    """No label holds a line break. In a table one is a quote's doing: opened in its row and closed lines
+    later, it took the rows between into the label. A JSON string's line break is written there: at its
+    ends it is white space, stripped as spaces are (label_name), and inside it a slip of the writer's."""
+    if not isinstance(label, str):
+        return
+    if read.unit == "line":
+        if "\n" in label.strip() or "\r" in label.strip():
+            raise DataError(f"{where}: the label holds a line break ({label[:60]!r}): a label is one line; "
+                            "write it without the line break (\\n inside the JSON string)")  # fmt: skip
+    elif "\n" in label or "\r" in label:
+        raise DataError(f"{where}: the label holds a line break ({label[:60]!r}...): a quote opened in its row "
+                        f"and closed lines later took the rows between into it; {QUOTE_FIX}")  # fmt: skip
 
 
 def _user_files(cfg, reread_by: str | None = None) -> TaskData:

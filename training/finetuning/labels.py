@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections import Counter
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -40,12 +41,15 @@ def label_name(value) -> str:
     """The class a label value names. A whole number names the class of its integer: 1.0 in JSON, "1.0" in
     a CSV (pandas writes an integer column with a missing value as floats) and "+1" are class "1". Leading
     zeros are kept ("01", "007"): codes such as "001" are named so, and /classify answers with the name. A
-    JSON boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True")."""
+    JSON boolean is spelled as JSON spells it, so true and "true" are one class (str() made "True"). A name
+    is read in Unicode's composed form (NFC): "négatif" typed with a combining accent (e + U+0301) and with
+    "é" look and print alike, and were two classes (a --test in the one refused beside a --train in the
+    other)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    text = str(value).strip()
+    text = unicodedata.normalize("NFC", str(value).strip())
     if _WHOLE_NUMBER.fullmatch(text):
         return str(int(text.partition(".")[0]))  # cut at the point: exact, where a float is not past 2**53
     # Text in exponent notation ("1e3", "2E1") stays as written: a class code may read so, and renaming it
@@ -201,19 +205,33 @@ def missing_marker_labels(values: list, listed: tuple[str, ...], path: str, read
 
 
 def case_variants(counts: Counter, listed: tuple[str, ...]) -> str | None:
-    """Class names that differ only in case ("Negative" beside "negative", a JSONL "False" beside false):
-    separate classes, as the names are exact, but likelier one class written two ways. Said, naming them
-    and their rows, unless --labels lists the spellings (then they are meant)."""
+    """Class names that differ only in case ("Negative" beside "negative", a JSONL "False" beside false) or
+    in a compatibility form (full-width "ｆｒｅｓｈ" beside "fresh", as an East Asian input method types it):
+    separate classes, as the names are exact, but likelier one class written two ways. Said, naming them,
+    their rows and what differs, unless --labels lists the spellings (then they are meant)."""
     groups: dict[str, list[str]] = {}
     for name in sorted(counts, key=class_sort_key):
-        groups.setdefault(name.casefold(), []).append(name)
+        groups.setdefault(unicodedata.normalize("NFKC", name).casefold(), []).append(name)
     clashes = [names for names in groups.values() if len(names) > 1 and not set(names) <= set(listed)]
     if not clashes:
         return None
-    shown = "; ".join(" and ".join(f"{n!r} ({counts[n]} rows)" for n in names) for names in clashes[:5])
+    differs = [_what_differs(names) for names in clashes]
+    shown = "; ".join(" and ".join(f"{n!r} ({counts[n]} rows)" for n in names) + ("" if what == "case" else f" ({what})")
+                      for names, what in zip(clashes[:5], differs, strict=False))  # fmt: skip
     more = f" and {len(clashes) - 5} more such groups" if len(clashes) > 5 else ""
-    return (f"--train: labels that differ only in case are separate classes: {shown}{more}; if each group is "
+    kind = "case" if set(differs) == {"case"} else "case or in character width (Unicode compatibility form)"
+    return (f"--train: labels that differ only in {kind} are separate classes: {shown}{more}; if each group is "
             "one class, write its labels alike in the file; if they are meant apart, list them in --labels")  # fmt: skip
+
+
+def _what_differs(names: list[str]) -> str:
+    """What sets apart names that NFKC and casefold make one: "case", or their width or compatibility form
+    ("ｆｒｅｓｈ" and "fresh", "ﬁle" and "file"), or both."""
+    if len({n.casefold() for n in names}) == 1:
+        return "case"
+    if len({unicodedata.normalize("NFKC", n) for n in names}) == 1:
+        return "width or compatibility form"
+    return "case and width or compatibility form"
 
 
 def is_float_text(value) -> bool:

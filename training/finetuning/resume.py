@@ -37,15 +37,18 @@ from training.report import MetricsError, rows_until
 # What reading a file of resume/ raises when it is missing, cut short or not in its format.
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, SafetensorError)
 # Runs stopped under versions before 2026-11-29 named some labels otherwise (JSON true/false "True"/"False",
-# "+1" and "1" two classes): their resume meets other labels, said with its refusal.
+# "+1" and "1" two classes), and before 2026-12-01 a label with a combining accent apart from its composed
+# form: their resume meets other labels, said with its refusal.
 EARLIER_SPELLING = (
     "; a run stopped under an earlier version may also have read its labels otherwise (JSON booleans as "
-    "'True'/'False', '+1' apart from '1'): finish it with that version, or start again with --overwrite"
+    "'True'/'False', '+1' apart from '1', 'e' and a combining accent apart from 'é'): finish it with that "
+    "version, or start again with --overwrite"
 )
 # Runs stopped under versions before 2026-11-30 held out their dev split from --train by class index, not
-# name (training/finetuning/splits.py, _hold_out): the same file gives other dev rows now.
+# name, and before 2026-12-01 copies of one text to either side (training/finetuning/splits.py, _hold_out):
+# the same file gives other dev rows now.
 EARLIER_SPLIT = (
-    "; a run stopped under an earlier version (before 2026-11-30) also held out other dev rows from --train: "
+    "; a run stopped under an earlier version (before 2026-12-01) also held out other dev rows from --train: "
     "finish it with that version, or start again with --overwrite"
 )
 # What a resumed run may be given anew: where and how fast it runs, and how often it logs. Anything else
@@ -125,9 +128,12 @@ def data_fingerprint(t, splits: tuple[str, ...] = ("train", "dev")) -> str:
 
 
 def _split_changed(t) -> bool:
-    """Whether the run's dev split is one that changed on 2026-11-30: held out from --train (no --dev) by
-    class; a regression's one group kept its rows."""
-    return bool(t.cfg.train) and not t.cfg.dev and t.data.problem_type != REGRESSION
+    """Whether the run's dev split is one that changed on 2026-11-30 or 2026-12-01: held out from --train (no
+    --dev) by class, or of a --train that repeats a text; a regression's one group kept its rows unless so."""
+    if not t.cfg.train or t.cfg.dev:
+        return False
+    rows = [(ex.text, ex.pair) for split in ("train", "dev") for ex in t.data.splits[split]]
+    return t.data.problem_type != REGRESSION or len(set(rows)) < len(rows)
 
 
 def fingerprint_of_test(t) -> str:

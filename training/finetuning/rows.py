@@ -107,14 +107,27 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                                                              reader.line_num)  # fmt: skip
                     if quoted:  # the line the quote opened on, not the end of what it swallowed
                         raise DataError(quoted)
-                    why = (f"a text holding {sep}?" if not (len(header) == 1 and ";" in header[0]) else
-                           "the header is one field with semicolons: write the file comma-separated")  # fmt: skip
+                    why = ("the header is one field with semicolons: write the file comma-separated"
+                           if len(header) == 1 and ";" in header[0] else _trailing_empty(row, tsv) or
+                           f"a text holding {sep}?")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
     return rows
+
+
+def _trailing_empty(row: dict, tsv: bool) -> str:
+    """Why a row has more fields than the header when the extra ones are empty: a spreadsheet saves a row
+    as "text,label,," when cells right of it were once used. Not a text holding a comma: that text may be
+    quoted."""
+    extra = row.get(None) or []
+    if not extra or any(v.strip() for v in extra):
+        return ""
+    sep = "tabs" if tsv else "commas"
+    return (f"its last {len(extra)} field(s) are empty, past the header's columns (as a spreadsheet saves cells "
+            f"once used): delete the trailing {sep} from such rows, or name those columns in the header")  # fmt: skip
 
 
 def missing(value) -> bool:

@@ -1,7 +1,7 @@
 """The splits of user data: the dev split held out of --train when no --dev is given (`_hold_out`, seeded
-independently of --seed, a row of every class of two or more kept), the seeded samples of
---max-train-examples and --max-eval-examples (`_sample`), and the warnings of a dev split larger than asked
-or of texts shared between splits (`overlap_warnings`)."""
+independently of --seed, a row of every class of two or more kept, the copies of a text on one side), the
+seeded samples of --max-train-examples and --max-eval-examples (`_sample`), and the warnings of a dev split
+larger than asked or of texts shared between splits (`overlap_warnings`)."""
 
 from __future__ import annotations
 
@@ -33,14 +33,16 @@ def _dev_share_note(splits: dict[str, list[Example]], fraction: float, classes: 
 
 def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
     """The same file as --train and --dev (or copies of rows across them): the dev score picks the model on
-    texts it trained on and overstates it. Said, not refused: a few shared short texts can be genuine."""
+    texts it trained on and overstates it. Said, not refused: a few shared short texts can be genuine. A dev
+    split held out of --train never shares a text with it (`_hold_out`): this is of files given."""
     trained = {(ex.text, ex.pair) for ex in splits["train"]}
     said = []
     for split in ("dev", "test"):
         rows = splits.get(split, [])
         if shared := sum((ex.text, ex.pair) in trained for ex in rows):
             said.append(f"{shared} of {len(rows)} {split} texts are also training texts: its scores are measured "
-                        "partly on what the model trained on, and overstate it")  # fmt: skip
+                        f"partly on what the model trained on, and overstate it; remove those rows from the "
+                        f"--{split} file (or the --train file), or give another --{split}")  # fmt: skip
     return said
 
 
@@ -57,32 +59,63 @@ def _hold_out(
     rows: list[Example], fraction: float, labels: tuple[str, ...] | None, hint: str = ""
 ) -> tuple[list[Example], list[Example]]:
     """(train, dev): `fraction` of each class held out (of all rows for regression, `labels` None;
-    `_dev_rows`), file order kept. `hint`: what to add when no class has rows enough to give one."""
-    groups = _split_groups(rows, labels)
+    `_dev_rows`), file order kept. Rows of one input (the same text, or pair) go to one side together
+    (`_copies`): a copy of a training text in dev scored the model on what it trained on (47 of 484 dev
+    texts of a spam file with duplicates), and that score picked the checkpoint and stopped the run early.
+    `hint`: what to add when no class has rows enough to give one."""
+    classes = _split_groups(rows, labels)
     dev: set[int] = set()
-    for name, idx in groups.items():  # in any order: each class draws from its own generator
-        _split_rng(name).shuffle(idx)
-        dev.update(idx[: _dev_rows(len(idx), fraction, labels is not None)])
+    for name, copies in classes.items():  # in any order: each class draws from its own generator
+        _split_rng(name).shuffle(copies)
+        dev.update(_draw(copies, _dev_rows(sum(map(len, copies)), fraction, labels is not None)))
     if len(dev) == len(rows):
         raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows leaves no training data; lower it or "
                         "give a --dev file")  # fmt: skip
-    if not dev and len(groups) > 1:  # the split is stratified: too few rows in every class, not in the file
+    texts = sum(map(len, classes.values()))
+    if not dev and texts < len(rows):  # copies: rows enough, but a class's rows are one text or few
+        raise DataError(f"--dev-fraction: the dev split holds out {fraction} of each class, and a text's copies go "
+                        f"to one side together (a dev text must not be a training text): the {len(rows)} rows hold "
+                        f"{texts} distinct texts in {len(classes)} class(es), too few to give a dev row without "
+                        f"leaving a class no training text; give a --dev file or more distinct texts{hint}")  # fmt: skip
+    if not dev and len(classes) > 1:  # the split is stratified: too few rows in every class, not in the file
         raise DataError(f"--dev-fraction: the dev split holds out {fraction} of each class, which rounds to no "
-                        f"row: the {len(rows)} rows hold {len(groups)} classes, the largest "
-                        f"{max(map(len, groups.values()))} rows; give a --dev file or more rows per class{hint}")  # fmt: skip
+                        f"row: the {len(rows)} rows hold {len(classes)} classes, the largest "
+                        f"{max(sum(map(len, c)) for c in classes.values())} rows; give a --dev file or more rows "
+                        f"per class{hint}")  # fmt: skip
     if not dev:
         raise DataError(f"--dev-fraction: {fraction} of {len(rows)} rows rounds to no dev row; give more rows, "
                         "a larger --dev-fraction or a --dev file")  # fmt: skip
     return [r for i, r in enumerate(rows) if i not in dev], [r for i, r in enumerate(rows) if i in dev]
 
 
-def _split_groups(rows: list[Example], labels: tuple[str, ...] | None) -> dict[str | None, list[int]]:
-    """Row indices by class name (one group, None, for a regression). By name, not by class index: the
-    index follows --labels' order (and an --init head's), which must not move a row between the splits."""
-    groups: dict[str | None, list[int]] = defaultdict(list)
+def _draw(copies: list[list[int]], k: int) -> list[int]:
+    """About `k` rows for dev from a class's shuffled sets of copies: each set whole, in their order, those
+    that still fit in `k` (so a file without copies gives the rows it always gave: the first k); where none
+    fits (k 1, every text twice), the first set, if another is left to train on."""
+    dev: list[int] = []
+    for same in copies:
+        if len(dev) + len(same) <= k:
+            dev += same
+    return dev if dev or not k or len(copies) < 2 else copies[0]
+
+
+def _split_groups(rows: list[Example], labels: tuple[str, ...] | None) -> dict[str | None, list[list[int]]]:
+    """Row indices by class name (one class, None, for a regression), in sets of copies (`_copies`). By
+    name, not by class index: the index follows --labels' order (and an --init head's), which must not move
+    a row between the splits. A set whose rows disagree on the label is its first row's class's."""
+    classes: dict[str | None, list[list[int]]] = defaultdict(list)
+    for same in _copies(rows):
+        classes[None if labels is None else labels[rows[same[0]].label]].append(same)
+    return classes
+
+
+def _copies(rows: list[Example]) -> list[list[int]]:
+    """The indices of the rows of each input (text and pair), in the order of its first row: one list per
+    row where no input is repeated."""
+    by_input: dict[tuple[str, str | None], list[int]] = {}
     for i, ex in enumerate(rows):
-        groups[None if labels is None else labels[ex.label]].append(i)
-    return groups
+        by_input.setdefault((ex.text, ex.pair), []).append(i)
+    return list(by_input.values())
 
 
 def _split_rng(name: str | None) -> random.Random:
