@@ -106,6 +106,7 @@ def test_a_vocab_only_directory_keeps_its_added_tokens_and_refuses_other_tokeniz
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer, ElectraForPreTraining
 
+    from app.model.tokenization import TextTokenizer
     from export.__main__ import main
 
     src = _vocab_only(tokenizer_dir, tmp_path / "src")
@@ -124,6 +125,9 @@ def test_a_vocab_only_directory_keeps_its_added_tokens_and_refuses_other_tokeniz
     theirs = AutoTokenizer.from_pretrained(src)(text)["input_ids"]
     ours = Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).encode(text).ids
     assert ours == theirs and theirs.count(V) == 2 and theirs.count(V + 1) == 1, (ours, theirs)
+    # And as the server reads it: <ent> one token still, though typed control tokens are text there.
+    served = TextTokenizer(tmp_path / "b" / "tokenizer.json", 64, 0).encode_classify([text])[0].row.ids
+    assert served.tolist() == theirs
     assert "added tokens lobsterpot, <ent>" in manifest["source"]["tokenizer"]
 
     for said, key in (({"tokenizer_class": "BertJapaneseTokenizer", "word_tokenizer_type": "mecab"}, "tokenizer_class"),
