@@ -64,6 +64,34 @@ def test_labels_not_numbered_from_0_are_refused_naming_config_json(tmp_path, tok
     assert not (tmp_path / "b").exists()
 
 
+def test_a_regression_of_several_outputs_is_refused_at_export_and_by_the_servers_reader(
+    tmp_path, tokenizer_dir, capsys
+):
+    """problem_type regression with num_labels 2 (valence, arousal) exported without a word, and the server
+    answered its first output alone: /classify's regression is one number. Export refuses it, naming the
+    file; a bundle that says so (written by hand, or by an older export) is refused at load."""
+    from app.model.bundle import BundleError, file_hashes, read_bundle
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, ("valence", "arousal"), "regression")
+    assert main([str(src), "--out", str(tmp_path / "b"), "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}/config.json: problem_type regression with num_labels 2 (valence, arousal)" in err, err
+    assert "only one output is supported (num_labels 1)" in err and not (tmp_path / "b").exists()
+
+    bundle = tmp_path / "old"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(b"onnx")
+    (bundle / "tokenizer.json").write_text("{}")
+    files = file_hashes(bundle)
+    manifest = {"format_version": 1, "kind": "classifier", "max_length": 64, "output": "probs",
+                "problem_type": "regression", "labels": ["valence", "arousal"],
+                "model_sha256": files["model.onnx"], "files": files}  # fmt: skip
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"manifest.json: a regression with 2 labels \(valence, arousal\)"):
+        read_bundle(bundle)
+
+
 def test_a_config_without_architectures_is_read_by_its_weights(tmp_path, tokenizer_dir):
     """transformers loads a classifier whose config.json names no architectures; export took it for a
     detector and refused it with lists of missing and unexpected tensors."""

@@ -245,7 +245,8 @@ def _pickle_names(ckpt: Path) -> list[str]:
 
 def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
     """Labels a classifier could not be served with: two classes of one name would answer as one (the
-    probabilities a dict by label), and a softmax over one class is 1.0 for every text."""
+    probabilities a dict by label), a softmax over one class is 1.0 for every text, and a regression of
+    several numbers would be answered by its first alone (/classify's regression is one number)."""
     keys = sorted(cfg.id2label)
     if keys != list(range(len(keys))):  # the output column of each label: id2label's key
         raise CheckpointError(f"{ckpt}/config.json: id2label's keys are {keys}, not the output columns 0 to "
@@ -261,6 +262,13 @@ def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
             f"{ckpt}/config.json: problem_type single_label_classification with one label would score every "
             "text 1.0 (a softmax over one class); set problem_type to regression (the raw value) or "
             "multi_label_classification (a sigmoid), or list every class in id2label"
+        )
+    if cfg.problem_type == "regression" and cfg.num_labels > 1:
+        raise CheckpointError(
+            f"{ckpt}/config.json: problem_type regression with num_labels {cfg.num_labels} "
+            f"({', '.join(names)}) predicts {cfg.num_labels} numbers a text, and the server answers a regression "
+            "with one (score); only one output is supported (num_labels 1): fine-tune a model for each target "
+            f"(python -m training.finetune --init {ckpt} --problem-type regression ...)"
         )
 
 
