@@ -92,6 +92,30 @@ def test_a_regression_of_several_outputs_is_refused_at_export_and_by_the_servers
         read_bundle(bundle)
 
 
+@pytest.mark.parametrize("embedding_size", [128, 32])
+def test_a_config_without_embedding_size_is_read_as_its_weights_are(tmp_path, tokenizer_dir, embedding_size):
+    """Left out, embedding_size was taken for hidden_size: a directory transformers loads (its default 128,
+    hidden 64) was refused as a size mismatch. It is what the weights hold (128 as transformers' default
+    says; 32, where that default would be wrong too), and the model answers as transformers' does."""
+    import torch
+
+    from training.checkpoint import load_model
+    from training.pretraining.warmstart import resolve_source
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir, embedding_size=embedding_size)
+    _edit_config(src, embedding_size=None)
+    model, cfg, _ = load_model(src)
+    assert (cfg.embedding_size, cfg.hidden_size) == (embedding_size, 64)
+    assert resolve_source(str(src)).config.embedding_size == embedding_size  # pretraining's --init
+    ids = torch.tensor([[2, 50, 60, 70, 3]])
+    ones = torch.ones_like(ids)
+    with torch.no_grad():
+        ours = model.eval()(ids, ones, torch.zeros_like(ids))
+        if embedding_size == 128:  # transformers reads the field's absence so; 32 it refuses
+            theirs = hm.hf_model(src)(input_ids=ids, attention_mask=ones).logits
+            assert (ours - theirs).abs().max().item() <= 1e-5
+
+
 def test_a_config_without_architectures_is_read_by_its_weights(tmp_path, tokenizer_dir):
     """transformers loads a classifier whose config.json names no architectures; export took it for a
     detector and refused it with lists of missing and unexpected tensors."""
