@@ -64,6 +64,58 @@ def test_labels_not_numbered_from_0_are_refused_naming_config_json(tmp_path, tok
     assert not (tmp_path / "b").exists()
 
 
+def test_a_regression_of_several_outputs_is_refused_at_export_and_by_the_servers_reader(
+    tmp_path, tokenizer_dir, capsys
+):
+    """problem_type regression with num_labels 2 (valence, arousal) exported without a word, and the server
+    answered its first output alone: /classify's regression is one number. Export refuses it, naming the
+    file; a bundle that says so (written by hand, or by an older export) is refused at load."""
+    from app.model.bundle import BundleError, file_hashes, read_bundle
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, ("valence", "arousal"), "regression")
+    assert main([str(src), "--out", str(tmp_path / "b"), "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}/config.json: problem_type regression with num_labels 2 (valence, arousal)" in err, err
+    assert "only one output is supported (num_labels 1)" in err and not (tmp_path / "b").exists()
+
+    bundle = tmp_path / "old"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(b"onnx")
+    (bundle / "tokenizer.json").write_text("{}")
+    files = file_hashes(bundle)
+    manifest = {"format_version": 1, "kind": "classifier", "max_length": 64, "output": "probs",
+                "problem_type": "regression", "labels": ["valence", "arousal"],
+                "model_sha256": files["model.onnx"], "files": files}  # fmt: skip
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"manifest.json: a regression with 2 labels \(valence, arousal\)"):
+        read_bundle(bundle)
+
+
+@pytest.mark.parametrize("embedding_size", [128, 32])
+def test_a_config_without_embedding_size_is_read_as_its_weights_are(tmp_path, tokenizer_dir, embedding_size):
+    """Left out, embedding_size was taken for hidden_size: a directory transformers loads (its default 128,
+    hidden 64) was refused as a size mismatch. It is what the weights hold (128 as transformers' default
+    says; 32, where that default would be wrong too), and the model answers as transformers' does."""
+    import torch
+
+    from training.checkpoint import load_model
+    from training.pretraining.warmstart import resolve_source
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir, embedding_size=embedding_size)
+    _edit_config(src, embedding_size=None)
+    model, cfg, _ = load_model(src)
+    assert (cfg.embedding_size, cfg.hidden_size) == (embedding_size, 64)
+    assert resolve_source(str(src)).config.embedding_size == embedding_size  # pretraining's --init
+    ids = torch.tensor([[2, 50, 60, 70, 3]])
+    ones = torch.ones_like(ids)
+    with torch.no_grad():
+        ours = model.eval()(ids, ones, torch.zeros_like(ids))
+        if embedding_size == 128:  # transformers reads the field's absence so; 32 it refuses
+            theirs = hm.hf_model(src)(input_ids=ids, attention_mask=ones).logits
+            assert (ours - theirs).abs().max().item() <= 1e-5
+
+
 def test_a_config_without_architectures_is_read_by_its_weights(tmp_path, tokenizer_dir):
     """transformers loads a classifier whose config.json names no architectures; export took it for a
     detector and refused it with lists of missing and unexpected tensors."""
@@ -106,6 +158,7 @@ def test_a_vocab_only_directory_keeps_its_added_tokens_and_refuses_other_tokeniz
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer, ElectraForPreTraining
 
+    from app.model.tokenization import TextTokenizer
     from export.__main__ import main
 
     src = _vocab_only(tokenizer_dir, tmp_path / "src")
@@ -124,6 +177,9 @@ def test_a_vocab_only_directory_keeps_its_added_tokens_and_refuses_other_tokeniz
     theirs = AutoTokenizer.from_pretrained(src)(text)["input_ids"]
     ours = Tokenizer.from_file(str(tmp_path / "b" / "tokenizer.json")).encode(text).ids
     assert ours == theirs and theirs.count(V) == 2 and theirs.count(V + 1) == 1, (ours, theirs)
+    # And as the server reads it: <ent> one token still, though typed control tokens are text there.
+    served = TextTokenizer(tmp_path / "b" / "tokenizer.json", 64, 0).encode_classify([text])[0].row.ids
+    assert served.tolist() == theirs
     assert "added tokens lobsterpot, <ent>" in manifest["source"]["tokenizer"]
 
     for said, key in (({"tokenizer_class": "BertJapaneseTokenizer", "word_tokenizer_type": "mecab"}, "tokenizer_class"),

@@ -168,9 +168,44 @@ def read_config(ckpt: Path) -> tuple[ElectraConfig, str]:
             f"{ckpt}/config.json: architecture {arch!r} is not supported; expected one of "
             f"{sorted([*ARCHITECTURES, ENCODER])}"
         )
-    if "embedding_size" not in raw:  # old HF configs leave it out and mean "same as hidden"
-        raw["embedding_size"] = raw.get("hidden_size", 256)
+    if "embedding_size" not in raw:
+        raw["embedding_size"] = embedding_size_of(ckpt)
     return config_from_dict(raw, ckpt / "config.json"), arch
+
+
+# transformers' ElectraConfig default, which it takes for a config.json that leaves embedding_size out.
+HF_EMBEDDING_SIZE = 128
+_WORD_EMBEDDINGS = ("electra.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
+
+
+def embedding_size_of(ckpt: Path) -> int:
+    """The embedding width for a config.json that leaves embedding_size out: what the weights' word
+    embeddings are (safetensors' header, no tensor read), else transformers' default. It was hidden_size
+    ("old HF configs mean same as hidden"), and a directory transformers loads (E 128 of H 64, the field
+    left out) was refused as a size mismatch. Every config.json of ours writes the field."""
+    shape = _safetensors_shape(ckpt, _WORD_EMBEDDINGS)
+    return shape[1] if shape is not None and len(shape) == 2 else HF_EMBEDDING_SIZE
+
+
+def _safetensors_shape(ckpt: Path, names: tuple[str, ...]) -> list[int] | None:
+    """The shape of the first of `names` that the checkpoint's safetensors file (or shard) holds, from its
+    header; None where there is none or it cannot be read (read_weights names the file and what to do)."""
+    from safetensors import safe_open
+
+    file = ckpt / "model.safetensors"
+    if not file.is_file() and (ckpt / SHARD_INDEX).is_file():
+        try:
+            where = json.loads((ckpt / SHARD_INDEX).read_text())["weight_map"]
+            file = ckpt / next(where[n] for n in names if n in where)
+        except (ValueError, KeyError, TypeError, StopIteration):
+            return None
+    try:
+        with safe_open(file, "pt") as f:
+            held = set(f.keys())  # safe_open has no `in`
+            name = next((n for n in names if n in held), None)
+            return None if name is None else list(f.get_slice(name).get_shape())
+    except Exception:  # absent, cut short or foreign
+        return None
 
 
 def config_from_dict(raw: dict, path: Path) -> ElectraConfig:
@@ -245,7 +280,8 @@ def _pickle_names(ckpt: Path) -> list[str]:
 
 def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
     """Labels a classifier could not be served with: two classes of one name would answer as one (the
-    probabilities a dict by label), and a softmax over one class is 1.0 for every text."""
+    probabilities a dict by label), a softmax over one class is 1.0 for every text, and a regression of
+    several numbers would be answered by its first alone (/classify's regression is one number)."""
     keys = sorted(cfg.id2label)
     if keys != list(range(len(keys))):  # the output column of each label: id2label's key
         raise CheckpointError(f"{ckpt}/config.json: id2label's keys are {keys}, not the output columns 0 to "
@@ -261,6 +297,13 @@ def _check_labels(ckpt: Path, cfg: ElectraConfig) -> None:
             f"{ckpt}/config.json: problem_type single_label_classification with one label would score every "
             "text 1.0 (a softmax over one class); set problem_type to regression (the raw value) or "
             "multi_label_classification (a sigmoid), or list every class in id2label"
+        )
+    if cfg.problem_type == "regression" and cfg.num_labels > 1:
+        raise CheckpointError(
+            f"{ckpt}/config.json: problem_type regression with num_labels {cfg.num_labels} "
+            f"({', '.join(names)}) predicts {cfg.num_labels} numbers a text, and the server answers a regression "
+            "with one (score); only one output is supported (num_labels 1): fine-tune a model for each target "
+            f"(python -m training.finetune --init {ckpt} --problem-type regression ...)"
         )
 
 

@@ -171,6 +171,12 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         )
     if manifest.kind == "classifier" and not manifest.labels:
         raise BundleError(f"{manifest_path}: a classifier needs `labels`")
+    if manifest.problem_type == "regression" and len(manifest.labels) > 1:
+        # export refuses such a model (training/checkpoint.py _check_labels): a bundle written by hand, or
+        # by an export before that, would be answered with its first output alone.
+        raise BundleError(f"{manifest_path}: a regression with {len(manifest.labels)} labels "
+                          f"({', '.join(manifest.labels)}): /classify answers a regression with one number; "
+                          "serve a model of one output (export one fine-tuned for each target)")  # fmt: skip
     if manifest.max_length < 4:
         raise BundleError(f"{manifest_path}: max_length {manifest.max_length} is too small")
     warnings: tuple[str, ...] = tuple(manifest.warnings)  # logged by the server at load, not here: the

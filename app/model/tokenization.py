@@ -17,6 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from app.model.text_heads import encode_plain, text_heads, whole_words
+from app.model.typed_text import reading_typed_text
 
 
 @dataclass(frozen=True)
@@ -131,17 +132,15 @@ def windows(n: int, size: int, stride: int) -> list[tuple[int, int]]:
 class TextTokenizer:
     def __init__(self, path: Path, max_length: int, stride: int) -> None:
         self.max_length = max_length
-        self._plain = Tokenizer.from_file(str(path))
+        # "[SEP]" or "[MASK]" typed by a client is text, not a control token: read as the special id, it
+        # would change the model's input and leak into the output. A model's own special tokens ("[URL]")
+        # stay one token, as it was trained on them (reading_typed_text).
+        self._plain = reading_typed_text(Tokenizer.from_file(str(path)))
         # A tokenizer.json may carry its own truncation/padding from training; we do both ourselves here.
         self._plain.no_truncation()
         self._plain.no_padding()
-        self._truncating = Tokenizer.from_file(str(path))
-        self._truncating.no_padding()
+        self._truncating = reading_typed_text(self._plain)
         self._truncating.enable_truncation(max_length, strategy="longest_first")
-        # "[SEP]" or "[MASK]" typed by a client is text, not a control token: without this the tokenizer
-        # would turn it into the special id, which changes the model's input and leaks into the output.
-        self._plain.encode_special_tokens = True
-        self._truncating.encode_special_tokens = True
         pad = self._plain.token_to_id("[PAD]")
         self.pad_id = 0 if pad is None else pad
 

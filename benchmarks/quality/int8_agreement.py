@@ -32,7 +32,6 @@ SHAPE = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "nu
 def mismatch(manifest: dict, model_config: dict, tokenizer_vocab: int) -> str | None:
     """How the checkpoint whose config.json is `model_config` differs from the bundle of `manifest` and of a
     tokenizer of `tokenizer_vocab` tokens; None where it could be the bundle's source."""
-    model_config = {"embedding_size": model_config.get("hidden_size"), **model_config}
     source = (manifest.get("source") or {}).get("config") or {}
     differ = [f"{k} {model_config[k]} (the bundle's: {source[k]})" for k in SHAPE
               if k in source and k in model_config and model_config[k] != source[k]]  # fmt: skip
@@ -49,11 +48,13 @@ def check_reference(bundle: Path, manifest: dict, checkpoint: str) -> None:
     the bundle's source: its config.json read against the manifest and the bundle's tokenizer."""
     from tokenizers import Tokenizer
 
-    from training.checkpoint import read_config_json, resolve_checkpoint
+    from training.checkpoint import embedding_size_of, read_config_json, resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
     vocab = Tokenizer.from_file(str(bundle / "tokenizer.json")).get_vocab_size()
-    differs = mismatch(manifest, read_config_json(ckpt), vocab)
+    config = read_config_json(ckpt)
+    config.setdefault("embedding_size", embedding_size_of(ckpt))  # left out: as the load reads it
+    differs = mismatch(manifest, config, vocab)
     if differs:
         source = (manifest.get("source") or {}).get("checkpoint")
         raise cli.UsageError(

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from app.model import typed_text
 from training.data.corpus_sources import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
@@ -57,14 +58,15 @@ def root() -> Path:
 
 @cache
 def _code_digest() -> str:
-    """This package's sources (corpus readers, registry pins, tokenizer training, shard layout) and the
-    versions of the libraries that split text (tokenizers; sentencex for request-shaped rows): what
-    decides the bytes of an entry besides its options."""
+    """This package's sources (corpus readers, registry pins, tokenizer training, shard layout), the
+    reading of typed text the shards share with the server (app/model/typed_text.py) and the versions of
+    the libraries that split text (tokenizers; sentencex for request-shaped rows): what decides the bytes
+    of an entry besides its options."""
     h = hashlib.sha256()
     for lib in ("tokenizers", "sentencex"):
         with contextlib.suppress(PackageNotFoundError):
             h.update(f"{lib}=={version(lib)}\n".encode())
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in [*sorted(Path(__file__).parent.glob("*.py")), Path(typed_text.__file__)]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 

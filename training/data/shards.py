@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from app.model.typed_text import reading_typed_text
 from training.data.document_encoding import _encode_sentences, _groups, _pieces_of
 from training.data.packers import RowMix, _Packer, _RequestPacker
 from training.data.tokenizer import special_ids, tokenizer_sha256
@@ -104,13 +105,12 @@ def build_shards(
     """
     out = Path(out_dir)
     # A private copy without padding/truncation: a tokenizer loaded from a file that enables either would
-    # otherwise pad or cut every document silently.
-    tok = Tokenizer.from_str(tokenizer.to_str())
+    # otherwise pad or cut every document silently. "[MASK]" or "[SEP]" in a document is text, as the
+    # server and fine-tuning read it (reading_typed_text): packed as the control token, it would teach the
+    # generator and discriminator inputs no served text can give.
+    tok = reading_typed_text(tokenizer)
     tok.no_padding()
     tok.no_truncation()
-    # "[MASK]" or "[SEP]" in a document is text, as the server and fine-tuning read it: packed as the
-    # control token, it would teach the generator and discriminator inputs no served text can give.
-    tok.encode_special_tokens = True
     layout = mix.describe() if mix else "packed"
     existing = _reusable(out, tokenizer_sha256(tok), seq_len, layout, source)
     if existing is not None:

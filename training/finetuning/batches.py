@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 
 from app.model.text_heads import text_heads
+from app.model.typed_text import CONTROL_TOKENS, reading_typed_text
 from training.finetuning.data import Example
 
 __all__ = ["Encoded", "batches", "encode"]
@@ -27,8 +28,13 @@ class Encoded(NamedTuple):
 
 
 def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, list[str]]:
-    """How many texts hold a special token's spelling ("[SEP]"), and which: read as text (see encode)."""
-    spellings = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+    """How many texts hold a control token's spelling ("[SEP]"), and which: read as text (see encode). A
+    model's own special tokens ("[URL]") are not counted: they are read as the model was trained on them."""
+    spellings = [
+        t.content
+        for t in tok.get_added_tokens_decoder().values()
+        if t.special and t.content in CONTROL_TOKENS
+    ]
     found: set[str] = set()
     n = 0
     for ex in examples:
@@ -50,16 +56,16 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[En
 
 
 def tokenizer_copy(tok: Tokenizer, max_seq_len: int | None = None) -> Tokenizer:
-    """`tok` unpadded, cutting at max_seq_len (None: not at all), reading special tokens' spellings as text."""
-    t = Tokenizer.from_str(tok.to_str())  # a copy: truncation must not leak into the saved tokenizer.json
+    """`tok` unpadded, cutting at max_seq_len (None: not at all), reading control tokens' spellings as text."""
+    # A copy: truncation must not leak into the saved tokenizer.json. "[SEP]" or "[MASK]" in a user's text
+    # is text, as the server reads it (app/model/typed_text.py): trained as the control token, the model
+    # would answer those texts otherwise once served.
+    t = reading_typed_text(tok)
     t.no_padding()
     if max_seq_len is None:
         t.no_truncation()
     else:
         t.enable_truncation(max_length=max_seq_len)
-    # "[SEP]" or "[MASK]" in a user's text is text, as the server reads it (app/model/tokenization.py):
-    # trained as the control token, the model would answer those texts otherwise once served.
-    t.encode_special_tokens = True
     return t
 
 

@@ -83,7 +83,8 @@ def resolve_source(spec: str, data_dir: str | None = None, given_as: str = "--in
     if model_type == "bert" or (model_type is None and arch in _BERT_ARCHITECTURES):
         raw = {**raw, "embedding_size": raw["hidden_size"]}  # BERT embeds at the hidden size
     elif model_type == "electra":
-        raw.setdefault("embedding_size", raw.get("hidden_size"))
+        if "embedding_size" not in raw:  # what the weights hold, as export and fine-tuning read it
+            raw = {**raw, "embedding_size": ckpt.embedding_size_of(directory)}
     else:
         raise ckpt.CheckpointError(
             f"{config_path}: model_type {model_type!r} is not supported for --init; expected 'electra' "
