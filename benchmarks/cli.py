@@ -53,6 +53,11 @@ def non_negative_float(text: str) -> float:
     return _number(float, text, lambda v: 0 <= v < float("inf"), "a number, 0 or more")
 
 
+def probability(text: str) -> float:
+    """A threshold on a probability: above 1 no token is ever flagged, and none is below 0."""
+    return _number(float, text, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+
+
 def existing_path(text: str) -> Path:
     """A file or directory that is there (what it must hold, the benchmark's own reader says)."""
     if not Path(text).exists():
@@ -63,6 +68,16 @@ def existing_path(text: str) -> Path:
 def existing(text: str) -> str:
     """existing_path, kept as the text given (for options saved as they were typed)."""
     return str(existing_path(text))
+
+
+def existing_dir(text: str) -> str:
+    """existing, of a directory (a --data-dir): a file there is no place to look in, and the reader's own
+    message for what it then misses ("or pass --data-dir DIR") tells one who just did nothing."""
+    if not existing_path(text).is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text} is a file, not a directory; give the directory holding the files"
+        )
+    return text
 
 
 def out_file(text: str) -> Path:
@@ -80,6 +95,8 @@ def out_file(text: str) -> Path:
 
 def out_folder(text: str) -> Path:
     """Where a benchmark's results files go, as a folder: out_file's refusals, for a folder."""
+    if not text.strip():  # Path("") is the current directory: the results would land wherever it ran
+        raise argparse.ArgumentTypeError("an empty path; give a folder (it is made if missing)")
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file; give a folder (it is made if missing)")
@@ -241,6 +258,7 @@ USER_ERRORS = (
     ("export.evaldata", "EvalDataError"),
     ("export.evaluation.items", "CalibrationDataError"),
     ("training.data.tokenizer", "TokenizerError"),
+    ("training.data.corpus_sources", "CorpusError"),
     ("options", "ConfigError"),
 )
 

@@ -40,6 +40,12 @@ MISSING = "/nonexistent-benchmark-input"
         (cli.seeds, "1,-2"),
         (cli.seeds, ","),
         (cli.seeds, str(2**63)),
+        (cli.probability, "2"),  # a threshold no token's probability reaches
+        (cli.probability, "-0.1"),
+        (cli.existing_dir, str(REPO / "README.md")),  # a file, as a --data-dir
+        (cli.existing_dir, MISSING),
+        (cli.out_folder, ""),  # Path("") is wherever it runs
+        (cli.out_folder, str(REPO / "README.md" / "results")),  # under a file
         (cli.detector_models, str(REPO / "models/sentiment")),  # a classifier: /detect answers 404
         (cli.detector_models, str(REPO)),  # no bundle at all
         (cli.bundles_in(REPO / "models"), "detector,nosuch"),
@@ -58,6 +64,8 @@ def test_usable_values_pass():
     assert cli.existing_path(str(REPO)) == REPO
     assert cli.positive_ints_or_none(" ") == () and cli.positive_ints_or_none("10,100") == (10, 100)
     assert cli.seeds("0, 1,2") == (0, 1, 2)
+    assert cli.probability("0") == 0.0 and cli.probability("1") == 1.0
+    assert cli.existing_dir(str(REPO)) == str(REPO)
     assert cli.bundles_in(REPO / "models")("detector, sentiment") == ("detector", "sentiment")
     assert cli.detector_models(str(REPO / "models")) == REPO / "models"  # a detector beside a classifier
     assert cli.detector_models(str(REPO / "models/detector")) == REPO / "models/detector"
@@ -146,11 +154,28 @@ REFUSED = [
     ("benchmarks.quality.generator_size", ["--warmup-fraction", "nan"]),
     ("benchmarks.quality.electra_vs_mlm", ["--minutes", "nan"]),
     ("benchmarks.quality.electra_vs_mlm", ["--finetune-lr", "inf"]),
+    # Refused by the first fine-tuning run, after both encoders had pretrained: GPU time lost.
+    ("benchmarks.quality.electra_vs_mlm", ["--seeds", "-1"]),
+    ("benchmarks.quality.electra_vs_mlm", ["--seeds", str(2**63)]),
     ("benchmarks.gpucheck.__main__", ["--out", MISSING, "--detector-minutes", "inf"]),
     ("benchmarks.gpucheck.__main__", ["--out", MISSING, "--claim-pflop", "nan"]),
     ("benchmarks.quality.int8_sensitivity", ["--alpha", "nan"]),
     ("benchmarks.speed.int8_levers", ["--alpha", "inf"]),
     ("benchmarks.quality.user_sentences", ["--threshold", "nan"]),
+    ("benchmarks.quality.user_sentences", ["--bundle", str(REPO / "models/detector"), "--threshold", "2"]),
+    # A CorpusError traceback, and a classifier's ValueError from the scoring: each after minutes of work.
+    (
+        "benchmarks.quality.user_sentences",
+        ["--bundle", str(REPO / "models/detector"), "--reference-text", "nope"],
+    ),
+    (
+        "benchmarks.quality.user_sentences",
+        ["--bundle", str(REPO / "models/detector"), "--reference-text", "commons"],
+    ),
+    (
+        "benchmarks.quality.user_sentences",
+        ["--bundle", str(REPO / "models/detector"), "--ensemble", str(REPO / "models/sentiment")],
+    ),
     ("benchmarks.speed.engine", ["--shapes", "1x0"]),
     ("benchmarks.speed.engine", ["--shapes", "16"]),
     ("benchmarks.quality.step_curves", ["--seeds", "abc"]),
@@ -189,6 +214,21 @@ REFUSED = [
             ("benchmarks.quality.frozen_features", [str(REPO)]),
         )
     ),
+    # A file as --data-dir passed, and the registry then said "or pass --data-dir DIR" to one who had.
+    *(
+        (m, [*a, "--data-dir", str(REPO / "README.md")])
+        for m, a in (
+            ("benchmarks.quality.user_sentences", ["--bundle", str(REPO / "models/detector")]),
+            ("benchmarks.quality.electra_vs_mlm", []),
+            ("benchmarks.quality.step_curves", []),
+            ("benchmarks.quality.generator_size", []),
+            ("benchmarks.quality.classify_accuracy", []),
+            ("benchmarks.quality.frozen_features", [str(REPO)]),
+            ("benchmarks.load.bulk_aging", []),
+            ("benchmarks.load.faults", []),
+            ("benchmarks.load.rolling", []),
+        )
+    ),
 ]
 
 
@@ -208,6 +248,25 @@ def refused_while_parsing(module: str, argv: list[str], capsys) -> str:
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
     return err
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_disc_probe_given_no_checkpoint_says_error_and_exits_2(inside, tmp_path, capsys):
+    """docs/benchmarks.md: a checkpoint that cannot be used is `error: ...`, exit 2; a text file (or a
+    checkpoint outside a run, without its shards) was a bare line and exit 1."""
+    path = tmp_path / "corp.txt"
+    if inside:
+        path = tmp_path / "step-1"
+        (path / "generator").mkdir(parents=True)
+    else:
+        path.write_text("a corpus, not a checkpoint\n")
+    from benchmarks.quality import disc_probe
+
+    assert cli.run(disc_probe.main, [str(path), "--out", str(tmp_path / "probe.json")]) == 2
+    err = capsys.readouterr().err
+    said = "the probe reads the run's own shards" if inside else f"{path}: neither an ELECTRA checkpoint"
+    assert err.startswith(f"error: {said}") and "Traceback" not in err
+    assert not (tmp_path / "probe.json").exists()
 
 
 def test_classify_accuracy_refuses_a_detector_and_a_task_of_other_labels_before_serving(
@@ -272,11 +331,13 @@ def _fails(exc: BaseException):
 def test_the_projects_own_errors_are_one_line_and_exit_2(capsys):
     from app.model.bundle import BundleError
     from options import ConfigError
+    from training.data.corpus_sources import CorpusError
     from training.errors import CheckpointError
 
     refused = cli.UsageError("runs/a was pretrained with other settings (lr)")  # a benchmark's own refusal
     for e in (
         CheckpointError("x: no such directory"),
+        CorpusError("corpus 'nope' is neither a registry corpus (...) nor a path that exists"),
         BundleError("b: missing"),
         ConfigError("--task: no"),
         refused,

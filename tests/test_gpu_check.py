@@ -308,7 +308,7 @@ def test_arguments_the_claim_would_refuse_stop_the_call_before_any_step(tmp_path
     work = tmp_path / "work"
     done = gpu_check("--device", "cpu", "--quick", "--out", str(tmp_path / "out"), "--work", str(work),
                      "--data-dir", str(real_data_dir()), "--claim-seeds", "1,x", timeout=120)  # fmt: skip
-    said = "--seeds: comma-separated integers, got '1,x'"
+    said = "--seeds: expected a seed: a whole number in [0, 2**63), got 'x'"
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert said in done.stderr and "no step ran" in done.stderr
     report = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -604,7 +604,56 @@ def test_a_claim_refusal_names_the_gpu_check_option_to_change(tmp_path):
     ctx = Context(
         "cuda", replace(SIZES["full"], claim_seeds="1,x"), tmp_path, tmp_path, tmp_path, {}, {}, 10.0
     )
-    assert claim_refuses(ctx) == "--claim-seeds: the claim's --seeds: comma-separated integers, got '1,x'"
+    said = "--claim-seeds: the claim's --seeds: expected a seed: a whole number in [0, 2**63), got"
+    assert claim_refuses(ctx) == f"{said} 'x'"
+    # The claim's first fine-tuning run refused it, after both encoders had pretrained.
+    ctx = Context(
+        "cuda", replace(SIZES["full"], claim_seeds="-1"), tmp_path, tmp_path, tmp_path, {}, {}, 10.0
+    )
+    assert claim_refuses(ctx) == f"{said} '-1'"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--out", "", "an empty path"),  # wrote results.json, results.md and logs.txt in the repository
+        ("--out", "{file}", "is a file"),  # a FileExistsError traceback
+        ("--out", "{file}/sub", "is not a directory"),  # a NotADirectoryError traceback
+        ("--work", "{file}", "is a file"),
+        ("--work", "{file}/sub", "is not a directory"),
+        ("--wheels", "{tmp}/gone", "no such file or directory"),  # found no wheels, and went on
+        ("--data-dir", "{file}", "is a file, not a directory"),  # "... or pass --data-dir DIR"
+        ("--data-dir", "", "an empty path"),
+    ],
+)
+def test_a_path_option_no_call_can_use_is_refused_while_parsing(option, value, said, tmp_path, capsys):
+    from benchmarks.gpucheck.__main__ import parse_args
+
+    file = tmp_path / "file"
+    file.write_text("")
+    argv = ["--out", str(tmp_path / "out"), option, value.format(file=file, tmp=tmp_path)]
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {option}: " in err and said in err
+
+
+def test_relative_paths_are_the_callers_not_the_repositorys(tmp_path):
+    """scripts/gpu-check cd's to the repository root: a relative --out landed there."""
+    done = subprocess.run([str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--quick", "--out", "rel-out",
+                           "--work", "rel-work", "--only", "claim", "--claim-seeds", "x"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]  # the claim's refusal, written to --out
+    assert (tmp_path / "rel-out" / "results.json").is_file() and (tmp_path / "rel-work").is_dir()
+    assert not (REPO / "rel-out").exists() and not (REPO / "rel-work").exists()
+
+
+def test_wheels_not_there_are_refused_before_any_step(tmp_path):
+    from benchmarks.gpucheck.environment import WheelsError, install_wheels
+
+    with pytest.raises(WheelsError, match="no such directory"):
+        install_wheels(tmp_path / "gone", tmp_path, {})
 
 
 @pytest.mark.parametrize(

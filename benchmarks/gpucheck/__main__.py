@@ -10,6 +10,9 @@ results.json, results.md and logs.txt (the end of each log the call wrote in --w
 machine) in --out are rewritten after every step, and written when SIGINT (`timeout -s INT`) stops the
 call, in set-up too. Exit status: 0 all ran or were skipped with a reason, 1 a step failed, 2 the
 environment or an option refused (nothing ran), 130 interrupted by SIGINT.
+
+A relative --out, --work, --data-dir or --wheels is relative to the directory the command was called
+from; scripts/gpu-check itself runs in the repository root.
 """
 
 from __future__ import annotations
@@ -39,12 +42,37 @@ from training.config import EMBEDDING_GRADS
 # The shell's status for a command ended by SIGINT: an interrupted call (`timeout -s INT`) is neither a
 # failed step (1) nor a refusal (2).
 INTERRUPTED = 130
+# Where scripts/gpu-check was called from (it cd's to the repository root before starting this), which
+# the paths on its command line are relative to; unset, the current directory.
+CALLED_FROM = "GPU_CHECK_CALLED_FROM"
+DEFAULT_WORK = Path(__file__).resolve().parents[2] / "runs" / "gpu-check"
+
+
+def given(text: str) -> str:
+    """A path from the command line, relative to where the command was called; an empty one refused:
+    Path("") is the current directory, and --out '' wrote the results into the repository's root."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give one")
+    return str(Path(os.environ.get(CALLED_FROM, "."), text))
+
+
+def folder(text: str) -> Path:
+    """--out and --work, refused now (exit 2, before any step) where the call could not write: a file, or
+    a path under one, was a FileExistsError or NotADirectoryError traceback."""
+    return cli.out_folder(given(text))
+
+
+def directory(text: str) -> str:
+    """--data-dir and --wheels: a directory that is there (a missing --wheels found no wheels, silently)."""
+    return cli.existing_dir(given(text))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--out", required=True, help="results.json, results.md and the claim's table go here")
+    p.add_argument(
+        "--out", required=True, type=folder, help="results.json, results.md and the claim's table go here"
+    )
     p.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the CI mode (default cuda)"
     )
@@ -52,10 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only", default=",".join(STEPS), help=f"comma-separated steps, in order: {', '.join(STEPS)}"
     )
-    p.add_argument("--work", default="runs/gpu-check", help="runs, bundles and logs (default runs/gpu-check)")
-    p.add_argument("--data-dir", help="the registry files (default: as the tests find them, $ELECTRA_DATA_DIR, "
+    p.add_argument("--work", type=folder, default=str(DEFAULT_WORK),
+                   help="runs, bundles and logs (default runs/gpu-check in the repository)")  # fmt: skip
+    p.add_argument("--data-dir", type=directory, help="the registry files (default: as the tests find them, $ELECTRA_DATA_DIR, "
                    "else ../shared/data beside the clone, then the cache ~/.cache/electra-serve/data)")  # fmt: skip
-    p.add_argument("--wheels", help="a directory of wheels for the serving packages, installed offline")
+    p.add_argument(
+        "--wheels", type=directory, help="a directory of wheels for the serving packages, installed offline"
+    )
     p.add_argument(
         "--guard-imports",
         action="store_true",

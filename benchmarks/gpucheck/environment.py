@@ -102,6 +102,9 @@ def install_wheels(wheels: Path, work: Path, env: dict[str, str]) -> dict[str, s
     PYTHONPATH. An air-gapped node gets them the way its users would: `pip download` elsewhere
     (`python -m benchmarks.gpucheck.pack`). Without dependency resolution, so the directory may leave out
     what the machine already has; the serving packages must import afterwards, or the check stops here."""
+    if not wheels.is_dir():  # it globbed no wheels there, and the check went on without them
+        raise WheelsError(f"--wheels {wheels}: no such directory; give the one `python -m "
+                          "benchmarks.gpucheck.pack` filled (its wheels/)")  # fmt: skip
     site = work / "site"
     projects = sorted({wheel_project(w) for w in wheels.glob("*.whl")})
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links",

@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bulk-every-s", type=cli.positive_float, default=3.0)
     p.add_argument("--bulk-words", type=cli.positive_int, default=2400)
     p.add_argument("--timeout-s", type=cli.positive_float, default=300.0, help="a request's client timeout")
-    p.add_argument("--data-dir", type=cli.existing, default=os.environ.get("ELECTRA_DATA_DIR"),
+    p.add_argument("--data-dir", type=cli.existing_dir, default=os.environ.get("ELECTRA_DATA_DIR"),
                    help="WikiText-2 files (default: the registry's local copy, else its cache)")  # fmt: skip
     p.add_argument("--port", type=cli.non_negative_int, default=0,
                    help="the first order's server listens here, the next on PORT+1, ...; 0: free ports")  # fmt: skip

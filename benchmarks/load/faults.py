@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mix", default=STANDARD_MIX)
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument(
-        "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
+        "--data-dir", type=cli.existing_dir, default=None, help="WikiText-2 files for the request sentences"
     )
     p.add_argument("--work", default=str(WORK))
     results = add_results(p, "faults")

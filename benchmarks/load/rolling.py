@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--server-args", default="", help="more flags for each python -m app")
     p.add_argument(
-        "--data-dir", type=cli.existing, default=None, help="WikiText-2 files for the request sentences"
+        "--data-dir", type=cli.existing_dir, default=None, help="WikiText-2 files for the request sentences"
     )
     p.add_argument("--work", default=str(WORK))
     results = add_results(p, "rolling")

@@ -41,7 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=cli.non_negative_int, default=0, help="first N texts only (0: all)")
     p.add_argument("--batch", type=cli.positive_int, default=32, help="texts per request")
     p.add_argument(
-        "--data-dir", type=cli.existing, default=None, help="directory already holding the registry's files"
+        "--data-dir",
+        type=cli.existing_dir,
+        default=None,
+        help="directory already holding the registry's files",
     )
     out = add_out_file(p, "classify_accuracy", "classify_accuracy.json")
     args = p.parse_args(argv)

@@ -115,7 +115,7 @@ def checkpoints(path: Path) -> list[Path]:
         return [path]
     found = sorted(p for p in (path / "checkpoints").glob("step-*") if (p / "generator").is_dir())
     if not found:
-        raise SystemExit(
+        raise cli.UsageError(
             f"{path}: neither an ELECTRA checkpoint (with generator/) nor a run with checkpoints"
         )
     return found
@@ -152,7 +152,7 @@ def probe_checkpoints(
 
     run = cks[0].parents[1] if cks[0].parent.name == "checkpoints" else None
     if run is None or not (run / "data" / "valid").is_dir():
-        raise SystemExit(
+        raise cli.UsageError(
             "the probe reads the run's own shards: pass a run directory or a checkpoint inside one"
         )
     valid, train = PackedDataset(run / "data" / "valid"), PackedDataset(run / "data" / "train")

@@ -116,11 +116,11 @@ OPTIONS = [
      "baseline); bert: 80%% [MASK], 10%% random, 10%% kept"),
     ("--tokenizer", str, "train", "'train' one on the corpus for both runs, or a tokenizer.json / vocab.txt"),
     ("--tasks", str, "rotten_tomatoes,trec", "comma-separated fine-tuning tasks"),
-    ("--seeds", str, "1,2,3", "comma-separated fine-tuning seeds"),
+    ("--seeds", cli.seeds, "1,2,3", "comma-separated fine-tuning seeds"),
     ("--finetune-epochs", int, 2, "epochs of every fine-tuning run"),
     ("--finetune-lr", cli.positive_float, 3e-4, "peak learning rate of every fine-tuning run"),
     ("--finetune-args", str, "", "more training.finetune flags: --finetune-args='--batch-size 16'"),
-    ("--data-dir", cli.existing, None, "directory holding the registry files, e.g. ../shared/data"),
+    ("--data-dir", cli.existing_dir, None, "directory holding the registry files, e.g. ../shared/data"),
     ("--jobs", int, None, f"runs at a time, each its own process and log (default 1 on CPU, {CUDA_JOBS} on CUDA)"),
     ("--threads", int, None, "torch threads of every run, and of the probes after them (default: all cores, "
      "shared among --jobs)"),
@@ -185,12 +185,7 @@ def parse_args(argv):
     for t in args.tasks:
         if t not in LABELLED_SETS:
             p.error(f"--tasks: unknown task {t!r}; choose from {', '.join(LABELLED_SETS)}")
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        p.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
-    if not args.seeds:
-        p.error("--seeds: at least one fine-tuning seed")
+    args.seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run per point, task and arm
     return args
 
 

@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--task", default="trec", choices=list(LABELLED_SETS), help="a registry task")
     p.add_argument(
-        "--data-dir", type=cli.existing, default=None, help="directory already holding the registry files"
+        "--data-dir", type=cli.existing_dir, default=None, help="directory already holding the registry files"
     )
     p.add_argument(
         "--max-train-examples", type=int, default=TRAIN_EXAMPLES, help="training texts for the probe"

@@ -82,7 +82,7 @@ def parse_args(argv):
     out = add_out_folder(p, "generator_size", ("results.json", "table.md"),
                          help="where the results go (--skip-pretrain reads the step times of the earlier run's)")  # fmt: skip
     p.add_argument(
-        "--data-dir", type=cli.existing, default=os.environ.get("ELECTRA_DATA_DIR"), help="registry files"
+        "--data-dir", type=cli.existing_dir, default=os.environ.get("ELECTRA_DATA_DIR"), help="registry files"
     )
     p.add_argument("--skip-pretrain", action="store_true", help="measure the runs already in --work")
     args = cli.parse_args(p, argv)

@@ -57,7 +57,9 @@ def parse_args(argv):
         default=None,
         help="torch threads of every run (default: all cores)",
     )
-    p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
+    p.add_argument(
+        "--data-dir", type=cli.existing_dir, default=None, help="directory holding the registry files"
+    )
     p.add_argument(
         "--work", default="runs/step_curves", help="the baseline's worktree, the tokenizer, the runs"
     )

@@ -135,11 +135,38 @@ def reused_items(path: Path) -> list[dict]:
         raise cli.UsageError(f"--items {path}: not an items file of this benchmark ({e})") from None
 
 
+def detector_bundles(text: str) -> list[Path]:
+    """--ensemble: comma-separated detector bundles, each read and checked now as --bundle is (a classifier
+    among them was a ValueError from the scoring, after the bigram count)."""
+    return [cli.detector_bundle(b.strip()) for b in text.split(",") if b.strip()]
+
+
+def reference_text(text: str) -> str:
+    """--reference-text: corpora with a train split, checked now as read_corpus will read them (an unknown
+    name was a CorpusError traceback, after the sentences were read). A registry corpus is fetched only
+    when counted."""
+    from training.data.corpus import read_corpus
+    from training.data.corpus_sources import REGISTRY_CORPORA, CorpusError
+
+    parts = [c.strip() for c in text.split(",") if c.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated corpora, got {text!r}")
+    for part in parts:
+        if "train" in REGISTRY_CORPORA.get(part, ()):
+            continue  # read_corpus would fetch its files now
+        try:
+            read_corpus(part, "train")  # a path's files are listed now, its documents read when counted
+        except CorpusError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", required=True, type=cli.existing, help="detector bundle directory")
     p.add_argument(
         "--ensemble",
+        type=detector_bundles,
         default="",
         help="more detector bundles (comma-separated, the same tokenizer): score the mean of every bundle's "
         "calibrated log-odds per token, at --bundle's threshold",
@@ -180,16 +207,19 @@ def parse(argv):
     p.add_argument("--max-words", type=cli.positive_int, default=40)
     p.add_argument(
         "--threshold",
-        type=cli.non_negative_float,
+        type=cli.probability,
         default=None,
         help="default: the bundle's own (0.5 if it has none)",
     )
     p.add_argument(
         "--reference-text",
+        type=reference_text,
         default="wikitext2,news",
         help="what the bigram yardstick counts: the detector's training corpora (their train split)",
     )
-    p.add_argument("--data-dir", type=cli.existing, default=None, help="directory holding the registry files")
+    p.add_argument(
+        "--data-dir", type=cli.existing_dir, default=None, help="directory holding the registry files"
+    )
     p.add_argument("--seed", type=int, default=0)
     out = add_out_file(p, "user_sentences", "user_sentences.json", beside=(".png",),
                        more=lambda args: [args.examples], help="the summary; the reliability plot goes beside it, as .png")  # fmt: skip
@@ -268,8 +298,7 @@ def main(argv=None) -> None:
     threshold = (
         args.threshold if args.threshold is not None else (m.threshold if m.threshold is not None else 0.5)
     )
-    # Read now, not after the bigram count: a wrong one is refused before minutes of work.
-    members = [read_bundle(Path(b)) for b in args.ensemble.split(",") if b.strip()]
+    members = [read_bundle(b) for b in args.ensemble]  # detectors, checked as the options were parsed
     tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
     if args.items:
         items = reused_items(Path(args.items))
