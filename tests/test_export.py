@@ -756,7 +756,7 @@ def test_a_pair_classifier_is_checked_and_calibrated_on_its_pairs(tmp_path, pair
 
     own = export(run, tmp_path / "own", precision="int8", int8="compute")  # no --eval-data: the run's files
     acc = own["parity"]["int8_accuracy"]
-    assert acc["metric"] == "dev_accuracy" and acc["data"] == f"the run's --dev file {dev}"
+    assert acc["metric"] == "dev_accuracy" and acc["data"] == f"the run's --dev file {shown}"
     assert acc["fp32"] == pytest.approx(tuned)
     assert own["optimizations"]["int8"]["ranges"].startswith(
         "calibrated at export on 128 rows of the run's train"
