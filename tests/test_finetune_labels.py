@@ -214,6 +214,10 @@ def test_decimal_commas_and_labels_that_merely_hold_commas_are_not_taken_for_sev
     ratings = write(tmp_path / "r.csv", [(f"film {i}", f'"{halves[i % 13]}"') for i in range(52)])
     with pytest.raises(DataError, match=r"32 of 52 labels are numbers written with a comma \('1,5'\)"):
         load(tmp_path, ratings)
+    # Each value as often: the whole ratings are 5 of 9 values, and the halves trained as 4 more classes.
+    even = write(tmp_path / "e.csv", [(f"film {i}", f'"{halves[i % 9]}"') for i in range(54)])
+    with pytest.raises(DataError, match=r"24 of 54 labels are numbers written with a comma \('1,5'\)"):
+        load(tmp_path, even)
     mixed = write(tmp_path / "m.csv", [(f"film {i}", f'"{["2,3", "4,1", "0,5"][i % 3]}"') for i in range(30)])
     with pytest.raises(DataError, match=r"30 of 30 labels are numbers written with a comma \('2,3'\)"):
         load(tmp_path, mixed)

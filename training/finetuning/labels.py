@@ -124,8 +124,14 @@ def refuse_comma_numbers(values: list) -> None:
     """Targets written with a decimal comma ("2,3", as a German or French spreadsheet saves them) are not
     numbers to float(): they silently made a classifier of one class per value."""
 
-    comma = [v for v in values if isinstance(v, str) and COMMA_NUMBER.fullmatch(v.strip())]
-    if len(comma) * 2 > len(values):
+    is_comma = [isinstance(v, str) and bool(COMMA_NUMBER.fullmatch(v.strip())) for v in values]
+    comma = [v for v, c in zip(values, is_comma, strict=True) if c]
+    # Mostly such numbers; or every label a number, its comma ones reading as decimals: star ratings in
+    # halves ("1" to "5" and "1,5" to "4,5") are whole numbers in 5 values of 9, and trained as 9 classes.
+    rest_numbers = all(c or is_float_text(v) for v, c in zip(values, is_comma, strict=True))
+    if len(comma) * 2 > len(values) or (
+        comma and rest_numbers and _read_as_decimals({v.strip() for v in comma})
+    ):
         raise DataError(f"--train: {len(comma)} of {len(values)} labels are numbers written with a comma "
                         f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
                         "them with a decimal point ('2.3') and no thousands separator, or give --problem-type "
@@ -150,6 +156,15 @@ def _ids(parts: list[str]) -> bool:
     return all(_ID.fullmatch(p) for p in parts) and all(int(a) < int(b) for a, b in pairwise(parts))
 
 
+def _read_as_decimals(pairs: set[str]) -> bool:
+    """Whether values such as "2,5" (a number with a decimal comma, or classes 2 and 5) are numbers: a part
+    with a leading zero or not above the one before, or one second part common to them all."""
+    pairs = {v for v in pairs if _DECIMAL_PAIR.fullmatch(v)}
+    return any(not _ids(v.split(",")) for v in pairs) or (
+        len(pairs) >= 2 and len({v.split(",")[1] for v in pairs}) == 1
+    )
+
+
 def refuse_label_lists(values: list, path: str, read: Rows) -> None:
     """Several labels in one cell ("sport,politics" beside "sport" and "politics", or mostly "0,1") made a
     class of each combination, or "0,1" was taken for a number with a decimal comma. A value whose parts
@@ -162,10 +177,7 @@ def refuse_label_lists(values: list, path: str, read: Rows) -> None:
         return
     singles = {label_name(v) for v in values if _parts(v) is None}
     pairs = {v.strip() for _, v, _ in listed if _DECIMAL_PAIR.fullmatch(v.strip())}
-    decimals = any(not _ids(v.split(",")) for v in pairs) or (
-        len(pairs) >= 2 and len({v.split(",")[1] for v in pairs}) == 1
-    )
-    if decimals:
+    if _read_as_decimals(pairs):
         listed = [(n, v, parts) for n, v, parts in listed if v.strip() not in pairs]
     of_labels = [row for row in listed if all(label_name(p) in singles for p in row[2])]
     ids = [row for row in listed if _ids(row[2])]
