@@ -242,9 +242,8 @@ def _load(cfg: ExportConfig, log) -> _Source:
     trained = mcfg.trained_positions
     tuned = mcfg.fine_tuned_length if kind == "classifier" else None
     said = None if tuned or trained else tokenizer_max_length(ckpt, mcfg.max_position_embeddings)
-    max_length = cfg.max_length or min(
-        mcfg.max_position_embeddings, tuned or trained or said or mcfg.max_position_embeddings
-    )
+    chosen = min(mcfg.max_position_embeddings, tuned or trained or said or mcfg.max_position_embeddings)
+    max_length = cfg.max_length or chosen
     if not cfg.max_length and said:
         longer = "scored in windows" if kind == "detector" else "truncated"
         log(f"max_length {max_length}: tokenizer_config.json's model_max_length, where transformers' truncation "
@@ -272,7 +271,9 @@ def _load(cfg: ExportConfig, log) -> _Source:
                           "is checked against PyTorch's outputs instead, and answers as the model does: drop "
                           "--eval-data (the fine-tuning run's eval_dev.json holds the model's accuracy)")  # fmt: skip
     warnings = []
-    if cfg.max_length and trained and cfg.max_length > trained:
+    # A length the export would choose itself is no choice of the user's: a replayed export_config.json
+    # gives it back as --max-length, and its bundle had a warning the first one did not.
+    if cfg.max_length and cfg.max_length != chosen and trained and cfg.max_length > trained:
         warnings.append(f"--max-length {cfg.max_length}: positions past the {trained} training used were never "
                         "trained; texts that long are scored with them as initialized")  # fmt: skip
         log(f"warning: {warnings[-1]}")

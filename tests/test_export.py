@@ -906,6 +906,32 @@ def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_d
     assert list(read_bundle(tmp_path / "c").warnings) == manifest["warnings"]
 
 
+def test_a_replayed_classifier_export_warns_of_no_length_it_chose_itself(tmp_path, classifier_dir):
+    """A classifier fine-tuned at rows longer than pretraining's exports at its fine-tuned length, noted
+    in the log; its export_config.json keeps that length, and replayed it came back as --max-length, so
+    the second bundle carried a warning (shown by /models and the page) that the first did not."""
+    import shutil
+
+    from export.__main__ import main
+    from export.config import ExportConfig
+    from export.pipeline import run_export
+
+    src = tmp_path / "tuned"
+    shutil.copytree(classifier_dir, src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "trained_positions": 32, "fine_tuned_length": 48}))
+    first = run_export(
+        ExportConfig(checkpoint=str(src), out=str(tmp_path / "a"), precision="fp32"), log=print
+    )
+    assert main(["--config", str(tmp_path / "a" / "export_config.json"), "--out", str(tmp_path / "b")]) == 0
+    again = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert first["max_length"] == again["max_length"] == 48
+    assert first.get("warnings", []) == again.get("warnings", []) == [], again.get("warnings")
+    longer = run_export(ExportConfig(checkpoint=str(src), out=str(tmp_path / "c"), precision="fp32", max_length=64),
+                        log=print)  # fmt: skip
+    assert any(w.startswith("--max-length 64: positions past the 32") for w in longer["warnings"]), longer
+
+
 def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_work(tmp_path, detector_dir):
     """A 5-token vocabulary beside a model of many more rows (a tokenizer built wrongly) once exported as
     far as a calibration on no sentence at all; it is refused at once, naming both sizes."""
