@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -453,22 +454,31 @@ def _portable(value):
     """A manifest travels with its bundle: an absolute path of the exporting machine means nothing there.
     Paths under the working directory (not / itself) are kept relative to it (runs/detector/...), others by their
     last three parts after ".../" (so that they do not read as relative); keys too (calibration's
-    sentence counts by source), and paths inside a sentence ("10% of /home/me/train.csv (seed 1)", as a
-    fine-tuning run names the dev share it held out); everything else passes through."""
+    sentence counts by source), and paths of this machine inside a sentence ("10% of /home/me/train.csv
+    (seed 1)", as a fine-tuning run names the dev share it held out). The model's class names are data,
+    answered by /classify as they are, however much one reads as a path ("/r/politics"); everything else
+    passes through."""
     if isinstance(value, dict):
-        return {_portable(k): _portable(v) for k, v in value.items()}
+        return {_portable(k): v if k in _CLASS_NAMES else _portable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_portable(v) for v in value]
     if isinstance(value, str) and value.startswith("/"):
         return _portable_path(value)
     if isinstance(value, str):
-        return _PATH_IN_SENTENCE.sub(lambda m: _portable_path(m.group()), value)
+        return _PATH_IN_SENTENCE.sub(_cut_if_here, value)
     return value
 
 
-# An absolute path of two parts or more after a space or "(" (not a URL's, not "POST /detect"), up to
-# white space or a parenthesis: a path holding a space keeps the words after it, none of them absolute.
+_CLASS_NAMES = frozenset({"labels", "id2label", "label2id"})
+# An absolute path of two parts or more after a space or "(" (not a URL's), up to white space or a
+# parenthesis: a path holding a space keeps the words after it, none of them absolute.
 _PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)+")
+
+
+def _cut_if_here(match: re.Match) -> str:
+    """A path of this machine, cut; anything else that reads like one ("POST /detect and /v1/models" in a
+    warning) as it is."""
+    return _portable_path(match.group()) if os.path.exists(match.group()) else match.group()
 
 
 def _portable_path(value: str) -> str:

@@ -965,17 +965,26 @@ def test_a_manifests_paths_say_where_they_were_cut(monkeypatch, tmp_path):
 def test_a_path_inside_a_manifests_sentence_is_cut_too(monkeypatch, tmp_path):
     """A fine-tuning run names its held-out dev share in a sentence ("10% of /home/... (seed N)"), and the
     int8 check names its data so: GET /models showed the exporting machine's whole path there, while the
-    same path alone beside it was cut."""
+    same path alone beside it was cut. Only paths of the machine are: the first cut rewrote a class name
+    "mod (/r/ham/new)", which /classify then answered with, and "/v1/models" in a sentence."""
     from export.pipeline import _portable
 
-    monkeypatch.chdir(tmp_path)
-    got = _portable({"dev": "10% of /home/ana/labels/2026/train.csv (seed 20240607)",
-                     "data": "the run's dev split (10% of /home/ana/labels/2026/train.csv (seed 1))",
-                     "mine": f"the run's --dev file {tmp_path}/runs/dev.csv",
-                     "kept": "POST /detect and http://host/a/b stay"})  # fmt: skip
+    here, data = tmp_path / "here", tmp_path / "ana" / "labels" / "2026"
+    (here / "runs").mkdir(parents=True)
+    data.mkdir(parents=True)
+    (data / "train.csv").write_text("text,label\n")
+    (here / "runs" / "dev.csv").write_text("text,label\n")
+    monkeypatch.chdir(here)
+    train = data / "train.csv"
+    got = _portable({"dev": f"10% of {train} (seed 20240607)",
+                     "data": f"the run's dev split (10% of {train} (seed 1))",
+                     "mine": f"the run's --dev file {here}/runs/dev.csv",
+                     "kept": "POST /detect and /v1/models, http://host/a/b stay",
+                     "labels": ["mod (/r/ham/new)", "/r/politics"], "config": {"id2label": {"0": "/r/x"}}})  # fmt: skip
     assert got == {"dev": "10% of .../labels/2026/train.csv (seed 20240607)",
                    "data": "the run's dev split (10% of .../labels/2026/train.csv (seed 1))",
-                   "mine": "the run's --dev file runs/dev.csv", "kept": "POST /detect and http://host/a/b stay"}  # fmt: skip
+                   "mine": "the run's --dev file runs/dev.csv", "kept": "POST /detect and /v1/models, http://host/a/b stay",
+                   "labels": ["mod (/r/ham/new)", "/r/politics"], "config": {"id2label": {"0": "/r/x"}}}  # fmt: skip
 
 
 def test_a_tokenizer_json_goes_into_the_bundle_as_transformers_reads_it(tmp_path, detector_dir):
