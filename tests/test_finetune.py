@@ -319,6 +319,25 @@ def test_hf_classifier_with_the_same_labels_in_another_order_keeps_its_head(tiny
     assert "reordered" in notes[0]
 
 
+def test_a_head_whose_names_are_stored_decomposed_keeps_its_classes_by_name(tiny_init, tmp_path):
+    """The data's names are read composed (NFC) since 2026-12-01; a head saved before, "élevé" as e and a
+    combining accent, met "élevé" as another name and was kept by position: its classes swapped, said as
+    "renamed" between names that print alike."""
+    import unicodedata
+
+    transformers = pytest.importorskip("transformers")
+    decomposed = unicodedata.normalize("NFD", "élevé")
+    hf_dir = save_hf_classifier(tmp_path, tiny_init, (decomposed, "faible"))
+    data = TaskData(None, CLASSIFICATION, ("faible", "élevé"), {})  # sorted as the data reads them
+    model, _, notes = init_classifier(str(hf_dir), data)
+    ids = torch.randint(5, 200, (3, 9))
+    with torch.no_grad():
+        ours = model.eval()(ids)
+        theirs = transformers.ElectraForSequenceClassification.from_pretrained(hf_dir).eval()(ids).logits
+    torch.testing.assert_close(ours, theirs[:, [1, 0]], rtol=1e-5, atol=1e-5)
+    assert "reordered" in notes[0], notes
+
+
 # ------------------------------------------------------------------------------- control and failures
 
 

@@ -15,6 +15,7 @@ from training import checkpoint as ckpt
 from training.data.tokenizer import require_tokens
 from training.data.tokenizer_loading import load_tokenizer
 from training.finetuning.data import REGRESSION, TaskData
+from training.finetuning.labels import label_name
 from training.model import ElectraForSequenceClassification, init_weights
 
 ARCH = "ElectraForSequenceClassification"
@@ -42,7 +43,9 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
         notes.append(f"{src} is a classifier with {old} labels, this task has {K}: starting a fresh head "
                      "(classifier.*), keeping the encoder")  # fmt: skip
     else:
-        old_names = list(cfg.id2label.values())
+        # Read as the data's names are (label_name): a head saved before NFC names ("e" and a combining
+        # accent) met the data's composed name as another, and was kept by position with its classes swapped.
+        old_names = [label_name(n) for n in cfg.id2label.values()]
         if set(old_names) == set(data.labels) and old_names != list(data.labels):
             # Same classes, another order: permute the output rows so each label keeps what it learnt.
             perm = torch.tensor([old_names.index(name) for name in data.labels])
