@@ -344,3 +344,29 @@ def test_a_hugging_face_directorys_tokenizer_config_is_read_by_a_warm_start(tmp_
         resolve_warm_start(PretrainConfig(init=str(source), seq_len=64, tokenizer=saved))[0].tokenizer
         == saved
     )
+
+
+def test_an_init_with_int8_ranges_trains_quantization_aware_unless_qat_false_says_otherwise(
+    tmp_path, tok_dir, small_corpus, capsys
+):
+    """--init of a quantization-aware checkpoint simulated int8 with its ranges whatever --qat said: `qat =
+    False` printed and saved, the ranges kept in the new run's checkpoints (and an export then computed in
+    int8). As fine-tuning does: the default follows the init and says so, --qat false drops them."""
+    base = ["--config", str(REPO / "configs" / "tiny.toml"), "--corpus", str(small_corpus), "--threads", "1",
+            "--max-steps", "2", "--log-every", "1", "--eval-every", "1000"]  # fmt: skip
+    source = tmp_path / "qat"
+    pretrain([*base, "--tokenizer", str(tok_dir / "tokenizer.json"), "--qat", "--out", str(source)])
+    capsys.readouterr()
+
+    def ranges(run: Path) -> object:
+        return json.loads((resolve_checkpoint(run) / "config.json").read_text()).get("quantization")
+
+    pretrain([*base, "--init", str(source), "--out", str(tmp_path / "follows")])
+    said = capsys.readouterr()
+    assert "is quantization-aware (int8 ranges in its config.json): the run trains so too (--qat)" in said.err
+    assert json.loads((tmp_path / "follows" / "config.json").read_text())["qat"] is True
+    assert ranges(tmp_path / "follows") is not None
+
+    pretrain([*base, "--init", str(source), "--qat", "false", "--out", str(tmp_path / "fp32")])
+    assert "int8 ranges of" in capsys.readouterr().err
+    assert ranges(tmp_path / "fp32") is None

@@ -290,7 +290,27 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     pinned = {"init": _pinned(cfg.init, disc)}
     if cfg.init_generator and gen is not None:
         pinned["init_generator"] = _pinned(cfg.init_generator, gen)
+    cfg = _quantization_as_asked(cfg, disc)
     return options.replace(cfg, tokenizer=tokenizer, **shape, **pinned), WarmStart(disc, gen)
+
+
+def _quantization_as_asked(cfg: PretrainConfig, disc: InitSource) -> PretrainConfig:
+    """An --init with int8 ranges in its config.json (a quantization-aware run, a detector recovered with
+    its ranges) built a discriminator that simulated int8 whatever --qat said: `qat = False` printed and
+    saved, the init's ranges trained with and kept. As fine-tuning does: left at its default, --qat follows
+    the init and says so; given false (or an MLM run, which is never quantization-aware), the ranges are
+    dropped and the run trains in fp32. A resumed run keeps what its start did."""
+    if disc.config.quantization is None or cfg.qat or cfg.resume:
+        return cfg
+    if "qat" not in options.sources(cfg) and cfg.objective == "electra":
+        options.say_once(f"note: {disc.directory} is quantization-aware (int8 ranges in its config.json): the run "
+                         "trains so too (--qat); give --qat false to train in fp32")  # fmt: skip
+        return options.replace(cfg, qat=True)
+    why = "--qat false" if cfg.objective == "electra" else "an --objective mlm run is not quantization-aware"
+    options.say_once(f"note: the int8 ranges of {disc.directory} are dropped ({why}): the run trains in fp32; a "
+                     "later --qat run or an int8 export sets its own")  # fmt: skip
+    disc.config.quantization = None
+    return cfg
 
 
 INIT_OPTIONS = ("init", "init_generator")
