@@ -16,7 +16,9 @@ more than that. `pack` writes only what the next steps need:
   name#0, name#1, ... for its row blocks), and the small files inside it: config.json (with the int8
   ranges of a quantization-aware run), tokenizer.json, vocab.txt, the run's config, metrics.jsonl,
   trainer_state.json (without the optimizer) and the end of the training log.
-An ELECTRA run's generator is left out: export does not read it, and a warm start trains a fresh one.
+An ELECTRA run's generator is left out (a warm start trains a fresh one). Export reads one where it is
+there, for some of a detector's calibration swaps: the unpacked run's export calibrates on the other swaps
+alone, so its threshold and calibration differ from the packed run's export (not its model's outputs).
 
 `unpack` checks every field of handoff.json and every shard against its sha256 before it writes
 anything, and refuses a missing or corrupt shard, or a tensor read from another's key, by name. It
