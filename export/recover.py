@@ -196,6 +196,11 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     _check_recoverable(bundle, manifest)
     graph = onnx.load(str(bundle / "model.onnx"))
     cfg, lengths = _manifest_config(bundle, manifest, graph)
+    if not _computes_in_int8(manifest):
+        # The ranges of a quantization-aware checkpoint, kept in the manifest of its fp32, fp16 or
+        # int8-weights bundle: that graph does not use them, and a model simulating int8 with them was
+        # other than the bundle (checked to the int8 gate, 0.1, instead of float rounding).
+        cfg.quantization = None
     projected = cfg.embedding_size != cfg.hidden_size
     try:
         weights = recover_weights(graph, cfg.num_hidden_layers, projected)
@@ -304,6 +309,12 @@ def _check_recoverable(bundle: Path, manifest: dict) -> None:
         raise InputError(f"{bundle} was exported with --int8 {name} (manifest optimizations.int8.method {method}): "
                          f"{why}. Bundles of --precision fp32 or fp16, or --int8 weights or compute, are "
                          "recovered: export the checkpoint so, or recover another bundle of it")  # fmt: skip
+
+
+def _computes_in_int8(manifest: dict) -> bool:
+    """Whether the bundle's graph computes in int8 with activation ranges (--int8 compute)."""
+    int8 = (manifest.get("optimizations") or {}).get("int8") or {}
+    return str(int8.get("method", "")).startswith("int8 compute")
 
 
 def _check_against_bundle(disc, lengths, bundle: Path, manifest: dict) -> dict:

@@ -3,6 +3,7 @@ exit 2, naming the method, those of onnxruntime's own quantizers."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -180,6 +181,11 @@ def test_a_checkpoint_recovered_from_ranges_calibrated_at_export_is_not_taken_fo
     origin = model.config.quantization["origin"]
     assert origin.startswith("quantization-aware training, ranges kept") and "calibrated at export" in origin
     assert quantization.trained_quantization_aware(model.config.quantization)
+    # The fp32 bundle of that checkpoint keeps its ranges in the manifest, and computes without them: the
+    # model recovered from it simulated int8 and was held to the int8 gate (0.1), not float rounding.
+    report = recover(tmp_path / "again", tmp_path / "from-fp32")
+    assert report["check"]["limit"] == 1e-3 and report["check"]["max_abs_prob_diff"] < 1e-5, report["check"]
+    assert json.loads((tmp_path / "from-fp32" / "config.json").read_text()).get("quantization") is None
 
 
 def test_threads_holds_torch_and_the_session_of_recovers_check(tmp_path, fp32_bundle, capsys, monkeypatch):
