@@ -560,6 +560,18 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
     arabic.click()
     arabic.send_keys(Keys.ARROW_LEFT)
     assert browser.switch_to.active_element.text == "بالعالم"
+    # An Arabic phrase in an English line reads leftwards too (the paragraph's direction sent the left
+    # arrow back to the English word), and the tip keeps each piece of text apart from the numbers beside
+    # it (<bdi>): run together, they read in another order, "<0.1%" drawn as ">0.1%".
+    submit(browser, "Hello there مرحبا بالعالم")
+    arabic = next(e for e in browser.find_elements("css selector", "#marked .w") if e.text == "مرحبا")
+    arabic.click()
+    arabic.send_keys(Keys.ARROW_LEFT)
+    assert browser.switch_to.active_element.text == "بالعالم"
+    isolated = browser.execute_script(
+        "return [...document.querySelectorAll('#tip bdi')].map((b) => b.textContent)"
+    )
+    assert isolated and isolated[0] == "بالعالم", isolated
 
 
 def test_empty_text_shows_the_apis_error(browser, server):
@@ -703,6 +715,14 @@ def test_classifier_bars_sum_to_100(browser, server):
         assert abs(float(shown.rstrip("%")) - 100 * result["probs"][label]) <= 0.1
     # The status line (a live region) says the top label, as its bar shows it.
     assert browser.find_element("id", "status").text.endswith(f" {rows[0][0]}, {rows[0][1]}.")
+    # It goes with the result when another model is chosen (it stayed beside the detector's empty page),
+    # and comes back with it.
+    said = browser.find_element("id", "status").text
+    detector = next(m["name"] for m in models if m["kind"] == "detector")
+    Select(browser.find_element("id", "model")).select_by_value(detector)
+    assert browser.find_element("id", "status").text == ""
+    Select(browser.find_element("id", "model")).select_by_value(classifier["name"])
+    assert browser.find_element("id", "status").text == said
 
 
 def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):

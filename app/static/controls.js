@@ -74,11 +74,15 @@ export function syncControls() {
   if (model && state.errorFor && state.errorFor !== model.name) clearError();
   // Another model's result is not this one's: a result stays only with the model that gave it, and
   // is shown again when that model is chosen again (unless an error of its own has taken its place since).
+  // The status line says that result, and goes and comes back with it ("positive, 99.4%" stayed beside the
+  // detector's empty page).
   if (model && state.scoredWith && state.scoredWith !== model.name) {
     $("detect").hidden = true;
     $("classify").hidden = true;
+    if (state.said && $("status").textContent === state.said()) $("status").textContent = "";
   } else if (model && state.scoredWith === model.name && $("error").hidden) {
     $(model.kind === "classifier" ? "classify" : "detect").hidden = false;
+    if (state.said && !$("status").textContent) $("status").textContent = state.said();
   }
   const pairs = takesPairs(model);
   $("pair-box").hidden = !pairs;

@@ -80,7 +80,8 @@ async function score(model, signal) {
       if (switchedAway(model)) return;
       clearError();
       const said = renderClassify(model, data.results[0]);
-      $("status").textContent = done(ms, mended, said);
+      state.said = () => done(ms, mended, said);
+      $("status").textContent = state.said();
     } else {
       // At the model's own threshold the request names none: the server uses the model's, as it does for
       // any client that names none (the slider once sent 0.58 for a bundle's 0.575).

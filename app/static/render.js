@@ -114,7 +114,7 @@ function renderTable() {
       const td = document.createElement(k === 1 ? "th" : "td");
       if (k === 1) td.scope = "row";
       td.className = classes[k];
-      td.textContent = c;
+      td.append(...(Array.isArray(c) ? c : [c]));
       tr.append(td);
     });
     body.append(tr);
@@ -122,11 +122,22 @@ function renderTable() {
   $("table").tBodies[0].replaceChildren(body);
 }
 
-// A word's pieces, or for a token the word it belongs to.
+// A word's pieces, or for a token the word it belongs to: nodes, each piece of text isolated.
 function pieces(it, r) {
-  if (it.tokens) return it.tokens.map((t) => r.tokens[t].token + " " + pct(r.tokens[t].prob)).join(", ");
+  if (it.tokens) {
+    return it.tokens.flatMap((t, k) => [...(k ? [", "] : []), isolated(r.tokens[t].token), " " + pct(r.tokens[t].prob)]);
+  }
   const w = r.words[it.word];
-  return "in “" + w.text + "” " + pct(w.prob);
+  return ["in “", isolated(w.text), "” " + pct(w.prob)];
+}
+
+// The text's own words and pieces kept apart from the numbers and marks around them (<bdi>): Arabic or
+// Hebrew pieces ran together with their probabilities and read in another order ("<0.1%" drawn as ">"),
+// and a U+202E in a word reversed the rest of the line ("1.2% replaced" read as 2.1).
+function isolated(text) {
+  const b = document.createElement("bdi");
+  b.textContent = text;
+  return b;
 }
 
 // As the server's spans: at or above the threshold, and not punctuation (no letter or digit).
@@ -240,9 +251,9 @@ export function showTip(span) {
   const head = document.createElement("div");
   const b = document.createElement("b");
   b.textContent = pct(it.prob);
-  head.append("“" + it.text + "”: ", b, " replaced" + (over(it, t) ? " (at or above the threshold)" : ""));
+  head.append("“", isolated(it.text), "”: ", b, " replaced" + (over(it, t) ? " (at or above the threshold)" : ""));
   const more = document.createElement("div");
-  more.textContent = (it.tokens ? "pieces: " : "token " + it.token + ", ") + pieces(it, r);
+  more.append(it.tokens ? "pieces: " : "token " + it.token + ", ", ...pieces(it, r));
   tip.replaceChildren(head, more);
   tip.hidden = false;
   // A screen reader says the focused word's probability with it, as the tip shows it.
@@ -287,12 +298,21 @@ function moveFocus(from, to) {
   spans[to].focus();
 }
 
+// Its first letter's script decides, as it decides the word's direction in the paragraph; a word of no letter
+// (a number, a mark) goes with its paragraph.
+const RTL_LETTER = /\p{Script=Arabic}|\p{Script=Hebrew}|\p{Script=Syriac}|\p{Script=Thaana}|\p{Script=Nko}/u;
+function readsLeftwards(span) {
+  const letter = span.textContent.match(/\p{L}/u);
+  return letter ? RTL_LETTER.test(letter[0]) : getComputedStyle(span).direction === "rtl";
+}
+
 export function onMarkedKey(e) {
   const span = e.target.closest(".w");
   if (!span) return;
   const i = state.spans.indexOf(span);
-  // A right-to-left paragraph (dir=auto: Arabic, Hebrew) reads leftwards: the left arrow goes to the next word.
-  const ahead = getComputedStyle(span).direction === "rtl" ? "ArrowLeft" : "ArrowRight";
+  // A right-to-left word (Arabic, Hebrew: in a paragraph of its own script, or a phrase of it in an English
+  // one) is followed by the word to its left: the left arrow goes to the next word.
+  const ahead = readsLeftwards(span) ? "ArrowLeft" : "ArrowRight";
   const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
   const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
   if (step) moveFocus(i, i + step);

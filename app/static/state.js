@@ -10,7 +10,7 @@ export const state = {
   scoredInput: null, // the input the shown result was scored from (inputOf): an edit since marks it stale
   scoredWith: null, // the name of the model that gave the shown result
   errorFor: null, // the name of the model whose Check gave the error shown (null: no model's, or none)
-  said: null, // () => the status line for the shown /detect answer, said again as the slider moves (or null)
+  said: null, // () => the status line for the shown answer (/detect's said again as the slider moves), or null
 };
 
 export function selectedModel() { return state.models.find((m) => m.name === $("model").value); }
