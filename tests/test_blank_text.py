@@ -65,3 +65,10 @@ def test_blank_is_what_the_tokenizer_keeps_nothing_of():
     assert [e.empty_half for e in text_tokenizer.encode_classify([["\u0301", long], [long, "\u0302"], [long, long]])] == [
         0, 1, None
     ]  # fmt: skip
+    # A half of marks alone as long as a row's worth of characters (512 here) was taken to hold a token,
+    # and its pair scored with an empty second text; one with a letter among them is text.
+    marks = "\u0301" * 600
+    assert [e.empty_half for e in text_tokenizer.encode_classify([[long, marks], [marks + "a", long]])] == [
+        1,
+        None,
+    ]

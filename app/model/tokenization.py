@@ -8,7 +8,9 @@ window of a long text. Classification lets the tokenizer's own template and trun
 
 from __future__ import annotations
 
+import itertools
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -228,17 +230,28 @@ class TextTokenizer:
 
     def _empty_half(self, item, enc) -> int | None:
         """The text (0) or pair half (0, 1) the tokenizer kept nothing of, if any. A pair cut to max_length
-        may lose a half to the cut: each half of such a pair is judged alone (a half long enough to hold a
-        row's worth of characters holds a token)."""
+        may lose a half to the cut: each half of such a pair is judged alone (_holds_a_token)."""
         if not isinstance(item, tuple):
             return 0 if len(enc.ids) <= len(self._prefix[0]) + len(self._suffix[0]) else None
         if not enc.overflowing:
             kept = set(enc.sequence_ids)
             return next((j for j in (0, 1) if j not in kept), None)
-        for j, half in enumerate(item):
-            if len(half) < 4 * self.max_length and not self._plain.encode(half, add_special_tokens=False).ids:
-                return j
-        return None
+        return next((j for j, half in enumerate(item) if not self._holds_a_token(half)), None)
+
+    def _holds_a_token(self, half: str) -> bool:
+        """Whether the tokenizer keeps anything of `half`. A long one is not encoded whole (a megabyte of
+        it took a second) where a character of it is a letter, digit, punctuation or symbol, which every
+        tokenizer here keeps ([UNK] at worst): only white space, dropped characters and combining marks
+        (an uncased tokenizer strips those with accents) are encoded to tell. A long half of marks alone
+        was taken to hold a token, and its pair scored with an empty second text."""
+        if len(half) < 4 * self.max_length:
+            return bool(self._plain.encode(half, add_special_tokens=False).ids)
+        if any(unicodedata.category(c)[0] in "LNPS" for c in half):
+            return True
+        # Marks, format and private-use characters: kept or dropped by kind, so the first row's worth of
+        # them tells for the rest, in bounded time.
+        sample = "".join(itertools.islice((c for c in half if not c.isspace()), 4 * self.max_length))
+        return bool(self._plain.encode(sample, add_special_tokens=False).ids)
 
     def _head(self, text: str) -> str:
         """A long text cut where a word ends, to a prefix that still overflows max_length: truncation keeps
