@@ -92,6 +92,18 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     assert setting is None or setting in err["message"], err
 
 
+@pytest.mark.parametrize("path", ["/detect?threshold=0.9&return=tokens", "/classify?model=detector"])
+def test_query_parameters_are_refused_not_ignored(server, path):
+    """`?threshold=0.9` was ignored (the answer at the model's own threshold) and `?model=` answered by the
+    default model: the options are the body's, and a query is refused as an unknown field of it is."""
+    with server.client() as c:
+        r = c.post(path, json={"text": "a sentence"})
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["field"] == "query" and "query parameters are not read" in err["message"], err
+    assert path.split("?")[1].split("=")[0] in err["message"] and "JSON body" in err["message"], err
+
+
 @pytest.mark.parametrize("path", ["/nowhere", "/schema/nowhere", "/schema/swagger", "/schema/openapi.yaml"])
 def test_an_unknown_path_gets_the_json_404(server, path):
     with server.client() as c:
