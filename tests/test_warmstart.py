@@ -370,3 +370,8 @@ def test_an_init_with_int8_ranges_trains_quantization_aware_unless_qat_false_say
     pretrain([*base, "--init", str(source), "--qat", "false", "--out", str(tmp_path / "fp32")])
     assert "int8 ranges of" in capsys.readouterr().err
     assert ranges(tmp_path / "fp32") is None
+    # A resume keeps what its start did: read from the init again, the dropped ranges came back.
+    pretrain([*base, "--out", str(tmp_path / "fp32"), "--resume", "--max-steps", "4"])
+    assert ranges(tmp_path / "fp32") is None
+    pretrain([*base, "--out", str(tmp_path / "follows"), "--resume", "--max-steps", "4"])
+    assert ranges(tmp_path / "follows") is not None

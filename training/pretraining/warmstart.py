@@ -18,6 +18,7 @@ named with the config field that decides it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,8 +300,14 @@ def _quantization_as_asked(cfg: PretrainConfig, disc: InitSource) -> PretrainCon
     its ranges) built a discriminator that simulated int8 whatever --qat said: `qat = False` printed and
     saved, the init's ranges trained with and kept. As fine-tuning does: left at its default, --qat follows
     the init and says so; given false (or an MLM run, which is never quantization-aware), the ranges are
-    dropped and the run trains in fp32. A resumed run keeps what its start did."""
-    if disc.config.quantization is None or cfg.qat or cfg.resume:
+    dropped and the run trains in fp32. A resumed run keeps what its start did: the ranges its own
+    checkpoint holds, or none (read from the init again, dropped ranges came back on every resume)."""
+    if disc.config.quantization is None or cfg.qat:
+        return cfg
+    if cfg.resume:
+        run = Path(cfg.out)
+        with contextlib.suppress(ckpt.CheckpointError):  # the resume's own checks say what is wrong with it
+            disc.config.quantization = ckpt.read_config_json(ckpt.resolve_checkpoint(run)).get("quantization")
         return cfg
     if "qat" not in options.sources(cfg) and cfg.objective == "electra":
         options.say_once(f"note: {disc.directory} is quantization-aware (int8 ranges in its config.json): the run "
