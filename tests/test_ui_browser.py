@@ -572,6 +572,16 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
         "return [...document.querySelectorAll('#tip bdi')].map((b) => b.textContent)"
     )
     assert isolated and isolated[0] == "بالعالم", isolated
+    # A lone word of the other script reads as its line does: by its own script, the arrows on "مرحبا" in
+    # an English line, and on "iPhone" in an Arabic one, went the wrong way.
+    for line, word, right, left in (("Hello مرحبا world", "مرحبا", "world", "Hello"),
+                                    ("مرحبا iPhone بالعالم", "iPhone", "مرحبا", "بالعالم")):  # fmt: skip
+        submit(browser, line)
+        for key, lands in ((Keys.ARROW_RIGHT, right), (Keys.ARROW_LEFT, left)):
+            start = next(e for e in browser.find_elements("css selector", "#marked .w") if e.text == word)
+            start.click()
+            start.send_keys(key)
+            assert browser.switch_to.active_element.text == lands, (line, key)
 
 
 def test_empty_text_shows_the_apis_error(browser, server):

@@ -298,23 +298,27 @@ function moveFocus(from, to) {
   spans[to].focus();
 }
 
-// Its first letter's script decides, as it decides the word's direction in the paragraph; a word of no letter
-// (a number, a mark) goes with its paragraph.
-const RTL_LETTER = /\p{Script=Arabic}|\p{Script=Hebrew}|\p{Script=Syriac}|\p{Script=Thaana}|\p{Script=Nko}/u;
-function readsLeftwards(span) {
-  const letter = span.textContent.match(/\p{L}/u);
-  return letter ? RTL_LETTER.test(letter[0]) : getComputedStyle(span).direction === "rtl";
+// The arrow keys go where they point: to the neighbour (next or previous word) on that side of this one
+// on its line. Bidirectional text puts it on either side: an Arabic phrase in an English line reads
+// leftwards, a lone English name in it rightwards again (deciding by the word's own script sent that name
+// the wrong way; by the paragraph's, the phrase). At a line's end the paragraph's direction says.
+function sideways(i, leftwards) {
+  const spans = state.spans, here = spans[i].getBoundingClientRect();
+  for (const j of [i + 1, i - 1]) {
+    if (!spans[j]) continue;
+    const r = spans[j].getBoundingClientRect();
+    const sameLine = Math.abs(r.top + r.height / 2 - (here.top + here.height / 2)) < here.height / 2;
+    if (sameLine && (leftwards ? r.left < here.left : r.left > here.left)) return j - i;
+  }
+  return leftwards === (getComputedStyle(spans[i]).direction === "rtl") ? 1 : -1;
 }
 
 export function onMarkedKey(e) {
   const span = e.target.closest(".w");
   if (!span) return;
   const i = state.spans.indexOf(span);
-  // A right-to-left word (Arabic, Hebrew: in a paragraph of its own script, or a phrase of it in an English
-  // one) is followed by the word to its left: the left arrow goes to the next word.
-  const ahead = readsLeftwards(span) ? "ArrowLeft" : "ArrowRight";
-  const back = ahead === "ArrowLeft" ? "ArrowRight" : "ArrowLeft";
-  const step = { [ahead]: 1, ArrowDown: 1, [back]: -1, ArrowUp: -1 }[e.key];
+  const sideKey = e.key === "ArrowLeft" || e.key === "ArrowRight";
+  const step = sideKey ? sideways(i, e.key === "ArrowLeft") : { ArrowDown: 1, ArrowUp: -1 }[e.key];
   if (step) moveFocus(i, i + step);
   else if (e.key === "Home") moveFocus(i, 0);
   else if (e.key === "End") moveFocus(i, state.spans.length - 1);
