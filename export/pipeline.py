@@ -469,16 +469,22 @@ def _portable(value):
     return value
 
 
-_CLASS_NAMES = frozenset({"labels", "id2label", "label2id"})
+_CLASS_NAMES = frozenset({"labels", "id2label", "label2id", "positive_label"})
 # An absolute path of two parts or more after a space or "(" (not a URL's), up to white space or a
-# parenthesis: a path holding a space keeps the words after it, none of them absolute.
-_PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)+")
+# parenthesis, less the punctuation a sentence puts after it ("rows of /data/x.txt, each ..."). A path
+# holding a space is cut at its first part's end: the words after it are left, none of them absolute.
+_PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)*?/[^\s()/]*?(?=[,.;:]*(?:[\s()]|$))")
 
 
 def _cut_if_here(match: re.Match) -> str:
-    """A path of this machine, cut; anything else that reads like one ("POST /detect and /v1/models" in a
-    warning) as it is."""
-    return _portable_path(match.group()) if os.path.exists(match.group()) else match.group()
+    """A path, cut: one of this machine, or one that reads as a file's (three parts, or a file name with an
+    extension: another machine's, a run's made on the GPU machine); as it is otherwise ("POST /detect and
+    /v1/models" in a warning)."""
+    path = match.group()
+    parts = Path(path).parts[1:]
+    if os.path.exists(path) or len(parts) >= 3 or re.search(r"\.\w+$", parts[-1]):
+        return _portable_path(path)
+    return path
 
 
 def _portable_path(value: str) -> str:

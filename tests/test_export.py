@@ -980,11 +980,14 @@ def test_a_path_inside_a_manifests_sentence_is_cut_too(monkeypatch, tmp_path):
                      "data": f"the run's dev split (10% of {train} (seed 1))",
                      "mine": f"the run's --dev file {here}/runs/dev.csv",
                      "kept": "POST /detect and /v1/models, http://host/a/b stay",
-                     "labels": ["mod (/r/ham/new)", "/r/politics"], "config": {"id2label": {"0": "/r/x"}}})  # fmt: skip
+                     "labels": ["mod (/r/ham/new)", "/r/politics"], "config": {"id2label": {"0": "/r/x"}},
+                     "gpu": "10% of /home/gpu/data/train.csv (seed 1)", "pairs": f"rows of {train}, each a pair"})  # fmt: skip
     assert got == {"dev": "10% of .../labels/2026/train.csv (seed 20240607)",
                    "data": "the run's dev split (10% of .../labels/2026/train.csv (seed 1))",
                    "mine": "the run's --dev file runs/dev.csv", "kept": "POST /detect and /v1/models, http://host/a/b stay",
-                   "labels": ["mod (/r/ham/new)", "/r/politics"], "config": {"id2label": {"0": "/r/x"}}}  # fmt: skip
+                   "labels": ["mod (/r/ham/new)", "/r/politics"], "config": {"id2label": {"0": "/r/x"}},
+                   # another machine's (a run made on the GPU machine), and one the sentence goes on after
+                   "gpu": "10% of .../gpu/data/train.csv (seed 1)", "pairs": "rows of .../labels/2026/train.csv, each a pair"}  # fmt: skip
 
 
 def test_a_tokenizer_json_goes_into_the_bundle_as_transformers_reads_it(tmp_path, detector_dir):
