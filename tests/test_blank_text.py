@@ -68,7 +68,20 @@ def test_blank_is_what_the_tokenizer_keeps_nothing_of():
     # A half of marks alone as long as a row's worth of characters (512 here) was taken to hold a token,
     # and its pair scored with an empty second text; one with a letter among them is text.
     marks = "\u0301" * 600
-    assert [e.empty_half for e in text_tokenizer.encode_classify([[long, marks], [marks + "a", long]])] == [
-        1,
-        None,
-    ]
+    halves = text_tokenizer.encode_classify([[long, marks], [marks + "a", long], [long, "\ufffd" + marks]])
+    # U+FFFD is a symbol BERT's normalizer drops: ahead of marks, it was taken for a token.
+    assert [e.empty_half for e in halves] == [1, None, 1]
+
+
+def test_a_long_pair_half_of_marks_is_text_to_a_cased_tokenizer(tmp_path):
+    """A cased tokenizer keeps combining marks: the sample that tells was filled with 2,048 zero-width spaces
+    (dropped) ahead of them, and the half refused as empty."""
+    import json
+
+    spec = json.loads(TOKENIZER.read_text())
+    spec["normalizer"].update(lowercase=False, strip_accents=False)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    cased = TextTokenizer(tmp_path / "tokenizer.json", 128, 32)
+    half = "\u200b" * 2048 + "\u0301" * 50
+    assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(half, add_special_tokens=False).ids
+    assert cased.encode_classify([["word " * 2000, half]])[0].empty_half is None

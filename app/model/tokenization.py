@@ -246,11 +246,12 @@ class TextTokenizer:
         was taken to hold a token, and its pair scored with an empty second text."""
         if len(half) < 4 * self.max_length:
             return bool(self._plain.encode(half, add_special_tokens=False).ids)
-        if any(unicodedata.category(c)[0] in "LNPS" for c in half):
+        if any(unicodedata.category(c)[0] in "LNPS" and _KEPT.match(c) for c in half):
             return True
-        # Marks, format and private-use characters: kept or dropped by kind, so the first row's worth of
-        # them tells for the rest, in bounded time.
-        sample = "".join(itertools.islice((c for c in half if not c.isspace()), 4 * self.max_length))
+        # Marks alone: kept or dropped by kind (with accents, by an uncased tokenizer), so the first row's
+        # worth of them tells for the rest, in bounded time. White space, U+FFFD and what BERT's normalizer
+        # drops are left out of the sample (2,048 zero-width spaces before the marks once filled it).
+        sample = "".join(itertools.islice((m.group() for m in _KEPT.finditer(half)), 4 * self.max_length))
         return bool(self._plain.encode(sample, add_special_tokens=False).ids)
 
     def _head(self, text: str) -> str:
