@@ -292,8 +292,11 @@ def test_unknown_route_and_method(server):
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
         r = c.get("/detect")
         assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
-        for status in ("404", "405"):  # counted like every other request
+        for status in ("404", "405"):  # counted like every other request, in the histogram too
             assert server.metric("electra_requests_total", endpoint="other", status=status) >= 1
+            assert (
+                server.metric("electra_request_duration_seconds_count", endpoint="other", status=status) >= 1
+            )
         assert c.get("/ready").status_code == 200  # still alive after all of the above
     assert "Traceback" not in server.log()
 

@@ -58,7 +58,7 @@ def limit_connections(app, limit: int, load: ServerLoad, metrics: Metrics):
                 await send(message)
 
             return await app(scope, receive, closing)
-        metrics.requests.labels("other", "", "503").inc()
+        metrics.unrouted(503)
         # Outside every middleware: the headers server.py's gives every other answer are sent here. No line
         # is written of it but the counters.
         rid = request_context.incoming_id(scope)

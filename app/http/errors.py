@@ -89,7 +89,7 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
         # Litestar never ran the route's middleware that counts requests (it sets t0), so count them here,
         # under endpoint "other".
         if "t0" not in request.scope.get("state", {}):
-            metrics.requests.labels("other", "", str(STATUS[err.type])).inc()
+            metrics.unrouted(STATUS[err.type])
             rid = request_context.incoming_id(request.scope)  # nor gave it its x-request-id
             err = _unrouted(err, request, rid, getattr(settings, "ui", False))
             if getattr(settings, "access_log", False):  # nor its access-log line (app/http/server.py)

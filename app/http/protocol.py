@@ -419,7 +419,7 @@ class _BoundedRead(HttpToolsProtocol):
         head += b"".join(k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(rid))
         if unrouted:
             code = int(status.split()[0])
-            self.metrics.requests.labels("other", "", str(code)).inc()
+            self.metrics.unrouted(code)
             self.metrics.rejected.labels(reason=kind).inc()
             if self.access_lines:
                 scope = {"client": self.client, "method": "-", "path": "-"}

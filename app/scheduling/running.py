@@ -98,8 +98,8 @@ class BatchRunner:
                 log.error("%s: a run failed twice; answered 500 inference_failed (x-request-id %s)",
                           self.admission.name, job.request_id, exc_info=e)  # fmt: skip
                 return fail([job], inference_failed(e))
-            log.warning("%s: a run failed (%s: %s); run again, it succeeded", self.admission.name,
-                        type(first).__name__, _first_line(first))  # fmt: skip
+            log.warning("%s: a run failed (%s: %s); run again, it succeeded (x-request-id %s)",
+                        self.admission.name, type(first).__name__, _first_line(first), job.request_id)  # fmt: skip
             series.retry_answered.inc()
         self._finish(batch.items, [job], feeds, out, start, Place.INLINE)
 
