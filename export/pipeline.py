@@ -471,20 +471,22 @@ def _portable(value):
 
 _CLASS_NAMES = frozenset({"labels", "id2label", "label2id", "positive_label"})
 # An absolute path of two parts or more after a space or "(" (not a URL's), up to white space or a
-# parenthesis, less the punctuation a sentence puts after it ("rows of /data/x.txt, each ..."). A path
-# holding a space is cut at its first part's end: the words after it are left, none of them absolute.
-_PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)*?/[^\s()/]*?(?=[,.;:]*(?:[\s()]|$))")
+# parenthesis; the punctuation a sentence puts after it ("rows of /data/x.txt, each ...") is left out in
+# _cut_if_here (a lookahead for it here made the match quadratic). A path holding a space is cut at its
+# first part's end: the words after it are left, none of them absolute.
+_PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)+")
 
 
 def _cut_if_here(match: re.Match) -> str:
     """A path, cut: one of this machine, or one that reads as a file's (three parts, or a file name with an
     extension: another machine's, a run's made on the GPU machine); as it is otherwise ("POST /detect and
     /v1/models" in a warning)."""
-    path = match.group()
+    path = match.group().rstrip(",.;:")
+    after = match.group()[len(path) :]
     parts = Path(path).parts[1:]
-    if os.path.exists(path) or len(parts) >= 3 or re.search(r"\.\w+$", parts[-1]):
-        return _portable_path(path)
-    return path
+    if parts and (os.path.exists(path) or len(parts) >= 3 or re.search(r"\.\w+$", parts[-1])):
+        return _portable_path(path) + after
+    return match.group()
 
 
 def _portable_path(value: str) -> str:

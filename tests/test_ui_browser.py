@@ -582,6 +582,17 @@ def test_a_right_to_left_text_reads_right_to_left(browser, server):
             start.click()
             start.send_keys(key)
             assert browser.switch_to.active_element.text == lands, (line, key)
+    # Two Arabic words in an English line: by their neighbours in the text alone, the left arrow bounced
+    # between them and never reached "Hello".
+    submit(browser, "Hello مرحبا بالعالم world")
+    for key, start, path in ((Keys.ARROW_LEFT, "world", ["مرحبا", "بالعالم", "Hello"]),
+                             (Keys.ARROW_RIGHT, "Hello", ["بالعالم", "مرحبا", "world"])):  # fmt: skip
+        next(e for e in browser.find_elements("css selector", "#marked .w") if e.text == start).click()
+        went = []
+        for _ in path:
+            browser.switch_to.active_element.send_keys(key)
+            went.append(browser.switch_to.active_element.text)
+        assert went == path, (key, went)
 
 
 def test_empty_text_shows_the_apis_error(browser, server):

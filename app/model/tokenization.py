@@ -246,11 +246,13 @@ class TextTokenizer:
         was taken to hold a token, and its pair scored with an empty second text."""
         if len(half) < 4 * self.max_length:
             return bool(self._plain.encode(half, add_special_tokens=False).ids)
-        if any(unicodedata.category(c)[0] in "LNPS" and _KEPT.match(c) for c in half):
+        if any(_KEPT.match(c) and (unicodedata.category(c)[0] in "LNPS" or unicodedata.category(c) in ("Mc", "Me"))
+               for c in half):  # fmt: skip
             return True
-        # Marks alone: kept or dropped by kind (with accents, by an uncased tokenizer), so the first row's
-        # worth of them tells for the rest, in bounded time. White space, U+FFFD and what BERT's normalizer
-        # drops are left out of the sample (2,048 zero-width spaces before the marks once filled it).
+        # Nonspacing marks alone: kept or dropped together (with accents, by an uncased tokenizer; a spacing
+        # mark, U+093E, it keeps), so the first row's worth of them tells for the rest, in bounded time. White
+        # space, U+FFFD and what BERT's normalizer drops are left out of the sample (2,048 zero-width spaces
+        # before the marks once filled it).
         sample = "".join(itertools.islice((m.group() for m in _KEPT.finditer(half)), 4 * self.max_length))
         return bool(self._plain.encode(sample, add_special_tokens=False).ids)
 

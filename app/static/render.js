@@ -298,18 +298,23 @@ function moveFocus(from, to) {
   spans[to].focus();
 }
 
-// The arrow keys go where they point: to the neighbour (next or previous word) on that side of this one
-// on its line. Bidirectional text puts it on either side: an Arabic phrase in an English line reads
-// leftwards, a lone English name in it rightwards again (deciding by the word's own script sent that name
-// the wrong way; by the paragraph's, the phrase). At a line's end the paragraph's direction says.
+// The arrow keys go where they point: to the nearest word on that side of this one on its line, wherever
+// it is in the text. Bidirectional text lays words out in another order than they are written: an Arabic
+// phrase in an English line reads leftwards, a lone English name in Arabic rightwards (by the word's own
+// script, or by its neighbours in the text alone, the arrows went the wrong way or bounced between two
+// words). At a line's end the paragraph's direction says which way reads on.
+const LINE_REACH = 200; // words looked at on either side in the text: more than a line holds
 function sideways(i, leftwards) {
   const spans = state.spans, here = spans[i].getBoundingClientRect();
-  for (const j of [i + 1, i - 1]) {
-    if (!spans[j]) continue;
+  const middle = here.top + here.height / 2, centre = here.left + here.width / 2;
+  let nearest = null, gap = Infinity;
+  for (let j = Math.max(0, i - LINE_REACH); j < Math.min(spans.length, i + LINE_REACH + 1); j++) {
     const r = spans[j].getBoundingClientRect();
-    const sameLine = Math.abs(r.top + r.height / 2 - (here.top + here.height / 2)) < here.height / 2;
-    if (sameLine && (leftwards ? r.left < here.left : r.left > here.left)) return j - i;
+    if (j === i || Math.abs(r.top + r.height / 2 - middle) >= here.height / 2) continue;
+    const d = leftwards ? centre - (r.left + r.width / 2) : r.left + r.width / 2 - centre;
+    if (d > 0 && d < gap) [nearest, gap] = [j, d];
   }
+  if (nearest !== null) return nearest - i;
   return leftwards === (getComputedStyle(spans[i]).direction === "rtl") ? 1 : -1;
 }
 
