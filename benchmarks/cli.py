@@ -80,6 +80,11 @@ def existing_dir(text: str) -> str:
     return text
 
 
+def existing_dir_path(text: str) -> Path:
+    """existing_dir, as a Path."""
+    return Path(existing_dir(text))
+
+
 def out_file(text: str) -> Path:
     """Where a results file goes, refused now rather than after the run, when writing it would fail and
     lose the results: a directory, or a parent that is neither a writable directory nor one that can be

@@ -227,6 +227,13 @@ REFUSED = [
             ("benchmarks.load.bulk_aging", []),
             ("benchmarks.load.faults", []),
             ("benchmarks.load.rolling", []),
+            # and these, which ran on (everyday_sentences' whole benchmark)
+            ("benchmarks.quality.int8_sensitivity", []),
+            ("benchmarks.quality.int8_agreement", []),
+            ("benchmarks.quality.everyday_sentences", []),
+            ("benchmarks.speed.int8_levers", []),
+            ("benchmarks.speed.bf16_lever", ["prepare"]),
+            ("benchmarks.load.load_profile", ["--bundle", str(REPO / "models")]),
         )
     ),
 ]

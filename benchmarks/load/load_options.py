@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 
-from benchmarks.cli import detector_models, existing, positive_float, positive_ints
+from benchmarks.cli import detector_models, existing, existing_dir, positive_float, positive_ints
 from benchmarks.load.loadmodels import WORK
 from options import usage_exit
 
@@ -48,7 +48,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--precision", default="int8", choices=("int8", "fp32"))
     p.add_argument(
-        "--data-dir", type=existing, default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files"
+        "--data-dir", type=existing_dir, default=os.environ.get("ELECTRA_DATA_DIR"), help="WikiText-2 files"
     )
     p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
 

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "--per-kind", type=cli.positive_int, default=150, help="swapped sentences per kind and source"
     )
     p.add_argument("--seed", type=int, default=5)
-    p.add_argument("--data-dir", type=cli.existing_path, default=None)
+    p.add_argument("--data-dir", type=cli.existing_dir_path, default=None)
     out = add_out_file(p, "everyday_sentences", "everyday_sentences.json")
     args = p.parse_args(argv)
     out.settle(p, args)

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--per-kind", type=cli.positive_int, default=100, help="swapped sentences per kind of swap and source"
     )
-    p.add_argument("--data-dir", type=cli.existing_path, default=None)
+    p.add_argument("--data-dir", type=cli.existing_dir_path, default=None)
     p.add_argument("--seed", type=int, default=0)
     out = add_out_file(p, "int8_agreement", "int8_agreement.json")
     args = p.parse_args(argv)

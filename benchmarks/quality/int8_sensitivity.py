@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, type=cli.existing)
     p.add_argument("--rows", type=cli.positive_int, default=64, help="held-out rows")
-    p.add_argument("--data-dir", type=cli.existing_path, default=None)
+    p.add_argument("--data-dir", type=cli.existing_dir_path, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--alpha",

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     pre = sub.add_parser("prepare", help="graphs and held-out rows, in the project's environment")
     pre.add_argument("--checkpoint", required=True, type=cli.existing)
     pre.add_argument("--work", type=Path, required=True)
-    pre.add_argument("--data-dir", type=cli.existing_path)
+    pre.add_argument("--data-dir", type=cli.existing_dir_path)
     pre.add_argument("--rows", type=cli.positive_int, default=128,
                      help=f"held-out rows; at least {ROWS_NEEDED}, measure's largest batch")  # fmt: skip
     mea = sub.add_parser("measure", help="speed and deviation, where onnxruntime-openvino is installed")

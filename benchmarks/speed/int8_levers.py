@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, type=cli.existing)
     p.add_argument("--threads", type=cli.positive_int, default=2)
     p.add_argument("--rows", type=cli.positive_int, default=128, help="held-out rows for the deviation")
-    p.add_argument("--data-dir", type=cli.existing_path, default=None)
+    p.add_argument("--data-dir", type=cli.existing_dir_path, default=None)
     p.add_argument(
         "--alpha",
         type=cli.non_negative_float,
