@@ -120,15 +120,13 @@ def encode(tokenizer, texts: list[Input], max_len: int, limit: int, min_tokens: 
     pair as [CLS] A [SEP] B [SEP] with its type ids, cut longest first; "[SEP]" in a text is text), pad;
     (Batch, special mask)."""
     from app.model.text_heads import text_heads
-    from app.model.typed_text import reading_typed_text
     from training.finetuning.batches import tokenizer_copy
 
-    tokenizer = reading_typed_text(tokenizer)  # "[SEP]" typed is text; the model's own "[URL]" one token
-    tokenizer.enable_truncation(max_len, strategy="longest_first")
-    tokenizer.no_padding()
+    # Copies reading typed text as fine-tuning does ("[SEP]" is text; the model's own "[URL]" one token).
     # Each text cut to the start its tokens come from, as fine-tuning cuts it: the tokenizer builds every
     # overflow window of what it is given, and an --eval-data row may hold a whole document.
     counting = tokenizer_copy(tokenizer)
+    tokenizer = tokenizer_copy(tokenizer, max_len)  # cut longest first
     heads = [
         text_heads(counting, *(x if isinstance(x, tuple) else (x, None)), max_len) for x in texts[: limit * 2]
     ]

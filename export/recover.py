@@ -193,10 +193,10 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
         raise InputError(f"{bundle}: kind {manifest.get('kind')!r}; only detector bundles can be recovered (a "
                          "classifier's head and labels are not read back): export the classifier's checkpoint "
                          "again, or fine-tune one afresh from a detector's (python -m training.finetune --init)")  # fmt: skip
-    _check_recoverable(bundle, manifest)
+    method = _check_recoverable(bundle, manifest)
     graph = onnx.load(str(bundle / "model.onnx"))
     cfg, lengths = _manifest_config(bundle, manifest, graph)
-    if not _computes_in_int8(manifest):
+    if not str(method or "").startswith(INT8_COMPUTE):
         # The ranges of a quantization-aware checkpoint, kept in the manifest of its fp32, fp16 or
         # int8-weights bundle: that graph does not use them, and a model simulating int8 with them was
         # other than the bundle (checked to the int8 gate, 0.1, instead of float rounding).
@@ -296,8 +296,9 @@ def _manifest_config(bundle: Path, manifest: dict, graph: onnx.ModelProto):
     return cfg, lengths
 
 
-def _check_recoverable(bundle: Path, manifest: dict) -> None:
-    """An InputError (exit 2) for a bundle of an --int8 method whose graph is not one this reads."""
+def _check_recoverable(bundle: Path, manifest: dict) -> str | None:
+    """The bundle's --int8 method as its manifest names it (None: not int8); an InputError (exit 2) for
+    one whose graph is not one this reads."""
     optimizations = manifest.get("optimizations") or {}
     int8 = optimizations.get("int8") if isinstance(optimizations, dict) else None
     if optimizations and (not isinstance(optimizations, dict) or (int8 and not isinstance(int8, dict))):
@@ -309,12 +310,12 @@ def _check_recoverable(bundle: Path, manifest: dict) -> None:
         raise InputError(f"{bundle} was exported with --int8 {name} (manifest optimizations.int8.method {method}): "
                          f"{why}. Bundles of --precision fp32 or fp16, or --int8 weights or compute, are "
                          "recovered: export the checkpoint so, or recover another bundle of it")  # fmt: skip
+    return method
 
 
-def _computes_in_int8(manifest: dict) -> bool:
-    """Whether the bundle's graph computes in int8 with activation ranges (--int8 compute)."""
-    int8 = (manifest.get("optimizations") or {}).get("int8") or {}
-    return str(int8.get("method", "")).startswith("int8 compute")
+# How an int8-compute bundle's manifest names its method (export/int8_compute.py): the one graph that
+# computes with activation ranges.
+INT8_COMPUTE = "int8 compute"
 
 
 def _check_against_bundle(disc, lengths, bundle: Path, manifest: dict) -> dict:

@@ -131,6 +131,12 @@ def windows(n: int, size: int, stride: int) -> list[tuple[int, int]]:
     return [(s, s + size) for s in starts]
 
 
+def _kept_by_every_tokenizer(category: str) -> bool:
+    """A letter, digit, punctuation, symbol or spacing mark (Unicode category): a token in every tokenizer
+    here, [UNK] at worst. Nonspacing marks go with accents where an uncased tokenizer strips them."""
+    return category[0] in "LNPS" or category in ("Mc", "Me")
+
+
 class TextTokenizer:
     def __init__(self, path: Path, max_length: int, stride: int) -> None:
         self.max_length = max_length
@@ -246,8 +252,7 @@ class TextTokenizer:
         was taken to hold a token, and its pair scored with an empty second text."""
         if len(half) < 4 * self.max_length:
             return bool(self._plain.encode(half, add_special_tokens=False).ids)
-        if any(_KEPT.match(c) and (unicodedata.category(c)[0] in "LNPS" or unicodedata.category(c) in ("Mc", "Me"))
-               for c in half):  # fmt: skip
+        if any(_KEPT.match(c) and _kept_by_every_tokenizer(unicodedata.category(c)) for c in half):
             return True
         # Nonspacing marks alone: kept or dropped together (with accents, by an uncased tokenizer; a spacing
         # mark, U+093E, it keeps), so the first row's worth of them tells for the rest, in bounded time. White
