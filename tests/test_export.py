@@ -333,9 +333,9 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
     """A fine-tuned model's manifest carries its own recipe and scores and those of its pretraining."""
     import shutil
 
-    from export.pipeline import _recipe
+    from export.recipe import recipe as recipe_of
 
-    assert _recipe(detector_dir) is None  # a Hugging Face directory: nothing recorded, nothing invented
+    assert recipe_of(detector_dir) is None  # a Hugging Face directory: nothing recorded, nothing invented
     pre, fine = tmp_path / "pre", tmp_path / "fine"
     shutil.copytree(detector_dir, pre)
     shutil.copytree(classifier_dir, fine)
@@ -348,7 +348,7 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
         "task": "rotten_tomatoes", "init": str(pre), "config": {"lr": 3e-4},
         "eval": {"test": {"accuracy": 0.62}},
     }))  # fmt: skip
-    recipe = _recipe(fine)
+    recipe = recipe_of(fine)
     assert recipe["eval"]["test"]["accuracy"] == 0.62
     assert recipe["pretraining"]["eval"]["disc_auc"] == 0.61
     assert recipe["pretraining"]["config"]["num_layers"] == 4
@@ -359,7 +359,9 @@ def test_manifest_records_the_training_recipe_and_figures(tmp_path, detector_dir
         str(v).startswith("/") for v in (recipe["init"], *recipe["pretraining"]["config"].values())
     )
     shutil.rmtree(pre)  # the pretraining run moved away: its path stays, nothing else is claimed
-    assert "pretraining" not in _recipe(fine) and _recipe(fine)["init"] == "/".join(("...", *pre.parts[-3:]))
+    assert "pretraining" not in recipe_of(fine) and recipe_of(fine)["init"] == "/".join(
+        ("...", *pre.parts[-3:])
+    )
 
 
 @pytest.mark.parametrize("method", ["weights", "static"])
@@ -950,16 +952,16 @@ def test_a_tokenizer_that_is_not_the_models_is_refused_before_any_work(tmp_path,
 def test_a_manifests_paths_say_where_they_were_cut(monkeypatch, tmp_path):
     """A path outside the working directory kept its last three parts and read as relative; calibration's
     source (an absolute path, as a key and a value) was kept whole."""
-    from export.pipeline import _portable
+    from export.portable import portable
 
     monkeypatch.chdir(tmp_path)
     mine = "/data/team/walk/corpus.txt"
-    got = _portable(
+    got = portable(
         {"data": mine, "sources": {mine: 40, "wikitext2": 80}, "ckpt": str(tmp_path / "runs" / "a")}
     )
     assert got == {"data": ".../team/walk/corpus.txt", "sources": {".../team/walk/corpus.txt": 40, "wikitext2": 80},
                    "ckpt": "runs/a"}  # fmt: skip
-    assert _portable(["/data/calib.txt", "/x"]) == [".../data/calib.txt", ".../x"]  # short ones too
+    assert portable(["/data/calib.txt", "/x"]) == [".../data/calib.txt", ".../x"]  # short ones too
 
 
 def test_a_path_inside_a_manifests_sentence_is_cut_too(monkeypatch, tmp_path):
@@ -967,7 +969,7 @@ def test_a_path_inside_a_manifests_sentence_is_cut_too(monkeypatch, tmp_path):
     int8 check names its data so: GET /models showed the exporting machine's whole path there, while the
     same path alone beside it was cut. Only paths of the machine are: the first cut rewrote a class name
     "mod (/r/ham/new)", which /classify then answered with, and "/v1/models" in a sentence."""
-    from export.pipeline import _portable
+    from export.portable import portable
 
     here, data = tmp_path / "here", tmp_path / "ana" / "labels" / "2026"
     (here / "runs").mkdir(parents=True)
@@ -976,7 +978,7 @@ def test_a_path_inside_a_manifests_sentence_is_cut_too(monkeypatch, tmp_path):
     (here / "runs" / "dev.csv").write_text("text,label\n")
     monkeypatch.chdir(here)
     train = data / "train.csv"
-    got = _portable({"dev": f"10% of {train} (seed 20240607)",
+    got = portable({"dev": f"10% of {train} (seed 20240607)",
                      "data": f"the run's dev split (10% of {train} (seed 1))",
                      "mine": f"the run's --dev file {here}/runs/dev.csv",
                      "kept": "POST /detect and /v1/models, http://host/a/b stay",

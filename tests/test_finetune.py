@@ -204,10 +204,10 @@ def test_user_csv_with_custom_columns_keeps_label_names(tiny_init, tmp_path, giv
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["task"] is None and state["data"]["train"] == str(train)
     # The recipe the export copies into the bundle tells the server this model takes pairs.
-    from export.pipeline import _recipe
+    from export.recipe import recipe
 
     manifest = Manifest(format_version=1, kind="classifier", max_length=64, output="logits", model_sha256="",
-                        source={"training": _recipe(out)})  # fmt: skip
+                        source={"training": recipe(out)})  # fmt: skip
     assert manifest.trained_on == "pairs"
 
 

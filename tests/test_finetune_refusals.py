@@ -207,7 +207,7 @@ def test_a_classifier_fine_tuned_on_its_own_files_is_export_checked_on_its_dev_f
     finetune([*args_for(tiny_init, train, tmp_path / "out"), "--dev", str(dev)])
     export([str(tmp_path / "out"), "--out", str(tmp_path / "bundle"), "--data-dir", str(registry_data)])
     check = json.loads((tmp_path / "bundle" / "manifest.json").read_text())["parity"]["int8_accuracy"]
-    # The path cut as the manifest cuts every path (export/pipeline.py _portable): the server shows it.
+    # The path cut as the manifest cuts every path (export/portable.py): the server shows it.
     shown = "/".join(("...", *Path(dev).parts[-3:]))
     assert check["metric"] == "dev_accuracy" and check["data"] == f"the run's --dev file {shown}", check
 

@@ -84,12 +84,12 @@ def test_manifest_paths_read_as_absolute_from_the_root_and_relative_below_the_wo
     tmp_path, monkeypatch
 ):
     """Run from /, every path is under the working directory: it was "tmp/run/...", which reads as relative."""
-    from export.pipeline import _portable
+    from export.portable import portable
 
     monkeypatch.chdir("/")
-    assert _portable(str(tmp_path / "run" / "checkpoints" / "step-1")) == ".../run/checkpoints/step-1"
+    assert portable(str(tmp_path / "run" / "checkpoints" / "step-1")) == ".../run/checkpoints/step-1"
     monkeypatch.chdir(tmp_path)
-    assert _portable(str(tmp_path / "run" / "step-1")) == "run/step-1"
+    assert portable(str(tmp_path / "run" / "step-1")) == "run/step-1"
 
 
 def test_recovers_saved_paths_are_absolute_and_a_missing_bundle_is_named_so(tmp_path, monkeypatch):
