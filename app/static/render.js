@@ -140,7 +140,8 @@ function isolated(text) {
   return b;
 }
 
-// As the server's spans: at or above the threshold, and not punctuation (no letter or digit).
+// As the server's spans: at or above the threshold, and not punctuation (no letter or digit). The browser's
+// Unicode tables, not the server's: they differ only on letters newer than the server's Python knows (README).
 const HAS_LETTER_OR_DIGIT = /[\p{L}\p{N}]/u;
 function over(it, t) { return it.prob >= t && HAS_LETTER_OR_DIGIT.test(it.text); }
 
