@@ -995,6 +995,9 @@ def test_an_evaluation_that_measures_no_auc_says_why_and_its_nan_reads_back(tmp_
         replaced_token_metrics(probs, np.ones(3, np.int64)), 2
     )
     assert auc_unmeasured(replaced_token_metrics(probs, np.array([0, 1, 0])), 2) is None
+    # --mask-prob 1 masks every token and the generator replaces each: the cause named, not the held-out size.
+    every = auc_unmeasured(replaced_token_metrics(probs, np.ones(3, np.int64)), 450, mask_prob=1.0)
+    assert "--mask-prob 1 masks nearly every token" in every and "--valid-fraction" not in every
     assert auc_unmeasured({"loss": 1.0, "mlm_accuracy": 0.5}, 2) is None  # --objective mlm: no discriminator
     MetricsLog(tmp_path / "metrics.jsonl").write(2, 76, "eval", none_replaced)
     (row,) = read_metrics(tmp_path / "metrics.jsonl")

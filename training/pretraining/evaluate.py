@@ -25,7 +25,7 @@ def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: flo
     }
 
 
-def auc_unmeasured(evals: dict, held_out_tokens: int) -> str | None:
+def auc_unmeasured(evals: dict, held_out_tokens: int, mask_prob: float = 0.15) -> str | None:
     """Why an evaluation's disc_auc is NaN, and what to do about it; None where it measured one, or where
     the objective has no discriminator. NaN is what Python's json writes and reads back (training/report.py,
     the benchmarks' readers and the plot, which leaves it out), so it stays in metrics.jsonl: this says
@@ -36,6 +36,12 @@ def auc_unmeasured(evals: dict, held_out_tokens: int) -> str | None:
     which = (
         "none of them was replaced" if evals.get("replaced_share") == 0 else "every one of them was replaced"
     )
+    if evals.get("replaced_share") != 0 and mask_prob >= 0.5:
+        # Every token masked (or nearly), and the generator put another in each: more text changes nothing.
+        return (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
+                f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no original token to "
+                f"rank a replaced one against. --mask-prob {mask_prob:g} masks nearly every token: lower it "
+                f"(ELECTRA's is 0.15)")  # fmt: skip
     return (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
             f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no replaced token to rank "
             f"against an original one. The held-out split holds {held_out_tokens:,} tokens of text, too few to measure "

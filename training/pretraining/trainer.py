@@ -168,7 +168,8 @@ class Trainer:
                 if not self.said_auc_unmeasured and math.isnan(self.evals.get("disc_auc", 0.0)):
                     held_out = self.data.valid_batches().dataset.info.tokens
                     tqdm.write(
-                        f"warning: step {step}: {auc_unmeasured(self.evals, held_out)}", file=sys.stderr
+                        f"warning: step {step}: {auc_unmeasured(self.evals, held_out, cfg.mask_prob)}",
+                        file=sys.stderr,
                     )
                     self.said_auc_unmeasured = True
         if saving:
