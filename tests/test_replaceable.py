@@ -6,9 +6,11 @@ own wording in their tests."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from unprivileged import run_python
 
 from training.errors import CheckpointError, check_replaceable, others_in
 
@@ -143,14 +145,25 @@ def test_a_directory_of_outputs_is_refused_naming_one_inside_it_never_advising_f
 
 def test_a_resume_of_a_run_missing_latest_restores_it_rather_than_starting_again(tmp_path):
     """--resume where checkpoints/latest alone is gone said "drop --resume to start a new run", over the
-    run's own checkpoints."""
-    from options import ConfigError
+    run's own checkpoints; then it said to write `latest` by hand. A kill between a checkpoint's rename and
+    `latest` leaves just that: the resume names the newest checkpoint again and goes on."""
     from training.run_dir import check_run_point
 
     for step in ("step-00000010", "step-00000020"):
         (tmp_path / "checkpoints" / step).mkdir(parents=True)
         (tmp_path / "checkpoints" / step / "config.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"latest is missing, though the run keeps step-00000010, "
-                       r"step-00000020: .*echo step-00000020 >") as e:  # fmt: skip
-        check_run_point(tmp_path, resume=True)
-    assert "drop --resume" not in str(e.value)
+    check_run_point(tmp_path, resume=True)  # a kill between a checkpoint's rename and `latest`: restored
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step-00000020"
+    (tmp_path / "checkpoints" / "latest").unlink()
+    (tmp_path / "checkpoints").chmod(0o555)  # cannot be written: the advice of old
+    try:
+        said = run_python(
+            "import sys; from pathlib import Path; from training.run_dir import check_run_point\n"
+            "try:\n    check_run_point(Path(sys.argv[1]), resume=True)\nexcept Exception as e:\n    print(e)",
+            str(tmp_path),
+        ).stdout
+    finally:
+        (tmp_path / "checkpoints").chmod(0o755)
+    assert re.search(r"latest is missing, though the run keeps step-00000010, step-00000020, and it cannot be "
+                     r"written .*echo step-00000020 >", said), said  # fmt: skip
+    assert "drop --resume" not in said

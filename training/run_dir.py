@@ -132,14 +132,28 @@ def check_run_point(out: Path, resume: bool) -> None:
             raise ConfigError(f"--resume: {out} does not exist; give the --out of the run to go on (a path relative "
                               "to where it started, or its whole path)")  # fmt: skip
         if kept := sorted(d.parent.name for d in (out / "checkpoints").glob("step-*/config.json")):
-            # `latest` alone gone: "drop --resume" would have started the run again over its checkpoints.
-            latest = shlex.quote(str(out / "checkpoints" / LATEST))
-            raise ConfigError(f"--resume: {out}/checkpoints/{LATEST} is missing, though the run keeps "
-                              f"{', '.join(kept[-3:])}: write the name of the newest into it (echo {kept[-1]} > "
-                              f"{latest}) and resume again")  # fmt: skip
+            # `latest` alone gone: a kill between a checkpoint's rename into place and the writing of
+            # `latest` (commit_checkpoint), which names it next. A step-N directory is whole once it has its
+            # name (write_atomically), so the newest is the one `latest` would have named.
+            _restore_latest(out, kept)
+            return
         raise ConfigError(f"--resume: {out} has no checkpoint yet; drop --resume to start a new run")
     if not resume and has_checkpoint:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def _restore_latest(out: Path, kept: list[str]) -> None:
+    from training.errors import write_text_atomically
+
+    latest = out / "checkpoints" / LATEST
+    try:
+        write_text_atomically(latest, kept[-1])
+    except OSError as e:
+        raise ConfigError(f"--resume: {latest} is missing, though the run keeps {', '.join(kept[-3:])}, and it "
+                          f"cannot be written ({e.strerror or e}): write the name of the newest into it (echo "
+                          f"{kept[-1]} > {shlex.quote(str(latest))}) and resume again") from None  # fmt: skip
+    print(f"note: {latest} was missing (the run was stopped as it saved {kept[-1]}); it names {kept[-1]}, the "
+          "newest checkpoint, again", file=sys.stderr)  # fmt: skip
 
 
 def check_out_before_setup(out: Path, resume: bool, corpus: str) -> None:
