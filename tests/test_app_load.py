@@ -260,6 +260,7 @@ def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_
         for r in answers:
             assert r.status_code == 503 and r.headers["content-type"].startswith("application/json")
             assert "--graceful-timeout-s" in r.json()["error"]["message"]
+            assert r.headers.get("retry-after") == "5", r.headers  # as the shutting-down 503
         assert s.proc.wait(timeout=60) == 1, s.log()  # not a clean drain: say so
     assert "Traceback" not in s.log()
 

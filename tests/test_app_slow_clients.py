@@ -256,6 +256,7 @@ def test_a_malformed_chunk_of_a_body_is_one_400_under_its_endpoint(server):
 def test_a_slowloris_on_headers_is_cut_off_with_408(server):
     before = server.metric("electra_requests_total", endpoint="other", status="408")
     timed = server.metric("electra_request_duration_seconds_count", endpoint="other", status="408")
+    took = server.metric("electra_request_duration_seconds_sum", endpoint="other", status="408")
     headers = b"POST /detect HTTP/1.1\r\nhost: x\r\n" + b"x-slow: " + b"a" * 200
     with _connect(server) as s:
         elapsed, answer = _drip(s, headers, every=0.25, limit=READ_TIMEOUT + 5)
@@ -267,6 +268,10 @@ def test_a_slowloris_on_headers_is_cut_off_with_408(server):
     # In the histogram as in the counter: its count is what dashboards read as the requests answered.
     assert (
         server.metric("electra_request_duration_seconds_count", endpoint="other", status="408") == timed + 1
+    )
+    # Timed as long as it took the server to give up (it was 0 s: no route timed it).
+    assert server.metric("electra_request_duration_seconds_sum", endpoint="other", status="408") >= took + (
+        READ_TIMEOUT - 0.01
     )
     _wait_for_access_line(server, 408, rid.group(1))
 

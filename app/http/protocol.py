@@ -398,7 +398,13 @@ class _BoundedRead(HttpToolsProtocol):
         self._write_error("400 Bad Request", "invalid_http", msg, unrouted=not handled)
 
     def _write_error(
-        self, status: str, kind: str, msg: str, unrouted: bool = False, linger: bool = False
+        self,
+        status: str,
+        kind: str,
+        msg: str,
+        unrouted: bool = False,
+        linger: bool = False,
+        seconds: float = 0.0,
     ) -> None:
         """An error answer written straight to the transport (no request cycle to answer through), then
         the connection closes. It carries what every answer does (request_context.answer_headers).
@@ -419,7 +425,7 @@ class _BoundedRead(HttpToolsProtocol):
         head += b"".join(k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(rid))
         if unrouted:
             code = int(status.split()[0])
-            self.metrics.unrouted(code)
+            self.metrics.unrouted(code, seconds)
             self.metrics.rejected.labels(reason=kind).inc()
             if self.access_lines:
                 scope = {"client": self.client, "method": "-", "path": "-"}
@@ -473,8 +479,10 @@ class _BoundedRead(HttpToolsProtocol):
         self._timed_out_408 = True
         # The raw transport, followed by what the client is still sending, read and dropped: the deadline
         # runs only from a request's first byte to its last, so the client is mid-request.
+        # Its time is the read deadline's, which ran from the request's first byte (_arm): a slow client's
+        # 408 was timed 0 s, and latency dashboards showed slowloris as the fastest answers.
         self._write_error("408 Request Timeout", "read_timeout", msg, unrouted=not handler_running,
-                          linger=True)  # fmt: skip
+                          linger=True, seconds=self.read_timeout_s)  # fmt: skip
 
 
 class _HeadWithBody:

@@ -186,7 +186,9 @@ class Scheduler:
     def abort(self, message: str) -> int:
         """Answer every submitted, unanswered request with 503 now (the drain deadline); returns how many."""
         waiting = [job for job in self.pending if not job.future.done()]
-        fail(waiting, AppError(ErrorType.UNAVAILABLE, message))
+        # As every other 503 of a stopping server: a client that honours retry-after comes back when a
+        # replica (or this one, restarted) may take it.
+        fail(waiting, AppError(ErrorType.UNAVAILABLE, message, headers={"retry-after": "5"}))
         return len(waiting)
 
     async def close(self) -> None:
