@@ -303,6 +303,8 @@ def kube_manifests(deploy: str, out: str, port: str, key: str, image: str) -> No
     Path(out + ".secret.json").write_text(json.dumps(data))
     deployment = yaml.safe_load((Path(deploy) / "deployment.yaml").read_text())
     deployment["spec"]["replicas"] = 1
+    # A scheduler's field; podman places the one pod on this machine.
+    deployment["spec"]["template"]["spec"].pop("topologySpreadConstraints", None)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     container["image"] = image
     container["ports"][0]["hostPort"] = int(port)

@@ -126,3 +126,24 @@ def test_healthcheck_reads_the_port_from_the_command_of_process_1(tmp_path, bund
     finally:
         server.kill()  # unshare: its --kill-child takes the server along
         server.wait()
+
+
+def test_the_manifests_select_the_deployments_pods_and_name_a_build_of_its_own():
+    """The disruption budget and the spread over nodes count the Deployment's own pods (a selector that
+    matches none budgets nothing, and a drain takes every replica at once), and the image is a build's own
+    tag: one moved to each build (:latest) starts no rollout when pushed again."""
+    import yaml
+
+    deployment = yaml.safe_load((REPO / "deploy" / "deployment.yaml").read_text())
+    pods = deployment["spec"]["template"]["metadata"]["labels"]
+    selects = lambda selector: all(pods.get(k) == v for k, v in selector["matchLabels"].items())  # noqa: E731
+    assert selects(deployment["spec"]["selector"])
+    budget = yaml.safe_load((REPO / "deploy" / "pdb.yaml").read_text())
+    assert budget["kind"] == "PodDisruptionBudget" and selects(budget["spec"]["selector"])
+    assert budget["spec"]["maxUnavailable"] == 1
+    spec = deployment["spec"]["template"]["spec"]
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and selects(spread["labelSelector"])
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # a one-node cluster still runs every replica
+    (container,) = spec["containers"]
+    assert not container["image"].endswith(":latest") and ":" in container["image"].rsplit("/", 1)[-1]
