@@ -11,8 +11,11 @@ import os
 from pathlib import Path
 
 from bulk.conversions import (
+    ARROW,
     COMPRESSED,
     CSV,
+    SAVE_TO_DISK,
+    arrow_hint,
     csv_hint,
     is_parquet,
     not_parquet,
@@ -39,13 +42,16 @@ def _wanted(path: Path, fmt: str) -> bool:
     return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
-def _left_out_as(path: Path, fmt: str) -> str | None:
+def _left_out_as(path: Path, fmt: str, beside_arrow: bool = False) -> str | None:
     """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note: a
     CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
-    a Parquet file where --format jsonl or text would read its bytes as lines, and a file that is none where
-    --format parquet would read it as one. None: none of these."""
+    an Arrow file under any --format (none reads it), and a save_to_disk folder's JSON files where one sits
+    beside them (`beside_arrow`), a Parquet file where --format jsonl or text would read its bytes as lines,
+    and a file that is none where --format parquet would read it as one. None: none of these."""
     if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
+    if type_suffix(path) in ARROW or (beside_arrow and path.name in SAVE_TO_DISK):
+        return "arrows"
     if is_parquet(path, fmt):
         return "parquets"
     return "not_parquets" if not_parquet(path, fmt) else None
@@ -155,13 +161,14 @@ def shards(
                 subdirs.clear()
                 continue
             subdirs[:] = [x for x in subdirs if not x.startswith(".")]  # walk lists them sorted
+            beside_arrow = any(type_suffix(Path(n)) in ARROW for n in names)
             for n in names:
                 if n.startswith("."):
                     continue
                 f = Path(d) / n
                 try:
                     is_file = f.is_file()
-                    if is_file and (kind := _left_out_as(f, fmt)):
+                    if is_file and (kind := _left_out_as(f, fmt, beside_arrow)):
                         if not mine(f):
                             getattr(left, kind).append(_shown(f, root))
                     elif is_file and _wanted(f, fmt):
@@ -186,6 +193,7 @@ def shards(
                     unlisted[_shown(f, root)] = _reason(e)
         _refuse_foreign(foreign, out)
         left.csvs.sort()
+        left.arrows.sort()
         left.parquets.sort()
         left.not_parquets.sort()
         if not files and not unlisted:
@@ -245,6 +253,7 @@ def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
         into.csvs += left.csvs
+        into.arrows += left.arrows
         into.parquets += left.parquets
         into.not_parquets += left.not_parquets
         into.jobs += sorted(left.jobs)
@@ -297,7 +306,9 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
     type's, .md or .md5), with what to do; None: it reads it, or a --format says how. A compressed file of
     a type it reads is not refused here: read (.gz, .bz2, .xz), or failing as a shard wherever it is found
     (`plan`). With --format jsonl or text, a Parquet file (by its suffix or first bytes) is refused all the
-    same: read as lines, its bytes were scored as documents."""
+    same: read as lines, its bytes were scored as documents; an Arrow file under any --format."""
+    if type_suffix(path) in ARROW:  # "give --format jsonl, parquet or text", though none of them reads it
+        return arrow_hint(path)
     if fmt != "auto":
         if is_parquet(path, fmt):
             return parquet_hint(path, fmt)

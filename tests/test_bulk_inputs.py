@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv
+import pyarrow.feather
+import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
@@ -821,6 +823,61 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
         InputError, match=r"no input files .*CSV file\(s\) under INPUT left out.*x/b\.csv.*Parquet"
     ):
         shards(str(only), "auto")
+
+
+def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fail_with_a_conversion(
+    tmp_path,
+):
+    """A Hugging Face save_to_disk folder (data-*.arrow, an Arrow IPC stream; state.json; dataset_info.json on
+    one line) was skipped in silence but for its JSON files: dataset_info.json was scored, and the job
+    failed on its first field, 'citation'. Under a directory the Arrow files and that metadata beside them
+    are left out and named; matched by a glob or named outright, an Arrow file fails (or is refused) by
+    name, with a conversion to Parquet that then reads, not "give --format jsonl, parquet or text"."""
+    import subprocess
+
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "read"}])
+    hf = corpus / "hf"
+    hf.mkdir()
+    table = pa.table({"text": ["first row", "second row"]})
+    with pyarrow.ipc.new_stream(hf / "data-00000-of-00001.arrow", table.schema) as w:  # as datasets writes it
+        w.write_table(table)
+    (hf / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}, indent=2)
+    )
+    (hf / "dataset_info.json").write_text(json.dumps({"citation": "", "features": {}}))
+    pyarrow.feather.write_feather(table, corpus / "t.feather")
+    lines(corpus / "other" / "state.json", [{"text": "no Arrow beside it: read"}])
+    left = LeftOut()
+    root, files, unlisted = shards(str(corpus), "auto", left_out=left)
+    assert [f.relative_to(corpus).as_posix() for f in files] == [
+        "a.jsonl",
+        "other/state.json",
+    ] and not unlisted
+    assert left.arrows == [
+        "hf/data-00000-of-00001.arrow",
+        "hf/dataset_info.json",
+        "hf/state.json",
+        "t.feather",
+    ]
+    (note,) = left_out_notes(left)
+    assert "4 Arrow (or save_to_disk) file(s) under INPUT left out" in note and "to_parquet" in note, note
+    assert shards(str(corpus), "jsonl", left_out=LeftOut())[1] == files  # no --format reads them
+    with pytest.raises(
+        InputError, match=r"t\.feather: it is an Arrow IPC or Feather file, which bulk does not"
+    ):
+        shards(str(corpus / "t.feather"), "auto")
+    with pytest.raises(InputError, match=r"no input files .*Arrow .*state\.json"):  # the folder alone
+        shards(str(hf), "auto")
+    failed = plan(*shards(f"{corpus}/**/*.*[rw]", "auto")[:2], "auto", 1 << 20)[1]
+    assert sorted(failed) == ["hf/data-00000-of-00001.arrow", "t.feather"], failed
+    for name, why in failed.items():
+        assert "--format" not in why.replace("no --format does", ""), why
+        command = why.split("naming the new file where INPUT named this one: ")[1]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        converted = (corpus / name).with_suffix(".parquet")
+        assert [d.text for d in docs_of(converted)] == ["first row", "second row"]
 
 
 def test_parquet_under_a_directory_with_a_format_is_left_out_by_name_and_refused_when_named(tmp_path):
