@@ -148,15 +148,18 @@ def shards(
         left.jobs.append(str(root) if Path(d) == root else _shown(Path(d), root))
         return True
 
-    if path.is_dir():
+    def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
+        unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-        def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
-            unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
+    entered: set[str] = set()  # real directories walked, by all the walks of a glob's directories
 
-        files, foreign = [], []
+    def walk_directory(top: str, files: list[Path], foreign: list[str]) -> None:
+        """The input files under a directory (INPUT, or one a glob matches) into `files`, those under --out
+        that are not its outputs into `foreign`; what it leaves out into `left`, failures into `unlisted`.
+        Links are followed as from `root` (bulk/walk.py), each real directory once."""
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
-        for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
+        for d, subdirs, names in walk(top, onerror=unreadable, root=str(root), entered=entered):
             if another_jobs(d, names):
                 subdirs.clear()
                 continue
@@ -191,6 +194,10 @@ def shards(
                             unlisted[_shown(f, root)] = why
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
+
+    if path.is_dir():
+        files, foreign = [], []
+        walk_directory(str(root), files, foreign)
         _refuse_foreign(foreign, out)
         left.csvs.sort()
         left.arrows.sort()
@@ -210,9 +217,18 @@ def shards(
     matches, foreign = [], []
     found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
+    real_root, walked = os.path.realpath(root), False
     for p in found:
         try:
-            if Path(p).is_file():
+            if Path(p).is_dir():
+                # Walked as a directory INPUT is (`crawl/2024-*`, each a folder of shards): its files were
+                # dropped without a word. A linked one is taken as the glob's walk takes a linked directory
+                # (bulk/walk.py): not where it leads under the glob's root (found by its own path there) or
+                # above it, and a real directory once (`entered`).
+                real, walked = os.path.realpath(p), True
+                if not (os.path.islink(p) and (under(real, real_root) or under(real_root, real))):
+                    walk_directory(os.path.abspath(p), matches, foreign)
+            elif Path(p).is_file():
                 if not mine(p):
                     matches.append(Path(os.path.abspath(p)))
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
@@ -223,10 +239,15 @@ def shards(
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
+    for names in (left.csvs, left.arrows, left.parquets, left.not_parquets):
+        names.sort()
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
         if inside_out.startswith(":"):
             raise InputError(f"{spec}{inside_out}{said}")
+        if walked:
+            raise InputError(f"{spec}: no input files in the files and directories it matches as a glob (looked "
+                             f"for {', '.join(SUFFIXES)}, in any case){inside_out}{said}")  # fmt: skip
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )

@@ -552,6 +552,32 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
         shards(str(tmp_path / "pipe.jsonl"), "auto")
 
 
+def test_a_directory_a_glob_matches_is_walked_as_a_directory_input(tmp_path):
+    """`crawl/2024-*`, each match a folder of shards: a glob dropped the directories it matched without a
+    word (exit 0 on the files beside them), and one matching folders alone was refused as matching nothing.
+    Each is walked as a directory INPUT is: its files by suffix, hidden ones and CSVs left out (named), its
+    files named from the glob's root; a directory of nothing to read refused as such."""
+    g = tmp_path / "g"
+    g.mkdir()
+    (g / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "beside"}\n'))
+    lines(g / "sub" / "a.jsonl", [{"text": "in a folder"}])
+    (g / "sub" / "deeper").mkdir()
+    (g / "sub" / "deeper" / "t.txt").write_text("deeper\n")
+    (g / "sub" / "meta.csv").write_text("a,b\n")
+    lines(g / "sub" / ".hidden" / "h.jsonl", [{"text": "not input"}])
+    (g / "empty").mkdir()
+    inside = ["sub/a.jsonl", "sub/deeper/t.txt"]
+    for spec, want in ((f"{g}/*", ["b.jsonl.gz", *inside]), (f"{g}/s*", inside), (f"{g}/*/", inside),
+                       (f"{g}/**", ["b.jsonl.gz", *inside])):  # fmt: skip
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", left_out=left)
+        assert root == g and [f.relative_to(g).as_posix() for f in files] == want and not unlisted, spec
+        assert left.csvs == ["sub/meta.csv"], spec
+    assert [d.text for d in docs_of(f"{g}/s*")] == ["in a folder", "deeper"]
+    with pytest.raises(InputError, match=r"no input files in the files and directories it matches as a glob"):
+        shards(f"{g}/e*", "auto")
+
+
 def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
     """job.json fingerprints INPUT, so a resume typed `./corpus` or with the whole path, or run from
     another directory, must continue the job `corpus` started rather than be refused as other settings;
