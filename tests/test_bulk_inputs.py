@@ -526,6 +526,26 @@ def test_the_ray_addresses_ray_takes_pass_and_an_empty_one_exits_2_before_ray_st
     assert err.startswith("python -m bulk: --ray is empty") and "Traceback" not in err
 
 
+def test_a_config_saved_by_a_ray_run_reruns_on_local_processes_with_ray_none(tmp_path):
+    """A config.json of a `--ray ADDRESS` run could not be rerun locally: --no-ray was unknown, `--ray none`
+    no address, and `--ray ""` said to leave --ray out, which a --config file does not allow. `--ray none`
+    unsets it (and is saved unset); the refusals of the others say so."""
+    from options import as_dict
+
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({"input": "in", "out": "o", "model": "m", "ray": "127.0.0.2:8300"}))
+    base = ["--config", str(saved), "--out", str(tmp_path / "new")]
+    assert resolve(base).ray == "127.0.0.2:8300"
+    for word in ("none", "None"):
+        cfg = resolve([*base, "--ray", word])
+        assert cfg.ray is None and as_dict(cfg)["ray"] is None
+    for given, says in ((["--no-ray"], r"--no-ray: give --ray none to score with local processes"),
+                        (["--ray", ""], r"leave --ray out \(or give --ray none, over a --config that sets it\)"),
+                        (["--ray", "nowhere"], r"no address Ray can join.*; or --ray none for local processes")):  # fmt: skip
+        with pytest.raises(ConfigError, match=says):
+            resolve([*base, *given])
+
+
 def test_a_glob_that_matches_nothing_says_so(tmp_path):
     (tmp_path / "a.txt").write_text("a file, not a directory\n")
     for spec in (tmp_path / "missing" / "*.jsonl", tmp_path / "**" / "*.parquet", tmp_path / "a.txt" / "*"):
