@@ -37,6 +37,12 @@ class BulkConfig:
     """Every option of `python -m bulk INPUT --out DIR --model NAME`."""
 
     SAVED_AS: ClassVar[str] = "config.json"  # in --out (preparing.py)
+    # INPUT unquoted, `python -m bulk big/*.jsonl`: the shell gave every file, and all but the first were
+    # "unrecognized arguments" (options/command_line.py).
+    STRAY_PATHS_HINT: ClassVar[str] = (
+        "a glob the shell expanded? INPUT is one file, directory or glob: quote the glob "
+        "(python -m bulk 'big/*.jsonl' ...) so that bulk expands it, or give the directory"
+    )
     # A config.json saved by a Ray run sets ray; rerun on local processes, it is unset by `--ray none`.
     FLAG_HINTS: ClassVar[dict[str, str]] = {
         "--no-ray": f"give {NO_RAY} to score with local processes (over a --config that sets ray too)",

@@ -546,6 +546,18 @@ def test_a_config_saved_by_a_ray_run_reruns_on_local_processes_with_ray_none(tmp
             resolve([*base, *given])
 
 
+def test_a_glob_the_shell_expanded_is_told_to_be_quoted(tmp_path):
+    """`python -m bulk big/*.jsonl` unquoted: the shell gave each file, and bulk said only "unrecognized
+    arguments: big/s1.jsonl big/s2.jsonl". Where those words are paths on disk, it says to quote the glob."""
+    shards_ = [str(lines(tmp_path / "big" / f"s{i}.jsonl", [{"text": "a line"}])) for i in range(3)]
+    with pytest.raises(ConfigError, match=r"unrecognized arguments: .*s2\.jsonl \(these paths are on disk: a glob "
+                       r"the shell expanded\? .*quote the glob .* or give the directory\)$"):  # fmt: skip
+        resolve([shards_[0], "--out", "o", "--model", "m", *shards_[1:]])
+    with pytest.raises(ConfigError) as refused:  # a stray word that names nothing: no such guess
+        resolve([shards_[0], "--out", "o", "--model", "m", "nothing-here"])
+    assert "glob" not in str(refused.value) and "--help lists the options" in str(refused.value)
+
+
 def test_a_glob_that_matches_nothing_says_so(tmp_path):
     (tmp_path / "a.txt").write_text("a file, not a directory\n")
     for spec in (tmp_path / "missing" / "*.jsonl", tmp_path / "**" / "*.parquet", tmp_path / "a.txt" / "*"):
