@@ -13,11 +13,23 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
+
+def _gunzipped(raw: BinaryIO) -> gzip.GzipFile:
+    """gzip's reader over `raw`, refusing a file of no bytes: GzipFile reads it as an empty stream (bz2 and
+    lzma call it cut short), so a download that failed to a 0-byte .jsonl.gz was a finished shard of no rows,
+    and the real file put in its place was refused as INPUT changed."""
+    at = raw.tell()
+    if not raw.read(1):
+        raise gzip.BadGzipFile("an empty file, 0 bytes: not even a gzip header")
+    raw.seek(at)
+    return gzip.GzipFile(fileobj=raw, mode="rb")
+
+
 # Suffix -> (its name, which is also its command-line tool's, a reader over an open binary file). Each reader
 # leaves the file it is given open, so that the shard is checked (reading._check_unchanged) on the file
 # actually read.
 READERS = {
-    ".gz": ("gzip", lambda raw: gzip.GzipFile(fileobj=raw, mode="rb")),
+    ".gz": ("gzip", _gunzipped),
     ".bz2": ("bzip2", bz2.BZ2File),
     ".xz": ("xz", lzma.LZMAFile),
 }

@@ -27,12 +27,27 @@ EXIT_USAGE = (
     options.EXIT_USAGE
 )  # bad options, no input, no such bundle, a missing package, or --out holds another job
 
+# Local processes where a --config file sets ray: a flag cannot be left out of a file, and `--ray ""` is refused
+# (an unset variable's, `--ray "$ADDR"`, would have scored on this machine instead of the cluster meant).
+NO_RAY = "--ray none"
+
 
 @dataclass(frozen=True)
 class BulkConfig:
     """Every option of `python -m bulk INPUT --out DIR --model NAME`."""
 
     SAVED_AS: ClassVar[str] = "config.json"  # in --out (preparing.py)
+    # INPUT unquoted, `python -m bulk big/*.jsonl`: the shell gave every file, and all but the first were
+    # "unrecognized arguments" (options/command_line.py).
+    STRAY_PATHS_HINT: ClassVar[str] = (
+        "a glob the shell expanded? INPUT is one file, directory or glob: quote the glob "
+        "(python -m bulk 'big/*.jsonl' ...) so that bulk expands it, or give the directory"
+    )
+    # A config.json saved by a Ray run sets ray; rerun on local processes, it is unset by `--ray none`.
+    FLAG_HINTS: ClassVar[dict[str, str]] = {
+        "--no-ray": f"give {NO_RAY} to score with local processes (over a --config that sets ray too)",
+        "--local": f"give {NO_RAY} to score with local processes (over a --config that sets ray too)",
+    }
 
     input: str = option(
         help="a file, a directory (every .jsonl, .json, .ndjson, .parquet and .txt file under it) or a quoted "
@@ -79,7 +94,8 @@ class BulkConfig:
         None,
         "run on Ray: --ray alone starts an instance for this job here; --ray auto joins the one `ray start` made "
         "here; --ray HOST:PORT joins that cluster, from a machine on its network (ray:// Ray Client addresses are "
-        "refused: run the job on a node of the cluster or beside it)",
+        "refused: run the job on a node of the cluster or beside it); --ray none: local processes, as without "
+        "--ray (over a --config that sets it)",
         bare="local",
     )
     progress: bool = option(
@@ -112,6 +128,8 @@ class BulkConfig:
             raise ConfigError("INPUT must not be empty: give a file, a directory or a quoted glob")
         if not self.text_field:
             raise ConfigError(f"{flag('text_field')} must not be empty")
+        if self.ray is not None and self.ray.strip().lower() == "none":  # no address: a word said on purpose
+            object.__setattr__(self, "ray", None)  # saved so in config.json: its rerun is local too
         if self.ray is not None:
             check_ray_address(self.ray)
 
@@ -148,7 +166,8 @@ def check_ray_address(address: str) -> None:
     """Refuse (ConfigError) a --ray value that names no cluster Ray can join, before any work."""
     if not address.strip():  # `--ray "$ADDR"` with ADDR unset: neither a cluster nor "start one"
         raise ConfigError(f"--ray is empty (an unset variable?): give {RAY_FORMS} for a Ray instance of "
-                          "the job's own; leave --ray out to score with local processes")  # fmt: skip
+                          f"the job's own; leave --ray out (or give {NO_RAY}, over a --config that sets it) to "
+                          "score with local processes")  # fmt: skip
     if address in ("local", "auto"):
         return
     scheme, sep, rest = address.rpartition("://")
@@ -168,7 +187,8 @@ def check_ray_address(address: str) -> None:
     )
     if not well_formed:
         hint = f" ({scheme}:// is a web address, the dashboard's; the head's takes none)" if sep else ""
-        raise ConfigError(f"--ray {address!r} is no address Ray can join{hint}. Give {RAY_FORMS}")
+        raise ConfigError(f"--ray {address!r} is no address Ray can join{hint}. Give {RAY_FORMS}; or {NO_RAY} "
+                          "for local processes")  # fmt: skip
 
 
 DESCRIPTION = (

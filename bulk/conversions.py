@@ -18,7 +18,7 @@ from bulk.compressed import (
     decompress_first,
     decompressed,
 )
-from bulk.converting import followed, json_lines_command, parquet_command
+from bulk.converting import arrow_parquet_command, followed, json_lines_command, parquet_command
 from bulk.reading import BOM
 
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
@@ -26,6 +26,13 @@ from bulk.reading import BOM
 # a directory it is left out with a note naming it (inputs.shards): it may be a sidecar (metadata.csv beside
 # the shards), and failing it failed every run of the job. A --format says how to read it, wherever it is.
 CSV = (".csv", ".tsv")
+# Arrow IPC and Feather files (a Hugging Face save_to_disk folder's data-00000-of-00001.arrow): no --format
+# reads them. Left out of a directory with a note, as a CSV, and with them a save_to_disk folder's own JSON
+# files beside them (SAVE_TO_DISK): its metadata, not documents (dataset_info.json, one JSON object on one
+# line, was scored, and the job failed on its 'citation' field); matched by a glob or named, one fails by
+# name with its conversion to Parquet.
+ARROW = (".arrow", ".feather")
+SAVE_TO_DISK = ("state.json", "dataset_info.json")
 # Byte-order marks of the encodings other than UTF-8 a text file may be saved in (Windows' "Unicode" is
 # UTF-16 LE): read as UTF-8, every line of such a JSONL file was rejected, and a .txt file's scored as text
 # full of NULs. UTF-32 LE's first: it begins with UTF-16 LE's.
@@ -107,6 +114,14 @@ def csv_hint(path: Path) -> str:
     into, command = parquet_command(path, tabs=type_suffix(path) == ".tsv")
     return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
             f"once to Parquet: {followed(path, into, command)}")  # fmt: skip
+
+
+def arrow_hint(path: Path) -> str:
+    into, command = arrow_parquet_command(path)
+    return ("it is an Arrow IPC or Feather file, which bulk does not read (no --format does); convert it once to "
+            "Parquet (a whole Hugging Face save_to_disk folder also converts with "
+            "datasets.load_from_disk(DIR).to_parquet(FILE)): "
+            f"{followed(path, into, command)}")  # fmt: skip
 
 
 def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:

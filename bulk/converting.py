@@ -18,7 +18,7 @@ from bulk.compressed import COMPRESSED
 
 ASIDE = ".bulk-originals"  # hidden: neither a directory INPUT nor a glob reads what is in it
 # Suffixes that say what a file holds, stripped (after a compression's) to name its conversion.
-KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet")
+KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather")
 
 # Both commands' ends: nothing written where the original would be moved to, and the original moved into
 # ASIDE only once its conversion is written.
@@ -47,6 +47,17 @@ _PARQUET = (
     'names is None and sys.exit(src + ": empty, nothing to convert"); '
     "table = c.read_csv(read(){options}, "
     "convert_options=c.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))); "
+    + _REFUSE_ASIDE
+    + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
+    + _MOVE_ASIDE
+)  # fmt: skip
+
+# An Arrow IPC file (Feather v2: it starts with ARROW1) or stream (what a Hugging Face save_to_disk writes as
+# data-*.arrow: no such start), read whole through a memory map, as Parquet.
+_ARROW_PARQUET = (
+    "import os, sys, pyarrow as pa, pyarrow.ipc as ipc, pyarrow.parquet as p; src, dst, aside = sys.argv[1:]; "
+    'm = pa.memory_map(src); whole = m.read(6) == b"ARROW1"; m.seek(0); '
+    "table = (ipc.open_file(m) if whole else ipc.open_stream(m)).read_all(); "
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
     + _MOVE_ASIDE
@@ -102,3 +113,9 @@ def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     options = ", parse_options=c.ParseOptions(delimiter=chr(9))" if tabs else ""
     delimiter = ", delimiter=chr(9)" if tabs else ""
     return into, _command(_PARQUET.format(options=options, delimiter=delimiter), path, into)
+
+
+def arrow_parquet_command(path: Path) -> tuple[Path, str]:
+    """The file an Arrow IPC or Feather file is converted into, and the command."""
+    into = target(path, ".parquet")
+    return into, _command(_ARROW_PARQUET, path, into)

@@ -11,8 +11,11 @@ import os
 from pathlib import Path
 
 from bulk.conversions import (
+    ARROW,
     COMPRESSED,
     CSV,
+    SAVE_TO_DISK,
+    arrow_hint,
     csv_hint,
     is_parquet,
     not_parquet,
@@ -39,13 +42,16 @@ def _wanted(path: Path, fmt: str) -> bool:
     return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
-def _left_out_as(path: Path, fmt: str) -> str | None:
+def _left_out_as(path: Path, fmt: str, beside_arrow: bool = False) -> str | None:
     """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note: a
     CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
-    a Parquet file where --format jsonl or text would read its bytes as lines, and a file that is none where
-    --format parquet would read it as one. None: none of these."""
+    an Arrow file under any --format (none reads it), and a save_to_disk folder's JSON files where one sits
+    beside them (`beside_arrow`), a Parquet file where --format jsonl or text would read its bytes as lines,
+    and a file that is none where --format parquet would read it as one. None: none of these."""
     if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
+    if type_suffix(path) in ARROW or (beside_arrow and path.name in SAVE_TO_DISK):
+        return "arrows"
     if is_parquet(path, fmt):
         return "parquets"
     return "not_parquets" if not_parquet(path, fmt) else None
@@ -142,26 +148,30 @@ def shards(
         left.jobs.append(str(root) if Path(d) == root else _shown(Path(d), root))
         return True
 
-    if path.is_dir():
+    def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
+        unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-        def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
-            unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
+    entered: set[str] = set()  # real directories walked, by all the walks of a glob's directories
 
-        files, foreign = [], []
+    def walk_directory(top: str, files: list[Path], foreign: list[str]) -> None:
+        """The input files under a directory (INPUT, or one a glob matches) into `files`, those under --out
+        that are not its outputs into `foreign`; what it leaves out into `left`, failures into `unlisted`.
+        Links are followed as from `root` (bulk/walk.py), each real directory once."""
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
-        for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
+        for d, subdirs, names in walk(top, onerror=unreadable, root=str(root), entered=entered):
             if another_jobs(d, names):
                 subdirs.clear()
                 continue
             subdirs[:] = [x for x in subdirs if not x.startswith(".")]  # walk lists them sorted
+            beside_arrow = any(type_suffix(Path(n)) in ARROW for n in names)
             for n in names:
                 if n.startswith("."):
                     continue
                 f = Path(d) / n
                 try:
                     is_file = f.is_file()
-                    if is_file and (kind := _left_out_as(f, fmt)):
+                    if is_file and (kind := _left_out_as(f, fmt, beside_arrow)):
                         if not mine(f):
                             getattr(left, kind).append(_shown(f, root))
                     elif is_file and _wanted(f, fmt):
@@ -184,8 +194,13 @@ def shards(
                             unlisted[_shown(f, root)] = why
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
+
+    if path.is_dir():
+        files, foreign = [], []
+        walk_directory(str(root), files, foreign)
         _refuse_foreign(foreign, out)
         left.csvs.sort()
+        left.arrows.sort()
         left.parquets.sort()
         left.not_parquets.sort()
         if not files and not unlisted:
@@ -202,9 +217,18 @@ def shards(
     matches, foreign = [], []
     found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
     unlisted.update(failed)
+    real_root, walked = os.path.realpath(root), False
     for p in found:
         try:
-            if Path(p).is_file():
+            if Path(p).is_dir():
+                # Walked as a directory INPUT is (`crawl/2024-*`, each a folder of shards): its files were
+                # dropped without a word. A linked one is taken as the glob's walk takes a linked directory
+                # (bulk/walk.py): not where it leads under the glob's root (found by its own path there) or
+                # above it, and a real directory once (`entered`).
+                real, walked = os.path.realpath(p), True
+                if not (os.path.islink(p) and (under(real, real_root) or under(real_root, real))):
+                    walk_directory(os.path.abspath(p), matches, foreign)
+            elif Path(p).is_file():
                 if not mine(p):
                     matches.append(Path(os.path.abspath(p)))
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
@@ -215,10 +239,15 @@ def shards(
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
+    for names in (left.csvs, left.arrows, left.parquets, left.not_parquets):
+        names.sort()
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
         if inside_out.startswith(":"):
             raise InputError(f"{spec}{inside_out}{said}")
+        if walked:
+            raise InputError(f"{spec}: no input files in the files and directories it matches as a glob (looked "
+                             f"for {', '.join(SUFFIXES)}, in any case){inside_out}{said}")  # fmt: skip
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )
@@ -245,6 +274,7 @@ def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
         into.csvs += left.csvs
+        into.arrows += left.arrows
         into.parquets += left.parquets
         into.not_parquets += left.not_parquets
         into.jobs += sorted(left.jobs)
@@ -297,7 +327,9 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
     type's, .md or .md5), with what to do; None: it reads it, or a --format says how. A compressed file of
     a type it reads is not refused here: read (.gz, .bz2, .xz), or failing as a shard wherever it is found
     (`plan`). With --format jsonl or text, a Parquet file (by its suffix or first bytes) is refused all the
-    same: read as lines, its bytes were scored as documents."""
+    same: read as lines, its bytes were scored as documents; an Arrow file under any --format."""
+    if type_suffix(path) in ARROW:  # "give --format jsonl, parquet or text", though none of them reads it
+        return arrow_hint(path)
     if fmt != "auto":
         if is_parquet(path, fmt):
             return parquet_hint(path, fmt)

@@ -1,4 +1,4 @@
-"""What a directory or glob INPUT leaves out and a run names in a note (`LeftOut`): CSVs, Parquet files under
+"""What a directory or glob INPUT leaves out and a run names in a note (`LeftOut`): CSVs, Arrow files, Parquet files under
 --format jsonl or text, files that are not Parquet under --format parquet, other jobs' --out directories and
 links to listed files; the notes themselves (`left_out_notes`), and `listed`, the short list of names they and
 the job's other messages give."""
@@ -18,6 +18,12 @@ _NOTES = (
     ("csvs", "CSV file(s)", "CSV file(s)", "as bulk does not read CSV",
      "To score one, convert it to Parquet (name the CSV as INPUT and bulk prints the one-line conversion): give "
      "the .parquet as INPUT, or write it under INPUT and the next run takes it"),
+    ("arrows", "Arrow (or save_to_disk) file(s)", "Arrow (or save_to_disk) file(s)",
+     "as bulk does not read Arrow IPC or Feather (a Hugging Face save_to_disk folder's state.json and "
+     "dataset_info.json beside them are its metadata, and left out with them)",
+     "To score them, convert them to Parquet (name one as INPUT and bulk prints the one-line conversion; a "
+     "save_to_disk folder whole: datasets.load_from_disk(DIR).to_parquet(FILE)): give the .parquet as INPUT, or "
+     "write it under INPUT and the next run takes it"),
     ("parquets", "Parquet file(s)", "Parquet file(s)", "as --format reads every file as it says, and these are Parquet",
      "To score them, give them to a job of their own with --format parquet"),
     ("not_parquets", "file(s)", "file(s)", "as --format parquet reads every file as Parquet, and these are not",
@@ -32,11 +38,12 @@ _NOTES = (
 
 @dataclass
 class LeftOut:
-    """What a directory or glob INPUT leaves out and a run names in a note (_NOTES): CSVs, Parquet files
+    """What a directory or glob INPUT leaves out and a run names in a note (_NOTES): CSVs, Arrow files, Parquet files
     under --format jsonl or text, files not Parquet under --format parquet, other jobs' --out directories
     and links to listed files, relative to the input root, sorted."""
 
     csvs: list[str] = field(default_factory=list)
+    arrows: list[str] = field(default_factory=list)  # and a save_to_disk folder's JSON files beside them
     parquets: list[str] = field(default_factory=list)
     not_parquets: list[str] = field(default_factory=list)  # under --format parquet
     jobs: list[str] = field(default_factory=list)

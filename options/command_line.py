@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -91,6 +92,11 @@ def _unknown_flags(p: _Parser, extras: Sequence[str]) -> str:
             said.append(f"{given}: did you mean {' or '.join(close)}?")
         else:
             lost = True
+    # Words that are files or directories: a glob the shell expanded (`big/*.jsonl` unquoted), where the command
+    # reads one itself; said beside argparse's list of them, which named no reason.
+    strays = [a for a in extras if not a.startswith("-") and os.path.lexists(a)]
+    if strays and p.stray_paths_hint:
+        said.append(f"{'these paths are' if len(strays) > 1 else 'it is'} on disk: {p.stray_paths_hint}.")
     if lost or not said:  # a flag like nothing known, or a stray word with no flag before it
         said.append(f"{p.prog} --help lists the options.")
     return " (" + " ".join(said).removesuffix(".") + ")"
@@ -116,6 +122,7 @@ def parser(
     p = _Parser(prog=prog, description=description, allow_abbrev=False, epilog=EPILOG if reads_env else EPILOG_NO_ENV,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.hints = getattr(cls, "FLAG_HINTS", {})
+    p.stray_paths_hint = getattr(cls, "STRAY_PATHS_HINT", None)
     if config_file:
         p.add_argument("--config", metavar="FILE", action=_Once, help=_config_help(cls))
     for f in dataclasses.fields(cls):

@@ -80,7 +80,8 @@ def test_a_compressed_text_shard_reads_as_its_plain_copy(tmp_path):
 def test_what_a_compressed_shard_holds_is_judged_at_planning_by_its_decompressed_head(tmp_path):
     """A .jsonl.gz in UTF-16, or a .json.gz that is one JSON array, fails by name as its plain copy does,
     led by the command that decompresses it (the conversion works on that); a file that is not gzip at all,
-    or cut short within its head, fails there naming itself; .zst, .lz4 and compressed Parquet by name."""
+    cut short within its head, or empty (0 bytes: gzip's reader took it for no rows), fails there naming
+    itself; .zst, .lz4 and compressed Parquet by name."""
     corpus = tmp_path / "c"
     corpus.mkdir()
     (corpus / "wide.jsonl.gz").write_bytes(gzip.compress('{"text": "a"}\n'.encode("utf-16")))
@@ -88,17 +89,22 @@ def test_what_a_compressed_shard_holds_is_judged_at_planning_by_its_decompressed
     (corpus / "plain.jsonl.gz").write_bytes(b'{"text": "not gzip"}\n')
     whole = gzip.compress(b'{"text": "a"}\n' * 1000)
     (corpus / "short.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (corpus / "empty.jsonl.gz").write_bytes(b"")  # a download that failed: gzip's reader takes it as no rows
     (corpus / "z.jsonl.zst").write_bytes(ZSTD_MAGIC + b"never read")
     (corpus / "l.txt.lz4").write_bytes(b"never read")
     (corpus / "rows.parquet.gz").write_bytes(b"never read")
     parts, failed, _ = _plan(corpus)
-    assert not parts and len(failed) == 7
+    assert not parts and len(failed) == 8
     assert failed["wide.jsonl.gz"].startswith(f"decompressed (`gzip -dk {corpus / 'wide.jsonl.gz'}` writes ")
     assert "it is UTF-16" in failed["wide.jsonl.gz"]
     # Converted from the compressed file itself: decompressed first, it left another array under INPUT.
     assert "xz -dk" not in failed["array.json.xz"] and "one JSON array" in failed["array.json.xz"]
     assert f"writes {corpus / 'array.jsonl'} " in failed["array.json.xz"]
-    for name, error in (("plain.jsonl.gz", "BadGzipFile"), ("short.jsonl.gz", "EOFError")):
+    for name, error in (
+        ("plain.jsonl.gz", "BadGzipFile"),
+        ("short.jsonl.gz", "EOFError"),
+        ("empty.jsonl.gz", "BadGzipFile"),
+    ):
         assert failed[name].startswith(f"{corpus / name} does not read as gzip to its end ({error}")
         assert f"gzip -t {corpus / name}" in failed[name]
     for name in ("z.jsonl.zst", "l.txt.lz4"):

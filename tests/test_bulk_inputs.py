@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv
+import pyarrow.feather
+import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
@@ -524,6 +526,38 @@ def test_the_ray_addresses_ray_takes_pass_and_an_empty_one_exits_2_before_ray_st
     assert err.startswith("python -m bulk: --ray is empty") and "Traceback" not in err
 
 
+def test_a_config_saved_by_a_ray_run_reruns_on_local_processes_with_ray_none(tmp_path):
+    """A config.json of a `--ray ADDRESS` run could not be rerun locally: --no-ray was unknown, `--ray none`
+    no address, and `--ray ""` said to leave --ray out, which a --config file does not allow. `--ray none`
+    unsets it (and is saved unset); the refusals of the others say so."""
+    from options import as_dict
+
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({"input": "in", "out": "o", "model": "m", "ray": "127.0.0.2:8300"}))
+    base = ["--config", str(saved), "--out", str(tmp_path / "new")]
+    assert resolve(base).ray == "127.0.0.2:8300"
+    for word in ("none", "None"):
+        cfg = resolve([*base, "--ray", word])
+        assert cfg.ray is None and as_dict(cfg)["ray"] is None
+    for given, says in ((["--no-ray"], r"--no-ray: give --ray none to score with local processes"),
+                        (["--ray", ""], r"leave --ray out \(or give --ray none, over a --config that sets it\)"),
+                        (["--ray", "nowhere"], r"no address Ray can join.*; or --ray none for local processes")):  # fmt: skip
+        with pytest.raises(ConfigError, match=says):
+            resolve([*base, *given])
+
+
+def test_a_glob_the_shell_expanded_is_told_to_be_quoted(tmp_path):
+    """`python -m bulk big/*.jsonl` unquoted: the shell gave each file, and bulk said only "unrecognized
+    arguments: big/s1.jsonl big/s2.jsonl". Where those words are paths on disk, it says to quote the glob."""
+    shards_ = [str(lines(tmp_path / "big" / f"s{i}.jsonl", [{"text": "a line"}])) for i in range(3)]
+    with pytest.raises(ConfigError, match=r"unrecognized arguments: .*s2\.jsonl \(these paths are on disk: a glob "
+                       r"the shell expanded\? .*quote the glob .* or give the directory\)$"):  # fmt: skip
+        resolve([shards_[0], "--out", "o", "--model", "m", *shards_[1:]])
+    with pytest.raises(ConfigError) as refused:  # a stray word that names nothing: no such guess
+        resolve([shards_[0], "--out", "o", "--model", "m", "nothing-here"])
+    assert "glob" not in str(refused.value) and "--help lists the options" in str(refused.value)
+
+
 def test_a_glob_that_matches_nothing_says_so(tmp_path):
     (tmp_path / "a.txt").write_text("a file, not a directory\n")
     for spec in (tmp_path / "missing" / "*.jsonl", tmp_path / "**" / "*.parquet", tmp_path / "a.txt" / "*"):
@@ -548,6 +582,32 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
     os.mkfifo(tmp_path / "pipe.jsonl")
     with pytest.raises(InputError, match="is not a regular file \\(a pipe or a device\\?\\)"):
         shards(str(tmp_path / "pipe.jsonl"), "auto")
+
+
+def test_a_directory_a_glob_matches_is_walked_as_a_directory_input(tmp_path):
+    """`crawl/2024-*`, each match a folder of shards: a glob dropped the directories it matched without a
+    word (exit 0 on the files beside them), and one matching folders alone was refused as matching nothing.
+    Each is walked as a directory INPUT is: its files by suffix, hidden ones and CSVs left out (named), its
+    files named from the glob's root; a directory of nothing to read refused as such."""
+    g = tmp_path / "g"
+    g.mkdir()
+    (g / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "beside"}\n'))
+    lines(g / "sub" / "a.jsonl", [{"text": "in a folder"}])
+    (g / "sub" / "deeper").mkdir()
+    (g / "sub" / "deeper" / "t.txt").write_text("deeper\n")
+    (g / "sub" / "meta.csv").write_text("a,b\n")
+    lines(g / "sub" / ".hidden" / "h.jsonl", [{"text": "not input"}])
+    (g / "empty").mkdir()
+    inside = ["sub/a.jsonl", "sub/deeper/t.txt"]
+    for spec, want in ((f"{g}/*", ["b.jsonl.gz", *inside]), (f"{g}/s*", inside), (f"{g}/*/", inside),
+                       (f"{g}/**", ["b.jsonl.gz", *inside])):  # fmt: skip
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", left_out=left)
+        assert root == g and [f.relative_to(g).as_posix() for f in files] == want and not unlisted, spec
+        assert left.csvs == ["sub/meta.csv"], spec
+    assert [d.text for d in docs_of(f"{g}/s*")] == ["in a folder", "deeper"]
+    with pytest.raises(InputError, match=r"no input files in the files and directories it matches as a glob"):
+        shards(f"{g}/e*", "auto")
 
 
 def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
@@ -821,6 +881,61 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
         InputError, match=r"no input files .*CSV file\(s\) under INPUT left out.*x/b\.csv.*Parquet"
     ):
         shards(str(only), "auto")
+
+
+def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fail_with_a_conversion(
+    tmp_path,
+):
+    """A Hugging Face save_to_disk folder (data-*.arrow, an Arrow IPC stream; state.json; dataset_info.json on
+    one line) was skipped in silence but for its JSON files: dataset_info.json was scored, and the job
+    failed on its first field, 'citation'. Under a directory the Arrow files and that metadata beside them
+    are left out and named; matched by a glob or named outright, an Arrow file fails (or is refused) by
+    name, with a conversion to Parquet that then reads, not "give --format jsonl, parquet or text"."""
+    import subprocess
+
+    corpus = tmp_path / "corpus"
+    lines(corpus / "a.jsonl", [{"text": "read"}])
+    hf = corpus / "hf"
+    hf.mkdir()
+    table = pa.table({"text": ["first row", "second row"]})
+    with pyarrow.ipc.new_stream(hf / "data-00000-of-00001.arrow", table.schema) as w:  # as datasets writes it
+        w.write_table(table)
+    (hf / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}, indent=2)
+    )
+    (hf / "dataset_info.json").write_text(json.dumps({"citation": "", "features": {}}))
+    pyarrow.feather.write_feather(table, corpus / "t.feather")
+    lines(corpus / "other" / "state.json", [{"text": "no Arrow beside it: read"}])
+    left = LeftOut()
+    root, files, unlisted = shards(str(corpus), "auto", left_out=left)
+    assert [f.relative_to(corpus).as_posix() for f in files] == [
+        "a.jsonl",
+        "other/state.json",
+    ] and not unlisted
+    assert left.arrows == [
+        "hf/data-00000-of-00001.arrow",
+        "hf/dataset_info.json",
+        "hf/state.json",
+        "t.feather",
+    ]
+    (note,) = left_out_notes(left)
+    assert "4 Arrow (or save_to_disk) file(s) under INPUT left out" in note and "to_parquet" in note, note
+    assert shards(str(corpus), "jsonl", left_out=LeftOut())[1] == files  # no --format reads them
+    with pytest.raises(
+        InputError, match=r"t\.feather: it is an Arrow IPC or Feather file, which bulk does not"
+    ):
+        shards(str(corpus / "t.feather"), "auto")
+    with pytest.raises(InputError, match=r"no input files .*Arrow .*state\.json"):  # the folder alone
+        shards(str(hf), "auto")
+    failed = plan(*shards(f"{corpus}/**/*.*[rw]", "auto")[:2], "auto", 1 << 20)[1]
+    assert sorted(failed) == ["hf/data-00000-of-00001.arrow", "t.feather"], failed
+    for name, why in failed.items():
+        assert "--format" not in why.replace("no --format does", ""), why
+        command = why.split("naming the new file where INPUT named this one: ")[1]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        converted = (corpus / name).with_suffix(".parquet")
+        assert [d.text for d in docs_of(converted)] == ["first row", "second row"]
 
 
 def test_parquet_under_a_directory_with_a_format_is_left_out_by_name_and_refused_when_named(tmp_path):
