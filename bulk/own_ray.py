@@ -105,9 +105,13 @@ def end_recorded(out: Path) -> tuple[str, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    usage = ("usage: python -m bulk.own_ray DIR: end the processes that the Ray instance of a `python -m bulk "
+             "--ray` job killed with kill -9 left, DIR being that job's --out")  # fmt: skip
+    if args in (["-h"], ["--help"]):  # asked for: on stdout, exit 0, as every other entry point's --help
+        print(usage)
+        return 0
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m bulk.own_ray DIR: end the processes that the Ray instance of a `python -m bulk "
-              "--ray` job killed with kill -9 left, DIR being that job's --out", file=sys.stderr)  # fmt: skip
+        print(usage, file=sys.stderr)
         return 2
     out = Path(args[0])
     if not (out / SESSION_FILE).is_file():

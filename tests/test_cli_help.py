@@ -394,3 +394,18 @@ def test_without_the_training_install_training_says_how_to_install_it(module, ar
         done.stderr
     )
     assert re.search(r"^exit 2$", done.stderr, re.M) and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_bulk_own_ray_answers_help_on_stdout_with_exit_0():
+    """docs/bulk.md names `python -m bulk.own_ray DIR`; its --help printed the usage as an error (exit 2)."""
+    import contextlib
+    import io
+
+    from bulk.own_ray import main as own_ray
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert own_ray(["--help"]) == 0
+    assert said.getvalue().startswith("usage: python -m bulk.own_ray DIR")
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert own_ray([]) == 2 and own_ray(["--bogus"]) == 2  # no DIR, or a flag it has not: still refused
