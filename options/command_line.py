@@ -84,9 +84,12 @@ def _unknown_flags(p: _Parser, extras: Sequence[str]) -> str:
         if given in p.hints:
             said.append(f"{given}: {p.hints[given]}.")
             continue
-        close = difflib.get_close_matches(given, known, n=3, cutoff=0.6)
+        # Compared without the "--" every flag has, which made a short one seem close to anything: --bogus was
+        # "did you mean --out?".
+        bare = {k[2:]: k for k in known}
+        close = [bare[k] for k in difflib.get_close_matches(given.lstrip("-"), bare, n=3, cutoff=0.6)]
         # The runners-up only where nearly as close: --precison is --precision, not --triton too.
-        ratio = {k: difflib.SequenceMatcher(None, given, k).ratio() for k in close}
+        ratio = {k: difflib.SequenceMatcher(None, given.lstrip("-"), k[2:]).ratio() for k in close}
         close = [k for k in close if ratio[k] >= ratio[close[0]] - 0.1]
         if close:
             said.append(f"{given}: did you mean {' or '.join(close)}?")

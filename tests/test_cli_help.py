@@ -179,7 +179,8 @@ def test_a_mistyped_flag_is_told_the_closest_and_a_strange_one_the_help(module):
         near = f"{meant[:-1]}: did you mean (--[a-z-]+ or )*{re.escape(meant)}[? ]"  # among the closest
         with pytest.raises(options.ConfigError, match=near):
             options.resolve(cls, [*required, meant[:-1], "1"], env={})
-    for stray in (["--qqqqqq", "1"], ["stray"], ["--", "-x"]):  # "--" is no flag to match
+    # --bogus is like no flag: measured with the "--" every flag has, it was "did you mean --out?".
+    for stray in (["--qqqqqq", "1"], ["--bogus"], ["stray"], ["--", "-x"]):  # "--" is no flag to match
         with pytest.raises(options.ConfigError, match=f"python -m {module} --help lists the options"):
             options.resolve(cls, [*required, *stray], env={}, prog=f"python -m {module}")
     switch = next((f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")), None)
