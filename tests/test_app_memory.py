@@ -13,7 +13,15 @@ import pytest
 
 from app.errors import AppError, ErrorType
 from app.scheduling.forming import Job, Lane, Step, next_step
-from app.scheduling.memory import HEADROOM, MIB, MemoryBudget, bulk_at_once, cap_interactive, cgroup_limit
+from app.scheduling.memory import (
+    HEADROOM,
+    MIB,
+    MemoryBudget,
+    bulk_at_once,
+    cap_bulk,
+    cap_interactive,
+    cgroup_limit,
+)
 
 try:
     from app_fixtures import run_server
@@ -98,10 +106,13 @@ def test_the_most_tokens_a_request_may_have_is_the_last_that_reserve_takes(limit
     assert too_big.value.type is ErrorType.TOO_MANY_TOKENS
 
 
-def _models(n: int, budget: int, max_length: int = 512) -> dict:
-    """What cap_interactive reads of a served model: its longest row and its interactive lane."""
+def _models(n: int, budget: int, max_length: int = 512, bulk_budget: int = 4096) -> dict:
+    """What cap_interactive and cap_bulk read of a served model: its longest row, its two lanes and the bulk
+    batch size its reservations count."""
     return {f"m{i}": SimpleNamespace(bundle=SimpleNamespace(manifest=SimpleNamespace(max_length=max_length)),
-                                     scheduler=SimpleNamespace(lanes={False: Lane(budget, bulk=False)}))
+                                     scheduler=SimpleNamespace(lanes={False: Lane(budget, bulk=False),
+                                                                      True: Lane(bulk_budget, bulk=True)},
+                                                               admission=SimpleNamespace(bulk_batch_tokens=bulk_budget)))
             for i in range(n)}  # fmt: skip
 
 
@@ -142,13 +153,31 @@ def test_interactive_batches_take_at_most_half_the_room_when_they_must_be_cut():
     cut = models["m0"].scheduler.lanes[False].budget
     assert 512 < cut < 16384 and b.interactive <= b.room // 2 < b.interactive + 4 * b.cost(1, 1)
     assert b.bulk_room == b.room - b.interactive
-    # A request whose one batch fit the whole room, not the half left to large requests, is refused 413.
+    # One batch of --bulk-batch-tokens fit the whole room, not the half left to large requests: as it is, a
+    # request of 4,096 tokens is refused 413, naming the share kept ...
     with pytest.raises(AppError) as too_big:
         b.reserve("m", 4096, 4096)
     assert too_big.value.type is ErrorType.TOO_MANY_TOKENS
     assert f"{b.interactive / MIB:.0f} MiB kept for interactive batches" in too_big.value.message
-    most = b.most_tokens(4096)
-    assert most is not None and b.need(most, 4096) <= b.bulk_room < b.need(most + 1, 4096)
+    # ... so the large requests' batches are cut to what their half holds, and every size is served whole,
+    # in more batches, one request at a time at the most.
+    cut = cap_bulk(b, SimpleNamespace(bulk_batch_budget=4096), models)
+    assert 512 <= cut < 4096 and b.most_tokens(cut) is None
+    assert all(
+        m.scheduler.lanes[True].budget == m.scheduler.admission.bulk_batch_tokens == cut
+        for m in models.values()
+    )
+    b.release(b.reserve("m", 100_000, cut))
+    assert b.reserve("m", 4096, cut) + b.interactive <= b.room
+
+
+def test_bulk_batches_are_cut_no_further_than_one_row_of_the_longest_model():
+    b = budget(600, 500, per_token=30_000)  # room 40 MiB: one 512-token row costs ~15 MiB
+    models = _models(1, 16384, max_length=512)
+    cap_interactive(b, SimpleNamespace(runners=2, batch_token_budget=16384), models)
+    assert cap_bulk(b, SimpleNamespace(bulk_batch_budget=4096), models) == 512
+    most = b.most_tokens(512)  # what even those leave: requests past it get 413, as before
+    assert most is None or b.need(most, 512) <= b.bulk_room < b.need(most + 1, 512)
 
 
 def test_one_bulk_request_runs_on_several_runners_at_once_and_reserves_for_each():

@@ -200,25 +200,55 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
     memory.interactive_tokens = settings.interactive_tokens
     memory.bulk_at_once = bulk_at_once(settings.runners)
     cap_interactive(memory, settings, models)
+    batch = cap_bulk(memory, settings, models)
     memory.gauge = metrics.memory
     metrics.memory.labels("limit").set(memory.limit)
     metrics.memory.labels("baseline").set(memory.baseline)
     metrics.memory.labels("interactive").set(memory.interactive)
     log.info("memory: %s", memory.describe())
-    most = memory.most_tokens(settings.bulk_batch_budget)
-    if most is not None:
-        # A bulk request smaller than one full batch reserves less: only those past `most` get the 413.
+    most = memory.most_tokens(batch)
+    if most is not None:  # even bulk batches of one full-length row, cut as far as they go, do not fit
+        # A bulk request smaller than its batches at once reserves less: only those past `most` get the 413.
         interactive = settings.interactive_tokens
         refused = (f"requests over --interactive-tokens ({interactive}) will be refused (413)" if most <= interactive
                    else f"requests over {most} model-input tokens will be refused (413); those over "
                         f"--interactive-tokens ({interactive}) up to {most} are served as bulk")  # fmt: skip
         batches = ("one bulk batch" if memory.bulk_at_once == 1 else
                    f"{memory.bulk_at_once} bulk batches at once (--runners {settings.runners}, one fewer)")  # fmt: skip
-        need = memory.need(settings.bulk_batch_budget * memory.bulk_at_once, settings.bulk_batch_budget)
-        log.warning("memory: %s of %d tokens (--bulk-batch-tokens, at most --batch-token-budget) needs about "
+        need = memory.need(batch * memory.bulk_at_once, batch)
+        log.warning("memory: %s of %d tokens (a row of the longest model, the least a batch holds) needs about "
                     "%.0f MiB, more than the %.0f MiB the limit leaves large requests%s: %s; raise the limit or "
-                    "lower --bulk-batch-tokens", batches, settings.bulk_batch_budget, need / MIB,
-                    max(0, memory.bulk_room) / MIB, memory.beside(), refused)  # fmt: skip
+                    "lower --runners", batches, batch, need / MIB, max(0, memory.bulk_room) / MIB, memory.beside(),
+                    refused)  # fmt: skip
+
+
+def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
+    """The tokens of a bulk batch under the limit, returned: --bulk-batch-tokens (at most
+    --batch-token-budget), cut where a request's batches at once (`bulk_at_once`) would not fit what the limit
+    leaves large requests, never below one row of the longest model. Uncut, a request that needed more than
+    that room was refused 413, though it runs whole in smaller batches: at 800 MiB, with half the room kept
+    for interactive batches, every request over about 2,600 tokens. Its model's bulk lane forms batches of
+    the cut size, and its reservations count them."""
+    budget = settings.bulk_batch_budget
+    if not models or memory.price <= 0:
+        return budget
+    fits = int(max(0, memory.bulk_room) / (memory.bulk_at_once * memory.price))
+    while fits > 0 and memory.need(fits * memory.bulk_at_once, fits) > memory.bulk_room:  # cost() rounds down
+        fits -= 1
+    if fits >= budget:
+        return budget
+    longest = max(m.bundle.manifest.max_length for m in models.values())
+    cap = max(fits, longest)
+    for m in models.values():
+        lane = m.scheduler.lanes[True]
+        lane.budget = min(lane.budget, cap)
+        m.scheduler.admission.bulk_batch_tokens = min(m.scheduler.admission.bulk_batch_tokens, cap)
+    if fits >= longest:
+        log.warning("memory: large requests' batches of --bulk-batch-tokens %d tokens (at most --batch-token-budget) "
+                    "need more than the %.0f MiB the limit leaves them%s: they are cut at %d tokens, and run in "
+                    "more batches (raise the limit to keep them whole)", budget, max(0, memory.bulk_room) / MIB,
+                    memory.beside(), cap)  # fmt: skip
+    return cap
 
 
 def bulk_at_once(runners: int) -> int:
