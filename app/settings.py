@@ -370,6 +370,12 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
                 f"--max-request-tokens {self.max_request_tokens} exceeds --max-bulk-tokens "
                 f"{self.max_bulk_tokens}: such a request could never be admitted"
             )
+        if self.memory_limit_mb < -1:
+            # -7 read as "none" like -1, the only negative the help names: a typo lost the limit silently.
+            raise SettingsError(
+                f"{flag('memory_limit_mb')} must be >= -1 (MiB; 0: the cgroup's limit; -1: none), "
+                f"got {self.memory_limit_mb}"
+            )
         if self.port > 65535:
             raise SettingsError(f"{flag('port')} must be <= 65535, got {self.port}")
         if self.api_key is not None:

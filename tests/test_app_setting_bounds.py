@@ -25,6 +25,8 @@ REFUSED = [
     (("--max-wait-ms", "500", "--read-timeout-s", "0.5"), "give less than 500"),
     (("--max-wait-ms", "60000", "--read-timeout-s", "0"), "is not below a minute"),
     (("--drain-delay-s", "1e308"), "at most 300"),
+    # -7 served with no memory limit at all, as -1 does, the only negative the help names.
+    (("--memory-limit-mb", "-7"), "must be >= -1 (MiB; 0: the cgroup's limit; -1: none), got -7"),
 ]
 
 
@@ -68,6 +70,7 @@ def test_the_bounds_themselves_and_0_for_auto_are_taken():
     assert auto.threads_per_runner() == max(1, CORES // 2)
     assert resolved("--max-wait-ms", "29999").max_wait_ms == 29999
     assert resolved("--drain-delay-s", "300").drain_delay_s == 300
+    assert resolved("--memory-limit-mb", "-1").memory_limit_mb == -1
 
 
 def test_every_timeout_says_in_the_help_that_0_is_no_limit():

@@ -6,8 +6,10 @@ The limit is --memory-limit-mb, else the cgroup's (a container's --memory, a pod
 costs is measured, not guessed: at load, each model runs one batch at the bulk budget (--bulk-batch-tokens
 of full-length rows) while a thread samples the resident memory; the rise per padded token is the price of
 a bulk request's tokens (its rows run in batches of at most that budget). What is resident once every model
-is loaded and warm is the baseline; the large requests in flight must fit between it and HEADROOM of the
-limit. One-sentence requests are not counted: the warm-up already grew the arenas to a full-length batch.
+is loaded and warm is the baseline; what may run between it and HEADROOM of the limit (the room) is split
+in two. Interactive requests reserve nothing, so a share of the room is set aside for their batches, as many
+as may run at once (`cap_interactive`); the large requests in flight reserve from the rest (`bulk_room`).
+Both once took the whole room, and a mixed load passed an 800 MiB limit by 100 MiB.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class MemoryBudget:
         self.reserved = 0  # what the admitted, unanswered bulk requests may use
         self.gauge = None  # electra_memory_bytes, once the server has settled
         self.interactive_tokens = 0  # --interactive-tokens: larger requests reserve (set by settle())
+        self.interactive = 0  # the room set aside for interactive batches, all that may run at once
+        # A bulk request's batches that may run at once (set by settle()): its model runs bulk batches on up
+        # to --runners - 1 runners, and the next of a long request's batches is formed while one runs.
+        self.bulk_at_once = 1
 
     def measured(self, per_token: float) -> None:
         self.per_token = max(self.per_token, per_token)
@@ -98,48 +104,60 @@ class MemoryBudget:
     def cost(self, tokens: int, batch_tokens: int) -> int:
         return int(self.price * min(tokens, batch_tokens))
 
+    def need(self, tokens: int, batch_tokens: int) -> int:
+        """What a bulk request of `tokens` reserves: its batches of at most `batch_tokens`, as many of them
+        as may run at once (`bulk_at_once`; one batch's worth undercounted it on --runners 3 or more)."""
+        return self.cost(tokens, batch_tokens * self.bulk_at_once)
+
     @property
     def room(self) -> int:
+        """What may run above the loaded models: interactive batches and large requests together."""
         return int(HEADROOM * self.limit) - self.baseline
 
+    @property
+    def bulk_room(self) -> int:
+        """What large requests in flight may reserve: the room less the interactive batches' share."""
+        return self.room - self.interactive
+
     def most_tokens(self, batch_tokens: int) -> int | None:
-        """The most model-input tokens a bulk request may have and still fit the room alone, as `reserve`
-        counts them (a request refused 413 has more); None when every size fits (one batch of
-        `batch_tokens` does: a request never reserves more)."""
-        if self.cost(batch_tokens, batch_tokens) <= self.room:
+        """The most model-input tokens a bulk request may have and still fit the bulk room alone, as
+        `reserve` counts them (a request refused 413 has more); None when every size fits (its batches at
+        once, `bulk_at_once` of `batch_tokens`, do: a request never reserves more)."""
+        room = self.bulk_room
+        if self.need(batch_tokens * self.bulk_at_once, batch_tokens) <= room:
             return None
-        if self.room < 0 or self.price <= 0:
+        if room < 0 or self.price <= 0:
             return 0
-        most = int(self.room / self.price)  # then made exact against cost()'s rounding down
-        while most > 0 and self.cost(most, batch_tokens) > self.room:
+        most = int(room / self.price)  # then made exact against cost()'s rounding down
+        while most > 0 and self.need(most, batch_tokens) > room:
             most -= 1
-        while self.cost(most + 1, batch_tokens) <= self.room:
+        while self.need(most + 1, batch_tokens) <= room:
             most += 1
         return most
 
     def reserve(self, model: str, tokens: int, batch_tokens: int) -> int:
         """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
         changes once the server settles); 413 or 429 where they do not fit."""
-        need = self.cost(tokens, batch_tokens)
-        smallest = self.cost(self.interactive_tokens + 1, batch_tokens)
-        if need > self.room and smallest > self.room:
+        need, room = self.need(tokens, batch_tokens), self.bulk_room
+        smallest = self.need(self.interactive_tokens + 1, batch_tokens)
+        if need > room and smallest > room:
             # No request that reserves fits at all: "send fewer or shorter texts" would be said forever to
             # every one of them, while only a request under --interactive-tokens, or a higher limit, helps.
             raise AppError(ErrorType.TOO_MANY_TOKENS,
-                           f"this server's memory limit ({self.limit / MIB:.0f} MiB, {self.source}) leaves "
-                           f"{max(0, self.room) / MIB:.0f} MiB above its loaded models, less than any request over "
+                           f"this server's memory limit ({self.limit / MIB:.0f} MiB, {self.source}) leaves large "
+                           f"requests {max(0, room) / MIB:.0f} MiB{self.beside()}, less than any request over "
                            f"--interactive-tokens {self.interactive_tokens} needs (about {smallest / MIB:.0f} MiB): "
                            f"send at most {self.interactive_tokens} model-input tokens per request, or have the "
                            f"server's limit ({self.source}) raised", field="tokens")  # fmt: skip
-        if need > self.room:
+        if need > room:
             raise AppError(ErrorType.TOO_MANY_TOKENS,
-                           f"this request's batches need about {need / MIB:.0f} MiB, more than the {max(0, self.room) / MIB:.0f} "
-                           f"MiB this server's memory limit ({self.limit / MIB:.0f} MiB, {self.source}) leaves above its "
-                           f"loaded models; send fewer or shorter texts", field="tokens")  # fmt: skip
-        if self.reserved + need > self.room:
+                           f"this request's batches need about {need / MIB:.0f} MiB, more than the {max(0, room) / MIB:.0f} "
+                           f"MiB this server's memory limit ({self.limit / MIB:.0f} MiB, {self.source}) leaves large "
+                           f"requests{self.beside()}; send fewer or shorter texts", field="tokens")  # fmt: skip
+        if self.reserved + need > room:
             raise AppError(ErrorType.OVERLOADED,
                            f"model {model!r}: large requests in flight already hold {self.reserved / MIB:.0f} of the "
-                           f"{self.room / MIB:.0f} MiB this server's memory limit leaves them; retry later",
+                           f"{max(0, room) / MIB:.0f} MiB this server's memory limit leaves them; retry later",
                            field="tokens", headers={"retry-after": "1"}, reason="memory")  # fmt: skip
         self.reserved += need
         self._show()
@@ -153,10 +171,16 @@ class MemoryBudget:
         if self.gauge is not None:
             self.gauge.labels("reserved").set(self.reserved)
 
+    def beside(self) -> str:
+        """Where the bulk room is said: what else the limit holds."""
+        return (f" above its loaded models and the {self.interactive / MIB:.0f} MiB kept for interactive batches"
+                if self.interactive else " above its loaded models")  # fmt: skip
+
     def describe(self) -> str:
         return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                 f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
-                f"{max(0, self.room) / MIB:.0f} MiB left for large requests in flight")  # fmt: skip
+                f"{max(0, self.room) / MIB:.0f} MiB above the models: {self.interactive / MIB:.0f} MiB kept for "
+                f"interactive batches, {max(0, self.bulk_room) / MIB:.0f} MiB left for large requests in flight")  # fmt: skip
 
 
 def budget_for(limit_mb: int) -> MemoryBudget | None:
@@ -169,51 +193,100 @@ def budget_for(limit_mb: int) -> MemoryBudget | None:
 
 
 def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
-    """Every model loaded: fix the budget's baseline, publish it, cut interactive batches to what the limit
-    holds, and say at start when one bulk batch could never fit the room the limit leaves."""
+    """Every model loaded: fix the budget's baseline, set aside the interactive batches' share of the room
+    (cutting them to what half of it holds), publish both, and say at start when a large request's batches
+    could never fit what the limit leaves them."""
     memory.settle()
     memory.interactive_tokens = settings.interactive_tokens
+    memory.bulk_at_once = bulk_at_once(settings.runners)
     cap_interactive(memory, settings, models)
+    batch = cap_bulk(memory, settings, models)
     memory.gauge = metrics.memory
     metrics.memory.labels("limit").set(memory.limit)
     metrics.memory.labels("baseline").set(memory.baseline)
+    metrics.memory.labels("interactive").set(memory.interactive)
     log.info("memory: %s", memory.describe())
-    most = memory.most_tokens(settings.bulk_batch_budget)
-    if most is not None:
-        # A bulk request smaller than one full batch reserves less: only those past `most` get the 413.
+    most = memory.most_tokens(batch)
+    if most is not None:  # even bulk batches of one full-length row, cut as far as they go, do not fit
+        # A bulk request smaller than its batches at once reserves less: only those past `most` get the 413.
         interactive = settings.interactive_tokens
         refused = (f"requests over --interactive-tokens ({interactive}) will be refused (413)" if most <= interactive
                    else f"requests over {most} model-input tokens will be refused (413); those over "
                         f"--interactive-tokens ({interactive}) up to {most} are served as bulk")  # fmt: skip
-        one_batch = memory.cost(settings.bulk_batch_budget, settings.bulk_batch_budget)
-        log.warning("memory: one bulk batch of %d tokens (--bulk-batch-tokens, at most --batch-token-budget) "
-                    "needs about %.0f MiB, more than the %.0f MiB the limit leaves: %s; raise the limit or lower "
-                    "--bulk-batch-tokens", settings.bulk_batch_budget, one_batch / MIB,
-                    max(0, memory.room) / MIB, refused)  # fmt: skip
+        batches = ("one bulk batch" if memory.bulk_at_once == 1 else
+                   f"{memory.bulk_at_once} bulk batches at once (--runners {settings.runners}, one fewer)")  # fmt: skip
+        need = memory.need(batch * memory.bulk_at_once, batch)
+        log.warning("memory: %s of %d tokens (a row of the longest model, the least a batch holds) needs about "
+                    "%.0f MiB, more than the %.0f MiB the limit leaves large requests%s: %s; raise the limit or "
+                    "lower --runners", batches, batch, need / MIB, max(0, memory.bulk_room) / MIB, memory.beside(),
+                    refused)  # fmt: skip
+
+
+def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
+    """The tokens of a bulk batch under the limit, returned: --bulk-batch-tokens (at most
+    --batch-token-budget), cut where a request's batches at once (`bulk_at_once`) would not fit what the limit
+    leaves large requests, never below one row of the longest model. Uncut, a request that needed more than
+    that room was refused 413, though it runs whole in smaller batches: at 800 MiB, with half the room kept
+    for interactive batches, every request over about 2,600 tokens. Its model's bulk lane forms batches of
+    the cut size, and its reservations count them."""
+    budget = settings.bulk_batch_budget
+    if not models or memory.price <= 0:
+        return budget
+    fits = int(max(0, memory.bulk_room) / (memory.bulk_at_once * memory.price))
+    while fits > 0 and memory.need(fits * memory.bulk_at_once, fits) > memory.bulk_room:  # cost() rounds down
+        fits -= 1
+    if fits >= budget:
+        return budget
+    longest = max(m.bundle.manifest.max_length for m in models.values())
+    cap = max(fits, longest)
+    for m in models.values():
+        lane = m.scheduler.lanes[True]
+        lane.budget = min(lane.budget, cap)
+        m.scheduler.admission.bulk_batch_tokens = min(m.scheduler.admission.bulk_batch_tokens, cap)
+    if fits >= longest:
+        log.warning("memory: large requests' batches of --bulk-batch-tokens %d tokens (at most --batch-token-budget) "
+                    "need more than the %.0f MiB the limit leaves them%s: they are cut at %d tokens, and run in "
+                    "more batches (raise the limit to keep them whole)", budget, max(0, memory.bulk_room) / MIB,
+                    memory.beside(), cap)  # fmt: skip
+    return cap
+
+
+def bulk_at_once(runners: int) -> int:
+    """How many of one bulk request's batches may run at once: as many as its model runs bulk batches at
+    once (Scheduler._claim: --runners - 1, or the one runner), since each free runner forms the next of them."""
+    return max(1, runners - 1)
 
 
 def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
     """Interactive requests reserve nothing (a sentence costs next to nothing), but many of them together
     fill batches of up to --batch-token-budget, --runners of them per model at once: at a pod's 1 GiB that
-    was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. Where they could not all
-    fit the room above the loaded models, each model's interactive batches are cut to a size that does
+    was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. So they get a share of the
+    room set aside (`memory.interactive`), and large requests reserve from the rest: when both could take the
+    whole room, a mixed load passed an 800 MiB limit by 100 MiB. Runners are shared between the lanes (a
+    runner on a bulk batch runs no interactive one), so counting every runner here and every bulk reservation
+    there is enough. Where all of them at the budget would take more than half the room, each model's
+    interactive batches are cut to a size that fits half, and the other half is left to large requests
     (a one-sentence request is still answered in one small batch; a long one runs in more of them)."""
     at_once = settings.runners * len(models)
     if not models or memory.price <= 0:
         return
-    fits = int(max(0, memory.room) / (at_once * memory.price))
-    if fits >= settings.batch_token_budget:
+    budget = settings.batch_token_budget
+    half = max(0, memory.room) // 2
+    if at_once * memory.cost(budget, budget) <= half:
+        memory.interactive = at_once * memory.cost(budget, budget)
         return
+    fits = int(half / (at_once * memory.price))
     longest = max(m.bundle.manifest.max_length for m in models.values())
     cap = max(fits, longest)  # a batch holds one row of the model's longest at least
     for m in models.values():
         lane = m.scheduler.lanes[False]
         lane.budget = min(lane.budget, cap)
+    memory.interactive = at_once * memory.cost(cap, cap)
     short = (f"; even batches of one {longest}-token row may not all fit at once: raise the limit or lower "
              "--runners" if fits < longest else "")  # fmt: skip
     log.warning("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
-                "about %.0f MiB, more than the %.0f MiB the limit leaves above the loaded models: interactive "
-                "batches are cut at %d tokens (set a lower --batch-token-budget to choose, or raise the limit)%s",
-                at_once, settings.runners, len(models), settings.batch_token_budget,
-                at_once * memory.cost(settings.batch_token_budget, settings.batch_token_budget) / MIB,
-                max(0, memory.room) / MIB, cap, short)  # fmt: skip
+                "about %.0f MiB, more than half the %.0f MiB the limit leaves above the loaded models (the other "
+                "half is for large requests): interactive batches are cut at %d tokens, %.0f MiB kept for them "
+                "(set a lower --batch-token-budget to choose, or raise the limit)%s",
+                at_once, settings.runners, len(models), budget, at_once * memory.cost(budget, budget) / MIB,
+                max(0, memory.room) / MIB, cap, memory.interactive / MIB, short)  # fmt: skip

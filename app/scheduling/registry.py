@@ -310,9 +310,11 @@ async def _load_all(bundles: list[Bundle], settings: Settings, memory: MemoryBud
         work = (asyncio.to_thread(_load_and_warm, b, settings) for b in bundles)
         return list(await asyncio.gather(*work, return_exceptions=True))
     # Said before the loading, which a limit too small for the models ends with the OOM killer (no line
-    # of ours after it): the last line an operator then reads names the limit.
+    # of ours after it): the last line an operator then reads names the limit, and says what a death there
+    # means. It is no death notice: a server that loads logs "memory: memory limit ..." next.
     log.info("memory: limit %.0f MiB (%s); loading %d model(s) one at a time, measuring what a batch costs "
-             "(killed now, the limit is too small for them)", memory.limit / 2**20, memory.source, len(bundles))  # fmt: skip
+             "(were the server killed before it logs what the limit leaves, the limit would be too small for "
+             "the models)", memory.limit / 2**20, memory.source, len(bundles))  # fmt: skip
     loaded = []
     for bundle in bundles:
         try:
