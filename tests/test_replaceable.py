@@ -147,11 +147,20 @@ def test_a_resume_of_a_run_missing_latest_restores_it_rather_than_starting_again
     """--resume where checkpoints/latest alone is gone said "drop --resume to start a new run", over the
     run's own checkpoints; then it said to write `latest` by hand. A kill between a checkpoint's rename and
     `latest` leaves just that: the resume names the newest checkpoint again and goes on."""
+    from options import ConfigError
     from training.run_dir import check_run_point
 
     for step in ("step-00000010", "step-00000020"):
         (tmp_path / "checkpoints" / step).mkdir(parents=True)
         (tmp_path / "checkpoints" / step / "config.json").write_text("{}")
+    # Under a torchrun of several processes, each raced to write it (one failing on the other's rename),
+    # and each had read the run's settings before it was back: refused, as it was, with what to do.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WORLD_SIZE", "2")
+        with pytest.raises(ConfigError, match=r"processes of a torchrun do not restore it themselves: .*echo "
+                           r"step-00000020 >"):  # fmt: skip
+            check_run_point(tmp_path, resume=True)
+    assert not (tmp_path / "checkpoints" / "latest").exists()
     check_run_point(tmp_path, resume=True)  # a kill between a checkpoint's rename and `latest`: restored
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step-00000020"
     (tmp_path / "checkpoints" / "latest").unlink()

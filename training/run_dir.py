@@ -134,24 +134,30 @@ def check_run_point(out: Path, resume: bool) -> None:
         if kept := sorted(d.parent.name for d in (out / "checkpoints").glob("step-*/config.json")):
             # `latest` alone gone: a kill between a checkpoint's rename into place and the writing of
             # `latest` (commit_checkpoint), which names it next. A step-N directory is whole once it has its
-            # name (write_atomically), so the newest is the one `latest` would have named.
-            _restore_latest(out, kept)
+            # name (write_atomically), so the newest is the one `latest` would have named. Restored by a
+            # process alone, before its settings are read from the run (pretrain.py); not by the ranks of a
+            # torchrun, which raced to write it and each read the run's settings before it was back.
+            _restore_latest(out, kept, alone=os.environ.get("WORLD_SIZE", "1") == "1")
             return
         raise ConfigError(f"--resume: {out} has no checkpoint yet; drop --resume to start a new run")
     if not resume and has_checkpoint:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 
-def _restore_latest(out: Path, kept: list[str]) -> None:
+def _restore_latest(out: Path, kept: list[str], alone: bool) -> None:
     from training.errors import write_text_atomically
 
     latest = out / "checkpoints" / LATEST
+    write_it = (f"write the name of the newest into it (echo {kept[-1]} > {shlex.quote(str(latest))}) and resume "
+                "again")  # fmt: skip
+    if not alone:
+        raise ConfigError(f"--resume: {latest} is missing, though the run keeps {', '.join(kept[-3:])}; the "
+                          f"processes of a torchrun do not restore it themselves: {write_it}")  # fmt: skip
     try:
         write_text_atomically(latest, kept[-1])
     except OSError as e:
         raise ConfigError(f"--resume: {latest} is missing, though the run keeps {', '.join(kept[-3:])}, and it "
-                          f"cannot be written ({e.strerror or e}): write the name of the newest into it (echo "
-                          f"{kept[-1]} > {shlex.quote(str(latest))}) and resume again") from None  # fmt: skip
+                          f"cannot be written ({e.strerror or e}): {write_it}") from None  # fmt: skip
     print(f"note: {latest} was missing (the run was stopped as it saved {kept[-1]}); it names {kept[-1]}, the "
           "newest checkpoint, again", file=sys.stderr)  # fmt: skip
 
