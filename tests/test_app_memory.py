@@ -21,6 +21,7 @@ from app.scheduling.memory import (
     cap_bulk,
     cap_interactive,
     cgroup_limit,
+    plan,
 )
 
 try:
@@ -275,3 +276,39 @@ def test_a_server_with_room_answers_large_requests(tmp_path):
                          server.log())  # fmt: skip
         assert said and kept > 0 and abs(int(said.group(2)) - kept / MIB) < 1, server.log()
         assert abs(int(said.group(1)) - int(said.group(2)) - int(said.group(3))) <= 1
+
+
+@pytest.mark.parametrize(("limit_mib", "runners"), [(600, 2), (800, 4), (700, 3)])
+def test_where_the_split_leaves_large_requests_no_row_every_runner_gets_a_share_and_none_is_refused(
+    limit_mib, runners
+):
+    """A reviewer's servers: at 600 MiB (~163 MiB above the models) the interactive share, four batches of
+    one full-length row, left large requests 25 MiB, less than their one row; at 800 MiB with --runners 4
+    three batches at once of one row did not fit what was left either. Every request over
+    --interactive-tokens got 413, though one row per runner at a time fits the room. Now every runner's
+    batch, of either lane, is cut to an equal share, and large requests reserve nothing."""
+    baseline = 377 if limit_mib == 600 else 376  # 0.9 of 600 MiB less 377: the reviewer's 163 MiB of room
+    b = budget(limit_mib, baseline, per_token=67.14 * MIB / 1024)
+    b.interactive_tokens = 2048
+    models = _models(2, 16384)
+    batch = plan(
+        b, SimpleNamespace(runners=runners, batch_token_budget=16384, bulk_batch_budget=4096), models
+    )
+    assert b.by_runner and 512 <= batch < 4096
+    lanes = [m.scheduler.lanes[bulk].budget for m in models.values() for bulk in (False, True)]
+    assert set(lanes) == {batch} and all(
+        m.scheduler.admission.bulk_batch_tokens == batch for m in models.values()
+    )
+    assert runners * len(models) * b.cost(batch, batch) <= b.room  # every runner's batch at once
+    assert b.most_tokens(batch) is None and b.reserve("m", 3233, batch) == 0 and b.reserved == 0
+
+
+def test_where_not_even_one_row_per_runner_fits_the_split_stands_and_large_requests_get_413():
+    b = budget(600, 500, per_token=30_000)  # 40 MiB above the models; four 512-token rows need ~59 MiB
+    b.interactive_tokens = 256
+    models = _models(2, 16384)
+    plan(b, SimpleNamespace(runners=2, batch_token_budget=16384, bulk_batch_budget=4096), models)
+    assert not b.by_runner
+    with pytest.raises(AppError) as too_big:
+        b.reserve("m", 4096, models["m0"].scheduler.admission.bulk_batch_tokens)
+    assert too_big.value.type is ErrorType.TOO_MANY_TOKENS

@@ -92,6 +92,9 @@ class MemoryBudget:
         # A bulk request's batches that may run at once (set by settle()): its model runs bulk batches on up
         # to --runners - 1 runners, and the next of a long request's batches is formed while one runs.
         self.bulk_at_once = 1
+        # Set by share_by_runner where the split leaves large requests no room: every runner's batch, of
+        # either lane, is cut to its share of the room, and nothing is reserved.
+        self.by_runner = False
 
     def measured(self, per_token: float) -> None:
         self.per_token = max(self.per_token, per_token)
@@ -107,7 +110,7 @@ class MemoryBudget:
     def need(self, tokens: int, batch_tokens: int) -> int:
         """What a bulk request of `tokens` reserves: its batches of at most `batch_tokens`, as many of them
         as may run at once (`bulk_at_once`; one batch's worth undercounted it on --runners 3 or more)."""
-        return self.cost(tokens, batch_tokens * self.bulk_at_once)
+        return 0 if self.by_runner else self.cost(tokens, batch_tokens * self.bulk_at_once)
 
     @property
     def room(self) -> int:
@@ -124,7 +127,7 @@ class MemoryBudget:
         `reserve` counts them (a request refused 413 has more); None when every size fits (its batches at
         once, `bulk_at_once` of `batch_tokens`, do: a request never reserves more)."""
         room = self.bulk_room
-        if self.need(batch_tokens * self.bulk_at_once, batch_tokens) <= room:
+        if self.by_runner or self.need(batch_tokens * self.bulk_at_once, batch_tokens) <= room:
             return None
         if room < 0 or self.price <= 0:
             return 0
@@ -138,6 +141,8 @@ class MemoryBudget:
     def reserve(self, model: str, tokens: int, batch_tokens: int) -> int:
         """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
         changes once the server settles); 413 or 429 where they do not fit."""
+        if self.by_runner:
+            return 0  # every batch it runs is within its runner's share
         need, room = self.need(tokens, batch_tokens), self.bulk_room
         smallest = self.need(self.interactive_tokens + 1, batch_tokens)
         if need > room and smallest > room:
@@ -177,6 +182,11 @@ class MemoryBudget:
                 if self.interactive else " above its loaded models")  # fmt: skip
 
     def describe(self) -> str:
+        if self.by_runner:
+            return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
+                    f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
+                    f"{max(0, self.room) / MIB:.0f} MiB above the models, {self.interactive / MIB:.0f} MiB of it for "
+                    "every runner's batch at once, interactive or large")  # fmt: skip
         return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                 f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
                 f"{max(0, self.room) / MIB:.0f} MiB above the models: {self.interactive / MIB:.0f} MiB kept for "
@@ -198,9 +208,7 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
     could never fit what the limit leaves them."""
     memory.settle()
     memory.interactive_tokens = settings.interactive_tokens
-    memory.bulk_at_once = bulk_at_once(settings.runners)
-    cap_interactive(memory, settings, models)
-    batch = cap_bulk(memory, settings, models)
+    batch = plan(memory, settings, models)
     memory.gauge = metrics.memory
     metrics.memory.labels("limit").set(memory.limit)
     metrics.memory.labels("baseline").set(memory.baseline)
@@ -222,7 +230,21 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
                     refused)  # fmt: skip
 
 
-def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
+def plan(memory: MemoryBudget, settings, models: dict) -> int:
+    """How the room is used, the models loaded: the interactive batches' share, the large requests' batch size
+    and what they reserve (or, where those do not split, every runner's share); the bulk batch's tokens."""
+    memory.bulk_at_once = bulk_at_once(settings.runners)
+    said: list[tuple] = []  # the split's warnings, said only where the split stands
+    cap_interactive(memory, settings, models, say=lambda *line: said.append(line))
+    batch = cap_bulk(memory, settings, models, say=lambda *line: said.append(line))
+    if memory.most_tokens(batch) is not None:  # large requests' batches of one row do not fit their half
+        batch = share_by_runner(memory, settings, models, batch)
+    for line in () if memory.by_runner else said:
+        log.warning(*line)
+    return batch
+
+
+def cap_bulk(memory: MemoryBudget, settings, models: dict, say=log.warning) -> int:
     """The tokens of a bulk batch under the limit, returned: --bulk-batch-tokens (at most
     --batch-token-budget), cut where a request's batches at once (`bulk_at_once`) would not fit what the limit
     leaves large requests, never below one row of the longest model. Uncut, a request that needed more than
@@ -244,11 +266,38 @@ def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
         lane.budget = min(lane.budget, cap)
         m.scheduler.admission.bulk_batch_tokens = min(m.scheduler.admission.bulk_batch_tokens, cap)
     if fits >= longest:
-        log.warning("memory: large requests' batches of --bulk-batch-tokens %d tokens (at most --batch-token-budget) "
+        say("memory: large requests' batches of --bulk-batch-tokens %d tokens (at most --batch-token-budget) "
                     "need more than the %.0f MiB the limit leaves them%s: they are cut at %d tokens, and run in "
                     "more batches (raise the limit to keep them whole)", budget, max(0, memory.bulk_room) / MIB,
                     memory.beside(), cap)  # fmt: skip
     return cap
+
+
+def share_by_runner(memory: MemoryBudget, settings, models: dict, batch: int) -> int:
+    """Where the split leaves large requests too little for their batches of one full-length row (--runners
+    3 or more, or a limit a little above the models: every request over --interactive-tokens got 413, though
+    one row at a time would fit): each runner gets an equal share of the room, and its batches, interactive
+    or large, are cut to it. A runner runs one batch at a time, of either lane, so all of them at once fit, and
+    large requests reserve nothing. Not where even one row per runner does not fit the room: then the split
+    stands, and large requests get 413. Returns the tokens of a bulk batch."""
+    at_once = settings.runners * len(models)
+    fits = int(max(0, memory.room) / (at_once * memory.price))
+    longest = max(m.bundle.manifest.max_length for m in models.values())
+    if fits < longest:
+        return batch
+    memory.by_runner = True
+    caps = {False: min(settings.batch_token_budget, fits), True: min(settings.bulk_batch_budget, fits)}
+    for m in models.values():
+        for bulk, cap in caps.items():
+            m.scheduler.lanes[bulk].budget = cap
+        m.scheduler.admission.bulk_batch_tokens = caps[True]
+    memory.interactive = at_once * memory.cost(max(caps.values()), max(caps.values()))
+    log.warning("memory: the %.0f MiB the limit leaves above the loaded models hold no split between interactive "
+                "batches and large requests' batches (--runners %d, %d model(s)): every runner's batch, of either, is "
+                "cut at %d tokens, so that all %d at once fit, and large requests reserve nothing (raise the limit "
+                "or lower --runners for larger batches)", max(0, memory.room) / MIB, settings.runners, len(models),
+                max(caps.values()), at_once)  # fmt: skip
+    return caps[True]
 
 
 def bulk_at_once(runners: int) -> int:
@@ -257,7 +306,7 @@ def bulk_at_once(runners: int) -> int:
     return max(1, runners - 1)
 
 
-def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
+def cap_interactive(memory: MemoryBudget, settings, models: dict, say=log.warning) -> None:
     """Interactive requests reserve nothing (a sentence costs next to nothing), but many of them together
     fill batches of up to --batch-token-budget, --runners of them per model at once: at a pod's 1 GiB that
     was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. So they get a share of the
@@ -284,7 +333,7 @@ def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
     memory.interactive = at_once * memory.cost(cap, cap)
     short = (f"; even batches of one {longest}-token row may not all fit at once: raise the limit or lower "
              "--runners" if fits < longest else "")  # fmt: skip
-    log.warning("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
+    say("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
                 "about %.0f MiB, more than half the %.0f MiB the limit leaves above the loaded models (the other "
                 "half is for large requests): interactive batches are cut at %d tokens, %.0f MiB kept for them "
                 "(set a lower --batch-token-budget to choose, or raise the limit)%s",
