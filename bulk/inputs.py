@@ -148,18 +148,15 @@ def shards(
         left.jobs.append(str(root) if Path(d) == root else _shown(Path(d), root))
         return True
 
-    def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
-        unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
+    if path.is_dir():
 
-    entered: set[str] = set()  # real directories walked, by all the walks of a glob's directories
+        def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
+            unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-    def walk_directory(top: str, files: list[Path], foreign: list[str]) -> None:
-        """The input files under a directory (INPUT, or one a glob matches) into `files`, those under --out
-        that are not its outputs into `foreign`; what it leaves out into `left`, failures into `unlisted`.
-        Links are followed as from `root` (bulk/walk.py), each real directory once."""
+        files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
-        for d, subdirs, names in walk(top, onerror=unreadable, root=str(root), entered=entered):
+        for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
             if another_jobs(d, names):
                 subdirs.clear()
                 continue
@@ -194,10 +191,6 @@ def shards(
                             unlisted[_shown(f, root)] = why
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
-
-    if path.is_dir():
-        files, foreign = [], []
-        walk_directory(str(root), files, foreign)
         _refuse_foreign(foreign, out)
         left.csvs.sort()
         left.arrows.sort()
@@ -214,21 +207,38 @@ def shards(
         files = _not_linked_twice(files, root, left)
         _add(left_out, left)
         return root, sorted(files), unlisted
-    matches, foreign = [], []
-    found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
+    matches, foreign, dirs = [], [], []
+    found, failed = glob_files(spec, skip=another_jobs, dirs=dirs)  # on the walk a directory INPUT takes
     unlisted.update(failed)
-    real_root, walked = os.path.realpath(root), False
+    # A glob takes the files it matches, as it always did (a job's shards stay those it began with); the
+    # directories it matches were dropped without a word (`crawl/2024-*`, each a folder of shards), so they
+    # are named, with the globs that go on into them. Not --out's, nor another job's: nothing there is input.
+    real_root, inward = os.path.realpath(root), []
+    dirs = [d for d in dirs if not mine(d) and not holds_job_outputs(d)]
+    for d in dirs:
+        left.dirs.append(_shown(Path(os.path.abspath(d)), root))
+        real = os.path.realpath(d)
+        if os.path.islink(d) and (under(real, real_root) or under(real_root, real)):
+            # No glob enters a link leading inside its root (bulk/walk.py): `DIR/**` takes nothing behind it,
+            # only a glob matching where it leads by that path does.
+            left.dirs[-1] += f" (-> {_shown(Path(real), Path(real_root))})"
+            inward.append(real)
+    left.dirs.sort()
+    taken = [os.path.realpath(d) for d in dirs if not os.path.islink(d)]  # all under them by `GLOB/**`
+    inward = [real for real in inward if not any(under(real, t) for t in taken)]
+    if left.dirs:
+        parts = spec.rstrip(os.sep).split(os.sep)
+        fixed = os.sep.join(parts[: next(i for i, part in enumerate(parts) if _magic(part))])
+        # Spelled as given: the glob going on under what it matched (as `crawl/**` would, the files it matched
+        # beside them too), and the glob of all under its root.
+        globs = [os.sep.join(parts if parts[-1] == "**" else [*parts, "**"]), f"{fixed}{os.sep}**" if fixed else
+                 f"{os.sep}**" if spec.startswith(os.sep) else "**"]  # fmt: skip
+        behind = (f", which alone takes the files behind a link leading inside {fixed or '.'}, by their own path: "
+                  "no glob enters one") if inward else ""  # fmt: skip
+        left.dirs_globs = f"'{globs[0]}'" + (f" (or '{globs[1]}'{behind})" if globs[1] != globs[0] else "")
     for p in found:
         try:
-            if Path(p).is_dir():
-                # Walked as a directory INPUT is (`crawl/2024-*`, each a folder of shards): its files were
-                # dropped without a word. A linked one is taken as the glob's walk takes a linked directory
-                # (bulk/walk.py): not where it leads under the glob's root (found by its own path there) or
-                # above it, and a real directory once (`entered`).
-                real, walked = os.path.realpath(p), True
-                if not (os.path.islink(p) and (under(real, real_root) or under(real_root, real))):
-                    walk_directory(os.path.abspath(p), matches, foreign)
-            elif Path(p).is_file():
+            if Path(p).is_file():
                 if not mine(p):
                     matches.append(Path(os.path.abspath(p)))
                 elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
@@ -239,15 +249,14 @@ def shards(
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
-    for names in (left.csvs, left.arrows, left.parquets, left.not_parquets):
-        names.sort()
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
         if inside_out.startswith(":"):
             raise InputError(f"{spec}{inside_out}{said}")
-        if walked:
-            raise InputError(f"{spec}: no input files in the files and directories it matches as a glob (looked "
-                             f"for {', '.join(SUFFIXES)}, in any case){inside_out}{said}")  # fmt: skip
+        if left.dirs:  # not "no file matches": what was meant is under the directories the note names
+            raise InputError(
+                f"{spec}: no such file or directory, and as a glob it matches directories alone{inside_out}{said}"
+            )
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )
@@ -273,6 +282,8 @@ def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path
 
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
+        into.dirs += left.dirs
+        into.dirs_globs = into.dirs_globs or left.dirs_globs
         into.csvs += left.csvs
         into.arrows += left.arrows
         into.parquets += left.parquets

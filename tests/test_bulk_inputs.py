@@ -584,30 +584,56 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
         shards(str(tmp_path / "pipe.jsonl"), "auto")
 
 
-def test_a_directory_a_glob_matches_is_walked_as_a_directory_input(tmp_path):
+def test_a_glob_takes_the_files_it_matches_and_names_the_directories_it_matches(tmp_path):
     """`crawl/2024-*`, each match a folder of shards: a glob dropped the directories it matched without a
-    word (exit 0 on the files beside them), and one matching folders alone was refused as matching nothing.
-    Each is walked as a directory INPUT is: its files by suffix, hidden ones and CSVs left out (named), its
-    files named from the glob's root; a directory of nothing to read refused as such."""
+    word (exit 0 on the files beside them), and one matching folders alone was refused as matching no file.
+    Walking them as directory INPUTs instead gave old `DIR/*` jobs new shards on resume (their --out among
+    them), so a glob still takes the files it matches, and names the directories it matches (not hidden
+    ones, not --out, not another job's) with the globs that take what is under them, which do so."""
     g = tmp_path / "g"
-    g.mkdir()
-    (g / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "beside"}\n'))
+    lines(g / "b.jsonl", [{"text": "beside"}])
     lines(g / "sub" / "a.jsonl", [{"text": "in a folder"}])
     (g / "sub" / "deeper").mkdir()
     (g / "sub" / "deeper" / "t.txt").write_text("deeper\n")
-    (g / "sub" / "meta.csv").write_text("a,b\n")
-    lines(g / "sub" / ".hidden" / "h.jsonl", [{"text": "not input"}])
-    (g / "empty").mkdir()
-    inside = ["sub/a.jsonl", "sub/deeper/t.txt"]
-    for spec, want in ((f"{g}/*", ["b.jsonl.gz", *inside]), (f"{g}/s*", inside), (f"{g}/*/", inside),
-                       (f"{g}/**", ["b.jsonl.gz", *inside])):  # fmt: skip
+    lines(g / ".hidden" / "h.jsonl", [{"text": "not input"}])
+    lines(g / "staging" / "s.jsonl", [{"text": "staged"}])
+    (g / "slink").symlink_to(g / "staging")  # found by its own path: no glob enters it
+    lines(g / "out" / "mine.jsonl", [{"text": "a user's file in --out"}])
+    (g / "other" / "job.json").parent.mkdir()
+    (g / "other" / "job.json").write_text(json.dumps({"bundle_sha256": "ab", "part_bytes": 16384}))
+    left = LeftOut()
+    root, files, unlisted = shards(f"{g}/*", "auto", g / "out", left)
+    assert root == g and [f.name for f in files] == ["b.jsonl"] and not unlisted
+    assert left.dirs == ["slink (-> staging)", "staging", "sub"] and not left.jobs
+    (note,) = left_out_notes(left)
+    assert note.startswith("3 directories the glob matches under INPUT left out, as a glob takes the files it "
+                           "matches") and f"give '{g}/*/**' (or '{g}/**'), or a directory itself" in note  # fmt: skip
+    # As the note says: `/**` takes what is under them (the files beside them too), behind a link leading
+    # inside the glob's root only by its own path.
+    (g / "out" / "mine.jsonl").unlink()  # under --out a glob enters, a user's file is refused (as it was)
+    under = ["b.jsonl", "staging/s.jsonl", "sub/a.jsonl", "sub/deeper/t.txt"]
+    for spec in (f"{g}/*/**", f"{g}/**"):
         left = LeftOut()
-        root, files, unlisted = shards(spec, "auto", left_out=left)
-        assert root == g and [f.relative_to(g).as_posix() for f in files] == want and not unlisted, spec
-        assert left.csvs == ["sub/meta.csv"], spec
-    assert [d.text for d in docs_of(f"{g}/s*")] == ["in a folder", "deeper"]
-    with pytest.raises(InputError, match=r"no input files in the files and directories it matches as a glob"):
-        shards(f"{g}/e*", "auto")
+        got = [f.relative_to(g).as_posix() for f in shards(spec, "auto", g / "out", left)[1]]
+        assert got == under and not left.dirs, spec
+    assert [d.text for d in docs_of(f"{g}/su*/**")] == ["in a folder", "deeper"]
+    # Directories alone: refused naming them, not as matching nothing; behind a link, only `g/**` reaches.
+    for spec, dirs, into in ((f"{g}/su*", "sub", f"'{g}/su*/**' (or '{g}/**')"),
+                             (f"{g}/*/", "out, slink (-> staging), staging, sub", f"'{g}/*/**' (or '{g}/**')"),
+                             (f"{g}/sl*", "slink (-> staging)", f"'{g}/sl*/**' (or '{g}/**', which alone takes the "
+                              f"files behind a link leading inside {g}")):  # fmt: skip
+        with pytest.raises(InputError) as refused:
+            shards(spec, "auto")
+        said = str(refused.value)
+        assert said.startswith(
+            f"{spec}: no such file or directory, and as a glob it matches directories alone; "
+        )
+        assert (
+            f"as a glob takes the files it matches, not what lies under a directory it matches: {dirs}. "
+            in said
+        )
+        assert f"To take what is under them, give {into}" in said, said
+        assert "no file matches" not in said
 
 
 def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
