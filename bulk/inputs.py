@@ -14,13 +14,13 @@ from bulk.conversions import (
     ARROW,
     COMPRESSED,
     CSV,
-    SAVE_TO_DISK,
     arrow_hint,
     csv_hint,
     is_parquet,
     not_parquet,
     not_parquet_hint,
     parquet_hint,
+    save_to_disk_metadata,
     type_suffix,
 )
 from bulk.left_out import LeftOut, left_out_notes, listed
@@ -42,19 +42,24 @@ def _wanted(path: Path, fmt: str) -> bool:
     return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
-def _left_out_as(path: Path, fmt: str, beside_arrow: bool = False) -> str | None:
+def _left_out_as(path: Path, fmt: str) -> str | None:
     """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note: a
     CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
-    an Arrow file under any --format (none reads it), and a save_to_disk folder's JSON files where one sits
-    beside them (`beside_arrow`), a Parquet file where --format jsonl or text would read its bytes as lines,
-    and a file that is none where --format parquet would read it as one. None: none of these."""
+    an Arrow file under any --format (none reads it), and a save_to_disk folder's metadata (its JSON files,
+    wherever they are), a Parquet file where --format jsonl or text would read its bytes as lines, and a
+    file that is none where --format parquet would read it as one. None: none of these."""
     if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
-    if type_suffix(path) in ARROW or (beside_arrow and path.name in SAVE_TO_DISK):
+    if type_suffix(path) in ARROW or save_to_disk_metadata(path):
         return "arrows"
     if is_parquet(path, fmt):
         return "parquets"
     return "not_parquets" if not_parquet(path, fmt) else None
+
+
+METADATA_HINT = ("it is a Hugging Face save_to_disk folder's metadata, not documents, and bulk leaves it out "
+                 "wherever it is: give the folder's data files, converted to Parquet (name a data-*.arrow as "
+                 "INPUT and bulk prints the one-line conversion), or the folder itself")  # fmt: skip
 
 
 def _inside(path: str, out: str | None) -> bool:
@@ -119,6 +124,8 @@ def shards(
         # exited 4 ("a shard failed") with a job.json, manifest and summary written for nothing to score.
         if why := not_read_by_suffix(path, fmt):
             raise InputError(f"{spec}: {why}")
+        if save_to_disk_metadata(path):
+            raise InputError(f"{spec}: {METADATA_HINT}")
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
     # Named outright, a broken link says so: not "no such file", which sends the user to its name.
     if why := broken_link(spec.rstrip(os.sep) or spec):
@@ -161,14 +168,13 @@ def shards(
                 subdirs.clear()
                 continue
             subdirs[:] = [x for x in subdirs if not x.startswith(".")]  # walk lists them sorted
-            beside_arrow = any(type_suffix(Path(n)) in ARROW for n in names)
             for n in names:
                 if n.startswith("."):
                     continue
                 f = Path(d) / n
                 try:
                     is_file = f.is_file()
-                    if is_file and (kind := _left_out_as(f, fmt, beside_arrow)):
+                    if is_file and (kind := _left_out_as(f, fmt)):
                         if not mine(f):
                             getattr(left, kind).append(_shown(f, root))
                     elif is_file and _wanted(f, fmt):
@@ -239,24 +245,27 @@ def shards(
     for p in found:
         try:
             if Path(p).is_file():
-                if not mine(p):
+                if mine(p):
+                    if not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
+                        foreign.append(p)
+                elif save_to_disk_metadata(Path(p)):  # not documents: a shard of it failed every run
+                    left.arrows.append(_shown(Path(os.path.abspath(p)), root))
+                else:
                     matches.append(Path(os.path.abspath(p)))
-                elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
-                    foreign.append(p)
             elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p) or not_regular(p)):
                 # By its shard's name, as a resume knows it.
                 unlisted[_shown(Path(os.path.abspath(p)), root)] = why
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
+    left.arrows.sort()
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
         if inside_out.startswith(":"):
             raise InputError(f"{spec}{inside_out}{said}")
         if left.dirs:  # not "no file matches": what was meant is under the directories the note names
-            raise InputError(
-                f"{spec}: no such file or directory, and as a glob it matches directories alone{inside_out}{said}"
-            )
+            raise InputError(f"{spec}: no such file or directory, and as a glob it matches directories but no file "
+                             f"to score{inside_out}{said}")  # fmt: skip
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )

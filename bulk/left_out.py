@@ -22,11 +22,11 @@ _NOTES = (
      "To score one, convert it to Parquet (name the CSV as INPUT and bulk prints the one-line conversion): give "
      "the .parquet as INPUT, or write it under INPUT and the next run takes it"),
     ("arrows", "Arrow (or save_to_disk) file(s)", "Arrow (or save_to_disk) file(s)",
-     "as bulk does not read Arrow IPC or Feather (a Hugging Face save_to_disk folder's state.json and "
-     "dataset_info.json beside them are its metadata, and left out with them)",
-     "To score them, convert them to Parquet (name one as INPUT and bulk prints the one-line conversion; a "
-     "save_to_disk folder whole: datasets.load_from_disk(DIR).to_parquet(FILE)): give the .parquet as INPUT, or "
-     "write it under INPUT and the next run takes it"),
+     "as bulk does not read Arrow IPC or Feather (a Hugging Face save_to_disk folder's state.json, "
+     "dataset_info.json and dataset_dict.json are its metadata, not documents, and left out wherever they are)",
+     "To score the Arrow files, convert them to Parquet (name one as INPUT and bulk prints the one-line "
+     "conversion; a save_to_disk folder whole: datasets.load_from_disk(DIR).to_parquet(FILE)): give the .parquet "
+     "as INPUT, or write it under INPUT and the next run takes it; the metadata stays left out"),
     ("parquets", "Parquet file(s)", "Parquet file(s)", "as --format reads every file as it says, and these are Parquet",
      "To score them, give them to a job of their own with --format parquet"),
     ("not_parquets", "file(s)", "file(s)", "as --format parquet reads every file as Parquet, and these are not",
@@ -48,7 +48,7 @@ class LeftOut:
     dirs: list[str] = field(default_factory=list)  # that a glob matches
     dirs_globs: str = ""  # for `dirs`: the globs that take what is under them too
     csvs: list[str] = field(default_factory=list)
-    arrows: list[str] = field(default_factory=list)  # and a save_to_disk folder's JSON files beside them
+    arrows: list[str] = field(default_factory=list)  # and save_to_disk folders' metadata
     parquets: list[str] = field(default_factory=list)
     not_parquets: list[str] = field(default_factory=list)  # under --format parquet
     jobs: list[str] = field(default_factory=list)

@@ -626,7 +626,7 @@ def test_a_glob_takes_the_files_it_matches_and_names_the_directories_it_matches(
             shards(spec, "auto")
         said = str(refused.value)
         assert said.startswith(
-            f"{spec}: no such file or directory, and as a glob it matches directories alone; "
+            f"{spec}: no such file or directory, and as a glob it matches directories but no file to score; "
         )
         assert (
             f"as a glob takes the files it matches, not what lies under a directory it matches: {dirs}. "
@@ -914,9 +914,11 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
 ):
     """A Hugging Face save_to_disk folder (data-*.arrow, an Arrow IPC stream; state.json; dataset_info.json on
     one line) was skipped in silence but for its JSON files: dataset_info.json was scored, and the job
-    failed on its first field, 'citation'. Under a directory the Arrow files and that metadata beside them
-    are left out and named; matched by a glob or named outright, an Arrow file fails (or is refused) by
-    name, with a conversion to Parquet that then reads, not "give --format jsonl, parquet or text"."""
+    failed on its first field, 'citation'. Under a directory the Arrow files and that metadata are left out
+    and named; matched by a glob or named outright, an Arrow file fails (or is refused) by name, with a
+    conversion to Parquet that then reads, not "give --format jsonl, parquet or text". The metadata is told
+    by name and content, not by an .arrow beside it: once the conversion moved the .arrow aside, a rerun
+    failed on it, and a DatasetDict's dataset_dict.json was scored as a document."""
     import subprocess
 
     corpus = tmp_path / "corpus"
@@ -931,21 +933,23 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
     )
     (hf / "dataset_info.json").write_text(json.dumps({"citation": "", "features": {}}))
     pyarrow.feather.write_feather(table, corpus / "t.feather")
-    lines(corpus / "other" / "state.json", [{"text": "no Arrow beside it: read"}])
+    (corpus / "dataset_dict.json").write_text(json.dumps({"splits": ["hf"]}))  # a DatasetDict's, above it
+    # Files of those names that are not datasets' metadata are read, as before.
+    lines(corpus / "other" / "state.json", [{"text": "no _data_files: read"}])
+    lines(corpus / "other" / "dataset_dict.json", [{"splits": ["a"], "text": "more than splits: read"}])
     left = LeftOut()
     root, files, unlisted = shards(str(corpus), "auto", left_out=left)
     assert [f.relative_to(corpus).as_posix() for f in files] == [
         "a.jsonl",
+        "other/dataset_dict.json",
         "other/state.json",
     ] and not unlisted
-    assert left.arrows == [
-        "hf/data-00000-of-00001.arrow",
-        "hf/dataset_info.json",
-        "hf/state.json",
-        "t.feather",
-    ]
+    meta = ["dataset_dict.json", "hf/dataset_info.json", "hf/state.json"]
+    assert left.arrows == ["dataset_dict.json", "hf/data-00000-of-00001.arrow", *meta[1:], "t.feather"]
     (note,) = left_out_notes(left)
-    assert "4 Arrow (or save_to_disk) file(s) under INPUT left out" in note and "to_parquet" in note, note
+    assert "5 Arrow (or save_to_disk) file(s) under INPUT left out" in note and "to_parquet" in note, note
+    with pytest.raises(InputError, match=r"state\.json: it is a Hugging Face save_to_disk folder's metadata"):
+        shards(str(hf / "state.json"), "auto")
     assert shards(str(corpus), "jsonl", left_out=LeftOut())[1] == files  # no --format reads them
     with pytest.raises(
         InputError, match=r"t\.feather: it is an Arrow IPC or Feather file, which bulk does not"
@@ -962,6 +966,13 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
         assert done.returncode == 0, done.stderr
         converted = (corpus / name).with_suffix(".parquet")
         assert [d.text for d in docs_of(converted)] == ["first row", "second row"]
+    # Rerun after the conversion, the .arrow moved aside: the metadata is still left out, from a directory
+    # and a glob, and nothing fails.
+    for spec in (str(corpus), f"{corpus}/**"):
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", left_out=left)
+        assert "hf/data-00000-of-00001.parquet" in [f.relative_to(corpus).as_posix() for f in files], spec
+        assert left.arrows == meta and not plan(root, files, "auto", 1 << 20)[1] and not unlisted, spec
 
 
 def test_parquet_under_a_directory_with_a_format_is_left_out_by_name_and_refused_when_named(tmp_path):
