@@ -143,6 +143,9 @@ def csv_hint(path: Path) -> str:
 
 
 def arrow_hint(path: Path) -> str:
+    if path.suffix.lower() == ".zip":  # an archive, not one stream: the command cannot read it as it is
+        return ("it is a zipped Arrow IPC or Feather file, which bulk does not read (no --format does): unzip it "
+                "first, then name the .arrow or .feather as INPUT: bulk prints the one-line conversion to Parquet")  # fmt: skip
     into, command = arrow_parquet_command(path)
     return ("it is an Arrow IPC or Feather file, which bulk does not read (no --format does); convert it once to "
             "Parquet (a whole Hugging Face save_to_disk folder also converts with "

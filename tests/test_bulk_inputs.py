@@ -975,6 +975,47 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
         assert left.arrows == meta and not plan(root, files, "auto", 1 << 20)[1] and not unlisted, spec
 
 
+def test_the_arrow_conversion_reads_ipc_streams_and_files_feather_v1_and_v2_and_compressed_ones(tmp_path):
+    """The printed conversion crashed on a Feather v1 file (FEA1, which ipc does not read) and on a
+    compressed one (it memory-mapped the gzip bytes). Each kind is converted for real and read."""
+    import bz2
+    import subprocess
+    import warnings
+    import zipfile
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    table = pa.table({"text": ["first row", "second row"]})
+    with pyarrow.ipc.new_stream(corpus / "stream.arrow", table.schema) as w:
+        w.write_table(table)
+    with pyarrow.ipc.new_file(corpus / "file.arrow", table.schema) as w:
+        w.write_table(table)
+    with warnings.catch_warnings():  # pyarrow deprecates writing v1; such files are still about
+        warnings.simplefilter("ignore")
+        pyarrow.feather.write_feather(table, corpus / "v1.feather", version=1)
+    pyarrow.feather.write_feather(table, corpus / "v2.feather")
+    assert (corpus / "v1.feather").read_bytes()[:4] == b"FEA1"
+    (corpus / "z.arrow.gz").write_bytes(gzip.compress((corpus / "stream.arrow").read_bytes()))
+    (corpus / "y.feather.bz2").write_bytes(bz2.compress((corpus / "v1.feather").read_bytes()))
+    with zipfile.ZipFile(corpus / "q.arrow.zip", "w") as z:  # an archive: unzipped first, as its hint says
+        z.write(corpus / "file.arrow", "file.arrow")
+    with pytest.raises(
+        InputError, match=r"q\.arrow\.zip: it is a zipped Arrow IPC or Feather file.*unzip it first"
+    ):
+        shards(str(corpus / "q.arrow.zip"), "auto")
+    failed = plan(*shards(f"{corpus}/*.*", "auto")[:2], "auto", 1 << 20)[1]
+    assert "unzip it first" in failed.pop("q.arrow.zip")
+    assert sorted(failed) == ["file.arrow", "stream.arrow", "v1.feather", "v2.feather", "y.feather.bz2",
+                              "z.arrow.gz"], failed  # fmt: skip
+    for name, why in failed.items():
+        command = why.split("naming the new file where INPUT named this one: ")[1]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (name, done.stderr)
+        converted = corpus / f"{name.split('.')[0]}.parquet"
+        assert [d.text for d in docs_of(converted)] == ["first row", "second row"], name
+        assert (corpus / ".bulk-originals" / name).is_file() and not (corpus / name).exists()
+
+
 def test_parquet_under_a_directory_with_a_format_is_left_out_by_name_and_refused_when_named(tmp_path):
     """`--format text` on a directory read every file as text: a Parquet file's bytes were scored as a
     document (binary garbage, and not_utf8 rejects), and nothing was said. Under a directory a Parquet file
