@@ -539,7 +539,10 @@ def test_a_config_saved_by_a_ray_run_reruns_on_local_processes_with_ray_none(tmp
     for word in ("none", "None"):
         cfg = resolve([*base, "--ray", word])
         assert cfg.ray is None and as_dict(cfg)["ray"] is None
+    # --no_ray and --noray were "did you mean --ray?", which starts Ray: the hint is looked up ignoring "-", "_".
     for given, says in ((["--no-ray"], r"--no-ray: give --ray none to score with local processes"),
+                        (["--no_ray"], r"--no_ray: give --ray none to score with local processes"),
+                        (["--noray"], r"--noray: give --ray none to score with local processes"),
                         (["--ray", ""], r"leave --ray out \(or give --ray none, over a --config that sets it\)"),
                         (["--ray", "nowhere"], r"no address Ray can join.*; or --ray none for local processes")):  # fmt: skip
         with pytest.raises(ConfigError, match=says):
@@ -556,6 +559,11 @@ def test_a_glob_the_shell_expanded_is_told_to_be_quoted(tmp_path):
     with pytest.raises(ConfigError) as refused:  # a stray word that names nothing: no such guess
         resolve([shards_[0], "--out", "o", "--model", "m", "nothing-here"])
     assert "glob" not in str(refused.value) and "--help lists the options" in str(refused.value)
+    # The value of a mistyped flag (`--outt DIR`, DIR on disk) is no path the shell expanded: the flag is told.
+    for mistyped in (["--outt", shards_[1]], [f"--outt={shards_[1]}"]):
+        with pytest.raises(ConfigError) as refused:
+            resolve([shards_[0], *mistyped, "--model", "m"])
+        assert str(refused.value).endswith("(--outt: did you mean --out?)"), str(refused.value)
 
 
 def test_a_glob_that_matches_nothing_says_so(tmp_path):
