@@ -27,12 +27,15 @@ from bulk.reading import BOM
 # the shards), and failing it failed every run of the job. A --format says how to read it, wherever it is.
 CSV = (".csv", ".tsv")
 # Arrow IPC and Feather files (a Hugging Face save_to_disk folder's data-00000-of-00001.arrow): no --format
-# reads them. Left out of a directory with a note, as a CSV, and with them a save_to_disk folder's own JSON
-# files beside them (SAVE_TO_DISK): its metadata, not documents (dataset_info.json, one JSON object on one
-# line, was scored, and the job failed on its 'citation' field); matched by a glob or named, one fails by
-# name with its conversion to Parquet.
+# reads them. Left out of a directory with a note, as a CSV; matched by a glob or named, one fails by name
+# with its conversion to Parquet.
 ARROW = (".arrow", ".feather")
-SAVE_TO_DISK = ("state.json", "dataset_info.json")
+# A save_to_disk folder's own JSON files: its metadata, not documents (dataset_info.json, one JSON object on
+# one line, was scored, and the job failed on its 'citation' field; a DatasetDict's dataset_dict.json was
+# scored as a document). Told by name and content (`save_to_disk_metadata`), not by an .arrow beside them:
+# once the printed conversion moved the .arrow aside, they failed every rerun.
+SAVE_TO_DISK = ("state.json", "dataset_info.json", "dataset_dict.json")
+METADATA_BYTES = 1 << 20  # far more than datasets writes; a larger file is no such metadata, and is input
 # Byte-order marks of the encodings other than UTF-8 a text file may be saved in (Windows' "Unicode" is
 # UTF-16 LE): read as UTF-8, every line of such a JSONL file was rejected, and a .txt file's scored as text
 # full of NULs. UTF-32 LE's first: it begins with UTF-16 LE's.
@@ -43,6 +46,29 @@ WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (
 # A Parquet file's first bytes. --format jsonl or text reads any file line by line: a Parquet file among a
 # directory's .txt files was scored as its bytes, binary garbage and not_utf8 rejects.
 PARQUET_MAGIC = b"PAR1"
+
+
+def save_to_disk_metadata(path: Path) -> bool:
+    """Whether `path` is a Hugging Face save_to_disk folder's metadata (SAVE_TO_DISK), wherever it lies: by its
+    exact name, and its content, a small JSON object of datasets' keys: state.json with "_data_files",
+    dataset_info.json with "features" and "citation" or "description", dataset_dict.json with "splits"
+    alone. Any other file of those names (a state.json of documents) is input, as before. Only files of
+    those names are opened, and read to a bound."""
+    if path.name not in SAVE_TO_DISK:
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(METADATA_BYTES + 1)
+        doc = json.loads(head) if len(head) <= METADATA_BYTES else None
+    except (OSError, ValueError):  # unreadable (it fails as a shard, by name), or not one JSON document
+        return False
+    if not isinstance(doc, dict):
+        return False
+    if path.name == "state.json":
+        return "_data_files" in doc
+    if path.name == "dataset_info.json":
+        return "features" in doc and ("citation" in doc or "description" in doc)
+    return list(doc) == ["splits"]
 
 
 def type_suffix(path: Path) -> str:
@@ -117,6 +143,9 @@ def csv_hint(path: Path) -> str:
 
 
 def arrow_hint(path: Path) -> str:
+    if path.suffix.lower() == ".zip":  # an archive, not one stream: the command cannot read it as it is
+        return ("it is a zipped Arrow IPC or Feather file, which bulk does not read (no --format does): unzip it "
+                "first, then name the .arrow or .feather as INPUT: bulk prints the one-line conversion to Parquet")  # fmt: skip
     into, command = arrow_parquet_command(path)
     return ("it is an Arrow IPC or Feather file, which bulk does not read (no --format does); convert it once to "
             "Parquet (a whole Hugging Face save_to_disk folder also converts with "

@@ -52,12 +52,20 @@ _PARQUET = (
     + _MOVE_ASIDE
 )  # fmt: skip
 
-# An Arrow IPC file (Feather v2: it starts with ARROW1) or stream (what a Hugging Face save_to_disk writes as
-# data-*.arrow: no such start), read whole through a memory map, as Parquet.
+# An Arrow IPC file (Feather v2: it starts with ARROW1), stream (what a Hugging Face save_to_disk writes as
+# data-*.arrow: no such start) or Feather v1 file (FEA1, which only pyarrow.feather reads: ipc failed on it),
+# read whole through a memory map, as Parquet. A compressed one (.arrow.gz) is decompressed into memory
+# first, by its suffix (the memory map handed ipc the gzip bytes), so that nothing but the Parquet file is
+# written under INPUT; a .zip is no single stream, and its hint says to unzip it first (`arrow_hint`).
 _ARROW_PARQUET = (
-    "import os, sys, pyarrow as pa, pyarrow.ipc as ipc, pyarrow.parquet as p; src, dst, aside = sys.argv[1:]; "
-    'm = pa.memory_map(src); whole = m.read(6) == b"ARROW1"; m.seek(0); '
-    "table = (ipc.open_file(m) if whole else ipc.open_stream(m)).read_all(); "
+    "import bz2, gzip, lzma, os, sys, pyarrow as pa, pyarrow.feather as f, pyarrow.ipc as ipc, pyarrow.parquet as p; "
+    "src, dst, aside = sys.argv[1:]; kind = os.path.splitext(src)[1].lower(); "
+    'read = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(kind); '
+    'codec = {".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}.get(kind); '
+    "m = pa.BufferReader(read(src).read()) if read else pa.BufferReader(pa.input_stream(src, compression=codec).read()) "
+    "if codec else pa.memory_map(src); "
+    'head = m.read(6); m.seek(0); table = f.read_table(m) if head[:4] == b"FEA1" else '
+    '(ipc.open_file(m) if head == b"ARROW1" else ipc.open_stream(m)).read_all(); '
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
     + _MOVE_ASIDE

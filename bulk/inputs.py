@@ -14,13 +14,13 @@ from bulk.conversions import (
     ARROW,
     COMPRESSED,
     CSV,
-    SAVE_TO_DISK,
     arrow_hint,
     csv_hint,
     is_parquet,
     not_parquet,
     not_parquet_hint,
     parquet_hint,
+    save_to_disk_metadata,
     type_suffix,
 )
 from bulk.left_out import LeftOut, left_out_notes, listed
@@ -42,19 +42,24 @@ def _wanted(path: Path, fmt: str) -> bool:
     return fmt != "auto" or type_suffix(path) in SUFFIXES
 
 
-def _left_out_as(path: Path, fmt: str, beside_arrow: bool = False) -> str | None:
+def _left_out_as(path: Path, fmt: str) -> str | None:
     """Which of LeftOut's lists a file found under a directory is left out into, to be named in a note: a
     CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
-    an Arrow file under any --format (none reads it), and a save_to_disk folder's JSON files where one sits
-    beside them (`beside_arrow`), a Parquet file where --format jsonl or text would read its bytes as lines,
-    and a file that is none where --format parquet would read it as one. None: none of these."""
+    an Arrow file under any --format (none reads it), and a save_to_disk folder's metadata (its JSON files,
+    wherever they are), a Parquet file where --format jsonl or text would read its bytes as lines, and a
+    file that is none where --format parquet would read it as one. None: none of these."""
     if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
-    if type_suffix(path) in ARROW or (beside_arrow and path.name in SAVE_TO_DISK):
+    if type_suffix(path) in ARROW or save_to_disk_metadata(path):
         return "arrows"
     if is_parquet(path, fmt):
         return "parquets"
     return "not_parquets" if not_parquet(path, fmt) else None
+
+
+METADATA_HINT = ("it is a Hugging Face save_to_disk folder's metadata, not documents, and bulk leaves it out "
+                 "wherever it is: give the folder's data files, converted to Parquet (name a data-*.arrow as "
+                 "INPUT and bulk prints the one-line conversion), or the folder itself")  # fmt: skip
 
 
 def _inside(path: str, out: str | None) -> bool:
@@ -119,6 +124,8 @@ def shards(
         # exited 4 ("a shard failed") with a job.json, manifest and summary written for nothing to score.
         if why := not_read_by_suffix(path, fmt):
             raise InputError(f"{spec}: {why}")
+        if save_to_disk_metadata(path):
+            raise InputError(f"{spec}: {METADATA_HINT}")
         return Path(os.path.abspath(path.parent)), [Path(os.path.abspath(path))], unlisted
     # Named outright, a broken link says so: not "no such file", which sends the user to its name.
     if why := broken_link(spec.rstrip(os.sep) or spec):
@@ -148,30 +155,26 @@ def shards(
         left.jobs.append(str(root) if Path(d) == root else _shown(Path(d), root))
         return True
 
-    def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
-        unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
+    if path.is_dir():
 
-    entered: set[str] = set()  # real directories walked, by all the walks of a glob's directories
+        def unreadable(e: OSError) -> None:  # os.walk's onerror: a directory it could not list
+            unlisted[_shown(Path(e.filename or "?"), root)] = _reason(e)
 
-    def walk_directory(top: str, files: list[Path], foreign: list[str]) -> None:
-        """The input files under a directory (INPUT, or one a glob matches) into `files`, those under --out
-        that are not its outputs into `foreign`; what it leaves out into `left`, failures into `unlisted`.
-        Links are followed as from `root` (bulk/walk.py), each real directory once."""
+        files, foreign = [], []
         # Hidden files and directories are not input, as a glob (and pyarrow's datasets) leave them out: a
         # .ipynb_checkpoints/ beside the data holds copies of its files, which would be scored twice.
-        for d, subdirs, names in walk(top, onerror=unreadable, root=str(root), entered=entered):
+        for d, subdirs, names in walk(str(root), onerror=unreadable):  # linked directories too, as a glob
             if another_jobs(d, names):
                 subdirs.clear()
                 continue
             subdirs[:] = [x for x in subdirs if not x.startswith(".")]  # walk lists them sorted
-            beside_arrow = any(type_suffix(Path(n)) in ARROW for n in names)
             for n in names:
                 if n.startswith("."):
                     continue
                 f = Path(d) / n
                 try:
                     is_file = f.is_file()
-                    if is_file and (kind := _left_out_as(f, fmt, beside_arrow)):
+                    if is_file and (kind := _left_out_as(f, fmt)):
                         if not mine(f):
                             getattr(left, kind).append(_shown(f, root))
                     elif is_file and _wanted(f, fmt):
@@ -194,10 +197,6 @@ def shards(
                             unlisted[_shown(f, root)] = why
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)
-
-    if path.is_dir():
-        files, foreign = [], []
-        walk_directory(str(root), files, foreign)
         _refuse_foreign(foreign, out)
         left.csvs.sort()
         left.arrows.sort()
@@ -214,40 +213,59 @@ def shards(
         files = _not_linked_twice(files, root, left)
         _add(left_out, left)
         return root, sorted(files), unlisted
-    matches, foreign = [], []
-    found, failed = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes, links and all
+    matches, foreign, dirs = [], [], []
+    found, failed = glob_files(spec, skip=another_jobs, dirs=dirs)  # on the walk a directory INPUT takes
     unlisted.update(failed)
-    real_root, walked = os.path.realpath(root), False
+    # A glob takes the files it matches, as it always did (a job's shards stay those it began with); the
+    # directories it matches were dropped without a word (`crawl/2024-*`, each a folder of shards), so they
+    # are named, with the globs that go on into them. Not --out's, nor another job's: nothing there is input.
+    real_root, inward = os.path.realpath(root), []
+    dirs = [d for d in dirs if not mine(d) and not holds_job_outputs(d)]
+    for d in dirs:
+        left.dirs.append(_shown(Path(os.path.abspath(d)), root))
+        real = os.path.realpath(d)
+        if os.path.islink(d) and (under(real, real_root) or under(real_root, real)):
+            # No glob enters a link leading inside its root (bulk/walk.py): `DIR/**` takes nothing behind it,
+            # only a glob matching where it leads by that path does.
+            left.dirs[-1] += f" (-> {_shown(Path(real), Path(real_root))})"
+            inward.append(real)
+    left.dirs.sort()
+    taken = [os.path.realpath(d) for d in dirs if not os.path.islink(d)]  # all under them by `GLOB/**`
+    inward = [real for real in inward if not any(under(real, t) for t in taken)]
+    if left.dirs:
+        parts = spec.rstrip(os.sep).split(os.sep)
+        fixed = os.sep.join(parts[: next(i for i, part in enumerate(parts) if _magic(part))])
+        # Spelled as given: the glob going on under what it matched (as `crawl/**` would, the files it matched
+        # beside them too), and the glob of all under its root.
+        globs = [os.sep.join(parts if parts[-1] == "**" else [*parts, "**"]), f"{fixed}{os.sep}**" if fixed else
+                 f"{os.sep}**" if spec.startswith(os.sep) else "**"]  # fmt: skip
+        behind = (f", which alone takes the files behind a link leading inside {fixed or '.'}, by their own path: "
+                  "no glob enters one") if inward else ""  # fmt: skip
+        left.dirs_globs = f"'{globs[0]}'" + (f" (or '{globs[1]}'{behind})" if globs[1] != globs[0] else "")
     for p in found:
         try:
-            if Path(p).is_dir():
-                # Walked as a directory INPUT is (`crawl/2024-*`, each a folder of shards): its files were
-                # dropped without a word. A linked one is taken as the glob's walk takes a linked directory
-                # (bulk/walk.py): not where it leads under the glob's root (found by its own path there) or
-                # above it, and a real directory once (`entered`).
-                real, walked = os.path.realpath(p), True
-                if not (os.path.islink(p) and (under(real, real_root) or under(real_root, real))):
-                    walk_directory(os.path.abspath(p), matches, foreign)
-            elif Path(p).is_file():
-                if not mine(p):
+            if Path(p).is_file():
+                if mine(p):
+                    if not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
+                        foreign.append(p)
+                elif save_to_disk_metadata(Path(p)):  # not documents: a shard of it failed every run
+                    left.arrows.append(_shown(Path(os.path.abspath(p)), root))
+                else:
                     matches.append(Path(os.path.abspath(p)))
-                elif not input_in_out and not _own_output(os.path.relpath(os.path.realpath(p), real_out)):
-                    foreign.append(p)
             elif not mine(os.path.dirname(os.path.abspath(p))) and (why := broken_link(p) or not_regular(p)):
                 # By its shard's name, as a resume knows it.
                 unlisted[_shown(Path(os.path.abspath(p)), root)] = why
         except OSError as e:
             unlisted[p] = _reason(e)
     _refuse_foreign(foreign, out)
-    for names in (left.csvs, left.arrows, left.parquets, left.not_parquets):
-        names.sort()
+    left.arrows.sort()
     if not matches and not unlisted:
         said = "".join(f"; {note}" for note in left_out_notes(left))
         if inside_out.startswith(":"):
             raise InputError(f"{spec}{inside_out}{said}")
-        if walked:
-            raise InputError(f"{spec}: no input files in the files and directories it matches as a glob (looked "
-                             f"for {', '.join(SUFFIXES)}, in any case){inside_out}{said}")  # fmt: skip
+        if left.dirs:  # not "no file matches": what was meant is under the directories the note names
+            raise InputError(f"{spec}: no such file or directory, and as a glob it matches directories but no file "
+                             f"to score{inside_out}{said}")  # fmt: skip
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )
@@ -273,6 +291,8 @@ def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path
 
 def _add(into: LeftOut | None, left: LeftOut) -> None:
     if into is not None:
+        into.dirs += left.dirs
+        into.dirs_globs = into.dirs_globs or left.dirs_globs
         into.csvs += left.csvs
         into.arrows += left.arrows
         into.parquets += left.parquets

@@ -90,21 +90,14 @@ def under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def walk(
-    top: str,
-    onerror: Callable[[OSError], None] | None = None,
-    root: str | None = None,
-    entered: set[str] | None = None,
-) -> Iterator[tuple[str, list, list]]:
+def walk(top: str, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list, list]]:
     """os.walk(top) in sorted order (sub-directories and names), entering a linked directory only where it
-    leads outside `root`'s real path (`top`'s by default), to a real directory not entered yet (`entered`,
-    shared by the walks of one INPUT: the directories a glob matches), and not above `root`. The caller may
+    leads outside `top`'s real path, to a real directory not entered yet, and not above `top`. The caller may
     prune the sub-directories it is given, as os.walk's; a directory is decided on as it is reached (depth
     first), so of two ways to one real directory the first by name among those the caller keeps is taken."""
     real_top = os.path.realpath(top)
-    real_root = os.path.realpath(root) if root is not None else real_top
-    above = _ancestors(real_root)
-    entered = set() if entered is None else entered
+    above = _ancestors(real_top)
+    entered: set[str] = set()
     # (path, its real path or None to work out from the parent's, the parent's real path, a link?)
     stack: list[tuple[str, str | None, str, bool]] = [(top, real_top, "", False)]
     while stack:
@@ -112,7 +105,7 @@ def walk(
         if real is None:
             if linked:
                 real = os.path.realpath(d)
-                if under(real, real_root) or real in above:  # found under its own path, or a loop
+                if under(real, real_top) or real in above:  # found under its own path, or a loop
                     continue
             else:
                 real = os.path.join(parent, os.path.basename(d))
@@ -180,13 +173,15 @@ def _matches(rel: list[str], pattern: list[str]) -> bool:
 
 
 def glob_files(
-    spec: str, skip: Callable[[str, list[str]], bool] | None = None
+    spec: str, skip: Callable[[str, list[str]], bool] | None = None, dirs: list[str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The files and directories a glob matches (paths as spelled from it, as glob.glob gives them; broken
-    links matching it among them; not what lies under a directory matched), and the directories it would have looked in but could not list, or that are broken links
+    """The files a glob matches (paths as spelled from it, as glob.glob gives them; broken links matching it
+    among them), and the directories it would have looked in but could not list, or that are broken links
     (path -> reason): glob.glob passes over those in silence, and the files in them would be left out of
     the job without a word. A directory for which skip(path, its
-    file names) is true is left out with all under it (the caller names it)."""
+    file names) is true is left out with all under it (the caller names it). The directories the glob
+    matches and does not go on into (`crawl/2024-*`; all of them for `crawl/*/`, which matches directories
+    alone) are added to `dirs`, for the caller to name: their files are not the glob's."""
     parts = spec.split(os.sep)
     fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
     if fixed == len(parts):
@@ -194,9 +189,9 @@ def glob_files(
     top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
     # `a//*.jsonl` and `a/./*.jsonl` are `a/*.jsonl` to glob; a trailing separator (directories only) stays.
     pattern = [p for p in parts[fixed:-1] if p not in ("", ".")] + parts[-1:]
-    dir_pattern = (
-        pattern[:-1] if len(pattern) > 1 and pattern[-1] == "" else pattern
-    )  # `crawl/*/` as `crawl/*`
+    # `crawl/*/`: the directories `crawl/*` matches, alone.
+    only_dirs = len(pattern) > 1 and pattern[-1] == ""
+    dir_pattern = pattern[:-1] if only_dirs else pattern
     found: list[str] = []
     failed: dict[str, str] = {}
 
@@ -219,11 +214,14 @@ def glob_files(
             subdirs.clear()
             continue
         rel = list(os.path.relpath(d, top).split(os.sep)) if d != top else []
-        # A directory the glob matches is found whole (the caller walks it as a directory INPUT): `crawl/2024-*`
-        # matching folders of shards found nothing. Not entered here, so none of its files is found twice.
-        matched = [x for x in subdirs if _matches([*rel, x], dir_pattern)]
-        found += [os.path.join(d, x) if d != "." else x for x in matched]
-        subdirs[:] = [x for x in subdirs if x not in matched and _may_lead_to_match([*rel, x], pattern)]
+        if dirs is not None:
+            dirs += [
+                os.path.join(d, x) if d != "." else x
+                for x in subdirs
+                if _matches([*rel, x], dir_pattern)
+                and (only_dirs or not _may_lead_to_match([*rel, x], pattern))
+            ]
+        subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
         for n in names:
             path = os.path.join(d, n) if d != "." else n
             if _matches([*rel, n], pattern):

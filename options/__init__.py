@@ -15,7 +15,7 @@ options the dataclass lists in its `RUN_ONLY`, such as --out), so the same comma
 default.
 An unknown flag or file key, a value of the wrong type or one outside the allowed values fails at once
 with a `ConfigError` naming the option; an unknown one with the closest known ones, or for a flag the
-dataclass names in its `FLAG_HINTS`, what to give instead. A boolean is a switch: `--qat` alone means true, `--qat false`
+dataclass names in its `FLAG_HINTS` (however it is spelled: `--no_ray`, `--noray` are `--no-ray`), what to give instead. A boolean is a switch: `--qat` alone means true, `--qat false`
 and `--no-qat` false. An option that may be unset is unset by an empty value, and a number by `none` too. The dataclass's `__post_init__` checks what involves several options.
 
 Standard library only: the serving install (app/) uses it too, without torch.

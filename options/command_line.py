@@ -66,13 +66,21 @@ class _Parser(argparse.ArgumentParser):
         # a TOML key that is unknown gets a "did you mean", and so does a flag.
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}{_unknown_flags(self, extras)}")
+            argv = list(sys.argv[1:] if args is None else args)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{_unknown_flags(self, extras, argv)}")
         return namespace
 
 
-def _unknown_flags(p: _Parser, extras: Sequence[str]) -> str:
+def _hint_key(given: str) -> str:
+    """A flag as `FLAG_HINTS` are looked up: `--no_ray`, `--noray` and `--NO-RAY` are `--no-ray`. Looked up
+    as typed, they got the closest known spelling instead, `--ray`: the opposite of what was meant."""
+    return given.lstrip("-").replace("-", "").replace("_", "").lower()
+
+
+def _unknown_flags(p: _Parser, extras: Sequence[str], argv: Sequence[str] = ()) -> str:
     """What to say after argparse's "unrecognized arguments": each unknown flag's closest known ones, or
-    the command's hint for it, or where the options are listed."""
+    the command's hint for it, or where the options are listed. `argv`: what was parsed, in which a word
+    right after an unknown flag is told apart as its value."""
     import difflib
 
     # Every long flag, the --no- forms of switches too (--no-qatt is --no-qat, not its opposite --qat);
@@ -80,9 +88,10 @@ def _unknown_flags(p: _Parser, extras: Sequence[str]) -> str:
     known = sorted({s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help"})
     said, lost = [], False
     flags = (a.split("=", 1)[0] for a in extras if a.startswith("-") and a != "--" and not _negative(a))
+    hints = {_hint_key(k): hint for k, hint in p.hints.items()}
     for given in dict.fromkeys(flags):
-        if given in p.hints:
-            said.append(f"{given}: {p.hints[given]}.")
+        if hint := hints.get(_hint_key(given)):
+            said.append(f"{given}: {hint}.")
             continue
         # Compared without the "--" every flag has, which made a short one seem close to anything: --bogus was
         # "did you mean --out?".
@@ -97,7 +106,11 @@ def _unknown_flags(p: _Parser, extras: Sequence[str]) -> str:
             lost = True
     # Words that are files or directories: a glob the shell expanded (`big/*.jsonl` unquoted), where the command
     # reads one itself; said beside argparse's list of them, which named no reason.
-    strays = [a for a in extras if not a.startswith("-") and os.path.lexists(a)]
+    # Not a word right after an unknown flag given without "=": as a rule that flag's value (`--outt c2`,
+    # c2 on disk), which the shell did not expand.
+    unknown = {a for a in extras if a.startswith("-") and "=" not in a}
+    values = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in unknown}
+    strays = [a for a in extras if not a.startswith("-") and a not in values and os.path.lexists(a)]
     if strays and p.stray_paths_hint:
         said.append(f"{'these paths are' if len(strays) > 1 else 'it is'} on disk: {p.stray_paths_hint}.")
     if lost or not said:  # a flag like nothing known, or a stray word with no flag before it

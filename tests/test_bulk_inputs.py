@@ -539,7 +539,10 @@ def test_a_config_saved_by_a_ray_run_reruns_on_local_processes_with_ray_none(tmp
     for word in ("none", "None"):
         cfg = resolve([*base, "--ray", word])
         assert cfg.ray is None and as_dict(cfg)["ray"] is None
+    # --no_ray and --noray were "did you mean --ray?", which starts Ray: the hint is looked up ignoring "-", "_".
     for given, says in ((["--no-ray"], r"--no-ray: give --ray none to score with local processes"),
+                        (["--no_ray"], r"--no_ray: give --ray none to score with local processes"),
+                        (["--noray"], r"--noray: give --ray none to score with local processes"),
                         (["--ray", ""], r"leave --ray out \(or give --ray none, over a --config that sets it\)"),
                         (["--ray", "nowhere"], r"no address Ray can join.*; or --ray none for local processes")):  # fmt: skip
         with pytest.raises(ConfigError, match=says):
@@ -556,6 +559,11 @@ def test_a_glob_the_shell_expanded_is_told_to_be_quoted(tmp_path):
     with pytest.raises(ConfigError) as refused:  # a stray word that names nothing: no such guess
         resolve([shards_[0], "--out", "o", "--model", "m", "nothing-here"])
     assert "glob" not in str(refused.value) and "--help lists the options" in str(refused.value)
+    # The value of a mistyped flag (`--outt DIR`, DIR on disk) is no path the shell expanded: the flag is told.
+    for mistyped in (["--outt", shards_[1]], [f"--outt={shards_[1]}"]):
+        with pytest.raises(ConfigError) as refused:
+            resolve([shards_[0], *mistyped, "--model", "m"])
+        assert str(refused.value).endswith("(--outt: did you mean --out?)"), str(refused.value)
 
 
 def test_a_glob_that_matches_nothing_says_so(tmp_path):
@@ -584,30 +592,56 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
         shards(str(tmp_path / "pipe.jsonl"), "auto")
 
 
-def test_a_directory_a_glob_matches_is_walked_as_a_directory_input(tmp_path):
+def test_a_glob_takes_the_files_it_matches_and_names_the_directories_it_matches(tmp_path):
     """`crawl/2024-*`, each match a folder of shards: a glob dropped the directories it matched without a
-    word (exit 0 on the files beside them), and one matching folders alone was refused as matching nothing.
-    Each is walked as a directory INPUT is: its files by suffix, hidden ones and CSVs left out (named), its
-    files named from the glob's root; a directory of nothing to read refused as such."""
+    word (exit 0 on the files beside them), and one matching folders alone was refused as matching no file.
+    Walking them as directory INPUTs instead gave old `DIR/*` jobs new shards on resume (their --out among
+    them), so a glob still takes the files it matches, and names the directories it matches (not hidden
+    ones, not --out, not another job's) with the globs that take what is under them, which do so."""
     g = tmp_path / "g"
-    g.mkdir()
-    (g / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "beside"}\n'))
+    lines(g / "b.jsonl", [{"text": "beside"}])
     lines(g / "sub" / "a.jsonl", [{"text": "in a folder"}])
     (g / "sub" / "deeper").mkdir()
     (g / "sub" / "deeper" / "t.txt").write_text("deeper\n")
-    (g / "sub" / "meta.csv").write_text("a,b\n")
-    lines(g / "sub" / ".hidden" / "h.jsonl", [{"text": "not input"}])
-    (g / "empty").mkdir()
-    inside = ["sub/a.jsonl", "sub/deeper/t.txt"]
-    for spec, want in ((f"{g}/*", ["b.jsonl.gz", *inside]), (f"{g}/s*", inside), (f"{g}/*/", inside),
-                       (f"{g}/**", ["b.jsonl.gz", *inside])):  # fmt: skip
+    lines(g / ".hidden" / "h.jsonl", [{"text": "not input"}])
+    lines(g / "staging" / "s.jsonl", [{"text": "staged"}])
+    (g / "slink").symlink_to(g / "staging")  # found by its own path: no glob enters it
+    lines(g / "out" / "mine.jsonl", [{"text": "a user's file in --out"}])
+    (g / "other" / "job.json").parent.mkdir()
+    (g / "other" / "job.json").write_text(json.dumps({"bundle_sha256": "ab", "part_bytes": 16384}))
+    left = LeftOut()
+    root, files, unlisted = shards(f"{g}/*", "auto", g / "out", left)
+    assert root == g and [f.name for f in files] == ["b.jsonl"] and not unlisted
+    assert left.dirs == ["slink (-> staging)", "staging", "sub"] and not left.jobs
+    (note,) = left_out_notes(left)
+    assert note.startswith("3 directories the glob matches under INPUT left out, as a glob takes the files it "
+                           "matches") and f"give '{g}/*/**' (or '{g}/**'), or a directory itself" in note  # fmt: skip
+    # As the note says: `/**` takes what is under them (the files beside them too), behind a link leading
+    # inside the glob's root only by its own path.
+    (g / "out" / "mine.jsonl").unlink()  # under --out a glob enters, a user's file is refused (as it was)
+    under = ["b.jsonl", "staging/s.jsonl", "sub/a.jsonl", "sub/deeper/t.txt"]
+    for spec in (f"{g}/*/**", f"{g}/**"):
         left = LeftOut()
-        root, files, unlisted = shards(spec, "auto", left_out=left)
-        assert root == g and [f.relative_to(g).as_posix() for f in files] == want and not unlisted, spec
-        assert left.csvs == ["sub/meta.csv"], spec
-    assert [d.text for d in docs_of(f"{g}/s*")] == ["in a folder", "deeper"]
-    with pytest.raises(InputError, match=r"no input files in the files and directories it matches as a glob"):
-        shards(f"{g}/e*", "auto")
+        got = [f.relative_to(g).as_posix() for f in shards(spec, "auto", g / "out", left)[1]]
+        assert got == under and not left.dirs, spec
+    assert [d.text for d in docs_of(f"{g}/su*/**")] == ["in a folder", "deeper"]
+    # Directories alone: refused naming them, not as matching nothing; behind a link, only `g/**` reaches.
+    for spec, dirs, into in ((f"{g}/su*", "sub", f"'{g}/su*/**' (or '{g}/**')"),
+                             (f"{g}/*/", "out, slink (-> staging), staging, sub", f"'{g}/*/**' (or '{g}/**')"),
+                             (f"{g}/sl*", "slink (-> staging)", f"'{g}/sl*/**' (or '{g}/**', which alone takes the "
+                              f"files behind a link leading inside {g}")):  # fmt: skip
+        with pytest.raises(InputError) as refused:
+            shards(spec, "auto")
+        said = str(refused.value)
+        assert said.startswith(
+            f"{spec}: no such file or directory, and as a glob it matches directories but no file to score; "
+        )
+        assert (
+            f"as a glob takes the files it matches, not what lies under a directory it matches: {dirs}. "
+            in said
+        )
+        assert f"To take what is under them, give {into}" in said, said
+        assert "no file matches" not in said
 
 
 def test_one_input_spelled_three_ways_from_two_directories_is_one_job(tmp_path, monkeypatch):
@@ -888,9 +922,11 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
 ):
     """A Hugging Face save_to_disk folder (data-*.arrow, an Arrow IPC stream; state.json; dataset_info.json on
     one line) was skipped in silence but for its JSON files: dataset_info.json was scored, and the job
-    failed on its first field, 'citation'. Under a directory the Arrow files and that metadata beside them
-    are left out and named; matched by a glob or named outright, an Arrow file fails (or is refused) by
-    name, with a conversion to Parquet that then reads, not "give --format jsonl, parquet or text"."""
+    failed on its first field, 'citation'. Under a directory the Arrow files and that metadata are left out
+    and named; matched by a glob or named outright, an Arrow file fails (or is refused) by name, with a
+    conversion to Parquet that then reads, not "give --format jsonl, parquet or text". The metadata is told
+    by name and content, not by an .arrow beside it: once the conversion moved the .arrow aside, a rerun
+    failed on it, and a DatasetDict's dataset_dict.json was scored as a document."""
     import subprocess
 
     corpus = tmp_path / "corpus"
@@ -905,21 +941,23 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
     )
     (hf / "dataset_info.json").write_text(json.dumps({"citation": "", "features": {}}))
     pyarrow.feather.write_feather(table, corpus / "t.feather")
-    lines(corpus / "other" / "state.json", [{"text": "no Arrow beside it: read"}])
+    (corpus / "dataset_dict.json").write_text(json.dumps({"splits": ["hf"]}))  # a DatasetDict's, above it
+    # Files of those names that are not datasets' metadata are read, as before.
+    lines(corpus / "other" / "state.json", [{"text": "no _data_files: read"}])
+    lines(corpus / "other" / "dataset_dict.json", [{"splits": ["a"], "text": "more than splits: read"}])
     left = LeftOut()
     root, files, unlisted = shards(str(corpus), "auto", left_out=left)
     assert [f.relative_to(corpus).as_posix() for f in files] == [
         "a.jsonl",
+        "other/dataset_dict.json",
         "other/state.json",
     ] and not unlisted
-    assert left.arrows == [
-        "hf/data-00000-of-00001.arrow",
-        "hf/dataset_info.json",
-        "hf/state.json",
-        "t.feather",
-    ]
+    meta = ["dataset_dict.json", "hf/dataset_info.json", "hf/state.json"]
+    assert left.arrows == ["dataset_dict.json", "hf/data-00000-of-00001.arrow", *meta[1:], "t.feather"]
     (note,) = left_out_notes(left)
-    assert "4 Arrow (or save_to_disk) file(s) under INPUT left out" in note and "to_parquet" in note, note
+    assert "5 Arrow (or save_to_disk) file(s) under INPUT left out" in note and "to_parquet" in note, note
+    with pytest.raises(InputError, match=r"state\.json: it is a Hugging Face save_to_disk folder's metadata"):
+        shards(str(hf / "state.json"), "auto")
     assert shards(str(corpus), "jsonl", left_out=LeftOut())[1] == files  # no --format reads them
     with pytest.raises(
         InputError, match=r"t\.feather: it is an Arrow IPC or Feather file, which bulk does not"
@@ -936,6 +974,54 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
         assert done.returncode == 0, done.stderr
         converted = (corpus / name).with_suffix(".parquet")
         assert [d.text for d in docs_of(converted)] == ["first row", "second row"]
+    # Rerun after the conversion, the .arrow moved aside: the metadata is still left out, from a directory
+    # and a glob, and nothing fails.
+    for spec in (str(corpus), f"{corpus}/**"):
+        left = LeftOut()
+        root, files, unlisted = shards(spec, "auto", left_out=left)
+        assert "hf/data-00000-of-00001.parquet" in [f.relative_to(corpus).as_posix() for f in files], spec
+        assert left.arrows == meta and not plan(root, files, "auto", 1 << 20)[1] and not unlisted, spec
+
+
+def test_the_arrow_conversion_reads_ipc_streams_and_files_feather_v1_and_v2_and_compressed_ones(tmp_path):
+    """The printed conversion crashed on a Feather v1 file (FEA1, which ipc does not read) and on a
+    compressed one (it memory-mapped the gzip bytes). Each kind is converted for real and read."""
+    import bz2
+    import subprocess
+    import warnings
+    import zipfile
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    table = pa.table({"text": ["first row", "second row"]})
+    with pyarrow.ipc.new_stream(corpus / "stream.arrow", table.schema) as w:
+        w.write_table(table)
+    with pyarrow.ipc.new_file(corpus / "file.arrow", table.schema) as w:
+        w.write_table(table)
+    with warnings.catch_warnings():  # pyarrow deprecates writing v1; such files are still about
+        warnings.simplefilter("ignore")
+        pyarrow.feather.write_feather(table, corpus / "v1.feather", version=1)
+    pyarrow.feather.write_feather(table, corpus / "v2.feather")
+    assert (corpus / "v1.feather").read_bytes()[:4] == b"FEA1"
+    (corpus / "z.arrow.gz").write_bytes(gzip.compress((corpus / "stream.arrow").read_bytes()))
+    (corpus / "y.feather.bz2").write_bytes(bz2.compress((corpus / "v1.feather").read_bytes()))
+    with zipfile.ZipFile(corpus / "q.arrow.zip", "w") as z:  # an archive: unzipped first, as its hint says
+        z.write(corpus / "file.arrow", "file.arrow")
+    with pytest.raises(
+        InputError, match=r"q\.arrow\.zip: it is a zipped Arrow IPC or Feather file.*unzip it first"
+    ):
+        shards(str(corpus / "q.arrow.zip"), "auto")
+    failed = plan(*shards(f"{corpus}/*.*", "auto")[:2], "auto", 1 << 20)[1]
+    assert "unzip it first" in failed.pop("q.arrow.zip")
+    assert sorted(failed) == ["file.arrow", "stream.arrow", "v1.feather", "v2.feather", "y.feather.bz2",
+                              "z.arrow.gz"], failed  # fmt: skip
+    for name, why in failed.items():
+        command = why.split("naming the new file where INPUT named this one: ")[1]
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (name, done.stderr)
+        converted = corpus / f"{name.split('.')[0]}.parquet"
+        assert [d.text for d in docs_of(converted)] == ["first row", "second row"], name
+        assert (corpus / ".bulk-originals" / name).is_file() and not (corpus / name).exists()
 
 
 def test_parquet_under_a_directory_with_a_format_is_left_out_by_name_and_refused_when_named(tmp_path):

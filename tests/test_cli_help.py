@@ -194,6 +194,10 @@ def test_finetune_max_steps_says_how_to_make_a_quick_run():
     """--max-steps, a natural thing to try (pretraining has it), was refused with nothing about what fine-tuning
     takes instead; its closest spelling, --max-seq-len, shortens the texts, not the run."""
     cls, required = PROGRAMS["training.finetune"]
+    # Spelled otherwise, the hint all the same (looked up as typed, --max_steps got "--help lists the options").
+    for spelled in ("--max_steps", "--maxsteps", "--Max-Steps"):
+        with pytest.raises(options.ConfigError, match=f"{spelled}: fine-tuning counts --epochs"):
+            options.resolve(cls, [*required, spelled, "10"], env={})
     with pytest.raises(options.ConfigError) as refused:
         options.resolve(cls, [*required, "--max-steps", "10"], env={})
     said = str(refused.value)
