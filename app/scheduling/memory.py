@@ -6,10 +6,11 @@ The limit is --memory-limit-mb, else the cgroup's (a container's --memory, a pod
 costs is measured, not guessed: at load, each model runs one batch at the bulk budget (--bulk-batch-tokens
 of full-length rows) while a thread samples the resident memory; the rise per padded token is the price of
 a bulk request's tokens (its rows run in batches of at most that budget). What is resident once every model
-is loaded and warm is the baseline; what may run between it and HEADROOM of the limit (the room) is split
-in two. Interactive requests reserve nothing, so a share of the room is set aside for their batches, as many
-as may run at once (`cap_interactive`); the large requests in flight reserve from the rest (`bulk_room`).
-Both once took the whole room, and a mixed load passed an 800 MiB limit by 100 MiB.
+is loaded and warm is the baseline; what may run between it and HEADROOM of the limit (the room) is shared
+by the engine sessions that hold memory, each batch cut to its session's share (`share_by_runner`). Large
+requests once reserved from the whole room while interactive batches filled it too, and a mixed load passed
+an 800 MiB limit by 100 MiB. Where not even one full-length row per session fits, interactive batches get a
+share (`cap_interactive`) and large requests, which reserve from the rest (`bulk_room`), get 413.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class MemoryBudget:
         # A bulk request's batches that may run at once (set by settle()): its model runs bulk batches on up
         # to --runners - 1 runners, and the next of a long request's batches is formed while one runs.
         self.bulk_at_once = 1
-        # Set by share_by_runner where the split leaves large requests no room: every runner's batch, of
-        # either lane, is cut to its share of the room, and nothing is reserved.
+        # Set by share_by_runner: every session's batch, of either lane, within its share of the room, and
+        # nothing reserved. Unset only where not even a row per session fits (the split of before).
         self.by_runner = False
 
     def measured(self, per_token: float) -> None:
@@ -186,7 +187,7 @@ class MemoryBudget:
             return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                     f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
                     f"{max(0, self.room) / MIB:.0f} MiB above the models, {self.interactive / MIB:.0f} MiB of it for "
-                    "every runner's batch at once, interactive or large")  # fmt: skip
+                    "every session's batch at once, interactive or large")  # fmt: skip
         return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                 f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
                 f"{max(0, self.room) / MIB:.0f} MiB above the models: {self.interactive / MIB:.0f} MiB kept for "
@@ -231,20 +232,31 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
 
 
 def plan(memory: MemoryBudget, settings, models: dict) -> int:
-    """How the room is used, the models loaded: the interactive batches' share, the large requests' batch size
-    and what they reserve (or, where those do not split, every runner's share); the bulk batch's tokens."""
+    """How the room is used, the models loaded; the bulk batch's tokens. Every engine session that holds
+    memory (share_by_runner) gets an equal share, its batches of either lane cut to it. Only where not even
+    one full-length row per session fits does the split of before stand: the interactive batches' share,
+    and large requests refused 413 (what they would reserve is more than is left). The share served more at
+    every limit where both apply: as a fallback of the split, raising a limit past it made large requests
+    wait one at a time (429) in smaller batches than below it."""
     memory.bulk_at_once = bulk_at_once(settings.runners)
-    said: list[tuple] = []  # the split's warnings, said only where the split stands
-    cap_interactive(memory, settings, models, say=lambda *line: said.append(line))
-    batch = cap_bulk(memory, settings, models, say=lambda *line: said.append(line))
-    if memory.most_tokens(batch) is not None:  # large requests' batches of one row do not fit their half
-        batch = share_by_runner(memory, settings, models, batch)
-    for line in () if memory.by_runner else said:
-        log.warning(*line)
-    return batch
+    if share_by_runner(memory, settings, models):
+        return min(
+            settings.bulk_batch_budget, *(m.scheduler.admission.bulk_batch_tokens for m in models.values())
+        )
+    cap_interactive(memory, settings, models)
+    return cap_bulk(memory, settings, models)
 
 
-def cap_bulk(memory: MemoryBudget, settings, models: dict, say=log.warning) -> int:
+def sessions(settings, models: dict) -> int:
+    """The engine sessions that hold memory at once: each model's runners, and its solo session (a lone
+    request's, on every thread) where it has one. An arena keeps what its largest batch took until a batch
+    over SHRINK_TOKENS gives it back, so an idle session holds memory too: counted without the solo ones,
+    a server at 600 MiB ran to 600 MiB after a few lone requests."""
+    solo = sum(1 for m in models.values() if getattr(getattr(m, "engine", None), "has_solo", False))
+    return settings.runners * len(models) + solo
+
+
+def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
     """The tokens of a bulk batch under the limit, returned: --bulk-batch-tokens (at most
     --batch-token-budget), cut where a request's batches at once (`bulk_at_once`) would not fit what the limit
     leaves large requests, never below one row of the longest model. Uncut, a request that needed more than
@@ -266,38 +278,41 @@ def cap_bulk(memory: MemoryBudget, settings, models: dict, say=log.warning) -> i
         lane.budget = min(lane.budget, cap)
         m.scheduler.admission.bulk_batch_tokens = min(m.scheduler.admission.bulk_batch_tokens, cap)
     if fits >= longest:
-        say("memory: large requests' batches of --bulk-batch-tokens %d tokens (at most --batch-token-budget) "
+        log.warning("memory: large requests' batches of --bulk-batch-tokens %d tokens (at most --batch-token-budget) "
                     "need more than the %.0f MiB the limit leaves them%s: they are cut at %d tokens, and run in "
                     "more batches (raise the limit to keep them whole)", budget, max(0, memory.bulk_room) / MIB,
                     memory.beside(), cap)  # fmt: skip
     return cap
 
 
-def share_by_runner(memory: MemoryBudget, settings, models: dict, batch: int) -> int:
-    """Where the split leaves large requests too little for their batches of one full-length row (--runners
-    3 or more, or a limit a little above the models: every request over --interactive-tokens got 413, though
-    one row at a time would fit): each runner gets an equal share of the room, and its batches, interactive
-    or large, are cut to it. A runner runs one batch at a time, of either lane, so all of them at once fit, and
-    large requests reserve nothing. Not where even one row per runner does not fit the room: then the split
-    stands, and large requests get 413. Returns the tokens of a bulk batch."""
-    at_once = settings.runners * len(models)
+def share_by_runner(memory: MemoryBudget, settings, models: dict) -> bool:
+    """Each engine session that holds memory (`sessions`) gets an equal share of the room, and every batch,
+    interactive or large, is cut to it: a session runs one batch at a time, so all of them at once fit, and
+    large requests reserve nothing (they queue, within --max-bulk-tokens). Batches are cut only where their
+    budgets do not fit the share. False, nothing set, where not even one row of the longest model per
+    session fits."""
+    if not models or memory.price <= 0:
+        return False
+    at_once = sessions(settings, models)
     fits = int(max(0, memory.room) / (at_once * memory.price))
     longest = max(m.bundle.manifest.max_length for m in models.values())
     if fits < longest:
-        return batch
+        return False
     memory.by_runner = True
     caps = {False: min(settings.batch_token_budget, fits), True: min(settings.bulk_batch_budget, fits)}
     for m in models.values():
         for bulk, cap in caps.items():
-            m.scheduler.lanes[bulk].budget = cap
-        m.scheduler.admission.bulk_batch_tokens = caps[True]
-    memory.interactive = at_once * memory.cost(max(caps.values()), max(caps.values()))
-    log.warning("memory: the %.0f MiB the limit leaves above the loaded models hold no split between interactive "
-                "batches and large requests' batches (--runners %d, %d model(s)): every runner's batch, of either, is "
-                "cut at %d tokens, so that all %d at once fit, and large requests reserve nothing (raise the limit "
-                "or lower --runners for larger batches)", max(0, memory.room) / MIB, settings.runners, len(models),
-                max(caps.values()), at_once)  # fmt: skip
-    return caps[True]
+            m.scheduler.lanes[bulk].budget = min(m.scheduler.lanes[bulk].budget, cap)
+        m.scheduler.admission.bulk_batch_tokens = min(m.scheduler.admission.bulk_batch_tokens, caps[True])
+    largest = max(caps.values())
+    memory.interactive = at_once * memory.cost(largest, largest)
+    if caps[False] < settings.batch_token_budget or caps[True] < settings.bulk_batch_budget:
+        log.warning("memory: %d engine sessions (--runners %d and a lone request's, %d model(s)) with batches of "
+                    "--batch-token-budget %d tokens could need more than the %.0f MiB the limit leaves above the "
+                    "loaded models: every batch, interactive or large, is cut at %d tokens, so that all of them at "
+                    "once fit (raise the limit for larger batches)", at_once, settings.runners, len(models),
+                    settings.batch_token_budget, max(0, memory.room) / MIB, largest)  # fmt: skip
+    return True
 
 
 def bulk_at_once(runners: int) -> int:
@@ -306,7 +321,7 @@ def bulk_at_once(runners: int) -> int:
     return max(1, runners - 1)
 
 
-def cap_interactive(memory: MemoryBudget, settings, models: dict, say=log.warning) -> None:
+def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
     """Interactive requests reserve nothing (a sentence costs next to nothing), but many of them together
     fill batches of up to --batch-token-budget, --runners of them per model at once: at a pod's 1 GiB that
     was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. So they get a share of the
@@ -316,7 +331,7 @@ def cap_interactive(memory: MemoryBudget, settings, models: dict, say=log.warnin
     there is enough. Where all of them at the budget would take more than half the room, each model's
     interactive batches are cut to a size that fits half, and the other half is left to large requests
     (a one-sentence request is still answered in one small batch; a long one runs in more of them)."""
-    at_once = settings.runners * len(models)
+    at_once = sessions(settings, models)
     if not models or memory.price <= 0:
         return
     budget = settings.batch_token_budget
@@ -333,7 +348,7 @@ def cap_interactive(memory: MemoryBudget, settings, models: dict, say=log.warnin
     memory.interactive = at_once * memory.cost(cap, cap)
     short = (f"; even batches of one {longest}-token row may not all fit at once: raise the limit or lower "
              "--runners" if fits < longest else "")  # fmt: skip
-    say("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
+    log.warning("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
                 "about %.0f MiB, more than half the %.0f MiB the limit leaves above the loaded models (the other "
                 "half is for large requests): interactive batches are cut at %d tokens, %.0f MiB kept for them "
                 "(set a lower --batch-token-budget to choose, or raise the limit)%s",
