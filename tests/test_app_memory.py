@@ -295,7 +295,7 @@ def test_where_the_split_leaves_large_requests_no_row_every_runner_gets_a_share_
     batch = plan(
         b, SimpleNamespace(runners=runners, batch_token_budget=16384, bulk_batch_budget=4096), models
     )
-    assert b.by_runner and 512 <= batch < 4096
+    assert b.by_session and 512 <= batch < 4096
     lanes = [m.scheduler.lanes[bulk].budget for m in models.values() for bulk in (False, True)]
     assert set(lanes) == {batch} and all(
         m.scheduler.admission.bulk_batch_tokens == batch for m in models.values()
@@ -309,7 +309,7 @@ def test_where_not_even_one_row_per_runner_fits_the_split_stands_and_large_reque
     b.interactive_tokens = 256
     models = _models(2, 16384)
     plan(b, SimpleNamespace(runners=2, batch_token_budget=16384, bulk_batch_budget=4096), models)
-    assert not b.by_runner
+    assert not b.by_session
     with pytest.raises(AppError) as too_big:
         b.reserve("m", 4096, models["m0"].scheduler.admission.bulk_batch_tokens)
     assert too_big.value.type is ErrorType.TOO_MANY_TOKENS
@@ -329,7 +329,7 @@ def test_a_higher_limit_never_serves_with_smaller_batches_or_fewer_large_request
         for m in models.values():
             m.engine = SimpleNamespace(has_solo=True)
         plan(b, settings, models)
-        if not b.by_runner:  # not even a row per session: only below the share's first limit
+        if not b.by_session:  # not even a row per session: only below the share's first limit
             assert before == (0, 0), limit_mib
             continue
         lanes = models["m0"].scheduler.lanes

@@ -7,7 +7,7 @@ costs is measured, not guessed: at load, each model runs one batch at the bulk b
 of full-length rows) while a thread samples the resident memory; the rise per padded token is the price of
 a bulk request's tokens (its rows run in batches of at most that budget). What is resident once every model
 is loaded and warm is the baseline; what may run between it and HEADROOM of the limit (the room) is shared
-by the engine sessions that hold memory, each batch cut to its session's share (`share_by_runner`). Large
+by the engine sessions that hold memory, each batch cut to its session's share (`share_by_session`). Large
 requests once reserved from the whole room while interactive batches filled it too, and a mixed load passed
 an 800 MiB limit by 100 MiB. Where not even one full-length row per session fits, interactive batches get a
 share (`cap_interactive`) and large requests, which reserve from the rest (`bulk_room`), get 413.
@@ -93,9 +93,9 @@ class MemoryBudget:
         # A bulk request's batches that may run at once (set by settle()): its model runs bulk batches on up
         # to --runners - 1 runners, and the next of a long request's batches is formed while one runs.
         self.bulk_at_once = 1
-        # Set by share_by_runner: every session's batch, of either lane, within its share of the room, and
+        # Set by share_by_session: every session's batch, of either lane, within its share of the room, and
         # nothing reserved. Unset only where not even a row per session fits (the split of before).
-        self.by_runner = False
+        self.by_session = False
 
     def measured(self, per_token: float) -> None:
         self.per_token = max(self.per_token, per_token)
@@ -111,7 +111,7 @@ class MemoryBudget:
     def need(self, tokens: int, batch_tokens: int) -> int:
         """What a bulk request of `tokens` reserves: its batches of at most `batch_tokens`, as many of them
         as may run at once (`bulk_at_once`; one batch's worth undercounted it on --runners 3 or more)."""
-        return 0 if self.by_runner else self.cost(tokens, batch_tokens * self.bulk_at_once)
+        return 0 if self.by_session else self.cost(tokens, batch_tokens * self.bulk_at_once)
 
     @property
     def room(self) -> int:
@@ -128,7 +128,7 @@ class MemoryBudget:
         `reserve` counts them (a request refused 413 has more); None when every size fits (its batches at
         once, `bulk_at_once` of `batch_tokens`, do: a request never reserves more)."""
         room = self.bulk_room
-        if self.by_runner or self.need(batch_tokens * self.bulk_at_once, batch_tokens) <= room:
+        if self.by_session or self.need(batch_tokens * self.bulk_at_once, batch_tokens) <= room:
             return None
         if room < 0 or self.price <= 0:
             return 0
@@ -142,7 +142,7 @@ class MemoryBudget:
     def reserve(self, model: str, tokens: int, batch_tokens: int) -> int:
         """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
         changes once the server settles); 413 or 429 where they do not fit."""
-        if self.by_runner:
+        if self.by_session:
             return 0  # every batch it runs is within its runner's share
         need, room = self.need(tokens, batch_tokens), self.bulk_room
         smallest = self.need(self.interactive_tokens + 1, batch_tokens)
@@ -183,7 +183,7 @@ class MemoryBudget:
                 if self.interactive else " above its loaded models")  # fmt: skip
 
     def describe(self) -> str:
-        if self.by_runner:
+        if self.by_session:
             return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                     f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
                     f"{max(0, self.room) / MIB:.0f} MiB above the models, {self.interactive / MIB:.0f} MiB of it for "
@@ -233,13 +233,13 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
 
 def plan(memory: MemoryBudget, settings, models: dict) -> int:
     """How the room is used, the models loaded; the bulk batch's tokens. Every engine session that holds
-    memory (share_by_runner) gets an equal share, its batches of either lane cut to it. Only where not even
+    memory (share_by_session) gets an equal share, its batches of either lane cut to it. Only where not even
     one full-length row per session fits does the split of before stand: the interactive batches' share,
     and large requests refused 413 (what they would reserve is more than is left). The share served more at
     every limit where both apply: as a fallback of the split, raising a limit past it made large requests
     wait one at a time (429) in smaller batches than below it."""
     memory.bulk_at_once = bulk_at_once(settings.runners)
-    if share_by_runner(memory, settings, models):
+    if share_by_session(memory, settings, models):
         return min(
             settings.bulk_batch_budget, *(m.scheduler.admission.bulk_batch_tokens for m in models.values())
         )
@@ -285,7 +285,7 @@ def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
     return cap
 
 
-def share_by_runner(memory: MemoryBudget, settings, models: dict) -> bool:
+def share_by_session(memory: MemoryBudget, settings, models: dict) -> bool:
     """Each engine session that holds memory (`sessions`) gets an equal share of the room, and every batch,
     interactive or large, is cut to it: a session runs one batch at a time, so all of them at once fit, and
     large requests reserve nothing (they queue, within --max-bulk-tokens). Batches are cut only where their
@@ -298,7 +298,7 @@ def share_by_runner(memory: MemoryBudget, settings, models: dict) -> bool:
     longest = max(m.bundle.manifest.max_length for m in models.values())
     if fits < longest:
         return False
-    memory.by_runner = True
+    memory.by_session = True
     caps = {False: min(settings.batch_token_budget, fits), True: min(settings.bulk_batch_budget, fits)}
     for m in models.values():
         for bulk, cap in caps.items():
