@@ -266,6 +266,9 @@ def shards(
         if left.dirs:  # not "no file matches": what was meant is under the directories the note names
             raise InputError(f"{spec}: no such file or directory, and as a glob it matches directories but no file "
                              f"to score{inside_out}{said}")  # fmt: skip
+        if left.arrows:  # not "no file matches" beside a note listing the files it matched
+            raise InputError(f"{spec}: no such file or directory, and as a glob it matches only files bulk leaves "
+                             f"out{inside_out}{said}")  # fmt: skip
         raise InputError(
             f"{spec}: no such file or directory, and no file matches it as a glob{inside_out}{said}"
         )

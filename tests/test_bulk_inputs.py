@@ -981,6 +981,9 @@ def test_arrow_files_and_their_save_to_disk_metadata_are_left_out_by_name_and_fa
         root, files, unlisted = shards(spec, "auto", left_out=left)
         assert "hf/data-00000-of-00001.parquet" in [f.relative_to(corpus).as_posix() for f in files], spec
         assert left.arrows == meta and not plan(root, files, "auto", 1 << 20)[1] and not unlisted, spec
+    # A glob matching only the metadata: said so, beside the note naming them (not "no file matches").
+    with pytest.raises(InputError, match=r"as a glob it matches only files bulk leaves out; .*state\.json"):
+        shards(f"{hf}/*.json", "auto")
 
 
 def test_the_arrow_conversion_reads_ipc_streams_and_files_feather_v1_and_v2_and_compressed_ones(tmp_path):
