@@ -262,12 +262,13 @@ class SchedulingSettings:
         "ONNX Runtime threads for a batch run while no other request is in flight; 0: all cores; 1: off",
         env="ELECTRA_SOLO_THREADS",
     )
-    # A container's limit is its cgroup's: large requests get 429 (413 if one alone would not fit) before
-    # they could reach it, not the OOM killer after (app/scheduling/memory.py).
+    # A container's limit is its cgroup's: batches are cut to fit it, before they could reach it, not the
+    # OOM killer after (app/scheduling/memory.py).
     memory_limit_mb: int = option(
         0,
-        "memory the server may use, MiB: large requests that would pass it get 429 or 413; 0: the cgroup's "
-        "limit when there is one; -1: none",
+        "memory the server may use, MiB: every batch is cut to its engine session's share of it (where not "
+        "even one full-length row per session fits, large requests get 413); 0: the cgroup's limit when there "
+        "is one; -1: none",
         env="ELECTRA_MEMORY_LIMIT_MB",
     )
 

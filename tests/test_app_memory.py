@@ -1,6 +1,7 @@
-"""Under a memory limit (app/scheduling/memory.py) large requests are refused before they could push the server past
-it: 413 when one alone would not fit, 429 while others hold the room; one-sentence requests are served.
-The budget's arithmetic, the cgroup files, and a real server on the shipped models."""
+"""Under a memory limit (app/scheduling/memory.py) every batch is cut to its engine session's share of the room;
+where not even a row per session fits, the split of before: large requests reserve, and are refused (413
+when one alone would not fit, 429 while others hold the room); one-sentence requests are served. The
+budget's arithmetic, the cgroup files, and a real server on the shipped models."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Admission, apart from the queue (as text-embeddings-inference does): a request holds a place from
 tokenization to answer, and is refused at once (429, or 503 once the server drains) when there is none.
 Two limits per model: requests admitted (--queue-size), and tokens of bulk requests unanswered
-(--max-bulk-tokens): long texts cannot crowd out one-sentence requests. Under a memory limit, bulk requests
-also reserve what their batches will use (app/scheduling/memory.py)."""
+(--max-bulk-tokens): long texts cannot crowd out one-sentence requests. Under a memory limit too small for
+a full-length row per engine session, bulk requests also reserve what their batches will use, and are
+refused 413 where that is more than is left (app/scheduling/memory.py)."""
 
 from __future__ import annotations
 

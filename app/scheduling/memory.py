@@ -1,6 +1,6 @@
-"""The process's memory against its limit: large requests are refused (429, or 413 when one alone could
-never fit) before their batches could push the process past the limit, instead of the kernel's OOM killer
-ending every request at once (docs/deploy.md, "Faults under load").
+"""The process's memory against its limit: batches are cut so that all of them at once fit it (where not even
+that can be done, large requests are refused 413) before they could push the process past the limit,
+instead of the kernel's OOM killer ending every request at once (docs/deploy.md, "Faults under load").
 
 The limit is --memory-limit-mb, else the cgroup's (a container's --memory, a pod's limit). What a request
 costs is measured, not guessed: at load, each model runs one batch at the bulk budget (--bulk-batch-tokens
@@ -141,9 +141,10 @@ class MemoryBudget:
 
     def reserve(self, model: str, tokens: int, batch_tokens: int) -> int:
         """The bytes reserved for a bulk request (its `release` gives back exactly these: the price
-        changes once the server settles); 413 or 429 where they do not fit."""
+        changes once the server settles); 413 or 429 where they do not fit. Only where not even a row per
+        session fits does a request reserve anything (`plan`)."""
         if self.by_session:
-            return 0  # every batch it runs is within its runner's share
+            return 0  # every batch it runs is within its session's share
         need, room = self.need(tokens, batch_tokens), self.bulk_room
         smallest = self.need(self.interactive_tokens + 1, batch_tokens)
         if need > room and smallest > room:
@@ -256,6 +257,14 @@ def sessions(settings, models: dict) -> int:
     return settings.runners * len(models) + solo
 
 
+def sessions_said(settings, models: dict) -> str:
+    """What `sessions` counts, in words: "--runners 2 and a lone request's, 2 model(s)" (the lone request's
+    only where the models have that session: --solo-threads 1, or one core, has none)."""
+    solo = any(getattr(getattr(m, "engine", None), "has_solo", False) for m in models.values())
+    lone = " and a lone request's" if solo else ""
+    return f"--runners {settings.runners}{lone}, {len(models)} model(s)"
+
+
 def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
     """The tokens of a bulk batch under the limit, returned: --bulk-batch-tokens (at most
     --batch-token-budget), cut where a request's batches at once (`bulk_at_once`) would not fit what the limit
@@ -307,11 +316,11 @@ def share_by_session(memory: MemoryBudget, settings, models: dict) -> bool:
     largest = max(caps.values())
     memory.interactive = at_once * memory.cost(largest, largest)
     if caps[False] < settings.batch_token_budget or caps[True] < settings.bulk_batch_budget:
-        log.warning("memory: %d engine sessions (--runners %d and a lone request's, %d model(s)) with batches of "
-                    "--batch-token-budget %d tokens could need more than the %.0f MiB the limit leaves above the "
-                    "loaded models: every batch, interactive or large, is cut at %d tokens, so that all of them at "
-                    "once fit (raise the limit for larger batches)", at_once, settings.runners, len(models),
-                    settings.batch_token_budget, max(0, memory.room) / MIB, largest)  # fmt: skip
+        log.warning("memory: %d engine sessions (%s) with batches of --batch-token-budget %d tokens could need "
+                    "more than the %.0f MiB the limit leaves above the loaded models: every batch, interactive or "
+                    "large, is cut at %d tokens, so that all of them at once fit (raise the limit for larger "
+                    "batches)", at_once, sessions_said(settings, models), settings.batch_token_budget,
+                    max(0, memory.room) / MIB, largest)  # fmt: skip
     return True
 
 
@@ -346,11 +355,11 @@ def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
         lane = m.scheduler.lanes[False]
         lane.budget = min(lane.budget, cap)
     memory.interactive = at_once * memory.cost(cap, cap)
-    short = (f"; even batches of one {longest}-token row may not all fit at once: raise the limit or lower "
-             "--runners" if fits < longest else "")  # fmt: skip
-    log.warning("memory: %d batches at once (--runners %d, %d model(s)) of --batch-token-budget %d tokens could need "
-                "about %.0f MiB, more than half the %.0f MiB the limit leaves above the loaded models (the other "
-                "half is for large requests): interactive batches are cut at %d tokens, %.0f MiB kept for them "
-                "(set a lower --batch-token-budget to choose, or raise the limit)%s",
-                at_once, settings.runners, len(models), budget, at_once * memory.cost(budget, budget) / MIB,
-                max(0, memory.room) / MIB, cap, memory.interactive / MIB, short)  # fmt: skip
+    short = (f"; even batches of one {longest}-token row may not all fit at once: raise the limit, or lower "
+             "--runners (--solo-threads 1 drops the lone request's session)" if fits < longest else "")  # fmt: skip
+    log.warning("memory: %d batches at once (%s) of --batch-token-budget %d tokens could need about %.0f MiB, more "
+                "than half the %.0f MiB the limit leaves above the loaded models: interactive batches are cut at %d "
+                "tokens, %.0f MiB kept for them, and large requests reserve from the rest (set a lower "
+                "--batch-token-budget to choose, or raise the limit)%s", at_once, sessions_said(settings, models),
+                budget, at_once * memory.cost(budget, budget) / MIB, max(0, memory.room) / MIB, cap,
+                memory.interactive / MIB, short)  # fmt: skip
