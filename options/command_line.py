@@ -89,16 +89,17 @@ def _unknown_flags(p: _Parser, extras: Sequence[str], argv: Sequence[str] = ()) 
     said, lost = [], False
     flags = (a.split("=", 1)[0] for a in extras if a.startswith("-") and a != "--" and not _negative(a))
     hints = {_hint_key(k): hint for k, hint in p.hints.items()}
+    # Compared without the "--" every flag has, which made a short one seem close to anything: --bogus was
+    # "did you mean --out?".
+    bare = {k[2:]: k for k in known}
     for given in dict.fromkeys(flags):
         if hint := hints.get(_hint_key(given)):
             said.append(f"{given}: {hint}.")
             continue
-        # Compared without the "--" every flag has, which made a short one seem close to anything: --bogus was
-        # "did you mean --out?".
-        bare = {k[2:]: k for k in known}
-        close = [bare[k] for k in difflib.get_close_matches(given.lstrip("-"), bare, n=3, cutoff=0.6)]
+        name = given.lstrip("-")
+        close = [bare[k] for k in difflib.get_close_matches(name, bare, n=3, cutoff=0.6)]
         # The runners-up only where nearly as close: --precison is --precision, not --triton too.
-        ratio = {k: difflib.SequenceMatcher(None, given.lstrip("-"), k[2:]).ratio() for k in close}
+        ratio = {k: difflib.SequenceMatcher(None, name, k[2:]).ratio() for k in close}
         close = [k for k in close if ratio[k] >= ratio[close[0]] - 0.1]
         if close:
             said.append(f"{given}: did you mean {' or '.join(close)}?")

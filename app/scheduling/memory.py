@@ -111,7 +111,7 @@ class MemoryBudget:
     def need(self, tokens: int, batch_tokens: int) -> int:
         """What a bulk request of `tokens` reserves: its batches of at most `batch_tokens`, as many of them
         as may run at once (`bulk_at_once`; one batch's worth undercounted it on --runners 3 or more)."""
-        return 0 if self.by_session else self.cost(tokens, batch_tokens * self.bulk_at_once)
+        return self.cost(tokens, batch_tokens * self.bulk_at_once)
 
     @property
     def room(self) -> int:
@@ -184,15 +184,12 @@ class MemoryBudget:
                 if self.interactive else " above its loaded models")  # fmt: skip
 
     def describe(self) -> str:
-        if self.by_session:
-            return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
-                    f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
-                    f"{max(0, self.room) / MIB:.0f} MiB above the models, {self.interactive / MIB:.0f} MiB of it for "
-                    "every session's batch at once, interactive or large")  # fmt: skip
+        split = (f", {self.interactive / MIB:.0f} MiB of it for every session's batch at once, interactive or large"
+                 if self.by_session else f": {self.interactive / MIB:.0f} MiB kept for interactive batches, "
+                 f"{max(0, self.bulk_room) / MIB:.0f} MiB left for large requests in flight")  # fmt: skip
         return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                 f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
-                f"{max(0, self.room) / MIB:.0f} MiB above the models: {self.interactive / MIB:.0f} MiB kept for "
-                f"interactive batches, {max(0, self.bulk_room) / MIB:.0f} MiB left for large requests in flight")  # fmt: skip
+                f"{max(0, self.room) / MIB:.0f} MiB above the models{split}")  # fmt: skip
 
 
 def budget_for(limit_mb: int) -> MemoryBudget | None:
@@ -240,10 +237,8 @@ def plan(memory: MemoryBudget, settings, models: dict) -> int:
     every limit where both apply: as a fallback of the split, raising a limit past it made large requests
     wait one at a time (429) in smaller batches than below it."""
     memory.bulk_at_once = bulk_at_once(settings.runners)
-    if share_by_session(memory, settings, models):
-        return min(
-            settings.bulk_batch_budget, *(m.scheduler.admission.bulk_batch_tokens for m in models.values())
-        )
+    if (batch := share_by_session(memory, settings, models)) is not None:
+        return batch
     cap_interactive(memory, settings, models)
     return cap_bulk(memory, settings, models)
 
@@ -253,15 +248,17 @@ def sessions(settings, models: dict) -> int:
     request's, on every thread) where it has one. An arena keeps what its largest batch took until a batch
     over SHRINK_TOKENS gives it back, so an idle session holds memory too: counted without the solo ones,
     a server at 600 MiB ran to 600 MiB after a few lone requests."""
-    solo = sum(1 for m in models.values() if getattr(getattr(m, "engine", None), "has_solo", False))
-    return settings.runners * len(models) + solo
+    return settings.runners * len(models) + sum(map(_has_solo, models.values()))
+
+
+def _has_solo(model) -> bool:
+    return getattr(getattr(model, "engine", None), "has_solo", False)
 
 
 def sessions_said(settings, models: dict) -> str:
     """What `sessions` counts, in words: "--runners 2 and a lone request's, 2 model(s)" (the lone request's
     only where the models have that session: --solo-threads 1, or one core, has none)."""
-    solo = any(getattr(getattr(m, "engine", None), "has_solo", False) for m in models.values())
-    lone = " and a lone request's" if solo else ""
+    lone = " and a lone request's" if any(map(_has_solo, models.values())) else ""
     return f"--runners {settings.runners}{lone}, {len(models)} model(s)"
 
 
@@ -294,19 +291,19 @@ def cap_bulk(memory: MemoryBudget, settings, models: dict) -> int:
     return cap
 
 
-def share_by_session(memory: MemoryBudget, settings, models: dict) -> bool:
+def share_by_session(memory: MemoryBudget, settings, models: dict) -> int | None:
     """Each engine session that holds memory (`sessions`) gets an equal share of the room, and every batch,
     interactive or large, is cut to it: a session runs one batch at a time, so all of them at once fit, and
     large requests reserve nothing (they queue, within --max-bulk-tokens). Batches are cut only where their
-    budgets do not fit the share. False, nothing set, where not even one row of the longest model per
-    session fits."""
+    budgets do not fit the share. The tokens of a bulk batch; None, nothing set, where not even one row of
+    the longest model per session fits."""
     if not models or memory.price <= 0:
-        return False
+        return None
     at_once = sessions(settings, models)
     fits = int(max(0, memory.room) / (at_once * memory.price))
     longest = max(m.bundle.manifest.max_length for m in models.values())
     if fits < longest:
-        return False
+        return None
     memory.by_session = True
     caps = {False: min(settings.batch_token_budget, fits), True: min(settings.bulk_batch_budget, fits)}
     for m in models.values():
@@ -321,7 +318,7 @@ def share_by_session(memory: MemoryBudget, settings, models: dict) -> bool:
                     "large, is cut at %d tokens, so that all of them at once fit (raise the limit for larger "
                     "batches)", at_once, sessions_said(settings, models), settings.batch_token_budget,
                     max(0, memory.room) / MIB, largest)  # fmt: skip
-    return True
+    return caps[True]
 
 
 def bulk_at_once(runners: int) -> int:

@@ -36,17 +36,15 @@ def auc_unmeasured(evals: dict, held_out_tokens: int, mask_prob: float = 0.15) -
     which = (
         "none of them was replaced" if evals.get("replaced_share") == 0 else "every one of them was replaced"
     )
+    unmeasured = (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
+                  f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no ")  # fmt: skip
     if evals.get("replaced_share") != 0 and mask_prob >= 0.5:
         # Every token masked (or nearly), and the generator put another in each: more text changes nothing.
-        return (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
-                f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no original token to "
-                f"rank a replaced one against. --mask-prob {mask_prob:g} masks nearly every token: lower it "
-                f"(ELECTRA's is 0.15)")  # fmt: skip
-    return (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
-            f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no replaced token to rank "
-            f"against an original one. The held-out split holds {held_out_tokens:,} tokens of text, too few to measure "
-            f"the discriminator on: hold out more (more documents, a larger --valid-fraction), or raise "
-            f"--eval-batches")  # fmt: skip
+        return (f"{unmeasured}original token to rank a replaced one against. --mask-prob {mask_prob:g} masks nearly "
+                "every token: lower it (ELECTRA's is 0.15)")  # fmt: skip
+    return (f"{unmeasured}replaced token to rank against an original one. The held-out split holds {held_out_tokens:,} "
+            "tokens of text, too few to measure the discriminator on: hold out more (more documents, a larger "
+            "--valid-fraction), or raise --eval-batches")  # fmt: skip
 
 
 @torch.no_grad()
