@@ -109,6 +109,41 @@ def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
     ]  # the line, not gloo's
 
 
+def test_a_worker_stuck_in_a_collective_says_how_to_go_on_before_torchrun_kills_it(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """A peer that froze (SIGSTOP, as a hung node): the survivor's collective waits on, so its handler of
+    torchrun's SIGTERM never runs; the line comes from its watching thread, before torchrun's kill."""
+    run = tmp_path / "run"
+    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 2,
+                     "--save-every", 4, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launch = [*TORCHRUN[:3], "--shutdown-timeout", "10", *TORCHRUN[3:]]
+    proc = subprocess.Popen([*launch, "-m", "training.pretrain", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        until_step(proc, run / "metrics.jsonl", 6)
+        workers = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        rank = {Path(f"/proc/{pid}/environ").read_bytes().split(b"\0RANK=")[1][:1]: pid for pid in workers}
+        os.kill(int(rank[b"1"]), signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGTERM)  # a scheduler's stop: torchrun passes it on
+        said = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert said.count("another process of the run ended") == 1, said[-3000:]
+    assert re.search(r"s after its stop signal, it still waits in \w+ \(torch/", said), said[-3000:]
+    assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
+            f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
+    assert f"Unable to shutdown process {rank[b'0']}" not in said, said[
+        -3000:
+    ]  # it ended before torchrun's kill
+    assert f"Unable to shutdown process {rank[b'1']}" in said, said[-3000:]  # the frozen one did not
+
+
 def test_a_note_is_said_by_rank_0_alone(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "1")
     options.say_once("note: once")
@@ -245,6 +280,31 @@ def test_on_several_nodes_the_command_leaves_each_node_its_own_rank(monkeypatch)
     )
 
 
+def test_the_shutdown_timeout_is_torchruns_own(monkeypatch):
+    """How long a stuck worker has to say how to go on: torchrun's --shutdown-timeout, its environment's,
+    or its default."""
+    from training import run_dir
+
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.delenv("PET_SHUTDOWN_TIMEOUT", raising=False)
+    given = [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--shutdown-timeout",
+        "90",
+        "--nproc_per_node",
+        "2",
+        "x.py",
+    ]
+    monkeypatch.setattr(run_dir, "_launcher_argv", lambda: given)
+    assert run_dir.launcher_shutdown_s() == 90
+    monkeypatch.setattr(run_dir, "_launcher_argv", lambda: ["torchrun", "--nproc_per_node", "2", "x.py"])
+    assert run_dir.launcher_shutdown_s() == 30
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")
+    assert run_dir.launcher_shutdown_s() == 45
+
+
 def test_the_kill_message_names_the_latest_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "5f0c-uuid")
@@ -257,10 +317,10 @@ def test_the_kill_message_names_the_latest_checkpoint(tmp_path, monkeypatch):
         "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234\nmore"
     )
     assert "no checkpoint was saved yet; go on with: the same command" in loop._another_process_ended_message(
-        Stub, gone
+        Stub, loop._collective_failed(gone)
     )
     (tmp_path / "checkpoints" / "latest").write_text("step-00000006\n")
-    said = loop._another_process_ended_message(Stub, gone)
+    said = loop._another_process_ended_message(Stub, loop._collective_failed(gone))
     assert said.startswith("error: stopped at step 7: a collective failed (RuntimeError: [../gloo/transport/tcp/"
                            "pair.cc:534] Connection closed by peer [127.0.0.1]:1234): most often another process")  # fmt: skip
     assert f"checkpoints/latest is step-00000006; go on with: torchrun --nproc_per_node 2 -m training.pretrain " \

@@ -90,9 +90,37 @@ def _launcher_argv() -> list[str]:
 
 def rendezvous_given(argv: list[str]) -> list[str] | None:
     """The rendezvous options in torchrun's command line `argv` that differ from torchrun's defaults, each
-    as "--name value" (or "--standalone"), the value quoted for a shell; None where `argv` is not torchrun's
-    or does not parse, or torch is not loaded yet (a Ctrl-C during its import: importing it again there
-    fails)."""
+    as "--name value" (or "--standalone"), the value quoted for a shell; None where _torchrun_args has
+    none."""
+    parsed = _torchrun_args(argv)
+    if parsed is None:
+        return None
+    parser, args = parsed
+    given = []
+    for name, option in RENDEZVOUS_OPTIONS.items():
+        value = getattr(args, name, None)
+        if value != parser.get_default(name):
+            given.append(option if value is True else f"{option} {shlex.quote(str(value))}")
+    return given
+
+
+def launcher_shutdown_s() -> float:
+    """How long torchrun waits for its workers to end after it signals them, before it kills them: its
+    --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else its default of 30 s."""
+    parsed = _torchrun_args(_launcher_argv())
+    given = getattr(parsed[1], "shutdown_timeout", None) if parsed else None
+    if given is None:
+        try:
+            given = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
+        except ValueError:
+            given = 30.0
+    return float(given)
+
+
+def _torchrun_args(argv: list[str]):
+    """torchrun's parser and its options parsed from its command line `argv`; None where `argv` is not
+    torchrun's or does not parse, or torch is not loaded yet (a Ctrl-C during its import: importing it
+    again there fails)."""
     start = _torchrun_options_start(argv)
     if start is None or "torch.distributed" not in sys.modules:
         return None
@@ -101,15 +129,9 @@ def rendezvous_given(argv: list[str]) -> list[str] | None:
 
         parser = get_args_parser()
         with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage lines, not the user's to read
-            args = parser.parse_args(argv[start:])
+            return parser, parser.parse_args(argv[start:])
     except (Exception, SystemExit):  # argparse's refusal, or anything else: the stand-in, never a crash
         return None
-    given = []
-    for name, option in RENDEZVOUS_OPTIONS.items():
-        value = getattr(args, name, None)
-        if value != parser.get_default(name):
-            given.append(option if value is True else f"{option} {shlex.quote(str(value))}")
-    return given
 
 
 def _torchrun_options_start(argv: list[str]) -> int | None:

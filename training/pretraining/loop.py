@@ -6,6 +6,7 @@ needs the other sources or several options, the resolved config, comes after: ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
@@ -23,23 +24,27 @@ from training import checkpoint as ckpt
 from training.errors import out_of_space
 from training.pretraining.distributed import Dist
 from training.pretraining.start import _stop_with_rank_0, setup
+from training.pretraining.stuck_stop import stuck_stop_watch
 from training.pretraining.trainer import Diverged, Trainer, lr_at
 from training.progress import progress_bar
 from training.report import MetricsError, MetricsLog, plot_curves, time_cap_warning
+from training.run_dir import launcher_shutdown_s
 
 
 def run(argv: list[str] | None = None) -> None:
     t = setup(argv)
+    shutdown_s = launcher_shutdown_s() if t.env.world > 1 else 0.0
     try:
         doing = (
             "stopping after this step and saving it"
             if t.env.world == 1
             else f"the ranks stop together at the next log step (every --log-every {t.cfg.log_every}) and save it, "
-            "if that fits in torchrun's --shutdown-timeout (30 s), after which it kills them"
+            f"if that fits in torchrun's --shutdown-timeout ({shutdown_s:g} s), after which it kills them"
         )
         torchrun = t.env.world > 1
-        with GracefulStop(True, doing, any_again=torchrun, announce=t.env.main, hangup=True,
-                          relayed_within_s=1.0 if torchrun else 0.0) as stop:  # fmt: skip
+        with (GracefulStop(True, doing, any_again=torchrun, announce=t.env.main, hangup=True,
+                           relayed_within_s=1.0 if torchrun else 0.0) as stop,
+              _told_if_stuck(t, shutdown_s)):  # fmt: skip
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
             sys.exit(128 + stopped_by)
@@ -51,7 +56,9 @@ def run(argv: list[str] | None = None) -> None:
     except RuntimeError as e:
         if not _another_process_ended(t.env, e):
             raise
-        options.failure_exit(_another_process_ended_message(t, e))  # each survivor: rank 0 first
+        options.failure_exit(
+            _another_process_ended_message(t, _collective_failed(e))
+        )  # each survivor: rank 0 first
     except OSError as e:
         if not out_of_space(e):
             raise
@@ -77,17 +84,30 @@ def _another_process_ended(env: Dist, e: RuntimeError) -> bool:
     return env.world > 1 and (isinstance(e, torch.distributed.DistError) or "gloo" in str(e))
 
 
-def _another_process_ended_message(t: Trainer, e: RuntimeError) -> str:
+def _another_process_ended_message(t: Trainer, what: str) -> str:
     """What a surviving rank says: one line, with the way on (the others' exit status, which says why,
-    is torchrun's report's; this process cannot know it), and the collective's own error, which may be
-    this process's (an NCCL error of its own GPU) rather than a peer's."""
+    is torchrun's report's; this process cannot know it), and `what` this one saw: a collective's own
+    error, which may be this process's (an NCCL error of its own GPU) rather than a peer's, or a wait
+    that outlasted its stop signal."""
     last = _latest(t.run)
     kept = f"checkpoints/latest is {last}" if last else "no checkpoint was saved yet"
     again = f"{t.env.launch_command} --out {shlex.quote(str(t.run))} --resume" if last else "the same command"
+    return (f"error: stopped at step {t.step}: {what}: most often another process of the run ended, or stopped "
+            "answering (its exit status is in torchrun's report: -9 is SIGKILL, often the out-of-memory killer); "
+            f"{kept}; go on with: {again}")  # fmt: skip
+
+
+def _collective_failed(e: RuntimeError) -> str:
     said = (str(e).strip().splitlines() or [""])[0][:300]
-    return (f"error: stopped at step {t.step}: a collective failed ({type(e).__name__}: {said}): most often "
-            "another process of the run ended, or stopped answering (its exit status is in torchrun's report: -9 "
-            f"is SIGKILL, often the out-of-memory killer); {kept}; go on with: {again}")  # fmt: skip
+    return f"a collective failed ({type(e).__name__}: {said})"
+
+
+def _told_if_stuck(t: Trainer, shutdown_s: float):
+    """Under torchrun, the same line from a process whose main thread never returns from a wait (a
+    collective with a dead or frozen peer) to hear its stop signal (stuck_stop.py); alone, nothing."""
+    if t.env.world == 1:
+        return contextlib.nullcontext()
+    return stuck_stop_watch(lambda where: _another_process_ended_message(t, where), shutdown_s)
 
 
 def train(t: Trainer, stop: GracefulStop) -> int | None:
