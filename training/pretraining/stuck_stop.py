@@ -23,9 +23,6 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 # Said this long before torchrun's kill: the message and the exit need milliseconds, but a loaded machine
 # may run this thread late.
 MARGIN_S = 5.0
-# A main thread whose place changes is doing something (a save): torchrun's kill is left to cut it, if it
-# must. Stuck: in one place this long.
-STILL_S = 2.0
 POLL_S = 0.25
 
 
@@ -78,7 +75,11 @@ def _watch(
         now = time.monotonic()
         if (frame, frame.f_lasti) != place:
             place, still_since = (frame, frame.f_lasti), now
-        if now - since_signal >= fire_after and now - still_since >= STILL_S:
+        # Stuck: in one place for half the wait at least. A main thread that moves is doing something (a
+        # save, the steps to the next log step), and torchrun's kill is left to cut it, if it must; so is
+        # one native call of some seconds (a large model's backward on a CPU) after a signal to this process
+        # alone, which torchrun would not follow with a kill.
+        if now - since_signal >= fire_after and now - still_since >= fire_after / 2:
             said = message(
                 f"{now - since_signal:.0f} s after its stop signal, it still waits in {_where(frame)}"
             )
