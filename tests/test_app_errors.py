@@ -106,12 +106,24 @@ def test_query_parameters_are_refused_not_ignored(server, path):
 
 @pytest.mark.parametrize("path", ["/nowhere", "/schema/nowhere", "/schema/swagger", "/schema/openapi.yaml"])
 def test_an_unknown_path_gets_the_json_404(server, path):
+    refused = server.metric("electra_rejected_requests_total", reason="not_found")
     with server.client() as c:
         r = c.get(path)
+    # Counted as every 404 is: those of Litestar's API reference routes were not.
+    assert server.metric("electra_rejected_requests_total", reason="not_found") == refused + 1
     assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
     assert r.json()["error"]["type"] == "not_found" and "/schema" in r.json()["error"]["message"]
     assert len(r.headers["x-request-id"]) >= 8  # no route ran, and the answer still has its id
     assert r.headers["x-content-type-options"] == "nosniff"  # as every answer of ours
+
+
+def test_a_text_of_only_what_the_tokenizer_drops_is_told_so(server):
+    """U+FFFD and a private-use character show as text, and were told "white space, control or zero-width
+    characters only"."""
+    with server.client() as c:
+        r = c.post("/detect", json={"text": "\ufffd\ue000"})
+    assert r.status_code == 422 and r.json()["error"]["type"] == "empty_text", r.text
+    assert "private-use characters, U+FFFD" in r.json()["error"]["message"], r.text
 
 
 def test_a_method_a_route_does_not_take_gets_405_naming_those_it_does(server):

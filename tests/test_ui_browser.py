@@ -681,6 +681,14 @@ def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser,
             "[0.9996, 1, 0.0004, 0, 0.5].map(m.pct).concat(['0.420', '12.6'].map(m.took))));"
         )
         assert shown == [">99.9%", "100.0%", "<0.1%", "0.0%", "50.0%", "under 1 ms", "13 ms"]
+        # A classifier's bars and status line say them alike (they read "100.0%" and "0.0%").
+        said = browser.execute_async_script(
+            "const done = arguments[0]; import('./ui/render.js').then((m) => {"
+            "  const said = m.renderClassify({problem_type: 'single_label_classification'},"
+            "    {label: 'positive', probs: {positive: 0.9996, negative: 0.0004}, truncated: false});"
+            "  done([said, ...[...document.querySelectorAll('#bars li .pct')].map((e) => e.textContent)]); });"
+        )
+        assert said == ["positive, >99.9%.", ">99.9%", "<0.1%"]
 
 
 def test_overlapping_tokens_leave_no_character_outside_the_shading(browser, server):

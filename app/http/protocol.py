@@ -59,6 +59,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app import request_context
 from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, SEND_TIMED_OUT
 from app.http.connection_limit import OVER_LIMIT
+from app.http.methods import METHOD_SEEN, unknown_method
 from app.metrics import Metrics
 from app.scheduling.lifecycle import ARRIVED_BEFORE_DRAIN, Lifecycle
 from app.scheduling.server_load import ServerLoad
@@ -112,6 +113,7 @@ class _BoundedRead(HttpToolsProtocol):
     _receiving = None  # the request cycle whose body is still coming in
     _cycles: deque  # the connection's request cycles, oldest first, from the one being answered on
     _in_message = False  # between a request's first byte and its last
+    _line_start = b""  # the first bytes of the request being read: its method, for a refusal to name
     _head_bytes = 0  # bytes of reads without body bytes since the request began or its body last came
     _in_head = False  # between a request's first byte and the end of its headers
     _head_seen = 0  # the bytes of the request's head so far, counted before they are parsed
@@ -192,6 +194,7 @@ class _BoundedRead(HttpToolsProtocol):
             head = data
             if not self._in_message:  # this read begins a request; the parser skips blank lines before it
                 head, self._head_seen, self._head_tail = data.lstrip(b"\r\n"), 0, b""
+                self._line_start = head[:METHOD_SEEN]
             seen = self._head_tail + head
             end = seen.find(b"\r\n\r\n")
             self._head_seen += len(head) if end < 0 else end + 4 - len(self._head_tail)
@@ -392,9 +395,12 @@ class _BoundedRead(HttpToolsProtocol):
             cycle.scope[BODY_UNPARSABLE] = True
             msg = ("the request body is not valid HTTP/1.1 (a malformed chunk of a chunked body); send the body "
                    "with a content-length, or in well-formed chunks")  # fmt: skip
+        elif method := unknown_method(self._line_start):
+            msg = (f"the request's method {method} is not one the HTTP parser knows; the API takes GET, HEAD, "
+                   "POST and OPTIONS")  # fmt: skip
         else:
-            msg = ("the request is not valid HTTP/1.1 (its request line, a header or the method could not be "
-                   "parsed); send a well-formed request such as POST /detect with a JSON body")  # fmt: skip
+            msg = ("the request is not valid HTTP/1.1 (its request line or a header could not be parsed); send "
+                   "a well-formed request such as POST /detect with a JSON body")  # fmt: skip
         self._write_error("400 Bad Request", "invalid_http", msg, unrouted=not handled)
 
     def _write_error(

@@ -55,7 +55,7 @@ def create_app(settings: Settings) -> Litestar:
         route_handlers=HANDLERS + (ui.HANDLERS if settings.ui else []),
         lifespan=[lifespan],
         exception_handlers={Exception: handle_exception},
-        after_request=_schema_not_found_as_json,
+        after_request=_schema_not_found_as_json(metrics),
         middleware=[_observe(metrics, settings.access_log, _varies_by_origin(settings))],
         guards=[require_api_key] if settings.api_key else [],
         request_max_body_size=settings.max_body_bytes,
@@ -84,13 +84,20 @@ def create_app(settings: Settings) -> Litestar:
     return app
 
 
-async def _schema_not_found_as_json(response: Response) -> Response:
-    """Litestar answers an unknown path under /schema with an HTML page of its own: every 404 is JSON here.
+def _schema_not_found_as_json(metrics: Metrics):
+    """Litestar answers an unknown path under /schema with an HTML page of its own: every 404 is JSON here,
+    and counted as a refusal as every other 404 is (handle_exception, which this page never reaches).
     Async, as every hook and guard here: Litestar runs a sync one on a worker thread, and that hand-off
     there and back cost each answer 0.13-0.15 ms (docs/benchmarks.md, "Around inference")."""
-    if response.status_code == 404 and response.media_type == MediaType.HTML:
-        return error_response(AppError(ErrorType.NOT_FOUND, SCHEMA_NOT_FOUND))
-    return response
+
+    async def as_json(response: Response) -> Response:
+        if response.status_code == 404 and response.media_type == MediaType.HTML:
+            err = AppError(ErrorType.NOT_FOUND, SCHEMA_NOT_FOUND)
+            metrics.rejected.labels(reason=err.reason).inc()
+            return error_response(err)
+        return response
+
+    return as_json
 
 
 def schema_answers_head(app: ASGIApp) -> ASGIApp:

@@ -343,6 +343,12 @@ function roundedPercents(values) {
   for (const i of byRemainder) { if (left <= 0) break; floors[i] += 1; left -= 1; }
   return floors.map((f) => f / 10);
 }
+// A rounded percentage as pct() says it: 0.9996 is not "100.0%", nor 0.0004 "0.0%".
+function percentOf(rounded, p) {
+  if (rounded === 100 && p < 1) return ">99.9%";
+  if (rounded === 0 && p > 0) return "<0.1%";
+  return rounded.toFixed(1) + "%";
+}
 
 export function renderClassify(model, result) {
   const entries = Object.entries(result.probs).sort((a, b) => b[1] - a[1]);
@@ -360,7 +366,7 @@ export function renderClassify(model, result) {
     roundedPercents(entries.map(([, v]) => v));
   // What a screen reader hears of it (main.js: the status line): the top label and its value.
   const said = !entries.length ? "" :
-    entries[0][0] + ", " + (regression ? entries[0][1].toPrecision(4) : shown[0].toFixed(1) + "%") + ".";
+    entries[0][0] + ", " + (regression ? entries[0][1].toPrecision(4) : percentOf(shown[0], entries[0][1])) + ".";
   entries.forEach(([label, v], k) => {
     const li = document.createElement("li");
     if (label === result.label) li.className = "top";
@@ -377,7 +383,7 @@ export function renderClassify(model, result) {
     track.append(fill);
     const value = document.createElement("span");
     value.className = "pct";
-    value.textContent = regression ? v.toPrecision(4) : shown[k].toFixed(1) + "%";
+    value.textContent = regression ? v.toPrecision(4) : percentOf(shown[k], v);
     li.append(name, track, value);
     list.append(li);
   });
