@@ -511,3 +511,48 @@ def test_rows_ending_in_empty_fields_are_said_so_not_a_comma_in_a_text(tmp_path)
     assert "t.csv line 5 has more fields than the header's 2; its last 2 field(s) are empty" in str(e.value)
     assert "delete the trailing commas from such rows, or name those columns in the header" in str(e.value)
     assert "a text holding" not in str(e.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_carriage_return_inside_a_text_is_named_as_what_cut_the_row(tmp_path, suffix):
+    """An old Mac's line end, or one pasted into a spreadsheet cell, ends a row inside an unquoted text: it
+    was told "a text holding a comma (quote such texts)?", or "a tab?"."""
+    sep = "\t" if suffix == ".tsv" else ","
+    lines = [f"film {i}{sep}{'ab'[i % 2]}" for i in range(20)]
+    lines[4] = f"film\rfour{sep}a"
+    path = tmp_path / f"t{suffix}"
+    path.write_bytes((f"text{sep}label\n" + "\n".join(lines) + "\n").encode())
+    with pytest.raises(DataError) as e:
+        load(tmp_path, path)
+    said = str(e.value)
+    assert "a carriage return with no line feed after it (first on line 6), which ends a row" in said, said
+    assert "a text holding" not in said
+    assert ("read unquoted" if suffix == ".tsv" else "quote such texts") in said
+
+
+def test_blank_dev_texts_are_said_to_be_scored_not_learned(tmp_path, capsys):
+    """A --dev row of empty text was said to "teach the model its label for no text": dev rows are scored."""
+    train = write(tmp_path / "t.csv", [(f"film {i}", "ab"[i % 2]) for i in range(20)])
+    dev = write(tmp_path / "d.csv", [("film x", "a"), (" ", "b")])
+    load(tmp_path, train, dev=str(dev))
+    err = capsys.readouterr().err
+    assert (
+        "--dev: " in err
+        and "d.csv has 1 row(s) with empty text (row 2); they are kept, and are scored" in err
+    )
+    assert "teach the model" not in err
+
+
+def test_a_regression_dev_set_of_one_target_is_warned_of(tmp_path):
+    """Pearson and Spearman are undefined on constant targets: every evaluation read NaN, in silence."""
+    rows = "".join(json.dumps({"text": f"film {i}", "label": i / 4}) + "\n" for i in range(20))
+    (tmp_path / "t.jsonl").write_text(rows)
+    (tmp_path / "d.jsonl").write_text(
+        "".join(json.dumps({"text": f"dev {i}", "label": 1.5}) + "\n" for i in range(5))
+    )
+    data = load(tmp_path, tmp_path / "t.jsonl", dev=str(tmp_path / "d.jsonl"))
+    assert any(w.startswith("every dev target is 1.5") and "lowest dev loss" in w for w in data.warnings), (
+        data.warnings
+    )
+    varied = load(tmp_path, tmp_path / "t.jsonl")
+    assert not any("every dev target" in w for w in varied.warnings)

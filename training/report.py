@@ -25,14 +25,24 @@ class MetricsLog:
         if enabled and truncate_after is not None and path.is_file():
             rows = rows_until(path, truncate_after, "eval", evaluated)
             # Whole or not at all: rewritten in place, a resume killed here would lose the run's history.
-            write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
+            write_text_atomically(path, metrics_lines(rows))
 
     def write(self, step: int, tokens: int, split: str, values: dict) -> None:
         if not self.enabled:
             return
         row = {"step": step, "tokens": tokens, "split": split, **values}
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(metrics_lines([row]))
+
+
+def metrics_lines(rows: list[dict]) -> str:
+    """Rows as metrics.jsonl's lines, in strict JSON, which has no NaN: a figure left undefined (the AUC of
+    one class, the correlation of constant targets) is null, read back as NaN (read_metrics). Written bare,
+    NaN stopped jq and every strict reader at that line."""
+    strict = (
+        {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()} for r in rows
+    )
+    return "".join(json.dumps(r, allow_nan=False) + "\n" for r in strict)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -49,8 +59,8 @@ def read_metrics(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except ValueError:
+            rows.append({k: math.nan if v is None else v for k, v in json.loads(line).items()})
+        except (ValueError, AttributeError):  # not JSON, or JSON but not an object
             if i < len(lines) - 1:
                 raise MetricsError(f"line {i + 1} of {path} is not JSON ({line[:60]!r}); delete that line (a "
                                    "resume writes the rows after its step again)") from None  # fmt: skip

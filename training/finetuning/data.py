@@ -91,6 +91,11 @@ def load_task_data(cfg, reread_by: str | None = None) -> TaskData:
                           f"row(s) (the training data holds {classes} classes) holds", "; raise it")  # fmt: skip
         sampled = {split: class_counts(rows) for split, rows in data.splits.items()}
         data.warnings += missing_classes(data.labels, unsampled, sampled, cfg)
+    elif len(targets := {ex.label for ex in data.splits["dev"]}) == 1:
+        data.warnings.append(f"every dev target is {targets.pop():g} ({data.source['dev']}): pearson and spearman "
+                             "are undefined on it (null in the evaluations), so --metric ranks no evaluation above "
+                             "another; the weights kept are those of the lowest dev loss, and --patience counts "
+                             "evaluations since it last fell. Give a --dev whose targets differ")  # fmt: skip
     return data
 
 
@@ -211,8 +216,10 @@ def _raw_examples(
               f"row(s) with empty text ({read.places(empty)}); kept, as the run kept them", file=sys.stderr,
               flush=True)  # fmt: skip
     elif empty:  # kept, as given; but the server answers such a text with a 422, so it is likelier a mistake
+        kept = ("teach the model its label for no text" if flag == "--train" else
+                "are scored, though the server answers such a text 422 empty_text")  # fmt: skip
         print(f"warning: {flag}: {path} has {len(empty)} row(s) with empty text ({read.places(empty)}); they are "
-              "kept, and teach the model its label for no text", file=sys.stderr, flush=True)  # fmt: skip
+              f"kept, and {kept}", file=sys.stderr, flush=True)  # fmt: skip
     return out, read
 
 

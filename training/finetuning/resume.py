@@ -32,7 +32,7 @@ from training.finetuning.data import REGRESSION
 from training.finetuning.labels import label_name, label_names
 from training.finetuning.out_checks import RESUME_DIR, STATE, saved_settings
 from training.pretraining.stopping import capture_rng
-from training.report import MetricsError, rows_until
+from training.report import MetricsError, metrics_lines, rows_until
 
 # What reading a file of resume/ raises when it is missing, cut short or not in its format.
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, SafetensorError)
@@ -229,7 +229,7 @@ def drop_rows_after(metrics: Path, step: int, evaluated: bool) -> None:
         ) from None
     except MetricsError as e:
         raise ConfigError(f"--resume: {e}; then resume") from None
-    write_text_atomically(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+    write_text_atomically(metrics, metrics_lines(kept))
 
 
 def epoch_rng(seed: int, position: dict | None) -> random.Random:

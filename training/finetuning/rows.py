@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -109,13 +110,27 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                         raise DataError(quoted)
                     why = ("the header is one field with semicolons: write the file comma-separated"
                            if len(header) == 1 and ";" in header[0] else _trailing_empty(row, tsv) or
-                           f"a text holding {sep}?")  # fmt: skip
+                           _lone_carriage_return(p, tsv) or f"a text holding {sep}?")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
     return rows
+
+
+def _lone_carriage_return(p: Path, tsv: bool) -> str:
+    """Why rows are cut where the file holds a carriage return with no line feed after it (an old Mac's, or
+    one pasted into a spreadsheet cell): the reader ends a row at it, in an unquoted text too."""
+    data = p.read_bytes()
+    found = re.search(rb"\r(?!\n)", data)
+    if found is None:
+        return ""
+    line = data.count(b"\n", 0, found.start()) + 1
+    fix = ("remove them from the texts (a TSV is read unquoted)" if tsv else
+           "quote such texts, or remove the carriage returns")  # fmt: skip
+    return (f"the file holds a carriage return with no line feed after it (first on line {line}), which ends a "
+            f"row, inside a text too: {fix}")  # fmt: skip
 
 
 def _trailing_empty(row: dict, tsv: bool) -> str:
