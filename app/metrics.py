@@ -158,9 +158,9 @@ class Metrics:
     def _health(self, r: CollectorRegistry) -> None:
         """Of the process and its models: memory and the load-time check."""
         self.memory = Gauge(
-            PREFIX + "memory_bytes", "Memory limit, resident memory after loading, what every session's batch "
-            "may hold at once (interactive), and what admitted large requests have reserved where a limit holds "
-            "no row per session (app/scheduling/memory.py)",
+            PREFIX + "memory_bytes", "Memory limit, resident memory after loading, and what every session's "
+            "batch may hold at once (interactive; where a limit holds no row per session, the share kept for "
+            "interactive batches) (app/scheduling/memory.py)",
             ("what",), registry=r,
         )  # fmt: skip
         self.load_check = Gauge(

@@ -16,6 +16,7 @@ from app.metrics import Metrics
 from app.scheduling.admission import Admission
 from app.scheduling.forming import Job, Lane, Step, next_step
 from app.scheduling.lifecycle import Lifecycle
+from app.scheduling.memory import MIB, MemoryBudget
 from app.scheduling.placement import INLINE_TOKENS, Place, place
 from app.scheduling.server_load import ServerLoad
 
@@ -257,12 +258,12 @@ def test_admission_limits_and_lifecycle():
             pass
         assert full.value.type is ErrorType.OVERLOADED
     assert load.requests == 0 and adm.admitted == 0
-    # None: interactive; bytes of memory reserved: bulk (0 without a memory limit)
-    assert adm.reserve(100) is None and adm.reserve(200) == 0 and adm.bulk_tokens == 200
+    # False: interactive; True: bulk, its tokens held until released
+    assert adm.reserve(100) is False and adm.reserve(200) is True and adm.bulk_tokens == 200
     with pytest.raises(AppError, match="--max-bulk-tokens"):
         adm.reserve(150)
-    adm.release(200, 0)
-    assert adm.reserve(250) == 0
+    adm.release(200)
+    assert adm.bulk_tokens == 0 and adm.reserve(250) is True
     lifecycle.drain()
     with pytest.raises(AppError, match="shutting down"), adm.request():
         pass
@@ -270,3 +271,19 @@ def test_admission_limits_and_lifecycle():
     lifecycle.stop("the graceful timeout passed")
     with pytest.raises(AppError, match="graceful timeout"):
         adm.reserve(10)
+
+
+def test_a_memory_limit_that_leaves_large_requests_nothing_refuses_them_413_and_holds_none_of_their_tokens():
+    memory = MemoryBudget(600 * MIB, "test")
+    memory.by_session, memory.smallest = False, 1  # as plan leaves it where not even a row per session fits
+    memory.baseline = 600 * MIB  # the room below zero: what is left is less than the smallest request needs
+    adm = Admission("m", queue_size=2, interactive_tokens=100, max_bulk_tokens=300, lifecycle=Lifecycle(),
+                    load=ServerLoad(), series=Metrics().of_model("m"), memory=memory)  # fmt: skip
+    assert adm.reserve(100) is False  # interactive: served
+    with pytest.raises(AppError) as too_big:
+        adm.reserve(101)
+    assert too_big.value.type is ErrorType.TOO_MANY_TOKENS and adm.bulk_tokens == 0
+    with pytest.raises(
+        AppError, match="--max-bulk-tokens"
+    ):  # the bulk token limit is checked first, as before
+        adm.reserve(301)

@@ -2,8 +2,8 @@
 tokenization to answer, and is refused at once (429, or 503 once the server drains) when there is none.
 Two limits per model: requests admitted (--queue-size), and tokens of bulk requests unanswered
 (--max-bulk-tokens): long texts cannot crowd out one-sentence requests. Under a memory limit too small for
-a full-length row per engine session, bulk requests also reserve what their batches will use, and are
-refused 413 where that is more than is left (app/scheduling/memory.py)."""
+a full-length row per engine session, bulk requests are refused 413: what the limit leaves them is less than
+any of their batches needs (app/scheduling/memory.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ class Admission:
     def __init__(
         self, name: str, *, queue_size: int, interactive_tokens: int, max_bulk_tokens: int,
         lifecycle: Lifecycle, load: ServerLoad, series, memory: MemoryBudget | None = None,
-        bulk_batch_tokens: int = 4096,
     ) -> None:  # fmt: skip
         self.name = name
         self.queue_size = queue_size
@@ -32,7 +31,6 @@ class Admission:
         self.admitted = 0
         self.bulk_tokens = 0  # admitted bulk tokens not yet answered
         self.memory = memory  # shared by every model; None: no memory limit to keep to
-        self.bulk_batch_tokens = bulk_batch_tokens
 
     @contextlib.contextmanager
     def request(self, arrived_before_drain: bool = False) -> Iterator[None]:
@@ -56,13 +54,13 @@ class Admission:
     def is_bulk(self, tokens: int) -> bool:
         return tokens > self.interactive_tokens
 
-    def reserve(self, tokens: int) -> int | None:
-        """An admitted request's work, `tokens` model-input tokens: None for an interactive request; for a
-        bulk one, the bytes of memory it reserved (0 without a memory limit). A bulk request past
-        --max-bulk-tokens is refused (429); `release` gives its tokens and bytes back."""
+    def reserve(self, tokens: int) -> bool:
+        """An admitted request's work, `tokens` model-input tokens: whether it is bulk. A bulk request's
+        tokens are held against --max-bulk-tokens (past it, 429) until `release`; one that no memory the
+        limit leaves could hold is refused 413 (MemoryBudget.check_large)."""
         self.lifecycle.check_work()
         if not self.is_bulk(tokens):
-            return None
+            return False
         if self.bulk_tokens + tokens > self.max_bulk_tokens:
             msg = (
                 f"model {self.name!r} is busy with {self.bulk_tokens} tokens of large requests; this one's "
@@ -71,15 +69,13 @@ class Admission:
             raise AppError(
                 ErrorType.OVERLOADED, msg, field="tokens", headers={"retry-after": "1"}, reason="bulk_tokens"
             )
-        reserved = (
-            0 if self.memory is None else self.memory.reserve(self.name, tokens, self.bulk_batch_tokens)
-        )
+        if self.memory is not None:
+            self.memory.check_large()
         self.bulk_tokens += tokens
         self.series.bulk_tokens.set(self.bulk_tokens)
-        return reserved
+        return True
 
-    def release(self, tokens: int, reserved: int) -> None:
-        if self.memory is not None:
-            self.memory.release(reserved)
+    def release(self, tokens: int) -> None:
+        """A bulk request answered: its tokens given back."""
         self.bulk_tokens -= tokens
         self.series.bulk_tokens.set(self.bulk_tokens)

@@ -285,7 +285,6 @@ def _scheduler(registry: Registry, name: str, tokenizer: TextTokenizer, engine: 
         name, queue_size=st.queue_size, interactive_tokens=st.interactive_tokens,
         max_bulk_tokens=st.max_bulk_tokens, lifecycle=registry.lifecycle, load=registry.server_load,
         series=registry.metrics.of_model(name), memory=registry.memory,
-        bulk_batch_tokens=st.bulk_batch_budget,
     )  # fmt: skip
     scheduler = Scheduler(
         engine, tokenizer.pad_id, admission, registry.server_load, token_budget=st.batch_token_budget,

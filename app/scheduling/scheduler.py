@@ -98,15 +98,14 @@ class Scheduler:
             future.set_result(JobResult([], 0.0, 0.0))
             return future
         job = Job(rows, future, request_id=request_context.request_id.get())
-        reserved = self.admission.reserve(tokens := job.tokens)
-        job.bulk = reserved is not None
+        job.bulk = self.admission.reserve(tokens := job.tokens)
         batch = Batch([(job, i) for i in range(len(rows))], bulk=job.bulk)
         if self._place(batch, jobs=1, at_submit=True) is Place.INLINE:
             self.running.run_inline(batch)
             return future
         self.lanes[job.bulk].push(job)
         self.pending.add(job)
-        future.add_done_callback(lambda _: self._settled(job, tokens, reserved))
+        future.add_done_callback(lambda _: self._settled(job, tokens))
         if self._gathering is not None:
             self._gathering.set()  # the batch being gathered may be full now
         if self._gathering is None or job.bulk:  # a gathering runner takes interactive work only
@@ -117,10 +116,10 @@ class Scheduler:
         return place(self.load, has_solo=self.engine.has_solo, bulk=batch.bulk, jobs=jobs,
                      padded_tokens=batch.padded_tokens, max_wait_s=self.max_wait_s, at_submit=at_submit)  # fmt: skip
 
-    def _settled(self, job: Job, tokens: int, reserved: int | None) -> None:
+    def _settled(self, job: Job, tokens: int) -> None:
         self.pending.discard(job)
-        if reserved is not None:
-            self.admission.release(tokens, reserved)
+        if job.bulk:
+            self.admission.release(tokens)
 
     async def _runner(self) -> None:
         while True:
