@@ -94,8 +94,8 @@ def test_where_not_even_a_row_per_session_fits_interactive_batches_get_one_row_a
         m.scheduler.lanes[False].budget == m.scheduler.lanes[True].budget == 512 for m in models.values()
     )
     assert b.interactive == 4 * b.cost(512, 512) and b.refuses_large
-    assert "interactive batches are cut at 512 tokens" in caplog.text
-    assert "even batches of one 512-token row may not all fit at once" in caplog.text
+    assert "even batches of one 512-token row may not all fit the 40 MiB" in caplog.text
+    assert "interactive batches are cut to one row" in caplog.text
     # Every large request, whatever its size, is refused, and told what is served.
     with pytest.raises(AppError) as too_big:
         b.check_large()
@@ -213,7 +213,7 @@ def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(t
         assert server.metric("electra_memory_bytes", what="limit") == 300 * MIB
         assert "requests over --interactive-tokens (2048) will be refused (413)" in server.log()
         # Interactive batches, never refused for memory, are cut to a row of the longest model at a time.
-        assert "interactive batches are cut at 512 tokens" in server.log()
+        assert "interactive batches are cut to one row" in server.log()
         assert "memory: limit 300 MiB (--memory-limit-mb); loading 2 model(s)" in server.log()
         r = c.post(
             "/detect", json={"texts": ["A short sentence.", "Another one, a little longer than that."] * 8}

@@ -256,15 +256,12 @@ def share_by_session(memory: MemoryBudget, settings, models: dict) -> int | None
 
 def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
     """Where not even one full-length row per session fits (`plan`; nothing is cut where no price was
-    measured): interactive requests are never refused for memory (a sentence costs next to nothing), but
+    measured). Interactive requests are never refused for memory (a sentence costs next to nothing), but
     many of them together fill batches of up to --batch-token-budget, one per session at once: at a pod's
     1 GiB that was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. So each model's
     interactive batches are cut to one row of the longest model (the least a batch holds), and that much per
-    session is set aside for them (`memory.interactive`); large requests get what is left, which is less
-    than their batches need (they get 413). All the sessions' batches at the budget need more than half the
-    room there, so they are always cut: the budget holds a row at least, and even one row per session does not
-    fit the whole room (a measured price is at least a page per bulk batch, so `cost`'s rounding down never
-    makes up the difference); the warning says so."""
+    session is set aside for them (`memory.interactive`); what is left is less than any large request's
+    batches need, and those get 413 (`MemoryBudget.check_large`)."""
     if not models or memory.price <= 0:
         return
     at_once = sessions(settings, models)
@@ -274,11 +271,9 @@ def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
         lane = m.scheduler.lanes[False]
         lane.budget = min(lane.budget, longest)
     memory.interactive = at_once * memory.cost(longest, longest)
-    log.warning("memory: %d batches at once (%s) of --batch-token-budget %d tokens could need about %.0f MiB, more "
-                "than half the %.0f MiB the limit leaves above the loaded models: interactive batches are cut at %d "
-                "tokens, %.0f MiB kept for them, and large requests reserve from the rest (set a lower "
-                "--batch-token-budget to choose, or raise the limit); even batches of one %d-token row may not all "
-                "fit at once: raise the limit, or lower --runners (--solo-threads 1 drops the lone request's "
-                "session)", at_once, sessions_said(settings, models), budget,
-                at_once * memory.cost(budget, budget) / MIB, max(0, memory.room) / MIB, longest,
-                memory.interactive / MIB, longest)  # fmt: skip
+    log.warning("memory: %d batches at once (%s) of --batch-token-budget %d tokens could need about %.0f MiB, and "
+                "even batches of one %d-token row may not all fit the %.0f MiB the limit leaves above the loaded "
+                "models: interactive batches are cut to one row, %.0f MiB kept for them; raise the limit, or lower "
+                "--runners (--solo-threads 1 drops the lone request's session)", at_once,
+                sessions_said(settings, models), budget, at_once * memory.cost(budget, budget) / MIB, longest,
+                max(0, memory.room) / MIB, memory.interactive / MIB)  # fmt: skip
