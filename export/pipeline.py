@@ -137,10 +137,12 @@ def _export(src: _Source, log) -> dict:
             extra = portable(calibrate.finish(calibration, tmp, src)) if calibration else {}
             if src.precision.load_check:
                 extra["load_check"] = _load_check(src, fp32, tmp)
-            if cfg.precision != "int8" and src.quantization_aware:
-                warning = (f"the checkpoint was trained quantization-aware, and this {cfg.precision} bundle "
-                           "computes without the int8 rounding it was trained with, so its answers are not the "
-                           "trained model's: export --precision int8 for those")  # fmt: skip
+            if src.quantization_aware and not src.precision.simulates_int8(src):
+                # --int8 weights, static or dynamic compute as fp32 does, or round otherwise than training did.
+                kind = cfg.precision if cfg.precision != "int8" else f"int8 (--int8 {cfg.int8})"
+                warning = (f"the checkpoint was trained quantization-aware, and this {kind} bundle computes "
+                           "without the int8 rounding it was trained with, so its answers are not the trained "
+                           "model's: export --precision int8 --int8 compute (the default for it) for those")  # fmt: skip
                 log(f"warning: {warning}")
                 extra["warnings"] = [*extra.get("warnings", []), warning]
             for warning in src.warnings:  # logged when said

@@ -281,6 +281,40 @@ def test_fp32_and_fp16_bundles_of_a_quantization_aware_run_are_held_to_its_plain
         assert fp16["reference"] == "the checkpoint's forward in PyTorch, fp32", fp16
 
 
+def test_an_int8_weights_bundle_of_a_quantization_aware_run_warns_as_fp32_does(
+    qat_bundle, tmp_path, registry_data
+):
+    """--int8 weights computes in fp32: not the trained int8 function, and it said nothing of it (the fp32
+    and fp16 bundles of the same run did)."""
+    from export.__main__ import main as export
+
+    run, _ = qat_bundle
+    assert export([str(run), "--out", str(tmp_path / "w"), "--int8", "weights", "--no-calibrate",
+                   "--eval-sequences", "32", "--data-dir", str(registry_data)]) == 0  # fmt: skip
+    warnings = json.loads((tmp_path / "w" / "manifest.json").read_text()).get("warnings", [])
+    assert any("trained quantization-aware, and this int8 (--int8 weights) bundle" in w for w in warnings), (
+        warnings
+    )
+
+
+def test_an_fp16_export_of_a_near_chance_detector_names_its_calibration_scale(
+    tmp_path, small_corpus, small_tokenizer, registry_data, capsys
+):
+    """20 steps: the calibration multiplies its nearly equal logits by hundreds, which fp16 cannot carry; the
+    export said "the export is wrong", while fp32, int8 or --no-calibrate would do."""
+    from export.__main__ import main as export
+
+    run = tmp_path / "run"
+    pretrain(["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(run), "--corpus", str(small_corpus),
+              "--tokenizer", str(small_tokenizer), "--threads", "1", "--max-steps", "20"])  # fmt: skip
+    common = ["--precision", "fp16", "--eval-sequences", "32", "--data-dir", str(registry_data)]
+    assert export([str(run), "--out", str(tmp_path / "b"), *common]) == 1
+    said = capsys.readouterr().err
+    assert re.search(r"the calibration multiplies this detector's logits by up to \d{2,}", said), said[-2000:]
+    assert "fp16 with --no-calibrate" in said and "the export is wrong" not in said
+    assert export([str(run), "--out", str(tmp_path / "b"), *common, "--no-calibrate"]) == 0
+
+
 @pytest.fixture(scope="module")
 def shipped_detector(tmp_path_factory) -> Path:
     """The shipped detector bundle turned back into its quantization-aware checkpoint."""
