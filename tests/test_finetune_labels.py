@@ -525,9 +525,19 @@ def test_a_carriage_return_inside_a_text_is_named_as_what_cut_the_row(tmp_path, 
     with pytest.raises(DataError) as e:
         load(tmp_path, path)
     said = str(e.value)
-    assert "a carriage return with no line feed after it (first on line 6), which ends a row" in said, said
+    assert (
+        "line 6 has fewer fields than the header's 2; the row ends at a carriage return with no line feed"
+        in said
+    )
     assert "a text holding" not in said
     assert ("read unquoted" if suffix == ".tsv" else "quote such texts") in said
+    if suffix == ".csv":  # one quoted is read whole; an unquoted comma later is blamed on itself
+        lines[4] = f'"film\rfour"{sep}a'
+        lines[8] = "film, eight,b"
+        path.write_bytes((f"text{sep}label\n" + "\n".join(lines) + "\n").encode())
+        with pytest.raises(DataError) as e:
+            load(tmp_path, path)
+        assert "has more fields than the header's 2; a text holding a comma" in str(e.value), str(e.value)
 
 
 def test_blank_dev_texts_are_said_to_be_scored_not_learned(tmp_path, capsys):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -85,7 +84,8 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     if not tsv:
         refuse_swallowing_quote(p, flag)
     with open(p, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f, **kwargs)
+        lines = _LastLine(f)
+        reader = csv.DictReader(lines, **kwargs)
         rows = []
         try:
             header = reader.fieldnames or []
@@ -110,7 +110,7 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                         raise DataError(quoted)
                     why = ("the header is one field with semicolons: write the file comma-separated"
                            if len(header) == 1 and ";" in header[0] else _trailing_empty(row, tsv) or
-                           _lone_carriage_return(p, tsv) or f"a text holding {sep}?")  # fmt: skip
+                           _lone_carriage_return(lines.last, tsv) or f"a text holding {sep}?")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
@@ -119,18 +119,28 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
     return rows
 
 
-def _lone_carriage_return(p: Path, tsv: bool) -> str:
-    """Why rows are cut where the file holds a carriage return with no line feed after it (an old Mac's, or
-    one pasted into a spreadsheet cell): the reader ends a row at it, in an unquoted text too."""
-    data = p.read_bytes()
-    found = re.search(rb"\r(?!\n)", data)
-    if found is None:
+class _LastLine:
+    """A file's lines as the csv module reads them, the last one kept: the end of the row it failed on."""
+
+    def __init__(self, f) -> None:
+        self.f, self.last = f, ""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        self.last = next(self.f)
+        return self.last
+
+
+def _lone_carriage_return(line: str, tsv: bool) -> str:
+    """Why a row was cut where its last line ends in a carriage return with no line feed (an old Mac's line
+    end, or one pasted into a spreadsheet cell): the reader ends a row there, inside an unquoted text too."""
+    if not line.endswith("\r"):
         return ""
-    line = data.count(b"\n", 0, found.start()) + 1
     fix = ("remove them from the texts (a TSV is read unquoted)" if tsv else
            "quote such texts, or remove the carriage returns")  # fmt: skip
-    return (f"the file holds a carriage return with no line feed after it (first on line {line}), which ends a "
-            f"row, inside a text too: {fix}")  # fmt: skip
+    return f"the row ends at a carriage return with no line feed after it, which ends a row inside a text too: {fix}"
 
 
 def _trailing_empty(row: dict, tsv: bool) -> str:

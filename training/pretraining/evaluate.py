@@ -27,16 +27,15 @@ def replaced_token_metrics(probs: np.ndarray, labels: np.ndarray, threshold: flo
 
 def auc_unmeasured(evals: dict, held_out_tokens: int, mask_prob: float = 0.15) -> str | None:
     """Why an evaluation's disc_auc is NaN, and what to do about it; None where it measured one, or where
-    the objective has no discriminator. NaN is what Python's json writes and reads back (training/report.py,
-    the benchmarks' readers and the plot, which leaves it out), so it stays in metrics.jsonl: this says
-    once what a bare NaN there did not."""
+    the objective has no discriminator. metrics.jsonl writes it null (read back as NaN: training/report.py),
+    trainer_state.json a bare NaN (Python's json, which its readers use): this says once what neither does."""
     auc = evals.get("disc_auc")
     if auc is None or not math.isnan(auc):
         return None
     which = (
         "none of them was replaced" if evals.get("replaced_share") == 0 else "every one of them was replaced"
     )
-    unmeasured = (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is NaN in metrics.jsonl and "
+    unmeasured = (f"the held-out evaluation measured no replaced-token ROC-AUC (disc_auc is null in metrics.jsonl, NaN in "
                   f"trainer_state.json): of the held-out tokens it scored, {which}, so there is no ")  # fmt: skip
     if evals.get("replaced_share") != 0 and mask_prob >= 0.5:
         # Every token masked (or nearly), and the generator put another in each: more text changes nothing.

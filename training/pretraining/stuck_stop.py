@@ -1,10 +1,16 @@
-"""A torchrun worker that cannot hear its stop. torchrun gives a worker --shutdown-timeout seconds (30 by
-default) after its SIGTERM (another worker failed, or the run is stopped), then kills it. Python runs a
-signal's handler only between bytecodes, so a worker whose main thread waits in one native call that does
-not return (a collective whose peer died or froze: NCCL's does not fail on it, gloo's once did not in a
-loaded test run) was killed without a word on how to go on. The C-level handler writes the signal's number
-to the wakeup fd at once, whatever the main thread does; a thread reading it says so shortly before
-torchrun's kill, and ends the process."""
+"""A torchrun worker that cannot hear its stop. When one of its workers ends, torchrun signals the others
+(SIGTERM) and kills them 30 s later (torch 2.13's fixed wait for a failed group: --shutdown-timeout is
+for torchrun's own signals). Python runs a signal's handler only between bytecodes, so a survivor whose
+main thread waits in a collective that does not fail (NCCL's does not on a dead peer; gloo's does not
+while another process, a child forked by the dead one, still holds its socket; once, in a loaded test run,
+for no cause found) was killed without a word on how to go on.
+
+The C-level handler writes the signal's number to the wakeup fd at once, whatever the main thread does. A
+thread reading it says the survivor's line, and ends the process, where all of these hold: the signal came,
+a worker of the same torchrun has ended, torchrun is alive to kill this one, and the main thread has stayed
+in one place until shortly before that kill. Without the first three there is no kill coming (a stop that
+reached this process alone, torchrun itself killed outright): a stop then saves however long it takes, and
+the others wait in a collective for that save."""
 
 from __future__ import annotations
 
@@ -20,27 +26,28 @@ from pathlib import Path
 from types import FrameType
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-# Said this long before torchrun's kill: the message and the exit need milliseconds, but a loaded machine
-# may run this thread late.
-MARGIN_S = 5.0
+# torchrun's wait between its SIGTERM to a failed group's workers and its SIGKILL, less a margin: the
+# message and the exit need milliseconds, but a loaded machine may run this thread late.
+FIRE_AFTER_S = 30.0 - 5.0
 POLL_S = 0.25
 
 
 @contextlib.contextmanager
-def stuck_stop_watch(message: Callable[[str], str], shutdown_s: float) -> Iterator[None]:
-    """While the block runs: after a stop signal, should the main thread stay in one place until shortly
-    before torchrun's kill (`shutdown_s` after the signal), print `message(where it waits)` on stderr and
-    exit 1. Off the main thread (a test runner's worker), nothing: signals and their wakeup fd are the main
-    thread's."""
+def stuck_stop_watch(message: Callable[[str], str]) -> Iterator[None]:
+    """While the block runs, in a torchrun worker: print `message(where the main thread waits)` on stderr
+    and exit 1 where the main thread is stuck past a stop signal that torchrun follows with a kill (the
+    module's docstring). Off the main thread (a test runner's worker), nothing: signals and their wakeup fd
+    are the main thread's."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    launcher = os.getppid()
+    peers = _children(launcher) - {os.getpid()}
     reader, writer = socket.socketpair()
     writer.setblocking(False)  # the C handler must never wait on it
     previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     done = threading.Event()
-    fire_after = max(shutdown_s - MARGIN_S, shutdown_s / 2)
-    watcher = threading.Thread(target=_watch, args=(reader, done, message, fire_after), daemon=True,
+    watcher = threading.Thread(target=_watch, args=(reader, done, message, launcher, peers), daemon=True,
                                name="stuck-stop-watch")  # fmt: skip
     watcher.start()
     try:
@@ -53,9 +60,8 @@ def stuck_stop_watch(message: Callable[[str], str], shutdown_s: float) -> Iterat
         reader.close()
 
 
-def _watch(
-    reader: socket.socket, done: threading.Event, message: Callable[[str], str], fire_after: float
-) -> None:
+def _watch(reader: socket.socket, done: threading.Event, message: Callable[[str], str], launcher: int,
+           peers: set[int]) -> None:  # fmt: skip
     while not done.is_set():
         try:
             heard = reader.recv(64)
@@ -76,16 +82,42 @@ def _watch(
         if (frame, frame.f_lasti) != place:
             place, still_since = (frame, frame.f_lasti), now
         # Stuck: in one place for half the wait at least. A main thread that moves is doing something (a
-        # save, the steps to the next log step), and torchrun's kill is left to cut it, if it must; so is
-        # one native call of some seconds (a large model's backward on a CPU) after a signal to this process
-        # alone, which torchrun would not follow with a kill.
-        if now - since_signal >= fire_after and now - still_since >= fire_after / 2:
-            said = message(
-                f"{now - since_signal:.0f} s after its stop signal, it still waits in {_where(frame)}"
-            )
-            with contextlib.suppress(OSError):
-                os.write(2, f"{said}\n".encode())
-            os._exit(1)
+        # save), and torchrun's kill is left to cut it, if it must.
+        if now - since_signal < FIRE_AFTER_S or now - still_since < FIRE_AFTER_S / 2:
+            continue
+        if not _kill_coming(launcher, peers):
+            continue  # torchrun is gone, or this process alone was signalled: the stop takes its time
+        said = message(f"{now - since_signal:.0f} s after torchrun's stop signal (another of its workers "
+                       f"ended), it still waits in {_where(frame)}")  # fmt: skip
+        with contextlib.suppress(OSError):
+            os.write(2, f"{said}\n".encode())
+        os._exit(1)
+
+
+def _kill_coming(launcher: int, peers: set[int]) -> bool:
+    """Whether torchrun will kill this process: it is alive (still this process's parent), and another of
+    its workers has ended."""
+    return os.getppid() == launcher and any(_ended(p, launcher) for p in peers)
+
+
+def _children(parent: int) -> set[int]:
+    """The processes whose parent is `parent` (Linux's /proc; none elsewhere)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.add(int(stat.parent.name))
+    return found
+
+
+def _ended(pid: int, parent: int) -> bool:
+    """Whether the process `pid`, a child of `parent` when the run began, has ended: gone, a zombie, or
+    another's child (its number taken again)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] in ("Z", "X") or int(fields[1]) != parent
 
 
 def _where(frame: FrameType) -> str:
