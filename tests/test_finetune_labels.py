@@ -526,7 +526,7 @@ def test_a_carriage_return_inside_a_text_is_named_as_what_cut_the_row(tmp_path, 
         load(tmp_path, path)
     said = str(e.value)
     assert (
-        "line 6 has fewer fields than the header's 2; the row ends at a carriage return with no line feed"
+        "line 6 has fewer fields than the header's 2; a carriage return with no line feed after it ends"
         in said
     )
     assert "a text holding" not in said
@@ -538,6 +538,22 @@ def test_a_carriage_return_inside_a_text_is_named_as_what_cut_the_row(tmp_path, 
         with pytest.raises(DataError) as e:
             load(tmp_path, path)
         assert "has more fields than the header's 2; a text holding a comma" in str(e.value), str(e.value)
+        # In the last column the row it cuts parses, and the rest comes short; an old Mac's file reads whole.
+        lines[4], lines[8] = f"a{sep}film\rfour", "film 8,a"
+        path.write_bytes((f"label{sep}text\n" + "\n".join(lines) + "\n").encode())
+        with pytest.raises(
+            DataError, match="a carriage return with no line feed after it ends this row or the line"
+        ):
+            load(tmp_path, path, text_column="text", label_column="label")
+        mac = tmp_path / "mac.csv"
+        mac.write_bytes(
+            ("text,label\r" + "\r".join(f"film {i},{'ab'[i % 2]}" for i in range(20)) + "\r").encode()
+        )
+        assert len(load(tmp_path, mac).splits["train"]) > 10
+        mac.write_bytes(("text,label\r" + "\r".join(["film, 0,a", *lines[1:4], *lines[5:]]) + "\r").encode())
+        with pytest.raises(DataError) as e:
+            load(tmp_path, mac)
+        assert "carriage return" not in str(e.value), str(e.value)
 
 
 def test_blank_dev_texts_are_said_to_be_scored_not_learned(tmp_path, capsys):

@@ -56,13 +56,13 @@ runpy.run_module("training.pretrain", run_name="__main__", alter_sys=True)
 
 
 # Rank 1 forks a child that holds its sockets (a DataLoader worker would): killed, rank 1 leaves rank 0's
-# gloo collective waiting instead of failing. The watcher's 25 s (torchrun's 30, less a margin) shortened.
+# gloo collective waiting instead of failing. torchrun's 30 s (the watcher speaks at 25) shortened for it.
 HELD_SOCKETS = """
 import os, runpy, sys, time
 from pathlib import Path
 from training.pretraining import distributed, stuck_stop
 
-stuck_stop.FIRE_AFTER_S = 4.0
+stuck_stop.FAILED_GROUP_KILL_S = 8.0
 init = distributed.Dist.__init__
 
 def init_then_fork(self, *args, **kwargs):
@@ -135,6 +135,44 @@ def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
     ]  # the line, not gloo's
 
 
+def test_a_worker_stuck_on_a_frozen_peer_says_how_to_go_on_before_a_stops_kill(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """A peer that froze (SIGSTOP, as a hung node), then a scheduler's stop: the survivor's collective waits
+    on, so its handler of torchrun's SIGTERM never runs; the line comes from its watching thread, before
+    --shutdown-timeout ends."""
+    run = tmp_path / "run"
+    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 2,
+                     "--save-every", 4, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launch = [*TORCHRUN[:3], "--shutdown-timeout", "10", *TORCHRUN[3:]]
+    proc = subprocess.Popen([*launch, "-m", "training.pretrain", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        until_step(proc, run / "metrics.jsonl", 6)
+        workers = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        rank = {Path(f"/proc/{pid}/environ").read_bytes().split(b"\0RANK=")[1][:1]: pid for pid in workers}
+        os.kill(int(rank[b"1"]), signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGTERM)  # a scheduler's stop: torchrun passes it on
+        said = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert said.count("another process of the run ended") == 1, said[-3000:]
+    assert re.search(r"[5-8] s after torchrun's stop signal, it still waits in \w+ \(torch/", said), said[
+        -3000:
+    ]
+    assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
+            f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
+    assert f"Unable to shutdown process {rank[b'0']}" not in said, said[
+        -3000:
+    ]  # it ended before torchrun's kill
+    assert f"Unable to shutdown process {rank[b'1']}" in said, said[-3000:]  # the frozen one did not
+
+
 def test_a_survivor_stuck_in_a_collective_says_how_to_go_on_before_torchrun_kills_it(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -165,8 +203,7 @@ def test_a_survivor_stuck_in_a_collective_says_how_to_go_on_before_torchrun_kill
             os.kill(int(holder.read_text()), signal.SIGKILL)
     latest = (run / "checkpoints" / "latest").read_text().strip()
     assert said.count("another process of the run ended") == 1, said[-3000:]
-    assert re.search(r"s after torchrun's stop signal \(another of its workers ended\), it still waits in \w+ \(",
-                     said), said[-3000:]  # fmt: skip
+    assert re.search(r"[4-7] s after torchrun's stop signal, it still waits in \w+ \(", said), said[-3000:]
     assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
             f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
     assert f"Unable to shutdown process {rank[b'0']}" not in said, said[
@@ -310,10 +347,11 @@ def test_on_several_nodes_the_command_leaves_each_node_its_own_rank(monkeypatch)
     )
 
 
-def test_a_kill_is_coming_only_while_torchrun_lives_and_another_of_its_workers_ended():
-    """The watcher ends a stuck survivor only where torchrun will kill it: torchrun killed outright (its
-    workers stop on SIGTERM, and their save may take long) or a stop sent to one worker alone let a slow
-    save be cut at 25 s."""
+def test_the_watcher_speaks_before_the_kill_torchrun_has_coming():
+    """torchrun kills a failed group's workers 30 s after its SIGTERM whatever --shutdown-timeout says (the
+    watcher waited 55 s at --shutdown-timeout 60, and was killed first), and those of a stop it was sent
+    after --shutdown-timeout (a peer that died during a stop's save had it cut at 25 s); killed outright,
+    it kills nothing (its workers' stop had its save cut at 25 s)."""
     from training.pretraining import stuck_stop
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -325,8 +363,15 @@ def test_a_kill_is_coming_only_while_torchrun_lives_and_another_of_its_workers_e
         assert stuck_stop._ended(child.pid, os.getpid())
     finally:
         child.kill()
-    # This process as the launcher: not its own parent, as torchrun is not once killed (its workers reparented).
-    assert not stuck_stop._kill_coming(os.getpid(), {child.pid})
+    # A worker of torchrun's ended: its fixed 30 s for a failed group, less the margin; else its
+    # --shutdown-timeout (a short one halved); none where torchrun is not the parent (killed outright, its
+    # workers reparented: here, this process standing for it).
+    launcher = os.getppid()
+    assert stuck_stop._fire_after(launcher, {child.pid}, 60) == 25
+    assert (
+        stuck_stop._fire_after(launcher, set(), 60) == 55 and stuck_stop._fire_after(launcher, set(), 6) == 3
+    )
+    assert stuck_stop._fire_after(os.getpid(), {child.pid}, 60) is None
 
 
 def test_the_shutdown_timeout_is_torchruns_own(monkeypatch):

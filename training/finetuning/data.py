@@ -94,9 +94,9 @@ def load_task_data(cfg, reread_by: str | None = None) -> TaskData:
     elif len(targets := {ex.label for ex in data.splits["dev"]}) == 1:
         data.warnings.append(f"every dev target is {targets.pop():g} ({data.source['dev']}): pearson and spearman "
                              "are undefined on it (null in the evaluations), so --metric ranks no evaluation above "
-                             "another: the weights kept are those of the lowest dev loss, and --patience, which "
-                             "counts evaluations without a better metric, ends the run after that many "
-                             "evaluations. Give a --dev whose targets differ")  # fmt: skip
+                             "another: the weights kept are those of the lowest dev loss, and --patience N, which "
+                             "counts evaluations without a better metric, ends the run N evaluations after the "
+                             "first. Give a --dev whose targets differ")  # fmt: skip
     return data
 
 

@@ -110,7 +110,8 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                         raise DataError(quoted)
                     why = ("the header is one field with semicolons: write the file comma-separated"
                            if len(header) == 1 and ";" in header[0] else _trailing_empty(row, tsv) or
-                           _lone_carriage_return(lines.last, tsv) or f"a text holding {sep}?")  # fmt: skip
+                           (None not in row and _lone_carriage_return(lines, tsv)) or
+                           f"a text holding {sep}?")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 rows.append(row)
@@ -120,27 +121,33 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
 
 
 class _LastLine:
-    """A file's lines as the csv module reads them, the last one kept: the end of the row it failed on."""
+    """A file's lines as the csv module reads them, the last two kept (where the row it failed on ends, and
+    the line before), and whether any so far ended in a line feed."""
 
     def __init__(self, f) -> None:
-        self.f, self.last = f, ""
+        self.f, self.before, self.last, self.line_feeds = f, "", "", False
 
     def __iter__(self):
         return self
 
     def __next__(self) -> str:
-        self.last = next(self.f)
+        self.before, self.last = self.last, next(self.f)
+        self.line_feeds = self.line_feeds or self.last.endswith("\n")
         return self.last
 
 
-def _lone_carriage_return(line: str, tsv: bool) -> str:
-    """Why a row was cut where its last line ends in a carriage return with no line feed (an old Mac's line
-    end, or one pasted into a spreadsheet cell): the reader ends a row there, inside an unquoted text too."""
-    if not line.endswith("\r"):
+def _lone_carriage_return(lines: _LastLine, tsv: bool) -> str:
+    """Why a row came short where a carriage return with no line feed after it (one pasted into a spreadsheet
+    cell) ends it, or the line before it: the reader ends a row there, inside an unquoted text too. Not in a
+    file whose lines all end so (an old Mac's), which reads whole."""
+    if not lines.line_feeds or not (lines.last.endswith("\r") or lines.before.endswith("\r")):
         return ""
     fix = ("remove them from the texts (a TSV is read unquoted)" if tsv else
            "quote such texts, or remove the carriage returns")  # fmt: skip
-    return f"the row ends at a carriage return with no line feed after it, which ends a row inside a text too: {fix}"
+    return (
+        "a carriage return with no line feed after it ends this row or the line before it, and ends a row "
+        f"inside a text too: {fix}"
+    )
 
 
 def _trailing_empty(row: dict, tsv: bool) -> str:

@@ -44,7 +44,7 @@ def run(argv: list[str] | None = None) -> None:
         torchrun = t.env.world > 1
         with (GracefulStop(True, doing, any_again=torchrun, announce=t.env.main, hangup=True,
                            relayed_within_s=1.0 if torchrun else 0.0) as stop,
-              _told_if_stuck(t)):  # fmt: skip
+              _told_if_stuck(t, shutdown_s)):  # fmt: skip
             stopped_by = train(t, stop)
         if stopped_by is not None:  # saved, but not finished: say so
             sys.exit(128 + stopped_by)
@@ -102,12 +102,13 @@ def _collective_failed(e: RuntimeError) -> str:
     return f"a collective failed ({type(e).__name__}: {said})"
 
 
-def _told_if_stuck(t: Trainer):
+def _told_if_stuck(t: Trainer, shutdown_s: float):
     """Under torchrun, the same line from a survivor whose main thread never returns from a wait (a
-    collective whose peer is dead) to hear torchrun's stop signal (stuck_stop.py); alone, nothing."""
+    collective whose peer is dead or frozen) to hear torchrun's stop signal (stuck_stop.py); alone,
+    nothing. `shutdown_s`: torchrun's --shutdown-timeout."""
     if t.env.world == 1:
         return contextlib.nullcontext()
-    return stuck_stop_watch(lambda where: _another_process_ended_message(t, where))
+    return stuck_stop_watch(lambda where: _another_process_ended_message(t, where), shutdown_s)
 
 
 def train(t: Trainer, stop: GracefulStop) -> int | None:
