@@ -477,6 +477,46 @@ def test_a_bad_mix_is_refused_before_any_server_starts(mix, says, capsys):
     assert refused.value.code == 2 and f"--mix: {says}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("module", "argv", "says"),
+    [
+        ("benchmarks.load.serve_compare", ["--servers", "ours,unbatched"], "ours takes at most 32"),
+        ("benchmarks.load.serve_compare", ["--servers", "unbatched"], "unbatched takes at most 32"),
+        (
+            "benchmarks.load.serve_compare",
+            ["--servers", "ours", "--server-args", "--max-batch-size 16"],
+            "ours takes at most 16 texts a request (--max-batch-size 16 with --server-args",
+        ),  # fmt: skip
+        ("benchmarks.load.load_profile", [], "our server takes at most 32"),
+        ("benchmarks.load.soak", [], "our server takes at most 32"),
+    ],
+)
+def test_batch_texts_over_the_servers_limit_is_refused_while_parsing(module, argv, says, capsys, monkeypatch):
+    """--batch-texts 40 to servers that take 32 texts a request: every batched request failed (ours
+    422 batch_too_large), and the run exited 0 with a report of those refusals timed."""
+
+    def ran(*_):
+        raise AssertionError("not refused while parsing: the benchmark would have run")
+
+    monkeypatch.setattr(importlib.import_module(module), "run", ran)
+    batches = ["--mix", "detect:1,detect_batch:1"] if "serve_compare" in module else []
+    err = refused_while_parsing(module, [*argv, *batches, "--batch-texts", "40"], capsys)
+    assert "--batch-texts 40" in err and says in err and "give --batch-texts" in err
+
+
+def test_batch_texts_within_the_servers_limit_or_unbatched_passes():
+    from benchmarks.load.load_options import batch_texts_refused, ours_batch_limit
+
+    assert ours_batch_limit("") == (32, "its default --max-batch-size; raise it with --server-args "
+                                        "'--max-batch-size N'")  # fmt: skip
+    assert (
+        batch_texts_refused(40, "detect_batch:1", {"ours": ours_batch_limit("--max-batch-size 64")}) is None
+    )
+    assert batch_texts_refused(40, "detect:1", {"ours": ours_batch_limit("")}) is None  # sends no batch
+    assert batch_texts_refused(32, "detect_batch:1", {"ours": ours_batch_limit("")}) is None
+    assert batch_texts_refused(40, "detect_batch:1", {"peer": (None, "not known")}) is None
+
+
 def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):
     from benchmarks.load import load_profile, serving
 

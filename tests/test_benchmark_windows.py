@@ -47,6 +47,17 @@ def test_cpu_per_text_is_over_locusts_stats_window(tmp_path):
     assert figures["server_cpu_ms_per_text"] == 10.0  # 1 core-second / 100 texts
 
 
+def test_req_s_counts_answered_requests_only(tmp_path):
+    """Locust's rate counts failures too: a server refusing every request at once (422 to a batch over its
+    limit) showed a higher req/s than one answering them."""
+    path = summary(tmp_path, 400, SPAWNED, LAST_REQUEST)
+    raw = json.loads(path.read_text())
+    raw["total"]["failures"] = 300
+    path.write_text(json.dumps(raw))
+    result = locust_runs.parse_summary(path)
+    assert (result["rps"], result["sent_rps"]) == (25.0, 100.0)
+
+
 def test_a_window_too_short_to_sample_shows_no_cpu_figure(tmp_path):
     """Where no two samples fall in the window, no figure from another window: '-' in the table."""
     result = locust_runs.parse_summary(summary(tmp_path, 5, SPAWNED, SPAWNED + 0.8))
