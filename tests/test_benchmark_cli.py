@@ -517,6 +517,29 @@ def test_batch_texts_within_the_servers_limit_or_unbatched_passes():
     assert batch_texts_refused(40, "detect_batch:1", {"peer": (None, "not known")}) is None
 
 
+def test_bulk_without_ray_names_the_extra_that_installs_it(tmp_path, capsys, monkeypatch):
+    """Without Ray (the bulk extra, not bench's) the benchmark ended in a FileNotFoundError traceback from
+    `ray start`, after its temporary directories were made."""
+    import importlib.util
+
+    from benchmarks.speed import bulk
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+
+    def no_ray(*_, **__):
+        raise FileNotFoundError(2, "No such file or directory", "ray")
+
+    monkeypatch.setattr(bulk, "start_ray", no_ray)
+    assert cli.run(bulk.main, ["--out", str(tmp_path / "bulk.json")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: ray is not installed" in err and "pip install -e '.[bulk]'" in err and "Traceback" not in err
+    )
+
+
 def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):
     from benchmarks.load import load_profile, serving
 
