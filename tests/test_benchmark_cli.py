@@ -110,6 +110,8 @@ REFUSED = [
     ("benchmarks.load.serve_compare", ["--users", ","]),
     ("benchmarks.load.serve_compare", ["--batch-texts", "0"]),
     ("benchmarks.load.serve_compare", ["--variant-checkout", MISSING]),
+    # Timed twice, reported under one name.
+    ("benchmarks.load.serve_compare", ["--servers", "ours,unbatched,ours"]),
     ("benchmarks.load.soak", ["--bundle", MISSING]),
     # Detector-only load: a classifier bundle once got a 404 traceback (an IndexError from unbatched)
     ("benchmarks.load.load_profile", ["--bundle", str(REPO / "models/sentiment")]),

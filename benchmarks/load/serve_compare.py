@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in servers if s not in SERVERS]
     if bad or not servers:
         p.error(f"--servers: unknown {bad}; choose from {', '.join(SERVERS)}")
+    # One server named twice was timed twice, its rows and ratios reported under one name.
+    if twice := sorted({s for s in servers if servers.count(s) > 1}):
+        p.error(f"--servers: {', '.join(twice)} named more than once; name each server once (for two "
+                "settings of ours, --variant-args)")  # fmt: skip
     if "classify" in args.mix and servers != ["ours"]:
         p.error("--mix: the baselines serve /detect only; use detect and detect_batch")
     if "detect_batch" in args.mix and set(servers) & set(serving.PEERS):
