@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from pathlib import Path
+
+import pytest
 
 from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load import serve_compare as sc
@@ -225,3 +228,27 @@ def test_bulk_stores_no_ratio_where_a_steady_rate_is_missing():
     ratios = _ratios(row)
     assert ratios["ray_vs_local_steady"] is None and ratios["bulk_vs_server_steady"] is None
     assert ratios["ray_vs_local_wall"] == 0.75
+
+
+def test_a_load_profile_stopped_part_way_keeps_the_steps_it_finished(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM after a step had finished wrote nothing: the report came only after the last."""
+    from benchmarks.load import load_options, load_profile
+
+    def run_locust(url, users, load, prefix, **_):
+        if users == 64:
+            raise KeyboardInterrupt  # what benchmarks.cli makes of SIGTERM too
+        return locust_runs.check_run(_row(users, per_name={"detect x1": _row(users)}))
+
+    monkeypatch.setattr(locust_runs, "run_locust", run_locust)
+    monkeypatch.setattr(load_options, "check_answers", lambda *a, **k: None)
+    monkeypatch.setattr(load_profile, "write_sentences", lambda *a, **k: {"file": "s.txt", "source": "s",
+                                                                           "count": 1, "mean_words": 2})  # fmt: skip
+    monkeypatch.setattr(load_reports, "machine", lambda: {"cpu": "c", "cores": 2, "int8_kernel_path": "AVX2",
+                                                "features": ["avx2"], "load_avg_at_start": [0, 0, 0]})  # fmt: skip
+    cfg = load_profile.ProfileConfig(url="http://127.0.0.1:9", users=(1, 16, 64), run_time=5.0, mix="detect:1",
+                                     work=str(tmp_path), results=tmp_path)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        load_profile.run(cfg)
+    data = json.loads((tmp_path / "load_profile.json").read_text())
+    assert data["complete"] is False and data["users_done"] == [1, 16] and len(data["steps"]) == 2
+    assert "stopped part way: 2 of 3 users steps measured" in (tmp_path / "load_profile.md").read_text()
