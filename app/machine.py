@@ -10,6 +10,12 @@ import platform
 from pathlib import Path
 
 
+def cpu_set() -> set[int]:
+    """The CPUs this process may run on (its affinity): what a heading's "N cores" counts, and what the
+    load benchmarks' CPU shares are of (benchmarks/load/cpu_sampling.py)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
 def cpu() -> dict:
     flags: set[str] = set()
     model = platform.processor() or platform.machine()
@@ -28,7 +34,7 @@ def cpu() -> dict:
     return {
         "cpu": model,
         "int8_kernel_path": path,
-        "cores": len(os.sched_getaffinity(0)),
+        "cores": len(cpu_set()),
         "features": features,
     }
 

@@ -242,6 +242,7 @@ class UsageError(Exception):
 
 
 BENCH_INSTALL = "pip install -e '.[bench]'"
+BULK_INSTALL = "pip install -e '.[bulk]'"  # Ray and pyarrow: the corpus job's extra, not bench's
 
 
 def require(modules, install: str = BENCH_INSTALL) -> None:

@@ -110,6 +110,8 @@ REFUSED = [
     ("benchmarks.load.serve_compare", ["--users", ","]),
     ("benchmarks.load.serve_compare", ["--batch-texts", "0"]),
     ("benchmarks.load.serve_compare", ["--variant-checkout", MISSING]),
+    # Timed twice, reported under one name.
+    ("benchmarks.load.serve_compare", ["--servers", "ours,unbatched,ours"]),
     ("benchmarks.load.soak", ["--bundle", MISSING]),
     # Detector-only load: a classifier bundle once got a 404 traceback (an IndexError from unbatched)
     ("benchmarks.load.load_profile", ["--bundle", str(REPO / "models/sentiment")]),
@@ -475,6 +477,69 @@ def test_a_bad_mix_is_refused_before_any_server_starts(mix, says, capsys):
     with pytest.raises(SystemExit) as refused:
         soak.main(["--mix", mix])
     assert refused.value.code == 2 and f"--mix: {says}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "says"),
+    [
+        ("benchmarks.load.serve_compare", ["--servers", "ours,unbatched"], "ours takes at most 32"),
+        ("benchmarks.load.serve_compare", ["--servers", "unbatched"], "unbatched takes at most 32"),
+        (
+            "benchmarks.load.serve_compare",
+            ["--servers", "ours", "--server-args", "--max-batch-size 16"],
+            "ours takes at most 16 texts a request (--max-batch-size 16 with --server-args",
+        ),  # fmt: skip
+        ("benchmarks.load.load_profile", [], "our server takes at most 32"),
+        ("benchmarks.load.soak", [], "our server takes at most 32"),
+    ],
+)
+def test_batch_texts_over_the_servers_limit_is_refused_while_parsing(module, argv, says, capsys, monkeypatch):
+    """--batch-texts 40 to servers that take 32 texts a request: every batched request failed (ours
+    422 batch_too_large), and the run exited 0 with a report of those refusals timed."""
+
+    def ran(*_):
+        raise AssertionError("not refused while parsing: the benchmark would have run")
+
+    monkeypatch.setattr(importlib.import_module(module), "run", ran)
+    batches = ["--mix", "detect:1,detect_batch:1"] if "serve_compare" in module else []
+    err = refused_while_parsing(module, [*argv, *batches, "--batch-texts", "40"], capsys)
+    assert "--batch-texts 40" in err and says in err and "give --batch-texts" in err
+
+
+def test_batch_texts_within_the_servers_limit_or_unbatched_passes():
+    from benchmarks.load.load_options import batch_texts_refused, ours_batch_limit
+
+    assert ours_batch_limit("") == (32, "its default --max-batch-size; raise it with --server-args "
+                                        "'--max-batch-size N'")  # fmt: skip
+    assert (
+        batch_texts_refused(40, "detect_batch:1", {"ours": ours_batch_limit("--max-batch-size 64")}) is None
+    )
+    assert batch_texts_refused(40, "detect:1", {"ours": ours_batch_limit("")}) is None  # sends no batch
+    assert batch_texts_refused(32, "detect_batch:1", {"ours": ours_batch_limit("")}) is None
+    assert batch_texts_refused(40, "detect_batch:1", {"peer": (None, "not known")}) is None
+
+
+def test_bulk_without_ray_names_the_extra_that_installs_it(tmp_path, capsys, monkeypatch):
+    """Without Ray (the bulk extra, not bench's) the benchmark ended in a FileNotFoundError traceback from
+    `ray start`, after its temporary directories were made."""
+    import importlib.util
+
+    from benchmarks.speed import bulk
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+
+    def no_ray(*_, **__):
+        raise FileNotFoundError(2, "No such file or directory", "ray")
+
+    monkeypatch.setattr(bulk, "start_ray", no_ray)
+    assert cli.run(bulk.main, ["--out", str(tmp_path / "bulk.json")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: ray is not installed" in err and "pip install -e '.[bulk]'" in err and "Traceback" not in err
+    )
 
 
 def test_load_profile_on_a_url_where_nothing_answers_writes_nothing(tmp_path, capsys):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from pathlib import Path
+
+import pytest
 
 from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load import serve_compare as sc
@@ -41,8 +44,9 @@ def _row(users: int = 64, rps: float = 50.0, **kw) -> dict:
             "measured_s": 9.5, "run_time_s": 10, "cpu_pct": {}, "server_cpu_ms_per_text": None} | kw  # fmt: skip
 
 
-def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(tmp_path, monkeypatch):
-    """The equal-load phase ran `ours-variant` from this checkout, over the saturation phase's log."""
+def _fake_run(tmp_path: Path, monkeypatch, row=_row, **kw) -> tuple[argparse.Namespace, list]:
+    """serve_compare.run's arguments, with no server or locust started: each locust run gives row(users,
+    offered_rps=...); the list collects (name, cwd, log name) of each server started."""
     started = []
 
     @contextlib.contextmanager
@@ -61,17 +65,23 @@ def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(
     monkeypatch.setattr(load_reports, "machine", lambda: {"cpu": "c", "cores": 2, "int8_kernel_path": "AVX2",
                                                 "features": ["avx2"], "load_avg_at_start": [0, 0, 0]})  # fmt: skip
     monkeypatch.setattr(locust_runs, "run_locust", lambda url, users, load, prefix, user_rate=0.0, **_: locust_runs.check_run(
-        _row(users, offered_rps=round(users * user_rate, 2) if user_rate else None)))  # fmt: skip
+        row(users, offered_rps=round(users * user_rate, 2) if user_rate else None)))  # fmt: skip
     monkeypatch.setattr(serving, "idle_cpu", lambda server: 0.1)
     monkeypatch.setattr(serving, "pause", lambda server, paused: None)
     monkeypatch.setattr(serving, "server_settings", lambda server: None)
     monkeypatch.setattr(sc, "prepare", lambda *a, **k: Models)
     monkeypatch.setattr(sc, "write_sentences", lambda *a, **k: {"file": str(sentences), "source": "s",
                                                                  "mean_words": 2})  # fmt: skip
-    args = _args(tmp_path, servers=["ours", VARIANT], work=str(tmp_path), name="t", results=str(tmp_path),
-                 model=None, bundle=None, precision="int8", data_dir=None, hf=None, mix="detect:1",
-                 batch_texts=8, run_time=10.0, detect_return="both", rounds=2, users=(64,),
-                 offered_rps=["auto"], fraction=0.7, no_pause=False)  # fmt: skip
+    run = dict(servers=["ours", VARIANT], work=str(tmp_path), name="t", results=str(tmp_path),
+               model=None, bundle=None, precision="int8", data_dir=None, hf=None, mix="detect:1",
+               batch_texts=8, run_time=10.0, detect_return="both", rounds=2, users=(64,),
+               offered_rps=["auto"], fraction=0.7, no_pause=False)  # fmt: skip
+    return _args(tmp_path, **(run | kw)), started
+
+
+def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(tmp_path, monkeypatch):
+    """The equal-load phase ran `ours-variant` from this checkout, over the saturation phase's log."""
+    args, started = _fake_run(tmp_path, monkeypatch)
     assert sc.run(args) == 0
     variant = [(cwd, log) for name, cwd, log in started if name == VARIANT]
     assert variant == [
@@ -79,6 +89,22 @@ def test_both_phases_start_the_variant_from_its_checkout_with_logs_of_their_own(
         (tmp_path, "ours-variant-equal-server.log"),
     ]
     assert len({log for _, _, log in started}) == len(started) == 4
+
+
+def test_a_comparison_where_most_requests_failed_exits_1_and_offers_no_load_from_its_failures(
+    tmp_path, monkeypatch, capsys
+):
+    """--batch-texts 40 to ours and unbatched: every request refused (422), yet exit 0, a ratio and the
+    targets judged; and 'auto' offered 70% of a rate of failures. Now the report is written, no
+    equal-load phase runs, and the run ends with exit 1 naming the steps."""
+    refused = lambda users, **kw: _row(users, rps=0.0, failures=500, error_rate=1.0,  # noqa: E731
+                                        failure_messages=["500x POST detect x40: HTTP 422"], **kw)  # fmt: skip
+    args, started = _fake_run(tmp_path, monkeypatch, refused, servers=["ours", "unbatched"])
+    assert sc.run(args) == 1
+    assert [log for _, _, log in started] == ["ours-saturation-server.log", "unbatched-saturation-server.log"]
+    err = capsys.readouterr().err
+    assert "most requests failed" in err and "ours at 64 users: 1000 of 1000 requests failed" in err
+    assert (tmp_path / "t.json").is_file()
 
 
 def test_a_run_short_of_its_offered_load_or_stalled_is_flagged_and_not_counted_as_meeting_a_target():
@@ -94,6 +120,22 @@ def test_a_run_short_of_its_offered_load_or_stalled_is_flagged_and_not_counted_a
     assert targets(sat, {"ours": [good, bad]}, 64)[-1]["met"] is True
     assert "(!)" in load_reports.marked("ours", bad) and load_reports.marked("ours", good) == "ours"
     assert achieved(bad) == "31% NO" and achieved(good) == "100%"
+
+
+def test_a_throughput_target_judges_the_paired_ratio_the_report_gives():
+    """With --rounds 4 the target divided each server's lower middle round (160 / 100: 1.6x, met), while
+    the paired ratio the text reports, the lower middle of the round-by-round ratios, read 1.40."""
+    from benchmarks.load.serve_compare_rounds import median_round, paired
+
+    def rounds(*rps):
+        return median_round([_row(rps=x) for x in rps])
+
+    ours, other = rounds(140.0, 280.0, 160.0, 170.0), rounds(100.0, 200.0, 100.0, 100.0)
+    assert ours["rps"] / other["rps"] == 1.6 and paired(ours, other).startswith("1.40 ")
+    target = next(
+        t for t in targets({"ours": [ours], "unbatched": [other]}, {}, 64) if "unbatched" in t["target"]
+    )
+    assert (target["value"], target["met"]) == ("1.40x", False)
 
 
 def test_the_report_leads_with_the_paired_ratio_and_labels_the_other_unpaired():
@@ -186,3 +228,27 @@ def test_bulk_stores_no_ratio_where_a_steady_rate_is_missing():
     ratios = _ratios(row)
     assert ratios["ray_vs_local_steady"] is None and ratios["bulk_vs_server_steady"] is None
     assert ratios["ray_vs_local_wall"] == 0.75
+
+
+def test_a_load_profile_stopped_part_way_keeps_the_steps_it_finished(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM after a step had finished wrote nothing: the report came only after the last."""
+    from benchmarks.load import load_options, load_profile
+
+    def run_locust(url, users, load, prefix, **_):
+        if users == 64:
+            raise KeyboardInterrupt  # what benchmarks.cli makes of SIGTERM too
+        return locust_runs.check_run(_row(users, per_name={"detect x1": _row(users)}))
+
+    monkeypatch.setattr(locust_runs, "run_locust", run_locust)
+    monkeypatch.setattr(load_options, "check_answers", lambda *a, **k: None)
+    monkeypatch.setattr(load_profile, "write_sentences", lambda *a, **k: {"file": "s.txt", "source": "s",
+                                                                           "count": 1, "mean_words": 2})  # fmt: skip
+    monkeypatch.setattr(load_reports, "machine", lambda: {"cpu": "c", "cores": 2, "int8_kernel_path": "AVX2",
+                                                "features": ["avx2"], "load_avg_at_start": [0, 0, 0]})  # fmt: skip
+    cfg = load_profile.ProfileConfig(url="http://127.0.0.1:9", users=(1, 16, 64), run_time=5.0, mix="detect:1",
+                                     work=str(tmp_path), results=tmp_path)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        load_profile.run(cfg)
+    data = json.loads((tmp_path / "load_profile.json").read_text())
+    assert data["complete"] is False and data["users_done"] == [1, 16] and len(data["steps"]) == 2
+    assert "stopped part way: 2 of 3 users steps measured" in (tmp_path / "load_profile.md").read_text()

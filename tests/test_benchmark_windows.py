@@ -5,6 +5,7 @@ synthetic samples and a locust summary; nothing is timed against a server."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,30 @@ def test_cpu_per_text_is_over_locusts_stats_window(tmp_path):
     figures = cpu_sampling.window_cpu(result, samples(), cores=2)
     assert figures["cpu_pct"]["server"] == 50.0  # one core of two, the idle start-up left out
     assert figures["server_cpu_ms_per_text"] == 10.0  # 1 core-second / 100 texts
+
+
+def test_cpu_shares_are_of_the_cores_the_heading_counts(tmp_path, monkeypatch):
+    """The heading named the process's cores (its affinity: 2) while the shares were divided by every core
+    of the host (8): a server busy on one core of its two read 12.5%, and its CPU time per text held."""
+    from app.machine import cpu
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert cpu()["cores"] == 2
+    result = locust_runs.parse_summary(summary(tmp_path, 400, SPAWNED, LAST_REQUEST))
+    figures = cpu_sampling.window_cpu(result, samples())
+    assert figures["cpu_pct"]["server"] == 50.0 and figures["server_cpu_ms_per_text"] == 10.0
+
+
+def test_req_s_counts_answered_requests_only(tmp_path):
+    """Locust's rate counts failures too: a server refusing every request at once (422 to a batch over its
+    limit) showed a higher req/s than one answering them."""
+    path = summary(tmp_path, 400, SPAWNED, LAST_REQUEST)
+    raw = json.loads(path.read_text())
+    raw["total"]["failures"] = 300
+    path.write_text(json.dumps(raw))
+    result = locust_runs.parse_summary(path)
+    assert (result["rps"], result["sent_rps"]) == (25.0, 100.0)
 
 
 def test_a_window_too_short_to_sample_shows_no_cpu_figure(tmp_path):

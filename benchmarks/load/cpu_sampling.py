@@ -1,22 +1,23 @@
 """Who used the cores during a load: CPU seconds and memory of the watched processes sampled in the
-background, turned into shares of the machine over locust's stats window and CPU time per text.
+background, turned into shares of the cores this process may use over locust's stats window and CPU time per text.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 import psutil
 
+from app.machine import cpu_set
+
 
 @dataclass
 class Sampler:
     """Every `every` seconds: CPU seconds and resident memory of each watched process (with its
-    children), and the whole machine's busy CPU seconds, so a report can say who used the cores."""
+    children), and the busy CPU seconds of the cores this process may use, so a report can say who used the cores."""
 
     pids: dict[str, int]
     every: float = 1.0
@@ -44,11 +45,14 @@ class Sampler:
             self._sample()
 
     def _sample(self) -> None:
-        cpu = psutil.cpu_times()
+        # The CPUs this process may use, as the shares are of (cpu_share): a host's other cores are
+        # another machine's, and counting them made 'others' of work these cores never did.
+        per_cpu = psutil.cpu_times(percpu=True)
+        mine = [per_cpu[i] for i in sorted(cpu_set()) if i < len(per_cpu)] or per_cpu
         row: dict = {
             "t": time.monotonic(),
             "wall": time.time(),  # the clock of locust's stats window (window_cpu)
-            "busy": sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0),
+            "busy": sum(sum(c) - c.idle - getattr(c, "iowait", 0.0) for c in mine),
             "cpu": {},
             "rss": {},
         }
@@ -61,7 +65,8 @@ class Sampler:
 
 
 def cpu_share(samples: list[dict], start: float, end: float, cores: int | None = None) -> dict:
-    """Percent of the whole machine (100 = every core busy) per process, and the machine's total, over
+    """Percent of the cores this process may use (100 = all of them busy: app.machine.cpu_set, the cores
+    the report's heading names; `cores` where given) per process, and those cores' total, over
     the samples taken between the wall-clock times start and end: a window inside locust's stats window,
     so that the CPU and the rates it is divided by describe the same load. {} (not measured) when fewer
     than two samples fall inside it: a figure from a wider window would count locust's start-up."""
@@ -69,7 +74,8 @@ def cpu_share(samples: list[dict], start: float, end: float, cores: int | None =
     if len(window) < 2:
         return {}
     a, b = window[0], window[-1]
-    capacity = (b["t"] - a["t"]) * (cores or os.cpu_count() or 1)
+    # Not os.cpu_count(): on a host of 16 with 2 cores usable, a server busy on both read 12.5%.
+    capacity = (b["t"] - a["t"]) * (cores or len(cpu_set()))
     out = {n: 100 * (b["cpu"][n] - a["cpu"][n]) / capacity for n in b["cpu"] if n in a["cpu"]}
     out["machine"] = 100 * (b["busy"] - a["busy"]) / capacity
     out["others"] = max(0.0, out["machine"] - sum(v for k, v in out.items() if k != "machine"))
@@ -82,7 +88,7 @@ def cpu_ms_per_text(cpu_pct: dict, texts_per_s: float, cores: int | None = None)
     server_pct = cpu_pct.get("server")
     if server_pct is None or not texts_per_s:
         return None
-    return round(server_pct / 100 * (cores or os.cpu_count() or 1) * 1000 / texts_per_s, 2)
+    return round(server_pct / 100 * (cores or len(cpu_set())) * 1000 / texts_per_s, 2)
 
 
 def window_cpu(result: dict, samples: list[dict], cores: int | None = None) -> dict:

@@ -53,6 +53,41 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", default=str(WORK), help="models, sentences, locust reports")
 
 
+def ours_batch_limit(server_args: str, option: str = "--server-args") -> tuple[int | None, str]:
+    """Our server's most texts a request, started with `server_args` (given by `option`), and where that
+    limit comes from, for batch_texts_refused."""
+    from benchmarks.load.serving import max_batch_size
+
+    limit = max_batch_size(server_args)
+    if server_args.strip():
+        return limit, f"--max-batch-size {limit} with {option} {server_args.strip()!r}"
+    return limit, f"its default --max-batch-size; raise it with {option} '--max-batch-size N'"
+
+
+def batch_texts_refused(batch_texts: int, mix: str, limits: dict[str, tuple[int | None, str]]) -> str | None:
+    """Why a --batch-texts is refused before any server starts, or None: where `mix` sends batched requests,
+    a server of `limits` (name: (its most texts a request, where that limit comes from); None where not
+    known) that answers fewer would refuse every one of them (ours with 422 batch_too_large), and the
+    report would time those refusals."""
+    from benchmarks.load.mix import sends_batches
+
+    if not sends_batches(mix):
+        return None
+    over = [
+        (name, limit, source)
+        for name, (limit, source) in limits.items()
+        if limit is not None and batch_texts > limit
+    ]
+    if not over:
+        return None
+    lowest = min(limit for _, limit, _ in over)
+    named = "; ".join(
+        f"{name} takes at most {limit} texts a request ({source})" for name, limit, source in over
+    )
+    return (f"--batch-texts {batch_texts}: {named}, so every batched request would fail; give --batch-texts "
+            f"{lowest} or fewer")  # fmt: skip
+
+
 def check_answers(url: str, paths: Iterable[str] = (), api_key: str | None = None) -> None:
     """Before any load on a server given by URL: GET /ready must answer 200, and one text POSTed to each
     of `paths` (with the API key, if given) 2xx, else the run would be a report of 100% failures (a

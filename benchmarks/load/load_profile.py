@@ -9,8 +9,9 @@ benchmarks/load/locustfile.py headless once per step, users sending back to back
 writes a markdown table: throughput, p50/p95/p99 latency, error rate, and who used the CPU. `--url`
 drives a server that is already running instead (no CPU figures for it then; `--api-key`, default
 $ELECTRA_API_KEY, for one started with --api-key). A run where most requests of a step failed exits 1.
-Writes <--name>.json and .md into --results (default: a new folder under runs/bench/); locust's CSV and HTML
-reports stay in .cache/bench/runs/.
+Writes <--name>.json and .md into --results (default: a new folder under runs/bench/) after every step,
+`"complete": false` until the last one, so a run stopped part way keeps the steps it finished; locust's
+CSV and HTML reports stay in .cache/bench/runs/.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ProfileConfig(**vars(args))
     except ValueError as e:
         p.error(str(e))
+    if cfg.url is None:  # a server given by --url has a limit not known here
+        ours = {"our server": load_options.ours_batch_limit(cfg.server_args)}
+        if refused := load_options.batch_texts_refused(cfg.batch_texts, cfg.mix or STANDARD_MIX, ours):
+            p.error(refused)
     print(json.dumps({"load_profile": shown(cfg)}, default=str), flush=True)
     return run(cfg)
 
@@ -140,19 +145,24 @@ def run(cfg: ProfileConfig) -> int:
             steps.append(r)
             print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
                   f"{r['failures']} failed, over {load_reports.seconds(r.get('measured_s'))}", flush=True)  # fmt: skip
-    data = {
-        "config": {**shown(cfg), "users": list(cfg.users)},
-        "model": models.description if models else cfg.url,
-        "sentences": sentences,
-        "machine": machine,
-        "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
-        # What the server started here said at start it runs with (serving.printed_settings); null for --url.
-        "server_settings": settings,
-        "steps": steps,
-        "reports": str(run_dir),
-    }
-    md = markdown(data)
-    js, mdp = load_reports.write_report(cfg.name, data, md, Path(cfg.results))
+            data = {
+                "config": {**shown(cfg), "users": list(cfg.users)},
+                "model": models.description if models else cfg.url,
+                "sentences": sentences,
+                "machine": machine,
+                "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
+                # What the server started here said at start it runs with (serving.printed_settings); null
+                # for --url.
+                "server_settings": settings,
+                # Written after every step, false until the last, as benchmarks.speed.engine writes its
+                # shapes: a run stopped part way (Ctrl-C, SIGTERM) keeps the steps it finished.
+                "complete": len(steps) == len(cfg.users),
+                "users_done": [s["users"] for s in steps],
+                "steps": steps,
+                "reports": str(run_dir),
+            }
+            md = markdown(data)
+            js, mdp = load_reports.write_report(cfg.name, data, md, Path(cfg.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
     failed = load_reports.mostly_failed([(f"{r['users']} users", r) for r in steps])
     if failed:  # exit 0 would pass these figures off as the server's
@@ -197,6 +207,11 @@ def markdown(data: dict) -> str:
             if data.get("server_settings")
             else []
         ),  # fmt: skip
+        *(
+            []
+            if data.get("complete", True)
+            else [f"- stopped part way: {len(data['steps'])} of {len(cfg['users'])} users steps measured"]
+        ),
         "",
         load_reports.table(
             ["users", *load_reports.LOAD_HEADERS],

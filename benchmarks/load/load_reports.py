@@ -91,7 +91,8 @@ def cpu_note(sampled: str = "once a second") -> str:
     """The note under a load table; `sampled` says how often its CPU was sampled (run_locust's
     sample_every), "every 5 s" for soak's long run."""
     return (
-        "CPU% is of the whole machine (100 = all cores busy); 'other' is everything else running meanwhile. "
+        "CPU% is of the cores this process may use, those the heading counts (100 = all of them busy); 'other' is "
+        "everything else running on them meanwhile. "
         "'measured s' is the window every figure of a row covers: from the last user spawned (locust's stats "
         f"reset) to the last request; CPU is sampled {sampled} inside it, '-' where too short to sample."
     )

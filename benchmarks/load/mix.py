@@ -37,3 +37,8 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
 def mix_paths(spec: str) -> list[str]:
     """The endpoints a --mix sends to."""
     return sorted({KINDS[name][0] for name, _ in parse_mix(spec)})
+
+
+def sends_batches(spec: str) -> bool:
+    """Whether a --mix sends batched requests (--batch-texts texts each)."""
+    return any(KINDS[name][1] for name, _ in parse_mix(spec))

@@ -12,14 +12,15 @@ same weights: (c) loads the HF directory the bundle was exported from.
 Phase 1, saturation: closed loop, each users step. The servers run side by side (an idle one costs no
 CPU) and take turns in --rounds interleaved rounds of run-time/rounds seconds each (whole seconds, as
 locust times them, at least 5 each: 22 s in 4 rounds are 6, 6, 5 and 5 s), order reversed every round;
-each row is the round with the median req/s, whole (for an even --rounds the lower middle one, as the
-paired ratios take theirs), over the window locust measured (from the last user
+each row is the round with the median req/s, whole (for an even --rounds the lower middle one), over the
+window locust measured (from the last user
 spawned to the last request: up to about a second less than the round). On a shared 2-core VM the same
 server measured 120 and 206 req/s at one user twenty minutes apart: rounds make every server meet the same drift, where
 one long run per server after another compared each with a different machine. Phase 2, equal offered load:
 each server at the same request rate (default: 70% of the slowest server's throughput at the top step,
 so every server is below saturation), paced by the locustfile's --user-rate. Prints and writes the
-tables, the throughput ratios and the issue's targets to <--name>.json and .md in --results (default: a new
+tables, the throughput ratios (paired by round: the median of the round-by-round ratios, which the
+targets judge) and the issue's targets to <--name>.json and .md in --results (default: a new
 folder under runs/bench/).
 """
 
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from benchmarks import cli
@@ -36,8 +38,8 @@ from benchmarks.load import load_options, load_reports, locust_runs, peer_check,
 from benchmarks.load.loadmodels import prepare, write_sentences
 from benchmarks.load.mix import parse_mix
 from benchmarks.load.serve_compare_report import markdown
-from benchmarks.load.serve_compare_rounds import _at, median_round, ratios, round_times, targets
-from benchmarks.load.serve_compare_servers import SERVERS, VARIANT, describe, idle_cpu, launch
+from benchmarks.load.serve_compare_rounds import _at, all_rounds, median_round, ratios, round_times, targets
+from benchmarks.load.serve_compare_servers import SERVERS, VARIANT, batch_limits, describe, idle_cpu, launch
 from benchmarks.output import add_results
 
 
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         type=cli.positive_int,
         default=3,
         help="interleaved rounds the run time is split into; each figure is the median round's (for an "
-        "even count the lower middle one, as for the paired ratios)",
+        "even count the lower middle one), each paired ratio and the targets the median of the "
+        "round-by-round ratios (the lower middle one)",
     )
     p.add_argument(
         "--offered-rps",
@@ -118,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in servers if s not in SERVERS]
     if bad or not servers:
         p.error(f"--servers: unknown {bad}; choose from {', '.join(SERVERS)}")
+    # One server named twice was timed twice, its rows and ratios reported under one name.
+    if twice := sorted({s for s in servers if servers.count(s) > 1}):
+        p.error(f"--servers: {', '.join(twice)} named more than once; name each server once (for two "
+                "settings of ours, --variant-args)")  # fmt: skip
     if "classify" in args.mix and servers != ["ours"]:
         p.error("--mix: the baselines serve /detect only; use detect and detect_batch")
     if "detect_batch" in args.mix and set(servers) & set(serving.PEERS):
@@ -155,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant_args is not None:
         servers.append(VARIANT)
     args.servers = servers
+    if refused := load_options.batch_texts_refused(args.batch_texts, args.mix, batch_limits(args)):
+        p.error(refused)
     serving.require(servers)
     print(json.dumps({"serve_compare": vars(args)}, default=str), flush=True)
     return run(args)
@@ -183,9 +192,21 @@ def run(args) -> int:
 
     top = max(args.users)
     slowest = min(_at(saturation[k], top)["rps"] for k in args.servers)
+    # Over every round: a server that failed most of its requests measured its failures, and no rate
+    # derived from its req/s (answered requests only: 0 where all failed) is a load to offer the others.
+    failed = load_reports.mostly_failed(
+        [
+            (f"{k} at {r['users']} users", {**r, **all_rounds(r)})
+            for k, rows in saturation.items()
+            for r in rows
+        ]
+    )
     levels = sorted(
         {round(args.fraction * slowest if x == "auto" else float(x), 1) for x in args.offered_rps}
     )
+    if failed and levels:
+        print("equal offered load skipped: most requests of a saturation step failed", flush=True)
+        levels = []
     equal: dict[str, list[dict]] = {}
     if levels:
         print(f"equal offered load: {levels} req/s from {top} users", flush=True)
@@ -226,6 +247,13 @@ def run(args) -> int:
     md = markdown(data)
     js, mdp = load_reports.write_report(args.name, data, md, Path(args.results))
     print("\n" + md + f"\n\nwrote {js} and {mdp}; locust CSV/HTML in {run_dir}")
+    failed += load_reports.mostly_failed(
+        [(f"{k} at {r['offered_rps']:g} req/s offered", r) for k, rows in equal.items() for r in rows]
+    )
+    if failed:  # exit 0 would pass these figures, ratios and targets off as the servers'
+        print("error: most requests failed, so these figures measure the failures, not the servers:\n  "
+              + "\n  ".join(failed), file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

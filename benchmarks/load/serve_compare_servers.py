@@ -32,6 +32,25 @@ def launch(kind: str, args, bundle: Path, hf: Path | None):
     return argv_for, cwd
 
 
+def batch_limits(args) -> dict[str, tuple[int | None, str]]:
+    """Each server's most texts a request and where that comes from (load_options.batch_texts_refused):
+    ours and ours-variant as their flags resolve here, the baselines' own limit. None for an
+    ours-variant run from --variant-checkout (that checkout's code is not read here) and for the peers
+    (they take one text a request: --mix refuses detect_batch with them)."""
+    from benchmarks.load import load_options
+    from benchmarks.load.baselines.common import MAX_TEXTS
+
+    out = {}
+    for kind in args.servers:
+        if kind == "ours":
+            out[kind] = load_options.ours_batch_limit(args.server_args)
+        elif kind == VARIANT and not args.variant_checkout:
+            out[kind] = load_options.ours_batch_limit(args.variant_args or "", "--variant-args")
+        elif kind in ("unbatched", "transformers"):
+            out[kind] = (MAX_TEXTS, "benchmarks/load/baselines/common.py")
+    return out
+
+
 def idle_cpu(servers: dict[str, serving.Server]) -> dict[str, float]:
     """Each server's CPU while nobody sends it anything, measured alone (the others paused)."""
     out = {}

@@ -110,6 +110,20 @@ def ours(models, server_args: str = "") -> Callable[[int], list[str]]:
     return lambda port: command("ours", port, models_dir=models.models_dir, extra=extra)
 
 
+def max_batch_size(server_args: str = "") -> int | None:
+    """The most texts one request may carry on our server started here with these flags: its
+    --max-batch-size as it resolves them (its default, or the flag or --config given), without the
+    ELECTRA_* environment, which serve() does not pass on. None where the flags do not resolve: the server
+    refuses them itself at start, saying why."""
+    from app.settings import Settings
+
+    try:
+        settings, _ = Settings.from_sources(server_args.split(), env={})
+    except ValueError:  # options.ConfigError: an unknown flag, a bad value
+        return None
+    return settings.max_batch_size
+
+
 @contextlib.contextmanager
 def serve(
     name: str,

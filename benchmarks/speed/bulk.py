@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-seconds", type=cli.positive_float, default=90)
     out = add_out_file(p, "bulk", "bulk.json")
     args = p.parse_args(argv)
+    # Before anything starts: without Ray, `ray start` was a FileNotFoundError traceback.
+    cli.require(["ray", "pyarrow"], install=cli.BULK_INSTALL)
     out.settle(p, args)
     config = show_config("bulk", args)
     from app.machine import cpu

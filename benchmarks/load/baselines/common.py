@@ -9,6 +9,10 @@ from litestar import get
 
 from benchmarks.cli import detector_bundle, non_negative_float, non_negative_int
 
+# The most texts one request may carry, as our server's default --max-batch-size (serve_compare refuses a
+# --batch-texts above it before any server starts: every batched request would be refused).
+MAX_TEXTS = 32
+
 
 class DetectRequest(msgspec.Struct):
     # Unknown fields (our server's "threshold", "return") are ignored, so one locustfile drives all servers.
@@ -17,10 +21,10 @@ class DetectRequest(msgspec.Struct):
 
     def items(self) -> list[str]:
         items = [self.text] if self.text is not None else (self.texts or [])
-        if not items or len(items) > 32 or not all(t.strip() for t in items):
+        if not items or len(items) > MAX_TEXTS or not all(t.strip() for t in items):
             from litestar.exceptions import ValidationException
 
-            raise ValidationException("send `text` or 1-32 non-empty `texts`")
+            raise ValidationException(f"send `text` or 1-{MAX_TEXTS} non-empty `texts`")
         return items
 
 
