@@ -103,33 +103,46 @@ def test_the_ranks_wait_out_a_long_preparation_and_rank_0_says_what_one_cannot_s
     assert re.search(r"rank\s*: 0 .*\n.*exitcode\s*: 2", _root_cause(said)), _root_cause(said)
 
 
-def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
-    tmp_path, small_corpus, small_tokenizer
-):
-    """The OOM killer's SIGKILL: the survivor's collective fails; it says so in a line, not gloo's traceback."""
-    run = tmp_path / "run"
-    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 2,
-                     "--save-every", 4, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([*TORCHRUN, "-m", "training.pretrain", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+def _run_and_hit(run: Path, corpus: Path, tokenizer: Path, hit, launch=(*TORCHRUN, "-m", "training.pretrain"),
+                 env: dict | None = None) -> tuple[str, dict[bytes, str], int]:  # fmt: skip
+    """A long tiny run under torchrun with `hit(torchrun's process, {rank: pid})` done to it once step 6 is
+    logged: what it said, the ranks' pids, and torchrun's exit status."""
+    args = tiny_args(run, corpus, tokenizer, "--max-steps", 100000, "--log-every", 2, "--save-every", 4,
+                     "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
+    proc = subprocess.Popen([*launch, *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         until_step(proc, run / "metrics.jsonl", 6)
         workers = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
-        (rank_1,) = [pid for pid in workers if b"\0RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes()]
-        os.kill(int(rank_1), signal.SIGKILL)
+        rank = {Path(f"/proc/{pid}/environ").read_bytes().split(b"\0RANK=")[1][:1]: pid for pid in workers}
+        hit(proc, rank)
         said = proc.communicate(timeout=120)[0]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return said, rank, proc.returncode
+
+
+def _goes_on(run: Path) -> str:
+    """The survivor's way on: the checkpoint kept and torchrun's command again, --standalone included (read
+    from torchrun's own command line)."""
     latest = (run / "checkpoints" / "latest").read_text().strip()
-    assert proc.returncode != 0
+    return (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m "
+            f"training.pretrain --out {run} --resume")  # fmt: skip
+
+
+def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
+    tmp_path, small_corpus, small_tokenizer
+):
+    """The OOM killer's SIGKILL: the survivor's collective fails; it says so in a line, not gloo's traceback."""
+    run = tmp_path / "run"
+    said, _, code = _run_and_hit(run, small_corpus, small_tokenizer,
+                                 lambda proc, rank: os.kill(int(rank[b"1"]), signal.SIGKILL))  # fmt: skip
+    assert code != 0
     assert said.count("another process of the run ended") == 1, said[-3000:]
-    # --standalone given again: read from torchrun's own command line.
-    assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
-            f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
+    assert _goes_on(run) in said, said[-3000:]
     assert "Traceback" not in said.split("another process of the run ended")[0], said[
         -3000:
     ]  # the line, not gloo's
@@ -141,32 +154,19 @@ def test_a_worker_stuck_on_a_frozen_peer_says_how_to_go_on_before_a_stops_kill(
     """A peer that froze (SIGSTOP, as a hung node), then a scheduler's stop: the survivor's collective waits
     on, so its handler of torchrun's SIGTERM never runs; the line comes from its watching thread, before
     --shutdown-timeout ends."""
-    run = tmp_path / "run"
-    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 2,
-                     "--save-every", 4, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launch = [*TORCHRUN[:3], "--shutdown-timeout", "10", *TORCHRUN[3:]]
-    proc = subprocess.Popen([*launch, "-m", "training.pretrain", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        until_step(proc, run / "metrics.jsonl", 6)
-        workers = subprocess.run(
-            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        rank = {Path(f"/proc/{pid}/environ").read_bytes().split(b"\0RANK=")[1][:1]: pid for pid in workers}
+
+    def freeze_then_stop(proc, rank):
         os.kill(int(rank[b"1"]), signal.SIGSTOP)
         os.kill(proc.pid, signal.SIGTERM)  # a scheduler's stop: torchrun passes it on
-        said = proc.communicate(timeout=120)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    latest = (run / "checkpoints" / "latest").read_text().strip()
+
+    run = tmp_path / "run"
+    launch = (*TORCHRUN[:3], "--shutdown-timeout", "10", *TORCHRUN[3:], "-m", "training.pretrain")
+    said, rank, _ = _run_and_hit(run, small_corpus, small_tokenizer, freeze_then_stop, launch)
     assert said.count("another process of the run ended") == 1, said[-3000:]
     assert re.search(r"[5-8] s after torchrun's stop signal, it still waits in \w+ \(torch/", said), said[
         -3000:
     ]
-    assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
-            f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
+    assert _goes_on(run) in said, said[-3000:]
     assert f"Unable to shutdown process {rank[b'0']}" not in said, said[
         -3000:
     ]  # it ended before torchrun's kill
@@ -181,31 +181,17 @@ def test_a_survivor_stuck_in_a_collective_says_how_to_go_on_before_torchrun_kill
     once, in a loaded CI run, for no cause found). The line comes from its watching thread instead."""
     script = tmp_path / "held_sockets.py"
     script.write_text(HELD_SOCKETS)
-    run = tmp_path / "run"
-    args = tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 100000, "--log-every", 2,
-                     "--save-every", 4, "--eval-every", 1000, "--batch-size", 4)  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([*TORCHRUN, str(script), *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    holder = tmp_path / "run.holder"
+    run, holder = tmp_path / "run", tmp_path / "run.holder"
     try:
-        until_step(proc, run / "metrics.jsonl", 6)
-        workers = subprocess.run(
-            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        rank = {Path(f"/proc/{pid}/environ").read_bytes().split(b"\0RANK=")[1][:1]: pid for pid in workers}
-        os.kill(int(rank[b"1"]), signal.SIGKILL)
-        said = proc.communicate(timeout=120)[0]
+        said, rank, _ = _run_and_hit(run, small_corpus, small_tokenizer,
+                                     lambda proc, rank: os.kill(int(rank[b"1"]), signal.SIGKILL),
+                                     (*TORCHRUN, str(script)), {"PYTHONPATH": str(REPO)})  # fmt: skip
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
         if holder.is_file():
             os.kill(int(holder.read_text()), signal.SIGKILL)
-    latest = (run / "checkpoints" / "latest").read_text().strip()
     assert said.count("another process of the run ended") == 1, said[-3000:]
     assert re.search(r"[4-7] s after torchrun's stop signal, it still waits in \w+ \(", said), said[-3000:]
-    assert (f"checkpoints/latest is {latest}; go on with: torchrun --standalone --nproc_per_node 2 -m training.pretrain "
-            f"--out {run} --resume") in said, said[-3000:]  # fmt: skip
+    assert _goes_on(run) in said, said[-3000:]
     assert f"Unable to shutdown process {rank[b'0']}" not in said, said[
         -3000:
     ]  # it ended before torchrun's kill
