@@ -138,6 +138,24 @@ def test_a_throughput_target_judges_the_paired_ratio_the_report_gives():
     assert (target["value"], target["met"]) == ("1.40x", False)
 
 
+def test_failures_at_an_offered_load_count_against_ours_and_a_baseline_answering_none_measures_no_ratio():
+    """req/s counts answered requests: a run at its offered rate with 10% failed read as a load it missed
+    (left out of the no-failure target, "not measured"), and a baseline failing every request made ours
+    "infx", its throughput targets met."""
+    failing = locust_runs.check_run(
+        _row(rps=63.0, sent_rps=70.0, offered_rps=70.0, requests=2100, failures=210)
+    )
+    assert failing["achieved_share"] == 1.0 and failing["warnings"] == []
+    assert targets({"ours": [_row(rps=100.0)]}, {"ours": [failing]}, 64)[-1]["met"] is False
+    dead = _row(rps=0.0, sent_rps=900.0, requests=900, failures=900)
+    ratios = [
+        t
+        for t in targets({"ours": [_row(rps=100.0)], "transformers": [dead]}, {}, 64)
+        if "throughput" in t["target"]
+    ]
+    assert ratios and all(t["met"] is None and "answered no request" in t["value"] for t in ratios), ratios
+
+
 def test_the_report_leads_with_the_paired_ratio_and_labels_the_other_unpaired():
     table = "\n".join(
         ratio_table([{"users": 1, "ours/mosec": 1.76, "ours/mosec, paired": "1.75 (ahead in 2 of 2)"}])
@@ -204,7 +222,7 @@ def test_soak_says_how_often_it_sampled_its_cpu_and_its_servers_settings():
             "server_settings": serving.printed_settings(LOG)}  # fmt: skip
     text = markdown(data)
     assert "sampled every 5 s in the soak" in text and "once a second" not in text
-    assert "2 runners x 1 thread(s)" in text and "soak (!)" in text and "achieved 20 of 40" in text
+    assert "2 runners x 1 thread(s)" in text and "soak (!)" in text and "sent 20 of 40" in text
 
 
 def test_a_machine_is_described_with_its_cpu_features_by_every_load_report():

@@ -103,12 +103,14 @@ def _watch(reader: socket.socket, done: threading.Event, message: Callable[[str]
 
 def _fire_after(launcher: int, peers: set[int], shutdown_s: float) -> float | None:
     """Seconds after a stop signal at which to speak, before torchrun's kill: 30 s where another of its
-    workers has ended (torchrun is stopping a failed group), else its --shutdown-timeout, less MARGIN_S (or
-    half, for a short one). None where torchrun is gone (no longer this process's parent): no kill comes."""
+    workers has ended (torchrun is stopping a failed group; one that ended well is taken for failed too, its
+    exit status gone with it), else its --shutdown-timeout, less MARGIN_S (or half, for a short one). None
+    where torchrun is gone (no longer this process's parent: no kill comes), or the wait is under twice
+    MARGIN_S (too short to tell a stuck main thread from a busy one: a healthy stop was said to be stuck)."""
     if os.getppid() != launcher:
         return None
     kill_in = FAILED_GROUP_KILL_S if any(_ended(p, launcher) for p in peers) else shutdown_s
-    return max(kill_in - MARGIN_S, kill_in / 2)
+    return max(kill_in - MARGIN_S, kill_in / 2) if kill_in >= 2 * MARGIN_S else None
 
 
 def _children(parent: int) -> set[int]:
