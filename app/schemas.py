@@ -248,7 +248,7 @@ def check_inputs(max_batch: int, text: str | None, texts: list[str] | None, pair
         for j, s in enumerate(parts):
             if is_blank(s):
                 msg = ("text is empty, or holds only what the tokenizer drops (white space, control, zero-width or "
-                       "private-use characters, U+FFFD)")  # fmt: skip
+                       "private-use characters, U+FFFD, or accents alone for an uncased model)")  # fmt: skip
                 raise AppError(ErrorType.EMPTY_TEXT, msg, field=item_field(field, i, j))
     return field, items
 

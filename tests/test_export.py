@@ -156,10 +156,18 @@ def _loosen_deviation_gate(monkeypatch):
 @pytest.mark.parametrize("method", ["weights", "static"])
 def test_int8_detector_records_auc_drop(tmp_path, detector_dir, eval_text, method, monkeypatch):
     _loosen_deviation_gate(monkeypatch)
+    said = []
     manifest = export(
-        detector_dir, tmp_path / "b", precision="int8", int8=method, eval_text=str(eval_text),
+        detector_dir, tmp_path / "b", said.append, precision="int8", int8=method, eval_text=str(eval_text),
         eval_sequences=64, calibrate=False,
     )  # fmt: skip
+    assert not [m for m in said if "--eval-sequences asks" in m]
+    if method == "weights":  # a text too short for --eval-sequences: checked on what it holds, and said so
+        short = tmp_path / "short.txt"
+        short.write_text("\n".join(eval_text.read_text().splitlines()[:12]) + "\n")
+        export(detector_dir, tmp_path / "c", said.append, precision="int8", int8=method, eval_text=str(short),
+               eval_sequences=64, calibrate=False)  # fmt: skip
+        assert [m for m in said if "held-out sequences of the 64 --eval-sequences asks" in m], said
     acc = manifest["parity"]["int8_accuracy"]
     assert acc["metric"] == "replaced_token_roc_auc"
     assert acc["corruption"].startswith("generator")  # the checkpoint ships generator/
