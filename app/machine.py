@@ -76,7 +76,7 @@ KERNEL_PATHS = (
 def available_cores() -> int:
     """The cores this process may run on: its CPU set, capped by a cgroup v2 CPU quota (a Kubernetes CPU
     limit sets the quota, not the CPU set: sized by the set, threads would be throttled)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(cpu_set())
     quota = _cgroup_cpu_quota()
     return max(1, min(cores, math.ceil(quota))) if quota else cores
 

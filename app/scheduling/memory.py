@@ -10,7 +10,7 @@ is loaded and warm is the baseline; what may run between it and HEADROOM of the 
 by the engine sessions that hold memory, each batch cut to its session's share (`share_by_session`): nothing
 is held per request. Large requests once reserved from the whole room while interactive batches filled it
 too, and a mixed load passed an 800 MiB limit by 100 MiB. Where not even one full-length row per session
-fits, interactive batches are cut to one row and get a share (`cap_interactive`), and what is left is less
+fits, every batch is cut to one row and interactive batches get a share (`one_row_each`), and what is left is less
 than any large request needs: each of them gets 413 (`MemoryBudget.check_large`; where load measured no
 price, only when the models alone pass HEADROOM of the limit).
 """
@@ -183,19 +183,15 @@ def plan(memory: MemoryBudget, settings, models: dict) -> int:
     """How the room is used, the models loaded; the bulk batch's tokens. Every engine session that holds
     memory (share_by_session) gets an equal share, its batches of either lane cut to it. Only where not even
     one full-length row per session fits does the split of before stand: interactive batches get a share
-    (`cap_interactive`), bulk batches are cut to one row of the longest model, and large requests are refused
+    (`one_row_each`), every batch is cut to one row of the longest model, and large requests are refused
     413 where even the smallest of them needs more than is left (`MemoryBudget.refuses_large`: always, once a
     price was measured for the models served). The share served more at every limit where both apply: as a fallback of the split,
     raising a limit past it made large requests wait one at a time (429) in smaller batches than below it."""
     if (batch := share_by_session(memory, settings, models)) is not None:
         return batch
-    cap_interactive(memory, settings, models)
     batch = settings.bulk_batch_budget
     if models and memory.price > 0:  # else nothing was measured to cut by
-        batch = max(m.bundle.manifest.max_length for m in models.values())  # the least a batch holds
-        for m in models.values():
-            lane = m.scheduler.lanes[True]
-            lane.budget = min(lane.budget, batch)
+        batch = one_row_each(memory, settings, models)
     memory.smallest = memory.cost(memory.interactive_tokens + 1, batch * bulk_batches(settings))
     return batch
 
@@ -235,8 +231,7 @@ def share_by_session(memory: MemoryBudget, settings, models: dict) -> int | None
         return None
     at_once = sessions(settings, models)
     fits = int(max(0, memory.room) / (at_once * memory.price))
-    longest = max(m.bundle.manifest.max_length for m in models.values())
-    if fits < longest:
+    if fits < _longest(models):
         return None
     memory.by_session = True
     caps = {False: min(settings.batch_token_budget, fits), True: min(settings.bulk_batch_budget, fits)}
@@ -254,22 +249,25 @@ def share_by_session(memory: MemoryBudget, settings, models: dict) -> int | None
     return caps[True]
 
 
-def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
-    """Where not even one full-length row per session fits (`plan`; nothing is cut where no price was
-    measured). Interactive requests are never refused for memory (a sentence costs next to nothing), but
-    many of them together fill batches of up to --batch-token-budget, one per session at once: at a pod's
-    1 GiB that was 2 GiB of batches, and 16 requests of 1,800 tokens ended in the OOM killer. So each model's
-    interactive batches are cut to one row of the longest model (the least a batch holds), and that much per
-    session is set aside for them (`memory.interactive`); what is left is less than any large request's
-    batches need, and those get 413 (`MemoryBudget.check_large`)."""
-    if not models or memory.price <= 0:
-        return
+def _longest(models: dict) -> int:
+    """The longest row of the models served: the least a batch holds."""
+    return max(m.bundle.manifest.max_length for m in models.values())
+
+
+def one_row_each(memory: MemoryBudget, settings, models: dict) -> int:
+    """Where not even one full-length row per session fits (`plan`, once a price was measured): every batch,
+    of either lane, is cut to one row of the longest model (the least a batch holds), returned, and that much
+    per session is set aside for interactive batches (`memory.interactive`). Interactive requests are never
+    refused for memory (a sentence costs next to nothing), but many of them together fill batches of up to
+    --batch-token-budget, one per session at once: at a pod's 1 GiB that was 2 GiB of batches, and 16
+    requests of 1,800 tokens ended in the OOM killer. What is left is less than any large request's batches
+    need, and those get 413 (`MemoryBudget.check_large`)."""
     at_once = sessions(settings, models)
     budget = settings.batch_token_budget
-    longest = max(m.bundle.manifest.max_length for m in models.values())
+    longest = _longest(models)
     for m in models.values():
-        lane = m.scheduler.lanes[False]
-        lane.budget = min(lane.budget, longest)
+        for lane in m.scheduler.lanes.values():
+            lane.budget = min(lane.budget, longest)
     memory.interactive = at_once * memory.cost(longest, longest)
     log.warning("memory: %d batches at once (%s) of --batch-token-budget %d tokens could need about %.0f MiB, and "
                 "even batches of one %d-token row may not all fit the %.0f MiB the limit leaves above the loaded "
@@ -277,3 +275,4 @@ def cap_interactive(memory: MemoryBudget, settings, models: dict) -> None:
                 "--runners (--solo-threads 1 drops the lone request's session)", at_once,
                 sessions_said(settings, models), budget, at_once * memory.cost(budget, budget) / MIB, longest,
                 max(0, memory.room) / MIB, memory.interactive / MIB)  # fmt: skip
+    return longest

@@ -7,10 +7,13 @@ import { $, state, selectedModel } from "./state.js";
 // A probability in percent, to 0.1. Where that rounds to 100.0% or 0.0% but the probability is not 1 or 0,
 // it says so: a word at 0.9996 is not certain.
 export function pct(p) {
-  const s = (100 * p).toFixed(1);
-  if (s === "100.0" && p < 1) return ">99.9%";
-  if (s === "0.0" && p > 0) return "<0.1%";
-  return s + "%";
+  return percentOf(Number((100 * p).toFixed(1)), p);
+}
+// A percentage rounded to 0.1 as the page says it: 0.9996 is not "100.0%", nor 0.0004 "0.0%".
+function percentOf(rounded, p) {
+  if (rounded === 100 && p < 1) return ">99.9%";
+  if (rounded === 0 && p > 0) return "<0.1%";
+  return rounded.toFixed(1) + "%";
 }
 // How long the server took (its x-total-time, in ms): a fast answer is not "0 ms".
 export function took(ms) {
@@ -342,12 +345,6 @@ function roundedPercents(values) {
   const byRemainder = tenths.map((v, i) => i).sort((a, b) => (tenths[b] - floors[b]) - (tenths[a] - floors[a]));
   for (const i of byRemainder) { if (left <= 0) break; floors[i] += 1; left -= 1; }
   return floors.map((f) => f / 10);
-}
-// A rounded percentage as pct() says it: 0.9996 is not "100.0%", nor 0.0004 "0.0%".
-function percentOf(rounded, p) {
-  if (rounded === 100 && p < 1) return ">99.9%";
-  if (rounded === 0 && p > 0) return "<0.1%";
-  return rounded.toFixed(1) + "%";
 }
 
 export function renderClassify(model, result) {

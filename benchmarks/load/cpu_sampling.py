@@ -26,6 +26,7 @@ class Sampler:
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> Sampler:
+        self._cpus = sorted(cpu_set())  # the CPUs this process may use, as the shares are of (cpu_share)
         self._procs = {}
         for name, pid in self.pids.items():
             with contextlib.suppress(psutil.Error):
@@ -48,7 +49,7 @@ class Sampler:
         # The CPUs this process may use, as the shares are of (cpu_share): a host's other cores are
         # another machine's, and counting them made 'others' of work these cores never did.
         per_cpu = psutil.cpu_times(percpu=True)
-        mine = [per_cpu[i] for i in sorted(cpu_set()) if i < len(per_cpu)] or per_cpu
+        mine = [per_cpu[i] for i in self._cpus if i < len(per_cpu)] or per_cpu
         row: dict = {
             "t": time.monotonic(),
             "wall": time.time(),  # the clock of locust's stats window (window_cpu)

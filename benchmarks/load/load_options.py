@@ -88,6 +88,17 @@ def batch_texts_refused(batch_texts: int, mix: str, limits: dict[str, tuple[int 
             f"{lowest} or fewer")  # fmt: skip
 
 
+def refuse_batch_texts_over_ours(p: argparse.ArgumentParser, batch_texts: int, mix: str | None,
+                                 server_args: str) -> None:  # fmt: skip
+    """p.error where `mix` (None: the standard mix) sends batches of more texts than our server, started
+    with `server_args`, takes (batch_texts_refused)."""
+    from benchmarks.load.mix import STANDARD
+
+    ours = {"our server": ours_batch_limit(server_args)}
+    if refused := batch_texts_refused(batch_texts, mix or STANDARD, ours):
+        p.error(refused)
+
+
 def check_answers(url: str, paths: Iterable[str] = (), api_key: str | None = None) -> None:
     """Before any load on a server given by URL: GET /ready must answer 200, and one text POSTed to each
     of `paths` (with the API key, if given) 2xx, else the run would be a report of 100% failures (a

@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     if cfg.url is None:  # a server given by --url has a limit not known here
-        ours = {"our server": load_options.ours_batch_limit(cfg.server_args)}
-        if refused := load_options.batch_texts_refused(cfg.batch_texts, cfg.mix or STANDARD_MIX, ours):
-            p.error(refused)
+        load_options.refuse_batch_texts_over_ours(p, cfg.batch_texts, cfg.mix, cfg.server_args)
     print(json.dumps({"load_profile": shown(cfg)}, default=str), flush=True)
     return run(cfg)
 

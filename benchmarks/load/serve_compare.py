@@ -195,11 +195,7 @@ def run(args) -> int:
     # Over every round: a server that failed most of its requests measured its failures, and no rate
     # derived from its req/s (answered requests only: 0 where all failed) is a load to offer the others.
     failed = load_reports.mostly_failed(
-        [
-            (f"{k} at {r['users']} users", {**r, **all_rounds(r)})
-            for k, rows in saturation.items()
-            for r in rows
-        ]
+        [(f"{k} at {r['users']} users", all_rounds(r)) for k, rows in saturation.items() for r in rows]
     )
     levels = sorted(
         {round(args.fraction * slowest if x == "auto" else float(x), 1) for x in args.offered_rps}

@@ -82,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             parse_mix(args.mix)
     except ValueError as e:
         p.error(str(e))
-    ours = {"our server": load_options.ours_batch_limit(args.server_args)}
-    if refused := load_options.batch_texts_refused(args.batch_texts, args.mix or STANDARD_MIX, ours):
-        p.error(refused)
+    load_options.refuse_batch_texts_over_ours(p, args.batch_texts, args.mix, args.server_args)
     print(json.dumps({"soak": vars(args)}, default=str), flush=True)
     return run(args)
 
