@@ -58,12 +58,11 @@ _PARQUET = (
 # first, by its suffix (the memory map handed ipc the gzip bytes), so that nothing but the Parquet file is
 # written under INPUT; a .zip is no single stream, and its hint says to unzip it first (`arrow_hint`).
 _ARROW_PARQUET = (
-    "import bz2, gzip, lzma, os, sys, pyarrow as pa, pyarrow.feather as f, pyarrow.ipc as ipc, pyarrow.parquet as p; "
+    "import lzma, os, sys, pyarrow as pa, pyarrow.feather as f, pyarrow.ipc as ipc, pyarrow.parquet as p; "
     "src, dst, aside = sys.argv[1:]; kind = os.path.splitext(src)[1].lower(); "
-    'read = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(kind); '
-    'codec = {".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}.get(kind); '
-    "m = pa.BufferReader(read(src).read()) if read else pa.BufferReader(pa.input_stream(src, compression=codec).read()) "
-    "if codec else pa.memory_map(src); "
+    'codec = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}.get(kind); '
+    'm = pa.BufferReader(lzma.open(src).read() if kind == ".xz" else pa.input_stream(src, compression=codec).read()) '
+    'if kind == ".xz" or codec else pa.memory_map(src); '
     'head = m.read(6); m.seek(0); table = f.read_table(m) if head[:4] == b"FEA1" else '
     '(ipc.open_file(m) if head == b"ARROW1" else ipc.open_stream(m)).read_all(); '
     + _REFUSE_ASIDE

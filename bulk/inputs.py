@@ -213,24 +213,24 @@ def shards(
         files = _not_linked_twice(files, root, left)
         _add(left_out, left)
         return root, sorted(files), unlisted
-    matches, foreign, dirs = [], [], []
-    found, failed = glob_files(spec, skip=another_jobs, dirs=dirs)  # on the walk a directory INPUT takes
+    matches, foreign = [], []
+    found, failed, dirs = glob_files(spec, skip=another_jobs)  # on the walk a directory INPUT takes
     unlisted.update(failed)
     # A glob takes the files it matches, as it always did (a job's shards stay those it began with); the
     # directories it matches were dropped without a word (`crawl/2024-*`, each a folder of shards), so they
     # are named, with the globs that go on into them. Not --out's, nor another job's: nothing there is input.
-    real_root, inward = os.path.realpath(root), []
-    dirs = [d for d in dirs if not mine(d) and not holds_job_outputs(d)]
-    for d in dirs:
+    real_root, inward, taken = os.path.realpath(root), [], []
+    for d in (d for d in dirs if not mine(d) and not holds_job_outputs(d)):
         left.dirs.append(_shown(Path(os.path.abspath(d)), root))
         real = os.path.realpath(d)
-        if os.path.islink(d) and (under(real, real_root) or under(real_root, real)):
+        if not os.path.islink(d):
+            taken.append(real)  # all under it by `GLOB/**`
+        elif under(real, real_root) or under(real_root, real):
             # No glob enters a link leading inside its root (bulk/walk.py): `DIR/**` takes nothing behind it,
             # only a glob matching where it leads by that path does.
             left.dirs[-1] += f" (-> {_shown(Path(real), Path(real_root))})"
             inward.append(real)
     left.dirs.sort()
-    taken = [os.path.realpath(d) for d in dirs if not os.path.islink(d)]  # all under them by `GLOB/**`
     inward = [real for real in inward if not any(under(real, t) for t in taken)]
     if left.dirs:
         parts = spec.rstrip(os.sep).split(os.sep)

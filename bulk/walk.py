@@ -173,19 +173,19 @@ def _matches(rel: list[str], pattern: list[str]) -> bool:
 
 
 def glob_files(
-    spec: str, skip: Callable[[str, list[str]], bool] | None = None, dirs: list[str] | None = None
-) -> tuple[list[str], dict[str, str]]:
+    spec: str, skip: Callable[[str, list[str]], bool] | None = None
+) -> tuple[list[str], dict[str, str], list[str]]:
     """The files a glob matches (paths as spelled from it, as glob.glob gives them; broken links matching it
     among them), and the directories it would have looked in but could not list, or that are broken links
     (path -> reason): glob.glob passes over those in silence, and the files in them would be left out of
     the job without a word. A directory for which skip(path, its
     file names) is true is left out with all under it (the caller names it). The directories the glob
     matches and does not go on into (`crawl/2024-*`; all of them for `crawl/*/`, which matches directories
-    alone) are added to `dirs`, for the caller to name: their files are not the glob's."""
+    alone) come third, for the caller to name: their files are not the glob's."""
     parts = spec.split(os.sep)
     fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
     if fixed == len(parts):
-        return [], {}
+        return [], {}, []
     top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
     # `a//*.jsonl` and `a/./*.jsonl` are `a/*.jsonl` to glob; a trailing separator (directories only) stays.
     pattern = [p for p in parts[fixed:-1] if p not in ("", ".")] + parts[-1:]
@@ -194,6 +194,7 @@ def glob_files(
     dir_pattern = pattern[:-1] if only_dirs else pattern
     found: list[str] = []
     failed: dict[str, str] = {}
+    dirs: list[str] = []
 
     def unreadable(e: OSError) -> None:
         if why := broken_link(
@@ -214,13 +215,11 @@ def glob_files(
             subdirs.clear()
             continue
         rel = list(os.path.relpath(d, top).split(os.sep)) if d != top else []
-        if dirs is not None:
-            dirs += [
-                os.path.join(d, x) if d != "." else x
-                for x in subdirs
-                if _matches([*rel, x], dir_pattern)
-                and (only_dirs or not _may_lead_to_match([*rel, x], pattern))
-            ]
+        dirs += [
+            os.path.join(d, x) if d != "." else x
+            for x in subdirs
+            if _matches([*rel, x], dir_pattern) and (only_dirs or not _may_lead_to_match([*rel, x], pattern))
+        ]
         subdirs[:] = [x for x in subdirs if _may_lead_to_match([*rel, x], pattern)]
         for n in names:
             path = os.path.join(d, n) if d != "." else n
@@ -232,4 +231,4 @@ def glob_files(
                 and (why := broken_link(path))
             ):
                 failed[path] = why  # a link to a directory, gone: the files the glob would find there
-    return found, failed
+    return found, failed, dirs
