@@ -136,6 +136,16 @@ def run(cfg: ProfileConfig) -> int:
     load = locust_runs.Load(Path(sentences["file"]), cfg.mix, cfg.batch_texts, cfg.run_time, api_key=api_key)
     steps = []
     with _server(cfg, models, run_dir) as (url, pid, settings):
+        head = {
+            "config": {**shown(cfg), "users": list(cfg.users)},
+            "model": models.description if models else cfg.url,
+            "sentences": sentences,
+            "machine": machine,
+            "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
+            # What the server started here said at start it runs with (serving.printed_settings); null for
+            # --url.
+            "server_settings": settings,
+        }
         for users in cfg.users:
             r = locust_runs.run_locust(
                 url, users, load, run_dir / f"ours-u{users}", watch={"server": pid} if pid else {}
@@ -144,14 +154,7 @@ def run(cfg: ProfileConfig) -> int:
             print(f"  {users:>3} users: {r['rps']:.1f} req/s, p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, "
                   f"{r['failures']} failed, over {load_reports.seconds(r.get('measured_s'))}", flush=True)  # fmt: skip
             data = {
-                "config": {**shown(cfg), "users": list(cfg.users)},
-                "model": models.description if models else cfg.url,
-                "sentences": sentences,
-                "machine": machine,
-                "machine_is": "the load generator's" if cfg.url else "the server's and the load generator's",
-                # What the server started here said at start it runs with (serving.printed_settings); null
-                # for --url.
-                "server_settings": settings,
+                **head,
                 # Written after every step, false until the last, as benchmarks.speed.engine writes its
                 # shapes: a run stopped part way (Ctrl-C, SIGTERM) keeps the steps it finished.
                 "complete": len(steps) == len(cfg.users),
