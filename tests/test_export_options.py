@@ -250,7 +250,7 @@ def test_a_replay_names_every_path_that_is_no_longer_there_in_one_error(tmp_path
 def test_threads_holds_torch_and_every_onnx_runtime_session_the_export_opens(
     tmp_path, detector_dir, eval_text, registry_data, capsys, monkeypatch
 ):
-    """`--threads 1` was "unrecognized arguments" (README's "CPUs" tells users to share cores with it): the
+    """`--threads 1` was "unrecognized arguments" (docs/training.md's "CPUs" tells users to share cores with it): the
     export ran torch and each of its ONNX Runtime sessions (parity, calibration, the int8 checks, the
     load check) on every core. It is printed and saved like every option, and the process's torch count
     is as before once the export is over."""
