@@ -24,7 +24,7 @@ from bulk.conversions import (
     type_suffix,
 )
 from bulk.left_out import LeftOut, left_out_notes, listed
-from bulk.walk import broken_link, glob_files, not_regular, under, walk
+from bulk.walk import broken_link, glob_files, glob_top, not_regular, under, walk
 from bulk.walk import magic as _magic
 from bulk.walk import reason as _reason
 
@@ -233,15 +233,7 @@ def shards(
     left.dirs.sort()
     inward = [real for real in inward if not any(under(real, t) for t in taken)]
     if left.dirs:
-        parts = spec.rstrip(os.sep).split(os.sep)
-        fixed = os.sep.join(parts[: next(i for i, part in enumerate(parts) if _magic(part))])
-        # Spelled as given: the glob going on under what it matched (as `crawl/**` would, the files it matched
-        # beside them too), and the glob of all under its root.
-        globs = [os.sep.join(parts if parts[-1] == "**" else [*parts, "**"]), f"{fixed}{os.sep}**" if fixed else
-                 f"{os.sep}**" if spec.startswith(os.sep) else "**"]  # fmt: skip
-        behind = (f", which alone takes the files behind a link leading inside {fixed or '.'}, by their own path: "
-                  "no glob enters one") if inward else ""  # fmt: skip
-        left.dirs_globs = f"'{globs[0]}'" + (f" (or '{globs[1]}'{behind})" if globs[1] != globs[0] else "")
+        left.dirs_globs = _globs_under(spec, links_inward=bool(inward))
     for p in found:
         try:
             if Path(p).is_file():
@@ -277,6 +269,19 @@ def shards(
     # The glob's fixed directories, not the matches' common parent: that moves as files come and go, and
     # would rename every shard of a resumed job (its finished parts scored again, under new names).
     return root, sorted(matches), unlisted
+
+
+def _globs_under(spec: str, links_inward: bool) -> str:
+    """The globs that take what lies under the directories `spec` matched, spelled as given: the glob going
+    on under what it matched (as `crawl/**` would, the files it matched beside them too), and the glob of
+    all under its root, the one way to the files behind a link leading inside that root."""
+    parts = spec.rstrip(os.sep).split(os.sep)
+    top = glob_top(spec).rstrip(os.sep) or os.sep
+    globs = [os.sep.join(parts if parts[-1] == "**" else [*parts, "**"]),
+             "**" if top == "." and parts[0] != "." else os.path.join(top, "**")]  # fmt: skip
+    behind = (f", which alone takes the files behind a link leading inside {top}, by their own path: "
+              "no glob enters one") if links_inward else ""  # fmt: skip
+    return f"'{globs[0]}'" + (f" (or '{globs[1]}'{behind})" if globs[1] != globs[0] else "")
 
 
 def _not_linked_twice(files: list[Path], root: Path, left: LeftOut) -> list[Path]:

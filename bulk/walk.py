@@ -172,6 +172,14 @@ def _matches(rel: list[str], pattern: list[str]) -> bool:
     return fnmatch.fnmatchcase(rel[0], head) and _matches(rel[1:], pattern[1:])
 
 
+def glob_top(spec: str) -> str:
+    """A glob's directories before its first wildcard, as spelled (`data/**/*.jsonl` -> data); `/` or `.`
+    where the wildcard comes first."""
+    parts = spec.split(os.sep)
+    fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
+    return os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
+
+
 def glob_files(
     spec: str, skip: Callable[[str, list[str]], bool] | None = None
 ) -> tuple[list[str], dict[str, str], list[str]]:
@@ -186,7 +194,7 @@ def glob_files(
     fixed = next((i for i, part in enumerate(parts) if magic(part)), len(parts))
     if fixed == len(parts):
         return [], {}, []
-    top = os.sep.join(parts[:fixed]) or (os.sep if spec.startswith(os.sep) else ".")
+    top = glob_top(spec)
     # `a//*.jsonl` and `a/./*.jsonl` are `a/*.jsonl` to glob; a trailing separator (directories only) stays.
     pattern = [p for p in parts[fixed:-1] if p not in ("", ".")] + parts[-1:]
     # `crawl/*/`: the directories `crawl/*` matches, alone.

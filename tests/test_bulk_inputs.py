@@ -592,6 +592,24 @@ def test_a_glob_that_matches_nothing_says_so(tmp_path):
         shards(str(tmp_path / "pipe.jsonl"), "auto")
 
 
+def test_the_globs_a_note_gives_for_matched_directories_name_the_globs_own_root():
+    """The root a link leads inside is the glob's fixed part, spelled as given: `/*` matched /bin -> usr/bin
+    and the note said it led "inside .", the one root it is not."""
+    from bulk.inputs import _globs_under
+
+    inside = (
+        ", which alone takes the files behind a link leading inside {}, by their own path: no glob enters one"
+    )
+    assert _globs_under("/*", links_inward=True) == "'/*/**' (or '/**'" + inside.format("/") + ")"
+    assert _globs_under("*", links_inward=True) == "'*/**' (or '**'" + inside.format(".") + ")"
+    assert _globs_under("./c*/", links_inward=False) == "'./c*/**' (or './**')"
+    assert (
+        _globs_under("data//c*", links_inward=True)
+        == "'data//c*/**' (or 'data/**'" + inside.format("data") + ")"
+    )
+    assert _globs_under("data/**", links_inward=False) == "'data/**'"
+
+
 def test_a_glob_takes_the_files_it_matches_and_names_the_directories_it_matches(tmp_path):
     """`crawl/2024-*`, each match a folder of shards: a glob dropped the directories it matched without a
     word (exit 0 on the files beside them), and one matching folders alone was refused as matching no file.
