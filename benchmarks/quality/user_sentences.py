@@ -293,7 +293,7 @@ def main(argv=None) -> None:
     if m.kind != "detector":
         raise cli.UsageError(f"{args.bundle} is a {m.kind} bundle; this benchmark needs a detector")
     trained_on = ((m.source.get("training") or {}).get("config") or {}).get("corpus", "")
-    if args.source in trained_on.split(","):
+    if not args.items and args.source in trained_on.split(","):  # --items: its own sentences, not --source's
         print(f"warning: the detector trained on {trained_on}: {args.source} is not held out", flush=True)
     threshold = (
         args.threshold if args.threshold is not None else (m.threshold if m.threshold is not None else 0.5)
@@ -353,7 +353,9 @@ def main(argv=None) -> None:
             args.examples, json.dumps({"config": config, "examples": examples}, indent=1) + "\n"
         )
         print(f"wrote every sentence's scores to {args.examples}")
-    reliability_plot(items, kinds, out.with_suffix(".png"), f"{Path(args.bundle).name} on {args.source}")
+    reliability_plot(
+        items, kinds, out.with_suffix(".png"), f"{Path(args.bundle).name} on {Path(report['source']).name}"
+    )
     print_report(report)
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
