@@ -162,22 +162,57 @@ def test_shards_cut_short_are_named_with_how_to_make_them_again(finished, tmp_pa
     pretrain(["--out", str(run), "--resume", "--max-steps", "5"])
 
 
-def test_a_resume_that_cannot_write_its_checkpoints_is_refused_before_training(finished, tmp_path):
+@pytest.mark.parametrize(
+    "read_only, what", [("checkpoints", "its checkpoints"), (".", "its settings and metrics")]
+)
+def test_a_resume_that_cannot_write_its_checkpoints_is_refused_before_training(
+    finished, tmp_path, read_only, what
+):
+    """The run directory itself too: with only checkpoints/ writable, the resume read its data and ended in a
+    PermissionError traceback saving its settings."""
     # Root writes into a read-only directory: as root, the run goes without the capability that allows it.
     prefix = ("setpriv", "--bounding-set", "-all", "--inh-caps", "-all") if os.geteuid() == 0 else ()
     if prefix and not shutil.which("setpriv"):
         pytest.skip("running as root without setpriv (util-linux) to drop root's override of permissions")
     run = damaged_copy(finished, tmp_path, lambda run, d: None)
-    (run / "checkpoints").chmod(0o555)
+    (run / ".lock").touch()  # a run that has been held keeps its lock file: holding it again writes nothing
+    (run / read_only).chmod(0o555)
     try:
         refused(
             ["--out", str(run), "--resume", "--max-steps", "6"],
-            "cannot write in",
-            "checkpoints",
+            f"cannot write in {run if read_only == '.' else run / read_only} (",
+            f"where the run writes {what}; make it writable",
             prefix=prefix,
         )
     finally:
-        (run / "checkpoints").chmod(0o755)
+        (run / read_only).chmod(0o755)
+
+
+@pytest.mark.parametrize("error", [
+    "torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')",
+    "RuntimeError(\"[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+    "tried to allocate 160000000000 bytes. Error code 12 (Cannot allocate memory)\")",
+])  # fmt: skip
+def test_a_step_out_of_memory_names_the_options_that_size_it(tmp_path, small_corpus, small_tokenizer, monkeypatch,
+                                                             error, capsys):  # fmt: skip
+    """Not a traceback from deep in attention (--seq-len 100000 on the CPU: 160 GB for one layer's scores):
+    exit 1, saying which options size a step."""
+    import torch
+
+    from training.pretraining.trainer import Trainer
+
+    def out_of_memory(self):
+        raise eval(error, {"torch": torch})
+
+    monkeypatch.setattr(Trainer, "train_step", out_of_memory)
+    with pytest.raises(SystemExit) as ended:
+        pretrain(tiny(tmp_path / "run", small_corpus, small_tokenizer))
+    said = str(ended.value.code)
+    assert said.startswith("error: out of memory at step 1 (") and (
+        "20.00 GiB" in said or "160000000000" in said
+    )
+    assert said.endswith("a micro-step takes --batch-size 8 rows of --seq-len 64 tokens on each process. Lower "
+                         "--batch-size (a higher --grad-accum keeps the rows per optimizer step) or --seq-len")  # fmt: skip
 
 
 def test_a_run_started_with_relative_paths_resumes_from_any_directory(

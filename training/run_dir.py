@@ -311,15 +311,17 @@ def _in_use(out: Path, pid: str) -> ConfigError:
                        "it to end or stop it, or give another --out")  # fmt: skip
 
 
-def check_writable(directory: Path) -> None:
-    """A resumed run writes its checkpoints here: found out now, not after the steps before the first save."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".write-check-", dir=directory)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        raise ConfigError(f"--resume: cannot write in {directory} ({e.strerror or e}), where the run's checkpoints "
-                          "go; make it writable, or copy the run somewhere you can write and resume there") from None  # fmt: skip
+def check_writable(run: Path) -> None:
+    """A resumed run writes its settings and metrics in `run` and its checkpoints in checkpoints/: found out
+    now, not after the data is read (the settings) or the steps before the first save."""
+    for directory, what in ((run, "its settings and metrics"), (run / "checkpoints", "its checkpoints")):
+        try:
+            fd, name = tempfile.mkstemp(prefix=".write-check-", dir=directory)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as e:
+            raise ConfigError(f"--resume: cannot write in {directory} ({e.strerror or e}), where the run writes {what}; "
+                              "make it writable, or copy the run somewhere you can write and resume there") from None  # fmt: skip
 
 
 def resumed_settings(argv: list[str] | None, out: Path | None = None) -> dict | None:

@@ -54,6 +54,8 @@ def run(argv: list[str] | None = None) -> None:
         )
         t.env.stop_together(f"error: {e}{kept}", 1)
     except RuntimeError as e:
+        if _out_of_memory(e):
+            options.failure_exit(_out_of_memory_message(t, e))
         if not _another_process_ended(t.env, e):
             raise
         options.failure_exit(
@@ -74,6 +76,24 @@ def _latest(run: Path) -> str | None:
     """The name of the checkpoint a resume would go on from (checkpoints/latest), None before the first."""
     latest = run / "checkpoints" / ckpt.LATEST
     return latest.read_text().strip() if latest.is_file() else None
+
+
+def _out_of_memory(e: RuntimeError) -> bool:
+    """CUDA's out-of-memory error, or the CPU allocator's refusal of one huge tensor (a smaller excess on
+    the CPU is the kernel's OOM killer, which no process outlives to say anything)."""
+    return isinstance(e, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate memory" in str(e)
+
+
+def _out_of_memory_message(t: Trainer, e: RuntimeError) -> str:
+    """The options that size a step's memory, in place of a traceback from deep in the model: attention
+    holds --batch-size x heads x --seq-len^2 scores per layer."""
+    cfg = t.cfg
+    said = (str(e).strip().splitlines() or [""])[0][:300]
+    last = _latest(t.run)
+    kept = f"; the checkpoints before it are intact ({last} is the last)" if last else ""
+    return (f"error: out of memory at step {t.step + 1} ({said}): a micro-step takes --batch-size {cfg.batch_size} "
+            f"rows of --seq-len {cfg.seq_len} tokens on each process. Lower --batch-size (a higher --grad-accum "
+            f"keeps the rows per optimizer step) or --seq-len{kept}")  # fmt: skip
 
 
 def _another_process_ended(env: Dist, e: RuntimeError) -> bool:

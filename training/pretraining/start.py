@@ -109,7 +109,7 @@ def setup(argv: list[str] | None) -> Trainer:
                 run_dir.check_new_pretraining_out(run)
             run_dir.hold(run)
             if cfg.resume:
-                run_dir.check_writable(run / "checkpoints")
+                run_dir.check_writable(run)
         except ConfigError as e:
             problem = e
     _stop_with_rank_0(env, problem, f"error: {problem}")  # alone, rank 0's exit would leave the rest waiting
