@@ -225,6 +225,17 @@ def saved_as(cls) -> str | None:
     return getattr(cls, "SAVED_AS", None)
 
 
+def _saved_by_another(path: Path, cls) -> str:
+    """A run's saved options given to another command (pretraining's config.json to training.finetune,
+    whose runs save finetune_config.json): said, as the likely cause of the unknown option."""
+    own = saved_as(cls)
+    if path.suffix.lower() != ".json" or not own or path.name == own:
+        return ""
+    return (
+        f"; {path.name} is not the file this command saves its options in ({own}): is it another command's?"
+    )
+
+
 def resolve(
     cls,
     argv: Sequence[str] | None = None,
@@ -262,8 +273,8 @@ def resolve(
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(
-                    f"{path}: unknown option {key!r}{_did_you_mean(key, fields)}; known options: "
-                    f"{', '.join(sorted(fields))}"
+                    f"{path}: unknown option {key!r}{_did_you_mean(key, fields)}{_saved_by_another(path, cls)}; "
+                    f"known options: {', '.join(sorted(fields))}"
                 )
             kind = _kind(hints[key])
             unset = isinstance(value, str) and _optional(hints[key]) and _unset(value, kind)

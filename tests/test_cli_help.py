@@ -5,6 +5,7 @@ values are accepted and nothing else, and a switch is a switch."""
 
 import dataclasses
 import functools
+import json
 import os
 import re
 import shutil
@@ -319,6 +320,25 @@ def test_config_names_the_file_each_command_saves_and_a_models_config_json_is_re
         f"['ElectraForPreTraining']), not the options a run saved: give {out / 'finetune_config.json'}, that "
         "run's options; to start from that model, give its directory as --init"
     )
+
+
+def test_a_runs_saved_options_given_to_another_command_say_whose_file_they_may_be(tmp_path):
+    """training.pretrain --config RUN/finetune_config.json said only "unknown option 'overwrite'" and listed
+    pretraining's options; the reverse, with pretraining's config.json, the same."""
+    for cls, other, key in (
+        (PretrainConfig, FinetuneConfig, "overwrite"),
+        (FinetuneConfig, PretrainConfig, "corpus"),
+    ):
+        saved = tmp_path / other.SAVED_AS
+        saved.write_text(json.dumps({key: "x"}))
+        with pytest.raises(options.ConfigError) as refused:
+            options.resolve(cls, ["--config", str(saved)], env={})
+        assert f"{saved}: unknown option {key!r}; {other.SAVED_AS} is not the file this command saves its options in " \
+               f"({cls.SAVED_AS}): is it another command's?; known options: " in str(refused.value)  # fmt: skip
+    toml = tmp_path / "mine.toml"  # a TOML file is nobody's saved options: no such guess
+    toml.write_text('overwrite = "x"\n')
+    with pytest.raises(options.ConfigError, match=r"unknown option 'overwrite'; known options"):
+        options.resolve(PretrainConfig, ["--config", str(toml)], env={})
 
 
 def test_a_tilde_in_a_path_is_the_home_directory_wherever_it_is_given(tmp_path, monkeypatch):

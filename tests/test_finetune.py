@@ -422,7 +422,7 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         ),
         ([*user, "--layerwise-lr-decay", 1.5], "--layerwise-lr-decay"),
         ([*user, "--epochs", "two"], "--epochs"),
-        ([*user, "--max-seq-len", 1000], "--max-seq-len"),
+        ([*user, "--max-seq-len", 1000], "positions: give --max-seq-len "),
         ([*user, "--init", tmp_path / "missing"], "--init"),
     ]
     for args, option in cases:
@@ -965,6 +965,15 @@ def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path,
     with pytest.raises(SystemExit):
         finetune(["--out", str(out), "--resume", "--lr", "1e-3"])
     assert "lr (--lr) 0.0003 then, 0.001 now" in capsys.readouterr().err
+    # Another source of data, given by a --config file: refused as a change, not as "--task and --train".
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('task = "rotten_tomatoes"\n')
+    with pytest.raises(SystemExit):
+        finetune(["--out", str(out), "--resume", "--config", str(recipe)])
+    said = capsys.readouterr().err
+    assert (
+        "task (--task) None then, 'rotten_tomatoes' now; train (--train) " in said and "give one" not in said
+    )
 
 
 def test_resume_refuses_training_data_changed_since_the_stop(tiny_init, tmp_path, capsys):

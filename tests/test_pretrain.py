@@ -671,7 +671,7 @@ def test_a_file_written_whole_on_a_full_disk_names_the_disk_and_keeps_the_old_on
 
 
 def test_bad_options_fail_naming_the_option(tmp_path):
-    with pytest.raises(SystemExit, match="--mask-prob") as refused:
+    with pytest.raises(SystemExit, match=r"--mask-prob: must lie in \(0, 1\], got 1.5$") as refused:
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "1.5"])
     assert refused.value.code == 2  # a usage error's status, as argparse's and the server's
     if not torch.cuda.is_available():
@@ -682,6 +682,10 @@ def test_bad_options_fail_naming_the_option(tmp_path):
         pretrain(["--out", str(tmp_path / "x"), "--mask-prob", "0"])
     with pytest.raises(SystemExit, match=r"--dropout: must lie in \[0, 1\), got 1"):
         pretrain(["--out", str(tmp_path / "x"), "--dropout", "1"])
+    with pytest.raises(
+        SystemExit, match=r"--dropout: must lie in \[0, 1\), got -0.1$"
+    ):  # one range, both ends
+        pretrain(["--out", str(tmp_path / "x"), "--dropout", "-0.1"])
     with pytest.raises(SystemExit, match="--content-mask-weight: must be at least 1"):
         pretrain(["--out", str(tmp_path / "x"), "--content-mask-weight", "0.5"])
     with pytest.raises(SystemExit, match="--num-layers: expected int"):

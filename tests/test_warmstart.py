@@ -14,7 +14,7 @@ from training.pretrain import main as pretrain
 from training.pretraining.config import PretrainConfig
 from training.pretraining.model import build_objective
 from training.pretraining.trainer import param_groups
-from training.pretraining.warmstart import load_warm_start, resolve_warm_start
+from training.pretraining.warmstart import load_warm_start, resolve_source, resolve_warm_start
 from training.report import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,6 +159,20 @@ def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
         CheckpointError, match=r"intermediate\.dense\.\w+ has shape \(128,.*expects \(256,.*intermediate_size"
     ):
         warm_objective(wide)
+
+    # A path that is not there, and a registry name mistyped: each named with its option.
+    with pytest.raises(CheckpointError, match=rf"^--init-generator {tmp_path}/gen/x: no such directory$"):
+        resolve_source(f"{tmp_path}/gen/x", given_as="--init-generator")
+    with pytest.raises(CheckpointError, match=r"^--init all-minilm-l6-v3: no such directory, nor a model of the "
+                                              r"registry \(did you mean 'all-minilm-l6-v2'\?\)$"):  # fmt: skip
+        resolve_source("all-minilm-l6-v3")
+
+    # Rows longer than its positions: the longest it takes is said, as the option to give.
+    positions = json.loads((tmp_path / "bert2" / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(
+        ConfigError, match=rf"max_position_embeddings {positions}: give --seq-len {positions} or less$"
+    ):
+        resolve_warm_start(PretrainConfig(init=str(tmp_path / "bert2"), seq_len=positions + 1))
 
     # A field of the wrong type, named with its file (it was a TypeError at the first step).
     eps = tmp_path / "eps"

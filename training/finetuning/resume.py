@@ -68,6 +68,13 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> tu
     # A run started with --overwrite saved it; on a resume it would clash with --resume. Options its data
     # left unused, which a run of before saved as given (refused now), as they would be now.
     base = {**then, "overwrite": False, **unused_data_options(then)}
+    # The other kind of data named now (a --config's task for a run on its own --train): refused as the
+    # change it is; resolved over the saved one it read "--task and --train: give one".
+    given = options.resolve(FinetuneConfig, argv, prog=prog, description=description)
+    if (given.task and not then.get("task")) or (given.train and not then.get("train")):
+        data = ("task", "train")
+        options.refuse_resume_changes({k: then.get(k) for k in data}, {k: getattr(given, k) for k in data},
+                                      RESUMABLE_CHANGES, "another --out")  # fmt: skip
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
     # The original command with --resume added: its "auto" is what the run resolved it to then.
     now = options.replace(

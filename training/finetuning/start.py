@@ -113,7 +113,8 @@ def resolve(argv) -> tuple[FinetuneConfig, TaskData, ElectraForSequenceClassific
     mcfg = model.config
     if cfg.max_seq_len > mcfg.max_position_embeddings:
         raise ConfigError(
-            f"--max-seq-len: {cfg.max_seq_len} exceeds the model's {mcfg.max_position_embeddings} positions"
+            f"--max-seq-len: {cfg.max_seq_len} exceeds the model's {mcfg.max_position_embeddings} positions: give "
+            f"--max-seq-len {mcfg.max_position_embeddings} or less"
         )
     if not fits_model(tok.get_vocab_size(), mcfg.vocab_size):
         raise ConfigError(

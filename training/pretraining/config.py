@@ -188,14 +188,16 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_threads(self.threads)
         if self.max_predictions is not None and not 0 < self.max_predictions <= self.seq_len:
             raise ConfigError(f"--max-predictions: must lie in [1, --seq-len], got {self.max_predictions}")
-        shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing", "mask_prob",
-               "mask_replace_prob", "random_replace_prob", "dropout", "row_mask_spread")  # fmt: skip
         # These ends of the two ranges train nothing: with no masked position neither model has a
-        # target, and dropout 1 zeroes every hidden state.
-        if self.mask_prob == 0.0:
-            raise ConfigError("--mask-prob: must lie in (0, 1], got 0: no position would be masked")
-        if self.dropout == 1.0:
-            raise ConfigError("--dropout: must lie in [0, 1), got 1: every hidden state would be zeroed")
+        # target, and dropout 1 zeroes every hidden state. Each range is said one way, whichever end is passed.
+        if not 0.0 < self.mask_prob <= 1.0:
+            why = ": no position would be masked" if self.mask_prob == 0.0 else ""
+            raise ConfigError(f"--mask-prob: must lie in (0, 1], got {self.mask_prob:g}{why}")
+        if not 0.0 <= self.dropout < 1.0:
+            why = ": every hidden state would be zeroed" if self.dropout == 1.0 else ""
+            raise ConfigError(f"--dropout: must lie in [0, 1), got {self.dropout:g}{why}")
+        shares(self, "sentence_rows", "few_sentence_rows", "word_swap_prob", "qat_smoothing",
+               "mask_replace_prob", "random_replace_prob", "row_mask_spread")  # fmt: skip
         self._check_data()
         self._check_corruption()
         self._check_model()

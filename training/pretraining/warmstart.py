@@ -19,7 +19,9 @@ named with the config field that decides it).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -74,8 +76,17 @@ def resolve_source(spec: str, data_dir: str | None = None, given_as: str = "--in
     from training.data.registry import REGISTRY, fetch_model
 
     path = Path(spec).expanduser()
-    if not path.exists() and any(name.startswith(f"{spec}/") for name in REGISTRY):
+    models = sorted({name.split("/")[0] for name in REGISTRY if "/" in name})
+    if not path.exists() and spec in models:
         path = fetch_model(spec, data_dir)
+    elif not path.exists() and not path.is_symlink():
+        # A bare name may be a registry model's, mistyped: the closest is named, as for a mistyped flag.
+        close = difflib.get_close_matches(spec, models, n=1)
+        known = (
+            f"did you mean {close[0]!r}?" if close else f"the models it fetches by name: {', '.join(models)}"
+        )
+        named = "" if os.sep in spec else f", nor a model of the registry ({known})"
+        raise ckpt.CheckpointError(f"{given_as} {spec}: no such directory{named}")
     directory = ckpt.resolve_checkpoint(path, given_as)
     config_path = directory / "config.json"
     raw = ckpt.read_config_json(directory)
@@ -284,7 +295,7 @@ def resolve_warm_start(cfg: PretrainConfig) -> tuple[PretrainConfig, WarmStart |
     if cfg.seq_len > disc.config.max_position_embeddings:
         raise ConfigError(
             f"--seq-len {cfg.seq_len}: {disc.directory / 'config.json'} has max_position_embeddings "
-            f"{disc.config.max_position_embeddings}"
+            f"{disc.config.max_position_embeddings}: give --seq-len {disc.config.max_position_embeddings} or less"
         )
     shape = {option: getattr(disc.config, field) for option, field in SHAPE_OPTIONS.items()}
     _check_shape_options(cfg, shape, disc.directory / "config.json")
