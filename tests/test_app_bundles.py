@@ -314,13 +314,15 @@ def test_a_request_naming_no_model_goes_to_the_default_the_operator_set(bundles_
     r = start_app("--models", str(models), "--default-classifier", "detector")
     assert r.returncode == 2, r.stderr[-2000:]
     assert (
-        "--default-classifier 'detector': a detector, not a classifier; its classifiers: mysent, sentiment"
-        in r.stderr
+        f"--default-classifier 'detector': a detector, not a classifier; the classifiers in the models directory "
+        f"{models}: mysent, sentiment" in r.stderr
     )
     r = start_app("--models", str(models), "--default-detector", "nope")
-    assert r.returncode == 2 and f"--default-detector 'nope': no model of {models}" in r.stderr, r.stderr[
-        -2000:
-    ]
+    assert (
+        r.returncode == 2
+        and f"--default-detector 'nope': no bundle of that name; the detectors in the models directory {models}: detector"
+        in r.stderr
+    ), r.stderr[-2000:]
 
 
 def test_a_training_run_among_the_models_is_named_one_with_its_export(tmp_path):

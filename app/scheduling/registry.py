@@ -113,8 +113,9 @@ class Registry:
         if found == kind or (found is None and name in self.broken):
             return
         ours = sorted(n for n, b in self.bundles.items() if b.manifest.kind == kind)
-        why = f"a {found}, not a {kind}" if found else f"no model of {self.settings.models_dir}"
-        raise SettingsError(f"--default-{kind} {name!r}: {why}; its {kind}s: {', '.join(ours) or 'none'}")
+        why = f"a {found}, not a {kind}" if found else "no bundle of that name"
+        raise SettingsError(f"--default-{kind} {name!r}: {why}; the {kind}s in the models directory "
+                            f"{self.settings.models_dir}: {', '.join(ours) or 'none'}")  # fmt: skip
 
     def resolve(self, name: str | None, kind: str, arrived_before_drain: bool = False) -> Model:
         """The model a request names (or the default of its kind), or the 4xx/503 saying why not.
