@@ -38,7 +38,7 @@ def connect(address: str, cpus: int) -> str | None:
         started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
                            include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
         return started.address_info.get("session_dir")
-    _check_reachable(address)
+    _check_reachable(*_address_of(address))
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     # ValueError: an address Ray reads otherwise than BulkConfig's check (which refuses the forms known
@@ -205,15 +205,58 @@ class JoinError(ConnectionError):
     """The cluster named by --ray could not be joined; the message says what to check."""
 
 
-def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """HOST:PORT must answer before ray.init is asked: where nothing listens, it retries for minutes."""
-    if (target := _host_port(address)) is None:  # "auto", or a form Ray reads its own way
+def _address_of(address: str) -> tuple[str, str]:
+    """The HOST:PORT `address` leads to, and how to name it in a message. "auto" as Ray resolves it
+    (RAY_ADDRESS, the head `ray start` last started here, a head running here), which it does again with
+    no check: a head that died leaving its address behind was retried for minutes."""
+    if address != "auto":
+        return address, address
+    try:
+        from ray._private.services import get_ray_address_from_environment
+    except ImportError:  # another Ray's layout: ray.init resolves it, unchecked
+        return address, address
+    try:
+        found = get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        raise JoinError("--ray auto: no Ray cluster runs on this machine (none `ray start --head` started, no "
+                        "RAY_ADDRESS): start one, or give its head's HOST:PORT") from None  # fmt: skip
+    return (
+        found,
+        f"{found} (where --ray auto leads: RAY_ADDRESS, else the head `ray start` last started here)",
+    )
+
+
+def _check_reachable(address: str, shown: str, timeout_s: float = 10.0) -> None:
+    """HOST:PORT must answer, as a gRPC server does (a head's GCS port is one), before ray.init is asked:
+    where nothing listens, or a server of another kind does (a web server), it retries for minutes."""
+    if (target := _host_port(address)) is None:  # a form Ray reads its own way
         return
     try:
-        socket.create_connection(target, timeout=timeout_s).close()
+        conn = socket.create_connection(target, timeout=timeout_s)
     except OSError as e:
-        raise JoinError(f"nothing answers at {address} (--ray): {e.strerror or e}. Start the cluster's head there "
+        raise JoinError(f"nothing answers at {shown} (--ray): {e.strerror or e}. Start the cluster's head there "
                         f"(ray start --head --port {target[1]}), or give the address `ray start` printed") from None  # fmt: skip
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true") or _speaks_grpc(conn):
+            return  # under TLS the head's first bytes are the handshake's: Ray's own errors say the rest
+    raise JoinError(f"{shown} answers, but not as a Ray cluster's head does (its GCS port speaks gRPC, this one "
+                    "does not): give the address `ray start --head` printed (HOST:PORT, its --port, 6379 by default)")  # fmt: skip
+
+
+# HTTP/2's connection preface and an empty SETTINGS frame: a gRPC server answers with a SETTINGS frame of its own
+# (type 4, the frame header's fourth byte), a web server with "HTTP/1.1 400", a silent one not at all.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _speaks_grpc(conn: socket.socket) -> bool:
+    try:
+        conn.sendall(_HTTP2_HELLO)
+        head = b""
+        while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+            head += chunk
+    except OSError:  # reset, or no answer within the connection's timeout
+        return False
+    return len(head) == 9 and head[3] == 4
 
 
 def _join_failed(address: str, e: BaseException) -> str:

@@ -6,6 +6,7 @@ Ray is a 127.x one, and Ray's usage statistics are off."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -377,6 +378,24 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
         -3000:
     ]
     assert "token" not in wrong.stderr.split("python -m bulk: ")[-1]
+    # A web server's port, and --ray auto leading to a head that is gone: each was retried for minutes.
+    web = http.server.ThreadingHTTPServer(("127.0.0.2", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        gone = f"127.0.0.2:{s.getsockname()[1]}"
+    try:
+        for argv, env, says in (
+            (["--ray", f"127.0.0.2:{web.server_port}"], {}, f"127.0.0.2:{web.server_port} answers, but not as a "
+             "Ray cluster's head does (its GCS port speaks gRPC, this one does not)"),
+            (["--ray", "auto"], {"RAY_ADDRESS": gone}, f"nothing answers at {gone} (where --ray auto leads: "),
+        ):  # fmt: skip
+            refused = run_bulk(
+                corpus, tmp_path / "refused", "detector", *argv, timeout=60, **{**ray_env, **env}
+            )
+            assert refused.returncode == 2 and says in refused.stderr, refused.stderr[-3000:]
+    finally:
+        web.shutdown()
     subprocess.run([sys.executable, "-c", HOG, address, "hold"], env=ray_env, check=True, timeout=120)
     out = tmp_path / "out"
     job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--ray", address), cwd=REPO, env=ray_env,
