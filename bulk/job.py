@@ -66,12 +66,14 @@ def _join_ray(cfg: BulkConfig) -> str | None:
         own_instance = ray_cluster.connect(cfg.ray or "local", cfg.worker_count() * cfg.threads)
     except ray_cluster.JoinError as e:
         raise JobError(str(e)) from None
-    except SystemExit as e:  # ray.init's SIGTERM handler, there before ours: a stop, not a crash
-        if e.code != signal.SIGTERM:
+    except (SystemExit, KeyboardInterrupt) as e:  # ray.init's SIGTERM handler, there before ours; a Ctrl-C
+        stopped_by = signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.code
+        if stopped_by not in (signal.SIGTERM, signal.SIGINT):
             raise
-        print("\nbulk: SIGTERM while Ray started: no part was scored in this run; run the same command again",
-              file=sys.stderr, flush=True)  # fmt: skip
-        raise _Stopped(128 + signal.SIGTERM) from None
+        # Not "the parts finished before are kept": this run has none yet, and a first one no manifest.
+        print(f"\nbulk: {signal.Signals(stopped_by).name} while Ray started: no part was scored in this run; run "
+              "the same command again", file=sys.stderr, flush=True)  # fmt: skip
+        raise _Stopped(128 + stopped_by) from None
     # Ray's handler ends the process by an exception wherever it stands, here in the writes that follow
     # (config.json, job.json): the one before it stands until the job's own go in.
     if before is not None:  # None: a handler not set from Python, which Ray's replaced for good

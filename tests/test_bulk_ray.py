@@ -378,6 +378,20 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
         -3000:
     ]
     assert "token" not in wrong.stderr.split("python -m bulk: ")[-1]
+    # A Ctrl-C as it tries: said as a stop before any part, not as "the parts finished before are kept".
+    trying = subprocess.Popen(bulk_argv(corpus, tmp_path / "wrong", "detector", "--ray", f"127.0.0.2:{manager}"),
+                              cwd=REPO, env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    tried = []
+    threading.Thread(target=lambda: tried.extend(trying.stderr), daemon=True).start()
+    try:
+        wait_for(lambda: any("Failed to get cluster ID" in line for line in tried), timeout=60, what="a try")
+        trying.send_signal(signal.SIGINT)
+        assert trying.wait(timeout=30) == 130
+    finally:
+        trying.kill()
+    assert "bulk: SIGINT while Ray started: no part was scored in this run" in "".join(tried), "".join(tried)[
+        -3000:
+    ]
     # A web server's port, and --ray auto leading to a head that is gone: each was retried for minutes.
     web = http.server.ThreadingHTTPServer(("127.0.0.2", 0), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=web.serve_forever, daemon=True).start()
