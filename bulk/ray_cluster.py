@@ -38,13 +38,14 @@ def connect(address: str, cpus: int) -> str | None:
         started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
                            include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
         return started.address_info.get("session_dir")
-    _check_reachable(*_address_of(address))
+    found, shown = _address_of(address)
+    _check_reachable(found, shown)
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     # ValueError: an address Ray reads otherwise than BulkConfig's check (which refuses the forms known
     # to reach it); still the cluster named cannot be joined, not a fault of the job.
     except (ConnectionError, ValueError) as e:
-        raise JoinError(_join_failed(address, e)) from None
+        raise JoinError(_join_failed(found, e, shown)) from None
     return None
 
 
@@ -210,20 +211,17 @@ def _address_of(address: str) -> tuple[str, str]:
     (RAY_ADDRESS, the head `ray start` last started here, a head running here), which it does again with
     no check: a head that died leaving its address behind was retried for minutes."""
     if address != "auto":
-        return address, address
+        return address, f"{address} (--ray)"
     try:
         from ray._private.services import get_ray_address_from_environment
     except ImportError:  # another Ray's layout: ray.init resolves it, unchecked
-        return address, address
+        return address, "auto (--ray)"
     try:
         found = get_ray_address_from_environment("auto", None)
     except ConnectionError:
         raise JoinError("--ray auto: no Ray cluster runs on this machine (none `ray start --head` started, no "
                         "RAY_ADDRESS): start one, or give its head's HOST:PORT") from None  # fmt: skip
-    return (
-        found,
-        f"{found} (where --ray auto leads: RAY_ADDRESS, else the head `ray start` last started here)",
-    )
+    return found, f"{found} (--ray auto)"
 
 
 def _check_reachable(address: str, shown: str, timeout_s: float = 10.0) -> None:
@@ -234,11 +232,18 @@ def _check_reachable(address: str, shown: str, timeout_s: float = 10.0) -> None:
     try:
         conn = socket.create_connection(target, timeout=timeout_s)
     except OSError as e:
-        raise JoinError(f"nothing answers at {shown} (--ray): {e.strerror or e}. Start the cluster's head there "
+        raise JoinError(f"nothing answers at {shown}: {e.strerror or e}. Start the cluster's head there "
                         f"(ray start --head --port {target[1]}), or give the address `ray start` printed") from None  # fmt: skip
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        conn.close()  # under TLS the head's first bytes are the handshake's: Ray's own errors say the rest
+        return
     with conn:
-        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true") or _speaks_grpc(conn):
-            return  # under TLS the head's first bytes are the handshake's: Ray's own errors say the rest
+        head = _first_frame(conn)
+    if len(head) == 9 and head[3] == 4:  # a SETTINGS frame: gRPC
+        return
+    if not head and _speaks_tls(target, timeout_s):  # a TLS server closes on the hello, saying nothing
+        raise JoinError(f"{shown} answers with TLS, and the job has no RAY_USE_TLS: give it the cluster's TLS "
+                        "settings (RAY_USE_TLS=1, RAY_TLS_SERVER_CERT, RAY_TLS_SERVER_KEY, RAY_TLS_CA_CERT)")  # fmt: skip
     raise JoinError(f"{shown} answers, but not as a Ray cluster's head does (its GCS port speaks gRPC, this one "
                     "does not): give the address `ray start --head` printed (HOST:PORT, its --port, 6379 by default)")  # fmt: skip
 
@@ -248,23 +253,39 @@ def _check_reachable(address: str, shown: str, timeout_s: float = 10.0) -> None:
 _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
-def _speaks_grpc(conn: socket.socket) -> bool:
+def _speaks_tls(target: tuple[str, int], timeout_s: float) -> bool:
+    """Whether a TLS handshake there gets as far as the server's answer: done, or refused by an alert (a
+    client certificate wanted, as a Ray cluster with TLS does); a server of plain bytes fails the record."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # asked what it speaks, not trusted
     try:
+        with socket.create_connection(target, timeout=timeout_s) as raw, context.wrap_socket(raw):
+            return True
+    except ssl.SSLError as e:
+        return "ALERT" in (e.reason or "")
+    except OSError:
+        return False
+
+
+def _first_frame(conn: socket.socket) -> bytes:
+    """The first 9 bytes the server answers the hello with (fewer where it closes, none where it is silent)."""
+    head = b""
+    with contextlib.suppress(OSError):  # reset, or no answer within the connection's timeout
         conn.sendall(_HTTP2_HELLO)
-        head = b""
         while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
             head += chunk
-    except OSError:  # reset, or no answer within the connection's timeout
-        return False
-    return len(head) == 9 and head[3] == 4
+    return head
 
 
-def _join_failed(address: str, e: BaseException) -> str:
+def _join_failed(address: str, e: BaseException, shown: str | None = None) -> str:
     """What to do about a ray.init that failed. Ray 2.60 raises the same ConnectionError ("Failed to connect
     to Ray cluster at ...") whatever went wrong; the error it chains says which: an AuthenticationError
     (InvalidAuthToken: a token missing or not the cluster's), or another (an RpcError with code 12, an
-    address that answers but is no head's GCS port: a node manager's, a worker's)."""
-    msg = f"could not join the Ray cluster at {address} (--ray)"
+    address that answers but is no head's GCS port: a node manager's, a worker's). `shown`: the address as
+    the message names it (--ray auto's, resolved)."""
+    msg = f"could not join the Ray cluster at {shown or f'{address} (--ray)'}"
     if _auth_error(e):
         if not os.environ.get("RAY_AUTH_TOKEN"):
             return msg + (": the cluster wants a token, and the job was given none. Ray 2.60 clusters use token "

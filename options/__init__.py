@@ -225,15 +225,16 @@ def saved_as(cls) -> str | None:
     return getattr(cls, "SAVED_AS", None)
 
 
-def _saved_by_another(path: Path, cls) -> str:
-    """A run's saved options given to another command (pretraining's config.json to training.finetune,
-    whose runs save finetune_config.json): said, as the likely cause of the unknown option."""
-    own = saved_as(cls)
-    if path.suffix.lower() != ".json" or not own or path.name == own:
+def _saved_by_another(path: Path, raw: Mapping, cls) -> str:
+    """A run's saved options given to another command (pretraining's config.json to training.finetune, or
+    bulk's, of the same name, to training.pretrain): most of its keys are not this command's options, where
+    a recipe with a slip has one or two."""
+    own, fields = saved_as(cls), {f.name for f in dataclasses.fields(cls)}
+    unknown = sum(1 for key in raw if key not in fields)
+    if path.suffix.lower() != ".json" or not own or unknown < 2 or 2 * unknown < len(raw):
         return ""
-    return (
-        f"; {path.name} is not the file this command saves its options in ({own}): is it another command's?"
-    )
+    return (f"; {unknown} of its {len(raw)} keys are not this command's options: is it another command's saved "
+            f"options? (this one saves {own})")  # fmt: skip
 
 
 def resolve(
@@ -273,7 +274,7 @@ def resolve(
         for key, value in raw.items():
             if key not in fields:
                 raise ConfigError(
-                    f"{path}: unknown option {key!r}{_did_you_mean(key, fields)}{_saved_by_another(path, cls)}; "
+                    f"{path}: unknown option {key!r}{_did_you_mean(key, fields)}{_saved_by_another(path, raw, cls)}; "
                     f"known options: {', '.join(sorted(fields))}"
                 )
             kind = _kind(hints[key])

@@ -5,8 +5,12 @@ only model.onnx, is refused as other settings are."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -202,6 +206,41 @@ def test_a_join_that_fails_names_the_token_only_for_an_authentication_error(monk
         assert "the address `ray start --head` printed" in said and "token" not in said.lower(), said
     said = _join_failed("10.0.0.1:6379", refused)
     assert "give the job the cluster's token" in said and "may not be" not in said
+
+
+@pytest.mark.parametrize("wants_client_certificate", [False, True])  # Ray's TLS wants one from every client
+def test_a_ray_address_answering_with_tls_says_to_give_the_job_the_clusters_tls_settings(
+    tmp_path, monkeypatch, wants_client_certificate
+):
+    """A head run with RAY_USE_TLS, joined without it: the server closes on the job's hello, and the job
+    said it was no head's port, sending its user after another address."""
+    import ssl
+
+    from bulk.ray_cluster import JoinError, _check_reachable
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem"), "-days", "1", "-subj", "/CN=127.0.0.2"],
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    if wants_client_certificate:
+        tls.verify_mode = ssl.CERT_REQUIRED
+        tls.load_verify_locations(tmp_path / "c.pem")
+    server = socket.create_server(("127.0.0.2", 0))
+
+    def answer() -> None:  # each connection, as a TLS server does, until the test closes it
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                with conn, contextlib.suppress(ssl.SSLError, OSError):
+                    tls.wrap_socket(conn, server_side=True)
+
+    threading.Thread(target=answer, daemon=True).start()
+    address = f"127.0.0.2:{server.getsockname()[1]}"
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    with server, pytest.raises(JoinError, match=rf"^{address} \(--ray\) answers with TLS, and the job has no "
+                                                 "RAY_USE_TLS: give it the cluster's TLS settings"):  # fmt: skip
+        _check_reachable(address, f"{address} (--ray)")
 
 
 def _finished_job(tmp_path: Path, cfg, line: dict) -> None:

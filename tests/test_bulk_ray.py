@@ -400,9 +400,9 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
         gone = f"127.0.0.2:{s.getsockname()[1]}"
     try:
         for argv, env, says in (
-            (["--ray", f"127.0.0.2:{web.server_port}"], {}, f"127.0.0.2:{web.server_port} answers, but not as a "
+            (["--ray", f"127.0.0.2:{web.server_port}"], {}, f"127.0.0.2:{web.server_port} (--ray) answers, but not as a "
              "Ray cluster's head does (its GCS port speaks gRPC, this one does not)"),
-            (["--ray", "auto"], {"RAY_ADDRESS": gone}, f"nothing answers at {gone} (where --ray auto leads: "),
+            (["--ray", "auto"], {"RAY_ADDRESS": gone}, f"nothing answers at {gone} (--ray auto): "),
         ):  # fmt: skip
             refused = run_bulk(
                 corpus, tmp_path / "refused", "detector", *argv, timeout=60, **{**ray_env, **env}

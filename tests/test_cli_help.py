@@ -323,22 +323,29 @@ def test_config_names_the_file_each_command_saves_and_a_models_config_json_is_re
 
 
 def test_a_runs_saved_options_given_to_another_command_say_whose_file_they_may_be(tmp_path):
-    """training.pretrain --config RUN/finetune_config.json said only "unknown option 'overwrite'" and listed
-    pretraining's options; the reverse, with pretraining's config.json, the same."""
-    for cls, other, key in (
-        (PretrainConfig, FinetuneConfig, "overwrite"),
-        (FinetuneConfig, PretrainConfig, "corpus"),
-    ):
-        saved = tmp_path / other.SAVED_AS
-        saved.write_text(json.dumps({key: "x"}))
+    """training.pretrain --config RUN/finetune_config.json (or bulk's config.json) said only "unknown option
+    'overwrite'" and listed pretraining's options; a recipe of this command with a slip is not told so."""
+    pretrained = tmp_path / "pretrained"
+    pretrained.mkdir()
+    options.save(
+        options.resolve(PretrainConfig, ["--out", str(pretrained)], env={}), pretrained / "config.json"
+    )
+    finetuned = tmp_path / FinetuneConfig.SAVED_AS
+    finetuned.write_text(
+        json.dumps({"task": "trec", "init": "x", "epochs": 3, "overwrite": False, "patience": 2})
+    )
+    for cls, saved in ((PretrainConfig, finetuned), (FinetuneConfig, pretrained / "config.json")):
         with pytest.raises(options.ConfigError) as refused:
             options.resolve(cls, ["--config", str(saved)], env={})
-        assert f"{saved}: unknown option {key!r}; {other.SAVED_AS} is not the file this command saves its options in " \
-               f"({cls.SAVED_AS}): is it another command's?; known options: " in str(refused.value)  # fmt: skip
-    toml = tmp_path / "mine.toml"  # a TOML file is nobody's saved options: no such guess
-    toml.write_text('overwrite = "x"\n')
-    with pytest.raises(options.ConfigError, match=r"unknown option 'overwrite'; known options"):
-        options.resolve(PretrainConfig, ["--config", str(toml)], env={})
+        assert re.search(rf"^{re.escape(str(saved))}: unknown option '\w+'( \(did you mean '\w+'\?\))?; \d+ of its \d+ "
+                         rf"keys are not this command's options: is it another command's saved options\? \(this one "
+                         rf"saves {cls.SAVED_AS}\); known options: ", str(refused.value)), str(refused.value)  # fmt: skip
+    recipe = tmp_path / "recipe.json"  # one slip in a recipe of this command's: no such guess
+    recipe.write_text(json.dumps({"max_step": 10, "lr": 1e-3, "batch_size": 8}))
+    with pytest.raises(
+        options.ConfigError, match=r"unknown option 'max_step' \(did you mean 'max_steps'\?\); known"
+    ):
+        options.resolve(PretrainConfig, ["--config", str(recipe)], env={})
 
 
 def test_a_tilde_in_a_path_is_the_home_directory_wherever_it_is_given(tmp_path, monkeypatch):

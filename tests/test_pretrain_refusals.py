@@ -163,7 +163,8 @@ def test_shards_cut_short_are_named_with_how_to_make_them_again(finished, tmp_pa
 
 
 @pytest.mark.parametrize(
-    "read_only, what", [("checkpoints", "its checkpoints"), (".", "its settings and metrics")]
+    "read_only, what",
+    [("checkpoints", "its checkpoints"), (".", "its settings and metrics"), ("tokenizer", "its tokenizer")],
 )
 def test_a_resume_that_cannot_write_its_checkpoints_is_refused_before_training(
     finished, tmp_path, read_only, what

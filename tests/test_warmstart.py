@@ -166,6 +166,11 @@ def test_mismatches_fail_naming_the_file_and_field(tmp_path, tok_dir):
     with pytest.raises(CheckpointError, match=r"^--init all-minilm-l6-v3: no such directory, nor a model of the "
                                               r"registry \(did you mean 'all-minilm-l6-v2'\?\)$"):  # fmt: skip
         resolve_source("all-minilm-l6-v3")
+    (tmp_path / "dangling").symlink_to(tmp_path / "moved")
+    with pytest.raises(
+        CheckpointError, match=rf"^--init {tmp_path}/dangling: a link to {tmp_path}/moved, which does not"
+    ):
+        resolve_source(f"{tmp_path}/dangling")
 
     # Rows longer than its positions: the longest it takes is said, as the option to give.
     positions = json.loads((tmp_path / "bert2" / "config.json").read_text())["max_position_embeddings"]

@@ -312,9 +312,11 @@ def _in_use(out: Path, pid: str) -> ConfigError:
 
 
 def check_writable(run: Path) -> None:
-    """A resumed run writes its settings and metrics in `run` and its checkpoints in checkpoints/: found out
-    now, not after the data is read (the settings) or the steps before the first save."""
-    for directory, what in ((run, "its settings and metrics"), (run / "checkpoints", "its checkpoints")):
+    """A resumed run writes its settings and metrics in `run`, its tokenizer again in tokenizer/ and its
+    checkpoints in checkpoints/: found out now, not after the data is read or the steps before the first save."""
+    written = ((run, "its settings and metrics"), (run / "tokenizer", "its tokenizer"),
+               (run / "checkpoints", "its checkpoints"))  # fmt: skip
+    for directory, what in (d for d in written if d[0].is_dir()):
         try:
             fd, name = tempfile.mkstemp(prefix=".write-check-", dir=directory)
             os.close(fd)

@@ -70,10 +70,9 @@ def resumed_config(cfg: FinetuneConfig, argv, prog: str, description: str) -> tu
     base = {**then, "overwrite": False, **unused_data_options(then)}
     # The other kind of data named now (a --config's task for a run on its own --train): refused as the
     # change it is; resolved over the saved one it read "--task and --train: give one".
-    given = options.resolve(FinetuneConfig, argv, prog=prog, description=description)
-    if (given.task and not then.get("task")) or (given.train and not then.get("train")):
+    if (cfg.task and not then.get("task")) or (cfg.train and not then.get("train")):  # cfg: the flags alone
         data = ("task", "train")
-        options.refuse_resume_changes({k: then.get(k) for k in data}, {k: getattr(given, k) for k in data},
+        options.refuse_resume_changes({k: then.get(k) for k in data}, {k: getattr(cfg, k) for k in data},
                                       RESUMABLE_CHANGES, "another --out")  # fmt: skip
     now = options.resolve(FinetuneConfig, argv, prog=prog, description=description, base=base)
     # The original command with --resume added: its "auto" is what the run resolved it to then.

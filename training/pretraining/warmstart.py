@@ -79,7 +79,9 @@ def resolve_source(spec: str, data_dir: str | None = None, given_as: str = "--in
     models = sorted({name.split("/")[0] for name in REGISTRY if "/" in name})
     if not path.exists() and spec in models:
         path = fetch_model(spec, data_dir)
-    elif not path.exists() and not path.is_symlink():
+    elif path.is_symlink() and not path.exists():
+        raise ckpt.CheckpointError(f"{given_as} {spec}: a link to {os.readlink(path)}, which does not exist")
+    elif not path.exists():
         # A bare name may be a registry model's, mistyped: the closest is named, as for a mistyped flag.
         close = difflib.get_close_matches(spec, models, n=1)
         known = (
