@@ -48,10 +48,13 @@ OUT_MARKER = "driver"
 class ScoreParts:
     """A Ray Data actor: one Scorer, then one part per call (batch_size=1)."""
 
-    def __init__(self, cfg: dict, job_bundle: dict[str, str], out_token: str | None = None) -> None:
+    def __init__(
+        self, cfg: dict, job_bundle: dict[str, str], out_token: str | None = None, reports=None
+    ) -> None:
         from bulk.shard import Scorer
 
         self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
+        self.reports = reports  # the driver's Reports actor (None: the actor run alone, in the tests)
         self.out_unseen = None
         if out_token is None:  # the actor run alone (the tests), without a driver: its own --out
             self.attempts.mkdir(parents=True, exist_ok=True)
@@ -75,14 +78,43 @@ class ScoreParts:
                                for p in parts]}  # fmt: skip
         results = []
         for p in parts:
-            if (attempt := _begin(self.attempts, p.key)) > ATTEMPTS:
-                results.append(p.failure(f"its Ray worker died {attempt - 1} times while it ran (a document that "
-                                         "runs it out of memory, or nodes lost)"))  # fmt: skip
+            attempt = _begin(self.attempts, p.key)
+            name = f"{p.key}@{attempt}"
+            if attempt > ATTEMPTS:
+                result = p.failure(f"its Ray worker died {attempt - 1} times while it ran (a document that "
+                                   "runs it out of memory, or nodes lost)")  # fmt: skip
             elif isinstance(self.scorer, Exception):
-                results.append(p.unloadable(self.scorer))
+                result = p.unloadable(self.scorer)
             else:
-                results.append(score_part(p, self.scorer))
-        return {"result": [json.dumps(r) for r in results]}
+                result = score_part(p, self.scorer, self._reporter(name))
+            results.append(json.dumps(result))
+        return {"result": results}
+
+    def _reporter(self, attempt: str):
+        """score_part's report: each chunk's counts to the driver, as a local worker's go through its queue."""
+        return lambda docs, tokens, nbytes: self._tell("add", docs, tokens, nbytes, attempt)
+
+    def _tell(self, method: str, *args) -> None:
+        """A call on the driver's Reports actor, not waited for. Calls from one actor run in the order made."""
+        if self.reports is not None:
+            with contextlib.suppress(Exception):  # the driver gone: the part's result still says it all
+                getattr(self.reports, method).remote(*args)
+
+
+class Reports:
+    """A Ray actor on the driver's node, the scoring actors' channel to the driver as they run: each chunk's
+    counts (the progress line moves per chunk, not per part of minutes), which the driver takes, without
+    waiting, as it polls."""
+
+    def __init__(self) -> None:
+        self.counts: list[tuple] = []
+
+    def add(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
+        self.counts.append((docs, tokens, nbytes, attempt))
+
+    def take(self) -> list[tuple]:
+        taken, self.counts = self.counts, []
+        return taken
 
 
 def out_unseen(out: Path, token: str) -> str | None:
@@ -295,47 +327,133 @@ def run(
     attempts.mkdir(parents=True)
     token = secrets.token_hex(16)
     (attempts / OUT_MARKER).write_text(token + "\n", encoding="utf-8")
+    reports = _start_reports()
     items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
     pool = min(workers, max(1, len(parts)))
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         ScoreParts,
-        fn_constructor_kwargs={"cfg": options.as_dict(cfg), "job_bundle": job_bundle, "out_token": token},
+        fn_constructor_kwargs={
+            "cfg": options.as_dict(cfg),
+            "job_bundle": job_bundle,
+            "out_token": token,
+            "reports": reports,
+        },
         batch_size=1,
         # One part at a time on an actor, as on a local worker (Ray Data queues two): a part is started when
         # an actor is free for it, not queued behind a part that may kill the actor.
         compute=ActorPoolStrategy(size=pool, max_tasks_in_flight_per_actor=1),
         num_cpus=cfg.threads,
     )
-    sizes = {p.key: p.size for p in parts}
     names = {_attempt_name(p.key): p.key for p in parts}
     answered: set[str] = set()
     cluster = _Cluster(cfg.ray or "local", pool, cfg.threads)
+    reported = _Reported(reports, on_progress, {p.key: p.size for p in parts})
     rows = _Rows(ds)
-    try:
-        while (row := rows.get(POLL_S)) is not rows.END:  # as parts finish, in any order
+
+    def take(result: dict) -> bool:
+        """One part's result recorded; True once no more parts should start."""
+        cluster.news()
+        if result.get("out_unseen"):
+            raise ClusterStop(result["error"])
+        answered.add(result["part"])
+        reported.came(result)
+        return on_result(result)
+
+    def watch() -> bool:
+        """The results, as parts finish, in any order: True where the job left early (a stop)."""
+        while (row := rows.get(POLL_S)) is not rows.END:
+            reported.poll()
             if row is None:  # none finished meanwhile: a stop with no part running ends the job now
                 if stopping() and not _running(attempts, names, answered):
-                    return
+                    return True
                 placed = cluster.look()  # says the job waits; ClusterStop where no node can hold a worker
                 if stopping() and placed == 0:  # parts started, their actors lost: none runs
-                    return
+                    return True
                 continue
-            cluster.news()
-            result = json.loads(row["result"])
-            if result.get("out_unseen"):
-                raise ClusterStop(result["error"])
-            answered.add(result["part"])
-            on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
-            if on_result(result) or stopping():  # leaving shuts the dataset's execution down (rows.close)
-                return
+            if take(json.loads(row["result"])) or stopping():  # leaving shuts the execution down (rows.close)
+                return True
+        return False
+
+    try:
+        left_early = watch()
     finally:
         rows.close()
+        with contextlib.suppress(Exception):
+            ray.kill(reports)
         shutil.rmtree(attempts, ignore_errors=True)
-    if stopping():  # a part dropped as the job stops is the next run's, not a failure
+    if left_early or stopping():  # a part dropped as the job stops is the next run's, not a failure
         return
     # Every part ran to its end or was dropped: those without a result are the dropped ones.
     for p in parts:
         if p.key not in answered:
             on_result(p.failure("its task failed in Ray (Ray Data logged the error, also in "
                                 "logs/ray-data/ray-data.log in the Ray session's directory)"))  # fmt: skip
+
+
+def _start_reports():
+    """The Reports actor, on the driver's own node: a node lost takes the reports with it, and the driver's
+    node is the one the job cannot lose. It takes no CPU from the scoring."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return ray.remote(Reports).options(num_cpus=0, scheduling_strategy=here).remote()
+
+
+class _Reported:
+    """The driver's end of the Reports actor, polled without waiting. Each chunk's counts go to the progress
+    line under their attempt ("key@n"); one attempt of a part is counted at a time (a newer one means the
+    actor died and Ray runs the part again from its start), and once the part's result comes, the result's
+    own counts stand for all its attempts' reports, once: the line ends at the finished parts' totals, a
+    part run twice counted once."""
+
+    def __init__(self, reports, on_progress, sizes: dict[str, int]) -> None:
+        self.reports, self.on_progress, self.sizes = reports, on_progress, sizes
+        self.asked = reports.take.remote()  # None once the actor is lost: the results still come
+        self.counted: dict[str, str] = {}  # part key -> the attempt whose reports count now
+        self.closed: set[str] = set()  # parts whose result came: their late reports count for nothing
+        self.rows_counted: set[str] = set()  # parts whose rows a result counted
+
+    def poll(self) -> None:
+        import ray
+
+        if self.asked is None or not ray.wait([self.asked], timeout=0)[0]:
+            return
+        try:
+            counts = ray.get(self.asked)
+        except Exception:  # the actor lost (its node with it): no more chunk counts, the results still come
+            self.asked = None
+            return
+        self.asked = self.reports.take.remote()
+        for docs, tokens, nbytes, attempt in counts:
+            self._count(docs, tokens, nbytes, attempt)
+
+    def _count(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
+        key, _, n = attempt.rpartition("@")
+        if key in self.closed:
+            return
+        now = self.counted.get(key)
+        if now is not None and now != attempt:
+            if _attempt_number(now) > int(n):  # an older attempt, late: its part runs again
+                self.on_progress(0, 0, 0, attempt, True)
+                return
+            self.on_progress(0, 0, 0, now, True)  # its actor died: the part runs again from its start
+        self.counted[key] = attempt
+        self.on_progress(docs, tokens, nbytes, attempt)
+
+    def came(self, result: dict) -> None:
+        """A part's result: its counts in place of what its attempts reported."""
+        key = result["part"]
+        if (now := self.counted.pop(key, None)) is not None:
+            self.on_progress(0, 0, 0, now, True)
+        self.closed.add(key)
+        docs = tokens = 0
+        if "error" not in result and key not in self.rows_counted:  # a twin's result counted once
+            self.rows_counted.add(key)
+            docs, tokens = result.get("rows", 0), result.get("tokens", 0)
+        self.on_progress(docs, tokens, self.sizes.pop(key, 0))
+
+
+def _attempt_number(attempt: str) -> int:
+    return int(attempt.rpartition("@")[2])

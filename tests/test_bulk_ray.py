@@ -129,6 +129,99 @@ def test_a_part_that_kills_its_actor_each_time_fails_alone_and_the_job_ends(tmp_
     assert s["documents"] == 5 * 8
 
 
+# A sitecustomize (as bulk_helpers.dying_on's) that kills, by SIGKILL, the Ray actor scoring a part on its
+# first start once it has reported KILL_AFTER chunks and a second has passed for them to reach the driver:
+# Ray runs the part again on the restarted actor, from its start. Its temporary file stays behind.
+_DIE_MIDWAY = """
+import importlib.machinery, os, signal, sys, time
+
+MARK = os.environ.get("BULK_TEST_DIE_MIDWAY")
+KILL_AFTER = 3
+
+
+class _DieMidway:
+    def find_spec(self, name, path=None, target=None):
+        if name != "bulk.shard" or not MARK:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            score_part = module.score_part
+
+            def dying(part, scorer, report=None):
+                if report is None or os.path.exists(MARK):
+                    return score_part(part, scorer, report)
+                chunks = []
+
+                def reporting(*counts):
+                    report(*counts)
+                    chunks.append(counts)
+                    if len(chunks) == KILL_AFTER:
+                        open(MARK, "w").close()
+                        time.sleep(1)
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                return score_part(part, scorer, reporting)
+
+            module.score_part = dying
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _DieMidway())
+"""
+
+
+def test_a_ray_job_shows_its_progress_per_chunk_and_a_part_run_again_is_counted_once(
+    tmp_path, registry_data, ray_env
+):
+    """On Ray the progress line moved only as a part finished (parts of minutes: no line, rate or ETA for
+    minutes); the actors report each chunk, as local workers do. One part (a .gz is never cut) of twenty
+    chunks, its actor killed after three of them: the line shows counts inside the part, the reports of the
+    attempt killed count for nothing once the part runs again, and the figures end at the part's rows."""
+    import gzip
+    import select
+
+    paragraphs = [p for p in wiki(registry_data, "valid")[0] if 40 <= len(p) <= 400][:500]
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in paragraphs)
+    (src / "one.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    site = tmp_path / "die-midway"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_DIE_MIDWAY)
+    path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    job_env = {**ray_env, "PYTHONPATH": path, "BULK_TEST_DIE_MIDWAY": str(tmp_path / "killed")}
+    out = tmp_path / "out"
+    argv = [a for a in bulk_argv(src, out, "detector", "--workers", "1", "--ray", "--chunk-docs", "25")
+            if a != "--no-progress"]  # fmt: skip
+    master, slave = os.openpty()  # a terminal: the line is redrawn every half second
+    try:
+        job = subprocess.Popen(argv, cwd=REPO, env=job_env, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        written = b""
+        while job.poll() is None or select.select([master], [], [], 0.5)[0]:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    written += os.read(master, 65536)
+                except OSError:  # the job's end closed the terminal
+                    break
+        job.wait(timeout=180)
+    finally:
+        os.close(master)
+    said = written.decode(errors="replace")
+    assert job.returncode == 0, said[-3000:]
+    shown = [int(n.replace(",", "")) for n in re.findall(r"([\d,]+) docs  ", said)]
+    assert any(0 < n < len(paragraphs) for n in shown), shown  # inside the part, not only at its end
+    assert (tmp_path / "killed").exists(), "the actor was not killed midway"
+    assert shown[-1] == len(paragraphs), shown
+    this_run = summary(out)["this_run"]
+    assert this_run["documents"] == this_run["documents_recorded"] == len(paragraphs), this_run
+
+
 def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
     tmp_path, corpus, local_rows, ray_env
 ):
