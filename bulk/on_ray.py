@@ -75,8 +75,8 @@ class ScoreParts:
         parts = [Part(**json.loads(p)) for p in batch["part"]]
         if self.out_unseen:  # not started: not counted, nothing written
             return {"result": [json.dumps({"part": p.key, "error": self.out_unseen, "out_unseen": True})
-                               for p in parts]}  # fmt: skip
-        results = []
+                               for p in parts], "attempt": [""] * len(parts)}  # fmt: skip
+        results, names = [], []
         for p in parts:
             attempt = _begin(self.attempts, p.key)
             name = f"{p.key}@{attempt}"
@@ -87,8 +87,13 @@ class ScoreParts:
                 result = p.unloadable(self.scorer)
             else:
                 result = score_part(p, self.scorer, self._reporter(name))
-            results.append(json.dumps(result))
-        return {"result": results}
+            encoded = json.dumps(result)
+            # Said to the driver at once: Ray Data hands a result on up to seconds later, and a job stopping
+            # meanwhile records the parts finished by then (their files are whole) instead of dropping them.
+            self._tell("finished_part", name, encoded)
+            results.append(encoded)
+            names.append(name)
+        return {"result": results, "attempt": names}
 
     def _reporter(self, attempt: str):
         """score_part's report: each chunk's counts to the driver, as a local worker's go through its queue."""
@@ -103,17 +108,22 @@ class ScoreParts:
 
 class Reports:
     """A Ray actor on the driver's node, the scoring actors' channel to the driver as they run: each chunk's
-    counts (the progress line moves per chunk, not per part of minutes), which the driver takes, without
-    waiting, as it polls."""
+    counts (the progress line moves per chunk, not per part of minutes) and each part finished, which the
+    driver takes, without waiting, as it polls."""
 
     def __init__(self) -> None:
         self.counts: list[tuple] = []
+        self.finished: list[tuple] = []
 
     def add(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
         self.counts.append((docs, tokens, nbytes, attempt))
 
-    def take(self) -> list[tuple]:
-        taken, self.counts = self.counts, []
+    def finished_part(self, attempt: str, result: str) -> None:
+        self.finished.append((attempt, result))
+
+    def take(self) -> tuple[list[tuple], list[tuple]]:
+        taken = self.counts, self.finished
+        self.counts, self.finished = [], []
         return taken
 
 
@@ -215,6 +225,17 @@ class _Rows:
             raise item
         return item
 
+    def waiting(self) -> list[dict]:
+        """The rows read and not yet taken, without waiting for more."""
+        rows = []
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return rows
+            if item is not self.END and not isinstance(item, BaseException):
+                rows.append(item)
+
     def close(self) -> None:
         """End the reading thread, Ray Data's execution with it (the actors it started)."""
         with self.lock:
@@ -309,8 +330,9 @@ def run(
     parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
 ) -> None:
     """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes, or at once
-    where none runs (no worker placed, or none holding a part): the parts still running on the cluster are
-    dropped, and a later run scores them again. ClusterStop where the job cannot go on on this cluster."""
+    where none runs (no worker placed, or none holding a part): the parts finished on the actors by then are
+    recorded, those still running on the cluster dropped, and a later run scores them again. ClusterStop
+    where the job cannot go on on this cluster."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -351,14 +373,22 @@ def run(
     reported = _Reported(reports, on_progress, {p.key: p.size for p in parts})
     rows = _Rows(ds)
 
-    def take(result: dict) -> bool:
+    def take(attempt: str, result: dict) -> bool:
         """One part's result recorded; True once no more parts should start."""
         cluster.news()
         if result.get("out_unseen"):
             raise ClusterStop(result["error"])
         answered.add(result["part"])
-        reported.came(result)
+        reported.came(attempt, result)
         return on_result(result)
+
+    def keep_finished() -> None:
+        """At a stop: the parts the actors finished by now (their files whole), whose results had not come
+        through Ray Data, recorded; only those still running are left to the next run."""
+        for row in rows.waiting():
+            take(row["attempt"], json.loads(row["result"]))
+        for attempt, result in reported.finished_meanwhile():
+            take(attempt, result)
 
     def watch() -> bool:
         """The results, as parts finish, in any order: True where the job left early (a stop)."""
@@ -366,12 +396,17 @@ def run(
             reported.poll()
             if row is None:  # none finished meanwhile: a stop with no part running ends the job now
                 if stopping() and not _running(attempts, names, answered):
+                    keep_finished()
                     return True
                 placed = cluster.look()  # says the job waits; ClusterStop where no node can hold a worker
                 if stopping() and placed == 0:  # parts started, their actors lost: none runs
+                    keep_finished()
                     return True
                 continue
-            if take(json.loads(row["result"])) or stopping():  # leaving shuts the execution down (rows.close)
+            if take(row["attempt"], json.loads(row["result"])):  # a full disk
+                return True
+            if stopping():  # leaving shuts the dataset's execution down (rows.close)
+                keep_finished()
                 return True
         return False
 
@@ -401,12 +436,15 @@ def _start_reports():
     return ray.remote(Reports).options(num_cpus=0, scheduling_strategy=here).remote()
 
 
+REPORTS_WAIT_S = 5.0  # at a stop, the longest the driver waits to hear which parts finished meanwhile
+
+
 class _Reported:
     """The driver's end of the Reports actor, polled without waiting. Each chunk's counts go to the progress
     line under their attempt ("key@n"); one attempt of a part is counted at a time (a newer one means the
     actor died and Ray runs the part again from its start), and once the part's result comes, the result's
     own counts stand for all its attempts' reports, once: the line ends at the finished parts' totals, a
-    part run twice counted once."""
+    part run twice counted once. It also keeps the parts said finished whose result has not come."""
 
     def __init__(self, reports, on_progress, sizes: dict[str, int]) -> None:
         self.reports, self.on_progress, self.sizes = reports, on_progress, sizes
@@ -414,20 +452,25 @@ class _Reported:
         self.counted: dict[str, str] = {}  # part key -> the attempt whose reports count now
         self.closed: set[str] = set()  # parts whose result came: their late reports count for nothing
         self.rows_counted: set[str] = set()  # parts whose rows a result counted
+        self.unanswered: dict[str, str] = {}  # attempt said finished -> its result, none come yet
+        self.answered: set[str] = set()  # attempts whose result came
 
-    def poll(self) -> None:
+    def poll(self, wait_s: float = 0.0) -> None:
         import ray
 
-        if self.asked is None or not ray.wait([self.asked], timeout=0)[0]:
+        if self.asked is None or not ray.wait([self.asked], timeout=wait_s)[0]:
             return
         try:
-            counts = ray.get(self.asked)
+            counts, finished = ray.get(self.asked)
         except Exception:  # the actor lost (its node with it): no more chunk counts, the results still come
             self.asked = None
             return
         self.asked = self.reports.take.remote()
         for docs, tokens, nbytes, attempt in counts:
             self._count(docs, tokens, nbytes, attempt)
+        for attempt, result in finished:
+            if attempt not in self.answered:
+                self.unanswered[attempt] = result
 
     def _count(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
         key, _, n = attempt.rpartition("@")
@@ -442,9 +485,11 @@ class _Reported:
         self.counted[key] = attempt
         self.on_progress(docs, tokens, nbytes, attempt)
 
-    def came(self, result: dict) -> None:
+    def came(self, attempt: str, result: dict) -> None:
         """A part's result: its counts in place of what its attempts reported."""
         key = result["part"]
+        self.answered.add(attempt)
+        self.unanswered.pop(attempt, None)
         if (now := self.counted.pop(key, None)) is not None:
             self.on_progress(0, 0, 0, now, True)
         self.closed.add(key)
@@ -453,6 +498,13 @@ class _Reported:
             self.rows_counted.add(key)
             docs, tokens = result.get("rows", 0), result.get("tokens", 0)
         self.on_progress(docs, tokens, self.sizes.pop(key, 0))
+
+    def finished_meanwhile(self) -> list[tuple[str, dict]]:
+        """The parts said finished whose result has not come: asked afresh (a question put before the stop
+        may miss the latest), waiting REPORTS_WAIT_S at most."""
+        for _ in range(2):
+            self.poll(REPORTS_WAIT_S)
+        return [(a, json.loads(r)) for a, r in self.unanswered.items() if a not in self.answered]
 
 
 def _attempt_number(attempt: str) -> int:
