@@ -165,6 +165,8 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     summary["parts"]["not_started"] = left = len(
         {p.key for p in parts} - finished.keys() - failed_parts.keys()
     )
+    if not left:  # every part done: nothing of the job's runs now, and nothing a later start would clear
+        remove_leftovers(cfg.out)
     # A signal that came as the last parts ran stopped nothing; after a full disk, the disk is the reason.
     interrupted = interrupt.stopping and left > 0 and not stopped
     if interrupted:
@@ -210,6 +212,18 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     if failed_shards or failed_parts or stopped:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def remove_leftovers(out: Path) -> None:
+    """What a job with every part done leaves nobody to remove: a killed worker's temporary files (its part
+    ran again), and the attempts directory a killed Ray driver left (a later local run never clears it).
+    Otherwise the next start removes them."""
+    import shutil
+
+    from bulk.on_ray import ATTEMPTS_DIR  # its constant alone: bulk.on_ray imports Ray only where it runs
+
+    outputs.remove_temporaries(out)
+    shutil.rmtree(out / ATTEMPTS_DIR, ignore_errors=True)
 
 
 def no_field(cfg: BulkConfig, parts: list[Part], option: str) -> str:

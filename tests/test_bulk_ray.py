@@ -181,7 +181,8 @@ def test_a_ray_job_shows_its_progress_per_chunk_and_a_part_run_again_is_counted_
     """On Ray the progress line moved only as a part finished (parts of minutes: no line, rate or ETA for
     minutes); the actors report each chunk, as local workers do. One part (a .gz is never cut) of twenty
     chunks, its actor killed after three of them: the line shows counts inside the part, the reports of the
-    attempt killed count for nothing once the part runs again, and the figures end at the part's rows."""
+    attempt killed count for nothing once the part runs again, and the figures end at the part's rows. The
+    killed attempt's temporary file goes with the job that finished every part."""
     import gzip
     import select
 
@@ -220,6 +221,8 @@ def test_a_ray_job_shows_its_progress_per_chunk_and_a_part_run_again_is_counted_
     assert shown[-1] == len(paragraphs), shown
     this_run = summary(out)["this_run"]
     assert this_run["documents"] == this_run["documents_recorded"] == len(paragraphs), this_run
+    assert [p.name for p in (out / "scores").iterdir()] == ["one.jsonl.gz.part-00000.parquet"]
+    assert not (out / ".ray-attempts").exists()
 
 
 def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
@@ -501,9 +504,13 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
     assert f"lost the Ray cluster at {address} (--ray)" in err, err[-3000:]
     assert "run the same command again to resume" in err and "Traceback" not in err
     assert not (out / "summary.json").exists()  # no figures of a run that did not end
+    assert (out / ".ray-attempts").is_dir()  # the killed driver's, which only a Ray run cleared
     resumed = run_bulk(corpus, out, "detector", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert rows(out) == local_rows
+    # Every part done: nothing hidden of the job's left behind (a later start is not sure to come).
+    assert not (out / ".ray-attempts").exists()
+    assert not [p.name for p in (out / "scores").iterdir() if p.name.startswith(".")]
 
 
 HOG = """
