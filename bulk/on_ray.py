@@ -55,6 +55,7 @@ class ScoreParts:
 
         self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
         self.reports = reports  # the driver's Reports actor (None: the actor run alone, in the tests)
+        self.worker = _actor_id()
         self.out_unseen = None
         if out_token is None:  # the actor run alone (the tests), without a driver: its own --out
             self.attempts.mkdir(parents=True, exist_ok=True)
@@ -75,7 +76,8 @@ class ScoreParts:
         parts = [Part(**json.loads(p)) for p in batch["part"]]
         if self.out_unseen:  # not started: not counted, nothing written
             return {"result": [json.dumps({"part": p.key, "error": self.out_unseen, "out_unseen": True})
-                               for p in parts], "attempt": [""] * len(parts)}  # fmt: skip
+                               for p in parts], "attempt": [""] * len(parts),
+                    "worker": [self.worker] * len(parts)}  # fmt: skip
         results, names = [], []
         for p in parts:
             attempt = _begin(self.attempts, p.key)
@@ -90,10 +92,10 @@ class ScoreParts:
             encoded = json.dumps(result)
             # Said to the driver at once: Ray Data hands a result on up to seconds later, and a job stopping
             # meanwhile records the parts finished by then (their files are whole) instead of dropping them.
-            self._tell("finished_part", name, encoded)
+            self._tell("finished_part", name, encoded, self.worker)
             results.append(encoded)
             names.append(name)
-        return {"result": results, "attempt": names}
+        return {"result": results, "attempt": names, "worker": [self.worker] * len(parts)}
 
     def _reporter(self, attempt: str):
         """score_part's report: each chunk's counts to the driver, as a local worker's go through its queue."""
@@ -104,6 +106,16 @@ class ScoreParts:
         if self.reports is not None:
             with contextlib.suppress(Exception):  # the driver gone: the part's result still says it all
                 getattr(self.reports, method).remote(*args)
+
+
+def _actor_id() -> str | None:
+    """This Ray actor's id (kept across its restarts: one worker of the pool), or None outside Ray."""
+    with contextlib.suppress(Exception):
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_actor_id()
+    return None
 
 
 class Reports:
@@ -118,8 +130,8 @@ class Reports:
     def add(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
         self.counts.append((docs, tokens, nbytes, attempt))
 
-    def finished_part(self, attempt: str, result: str) -> None:
-        self.finished.append((attempt, result))
+    def finished_part(self, attempt: str, result: str, worker: str | None) -> None:
+        self.finished.append((attempt, result, worker))
 
     def take(self) -> tuple[list[tuple], list[tuple]]:
         taken = self.counts, self.finished
@@ -328,11 +340,11 @@ def _running(attempts: Path, names: dict[str, str], answered: set[str]) -> set[s
 
 def run(
     parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
-) -> None:
+) -> int:
     """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes, or at once
     where none runs (no worker placed, or none holding a part): the parts finished on the actors by then are
     recorded, those still running on the cluster dropped, and a later run scores them again. ClusterStop
-    where the job cannot go on on this cluster."""
+    where the job cannot go on on this cluster. Returns how many actors scored parts."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -373,22 +385,22 @@ def run(
     reported = _Reported(reports, on_progress, {p.key: p.size for p in parts})
     rows = _Rows(ds)
 
-    def take(attempt: str, result: dict) -> bool:
+    def take(attempt: str, worker: str | None, result: dict) -> bool:
         """One part's result recorded; True once no more parts should start."""
         cluster.news()
         if result.get("out_unseen"):
             raise ClusterStop(result["error"])
         answered.add(result["part"])
-        reported.came(attempt, result)
+        reported.came(attempt, worker, result)
         return on_result(result)
 
     def keep_finished() -> None:
         """At a stop: the parts the actors finished by now (their files whole), whose results had not come
         through Ray Data, recorded; only those still running are left to the next run."""
         for row in rows.waiting():
-            take(row["attempt"], json.loads(row["result"]))
-        for attempt, result in reported.finished_meanwhile():
-            take(attempt, result)
+            take(row["attempt"], row["worker"], json.loads(row["result"]))
+        for attempt, worker, result in reported.finished_meanwhile():
+            take(attempt, worker, result)
 
     def watch() -> bool:
         """The results, as parts finish, in any order: True where the job left early (a stop)."""
@@ -403,7 +415,7 @@ def run(
                     keep_finished()
                     return True
                 continue
-            if take(row["attempt"], json.loads(row["result"])):  # a full disk
+            if take(row["attempt"], row["worker"], json.loads(row["result"])):  # a full disk
                 return True
             if stopping():  # leaving shuts the dataset's execution down (rows.close)
                 keep_finished()
@@ -418,12 +430,13 @@ def run(
             ray.kill(reports)
         shutil.rmtree(attempts, ignore_errors=True)
     if left_early or stopping():  # a part dropped as the job stops is the next run's, not a failure
-        return
+        return len(reported.workers)
     # Every part ran to its end or was dropped: those without a result are the dropped ones.
     for p in parts:
         if p.key not in answered:
             on_result(p.failure("its task failed in Ray (Ray Data logged the error, also in "
                                 "logs/ray-data/ray-data.log in the Ray session's directory)"))  # fmt: skip
+    return len(reported.workers)
 
 
 def _start_reports():
@@ -452,8 +465,9 @@ class _Reported:
         self.counted: dict[str, str] = {}  # part key -> the attempt whose reports count now
         self.closed: set[str] = set()  # parts whose result came: their late reports count for nothing
         self.rows_counted: set[str] = set()  # parts whose rows a result counted
-        self.unanswered: dict[str, str] = {}  # attempt said finished -> its result, none come yet
+        self.unanswered: dict[str, tuple] = {}  # attempt said finished -> (worker, result), no result yet
         self.answered: set[str] = set()  # attempts whose result came
+        self.workers: set[str] = set()  # the actors that answered
 
     def poll(self, wait_s: float = 0.0) -> None:
         import ray
@@ -468,9 +482,9 @@ class _Reported:
         self.asked = self.reports.take.remote()
         for docs, tokens, nbytes, attempt in counts:
             self._count(docs, tokens, nbytes, attempt)
-        for attempt, result in finished:
+        for attempt, result, worker in finished:
             if attempt not in self.answered:
-                self.unanswered[attempt] = result
+                self.unanswered[attempt] = (worker, result)
 
     def _count(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
         key, _, n = attempt.rpartition("@")
@@ -485,11 +499,13 @@ class _Reported:
         self.counted[key] = attempt
         self.on_progress(docs, tokens, nbytes, attempt)
 
-    def came(self, attempt: str, result: dict) -> None:
+    def came(self, attempt: str, worker: str | None, result: dict) -> None:
         """A part's result: its counts in place of what its attempts reported."""
         key = result["part"]
         self.answered.add(attempt)
         self.unanswered.pop(attempt, None)
+        if worker:
+            self.workers.add(worker)
         if (now := self.counted.pop(key, None)) is not None:
             self.on_progress(0, 0, 0, now, True)
         self.closed.add(key)
@@ -499,12 +515,12 @@ class _Reported:
             docs, tokens = result.get("rows", 0), result.get("tokens", 0)
         self.on_progress(docs, tokens, self.sizes.pop(key, 0))
 
-    def finished_meanwhile(self) -> list[tuple[str, dict]]:
+    def finished_meanwhile(self) -> list[tuple[str, str | None, dict]]:
         """The parts said finished whose result has not come: asked afresh (a question put before the stop
         may miss the latest), waiting REPORTS_WAIT_S at most."""
         for _ in range(2):
             self.poll(REPORTS_WAIT_S)
-        return [(a, json.loads(r)) for a, r in self.unanswered.items() if a not in self.answered]
+        return [(a, w, json.loads(r)) for a, (w, r) in self.unanswered.items() if a not in self.answered]
 
 
 def _attempt_number(attempt: str) -> int:

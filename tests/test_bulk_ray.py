@@ -575,7 +575,14 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] == 20
     config = json.loads((out / "config.json").read_text())
     assert config["workers"] == 0 and config["as_run"] == {"workers": 1}, config
+    # The summary's options as run (it kept the 0 given), and the workers that scored: none yet.
+    assert summary(out)["options"]["workers"] == 1 and summary(out)["this_run"]["workers"] == 0
     subprocess.run([sys.executable, "-c", HOG, address, "free"], env=ray_env, check=True, timeout=120)
-    done = run_bulk(corpus, out, "detector", "--ray", address, timeout=300, **ray_env)
+    # More workers than the cluster holds: the plan line says the one it holds, as the note before it does
+    # (it said 2), and the summary the one that scored.
+    done = run_bulk(corpus, out, "detector", "--ray", address, "--workers", "2", timeout=300, **ray_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
+    assert f"the Ray cluster at {address} holds 1 worker(s) of 1 thread(s), not --workers 2" in done.stderr
+    assert "20 to score with 1 worker(s) x 1 thread(s) on Ray (up to --workers 2 " in done.stdout, done.stdout
+    assert summary(out)["options"]["workers"] == 2 and summary(out)["this_run"]["workers"] == 1
