@@ -59,7 +59,7 @@ def _score(part: Part, attempt: int) -> dict:
 
 def run(
     parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
-) -> None:
+) -> int:
     """Score `parts` with the bundle whose files' sha256 are `job_bundle` (a worker that reads another fails
     each part it takes), calling on_result(result) for each finished or failed part (in this thread) and
     on_progress(docs, tokens, bytes, attempt) as workers report (attempt: "part key@n"), and
@@ -71,7 +71,7 @@ def run(
 
     A worker that dies (killed, out of memory) costs only the part it was running: that part is charged an
     attempt and, with attempts left, runs again in a new worker; the other workers' parts go on. A part
-    fails when its worker died ATTEMPTS times as it ran."""
+    fails when its worker died ATTEMPTS times as it ran. Returns how many workers ran side by side."""
     todo = deque(parts)
     charged = {p.key: 0 for p in parts}
     count = min(cfg.worker_count(), max(1, len(parts)))
@@ -150,6 +150,7 @@ def run(
         _close_all(started)
         raise
     _close_all(started)
+    return count
 
 
 # Open files the driver holds for each worker: its executor's queues, pipes and process sentinel, and its

@@ -48,10 +48,14 @@ OUT_MARKER = "driver"
 class ScoreParts:
     """A Ray Data actor: one Scorer, then one part per call (batch_size=1)."""
 
-    def __init__(self, cfg: dict, job_bundle: dict[str, str], out_token: str | None = None) -> None:
+    def __init__(
+        self, cfg: dict, job_bundle: dict[str, str], out_token: str | None = None, reports=None
+    ) -> None:
         from bulk.shard import Scorer
 
         self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
+        self.reports = reports  # the driver's Reports actor (None: the actor run alone, in the tests)
+        self.worker = _actor_id()
         self.out_unseen = None
         if out_token is None:  # the actor run alone (the tests), without a driver: its own --out
             self.attempts.mkdir(parents=True, exist_ok=True)
@@ -72,17 +76,67 @@ class ScoreParts:
         parts = [Part(**json.loads(p)) for p in batch["part"]]
         if self.out_unseen:  # not started: not counted, nothing written
             return {"result": [json.dumps({"part": p.key, "error": self.out_unseen, "out_unseen": True})
-                               for p in parts]}  # fmt: skip
-        results = []
+                               for p in parts], "attempt": [""] * len(parts),
+                    "worker": [self.worker] * len(parts)}  # fmt: skip
+        results, names = [], []
         for p in parts:
-            if (attempt := _begin(self.attempts, p.key)) > ATTEMPTS:
-                results.append(p.failure(f"its Ray worker died {attempt - 1} times while it ran (a document that "
-                                         "runs it out of memory, or nodes lost)"))  # fmt: skip
+            attempt = _begin(self.attempts, p.key)
+            name = f"{p.key}@{attempt}"
+            if attempt > ATTEMPTS:
+                result = p.failure(f"its Ray worker died {attempt - 1} times while it ran (a document that "
+                                   "runs it out of memory, or nodes lost)")  # fmt: skip
             elif isinstance(self.scorer, Exception):
-                results.append(p.unloadable(self.scorer))
+                result = p.unloadable(self.scorer)
             else:
-                results.append(score_part(p, self.scorer))
-        return {"result": [json.dumps(r) for r in results]}
+                result = score_part(p, self.scorer, self._reporter(name))
+            encoded = json.dumps(result)
+            # Said to the driver at once: Ray Data hands a result on up to seconds later, and a job stopping
+            # meanwhile records the parts finished by then (their files are whole) instead of dropping them.
+            self._tell("finished_part", name, encoded, self.worker)
+            results.append(encoded)
+            names.append(name)
+        return {"result": results, "attempt": names, "worker": [self.worker] * len(parts)}
+
+    def _reporter(self, attempt: str):
+        """score_part's report: each chunk's counts to the driver, as a local worker's go through its queue."""
+        return lambda docs, tokens, nbytes: self._tell("add", docs, tokens, nbytes, attempt)
+
+    def _tell(self, method: str, *args) -> None:
+        """A call on the driver's Reports actor, not waited for. Calls from one actor run in the order made."""
+        if self.reports is not None:
+            with contextlib.suppress(Exception):  # the driver gone: the part's result still says it all
+                getattr(self.reports, method).remote(*args)
+
+
+def _actor_id() -> str | None:
+    """This Ray actor's id (kept across its restarts: one worker of the pool), or None outside Ray."""
+    with contextlib.suppress(Exception):
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_actor_id()
+    return None
+
+
+class Reports:
+    """A Ray actor on the driver's node, the scoring actors' channel to the driver as they run: each chunk's
+    counts (the progress line moves per chunk, not per part of minutes) and each part finished, which the
+    driver takes, without waiting, as it polls."""
+
+    def __init__(self) -> None:
+        self.counts: list[tuple] = []
+        self.finished: list[tuple] = []
+
+    def add(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
+        self.counts.append((docs, tokens, nbytes, attempt))
+
+    def finished_part(self, attempt: str, result: str, worker: str | None) -> None:
+        self.finished.append((attempt, result, worker))
+
+    def take(self) -> tuple[list[tuple], list[tuple]]:
+        taken = self.counts, self.finished
+        self.counts, self.finished = [], []
+        return taken
 
 
 def out_unseen(out: Path, token: str) -> str | None:
@@ -183,6 +237,17 @@ class _Rows:
             raise item
         return item
 
+    def waiting(self) -> list[dict]:
+        """The rows read and not yet taken, without waiting for more."""
+        rows = []
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return rows
+            if item is not self.END and not isinstance(item, BaseException):
+                rows.append(item)
+
     def close(self) -> None:
         """End the reading thread, Ray Data's execution with it (the actors it started)."""
         with self.lock:
@@ -275,10 +340,11 @@ def _running(attempts: Path, names: dict[str, str], answered: set[str]) -> set[s
 
 def run(
     parts: list[Part], cfg: BulkConfig, job_bundle: dict[str, str], on_result, on_progress, stopping
-) -> None:
+) -> int:
     """As bulk/local.py's run; a stop (a full disk, Ctrl-C) is acted on as the next part finishes, or at once
-    where none runs (no worker placed, or none holding a part): the parts still running on the cluster are
-    dropped, and a later run scores them again. ClusterStop where the job cannot go on on this cluster."""
+    where none runs (no worker placed, or none holding a part): the parts finished on the actors by then are
+    recorded, those still running on the cluster dropped, and a later run scores them again. ClusterStop
+    where the job cannot go on on this cluster. Returns how many actors scored parts."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -295,47 +361,167 @@ def run(
     attempts.mkdir(parents=True)
     token = secrets.token_hex(16)
     (attempts / OUT_MARKER).write_text(token + "\n", encoding="utf-8")
+    reports = _start_reports()
     items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
     pool = min(workers, max(1, len(parts)))
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
         ScoreParts,
-        fn_constructor_kwargs={"cfg": options.as_dict(cfg), "job_bundle": job_bundle, "out_token": token},
+        fn_constructor_kwargs={
+            "cfg": options.as_dict(cfg),
+            "job_bundle": job_bundle,
+            "out_token": token,
+            "reports": reports,
+        },
         batch_size=1,
         # One part at a time on an actor, as on a local worker (Ray Data queues two): a part is started when
         # an actor is free for it, not queued behind a part that may kill the actor.
         compute=ActorPoolStrategy(size=pool, max_tasks_in_flight_per_actor=1),
         num_cpus=cfg.threads,
     )
-    sizes = {p.key: p.size for p in parts}
     names = {_attempt_name(p.key): p.key for p in parts}
     answered: set[str] = set()
     cluster = _Cluster(cfg.ray or "local", pool, cfg.threads)
+    reported = _Reported(reports, on_progress, {p.key: p.size for p in parts})
     rows = _Rows(ds)
-    try:
-        while (row := rows.get(POLL_S)) is not rows.END:  # as parts finish, in any order
+
+    def take(attempt: str, worker: str | None, result: dict) -> bool:
+        """One part's result recorded; True once no more parts should start."""
+        cluster.news()
+        if result.get("out_unseen"):
+            raise ClusterStop(result["error"])
+        answered.add(result["part"])
+        reported.came(attempt, worker, result)
+        return on_result(result)
+
+    def keep_finished() -> None:
+        """At a stop: the parts the actors finished by now (their files whole), whose results had not come
+        through Ray Data, recorded; only those still running are left to the next run."""
+        for row in rows.waiting():
+            take(row["attempt"], row["worker"], json.loads(row["result"]))
+        for attempt, worker, result in reported.finished_meanwhile():
+            take(attempt, worker, result)
+
+    def watch() -> bool:
+        """The results, as parts finish, in any order: True where the job left early (a stop)."""
+        while (row := rows.get(POLL_S)) is not rows.END:
+            reported.poll()
             if row is None:  # none finished meanwhile: a stop with no part running ends the job now
                 if stopping() and not _running(attempts, names, answered):
-                    return
+                    keep_finished()
+                    return True
                 placed = cluster.look()  # says the job waits; ClusterStop where no node can hold a worker
                 if stopping() and placed == 0:  # parts started, their actors lost: none runs
-                    return
+                    keep_finished()
+                    return True
                 continue
-            cluster.news()
-            result = json.loads(row["result"])
-            if result.get("out_unseen"):
-                raise ClusterStop(result["error"])
-            answered.add(result["part"])
-            on_progress(result.get("rows", 0), result.get("tokens", 0), sizes.get(result["part"], 0))
-            if on_result(result) or stopping():  # leaving shuts the dataset's execution down (rows.close)
-                return
+            if take(row["attempt"], row["worker"], json.loads(row["result"])):  # a full disk
+                return True
+            if stopping():  # leaving shuts the dataset's execution down (rows.close)
+                keep_finished()
+                return True
+        return False
+
+    try:
+        left_early = watch()
     finally:
         rows.close()
+        with contextlib.suppress(Exception):
+            ray.kill(reports)
         shutil.rmtree(attempts, ignore_errors=True)
-    if stopping():  # a part dropped as the job stops is the next run's, not a failure
-        return
+    if left_early or stopping():  # a part dropped as the job stops is the next run's, not a failure
+        return len(reported.workers)
     # Every part ran to its end or was dropped: those without a result are the dropped ones.
     for p in parts:
         if p.key not in answered:
             on_result(p.failure("its task failed in Ray (Ray Data logged the error, also in "
                                 "logs/ray-data/ray-data.log in the Ray session's directory)"))  # fmt: skip
+    return len(reported.workers)
+
+
+def _start_reports():
+    """The Reports actor, on the driver's own node: a node lost takes the reports with it, and the driver's
+    node is the one the job cannot lose. It takes no CPU from the scoring."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return ray.remote(Reports).options(num_cpus=0, scheduling_strategy=here).remote()
+
+
+REPORTS_WAIT_S = 5.0  # at a stop, the longest the driver waits to hear which parts finished meanwhile
+
+
+class _Reported:
+    """The driver's end of the Reports actor, polled without waiting. Each chunk's counts go to the progress
+    line under their attempt ("key@n"); one attempt of a part is counted at a time (a newer one means the
+    actor died and Ray runs the part again from its start), and once the part's result comes, the result's
+    own counts stand for all its attempts' reports, once: the line ends at the finished parts' totals, a
+    part run twice counted once. It also keeps the parts said finished whose result has not come."""
+
+    def __init__(self, reports, on_progress, sizes: dict[str, int]) -> None:
+        self.reports, self.on_progress, self.sizes = reports, on_progress, sizes
+        self.asked = reports.take.remote()  # None once the actor is lost: the results still come
+        self.counted: dict[str, str] = {}  # part key -> the attempt whose reports count now
+        self.closed: set[str] = set()  # parts whose result came: their late reports count for nothing
+        self.rows_counted: set[str] = set()  # parts whose rows a result counted
+        self.unanswered: dict[str, tuple] = {}  # attempt said finished -> (worker, result), no result yet
+        self.answered: set[str] = set()  # attempts whose result came
+        self.workers: set[str] = set()  # the actors that answered
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        import ray
+
+        if self.asked is None or not ray.wait([self.asked], timeout=wait_s)[0]:
+            return
+        try:
+            counts, finished = ray.get(self.asked)
+        except Exception:  # the actor lost (its node with it): no more chunk counts, the results still come
+            self.asked = None
+            return
+        self.asked = self.reports.take.remote()
+        for docs, tokens, nbytes, attempt in counts:
+            self._count(docs, tokens, nbytes, attempt)
+        for attempt, result, worker in finished:
+            if attempt not in self.answered:
+                self.unanswered[attempt] = (worker, result)
+
+    def _count(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
+        key, _, n = attempt.rpartition("@")
+        if key in self.closed:
+            return
+        now = self.counted.get(key)
+        if now is not None and now != attempt:
+            if _attempt_number(now) > int(n):  # an older attempt, late: its part runs again
+                self.on_progress(0, 0, 0, attempt, True)
+                return
+            self.on_progress(0, 0, 0, now, True)  # its actor died: the part runs again from its start
+        self.counted[key] = attempt
+        self.on_progress(docs, tokens, nbytes, attempt)
+
+    def came(self, attempt: str, worker: str | None, result: dict) -> None:
+        """A part's result: its counts in place of what its attempts reported."""
+        key = result["part"]
+        self.answered.add(attempt)
+        self.unanswered.pop(attempt, None)
+        if worker:
+            self.workers.add(worker)
+        if (now := self.counted.pop(key, None)) is not None:
+            self.on_progress(0, 0, 0, now, True)
+        self.closed.add(key)
+        docs = tokens = 0
+        if "error" not in result and key not in self.rows_counted:  # a twin's result counted once
+            self.rows_counted.add(key)
+            docs, tokens = result.get("rows", 0), result.get("tokens", 0)
+        self.on_progress(docs, tokens, self.sizes.pop(key, 0))
+
+    def finished_meanwhile(self) -> list[tuple[str, str | None, dict]]:
+        """The parts said finished whose result has not come: asked afresh (a question put before the stop
+        may miss the latest), waiting REPORTS_WAIT_S at most."""
+        for _ in range(2):
+            self.poll(REPORTS_WAIT_S)
+        return [(a, w, json.loads(r)) for a, (w, r) in self.unanswered.items() if a not in self.answered]
+
+
+def _attempt_number(attempt: str) -> int:
+    return int(attempt.rpartition("@")[2])

@@ -61,16 +61,13 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         print(f"bulk: {len(gone)} shard(s) with finished parts are no longer in INPUT ({', '.join(gone[:5])}); "
               "their rows stay in scores/ but are not counted", file=sys.stderr, flush=True)  # fmt: skip
     docs_before = sum(finished[p.key].get("rows", 0) for p in parts if p.key in finished)
-    running = (
-        f" with {run_cfg.workers} worker(s) x {cfg.threads} thread(s){' on Ray' if cfg.ray else ''}"
-        if todo
-        else ""
-    )
+    running = f" with {_workers_said(cfg, run_cfg, len(todo))}" if todo else ""
     print(f"bulk: {len(files)} shard(s), {len(parts)} part(s); {len(parts) - len(todo)} already finished "
           f"({manifest.path}), {len(todo)} to score{running}", flush=True)  # fmt: skip
     progress = Progress(sum(p.size for p in todo), cfg.progress and bool(todo))  # no bar for nothing to do
     failed_parts: dict[str, str] = {}
     scored: list[dict] = []  # this run's finished parts
+    workers_used = 0  # processes or Ray actors that scored parts in this run
     stopped: list[str] = []  # why no more parts start (a full disk, a signal), once said
     interrupt = GracefulStop(False, "")  # replaced by the one watching for signals while parts run
 
@@ -144,8 +141,8 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             try:
                 # The bundle as this driver read it: a worker that reads another (swapped under --models as
                 # the job ran) fails its parts rather than mix two models' rows in scores/.
-                runner.run(largest_first(todo), run_cfg, bundle.sha256_as_read, on_result, progress.update,
-                           lambda: interrupt.stopping)  # fmt: skip
+                workers_used = runner.run(largest_first(todo), run_cfg, bundle.sha256_as_read, on_result,
+                                          progress.update, lambda: interrupt.stopping)  # fmt: skip
             except Exception as e:
                 if not (cfg.ray and isinstance(e, runner.ClusterStop)):
                     raise
@@ -159,12 +156,18 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     progress.close()
     entries = [finished[p.key] for p in parts if p.key in finished]
     summary = summarize(cfg, bundle, parts, entries, failed_shards, failed_parts, progress, t0)
+    # The options as run (--workers 0 resolved, as config.json's as_run), and the workers that scored: on a
+    # cluster of fewer CPUs than --workers asks, fewer than that.
+    summary["options"] = options.as_dict(run_cfg)
+    summary["this_run"]["workers"] = workers_used
     summary["this_run"] |= scoring_rate(scored)
     # Recorded this run: what the progress counted, less parts that failed after scoring or ran twice.
     summary["this_run"]["documents_recorded"] = summary["documents"] - docs_before
     summary["parts"]["not_started"] = left = len(
         {p.key for p in parts} - finished.keys() - failed_parts.keys()
     )
+    if not left:  # every part done: nothing of the job's runs now, and nothing a later start would clear
+        remove_leftovers(cfg.out)
     # A signal that came as the last parts ran stopped nothing; after a full disk, the disk is the reason.
     interrupted = interrupt.stopping and left > 0 and not stopped
     if interrupted:
@@ -210,6 +213,31 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
     if failed_shards or failed_parts or stopped:
         return EXIT_FAILED
     return EXIT_REJECTED if rejected else EXIT_OK
+
+
+def _workers_said(cfg: BulkConfig, run_cfg: BulkConfig, parts: int) -> str:
+    """The plan line's workers: as many as score, which on a cluster joined is no more than its nodes hold
+    (the job's note said so; Ray starts the rest as nodes join), and no more than the parts."""
+    workers = min(run_cfg.workers, parts)
+    more = ""
+    if cfg.ray and cfg.ray != "local":  # joined: job.py's note counted the same nodes
+        from bulk import ray_cluster
+
+        if (fit := ray_cluster.actors_that_fit(ray_cluster.node_cpus(), cfg.threads)) < workers:
+            workers, more = fit, f" (up to --workers {run_cfg.workers} as nodes with free CPUs join)"
+    return f"{workers} worker(s) x {cfg.threads} thread(s){' on Ray' if cfg.ray else ''}{more}"
+
+
+def remove_leftovers(out: Path) -> None:
+    """What a job with every part done leaves nobody to remove: a killed worker's temporary files (its part
+    ran again), and the attempts directory a killed Ray driver left (a later local run never clears it).
+    Otherwise the next start removes them."""
+    import shutil
+
+    from bulk.on_ray import ATTEMPTS_DIR  # its constant alone: bulk.on_ray imports Ray only where it runs
+
+    outputs.remove_temporaries(out)
+    shutil.rmtree(out / ATTEMPTS_DIR, ignore_errors=True)
 
 
 def no_field(cfg: BulkConfig, parts: list[Part], option: str) -> str:

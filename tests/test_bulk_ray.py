@@ -130,6 +130,102 @@ def test_a_part_that_kills_its_actor_each_time_fails_alone_and_the_job_ends(tmp_
     assert s["documents"] == 5 * 8
 
 
+# A sitecustomize (as bulk_helpers.dying_on's) that kills, by SIGKILL, the Ray actor scoring a part on its
+# first start once it has reported KILL_AFTER chunks and a second has passed for them to reach the driver:
+# Ray runs the part again on the restarted actor, from its start. Its temporary file stays behind.
+_DIE_MIDWAY = """
+import importlib.machinery, os, signal, sys, time
+
+MARK = os.environ.get("BULK_TEST_DIE_MIDWAY")
+KILL_AFTER = 3
+
+
+class _DieMidway:
+    def find_spec(self, name, path=None, target=None):
+        if name != "bulk.shard" or not MARK:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            score_part = module.score_part
+
+            def dying(part, scorer, report=None):
+                if report is None or os.path.exists(MARK):
+                    return score_part(part, scorer, report)
+                chunks = []
+
+                def reporting(*counts):
+                    report(*counts)
+                    chunks.append(counts)
+                    if len(chunks) == KILL_AFTER:
+                        open(MARK, "w").close()
+                        time.sleep(1)
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                return score_part(part, scorer, reporting)
+
+            module.score_part = dying
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _DieMidway())
+"""
+
+
+def test_a_ray_job_shows_its_progress_per_chunk_and_a_part_run_again_is_counted_once(
+    tmp_path, registry_data, ray_env
+):
+    """On Ray the progress line moved only as a part finished (parts of minutes: no line, rate or ETA for
+    minutes); the actors report each chunk, as local workers do. One part (a .gz is never cut) of twenty
+    chunks, its actor killed after three of them: the line shows counts inside the part, the reports of the
+    attempt killed count for nothing once the part runs again, and the figures end at the part's rows. The
+    killed attempt's temporary file goes with the job that finished every part."""
+    import gzip
+    import select
+
+    paragraphs = [p for p in wiki(registry_data, "valid")[0] if 40 <= len(p) <= 400][:500]
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in paragraphs)
+    (src / "one.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    site = tmp_path / "die-midway"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_DIE_MIDWAY)
+    path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    job_env = {**ray_env, "PYTHONPATH": path, "BULK_TEST_DIE_MIDWAY": str(tmp_path / "killed")}
+    out = tmp_path / "out"
+    argv = [a for a in bulk_argv(src, out, "detector", "--workers", "1", "--ray", "--chunk-docs", "25")
+            if a != "--no-progress"]  # fmt: skip
+    master, slave = os.openpty()  # a terminal: the line is redrawn every half second
+    try:
+        job = subprocess.Popen(argv, cwd=REPO, env=job_env, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        written = b""
+        while job.poll() is None or select.select([master], [], [], 0.5)[0]:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    written += os.read(master, 65536)
+                except OSError:  # the job's end closed the terminal
+                    break
+        job.wait(timeout=180)
+    finally:
+        os.close(master)
+    said = written.decode(errors="replace")
+    assert job.returncode == 0, said[-3000:]
+    shown = [int(n.replace(",", "")) for n in re.findall(r"([\d,]+) docs  ", said)]
+    assert any(0 < n < len(paragraphs) for n in shown), shown  # inside the part, not only at its end
+    assert (tmp_path / "killed").exists(), "the actor was not killed midway"
+    assert shown[-1] == len(paragraphs), shown
+    this_run = summary(out)["this_run"]
+    assert this_run["documents"] == this_run["documents_recorded"] == len(paragraphs), this_run
+    assert [p.name for p in (out / "scores").iterdir()] == ["one.jsonl.gz.part-00000.parquet"]
+    assert not (out / ".ray-attempts").exists()
+
+
 def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
     tmp_path, corpus, local_rows, ray_env
 ):
@@ -194,6 +290,78 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     assert done.returncode == 0, done.stderr
     assert rows(out) == local_rows
     assert not (out / ".ray-session").exists()  # that run started no instance
+
+
+# A sitecustomize that holds each part's result in its Ray actor for two seconds once the part is scored (its
+# files whole): Ray Data's own lag in handing a result to the driver (0.1-1.7 s measured), made longer.
+_SLOW_RESULTS = """
+import importlib.machinery, sys, time
+
+
+class _SlowResults:
+    def find_spec(self, name, path=None, target=None):
+        if name != "bulk.on_ray":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            call = module.ScoreParts.__call__
+
+            def slow(self, batch):
+                result = call(self, batch)
+                time.sleep(2)
+                return result
+
+            module.ScoreParts.__call__ = slow
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _SlowResults())
+"""
+
+
+def test_ctrl_c_on_ray_records_the_parts_the_actors_finished_before_it(tmp_path, corpus, ray_env):
+    """Ray Data hands an actor's result to the driver a while after the part's files are written: the job
+    left on the first result after Ctrl-C, and parts finished on the actors before it, their files whole,
+    were never recorded and were scored again by the next run. Only parts still running are left: no whole
+    part file older than the signal stays unrecorded under its temporary name."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    site = tmp_path / "slow-results"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_RESULTS)
+    path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
+                            env={**ray_env, "PYTHONPATH": path}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 2 or proc.poll() is not None,
+             timeout=180, what="parts on Ray")  # fmt: skip
+    assert proc.poll() is None, "the job finished before Ctrl-C"
+    time.sleep(0.5)  # both actors' parts scored, their results held
+    sent = time.time()
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=180)[1]
+    assert proc.returncode == 130, err[-3000:]
+    assert summary(out)["parts"]["not_started"] > 0, "the job finished before Ctrl-C took"
+
+    def whole(p: Path) -> bool:
+        try:
+            pq.ParquetFile(p)
+        except Exception:  # cut short: its actor was still writing it
+            return False
+        return True
+
+    unrecorded = [(p.name, round(sent - p.stat().st_mtime, 2)) for p in (out / "scores").glob(".*.tmp-*")
+                  if whole(p) and p.stat().st_mtime < sent]  # fmt: skip
+    assert not unrecorded, unrecorded  # finished before the signal, scored again by the next run
 
 
 def test_sigterm_to_the_whole_group_ends_a_job_and_its_own_instance_at_once(
@@ -337,9 +505,13 @@ def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resum
     assert f"lost the Ray cluster at {address} (--ray)" in err, err[-3000:]
     assert "run the same command again to resume" in err and "Traceback" not in err
     assert not (out / "summary.json").exists()  # no figures of a run that did not end
+    assert (out / ".ray-attempts").is_dir()  # the killed driver's, which only a Ray run cleared
     resumed = run_bulk(corpus, out, "detector", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert rows(out) == local_rows
+    # Every part done: nothing hidden of the job's left behind (a later start is not sure to come).
+    assert not (out / ".ray-attempts").exists()
+    assert not [p.name for p in (out / "scores").iterdir() if p.name.startswith(".")]
 
 
 HOG = """
@@ -436,7 +608,14 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] == 20
     config = json.loads((out / "config.json").read_text())
     assert config["workers"] == 0 and config["as_run"] == {"workers": 1}, config
+    # The summary's options as run (it kept the 0 given), and the workers that scored: none yet.
+    assert summary(out)["options"]["workers"] == 1 and summary(out)["this_run"]["workers"] == 0
     subprocess.run([sys.executable, "-c", HOG, address, "free"], env=ray_env, check=True, timeout=120)
-    done = run_bulk(corpus, out, "detector", "--ray", address, timeout=300, **ray_env)
+    # More workers than the cluster holds: the plan line says the one it holds, as the note before it does
+    # (it said 2), and the summary the one that scored.
+    done = run_bulk(corpus, out, "detector", "--ray", address, "--workers", "2", timeout=300, **ray_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
+    assert f"the Ray cluster at {address} holds 1 worker(s) of 1 thread(s), not --workers 2" in done.stderr
+    assert "20 to score with 1 worker(s) x 1 thread(s) on Ray (up to --workers 2 " in done.stdout, done.stdout
+    assert summary(out)["options"]["workers"] == 2 and summary(out)["this_run"]["workers"] == 1
