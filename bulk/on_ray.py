@@ -33,6 +33,7 @@ from bulk.config import BulkConfig, from_dict
 from bulk.local import ATTEMPTS
 from bulk.parts import Part
 from bulk.ray_cluster import connect
+from bulk.ray_reports import Reported, start_reports
 
 # In --out, for one run: a file for each start of a part on an actor. Ray's own retry count cannot bound a
 # part that kills its actor: a node lost fails the tasks sent to its actors at once, twice or more before
@@ -116,27 +117,6 @@ def _actor_id() -> str | None:
         if ray.is_initialized():
             return ray.get_runtime_context().get_actor_id()
     return None
-
-
-class Reports:
-    """A Ray actor on the driver's node, the scoring actors' channel to the driver as they run: each chunk's
-    counts (the progress line moves per chunk, not per part of minutes) and each part finished, which the
-    driver takes, without waiting, as it polls."""
-
-    def __init__(self) -> None:
-        self.counts: list[tuple] = []
-        self.finished: list[tuple] = []
-
-    def add(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
-        self.counts.append((docs, tokens, nbytes, attempt))
-
-    def finished_part(self, attempt: str, result: str, worker: str | None) -> None:
-        self.finished.append((attempt, result, worker))
-
-    def take(self) -> tuple[list[tuple], list[tuple]]:
-        taken = self.counts, self.finished
-        self.counts, self.finished = [], []
-        return taken
 
 
 def out_unseen(out: Path, token: str) -> str | None:
@@ -361,7 +341,7 @@ def run(
     attempts.mkdir(parents=True)
     token = secrets.token_hex(16)
     (attempts / OUT_MARKER).write_text(token + "\n", encoding="utf-8")
-    reports = _start_reports()
+    reports = start_reports()
     items = [{"part": json.dumps(dataclasses.asdict(p))} for p in parts]
     pool = min(workers, max(1, len(parts)))
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -382,7 +362,7 @@ def run(
     names = {_attempt_name(p.key): p.key for p in parts}
     answered: set[str] = set()
     cluster = _Cluster(cfg.ray or "local", pool, cfg.threads)
-    reported = _Reported(reports, on_progress, {p.key: p.size for p in parts})
+    reported = Reported(reports, on_progress, {p.key: p.size for p in parts})
     rows = _Rows(ds)
 
     def take(attempt: str, worker: str | None, result: dict) -> bool:
@@ -437,91 +417,3 @@ def run(
             on_result(p.failure("its task failed in Ray (Ray Data logged the error, also in "
                                 "logs/ray-data/ray-data.log in the Ray session's directory)"))  # fmt: skip
     return len(reported.workers)
-
-
-def _start_reports():
-    """The Reports actor, on the driver's own node: a node lost takes the reports with it, and the driver's
-    node is the one the job cannot lose. It takes no CPU from the scoring."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    return ray.remote(Reports).options(num_cpus=0, scheduling_strategy=here).remote()
-
-
-REPORTS_WAIT_S = 5.0  # at a stop, the longest the driver waits to hear which parts finished meanwhile
-
-
-class _Reported:
-    """The driver's end of the Reports actor, polled without waiting. Each chunk's counts go to the progress
-    line under their attempt ("key@n"); one attempt of a part is counted at a time (a newer one means the
-    actor died and Ray runs the part again from its start), and once the part's result comes, the result's
-    own counts stand for all its attempts' reports, once: the line ends at the finished parts' totals, a
-    part run twice counted once. It also keeps the parts said finished whose result has not come."""
-
-    def __init__(self, reports, on_progress, sizes: dict[str, int]) -> None:
-        self.reports, self.on_progress, self.sizes = reports, on_progress, sizes
-        self.asked = reports.take.remote()  # None once the actor is lost: the results still come
-        self.counted: dict[str, str] = {}  # part key -> the attempt whose reports count now
-        self.closed: set[str] = set()  # parts whose result came: their late reports count for nothing
-        self.rows_counted: set[str] = set()  # parts whose rows a result counted
-        self.unanswered: dict[str, tuple] = {}  # attempt said finished -> (worker, result), no result yet
-        self.answered: set[str] = set()  # attempts whose result came
-        self.workers: set[str] = set()  # the actors that answered
-
-    def poll(self, wait_s: float = 0.0) -> None:
-        import ray
-
-        if self.asked is None or not ray.wait([self.asked], timeout=wait_s)[0]:
-            return
-        try:
-            counts, finished = ray.get(self.asked)
-        except Exception:  # the actor lost (its node with it): no more chunk counts, the results still come
-            self.asked = None
-            return
-        self.asked = self.reports.take.remote()
-        for docs, tokens, nbytes, attempt in counts:
-            self._count(docs, tokens, nbytes, attempt)
-        for attempt, result, worker in finished:
-            if attempt not in self.answered:
-                self.unanswered[attempt] = (worker, result)
-
-    def _count(self, docs: int, tokens: int, nbytes: int, attempt: str) -> None:
-        key, _, n = attempt.rpartition("@")
-        if key in self.closed:
-            return
-        now = self.counted.get(key)
-        if now is not None and now != attempt:
-            if _attempt_number(now) > int(n):  # an older attempt, late: its part runs again
-                self.on_progress(0, 0, 0, attempt, True)
-                return
-            self.on_progress(0, 0, 0, now, True)  # its actor died: the part runs again from its start
-        self.counted[key] = attempt
-        self.on_progress(docs, tokens, nbytes, attempt)
-
-    def came(self, attempt: str, worker: str | None, result: dict) -> None:
-        """A part's result: its counts in place of what its attempts reported."""
-        key = result["part"]
-        self.answered.add(attempt)
-        self.unanswered.pop(attempt, None)
-        if worker:
-            self.workers.add(worker)
-        if (now := self.counted.pop(key, None)) is not None:
-            self.on_progress(0, 0, 0, now, True)
-        self.closed.add(key)
-        docs = tokens = 0
-        if "error" not in result and key not in self.rows_counted:  # a twin's result counted once
-            self.rows_counted.add(key)
-            docs, tokens = result.get("rows", 0), result.get("tokens", 0)
-        self.on_progress(docs, tokens, self.sizes.pop(key, 0))
-
-    def finished_meanwhile(self) -> list[tuple[str, str | None, dict]]:
-        """The parts said finished whose result has not come: asked afresh (a question put before the stop
-        may miss the latest), waiting REPORTS_WAIT_S at most."""
-        for _ in range(2):
-            self.poll(REPORTS_WAIT_S)
-        return [(a, w, json.loads(r)) for a, (w, r) in self.unanswered.items() if a not in self.answered]
-
-
-def _attempt_number(attempt: str) -> int:
-    return int(attempt.rpartition("@")[2])
