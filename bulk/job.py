@@ -81,10 +81,10 @@ def _join_ray(cfg: BulkConfig) -> str | None:
     # A cluster joined: an actor of more threads than any node's CPUs never starts. The job's own instance
     # is sized for its workers' threads (connect), so it always holds one.
     if cfg.ray != "local":
-        nodes = ray_cluster.node_cpus()
-        if why := ray_cluster.threads_refusal(nodes, cfg.threads, cfg.ray):
+        nodes, address = ray_cluster.node_cpus(), ray_cluster.joined_address(cfg.ray)
+        if why := ray_cluster.threads_refusal(nodes, cfg.threads, address):
             raise JobError(why)
-        if cfg.workers and (note := ray_cluster.workers_note(nodes, cfg.threads, cfg.workers, cfg.ray)):
+        if cfg.workers and (note := ray_cluster.workers_note(nodes, cfg.threads, cfg.workers, address)):
             print(f"bulk: {note}", file=sys.stderr, flush=True)
     return own_instance
 
@@ -108,7 +108,7 @@ class Workers:
             nodes = ray_cluster.node_cpus()
             cpus = sum(nodes)
             self._count = max(1, ray_cluster.actors_that_fit(nodes, cfg.threads))
-            print(f"bulk: the Ray cluster at {cfg.ray} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
+            print(f"bulk: the Ray cluster at {ray_cluster.joined_address(cfg.ray)} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
                   f"thread(s) (workers = 0 (auto: {self._count} on this cluster), as config.json's as_run records; "
                   "give --workers to run another number)", flush=True)  # fmt: skip
         return self._count

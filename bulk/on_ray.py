@@ -32,7 +32,7 @@ import options
 from bulk.config import BulkConfig, from_dict
 from bulk.local import ATTEMPTS
 from bulk.parts import Part
-from bulk.ray_cluster import connect
+from bulk.ray_cluster import connect, joined_address
 from bulk.ray_reports import Reported, start_reports
 
 # In --out, for one run: a file for each start of a part on an actor. Ray's own retry count cannot bound a
@@ -162,6 +162,8 @@ class ClusterStop(Exception):
     """The job cannot go on on this cluster (no live node can hold a worker, a node that does not see --out):
     no more parts start, the finished ones are kept, and the message says what to do before running the same
     command again."""
+
+    workers = 0  # the actors that scored parts before it
 
 
 POLL_S = 0.5  # how often the driver looks for a stop request while it waits for a part
@@ -361,7 +363,7 @@ def run(
     )
     names = {_attempt_name(p.key): p.key for p in parts}
     answered: set[str] = set()
-    cluster = _Cluster(cfg.ray or "local", pool, cfg.threads)
+    cluster = _Cluster(joined_address(cfg.ray or "local"), pool, cfg.threads)
     reported = Reported(reports, on_progress, {p.key: p.size for p in parts})
     rows = _Rows(ds)
 
@@ -404,7 +406,13 @@ def run(
 
     try:
         left_early = watch()
+    except ClusterStop as e:
+        e.workers = len(reported.workers)  # the actors that scored parts before it: the summary says them
+        raise
     finally:
+        # The counts of parts dropped here (still running at a stop, lost with the cluster) go: the progress
+        # line and the summary end at what the recorded parts hold.
+        reported.drop_unfinished()
         rows.close()
         with contextlib.suppress(Exception):
             ray.kill(reports)

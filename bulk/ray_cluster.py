@@ -197,6 +197,18 @@ def watch_cluster(address: str, failed_status: int, every_s: float = 2.0) -> thr
     return done
 
 
+def joined_address(address: str) -> str:
+    """The address messages name once joined: --ray auto's as Ray resolved it (the head to look at)."""
+    if address != "auto":
+        return address
+    import ray
+
+    with contextlib.suppress(Exception):  # not joined, or a runtime without it: "auto" as given
+        if ray.is_initialized():
+            return ray.get_runtime_context().gcs_address
+    return address
+
+
 def _host_port(address: str) -> tuple[str, int] | None:
     host, _, port = address.rpartition("://")[2].rpartition(":")
     return (host, int(port)) if host and port.isdigit() else None

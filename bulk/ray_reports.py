@@ -105,6 +105,13 @@ class Reported:
             docs, tokens = result.get("rows", 0), result.get("tokens", 0)
         self.on_progress(docs, tokens, self.sizes.pop(key, 0))
 
+    def drop_unfinished(self) -> None:
+        """Take back what the attempts without a result reported: the job leaves them to the next run (a
+        stop), or they failed in Ray; only recorded parts stay counted."""
+        for attempt in self.counted.values():
+            self.on_progress(0, 0, 0, attempt, True)
+        self.counted.clear()
+
     def finished_meanwhile(self) -> list[tuple[str, str | None, dict]]:
         """The parts said finished whose result has not come: asked afresh (a question put before the stop
         may miss the latest), waiting REPORTS_WAIT_S at most."""

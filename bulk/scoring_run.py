@@ -137,7 +137,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             if cfg.ray == "local":
                 watch = ray_cluster.watch_own_instance(lambda: interrupt.signal, cfg.out)
             elif cfg.ray:  # a cluster joined: losing it ends the job with our status and what to do
-                watch = ray_cluster.watch_cluster(cfg.ray, EXIT_FAILED)
+                watch = ray_cluster.watch_cluster(ray_cluster.joined_address(cfg.ray), EXIT_FAILED)
             try:
                 # The bundle as this driver read it: a worker that reads another (swapped under --models as
                 # the job ran) fails its parts rather than mix two models' rows in scores/.
@@ -146,6 +146,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
             except Exception as e:
                 if not (cfg.ray and isinstance(e, runner.ClusterStop)):
                     raise
+                workers_used = e.workers
                 # The cluster cannot run the job (no node can hold a worker, --out not shared): the finished
                 # parts are kept, the summary says so, exit 4, and the same command resumes.
                 print(f"\nbulk: {e}", file=sys.stderr, flush=True)
