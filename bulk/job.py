@@ -108,8 +108,8 @@ class Workers:
             nodes = ray_cluster.node_cpus()
             cpus = sum(nodes)
             self._count = max(1, ray_cluster.actors_that_fit(nodes, cfg.threads))
-            print(f"bulk: the Ray cluster at {ray_cluster.joined_address(cfg.ray)} has {cpus} CPU(s): {self._count} worker(s) of {cfg.threads} "
-                  f"thread(s) (workers = 0 (auto: {self._count} on this cluster), as config.json's as_run records; "
+            print(f"bulk: the Ray cluster at {ray_cluster.joined_address(cfg.ray)} has {cpus} CPU(s): {self._count} "
+                  f"worker(s) of {cfg.threads} thread(s) (workers = 0 (auto: {self._count} on this cluster), as config.json's as_run records; "
                   "give --workers to run another number)", flush=True)  # fmt: skip
         return self._count
 
