@@ -56,53 +56,70 @@ def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-# A sitecustomize (imported by every Python process started with it on PYTHONPATH: local workers and Ray's
-# actors alike) that wraps bulk.shard.score_part as the module is imported, so that a worker that starts one
+# A patch for patched_on_import's sitecustomize (imported by every Python process started with it on
+# PYTHONPATH: local workers and Ray's actors alike) that wraps bulk.shard.score_part, so that a worker that starts one
 # of the parts named dies there at once, by SIGKILL, as the kernel's out-of-memory killer ends a process. A
 # local worker dies at the worst moment: holding the write lock of the queue its reports go through.
 _DIE_ON = """
-import importlib.machinery, os, signal, sys
+import os, signal, sys
 
 DIE_ON = set(os.environ.get("BULK_TEST_DIE_ON", "").split(","))
 
 
-class _DieOn:
+def patch(module):
+    score_part = module.score_part
+
+    def dying(part, *args, **kwargs):
+        if part.key in DIE_ON:
+            local = sys.modules.get("bulk.local")
+            if local is not None and local._QUEUE is not None:
+                local._QUEUE._wlock.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return score_part(part, *args, **kwargs)
+
+    module.score_part = dying
+"""
+
+# The rest of such a sitecustomize: patch(module) runs once MODULE is loaded, wherever it is imported (a
+# driver, a local worker, a Ray actor), before anything uses it.
+_ON_IMPORT = """
+import importlib.machinery
+
+
+class _OnImport:
     def find_spec(self, name, path=None, target=None):
-        if name != "bulk.shard":
+        if name != MODULE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         load = spec.loader.exec_module
 
         def exec_module(module):
             load(module)
-            score_part = module.score_part
-
-            def dying(part, *args, **kwargs):
-                if part.key in DIE_ON:
-                    local = sys.modules.get("bulk.local")
-                    if local is not None and local._QUEUE is not None:
-                        local._QUEUE._wlock.acquire()
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return score_part(part, *args, **kwargs)
-
-            module.score_part = dying
+            patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _DieOn())
+sys.meta_path.insert(0, _OnImport())
 """
 
 
-def dying_on(tmp: Path, *keys: str) -> dict[str, str]:
-    """Environment (for run_bulk, bulk_argv's Popen) in which a worker that starts scoring one of the parts
-    `keys` ("name#index") is killed: the sitecustomize above, in `tmp`, ahead of the rest of PYTHONPATH."""
-    site = tmp / "die-on"
+def patched_on_import(tmp: Path, module: str, patch: str, **env_extra: str) -> dict[str, str]:
+    """Environment (for run_bulk, bulk_argv's Popen) whose processes run `patch` (source defining
+    patch(module), and importing sys) on `module` as it is imported: a sitecustomize in `tmp`, ahead of the
+    rest of PYTHONPATH."""
+    site = tmp / f"patched-{module}"
     site.mkdir(parents=True, exist_ok=True)
-    (site / "sitecustomize.py").write_text(_DIE_ON)
+    (site / "sitecustomize.py").write_text(f"{patch}\nMODULE = {module!r}\n{_ON_IMPORT}")
     path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return {"PYTHONPATH": path, "BULK_TEST_DIE_ON": ",".join(keys)}
+    return {"PYTHONPATH": path, **env_extra}
+
+
+def dying_on(tmp: Path, *keys: str) -> dict[str, str]:
+    """Environment in which a worker that starts scoring one of the parts `keys` ("name#index") is killed:
+    the patch above."""
+    return patched_on_import(tmp, "bulk.shard", _DIE_ON, BULK_TEST_DIE_ON=",".join(keys))
 
 
 # A sitecustomize that holds a driver in bulk.parts.plan (its reading of INPUT to cut the parts) until the
