@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -109,7 +110,8 @@ def patched_on_import(tmp: Path, module: str, patch: str, **env_extra: str) -> d
     """Environment (for run_bulk, bulk_argv's Popen) whose processes run `patch` (source defining
     patch(module), and importing sys) on `module` as it is imported: a sitecustomize in `tmp`, ahead of the
     rest of PYTHONPATH."""
-    site = tmp / f"patched-{module}"
+    # One directory per patch: two patches of one module in one test keep their own sitecustomize.
+    site = tmp / f"patched-{module}-{hashlib.sha256(patch.encode()).hexdigest()[:12]}"
     site.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(f"{patch}\nMODULE = {module!r}\n{_ON_IMPORT}")
     path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
