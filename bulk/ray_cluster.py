@@ -250,10 +250,11 @@ def _check_reachable(address: str, shown: str, timeout_s: float = 10.0) -> None:
         conn.close()  # under TLS the head's first bytes are the handshake's: Ray's own errors say the rest
         return
     with conn:
-        head = _first_frame(conn)
+        head, closed = _first_frame(conn)
     if len(head) == 9 and head[3] == 4:  # a SETTINGS frame: gRPC
         return
-    if not head and _speaks_tls(target, timeout_s):  # a TLS server closes on the hello, saying nothing
+    # A TLS server closes on the hello, saying nothing (a silent one, not closing, is no head either).
+    if not head and closed and _speaks_tls(target, timeout_s):
         raise JoinError(f"{shown} answers with TLS, and the job has no RAY_USE_TLS: give it the cluster's TLS "
                         "settings (RAY_USE_TLS=1, RAY_TLS_SERVER_CERT, RAY_TLS_SERVER_KEY, RAY_TLS_CA_CERT)")  # fmt: skip
     raise JoinError(f"{shown} answers, but not as a Ray cluster's head does (its GCS port speaks gRPC, this one "
@@ -281,14 +282,21 @@ def _speaks_tls(target: tuple[str, int], timeout_s: float) -> bool:
         return False
 
 
-def _first_frame(conn: socket.socket) -> bytes:
-    """The first 9 bytes the server answers the hello with (fewer where it closes, none where it is silent)."""
+def _first_frame(conn: socket.socket) -> tuple[bytes, bool]:
+    """The first 9 bytes the server answers the hello with (fewer where it closes, none where it is silent),
+    and whether it closed the connection (or reset it) rather than let it wait."""
     head = b""
-    with contextlib.suppress(OSError):  # reset, or no answer within the connection's timeout
+    try:
         conn.sendall(_HTTP2_HELLO)
-        while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+        while len(head) < 9:
+            if not (chunk := conn.recv(9 - len(head))):
+                return head, True
             head += chunk
-    return head
+    except TimeoutError:  # no answer within the connection's timeout
+        return head, False
+    except OSError:  # reset
+        return head, True
+    return head, False
 
 
 def _join_failed(address: str, e: BaseException, shown: str | None = None) -> str:
