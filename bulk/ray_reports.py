@@ -117,7 +117,7 @@ class Reported:
         may miss the latest), waiting REPORTS_WAIT_S at most."""
         for _ in range(2):
             self.poll(REPORTS_WAIT_S)
-        return [(a, w, json.loads(r)) for a, (w, r) in self.unanswered.items() if a not in self.answered]
+        return [(a, w, json.loads(r)) for a, (w, r) in self.unanswered.items()]
 
 
 def _attempt_number(attempt: str) -> int:

@@ -316,7 +316,9 @@ def check_writable(run: Path) -> None:
     checkpoints in checkpoints/: found out now, not after the data is read or the steps before the first save."""
     written = ((run, "its settings and metrics"), (run / "tokenizer", "its tokenizer"),
                (run / "checkpoints", "its checkpoints"))  # fmt: skip
-    for directory, what in (d for d in written if d[0].is_dir()):
+    for directory, what in written:
+        if not directory.is_dir():  # not there: made inside `run`, the first checked
+            continue
         try:
             fd, name = tempfile.mkstemp(prefix=".write-check-", dir=directory)
             os.close(fd)
