@@ -1,5 +1,6 @@
-"""Run the shard function on Ray: the same `score_part`, in Ray Data actors (ActorPoolStrategy through
-`compute=`, Ray 2.60's public API), each holding one Scorer for the whole job. Ray restarts an actor whose
+"""Run the shard function on Ray: the same `score_part`, in a pool of Ray Data actors (bulk/ray_actor.py's
+ScoreParts, through ActorPoolStrategy and `compute=`, Ray 2.60's public API), each holding one Scorer for the
+whole job. Ray restarts an actor whose
 worker or node died and runs its part again (Ray Data's max_restarts and max_task_retries are -1 for actor
 pools); each start of a part is counted in --out (ATTEMPTS_DIR), and a part whose actor died ATTEMPTS times
 as it ran fails alone, as on local workers. The part's output name is fixed and written under a temporary
@@ -15,147 +16,22 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import hashlib
 import json
 import logging
-import os
 import queue
 import secrets
 import shutil
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
 import options
-from bulk.config import BulkConfig, from_dict
-from bulk.local import ATTEMPTS
+from bulk.config import BulkConfig
 from bulk.parts import Part
+from bulk.ray_actor import ATTEMPTS_DIR, OUT_MARKER, ScoreParts, attempt_name
 from bulk.ray_cluster import connect, joined_address
 from bulk.ray_reports import Reported, start_reports
-
-# In --out, for one run: a file for each start of a part on an actor. Ray's own retry count cannot bound a
-# part that kills its actor: a node lost fails the tasks sent to its actors at once, twice or more before
-# the node is known dead, and a bound there dropped healthy parts; a start is counted only once the part
-# runs. On the shared file system every node writes --out to.
-ATTEMPTS_DIR = ".ray-attempts"
-# In ATTEMPTS_DIR: a token of the run's own, written by the driver before any actor starts. An actor that does
-# not read it there is on a node whose --out is not the driver's (a local disk, not the shared file system):
-# its parts would be scored, then fail to be renamed into place, leaving files on that node.
-OUT_MARKER = "driver"
-
-
-class ScoreParts:
-    """A Ray Data actor: one Scorer, then one part per call (batch_size=1)."""
-
-    def __init__(
-        self, cfg: dict, job_bundle: dict[str, str], out_token: str | None = None, reports=None
-    ) -> None:
-        from bulk.shard import Scorer
-
-        self.attempts = Path(cfg["out"]) / ATTEMPTS_DIR
-        self.reports = reports  # the driver's Reports actor (None: the actor run alone, in the tests)
-        self.worker = _actor_id()
-        self.out_unseen = None
-        if out_token is None:  # the actor run alone (the tests), without a driver: its own --out
-            self.attempts.mkdir(parents=True, exist_ok=True)
-        elif why := out_unseen(Path(cfg["out"]), out_token):
-            self.out_unseen = why  # nothing created, nothing loaded: every part says so, and the job ends
-            return
-        # A bundle this node cannot load (the load check refused it on this CPU, a broken file) or that is not
-        # the driver's (another node's copy, or one replaced since): every part says so, as the local workers'
-        # do, instead of an actor that dies and takes the driver with it.
-        try:
-            self.scorer: Scorer | Exception = Scorer(from_dict(cfg), job_bundle)
-        except Exception as e:
-            self.scorer = e
-
-    def __call__(self, batch: dict) -> dict:
-        from bulk.shard import score_part
-
-        parts = [Part(**json.loads(p)) for p in batch["part"]]
-        if self.out_unseen:  # not started: not counted, nothing written
-            return {"result": [json.dumps({"part": p.key, "error": self.out_unseen, "out_unseen": True})
-                               for p in parts], "attempt": [""] * len(parts),
-                    "worker": [self.worker] * len(parts)}  # fmt: skip
-        results, names = [], []
-        for p in parts:
-            attempt = _begin(self.attempts, p.key)
-            name = f"{p.key}@{attempt}"
-            if attempt > ATTEMPTS:
-                result = p.failure(f"its Ray worker died {attempt - 1} times while it ran (a document that "
-                                   "runs it out of memory, or nodes lost)")  # fmt: skip
-            elif isinstance(self.scorer, Exception):
-                result = p.unloadable(self.scorer)
-            else:
-                result = score_part(p, self.scorer, self._reporter(name))
-            encoded = json.dumps(result)
-            # Said to the driver at once: Ray Data hands a result on up to seconds later, and a job stopping
-            # meanwhile records the parts finished by then (their files are whole) instead of dropping them.
-            self._tell("finished_part", name, encoded, self.worker)
-            results.append(encoded)
-            names.append(name)
-        return {"result": results, "attempt": names, "worker": [self.worker] * len(parts)}
-
-    def _reporter(self, attempt: str):
-        """score_part's report: each chunk's counts to the driver, as a local worker's go through its queue."""
-        return lambda docs, tokens, nbytes: self._tell("add", docs, tokens, nbytes, attempt)
-
-    def _tell(self, method: str, *args) -> None:
-        """A call on the driver's Reports actor, not waited for. Calls from one actor run in the order made."""
-        if self.reports is not None:
-            with contextlib.suppress(Exception):  # the driver gone: the part's result still says it all
-                getattr(self.reports, method).remote(*args)
-
-
-def _actor_id() -> str | None:
-    """This Ray actor's id (kept across its restarts: one worker of the pool), or None outside Ray."""
-    with contextlib.suppress(Exception):
-        import ray
-
-        if ray.is_initialized():
-            return ray.get_runtime_context().get_actor_id()
-    return None
-
-
-def out_unseen(out: Path, token: str) -> str | None:
-    """Why this node does not see the driver's --out (its marker, `token`, is not there), or None. Reads only:
-    a missing --out is not created here, on this node's own disk."""
-    try:
-        seen = (out / ATTEMPTS_DIR / OUT_MARKER).read_text(encoding="utf-8").strip()
-    except OSError:
-        seen = None
-    if seen == token:
-        return None
-    found = "not there" if seen is None else "another run's"
-    node = socket.gethostname()
-    with contextlib.suppress(Exception):
-        import ray
-
-        node = f"{ray.util.get_node_ip_address()} ({node})"
-    return (f"--out {out} is not the driver's on node {node}: every node must see --out at the same path (a "
-            f"shared file system); the driver's {ATTEMPTS_DIR}/{OUT_MARKER} file is "
-            f"{found} on that node. Mount the "
-            "driver's --out there at the same path (or give an --out on the shared file system), then run the "
-            "same command again")  # fmt: skip
-
-
-def _attempt_name(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
-def _begin(attempts: Path, key: str) -> int:
-    """Count a start of part `key`: which start this is in this run (1 the first). A file created
-    exclusively for each, so two actors racing on one part (a node thought lost) count two."""
-    name = _attempt_name(key)
-    n = 1
-    while True:
-        try:
-            os.close(os.open(attempts / f"{name}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            return n
-        except FileExistsError:
-            n += 1
 
 
 class ClusterStop(Exception):
@@ -361,7 +237,7 @@ def run(
         compute=ActorPoolStrategy(size=pool, max_tasks_in_flight_per_actor=1),
         num_cpus=cfg.threads,
     )
-    names = {_attempt_name(p.key): p.key for p in parts}
+    names = {attempt_name(p.key): p.key for p in parts}
     answered: set[str] = set()
     cluster = _Cluster(joined_address(cfg.ray or "local"), pool, cfg.threads)
     reported = Reported(reports, on_progress, {p.key: p.size for p in parts})

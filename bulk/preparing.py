@@ -16,6 +16,7 @@ from bulk.config import BulkConfig
 from bulk.fingerprint import JobError, write_fingerprint
 from bulk.left_out import listed
 from bulk.parts import Part
+from bulk.ray_actor import ATTEMPTS_DIR
 from options.locking import LOCK, release_directory
 
 
@@ -154,7 +155,6 @@ def check_new_out(out: Path) -> None:
     job.json leaves (its lock, its Ray session, a temporary), a fresh file system's lost+found/ (a volume's
     root) and hidden files (.gitkeep), which a job neither writes nor removes. Except the one hidden name it
     does remove whole: a Ray run's attempts directory, refused as any other file."""
-    from bulk.on_ray import ATTEMPTS_DIR  # bulk.on_ray is imported where Ray runs: its constant alone here
 
     def ours_or_nobodys(p: Path) -> bool:
         if p.name in (LOCK, own_ray.SESSION_FILE) or fnmatch.fnmatchcase(p.name, outputs.TEMPORARY):

@@ -2,7 +2,7 @@
 cannot be), its nodes' CPUs and how many workers of --threads they hold (`node_cpus`, `actors_that_fit`,
 `threads_refusal`, `workers_note`), and the watches that end the job, saying what to do, when its own instance
 or the cluster's head is lost as it runs (`watch_own_instance`, `watch_cluster`). Only this module,
-bulk/on_ray.py and bulk/ray_reports.py import Ray, each inside the functions that use it.
+bulk/on_ray.py, bulk/ray_actor.py and bulk/ray_reports.py import Ray, each inside the functions that use it.
 
 Ray's usage statistics are turned off (RAY_USAGE_STATS_ENABLED=0) for the instance a job starts and for
 its workers; a cluster started with `ray start` needs it in that command's environment too (docs/bulk.md)."""

@@ -19,6 +19,7 @@ from bulk.inputs import format_of
 from bulk.left_out import LeftOut, left_out_notes
 from bulk.parts import Part, first_fields, id_column, largest_first
 from bulk.progress import Progress
+from bulk.ray_actor import ATTEMPTS_DIR
 from options.stopping import GracefulStop
 
 # Exit statuses: a script can tell a clean run from one that needs a look.
@@ -234,8 +235,6 @@ def remove_leftovers(out: Path) -> None:
     ran again), and the attempts directory a killed Ray driver left (a later local run never clears it).
     Otherwise the next start removes them."""
     import shutil
-
-    from bulk.on_ray import ATTEMPTS_DIR  # its constant alone: bulk.on_ray imports Ray only where it runs
 
     outputs.remove_temporaries(out)
     shutil.rmtree(out / ATTEMPTS_DIR, ignore_errors=True)

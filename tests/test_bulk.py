@@ -447,8 +447,8 @@ def test_a_ray_actor_that_cannot_load_the_bundle_fails_each_part_instead_of_dyin
 
     from bulk.config import resolve
     from bulk.inputs import shards
-    from bulk.on_ray import ScoreParts
     from bulk.parts import plan
+    from bulk.ray_actor import ScoreParts
     from options import as_dict
 
     shutil.copytree(MODELS / "detector", tmp_path / "models" / "broken")
@@ -648,8 +648,8 @@ def test_a_new_job_takes_an_out_holding_only_lost_and_found_or_hidden_files(tmp_
     either as "not empty". Neither is a name the job writes or removes; the hidden one it does remove whole (a
     Ray run's attempts directory) is still refused, and a file named lost+found is a file like any other."""
     from bulk.fingerprint import JobError
-    from bulk.on_ray import ATTEMPTS_DIR
     from bulk.preparing import check_new_out
+    from bulk.ray_actor import ATTEMPTS_DIR
 
     out = tmp_path / "out"
     (out / "lost+found").mkdir(parents=True)
@@ -1024,8 +1024,8 @@ def test_a_ray_actor_on_a_node_without_the_drivers_out_fails_at_once_creating_no
     none) answers every part with what to do, creating nothing and loading no model."""
     from bulk.config import resolve
     from bulk.inputs import shards
-    from bulk.on_ray import ATTEMPTS_DIR, OUT_MARKER, ScoreParts
     from bulk.parts import plan
+    from bulk.ray_actor import ATTEMPTS_DIR, OUT_MARKER, ScoreParts
     from options import as_dict
 
     src = write_jsonl(tmp_path / "in" / "a.jsonl", paragraphs[:3])

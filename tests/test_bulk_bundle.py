@@ -88,8 +88,8 @@ def test_a_local_worker_that_loads_another_bundle_fails_its_parts_and_scores_non
 def test_a_ray_actor_that_loads_another_bundle_fails_its_parts(tmp_path):
     """The actor class Ray Data runs (restarted by Ray after its worker died), run here without Ray."""
     from bulk.inputs import shards
-    from bulk.on_ray import ScoreParts
     from bulk.parts import plan
+    from bulk.ray_actor import ScoreParts
     from options import as_dict
 
     models = _models(tmp_path)

@@ -321,7 +321,7 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     assert not (out / ".ray-session").exists()  # that run started no instance
 
 
-# A patch of bulk.on_ray (bulk_helpers.patched_on_import) that holds each part's result in its Ray actor for two seconds once the part is scored (its
+# A patch of bulk.ray_actor (bulk_helpers.patched_on_import) that holds each part's result in its Ray actor for two seconds once the part is scored (its
 # files whole): Ray Data's own lag in handing a result to the driver (0.1-1.7 s measured), made longer.
 _SLOW_RESULTS = """
 import sys, time
@@ -351,7 +351,7 @@ def test_ctrl_c_on_ray_records_the_parts_the_actors_finished_before_it(tmp_path,
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
     proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
-                            env={**ray_env, **patched_on_import(tmp_path, "bulk.on_ray", _SLOW_RESULTS)},
+                            env={**ray_env, **patched_on_import(tmp_path, "bulk.ray_actor", _SLOW_RESULTS)},
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 2 or proc.poll() is not None,
