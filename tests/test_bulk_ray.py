@@ -76,8 +76,12 @@ def ray_env():
 
 
 def _port(lo: int = 6420, hi: int = 6440) -> int:
-    """A free port in [lo, hi]: the range this machine's users keep for their own Ray heads."""
-    for port in range(lo, hi + 1):
+    """A free port in [lo, hi]: the range this machine's users keep for their own Ray heads. Each pytest-xdist
+    worker looks from its own place in it: under `-n 2 --dist load` two tests took the same first free port
+    before either head bound it, and the second `ray start --head` failed."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = (int(worker) if worker.isdigit() else 0) * 10 % (hi - lo + 1)
+    for port in [*range(lo + start, hi + 1), *range(lo, lo + start)]:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
