@@ -11,8 +11,10 @@ Three layers, each importing only the ones below it:
   (running.py); beside them the memory budget and the server's lifecycle;
 - model/: bundles read and hash-checked, what /models says of them, ONNX Runtime sessions and their
   load-time check, tokenization into rows and windows, and outputs turned into responses.
-settings.py, metrics.py, errors.py (the error types and their statuses; no Litestar) and schemas.py (request and response bodies) are
-read by all three; tests/test_app_layers.py holds the layers to importing downwards only.
+settings.py (its groups declared in http_settings.py, scheduling_settings.py and model_settings.py;
+Kubernetes service links told apart from settings in service_links.py), metrics.py, errors.py (the error
+types and their statuses; no Litestar) and schemas.py (request and response bodies) are read by all three;
+tests/test_app_layers.py holds the layers to importing downwards only.
 
 A POST /detect: http/body.py (strict JSON) -> http/routes.py -> http/scoring.py -> the model's
 scheduling/scheduler.py (admitted; tokenized by model/tokenization.py, limits checked; a lane, rows formed

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             send_timeout_s=settings.send_timeout_s,
         ),
         limit_concurrency=None,  # limit_connections: JSON, counted, probes still answered
-        timeout_keep_alive=settings.keep_alive_timeout_s,  # above a balancer's own idle timeout (settings.py)
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # above a balancer's own idle timeout (http_settings.py)
         ws="none",  # no WebSocket routes: an upgrade request is answered as plain HTTP, in JSON (app/http/protocol.py)
         host=settings.host,
         port=settings.port,

@@ -16,7 +16,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from app.settings import SchedulingSettings
+from app.scheduling_settings import SchedulingSettings
 
 PREFIX = "electra_"
 # Without its charset: Litestar appends "; charset=utf-8" to every text/* media type by itself.

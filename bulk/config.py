@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import options
 from app.machine import available_cores
-from app.settings import CHECK_MODES  # the server's --load-check choices
+from app.model_settings import CHECK_MODES  # the server's --load-check choices
 from bulk.inputs import absolute_spec
 from options import ConfigError, flag, option
 

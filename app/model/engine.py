@@ -14,7 +14,8 @@ import onnxruntime as ort
 from app.model.bundle import Bundle
 from app.model.faults import FaultInjector
 from app.model.tokenization import Row
-from app.settings import ARENA_MODES, PROVIDERS, SettingsError
+from app.model_settings import ARENA_MODES, PROVIDERS
+from app.settings import SettingsError
 
 log = logging.getLogger("app")
 

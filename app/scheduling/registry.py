@@ -17,6 +17,7 @@ from app.model.catalog import default_threshold, describe
 from app.model.engine import Engine
 from app.model.faults import FaultInjector, FaultSpec
 from app.model.tokenization import TextTokenizer
+from app.model_settings import DEFAULT_WINDOW_STRIDE
 from app.scheduling.admission import Admission
 from app.scheduling.health import EngineHealth
 from app.scheduling.lifecycle import Lifecycle, Phase
@@ -24,7 +25,7 @@ from app.scheduling.memory import MemoryBudget, budget_for, peak_during, rss, se
 from app.scheduling.scheduler import Scheduler
 from app.scheduling.server_load import ServerLoad
 from app.schemas import ModelInfo
-from app.settings import DEFAULT_WINDOW_STRIDE, Settings, SettingsError
+from app.settings import Settings, SettingsError
 
 log = logging.getLogger("app")
 ENDPOINTS = {"detector": "/detect", "classifier": "/classify"}
