@@ -12,7 +12,8 @@ Three layers, each importing only the ones below it:
 - model/: bundles read and hash-checked, what /models says of them, ONNX Runtime sessions and their
   load-time check, tokenization into rows and windows, and outputs turned into responses.
 settings.py (its groups declared in http_settings.py, scheduling_settings.py and model_settings.py;
-Kubernetes service links told apart from settings in service_links.py), metrics.py, errors.py (the error
+Kubernetes service links told apart from settings in service_links.py), machine.py and cgroup.py (the
+cores and the limits the server sizes itself by), metrics.py, errors.py (the error
 types and their statuses; no Litestar) and schemas.py (request and response bodies) are read by all three;
 tests/test_app_layers.py holds the layers to importing downwards only.
 

@@ -9,6 +9,8 @@ import os
 import platform
 from pathlib import Path
 
+from app.cgroup import cpu_quota
+
 
 def cpu_set() -> set[int]:
     """The CPUs this process may run on (its affinity): what a heading's "N cores" counts, and what the
@@ -74,28 +76,9 @@ KERNEL_PATHS = (
 
 
 def available_cores() -> int:
-    """The cores this process may run on: its CPU set, capped by a cgroup v2 CPU quota (a Kubernetes CPU
-    limit sets the quota, not the CPU set: sized by the set, threads would be throttled)."""
+    """The cores this process may run on: its CPU set, capped by its cgroups' CPU quota (a Kubernetes CPU
+    limit or systemd's CPUQuota= sets the quota, not the CPU set: sized by the set, threads would be
+    throttled)."""
     cores = len(cpu_set())
-    quota = _cgroup_cpu_quota()
+    quota = cpu_quota()
     return max(1, min(cores, math.ceil(quota))) if quota else cores
-
-
-def _cgroup_cpu_quota(
-    path: str = "/sys/fs/cgroup/cpu.max", v1: str = "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"
-) -> float | None:
-    """CPUs allowed by cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD": no limit), else by v1's
-    cpu.cfs_quota_us over cpu.cfs_period_us beside it (-1: no limit), as the memory limit is read."""
-    try:
-        quota, period = Path(path).read_text().split()[:2]
-    except (OSError, ValueError):
-        try:
-            quota = Path(v1).read_text().strip()
-            period = (Path(v1).parent / "cpu.cfs_period_us").read_text().strip()
-        except OSError:
-            return None
-        quota = "max" if quota.startswith("-") else quota
-    try:
-        return None if quota == "max" else int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None

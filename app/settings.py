@@ -203,7 +203,8 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         return "settings:\n" + "\n".join(lines)
 
     def _auto(self) -> dict[str, str]:
-        from app.scheduling.memory import MIB, cgroup_limit  # as budget_for reads it
+        from app.cgroup import memory_limit  # as budget_for reads it
+        from app.scheduling.memory import MIB
 
         notes = {}
         if self.intra_op_threads == 0:
@@ -215,7 +216,7 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         elif not self.threads_when_alone():  # given, but no more than a runner has: no solo session
             notes["solo_threads"] = "off, no more than a runner's threads"
         if self.memory_limit_mb == 0:
-            limit = cgroup_limit()
+            limit = memory_limit()
             notes["memory_limit_mb"] = ("auto: none, no cgroup limit" if limit is None else
                                         f"auto: the cgroup's, {limit / MIB:.0f}")  # fmt: skip
         return notes

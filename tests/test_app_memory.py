@@ -1,7 +1,7 @@
 """Under a memory limit (app/scheduling/memory.py) every batch is cut to its engine session's share of the room;
 where not even a row per session fits, the split of before: interactive batches are cut to one row and get a
-share, and every large request is refused 413; one-sentence requests are served. The budget's arithmetic, the
-cgroup files, and a real server on the shipped models."""
+share, and every large request is refused 413; one-sentence requests are served. The budget's arithmetic, and a real
+server on the shipped models (the cgroup files: test_app_cgroup.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from app.errors import AppError, ErrorType
 from app.scheduling import memory
 from app.scheduling.forming import Job, Lane, Step, next_step
-from app.scheduling.memory import HEADROOM, MIB, MemoryBudget, bulk_batches, cgroup_limit, plan, settle
+from app.scheduling.memory import HEADROOM, MIB, MemoryBudget, bulk_batches, plan, settle
 
 try:
     from app_fixtures import run_server
@@ -25,19 +25,6 @@ except ImportError:  # tests/ made a package
 
 REPO = Path(__file__).resolve().parents[1]
 LONG = "The river flows past the old mill, where the village once ground its grain. " * 80  # ~1.4k tokens
-
-
-@pytest.mark.parametrize(
-    "v2, v1, expected",
-    [("max\n", None, None), ("268435456\n", None, 268435456), (None, "9223372036854771712\n", None),
-     (None, "536870912\n", 536870912), (None, None, None)],
-)  # fmt: skip
-def test_the_cgroup_limit_is_read_from_v2_then_v1(tmp_path, v2, v1, expected):
-    files = (tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes")
-    for path, text in zip(files, (v2, v1), strict=True):
-        if text is not None:
-            path.write_text(text)
-    assert cgroup_limit(files) == expected
 
 
 def budget(limit_mib: int, baseline_mib: int, per_token: float) -> MemoryBudget:

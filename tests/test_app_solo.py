@@ -107,22 +107,3 @@ UPGRADE = (
     b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
 )
-
-
-def test_a_cgroup_cpu_quota_caps_the_cores_threads_are_sized_by(tmp_path):
-    # A Kubernetes CPU limit is a cgroup quota, not a CPU set: 1.5 CPUs of quota give 2 threads' worth.
-    from app.machine import _cgroup_cpu_quota
-
-    cpu_max = tmp_path / "cpu.max"
-    cpu_max.write_text("150000 100000\n")
-    assert _cgroup_cpu_quota(str(cpu_max)) == 1.5
-    cpu_max.write_text("max 100000\n")
-    assert _cgroup_cpu_quota(str(cpu_max)) is None
-    absent = str(tmp_path / "absent")
-    assert _cgroup_cpu_quota(absent, absent) is None
-    # cgroup v1 (hosts that still mount it: podman's --cpus there): quota over period, -1 for none.
-    (tmp_path / "cpu.cfs_quota_us").write_text("100000\n")
-    (tmp_path / "cpu.cfs_period_us").write_text("100000\n")
-    assert _cgroup_cpu_quota(absent, str(tmp_path / "cpu.cfs_quota_us")) == 1.0
-    (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")
-    assert _cgroup_cpu_quota(absent, str(tmp_path / "cpu.cfs_quota_us")) is None

@@ -25,31 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from app.cgroup import memory_limit
 from app.errors import AppError, ErrorType
 
 log = logging.getLogger("app")
 
 T = TypeVar("T")
-# cgroup v2, then v1. v1 reports "no limit" as a number near 2**63.
-LIMIT_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-UNLIMITED = 1 << 60
 # Work may plan to use this share of the limit: the rest is the allocator's slack, the page cache the
 # cgroup also counts, and the responses being built.
 HEADROOM = 0.9
 MIB = 1 << 20
-
-
-def cgroup_limit(files: tuple[Path, ...] = LIMIT_FILES) -> int | None:
-    """The memory limit of this process's cgroup in bytes, or None when it has none."""
-    for path in files:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text == "max" or not text.isdigit() or int(text) >= UNLIMITED:
-            return None
-        return int(text)
-    return None
 
 
 def rss() -> int:
@@ -151,7 +136,7 @@ def budget_for(limit_mb: int) -> MemoryBudget | None:
     """--memory-limit-mb: > 0 that many MiB; 0 the cgroup's limit, if any; < 0 no budget."""
     if limit_mb > 0:
         return MemoryBudget(limit_mb * MIB, "--memory-limit-mb")
-    if limit_mb == 0 and (limit := cgroup_limit()) is not None:
+    if limit_mb == 0 and (limit := memory_limit()) is not None:
         return MemoryBudget(limit, "the cgroup's limit")
     return None
 

@@ -1,0 +1,82 @@
+"""The memory and CPU limits the kernel holds this process to: those of its own cgroup and of every cgroup
+above it, the tightest winning, as the kernel enforces them. Reading only the hierarchy's root found the
+limit in a container, whose cgroup namespace shows its own cgroup there, but not under systemd
+(`MemoryMax=`, `CPUQuota=`, `systemd-run -p`), in a Slurm job's cgroup, or in a pod's cgroup seen from a
+host-mounted hierarchy: those set it lower down, and the server sized its batches for no limit.
+
+cgroup v2 first (the unified hierarchy at /sys/fs/cgroup), then v1 (a hierarchy per controller, at
+/sys/fs/cgroup/memory, /sys/fs/cgroup/cpu). `root` and `proc` are parameters for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PROC = Path("/proc/self/cgroup")
+# v1 reports "no limit" as a number near 2**63.
+UNLIMITED = 1 << 60
+
+
+def own_dirs(controller: str | None, root: Path = ROOT, proc: Path = PROC) -> list[Path]:
+    """This process's cgroup directory and those above it up to the hierarchy's mount, innermost first: in
+    v2's unified hierarchy (`controller` None: the "0::PATH" line of /proc/self/cgroup) or in v1's
+    hierarchy of `controller`. Where that path is not under the mount (a container without a cgroup
+    namespace of its own sees its cgroup at the mount itself), the mount alone."""
+    mount = root if controller is None else root / controller
+    path = "/"
+    try:
+        for line in proc.read_text().splitlines():
+            _, names, rel = line.split(":", 2)
+            if (names == "") if controller is None else (controller in names.split(",")):
+                path = rel
+                break
+    except (OSError, ValueError):
+        pass
+    here = mount / path.lstrip("/")
+    if path.strip("/") == "" or ".." in Path(path).parts or not here.is_dir():
+        return [mount]
+    dirs = [here]
+    while dirs[-1] != mount:
+        dirs.append(dirs[-1].parent)
+    return dirs
+
+
+def memory_limit(root: Path = ROOT, proc: Path = PROC) -> int | None:
+    """The memory limit in bytes (v2's memory.max, else v1's memory.limit_in_bytes: the lowest along the
+    path), or None where there is none."""
+    for controller, name in ((None, "memory.max"), ("memory", "memory.limit_in_bytes")):
+        read = [text for d in own_dirs(controller, root, proc) if (text := _read(d / name)) is not None]
+        if read:  # this version's files: a limit or none, the other version is not asked
+            limits = [int(t) for t in read if t.isdigit() and int(t) < UNLIMITED]
+            return min(limits) if limits else None
+    return None
+
+
+def cpu_quota(root: Path = ROOT, proc: Path = PROC) -> float | None:
+    """The CPUs the quota allows (v2's cpu.max "QUOTA PERIOD", "max PERIOD" for none; else v1's
+    cpu.cfs_quota_us over cpu.cfs_period_us, -1 for none: the lowest along the path), or None."""
+    v2 = [text.split()[:2] for d in own_dirs(None, root, proc) if (text := _read(d / "cpu.max")) is not None]
+    if v2:
+        return _lowest(v2)
+    v1 = [[text, _read(d / "cpu.cfs_period_us") or ""] for d in own_dirs("cpu", root, proc)
+          if (text := _read(d / "cpu.cfs_quota_us")) is not None]  # fmt: skip
+    return _lowest(v1)
+
+
+def _lowest(pairs: list[list[str]]) -> float | None:
+    quotas = []
+    for pair in pairs:
+        try:
+            quota, period = int(pair[0]), int(pair[1])
+        except (ValueError, IndexError):  # "max", or unreadable: no quota at that level
+            continue
+        if quota > 0 and period > 0:  # v1's -1: none
+            quotas.append(quota / period)
+    return min(quotas) if quotas else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
