@@ -10,7 +10,9 @@ import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 
-from options import ConfigError, _check_choice, _kind, coerce, default_of, flag, saved_as, spec_of
+from options.coercion import _kind, coerce
+from options.declarations import _check_choice, default_of, flag, saved_as, spec_of
+from options.errors import ConfigError
 
 EPILOG = (
     "A true/false option is a switch: --name alone is true; --name false and --no-name are false. Order of\n"

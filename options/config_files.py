@@ -15,7 +15,9 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from options import ConfigError, flag, saved_as, sources, spec_of
+from options.declarations import flag, saved_as, spec_of
+from options.errors import ConfigError
+from options.provenance import sources
 
 
 def _check_no_shortened_paths(
