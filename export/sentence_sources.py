@@ -88,7 +88,7 @@ def _documents(source: str, split: str, data_dir: Path | str | None):
 def sentences(source: str, part: str, data_dir: Path | str | None = None) -> list[str]:
     """The sentences of `source`'s `part` ("calibration" or "measurement"): whole sentences (a final
     . ? or !) of the source's word range, each once, in the source's order."""
-    from training.data.corpus import _unit_hash
+    from training.data.held_out import unit_hash
     from training.data.sentences import iter_sentences
 
     if source not in SOURCES:
@@ -107,7 +107,7 @@ def sentences(source: str, part: str, data_dir: Path | str | None = None) -> lis
             for s in iter_sentences(line):
                 if not (lo <= len(s.split()) <= hi and s[-1] in ".?!") or s in seen:
                     continue
-                if half is not None and (_unit_hash(s) < 0.5) != (half == "low"):
+                if half is not None and (unit_hash(s) < 0.5) != (half == "low"):
                     continue
                 seen.add(s)
                 out.append(s)

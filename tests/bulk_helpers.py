@@ -17,7 +17,7 @@ MODELS = REPO / "models"
 
 def wiki(registry_data: Path, split: str = "valid") -> tuple[list[str], list[str]]:
     """WikiText-2 (detokenized, as training reads it): its paragraphs, and its whole articles."""
-    from training.data.corpus import iter_wikitext_articles
+    from training.data.wikitext import iter_wikitext_articles
 
     articles = list(iter_wikitext_articles(registry_data / f"wikitext2-{split}.raw.gz"))
     paragraphs = [p for a in articles for p in a.split("\n") if p.strip()]

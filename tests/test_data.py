@@ -26,7 +26,7 @@ import pytest
 from tests.unprivileged import run_python
 from training.data import registry
 from training.data.batches import Batches, PackedDataset
-from training.data.corpus import corpus_key, detokenize_wikitext, read_corpus
+from training.data.corpus import corpus_key, read_corpus
 from training.data.corpus_sources import CorpusError, corpus_files_note, iter_text_documents, repeated_file
 from training.data.packers import RowMix
 from training.data.registry import (
@@ -43,6 +43,7 @@ from training.data.tokenizer import TokenizerError, special_ids, tokenizer_sha25
 from training.data.tokenizer_loading import load_tokenizer
 from training.data.tokenizer_saving import save_tokenizer
 from training.data.tokenizer_training import train_wordpiece
+from training.data.wikitext import detokenize_wikitext
 from training.finetuning.sets import load_labelled
 
 REPO = Path(__file__).resolve().parent.parent

@@ -45,8 +45,9 @@ CLIENTS = 8  # requests in flight: both of the server's runners stay busy, with 
 
 
 def samples(wiki_docs: int, news_docs: int) -> dict[str, list[str]]:
-    from training.data.corpus import iter_news_articles, iter_wikitext_articles
+    from training.data.everyday_corpora import iter_news_articles
     from training.data.registry import fetch, local_data_dir
+    from training.data.wikitext import iter_wikitext_articles
 
     data_dir = local_data_dir()
     wiki = fetch("wikitext2-train", data_dir=data_dir)

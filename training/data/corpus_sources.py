@@ -3,8 +3,8 @@
 list of these; this module walks the user's directories, says what a list names twice (repeated_file) or
 leaves out (corpus_files_note), and reads each file's documents (iter_text_documents), with CorpusError
 saying what to change where one cannot be read. training/data/corpus.py reads the registry corpora and
-holds out the valid split of either kind (read_corpus); the options' checks of a --corpus
-(training/pretraining/config.py) need only this module.
+holds out the valid split of either kind (read_corpus; training/data/held_out.py splits the user's text);
+the options' checks of a --corpus (training/pretraining/config.py) need only this module.
 """
 
 from __future__ import annotations
