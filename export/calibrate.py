@@ -90,10 +90,13 @@ def _enough_that_fit(texts, built: int, src) -> None:
     if len(texts.texts) >= MIN_SENTENCES and clean and swapped:
         return
     allowed = src.mcfg.max_position_embeddings
+    # A model of 8 positions was told to export at a larger --max-length, which it cannot take.
+    longer = (f"export with a larger --max-length (the model has {allowed} positions), or "
+              if src.max_length < allowed else f"the model has no positions past its {allowed}: ")  # fmt: skip
     raise CalibrationDataError(
         f"calibration: {len(texts.texts)} of {built} sentences fit one row of max_length {src.max_length} "
         f"({clean} clean, {swapped} swapped); fitting the map needs at least {MIN_SENTENCES}, clean and swapped "
-        f"alike: export with a larger --max-length (the model has {allowed} positions), or pass --no-calibrate"
+        f"alike: {longer}pass --no-calibrate"
     )
 
 

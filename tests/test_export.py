@@ -1081,7 +1081,7 @@ def test_ctrl_c_while_torch_loads_says_what_a_later_one_does(tmp_path, detector_
 
 
 def test_a_max_length_that_leaves_too_few_calibration_sentences_is_refused(
-    tmp_path, detector_dir, registry_data
+    tmp_path, detector_dir, tokenizer_dir, registry_data
 ):
     """--max-length 12 left 2 sentences, none clean, and the export crashed on a NaN; 16 left 32 and a map
     was fitted on them. Too few that fit one row are refused, naming --max-length, and nothing is written."""
@@ -1091,3 +1091,9 @@ def test_a_max_length_that_leaves_too_few_calibration_sentences_is_refused(
         export(detector_dir, tmp_path / "b", precision="fp32", calibration_sentences=20, max_length=12,
                data_dir=str(registry_data))  # fmt: skip
     assert not (tmp_path / "b").exists()
+    # A model of 12 positions: no larger --max-length to give it, so the message offers none.
+    short = hm.save_detector(tmp_path / "short", tokenizer_dir, max_position_embeddings=12)
+    with pytest.raises(CalibrationDataError,
+                       match=r"max_length 12 .*: the model has no positions past its 12: pass --no-calibrate") as refused:  # fmt: skip
+        export(short, tmp_path / "c", precision="fp32", calibration_sentences=20, data_dir=str(registry_data))
+    assert "larger --max-length" not in str(refused.value)
