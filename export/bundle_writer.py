@@ -74,7 +74,7 @@ def _as_read(ckpt: Path, tok) -> list[str]:
         changed.append("its truncation and padding left out (the server cuts long texts into windows)")
     if saved.get("post_processor") is None:
         changed.append(
-            "[CLS] ... [SEP] added around each text (it had no post-processor; transformers adds them)"
+            "[CLS] ... [SEP] added around each text (it had no post-processor; ELECTRA is trained with them)"
         )
     if as_is.get("normalizer") != read.get("normalizer"):
         changed.append("normalizer as tokenizer_config.json says (do_lower_case, strip_accents, "
