@@ -265,3 +265,91 @@ def test_a_tokenizers_model_max_length_under_the_positions_is_the_bundles_length
 
     config.write_text(json.dumps({**said, "model_max_length": int(1e30)}))
     assert tokenizer_max_length(src, 64) is None
+
+
+def test_a_file_of_a_checkpoint_is_refused_as_a_file_naming_its_directory(tmp_path, tokenizer_dir, capsys):
+    """`python -m export DIR/model.safetensors` (or DIR/config.json) was told the path "holds no checkpoint:
+    expected config.json with model.safetensors", as if it were a directory without them."""
+    from export.__main__ import main
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir)
+    for name in ("model.safetensors", "config.json"):
+        assert main([str(src / name), "--out", str(tmp_path / "b")]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{src / name} is a file, not a checkpoint directory: give the directory that holds it, {src}"
+            in err
+        )
+        assert "holds no checkpoint" not in err and not (tmp_path / "b").exists()
+    # A file of a directory that is no checkpoint either: what that directory is, and what to do with it.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("a")
+    assert main([str(tmp_path / "notes" / "a.txt"), "--out", str(tmp_path / "b")]) == 2
+    assert "a.txt is a file, not a checkpoint directory: the directory that holds it is not one either (" in (
+        capsys.readouterr().err
+    )
+
+
+def test_id2label_keys_that_are_not_numbers_are_refused_naming_id2label(tmp_path, tokenizer_dir, capsys):
+    """id2label {"a": "neg", ...} was refused as "config.json: invalid literal for int() with base 10: 'a'"."""
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, labels=("neg", "neu", "pos"))
+    _edit_config(src, id2label={"a": "neg", "b": "neu", "c": "pos"})
+    assert main([str(src), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}/config.json: id2label's keys must be the numbers of the classifier's outputs" in err, err
+    assert "got ['a', 'b', 'c']: number the labels from 0" in err and "invalid literal" not in err
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("name", [None, "", " "], ids=["null", "empty", "blank"])
+def test_a_label_without_a_name_is_refused_naming_id2label(tmp_path, tokenizer_dir, capsys, name):
+    """id2label {"0": null, ...} or {"0": "", ...} exported, and /classify answered with the labels "None"
+    and "". Refused naming the entry; a whole number is still a name (its digits), as transformers keeps it."""
+    from export.__main__ import main
+    from training.checkpoint import load_model
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, labels=("neg", "neu", "pos"))
+    _edit_config(src, id2label={"0": name, "1": "neu", "2": "pos"})
+    assert main([str(src), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{src}/config.json: id2label gives {{'0': {name!r}}}: each label must be a non-empty string" in err
+    )
+    assert "the labels must differ from each other" in err and not (tmp_path / "b").exists()
+
+    _edit_config(src, id2label={"0": 0, "1": 1, "2": 2})
+    assert load_model(src)[1].id2label == {0: "0", 1: "1", 2: "2"}
+
+
+def test_architectures_naming_another_head_than_the_weights_hold_says_which_to_write(
+    tmp_path, tokenizer_dir, capsys
+):
+    """config.json's architectures ElectraForPreTraining over a classifier's weights (or the reverse) was
+    refused as "weights do not match the config; missing [...], unexpected [...]", naming no fix."""
+    from export.__main__ import main
+    from training.checkpoint import load_model
+
+    cls = hm.save_classifier(tmp_path / "cls", tokenizer_dir, labels=("neg", "neu", "pos"))
+    disc = hm.save_detector(tmp_path / "disc", tokenizer_dir)
+    _edit_config(cls, architectures=["ElectraForPreTraining"])
+    _edit_config(disc, architectures=["ElectraForSequenceClassification"])
+    for src, says in [
+        (cls, f"{cls}/config.json: architectures says ElectraForPreTraining, but the weights hold a classifier "
+              "head (classifier.*), not a discriminator's (discriminator_predictions.*): set config.json's "
+              'architectures to ["ElectraForSequenceClassification"]'),
+        (disc, "the weights hold no classifier head (classifier.*): they hold a discriminator head "
+               "(discriminator_predictions.*). Fine-tune them into a classifier (python -m training.finetune "
+               f'--init {disc} ...), or set config.json\'s architectures to ["ElectraForPreTraining"]'),
+    ]:  # fmt: skip
+        assert main([str(src), "--out", str(tmp_path / "b")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "missing [" not in err, err
+        assert not (tmp_path / "b").exists()
+    _edit_config(cls, architectures=["ElectraForSequenceClassification"])  # as the refusal says
+    _edit_config(disc, architectures=["ElectraForPreTraining"])
+    assert [type(load_model(src)[0]).__name__ for src in (cls, disc)] == [
+        "ElectraForSequenceClassification",
+        "ElectraForPreTraining",
+    ]

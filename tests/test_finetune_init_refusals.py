@@ -121,3 +121,19 @@ def test_an_init_run_whose_latest_checkpoint_is_gone_says_to_give_another(tiny_i
     shutil.rmtree(run / "checkpoints" / "step-00000004")
     refused(["--init", run, "--train", train, "--text-column", "review", "--label-column", "verdict",
              "--out", tmp_path / "out"], capsys, "restore it, or give --init another checkpoint or run")  # fmt: skip
+
+
+def test_a_file_given_as_init_is_refused_naming_the_directory_that_holds_it(tiny_init, tmp_path, capsys):
+    """--init DIR/model.safetensors was told it "holds no checkpoint: expected config.json with
+    model.safetensors", as if it were a directory; pretraining's --init read it through the same function."""
+    from training.checkpoint import CheckpointError
+    from training.pretraining.warmstart import resolve_source
+
+    train = write_csv(tmp_path / "r.csv", 30)
+    weights = tiny_init / "model.safetensors"
+    says = f"{weights} is a file, not a checkpoint directory: give the directory that holds it, {tiny_init}"
+    refused(["--init", weights, "--train", train, "--text-column", "review", "--label-column", "verdict",
+             "--out", tmp_path / "out"], capsys, f"error: --init: {says}")  # fmt: skip
+    with pytest.raises(CheckpointError) as refusal:
+        resolve_source(str(weights))  # pretraining's --init
+    assert str(refusal.value) == says

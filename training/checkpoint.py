@@ -60,6 +60,8 @@ def resolve_checkpoint(path: str | os.PathLike, given_as: str | None = None) -> 
     p = Path(path)
     if (p / "config.json").is_file() and has_weights(p):
         return p
+    if p.is_file():  # one of a checkpoint's files (model.safetensors, config.json): read below as a directory
+        raise CheckpointError(f"{p} is a file, not a checkpoint directory: {_holding(p.parent, given_as)}")
     latest = p / "checkpoints" / LATEST
     if latest.is_file():
         name = latest.read_text().strip()
@@ -78,6 +80,16 @@ def resolve_checkpoint(path: str | os.PathLike, given_as: str | None = None) -> 
         f"shards, or pytorch_model.bin, or {BIN_SHARD_INDEX} and its shards), "
         f"or a run directory with checkpoints/{LATEST}"
     )
+
+
+def _holding(directory: Path, given_as: str | None) -> str:
+    """What to give instead of a file: the directory that holds it where that is a checkpoint (or a run's),
+    else what that directory is (a bundle, a run not yet saved) and what to do, as resolve_checkpoint says."""
+    try:
+        resolve_checkpoint(directory, given_as)
+    except CheckpointError as e:
+        return f"the directory that holds it is not one either ({e})"
+    return f"give the directory that holds it, {directory}"
 
 
 def _latest_unusable(latest: Path, name: str, target: Path, given_as: str | None = None) -> str:
@@ -187,15 +199,27 @@ _HEADS = (
 )
 
 
+_PREFIX = {arch: prefix for prefix, arch in _HEADS}
+_KINDS = {
+    "ElectraForSequenceClassification": "a classifier",
+    "ElectraForPreTraining": "a discriminator",
+    "ElectraForMaskedLM": "a generator",
+}
+
+
+def _head_held(names) -> str | None:
+    """The architecture of the first head (in _HEADS' order) whose tensors are among `names`; None: no head."""
+    return next((arch for prefix, arch in _HEADS if any(n.startswith(prefix) for n in names)), None)
+
+
 def architecture_of(ckpt: Path, raw: dict) -> str:
     """config.json's `architectures[0]`; where it names none, the head its weights hold (an encoder's
     tensors alone, unprefixed, are an ElectraModel's), else ElectraForPreTraining as before."""
     if raw.get("architectures"):
         return raw["architectures"][0]
     names = weight_names(ckpt)
-    for prefix, arch in _HEADS:
-        if any(n.startswith(prefix) for n in names):
-            return arch
+    if held := _head_held(names):
+        return held
     if names and all(n.startswith(("embeddings", "encoder.")) for n in names):
         return ENCODER
     return "ElectraForPreTraining"
@@ -304,13 +328,27 @@ def load_model(
     if arch not in ARCHITECTURES:
         raise CheckpointError(f"{ckpt}: an {arch} (an encoder without a head) has no model to load as it is; "
                               f"expected one of {sorted(ARCHITECTURES)}")  # fmt: skip
+    held = _head_held(sd)
     headless = arch == "ElectraForSequenceClassification" and not any(k.startswith("classifier.") for k in sd)
     if headless and not fresh_head:
+        theirs = f"they hold {_KINDS[held]} head ({_PREFIX[held]}*)" if held else "they are an encoder's"
+        fix = (
+            f'set config.json\'s architectures to ["{held}"]'
+            if held
+            else "correct config.json's architectures"
+        )
         raise CheckpointError(
             f"{ckpt}: {'asked for' if architecture else 'config.json says'} ElectraForSequenceClassification, but "
-            "the weights hold no classifier "
-            f"head (classifier.*): they are an encoder's or a discriminator's. Fine-tune them into a classifier "
-            f"(python -m training.finetune --init {ckpt} ...), or correct config.json's architectures"
+            f"the weights hold no classifier head (classifier.*): {theirs}. Fine-tune them into a classifier "
+            f"(python -m training.finetune --init {ckpt} ...), or {fix}"
+        )
+    if architecture is None and held and not any(k.startswith(_PREFIX[arch]) for k in sd):
+        # config.json's architectures names another head than the weights hold (edited, or copied from
+        # another model): the load would list the missing and unexpected tensors, naming no fix.
+        raise CheckpointError(
+            f"{ckpt}/config.json: architectures says {arch}, but the weights hold {_KINDS[held]} head "
+            f"({_PREFIX[held]}*), not {_KINDS[arch]}'s ({_PREFIX[arch]}*): set config.json's architectures to "
+            f'["{held}"]'
         )
     if (
         arch == "ElectraForSequenceClassification" and not fresh_head
