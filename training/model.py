@@ -21,6 +21,7 @@ from torch import nn
 
 from training.dropout import Dropout
 from training.embedding_grad import Embedding, lookup
+from training.label_names import numbered_labels
 from training.quantization import attach as attach_int8
 from training.quantization import attach_storage
 
@@ -61,7 +62,7 @@ class ElectraConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
-        self.id2label = _numbered_labels(self.id2label)
+        self.id2label = numbered_labels(self.id2label)
         for name in ("num_attention_heads", "max_position_embeddings", "type_vocab_size", "vocab_size",
                      "embedding_size", "hidden_size", "num_hidden_layers", "intermediate_size"):  # fmt: skip
             if getattr(self, name) <= 0:
@@ -135,39 +136,6 @@ def _field_types() -> dict[str, tuple[type, bool]]:
         assert kind in (int, float, str, dict), f"ElectraConfig.{name}: no type check for {kind}"
         out[name] = (kind, type(None) in kinds)
     return out
-
-
-def _numbered_labels(id2label: dict) -> dict[int, str]:
-    """id2label as the model uses it: each output column's number to its label's name. Here, where every
-    config.json is read (export, fine-tuning's and pretraining's --init): int() of a key "a" failed naming
-    neither the field nor the fix, and str() of a null or "" name exported a classifier that /classify
-    answered with labels "None" and "" (its probs keyed by them). A whole number is a name as its digits."""
-    keys = [k for k in id2label if not _a_column(k)]
-    if keys:
-        raise ValueError(f"id2label's keys must be the numbers of the classifier's outputs (\"0\", \"1\", ...), "
-                         f"got {keys}: number the labels from 0, in the order of the classifier's outputs "
-                         "(and label2id to match)")  # fmt: skip
-    odd = {k: v for k, v in id2label.items() if not _a_name(v)}
-    if odd:
-        raise ValueError(f"id2label gives {odd}: each label must be a non-empty string, and the "
-                         "labels must differ from each other (/classify answers with them, its probabilities "
-                         "keyed by label): name every class (and label2id to match)")  # fmt: skip
-    return {int(k): str(v) for k, v in id2label.items()}
-
-
-def _a_column(key) -> bool:
-    if isinstance(key, bool):
-        return False
-    try:
-        int(key)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _a_name(value) -> bool:
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    return whole or (isinstance(value, str) and bool(value.strip()))
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
