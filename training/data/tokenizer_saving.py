@@ -22,11 +22,18 @@ def transformers_reads_otherwise(directory: Path) -> str | None:
     tokenizer_config.json beside it, training takes the file as it is (our checkpoints saved before they
     carried one, cased ones included, were trained so), while transformers reads it as BERT's tokenizer with
     BERT's defaults (lowercased, accents stripped, CJK characters split), whatever the file's normalizer.
-    With one, `_specials_left_out`."""
+    And a file without a post-processor, with or without one (`_specials_left_out`)."""
     if not (directory / "tokenizer.json").is_file():
         return None
+    said = [s for s in (_normalised_otherwise(directory), _specials_left_out(directory)) if s]
+    return ". Also: ".join(said) or None
+
+
+def _normalised_otherwise(directory: Path) -> str | None:
+    """A tokenizer.json with no tokenizer_config.json beside it that keeps case, accents or CJK characters
+    unsplit (transformers_reads_otherwise)."""
     if (directory / TOKENIZER_CONFIG).is_file():
-        return _specials_left_out(directory)
+        return None
     norm = json.loads(load_tokenizer(directory / "tokenizer.json").to_str()).get("normalizer") or {}
     if norm.get("type") != "BertNormalizer":
         return None
@@ -50,30 +57,25 @@ def transformers_reads_otherwise(directory: Path) -> str | None:
             "true and export again")  # fmt: skip
 
 
-# tokenizer_config.json's classes under which transformers takes tokenizer.json as it is (transformers 5
-# writes TokenizersBackend for a tokenizer wrapped in PreTrainedTokenizerFast, and reads either so).
-_AS_IT_IS_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
-
-
 def _specials_left_out(directory: Path) -> str | None:
-    """A tokenizer.json without a post-processor, under a tokenizer_config.json naming a class that takes it
-    as it is: transformers' AutoTokenizer frames no text with [CLS] ... [SEP], where the bundle frames every
-    text so, as ELECTRA is trained (the export's note said transformers adds them, which BERT's and ELECTRA's
-    classes do)."""
+    """A tokenizer.json without a post-processor: the bundle frames every text with [CLS] ... [SEP], as
+    ELECTRA is trained, and transformers' AutoTokenizer does so only on transformers 5 under BERT's and
+    ELECTRA's classes (not under PreTrainedTokenizerFast or TokenizersBackend, nor on 4.x under any). The
+    export's note said transformers adds them. Naming ELECTRA's class instead would rebuild a tokenizer not
+    of BERT's shape otherwise; a post-processor in the file makes every version and class agree."""
     try:
-        cls = json.loads((directory / TOKENIZER_CONFIG).read_text(encoding="utf-8")).get("tokenizer_class")
         if json.loads((directory / "tokenizer.json").read_text(encoding="utf-8")).get("post_processor"):
             return None
     except (OSError, ValueError, AttributeError):  # unreadable: the tokenizer's own reading says so
         return None
-    if cls not in _AS_IT_IS_CLASSES:
-        return None
-    return (f"tokenizer.json has no post-processor and tokenizer_config.json names {cls}: the bundle frames each "
-            "text as [CLS] ... [SEP], as ELECTRA is trained, while transformers' AutoTokenizer reads the file as it "
-            "is, without them, so its ids and the model's outputs there differ from the bundle's. If the model was "
-            "trained with them (as ELECTRA's pretraining and fine-tuning do), the bundle is right: set "
-            "tokenizer_class to \"ElectraTokenizerFast\" in tokenizer_config.json for transformers to agree; if it "
-            "was trained without them, it cannot be served as it is")  # fmt: skip
+    return ("tokenizer.json has no post-processor: the bundle frames each text as [CLS] ... [SEP], as ELECTRA is "
+            "trained, while transformers' AutoTokenizer frames it so only on transformers 5 under BERT's and "
+            "ELECTRA's tokenizer classes (not under PreTrainedTokenizerFast or TokenizersBackend, nor on 4.x), so "
+            "its ids and the model's outputs there may differ from the bundle's. If the model was trained with "
+            "them (as ELECTRA's pretraining and fine-tuning do), the bundle is right: give tokenizer.json the "
+            "post-processor the bundle's has (tokenizers' TemplateProcessing, single \"[CLS] $A [SEP]\", pair "
+            "\"[CLS] $A [SEP] $B:1 [SEP]:1\") for every reader to agree; if it was trained without them, it "
+            "cannot be served as it is")  # fmt: skip
 
 
 def copy_tokenizer(source: Path, directory: Path) -> None:
