@@ -560,7 +560,7 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     config.json records (as_run), beside the 0 given. And an address that answers but is no head's (the
     node manager's port) is not blamed on the token the job was given."""
     port = _port()
-    manager = _port(port + 1, port + 19)
+    manager = _port(port + 1)  # in the same range as the head's
     subprocess.run([RAY, "start", "--head", "--port", str(port), "--node-manager-port", str(manager), "--num-cpus",
                     "1", "--include-dashboard=false", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"],
                    env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)  # fmt: skip

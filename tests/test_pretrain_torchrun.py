@@ -214,6 +214,7 @@ def _two_ranks(monkeypatch, rank: int, problems: list[str | None]) -> tuple[Dist
     monkeypatch.setattr(env, "gather", lambda problem: problems)
     monkeypatch.setattr(env, "close", lambda: closed.append("closed"))
     monkeypatch.setattr(options, "after_rank_0", lambda: closed.append("after rank 0"))
+    monkeypatch.setattr(options.errors, "after_rank_0", lambda: closed.append("after rank 0"))  # usage_exit's
     return env, closed
 
 
