@@ -4,6 +4,7 @@ at the next one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from export.parity import ParityError
 
 try:
     from export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401 (fixture)
@@ -313,7 +316,11 @@ def test_onnxruntimes_quantizer_writes_its_copies_in_the_exports_scratch_directo
 
     sys.addaudithook(mkdirs)
     try:
-        export(detector_dir, tmp_path / "b", precision="int8", int8=int8, calibrate=False)
+        # The random-weight model may miss the int8 gate where ONNX Runtime's int8 kernels are AVX2's (static
+        # did: p99 0.021 of 0.02 on an AVX2-only EPYC); the quantizers have run by then, and the export's
+        # cleanup is checked all the same.
+        with contextlib.suppress(ParityError):
+            export(detector_dir, tmp_path / "b", precision="int8", int8=int8, calibrate=False)
     finally:
         watching = False
     quantizers = [p for p in made if p.name.startswith(("ort.quant.", "pre.quant."))]
