@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import options
+from app.cgroup import memory_limit  # as budget_for reads it
 from app.http_settings import HttpSettings
 from app.machine import available_cores
 from app.model.faults import FaultSpec, FaultSpecError
@@ -203,7 +204,6 @@ class Settings(ModelSettings, SchedulingSettings, HttpSettings):
         return "settings:\n" + "\n".join(lines)
 
     def _auto(self) -> dict[str, str]:
-        from app.cgroup import memory_limit  # as budget_for reads it
         from app.scheduling.memory import MIB
 
         notes = {}
