@@ -6,6 +6,7 @@ read as BERT's where they say otherwise."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -321,6 +322,42 @@ def test_a_label_without_a_name_is_refused_naming_id2label(tmp_path, tokenizer_d
 
     _edit_config(src, id2label={"0": 0, "1": 1, "2": 2})
     assert load_model(src)[1].id2label == {0: "0", 1: "1", 2: "2"}
+
+
+def test_a_label_naming_two_outputs_is_refused_at_export_and_by_the_servers_reader(
+    tmp_path, tokenizer_dir, capsys
+):
+    """id2label {"0": "neg", "1": "pos", "2": "pos"} (or 1 and "1": the same name as read): export refuses it
+    naming the label. A hand-written manifest naming one twice, or leaving one blank, was served, /classify's
+    probabilities (keyed by label) keeping one "pos" score and dropping the other: refused at load."""
+    from app.model.bundle import BundleError, file_hashes, read_bundle
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir, labels=("neg", "neu", "pos"))
+    for id2label, named in [
+        ({"0": "neg", "1": "pos", "2": "pos"}, "'pos'"),
+        ({"0": 1, "1": "1", "2": "x"}, "'1'"),
+    ]:
+        _edit_config(src, id2label=id2label)
+        assert main([str(src), "--out", str(tmp_path / "b")]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{src}/config.json: id2label names [{named}] more than once; give every class a name" in err
+        ), err
+        assert not (tmp_path / "b").exists()
+
+    bundle = tmp_path / "by-hand"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(b"onnx")
+    (bundle / "tokenizer.json").write_text("{}")
+    files = file_hashes(bundle)
+    for labels, says in [(["neg", "pos", "pos"], "`labels` names more than one output 'pos'"),
+                         (["neg", " ", "pos"], "`labels` has no name for output(s) [1]")]:  # fmt: skip
+        manifest = {"format_version": 1, "kind": "classifier", "max_length": 64, "output": "probs",
+                    "labels": labels, "model_sha256": files["model.onnx"], "files": files}  # fmt: skip
+        (bundle / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(BundleError, match=re.escape(f"{bundle}/manifest.json: {says}")):
+            read_bundle(bundle)
 
 
 def test_architectures_naming_another_head_than_the_weights_hold_says_which_to_write(

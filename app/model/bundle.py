@@ -171,6 +171,7 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
         )
     if manifest.kind == "classifier" and not manifest.labels:
         raise BundleError(f"{manifest_path}: a classifier needs `labels`")
+    _check_labels(manifest_path, manifest.labels)
     if manifest.problem_type == "regression" and len(manifest.labels) > 1:
         # export refuses such a model (training/checkpoint.py _check_labels): a bundle written by hand, or
         # by an export before that, would be answered with its first output alone.
@@ -203,6 +204,21 @@ def _read_bundle(path: Path, name: str | None) -> Bundle:
             as_read[fname] = _check_hash(path, fname, manifest.files[fname])
     return Bundle(name=name or path.resolve().name, path=path, manifest=manifest, warnings=warnings,
                   sha256_as_read=as_read)  # fmt: skip
+
+
+def _check_labels(manifest_path: Path, labels: list[str]) -> None:
+    """Refused (BundleError): a label that is blank, or one that names two outputs. export writes neither
+    (training/checkpoint.py _check_labels refuses them naming config.json), but a manifest written by hand
+    may: /classify keys its probabilities by label, so one of two outputs named alike lost its score."""
+    blank = [i for i, label in enumerate(labels) if not label.strip()]
+    if blank:
+        raise BundleError(f"{manifest_path}: `labels` has no name for output(s) {blank} ({labels}): "
+                          "/classify answers with each output's label; write a name for each")  # fmt: skip
+    shared = sorted({label for label in labels if labels.count(label) > 1})
+    if shared:
+        raise BundleError(f"{manifest_path}: `labels` names more than one output {', '.join(map(repr, shared))} "
+                          f"({labels}): /classify keys its probabilities by label, so one would be lost; "
+                          "give each output a name of its own")  # fmt: skip
 
 
 def _entry_kind(p: Path) -> str | None:
