@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 from bulk import outputs
 
@@ -35,6 +37,7 @@ def connect(address: str, cpus: int) -> str | None:
         return None
     runtime_env = {"env_vars": WORKER_ENV}
     if address == "local":  # an instance of our own on this machine, ended with the job
+        _token_where_home_is_unwritable()
         started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
                            include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
         return started.address_info.get("session_dir")
@@ -47,6 +50,28 @@ def connect(address: str, cpus: int) -> str | None:
     except (ConnectionError, ValueError) as e:
         raise JoinError(_join_failed(found, e, shown)) from None
     return None
+
+
+def _token_where_home_is_unwritable() -> None:
+    """Ray 2.60 guards an instance it starts with a token: RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names,
+    else ~/.ray/auth_token, which it writes when there is none. A home that cannot be written (a service
+    user's HOME=/nonexistent, a read-only root file system) ended the job in a FileNotFoundError traceback
+    from Ray. There the instance gets a token of the job's own, in the environment its processes inherit,
+    and nothing is written; elsewhere Ray's own file stands (`ray status` reads it to look at the instance)."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return  # the user turned authentication off
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    try:
+        home = Path.home() / ".ray"
+        if (home / "auth_token").is_file():
+            return
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return
+    except (OSError, RuntimeError):  # RuntimeError: no HOME and no home in the password database
+        pass
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def cluster_cpus() -> int:

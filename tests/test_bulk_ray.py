@@ -271,7 +271,9 @@ def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
 ):
     """Ray's actors read compressed shards through the same reader as local workers (bulk/reading.py):
     shards gzipped, bzip2'd and xz'd score to the local run's rows of their plain copies, and a .gz cut
-    short fails its part alone, naming the file."""
+    short fails its part alone, naming the file. The job is given no token and a home it cannot write (a
+    service user's HOME=/nonexistent; under /proc, not even root can make it): Ray's own token file could not
+    be written there, and the job ended in a traceback."""
     import bz2
     import gzip
     import lzma
@@ -291,8 +293,11 @@ def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
     whole = gzip.compress(filler.encode())
     (src / "cut.jsonl.gz").write_bytes(whole[: len(whole) * 3 // 4])
     out = tmp_path / "out"
-    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=150, **ray_env)
+    tokenless = {k: v for k, v in ray_env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=150,
+                    **{**tokenless, "HOME": "/proc/no-such-home"})  # fmt: skip
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Token authentication is enabled for this Ray cluster" in done.stderr  # as Ray starts it alone
     assert (
         f"part cut.jsonl.gz#0 failed: BrokenStream: {src / 'cut.jsonl.gz'} does not read as gzip"
         in done.stderr
