@@ -82,13 +82,16 @@ def _hears_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _port(lo: int = 6420, hi: int = 6440) -> int:
-    """A free port in [lo, hi]: the range this machine's users keep for their own Ray heads. Each pytest-xdist
-    worker looks from its own place in it: under `-n 2 --dist load` two tests took the same first free port
-    before either head bound it, and the second `ray start --head` failed."""
+def _port(lo: int = 6420, hi: int = 6440, taken: int | None = None) -> int:
+    """A free port in [lo, hi] other than `taken` (one chosen but not yet bound): the range this machine's
+    users keep for their own Ray heads. Each pytest-xdist worker looks from its own place in it: under
+    `-n 2 --dist load` two tests took the same first free port before either head bound it, and the second
+    `ray start --head` failed."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     start = (int(worker) if worker.isdigit() else 0) * 10 % (hi - lo + 1)
     for port in [*range(lo + start, hi + 1), *range(lo, lo + start)]:
+        if port == taken:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -572,7 +575,9 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     config.json records (as_run), beside the 0 given. And an address that answers but is no head's (the
     node manager's port) is not blamed on the token the job was given."""
     port = _port()
-    manager = _port(port + 1)  # in the same range as the head's
+    # In the same range as the head's. Not `_port(port + 1)`: on a third xdist worker the head took the
+    # range's last port, and the manager's range was empty (a ZeroDivisionError).
+    manager = _port(taken=port)
     subprocess.run([RAY, "start", "--head", "--port", str(port), "--node-manager-port", str(manager), "--num-cpus",
                     "1", "--include-dashboard=false", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"],
                    env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)  # fmt: skip
