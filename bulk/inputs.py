@@ -47,14 +47,26 @@ def _left_out_as(path: Path, fmt: str) -> str | None:
     CSV without --format (with one, it is read as it says, as where a glob matches it or INPUT names it),
     an Arrow file under any --format (none reads it), and a save_to_disk folder's metadata (its JSON files,
     wherever they are), a Parquet file where --format jsonl or text would read its bytes as lines, and a
-    file that is none where --format parquet would read it as one. None: none of these."""
+    file that is none where --format parquet would read it as one; without --format, a file of no suffix or
+    a numbered one (`_bare`). None: none of these."""
     if fmt == "auto" and type_suffix(path) in CSV:
         return "csvs"
     if type_suffix(path) in ARROW or save_to_disk_metadata(path):
         return "arrows"
     if is_parquet(path, fmt):
         return "parquets"
-    return "not_parquets" if not_parquet(path, fmt) else None
+    if not_parquet(path, fmt):
+        return "not_parquets"
+    return "bare" if fmt == "auto" and _bare(path) else None
+
+
+def _bare(path: Path) -> bool:
+    """A file that a glob or its name reads as JSON Lines but a directory does not take, having no suffix
+    or a numbered one (Spark's part-00000, split's shard.00001, part-00002.gz): such a directory was scored
+    without them, and exit 0. Not a name starting with "_" (Spark's _SUCCESS, Parquet's _metadata: markers,
+    not documents, as pyarrow's datasets leave them out), nor a broken link (it fails by name: below)."""
+    suffix = type_suffix(path)
+    return not path.name.startswith("_") and (not suffix or suffix[1:].isdigit()) and path.is_file()
 
 
 METADATA_HINT = ("it is a Hugging Face save_to_disk folder's metadata, not documents, and bulk leaves it out "
@@ -202,6 +214,7 @@ def shards(
         left.arrows.sort()
         left.parquets.sort()
         left.not_parquets.sort()
+        left.bare.sort()
         if not files and not unlisted:
             # A directory of CSVs alone: they are what was meant, so the refusal names them.
             said = "".join(f"; {note}" for note in left_out_notes(left))
@@ -305,6 +318,7 @@ def _add(into: LeftOut | None, left: LeftOut) -> None:
         into.arrows += left.arrows
         into.parquets += left.parquets
         into.not_parquets += left.not_parquets
+        into.bare += left.bare
         into.jobs += sorted(left.jobs)
         into.links += left.links
 

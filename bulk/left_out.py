@@ -1,6 +1,7 @@
 """What a directory or glob INPUT leaves out and a run names in a note (`LeftOut`): the directories a glob
-matches, CSVs, Arrow files, Parquet files under --format jsonl or text, files that are not Parquet under
---format parquet, other jobs' --out directories and links to listed files; the notes themselves
+matches, CSVs, Arrow files, files of no suffix or a numbered one, Parquet files under --format jsonl or
+text, files that are not Parquet under --format parquet, other jobs' --out directories and links to listed
+files; the notes themselves
 (`left_out_notes`), and `listed`, the short list of names they and the job's other messages give."""
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ _NOTES = (
      "To score the Arrow files, convert them to Parquet (name one as INPUT and bulk prints the one-line "
      "conversion; a save_to_disk folder whole: datasets.load_from_disk(DIR).to_parquet(FILE)): give the .parquet "
      "as INPUT, or write it under INPUT and the next run takes it; the metadata stays left out"),
+    ("bare", "file(s) of no suffix or a numbered one", "file(s) of no suffix or a numbered one",
+     "as a directory takes its files by their suffix (.jsonl, .json, .ndjson, .parquet, .txt, in any case)",
+     "To score them as JSON Lines, as a glob or a name reads such a file, give a glob that matches them as "
+     "INPUT (DIR/part-*), or --format jsonl to read every file under the directory so"),
     ("parquets", "Parquet file(s)", "Parquet file(s)", "as --format reads every file as it says, and these are Parquet",
      "To score them, give them to a job of their own with --format parquet"),
     ("not_parquets", "file(s)", "file(s)", "as --format parquet reads every file as Parquet, and these are not",
@@ -42,8 +47,9 @@ _NOTES = (
 @dataclass
 class LeftOut:
     """What a directory or glob INPUT leaves out and a run names in a note (_NOTES): the directories a glob
-    matches, CSVs, Arrow files, Parquet files under --format jsonl or text, files not Parquet under --format
-    parquet, other jobs' --out directories and links to listed files, relative to the input root, sorted."""
+    matches, CSVs, Arrow files, files of no suffix or a numbered one, Parquet files under --format jsonl or
+    text, files not Parquet under --format parquet, other jobs' --out directories and links to listed files,
+    relative to the input root, sorted."""
 
     dirs: list[str] = field(default_factory=list)  # that a glob matches
     dirs_globs: str = ""  # for `dirs`: the globs that take what is under them too
@@ -51,6 +57,7 @@ class LeftOut:
     arrows: list[str] = field(default_factory=list)  # and save_to_disk folders' metadata
     parquets: list[str] = field(default_factory=list)
     not_parquets: list[str] = field(default_factory=list)  # under --format parquet
+    bare: list[str] = field(default_factory=list)  # of no suffix or a numbered one: part-00000
     jobs: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
 

@@ -400,6 +400,38 @@ def test_a_nan_or_infinite_id_is_no_id(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_directory_names_the_files_of_no_suffix_it_leaves_out_which_a_glob_reads(tmp_path):
+    """A directory of Spark's part-00000 files (and shard.00001, part-00002.gz) was scored without them, exit 0
+    and no word, where a glob or a name reads each as JSON Lines. They are named in a note saying how to score
+    them (as that glob does); markers starting with "_" (_SUCCESS) are no input, and not named. A directory of
+    them alone is refused naming them."""
+    import gzip
+
+    d = tmp_path / "spark"
+    lines(d / "real.jsonl", [{"text": "a suffix"}])
+    lines(d / "part-00000", [{"text": "no suffix"}])
+    lines(d / "shard.00001", [{"text": "numbered"}])
+    (d / "part-00002.gz").write_bytes(gzip.compress(b'{"text": "numbered, gzipped"}\n'))
+    (d / "_SUCCESS").write_bytes(b"")
+    left = LeftOut()
+    assert [f.name for f in shards(str(d), "auto", left_out=left)[1]] == ["real.jsonl"]
+    assert left.bare == ["part-00000", "part-00002.gz", "shard.00001"]
+    (note,) = left_out_notes(left)
+    assert note.startswith("3 file(s) of no suffix or a numbered one under INPUT left out, as a directory takes "
+                           "its files by their suffix") and "give a glob that matches them as INPUT" in note  # fmt: skip
+    # As the note says: a glob reads them (the marker's no lines are no documents), --format jsonl too.
+    assert sorted(d.text for d in docs_of(f"{d}/*")) == [
+        "a suffix",
+        "no suffix",
+        "numbered",
+        "numbered, gzipped",
+    ]
+    assert len(shards(str(d), "jsonl", left_out=LeftOut())[1]) == 5
+    (d / "real.jsonl").unlink()
+    with pytest.raises(InputError, match=r"no input files .*3 file\(s\) of no suffix or a numbered one"):
+        shards(str(d), "auto")
+
+
 def test_a_file_named_outright_in_a_format_bulk_does_not_read_is_refused_as_bad_input(tmp_path, capsys):
     """A CSV given as INPUT was read as JSONL: every row rejected not_json, and the job 'finished'. Then it
     failed as a shard: exit 4, with --out made and a job.json, manifest and summary written for nothing to
