@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bulk_helpers import rows, run_bulk, summary
+from bulk_helpers import REPO, rows, run_bulk, summary
 
 pytestmark = pytest.mark.slow
 
@@ -155,3 +155,23 @@ def test_the_csv_conversion_reads_every_compression_bulk_names_and_says_an_empty
         else:
             assert done.returncode == 0, (src.name, done.stderr)
             assert pq.read_table(into).to_pylist() == [{"id": "007", "text": "hello"}], src.name
+
+
+def test_a_job_whose_output_reader_stops_early_runs_to_its_own_exit_status(tmp_path):
+    """`python -m bulk ... | head -1`: the job died of a BrokenPipeError traceback (exit 1) at its first
+    line, or, the reader gone later, after scoring every part (its summary written, its closing line not).
+    It runs to its end and its own status; stderr says what it says, without a traceback."""
+    src = tmp_path / "in" / "a.jsonl"
+    src.parent.mkdir()
+    src.write_text(
+        "".join(json.dumps({"text": f"The chef cooked dinner number {i}."}) + "\n" for i in range(40))
+    )
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "bulk", str(src.parent), "--out", str(out), "--model", "detector", "--models",
+            str(REPO / "models"), "--workers", "1", "--no-progress"]  # fmt: skip
+    job = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert job.stdout.readline().startswith("python -m bulk, resolved options:")
+    job.stdout.close()  # as `head -1` exits
+    err = job.communicate(timeout=300)[1]
+    assert job.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err[-3000:]
+    assert summary(out)["documents"] == 40 and len(rows(out)) == 40
