@@ -257,8 +257,10 @@ def _reads_as_json_lines(first: bytes, f: BinaryIO) -> bool:
 
 
 def _whole_object(line: bytes) -> bool:
+    """Not strict: a control character written raw inside a string is a reject of its own, saying so
+    (bulk/reading.py raw_control_character); two such first lines were taken for a pretty-printed file."""
     try:
-        return isinstance(json.loads(line.decode("utf-8", "replace")), dict)
+        return isinstance(json.loads(line.decode("utf-8", "replace"), strict=False), dict)
     except RecursionError:
         return True
     except ValueError:

@@ -170,7 +170,7 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
     except msgspec.DecodeError as e:
         obj = _fallback(decoded, e)
         if obj is None:
-            return Doc(line, ident, None, Reason.NOT_JSON, str(e)[:200])
+            return Doc(line, ident, None, Reason.NOT_JSON, raw_control_character(decoded) or str(e)[:200])
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
     if id_field:
@@ -197,6 +197,22 @@ def _fallback(decoded: str, e: msgspec.DecodeError):
     return (
         obj if "out of range" in said or "surrogate" in said or lone_surrogate_in(obj) is not None else None
     )
+
+
+def raw_control_character(line: str) -> str | None:
+    """Why a line is not JSON when it is only that a string holds a control character unescaped (a raw tab:
+    JSON wants \\t or \\u0009, as json.dumps writes it); the reject said "invalid character (byte 12)". None:
+    it is not JSON for another reason too, or not for that one."""
+    try:
+        json.loads(line, strict=False)
+        json.loads(line)
+    except json.JSONDecodeError as e:
+        if e.msg.startswith("Invalid control character"):
+            return (f"a control character (U+{ord(line[e.pos]):04X}) written raw inside a string at character "
+                    f"{e.pos}: JSON wants it escaped (\\u{ord(line[e.pos]):04x}), as json.dumps writes it")  # fmt: skip
+    except (ValueError, RecursionError):
+        pass
+    return None
 
 
 def _not_json(constant: str):

@@ -1407,3 +1407,21 @@ def test_files_bulk_cannot_read_as_told_fail_or_are_noted_by_name_not_with_a_raw
     assert "it is not a Parquet file" in failed["b.txt"] and "twice.parquet" not in failed, failed
     # Without --format, the pipe fails by name too.
     assert "not a regular file" in shards(str(corpus), "auto")[2]["pipe.jsonl"]
+
+
+def test_a_control_character_written_raw_in_a_string_rejects_its_line_saying_so(tmp_path):
+    """JSON Lines whose strings hold a raw tab or \\x01 (written by string concatenation, not json.dumps):
+    with two such first lines the whole file failed as "one JSON document written over several lines", and
+    later ones were rejected as "invalid character (byte 12)". Each such line is a not_json reject naming
+    the character and the escape JSON wants; the lines around it are scored."""
+    f = tmp_path / "c" / "t.jsonl"
+    f.parent.mkdir()
+    f.write_bytes(
+        b'{"text": "raw\ttab inside"}\n{"text": "raw \x01 ctrl"}\n{"text": "fine"}\n{"text": "x\ty"}\n'
+    )
+    docs = docs_of(f.parent)
+    assert [d.text for d in docs] == [None, None, "fine", None]
+    assert [d.reason for d in docs] == ["not_json", "not_json", None, "not_json"]
+    assert docs[0].detail == ("a control character (U+0009) written raw inside a string at character 13: JSON "
+                              "wants it escaped (\\u0009), as json.dumps writes it")  # fmt: skip
+    assert "(U+0001)" in docs[1].detail and "(\\u0001)" in docs[1].detail
