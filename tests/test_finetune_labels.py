@@ -514,6 +514,21 @@ def test_rows_ending_in_empty_fields_are_said_so_not_a_comma_in_a_text(tmp_path)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_header_repeated_as_a_row_is_refused_naming_its_line(tmp_path, suffix):
+    """Two files joined by `cat`: the second's header was read as a row, its label ('label') trained as a
+    class of its own, which the exported model was served with. Refused, naming the line and the fix."""
+    sep = "\t" if suffix == ".tsv" else ","
+    half = "".join(f"film {i}{sep}{'ab'[i % 2]}\n" for i in range(10))
+    (tmp_path / f"t{suffix}").write_text(f"text{sep}label\n{half}text{sep}label\n{half}")
+    with pytest.raises(DataError) as e:
+        load(tmp_path, tmp_path / f"t{suffix}")
+    assert (
+        f"t{suffix} line 12 repeats the header (text, label): two files joined with cat? Remove that line"
+        in (str(e.value))
+    )
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
 def test_a_carriage_return_inside_a_text_is_named_as_what_cut_the_row(tmp_path, suffix):
     """An old Mac's line end, or one pasted into a spreadsheet cell, ends a row inside an unquoted text: it
     was told "a text holding a comma (quote such texts)?", or "a tab?"."""

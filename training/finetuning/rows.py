@@ -114,6 +114,12 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                            f"a text holding {sep}?")  # fmt: skip
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
+                if list(row.values()) == header:
+                    # Two files joined by `cat`: the second's header was a row, its label a class of its own
+                    # that the exported model was served with.
+                    raise DataError(f"{flag}: {p} line {reader.line_num} repeats the header ({', '.join(header)}): two "
+                                    "files joined with cat? Remove that line (join them with the second's header "
+                                    "left out: tail -n +2 SECOND >> FIRST)")  # fmt: skip
                 rows.append(row)
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
