@@ -248,14 +248,20 @@ def trainer_state(ckpt: Path | None) -> dict:
     return state if isinstance(state, dict) else {}
 
 
-def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str) -> np.ndarray:
-    """Label column -> class index (by name, else by number) or float for regression."""
+def label_ids(
+    rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str, where: str = "--eval-data"
+) -> np.ndarray:
+    """Label column -> class index (by name, else by number) or float for regression. `where`: the rows'
+    source as the message names it: --eval-data, or the run's own dev file, which export reads unasked
+    (a label it refuses there was blamed on an --eval-data never given)."""
     if ptype == "regression":
         from training.finetuning.labels import as_float  # fine-tuning's rule: finite numbers only
 
         bad = next((lab for _, lab in rows if as_float(lab) is None), None)
         if bad is not None:
-            raise EvalDataError(f"--eval-data: label {bad!r} is not a number, and the model is a regression")
+            raise EvalDataError(
+                f"{where}: label {bad!r} is not a number, and the model is a regression{_edited(where)}"
+            )
         return np.array([as_float(lab) for _, lab in rows])
     from training.finetuning.labels import as_float, label_name  # fine-tuning's spellings: "1.0" is "1"
 
@@ -272,9 +278,16 @@ def label_ids(rows: list[tuple[str, str]], id2label: dict[int, str], ptype: str)
             out.append(int(name))
         else:
             raise EvalDataError(
-                f"--eval-data: label {lab!r} is not one of the model's labels {sorted(by_name)}"
+                f"{where}: label {lab!r} is not one of the model's labels {sorted(by_name)}{_edited(where)}"
             )
     return np.array(out)
+
+
+def _edited(where: str) -> str:
+    if where == "--eval-data":
+        return ""
+    return ("; edited since the model was fine-tuned? Restore it, or give --eval-data FILE: labelled rows of the "
+            "model's labels to check it on")  # fmt: skip
 
 
 def registry_dev_rows(

@@ -233,7 +233,9 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
             # The dev rows at the model's own length, as fine-tuning scored them (eval_dev.json): cut to
             # 128 tokens, the gate's fp32 accuracy was not the run's, and int8 error past 128 went unseen.
             data, _ = evaldata.encode(tok, [x for x, _ in rows], src.max_length, len(rows), min_tokens=1)
-            labels = evaldata.label_ids(rows, src.mcfg.id2label, ptype)
+            labels = evaldata.label_ids(
+                rows, src.mcfg.id2label, ptype, "--eval-data" if cfg.eval_data else where
+            )
             with _scoring_bar(data) as bar:
                 return {
                     **parity.classifier_drop(sess32, sess8, inputs, data, labels, ptype, bar=bar),

@@ -678,8 +678,18 @@ def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):
     # a model of labels "1" and "2" once scored a 0 as its "1".
     assert label_ids(rows, {0: "LABEL_0", 1: "LABEL_1"}, "single_label_classification").tolist() == [1, 0]
     assert label_ids([("a", "2.0")], {0: "1", 1: "2"}, "single_label_classification").tolist() == [1]
-    with pytest.raises(EvalDataError, match=r"label '0' is not one of the model's labels \['1', '2'\]"):
+    with pytest.raises(
+        EvalDataError, match=r"^--eval-data: label '0' is not one of the model's labels \['1', '2'\]$"
+    ):
         label_ids([("a", "0")], {0: "1", 1: "2"}, "single_label_classification")
+    # The run's own dev file, which export reads unasked, edited since: it was blamed on an --eval-data never given.
+    with pytest.raises(EvalDataError) as refused:
+        label_ids(
+            [("a", "11")], {0: "10", 1: "2"}, "single_label_classification", "the run's --dev file d.csv"
+        )
+    assert str(refused.value).startswith("the run's --dev file d.csv: label '11' is not one of the model's labels "
+                                         "['10', '2']; edited since the model was fine-tuned? Restore it, or give "
+                                         "--eval-data FILE")  # fmt: skip
     with pytest.raises(EvalDataError, match="expected columns 'review' and 'stars'"):
         read_labelled(tmp_path / "dev.jsonl", ckpt)
     # The columns are every row's: a first row without a label was taken for a file without the column.
