@@ -597,3 +597,24 @@ def test_a_regression_dev_set_of_one_target_is_warned_of(tmp_path):
     )
     varied = load(tmp_path, tmp_path / "t.jsonl")
     assert not any("every dev target" in w for w in varied.warnings)
+
+
+def test_whole_numbers_nearly_all_distinct_are_said_to_want_a_regression(tmp_path):
+    """400 prices, 369 of them distinct: a 369-class classifier trained without a word on the numbers,
+    the only warning a dev split missing most classes, "give a --dev file that holds them". Said to be
+    classes by --problem-type auto, and that a number to predict wants --problem-type regression; a few
+    whole-number classes (ratings 1 to 5) are said nothing of."""
+    prices = write(tmp_path / "p.csv", [(f"house {i}", 1000 + 37 * i % 911) for i in range(80)])
+    dev = write(tmp_path / "d.csv", [(f"flat {i}", 1000 + 37 * i % 911) for i in range(10)])
+    (warning,) = [w for w in load(tmp_path, prices, dev=str(dev)).warnings if "distinct whole numbers" in w]
+    assert warning.startswith(
+        "the --train labels are 80 distinct whole numbers among 80 rows, read as 80 classes"
+    )
+    assert warning.endswith("wants --problem-type regression")
+    # Without a --dev file no class has rows to hold out: the refusal says so too.
+    with pytest.raises(DataError, match=r"the 80 rows hold 80 classes.*took each of the 80 distinct whole numbers "
+                                        r"for a class: .* give --problem-type regression"):  # fmt: skip
+        load(tmp_path, prices)
+    assert load(tmp_path, prices, problem_type="regression").problem_type == "regression"
+    ratings = write(tmp_path / "r.csv", [(f"film {i}", 1 + i % 5) for i in range(80)])
+    assert not [w for w in load(tmp_path, ratings).warnings if "distinct whole numbers" in w]

@@ -161,6 +161,17 @@ def _case_fixes(cfg, columns: list[str]) -> str:
     return " ".join(fixes)
 
 
+def _whole_numbers_as_classes(numbers: list[float | None], classes: int) -> str | None:
+    """Whole numbers are class ids under --problem-type auto; a column of them nearly all distinct (prices,
+    counts) is a target to predict as a number, and was trained as hundreds of classes of a row or two each,
+    the only word a dev split missing most of them."""
+    if classes <= 20 or classes * 2 <= len(numbers) or None in numbers:
+        return None
+    return (f"the --train labels are {classes} distinct whole numbers among {len(numbers)} rows, read as {classes} "
+            "classes (--problem-type auto takes whole numbers for class ids): a number to predict (a price, a "
+            "count, a score) wants --problem-type regression")  # fmt: skip
+
+
 def _raw_examples(
     path: str, flag: str, cfg, reread_by: str | None = None
 ) -> tuple[list[tuple[str, str | None, object]], Rows]:
@@ -283,6 +294,8 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
         said.append(missing_marker_labels(values, listed, cfg.train, read["train"]))
         seen = Counter(label_name(v) for v in values)
         said.append(case_variants(seen, listed))
+        if cfg.problem_type == "auto" and not cfg.labels:
+            said.append(_whole_numbers_as_classes(numbers, len(seen)))
         if cfg.labels:  # read as the data's labels are: "1.0" names class "1"
             labels = label_names(cfg.labels)
             if len(set(labels)) != len(labels) or not all(labels):

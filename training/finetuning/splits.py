@@ -47,12 +47,18 @@ def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
 
 
 def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
-    """Why a class may have too few rows to split: fractional numbers made classes by --problem-type."""
+    """Why a class may have too few rows to split: fractional numbers made classes by --problem-type
+    classification, or many whole ones by auto."""
     numbers = [as_float(n) for n in labels]
-    if cfg.problem_type != "classification" or None in numbers or all(x.is_integer() for x in numbers):
+    if None in numbers:
         return ""
-    return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
-            "a numeric target give --problem-type regression")  # fmt: skip
+    if cfg.problem_type == "classification" and not all(x.is_integer() for x in numbers):
+        return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
+                "a numeric target give --problem-type regression")  # fmt: skip
+    if cfg.problem_type == "auto" and len(labels) > 20:  # prices, counts: data.py warns of them too
+        return (f"; --problem-type auto took each of the {len(labels)} distinct whole numbers for a class: for "
+                "a number to predict (a price, a count) give --problem-type regression")  # fmt: skip
+    return ""
 
 
 def _hold_out(
