@@ -201,11 +201,12 @@ def shards(
                     elif not is_file and not mine(d) and (why := broken_link(str(f))):
                         # A shard, or a directory of them, not there now; taken as a file of its name would
                         # be: it fails where that is input, or where it has no suffix (a directory's name,
-                        # as a rule); one a CSV's name is noted (or a Parquet file's, under --format jsonl or
-                        # text), and others (NOTES.md) are no input.
+                        # as a rule) or a numbered one (a shard.00001, dropped without a word); one a CSV's
+                        # name is noted (or a Parquet file's, under --format jsonl or text), and others
+                        # (NOTES.md) are no input.
                         if kind := _left_out_as(f, fmt):
                             getattr(left, kind).append(_shown(f, root))
-                        elif _wanted(f, fmt) or not f.suffix:
+                        elif _wanted(f, fmt) or not f.suffix or type_suffix(f)[1:].isdigit():
                             unlisted[_shown(f, root)] = why
                 except OSError as e:  # a directory readable but not searchable: its entries cannot be stat'ed
                     unlisted[_shown(f, root)] = _reason(e)

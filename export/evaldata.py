@@ -186,11 +186,14 @@ def corrupt(batch: Batch, special: np.ndarray, generator, mask_id: int, seed: in
     return out, fake.is_replaced.numpy(), how
 
 
-def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[Input, str]]:
+def read_labelled(
+    path: Path, ckpt: Path | None = None, cfg=None, flag: str = "--eval-data"
+) -> list[tuple[Input, str]]:
     """(input, label name) rows of --eval-data, read as fine-tuning reads its files (training.finetuning.data:
     the same formats, checks and label names), from the columns the checkpoint was fine-tuned with (its
     trainer_state.json: a pair model's two texts as a (text, text_pair) input), unless `cfg` (an
-    ExportConfig) names others; else `text` and `label`."""
+    ExportConfig) names others; else `text` and `label`. `flag`: what the messages call the file (the run's
+    own --dev file, read unasked, was called --eval-data)."""
     from training.finetuning.data import DataError
     from training.finetuning.labels import label_name
     from training.finetuning.rows import missing, read_rows, row_columns
@@ -198,12 +201,12 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read
     try:
-        read = read_rows(str(path), "--eval-data", wanted)
+        read = read_rows(str(path), flag, wanted)
     except DataError as e:
         raise EvalDataError(str(e)) from None
     rows = read.rows
     if not rows:
-        raise EvalDataError(f"--eval-data {path}: no labelled rows in it (a header alone?)")
+        raise EvalDataError(f"{flag} {path}: no labelled rows in it (a header alone?)")
     columns = row_columns(rows)  # not the first row's: a JSONL row may leave a key out (named below)
     if any(c not in columns for c in wanted):
         held = ", ".join(map(repr, columns))  # repr: spaces around a name show
@@ -222,7 +225,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
             if cols.pair
             else "--text-column and --label-column"
         )
-        raise EvalDataError(f"--eval-data: {path}: expected columns {cols.names()}{what}, {whose} (it holds: "
+        raise EvalDataError(f"{flag}: {path}: expected columns {cols.names()}{what}, {whose} (it holds: "
                             f"{held}); {flags} name others")  # fmt: skip
     out: list[tuple[Input, str]] = []
     for i, r in enumerate(rows):
@@ -230,7 +233,7 @@ def read_labelled(path: Path, ckpt: Path | None = None, cfg=None) -> list[tuple[
         if gone is None and missing(r.get(cols.label)):
             gone = cols.label
         if gone is not None:
-            raise EvalDataError(f"--eval-data: {path} {read.place(i)} has no {gone!r}")
+            raise EvalDataError(f"{flag}: {path} {read.place(i)} has no {gone!r}")
         text = str(r[cols.text])
         out.append(((text, str(r[cols.pair])) if cols.pair else text, label_name(r[cols.label])))
     return out
@@ -318,9 +321,12 @@ def run_dev_rows(ckpt: Path) -> tuple[list[tuple[Input, str]], str] | None:
     if state.get("problem_type") != CLASSIFICATION or not train:
         return None
     if dev:
-        return (
-            (read_labelled(Path(dev), ckpt), f"the run's --dev file {dev}") if Path(dev).is_file() else None
-        )
+        if not Path(dev).is_file():
+            return None
+        try:
+            return read_labelled(Path(dev), ckpt, flag="the run's --dev file"), f"the run's --dev file {dev}"
+        except EvalDataError as e:
+            raise EvalDataError(f"{e}{_edited('the run')}") from None
     data = _run_data(config)
     if data is None:
         return None

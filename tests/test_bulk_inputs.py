@@ -427,6 +427,10 @@ def test_a_directory_names_the_files_of_no_suffix_it_leaves_out_which_a_glob_rea
         "numbered, gzipped",
     ]
     assert len(shards(str(d), "jsonl", left_out=LeftOut())[1]) == 5
+    # A broken link of such a name fails by name, as one of no suffix did (a numbered one went unsaid).
+    (d / "shard.00009").symlink_to(tmp_path / "gone")
+    assert list(shards(str(d), "auto", left_out=LeftOut())[2]) == ["shard.00009"]
+    (d / "shard.00009").unlink()
     (d / "real.jsonl").unlink()
     with pytest.raises(InputError, match=r"no input files .*3 file\(s\) of no suffix or a numbered one"):
         shards(str(d), "auto")

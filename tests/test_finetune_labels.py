@@ -519,13 +519,15 @@ def test_a_header_repeated_as_a_row_is_refused_naming_its_line(tmp_path, suffix)
     class of its own, which the exported model was served with. Refused, naming the line and the fix."""
     sep = "\t" if suffix == ".tsv" else ","
     half = "".join(f"film {i}{sep}{'ab'[i % 2]}\n" for i in range(10))
-    (tmp_path / f"t{suffix}").write_text(f"text{sep}label\n{half}text{sep}label\n{half}")
-    with pytest.raises(DataError) as e:
-        load(tmp_path, tmp_path / f"t{suffix}")
-    assert (
-        f"t{suffix} line 12 repeats the header (text, label): two files joined with cat? Remove that line"
-        in (str(e.value))
-    )
+    # The second file's header starting with a byte-order mark too, as Excel's "CSV UTF-8" writes it.
+    for second in (f"text{sep}label", f"\ufefftext{sep}label"):
+        (tmp_path / f"t{suffix}").write_text(f"text{sep}label\n{half}{second}\n{half}")
+        with pytest.raises(DataError) as e:
+            load(tmp_path, tmp_path / f"t{suffix}")
+        said = str(e.value)
+        assert (
+            f"t{suffix} line 12 repeats the header (text, label): two files joined with cat? Remove" in said
+        )
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv"])
@@ -616,5 +618,36 @@ def test_whole_numbers_nearly_all_distinct_are_said_to_want_a_regression(tmp_pat
                                         r"for a class: .* give --problem-type regression"):  # fmt: skip
         load(tmp_path, prices)
     assert load(tmp_path, prices, problem_type="regression").problem_type == "regression"
+    # Classes listed by --labels are meant as classes: the refusal says nothing of a regression.
+    with pytest.raises(DataError) as refused:
+        load(tmp_path, prices, labels=",".join(sorted({str(1000 + 37 * i % 911) for i in range(80)})))
+    assert "the 80 rows hold 80 classes" in str(refused.value) and "regression" not in str(refused.value)
     ratings = write(tmp_path / "r.csv", [(f"film {i}", 1 + i % 5) for i in range(80)])
     assert not [w for w in load(tmp_path, ratings).warnings if "distinct whole numbers" in w]
+
+
+def test_the_runs_own_dev_file_found_broken_by_export_is_named_as_such(tmp_path):
+    """Export reads a fine-tuned run's --dev file unasked; found broken since (a header repeated, a label
+    gone), it was refused as "--eval-data: ...", a flag the user never gave. It names the run's --dev file,
+    asks whether it was edited, and offers --eval-data."""
+    import dataclasses
+
+    from export.evaldata import EvalDataError, run_dev_rows
+
+    rows = [(f"film {i}", "ab"[i % 2]) for i in range(20)]
+    train, dev = write(tmp_path / "t.csv", rows), write(tmp_path / "d.csv", rows[:6])
+    cfg = FinetuneConfig(train=str(train), dev=str(dev), init=str(tmp_path), out=str(tmp_path / "out"))
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps({"problem_type": "single_label_classification", "config": dataclasses.asdict(cfg)})
+    )
+    assert len(run_dev_rows(tmp_path)[0]) == 6
+    for edit, says in [("text,label\n", "line 8 repeats the header"), ("film 7,\n", "row 7 has no 'label'")]:
+        write(dev, rows[:6])
+        with dev.open("a") as f:
+            f.write(edit)
+        with pytest.raises(EvalDataError) as refused:
+            run_dev_rows(tmp_path)
+        said = str(refused.value)
+        assert said.startswith("the run's --dev file") and says in said and "--eval-data:" not in said, said
+        assert said.endswith("edited since the model was fine-tuned? Restore it, or give --eval-data FILE: "
+                             "labelled rows of the model's labels to check it on")  # fmt: skip

@@ -55,7 +55,9 @@ def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
     if cfg.problem_type == "classification" and not all(x.is_integer() for x in numbers):
         return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
                 "a numeric target give --problem-type regression")  # fmt: skip
-    if cfg.problem_type == "auto" and len(labels) > 20:  # prices, counts: data.py warns of them too
+    if (
+        cfg.problem_type == "auto" and not cfg.labels and len(labels) > 20
+    ):  # prices, counts: data.py warns too
         return (f"; --problem-type auto took each of the {len(labels)} distinct whole numbers for a class: for "
                 "a number to predict (a price, a count) give --problem-type regression")  # fmt: skip
     return ""
