@@ -599,10 +599,12 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     try:
         wait_for(lambda: any("Failed to get cluster ID" in line for line in tried), timeout=60, what="a try")
         trying.send_signal(signal.SIGINT)
-        try:  # Ray's join retries in Python, a second's sleep between tries: the signal is heard at once
-            assert trying.wait(timeout=60) == 130, "".join(tried)[-3000:]
+        # Ray's join retries in Python, a second's sleep between tries: heard at once, as a rule; the exit
+        # took over 30 s once in the full suite on a loaded 2-core machine.
+        try:
+            assert trying.wait(timeout=120) == 130, "".join(tried)[-3000:]
         except subprocess.TimeoutExpired:
-            raise AssertionError("no exit 60 s after SIGINT: " + "".join(tried)[-3000:]) from None
+            raise AssertionError("no exit 120 s after SIGINT: " + "".join(tried)[-3000:]) from None
     finally:
         trying.kill()
     assert "bulk: SIGINT while Ray started: no part was scored in this run" in "".join(tried), "".join(tried)[
