@@ -1,8 +1,8 @@
 """What a directory or glob INPUT leaves out and a run names in a note (`LeftOut`): the directories a glob
 matches, CSVs, Arrow files, files of no suffix or a numbered one, Parquet files under --format jsonl or
 text, files that are not Parquet under --format parquet, other jobs' --out directories and links to listed
-files; the notes themselves
-(`left_out_notes`), and `listed`, the short list of names they and the job's other messages give."""
+files; the notes themselves (`left_out_notes`), and `listed`, the short list of names they and the job's
+other messages give."""
 
 from __future__ import annotations
 

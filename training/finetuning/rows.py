@@ -115,9 +115,8 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
                     raise DataError(f"{flag}: {p} line {reader.line_num} has {'more' if None in row else 'fewer'} "
                                     f"fields than the header's {len(header)}; {why}")  # fmt: skip
                 # A byte-order mark starts the second file's header too, where Excel wrote it ("CSV UTF-8").
-                if [str(v).removeprefix("\ufeff").strip() for v in row.values()] == [
-                    h.strip() for h in header
-                ]:
+                values = [str(v).removeprefix("\ufeff").strip() for v in row.values()]
+                if values == [name.strip() for name in header]:
                     # Two files joined by `cat`: the second's header was a row, its label a class of its own
                     # that the exported model was served with.
                     raise DataError(f"{flag}: {p} line {reader.line_num} repeats the header ({', '.join(header)}): two "

@@ -55,9 +55,8 @@ def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
     if cfg.problem_type == "classification" and not all(x.is_integer() for x in numbers):
         return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
                 "a numeric target give --problem-type regression")  # fmt: skip
-    if (
-        cfg.problem_type == "auto" and not cfg.labels and len(labels) > 20
-    ):  # prices, counts: data.py warns too
+    # Prices, counts (data.py warns of them at the start too); classes --labels lists are meant as such.
+    if cfg.problem_type == "auto" and not cfg.labels and len(labels) > 20:
         return (f"; --problem-type auto took each of the {len(labels)} distinct whole numbers for a class: for "
                 "a number to predict (a price, a count) give --problem-type regression")  # fmt: skip
     return ""
