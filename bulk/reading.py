@@ -161,6 +161,8 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
         return Doc(line, ident, None, Reason.NOT_UTF8, f"byte {e.start}: {raw[e.start : e.start + 4]!r}")
     if part.format == "text":
         return _checked(line, ident, decoded, max_chars)
+    if raw.startswith(BOM):  # a file's own mark on a later line (files joined with cat): never JSON's
+        raw, decoded = raw[len(BOM) :], decoded[1:]
     try:
         obj = msgspec.json.decode(raw)
     except RecursionError:  # msgspec recurses once per level of nesting

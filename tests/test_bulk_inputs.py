@@ -1430,3 +1430,13 @@ def test_a_control_character_written_raw_in_a_string_rejects_its_line_saying_so(
     assert docs[0].detail == ("a control character (U+0009) written raw inside a string at character 13: JSON "
                               "wants it escaped (\\u0009), as json.dumps writes it")  # fmt: skip
     assert "(U+0001)" in docs[1].detail and "(\\u0001)" in docs[1].detail
+
+
+def test_a_byte_order_mark_starting_a_later_json_line_is_read_past(tmp_path):
+    """Two JSON Lines files written by Windows tools and joined with cat: the second's byte-order mark
+    starts a line in the middle, which was rejected not_json ("invalid character (byte 0)") and its document
+    lost. A mark is never JSON: it is read past there as at the start of the file."""
+    f = tmp_path / "c" / "joined.jsonl"
+    f.parent.mkdir()
+    f.write_bytes(b'\xef\xbb\xbf{"text": "first file"}\n\xef\xbb\xbf{"text": "second file"}\n')
+    assert [(d.text, d.reason) for d in docs_of(f.parent)] == [("first file", None), ("second file", None)]
