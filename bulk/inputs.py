@@ -65,8 +65,14 @@ def _bare(path: Path) -> bool:
     or a numbered one (Spark's part-00000, split's shard.00001, part-00002.gz): such a directory was scored
     without them, and exit 0. Not a name starting with "_" (Spark's _SUCCESS, Parquet's _metadata: markers,
     not documents, as pyarrow's datasets leave them out), nor a broken link (it fails by name: below)."""
+    return not path.name.startswith("_") and _read_as_jsonl_by_name(path) and path.is_file()
+
+
+def _read_as_jsonl_by_name(path: Path) -> bool:
+    """No suffix, or a numbered one (of what a compressed file holds): JSON Lines wherever a name or glob
+    gives the file (`format_of`), a directory leaving it out (`_bare`)."""
     suffix = type_suffix(path)
-    return not path.name.startswith("_") and (not suffix or suffix[1:].isdigit()) and path.is_file()
+    return not suffix or suffix[1:].isdigit()
 
 
 METADATA_HINT = ("it is a Hugging Face save_to_disk folder's metadata, not documents, and bulk leaves it out "
@@ -382,7 +388,7 @@ def not_read_by_suffix(path: Path, fmt: str) -> str | None:
     # Of a compressed file, the suffix of what it holds: app.log.gz and c.tar.gz were read as JSONL, every
     # line a not_json reject, where app.log is refused.
     suffix = type_suffix(path)
-    if suffix and suffix not in COMPRESSED and not suffix[1:].isdigit() and suffix not in SUFFIXES:
+    if not _read_as_jsonl_by_name(path) and suffix not in COMPRESSED and suffix not in SUFFIXES:
         # Read as JSONL, a CSV was 100% rejects. A numbered suffix (shard.00001) or none (part-00000, as
         # Spark writes) is still JSONL.
         known = ", ".join(sorted(SUFFIXES))

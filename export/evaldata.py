@@ -263,7 +263,7 @@ def label_ids(
         bad = next((lab for _, lab in rows if as_float(lab) is None), None)
         if bad is not None:
             raise EvalDataError(
-                f"{where}: label {bad!r} is not a number, and the model is a regression{_edited(where)}"
+                f"{where}: label {bad!r} is not a number, and the model is a regression{_unless_given(where)}"
             )
         return np.array([as_float(lab) for _, lab in rows])
     from training.finetuning.labels import as_float, label_name  # fine-tuning's spellings: "1.0" is "1"
@@ -281,16 +281,18 @@ def label_ids(
             out.append(int(name))
         else:
             raise EvalDataError(
-                f"{where}: label {lab!r} is not one of the model's labels {sorted(by_name)}{_edited(where)}"
+                f"{where}: label {lab!r} is not one of the model's labels {sorted(by_name)}{_unless_given(where)}"
             )
     return np.array(out)
 
 
-def _edited(where: str) -> str:
-    if where == "--eval-data":
-        return ""
-    return ("; edited since the model was fine-tuned? Restore it, or give --eval-data FILE: labelled rows of the "
-            "model's labels to check it on")  # fmt: skip
+def _unless_given(where: str) -> str:
+    return "" if where == "--eval-data" else _EDITED
+
+
+# Said of the run's own dev file, which export reads unasked, where it is found wrong.
+_EDITED = ("; edited since the model was fine-tuned? Restore it, or give --eval-data FILE: labelled rows of the "
+           "model's labels to check it on")  # fmt: skip
 
 
 def registry_dev_rows(
@@ -326,7 +328,7 @@ def run_dev_rows(ckpt: Path) -> tuple[list[tuple[Input, str]], str] | None:
         try:
             return read_labelled(Path(dev), ckpt, flag="the run's --dev file"), f"the run's --dev file {dev}"
         except EvalDataError as e:
-            raise EvalDataError(f"{e}{_edited('the run')}") from None
+            raise EvalDataError(f"{e}{_EDITED}") from None
     data = _run_data(config)
     if data is None:
         return None

@@ -39,7 +39,7 @@ from training.finetuning.labels import (
 )
 from training.finetuning.rows import Rows, missing, read_rows, row_columns
 from training.finetuning.sets import SPLIT_SEED
-from training.finetuning.splits import _dev_share_note, _hold_out, _numbers_as_classes, _sample
+from training.finetuning.splits import MANY_CLASSES, _dev_share_note, _hold_out, _numbers_as_classes, _sample
 
 __all__ = ["DataError", "Example", "TaskData", "load_task_data"]
 
@@ -165,7 +165,7 @@ def _whole_numbers_as_classes(numbers: list[float | None], classes: int) -> str 
     """Whole numbers are class ids under --problem-type auto; a column of them nearly all distinct (prices,
     counts) is a target to predict as a number, and was trained as hundreds of classes of a row or two each,
     the only word a dev split missing most of them."""
-    if classes <= 20 or classes * 2 <= len(numbers) or None in numbers:
+    if classes <= MANY_CLASSES or classes * 2 <= len(numbers) or None in numbers:
         return None
     return (f"the --train labels are {classes} distinct whole numbers among {len(numbers)} rows, read as {classes} "
             "classes (--problem-type auto takes whole numbers for class ids): a number to predict (a price, a "

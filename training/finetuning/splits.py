@@ -46,6 +46,11 @@ def overlap_warnings(splits: dict[str, list[Example]]) -> list[str]:
     return said
 
 
+# Whole-number classes past this many may be a number to predict (prices, counts): said, with
+# --problem-type regression (here, and at the start by data.py _whole_numbers_as_classes).
+MANY_CLASSES = 20
+
+
 def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
     """Why a class may have too few rows to split: fractional numbers made classes by --problem-type
     classification, or many whole ones by auto."""
@@ -56,7 +61,7 @@ def _numbers_as_classes(cfg, labels: tuple[str, ...]) -> str:
         return (f"; --problem-type classification made each of the {len(labels)} distinct numbers a class: for "
                 "a numeric target give --problem-type regression")  # fmt: skip
     # Prices, counts (data.py warns of them at the start too); classes --labels lists are meant as such.
-    if cfg.problem_type == "auto" and not cfg.labels and len(labels) > 20:
+    if cfg.problem_type == "auto" and not cfg.labels and len(labels) > MANY_CLASSES:
         return (f"; --problem-type auto took each of the {len(labels)} distinct whole numbers for a class: for "
                 "a number to predict (a price, a count) give --problem-type regression")  # fmt: skip
     return ""
