@@ -38,17 +38,22 @@ _JSON_LINES = (
 )  # fmt: skip
 # Read through the decompressor its suffix names: pyarrow's, which knows .gz, .bz2, .zst and .lz4 by name,
 # and lzma for .xz, which it read as text. Every column as text: type inference made an id 007 the number 7,
-# and --id-field then named rows by other ids than the file's. `{delimiter}`: the TSV's, for both readers.
+# and --id-field then named rows by other ids than the file's. A CSV's quoted field may hold line breaks
+# (newlines_in_values: without it, a file of more than one block of such rows failed, "CSV parser got out
+# of sync with chunker"). `{options}`: a TSV's tab, its quotes read as text, as fine-tuning reads a TSV
+# (GLUE's put them in texts unescaped: a text opening with one took the rows up to the next quote into
+# it, and lost its quotes); `{header}` reads its header alike. It prints the rows it wrote, to be checked.
 _PARQUET = (
     "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
     "src, dst, aside = sys.argv[1:]; "
     'read = lambda: lzma.open(src) if src.lower().endswith(".xz") else pa.input_stream(src, compression="detect"); '
-    'names = next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"){delimiter}), None); '
+    'names = next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"){header}), None); '
     'names is None and sys.exit(src + ": empty, nothing to convert"); '
-    "table = c.read_csv(read(){options}, "
+    "table = c.read_csv(read(), parse_options=c.ParseOptions({options}), "
     "convert_options=c.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))); "
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
+    + 'print(dst + ": " + str(table.num_rows) + " rows, columns " + ", ".join(names)); '
     + _MOVE_ASIDE
 )  # fmt: skip
 
@@ -117,9 +122,9 @@ def json_lines_command(path: Path) -> tuple[Path, str]:
 def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
-    options = ", parse_options=c.ParseOptions(delimiter=chr(9))" if tabs else ""
-    delimiter = ", delimiter=chr(9)" if tabs else ""
-    return into, _command(_PARQUET.format(options=options, delimiter=delimiter), path, into)
+    options = "delimiter=chr(9), quote_char=False" if tabs else "newlines_in_values=True"
+    header = ", delimiter=chr(9), quoting=csv.QUOTE_NONE" if tabs else ""
+    return into, _command(_PARQUET.format(options=options, header=header), path, into)
 
 
 def arrow_parquet_command(path: Path) -> tuple[Path, str]:

@@ -175,3 +175,44 @@ def test_a_job_whose_output_reader_stops_early_runs_to_its_own_exit_status(tmp_p
     err = job.communicate(timeout=300)[1]
     assert job.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err[-3000:]
     assert summary(out)["documents"] == 40 and len(rows(out)) == 40
+
+
+def _converted(src: Path) -> tuple[list[dict], str]:
+    """Runs the Parquet conversion bulk prints for a CSV or TSV; the rows written, and what it printed."""
+    import pyarrow.parquet as pq
+
+    from bulk.converting import parquet_command
+
+    into, command = parquet_command(src, tabs=src.suffix == ".tsv")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return pq.read_table(into).to_pylist(), done.stdout
+
+
+def test_a_tsv_converts_with_its_quotes_as_text_one_row_a_line(tmp_path):
+    """Its quotes were read as CSV quoting: a text opening with one took the rows up to the next quote into
+    it (five rows became three) and lost its quotes, where fine-tuning reads the same file literally."""
+    src = tmp_path / "reviews.tsv"
+    src.write_text(
+        'text\tlabel\n"Hi" she said\tpos\nplain\tneg\n"unclosed start\tneg\nmore\tpos\nend"\tpos\n'
+    )
+    written, said = _converted(src)
+    assert [r["text"] for r in written] == ['"Hi" she said', "plain", '"unclosed start', "more", 'end"']
+    assert "5 rows, columns text, label" in said
+
+
+def test_a_csv_of_quoted_multiline_texts_past_one_block_converts_whole(tmp_path):
+    """Past pyarrow's first block (1 MB) the conversion failed, 'CSV parser got out of sync with chunker',
+    on the files it is printed for: a quoted field may span lines."""
+    src = tmp_path / "long.csv"
+    src.write_text(
+        "text,label\n" + "".join(f'"review {i}\nits second line, a ""quote""",pos\n' for i in range(60_000))
+    )
+    written, said = _converted(src)
+    assert len(written) == 60_000 and written[7] == {
+        "text": 'review 7\nits second line, a "quote"',
+        "label": "pos",
+    }
+    assert "60000 rows" in said
