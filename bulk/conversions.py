@@ -173,7 +173,8 @@ def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = Non
     """`suffix`: the compression `f` is read through. iconv converts the decompressed file, so its hint is
     led by the command that decompresses; a JSON document's conversion reads the compressed file itself."""
     head = f.read(1 << 16)
-    if hint := encoding_hint(path.with_suffix("") if suffix else path, head):
+    plain = path.with_suffix("") if suffix else path
+    if hint := encoding_hint(plain, head) or line_end_hint(plain, head):
         return decompress_first(path, suffix, hint) if suffix else hint
     hint = json_document_hint(path, head, f) if kind == "jsonl" else None
     if suffix is None:
@@ -192,6 +193,19 @@ def encoding_hint(path: Path, head: bytes) -> str | None:
                     f"UTF-8: convert it once, in place, then run the job again: iconv -f {encoding} -t UTF-8 {here} "
                     f"> {utf8} && mv {utf8} {here}")  # fmt: skip
     return None
+
+
+def line_end_hint(path: Path, head: bytes) -> str | None:
+    """Why a JSONL or text shard cannot be read, when its lines end in a carriage return alone (an old Mac's):
+    read at line feeds, the whole file was one line, a not_json reject (every document lost) or one text
+    document of them all. None: a line feed is among its first bytes (`head`),
+    or no carriage return stands between lines."""
+    if b"\n" in head or b"\r" not in head.rstrip(b"\r"):
+        return None
+    here, lf = shlex.quote(str(path)), shlex.quote(f"{path}.lf")
+    return ("its lines end in a carriage return alone (no line feed in its first "
+            f"{len(head):,} bytes), and bulk reads lines ending in a line feed: convert it once, in place, then run "
+            f"the job again: tr '\\r' '\\n' < {here} > {lf} && mv {lf} {here}")  # fmt: skip
 
 
 # How far a file starting with '{' or '[' is read to see whether its first two lines hold a whole JSON object: a

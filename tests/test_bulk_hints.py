@@ -216,3 +216,24 @@ def test_a_csv_of_quoted_multiline_texts_past_one_block_converts_whole(tmp_path)
         "label": "pos",
     }
     assert "60000 rows" in said
+
+
+def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their_conversion_reads(tmp_path):
+    """An old Mac's line ends: read at line feeds, a JSONL file was one not_json reject (its documents lost)
+    and a text file one document of all its lines."""
+    corpus = tmp_path / AWKWARD
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_bytes(b'{"text": "one"}\r{"text": "two"}\r')
+    (corpus / "b.txt").write_bytes(b"first line\rsecond line\rthird line")
+    (corpus / "c.txt").write_bytes(b"one line ending so\r")  # a carriage return between no lines: read
+    failed = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "1")
+    said = [line for line in failed.stderr.splitlines() if "carriage return alone" in line]
+    assert failed.returncode == 4 and len(said) == 2 and summary(tmp_path / "out")["documents"] == 1, (
+        failed.stderr
+    )
+    for line in said:
+        subprocess.run(["bash", "-c", line.split("run the job again: ", 1)[1]], check=True, timeout=60)
+    done = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert [(r["file"], r["line"]) for r in rows(tmp_path / "out")] == [
+        ("a.jsonl", 1), ("a.jsonl", 2), ("b.txt", 1), ("b.txt", 2), ("b.txt", 3), ("c.txt", 1)]  # fmt: skip
