@@ -14,6 +14,7 @@ from pathlib import Path
 import options
 from app.model.bundle import bundle_names, read_bundle
 from app.model.catalog import default_threshold
+from app.model.engine import check_output_width, session
 from app.model.tokenization import TextTokenizer
 from bulk import outputs
 from bulk.config import BulkConfig
@@ -157,6 +158,8 @@ def run(cfg: BulkConfig) -> int:
         verb = "apply" if len(detector_only) > 1 else "applies"
         raise JobError(f"{' and '.join(detector_only)} {verb} to detectors, and {cfg.model!r} is a classifier: "
                        "leave them out")  # fmt: skip
+    if bundle.manifest.kind == "classifier":  # every part would fail on it: refused once, here
+        check_output_width(bundle, session(bundle.model_path, 1, providers_setting="cpu", quiet=True))
     if bundle.manifest.trained_on == "pairs":
         raise JobError(f"{cfg.model!r} was fine-tuned on text pairs; bulk scores one text per document "
                        "(--text-field): serve it and send `pairs` to /classify instead")  # fmt: skip

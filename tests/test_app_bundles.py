@@ -423,3 +423,28 @@ def test_models_dot_inside_a_run_names_the_runs_bundle_by_its_directory(tmp_path
     monkeypatch.chdir(run / "checkpoints")
     with pytest.raises(BundleError, match=rf"--out {out}\)"):
         discover(Path(".."))
+
+
+def test_a_classifier_whose_manifest_names_other_than_its_outputs_fails_alone_and_bulk_refuses_it(
+    bundles_dir, tmp_path
+):
+    """labels ["neg", "neu", "pos"] over a model of two outputs (a manifest edited by hand, which no hash
+    covers) was served: /classify answered LABEL_0 and LABEL_1, names /models never listed, and bulk
+    failed every part with a bare KeyError: 'neg'."""
+    from bulk_helpers import run_bulk, write_jsonl
+
+    models = _copy(bundles_dir, tmp_path / "models")
+    manifest = json.loads((models / "sentiment" / "manifest.json").read_text())
+    manifest["labels"] = ["neg", "neu", "pos"]
+    (models / "sentiment" / "manifest.json").write_text(json.dumps(manifest))
+    says = "`labels` names 3 output(s) (neg, neu, pos) and the model gives 2"
+    with run_server(models, log_dir=tmp_path) as s, s.client() as c:
+        assert says in c.get("/models").json()["broken"]["sentiment"]
+        r = c.post("/classify", json={"text": "a great film"})
+        assert r.status_code == 503 and says in r.json()["error"]["message"], r.text
+        assert c.post("/detect", json={"text": "the chef cooked"}).status_code == 200
+    corpus = write_jsonl(tmp_path / "c.jsonl", ["a great film"])
+    refused = run_bulk(corpus, tmp_path / "out", "sentiment", "--models", str(models))
+    assert refused.returncode == 2 and says in refused.stderr and not (tmp_path / "out").exists(), (
+        refused.stderr
+    )

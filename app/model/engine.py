@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from app.model.bundle import Bundle
+from app.model.bundle import Bundle, BundleError
 from app.model.faults import FaultInjector
 from app.model.tokenization import Row
 from app.model_settings import ARENA_MODES, PROVIDERS
@@ -119,6 +119,22 @@ def session(
     )
 
 
+def check_output_width(bundle: Bundle, sess: ort.InferenceSession) -> None:
+    """Refused (BundleError): a classifier whose graph gives another number of outputs than its manifest
+    names labels (a manifest edited by hand). /classify answered under made-up names, LABEL_0 and on, that
+    /models never listed, a regression's `score` was its first output's, and bulk failed every part with a
+    KeyError. A width the graph leaves open (a dimension by name) is not judged."""
+    m = bundle.manifest
+    shape = next((o.shape for o in sess.get_outputs() if o.name == m.output), None)
+    width = shape[-1] if shape else None
+    if m.kind != "classifier" or not isinstance(width, int) or width == len(m.labels):
+        return
+    raise BundleError(f"{bundle.path / 'manifest.json'}: `labels` names {len(m.labels)} output(s) "
+                      f"({', '.join(m.labels)}) and the model gives {width}: /classify answers each output "
+                      "under its label; give one label per output, in the model's order, or export the model "
+                      "again (python -m export writes them from its id2label)")  # fmt: skip
+
+
 class Engine:
     """A model's sessions: the runners' one, and optionally a wider one for a batch that runs alone.
 
@@ -169,6 +185,7 @@ class Engine:
                 f"{bundle.model_path}: output {bundle.manifest.output!r} not in graph outputs {outputs}"
             )
         self.output_name = bundle.manifest.output
+        check_output_width(bundle, self.session)
         log.info(
             "%s: providers %s, inputs %s, %d intra-op thread(s) per run%s",
             bundle.name, self.session.get_providers(), self.input_names, intra_op_threads,
