@@ -123,13 +123,29 @@ class MemoryBudget:
         return (f" above its loaded models and the {self.interactive / MIB:.0f} MiB kept for interactive batches"
                 if self.interactive else " above its loaded models")  # fmt: skip
 
+    def models_past_it(self) -> str | None:
+        """What to say where the loaded models alone take more than HEADROOM of the limit: no batch can be
+        planned within it, and --runners changes nothing (the advice once given with "0 MiB above the
+        models"). None: they do not."""
+        if self.room > 0:
+            return None
+        runs = ("interactive batches are cut to one row and still run past the limit" if self.price > 0 else
+                "every batch runs past the limit")  # fmt: skip
+        refused = (f", and requests over --interactive-tokens ({self.interactive_tokens}) will be refused (413)"
+                   if self.refuses_large else "")  # fmt: skip
+        return (f"the loaded models take {self.baseline / MIB:.0f} MiB, more than the {HEADROOM * self.limit / MIB:.0f} "
+                f"MiB ({HEADROOM:.0%} of the {self.limit / MIB:.0f} MiB limit, {self.source}) that batches are planned "
+                f"within: {runs}{refused}; --runners changes none "
+                f"of it: raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB, or serve fewer models")  # fmt: skip
+
     def describe(self) -> str:
         split = (f", {self.interactive / MIB:.0f} MiB of it for every session's batch at once, interactive or large"
                  if self.by_session else f": {self.interactive / MIB:.0f} MiB kept for interactive batches, "
                  f"{max(0, self.room - self.interactive) / MIB:.0f} MiB left for large requests in flight")  # fmt: skip
         return (f"memory limit {self.limit / MIB:.0f} MiB ({self.source}); {self.baseline / MIB:.0f} MiB resident "
                 f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
-                f"{max(0, self.room) / MIB:.0f} MiB above the models{split}")  # fmt: skip
+                + (f"{self.room / MIB:.0f} MiB above the models{split}" if self.room > 0 else
+                   f"none above the models: they pass {HEADROOM:.0%} of the limit by {-self.room / MIB:.0f} MiB"))  # fmt: skip
 
 
 def budget_for(limit_mb: int) -> MemoryBudget | None:
@@ -152,7 +168,9 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
     metrics.memory.labels("baseline").set(memory.baseline)
     metrics.memory.labels("interactive").set(memory.interactive)
     log.info("memory: %s", memory.describe())
-    if memory.refuses_large:  # even bulk batches of one full-length row, cut as far as they go, do not fit
+    if past := memory.models_past_it():
+        log.warning("memory: %s", past)
+    elif memory.refuses_large:  # even bulk batches of one full-length row, cut as far as they go, do not fit
         at_once = bulk_batches(settings)
         batches = ("one bulk batch" if at_once == 1 else
                    f"{at_once} bulk batches at once (--runners {settings.runners}, one fewer)")  # fmt: skip
@@ -254,6 +272,8 @@ def one_row_each(memory: MemoryBudget, settings, models: dict) -> int:
         for lane in m.scheduler.lanes.values():
             lane.budget = min(lane.budget, longest)
     memory.interactive = at_once * memory.cost(longest, longest)
+    if memory.room <= 0:  # said by `settle`, where lowering --runners is no help
+        return longest
     log.warning("memory: %d batches at once (%s) of --batch-token-budget %d tokens could need about %.0f MiB, and "
                 "even batches of one %d-token row may not all fit the %.0f MiB the limit leaves above the loaded "
                 "models: interactive batches are cut to one row, %.0f MiB kept for them; raise the limit, or lower "
