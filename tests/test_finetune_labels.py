@@ -129,6 +129,17 @@ def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_p
     ):
         load(tmp_path, path, problem_type="regression")
     assert load(tmp_path, path, problem_type="classification").labels == ("0,5", "1,5", "2,5")  # as asked
+    # Thousands separators (prices, counts): "9,614" was taken for the classes 9 and 614 listed in one row,
+    # and told "multi-label classification is not supported"; "12,345,678" was a class name.
+    prices = tmp_path / "prices.csv"
+    prices.write_text("text,label\n" + "".join(f'house {i},"{i + 1},{(i * 37) % 900 + 100}"\n' for i in range(40))
+                      + 'mansion,"12,345,678"\n')  # fmt: skip
+    with pytest.raises(DataError, match=r"41 of 41 labels are numbers written with a comma \('1,100'\), .* "
+                                        r"a decimal point \('2.3'\) and no thousands separator"):  # fmt: skip
+        load(tmp_path, prices)
+    with pytest.raises(DataError, match=r"label '1,100' in --train is not a number \(write a decimal point and no "
+                                        r"thousands separator: '2.3', not '2,3'; '1000', not '1,000'\)"):  # fmt: skip
+        load(tmp_path, prices, problem_type="regression")
 
 
 def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_path):

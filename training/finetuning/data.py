@@ -24,10 +24,10 @@ from training.errors import DataError  # data errors are raised here and in labe
 from training.finetuning.coverage import missing_classes
 from training.finetuning.csv_quotes import QUOTE_FIX
 from training.finetuning.labels import (
-    COMMA_NUMBER,
     as_float,
     case_variants,
     class_sort_key,
+    comma_number,
     is_float_text,
     label_name,
     label_names,
@@ -298,8 +298,8 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
             bad = next((i for i, (_, _, lab) in enumerate(rows) if as_float(lab) is None), None)
             if bad is not None:
                 label = rows[bad][2]
-                comma = (" (write a decimal point: '2.3', not '2,3')" if COMMA_NUMBER.fullmatch(str(label).strip())
-                         else "")  # fmt: skip
+                comma = (" (write a decimal point and no thousands separator: '2.3', not '2,3'; '1000', not '1,000')"
+                         if comma_number(str(label)) else "")  # fmt: skip
                 what = "is not a finite number" if is_float_text(label) else "is not a number"
                 raise DataError(f"{why}: label {label!r} in --{split} {what}{comma} ({getattr(cfg, split)} "
                                 f"{read[split].place(bad)}): fix or drop its row")  # fmt: skip

@@ -118,13 +118,22 @@ def refuse_non_finite_targets(values: list, numbers: list[float | None], path: s
 
 
 COMMA_NUMBER = re.compile(r"[+-]?[0-9]*,[0-9]+")  # "2,3": a decimal comma, or "1,000" a thousands one
+# Groups of three after the first: "9,614" (a thousands separator, or a decimal comma), "12,345,678".
+THOUSANDS = re.compile(r"[+-]?[0-9]{1,3}(?:,[0-9]{3})+")
+
+
+def comma_number(value) -> bool:
+    """Whether a label is a number written with a comma: a decimal one, or thousands separators."""
+    return isinstance(value, str) and bool(
+        COMMA_NUMBER.fullmatch(v := value.strip()) or THOUSANDS.fullmatch(v)
+    )
 
 
 def refuse_comma_numbers(values: list) -> None:
     """Targets written with a decimal comma ("2,3", as a German or French spreadsheet saves them) are not
     numbers to float(): they silently made a classifier of one class per value."""
 
-    is_comma = [isinstance(v, str) and bool(COMMA_NUMBER.fullmatch(v.strip())) for v in values]
+    is_comma = [comma_number(v) for v in values]
     comma = [v for v, c in zip(values, is_comma, strict=True) if c]
     # Mostly such numbers; or every label a number, its comma ones reading as decimals: star ratings in
     # halves ("1" to "5" and "1,5" to "4,5") are whole numbers in 5 values of 9, and trained as 9 classes.
@@ -179,6 +188,8 @@ def refuse_label_lists(values: list, path: str, read: Rows) -> None:
     pairs = {v.strip() for _, v, _ in listed if _DECIMAL_PAIR.fullmatch(v.strip())}
     if _read_as_decimals(pairs):
         listed = [(n, v, parts) for n, v, parts in listed if v.strip() not in pairs]
+    if all(THOUSANDS.fullmatch(v.strip()) for _, v, _ in listed):
+        return  # "9,614", "1,250": numbers, each later part three digits (refuse_comma_numbers says so)
     of_labels = [row for row in listed if all(label_name(p) in singles for p in row[2])]
     ids = [row for row in listed if _ids(row[2])]
     found = of_labels or (ids if len(ids) * 2 > len(values) else [])
