@@ -238,8 +238,11 @@ def choose_threshold(sentences: Sequence[SentenceScores], precision: float = TAR
             if everyday and best[0][1]
             else ""
         )
+        # Spans measured: among those quiet enough, one on min_spans spans was preferred; none was.
+        n = result["spans"]
+        fewer = "" if best[0][2] else f", measured on {n} span{'s' * (n != 1)} (none{kept} gives {min_spans})"
         result["note"] = (f"no threshold reaches precision {precision} on at least {min_spans} spans; the most "
-                          f"precise one{kept} was taken")  # fmt: skip
+                          f"precise one{kept} was taken{fewer}")  # fmt: skip
     elif not best[0][1]:
         result["note"] = (f"no threshold keeps clean short sentences under {everyday_clean:.0%} with "
                           f"spans at precision {precision}; the highest recall at that precision was taken")  # fmt: skip

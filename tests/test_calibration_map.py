@@ -143,6 +143,10 @@ def test_a_precision_measured_on_a_handful_of_spans_does_not_meet_the_rule():
     chosen = choose_threshold(lucky + swapped + clean)
     assert chosen["spans"] == 1 and chosen["precision"] == 1.0  # the quietest there is, still the one taken
     assert f"no threshold reaches precision 0.8 on at least {MIN_SPANS} spans" in chosen["note"], chosen
+    # Of those giving at most 5% of clean short sentences a span, none gives MIN_SPANS: it said "the most
+    # precise one of those" as though it were measured on as many.
+    assert chosen["note"].endswith(f"a span was taken, measured on 1 span (none of those giving at most 5% of "
+                                   f"clean short sentences a span gives {MIN_SPANS})"), chosen["note"]  # fmt: skip
     said = quality_warnings(0.9, chosen)
     assert len(said) == 1 and said[0].startswith(
         f"the default threshold {chosen['threshold']} misses the rule"
