@@ -570,6 +570,15 @@ def test_a_byte_order_mark_is_read_past_not_taken_for_text(tmp_path):
     assert docs[0] == "first doc\nstill first"
     for split in ("train", "valid"):  # the same documents: the same split
         assert list(read_corpus(str(marked), split)) == list(read_corpus(str(plain), split))
+    # Files each saved with one, joined with cat: the mark starts a later line. The JSONL was refused, line
+    # 2 "not valid JSON (Unexpected UTF-8 BOM)"; the text's mark was its next document's first character.
+    joined = tmp_path / "joined"
+    joined.mkdir()
+    for name, text in texts.items():
+        (joined / name).write_bytes(2 * (b"\xef\xbb\xbf" + text.encode() + b"\n"))  # a blank line between
+    assert (
+        list(iter_text_documents(joined)) == ["first doc\nstill first", "second doc"] * 2 + ["third doc"] * 2
+    )
 
 
 def test_text_that_is_not_utf8_is_named_by_its_byte_offset_and_line_in_the_file(tmp_path):

@@ -662,3 +662,12 @@ def test_the_runs_own_dev_file_found_broken_by_export_is_named_as_such(tmp_path)
         assert said.startswith("the run's --dev file") and says in said and "--eval-data:" not in said, said
         assert said.endswith("edited since the model was fine-tuned? Restore it, or give --eval-data FILE: "
                              "labelled rows of the model's labels to check it on")  # fmt: skip
+
+
+def test_json_lines_joined_with_cat_read_past_the_second_files_byte_order_mark(tmp_path):
+    """Each file saved with a mark (Windows tools), joined with cat: the line the second began on was
+    refused, 'is not JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))', though the file is read so."""
+    half = "".join(json.dumps({"text": f"film {i}", "label": "ab"[i % 2]}) + "\n" for i in range(10))
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(2 * ("\ufeff" + half).encode())
+    assert load(tmp_path, path).labels == ("a", "b")

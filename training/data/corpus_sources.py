@@ -56,7 +56,7 @@ def _open_text(path: Path):
 def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
     doc: list[str] = []
     for line in lines:
-        line = line.rstrip("\r\n")
+        line = line.rstrip("\r\n").removeprefix("\ufeff")  # one starting a later file joined with cat
         if line.strip():
             doc.append(line.strip())
         elif doc:
@@ -69,6 +69,9 @@ def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
 def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
     with _open_text(path) as f:
         for lineno, line in enumerate(f, 1):
+            # A byte-order mark starting a later line: files joined with cat, each saved with one (Windows
+            # tools). It was "not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)"; bulk reads past it.
+            line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
             try:

@@ -65,6 +65,9 @@ def _jsonl_rows(p: Path, flag: str) -> Rows:
     # Lines end at "\n" alone (read_text makes "\r\n" and "\r" one): splitlines() also splits at U+2028,
     # U+2029 and U+0085, which JSON strings may hold unescaped, and cut such a row in two.
     for n, line in enumerate(p.read_text(encoding="utf-8-sig").split("\n"), 1):
+        line = line.removeprefix(
+            "\ufeff"
+        )  # one starting a later line: files joined with cat, as in pretraining
         if line.strip():
             try:
                 row = json.loads(line)
