@@ -692,6 +692,23 @@ def test_the_saved_config_says_what_ran_and_options_that_change_nothing_are_note
                                          r"comes with --init .*: hidden 32, 2 layers\): drop --generator-fra"):  # fmt: skip
         pretrain(["--init", str(run), "--out", str(tmp_path / "warm"), "--corpus", str(small_corpus),
                   "--generator-fraction", "1.0", "--max-steps", "2"])  # fmt: skip
+    # Its config.json, replayed, holds generator_fraction as every saved config does (the default, unused):
+    # the replay noted "config.json sets generator_fraction 0.25", a value the user never set.
+    pretrain(
+        [
+            "--init",
+            str(run),
+            "--out",
+            str(tmp_path / "warm"),
+            "--corpus",
+            str(small_corpus),
+            "--max-steps",
+            "1",
+        ]
+    )
+    capsys.readouterr()
+    pretrain(["--config", str(tmp_path / "warm" / "config.json"), "--out", str(tmp_path / "again")])
+    assert "generator_fraction" not in capsys.readouterr().err
 
 
 def test_progress_in_a_log_file_is_lines_not_redraws(capsys):

@@ -394,7 +394,9 @@ def _check_generator_fraction(cfg: PretrainConfig, gen: InitSource) -> None:
     """A generator that comes with --init has its own shape: --generator-fraction sizes a fresh one only. As
     with the discriminator's shape, a flag saying otherwise is refused, a file's is noted."""
     where = options.sources(cfg).get("generator_fraction")
-    if where is None or where == "the saved config":
+    # A run's saved config.json, replayed with --config, holds every option resolved, this one too (the
+    # default the run never used): noted, it told the user of a value they never set.
+    if where is None or where == "the saved config" or where.lower().endswith(".json"):
         return
     said = (f"{where} sets generator_fraction {cfg.generator_fraction}, and the generator comes with --init "
             f"({gen.directory}: hidden {gen.config.hidden_size}, {gen.config.num_hidden_layers} layers)")  # fmt: skip
