@@ -174,7 +174,7 @@ def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = Non
     led by the command that decompresses; a JSON document's conversion reads the compressed file itself."""
     head = f.read(1 << 16)
     plain = path.with_suffix("") if suffix else path
-    if hint := encoding_hint(plain, head) or line_end_hint(plain, head):
+    if hint := encoding_hint(plain, head) or line_end_hint(plain, head, kind):
         return decompress_first(path, suffix, hint) if suffix else hint
     hint = json_document_hint(path, head, f) if kind == "jsonl" else None
     if suffix is None:
@@ -195,12 +195,15 @@ def encoding_hint(path: Path, head: bytes) -> str | None:
     return None
 
 
-def line_end_hint(path: Path, head: bytes) -> str | None:
+def line_end_hint(path: Path, head: bytes, kind: str) -> str | None:
     """Why a JSONL or text shard cannot be read, when its lines end in a carriage return alone (an old Mac's):
     read at line feeds, the whole file was one line, a not_json reject (every document lost) or one text
     document of them all. None: a line feed is among its first bytes (`head`),
-    or no carriage return stands between lines."""
+    or no carriage return stands between lines, or (JSONL) what comes before the first one is no whole
+    JSON object: a long first document holding a raw carriage return in a string is read as before."""
     if b"\n" in head or b"\r" not in head.rstrip(b"\r"):
+        return None
+    if kind == "jsonl" and not _whole_object(head.removeprefix(BOM).split(b"\r", 1)[0]):
         return None
     here, lf = shlex.quote(str(path)), shlex.quote(f"{path}.lf")
     return ("its lines end in a carriage return alone (no line feed in its first "

@@ -237,3 +237,13 @@ def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their
     assert done.returncode == 0, done.stderr
     assert [(r["file"], r["line"]) for r in rows(tmp_path / "out")] == [
         ("a.jsonl", 1), ("a.jsonl", 2), ("b.txt", 1), ("b.txt", 2), ("b.txt", 3), ("c.txt", 1)]  # fmt: skip
+    # A first JSONL line of over 64 KB holding a raw carriage return in a string (read, non-strict) is no
+    # file of such line ends: what precedes the carriage return is no whole object.
+    from bulk.conversions import line_end_hint
+
+    assert (
+        line_end_hint(
+            Path("d.jsonl"), b'{"text": "a long first line, a raw \r in it' + b"x" * 70_000, "jsonl"
+        )
+        is None
+    )
