@@ -140,6 +140,19 @@ def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_p
     with pytest.raises(DataError, match=r"label '1,100' in --train is not a number \(write a decimal point and no "
                                         r"thousands separator: '2.3', not '2,3'; '1000', not '1,000'\)"):  # fmt: skip
         load(tmp_path, prices, problem_type="regression")
+    # A few among plain numbers (100 to 999, then "1,250"): a class per price, in silence.
+    prices.write_text("text,label\n" + "".join(f"house {i},{100 + 20 * i}\n" for i in range(36))
+                      + "".join(f'big {i},"{v}"\n' for i, v in enumerate(["1,250", "2,400", "9,614", "12,345"])))  # fmt: skip
+    with pytest.raises(DataError, match=r"4 of 40 labels are numbers written with a comma \('1,250'\)"):
+        load(tmp_path, prices)
+    # Three-digit class codes listed in one row, each also a label of other rows: several labels, as before.
+    codes = tmp_path / "codes.csv"
+    codes.write_text("text,label\n" + "".join(f"film {i},{c}\n" for i, c in enumerate(["101", "205", "330", "412"] * 10))
+                     + 'one,"101,205"\ntwo,"205,330"\nthree,"330,412"\n')  # fmt: skip
+    with pytest.raises(
+        DataError, match=r"label '101,205' looks like several labels in one row \('101', '205', each"
+    ):
+        load(tmp_path, codes)
 
 
 def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_path):

@@ -125,8 +125,8 @@ class MemoryBudget:
 
     def models_past_it(self) -> str | None:
         """What to say where the loaded models alone take more than HEADROOM of the limit: no batch can be
-        planned within it, and --runners changes nothing (the advice once given with "0 MiB above the
-        models"). None: they do not."""
+        planned within it (it said "0 MiB above the models"). Each session's memory is resident in the
+        baseline, so fewer runners lower it. None: they do not."""
         if self.room > 0:
             return None
         runs = ("interactive batches are cut to one row and still run past the limit" if self.price > 0 else
@@ -135,8 +135,9 @@ class MemoryBudget:
                    if self.refuses_large else "")  # fmt: skip
         return (f"the loaded models take {self.baseline / MIB:.0f} MiB, more than the {HEADROOM * self.limit / MIB:.0f} "
                 f"MiB ({HEADROOM:.0%} of the {self.limit / MIB:.0f} MiB limit, {self.source}) that batches are planned "
-                f"within: {runs}{refused}; --runners changes none "
-                f"of it: raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB, or serve fewer models")  # fmt: skip
+                f"within: {runs}{refused}; raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB, or "
+                "hold less resident: every session holds memory of its own (lower --runners, or --solo-threads 1 "
+                "drops the lone request's), or serve fewer models")  # fmt: skip
 
     def describe(self) -> str:
         split = (f", {self.interactive / MIB:.0f} MiB of it for every session's batch at once, interactive or large"
@@ -272,7 +273,7 @@ def one_row_each(memory: MemoryBudget, settings, models: dict) -> int:
         for lane in m.scheduler.lanes.values():
             lane.budget = min(lane.budget, longest)
     memory.interactive = at_once * memory.cost(longest, longest)
-    if memory.room <= 0:  # said by `settle`, where lowering --runners is no help
+    if memory.room <= 0:  # said by `settle`: the models alone pass the limit
         return longest
     log.warning("memory: %d batches at once (%s) of --batch-token-budget %d tokens could need about %.0f MiB, and "
                 "even batches of one %d-token row may not all fit the %.0f MiB the limit leaves above the loaded "

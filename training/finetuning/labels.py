@@ -138,8 +138,11 @@ def refuse_comma_numbers(values: list) -> None:
     # Mostly such numbers; or every label a number, its comma ones reading as decimals: star ratings in
     # halves ("1" to "5" and "1,5" to "4,5") are whole numbers in 5 values of 9, and trained as 9 classes.
     rest_numbers = all(c or is_float_text(v) for v, c in zip(values, is_comma, strict=True))
+    # Or every label a number, some written with thousands separators: a price column, 100 to 999 plain and
+    # "1,250" beside them, was trained as a class per price.
+    grouped = all(THOUSANDS.fullmatch(v.strip()) for v in comma)
     if len(comma) * 2 > len(values) or (
-        comma and rest_numbers and _read_as_decimals({v.strip() for v in comma})
+        comma and rest_numbers and (grouped or _read_as_decimals({v.strip() for v in comma}))
     ):
         raise DataError(f"--train: {len(comma)} of {len(values)} labels are numbers written with a comma "
                         f"({comma[0]!r}), which would make a class of each value: for a numeric target write "
@@ -188,9 +191,9 @@ def refuse_label_lists(values: list, path: str, read: Rows) -> None:
     pairs = {v.strip() for _, v, _ in listed if _DECIMAL_PAIR.fullmatch(v.strip())}
     if _read_as_decimals(pairs):
         listed = [(n, v, parts) for n, v, parts in listed if v.strip() not in pairs]
-    if all(THOUSANDS.fullmatch(v.strip()) for _, v, _ in listed):
-        return  # "9,614", "1,250": numbers, each later part three digits (refuse_comma_numbers says so)
     of_labels = [row for row in listed if all(label_name(p) in singles for p in row[2])]
+    if not of_labels and all(THOUSANDS.fullmatch(v.strip()) for _, v, _ in listed):
+        return  # "9,614", "1,250": numbers, each later part three digits (refuse_comma_numbers says so)
     ids = [row for row in listed if _ids(row[2])]
     found = of_labels or (ids if len(ids) * 2 > len(values) else [])
     if not found:
