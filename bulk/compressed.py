@@ -66,10 +66,3 @@ def broken_stream(path: str, suffix: str, e: BaseException) -> str:
     return (f"{path} does not read as {READERS[suffix][0]} to its end ({type(e).__name__}: {e}): a file cut short "
             "(a copy or download that stopped) or damaged; none of its documents is recorded. Test it with "
             f"`{READERS[suffix][0]} -t {shlex.quote(path)}`, replace it, then run the same command again")  # fmt: skip
-
-
-def decompress_first(path: Path, suffix: str, hint: str) -> str:
-    """A hint about what a compressed shard holds (written for its decompressed file), led by the command
-    that decompresses it: the conversions it names work on the decompressed file."""
-    tool, plain = READERS[suffix][0], path.with_suffix("")
-    return f"decompressed (`{tool} -dk {shlex.quote(str(path))}` writes {plain}), {hint}"

@@ -15,7 +15,6 @@ from bulk.compressed import (
     STREAM_ERRORS,
     broken_stream,
     compression,
-    decompress_first,
     decompressed,
 )
 from bulk.converting import arrow_parquet_command, followed, json_lines_command, parquet_command
@@ -170,45 +169,59 @@ def line_file_hint(path: Path, kind: str, f: BinaryIO) -> str | None:
 
 
 def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = None) -> str | None:
-    """`suffix`: the compression `f` is read through. iconv converts the decompressed file, so its hint is
-    led by the command that decompresses; a JSON document's conversion reads the compressed file itself."""
+    """`suffix`: the compression `f` is read through. An encoding's or line ends' conversion rewrites the
+    shard in place, through its compression (a .gz stays a .gz); a JSON document's conversion reads the
+    compressed file itself."""
     head = f.read(1 << 16)
-    plain = path.with_suffix("") if suffix else path
-    if hint := encoding_hint(plain, head) or line_end_hint(plain, head, kind):
-        return decompress_first(path, suffix, hint) if suffix else hint
+    if hint := encoding_hint(path, head, suffix) or line_end_hint(path, head, kind, suffix):
+        return hint
     hint = json_document_hint(path, head, f) if kind == "jsonl" else None
     if suffix is None:
         f.seek(0)
     return hint
 
 
-def encoding_hint(path: Path, head: bytes) -> str | None:
+def _in_place(path: Path, suffix: str | None, through: str) -> str:
+    """The command that passes the shard through `through` (a filter: stdin to stdout) and puts the result in
+    its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
+    the compressed original stayed under INPUT and failed the same way on every run."""
+    here, new = shlex.quote(str(path)), shlex.quote(f"{path}.converted")
+    if suffix is None:
+        return f"{through} < {here} > {new} && mv {new} {here}"
+    tool = READERS[suffix][0]
+    return f"{tool} -dc {here} | {through} | {tool} > {new} && mv {new} {here}"
+
+
+def encoding_hint(path: Path, head: bytes, suffix: str | None = None) -> str | None:
     """Why a JSONL or text shard cannot be read, when it starts with a UTF-16 or UTF-32 byte-order mark;
-    None: it does not. `head`: its first bytes (4 or more, or all of it). iconv reads the mark for the byte
-    order, and writes UTF-8 without one."""
+    None: it does not. `head`: its first bytes (4 or more, or all of it; decompressed, through `suffix`).
+    iconv reads the mark for the byte order, and writes UTF-8 without one."""
     for bom, encoding in WIDE_BOMS:
         if head.startswith(bom):
-            here, utf8 = shlex.quote(str(path)), shlex.quote(f"{path}.utf8")
             return (f"it is {encoding} (it starts with the byte-order mark {bom.hex(' ').upper()}), and bulk reads "
-                    f"UTF-8: convert it once, in place, then run the job again: iconv -f {encoding} -t UTF-8 {here} "
-                    f"> {utf8} && mv {utf8} {here}")  # fmt: skip
+                    "UTF-8: convert it once, in place, then run the job again: "
+                    f"{_in_place(path, suffix, f'iconv -f {encoding} -t UTF-8')}")  # fmt: skip
     return None
 
 
-def line_end_hint(path: Path, head: bytes, kind: str) -> str | None:
+def line_end_hint(path: Path, head: bytes, kind: str, suffix: str | None = None) -> str | None:
     """Why a JSONL or text shard cannot be read, when its lines end in a carriage return alone (an old Mac's):
     read at line feeds, the whole file was one line, a not_json reject (every document lost) or one text
-    document of them all. None: a line feed is among its first bytes (`head`),
-    or no carriage return stands between lines, or (JSONL) what comes before the first one is no whole
-    JSON object: a long first document holding a raw carriage return in a string is read as before."""
-    if b"\n" in head or b"\r" not in head.rstrip(b"\r"):
+    document of them all. None: a line feed is among its first bytes (`head`, decompressed through
+    `suffix`), or no carriage return stands between lines; or, in a first line running past `head` (64 KB
+    of text with no line feed), fewer than two do (a stray one in a long line); or (JSONL) what comes
+    before the first one is no whole JSON object (a long first document holding a raw one in a string)."""
+    between = head.strip(b"\r").count(b"\r")
+    if b"\n" in head or between == 0 or (between == 1 and len(head) >= 1 << 16):
         return None
     if kind == "jsonl" and not _whole_object(head.removeprefix(BOM).split(b"\r", 1)[0]):
         return None
-    here, lf = shlex.quote(str(path)), shlex.quote(f"{path}.lf")
     return ("its lines end in a carriage return alone (no line feed in its first "
             f"{len(head):,} bytes), and bulk reads lines ending in a line feed: convert it once, in place, then run "
-            f"the job again: tr '\\r' '\\n' < {here} > {lf} && mv {lf} {here}")  # fmt: skip
+            f"the job again: {_in_place(path, suffix, _CR_TO_LF)}")  # fmt: skip
+
+
+_CR_TO_LF = "tr '\\r' '\\n'"  # the shell's single quotes keep the backslashes for tr
 
 
 # How far a file starting with '{' or '[' is read to see whether its first two lines hold a whole JSON object: a

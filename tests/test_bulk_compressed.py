@@ -10,6 +10,8 @@ import gzip
 import json
 import lzma
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -95,8 +97,14 @@ def test_what_a_compressed_shard_holds_is_judged_at_planning_by_its_decompressed
     (corpus / "rows.parquet.gz").write_bytes(b"never read")
     parts, failed, _ = _plan(corpus)
     assert not parts and len(failed) == 8
-    assert failed["wide.jsonl.gz"].startswith(f"decompressed (`gzip -dk {corpus / 'wide.jsonl.gz'}` writes ")
+    # Converted in place, through gzip: decompressed beside it (`gzip -dk`, as the hint once said), the .gz
+    # stayed under INPUT and failed the same way on every run.
+    wide = corpus / "wide.jsonl.gz"
     assert "it is UTF-16" in failed["wide.jsonl.gz"]
+    assert (
+        f"gzip -dc {wide} | iconv -f UTF-16 -t UTF-8 | gzip > {wide}.converted && mv "
+        in failed["wide.jsonl.gz"]
+    )
     # Converted from the compressed file itself: decompressed first, it left another array under INPUT.
     assert "xz -dk" not in failed["array.json.xz"] and "one JSON array" in failed["array.json.xz"]
     assert f"writes {corpus / 'array.jsonl'} " in failed["array.json.xz"]
@@ -110,6 +118,11 @@ def test_what_a_compressed_shard_holds_is_judged_at_planning_by_its_decompressed
     for name in ("z.jsonl.zst", "l.txt.lz4"):
         assert "which bulk does not read (it reads gzip (.gz), bzip2 (.bz2), xz (.xz)" in failed[name]
     assert "Parquet compresses inside" in failed["rows.parquet.gz"]
+    if shutil.which("iconv"):
+        subprocess.run(failed["wide.jsonl.gz"].split("run the job again: ", 1)[1], shell=True, check=True)
+        parts, failed, _ = _plan(corpus)
+        assert [p.name for p in parts] == ["wide.jsonl.gz"] and "wide.jsonl.gz" not in failed
+        assert [d.text for d in read(parts[0], text_field="text", id_field="", max_chars=100)] == ["a"]
 
 
 def test_a_compressed_file_of_a_type_bulk_does_not_read_is_refused_as_its_plain_copy(tmp_path):

@@ -226,9 +226,11 @@ def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their
     (corpus / "a.jsonl").write_bytes(b'{"text": "one"}\r{"text": "two"}\r')
     (corpus / "b.txt").write_bytes(b"first line\rsecond line\rthird line")
     (corpus / "c.txt").write_bytes(b"one line ending so\r")  # a carriage return between no lines: read
+    # Compressed: converted in place through gzip (decompressed beside it, the .gz failed on every run).
+    (corpus / "d.txt.gz").write_bytes(gzip.compress(b"gzipped one\rgzipped two\r"))
     failed = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "1")
     said = [line for line in failed.stderr.splitlines() if "carriage return alone" in line]
-    assert failed.returncode == 4 and len(said) == 2 and summary(tmp_path / "out")["documents"] == 1, (
+    assert failed.returncode == 4 and len(said) == 3 and summary(tmp_path / "out")["documents"] == 1, (
         failed.stderr
     )
     for line in said:
@@ -236,10 +238,14 @@ def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their
     done = run_bulk(corpus, tmp_path / "out", "detector", "--workers", "1")
     assert done.returncode == 0, done.stderr
     assert [(r["file"], r["line"]) for r in rows(tmp_path / "out")] == [
-        ("a.jsonl", 1), ("a.jsonl", 2), ("b.txt", 1), ("b.txt", 2), ("b.txt", 3), ("c.txt", 1)]  # fmt: skip
+        ("a.jsonl", 1), ("a.jsonl", 2), ("b.txt", 1), ("b.txt", 2), ("b.txt", 3), ("c.txt", 1),
+        ("d.txt.gz", 1), ("d.txt.gz", 2)]  # fmt: skip
     # A first JSONL line of over 64 KB holding a raw carriage return in a string (read, non-strict) is no
     # file of such line ends: what precedes the carriage return is no whole object.
     from bulk.conversions import line_end_hint
+
+    # Nor a text's first line of over 64 KB holding one stray carriage return: tr would cut its document.
+    assert line_end_hint(Path("e.txt"), b"a" * 40_000 + b"\r" + b"b" * 40_000, "text") is None
 
     assert (
         line_end_hint(
