@@ -38,22 +38,33 @@ _JSON_LINES = (
 )  # fmt: skip
 # Read through the decompressor its suffix names: pyarrow's, which knows .gz, .bz2, .zst and .lz4 by name,
 # and lzma for .xz, which it read as text. Every column as text: type inference made an id 007 the number 7,
-# and --id-field then named rows by other ids than the file's. A CSV's quoted field may hold line breaks
+# and --id-field then named rows by other ids than the file's. A quoted field may hold line breaks
 # (newlines_in_values: without it, a file of more than one block of such rows failed, "CSV parser got out
-# of sync with chunker"). `{options}`: a TSV's tab, its quotes read as text, as fine-tuning reads a TSV
-# (GLUE's put them in texts unescaped: a text opening with one took the rows up to the next quote into
-# it, and lost its quotes); `{header}` reads its header alike. It prints the rows it wrote, to be checked.
+# of sync with chunker"). A TSV is read both ways, its quotes as quoting (pandas and csv.writer quote a
+# field holding a quote, a tab or a line break) and as text (GLUE's TSVs put quotes in texts unescaped: a
+# text opening with one took the rows up to the next quote into it): as quoting unless that fails, or
+# gives other rows than the quotes as text do, where those read. A row of another number of fields than
+# the header stops it, naming the row, before anything is written; it prints the rows it wrote.
 _PARQUET = (
     "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
-    "src, dst, aside = sys.argv[1:]; "
+    "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); "
     'read = lambda: lzma.open(src) if src.lower().endswith(".xz") else pa.input_stream(src, compression="detect"); '
-    'names = next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"){header}), None); '
-    'names is None and sys.exit(src + ": empty, nothing to convert"); '
-    "table = c.read_csv(read(), parse_options=c.ParseOptions({options}), "
-    "convert_options=c.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))); "
+    'heads = [next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"), delimiter=sep, quoting=q), None) '
+    "for q in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE)]; "
+    'heads[0] is None and sys.exit(src + ": empty, nothing to convert"); '
+    "co = c.ConvertOptions(column_types=dict.fromkeys(heads[0] + heads[1], pa.string())); bad = dict(); "
+    "rd = lambda q: c.read_csv(read(), convert_options=co, parse_options=c.ParseOptions(delimiter=sep, "
+    'quote_char=q, newlines_in_values=True, invalid_row_handler=lambda r: (bad.setdefault(q, r), "skip")[1])); '
+    "quoted = rd(chr(34)); literal = rd(False) if tab else None; "
+    "q = chr(34) if literal is None or False in bad or (chr(34) not in bad and quoted.num_rows == literal.num_rows) "
+    "else False; table = quoted if q else literal; r = bad.get(q); "
+    'r and sys.exit(src + ": a row of " + str(r.actual_columns) + " field(s), where the header has " '
+    '+ str(r.expected_columns) + ("" if r.number is None else ", line " + str(r.number)) + ": " + repr(r.text[:200]) '
+    '+ "; nothing written"); '
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
-    + 'print(dst + ": " + str(table.num_rows) + " rows, columns " + ", ".join(names)); '
+    + 'print(dst + ": " + str(table.num_rows) + " row(s), columns " + ", ".join(table.column_names) + ("" if q else '
+    '"; its quotes read as text: as quoting, its lines did not read as the same rows")); '
     + _MOVE_ASIDE
 )  # fmt: skip
 
@@ -122,9 +133,7 @@ def json_lines_command(path: Path) -> tuple[Path, str]:
 def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
-    options = "delimiter=chr(9), quote_char=False" if tabs else "newlines_in_values=True"
-    header = ", delimiter=chr(9), quoting=csv.QUOTE_NONE" if tabs else ""
-    return into, _command(_PARQUET.format(options=options, header=header), path, into)
+    return into, _command(_PARQUET.format(tab=tabs), path, into)
 
 
 def arrow_parquet_command(path: Path) -> tuple[Path, str]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from bulk_helpers import REPO, rows, run_bulk, summary
 
+from bulk.converting import parquet_command
+
 pytestmark = pytest.mark.slow
 
 MARK = "naming the new file where INPUT named this one: "
@@ -137,8 +139,6 @@ def test_the_csv_conversion_reads_every_compression_bulk_names_and_says_an_empty
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bulk.converting import parquet_command
-
     data = b"id,text\n007,hello\n"
     for kind, suffix in (("zstd", "zst"), ("lz4", "lz4"), ("gzip", "gz"), ("bz2", "bz2")):
         with pa.CompressedOutputStream(str(tmp_path / f"{kind}.csv.{suffix}"), kind) as out:
@@ -181,8 +181,6 @@ def _converted(src: Path) -> tuple[list[dict], str]:
     """Runs the Parquet conversion bulk prints for a CSV or TSV; the rows written, and what it printed."""
     import pyarrow.parquet as pq
 
-    from bulk.converting import parquet_command
-
     into, command = parquet_command(src, tabs=src.suffix == ".tsv")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
@@ -191,16 +189,32 @@ def _converted(src: Path) -> tuple[list[dict], str]:
     return pq.read_table(into).to_pylist(), done.stdout
 
 
-def test_a_tsv_converts_with_its_quotes_as_text_one_row_a_line(tmp_path):
-    """Its quotes were read as CSV quoting: a text opening with one took the rows up to the next quote into
-    it (five rows became three) and lost its quotes, where fine-tuning reads the same file literally."""
+def test_a_tsv_converts_with_its_quotes_as_text_where_as_quoting_they_would_join_its_lines(tmp_path):
+    """GLUE's TSVs put quotes in texts unescaped: read as quoting, a text opening with one took the rows up
+    to the next quote into it (five rows became three) and lost its quotes. A TSV quoted as pandas and
+    csv.writer quote (a field holding a quote, a tab or a line break) still reads as quoting; a row of
+    another number of fields stops it, naming the row, with nothing written."""
     src = tmp_path / "reviews.tsv"
     src.write_text(
         'text\tlabel\n"Hi" she said\tpos\nplain\tneg\n"unclosed start\tneg\nmore\tpos\nend"\tpos\n'
     )
     written, said = _converted(src)
     assert [r["text"] for r in written] == ['"Hi" she said', "plain", '"unclosed start', "more", 'end"']
-    assert "5 rows, columns text, label" in said
+    assert "5 row(s), columns text, label; its quotes read as text" in said
+    quoted = tmp_path / "pandas.tsv"
+    quoted.write_text('text\tlabel\n"she said ""hi"""\tpos\n"two\nlines"\tneg\n"a\ttab"\tpos\n')
+    written, said = _converted(quoted)
+    assert [r["text"] for r in written] == ['she said "hi"', "two\nlines", "a\ttab"]
+    assert said.strip().endswith("3 row(s), columns text, label")
+    ragged = tmp_path / "ragged.tsv"
+    ragged.write_text("text\tlabel\na\tb\tc\nok\tpos\n")
+    into, command = parquet_command(ragged, tabs=True)
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})  # fmt: skip
+    assert done.returncode == 1 and not into.exists() and ragged.exists()
+    assert (
+        "ragged.tsv: a row of 3 field(s), where the header has 2: 'a\\tb\\tc'; nothing written" in done.stderr
+    )
 
 
 def test_a_csv_of_quoted_multiline_texts_past_one_block_converts_whole(tmp_path):
@@ -215,7 +229,7 @@ def test_a_csv_of_quoted_multiline_texts_past_one_block_converts_whole(tmp_path)
         "text": 'review 7\nits second line, a "quote"',
         "label": "pos",
     }
-    assert "60000 rows" in said
+    assert "60000 row(s)" in said
 
 
 def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their_conversion_reads(tmp_path):
