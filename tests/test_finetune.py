@@ -454,7 +454,10 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "semicolons-only.csv": "text;label\n" + "\n".join(g.replace(",", ";") for g in good) + "\n",
         # Excel's separator line, which some exports write first: the header was read as a row.
         "excel.csv": "sep=,\ntext,label\n" + "\n".join(good) + "\n",
-        "excel-semicolons.csv": "sep=;\ntext;label\n" + "\n".join(g.replace(",", ";") for g in good) + "\n",
+        "excel-semicolons.csv": "sep=;\ntext;label\n"
+        + "\n".join(g.replace(",", ";") for g in good)
+        + "\nwell, fine;good\n",
+        "excel.tsv": "sep=,\ntext\tlabel\n" + "\n".join(g.replace(",", "\t") for g in good) + "\n",
         # DictReader keeps a name's last column: it trained on the ids.
         "twice.csv": "text,label,text\n" + "\n".join(f"{g},id{i}" for i, g in enumerate(good)) + "\n",
         "nulls.jsonl": "\n\n"
@@ -483,9 +486,11 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "tabs.csv": "it looks tab-separated: name it .tsv",
         "semicolons.csv": "the header is one field with semicolons: write the file comma-separated",
         "semicolons-only.csv": "it looks semicolon-separated: write the file comma-separated",
-        "excel.csv": "its first line ('sep=,') is Excel's separator line, not a header: delete that line",
-        "excel-semicolons.csv": "('sep=;') is Excel's separator line, not a header: delete that line and write the "
-        "file comma-separated",
+        "excel.csv": "line 1 ('sep=,') is Excel's separator line, not a header: delete that line",
+        "excel-semicolons.csv": "line 1 ('sep=;') is Excel's separator line, not a header: delete that line and "
+        "write the file comma-separated",
+        "excel.tsv": "line 1 ('sep=,') is Excel's separator line, not a header: delete that line (a .tsv is read "
+        "tab-separated)",
         "twice.csv": "header names 'text' 2 times (columns 1, 3); give each column its own name",
         "nulls.jsonl": "line 7 has no 'text'",
         "multilabel.jsonl": "line 3: the label is a JSON list",

@@ -145,22 +145,6 @@ def _header_as_data(columns: list[str], rows: list[dict]) -> bool:
     )
 
 
-def _excel_separator_line(columns: list[str], path: str) -> str:
-    """Why the header lacks the columns where its first line is Excel's `sep=,` (written by some exports so
-    that Excel splits the file at that character): no header, and the real one read as the first row."""
-    if not columns[0].strip().lower().startswith("sep=") or len(columns) > 2:
-        return ""
-    own = "\t" if Path(path).suffix.lower() == ".tsv" else ","
-    split = columns[0].strip().lower() == "sep=" and len(columns) == 2  # `sep=,`, split at its own separator
-    return (
-        f"; its first line ({'sep=' + own if split else columns[0].strip()!r}) is Excel's separator line, not "
-        "a header: delete that line" + ("" if split else f" and write the file {_SEPARATED[own]}")
-    )
-
-
-_SEPARATED = {",": "comma-separated", "\t": "tab-separated"}
-
-
 def _header_example(cfg, path: str) -> str:
     """The header a file with the columns as given would need, in its own separator: "text,label"."""
     sep = "\t" if Path(path).suffix.lower() == ".tsv" else ","
@@ -202,8 +186,7 @@ def _raw_examples(
             one = columns[0] if len(columns) == 1 else ""
             spaced = next((c for c in columns if c.strip() == col), None)  # invisible in a plain list: repr
             cased = _case_fixes(cfg, columns)
-            hint = (excel if read.unit == "row" and (excel := _excel_separator_line(columns, path)) else
-                    "; it looks tab-separated: name it .tsv" if "\t" in one else
+            hint = ("; it looks tab-separated: name it .tsv" if "\t" in one else
                     "; it looks semicolon-separated: write the file comma-separated" if ";" in one else
                     f"; {spaced!r} has spaces around the name: remove them from the header" if spaced else
                     f"; names are exact, and the header spells them in another case: give {cased}, or rename "

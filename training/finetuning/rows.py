@@ -92,6 +92,7 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
         rows = []
         try:
             header = reader.fieldnames or []
+            _refuse_excel_separator_line(p, flag, header, tsv)
             twice = sorted({name for name in header if name in columns and header.count(name) > 1})
             if twice:  # DictReader keeps the last column of a name: the text or label could be another's
                 at = [i + 1 for i, name in enumerate(header) if name == twice[0]]
@@ -145,6 +146,21 @@ class _LastLine:
         self.before, self.last = self.last, next(self.f)
         self.line_feeds = self.line_feeds or self.last.endswith("\n")
         return self.last
+
+
+def _refuse_excel_separator_line(p: Path, flag: str, header: list[str], tsv: bool) -> None:
+    """A first line `sep=,` (some exports write it so that Excel splits the file at that character) is no
+    header: the real one was read as a row, and the refusal named the columns 'sep=' and '' alone, or a
+    row of more fields than a header of one (a .tsv, or `sep=;` with a comma in a text)."""
+    if not header or not header[0].strip().lower().startswith("sep=") or len(header) > 2:
+        return
+    own = "\t" if tsv else ","
+    line = header[0].strip() + (own if len(header) == 2 else "")
+    other = ("" if line[4:] == own else " (a .tsv is read tab-separated)" if tsv else
+             " and write the file comma-separated")  # fmt: skip
+    raise DataError(
+        f"{flag}: {p} line 1 ({line!r}) is Excel's separator line, not a header: delete that line{other}"
+    )
 
 
 def _lone_carriage_return(lines: _LastLine, tsv: bool) -> str:
