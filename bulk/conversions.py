@@ -184,12 +184,14 @@ def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = Non
 def _in_place(path: Path, suffix: str | None, through: str) -> str:
     """The command that passes the shard through `through` (a filter: stdin to stdout) and puts the result in
     its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
-    the compressed original stayed under INPUT and failed the same way on every run."""
+    the compressed original stayed under INPUT and failed the same way on every run. pipefail, in a subshell
+    of its own: the pipeline's status was the last compressor's, and a failed iconv, or a file cut short,
+    had its part put in the original's place (a shell without pipefail fails the subshell, moving nothing)."""
     here, new = shlex.quote(str(path)), shlex.quote(f"{path}.converted")
     if suffix is None:
         return f"{through} < {here} > {new} && mv {new} {here}"
     tool = READERS[suffix][0]
-    return f"{tool} -dc {here} | {through} | {tool} > {new} && mv {new} {here}"
+    return f"(set -o pipefail; {tool} -dc {here} | {through} | {tool} > {new}) && mv {new} {here}"
 
 
 def encoding_hint(path: Path, head: bytes, suffix: str | None = None) -> str | None:

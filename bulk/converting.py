@@ -36,35 +36,42 @@ _JSON_LINES = (
     + 'out = open(dst, "x", encoding="utf-8"); out.writelines(json.dumps(d) + chr(10) for d in docs); out.close(); '
     + _MOVE_ASIDE
 )  # fmt: skip
-# Read through the decompressor its suffix names: pyarrow's, which knows .gz, .bz2, .zst and .lz4 by name,
-# and lzma for .xz, which it read as text. Every column as text: type inference made an id 007 the number 7,
-# and --id-field then named rows by other ids than the file's. A quoted field may hold line breaks
-# (newlines_in_values: without it, a file of more than one block of such rows failed, "CSV parser got out
-# of sync with chunker"). A TSV is read both ways, its quotes as quoting (pandas and csv.writer quote a
-# field holding a quote, a tab or a line break) and as text (GLUE's TSVs put quotes in texts unescaped: a
-# text opening with one took the rows up to the next quote into it): as quoting unless that fails, or
-# gives other rows than the quotes as text do, where those read. A row of another number of fields than
-# the header stops it, naming the row, before anything is written; it prints the rows it wrote.
+# Read through the decompressor its suffix names, in any case (pyarrow's "detect" knew .gz, not .GZ): pyarrow's
+# for .gz, .bz2, .zst and .lz4, and lzma for .xz, which it read as text. Every column as text: type inference
+# made an id 007 the number 7, and --id-field then named rows by other ids than the file's. A quoted field may
+# hold line breaks (newlines_in_values: without it, a file of more than one block of such rows failed, "CSV
+# parser got out of sync with chunker"); blocks of 64 MB, a row of over 1 MB having failed as "straddling"
+# them; one thread, its Python callback having aborted the interpreter at exit now and then. A TSV is read
+# both ways, its quotes as quoting (pandas and csv.writer quote a field holding a quote, a tab or a line
+# break) and as text (GLUE's TSVs put quotes in texts unescaped: a text opening with one took the rows up to
+# the next quote into it, or lost them): as quoting where each field reads as text does or as its quoted
+# form, else as text where that reads (its columns named as quoting reads the header). A row of another
+# number of fields than the header stops it, naming the row, before anything is written; it prints the rows
+# it wrote.
 _PARQUET = (
     "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
-    "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); "
-    'read = lambda: lzma.open(src) if src.lower().endswith(".xz") else pa.input_stream(src, compression="detect"); '
+    "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); Q = chr(34); "
+    'kind = os.path.splitext(src)[1].lower(); codec = {{".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", '
+    '".lz4": "lz4"}}.get(kind); read = lambda: lzma.open(src) if kind == ".xz" else pa.input_stream(src, compression=codec); '
     'heads = [next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"), delimiter=sep, quoting=q), None) '
     "for q in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE)]; "
     'heads[0] is None and sys.exit(src + ": empty, nothing to convert"); '
     "co = c.ConvertOptions(column_types=dict.fromkeys(heads[0] + heads[1], pa.string())); bad = dict(); "
-    "rd = lambda q: c.read_csv(read(), convert_options=co, parse_options=c.ParseOptions(delimiter=sep, "
-    'quote_char=q, newlines_in_values=True, invalid_row_handler=lambda r: (bad.setdefault(q, r), "skip")[1])); '
-    "quoted = rd(chr(34)); literal = rd(False) if tab else None; "
-    "q = chr(34) if literal is None or False in bad or (chr(34) not in bad and quoted.num_rows == literal.num_rows) "
-    "else False; table = quoted if q else literal; r = bad.get(q); "
+    "rd = lambda q: c.read_csv(read(), convert_options=co, read_options=c.ReadOptions(use_threads=False, "
+    "block_size=1 << 26), parse_options=c.ParseOptions(delimiter=sep, quote_char=q, newlines_in_values=True, "
+    'invalid_row_handler=lambda r: (bad.setdefault(q, r), "skip")[1])); '
+    "quoted = rd(Q); literal = rd(False) if tab else None; "
+    "alike = lambda: quoted.num_rows == literal.num_rows and all(t == v or t == Q + v.replace(Q, 2 * Q) + Q "
+    "for n in range(quoted.num_columns) for t, v in zip(literal.column(n).to_pylist(), quoted.column(n).to_pylist())); "
+    "q = Q if literal is None or False in bad or (Q not in bad and alike()) else False; r = bad.get(q); "
+    "table = quoted if q else literal.rename_columns(heads[0]) if len(heads[0]) == literal.num_columns else literal; "
     'r and sys.exit(src + ": a row of " + str(r.actual_columns) + " field(s), where the header has " '
     '+ str(r.expected_columns) + ("" if r.number is None else ", line " + str(r.number)) + ": " + repr(r.text[:200]) '
     '+ "; nothing written"); '
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
     + 'print(dst + ": " + str(table.num_rows) + " row(s), columns " + ", ".join(table.column_names) + ("" if q else '
-    '"; its quotes read as text: as quoting, its lines did not read as the same rows")); '
+    '"; its quotes read as text: read as quoting, its fields did not read as the same texts")); '
     + _MOVE_ASIDE
 )  # fmt: skip
 

@@ -165,8 +165,16 @@ def test_models_past_the_limit_alone_are_told_so_not_that_0_mib_is_left(caplog, 
     assert ("the loaded models take 378 MiB, more than the 315 MiB (90% of the 350 MiB limit, --memory-limit-mb) "
             "that batches are planned within: interactive batches are cut to one row and still run past the limit, "
             "and requests over --interactive-tokens (256) will be refused (413); raise the limit well above 420 MiB, "
-            "or hold less resident: every session holds memory of its own (lower --runners" in caplog.text), caplog.text  # fmt: skip
+            "hold less resident (every session holds memory of its own: lower --runners), or serve fewer models"
+            in caplog.text), caplog.text  # fmt: skip
     assert b.refuses_large and " 0 MiB above" not in caplog.text
+    # With one runner and no lone request's session, nothing of the kind is left to lower.
+    b = MemoryBudget(150 * MIB, "--memory-limit-mb")
+    b.measured(30_000)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="app"):
+        _settle(b, 378, _settings(runners=1), _models(2, 16384), monkeypatch)
+    assert "raise the limit well above 420 MiB, or serve fewer models" in caplog.text, caplog.text
 
 
 def _texts_of(model_tokens: int, word: str = "river") -> list[str]:

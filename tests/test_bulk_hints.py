@@ -181,7 +181,7 @@ def _converted(src: Path) -> tuple[list[dict], str]:
     """Runs the Parquet conversion bulk prints for a CSV or TSV; the rows written, and what it printed."""
     import pyarrow.parquet as pq
 
-    into, command = parquet_command(src, tabs=src.suffix == ".tsv")
+    into, command = parquet_command(src, tabs=".tsv" in src.name.lower())
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": path})  # fmt: skip
@@ -201,6 +201,13 @@ def test_a_tsv_converts_with_its_quotes_as_text_where_as_quoting_they_would_join
     written, said = _converted(src)
     assert [r["text"] for r in written] == ['"Hi" she said', "plain", '"unclosed start', "more", 'end"']
     assert "5 row(s), columns text, label; its quotes read as text" in said
+    # The same rows either way, but read as quoting `"Hi" she said` lost its quotes; compressed, named in
+    # capitals (pyarrow's "detect" took .GZ for no compression, and the command failed on the gzip bytes).
+    same = tmp_path / "GLUE.TSV.GZ"
+    same.write_bytes(gzip.compress(b'"sentence"\tlabel\n"Hi" she said\t1\nplain\t0\n"yes" and "no"\t1\n'))
+    written, said = _converted(same)
+    assert written == [{"sentence": '"Hi" she said', "label": "1"}, {"sentence": "plain", "label": "0"},
+                       {"sentence": '"yes" and "no"', "label": "1"}]  # fmt: skip
     quoted = tmp_path / "pandas.tsv"
     quoted.write_text('text\tlabel\n"she said ""hi"""\tpos\n"two\nlines"\tneg\n"a\ttab"\tpos\n')
     written, said = _converted(quoted)
@@ -213,7 +220,7 @@ def test_a_tsv_converts_with_its_quotes_as_text_where_as_quoting_they_would_join
                           env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})  # fmt: skip
     assert done.returncode == 1 and not into.exists() and ragged.exists()
     assert (
-        "ragged.tsv: a row of 3 field(s), where the header has 2: 'a\\tb\\tc'; nothing written" in done.stderr
+        "ragged.tsv: a row of 3 field(s), where the header has 2, line 2: 'a\\tb\\tc'; nothing written" in done.stderr
     )
 
 

@@ -153,6 +153,16 @@ def test_numbers_written_with_a_decimal_comma_are_refused_not_made_classes(tmp_p
         DataError, match=r"label '101,205' looks like several labels in one row \('101', '205', each"
     ):
         load(tmp_path, codes)
+    # Counts of 0 to 999 and a "2,400": its parts are labels too, so it reads as a list; the advice was "write
+    # a decimal point ('2.5')", which makes it 2.4.
+    counts = tmp_path / "counts.csv"
+    counts.write_text(
+        "text,label\n" + "".join(f"item {i},{i}\n" for i in range(0, 1000, 2)) + 'big,"2,400"\n'
+    )
+    with pytest.raises(
+        DataError, match=r"numbers written with thousands separators, write them without \('2400'"
+    ):
+        load(tmp_path, counts)
 
 
 def test_an_infinite_label_among_whole_numbers_is_named_not_made_a_class(tmp_path):

@@ -123,7 +123,7 @@ class MemoryBudget:
         return (f" above its loaded models and the {self.interactive / MIB:.0f} MiB kept for interactive batches"
                 if self.interactive else " above its loaded models")  # fmt: skip
 
-    def models_past_it(self) -> str | None:
+    def models_past_it(self, settings=None, models: dict | None = None) -> str | None:
         """What to say where the loaded models alone take more than HEADROOM of the limit: no batch can be
         planned within it (it said "0 MiB above the models"). Each session's memory is resident in the
         baseline, so fewer runners lower it. None: they do not."""
@@ -135,9 +135,8 @@ class MemoryBudget:
                    if self.refuses_large else "")  # fmt: skip
         return (f"the loaded models take {self.baseline / MIB:.0f} MiB, more than the {HEADROOM * self.limit / MIB:.0f} "
                 f"MiB ({HEADROOM:.0%} of the {self.limit / MIB:.0f} MiB limit, {self.source}) that batches are planned "
-                f"within: {runs}{refused}; raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB, or "
-                "hold less resident: every session holds memory of its own (lower --runners, or --solo-threads 1 "
-                "drops the lone request's), or serve fewer models")  # fmt: skip
+                f"within: {runs}{refused}; raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB"
+                f"{_fewer_sessions(settings, models)}, or serve fewer models")  # fmt: skip
 
     def describe(self) -> str:
         split = (f", {self.interactive / MIB:.0f} MiB of it for every session's batch at once, interactive or large"
@@ -147,6 +146,18 @@ class MemoryBudget:
                 f"after loading; a bulk batch costs {self.per_token * 1024 / MIB:.2f} MiB per 1k padded tokens; "
                 + (f"{self.room / MIB:.0f} MiB above the models{split}" if self.room > 0 else
                    f"none above the models: they pass {HEADROOM:.0%} of the limit by {-self.room / MIB:.0f} MiB"))  # fmt: skip
+
+
+def _fewer_sessions(settings, models: dict | None) -> str:
+    """The settings that would hold fewer sessions, each holding memory resident: "" where none would (one
+    runner, no lone request's session), or nothing is known of them."""
+    if settings is None or models is None:
+        return ""
+    ways = (["lower --runners"] if settings.runners > 1 else []) + (
+        ["--solo-threads 1 drops the lone request's"] if any(map(_has_solo, models.values())) else [])  # fmt: skip
+    return (
+        f", hold less resident (every session holds memory of its own: {', or '.join(ways)})" if ways else ""
+    )
 
 
 def budget_for(limit_mb: int) -> MemoryBudget | None:
@@ -169,7 +180,7 @@ def settle(memory: MemoryBudget, settings, metrics, models: dict) -> None:
     metrics.memory.labels("baseline").set(memory.baseline)
     metrics.memory.labels("interactive").set(memory.interactive)
     log.info("memory: %s", memory.describe())
-    if past := memory.models_past_it():
+    if past := memory.models_past_it(settings, models):
         log.warning("memory: %s", past)
     elif memory.refuses_large:  # even bulk batches of one full-length row, cut as far as they go, do not fit
         at_once = bulk_batches(settings)

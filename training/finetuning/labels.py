@@ -200,7 +200,11 @@ def refuse_label_lists(values: list, path: str, read: Rows) -> None:
         return
     n, value, parts = found[0]
     also = ", each also a label of other rows" if of_labels else ""
-    comma = ("; if they are numbers written with a decimal comma, write a decimal point ('2.5')"
+    # A number may be what the row holds: thousands separated ("2,400" among counts of 0 to 999, its parts
+    # labels too) wants them dropped, where a decimal point would make it 2.4.
+    comma = ("; if they are numbers written with thousands separators, write them without ('2400', not '2,400')"
+             if THOUSANDS.fullmatch(value.strip()) else
+             "; if they are numbers written with a decimal comma, write a decimal point ('2.5')"
              if _DECIMAL_PAIR.fullmatch(value.strip()) else "")  # fmt: skip
     raise DataError(f"--train: {path} {read.place(n - 1)}: label {value!r} looks like several labels in one row "
                     f"({', '.join(map(repr, parts))}{also}; {len(found)} of {len(values)} rows are such lists): "
