@@ -285,3 +285,19 @@ def test_progress_on_a_compressed_part_counts_its_bytes_on_disk_to_exactly_100_p
     assert result["rows"] == 10 and "error" not in result
     assert seen == sorted(seen) and max(seen) == seen[-1] == part.size
     assert " 100.0%" in progress.line()
+
+
+def test_an_in_place_conversion_that_fails_midway_leaves_the_original(tmp_path):
+    """The pipeline's status was the last compressor's: a UTF-16 .gz cut short past its head (its hint is the
+    encoding's, its head reading whole) had the part gzip read moved over it, and every later run scored it
+    in silence. pipefail in a subshell stops the move."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    whole = gzip.compress("".join(f'{{"text": "line {i}"}}\n' for i in range(20_000)).encode("utf-16"))
+    cut = whole[: len(whole) * 2 // 3]
+    (corpus / "wide.jsonl.gz").write_bytes(cut)
+    _, failed, _ = _plan(corpus)
+    command = failed["wide.jsonl.gz"].split("run the job again: ", 1)[1]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "unexpected end of file" in done.stderr, done.stderr
+    assert (corpus / "wide.jsonl.gz").read_bytes() == cut

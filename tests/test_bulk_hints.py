@@ -220,7 +220,8 @@ def test_a_tsv_converts_with_its_quotes_as_text_where_as_quoting_they_would_join
                           env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})  # fmt: skip
     assert done.returncode == 1 and not into.exists() and ragged.exists()
     assert (
-        "ragged.tsv: a row of 3 field(s), where the header has 2, line 2: 'a\\tb\\tc'; nothing written" in done.stderr
+        "ragged.tsv: a row of 3 field(s), where the header has 2, line 2: 'a\\tb\\tc'; nothing written"
+        in done.stderr
     )
 
 
