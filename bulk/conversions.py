@@ -184,14 +184,22 @@ def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = Non
 def _in_place(path: Path, suffix: str | None, through: str) -> str:
     """The command that passes the shard through `through` (a filter: stdin to stdout) and puts the result in
     its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
-    the compressed original stayed under INPUT and failed the same way on every run. pipefail, in a subshell
-    of its own: the pipeline's status was the last compressor's, and a failed iconv, or a file cut short,
-    had its part put in the original's place (a shell without pipefail fails the subshell, moving nothing)."""
-    here, new = shlex.quote(str(path)), shlex.quote(f"{path}.converted")
+    the compressed original stayed under INPUT and failed the same way on every run. Step by step, through
+    hidden files beside it (which no directory INPUT or glob reads), each step's status stopping the rest: in
+    one pipeline the status was the last compressor's, and a failed iconv, or a file cut short, had its part
+    put in the original's place; pipefail is not in every shell (dash, a Dockerfile's RUN)."""
+    here = shlex.quote(str(path))
     if suffix is None:
+        new = shlex.quote(str(path.parent / f".{path.name}.converted"))
         return f"{through} < {here} > {new} && mv {new} {here}"
     tool = READERS[suffix][0]
-    return f"(set -o pipefail; {tool} -dc {here} | {through} | {tool} > {new}) && mv {new} {here}"
+    plain, done, new = (
+        shlex.quote(str(path.parent / f".{path.name}.{step}")) for step in ("plain", "converted", "new")
+    )
+    return (
+        f"{tool} -dc {here} > {plain} && {through} < {plain} > {done} && {tool} < {done} > {new} && "
+        f"mv {new} {here} && rm {plain} {done}"
+    )
 
 
 def encoding_hint(path: Path, head: bytes, suffix: str | None = None) -> str | None:

@@ -41,37 +41,36 @@ _JSON_LINES = (
 # made an id 007 the number 7, and --id-field then named rows by other ids than the file's. A quoted field may
 # hold line breaks (newlines_in_values: without it, a file of more than one block of such rows failed, "CSV
 # parser got out of sync with chunker"); blocks of 64 MB, a row of over 1 MB having failed as "straddling"
-# them; one thread, its Python callback having aborted the interpreter at exit now and then. A TSV is read
-# both ways, its quotes as quoting (pandas and csv.writer quote a field holding a quote, a tab or a line
-# break) and as text (GLUE's TSVs put quotes in texts unescaped: a text opening with one took the rows up to
-# the next quote into it, or lost them): as quoting where each field reads as text does or as its quoted
-# form, else as text where that reads (its columns named as quoting reads the header). A row of another
-# number of fields than the header stops it, naming the row, before anything is written; it prints the rows
-# it wrote.
+# them; one thread, its Python callback having aborted the interpreter at exit now and then. A TSV's quotes
+# are quoting where the whole file reads so strictly (pandas and csv.writer quote a field holding a quote, a
+# tab or a line break: a quote that closes a field is followed by a tab or the line's end), else text
+# (GLUE's TSVs put quotes in texts unescaped: `"Hi" she said` lost its quotes, and a text opening with one
+# took the rows up to the next quote into it); row counts decided it once, and split a one-column file's
+# quoted two-line texts in two. The strict read is the csv module's, streamed, inside exec (no try in one
+# line); read as text, its header is named as quoting reads it. A row of another number of fields than the
+# header stops it, naming the row, before anything is written; it prints the rows it wrote.
 _PARQUET = (
     "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
-    "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); Q = chr(34); "
+    "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); "
     'kind = os.path.splitext(src)[1].lower(); codec = {{".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", '
     '".lz4": "lz4"}}.get(kind); read = lambda: lzma.open(src) if kind == ".xz" else pa.input_stream(src, compression=codec); '
-    'heads = [next(csv.reader(io.TextIOWrapper(read(), encoding="utf-8-sig"), delimiter=sep, quoting=q), None) '
-    "for q in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE)]; "
-    'heads[0] is None and sys.exit(src + ": empty, nothing to convert"); '
-    "co = c.ConvertOptions(column_types=dict.fromkeys(heads[0] + heads[1], pa.string())); bad = dict(); "
-    "rd = lambda q: c.read_csv(read(), convert_options=co, read_options=c.ReadOptions(use_threads=False, "
-    "block_size=1 << 26), parse_options=c.ParseOptions(delimiter=sep, quote_char=q, newlines_in_values=True, "
-    'invalid_row_handler=lambda r: (bad.setdefault(q, r), "skip")[1])); '
-    "quoted = rd(Q); literal = rd(False) if tab else None; "
-    "alike = lambda: quoted.num_rows == literal.num_rows and all(t == v or t == Q + v.replace(Q, 2 * Q) + Q "
-    "for n in range(quoted.num_columns) for t, v in zip(literal.column(n).to_pylist(), quoted.column(n).to_pylist())); "
-    "q = Q if literal is None or False in bad or (Q not in bad and alike()) else False; r = bad.get(q); "
-    "table = quoted if q else literal.rename_columns(heads[0]) if len(heads[0]) == literal.num_columns else literal; "
+    'text = lambda: io.TextIOWrapper(read(), encoding="utf-8-sig", newline=""); '
+    'exec("def strict(f):\\n try:\\n  for _ in csv.reader(f, delimiter=sep, strict=True): pass\\n except csv.Error: '
+    'return False\\n return True"); q = chr(34) if not tab or strict(text()) else False; '
+    "head = next(csv.reader(text(), delimiter=sep, quoting=csv.QUOTE_MINIMAL if q else csv.QUOTE_NONE), None); "
+    'head is None and sys.exit(src + ": empty, nothing to convert"); bad = dict(); '
+    "table = c.read_csv(read(), convert_options=c.ConvertOptions(column_types=dict.fromkeys(head, pa.string())), "
+    "read_options=c.ReadOptions(use_threads=False, block_size=1 << 26), parse_options=c.ParseOptions(delimiter=sep, "
+    'quote_char=q, newlines_in_values=True, invalid_row_handler=lambda r: (bad.setdefault(0, r), "skip")[1])); '
+    "r = bad.get(0); names = next(csv.reader(text(), delimiter=sep), None); "
+    "table = table if q or len(names) != table.num_columns else table.rename_columns(names); "
     'r and sys.exit(src + ": a row of " + str(r.actual_columns) + " field(s), where the header has " '
     '+ str(r.expected_columns) + ("" if r.number is None else ", line " + str(r.number)) + ": " + repr(r.text[:200]) '
     '+ "; nothing written"); '
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
     + 'print(dst + ": " + str(table.num_rows) + " row(s), columns " + ", ".join(table.column_names) + ("" if q else '
-    '"; its quotes read as text: read as quoting, its fields did not read as the same texts")); '
+    '"; its quotes read as text: they do not read as quoting (a quote that closes a field not followed by a tab)")); '
     + _MOVE_ASIDE
 )  # fmt: skip
 

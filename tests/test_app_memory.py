@@ -174,7 +174,13 @@ def test_models_past_the_limit_alone_are_told_so_not_that_0_mib_is_left(caplog, 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="app"):
         _settle(b, 378, _settings(runners=1), _models(2, 16384), monkeypatch)
-    assert "raise the limit well above 420 MiB, or serve fewer models" in caplog.text, caplog.text
+    assert "raise the limit well above 420 MiB or serve fewer models" in caplog.text, caplog.text
+    caplog.clear()  # one model served: serving fewer is serving none
+    with caplog.at_level(logging.INFO, logger="app"):
+        _settle(b, 378, _settings(runners=1), _models(1, 16384), monkeypatch)
+    assert caplog.text.rstrip().endswith("will be refused (413); raise the limit well above 420 MiB"), (
+        caplog.text
+    )
 
 
 def _texts_of(model_tokens: int, word: str = "river") -> list[str]:

@@ -102,7 +102,7 @@ def test_what_a_compressed_shard_holds_is_judged_at_planning_by_its_decompressed
     wide = corpus / "wide.jsonl.gz"
     assert "it is UTF-16" in failed["wide.jsonl.gz"]
     assert (
-        f"gzip -dc {wide} | iconv -f UTF-16 -t UTF-8 | gzip > {wide}.converted && mv "
+        f"gzip -dc {wide} > {corpus}/.wide.jsonl.gz.plain && iconv -f UTF-16 -t UTF-8 < "
         in failed["wide.jsonl.gz"]
     )
     # Converted from the compressed file itself: decompressed first, it left another array under INPUT.
@@ -290,7 +290,7 @@ def test_progress_on_a_compressed_part_counts_its_bytes_on_disk_to_exactly_100_p
 def test_an_in_place_conversion_that_fails_midway_leaves_the_original(tmp_path):
     """The pipeline's status was the last compressor's: a UTF-16 .gz cut short past its head (its hint is the
     encoding's, its head reading whole) had the part gzip read moved over it, and every later run scored it
-    in silence. pipefail in a subshell stops the move."""
+    in silence. Step by step, each step's status stops the rest (in sh too: pipefail is not in dash)."""
     corpus = tmp_path / "c"
     corpus.mkdir()
     whole = gzip.compress("".join(f'{{"text": "line {i}"}}\n' for i in range(20_000)).encode("utf-16"))
@@ -298,6 +298,11 @@ def test_an_in_place_conversion_that_fails_midway_leaves_the_original(tmp_path):
     (corpus / "wide.jsonl.gz").write_bytes(cut)
     _, failed, _ = _plan(corpus)
     command = failed["wide.jsonl.gz"].split("run the job again: ", 1)[1]
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "unexpected end of file" in done.stderr, done.stderr
-    assert (corpus / "wide.jsonl.gz").read_bytes() == cut
+    for shell in ("bash", "sh"):
+        done = subprocess.run([shell, "-c", command], capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and "unexpected end of file" in done.stderr, done.stderr
+        assert (corpus / "wide.jsonl.gz").read_bytes() == cut
+    _, failed, _ = _plan(corpus)  # the hidden step files beside it are read by no one
+    assert (
+        list(failed) == ["wide.jsonl.gz"] and sorted(p.name for p in corpus.iterdir())[-1] == "wide.jsonl.gz"
+    )

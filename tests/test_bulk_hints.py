@@ -213,6 +213,12 @@ def test_a_tsv_converts_with_its_quotes_as_text_where_as_quoting_they_would_join
     written, said = _converted(quoted)
     assert [r["text"] for r in written] == ['she said "hi"', "two\nlines", "a\ttab"]
     assert said.strip().endswith("3 row(s), columns text, label")
+    # One column of quoted two-line texts, as pandas writes it: read as text, each was split in two (row
+    # counts decided it then; now the quoting's strict reading does).
+    column = tmp_path / "one.tsv"
+    column.write_text('text\n"one\ntwo"\nthree\n')
+    written, said = _converted(column)
+    assert written == [{"text": "one\ntwo"}, {"text": "three"}] and "quotes read as text" not in said
     ragged = tmp_path / "ragged.tsv"
     ragged.write_text("text\tlabel\na\tb\tc\nok\tpos\n")
     into, command = parquet_command(ragged, tabs=True)

@@ -458,6 +458,7 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         + "\n".join(g.replace(",", ";") for g in good)
         + "\nwell, fine;good\n",
         "excel.tsv": "sep=,\ntext\tlabel\n" + "\n".join(g.replace(",", "\t") for g in good) + "\n",
+        "excel-tabs.csv": "sep=\t\ntext\tlabel\n" + "\n".join(g.replace(",", "\t") for g in good) + "\n",
         # DictReader keeps a name's last column: it trained on the ids.
         "twice.csv": "text,label,text\n" + "\n".join(f"{g},id{i}" for i, g in enumerate(good)) + "\n",
         "nulls.jsonl": "\n\n"
@@ -491,6 +492,8 @@ def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_an
         "write the file comma-separated",
         "excel.tsv": "line 1 ('sep=,') is Excel's separator line, not a header: delete that line (a .tsv is read "
         "tab-separated)",
+        "excel-tabs.csv": "line 1 ('sep=\\t') is Excel's separator line, not a header: delete that line and name "
+        "the file .tsv",
         "twice.csv": "header names 'text' 2 times (columns 1, 3); give each column its own name",
         "nulls.jsonl": "line 7 has no 'text'",
         "multilabel.jsonl": "line 3: the label is a JSON list",

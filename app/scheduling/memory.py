@@ -135,8 +135,9 @@ class MemoryBudget:
                    if self.refuses_large else "")  # fmt: skip
         return (f"the loaded models take {self.baseline / MIB:.0f} MiB, more than the {HEADROOM * self.limit / MIB:.0f} "
                 f"MiB ({HEADROOM:.0%} of the {self.limit / MIB:.0f} MiB limit, {self.source}) that batches are planned "
-                f"within: {runs}{refused}; raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB"
-                f"{_fewer_sessions(settings, models)}, or serve fewer models")  # fmt: skip
+                f"within: {runs}{refused}; " + _or(f"raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB",
+                                                   *_fewer_sessions(settings, models),
+                                                   *(["serve fewer models"] if models is None or len(models) > 1 else [])))  # fmt: skip
 
     def describe(self) -> str:
         split = (f", {self.interactive / MIB:.0f} MiB of it for every session's batch at once, interactive or large"
@@ -148,16 +149,21 @@ class MemoryBudget:
                    f"none above the models: they pass {HEADROOM:.0%} of the limit by {-self.room / MIB:.0f} MiB"))  # fmt: skip
 
 
-def _fewer_sessions(settings, models: dict | None) -> str:
-    """The settings that would hold fewer sessions, each holding memory resident: "" where none would (one
+def _fewer_sessions(settings, models: dict | None) -> list[str]:
+    """The settings that would hold fewer sessions, each holding memory resident: none where none would (one
     runner, no lone request's session), or nothing is known of them."""
     if settings is None or models is None:
-        return ""
+        return []
     ways = (["lower --runners"] if settings.runners > 1 else []) + (
         ["--solo-threads 1 drops the lone request's"] if any(map(_has_solo, models.values())) else [])  # fmt: skip
     return (
-        f", hold less resident (every session holds memory of its own: {', or '.join(ways)})" if ways else ""
+        [f"hold less resident (every session holds memory of its own: {', or '.join(ways)})"] if ways else []
     )
+
+
+def _or(*ways: str) -> str:
+    """ "a", "a or b", "a, b, or c"."""
+    return ways[0] if len(ways) == 1 else f"{', '.join(ways[:-1])}{',' * (len(ways) > 2)} or {ways[-1]}"
 
 
 def budget_for(limit_mb: int) -> MemoryBudget | None:

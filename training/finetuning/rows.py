@@ -155,9 +155,9 @@ def _refuse_excel_separator_line(p: Path, flag: str, header: list[str], tsv: boo
     if not header or not header[0].strip().lower().startswith("sep=") or len(header) > 2:
         return
     own = "\t" if tsv else ","
-    line = header[0].strip() + (own if len(header) == 2 else "")
+    line = header[0].strip(" ") + (own if len(header) == 2 else "")  # `sep=<tab>` in a .csv keeps its tab
     other = ("" if line[4:] == own else " (a .tsv is read tab-separated)" if tsv else
-             " and write the file comma-separated")  # fmt: skip
+             " and name the file .tsv" if line[4:] == "\t" else " and write the file comma-separated")  # fmt: skip
     raise DataError(
         f"{flag}: {p} line 1 ({line!r}) is Excel's separator line, not a header: delete that line{other}"
     )
