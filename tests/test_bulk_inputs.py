@@ -957,8 +957,12 @@ def test_a_csv_under_a_directory_is_left_out_by_name_and_fails_by_name_when_name
     root, files, _ = shards(f"{corpus}/**/*.*", "auto")
     failed = plan(root, files, "auto", 1 << 20)[1]
     assert all("bulk does not read CSV" in why for why in failed.values()) and "tabs.tsv" in failed, failed
-    assert "delimiter=chr(9)" in failed["tabs.tsv"]  # no quote: the code is single-quoted for the shell
-    with pytest.raises(InputError, match=r"bulk does not read CSV.*delimiter=chr\(9\)"):  # named: refused
+    assert (
+        "tab = True; sep = chr(9)" in failed["tabs.tsv"]
+    )  # no quote: the code is single-quoted for the shell
+    with pytest.raises(
+        InputError, match=r"bulk does not read CSV.*tab = True; sep = chr\(9\)"
+    ):  # named: refused
         shards(str(corpus / "tabs.tsv"), "auto")
     _, failed = plan(*shards(f"{corpus}/**/*.*", "auto")[:2], "auto", 1 << 20)
     assert sorted(failed) == ["packed.csv.gz", "sub/reviews.CSV", "tabs.tsv"]
