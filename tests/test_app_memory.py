@@ -163,7 +163,7 @@ def test_models_past_the_limit_alone_are_told_so_not_that_0_mib_is_left(caplog, 
         _settle(b, 378, _settings(runners=2), _models(2, 16384), monkeypatch)
     assert "none above the models: they pass 90% of the limit by 63 MiB" in caplog.text, caplog.text
     assert ("the loaded models take 378 MiB, more than the 315 MiB (90% of the 350 MiB limit, --memory-limit-mb) "
-            "that batches are planned within: interactive batches are cut to one row and still run past the limit, "
+            "that batches are planned within: every batch runs beyond it (interactive batches are cut to one row), "
             "and requests over --interactive-tokens (256) will be refused (413); raise the limit well above 420 MiB, "
             "hold less resident (every session holds memory of its own: lower --runners), or serve fewer models"
             in caplog.text), caplog.text  # fmt: skip

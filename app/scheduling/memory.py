@@ -129,8 +129,8 @@ class MemoryBudget:
         baseline, so fewer runners lower it. None: they do not."""
         if self.room > 0:
             return None
-        runs = ("interactive batches are cut to one row and still run past the limit" if self.price > 0 else
-                "every batch runs past the limit")  # fmt: skip
+        runs = ("every batch runs beyond it (interactive batches are cut to one row)" if self.price > 0 else
+                "every batch runs beyond it")  # fmt: skip
         refused = (f", and requests over --interactive-tokens ({self.interactive_tokens}) will be refused (413)"
                    if self.refuses_large else "")  # fmt: skip
         return (f"the loaded models take {self.baseline / MIB:.0f} MiB, more than the {HEADROOM * self.limit / MIB:.0f} "
