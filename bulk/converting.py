@@ -47,8 +47,9 @@ _JSON_LINES = (
 # (GLUE's TSVs put quotes in texts unescaped: `"Hi" she said` lost its quotes, and a text opening with one
 # took the rows up to the next quote into it); row counts decided it once, and split a one-column file's
 # quoted two-line texts in two. The strict read is the csv module's, streamed, inside exec (no try in one
-# line), its field limit raised (past 128 KB a field failed it); read as text, its header is named as quoting reads it. A row of another number of fields than the
-# header stops it, naming the row, before anything is written; it prints the rows it wrote.
+# line), its field limit raised (past 128 KB a field failed it); read as text, its header is named as
+# quoting reads it. A row of another number of fields than the header stops it, naming the row, before
+# anything is written; it prints the rows it wrote.
 _PARQUET = (
     "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
     "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); csv.field_size_limit(1 << 30); "
