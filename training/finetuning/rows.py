@@ -65,9 +65,8 @@ def _jsonl_rows(p: Path, flag: str) -> Rows:
     # Lines end at "\n" alone (read_text makes "\r\n" and "\r" one): splitlines() also splits at U+2028,
     # U+2029 and U+0085, which JSON strings may hold unescaped, and cut such a row in two.
     for n, line in enumerate(p.read_text(encoding="utf-8-sig").split("\n"), 1):
-        line = line.removeprefix(
-            "\ufeff"
-        )  # one starting a later line: files joined with cat, as in pretraining
+        # A byte-order mark starting a later line: files joined with cat, as pretraining reads them too.
+        line = line.removeprefix("\ufeff")
         if line.strip():
             try:
                 row = json.loads(line)
@@ -152,7 +151,8 @@ def _refuse_excel_separator_line(p: Path, flag: str, header: list[str], tsv: boo
     """A first line `sep=,` (some exports write it so that Excel splits the file at that character) is no
     header: the real one was read as a row, and the refusal named the columns 'sep=' and '' alone, or a
     row of more fields than a header of one (a .tsv, or `sep=;` with a comma in a text)."""
-    if not header or not header[0].strip().lower().startswith("sep=") or len(header) > 2:
+    # `sep=,` read comma-separated is two fields, the second empty; anything more is a header of its own.
+    if not header or not header[0].strip().lower().startswith("sep=") or header[1:] not in ([], [""]):
         return
     own = "\t" if tsv else ","
     line = header[0].strip(" ") + (own if len(header) == 2 else "")  # `sep=<tab>` in a .csv keeps its tab
