@@ -268,13 +268,13 @@ def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their
     assert [(r["file"], r["line"]) for r in rows(tmp_path / "out")] == [
         ("a.jsonl", 1), ("a.jsonl", 2), ("b.txt", 1), ("b.txt", 2), ("b.txt", 3), ("c.txt", 1),
         ("d.txt.gz", 1), ("d.txt.gz", 2)]  # fmt: skip
-    # A first JSONL line of over 64 KB holding a raw carriage return in a string (read, non-strict) is no
-    # file of such line ends: what precedes the carriage return is no whole object.
     from bulk.conversions import line_end_hint
 
-    # Nor a text's first line of over 64 KB holding one stray carriage return: tr would cut its document.
+    # A text's first line of over 64 KB holding one stray carriage return is no file of such line ends: tr
+    # would cut its document.
     assert line_end_hint(Path("e.txt"), b"a" * 40_000 + b"\r" + b"b" * 40_000, "text") is None
-
+    # Nor is a first JSONL line of over 64 KB holding a raw carriage return in a string (read, non-strict):
+    # what precedes the carriage return is no whole object.
     assert (
         line_end_hint(
             Path("d.jsonl"), b'{"text": "a long first line, a raw \r in it' + b"x" * 70_000, "jsonl"
