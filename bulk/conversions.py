@@ -136,9 +136,24 @@ def compressed_hint(path: Path, kind: str) -> str | None:
 # A CSV's quoted fields may hold line ends, so it cannot be cut at them as JSONL is: one conversion to
 # Parquet (pyarrow reads a compressed CSV too) makes it a shard bulk cuts into parts by rows.
 def csv_hint(path: Path) -> str:
+    said = "bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts)"
+    # In UTF-16 (Excel's "Unicode Text"), the conversion to Parquet failed with a UnicodeDecodeError: iconv
+    # first, and the job run again names the conversion.
+    if wide := encoding_hint(path, _first_bytes(path), compression(path)):
+        return f"{said}, and {wide}"
     into, command = parquet_command(path, tabs=type_suffix(path) == ".tsv")
-    return ("bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts); convert it "
-            f"once to Parquet: {followed(path, into, command)}")  # fmt: skip
+    return f"{said}; convert it once to Parquet: {followed(path, into, command)}"
+
+
+def _first_bytes(path: Path) -> bytes:
+    """A file's first 4 bytes, decompressed where bulk reads its compression; b"" where they cannot be read
+    (the conversion's own error then says why)."""
+    try:
+        with path.open("rb") as f:
+            suffix = compression(path)
+            return (decompressed(suffix, f) if suffix else f).read(4)
+    except (OSError, *STREAM_ERRORS):
+        return b""
 
 
 def arrow_hint(path: Path) -> str:

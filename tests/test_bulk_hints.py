@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -281,3 +282,32 @@ def test_files_whose_lines_end_in_a_carriage_return_alone_fail_by_name_and_their
         )
         is None
     )
+
+
+@pytest.mark.skipif(shutil.which("iconv") is None, reason="no iconv here to run the conversion named")
+def test_a_utf16_tsv_is_told_to_go_through_iconv_first_then_converts(tmp_path):
+    """Excel's "Unicode Text" (UTF-16, tab-separated) got the Parquet conversion, which failed with a
+    UnicodeDecodeError traceback; compressed too. iconv's command first; the same name then converts."""
+    from bulk.inputs import not_read_by_suffix
+
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    for name, write in (
+        ("u16.tsv", Path.write_bytes),
+        ("u16.tsv.gz", lambda p, b: p.write_bytes(gzip.compress(b))),
+    ):
+        src = tmp_path / name
+        write(src, "id\ttext\n1\tcafé\n".encode("utf-16"))
+        said = not_read_by_suffix(src, "auto")
+        assert (
+            "bulk does not read CSV" in said
+            and "and it is UTF-16 (it starts with the byte-order mark FF FE)" in said
+        )
+        subprocess.run(["bash", "-c", said.split("run the job again: ", 1)[1]], check=True, timeout=60)
+        said = not_read_by_suffix(src, "auto")
+        into, command = parquet_command(src, tabs=True)
+        assert said.endswith(command)
+        subprocess.run(["bash", "-c", command], check=True, timeout=60, capture_output=True,
+                       env={**os.environ, "PATH": path})  # fmt: skip
+        import pyarrow.parquet as pq
+
+        assert pq.read_table(into).to_pylist() == [{"id": "1", "text": "café"}]
