@@ -229,6 +229,9 @@ def encoding_hint(path: Path, head: bytes, suffix: str | None = None) -> str | N
     return None
 
 
+_CR_TO_LF = "tr '\\r' '\\n'"  # the shell's single quotes keep the backslashes for tr
+
+
 def line_end_hint(path: Path, head: bytes, kind: str, suffix: str | None = None) -> str | None:
     """Why a JSONL or text shard cannot be read, when its lines end in a carriage return alone (an old Mac's):
     read at line feeds, the whole file was one line, a not_json reject (every document lost) or one text
@@ -244,9 +247,6 @@ def line_end_hint(path: Path, head: bytes, kind: str, suffix: str | None = None)
     return ("its lines end in a carriage return alone (no line feed in its first "
             f"{len(head):,} bytes), and bulk reads lines ending in a line feed: convert it once, in place, then run "
             f"the job again: {_in_place(path, suffix, _CR_TO_LF)}")  # fmt: skip
-
-
-_CR_TO_LF = "tr '\\r' '\\n'"  # the shell's single quotes keep the backslashes for tr
 
 
 # How far a file starting with '{' or '[' is read to see whether its first two lines hold a whole JSON object: a

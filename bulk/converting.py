@@ -63,7 +63,7 @@ _PARQUET = (
     "table = c.read_csv(read(), convert_options=c.ConvertOptions(column_types=dict.fromkeys(head, pa.string())), "
     "read_options=c.ReadOptions(use_threads=False, block_size=1 << 26), parse_options=c.ParseOptions(delimiter=sep, "
     'quote_char=q, newlines_in_values=True, invalid_row_handler=lambda r: (bad.setdefault(0, r), "skip")[1])); '
-    "r = bad.get(0); names = next(csv.reader(text(), delimiter=sep), None); "
+    "r = bad.get(0); names = None if q else next(csv.reader(text(), delimiter=sep)); "
     "table = table if q or len(names) != table.num_columns else table.rename_columns(names); "
     'r and sys.exit(src + ": a row of " + str(r.actual_columns) + " field(s), where the header has " '
     '+ str(r.expected_columns) + ("" if r.number is None else ", line " + str(r.number)) + ": " + repr(r.text[:200]) '

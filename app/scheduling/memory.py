@@ -123,7 +123,7 @@ class MemoryBudget:
         return (f" above its loaded models and the {self.interactive / MIB:.0f} MiB kept for interactive batches"
                 if self.interactive else " above its loaded models")  # fmt: skip
 
-    def models_past_it(self, settings=None, models: dict | None = None) -> str | None:
+    def models_past_it(self, settings, models: dict) -> str | None:
         """What to say where the loaded models alone take more than HEADROOM of the limit: no batch can be
         planned within it (it said "0 MiB above the models"). Each session's memory is resident in the
         baseline, so fewer runners lower it. None: they do not."""
@@ -137,7 +137,7 @@ class MemoryBudget:
                 f"MiB ({HEADROOM:.0%} of the {self.limit / MIB:.0f} MiB limit, {self.source}) that batches are planned "
                 f"within: {runs}{refused}; " + _or(f"raise the limit well above {self.baseline / HEADROOM / MIB:.0f} MiB",
                                                    *_fewer_sessions(settings, models),
-                                                   *(["serve fewer models"] if models is None or len(models) > 1 else [])))  # fmt: skip
+                                                   *(["serve fewer models"] if len(models) > 1 else [])))  # fmt: skip
 
     def describe(self) -> str:
         split = (f", {self.interactive / MIB:.0f} MiB of it for every session's batch at once, interactive or large"
@@ -149,11 +149,9 @@ class MemoryBudget:
                    f"none above the models: they pass {HEADROOM:.0%} of the limit by {-self.room / MIB:.0f} MiB"))  # fmt: skip
 
 
-def _fewer_sessions(settings, models: dict | None) -> list[str]:
+def _fewer_sessions(settings, models: dict) -> list[str]:
     """The settings that would hold fewer sessions, each holding memory resident: none where none would (one
-    runner, no lone request's session), or nothing is known of them."""
-    if settings is None or models is None:
-        return []
+    runner, no lone request's session)."""
     ways = (["lower --runners"] if settings.runners > 1 else []) + (
         ["--solo-threads 1 drops the lone request's"] if any(map(_has_solo, models.values())) else [])  # fmt: skip
     return (
