@@ -4,8 +4,8 @@ job that scored nothing)."""
 
 from __future__ import annotations
 
+import codecs
 import json
-import shlex
 from pathlib import Path
 from typing import BinaryIO
 
@@ -17,7 +17,14 @@ from bulk.compressed import (
     compression,
     decompressed,
 )
-from bulk.converting import arrow_parquet_command, followed, json_lines_command, parquet_command
+from bulk.converting import (
+    ICONV,
+    arrow_parquet_command,
+    followed,
+    in_place,
+    json_lines_command,
+    parquet_command,
+)
 from bulk.reading import BOM
 
 # Not read (a quoted field may span lines). Matched by a glob, one fails by name with the conversion to
@@ -139,19 +146,42 @@ def csv_hint(path: Path) -> str:
     said = "bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts)"
     # In UTF-16 (Excel's "Unicode Text"), the conversion to Parquet failed with a UnicodeDecodeError: iconv
     # first, and the job run again names the conversion.
-    if wide := encoding_hint(path, _first_bytes(path), compression(path)):
+    head = _first_bytes(path, NOT_UTF8_HEAD)
+    if wide := encoding_hint(path, head, compression(path)) or not_utf8_hint(path, head):
         return f"{said}, and {wide}"
     into, command = parquet_command(path, tabs=type_suffix(path) == ".tsv")
     return f"{said}; convert it once to Parquet: {followed(path, into, command)}"
 
 
-def _first_bytes(path: Path) -> bytes:
-    """A file's first 4 bytes, decompressed where bulk reads its compression; b"" where they cannot be read
-    (the conversion's own error then says why)."""
+# How much of a CSV is read for its encoding before its conversion is printed: bytes past it that are not UTF-8
+# stop the conversion itself, with the same advice.
+NOT_UTF8_HEAD = 1 << 16
+
+
+def not_utf8_hint(path: Path, head: bytes) -> str | None:
+    """Why a CSV's conversion would fail, when its first bytes (`head`, decompressed) are not UTF-8 (Latin-1,
+    Windows-1252: a UnicodeDecodeError traceback from the conversion once); None: they are, or its
+    compression is one bulk does not decompress (.zst, .lz4: the conversion's own check speaks)."""
+    if path.suffix.lower() in COMPRESSED and compression(path) is None:
+        return None
+    try:  # a character cut by the head's end is not an error, unless the file ends there
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < NOT_UTF8_HEAD)
+        return None
+    except UnicodeDecodeError as e:
+        at, byte = e.start, head[e.start : e.start + 1].hex().upper()
+    line = head[:at].count(b"\n") + 1
+    return (f"it is not UTF-8 (byte {at:,}, line {line:,}, is {byte}), and its conversion reads UTF-8: convert it "
+            "once, in place, from Windows-1252 (what Excel writes on Windows; name the file's own encoding instead "
+            f"where you know it), then run the job again: {in_place(path, compression(path), ICONV)}")  # fmt: skip
+
+
+def _first_bytes(path: Path, size: int) -> bytes:
+    """A file's first `size` bytes, decompressed where bulk reads its compression; b"" where they cannot be
+    read (the conversion's own error then says why)."""
     try:
         with path.open("rb") as f:
             suffix = compression(path)
-            return (decompressed(suffix, f) if suffix else f).read(4)
+            return (decompressed(suffix, f) if suffix else f).read(size)
     except (OSError, *STREAM_ERRORS):
         return b""
 
@@ -196,27 +226,6 @@ def _line_file_hint(path: Path, kind: str, f: BinaryIO, suffix: str | None = Non
     return hint
 
 
-def _in_place(path: Path, suffix: str | None, through: str) -> str:
-    """The command that passes the shard through `through` (a filter: stdin to stdout) and puts the result in
-    its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
-    the compressed original stayed under INPUT and failed the same way on every run. Step by step, through
-    hidden files beside it (which no directory INPUT or glob reads), each step's status stopping the rest: in
-    one pipeline the status was the last compressor's, and a failed iconv, or a file cut short, had its part
-    put in the original's place; pipefail is not in every shell (dash, a Dockerfile's RUN)."""
-    here = shlex.quote(str(path))
-    if suffix is None:
-        new = shlex.quote(str(path.parent / f".{path.name}.converted"))
-        return f"{through} < {here} > {new} && mv {new} {here}"
-    tool = READERS[suffix][0]
-    plain, done, new = (
-        shlex.quote(str(path.parent / f".{path.name}.{step}")) for step in ("plain", "converted", "new")
-    )
-    return (
-        f"{tool} -dc {here} > {plain} && {through} < {plain} > {done} && {tool} < {done} > {new} && "
-        f"mv {new} {here} && rm {plain} {done}"
-    )
-
-
 def encoding_hint(path: Path, head: bytes, suffix: str | None = None) -> str | None:
     """Why a JSONL or text shard cannot be read, when it starts with a UTF-16 or UTF-32 byte-order mark;
     None: it does not. `head`: its first bytes (4 or more, or all of it; decompressed, through `suffix`).
@@ -225,7 +234,7 @@ def encoding_hint(path: Path, head: bytes, suffix: str | None = None) -> str | N
         if head.startswith(bom):
             return (f"it is {encoding} (it starts with the byte-order mark {bom.hex(' ').upper()}), and bulk reads "
                     "UTF-8: convert it once, in place, then run the job again: "
-                    f"{_in_place(path, suffix, f'iconv -f {encoding} -t UTF-8')}")  # fmt: skip
+                    f"{in_place(path, suffix, f'iconv -f {encoding} -t UTF-8')}")  # fmt: skip
     return None
 
 
@@ -246,7 +255,7 @@ def line_end_hint(path: Path, head: bytes, kind: str, suffix: str | None = None)
         return None
     return ("its lines end in a carriage return alone (no line feed in its first "
             f"{len(head):,} bytes), and bulk reads lines ending in a line feed: convert it once, in place, then run "
-            f"the job again: {_in_place(path, suffix, _CR_TO_LF)}")  # fmt: skip
+            f"the job again: {in_place(path, suffix, _CR_TO_LF)}")  # fmt: skip
 
 
 # How far a file starting with '{' or '[' is read to see whether its first two lines hold a whole JSON object: a

@@ -14,8 +14,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from bulk.compressed import COMPRESSED
+from bulk.compressed import COMPRESSED, READERS, compression
 
+# A CSV not in UTF-8 is most often Excel's on Windows; iconv names it so, and knows no "CP-1252".
+ICONV = "iconv -f WINDOWS-1252 -t UTF-8"
 ASIDE = ".bulk-originals"  # hidden: neither a directory INPUT nor a glob reads what is in it
 # Suffixes that say what a file holds, stripped (after a compression's) to name its conversion.
 KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather")
@@ -51,10 +53,16 @@ _JSON_LINES = (
 # quoting reads it. A row of another number of fields than the header stops it, naming the row, before
 # anything is written; it prints the rows it wrote.
 _PARQUET = (
-    "import csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
-    "src, dst, aside = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); csv.field_size_limit(1 << 30); "
+    "import codecs, csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
+    "src, dst, aside, fix = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); csv.field_size_limit(1 << 30); "
     'kind = os.path.splitext(src)[1].lower(); codec = {{".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", '
     '".lz4": "lz4"}}.get(kind); read = lambda: lzma.open(src) if kind == ".xz" else pa.input_stream(src, compression=codec); '
+    'enc = "utf-8"; exec("def utf8(f):\\n d = codecs.getincrementaldecoder(enc)(); n = 0\\n while True:\\n'
+    '  b = f.read(1 << 20); held = len(d.getstate()[0])\\n  try: d.decode(b, not b)\\n  except UnicodeDecodeError as e: '
+    'return n - held + e.start\\n  if not b: return None\\n  n += len(b)"); at = utf8(read()); at is None or sys.exit(src '
+    '+ ": byte " + format(at, ",") + (" of its text" if codec or kind == ".xz" else "") + " is not UTF-8, and the conversion '
+    'reads UTF-8; nothing written: convert it once, in place, from Windows-1252 (what Excel writes on Windows; name the '
+    'encoding it was written in instead where you know it), then run this command again: " + fix); '
     'text = lambda: io.TextIOWrapper(read(), encoding="utf-8-sig", newline=""); '
     'exec("def strict(f):\\n try:\\n  for _ in csv.reader(f, delimiter=sep, strict=True): pass\\n except csv.Error: '
     'return False\\n return True"); q = chr(34) if not tab or strict(text()) else False; '
@@ -118,9 +126,9 @@ def aside(path: Path) -> Path:
     return next(p for n in names if not (p := path.parent / ASIDE / n).exists() and not p.is_symlink())
 
 
-def _command(code: str, path: Path, into: Path) -> str:
+def _command(code: str, path: Path, into: Path, *more: str) -> str:
     assert "'" not in code  # the code is single-quoted for the shell
-    args = " ".join(shlex.quote(str(p)) for p in (path, into, aside(path)))
+    args = " ".join(shlex.quote(str(p)) for p in (path, into, aside(path), *more))
     return f"python -c '{code}' {args}"
 
 
@@ -140,10 +148,33 @@ def json_lines_command(path: Path) -> tuple[Path, str]:
 def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
-    return into, _command(_PARQUET.format(tab=tabs), path, into)
+    known = compression(path) or path.suffix.lower() not in COMPRESSED  # one in_place can decompress
+    fix = in_place(path, compression(path), ICONV) if known else f"{ICONV}, on it decompressed"
+    return into, _command(_PARQUET.format(tab=tabs), path, into, fix)
 
 
 def arrow_parquet_command(path: Path) -> tuple[Path, str]:
     """The file an Arrow IPC or Feather file is converted into, and the command."""
     into = target(path, ".parquet")
     return into, _command(_ARROW_PARQUET, path, into)
+
+
+def in_place(path: Path, suffix: str | None, through: str) -> str:
+    """The command that passes a shard (or a CSV) through `through` (a filter: stdin to stdout) and puts the result in
+    its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
+    the compressed original stayed under INPUT and failed the same way on every run. Step by step, through
+    hidden files beside it (which no directory INPUT or glob reads), each step's status stopping the rest: in
+    one pipeline the status was the last compressor's, and a failed iconv, or a file cut short, had its part
+    put in the original's place; pipefail is not in every shell (dash, a Dockerfile's RUN)."""
+    here = shlex.quote(str(path))
+    if suffix is None:
+        new = shlex.quote(str(path.parent / f".{path.name}.converted"))
+        return f"{through} < {here} > {new} && mv {new} {here}"
+    tool = READERS[suffix][0]
+    plain, done, new = (
+        shlex.quote(str(path.parent / f".{path.name}.{step}")) for step in ("plain", "converted", "new")
+    )
+    return (
+        f"{tool} -dc {here} > {plain} && {through} < {plain} > {done} && {tool} < {done} > {new} && "
+        f"mv {new} {here} && rm {plain} {done}"
+    )

@@ -311,3 +311,54 @@ def test_a_utf16_tsv_is_told_to_go_through_iconv_first_then_converts(tmp_path):
         import pyarrow.parquet as pq
 
         assert pq.read_table(into).to_pylist() == [{"id": "1", "text": "café"}]
+
+
+@pytest.mark.skipif(shutil.which("iconv") is None, reason="no iconv here to run the conversion named")
+def test_a_windows_1252_csv_is_told_to_go_through_iconv_by_its_hint_or_its_conversion(
+    tmp_path,
+):
+    """A Latin-1 CSV got the Parquet conversion, which failed with a UnicodeDecodeError traceback. Not UTF-8
+    within its first 64 KB, bulk prints iconv's command first; past them, the conversion itself stops with
+    it, writing nothing; either way the named commands, followed, give the file's texts."""
+    from bulk.inputs import not_read_by_suffix
+
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    texts = [f"row {i} is plain" for i in range(5000)] + ["un café ouvert"]
+    early = "id,text\n0,déjà vu\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts, 1))
+    late = "id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts, 1))
+    for name, body, write in (
+        ("early.csv", early, Path.write_bytes),
+        ("late.csv.gz", late, lambda p, b: p.write_bytes(gzip.compress(b))),
+    ):
+        (tmp_path / name[:5]).mkdir()
+        src = tmp_path / name[:5] / name
+        write(src, body.encode("cp1252"))
+        said = not_read_by_suffix(src, "auto")
+        into, command = parquet_command(src, tabs=False)
+        if name == "early.csv":
+            assert "it is not UTF-8 (byte 11, line 2, is E9)" in said and command not in said
+            fix = said.split("run the job again: ", 1)[1]
+        else:
+            assert said.endswith(command)
+            stopped = subprocess.run(["bash", "-c", command], timeout=60, capture_output=True, text=True,
+                                     env={**os.environ, "PATH": path})  # fmt: skip
+            where = len(late.encode("cp1252")) - len("café ouvert\n") + len("caf")
+            assert (
+                stopped.returncode == 1
+                and not into.exists()
+                and not (src.parent / ".bulk-originals").exists()
+            )
+            assert (
+                f"byte {where:,} of its text is not UTF-8" in stopped.stderr
+                and "Traceback" not in stopped.stderr
+            )
+            fix = stopped.stderr.strip().split("run this command again: ", 1)[1]
+        subprocess.run(["bash", "-c", fix], check=True, timeout=60)
+        said = not_read_by_suffix(src, "auto")
+        assert said.endswith(command)
+        subprocess.run(["bash", "-c", command], check=True, timeout=60, capture_output=True,
+                       env={**os.environ, "PATH": path})  # fmt: skip
+        import pyarrow.parquet as pq
+
+        assert pq.read_table(into).column("text").to_pylist()[-1] == "un café ouvert"
+        assert len(pq.read_table(into)) == body.count("\n") - 1

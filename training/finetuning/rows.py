@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
+from training.data.corpus_sources import where_not_utf8
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.csv_quotes import refuse_swallowing_quote, unclosed_quote
 
@@ -55,9 +56,10 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> Rows:
             return _jsonl_rows(p, flag)
         rows = _table_rows(p, flag, suffix == ".tsv", columns)
         return Rows(rows, "row", list(range(1, len(rows) + 1)))
-    except UnicodeDecodeError as e:
-        raise DataError(f"{flag}: {p} is not UTF-8 (byte {e.object[e.start : e.start + 1]!r} at offset "
-                        f"{e.start}); save it as UTF-8") from None  # fmt: skip
+    except UnicodeDecodeError as e:  # its offset counts within the chunk being decoded: found again
+        excel = " (from Windows-1252, as Excel writes one on Windows: iconv -f WINDOWS-1252 -t UTF-8)"
+        raise DataError(f"{flag}: {p} is not UTF-8 text: {where_not_utf8(p) or e.reason}; save it as UTF-8"
+                        f"{excel if suffix != '.jsonl' else ''}") from None  # fmt: skip
 
 
 def _jsonl_rows(p: Path, flag: str) -> Rows:

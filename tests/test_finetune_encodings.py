@@ -1,0 +1,25 @@
+"""A labelled file that is not UTF-8, named where it stops being so. The byte offset once came from the text
+reader's chunk: past 8 KB of a CSV it named a byte within the chunk, not the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.finetuning.rows import DataError, read_rows
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_a_windows_1252_file_is_refused_naming_the_byte_and_line_where_it_stops_being_utf8(tmp_path, suffix):
+    sep = "\t" if suffix == ".tsv" else ","
+    rows = [f'{{"text": "film {i} was fine", "label": 1}}' if suffix == ".jsonl" else f"film {i} was fine{sep}1"
+            for i in range(2000)]  # fmt: skip
+    head = "" if suffix == ".jsonl" else f"text{sep}label\n"
+    bad = '{"text": "un caf\xe9", "label": 0}' if suffix == ".jsonl" else f"un caf\xe9{sep}0"
+    body = (head + "\n".join(rows) + "\n" + bad + "\n").encode("cp1252")
+    (path := tmp_path / f"t{suffix}").write_bytes(body)
+    with pytest.raises(DataError) as e:
+        read_rows(str(path), "--train")
+    line = body.count(b"\n")
+    at = body.index(bytes([0xE9]))
+    assert f"--train: {path} is not UTF-8 text: byte {at:,} (line {line:,}) is not UTF-8" in str(e.value)
+    assert ("iconv -f WINDOWS-1252 -t UTF-8" in str(e.value)) == (suffix != ".jsonl")
