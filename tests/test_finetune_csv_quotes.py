@@ -102,3 +102,36 @@ def test_a_quote_opened_after_a_loose_one_on_its_line_is_read_on(tmp_path):
     lines[5] = 'xyz"'
     with pytest.raises(DataError, match="t.csv row 1: the label holds a line break"):
         load(tmp_path, lines)
+
+
+@pytest.mark.slow
+def test_a_tsv_reads_to_the_texts_bulk_scores_quoted_as_pandas_writes_it_or_literal_as_glue_does(tmp_path):
+    """A pandas-written TSV's quotes are quoting (a text holding a quote, a tab or a line break is quoted):
+    read literally, fine-tuning trained on such a text in its quotes, its own quotes doubled, and split a quoted line break's row, where
+    bulk's conversion and the server see `He said "hi"`. A GLUE-style TSV's unescaped quotes stay text."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from bulk.converting import parquet_command
+    from training.finetuning.rows import read_rows
+
+    texts = ['He said "hi"', "two\nlines", "a\ttab", "plain", 'a "b" c'] * 6
+    (pandas := tmp_path / "pandas" / "t.tsv").parent.mkdir()
+    with pandas.open("w", newline="") as f:
+        csv.writer(f, delimiter="\t", lineterminator="\n").writerows(
+            [("text", "label"), *((t, i % 2) for i, t in enumerate(texts))]
+        )
+    (glue := tmp_path / "glue" / "t.tsv").parent.mkdir()
+    glued = ['"Hi" she said', 'ends "quoted"', "plain"] * 10
+    glue.write_text("text\tlabel\n" + "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(glued)))
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    for src, want in ((pandas, texts), (glue, glued)):
+        trained = [row["text"] for row in read_rows(str(src), "--train").rows]
+        into, command = parquet_command(src, tabs=True)
+        subprocess.run(["bash", "-c", command], check=True, timeout=60, capture_output=True,
+                       env={**os.environ, "PATH": path})  # fmt: skip
+        assert trained == want == pq.read_table(into).column("text").to_pylist()

@@ -82,8 +82,9 @@ def _jsonl_rows(p: Path, flag: str) -> Rows:
 
 
 def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) -> list[dict]:
-    # TSV files (GLUE's among them) put quotes inside fields unescaped: read them literally.
-    kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
+    kwargs = {}
+    if tsv:  # its quotes as quoting where the whole file reads so, else as text (`_quotes_quote`)
+        kwargs = {"delimiter": "\t"} if _quotes_quote(p) else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
     sep = "a tab" if tsv else "a comma (quote such texts)"
     if not tsv:
         refuse_swallowing_quote(p, flag)
@@ -131,6 +132,21 @@ def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) ->
         except csv.Error as e:
             raise DataError(f"{flag}: {p} line {reader.line_num}: {e}") from None
     return rows
+
+
+def _quotes_quote(tsv: Path) -> bool:
+    """Whether a TSV's quotes are quoting: where the whole file reads so strictly, as pandas and csv.writer
+    write it (a quote that opens a field closes it before a tab or the line's end), else they are text, as
+    GLUE's TSVs hold them unescaped (`"Hi" she said`). The rule bulk's conversion to Parquet follows: read
+    literally, a text pandas quoted was trained on in its quotes, its own quotes doubled, which the server
+    and bulk never see, and its quoted line breaks split rows."""
+    with open(tsv, newline="", encoding="utf-8-sig") as f:
+        try:
+            for _ in csv.reader(f, delimiter="\t", strict=True):
+                pass
+        except csv.Error:
+            return False
+    return True
 
 
 class _LastLine:
