@@ -180,9 +180,11 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
     bundle = Path(os.path.abspath(bundle))  # recovered.json names it so, to be found from anywhere
     refuse_inside_checkpoints(out, "--out", "recovered checkpoint", error=InputError)
     refuse_holding_cwd(out, "--out", "recovered checkpoint", error=InputError)
-    # Replaced whole, and unasked where it holds only an earlier recovery's files (there is no --force).
+    # Replaced whole, and unasked where it holds only an earlier recovery's files (there is no --force):
+    # recovered.json tells one. Without it, a model directory save_pretrained wrote (config.json,
+    # model.safetensors, the tokenizer's files: all among a recovery's names) was replaced in silence.
     check_replaceable(out, "--out", "recovered checkpoint", RECOVERED_FILES, force=True, force_flag=None,
-                      source=(bundle, "the bundle being recovered"), error=InputError)  # fmt: skip
+                      marker="recovered.json", source=(bundle, "the bundle being recovered"), error=InputError)  # fmt: skip
     if not bundle.is_dir():
         raise InputError(f"{bundle}: {'not a directory' if bundle.exists() else 'no such directory'}; give a "
                          "bundle directory (model.onnx, tokenizer.json, manifest.json), as python -m export "

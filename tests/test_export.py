@@ -645,16 +645,22 @@ def test_recover_refuses_a_classifier_bundle(tmp_path, classifier_dir):
 @pytest.mark.parametrize(
     "bundle, out, said",
     [("absent", "ckpt", "absent: no such directory; give a bundle directory"), ("models/sentiment", "ckpt", "only detector bundles"),
-     ("models/detector", "taken", "besides the recovered checkpoint's own files")],
+     ("models/detector", "taken", "holds notes.txt and no recovered checkpoint (no recovered.json)"),
+     ("models/detector", "hf", "holds config.json, model.safetensors and no recovered checkpoint")],
 )  # fmt: skip
 def test_recover_says_what_to_give_instead_with_exit_2(tmp_path, bundle, out, said):
     """As export's: 2 for an input to change (a missing bundle said its OSError, exit 1, as a failure)."""
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
+    # A model directory save_pretrained wrote: every name in it is one a recovery writes too.
+    (tmp_path / "hf").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "hf" / name).write_text("mine")
     where = tmp_path / bundle if bundle == "absent" else REPO / bundle
     r = subprocess.run([sys.executable, "-m", "export.recover", str(where), "--out", str(tmp_path / out)],
                        cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert [f.read_text() for f in (tmp_path / "hf").iterdir()] == ["mine", "mine"]
 
 
 def test_eval_data_is_read_as_fine_tuning_read_the_models_own_files(tmp_path):

@@ -437,6 +437,34 @@ def test_bad_options_fail_naming_the_option(tiny_init, tmp_path):
         run(*user, "--epochs", 1)
 
 
+def test_the_generator_of_an_electra_runs_checkpoint_is_refused_naming_the_checkpoint_above(
+    tiny_init, registry_data, tmp_path
+):
+    """It was fine-tuned as the encoder in silence (a model a quarter of the discriminator's width), then
+    exported and served so; pack and export refused it by name."""
+    from training.checkpoint import save_model
+    from training.model import ElectraConfig, ElectraForMaskedLM
+
+    shutil.copytree(tiny_init, ckpt := tmp_path / "step-00000040")
+    gen = ElectraForMaskedLM(ElectraConfig(vocab_size=load_tokenizer(tiny_init / "tokenizer.json").get_vocab_size(),
+                                           **{**TINY, "hidden_size": 32, "num_attention_heads": 1}))  # fmt: skip
+    (ckpt / "generator").mkdir()
+    save_model(gen, ckpt / "generator", "ElectraForMaskedLM")
+    with pytest.raises(SystemExit) as e:
+        run(
+            "--init",
+            ckpt / "generator",
+            "--task",
+            "sms_spam",
+            "--data-dir",
+            registry_data,
+            "--out",
+            tmp_path / "o",
+        )
+    assert "is the generator of an ELECTRA run's checkpoint" in str(e.value), str(e.value)
+    assert f"give --init {ckpt}" in str(e.value) and not (tmp_path / "o").exists()
+
+
 def test_user_files_that_would_train_on_the_wrong_thing_fail_naming_file_line_and_fix(
     tiny_init, tmp_path, capsys
 ):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import torch
 from tests.helpers_models import save_classifier, save_detector, save_mlm_run, train_tokenizer
 from training.checkpoint import load_model
 from training.handoff import HEADER_ROOM, main
+
+REPO = Path(__file__).resolve().parent.parent
 
 WORDS = "electra.embeddings.word_embeddings.weight"
 QUERY, KEY = (f"electra.encoder.layer.0.attention.self.{n}.weight" for n in ("query", "key"))
@@ -556,14 +560,20 @@ def test_a_path_that_is_not_utf8_is_refused_before_anything_is_written(detector,
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["log", odd, "p"])  # nothing written
 
 
-def test_out_dot_is_the_current_directory(detector, tmp_path, monkeypatch):
-    """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike."""
-    (tmp_path / "p").mkdir()
-    monkeypatch.chdir(tmp_path / "p")
-    assert main(["pack", str(detector), "--out", "."]) == 0
-    (tmp_path / "run").mkdir()
-    monkeypatch.chdir(tmp_path / "run")
-    assert main(["unpack", str(tmp_path / "p"), "--out", "."]) == 0
+def test_out_dot_is_refused_and_the_directory_it_names_taken(detector, tmp_path, monkeypatch, capsys):
+    """`--out .` ended in "PosixPath('.') has an empty name", a traceback, for pack and unpack alike; then,
+    written, it replaced the current directory whole, the shell left in a deleted one (ls empty there).
+    Refused, naming a new directory to give, which is taken."""
+    for argv, name in ((["pack", str(detector)], "p"), (["unpack", str(tmp_path / "p")], "run")):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        capsys.readouterr()
+        assert main([*argv, "--out", "."]) == 2
+        err = capsys.readouterr().err
+        assert "is the current directory" in err and "left in a deleted directory" in err, err
+        assert list((tmp_path / name).iterdir()) == []
+        monkeypatch.chdir(tmp_path)
+        assert main([*argv, "--out", name]) == 0
     assert (tmp_path / "p" / "handoff.json").is_file() and (
         tmp_path / "run" / "checkpoints" / "latest"
     ).is_file()
@@ -586,3 +596,39 @@ def test_a_handoff_of_format_1_unpacks_with_a_tokenizer_config_made_for_it(detec
     index_path.write_text(json.dumps({**index, "format": "electra-serve handoff 3"}))
     assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run2")]) != 0
     assert "format 'electra-serve handoff 3', expected one of" in capsys.readouterr().err
+
+
+def test_a_handoff_given_where_a_checkpoint_goes_is_told_to_be_unpacked_first(detector, tmp_path):
+    """export, fine-tuning, pretraining's --init and pack itself said only "holds no checkpoint"."""
+    from training.checkpoint import CheckpointError, resolve_checkpoint
+
+    assert main(["pack", str(detector), "--out", str(tmp_path / "p")]) == 0
+    with pytest.raises(
+        CheckpointError, match=r"is a packed handoff \(handoff.json\), not a checkpoint: unpack"
+    ):
+        resolve_checkpoint(tmp_path / "p", "--init")
+    done = subprocess.run([sys.executable, "-m", "export", str(tmp_path / "p"), "--out", str(tmp_path / "b")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert (
+        done.returncode == 2
+        and f"python -m training.handoff unpack {tmp_path / 'p'} --out RUN" in done.stderr
+    )
+
+
+def test_a_hugging_face_directory_of_vocab_txt_alone_packs_its_tokenizer_as_export_reads_it(
+    detector, tmp_path
+):
+    """export and fine-tuning read such a directory (its tokenizer built from vocab.txt); pack refused it,
+    "has no tokenizer.json", saying nothing of what to do."""
+    from training.data.tokenizer_loading import load_tokenizer
+
+    shutil.copytree(detector, hf := tmp_path / "hf", ignore=shutil.ignore_patterns("generator"))
+    (hf / "tokenizer.json").unlink()
+    assert (hf / "vocab.txt").is_file()
+    assert main(["pack", str(hf), "--out", str(tmp_path / "p")]) == 0
+    assert main(["unpack", str(tmp_path / "p"), "--out", str(tmp_path / "run")]) == 0
+    text = "The Quick brown fox, unseen-words!"
+    unpacked = load_tokenizer(tmp_path / "run" / "checkpoints" / "step-00000000")
+    assert unpacked.encode(text).ids == load_tokenizer(hf).encode(text).ids
+    (hf / "vocab.txt").unlink()
+    assert main(["pack", str(hf), "--out", str(tmp_path / "q")]) == 2

@@ -427,7 +427,7 @@ def test_a_recovery_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("not a checkpoint")
-    with pytest.raises(SystemExit, match="holds notes.txt besides the recovered checkpoint's own files"):
+    with pytest.raises(SystemExit, match="holds notes.txt and no recovered checkpoint"):
         main([bundle, "--out", str(mine)])
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from training.errors import (
     DiskFullError,
     write_text_atomically,
 )
+from training.handoff_index import INDEX as HANDOFF_INDEX
 from training.model import (
     ElectraConfig,
     ElectraForMaskedLM,
@@ -75,6 +77,10 @@ def resolve_checkpoint(path: str | os.PathLike, given_as: str | None = None) -> 
         raise CheckpointError(f"{p} is an exported bundle, not a checkpoint; {_from_a_bundle(p)}")
     if unsaved := unsaved_run(p):
         raise CheckpointError(unsaved)
+    if (p / HANDOFF_INDEX).is_file():
+        raise CheckpointError(f"{p} is a packed handoff (handoff.json), not a checkpoint: unpack it into a run "
+                              f"first, python -m training.handoff unpack {shlex.quote(str(p))} --out RUN, then "
+                              "give RUN")  # fmt: skip
     raise CheckpointError(
         f"{p} holds no checkpoint: expected config.json with model.safetensors (or {SHARD_INDEX} and its "
         f"shards, or pytorch_model.bin, or {BIN_SHARD_INDEX} and its shards), "

@@ -47,7 +47,7 @@ from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
 from training.data.tokenizer_loading import TOKENIZER_CONFIG, load_tokenizer
 from training.data.tokenizer_saving import write_tokenizer_config
-from training.errors import CheckpointError, DiskFullError, check_replaceable
+from training.errors import CheckpointError, DiskFullError, check_replaceable, refuse_holding_cwd
 from training.handoff_index import (
     CHECKPOINT_FILES,
     DTYPES,
@@ -190,6 +190,7 @@ def pack(cfg: PackConfig, log=print) -> dict:
 
     run, out = Path(cfg.run), Path(cfg.out)  # absolute (PackConfig): `--out .` has a name to build it beside
     # No --force: a handoff is written only where none is.
+    refuse_holding_cwd(out, "--out", "handoff", error=HandoffError)
     check_replaceable(out, "--out", "handoff", force_flag=None, error=HandoffError)
     ckpt, arch, weights, files = _read_checkpoint(run, cfg.log)
     limit = int(cfg.max_shard_mib * 2**20)
@@ -275,8 +276,19 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
     if log_file:
         text = Path(log_file).read_text(encoding="utf-8", errors="replace")
         files["run/train.log"] = text[-LOG_TAIL:]
+    if "checkpoint/tokenizer.json" not in files and (ckpt / "vocab.txt").is_file():
+        # A Hugging Face directory of vocab.txt alone, which export and fine-tuning read: carried as the
+        # tokenizer.json they build from it (its tokenizer_config.json's casing applied).
+        from training.data.tokenizer import TokenizerError
+        from training.data.tokenizer_loading import load_tokenizer
+
+        try:
+            files["checkpoint/tokenizer.json"] = load_tokenizer(ckpt).to_str()
+        except TokenizerError as e:
+            raise HandoffError(str(e)) from None
     if "checkpoint/tokenizer.json" not in files:
-        raise HandoffError(f"{ckpt} has no tokenizer.json; every checkpoint of a run carries one")
+        raise HandoffError(f"{ckpt} has no tokenizer.json nor vocab.txt; every checkpoint of a run carries one: "
+                           "copy in the tokenizer the model was trained with")  # fmt: skip
     return {
         name: {"sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
         for name, text in files.items()
@@ -328,6 +340,7 @@ def unpack(cfg: UnpackConfig, log=print) -> Path:
     src, out = Path(cfg.handoff), Path(cfg.out)  # absolute (UnpackConfig): `--out .` has a name
     # --force replaces an earlier unpack, whole: a run trained here would lose its optimizer, generator
     # and data, and a process still training into it would write into a directory swapped away.
+    refuse_holding_cwd(out, "--out", "unpacked run", error=HandoffError)
     check_replaceable(out, "--out", "unpacked run", UNPACKED, force=cfg.force, marker=INDEX,
                       source=(src, "the handoff being unpacked"), error=HandoffError)  # fmt: skip
     index = verify(src)  # a shard missing or corrupt is said before torch is loaded (seconds)

@@ -24,6 +24,7 @@ ARCH = "ElectraForSequenceClassification"
 def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
     """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
     K = 1 if data.problem_type == REGRESSION else len(data.labels)
+    _refuse_a_runs_generator(init)
     model, cfg, src = ckpt.load_model(
         init, architecture=ARCH, num_labels=K, fresh_head=True, given_as="--init"
     )
@@ -64,6 +65,21 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
     cfg.id2label = new_labels
     cfg.problem_type = data.problem_type
     return model, src, notes
+
+
+def _refuse_a_runs_generator(init: str) -> None:
+    """A CheckpointError for the generator/ of an ELECTRA run's checkpoint: an ElectraForMaskedLM, it was
+    fine-tuned as the encoder, a model a quarter of the discriminator's width, and exported and served so,
+    where pack and export refuse it by name. An MLM run's own checkpoint (--objective mlm) is taken."""
+    src = ckpt.resolve_checkpoint(init, "--init")
+    above = src.parent
+    ran = src.name == "generator" and (above / "config.json").is_file()
+    if ran and ckpt.read_config(above)[1] == "ElectraForPreTraining":
+        raise ckpt.CheckpointError(
+            f"{src} is the generator of an ELECTRA run's checkpoint (the small masked-language model that makes "
+            f"the replacements), not its discriminator, the encoder fine-tuning starts from: give --init {above}, "
+            "or the run"
+        )
 
 
 def refuse_other_families(init: str) -> None:
