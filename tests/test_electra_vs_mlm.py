@@ -52,6 +52,19 @@ def test_plan_spends_the_same_budget_on_both_objectives_at_each_point(tiny, cost
         assert m["step"] > e["step"]  # MLM's cheaper steps: more of them in the same FLOPs
 
 
+def test_a_plan_off_equal_compute_is_refused_saying_each_arms_share(tiny, cost):
+    """Each run is a whole number of units of d steps: at a small budget and a large denominator the two
+    arms fell short of it by different shares (91% against 84%, in silence), and under one unit both
+    went past it."""
+    per_unit = cost["electra"]["flops_per_token"] * tiny.batch_size * tiny.seq_len * 100
+    for budget in (per_unit * 3.5, per_unit / 2):  # 3.5 units of 100 steps; half of one
+        steps = claim_runs.plan(budget, cost, tiny, 0.1, bench.parse_points("0.01,1"))
+        why = claim_runs.unequal_compute(steps, budget)
+        assert why and "electra" in why and "mlm" in why and "smaller common denominator" in why, why
+    fine = claim_runs.plan(per_unit * 3.5, cost, tiny, 0.1, bench.parse_points("0.25,0.5,1"))
+    assert claim_runs.unequal_compute(fine, per_unit * 3.5) is None
+
+
 @pytest.mark.parametrize("points", POINT_SETS)
 def test_planned_checkpoints_include_every_point(tiny, cost, points):
     fractions = bench.parse_points(points)
@@ -120,6 +133,21 @@ def test_summary_and_table_report_each_point_mean_std_and_difference():
     assert "random weights" not in text  # a claim run without the control
 
 
+def test_one_seed_shows_no_spread_and_ties_are_not_losses():
+    """One seed printed "-6.42 ± 0.00" (as if certain), and two tied seeds "0/2", as two losses."""
+    runs = fake_runs(1.0, [("electra", 1, 0.80), ("electra", 2, 0.84), ("mlm", 1, 0.80), ("mlm", 2, 0.86)])
+    runs += fake_runs(0.5, [("electra", 1, 0.60), ("mlm", 1, 0.70)])
+    summary = claim_report.summarize(runs, ["trec"], [0.5, 1.0])
+    one = summary["0.5"]["trec"]["test"]["accuracy"]
+    assert one["electra"]["std"] is None and one["diff_se"] is None and one["tied"] == 0
+    assert summary["1"]["trec"]["test"]["accuracy"]["tied"] == 1
+    text = claim_report.table(fake_results(runs, summary))
+    assert "| trec | 2.5e-06 | accuracy | 60.00 (n=1) | 70.00 (n=1) | -10.00 (n=1) | 0/1 |\n" in text, text
+    assert (
+        "| trec | 5e-06 | accuracy | 82.00 ± 2.83 | 83.00 ± 4.24 | -1.00 ± 3.61 | 0/2 (1 tied) |\n" in text
+    ), text
+
+
 def fake_results(runs: list[dict], summary: dict) -> dict:
     """results.json as electra_vs_mlm writes it, for a budget of 5e-6 PFLOP with points at 0.5 and 1."""
     at = [{"step": 5 * k, "tokens": 2560 * k, "flops": 2.5e9 * k, "flops_vs_point_budget": 0.99,
@@ -153,8 +181,7 @@ def test_the_control_is_summarized_apart_and_shown_beside_every_point(tmp_path):
         in text
     )
     assert (
-        "| trec | 2.5e-06 | accuracy | 60.00 ± 0.00 | 62.00 ± 0.00 | -2.00 ± 0.00 | 0/1 | 73.00 ± 1.41 |"
-        in text
+        "| trec | 2.5e-06 | accuracy | 60.00 (n=1) | 62.00 (n=1) | -2.00 (n=1) | 0/1 | 73.00 ± 1.41 |" in text
     )
     assert (tmp_path / "table.md").read_text() == text
     from PIL import Image
@@ -232,6 +259,13 @@ def test_the_control_is_the_electra_runs_first_weights(tmp_path, small_corpus, s
     assert (
         claim_runs.finetune_job(args, arms, (2, 0, "trec", "random"), tmp_path / "work", 1, None) is not None
     )
+    # A run stopped midway writes these files too (its best model so far): it was kept as finished, its
+    # scores a fifth of the run's, under `timeout -s INT` on a GPU loan. It runs again.
+    (ft / "trainer_state.json").write_text(
+        json.dumps({"step": 2, "global_step": 2, "minutes": 0.1, "interrupted": True})
+    )
+    again = claim_runs.finetune_job(args, arms, (1, 0, "trec", "random"), tmp_path / "work", 1, kept.append)
+    assert again is not None and "--overwrite" in again.cmd and len(kept) == 1
 
 
 def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):
@@ -252,12 +286,12 @@ def test_jobs_run_side_by_side_and_a_failure_names_its_log(tmp_path, capsys):
     assert sorted(finished) == ["a", "b", "c"]
     assert (tmp_path / "a.log").read_text().splitlines()[-1] == "met"
     assert "[3/3] " in capsys.readouterr().out
-    sleep = "import time; time.sleep(30)"
+    sleep, stopped = "import time; time.sleep(30)", []
+    ended = dataclasses.replace(job("d", sleep), stopped=stopped.append)
     with pytest.raises(SystemExit, match=r"bad: exit status 3; the end of .*bad\.log:\n.*\nboom"):
-        pretrainkit.run_jobs(
-            [job("bad", "import sys; print('boom'); sys.exit(3)"), job("d", sleep)], at_once=2
-        )
+        pretrainkit.run_jobs([job("bad", "import sys; print('boom'); sys.exit(3)"), ended], at_once=2)
     assert "d" not in finished  # the other job was ended, not waited for
+    assert len(stopped) == 1 and 0 < stopped[0] < 30  # its seconds, for a claim's "wall min" across calls
 
 
 def test_jobs_end_with_their_parent_even_when_it_is_killed(tmp_path):
@@ -286,3 +320,16 @@ def test_jobs_end_with_their_parent_even_when_it_is_killed(tmp_path):
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     pytest.fail("the job outlived its parent")
+
+
+def test_minutes_time_the_step_on_the_device_the_runs_train_on(tiny):
+    """--minutes timed a CUDA run's step on the CPU: a budget about a thousand times too small."""
+    import torch
+
+    assert pretrainkit.step_seconds(tiny, 2000, 1, steps=1) > 0  # auto: where the runs go
+    cuda = dataclasses.replace(tiny, device="cuda")
+    if torch.cuda.is_available():
+        assert pretrainkit.step_seconds(cuda, 2000, 1, steps=1) > 0
+    else:
+        with pytest.raises(ValueError, match="--device cuda, and torch sees no CUDA device here"):
+            pretrainkit.step_seconds(cuda, 2000, 1, steps=1)

@@ -76,8 +76,11 @@ def step_claim(ctx: Context) -> dict:
     for i, fraction in enumerate(results["points"]):
         test = {}
         for task, splits in results["summary"].get(f"{fraction:g}", {}).items():
-            test[task] = {m: {o: {k: round(s[o][k], 4) for k in ("mean", "std")} for o in ("electra", "mlm")}
-                          | {"diff": round(s["diff"], 4), "ahead": f"{s['electra_ahead']}/{s['paired']}"}
+            # One seed has no spread: its std is None (claim_report.mean_std).
+            test[task] = {m: {o: {k: None if s[o][k] is None else round(s[o][k], 4) for k in ("mean", "std")}
+                              for o in ("electra", "mlm")}
+                          | {"diff": round(s["diff"], 4), "ahead": f"{s['electra_ahead']}/{s['paired']}",
+                             "tied": s.get("tied", 0)}
                           for m, s in splits["test"].items()}  # fmt: skip
             ahead, cells = ahead + (splits["test"]["accuracy"]["diff"] > 0), cells + 1
         pflop = {

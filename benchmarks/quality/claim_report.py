@@ -27,13 +27,20 @@ def point_key(fraction: float) -> str:
 
 
 def mean_std(xs: list[float]) -> dict:
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+    """The mean, and the spread over seeds: None for one seed, which has none (0.0 read as certainty)."""
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else None, "n": len(xs)}
+
+
+def spread(s: dict | None, key: str = "std") -> str:
+    """ "± 1.23" in %, or "(n=1)" where one seed gives no spread."""
+    return "(n=1)" if s is None or s[key] is None else f"± {100 * s[key]:.2f}"
 
 
 def summarize(runs: list[dict], tasks: list[str], points: list[float]) -> dict:
     """{point: {task: {split: {metric: ...}}}}: each objective's mean ± std over seeds, the difference
-    ELECTRA - MLM with its standard error, and in how many seeds (same head init and data order) ELECTRA
-    is ahead. A point is keyed by its fraction of the budget ("0.25")."""
+    ELECTRA - MLM with its standard error (None where an objective has one seed), and in how many seeds
+    (same head init and data order) ELECTRA is ahead, and in how many the two tie. A point is keyed by its
+    fraction of the budget ("0.25")."""
     out: dict = {}
     for point in points:
         for task in tasks:
@@ -48,9 +55,11 @@ def summarize(runs: list[dict], tasks: list[str], points: list[float]) -> dict:
                     e, b = stats["electra"], stats["mlm"]
                     paired = sorted(set(by["electra"]) & set(by["mlm"]))
                     cell = out.setdefault(point_key(point), {}).setdefault(task, {}).setdefault(split, {})
-                    cell[m] = {**stats, "diff": e["mean"] - b["mean"],
-                               "diff_se": math.sqrt(e["std"] ** 2 / e["n"] + b["std"] ** 2 / b["n"]),
+                    se = (None if e["std"] is None or b["std"] is None
+                          else math.sqrt(e["std"] ** 2 / e["n"] + b["std"] ** 2 / b["n"]))  # fmt: skip
+                    cell[m] = {**stats, "diff": e["mean"] - b["mean"], "diff_se": se,
                                "electra_ahead": sum(by["electra"][s] > by["mlm"][s] for s in paired),
+                               "tied": sum(by["electra"][s] == by["mlm"][s] for s in paired),
                                "paired": len(paired)}  # fmt: skip
     return out
 
@@ -102,7 +111,8 @@ def table(results: dict) -> str:
              f"evaluated at {', '.join(f'{f:g}' for f in results['points'])} of it)", "",
              *_pretrain_tables(results), "",
              f"Fine-tuning: {a['finetune_epochs']} epochs, lr {a['finetune_lr']:g}, seeds {seeds}; mean ± std over "
-             "seeds, in %; Δ ± standard error; 'ahead': seeds where ELECTRA wins. PFLOP: the point's budget."]  # fmt: skip
+             "seeds, in %; Δ ± standard error ((n=1): one seed, no spread); 'ahead': seeds where ELECTRA wins, of those "
+             "run for both, ties said apart. PFLOP: the point's budget."]  # fmt: skip
     control = results.get("random_weights")
     if control:
         lines += ["", f"Random weights: ELECTRA's discriminator before its first step (seed {control['seed']}), "
@@ -131,13 +141,14 @@ def table(results: dict) -> str:
                 cell = results["summary"].get(point_key(fraction), {}).get(task, {}).get(split, {})
                 for m, s in cell.items():
                     e, b = s["electra"], s["mlm"]
+                    tied = f" ({s['tied']} tied)" if s.get("tied") else ""
                     row = (f"| {task} | {fraction * results['budget_pflop']:.3g} | {m} | "
-                           f"{100 * e['mean']:.2f} ± {100 * e['std']:.2f} | {100 * b['mean']:.2f} ± "
-                           f"{100 * b['std']:.2f} | {100 * s['diff']:+.2f} ± {100 * s['diff_se']:.2f} | "
-                           f"{s['electra_ahead']}/{s['paired']} |")  # fmt: skip
+                           f"{100 * e['mean']:.2f} {spread(e)} | {100 * b['mean']:.2f} {spread(b)} | "
+                           f"{100 * s['diff']:+.2f} {spread(s, 'diff_se')} | "
+                           f"{s['electra_ahead']}/{s['paired']}{tied} |")  # fmt: skip
                     if control:  # the same at every point: it was not pretrained
                         r = results.get("summary_random_weights", {}).get(task, {}).get(split, {}).get(m)
-                        row += f" {100 * r['mean']:.2f} ± {100 * r['std']:.2f} |" if r else " |"
+                        row += f" {100 * r['mean']:.2f} {spread(r)} |" if r else " |"
                     lines.append(row)
     return "\n".join(lines) + "\n"
 
@@ -164,14 +175,14 @@ def plot(results: dict, path: Path) -> None:
                     x = results["pretrain"][o]["points"][i]["flops"] / 1e15
                     xs.append(x)
                     means.append(100 * s[o]["mean"])
-                    stds.append(100 * s[o]["std"])
+                    stds.append(100 * (s[o]["std"] or 0.0))  # one seed: its dot, no bar
                     seeds = [100 * r["test"][m] for r in runs
                              if r["objective"] == o and r["task"] == task and r["point"] == fraction]  # fmt: skip
                     ax.scatter([x] * len(seeds), seeds, s=8, color=f"C{k}", alpha=0.5, zorder=3)
                 ax.errorbar(xs, means, yerr=stds, marker="o", capsize=4, color=f"C{k}", label=NAMES[o])
             control = results.get("summary_random_weights", {}).get(task, {}).get("test", {}).get(m)
             if control:  # no pretraining, so no place on the axis: a level across it, ± std shaded
-                mean, std = 100 * control["mean"], 100 * control["std"]
+                mean, std = 100 * control["mean"], 100 * (control["std"] or 0.0)
                 ax.axhline(mean, color="grey", linestyle="--", label=NAMES[RANDOM])
                 ax.axhspan(mean - std, mean + std, color="grey", alpha=0.15)
             ax.set_xscale("log")

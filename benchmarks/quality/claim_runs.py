@@ -87,6 +87,27 @@ def plan(budget_flops: float, cost: dict[str, dict], base: PretrainConfig, warmu
     return out
 
 
+# How far apart the two arms' shares of the budget may be: each run is a whole number of units of d steps
+# (d the points' common denominator), so each falls short of the budget by up to one unit of its own.
+UNEQUAL = 0.02
+
+
+def unequal_compute(steps: dict, budget_flops: float) -> str | None:
+    """Why a plan does not compare the objectives at equal compute, or None: an arm past the budget (a
+    budget under one unit of d steps still takes one), or the two arms' shares more than UNEQUAL apart
+    (points of a large denominator at a small budget: `--points 0.03,0.5,1` gave ELECTRA 91% of it and
+    MLM 84%, in silence)."""
+    share = {o: s["flops"] / budget_flops for o, s in steps.items()}
+    said = ", ".join(f"{o} {100 * f:.1f}%" for o, f in share.items())
+    fix = ("raise --budget-pflop (or --minutes), or give --points of a smaller common denominator (0.25,0.5,1): "
+           "each run is a whole number of units of that many steps")  # fmt: skip
+    if max(share.values()) > 1 + 1e-9:
+        return f"the budget is less than one unit of steps: the runs would spend {said} of it; {fix}"
+    if len(share) == 2 and (max(share.values()) - min(share.values())) / max(share.values()) > UNEQUAL:
+        return f"the objectives would spend {said} of the budget, not equal compute; {fix}"
+    return None
+
+
 def measure_gflops(base: PretrainConfig, vocab_size: int, threads: int | None) -> float:
     """Training speed of one ELECTRA micro-batch on random tokens (no data loading, eval or saving)."""
     from training.model import flops_per_token
@@ -133,9 +154,12 @@ def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int |
     cmd = [sys.executable, "-m", "training.pretrain", "--config", str(toml), *(["--resume"] if state else [])]
     timing = work / "pretrain" / f"{objective}.timing.json"
 
-    def finished(wall: float) -> str:
+    def ran(wall: float) -> None:  # finished or stopped: a stopped run's time was lost from "wall min"
         before = json.loads(timing.read_text())["wall_s"] if state and timing.is_file() else 0.0
         write_text_atomically(timing, json.dumps({"wall_s": before + wall}) + "\n")  # read when resumed
+
+    def finished(wall: float) -> str:
+        ran(wall)
         return (
             f"{NAMES[objective]} pretrained: {cfg.max_steps} steps in {wall:.0f} s; log {work / 'pretrain'}"
         )
@@ -152,7 +176,13 @@ def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int |
         )
 
     return Job(
-        f"{objective} pretraining", cmd, work / "pretrain" / f"{objective}.log", threads, finished, progress
+        f"{objective} pretraining",
+        cmd,
+        work / "pretrain" / f"{objective}.log",
+        threads,
+        finished,
+        progress,
+        ran,
     )
 
 
@@ -294,7 +324,11 @@ def finetune_job(args, arms: dict, key: tuple, work: Path, threads: int | None, 
         want = dataclasses.asdict(resolve(FinetuneConfig, ft_args))
     except ConfigError as e:
         raise cli.UsageError(f"--finetune-args: {e}") from None
-    done = all((out / f).is_file() for f in ("eval_dev.json", "eval_test.json", "finetune_config.json"))
+    made = ("eval_dev.json", "eval_test.json", "finetune_config.json", "trainer_state.json")
+    done = all((out / f).is_file() for f in made)
+    # A run stopped midway (the claim under `timeout -s INT`) writes its best model so far and these files
+    # too: it was kept as finished, its scores those of a fifth of the run. It starts again (--overwrite).
+    done = done and not json.loads((out / "trainer_state.json").read_text()).get("interrupted")
     if done:  # kept only if made from this checkpoint with these settings
         saved = json.loads((out / "finetune_config.json").read_text())
         done = Path(saved["init"]).resolve() == Path(at["checkpoint"]).resolve() and all(

@@ -75,6 +75,7 @@ from benchmarks.quality.claim_runs import (
     random_weights,
     read_frozen,
     run_config,
+    unequal_compute,
 )
 from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
 from benchmarks.quality.pretrainkit import run_jobs, shared_tokenizer, tokenizer_info
@@ -240,13 +241,18 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
     gflops = assumed_gflops_cuda(base.batch_size) if uses_cuda(base) else ASSUMED_GFLOPS
     if args.minutes is not None:
-        gflops = measure_gflops(base, vocab, args.threads)
+        try:
+            gflops = measure_gflops(base, vocab, args.threads)
+        except ValueError as e:  # --device cuda where there is none
+            raise cli.UsageError(f"--minutes: {e}") from None
         budget = args.minutes * 60 * gflops * 1e9
         source = f"--minutes {args.minutes:g} at a measured {gflops:.1f} GFLOP/s"
     else:
         budget, source = args.budget_pflop * 1e15, f"--budget-pflop {args.budget_pflop:g}"
     steps = plan(budget, costs(base, vocab), base, args.warmup_fraction, args.points)
     print_plan(budget, source, vocab, steps, gflops)
+    if why := unequal_compute(steps, budget):
+        raise cli.UsageError(f"--points {','.join(f'{float(f):g}' for f in args.points)} at {source}: {why}")
     return tok_path, budget, source, steps
 
 
@@ -305,6 +311,15 @@ def main(argv: list[str] | None = None) -> dict:
         run_jobs(todo, at_once)
     timing["pretrain_s"] = time.monotonic() - started - timing["setup_s"]
     pre = {o: pretrain_record(o, runs[o], work, budget, args.points) for o in OBJECTIVES}
+    if args.skip_pretrain and any(pre[o]["max_steps"] != steps[o]["steps"] for o in OBJECTIVES):
+        # Labelled with this call's budget, runs made for another were reported as spending it.
+        made = ", ".join(
+            f"{NAMES[o]} {pre[o]['max_steps']} steps ({pre[o]['flops'] / 1e15:.4g} PFLOP)" for o in OBJECTIVES
+        )
+        planned = ", ".join(f"{NAMES[o]} {steps[o]['steps']}" for o in OBJECTIVES)
+        raise cli.UsageError(f"--skip-pretrain: the runs under {work / 'pretrain'} were made for {made}, where "
+                             f"{source} plans {planned}: give the budget, --points and --model-config they were "
+                             "made with")  # fmt: skip
     if pre["electra"]["tokenizer"]["sha256"] != pre["mlm"]["tokenizer"]["sha256"]:
         print("warning: the two runs used different tokenizers; the comparison is not clean", flush=True)
 

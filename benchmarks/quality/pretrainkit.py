@@ -59,32 +59,45 @@ def tokenizer_info(path: Path, lowercase: bool = True) -> dict:
 
 def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, steps: int = 3) -> float:
     """Median wall time of one ELECTRA training step of `cfg` on random tokens (no data loading,
-    evaluation or saving), after one warm-up step."""
+    evaluation or saving), after one warm-up step, on the device its runs train on (CUDA where --device
+    says so, or auto finds one: timed on the CPU, a GPU run's --minutes became a budget a thousand times
+    too small), with their bf16 autocast. Eager, where a CUDA run compiles: a budget on the safe side."""
     import torch
 
     from training.model import fuse_qkv
+    from training.optim import autocast_for
     from training.pretraining.masking import Corruption, draw_noise
     from training.pretraining.model import build_objective
 
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(
+            "--device cuda, and torch sees no CUDA device here: give --device cpu, or run where one is"
+        )
+    device = torch.device("cuda" if cuda else "cpu")
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    obj = build_objective(dataclasses.replace(cfg, objective="electra"), vocab_size)
+    obj = build_objective(dataclasses.replace(cfg, objective="electra"), vocab_size).to(device)
     opt = torch.optim.AdamW(obj.parameters(), lr=1e-4)
     B, T = cfg.batch_size, cfg.seq_len
-    ids = torch.randint(5, vocab_size, (B, T))
+    ids = torch.randint(5, vocab_size, (B, T), device=device)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
              "special_tokens_mask": torch.zeros_like(ids)}  # fmt: skip
-    obj.corruption = Corruption.of(cfg, 4, vocab_size)
+    obj.corruption = Corruption.of(cfg, 4, vocab_size).to(device)
     fuse_qkv(obj, cfg.fused_qkv)
+    _, autocast = autocast_for(device, cfg.bf16)
     times = []
     for step in range(steps + 1):  # the first step warms up allocators and kernels
         t = time.perf_counter()
-        noise = draw_noise((B, T), 0, step, slice(None), "cpu")
-        out = obj(batch, noise)
+        noise = draw_noise((B, T), 0, step, slice(None), device)
+        with autocast():  # the forward alone, as the trainer's step
+            out = obj(batch, noise)
         obj.loss(out, out.n_masked.clamp(min=1), out.n_tokens).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()  # its kernels run behind the host: the time is theirs
         times.append(time.perf_counter() - t)
     return statistics.median(times[1:])
 
@@ -115,7 +128,9 @@ def run_logged(cmd: list[str], log: Path, threads: int | None, cwd: Path | None 
 @dataclasses.dataclass
 class Job:
     """One subprocess of `run_jobs`: its output goes to `log` only; `finished(seconds)` reads what it made
-    and returns the one line printed for it; `progress()`, when given, a line printed while it runs."""
+    and returns the one line printed for it; `progress()`, when given, a line printed while it runs;
+    `stopped(seconds)`, when given, is told the seconds it ran when it is ended unfinished (its work goes
+    on in the next call)."""
 
     name: str
     cmd: list[str]
@@ -123,6 +138,7 @@ class Job:
     threads: int | None
     finished: Callable[[float], str]
     progress: Callable[[], str | None] | None = None
+    stopped: Callable[[float], None] | None = None
 
 
 def _interrupt(signum, frame):
@@ -170,13 +186,15 @@ def run_jobs(jobs: list[Job], at_once: int, progress_every: float = 60.0) -> Non
         signal.signal(signal.SIGTERM, previous)
         for proc in running:
             proc.terminate()
-        for proc, (_, f, _) in running.items():
+        for proc, (job, f, started) in running.items():
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
             f.close()
+            if job.stopped:
+                job.stopped(time.monotonic() - started)
 
 
 def to_toml(cfg) -> str:
