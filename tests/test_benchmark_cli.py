@@ -248,6 +248,20 @@ def test_bad_arguments_are_refused_while_parsing(module, argv, capsys):
     refused_while_parsing(module, argv, capsys)
 
 
+def test_an_engine_shape_past_the_models_positions_is_refused_before_any_timing(tmp_path, capsys):
+    """Past ELECTRA-Small's 512 positions: a 63-line traceback from the first timed call, after the GEMM
+    peak's minute, and no JSON."""
+    from benchmarks.speed import engine
+
+    assert (
+        cli.run(engine.main, ["--threads", "1", "--shapes", "1x16,1x600", "--out", str(tmp_path / "e.json")])
+        == 2
+    )
+    out, err = capsys.readouterr()
+    assert "error: --shapes 1x600: longer than the model's 512 positions (ELECTRA-Small)" in err, err
+    assert "GEMM peak" not in out and not (tmp_path / "e.json").exists()
+
+
 def refused_while_parsing(module: str, argv: list[str], capsys) -> str:
     """What the benchmark `module` printed when it refused `argv` (exit 2, one error line, no traceback)."""
     main = importlib.import_module(module).main
@@ -303,17 +317,39 @@ def test_a_detector_bundle_alone_gets_the_default_mix_less_classify_and_a_mix_se
     from benchmarks.load.mix import STANDARD
 
     detector = prepare(None, str(REPO / "models/detector"), "int8", None, False, work=tmp_path)
-    assert served_mix(detector, None) == "detect:6,detect_batch:2"
+    assert served_mix(detector.models_dir, None) == "detect:6,detect_batch:2"
     assert "serves nothing for /classify: the default --mix leaves it out" in capsys.readouterr().out
-    assert served_mix(detector, "detect:1") == "detect:1"
+    assert served_mix(detector.models_dir, "detect:1") == "detect:1"
     both = prepare(None, str(REPO / "models"), "int8", None, True, work=tmp_path)
-    assert served_mix(both, None) == STANDARD and served_mix(both, "classify:1") == "classify:1"
+    assert (
+        served_mix(both.models_dir, None) == STANDARD
+        and served_mix(both.models_dir, "classify:1") == "classify:1"
+    )
     argv = ["--bundle", str(REPO / "models/detector"), "--mix", "detect:1,classify:1", "--users", "1",
             "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")]  # fmt: skip
     assert cli.run(load_profile.main, argv) == 2  # refused before any server starts
     err = capsys.readouterr().err
     assert err.startswith("error: --mix detect:1,classify:1 sends /classify") and "Traceback" not in err
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("module", ["rolling", "faults"])
+def test_rolling_and_faults_send_what_models_serves(module, capsys):
+    """Their default mix sent /classify to a lone detector: every such request a 404 counted as lost to the
+    restart or fault (27 of 101); faults refused a bundle directory itself only once its turn came, the
+    faults before it run and their results lost."""
+    import importlib
+
+    from benchmarks.load.mix import STANDARD
+
+    parse_args = importlib.import_module(f"benchmarks.load.{module}").parse_args
+    args = parse_args(["--models", str(REPO / "models/detector")])
+    assert args.mix == "detect:6,detect_batch:2"
+    assert "serves nothing for /classify: the default --mix leaves it out" in capsys.readouterr().out
+    assert parse_args(["--models", str(REPO / "models")]).mix == STANDARD
+    assert cli.run(parse_args, ["--models", str(REPO / "models/detector"), "--mix", "classify:1"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --mix classify:1 sends /classify, and" in err and "pass --models a models directory" in err
 
 
 def test_bf16_lever_measures_openvino_only_where_it_is_installed(capsys):

@@ -128,11 +128,15 @@ def export_bundle(checkpoint: Path, out: Path, precision: str, data_dir: str | N
     return out
 
 
-def served_mix(models: Models, mix: str | None) -> str:
-    """The --mix to send: as given, refused (exit 2) when it sends an endpoint none of the served bundles
-    answer; not given, the standard mix less those endpoints, saying so. A detector bundle alone (which
-    --bundle accepts) failed every run of the default mix, whose /classify it cannot answer."""
-    served, _ = discover(models.models_dir)  # what the server will serve, each bundle read once
+def served_mix(models_dir: Path, mix: str | None, option: str = "--bundle") -> str:
+    """The --mix to send to a server of `models_dir` (a models directory or one bundle, given as `option`):
+    as given, refused (exit 2) when it sends an endpoint none of the served bundles answer; not given, the
+    standard mix less those endpoints, saying so. A detector bundle alone (which --bundle accepts) failed
+    every run of the default mix, whose /classify it cannot answer."""
+    try:
+        served, _ = discover(models_dir)  # what the server will serve, each bundle read once
+    except BundleError as e:
+        raise cli.UsageError(f"{option} {models_dir}: {e}") from None
     kinds = {b.manifest.kind for b in served}
     answered = {
         path for path, kind in (("/detect", "detector"), ("/classify", "classifier")) if kind in kinds
@@ -142,11 +146,11 @@ def served_mix(models: Models, mix: str | None) -> str:
         return mix or STANDARD
     if mix is not None:
         raise cli.UsageError(
-            f"--mix {mix} sends {', '.join(unanswered)}, and {models.models_dir} serves no bundle that answers "
-            f"it: leave those kinds out of --mix, or pass --bundle a models directory that holds one"
+            f"--mix {mix} sends {', '.join(unanswered)}, and {models_dir} serves no bundle that answers "
+            f"it: leave those kinds out of --mix, or pass {option} a models directory that holds one"
         )
     kept = [(name, w) for name, w in parse_mix(STANDARD) if KINDS[name][0] in answered]
-    print(f"note: {models.models_dir} serves nothing for {', '.join(unanswered)}: the default --mix leaves it "
+    print(f"note: {models_dir} serves nothing for {', '.join(unanswered)}: the default --mix leaves it "
           "out", flush=True)  # fmt: skip
     return ",".join(f"{name}:{w:g}" for name, w in kept)
 

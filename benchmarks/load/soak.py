@@ -93,7 +93,7 @@ def run(args) -> int:
     machine = load_reports.machine()
     classify = "classify" in (args.mix or STANDARD_MIX)
     models = prepare(args.model, args.bundle, args.precision, args.data_dir, classify, work)
-    args.mix = served_mix(models, args.mix)  # the report names what was sent
+    args.mix = served_mix(models.models_dir, args.mix)  # the report names what was sent
     sentences = write_sentences(work / "sentences.txt", args.data_dir, models.bundle / "tokenizer.json")
     load = locust_runs.Load(Path(sentences["file"]), args.mix, args.batch_texts, args.probe_time)
 

@@ -351,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     shape = model_shape(args.shape_from)  # a --shape-from without a checkpoint fails now, not after timing
+    if longest := [f"{b}x{t}" for b, t in args.shapes if t > shape.max_position_embeddings]:
+        # Found at the first timed call, a minute on: a 63-line traceback and no JSON.
+        raise cli.UsageError(f"--shapes {','.join(longest)}: longer than the model's "
+                             f"{shape.max_position_embeddings} positions ({args.shape_from or 'ELECTRA-Small'}); "
+                             "give lengths up to that")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         peak = gemm_peak(args.threads, work)
