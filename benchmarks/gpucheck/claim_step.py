@@ -76,9 +76,7 @@ def step_claim(ctx: Context) -> dict:
     for i, fraction in enumerate(results["points"]):
         test = {}
         for task, splits in results["summary"].get(f"{fraction:g}", {}).items():
-            # One seed has no spread: its std is None (claim_report.mean_std).
-            test[task] = {m: {o: {k: None if s[o][k] is None else round(s[o][k], 4) for k in ("mean", "std")}
-                              for o in ("electra", "mlm")}
+            test[task] = {m: {o: {k: _rounded(s[o][k]) for k in ("mean", "std")} for o in ("electra", "mlm")}
                           | {"diff": round(s["diff"], 4), "ahead": f"{s['electra_ahead']}/{s['paired']}",
                              "tied": s.get("tied", 0)}
                           for m, s in splits["test"].items()}  # fmt: skip
@@ -92,7 +90,7 @@ def step_claim(ctx: Context) -> dict:
                     "unigram": electra.get("context_probe", {}).get("auc_unigram_replacements")}  # fmt: skip
         points[f"{fraction:g}"] = {"pflop": pflop, "test": test, "electra_disc_auc": disc_auc}
     # The control, without pretraining: what fine-tuning makes of the same discriminator's first weights
-    control = {task: {m: {k: round(s[k], 4) for k in ("mean", "std")} for m, s in splits["test"].items()}
+    control = {task: {m: {k: _rounded(s[k]) for k in ("mean", "std")} for m, s in splits["test"].items()}
                for task, splits in results.get("summary_random_weights", {}).items()}  # fmt: skip
     # Each frozen encoder: the last layer's [CLS] share on its first direction (ELECTRA's collapse), and
     # a linear probe's accuracy beside the majority class's. None where the diagnosis failed (its error
@@ -105,3 +103,8 @@ def step_claim(ctx: Context) -> dict:
             "diagnosis_errors": results.get("diagnosis_errors", {}),
             "electra_ahead_in_test_accuracy": f"{ahead}/{cells} (point, task) means",
             "seconds": {k: round(v) for k, v in results["timing"].items()}, "table": str(out / "table.md")}  # fmt: skip
+
+
+def _rounded(x: float | None) -> float | None:
+    """To 4 places; None stays None: one seed has no spread (claim_report.mean_std)."""
+    return None if x is None else round(x, 4)
