@@ -19,6 +19,7 @@ from bulk.compressed import (
 )
 from bulk.converting import (
     ICONV,
+    MIXED,
     arrow_parquet_command,
     followed,
     in_place,
@@ -146,6 +147,9 @@ def csv_hint(path: Path) -> str:
     said = "bulk does not read CSV (a quoted field may span lines, so it cannot be cut into parts)"
     # In UTF-16 (Excel's "Unicode Text"), the conversion to Parquet failed with a UnicodeDecodeError: iconv
     # first, and the job run again names the conversion.
+    if path.suffix.lower() == ".zip":  # an archive, not one stream: neither the command nor iconv reads it
+        return (f"{said}, and it is zipped: unzip it first, then name the .csv or .tsv as INPUT: bulk prints its "
+                "one-line conversion to Parquet")  # fmt: skip
     head = _first_bytes(path, NOT_UTF8_HEAD)
     if wide := encoding_hint(path, head, compression(path)) or not_utf8_hint(path, head):
         return f"{said}, and {wide}"
@@ -170,9 +174,12 @@ def not_utf8_hint(path: Path, head: bytes) -> str | None:
     except UnicodeDecodeError as e:
         at, byte = e.start, head[e.start : e.start + 1].hex().upper()
     line = head[:at].count(b"\n") + 1
-    return (f"it is not UTF-8 (byte {at:,}, line {line:,}, is {byte}), and its conversion reads UTF-8: convert it "
-            "once, in place, from Windows-1252 (what Excel writes on Windows; name the file's own encoding instead "
-            f"where you know it), then run the job again: {in_place(path, compression(path), ICONV)}")  # fmt: skip
+    where = f"byte {at:,}, line {line:,}, is {byte}"
+    if not head[:at].removeprefix(BOM).isascii():
+        return f"it is not UTF-8 throughout ({where}), {MIXED}"
+    return (f"it is not UTF-8 ({where}), and its conversion reads UTF-8: convert it once, in place, from "
+            "Windows-1252 (what Excel writes on Windows; name the file's own encoding instead where you know it), "
+            f"then run the job again: {in_place(path, compression(path), ICONV)}")  # fmt: skip
 
 
 def _first_bytes(path: Path, size: int) -> bytes:

@@ -11,13 +11,25 @@ on a path holding ', $, ` or "."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
-from bulk.compressed import COMPRESSED, READERS, compression
+from bulk.compressed import COMPRESSED, READERS
 
 # A CSV not in UTF-8 is most often Excel's on Windows; iconv names it so, and knows no "CP-1252".
 ICONV = "iconv -f WINDOWS-1252 -t UTF-8"
+# A file of UTF-8 characters before the first byte that is not: converted whole from Windows-1252, those were
+# garbled in silence (é became Ã©).
+MIXED = ("and UTF-8 characters come before it: it mixes encodings, and converting it whole from another would "
+         "garble those; correct the text that is not UTF-8 where the file was made, or write it out again as UTF-8")  # fmt: skip
+# The command-line tool of each compression a CSV's conversion reads: bulk's own readers' and zstd's and lz4's.
+_TOOLS = {
+    **{suffix: tool for suffix, (tool, _) in READERS.items()},
+    ".zst": "zstd",
+    ".zstd": "zstd",
+    ".lz4": "lz4",
+}
 ASIDE = ".bulk-originals"  # hidden: neither a directory INPUT nor a glob reads what is in it
 # Suffixes that say what a file holds, stripped (after a compression's) to name its conversion.
 KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather")
@@ -48,7 +60,9 @@ _JSON_LINES = (
 # tab or a line break: a quote that closes a field is followed by a tab or the line's end), else text
 # (GLUE's TSVs put quotes in texts unescaped: `"Hi" she said` lost its quotes, and a text opening with one
 # took the rows up to the next quote into it); row counts decided it once, and split a one-column file's
-# quoted two-line texts in two. The strict read is the csv module's, streamed, inside exec (no try in one
+# quoted two-line texts in two. A quoted field holding both a tab and a line break is rows a quote took in
+# (`"It was late.<tab>1<newline>She left.<tab>0<newline>I stayed home."`), so such a file's quotes are text
+# too: read so, its rows joined in silence. The strict read is the csv module's, streamed, inside exec (no try in one
 # line), its field limit raised (past 128 KB a field failed it); read as text, its header is named as
 # quoting reads it. A row of another number of fields than the header stops it, naming the row, before
 # anything is written; it prints the rows it wrote.
@@ -57,15 +71,16 @@ _PARQUET = (
     "src, dst, aside, fix = sys.argv[1:]; tab = {tab}; sep = chr(9) if tab else chr(44); csv.field_size_limit(1 << 30); "
     'kind = os.path.splitext(src)[1].lower(); codec = {{".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", '
     '".lz4": "lz4"}}.get(kind); read = lambda: lzma.open(src) if kind == ".xz" else pa.input_stream(src, compression=codec); '
-    'enc = "utf-8"; exec("def utf8(f):\\n d = codecs.getincrementaldecoder(enc)(); n = 0\\n while True:\\n'
-    '  b = f.read(1 << 20); held = len(d.getstate()[0])\\n  try: d.decode(b, not b)\\n  except UnicodeDecodeError as e: '
-    'return n - held + e.start\\n  if not b: return None\\n  n += len(b)"); at = utf8(read()); at is None or sys.exit(src '
-    '+ ": byte " + format(at, ",") + (" of its text" if codec or kind == ".xz" else "") + " is not UTF-8, and the conversion '
-    'reads UTF-8; nothing written: convert it once, in place, from Windows-1252 (what Excel writes on Windows; name the '
-    'encoding it was written in instead where you know it), then run this command again: " + fix); '
+    'enc = "utf-8"; exec("def utf8(f):\\n d = codecs.getincrementaldecoder(enc)(); n = 0; wide = False\\n while True:\\n'
+    '  b = f.read(1 << 20); held = len(d.getstate()[0])\\n  try: wide = not d.decode(b, not b).lstrip(chr(65279)).isascii() or wide\\n'
+    '  except UnicodeDecodeError as e: return n - held + e.start, wide or not b[: max(0, e.start - held)].isascii()\\n'
+    '  if not b: return None, wide\\n  n += len(b)"); at, wide = utf8(read()); at is None or sys.exit(src + ": byte " '
+    '+ format(at, ",") + (" of its text" if codec or kind == ".xz" else "") + " is not UTF-8, and the conversion reads '
+    'UTF-8; nothing written: " + ({mixed} if wide else "convert it once, in place, from Windows-1252 (what Excel writes '
+    'on Windows; name the encoding it was written in instead where you know it), then run this command again: " + fix)); '
     'text = lambda: io.TextIOWrapper(read(), encoding="utf-8-sig", newline=""); '
-    'exec("def strict(f):\\n try:\\n  for _ in csv.reader(f, delimiter=sep, strict=True): pass\\n except csv.Error: '
-    'return False\\n return True"); q = chr(34) if not tab or strict(text()) else False; '
+    'exec("def strict(f):\\n try:\\n  for r in csv.reader(f, delimiter=sep, strict=True):\\n   if any(chr(9) in x and '
+    'chr(10) in x for x in r): return False\\n except csv.Error: return False\\n return True"); q = chr(34) if not tab or strict(text()) else False; '
     "head = next(csv.reader(text(), delimiter=sep, quoting=csv.QUOTE_MINIMAL if q else csv.QUOTE_NONE), None); "
     'head is None and sys.exit(src + ": empty, nothing to convert"); bad = dict(); '
     "table = c.read_csv(read(), convert_options=c.ConvertOptions(column_types=dict.fromkeys(head, pa.string())), "
@@ -79,7 +94,7 @@ _PARQUET = (
     + _REFUSE_ASIDE
     + 'out = open(dst, "xb"); p.write_table(table, out); out.close(); '
     + 'print(dst + ": " + str(table.num_rows) + " row(s), columns " + ", ".join(table.column_names) + ("" if q else '
-    '"; its quotes read as text: they do not read as quoting (a quote that closes a field not followed by a tab)")); '
+    '"; its quotes read as text: they do not read as quoting (a quote that closes a field not followed by a tab, or a quoted field taking in tabs and line breaks)")); '
     + _MOVE_ASIDE
 )  # fmt: skip
 
@@ -148,9 +163,11 @@ def json_lines_command(path: Path) -> tuple[Path, str]:
 def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
-    known = compression(path) or path.suffix.lower() not in COMPRESSED  # one in_place can decompress
-    fix = in_place(path, compression(path), ICONV) if known else f"{ICONV}, on it decompressed"
-    return into, _command(_PARQUET.format(tab=tabs), path, into, fix)
+    suffix = path.suffix.lower()
+    fix = in_place(path, suffix if suffix in _TOOLS else None, ICONV)
+    return into, _command(
+        _PARQUET.format(tab=tabs, mixed=json.dumps(MIXED.removeprefix("and "))), path, into, fix
+    )
 
 
 def arrow_parquet_command(path: Path) -> tuple[Path, str]:
@@ -170,7 +187,7 @@ def in_place(path: Path, suffix: str | None, through: str) -> str:
     if suffix is None:
         new = shlex.quote(str(path.parent / f".{path.name}.converted"))
         return f"{through} < {here} > {new} && mv {new} {here}"
-    tool = READERS[suffix][0]
+    tool = _TOOLS[suffix]
     plain, done, new = (
         shlex.quote(str(path.parent / f".{path.name}.{step}")) for step in ("plain", "converted", "new")
     )

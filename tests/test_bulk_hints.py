@@ -362,3 +362,43 @@ def test_a_windows_1252_csv_is_told_to_go_through_iconv_by_its_hint_or_its_conve
 
         assert pq.read_table(into).column("text").to_pylist()[-1] == "un café ouvert"
         assert len(pq.read_table(into)) == body.count("\n") - 1
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("iconv", "zstd")), reason="no iconv or zstd here")
+def test_a_csvs_encoding_advice_fits_its_compression_and_a_mixed_file_gets_none(tmp_path):
+    """A .csv.zst's advice ended "iconv ..., on it decompressed", which bash could not run; a zipped CSV was
+    called not UTF-8 (the zip's bytes); a file of UTF-8 characters before a Windows-1252 byte was told to
+    convert whole from Windows-1252, which garbled them."""
+    from bulk.inputs import not_read_by_suffix
+
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path}
+    src = tmp_path / "late.csv.zst"
+    body = "id,text\n" + "".join(f"{i},row {i}\n" for i in range(9000)) + "9999,caf\xe9\n"
+    subprocess.run(["zstd", "-q", "-o", str(src)], input=body.encode("cp1252"), check=True)
+    into, command = parquet_command(src, tabs=False)
+    stopped = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
+    assert stopped.returncode == 1 and "of its text is not UTF-8" in stopped.stderr, stopped.stderr
+    subprocess.run(["bash", "-c", stopped.stderr.strip().split("run this command again: ", 1)[1]], check=True)
+    subprocess.run(["bash", "-c", command], check=True, capture_output=True, env=env, timeout=60)
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(into).column("text").to_pylist()[-1] == "café"
+    import zipfile
+
+    with zipfile.ZipFile(zipped := tmp_path / "u.csv.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("u.csv", "id,text\n1,café\n")
+    assert "and it is zipped: unzip it first" in not_read_by_suffix(zipped, "auto")
+    (mixed := tmp_path / "mixed" / "m.csv").parent.mkdir()
+    mixed.write_bytes(
+        b"id,text\n0,d\xc3\xa9j\xc3\xa0 vu\n" + b"".join(b"%d,x\n" % i for i in range(20000)) + b"1,caf\xe9\n"
+    )
+    said = not_read_by_suffix(mixed, "auto")  # past the first 64 KB: the conversion itself says it
+    assert said.endswith(parquet_command(mixed, tabs=False)[1])
+    stopped = subprocess.run(["bash", "-c", parquet_command(mixed, tabs=False)[1]], capture_output=True, text=True,
+                             env=env, timeout=60)  # fmt: skip
+    assert stopped.returncode == 1 and "UTF-8 characters come before it: it mixes encodings" in stopped.stderr
+    assert "iconv" not in stopped.stderr and not (mixed.parent / ".bulk-originals").exists()
+    mixed.write_bytes(b"id,text\n0,d\xc3\xa9j\xc3\xa0 vu\n1,caf\xe9\n")
+    said = not_read_by_suffix(mixed, "auto")
+    assert "it is not UTF-8 throughout (byte 25, line 3, is E9)" in said and "iconv" not in said

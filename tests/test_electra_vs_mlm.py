@@ -333,3 +333,22 @@ def test_minutes_time_the_step_on_the_device_the_runs_train_on(tiny):
     else:
         with pytest.raises(ValueError, match="--device cuda, and torch sees no CUDA device here"):
             pretrainkit.step_seconds(cuda, 2000, 1, steps=1)
+
+
+def test_skip_pretrain_reports_the_runs_at_the_budget_they_were_made_for(
+    tiny, tmp_path, small_tokenizer, capsys
+):
+    """--skip-pretrain took this call's budget for its label (runs of 4e-5 PFLOP reported as 8e-5), and a
+    --minutes budget, measured again, never matched the runs' one."""
+    import shutil
+
+    work = tmp_path / "work"
+    (tok := work / "pretrain" / "electra" / "tokenizer").mkdir(parents=True)
+    shutil.copy(small_tokenizer, tok / "tokenizer.json")
+    claim_runs.save_budget(work, 4e10, "--budget-pflop 4e-05")
+    args = bench.parse_args(["--skip-pretrain", "--budget-pflop", "8e-5", "--model-config", "configs/tiny.toml",
+                             "--work", str(work)])  # fmt: skip
+    _, budget, source, steps = bench.budget_and_plan(args, tiny, work)
+    assert budget == 4e10 and source.startswith("--budget-pflop 4e-05, the budget of the runs under")
+    assert steps == claim_runs.plan(4e10, claim_runs.costs(tiny, 1000), tiny, 0.1, args.points)
+    assert "reports the runs at the budget they were made for" in capsys.readouterr().out

@@ -22,4 +22,18 @@ def test_a_windows_1252_file_is_refused_naming_the_byte_and_line_where_it_stops_
     line = body.count(b"\n")
     at = body.index(bytes([0xE9]))
     assert f"--train: {path} is not UTF-8 text: byte {at:,} (line {line:,}) is not UTF-8" in str(e.value)
-    assert ("iconv -f WINDOWS-1252 -t UTF-8" in str(e.value)) == (suffix != ".jsonl")
+    assert "iconv -f WINDOWS-1252 -t UTF-8" in str(e.value)
+
+
+def test_a_utf16_file_is_named_so_and_a_mixed_one_gets_no_whole_file_conversion(tmp_path):
+    """A UTF-16 file (Excel's "Unicode Text") was told to convert from Windows-1252, which garbled it; one
+    whose UTF-8 characters come before a byte that is not would have had them garbled by it."""
+    (wide := tmp_path / "u16.tsv").write_bytes("text\tlabel\ncafé\t1\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"is UTF-16 \(it starts with the byte-order mark FF FE\); save it as "
+                                        r"UTF-8: iconv -f UTF-16 -t UTF-8"):  # fmt: skip
+        read_rows(str(wide), "--train")
+    (mixed := tmp_path / "mixed.csv").write_bytes(b"text,label\nd\xc3\xa9j\xc3\xa0 vu,1\ncaf\xe9,0\n")
+    with pytest.raises(DataError) as e:
+        read_rows(str(mixed), "--train")
+    assert "byte 26 (line 3) is not UTF-8" in str(e.value) and "it mixes encodings" in str(e.value)
+    assert "iconv" not in str(e.value)

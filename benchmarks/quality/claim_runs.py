@@ -135,6 +135,25 @@ def run_config(
     return objective_config(cfg, objective, args.mlm_masking)
 
 
+def budget_file(work: Path) -> Path:
+    """Where the budget the pretraining runs under `work` were planned for is kept: --skip-pretrain reports
+    them at it (a --minutes budget, measured again, differs from call to call)."""
+    return work / "pretrain" / "budget.json"
+
+
+def save_budget(work: Path, budget_flops: float, source: str) -> None:
+    budget_file(work).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(
+        budget_file(work), json.dumps({"budget_flops": budget_flops, "source": source}) + "\n"
+    )
+
+
+def saved_budget(work: Path) -> dict | None:
+    """{"budget_flops", "source"} the runs under `work` were planned for, or None (made before it was kept)."""
+    path = budget_file(work)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int | None) -> Job | None:
     """The pretraining run as a job, or None when it is done already (same settings, all its steps)."""
     run = Path(cfg.out)
@@ -142,6 +161,11 @@ def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int |
     if state is not None:
         saved = json.loads((run / "config.json").read_text())
         differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING and saved.get(k) != v]
+        if differ and "max_steps" in differ:  # --skip-pretrain would refuse it too: not that budget's runs
+            made = saved_budget(work)
+            made = f" ({made['source']})" if made else ""
+            raise cli.UsageError(f"{run} was pretrained for another budget or --points ({', '.join(differ)}): give "
+                                 f"the ones it was made with{made}, choose another --work, or delete it")  # fmt: skip
         if differ:
             raise cli.UsageError(f"{run} was pretrained with other settings ({', '.join(differ)}); "
                      "choose another --work, delete it, or pass --skip-pretrain to use it as it is")  # fmt: skip

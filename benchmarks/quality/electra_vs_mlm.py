@@ -75,6 +75,8 @@ from benchmarks.quality.claim_runs import (
     random_weights,
     read_frozen,
     run_config,
+    save_budget,
+    saved_budget,
     unequal_compute,
 )
 from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
@@ -240,7 +242,17 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
         tok_path = shared_tokenizer(args.tokenizer, base, work, args.data_dir)
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
     gflops = assumed_gflops_cuda(base.batch_size) if uses_cuda(base) else ASSUMED_GFLOPS
-    if args.minutes is not None:
+    made = saved_budget(work) if args.skip_pretrain else None
+    if made is not None:  # the runs' own: this call's --budget-pflop or --minutes labelled them otherwise
+        budget, source = (
+            made["budget_flops"],
+            f"{made['source']}, the budget of the runs under {work / 'pretrain'}",
+        )
+        print(
+            f"note: --skip-pretrain reports the runs at the budget they were made for: {made['source']}",
+            flush=True,
+        )
+    elif args.minutes is not None:
         try:
             gflops = measure_gflops(base, vocab, args.threads)
         except ValueError as e:  # --device cuda where there is none
@@ -305,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
         at_once = min(jobs, len(OBJECTIVES))
         cfgs = {o: run_config(args, o, steps[o], runs[o], tok_path, threads(at_once)) for o in OBJECTIVES}
         todo = [j for o in OBJECTIVES if (j := pretrain_job(o, cfgs[o], work, threads(at_once))) is not None]
+        save_budget(work, budget, source)
         print(
             f"pretraining: {len(todo)} run(s), {at_once} at a time; logs in {work / 'pretrain'}", flush=True
         )

@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-from training.data.corpus_sources import where_not_utf8
 from training.errors import DataError  # data errors are raised here and in labels.py
 from training.finetuning.csv_quotes import refuse_swallowing_quote, unclosed_quote
 
@@ -56,10 +55,35 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> Rows:
             return _jsonl_rows(p, flag)
         rows = _table_rows(p, flag, suffix == ".tsv", columns)
         return Rows(rows, "row", list(range(1, len(rows) + 1)))
-    except UnicodeDecodeError as e:  # its offset counts within the chunk being decoded: found again
-        excel = " (from Windows-1252, as Excel writes one on Windows: iconv -f WINDOWS-1252 -t UTF-8)"
-        raise DataError(f"{flag}: {p} is not UTF-8 text: {where_not_utf8(p) or e.reason}; save it as UTF-8"
-                        f"{excel if suffix != '.jsonl' else ''}") from None  # fmt: skip
+    except UnicodeDecodeError:
+        raise DataError(f"{flag}: {p} {_not_utf8(p)}") from None
+
+
+# Byte-order marks of the wide encodings, UTF-32's first (FF FE 00 00 starts with UTF-16's FF FE).
+_WIDE = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+         (b"\xfe\xff", "UTF-16"))  # fmt: skip
+
+
+def _not_utf8(p: Path) -> str:
+    """Why `p` is not read, and what to do: where it stops being UTF-8 in the file (the reader's error
+    counted within its chunk), and the conversion that suits it: from UTF-16 (Excel's "Unicode Text") by its
+    byte-order mark, from Windows-1252 where nothing before that byte is UTF-8's, else none (mixed)."""
+    raw = p.read_bytes()
+    for bom, encoding in _WIDE:
+        if raw.startswith(bom):
+            return (f"is {encoding} (it starts with the byte-order mark {bom.hex(' ').upper()}); save it as UTF-8: "
+                    f"iconv -f {encoding} -t UTF-8")  # fmt: skip
+    try:
+        raw.decode("utf-8")
+        return "is not UTF-8 text (it changed while read?); save it as UTF-8"
+    except UnicodeDecodeError as e:
+        at, reason = e.start, e.reason
+    line = raw[:at].count(b"\n") + 1
+    where = f"is not UTF-8 text: byte {at:,} (line {line:,}) is not UTF-8 ({reason})"
+    if not raw[:at].removeprefix(b"\xef\xbb\xbf").isascii():
+        return (f"{where}, and UTF-8 characters come before it: it mixes encodings; correct the text that is not "
+                "UTF-8 where the file was made, or save it again as UTF-8")  # fmt: skip
+    return f"{where}; save it as UTF-8 (from Windows-1252, as Excel writes a CSV on Windows: iconv -f WINDOWS-1252 -t UTF-8)"
 
 
 def _jsonl_rows(p: Path, flag: str) -> Rows:
@@ -142,8 +166,11 @@ def _quotes_quote(tsv: Path) -> bool:
     and bulk never see, and its quoted line breaks split rows."""
     with open(tsv, newline="", encoding="utf-8-sig") as f:
         try:
-            for _ in csv.reader(f, delimiter="\t", strict=True):
-                pass
+            for row in csv.reader(f, delimiter="\t", strict=True):
+                # A quoted field holding a tab and a line break is rows a quote took in, GLUE-style: read as
+                # quoting, `"It was late.<tab>1<newline>...I stayed home."` joined three rows in silence.
+                if any("\t" in field and "\n" in field for field in row):
+                    return False
         except csv.Error:
             return False
     return True
