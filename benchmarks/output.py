@@ -59,6 +59,11 @@ class Output:
             folder = run_folder(self.program)
             setattr(args, self.dest, folder / self.default_file if self.default_file else folder)
             return getattr(args, self.dest)
+        written = [Path(os.path.abspath(f)) for f in self.files(given, args)]
+        if twice := sorted({f for f in written if written.count(f) > 1}):
+            # user_sentences --examples S/s.json beside --out S/s.json: the second write replaced the first.
+            p.error(f"{self.flag} {given}: the run would write {twice[0]} twice (its results, the files beside "
+                    "them such as its .png, and files other options name): give each its own path")  # fmt: skip
         if not args.force:
             for f in self.files(given, args):
                 if f.exists() and committed(f):

@@ -18,13 +18,16 @@ from bulk.compressed import (
     decompressed,
 )
 from bulk.converting import (
+    BOM_MIXED,
     ICONV,
-    MIXED,
+    TOOLS,
     arrow_parquet_command,
+    either_way,
     followed,
     in_place,
     json_lines_command,
     parquet_command,
+    plain_advice,
 )
 from bulk.reading import BOM
 
@@ -150,8 +153,11 @@ def csv_hint(path: Path) -> str:
     if path.suffix.lower() == ".zip":  # an archive, not one stream: neither the command nor iconv reads it
         return (f"{said}, and it is zipped: unzip it first, then name the .csv or .tsv as INPUT: bulk prints its "
                 "one-line conversion to Parquet")  # fmt: skip
-    head = _first_bytes(path, NOT_UTF8_HEAD)
-    if wide := encoding_hint(path, head, compression(path)) or not_utf8_hint(path, head):
+    suffix = (
+        path.suffix.lower() if path.suffix.lower() in TOOLS else None
+    )  # the conversion reads zstd and lz4 too
+    head = _first_bytes(path, NOT_UTF8_HEAD, suffix)
+    if wide := encoding_hint(path, head, suffix) or not_utf8_hint(path, head, suffix):
         return f"{said}, and {wide}"
     into, command = parquet_command(path, tabs=type_suffix(path) == ".tsv")
     return f"{said}; convert it once to Parquet: {followed(path, into, command)}"
@@ -162,34 +168,40 @@ def csv_hint(path: Path) -> str:
 NOT_UTF8_HEAD = 1 << 16
 
 
-def not_utf8_hint(path: Path, head: bytes) -> str | None:
-    """Why a CSV's conversion would fail, when its first bytes (`head`, decompressed) are not UTF-8 (Latin-1,
-    Windows-1252: a UnicodeDecodeError traceback from the conversion once); None: they are, or its
-    compression is one bulk does not decompress (.zst, .lz4: the conversion's own check speaks)."""
-    if path.suffix.lower() in COMPRESSED and compression(path) is None:
-        return None
+def not_utf8_hint(path: Path, head: bytes, suffix: str | None) -> str | None:
+    """Why a CSV's conversion would fail, when its first bytes (`head`, decompressed through `suffix`) are not
+    UTF-8 (Latin-1, Windows-1252: a UnicodeDecodeError traceback from the conversion once); None: they are."""
     try:  # a character cut by the head's end is not an error, unless the file ends there
         codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < NOT_UTF8_HEAD)
         return None
     except UnicodeDecodeError as e:
         at, byte = e.start, head[e.start : e.start + 1].hex().upper()
     line = head[:at].count(b"\n") + 1
-    where = f"byte {at:,}, line {line:,}, is {byte}"
-    if not head[:at].removeprefix(BOM).isascii():
-        return f"it is not UTF-8 throughout ({where}), {MIXED}"
-    return (f"it is not UTF-8 ({where}), and its conversion reads UTF-8: convert it once, in place, from "
-            "Windows-1252 (what Excel writes on Windows; name the file's own encoding instead where you know it), "
-            f"then run the job again: {in_place(path, compression(path), ICONV)}")  # fmt: skip
+    where, fix = f"byte {at:,}, line {line:,}, is {byte}", in_place(path, suffix, ICONV)
+    if head.startswith(BOM):
+        return f"it is not UTF-8 throughout ({where}), {BOM_MIXED}"
+    if not head[:at].isascii():
+        first = next(c for c in head[:at].decode("utf-8") if not c.isascii())
+        return f"it is not UTF-8 throughout ({where}), {either_way(first, 'run the job again')}{fix}"
+    return (
+        f"it is not UTF-8 ({where}), and its conversion reads UTF-8: {plain_advice('run the job again')}{fix}"
+    )
 
 
-def _first_bytes(path: Path, size: int) -> bytes:
-    """A file's first `size` bytes, decompressed where bulk reads its compression; b"" where they cannot be
-    read (the conversion's own error then says why)."""
+def _first_bytes(path: Path, size: int, suffix: str | None = None) -> bytes:
+    """A file's first `size` bytes, decompressed through `suffix` (bulk's own readers, else pyarrow's for
+    zstd and lz4; by default the compression bulk reads); b"" where they cannot be read (the conversion's own
+    error then says why)."""
+    suffix = suffix or compression(path)
     try:
+        if suffix in (".zst", ".zstd", ".lz4"):
+            import pyarrow as pa
+
+            with pa.input_stream(str(path), compression="lz4" if suffix == ".lz4" else "zstd") as f:
+                return f.read(size)
         with path.open("rb") as f:
-            suffix = compression(path)
             return (decompressed(suffix, f) if suffix else f).read(size)
-    except (OSError, *STREAM_ERRORS):
+    except (OSError, ValueError, *STREAM_ERRORS):  # ValueError: pyarrow's ArrowInvalid, a stream not zstd's
         return b""
 
 

@@ -19,12 +19,35 @@ from bulk.compressed import COMPRESSED, READERS
 
 # A CSV not in UTF-8 is most often Excel's on Windows; iconv names it so, and knows no "CP-1252".
 ICONV = "iconv -f WINDOWS-1252 -t UTF-8"
-# A file of UTF-8 characters before the first byte that is not: converted whole from Windows-1252, those were
-# garbled in silence (é became Ã©).
-MIXED = ("and UTF-8 characters come before it: it mixes encodings, and converting it whole from another would "
-         "garble those; correct the text that is not UTF-8 where the file was made, or write it out again as UTF-8")  # fmt: skip
+# A file that starts with UTF-8's byte-order mark and has a byte that is not UTF-8 mixes encodings: converted
+# whole from Windows-1252, the mark became the first column's "ï»¿".
+BOM_MIXED = ("and it starts with the UTF-8 byte-order mark: it mixes encodings, and converting it whole from another "
+             "would garble the mark and its UTF-8 text; correct the text that is not UTF-8 where the file was made, "
+             "or write it out again as UTF-8")  # fmt: skip
+
+
+def either_way(first: str | None, again: str) -> str:
+    """The advice before the conversion's command, for a file of UTF-8 characters (`first`, the first of them,
+    where known) before a byte that is not. Real UTF-8 there (é) would be garbled by a whole-file conversion;
+    but Windows-1252 text reads as UTF-8 by chance now and then (É before a no-break space is C9 A0, which
+    UTF-8 reads as ɠ), and such a file was told it mixes encodings and given no command. The command last,
+    to be copied from the line's end."""
+    seen = f" (the first, {first!r})" if first else ""
+    return (f"and UTF-8 characters come before it{seen}: if the file mixes encodings, converting it whole would "
+            "garble those: correct the text that is not UTF-8 where the file was made, or write it out again as "
+            "UTF-8; if it is in one encoding, they are Windows-1252 text that reads as UTF-8 by chance: convert it "
+            f"once, in place, then {again}: ")  # fmt: skip
+
+
+def plain_advice(again: str) -> str:
+    """The advice before the conversion's command, for a file of nothing but ASCII before its first byte that
+    is not UTF-8."""
+    return ("convert it once, in place, from Windows-1252 (what Excel writes on Windows; name the encoding the "
+            f"file was written in instead where you know it), then {again}: ")  # fmt: skip
+
+
 # The command-line tool of each compression a CSV's conversion reads: bulk's own readers' and zstd's and lz4's.
-_TOOLS = {
+TOOLS = {
     **{suffix: tool for suffix, (tool, _) in READERS.items()},
     ".zst": "zstd",
     ".zstd": "zstd",
@@ -72,12 +95,12 @@ _PARQUET = (
     'kind = os.path.splitext(src)[1].lower(); codec = {{".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", '
     '".lz4": "lz4"}}.get(kind); read = lambda: lzma.open(src) if kind == ".xz" else pa.input_stream(src, compression=codec); '
     'enc = "utf-8"; exec("def utf8(f):\\n d = codecs.getincrementaldecoder(enc)(); n = 0; wide = False\\n while True:\\n'
-    '  b = f.read(1 << 20); held = len(d.getstate()[0])\\n  try: wide = not d.decode(b, not b).lstrip(chr(65279)).isascii() or wide\\n'
+    '  b = f.read(1 << 20); held = len(d.getstate()[0])\\n  try: wide = not d.decode(b, not b).isascii() or wide\\n'
     '  except UnicodeDecodeError as e: return n - held + e.start, wide or not b[: max(0, e.start - held)].isascii()\\n'
-    '  if not b: return None, wide\\n  n += len(b)"); at, wide = utf8(read()); at is None or sys.exit(src + ": byte " '
-    '+ format(at, ",") + (" of its text" if codec or kind == ".xz" else "") + " is not UTF-8, and the conversion reads '
-    'UTF-8; nothing written: " + ({mixed} if wide else "convert it once, in place, from Windows-1252 (what Excel writes '
-    'on Windows; name the encoding it was written in instead where you know it), then run this command again: " + fix)); '
+    '  if not b: return None, wide\\n  n += len(b)"); at, wide = utf8(read()); bom = read().read(3) == codecs.BOM_UTF8; '
+    'at is None or sys.exit(src + ": byte " + format(at, ",") + (" of its text" if codec or kind == ".xz" else "") + " is '
+    'not UTF-8, and the conversion reads UTF-8; nothing written: " + ({bom_mixed} if bom else {either} + fix '
+    'if wide else {plain} + fix)); '
     'text = lambda: io.TextIOWrapper(read(), encoding="utf-8-sig", newline=""); '
     'exec("def strict(f):\\n try:\\n  for r in csv.reader(f, delimiter=sep, strict=True):\\n   if any(chr(9) in x and '
     'chr(10) in x for x in r): return False\\n except csv.Error: return False\\n return True"); q = chr(34) if not tab or strict(text()) else False; '
@@ -164,10 +187,12 @@ def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
     suffix = path.suffix.lower()
-    fix = in_place(path, suffix if suffix in _TOOLS else None, ICONV)
-    return into, _command(
-        _PARQUET.format(tab=tabs, mixed=json.dumps(MIXED.removeprefix("and "))), path, into, fix
-    )
+    fix = in_place(path, suffix if suffix in TOOLS else None, ICONV)
+    again = "run this command again"
+    code = _PARQUET.format(tab=tabs, bom_mixed=json.dumps(BOM_MIXED.removeprefix("and ")),
+                           either=json.dumps(either_way(None, again).removeprefix("and ")),
+                           plain=json.dumps(plain_advice(again)))  # fmt: skip
+    return into, _command(code, path, into, fix)
 
 
 def arrow_parquet_command(path: Path) -> tuple[Path, str]:
@@ -187,7 +212,7 @@ def in_place(path: Path, suffix: str | None, through: str) -> str:
     if suffix is None:
         new = shlex.quote(str(path.parent / f".{path.name}.converted"))
         return f"{through} < {here} > {new} && mv {new} {here}"
-    tool = _TOOLS[suffix]
+    tool = TOOLS[suffix]
     plain, done, new = (
         shlex.quote(str(path.parent / f".{path.name}.{step}")) for step in ("plain", "converted", "new")
     )

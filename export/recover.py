@@ -38,6 +38,7 @@ from training.errors import (
     CheckpointError,
     DiskFullError,
     check_replaceable,
+    failed_write,
     refuse_holding_cwd,
     refuse_inside_checkpoints,
 )
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, DiskFullError) as e:  # DiskFullError names the disk
         sys.exit(f"export.recover: {e}")
     except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
-        options.usage_exit(f"export.recover: {e.filename or cfg.out}: {e.strerror or e}")
+        options.usage_exit(f"export.recover: {failed_write(e, cfg.out)}")
     print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
 
 

@@ -118,3 +118,15 @@ def test_eight_bit_weights_saturate_on_avx2_and_its_load_check_catches_it(
     done, check = _load_check_on_avx2(work, tmp_path / "bundle")
     assert done.returncode == 1, done.stderr[-3000:]  # load_check: 1 when a bundle is outside its gate
     assert not check["within_gate"] and check["p99"] > 0.02, check
+
+
+@pytest.mark.parametrize(
+    "argv", [["/nonexistent-bundle"], [str(REPO / "models" / "detector"), "--threads", "-1"]]
+)
+def test_load_check_refuses_a_bundle_it_cannot_read_with_exit_2_not_a_traceback(argv, capsys):
+    """A BundleError traceback, exit 1: what the tool returns for a bundle outside its gate."""
+    from app.model.load_check import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err

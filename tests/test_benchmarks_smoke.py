@@ -280,6 +280,10 @@ def test_detectors_are_compared_column_by_column_from_their_results():
     assert accuracy.endswith(" |  |") and "0.83" in accuracy
     with pytest.raises(SystemExit):
         main(["shipped=/no/such/directory"])
+    # A directory of no results: an all-empty column read as results not measured, exit 0.
+    with pytest.raises(SystemExit) as e:
+        main([f"shipped={results / 'shipped'}", f"none={REPO / 'docs'}"])
+    assert e.value.code == 2
 
 
 def test_sigterm_to_a_load_benchmark_stops_the_server_it_started(bench, bundles_dir: Path, tmp_path: Path):

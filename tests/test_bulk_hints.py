@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from bulk_helpers import REPO, rows, run_bulk, summary
 
-from bulk.converting import parquet_command
+from bulk.converting import ICONV, in_place, parquet_command
 
 pytestmark = pytest.mark.slow
 
@@ -365,10 +365,12 @@ def test_a_windows_1252_csv_is_told_to_go_through_iconv_by_its_hint_or_its_conve
 
 
 @pytest.mark.skipif(not all(shutil.which(t) for t in ("iconv", "zstd")), reason="no iconv or zstd here")
-def test_a_csvs_encoding_advice_fits_its_compression_and_a_mixed_file_gets_none(tmp_path):
-    """A .csv.zst's advice ended "iconv ..., on it decompressed", which bash could not run; a zipped CSV was
-    called not UTF-8 (the zip's bytes); a file of UTF-8 characters before a Windows-1252 byte was told to
-    convert whole from Windows-1252, which garbled them."""
+def test_a_csvs_encoding_advice_fits_its_compression_and_what_comes_before_the_byte(tmp_path):
+    """A .csv.zst's advice ended "iconv ..., on it decompressed", which bash could not run, and a UTF-16 one
+    was told to convert from Windows-1252; a zipped CSV was called not UTF-8 (the zip's bytes); a file of
+    UTF-8 characters before a Windows-1252 byte was told only to convert whole, which garbles real ones (é),
+    then only that it mixes encodings, where Windows-1252 read as UTF-8 by chance (É before a no-break
+    space); after UTF-8's byte-order mark, a whole-file conversion made it the header's "ï»¿"."""
     from bulk.inputs import not_read_by_suffix
 
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
@@ -397,8 +399,25 @@ def test_a_csvs_encoding_advice_fits_its_compression_and_a_mixed_file_gets_none(
     assert said.endswith(parquet_command(mixed, tabs=False)[1])
     stopped = subprocess.run(["bash", "-c", parquet_command(mixed, tabs=False)[1]], capture_output=True, text=True,
                              env=env, timeout=60)  # fmt: skip
-    assert stopped.returncode == 1 and "UTF-8 characters come before it: it mixes encodings" in stopped.stderr
-    assert "iconv" not in stopped.stderr and not (mixed.parent / ".bulk-originals").exists()
-    mixed.write_bytes(b"id,text\n0,d\xc3\xa9j\xc3\xa0 vu\n1,caf\xe9\n")
-    said = not_read_by_suffix(mixed, "auto")
-    assert "it is not UTF-8 throughout (byte 25, line 3, is E9)" in said and "iconv" not in said
+    assert (
+        stopped.returncode == 1
+        and "UTF-8 characters come before it: if the file mixes encodings" in stopped.stderr
+    )
+    assert stopped.stderr.strip().endswith(f"run this command again: {in_place(mixed, None, ICONV)}")
+    assert not (mixed.parent / ".bulk-originals").exists()
+    for body, said in ((b"id,text\n0,d\xc3\xa9j\xc3\xa0 vu\n1,caf\xe9\n", "(byte 25, line 3, is E9), and UTF-8 characters come "
+                        "before it (the first, 'é'): if the file mixes encodings"),
+                       (b"id,text\n0,SANT\xc9\xa0!\n1,caf\xe9\n", "(the first, '\u0260')"),
+                       (b"\xef\xbb\xbfid,text\n1,caf\xe9\n", "and it starts with the UTF-8 byte-order mark: it mixes")):  # fmt: skip
+        mixed.write_bytes(body)
+        assert said in not_read_by_suffix(mixed, "auto")
+    assert "iconv" not in not_read_by_suffix(mixed, "auto")  # the mark would become the header's "ï»¿"
+    wide = tmp_path / "u16.csv.zst"
+    subprocess.run(["zstd", "-q", "-o", str(wide)], input="id,text\n1,café\n".encode("utf-16"), check=True)
+    said = not_read_by_suffix(wide, "auto")
+    assert "it is UTF-16 (it starts with the byte-order mark FF FE)" in said
+    subprocess.run(["bash", "-c", said.split("run the job again: ", 1)[1]], check=True, timeout=60)
+    subprocess.run(
+        ["bash", "-c", parquet_command(wide, tabs=False)[1]], check=True, capture_output=True, env=env
+    )
+    assert pq.read_table(tmp_path / "u16.parquet").to_pylist() == [{"id": "1", "text": "café"}]

@@ -345,10 +345,17 @@ def test_skip_pretrain_reports_the_runs_at_the_budget_they_were_made_for(
     work = tmp_path / "work"
     (tok := work / "pretrain" / "electra" / "tokenizer").mkdir(parents=True)
     shutil.copy(small_tokenizer, tok / "tokenizer.json")
-    claim_runs.save_budget(work, 4e10, "--budget-pflop 4e-05")
+    claim_runs.save_budget(work, 4e10, "--budget-pflop 4e-05", None)
     args = bench.parse_args(["--skip-pretrain", "--budget-pflop", "8e-5", "--model-config", "configs/tiny.toml",
                              "--work", str(work)])  # fmt: skip
     _, budget, source, steps = bench.budget_and_plan(args, tiny, work)
     assert budget == 4e10 and source.startswith("--budget-pflop 4e-05, the budget of the runs under")
     assert steps == claim_runs.plan(4e10, claim_runs.costs(tiny, 1000), tiny, 0.1, args.points)
     assert "reports the runs at the budget they were made for" in capsys.readouterr().out
+    # The same --minutes again (the call cut off, run again) goes on at the budget measured first: measured
+    # again, it planned other steps, refused with "give the ones it was made with", the same --minutes.
+    claim_runs.save_budget(work, 3e11, "--minutes 0.5 at a measured 10.0 GFLOP/s", 0.5)
+    args = bench.parse_args(["--minutes", "0.5", "--model-config", "configs/tiny.toml", "--work", str(work),
+                             "--tokenizer", str(small_tokenizer)])  # fmt: skip
+    _, budget, source, _ = bench.budget_and_plan(args, tiny, work)
+    assert budget == 3e11 and "the same --minutes goes on with the runs" in capsys.readouterr().out

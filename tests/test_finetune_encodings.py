@@ -35,5 +35,11 @@ def test_a_utf16_file_is_named_so_and_a_mixed_one_gets_no_whole_file_conversion(
     (mixed := tmp_path / "mixed.csv").write_bytes(b"text,label\nd\xc3\xa9j\xc3\xa0 vu,1\ncaf\xe9,0\n")
     with pytest.raises(DataError) as e:
         read_rows(str(mixed), "--train")
-    assert "byte 26 (line 3) is not UTF-8" in str(e.value) and "it mixes encodings" in str(e.value)
-    assert "iconv" not in str(e.value)
+    assert "byte 26 (line 3) is not UTF-8" in str(
+        e.value
+    ) and "UTF-8 characters come before it (the first, 'é')" in str(e.value)
+    assert "if the file mixes encodings" in str(e.value) and "if it is in one encoding" in str(e.value)
+    (bom := tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbftext,label\ncaf\xe9,1\n")
+    with pytest.raises(DataError, match="starts with the UTF-8 byte-order mark: it mixes encodings") as e:
+        read_rows(str(bom), "--train")
+    assert "iconv" not in str(e.value)  # which would make the mark the header's "ï»¿"

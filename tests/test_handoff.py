@@ -598,7 +598,7 @@ def test_a_handoff_of_format_1_unpacks_with_a_tokenizer_config_made_for_it(detec
     assert "format 'electra-serve handoff 3', expected one of" in capsys.readouterr().err
 
 
-def test_a_handoff_given_where_a_checkpoint_goes_is_told_to_be_unpacked_first(detector, tmp_path):
+def test_a_handoff_given_where_a_checkpoint_goes_is_told_to_be_unpacked_first(detector, tmp_path, capsys):
     """export, fine-tuning, pretraining's --init and pack itself said only "holds no checkpoint"."""
     from training.checkpoint import CheckpointError, resolve_checkpoint
 
@@ -607,6 +607,10 @@ def test_a_handoff_given_where_a_checkpoint_goes_is_told_to_be_unpacked_first(de
         CheckpointError, match=r"is a packed handoff \(handoff.json\), not a checkpoint: unpack"
     ):
         resolve_checkpoint(tmp_path / "p", "--init")
+    # Its handoff.json named instead of the directory: "DIR/handoff.json: no handoff.json" was said.
+    capsys.readouterr()
+    assert main(["unpack", str(tmp_path / "p" / "handoff.json"), "--out", str(tmp_path / "run")]) == 2
+    assert f"is a file: give the handoff's directory, {tmp_path / 'p'}" in capsys.readouterr().err
     done = subprocess.run([sys.executable, "-m", "export", str(tmp_path / "p"), "--out", str(tmp_path / "b")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert (

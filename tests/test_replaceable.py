@@ -176,3 +176,20 @@ def test_a_resume_of_a_run_missing_latest_restores_it_rather_than_starting_again
     assert re.search(r"latest is missing, though the run keeps step-00000010, step-00000020, and it cannot be "
                      r"written .*echo step-00000020 >", said), said  # fmt: skip
     assert "drop --resume" not in said
+
+
+def test_a_write_that_fails_in_the_temporary_directory_names_out_not_the_temporary_name(tmp_path):
+    """On a read-only disk, export.recover and handoff pack said ".out.pid21447.9d1c...: Read-only file
+    system", a name the user never gave."""
+    import errno
+
+    from training.errors import failed_write
+
+    out = tmp_path / "out"
+    temporary = OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".out.pid21447.9d1c"))
+    assert (
+        failed_write(temporary, out)
+        == f"--out {out}: cannot write there (Read-only file system); choose another --out"
+    )
+    theirs = OSError(errno.EACCES, "Permission denied", str(tmp_path / "run" / "config.json"))
+    assert failed_write(theirs, out) == f"{tmp_path / 'run' / 'config.json'}: Permission denied"

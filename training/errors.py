@@ -294,3 +294,14 @@ def link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:  # across file systems, or one without hard links
         shutil.copy2(src, dst)
+
+
+def failed_write(e: OSError, out: str | os.PathLike) -> str:
+    """What an OSError that ended a command writing `out` whole is about: `--out OUT` where it was the
+    temporary directory built beside it (its name, ".OUT.pid123.9d1c...", meant nothing to the user: a
+    read-only disk said so of it), else the path it names."""
+    out = Path(os.path.abspath(out))
+    name = Path(os.path.abspath(e.filename)) if e.filename else None
+    if name is None or (name.parent == out.parent and name.name.startswith(f".{out.name}.")) or name == out:
+        return f"--out {out}: cannot write there ({e.strerror or e}); choose another --out"
+    return f"{e.filename}: {e.strerror or e}"

@@ -47,7 +47,13 @@ from options.stopping import ctrl_c_on_term, signal_number
 from training.data.registry import sha256_file
 from training.data.tokenizer_loading import TOKENIZER_CONFIG, load_tokenizer
 from training.data.tokenizer_saving import write_tokenizer_config
-from training.errors import CheckpointError, DiskFullError, check_replaceable, refuse_holding_cwd
+from training.errors import (
+    CheckpointError,
+    DiskFullError,
+    check_replaceable,
+    failed_write,
+    refuse_holding_cwd,
+)
 from training.handoff_index import (
     CHECKPOINT_FILES,
     DTYPES,
@@ -435,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
-        print(f"{prog}: {e.filename or cfg.out}: {e.strerror or e}", file=sys.stderr)
+        print(f"{prog}: {failed_write(e, cfg.out)}", file=sys.stderr)
         return 2
     return 0
 

@@ -75,6 +75,9 @@ def verify(directory: Path) -> dict:
     """The index, after every shard it lists is found with its sha256; HandoffError naming the first
     shard that is missing or differs (or a small file whose text was changed)."""
     path = directory / INDEX
+    if directory.is_file():  # handoff.json itself, or a shard: "DIR/handoff.json: no handoff.json" was said
+        raise HandoffError(f"{directory} is a file: give the handoff's directory, {directory.parent}, which holds "
+                           f"{INDEX} and its shards")  # fmt: skip
     if not path.is_file():
         raise HandoffError(f"{directory}: no {INDEX}; it lists the shards and their checksums")
     try:

@@ -83,15 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from app.machine import cpu
-    from app.model.bundle import read_bundle
+    from app.model.bundle import BundleError, read_bundle
+
+    def threads(text: str) -> int:
+        if not text.isdigit():
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
+        return int(text)
 
     p = argparse.ArgumentParser(prog="python -m app.model.load_check", description=main.__doc__)
     p.add_argument("bundles", nargs="+", type=Path)
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: all cores)")
+    p.add_argument("--threads", type=threads, default=0, help="ONNX Runtime threads (0: all cores)")
     args = p.parse_args(argv)
+    try:  # every bundle read before any is checked: a typo is exit 2, not 1 (outside the gate) after minutes
+        bundles = [read_bundle(path) for path in args.bundles]
+    except BundleError as e:
+        p.error(str(e))
     outside = 0
-    for path in args.bundles:
-        bundle = read_bundle(path)
+    for path, bundle in zip(args.bundles, bundles, strict=True):
         figures = run(Engine(bundle, args.threads, "shrink", "cpu"), bundle, cpu())
         outside += bool(figures and not figures["within_gate"])
         print(json.dumps({"bundle": str(path), "load_check": figures}))

@@ -12,11 +12,13 @@ left out (`--on-image`), because the device tool carries at most 64 MiB, working
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import cli
 from benchmarks.gpucheck.environment import DATA_FILES, SERVING_PACKAGES, wheel_project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,17 +65,33 @@ def tracked_bytes() -> int:
     return sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
 
 
+def python_version(text: str) -> str:
+    """--python: major.minor, checked before minutes of copying (pip's usage text came after them)."""
+    major, dot, minor = text.partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected major.minor, e.g. 3.12; got {text!r}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--out", type=Path, default=Path("runs/gpu-pack"), help="the folder to carry (git-ignored)"
+        "--out", type=cli.out_folder, default=Path("runs/gpu-pack"), help="the folder to carry (git-ignored)"
     )
-    p.add_argument("--python", default="3.12", help="the GPU machine's Python, major.minor (default 3.12)")
-    p.add_argument("--data-dir", type=Path, help="where the data files are (default: the registry's search)")
+    p.add_argument("--python", type=python_version, default="3.12",
+                   help="the GPU machine's Python, major.minor (default 3.12)")  # fmt: skip
+    p.add_argument(
+        "--data-dir",
+        type=cli.existing_dir_path,
+        help="where the data files are (default: the registry's search)",
+    )
     p.add_argument("--on-image", default=",".join(ON_THE_GPU_IMAGE),
                    help="comma-separated projects the GPU image has: their wheels are left out")  # fmt: skip
     args = p.parse_args(argv)
-    print(f"gpu-check pack configuration: {vars(args)}", flush=True)
+    config = {k: str(v) for k, v in vars(args).items()}
+    print(f"gpu-check pack configuration: {json.dumps(config)}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pack_config.json").write_text(json.dumps(config, indent=2) + "\n")
     for made in ("data", "wheels"):  # only what pack makes: --out may be a folder holding other things
         shutil.rmtree(args.out / made, ignore_errors=True)
     data = copy_data(args.out / "data", args.data_dir)
@@ -93,5 +111,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one `error:` line, exit 2, for a path to change
+    sys.exit(cli.run(main))

@@ -141,11 +141,11 @@ def budget_file(work: Path) -> Path:
     return work / "pretrain" / "budget.json"
 
 
-def save_budget(work: Path, budget_flops: float, source: str) -> None:
+def save_budget(work: Path, budget_flops: float, source: str, minutes: float | None) -> None:
+    """The budget the runs under `work` are planned for; `minutes`, the --minutes it was measured for."""
     budget_file(work).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(
-        budget_file(work), json.dumps({"budget_flops": budget_flops, "source": source}) + "\n"
-    )
+    kept = {"budget_flops": budget_flops, "source": source, "minutes": minutes}
+    write_text_atomically(budget_file(work), json.dumps(kept) + "\n")
 
 
 def saved_budget(work: Path) -> dict | None:
@@ -161,11 +161,24 @@ def pretrain_job(objective: str, cfg: PretrainConfig, work: Path, threads: int |
     if state is not None:
         saved = json.loads((run / "config.json").read_text())
         differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING and saved.get(k) != v]
-        if differ and "max_steps" in differ:  # --skip-pretrain would refuse it too: not that budget's runs
-            made = saved_budget(work)
-            made = f" ({made['source']})" if made else ""
+        if differ and "max_steps" in differ:  # not this budget's runs
+            made, said = saved_budget(work), ""
+            # The exact figure: a --minutes budget is measured again on each call, and a rounded one plans
+            # another number of steps.
+            if made:
+                exact = f"--budget-pflop {made['budget_flops'] / 1e15!r}"
+                said = (
+                    f" ({exact})"
+                    if made["source"].startswith("--budget-pflop")
+                    else f" ({exact}: {made['source']})"
+                )
+            done = (
+                " or pass --skip-pretrain to report them at it,"
+                if state["step"] >= saved["max_steps"]
+                else ""
+            )
             raise cli.UsageError(f"{run} was pretrained for another budget or --points ({', '.join(differ)}): give "
-                                 f"the ones it was made with{made}, choose another --work, or delete it")  # fmt: skip
+                                 f"the ones it was made with{said},{done} choose another --work, or delete it")  # fmt: skip
         if differ:
             raise cli.UsageError(f"{run} was pretrained with other settings ({', '.join(differ)}); "
                      "choose another --work, delete it, or pass --skip-pretrain to use it as it is")  # fmt: skip

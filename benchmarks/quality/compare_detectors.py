@@ -120,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(directory).is_dir():
             p.error(f"{spec!r}: expected NAME=DIR with an existing directory")
         columns[name] = Path(directory)
+    known = [n for _, n in SENTENCE_SETS] + ["everyday_sentences.json", "sentiment_classify_test.json"]
+    if empty := [f"{c}={d}" for c, d in columns.items() if not any((d / n).is_file() for n in known)]:
+        # An all-empty column read as results not measured, exit 0.
+        p.error(f"{empty[0]}: holds none of the results files ({', '.join(known)}); name a directory the "
+                "benchmarks wrote")  # fmt: skip
     print(markdown(columns))
     return 0
 

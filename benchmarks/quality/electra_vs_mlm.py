@@ -242,16 +242,17 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
         tok_path = shared_tokenizer(args.tokenizer, base, work, args.data_dir)
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
     gflops = assumed_gflops_cuda(base.batch_size) if uses_cuda(base) else ASSUMED_GFLOPS
-    made = saved_budget(work) if args.skip_pretrain else None
-    if made is not None:  # the runs' own: this call's --budget-pflop or --minutes labelled them otherwise
+    made = saved_budget(work)
+    again = made is not None and args.minutes is not None and made.get("minutes") == args.minutes
+    if made is not None and (args.skip_pretrain or again):
+        # The runs' own: this call's --budget-pflop or --minutes labelled them otherwise, and the same
+        # --minutes, measured again, planned other steps than its runs' (refused, "give the same --minutes").
         budget, source = (
             made["budget_flops"],
             f"{made['source']}, the budget of the runs under {work / 'pretrain'}",
         )
-        print(
-            f"note: --skip-pretrain reports the runs at the budget they were made for: {made['source']}",
-            flush=True,
-        )
+        why = "--skip-pretrain reports" if args.skip_pretrain else "the same --minutes goes on with"
+        print(f"note: {why} the runs at the budget they were made for: {made['source']}", flush=True)
     elif args.minutes is not None:
         try:
             gflops = measure_gflops(base, vocab, args.threads)
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict:
         at_once = min(jobs, len(OBJECTIVES))
         cfgs = {o: run_config(args, o, steps[o], runs[o], tok_path, threads(at_once)) for o in OBJECTIVES}
         todo = [j for o in OBJECTIVES if (j := pretrain_job(o, cfgs[o], work, threads(at_once))) is not None]
-        save_budget(work, budget, source)
+        save_budget(work, budget, source.split(", the budget of the runs under")[0], args.minutes)
         print(
             f"pretraining: {len(todo)} run(s), {at_once} at a time; logs in {work / 'pretrain'}", flush=True
         )

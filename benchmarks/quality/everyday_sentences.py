@@ -58,15 +58,22 @@ def figures(sentences, probs, labels, threshold: float) -> dict:
 
 
 def measure(bundle: Path, texts_by_source: dict) -> dict:
+    """Each source's figures, and the pooled ones by length, over the sentences that fit one of the
+    bundle's rows (as its calibration measured them): a bundle of 64-token rows, from a run at --seq-len 64,
+    failed on the longer ones ("calibration sentences fit one window")."""
+    from tokenizers import Tokenizer
+
+    from export.evaluation.items import fitting
     from export.evaluation.scoring import score
     from export.wordscores import WordScorer
 
     manifest = json.loads((bundle / "manifest.json").read_text())
     threshold = manifest.get("threshold", 0.5)
     scorer = WordScorer(bundle / "model.onnx", bundle / "tokenizer.json", manifest["max_length"])
+    tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
     out, pooled = {"threshold": threshold, "sources": {}, "lengths": {}}, []
     for name, texts in texts_by_source.items():
-        sentences, probs, labels, _ = score(scorer, texts)
+        sentences, probs, labels, _ = score(scorer, fitting(texts, tokenizer, manifest["max_length"]))
         out["sources"][name] = figures(sentences, probs, labels, threshold)
         pooled += sentences
     for label, lo, hi in LENGTHS:

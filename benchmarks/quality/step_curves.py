@@ -178,9 +178,9 @@ def plot(runs: dict, path: Path) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     work, out = Path(args.work), Path(args.out)
-    work.mkdir(parents=True, exist_ok=True)
     config = show_config("step_curves", args)
-    base = resolve(PretrainConfig, ["--config", args.config], template=True)
+    base = resolve(PretrainConfig, ["--config", args.config], template=True)  # refused before --work is made
+    work.mkdir(parents=True, exist_ok=True)
     tokenizer = shared_tokenizer(base.tokenizer, base, work, args.data_dir)
     trees = {"baseline": baseline_tree(args.baseline_rev, work), "current": REPO}
     runs = {

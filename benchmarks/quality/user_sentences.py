@@ -242,7 +242,10 @@ def the_slice(sentences: list[str], args) -> list[str]:
             f"sentences have {args.min_words} to {args.max_words} words and end a sentence, and the slice "
             f"starts at sentence {start}; widen --min-words/--max-words or choose another --slice"
         )
-    return sentences[start:]
+    # Up to the next slice's start: open-ended, a --sentences past about 1,000 took the next slice's
+    # sentences, which a later run on that slice then scored as fresh.
+    end = min((s for s in SLICE_START.values() if s > start), default=None)
+    return sentences[start:end]
 
 
 def enough_items(items: list[dict], where: str) -> None:

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=cli.existing_dir_path, default=None)
     p.add_argument(
         "--alpha",
-        type=cli.non_negative_float,
+        type=cli.probability,  # SmoothQuant's migration strength, 0 to 1: 5 was taken and labelled so
         default=None,
         help="SmoothQuant alpha for calibrated ranges (default none)",
     )

@@ -66,8 +66,10 @@ _WIDE = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\x
 
 def _not_utf8(p: Path) -> str:
     """Why `p` is not read, and what to do: where it stops being UTF-8 in the file (the reader's error
-    counted within its chunk), and the conversion that suits it: from UTF-16 (Excel's "Unicode Text") by its
-    byte-order mark, from Windows-1252 where nothing before that byte is UTF-8's, else none (mixed)."""
+    counted within its chunk), and the conversion that suits it (bulk's CSV conversion says the same): from
+    UTF-16 (Excel's "Unicode Text") by its byte-order mark; none after UTF-8's mark (mixed encodings, which a
+    whole-file conversion garbles: the mark became the header's "ï»¿"); from Windows-1252 otherwise, said
+    beside the other reading where UTF-8 characters come first (real ones, or Windows-1252 by chance)."""
     raw = p.read_bytes()
     for bom, encoding in _WIDE:
         if raw.startswith(bom):
@@ -80,10 +82,17 @@ def _not_utf8(p: Path) -> str:
         at, reason = e.start, e.reason
     line = raw[:at].count(b"\n") + 1
     where = f"is not UTF-8 text: byte {at:,} (line {line:,}) is not UTF-8 ({reason})"
-    if not raw[:at].removeprefix(b"\xef\xbb\xbf").isascii():
-        return (f"{where}, and UTF-8 characters come before it: it mixes encodings; correct the text that is not "
-                "UTF-8 where the file was made, or save it again as UTF-8")  # fmt: skip
-    return f"{where}; save it as UTF-8 (from Windows-1252, as Excel writes a CSV on Windows: iconv -f WINDOWS-1252 -t UTF-8)"
+    fix = "iconv -f WINDOWS-1252 -t UTF-8"
+    if raw.startswith(b"\xef\xbb\xbf"):
+        return (f"{where}, and it starts with the UTF-8 byte-order mark: it mixes encodings; correct the text that is "
+                "not UTF-8 where the file was made, or save it again as UTF-8")  # fmt: skip
+    if not raw[:at].isascii():
+        first = next(c for c in raw[:at].decode("utf-8") if not c.isascii())
+        return (f"{where}, and UTF-8 characters come before it (the first, {first!r}): if the file mixes "
+                "encodings, correct the text that is not UTF-8 where the file was made; if it is in one encoding, "
+                f"they are Windows-1252 that reads as UTF-8 by chance: save it as UTF-8 ({fix})")  # fmt: skip
+    excel = ", as Excel writes a CSV on Windows" if p.suffix.lower() != ".jsonl" else ""
+    return f"{where}; save it as UTF-8 (from Windows-1252{excel}: {fix})"
 
 
 def _jsonl_rows(p: Path, flag: str) -> Rows:
