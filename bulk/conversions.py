@@ -153,9 +153,8 @@ def csv_hint(path: Path) -> str:
     if path.suffix.lower() == ".zip":  # an archive, not one stream: neither the command nor iconv reads it
         return (f"{said}, and it is zipped: unzip it first, then name the .csv or .tsv as INPUT: bulk prints its "
                 "one-line conversion to Parquet")  # fmt: skip
-    suffix = (
-        path.suffix.lower() if path.suffix.lower() in TOOLS else None
-    )  # the conversion reads zstd and lz4 too
+    # Its compression, as the conversion reads it (zstd and lz4 too, which bulk's own readers do not).
+    suffix = path.suffix.lower() if path.suffix.lower() in TOOLS else None
     head = _first_bytes(path, NOT_UTF8_HEAD, suffix)
     if wide := encoding_hint(path, head, suffix) or not_utf8_hint(path, head, suffix):
         return f"{said}, and {wide}"

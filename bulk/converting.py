@@ -85,9 +85,10 @@ _JSON_LINES = (
 # took the rows up to the next quote into it); row counts decided it once, and split a one-column file's
 # quoted two-line texts in two. A quoted field holding both a tab and a line break is rows a quote took in
 # (`"It was late.<tab>1<newline>She left.<tab>0<newline>I stayed home."`), so such a file's quotes are text
-# too: read so, its rows joined in silence. The strict read is the csv module's, streamed, inside exec (no try in one
-# line), its field limit raised (past 128 KB a field failed it); read as text, its header is named as
-# quoting reads it. A row of another number of fields than the header stops it, naming the row, before
+# too: read as quoting, its rows were joined in silence. The strict read is the csv module's, streamed,
+# inside exec (no try in one line), its field limit raised (past 128 KB a field failed it); read as text,
+# its header is named as quoting reads it. Before all that, the whole text is read as UTF-8, a byte that is
+# not stopping it with the advice bulk/conversions.py (not_utf8_hint) gives for one in the first 64 KB. A row of another number of fields than the header stops it, naming the row, before
 # anything is written; it prints the rows it wrote.
 _PARQUET = (
     "import codecs, csv, io, lzma, os, sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as p; "
@@ -202,8 +203,8 @@ def arrow_parquet_command(path: Path) -> tuple[Path, str]:
 
 
 def in_place(path: Path, suffix: str | None, through: str) -> str:
-    """The command that passes a shard (or a CSV) through `through` (a filter: stdin to stdout) and puts the result in
-    its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
+    """The command that passes a shard (or a CSV) through `through` (a filter: stdin to stdout) and puts the
+    result in its place, compressed again by its own tool where it is compressed. Decompressed beside it (`gzip -dk`),
     the compressed original stayed under INPUT and failed the same way on every run. Step by step, through
     hidden files beside it (which no directory INPUT or glob reads), each step's status stopping the rest: in
     one pipeline the status was the last compressor's, and a failed iconv, or a file cut short, had its part

@@ -286,7 +286,6 @@ def _small_files(ckpt: Path, run: Path, log_file: str | None) -> dict[str, dict]
         # A Hugging Face directory of vocab.txt alone, which export and fine-tuning read: carried as the
         # tokenizer.json they build from it (its tokenizer_config.json's casing applied).
         from training.data.tokenizer import TokenizerError
-        from training.data.tokenizer_loading import load_tokenizer
 
         try:
             files["checkpoint/tokenizer.json"] = load_tokenizer(ckpt).to_str()

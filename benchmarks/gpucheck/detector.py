@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if (
-    __name__ == "__main__"
-):  # one `error:` line, exit 2, for a path to change (a CheckpointError traceback was)
-    sys.exit(cli.run(main))
+if __name__ == "__main__":
+    sys.exit(
+        cli.run(main)
+    )  # one `error:` line, exit 2, for a path to change (a CheckpointError traceback was)

@@ -129,9 +129,8 @@ def run(cfg: ProfileConfig) -> int:
         models = prepare(
             cfg.model, cfg.bundle, cfg.precision, cfg.data_dir, with_classifier=classify, work=work
         )
-        cfg = dataclasses.replace(
-            cfg, mix=served_mix(models.models_dir, cfg.mix)
-        )  # the report names what was sent
+        # The report names what was sent.
+        cfg = dataclasses.replace(cfg, mix=served_mix(models.models_dir, cfg.mix))
     tokenizer = models.bundle / "tokenizer.json" if models else None
     sentences = write_sentences(work / "sentences.txt", cfg.data_dir, tokenizer)
     api_key = cfg.api_key if cfg.url else None  # a server started here has none

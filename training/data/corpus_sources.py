@@ -268,7 +268,7 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
                     yield from _blank_line_documents(f)
         except UnicodeDecodeError as e:
             raise CorpusError(
-                f"{file} is not UTF-8 text: {where_not_utf8(file) or e.reason}; save it as UTF-8"
+                f"{file} is not UTF-8 text: {_where_not_utf8(file) or e.reason}; save it as UTF-8"
             ) from None
         except (gzip.BadGzipFile, EOFError) as e:
             raise CorpusError(
@@ -278,7 +278,7 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
             raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
 
 
-def where_not_utf8(file: Path) -> str | None:
+def _where_not_utf8(file: Path) -> str | None:
     """Where `file` (uncompressed, for a .gz) stops being UTF-8: its byte offset and line, found by reading
     it again as bytes. The text reader's error counts within the chunk it was decoding. None if it now
     reads (changed meanwhile)."""
