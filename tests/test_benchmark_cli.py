@@ -796,9 +796,23 @@ def test_everyday_sentences_scores_what_fits_a_short_rowed_bundles_rows(tmp_path
     assert cli.run(everyday_sentences.main, argv) == 0
     kept = json.loads((tmp_path / "e.json").read_text())["bundle"]["sources"]
     sizes = {name: f["swapped"] + f["clean"] for name, f in kept.items()}
-    assert all(0 < n <= 32 for n in sizes.values()) and min(sizes.values()) < 32, (
-        sizes
-    )  # 32 a source at --per-kind 8
+    # 32 a source at --per-kind 8, some left out.
+    assert all(0 < n <= 32 for n in sizes.values()) and min(sizes.values()) < 32, sizes
+    out = capsys.readouterr().out
+    assert "sentences are longer than a bundle's rows: left out of every bundle's figures" in out
+    # Beside another bundle: both on the sentences that fit both, the same ones.
+    argv = ["--bundle", str(REPO / "models/detector"), "--against", str(short), "--per-kind", "8", "--out",
+            str(tmp_path / "both.json")]  # fmt: skip
+    assert cli.run(everyday_sentences.main, argv) == 0
+    both = json.loads((tmp_path / "both.json").read_text())
+    counts = {
+        k: {n: (f["swapped"], f["clean"]) for n, f in both[k]["sources"].items()}
+        for k in ("bundle", "against")
+    }
+    assert counts["bundle"] == counts["against"], counts
+    manifest["max_length"] = 4  # no sentence fits: refused, not a table of nan
+    (short / "manifest.json").write_text(json.dumps(manifest))
+    assert cli.run(everyday_sentences.main, [*argv[:-1], str(tmp_path / "none.json")]) == 2
 
 
 @pytest.mark.parametrize("examples", ["s.json", "s.png"])
@@ -809,3 +823,14 @@ def test_an_option_naming_a_file_the_run_writes_otherwise_is_refused(tmp_path, c
             "--examples", str(tmp_path / examples)]  # fmt: skip
     err = refused_while_parsing("benchmarks.quality.user_sentences", argv, capsys)
     assert f"would write {tmp_path / examples} twice" in err and not list(tmp_path.iterdir())
+
+
+def test_user_sentences_refuses_more_sentences_than_its_slice_holds(registry_data, tmp_path, capsys):
+    """Each slice ends where the next begins (1,000 sentences but the last): --sentences 1500 was taken,
+    saved as 1500, and gave 1,000 a kind."""
+    from benchmarks.quality import user_sentences
+
+    argv = ["--bundle", str(REPO / "models/detector"), "--sentences", "1500", "--data-dir", str(registry_data),
+            "--out", str(tmp_path / "s.json")]  # fmt: skip
+    assert cli.run(user_sentences.main, argv) == 2
+    assert "--sentences 1500: the test slice holds 1000" in capsys.readouterr().err

@@ -354,8 +354,15 @@ def test_skip_pretrain_reports_the_runs_at_the_budget_they_were_made_for(
     assert "reports the runs at the budget they were made for" in capsys.readouterr().out
     # The same --minutes again (the call cut off, run again) goes on at the budget measured first: measured
     # again, it planned other steps, refused with "give the ones it was made with", the same --minutes.
+    # Its runs only: a budget.json outlives them (written before they start; a refusal says to delete them).
     claim_runs.save_budget(work, 3e11, "--minutes 0.5 at a measured 10.0 GFLOP/s", 0.5)
     args = bench.parse_args(["--minutes", "0.5", "--model-config", "configs/tiny.toml", "--work", str(work),
                              "--tokenizer", str(small_tokenizer)])  # fmt: skip
-    _, budget, source, _ = bench.budget_and_plan(args, tiny, work)
+    _, budget, _, _ = bench.budget_and_plan(args, tiny, work)
+    assert budget != 3e11 and "goes on with the runs" not in capsys.readouterr().out  # measured afresh
+    (step := work / "pretrain" / "electra" / "checkpoints" / "step-00000010").mkdir(parents=True)
+    (step / "config.json").write_text("{}")
+    (step / "trainer_state.json").write_text(json.dumps({"step": 10}))
+    (step.parent / "latest").write_text(step.name)
+    _, budget, _, _ = bench.budget_and_plan(args, tiny, work)
     assert budget == 3e11 and "the same --minutes goes on with the runs" in capsys.readouterr().out

@@ -237,6 +237,7 @@ def test_the_sensitivity_benchmark_runs_on_a_run_and_writes_its_figures(qat_bund
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["deviation"]
     assert set(rows) >= {"ONNX Runtime, all projections in int8", "PyTorch, inputs x (1 + 1e-07 N(0,1))"}
+    assert json.loads(out.read_text())["rows"] == 16  # the rows measured, not the deviation table
     assert (
         rows["ONNX Runtime, all projections in int8"]["max"] < 0.1
     )  # a tiny QAT model follows its simulation

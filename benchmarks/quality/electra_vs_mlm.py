@@ -80,7 +80,7 @@ from benchmarks.quality.claim_runs import (
     unequal_compute,
 )
 from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
-from benchmarks.quality.pretrainkit import run_jobs, shared_tokenizer, tokenizer_info
+from benchmarks.quality.pretrainkit import latest_state, run_jobs, shared_tokenizer, tokenizer_info
 from options import ConfigError, resolve
 from training.pretraining.config import PretrainConfig
 
@@ -243,7 +243,10 @@ def budget_and_plan(args, base: PretrainConfig, work: Path) -> tuple[Path | None
     vocab = tokenizer_info(tok_path, base.lowercase)["vocab_size"] if tok_path else base.vocab_size
     gflops = assumed_gflops_cuda(base.batch_size) if uses_cuda(base) else ASSUMED_GFLOPS
     made = saved_budget(work)
-    again = made is not None and args.minutes is not None and made.get("minutes") == args.minutes
+    # Runs there to go on with: a budget.json outlives its runs (written before they start; the refusals say
+    # to delete a run's folder), and a --minutes of no runs is measured afresh.
+    begun = any(latest_state(work / "pretrain" / o) is not None for o in OBJECTIVES)
+    again = begun and made is not None and args.minutes is not None and made.get("minutes") == args.minutes
     if made is not None and (args.skip_pretrain or again):
         # The runs' own: this call's --budget-pflop or --minutes labelled them otherwise, and the same
         # --minutes, measured again, planned other steps than its runs' (refused, "give the same --minutes").

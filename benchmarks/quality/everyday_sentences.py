@@ -57,23 +57,42 @@ def figures(sentences, probs, labels, threshold: float) -> dict:
     }
 
 
-def measure(bundle: Path, texts_by_source: dict) -> dict:
-    """Each source's figures, and the pooled ones by length, over the sentences that fit one of the
-    bundle's rows (as its calibration measured them): a bundle of 64-token rows, from a run at --seq-len 64,
-    failed on the longer ones ("calibration sentences fit one window")."""
+def fitting_every(texts_by_source: dict, bundles: list[Path]) -> dict:
+    """Per source, the sentences that fit one row of every bundle compared (as each one's calibration
+    measured them), so that all are scored on the same ones: a bundle of 64-token rows, from a run at
+    --seq-len 64, failed on the longer ones ("calibration sentences fit one window"). Says how many were
+    left out; a UsageError where none fits."""
     from tokenizers import Tokenizer
 
     from export.evaluation.items import fitting
+
+    kept = dict(texts_by_source)
+    for bundle in bundles:
+        rows = json.loads((bundle / "manifest.json").read_text())["max_length"]
+        tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+        kept = {name: fitting(texts, tokenizer, rows) for name, texts in kept.items()}
+    before = sum(len(t.texts) for t in texts_by_source.values())
+    after = sum(len(t.texts) for t in kept.values())
+    if after == 0:
+        raise cli.UsageError(f"no sentence fits one row of every bundle ({', '.join(map(str, bundles))}): their "
+                             "rows are too short to measure")  # fmt: skip
+    if after < before:
+        print(f"note: {before - after} of {before} sentences are longer than a bundle's rows: left out of every "
+              "bundle's figures", flush=True)  # fmt: skip
+    return kept
+
+
+def measure(bundle: Path, texts_by_source: dict) -> dict:
+    """Each source's figures, and the pooled ones by length (the sentences `fitting_every` kept)."""
     from export.evaluation.scoring import score
     from export.wordscores import WordScorer
 
     manifest = json.loads((bundle / "manifest.json").read_text())
     threshold = manifest.get("threshold", 0.5)
     scorer = WordScorer(bundle / "model.onnx", bundle / "tokenizer.json", manifest["max_length"])
-    tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
     out, pooled = {"threshold": threshold, "sources": {}, "lengths": {}}, []
     for name, texts in texts_by_source.items():
-        sentences, probs, labels, _ = score(scorer, fitting(texts, tokenizer, manifest["max_length"]))
+        sentences, probs, labels, _ = score(scorer, texts)
         out["sources"][name] = figures(sentences, probs, labels, threshold)
         pooled += sentences
     for label, lo, hi in LENGTHS:
@@ -102,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "--against",
         type=cli.detector_bundle,
         default=None,
-        help="another detector bundle, on the same sentences",
+        help="another detector bundle, on the same sentences (those that fit both bundles' rows)",
     )
     p.add_argument(
         "--per-kind", type=cli.positive_int, default=150, help="swapped sentences per kind and source"
@@ -114,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     out.settle(p, args)
     config = show_config("everyday_sentences", args)  # numbers as numbers, None as null
     texts = items(args.bundle, args.data_dir, args.per_kind, args.seed)
+    texts = fitting_every(texts, [args.bundle, *([args.against] if args.against else [])])
     result = {"config": config, "bundle": measure(args.bundle, texts)}
     print(table(str(args.bundle), result["bundle"]))
     if args.against:

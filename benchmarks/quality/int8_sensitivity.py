@@ -68,20 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     model, mcfg, ckpt = load_model(args.checkpoint)
     model.eval()
     data = held_out(ckpt / "tokenizer.json", args.data_dir, args.rows)
-    rows = data.input_ids.shape[0]  # the held-out text may give fewer than --rows: an empty feed crashed ORT
-    if rows < args.rows:
-        print(
-            f"note: the held-out text gives {rows} rows of the {args.rows} asked; measuring on those",
-            flush=True,
-        )
+    # The held-out text may give fewer rows than --rows: an empty feed crashed ONNX Runtime.
+    measured = data.input_ids.shape[0]
+    if measured < args.rows:
+        print(f"note: the held-out text gives {measured} rows of the {args.rows} asked; measuring on those",
+              flush=True)  # fmt: skip
     graph = DetectorGraph(model).eval()
     feeds = [{"input_ids": data.input_ids[i : i + 16], "attention_mask": data.attention_mask[i : i + 16],
-              "token_type_ids": data.token_type_ids[i : i + 16]} for i in range(0, rows, 16)]  # fmt: skip
+              "token_type_ids": data.token_type_ids[i : i + 16]} for i in range(0, measured, 16)]  # fmt: skip
     ranges = "quantization-aware training"
     if mcfg.quantization is None:
         q.calibrate(model, model.electra, [{k: torch.from_numpy(v) for k, v in f.items()} for f in feeds],
                     alpha=args.alpha)  # fmt: skip
-        ranges = f"post-training, calibrated on the {rows} held-out rows" + (
+        ranges = f"post-training, calibrated on the {measured} held-out rows" + (
             f", SmoothQuant alpha {args.alpha}" if args.alpha is not None else ""
         )
     round_as_stored(model)
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'against the int8-simulated forward':<52} {'p50':>8} {'p99':>7} {'max':>7}")
     for name, d in rows.items():
         print(f"{name:<52} {d['p50']:8.5f} {d['p99']:7.4f} {d['max']:7.4f}")
-    result = {"config": config, "checkpoint": args.checkpoint, "ranges": ranges, "rows": rows, "machine": cpu(),
+    result = {"config": config, "checkpoint": args.checkpoint, "ranges": ranges, "rows": measured, "machine": cpu(),
               "probabilities": "uncalibrated (the checkpoint's sigmoid)", "deviation": rows}  # fmt: skip
     from benchmarks.output import write_json
 

@@ -312,6 +312,9 @@ def main(argv=None) -> None:
             held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words), args
         )
         print(f"{len(sentences)} sentences in the {args.slice} slice", flush=True)
+        if args.sentences > len(sentences):  # each slice ends where the next begins: it cannot give more
+            raise cli.UsageError(f"--sentences {args.sentences}: the {args.slice} slice holds {len(sentences)}; "
+                                 "give at most that many, or --slice fresh4, which runs to the end")  # fmt: skip
     print(f"counting word bigrams of {args.reference_text} train ...", flush=True)
     reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
     if not args.items:
