@@ -140,3 +140,16 @@ def test_a_tsv_reads_to_the_texts_bulk_scores_quoted_as_pandas_writes_it_or_lite
         subprocess.run(["bash", "-c", command], check=True, timeout=60, capture_output=True,
                        env={**os.environ, "PATH": path})  # fmt: skip
         assert trained == want == pq.read_table(into).column("text").to_pylist()
+
+
+def test_a_tsv_read_literally_with_quotes_opening_texts_is_said_at_the_start(tmp_path):
+    """Bulk's conversion said its quotes read as text; fine-tuning said nothing, its texts keeping quotes a
+    writer may have meant as quoting."""
+    glue = tmp_path / "glue.tsv"
+    glue.write_text("text\tlabel\n" + "".join(f'"Hi" she said {i}\t{i % 2}\n' for i in range(40)))
+    data = load_task_data(FinetuneConfig(train=str(glue), init=str(tmp_path), out=str(tmp_path / "out")))
+    assert any(w.startswith(f"{glue}: its quotes read as text") for w in data.warnings), data.warnings
+    pandas = tmp_path / "pandas.tsv"
+    pandas.write_text("text\tlabel\n" + "".join(f'"He said ""hi"" {i}"\t{i % 2}\n' for i in range(40)))
+    data = load_task_data(FinetuneConfig(train=str(pandas), init=str(tmp_path), out=str(tmp_path / "out")))
+    assert not any("its quotes read as text" in w for w in data.warnings), data.warnings

@@ -268,7 +268,8 @@ def _user_files(cfg, reread_by: str | None = None) -> TaskData:
             not x.is_integer() or written_as_float(v) for x, v in zip(numbers, values, strict=True)
         )
         problem = "regression" if fractional else "classification"
-    said: list[str | None] = []  # warnings said at the start of the run; None: nothing to say
+    # Warnings said at the start of the run (None: nothing to say); first, how each file was read.
+    said: list[str | None] = [r.note for r in read.values()]
     if problem == "regression":
         if cfg.labels:
             raise DataError("--labels: only for classification, not with a regression target")

@@ -28,6 +28,7 @@ class Rows(NamedTuple):
     rows: list[dict]
     unit: str  # "line" or "row"
     numbers: list[int]  # each row's number in `unit`
+    note: str | None = None  # what the run says of how the file was read, at its start
 
     def place(self, i: int) -> str:
         """Row i's (from 0) as a message names it: "line 64", "row 61"."""
@@ -54,7 +55,9 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> Rows:
         if suffix == ".jsonl":
             return _jsonl_rows(p, flag)
         rows = _table_rows(p, flag, suffix == ".tsv", columns)
-        return Rows(rows, "row", list(range(1, len(rows) + 1)))
+        return Rows(
+            rows, "row", list(range(1, len(rows) + 1)), _quotes_kept(p, rows) if suffix == ".tsv" else None
+        )
     except UnicodeDecodeError:
         raise DataError(f"{flag}: {p} {_not_utf8(p)}") from None
 
@@ -183,6 +186,17 @@ def _quotes_quote(tsv: Path) -> bool:
         except csv.Error:
             return False
     return True
+
+
+def _quotes_kept(tsv: Path, rows: list[dict]) -> str | None:
+    """The note for a TSV read literally where a field opens with a quote: its texts keep their quotes (bulk's
+    conversion says as much); None where it was read as quoting, or no quote opens a field."""
+    quoted = any(str(v).startswith('"') for row in rows for v in row.values() if v is not None)
+    if not quoted or _quotes_quote(tsv):
+        return None
+    return (f"{tsv}: its quotes read as text, as bulk's conversion reads them: they do not read as quoting (a quote "
+            "that closes a field not followed by a tab, or a quoted field taking in tabs and line breaks), so a "
+            "text a writer quoted keeps its quotes")  # fmt: skip
 
 
 class _LastLine:
