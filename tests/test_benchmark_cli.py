@@ -833,4 +833,11 @@ def test_user_sentences_refuses_more_sentences_than_its_slice_holds(registry_dat
     argv = ["--bundle", str(REPO / "models/detector"), "--sentences", "1500", "--data-dir", str(registry_data),
             "--out", str(tmp_path / "s.json")]  # fmt: skip
     assert cli.run(user_sentences.main, argv) == 2
-    assert "--sentences 1500: the test slice holds 1000" in capsys.readouterr().err
+    assert (
+        "--sentences 1500: the test slice holds 1000; give at most that many, or --slice fresh4, which runs to "
+        "the end and holds" in capsys.readouterr().err
+    )
+    # Already on fresh4, or fresh4 too small too: not sent there.
+    assert cli.run(user_sentences.main, [*argv, "--slice", "fresh4", "--sentences", "9999"]) == 2
+    assert "the fresh4 slice holds" in (err := capsys.readouterr().err) and "--slice fresh4" not in err, err
+    assert "or widen --min-words/--max-words" in err

@@ -308,13 +308,15 @@ def main(argv=None) -> None:
         enough_items(items, f"--items {args.items}")
         kinds = list(dict.fromkeys(x["kind"] for x in items if x["kind"] != "clean"))
     else:  # the slice before the bigram count: an empty one is refused before minutes of work
-        sentences = the_slice(
-            held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words), args
-        )
+        every = held_out_sentences(args.source, args.data_dir, args.min_words, args.max_words)
+        sentences = the_slice(every, args)
         print(f"{len(sentences)} sentences in the {args.slice} slice", flush=True)
         if args.sentences > len(sentences):  # each slice ends where the next begins: it cannot give more
+            last = len(every) - SLICE_START["fresh4"]  # the one slice that runs to the end
+            other = (", or --slice fresh4, which runs to the end and holds {last}" if args.slice != "fresh4" and
+                     last >= args.sentences else ", or widen --min-words/--max-words")  # fmt: skip
             raise cli.UsageError(f"--sentences {args.sentences}: the {args.slice} slice holds {len(sentences)}; "
-                                 "give at most that many, or --slice fresh4, which runs to the end")  # fmt: skip
+                                 f"give at most that many{other.format(last=last)}")  # fmt: skip
     print(f"counting word bigrams of {args.reference_text} train ...", flush=True)
     reference = BigramReference(read_corpus(args.reference_text, "train", data_dir=args.data_dir), tokenizer)
     if not args.items:
