@@ -20,7 +20,6 @@ from bulk.compressed import (
 from bulk.converting import (
     BOM_MIXED,
     ICONV,
-    TOOLS,
     arrow_parquet_command,
     either_way,
     followed,
@@ -28,6 +27,7 @@ from bulk.converting import (
     json_lines_command,
     parquet_command,
     plain_advice,
+    tool_suffix,
 )
 from bulk.reading import BOM
 
@@ -153,8 +153,7 @@ def csv_hint(path: Path) -> str:
     if path.suffix.lower() == ".zip":  # an archive, not one stream: neither the command nor iconv reads it
         return (f"{said}, and it is zipped: unzip it first, then name the .csv or .tsv as INPUT: bulk prints its "
                 "one-line conversion to Parquet")  # fmt: skip
-    # Its compression, as the conversion reads it (zstd and lz4 too, which bulk's own readers do not).
-    suffix = path.suffix.lower() if path.suffix.lower() in TOOLS else None
+    suffix = tool_suffix(path)  # zstd and lz4 too, which bulk's own readers do not read
     head = _first_bytes(path, NOT_UTF8_HEAD, suffix)
     if wide := encoding_hint(path, head, suffix) or not_utf8_hint(path, head, suffix):
         return f"{said}, and {wide}"

@@ -53,6 +53,13 @@ TOOLS = {
     ".zstd": "zstd",
     ".lz4": "lz4",
 }
+
+
+def tool_suffix(path: Path) -> str | None:
+    """The compression a CSV's conversion reads `path` through (TOOLS: zstd and lz4 too), or None."""
+    return path.suffix.lower() if path.suffix.lower() in TOOLS else None
+
+
 ASIDE = ".bulk-originals"  # hidden: neither a directory INPUT nor a glob reads what is in it
 # Suffixes that say what a file holds, stripped (after a compression's) to name its conversion.
 KNOWN = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt", ".parquet", ".arrow", ".feather")
@@ -187,8 +194,7 @@ def json_lines_command(path: Path) -> tuple[Path, str]:
 def parquet_command(path: Path, tabs: bool) -> tuple[Path, str]:
     """The file a CSV (a TSV where `tabs`) is converted into, and the command."""
     into = target(path, ".parquet")
-    suffix = path.suffix.lower()
-    fix = in_place(path, suffix if suffix in TOOLS else None, ICONV)
+    fix = in_place(path, tool_suffix(path), ICONV)
     again = "run this command again"
     code = _PARQUET.format(tab=tabs, bom_mixed=json.dumps(BOM_MIXED.removeprefix("and ")),
                            either=json.dumps(either_way(None, again).removeprefix("and ")),

@@ -88,6 +88,17 @@ def resolve_checkpoint(path: str | os.PathLike, given_as: str | None = None) -> 
     )
 
 
+def electra_runs_generator(ckpt: Path) -> bool:
+    """Whether `ckpt` is the generator/ of an ELECTRA run's checkpoint, whose discriminator is the directory
+    above: what pack and fine-tuning refuse by name, pointing there."""
+    above = ckpt.parent
+    return (
+        ckpt.name == "generator"
+        and (above / "config.json").is_file()
+        and read_config(above)[1] == "ElectraForPreTraining"
+    )
+
+
 def _holding(directory: Path, given_as: str | None) -> str:
     """What to give instead of a file: the directory that holds it where that is a checkpoint (or a run's),
     else what that directory is (a bundle, a run not yet saved) and what to do, as resolve_checkpoint says."""

@@ -170,11 +170,11 @@ PACKED = {
 def _checkpoint(run: Path) -> tuple[Path, str]:
     """The checkpoint `run` names, and its architecture: one of PACKED's, or a HandoffError saying what
     to do instead."""
-    from training.checkpoint import read_config, resolve_checkpoint
+    from training.checkpoint import electra_runs_generator, read_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(run)
     _, arch = read_config(ckpt)
-    if arch == "ElectraForMaskedLM" and ckpt.name == "generator" and (ckpt.parent / "config.json").is_file():
+    if arch == "ElectraForMaskedLM" and electra_runs_generator(ckpt):
         raise HandoffError(f"{ckpt} is the generator of an ELECTRA run's checkpoint, which the next steps do not "
                            f"read (a warm start trains a fresh one): pack the checkpoint above it, {ckpt.parent}, "
                            "or the run, for its discriminator")  # fmt: skip

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from benchmarks import cli
 from benchmarks.gpucheck.environment import DATA_FILES, SERVING_PACKAGES, wheel_project
+from benchmarks.output import show_config
 
 REPO = Path(__file__).resolve().parents[2]
 # Read off this project's GPU image (the device library's KINDS.md, 2026-11-17): these import there.
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--on-image", default=",".join(ON_THE_GPU_IMAGE),
                    help="comma-separated projects the GPU image has: their wheels are left out")  # fmt: skip
     args = p.parse_args(argv)
-    config = {k: str(v) for k, v in vars(args).items()}
-    print(f"gpu-check pack configuration: {json.dumps(config)}", flush=True)
+    config = show_config("gpu-check pack", args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pack_config.json").write_text(json.dumps(config, indent=2) + "\n")
     for made in ("data", "wheels"):  # only what pack makes: --out may be a folder holding other things

@@ -51,8 +51,7 @@ from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
-from benchmarks.load.loadmodels import REPO, WORK, served_mix, write_sentences
-from benchmarks.load.mix import parse_mix
+from benchmarks.load.loadmodels import REPO, WORK, checked_mix, write_sentences
 from benchmarks.load.rolling import Replica
 from benchmarks.output import add_results
 from options import usage_exit
@@ -115,14 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--faults: give at least one of {', '.join(PROMISES)}")
     if unknown:
         p.error(f"--faults: unknown fault {unknown[0]!r}; choose from {', '.join(PROMISES)}")
-    if args.mix is not None:
-        try:
-            parse_mix(args.mix)
-        except ValueError as e:
-            p.error(str(e))
-    # A lone detector's replicas answered the mix's /classify 404: failed requests, the restart or fault not
-    # to blame.
-    args.mix = served_mix(Path(args.models), args.mix, "--models")
+    args.mix = checked_mix(p, Path(args.models), args.mix)
     return args
 
 

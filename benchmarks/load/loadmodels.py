@@ -128,6 +128,18 @@ def export_bundle(checkpoint: Path, out: Path, precision: str, data_dir: str | N
     return out
 
 
+def checked_mix(p, models_dir: Path, mix: str | None) -> str:
+    """A replica benchmark's --mix (rolling, faults): a bad one refused by the parser `p`, then what
+    `served_mix` sends to a server of --models. A lone detector's replicas answered the standard mix's
+    /classify 404: failed requests, the restart or fault not to blame."""
+    if mix is not None:
+        try:
+            parse_mix(mix)
+        except ValueError as e:
+            p.error(str(e))
+    return served_mix(models_dir, mix, "--models")
+
+
 def served_mix(models_dir: Path, mix: str | None, option: str = "--bundle") -> str:
     """The --mix to send to a server of `models_dir` (a models directory or one bundle, given as `option`):
     as given, refused (exit 2) when it sends an endpoint none of the served bundles answer; not given, the

@@ -26,8 +26,7 @@ from app.machine import describe_cpu
 from benchmarks import cli
 from benchmarks.load import load_reports, locust_runs, serving
 from benchmarks.load.balancer import HealthCheck, StatusWatch, haproxy
-from benchmarks.load.loadmodels import REPO, WORK, served_mix, write_sentences
-from benchmarks.load.mix import parse_mix
+from benchmarks.load.loadmodels import REPO, WORK, checked_mix, write_sentences
 from benchmarks.output import add_results
 from training.errors import write_text_atomically
 
@@ -79,14 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.drain_delay_s * 1000 < checks * args.check_inter_ms:
         p.error(f"--drain-delay-s must cover {checks} health checks of --check-inter-ms, or the balancer "
                 "still sends to a closed port")  # fmt: skip
-    if args.mix is not None:
-        try:
-            parse_mix(args.mix)
-        except ValueError as e:
-            p.error(str(e))
-    # A lone detector's replicas answered the mix's /classify 404: failed requests, the restart or fault not
-    # to blame.
-    args.mix = served_mix(Path(args.models), args.mix, "--models")
+    args.mix = checked_mix(p, Path(args.models), args.mix)
     print(json.dumps({"rolling": vars(args)}, default=str), flush=True)
     return args
 

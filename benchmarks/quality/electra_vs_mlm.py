@@ -80,7 +80,7 @@ from benchmarks.quality.claim_runs import (
     unequal_compute,
 )
 from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
-from benchmarks.quality.pretrainkit import latest_state, run_jobs, shared_tokenizer, tokenizer_info
+from benchmarks.quality.pretrainkit import latest_state, run_jobs, shared_tokenizer, tokenizer_info, uses_cuda
 from options import ConfigError, resolve
 from training.pretraining.config import PretrainConfig
 
@@ -201,14 +201,6 @@ def base_config(args) -> PretrainConfig:
     )
 
 
-def uses_cuda(base: PretrainConfig) -> bool:
-    if base.device != "auto":
-        return base.device == "cuda"
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def print_plan(budget: float, source: str, vocab: int, steps: dict, gflops: float) -> None:
     print(f"budget {budget / 1e15:.4g} PFLOP per encoder ({source}); vocabulary {vocab}", flush=True)
     for o, s in steps.items():
@@ -321,7 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
         at_once = min(jobs, len(OBJECTIVES))
         cfgs = {o: run_config(args, o, steps[o], runs[o], tok_path, threads(at_once)) for o in OBJECTIVES}
         todo = [j for o in OBJECTIVES if (j := pretrain_job(o, cfgs[o], work, threads(at_once))) is not None]
-        save_budget(work, budget, source.split(", the budget of the runs under")[0], args.minutes)
+        if (saved_budget(work) or {}).get("budget_flops") != budget:  # kept as made, when its own is reused
+            save_budget(work, budget, source, args.minutes)
         print(
             f"pretraining: {len(todo)} run(s), {at_once} at a time; logs in {work / 'pretrain'}", flush=True
         )

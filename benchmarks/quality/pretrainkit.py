@@ -57,6 +57,15 @@ def tokenizer_info(path: Path, lowercase: bool = True) -> dict:
     return {"path": str(path), "vocab_size": tok.get_vocab_size(), "sha256": tokenizer_sha256(tok)}
 
 
+def uses_cuda(cfg: PretrainConfig) -> bool:
+    """Whether runs of `cfg` train on CUDA: --device cuda, or auto where torch sees a GPU."""
+    if cfg.device != "auto":
+        return cfg.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, steps: int = 3) -> float:
     """Median wall time of one ELECTRA training step of `cfg` on random tokens (no data loading,
     evaluation or saving), after one warm-up step, on the device its runs train on (CUDA where --device
@@ -69,7 +78,7 @@ def step_seconds(cfg: PretrainConfig, vocab_size: int, threads: int | None, step
     from training.pretraining.masking import Corruption, draw_noise
     from training.pretraining.model import build_objective
 
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    cuda = uses_cuda(cfg)
     if cuda and not torch.cuda.is_available():
         raise ValueError(
             "--device cuda, and torch sees no CUDA device here: give --device cpu, or run where one is"

@@ -72,13 +72,11 @@ def _refuse_a_runs_generator(init: str) -> None:
     fine-tuned as the encoder, a model a quarter of the discriminator's width, and exported and served so,
     where pack and export refuse it by name. An MLM run's own checkpoint (--objective mlm) is taken."""
     src = ckpt.resolve_checkpoint(init, "--init")
-    above = src.parent
-    ran = src.name == "generator" and (above / "config.json").is_file()
-    if ran and ckpt.read_config(above)[1] == "ElectraForPreTraining":
+    if ckpt.electra_runs_generator(src):
         raise ckpt.CheckpointError(
             f"{src} is the generator of an ELECTRA run's checkpoint (the small masked-language model that makes "
-            f"the replacements), not its discriminator, the encoder fine-tuning starts from: give --init {above}, "
-            "or the run"
+            f"the replacements), not its discriminator, the encoder fine-tuning starts from: give --init "
+            f"{src.parent}, or the run"
         )
 
 

@@ -54,10 +54,10 @@ def read_rows(path: str, flag: str, columns: tuple[str, ...] = ()) -> Rows:
     try:
         if suffix == ".jsonl":
             return _jsonl_rows(p, flag)
-        rows = _table_rows(p, flag, suffix == ".tsv", columns)
-        return Rows(
-            rows, "row", list(range(1, len(rows) + 1)), _quotes_kept(p, rows) if suffix == ".tsv" else None
-        )
+        tsv = suffix == ".tsv"
+        literal = tsv and not _quotes_quote(p)  # the whole file read once for it
+        rows = _table_rows(p, flag, tsv, literal, columns)
+        return Rows(rows, "row", list(range(1, len(rows) + 1)), _quotes_kept(p, rows) if literal else None)
     except UnicodeDecodeError:
         raise DataError(f"{flag}: {p} {_not_utf8(p)}") from None
 
@@ -117,10 +117,11 @@ def _jsonl_rows(p: Path, flag: str) -> Rows:
     return Rows(rows, "line", numbers)
 
 
-def _table_rows(p: Path, flag: str, tsv: bool, columns: tuple[str, ...] = ()) -> list[dict]:
+def _table_rows(p: Path, flag: str, tsv: bool, literal: bool, columns: tuple[str, ...] = ()) -> list[dict]:
+    """`literal`: a TSV's quotes read as text, where it does not read as quoting (`_quotes_quote`)."""
     kwargs = {}
-    if tsv:  # its quotes as quoting where the whole file reads so, else as text (`_quotes_quote`)
-        kwargs = {"delimiter": "\t"} if _quotes_quote(p) else {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
+    if tsv:
+        kwargs = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if literal else {"delimiter": "\t"}
     sep = "a tab" if tsv else "a comma (quote such texts)"
     if not tsv:
         refuse_swallowing_quote(p, flag)
@@ -190,9 +191,8 @@ def _quotes_quote(tsv: Path) -> bool:
 
 def _quotes_kept(tsv: Path, rows: list[dict]) -> str | None:
     """The note for a TSV read literally where a field opens with a quote: its texts keep their quotes (bulk's
-    conversion says as much); None where it was read as quoting, or no quote opens a field."""
-    quoted = any(str(v).startswith('"') for row in rows for v in row.values() if v is not None)
-    if not quoted or _quotes_quote(tsv):
+    conversion says as much); None where no quote opens a field."""
+    if not any(str(v).startswith('"') for row in rows for v in row.values() if v is not None):
         return None
     return (f"{tsv}: its quotes read as text, as bulk's conversion reads them: they do not read as quoting (a quote "
             "that closes a field not followed by a tab, or a quoted field taking in tabs and line breaks), so a "
