@@ -794,10 +794,13 @@ def test_everyday_sentences_scores_what_fits_a_short_rowed_bundles_rows(tmp_path
     (short / "manifest.json").write_text(json.dumps({**manifest, "max_length": 24}))
     argv = ["--bundle", str(short), "--per-kind", "8", "--out", str(tmp_path / "e.json")]
     assert cli.run(everyday_sentences.main, argv) == 0
-    kept = json.loads((tmp_path / "e.json").read_text())["bundle"]["sources"]
-    sizes = {name: f["swapped"] + f["clean"] for name, f in kept.items()}
-    # 32 a source at --per-kind 8, some left out.
+    written = json.loads((tmp_path / "e.json").read_text())
+    sizes = {name: f["swapped"] + f["clean"] for name, f in written["bundle"]["sources"].items()}
+    # 32 a source at --per-kind 8, some left out, and the JSON counts them.
     assert all(0 < n <= 32 for n in sizes.values()) and min(sizes.values()) < 32, sizes
+    counted = written["sentences"]
+    assert counted["sentences"] == 32 * len(sizes)
+    assert counted["left_out_longer_than_a_row"] == counted["sentences"] - sum(sizes.values())
     out = capsys.readouterr().out
     assert "sentences are longer than a bundle's rows: left out of every bundle's figures" in out
     # Beside another bundle: both on the sentences that fit both, the same ones.

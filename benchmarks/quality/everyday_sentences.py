@@ -57,11 +57,12 @@ def figures(sentences, probs, labels, threshold: float) -> dict:
     }
 
 
-def fitting_every(texts_by_source: dict, bundles: list[Path]) -> dict:
+def fitting_every(texts_by_source: dict, bundles: list[Path]) -> tuple[dict, dict]:
     """Per source, the sentences that fit one row of every bundle compared (as each one's calibration
     measured them), so that all are scored on the same ones: a bundle of 64-token rows, from a run at
     --seq-len 64, failed on the longer ones ("calibration sentences fit one window"). Says how many were
-    left out; a UsageError where none fits."""
+    left out, and returns that count beside the kept sentences (the JSON keeps it); a UsageError where none
+    fits."""
     from tokenizers import Tokenizer
 
     from export.evaluation.items import fitting
@@ -79,7 +80,7 @@ def fitting_every(texts_by_source: dict, bundles: list[Path]) -> dict:
     if after < before:
         print(f"note: {before - after} of {before} sentences are longer than a bundle's rows: left out of every "
               "bundle's figures", flush=True)  # fmt: skip
-    return kept
+    return kept, {"sentences": before, "left_out_longer_than_a_row": before - after}
 
 
 def measure(bundle: Path, texts_by_source: dict) -> dict:
@@ -133,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     out.settle(p, args)
     config = show_config("everyday_sentences", args)  # numbers as numbers, None as null
     texts = items(args.bundle, args.data_dir, args.per_kind, args.seed)
-    texts = fitting_every(texts, [args.bundle, *([args.against] if args.against else [])])
-    result = {"config": config, "bundle": measure(args.bundle, texts)}
+    texts, counted = fitting_every(texts, [args.bundle, *([args.against] if args.against else [])])
+    result = {"config": config, "sentences": counted, "bundle": measure(args.bundle, texts)}
     print(table(str(args.bundle), result["bundle"]))
     if args.against:
         result["against"] = measure(args.against, texts)
