@@ -626,6 +626,20 @@ def test_what_a_corpus_directory_leaves_out_is_named_links_to_nothing_too(tmp_pa
     assert list(iter_text_documents(corpus)) == ["own doc"]
 
 
+def test_a_directory_named_like_a_registry_corpus_is_said_to_be_left_unread(tmp_path, monkeypatch):
+    """`--corpus news` beside a ./news of the user's own trained on the registry's news articles in silence."""
+    from training.data.corpus_sources import registry_shadows
+
+    monkeypatch.chdir(tmp_path)
+    assert registry_shadows("news,wikitext2") is None
+    (tmp_path / "news").mkdir()
+    (tmp_path / "news" / "mine.txt").write_text("own doc\n")
+    note = registry_shadows("wikitext2, news")
+    assert note == (f"--corpus news: the registry corpus, not ./news in {tmp_path}, which is not read; to train on "
+                    "your files give ./news (or the full path)")  # fmt: skip
+    assert registry_shadows("./news") is None and registry_shadows(str(tmp_path / "news")) is None
+
+
 def test_a_file_named_twice_in_a_corpus_list_is_found_however_it_is_named(tmp_path):
     """`--corpus a.txt,a.txt` read the file twice, without a word: its documents trained twice as often."""
     corpus = tmp_path / "corpus"

@@ -183,6 +183,20 @@ def corpus_files_note(source: str) -> str | None:
     return "; ".join(notes) or None
 
 
+def registry_shadows(source: str) -> str | None:
+    """The registry corpora of `source` named like a file or directory in the working directory: the name
+    reads the registry's corpus, whose text then trained in silence in place of the user's own ./news."""
+    shadowed = [
+        p for p in (p.strip() for p in source.split(",")) if p in REGISTRY_CORPORA and Path(p).exists()
+    ]
+    if not shadowed:
+        return None
+    named = ", ".join(shadowed)
+    paths = ", ".join(f"./{p}" for p in shadowed)
+    return (f"--corpus {named}: the registry corpus, not {paths} in {Path.cwd()}, which is not read; to train on "
+            f"your files give {paths} (or the full path)")  # fmt: skip
+
+
 def _some(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 

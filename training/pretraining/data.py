@@ -16,7 +16,7 @@ import options
 from training.data import derived
 from training.data.batches import Batches, PackedDataset
 from training.data.corpus import CorpusError, corpus_key, read_corpus
-from training.data.corpus_sources import corpus_files_note
+from training.data.corpus_sources import corpus_files_note, registry_shadows
 from training.data.packers import RowMix
 from training.data.shards import META_FILE, ShardInfo, ShardsError, build_shards, rows_digest
 from training.data.tokenizer import TokenizerError, special_ids
@@ -170,6 +170,8 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
     identity, changed = {}, None
     if note := corpus_files_note(cfg.corpus):
         print(f"corpus: {note}", flush=True)
+    if note := registry_shadows(cfg.corpus):
+        print(f"note: {note}", file=sys.stderr, flush=True)
     # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
     # failed before its first checkpoint left there (another corpus's, or another --vocab-size's).
     if cfg.resume and (tok_dir / "tokenizer.json").is_file():
