@@ -840,6 +840,15 @@ def test_a_vocab_txt_that_is_not_utf8_is_said_so(tmp_path, trained):
         load_tokenizer(vocab)
 
 
+def test_a_vocab_txt_with_a_byte_order_mark_keeps_its_ids(tmp_path, trained):
+    """A vocab.txt an editor saved with a byte-order mark was refused as lacking [PAD], its first line."""
+    save_tokenizer(trained, tmp_path)
+    vocab = tmp_path / "vocab.txt"
+    plain = load_tokenizer(vocab).get_vocab()
+    vocab.write_bytes(b"\xef\xbb\xbf" + vocab.read_bytes())
+    assert load_tokenizer(vocab).get_vocab() == plain
+
+
 def test_an_evaluation_corpus_is_refused_for_training_saying_so():
     with pytest.raises(
         CorpusError, match=r"commons is for evaluation only \(its split: test\).*train on another"

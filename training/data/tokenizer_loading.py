@@ -41,7 +41,9 @@ def _readable(path: Path) -> None:
 def _from_vocab(path: Path, lowercase: bool, strip_accents: bool | None = None, chinese_chars: bool = True):
     _readable(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark an editor wrote first made "\ufeff[PAD]" the token of id 0, and the
+        # file was refused as lacking [PAD].
+        with open(path, encoding="utf-8-sig") as f:
             lines = [line.rstrip("\r\n") for line in f]
     except UnicodeDecodeError as e:  # a ValueError, but one that names neither the file nor what to do
         # Its offset is within the chunk the reader decoded (8 KB), not the file: decoded whole, it is.
