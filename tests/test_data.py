@@ -640,6 +640,17 @@ def test_a_directory_named_like_a_registry_corpus_is_said_to_be_left_unread(tmp_
     assert registry_shadows("./news") is None and registry_shadows(str(tmp_path / "news")) is None
 
 
+def test_documents_of_characters_a_tokenizer_drops_are_left_out_as_blank_ones_are(tmp_path):
+    """One held-out document of zero-width spaces stopped a small corpus's run at "tokenizing valid: no
+    tokens in the documents given": it was split off by its hash before it became no tokens."""
+    dropped = ["\u200b" * 34, "\x00\x1b", "\ufffd \ue000", "\u200b\n\u2060"]
+    kept = ["a doc", "caf\u00e9 \u200b", "\u0301\u0301"]  # a combining mark: a cased tokenizer keeps it
+    (tmp_path / "a.txt").write_text("\n\n".join(dropped + kept) + "\n")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in dropped + kept))
+    assert list(iter_text_documents(tmp_path / "a.txt")) == kept
+    assert list(iter_text_documents(tmp_path / "b.jsonl")) == kept
+
+
 def test_a_file_named_twice_in_a_corpus_list_is_found_however_it_is_named(tmp_path):
     """`--corpus a.txt,a.txt` read the file twice, without a word: its documents trained twice as often."""
     corpus = tmp_path / "corpus"

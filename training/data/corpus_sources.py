@@ -13,6 +13,7 @@ import codecs
 import gzip
 import json
 import os
+import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -53,6 +54,14 @@ def _open_text(path: Path):
     return open(path, encoding="utf-8-sig")
 
 
+def _has_text(doc: str) -> bool:
+    """Whether `doc` has a character a BERT tokenizer keeps: one that is not white space, not a control,
+    format (zero-width), private-use or unassigned character, nor U+FFFD, all of which its normalizer
+    drops. A document of only those became no tokens: where it was the one held out (a small corpus),
+    the run stopped at "tokenizing valid: no tokens in the documents given"."""
+    return any(not c.isspace() and c != "\ufffd" and unicodedata.category(c)[0] != "C" for c in doc)
+
+
 def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
     doc: list[str] = []
     for line in lines:
@@ -60,10 +69,11 @@ def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
         if line.strip():
             doc.append(line.strip())
         elif doc:
-            yield "\n".join(doc)
+            if _has_text(joined := "\n".join(doc)):
+                yield joined
             doc = []
-    if doc:
-        yield "\n".join(doc)
+    if doc and _has_text(joined := "\n".join(doc)):
+        yield joined
 
 
 def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
@@ -92,7 +102,7 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                 ) from None
             if not isinstance(text, str):
                 raise CorpusError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not text")
-            if text.strip():
+            if _has_text(text):
                 yield text.strip()
 
 
@@ -271,7 +281,8 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
     In ``.txt`` files documents are separated by blank lines, in directories too: each file is read the
     same way. Splitting one file's paragraphs into several documents costs only a ``[SEP]`` between
     neighbours (they stay adjacent in the packed rows), while gluing a file of many documents into one
-    would teach the model that unrelated texts continue each other.
+    would teach the model that unrelated texts continue each other. A document with no character a
+    tokenizer keeps (only zero-width or control characters: _has_text) is left out, as a blank one is.
     """
     for file in _corpus_files(Path(path).expanduser()):
         try:

@@ -186,7 +186,8 @@ def _write_rows(documents, tok: Tokenizer, seq_len: int, tmp: Path, desc: str, b
             bar.update(len(batch))
         n_rows += _write(f, packer.take_rows(final=True))
     if n_rows == 0:
-        raise ShardsError(f"{desc}: no tokens in the documents given; nothing to pack")
+        raise ShardsError(f"{desc}: no tokens in the documents given (the tokenizer drops every character of "
+                          "them); nothing to pack: give documents with text")  # fmt: skip
     return ShardInfo(str(tmp), n_rows, seq_len, dtype.name, vocab_size, tokenizer_sha256(tok), n_docs, n_tokens,
                      ids.pad, ids.cls, ids.sep, desc, layout=mix.describe() if mix else "packed",
                      digest=f.hash.hexdigest())  # fmt: skip
