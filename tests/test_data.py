@@ -921,10 +921,14 @@ def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(trained, valid_doc
     /usr/bin/time -v on a 30 MB line). Cut just before whitespace, the pieces give the ids the whole
     document gives, and so the same rows; a document under the piece size is encoded as it always was."""
     import training.data.document_encoding as document_encoding
+    from training.data.tokenizer_training import _count_words
 
     long = " ".join(d.replace("\n", " \n") for d in valid_docs[:8]) + "\tend"
     docs = ["A short one.", long, "", *HARD_STRINGS, long[:5000]]
     whole = build_shards(docs, trained, 64, tmp_path / "whole")
+    mix = RowMix(0.5, 0.3, seed=1)  # request rows: the same text, encoded sentence by sentence
+    whole_requests = build_shards(docs, trained, 64, tmp_path / "whole-requests", mix=mix)
+    words = _count_words(trained, docs, show_progress=False)
     monkeypatch.setattr(document_encoding, "PIECE_CHARS", 700)  # smaller than every document but the first
     monkeypatch.setattr(document_encoding, "BATCH_CHARS", 2000)  # and several encode_batch calls per batch
     pieces = document_encoding._pieces(long)
@@ -933,6 +937,31 @@ def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(trained, valid_doc
     cut = build_shards(docs, trained, 64, tmp_path / "cut")
     assert (cut.rows, cut.tokens, cut.documents) == (whole.rows, whole.tokens, whole.documents)
     assert (tmp_path / "cut" / "tokens.bin").read_bytes() == (tmp_path / "whole" / "tokens.bin").read_bytes()
+    # Request rows (a sentence with no full stop is as long as its paragraph) and the vocabulary's word
+    # counts are cut into the same pieces, to the same results.
+    cut_requests = build_shards(docs, trained, 64, tmp_path / "cut-requests", mix=mix)
+    assert cut_requests.tokens == whole_requests.tokens
+    assert (tmp_path / "cut-requests" / "tokens.bin").read_bytes() == (
+        tmp_path / "whole-requests" / "tokens.bin"
+    ).read_bytes()
+    assert _count_words(trained, docs, show_progress=False) == words
+    longest = []  # and no piece of text longer than PIECE_CHARS reaches the tokenizer
+
+    class Normalizer:
+        def normalize_str(self, text):
+            longest.append(len(text))
+            return trained.normalizer.normalize_str(text)
+
+    class Recording:
+        normalizer, pre_tokenizer = Normalizer(), trained.pre_tokenizer
+
+        def encode_batch(self, texts, **kwargs):
+            longest.extend(map(len, texts))
+            return trained.encode_batch(texts, **kwargs)
+
+    document_encoding._encode_sentences(Recording(), docs)
+    _count_words(Recording(), docs, show_progress=False)
+    assert max(longest) <= 700 < len(long)
     # A stretch longer than a piece without whitespace is cut where the piece ends.
     assert document_encoding._pieces("x" * 1500) == ["x" * 700, "x" * 700, "x" * 100]
 
