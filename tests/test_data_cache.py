@@ -45,6 +45,26 @@ def test_a_tokenizer_is_trained_once_per_set_of_options(cache, small_corpus):
     assert stat.S_IMODE(next(cache.glob("tokenizer-*")).stat().st_mode) == 0o755
 
 
+def test_a_damaged_cached_tokenizer_is_trained_again_not_refused_to_every_later_run(
+    cache, small_corpus, capsys
+):
+    trained = []
+
+    def train():
+        trained.append(1)
+        return train_wordpiece(read_corpus(str(small_corpus), "train"), vocab_size=500)
+
+    first = derived.trained_tokenizer("wikitext2", 500, True, train)
+    (cached := next(cache.glob("tokenizer-*")) / "tokenizer.json").write_text("")
+    again = derived.trained_tokenizer("wikitext2", 500, True, train)
+    assert trained == [1, 1] and tokenizer_sha256(again) == tokenizer_sha256(first)
+    assert f"cache: {cached} is not a `tokenizers` tokenizer.json" in capsys.readouterr().out
+    assert tokenizer_sha256(derived.trained_tokenizer("wikitext2", 500, True, train)) == tokenizer_sha256(
+        first
+    )
+    assert trained == [1, 1]  # made whole again, and reused
+
+
 def test_what_a_killed_run_was_building_goes_and_a_live_ones_stays(cache, small_corpus):
     """A run killed while it built an entry (kill -9, OOM) left its staging directory for good."""
     import os

@@ -38,7 +38,7 @@ from app.model import typed_text
 from training.data.corpus_sources import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
 from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
-from training.data.tokenizer import tokenizer_sha256
+from training.data.tokenizer import TokenizerError, tokenizer_sha256
 from training.data.tokenizer_loading import load_tokenizer
 from training.data.tokenizer_saving import save_tokenizer
 from training.errors import disk_full, link_or_copy, out_of_space, remove_orphans
@@ -110,9 +110,18 @@ def trained_tokenizer(
         return train()
     entry = _entry("tokenizer", corpus=corpus, vocab_size=vocab_size, lowercase=lowercase)
     if (entry / "tokenizer.json").is_file():
-        _touch(entry)
-        print(f"tokenizer: trained before on {corpus} with the same options, reused from {entry}", flush=True)
-        return load_tokenizer(entry / "tokenizer.json")
+        try:
+            cached = load_tokenizer(entry / "tokenizer.json")
+        except TokenizerError as e:  # damaged outside the run: made again, not every later run refused
+            print(f"cache: {e}; training it again", flush=True)
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            _touch(entry)
+            print(
+                f"tokenizer: trained before on {corpus} with the same options, reused from {entry}",
+                flush=True,
+            )
+            return cached
     tok = train()
     try:
         root().mkdir(parents=True, exist_ok=True)
